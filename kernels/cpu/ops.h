@@ -1,0 +1,55 @@
+// CPU reference ops. Every op here is the reference its CUDA twin (kernels/cuda/) is tested against.
+//
+// Conventions (after llm.c):
+//   - argument order: outputs, inputs, sizes;
+//   - gradients carry a `d` prefix;
+//   - parameter gradients (dweight, dbias) are ACCUMULATED with +=, so gradient accumulation and
+//     bucket views work; activation gradients (dinp) are OVERWRITTEN with =.
+//   - row-major tensors; a Linear layer's weight is [out_features, in_features] like PyTorch.
+// Every op is a template instantiated for float (training) and double (finite-difference tests).
+#pragma once
+#include <cstdint>
+
+namespace ddplab::cpu {
+
+// out[B,OC] = inp[B,C] @ weight[OC,C]^T            (cblas gemm)
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, int B, int C, int OC);
+// dinp[B,C] = dout @ weight (skipped when dinp is null);  dweight[OC,C] += dout^T @ inp
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int B, int C, int OC);
+
+// out[B,OC] += bias[OC] (in place, broadcast over rows)
+template <typename T>
+void bias_forward(T* out, const T* bias, int B, int OC);
+// dbias[OC] += sum over rows of dout[B,OC]
+template <typename T>
+void bias_backward(T* dbias, const T* dout, int B, int OC);
+
+// GELU, tanh approximation (as GPT-2 and llm.c): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n);
+// dinp = dout * gelu'(inp)
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+
+// Row-wise softmax of logits[B,V] into probs, per-row loss -log(probs[target]); returns the mean loss.
+template <typename T>
+T softmax_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32_t* targets, int B, int V);
+// Gradient of the MEAN loss over the B rows: dlogits = (probs - onehot(target)) / B.
+template <typename T>
+void softmax_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int B, int V);
+
+// AdamW (decoupled weight decay, bias-corrected), step t counts from 1.
+template <typename T>
+void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int t);
+// SGD with optional momentum (PyTorch semantics: buf = momentum*buf + g; p -= lr*buf) and weight decay.
+template <typename T>
+void sgd_update(T* params, const T* grads, T* momentum_buf, int64_t n, float lr, float momentum, float weight_decay);
+
+// y *= alpha
+template <typename T>
+void scale(T* y, T alpha, int64_t n);
+
+}  // namespace ddplab::cpu

@@ -1,0 +1,32 @@
+// Optimizers over one flat parameter buffer (see model/mlp.h for why the buffer is flat).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddplab {
+
+struct OptimizerConfig {
+  std::string kind = "adamw";  // "adamw" or "sgd"
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.01f;  // PyTorch's AdamW default; decoupled for AdamW, L2 for SGD
+  float momentum = 0.0f;       // SGD only
+};
+
+template <typename T>
+class Optimizer {
+ public:
+  Optimizer(const OptimizerConfig& config, int64_t num_parameters);
+  // One update of params from grads (both flat, num_parameters long). Counts steps from 1.
+  void step(T* params, const T* grads);
+  int steps_taken() const { return t_; }
+
+ private:
+  OptimizerConfig config_;
+  int64_t n_;
+  int t_ = 0;
+  std::vector<T> m_, v_;  // AdamW moments, or SGD momentum buffer in m_
+};
+
+}  // namespace ddplab

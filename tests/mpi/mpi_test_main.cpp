@@ -1,0 +1,43 @@
+// GoogleTest main for tests launched by mpirun: every rank runs every test; a failure on any rank makes that
+// rank exit non-zero, which makes mpirun (and so ctest) fail. Only rank 0 prints the test listing; other
+// ranks print only failures, prefixed by their rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+
+namespace {
+
+class FailuresOnly : public testing::EmptyTestEventListener {
+ public:
+  explicit FailuresOnly(int rank) : rank_(rank) {}
+  void OnTestPartResult(const testing::TestPartResult& result) override {
+    if (result.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
+                   result.line_number(), result.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailuresOnly(rank));
+  }
+  const int local_failed = RUN_ALL_TESTS() != 0;
+  // Every rank learns whether any rank failed, so rank 0's exit code speaks for the whole job.
+  int any_failed = 0;
+  MPI_Allreduce(&local_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && any_failed && !local_failed) std::fprintf(stderr, "a test failed on another rank\n");
+  MPI_Finalize();
+  return any_failed;
+}
