@@ -1,1 +1,38 @@
-// placeholder: being written
+#include "model/optimizer.h"
+
+#include <stdexcept>
+
+#include "kernels/cpu/ops.h"
+
+namespace ddplab {
+
+template <typename T>
+Optimizer<T>::Optimizer(const OptimizerConfig& config, int64_t num_parameters) : config_(config), n_(num_parameters) {
+  if (config.kind != "adamw" && config.kind != "sgd") {
+    throw std::invalid_argument("unknown optimizer '" + config.kind + "' (expected adamw or sgd)");
+  }
+  if (num_parameters < 0) throw std::invalid_argument("Optimizer: negative parameter count");
+  // Zero state: AdamW's first step and SGD's first momentum step (buf = g) then match PyTorch.
+  if (config.kind == "adamw") {
+    m_.assign(n_, T(0));
+    v_.assign(n_, T(0));
+  } else if (config.momentum != 0.0f) {
+    m_.assign(n_, T(0));
+  }
+}
+
+template <typename T>
+void Optimizer<T>::step(T* params, const T* grads) {
+  ++t_;
+  if (config_.kind == "adamw") {
+    cpu::adamw_update(params, grads, m_.data(), v_.data(), n_, config_.lr, config_.beta1, config_.beta2, config_.eps,
+                      config_.weight_decay, t_);
+  } else {
+    cpu::sgd_update(params, grads, m_.data(), n_, config_.lr, config_.momentum, config_.weight_decay);
+  }
+}
+
+template class Optimizer<float>;
+template class Optimizer<double>;
+
+}  // namespace ddplab

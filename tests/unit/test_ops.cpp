@@ -1,1 +1,325 @@
-// placeholder: being written
+// CPU reference ops: every backward against central finite differences in double, forwards against naive loops
+// and hand-computed values, float against double, and the optimizer updates against their defining recurrences.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/rng.h"
+
+namespace ddplab::cpu {
+namespace {
+
+constexpr double kFdEps = 1e-6;
+constexpr double kFdRtol = 1e-6;
+constexpr double kFdAtol = 1e-9;  // for gradients near 0, where a relative bound means nothing
+
+std::vector<double> RandomNormal(size_t n, uint64_t seed, double scale = 1.0) {
+  std::vector<double> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * normal(seed, i);
+  return v;
+}
+
+// Central differences of loss() w.r.t. every element of x (x is perturbed in place and restored).
+std::vector<double> NumericGrad(std::vector<double>& x, const std::function<double()>& loss) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + kFdEps;
+    const double up = loss();
+    x[i] = saved - kFdEps;
+    const double down = loss();
+    x[i] = saved;
+    g[i] = (up - down) / (2 * kFdEps);
+  }
+  return g;
+}
+
+void ExpectGradNear(const std::vector<double>& analytic, const std::vector<double>& numeric, const char* what) {
+  ASSERT_EQ(analytic.size(), numeric.size());
+  for (size_t i = 0; i < analytic.size(); ++i) {
+    const double tol = kFdAtol + kFdRtol * std::max(std::abs(analytic[i]), std::abs(numeric[i]));
+    EXPECT_NEAR(analytic[i], numeric[i], tol) << what << "[" << i << "]";
+  }
+}
+
+// L = sum(out * w): with random w every output element contributes, and dL/dout = w.
+double Dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Non-square, non-power-of-two sizes so a transposed or swapped dimension cannot pass by accident.
+constexpr int kB = 5, kC = 7, kOC = 3;
+
+TEST(MatmulForward, MatchesNaiveTripleLoop) {
+  const auto inp = RandomNormal(kB * kC, 1), weight = RandomNormal(kOC * kC, 2);
+  std::vector<double> out(kB * kOC, -99.0);  // overwritten, not accumulated
+  matmul_forward(out.data(), inp.data(), weight.data(), kB, kC, kOC);
+  for (int b = 0; b < kB; ++b) {
+    for (int o = 0; o < kOC; ++o) {
+      double ref = 0;
+      for (int c = 0; c < kC; ++c) ref += inp[b * kC + c] * weight[o * kC + c];
+      EXPECT_NEAR(out[b * kOC + o], ref, 1e-12) << "b=" << b << " o=" << o;
+    }
+  }
+}
+
+TEST(MatmulBackward, DinpMatchesFiniteDifferences) {
+  auto inp = RandomNormal(kB * kC, 3);
+  const auto weight = RandomNormal(kOC * kC, 4), w = RandomNormal(kB * kOC, 5);
+  std::vector<double> out(kB * kOC), dinp(kB * kC, -99.0), dweight(kOC * kC, 0.0);
+  const auto loss = [&] {
+    matmul_forward(out.data(), inp.data(), weight.data(), kB, kC, kOC);
+    return Dot(out, w);
+  };
+  matmul_backward(dinp.data(), dweight.data(), w.data(), inp.data(), weight.data(), kB, kC, kOC);
+  ExpectGradNear(dinp, NumericGrad(inp, loss), "dinp");
+}
+
+TEST(MatmulBackward, DweightMatchesFiniteDifferencesAndAccumulates) {
+  const auto inp = RandomNormal(kB * kC, 6), w = RandomNormal(kB * kOC, 8);
+  auto weight = RandomNormal(kOC * kC, 7);
+  std::vector<double> out(kB * kOC), dinp(kB * kC), dweight(kOC * kC, 0.0);
+  const auto loss = [&] {
+    matmul_forward(out.data(), inp.data(), weight.data(), kB, kC, kOC);
+    return Dot(out, w);
+  };
+  matmul_backward(dinp.data(), dweight.data(), w.data(), inp.data(), weight.data(), kB, kC, kOC);
+  const auto numeric = NumericGrad(weight, loss);
+  ExpectGradNear(dweight, numeric, "dweight");
+
+  // A second backward adds on top (+=) instead of overwriting; null dinp skips only the input gradient.
+  const std::vector<double> first = dweight;
+  matmul_backward<double>(nullptr, dweight.data(), w.data(), inp.data(), weight.data(), kB, kC, kOC);
+  for (size_t i = 0; i < dweight.size(); ++i) EXPECT_NEAR(dweight[i], 2 * first[i], 1e-12) << i;
+}
+
+TEST(BiasBackward, MatchesFiniteDifferencesAndAccumulates) {
+  auto bias = RandomNormal(kOC, 9);
+  const auto base = RandomNormal(kB * kOC, 10), w = RandomNormal(kB * kOC, 11);
+  std::vector<double> out(kB * kOC);
+  const auto loss = [&] {
+    out = base;
+    bias_forward(out.data(), bias.data(), kB, kOC);
+    return Dot(out, w);
+  };
+  std::vector<double> dbias(kOC, 0.0);
+  bias_backward(dbias.data(), w.data(), kB, kOC);
+  ExpectGradNear(dbias, NumericGrad(bias, loss), "dbias");
+
+  std::vector<double> acc(kOC, 0.5);
+  bias_backward(acc.data(), w.data(), kB, kOC);
+  for (int o = 0; o < kOC; ++o) EXPECT_NEAR(acc[o], 0.5 + dbias[o], 1e-12) << o;
+}
+
+TEST(BiasForward, AddsInPlaceOnEveryRow) {
+  std::vector<double> out = {1, 2, 3, 4, 5, 6};
+  const std::vector<double> bias = {10, 20, 30};
+  bias_forward(out.data(), bias.data(), 2, 3);
+  EXPECT_EQ(out, (std::vector<double>{11, 22, 33, 14, 25, 36}));
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferences) {
+  constexpr int n = 40;
+  auto inp = RandomNormal(n, 12, 2.0);  // wide enough to cover both tails and the curved middle
+  const auto w = RandomNormal(n, 13);
+  std::vector<double> out(n), dinp(n, -99.0);
+  const auto loss = [&] {
+    gelu_forward(out.data(), inp.data(), n);
+    return Dot(out, w);
+  };
+  gelu_backward(dinp.data(), inp.data(), w.data(), n);
+  ExpectGradNear(dinp, NumericGrad(inp, loss), "dinp");
+}
+
+TEST(Gelu, ForwardKnownValues) {
+  const std::vector<double> x = {0.0, 1.0, -1.0, 10.0, -10.0};
+  std::vector<double> y(x.size());
+  gelu_forward(y.data(), x.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y[0], 0.0);
+  // Reference: 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) evaluated independently.
+  const double t1 = std::tanh(std::sqrt(2.0 / std::acos(-1.0)) * (1.0 + 0.044715));
+  EXPECT_NEAR(y[1], 0.5 * (1 + t1), 1e-15);
+  EXPECT_NEAR(y[1], 0.8411919906082768, 1e-12);  // the tanh approximation, not the erf GELU (0.841344746)
+  EXPECT_NEAR(y[2], -0.5 * (1 - t1), 1e-15);
+  EXPECT_NEAR(y[3], 10.0, 1e-12);
+  EXPECT_NEAR(y[4], 0.0, 1e-12);
+}
+
+TEST(SoftmaxCrossEntropy, BackwardIsGradientOfMeanLoss) {
+  constexpr int B = 4, V = 6;
+  auto logits = RandomNormal(B * V, 14, 2.0);
+  const std::vector<int32_t> targets = {0, 5, 2, 2};
+  std::vector<double> probs(B * V), losses(B), dlogits(B * V, -99.0);
+  const auto loss = [&] {
+    return softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, V);
+  };
+  loss();
+  softmax_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), B, V);
+  ExpectGradNear(dlogits, NumericGrad(logits, loss), "dlogits");
+
+  // Probabilities form a distribution per row; the mean loss is the mean of the per-row losses.
+  loss();
+  double mean = 0;
+  for (int b = 0; b < B; ++b) {
+    double row = 0;
+    for (int v = 0; v < V; ++v) {
+      EXPECT_GT(probs[b * V + v], 0.0);
+      row += probs[b * V + v];
+    }
+    EXPECT_NEAR(row, 1.0, 1e-14) << "row " << b;
+    EXPECT_NEAR(losses[b], -std::log(probs[b * V + targets[b]]), 1e-12) << "row " << b;
+    mean += losses[b] / B;
+  }
+  EXPECT_NEAR(loss(), mean, 1e-14);
+}
+
+TEST(SoftmaxCrossEntropy, HandCheckableTinyCase) {
+  // Row 0: logits log(1..4) give probs exactly 0.1, 0.2, 0.3, 0.4. Row 1: equal logits give 1/4 each.
+  const std::vector<double> logits = {0.0, std::log(2.0), std::log(3.0), std::log(4.0), 5.0, 5.0, 5.0, 5.0};
+  const std::vector<int32_t> targets = {3, 1};
+  std::vector<double> probs(8), losses(2);
+  const double mean = softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), 2, 4);
+  const double expected_p[8] = {0.1, 0.2, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25};
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(probs[i], expected_p[i], 1e-15) << i;
+  EXPECT_NEAR(losses[0], -std::log(0.4), 1e-15);
+  EXPECT_NEAR(losses[1], std::log(4.0), 1e-15);
+  EXPECT_NEAR(mean, 0.5 * (std::log(4.0) - std::log(0.4)), 1e-15);
+
+  std::vector<double> d(8);
+  softmax_cross_entropy_backward(d.data(), probs.data(), targets.data(), 2, 4);
+  const double expected_d[8] = {0.05, 0.1, 0.15, -0.3, 0.125, -0.375, 0.125, 0.125};  // (p - onehot) / 2
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(d[i], expected_d[i], 1e-15) << i;
+}
+
+template <typename T>
+void CheckHugeLogitsStayFinite() {
+  // exp(1e4) overflows both float and double unless the row max is subtracted first.
+  const std::vector<T> logits = {T(1e4), T(-1e4), T(0), T(1e4), T(1e4), T(-1e4)};
+  const std::vector<int32_t> targets = {1, 0};
+  std::vector<T> probs(6), losses(2), d(6);
+  const T mean = softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), 2, 3);
+  softmax_cross_entropy_backward(d.data(), probs.data(), targets.data(), 2, 3);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(std::isfinite(probs[i])) << i;
+    EXPECT_TRUE(std::isfinite(d[i])) << i;
+  }
+  EXPECT_NEAR(losses[0], 2e4, 1e-3);  // -log softmax of the -1e4 entry against a +1e4 max
+  EXPECT_NEAR(losses[1], std::log(2.0), 1e-6);
+  EXPECT_TRUE(std::isfinite(mean));
+  EXPECT_NEAR(probs[0], 1.0, 1e-6);
+  EXPECT_NEAR(probs[3], 0.5, 1e-6);
+}
+TEST(SoftmaxCrossEntropy, HugeLogitsStayFiniteDouble) { CheckHugeLogitsStayFinite<double>(); }
+TEST(SoftmaxCrossEntropy, HugeLogitsStayFiniteFloat) { CheckHugeLogitsStayFinite<float>(); }
+
+std::vector<float> ToFloat(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+
+// |f - d| within float rounding of the magnitudes involved.
+void ExpectFloatAgrees(const std::vector<float>& f, const std::vector<double>& d, double rtol, const char* what) {
+  ASSERT_EQ(f.size(), d.size());
+  for (size_t i = 0; i < d.size(); ++i)
+    EXPECT_NEAR(f[i], d[i], rtol * (1.0 + std::abs(d[i]))) << what << "[" << i << "]";
+}
+
+TEST(FloatVsDouble, ForwardOpsAgree) {
+  constexpr int B = 8, C = 64, OC = 10;
+  // Inputs are rounded to float first so only the arithmetic differs, not the data.
+  auto round = [](std::vector<double> v) {
+    for (double& x : v) x = static_cast<float>(x);
+    return v;
+  };
+  const auto inp = round(RandomNormal(B * C, 20)), weight = round(RandomNormal(OC * C, 21, 0.125));
+  const auto bias = round(RandomNormal(OC, 22));
+  std::vector<double> out_d(B * OC), act_d(B * OC), probs_d(B * OC), loss_d(B);
+  std::vector<float> out_f(B * OC), act_f(B * OC), probs_f(B * OC), loss_f(B);
+  const auto inp_f = ToFloat(inp), weight_f = ToFloat(weight), bias_f = ToFloat(bias);
+  std::vector<int32_t> targets(B);
+  for (int b = 0; b < B; ++b) targets[b] = static_cast<int32_t>(hash64(23, b) % OC);
+
+  matmul_forward(out_d.data(), inp.data(), weight.data(), B, C, OC);
+  matmul_forward(out_f.data(), inp_f.data(), weight_f.data(), B, C, OC);
+  ExpectFloatAgrees(out_f, out_d, 1e-5, "matmul");
+  bias_forward(out_d.data(), bias.data(), B, OC);
+  bias_forward(out_f.data(), bias_f.data(), B, OC);
+  ExpectFloatAgrees(out_f, out_d, 1e-5, "bias");
+  gelu_forward(act_d.data(), out_d.data(), B * OC);
+  gelu_forward(act_f.data(), out_f.data(), B * OC);
+  ExpectFloatAgrees(act_f, act_d, 1e-5, "gelu");
+  const double mean_d =
+      softmax_cross_entropy_forward(probs_d.data(), loss_d.data(), act_d.data(), targets.data(), B, OC);
+  const float mean_f =
+      softmax_cross_entropy_forward(probs_f.data(), loss_f.data(), act_f.data(), targets.data(), B, OC);
+  ExpectFloatAgrees(probs_f, probs_d, 1e-5, "probs");
+  ExpectFloatAgrees(loss_f, loss_d, 1e-5, "losses");
+  EXPECT_NEAR(mean_f, mean_d, 1e-5 * (1 + std::abs(mean_d)));
+}
+
+TEST(AdamW, FirstStepMovesEachParamByLrTimesSignOfGrad) {
+  // At t=1 from zero moments, m_hat = g and v_hat = g^2, so the step is lr * g / (|g| + eps): about lr*sign(g)
+  // whatever the magnitude of g.
+  const std::vector<double> g = {1e-3, -2.0, 500.0, -0.25, 3e-2, -7e2};
+  const std::vector<double> p0 = {0.5, -1.0, 2.0, 0.0, -3.0, 1.5};
+  std::vector<double> p = p0, m(g.size(), 0.0), v(g.size(), 0.0);
+  const float lr = 0.01f;
+  adamw_update(p.data(), g.data(), m.data(), v.data(), static_cast<int64_t>(g.size()), lr, 0.9f, 0.999f, 1e-8f, 0.0f,
+               1);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double sign = g[i] > 0 ? 1.0 : -1.0;
+    EXPECT_NEAR(p[i] - p0[i], -double(lr) * sign, double(lr) * 1e-4) << i;
+  }
+}
+
+TEST(AdamW, DecoupledWeightDecayShrinksParamsWithZeroGrad) {
+  const std::vector<double> p0 = {1.0, -2.0, 0.5, 4.0};
+  const std::vector<double> g(p0.size(), 0.0);
+  std::vector<double> p = p0, m(p0.size(), 0.0), v(p0.size(), 0.0);
+  const float lr = 0.1f, wd = 0.05f;
+  adamw_update(p.data(), g.data(), m.data(), v.data(), static_cast<int64_t>(p.size()), lr, 0.9f, 0.999f, 1e-8f, wd, 1);
+  for (size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(p[i], p0[i] - double(lr) * double(wd) * p0[i], 1e-12) << i;
+}
+
+TEST(Sgd, MomentumMatchesHandUnrolledThreeSteps) {
+  // PyTorch SGD: d = g + wd*p; buf = mu*buf + d (buf = d on step 1); p -= lr*buf. Written out by hand for n=2.
+  const float lr_f = 0.1f, mu_f = 0.9f, wd_f = 0.01f;
+  const double lr = lr_f, mu = mu_f, wd = wd_f;  // the op receives floats; compare against the same values
+  const double g1[2] = {1.0, -0.5}, g2[2] = {0.25, 2.0}, g3[2] = {-1.5, 0.75};
+  double expect[2];
+  for (int i = 0; i < 2; ++i) {
+    const double p0 = i == 0 ? 1.0 : -2.0;
+    const double b1 = g1[i] + wd * p0;
+    const double p1 = p0 - lr * b1;
+    const double b2 = mu * b1 + (g2[i] + wd * p1);
+    const double p2 = p1 - lr * b2;
+    const double b3 = mu * b2 + (g3[i] + wd * p2);
+    expect[i] = p2 - lr * b3;
+  }
+  std::vector<double> p = {1.0, -2.0}, buf = {0.0, 0.0};
+  sgd_update(p.data(), g1, buf.data(), 2, lr_f, mu_f, wd_f);
+  sgd_update(p.data(), g2, buf.data(), 2, lr_f, mu_f, wd_f);
+  sgd_update(p.data(), g3, buf.data(), 2, lr_f, mu_f, wd_f);
+  EXPECT_NEAR(p[0], expect[0], 1e-14);
+  EXPECT_NEAR(p[1], expect[1], 1e-14);
+}
+
+TEST(Sgd, PlainStepWithoutMomentumIgnoresBuffer) {
+  std::vector<double> p = {1.0, -2.0};
+  const double g[2] = {0.5, 0.25};
+  sgd_update<double>(p.data(), g, nullptr, 2, 0.5f, 0.0f, 0.0f);  // no momentum: the buffer is never touched
+  EXPECT_DOUBLE_EQ(p[0], 0.75);
+  EXPECT_DOUBLE_EQ(p[1], -2.125);
+}
+
+TEST(Scale, MultipliesInPlace) {
+  std::vector<double> y = {1.0, -2.0, 4.0};
+  scale(y.data(), 0.5, 3);
+  EXPECT_EQ(y, (std::vector<double>{0.5, -1.0, 2.0}));
+}
+
+}  // namespace
+}  // namespace ddplab::cpu
