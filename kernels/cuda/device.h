@@ -1,0 +1,30 @@
+// What CUDA sees on this process: device, compute capability, memory, and the versions of the runtime, driver,
+// cuBLAS(Lt) and NCCL actually linked. Plain C++ (no CUDA types) so the launcher can print it and store it in the
+// run metadata without nvcc.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace ddplab::cuda {
+
+struct CudaInfo {
+  bool available = false;  // a device is usable; when false, `reason` says why and the device fields are empty
+  std::string reason;      // the CUDA error string that made the device unusable; empty when available
+  int device_count = 0;
+  std::string name;  // of the current device (cudaGetDevice), which the launcher picks per local rank
+  int cc_major = 0, cc_minor = 0;
+  size_t memory_bytes = 0;  // total global memory
+  int runtime_version = 0;  // CUDART_VERSION style: 1000*major + 10*minor, e.g. 13000
+  int driver_version = 0;   // same encoding; 0 when no driver is installed
+  int cublas_version = 0;   // cublasLtGetVersion(): 10000*major + 100*minor + patch, e.g. 130100
+  int nccl_version = 0;     // ncclGetVersion(): 10000*major + 100*minor + patch, e.g. 22809
+};
+
+// Never throws; the library versions are filled in even when no device is available.
+CudaInfo query_cuda() noexcept;
+
+// One line for logs, e.g. "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB), 1 device(s), runtime 13.0, driver 13.0,
+// cuBLAS 13.1.0, NCCL 2.28.9" or "no CUDA device (<reason>), runtime 13.0, ...".
+std::string describe(const CudaInfo& info);
+
+}  // namespace ddplab::cuda

@@ -1,0 +1,83 @@
+// Elementwise fp32 kernels: kernels first, launchers last (see elementwise.h for the contracts).
+#include <algorithm>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace ddplab::cuda {
+namespace {
+
+using detail::global_index;
+using detail::grid_stride;
+
+// Rounded to float exactly as the CPU reference's T(kSqrt2OverPi), T(kGeluCubic), T(3 * kGeluCubic) do.
+constexpr float kSqrt2OverPi = static_cast<float>(0.7978845608028654);
+constexpr float kGeluCubic = static_cast<float>(0.044715);
+constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
+
+// ---- kernels ----------------------------------------------------------------------------------------------------
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride()) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride()) {
+    const float x = inp[i];
+    const float th = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    const float sech2 = 1.0f - th * th;
+    const float du_dx = kSqrt2OverPi * (1.0f + kGeluCubic3 * x * x);
+    dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx);
+  }
+}
+
+// Columns across threads (coalesced), rows across blockIdx.y: each thread loads its bias once and no index needs
+// a 64-bit division.
+__global__ void bias_forward_kernel(float* out, const float* bias, int B, int OC) {
+  for (int64_t o = global_index(); o < OC; o += grid_stride()) {
+    const float b = bias[o];
+    for (int64_t row = blockIdx.y; row < B; row += gridDim.y) out[row * OC + o] += b;
+  }
+}
+
+__global__ void scale_kernel(float* y, float alpha, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride()) y[i] *= alpha;
+}
+
+}  // namespace
+
+// ---- launchers --------------------------------------------------------------------------------------------------
+
+void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  gelu_forward_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(out, inp, n);
+  cudaCheck(cudaGetLastError());
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  gelu_backward_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, inp, dout, n);
+  cudaCheck(cudaGetLastError());
+}
+
+void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t stream) {
+  if (B <= 0 || OC <= 0) return;
+  // About kTargetBlocks blocks in all, whatever the shape; rows beyond gridDim.y (at most 65535) wrap in the kernel.
+  constexpr int64_t kTargetBlocks = 4096;
+  const unsigned grid_x = detail::grid_size(OC);
+  const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
+  bias_forward_kernel<<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, bias, B, OC);
+  cudaCheck(cudaGetLastError());
+}
+
+void scale(float* y, float alpha, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
+  cudaCheck(cudaGetLastError());
+}
+
+}  // namespace ddplab::cuda

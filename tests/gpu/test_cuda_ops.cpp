@@ -1,0 +1,286 @@
+// CUDA ops against their CPU references (kernels/cpu/ops.h), plus the host-side pieces of the CUDA layer
+// (device query, checked-call macros, zero-size launches) that must work on a machine without a GPU.
+//
+// Kernel tests skip with the CUDA error as the reason when no device is usable; they never pass silently.
+// Every device buffer carries a guard tail of NaN bit patterns that must survive the kernel (no out-of-bounds
+// writes), and out-of-place outputs are poisoned with NaN first (every element must be written).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/elementwise.h"
+
+namespace {
+
+using ddplab::cuda::CudaInfo;
+
+// 1 and 1000 leave partial blocks; 2^20 + 3 leaves a ragged last block and is too big for any accidental
+// single-block kernel.
+const std::vector<int64_t> kSizes = {1, 1000, (int64_t{1} << 20) + 3};
+constexpr int64_t kGuard = 67;                // trailing elements that no kernel may touch
+constexpr uint32_t kPoisonBits = 0xFFFFFFFF;  // a NaN, and what cudaMemset(0xFF) writes
+
+const CudaInfo& cuda_info() {
+  static const CudaInfo info = ddplab::cuda::query_cuda();
+  return info;
+}
+
+std::vector<float> random_vector(int64_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A device array of n floats plus the guard tail, all of it initially poison.
+class DeviceArray {
+ public:
+  DeviceArray(int64_t n, cudaStream_t stream) : n_(n), stream_(stream) {
+    cudaCheck(cudaMalloc(&ptr_, bytes(n_ + kGuard)));
+    cudaCheck(cudaMemsetAsync(ptr_, 0xFF, bytes(n_ + kGuard), stream_));
+  }
+  DeviceArray(const std::vector<float>& host, cudaStream_t stream) : DeviceArray(host.size(), stream) {
+    cudaCheck(cudaMemcpyAsync(ptr_, host.data(), bytes(n_), cudaMemcpyHostToDevice, stream_));
+    cudaCheck(cudaStreamSynchronize(stream_));  // the caller may change `host` right away (the CPU reference)
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  float* get() { return ptr_; }
+
+  // The n values; fails the current test if the guard tail was written.
+  std::vector<float> download() const {
+    std::vector<float> all(n_ + kGuard);
+    cudaCheck(cudaMemcpyAsync(all.data(), ptr_, bytes(all.size()), cudaMemcpyDeviceToHost, stream_));
+    cudaCheck(cudaStreamSynchronize(stream_));
+    for (int64_t i = n_; i < n_ + kGuard; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &all[i], sizeof(bits));
+      EXPECT_EQ(bits, kPoisonBits) << "kernel wrote past the end: element " << i << " of " << n_;
+    }
+    all.resize(n_);
+    return all;
+  }
+
+ private:
+  static size_t bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
+  int64_t n_;
+  cudaStream_t stream_;
+  float* ptr_ = nullptr;
+};
+
+// |got - want| <= atol + rtol * |want| everywhere; NaN (an unwritten element) always fails.
+::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want, double rtol,
+                                    double atol) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double excess = err - (atol + rtol * std::fabs(want[i]));
+    if (!(excess <= 0)) {  // written so that NaN counts as bad
+      ++bad;
+      if (worst < 0 || !(excess <= worst_excess)) {
+        worst = static_cast<int64_t>(i);
+        worst_excess = excess;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements outside rtol " << rtol << " atol "
+                                       << atol << "; worst at " << worst << ": got " << got[worst] << " want "
+                                       << want[worst];
+}
+
+// ---- host side: these run, and must pass, without a GPU ----------------------------------------------------------
+
+TEST(CudaQuery, ReasonWhenUnavailableSaneValuesWhenAvailable) {
+  const CudaInfo& info = cuda_info();
+  std::cout << "query_cuda: " << ddplab::cuda::describe(info) << "\n";
+  // The libraries answer without a device: proof that cudart, cuBLASLt and NCCL are really linked.
+  EXPECT_GE(info.runtime_version, 12000);
+  EXPECT_GE(info.cublas_version, 120000);
+  EXPECT_GE(info.nccl_version, 21800);
+  if (!info.available) {
+    EXPECT_FALSE(info.reason.empty());
+    EXPECT_TRUE(info.name.empty());
+    EXPECT_EQ(info.memory_bytes, 0u);
+    return;
+  }
+  EXPECT_TRUE(info.reason.empty()) << info.reason;
+  EXPECT_GE(info.device_count, 1);
+  EXPECT_FALSE(info.name.empty());
+  EXPECT_GE(info.cc_major, 7);
+  EXPECT_GE(info.memory_bytes, size_t{1} << 30);
+  EXPECT_GE(info.driver_version, info.runtime_version / 1000 * 1000) << "driver older than the runtime's major";
+}
+
+// Each macro throws std::runtime_error naming this file:line, the call, and the library's own error string.
+template <typename F>
+std::string CaughtMessage(F&& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+TEST(CudaCheck, MacrosThrowWithFileLineAndLibraryString) {
+  EXPECT_NO_THROW(cudaCheck(cudaSuccess));
+  EXPECT_NO_THROW(cublasCheck(CUBLAS_STATUS_SUCCESS));
+  EXPECT_NO_THROW(ncclCheck(ncclSuccess));
+
+  const int line = __LINE__ + 1;
+  std::string msg = CaughtMessage([] { cudaCheck(cudaErrorInvalidValue); });
+  EXPECT_NE(msg.find("test_cuda_ops.cpp:" + std::to_string(line)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cudaErrorInvalidValue"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(cudaGetErrorString(cudaErrorInvalidValue)), std::string::npos) << msg;
+
+  msg = CaughtMessage([] { cublasCheck(CUBLAS_STATUS_INVALID_VALUE); });
+  EXPECT_NE(msg.find("cuBLAS"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos) << msg;
+
+  msg = CaughtMessage([] { ncclCheck(ncclInvalidArgument); });
+  EXPECT_NE(msg.find("NCCL"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(ncclGetErrorString(ncclInvalidArgument)), std::string::npos) << msg;
+}
+
+// Zero-size ops must not launch (a grid of 0 blocks is an error); without a GPU any launch would throw here.
+TEST(CudaLaunch, ZeroSizeLaunchesNothing) {
+  EXPECT_NO_THROW(ddplab::cuda::gelu_forward(nullptr, nullptr, 0, nullptr));
+  EXPECT_NO_THROW(ddplab::cuda::gelu_backward(nullptr, nullptr, nullptr, 0, nullptr));
+  EXPECT_NO_THROW(ddplab::cuda::bias_forward(nullptr, nullptr, 0, 5, nullptr));
+  EXPECT_NO_THROW(ddplab::cuda::bias_forward(nullptr, nullptr, 5, 0, nullptr));
+  EXPECT_NO_THROW(ddplab::cuda::scale(nullptr, 2.0f, 0, nullptr));
+  EXPECT_NO_THROW(
+      ddplab::cuda::adamw_update(nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, nullptr));
+}
+
+// ---- kernels against the CPU reference: need a device ------------------------------------------------------------
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_info().available) GTEST_SKIP() << "no CUDA device: " << cuda_info().reason;
+    // A non-blocking stream: the launchers must honour the stream they are given, not the legacy default one.
+    cudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+// Tolerances. Bias, scale: one fp32 add or multiply per element, the same on both sides, so 1e-6 relative is
+// generous. AdamW: the GPU contracts multiply-adds into FMAs (one rounding instead of two), so 1e-6 relative plus
+// 1e-7 absolute for m near 0, where b1*m + (1-b1)*g cancels. GELU: CUDA's tanhf is within 2 ulp, not glibc's;
+// 1e-5 relative plus an absolute floor where the formula cancels: 1 + tanh(u) for x << 0 (forward, 1e-6) and
+// 1 - tanh(u)^2 for large |x|, amplified by 0.5 x du/dx (backward, 1e-5). Emulating those two differences on the
+// host over 2e7 inputs in [-6, 6] gives at most 4e-7 and 3.3e-6 beyond the relative part.
+constexpr double kExactRtol = 1e-6;
+constexpr double kAdamwRtol = 1e-6, kAdamwAtol = 1e-7;
+constexpr double kGeluRtol = 1e-5, kGeluFwdAtol = 1e-6, kGeluBwdAtol = 1e-5;
+
+TEST_F(CudaOps, GeluForwardMatchesCpu) {
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> inp = random_vector(n, -6.0f, 6.0f, 101 + n);
+    std::vector<float> want(n);
+    ddplab::cpu::gelu_forward(want.data(), inp.data(), n);
+
+    DeviceArray d_inp(inp, stream_), d_out(n, stream_);
+    ddplab::cuda::gelu_forward(d_out.get(), d_inp.get(), n, stream_);
+    EXPECT_TRUE(AllClose(d_out.download(), want, kGeluRtol, kGeluFwdAtol));
+  }
+}
+
+TEST_F(CudaOps, GeluBackwardMatchesCpu) {
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> inp = random_vector(n, -6.0f, 6.0f, 201 + n);
+    const std::vector<float> dout = random_vector(n, -1.0f, 1.0f, 301 + n);
+    std::vector<float> want(n);
+    ddplab::cpu::gelu_backward(want.data(), inp.data(), dout.data(), n);
+
+    DeviceArray d_inp(inp, stream_), d_dout(dout, stream_), d_dinp(n, stream_);
+    ddplab::cuda::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_);
+    EXPECT_TRUE(AllClose(d_dinp.download(), want, kGeluRtol, kGeluBwdAtol));
+  }
+}
+
+TEST_F(CudaOps, BiasForwardMatchesCpu) {
+  // Rows x columns: single element, one row, one column, and ~2^20 with neither side a power of two; 1025 rows
+  // exceed the launcher's 4096 / 4 = 1024 row blocks, so the row loop wraps.
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {1, 1000}, {1000, 1}, {1025, 1023}};
+  for (auto [B, OC] : shapes) {
+    SCOPED_TRACE("B=" + std::to_string(B) + " OC=" + std::to_string(OC));
+    std::vector<float> out = random_vector(int64_t{B} * OC, -1.0f, 1.0f, 401 + B);
+    const std::vector<float> bias = random_vector(OC, -1.0f, 1.0f, 501 + OC);
+    DeviceArray d_out(out, stream_), d_bias(bias, stream_);
+    ddplab::cpu::bias_forward(out.data(), bias.data(), B, OC);
+
+    ddplab::cuda::bias_forward(d_out.get(), d_bias.get(), B, OC, stream_);
+    EXPECT_TRUE(AllClose(d_out.download(), out, kExactRtol, 0.0));
+    d_bias.download();  // an input: only its guard is checked
+  }
+}
+
+TEST_F(CudaOps, ScaleMatchesCpu) {
+  // The last size needs more blocks than the grid cap (65535 x 256), so the grid-stride loop wraps.
+  std::vector<int64_t> sizes = kSizes;
+  sizes.push_back((int64_t{1} << 24) + (int64_t{1} << 20) + 5);
+  for (int64_t n : sizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    std::vector<float> y = random_vector(n, -1.0f, 1.0f, 601 + n);
+    DeviceArray d_y(y, stream_);
+    const float alpha = -0.3f;
+    ddplab::cpu::scale(y.data(), alpha, n);
+
+    ddplab::cuda::scale(d_y.get(), alpha, n, stream_);
+    EXPECT_TRUE(AllClose(d_y.download(), y, kExactRtol, 0.0));
+  }
+}
+
+TEST_F(CudaOps, AdamwMatchesCpuOverSteps) {
+  const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    // Non-zero moments as after some training; v bounded away from 0 so m's rounding is not amplified by 1/sqrt(v).
+    std::vector<float> params = random_vector(n, -1.0f, 1.0f, 701 + n);
+    std::vector<float> m = random_vector(n, -0.1f, 0.1f, 801 + n);
+    std::vector<float> v = random_vector(n, 1e-4f, 1e-2f, 901 + n);
+    DeviceArray d_params(params, stream_), d_m(m, stream_), d_v(v, stream_);
+    // Early steps, where bias correction matters most, then a late one; each side carries its own state.
+    for (int t : {1, 2, 3, 1000}) {
+      SCOPED_TRACE("t=" + std::to_string(t));
+      const std::vector<float> grads = random_vector(n, -1.0f, 1.0f, 1001 + n + t);
+      DeviceArray d_grads(grads, stream_);
+      ddplab::cpu::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, weight_decay,
+                                t);
+
+      ddplab::cuda::adamw_update(d_params.get(), d_grads.get(), d_m.get(), d_v.get(), n, lr, beta1, beta2, eps,
+                                 weight_decay, t, stream_);
+      EXPECT_TRUE(AllClose(d_m.download(), m, kAdamwRtol, kAdamwAtol)) << "m";
+      EXPECT_TRUE(AllClose(d_v.download(), v, kAdamwRtol, kAdamwAtol)) << "v";
+      EXPECT_TRUE(AllClose(d_params.download(), params, kAdamwRtol, kAdamwAtol)) << "params";
+    }
+  }
+}
+
+}  // namespace
