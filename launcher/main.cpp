@@ -1,0 +1,311 @@
+// ddplab: the program. Runs as one process or as every rank of an mpirun job.
+//
+//   mpirun -np 4 build/ddplab train [flags]     data-parallel training, summary on rank 0, one HDF5 run file
+//   build/ddplab devices                        what this build and machine offer (BLAS, MPI, CUDA)
+//
+// Error policy (the program's edge): bad input → one line "ddplab: error: ..." from rank 0 and exit code 2 on
+// every rank (every rank validates the same arguments, so none waits for another); a failure during the run →
+// the failing rank prints one line naming itself and aborts the whole job, so no rank is left hanging.
+#include <cblas.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "git_commit.h"
+#include "launcher/run_file.h"
+#include "launcher/summary.h"
+#include "launcher/trainer.h"
+#ifdef DDPLAB_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+namespace ddplab {
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// OpenBLAS 0.3.21 (Debian 12) predates Zen 4/5 and runs its Haswell (AVX2) kernels on them; on a CPU with
+// AVX-512 its SkylakeX kernels are ~1.6x faster for our GEMMs (docs/BENCHMARKS.md). OpenBLAS picks its
+// kernels when the library is loaded, before main(), so the only way to choose them is the environment of a
+// fresh process image: re-exec once with OPENBLAS_CORETYPE set. This happens before MPI_Init, so mpirun does
+// not notice. An OPENBLAS_CORETYPE set by the user always wins; DDPLAB_BLAS_AUTO=0 turns this off.
+void select_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("DDPLAB_BLAS_AUTO")) return;
+  const std::string core = openblas_get_corename();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (!avx512 || (core != "Haswell" && core != "Zen")) return;
+  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+  setenv("DDPLAB_BLAS_AUTO", "done", 1);  // never loop
+  execv("/proc/self/exe", argv);           // returns only on failure: then keep the detected kernels
+}
+
+std::string utc_now_iso8601() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string default_run_path(int world_size) {
+  char stamp[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return "runs/train_np" + std::to_string(world_size) + "_" + stamp + ".h5";
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string mpi_library_version() {
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(buf, &len);
+  return first_line(std::string(buf, len));
+}
+
+std::string hdf5_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+std::string blas_description() {
+  return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
+}
+
+std::string cuda_description() {
+#ifdef DDPLAB_HAVE_CUDA
+  const CudaInfo info = query_cuda();
+  if (!info.available) return "built, no device (" + info.reason + ")";
+  return "built, " + std::to_string(info.device_count) + "x " + info.name + " (sm_" + std::to_string(info.cc_major) +
+         std::to_string(info.cc_minor) + "), runtime " + std::to_string(info.runtime_version) + ", driver " +
+         std::to_string(info.driver_version) + ", cuBLAS " + std::to_string(info.cublas_version) + ", NCCL " +
+         std::to_string(info.nccl_version);
+#else
+  return "not built (configure with nvcc present or -DDDPLAB_CUDA=ON)";
+#endif
+}
+
+std::vector<std::string> gather_hostnames(MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(mine, &len);
+  std::vector<char> all(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm);
+  std::vector<std::string> names;
+  for (int r = 0; r < size; ++r) names.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+  return names;
+}
+
+// Rank 0 decides something that can fail (e.g. checks the output path); every rank learns the outcome.
+std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm) {
+  char buf[1024] = {};
+  std::snprintf(buf, sizeof buf, "%s", error_on_root.c_str());
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm);
+  return buf;
+}
+
+void add_train_flags(CLI::App* app, TrainConfig& c) {
+  app->add_option("--batch", c.batch, "samples per rank per step (global batch = batch x ranks)")
+      ->capture_default_str();
+  app->add_option("--steps", c.steps, "training steps")->capture_default_str();
+  app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
+  app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
+  app->add_option("--input-dim", c.mlp.input_dim, "MLP input features")->capture_default_str();
+  app->add_option("--hidden", c.mlp.hidden_dim, "MLP hidden width")->capture_default_str();
+  app->add_option("--layers", c.mlp.num_hidden_layers, "MLP hidden Linear+GELU blocks")->capture_default_str();
+  app->add_option("--classes", c.mlp.num_classes, "output classes")->capture_default_str();
+  app->add_option("--optimizer", c.optimizer.kind, "adamw | sgd")->capture_default_str();
+  app->add_option("--lr", c.optimizer.lr, "learning rate")->capture_default_str();
+  app->add_option("--weight-decay", c.optimizer.weight_decay, "weight decay (decoupled for AdamW)")
+      ->capture_default_str();
+  app->add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
+  app->add_option("--data-noise", c.data_noise, "synthetic data noise around the class prototypes")
+      ->capture_default_str();
+  app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce)")->capture_default_str();
+  app->add_option("--threads", c.blas_threads, "OpenBLAS threads per rank")->capture_default_str();
+  app->add_option("--out", c.out, "run file (HDF5); default runs/train_np<N>_<time>.h5");
+  app->add_flag("--force", c.force, "overwrite an existing run file");
+  app->add_flag("--quiet", c.quiet, "print only errors");
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw UsageError(message);
+}
+
+void validate(const TrainConfig& c) {
+  auto at_least = [](const char* flag, long long value, long long min) {
+    require(value >= min, std::string(flag) + " must be at least " + std::to_string(min) + " (got " +
+                              std::to_string(value) + ")");
+  };
+  at_least("--batch", c.batch, 1);
+  at_least("--steps", c.steps, 1);
+  at_least("--warmup-steps", c.warmup_steps, 0);
+  at_least("--input-dim", c.mlp.input_dim, 1);
+  at_least("--hidden", c.mlp.hidden_dim, 1);
+  at_least("--layers", c.mlp.num_hidden_layers, 1);
+  at_least("--classes", c.mlp.num_classes, 2);
+  at_least("--threads", c.blas_threads, 1);
+  require(c.optimizer.kind == "adamw" || c.optimizer.kind == "sgd",
+          "--optimizer must be adamw or sgd (got '" + c.optimizer.kind + "')");
+  require(c.optimizer.lr > 0, "--lr must be positive");
+  require(c.optimizer.weight_decay >= 0, "--weight-decay must not be negative");
+  require(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1, "--momentum must be in [0, 1)");
+  require(c.data_noise >= 0, "--data-noise must not be negative");
+  try {
+    parse_allreduce_impl(c.comm);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+int run_train(TrainConfig config, const std::string& command_line) {
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  validate(config);
+  openblas_set_num_threads(config.blas_threads);
+
+  // Rank 0 owns the run file: check it can be written before spending time on training.
+  std::string error;
+  if (rank == 0) {
+    if (config.out.empty()) {
+      mkdir("runs", 0755);
+      config.out = default_run_path(size);
+    }
+    error = check_output_path(config.out, config.force);
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw UsageError(error);
+
+  Communicator comm(world, parse_allreduce_impl(config.comm));
+  Trainer trainer(config, comm);
+  RunMetadata meta;
+  meta.command = "train";
+  meta.command_line = command_line;
+  meta.start_time_utc = utc_now_iso8601();
+  meta.git_commit = DDPLAB_GIT_COMMIT;
+  meta.ddplab_version = kVersion;
+  meta.mpi_library = mpi_library_version();
+  meta.hdf5_version = hdf5_version();
+  meta.blas = blas_description();
+  meta.cuda = cuda_description();
+  meta.world_size = size;
+  meta.hostnames = gather_hostnames(world);
+
+  if (rank == 0 && !config.quiet) {
+    const auto& m = config.mlp;
+    std::printf("ddplab train: MLP %d-%dx%d-%d (%.2fM params), %d rank%s x batch %d, comm %s, %s, %d steps\n",
+                m.input_dim, m.hidden_dim, m.num_hidden_layers, m.num_classes,
+                trainer.model().num_parameters() / 1e6, size, size == 1 ? "" : "s", config.batch,
+                config.comm.c_str(), config.optimizer.kind.c_str(), config.steps);
+    std::fflush(stdout);
+  }
+
+  std::vector<StepRecord> mine(config.steps);
+  MPI_Barrier(world);  // common start: step start times of all ranks share one origin
+  const double t0 = now_ms();
+  for (int s = 0; s < config.steps; ++s) mine[s] = trainer.step(s, t0);
+
+  std::vector<StepRecord> all(rank == 0 ? static_cast<size_t>(size) * config.steps : 0);
+  const int bytes = static_cast<int>(sizeof(StepRecord)) * config.steps;
+  MPI_Gather(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, 0, world);
+
+  if (rank == 0) {
+    meta.config_json = to_json(config).dump();
+    const RunSummary summary = summarize(all, size, config.steps, config.warmup_steps, config.batch * size);
+    try {
+      write_run_file(config.out, config.force, meta, all, config.steps, to_json(summary).dump());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!config.quiet) {
+      print_summary(stdout, summary, meta.hostnames);
+      if (error.empty()) std::printf("run file: %s\n", config.out.c_str());
+      std::fflush(stdout);
+    }
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw std::runtime_error(error);
+  return 0;
+}
+
+int run_devices() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return 0;
+  std::printf("ddplab %s (commit %s)\n", kVersion, DDPLAB_GIT_COMMIT);
+  std::printf("  BLAS  %s\n", blas_description().c_str());
+  std::printf("  MPI   %s\n", mpi_library_version().c_str());
+  std::printf("  HDF5  %s\n", hdf5_version().c_str());
+  std::printf("  CUDA  %s\n", cuda_description().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace ddplab
+
+int main(int argc, char** argv) {
+  using namespace ddplab;
+  select_blas_kernels(argv);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string command_line;
+  for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+
+  CLI::App app{"ddplab: data-parallel training engine and performance lab"};
+  app.require_subcommand(1);
+  TrainConfig config;
+  CLI::App* train = app.add_subcommand("train", "data-parallel training of an MLP on synthetic data");
+  add_train_flags(train, config);
+  CLI::App* devices = app.add_subcommand("devices", "show BLAS, MPI, HDF5 and CUDA as this build sees them");
+
+  int code = 0;
+  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
+      MPI_Finalize();
+      return 0;
+    } catch (const CLI::ParseError& e) {
+      throw UsageError(e.what());
+    }
+    if (train->parsed()) code = run_train(config, command_line);
+    if (devices->parsed()) code = run_devices();
+  } catch (const UsageError& e) {
+    if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
+    MPI_Finalize();
+    return 2;
+  } catch (const std::exception& e) {
+    char host[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(host, &len);
+    std::fprintf(stderr, "ddplab: error on rank %d (%s): %s\n", rank, host, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);  // takes every other rank down with us: nobody waits forever
+    return 1;
+  }
+  MPI_Finalize();
+  return code;
+}

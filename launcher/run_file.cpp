@@ -1,0 +1,160 @@
+#include "launcher/run_file.h"
+
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+namespace ddplab {
+namespace {
+
+// Every HDF5 call goes through this: a negative id or status becomes an exception naming the call.
+template <typename T>
+T h5(T result, const char* what) {
+  if (result < 0) throw std::runtime_error(std::string("HDF5: ") + what + " failed");
+  return result;
+}
+
+// RAII for HDF5 identifiers: the closer matches the kind of object.
+class H5Id {
+ public:
+  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5Id() {
+    if (id_ >= 0) close_(id_);
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+// Strings are variable-length UTF-8, so h5py reads them as str, not bytes.
+hid_t utf8_string_type() {
+  const hid_t type = h5(H5Tcopy(H5T_C_S1), "H5Tcopy");
+  h5(H5Tset_size(type, H5T_VARIABLE), "H5Tset_size");
+  h5(H5Tset_cset(type, H5T_CSET_UTF8), "H5Tset_cset");
+  return type;
+}
+
+void write_string_attr(hid_t loc, const char* name, const std::string& value) {
+  H5Id type(utf8_string_type(), H5Tclose);
+  H5Id space(h5(H5Screate(H5S_SCALAR), "H5Screate"), H5Sclose);
+  H5Id attr(h5(H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT), name), H5Aclose);
+  const char* text = value.c_str();
+  h5(H5Awrite(attr, type, &text), name);
+}
+
+void write_int_attr(hid_t loc, const char* name, long long value) {
+  H5Id space(h5(H5Screate(H5S_SCALAR), "H5Screate"), H5Sclose);
+  H5Id attr(h5(H5Acreate2(loc, name, H5T_NATIVE_LLONG, space, H5P_DEFAULT, H5P_DEFAULT), name), H5Aclose);
+  h5(H5Awrite(attr, H5T_NATIVE_LLONG, &value), name);
+}
+
+void write_string_list(hid_t loc, const char* name, const std::vector<std::string>& values) {
+  std::vector<const char*> ptrs;
+  for (const auto& v : values) ptrs.push_back(v.c_str());
+  H5Id type(utf8_string_type(), H5Tclose);
+  const hsize_t dims[1] = {values.size()};
+  H5Id space(h5(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), H5Sclose);
+  H5Id set(h5(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name), H5Dclose);
+  h5(H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), name);
+}
+
+void write_matrix(hid_t loc, const char* name, const std::vector<double>& data, hsize_t rows, hsize_t cols,
+                  const char* units) {
+  const hsize_t dims[2] = {rows, cols};
+  H5Id space(h5(H5Screate_simple(2, dims, nullptr), "H5Screate_simple"), H5Sclose);
+  H5Id set(h5(H5Dcreate2(loc, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name),
+           H5Dclose);
+  if (!data.empty()) h5(H5Dwrite(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name);
+  write_string_attr(set, "units", units);
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void write_contents(hid_t file, const RunMetadata& meta, const std::vector<StepRecord>& records, int steps,
+                    const std::string& summary_json) {
+  write_int_attr(file, "schema_version", kRunFileSchemaVersion);
+  write_string_attr(file, "command", meta.command);
+  write_string_attr(file, "config", meta.config_json);
+  write_string_attr(file, "command_line", meta.command_line);
+  write_string_attr(file, "start_time_utc", meta.start_time_utc);
+  write_string_attr(file, "git_commit", meta.git_commit);
+  write_string_attr(file, "ddplab_version", meta.ddplab_version);
+  write_string_attr(file, "mpi_library", meta.mpi_library);
+  write_string_attr(file, "hdf5_version", meta.hdf5_version);
+  write_string_attr(file, "blas", meta.blas);
+  write_string_attr(file, "cuda", meta.cuda);
+  write_string_attr(file, "summary", summary_json);
+  write_int_attr(file, "world_size", meta.world_size);
+  write_int_attr(file, "num_steps", steps);
+  write_string_list(file, "hostnames", meta.hostnames);
+
+  H5Id group(h5(H5Gcreate2(file, "steps", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create /steps"), H5Gclose);
+  const size_t world = meta.world_size;
+  std::vector<double> column(world * steps);
+  for (const auto& [name, member] : kStepFields) {
+    for (size_t i = 0; i < column.size(); ++i) column[i] = records[i].*member;
+    const bool is_loss = std::strcmp(name, "loss") == 0;
+    write_matrix(group, name, column, world, steps, is_loss ? "nats" : "ms");
+  }
+}
+
+}  // namespace
+
+std::string check_output_path(const std::string& path, bool force) {
+  if (path.empty()) return "output path is empty";
+  if (exists(path) && !force) return "output file " + path + " already exists (pass --force to overwrite)";
+  const std::string folder = folder_of(path);
+  struct stat st;
+  if (stat(folder.c_str(), &st) != 0) return "output folder " + folder + " does not exist";
+  if (!S_ISDIR(st.st_mode)) return "output folder " + folder + " is not a folder";
+  if (access(folder.c_str(), W_OK) != 0) return "output folder " + folder + " is not writable";
+  return "";
+}
+
+void write_run_file(const std::string& path, bool force, const RunMetadata& meta, const std::vector<StepRecord>& records,
+                    int steps, const std::string& summary_json) {
+  if (records.size() != static_cast<size_t>(meta.world_size) * steps)
+    throw std::logic_error("write_run_file: records do not match world_size * steps");
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our exceptions carry the message; no HDF5 stack dumps
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  try {
+    {
+      H5Id file(h5(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), ("create " + tmp).c_str()),
+                H5Fclose);
+      write_contents(file, meta, records, steps, summary_json);
+      h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
+    }
+    // Without --force, link() refuses to replace a file that appeared meanwhile; rename() replaces atomically.
+    if (force) {
+      if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        throw std::runtime_error("cannot move run file into place at " + path + ": " + std::strerror(errno));
+    } else {
+      if (link(tmp.c_str(), path.c_str()) != 0)
+        throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+      unlink(tmp.c_str());
+    }
+  } catch (...) {
+    unlink(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace ddplab

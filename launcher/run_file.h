@@ -1,0 +1,34 @@
+// The run file: one HDF5 file per run with every rank's per-step timings and the run's metadata.
+// Schema: docs/RUN_FILE.md. Written by rank 0 into a temporary next to the target and moved into place
+// only when complete, so a failed write never leaves a half-written result under the real name.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "launcher/step_record.h"
+
+namespace ddplab {
+
+inline constexpr int kRunFileSchemaVersion = 1;
+
+struct RunMetadata {
+  std::string command;      // "train"
+  std::string config_json;  // the full TrainConfig
+  std::string command_line;
+  std::string start_time_utc;  // ISO 8601
+  std::string git_commit;
+  std::string ddplab_version;
+  std::string mpi_library, hdf5_version, blas, cuda;
+  int world_size = 1;
+  std::vector<std::string> hostnames;  // by rank
+};
+
+// Empty when `path` can be written (its folder exists and is writable; it does not exist unless `force`),
+// otherwise a one-line reason. Leaves nothing behind.
+std::string check_output_path(const std::string& path, bool force);
+
+// records: world_size * steps, rank-major (rank r's step s at r*steps + s). Throws std::runtime_error.
+void write_run_file(const std::string& path, bool force, const RunMetadata& meta, const std::vector<StepRecord>& records,
+                    int steps, const std::string& summary_json);
+
+}  // namespace ddplab

@@ -1,0 +1,82 @@
+#include "launcher/summary.h"
+
+#include <algorithm>
+
+namespace ddplab {
+
+RunSummary summarize(const std::vector<StepRecord>& records, int world_size, int steps, int warmup_steps,
+                     int global_batch) {
+  RunSummary s;
+  s.world_size = world_size;
+  s.steps = steps;
+  s.global_batch = global_batch;
+  s.first_steady_step = std::clamp(warmup_steps, 0, std::max(steps - 1, 0));
+  const int counted = steps - s.first_steady_step;
+  if (counted <= 0) return s;
+  auto at = [&](int rank, int step) -> const StepRecord& { return records[static_cast<size_t>(rank) * steps + step]; };
+
+  s.ranks.resize(world_size);
+  for (int r = 0; r < world_size; ++r) {
+    RankMeans& m = s.ranks[r];
+    for (int t = s.first_steady_step; t < steps; ++t) {
+      const StepRecord& x = at(r, t);
+      m.step_ms += x.step_ms;
+      m.data_ms += x.data_ms;
+      m.forward_ms += x.forward_ms;
+      m.backward_ms += x.backward_ms;
+      m.allreduce_ms += x.allreduce_ms;
+      m.optimizer_ms += x.optimizer_ms;
+    }
+    for (double* v : {&m.step_ms, &m.data_ms, &m.forward_ms, &m.backward_ms, &m.allreduce_ms, &m.optimizer_ms})
+      *v /= counted;
+    if (m.step_ms > s.slowest_step_ms) {
+      s.slowest_step_ms = m.step_ms;
+      s.slowest_rank = r;
+    }
+  }
+  s.samples_per_s = s.slowest_step_ms > 0 ? global_batch / (s.slowest_step_ms / 1e3) : 0;
+
+  for (int t = s.first_steady_step; t < steps; ++t) {
+    double lo = at(0, t).step_ms, hi = lo;
+    for (int r = 1; r < world_size; ++r) {
+      lo = std::min(lo, at(r, t).step_ms);
+      hi = std::max(hi, at(r, t).step_ms);
+    }
+    s.mean_spread_ms += (hi - lo) / counted;
+  }
+  for (int r = 0; r < world_size; ++r) s.final_loss += at(r, steps - 1).loss / world_size;
+  return s;
+}
+
+nlohmann::json to_json(const RunSummary& s) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& m : s.ranks)
+    ranks.push_back({{"step_ms", m.step_ms}, {"data_ms", m.data_ms}, {"forward_ms", m.forward_ms},
+                     {"backward_ms", m.backward_ms}, {"allreduce_ms", m.allreduce_ms},
+                     {"optimizer_ms", m.optimizer_ms}});
+  return {{"world_size", s.world_size},       {"steps", s.steps},
+          {"first_steady_step", s.first_steady_step}, {"global_batch", s.global_batch},
+          {"slowest_rank", s.slowest_rank},   {"slowest_step_ms", s.slowest_step_ms},
+          {"samples_per_s", s.samples_per_s}, {"mean_spread_ms", s.mean_spread_ms},
+          {"final_loss", s.final_loss},       {"ranks", ranks}};
+}
+
+void print_summary(std::FILE* out, const RunSummary& s, const std::vector<std::string>& hostnames) {
+  std::fprintf(out, "steady state: steps %d..%d of %d (warm-up skipped), global batch %d\n", s.first_steady_step,
+               s.steps - 1, s.steps, s.global_batch);
+  std::fprintf(out, "  slowest rank        %d (mean step %.2f ms)\n", s.slowest_rank, s.slowest_step_ms);
+  std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
+  std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
+               s.mean_spread_ms);
+  std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
+  std::fprintf(out, "  %4s  %-16s %9s %9s %11s %12s %12s\n", "rank", "host", "step_ms", "data_ms", "compute_ms",
+               "allreduce_ms", "optimizer_ms");
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const RankMeans& m = s.ranks[r];
+    std::fprintf(out, "  %4zu  %-16.16s %9.2f %9.2f %11.2f %12.2f %12.2f\n", r,
+                 r < hostnames.size() ? hostnames[r].c_str() : "?", m.step_ms, m.data_ms, m.compute_ms(),
+                 m.allreduce_ms, m.optimizer_ms);
+  }
+}
+
+}  // namespace ddplab

@@ -1,0 +1,64 @@
+// Everything that defines a training run. Every field is a flag of `ddplab train` (launcher/cli.cpp) and is
+// stored, as JSON, in the run file's metadata.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/mlp.h"
+#include "model/optimizer.h"
+
+namespace ddplab {
+
+struct TrainConfig {
+  MlpConfig mlp;
+  OptimizerConfig optimizer;
+  int batch = 128;          // samples per rank per step (global batch = batch * world size)
+  int steps = 50;
+  int warmup_steps = 5;     // left out of the summary's steady-state means
+  uint64_t seed = 1234;     // model init and data
+  float data_noise = 1.0f;  // synthetic data: noise amplitude around the class prototypes
+  std::string comm = "ring";
+  int blas_threads = 1;     // OpenBLAS threads per rank
+  std::string out;          // run file; empty = runs/train_np<N>_<time>.h5
+  bool force = false;       // overwrite an existing run file
+  bool quiet = false;
+};
+
+// A float flag as the decimal the user typed (0.9, not 0.8999999761581421).
+inline double decimal(float x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.7g", x);  // 7 significant digits round-trip any float
+  return std::strtod(text, nullptr);
+}
+
+inline nlohmann::json to_json(const TrainConfig& c) {
+  return {
+      {"model", "mlp"},
+      {"input_dim", c.mlp.input_dim},
+      {"hidden_dim", c.mlp.hidden_dim},
+      {"hidden_layers", c.mlp.num_hidden_layers},
+      {"num_classes", c.mlp.num_classes},
+      {"optimizer", c.optimizer.kind},
+      {"lr", decimal(c.optimizer.lr)},
+      {"beta1", decimal(c.optimizer.beta1)},
+      {"beta2", decimal(c.optimizer.beta2)},
+      {"eps", decimal(c.optimizer.eps)},
+      {"weight_decay", decimal(c.optimizer.weight_decay)},
+      {"momentum", decimal(c.optimizer.momentum)},
+      {"batch", c.batch},
+      {"steps", c.steps},
+      {"warmup_steps", c.warmup_steps},
+      {"seed", c.seed},
+      {"data_noise", decimal(c.data_noise)},
+      {"comm", c.comm},
+      {"blas_threads", c.blas_threads},
+      {"out", c.out},
+      {"force", c.force},
+  };
+}
+
+}  // namespace ddplab

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Bad input to `ddplab train`, on 1 and 2 ranks: each case must end quickly with exit code 2, exactly one line
+# on stderr naming the problem, and no file written.
+#   bad_input.sh MPIRUN DDPLAB
+set -uo pipefail
+mpirun=$1 ddplab=$2
+work=$(mktemp -d)   # where runs write: must stay as it was
+logs=$(mktemp -d)
+trap 'rm -rf "$work" "$logs"' EXIT
+failures=0 passed=0
+
+# expect_error NP "expected text" ARGS...
+expect_error() {
+  local np=$1 expected=$2
+  shift 2
+  local before after
+  before=$(ls -A "$work" | sort)
+  timeout 60 "$mpirun" -np "$np" "$ddplab" "$@" >"$logs/stdout" 2>"$logs/stderr"
+  local rc=$?
+  after=$(ls -A "$work" | sort)
+  # mpirun adds its own banner about the non-zero exit; our line is the one that starts with "ddplab:"
+  local lines
+  lines=$(grep -c '^ddplab:' "$logs/stderr")
+  local problem=""
+  [ "$rc" -eq 2 ] || problem="exit code $rc, expected 2"
+  [ -z "$problem" ] && [ "$lines" -ne 1 ] && problem="$lines 'ddplab:' lines on stderr, expected 1"
+  [ -z "$problem" ] && ! grep -q -- "$expected" "$logs/stderr" && problem="stderr lacks '$expected'"
+  [ -z "$problem" ] && [ "$before" != "$after" ] && problem="files appeared: $(comm -13 <(echo "$before") <(echo "$after"))"
+  if [ -n "$problem" ]; then
+    echo "FAIL (np=$np) ddplab $*: $problem"
+    sed 's/^/    stderr: /' "$logs/stderr" | head -5
+    failures=$((failures + 1))
+  else
+    echo "ok   (np=$np) ddplab $*  ->  $(grep '^ddplab:' "$logs/stderr")"
+    passed=$((passed + 1))
+  fi
+  rm -f "$logs/stdout" "$logs/stderr"
+}
+
+small=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 2)
+for np in 1 2; do
+  expect_error $np "--no-such-flag" train --no-such-flag
+  expect_error $np "--batch must be at least 1 (got 0)" train --batch 0
+  expect_error $np "--steps must be at least 1 (got -3)" train --steps -3
+  expect_error $np "--comm" train "${small[@]}" --comm carrier-pigeon
+  expect_error $np "--optimizer" train "${small[@]}" --optimizer lbfgs
+  expect_error $np "does not exist" train "${small[@]}" --out "$work/no/such/folder/run.h5"
+  expect_error $np "is not a folder" train "${small[@]}" --out /etc/hostname/run.h5
+done
+
+# An existing result is never overwritten without --force, and is left exactly as it was.
+echo "precious" >"$work/existing.h5"
+for np in 1 2; do
+  expect_error $np "already exists (pass --force to overwrite)" train "${small[@]}" --out "$work/existing.h5"
+done
+if [ "$(cat "$work/existing.h5")" != "precious" ]; then
+  echo "FAIL existing file was modified"; failures=$((failures + 1))
+fi
+# With --force the run replaces it with a real run file.
+if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --force --out "$work/existing.h5" &&
+   [ "$(head -c 8 "$work/existing.h5" | od -An -c | tr -d ' ')" = "211HDF\r\n032\n" ]; then
+  echo "ok   --force replaces the existing file with an HDF5 run file"; passed=$((passed + 1))
+else
+  echo "FAIL --force did not produce an HDF5 file"; failures=$((failures + 1))
+fi
+if ls "$work" | grep -q '\.tmp\.'; then echo "FAIL temporary files left: $(ls "$work")"; failures=$((failures + 1)); fi
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]

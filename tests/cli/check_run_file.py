@@ -1,0 +1,83 @@
+#!/usr/bin/python3
+"""Runs `ddplab train` under mpirun and checks the run file against docs/RUN_FILE.md with h5py.
+
+usage: check_run_file.py MPIRUN DDPLAB NP
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+STEP_FIELDS = ["start_ms", "data_ms", "forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms", "step_ms", "loss"]
+ATTRS = ["schema_version", "command", "config", "command_line", "start_time_utc", "git_commit", "ddplab_version",
+         "mpi_library", "hdf5_version", "blas", "cuda", "summary", "world_size", "num_steps"]
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def main():
+    mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    steps, batch = 8, 16
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "run.h5")
+        cmd = [mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", str(steps), "--batch", str(batch),
+               "--warmup-steps", "2", "--input-dim", "64", "--hidden", "128", "--classes", "10", "--out", path]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        print(proc.stdout)
+        check(proc.returncode == 0, f"ddplab train exits 0 (got {proc.returncode}: {proc.stderr.strip()[:300]})")
+        check(f"run file: {path}" in proc.stdout, "summary names the run file")
+        check("global throughput" in proc.stdout and "slowest rank" in proc.stdout, "summary printed on rank 0")
+        check(sorted(os.listdir(work)) == ["run.h5"], f"only the run file is left ({os.listdir(work)})")
+        if proc.returncode != 0:
+            return
+
+        with h5py.File(path, "r") as f:
+            for a in ATTRS:
+                check(a in f.attrs, f"attribute {a}")
+            check(f.attrs["schema_version"] == 1, "schema_version 1")
+            check(f.attrs["world_size"] == np_ranks, "world_size matches mpirun -np")
+            check(f.attrs["num_steps"] == steps, "num_steps matches --steps")
+            config = json.loads(f.attrs["config"])
+            check(config["batch"] == batch and config["steps"] == steps and config["hidden_dim"] == 128,
+                  "config JSON holds the flags")
+            check(len(f["hostnames"]) == np_ranks and all(h for h in f["hostnames"].asstr()[:]), "hostnames by rank")
+            check(str(f.attrs["start_time_utc"]).endswith("Z"), "start time in UTC ISO 8601")
+
+            d = {k: f["steps"][k][:] for k in STEP_FIELDS}
+            for k in STEP_FIELDS:
+                check(d[k].shape == (np_ranks, steps), f"steps/{k} shape {d[k].shape}")
+                check(np.all(np.isfinite(d[k])), f"steps/{k} finite")
+            for k in STEP_FIELDS[1:-1]:
+                check(np.all(d[k] >= 0), f"steps/{k} non-negative")
+            phases = sum(d[k] for k in ["data_ms", "forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms"])
+            check(np.allclose(phases, d["step_ms"], rtol=1e-6, atol=1e-3), "phases add up to step_ms")
+            check(np.all(np.diff(d["start_ms"], axis=1) >= d["step_ms"][:, :-1] - 1e-3),
+                  "steps start after the previous one ended")
+            check(np.all(d["start_ms"][:, 0] >= 0) and np.all(d["start_ms"][:, 0] < 5000), "first step starts near t0")
+            check(np.all(d["loss"] > 0) and d["loss"][:, 0].mean() > math.log(10) * 0.5, "loss is a sane cross-entropy")
+            check(d["loss"][:, -1].mean() < d["loss"][:, 0].mean(), "loss goes down")
+
+            s = json.loads(f.attrs["summary"])
+            step_means = d["step_ms"][:, 2:].mean(axis=1)
+            check(s["slowest_rank"] == int(np.argmax(step_means)), "summary: slowest rank")
+            check(math.isclose(s["slowest_step_ms"], step_means.max(), rel_tol=1e-9), "summary: slowest mean step")
+            check(math.isclose(s["samples_per_s"], batch * np_ranks / (step_means.max() / 1e3), rel_tol=1e-9),
+                  "summary: global samples/s")
+            spread = (d["step_ms"][:, 2:].max(axis=0) - d["step_ms"][:, 2:].min(axis=0)).mean()
+            check(math.isclose(s["mean_spread_ms"], spread, rel_tol=1e-9, abs_tol=1e-12), "summary: rank spread")
+
+
+main()
+print(f"{len(failures) == 0 and 'all' or ''} checks: {len(failures)} failed")
+sys.exit(1 if failures else 0)
