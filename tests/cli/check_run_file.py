@@ -79,5 +79,5 @@ def main():
 
 
 main()
-print(f"{len(failures) == 0 and 'all' or ''} checks: {len(failures)} failed")
+print(f"run file checks: {len(failures)} failed")
 sys.exit(1 if failures else 0)
