@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/vector_math.h"
+
 namespace ddplab::cpu {
 namespace {
 
@@ -52,23 +54,28 @@ void bias_backward(T* dbias, const T* dout, int B, int OC) {
   }
 }
 
+// GELU's tanh form rewritten with 0.5 (1 + tanh(u)) = sigmoid(2u), so one exp does the work of tanh:
+//   gelu(x)  = x s,            s = 1 / (1 + exp(-2u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu'(x) = s + 2 x s (1 - s) du/dx
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
-    out[i] = T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x)));
+    const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
+    out[i] = x / (T(1) + exp_fast(T(-2) * u));
   }
 }
 
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
     const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
-    const T th = std::tanh(u);
-    const T sech2 = T(1) - th * th;
+    const T s = T(1) / (T(1) + exp_fast(T(-2) * u));
     const T du_dx = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
-    dinp[i] = dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du_dx);
+    dinp[i] = dout[i] * (s + T(2) * x * s * (T(1) - s) * du_dx);
   }
 }
 
@@ -78,10 +85,14 @@ T softmax_cross_entropy_forward(T* probs, T* losses, const T* logits, const int3
   for (int b = 0; b < B; ++b) {
     const T* z = logits + static_cast<int64_t>(b) * V;
     T* p = probs + static_cast<int64_t>(b) * V;
-    const T zmax = *std::max_element(z, z + V);  // subtract the max: exp never overflows
+    T zmax = z[0];  // subtract the max: exp never overflows
+#pragma omp simd reduction(max : zmax)
+    for (int v = 0; v < V; ++v) zmax = std::max(zmax, z[v]);
     T sum = 0;
-    for (int v = 0; v < V; ++v) sum += (p[v] = std::exp(z[v] - zmax));
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < V; ++v) sum += (p[v] = exp_fast(z[v] - zmax));
     const T inv = T(1) / sum;
+#pragma omp simd
     for (int v = 0; v < V; ++v) p[v] *= inv;
     // log-sum-exp form keeps the loss finite even when probs[target] underflows to 0
     losses[b] = std::log(sum) - (z[targets[b]] - zmax);
@@ -104,15 +115,19 @@ void softmax_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* t
 template <typename T>
 void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, int t) {
+  // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), with m_hat = m / bc1 and v_hat = v / bc2 folded into
+  // per-call constants so the loop has one sqrt and one division per element.
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
+  const T step = static_cast<T>(lr / bc1);
+  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  const T decay = static_cast<T>(lr) * T(weight_decay);
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const T g = grads[i];
-    m[i] = T(beta1) * m[i] + T(1 - beta1) * g;
-    v[i] = T(beta2) * v[i] + T(1 - beta2) * g * g;
-    const T m_hat = m[i] / T(bc1);
-    const T v_hat = v[i] / T(bc2);
-    params[i] -= T(lr) * (m_hat / (std::sqrt(v_hat) + T(eps)) + T(weight_decay) * params[i]);
+    const T mi = m[i] = T(beta1) * m[i] + T(1 - beta1) * g;
+    const T vi = v[i] = T(beta2) * v[i] + T(1 - beta2) * g * g;
+    params[i] -= step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + T(eps)) + decay * params[i];
   }
 }
 

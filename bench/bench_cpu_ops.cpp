@@ -1,0 +1,106 @@
+// CPU op benchmark at the default MLP's shapes (batch 128, 1024 -> 1024 -> 1024 -> 1000): time per call
+// (median of repeats) and achieved GFLOP/s (GEMMs) or GB/s (everything else, bytes read + written).
+//   bench_cpu_ops [--batch 128] [--repeats 20]
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/rng.h"
+
+using namespace ddplab;
+
+namespace {
+
+double median_ms(const std::function<void()>& fn, int repeats) {
+  fn();  // warm-up: page faults, BLAS buffers
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> random_vector(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(normal(seed, i));
+  return v;
+}
+
+void row(const char* name, const char* shape, double ms, double amount, const char* unit) {
+  std::printf("%-28s %-22s %9.3f ms %9.1f %s\n", name, shape, ms, amount / (ms * 1e-3) / 1e9, unit);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int B = 128, repeats = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--batch")) B = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
+  }
+  openblas_set_num_threads(1);
+  const int C = 1024, OC = 1024, V = 1000;
+  std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS core %s\n", B, openblas_get_corename());
+  std::printf("%-28s %-22s %12s %14s\n", "op", "shape", "time", "rate");
+
+  auto x = random_vector(size_t(B) * C, 1), w = random_vector(size_t(OC) * C, 2), out = random_vector(size_t(B) * OC, 3);
+  auto dout = random_vector(size_t(B) * OC, 4), dx = random_vector(size_t(B) * C, 5), dw = random_vector(size_t(OC) * C, 6);
+  auto bias = random_vector(OC, 7), dbias = random_vector(OC, 8);
+  const double gemm_flops = 2.0 * B * C * OC;
+  char shape[64];
+  std::snprintf(shape, sizeof shape, "%dx%d @ %dx%d^T", B, C, OC, C);
+  row("matmul_forward", shape, median_ms([&] { cpu::matmul_forward(out.data(), x.data(), w.data(), B, C, OC); }, repeats),
+      gemm_flops, "GFLOP/s");
+  row("matmul_backward (dinp+dw)", shape,
+      median_ms([&] { cpu::matmul_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), B, C, OC); }, repeats),
+      2 * gemm_flops, "GFLOP/s");
+  const double act_bytes = 4.0 * B * OC;
+  std::snprintf(shape, sizeof shape, "%dx%d", B, OC);
+  row("bias_forward", shape, median_ms([&] { cpu::bias_forward(out.data(), bias.data(), B, OC); }, repeats),
+      2 * act_bytes, "GB/s");
+  row("bias_backward", shape, median_ms([&] { cpu::bias_backward(dbias.data(), dout.data(), B, OC); }, repeats),
+      act_bytes, "GB/s");
+  row("gelu_forward", shape, median_ms([&] { cpu::gelu_forward(dx.data(), out.data(), int64_t(B) * OC); }, repeats),
+      2 * act_bytes, "GB/s");
+  row("gelu_backward", shape,
+      median_ms([&] { cpu::gelu_backward(dx.data(), out.data(), dout.data(), int64_t(B) * OC); }, repeats),
+      3 * act_bytes, "GB/s");
+
+  auto logits = random_vector(size_t(B) * V, 9), probs = logits, losses = random_vector(B, 10);
+  std::vector<int32_t> targets(B);
+  for (int b = 0; b < B; ++b) targets[b] = b * 7 % V;
+  std::snprintf(shape, sizeof shape, "%dx%d", B, V);
+  row("softmax_xent_forward", shape,
+      median_ms([&] { cpu::softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, V); },
+                repeats),
+      8.0 * B * V, "GB/s");
+  row("softmax_xent_backward", shape,
+      median_ms([&] { cpu::softmax_cross_entropy_backward(logits.data(), probs.data(), targets.data(), B, V); }, repeats),
+      8.0 * B * V, "GB/s");
+
+  const int64_t n = 3'122'152;  // the default MLP's parameter count
+  auto p = random_vector(n, 11), g = random_vector(n, 12), m = random_vector(n, 13), v = random_vector(n, 14);
+  for (auto& e : v) e = e * e;
+  std::snprintf(shape, sizeof shape, "%lld params", static_cast<long long>(n));
+  int t = 0;
+  row("adamw_update", shape,
+      median_ms([&] { cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, ++t); },
+                repeats),
+      4.0 * n * 7, "GB/s");  // reads p g m v, writes p m v
+  row("sgd_update (momentum)", shape,
+      median_ms([&] { cpu::sgd_update(p.data(), g.data(), m.data(), n, 1e-3f, 0.9f, 0.0f); }, repeats), 4.0 * n * 5,
+      "GB/s");
+  row("scale", shape, median_ms([&] { cpu::scale(g.data(), 0.5f, n); }, repeats), 8.0 * n, "GB/s");
+  return 0;
+}
