@@ -28,7 +28,10 @@ class Transport {
 // so its messages never match anyone else's.
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm);
+  // MPI counts are int, so a message is split into pieces of at most max_message_bytes (both sides split the same
+  // way). Tests pass a tiny limit to exercise the split without allocating gigabytes.
+  static constexpr size_t kMaxMessageBytes = size_t{1} << 30;
+  explicit MpiTransport(MPI_Comm comm, size_t max_message_bytes = kMaxMessageBytes);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
@@ -42,6 +45,7 @@ class MpiTransport final : public Transport {
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  size_t max_message_bytes_ = kMaxMessageBytes;
   std::vector<MPI_Request> pending_sends_;
 };
 

@@ -1,0 +1,313 @@
+// Multi-rank tests of Communicator::allreduce_{sum,mean} (ring and MPI_Allreduce) and of MpiTransport.
+// ctest runs this binary with mpirun -np 1..4; every rank runs every test in the same order.
+//
+// Collectives inside a test must be reached by every rank, so checks here use EXPECT_* (never ASSERT_*, whose
+// early return on one rank would leave the others waiting) and report a count of wrong elements plus the first
+// one, as nccl-tests does, rather than millions of individual failures.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/ring_allreduce.h"
+#include "comm/transport.h"
+
+namespace ddplab {
+
+void PrintTo(AllreduceImpl impl, std::ostream* os) { *os << to_string(impl); }
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// Small integers: every partial sum is exact in fp32, so any reduction order must give these bits.
+float exact_input(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 17 + 1)); }
+float exact_sum(int n, size_t i) { return static_cast<float>(static_cast<int>(i % 17 + 1) * n * (n + 1) / 2); }
+
+std::vector<float> exact_inputs(int rank, size_t count, float factor = 1.0f) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = exact_input(rank, i) * factor;
+  return v;
+}
+
+std::vector<float> random_inputs(int rank, size_t count) {
+  std::mt19937 gen(1234u + 7919u * static_cast<unsigned>(rank) + static_cast<unsigned>(count));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(count);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// "" when got == want bit for bit, else "#wrong N, first at i: got G want W".
+std::string bitwise_mismatch(const std::vector<float>& got, const std::vector<float>& want) {
+  size_t wrong = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (bits(got[i]) != bits(want[i]) && wrong++ == 0) first = i;
+  if (wrong == 0) return "";
+  std::ostringstream os;
+  os.precision(9);
+  os << "#wrong " << wrong << " of " << got.size() << ", first at " << first << ": got " << got[first] << " want "
+     << want[first];
+  return os.str();
+}
+
+// Elements whose bit pattern differs on some rank: the elementwise min and max over ranks must coincide.
+size_t count_differing_across_ranks(const std::vector<float>& v) {
+  std::vector<uint32_t> lo(v.size()), hi(v.size());
+  for (size_t i = 0; i < v.size(); ++i) lo[i] = hi[i] = bits(v[i]);
+  MPI_Allreduce(MPI_IN_PLACE, lo.data(), static_cast<int>(v.size()), MPI_UINT32_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, hi.data(), static_cast<int>(v.size()), MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD);
+  size_t differing = 0;
+  for (size_t i = 0; i < v.size(); ++i) differing += lo[i] != hi[i];
+  return differing;
+}
+
+// Wraps a Transport and checks that the algorithm keeps its side of the contract, which MPI alone would not
+// reveal (the ring's own data dependencies usually hide a missing wait): a buffer handed to send is unchanged
+// when wait_sends retires it, and nothing is still in flight when the algorithm returns.
+class ContractCheckingTransport final : public Transport {
+ public:
+  explicit ContractCheckingTransport(Transport& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void send(int peer, const void* buf, size_t bytes) override {
+    in_flight_.push_back({buf, bytes, fnv1a(buf, bytes)});
+    inner_.send(peer, buf, bytes);
+  }
+  void recv(int peer, void* buf, size_t bytes) override { inner_.recv(peer, buf, bytes); }
+  void wait_sends() override {
+    inner_.wait_sends();
+    for (const InFlight& s : in_flight_) modified_ += fnv1a(s.buf, s.bytes) != s.hash;
+    in_flight_.clear();
+  }
+  size_t in_flight() const { return in_flight_.size(); }
+  size_t modified() const { return modified_; }
+
+ private:
+  struct InFlight {
+    const void* buf;
+    size_t bytes;
+    uint64_t hash;
+  };
+  static uint64_t fnv1a(const void* buf, size_t bytes) {
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const unsigned char*>(buf)[i]) * 1099511628211ull;
+    return h;
+  }
+  Transport& inner_;
+  std::vector<InFlight> in_flight_;
+  size_t modified_ = 0;
+};
+
+// Counts that stress the chunking: empty, fewer elements than ranks, not divisible by ranks, large.
+struct CountCase {
+  const char* name;
+  size_t (*count)(int n);
+};
+const CountCase kCounts[] = {
+    {"0", [](int) -> size_t { return 0; }},
+    {"1", [](int) -> size_t { return 1; }},
+    {"n_minus_1", [](int n) -> size_t { return n - 1; }},
+    {"n_plus_1", [](int n) -> size_t { return n + 1; }},
+    {"7", [](int) -> size_t { return 7; }},
+    {"1000", [](int) -> size_t { return 1000; }},
+    {"1000003", [](int) -> size_t { return 1'000'003; }},
+    {"4M_plus_5", [](int) -> size_t { return (size_t{4} << 20) + 5; }},
+};
+
+// Readable parameters in failure messages (gtest would print raw bytes).
+void PrintTo(const CountCase& c, std::ostream* os) { *os << "count " << c.name; }
+
+class AllreduceTest : public testing::TestWithParam<std::tuple<AllreduceImpl, CountCase>> {
+ protected:
+  AllreduceImpl impl() const { return std::get<0>(GetParam()); }
+  size_t count() const { return std::get<1>(GetParam()).count(n_); }
+  const int rank_ = world_rank(), n_ = world_size();
+};
+
+TEST_P(AllreduceTest, ExactInputsGiveExactSumOnEveryRank) {
+  Communicator comm(MPI_COMM_WORLD, impl());
+  std::vector<float> data = exact_inputs(rank_, count()), want(count());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = exact_sum(n_, i);
+  comm.allreduce_sum(data.data(), data.size());
+  EXPECT_EQ(bitwise_mismatch(data, want), "");
+}
+
+TEST_P(AllreduceTest, RandomInputsMatchMpiAndAreBitwiseEqualAcrossRanks) {
+  Communicator comm(MPI_COMM_WORLD, impl());
+  std::vector<float> data = random_inputs(rank_, count()), ref = data, abs_sum(count());
+  for (size_t i = 0; i < data.size(); ++i) abs_sum[i] = std::fabs(data[i]);
+  const int c = static_cast<int>(count());
+  MPI_Allreduce(MPI_IN_PLACE, ref.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, abs_sum.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  comm.allreduce_sum(data.data(), data.size());
+
+  // Any two summation orders of n terms differ by at most about (n-1) eps sum|x|; 4 eps covers n <= 4 with room.
+  size_t wrong = 0, first = 0;
+  for (size_t i = 0; i < data.size(); ++i)
+    if (!(std::fabs(data[i] - ref[i]) <= 4 * FLT_EPSILON * abs_sum[i]) && wrong++ == 0) first = i;
+  EXPECT_EQ(wrong, 0u) << "first at " << first << ": got " << data[first] << ", MPI_Allreduce " << ref[first];
+  EXPECT_EQ(count_differing_across_ranks(data), 0u) << "ranks disagree on some elements";
+}
+
+TEST_P(AllreduceTest, MeanIsSumTimesInverseSize) {
+  Communicator comm(MPI_COMM_WORLD, impl());
+  std::vector<float> data = exact_inputs(rank_, count()), want(count());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = exact_sum(n_, i) * (1.0f / static_cast<float>(n_));
+  comm.allreduce_mean(data.data(), data.size());
+  EXPECT_EQ(bitwise_mismatch(data, want), "");
+}
+
+TEST_P(AllreduceTest, RepeatedCallsOnOneCommunicatorStayCorrect) {
+  Communicator comm(MPI_COMM_WORLD, impl());
+  std::vector<float> data, want(count());
+  for (int rep = 1; rep <= 3; ++rep) {
+    data = exact_inputs(rank_, count(), static_cast<float>(rep));
+    for (size_t i = 0; i < want.size(); ++i) want[i] = exact_sum(n_, i) * static_cast<float>(rep);
+    comm.allreduce_sum(data.data(), data.size());
+    EXPECT_EQ(bitwise_mismatch(data, want), "") << "call " << rep;
+  }
+  // Reducing the (identical) result again multiplies it by n: the buffer that was just sent is valid input.
+  for (float& w : want) w *= static_cast<float>(n_);
+  comm.allreduce_sum(data.data(), data.size());
+  EXPECT_EQ(bitwise_mismatch(data, want), "") << "second reduction of the result";
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, AllreduceTest,
+                         testing::Combine(testing::Values(AllreduceImpl::kRing, AllreduceImpl::kMpi),
+                                          testing::ValuesIn(kCounts)),
+                         [](const testing::TestParamInfo<AllreduceTest::ParamType>& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
+                         });
+
+// One Communicator across growing and shrinking sizes: the ring's scratch is reused, never stale.
+class AllreduceImplTest : public testing::TestWithParam<AllreduceImpl> {};
+
+TEST_P(AllreduceImplTest, OneCommunicatorAcrossSizes) {
+  const int rank = world_rank(), n = world_size();
+  Communicator comm(MPI_COMM_WORLD, GetParam());
+  const size_t counts[] = {1000, 7, 1'000'003, 0, 1, static_cast<size_t>(n) + 1, 1000};
+  for (size_t count : counts) {
+    std::vector<float> data = exact_inputs(rank, count), want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
+    comm.allreduce_sum(data.data(), count);
+    EXPECT_EQ(bitwise_mismatch(data, want), "") << "count " << count;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Impls, AllreduceImplTest, testing::Values(AllreduceImpl::kRing, AllreduceImpl::kMpi),
+                         [](const testing::TestParamInfo<AllreduceImpl>& info) { return to_string(info.param); });
+
+// A tiny message limit (odd, so float boundaries split too) runs the >INT_MAX splitting path on small buffers.
+TEST(RingOverMpiTransport, MessagesSplitIntoPiecesStayCorrect) {
+  const int rank = world_rank(), n = world_size();
+  MpiTransport transport(MPI_COMM_WORLD, /*max_message_bytes=*/7);
+  std::vector<float> scratch;
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
+    std::vector<float> data = exact_inputs(rank, count), want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
+    ring_allreduce_sum(data.data(), count, transport, scratch);
+    EXPECT_EQ(bitwise_mismatch(data, want), "") << "count " << count;
+  }
+}
+
+TEST(RingOverMpiTransport, SendBuffersStayUntouchedUntilRetired) {
+  const int rank = world_rank(), n = world_size();
+  MpiTransport mpi(MPI_COMM_WORLD);
+  ContractCheckingTransport transport(mpi);
+  std::vector<float> scratch;
+  for (size_t count : {size_t{1}, static_cast<size_t>(n) + 1, size_t{1000}, size_t{1'000'003}}) {
+    std::vector<float> data = exact_inputs(rank, count), want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
+    const size_t modified_before = transport.modified();
+    ring_allreduce_sum(data.data(), count, transport, scratch);
+    EXPECT_EQ(transport.modified() - modified_before, 0u)
+        << "count " << count << ": a send buffer changed before wait_sends";
+    EXPECT_EQ(transport.in_flight(), 0u) << "count " << count << ": returned with sends in flight";
+    EXPECT_EQ(bitwise_mismatch(data, want), "") << "count " << count;
+  }
+}
+
+TEST(RingChunk, CoversTheBufferWithFirstChunksOneLonger) {
+  for (int n = 1; n <= 5; ++n) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{4}, size_t{5}, size_t{6}, size_t{13}}) {
+      size_t next_offset = 0;
+      for (int k = 0; k < n; ++k) {
+        const RingChunk c = ring_chunk(count, n, k);
+        EXPECT_EQ(c.offset, next_offset) << "n " << n << " count " << count << " k " << k;
+        EXPECT_EQ(c.count, count / n + (static_cast<size_t>(k) < count % n ? 1 : 0));
+        next_offset += c.count;
+      }
+      EXPECT_EQ(next_offset, count) << "n " << n;
+    }
+  }
+}
+
+// Only local argument checks fail here, so every rank throws at the same call and no collective is left hanging.
+TEST(MpiTransport, ErrorsThrowWithRankAndCall) {
+  const int rank = world_rank(), n = world_size();
+  MpiTransport transport(MPI_COMM_WORLD);
+  float x = 0;
+  const std::string prefix = "rank " + std::to_string(rank) + ": ";
+  try {
+    transport.send(/*peer=*/n, &x, sizeof x);
+    ADD_FAILURE() << "send to a rank outside the communicator did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(prefix + "MPI_Isend failed: ", 0), 0u) << e.what();
+  }
+  try {
+    transport.recv(/*peer=*/n + 1, &x, sizeof x);
+    ADD_FAILURE() << "recv from a rank outside the communicator did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(prefix + "MPI_Recv failed: ", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(MpiTransport(MPI_COMM_WORLD, 0), std::invalid_argument);
+}
+
+TEST(ParseAllreduceImpl, NamesRoundTrip) {
+  for (AllreduceImpl impl : {AllreduceImpl::kRing, AllreduceImpl::kMpi})
+    EXPECT_EQ(parse_allreduce_impl(to_string(impl)), impl);
+  EXPECT_STREQ(to_string(AllreduceImpl::kRing), "ring");
+  EXPECT_STREQ(to_string(AllreduceImpl::kMpi), "mpi");
+}
+
+TEST(ParseAllreduceImpl, UnknownNamesThrowWithTheExpectedChoices) {
+  for (const char* bad : {"nccl", "", "Ring", "mpi "}) {
+    try {
+      parse_allreduce_impl(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "unknown --comm '" + std::string(bad) + "' (expected ring or mpi)");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddplab
