@@ -89,12 +89,7 @@ std::string blas_description() {
 
 std::string cuda_description() {
 #ifdef DDPLAB_HAVE_CUDA
-  const CudaInfo info = query_cuda();
-  if (!info.available) return "built, no device (" + info.reason + ")";
-  return "built, " + std::to_string(info.device_count) + "x " + info.name + " (sm_" + std::to_string(info.cc_major) +
-         std::to_string(info.cc_minor) + "), runtime " + std::to_string(info.runtime_version) + ", driver " +
-         std::to_string(info.driver_version) + ", cuBLAS " + std::to_string(info.cublas_version) + ", NCCL " +
-         std::to_string(info.nccl_version);
+  return "built: " + cuda::describe(cuda::query_cuda());
 #else
   return "not built (configure with nvcc present or -DDDPLAB_CUDA=ON)";
 #endif
