@@ -16,24 +16,55 @@ enum class AllreduceImpl { kRing, kMpi };
 AllreduceImpl parse_allreduce_impl(const std::string& name);  // "ring" | "mpi"; throws std::invalid_argument
 const char* to_string(AllreduceImpl impl);
 
+// What travels on the wire. Buffers are always fp32 in memory; bf16/fp16 halve the bytes sent, with the sums
+// accumulated in fp32 wherever the algorithm allows (see comm/README or docs for what is exact).
+enum class WireDtype { kFp32, kBf16, kFp16 };
+WireDtype parse_wire_dtype(const std::string& name);  // "fp32" | "bf16" | "fp16"; throws std::invalid_argument
+const char* to_string(WireDtype dtype);
+
+// An emulated interconnect: each message is delayed by latency + bytes / bandwidth without burning CPU.
+// gbps == 0 means no emulation (the real transport's speed).
+struct LinkModel {
+  std::string name = "none";
+  double latency_us = 0;
+  double gbps = 0;  // gigabits per second, as links are sold
+};
+// Presets: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4. A negative override keeps the preset's value.
+// Throws std::invalid_argument naming the bad preset or value.
+LinkModel parse_link(const std::string& preset, double latency_us_override = -1, double gbps_override = -1);
+
+struct CommOptions {
+  AllreduceImpl impl = AllreduceImpl::kRing;
+  WireDtype wire = WireDtype::kFp32;
+  LinkModel link;
+};
+
+// Not thread-safe: one thread at a time calls into a Communicator (during a step, the Reducer's comm thread).
 class Communicator {
  public:
-  Communicator(MPI_Comm comm, AllreduceImpl impl);
+  Communicator(MPI_Comm comm, const CommOptions& options);
+  Communicator(MPI_Comm comm, AllreduceImpl impl)
+      : Communicator(comm, CommOptions{impl, WireDtype::kFp32, LinkModel{}}) {}
+  ~Communicator();
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm mpi_comm() const { return comm_; }
-  AllreduceImpl impl() const { return impl_; }
+  AllreduceImpl impl() const { return options_.impl; }
+  const CommOptions& options() const { return options_; }
 
-  // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit.
-  void allreduce_sum(float* data, size_t count);
+  // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` names the
+  // operation (the Reducer passes the bucket index): if ranks call with different tags — buckets launched in
+  // a different order — every rank throws std::runtime_error("... order mismatch ...") instead of mixing
+  // buffers or hanging.
+  void allreduce_sum(float* data, size_t count, int tag = 0);
   // Sum, then multiply by 1/size: gradients averaged over the world (DDP semantics).
-  void allreduce_mean(float* data, size_t count);
+  void allreduce_mean(float* data, size_t count, int tag = 0);
 
  private:
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
-  AllreduceImpl impl_;
-  std::unique_ptr<Transport> transport_;  // for the ring
+  CommOptions options_;
+  std::unique_ptr<Transport> transport_;  // for the ring (possibly wrapped by link emulation)
   std::vector<float> scratch_;            // receive buffer for the ring
 };
 
