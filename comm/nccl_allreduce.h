@@ -1,0 +1,102 @@
+// ncclAllReduce on a dedicated communication stream, the library collective beside our ring (after llm.c's
+// multi_gpu_async_reduce_gradient): when a bucket's gradients are final on the compute stream, record an event
+// there, make the comm stream wait on it and launch the all-reduce on the comm stream. The host never blocks;
+// before the optimizer the compute stream waits on the comm stream (wait()).
+//
+// One NcclAllreduce per rank, one GPU per rank: NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so
+// the constructor checks that first and throws a message pointing to --comm ring (CUDA IPC lets ranks share a GPU).
+// Not thread-safe; the current device of the calling thread must be device() (the constructor sets it).
+// Plain C++ header: CUDA types appear only as the opaque cudaStream_t / cudaEvent_t.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
+
+namespace ddplab::cuda {
+
+// The CUDA events of one allreduce_async call, owned by NcclAllreduce's event pool and valid until begin_step().
+// All three have timing enabled: resolve them after the step with elapsed_ms(step_start_marker, event), never
+// inside backward (cudaEventElapsedTime on an event not yet reached throws cudaErrorNotReady).
+struct AllreduceEvents {
+  cudaEvent_t ready = nullptr;  // on the compute stream: the bucket's gradients are final
+  cudaEvent_t start = nullptr;  // on the comm stream once it may begin: after `ready` and after every earlier call
+  cudaEvent_t end = nullptr;    // on the comm stream after ncclAllReduce
+};
+
+// What the calls since begin_step() were, in launch order (the Reducer's per-bucket timing rows).
+struct AllreduceRecord {
+  int tag = -1;      // the caller's name for it, the bucket index for the Reducer
+  size_t count = 0;  // floats
+  bool average = false;
+  AllreduceEvents events;
+};
+
+class NcclAllreduce {
+ public:
+  // Collective over `comm` (every rank must call): device = node-local rank % device count, then cudaSetDevice;
+  // throws std::runtime_error on every rank if two ranks of a node would share a GPU, if no device is usable, or
+  // if NCCL fails to bootstrap (ncclUniqueId from rank 0 via MPI_Bcast, then ncclCommInitRank).
+  explicit NcclAllreduce(MPI_Comm comm);
+  ~NcclAllreduce();  // ncclCommDestroy after the comm stream drains; ncclCommAbort if NCCL reported an error
+  NcclAllreduce(const NcclAllreduce&) = delete;
+  NcclAllreduce& operator=(const NcclAllreduce&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }  // the comm stream, named "ddplab comm" in NVTX
+  ncclComm* nccl_comm() const { return comm_; }    // an ncclComm_t, e.g. for NCCL send/recv transports
+
+  // data[i] = sum over ranks (average: sum / size) of data[i], in place on the comm stream, after all work queued
+  // on compute_stream so far. Returns at once. Every rank must make the same calls in the same order with the same
+  // count (NCCL matches collectives by order). count == 0 launches nothing but still records the events.
+  // average uses ncclAvg, which for floats pre-multiplies each input by 1/size before summing: exactly sum / size
+  // when size is a power of two and the sum is exact, otherwise within a rounding of it.
+  // `tag` names the call in the NVTX range ("allreduce bucket <tag>") and in records().
+  AllreduceEvents allreduce_async(float* data, size_t count, bool average, cudaStream_t compute_stream, int tag = -1);
+
+  // compute_stream waits (on the device, not the host) for every all-reduce launched so far: call before the
+  // optimizer reads the gradients.
+  void wait(cudaStream_t compute_stream);
+  // The host waits for the comm stream; throws if NCCL reported an asynchronous error.
+  void synchronize();
+
+  // A timing-enabled event from the pool recorded on `stream` now, e.g. at step start on the compute stream, the
+  // origin against which the Reducer resolves ready/start/end. Valid until begin_step().
+  cudaEvent_t mark(cudaStream_t stream);
+  // The calls since begin_step(), in launch order.
+  const std::vector<AllreduceRecord>& records() const { return records_; }
+  // Recycles every pooled event and clears records(): call once per step, after its timings have been resolved.
+  // (Re-recording an event still pending is legal; earlier waits on it keep what they captured.)
+  void begin_step();
+
+  // Milliseconds from `from` to `to` (cudaEventElapsedTime); both must have completed, e.g. after synchronize().
+  static float elapsed_ms(cudaEvent_t from, cudaEvent_t to);
+  // start -> end of the most recent call; synchronizes on its end event. Throws if there has been no call.
+  float last_elapsed_ms();
+
+  // "" if an NcclAllreduce can be made in this process, else why not (no CUDA device, NCCL too old), for test
+  // skips and for the CLI. Does not check the per-node GPU count: that needs the communicator.
+  static std::string availability();
+
+ private:
+  cudaEvent_t pooled_event();
+  void release(bool abort) noexcept;
+
+  int rank_ = 0, size_ = 1, local_rank_ = 0, device_ = -1;
+  ncclComm* comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;     // re-recorded on the comm stream by wait(); timing disabled
+  std::vector<cudaEvent_t> pool_;  // timing events; the first pool_used_ are in use this step
+  size_t pool_used_ = 0;
+  std::vector<AllreduceRecord> records_;
+  bool failed_ = false;  // an NCCL call failed: the destructor aborts instead of destroying
+};
+
+}  // namespace ddplab::cuda
