@@ -19,6 +19,7 @@
 #include <ctime>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "git_commit.h"
@@ -117,6 +118,14 @@ std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm) {
   return buf;
 }
 
+// Rank 0 receives every rank's `mine` (all ranks send the same number of plain-data records), rank-major.
+template <typename Record>
+void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, MPI_Comm comm) {
+  static_assert(std::is_trivially_copyable_v<Record>);
+  const int bytes = static_cast<int>(sizeof(Record) * mine.size());
+  MPI_Gather(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, 0, comm);
+}
+
 void add_train_flags(CLI::App* app, TrainConfig& c) {
   app->add_option("--batch", c.batch, "samples per rank per step (global batch = batch x ranks)")
       ->capture_default_str();
@@ -135,6 +144,25 @@ void add_train_flags(CLI::App* app, TrainConfig& c) {
   app->add_option("--data-noise", c.data_noise, "synthetic data noise around the class prototypes")
       ->capture_default_str();
   app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce)")->capture_default_str();
+  app->add_option("--comm-dtype", c.comm_dtype, "gradients on the wire: fp32 | bf16 | fp16")->capture_default_str();
+  app->add_option("--bucket-mb", c.bucket_mb, "gradient bucket cap in MiB (0: one bucket per parameter)")
+      ->capture_default_str();
+  app->add_option("--first-bucket-mb", c.first_bucket_mb, "cap of the bucket that closes backward, MiB")
+      ->capture_default_str();
+  app->add_option_function<std::string>(
+         "--overlap",
+         [&c](const std::string& v) {
+           if (v != "on" && v != "off") throw CLI::ValidationError("--overlap", "must be on or off (got '" + v + "')");
+           c.overlap = v == "on";
+         },
+         "all-reduce buckets while backward runs: on | off")
+      ->default_str("on");
+  app->add_option("--grad-accum", c.grad_accum, "micro-batches per step, gradients communicated on the last")
+      ->capture_default_str();
+  app->add_option("--link", c.link, "emulated interconnect: none | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4")
+      ->capture_default_str();
+  app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us)");
+  app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s)");
   app->add_option("--threads", c.blas_threads, "OpenBLAS threads per rank")->capture_default_str();
   app->add_option("--out", c.out, "run file (HDF5); default runs/train_np<N>_<time>.h5");
   app->add_flag("--force", c.force, "overwrite an existing run file");
@@ -164,8 +192,10 @@ void validate(const TrainConfig& c) {
   require(c.optimizer.weight_decay >= 0, "--weight-decay must not be negative");
   require(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1, "--momentum must be in [0, 1)");
   require(c.data_noise >= 0, "--data-noise must not be negative");
+  at_least("--grad-accum", c.grad_accum, 1);
+  require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0, "--bucket-mb and --first-bucket-mb must not be negative");
   try {
-    parse_allreduce_impl(c.comm);
+    comm_options(c);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -191,7 +221,7 @@ int run_train(TrainConfig config, const std::string& command_line) {
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);
 
-  Communicator comm(world, parse_allreduce_impl(config.comm));
+  Communicator comm(world, comm_options(config));
   Trainer trainer(config, comm);
   RunMetadata meta;
   meta.command = "train";
@@ -208,27 +238,48 @@ int run_train(TrainConfig config, const std::string& command_line) {
 
   if (rank == 0 && !config.quiet) {
     const auto& m = config.mlp;
-    std::printf("ddplab train: MLP %d-%dx%d-%d (%.2fM params), %d rank%s x batch %d, comm %s, %s, %d steps\n",
-                m.input_dim, m.hidden_dim, m.num_hidden_layers, m.num_classes,
-                trainer.model().num_parameters() / 1e6, size, size == 1 ? "" : "s", config.batch,
-                config.comm.c_str(), config.optimizer.kind.c_str(), config.steps);
+    std::printf("ddplab train: MLP %d-%dx%d-%d (%.2fM params), %d rank%s x batch %d%s, %s, %d steps\n", m.input_dim,
+                m.hidden_dim, m.num_hidden_layers, m.num_classes, trainer.model().num_parameters() / 1e6, size,
+                size == 1 ? "" : "s", config.batch,
+                config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
+                config.optimizer.kind.c_str(), config.steps);
+    std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
+                config.comm.c_str(), config.comm_dtype.c_str(), config.link.c_str(),
+                trainer.reducer().buckets().size(), trainer.reducer().buckets().size() == 1 ? "" : "s",
+                config.bucket_mb, config.first_bucket_mb, config.overlap ? "on" : "off");
     std::fflush(stdout);
   }
 
+  const size_t num_buckets = trainer.reducer().buckets().size();
   std::vector<StepRecord> mine(config.steps);
+  std::vector<BucketTimes> my_buckets;
+  my_buckets.reserve(config.steps * num_buckets);
   MPI_Barrier(world);  // common start: step start times of all ranks share one origin
   const double t0 = now_ms();
-  for (int s = 0; s < config.steps; ++s) mine[s] = trainer.step(s, t0);
+  for (int s = 0; s < config.steps; ++s) {
+    mine[s] = trainer.step(s, t0);
+    const auto& times = trainer.reducer().bucket_times();
+    my_buckets.insert(my_buckets.end(), times.begin(), times.end());
+  }
 
   std::vector<StepRecord> all(rank == 0 ? static_cast<size_t>(size) * config.steps : 0);
-  const int bytes = static_cast<int>(sizeof(StepRecord)) * config.steps;
-  MPI_Gather(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, 0, world);
+  gather_to_root(mine, all, world);
+  RunBuckets buckets;
+  buckets.layout = trainer.reducer().buckets();
+  for (const Bucket& b : buckets.layout) {
+    std::string names;
+    for (int p = b.last_param; p >= b.first_param; --p)
+      names += (names.empty() ? "" : ",") + trainer.model().parameters()[p].name;
+    buckets.names.push_back(names);
+  }
+  buckets.times.resize(rank == 0 ? my_buckets.size() * size : 0);
+  gather_to_root(my_buckets, buckets.times, world);
 
   if (rank == 0) {
     meta.config_json = to_json(config).dump();
     const RunSummary summary = summarize(all, size, config.steps, config.warmup_steps, config.batch * size);
     try {
-      write_run_file(config.out, config.force, meta, all, config.steps, to_json(summary).dump());
+      write_run_file(config.out, config.force, meta, all, config.steps, to_json(summary).dump(), buckets);
     } catch (const std::exception& e) {
       error = e.what();
     }

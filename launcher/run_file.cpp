@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 namespace ddplab {
 namespace {
@@ -67,14 +68,44 @@ void write_string_list(hid_t loc, const char* name, const std::vector<std::strin
   h5(H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), name);
 }
 
-void write_matrix(hid_t loc, const char* name, const std::vector<double>& data, hsize_t rows, hsize_t cols,
-                  const char* units) {
-  const hsize_t dims[2] = {rows, cols};
-  H5Id space(h5(H5Screate_simple(2, dims, nullptr), "H5Screate_simple"), H5Sclose);
-  H5Id set(h5(H5Dcreate2(loc, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name),
-           H5Dclose);
-  if (!data.empty()) h5(H5Dwrite(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name);
-  write_string_attr(set, "units", units);
+// A dataset of any rank from a flat row-major array; `units` (if any) as an attribute.
+template <typename T>
+void write_array(hid_t loc, const char* name, const std::vector<T>& data, std::vector<hsize_t> dims,
+                 const char* units) {
+  const bool is_double = std::is_same_v<T, double>;
+  static_assert(std::is_same_v<T, double> || std::is_same_v<T, int64_t>);
+  H5Id space(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "H5Screate_simple"), H5Sclose);
+  const hid_t file_type = is_double ? H5T_IEEE_F64LE : H5T_STD_I64LE;
+  const hid_t mem_type = is_double ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT64;
+  H5Id set(h5(H5Dcreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name), H5Dclose);
+  if (!data.empty()) h5(H5Dwrite(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name);
+  if (units) write_string_attr(set, "units", units);
+}
+
+void write_buckets(hid_t file, const RunBuckets& buckets, hsize_t world, hsize_t steps) {
+  H5Id group(h5(H5Gcreate2(file, "buckets", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create /buckets"), H5Gclose);
+  const hsize_t nb = buckets.layout.size();
+  std::vector<int64_t> first, last, count, bytes;
+  for (const Bucket& b : buckets.layout) {
+    first.push_back(b.first_param);
+    last.push_back(b.last_param);
+    count.push_back(b.count);
+    bytes.push_back(b.count * static_cast<int64_t>(sizeof(float)));
+  }
+  write_array(group, "first_param", first, {nb}, nullptr);
+  write_array(group, "last_param", last, {nb}, nullptr);
+  write_array(group, "count", count, {nb}, "elements");
+  write_array(group, "bytes", bytes, {nb}, "bytes");
+  write_string_list(group, "param_names", buckets.names);
+  if (buckets.times.size() != world * steps * nb) throw std::logic_error("write_run_file: bucket times size");
+  std::vector<double> column(buckets.times.size());
+  const std::pair<const char*, double BucketTimes::*> fields[] = {{"ready_ms", &BucketTimes::ready_ms},
+                                                                  {"comm_start_ms", &BucketTimes::comm_start_ms},
+                                                                  {"comm_end_ms", &BucketTimes::comm_end_ms}};
+  for (const auto& [name, member] : fields) {
+    for (size_t i = 0; i < column.size(); ++i) column[i] = buckets.times[i].*member;
+    write_array(group, name, column, {world, steps, nb}, "ms");
+  }
 }
 
 bool exists(const std::string& path) {
@@ -89,7 +120,7 @@ std::string folder_of(const std::string& path) {
 }
 
 void write_contents(hid_t file, const RunMetadata& meta, const std::vector<StepRecord>& records, int steps,
-                    const std::string& summary_json) {
+                    const std::string& summary_json, const RunBuckets& buckets) {
   write_int_attr(file, "schema_version", kRunFileSchemaVersion);
   write_string_attr(file, "command", meta.command);
   write_string_attr(file, "config", meta.config_json);
@@ -112,8 +143,9 @@ void write_contents(hid_t file, const RunMetadata& meta, const std::vector<StepR
   for (const auto& [name, member] : kStepFields) {
     for (size_t i = 0; i < column.size(); ++i) column[i] = records[i].*member;
     const bool is_loss = std::strcmp(name, "loss") == 0;
-    write_matrix(group, name, column, world, steps, is_loss ? "nats" : "ms");
+    write_array(group, name, column, {world, static_cast<hsize_t>(steps)}, is_loss ? "nats" : "ms");
   }
+  write_buckets(file, buckets, world, steps);
 }
 
 }  // namespace
@@ -130,7 +162,7 @@ std::string check_output_path(const std::string& path, bool force) {
 }
 
 void write_run_file(const std::string& path, bool force, const RunMetadata& meta, const std::vector<StepRecord>& records,
-                    int steps, const std::string& summary_json) {
+                    int steps, const std::string& summary_json, const RunBuckets& buckets) {
   if (records.size() != static_cast<size_t>(meta.world_size) * steps)
     throw std::logic_error("write_run_file: records do not match world_size * steps");
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our exceptions carry the message; no HDF5 stack dumps
@@ -139,7 +171,7 @@ void write_run_file(const std::string& path, bool force, const RunMetadata& meta
     {
       H5Id file(h5(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), ("create " + tmp).c_str()),
                 H5Fclose);
-      write_contents(file, meta, records, steps, summary_json);
+      write_contents(file, meta, records, steps, summary_json, buckets);
       h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
     }
     // Without --force, link() refuses to replace a file that appeared meanwhile; rename() replaces atomically.

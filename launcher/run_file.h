@@ -5,11 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "comm/reducer.h"
 #include "launcher/step_record.h"
 
 namespace ddplab {
 
-inline constexpr int kRunFileSchemaVersion = 1;
+inline constexpr int kRunFileSchemaVersion = 2;
 
 struct RunMetadata {
   std::string command;      // "train"
@@ -23,12 +24,19 @@ struct RunMetadata {
   std::vector<std::string> hostnames;  // by rank
 };
 
+// The gradient buckets: their layout (the same on every rank) and what happened to each in each step.
+struct RunBuckets {
+  std::vector<Bucket> layout;
+  std::vector<std::string> names;   // per bucket, its parameters' names joined with ','
+  std::vector<BucketTimes> times;   // world_size * steps * layout.size(): rank, then step, then bucket
+};
+
 // Empty when `path` can be written (its folder exists and is writable; it does not exist unless `force`),
 // otherwise a one-line reason. Leaves nothing behind.
 std::string check_output_path(const std::string& path, bool force);
 
 // records: world_size * steps, rank-major (rank r's step s at r*steps + s). Throws std::runtime_error.
 void write_run_file(const std::string& path, bool force, const RunMetadata& meta, const std::vector<StepRecord>& records,
-                    int steps, const std::string& summary_json);
+                    int steps, const std::string& summary_json, const RunBuckets& buckets);
 
 }  // namespace ddplab

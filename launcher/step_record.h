@@ -5,26 +5,33 @@
 
 namespace ddplab {
 
+// The five phases data, forward, backward, exposed_comm, optimizer add up to step_ms. With grad accumulation,
+// data/forward/backward sum over the micro-batches. comm_ms and hidden_comm_ms describe the communication
+// thread: its busy time, and the part of it that ran while the (last) backward was running.
 struct StepRecord {
-  double start_ms = 0;      // step start, ms since the run's common start (ranks leave a barrier together)
-  double data_ms = 0;       // waiting for / producing the batch
+  double start_ms = 0;         // step start, ms since the run's common start (ranks leave a barrier together)
+  double data_ms = 0;          // producing the batch
   double forward_ms = 0;
   double backward_ms = 0;
-  double allreduce_ms = 0;  // gradient all-reduce after backward
+  double exposed_comm_ms = 0;  // after backward, waiting for the gradient all-reduces to finish
   double optimizer_ms = 0;
-  double step_ms = 0;       // the whole step, data to optimizer
-  double loss = 0;          // this rank's mean loss on its own shard
+  double step_ms = 0;          // the whole step, data to optimizer
+  double comm_ms = 0;          // sum over buckets of all-reduce time (start to end on the comm thread)
+  double hidden_comm_ms = 0;   // comm time that overlapped backward
+  double loss = 0;             // this rank's mean loss on its own shard (mean over micro-batches)
 };
 
 // Field table: the run file writes one dataset per entry, the summary reads them by name.
-inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 8> kStepFields = {{
+inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 10> kStepFields = {{
     {"start_ms", &StepRecord::start_ms},
     {"data_ms", &StepRecord::data_ms},
     {"forward_ms", &StepRecord::forward_ms},
     {"backward_ms", &StepRecord::backward_ms},
-    {"allreduce_ms", &StepRecord::allreduce_ms},
+    {"exposed_comm_ms", &StepRecord::exposed_comm_ms},
     {"optimizer_ms", &StepRecord::optimizer_ms},
     {"step_ms", &StepRecord::step_ms},
+    {"comm_ms", &StepRecord::comm_ms},
+    {"hidden_comm_ms", &StepRecord::hidden_comm_ms},
     {"loss", &StepRecord::loss},
 }};
 

@@ -1,8 +1,14 @@
 #include "launcher/summary.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace ddplab {
+
+double hidden_fraction(const StepRecord& m) {
+  const double hideable = std::min(m.backward_ms, m.comm_ms);
+  return hideable > 0 ? m.hidden_comm_ms / hideable : 1.0;
+}
 
 RunSummary summarize(const std::vector<StepRecord>& records, int world_size, int steps, int warmup_steps,
                      int global_batch) {
@@ -17,18 +23,10 @@ RunSummary summarize(const std::vector<StepRecord>& records, int world_size, int
 
   s.ranks.resize(world_size);
   for (int r = 0; r < world_size; ++r) {
-    RankMeans& m = s.ranks[r];
-    for (int t = s.first_steady_step; t < steps; ++t) {
-      const StepRecord& x = at(r, t);
-      m.step_ms += x.step_ms;
-      m.data_ms += x.data_ms;
-      m.forward_ms += x.forward_ms;
-      m.backward_ms += x.backward_ms;
-      m.allreduce_ms += x.allreduce_ms;
-      m.optimizer_ms += x.optimizer_ms;
-    }
-    for (double* v : {&m.step_ms, &m.data_ms, &m.forward_ms, &m.backward_ms, &m.allreduce_ms, &m.optimizer_ms})
-      *v /= counted;
+    StepRecord& m = s.ranks[r];
+    for (int t = s.first_steady_step; t < steps; ++t)
+      for (const auto& [name, field] : kStepFields) m.*field += at(r, t).*field / counted;
+    m.start_ms = 0;
     if (m.step_ms > s.slowest_step_ms) {
       s.slowest_step_ms = m.step_ms;
       s.slowest_rank = r;
@@ -50,10 +48,13 @@ RunSummary summarize(const std::vector<StepRecord>& records, int world_size, int
 
 nlohmann::json to_json(const RunSummary& s) {
   nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& m : s.ranks)
-    ranks.push_back({{"step_ms", m.step_ms}, {"data_ms", m.data_ms}, {"forward_ms", m.forward_ms},
-                     {"backward_ms", m.backward_ms}, {"allreduce_ms", m.allreduce_ms},
-                     {"optimizer_ms", m.optimizer_ms}});
+  for (const StepRecord& m : s.ranks) {
+    nlohmann::json rank;
+    for (const auto& [name, field] : kStepFields)
+      if (std::strcmp(name, "start_ms") != 0) rank[name] = m.*field;
+    rank["hidden_fraction"] = hidden_fraction(m);
+    ranks.push_back(rank);
+  }
   return {{"world_size", s.world_size},       {"steps", s.steps},
           {"first_steady_step", s.first_steady_step}, {"global_batch", s.global_batch},
           {"slowest_rank", s.slowest_rank},   {"slowest_step_ms", s.slowest_step_ms},
@@ -69,13 +70,14 @@ void print_summary(std::FILE* out, const RunSummary& s, const std::vector<std::s
   std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
                s.mean_spread_ms);
   std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
-  std::fprintf(out, "  %4s  %-16s %9s %9s %11s %12s %12s\n", "rank", "host", "step_ms", "data_ms", "compute_ms",
-               "allreduce_ms", "optimizer_ms");
+  std::fprintf(out, "  %4s  %-12s %8s %7s %10s %8s %8s %8s %8s %6s\n", "rank", "host", "step_ms", "data_ms",
+               "compute_ms", "comm_ms", "hidden", "exposed", "optim_ms", "hidden%");
   for (size_t r = 0; r < s.ranks.size(); ++r) {
-    const RankMeans& m = s.ranks[r];
-    std::fprintf(out, "  %4zu  %-16.16s %9.2f %9.2f %11.2f %12.2f %12.2f\n", r,
-                 r < hostnames.size() ? hostnames[r].c_str() : "?", m.step_ms, m.data_ms, m.compute_ms(),
-                 m.allreduce_ms, m.optimizer_ms);
+    const StepRecord& m = s.ranks[r];
+    std::fprintf(out, "  %4zu  %-12.12s %8.2f %7.2f %10.2f %8.2f %8.2f %8.2f %8.2f %6.0f\n", r,
+                 r < hostnames.size() ? hostnames[r].c_str() : "?", m.step_ms, m.data_ms,
+                 m.forward_ms + m.backward_ms, m.comm_ms, m.hidden_comm_ms, m.exposed_comm_ms, m.optimizer_ms,
+                 100 * hidden_fraction(m));
   }
 }
 

@@ -10,20 +10,20 @@
 
 namespace ddplab {
 
-struct RankMeans {
-  double step_ms = 0, data_ms = 0, forward_ms = 0, backward_ms = 0, allreduce_ms = 0, optimizer_ms = 0;
-  double compute_ms() const { return forward_ms + backward_ms; }
-};
-
 struct RunSummary {
   int world_size = 1, steps = 0, first_steady_step = 0, global_batch = 0;
   int slowest_rank = 0;
-  double slowest_step_ms = 0;   // the slowest rank's mean steady-state step: it sets the pace
-  double samples_per_s = 0;     // global batch / slowest rank's mean step
-  double mean_spread_ms = 0;    // mean over steady steps of (max - min) step time across ranks
-  double final_loss = 0;        // mean over ranks of the last step's loss (= loss on the global batch)
-  std::vector<RankMeans> ranks;
+  double slowest_step_ms = 0;  // the slowest rank's mean steady-state step: it sets the pace
+  double samples_per_s = 0;    // global batch / slowest rank's mean step
+  double mean_spread_ms = 0;   // mean over steady steps of (max - min) step time across ranks
+  double final_loss = 0;       // mean over ranks of the last step's loss (= loss on the global batch)
+  // Per rank, the steady-state mean of every StepRecord field (start_ms excepted: it is meaningless as a mean).
+  std::vector<StepRecord> ranks;
 };
+
+// Share of the communication that could have been hidden which was: hidden / min(backward, comm). 1 when there
+// was nothing to hide.
+double hidden_fraction(const StepRecord& means);
 
 // records: world_size * steps, rank-major. warmup_steps is clamped so that at least one step counts.
 RunSummary summarize(const std::vector<StepRecord>& records, int world_size, int steps, int warmup_steps,

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
 #include "model/mlp.h"
 #include "model/optimizer.h"
 
@@ -16,12 +17,20 @@ namespace ddplab {
 struct TrainConfig {
   MlpConfig mlp;
   OptimizerConfig optimizer;
-  int batch = 128;          // samples per rank per step (global batch = batch * world size)
+  int batch = 128;          // samples per rank per micro-batch (global batch = batch * grad_accum * world size)
   int steps = 50;
   int warmup_steps = 5;     // left out of the summary's steady-state means
   uint64_t seed = 1234;     // model init and data
   float data_noise = 1.0f;  // synthetic data: noise amplitude around the class prototypes
-  std::string comm = "ring";
+  std::string comm = "ring";        // all-reduce implementation: ring | mpi
+  std::string comm_dtype = "fp32";  // on the wire: fp32 | bf16 | fp16
+  double bucket_mb = 25.0;          // gradient bucket cap (MiB); 0 = one bucket per parameter
+  double first_bucket_mb = 1.0;     // cap of the bucket that closes backward
+  bool overlap = true;              // all-reduce buckets while backward runs
+  int grad_accum = 1;               // micro-batches per step; communication on the last only
+  std::string link = "none";        // emulated interconnect preset
+  double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
+  double link_gbps = -1;
   int blas_threads = 1;     // OpenBLAS threads per rank
   std::string out;          // run file; empty = runs/train_np<N>_<time>.h5
   bool force = false;       // overwrite an existing run file
@@ -33,6 +42,15 @@ inline double decimal(float x) {
   char text[32];
   std::snprintf(text, sizeof text, "%.7g", x);  // 7 significant digits round-trip any float
   return std::strtod(text, nullptr);
+}
+
+// The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad name or value.
+inline CommOptions comm_options(const TrainConfig& c) {
+  CommOptions o;
+  o.impl = parse_allreduce_impl(c.comm);
+  o.wire = parse_wire_dtype(c.comm_dtype);
+  o.link = parse_link(c.link, c.link_latency_us, c.link_gbps);
+  return o;
 }
 
 inline nlohmann::json to_json(const TrainConfig& c) {
@@ -55,6 +73,14 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"seed", c.seed},
       {"data_noise", decimal(c.data_noise)},
       {"comm", c.comm},
+      {"comm_dtype", c.comm_dtype},
+      {"bucket_mb", c.bucket_mb},
+      {"first_bucket_mb", c.first_bucket_mb},
+      {"overlap", c.overlap},
+      {"grad_accum", c.grad_accum},
+      {"link", c.link},
+      {"link_latency_us", c.link_latency_us},
+      {"link_gbps", c.link_gbps},
       {"blas_threads", c.blas_threads},
       {"out", c.out},
       {"force", c.force},

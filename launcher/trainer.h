@@ -1,11 +1,12 @@
-// The data-parallel training loop: each rank trains its own replica on its shard of every global batch,
-// all-reduces (averages) the gradients after backward, and takes the same optimizer step, so the replicas
-// stay bitwise identical.
+// The data-parallel training loop: each rank trains its own replica on its shard of every global batch; the
+// Reducer averages the gradients in buckets while backward runs; every rank takes the same optimizer step, so
+// the replicas stay bitwise identical.
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/reducer.h"
 #include "data/synthetic.h"
 #include "launcher/step_record.h"
 #include "launcher/train_config.h"
@@ -16,13 +17,14 @@ namespace ddplab {
 
 class Trainer {
  public:
-  // `comm` must outlive the trainer. Every rank of comm constructs its trainer with the same config.
+  // Collective over comm (the Reducer checks the bucket layout). `comm` must outlive the trainer.
   Trainer(const TrainConfig& config, Communicator& comm);
-  // Runs step `step` (0-based) and returns its timings; start_ms is measured from `t0_ms` (a steady-clock
-  // reading taken by every rank right after a barrier).
+  // Runs step `step` (0-based) and returns its timings; times are measured from `t0_ms` (a steady-clock
+  // reading every rank took right after a barrier). Bucket timings of the step: reducer().bucket_times().
   StepRecord step(int step, double t0_ms);
 
   Mlp<float>& model() { return model_; }
+  const Reducer& reducer() const { return *reducer_; }
   const TrainConfig& config() const { return config_; }
 
  private:
@@ -31,7 +33,8 @@ class Trainer {
   Mlp<float> model_;
   Optimizer<float> optimizer_;
   SyntheticClassification data_;
-  ShardedBatches shard_;
+  ShardedBatches shard_;  // over the rank's whole step: grad_accum micro-batches of `batch` samples
+  std::unique_ptr<Reducer> reducer_;
   std::vector<float> inputs_;
   std::vector<int32_t> targets_;
 };

@@ -13,7 +13,9 @@ import tempfile
 import h5py
 import numpy as np
 
-STEP_FIELDS = ["start_ms", "data_ms", "forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms", "step_ms", "loss"]
+STEP_FIELDS = ["start_ms", "data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "step_ms",
+               "comm_ms", "hidden_comm_ms", "loss"]
+PHASES = ["data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms"]
 ATTRS = ["schema_version", "command", "config", "command_line", "start_time_utc", "git_commit", "ddplab_version",
          "mpi_library", "hdf5_version", "blas", "cuda", "summary", "world_size", "num_steps"]
 
@@ -31,8 +33,11 @@ def main():
     steps, batch = 8, 16
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "run.h5")
+        # 64-128-128-10: parameters of 32768, 512, 65536, 512, 5120, 40 bytes. Caps of 0.05 MiB (52429 bytes):
+        # closing bucket fc0.weight+fc0.bias (33280), then from the end fc2.bias..fc1.bias (5672) | fc1.weight.
         cmd = [mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", str(steps), "--batch", str(batch),
-               "--warmup-steps", "2", "--input-dim", "64", "--hidden", "128", "--classes", "10", "--out", path]
+               "--warmup-steps", "2", "--input-dim", "64", "--hidden", "128", "--classes", "10",
+               "--bucket-mb", "0.05", "--first-bucket-mb", "0.05", "--out", path]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         print(proc.stdout)
         check(proc.returncode == 0, f"ddplab train exits 0 (got {proc.returncode}: {proc.stderr.strip()[:300]})")
@@ -45,7 +50,7 @@ def main():
         with h5py.File(path, "r") as f:
             for a in ATTRS:
                 check(a in f.attrs, f"attribute {a}")
-            check(f.attrs["schema_version"] == 1, "schema_version 1")
+            check(f.attrs["schema_version"] == 2, "schema_version 2")
             check(f.attrs["world_size"] == np_ranks, "world_size matches mpirun -np")
             check(f.attrs["num_steps"] == steps, "num_steps matches --steps")
             config = json.loads(f.attrs["config"])
@@ -60,8 +65,28 @@ def main():
                 check(np.all(np.isfinite(d[k])), f"steps/{k} finite")
             for k in STEP_FIELDS[1:-1]:
                 check(np.all(d[k] >= 0), f"steps/{k} non-negative")
-            phases = sum(d[k] for k in ["data_ms", "forward_ms", "backward_ms", "allreduce_ms", "optimizer_ms"])
+            phases = sum(d[k] for k in PHASES)
             check(np.allclose(phases, d["step_ms"], rtol=1e-6, atol=1e-3), "phases add up to step_ms")
+            check(np.all(d["hidden_comm_ms"] <= d["comm_ms"] + 1e-9), "hidden comm <= comm")
+
+            b = f["buckets"]
+            nb = len(b["count"])
+            check(nb == 3, f"3 buckets for caps of 0.05 MiB (got {nb})")
+            check(list(b["last_param"][:]) == [5, 2, 1] and list(b["first_param"][:]) == [3, 2, 0],
+                  f"bucket spans in backward order ({list(b['first_param'][:])}..{list(b['last_param'][:])})")
+            check(int(b["count"][:].sum()) == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10,
+                  "buckets cover every parameter once")
+            check(np.all(b["bytes"][:] == 4 * b["count"][:]), "bucket bytes = 4 x count")
+            check(b["param_names"].asstr()[0] == "fc2.bias,fc2.weight,fc1.bias", "bucket 0 holds the last parameters")
+            ready, start, end = (b[k][:] for k in ["ready_ms", "comm_start_ms", "comm_end_ms"])
+            for name, arr in [("ready_ms", ready), ("comm_start_ms", start), ("comm_end_ms", end)]:
+                check(arr.shape == (np_ranks, steps, nb), f"buckets/{name} shape {arr.shape}")
+            check(np.all(ready <= start) and np.all(start <= end), "bucket ready <= comm start <= comm end")
+            step_begin = d["start_ms"][:, :, None]
+            step_end = (d["start_ms"] + d["step_ms"] - d["optimizer_ms"])[:, :, None]
+            check(np.all(ready >= step_begin) and np.all(end <= step_end + 1e-3), "bucket times inside their step")
+            comm_sum = (end - start).sum(axis=2)
+            check(np.allclose(comm_sum, d["comm_ms"], rtol=1e-9, atol=1e-9), "steps/comm_ms = sum of bucket times")
             check(np.all(np.diff(d["start_ms"], axis=1) >= d["step_ms"][:, :-1] - 1e-3),
                   "steps start after the previous one ended")
             check(np.all(d["start_ms"][:, 0] >= 0) and np.all(d["start_ms"][:, 0] < 5000), "first step starts near t0")

@@ -1,0 +1,188 @@
+#include "comm/reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "comm/mpi_check.h"
+#include "kernels/cpu/ops.h"
+
+namespace ddplab {
+namespace {
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// FNV-1a over the layout: equal on two ranks iff (with overwhelming probability) the layouts are equal.
+uint64_t layout_hash(const std::vector<Bucket>& buckets) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 1099511628211ULL;
+  };
+  for (const Bucket& b : buckets) {
+    mix(b.first_param);
+    mix(b.last_param);
+    mix(b.offset);
+    mix(b.count);
+  }
+  return h;
+}
+
+}  // namespace
+
+std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
+                                   double bucket_cap_bytes, double first_bucket_cap_bytes) {
+  const int n = static_cast<int>(numel.size());
+  if (offset.size() != numel.size()) throw std::invalid_argument("assign_buckets: numel and offset differ in size");
+  if (!(bucket_cap_bytes >= 0) || !(first_bucket_cap_bytes >= 0))
+    throw std::invalid_argument("assign_buckets: bucket caps must not be negative");
+  if (n == 0) return {};
+  const auto bytes = [&](int p) { return static_cast<double>(numel[p]) * sizeof(float); };
+
+  // The closing bucket first: parameters 0, 1, ... while they fit its cap (at least one).
+  int closing_last = 0;
+  double filled = bytes(0);
+  while (closing_last + 1 < n && filled + bytes(closing_last + 1) <= first_bucket_cap_bytes)
+    filled += bytes(++closing_last);
+
+  // The rest, in the order backward finalises them: from the last parameter down to closing_last + 1.
+  std::vector<Bucket> buckets;
+  int p = n - 1;
+  while (p > closing_last) {
+    Bucket b;
+    b.last_param = p;
+    double size = bytes(p);
+    while (p - 1 > closing_last && size + bytes(p - 1) <= bucket_cap_bytes) size += bytes(--p);
+    b.first_param = p--;
+    buckets.push_back(b);
+  }
+  buckets.push_back(Bucket{0, closing_last, 0, 0});
+
+  // Each bucket's slice of the flat buffer: its parameters must lie back to back (the reverse layout).
+  for (Bucket& b : buckets) {
+    b.offset = offset[b.last_param];
+    for (int q = b.last_param; q >= b.first_param; --q) {
+      if (offset[q] != b.offset + b.count)
+        throw std::invalid_argument("assign_buckets: parameter " + std::to_string(q) +
+                                    " is not contiguous with the rest of its bucket in the flat buffer");
+      b.count += numel[q];
+    }
+  }
+  return buckets;
+}
+
+Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
+                 const std::vector<int64_t>& offset, float* flat_grads)
+    : comm_(comm),
+      config_(config),
+      buckets_(assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0)),
+      bucket_of_param_(numel.size()),
+      flat_grads_(flat_grads),
+      pending_(buckets_.size()),
+      times_(buckets_.size()) {
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (int p = buckets_[b].first_param; p <= buckets_[b].last_param; ++p) bucket_of_param_[p] = static_cast<int>(b);
+
+  // Every rank must reduce the same buckets in the same order, or the all-reduces would pair unrelated buffers.
+  const uint64_t mine[2] = {layout_hash(buckets_), ~layout_hash(buckets_)};
+  uint64_t most[2];
+  mpiCheck(MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm.mpi_comm()));
+  if (most[0] != mine[0] || most[1] != mine[1]) {  // some rank differs: every rank sees it, every rank throws
+    std::vector<int> counts(comm.size());
+    const int nb = static_cast<int>(buckets_.size());
+    mpiCheck(MPI_Allgather(&nb, 1, MPI_INT, counts.data(), 1, MPI_INT, comm.mpi_comm()));
+    std::string list;
+    for (int r = 0; r < comm.size(); ++r) list += (r ? ", " : "") + std::to_string(counts[r]);
+    throw std::runtime_error("gradient bucket layout differs across ranks (buckets per rank: " + list +
+                             "): every rank needs the same model and --bucket-mb/--first-bucket-mb");
+  }
+  comm_thread_ = std::thread([this] { comm_loop(); });
+}
+
+Reducer::~Reducer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_one();
+  comm_thread_.join();
+}
+
+void Reducer::begin_step(double origin_ms, float grad_scale) {
+  origin_ms_ = origin_ms;
+  grad_scale_ = grad_scale;
+  sync_ = true;
+  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_params();
+  next_launch_ = 0;
+  std::fill(times_.begin(), times_.end(), BucketTimes{});
+  std::lock_guard<std::mutex> lock(mutex_);
+  completed_ = 0;
+}
+
+void Reducer::mark_ready(int param) {
+  if (!sync_) return;
+  const int b = bucket_of_param_.at(param);
+  if (pending_[b] <= 0) throw std::logic_error("Reducer: parameter " + std::to_string(param) + " marked ready twice");
+  if (--pending_[b] > 0) return;
+  times_[b].ready_ms = now_ms() - origin_ms_;
+  if (!config_.overlap) return;
+  // Launch in bucket order: a bucket that completes early waits for its predecessors.
+  while (next_launch_ < static_cast<int>(buckets_.size()) && pending_[next_launch_] == 0) launch(next_launch_++);
+}
+
+void Reducer::launch(int bucket) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(bucket);
+  }
+  work_cv_.notify_one();
+}
+
+void Reducer::wait_all() {
+  const int nb = static_cast<int>(buckets_.size());
+  for (int b = 0; b < nb; ++b) {
+    if (pending_[b] != 0)
+      throw std::logic_error("Reducer: bucket " + std::to_string(b) + " (parameters " +
+                             std::to_string(buckets_[b].first_param) + ".." + std::to_string(buckets_[b].last_param) +
+                             ") has gradients that were never marked ready");
+  }
+  while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return completed_ == nb || error_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Reducer::comm_loop() {
+  for (;;) {
+    int b;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      b = queue_.front();
+      queue_.pop_front();
+    }
+    try {
+      const Bucket& bucket = buckets_[b];
+      float* grads = flat_grads_ + bucket.offset;
+      times_[b].comm_start_ms = now_ms() - origin_ms_;
+      comm_.allreduce_sum(grads, static_cast<size_t>(bucket.count), b);
+      if (grad_scale_ != 1.0f) cpu::scale(grads, grad_scale_, bucket.count);
+      times_[b].comm_end_ms = now_ms() - origin_ms_;
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = std::current_exception();
+      done_cv_.notify_all();
+      return;  // the main thread rethrows; the program edge aborts the job
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++completed_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace ddplab

@@ -1,0 +1,113 @@
+// The Reducer: gradient buckets all-reduced while backward is still running (after PyTorch DDP's Reducer and
+// llm.c's multi-GPU path).
+//
+//   - Buckets are runs of parameters in REVERSE registration order — the order backward finalises them — up to
+//     a byte cap. The bucket that closes backward (it holds the first layers, whose gradients arrive last) has
+//     its own, smaller cap, so the communication left after backward is short. (PyTorch applies its 1 MiB
+//     first-bucket cap to the other end, the first bucket to become ready; the two aims differ: starting the
+//     first all-reduce early versus keeping the tail short. ddplab caps the tail.)
+//   - The model keeps all gradients in one flat buffer laid out in that same reverse order (model/mlp.h), so a
+//     bucket is a contiguous slice of it: the all-reduce runs on a view, with no copy in or out.
+//   - Backward calls mark_ready(param) as each gradient becomes final. When a bucket is complete it is handed to
+//     the communication thread at once (overlap on), in bucket order on every rank; the step waits for all
+//     buckets only before the optimizer (wait_all). With overlap off, every bucket starts in wait_all, after
+//     backward: the baseline to compare against.
+//   - Gradient accumulation (no_sync): with set_sync(false) mark_ready does nothing and gradients accumulate
+//     locally; the micro-batch with set_sync(true) communicates. Gradients are scaled by 1/(world * micro-batches).
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace ddplab {
+
+struct ReducerConfig {
+  double bucket_mb = 25.0;       // cap per bucket in MiB; 0 = one bucket per parameter
+  double first_bucket_mb = 1.0;  // cap of the bucket that closes backward (holds parameter 0)
+  bool overlap = true;
+};
+
+// One bucket: parameters [first_param, last_param] in registration order, which occupy the contiguous elements
+// [offset, offset + count) of the flat gradient buffer.
+struct Bucket {
+  int first_param = 0, last_param = 0;
+  int64_t offset = 0, count = 0;
+  int num_params() const { return last_param - first_param + 1; }
+};
+
+// Buckets for parameters of the given sizes (registration order) whose flat-buffer offsets are given too (the
+// reverse layout makes each bucket contiguous; this is checked). Bucket 0 is the first to become ready (it
+// holds the last parameters); the last bucket holds parameter 0. Caps in bytes of fp32 gradients; a parameter
+// larger than a cap gets a bucket of its own.
+std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
+                                   double bucket_cap_bytes, double first_bucket_cap_bytes);
+
+// When things happened to one bucket in one step, in ms on the caller's time origin.
+struct BucketTimes {
+  double ready_ms = 0;       // its last gradient became final
+  double comm_start_ms = 0;  // the communication thread started its all-reduce
+  double comm_end_ms = 0;
+};
+
+class Reducer {
+ public:
+  // Collective over comm: every rank must construct its Reducer with the same layout, which is checked (a
+  // mismatch throws on every rank, naming the first differing bucket).
+  Reducer(Communicator& comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
+          const std::vector<int64_t>& offset, float* flat_grads);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ReducerConfig& config() const { return config_; }
+
+  // Starts a step's communication round: every bucket pending. `origin_ms` is the time origin of the returned
+  // timings (now_ms() values minus origin). `grad_scale` multiplies the summed gradients (1/(world*micro)).
+  void begin_step(double origin_ms, float grad_scale);
+  // false: gradients only accumulate (no_sync); true: complete buckets are reduced.
+  void set_sync(bool sync) { sync_ = sync; }
+  // Backward's hook: parameter `param` (registration index) has its final gradient.
+  void mark_ready(int param);
+  // Blocks until every bucket of this step is reduced (starting them first when overlap is off). Rethrows an
+  // error of the communication thread.
+  void wait_all();
+  // Timings of the last step, one entry per bucket.
+  const std::vector<BucketTimes>& bucket_times() const { return times_; }
+
+ private:
+  void launch(int bucket);
+  void comm_loop();
+
+  Communicator& comm_;
+  ReducerConfig config_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;
+  float* flat_grads_;
+
+  // Main-thread state of the current step.
+  bool sync_ = true;
+  double origin_ms_ = 0;
+  float grad_scale_ = 1;
+  std::vector<int> pending_;  // per bucket: gradients not yet final
+  int next_launch_ = 0;       // buckets launch strictly in index order
+  std::vector<BucketTimes> times_;
+
+  // Shared with the communication thread.
+  std::mutex mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<int> queue_;
+  int completed_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread comm_thread_;
+};
+
+}  // namespace ddplab

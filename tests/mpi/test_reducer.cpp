@@ -1,0 +1,146 @@
+// The Reducer in training: overlap on and off give bitwise-identical parameters for every bucket size, any bucket
+// size matches the single-rank reference, gradient accumulation matches one K-times-larger batch, bucket timings
+// are causal, and ranks with different bucket layouts are refused.
+//
+// Tolerances as in test_ddp_equivalence.cpp: different bucketings or micro-batch splits change only the fp32
+// summation order.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "launcher/trainer.h"
+
+namespace ddplab {
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+TrainConfig small_config() {
+  TrainConfig c;
+  c.mlp = MlpConfig{24, 40, 3, 10};  // 8 parameters, 2.3k-6k bytes each
+  c.optimizer.kind = "sgd";
+  c.optimizer.lr = 0.05f;
+  c.optimizer.momentum = 0.9f;
+  c.batch = 6;
+  c.steps = 5;
+  return c;
+}
+
+std::vector<float> train(const TrainConfig& c, Communicator& comm) {
+  Trainer t(c, comm);
+  for (int s = 0; s < c.steps; ++s) t.step(s, 0);
+  const float* p = t.model().flat_params();
+  return std::vector<float>(p, p + t.model().num_parameters());
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+  return d;
+}
+
+class ReducerTraining : public testing::TestWithParam<const char*> {};  // param: --comm
+
+TEST_P(ReducerTraining, OverlapOnAndOffAgreeBitwiseAndMatchOneRank) {
+  Communicator world(MPI_COMM_WORLD, parse_allreduce_impl(GetParam()));
+  Communicator self(MPI_COMM_SELF, parse_allreduce_impl(GetParam()));
+  TrainConfig reference_config = small_config();
+  reference_config.batch *= world_size();
+  const auto reference = train(reference_config, self);
+
+  for (double bucket_mb : {0.0, 0.005, 0.02, 25.0, 1e9}) {
+    for (double first_bucket_mb : {0.0, 0.01, 1e9}) {
+      TrainConfig c = small_config();
+      c.bucket_mb = bucket_mb;
+      c.first_bucket_mb = first_bucket_mb;
+      c.overlap = true;
+      const auto on = train(c, world);
+      c.overlap = false;
+      const auto off = train(c, world);
+      ASSERT_EQ(std::memcmp(on.data(), off.data(), on.size() * sizeof(float)), 0)
+          << "overlap changed the result at --bucket-mb " << bucket_mb << " --first-bucket-mb " << first_bucket_mb;
+      EXPECT_LE(max_abs_diff(on, reference), 1e-6) << "--bucket-mb " << bucket_mb;
+    }
+  }
+}
+
+TEST_P(ReducerTraining, GradAccumulationMatchesOneLargerBatch) {
+  Communicator world(MPI_COMM_WORLD, parse_allreduce_impl(GetParam()));
+  for (int k : {2, 3}) {
+    TrainConfig accumulated = small_config();
+    accumulated.grad_accum = k;
+    accumulated.bucket_mb = 0.01;
+    TrainConfig large = small_config();
+    large.batch *= k;
+    const double diff = max_abs_diff(train(accumulated, world), train(large, world));
+    EXPECT_LE(diff, 1e-6) << "--grad-accum " << k;
+    // ... and accumulation must not be a no-op: K micro-batches of B differ from one batch of B.
+    EXPECT_GT(max_abs_diff(train(accumulated, world), train(small_config(), world)), 1e-3);
+  }
+}
+
+TEST_P(ReducerTraining, BucketTimingsAreCausal) {
+  Communicator world(MPI_COMM_WORLD, parse_allreduce_impl(GetParam()));
+  for (bool overlap : {true, false}) {
+    TrainConfig c = small_config();
+    c.bucket_mb = c.first_bucket_mb = 0;  // one bucket per parameter: 8 buckets
+    c.overlap = overlap;
+    Trainer t(c, world);
+    for (int s = 0; s < 3; ++s) {
+      const StepRecord r = t.step(s, 0);
+      const double backward_end = r.start_ms + r.data_ms + r.forward_ms + r.backward_ms;
+      const auto& times = t.reducer().bucket_times();
+      ASSERT_EQ(times.size(), 8u);
+      for (size_t b = 0; b < times.size(); ++b) {
+        EXPECT_LE(times[b].ready_ms, times[b].comm_start_ms) << "bucket " << b;
+        EXPECT_LE(times[b].comm_start_ms, times[b].comm_end_ms) << "bucket " << b;
+        EXPECT_LE(times[b].comm_end_ms, r.start_ms + r.step_ms - r.optimizer_ms + 1e-3) << "bucket " << b;
+        if (b > 0) EXPECT_LE(times[b - 1].comm_end_ms, times[b].comm_start_ms) << "buckets run in order";
+        if (!overlap) EXPECT_GE(times[b].comm_start_ms, backward_end - 1e-3) << "overlap off starts after backward";
+      }
+      if (!overlap) EXPECT_EQ(r.hidden_comm_ms, 0.0);
+      EXPECT_LE(r.hidden_comm_ms, r.comm_ms + 1e-9);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Comms, ReducerTraining, testing::Values("ring", "mpi"),
+                         [](const testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+TEST(Reducer, RanksWithDifferentBucketLayoutsAreRefusedOnEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Communicator world(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  TrainConfig c = small_config();
+  c.bucket_mb = c.first_bucket_mb = world_rank() == 0 ? 0.0 : 1e9;  // rank 0 would run 8 all-reduces, others 1
+  try {
+    Trainer t(c, world);
+    ADD_FAILURE() << "a mismatched layout was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket layout differs"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Reducer, AGradientNeverMarkedReadyIsAnError) {
+  Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
+  std::vector<float> grads(10);
+  Reducer reducer(self, ReducerConfig{0, 0, true}, {4, 6}, {6, 0}, grads.data());
+  reducer.begin_step(0, 1.0f);
+  reducer.mark_ready(1);
+  EXPECT_THROW(reducer.wait_all(), std::logic_error);  // parameter 0 never arrived: DDP's "unused parameter"
+}
+
+}  // namespace
+}  // namespace ddplab
