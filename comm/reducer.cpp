@@ -22,8 +22,8 @@ uint64_t layout_hash(const std::vector<Bucket>& buckets) {
     for (int i = 0; i < 8; ++i) h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 1099511628211ULL;
   };
   for (const Bucket& b : buckets) {
-    mix(b.first_param);
-    mix(b.last_param);
+    mix(b.first_piece);
+    mix(b.last_piece);
     mix(b.offset);
     mix(b.count);
   }
@@ -39,35 +39,34 @@ std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std:
   if (!(bucket_cap_bytes >= 0) || !(first_bucket_cap_bytes >= 0))
     throw std::invalid_argument("assign_buckets: bucket caps must not be negative");
   if (n == 0) return {};
-  const auto bytes = [&](int p) { return static_cast<double>(numel[p]) * sizeof(float); };
+  const auto bytes = [&](int k) { return static_cast<double>(numel[k]) * sizeof(float); };
 
-  // The closing bucket first: parameters 0, 1, ... while they fit its cap (at least one).
-  int closing_last = 0;
-  double filled = bytes(0);
-  while (closing_last + 1 < n && filled + bytes(closing_last + 1) <= first_bucket_cap_bytes)
-    filled += bytes(++closing_last);
+  // The closing bucket first: the last pieces to become ready, while they fit its cap (at least one).
+  int closing_first = n - 1;
+  double filled = bytes(n - 1);
+  while (closing_first > 0 && filled + bytes(closing_first - 1) <= first_bucket_cap_bytes)
+    filled += bytes(--closing_first);
 
-  // The rest, in the order backward finalises them: from the last parameter down to closing_last + 1.
+  // The rest in ready order, greedily up to the cap.
   std::vector<Bucket> buckets;
-  int p = n - 1;
-  while (p > closing_last) {
+  for (int k = 0; k < closing_first;) {
     Bucket b;
-    b.last_param = p;
-    double size = bytes(p);
-    while (p - 1 > closing_last && size + bytes(p - 1) <= bucket_cap_bytes) size += bytes(--p);
-    b.first_param = p--;
+    b.first_piece = k;
+    double size = bytes(k);
+    while (k + 1 < closing_first && size + bytes(k + 1) <= bucket_cap_bytes) size += bytes(++k);
+    b.last_piece = k++;
     buckets.push_back(b);
   }
-  buckets.push_back(Bucket{0, closing_last, 0, 0});
+  buckets.push_back(Bucket{closing_first, n - 1, 0, 0});
 
-  // Each bucket's slice of the flat buffer: its parameters must lie back to back (the reverse layout).
+  // Each bucket's slice of the flat buffer: its pieces must lie back to back.
   for (Bucket& b : buckets) {
-    b.offset = offset[b.last_param];
-    for (int q = b.last_param; q >= b.first_param; --q) {
-      if (offset[q] != b.offset + b.count)
-        throw std::invalid_argument("assign_buckets: parameter " + std::to_string(q) +
-                                    " is not contiguous with the rest of its bucket in the flat buffer");
-      b.count += numel[q];
+    b.offset = offset[b.first_piece];
+    for (int k = b.first_piece; k <= b.last_piece; ++k) {
+      if (offset[k] != b.offset + b.count)
+        throw std::invalid_argument("assign_buckets: gradient piece " + std::to_string(k) +
+                                    " is not adjacent to the rest of its bucket in the flat buffer");
+      b.count += numel[k];
     }
   }
   return buckets;
@@ -78,12 +77,12 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     : comm_(comm),
       config_(config),
       buckets_(assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0)),
-      bucket_of_param_(numel.size()),
+      bucket_of_piece_(numel.size()),
       flat_grads_(flat_grads),
       pending_(buckets_.size()),
       times_(buckets_.size()) {
   for (size_t b = 0; b < buckets_.size(); ++b)
-    for (int p = buckets_[b].first_param; p <= buckets_[b].last_param; ++p) bucket_of_param_[p] = static_cast<int>(b);
+    for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
 
   // Every rank must reduce the same buckets in the same order, or the all-reduces would pair unrelated buffers.
   const uint64_t mine[2] = {layout_hash(buckets_), ~layout_hash(buckets_)};
@@ -96,7 +95,7 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     std::string list;
     for (int r = 0; r < comm.size(); ++r) list += (r ? ", " : "") + std::to_string(counts[r]);
     throw std::runtime_error("gradient bucket layout differs across ranks (buckets per rank: " + list +
-                             "): every rank needs the same model and --bucket-mb/--first-bucket-mb");
+                             "): every rank needs the same model, --bucket-mb, --first-bucket-mb and --grad-slice-mb");
   }
   comm_thread_ = std::thread([this] { comm_loop(); });
 }
@@ -114,17 +113,17 @@ void Reducer::begin_step(double origin_ms, float grad_scale) {
   origin_ms_ = origin_ms;
   grad_scale_ = grad_scale;
   sync_ = true;
-  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_params();
+  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
   next_launch_ = 0;
   std::fill(times_.begin(), times_.end(), BucketTimes{});
   std::lock_guard<std::mutex> lock(mutex_);
   completed_ = 0;
 }
 
-void Reducer::mark_ready(int param) {
+void Reducer::mark_ready(int piece) {
   if (!sync_) return;
-  const int b = bucket_of_param_.at(param);
-  if (pending_[b] <= 0) throw std::logic_error("Reducer: parameter " + std::to_string(param) + " marked ready twice");
+  const int b = bucket_of_piece_.at(piece);
+  if (pending_[b] <= 0) throw std::logic_error("Reducer: gradient piece " + std::to_string(piece) + " marked ready twice");
   if (--pending_[b] > 0) return;
   times_[b].ready_ms = now_ms() - origin_ms_;
   if (!config_.overlap) return;
@@ -144,8 +143,8 @@ void Reducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
   for (int b = 0; b < nb; ++b) {
     if (pending_[b] != 0)
-      throw std::logic_error("Reducer: bucket " + std::to_string(b) + " (parameters " +
-                             std::to_string(buckets_[b].first_param) + ".." + std::to_string(buckets_[b].last_param) +
+      throw std::logic_error("Reducer: bucket " + std::to_string(b) + " (gradient pieces " +
+                             std::to_string(buckets_[b].first_piece) + ".." + std::to_string(buckets_[b].last_piece) +
                              ") has gradients that were never marked ready");
   }
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now

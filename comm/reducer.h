@@ -1,14 +1,15 @@
 // The Reducer: gradient buckets all-reduced while backward is still running (after PyTorch DDP's Reducer and
 // llm.c's multi-GPU path).
 //
-//   - Buckets are runs of parameters in REVERSE registration order — the order backward finalises them — up to
-//     a byte cap. The bucket that closes backward (it holds the first layers, whose gradients arrive last) has
-//     its own, smaller cap, so the communication left after backward is short. (PyTorch applies its 1 MiB
+//   - Buckets are runs of gradient pieces in the order backward finalises them — REVERSE registration order of
+//     the parameters; a piece is a whole parameter, or with --grad-slice-mb a block of rows of a large weight
+//     (model/mlp.h) — up to a byte cap. The bucket that closes backward (it holds the first layers, whose
+//     gradients arrive last) has its own, smaller cap, so the communication left after backward is short. (PyTorch applies its 1 MiB
 //     first-bucket cap to the other end, the first bucket to become ready; the two aims differ: starting the
 //     first all-reduce early versus keeping the tail short. ddplab caps the tail.)
 //   - The model keeps all gradients in one flat buffer laid out in that same reverse order (model/mlp.h), so a
 //     bucket is a contiguous slice of it: the all-reduce runs on a view, with no copy in or out.
-//   - Backward calls mark_ready(param) as each gradient becomes final. When a bucket is complete it is handed to
+//   - Backward calls mark_ready(piece) as each piece of gradient becomes final. When a bucket is complete it is handed to
 //     the communication thread at once (overlap on), in bucket order on every rank; the step waits for all
 //     buckets only before the optimizer (wait_all). With overlap off, every bucket starts in wait_all, after
 //     backward: the baseline to compare against.
@@ -34,18 +35,18 @@ struct ReducerConfig {
   bool overlap = true;
 };
 
-// One bucket: parameters [first_param, last_param] in registration order, which occupy the contiguous elements
-// [offset, offset + count) of the flat gradient buffer.
+// One bucket: the gradient pieces [first_piece, last_piece] (in ready order), which occupy the contiguous
+// elements [offset, offset + count) of the flat gradient buffer.
 struct Bucket {
-  int first_param = 0, last_param = 0;
+  int first_piece = 0, last_piece = 0;
   int64_t offset = 0, count = 0;
-  int num_params() const { return last_param - first_param + 1; }
+  int num_pieces() const { return last_piece - first_piece + 1; }
 };
 
-// Buckets for parameters of the given sizes (registration order) whose flat-buffer offsets are given too (the
-// reverse layout makes each bucket contiguous; this is checked). Bucket 0 is the first to become ready (it
-// holds the last parameters); the last bucket holds parameter 0. Caps in bytes of fp32 gradients; a parameter
-// larger than a cap gets a bucket of its own.
+// Buckets over gradient pieces given in the order backward finalises them (numel and flat-buffer offset of
+// each). Bucket 0 is the first to become ready; the last bucket, which closes backward, is filled first, from
+// the last piece backwards, up to first_bucket_cap_bytes. Caps count fp32 bytes; a piece larger than a cap gets
+// a bucket of its own. Each bucket must be one contiguous slice of the flat buffer (checked: throws otherwise).
 std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
                                    double bucket_cap_bytes, double first_bucket_cap_bytes);
 
@@ -60,6 +61,7 @@ class Reducer {
  public:
   // Collective over comm: every rank must construct its Reducer with the same layout, which is checked (a
   // mismatch throws on every rank, naming the first differing bucket).
+  // numel/offset: the gradient pieces in ready order (see assign_buckets).
   Reducer(Communicator& comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
           const std::vector<int64_t>& offset, float* flat_grads);
   ~Reducer();
@@ -74,8 +76,8 @@ class Reducer {
   void begin_step(double origin_ms, float grad_scale);
   // false: gradients only accumulate (no_sync); true: complete buckets are reduced.
   void set_sync(bool sync) { sync_ = sync; }
-  // Backward's hook: parameter `param` (registration index) has its final gradient.
-  void mark_ready(int param);
+  // Backward's hook: gradient piece `piece` (index in ready order) is final.
+  void mark_ready(int piece);
   // Blocks until every bucket of this step is reduced (starting them first when overlap is off). Rethrows an
   // error of the communication thread.
   void wait_all();
@@ -89,14 +91,14 @@ class Reducer {
   Communicator& comm_;
   ReducerConfig config_;
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_param_;
+  std::vector<int> bucket_of_piece_;
   float* flat_grads_;
 
   // Main-thread state of the current step.
   bool sync_ = true;
   double origin_ms_ = 0;
   float grad_scale_ = 1;
-  std::vector<int> pending_;  // per bucket: gradients not yet final
+  std::vector<int> pending_;  // per bucket: pieces not yet final
   int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;
 

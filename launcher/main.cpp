@@ -126,6 +126,21 @@ void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, M
   MPI_Gather(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, 0, comm);
 }
 
+// "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
+std::string bucket_contents(const Mlp<float>& model, const Bucket& bucket) {
+  std::string text;
+  for (int k = bucket.first_piece; k <= bucket.last_piece; ++k) {
+    const GradPiece& g = model.grad_pieces()[k];
+    const Parameter<float>& p = model.parameters()[g.param];
+    text += (text.empty() ? "" : ",") + p.name;
+    if (g.numel < p.numel) {
+      const int64_t rows = g.numel / p.shape[1];
+      text += "[" + std::to_string(g.first_row) + ":" + std::to_string(g.first_row + rows) + "]";
+    }
+  }
+  return text;
+}
+
 void add_train_flags(CLI::App* app, TrainConfig& c) {
   app->add_option("--batch", c.batch, "samples per rank per step (global batch = batch x ranks)")
       ->capture_default_str();
@@ -157,6 +172,9 @@ void add_train_flags(CLI::App* app, TrainConfig& c) {
          },
          "all-reduce buckets while backward runs: on | off")
       ->default_str("on");
+  app->add_option("--grad-slice-mb", c.grad_slice_mb,
+                  "compute and announce weight gradients in row blocks of this size, MiB (0: whole weights)")
+      ->capture_default_str();
   app->add_option("--grad-accum", c.grad_accum, "micro-batches per step, gradients communicated on the last")
       ->capture_default_str();
   app->add_option("--link", c.link, "emulated interconnect: none | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4")
@@ -193,7 +211,8 @@ void validate(const TrainConfig& c) {
   require(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1, "--momentum must be in [0, 1)");
   require(c.data_noise >= 0, "--data-noise must not be negative");
   at_least("--grad-accum", c.grad_accum, 1);
-  require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0, "--bucket-mb and --first-bucket-mb must not be negative");
+  require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && c.grad_slice_mb >= 0,
+          "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");
   try {
     comm_options(c);
   } catch (const std::invalid_argument& e) {
@@ -266,12 +285,7 @@ int run_train(TrainConfig config, const std::string& command_line) {
   gather_to_root(mine, all, world);
   RunBuckets buckets;
   buckets.layout = trainer.reducer().buckets();
-  for (const Bucket& b : buckets.layout) {
-    std::string names;
-    for (int p = b.last_param; p >= b.first_param; --p)
-      names += (names.empty() ? "" : ",") + trainer.model().parameters()[p].name;
-    buckets.names.push_back(names);
-  }
+  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(trainer.model(), b));
   buckets.times.resize(rank == 0 ? my_buckets.size() * size : 0);
   gather_to_root(my_buckets, buckets.times, world);
 

@@ -87,13 +87,13 @@ void write_buckets(hid_t file, const RunBuckets& buckets, hsize_t world, hsize_t
   const hsize_t nb = buckets.layout.size();
   std::vector<int64_t> first, last, count, bytes;
   for (const Bucket& b : buckets.layout) {
-    first.push_back(b.first_param);
-    last.push_back(b.last_param);
+    first.push_back(b.first_piece);
+    last.push_back(b.last_piece);
     count.push_back(b.count);
     bytes.push_back(b.count * static_cast<int64_t>(sizeof(float)));
   }
-  write_array(group, "first_param", first, {nb}, nullptr);
-  write_array(group, "last_param", last, {nb}, nullptr);
+  write_array(group, "first_piece", first, {nb}, nullptr);
+  write_array(group, "last_piece", last, {nb}, nullptr);
   write_array(group, "count", count, {nb}, "elements");
   write_array(group, "bytes", bytes, {nb}, "bytes");
   write_string_list(group, "param_names", buckets.names);

@@ -27,7 +27,7 @@ struct RunMetadata {
 // The gradient buckets: their layout (the same on every rank) and what happened to each in each step.
 struct RunBuckets {
   std::vector<Bucket> layout;
-  std::vector<std::string> names;   // per bucket, its parameters' names joined with ','
+  std::vector<std::string> names;   // per bucket, its gradient pieces: "fc2.bias,fc2.weight[0:256]"
   std::vector<BucketTimes> times;   // world_size * steps * layout.size(): rank, then step, then bucket
 };
 

@@ -27,6 +27,7 @@ struct TrainConfig {
   double bucket_mb = 25.0;          // gradient bucket cap (MiB); 0 = one bucket per parameter
   double first_bucket_mb = 1.0;     // cap of the bucket that closes backward
   bool overlap = true;              // all-reduce buckets while backward runs
+  double grad_slice_mb = 0;         // weight gradients computed and announced in row blocks of this size; 0 = whole
   int grad_accum = 1;               // micro-batches per step; communication on the last only
   std::string link = "none";        // emulated interconnect preset
   double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
@@ -77,6 +78,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"bucket_mb", c.bucket_mb},
       {"first_bucket_mb", c.first_bucket_mb},
       {"overlap", c.overlap},
+      {"grad_slice_mb", c.grad_slice_mb},
       {"grad_accum", c.grad_accum},
       {"link", c.link},
       {"link_latency_us", c.link_latency_us},

@@ -7,10 +7,11 @@ namespace ddplab {
 namespace {
 
 std::unique_ptr<Reducer> make_reducer(const TrainConfig& config, Communicator& comm, Mlp<float>& model) {
+  model.set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
-  for (const auto& p : model.parameters()) {
-    numel.push_back(p.numel);
-    offset.push_back(p.offset);
+  for (const GradPiece& g : model.grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
   }
   const ReducerConfig rc{config.bucket_mb, config.first_bucket_mb, config.overlap};
   return std::make_unique<Reducer>(comm, rc, numel, offset, model.flat_grads());
@@ -44,7 +45,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
   // Each micro-batch's loss is a mean over `batch` rows, and the gradients of the micro-batches add up: the
   // global-batch mean needs 1/(world * micro-batches).
   reducer_->begin_step(t0_ms, 1.0f / static_cast<float>(comm_.size() * micro_batches));
-  const GradReadyHook on_ready = [this](int param) { reducer_->mark_ready(param); };
+  const GradReadyHook on_ready = [this](int piece) { reducer_->mark_ready(piece); };
   const double t_start = now_ms();
   double backward_start = t_start, backward_end = t_start;
   for (int m = 0; m < micro_batches; ++m) {

@@ -69,6 +69,24 @@ Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1
   }
   pre_.resize(num_linear);
   post_.resize(config.num_hidden_layers);
+  set_grad_piece_elements(0);
+}
+
+template <typename T>
+void Mlp<T>::set_grad_piece_elements(int64_t max_elements) {
+  if (max_elements < 0) throw std::invalid_argument("Mlp: negative gradient piece size");
+  pieces_.clear();
+  // Backward order: per layer from the last, its bias, then its weight's row blocks from row 0 up.
+  for (int p = static_cast<int>(params_.size()) - 1; p >= 0; --p) {
+    const Parameter<T>& param = params_[p];
+    const bool is_weight = param.shape.size() == 2;
+    const int64_t rows = is_weight ? param.shape[0] : 1, cols = param.numel / rows;
+    const int64_t block = max_elements == 0 || !is_weight ? rows : std::max<int64_t>(1, max_elements / cols);
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t n = std::min(block, rows - r);
+      pieces_.push_back(GradPiece{p, param.offset + r * cols, n * cols, r});
+    }
+  }
 }
 
 template <typename T>
@@ -123,18 +141,31 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
   T* dout = dact_a_.data();  // gradient w.r.t. the pre-activation of the current layer
   T* dnext = dact_b_.data();
   cpu::softmax_cross_entropy_backward(dout, probs_.data(), targets_, B, config_.num_classes);
+  size_t piece = 0;  // pieces_ is in exactly the order this loop finalises them
+  auto ready = [&](int param) {
+    if (pieces_.at(piece).param != param) throw std::logic_error("Mlp: gradient pieces out of order");
+    if (on_ready) on_ready(static_cast<int>(piece));
+    ++piece;
+  };
   for (int l = num_linear - 1; l >= 0; --l) {
     Parameter<T>& w = params_[2 * l];
     Parameter<T>& b = params_[2 * l + 1];
     cpu::bias_backward(b.grad, dout, B, dims[l + 1]);
-    if (on_ready) on_ready(2 * l + 1);
+    ready(2 * l + 1);
+    // The weight gradient first, block by block, so each block can be communicated while the rest of backward
+    // (including this layer's input gradient) runs.
     const T* x = l == 0 ? inputs_ : post_[l - 1].data();
-    T* dinp = l == 0 ? nullptr : dnext;  // the network input needs no gradient
-    cpu::matmul_backward(dinp, w.grad, dout, x, w.data, B, dims[l], dims[l + 1]);
-    if (on_ready) on_ready(2 * l);
-    if (l > 0) {
+    while (piece < pieces_.size() && pieces_[piece].param == 2 * l) {
+      const GradPiece& g = pieces_[piece];
+      const int64_t rows = g.numel / dims[l];
+      cpu::matmul_backward_weight(w.grad, dout, x, B, dims[l], dims[l + 1], static_cast<int>(g.first_row),
+                                  static_cast<int>(g.first_row + rows));
+      ready(2 * l);
+    }
+    if (l > 0) {  // the network input needs no gradient
+      cpu::matmul_backward_input(dnext, dout, w.data, B, dims[l], dims[l + 1]);
       // Elementwise, so it may run in place: dpre = dpost * gelu'(pre).
-      cpu::gelu_backward(dinp, pre_[l - 1].data(), dinp, static_cast<int64_t>(B) * dims[l]);
+      cpu::gelu_backward(dnext, pre_[l - 1].data(), dnext, static_cast<int64_t>(B) * dims[l]);
       std::swap(dout, dnext);
     }
   }

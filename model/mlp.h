@@ -36,8 +36,18 @@ struct Parameter {
   T* grad = nullptr;
 };
 
-// Called by backward with the parameter's registration index as soon as its gradient is final.
-using GradReadyHook = std::function<void(int param_index)>;
+// A run of the flat gradient buffer that backward finalises at once: a bias, a whole weight, or a block of rows of
+// a weight (set_grad_piece_elements). Pieces are listed in the order backward finalises them, which is also
+// ascending offset in the flat buffer, so consecutive pieces are adjacent.
+struct GradPiece {
+  int param = 0;            // registration index of the parameter it belongs to
+  int64_t offset = 0;       // into the flat grad buffer
+  int64_t numel = 0;
+  int64_t first_row = 0;    // for a weight: the rows [first_row, first_row + numel / in_features)
+};
+
+// Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final.
+using GradReadyHook = std::function<void(int piece)>;
 
 template <typename T>
 class Mlp {
@@ -57,11 +67,18 @@ class Mlp {
   const T* flat_params() const { return flat_params_.data(); }
   const T* flat_grads() const { return flat_grads_.data(); }
 
+  // How backward produces the gradients: weights in blocks of whole rows of at most `max_elements` elements each
+  // (at least one row), so that the communication of a large weight's first rows can start while its last rows
+  // are still being computed. 0 (the default): one piece per parameter, as PyTorch's autograd does.
+  void set_grad_piece_elements(int64_t max_elements);
+  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
+
   // inputs [B, input_dim], targets [B] in [0, num_classes). Caches activations for backward.
   // Returns the mean cross-entropy loss over the B rows.
   T forward(const T* inputs, const int32_t* targets, int batch);
   // Backward of the mean loss of the last forward. ACCUMULATES (+=) into the parameter gradients, so call
-  // zero_grad() first unless accumulating. Calls on_ready(i) when parameter i's gradient is final.
+  // zero_grad() first unless accumulating. Calls on_ready(k) as soon as grad_pieces()[k] is final; a layer's
+  // weight gradient is finished before its input gradient is computed, so it is announced as early as possible.
   void backward(const GradReadyHook& on_ready = nullptr);
   void zero_grad();
   // Forward FLOPs per sample of the GEMMs (2*in*out per Linear); backward is twice that.
@@ -71,6 +88,7 @@ class Mlp {
   MlpConfig config_;
   std::vector<T> flat_params_, flat_grads_;
   std::vector<Parameter<T>> params_;
+  std::vector<GradPiece> pieces_;
   // Activations of the last forward (sized for its batch).
   int batch_ = 0;
   const T* inputs_ = nullptr;

@@ -32,10 +32,25 @@ void matmul_forward(T* out, const T* inp, const T* weight, int B, int C, int OC)
 }
 
 template <typename T>
+void matmul_backward_input(T* dinp, const T* dout, const T* weight, int B, int C, int OC) {
+  if (B == 0 || C == 0) return;
+  gemm(CblasNoTrans, CblasNoTrans, B, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
+}
+
+template <typename T>
+void matmul_backward_weight(T* dweight, const T* dout, const T* inp, int B, int C, int OC, int row_begin,
+                            int row_end) {
+  const int rows = row_end - row_begin;
+  if (B == 0 || rows <= 0) return;
+  // Rows [row_begin, row_end) of dweight are contiguous; their dout columns are a strided block (ld = OC).
+  gemm(CblasTrans, CblasNoTrans, rows, C, B, T(1), dout + row_begin, OC, inp, C, T(1),
+       dweight + static_cast<int64_t>(row_begin) * C, C);
+}
+
+template <typename T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int B, int C, int OC) {
-  if (B == 0) return;
-  if (dinp) gemm(CblasNoTrans, CblasNoTrans, B, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
-  gemm(CblasTrans, CblasNoTrans, OC, C, B, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (dinp) matmul_backward_input(dinp, dout, weight, B, C, OC);
+  matmul_backward_weight(dweight, dout, inp, B, C, OC, 0, OC);
 }
 
 template <typename T>
@@ -148,6 +163,8 @@ void scale(T* y, T alpha, int64_t n) {
 #define DDPLAB_INSTANTIATE(T)                                                                                    \
   template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                                       \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                        \
+  template void matmul_backward_input<T>(T*, const T*, const T*, int, int, int);                                 \
+  template void matmul_backward_weight<T>(T*, const T*, const T*, int, int, int, int, int);                       \
   template void bias_forward<T>(T*, const T*, int, int);                                                         \
   template void bias_backward<T>(T*, const T*, int, int);                                                        \
   template void gelu_forward<T>(T*, const T*, int64_t);                                                          \

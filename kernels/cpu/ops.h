@@ -18,6 +18,14 @@ void matmul_forward(T* out, const T* inp, const T* weight, int B, int C, int OC)
 // dinp[B,C] = dout @ weight (skipped when dinp is null);  dweight[OC,C] += dout^T @ inp
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int B, int C, int OC);
+// The two halves of matmul_backward, so a caller can finish (and announce) the weight gradient before it
+// computes the input gradient, and can compute the weight gradient in blocks of rows:
+//   dinp[B,C] = dout @ weight
+//   dweight[r, :] += dout[:, r]^T @ inp   for rows r in [row_begin, row_end) of the [OC, C] weight
+template <typename T>
+void matmul_backward_input(T* dinp, const T* dout, const T* weight, int B, int C, int OC);
+template <typename T>
+void matmul_backward_weight(T* dweight, const T* dout, const T* inp, int B, int C, int OC, int row_begin, int row_end);
 
 // out[B,OC] += bias[OC] (in place, broadcast over rows)
 template <typename T>

@@ -72,12 +72,14 @@ def main():
             b = f["buckets"]
             nb = len(b["count"])
             check(nb == 3, f"3 buckets for caps of 0.05 MiB (got {nb})")
-            check(list(b["last_param"][:]) == [5, 2, 1] and list(b["first_param"][:]) == [3, 2, 0],
-                  f"bucket spans in backward order ({list(b['first_param'][:])}..{list(b['last_param'][:])})")
+            check(list(b["first_piece"][:]) == [0, 3, 4] and list(b["last_piece"][:]) == [2, 3, 5],
+                  f"bucket spans in ready order ({list(b['first_piece'][:])}..{list(b['last_piece'][:])})")
             check(int(b["count"][:].sum()) == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10,
                   "buckets cover every parameter once")
             check(np.all(b["bytes"][:] == 4 * b["count"][:]), "bucket bytes = 4 x count")
-            check(b["param_names"].asstr()[0] == "fc2.bias,fc2.weight,fc1.bias", "bucket 0 holds the last parameters")
+            names = list(b["param_names"].asstr()[:])
+            check(names == ["fc2.bias,fc2.weight,fc1.bias", "fc1.weight", "fc0.bias,fc0.weight"],
+                  f"bucket contents {names}")
             ready, start, end = (b[k][:] for k in ["ready_ms", "comm_start_ms", "comm_end_ms"])
             for name, arr in [("ready_ms", ready), ("comm_start_ms", start), ("comm_end_ms", end)]:
                 check(arr.shape == (np_ranks, steps, nb), f"buckets/{name} shape {arr.shape}")

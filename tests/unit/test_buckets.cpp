@@ -1,4 +1,4 @@
-// Bucket assignment (comm/reducer.h): reverse registration order, caps, the closing bucket, contiguity.
+// Bucket assignment (comm/reducer.h): ready order, caps, the closing bucket, contiguity in the flat buffer.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -10,14 +10,10 @@
 namespace ddplab {
 namespace {
 
-// Offsets of the reverse layout model/mlp.h uses: the last parameter at offset 0.
-std::vector<int64_t> reverse_offsets(const std::vector<int64_t>& numel) {
+// Pieces given in ready order lie back to back: offsets are the running sum.
+std::vector<int64_t> adjacent_offsets(const std::vector<int64_t>& numel) {
   std::vector<int64_t> offset(numel.size());
-  int64_t at = 0;
-  for (int p = static_cast<int>(numel.size()) - 1; p >= 0; --p) {
-    offset[p] = at;
-    at += numel[p];
-  }
+  std::exclusive_scan(numel.begin(), numel.end(), offset.begin(), int64_t{0});
   return offset;
 }
 
@@ -28,17 +24,17 @@ struct Span {
 void expect_buckets(const std::vector<Bucket>& got, const std::vector<Span>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t b = 0; b < want.size(); ++b) {
-    EXPECT_EQ(got[b].first_param, want[b].first) << "bucket " << b;
-    EXPECT_EQ(got[b].last_param, want[b].last) << "bucket " << b;
+    EXPECT_EQ(got[b].first_piece, want[b].first) << "bucket " << b;
+    EXPECT_EQ(got[b].last_piece, want[b].last) << "bucket " << b;
   }
 }
 
 TEST(AssignBuckets, HandWorkedCase) {
-  // Sizes in floats; caps in bytes. Closing bucket (cap 48 B = 12 floats): p0 (10) fits, p0+p1 (13) does not.
-  // The rest from p4 down with cap 40 B = 10 floats: p4+p3 = 7 (+p2 would be 14) | p2+p1 = 10.
-  const std::vector<int64_t> numel{10, 3, 7, 2, 5};
-  const auto buckets = assign_buckets(numel, reverse_offsets(numel), 40, 48);
-  expect_buckets(buckets, {{3, 4}, {1, 2}, {0, 0}});
+  // Sizes in floats, in ready order; caps in bytes. Closing bucket (48 B = 12 floats), from the end: 10 fits,
+  // 10+3 does not. The rest from the start with 40 B = 10 floats: 5+2 (+7 would be 14) | 7+3.
+  const std::vector<int64_t> numel{5, 2, 7, 3, 10};
+  const auto buckets = assign_buckets(numel, adjacent_offsets(numel), 40, 48);
+  expect_buckets(buckets, {{0, 1}, {2, 3}, {4, 4}});
   EXPECT_EQ(buckets[0].offset, 0);
   EXPECT_EQ(buckets[0].count, 7);
   EXPECT_EQ(buckets[1].offset, 7);
@@ -48,58 +44,74 @@ TEST(AssignBuckets, HandWorkedCase) {
 }
 
 TEST(AssignBuckets, DefaultMlpWithDefaultCaps) {
-  // fc0.weight (4 MiB) alone exceeds the 1 MiB closing cap, so it closes backward by itself; everything else
-  // (12.2 MB) fits one 25 MiB bucket.
+  // Ready order fc2.bias, fc2.weight, fc1.bias, fc1.weight, fc0.bias, fc0.weight. fc0.weight (4 MiB) alone
+  // exceeds the 1 MiB closing cap, so it closes backward by itself; the rest (12.2 MB) fits one 25 MiB bucket.
   Mlp<float> mlp(MlpConfig{}, 1);
   std::vector<int64_t> numel, offset;
-  for (const auto& p : mlp.parameters()) {
-    numel.push_back(p.numel);
-    offset.push_back(p.offset);
+  for (const GradPiece& g : mlp.grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
   }
-  expect_buckets(assign_buckets(numel, offset, 25.0 * 1048576, 1.0 * 1048576), {{1, 5}, {0, 0}});
+  expect_buckets(assign_buckets(numel, offset, 25.0 * 1048576, 1.0 * 1048576), {{0, 4}, {5, 5}});
 }
 
-TEST(AssignBuckets, ZeroCapGivesOneBucketPerParameterInBackwardOrder) {
+TEST(AssignBuckets, ZeroCapGivesOneBucketPerPiece) {
   const std::vector<int64_t> numel{4, 1, 6, 2};
-  expect_buckets(assign_buckets(numel, reverse_offsets(numel), 0, 0), {{3, 3}, {2, 2}, {1, 1}, {0, 0}});
+  expect_buckets(assign_buckets(numel, adjacent_offsets(numel), 0, 0), {{0, 0}, {1, 1}, {2, 2}, {3, 3}});
 }
 
 TEST(AssignBuckets, HugeCapsGiveOneBucket) {
   const std::vector<int64_t> numel{4, 1, 6, 2};
-  const auto buckets = assign_buckets(numel, reverse_offsets(numel), 1e18, 1e18);
+  const auto buckets = assign_buckets(numel, adjacent_offsets(numel), 1e18, 1e18);
   expect_buckets(buckets, {{0, 3}});
   EXPECT_EQ(buckets[0].count, 13);
 }
 
 TEST(AssignBuckets, CoverEveryElementOnceForManyCaps) {
   const std::vector<int64_t> numel{1000, 10, 1, 250000, 7, 3000, 12, 99999};
-  const auto offset = reverse_offsets(numel);
+  const auto offset = adjacent_offsets(numel);
   const int64_t total = std::accumulate(numel.begin(), numel.end(), int64_t{0});
   for (double cap : {0.0, 4.0, 100.0, 4096.0, 1e5, 1e6, 1e9}) {
     for (double first : {0.0, 4.0, 1e4, 1e9}) {
       const auto buckets = assign_buckets(numel, offset, cap, first);
       int64_t at = 0;
-      int next_last = static_cast<int>(numel.size()) - 1;
+      int next = 0;
       for (const Bucket& b : buckets) {
         EXPECT_EQ(b.offset, at);  // back to back in the flat buffer, in bucket order
-        EXPECT_EQ(b.last_param, next_last);
-        EXPECT_LE(b.first_param, b.last_param);
-        if (b.num_params() > 1 && &b != &buckets.back()) EXPECT_LE(b.count * 4.0, cap);
+        EXPECT_EQ(b.first_piece, next);
+        EXPECT_LE(b.first_piece, b.last_piece);
+        const double cap_of_b = &b == &buckets.back() ? first : cap;
+        if (b.num_pieces() > 1) {
+          EXPECT_LE(b.count * 4.0, cap_of_b) << "cap " << cap << " first " << first;
+        }
         at += b.count;
-        next_last = b.first_param - 1;
+        next = b.last_piece + 1;
       }
       EXPECT_EQ(at, total);
-      EXPECT_EQ(next_last, -1);
-      if (buckets.back().num_params() > 1) EXPECT_LE(buckets.back().count * 4.0, first);
+      EXPECT_EQ(next, static_cast<int>(numel.size()));
     }
   }
 }
 
+TEST(AssignBuckets, SlicedWeightsMakeSmallerBuckets) {
+  // With 1 MiB row blocks, the default MLP's 4 MiB weights become 4 pieces each, and 1 MiB caps give buckets
+  // no larger than a block (plus a bias).
+  Mlp<float> mlp(MlpConfig{}, 1);
+  mlp.set_grad_piece_elements(262144);
+  std::vector<int64_t> numel, offset;
+  for (const GradPiece& g : mlp.grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
+  }
+  EXPECT_EQ(numel.size(), 3u + 12u);
+  for (const Bucket& b : assign_buckets(numel, offset, 1048576, 1048576)) EXPECT_LE(b.count * 4, 1048576);
+}
+
 TEST(AssignBuckets, RefusesANonContiguousLayout) {
   const std::vector<int64_t> numel{4, 4, 4};
-  const std::vector<int64_t> forward_offsets{0, 4, 8};  // registration order: buckets would not be slices
-  EXPECT_THROW(assign_buckets(numel, forward_offsets, 1e9, 0), std::invalid_argument);
-  EXPECT_THROW(assign_buckets(numel, reverse_offsets(numel), -1, 0), std::invalid_argument);
+  const std::vector<int64_t> shuffled{0, 8, 4};  // pieces 1 and 2 swapped in memory
+  EXPECT_THROW(assign_buckets(numel, shuffled, 1e9, 0), std::invalid_argument);
+  EXPECT_THROW(assign_buckets(numel, adjacent_offsets(numel), -1, 0), std::invalid_argument);
 }
 
 }  // namespace

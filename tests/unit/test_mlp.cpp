@@ -101,31 +101,71 @@ TEST(Mlp, ParametersInForwardOrderStoredInReverse) {
   EXPECT_EQ(params.back().offset, 0);
 }
 
-TEST(Mlp, OnReadyOncePerParamInReverseOrderWithFinalGrad) {
-  Mlp<double> model(SmallConfig(), 3);
-  const Batch batch = MakeBatch(model.config(), kBatch, 11);
+// on_ready(k) is called once per gradient piece, in grad_pieces() order, and what the hook sees is final.
+void CheckReadyHook(Mlp<double>& model, const Batch& batch) {
   model.forward(batch.x.data(), batch.y.data(), kBatch);
   model.zero_grad();
+  const auto& pieces = model.grad_pieces();
   std::vector<int> order;
-  std::vector<std::vector<double>> snapshot(model.parameters().size());
-  model.backward([&](int i) {
-    order.push_back(i);
-    const Parameter<double>& p = model.parameters().at(i);
-    snapshot[i].assign(p.grad, p.grad + p.numel);
+  std::vector<std::vector<double>> snapshot(pieces.size());
+  model.backward([&](int k) {
+    order.push_back(k);
+    const GradPiece& g = pieces.at(k);
+    snapshot[k].assign(model.flat_grads() + g.offset, model.flat_grads() + g.offset + g.numel);
   });
-  const int n = static_cast<int>(model.parameters().size());
-  ASSERT_EQ(static_cast<int>(order.size()), n);
-  for (int k = 0; k < n; ++k) EXPECT_EQ(order[k], n - 1 - k) << "call " << k;
-  // What the hook saw is what backward left behind: nothing was written after the parameter was declared ready.
-  for (int i = 0; i < n; ++i) {
-    const Parameter<double>& p = model.parameters()[i];
+  ASSERT_EQ(order.size(), pieces.size());
+  for (size_t k = 0; k < order.size(); ++k) EXPECT_EQ(order[k], static_cast<int>(k)) << "call " << k;
+  // Nothing was written after a piece was declared ready.
+  for (size_t k = 0; k < pieces.size(); ++k) {
     double norm = 0;
-    for (int64_t k = 0; k < p.numel; ++k) {
-      EXPECT_EQ(snapshot[i][k], p.grad[k]) << p.name << "[" << k << "]";
-      norm += std::abs(p.grad[k]);
+    for (int64_t i = 0; i < pieces[k].numel; ++i) {
+      EXPECT_EQ(snapshot[k][i], model.flat_grads()[pieces[k].offset + i]) << "piece " << k << "[" << i << "]";
+      norm += std::abs(snapshot[k][i]);
     }
-    EXPECT_GT(norm, 0.0) << p.name;  // a zero snapshot would match a never-written gradient trivially
+    EXPECT_GT(norm, 0.0) << "piece " << k;  // a zero snapshot would match a never-written gradient trivially
   }
+}
+
+TEST(Mlp, OnReadyOncePerParamInReverseOrderWithFinalGrad) {
+  Mlp<double> model(SmallConfig(), 3);
+  const int n = static_cast<int>(model.parameters().size());
+  ASSERT_EQ(static_cast<int>(model.grad_pieces().size()), n);  // default: one piece per parameter
+  for (int k = 0; k < n; ++k) {
+    const Parameter<double>& p = model.parameters()[n - 1 - k];
+    EXPECT_EQ(model.grad_pieces()[k].param, n - 1 - k);
+    EXPECT_EQ(model.grad_pieces()[k].offset, p.offset);
+    EXPECT_EQ(model.grad_pieces()[k].numel, p.numel);
+  }
+  CheckReadyHook(model, MakeBatch(model.config(), kBatch, 11));
+}
+
+TEST(Mlp, RowBlockPiecesTileTheBufferAndGiveTheSameGradients) {
+  const Batch batch = MakeBatch(SmallConfig(), kBatch, 11);
+  Mlp<double> whole(SmallConfig(), 3), sliced(SmallConfig(), 3);
+  sliced.set_grad_piece_elements(12);  // small enough to cut every weight into several row blocks
+  const auto& pieces = sliced.grad_pieces();
+  EXPECT_GT(pieces.size(), 2 * whole.grad_pieces().size());
+  int64_t at = 0;
+  for (const GradPiece& g : pieces) {
+    EXPECT_EQ(g.offset, at);  // ready order is ascending offset: consecutive pieces are adjacent
+    const auto& p = sliced.parameters()[g.param];
+    EXPECT_GE(g.offset, p.offset);
+    EXPECT_LE(g.offset + g.numel, p.offset + p.numel);
+    if (p.shape.size() == 2) {
+      EXPECT_EQ(g.numel % p.shape[1], 0) << "whole rows";
+    }
+    at += g.numel;
+  }
+  EXPECT_EQ(at, sliced.num_parameters());
+  CheckReadyHook(sliced, batch);
+
+  for (Mlp<double>* m : {&whole, &sliced}) {
+    m->zero_grad();
+    m->forward(batch.x.data(), batch.y.data(), kBatch);
+    m->backward();
+  }
+  for (int64_t i = 0; i < whole.num_parameters(); ++i)
+    EXPECT_NEAR(whole.flat_grads()[i], sliced.flat_grads()[i], 1e-12) << i;
 }
 
 TEST(Mlp, BackwardAccumulatesAndZeroGradClears) {
