@@ -4,9 +4,13 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
+#include <utility>
 
+#include "comm/link_emulation.h"
 #include "comm/mpi_check.h"
+#include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
 #include "kernels/cpu/ops.h"
 
@@ -89,29 +93,128 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
   return link;
 }
 
+namespace {
+
+// Tuning knobs, read once (after NCCL_PARAM): DDPLAB_<NAME> in the environment, else the default. Values are
+// measured on the development machine, see docs/COMM.md.
+size_t env_size(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (*end != '\0' || v[0] == '-')
+    throw std::invalid_argument(std::string(name) + " must be a byte count, got '" + v + "'");
+  return static_cast<size_t>(x);
+}
+// Bytes of fp32 per ring slice (one message per chunk per round); 0 = no slicing.
+size_t ring_slice_bytes() {
+  static const size_t v = env_size("DDPLAB_RING_SLICE_BYTES", size_t{256} << 10);
+  return v;
+}
+// Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring.
+size_t small_allreduce_bytes() {
+  static const size_t v = env_size("DDPLAB_SMALL_ALLREDUCE_BYTES", size_t{64} << 10);
+  return v;
+}
+
+bool link_emulated(const LinkModel& link) { return link.gbps > 0 || link.latency_us > 0; }
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+}  // namespace
+
 Communicator::Communicator(MPI_Comm comm, const CommOptions& options) : comm_(comm), options_(options) {
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
   mpiCheck(MPI_Comm_size(comm_, &size_));
-  // Collective (MPI_Comm_dup): every rank must construct its Communicator with the same impl.
-  if (options_.impl == AllreduceImpl::kRing) transport_ = std::make_unique<MpiTransport>(comm_);
+  if (options_.impl == AllreduceImpl::kMpi && options_.wire != WireDtype::kFp32)
+    throw std::invalid_argument(std::string("--comm mpi has no ") + to_string(options_.wire) +
+                                " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring for a 16-bit wire");
+  ring_.slice_elems = ring_slice_bytes() / sizeof(float);
+  ring_.wire16 = options_.wire != WireDtype::kFp32;
+  ring_.format = options_.wire == WireDtype::kFp16 ? wire::Format::kFp16 : wire::Format::kBf16;
+  small_max_bytes_ = small_allreduce_bytes();
+  // Collective (MPI_Comm_dup): every rank must construct its Communicator with the same options.
+  if (options_.impl == AllreduceImpl::kRing) {
+    transport_ = std::make_unique<MpiTransport>(comm_);
+    if (link_emulated(options_.link))
+      transport_ =
+          std::make_unique<LinkEmulatedTransport>(std::move(transport_), options_.link.latency_us, options_.link.gbps);
+  } else {
+    mpiCheck(MPI_Comm_dup(comm_, &mpi_comm_));
+    mpiCheck(MPI_Comm_set_errhandler(mpi_comm_, MPI_ERRORS_RETURN));
+  }
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && mpi_comm_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm_);
+}
 
 void Communicator::allreduce_sum(float* data, size_t count, int tag) {
-  (void)tag;
-  switch (options_.impl) {
-    case AllreduceImpl::kRing:
-      ring_allreduce_sum(data, count, *transport_, scratch_);
-      return;
-    case AllreduceImpl::kMpi:
-      // MPI counts are int: larger buffers go in INT_MAX-element pieces (elementwise, so pieces are independent).
-      for (size_t offset = 0; offset < count;) {
-        const int piece = static_cast<int>(std::min(count - offset, static_cast<size_t>(INT_MAX)));
-        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, comm_));
-        offset += piece;
-      }
-      return;
+  if (!failed_.empty())
+    throw std::runtime_error("rank " + str(rank_) + ": Communicator unusable after an earlier failure (" + failed_ +
+                             ")");
+  try {
+    if (options_.impl == AllreduceImpl::kMpi) return mpi_allreduce_sum(data, count, tag);
+    RingOptions o = ring_;
+    o.tag = tag;
+    if (count * sizeof(float) <= small_max_bytes_)
+      recursive_doubling_allreduce_sum(data, count, *transport_, scratch_, o);
+    else
+      ring_allreduce_sum(data, count, *transport_, scratch_, o);
+  } catch (const TagMismatch& e) {
+    failed_ = "all-reduce order mismatch";
+    throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +
+                             ", rank " + str(e.peer) + " sent tag " + str(e.received_tag) +
+                             " (ranks started their all-reduces in different orders)");
+  } catch (const std::exception& e) {
+    failed_ = e.what();
+    throw;
+  }
+}
+
+void Communicator::check_same_operation_everywhere(size_t count, int tag) {
+  // MAXLOC over {tag, -tag, count, -count} gives every rank the largest and smallest tag and count and a rank
+  // holding each, in one small all-reduce; every rank sees the same answer, so all throw together.
+  struct LongInt {
+    long value;
+    int rank;
+  };
+  const long c = static_cast<long>(count);
+  LongInt mine[4] = {{tag, rank_}, {-long{tag}, rank_}, {c, rank_}, {-c, rank_}}, all[4];
+  mpiCheck(MPI_Allreduce(mine, all, 4, MPI_LONG_INT, MPI_MAXLOC, mpi_comm_));
+  auto other = [&](int i, long own) -> std::pair<long, int> {  // the extreme that differs from ours, if any
+    if (all[i].value != own) return {all[i].value, all[i].rank};
+    return {-all[i + 1].value, all[i + 1].rank};
+  };
+  if (all[0].value != -all[1].value) {
+    const auto [t, r] = other(0, tag);
+    throw TagMismatch(rank_, r, tag, static_cast<int>(t));
+  }
+  if (all[2].value != -all[3].value) {
+    const auto [n, r] = other(2, c);
+    throw std::runtime_error("rank " + str(rank_) + ": all-reduce size mismatch on tag " + str(tag) +
+                             ": this rank has " + str(c) + " elements, rank " + str(r) + " has " + str(n));
+  }
+}
+
+void Communicator::mpi_allreduce_sum(float* data, size_t count, int tag) {
+  const int64_t start = monotonic_ns();
+  check_same_operation_everywhere(count, tag);
+  // MPI counts are int: larger buffers go in INT_MAX-element pieces (elementwise, so pieces are independent).
+  for (size_t offset = 0; offset < count;) {
+    const int piece = static_cast<int>(std::min(count - offset, static_cast<size_t>(INT_MAX)));
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, mpi_comm_));
+    offset += piece;
+  }
+  // Link emulation for a library collective we cannot see inside: a model, not a measurement. The call takes at
+  // least as long as a bandwidth-optimal ring would on the link, 2(n-1) steps of latency + (bytes/n)/bandwidth.
+  if (link_emulated(options_.link) && size_ > 1) {
+    const double step_ns =
+        options_.link.latency_us * 1e3 +
+        (options_.link.gbps > 0 ? count * sizeof(float) / double(size_) * 8.0 / options_.link.gbps : 0.0);
+    sleep_until_ns(start + static_cast<int64_t>(2.0 * (size_ - 1) * step_ns));
   }
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/ring_allreduce.h"
 #include "comm/transport.h"
 
 namespace ddplab {
@@ -52,20 +53,30 @@ class Communicator {
   AllreduceImpl impl() const { return options_.impl; }
   const CommOptions& options() const { return options_; }
 
-  // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` names the
-  // operation (the Reducer passes the bucket index): if ranks call with different tags — buckets launched in
-  // a different order — every rank throws std::runtime_error("... order mismatch ...") instead of mixing
-  // buffers or hanging.
+  // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` (0 .. 32767 at
+  // least; MPI's tag bound) names the operation (the Reducer passes the bucket index): if ranks call with
+  // different tags — buckets launched in a different order — ranks throw std::runtime_error("rank 1: all-reduce
+  // order mismatch: this rank runs tag 3, rank 0 sent tag 2") instead of mixing buffers. With --comm mpi every
+  // rank throws. With the ring every rank that receives a mismatching message throws (at n = 2 both do); a rank
+  // whose neighbours both agree with it may instead wait on a rank that threw, until the program's edge calls
+  // MPI_Abort. After any exception the Communicator refuses further calls (messages may be left in flight).
   void allreduce_sum(float* data, size_t count, int tag = 0);
   // Sum, then multiply by 1/size: gradients averaged over the world (DDP semantics).
   void allreduce_mean(float* data, size_t count, int tag = 0);
 
  private:
+  void mpi_allreduce_sum(float* data, size_t count, int tag);
+  void check_same_operation_everywhere(size_t count, int tag);  // --comm mpi: tags and counts agree on all ranks
+
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   CommOptions options_;
   std::unique_ptr<Transport> transport_;  // for the ring (possibly wrapped by link emulation)
-  std::vector<float> scratch_;            // receive buffer for the ring
+  RingScratch scratch_;                   // receive/staging buffers of the ring and recursive doubling
+  RingOptions ring_;                      // slice, wire format (the tag is set per call)
+  size_t small_max_bytes_ = 0;            // buffers up to this size take recursive doubling instead of the ring
+  MPI_Comm mpi_comm_ = MPI_COMM_NULL;     // --comm mpi: a private duplicate, so callers' collectives never mix in
+  std::string failed_;                    // set when an all-reduce threw: peers may have messages in flight
 };
 
 }  // namespace ddplab

@@ -1,23 +1,89 @@
 #include "comm/transport.h"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
 #include <climits>
-#include <stdexcept>
+#include <cstdlib>
+#include <ctime>
 #include <string>
 
 #include "comm/mpi_check.h"
 
 namespace ddplab {
 
+TagMismatch::TagMismatch(int rank_, int peer_, int expected_tag_, int received_tag_)
+    : std::runtime_error("rank " + std::to_string(rank_) + ": the next message from rank " + std::to_string(peer_) +
+                         " carries tag " + std::to_string(received_tag_) + ", expected tag " +
+                         std::to_string(expected_tag_)),
+      rank(rank_),
+      peer(peer_),
+      expected_tag(expected_tag_),
+      received_tag(received_tag_) {}
+
 namespace {
 
-// One tag: the duplicate communicator is private and MPI keeps messages between a pair in order, which is all
-// the algorithms above rely on.
-constexpr int kTag = 0;
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < INT_MIN || x > INT_MAX)
+    throw std::invalid_argument(std::string(name) + " must be an integer, got '" + v + "'");
+  return static_cast<int>(x);
+}
+
+int64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+// Linux rounds a thread's sleeps up by its timer slack, 50 us by default: a "1 us" poll would sleep 50. One
+// microsecond is plenty for polling; it only affects the thread that waits for messages (once per thread).
+void tighten_timer_slack_once() {
+  thread_local bool done = false;
+  if (!done) {
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    done = true;
+  }
+}
 
 }  // namespace
 
-MpiTransport::MpiTransport(MPI_Comm comm, size_t max_message_bytes) : max_message_bytes_(max_message_bytes) {
+PollPolicy PollPolicy::from_env() {
+  static const PollPolicy policy = [] {
+    PollPolicy p;
+    p.spin_us = env_int("DDPLAB_COMM_SPIN_US", p.spin_us);
+    p.max_sleep_us = std::max(1, env_int("DDPLAB_COMM_MAX_SLEEP_US", p.max_sleep_us));
+    return p;
+  }();
+  return policy;
+}
+
+int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy) {
+  int done = 0;
+  int err = MPI_Test(request, &done, status);
+  if (err != MPI_SUCCESS || done) return err;
+  if (policy.spin_us < 0) return MPI_Wait(request, status);
+  const int64_t spin_until = now_ns() + int64_t{policy.spin_us} * 1000;
+  while (now_ns() < spin_until) {
+    err = MPI_Test(request, &done, status);
+    if (err != MPI_SUCCESS || done) return err;
+  }
+  tighten_timer_slack_once();
+  int64_t sleep_ns = 1000;
+  for (;;) {
+    const timespec ts{0, static_cast<long>(sleep_ns)};
+    nanosleep(&ts, nullptr);
+    err = MPI_Test(request, &done, status);
+    if (err != MPI_SUCCESS || done) return err;
+    sleep_ns = std::min<int64_t>(2 * sleep_ns, int64_t{policy.max_sleep_us} * 1000);
+  }
+}
+
+MpiTransport::MpiTransport(MPI_Comm comm, size_t max_message_bytes, PollPolicy poll)
+    : max_message_bytes_(max_message_bytes), poll_(poll) {
   if (max_message_bytes == 0 || max_message_bytes > static_cast<size_t>(INT_MAX))
     throw std::invalid_argument("MpiTransport: max_message_bytes must be in [1, INT_MAX], got " +
                                 std::to_string(max_message_bytes));
@@ -26,6 +92,10 @@ MpiTransport::MpiTransport(MPI_Comm comm, size_t max_message_bytes) : max_messag
   mpiCheck(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
   mpiCheck(MPI_Comm_size(comm_, &size_));
+  int* ub = nullptr;
+  int found = 0;
+  mpiCheck(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found));
+  if (found && ub) tag_ub_ = *ub;
 }
 
 MpiTransport::~MpiTransport() {
@@ -36,43 +106,65 @@ MpiTransport::~MpiTransport() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void MpiTransport::send(int peer, const void* buf, size_t bytes) {
+void MpiTransport::check_tag(int tag) const {
+  if (tag < 0 || tag > tag_ub_)
+    throw std::invalid_argument("rank " + std::to_string(rank_) + ": MpiTransport: tag " + std::to_string(tag) +
+                                " outside MPI's range [0, " + std::to_string(tag_ub_) + "]");
+}
+
+void MpiTransport::send(int peer, const void* buf, size_t bytes, int tag) {
+  check_tag(tag);
   // Always at least one message, so an empty send still pairs with an empty recv.
   const char* p = static_cast<const char*>(buf);
   size_t offset = 0;
   do {
     const int piece = static_cast<int>(std::min(bytes - offset, max_message_bytes_));
     MPI_Request request;
-    mpiCheck(MPI_Isend(p + offset, piece, MPI_BYTE, peer, kTag, comm_, &request));
+    mpiCheck(MPI_Isend(p + offset, piece, MPI_BYTE, peer, tag, comm_, &request));
     pending_sends_.push_back(request);
     offset += piece;
   } while (offset < bytes);
 }
 
-void MpiTransport::recv(int peer, void* buf, size_t bytes) {
+void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
+  check_tag(tag);
   char* p = static_cast<char*>(buf);
   size_t offset = 0;
   do {
     const int piece = static_cast<int>(std::min(bytes - offset, max_message_bytes_));
+    // Any tag: the message that comes next from peer is received and its tag compared, so a message of another
+    // operation is reported as such (not waited for forever, not confused with ours).
+    MPI_Request request;
+    mpiCheck(MPI_Irecv(p + offset, piece, MPI_BYTE, peer, MPI_ANY_TAG, comm_, &request));
     MPI_Status status;
-    mpiCheck(MPI_Recv(p + offset, piece, MPI_BYTE, peer, kTag, comm_, &status));
-    // A shorter message means the peer's algorithm disagrees with ours about sizes: fail loudly, not silently.
+    status.MPI_TAG = tag;  // stays ours unless MPI matched a message
+    const int err = poll_wait(&request, &status, poll_);
+    int err_class = MPI_SUCCESS;
+    if (err != MPI_SUCCESS) MPI_Error_class(err, &err_class);
+    if ((err == MPI_SUCCESS || err_class == MPI_ERR_TRUNCATE) && status.MPI_TAG != tag)
+      throw TagMismatch(rank_, peer, tag, status.MPI_TAG);
+    // A different size means the peer's algorithm disagrees with ours about sizes: fail loudly, not silently.
+    const std::string size_error = "rank " + std::to_string(rank_) + ": MpiTransport::recv from rank " +
+                                   std::to_string(peer) + " (tag " + std::to_string(tag) + ") expected " +
+                                   std::to_string(piece) + " bytes, got ";
+    if (err_class == MPI_ERR_TRUNCATE) throw std::runtime_error(size_error + "more");
+    if (err != MPI_SUCCESS) comm_detail::throw_mpi_error(err, "MPI_Wait", __FILE__, __LINE__);
     int received = 0;
     mpiCheck(MPI_Get_count(&status, MPI_BYTE, &received));
-    if (received != piece)
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": MpiTransport::recv from rank " +
-                               std::to_string(peer) + " expected " + std::to_string(piece) + " bytes, got " +
-                               std::to_string(received));
+    if (received != piece) throw std::runtime_error(size_error + std::to_string(received));
     offset += piece;
   } while (offset < bytes);
 }
 
 void MpiTransport::wait_sends() {
-  if (pending_sends_.empty()) return;
-  const int err = MPI_Waitall(static_cast<int>(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE);
+  int first_err = MPI_SUCCESS;
+  for (MPI_Request& r : pending_sends_) {
+    const int err = poll_wait(&r, MPI_STATUS_IGNORE, poll_);
+    if (first_err == MPI_SUCCESS) first_err = err;
+  }
   // Forget the requests even on failure: they must not be waited on again.
   pending_sends_.clear();
-  if (err != MPI_SUCCESS) comm_detail::throw_mpi_error(err, "MPI_Waitall", __FILE__, __LINE__);
+  if (first_err != MPI_SUCCESS) comm_detail::throw_mpi_error(first_err, "MPI_Wait", __FILE__, __LINE__);
 }
 
 }  // namespace ddplab

@@ -1,15 +1,26 @@
 // Point-to-point transports beneath the collective algorithms.
 //
-// An algorithm (comm/ring_allreduce.*) only ever calls send / recv / wait_sends on a Transport, so the same
-// ring runs over MPI host messages today and over NCCL p2p or CUDA IPC on the GPU later; link emulation is a
-// wrapper Transport that delays messages.
+// An algorithm (comm/ring_allreduce.*, comm/recursive_doubling.*) only ever calls send / recv / wait_sends on a
+// Transport, so the same ring runs over MPI host messages today and over NCCL p2p or CUDA IPC on the GPU later;
+// link emulation (comm/link_emulation.h) is a wrapper Transport that delays messages.
 #pragma once
 #include <mpi.h>
 
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace ddplab {
+
+// Every message carries the tag of the operation it belongs to (the Reducer's bucket index). A receive that
+// finds the next message from `peer` tagged for another operation throws this instead of mixing buffers: ranks
+// ran their operations in different orders. The algorithm above rewrites it into a message naming the operation.
+class TagMismatch : public std::runtime_error {
+ public:
+  TagMismatch(int rank, int peer, int expected_tag, int received_tag);
+  int rank, peer, expected_tag, received_tag;
+};
 
 class Transport {
  public:
@@ -17,35 +28,55 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // Starts sending; may return before the data left. `buf` must stay untouched until wait_sends().
-  virtual void send(int peer, const void* buf, size_t bytes) = 0;
-  // Blocks until `bytes` from `peer` are in `buf`. Messages between a pair arrive in the order sent.
-  virtual void recv(int peer, void* buf, size_t bytes) = 0;
+  virtual void send(int peer, const void* buf, size_t bytes, int tag) = 0;
+  // Blocks until the next message from `peer` is in `buf`. Messages between a pair arrive in the order sent.
+  // Throws TagMismatch when that message carries another tag, std::runtime_error when its size is not `bytes`.
+  virtual void recv(int peer, void* buf, size_t bytes, int tag) = 0;
   // Blocks until every send started so far has completed (its buffer may be reused).
   virtual void wait_sends() = 0;
 };
 
-// Host memory over MPI point-to-point (MPI_Isend / MPI_Recv) on a private duplicate of the communicator,
-// so its messages never match anyone else's.
+// How a transport waits for MPI requests. Open MPI's blocking calls busy-poll a core; in ddplab the all-reduce
+// runs on a communication thread beside the compute thread, on as few as two cores, so a long wait should sleep.
+// The waiter polls MPI_Test for up to spin_us (short waits keep their latency), then sleeps between polls,
+// doubling the sleep from 1 us up to max_sleep_us. spin_us < 0 spins forever (lowest latency, one core busy).
+struct PollPolicy {
+  int spin_us = 50;
+  int max_sleep_us = 100;
+  // DDPLAB_COMM_SPIN_US / DDPLAB_COMM_MAX_SLEEP_US, read once; the defaults above otherwise.
+  static PollPolicy from_env();
+};
+
+// Waits for `request` per `policy`. Returns MPI_Wait's error code (status is filled either way).
+int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy);
+
+// Host memory over MPI point-to-point (MPI_Isend / MPI_Irecv on MPI_ANY_TAG, then compare the tag) on a private
+// duplicate of the communicator, so its messages never match anyone else's.
 class MpiTransport final : public Transport {
  public:
   // MPI counts are int, so a message is split into pieces of at most max_message_bytes (both sides split the same
   // way). Tests pass a tiny limit to exercise the split without allocating gigabytes.
   static constexpr size_t kMaxMessageBytes = size_t{1} << 30;
-  explicit MpiTransport(MPI_Comm comm, size_t max_message_bytes = kMaxMessageBytes);
+  explicit MpiTransport(MPI_Comm comm, size_t max_message_bytes = kMaxMessageBytes,
+                        PollPolicy poll = PollPolicy::from_env());
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void send(int peer, const void* buf, size_t bytes) override;
-  void recv(int peer, void* buf, size_t bytes) override;
+  void send(int peer, const void* buf, size_t bytes, int tag) override;
+  void recv(int peer, void* buf, size_t bytes, int tag) override;
   void wait_sends() override;
+  int tag_ub() const { return tag_ub_; }  // the largest tag MPI allows (>= 32767)
 
  private:
+  void check_tag(int tag) const;
+
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   size_t max_message_bytes_ = kMaxMessageBytes;
+  PollPolicy poll_;
   std::vector<MPI_Request> pending_sends_;
 };
 

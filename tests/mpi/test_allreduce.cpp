@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
 #include "comm/transport.h"
 
@@ -97,11 +98,11 @@ class ContractCheckingTransport final : public Transport {
   explicit ContractCheckingTransport(Transport& inner) : inner_(inner) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
-  void send(int peer, const void* buf, size_t bytes) override {
+  void send(int peer, const void* buf, size_t bytes, int tag) override {
     in_flight_.push_back({buf, bytes, fnv1a(buf, bytes)});
-    inner_.send(peer, buf, bytes);
+    inner_.send(peer, buf, bytes, tag);
   }
-  void recv(int peer, void* buf, size_t bytes) override { inner_.recv(peer, buf, bytes); }
+  void recv(int peer, void* buf, size_t bytes, int tag) override { inner_.recv(peer, buf, bytes, tag); }
   void wait_sends() override {
     inner_.wait_sends();
     for (const InFlight& s : in_flight_) modified_ += fnv1a(s.buf, s.bytes) != s.hash;
@@ -229,31 +230,82 @@ INSTANTIATE_TEST_SUITE_P(Impls, AllreduceImplTest, testing::Values(AllreduceImpl
 TEST(RingOverMpiTransport, MessagesSplitIntoPiecesStayCorrect) {
   const int rank = world_rank(), n = world_size();
   MpiTransport transport(MPI_COMM_WORLD, /*max_message_bytes=*/7);
-  std::vector<float> scratch;
+  RingScratch scratch;
   for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
     std::vector<float> data = exact_inputs(rank, count), want(count);
     for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
-    ring_allreduce_sum(data.data(), count, transport, scratch);
+    ring_allreduce_sum(data.data(), count, transport, scratch, RingOptions{});
     EXPECT_EQ(bitwise_mismatch(data, want), "") << "count " << count;
   }
 }
 
-TEST(RingOverMpiTransport, SendBuffersStayUntouchedUntilRetired) {
+// Every algorithm and wire, sliced into several rounds (the last one short) or not: the contract holds and exact
+// inputs (small integers, exact in bf16 and fp16 too) give the exact sum.
+struct AlgoCase {
+  const char* name;
+  bool recursive_doubling;
+  size_t slice_elems;
+  bool wire16;
+  wire::Format format;
+};
+void PrintTo(const AlgoCase& c, std::ostream* os) { *os << c.name; }
+const AlgoCase kAlgos[] = {
+    {"ring", false, 0, false, wire::Format::kBf16},
+    {"ring_sliced", false, 1000, false, wire::Format::kBf16},
+    {"ring_sliced_bf16", false, 1000, true, wire::Format::kBf16},
+    {"ring_fp16", false, 0, true, wire::Format::kFp16},
+    {"recursive_doubling", true, 0, false, wire::Format::kBf16},
+    {"recursive_doubling_bf16", true, 0, true, wire::Format::kBf16},
+    {"recursive_doubling_fp16", true, 0, true, wire::Format::kFp16},
+};
+
+class AlgorithmTest : public testing::TestWithParam<AlgoCase> {
+ protected:
+  void run(float* data, size_t count, Transport& t, RingScratch& scratch, int tag = 0) {
+    const AlgoCase& a = GetParam();
+    RingOptions o;
+    o.slice_elems = a.slice_elems;
+    o.wire16 = a.wire16;
+    o.format = a.format;
+    o.tag = tag;
+    if (a.recursive_doubling)
+      recursive_doubling_allreduce_sum(data, count, t, scratch, o);
+    else
+      ring_allreduce_sum(data, count, t, scratch, o);
+  }
+};
+
+TEST_P(AlgorithmTest, SendBuffersStayUntouchedUntilRetired) {
   const int rank = world_rank(), n = world_size();
   MpiTransport mpi(MPI_COMM_WORLD);
   ContractCheckingTransport transport(mpi);
-  std::vector<float> scratch;
-  for (size_t count : {size_t{1}, static_cast<size_t>(n) + 1, size_t{1000}, size_t{1'000'003}}) {
+  RingScratch scratch;
+  // Exact in 16 bits too: sums up to 17 * 10 = 170 are integers below 256 (bf16 has 8 significant bits).
+  for (size_t count : {size_t{1}, static_cast<size_t>(n) + 1, size_t{1000}, size_t{4003}, size_t{1'000'003}}) {
     std::vector<float> data = exact_inputs(rank, count), want(count);
     for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
     const size_t modified_before = transport.modified();
-    ring_allreduce_sum(data.data(), count, transport, scratch);
+    run(data.data(), count, transport, scratch, /*tag=*/static_cast<int>(count % 1000));
     EXPECT_EQ(transport.modified() - modified_before, 0u)
         << "count " << count << ": a send buffer changed before wait_sends";
     EXPECT_EQ(transport.in_flight(), 0u) << "count " << count << ": returned with sends in flight";
     EXPECT_EQ(bitwise_mismatch(data, want), "") << "count " << count;
   }
 }
+
+TEST_P(AlgorithmTest, RandomInputsAreBitwiseEqualAcrossRanks) {
+  const int rank = world_rank();
+  MpiTransport transport(MPI_COMM_WORLD);
+  RingScratch scratch;
+  for (size_t count : {size_t{3}, size_t{4001}, size_t{100'000}}) {
+    std::vector<float> data = random_inputs(rank, count);
+    run(data.data(), count, transport, scratch);
+    EXPECT_EQ(count_differing_across_ranks(data), 0u) << "count " << count << ": ranks disagree";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, AlgorithmTest, testing::ValuesIn(kAlgos),
+                         [](const testing::TestParamInfo<AlgoCase>& info) { return std::string(info.param.name); });
 
 TEST(RingChunk, CoversTheBufferWithFirstChunksOneLonger) {
   for (int n = 1; n <= 5; ++n) {
@@ -277,16 +329,16 @@ TEST(MpiTransport, ErrorsThrowWithRankAndCall) {
   float x = 0;
   const std::string prefix = "rank " + std::to_string(rank) + ": ";
   try {
-    transport.send(/*peer=*/n, &x, sizeof x);
+    transport.send(/*peer=*/n, &x, sizeof x, /*tag=*/0);
     ADD_FAILURE() << "send to a rank outside the communicator did not throw";
   } catch (const std::runtime_error& e) {
     EXPECT_EQ(std::string(e.what()).rfind(prefix + "MPI_Isend failed: ", 0), 0u) << e.what();
   }
   try {
-    transport.recv(/*peer=*/n + 1, &x, sizeof x);
+    transport.recv(/*peer=*/n + 1, &x, sizeof x, /*tag=*/0);
     ADD_FAILURE() << "recv from a rank outside the communicator did not throw";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(prefix + "MPI_Recv failed: ", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(prefix + "MPI_Irecv failed: ", 0), 0u) << e.what();
   }
   EXPECT_THROW(MpiTransport(MPI_COMM_WORLD, 0), std::invalid_argument);
 }

@@ -1,0 +1,69 @@
+#include "comm/link_emulation.h"
+
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <ctime>
+#include <stdexcept>
+#include <string>
+
+namespace ddplab {
+
+int64_t monotonic_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+void sleep_until_ns(int64_t t_ns) {
+  // The default 50 us timer slack would make every emulated message up to 50 us late.
+  thread_local bool slack_set = false;
+  if (!slack_set) {
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    slack_set = true;
+  }
+  const timespec ts{static_cast<time_t>(t_ns / 1'000'000'000), static_cast<long>(t_ns % 1'000'000'000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
+LinkEmulatedTransport::LinkEmulatedTransport(std::unique_ptr<Transport> inner, double latency_us, double gbps)
+    : inner_(std::move(inner)),
+      latency_ns_(std::llround(latency_us * 1000.0)),
+      ns_per_byte_(gbps > 0 ? 8.0 / gbps : 0.0),  // Gbit/s = bits per ns
+      link_free_ns_(inner_->size(), 0) {
+  if (!(latency_us >= 0) || !(gbps >= 0) || !std::isfinite(latency_us) || !std::isfinite(gbps))
+    throw std::invalid_argument("LinkEmulatedTransport: latency and bandwidth must be finite and >= 0");
+}
+
+int64_t LinkEmulatedTransport::serialisation_ns(size_t bytes) const {
+  return std::llround(static_cast<double>(bytes) * ns_per_byte_);
+}
+
+void LinkEmulatedTransport::send(int peer, const void* buf, size_t bytes, int tag) {
+  if (peer < 0 || peer >= size())
+    throw std::invalid_argument("rank " + std::to_string(rank()) + ": LinkEmulatedTransport::send to rank " +
+                                std::to_string(peer) + " of " + std::to_string(size()));
+  int64_t& link_free = link_free_ns_[peer];
+  const int64_t departure = std::max(monotonic_ns(), link_free);
+  link_free = departure + serialisation_ns(bytes);
+  headers_.push_back(link_free + latency_ns_);
+  inner_->send(peer, &headers_.back(), sizeof(int64_t), tag);
+  inner_->send(peer, buf, bytes, tag);
+}
+
+void LinkEmulatedTransport::recv(int peer, void* buf, size_t bytes, int tag) {
+  int64_t arrival = 0;
+  inner_->recv(peer, &arrival, sizeof arrival, tag);
+  inner_->recv(peer, buf, bytes, tag);
+  if (arrival > monotonic_ns()) sleep_until_ns(arrival);
+}
+
+void LinkEmulatedTransport::wait_sends() {
+  inner_->wait_sends();
+  headers_.clear();
+}
+
+}  // namespace ddplab
