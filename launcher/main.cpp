@@ -182,6 +182,20 @@ void add_train_flags(CLI::App* app, TrainConfig& c) {
   app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us)");
   app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s)");
   app->add_option("--threads", c.blas_threads, "OpenBLAS threads per rank")->capture_default_str();
+  app->add_option("--data-cost-ms", c.data_cost_ms, "input pipeline: host cost per sample, ms (a sleep)")
+      ->capture_default_str();
+  app->add_option("--loader-threads", c.loader_threads, "input pipeline: worker threads (0: in the training loop)")
+      ->capture_default_str();
+  app->add_option("--prefetch", c.prefetch, "input pipeline: batches prepared ahead (with loader threads)")
+      ->capture_default_str();
+  app->add_option("--slow-rank", c.slow_rank, "lab: the straggling rank")->capture_default_str();
+  app->add_option("--straggler-ms", c.straggler_ms, "lab: the slow rank sleeps this long before each batch fetch")
+      ->capture_default_str();
+  app->add_option("--extra-allreduce-mb", c.extra_allreduce_mb, "lab: an extra all-reduce of this size every step")
+      ->capture_default_str();
+  app->add_option("--rank0-work-ms", c.rank0_work_ms, "lab: rank 0 works this long, then every rank barriers")
+      ->capture_default_str();
+  app->add_option("--barrier-every", c.barrier_every, "lab: ... every this many steps")->capture_default_str();
   app->add_option("--out", c.out, "run file (HDF5); default runs/train_np<N>_<time>.h5");
   app->add_flag("--force", c.force, "overwrite an existing run file");
   app->add_flag("--quiet", c.quiet, "print only errors");
@@ -211,6 +225,12 @@ void validate(const TrainConfig& c) {
   require(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1, "--momentum must be in [0, 1)");
   require(c.data_noise >= 0, "--data-noise must not be negative");
   at_least("--grad-accum", c.grad_accum, 1);
+  at_least("--loader-threads", c.loader_threads, 0);
+  at_least("--prefetch", c.prefetch, 1);
+  at_least("--barrier-every", c.barrier_every, 1);
+  at_least("--slow-rank", c.slow_rank, 0);
+  require(c.data_cost_ms >= 0 && c.straggler_ms >= 0 && c.extra_allreduce_mb >= 0 && c.rank0_work_ms >= 0,
+          "--data-cost-ms, --straggler-ms, --extra-allreduce-mb and --rank0-work-ms must not be negative");
   require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && c.grad_slice_mb >= 0,
           "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");
   try {

@@ -5,7 +5,8 @@
 
 namespace ddplab {
 
-// The five phases data, forward, backward, exposed_comm, optimizer add up to step_ms. With grad accumulation,
+// The phases data, forward, backward, exposed_comm, optimizer, extra_comm, host_work, barrier add up to step_ms
+// (the last three are zero unless a pathology of the lab is switched on). With grad accumulation,
 // data/forward/backward sum over the micro-batches. comm_ms and hidden_comm_ms describe the communication
 // thread: its busy time, and the part of it that ran while the (last) backward was running.
 struct StepRecord {
@@ -15,20 +16,26 @@ struct StepRecord {
   double backward_ms = 0;
   double exposed_comm_ms = 0;  // after backward, waiting for the gradient all-reduces to finish
   double optimizer_ms = 0;
-  double step_ms = 0;          // the whole step, data to optimizer
+  double extra_comm_ms = 0;    // an extra all-reduce after the optimizer (--extra-allreduce-mb)
+  double host_work_ms = 0;     // rank-0-only work before a barrier (--rank0-work-ms)
+  double barrier_ms = 0;       // waiting in that barrier
+  double step_ms = 0;          // the whole step
   double comm_ms = 0;          // sum over buckets of all-reduce time (start to end on the comm thread)
   double hidden_comm_ms = 0;   // comm time that overlapped backward
   double loss = 0;             // this rank's mean loss on its own shard (mean over micro-batches)
 };
 
 // Field table: the run file writes one dataset per entry, the summary reads them by name.
-inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 10> kStepFields = {{
+inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 13> kStepFields = {{
     {"start_ms", &StepRecord::start_ms},
     {"data_ms", &StepRecord::data_ms},
     {"forward_ms", &StepRecord::forward_ms},
     {"backward_ms", &StepRecord::backward_ms},
     {"exposed_comm_ms", &StepRecord::exposed_comm_ms},
     {"optimizer_ms", &StepRecord::optimizer_ms},
+    {"extra_comm_ms", &StepRecord::extra_comm_ms},
+    {"host_work_ms", &StepRecord::host_work_ms},
+    {"barrier_ms", &StepRecord::barrier_ms},
     {"step_ms", &StepRecord::step_ms},
     {"comm_ms", &StepRecord::comm_ms},
     {"hidden_comm_ms", &StepRecord::hidden_comm_ms},

@@ -70,14 +70,14 @@ void print_summary(std::FILE* out, const RunSummary& s, const std::vector<std::s
   std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
                s.mean_spread_ms);
   std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
-  std::fprintf(out, "  %4s  %-12s %8s %7s %10s %8s %8s %8s %8s %6s\n", "rank", "host", "step_ms", "data_ms",
-               "compute_ms", "comm_ms", "hidden", "exposed", "optim_ms", "hidden%");
+  std::fprintf(out, "  %4s  %-10s %8s %7s %10s %8s %7s %7s %8s %7s %7s %7s\n", "rank", "host", "step_ms", "data_ms",
+               "compute_ms", "comm_ms", "hidden", "exposed", "optim_ms", "extra", "barrier", "hidden%");
   for (size_t r = 0; r < s.ranks.size(); ++r) {
     const StepRecord& m = s.ranks[r];
-    std::fprintf(out, "  %4zu  %-12.12s %8.2f %7.2f %10.2f %8.2f %8.2f %8.2f %8.2f %6.0f\n", r,
+    std::fprintf(out, "  %4zu  %-10.10s %8.2f %7.2f %10.2f %8.2f %7.2f %7.2f %8.2f %7.2f %7.2f %6.0f%%\n", r,
                  r < hostnames.size() ? hostnames[r].c_str() : "?", m.step_ms, m.data_ms,
                  m.forward_ms + m.backward_ms, m.comm_ms, m.hidden_comm_ms, m.exposed_comm_ms, m.optimizer_ms,
-                 100 * hidden_fraction(m));
+                 m.extra_comm_ms + m.host_work_ms, m.barrier_ms, 100 * hidden_fraction(m));
   }
 }
 

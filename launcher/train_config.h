@@ -33,6 +33,16 @@ struct TrainConfig {
   double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
   double link_gbps = -1;
   int blas_threads = 1;     // OpenBLAS threads per rank
+  // Input pipeline.
+  double data_cost_ms = 0;  // host cost per sample (a sleep, like I/O latency)
+  int loader_threads = 0;   // 0: batches are produced in the training thread when needed
+  int prefetch = 2;         // batches produced ahead of use (with loader threads)
+  // Pathologies (the DDP lab): they change timing, never the math.
+  int slow_rank = 0;            // the straggler
+  double straggler_ms = 0;      // it sleeps this long before each batch fetch
+  double extra_allreduce_mb = 0;  // an extra all-reduce of this size every step (e.g. metrics done badly)
+  double rank0_work_ms = 0;     // rank 0 works this long, then all ranks barrier, ...
+  int barrier_every = 1;        // ... every this many steps
   std::string out;          // run file; empty = runs/train_np<N>_<time>.h5
   bool force = false;       // overwrite an existing run file
   bool quiet = false;
@@ -83,6 +93,14 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"link", c.link},
       {"link_latency_us", c.link_latency_us},
       {"link_gbps", c.link_gbps},
+      {"data_cost_ms", c.data_cost_ms},
+      {"loader_threads", c.loader_threads},
+      {"prefetch", c.prefetch},
+      {"slow_rank", c.slow_rank},
+      {"straggler_ms", c.straggler_ms},
+      {"extra_allreduce_mb", c.extra_allreduce_mb},
+      {"rank0_work_ms", c.rank0_work_ms},
+      {"barrier_every", c.barrier_every},
       {"blas_threads", c.blas_threads},
       {"out", c.out},
       {"force", c.force},

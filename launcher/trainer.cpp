@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 namespace ddplab {
 namespace {
@@ -35,9 +36,23 @@ Trainer::Trainer(const TrainConfig& config, Communicator& comm)
       optimizer_(config.optimizer, model_.num_parameters()),
       data_(SyntheticConfig{config.mlp.input_dim, config.mlp.num_classes, config.seed, config.data_noise}),
       shard_{comm.rank(), comm.size(), config.batch * config.grad_accum},
-      reducer_(make_reducer(config, comm, model_)),
-      inputs_(static_cast<size_t>(config.batch) * config.mlp.input_dim),
-      targets_(config.batch) {}
+      reducer_(make_reducer(config, comm, model_)) {
+  // Micro-batch i of the run is micro-batch i % K of step i / K.
+  const int k = config.grad_accum;
+  loader_ = std::make_unique<BatchLoader>(
+      data_, LoaderConfig{config.batch, config.data_cost_ms, config.loader_threads, config.prefetch},
+      [this, k](int64_t i) { return shard_.first_sample(i / k) + (i % k) * int64_t{config_.batch}; });
+  if (config.extra_allreduce_mb > 0) {
+    extra_comm_ = std::make_unique<Communicator>(comm.mpi_comm(), comm.options());
+    extra_buffer_.assign(static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float)), 0.0f);
+  }
+}
+
+namespace {
+void sleep_ms(double ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+}
+}  // namespace
 
 StepRecord Trainer::step(int step, double t0_ms) {
   StepRecord r;
@@ -50,11 +65,13 @@ StepRecord Trainer::step(int step, double t0_ms) {
   double backward_start = t_start, backward_end = t_start;
   for (int m = 0; m < micro_batches; ++m) {
     const double t0 = m == 0 ? t_start : backward_end;  // phases tile the step: no time falls between them
-    data_.fill(inputs_.data(), targets_.data(), shard_.first_sample(step) + int64_t{m} * config_.batch,
-               config_.batch);
+    if (comm_.rank() == config_.slow_rank) sleep_ms(config_.straggler_ms);
+    const float* inputs;
+    const int32_t* targets;
+    loader_->next(&inputs, &targets);
     const double t1 = now_ms();
     if (m == 0) model_.zero_grad();  // counted in forward
-    r.loss += model_.forward(inputs_.data(), targets_.data(), config_.batch) / micro_batches;
+    r.loss += model_.forward(inputs, targets, config_.batch) / micro_batches;
     const double t2 = now_ms();
     reducer_->set_sync(m == micro_batches - 1);  // no_sync for all but the last micro-batch
     model_.backward(on_ready);
@@ -68,11 +85,21 @@ StepRecord Trainer::step(int step, double t0_ms) {
   reducer_->wait_all();
   const double t_reduced = now_ms();
   optimizer_.step(model_.flat_params(), model_.flat_grads());
+  const double t_optimized = now_ms();
+  if (extra_comm_) extra_comm_->allreduce_sum(extra_buffer_.data(), extra_buffer_.size());
+  const double t_extra = now_ms();
+  const bool barrier_step = config_.rank0_work_ms > 0 && (step + 1) % config_.barrier_every == 0;
+  if (barrier_step && comm_.rank() == 0) sleep_ms(config_.rank0_work_ms);
+  const double t_work = now_ms();
+  if (barrier_step) MPI_Barrier(comm_.mpi_comm());
   const double t_end = now_ms();
 
   r.start_ms = t_start - t0_ms;
   r.exposed_comm_ms = t_reduced - backward_end;
-  r.optimizer_ms = t_end - t_reduced;
+  r.optimizer_ms = t_optimized - t_reduced;
+  r.extra_comm_ms = t_extra - t_optimized;
+  r.host_work_ms = t_work - t_extra;
+  r.barrier_ms = t_end - t_work;
   r.step_ms = t_end - t_start;
   for (const BucketTimes& b : reducer_->bucket_times()) {
     r.comm_ms += b.comm_end_ms - b.comm_start_ms;

@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "comm/reducer.h"
+#include "data/loader.h"
 #include "data/synthetic.h"
 #include "launcher/step_record.h"
 #include "launcher/train_config.h"
@@ -35,8 +36,9 @@ class Trainer {
   SyntheticClassification data_;
   ShardedBatches shard_;  // over the rank's whole step: grad_accum micro-batches of `batch` samples
   std::unique_ptr<Reducer> reducer_;
-  std::vector<float> inputs_;
-  std::vector<int32_t> targets_;
+  std::unique_ptr<BatchLoader> loader_;
+  std::unique_ptr<Communicator> extra_comm_;  // its own communicator: never interleaves with the Reducer's
+  std::vector<float> extra_buffer_;
 };
 
 // Milliseconds on the monotonic clock.
