@@ -11,6 +11,10 @@
 
 namespace ddplab {
 
+namespace {
+constexpr int64_t kFirstNapNs = 50'000, kLongestNapNs = 1'000'000;
+}  // namespace
+
 int64_t monotonic_ns() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -58,7 +62,12 @@ void LinkEmulatedTransport::recv(int peer, void* buf, size_t bytes, int tag) {
   int64_t arrival = 0;
   inner_->recv(peer, &arrival, sizeof arrival, tag);
   inner_->recv(peer, buf, bytes, tag);
-  if (arrival > monotonic_ns()) sleep_until_ns(arrival);
+  // Sleep until the arrival time, waking now and then to move our own sends along (see Transport::progress).
+  int64_t nap = kFirstNapNs;
+  for (int64_t now = monotonic_ns(); now < arrival; now = monotonic_ns()) {
+    sleep_until_ns(inner_->progress() ? std::min(arrival, now + nap) : arrival);
+    nap = std::min(2 * nap, kLongestNapNs);
+  }
 }
 
 void LinkEmulatedTransport::wait_sends() {

@@ -8,8 +8,10 @@
 //   arrival   = link_free + latency
 // The sender computes the arrival time and sends it in an 8-byte header before the payload, over the wrapped
 // transport with the same tag; the receiver receives both at the real transport's speed and then sleeps until the
-// arrival time (clock_nanosleep, absolute; the waiting transport below sleeps too, see PollPolicy). So a receiver
-// never sees a message before its arrival, and a step that computes is not delayed further than the link.
+// arrival time (clock_nanosleep, absolute; the waiting transport below sleeps too, see PollPolicy), waking now
+// and then while it has sends in flight to let them progress (MPI moves a large message only while both ends are
+// in MPI calls): every 50 us at first, backing off to 1 ms. So a
+// receiver never sees a message before its arrival, and a step that computes is not delayed further than the link.
 //
 // Assumptions: all ranks read one CLOCK_MONOTONIC (one host; across hosts the header would need the clock
 // offsets of DESIGN.md's alignment step). The emulation can only add delay: a link faster than the real
@@ -41,6 +43,7 @@ class LinkEmulatedTransport final : public Transport {
   void send(int peer, const void* buf, size_t bytes, int tag) override;
   void recv(int peer, void* buf, size_t bytes, int tag) override;
   void wait_sends() override;
+  bool progress() override { return inner_->progress(); }
 
   // Time the link needs for `bytes` (serialisation only, without latency), in ns.
   int64_t serialisation_ns(size_t bytes) const;

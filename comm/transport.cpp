@@ -141,19 +141,51 @@ void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
     const int err = poll_wait(&request, &status, poll_);
     int err_class = MPI_SUCCESS;
     if (err != MPI_SUCCESS) MPI_Error_class(err, &err_class);
-    if ((err == MPI_SUCCESS || err_class == MPI_ERR_TRUNCATE) && status.MPI_TAG != tag)
+    if ((err == MPI_SUCCESS || err_class == MPI_ERR_TRUNCATE) && status.MPI_TAG != tag) {
+      settle_sends_before_throwing();
       throw TagMismatch(rank_, peer, tag, status.MPI_TAG);
+    }
     // A different size means the peer's algorithm disagrees with ours about sizes: fail loudly, not silently.
     const std::string size_error = "rank " + std::to_string(rank_) + ": MpiTransport::recv from rank " +
                                    std::to_string(peer) + " (tag " + std::to_string(tag) + ") expected " +
                                    std::to_string(piece) + " bytes, got ";
+    if (err != MPI_SUCCESS) settle_sends_before_throwing();
     if (err_class == MPI_ERR_TRUNCATE) throw std::runtime_error(size_error + "more");
     if (err != MPI_SUCCESS) comm_detail::throw_mpi_error(err, "MPI_Wait", __FILE__, __LINE__);
     int received = 0;
     mpiCheck(MPI_Get_count(&status, MPI_BYTE, &received));
-    if (received != piece) throw std::runtime_error(size_error + std::to_string(received));
+    if (received != piece) {
+      settle_sends_before_throwing();
+      throw std::runtime_error(size_error + std::to_string(received));
+    }
     offset += piece;
   } while (offset < bytes);
+}
+
+// An exception unwinds through the algorithm into code that may free the buffers our sends still read (Open MPI
+// pushes rendezvous data from the sender's buffer during any later MPI call). In the mismatches every rank
+// detects, each pending send has a posted receive and completes at once; otherwise the peer may be gone, so the
+// wait is bounded and what is left is released to MPI (the job is about to be aborted in that case anyway).
+void MpiTransport::settle_sends_before_throwing() noexcept {
+  const int64_t give_up = now_ns() + 2'000'000'000;
+  for (MPI_Request& r : pending_sends_) {
+    int done = 0;
+    while (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+           now_ns() < give_up) {
+      const timespec ts{0, 100'000};
+      nanosleep(&ts, nullptr);
+    }
+    if (r != MPI_REQUEST_NULL && !done) MPI_Request_free(&r);
+  }
+  pending_sends_.clear();
+}
+
+bool MpiTransport::progress() {
+  if (pending_sends_.empty()) return false;
+  int done = 0;  // completed requests become MPI_REQUEST_NULL, which wait_sends then passes at once
+  mpiCheck(MPI_Testall(static_cast<int>(pending_sends_.size()), pending_sends_.data(), &done, MPI_STATUSES_IGNORE));
+  if (done) pending_sends_.clear();
+  return !done;
 }
 
 void MpiTransport::wait_sends() {

@@ -34,6 +34,10 @@ class Transport {
   virtual void recv(int peer, void* buf, size_t bytes, int tag) = 0;
   // Blocks until every send started so far has completed (its buffer may be reused).
   virtual void wait_sends() = 0;
+  // Lets sends in flight advance without waiting for them; returns whether some are still in flight. MPI has no
+  // progress thread: a rendezvous message moves only while both ends are inside MPI calls, so a rank that sleeps
+  // (link emulation) calls this between naps.
+  virtual bool progress() { return false; }
 };
 
 // How a transport waits for MPI requests. Open MPI's blocking calls busy-poll a core; in ddplab the all-reduce
@@ -68,10 +72,12 @@ class MpiTransport final : public Transport {
   void send(int peer, const void* buf, size_t bytes, int tag) override;
   void recv(int peer, void* buf, size_t bytes, int tag) override;
   void wait_sends() override;
+  bool progress() override;
   int tag_ub() const { return tag_ub_; }  // the largest tag MPI allows (>= 32767)
 
  private:
   void check_tag(int tag) const;
+  void settle_sends_before_throwing() noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;

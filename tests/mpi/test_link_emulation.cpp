@@ -1,0 +1,128 @@
+// Link emulation: messages arrive no earlier than the model says, all-reduces take the modelled time within
+// +-20%, and waiting sleeps instead of spinning (CPU time far below wall time).
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/link_emulation.h"
+#include "comm/transport.h"
+
+namespace ddplab {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+double process_cpu_s() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Rank 0 sends two messages back to back to rank 1 over a 1 Gbit/s link with 2 ms latency: the first arrives
+// after 2 ms + bytes/bandwidth, the second one serialisation later (the link is busy with the first).
+TEST(LinkEmulation, MessagesArriveAtLatencyPlusSerialisation) {
+  const int r = world_rank(), n = world_size();
+  if (n == 1) GTEST_SKIP() << "needs two ranks";
+  LinkEmulatedTransport t(std::make_unique<MpiTransport>(MPI_COMM_WORLD), /*latency_us=*/2000, /*gbps=*/1);
+  const size_t bytes = 1 << 20;  // 8.39 ms at 1 Gbit/s
+  const double ser_s = bytes * 8 / 1e9, lat_s = 2e-3;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  int64_t t0 = 0;
+  if (r == 0) {
+    t0 = monotonic_ns();
+    MPI_Send(&t0, 1, MPI_INT64_T, 1, 0, MPI_COMM_WORLD);
+    t.send(1, a.data(), bytes, 0);
+    t.send(1, b.data(), bytes, 0);
+    t.wait_sends();
+  } else if (r == 1) {
+    MPI_Recv(&t0, 1, MPI_INT64_T, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    std::vector<char> got(bytes);
+    t.recv(0, got.data(), bytes, 0);
+    const double first = (monotonic_ns() - t0) * 1e-9;
+    t.recv(0, got.data(), bytes, 0);
+    const double second = (monotonic_ns() - t0) * 1e-9;
+    EXPECT_GE(first, lat_s + ser_s);
+    EXPECT_LE(first, 1.2 * (lat_s + ser_s));
+    EXPECT_GE(second, lat_s + 2 * ser_s);
+    EXPECT_LE(second, 1.2 * (lat_s + 2 * ser_s));
+    EXPECT_EQ(got[0], 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// An all-reduce over an emulated 1 Gbit/s link takes the bandwidth-optimal ring's time, 2(n-1)(lat + bytes/n/bw),
+// within 20%, for our ring (fp32 and bf16, which sends half the bytes) and for MPI_Allreduce (whose time is
+// the model by construction: it sleeps until then). Almost all of that time is spent asleep.
+struct Case {
+  AllreduceImpl impl;
+  WireDtype wire;
+};
+
+class LinkAllreduce : public testing::TestWithParam<Case> {};
+
+TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
+  const int n = world_size();
+  if (n == 1) GTEST_SKIP() << "needs two ranks";
+  const LinkModel link = parse_link("none", /*latency_us=*/50, /*gbps=*/1);
+  Communicator comm(MPI_COMM_WORLD, CommOptions{GetParam().impl, GetParam().wire, link});
+  const size_t count = size_t{2} << 20;  // 8 MiB of fp32
+  const double wire_bytes = count * (GetParam().wire == WireDtype::kFp32 ? 4.0 : 2.0);
+  const double model_s = 2.0 * (n - 1) * (link.latency_us * 1e-6 + wire_bytes / n * 8 / (link.gbps * 1e9));
+  std::vector<float> data(count, 1.0f);
+  comm.allreduce_sum(data.data(), count, 0);  // warm-up: connections, scratch, page faults
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double cpu0 = process_cpu_s();
+  const int64_t t0 = monotonic_ns();
+  comm.allreduce_sum(data.data(), count, 1);
+  double wall = (monotonic_ns() - t0) * 1e-9, cpu = process_cpu_s() - cpu0;
+  MPI_Allreduce(MPI_IN_PLACE, &wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (world_rank() == 0)
+    std::printf("[ link     ] %s/%s n=%d: wall %.1f ms, model %.1f ms, cpu %.1f ms\n", to_string(GetParam().impl),
+                to_string(GetParam().wire), n, wall * 1e3, model_s * 1e3, cpu * 1e3);
+  EXPECT_GE(wall, 0.8 * model_s) << "model " << model_s << " s";
+  EXPECT_LE(wall, 1.2 * model_s) << "model " << model_s << " s";
+  // MPI_Allreduce itself spins while it runs (at full speed, a few ms of the ~100 ms); the ring sleeps.
+  EXPECT_LE(cpu, 0.25 * wall) << "cpu " << cpu << " s of wall " << wall << " s";
+  EXPECT_EQ(data[count - 1], static_cast<float>(n) * static_cast<float>(n));
+}
+
+INSTANTIATE_TEST_SUITE_P(Impls, LinkAllreduce,
+                         testing::Values(Case{AllreduceImpl::kRing, WireDtype::kFp32},
+                                         Case{AllreduceImpl::kRing, WireDtype::kBf16},
+                                         Case{AllreduceImpl::kMpi, WireDtype::kFp32}),
+                         [](const testing::TestParamInfo<Case>& info) {
+                           return std::string(to_string(info.param.impl)) + "_" + to_string(info.param.wire);
+                         });
+
+TEST(ParseLink, PresetsAndOverrides) {
+  const LinkModel l = parse_link("10gbe");
+  EXPECT_EQ(l.name, "10gbe");
+  EXPECT_EQ(l.gbps, 10);
+  EXPECT_GT(l.latency_us, 0);
+  EXPECT_EQ(parse_link("10gbe", 3).latency_us, 3);
+  EXPECT_EQ(parse_link("10gbe", -1, 40).gbps, 40);
+  EXPECT_EQ(parse_link("none").gbps, 0);
+  for (const char* p : {"25gbe", "100gbe-ib", "pcie4", "nvlink4"}) EXPECT_GT(parse_link(p).gbps, 10) << p;
+  EXPECT_THROW(parse_link("ethernet"), std::invalid_argument);
+  EXPECT_THROW(parse_link("10gbe", std::nan("")), std::invalid_argument);
+  EXPECT_THROW(parse_link("10gbe", -1, 1.0 / 0.0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ddplab
