@@ -1,0 +1,102 @@
+#include "launcher/cli.h"
+
+#include "launcher/errors.h"
+
+namespace ddplab {
+
+void add_train_flags(CLI::App* app, TrainConfig& c) {
+  app->add_option("--batch", c.batch, "samples per rank per step (global batch = batch x ranks)")
+      ->capture_default_str();
+  app->add_option("--steps", c.steps, "training steps")->capture_default_str();
+  app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
+  app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
+  app->add_option("--input-dim", c.mlp.input_dim, "MLP input features")->capture_default_str();
+  app->add_option("--hidden", c.mlp.hidden_dim, "MLP hidden width")->capture_default_str();
+  app->add_option("--layers", c.mlp.num_hidden_layers, "MLP hidden Linear+GELU blocks")->capture_default_str();
+  app->add_option("--classes", c.mlp.num_classes, "output classes")->capture_default_str();
+  app->add_option("--optimizer", c.optimizer.kind, "adamw | sgd")->capture_default_str();
+  app->add_option("--lr", c.optimizer.lr, "learning rate")->capture_default_str();
+  app->add_option("--weight-decay", c.optimizer.weight_decay, "weight decay (decoupled for AdamW)")
+      ->capture_default_str();
+  app->add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
+  app->add_option("--data-noise", c.data_noise, "synthetic data noise around the class prototypes")
+      ->capture_default_str();
+  app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce)")->capture_default_str();
+  app->add_option("--comm-dtype", c.comm_dtype, "gradients on the wire: fp32 | bf16 | fp16")->capture_default_str();
+  app->add_option("--bucket-mb", c.bucket_mb, "gradient bucket cap in MiB (0: one bucket per parameter)")
+      ->capture_default_str();
+  app->add_option("--first-bucket-mb", c.first_bucket_mb, "cap of the bucket that closes backward, MiB")
+      ->capture_default_str();
+  app->add_option_function<std::string>(
+         "--overlap",
+         [&c](const std::string& v) {
+           if (v != "on" && v != "off") throw CLI::ValidationError("--overlap", "must be on or off (got '" + v + "')");
+           c.overlap = v == "on";
+         },
+         "all-reduce buckets while backward runs: on | off")
+      ->default_str("on");
+  app->add_option("--grad-slice-mb", c.grad_slice_mb,
+                  "compute and announce weight gradients in row blocks of this size, MiB (0: whole weights)")
+      ->capture_default_str();
+  app->add_option("--grad-accum", c.grad_accum, "micro-batches per step, gradients communicated on the last")
+      ->capture_default_str();
+  app->add_option("--link", c.link, "emulated interconnect: none | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4")
+      ->capture_default_str();
+  app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us)");
+  app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s)");
+  app->add_option("--threads", c.blas_threads, "OpenBLAS threads per rank")->capture_default_str();
+  app->add_option("--data-cost-ms", c.data_cost_ms, "input pipeline: host cost per sample, ms (a sleep)")
+      ->capture_default_str();
+  app->add_option("--loader-threads", c.loader_threads, "input pipeline: worker threads (0: in the training loop)")
+      ->capture_default_str();
+  app->add_option("--prefetch", c.prefetch, "input pipeline: batches prepared ahead (with loader threads)")
+      ->capture_default_str();
+  app->add_option("--slow-rank", c.slow_rank, "lab: the straggling rank")->capture_default_str();
+  app->add_option("--straggler-ms", c.straggler_ms, "lab: the slow rank sleeps this long before each batch fetch")
+      ->capture_default_str();
+  app->add_option("--extra-allreduce-mb", c.extra_allreduce_mb, "lab: an extra all-reduce of this size every step")
+      ->capture_default_str();
+  app->add_option("--rank0-work-ms", c.rank0_work_ms, "lab: rank 0 works this long, then every rank barriers")
+      ->capture_default_str();
+  app->add_option("--barrier-every", c.barrier_every, "lab: ... every this many steps")->capture_default_str();
+  app->add_option("--out", c.out, "run file (HDF5); default runs/train_np<N>_<time>.h5");
+  app->add_flag("--force", c.force, "overwrite an existing run file");
+  app->add_flag("--quiet", c.quiet, "print only errors");
+}
+
+void validate(const TrainConfig& c) {
+  auto at_least = [](const char* flag, long long value, long long min) {
+    require(value >= min, std::string(flag) + " must be at least " + std::to_string(min) + " (got " +
+                              std::to_string(value) + ")");
+  };
+  at_least("--batch", c.batch, 1);
+  at_least("--steps", c.steps, 1);
+  at_least("--warmup-steps", c.warmup_steps, 0);
+  at_least("--input-dim", c.mlp.input_dim, 1);
+  at_least("--hidden", c.mlp.hidden_dim, 1);
+  at_least("--layers", c.mlp.num_hidden_layers, 1);
+  at_least("--classes", c.mlp.num_classes, 2);
+  at_least("--threads", c.blas_threads, 1);
+  require(c.optimizer.kind == "adamw" || c.optimizer.kind == "sgd",
+          "--optimizer must be adamw or sgd (got '" + c.optimizer.kind + "')");
+  require(c.optimizer.lr > 0, "--lr must be positive");
+  require(c.optimizer.weight_decay >= 0, "--weight-decay must not be negative");
+  require(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1, "--momentum must be in [0, 1)");
+  require(c.data_noise >= 0, "--data-noise must not be negative");
+  at_least("--grad-accum", c.grad_accum, 1);
+  at_least("--loader-threads", c.loader_threads, 0);
+  at_least("--prefetch", c.prefetch, 1);
+  at_least("--barrier-every", c.barrier_every, 1);
+  at_least("--slow-rank", c.slow_rank, 0);
+  require(c.data_cost_ms >= 0 && c.straggler_ms >= 0 && c.extra_allreduce_mb >= 0 && c.rank0_work_ms >= 0,
+          "--data-cost-ms, --straggler-ms, --extra-allreduce-mb and --rank0-work-ms must not be negative");
+  require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && c.grad_slice_mb >= 0,
+          "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");
+  try {
+    comm_options(c);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+}  // namespace ddplab

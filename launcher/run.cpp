@@ -1,0 +1,226 @@
+#include "launcher/run.h"
+
+#include <cblas.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+#include <type_traits>
+
+#include "git_commit.h"
+#include "launcher/cli.h"
+#include "launcher/errors.h"
+#include "launcher/run_file.h"
+#include "launcher/trainer.h"
+#ifdef DDPLAB_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+namespace ddplab {
+
+std::string local_time_stamp() {
+  char stamp[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return stamp;
+}
+
+namespace {
+
+std::string utc_now_iso8601() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string default_run_path(const std::string& command, int world_size) {
+  return "runs/" + command + "_np" + std::to_string(world_size) + "_" + local_time_stamp() + ".h5";
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+std::string mpi_library_version() {
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(buf, &len);
+  return first_line(std::string(buf, len));
+}
+
+std::string hdf5_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+std::string blas_description() {
+  return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
+}
+
+std::string cuda_description() {
+#ifdef DDPLAB_HAVE_CUDA
+  return "built: " + cuda::describe(cuda::query_cuda());
+#else
+  return "not built (configure with nvcc present or -DDDPLAB_CUDA=ON)";
+#endif
+}
+
+namespace {
+
+std::vector<std::string> gather_hostnames(MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(mine, &len);
+  std::vector<char> all(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm);
+  std::vector<std::string> names;
+  for (int r = 0; r < size; ++r) names.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+  return names;
+}
+
+}  // namespace
+
+std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm) {
+  char buf[1024] = {};
+  std::snprintf(buf, sizeof buf, "%s", error_on_root.c_str());
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm);
+  return buf;
+}
+
+namespace {
+
+// Rank 0 receives every rank's `mine` (all ranks send the same number of plain-data records), rank-major.
+template <typename Record>
+void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, MPI_Comm comm) {
+  static_assert(std::is_trivially_copyable_v<Record>);
+  const int bytes = static_cast<int>(sizeof(Record) * mine.size());
+  MPI_Gather(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, 0, comm);
+}
+
+// "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
+std::string bucket_contents(const Mlp<float>& model, const Bucket& bucket) {
+  std::string text;
+  for (int k = bucket.first_piece; k <= bucket.last_piece; ++k) {
+    const GradPiece& g = model.grad_pieces()[k];
+    const Parameter<float>& p = model.parameters()[g.param];
+    text += (text.empty() ? "" : ",") + p.name;
+    if (g.numel < p.numel) {
+      const int64_t rows = g.numel / p.shape[1];
+      text += "[" + std::to_string(g.first_row) + ":" + std::to_string(g.first_row + rows) + "]";
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& options) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  validate(config);
+  openblas_set_num_threads(config.blas_threads);
+
+  // Rank 0 owns the run file: check it can be written before spending time on training.
+  std::string error;
+  if (rank == 0) {
+    if (config.out.empty()) {
+      mkdir("runs", 0755);
+      config.out = default_run_path(options.command, size);
+    }
+    error = check_output_path(config.out, config.force);
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw UsageError(error);
+
+  RunResult result;
+  Communicator comm(world, comm_options(config));
+  Trainer trainer(config, comm);
+  RunMetadata meta;
+  meta.command = options.command;
+  meta.command_line = options.command_line;
+  meta.start_time_utc = utc_now_iso8601();
+  meta.git_commit = DDPLAB_GIT_COMMIT;
+  meta.ddplab_version = kVersion;
+  meta.mpi_library = mpi_library_version();
+  meta.hdf5_version = hdf5_version();
+  meta.blas = blas_description();
+  meta.cuda = cuda_description();
+  meta.world_size = size;
+  meta.hostnames = gather_hostnames(world);
+
+  if (rank == 0 && !config.quiet) {
+    const auto& m = config.mlp;
+    if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
+    std::printf("ddplab train: MLP %d-%dx%d-%d (%.2fM params), %d rank%s x batch %d%s, %s, %d steps\n", m.input_dim,
+                m.hidden_dim, m.num_hidden_layers, m.num_classes, trainer.model().num_parameters() / 1e6, size,
+                size == 1 ? "" : "s", config.batch,
+                config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
+                config.optimizer.kind.c_str(), config.steps);
+    std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
+                config.comm.c_str(), config.comm_dtype.c_str(), config.link.c_str(),
+                trainer.reducer().buckets().size(), trainer.reducer().buckets().size() == 1 ? "" : "s",
+                config.bucket_mb, config.first_bucket_mb, config.overlap ? "on" : "off");
+    std::fflush(stdout);
+  }
+
+  const size_t num_buckets = trainer.reducer().buckets().size();
+  std::vector<StepRecord> mine(config.steps);
+  std::vector<BucketTimes> my_buckets;
+  my_buckets.reserve(config.steps * num_buckets);
+  MPI_Barrier(world);  // common start: step start times of all ranks share one origin
+  const double t0 = now_ms();
+  double last_progress = t0;
+  const int global_batch = config.batch * config.grad_accum * size;
+  for (int s = 0; s < config.steps; ++s) {
+    mine[s] = trainer.step(s, t0);
+    const auto& times = trainer.reducer().bucket_times();
+    my_buckets.insert(my_buckets.end(), times.begin(), times.end());
+    // A progress line at most once a second, from rank 0's own view (the summary has everyone's).
+    if (rank == 0 && !config.quiet && now_ms() - last_progress >= 1000 && s + 1 < config.steps) {
+      last_progress = now_ms();
+      std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s (rank 0)  loss %.4f\n", s + 1, config.steps,
+                  mine[s].step_ms, global_batch / (mine[s].step_ms / 1e3), mine[s].loss);
+      std::fflush(stdout);
+    }
+  }
+
+  std::vector<StepRecord> all(rank == 0 ? static_cast<size_t>(size) * config.steps : 0);
+  gather_to_root(mine, all, world);
+  RunBuckets buckets;
+  buckets.layout = trainer.reducer().buckets();
+  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(trainer.model(), b));
+  buckets.times.resize(rank == 0 ? my_buckets.size() * size : 0);
+  gather_to_root(my_buckets, buckets.times, world);
+
+  if (rank == 0) {
+    meta.config_json = to_json(config).dump();
+    result.summary = summarize(all, size, config.steps, config.warmup_steps, global_batch);
+    const RunSummary& summary = result.summary;
+    try {
+      write_run_file(config.out, config.force, meta, all, config.steps, to_json(summary).dump(), buckets);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!config.quiet) {
+      print_summary(stdout, summary, meta.hostnames);
+      if (error.empty()) std::printf("run file: %s\n", config.out.c_str());
+      std::fflush(stdout);
+    }
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw std::runtime_error(error);
+  result.path = config.out;
+  return result;
+}
+
+
+}  // namespace ddplab

@@ -1,0 +1,42 @@
+// One training run, from a TrainConfig to a run file: the body of `ddplab train`, and of each case of
+// `ddplab suite` (which runs it on sub-communicators of one launch).
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "launcher/summary.h"
+#include "launcher/train_config.h"
+
+namespace ddplab {
+
+inline constexpr const char* kVersion = "0.1.0";
+
+struct RunOptions {
+  std::string command = "train";  // stored in the run file; names the default output file
+  std::string command_line;
+  std::string label;              // printed above the run's header (suite case name)
+};
+
+struct RunResult {
+  RunSummary summary;  // valid on rank 0 of the communicator
+  std::string path;    // the run file written
+};
+
+// Collective over comm. Validates the config (UsageError), checks the output path (rank 0 decides, every rank
+// learns), trains, gathers every rank's records on rank 0, which writes the run file and prints the summary
+// unless config.quiet. Throws std::runtime_error on failure, on every rank.
+RunResult run_training(TrainConfig config, MPI_Comm comm, const RunOptions& options);
+
+// Shared by the subcommands.
+std::string local_time_stamp();  // 20261121-213000
+std::string blas_description();
+std::string mpi_library_version();
+std::string hdf5_version();
+std::string cuda_description();
+// Rank 0 decides something that can fail; every rank learns the outcome ("" = fine).
+std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm);
+
+}  // namespace ddplab

@@ -1,0 +1,240 @@
+#include "launcher/suite.h"
+
+#include <mpi.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "launcher/cli.h"
+#include "launcher/errors.h"
+#include "launcher/run.h"
+
+namespace ddplab {
+namespace {
+
+struct Case {
+  std::string name;
+  std::string group;  // weak | strong | pathology | input
+  int world_size;
+  TrainConfig config;
+};
+
+struct CaseResult {
+  Case c;
+  RunSummary summary;
+  std::string path;
+};
+
+// The ranks a case does not use wait for it without spinning: Open MPI's blocking barrier polls a core, which
+// on a small machine would steal the cycles of the ranks being measured.
+void wait_quietly(MPI_Comm comm) {
+  MPI_Request request;
+  MPI_Ibarrier(comm, &request);
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// Powers of two up to the world size, and the world size itself.
+std::vector<int> scaling_sizes(int world) {
+  std::vector<int> sizes;
+  for (int n = 1; n < world; n *= 2) sizes.push_back(n);
+  sizes.push_back(world);
+  return sizes;
+}
+
+std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
+  // Every case starts from the base with the pathologies switched off; each pathology case switches its own on.
+  TrainConfig clean = o.base;
+  clean.straggler_ms = 0;
+  clean.extra_allreduce_mb = 0;
+  clean.rank0_work_ms = 0;
+  clean.data_cost_ms = 0;
+  clean.loader_threads = 0;
+  clean.quiet = true;
+  const int batch = o.base.batch;
+
+  std::vector<Case> cases;
+  for (int ws : scaling_sizes(world)) {
+    cases.push_back({"weak_ws" + std::to_string(ws), "weak", ws, clean});
+  }
+  const int global = batch * world;
+  for (int ws : scaling_sizes(world)) {
+    Case c{"strong_ws" + std::to_string(ws), "strong", ws, clean};
+    c.config.batch = global / ws;
+    cases.push_back(c);
+  }
+  Case straggler{"straggler", "pathology", world, clean};
+  straggler.config.straggler_ms = o.base.straggler_ms;
+  straggler.config.slow_rank = o.base.slow_rank;
+  cases.push_back(straggler);
+  Case extra{"extra_allreduce", "pathology", world, clean};
+  extra.config.extra_allreduce_mb = o.base.extra_allreduce_mb;
+  cases.push_back(extra);
+  Case barrier{"rank0_barrier", "pathology", world, clean};
+  barrier.config.rank0_work_ms = o.base.rank0_work_ms;
+  barrier.config.barrier_every = o.base.barrier_every;
+  cases.push_back(barrier);
+  for (int threads : {0, 2, 4}) {
+    Case input{"input_threads" + std::to_string(threads), "input", world, clean};
+    input.config.data_cost_ms = o.base.data_cost_ms;
+    input.config.loader_threads = threads;
+    input.config.prefetch = o.base.prefetch;
+    cases.push_back(input);
+  }
+  return cases;
+}
+
+double mean_over_ranks(const RunSummary& s, double StepRecord::*field) {
+  double sum = 0;
+  for (const StepRecord& r : s.ranks) sum += r.*field;
+  return s.ranks.empty() ? 0 : sum / s.ranks.size();
+}
+
+}  // namespace
+
+CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
+  CLI::App* suite = app.add_subcommand("suite", "the DDP lab: scaling and pathology cases in one launch");
+  // Suite defaults of the pathology knobs (train's are "off"), set before the flags capture their defaults.
+  o.base.steps = 20;
+  o.base.straggler_ms = 40;
+  o.base.extra_allreduce_mb = 128;
+  o.base.rank0_work_ms = 20;
+  o.base.data_cost_ms = 0.2;
+  suite->add_option("name", o.name, "which suite: lab")->capture_default_str();
+  add_train_flags(suite, o.base);
+  suite->add_option("--out-dir", o.out_dir, "folder for the case run files and the summary (default "
+                                            "runs/suite_<name>_<time>)");
+  suite->add_flag("--full", o.full, "100 steps per case instead of 20");
+  suite->callback([&o, suite] { o.steps_given = suite->count("--steps") > 0; });
+  return suite;
+}
+
+int run_suite(SuiteOptions o, const std::string& command_line) {
+  require(o.name == "lab", "unknown suite '" + o.name + "' (expected lab)");
+  if (o.full && !o.steps_given) o.base.steps = 100;
+  validate(o.base);
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  require(o.base.slow_rank < size, "--slow-rank " + std::to_string(o.base.slow_rank) + " is not a rank of this " +
+                                       std::to_string(size) + "-rank launch");
+
+  std::string error;
+  if (rank == 0) {
+    if (o.out_dir.empty()) {
+      mkdir("runs", 0755);
+      o.out_dir = "runs/suite_" + o.name + "_" + local_time_stamp();
+    }
+    if (mkdir(o.out_dir.c_str(), 0755) != 0 && !o.base.force)
+      error = "cannot create the suite folder " + o.out_dir + " (it exists, or its parent does not; --force reuses it)";
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw UsageError(error);
+  char dir[4096] = {};
+  std::snprintf(dir, sizeof dir, "%s", o.out_dir.c_str());
+  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, world);
+  o.out_dir = dir;
+
+  const std::vector<Case> cases = lab_cases(o, size);
+  if (rank == 0) {
+    std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), results in %s/\n", o.name.c_str(),
+                cases.size(), size, o.base.steps, o.base.warmup_steps, o.out_dir.c_str());
+    std::fflush(stdout);
+  }
+  std::vector<CaseResult> results;
+  for (const Case& c : cases) {
+    const double start = MPI_Wtime();
+    MPI_Comm sub;
+    MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, &sub);
+    TrainConfig config = c.config;
+    config.out = o.out_dir + "/" + c.name + ".h5";
+    RunResult r;
+    if (sub != MPI_COMM_NULL) {
+      r = run_training(config, sub, RunOptions{"suite " + o.name, command_line, c.name});
+      MPI_Comm_free(&sub);
+    }
+    wait_quietly(world);
+    if (rank == 0) {
+      results.push_back({c, r.summary, r.path});
+      std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
+                  r.summary.slowest_step_ms, r.summary.samples_per_s, MPI_Wtime() - start);
+      std::fflush(stdout);
+    }
+  }
+  if (rank != 0) return 0;
+
+  // Metrics against the references of the same launch.
+  auto find = [&](const std::string& name) -> const CaseResult* {
+    for (const auto& r : results)
+      if (r.c.name == name) return &r;
+    return nullptr;
+  };
+  const CaseResult* weak1 = find("weak_ws1");
+  const CaseResult* strong1 = find("strong_ws1");
+  const CaseResult* baseline = find("weak_ws" + std::to_string(size));
+  nlohmann::json json_cases = nlohmann::json::array();
+  std::ofstream csv(o.out_dir + "/summary.csv");
+  csv << "case,group,world_size,global_batch,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
+         "mean_spread_ms,data_ms,compute_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
+         "vs_baseline,final_loss,run_file\n";
+  std::printf("\n%-16s %3s %6s %9s %10s %6s %9s %8s %8s %8s %8s %9s\n", "case", "ws", "batch", "step_ms", "samples/s",
+              "eff", "spread_ms", "data_ms", "comp_ms", "exposed", "extra", "vs_base");
+  bool loss_identical = true;
+  for (const CaseResult& r : results) {
+    const RunSummary& s = r.summary;
+    double efficiency = 0;
+    const CaseResult* ref = r.c.group == "weak" ? weak1 : r.c.group == "strong" ? strong1 : nullptr;
+    if (ref && ref->summary.samples_per_s > 0)
+      efficiency = s.samples_per_s / (r.c.world_size * ref->summary.samples_per_s);
+    const double vs_base = baseline && baseline->summary.samples_per_s > 0
+                               ? s.samples_per_s / baseline->summary.samples_per_s - 1
+                               : 0;
+    if (r.c.group != "weak" && r.c.group != "strong" && baseline && s.final_loss != baseline->summary.final_loss)
+      loss_identical = false;
+    const double data = mean_over_ranks(s, &StepRecord::data_ms);
+    const double compute = mean_over_ranks(s, &StepRecord::forward_ms) + mean_over_ranks(s, &StepRecord::backward_ms);
+    const double exposed = mean_over_ranks(s, &StepRecord::exposed_comm_ms);
+    const double extra = mean_over_ranks(s, &StepRecord::extra_comm_ms) + mean_over_ranks(s, &StepRecord::host_work_ms);
+    const double barrier = mean_over_ranks(s, &StepRecord::barrier_ms);
+    char eff[16] = "-";
+    if (ref) std::snprintf(eff, sizeof eff, "%.2f", efficiency);
+    std::printf("%-16s %3d %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %8.2f %+8.0f%%\n", r.c.name.c_str(),
+                r.c.world_size, s.global_batch, s.slowest_step_ms, s.samples_per_s, eff, s.mean_spread_ms, data,
+                compute, exposed, extra + barrier, 100 * vs_base);
+    csv << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ',' << s.slowest_rank
+        << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ',' << efficiency << ',' << s.mean_spread_ms << ','
+        << data << ',' << compute << ',' << mean_over_ranks(s, &StepRecord::comm_ms) << ','
+        << mean_over_ranks(s, &StepRecord::hidden_comm_ms) << ',' << exposed << ',' << extra << ',' << barrier << ','
+        << vs_base << ',' << s.final_loss << ',' << r.path << '\n';
+    json_cases.push_back({{"case", r.c.name},
+                          {"group", r.c.group},
+                          {"world_size", r.c.world_size},
+                          {"efficiency", efficiency},
+                          {"vs_baseline", vs_base},
+                          {"run_file", r.path},
+                          {"summary", to_json(s)}});
+  }
+  std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
+              "throughput change against weak_ws%d\n",
+              size);
+  std::printf("loss across the pathology and input cases: %s\n",
+              loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
+  nlohmann::json summary = {{"suite", o.name}, {"world_size", size}, {"steps", o.base.steps},
+                            {"loss_identical", loss_identical}, {"cases", json_cases}};
+  std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
+  std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
+  return loss_identical ? 0 : 1;
+}
+
+}  // namespace ddplab
