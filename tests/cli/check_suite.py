@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Runs `ddplab suite lab` on a small model and checks its files and that each case shows its pathology.
+
+usage: check_suite.py MPIRUN DDPLAB NP
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def steady(f, name):
+    first = json.loads(f.attrs["summary"])["first_steady_step"]
+    return f["steps"][name][:, first:].mean(axis=1)  # per rank
+
+
+def main():
+    mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with tempfile.TemporaryDirectory() as work:
+        out = os.path.join(work, "suite")
+        cmd = [mpirun, "-np", str(np_ranks), ddplab, "suite", "lab", "--steps", "6", "--warmup-steps", "2",
+               "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--slow-rank", "1",
+               "--straggler-ms", "30", "--extra-allreduce-mb", "0.5", "--rank0-work-ms", "15",
+               "--data-cost-ms", "1", "--out-dir", out]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        print(proc.stdout[-3000:])
+        check(proc.returncode == 0, f"suite exits 0 (got {proc.returncode}: {proc.stderr.strip()[-300:]})")
+        if proc.returncode != 0:
+            return
+        sizes = [1, 2, 4][: {1: 1, 2: 2, 4: 3}[np_ranks]]
+        expected = ([f"weak_ws{n}" for n in sizes] + [f"strong_ws{n}" for n in sizes] +
+                    ["straggler", "extra_allreduce", "rank0_barrier", "input_threads0", "input_threads2",
+                     "input_threads4"])
+        files = sorted(os.listdir(out))
+        check(files == sorted([c + ".h5" for c in expected] + ["summary.csv", "summary.json"]), f"files {files}")
+        summary = json.load(open(os.path.join(out, "summary.json")))
+        check([c["case"] for c in summary["cases"]] == expected, "summary.json lists every case in order")
+        check(summary["loss_identical"], "pathologies leave the loss identical")
+        lines = open(os.path.join(out, "summary.csv")).read().strip().split("\n")
+        check(len(lines) == len(expected) + 1, "summary.csv: header + one row per case")
+        by_case = {c["case"]: c for c in summary["cases"]}
+        check(abs(by_case["weak_ws1"]["efficiency"] - 1) < 1e-12, "weak_ws1 efficiency is 1 by definition")
+
+        with h5py.File(os.path.join(out, "weak_ws1.h5")) as f:
+            check(f.attrs["world_size"] == 1, "weak_ws1 ran on one rank")
+        with h5py.File(os.path.join(out, "strong_ws1.h5")) as f:
+            check(json.loads(f.attrs["config"])["batch"] == 8 * np_ranks, "strong_ws1 holds the whole global batch")
+
+        if np_ranks >= 2:
+            with h5py.File(os.path.join(out, "straggler.h5")) as f:
+                data, exposed = steady(f, "data_ms"), steady(f, "exposed_comm_ms")
+                others = [r for r in range(np_ranks) if r != 1]
+                check(data[1] > 25 and all(data[r] < 5 for r in others),
+                      f"straggler: rank 1 waits for data ({np.round(data, 1)})")
+                check(all(exposed[r] > exposed[1] + 15 for r in others),
+                      f"straggler: the others wait in the all-reduce ({np.round(exposed, 1)})")
+            with h5py.File(os.path.join(out, "rank0_barrier.h5")) as f:
+                work_ms, barrier = steady(f, "host_work_ms"), steady(f, "barrier_ms")
+                check(work_ms[0] > 12 and all(work_ms[r] < 1 for r in range(1, np_ranks)),
+                      f"rank0_barrier: only rank 0 works ({np.round(work_ms, 1)})")
+                check(all(barrier[r] > 10 for r in range(1, np_ranks)) and barrier[0] < 5,
+                      f"rank0_barrier: the others wait at the barrier ({np.round(barrier, 1)})")
+            with h5py.File(os.path.join(out, "extra_allreduce.h5")) as f:
+                check(np.all(steady(f, "extra_comm_ms") > 0), "extra_allreduce: every rank pays the extra all-reduce")
+        with h5py.File(os.path.join(out, "input_threads0.h5")) as f0, \
+                h5py.File(os.path.join(out, "input_threads4.h5")) as f4:
+            d0, d4 = steady(f0, "data_ms").max(), steady(f4, "data_ms").max()
+            check(d0 > 6 and d4 < d0 / 2, f"input: loader threads hide the input cost ({d0:.1f} -> {d4:.1f} ms)")
+
+
+main()
+print(f"suite checks: {len(failures)} failed")
+sys.exit(1 if failures else 0)
