@@ -4,7 +4,7 @@
 
 namespace ddplab {
 
-void add_train_flags(CLI::App* app, TrainConfig& c) {
+void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--batch", c.batch, "samples per rank per step (global batch = batch x ranks)")
       ->capture_default_str();
   app->add_option("--steps", c.steps, "training steps")->capture_default_str();
@@ -23,18 +23,21 @@ void add_train_flags(CLI::App* app, TrainConfig& c) {
       ->capture_default_str();
   app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce)")->capture_default_str();
   app->add_option("--comm-dtype", c.comm_dtype, "gradients on the wire: fp32 | bf16 | fp16")->capture_default_str();
-  app->add_option("--bucket-mb", c.bucket_mb, "gradient bucket cap in MiB (0: one bucket per parameter)")
-      ->capture_default_str();
+  if (sweep_axes) {
+    app->add_option("--bucket-mb", c.bucket_mb, "gradient bucket cap in MiB (0: one bucket per parameter)")
+        ->capture_default_str();
+    app->add_option_function<std::string>(
+           "--overlap",
+           [&c](const std::string& v) {
+             if (v != "on" && v != "off")
+               throw CLI::ValidationError("--overlap", "must be on or off (got '" + v + "')");
+             c.overlap = v == "on";
+           },
+           "all-reduce buckets while backward runs: on | off")
+        ->default_str("on");
+  }
   app->add_option("--first-bucket-mb", c.first_bucket_mb, "cap of the bucket that closes backward, MiB")
       ->capture_default_str();
-  app->add_option_function<std::string>(
-         "--overlap",
-         [&c](const std::string& v) {
-           if (v != "on" && v != "off") throw CLI::ValidationError("--overlap", "must be on or off (got '" + v + "')");
-           c.overlap = v == "on";
-         },
-         "all-reduce buckets while backward runs: on | off")
-      ->default_str("on");
   app->add_option("--grad-slice-mb", c.grad_slice_mb,
                   "compute and announce weight gradients in row blocks of this size, MiB (0: whole weights)")
       ->capture_default_str();

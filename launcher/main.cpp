@@ -2,6 +2,7 @@
 //
 //   mpirun -np 4 build/launcher/ddplab train [flags]   data-parallel training, summary on rank 0, one HDF5 run file
 //   mpirun -np 4 build/launcher/ddplab suite lab       the DDP lab: scaling and pathology cases in one launch
+//   mpirun -np 2 build/launcher/ddplab sweep ...       bucket size x overlap grid
 //   build/launcher/ddplab devices                      what this build and machine offer (BLAS, MPI, CUDA)
 //
 // Error policy (the program's edge): bad input → one line "ddplab: error: ..." from rank 0 and exit code 2 on
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
   add_train_flags(train, config);
   SuiteOptions suite_options;
   CLI::App* suite = add_suite_command(app, suite_options);
+  SweepOptions sweep_options;
+  CLI::App* sweep = add_sweep_command(app, sweep_options);
   CLI::App* devices = app.add_subcommand("devices", "show BLAS, MPI, HDF5 and CUDA as this build sees them");
 
   int code = 0;
@@ -89,6 +92,7 @@ int main(int argc, char** argv) {
     }
     if (train->parsed()) run_training(config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
     if (suite->parsed()) code = run_suite(suite_options, command_line);
+    if (sweep->parsed()) code = run_sweep(sweep_options, command_line);
     if (devices->parsed()) code = run_devices();
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());

@@ -94,6 +94,27 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   return cases;
 }
 
+// Rank 0 creates the results folder (default runs/<prefix>_<time>); every rank learns its name or the error.
+std::string prepare_out_dir(std::string dir, const std::string& prefix, bool force, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  std::string error;
+  if (rank == 0) {
+    if (dir.empty()) {
+      mkdir("runs", 0755);
+      dir = "runs/" + prefix + "_" + local_time_stamp();
+    }
+    if (mkdir(dir.c_str(), 0755) != 0 && !force)
+      error = "cannot create the results folder " + dir + " (it exists, or its parent does not; --force reuses it)";
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw UsageError(error);
+  char buf[4096] = {};
+  std::snprintf(buf, sizeof buf, "%s", dir.c_str());
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, world);
+  return buf;
+}
+
 double mean_over_ranks(const RunSummary& s, double StepRecord::*field) {
   double sum = 0;
   for (const StepRecord& r : s.ranks) sum += r.*field;
@@ -130,21 +151,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   require(o.base.slow_rank < size, "--slow-rank " + std::to_string(o.base.slow_rank) + " is not a rank of this " +
                                        std::to_string(size) + "-rank launch");
 
-  std::string error;
-  if (rank == 0) {
-    if (o.out_dir.empty()) {
-      mkdir("runs", 0755);
-      o.out_dir = "runs/suite_" + o.name + "_" + local_time_stamp();
-    }
-    if (mkdir(o.out_dir.c_str(), 0755) != 0 && !o.base.force)
-      error = "cannot create the suite folder " + o.out_dir + " (it exists, or its parent does not; --force reuses it)";
-  }
-  error = broadcast_error(error, world);
-  if (!error.empty()) throw UsageError(error);
-  char dir[4096] = {};
-  std::snprintf(dir, sizeof dir, "%s", o.out_dir.c_str());
-  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, world);
-  o.out_dir = dir;
+  o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
 
   const std::vector<Case> cases = lab_cases(o, size);
   if (rank == 0) {
@@ -235,6 +242,94 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
   std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   return loss_identical ? 0 : 1;
+}
+
+CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
+  CLI::App* sweep = app.add_subcommand("sweep", "bucket size x overlap grid: step time, exposed and hidden comm");
+  o.base.steps = 20;
+  add_train_flags(sweep, o.base, /*sweep_axes=*/false);
+  sweep->add_option("--bucket-mb", o.bucket_mb, "bucket caps to try, MiB, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  sweep->add_option("--overlap", o.overlap, "on, off, or on,off")->delimiter(',')->capture_default_str();
+  sweep->add_option("--out-dir", o.out_dir, "folder for the run files and the summary (default runs/sweep_<time>)");
+  return sweep;
+}
+
+int run_sweep(SweepOptions o, const std::string& command_line) {
+  validate(o.base);
+  for (const std::string& v : o.overlap) require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
+  for (double b : o.bucket_mb) require(b >= 0, "--bucket-mb values must not be negative");
+  require(!o.bucket_mb.empty() && !o.overlap.empty(), "--bucket-mb and --overlap need at least one value each");
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
+  if (rank == 0) {
+    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s, %d steps each, in %s/\n",
+                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(), o.base.steps, o.out_dir.c_str());
+    std::fflush(stdout);
+  }
+
+  struct Point {
+    double bucket_mb;
+    std::string overlap;
+    RunSummary summary;
+    std::string path;
+  };
+  std::vector<Point> points;
+  for (const std::string& overlap : o.overlap) {
+    for (double bucket_mb : o.bucket_mb) {
+      TrainConfig config = o.base;
+      config.bucket_mb = bucket_mb;
+      config.overlap = overlap == "on";
+      config.quiet = true;
+      char name[64];
+      std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
+      config.out = o.out_dir + "/" + name + ".h5";
+      const RunResult r = run_training(config, world, RunOptions{"sweep", command_line, name});
+      points.push_back({bucket_mb, overlap, r.summary, r.path});
+    }
+  }
+  if (rank != 0) return 0;
+
+  std::ofstream csv(o.out_dir + "/summary.csv");
+  csv << "bucket_mb,overlap,slowest_step_ms,samples_per_s,backward_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,"
+         "hidden_fraction,run_file\n";
+  nlohmann::json json_points = nlohmann::json::array();
+  std::printf("\n%9s %7s %9s %10s %9s %8s %8s %8s %7s\n", "bucket_mb", "overlap", "step_ms", "samples/s", "backward",
+              "comm", "hidden", "exposed", "hidden%");
+  const Point* best = &points.front();
+  for (const Point& p : points) {
+    const RunSummary& s = p.summary;
+    StepRecord mean;  // over ranks
+    double fraction = 0;
+    for (const StepRecord& r : s.ranks) {
+      for (const auto& [name, field] : kStepFields) mean.*field += r.*field / s.ranks.size();
+      fraction += hidden_fraction(r) / s.ranks.size();
+    }
+    std::printf("%9g %7s %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%\n", p.bucket_mb, p.overlap.c_str(),
+                s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms, mean.hidden_comm_ms,
+                mean.exposed_comm_ms, 100 * fraction);
+    csv << p.bucket_mb << ',' << p.overlap << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ','
+        << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ','
+        << fraction << ',' << p.path << '\n';
+    json_points.push_back({{"bucket_mb", p.bucket_mb},
+                           {"overlap", p.overlap},
+                           {"hidden_fraction", fraction},
+                           {"run_file", p.path},
+                           {"summary", to_json(s)}});
+    if (s.slowest_step_ms < best->summary.slowest_step_ms) best = &p;
+  }
+  std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step, %.0f samples/s)\n", best->bucket_mb,
+              best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
+  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"world_size", size},
+                            {"link", o.base.link},           {"points", json_points},
+                            {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
+  std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
+  std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
+  return 0;
 }
 
 }  // namespace ddplab

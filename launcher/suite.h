@@ -5,6 +5,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "launcher/train_config.h"
 
@@ -18,9 +19,20 @@ struct SuiteOptions {
   bool steps_given = false;
 };
 
+// `ddplab sweep`: the bucket size x overlap grid, every point a `ddplab train` run on all ranks.
+struct SweepOptions {
+  TrainConfig base;
+  std::vector<double> bucket_mb{0.5, 1, 5, 25, 100};
+  std::vector<std::string> overlap{"on", "off"};
+  std::string out_dir;  // default runs/sweep_<time>
+};
+
 // Registers `suite` with the train flags plus its own, and suite defaults for the pathology knobs.
 CLI::App* add_suite_command(CLI::App& app, SuiteOptions& options);
 // Collective over MPI_COMM_WORLD. Returns the exit code.
 int run_suite(SuiteOptions options, const std::string& command_line);
+
+CLI::App* add_sweep_command(CLI::App& app, SweepOptions& options);
+int run_sweep(SweepOptions options, const std::string& command_line);
 
 }  // namespace ddplab
