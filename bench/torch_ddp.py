@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""PyTorch DDP (gloo, CPU) on the same MLP, batch and optimizer as `ddplab train`: the reference ddplab is
+compared against (bench/vs_torch.py). Uses Debian's python3-torch; launches its own ranks on localhost (torchrun
+does not work with that package), one intra-op thread per rank.
+
+  bench/torch_ddp.py --np 2 [--batch 128] [--steps 30] [--warmup 5] [--bucket-mb 25]
+Prints one JSON line: {"np":..,"samples_per_s":..,"slowest_step_ms":..,"step_ms_by_rank":[..]}
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(1234)
+    layers, width = [], args.input_dim
+    for _ in range(args.layers):
+        layers += [nn.Linear(width, args.hidden), nn.GELU(approximate="tanh")]
+        width = args.hidden
+    model = nn.Sequential(*layers, nn.Linear(width, args.classes))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, args.input_dim, generator=g)  # data is not what is compared: keep it free
+    y = torch.randint(0, args.classes, (args.batch,), generator=g)
+    times = []
+    dist.barrier()
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(x), y)
+        loss.backward()
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    mine = sum(times[args.warmup:]) / len(times[args.warmup:])
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        slowest = max(gathered)
+        print(json.dumps({"np": world, "samples_per_s": args.batch * world / (slowest / 1e3),
+                          "slowest_step_ms": slowest, "step_ms_by_rank": gathered, "torch": torch.__version__}))
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--np", type=int, default=1)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--input-dim", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--bucket-mb", type=float, default=25)
+    args = p.parse_args()
+    if "RANK" in os.environ:
+        return worker(args)
+    with socket.socket() as s:  # a free port on localhost
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(args.np):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.np), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__] + sys.argv[1:], env=env))
+    codes = [proc.wait(timeout=600) for proc in procs]
+    return max(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

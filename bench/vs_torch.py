@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""ddplab vs PyTorch DDP (gloo) on this machine, same MLP, batch per rank and optimizer, 1 BLAS thread per rank.
+
+Runs are interleaved (ddplab, torch, ddplab, torch, ...) so that both see the same machine load; the table
+shows medians and the ratio of medians per world size.
+
+  bench/vs_torch.py [--np 1,2,4] [--repeats 5] [--steps 30]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import h5py
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ddplab_rate(build, np_ranks, steps, out):
+    cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", str(np_ranks), os.path.join(build, "launcher", "ddplab"),
+           "train", "--quiet", "--steps", str(steps), "--out", out]
+    subprocess.run(cmd, check=True)
+    with h5py.File(out, "r") as f:
+        rate = json.loads(f.attrs["summary"])["samples_per_s"]
+        blas = f.attrs["blas"].split("core=")[-1]
+    os.remove(out)
+    return rate, blas
+
+
+def torch_rate(np_ranks, steps):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "torch_ddp.py"), "--np", str(np_ranks),
+                          "--steps", str(steps)], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--np", default="1,2,4")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args()
+    print(f"# default MLP, batch 128/rank, AdamW, {args.steps} steps (5 warm-up), {args.repeats} interleaved runs each; "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print(f"{'ranks':>5} {'ddplab samples/s':>17} {'torch samples/s':>16} {'ratio':>6}  ddplab BLAS core")
+    with tempfile.TemporaryDirectory() as work:
+        for np_ranks in [int(n) for n in args.np.split(",")]:
+            ours, theirs, core = [], [], ""
+            for i in range(args.repeats):
+                rate, core = ddplab_rate(args.build, np_ranks, args.steps, os.path.join(work, f"r{i}.h5"))
+                ours.append(rate)
+                theirs.append(torch_rate(np_ranks, args.steps))
+            a, b = statistics.median(ours), statistics.median(theirs)
+            print(f"{np_ranks:>5} {a:>17.0f} {b:>16.0f} {a / b:>6.2f}  {core}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
