@@ -1,0 +1,173 @@
+#include "launcher/timeline.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+namespace ddplab {
+namespace {
+
+constexpr int kComputeTrack = 0;
+constexpr int kCommTrack = 1;
+
+double us(double ms) { return ms * 1e3; }
+
+std::string size_text(int64_t bytes) {
+  char buf[32];
+  if (bytes >= (int64_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  } else if (bytes >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  }
+  return buf;
+}
+
+nlohmann::json metadata(const char* name, int pid, int tid, nlohmann::json args) {
+  return {{"ph", "M"}, {"name", name}, {"pid", pid}, {"tid", tid}, {"args", std::move(args)}};
+}
+
+nlohmann::json complete(const std::string& name, const char* cat, int pid, int tid, double ts_us, double dur_us,
+                        nlohmann::json args) {
+  return {{"ph", "X"},
+          {"name", name},
+          {"cat", cat},
+          {"pid", pid},
+          {"tid", tid},
+          {"ts", ts_us},
+          {"dur", std::max(dur_us, 0.0)},
+          {"args", std::move(args)}};
+}
+
+// The step's phases in the order the trainer runs them (launcher/trainer.cpp); they tile the step. With
+// gradient accumulation data/forward/backward are sums over micro-batches, drawn as one block each.
+struct Phase {
+  const char* field;
+  const char* name;
+  bool always;  // drawn even when zero (the five phases every run has)
+};
+constexpr Phase kPhases[] = {
+    {"data_ms", "data", true},
+    {"forward_ms", "forward", true},
+    {"backward_ms", "backward", true},
+    {"exposed_comm_ms", "exposed comm wait", true},
+    {"optimizer_ms", "optimizer", true},
+    {"extra_comm_ms", "extra all-reduce", false},
+    {"host_work_ms", "host work", false},
+    {"barrier_ms", "barrier wait", false},
+};
+
+}  // namespace
+
+nlohmann::json chrome_trace(const RunData& run) {
+  nlohmann::json events = nlohmann::json::array();
+  const BucketData& b = run.buckets;
+  const int first_steady = run.first_steady_step();
+  for (int r = 0; r < run.world_size; ++r) {
+    events.push_back(
+        metadata("process_name", r, 0, {{"name", "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
+    events.push_back(metadata("process_sort_index", r, 0, {{"sort_index", r}}));
+    events.push_back(metadata("thread_name", r, kComputeTrack, {{"name", "compute"}}));
+    events.push_back(metadata("thread_sort_index", r, kComputeTrack, {{"sort_index", kComputeTrack}}));
+    events.push_back(metadata("thread_name", r, kCommTrack, {{"name", "communication"}}));
+    events.push_back(metadata("thread_sort_index", r, kCommTrack, {{"sort_index", kCommTrack}}));
+    for (int s = 0; s < run.num_steps; ++s) {
+      const double start = run.step("start_ms", r, s);
+      double t = start;
+      nlohmann::json phases = nlohmann::json::array();
+      for (const Phase& p : kPhases) {
+        const double ms = run.step(p.field, r, s);
+        if (!p.always && ms <= 0) continue;
+        phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", s}, {"ms", ms}}));
+        t += ms;
+      }
+      // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.
+      const double step_ms = std::max(run.step("step_ms", r, s), t - start);
+      events.push_back(complete("step " + std::to_string(s), "step", r, kComputeTrack, us(start), us(step_ms),
+                                {{"step", s},
+                                 {"steady", s >= first_steady},
+                                 {"step_ms", run.step("step_ms", r, s)},
+                                 {"loss", run.step("loss", r, s)}}));
+      for (auto& e : phases) events.push_back(std::move(e));
+
+      for (int k = 0; k < b.size(); ++k) {
+        const double ready = run.bucket_time(b.ready_ms, r, s, k);
+        const double begin = run.bucket_time(b.comm_start_ms, r, s, k);
+        const double end = run.bucket_time(b.comm_end_ms, r, s, k);
+        if (begin <= 0 && end <= 0) continue;  // never communicated (nothing recorded)
+        const std::string name = "bucket " + std::to_string(k);
+        events.push_back(complete(name + " (" + size_text(b.bytes[k]) + ")", "bucket", r, kCommTrack, us(begin),
+                                  us(end - begin),
+                                  {{"step", s},
+                                   {"bucket", k},
+                                   {"bytes", b.bytes[k]},
+                                   {"pieces", b.param_names[k]},
+                                   {"ready_ms", ready - start},
+                                   {"wait_after_ready_ms", begin - ready},
+                                   {"comm_ms", end - begin}}));
+        events.push_back({{"ph", "i"},
+                          {"s", "t"},
+                          {"name", name + " ready"},
+                          {"cat", "ready"},
+                          {"pid", r},
+                          {"tid", kCommTrack},
+                          {"ts", us(ready)},
+                          {"args", {{"step", s}, {"bucket", k}}}});
+      }
+    }
+  }
+  nlohmann::json other = {{"run_file", run.path},
+                          {"world_size", run.world_size},
+                          {"num_steps", run.num_steps},
+                          {"first_steady_step", first_steady},
+                          {"config", run.config},
+                          {"clock",
+                           "ranks leave an MPI_Barrier together at start, then read their own monotonic "
+                           "clock (alignment good to tens of microseconds on one host)"}};
+  for (const char* key : {"git_commit", "start_time_utc", "command_line"}) {
+    const auto it = run.attrs.find(key);
+    if (it != run.attrs.end()) other[key] = it->second;
+  }
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
+}
+
+std::string default_timeline_path(const std::string& run_path) {
+  const std::string ext = ".h5";
+  const bool has_ext =
+      run_path.size() > ext.size() && run_path.compare(run_path.size() - ext.size(), ext.size(), ext) == 0;
+  return (has_ext ? run_path.substr(0, run_path.size() - ext.size()) : run_path) + ".trace.json";
+}
+
+void write_timeline(const RunData& run, const std::string& path, bool force) {
+  const std::string text = chrome_trace(run).dump();
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+      out << text << '\n';
+      out.flush();
+      if (!out) throw std::runtime_error("cannot write " + tmp);
+    }
+    // As for the run file: link() refuses to replace a file that appeared meanwhile; rename() replaces atomically.
+    if (force) {
+      if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        throw std::runtime_error("cannot move timeline into place at " + path + ": " + std::strerror(errno));
+    } else {
+      if (link(tmp.c_str(), path.c_str()) != 0)
+        throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+      unlink(tmp.c_str());
+    }
+  } catch (...) {
+    unlink(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace ddplab
