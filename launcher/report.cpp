@@ -188,7 +188,7 @@ std::string breakdown(const RankProfile& p) {
       {"barrier", p.barrier}};
   std::string text;
   for (size_t i = 0; i < std::size(parts); ++i) {
-    if (i >= 4 && parts[i].second <= 0) continue;  // the lab's phases only when present
+    if (i >= 4 && parts[i].second < 0.005 * p.step) continue;  // the lab's phases only when they matter
     text += fmt("%s%s %.0f%%", text.empty() ? "" : " + ", parts[i].first, 100 * parts[i].second / p.step);
   }
   return text;
@@ -441,9 +441,9 @@ void print_report(std::FILE* out, const RunData& run) {
                st.mean_spread_ms);
   std::fprintf(out, "  final loss          %.4f\n", st.final_loss);
 
-  // The lab's columns only when the file has them and they are not all zero.
+  // The lab's columns only when they would not print as zeros.
   bool lab_cols = false;
-  for (const RankProfile& p : st.ranks) lab_cols |= p.extra_comm > 0 || p.host_work > 0 || p.barrier > 0;
+  for (const RankProfile& p : st.ranks) lab_cols |= std::max({p.extra_comm, p.host_work, p.barrier}) >= 0.005;
   std::fprintf(out, "  per rank (steady-state mean per step, ms):\n");
   std::fprintf(out, "  %4s  %-10s %8s %7s %8s %8s %8s %7s %7s %8s", "rank", "host", "step", "data", "forward",
                "backward", "comm", "hidden", "exposed", "optim");

@@ -1,0 +1,190 @@
+#!/usr/bin/python3
+"""`ddplab report`, `ddplab timeline` and scripts/charts.py, end to end on run files written by `ddplab train`.
+
+usage: test_report.py MPIRUN DDPLAB CHARTS_PY
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def run(cmd, timeout=60):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def error_lines(stderr, prefix="ddplab:"):
+    return [line for line in stderr.splitlines() if line.startswith(prefix)]
+
+
+def expect_usage_error(proc, expected, what):
+    lines = error_lines(proc.stderr)
+    ok = proc.returncode == 2 and len(lines) == 1 and expected in lines[0]
+    check(ok, f"{what}: exit 2 and one line with '{expected}' (got {proc.returncode}: {proc.stderr.strip()[:300]})")
+
+
+def check_trace(trace_path, run_path):
+    with open(trace_path) as f:
+        trace = json.load(f)  # must parse as JSON
+    with h5py.File(run_path, "r") as h:
+        world = int(h.attrs["world_size"])
+        steps = int(h.attrs["num_steps"])
+        start = h["steps/start_ms"][:]
+        step_ms = h["steps/step_ms"][:]
+        buckets = h["buckets/bytes"].shape[0]
+    events = trace.get("traceEvents", [])
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    check(sorted(procs) == list(range(world)) and all(procs[r].startswith(f"rank {r} (") for r in procs),
+          f"trace has a process per rank named 'rank N (host)' ({procs})")
+    check(all(threads.get((r, 0)) == "compute" and threads.get((r, 1)) == "communication" for r in range(world)),
+          "every rank has a compute track (tid 0) and a communication track (tid 1)")
+    timed = [e for e in events if e["ph"] in ("X", "i")]
+    check(all(e["ts"] >= 0 for e in timed) and all(e["dur"] >= 0 for e in timed if e["ph"] == "X"),
+          "every event has ts >= 0 and dur >= 0")
+    bucket_events = [e for e in timed if e["ph"] == "X" and e.get("cat") == "bucket"]
+    check(len(bucket_events) == world * steps * buckets,
+          f"one event per bucket per step per rank ({len(bucket_events)} vs {world * steps * buckets})")
+    tol = 1e-3  # us
+    outside = [e for e in bucket_events
+               if e["ts"] < start[e["pid"], e["args"]["step"]] * 1e3 - tol or
+               e["ts"] + e["dur"] > (start[e["pid"], e["args"]["step"]] + step_ms[e["pid"], e["args"]["step"]]) * 1e3 + tol]
+    check(not outside, f"bucket events lie inside their step ({outside[:1]})")
+    check(all(e["tid"] == 1 and "bytes" in e["args"] and "pieces" in e["args"] for e in bucket_events),
+          "bucket events are on the communication track with bytes and pieces")
+    phases = {(e["pid"], e["args"]["step"], e["name"]) for e in timed if e["ph"] == "X" and e.get("cat") == "phase"}
+    check(all((r, s, p) in phases for r in range(world) for s in range(steps)
+              for p in ("data", "forward", "backward", "exposed comm wait", "optimizer")),
+          "every rank and step has its data/forward/backward/exposed comm wait/optimizer phases")
+
+
+def main():
+    mpirun, ddplab, charts = sys.argv[1], sys.argv[2], sys.argv[3]
+    small = ["--hidden", "64", "--input-dim", "32", "--classes", "10", "--batch", "8", "--warmup-steps", "2", "--quiet"]
+    with tempfile.TemporaryDirectory() as work:
+        a, b = os.path.join(work, "a.h5"), os.path.join(work, "b.h5")
+        straggler, barrier = os.path.join(work, "straggler.h5"), os.path.join(work, "barrier.h5")
+        trains = [
+            [*small, "--steps", "6", "--out", a],
+            [*small, "--steps", "6", "--bucket-mb", "0", "--overlap", "off", "--out", b],  # with a: a bucket sweep
+            [*small, "--steps", "8", "--straggler-ms", "20", "--slow-rank", "1", "--out", straggler],
+            [*small, "--steps", "8", "--rank0-work-ms", "15", "--barrier-every", "2", "--out", barrier],
+        ]
+        for args in trains:
+            proc = run([mpirun, "-np", "2", ddplab, "train", *args], timeout=120)
+            check(proc.returncode == 0, f"ddplab train {' '.join(args[-2:])} (rc {proc.returncode}: {proc.stderr[:300]})")
+        if failures:
+            return
+
+        # ---- report --------------------------------------------------------------------------------------------
+        proc = run([ddplab, "report", a])
+        out = proc.stdout
+        print(out)
+        check(proc.returncode == 0, f"report exits 0 ({proc.stderr.strip()[:300]})")
+        check(f"== {a}" in out and "global throughput" in out and "final loss" in out, "report prints the summary")
+        check("config: comm ring, comm_dtype fp32, link none, bucket_mb 25, overlap on" in out, "report prints the config")
+        per_rank = [s for s in out[out.find("per rank ("):out.find("per bucket (")].splitlines()[2:] if s.strip()]
+        check([line.split()[0] for line in per_rank] == ["0", "1"], f"per-rank rows for ranks 0, 1 ({per_rank})")
+        check("per rank (" in out and "per bucket (" in out and "fc0.weight" in out, "per-rank and per-bucket tables")
+        check("blame:" in out and "no rank stands out" in out, "a plain run is blamed on nobody")
+        check("comparison" not in out, "no comparison for one file")
+
+        proc = run([mpirun, "-np", "2", ddplab, "report", a, b])
+        out = proc.stdout
+        check(proc.returncode == 0 and out.count("== ") == 3, f"report of two files under mpirun prints once (rc "
+              f"{proc.returncode}, {out.count('== ')} sections)")
+        table = out[out.find("== comparison"):]
+        check(any(line.split()[:2] == ["a", "2"] for line in table.splitlines()) and
+              any(line.split()[:2] == ["b", "2"] for line in table.splitlines()), "comparison has one row per file")
+
+        proc = run([ddplab, "report", straggler])
+        print(proc.stdout[proc.stdout.find("blame:"):])
+        check("rank 1 sets the pace (straggler input)" in proc.stdout and "communication-bound" not in proc.stdout,
+              "straggler run: blame names rank 1's data loading, not communication")
+        proc = run([ddplab, "report", barrier])
+        print(proc.stdout[proc.stdout.find("blame:"):])
+        check("rank 0 sets the pace (work before a barrier)" in proc.stdout and "every 2 steps" in proc.stdout,
+              "barrier run: blame names rank 0's work before the barrier every 2 steps")
+
+        # ---- timeline ------------------------------------------------------------------------------------------
+        trace = os.path.join(work, "a.trace.json")
+        proc = run([mpirun, "-np", "2", ddplab, "timeline", a])
+        check(proc.returncode == 0 and os.path.isfile(trace) and proc.stdout.count("timeline:") == 1,
+              f"timeline writes FILE.trace.json by default, once (rc {proc.returncode}: {proc.stderr.strip()[:300]})")
+        if os.path.isfile(trace):
+            check_trace(trace, a)
+            before = open(trace).read()
+            expect_usage_error(run([ddplab, "timeline", a]), "already exists (pass --force to overwrite)",
+                               "timeline refuses to overwrite")
+            check(open(trace).read() == before, "the existing trace is left as it was")
+            proc = run([ddplab, "timeline", a, "--force"])
+            check(proc.returncode == 0, "timeline --force overwrites")
+        custom = os.path.join(work, "custom.json")
+        proc = run([ddplab, "timeline", straggler, "-o", custom])
+        check(proc.returncode == 0 and os.path.isfile(custom), "timeline -o writes where it is told")
+        if os.path.isfile(custom):
+            check_trace(custom, straggler)
+        expect_usage_error(run([ddplab, "timeline", a, "-o", os.path.join(work, "no", "such", "t.json")]),
+                           "does not exist", "timeline into a missing folder")
+        check(not [n for n in os.listdir(work) if ".tmp." in n], "no temporary files left behind")
+
+        # ---- bad run files ------------------------------------------------------------------------------------
+        bad_dir = os.path.join(work, "bad")
+        os.mkdir(bad_dir)
+        empty, text, bare, no_steps = (os.path.join(bad_dir, n) for n in ("empty.h5", "text.h5", "bare.h5", "ns.h5"))
+        open(empty, "w").close()
+        with open(text, "w") as f:
+            f.write("not a run file\n")
+        with h5py.File(bare, "w") as f:
+            f.attrs["hello"] = 1
+        with h5py.File(no_steps, "w") as f:
+            with h5py.File(a, "r") as src:
+                for k, v in src.attrs.items():
+                    f.attrs[k] = v
+        cases = [(os.path.join(bad_dir, "missing.h5"), "No such file"), (empty, "empty file"),
+                 (text, "not an HDF5 file"), (bare, "not a ddplab run file"), (no_steps, "missing")]
+        listing = sorted(os.listdir(bad_dir))
+        for path, problem in cases:
+            for cmd in (["report"], ["timeline"]):
+                proc = run([ddplab, *cmd, path])
+                expect_usage_error(proc, f"cannot read run file {path}: ", f"{cmd[0]} {os.path.basename(path)}")
+                check(problem in proc.stderr, f"{cmd[0]} {os.path.basename(path)} says '{problem}'")
+        expect_usage_error(run([mpirun, "-np", "2", ddplab, "report", a, text]), "not an HDF5 file",
+                           "report under mpirun with one bad file")
+        check(sorted(os.listdir(bad_dir)) == listing, "bad input leaves no files behind")
+
+        # ---- charts --------------------------------------------------------------------------------------------
+        out_dir = os.path.join(work, "charts")
+        proc = run([sys.executable, charts, out_dir, a, b], timeout=120)
+        print(proc.stdout)
+        check(proc.returncode == 0, f"charts.py exits 0 ({proc.stderr.strip()[-300:]})")
+        for stem in ("a_breakdown", "a_step_times", "b_breakdown", "b_step_times", "throughput", "bucket_sweep"):
+            for ext in ("png", "svg"):
+                path = os.path.join(out_dir, f"{stem}.{ext}")
+                size = os.path.getsize(path) if os.path.isfile(path) else 0
+                check(size > 1000 and path in proc.stdout, f"charts.py wrote and printed {stem}.{ext} ({size} bytes)")
+            png = os.path.join(out_dir, f"{stem}.png")
+            with open(png, "rb") if os.path.isfile(png) else open(os.devnull, "rb") as f:
+                check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{stem}.png is a PNG")
+        proc = run([sys.executable, charts, out_dir, text])
+        check(proc.returncode == 2 and len(error_lines(proc.stderr, "charts.py:")) == 1,
+              f"charts.py on a bad file: exit 2, one line ({proc.returncode}: {proc.stderr.strip()[:200]})")
+
+
+if __name__ == "__main__":
+    main()
+    if failures:
+        print(f"{len(failures)} check(s) failed:", *failures, sep="\n  ")
+        sys.exit(1)
+    print("all checks passed")
