@@ -21,6 +21,7 @@
 #include "git_commit.h"
 #include "launcher/cli.h"
 #include "launcher/errors.h"
+#include "launcher/report.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
 
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
   SweepOptions sweep_options;
   CLI::App* sweep = add_sweep_command(app, sweep_options);
   CLI::App* devices = app.add_subcommand("devices", "show BLAS, MPI, HDF5 and CUDA as this build sees them");
+  add_report_commands(app);  // report, timeline: run on rank 0 from their own callbacks
 
   int code = 0;
   try {
