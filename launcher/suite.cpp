@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -14,7 +15,10 @@
 
 #include "launcher/cli.h"
 #include "launcher/errors.h"
+#include "launcher/report.h"
 #include "launcher/run.h"
+#include "launcher/run_reader.h"
+#include "launcher/timeline.h"
 
 namespace ddplab {
 namespace {
@@ -113,6 +117,20 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
   std::snprintf(buf, sizeof buf, "%s", dir.c_str());
   MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, world);
   return buf;
+}
+
+// Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib).
+// Charts are a convenience: without python3-matplotlib the suite says so and goes on.
+void draw_charts(const std::string& dir, const std::vector<std::string>& files) {
+  std::string cmd = std::string(DDPLAB_PYTHON) + " " + DDPLAB_SOURCE_DIR + "/scripts/charts.py '" + dir + "/charts'";
+  for (const std::string& f : files) cmd += " '" + f + "'";
+  cmd += " > '" + dir + "/charts.log' 2>&1";
+  mkdir((dir + "/charts").c_str(), 0755);
+  if (std::system(cmd.c_str()) != 0) {
+    std::printf("charts: not drawn (see %s/charts.log)\n", dir.c_str());
+  } else {
+    std::printf("charts: %s/charts/ (PNG and SVG; list in %s/charts.log)\n", dir.c_str(), dir.c_str());
+  }
 }
 
 double mean_over_ranks(const RunSummary& s, double StepRecord::*field) {
@@ -237,10 +255,28 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
               size);
   std::printf("loss across the pathology and input cases: %s\n",
               loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
+
+  // Who sets the pace in each multi-rank case, and why (launcher/report.h).
+  std::printf("\nblame:\n");
+  std::vector<std::string> files;
+  for (size_t i = 0; i < results.size(); ++i) {
+    files.push_back(results[i].path);
+    if (results[i].c.world_size < 2) continue;
+    const std::vector<std::string> lines = blame(read_run_file(results[i].path));
+    for (const std::string& line : lines) std::printf("  %-16s %s\n", results[i].c.name.c_str(), line.c_str());
+    json_cases[i]["blame"] = lines;
+  }
   nlohmann::json summary = {{"suite", o.name}, {"world_size", size}, {"steps", o.base.steps},
                             {"loss_identical", loss_identical}, {"cases", json_cases}};
   std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
-  std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
+  std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
+  if (const CaseResult* straggler = find("straggler")) {
+    const std::string trace = default_timeline_path(straggler->path);
+    write_timeline(read_run_file(straggler->path), trace, /*force=*/true);
+    std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
+                trace.c_str());
+  }
+  draw_charts(o.out_dir, files);
   return loss_identical ? 0 : 1;
 }
 
@@ -324,6 +360,9 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step, %.0f samples/s)\n", best->bucket_mb,
               best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
+  std::vector<std::string> files;
+  for (const Point& p : points) files.push_back(p.path);
+  draw_charts(o.out_dir, files);
   nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"world_size", size},
                             {"link", o.base.link},           {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
