@@ -1,5 +1,5 @@
 # The front door. CMake is the build; these are the commands people type.
-#   make demo    install what is missing, build, run the default 4-rank training lab on this machine
+#   make demo    install what is missing, build, run the DDP lab suite on 4 ranks (mpirun -np 4 ddplab suite lab)
 #   make test    install what is missing, build, run every test (ctest)
 #   make bench   the benchmarks recorded in docs/BENCHMARKS.md
 BUILD ?= build
@@ -23,7 +23,7 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	scripts/mpirun.sh -np $(NP) $(BUILD)/launcher/ddplab train
+	scripts/mpirun.sh -np $(NP) $(BUILD)/launcher/ddplab suite lab
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
