@@ -22,7 +22,7 @@ namespace {
 // step: smaller gaps are ordinary jitter between ranks on a shared machine.
 constexpr double kOutlierMinShare = 0.10;
 // ... and by at least this much: below it the CPU timer and the scheduler dominate.
-constexpr double kOutlierMinMs = 0.1;
+constexpr double kOutlierMinMs = 0.5;
 // ... and by this ratio. Data loading is normally a sliver of the step, so a straggler's stands at a multiple of
 // the others'; compute is the bulk of the step, so 20% more of it already sets the pace.
 constexpr double kDataOutlierRatio = 2.0;
@@ -35,8 +35,9 @@ constexpr double kCommBoundShare = 0.20;
 constexpr double kAlikeRatio = 0.5;
 // Input-bound: every rank (alike) spends at least this share of the step producing its batch.
 constexpr double kInputBoundShare = 0.25;
-// A step is a barrier episode when its barrier wait + host work reaches this fraction of the largest one.
-constexpr double kBarrierStepFraction = 0.5;
+// A step is a barrier episode when its barrier wait + host work (on the rank with most) exceeds kOutlierMinMs:
+// in other steps both are a couple of clock reads. (Relative to the largest episode it would be fragile: one
+// long wait on a loaded machine would hide the ordinary episodes.)
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -116,17 +117,13 @@ struct BarrierEpisodes {
 
 BarrierEpisodes barrier_episodes(const RunData& run) {
   const int first = run.first_steady_step();
-  std::vector<double> marker(run.num_steps, 0.0);
-  double top = 0;
-  for (int s = first; s < run.num_steps; ++s) {
-    for (int r = 0; r < run.world_size; ++r)
-      marker[s] = std::max(marker[s], run.step("barrier_ms", r, s) + run.step("host_work_ms", r, s));
-    top = std::max(top, marker[s]);
-  }
   BarrierEpisodes e;
-  if (top <= 0) return e;
-  for (int s = first; s < run.num_steps; ++s)
-    if (marker[s] >= kBarrierStepFraction * top) e.steps.push_back(s);
+  for (int s = first; s < run.num_steps; ++s) {
+    double marker = 0;
+    for (int r = 0; r < run.world_size; ++r)
+      marker = std::max(marker, run.step("barrier_ms", r, s) + run.step("host_work_ms", r, s));
+    if (marker > kOutlierMinMs) e.steps.push_back(s);
+  }
   std::vector<double> gaps;
   for (size_t i = 1; i < e.steps.size(); ++i) gaps.push_back(e.steps[i] - e.steps[i - 1]);
   if (!gaps.empty()) e.period = static_cast<int>(std::lround(median(gaps)));

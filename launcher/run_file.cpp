@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "launcher/files.h"
+
 namespace ddplab {
 namespace {
 
@@ -19,22 +21,6 @@ T h5(T result, const char* what) {
   if (result < 0) throw std::runtime_error(std::string("HDF5: ") + what + " failed");
   return result;
 }
-
-// RAII for HDF5 identifiers: the closer matches the kind of object.
-class H5Id {
- public:
-  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  operator hid_t() const { return id_; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
 
 // Strings are variable-length UTF-8, so h5py reads them as str, not bytes.
 hid_t utf8_string_type() {
@@ -166,27 +152,16 @@ void write_run_file(const std::string& path, bool force, const RunMetadata& meta
   if (records.size() != static_cast<size_t>(meta.world_size) * steps)
     throw std::logic_error("write_run_file: records do not match world_size * steps");
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our exceptions carry the message; no HDF5 stack dumps
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const std::string tmp = temp_path_for(path);
   try {
-    {
-      H5Id file(h5(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), ("create " + tmp).c_str()),
-                H5Fclose);
-      write_contents(file, meta, records, steps, summary_json, buckets);
-      h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
-    }
-    // Without --force, link() refuses to replace a file that appeared meanwhile; rename() replaces atomically.
-    if (force) {
-      if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        throw std::runtime_error("cannot move run file into place at " + path + ": " + std::strerror(errno));
-    } else {
-      if (link(tmp.c_str(), path.c_str()) != 0)
-        throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
-      unlink(tmp.c_str());
-    }
+    H5Id file(h5(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), ("create " + tmp).c_str()), H5Fclose);
+    write_contents(file, meta, records, steps, summary_json, buckets);
+    h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
   } catch (...) {
     unlink(tmp.c_str());
     throw;
   }
+  publish_file(tmp, path, force);
 }
 
 }  // namespace ddplab

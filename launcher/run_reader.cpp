@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "launcher/files.h"
+
 namespace ddplab {
 
 const std::vector<std::string> kRequiredStepFields = {"start_ms",        "data_ms",      "forward_ms", "backward_ms",
@@ -22,23 +24,6 @@ constexpr int64_t kSchemaVersion = 2;  // what this reader understands (launcher
 // A problem with the file's contents; read_run_file() prefixes the path.
 struct Bad : std::runtime_error {
   using std::runtime_error::runtime_error;
-};
-
-// RAII for HDF5 identifiers: the closer matches the kind of object.
-class H5Id {
- public:
-  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  operator hid_t() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
 };
 
 std::string shape_text(const std::vector<hsize_t>& dims) {

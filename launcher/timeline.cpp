@@ -9,6 +9,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "launcher/files.h"
+
 namespace ddplab {
 namespace {
 
@@ -146,28 +148,18 @@ std::string default_timeline_path(const std::string& run_path) {
 
 void write_timeline(const RunData& run, const std::string& path, bool force) {
   const std::string text = chrome_trace(run).dump();
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  try {
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      if (!out) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-      out << text << '\n';
-      out.flush();
-      if (!out) throw std::runtime_error("cannot write " + tmp);
-    }
-    // As for the run file: link() refuses to replace a file that appeared meanwhile; rename() replaces atomically.
-    if (force) {
-      if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        throw std::runtime_error("cannot move timeline into place at " + path + ": " + std::strerror(errno));
-    } else {
-      if (link(tmp.c_str(), path.c_str()) != 0)
-        throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+  const std::string tmp = temp_path_for(path);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+    out << text << '\n';
+    out.flush();
+    if (!out) {
       unlink(tmp.c_str());
+      throw std::runtime_error("cannot write " + tmp);
     }
-  } catch (...) {
-    unlink(tmp.c_str());
-    throw;
   }
+  publish_file(tmp, path, force);
 }
 
 }  // namespace ddplab

@@ -44,7 +44,18 @@ def main():
                     ["straggler", "extra_allreduce", "rank0_barrier", "input_threads0", "input_threads2",
                      "input_threads4"])
         files = sorted(os.listdir(out))
-        check(files == sorted([c + ".h5" for c in expected] + ["summary.csv", "summary.json"]), f"files {files}")
+        check(files == sorted([c + ".h5" for c in expected] +
+                              ["summary.csv", "summary.json", "charts", "charts.log", "straggler.trace.json"]),
+              f"files {files}")
+        trace = json.load(open(os.path.join(out, "straggler.trace.json")))
+        check({e["pid"] for e in trace["traceEvents"]} == set(range(np_ranks)), "the straggler timeline has every rank")
+        check(os.path.getsize(os.path.join(out, "charts", "straggler_breakdown.png")) > 0, "charts are drawn")
+        if np_ranks >= 2:
+            blamed = {c["case"]: " ".join(c.get("blame", [])) for c in json.load(
+                open(os.path.join(out, "summary.json")))["cases"]}
+            check("rank 1 sets the pace (straggler input)" in blamed["straggler"], f"blame: {blamed['straggler']}")
+            check("rank 0 sets the pace (work before a barrier)" in blamed["rank0_barrier"],
+                  f"blame: {blamed['rank0_barrier']}")
         summary = json.load(open(os.path.join(out, "summary.json")))
         check([c["case"] for c in summary["cases"]] == expected, "summary.json lists every case in order")
         check(summary["loss_identical"], "pathologies leave the loss identical")

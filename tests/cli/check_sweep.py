@@ -31,7 +31,7 @@ with tempfile.TemporaryDirectory() as work:
     if proc.returncode == 0:
         names = sorted(os.listdir(out))
         want = sorted([f"bucket{b}_overlap_{o}.h5" for b in ["0", "0.01", "100"] for o in ["on", "off"]] +
-                      ["summary.csv", "summary.json"])
+                      ["summary.csv", "summary.json", "charts", "charts.log"])
         check(names == want, f"files {names}")
         s = json.load(open(os.path.join(out, "summary.json")))
         check(len(s["points"]) == 6, "6 grid points")
@@ -41,6 +41,9 @@ with tempfile.TemporaryDirectory() as work:
         best = min(s["points"], key=lambda p: p["summary"]["slowest_step_ms"])
         check(s["best"] == {"bucket_mb": best["bucket_mb"], "overlap": best["overlap"]}, "best is the fastest point")
         check("best: --bucket-mb" in proc.stdout, "best setting printed")
+        charts = os.listdir(os.path.join(out, "charts"))
+        check("bucket_sweep.png" in charts and os.path.getsize(os.path.join(out, "charts", "bucket_sweep.png")) > 0,
+              f"the bucket-sweep chart is drawn ({sorted(charts)[:4]}...)")
     bad = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--overlap", "maybe", "--out-dir",
                           os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
     check(bad.returncode == 2 and "--overlap takes on and/or off" in bad.stderr and not os.path.exists(
