@@ -12,6 +12,7 @@
 #include "comm/mpi_check.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
+#include "comm/shm_transport.h"
 #include "kernels/cpu/ops.h"
 
 namespace ddplab {
@@ -111,9 +112,26 @@ size_t ring_slice_bytes() {
   static const size_t v = env_size("DDPLAB_RING_SLICE_BYTES", size_t{256} << 10);
   return v;
 }
+// Slices per ring chunk (pipeline depth of one step); the ring runs in rounds of n * this * slice.
+size_t ring_slices_per_chunk() {
+  static const size_t v = std::max<size_t>(1, env_size("DDPLAB_RING_SLICES_PER_CHUNK", 4));
+  return v;
+}
 // Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring.
 size_t small_allreduce_bytes() {
   static const size_t v = env_size("DDPLAB_SMALL_ALLREDUCE_BYTES", size_t{64} << 10);
+  return v;
+}
+
+// The transport under the ring: shm (shared memory within a node, MPI across) or mpi.
+std::string comm_transport() {
+  static const std::string v = [] {
+    const char* e = std::getenv("DDPLAB_COMM_TRANSPORT");
+    const std::string s = e && *e ? e : "shm";
+    if (s != "shm" && s != "mpi")
+      throw std::invalid_argument("DDPLAB_COMM_TRANSPORT must be shm or mpi, got '" + s + "'");
+    return s;
+  }();
   return v;
 }
 
@@ -130,12 +148,22 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options) : comm_(co
     throw std::invalid_argument(std::string("--comm mpi has no ") + to_string(options_.wire) +
                                 " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring for a 16-bit wire");
   ring_.slice_elems = ring_slice_bytes() / sizeof(float);
+  ring_.slices_per_chunk = ring_slices_per_chunk();
   ring_.wire16 = options_.wire != WireDtype::kFp32;
   ring_.format = options_.wire == WireDtype::kFp16 ? wire::Format::kFp16 : wire::Format::kBf16;
   small_max_bytes_ = small_allreduce_bytes();
   // Collective (MPI_Comm_dup): every rank must construct its Communicator with the same options.
   if (options_.impl == AllreduceImpl::kRing) {
-    transport_ = std::make_unique<MpiTransport>(comm_);
+    // Shared memory between ranks of a node (MPI beyond), unless DDPLAB_COMM_TRANSPORT=mpi; if it cannot be set up
+    // on some rank, every rank falls back to MPI together (the setup agrees on failure collectively).
+    if (comm_transport() == "shm") {
+      try {
+        transport_ = std::make_unique<ShmTransport>(comm_);
+      } catch (const std::runtime_error&) {
+        transport_.reset();
+      }
+    }
+    if (!transport_) transport_ = std::make_unique<MpiTransport>(comm_);
     if (link_emulated(options_.link))
       transport_ =
           std::make_unique<LinkEmulatedTransport>(std::move(transport_), options_.link.latency_us, options_.link.gbps);
@@ -155,6 +183,9 @@ void Communicator::allreduce_sum(float* data, size_t count, int tag) {
   if (!failed_.empty())
     throw std::runtime_error("rank " + str(rank_) + ": Communicator unusable after an earlier failure (" + failed_ +
                              ")");
+  if (tag < 0 || tag > kMaxTag)
+    throw std::invalid_argument("rank " + str(rank_) + ": all-reduce tag " + str(tag) + " outside [0, " + str(kMaxTag) +
+                                "]");
   try {
     if (options_.impl == AllreduceImpl::kMpi) return mpi_allreduce_sum(data, count, tag);
     RingOptions o = ring_;

@@ -53,8 +53,9 @@ class Communicator {
   AllreduceImpl impl() const { return options_.impl; }
   const CommOptions& options() const { return options_; }
 
-  // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` (0 .. 32767 at
-  // least; MPI's tag bound) names the operation (the Reducer passes the bucket index): if ranks call with
+  static constexpr int kMaxTag = 32767;  // the tag bound every MPI guarantees
+  // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` (0 .. kMaxTag;
+  // std::invalid_argument otherwise) names the operation (the Reducer passes the bucket index): if ranks call with
   // different tags — buckets launched in a different order — ranks throw std::runtime_error("rank 1: all-reduce
   // order mismatch: this rank runs tag 3, rank 0 sent tag 2") instead of mixing buffers. With --comm mpi every
   // rank throws. With the ring every rank that receives a mismatching message throws (at n = 2 both do); a rank

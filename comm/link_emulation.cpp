@@ -58,11 +58,8 @@ void LinkEmulatedTransport::send(int peer, const void* buf, size_t bytes, int ta
   inner_->send(peer, buf, bytes, tag);
 }
 
-void LinkEmulatedTransport::recv(int peer, void* buf, size_t bytes, int tag) {
-  int64_t arrival = 0;
-  inner_->recv(peer, &arrival, sizeof arrival, tag);
-  inner_->recv(peer, buf, bytes, tag);
-  // Sleep until the arrival time, waking now and then to move our own sends along (see Transport::progress).
+void LinkEmulatedTransport::sleep_until_arrival(int64_t arrival) {
+  // Wake now and then while our own sends are still in flight, to move them along (see Transport::progress).
   int64_t nap = kFirstNapNs;
   for (int64_t now = monotonic_ns(); now < arrival; now = monotonic_ns()) {
     sleep_until_ns(inner_->progress() ? std::min(arrival, now + nap) : arrival);
@@ -70,9 +67,29 @@ void LinkEmulatedTransport::recv(int peer, void* buf, size_t bytes, int tag) {
   }
 }
 
-void LinkEmulatedTransport::wait_sends() {
-  inner_->wait_sends();
-  headers_.clear();
+void LinkEmulatedTransport::recv(int peer, void* buf, size_t bytes, int tag) {
+  int64_t arrival = 0;
+  inner_->recv(peer, &arrival, sizeof arrival, tag);
+  inner_->recv(peer, buf, bytes, tag);
+  sleep_until_arrival(arrival);
+}
+
+// The data may be used where the inner transport holds it, but not before its arrival time.
+void LinkEmulatedTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) {
+  int64_t arrival = 0;
+  inner_->recv(peer, &arrival, sizeof arrival, tag);
+  bool arrived = false;
+  inner_->recv_consume(peer, bytes, tag, staging, [&](const void* piece, size_t offset, size_t length) {
+    if (!arrived) sleep_until_arrival(arrival);
+    arrived = true;
+    consume(piece, offset, length);
+  });
+  if (!arrived) sleep_until_arrival(arrival);
+}
+
+void LinkEmulatedTransport::wait_sends(size_t keep_last) {
+  inner_->wait_sends(2 * keep_last);  // each message is a header and a payload
+  while (headers_.size() > keep_last) headers_.pop_front();
 }
 
 }  // namespace ddplab

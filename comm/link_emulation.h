@@ -42,13 +42,16 @@ class LinkEmulatedTransport final : public Transport {
   int size() const override { return inner_->size(); }
   void send(int peer, const void* buf, size_t bytes, int tag) override;
   void recv(int peer, void* buf, size_t bytes, int tag) override;
-  void wait_sends() override;
+  void recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) override;
+  void wait_sends(size_t keep_last = 0) override;
   bool progress() override { return inner_->progress(); }
 
   // Time the link needs for `bytes` (serialisation only, without latency), in ns.
   int64_t serialisation_ns(size_t bytes) const;
 
  private:
+  void sleep_until_arrival(int64_t arrival);
+
   std::unique_ptr<Transport> inner_;
   int64_t latency_ns_;
   double ns_per_byte_;

@@ -1,7 +1,7 @@
 #include "comm/ring_allreduce.h"
 
 #include <algorithm>
-#include <utility>
+#include <cstring>
 
 namespace ddplab {
 
@@ -10,87 +10,122 @@ RingChunk ring_chunk(size_t count, int n, int k) {
   return {kk * base + std::min(kk, extra), base + (kk < extra ? 1 : 0)};
 }
 
-RingPrimitives::RingPrimitives(Transport& t, float* data, RingScratch& scratch, size_t max_chunk,
+RingPrimitives::RingPrimitives(Transport& t, float* data, RingScratch& scratch, size_t max_chunk, size_t slices,
                                const RingOptions& options)
     : t_(t),
       data_(data),
       scratch_(scratch),
       options_(options),
+      slices_(std::max<size_t>(slices, 1)),
+      stride_((max_chunk + slices_ - 1) / slices_),
       next_((t.rank() + 1) % t.size()),
       prev_((t.rank() - 1 + t.size()) % t.size()) {
   if (options_.wire16) {
-    for (auto& w : scratch_.wire)
-      if (w.size() < max_chunk) w.resize(max_chunk);
-    in16_ = scratch_.wire[0].data();
-    out16_ = scratch_.wire[1].data();
-  } else if (scratch_.recv.size() < max_chunk) {
-    scratch_.recv.resize(max_chunk);
+    if (scratch_.wire[0].size() < stride_) scratch_.wire[0].resize(stride_);
+    if (scratch_.wire[1].size() < stride_ * slices_) scratch_.wire[1].resize(stride_ * slices_);
+  } else if (scratch_.recv.size() < stride_) {
+    scratch_.recv.resize(stride_);
   }
 }
 
-void RingPrimitives::recv_then_retire_sends(void* dst, size_t count) {
+// K slices of near-equal size (ring_chunk again), even when the chunk has fewer than K elements: every step sends
+// and receives exactly K messages, which the retire rule counts on.
+template <typename Fn>
+void RingPrimitives::for_each_slice(RingChunk c, Fn fn) {
+  for (size_t k = 0; k < slices_; ++k) {
+    RingChunk s = ring_chunk(c.count, static_cast<int>(slices_), static_cast<int>(k));
+    s.offset += c.offset;
+    fn(s, options_.wire16 ? scratch_.wire[1].data() + k * stride_ : nullptr,
+       options_.wire16 ? scratch_.wire[0].data() : nullptr);
+  }
+}
+
+void RingPrimitives::retire() {
+  ++recvs_;
+  t_.wait_sends(sends_ - recvs_);  // see the class comment: sends up to the one this receive matched
+}
+
+void RingPrimitives::recv_wire(void* dst, size_t count) {
   t_.recv(prev_, dst, count * (options_.wire16 ? sizeof(uint16_t) : sizeof(float)), options_.tag);
-  t_.wait_sends();  // see the class comment: after, never before, the receive. Both 16-bit buffers are free now.
+  retire();
 }
 
 void RingPrimitives::send_wire(const void* buf, size_t count) {
   t_.send(next_, buf, count * (options_.wire16 ? sizeof(uint16_t) : sizeof(float)), options_.tag);
+  ++sends_;
 }
 
 void RingPrimitives::send(RingChunk c) {
-  if (!options_.wire16) return send_wire(data_ + c.offset, c.count);
-  wire::encode(options_.format, out16_, data_ + c.offset, c.count);
-  send_wire(out16_, c.count);
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t*) {
+    if (!options_.wire16) return send_wire(data_ + s.offset, s.count);
+    wire::encode(options_.format, out16, data_ + s.offset, s.count);
+    send_wire(out16, s.count);
+  });
 }
 
 void RingPrimitives::recv_reduce_send(RingChunk c) {
-  // data[c] has not been sent yet in this reduce-scatter, so it may be written now.
-  float* dst = data_ + c.offset;
-  if (options_.wire16) {
-    recv_then_retire_sends(in16_, c.count);
-    wire::reduce_encode(options_.format, dst, out16_, in16_, c.count);
-    return send_wire(out16_, c.count);
-  }
-  recv_then_retire_sends(scratch_.recv.data(), c.count);
-  const float* src = scratch_.recv.data();
-  for (size_t i = 0; i < c.count; ++i) dst[i] += src[i];
-  send_wire(dst, c.count);
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
+    float* dst = data_ + s.offset;
+    if (options_.wire16) {
+      recv_wire(in16, s.count);
+      wire::reduce_encode(options_.format, dst, out16, in16, s.count);
+      return send_wire(out16, s.count);
+    }
+    t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
+                    [dst](const void* piece, size_t offset, size_t bytes) {
+                      const float* src = static_cast<const float*>(piece);
+                      float* y = dst + offset / sizeof(float);
+                      for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] += src[i];
+                    });
+    retire();
+    send_wire(dst, s.count);
+  });
 }
 
 // In place, the output buffer is the input buffer, so "reduce, copy to the output" is the reduction itself; on a
 // 16-bit wire it also rounds the finished sum, which this rank keeps as its own result.
 void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
   if (!options_.wire16) return recv_reduce_send(c);
-  recv_then_retire_sends(in16_, c.count);
-  wire::reduce_round(options_.format, data_ + c.offset, out16_, in16_, c.count);
-  send_wire(out16_, c.count);
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
+    recv_wire(in16, s.count);
+    wire::reduce_round(options_.format, data_ + s.offset, out16, in16, s.count);
+    send_wire(out16, s.count);
+  });
 }
 
 void RingPrimitives::recv_copy_send(RingChunk c) {
-  if (!options_.wire16) {
-    recv_then_retire_sends(data_ + c.offset, c.count);  // straight into data: no reduction, no scratch copy
-    return send_wire(data_ + c.offset, c.count);
-  }
-  recv_then_retire_sends(in16_, c.count);
-  wire::decode(options_.format, data_ + c.offset, in16_, c.count);
-  send_wire(in16_, c.count);  // forward the received words as they are; the next receive goes to the other buffer
-  std::swap(in16_, out16_);
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
+    if (!options_.wire16) {
+      recv_wire(data_ + s.offset, s.count);  // straight into data: no reduction, no scratch copy
+      return send_wire(data_ + s.offset, s.count);
+    }
+    recv_wire(in16, s.count);
+    wire::decode(options_.format, data_ + s.offset, in16, s.count);
+    std::memcpy(out16, in16, s.count * sizeof(uint16_t));  // forward the received words as they are
+    send_wire(out16, s.count);
+  });
 }
 
 void RingPrimitives::recv(RingChunk c) {
-  if (!options_.wire16) return recv_then_retire_sends(data_ + c.offset, c.count);
-  recv_then_retire_sends(in16_, c.count);
-  wire::decode(options_.format, data_ + c.offset, in16_, c.count);
+  for_each_slice(c, [&](RingChunk s, uint16_t*, uint16_t* in16) {
+    if (!options_.wire16) return recv_wire(data_ + s.offset, s.count);
+    recv_wire(in16, s.count);
+    wire::decode(options_.format, data_ + s.offset, in16, s.count);
+  });
 }
 
 void ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
   const int n = t.size(), r = t.rank();
   if (n == 1 || count == 0) return;  // every rank has the same count, so all skip together
-  const size_t round = options.slice_elems ? std::min(count, options.slice_elems * n) : count;
-  RingPrimitives prims(t, data, scratch, ring_chunk(round, n, 0).count, options);
+  const size_t per_chunk = std::max<size_t>(options.slices_per_chunk, 1);
+  const size_t round = options.slice_elems ? std::min(count, options.slice_elems * per_chunk * n) : count;
+  const size_t max_chunk = ring_chunk(round, n, 0).count;
+  const size_t slices =
+      options.slice_elems ? std::min(per_chunk, (max_chunk + options.slice_elems - 1) / options.slice_elems) : 1;
+  RingPrimitives prims(t, data, scratch, max_chunk, slices, options);
 
-  // Rounds of n * slice elements, each a whole ring, one after the other (NCCL's loop over chunks). Sends are
-  // non-blocking, so a rank that finishes a round starts the next while its neighbours still finish this one.
+  // Rounds of n chunks, each a whole ring, one after the other (NCCL's loop over chunks). Every round has the
+  // same K (a shorter last round just has shorter slices).
   for (size_t begin = 0; begin < count; begin += round) {
     const size_t len = std::min(round, count - begin);
     // Step s moves chunk (r - s) mod n. Chunk c starts at rank c and picks up one addend per hop, so its sum is
@@ -106,7 +141,7 @@ void ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& sc
     prims.recv_reduce_copy_send(chunk(n - 1));
     // All-gather: finished chunks travel on around the ring and are only copied, so every rank ends bitwise equal.
     for (int s = n; s < 2 * n - 2; ++s) prims.recv_copy_send(chunk(s));
-    prims.recv(chunk(2 * n - 2));  // its wait also retires the last send: data may be reused on return
+    prims.recv(chunk(2 * n - 2));  // its receives retire every send: data may be reused on return
   }
 }
 

@@ -22,37 +22,48 @@ RingChunk ring_chunk(size_t count, int n, int k);
 // Buffers the ring reuses across calls (the caller keeps them, so repeated calls do not allocate). They only
 // ever receive or stage outgoing 16-bit data; the all-reduced buffer itself is never copied.
 struct RingScratch {
-  std::vector<float> recv;        // fp32 wire: an incoming slice to add
+  std::vector<float> recv;        // fp32 wire: an incoming slice to add (when the transport cannot lend its own)
   std::vector<uint16_t> wire[2];  // 16-bit wire: one receives while the other may still be in flight
 };
 
 struct RingOptions {
-  // Elements of one chunk that travel as one message. The buffer is all-reduced in rounds of n * slice elements,
-  // each a complete ring (NCCL's loop over chunks): a round's data is still in cache when it is reduced and
-  // sent on, and one rank's reduction overlaps its neighbours' transfers. 0: one round (no slicing).
+  // Elements of one message (at most). Every primitive moves its chunk slice by slice, so the next rank works on
+  // slice k while this one reduces slice k+1 (NCCL's slices). 0: the whole chunk in one message.
   size_t slice_elems = 0;
+  // Slices per chunk. The buffer is all-reduced in rounds of n * slices_per_chunk * slice_elems elements, each a
+  // complete ring (NCCL's loop over chunks), which bounds the chunk a step moves and keeps it in cache.
+  size_t slices_per_chunk = 4;
   bool wire16 = false;  // bf16/fp16 on the wire (format below), fp32 otherwise
   wire::Format format = wire::Format::kBf16;
   int tag = 0;  // carried by every message (see TagMismatch)
 };
 
-// The five things one ring step can do to a chunk of `data` (after NCCL's Primitives). The incoming message
-// always comes from prev = (r-1+n)%n and the outgoing one goes to next = (r+1)%n.
+// The five things one ring step can do to a chunk of `data` (after NCCL's Primitives), each in K slices (K is the
+// same for every chunk of a round). The incoming messages always come from prev = (r-1+n)%n and the outgoing
+// ones go to next = (r+1)%n.
 //
-// Buffer lifetimes: sends are non-blocking, and a buffer handed to send must not change until the send completes.
-// Every receive is therefore followed by Transport::wait_sends(): after the receive of step t, all sends up to
-// step t-1 are done. Waiting after the receive cannot deadlock: our receive matches a send prev already started,
-// and our pending send is matched by a receive next posts without waiting on us. (Waiting before it does deadlock
-// once MPI switches to rendezvous: every rank waits for a receive nobody has posted yet.) It also makes the
-// all-gather safe: a chunk it overwrites was last sent n >= 2 steps earlier. Cost: at most one send in flight per
-// rank, which still overlaps each send with the next receive. tests/mpi checks this contract with a wrapper.
+// Buffer lifetimes. Sends are non-blocking, and a buffer handed to send must not change until the send completes.
+// Step 0 sends K slices before the first receive, so a rank's sends lead its receives by K messages. After its
+// j-th receive a rank retires its sends up to the j-th (Transport::wait_sends(keep the K-1 newest)): that cannot
+// deadlock, because next has already been sent the j-th message and, to receive it, only needs its own j-1 older
+// sends retired, which needs the receives we already made, and so on around the ring. (Retiring the newest send
+// too does deadlock once MPI switches to rendezvous: every rank waits for a receive nobody has posted yet.)
+// So at most K-1 sends are in flight when a primitive writes, all from the last K slices:
+//   - reduce-scatter: data[c] is reduced into while it is received (straight from the transport's buffer where
+//     it has one); it has not been sent yet in this round;
+//   - all-gather: a chunk it overwrites was last sent n >= 2 steps (>= 2K messages) earlier;
+//   - 16-bit wire: slice k of every step is staged at its own place k in out16_ (stride = the longest slice);
+//     its previous use is exactly K sends old, so retired. in16_ only receives and is read at once.
+// The last receive of a round retires everything. tests/mpi checks this contract with a wrapper.
 //
 // 16-bit wire: partial sums are added in fp32 (data += decoded incoming) and rounded to 16 bits only to travel on;
 // the rank that adds the last addend rounds the finished sum and keeps the rounded value itself, and the
 // all-gather only copies, so every rank still ends bitwise identical.
 class RingPrimitives {
  public:
-  RingPrimitives(Transport& t, float* data, RingScratch& scratch, size_t max_chunk, const RingOptions& options);
+  // max_chunk: the largest chunk of the round; slices: K.
+  RingPrimitives(Transport& t, float* data, RingScratch& scratch, size_t max_chunk, size_t slices,
+                 const RingOptions& options);
 
   void send(RingChunk c);                   // data[c] -> next
   void recv_reduce_send(RingChunk c);       // data[c] += prev's; data[c] -> next
@@ -61,15 +72,18 @@ class RingPrimitives {
   void recv(RingChunk c);                   // data[c] = prev's
 
  private:
-  void recv_then_retire_sends(void* dst, size_t count);
+  template <typename Fn>
+  void for_each_slice(RingChunk c, Fn fn);  // fn(RingChunk slice, uint16_t* out16 staging, uint16_t* in16)
+  void recv_wire(void* dst, size_t count);  // receive, then retire what the contract allows
+  void retire();
   void send_wire(const void* buf, size_t count);
 
   Transport& t_;
   float* data_;
   RingScratch& scratch_;
   RingOptions options_;
-  uint16_t* in16_ = nullptr;   // receives 16-bit data
-  uint16_t* out16_ = nullptr;  // stages 16-bit data to send
+  size_t slices_, stride_;
+  size_t sends_ = 0, recvs_ = 0;  // messages so far in this call
   int next_, prev_;
 };
 

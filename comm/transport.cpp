@@ -21,6 +21,11 @@ TagMismatch::TagMismatch(int rank_, int peer_, int expected_tag_, int received_t
       expected_tag(expected_tag_),
       received_tag(received_tag_) {}
 
+void Transport::recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) {
+  recv(peer, staging, bytes, tag);
+  consume(staging, 0, bytes);
+}
+
 namespace {
 
 int env_int(const char* name, int fallback) {
@@ -124,6 +129,7 @@ void MpiTransport::send(int peer, const void* buf, size_t bytes, int tag) {
     pending_sends_.push_back(request);
     offset += piece;
   } while (offset < bytes);
+  requests_per_send_.push_back((bytes + max_message_bytes_ - 1) / max_message_bytes_ + (bytes == 0));
 }
 
 void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
@@ -178,24 +184,33 @@ void MpiTransport::settle_sends_before_throwing() noexcept {
     if (r != MPI_REQUEST_NULL && !done) MPI_Request_free(&r);
   }
   pending_sends_.clear();
+  requests_per_send_.clear();
 }
 
 bool MpiTransport::progress() {
   if (pending_sends_.empty()) return false;
   int done = 0;  // completed requests become MPI_REQUEST_NULL, which wait_sends then passes at once
   mpiCheck(MPI_Testall(static_cast<int>(pending_sends_.size()), pending_sends_.data(), &done, MPI_STATUSES_IGNORE));
-  if (done) pending_sends_.clear();
+  if (done) {
+    pending_sends_.clear();
+    requests_per_send_.clear();
+  }
   return !done;
 }
 
-void MpiTransport::wait_sends() {
+void MpiTransport::wait_sends(size_t keep_last) {
+  size_t retire = 0;  // requests of the oldest sends, all but the last keep_last sends
+  while (requests_per_send_.size() > keep_last) {
+    retire += requests_per_send_.front();
+    requests_per_send_.pop_front();
+  }
   int first_err = MPI_SUCCESS;
-  for (MPI_Request& r : pending_sends_) {
-    const int err = poll_wait(&r, MPI_STATUS_IGNORE, poll_);
+  for (size_t i = 0; i < retire; ++i) {
+    const int err = poll_wait(&pending_sends_[i], MPI_STATUS_IGNORE, poll_);
     if (first_err == MPI_SUCCESS) first_err = err;
   }
   // Forget the requests even on failure: they must not be waited on again.
-  pending_sends_.clear();
+  pending_sends_.erase(pending_sends_.begin(), pending_sends_.begin() + static_cast<std::ptrdiff_t>(retire));
   if (first_err != MPI_SUCCESS) comm_detail::throw_mpi_error(first_err, "MPI_Wait", __FILE__, __LINE__);
 }
 

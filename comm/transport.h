@@ -7,6 +7,8 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <deque>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -27,13 +29,20 @@ class Transport {
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Starts sending; may return before the data left. `buf` must stay untouched until wait_sends().
+  // Starts sending; may return before the data left. `buf` must stay untouched until wait_sends() retires it.
   virtual void send(int peer, const void* buf, size_t bytes, int tag) = 0;
   // Blocks until the next message from `peer` is in `buf`. Messages between a pair arrive in the order sent.
   // Throws TagMismatch when that message carries another tag, std::runtime_error when its size is not `bytes`.
   virtual void recv(int peer, void* buf, size_t bytes, int tag) = 0;
-  // Blocks until every send started so far has completed (its buffer may be reused).
-  virtual void wait_sends() = 0;
+  // Like recv, but hands the message to consume(piece, offset, length) in order, piece by piece, so the caller
+  // can use the data where it lies: a shared-memory transport passes pieces of its FIFO (the reduction reads the
+  // sender's copy directly, one copy fewer). Pieces split the message at multiples of 64 bytes, so they hold whole
+  // elements. Default: recv into `staging` (at least bytes long), then one call.
+  using Consume = std::function<void(const void* piece, size_t offset, size_t length)>;
+  virtual void recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume);
+  // Blocks until at most the keep_last most recently started sends are still in flight: every older one has
+  // completed and its buffer may be reused. Sends complete in the order they were started.
+  virtual void wait_sends(size_t keep_last = 0) = 0;
   // Lets sends in flight advance without waiting for them; returns whether some are still in flight. MPI has no
   // progress thread: a rendezvous message moves only while both ends are inside MPI calls, so a rank that sleeps
   // (link emulation) calls this between naps.
@@ -71,7 +80,7 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   void send(int peer, const void* buf, size_t bytes, int tag) override;
   void recv(int peer, void* buf, size_t bytes, int tag) override;
-  void wait_sends() override;
+  void wait_sends(size_t keep_last = 0) override;
   bool progress() override;
   int tag_ub() const { return tag_ub_; }  // the largest tag MPI allows (>= 32767)
 
@@ -83,7 +92,8 @@ class MpiTransport final : public Transport {
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   size_t max_message_bytes_ = kMaxMessageBytes;
   PollPolicy poll_;
-  std::vector<MPI_Request> pending_sends_;
+  std::vector<MPI_Request> pending_sends_;  // oldest first
+  std::deque<size_t> requests_per_send_;    // a message larger than max_message_bytes_ takes several requests
 };
 
 }  // namespace ddplab

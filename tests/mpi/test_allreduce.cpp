@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -22,6 +24,7 @@
 #include "comm/communicator.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
+#include "comm/shm_transport.h"
 #include "comm/transport.h"
 
 namespace ddplab {
@@ -103,10 +106,17 @@ class ContractCheckingTransport final : public Transport {
     inner_.send(peer, buf, bytes, tag);
   }
   void recv(int peer, void* buf, size_t bytes, int tag) override { inner_.recv(peer, buf, bytes, tag); }
-  void wait_sends() override {
-    inner_.wait_sends();
-    for (const InFlight& s : in_flight_) modified_ += fnv1a(s.buf, s.bytes) != s.hash;
-    in_flight_.clear();
+  void recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) override {
+    inner_.recv_consume(peer, bytes, tag, staging, consume);
+  }
+  bool progress() override { return inner_.progress(); }
+  void wait_sends(size_t keep_last) override {
+    inner_.wait_sends(keep_last);
+    while (in_flight_.size() > keep_last) {
+      const InFlight& s = in_flight_.front();
+      modified_ += fnv1a(s.buf, s.bytes) != s.hash;
+      in_flight_.pop_front();
+    }
   }
   size_t in_flight() const { return in_flight_.size(); }
   size_t modified() const { return modified_; }
@@ -123,7 +133,7 @@ class ContractCheckingTransport final : public Transport {
     return h;
   }
   Transport& inner_;
-  std::vector<InFlight> in_flight_;
+  std::deque<InFlight> in_flight_;
   size_t modified_ = 0;
 };
 
@@ -245,26 +255,51 @@ struct AlgoCase {
   const char* name;
   bool recursive_doubling;
   size_t slice_elems;
+  size_t slices_per_chunk;
   bool wire16;
   wire::Format format;
 };
 void PrintTo(const AlgoCase& c, std::ostream* os) { *os << c.name; }
 const AlgoCase kAlgos[] = {
-    {"ring", false, 0, false, wire::Format::kBf16},
-    {"ring_sliced", false, 1000, false, wire::Format::kBf16},
-    {"ring_sliced_bf16", false, 1000, true, wire::Format::kBf16},
-    {"ring_fp16", false, 0, true, wire::Format::kFp16},
-    {"recursive_doubling", true, 0, false, wire::Format::kBf16},
-    {"recursive_doubling_bf16", true, 0, true, wire::Format::kBf16},
-    {"recursive_doubling_fp16", true, 0, true, wire::Format::kFp16},
+    {"ring", false, 0, 1, false, wire::Format::kBf16},
+    {"ring_sliced", false, 1000, 4, false, wire::Format::kBf16},
+    {"ring_sliced_tiny", false, 7, 3, false, wire::Format::kBf16},  // uneven slices, empty ones for tiny counts
+    {"ring_sliced_bf16", false, 1000, 4, true, wire::Format::kBf16},
+    {"ring_sliced_tiny_fp16", false, 7, 3, true, wire::Format::kFp16},
+    {"ring_fp16", false, 0, 1, true, wire::Format::kFp16},
+    {"recursive_doubling", true, 0, 1, false, wire::Format::kBf16},
+    {"recursive_doubling_bf16", true, 0, 1, true, wire::Format::kBf16},
+    {"recursive_doubling_fp16", true, 0, 1, true, wire::Format::kFp16},
 };
 
-class AlgorithmTest : public testing::TestWithParam<AlgoCase> {
+// The transports beneath: MPI, shared memory with a roomy FIFO, and shared memory with a FIFO far smaller than
+// the messages (every message streams through in pieces, wraps around, and waits for the receiver).
+enum class TransportKind { kMpi, kShm, kShmTiny };
+std::unique_ptr<Transport> make_transport(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kMpi:
+      return std::make_unique<MpiTransport>(MPI_COMM_WORLD);
+    case TransportKind::kShm:
+      return std::make_unique<ShmTransport>(MPI_COMM_WORLD);
+    case TransportKind::kShmTiny:
+      return std::make_unique<ShmTransport>(MPI_COMM_WORLD, /*fifo_bytes=*/256);
+  }
+  return nullptr;
+}
+const char* name_of(TransportKind kind) {
+  return kind == TransportKind::kMpi ? "mpi" : kind == TransportKind::kShm ? "shm" : "shm_tiny";
+}
+
+class AlgorithmTest : public testing::TestWithParam<std::tuple<AlgoCase, TransportKind>> {
  protected:
+  std::unique_ptr<Transport> transport() const { return make_transport(std::get<1>(GetParam())); }
+  // A 256-byte FIFO moves 192 bytes per hand-off: large buffers would take seconds and test nothing new.
+  bool too_large(size_t count) const { return std::get<1>(GetParam()) == TransportKind::kShmTiny && count > 10'000; }
   void run(float* data, size_t count, Transport& t, RingScratch& scratch, int tag = 0) {
-    const AlgoCase& a = GetParam();
+    const AlgoCase& a = std::get<0>(GetParam());
     RingOptions o;
     o.slice_elems = a.slice_elems;
+    o.slices_per_chunk = a.slices_per_chunk;
     o.wire16 = a.wire16;
     o.format = a.format;
     o.tag = tag;
@@ -277,11 +312,12 @@ class AlgorithmTest : public testing::TestWithParam<AlgoCase> {
 
 TEST_P(AlgorithmTest, SendBuffersStayUntouchedUntilRetired) {
   const int rank = world_rank(), n = world_size();
-  MpiTransport mpi(MPI_COMM_WORLD);
-  ContractCheckingTransport transport(mpi);
+  const std::unique_ptr<Transport> inner = this->transport();
+  ContractCheckingTransport transport(*inner);
   RingScratch scratch;
   // Exact in 16 bits too: sums up to 17 * 10 = 170 are integers below 256 (bf16 has 8 significant bits).
   for (size_t count : {size_t{1}, static_cast<size_t>(n) + 1, size_t{1000}, size_t{4003}, size_t{1'000'003}}) {
+    if (too_large(count)) continue;
     std::vector<float> data = exact_inputs(rank, count), want(count);
     for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
     const size_t modified_before = transport.modified();
@@ -295,17 +331,23 @@ TEST_P(AlgorithmTest, SendBuffersStayUntouchedUntilRetired) {
 
 TEST_P(AlgorithmTest, RandomInputsAreBitwiseEqualAcrossRanks) {
   const int rank = world_rank();
-  MpiTransport transport(MPI_COMM_WORLD);
+  const std::unique_ptr<Transport> transport = this->transport();
   RingScratch scratch;
   for (size_t count : {size_t{3}, size_t{4001}, size_t{100'000}}) {
+    if (too_large(count)) continue;
     std::vector<float> data = random_inputs(rank, count);
-    run(data.data(), count, transport, scratch);
+    run(data.data(), count, *transport, scratch);
     EXPECT_EQ(count_differing_across_ranks(data), 0u) << "count " << count << ": ranks disagree";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Algorithms, AlgorithmTest, testing::ValuesIn(kAlgos),
-                         [](const testing::TestParamInfo<AlgoCase>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Algorithms, AlgorithmTest,
+                         testing::Combine(testing::ValuesIn(kAlgos),
+                                          testing::Values(TransportKind::kMpi, TransportKind::kShm,
+                                                          TransportKind::kShmTiny)),
+                         [](const testing::TestParamInfo<AlgorithmTest::ParamType>& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" + name_of(std::get<1>(info.param));
+                         });
 
 TEST(RingChunk, CoversTheBufferWithFirstChunksOneLonger) {
   for (int n = 1; n <= 5; ++n) {

@@ -1,0 +1,318 @@
+#include "comm/shm_transport.h"
+
+#include <fcntl.h>
+#include <immintrin.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+#include <string>
+
+#include "comm/mpi_check.h"
+
+namespace ddplab {
+
+// The FIFO's control block; the data ring follows it. The counters only grow (bytes ever written / consumed), so
+// head - tail is the fill level and position = counter % capacity. Both stay multiples of 64.
+struct ShmTransport::Fifo {
+  alignas(64) std::atomic<uint64_t> head;  // written by the producer only
+  alignas(64) std::atomic<uint64_t> tail;  // written by the consumer only
+  char* data() { return reinterpret_cast<char*>(this + 1); }
+};
+static_assert(sizeof(ShmTransport::Fifo) == 128, "two cache lines of counters, then the data");
+
+namespace {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+constexpr size_t kRecord = 64;         // message header record, and the granularity of everything in the FIFO
+constexpr size_t kPiece = 32 << 10;    // the consumer releases space in pieces this large (pipelining)
+constexpr int64_t kPureSpinNs = 2000;  // waiting: spin this long before yielding the core between polls
+struct Record {
+  uint64_t bytes;
+  int32_t tag;
+};
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+int64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+// Copies n bytes to/from the ring at position pos (mod capacity), wrapping around its end.
+void copy_in(char* ring, size_t cap, uint64_t pos, const char* src, size_t n) {
+  const size_t at = pos % cap, first = std::min(n, cap - at);
+  std::memcpy(ring + at, src, first);
+  if (n > first) std::memcpy(ring, src + first, n - first);
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+ShmTransport::ShmTransport(MPI_Comm comm, size_t fifo_bytes, PollPolicy poll)
+    : fifo_bytes_(std::max<size_t>(round_up(fifo_bytes, kRecord), 2 * kRecord)), poll_(poll) {
+  remote_ = std::make_unique<MpiTransport>(comm, MpiTransport::kMaxMessageBytes, poll);  // collective
+  rank_ = remote_->rank();
+  size_ = remote_->size();
+  to_.assign(size_, nullptr);
+  from_.assign(size_, nullptr);
+
+  MPI_Comm local;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  int lrank = 0, lsize = 1;
+  MPI_Comm_rank(local, &lrank);
+  MPI_Comm_size(local, &lsize);
+  std::vector<int> world_of(lsize);
+  MPI_Allgather(&rank_, 1, MPI_INT, world_of.data(), 1, MPI_INT, local);
+
+  // A name unique to this transport: local rank 0's pid and a per-process counter.
+  static std::atomic<int> counter{0};
+  long id[2] = {static_cast<long>(getpid()), counter++};
+  MPI_Bcast(id, 2, MPI_LONG, 0, local);
+  auto name = [&](int l) {
+    return "/ddplab-" + std::to_string(getuid()) + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]) + "-" +
+           std::to_string(l);
+  };
+  const size_t stride = sizeof(Fifo) + fifo_bytes_;
+  map_bytes_ = stride * lsize;
+
+  // Every step that can fail is agreed on by all local ranks, so either all use shared memory or all throw.
+  std::string error;
+  auto agree = [&](const std::string& what) {
+    int ok = error.empty(), all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local);
+    if (!all) {
+      for (void* m : maps_) munmap(m, map_bytes_);
+      maps_.clear();
+      shm_unlink(name(lrank).c_str());
+      MPI_Comm_free(&local);
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport: " + what + " failed" +
+                               (error.empty() ? " on another rank" : ": " + error));
+    }
+  };
+  void* mine = MAP_FAILED;
+  const int fd = shm_open(name(lrank).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    error = "shm_open " + name(lrank) + ": " + errno_text();
+  } else {
+    if (ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) error = "ftruncate: " + errno_text();
+    if (error.empty()) mine = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (error.empty() && mine == MAP_FAILED) error = "mmap: " + errno_text();
+    close(fd);
+  }
+  if (mine != MAP_FAILED) maps_.push_back(mine);
+  agree("creating the segment");
+  std::vector<char*> base(lsize, nullptr);
+  base[lrank] = static_cast<char*>(mine);
+  for (int l = 0; l < lsize && error.empty(); ++l) {
+    if (l == lrank) continue;
+    const int pfd = shm_open(name(l).c_str(), O_RDWR, 0600);
+    if (pfd < 0) {
+      error = "shm_open " + name(l) + ": " + errno_text();
+      break;
+    }
+    void* m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    close(pfd);
+    if (m == MAP_FAILED) {
+      error = "mmap: " + errno_text();
+      break;
+    }
+    maps_.push_back(m);
+    base[l] = static_cast<char*>(m);
+  }
+  agree("mapping the peers' segments");
+  shm_unlink(name(lrank).c_str());  // everyone has it mapped: the name can go, the memory stays while mapped
+
+  // Segment of rank l holds the FIFOs into l, one per local sender (by local rank).
+  for (int l = 0; l < lsize; ++l) {
+    if (l == lrank) continue;
+    const int p = world_of[l];
+    from_[p] = reinterpret_cast<Fifo*>(base[lrank] + l * stride);
+    to_[p] = reinterpret_cast<Fifo*>(base[l] + lrank * stride);
+    ++local_peers_;
+  }
+  // Fault the FIFOs in now: a first touch costs ~1 us per 4 KiB page on each side (tmpfs allocates on write,
+  // every process maps on first access), which would otherwise land on the first laps through each FIFO. The
+  // sender writes its outgoing FIFOs (allocating them), then the receiver reads its incoming ones. Up to 16 local
+  // ranks; beyond, FIFOs fault in as they are used (they are many, and most pairs never talk).
+  if (lsize <= 16) {
+    for (Fifo* f : to_)
+      if (f) std::memset(f->data(), 0, fifo_bytes_);
+    MPI_Barrier(local);
+    volatile char sink = 0;
+    for (Fifo* f : from_)
+      if (f)
+        for (size_t at = 0; at < fifo_bytes_; at += 4096) sink = sink + f->data()[at];
+  }
+  MPI_Comm_free(&local);
+}
+
+ShmTransport::~ShmTransport() {
+  for (void* m : maps_) munmap(m, map_bytes_);
+}
+
+bool ShmTransport::push(Outgoing& m) {
+  Fifo* f = to_[m.peer];
+  uint64_t head = f->head.load(std::memory_order_relaxed);
+  size_t free = fifo_bytes_ - (head - f->tail.load(std::memory_order_acquire));
+  if (!m.header_done) {
+    if (free < kRecord) return false;
+    const Record rec{m.bytes, m.tag};
+    std::memcpy(f->data() + head % fifo_bytes_, &rec, sizeof rec);  // records never wrap: 64 divides capacity
+    head += kRecord;
+    free -= kRecord;
+    m.header_done = true;
+  }
+  const size_t n = std::min(m.bytes - m.done, free);  // free is a multiple of 64, so a partial piece is too
+  if (n > 0) {
+    copy_in(f->data(), fifo_bytes_, head, m.buf + m.done, n);
+    m.done += n;
+    head += m.done == m.bytes ? round_up(n, kRecord) : n;
+  }
+  f->head.store(head, std::memory_order_release);
+  return m.done == m.bytes;
+}
+
+bool ShmTransport::push_pending() {
+  // In order per peer; a peer whose FIFO is full does not hold up the others.
+  uint64_t blocked_lo = 0, blocked_hi = 0;  // peers seen blocked in this pass (a bitmap for the first 128)
+  std::vector<int> blocked;
+  auto is_blocked = [&](int p) {
+    if (p < 64) return (blocked_lo >> p) & 1;
+    if (p < 128) return (blocked_hi >> (p - 64)) & 1;
+    return static_cast<uint64_t>(std::find(blocked.begin(), blocked.end(), p) != blocked.end());
+  };
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (!is_blocked(it->peer) && push(*it)) {
+      started_[it->seq - started_base_].complete = true;
+      it = pending_.erase(it);
+      continue;
+    }
+    const int p = it->peer;
+    if (p < 64)
+      blocked_lo |= uint64_t{1} << p;
+    else if (p < 128)
+      blocked_hi |= uint64_t{1} << (p - 64);
+    else
+      blocked.push_back(p);
+    ++it;
+  }
+  return !pending_.empty();
+}
+
+template <typename Ready>
+void ShmTransport::wait_until(Ready ready) {
+  auto step = [&] {
+    push_pending();
+    if (remote_in_flight_) remote_->progress();
+    return ready();
+  };
+  if (step()) return;
+  if (poll_.spin_us < 0) {
+    while (!step()) _mm_pause();
+    return;
+  }
+  // A short pure spin catches a peer that is running on another core right now; after that every poll yields
+  // the core, so a peer that shares it (more ranks or threads than cores) runs at once instead of after our spin.
+  const int64_t start = now_ns(), spin_until = start + int64_t{poll_.spin_us} * 1000;
+  for (int64_t t = start; t < spin_until; t = now_ns()) {
+    if (t < start + kPureSpinNs)
+      for (int i = 0; i < 16; ++i) _mm_pause();
+    else
+      sched_yield();
+    if (step()) return;
+  }
+  int64_t nap = 1000;
+  for (;;) {
+    const timespec ts{0, static_cast<long>(nap)};
+    nanosleep(&ts, nullptr);
+    if (step()) return;
+    nap = std::min<int64_t>(2 * nap, int64_t{poll_.max_sleep_us} * 1000);
+  }
+}
+
+void ShmTransport::send(int peer, const void* buf, size_t bytes, int tag) {
+  if (peer < 0 || peer >= size_ || !to_[peer]) {
+    remote_->send(peer, buf, bytes, tag);  // also reports a peer outside the communicator
+    started_.push_back({false, false});
+    ++remote_in_flight_;
+    return;
+  }
+  const uint64_t seq = started_base_ + started_.size();
+  started_.push_back({true, false});
+  Outgoing m{peer, static_cast<const char*>(buf), bytes, 0, tag, false, seq};
+  const bool queued_for_peer =
+      std::any_of(pending_.begin(), pending_.end(), [&](const Outgoing& o) { return o.peer == peer; });
+  if (!queued_for_peer && push(m))
+    started_.back().complete = true;
+  else
+    pending_.push_back(m);
+}
+
+void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) {
+  if (peer < 0 || peer >= size_ || !from_[peer]) return remote_->recv_consume(peer, bytes, tag, staging, consume);
+  Fifo* f = from_[peer];
+  uint64_t tail = f->tail.load(std::memory_order_relaxed), head = 0;
+  auto available = [&] { return (head = f->head.load(std::memory_order_acquire)) - tail; };
+  wait_until([&] { return available() >= kRecord; });
+  Record rec;
+  std::memcpy(&rec, f->data() + tail % fifo_bytes_, sizeof rec);
+  if (rec.tag != tag) {
+    pending_.clear();  // this transport is done for (see TagMismatch); nothing may touch the caller's buffers now
+    throw TagMismatch(rank_, peer, tag, rec.tag);
+  }
+  if (rec.bytes != bytes) {
+    pending_.clear();
+    throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport::recv from rank " +
+                             std::to_string(peer) + " (tag " + std::to_string(tag) + ") expected " +
+                             std::to_string(bytes) + " bytes, got " + std::to_string(rec.bytes));
+  }
+  tail += kRecord;
+  f->tail.store(tail, std::memory_order_release);
+  for (size_t done = 0; done < bytes;) {
+    if (available() == 0) wait_until([&] { return available() > 0; });
+    const size_t n = std::min({static_cast<size_t>(head - tail), bytes - done, kPiece});
+    const size_t at = tail % fifo_bytes_, first = std::min(n, fifo_bytes_ - at);
+    consume(f->data() + at, done, first);
+    if (n > first) consume(f->data(), done + first, n - first);
+    done += n;
+    tail += done == bytes ? round_up(n, kRecord) : n;
+    f->tail.store(tail, std::memory_order_release);
+  }
+}
+
+void ShmTransport::recv(int peer, void* buf, size_t bytes, int tag) {
+  char* dst = static_cast<char*>(buf);
+  recv_consume(peer, bytes, tag, buf,
+               [dst](const void* piece, size_t offset, size_t n) { std::memcpy(dst + offset, piece, n); });
+}
+
+void ShmTransport::wait_sends(size_t keep_last) {
+  while (started_.size() > keep_last) {
+    const Started& oldest = started_.front();
+    if (oldest.shm) {
+      wait_until([&] { return oldest.complete; });
+    } else {
+      remote_->wait_sends(remote_in_flight_ - 1);  // remote sends retire in order too
+      --remote_in_flight_;
+    }
+    started_.pop_front();
+    ++started_base_;
+  }
+}
+
+bool ShmTransport::progress() {
+  const bool shm_pending = push_pending();
+  const bool remote_pending = remote_in_flight_ ? remote_->progress() : false;
+  return shm_pending || remote_pending;
+}
+
+}  // namespace ddplab

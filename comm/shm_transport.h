@@ -1,0 +1,87 @@
+// Shared-memory transport between ranks of one node (after NCCL's SHM transport), MPI for the others.
+//
+// Why: Open MPI moves a message above its 4 KiB eager limit by rendezvous, which on this machine costs ~4 us per
+// message and copies with process_vm_readv at 4-10 GB/s (measured in docs/COMM.md), and a rendezvous message only
+// moves while both ranks are inside MPI calls. Here every ordered pair of ranks on a node has a FIFO in POSIX shared
+// memory: send copies the message into the receiver's FIFO at once (eagerly; it completes when copied, the peer
+// need not be listening), and the receiver reduces straight from the FIFO (recv_consume): one copy per hop, the
+// receiver's copy is its reduction.
+//
+// FIFO: a byte ring of `fifo_bytes` with a producer counter (head) and a consumer counter (tail) on their own
+// cache lines; a message is a 64-byte record {bytes, tag} followed by its payload, padded to 64 bytes. A message
+// larger than the free space streams through in pieces: the sender copies what fits and keeps the rest pending,
+// pushed on by its later calls (progress, recv, wait_sends) — so a rank that waits for anything keeps pushing.
+// Waiting polls the counters: spin for PollPolicy::spin_us, then sleep with growing naps (no core burnt).
+//
+// Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
+// holding its incoming FIFOs, everyone maps everyone's, and the names are unlinked at once, so nothing is left in
+// /dev/shm even if the job dies. Pages of FIFOs that are never used are never touched (tmpfs allocates on write).
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "comm/transport.h"
+
+namespace ddplab {
+
+class ShmTransport final : public Transport {
+ public:
+  static constexpr size_t kDefaultFifoBytes = size_t{1} << 20;
+  // fifo_bytes: capacity of each pair's FIFO, rounded up to 64 bytes (>= 128).
+  explicit ShmTransport(MPI_Comm comm, size_t fifo_bytes = kDefaultFifoBytes, PollPolicy poll = PollPolicy::from_env());
+  ~ShmTransport() override;
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void send(int peer, const void* buf, size_t bytes, int tag) override;
+  void recv(int peer, void* buf, size_t bytes, int tag) override;
+  void recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) override;
+  void wait_sends(size_t keep_last = 0) override;
+  bool progress() override;
+
+  int local_peers() const { return local_peers_; }  // peers reached through shared memory
+
+ private:
+ public:
+  struct Fifo;  // in shared memory (defined in the .cpp)
+
+ private:
+  struct Outgoing {
+    int peer;
+    const char* buf;
+    size_t bytes, done;
+    int tag;
+    bool header_done;
+    uint64_t seq;  // index of its entry in started_ (plus started_base_)
+  };
+  bool push(Outgoing& m);  // copies what fits; true when the whole message is in the FIFO
+  bool push_pending();     // true while some shm send is still pending
+  template <typename Ready>
+  void wait_until(Ready ready);
+
+  int rank_ = 0, size_ = 1, local_peers_ = 0;
+  size_t fifo_bytes_ = 0;
+  PollPolicy poll_;
+  std::unique_ptr<MpiTransport> remote_;  // ranks on other nodes
+  std::vector<Fifo*> to_, from_;          // per world rank; null when remote (or self)
+  std::vector<void*> maps_;               // every mapped segment
+  size_t map_bytes_ = 0;
+  // Sends in order of starting, shm and remote alike (remote ones are retired through remote_'s own count).
+  struct Started {
+    bool shm;
+    bool complete;
+  };
+  std::deque<Started> started_;
+  uint64_t started_base_ = 0;     // sequence number of started_.front()
+  std::deque<Outgoing> pending_;  // shm sends not yet fully in their FIFO, oldest first
+  size_t remote_in_flight_ = 0;
+};
+
+}  // namespace ddplab
