@@ -1,0 +1,159 @@
+#include "data/tokens.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include "kernels/cpu/rng.h"
+
+namespace ddplab {
+namespace {
+enum Stream : uint64_t { kLength = 1, kOutlier = 2, kLabel = 3, kTokens = 4 };
+
+// Splits `ids` into `parts` consecutive slices whose sizes differ by at most one.
+std::vector<std::vector<int64_t>> split_even(const std::vector<int64_t>& ids, int parts) {
+  std::vector<std::vector<int64_t>> out(parts);
+  const size_t n = ids.size();
+  for (int p = 0; p < parts; ++p) out[p].assign(ids.begin() + n * p / parts, ids.begin() + n * (p + 1) / parts);
+  return out;
+}
+}  // namespace
+
+LengthDist parse_length_dist(const std::string& name) {
+  if (name == "fixed") return LengthDist::kFixed;
+  if (name == "uniform") return LengthDist::kUniform;
+  if (name == "loguniform") return LengthDist::kLogUniform;
+  throw std::invalid_argument("unknown length distribution '" + name + "' (expected fixed, uniform or loguniform)");
+}
+
+Batching parse_batching(const std::string& name) {
+  if (name == "sample") return Batching::kSample;
+  if (name == "bucket") return Batching::kBucket;
+  if (name == "token") return Batching::kToken;
+  throw std::invalid_argument("unknown batching '" + name + "' (expected sample, bucket or token)");
+}
+
+const char* to_string(Batching b) {
+  switch (b) {
+    case Batching::kSample:
+      return "sample";
+    case Batching::kBucket:
+      return "bucket";
+    case Batching::kToken:
+      return "token";
+  }
+  return "?";
+}
+
+SyntheticTokens::SyntheticTokens(const TokenDataConfig& c) : config_(c) {
+  if (c.vocab < 2 || c.num_classes < 1 || c.min_len < 1 || c.max_len < c.min_len || c.epoch_size < 1)
+    throw std::invalid_argument("token data: need vocab >= 2, classes >= 1, 1 <= min_len <= max_len, epoch_size >= 1");
+}
+
+int SyntheticTokens::length(int64_t i) const {
+  const auto& c = config_;
+  if (c.dist == LengthDist::kFixed || uniform01(substream(c.seed, kOutlier), i) < c.outlier_prob) return c.max_len;
+  const double u = uniform01(substream(c.seed, kLength), i);
+  double len = c.min_len + u * (c.max_len - c.min_len + 1);
+  if (c.dist == LengthDist::kLogUniform)
+    len = std::exp(std::log(c.min_len) + u * (std::log(c.max_len + 1.0) - std::log(c.min_len)));
+  return std::clamp(static_cast<int>(len), c.min_len, c.max_len);
+}
+
+int32_t SyntheticTokens::label(int64_t i) const {
+  return static_cast<int32_t>(hash64(substream(config_.seed, kLabel), i) % config_.num_classes);
+}
+
+void SyntheticTokens::fill(int32_t* tokens, int64_t i) const {
+  const auto& c = config_;
+  const int32_t y = label(i);
+  const int64_t band = std::max(1, c.vocab / c.num_classes);
+  const uint64_t seed = substream(substream(c.seed, kTokens), i);
+  const int n = length(i);
+  for (int t = 0; t < n; ++t) {
+    const uint64_t h = hash64(seed, t);
+    const double u = static_cast<double>(h >> 11) * 0x1.0p-53;
+    int64_t token;
+    if (t > 0 && u < 0.5) {
+      token = (tokens[t - 1] * 31LL + 7LL * y + 1) % c.vocab;  // a predictable next token
+    } else if (u < 0.8) {
+      token = (band * y + static_cast<int64_t>(h % band)) % c.vocab;  // the class's band
+    } else {
+      token = static_cast<int64_t>(h % c.vocab);
+    }
+    tokens[t] = static_cast<int32_t>(token);
+  }
+}
+
+BatchPlan::BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, int world, uint64_t epoch_seed)
+    : data_(data) {
+  if (world < 1 || config.batch < 1 || config.max_tokens < 1 || config.window < 1)
+    throw std::invalid_argument("batch plan: world, batch, max_tokens and window must be positive");
+  const int64_t n = data.config().epoch_size;
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937_64 rng(epoch_seed);  // the same sequence on every rank: the plan is never communicated
+  std::shuffle(order.begin(), order.end(), rng);
+
+  const int64_t global = static_cast<int64_t>(world) * config.batch;
+  if (config.strategy == Batching::kSample) {
+    for (int64_t k = 0; k < n; k += global) {
+      const std::vector<int64_t> chunk(order.begin() + k, order.begin() + std::min(n, k + global));
+      steps_.push_back(split_even(chunk, world));
+    }
+    return;
+  }
+
+  // Bucket and token: similar lengths together, sorting within windows so the epoch stays shuffled overall.
+  const int64_t window = global * config.window;
+  for (int64_t k = 0; k < n; k += window) {
+    const auto begin = order.begin() + k, end = order.begin() + std::min(n, k + window);
+    std::stable_sort(begin, end, [&](int64_t a, int64_t b) { return data.length(a) < data.length(b); });
+  }
+  std::vector<std::vector<std::vector<int64_t>>> steps;
+  if (config.strategy == Batching::kBucket) {
+    for (int64_t k = 0; k < n; k += global) {
+      const std::vector<int64_t> chunk(order.begin() + k, order.begin() + std::min(n, k + global));
+      steps.push_back(split_even(chunk, world));
+    }
+  } else {
+    // Greedy packing: a rank batch takes sequences while count x longest stays within the budget (at least one).
+    std::vector<std::vector<int64_t>> rank_batches;
+    std::vector<int64_t> current;
+    int longest = 0;
+    for (int64_t id : order) {
+      const int len = data.length(id);
+      const int64_t padded = static_cast<int64_t>(current.size() + 1) * std::max(longest, len);
+      if (!current.empty() && padded > config.max_tokens) {
+        rank_batches.push_back(std::move(current));
+        current.clear();
+        longest = 0;
+      }
+      current.push_back(id);
+      longest = std::max(longest, len);
+    }
+    if (!current.empty()) rank_batches.push_back(std::move(current));
+    for (size_t k = 0; k < rank_batches.size(); k += world) {
+      std::vector<std::vector<int64_t>> step(world);
+      for (int r = 0; r < world && k + r < rank_batches.size(); ++r) step[r] = std::move(rank_batches[k + r]);
+      steps.push_back(std::move(step));
+    }
+  }
+  std::shuffle(steps.begin(), steps.end(), rng);  // the same batch order on every rank
+  steps_ = std::move(steps);
+}
+
+int64_t BatchPlan::useful_tokens(int64_t step, int rank) const {
+  int64_t sum = 0;
+  for (int64_t id : batch(step, rank)) sum += data_.length(id);
+  return sum;
+}
+
+int64_t BatchPlan::padded_tokens(int64_t step, int rank) const {
+  int longest = 0;
+  for (int64_t id : batch(step, rank)) longest = std::max(longest, data_.length(id));
+  return static_cast<int64_t>(batch(step, rank).size()) * longest;
+}
+
+}  // namespace ddplab

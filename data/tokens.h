@@ -1,0 +1,74 @@
+// Synthetic token sequences of variable length, and the batching strategies of the token-skew lab.
+//
+// Sequence i has a length drawn from a chosen distribution, a class label, and tokens that depend on the label
+// (a class prefers its own band of the vocabulary, and the next token often follows from the previous one), so
+// both heads of the transformer have something to learn. Everything is a pure function of (seed, i).
+//
+// A BatchPlan cuts one epoch of sequences into steps, identically on every rank (it is computed from the seed,
+// not communicated): step s gives every rank its list of sequence ids. Every sequence of the epoch appears
+// exactly once; a rank may get an empty batch at the end of an epoch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddplab {
+
+enum class LengthDist { kFixed, kUniform, kLogUniform };
+LengthDist parse_length_dist(const std::string& name);  // fixed | uniform | loguniform
+
+struct TokenDataConfig {
+  int vocab = 8192;
+  int num_classes = 16;
+  int min_len = 64, max_len = 256;
+  LengthDist dist = LengthDist::kLogUniform;
+  double outlier_prob = 0.08;  // this share of sequences has length max_len
+  int64_t epoch_size = 1 << 16;
+  uint64_t seed = 1234;
+};
+
+class SyntheticTokens {
+ public:
+  explicit SyntheticTokens(const TokenDataConfig& config);
+  const TokenDataConfig& config() const { return config_; }
+  int length(int64_t i) const;
+  int32_t label(int64_t i) const;
+  // tokens[0 .. length(i)) of sequence i.
+  void fill(int32_t* tokens, int64_t i) const;
+
+ private:
+  TokenDataConfig config_;
+};
+
+enum class Batching {
+  kSample,  // a fixed number of sequences per rank per step, in shuffled order
+  kBucket,  // sort by length (within windows), cut into global batches, shuffle the batch order
+  kToken,   // like bucket, but each rank's batch is packed up to a padded-token budget
+};
+Batching parse_batching(const std::string& name);  // sample | bucket | token
+const char* to_string(Batching b);
+
+struct BatchingConfig {
+  Batching strategy = Batching::kSample;
+  int batch = 32;            // sequences per rank per step (sample, bucket)
+  int64_t max_tokens = 8192;  // padded tokens per rank per step (token): count x longest <= max_tokens
+  int window = 64;           // bucket/token: sort by length within windows of window x (global batch) sequences
+};
+
+// One epoch cut into steps for `world_size` ranks.
+class BatchPlan {
+ public:
+  BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, int world_size, uint64_t epoch_seed);
+  int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
+  // Sequence ids of rank r at step s.
+  const std::vector<int64_t>& batch(int64_t step, int rank) const { return steps_.at(step).at(rank); }
+  // Useful (real) tokens of every rank at a step: what the loss averages over, globally.
+  int64_t useful_tokens(int64_t step, int rank) const;
+  int64_t padded_tokens(int64_t step, int rank) const;  // count x longest
+
+ private:
+  const SyntheticTokens& data_;
+  std::vector<std::vector<std::vector<int64_t>>> steps_;  // [step][rank] -> sequence ids
+};
+
+}  // namespace ddplab

@@ -1,0 +1,105 @@
+// Token data and batching (data/tokens.h): deterministic sequences with the requested lengths, and batch plans
+// that cover every sequence of an epoch exactly once, respect the token budget, and group similar lengths.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "data/tokens.h"
+
+namespace ddplab {
+namespace {
+
+TokenDataConfig lab_config(int64_t epoch) {
+  TokenDataConfig c;  // the lab's: log-uniform [64, 256] with 8% at 256
+  c.epoch_size = epoch;
+  return c;
+}
+
+TEST(SyntheticTokens, LengthsFollowTheDistributionAndTokensAreInRange) {
+  const SyntheticTokens data(lab_config(20000));
+  int outliers = 0, below_100 = 0;
+  std::vector<int32_t> tokens(256);
+  for (int64_t i = 0; i < 20000; ++i) {
+    const int len = data.length(i);
+    ASSERT_GE(len, 64);
+    ASSERT_LE(len, 256);
+    outliers += len == 256;
+    below_100 += len < 100;
+    if (i < 200) {
+      data.fill(tokens.data(), i);
+      for (int t = 0; t < len; ++t) ASSERT_TRUE(tokens[t] >= 0 && tokens[t] < 8192);
+      ASSERT_LT(data.label(i), 16);
+    }
+  }
+  EXPECT_NEAR(outliers / 20000.0, 0.08, 0.01);
+  // Log-uniform on [64, 257): P(len < 100) = ln(100/64) / ln(257/64) = 0.32, times 0.92 for the non-outliers.
+  EXPECT_NEAR(below_100 / 20000.0, 0.92 * std::log(100.0 / 64) / std::log(257.0 / 64), 0.015);
+  EXPECT_EQ(data.length(123), SyntheticTokens(lab_config(20000)).length(123));  // deterministic
+}
+
+// Every sequence of the epoch exactly once, over all steps and ranks.
+void expect_exact_cover(const BatchPlan& plan, int world, int64_t epoch) {
+  std::vector<int> seen(epoch, 0);
+  for (int64_t s = 0; s < plan.num_steps(); ++s)
+    for (int r = 0; r < world; ++r)
+      for (int64_t id : plan.batch(s, r)) ++seen[id];
+  for (int64_t i = 0; i < epoch; ++i) ASSERT_EQ(seen[i], 1) << "sequence " << i;
+}
+
+TEST(BatchPlan, EveryStrategyCoversTheEpochExactlyOnce) {
+  const int64_t epoch = 5003;  // not a multiple of anything
+  const SyntheticTokens data(lab_config(epoch));
+  for (Batching strategy : {Batching::kSample, Batching::kBucket, Batching::kToken}) {
+    for (int world : {1, 3, 4}) {
+      const BatchPlan plan(data, BatchingConfig{strategy, 8, 4096, 16}, world, 99);
+      expect_exact_cover(plan, world, epoch);
+    }
+  }
+}
+
+TEST(BatchPlan, TokenBudgetIsRespected) {
+  const SyntheticTokens data(lab_config(3000));
+  const BatchPlan plan(data, BatchingConfig{Batching::kToken, 8, 2048, 16}, 4, 5);
+  for (int64_t s = 0; s < plan.num_steps(); ++s)
+    for (int r = 0; r < 4; ++r) {
+      if (plan.batch(s, r).size() > 1) {
+        EXPECT_LE(plan.padded_tokens(s, r), 2048);
+      }
+    }
+}
+
+TEST(BatchPlan, BucketingEvensOutTokensAcrossRanks) {
+  // Mean over steps of (max - min) useful tokens across ranks: bucketing must cut it well below sample order.
+  const SyntheticTokens data(lab_config(8192));
+  auto spread = [&](Batching b) {
+    const BatchPlan plan(data, BatchingConfig{b, 16, 4096, 16}, 4, 7);
+    double total = 0;
+    for (int64_t s = 0; s < plan.num_steps(); ++s) {
+      int64_t lo = INT64_MAX, hi = 0;
+      for (int r = 0; r < 4; ++r) {
+        lo = std::min(lo, plan.useful_tokens(s, r));
+        hi = std::max(hi, plan.useful_tokens(s, r));
+      }
+      total += static_cast<double>(hi - lo) / plan.num_steps();
+    }
+    return total;
+  };
+  const double by_sample = spread(Batching::kSample), by_bucket = spread(Batching::kBucket);
+  EXPECT_LT(by_bucket, by_sample / 3) << "sample " << by_sample << " bucket " << by_bucket;
+}
+
+TEST(BatchPlan, SameOnEveryRankAndBadInputRefused) {
+  const SyntheticTokens data(lab_config(500));
+  const BatchPlan a(data, BatchingConfig{Batching::kBucket, 4, 4096, 4}, 2, 3);
+  const BatchPlan b(data, BatchingConfig{Batching::kBucket, 4, 4096, 4}, 2, 3);
+  ASSERT_EQ(a.num_steps(), b.num_steps());
+  for (int64_t s = 0; s < a.num_steps(); ++s) EXPECT_EQ(a.batch(s, 1), b.batch(s, 1));
+  EXPECT_THROW(BatchPlan(data, BatchingConfig{Batching::kSample, 0, 1, 1}, 2, 3), std::invalid_argument);
+  EXPECT_THROW(parse_batching("random"), std::invalid_argument);
+  EXPECT_THROW(parse_length_dist("normal"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ddplab
