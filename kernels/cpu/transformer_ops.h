@@ -1,0 +1,74 @@
+// CPU reference ops of the transformer (model/transformer.h). Matmul, bias and GELU come from ops.h.
+//
+// Conventions as in ops.h (after llm.c): outputs, inputs, sizes; parameter gradients ACCUMULATE (+=); activation
+// gradients OVERWRITE (=), except layernorm_backward's dinp, which accumulates because a LayerNorm always sits on
+// a residual branch (documented there). Row-major; a sequence batch is [B, S, ...] with S the padded length.
+//
+// Variable lengths: `lengths` (int32 [B], each in [0, S]; null means every sequence is S long) marks positions
+// t >= lengths[b] as padding. Every op below treats padding so that it has NO effect on anything real:
+//   - embedding: padded rows are 0 and their tokens are never read (any value, even out of range, is fine);
+//   - attention: padded keys get weight exactly 0, padded query rows output 0 and pass no gradient back;
+//   - mean pool: averages over the true length only;
+//   - cross-entropy: rows with a negative target are ignored; the mean is over the valid rows.
+// Hence the gradient reaching a padded row is exactly 0, and so is its contribution to every parameter gradient.
+#pragma once
+#include <cstdint>
+
+namespace ddplab::cpu {
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] for t < len[b] (no wpe term when wpe is null); out[b,t,:] = 0 for
+// padded t. wte [V, C], wpe [>= S, C].
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const T* wte, const T* wpe, int B,
+                       int S, int C);
+// dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:] for t < len[b] (dwpe may be null).
+template <typename T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* lengths, int B, int S,
+                        int C);
+
+// out[n,:] = (inp[n,:] - mean) * rstd * weight + bias over N rows of C, rstd = 1/sqrt(var + 1e-5) (biased var).
+// Saves mean[N] and rstd[N] for backward.
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C);
+// dinp += dL/dinp (ACCUMULATES: the caller passes the residual stream's gradient, which the LayerNorm branch adds
+// to); dweight += sum_n dout * xhat; dbias += sum_n dout.
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                        const T* rstd, int N, int C);
+
+// Multi-head scaled dot-product self-attention over qkv [B, S, 3C] (q | k | v, each C = NH heads of hs = C/NH):
+//   att[b,h,t,:] = softmax_j (q_t . k_j / sqrt(hs)) over valid keys j, out[b,t,h*hs:(h+1)*hs] = sum_j att v_j.
+// Valid keys of query t: j < len[b], and j <= t when causal. Query rows t >= len[b] output 0 and their att row is 0;
+// masked entries of att are exactly 0. att [B, NH, S, S] is saved for backward. Every valid query has at least
+// one valid key (itself), so no row divides by zero.
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal);
+// dqkv [B, S, 3C] = gradient (OVERWRITTEN; 0 on padded rows). Reads dout only on valid rows. scratch holds S*S
+// elements (the gradient of one head's attention matrix).
+template <typename T>
+void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
+                        int S, int C, int NH, bool causal);
+
+// out[n] = a[n] + b[n] (the residual connection; its backward is the identity on both branches).
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n);
+
+// Row-wise softmax of logits [N, V] into probs (probs MAY ALIAS logits), losses[n] = -log probs[n, targets[n]].
+// Rows with targets[n] < 0 are ignored: loss 0, probs row not written. Returns the mean loss over the valid rows
+// (0 when there are none); *num_valid (if not null) receives their count.
+template <typename T>
+T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32_t* targets, int N, int V,
+                               int64_t* num_valid = nullptr);
+// Gradient of that mean: dlogits = (probs - onehot(target)) / num_valid on valid rows, 0 on ignored rows.
+// dlogits MAY ALIAS probs.
+template <typename T>
+void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V);
+
+// out[b,:] = mean over t < len[b] of inp[b,t,:] (0 for a zero-length sequence). inp [B, S, C], out [B, C].
+template <typename T>
+void mean_pool_forward(T* out, const T* inp, const int32_t* lengths, int B, int S, int C);
+// dinp[b,t,:] = dout[b,:] / len[b] for t < len[b], 0 for padded t (OVERWRITTEN).
+template <typename T>
+void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, int S, int C);
+
+}  // namespace ddplab::cpu

@@ -1,0 +1,340 @@
+// Transformer ops: every backward against central finite differences in double, forwards against naive loops,
+// masks (causal, key padding, ignored targets) exact, padding never read, float against double.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/rng.h"
+#include "kernels/cpu/transformer_ops.h"
+
+namespace ddplab::cpu {
+namespace {
+
+constexpr double kFdEps = 1e-6;
+constexpr double kFdRtol = 1e-6;
+constexpr double kFdAtol = 1e-9;
+
+std::vector<double> RandomNormal(size_t n, uint64_t seed, double scale = 1.0) {
+  std::vector<double> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * normal(seed, i);
+  return v;
+}
+
+std::vector<double> NumericGrad(std::vector<double>& x, const std::function<double()>& loss) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + kFdEps;
+    const double up = loss();
+    x[i] = saved - kFdEps;
+    const double down = loss();
+    x[i] = saved;
+    g[i] = (up - down) / (2 * kFdEps);
+  }
+  return g;
+}
+
+// Returns the number of clearly nonzero gradients, so callers can rule out a vacuous pass.
+int ExpectGradNear(const std::vector<double>& analytic, const std::vector<double>& numeric, const char* what) {
+  EXPECT_EQ(analytic.size(), numeric.size());
+  int nonzero = 0;
+  for (size_t i = 0; i < analytic.size(); ++i) {
+    const double tol = kFdAtol + kFdRtol * std::max(std::abs(analytic[i]), std::abs(numeric[i]));
+    EXPECT_NEAR(analytic[i], numeric[i], tol) << what << "[" << i << "]";
+    nonzero += std::abs(numeric[i]) > 1e-6;
+  }
+  return nonzero;
+}
+
+double Dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Odd sizes; sequence 1 is padded, sequence 2 is empty, sequence 0 is full.
+constexpr int kB = 3, kS = 5, kC = 6, kNH = 2, kV = 7;
+const std::vector<int32_t> kLengths = {5, 3, 0};
+
+TEST(Embedding, BackwardMatchesFiniteDifferencesAndPaddingIsNeverRead) {
+  // Repeated tokens make the scatter-add accumulate; padded tokens are out of range and must not be read.
+  const std::vector<int32_t> tokens = {1, 4, 1, 0, 6, /**/ 4, 4, 2, -5, 1000000, /**/ 99, -1, 3, 3, 3};
+  auto wte = RandomNormal(kV * kC, 1), wpe = RandomNormal(kS * kC, 2);
+  const auto w = RandomNormal(kB * kS * kC, 3);
+  std::vector<double> out(kB * kS * kC, -99.0);
+  const auto loss = [&] {
+    embedding_forward(out.data(), tokens.data(), kLengths.data(), wte.data(), wpe.data(), kB, kS, kC);
+    return Dot(out, w);
+  };
+  loss();
+  for (int b = 0; b < kB; ++b) {
+    for (int t = 0; t < kS; ++t) {
+      for (int c = 0; c < kC; ++c) {
+        const double got = out[(b * kS + t) * kC + c];
+        const double want = t < kLengths[b] ? wte[tokens[b * kS + t] * kC + c] + wpe[t * kC + c] : 0.0;
+        EXPECT_EQ(got, want) << b << "," << t << "," << c;
+      }
+    }
+  }
+  std::vector<double> dwte(kV * kC, 0.0), dwpe(kS * kC, 0.0);
+  embedding_backward(dwte.data(), dwpe.data(), w.data(), tokens.data(), kLengths.data(), kB, kS, kC);
+  EXPECT_GT(ExpectGradNear(dwte, NumericGrad(wte, loss), "dwte"), 3 * kC);
+  EXPECT_GT(ExpectGradNear(dwpe, NumericGrad(wpe, loss), "dwpe"), 4 * kC);
+
+  // Without positions: a plain gather, and dwpe may be null.
+  std::vector<double> out2(kB * kS * kC);
+  embedding_forward<double>(out2.data(), tokens.data(), kLengths.data(), wte.data(), nullptr, kB, kS, kC);
+  EXPECT_EQ(out2[kC + 2], wte[4 * kC + 2]);
+  std::vector<double> dwte2(kV * kC, 0.0);
+  embedding_backward<double>(dwte2.data(), nullptr, w.data(), tokens.data(), kLengths.data(), kB, kS, kC);
+  EXPECT_EQ(dwte2, dwte);
+}
+
+TEST(LayerNorm, ForwardNormalisesAndBackwardMatchesFiniteDifferences) {
+  constexpr int N = 4, C = 9;
+  auto inp = RandomNormal(N * C, 4, 3.0), weight = RandomNormal(C, 5), bias = RandomNormal(C, 6);
+  for (int c = 0; c < C; ++c) inp[c] += 100.0;  // a large common offset: the two-pass variance handles it
+  const auto w = RandomNormal(N * C, 7);
+  std::vector<double> out(N * C), mean(N), rstd(N);
+  const auto loss = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+    return Dot(out, w);
+  };
+  loss();
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += inp[n * C + c] / C;
+    for (int c = 0; c < C; ++c) v += (inp[n * C + c] - m) * (inp[n * C + c] - m) / C;
+    EXPECT_NEAR(mean[n], m, 1e-12);
+    EXPECT_NEAR(rstd[n], 1 / std::sqrt(v + 1e-5), 1e-12);
+    for (int c = 0; c < C; ++c) {
+      EXPECT_NEAR(out[n * C + c], (inp[n * C + c] - m) / std::sqrt(v + 1e-5) * weight[c] + bias[c], 1e-12);
+    }
+  }
+  // dinp accumulates onto what is there (the residual stream's gradient); dweight, dbias accumulate as always.
+  std::vector<double> dinp(N * C, 0.5), dweight(C, 0.0), dbias(C, 0.0);
+  layernorm_backward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(), mean.data(),
+                     rstd.data(), N, C);
+  for (double& d : dinp) d -= 0.5;
+  ExpectGradNear(dinp, NumericGrad(inp, loss), "dinp");
+  ExpectGradNear(dweight, NumericGrad(weight, loss), "dweight");
+  ExpectGradNear(dbias, NumericGrad(bias, loss), "dbias");
+}
+
+// Naive attention straight from the definition, with std::exp and explicit masks.
+std::vector<double> NaiveAttention(const std::vector<double>& qkv, const int32_t* lengths, bool causal) {
+  const int hs = kC / kNH;
+  std::vector<double> out(kB * kS * kC, 0.0);
+  for (int b = 0; b < kB; ++b) {
+    const int L = lengths ? lengths[b] : kS;
+    for (int h = 0; h < kNH; ++h) {
+      for (int t = 0; t < L; ++t) {
+        const double* q = &qkv[(b * kS + t) * 3 * kC + h * hs];
+        std::vector<double> s;
+        double zmax = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j < L && (!causal || j <= t); ++j) {
+          const double* k = &qkv[(b * kS + j) * 3 * kC + kC + h * hs];
+          double dot = 0;
+          for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
+          s.push_back(dot / std::sqrt(double(hs)));
+          zmax = std::max(zmax, s.back());
+        }
+        double sum = 0;
+        for (double& x : s) sum += (x = std::exp(x - zmax));
+        for (size_t j = 0; j < s.size(); ++j) {
+          const double* v = &qkv[(b * kS + j) * 3 * kC + 2 * kC + h * hs];
+          for (int i = 0; i < hs; ++i) out[(b * kS + t) * kC + h * hs + i] += s[j] / sum * v[i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void CheckAttention(const int32_t* lengths, bool causal, uint64_t seed) {
+  auto qkv = RandomNormal(kB * kS * 3 * kC, seed, 1.5);  // wide scores: the softmax is far from uniform
+  const auto w = RandomNormal(kB * kS * kC, seed + 1);
+  std::vector<double> out(kB * kS * kC, -99.0), att(kB * kNH * kS * kS, -99.0);
+  const auto loss = [&] {
+    attention_forward(out.data(), att.data(), qkv.data(), lengths, kB, kS, kC, kNH, causal);
+    return Dot(out, w);
+  };
+  loss();
+  const auto ref = NaiveAttention(qkv, lengths, causal);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-12) << i;
+  for (int b = 0; b < kB; ++b) {
+    const int L = lengths ? lengths[b] : kS;
+    for (int h = 0; h < kNH; ++h) {
+      for (int t = 0; t < kS; ++t) {
+        double row = 0;
+        for (int j = 0; j < kS; ++j) {
+          const double a = att[((b * kNH + h) * kS + t) * kS + j];
+          const bool valid = t < L && j < L && (!causal || j <= t);
+          if (!valid) {
+            EXPECT_EQ(a, 0.0) << b << "," << h << "," << t << "," << j;
+          }
+          row += a;
+        }
+        EXPECT_NEAR(row, t < L ? 1.0 : 0.0, 1e-14);
+      }
+    }
+  }
+  std::vector<double> dqkv(qkv.size(), -99.0), scratch(kS * kS);
+  attention_backward(dqkv.data(), scratch.data(), w.data(), qkv.data(), att.data(), lengths, kB, kS, kC, kNH, causal);
+  const int nonzero = ExpectGradNear(dqkv, NumericGrad(qkv, loss), "dqkv");
+  EXPECT_GT(nonzero, static_cast<int>(qkv.size()) / 3);
+  for (int b = 0; b < kB; ++b) {
+    const int L = lengths ? lengths[b] : kS;
+    for (int i = L * 3 * kC; i < kS * 3 * kC; ++i) EXPECT_EQ(dqkv[b * kS * 3 * kC + i], 0.0) << "padded " << b;
+  }
+}
+
+TEST(Attention, CausalWithPaddingMatchesNaiveAndFiniteDifferences) { CheckAttention(kLengths.data(), true, 10); }
+TEST(Attention, BidirectionalWithPaddingMatchesNaiveAndFiniteDifferences) {
+  CheckAttention(kLengths.data(), false, 20);
+}
+TEST(Attention, CausalWithoutLengthsMatchesNaiveAndFiniteDifferences) { CheckAttention(nullptr, true, 30); }
+
+// The gradient arriving at padded query rows is ignored: any dout there gives the same dqkv, bit for bit.
+TEST(Attention, PaddedQueryRowsPassNoGradient) {
+  const auto qkv = RandomNormal(kB * kS * 3 * kC, 40);
+  auto dout = RandomNormal(kB * kS * kC, 41);
+  std::vector<double> out(kB * kS * kC), att(kB * kNH * kS * kS), scratch(kS * kS);
+  std::vector<double> d1(qkv.size()), d2(qkv.size());
+  attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
+  attention_backward(d1.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+                     true);
+  for (int b = 0; b < kB; ++b) {
+    for (int i = kLengths[b] * kC; i < kS * kC; ++i) dout[b * kS * kC + i] = std::numeric_limits<double>::quiet_NaN();
+  }
+  attention_backward(d2.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+                     true);
+  EXPECT_EQ(d1, d2);
+}
+
+// Huge scores in float and an empty sequence: everything stays finite.
+TEST(Attention, FloatStaysFiniteWithHugeScoresAndEmptySequences) {
+  std::vector<float> qkv(kB * kS * 3 * kC);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(300.0 * normal(50, i));
+  std::vector<float> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size()), scratch(kS * kS);
+  std::vector<float> dout(out.size(), 1.0f);
+  attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
+  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC,
+                     kNH, true);
+  for (float x : out) ASSERT_TRUE(std::isfinite(x));
+  for (float x : att) ASSERT_TRUE(std::isfinite(x));
+  for (float x : dqkv) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST(MaskedCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
+  constexpr int N = 5, V = 6;
+  auto logits = RandomNormal(N * V, 60, 2.0);
+  const std::vector<int32_t> targets = {0, -1, 5, 2, -100};
+  std::vector<double> probs(N * V, -99.0), losses(N, -99.0), dlogits(N * V, -99.0);
+  int64_t valid = -1;
+  const auto loss = [&] {
+    return masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V, &valid);
+  };
+  const double mean = loss();
+  EXPECT_EQ(valid, 3);
+  EXPECT_EQ(losses[1], 0.0);
+  EXPECT_EQ(losses[4], 0.0);
+  EXPECT_NEAR(mean, (losses[0] + losses[2] + losses[3]) / 3, 1e-15);
+  for (int n : {0, 2, 3}) {
+    double zmax = -1e300, sum = 0;
+    for (int v = 0; v < V; ++v) zmax = std::max(zmax, logits[n * V + v]);
+    for (int v = 0; v < V; ++v) sum += std::exp(logits[n * V + v] - zmax);
+    EXPECT_NEAR(losses[n], std::log(sum) + zmax - logits[n * V + targets[n]], 1e-13) << n;
+  }
+  masked_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), N, V);
+  EXPECT_GT(ExpectGradNear(dlogits, NumericGrad(logits, loss), "dlogits"), 3 * V - 1);
+  for (int v = 0; v < V; ++v) EXPECT_EQ(dlogits[V + v], 0.0);
+
+  // In place (probs over logits, then dlogits over probs) gives the same numbers.
+  std::vector<double> buf = logits, losses2(N);
+  EXPECT_EQ(masked_cross_entropy_forward(buf.data(), losses2.data(), buf.data(), targets.data(), N, V), loss());
+  masked_cross_entropy_backward(buf.data(), buf.data(), targets.data(), N, V);
+  EXPECT_EQ(buf, dlogits);
+
+  // No valid row: loss 0 and zero gradient, no NaN.
+  const std::vector<int32_t> none(N, -1);
+  EXPECT_EQ(masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), none.data(), N, V), 0.0);
+  masked_cross_entropy_backward(dlogits.data(), probs.data(), none.data(), N, V);
+  for (double d : dlogits) EXPECT_EQ(d, 0.0);
+}
+
+TEST(MeanPool, MatchesDefinitionAndBackwardMatchesFiniteDifferences) {
+  auto inp = RandomNormal(kB * kS * kC, 70);
+  const auto w = RandomNormal(kB * kC, 71);
+  std::vector<double> out(kB * kC, -99.0);
+  const auto loss = [&] {
+    mean_pool_forward(out.data(), inp.data(), kLengths.data(), kB, kS, kC);
+    return Dot(out, w);
+  };
+  loss();
+  for (int b = 0; b < kB; ++b) {
+    for (int c = 0; c < kC; ++c) {
+      double m = 0;
+      for (int t = 0; t < kLengths[b]; ++t) m += inp[(b * kS + t) * kC + c];
+      EXPECT_NEAR(out[b * kC + c], kLengths[b] ? m / kLengths[b] : 0.0, 1e-14);
+    }
+  }
+  std::vector<double> dinp(inp.size(), -99.0);
+  mean_pool_backward(dinp.data(), w.data(), kLengths.data(), kB, kS, kC);
+  ExpectGradNear(dinp, NumericGrad(inp, loss), "dinp");
+  for (int t = kLengths[1]; t < kS; ++t) EXPECT_EQ(dinp[(kS + t) * kC], 0.0);
+}
+
+TEST(Residual, AddsElementwise) {
+  const std::vector<double> a = {1, 2, 3}, b = {10, 20, 30};
+  std::vector<double> out(3);
+  residual_forward(out.data(), a.data(), b.data(), 3);
+  EXPECT_EQ(out, (std::vector<double>{11, 22, 33}));
+}
+
+void ExpectFloatAgrees(const std::vector<float>& f, const std::vector<double>& d, double rtol, const char* what) {
+  ASSERT_EQ(f.size(), d.size());
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_NEAR(f[i], d[i], rtol * (1.0 + std::abs(d[i]))) << what << "[" << i << "]";
+}
+
+TEST(FloatVsDouble, TransformerOpsAgree) {
+  auto round = [](std::vector<double> v) {
+    for (double& x : v) x = static_cast<float>(x);
+    return v;
+  };
+  auto to_float = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  const auto qkv = round(RandomNormal(kB * kS * 3 * kC, 80)), dout = round(RandomNormal(kB * kS * kC, 81));
+  const auto qkv_f = to_float(qkv), dout_f = to_float(dout);
+  std::vector<double> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size()), scratch(kS * kS);
+  std::vector<float> out_f(out.size()), att_f(att.size()), dqkv_f(qkv.size()), scratch_f(kS * kS);
+  attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
+  attention_forward(out_f.data(), att_f.data(), qkv_f.data(), kLengths.data(), kB, kS, kC, kNH, true);
+  ExpectFloatAgrees(out_f, out, 1e-5, "attention out");
+  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC,
+                     kNH, true);
+  attention_backward(dqkv_f.data(), scratch_f.data(), dout_f.data(), qkv_f.data(), att_f.data(), kLengths.data(), kB,
+                     kS, kC, kNH, true);
+  ExpectFloatAgrees(dqkv_f, dqkv, 1e-5, "attention dqkv");
+
+  constexpr int N = kB * kS;
+  const auto weight = round(RandomNormal(kC, 82)), bias = round(RandomNormal(kC, 83));
+  const auto weight_f = to_float(weight), bias_f = to_float(bias);
+  std::vector<double> ln(N * kC), mean(N), rstd(N), dln(N * kC, 0.0), dw(kC, 0.0), db(kC, 0.0);
+  std::vector<float> ln_f(N * kC), mean_f(N), rstd_f(N), dln_f(N * kC, 0.0f), dw_f(kC, 0.0f), db_f(kC, 0.0f);
+  layernorm_forward(ln.data(), mean.data(), rstd.data(), qkv.data(), weight.data(), bias.data(), N, kC);
+  layernorm_forward(ln_f.data(), mean_f.data(), rstd_f.data(), qkv_f.data(), weight_f.data(), bias_f.data(), N, kC);
+  ExpectFloatAgrees(ln_f, ln, 1e-5, "layernorm");
+  layernorm_backward(dln.data(), dw.data(), db.data(), dout.data(), qkv.data(), weight.data(), mean.data(),
+                     rstd.data(), N, kC);
+  layernorm_backward(dln_f.data(), dw_f.data(), db_f.data(), dout_f.data(), qkv_f.data(), weight_f.data(),
+                     mean_f.data(), rstd_f.data(), N, kC);
+  ExpectFloatAgrees(dln_f, dln, 1e-5, "layernorm dinp");
+  ExpectFloatAgrees(dw_f, dw, 1e-5, "layernorm dweight");
+}
+
+}  // namespace
+}  // namespace ddplab::cpu
