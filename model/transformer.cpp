@@ -1,0 +1,358 @@
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/rng.h"
+#include "kernels/cpu/transformer_ops.h"
+
+namespace ddplab {
+namespace {
+
+// Block parameters in registration order; the index of one is block_param(layer, k).
+enum BlockParam {
+  kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcprojW, kFcprojB, kBlockParams
+};
+
+template <typename T>
+void EnsureSize(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+TransformerConfig TransformerConfig::preset(const std::string& name) {
+  TransformerConfig c;  // the defaults are "tiny"
+  if (name == "tiny") return c;
+  if (name == "small") {
+    c.d_model = 128;
+    c.layers = 4;
+    c.mlp_hidden = 512;
+    return c;
+  }
+  if (name == "gpt2-small") {
+    c.vocab = 50257;
+    c.d_model = 768;
+    c.heads = 12;
+    c.layers = 12;
+    c.mlp_hidden = 3072;
+    c.max_len = 1024;
+    c.head = Head::kCausalLM;
+    return c;
+  }
+  throw std::invalid_argument("unknown model preset '" + name + "' (expected tiny, small, gpt2-small)");
+}
+
+template <typename T>
+int Transformer<T>::head_outputs() const {
+  return config_.head == TransformerConfig::Head::kClassify ? config_.num_classes : config_.vocab;
+}
+
+template <typename T>
+Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : config_(config) {
+  const TransformerConfig& c = config;
+  if (c.vocab <= 0 || c.d_model <= 0 || c.heads <= 0 || c.layers < 0 || c.mlp_hidden <= 0 || c.max_len <= 0 ||
+      (c.head == TransformerConfig::Head::kClassify && c.num_classes <= 0)) {
+    throw std::invalid_argument(
+        "Transformer: vocab, d_model, heads, mlp_hidden, max_len (and num_classes for the classifier) must be "
+        "positive and layers non-negative");
+  }
+  if (c.d_model % c.heads != 0) {
+    throw std::invalid_argument("Transformer: d_model " + std::to_string(c.d_model) + " is not a multiple of heads " +
+                                std::to_string(c.heads));
+  }
+  const int64_t C = c.d_model, H = c.mlp_hidden;
+  std::vector<double> init_std;  // per parameter: > 0 normal(0, std), 0 zeros, -1 ones
+  auto add = [&](std::string name, std::vector<int64_t> shape, double std) {
+    Parameter<T> p;
+    p.name = std::move(name);
+    p.numel = 1;
+    for (int64_t d : shape) p.numel *= d;
+    p.shape = std::move(shape);
+    params_.push_back(std::move(p));
+    init_std.push_back(std);
+  };
+  const double residual_std = 0.02 / std::sqrt(2.0 * std::max(1, c.layers));
+  add("wte", {c.vocab, C}, 0.02);
+  if (c.learned_pos) {
+    wpe_ = 1;
+    add("wpe", {c.max_len, C}, 0.02);
+  }
+  block_base_ = static_cast<int>(params_.size());
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    add(h + "ln1.weight", {C}, -1);
+    add(h + "ln1.bias", {C}, 0);
+    add(h + "qkv.weight", {3 * C, C}, 0.02);
+    add(h + "qkv.bias", {3 * C}, 0);
+    add(h + "proj.weight", {C, C}, residual_std);
+    add(h + "proj.bias", {C}, 0);
+    add(h + "ln2.weight", {C}, -1);
+    add(h + "ln2.bias", {C}, 0);
+    add(h + "fc.weight", {H, C}, 0.02);
+    add(h + "fc.bias", {H}, 0);
+    add(h + "fcproj.weight", {C, H}, residual_std);
+    add(h + "fcproj.bias", {C}, 0);
+  }
+  lnf_ = static_cast<int>(params_.size());
+  add("lnf.weight", {C}, -1);
+  add("lnf.bias", {C}, 0);
+  head_ = static_cast<int>(params_.size());
+  add("head.weight", {head_outputs(), C}, 0.02);
+  add("head.bias", {head_outputs()}, 0);
+
+  // Reverse registration order: head.bias (the first gradient backward finalises) sits at offset 0.
+  int64_t offset = 0;
+  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
+    it->offset = offset;
+    offset += it->numel;
+  }
+  flat_params_.assign(offset, T(0));
+  flat_grads_.assign(offset, T(0));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter<T>& p = params_[i];
+    p.data = flat_params_.data() + p.offset;
+    p.grad = flat_grads_.data() + p.offset;
+    const uint64_t stream = substream(seed, i);  // a tensor's init depends on neither the layout nor the others
+    for (int64_t k = 0; k < p.numel; ++k) {
+      p.data[k] = init_std[i] > 0 ? static_cast<T>(init_std[i] * normal(stream, k)) : T(init_std[i] < 0 ? 1 : 0);
+    }
+  }
+  acts_.resize(c.layers);
+  set_grad_piece_elements(0);
+}
+
+template <typename T>
+void Transformer<T>::set_grad_piece_elements(int64_t max_elements) {
+  if (max_elements < 0) throw std::invalid_argument("Transformer: negative gradient piece size");
+  pieces_.clear();
+  // Backward finalises parameters in reverse registration order; a 2-D one in row blocks from row 0 up.
+  for (int p = static_cast<int>(params_.size()) - 1; p >= 0; --p) {
+    const Parameter<T>& param = params_[p];
+    const bool is_matrix = param.shape.size() == 2;
+    const int64_t rows = is_matrix ? param.shape[0] : 1, cols = param.numel / rows;
+    const int64_t block = max_elements == 0 || !is_matrix ? rows : std::max<int64_t>(1, max_elements / cols);
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t n = std::min(block, rows - r);
+      pieces_.push_back(GradPiece{p, param.offset + r * cols, n * cols, r});
+    }
+  }
+}
+
+template <typename T>
+T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S) {
+  const TransformerConfig& c = config_;
+  const bool classify = c.head == TransformerConfig::Head::kClassify;
+  if (B < 0) throw std::invalid_argument("Transformer::forward: negative batch size " + std::to_string(B));
+  if (B > 0 && (S < 1 || S > c.max_len)) {
+    throw std::invalid_argument("Transformer::forward: sequence length " + std::to_string(S) + " outside [1, " +
+                                std::to_string(c.max_len) + "]");
+  }
+  if (B > 0 && classify && !targets) throw std::invalid_argument("Transformer::forward: the classifier needs targets");
+  const int64_t BS = static_cast<int64_t>(B) * S;
+  // Copy and validate everything first, so a bad batch throws before any state changes.
+  std::vector<int32_t> checked(B, S);
+  for (int b = 0; b < B; ++b) {
+    if (lengths) checked[b] = lengths[b];
+    if (checked[b] < 1 || checked[b] > S) {
+      throw std::out_of_range("Transformer::forward: length " + std::to_string(checked[b]) + " of sequence " +
+                              std::to_string(b) + " outside [1, " + std::to_string(S) + "]");
+    }
+    for (int t = 0; t < checked[b]; ++t) {
+      const int32_t tok = tokens[static_cast<int64_t>(b) * S + t];
+      if (tok < 0 || tok >= c.vocab) {
+        throw std::out_of_range("Transformer::forward: token " + std::to_string(tok) + " at (" + std::to_string(b) +
+                                ", " + std::to_string(t) + ") outside [0, " + std::to_string(c.vocab) + ")");
+      }
+    }
+    if (classify && (targets[b] < 0 || targets[b] >= c.num_classes)) {
+      throw std::out_of_range("Transformer::forward: target " + std::to_string(targets[b]) + " of sequence " +
+                              std::to_string(b) + " outside [0, " + std::to_string(c.num_classes) + ")");
+    }
+  }
+  lengths_ = std::move(checked);
+  tokens_.assign(tokens, tokens + BS);
+  if (classify) {
+    targets_.assign(targets, targets + B);
+  } else {
+    targets_.assign(BS, -1);  // next token inside the sequence; the last position of each has none
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t + 1 < lengths_[b]; ++t) targets_[int64_t(b) * S + t] = tokens_[int64_t(b) * S + t + 1];
+    }
+  }
+  batch_ = B;
+  seq_ = S;
+  loss_count_ = 0;
+  if (B == 0) return T(0);
+
+  const int C = c.d_model, H = c.mlp_hidden, NH = c.heads, K = head_outputs();
+  const int BT = static_cast<int>(BS);
+  const int64_t BTC = BS * C;
+  const int rows = classify ? B : BT;  // rows of logits
+  EnsureSize(encoded_, BTC);
+  EnsureSize(tmp_, BTC);
+  for (LayerActs& a : acts_) {
+    for (auto* v : {&a.ln1, &a.atty, &a.res_attn, &a.ln2, &a.res_out}) EnsureSize(*v, BTC);
+    for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) EnsureSize(*v, BS);
+    EnsureSize(a.qkv, 3 * BTC);
+    EnsureSize(a.att, BS * NH * S);
+    EnsureSize(a.fch, BS * H);
+    EnsureSize(a.fch_gelu, BS * H);
+  }
+  EnsureSize(lnf_out_, BTC);
+  EnsureSize(lnf_mean_, BS);
+  EnsureSize(lnf_rstd_, BS);
+  if (classify) EnsureSize(pooled_, static_cast<size_t>(B) * C);
+  EnsureSize(logits_, static_cast<size_t>(rows) * K);
+  EnsureSize(losses_, rows);
+
+  const int32_t* lens = lengths_.data();
+  cpu::embedding_forward(encoded_.data(), tokens_.data(), lens, P(0).data, wpe_ >= 0 ? P(wpe_).data : nullptr, B, S,
+                         C);
+  const T* x = encoded_.data();
+  for (int l = 0; l < c.layers; ++l) {
+    LayerActs& a = acts_[l];
+    auto W = [&](int k) { return P(block_param(l, k)).data; };
+    cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, W(kLn1W), W(kLn1B), BT, C);
+    cpu::matmul_forward(a.qkv.data(), a.ln1.data(), W(kQkvW), BT, C, 3 * C);
+    cpu::bias_forward(a.qkv.data(), W(kQkvB), BT, 3 * C);
+    cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), lens, B, S, C, NH, c.causal());
+    cpu::matmul_forward(tmp_.data(), a.atty.data(), W(kProjW), BT, C, C);
+    cpu::bias_forward(tmp_.data(), W(kProjB), BT, C);
+    cpu::residual_forward(a.res_attn.data(), x, tmp_.data(), BTC);
+    cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), W(kLn2W), W(kLn2B),
+                           BT, C);
+    cpu::matmul_forward(a.fch.data(), a.ln2.data(), W(kFcW), BT, C, H);
+    cpu::bias_forward(a.fch.data(), W(kFcB), BT, H);
+    cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BS * H);
+    cpu::matmul_forward(tmp_.data(), a.fch_gelu.data(), W(kFcprojW), BT, H, C);
+    cpu::bias_forward(tmp_.data(), W(kFcprojB), BT, C);
+    cpu::residual_forward(a.res_out.data(), a.res_attn.data(), tmp_.data(), BTC);
+    x = a.res_out.data();
+  }
+  cpu::layernorm_forward(lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), x, P(lnf_).data, P(lnf_ + 1).data, BT,
+                         C);
+  const T* features = lnf_out_.data();
+  if (classify) {
+    cpu::mean_pool_forward(pooled_.data(), lnf_out_.data(), lens, B, S, C);
+    features = pooled_.data();
+  }
+  cpu::matmul_forward(logits_.data(), features, P(head_).data, rows, C, K);
+  cpu::bias_forward(logits_.data(), P(head_ + 1).data, rows, K);
+  // Probabilities in place of the logits: for the LM head this is the largest buffer by far.
+  return cpu::masked_cross_entropy_forward(logits_.data(), losses_.data(), logits_.data(), targets_.data(), rows, K,
+                                           &loss_count_);
+}
+
+template <typename T>
+void Transformer<T>::backward(const GradReadyHook& on_ready) {
+  if (batch_ < 0) throw std::logic_error("Transformer::backward called before forward");
+  const TransformerConfig& c = config_;
+  size_t piece = 0;  // pieces_ is in exactly the order this function finalises them
+  auto ready = [&](int param) {
+    if (piece >= pieces_.size() || pieces_[piece].param != param) {
+      throw std::logic_error("Transformer: gradient pieces out of order");
+    }
+    if (on_ready) on_ready(static_cast<int>(piece));
+    ++piece;
+  };
+  auto announce = [&](int param) {  // every piece of a parameter finalised as a whole
+    do {
+      ready(param);
+    } while (piece < pieces_.size() && pieces_[piece].param == param);
+  };
+  if (batch_ == 0) {  // nothing to add: every gradient is final as it is
+    for (int p = static_cast<int>(params_.size()) - 1; p >= 0; --p) announce(p);
+    return;
+  }
+  const bool classify = c.head == TransformerConfig::Head::kClassify;
+  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, NH = c.heads, K = head_outputs();
+  const int BT = B * S;
+  const int64_t BTC = static_cast<int64_t>(BT) * C;
+  const int rows = classify ? B : BT;
+  const int32_t* lens = lengths_.data();
+  EnsureSize(dresid_, BTC);
+  EnsureSize(dsmall_, BTC);
+  EnsureSize(dbig_, static_cast<size_t>(BT) * std::max(3 * C, H));
+  EnsureSize(att_scratch_, static_cast<size_t>(S) * S);
+  EnsureSize(dlogits_, static_cast<size_t>(rows) * K);
+  if (classify) EnsureSize(dpooled_, static_cast<size_t>(B) * C);
+
+  // A Linear layer out = inp W^T + b: bias, then the weight's row blocks (each announced as soon as it is done,
+  // before the input gradient, which backward needs next but the communication engine does not).
+  auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out) {
+    cpu::bias_backward(P(w + 1).grad, dout, N, out);
+    announce(w + 1);
+    while (piece < pieces_.size() && pieces_[piece].param == w) {
+      const GradPiece& g = pieces_[piece];
+      const int64_t first = g.first_row, count = g.numel / in;
+      cpu::matmul_backward_weight(P(w).grad, dout, inp, N, in, out, static_cast<int>(first),
+                                  static_cast<int>(first + count));
+      ready(w);
+    }
+    cpu::matmul_backward_input(dinp, dout, P(w).data, N, in, out);
+  };
+  auto layernorm_backward = [&](int w, const T* dout, const T* inp, const T* mean, const T* rstd) {
+    cpu::layernorm_backward(dresid_.data(), P(w).grad, P(w + 1).grad, dout, inp, P(w).data, mean, rstd, BT, C);
+    announce(w + 1);
+    announce(w);
+  };
+
+  cpu::masked_cross_entropy_backward(dlogits_.data(), logits_.data(), targets_.data(), rows, K);
+  if (classify) {
+    linear_backward(head_, dpooled_.data(), dlogits_.data(), pooled_.data(), B, C, K);
+    cpu::mean_pool_backward(dsmall_.data(), dpooled_.data(), lens, B, S, C);
+  } else {
+    linear_backward(head_, dsmall_.data(), dlogits_.data(), lnf_out_.data(), BT, C, K);
+  }
+  // dresid_ is the gradient of the residual stream; every LayerNorm on it adds its branch's share.
+  std::fill(dresid_.begin(), dresid_.begin() + BTC, T(0));
+  const T* x_final = c.layers > 0 ? acts_.back().res_out.data() : encoded_.data();
+  layernorm_backward(lnf_, dsmall_.data(), x_final, lnf_mean_.data(), lnf_rstd_.data());
+  for (int l = c.layers - 1; l >= 0; --l) {
+    LayerActs& a = acts_[l];
+    const T* x_in = l > 0 ? acts_[l - 1].res_out.data() : encoded_.data();
+    auto id = [&](int k) { return block_param(l, k); };
+    // dresid_ = dL/d res_out: through the MLP branch ...
+    linear_backward(id(kFcprojW), dbig_.data(), dresid_.data(), a.fch_gelu.data(), BT, H, C);
+    cpu::gelu_backward(dbig_.data(), a.fch.data(), dbig_.data(), static_cast<int64_t>(BT) * H);
+    linear_backward(id(kFcW), dsmall_.data(), dbig_.data(), a.ln2.data(), BT, C, H);
+    layernorm_backward(id(kLn2W), dsmall_.data(), a.res_attn.data(), a.ln2_mean.data(), a.ln2_rstd.data());
+    // ... now dL/d res_attn: through the attention branch.
+    linear_backward(id(kProjW), dsmall_.data(), dresid_.data(), a.atty.data(), BT, C, C);
+    cpu::attention_backward(dbig_.data(), att_scratch_.data(), dsmall_.data(), a.qkv.data(), a.att.data(), lens, B, S,
+                            C, NH, c.causal());
+    linear_backward(id(kQkvW), dsmall_.data(), dbig_.data(), a.ln1.data(), BT, C, 3 * C);
+    layernorm_backward(id(kLn1W), dsmall_.data(), x_in, a.ln1_mean.data(), a.ln1_rstd.data());
+  }
+  // The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket.
+  cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(), lens, B, S,
+                          C);
+  if (wpe_ >= 0) announce(wpe_);
+  announce(0);
+  if (piece != pieces_.size()) throw std::logic_error("Transformer: not every gradient piece was announced");
+}
+
+template <typename T>
+void Transformer<T>::zero_grad() {
+  std::fill(flat_grads_.begin(), flat_grads_.end(), T(0));
+}
+
+template <typename T>
+double Transformer<T>::flops_per_token(int seq_len) const {
+  const double C = config_.d_model, H = config_.mlp_hidden, L = config_.layers;
+  const double blocks = L * (2 * (4 * C * C + 2 * C * H) + 4.0 * seq_len * C);
+  const double head = config_.head == TransformerConfig::Head::kClassify
+                          ? 2 * C * config_.num_classes / std::max(1, seq_len)
+                          : 2 * C * config_.vocab;
+  return blocks + head;
+}
+
+template class Transformer<float>;
+template class Transformer<double>;
+
+}  // namespace ddplab

@@ -1,0 +1,111 @@
+// A pre-LayerNorm transformer with forward and backward written by hand (no autograd). docs/TRANSFORMER.md has
+// the maths, the masks and the FLOP count.
+//
+//   tokens [B, S] → wte[token] (+ wpe[t]) → L × { x += proj(attn(ln1(x)));  x += fcproj(gelu(fc(ln2(x)))) } → lnf
+//     kClassify: mean-pool over the true length → Linear(d_model → num_classes) → cross-entropy, mean over B
+//     kCausalLM: Linear(d_model → vocab) per position → next-token cross-entropy, mean over positions with a next
+//                token inside the sequence
+//
+// Variable lengths: sequence b occupies positions [0, lengths[b]) of its row of S; the rest is padding and has no
+// effect at all (tokens there are never read; padded keys are masked, padded rows pass no gradient). Attention is
+// bidirectional with a key-padding mask for kClassify, causal (plus padding) for kCausalLM.
+//
+// Storage exactly as Mlp<T> (model/mlp.h): one flat parameter buffer and one flat gradient buffer in REVERSE
+// registration order, gradient pieces listed in the order backward finalises them (= ascending offset).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/mlp.h"  // Parameter<T>, GradPiece, GradReadyHook
+
+namespace ddplab {
+
+struct TransformerConfig {
+  enum class Head { kClassify, kCausalLM };
+  int vocab = 8192;
+  int d_model = 48;
+  int heads = 4;
+  int layers = 1;
+  int mlp_hidden = 96;
+  int max_len = 256;
+  int num_classes = 16;     // kClassify only
+  bool learned_pos = true;  // a learned positional embedding wpe [max_len, d_model]; false: none
+  Head head = Head::kClassify;
+
+  bool causal() const { return head == Head::kCausalLM; }
+  // "tiny" (the token-skew lab's model), "small", "gpt2-small" (GPT-2 124M-like, causal LM, for the GPU).
+  // Throws std::invalid_argument for any other name.
+  static TransformerConfig preset(const std::string& name);
+};
+
+template <typename T>
+class Transformer {
+ public:
+  // GPT-2 init, deterministic in seed (one sub-stream per parameter): weights and embeddings ~ N(0, 0.02), the two
+  // residual projections per block (proj, fcproj) ~ N(0, 0.02 / sqrt(2 layers)), biases 0, LayerNorm weight 1.
+  Transformer(const TransformerConfig& config, uint64_t seed);
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const TransformerConfig& config() const { return config_; }
+  // Registration (forward) order: wte, wpe (if learned_pos), per block h.<l>.{ln1.weight, ln1.bias, qkv.weight,
+  // qkv.bias, proj.weight, proj.bias, ln2.weight, ln2.bias, fc.weight, fc.bias, fcproj.weight, fcproj.bias},
+  // lnf.weight, lnf.bias, head.weight, head.bias. Linear weights are [out, in].
+  std::vector<Parameter<T>>& parameters() { return params_; }
+  const std::vector<Parameter<T>>& parameters() const { return params_; }
+  int64_t num_parameters() const { return static_cast<int64_t>(flat_params_.size()); }
+  T* flat_params() { return flat_params_.data(); }
+  T* flat_grads() { return flat_grads_.data(); }
+  const T* flat_params() const { return flat_params_.data(); }
+  const T* flat_grads() const { return flat_grads_.data(); }
+
+  // As Mlp: 2-D parameters (Linear weights, wte, wpe) in blocks of whole rows of at most max_elements (at least one
+  // row); 0 = one piece per parameter.
+  void set_grad_piece_elements(int64_t max_elements);
+  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
+
+  // tokens [B, S] (S <= max_len); lengths [B] in [1, S], or null for all S; tokens at t < lengths[b] in [0, vocab),
+  // tokens at padded positions are ignored. targets: kClassify, [B] classes in [0, num_classes); kCausalLM,
+  // ignored (may be null): the target at t is tokens[b, t+1] for t + 1 < lengths[b]. The inputs are copied.
+  // Returns the mean cross-entropy over loss_count() terms (0 when B == 0).
+  T forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S);
+  // Backward of the last forward's mean loss; ACCUMULATES into the gradients (zero_grad() first unless
+  // accumulating) and may be called again for the same forward. Calls on_ready(k) for grad_pieces()[k] in order,
+  // as soon as that piece is final: head, lnf, blocks last to first, and the embeddings (wpe, wte) at the very end.
+  void backward(const GradReadyHook& on_ready = nullptr);
+  void zero_grad();
+
+  // How many terms the last loss averaged: B for kClassify, the positions with a next token for kCausalLM. A DDP
+  // trainer that wants the mean over the GLOBAL batch scales its rank's gradient by count * world / global count.
+  int64_t loss_count() const { return loss_count_; }
+  // Forward FLOPs per token of a batch of sequences of length seq_len: 2 per weight of every Linear in the blocks,
+  // 4 * seq_len * d_model per block for the attention scores and weighted sum (the full square, PaLM's convention),
+  // and the head (LM: 2 d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens).
+  // Training costs about 3x. Embeddings, LayerNorm, GELU, softmax are not counted.
+  double flops_per_token(int seq_len) const;
+
+ private:
+  struct LayerActs {
+    std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res_out;
+  };
+  Parameter<T>& P(int i) { return params_[i]; }
+  int block_param(int layer, int k) const { return block_base_ + 12 * layer + k; }
+  int head_outputs() const;
+
+  TransformerConfig config_;
+  std::vector<T> flat_params_, flat_grads_;
+  std::vector<Parameter<T>> params_;
+  std::vector<GradPiece> pieces_;
+  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;  // registration indices (weight; bias is +1)
+
+  // The last forward (grow-only buffers: a step no larger than before allocates nothing).
+  int batch_ = -1, seq_ = 0;  // -1: no forward yet
+  int64_t loss_count_ = 0;
+  std::vector<int32_t> tokens_, lengths_, targets_;  // targets_: [B] classes or [B*S] next tokens (-1: none)
+  std::vector<T> encoded_, lnf_out_, lnf_mean_, lnf_rstd_, pooled_, logits_, losses_;  // logits_ holds the probs
+  std::vector<LayerActs> acts_;
+  std::vector<T> tmp_, dresid_, dbig_, dsmall_, dpooled_, dlogits_, att_scratch_;
+};
+
+}  // namespace ddplab
