@@ -14,9 +14,11 @@ namespace ddplab {
 namespace {
 
 // Block parameters in registration order; the index of one is block_param(layer, k).
+// clang-format off
 enum BlockParam {
   kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcprojW, kFcprojB, kBlockParams
 };
+// clang-format on
 
 template <typename T>
 void EnsureSize(std::vector<T>& v, size_t n) {
@@ -211,8 +213,7 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   EnsureSize(losses_, rows);
 
   const int32_t* lens = lengths_.data();
-  cpu::embedding_forward(encoded_.data(), tokens_.data(), lens, P(0).data, wpe_ >= 0 ? P(wpe_).data : nullptr, B, S,
-                         C);
+  cpu::embedding_forward(encoded_.data(), tokens_.data(), lens, P(0).data, wpe_ >= 0 ? P(wpe_).data : nullptr, B, S, C);
   const T* x = encoded_.data();
   for (int l = 0; l < c.layers; ++l) {
     LayerActs& a = acts_[l];
@@ -234,8 +235,7 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
     cpu::residual_forward(a.res_out.data(), a.res_attn.data(), tmp_.data(), BTC);
     x = a.res_out.data();
   }
-  cpu::layernorm_forward(lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), x, P(lnf_).data, P(lnf_ + 1).data, BT,
-                         C);
+  cpu::layernorm_forward(lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), x, P(lnf_).data, P(lnf_ + 1).data, BT, C);
   const T* features = lnf_out_.data();
   if (classify) {
     cpu::mean_pool_forward(pooled_.data(), lnf_out_.data(), lens, B, S, C);
@@ -330,8 +330,7 @@ void Transformer<T>::backward(const GradReadyHook& on_ready) {
     layernorm_backward(id(kLn1W), dsmall_.data(), x_in, a.ln1_mean.data(), a.ln1_rstd.data());
   }
   // The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket.
-  cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(), lens, B, S,
-                          C);
+  cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(), lens, B, S, C);
   if (wpe_ >= 0) announce(wpe_);
   announce(0);
   if (piece != pieces_.size()) throw std::logic_error("Transformer: not every gradient piece was announced");

@@ -126,8 +126,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 // queries and keys, so padding costs no attention FLOPs. With a causal mask the upper triangle is computed and then
 // discarded (2x the needed scores; simple and still GEMM-bound at these sizes).
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH,
-                       bool causal) {
+void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   for (int b = 0; b < B; ++b) {
@@ -143,7 +142,7 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
         const int n = causal ? t + 1 : L;  // keys [0, n) are valid
         T zmax = row[0];
 #pragma omp simd reduction(max : zmax)
-        for (int j = 0; j < n; ++j) zmax = std::max(zmax, row[j]);
+        for (int j = 0; j < n; ++j) zmax = row[j] > zmax ? row[j] : zmax;
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int j = 0; j < n; ++j) sum += (row[j] = exp_fast(row[j] - zmax));
@@ -178,7 +177,7 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
       const T* q = qkv_b + h * hs;
       const T* dO = dout_b + h * hs;
       T* dq = dqkv_b + h * hs;
-      gemm(CblasTrans, CblasNoTrans, L, hs, L, T(1), a, S, dO, C, T(0), dq + 2 * C, C3);      // dV
+      gemm(CblasTrans, CblasNoTrans, L, hs, L, T(1), a, S, dO, C, T(0), dq + 2 * C, C3);       // dV
       gemm(CblasNoTrans, CblasTrans, L, L, hs, T(1), dO, C, q + 2 * C, C3, T(0), scratch, S);  // dP
       for (int t = 0; t < L; ++t) {
         const T* p = a + static_cast<int64_t>(t) * S;
@@ -218,7 +217,7 @@ T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32
     const T z_target = z[targets[n]];  // read before p (which may alias z) is written
     T zmax = z[0];
 #pragma omp simd reduction(max : zmax)
-    for (int v = 0; v < V; ++v) zmax = std::max(zmax, z[v]);
+    for (int v = 0; v < V; ++v) zmax = z[v] > zmax ? z[v] : zmax;
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int v = 0; v < V; ++v) sum += (p[v] = exp_fast(z[v] - zmax));
@@ -283,18 +282,17 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
   }
 }
 
-#define DDPLAB_INSTANTIATE(T)                                                                                        \
-  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int, int, int);        \
-  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int, int, int);             \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                           \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int);      \
-  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool);                   \
-  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int,     \
-                                      bool);                                                                         \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                               \
-  template T masked_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int, int64_t*);                 \
-  template void masked_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int);                           \
-  template void mean_pool_forward<T>(T*, const T*, const int32_t*, int, int, int);                                  \
+#define DDPLAB_INSTANTIATE(T)                                                                                          \
+  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int, int, int);           \
+  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int, int, int);                \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                              \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int);         \
+  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool);                      \
+  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool); \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                  \
+  template T masked_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int, int64_t*);                    \
+  template void masked_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int);                              \
+  template void mean_pool_forward<T>(T*, const T*, const int32_t*, int, int, int);                                     \
   template void mean_pool_backward<T>(T*, const T*, const int32_t*, int, int, int);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(double)

@@ -19,8 +19,8 @@ namespace ddplab::cpu {
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] for t < len[b] (no wpe term when wpe is null); out[b,t,:] = 0 for
 // padded t. wte [V, C], wpe [>= S, C].
 template <typename T>
-void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const T* wte, const T* wpe, int B,
-                       int S, int C);
+void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const T* wte, const T* wpe, int B, int S,
+                       int C);
 // dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:] for t < len[b] (dwpe may be null).
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* lengths, int B, int S,

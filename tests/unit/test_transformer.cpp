@@ -47,7 +47,8 @@ Batch MakeBatch(const TransformerConfig& c, uint64_t seed, int B = kB, int S = k
   b.lengths = lengths.empty() ? std::vector<int32_t>{S, S / 2, 1} : std::move(lengths);
   b.tokens.assign(static_cast<size_t>(B) * S, -1);
   for (int i = 0; i < B; ++i) {
-    for (int t = 0; t < b.lengths[i]; ++t) b.tokens[i * S + t] = static_cast<int32_t>(hash64(seed, i * S + t) % c.vocab);
+    for (int t = 0; t < b.lengths[i]; ++t)
+      b.tokens[i * S + t] = static_cast<int32_t>(hash64(seed, i * S + t) % c.vocab);
     b.targets.push_back(static_cast<int32_t>(hash64(seed + 1, i) % c.num_classes));
   }
   return b;
@@ -165,8 +166,8 @@ TEST(Transformer, ParametersInForwardOrderStoredInReverse) {
   const auto& params = model.parameters();
   std::vector<std::string> names = {"wte", "wpe"};
   for (int l = 0; l < c.layers; ++l) {
-    for (const char* n : {"ln1.weight", "ln1.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
-                          "ln2.weight", "ln2.bias", "fc.weight", "fc.bias", "fcproj.weight", "fcproj.bias"}) {
+    for (const char* n : {"ln1.weight", "ln1.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "ln2.weight",
+                          "ln2.bias", "fc.weight", "fc.bias", "fcproj.weight", "fcproj.bias"}) {
       names.push_back("h." + std::to_string(l) + "." + n);
     }
   }
@@ -342,9 +343,9 @@ TEST(Transformer, PresetsAndFlops) {
   EXPECT_EQ(tiny.head, Head::kClassify);
   Transformer<float> model(tiny, 1);
   // wte + wpe + one block + lnf + head, counted by hand.
-  EXPECT_EQ(model.num_parameters(), 8192 * 48 + 256 * 48 + (96 + 48 * 144 + 144 + 48 * 48 + 48 + 96 + 48 * 96 + 96 +
-                                                            96 * 48 + 48) +
-                                        96 + 48 * 16 + 16);
+  EXPECT_EQ(model.num_parameters(), 8192 * 48 + 256 * 48 +
+                                        (96 + 48 * 144 + 144 + 48 * 48 + 48 + 96 + 48 * 96 + 96 + 96 * 48 + 48) + 96 +
+                                        48 * 16 + 16);
   const double C = 48, H = 96;
   EXPECT_DOUBLE_EQ(model.flops_per_token(128), 2 * (4 * C * C + 2 * C * H) + 4 * 128 * C + 2 * C * 16 / 128);
 

@@ -223,8 +223,8 @@ TEST(Attention, FloatStaysFiniteWithHugeScoresAndEmptySequences) {
   std::vector<float> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size()), scratch(kS * kS);
   std::vector<float> dout(out.size(), 1.0f);
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
-  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC,
-                     kNH, true);
+  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+                     true);
   for (float x : out) ASSERT_TRUE(std::isfinite(x));
   for (float x : att) ASSERT_TRUE(std::isfinite(x));
   for (float x : dqkv) ASSERT_TRUE(std::isfinite(x));
@@ -298,7 +298,8 @@ TEST(Residual, AddsElementwise) {
 
 void ExpectFloatAgrees(const std::vector<float>& f, const std::vector<double>& d, double rtol, const char* what) {
   ASSERT_EQ(f.size(), d.size());
-  for (size_t i = 0; i < d.size(); ++i) EXPECT_NEAR(f[i], d[i], rtol * (1.0 + std::abs(d[i]))) << what << "[" << i << "]";
+  for (size_t i = 0; i < d.size(); ++i)
+    EXPECT_NEAR(f[i], d[i], rtol * (1.0 + std::abs(d[i]))) << what << "[" << i << "]";
 }
 
 TEST(FloatVsDouble, TransformerOpsAgree) {
@@ -314,8 +315,8 @@ TEST(FloatVsDouble, TransformerOpsAgree) {
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
   attention_forward(out_f.data(), att_f.data(), qkv_f.data(), kLengths.data(), kB, kS, kC, kNH, true);
   ExpectFloatAgrees(out_f, out, 1e-5, "attention out");
-  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC,
-                     kNH, true);
+  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+                     true);
   attention_backward(dqkv_f.data(), scratch_f.data(), dout_f.data(), qkv_f.data(), att_f.data(), kLengths.data(), kB,
                      kS, kC, kNH, true);
   ExpectFloatAgrees(dqkv_f, dqkv, 1e-5, "attention dqkv");
@@ -328,8 +329,8 @@ TEST(FloatVsDouble, TransformerOpsAgree) {
   layernorm_forward(ln.data(), mean.data(), rstd.data(), qkv.data(), weight.data(), bias.data(), N, kC);
   layernorm_forward(ln_f.data(), mean_f.data(), rstd_f.data(), qkv_f.data(), weight_f.data(), bias_f.data(), N, kC);
   ExpectFloatAgrees(ln_f, ln, 1e-5, "layernorm");
-  layernorm_backward(dln.data(), dw.data(), db.data(), dout.data(), qkv.data(), weight.data(), mean.data(),
-                     rstd.data(), N, kC);
+  layernorm_backward(dln.data(), dw.data(), db.data(), dout.data(), qkv.data(), weight.data(), mean.data(), rstd.data(),
+                     N, kC);
   layernorm_backward(dln_f.data(), dw_f.data(), db_f.data(), dout_f.data(), qkv_f.data(), weight_f.data(),
                      mean_f.data(), rstd_f.data(), N, kC);
   ExpectFloatAgrees(dln_f, dln, 1e-5, "layernorm dinp");
