@@ -109,9 +109,10 @@ Reducer::~Reducer() {
   comm_thread_.join();
 }
 
-void Reducer::begin_step(double origin_ms, float grad_scale) {
+void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) {
   origin_ms_ = origin_ms;
   grad_scale_ = grad_scale;
+  local_scale_ = local_scale;
   sync_ = true;
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
   next_launch_ = 0;
@@ -167,6 +168,7 @@ void Reducer::comm_loop() {
       const Bucket& bucket = buckets_[b];
       float* grads = flat_grads_ + bucket.offset;
       times_[b].comm_start_ms = now_ms() - origin_ms_;
+      if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
       comm_.allreduce_sum(grads, static_cast<size_t>(bucket.count), b);
       if (grad_scale_ != 1.0f) cpu::scale(grads, grad_scale_, bucket.count);
       times_[b].comm_end_ms = now_ms() - origin_ms_;

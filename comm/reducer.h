@@ -72,8 +72,10 @@ class Reducer {
   const ReducerConfig& config() const { return config_; }
 
   // Starts a step's communication round: every bucket pending. `origin_ms` is the time origin of the returned
-  // timings (now_ms() values minus origin). `grad_scale` multiplies the summed gradients (1/(world*micro)).
-  void begin_step(double origin_ms, float grad_scale);
+  // timings (now_ms() values minus origin). `local_scale` multiplies this rank's gradients before the sum (its
+  // share of the global loss, when ranks' batches count differently), `grad_scale` the summed gradients
+  // (1/(world*micro)).
+  void begin_step(double origin_ms, float grad_scale, float local_scale = 1.0f);
   // false: gradients only accumulate (no_sync); true: complete buckets are reduced.
   void set_sync(bool sync) { sync_ = sync; }
   // Backward's hook: gradient piece `piece` (index in ready order) is final.
@@ -97,7 +99,7 @@ class Reducer {
   // Main-thread state of the current step.
   bool sync_ = true;
   double origin_ms_ = 0;
-  float grad_scale_ = 1;
+  float grad_scale_ = 1, local_scale_ = 1;
   std::vector<int> pending_;  // per bucket: pieces not yet final
   int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;

@@ -1,5 +1,6 @@
 #include "launcher/cli.h"
 
+#include "data/tokens.h"
 #include "launcher/errors.h"
 
 namespace ddplab {
@@ -10,6 +11,22 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--steps", c.steps, "training steps")->capture_default_str();
   app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
   app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
+  app->add_option("--model", c.model, "mlp, or a transformer preset: tiny | small | gpt2-small")->capture_default_str();
+  app->add_option("--head", c.head, "transformer head: classify (mean-pooled) | lm (next token)")
+      ->capture_default_str();
+  app->add_option("--lengths", c.lengths, "transformer data: sequence lengths fixed | uniform | loguniform")
+      ->capture_default_str();
+  app->add_option("--min-len", c.min_len, "transformer data: shortest sequence")->capture_default_str();
+  app->add_option("--max-len", c.max_len, "transformer data: longest sequence (fixed: every sequence)")
+      ->capture_default_str();
+  app->add_option("--outlier-prob", c.outlier_prob, "transformer data: share of sequences of length --max-len")
+      ->capture_default_str();
+  app->add_option("--batching", c.batching,
+                  "transformer data: sample (fixed count) | bucket (by length) | token (--max-tokens budget)")
+      ->capture_default_str();
+  app->add_option("--max-tokens", c.max_tokens, "token batching: padded tokens per rank per step")
+      ->capture_default_str();
+  app->add_option("--epoch-size", c.epoch_size, "transformer data: sequences per epoch")->capture_default_str();
   app->add_option("--input-dim", c.mlp.input_dim, "MLP input features")->capture_default_str();
   app->add_option("--hidden", c.mlp.hidden_dim, "MLP hidden width")->capture_default_str();
   app->add_option("--layers", c.mlp.num_hidden_layers, "MLP hidden Linear+GELU blocks")->capture_default_str();
@@ -87,6 +104,23 @@ void validate(const TrainConfig& c) {
   require(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1, "--momentum must be in [0, 1)");
   require(c.data_noise >= 0, "--data-noise must not be negative");
   at_least("--grad-accum", c.grad_accum, 1);
+  if (c.model != "mlp") {
+    require(c.model == "tiny" || c.model == "small" || c.model == "gpt2-small",
+            "unknown --model '" + c.model + "' (expected mlp, tiny, small or gpt2-small)");
+    require(c.head == "classify" || c.head == "lm", "--head must be classify or lm (got '" + c.head + "')");
+    require(c.grad_accum == 1, "--grad-accum with a transformer is not supported yet (variable-length micro-batches)");
+    at_least("--min-len", c.min_len, c.head == "lm" ? 2 : 1);
+    at_least("--max-len", c.max_len, c.min_len);
+    at_least("--max-tokens", c.max_tokens, 1);
+    at_least("--epoch-size", c.epoch_size, 1);
+    require(c.outlier_prob >= 0 && c.outlier_prob <= 1, "--outlier-prob must be in [0, 1]");
+    try {
+      parse_batching(c.batching);
+      parse_length_dist(c.lengths);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
   at_least("--loader-threads", c.loader_threads, 0);
   at_least("--prefetch", c.prefetch, 1);
   at_least("--barrier-every", c.barrier_every, 1);

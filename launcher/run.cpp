@@ -106,17 +106,10 @@ void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, M
 }
 
 // "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
-std::string bucket_contents(const Mlp<float>& model, const Bucket& bucket) {
+std::string bucket_contents(const Workload& model, const Bucket& bucket) {
   std::string text;
-  for (int k = bucket.first_piece; k <= bucket.last_piece; ++k) {
-    const GradPiece& g = model.grad_pieces()[k];
-    const Parameter<float>& p = model.parameters()[g.param];
-    text += (text.empty() ? "" : ",") + p.name;
-    if (g.numel < p.numel) {
-      const int64_t rows = g.numel / p.shape[1];
-      text += "[" + std::to_string(g.first_row) + ":" + std::to_string(g.first_row + rows) + "]";
-    }
-  }
+  for (int k = bucket.first_piece; k <= bucket.last_piece; ++k)
+    text += (text.empty() ? "" : ",") + model.piece_name(model.grad_pieces()[k]);
   return text;
 }
 
@@ -158,11 +151,9 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   meta.hostnames = gather_hostnames(world);
 
   if (rank == 0 && !config.quiet) {
-    const auto& m = config.mlp;
     if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
-    std::printf("ddplab train: MLP %d-%dx%d-%d (%.2fM params), %d rank%s x batch %d%s, %s, %d steps\n", m.input_dim,
-                m.hidden_dim, m.num_hidden_layers, m.num_classes, trainer.model().num_parameters() / 1e6, size,
-                size == 1 ? "" : "s", config.batch,
+    std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps\n", options.command.c_str(),
+                trainer.workload().describe().c_str(), size, size == 1 ? "" : "s", config.batch,
                 config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
                 config.optimizer.kind.c_str(), config.steps);
     std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
@@ -197,7 +188,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   gather_to_root(mine, all, world);
   RunBuckets buckets;
   buckets.layout = trainer.reducer().buckets();
-  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(trainer.model(), b));
+  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(trainer.workload(), b));
   buckets.times.resize(rank == 0 ? my_buckets.size() * size : 0);
   gather_to_root(my_buckets, buckets.times, world);
 

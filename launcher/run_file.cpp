@@ -128,8 +128,7 @@ void write_contents(hid_t file, const RunMetadata& meta, const std::vector<StepR
   std::vector<double> column(world * steps);
   for (const auto& [name, member] : kStepFields) {
     for (size_t i = 0; i < column.size(); ++i) column[i] = records[i].*member;
-    const bool is_loss = std::strcmp(name, "loss") == 0;
-    write_array(group, name, column, {world, static_cast<hsize_t>(steps)}, is_loss ? "nats" : "ms");
+    write_array(group, name, column, {world, static_cast<hsize_t>(steps)}, step_field_units(name));
   }
   write_buckets(file, buckets, world, steps);
 }

@@ -1,6 +1,7 @@
 // One rank's timings of one training step; the unit of everything the run file stores per step.
 #pragma once
 #include <array>
+#include <string>
 #include <utility>
 
 namespace ddplab {
@@ -23,10 +24,15 @@ struct StepRecord {
   double comm_ms = 0;          // sum over buckets of all-reduce time (start to end on the comm thread)
   double hidden_comm_ms = 0;   // comm time that overlapped backward
   double loss = 0;             // this rank's mean loss on its own shard (mean over micro-batches)
+  // What the rank's batch held (summed over micro-batches; max_len: the longest).
+  double samples = 0;
+  double useful_tokens = 0;    // real tokens (transformer workloads; 0 for the MLP)
+  double padded_tokens = 0;    // samples x longest sequence: what was computed on
+  double max_len = 0;
 };
 
 // Field table: the run file writes one dataset per entry, the summary reads them by name.
-inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 13> kStepFields = {{
+inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 17> kStepFields = {{
     {"start_ms", &StepRecord::start_ms},
     {"data_ms", &StepRecord::data_ms},
     {"forward_ms", &StepRecord::forward_ms},
@@ -40,6 +46,18 @@ inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 13> kS
     {"comm_ms", &StepRecord::comm_ms},
     {"hidden_comm_ms", &StepRecord::hidden_comm_ms},
     {"loss", &StepRecord::loss},
+    {"samples", &StepRecord::samples},
+    {"useful_tokens", &StepRecord::useful_tokens},
+    {"padded_tokens", &StepRecord::padded_tokens},
+    {"max_len", &StepRecord::max_len},
 }};
+
+// The unit of a field of kStepFields, as the run file records it.
+inline const char* step_field_units(const std::string& name) {
+  if (name == "loss") return "nats";
+  if (name == "samples") return "samples";
+  if (name.size() > 3 && name.compare(name.size() - 3, 3, "_ms") == 0) return "ms";
+  return "tokens";
+}
 
 }  // namespace ddplab

@@ -43,6 +43,23 @@ RunSummary summarize(const std::vector<StepRecord>& records, int world_size, int
     s.mean_spread_ms += (hi - lo) / counted;
   }
   for (int r = 0; r < world_size; ++r) s.final_loss += at(r, steps - 1).loss / world_size;
+
+  double useful = 0, padded = 0;
+  for (int t = s.first_steady_step; t < steps; ++t) {
+    double lo = at(0, t).useful_tokens, hi = lo;
+    for (int r = 0; r < world_size; ++r) {
+      useful += at(r, t).useful_tokens;
+      padded += at(r, t).padded_tokens;
+      lo = std::min(lo, at(r, t).useful_tokens);
+      hi = std::max(hi, at(r, t).useful_tokens);
+    }
+    s.mean_token_spread += (hi - lo) / counted;
+  }
+  if (s.slowest_step_ms > 0) {
+    s.useful_tokens_per_s = useful / counted / (s.slowest_step_ms / 1e3);
+    s.padded_tokens_per_s = padded / counted / (s.slowest_step_ms / 1e3);
+  }
+  s.padding_ratio = padded > 0 ? 1 - useful / padded : 0;
   return s;
 }
 
@@ -59,7 +76,9 @@ nlohmann::json to_json(const RunSummary& s) {
           {"first_steady_step", s.first_steady_step}, {"global_batch", s.global_batch},
           {"slowest_rank", s.slowest_rank},   {"slowest_step_ms", s.slowest_step_ms},
           {"samples_per_s", s.samples_per_s}, {"mean_spread_ms", s.mean_spread_ms},
-          {"final_loss", s.final_loss},       {"ranks", ranks}};
+          {"final_loss", s.final_loss},       {"useful_tokens_per_s", s.useful_tokens_per_s},
+          {"padded_tokens_per_s", s.padded_tokens_per_s}, {"padding_ratio", s.padding_ratio},
+          {"mean_token_spread", s.mean_token_spread}, {"ranks", ranks}};
 }
 
 void print_summary(std::FILE* out, const RunSummary& s, const std::vector<std::string>& hostnames) {
@@ -70,6 +89,10 @@ void print_summary(std::FILE* out, const RunSummary& s, const std::vector<std::s
   std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
                s.mean_spread_ms);
   std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
+  if (s.padded_tokens_per_s > 0) {
+    std::fprintf(out, "  tokens              %.0f useful/s, %.0f padded/s (padding %.1f%%), token spread %.0f per step\n",
+                 s.useful_tokens_per_s, s.padded_tokens_per_s, 100 * s.padding_ratio, s.mean_token_spread);
+  }
   std::fprintf(out, "  %4s  %-10s %8s %7s %10s %8s %7s %7s %8s %7s %7s %7s\n", "rank", "host", "step_ms", "data_ms",
                "compute_ms", "comm_ms", "hidden", "exposed", "optim_ms", "extra", "barrier", "hidden%");
   for (size_t r = 0; r < s.ranks.size(); ++r) {

@@ -17,6 +17,10 @@ struct RunSummary {
   double samples_per_s = 0;    // global batch / slowest rank's mean step
   double mean_spread_ms = 0;   // mean over steady steps of (max - min) step time across ranks
   double final_loss = 0;       // mean over ranks of the last step's loss (= loss on the global batch)
+  // Token workloads (zero for the MLP): global tokens per step over the slowest rank's mean step.
+  double useful_tokens_per_s = 0, padded_tokens_per_s = 0;
+  double padding_ratio = 0;         // 1 - useful / padded, over the steady steps and all ranks
+  double mean_token_spread = 0;     // mean over steady steps of (max - min) useful tokens across ranks
   // Per rank, the steady-state mean of every StepRecord field (start_ms excepted: it is meaningless as a mean).
   std::vector<StepRecord> ranks;
 };

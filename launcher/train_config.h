@@ -15,7 +15,16 @@
 namespace ddplab {
 
 struct TrainConfig {
+  std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)
   MlpConfig mlp;
+  // Transformer workloads: the head and the token data.
+  std::string head = "classify";    // classify | lm
+  std::string lengths = "loguniform";  // sequence lengths: fixed | uniform | loguniform
+  int min_len = 64, max_len = 256;
+  double outlier_prob = 0.08;       // share of sequences of length max_len
+  std::string batching = "sample";  // sample | bucket | token
+  int64_t max_tokens = 8192;        // token batching: padded tokens per rank per step
+  int64_t epoch_size = 65536;       // sequences per epoch
   OptimizerConfig optimizer;
   int batch = 128;          // samples per rank per micro-batch (global batch = batch * grad_accum * world size)
   int steps = 50;
@@ -66,7 +75,15 @@ inline CommOptions comm_options(const TrainConfig& c) {
 
 inline nlohmann::json to_json(const TrainConfig& c) {
   return {
-      {"model", "mlp"},
+      {"model", c.model},
+      {"head", c.head},
+      {"lengths", c.lengths},
+      {"min_len", c.min_len},
+      {"max_len", c.max_len},
+      {"outlier_prob", c.outlier_prob},
+      {"batching", c.batching},
+      {"max_tokens", c.max_tokens},
+      {"epoch_size", c.epoch_size},
       {"input_dim", c.mlp.input_dim},
       {"hidden_dim", c.mlp.hidden_dim},
       {"hidden_layers", c.mlp.num_hidden_layers},

@@ -7,7 +7,7 @@
 namespace ddplab {
 namespace {
 
-std::unique_ptr<Reducer> make_reducer(const TrainConfig& config, Communicator& comm, Mlp<float>& model) {
+std::unique_ptr<Reducer> make_reducer(const TrainConfig& config, Communicator& comm, Workload& model) {
   model.set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : model.grad_pieces()) {
@@ -32,16 +32,9 @@ double now_ms() {
 Trainer::Trainer(const TrainConfig& config, Communicator& comm)
     : config_(config),
       comm_(comm),
-      model_(config.mlp, config.seed),
-      optimizer_(config.optimizer, model_.num_parameters()),
-      data_(SyntheticConfig{config.mlp.input_dim, config.mlp.num_classes, config.seed, config.data_noise}),
-      shard_{comm.rank(), comm.size(), config.batch * config.grad_accum},
-      reducer_(make_reducer(config, comm, model_)) {
-  // Micro-batch i of the run is micro-batch i % K of step i / K.
-  const int k = config.grad_accum;
-  loader_ = std::make_unique<BatchLoader>(
-      data_, LoaderConfig{config.batch, config.data_cost_ms, config.loader_threads, config.prefetch},
-      [this, k](int64_t i) { return shard_.first_sample(i / k) + (i % k) * int64_t{config_.batch}; });
+      workload_(make_workload(config, comm.rank(), comm.size())),
+      optimizer_(config.optimizer, workload_->num_parameters()),
+      reducer_(make_reducer(config, comm, *workload_)) {
   if (config.extra_allreduce_mb > 0) {
     extra_comm_ = std::make_unique<Communicator>(comm.mpi_comm(), comm.options());
     extra_buffer_.assign(static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float)), 0.0f);
@@ -59,22 +52,29 @@ StepRecord Trainer::step(int step, double t0_ms) {
   const int micro_batches = config_.grad_accum;
   // Each micro-batch's loss is a mean over `batch` rows, and the gradients of the micro-batches add up: the
   // global-batch mean needs 1/(world * micro-batches).
-  reducer_->begin_step(t0_ms, 1.0f / static_cast<float>(comm_.size() * micro_batches));
   const GradReadyHook on_ready = [this](int piece) { reducer_->mark_ready(piece); };
   const double t_start = now_ms();
   double backward_start = t_start, backward_end = t_start;
   for (int m = 0; m < micro_batches; ++m) {
     const double t0 = m == 0 ? t_start : backward_end;  // phases tile the step: no time falls between them
     if (comm_.rank() == config_.slow_rank) sleep_ms(config_.straggler_ms);
-    const float* inputs;
-    const int32_t* targets;
-    loader_->next(&inputs, &targets);
+    const BatchStats batch = workload_->load(step, m);
+    r.samples += batch.samples;
+    r.useful_tokens += batch.useful_tokens;
+    r.padded_tokens += batch.padded_tokens;
+    r.max_len = std::max(r.max_len, batch.max_len);
     const double t1 = now_ms();
-    if (m == 0) model_.zero_grad();  // counted in forward
-    r.loss += model_.forward(inputs, targets, config_.batch) / micro_batches;
+    if (m == 0) {
+      // Each micro-batch's loss is a mean over its rows, and the micro-batches' gradients add up: the global mean
+      // needs 1/(world * micro-batches), and this rank's share of the loss terms (workload.h).
+      reducer_->begin_step(t0_ms, 1.0f / static_cast<float>(comm_.size() * micro_batches),
+                           static_cast<float>(workload_->weight()));
+      workload_->zero_grad();  // counted in forward
+    }
+    r.loss += workload_->forward() / micro_batches;
     const double t2 = now_ms();
     reducer_->set_sync(m == micro_batches - 1);  // no_sync for all but the last micro-batch
-    model_.backward(on_ready);
+    workload_->backward(on_ready);
     const double t3 = now_ms();
     r.data_ms += t1 - t0;
     r.forward_ms += t2 - t1;
@@ -84,7 +84,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
   }
   reducer_->wait_all();
   const double t_reduced = now_ms();
-  optimizer_.step(model_.flat_params(), model_.flat_grads());
+  optimizer_.step(workload_->flat_params(), workload_->flat_grads());
   const double t_optimized = now_ms();
   if (extra_comm_) extra_comm_->allreduce_sum(extra_buffer_.data(), extra_buffer_.size());
   const double t_extra = now_ms();

@@ -7,11 +7,9 @@
 
 #include "comm/communicator.h"
 #include "comm/reducer.h"
-#include "data/loader.h"
-#include "data/synthetic.h"
 #include "launcher/step_record.h"
 #include "launcher/train_config.h"
-#include "model/mlp.h"
+#include "launcher/workload.h"
 #include "model/optimizer.h"
 
 namespace ddplab {
@@ -24,19 +22,16 @@ class Trainer {
   // reading every rank took right after a barrier). Bucket timings of the step: reducer().bucket_times().
   StepRecord step(int step, double t0_ms);
 
-  Mlp<float>& model() { return model_; }
+  Workload& workload() { return *workload_; }
   const Reducer& reducer() const { return *reducer_; }
   const TrainConfig& config() const { return config_; }
 
  private:
   TrainConfig config_;
   Communicator& comm_;
-  Mlp<float> model_;
+  std::unique_ptr<Workload> workload_;
   Optimizer<float> optimizer_;
-  SyntheticClassification data_;
-  ShardedBatches shard_;  // over the rank's whole step: grad_accum micro-batches of `batch` samples
   std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<BatchLoader> loader_;
   std::unique_ptr<Communicator> extra_comm_;  // its own communicator: never interleaves with the Reducer's
   std::vector<float> extra_buffer_;
 };

@@ -42,8 +42,8 @@ TrainConfig small_config() {
 std::vector<float> train(const TrainConfig& c, Communicator& comm) {
   Trainer t(c, comm);
   for (int s = 0; s < c.steps; ++s) t.step(s, 0);
-  const float* p = t.model().flat_params();
-  return std::vector<float>(p, p + t.model().num_parameters());
+  const float* p = t.workload().flat_params();
+  return std::vector<float>(p, p + t.workload().num_parameters());
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

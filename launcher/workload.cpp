@@ -1,0 +1,178 @@
+#include "launcher/workload.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include "data/loader.h"
+#include "data/synthetic.h"
+#include "data/tokens.h"
+#include "model/transformer.h"
+
+namespace ddplab {
+namespace {
+
+template <typename Model>
+std::string piece_name_of(const Model& model, const GradPiece& g) {
+  const auto& p = model.parameters()[g.param];
+  if (g.numel == p.numel) return p.name;
+  const int64_t rows = g.numel / p.shape[1];
+  return p.name + "[" + std::to_string(g.first_row) + ":" + std::to_string(g.first_row + rows) + "]";
+}
+
+// The MLP on synthetic classification data, through the input pipeline (loader threads, prefetch, cost).
+class MlpWorkload final : public Workload {
+ public:
+  MlpWorkload(const TrainConfig& c, int rank, int world)
+      : config_(c),
+        model_(c.mlp, c.seed),
+        data_(SyntheticConfig{c.mlp.input_dim, c.mlp.num_classes, c.seed, c.data_noise}),
+        shard_{rank, world, c.batch * c.grad_accum} {
+    // Micro-batch i of the run is micro-batch i % K of step i / K.
+    const int k = c.grad_accum;
+    loader_ = std::make_unique<BatchLoader>(
+        data_, LoaderConfig{c.batch, c.data_cost_ms, c.loader_threads, c.prefetch},
+        [this, k](int64_t i) { return shard_.first_sample(i / k) + (i % k) * int64_t{config_.batch}; });
+  }
+  int64_t num_parameters() const override { return model_.num_parameters(); }
+  float* flat_params() override { return model_.flat_params(); }
+  float* flat_grads() override { return model_.flat_grads(); }
+  const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
+  void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
+  std::string piece_name(const GradPiece& g) const override { return piece_name_of(model_, g); }
+  std::string describe() const override {
+    const auto& m = config_.mlp;
+    char text[160];
+    std::snprintf(text, sizeof text, "MLP %d-%dx%d-%d (%.2fM params)", m.input_dim, m.hidden_dim,
+                  m.num_hidden_layers, m.num_classes, model_.num_parameters() / 1e6);
+    return text;
+  }
+  void zero_grad() override { model_.zero_grad(); }
+  BatchStats load(int64_t, int) override {
+    loader_->next(&inputs_, &targets_);  // the loader knows the order: (step, micro) in sequence
+    return BatchStats{static_cast<double>(config_.batch), 0, 0, 0};
+  }
+  double forward() override { return model_.forward(inputs_, targets_, config_.batch); }
+  void backward(const GradReadyHook& on_ready) override { model_.backward(on_ready); }
+
+ private:
+  TrainConfig config_;
+  Mlp<float> model_;
+  SyntheticClassification data_;
+  ShardedBatches shard_;
+  std::unique_ptr<BatchLoader> loader_;
+  const float* inputs_ = nullptr;
+  const int32_t* targets_ = nullptr;
+};
+
+// The transformer on variable-length token sequences: each step's batches come from a BatchPlan that every
+// rank computes identically; a batch is padded to its longest sequence.
+class TransformerWorkload final : public Workload {
+ public:
+  TransformerWorkload(const TrainConfig& c, int rank, int world)
+      : config_(c), rank_(rank), world_(world), model_(model_config(c), c.seed), data_(data_config(c, model_)) {}
+
+  int64_t num_parameters() const override { return model_.num_parameters(); }
+  float* flat_params() override { return model_.flat_params(); }
+  float* flat_grads() override { return model_.flat_grads(); }
+  const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
+  void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
+  std::string piece_name(const GradPiece& g) const override { return piece_name_of(model_, g); }
+  std::string describe() const override {
+    const auto& m = model_.config();
+    char text[200];
+    std::snprintf(text, sizeof text, "transformer %s (%s head, %d layers, d_model %d, %d heads, %.2fM params), "
+                  "lengths %s [%d, %d], batching %s", config_.model.c_str(), config_.head.c_str(), m.layers,
+                  m.d_model, m.heads, model_.num_parameters() / 1e6, config_.lengths.c_str(), config_.min_len,
+                  config_.max_len, config_.batching.c_str());
+    return text;
+  }
+  void zero_grad() override { model_.zero_grad(); }
+
+  BatchStats load(int64_t step, int) override {
+    // Epoch e is a fresh plan; steps run through the epochs back to back.
+    while (!plan_ || step - plan_first_step_ >= plan_->num_steps()) {
+      const int64_t first = plan_ ? plan_first_step_ + plan_->num_steps() : 0;
+      plan_ = std::make_unique<BatchPlan>(
+          data_, BatchingConfig{parse_batching(config_.batching), config_.batch, config_.max_tokens, 64}, world_,
+          config_.seed + 7919 * static_cast<uint64_t>(epoch_++));
+      plan_first_step_ = first;
+    }
+    const int64_t s = step - plan_first_step_;
+    const std::vector<int64_t>& ids = plan_->batch(s, rank_);
+    batch_ = static_cast<int>(ids.size());
+    seq_ = 1;
+    for (int64_t id : ids) seq_ = std::max(seq_, data_.length(id));
+    tokens_.assign(static_cast<size_t>(batch_) * seq_, 0);
+    lengths_.resize(batch_);
+    labels_.resize(batch_);
+    BatchStats stats;
+    for (int b = 0; b < batch_; ++b) {
+      lengths_[b] = data_.length(ids[b]);
+      labels_[b] = data_.label(ids[b]);
+      data_.fill(tokens_.data() + static_cast<size_t>(b) * seq_, ids[b]);
+      stats.useful_tokens += lengths_[b];
+    }
+    stats.samples = batch_;
+    stats.padded_tokens = static_cast<double>(batch_) * seq_;
+    stats.max_len = batch_ ? seq_ : 0;
+    // Every rank knows every rank's batch (the plan is shared), so the global count of loss terms is known
+    // before backward: weight this rank by its share of it.
+    int64_t mine = 0, global = 0;
+    for (int r = 0; r < world_; ++r) {
+      int64_t terms = 0;
+      for (int64_t id : plan_->batch(s, r)) terms += model_.config().causal() ? data_.length(id) - 1 : 1;
+      global += terms;
+      if (r == rank_) mine = terms;
+    }
+    weight_ = global > 0 ? static_cast<double>(mine) * world_ / global : 0.0;
+    return stats;
+  }
+  double weight() const override { return weight_; }
+  double forward() override {
+    return model_.forward(tokens_.data(), lengths_.data(), labels_.data(), batch_, seq_);
+  }
+  void backward(const GradReadyHook& on_ready) override { model_.backward(on_ready); }
+
+ private:
+  static TransformerConfig model_config(const TrainConfig& c) {
+    TransformerConfig m = TransformerConfig::preset(c.model);
+    if (c.head != "classify" && c.head != "lm")
+      throw std::invalid_argument("unknown --head '" + c.head + "' (expected classify or lm)");
+    m.head = c.head == "lm" ? TransformerConfig::Head::kCausalLM : TransformerConfig::Head::kClassify;
+    m.max_len = std::max(m.max_len, c.max_len);
+    return m;
+  }
+  static TokenDataConfig data_config(const TrainConfig& c, const Transformer<float>& model) {
+    TokenDataConfig d;
+    d.vocab = model.config().vocab;
+    d.num_classes = model.config().num_classes;
+    d.min_len = c.lengths == "fixed" ? c.max_len : c.min_len;
+    d.max_len = c.max_len;
+    d.dist = parse_length_dist(c.lengths);
+    d.outlier_prob = c.outlier_prob;
+    d.epoch_size = c.epoch_size;
+    d.seed = c.seed;
+    return d;
+  }
+
+  TrainConfig config_;
+  int rank_, world_;
+  Transformer<float> model_;
+  SyntheticTokens data_;
+  std::unique_ptr<BatchPlan> plan_;
+  int64_t plan_first_step_ = 0;
+  int epoch_ = 0;
+  int batch_ = 0, seq_ = 1;
+  std::vector<int32_t> tokens_, lengths_, labels_;
+  double weight_ = 1.0;
+};
+
+}  // namespace
+
+std::unique_ptr<Workload> make_workload(const TrainConfig& config, int rank, int world_size) {
+  if (config.model == "mlp") return std::make_unique<MlpWorkload>(config, rank, world_size);
+  return std::make_unique<TransformerWorkload>(config, rank, world_size);
+}
+
+}  // namespace ddplab

@@ -1,0 +1,47 @@
+// What the training loop trains: a model with its data. The Trainer (launcher/trainer.h) owns the step, the
+// Reducer and the optimizer; a Workload produces micro-batches and runs forward and backward on them.
+//   mlp                 the MLP on synthetic classification data (fixed-size samples)
+//   tiny|small|gpt2-small  the transformer on synthetic token sequences of variable length, batched by a BatchPlan
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/train_config.h"
+#include "model/mlp.h"
+
+namespace ddplab {
+
+// What one rank's batch held (the token-skew lab's per-step record).
+struct BatchStats {
+  double samples = 0;
+  double useful_tokens = 0;  // real tokens (0 for the MLP)
+  double padded_tokens = 0;  // samples x longest: what the model computes on
+  double max_len = 0;
+};
+
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual int64_t num_parameters() const = 0;
+  virtual float* flat_params() = 0;
+  virtual float* flat_grads() = 0;
+  virtual const std::vector<GradPiece>& grad_pieces() const = 0;
+  virtual void set_grad_piece_elements(int64_t max_elements) = 0;
+  // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
+  virtual std::string piece_name(const GradPiece& piece) const = 0;
+  virtual std::string describe() const = 0;  // one line for the run header
+  virtual void zero_grad() = 0;
+  // The data phase of micro-batch `micro` of step `step`.
+  virtual BatchStats load(int64_t step, int micro) = 0;
+  // This rank's share of the step's global mean loss, relative to an equal share (1): the Reducer multiplies
+  // the rank's gradients by it before summing. Ranks whose batches count different numbers of loss terms
+  // (variable-length batching) are weighted by them, so the result is the gradient of the global mean.
+  virtual double weight() const { return 1.0; }
+  virtual double forward() = 0;  // mean loss of the loaded micro-batch
+  virtual void backward(const GradReadyHook& on_ready) = 0;
+};
+
+std::unique_ptr<Workload> make_workload(const TrainConfig& config, int rank, int world_size);
+
+}  // namespace ddplab
