@@ -133,6 +133,32 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files) 
   }
 }
 
+// The token-skew lab: the same transformer and length distribution, batched four ways (uniform lengths are the
+// reference: what the same sample count would cost without skew).
+std::vector<Case> token_cases(const SuiteOptions& o, int world) {
+  TrainConfig clean = o.base;
+  clean.straggler_ms = 0;
+  clean.extra_allreduce_mb = 0;
+  clean.rank0_work_ms = 0;
+  clean.data_cost_ms = 0;
+  clean.quiet = true;
+  if (clean.model == "mlp") clean.model = "tiny";
+  if (!o.batch_given) clean.batch = 16;
+  if (!o.max_tokens_given) clean.max_tokens = static_cast<int64_t>(clean.batch) * 160;  // ~ batch x mean length
+  std::vector<Case> cases;
+  Case uniform{"uniform", "tokens", world, clean};
+  uniform.config.lengths = "fixed";
+  uniform.config.max_len = 128;
+  uniform.config.batching = "sample";
+  cases.push_back(uniform);
+  for (const char* batching : {"sample", "bucket", "token"}) {
+    Case c{std::string(batching == std::string("sample") ? "variable" : batching), "tokens", world, clean};
+    c.config.batching = batching;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 double mean_over_ranks(const RunSummary& s, double StepRecord::*field) {
   double sum = 0;
   for (const StepRecord& r : s.ranks) sum += r.*field;
@@ -149,17 +175,21 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   o.base.extra_allreduce_mb = 128;
   o.base.rank0_work_ms = 20;
   o.base.data_cost_ms = 0.2;
-  suite->add_option("name", o.name, "which suite: lab")->capture_default_str();
+  suite->add_option("name", o.name, "which suite: lab | tokens")->capture_default_str();
   add_train_flags(suite, o.base);
   suite->add_option("--out-dir", o.out_dir, "folder for the case run files and the summary (default "
                                             "runs/suite_<name>_<time>)");
   suite->add_flag("--full", o.full, "100 steps per case instead of 20");
-  suite->callback([&o, suite] { o.steps_given = suite->count("--steps") > 0; });
+  suite->callback([&o, suite] {
+    o.steps_given = suite->count("--steps") > 0;
+    o.batch_given = suite->count("--batch") > 0;
+    o.max_tokens_given = suite->count("--max-tokens") > 0;
+  });
   return suite;
 }
 
 int run_suite(SuiteOptions o, const std::string& command_line) {
-  require(o.name == "lab", "unknown suite '" + o.name + "' (expected lab)");
+  require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
   if (o.full && !o.steps_given) o.base.steps = 100;
   validate(o.base);
   MPI_Comm world = MPI_COMM_WORLD;
@@ -171,7 +201,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
 
   o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
 
-  const std::vector<Case> cases = lab_cases(o, size);
+  const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
   if (rank == 0) {
     std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), results in %s/\n", o.name.c_str(),
                 cases.size(), size, o.base.steps, o.base.warmup_steps, o.out_dir.c_str());
@@ -207,12 +237,13 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   };
   const CaseResult* weak1 = find("weak_ws1");
   const CaseResult* strong1 = find("strong_ws1");
-  const CaseResult* baseline = find("weak_ws" + std::to_string(size));
+  const std::string baseline_name = o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform";
+  const CaseResult* baseline = find(baseline_name);
   nlohmann::json json_cases = nlohmann::json::array();
   std::ofstream csv(o.out_dir + "/summary.csv");
   csv << "case,group,world_size,global_batch,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
          "mean_spread_ms,data_ms,compute_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
-         "vs_baseline,final_loss,run_file\n";
+         "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
   std::printf("\n%-16s %3s %6s %9s %10s %6s %9s %8s %8s %8s %8s %9s\n", "case", "ws", "batch", "step_ms", "samples/s",
               "eff", "spread_ms", "data_ms", "comp_ms", "exposed", "extra", "vs_base");
   bool loss_identical = true;
@@ -225,7 +256,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     const double vs_base = baseline && baseline->summary.samples_per_s > 0
                                ? s.samples_per_s / baseline->summary.samples_per_s - 1
                                : 0;
-    if (r.c.group != "weak" && r.c.group != "strong" && baseline && s.final_loss != baseline->summary.final_loss)
+    if ((r.c.group == "pathology" || r.c.group == "input") && baseline && s.final_loss != baseline->summary.final_loss)
       loss_identical = false;
     const double data = mean_over_ranks(s, &StepRecord::data_ms);
     const double compute = mean_over_ranks(s, &StepRecord::forward_ms) + mean_over_ranks(s, &StepRecord::backward_ms);
@@ -241,7 +272,8 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
         << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ',' << efficiency << ',' << s.mean_spread_ms << ','
         << data << ',' << compute << ',' << mean_over_ranks(s, &StepRecord::comm_ms) << ','
         << mean_over_ranks(s, &StepRecord::hidden_comm_ms) << ',' << exposed << ',' << extra << ',' << barrier << ','
-        << vs_base << ',' << s.final_loss << ',' << r.path << '\n';
+        << vs_base << ',' << s.final_loss << ',' << s.useful_tokens_per_s << ',' << s.padded_tokens_per_s << ','
+        << s.padding_ratio << ',' << s.mean_token_spread << ',' << r.path << '\n';
     json_cases.push_back({{"case", r.c.name},
                           {"group", r.c.group},
                           {"world_size", r.c.world_size},
@@ -250,11 +282,25 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                           {"run_file", r.path},
                           {"summary", to_json(s)}});
   }
-  std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
-              "throughput change against weak_ws%d\n",
-              size);
-  std::printf("loss across the pathology and input cases: %s\n",
-              loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
+  if (o.name == "lab") {
+    std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
+                "throughput change against weak_ws%d\n",
+                size);
+    std::printf("loss across the pathology and input cases: %s\n",
+                loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
+  } else {
+    std::printf("\n%-16s %14s %14s %8s %11s %12s %9s\n", "case", "useful tok/s", "padded tok/s", "padding",
+                "spread_ms", "token_spread", "vs_unif");
+    for (const CaseResult& r : results) {
+      const RunSummary& s = r.summary;
+      const double vs = baseline && baseline->summary.useful_tokens_per_s > 0
+                            ? s.useful_tokens_per_s / baseline->summary.useful_tokens_per_s - 1
+                            : 0;
+      std::printf("%-16s %14.0f %14.0f %7.1f%% %11.2f %12.0f %+8.0f%%\n", r.c.name.c_str(), s.useful_tokens_per_s,
+                  s.padded_tokens_per_s, 100 * s.padding_ratio, s.mean_spread_ms, s.mean_token_spread, 100 * vs);
+    }
+    std::printf("vs_unif: useful tokens/s against uniform 128-token sequences (the same sample count without skew)\n");
+  }
 
   // Who sets the pace in each multi-rank case, and why (launcher/report.h).
   std::printf("\nblame:\n");

@@ -2,6 +2,8 @@
 // all-reduce, rank-0 work before a barrier, a data-bound input pipeline — each case a `ddplab train` run (on a
 // sub-communicator when it needs fewer ranks than were launched), one run file per case, and a combined table,
 // CSV and JSON.
+// `ddplab suite tokens`: the token-skew lab on the transformer — uniform 128-token sequences, variable lengths
+// with a fixed sample count, length bucketing, a token budget — side by side, with the same outputs.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
@@ -16,7 +18,7 @@ struct SuiteOptions {
   TrainConfig base;       // every train flag applies to every case; the pathology knobs to their own case only
   std::string out_dir;    // default runs/suite_<name>_<time>
   bool full = false;      // 100 steps instead of 20
-  bool steps_given = false;
+  bool steps_given = false, batch_given = false, max_tokens_given = false;
 };
 
 // `ddplab sweep`: the bucket size x overlap grid, every point a `ddplab train` run on all ranks.
