@@ -1,7 +1,8 @@
 // allreduce_perf: all-reduce bandwidth of every implementation in one run, after nccl-tests' all_reduce_perf.
 //
 //   mpirun -np 2 allreduce_perf -b 8 -e 256M -f 2 [-w 5] [-n 20] [-i ring,mpi,mpi-raw,ring-bf16]
-//                               [--link 10gbe] [--link-latency-us U] [--link-gbps G] [--csv F] [--json F]
+//                               [--link 10gbe] [--link-latency-us U] [--link-gbps G] [--stat mean|median]
+//                               [--csv F] [--json F]
 //
 // Implementations:  ring      ddplab's Communicator, --comm ring (recursive doubling for small buffers, the
 //                             sliced ring above; docs/COMM.md), fp32 on the wire
@@ -10,8 +11,8 @@
 //                             link model when --link is set)
 //                   mpi-raw   MPI_Allreduce alone on a duplicate communicator: Open MPI's own number
 // Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of fp32 data. For every size and implementation: -w warm-up
-// calls, then -n timed calls, out-of-place (ring: copy input to output, then in place; MPI: send and receive
-// buffers) and in place. time = the slowest rank's mean per call; algbw = size / time; busbw = algbw x 2(n-1)/n,
+// calls, then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send and receive buffers) and
+// in place. time = the slowest rank's mean per call; algbw = size / time; busbw = algbw x 2(n-1)/n,
 // the per-link traffic of a bandwidth-optimal all-reduce, comparable across rank counts. Implementations are
 // interleaved per size so that drift of a shared machine hits all alike.
 //
@@ -99,8 +100,7 @@ Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDty
   auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD, CommOptions{impl, wire, link});
   int tag = 0;
   return {name, [comm, tag](const float* in, float* out, size_t count) mutable {
-            if (in != out) std::memcpy(out, in, count * sizeof(float));
-            comm->allreduce_sum(out, count, tag);
+            comm->allreduce_sum_into(in, out, count, tag);
             tag = (tag + 1) % 32768;  // a tag per call, as the Reducer's buckets: the order check runs too
           }};
 }
@@ -142,15 +142,24 @@ struct Row {
   Mode oop, ip;
 };
 
-// Slowest rank's mean time per call, in microseconds.
-double time_calls(const Impl& impl, const float* in, float* out, size_t count, int warmup, int iters) {
+// Time per call in microseconds: the slowest rank's mean (nccl-tests), or with `median` the median over calls of
+// the slowest rank's time for that call — robust to a shared machine that now and then takes a core away.
+double time_calls(const Impl& impl, const float* in, float* out, size_t count, int warmup, int iters, bool median) {
   for (int i = 0; i < warmup; ++i) impl.run(in, out, count);
+  std::vector<double> t(iters);
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = now_s();
-  for (int i = 0; i < iters; ++i) impl.run(in, out, count);
+  for (int i = 0; i < iters; ++i) {
+    const double a = now_s();
+    impl.run(in, out, count);
+    t[i] = (now_s() - a) * 1e6;
+  }
   double mean_us = (now_s() - t0) / iters * 1e6, slowest = 0;
   MPI_Allreduce(&mean_us, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return slowest;
+  if (!median) return slowest;
+  MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  std::nth_element(t.begin(), t.begin() + iters / 2, t.end());
+  return t[iters / 2];
 }
 
 long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, float* in, float* out, size_t count,
@@ -204,6 +213,10 @@ int run(int argc, char** argv, int rank, int n) {
       ->capture_default_str();
   app.add_option("--link-latency-us", link_latency_us, "override the link's latency (us)");
   app.add_option("--link-gbps", link_gbps, "override the link's bandwidth (Gbit/s)");
+  std::string stat = "mean";
+  app.add_option("--stat", stat, "time per call: mean (nccl-tests) or median (robust on a shared machine)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mean", "median"}));
   app.add_option("--csv", csv_path, "also write the results as CSV (rank 0)");
   app.add_option("--json", json_path, "also write the results as JSON (rank 0)");
   try {
@@ -216,6 +229,7 @@ int run(int argc, char** argv, int rank, int n) {
   if (factor < 2 || warmup < 0 || iters < 1 || min_bytes < sizeof(float) || max_bytes < min_bytes)
     throw std::invalid_argument("need -f >= 2, -w >= 0, -n >= 1, 4 <= -b <= -e");
   const LinkModel link = parse_link(link_name, link_latency_us, link_gbps);
+  const bool median = stat == "median";
   const bool emulated = link.gbps > 0 || link.latency_us > 0;
   if (impls_s.empty()) impls_s = emulated ? "ring,mpi,ring-bf16" : "ring,mpi,mpi-raw,ring-bf16";
   std::vector<Impl> impls;
@@ -232,7 +246,8 @@ int run(int argc, char** argv, int rank, int n) {
   if (rank == 0) {
     std::printf("# ddplab allreduce_perf: %d ranks, host %s, link %s (%g us, %g Gbit/s), warm-up %d, iters %d\n", n,
                 host, link.name.c_str(), link.latency_us, link.gbps, warmup, iters);
-    std::printf("# busbw = algbw x 2(n-1)/n; time = slowest rank's mean per call; GB = 1e9 bytes\n");
+    std::printf("# busbw = algbw x 2(n-1)/n; time = %s; GB = 1e9 bytes\n",
+                median ? "median over calls of the slowest rank's time" : "slowest rank's mean per call");
   }
 
   const Inputs inputs{n};
@@ -248,7 +263,7 @@ int run(int argc, char** argv, int rank, int n) {
       for (Mode* m : {&r.oop, &r.ip}) {
         const bool in_place = m == &r.ip;
         inputs.fill(in.data(), count, rank);
-        m->time_us = time_calls(impl, in.data(), in_place ? in.data() : out.data(), count, warmup, iters);
+        m->time_us = time_calls(impl, in.data(), in_place ? in.data() : out.data(), count, warmup, iters, median);
         m->algbw = static_cast<double>(r.bytes) / (m->time_us * 1e-6) / 1e9;
         m->busbw = m->algbw * bus_factor;
         m->wrong = count_wrong(impl, inputs, rank, in.data(), out.data(), count, in_place);
@@ -265,6 +280,7 @@ int run(int argc, char** argv, int rank, int n) {
   j["link"] = {{"name", link.name}, {"latency_us", link.latency_us}, {"gbps", link.gbps}};
   j["warmup"] = warmup;
   j["iters"] = iters;
+  j["stat"] = stat;
   j["results"] = nlohmann::json::array();
   long long total_wrong = 0;
   for (const std::string& name : names) {

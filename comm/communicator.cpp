@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <utility>
 
@@ -61,13 +62,16 @@ struct LinkPreset {
   double latency_us;
   double gbps;
 };
+// clang-format off
 constexpr LinkPreset kLinkPresets[] = {
-    {"none", 0, 0},          {"10gbe", 10.0, 10},  // kernel TCP over 10 GbE: ~20 us round trip
-    {"25gbe", 5.0, 25},                            // 25 GbE, RoCE/tuned TCP
-    {"100gbe-ib", 1.5, 100},                       // InfiniBand EDR (100 Gb/s), MPI-level one-way latency
-    {"pcie4", 2.0, 252},     // PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 = 252 Gb/s per direction
-    {"nvlink4", 1.0, 3600},  // H100 NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction
+    {"none",      0.0, 0},
+    {"10gbe",    10.0, 10},    // 10 GbE with kernel TCP: ~20 us round trip between MPI ranks
+    {"25gbe",     5.0, 25},    // 25 GbE, RoCE or tuned TCP
+    {"100gbe-ib", 1.5, 100},   // InfiniBand EDR, 100 Gb/s; MPI-level one-way latency
+    {"pcie4",     2.0, 252},   // PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 = 252 Gb/s per direction
+    {"nvlink4",   1.0, 3600},  // H100 NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction
 };
+// clang-format on
 
 }  // namespace
 
@@ -117,10 +121,14 @@ size_t ring_slices_per_chunk() {
   static const size_t v = std::max<size_t>(1, env_size("DDPLAB_RING_SLICES_PER_CHUNK", 4));
   return v;
 }
-// Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring.
-size_t small_allreduce_bytes() {
-  static const size_t v = env_size("DDPLAB_SMALL_ALLREDUCE_BYTES", size_t{64} << 10);
-  return v;
+// Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring. Default: the crossover measured
+// on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks, 32 KiB beyond (the ring's
+// 2(n-1) hops cost more latency as n grows).
+size_t small_allreduce_bytes(int n) {
+  static const size_t v = env_size("DDPLAB_SMALL_ALLREDUCE_BYTES", 0);
+  static const bool set = std::getenv("DDPLAB_SMALL_ALLREDUCE_BYTES") != nullptr;
+  if (set) return v;
+  return n <= 2 ? size_t{16} << 10 : size_t{32} << 10;
 }
 
 // The transport under the ring: shm (shared memory within a node, MPI across) or mpi.
@@ -151,14 +159,17 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options) : comm_(co
   ring_.slices_per_chunk = ring_slices_per_chunk();
   ring_.wire16 = options_.wire != WireDtype::kFp32;
   ring_.format = options_.wire == WireDtype::kFp16 ? wire::Format::kFp16 : wire::Format::kBf16;
-  small_max_bytes_ = small_allreduce_bytes();
+  small_max_bytes_ = small_allreduce_bytes(size_);
   // Collective (MPI_Comm_dup): every rank must construct its Communicator with the same options.
   if (options_.impl == AllreduceImpl::kRing) {
     // Shared memory between ranks of a node (MPI beyond), unless DDPLAB_COMM_TRANSPORT=mpi; if it cannot be set up
     // on some rank, every rank falls back to MPI together (the setup agrees on failure collectively).
     if (comm_transport() == "shm") {
       try {
-        transport_ = std::make_unique<ShmTransport>(comm_);
+        // Room for a step's K slices plus one, so a step's sends go out at once (eagerly).
+        const size_t fifo =
+            std::max(ShmTransport::kDefaultFifoBytes, (ring_.slices_per_chunk + 1) * ring_slice_bytes());
+        transport_ = std::make_unique<ShmTransport>(comm_, fifo);
       } catch (const std::runtime_error&) {
         transport_.reset();
       }
@@ -179,7 +190,9 @@ Communicator::~Communicator() {
   if (!finalized && mpi_comm_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm_);
 }
 
-void Communicator::allreduce_sum(float* data, size_t count, int tag) {
+void Communicator::allreduce_sum(float* data, size_t count, int tag) { allreduce_sum_into(data, data, count, tag); }
+
+void Communicator::allreduce_sum_into(const float* in, float* out, size_t count, int tag) {
   if (!failed_.empty())
     throw std::runtime_error("rank " + str(rank_) + ": Communicator unusable after an earlier failure (" + failed_ +
                              ")");
@@ -187,13 +200,15 @@ void Communicator::allreduce_sum(float* data, size_t count, int tag) {
     throw std::invalid_argument("rank " + str(rank_) + ": all-reduce tag " + str(tag) + " outside [0, " + str(kMaxTag) +
                                 "]");
   try {
-    if (options_.impl == AllreduceImpl::kMpi) return mpi_allreduce_sum(data, count, tag);
+    if (options_.impl == AllreduceImpl::kMpi) return mpi_allreduce_sum(in, out, count, tag);
     RingOptions o = ring_;
     o.tag = tag;
-    if (count * sizeof(float) <= small_max_bytes_)
-      recursive_doubling_allreduce_sum(data, count, *transport_, scratch_, o);
-    else
-      ring_allreduce_sum(data, count, *transport_, scratch_, o);
+    if (count * sizeof(float) <= small_max_bytes_) {
+      if (in != out) std::memcpy(out, in, count * sizeof(float));  // small: the copy costs next to nothing
+      recursive_doubling_allreduce_sum(out, count, *transport_, scratch_, o);
+    } else {
+      ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
+    }
   } catch (const TagMismatch& e) {
     failed_ = "all-reduce order mismatch";
     throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +
@@ -230,13 +245,13 @@ void Communicator::check_same_operation_everywhere(size_t count, int tag) {
   }
 }
 
-void Communicator::mpi_allreduce_sum(float* data, size_t count, int tag) {
+void Communicator::mpi_allreduce_sum(const float* in, float* out, size_t count, int tag) {
   const int64_t start = monotonic_ns();
   check_same_operation_everywhere(count, tag);
   // MPI counts are int: larger buffers go in INT_MAX-element pieces (elementwise, so pieces are independent).
   for (size_t offset = 0; offset < count;) {
     const int piece = static_cast<int>(std::min(count - offset, static_cast<size_t>(INT_MAX)));
-    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, mpi_comm_));
+    mpiCheck(MPI_Allreduce(in == out ? MPI_IN_PLACE : in + offset, out + offset, piece, MPI_FLOAT, MPI_SUM, mpi_comm_));
     offset += piece;
   }
   // Link emulation for a library collective we cannot see inside: a model, not a measurement. The call takes at

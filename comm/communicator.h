@@ -62,11 +62,13 @@ class Communicator {
   // whose neighbours both agree with it may instead wait on a rank that threw, until the program's edge calls
   // MPI_Abort. After any exception the Communicator refuses further calls (messages may be left in flight).
   void allreduce_sum(float* data, size_t count, int tag = 0);
+  // Out of place: out[i] = sum over ranks of in[i]; `in` is only read (in == out is allreduce_sum). Same rules.
+  void allreduce_sum_into(const float* in, float* out, size_t count, int tag = 0);
   // Sum, then multiply by 1/size: gradients averaged over the world (DDP semantics).
   void allreduce_mean(float* data, size_t count, int tag = 0);
 
  private:
-  void mpi_allreduce_sum(float* data, size_t count, int tag);
+  void mpi_allreduce_sum(const float* in, float* out, size_t count, int tag);
   void check_same_operation_everywhere(size_t count, int tag);  // --comm mpi: tags and counts agree on all ranks
 
   MPI_Comm comm_;

@@ -10,10 +10,11 @@ RingChunk ring_chunk(size_t count, int n, int k) {
   return {kk * base + std::min(kk, extra), base + (kk < extra ? 1 : 0)};
 }
 
-RingPrimitives::RingPrimitives(Transport& t, float* data, RingScratch& scratch, size_t max_chunk, size_t slices,
-                               const RingOptions& options)
+RingPrimitives::RingPrimitives(Transport& t, const float* in, float* out, RingScratch& scratch, size_t max_chunk,
+                               size_t slices, const RingOptions& options)
     : t_(t),
-      data_(data),
+      in_(in),
+      out_(out),
       scratch_(scratch),
       options_(options),
       slices_(std::max<size_t>(slices, 1)),
@@ -57,25 +58,28 @@ void RingPrimitives::send_wire(const void* buf, size_t count) {
 
 void RingPrimitives::send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t*) {
-    if (!options_.wire16) return send_wire(data_ + s.offset, s.count);
-    wire::encode(options_.format, out16, data_ + s.offset, s.count);
+    if (!options_.wire16) return send_wire(in_ + s.offset, s.count);
+    wire::encode(options_.format, out16, in_ + s.offset, s.count);
     send_wire(out16, s.count);
   });
 }
 
 void RingPrimitives::recv_reduce_send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-    float* dst = data_ + s.offset;
+    float* dst = out_ + s.offset;
+    const float* own = in_ + s.offset;
     if (options_.wire16) {
       recv_wire(in16, s.count);
+      if (own != dst) std::memcpy(dst, own, s.count * sizeof(float));
       wire::reduce_encode(options_.format, dst, out16, in16, s.count);
       return send_wire(out16, s.count);
     }
     t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
-                    [dst](const void* piece, size_t offset, size_t bytes) {
-                      const float* src = static_cast<const float*>(piece);
+                    [dst, own](const void* piece, size_t offset, size_t bytes) {
+                      const float* x = static_cast<const float*>(piece);
+                      const float* a = own + offset / sizeof(float);
                       float* y = dst + offset / sizeof(float);
-                      for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] += src[i];
+                      for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] = a[i] + x[i];
                     });
     retire();
     send_wire(dst, s.count);
@@ -88,7 +92,8 @@ void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
   if (!options_.wire16) return recv_reduce_send(c);
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
     recv_wire(in16, s.count);
-    wire::reduce_round(options_.format, data_ + s.offset, out16, in16, s.count);
+    if (in_ != out_) std::memcpy(out_ + s.offset, in_ + s.offset, s.count * sizeof(float));
+    wire::reduce_round(options_.format, out_ + s.offset, out16, in16, s.count);
     send_wire(out16, s.count);
   });
 }
@@ -96,11 +101,11 @@ void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
 void RingPrimitives::recv_copy_send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
     if (!options_.wire16) {
-      recv_wire(data_ + s.offset, s.count);  // straight into data: no reduction, no scratch copy
-      return send_wire(data_ + s.offset, s.count);
+      recv_wire(out_ + s.offset, s.count);  // straight into out: no reduction, no scratch copy
+      return send_wire(out_ + s.offset, s.count);
     }
     recv_wire(in16, s.count);
-    wire::decode(options_.format, data_ + s.offset, in16, s.count);
+    wire::decode(options_.format, out_ + s.offset, in16, s.count);
     std::memcpy(out16, in16, s.count * sizeof(uint16_t));  // forward the received words as they are
     send_wire(out16, s.count);
   });
@@ -108,21 +113,29 @@ void RingPrimitives::recv_copy_send(RingChunk c) {
 
 void RingPrimitives::recv(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t*, uint16_t* in16) {
-    if (!options_.wire16) return recv_wire(data_ + s.offset, s.count);
+    if (!options_.wire16) return recv_wire(out_ + s.offset, s.count);
     recv_wire(in16, s.count);
-    wire::decode(options_.format, data_ + s.offset, in16, s.count);
+    wire::decode(options_.format, out_ + s.offset, in16, s.count);
   });
 }
 
 void ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
+  ring_allreduce_sum(data, data, count, t, scratch, options);
+}
+
+void ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t, RingScratch& scratch,
+                        const RingOptions& options) {
   const int n = t.size(), r = t.rank();
-  if (n == 1 || count == 0) return;  // every rank has the same count, so all skip together
+  if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
+    if (in != out && count) std::memcpy(out, in, count * sizeof(float));
+    return;
+  }
   const size_t per_chunk = std::max<size_t>(options.slices_per_chunk, 1);
   const size_t round = options.slice_elems ? std::min(count, options.slice_elems * per_chunk * n) : count;
   const size_t max_chunk = ring_chunk(round, n, 0).count;
   const size_t slices =
       options.slice_elems ? std::min(per_chunk, (max_chunk + options.slice_elems - 1) / options.slice_elems) : 1;
-  RingPrimitives prims(t, data, scratch, max_chunk, slices, options);
+  RingPrimitives prims(t, in, out, scratch, max_chunk, slices, options);
 
   // Rounds of n chunks, each a whole ring, one after the other (NCCL's loop over chunks). Every round has the
   // same K (a shorter last round just has shorter slices).

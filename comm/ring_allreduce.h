@@ -61,15 +61,15 @@ struct RingOptions {
 // all-gather only copies, so every rank still ends bitwise identical.
 class RingPrimitives {
  public:
-  // max_chunk: the largest chunk of the round; slices: K.
-  RingPrimitives(Transport& t, float* data, RingScratch& scratch, size_t max_chunk, size_t slices,
+  // Reads `in`, writes `out` (the same buffer in place). max_chunk: the largest chunk of the round; slices: K.
+  RingPrimitives(Transport& t, const float* in, float* out, RingScratch& scratch, size_t max_chunk, size_t slices,
                  const RingOptions& options);
 
-  void send(RingChunk c);                   // data[c] -> next
-  void recv_reduce_send(RingChunk c);       // data[c] += prev's; data[c] -> next
-  void recv_reduce_copy_send(RingChunk c);  // the last reduction: data[c] is now final; data[c] -> next
-  void recv_copy_send(RingChunk c);         // data[c] = prev's; data[c] -> next
-  void recv(RingChunk c);                   // data[c] = prev's
+  void send(RingChunk c);                   // in[c] -> next
+  void recv_reduce_send(RingChunk c);       // out[c] = in[c] + prev's; out[c] -> next
+  void recv_reduce_copy_send(RingChunk c);  // the last reduction: out[c] is now final; out[c] -> next
+  void recv_copy_send(RingChunk c);         // out[c] = prev's; out[c] -> next
+  void recv(RingChunk c);                   // out[c] = prev's
 
  private:
   template <typename Fn>
@@ -79,7 +79,8 @@ class RingPrimitives {
   void send_wire(const void* buf, size_t count);
 
   Transport& t_;
-  float* data_;
+  const float* in_;
+  float* out_;
   RingScratch& scratch_;
   RingOptions options_;
   size_t slices_, stride_;
@@ -91,5 +92,10 @@ class RingPrimitives {
 // and ends with bitwise-identical results: each element is summed in an order fixed by the ring, then only
 // copied. n == 1 is a no-op (also with a 16-bit wire: nothing travels, nothing is rounded).
 void ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options);
+// Out of place: out[i] = sum over ranks of in[i]; `in` is only read (out == in is the in-place call). No extra
+// pass: the first step sends from `in`, the reduce-scatter writes in[c] + incoming into out[c], the all-gather
+// receives into out.
+void ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t, RingScratch& scratch,
+                        const RingOptions& options);
 
 }  // namespace ddplab

@@ -18,25 +18,46 @@
 
 namespace ddplab {
 
-// The FIFO's control block; the data ring follows it. The counters only grow (bytes ever written / consumed), so
-// head - tail is the fill level and position = counter % capacity. Both stay multiples of 64.
-struct ShmTransport::Fifo {
-  alignas(64) std::atomic<uint64_t> head;  // written by the producer only
-  alignas(64) std::atomic<uint64_t> tail;  // written by the consumer only
-  char* data() { return reinterpret_cast<char*>(this + 1); }
+namespace {
+
+constexpr size_t kLine = 64;
+constexpr size_t kSlots = 64;          // records in flight per FIFO
+constexpr size_t kPiece = 32 << 10;    // the consumer releases payload space in pieces this large (pipelining)
+constexpr int64_t kPureSpinNs = 2000;  // waiting: spin this long before yielding the core between polls
+
+// Every message has a record in the FIFO's slot ring; `seq` (the message's number on this FIFO, from 1) is
+// written last, with release semantics, and the receiver polls it in the slot where the next record must appear:
+// it learns that a message is there from the record's own cache line, without reading a counter of the sender's.
+// The slots only ever hold records, so a stale slot holds an older number, never a false match. Payloads up to
+// kInline bytes travel inside the record (a small message is one cache line, like Open MPI's "fast boxes");
+// larger ones stream through the payload ring.
+struct Record {
+  uint64_t seq;
+  uint64_t bytes;
+  int32_t tag;
+  int32_t unused;
+  char payload[40];
 };
-static_assert(sizeof(ShmTransport::Fifo) == 128, "two cache lines of counters, then the data");
+static_assert(sizeof(Record) == kLine, "one cache line");
+constexpr size_t kInline = sizeof(Record::payload);
+
+}  // namespace
+
+// One direction between two ranks, in shared memory: counters on their own cache lines, the slot ring of
+// records, then the payload ring. Counters only grow: head - tail is the payload ring's fill level and position =
+// counter % capacity; both stay multiples of 64.
+struct ShmTransport::Fifo {
+  alignas(64) std::atomic<uint64_t> head;        // payload bytes written (producer)
+  alignas(64) std::atomic<uint64_t> tail;        // payload bytes consumed (consumer)
+  alignas(64) std::atomic<uint64_t> slots_done;  // records consumed (consumer)
+  Record* slots() { return reinterpret_cast<Record*>(this + 1); }
+  char* data() { return reinterpret_cast<char*>(slots() + kSlots); }
+};
+static_assert(sizeof(ShmTransport::Fifo) == 3 * kLine, "three cache lines of counters, then the slots");
 
 namespace {
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
-constexpr size_t kRecord = 64;         // message header record, and the granularity of everything in the FIFO
-constexpr size_t kPiece = 32 << 10;    // the consumer releases space in pieces this large (pipelining)
-constexpr int64_t kPureSpinNs = 2000;  // waiting: spin this long before yielding the core between polls
-struct Record {
-  uint64_t bytes;
-  int32_t tag;
-};
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -58,12 +79,13 @@ std::string errno_text() { return std::strerror(errno); }
 }  // namespace
 
 ShmTransport::ShmTransport(MPI_Comm comm, size_t fifo_bytes, PollPolicy poll)
-    : fifo_bytes_(std::max<size_t>(round_up(fifo_bytes, kRecord), 2 * kRecord)), poll_(poll) {
+    : fifo_bytes_(std::max<size_t>(round_up(fifo_bytes, kLine), 2 * kLine)), poll_(poll) {
   remote_ = std::make_unique<MpiTransport>(comm, MpiTransport::kMaxMessageBytes, poll);  // collective
   rank_ = remote_->rank();
   size_ = remote_->size();
   to_.assign(size_, nullptr);
   from_.assign(size_, nullptr);
+  peers_.assign(size_, Peer{});
 
   MPI_Comm local;
   mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
@@ -81,7 +103,7 @@ ShmTransport::ShmTransport(MPI_Comm comm, size_t fifo_bytes, PollPolicy poll)
     return "/ddplab-" + std::to_string(getuid()) + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]) + "-" +
            std::to_string(l);
   };
-  const size_t stride = sizeof(Fifo) + fifo_bytes_;
+  const size_t stride = sizeof(Fifo) + kSlots * sizeof(Record) + fifo_bytes_;
   map_bytes_ = stride * lsize;
 
   // Every step that can fail is agreed on by all local ranks, so either all use shared memory or all throw.
@@ -145,7 +167,7 @@ ShmTransport::ShmTransport(MPI_Comm comm, size_t fifo_bytes, PollPolicy poll)
   // ranks; beyond, FIFOs fault in as they are used (they are many, and most pairs never talk).
   if (lsize <= 16) {
     for (Fifo* f : to_)
-      if (f) std::memset(f->data(), 0, fifo_bytes_);
+      if (f) std::memset(static_cast<void*>(f->slots()), 0, kSlots * sizeof(Record) + fifo_bytes_);
     MPI_Barrier(local);
     volatile char sink = 0;
     for (Fifo* f : from_)
@@ -161,22 +183,35 @@ ShmTransport::~ShmTransport() {
 
 bool ShmTransport::push(Outgoing& m) {
   Fifo* f = to_[m.peer];
-  uint64_t head = f->head.load(std::memory_order_relaxed);
-  size_t free = fifo_bytes_ - (head - f->tail.load(std::memory_order_acquire));
+  Peer& me = peers_[m.peer];
+  // The consumer's counters are read only when what we last saw does not leave room (they live on its core).
   if (!m.header_done) {
-    if (free < kRecord) return false;
-    const Record rec{m.bytes, m.tag};
-    std::memcpy(f->data() + head % fifo_bytes_, &rec, sizeof rec);  // records never wrap: 64 divides capacity
-    head += kRecord;
-    free -= kRecord;
+    if (me.sent - me.slots_seen >= kSlots) {
+      me.slots_seen = f->slots_done.load(std::memory_order_acquire);
+      if (me.sent - me.slots_seen >= kSlots) return false;
+    }
+    Record& rec = f->slots()[me.sent % kSlots];
+    rec.bytes = m.bytes;
+    rec.tag = m.tag;
+    if (m.bytes <= kInline) {
+      std::memcpy(rec.payload, m.buf, m.bytes);
+      m.done = m.bytes;
+    }
+    __atomic_store_n(&rec.seq, ++me.sent, __ATOMIC_RELEASE);
     m.header_done = true;
+    if (m.done == m.bytes) return true;
+  }
+  uint64_t head = f->head.load(std::memory_order_relaxed);
+  size_t free = fifo_bytes_ - (head - me.tail_seen);
+  if (free < std::min<size_t>(m.bytes - m.done, fifo_bytes_)) {
+    me.tail_seen = f->tail.load(std::memory_order_acquire);
+    free = fifo_bytes_ - (head - me.tail_seen);
   }
   const size_t n = std::min(m.bytes - m.done, free);  // free is a multiple of 64, so a partial piece is too
-  if (n > 0) {
-    copy_in(f->data(), fifo_bytes_, head, m.buf + m.done, n);
-    m.done += n;
-    head += m.done == m.bytes ? round_up(n, kRecord) : n;
-  }
+  if (n == 0) return false;
+  copy_in(f->data(), fifo_bytes_, head, m.buf + m.done, n);
+  m.done += n;
+  head += m.done == m.bytes ? round_up(n, kLine) : n;
   f->head.store(head, std::memory_order_release);
   return m.done == m.bytes;
 }
@@ -260,11 +295,10 @@ void ShmTransport::send(int peer, const void* buf, size_t bytes, int tag) {
 void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) {
   if (peer < 0 || peer >= size_ || !from_[peer]) return remote_->recv_consume(peer, bytes, tag, staging, consume);
   Fifo* f = from_[peer];
-  uint64_t tail = f->tail.load(std::memory_order_relaxed), head = 0;
-  auto available = [&] { return (head = f->head.load(std::memory_order_acquire)) - tail; };
-  wait_until([&] { return available() >= kRecord; });
-  Record rec;
-  std::memcpy(&rec, f->data() + tail % fifo_bytes_, sizeof rec);
+  Peer& me = peers_[peer];
+  const uint64_t seq = me.received + 1;
+  const Record& rec = f->slots()[me.received % kSlots];
+  wait_until([&] { return __atomic_load_n(&rec.seq, __ATOMIC_ACQUIRE) == seq; });
   if (rec.tag != tag) {
     pending_.clear();  // this transport is done for (see TagMismatch); nothing may touch the caller's buffers now
     throw TagMismatch(rank_, peer, tag, rec.tag);
@@ -275,8 +309,15 @@ void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, 
                              std::to_string(peer) + " (tag " + std::to_string(tag) + ") expected " +
                              std::to_string(bytes) + " bytes, got " + std::to_string(rec.bytes));
   }
-  tail += kRecord;
-  f->tail.store(tail, std::memory_order_release);
+  me.received = seq;
+  if (bytes <= kInline) {
+    if (bytes) consume(rec.payload, 0, bytes);
+    f->slots_done.store(seq, std::memory_order_release);  // after consume: the slot may be reused then
+    return;
+  }
+  f->slots_done.store(seq, std::memory_order_release);
+  uint64_t tail = f->tail.load(std::memory_order_relaxed), head = 0;
+  auto available = [&] { return (head = f->head.load(std::memory_order_acquire)) - tail; };
   for (size_t done = 0; done < bytes;) {
     if (available() == 0) wait_until([&] { return available() > 0; });
     const size_t n = std::min({static_cast<size_t>(head - tail), bytes - done, kPiece});
@@ -284,7 +325,7 @@ void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, 
     consume(f->data() + at, done, first);
     if (n > first) consume(f->data(), done + first, n - first);
     done += n;
-    tail += done == bytes ? round_up(n, kRecord) : n;
+    tail += done == bytes ? round_up(n, kLine) : n;
     f->tail.store(tail, std::memory_order_release);
   }
 }

@@ -7,10 +7,12 @@
 // need not be listening), and the receiver reduces straight from the FIFO (recv_consume): one copy per hop, the
 // receiver's copy is its reduction.
 //
-// FIFO: a byte ring of `fifo_bytes` with a producer counter (head) and a consumer counter (tail) on their own
-// cache lines; a message is a 64-byte record {bytes, tag} followed by its payload, padded to 64 bytes. A message
-// larger than the free space streams through in pieces: the sender copies what fits and keeps the rest pending,
-// pushed on by its later calls (progress, recv, wait_sends) — so a rank that waits for anything keeps pushing.
+// FIFO: a ring of 64 one-cache-line records {number, bytes, tag, up to 40 bytes of payload}, which the receiver
+// polls by number (a small message is one cache line from core to core), and a payload ring of `fifo_bytes` with
+// a producer counter (head) and a consumer counter (tail) on their own cache lines; the sender reads the
+// consumer's counters only when the room it last saw is used up. A payload larger than the free space streams
+// through in pieces: the sender copies what fits and keeps the rest pending, pushed on by its later calls
+// (progress, recv, wait_sends) — so a rank that waits for anything keeps pushing.
 // Waiting polls the counters: spin for PollPolicy::spin_us, then sleep with growing naps (no core burnt).
 //
 // Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
@@ -69,9 +71,14 @@ class ShmTransport final : public Transport {
   int rank_ = 0, size_ = 1, local_peers_ = 0;
   size_t fifo_bytes_ = 0;
   PollPolicy poll_;
-  std::unique_ptr<MpiTransport> remote_;  // ranks on other nodes
-  std::vector<Fifo*> to_, from_;          // per world rank; null when remote (or self)
-  std::vector<void*> maps_;               // every mapped segment
+  std::unique_ptr<MpiTransport> remote_;     // ranks on other nodes
+  std::vector<Fifo*> to_, from_;             // per world rank; null when remote (or self)
+  struct Peer {                              // this side's view of the two FIFOs with one peer
+    uint64_t sent = 0, received = 0;         // messages so far (records carry their number)
+    uint64_t tail_seen = 0, slots_seen = 0;  // the consumer counters of our FIFO to the peer, as last read
+  };
+  std::vector<Peer> peers_;
+  std::vector<void*> maps_;  // every mapped segment
   size_t map_bytes_ = 0;
   // Sends in order of starting, shm and remote alike (remote ones are retired through remote_'s own count).
   struct Started {

@@ -188,6 +188,18 @@ TEST_P(AllreduceTest, RandomInputsMatchMpiAndAreBitwiseEqualAcrossRanks) {
   EXPECT_EQ(count_differing_across_ranks(data), 0u) << "ranks disagree on some elements";
 }
 
+// Out of place: the input is only read, the output gets the sum; for every size class (recursive doubling, one
+// ring round, several rounds).
+TEST_P(AllreduceTest, OutOfPlaceLeavesTheInputAndWritesTheSum) {
+  Communicator comm(MPI_COMM_WORLD, CommOptions{impl(), WireDtype::kFp32, LinkModel{}});
+  const std::vector<float> in = exact_inputs(rank_, count());
+  std::vector<float> copy = in, out(count(), -1.0f), want(count());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = exact_sum(n_, i);
+  comm.allreduce_sum_into(in.data(), out.data(), in.size(), 3);
+  EXPECT_EQ(bitwise_mismatch(out, want), "");
+  EXPECT_EQ(bitwise_mismatch(in, copy), "") << "the input changed";
+}
+
 TEST_P(AllreduceTest, MeanIsSumTimesInverseSize) {
   Communicator comm(MPI_COMM_WORLD, impl());
   std::vector<float> data = exact_inputs(rank_, count()), want(count());

@@ -79,27 +79,39 @@ class LinkAllreduce : public testing::TestWithParam<Case> {};
 TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
   const int n = world_size();
   if (n == 1) GTEST_SKIP() << "needs two ranks";
-  const LinkModel link = parse_link("none", /*latency_us=*/50, /*gbps=*/1);
+  const LinkModel link = parse_link("none", /*latency_us=*/50, /*gbps=*/0.5);
   Communicator comm(MPI_COMM_WORLD, CommOptions{GetParam().impl, GetParam().wire, link});
-  const size_t count = size_t{2} << 20;  // 8 MiB of fp32
+  const size_t count = size_t{1} << 20;  // 4 MiB of fp32: 67 ms at 2 ranks, fp32 wire
   const double wire_bytes = count * (GetParam().wire == WireDtype::kFp32 ? 4.0 : 2.0);
   const double model_s = 2.0 * (n - 1) * (link.latency_us * 1e-6 + wire_bytes / n * 8 / (link.gbps * 1e9));
   std::vector<float> data(count, 1.0f);
-  comm.allreduce_sum(data.data(), count, 0);  // warm-up: connections, scratch, page faults
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double cpu0 = process_cpu_s();
-  const int64_t t0 = monotonic_ns();
-  comm.allreduce_sum(data.data(), count, 1);
-  double wall = (monotonic_ns() - t0) * 1e-9, cpu = process_cpu_s() - cpu0;
-  MPI_Allreduce(MPI_IN_PLACE, &wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  if (world_rank() == 0)
-    std::printf("[ link     ] %s/%s n=%d: wall %.1f ms, model %.1f ms, cpu %.1f ms\n", to_string(GetParam().impl),
-                to_string(GetParam().wire), n, wall * 1e3, model_s * 1e3, cpu * 1e3);
-  EXPECT_GE(wall, 0.8 * model_s) << "model " << model_s << " s";
-  EXPECT_LE(wall, 1.2 * model_s) << "model " << model_s << " s";
-  // MPI_Allreduce itself spins while it runs (at full speed, a few ms of the ~100 ms); the ring sleeps.
-  EXPECT_LE(cpu, 0.25 * wall) << "cpu " << cpu << " s of wall " << wall << " s";
-  EXPECT_EQ(data[count - 1], static_cast<float>(n) * static_cast<float>(n));
+  comm.allreduce_sum(data.data(), count, 0);  // warm-up: scratch, page faults
+  // A shared machine can only make a call slower (a rank loses its core for a while), never faster than the
+  // link: every try must respect the model's lower bound, the best of three its upper bound.
+  double best = 1e9, best_cpu = 0;
+  float want = static_cast<float>(n);  // after the warm-up
+  for (int attempt = 1; attempt <= 3 && best > 1.2 * model_s; ++attempt) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double cpu0 = process_cpu_s();
+    const int64_t t0 = monotonic_ns();
+    comm.allreduce_sum(data.data(), count, attempt);
+    want *= static_cast<float>(n);
+    double wall = (monotonic_ns() - t0) * 1e-9, cpu = process_cpu_s() - cpu0;
+    MPI_Allreduce(MPI_IN_PLACE, &wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &cpu, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (world_rank() == 0)
+      std::printf("[ link     ] %s/%s n=%d: wall %.1f ms, model %.1f ms, cpu %.1f ms\n", to_string(GetParam().impl),
+                  to_string(GetParam().wire), n, wall * 1e3, model_s * 1e3, cpu * 1e3);
+    EXPECT_GE(wall, 0.8 * model_s) << "model " << model_s << " s";
+    if (wall < best) {
+      best = wall;
+      best_cpu = cpu;
+    }
+  }
+  EXPECT_LE(best, 1.2 * model_s) << "model " << model_s << " s";
+  // MPI_Allreduce itself spins while it runs (at full speed, a few ms of the ~70 ms); the ring sleeps.
+  EXPECT_LE(best_cpu, 0.25 * best) << "cpu " << best_cpu << " s of wall " << best << " s (slowest rank)";
+  EXPECT_EQ(data[count - 1], want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Impls, LinkAllreduce,
