@@ -2,7 +2,9 @@
 // MLP 96, vocab 8192) and one GPT-2-small block (B 4, S 512, d_model 768, 12 heads, MLP 3072). Time per call
 // (median of repeats) and achieved GFLOP/s (GEMM-based ops, FLOPs as computed) or GB/s (bytes read + written);
 // then a whole Transformer<float> training step (forward + backward) of the tiny model in useful tokens/s.
-//   bench_transformer_ops [--repeats 10] [--shapes tiny|gpt2|all]
+//   bench_transformer_ops [--repeats 10] [--shapes tiny|gpt2|all] [--batch B] [--seq S]
+// --batch and --seq override the tiny shape's B 32 and S 256 (ops and model step; S <= 256, the preset's max_len):
+// `ddplab suite tokens` runs 16 sequences per rank, so `--batch 16 --seq 128` and `--seq 256` are its shapes.
 #include <cblas.h>
 
 #include <algorithm>
@@ -140,9 +142,8 @@ void bench_ops(const Shape& s, int repeats) {
 }
 
 // One training step of the tiny preset (classifier): forward + backward, at full length and at the lab's lengths.
-void bench_model(int repeats) {
+void bench_model(int repeats, int B, int S) {
   const TransformerConfig c = TransformerConfig::preset("tiny");
-  const int B = 32, S = c.max_len;
   Transformer<float> model(c, 1);
   std::vector<int32_t> tokens(B * S), targets(B), full(B, S), skewed = lab_lengths(B, S);
   for (int i = 0; i < B * S; ++i) tokens[i] = static_cast<int32_t>(hash64(21, i) % c.vocab);
@@ -170,18 +171,20 @@ void bench_model(int repeats) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int repeats = 10;
+  int repeats = 10, batch = 32, seq = 256;
   std::string shapes = "all";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
+    if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--seq")) seq = std::clamp(std::atoi(argv[i + 1]), 1, 256);
   }
   openblas_set_num_threads(1);
   std::printf("# bench_transformer_ops: 1 BLAS thread, OpenBLAS core %s\n", openblas_get_corename());
   std::printf("%-30s %-26s %12s %14s\n", "op", "shape", "time", "rate");
   if (shapes == "tiny" || shapes == "all") {
-    bench_ops({"tiny", 32, 256, 48, 4, 96, 8192}, repeats);
-    bench_model(repeats);
+    bench_ops({"tiny", batch, seq, 48, 4, 96, 8192}, repeats);
+    bench_model(repeats, batch, seq);
   }
   if (shapes == "gpt2" || shapes == "all") bench_ops({"gpt2-small block", 4, 512, 768, 12, 3072, 50257}, repeats);
   return 0;

@@ -1,24 +1,14 @@
 #include "kernels/cpu/transformer_ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/vector_math.h"
 
 namespace ddplab::cpu {
 namespace {
-
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A, int lda,
-          const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double alpha, const double* A, int lda,
-          const double* B, int ldb, double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
 
 constexpr double kLayerNormEps = 1e-5;
 
@@ -122,13 +112,157 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   }
 }
 
-// Per (sequence, head): one GEMM for the scores and one for the weighted sum, restricted to the L x L block of valid
-// queries and keys, so padding costs no attention FLOPs. With a causal mask the upper triangle is computed and then
-// discarded (2x the needed scores; simple and still GEMM-bound at these sizes).
+// ---- Attention for small heads --------------------------------------------------------------------------------
+// hs is small (12 in the tiny preset): as GEMMs, Q Kᵀ and P V are K = 12 or N = 12, where OpenBLAS spends its time
+// packing and in edge kernels. Instead, per (sequence, head): pack K, V (and Q) once into cache-resident buffers,
+// then walk blocks of kMR queries. Each block's scores are an outer-product register tile (kMR rows x 2 vectors of
+// keys, reduction over hs), softmax runs on that L1-resident row block, and P V is a second register tile
+// (kMR rows x 2 vectors of head columns, reduction over keys). Causal blocks stop at their last query's key, so the
+// upper triangle costs nothing beyond the diagonal tiles. The backward is the same two tiles (dP = dO Vᵀ,
+// dQ = dZ K) per query block, then dK = dZᵀ Q and dV = Pᵀ dO per block of kMR keys.
+//
+// The tiles use GCC/Clang vector extensions (256-bit: 8 floats or 4 doubles); with -march=x86-64-v3 each
+// accumulator is one ymm register and the inner loops are one broadcast + two FMAs per row.
+
+namespace {
+
+template <typename T>
+struct Simd {
+  static constexpr int W = 32 / static_cast<int>(sizeof(T));  // lanes of one vector
+  typedef T V __attribute__((vector_size(32)));
+  typedef T VU __attribute__((vector_size(32), aligned(sizeof(T)), may_alias));  // unaligned access
+};
+template <typename T>
+inline typename Simd<T>::V vload(const T* p) {
+  return *reinterpret_cast<const typename Simd<T>::VU*>(p);
+}
+template <typename T>
+inline void vstore(T* p, typename Simd<T>::V v) {
+  *reinterpret_cast<typename Simd<T>::VU*>(p) = v;
+}
+
+constexpr int kMR = 6;  // rows per register tile: kMR x 2 accumulators + 2 loads + 1 broadcast <= 16 registers
+
+inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
+
+// Per-thread scratch that only grows (forward and backward of one head at a time).
+template <typename T>
+T* scratch_buffer(int which, int64_t n) {
+  thread_local std::vector<T> buf[4];
+  if (static_cast<int64_t>(buf[which].size()) < n) buf[which].resize(n);
+  return buf[which].data();
+}
+
+// Transposed, panelled copy of rows [0, L) x columns [0, k) of src (row stride ld): panel p holds keys
+// [p*2W, (p+1)*2W) as k rows of 2W contiguous values (zero beyond L), so a score tile streams one panel.
+template <typename T>
+void pack_panels(T* dst, const T* src, int64_t ld, int L, int k) {
+  constexpr int NR = 2 * Simd<T>::W;
+  for (int j0 = 0; j0 < L; j0 += NR) {
+    T* panel = dst + static_cast<int64_t>(j0) * k;
+    const int n = std::min(NR, L - j0);
+    for (int i = 0; i < k; ++i) {
+      for (int jj = 0; jj < n; ++jj) panel[i * NR + jj] = src[(j0 + jj) * ld + i];
+      for (int jj = n; jj < NR; ++jj) panel[i * NR + jj] = T(0);
+    }
+  }
+}
+
+// Rows [0, L) x columns [0, k) of src (row stride ld) into dst [rows][kp], scaled; zero beyond k and for rows
+// [L, rows).
+template <typename T>
+void pack_rows(T* dst, int kp, const T* src, int64_t ld, int L, int rows, int k, T scale) {
+  for (int t = 0; t < rows; ++t) {
+    T* d = dst + static_cast<int64_t>(t) * kp;
+    const T* x = src + t * ld;
+    const int n = t < L ? k : 0;
+    for (int i = 0; i < n; ++i) d[i] = x[i] * scale;
+    for (int i = n; i < kp; ++i) d[i] = T(0);
+  }
+}
+
+// s[r, j] = sum_i a[r, i] bt[i, j] for r < kMR and j < ncols rounded up to 2W (a: kMR rows of stride lda;
+// bt: panels from pack_panels with k rows; s: row stride lds, at least ncols rounded up).
+template <typename T>
+void tile_scores(T* s, int lds, const T* a, int lda, const T* bt, int k, int ncols) {
+  using V = typename Simd<T>::V;
+  constexpr int W = Simd<T>::W, NR = 2 * W;
+  for (int j = 0; j < ncols; j += NR) {
+    const T* panel = bt + static_cast<int64_t>(j) * k;
+    V acc[kMR][2] = {};
+    for (int i = 0; i < k; ++i) {
+      const V b0 = vload(panel + i * NR), b1 = vload(panel + i * NR + W);
+      for (int r = 0; r < kMR; ++r) {
+        const T x = a[r * lda + i];
+        acc[r][0] += x * b0;
+        acc[r][1] += x * b1;
+      }
+    }
+    for (int r = 0; r < kMR; ++r) {
+      vstore(s + r * lds + j, acc[r][0]);
+      vstore(s + r * lds + j + W, acc[r][1]);
+    }
+  }
+}
+
+// out[r, c] = sum_{j in [j0, j1)} p[r*rs + j*js] x[j, c] for r < R, c < k: the weighted sum of rows of x
+// (row stride kp, a multiple of 2W, zero-padded beyond k). p is read with strides (rs, js) so the same tile does
+// P V (rows = queries, js = 1) and Pᵀ dO (rows = keys, rs = 1). out: row stride ldo, only columns < k written.
+template <typename T, int R>
+void tile_weighted_rows(T* out, int64_t ldo, int k, const T* p, int64_t rs, int64_t js, const T* x, int kp, int j0,
+                        int j1) {
+  using V = typename Simd<T>::V;
+  constexpr int W = Simd<T>::W, NR = 2 * W;
+  for (int c = 0; c < k; c += NR) {
+    V acc[R][2] = {};
+    for (int j = j0; j < j1; ++j) {
+      const V b0 = vload(x + static_cast<int64_t>(j) * kp + c), b1 = vload(x + static_cast<int64_t>(j) * kp + c + W);
+      for (int r = 0; r < R; ++r) {
+        const T w = p[r * rs + j * js];
+        acc[r][0] += w * b0;
+        acc[r][1] += w * b1;
+      }
+    }
+    const int n = std::min(NR, k - c);
+    for (int r = 0; r < R; ++r) {
+      T tmp[NR];
+      vstore(tmp, acc[r][0]);
+      vstore(tmp + W, acc[r][1]);
+      for (int i = 0; i < n; ++i) out[r * ldo + c + i] = tmp[i];
+    }
+  }
+}
+
+template <typename T>
+void weighted_rows(int rows, T* out, int64_t ldo, int k, const T* p, int64_t rs, int64_t js, const T* x, int kp,
+                   int j0, int j1) {
+  static_assert(kMR == 6, "one case per row count");
+  switch (rows) {
+    case 6: return tile_weighted_rows<T, 6>(out, ldo, k, p, rs, js, x, kp, j0, j1);
+    case 5: return tile_weighted_rows<T, 5>(out, ldo, k, p, rs, js, x, kp, j0, j1);
+    case 4: return tile_weighted_rows<T, 4>(out, ldo, k, p, rs, js, x, kp, j0, j1);
+    case 3: return tile_weighted_rows<T, 3>(out, ldo, k, p, rs, js, x, kp, j0, j1);
+    case 2: return tile_weighted_rows<T, 2>(out, ldo, k, p, rs, js, x, kp, j0, j1);
+    case 1: return tile_weighted_rows<T, 1>(out, ldo, k, p, rs, js, x, kp, j0, j1);
+    default: return;
+  }
+}
+
+}  // namespace
+
+// Forward per (sequence, head), blocks of kMR queries: scores tile -> softmax per row (scale folded into the packed
+// Q; max, then exp and sum in one pass, then normalise into att) -> P V tile reading the att rows just written.
+// Only valid queries and keys are computed; causal blocks stop at their last query.
 template <typename T>
 void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
-  const int hs = C / NH, C3 = 3 * C;
+  constexpr int NR = 2 * Simd<T>::W;
+  const int hs = C / NH, C3 = 3 * C, hsp = round_up(hs, NR);
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  const int Sp = round_up(S, NR), Sq = round_up(S, kMR);
+  T* qs = scratch_buffer<T>(0, static_cast<int64_t>(Sq) * hs);     // scaled Q, kMR-padded rows
+  T* kt = scratch_buffer<T>(1, static_cast<int64_t>(Sp) * hs);     // K in panels
+  T* vp = scratch_buffer<T>(2, static_cast<int64_t>(S) * hsp);     // V rows padded to hsp
+  T* sc = scratch_buffer<T>(3, static_cast<int64_t>(kMR) * Sp);    // one block's scores
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
     const T* qkv_b = qkv + static_cast<int64_t>(b) * S * C3;
@@ -136,35 +270,52 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
     for (int h = 0; h < NH; ++h) {
       T* a = att + (static_cast<int64_t>(b) * NH + h) * S * S;
       const T* q = qkv_b + h * hs;
-      if (L > 0) gemm(CblasNoTrans, CblasTrans, L, L, hs, scale, q, C3, q + C, C3, T(0), a, S);
-      for (int t = 0; t < L; ++t) {
-        T* row = a + static_cast<int64_t>(t) * S;
-        const int n = causal ? t + 1 : L;  // keys [0, n) are valid
-        T zmax = row[0];
+      pack_rows(qs, hs, q, C3, L, round_up(L, kMR), hs, scale);
+      pack_panels(kt, q + C, C3, L, hs);
+      pack_rows(vp, hsp, q + 2 * C, C3, L, L, hs, T(1));
+      for (int t0 = 0; t0 < L; t0 += kMR) {
+        const int rows = std::min(kMR, L - t0);
+        const int nmax = causal ? t0 + rows : L;  // keys [0, nmax) cover every row of the block
+        tile_scores(sc, Sp, qs + static_cast<int64_t>(t0) * hs, hs, kt, hs, nmax);
+        for (int r = 0; r < rows; ++r) {
+          const int t = t0 + r, n = causal ? t + 1 : L;  // keys [0, n) are valid
+          T* s = sc + r * Sp;
+          T* row = a + static_cast<int64_t>(t) * S;
+          T zmax = s[0];
 #pragma omp simd reduction(max : zmax)
-        for (int j = 0; j < n; ++j) zmax = row[j] > zmax ? row[j] : zmax;
-        T sum = 0;
+          for (int j = 0; j < n; ++j) zmax = s[j] > zmax ? s[j] : zmax;
+          T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < n; ++j) sum += (row[j] = exp_fast(row[j] - zmax));
-        const T inv = T(1) / sum;  // sum >= 1: the max term is exp(0)
+          for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - zmax));
+          const T inv = T(1) / sum;  // sum >= 1: the max term is exp(0)
 #pragma omp simd
-        for (int j = 0; j < n; ++j) row[j] *= inv;
-        zero(row + n, S - n);
+          for (int j = 0; j < n; ++j) row[j] = s[j] * inv;
+          zero(row + n, S - n);
+        }
+        weighted_rows(rows, out_b + static_cast<int64_t>(t0) * C + h * hs, C, hs, a + static_cast<int64_t>(t0) * S, S,
+                      1, vp, hsp, 0, nmax);
       }
       zero(a + static_cast<int64_t>(L) * S, static_cast<int64_t>(S - L) * S);
-      if (L > 0) gemm(CblasNoTrans, CblasNoTrans, L, hs, L, T(1), a, S, q + 2 * C, C3, T(0), out_b + h * hs, C);
     }
     zero(out_b + static_cast<int64_t>(L) * C, static_cast<int64_t>(S - L) * C);
   }
 }
 
-// With P = att, dO = dout of one head:  dV = P^T dO,  dP = dO V^T,  dZ = P * (dP - rowsum(P * dP)) / sqrt(hs),
-// dQ = dZ K,  dK = dZ^T Q. Masked entries of P are 0, so their dZ is 0 without a separate mask.
+// With P = att, dO = dout of one head:  dV = Pᵀ dO,  dP = dO Vᵀ,  dZ = P * (dP - rowsum(P * dP)) / sqrt(hs),
+// dQ = dZ K,  dK = dZᵀ Q. Masked entries of P are 0, so their dZ is 0 without a separate mask.
+// Pass 1, blocks of kMR queries: dP tile, then dZ per row into scratch (row stride L), then the dQ tile.
+// Pass 2, blocks of kMR keys: dK and dV tiles over the queries that see them (t >= key when causal).
 template <typename T>
 void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
                         int S, int C, int NH, bool causal) {
-  const int hs = C / NH, C3 = 3 * C;
+  constexpr int NR = 2 * Simd<T>::W;
+  const int hs = C / NH, C3 = 3 * C, hsp = round_up(hs, NR);
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  const int Sp = round_up(S, NR), Sq = round_up(S, kMR);
+  T* dop = scratch_buffer<T>(0, static_cast<int64_t>(Sq) * hsp);  // dO rows padded to hsp, kMR-padded rows
+  T* vt = scratch_buffer<T>(1, static_cast<int64_t>(Sp) * hs);    // V in panels
+  T* kp = scratch_buffer<T>(2, static_cast<int64_t>(S) * hsp);    // K rows, then Q rows
+  T* sc = scratch_buffer<T>(3, static_cast<int64_t>(kMR) * Sp);   // one block's dP
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
     const T* qkv_b = qkv + static_cast<int64_t>(b) * S * C3;
@@ -175,23 +326,37 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
     for (int h = 0; h < NH; ++h) {
       const T* a = att + (static_cast<int64_t>(b) * NH + h) * S * S;
       const T* q = qkv_b + h * hs;
-      const T* dO = dout_b + h * hs;
       T* dq = dqkv_b + h * hs;
-      gemm(CblasTrans, CblasNoTrans, L, hs, L, T(1), a, S, dO, C, T(0), dq + 2 * C, C3);       // dV
-      gemm(CblasNoTrans, CblasTrans, L, L, hs, T(1), dO, C, q + 2 * C, C3, T(0), scratch, S);  // dP
-      for (int t = 0; t < L; ++t) {
-        const T* p = a + static_cast<int64_t>(t) * S;
-        T* d = scratch + static_cast<int64_t>(t) * S;
-        const int n = causal ? t + 1 : L;
-        T dot = 0;
+      pack_rows(dop, hsp, dout_b + h * hs, C, L, round_up(L, kMR), hs, T(1));
+      pack_panels(vt, q + 2 * C, C3, L, hs);
+      pack_rows(kp, hsp, q + C, C3, L, L, hs, T(1));
+      for (int t0 = 0; t0 < L; t0 += kMR) {
+        const int rows = std::min(kMR, L - t0);
+        const int nmax = causal ? t0 + rows : L;
+        tile_scores(sc, Sp, dop + static_cast<int64_t>(t0) * hsp, hsp, vt, hs, nmax);  // dP
+        for (int r = 0; r < rows; ++r) {
+          const int t = t0 + r, n = causal ? t + 1 : L;
+          const T* p = a + static_cast<int64_t>(t) * S;
+          const T* d = sc + r * Sp;
+          T* dz = scratch + static_cast<int64_t>(t) * L;
+          T dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int j = 0; j < n; ++j) dot += p[j] * d[j];
+          for (int j = 0; j < n; ++j) dot += p[j] * d[j];
 #pragma omp simd
-        for (int j = 0; j < n; ++j) d[j] = scale * p[j] * (d[j] - dot);
-        zero(d + n, L - n);  // the GEMMs below read the whole L x L block
+          for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - dot);
+          zero(dz + n, nmax - n);  // read by the dQ tile and (causal) by pass 2's diagonal tiles
+        }
+        weighted_rows(rows, dq + static_cast<int64_t>(t0) * C3, C3, hs, scratch + static_cast<int64_t>(t0) * L, L, 1,
+                      kp, hsp, 0, nmax);  // dQ
       }
-      gemm(CblasNoTrans, CblasNoTrans, L, hs, L, T(1), scratch, S, q + C, C3, T(0), dq, C3);  // dQ
-      gemm(CblasTrans, CblasNoTrans, L, hs, L, T(1), scratch, S, q, C3, T(0), dq + C, C3);    // dK
+      pack_rows(kp, hsp, q, C3, L, L, hs, T(1));  // Q
+      for (int j0 = 0; j0 < L; j0 += kMR) {
+        const int rows = std::min(kMR, L - j0), first = causal ? j0 : 0;
+        weighted_rows(rows, dq + static_cast<int64_t>(j0) * C3 + C, C3, hs, scratch + j0, 1, L, kp, hsp, first,
+                      L);  // dK
+        weighted_rows(rows, dq + static_cast<int64_t>(j0) * C3 + 2 * C, C3, hs, a + j0, 1, S, dop, hsp, first,
+                      L);  // dV
+      }
     }
   }
 }
