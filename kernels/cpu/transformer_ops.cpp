@@ -148,7 +148,7 @@ inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 // Per-thread scratch that only grows (forward and backward of one head at a time).
 template <typename T>
 T* scratch_buffer(int which, int64_t n) {
-  thread_local std::vector<T> buf[4];
+  thread_local std::vector<T> buf[6];
   if (static_cast<int64_t>(buf[which].size()) < n) buf[which].resize(n);
   return buf[which].data();
 }
@@ -248,6 +248,38 @@ void weighted_rows(int rows, T* out, int64_t ldo, int k, const T* p, int64_t rs,
   }
 }
 
+// out[j0 + jj, i] = sum_{t in [t0, t1)} a[t, i] bm[t, j0 + jj] for i < k, jj < nj <= 2W: a weighted sum over
+// queries t for 2W keys at once, as kMR x 2-vector tiles with rows = head dimensions (dK = dZᵀ Q, dV = Pᵀ dO).
+// Vectorised over keys, so a head of 12 is exactly two tiles. a: row stride lda, zero-padded to a multiple of
+// kMR columns; bm: row stride ldb, pointing at column j0, 2W readable values in every row of [t0, t1).
+template <typename T>
+void tile_key_sums(T* out, int64_t ldo, int k, const T* a, int lda, const T* bm, int64_t ldb, int j0, int nj, int t0,
+                   int t1) {
+  using V = typename Simd<T>::V;
+  constexpr int W = Simd<T>::W, NR = 2 * W;
+  for (int i0 = 0; i0 < k; i0 += kMR) {
+    V acc[kMR][2] = {};
+    for (int t = t0; t < t1; ++t) {
+      const T* brow = bm + t * ldb;
+      const V b0 = vload(brow), b1 = vload(brow + W);
+      const T* arow = a + static_cast<int64_t>(t) * lda + i0;
+      for (int r = 0; r < kMR; ++r) {
+        acc[r][0] += arow[r] * b0;
+        acc[r][1] += arow[r] * b1;
+      }
+    }
+    const int ni = std::min(kMR, k - i0);
+    T tmp[kMR][NR];
+    for (int r = 0; r < kMR; ++r) {
+      vstore(tmp[r], acc[r][0]);
+      vstore(tmp[r] + W, acc[r][1]);
+    }
+    for (int jj = 0; jj < nj; ++jj) {
+      for (int r = 0; r < ni; ++r) out[(j0 + jj) * ldo + i0 + r] = tmp[r][jj];
+    }
+  }
+}
+
 }  // namespace
 
 // Forward per (sequence, head), blocks of kMR queries: scores tile -> softmax per row (scale folded into the packed
@@ -303,8 +335,9 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
 
 // With P = att, dO = dout of one head:  dV = Pᵀ dO,  dP = dO Vᵀ,  dZ = P * (dP - rowsum(P * dP)) / sqrt(hs),
 // dQ = dZ K,  dK = dZᵀ Q. Masked entries of P are 0, so their dZ is 0 without a separate mask.
-// Pass 1, blocks of kMR queries: dP tile, then dZ per row into scratch (row stride L), then the dQ tile.
-// Pass 2, blocks of kMR keys: dK and dV tiles over the queries that see them (t >= key when causal).
+// Pass 1, blocks of kMR queries: dP tile, then dZ per row into a per-thread buffer (rows padded to whole vectors),
+// then the dQ tile. Pass 2, blocks of 2W keys: dK and dV as key-vectorised tiles over the queries that see them
+// (t >= the block's first key when causal; the zeros above the diagonal come from dZ and att).
 template <typename T>
 void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
                         int S, int C, int NH, bool causal) {
@@ -312,10 +345,14 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
   const int hs = C / NH, C3 = 3 * C, hsp = round_up(hs, NR);
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int Sp = round_up(S, NR), Sq = round_up(S, kMR);
-  T* dop = scratch_buffer<T>(0, static_cast<int64_t>(Sq) * hsp);  // dO rows padded to hsp, kMR-padded rows
+  const int hs6 = round_up(hs, kMR), ldz = Sp;
+  T* dop = scratch_buffer<T>(0, static_cast<int64_t>(Sq) * hs6);  // dO rows, kMR-padded rows and columns
   T* vt = scratch_buffer<T>(1, static_cast<int64_t>(Sp) * hs);    // V in panels
-  T* kp = scratch_buffer<T>(2, static_cast<int64_t>(S) * hsp);    // K rows, then Q rows
+  T* kp = scratch_buffer<T>(2, static_cast<int64_t>(S) * std::max(hsp, hs6));  // K rows (hsp), then Q rows (hs6)
   T* sc = scratch_buffer<T>(3, static_cast<int64_t>(kMR) * Sp);   // one block's dP
+  T* dzb = scratch_buffer<T>(4, static_cast<int64_t>(S) * ldz);   // dZ, rows padded to whole vectors
+  T* ptail = scratch_buffer<T>(5, static_cast<int64_t>(S) * NR);  // att's last key columns when S % 2W != 0
+  (void)scratch;  // dZ lives in dzb: its rows are padded to whole vectors, which S*S need not allow
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
     const T* qkv_b = qkv + static_cast<int64_t>(b) * S * C3;
@@ -327,35 +364,41 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
       const T* a = att + (static_cast<int64_t>(b) * NH + h) * S * S;
       const T* q = qkv_b + h * hs;
       T* dq = dqkv_b + h * hs;
-      pack_rows(dop, hsp, dout_b + h * hs, C, L, round_up(L, kMR), hs, T(1));
+      pack_rows(dop, hs6, dout_b + h * hs, C, L, round_up(L, kMR), hs, T(1));
       pack_panels(vt, q + 2 * C, C3, L, hs);
       pack_rows(kp, hsp, q + C, C3, L, L, hs, T(1));
       for (int t0 = 0; t0 < L; t0 += kMR) {
         const int rows = std::min(kMR, L - t0);
         const int nmax = causal ? t0 + rows : L;
-        tile_scores(sc, Sp, dop + static_cast<int64_t>(t0) * hsp, hsp, vt, hs, nmax);  // dP
+        tile_scores(sc, Sp, dop + static_cast<int64_t>(t0) * hs6, hs6, vt, hs, nmax);  // dP
         for (int r = 0; r < rows; ++r) {
           const int t = t0 + r, n = causal ? t + 1 : L;
           const T* p = a + static_cast<int64_t>(t) * S;
           const T* d = sc + r * Sp;
-          T* dz = scratch + static_cast<int64_t>(t) * L;
+          T* dz = dzb + static_cast<int64_t>(t) * ldz;
           T dot = 0;
 #pragma omp simd reduction(+ : dot)
           for (int j = 0; j < n; ++j) dot += p[j] * d[j];
 #pragma omp simd
           for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - dot);
-          zero(dz + n, nmax - n);  // read by the dQ tile and (causal) by pass 2's diagonal tiles
+          // Zeros up to the block's last key (the dQ tile) and to the end of the vector (the dK tiles).
+          zero(dz + n, std::max(nmax, round_up(n, NR)) - n);
         }
-        weighted_rows(rows, dq + static_cast<int64_t>(t0) * C3, C3, hs, scratch + static_cast<int64_t>(t0) * L, L, 1,
+        weighted_rows(rows, dq + static_cast<int64_t>(t0) * C3, C3, hs, dzb + static_cast<int64_t>(t0) * ldz, ldz, 1,
                       kp, hsp, 0, nmax);  // dQ
       }
-      pack_rows(kp, hsp, q, C3, L, L, hs, T(1));  // Q
-      for (int j0 = 0; j0 < L; j0 += kMR) {
-        const int rows = std::min(kMR, L - j0), first = causal ? j0 : 0;
-        weighted_rows(rows, dq + static_cast<int64_t>(j0) * C3 + C, C3, hs, scratch + j0, 1, L, kp, hsp, first,
-                      L);  // dK
-        weighted_rows(rows, dq + static_cast<int64_t>(j0) * C3 + 2 * C, C3, hs, a + j0, 1, S, dop, hsp, first,
-                      L);  // dV
+      pack_rows(kp, hs6, q, C3, L, L, hs, T(1));  // Q
+      for (int j0 = 0; j0 < L; j0 += NR) {
+        const int nj = std::min(NR, L - j0), first = causal ? j0 : 0;
+        tile_key_sums(dq + C, C3, hs, kp, hs6, dzb + j0, ldz, j0, nj, first, L);  // dK
+        if (j0 + NR <= S) {
+          tile_key_sums(dq + 2 * C, C3, hs, dop, hs6, a + j0, S, j0, nj, first, L);  // dV
+        } else {  // the last columns of att rows: copy, so the vector loads stay inside att
+          for (int t = first; t < L; ++t) {
+            for (int jj = 0; jj < NR; ++jj) ptail[t * NR + jj] = jj < nj ? a[static_cast<int64_t>(t) * S + j0 + jj] : T(0);
+          }
+          tile_key_sums(dq + 2 * C, C3, hs, dop, hs6, ptail, NR, j0, nj, first, L);
+        }
       }
     }
   }

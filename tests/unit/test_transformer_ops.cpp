@@ -230,6 +230,111 @@ TEST(Attention, FloatStaysFiniteWithHugeScoresAndEmptySequences) {
   for (float x : dqkv) ASSERT_TRUE(std::isfinite(x));
 }
 
+void ExpectFloatAgrees(const std::vector<float>& f, const std::vector<double>& d, double rtol, const char* what) {
+  ASSERT_EQ(f.size(), d.size());
+  for (size_t i = 0; i < d.size(); ++i)
+    EXPECT_NEAR(f[i], d[i], rtol * (1.0 + std::abs(d[i]))) << what << "[" << i << "]";
+}
+
+// Float attention (the tiled kernels) against a naive double reference, forward and backward, on shapes that hit
+// the tile edges: lengths not multiples of the 6-query blocks or the 16-key vectors, empty and full sequences,
+// S not a multiple of 16 (att's last columns), head sizes 3, 10, 12 and 64.
+struct NaiveAttentionResult {
+  std::vector<double> out, att, dqkv;
+};
+NaiveAttentionResult NaiveAttentionWithBackward(const std::vector<double>& qkv, const std::vector<double>& dout,
+                                                const std::vector<int32_t>& lengths, int B, int S, int C, int NH,
+                                                bool causal) {
+  const int hs = C / NH;
+  NaiveAttentionResult r{std::vector<double>(size_t(B) * S * C, 0.0), std::vector<double>(size_t(B) * NH * S * S, 0.0),
+                         std::vector<double>(qkv.size(), 0.0)};
+  auto Q = [&](int b, int t, int h, int part) { return &qkv[(size_t(b) * S + t) * 3 * C + part * C + h * hs]; };
+  for (int b = 0; b < B; ++b) {
+    const int L = lengths[b];
+    for (int h = 0; h < NH; ++h) {
+      double* P = &r.att[(size_t(b) * NH + h) * S * S];
+      for (int t = 0; t < L; ++t) {
+        const int n = causal ? t + 1 : L;
+        double zmax = -std::numeric_limits<double>::infinity(), sum = 0;
+        for (int j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int i = 0; i < hs; ++i) dot += Q(b, t, h, 0)[i] * Q(b, j, h, 1)[i];
+          P[t * S + j] = dot / std::sqrt(double(hs));
+          zmax = std::max(zmax, P[t * S + j]);
+        }
+        for (int j = 0; j < n; ++j) sum += (P[t * S + j] = std::exp(P[t * S + j] - zmax));
+        for (int j = 0; j < n; ++j) P[t * S + j] /= sum;
+        for (int j = 0; j < n; ++j) {
+          for (int i = 0; i < hs; ++i) r.out[(size_t(b) * S + t) * C + h * hs + i] += P[t * S + j] * Q(b, j, h, 2)[i];
+        }
+      }
+      // Backward from the definition: dP = dO Vᵀ, dZ = P (dP - rowsum(P dP)) / sqrt(hs), dQ = dZ K, dK = dZᵀ Q,
+      // dV = Pᵀ dO.
+      for (int t = 0; t < L; ++t) {
+        const int n = causal ? t + 1 : L;
+        const double* dO = &dout[(size_t(b) * S + t) * C + h * hs];
+        std::vector<double> dP(n);
+        double rowdot = 0;
+        for (int j = 0; j < n; ++j) {
+          for (int i = 0; i < hs; ++i) dP[j] += dO[i] * Q(b, j, h, 2)[i];
+          rowdot += P[t * S + j] * dP[j];
+        }
+        for (int j = 0; j < n; ++j) {
+          const double dz = P[t * S + j] * (dP[j] - rowdot) / std::sqrt(double(hs));
+          double* dq = &r.dqkv[(size_t(b) * S + t) * 3 * C + h * hs];
+          double* dk = &r.dqkv[(size_t(b) * S + j) * 3 * C + C + h * hs];
+          double* dv = &r.dqkv[(size_t(b) * S + j) * 3 * C + 2 * C + h * hs];
+          for (int i = 0; i < hs; ++i) {
+            dq[i] += dz * Q(b, j, h, 1)[i];
+            dk[i] += dz * Q(b, t, h, 0)[i];
+            dv[i] += P[t * S + j] * dO[i];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+TEST(Attention, FloatTiledKernelsMatchNaiveDoubleOnRandomShapesWithPadding) {
+  struct Case {
+    int B, S, C, NH;
+  };
+  const Case cases[] = {{5, 37, 48, 4}, {4, 64, 24, 2}, {3, 19, 20, 2}, {2, 40, 64, 1}, {3, 23, 9, 3}, {2, 129, 48, 4}};
+  uint64_t seed = 100;
+  for (const Case& k : cases) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "B " << k.B << " S " << k.S << " C " << k.C << " NH " << k.NH
+                                        << (causal ? " causal" : " bidirectional"));
+      ++seed;
+      std::vector<int32_t> lengths(k.B);
+      for (int b = 0; b < k.B; ++b) lengths[b] = static_cast<int32_t>(hash64(seed, b) % (k.S + 1));
+      lengths[0] = k.S;  // one full sequence (att's last columns), one empty
+      if (k.B > 2) lengths[1] = 0;
+      std::vector<double> qkv = RandomNormal(size_t(k.B) * k.S * 3 * k.C, seed, 1.5),
+                          dout = RandomNormal(size_t(k.B) * k.S * k.C, seed + 1000);
+      for (double& x : qkv) x = static_cast<float>(x);  // the float inputs exactly
+      for (double& x : dout) x = static_cast<float>(x);
+      const auto ref = NaiveAttentionWithBackward(qkv, dout, lengths, k.B, k.S, k.C, k.NH, causal);
+      std::vector<float> qkv_f(qkv.begin(), qkv.end()), dout_f(dout.begin(), dout.end());
+      std::vector<float> out(ref.out.size(), -99.f), att(ref.att.size(), -99.f), dqkv(qkv.size(), -99.f),
+          scratch(size_t(k.S) * k.S);
+      attention_forward(out.data(), att.data(), qkv_f.data(), lengths.data(), k.B, k.S, k.C, k.NH, causal);
+      attention_backward(dqkv.data(), scratch.data(), dout_f.data(), qkv_f.data(), att.data(), lengths.data(), k.B,
+                         k.S, k.C, k.NH, causal);
+      for (size_t i = 0; i < att.size(); ++i) {
+        if (ref.att[i] == 0.0) {
+          ASSERT_EQ(att[i], 0.0f) << "att[" << i << "] is masked or padding";
+        } else {
+          ASSERT_NEAR(att[i], ref.att[i], 2e-6 + 1e-5 * ref.att[i]) << "att[" << i << "]";
+        }
+      }
+      ExpectFloatAgrees(out, ref.out, 2e-5, "attention out");
+      ExpectFloatAgrees(dqkv, ref.dqkv, 2e-5, "attention dqkv");
+    }
+  }
+}
+
 TEST(MaskedCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
   constexpr int N = 5, V = 6;
   auto logits = RandomNormal(N * V, 60, 2.0);
@@ -294,12 +399,6 @@ TEST(Residual, AddsElementwise) {
   std::vector<double> out(3);
   residual_forward(out.data(), a.data(), b.data(), 3);
   EXPECT_EQ(out, (std::vector<double>{11, 22, 33}));
-}
-
-void ExpectFloatAgrees(const std::vector<float>& f, const std::vector<double>& d, double rtol, const char* what) {
-  ASSERT_EQ(f.size(), d.size());
-  for (size_t i = 0; i < d.size(); ++i)
-    EXPECT_NEAR(f[i], d[i], rtol * (1.0 + std::abs(d[i]))) << what << "[" << i << "]";
 }
 
 TEST(FloatVsDouble, TransformerOpsAgree) {
