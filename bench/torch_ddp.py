@@ -50,7 +50,11 @@ def worker(args):
     if rank == 0:
         slowest = max(gathered)
         print(json.dumps({"np": world, "samples_per_s": args.batch * world / (slowest / 1e3),
-                          "slowest_step_ms": slowest, "step_ms_by_rank": gathered, "torch": torch.__version__}))
+                          "slowest_step_ms": slowest, "step_ms_by_rank": gathered, "torch": torch.__version__}),
+              flush=True)
+    # Leave together: with Debian's torch 1.13 a rank that tears gloo down while its peer is still inside
+    # all_gather_object was seen spinning forever.
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -76,7 +80,13 @@ def main():
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.np), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, __file__] + sys.argv[1:], env=env))
-    codes = [proc.wait(timeout=600) for proc in procs]
+    try:
+        codes = [proc.wait(timeout=300) for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        print("torch_ddp: a rank did not finish within 300 s; killed", file=sys.stderr)
+        return 1
     return max(codes)
 
 
