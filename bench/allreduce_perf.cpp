@@ -179,15 +179,15 @@ long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, float* i
 
 void print_table(const std::vector<Row>& rows, const std::string& impl, double* avg_busbw) {
   std::printf("#\n# %s\n", impl.c_str());
-  std::printf("#                                       out-of-place                       in-place\n");
+  std::printf("#                                         out-of-place                          in-place\n");
   std::printf(
-      "#       size         count   type redop    time   algbw   busbw  #wrong    time   algbw   busbw  #wrong\n");
-  std::printf("#        (B)    (elements)                 (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
+      "#       size         count   type redop      time   algbw   busbw  #wrong       time   algbw   busbw  #wrong\n");
+  std::printf("#        (B)    (elements)                   (us)  (GB/s)  (GB/s)               (us)  (GB/s)  (GB/s)\n");
   double sum = 0;
   int k = 0;
   for (const Row& r : rows) {
     if (r.impl != impl) continue;
-    std::printf("%12zu  %12zu  float   sum %8.1f %7.2f %7.2f  %6lld %7.1f %7.2f %7.2f  %6lld\n", r.bytes, r.count,
+    std::printf("%12zu  %12zu  float   sum %10.2f %7.2f %7.2f  %6lld %10.2f %7.2f %7.2f  %6lld\n", r.bytes, r.count,
                 r.oop.time_us, r.oop.algbw, r.oop.busbw, r.oop.wrong, r.ip.time_us, r.ip.algbw, r.ip.busbw, r.ip.wrong);
     sum += r.oop.busbw + r.ip.busbw;
     k += 2;

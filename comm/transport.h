@@ -55,7 +55,7 @@ class Transport {
 // doubling the sleep from 1 us up to max_sleep_us. spin_us < 0 spins forever (lowest latency, one core busy).
 struct PollPolicy {
   int spin_us = 50;
-  int max_sleep_us = 100;
+  int max_sleep_us = 250;
   // DDPLAB_COMM_SPIN_US / DDPLAB_COMM_MAX_SLEEP_US, read once; the defaults above otherwise.
   static PollPolicy from_env();
 };

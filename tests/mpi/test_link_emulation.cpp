@@ -122,6 +122,27 @@ INSTANTIATE_TEST_SUITE_P(Impls, LinkAllreduce,
                            return std::string(to_string(info.param.impl)) + "_" + to_string(info.param.wire);
                          });
 
+// A rank that waits for a late peer sleeps (after a short spin) instead of burning its core: the Reducer runs the
+// all-reduce on a thread beside the compute thread, on as few as two cores. Rank 0 arrives 200 ms late.
+TEST(Progress, WaitingForALatePeerSleeps) {
+  const int r = world_rank(), n = world_size();
+  if (n == 1) GTEST_SKIP() << "needs two ranks";
+  Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  std::vector<float> data(1 << 16, 1.0f);
+  comm.allreduce_sum(data.data(), data.size(), 0);  // warm-up
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0) sleep_until_ns(monotonic_ns() + 200'000'000);
+  const double cpu0 = process_cpu_s();
+  const int64_t t0 = monotonic_ns();
+  comm.allreduce_sum(data.data(), data.size(), 1);
+  const double wall = (monotonic_ns() - t0) * 1e-9, cpu = process_cpu_s() - cpu0;
+  if (r == 1) std::printf("[ progress ] waited %.1f ms, cpu %.1f ms\n", wall * 1e3, cpu * 1e3);
+  if (r != 0) {
+    EXPECT_GE(wall, 0.15);
+    EXPECT_LE(cpu, 0.2 * wall) << "cpu " << cpu << " s while waiting " << wall << " s";  // spinning: ~100%
+  }
+}
+
 TEST(ParseLink, PresetsAndOverrides) {
   const LinkModel l = parse_link("10gbe");
   EXPECT_EQ(l.name, "10gbe");
