@@ -57,10 +57,12 @@ TEST(LinkEmulation, MessagesArriveAtLatencyPlusSerialisation) {
     const double first = (monotonic_ns() - t0) * 1e-9;
     t.recv(0, got.data(), bytes, 0);
     const double second = (monotonic_ns() - t0) * 1e-9;
+    // Lower bounds are the model (a message never arrives early); upper bounds only catch gross errors (a
+    // double delay, a serialised link) with room for a shared machine: timing is benchmarked, not asserted.
     EXPECT_GE(first, lat_s + ser_s);
-    EXPECT_LE(first, 1.2 * (lat_s + ser_s));
+    EXPECT_LE(first, 1.5 * (lat_s + ser_s) + 0.005);
     EXPECT_GE(second, lat_s + 2 * ser_s);
-    EXPECT_LE(second, 1.2 * (lat_s + 2 * ser_s));
+    EXPECT_LE(second, 1.5 * (lat_s + 2 * ser_s) + 0.005);
     EXPECT_EQ(got[0], 2);
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -108,7 +110,7 @@ TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
       best_cpu = cpu;
     }
   }
-  EXPECT_LE(best, 1.2 * model_s) << "model " << model_s << " s";
+  EXPECT_LE(best, 1.5 * model_s + 0.005) << "model " << model_s << " s";
   // MPI_Allreduce itself spins while it runs (at full speed, a few ms of the ~70 ms); the ring sleeps.
   EXPECT_LE(best_cpu, 0.25 * best) << "cpu " << best_cpu << " s of wall " << best << " s (slowest rank)";
   EXPECT_EQ(data[count - 1], want);
