@@ -18,13 +18,13 @@ AllreduceImpl parse_allreduce_impl(const std::string& name);  // "ring" | "mpi";
 const char* to_string(AllreduceImpl impl);
 
 // What travels on the wire. Buffers are always fp32 in memory; bf16/fp16 halve the bytes sent, with the sums
-// accumulated in fp32 wherever the algorithm allows (see comm/README or docs for what is exact).
+// accumulated in fp32 wherever the algorithm allows (docs/COMM.md: what is exact). --comm mpi refuses 16 bits.
 enum class WireDtype { kFp32, kBf16, kFp16 };
 WireDtype parse_wire_dtype(const std::string& name);  // "fp32" | "bf16" | "fp16"; throws std::invalid_argument
 const char* to_string(WireDtype dtype);
 
-// An emulated interconnect: each message is delayed by latency + bytes / bandwidth without burning CPU.
-// gbps == 0 means no emulation (the real transport's speed).
+// An emulated interconnect: each message is delayed by latency + bytes / bandwidth without burning CPU
+// (comm/link_emulation.h, docs/COMM.md). latency 0 and gbps 0: no emulation; gbps 0 alone: unlimited bandwidth.
 struct LinkModel {
   std::string name = "none";
   double latency_us = 0;
