@@ -74,19 +74,7 @@ Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1
 
 template <typename T>
 void Mlp<T>::set_grad_piece_elements(int64_t max_elements) {
-  if (max_elements < 0) throw std::invalid_argument("Mlp: negative gradient piece size");
-  pieces_.clear();
-  // Backward order: per layer from the last, its bias, then its weight's row blocks from row 0 up.
-  for (int p = static_cast<int>(params_.size()) - 1; p >= 0; --p) {
-    const Parameter<T>& param = params_[p];
-    const bool is_weight = param.shape.size() == 2;
-    const int64_t rows = is_weight ? param.shape[0] : 1, cols = param.numel / rows;
-    const int64_t block = max_elements == 0 || !is_weight ? rows : std::max<int64_t>(1, max_elements / cols);
-    for (int64_t r = 0; r < rows; r += block) {
-      const int64_t n = std::min(block, rows - r);
-      pieces_.push_back(GradPiece{p, param.offset + r * cols, n * cols, r});
-    }
-  }
+  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
 }
 
 template <typename T>

@@ -11,8 +11,10 @@
 // communication engine reduces views into it with no copy in or out, and the optimizer runs once over the
 // whole flat buffer.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,25 @@ struct GradPiece {
 
 // Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final.
 using GradReadyHook = std::function<void(int piece)>;
+
+// The pieces of a model whose backward finalises parameters in reverse registration order, each 2-D parameter in
+// blocks of whole rows of at most max_elements from row 0 up (at least one row; 0 = one piece per parameter).
+template <typename T>
+std::vector<GradPiece> grad_pieces_in_backward_order(const std::vector<Parameter<T>>& params, int64_t max_elements) {
+  if (max_elements < 0) throw std::invalid_argument("negative gradient piece size");
+  std::vector<GradPiece> pieces;
+  for (int p = static_cast<int>(params.size()) - 1; p >= 0; --p) {
+    const Parameter<T>& param = params[p];
+    const bool is_matrix = param.shape.size() == 2;
+    const int64_t rows = is_matrix ? param.shape[0] : 1, cols = param.numel / rows;
+    const int64_t block = max_elements == 0 || !is_matrix ? rows : std::max<int64_t>(1, max_elements / cols);
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t n = std::min(block, rows - r);
+      pieces.push_back(GradPiece{p, param.offset + r * cols, n * cols, r});
+    }
+  }
+  return pieces;
+}
 
 template <typename T>
 class Mlp {

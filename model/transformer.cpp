@@ -130,19 +130,7 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
 
 template <typename T>
 void Transformer<T>::set_grad_piece_elements(int64_t max_elements) {
-  if (max_elements < 0) throw std::invalid_argument("Transformer: negative gradient piece size");
-  pieces_.clear();
-  // Backward finalises parameters in reverse registration order; a 2-D one in row blocks from row 0 up.
-  for (int p = static_cast<int>(params_.size()) - 1; p >= 0; --p) {
-    const Parameter<T>& param = params_[p];
-    const bool is_matrix = param.shape.size() == 2;
-    const int64_t rows = is_matrix ? param.shape[0] : 1, cols = param.numel / rows;
-    const int64_t block = max_elements == 0 || !is_matrix ? rows : std::max<int64_t>(1, max_elements / cols);
-    for (int64_t r = 0; r < rows; r += block) {
-      const int64_t n = std::min(block, rows - r);
-      pieces_.push_back(GradPiece{p, param.offset + r * cols, n * cols, r});
-    }
-  }
+  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
 }
 
 template <typename T>

@@ -97,7 +97,11 @@ def main():
         per_rank = [s for s in out[out.find("per rank ("):out.find("per bucket (")].splitlines()[2:] if s.strip()]
         check([line.split()[0] for line in per_rank] == ["0", "1"], f"per-rank rows for ranks 0, 1 ({per_rank})")
         check("per rank (" in out and "per bucket (" in out and "fc0.weight" in out, "per-rank and per-bucket tables")
-        check("blame:" in out and "no rank stands out" in out, "a plain run is blamed on nobody")
+        # A plain run has no pathology: blame must not invent one. (Which benign line it prints depends on the
+        # machine's load: "no rank stands out", or a rank the scheduler slowed down.)
+        blame_text = out[out.find("blame:"):]
+        check("blame:" in out and "straggler input" not in blame_text and "before a barrier" not in blame_text,
+              "a plain run is not blamed on a straggler or a barrier")
         check("comparison" not in out, "no comparison for one file")
 
         proc = run([mpirun, "-np", "2", ddplab, "report", a, b])

@@ -26,6 +26,7 @@
 #include "comm/ring_allreduce.h"
 #include "comm/shm_transport.h"
 #include "comm/transport.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
 
@@ -33,17 +34,6 @@ void PrintTo(AllreduceImpl impl, std::ostream* os) { *os << to_string(impl); }
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 uint32_t bits(float x) {
   uint32_t u;

@@ -12,20 +12,11 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // Runs one all-reduce that must throw std::runtime_error; returns its message ("" if it did not throw).
 std::string message_of(Communicator& comm, size_t count, int tag) {

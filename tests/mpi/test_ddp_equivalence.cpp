@@ -18,20 +18,11 @@
 #include <vector>
 
 #include "launcher/trainer.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 TrainConfig small_config(const char* optimizer, const char* comm) {
   TrainConfig c;

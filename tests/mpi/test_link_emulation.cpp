@@ -13,20 +13,11 @@
 #include "comm/communicator.h"
 #include "comm/link_emulation.h"
 #include "comm/transport.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 double process_cpu_s() {
   rusage u;

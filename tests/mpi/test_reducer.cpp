@@ -13,20 +13,11 @@
 #include <vector>
 
 #include "launcher/trainer.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 TrainConfig small_config() {
   TrainConfig c;

@@ -13,22 +13,13 @@
 
 #include "comm/communicator.h"
 #include "comm/wire.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
 namespace {
 
 using wire::Format;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // Every 16-bit word: decode is exact (the fp32 has the same value), and encode(decode(h)) == h for non-NaN.
 TEST(Wire, EveryWordRoundTrips) {
