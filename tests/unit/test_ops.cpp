@@ -9,49 +9,15 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/rng.h"
+#include "tests/unit/fd_check.h"
 
 namespace ddplab::cpu {
 namespace {
 
-constexpr double kFdEps = 1e-6;
-constexpr double kFdRtol = 1e-6;
-constexpr double kFdAtol = 1e-9;  // for gradients near 0, where a relative bound means nothing
-
-std::vector<double> RandomNormal(size_t n, uint64_t seed, double scale = 1.0) {
-  std::vector<double> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * normal(seed, i);
-  return v;
-}
-
-// Central differences of loss() w.r.t. every element of x (x is perturbed in place and restored).
-std::vector<double> NumericGrad(std::vector<double>& x, const std::function<double()>& loss) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + kFdEps;
-    const double up = loss();
-    x[i] = saved - kFdEps;
-    const double down = loss();
-    x[i] = saved;
-    g[i] = (up - down) / (2 * kFdEps);
-  }
-  return g;
-}
-
-void ExpectGradNear(const std::vector<double>& analytic, const std::vector<double>& numeric, const char* what) {
-  ASSERT_EQ(analytic.size(), numeric.size());
-  for (size_t i = 0; i < analytic.size(); ++i) {
-    const double tol = kFdAtol + kFdRtol * std::max(std::abs(analytic[i]), std::abs(numeric[i]));
-    EXPECT_NEAR(analytic[i], numeric[i], tol) << what << "[" << i << "]";
-  }
-}
-
-// L = sum(out * w): with random w every output element contributes, and dL/dout = w.
-double Dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
+using fd::Dot;
+using fd::ExpectGradNear;
+using fd::NumericGrad;
+using fd::RandomNormal;
 
 // Non-square, non-power-of-two sizes so a transposed or swapped dimension cannot pass by accident.
 constexpr int kB = 5, kC = 7, kOC = 3;

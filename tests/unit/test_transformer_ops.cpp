@@ -9,52 +9,16 @@
 #include <vector>
 
 #include "kernels/cpu/rng.h"
+#include "tests/unit/fd_check.h"
 #include "kernels/cpu/transformer_ops.h"
 
 namespace ddplab::cpu {
 namespace {
 
-constexpr double kFdEps = 1e-6;
-constexpr double kFdRtol = 1e-6;
-constexpr double kFdAtol = 1e-9;
-
-std::vector<double> RandomNormal(size_t n, uint64_t seed, double scale = 1.0) {
-  std::vector<double> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * normal(seed, i);
-  return v;
-}
-
-std::vector<double> NumericGrad(std::vector<double>& x, const std::function<double()>& loss) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + kFdEps;
-    const double up = loss();
-    x[i] = saved - kFdEps;
-    const double down = loss();
-    x[i] = saved;
-    g[i] = (up - down) / (2 * kFdEps);
-  }
-  return g;
-}
-
-// Returns the number of clearly nonzero gradients, so callers can rule out a vacuous pass.
-int ExpectGradNear(const std::vector<double>& analytic, const std::vector<double>& numeric, const char* what) {
-  EXPECT_EQ(analytic.size(), numeric.size());
-  int nonzero = 0;
-  for (size_t i = 0; i < analytic.size(); ++i) {
-    const double tol = kFdAtol + kFdRtol * std::max(std::abs(analytic[i]), std::abs(numeric[i]));
-    EXPECT_NEAR(analytic[i], numeric[i], tol) << what << "[" << i << "]";
-    nonzero += std::abs(numeric[i]) > 1e-6;
-  }
-  return nonzero;
-}
-
-double Dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
+using fd::Dot;
+using fd::ExpectGradNear;
+using fd::NumericGrad;
+using fd::RandomNormal;
 
 // Odd sizes; sequence 1 is padded, sequence 2 is empty, sequence 0 is full.
 constexpr int kB = 3, kS = 5, kC = 6, kNH = 2, kV = 7;
