@@ -13,29 +13,15 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "bench/bench_util.h"
 #include "kernels/cpu/rng.h"
 
 using namespace ddplab;
 
 namespace {
 
-double median_ms(const std::function<void()>& fn, int repeats) {
-  fn();  // warm-up: page faults, BLAS buffers
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
-}
-
-std::vector<float> random_vector(size_t n, uint64_t seed) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(normal(seed, i));
-  return v;
-}
+using bench::median_ms;
+using bench::random_vector;
 
 void row(const char* name, const char* shape, double ms, double amount, const char* unit) {
   std::printf("%-28s %-22s %9.3f ms %9.1f %s\n", name, shape, ms, amount / (ms * 1e-3) / 1e9, unit);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "bench/bench_util.h"
 #include "kernels/cpu/rng.h"
 #include "kernels/cpu/transformer_ops.h"
 #include "model/transformer.h"
@@ -26,23 +27,8 @@ using namespace ddplab;
 
 namespace {
 
-double median_ms(const std::function<void()>& fn, int repeats) {
-  fn();  // warm-up: page faults, BLAS buffers
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
-}
-
-std::vector<float> random_vector(size_t n, uint64_t seed, double scale = 1.0) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * normal(seed, i));
-  return v;
-}
+using bench::median_ms;
+using bench::random_vector;
 
 void row(const char* name, const std::string& shape, double ms, double amount, const char* unit) {
   std::printf("%-30s %-26s %9.3f ms %9.1f %s\n", name, shape.c_str(), ms, amount / (ms * 1e-3) / 1e9, unit);

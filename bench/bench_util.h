@@ -1,0 +1,31 @@
+// Timing and input helpers shared by the kernel benchmarks.
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "kernels/cpu/rng.h"
+
+namespace ddplab::bench {
+
+// Median wall time of `repeats` calls after one untimed warm-up (page faults, BLAS buffers).
+inline double median_ms(const std::function<void()>& fn, int repeats) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+inline std::vector<float> random_vector(size_t n, uint64_t seed, double scale = 1.0) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * normal(seed, i));
+  return v;
+}
+
+}  // namespace ddplab::bench
