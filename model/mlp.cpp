@@ -50,18 +50,9 @@ Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1
     params_.push_back(std::move(w));
     params_.push_back(std::move(b));
   }
-  // Reverse registration order: the last parameter (first to be finalised by backward) sits at offset 0.
-  int64_t offset = 0;
-  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
-    it->offset = offset;
-    offset += it->numel;
-  }
-  flat_params_.assign(offset, T(0));
-  flat_grads_.assign(offset, T(0));
+  lay_out_in_reverse(params_, flat_params_, flat_grads_);  // backward order: see mlp.h
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter<T>& p = params_[i];
-    p.data = flat_params_.data() + p.offset;
-    p.grad = flat_grads_.data() + p.offset;
     // One sub-stream per parameter: a tensor's init does not depend on the layout or the other tensors.
     const uint64_t stream = substream(seed, i);
     const double bound = 1.0 / std::sqrt(static_cast<double>(dims[i / 2]));  // fan_in of Linear i/2

@@ -51,6 +51,23 @@ struct GradPiece {
 // Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final.
 using GradReadyHook = std::function<void(int piece)>;
 
+// Lays the parameters out in one flat parameter and one flat gradient buffer in REVERSE registration order (the
+// first gradient backward finalises sits at offset 0) and points each Parameter at its slices. Zero-filled.
+template <typename T>
+void lay_out_in_reverse(std::vector<Parameter<T>>& params, std::vector<T>& flat_params, std::vector<T>& flat_grads) {
+  int64_t offset = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    it->offset = offset;
+    offset += it->numel;
+  }
+  flat_params.assign(offset, T(0));
+  flat_grads.assign(offset, T(0));
+  for (Parameter<T>& p : params) {
+    p.data = flat_params.data() + p.offset;
+    p.grad = flat_grads.data() + p.offset;
+  }
+}
+
 // The pieces of a model whose backward finalises parameters in reverse registration order, each 2-D parameter in
 // blocks of whole rows of at most max_elements from row 0 up (at least one row; 0 = one piece per parameter).
 template <typename T>

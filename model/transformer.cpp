@@ -107,18 +107,9 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   add("head.weight", {head_outputs(), C}, 0.02);
   add("head.bias", {head_outputs()}, 0);
 
-  // Reverse registration order: head.bias (the first gradient backward finalises) sits at offset 0.
-  int64_t offset = 0;
-  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
-    it->offset = offset;
-    offset += it->numel;
-  }
-  flat_params_.assign(offset, T(0));
-  flat_grads_.assign(offset, T(0));
+  lay_out_in_reverse(params_, flat_params_, flat_grads_);  // backward order: see mlp.h
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter<T>& p = params_[i];
-    p.data = flat_params_.data() + p.offset;
-    p.grad = flat_grads_.data() + p.offset;
     const uint64_t stream = substream(seed, i);  // a tensor's init depends on neither the layout nor the others
     for (int64_t k = 0; k < p.numel; ++k) {
       p.data[k] = init_std[i] > 0 ? static_cast<T>(init_std[i] * normal(stream, k)) : T(init_std[i] < 0 ? 1 : 0);
