@@ -14,6 +14,7 @@
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
 #include "comm/shm_transport.h"
+#include "comm/watchdog.h"
 #include "kernels/cpu/ops.h"
 
 namespace ddplab {
@@ -199,6 +200,7 @@ void Communicator::allreduce_sum_into(const float* in, float* out, size_t count,
   if (tag < 0 || tag > kMaxTag)
     throw std::invalid_argument("rank " + str(rank_) + ": all-reduce tag " + str(tag) + " outside [0, " + str(kMaxTag) +
                                 "]");
+  const watchdog::Wait wait(options_.impl == AllreduceImpl::kMpi ? "MPI_Allreduce" : "all-reduce", -1, tag);
   try {
     if (options_.impl == AllreduceImpl::kMpi) return mpi_allreduce_sum(in, out, count, tag);
     RingOptions o = ring_;

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "comm/mpi_check.h"
+#include "comm/watchdog.h"
 #include "kernels/cpu/ops.h"
 
 namespace ddplab {
@@ -80,7 +81,8 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
       bucket_of_piece_(numel.size()),
       flat_grads_(flat_grads),
       pending_(buckets_.size()),
-      times_(buckets_.size()) {
+      times_(buckets_.size()),
+      nonfinite_(buckets_.size()) {
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
 
@@ -149,12 +151,19 @@ void Reducer::wait_all() {
                              ") has gradients that were never marked ready");
   }
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
+  const watchdog::Wait wait("the gradient buckets' all-reduces");
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return completed_ == nb || error_; });
   if (error_) std::rethrow_exception(error_);
 }
 
+int Reducer::first_nonfinite_bucket() const {
+  const auto it = std::find(nonfinite_.begin(), nonfinite_.end(), 1);
+  return it == nonfinite_.end() ? -1 : static_cast<int>(it - nonfinite_.begin());
+}
+
 void Reducer::comm_loop() {
+  watchdog::name_thread("comm thread");
   for (;;) {
     int b;
     {
@@ -171,6 +180,7 @@ void Reducer::comm_loop() {
       if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
       comm_.allreduce_sum(grads, static_cast<size_t>(bucket.count), b);
       if (grad_scale_ != 1.0f) cpu::scale(grads, grad_scale_, bucket.count);
+      nonfinite_[b] = !cpu::all_finite(grads, bucket.count);
       times_[b].comm_end_ms = now_ms() - origin_ms_;
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -85,6 +85,10 @@ class Reducer {
   void wait_all();
   // Timings of the last step, one entry per bucket.
   const std::vector<BucketTimes>& bucket_times() const { return times_; }
+  // After wait_all: the first bucket whose reduced gradients hold a NaN or Inf, or -1. The communication thread
+  // checks each bucket right after its all-reduce, while the data is in cache and backward still runs. Every rank
+  // reduces to the same values, so every rank gets the same answer.
+  int first_nonfinite_bucket() const;
 
  private:
   void launch(int bucket);
@@ -103,6 +107,7 @@ class Reducer {
   std::vector<int> pending_;  // per bucket: pieces not yet final
   int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;
+  std::vector<char> nonfinite_;  // per bucket, written by the communication thread before it counts the bucket done
 
   // Shared with the communication thread.
   std::mutex mutex_;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "comm/mpi_check.h"
+#include "comm/watchdog.h"
 
 namespace ddplab {
 
@@ -297,6 +298,7 @@ void ShmTransport::send(int peer, const void* buf, size_t bytes, int tag) {
 
 void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) {
   if (peer < 0 || peer >= size_ || !from_[peer]) return remote_->recv_consume(peer, bytes, tag, staging, consume);
+  const watchdog::Wait wait("recv from", peer, tag);
   Fifo* f = from_[peer];
   Peer& me = peers_[peer];
   const uint64_t seq = me.received + 1;
@@ -340,6 +342,7 @@ void ShmTransport::recv(int peer, void* buf, size_t bytes, int tag) {
 }
 
 void ShmTransport::wait_sends(size_t keep_last) {
+  const watchdog::Wait wait("completion of sends");
   while (started_.size() > keep_last) {
     const Started& oldest = started_.front();
     if (oldest.shm) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/mpi_check.h"
+#include "comm/watchdog.h"
 
 namespace ddplab {
 
@@ -134,6 +135,7 @@ void MpiTransport::send(int peer, const void* buf, size_t bytes, int tag) {
 
 void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
   check_tag(tag);
+  const watchdog::Wait wait("recv from", peer, tag);
   char* p = static_cast<char*>(buf);
   size_t offset = 0;
   do {
@@ -205,6 +207,7 @@ void MpiTransport::wait_sends(size_t keep_last) {
     requests_per_send_.pop_front();
   }
   int first_err = MPI_SUCCESS;
+  const watchdog::Wait wait("completion of sends");
   for (size_t i = 0; i < retire; ++i) {
     const int err = poll_wait(&pending_sends_[i], MPI_STATUS_IGNORE, poll_);
     if (first_err == MPI_SUCCESS) first_err = err;

@@ -79,6 +79,16 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--rank0-work-ms", c.rank0_work_ms, "lab: rank 0 works this long, then every rank barriers")
       ->capture_default_str();
   app->add_option("--barrier-every", c.barrier_every, "lab: ... every this many steps")->capture_default_str();
+  app->add_option("--timeout-s", c.timeout_s, "watchdog: abort the job after this long without progress (0: off)")
+      ->capture_default_str();
+  app->add_option("--flush-every", c.flush_every, "write the run so far to <out>.partial every N steps (0: off)")
+      ->capture_default_str();
+  app->add_option("--check-sync", c.check_sync, "compare parameters across ranks every N steps (0: off)")
+      ->capture_default_str();
+  app->add_flag("--skip-nonfinite", c.skip_nonfinite, "skip a step with a non-finite loss or gradient (default: stop)");
+  app->add_option("--fault", c.fault, "inject a fault: none | hang | kill | throw | nan | diverge")->capture_default_str();
+  app->add_option("--fault-rank", c.fault_rank, "the rank that injects the fault")->capture_default_str();
+  app->add_option("--fault-step", c.fault_step, "the step at which it does")->capture_default_str();
   app->add_option("--out", c.out, "run file (HDF5); default runs/train_np<N>_<time>.h5");
   app->add_flag("--force", c.force, "overwrite an existing run file");
   app->add_flag("--quiet", c.quiet, "print only errors");
@@ -127,6 +137,14 @@ void validate(const TrainConfig& c) {
   at_least("--slow-rank", c.slow_rank, 0);
   require(c.data_cost_ms >= 0 && c.straggler_ms >= 0 && c.extra_allreduce_mb >= 0 && c.rank0_work_ms >= 0,
           "--data-cost-ms, --straggler-ms, --extra-allreduce-mb and --rank0-work-ms must not be negative");
+  require(c.timeout_s >= 0, "--timeout-s must not be negative (0 turns the watchdog off)");
+  at_least("--flush-every", c.flush_every, 0);
+  at_least("--check-sync", c.check_sync, 0);
+  require(c.fault == "none" || c.fault == "hang" || c.fault == "kill" || c.fault == "throw" || c.fault == "nan" ||
+              c.fault == "diverge",
+          "--fault must be none, hang, kill, throw, nan or diverge (got '" + c.fault + "')");
+  at_least("--fault-rank", c.fault_rank, 0);
+  at_least("--fault-step", c.fault_step, 0);
   require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && c.grad_slice_mb >= 0,
           "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");
   try {

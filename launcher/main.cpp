@@ -20,10 +20,12 @@
 
 #include "git_commit.h"
 #include "launcher/cli.h"
+#include "comm/watchdog.h"
 #include "launcher/errors.h"
 #include "launcher/report.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
+#include "launcher/trainer.h"
 
 namespace ddplab {
 namespace {
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   select_blas_kernels(argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  watchdog::name_thread("main thread");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::string command_line;
@@ -100,6 +103,14 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
     MPI_Finalize();
     return 2;
+  } catch (const TrainingStopped& e) {
+    // Every rank of the run stopped at the same step and its run file is written. A train job ends cleanly; in a
+    // suite or sweep, ranks outside the stopped case wait elsewhere, so the job is ended for them.
+    if (rank == 0) std::fprintf(stderr, "ddplab: stopped: %s\n", e.what());
+    std::fflush(stderr);
+    if (!train->parsed()) MPI_Abort(MPI_COMM_WORLD, e.exit_code);
+    MPI_Finalize();
+    return e.exit_code;
   } catch (const std::exception& e) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;

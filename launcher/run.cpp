@@ -3,17 +3,22 @@
 #include <cblas.h>
 #include <hdf5.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <stdexcept>
 #include <type_traits>
 
 #include "git_commit.h"
 #include "launcher/cli.h"
+#include "comm/watchdog.h"
 #include "launcher/errors.h"
 #include "launcher/run_file.h"
+#include "launcher/stop_signals.h"
 #include "launcher/trainer.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "kernels/cuda/device.h"
@@ -105,6 +110,49 @@ void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, M
   MPI_Gather(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, 0, comm);
 }
 
+// Ranks of one job must train the same thing: MPMD launches (`mpirun -np 2 ddplab train ... : -np 2 ddplab train
+// ...`) or a wrapper script can hand them different flags, which would pair unrelated buffers or hang later. Every
+// flag but the output path must agree; the message lists each differing field with a rank that differs.
+std::string config_disagreement(const TrainConfig& config, MPI_Comm comm) {
+  nlohmann::json fields = to_json(config);
+  fields.erase("out");
+  fields.erase("force");
+  const std::string text = fields.dump();
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  const uint64_t mine[2] = {h, ~h};
+  uint64_t most[2];
+  MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm);
+  if (most[0] == mine[0] && most[1] == mine[1]) return "";  // the same on every rank
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int length = static_cast<int>(text.size());
+  std::vector<int> lengths(size), displs(size);
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+  std::string all;
+  if (rank == 0) {
+    for (int r = 1; r < size; ++r) displs[r] = displs[r - 1] + lengths[r - 1];
+    all.resize(displs[size - 1] + lengths[size - 1]);
+  }
+  MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0, comm);
+  std::string differing;
+  if (rank == 0) {
+    nlohmann::json seen = nlohmann::json::object();
+    for (int r = 1; r < size; ++r) {
+      const nlohmann::json other = nlohmann::json::parse(all.substr(displs[r], lengths[r]));
+      for (const auto& [key, value] : fields.items()) {
+        if (other.value(key, nlohmann::json()) == value || seen.contains(key)) continue;
+        seen[key] = true;
+        differing += (differing.empty() ? "" : ", ") + key + " (rank 0: " + value.dump() + ", rank " +
+                     std::to_string(r) + ": " + other.value(key, nlohmann::json()).dump() + ")";
+      }
+    }
+    differing = "ranks were started with different settings: " + differing + "; every rank needs the same flags";
+  }
+  return broadcast_error(differing, comm);
+}
+
 // "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
 std::string bucket_contents(const Workload& model, const Bucket& bucket) {
   std::string text;
@@ -115,15 +163,33 @@ std::string bucket_contents(const Workload& model, const Bucket& bucket) {
 
 }  // namespace
 
+namespace {
+
+// Arms the watchdog for the run, disarms it however the run ends.
+struct ArmedWatchdog {
+  explicit ArmedWatchdog(double timeout_s) { watchdog::arm(timeout_s); }
+  ~ArmedWatchdog() {
+    watchdog::disarm();
+    watchdog::set_step(-1);
+  }
+};
+
+}  // namespace
+
 RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& options) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
+  const ArmedWatchdog armed(config.timeout_s);
+  std::string error = config_disagreement(config, world);  // before anything a rank could decide on its own
+  if (!error.empty()) throw UsageError(error);
   validate(config);
+  require(config.fault == "none" || config.fault_rank < size,
+          "--fault-rank " + std::to_string(config.fault_rank) + " is not a rank of this " + std::to_string(size) +
+              "-rank job");
   openblas_set_num_threads(config.blas_threads);
 
   // Rank 0 owns the run file: check it can be written before spending time on training.
-  std::string error;
   if (rank == 0) {
     if (config.out.empty()) {
       mkdir("runs", 0755);
@@ -149,6 +215,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   meta.cuda = cuda_description();
   meta.world_size = size;
   meta.hostnames = gather_hostnames(world);
+  meta.config_json = to_json(config).dump();
 
   if (rank == 0 && !config.quiet) {
     if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
@@ -164,17 +231,66 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   }
 
   const size_t num_buckets = trainer.reducer().buckets().size();
-  std::vector<StepRecord> mine(config.steps);
+  std::vector<StepRecord> mine;
+  mine.reserve(config.steps);
   std::vector<BucketTimes> my_buckets;
   my_buckets.reserve(config.steps * num_buckets);
+  const int global_batch = config.batch * config.grad_accum * size;
+  RunBuckets buckets;
+  buckets.layout = trainer.reducer().buckets();
+  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(trainer.workload(), b));
+
+  // Gathers the steps done so far on rank 0, which writes them to `path`: the run file, or the snapshot of a run
+  // in progress. Collective; returns rank 0's write error ("" = written), known to every rank.
+  auto write_results = [&](const std::string& path, bool force) {
+    const int steps_done = static_cast<int>(mine.size());
+    std::vector<StepRecord> all(rank == 0 ? static_cast<size_t>(size) * steps_done : 0);
+    buckets.times.resize(rank == 0 ? my_buckets.size() * size : 0);
+    {
+      const watchdog::Wait wait("gather of the step records");
+      gather_to_root(mine, all, world);
+      gather_to_root(my_buckets, buckets.times, world);
+    }
+    std::string write_error;
+    if (rank == 0) {
+      result.summary = summarize(all, size, steps_done, config.warmup_steps, global_batch);
+      try {
+        write_run_file(path, force, meta, all, steps_done, to_json(result.summary).dump(), buckets);
+      } catch (const std::exception& e) {
+        write_error = e.what();
+      }
+    }
+    return broadcast_error(write_error, world);
+  };
+
+  const StopSignals signals;
+  const std::string partial = config.out + ".partial";
   MPI_Barrier(world);  // common start: step start times of all ranks share one origin
   const double t0 = now_ms();
   double last_progress = t0;
-  const int global_batch = config.batch * config.grad_accum * size;
+  std::unique_ptr<TrainingStopped> stopped;
   for (int s = 0; s < config.steps; ++s) {
-    mine[s] = trainer.step(s, t0);
+    try {
+      mine.push_back(trainer.step(s, t0));
+    } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
+      stopped = std::make_unique<TrainingStopped>(e);
+      break;
+    }
     const auto& times = trainer.reducer().bucket_times();
     my_buckets.insert(my_buckets.end(), times.begin(), times.end());
+    if (const int signal = trainer.stop_signal()) {
+      stopped = std::make_unique<TrainingStopped>(
+          std::string(signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal") + " received: stopped after step " +
+              std::to_string(s),
+          128 + signal);
+      break;
+    }
+    if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && s + 1 < config.steps) {
+      meta.stop_reason = "in progress: a snapshot after " + std::to_string(s + 1) + " of " +
+                         std::to_string(config.steps) + " steps (--flush-every)";
+      error = write_results(partial, true);
+      if (!error.empty()) throw std::runtime_error(error);
+    }
     // A progress line at most once a second, from rank 0's own view (the summary has everyone's).
     if (rank == 0 && !config.quiet && now_ms() - last_progress >= 1000 && s + 1 < config.steps) {
       last_progress = now_ms();
@@ -184,34 +300,18 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     }
   }
 
-  std::vector<StepRecord> all(rank == 0 ? static_cast<size_t>(size) * config.steps : 0);
-  gather_to_root(mine, all, world);
-  RunBuckets buckets;
-  buckets.layout = trainer.reducer().buckets();
-  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(trainer.workload(), b));
-  buckets.times.resize(rank == 0 ? my_buckets.size() * size : 0);
-  gather_to_root(my_buckets, buckets.times, world);
-
-  if (rank == 0) {
-    meta.config_json = to_json(config).dump();
-    result.summary = summarize(all, size, config.steps, config.warmup_steps, global_batch);
-    const RunSummary& summary = result.summary;
-    try {
-      write_run_file(config.out, config.force, meta, all, config.steps, to_json(summary).dump(), buckets);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    if (!config.quiet) {
-      print_summary(stdout, summary, meta.hostnames);
-      if (error.empty()) std::printf("run file: %s\n", config.out.c_str());
-      std::fflush(stdout);
-    }
+  meta.stop_reason = stopped ? stopped->what() : "";
+  error = write_results(config.out, config.force);
+  if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot
+  if (rank == 0 && !config.quiet) {
+    print_summary(stdout, result.summary, meta.hostnames);
+    if (error.empty()) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
+    std::fflush(stdout);
   }
-  error = broadcast_error(error, world);
   if (!error.empty()) throw std::runtime_error(error);
+  if (stopped) throw *stopped;
   result.path = config.out;
   return result;
 }
-
 
 }  // namespace ddplab

@@ -22,6 +22,7 @@ struct RunMetadata {
   std::string mpi_library, hdf5_version, blas, cuda;
   int world_size = 1;
   std::vector<std::string> hostnames;  // by rank
+  std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
 };
 
 // The gradient buckets: their layout (the same on every rank) and what happened to each in each step.

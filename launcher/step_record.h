@@ -29,10 +29,11 @@ struct StepRecord {
   double useful_tokens = 0;    // real tokens (transformer workloads; 0 for the MLP)
   double padded_tokens = 0;    // samples x longest sequence: what was computed on
   double max_len = 0;
+  double skipped = 0;          // 1: a non-finite loss or gradient, update skipped (--skip-nonfinite)
 };
 
 // Field table: the run file writes one dataset per entry, the summary reads them by name.
-inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 17> kStepFields = {{
+inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 18> kStepFields = {{
     {"start_ms", &StepRecord::start_ms},
     {"data_ms", &StepRecord::data_ms},
     {"forward_ms", &StepRecord::forward_ms},
@@ -50,12 +51,14 @@ inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 17> kS
     {"useful_tokens", &StepRecord::useful_tokens},
     {"padded_tokens", &StepRecord::padded_tokens},
     {"max_len", &StepRecord::max_len},
+    {"skipped", &StepRecord::skipped},
 }};
 
 // The unit of a field of kStepFields, as the run file records it.
 inline const char* step_field_units(const std::string& name) {
   if (name == "loss") return "nats";
   if (name == "samples") return "samples";
+  if (name == "skipped") return "steps";
   if (name.size() > 3 && name.compare(name.size() - 3, 3, "_ms") == 0) return "ms";
   return "tokens";
 }

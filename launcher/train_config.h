@@ -52,6 +52,14 @@ struct TrainConfig {
   double extra_allreduce_mb = 0;  // an extra all-reduce of this size every step (e.g. metrics done badly)
   double rank0_work_ms = 0;     // rank 0 works this long, then all ranks barrier, ...
   int barrier_every = 1;        // ... every this many steps
+  // Reliability (docs/RELIABILITY.md).
+  double timeout_s = 300;       // watchdog: abort the job after this long without progress in any wait; 0 = off
+  int flush_every = 200;        // rank 0 snapshots the run so far into <out>.partial every this many steps; 0 = off
+  int check_sync = 0;           // compare parameter checksums across ranks every this many steps; 0 = off
+  bool skip_nonfinite = false;  // a non-finite loss or gradient skips the step instead of stopping the run
+  // Fault injection, to test the above: at step fault_step, rank fault_rank ...
+  std::string fault = "none";   // none | hang (sleeps forever) | kill (SIGKILL) | throw | nan (a gradient) | diverge
+  int fault_rank = 0, fault_step = 0;
   std::string out;          // run file; empty = runs/train_np<N>_<time>.h5
   bool force = false;       // overwrite an existing run file
   bool quiet = false;
@@ -119,6 +127,13 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"rank0_work_ms", c.rank0_work_ms},
       {"barrier_every", c.barrier_every},
       {"blas_threads", c.blas_threads},
+      {"timeout_s", c.timeout_s},
+      {"flush_every", c.flush_every},
+      {"check_sync", c.check_sync},
+      {"skip_nonfinite", c.skip_nonfinite},
+      {"fault", c.fault},
+      {"fault_rank", c.fault_rank},
+      {"fault_step", c.fault_step},
       {"out", c.out},
       {"force", c.force},
   };

@@ -160,6 +160,14 @@ void scale(T* y, T alpha, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
 }
 
+template <typename T>
+bool all_finite(const T* x, int64_t n) {
+  T poison = 0;
+#pragma omp simd reduction(+ : poison)
+  for (int64_t i = 0; i < n; ++i) poison += x[i] * T(0);
+  return poison == T(0);
+}
+
 #define DDPLAB_INSTANTIATE(T)                                                                                    \
   template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                                       \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                        \
@@ -173,7 +181,8 @@ void scale(T* y, T alpha, int64_t n) {
   template void softmax_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int);                       \
   template void adamw_update<T>(T*, const T*, T*, T*, int64_t, float, float, float, float, float, int);          \
   template void sgd_update<T>(T*, const T*, T*, int64_t, float, float, float);                                   \
-  template void scale<T>(T*, T, int64_t);
+  template void scale<T>(T*, T, int64_t);                                                                       \
+  template bool all_finite<T>(const T*, int64_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(double)
 #undef DDPLAB_INSTANTIATE

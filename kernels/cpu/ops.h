@@ -60,4 +60,8 @@ void sgd_update(T* params, const T* grads, T* momentum_buf, int64_t n, float lr,
 template <typename T>
 void scale(T* y, T alpha, int64_t n);
 
+// Whether every element is finite (no NaN, no Inf). One vectorised pass: x*0 is 0 exactly when x is finite.
+template <typename T>
+bool all_finite(const T* x, int64_t n);
+
 }  // namespace ddplab::cpu

@@ -1,0 +1,187 @@
+#include "comm/watchdog.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddplab::watchdog {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Frame {
+  const char* what;
+  int peer, tag;
+};
+
+// One thread's open waits. Written by its thread, read by the watchdog's, both under `mutex` (uncontended but
+// for the watchdog's rare look).
+struct ThreadWaits {
+  static constexpr int kMaxDepth = 8;
+  std::mutex mutex;
+  const char* name = "thread";
+  Frame frames[kMaxDepth];
+  int depth = 0;  // may exceed kMaxDepth: deeper frames are counted, not kept
+};
+
+std::atomic<int64_t> g_timeout_ns{0};
+std::atomic<int64_t> g_last_progress_ns{0};
+std::atomic<int> g_step{-1};
+std::atomic<int> g_rank{-1};
+
+class Monitor {
+ public:
+  static Monitor& get() {
+    static Monitor monitor;
+    return monitor;
+  }
+  void add(ThreadWaits* t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    threads_.push_back(t);
+  }
+  void remove(ThreadWaits* t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    threads_.erase(std::remove(threads_.begin(), threads_.end(), t), threads_.end());
+  }
+  void start_once() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  ~Monitor() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      const int64_t timeout = g_timeout_ns.load();
+      // A few looks per timeout: the abort comes at most ~25% after the deadline.
+      const int64_t period = timeout > 0 ? std::clamp<int64_t>(timeout / 4, 10'000'000, 1'000'000'000) : 1'000'000'000;
+      cv_.wait_for(lock, std::chrono::nanoseconds(period), [&] { return stop_; });
+      if (stop_ || timeout <= 0) continue;
+      const int64_t stalled = now_ns() - g_last_progress_ns.load();
+      if (stalled < timeout) continue;
+      std::vector<std::string> open = describe_open_waits();
+      if (!open.empty()) abort_job(stalled, open);
+    }
+  }
+
+  std::vector<std::string> describe_open_waits() {
+    std::vector<std::string> lines;
+    for (ThreadWaits* t : threads_) {
+      std::lock_guard<std::mutex> lock(t->mutex);
+      if (t->depth == 0) continue;
+      std::string line;
+      // Innermost first: "recv from rank 1 (tag 3) in all-reduce (tag 3) [comm thread]"; the Reducer's tags are
+      // its bucket indices.
+      for (int d = std::min(t->depth, ThreadWaits::kMaxDepth) - 1; d >= 0; --d) {
+        const Frame& f = t->frames[d];
+        line += line.empty() ? "" : " in ";
+        line += f.what;
+        if (f.peer >= 0) line += " rank " + std::to_string(f.peer);
+        if (f.tag >= 0) line += " (tag " + std::to_string(f.tag) + ")";
+      }
+      lines.push_back(line + " [" + t->name + "]");
+    }
+    return lines;
+  }
+
+  [[noreturn]] void abort_job(int64_t stalled_ns, const std::vector<std::string>& open) {
+    const int rank = g_rank.load(), step = g_step.load();
+    char head[160];
+    std::snprintf(head, sizeof head, "ddplab: error on rank %d: watchdog: no progress for %.1f s%s", rank,
+                  stalled_ns / 1e9, step >= 0 ? (" at step " + std::to_string(step)).c_str() : "");
+    for (const std::string& wait : open) std::fprintf(stderr, "%s: waiting for %s\n", head, wait.c_str());
+    std::fprintf(stderr,
+                 "ddplab: rank %d aborts the job (exit code %d): a peer is dead, hung or out of step; raise "
+                 "--timeout-s if the wait was legitimate\n",
+                 rank, kExitCode);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, kExitCode);
+    _exit(kExitCode);  // MPI_Abort does not return; if it did, still never hang
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<ThreadWaits*> threads_;
+  std::thread thread_;
+  bool stop_ = false;
+};
+
+// Registers the calling thread on first use, unregisters at thread exit.
+struct Registration {
+  ThreadWaits waits;
+  Registration() { Monitor::get().add(&waits); }
+  ~Registration() { Monitor::get().remove(&waits); }
+};
+
+ThreadWaits& this_thread_waits() {
+  thread_local Registration registration;
+  return registration.waits;
+}
+
+}  // namespace
+
+void arm(double seconds) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    g_rank = rank;
+  }
+  g_last_progress_ns = now_ns();
+  g_timeout_ns = seconds > 0 ? static_cast<int64_t>(seconds * 1e9) : 0;
+  if (seconds > 0) Monitor::get().start_once();
+}
+
+void disarm() { g_timeout_ns = 0; }
+
+double timeout_s() { return g_timeout_ns.load() / 1e9; }
+
+void set_step(int step) { g_step = step; }
+
+void name_thread(const char* name) {
+  ThreadWaits& t = this_thread_waits();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.name = name;
+}
+
+Wait::Wait(const char* what, int peer, int tag) {
+  ThreadWaits& t = this_thread_waits();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.depth < ThreadWaits::kMaxDepth) t.frames[t.depth] = Frame{what, peer, tag};
+    ++t.depth;
+  }
+  g_last_progress_ns.store(now_ns(), std::memory_order_relaxed);
+}
+
+Wait::~Wait() {
+  ThreadWaits& t = this_thread_waits();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    --t.depth;
+  }
+  g_last_progress_ns.store(now_ns(), std::memory_order_relaxed);
+}
+
+}  // namespace ddplab::watchdog

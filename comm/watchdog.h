@@ -1,0 +1,46 @@
+// The watchdog: no rank waits forever.
+//
+// Every blocking wait in ddplab (a receive from a peer, a send's completion, a library collective, a barrier, the
+// main thread waiting for its gradient buckets) runs inside a watchdog::Wait, which names what is waited for. A
+// thread of the watchdog wakes a few times per timeout and, when some wait is open and no wait anywhere in the
+// process has started or ended for `timeout_s`, prints one line per open wait ("rank 2: watchdog: no progress
+// for 5.0 s at step 12: recv from rank 1 (tag 3) in ring all-reduce of bucket 3 [comm thread]") and calls
+// MPI_Abort, which takes every rank of the job down: nobody stays behind.
+//
+// "No progress anywhere" rather than "this wait is long": a 1 GiB all-reduce is a long wait made of many short
+// receives, and the main thread waits for its buckets while the communication thread works; neither is a hang.
+// A wait inside the MPI library (MPI_Allreduce, MPI_Barrier) has no inner steps, so the timeout must exceed the
+// longest such call; the default (300 s, like the order of NCCL's and Gloo's defaults) does.
+//
+// Cost: a Wait is a thread-local push/pop and one atomic store of the clock, ~20-40 ns, so waits may be marked
+// at receive granularity.
+#pragma once
+
+namespace ddplab::watchdog {
+
+inline constexpr double kDefaultTimeoutS = 300.0;
+inline constexpr int kExitCode = 3;  // the job's exit code when the watchdog aborts it
+
+// Arms the watchdog (starts its thread on first use) with this timeout; 0 disarms it. Not thread-safe against
+// itself: called by the main thread around a run.
+void arm(double timeout_s);
+void disarm();
+double timeout_s();  // 0 when disarmed
+
+// Context for the messages: the training step this rank is in (-1: none).
+void set_step(int step);
+
+// A blocking wait, open while this object lives. `what` must outlive it (a string literal). peer/tag < 0: none.
+// Waits nest (an all-reduce around its receives); the message lists the open ones, outermost first.
+class Wait {
+ public:
+  explicit Wait(const char* what, int peer = -1, int tag = -1);
+  ~Wait();
+  Wait(const Wait&) = delete;
+  Wait& operator=(const Wait&) = delete;
+};
+
+// Names the calling thread in the watchdog's messages ("main", "comm thread"). `name` must be a literal.
+void name_thread(const char* name);
+
+}  // namespace ddplab::watchdog
