@@ -1,6 +1,7 @@
 #include "model/optimizer.h"
 
 #include <stdexcept>
+#include <utility>
 
 #include "kernels/cpu/ops.h"
 
@@ -30,6 +31,15 @@ void Optimizer<T>::step(T* params, const T* grads) {
   } else {
     cpu::sgd_update(params, grads, m_.data(), n_, config_.lr, config_.momentum, config_.weight_decay);
   }
+}
+
+template <typename T>
+void Optimizer<T>::restore(int steps_taken, std::vector<T> m, std::vector<T> v) {
+  if (steps_taken < 0 || m.size() != m_.size() || v.size() != v_.size())
+    throw std::invalid_argument("Optimizer::restore: state does not match this optimizer");
+  t_ = steps_taken;
+  m_ = std::move(m);
+  v_ = std::move(v);
 }
 
 template class Optimizer<float>;

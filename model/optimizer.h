@@ -21,6 +21,14 @@ class Optimizer {
   // One update of params from grads (both flat, num_parameters long). Counts steps from 1.
   void step(T* params, const T* grads);
   int steps_taken() const { return t_; }
+  const OptimizerConfig& config() const { return config_; }
+
+  // The state a checkpoint saves (launcher/checkpoint.h), flat like the parameters: AdamW's first and second
+  // moments, or SGD's momentum buffer as the first moment. A state the kind does not keep is empty.
+  const std::vector<T>& first_moment() const { return m_; }
+  const std::vector<T>& second_moment() const { return v_; }
+  // Continues from a saved state; m and v must have the sizes of first_moment() and second_moment().
+  void restore(int steps_taken, std::vector<T> m, std::vector<T> v);
 
  private:
   OptimizerConfig config_;

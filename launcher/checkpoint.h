@@ -1,0 +1,37 @@
+// Checkpoints: a model's parameters and its optimizer's state in one HDF5 file, so that a run can be resumed and
+// continue with the same loss curve as an uninterrupted one. Layout, validation and resume: docs/CHECKPOINT.md.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/mlp.h"
+#include "model/optimizer.h"
+
+namespace ddplab {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// What a checkpoint records besides the tensors.
+struct CheckpointInfo {
+  int64_t step = 0;         // the next step to run: a run resumed from here starts at this step
+  std::string config_json;  // the run's settings, for the record and for comparison on resume
+  // Filled by load_checkpoint from the file (save_checkpoint writes this build's).
+  std::string git_commit, ddplab_version;
+};
+
+// Writes the parameters (flat_params laid out as `params` say) and the optimizer's state to `path`: into a
+// temporary next to it, synced to disk, then moved into place, so `path` is either the old file or the complete
+// new one. Refuses an existing `path` unless `force`. Throws std::runtime_error (nothing left behind), or
+// std::invalid_argument for a parameter name that cannot be a dataset name (empty, ".", or containing '/').
+void save_checkpoint(const std::string& path, bool force, const std::vector<Parameter<float>>& params,
+                     const float* flat_params, const Optimizer<float>& opt, const CheckpointInfo& info);
+
+// Reads `path` into flat_params and opt (replacing its state and step count) after checking everything against
+// `params` and opt's configuration: the same parameter names, shapes and float32 dtype, the same optimizer kind
+// and state, intact data (checksums). Any problem — a missing, truncated or corrupt file, a mismatch — throws
+// UsageError with one line, "cannot load checkpoint PATH: <problem>", and leaves flat_params and opt untouched.
+CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parameter<float>>& params, float* flat_params,
+                               Optimizer<float>& opt);
+
+}  // namespace ddplab
