@@ -86,6 +86,10 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--check-sync", c.check_sync, "compare parameters across ranks every N steps (0: off)")
       ->capture_default_str();
   app->add_flag("--skip-nonfinite", c.skip_nonfinite, "skip a step with a non-finite loss or gradient (default: stop)");
+  app->add_option("--checkpoint", c.checkpoint, "save parameters and optimizer state to this HDF5 file at the end");
+  app->add_option("--checkpoint-every", c.checkpoint_every, "... and every N steps (0: only at the end)")
+      ->capture_default_str();
+  app->add_option("--resume", c.resume, "continue from this checkpoint, at its step (same settings)");
   app->add_option("--fault", c.fault, "inject a fault: none | hang | kill | throw | nan | diverge")->capture_default_str();
   app->add_option("--fault-rank", c.fault_rank, "the rank that injects the fault")->capture_default_str();
   app->add_option("--fault-step", c.fault_step, "the step at which it does")->capture_default_str();
@@ -144,6 +148,8 @@ void validate(const TrainConfig& c) {
               c.fault == "diverge",
           "--fault must be none, hang, kill, throw, nan or diverge (got '" + c.fault + "')");
   at_least("--fault-rank", c.fault_rank, 0);
+  at_least("--checkpoint-every", c.checkpoint_every, 0);
+  require(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
   at_least("--fault-step", c.fault_step, 0);
   require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && c.grad_slice_mb >= 0,
           "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");

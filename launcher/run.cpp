@@ -16,6 +16,7 @@
 #include "git_commit.h"
 #include "launcher/cli.h"
 #include "comm/watchdog.h"
+#include "launcher/checkpoint.h"
 #include "launcher/errors.h"
 #include "launcher/run_file.h"
 #include "launcher/stop_signals.h"
@@ -153,6 +154,46 @@ std::string config_disagreement(const TrainConfig& config, MPI_Comm comm) {
   return broadcast_error(differing, comm);
 }
 
+// What a checkpoint records of the run: its settings and world size, which a resumed run must share wherever they
+// change the arithmetic.
+nlohmann::json checkpoint_config(const TrainConfig& config, int world_size) {
+  nlohmann::json j = to_json(config);
+  j["world_size"] = world_size;
+  return j;
+}
+
+// Every rank loads the checkpoint (so a bad file is refused on all alike) and learns the step to start at.
+int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& trainer) {
+  Workload& model = trainer.workload();
+  const CheckpointInfo info =
+      load_checkpoint(config.resume, model.parameters(), model.flat_params(), trainer.optimizer());
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(info.config_json);
+  } catch (const nlohmann::json::exception&) {
+    throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
+  }
+  // Settings that change what a step computes; the rest (overlap, link, lab knobs, paths) only move time.
+  static const char* const kArithmetic[] = {
+      "model", "head", "lengths", "min_len", "max_len", "outlier_prob", "batching", "max_tokens", "epoch_size",
+      "input_dim", "hidden_dim", "hidden_layers", "num_classes", "optimizer", "lr", "beta1", "beta2", "eps",
+      "weight_decay", "momentum", "batch", "seed", "data_noise", "grad_accum", "comm", "comm_dtype", "bucket_mb",
+      "first_bucket_mb", "grad_slice_mb", "world_size"};
+  const nlohmann::json now = checkpoint_config(config, world_size);
+  std::string differing;
+  for (const char* key : kArithmetic) {
+    const nlohmann::json then = saved.value(key, nlohmann::json());
+    if (then != now[key])
+      differing += std::string(differing.empty() ? "" : ", ") + key + " (checkpoint " + then.dump() + ", now " +
+                   now[key].dump() + ")";
+  }
+  require(differing.empty(), "cannot resume from " + config.resume + ": settings differ from the checkpoint's: " +
+                                 differing + "; a resumed run must repeat the original's settings");
+  require(info.step < config.steps, "checkpoint " + config.resume + " is at step " + std::to_string(info.step) +
+                                        ", and --steps " + std::to_string(config.steps) + " leaves nothing to run");
+  return info.step;
+}
+
 // "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
 std::string bucket_contents(const Workload& model, const Bucket& bucket) {
   std::string text;
@@ -196,6 +237,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
       config.out = default_run_path(options.command, size);
     }
     error = check_output_path(config.out, config.force);
+    if (error.empty() && !config.checkpoint.empty()) error = check_output_path(config.checkpoint, config.force);
   }
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);
@@ -203,7 +245,9 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   RunResult result;
   Communicator comm(world, comm_options(config));
   Trainer trainer(config, comm);
+  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, trainer);
   RunMetadata meta;
+  meta.first_step = first_step;
   meta.command = options.command;
   meta.command_line = options.command_line;
   meta.start_time_utc = utc_now_iso8601();
@@ -223,6 +267,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
                 trainer.workload().describe().c_str(), size, size == 1 ? "" : "s", config.batch,
                 config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
                 config.optimizer.kind.c_str(), config.steps);
+    if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
     std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
                 config.comm.c_str(), config.comm_dtype.c_str(), config.link.c_str(),
                 trainer.reducer().buckets().size(), trainer.reducer().buckets().size() == 1 ? "" : "s",
@@ -263,13 +308,32 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     return broadcast_error(write_error, world);
   };
 
+  // Rank 0 writes checkpoints (the replicas are identical); every rank learns whether that worked.
+  bool checkpoint_written = false;
+  auto save = [&](int64_t next_step) {
+    std::string save_error;
+    if (rank == 0) {
+      try {
+        Workload& model = trainer.workload();
+        save_checkpoint(config.checkpoint, config.force || checkpoint_written, model.parameters(),
+                        model.flat_params(), trainer.optimizer(),
+                        CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
+      } catch (const std::exception& e) {
+        save_error = e.what();
+      }
+    }
+    save_error = broadcast_error(save_error, world);
+    if (!save_error.empty()) throw std::runtime_error(save_error);
+    checkpoint_written = true;
+  };
+
   const StopSignals signals;
   const std::string partial = config.out + ".partial";
   MPI_Barrier(world);  // common start: step start times of all ranks share one origin
   const double t0 = now_ms();
   double last_progress = t0;
   std::unique_ptr<TrainingStopped> stopped;
-  for (int s = 0; s < config.steps; ++s) {
+  for (int s = static_cast<int>(first_step); s < config.steps; ++s) {
     try {
       mine.push_back(trainer.step(s, t0));
     } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
@@ -285,6 +349,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
           128 + signal);
       break;
     }
+    if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && s + 1 < config.steps) save(s + 1);
     if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && s + 1 < config.steps) {
       meta.stop_reason = "in progress: a snapshot after " + std::to_string(s + 1) + " of " +
                          std::to_string(config.steps) + " steps (--flush-every)";
@@ -295,11 +360,14 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     if (rank == 0 && !config.quiet && now_ms() - last_progress >= 1000 && s + 1 < config.steps) {
       last_progress = now_ms();
       std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s (rank 0)  loss %.4f\n", s + 1, config.steps,
-                  mine[s].step_ms, global_batch / (mine[s].step_ms / 1e3), mine[s].loss);
+                  mine.back().step_ms, global_batch / (mine.back().step_ms / 1e3), mine.back().loss);
       std::fflush(stdout);
     }
   }
 
+  // A run stopped by a signal keeps its state too (resume continues it); a stop for bad numbers does not.
+  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128))
+    save(first_step + static_cast<int64_t>(mine.size()));
   meta.stop_reason = stopped ? stopped->what() : "";
   error = write_results(config.out, config.force);
   if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot

@@ -92,6 +92,7 @@ void write_contents(hid_t file, const RunMetadata& meta, const std::vector<StepR
   write_string_attr(file, "cuda", meta.cuda);
   write_string_attr(file, "summary", summary_json);
   write_string_attr(file, "stop_reason", meta.stop_reason);
+  write_int_attr(file, "first_step", meta.first_step);
   write_int_attr(file, "world_size", meta.world_size);
   write_int_attr(file, "num_steps", steps);
   write_string_list(file, "hostnames", meta.hostnames);

@@ -22,6 +22,7 @@ struct RunMetadata {
   std::string mpi_library, hdf5_version, blas, cuda;
   int world_size = 1;
   std::vector<std::string> hostnames;  // by rank
+  int64_t first_step = 0;   // the step the records start at (a resumed run's checkpoint step)
   std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
 };
 

@@ -57,6 +57,9 @@ struct TrainConfig {
   int flush_every = 200;        // rank 0 snapshots the run so far into <out>.partial every this many steps; 0 = off
   int check_sync = 0;           // compare parameter checksums across ranks every this many steps; 0 = off
   bool skip_nonfinite = false;  // a non-finite loss or gradient skips the step instead of stopping the run
+  std::string checkpoint;       // save parameters + optimizer state here at the end (and every checkpoint_every)
+  int checkpoint_every = 0;     // steps; 0 = only at the end
+  std::string resume;           // start from this checkpoint, at its step
   // Fault injection, to test the above: at step fault_step, rank fault_rank ...
   std::string fault = "none";   // none | hang (sleeps forever) | kill (SIGKILL) | throw | nan (a gradient) | diverge
   int fault_rank = 0, fault_step = 0;
@@ -131,6 +134,9 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"flush_every", c.flush_every},
       {"check_sync", c.check_sync},
       {"skip_nonfinite", c.skip_nonfinite},
+      {"checkpoint", c.checkpoint},
+      {"checkpoint_every", c.checkpoint_every},
+      {"resume", c.resume},
       {"fault", c.fault},
       {"fault_rank", c.fault_rank},
       {"fault_step", c.fault_step},

@@ -42,6 +42,7 @@ class Trainer {
   ~Trainer();
 
   Workload& workload() { return *workload_; }
+  Optimizer<float>& optimizer() { return optimizer_; }
   const Reducer& reducer() const { return *reducer_; }
   const TrainConfig& config() const { return config_; }
 

@@ -27,17 +27,12 @@ class MlpWorkload final : public Workload {
       : config_(c),
         model_(c.mlp, c.seed),
         data_(SyntheticConfig{c.mlp.input_dim, c.mlp.num_classes, c.seed, c.data_noise}),
-        shard_{rank, world, c.batch * c.grad_accum} {
-    // Micro-batch i of the run is micro-batch i % K of step i / K.
-    const int k = c.grad_accum;
-    loader_ = std::make_unique<BatchLoader>(
-        data_, LoaderConfig{c.batch, c.data_cost_ms, c.loader_threads, c.prefetch},
-        [this, k](int64_t i) { return shard_.first_sample(i / k) + (i % k) * int64_t{config_.batch}; });
-  }
+        shard_{rank, world, c.batch * c.grad_accum} {}
   int64_t num_parameters() const override { return model_.num_parameters(); }
   float* flat_params() override { return model_.flat_params(); }
   float* flat_grads() override { return model_.flat_grads(); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
+  const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   std::string piece_name(const GradPiece& g) const override { return piece_name_of(model_, g); }
   std::string describe() const override {
@@ -48,8 +43,22 @@ class MlpWorkload final : public Workload {
     return text;
   }
   void zero_grad() override { model_.zero_grad(); }
-  BatchStats load(int64_t, int) override {
-    loader_->next(&inputs_, &targets_);  // the loader knows the order: (step, micro) in sequence
+  BatchStats load(int64_t step, int micro) override {
+    // Micro-batch j of the run is micro-batch j % K of step j / K. The loader produces them in sequence (and
+    // ahead, with threads) from the first one asked for: step 0, or the step a resumed run starts at.
+    const int k = config_.grad_accum;
+    const int64_t j = step * k + micro;
+    if (!loader_) {
+      loader_ = std::make_unique<BatchLoader>(
+          data_, LoaderConfig{config_.batch, config_.data_cost_ms, config_.loader_threads, config_.prefetch},
+          [this, k, j0 = j](int64_t i) {
+            const int64_t m = j0 + i;
+            return shard_.first_sample(m / k) + (m % k) * int64_t{config_.batch};
+          });
+      next_micro_batch_ = j;
+    }
+    if (j != next_micro_batch_++) throw std::logic_error("MlpWorkload: micro-batches must be loaded in sequence");
+    loader_->next(&inputs_, &targets_);
     return BatchStats{static_cast<double>(config_.batch), 0, 0, 0};
   }
   double forward() override { return model_.forward(inputs_, targets_, config_.batch); }
@@ -61,6 +70,7 @@ class MlpWorkload final : public Workload {
   SyntheticClassification data_;
   ShardedBatches shard_;
   std::unique_ptr<BatchLoader> loader_;
+  int64_t next_micro_batch_ = 0;
   const float* inputs_ = nullptr;
   const int32_t* targets_ = nullptr;
 };
@@ -76,6 +86,7 @@ class TransformerWorkload final : public Workload {
   float* flat_params() override { return model_.flat_params(); }
   float* flat_grads() override { return model_.flat_grads(); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
+  const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   std::string piece_name(const GradPiece& g) const override { return piece_name_of(model_, g); }
   std::string describe() const override {
