@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Injects each fault of docs/RELIABILITY.md into `ddplab train` under mpirun and checks the exit code, the
+message, the time to exit and what is left on disk.
+
+usage: check_faults.py MPIRUN DDPLAB
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+failures = []
+SMALL = ["--input-dim", "32", "--hidden", "64", "--classes", "4", "--batch", "8", "--warmup-steps", "0", "--quiet"]
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+class Job:
+    def __init__(self, mpirun, ddplab, np_ranks, args, limit_s=120, env=None):
+        self.cmd = [mpirun, "--bind-to", "none", "-np", str(np_ranks), ddplab, "train"] + SMALL + args
+        self.env = dict(os.environ, **(env or {}))
+        self.limit_s = limit_s
+
+    def run(self):
+        start = time.monotonic()
+        try:
+            p = subprocess.run(self.cmd, capture_output=True, text=True, timeout=self.limit_s, env=self.env)
+            self.code, self.out = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            self.code, self.out = None, f"timed out after {self.limit_s} s: {e}"
+        self.seconds = time.monotonic() - start
+        return self
+
+
+def steps_in(path):
+    with h5py.File(path, "r") as f:
+        return int(f.attrs["num_steps"]), str(f.attrs["stop_reason"]), f["steps/loss"][:], f["steps/skipped"][:]
+
+
+def main():
+    mpirun, ddplab = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as work:
+        out = lambda name: os.path.join(work, name)
+
+        # A rank that hangs: its peers' watchdog aborts the job within the timeout (plus a quarter), naming what
+        # they waited for; the snapshot of the steps flushed before the hang survives, readable.
+        j = Job(mpirun, ddplab, 3, ["--steps", "1000", "--fault", "hang", "--fault-rank", "1", "--fault-step", "6",
+                                    "--timeout-s", "3", "--flush-every", "2", "--out", out("hang.h5")]).run()
+        check(j.code not in (None, 0), f"hang: the job ends non-zero (code {j.code}, {j.seconds:.1f} s)")
+        check(j.seconds < 3 * 1.25 + 15, f"hang: ends within the timeout plus startup ({j.seconds:.1f} s)")
+        check("watchdog: no progress" in j.out and "at step 6" in j.out, "hang: the watchdog names the step")
+        check("recv from rank 1" in j.out or "recv from rank" in j.out, "hang: and the peer it waited for")
+        check(not os.path.exists(out("hang.h5")), "hang: no complete run file claims success")
+        if os.path.exists(out("hang.h5.partial")):
+            n, reason, _, _ = steps_in(out("hang.h5.partial"))
+            check(n == 6 and "snapshot" in reason, f"hang: the snapshot holds the 6 flushed steps (has {n})")
+        else:
+            check(False, "hang: the snapshot <out>.partial exists")
+
+        # A rank killed with SIGKILL: the others exit non-zero promptly, and the message names the lost rank.
+        j = Job(mpirun, ddplab, 3, ["--steps", "1000", "--fault", "kill", "--fault-rank", "2", "--fault-step", "4",
+                                    "--timeout-s", "10", "--out", out("kill.h5")]).run()
+        check(j.code not in (None, 0), f"kill: the job ends non-zero (code {j.code})")
+        check(j.seconds < 10 * 1.25 + 15, f"kill: within the timeout ({j.seconds:.1f} s)")
+        check("rank 2" in j.out, "kill: the output names rank 2")
+
+        # A rank that throws: it names itself and aborts the job.
+        j = Job(mpirun, ddplab, 2, ["--steps", "1000", "--fault", "throw", "--fault-rank", "1", "--fault-step", "3",
+                                    "--out", out("throw.h5")]).run()
+        check(j.code not in (None, 0) and "error on rank 1" in j.out, f"throw: rank 1 names itself (code {j.code})")
+
+        # A NaN in a gradient: every rank stops at that step with exit code 4, naming step and tensor; the run
+        # file holds the steps before it. With --skip-nonfinite the step is skipped and marked, and training goes on.
+        j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
+                                    "--out", out("nan.h5")]).run()
+        check(j.code == 4, f"nan: exit code 4 (got {j.code})")
+        check("non-finite gradient fc2.bias at step 4" in j.out, "nan: names the tensor and the step")
+        n, reason, loss, _ = steps_in(out("nan.h5"))
+        check(n == 4 and "non-finite" in reason and np.isfinite(loss).all(), f"nan: run file keeps steps 0-3 ({n})")
+        j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
+                                    "--skip-nonfinite", "--out", out("skip.h5")]).run()
+        n, reason, loss, skipped = steps_in(out("skip.h5"))
+        check(j.code == 0 and n == 10 and reason == "", f"skip-nonfinite: runs to the end (code {j.code})")
+        check(skipped[:, 4].tolist() == [1, 1] and skipped.sum() == 2, "skip-nonfinite: step 4 marked skipped")
+
+        # Replicas that diverge: --check-sync stops every rank, naming the first differing parameter.
+        j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "diverge", "--fault-rank", "1", "--fault-step", "2",
+                                    "--check-sync", "3", "--out", out("div.h5")]).run()
+        check(j.code == 4 and "replicas diverged at step 2: parameter fc0.weight" in j.out,
+              f"diverge: named at the first check (code {j.code})")
+
+        # Ranks started with different settings (an MPMD launch): refused before training, each field named.
+        cmd = [mpirun, "--bind-to", "none", "-np", "1", ddplab, "train"] + SMALL + ["--steps", "3", "--out", out("mpmd.h5"),
+               ":", "-np", "1", ddplab, "train"] + SMALL + ["--steps", "3", "--lr", "0.01", "--out", out("mpmd.h5")]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        check(p.returncode == 2 and 'lr (rank 0: 0.001, rank 1: 0.01)' in p.stderr,
+              f"config mismatch: exit 2, names lr with both values (code {p.returncode})")
+        check(not os.path.exists(out("mpmd.h5")), "config mismatch: nothing written")
+
+        # SIGTERM to the ranks (what a batch scheduler sends): they stop at a step boundary, write the run file and
+        # a checkpoint, exit 128+15; the checkpoint resumes to the same losses as an uninterrupted run.
+        full = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("full.h5")]).run()
+        check(full.code == 0, "uninterrupted reference run")
+        args = ["--steps", "40", "--data-cost-ms", "10", "--flush-every", "5", "--out", out("sig.h5"),
+                "--checkpoint", out("ck.h5")]
+        job = Job(mpirun, ddplab, 2, args)
+        p = subprocess.Popen(job.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job.env)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(out("sig.h5.partial")) and time.monotonic() < deadline:  # training is under way
+            time.sleep(0.05)
+        subprocess.run(["pkill", "-TERM", "-f", "--", "--out " + out("sig.h5")])
+        _, err = p.communicate(timeout=60)
+        check(p.returncode != 0 and "SIGTERM received" in err, f"SIGTERM: stops non-zero (code {p.returncode})")
+        if os.path.exists(out("sig.h5")):
+            n, reason, loss, _ = steps_in(out("sig.h5"))
+            check(0 < n < 40 and reason.startswith("SIGTERM"), f"SIGTERM: run file with the {n} steps done")
+            _, _, full_loss, _ = steps_in(out("full.h5"))
+            j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("resumed.h5"), "--resume", out("ck.h5")]).run()
+            check(j.code == 0, f"resume after SIGTERM runs (code {j.code}) {j.out[-300:] if j.code else ''}")
+            if j.code == 0:
+                with h5py.File(out("resumed.h5"), "r") as f:
+                    first = int(f.attrs["first_step"])
+                    resumed = f["steps/loss"][:]
+                check(first == n and np.array_equal(np.concatenate([loss, resumed], axis=1), full_loss),
+                      "resume: the loss curve equals the uninterrupted run's, bit for bit")
+        else:
+            check(False, "SIGTERM: run file written")
+
+        # Resume refusals: other settings, a truncated file, not a checkpoint. Exit 2, nothing written.
+        for name, extra in [("settings", ["--resume", out("ck.h5"), "--lr", "0.01"]),
+                            ("truncated", ["--resume", out("trunc.h5")]),
+                            ("not a checkpoint", ["--resume", out("full.h5")])]:
+            if name == "truncated":
+                with open(out("ck.h5"), "rb") as f, open(out("trunc.h5"), "wb") as g:
+                    g.write(f.read(4096))
+            j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5")] + extra).run()
+            lines = [l for l in j.out.splitlines() if l.startswith("ddplab: error")]
+            check(j.code == 2 and len(lines) == 1 and "checkpoint" in lines[0] and not os.path.exists(out("refused.h5")),
+                  f"resume refuses {name}: exit 2, one line, nothing written ({lines[:1]})")
+
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
