@@ -10,7 +10,7 @@
 
 namespace ddplab {
 
-inline constexpr int kRunFileSchemaVersion = 2;
+inline constexpr int kRunFileSchemaVersion = 3;
 
 struct RunMetadata {
   std::string command;      // "train"

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "launcher/files.h"
+#include "launcher/run_file.h"
 
 namespace ddplab {
 
@@ -19,7 +20,7 @@ const std::vector<std::string> kRequiredStepFields = {"start_ms",        "data_m
 
 namespace {
 
-constexpr int64_t kSchemaVersion = 2;  // what this reader understands (launcher/run_file.h writes it)
+constexpr int64_t kSchemaVersion = kRunFileSchemaVersion;  // what this reader understands: what this build writes
 
 // A problem with the file's contents; read_run_file() prefixes the path.
 struct Bad : std::runtime_error {

@@ -51,7 +51,7 @@ def main():
         with h5py.File(path, "r") as f:
             for a in ATTRS:
                 check(a in f.attrs, f"attribute {a}")
-            check(f.attrs["schema_version"] == 2, "schema_version 2")
+            check(f.attrs["schema_version"] == 3, "schema_version 3")
             check(f.attrs["world_size"] == np_ranks, "world_size matches mpirun -np")
             check(f.attrs["num_steps"] == steps, "num_steps matches --steps")
             config = json.loads(f.attrs["config"])

@@ -13,6 +13,7 @@
 
 #include "launcher/report.h"
 #include "launcher/run_file.h"
+#include "launcher/run_file.h"
 #include "launcher/run_reader.h"
 #include "launcher/timeline.h"
 
@@ -33,7 +34,7 @@ constexpr int kSteps = 12;
 RunData synthetic(int world, const std::function<Phases(int, int)>& phases, bool lab_fields = true) {
   RunData run;
   run.path = "synthetic.h5";
-  run.schema_version = 2;
+  run.schema_version = kRunFileSchemaVersion;
   run.world_size = world;
   run.num_steps = kSteps;
   run.config = {{"batch", 32}, {"grad_accum", 1}, {"bucket_mb", 25.0}, {"overlap", true}, {"comm_dtype", "fp32"}};
@@ -406,7 +407,7 @@ class Reader : public ::testing::Test {
 
 TEST_F(Reader, ReadsBackWhatTheWriterWrote) {
   const RunData run = read_run_file(write_real("run.h5"));
-  EXPECT_EQ(run.schema_version, 2);
+  EXPECT_EQ(run.schema_version, kRunFileSchemaVersion);
   EXPECT_EQ(run.world_size, 2);
   EXPECT_EQ(run.num_steps, 3);
   EXPECT_EQ(run.hostnames, (std::vector<std::string>{"alpha", "beta"}));
