@@ -25,7 +25,7 @@ import h5py  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 REQUIRED = ["start_ms", "data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "step_ms",
             "comm_ms", "hidden_comm_ms", "loss"]
 LAB = ["extra_comm_ms", "host_work_ms", "barrier_ms"]  # newer phases: zero when a file lacks them

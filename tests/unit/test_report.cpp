@@ -452,7 +452,7 @@ TEST_F(Reader, BadFilesGiveOneLineNamingTheFileAndTheProblem) {
       {empty, "empty file"},
       {text, "not an HDF5 file"},
       {bare, "no schema_version attribute (not a ddplab run file)"},
-      {old, "schema version 1, this ddplab reads version 2"},
+      {old, "schema version 1, this ddplab reads version " + std::to_string(kRunFileSchemaVersion)},
       {dir_, "is a folder"},
   };
   for (const auto& [path, problem] : cases) {
