@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 #include <stdexcept>
 
@@ -18,6 +19,30 @@ std::vector<std::vector<int64_t>> split_even(const std::vector<int64_t>& ids, in
   for (int p = 0; p < parts; ++p) out[p].assign(ids.begin() + n * p / parts, ids.begin() + n * (p + 1) / parts);
   return out;
 }
+
+// Best-fit decreasing: the longest sequence first, each into the fullest row that still has room for it, or else a
+// new row. The short sequences fill the long ones' gaps, so rows come out nearly full, and no sequence is cut.
+std::vector<std::vector<int64_t>> pack_into_rows(std::vector<int64_t> ids, const SyntheticTokens& data, int row_len) {
+  std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return data.length(a) > data.length(b); });
+  std::vector<std::vector<int64_t>> rows;
+  std::multimap<int, size_t> open;  // room left -> row, for the rows that can still take the shortest sequence
+  for (int64_t id : ids) {
+    const int len = data.length(id);
+    size_t row = rows.size();
+    int room = row_len;
+    if (auto it = open.lower_bound(len); it != open.end()) {  // the least room that fits
+      room = it->first;
+      row = it->second;
+      open.erase(it);
+    } else {
+      rows.emplace_back();
+    }
+    rows[row].push_back(id);
+    room -= len;
+    if (room >= data.config().min_len) open.emplace(room, row);
+  }
+  return rows;
+}
 }  // namespace
 
 LengthDist parse_length_dist(const std::string& name) {
@@ -31,7 +56,8 @@ Batching parse_batching(const std::string& name) {
   if (name == "sample") return Batching::kSample;
   if (name == "bucket") return Batching::kBucket;
   if (name == "token") return Batching::kToken;
-  throw std::invalid_argument("unknown batching '" + name + "' (expected sample, bucket or token)");
+  if (name == "pack") return Batching::kPack;
+  throw std::invalid_argument("unknown batching '" + name + "' (expected sample, bucket, token or pack)");
 }
 
 const char* to_string(Batching b) {
@@ -42,6 +68,8 @@ const char* to_string(Batching b) {
       return "bucket";
     case Batching::kToken:
       return "token";
+    case Batching::kPack:
+      return "pack";
   }
   return "?";
 }
@@ -96,12 +124,43 @@ BatchPlan::BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, 
   std::mt19937_64 rng(epoch_seed);  // the same sequence on every rank: the plan is never communicated
   std::shuffle(order.begin(), order.end(), rng);
 
+  if (config.strategy == Batching::kPack) {
+    std::vector<std::vector<int64_t>> rows = pack_into_rows(order, data, data.config().max_len);
+    std::shuffle(rows.begin(), rows.end(), rng);  // the same row order on every rank
+    const int64_t per_step = std::max<int64_t>(1, config.max_tokens / data.config().max_len) * world;
+    for (int64_t k = 0; k < static_cast<int64_t>(rows.size()); k += per_step) {
+      const int64_t m = std::min<int64_t>(per_step, rows.size() - k);  // rows of this step, split evenly
+      std::vector<RankBatch> step(world);
+      for (int r = 0; r < world; ++r) {
+        for (int64_t i = k + m * r / world; i < k + m * (r + 1) / world; ++i) {
+          step[r].ids.insert(step[r].ids.end(), rows[i].begin(), rows[i].end());
+          step[r].rows.push_back(static_cast<int>(rows[i].size()));
+        }
+      }
+      steps_.push_back(std::move(step));
+    }
+    return;
+  }
+
+  // The other strategies cut [step][rank] lists of ids, one sequence per row.
+  auto add_steps = [this](std::vector<std::vector<std::vector<int64_t>>>&& steps) {
+    for (auto& step : steps) {
+      std::vector<RankBatch> batches(step.size());
+      for (size_t r = 0; r < step.size(); ++r) {
+        batches[r].rows.assign(step[r].size(), 1);
+        batches[r].ids = std::move(step[r]);
+      }
+      steps_.push_back(std::move(batches));
+    }
+  };
   const int64_t global = static_cast<int64_t>(world) * config.batch;
   if (config.strategy == Batching::kSample) {
+    std::vector<std::vector<std::vector<int64_t>>> steps;
     for (int64_t k = 0; k < n; k += global) {
       const std::vector<int64_t> chunk(order.begin() + k, order.begin() + std::min(n, k + global));
-      steps_.push_back(split_even(chunk, world));
+      steps.push_back(split_even(chunk, world));
     }
+    add_steps(std::move(steps));
     return;
   }
 
@@ -141,7 +200,7 @@ BatchPlan::BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, 
     }
   }
   std::shuffle(steps.begin(), steps.end(), rng);  // the same batch order on every rank
-  steps_ = std::move(steps);
+  add_steps(std::move(steps));
 }
 
 int64_t BatchPlan::useful_tokens(int64_t step, int rank) const {
@@ -151,9 +210,15 @@ int64_t BatchPlan::useful_tokens(int64_t step, int rank) const {
 }
 
 int64_t BatchPlan::padded_tokens(int64_t step, int rank) const {
-  int longest = 0;
-  for (int64_t id : batch(step, rank)) longest = std::max(longest, data_.length(id));
-  return static_cast<int64_t>(batch(step, rank).size()) * longest;
+  const std::vector<int64_t>& ids = batch(step, rank);
+  int64_t longest = 0;
+  size_t next = 0;
+  for (int count : rows(step, rank)) {
+    int64_t row = 0;
+    for (int k = 0; k < count; ++k) row += data_.length(ids[next++]);
+    longest = std::max(longest, row);
+  }
+  return static_cast<int64_t>(rows(step, rank).size()) * longest;
 }
 
 }  // namespace ddplab

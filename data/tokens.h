@@ -5,8 +5,9 @@
 // both heads of the transformer have something to learn. Everything is a pure function of (seed, i).
 //
 // A BatchPlan cuts one epoch of sequences into steps, identically on every rank (it is computed from the seed,
-// not communicated): step s gives every rank its list of sequence ids. Every sequence of the epoch appears
-// exactly once; a rank may get an empty batch at the end of an epoch.
+// not communicated): step s gives every rank its list of sequence ids, laid out in rows (one sequence per row, or
+// several back to back when packing). Every sequence of the epoch appears exactly once; a rank may get an empty
+// batch at the end of an epoch.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -44,14 +45,16 @@ enum class Batching {
   kSample,  // a fixed number of sequences per rank per step, in shuffled order
   kBucket,  // sort by length (within windows), cut into global batches, shuffle the batch order
   kToken,   // like bucket, but each rank's batch is packed up to a padded-token budget
+  kPack,    // sequences concatenated into rows of max_len tokens (best-fit decreasing), a token budget of rows
 };
-Batching parse_batching(const std::string& name);  // sample | bucket | token
+Batching parse_batching(const std::string& name);  // sample | bucket | token | pack
 const char* to_string(Batching b);
 
 struct BatchingConfig {
   Batching strategy = Batching::kSample;
   int batch = 32;            // sequences per rank per step (sample, bucket)
-  int64_t max_tokens = 8192;  // padded tokens per rank per step (token): count x longest <= max_tokens
+  int64_t max_tokens = 8192;  // padded tokens per rank per step (token): count x longest <= max_tokens;
+                              // pack: max(1, max_tokens / max_len) rows per rank per step
   int window = 64;           // bucket/token: sort by length within windows of window x (global batch) sequences
 };
 
@@ -60,15 +63,21 @@ class BatchPlan {
  public:
   BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, int world_size, uint64_t epoch_seed);
   int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
-  // Sequence ids of rank r at step s.
-  const std::vector<int64_t>& batch(int64_t step, int rank) const { return steps_.at(step).at(rank); }
+  // Sequence ids of rank r at step s, row by row.
+  const std::vector<int64_t>& batch(int64_t step, int rank) const { return steps_.at(step).at(rank).ids; }
+  // How many of those sequences each row holds, in order: all 1 except when packing.
+  const std::vector<int>& rows(int64_t step, int rank) const { return steps_.at(step).at(rank).rows; }
   // Useful (real) tokens of every rank at a step: what the loss averages over, globally.
   int64_t useful_tokens(int64_t step, int rank) const;
-  int64_t padded_tokens(int64_t step, int rank) const;  // count x longest
+  int64_t padded_tokens(int64_t step, int rank) const;  // rows x longest row: what the model computes on
 
  private:
+  struct RankBatch {
+    std::vector<int64_t> ids;
+    std::vector<int> rows;
+  };
   const SyntheticTokens& data_;
-  std::vector<std::vector<std::vector<int64_t>>> steps_;  // [step][rank] -> sequence ids
+  std::vector<std::vector<RankBatch>> steps_;  // [step][rank]
 };
 
 }  // namespace ddplab

@@ -22,9 +22,10 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--outlier-prob", c.outlier_prob, "transformer data: share of sequences of length --max-len")
       ->capture_default_str();
   app->add_option("--batching", c.batching,
-                  "transformer data: sample (fixed count) | bucket (by length) | token (--max-tokens budget)")
+                  "transformer data: sample (fixed count) | bucket (by length) | token (--max-tokens budget) | "
+                  "pack (--head lm: sequences back to back in --max-tokens / --max-len rows)")
       ->capture_default_str();
-  app->add_option("--max-tokens", c.max_tokens, "token batching: padded tokens per rank per step")
+  app->add_option("--max-tokens", c.max_tokens, "token and pack batching: padded tokens per rank per step")
       ->capture_default_str();
   app->add_option("--epoch-size", c.epoch_size, "transformer data: sequences per epoch")->capture_default_str();
   app->add_option("--input-dim", c.mlp.input_dim, "MLP input features")->capture_default_str();
@@ -122,7 +123,8 @@ void validate(const TrainConfig& c) {
     require(c.model == "tiny" || c.model == "small" || c.model == "gpt2-small",
             "unknown --model '" + c.model + "' (expected mlp, tiny, small or gpt2-small)");
     require(c.head == "classify" || c.head == "lm", "--head must be classify or lm (got '" + c.head + "')");
-    require(c.grad_accum == 1, "--grad-accum with a transformer is not supported yet (variable-length micro-batches)");
+    require(c.batching != "pack" || c.head == "lm",
+            "--batching pack needs --head lm (the classifier pools one sequence per row)");
     at_least("--min-len", c.min_len, c.head == "lm" ? 2 : 1);
     at_least("--max-len", c.max_len, c.min_len);
     at_least("--max-tokens", c.max_tokens, 1);

@@ -27,8 +27,8 @@ struct StepRecord {
   // What the rank's batch held (summed over micro-batches; max_len: the longest).
   double samples = 0;
   double useful_tokens = 0;    // real tokens (transformer workloads; 0 for the MLP)
-  double padded_tokens = 0;    // samples x longest sequence: what was computed on
-  double max_len = 0;
+  double padded_tokens = 0;    // rows x longest row (a sequence, or several packed): what was computed on
+  double max_len = 0;          // the longest sequence
   double skipped = 0;          // 1: a non-finite loss or gradient, update skipped (--skip-nonfinite)
 };
 

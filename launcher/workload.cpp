@@ -76,11 +76,19 @@ class MlpWorkload final : public Workload {
 };
 
 // The transformer on variable-length token sequences: each step's batches come from a BatchPlan that every
-// rank computes identically; a batch is padded to its longest sequence.
+// rank computes identically; a batch is padded to its longest row (a sequence, or a packed row of several).
+// With gradient accumulation the plan cuts each step into world x micro-batches batches, and micro-batch m of rank
+// r is batch m * world + r: a rank's micro-batches interleave with the others' rather than being neighbours, which
+// bucketing would make all short or all long.
 class TransformerWorkload final : public Workload {
  public:
   TransformerWorkload(const TrainConfig& c, int rank, int world)
-      : config_(c), rank_(rank), world_(world), model_(model_config(c), c.seed), data_(data_config(c, model_)) {}
+      : config_(c),
+        rank_(rank),
+        world_(world),
+        batching_(parse_batching(c.batching)),
+        model_(model_config(c), c.seed),
+        data_(data_config(c, model_)) {}
 
   int64_t num_parameters() const override { return model_.num_parameters(); }
   float* flat_params() override { return model_.flat_params(); }
@@ -100,52 +108,89 @@ class TransformerWorkload final : public Workload {
   }
   void zero_grad() override { model_.zero_grad(); }
 
-  BatchStats load(int64_t step, int) override {
-    // Epoch e is a fresh plan; steps run through the epochs back to back.
-    while (!plan_ || step - plan_first_step_ >= plan_->num_steps()) {
-      const int64_t first = plan_ ? plan_first_step_ + plan_->num_steps() : 0;
-      plan_ = std::make_unique<BatchPlan>(
-          data_, BatchingConfig{parse_batching(config_.batching), config_.batch, config_.max_tokens, 64}, world_,
-          config_.seed + 7919 * static_cast<uint64_t>(epoch_++));
-      plan_first_step_ = first;
-    }
-    const int64_t s = step - plan_first_step_;
-    const std::vector<int64_t>& ids = plan_->batch(s, rank_);
-    batch_ = static_cast<int>(ids.size());
+  BatchStats load(int64_t step, int micro) override {
+    if (step != step_) begin_step(step);
+    const int slot = micro * world_ + rank_;
+    const std::vector<int64_t>& ids = plan_->batch(plan_step_, slot);
+    const std::vector<int>& rows = plan_->rows(plan_step_, slot);
+    batch_ = static_cast<int>(rows.size());
     seq_ = 1;
-    for (int64_t id : ids) seq_ = std::max(seq_, data_.length(id));
+    for (size_t b = 0, next = 0; b < rows.size(); ++b) {
+      int row = 0;
+      for (int k = 0; k < rows[b]; ++k) row += data_.length(ids[next++]);
+      seq_ = std::max(seq_, row);
+    }
     tokens_.assign(static_cast<size_t>(batch_) * seq_, 0);
-    lengths_.resize(batch_);
-    labels_.resize(batch_);
+    if (batching_ == Batching::kPack) positions_.assign(tokens_.size(), 0);
+    lengths_.assign(batch_, 0);
+    labels_.clear();  // one per sequence: the classifier has one sequence per row
     BatchStats stats;
-    for (int b = 0; b < batch_; ++b) {
-      lengths_[b] = data_.length(ids[b]);
-      labels_[b] = data_.label(ids[b]);
-      data_.fill(tokens_.data() + static_cast<size_t>(b) * seq_, ids[b]);
+    for (size_t b = 0, next = 0; b < rows.size(); ++b) {
+      for (int k = 0; k < rows[b]; ++k) {  // the row's sequences back to back, each from position 0
+        const int64_t id = ids[next++];
+        const int len = data_.length(id), at = static_cast<int>(b) * seq_ + lengths_[b];
+        data_.fill(tokens_.data() + at, id);
+        for (int t = 0; t < len && !positions_.empty(); ++t) positions_[at + t] = t;
+        labels_.push_back(data_.label(id));
+        lengths_[b] += len;
+        stats.max_len = std::max(stats.max_len, static_cast<double>(len));
+      }
       stats.useful_tokens += lengths_[b];
     }
-    stats.samples = batch_;
+    stats.samples = static_cast<double>(ids.size());
     stats.padded_tokens = static_cast<double>(batch_) * seq_;
-    stats.max_len = batch_ ? seq_ : 0;
-    // Every rank knows every rank's batch (the plan is shared), so the global count of loss terms is known
-    // before backward: weight this rank by its share of it.
-    int64_t mine = 0, global = 0;
-    for (int r = 0; r < world_; ++r) {
-      int64_t terms = 0;
-      for (int64_t id : plan_->batch(s, r)) terms += model_.config().causal() ? data_.length(id) - 1 : 1;
-      global += terms;
-      if (r == rank_) mine = terms;
-    }
-    weight_ = global > 0 ? static_cast<double>(mine) * world_ / global : 0.0;
+    micro_scale_ = micro_scales_.at(micro);
     return stats;
   }
   double weight() const override { return weight_; }
+  // The loss backward differentiates: the micro-batch's mean scaled by its share of the rank's loss terms (times
+  // micro-batches), so that the trainer's mean over micro-batches is the rank's mean over all its terms.
   double forward() override {
-    return model_.forward(tokens_.data(), lengths_.data(), labels_.data(), batch_, seq_);
+    const int32_t* positions = positions_.empty() ? nullptr : positions_.data();
+    return micro_scale_ * model_.forward(tokens_.data(), lengths_.data(), labels_.data(), batch_, seq_, positions);
   }
-  void backward(const GradReadyHook& on_ready) override { model_.backward(on_ready); }
+  void backward(const GradReadyHook& on_ready) override {
+    model_.backward(on_ready, static_cast<float>(micro_scale_));
+  }
 
  private:
+  // Finds the step in the plans (epoch e is a fresh plan; steps run through the epochs back to back) and weighs
+  // every micro-batch of this rank. The model's loss is a mean over its loss terms, and the terms of a step are
+  // spread over ranks and micro-batches in unequal numbers. Every rank knows every batch (the plan is shared), so:
+  // rank weight() = its terms x world / all terms of the step, applied by the Reducer to the accumulated gradient;
+  // micro-batch scale = its terms x micro-batches / the rank's terms, applied in backward. With the trainer's
+  // 1 / (world x micro-batches) the sum is the gradient of the mean over all the step's terms, as on one rank.
+  void begin_step(int64_t step) {
+    const int micro_batches = config_.grad_accum;
+    while (!plan_ || step - plan_first_step_ >= plan_->num_steps()) {
+      const int64_t first = plan_ ? plan_first_step_ + plan_->num_steps() : 0;
+      const BatchingConfig batching{batching_, config_.batch, config_.max_tokens, 64};
+      plan_ = std::make_unique<BatchPlan>(data_, batching, world_ * micro_batches,
+                                          config_.seed + 7919 * static_cast<uint64_t>(epoch_++));
+      plan_first_step_ = first;
+    }
+    step_ = step;
+    plan_step_ = step - plan_first_step_;
+    auto terms = [&](int slot) {
+      int64_t n = 0;
+      for (int64_t id : plan_->batch(plan_step_, slot)) n += model_.config().causal() ? data_.length(id) - 1 : 1;
+      return n;
+    };
+    int64_t mine = 0, global = 0;
+    micro_scales_.assign(micro_batches, 0.0);
+    for (int m = 0; m < micro_batches; ++m) {
+      for (int r = 0; r < world_; ++r) {
+        const int64_t n = terms(m * world_ + r);
+        global += n;
+        if (r == rank_) {
+          mine += n;
+          micro_scales_[m] = static_cast<double>(n);
+        }
+      }
+    }
+    for (double& scale : micro_scales_) scale = mine > 0 ? scale * micro_batches / mine : 0.0;
+    weight_ = global > 0 ? static_cast<double>(mine) * world_ / global : 0.0;
+  }
   static TransformerConfig model_config(const TrainConfig& c) {
     TransformerConfig m = TransformerConfig::preset(c.model);
     if (c.head != "classify" && c.head != "lm")
@@ -169,14 +214,16 @@ class TransformerWorkload final : public Workload {
 
   TrainConfig config_;
   int rank_, world_;
+  Batching batching_;
   Transformer<float> model_;
   SyntheticTokens data_;
   std::unique_ptr<BatchPlan> plan_;
-  int64_t plan_first_step_ = 0;
+  int64_t plan_first_step_ = 0, plan_step_ = 0, step_ = -1;
   int epoch_ = 0;
-  int batch_ = 0, seq_ = 1;
-  std::vector<int32_t> tokens_, lengths_, labels_;
-  double weight_ = 1.0;
+  int batch_ = 0, seq_ = 1;  // rows and their padded length
+  std::vector<int32_t> tokens_, lengths_, labels_, positions_;  // positions_: packing only
+  std::vector<double> micro_scales_;
+  double weight_ = 1.0, micro_scale_ = 1.0;
 };
 
 }  // namespace

@@ -14,10 +14,10 @@ namespace ddplab {
 
 // What one rank's batch held (the token-skew lab's per-step record).
 struct BatchStats {
-  double samples = 0;
+  double samples = 0;        // sequences (packed or not)
   double useful_tokens = 0;  // real tokens (0 for the MLP)
-  double padded_tokens = 0;  // samples x longest: what the model computes on
-  double max_len = 0;
+  double padded_tokens = 0;  // rows x longest row: what the model computes on (a row: a sequence, or packed ones)
+  double max_len = 0;        // the longest sequence
 };
 
 class Workload {
@@ -37,9 +37,13 @@ class Workload {
   virtual BatchStats load(int64_t step, int micro) = 0;
   // This rank's share of the step's global mean loss, relative to an equal share (1): the Reducer multiplies
   // the rank's gradients by it before summing. Ranks whose batches count different numbers of loss terms
-  // (variable-length batching) are weighted by them, so the result is the gradient of the global mean.
+  // (variable-length batching) are weighted by them, so the result is the gradient of the global mean. Valid
+  // after load(step, 0), for all the micro-batches of the step.
   virtual double weight() const { return 1.0; }
-  virtual double forward() = 0;  // mean loss of the loaded micro-batch
+  // Mean loss of the loaded micro-batch; a workload whose micro-batches count unequal numbers of loss terms scales
+  // it (and its gradient in backward) by the micro-batch's share of the rank's terms, so that the mean over the
+  // micro-batches is the rank's mean over its terms.
+  virtual double forward() = 0;
   virtual void backward(const GradReadyHook& on_ready) = 0;
 };
 

@@ -125,7 +125,8 @@ void Transformer<T>::set_grad_piece_elements(int64_t max_elements) {
 }
 
 template <typename T>
-T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S) {
+T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
+                          const int32_t* positions) {
   const TransformerConfig& c = config_;
   const bool classify = c.head == TransformerConfig::Head::kClassify;
   if (B < 0) throw std::invalid_argument("Transformer::forward: negative batch size " + std::to_string(B));
@@ -134,6 +135,9 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
                                 std::to_string(c.max_len) + "]");
   }
   if (B > 0 && classify && !targets) throw std::invalid_argument("Transformer::forward: the classifier needs targets");
+  if (classify && positions) {
+    throw std::invalid_argument("Transformer::forward: packed rows (positions) need the causal LM head");
+  }
   const int64_t BS = static_cast<int64_t>(B) * S;
   // Copy and validate everything first, so a bad batch throws before any state changes.
   std::vector<int32_t> checked(B, S);
@@ -150,6 +154,14 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
                                 ", " + std::to_string(t) + ") outside [0, " + std::to_string(c.vocab) + ")");
       }
     }
+    for (int t = 0; positions && t < checked[b]; ++t) {
+      const int32_t* row = positions + static_cast<int64_t>(b) * S;
+      if (row[t] != 0 && (t == 0 || row[t] != row[t - 1] + 1)) {
+        throw std::out_of_range("Transformer::forward: position " + std::to_string(row[t]) + " at (" +
+                                std::to_string(b) + ", " + std::to_string(t) +
+                                ") is neither 0 nor the previous position + 1");
+      }
+    }
     if (classify && (targets[b] < 0 || targets[b] >= c.num_classes)) {
       throw std::out_of_range("Transformer::forward: target " + std::to_string(targets[b]) + " of sequence " +
                               std::to_string(b) + " outside [0, " + std::to_string(c.num_classes) + ")");
@@ -157,12 +169,20 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   }
   lengths_ = std::move(checked);
   tokens_.assign(tokens, tokens + BS);
+  if (positions) {
+    positions_.assign(positions, positions + BS);
+  } else {
+    positions_.clear();
+  }
   if (classify) {
     targets_.assign(targets, targets + B);
   } else {
     targets_.assign(BS, -1);  // next token inside the sequence; the last position of each has none
-    for (int b = 0; b < B; ++b) {
-      for (int t = 0; t + 1 < lengths_[b]; ++t) targets_[int64_t(b) * S + t] = tokens_[int64_t(b) * S + t + 1];
+    for (int64_t b = 0; b < B; ++b) {
+      for (int t = 0; t + 1 < lengths_[b]; ++t) {
+        if (!positions_.empty() && positions_[b * S + t + 1] == 0) continue;  // the next sequence's first token
+        targets_[b * S + t] = tokens_[b * S + t + 1];
+      }
     }
   }
   batch_ = B;
@@ -192,7 +212,9 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   EnsureSize(losses_, rows);
 
   const int32_t* lens = lengths_.data();
-  cpu::embedding_forward(encoded_.data(), tokens_.data(), lens, P(0).data, wpe_ >= 0 ? P(wpe_).data : nullptr, B, S, C);
+  const int32_t* pos = positions_.empty() ? nullptr : positions_.data();
+  cpu::embedding_forward(encoded_.data(), tokens_.data(), lens, P(0).data, wpe_ >= 0 ? P(wpe_).data : nullptr, B, S, C,
+                         pos);
   const T* x = encoded_.data();
   for (int l = 0; l < c.layers; ++l) {
     LayerActs& a = acts_[l];
@@ -200,7 +222,7 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
     cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, W(kLn1W), W(kLn1B), BT, C);
     cpu::matmul_forward(a.qkv.data(), a.ln1.data(), W(kQkvW), BT, C, 3 * C);
     cpu::bias_forward(a.qkv.data(), W(kQkvB), BT, 3 * C);
-    cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), lens, B, S, C, NH, c.causal());
+    cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), lens, B, S, C, NH, c.causal(), pos);
     cpu::matmul_forward(tmp_.data(), a.atty.data(), W(kProjW), BT, C, C);
     cpu::bias_forward(tmp_.data(), W(kProjB), BT, C);
     cpu::residual_forward(a.res_attn.data(), x, tmp_.data(), BTC);
@@ -228,7 +250,7 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
 }
 
 template <typename T>
-void Transformer<T>::backward(const GradReadyHook& on_ready) {
+void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
   if (batch_ < 0) throw std::logic_error("Transformer::backward called before forward");
   const TransformerConfig& c = config_;
   size_t piece = 0;  // pieces_ is in exactly the order this function finalises them
@@ -254,6 +276,7 @@ void Transformer<T>::backward(const GradReadyHook& on_ready) {
   const int64_t BTC = static_cast<int64_t>(BT) * C;
   const int rows = classify ? B : BT;
   const int32_t* lens = lengths_.data();
+  const int32_t* pos = positions_.empty() ? nullptr : positions_.data();
   EnsureSize(dresid_, BTC);
   EnsureSize(dsmall_, BTC);
   EnsureSize(dbig_, static_cast<size_t>(BT) * std::max(3 * C, H));
@@ -281,7 +304,7 @@ void Transformer<T>::backward(const GradReadyHook& on_ready) {
     announce(w);
   };
 
-  cpu::masked_cross_entropy_backward(dlogits_.data(), logits_.data(), targets_.data(), rows, K);
+  cpu::masked_cross_entropy_backward(dlogits_.data(), logits_.data(), targets_.data(), rows, K, loss_scale);
   if (classify) {
     linear_backward(head_, dpooled_.data(), dlogits_.data(), pooled_.data(), B, C, K);
     cpu::mean_pool_backward(dsmall_.data(), dpooled_.data(), lens, B, S, C);
@@ -304,12 +327,13 @@ void Transformer<T>::backward(const GradReadyHook& on_ready) {
     // ... now dL/d res_attn: through the attention branch.
     linear_backward(id(kProjW), dsmall_.data(), dresid_.data(), a.atty.data(), BT, C, C);
     cpu::attention_backward(dbig_.data(), att_scratch_.data(), dsmall_.data(), a.qkv.data(), a.att.data(), lens, B, S,
-                            C, NH, c.causal());
+                            C, NH, c.causal(), pos);
     linear_backward(id(kQkvW), dsmall_.data(), dbig_.data(), a.ln1.data(), BT, C, 3 * C);
     layernorm_backward(id(kLn1W), dsmall_.data(), x_in, a.ln1_mean.data(), a.ln1_rstd.data());
   }
   // The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket.
-  cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(), lens, B, S, C);
+  cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(), lens, B, S, C,
+                          pos);
   if (wpe_ >= 0) announce(wpe_);
   announce(0);
   if (piece != pieces_.size()) throw std::logic_error("Transformer: not every gradient piece was announced");

@@ -9,6 +9,8 @@
 // Variable lengths: sequence b occupies positions [0, lengths[b]) of its row of S; the rest is padding and has no
 // effect at all (tokens there are never read; padded keys are masked, padded rows pass no gradient). Attention is
 // bidirectional with a key-padding mask for kClassify, causal (plus padding) for kCausalLM.
+// Packing (kCausalLM only): with positions, a row holds several sequences back to back; each is computed exactly as
+// if it were alone in its own row (attention, positional embedding and next-token targets stay inside it).
 //
 // Storage exactly as Mlp<T> (model/mlp.h): one flat parameter buffer and one flat gradient buffer in REVERSE
 // registration order, gradient pieces listed in the order backward finalises them (= ascending offset).
@@ -68,12 +70,17 @@ class Transformer {
   // tokens [B, S] (S <= max_len); lengths [B] in [1, S], or null for all S; tokens at t < lengths[b] in [0, vocab),
   // tokens at padded positions are ignored. targets: kClassify, [B] classes in [0, num_classes); kCausalLM,
   // ignored (may be null): the target at t is tokens[b, t+1] for t + 1 < lengths[b]. The inputs are copied.
-  // Returns the mean cross-entropy over loss_count() terms (0 when B == 0).
-  T forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S);
-  // Backward of the last forward's mean loss; ACCUMULATES into the gradients (zero_grad() first unless
+  // positions (kCausalLM only; null: one sequence per row): [B, S], for t < lengths[b] the position of token t in
+  // its own sequence, so that a packed row holds several: 0 at t = 0, then 0 (a sequence starts) or the previous + 1.
+  // A token whose successor starts a new sequence has no target. Returns the mean cross-entropy over loss_count()
+  // terms (0 when B == 0).
+  T forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
+            const int32_t* positions = nullptr);
+  // Backward of loss_scale x the last forward's mean loss; ACCUMULATES into the gradients (zero_grad() first unless
   // accumulating) and may be called again for the same forward. Calls on_ready(k) for grad_pieces()[k] in order,
   // as soon as that piece is final: head, lnf, blocks last to first, and the embeddings (wpe, wte) at the very end.
-  void backward(const GradReadyHook& on_ready = nullptr);
+  // loss_scale weighs this batch within a larger loss (micro-batches of unequal loss counts).
+  void backward(const GradReadyHook& on_ready = nullptr, T loss_scale = 1);
   void zero_grad();
 
   // How many terms the last loss averaged: B for kClassify, the positions with a next token for kCausalLM. A DDP
@@ -103,6 +110,7 @@ class Transformer {
   int batch_ = -1, seq_ = 0;  // -1: no forward yet
   int64_t loss_count_ = 0;
   std::vector<int32_t> tokens_, lengths_, targets_;  // targets_: [B] classes or [B*S] next tokens (-1: none)
+  std::vector<int32_t> positions_;                   // [B*S] when packed, else empty
   std::vector<T> encoded_, lnf_out_, lnf_mean_, lnf_rstd_, pooled_, logits_, losses_;  // logits_ holds the probs
   std::vector<LayerActs> acts_;
   std::vector<T> tmp_, dresid_, dbig_, dsmall_, dpooled_, dlogits_, att_scratch_;

@@ -24,7 +24,7 @@ void zero(T* p, int64_t n) {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const T* wte, const T* wpe, int B, int S,
-                       int C) {
+                       int C, const int32_t* positions) {
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
     for (int t = 0; t < L; ++t) {
@@ -32,7 +32,7 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
       T* o = out + row * C;
       const T* e = wte + static_cast<int64_t>(tokens[row]) * C;
       if (wpe) {
-        const T* p = wpe + static_cast<int64_t>(t) * C;
+        const T* p = wpe + static_cast<int64_t>(positions ? positions[row] : t) * C;
 #pragma omp simd
         for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
       } else {
@@ -45,7 +45,7 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
 
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* lengths, int B, int S,
-                        int C) {
+                        int C, const int32_t* positions) {
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
     for (int t = 0; t < L; ++t) {
@@ -55,7 +55,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 #pragma omp simd
       for (int c = 0; c < C; ++c) e[c] += d[c];
       if (dwpe) {
-        T* p = dwpe + static_cast<int64_t>(t) * C;
+        T* p = dwpe + static_cast<int64_t>(positions ? positions[row] : t) * C;
 #pragma omp simd
         for (int c = 0; c < C; ++c) p[c] += d[c];
       }
@@ -144,6 +144,19 @@ inline void vstore(T* p, typename Simd<T>::V v) {
 constexpr int kMR = 6;  // rows per register tile: kMR x 2 accumulators + 2 loads + 1 broadcast <= 16 registers
 
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
+
+// Calls f(s0, n) for every sequence [s0, s0 + n) among the L valid positions of a row: [0, L) without positions,
+// otherwise a new sequence at every position 0 (a packed row).
+template <typename F>
+void for_each_sequence(const int32_t* row_positions, int L, F f) {
+  int s0 = 0;
+  for (int t = 1; t <= L; ++t) {
+    if (t == L || (row_positions && row_positions[t] == 0)) {
+      f(s0, t - s0);
+      s0 = t;
+    }
+  }
+}
 
 // Per-thread scratch that only grows (forward and backward of one head at a time).
 template <typename T>
@@ -282,11 +295,13 @@ void tile_key_sums(T* out, int64_t ldo, int k, const T* a, int lda, const T* bm,
 
 }  // namespace
 
-// Forward per (sequence, head), blocks of kMR queries: scores tile -> softmax per row (scale folded into the packed
-// Q; max, then exp and sum in one pass, then normalise into att) -> P V tile reading the att rows just written.
-// Only valid queries and keys are computed; causal blocks stop at their last query.
+// Forward per (row, head, sequence), blocks of kMR queries: scores tile -> softmax per row (scale folded into the
+// packed Q; max, then exp and sum in one pass, then normalise into att) -> P V tile reading the att rows just
+// written. Only valid queries and keys are computed; causal blocks stop at their last query. The sequences of a
+// packed row are independent problems on the diagonal blocks of the row's att, which is zero elsewhere.
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
+void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal,
+                       const int32_t* positions) {
   constexpr int NR = 2 * Simd<T>::W;
   const int hs = C / NH, C3 = 3 * C, hsp = round_up(hs, NR);
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
@@ -299,35 +314,40 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
     const int L = length_of(lengths, b, S);
     const T* qkv_b = qkv + static_cast<int64_t>(b) * S * C3;
     T* out_b = out + static_cast<int64_t>(b) * S * C;
+    const int32_t* pos_b = positions ? positions + static_cast<int64_t>(b) * S : nullptr;
     for (int h = 0; h < NH; ++h) {
-      T* a = att + (static_cast<int64_t>(b) * NH + h) * S * S;
-      const T* q = qkv_b + h * hs;
-      pack_rows(qs, hs, q, C3, L, round_up(L, kMR), hs, scale);
-      pack_panels(kt, q + C, C3, L, hs);
-      pack_rows(vp, hsp, q + 2 * C, C3, L, L, hs, T(1));
-      for (int t0 = 0; t0 < L; t0 += kMR) {
-        const int rows = std::min(kMR, L - t0);
-        const int nmax = causal ? t0 + rows : L;  // keys [0, nmax) cover every row of the block
-        tile_scores(sc, Sp, qs + static_cast<int64_t>(t0) * hs, hs, kt, hs, nmax);
-        for (int r = 0; r < rows; ++r) {
-          const int t = t0 + r, n = causal ? t + 1 : L;  // keys [0, n) are valid
-          T* s = sc + r * Sp;
-          T* row = a + static_cast<int64_t>(t) * S;
-          T zmax = s[0];
+      T* att_bh = att + (static_cast<int64_t>(b) * NH + h) * S * S;
+      for_each_sequence(pos_b, L, [&](int s0, int len) {
+        T* a = att_bh + static_cast<int64_t>(s0) * S + s0;  // the sequence's diagonal block (row stride S)
+        const T* q = qkv_b + static_cast<int64_t>(s0) * C3 + h * hs;
+        pack_rows(qs, hs, q, C3, len, round_up(len, kMR), hs, scale);
+        pack_panels(kt, q + C, C3, len, hs);
+        pack_rows(vp, hsp, q + 2 * C, C3, len, len, hs, T(1));
+        for (int t0 = 0; t0 < len; t0 += kMR) {
+          const int rows = std::min(kMR, len - t0);
+          const int nmax = causal ? t0 + rows : len;  // keys [0, nmax) cover every row of the block
+          tile_scores(sc, Sp, qs + static_cast<int64_t>(t0) * hs, hs, kt, hs, nmax);
+          for (int r = 0; r < rows; ++r) {
+            const int t = t0 + r, n = causal ? t + 1 : len;  // keys [0, n) are valid
+            T* s = sc + r * Sp;
+            T* row = a + static_cast<int64_t>(t) * S;
+            T zmax = s[0];
 #pragma omp simd reduction(max : zmax)
-          for (int j = 0; j < n; ++j) zmax = s[j] > zmax ? s[j] : zmax;
-          T sum = 0;
+            for (int j = 0; j < n; ++j) zmax = s[j] > zmax ? s[j] : zmax;
+            T sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - zmax));
-          const T inv = T(1) / sum;  // sum >= 1: the max term is exp(0)
+            for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - zmax));
+            const T inv = T(1) / sum;  // sum >= 1: the max term is exp(0)
 #pragma omp simd
-          for (int j = 0; j < n; ++j) row[j] = s[j] * inv;
-          zero(row + n, S - n);
+            for (int j = 0; j < n; ++j) row[j] = s[j] * inv;
+            zero(row - s0, s0);  // earlier sequences of the row
+            zero(row + n, S - s0 - n);
+          }
+          weighted_rows(rows, out_b + static_cast<int64_t>(s0 + t0) * C + h * hs, C, hs,
+                        a + static_cast<int64_t>(t0) * S, S, 1, vp, hsp, 0, nmax);
         }
-        weighted_rows(rows, out_b + static_cast<int64_t>(t0) * C + h * hs, C, hs, a + static_cast<int64_t>(t0) * S, S,
-                      1, vp, hsp, 0, nmax);
-      }
-      zero(a + static_cast<int64_t>(L) * S, static_cast<int64_t>(S - L) * S);
+      });
+      zero(att_bh + static_cast<int64_t>(L) * S, static_cast<int64_t>(S - L) * S);
     }
     zero(out_b + static_cast<int64_t>(L) * C, static_cast<int64_t>(S - L) * C);
   }
@@ -335,12 +355,12 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
 
 // With P = att, dO = dout of one head:  dV = Pᵀ dO,  dP = dO Vᵀ,  dZ = P * (dP - rowsum(P * dP)) / sqrt(hs),
 // dQ = dZ K,  dK = dZᵀ Q. Masked entries of P are 0, so their dZ is 0 without a separate mask.
-// Pass 1, blocks of kMR queries: dP tile, then dZ per row into a per-thread buffer (rows padded to whole vectors),
-// then the dQ tile. Pass 2, blocks of 2W keys: dK and dV as key-vectorised tiles over the queries that see them
-// (t >= the block's first key when causal; the zeros above the diagonal come from dZ and att).
+// Per (row, head, sequence): pass 1, blocks of kMR queries: dP tile, then dZ per row into a per-thread buffer (rows
+// padded to whole vectors), then the dQ tile. Pass 2, blocks of 2W keys: dK and dV as key-vectorised tiles over the
+// queries that see them (t >= the block's first key when causal; the zeros above the diagonal come from dZ and att).
 template <typename T>
 void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
-                        int S, int C, int NH, bool causal) {
+                        int S, int C, int NH, bool causal, const int32_t* positions) {
   constexpr int NR = 2 * Simd<T>::W;
   const int hs = C / NH, C3 = 3 * C, hsp = round_up(hs, NR);
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
@@ -358,48 +378,52 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
     const T* qkv_b = qkv + static_cast<int64_t>(b) * S * C3;
     const T* dout_b = dout + static_cast<int64_t>(b) * S * C;
     T* dqkv_b = dqkv + static_cast<int64_t>(b) * S * C3;
+    const int32_t* pos_b = positions ? positions + static_cast<int64_t>(b) * S : nullptr;
     zero(dqkv_b + static_cast<int64_t>(L) * C3, static_cast<int64_t>(S - L) * C3);
-    if (L == 0) continue;
     for (int h = 0; h < NH; ++h) {
-      const T* a = att + (static_cast<int64_t>(b) * NH + h) * S * S;
-      const T* q = qkv_b + h * hs;
-      T* dq = dqkv_b + h * hs;
-      pack_rows(dop, hs6, dout_b + h * hs, C, L, round_up(L, kMR), hs, T(1));
-      pack_panels(vt, q + 2 * C, C3, L, hs);
-      pack_rows(kp, hsp, q + C, C3, L, L, hs, T(1));
-      for (int t0 = 0; t0 < L; t0 += kMR) {
-        const int rows = std::min(kMR, L - t0);
-        const int nmax = causal ? t0 + rows : L;
-        tile_scores(sc, Sp, dop + static_cast<int64_t>(t0) * hs6, hs6, vt, hs, nmax);  // dP
-        for (int r = 0; r < rows; ++r) {
-          const int t = t0 + r, n = causal ? t + 1 : L;
-          const T* p = a + static_cast<int64_t>(t) * S;
-          const T* d = sc + r * Sp;
-          T* dz = dzb + static_cast<int64_t>(t) * ldz;
-          T dot = 0;
+      const T* att_bh = att + (static_cast<int64_t>(b) * NH + h) * S * S;
+      for_each_sequence(pos_b, L, [&](int s0, int len) {
+        const T* a = att_bh + static_cast<int64_t>(s0) * S + s0;  // the sequence's diagonal block (row stride S)
+        const T* q = qkv_b + static_cast<int64_t>(s0) * C3 + h * hs;
+        T* dq = dqkv_b + static_cast<int64_t>(s0) * C3 + h * hs;
+        pack_rows(dop, hs6, dout_b + static_cast<int64_t>(s0) * C + h * hs, C, len, round_up(len, kMR), hs, T(1));
+        pack_panels(vt, q + 2 * C, C3, len, hs);
+        pack_rows(kp, hsp, q + C, C3, len, len, hs, T(1));
+        for (int t0 = 0; t0 < len; t0 += kMR) {
+          const int rows = std::min(kMR, len - t0);
+          const int nmax = causal ? t0 + rows : len;
+          tile_scores(sc, Sp, dop + static_cast<int64_t>(t0) * hs6, hs6, vt, hs, nmax);  // dP
+          for (int r = 0; r < rows; ++r) {
+            const int t = t0 + r, n = causal ? t + 1 : len;
+            const T* p = a + static_cast<int64_t>(t) * S;
+            const T* d = sc + r * Sp;
+            T* dz = dzb + static_cast<int64_t>(t) * ldz;
+            T dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int j = 0; j < n; ++j) dot += p[j] * d[j];
+            for (int j = 0; j < n; ++j) dot += p[j] * d[j];
 #pragma omp simd
-          for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - dot);
-          // Zeros up to the block's last key (the dQ tile) and to the end of the vector (the dK tiles).
-          zero(dz + n, std::max(nmax, round_up(n, NR)) - n);
-        }
-        weighted_rows(rows, dq + static_cast<int64_t>(t0) * C3, C3, hs, dzb + static_cast<int64_t>(t0) * ldz, ldz, 1,
-                      kp, hsp, 0, nmax);  // dQ
-      }
-      pack_rows(kp, hs6, q, C3, L, L, hs, T(1));  // Q
-      for (int j0 = 0; j0 < L; j0 += NR) {
-        const int nj = std::min(NR, L - j0), first = causal ? j0 : 0;
-        tile_key_sums(dq + C, C3, hs, kp, hs6, dzb + j0, ldz, j0, nj, first, L);  // dK
-        if (j0 + NR <= S) {
-          tile_key_sums(dq + 2 * C, C3, hs, dop, hs6, a + j0, S, j0, nj, first, L);  // dV
-        } else {  // the last columns of att rows: copy, so the vector loads stay inside att
-          for (int t = first; t < L; ++t) {
-            for (int jj = 0; jj < NR; ++jj) ptail[t * NR + jj] = jj < nj ? a[static_cast<int64_t>(t) * S + j0 + jj] : T(0);
+            for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - dot);
+            // Zeros up to the block's last key (the dQ tile) and to the end of the vector (the dK tiles).
+            zero(dz + n, std::max(nmax, round_up(n, NR)) - n);
           }
-          tile_key_sums(dq + 2 * C, C3, hs, dop, hs6, ptail, NR, j0, nj, first, L);
+          weighted_rows(rows, dq + static_cast<int64_t>(t0) * C3, C3, hs, dzb + static_cast<int64_t>(t0) * ldz, ldz,
+                        1, kp, hsp, 0, nmax);  // dQ
         }
-      }
+        pack_rows(kp, hs6, q, C3, len, len, hs, T(1));  // Q
+        for (int j0 = 0; j0 < len; j0 += NR) {
+          const int nj = std::min(NR, len - j0), first = causal ? j0 : 0;
+          tile_key_sums(dq + C, C3, hs, kp, hs6, dzb + j0, ldz, j0, nj, first, len);  // dK
+          if (s0 + j0 + NR <= S) {  // att columns beyond the sequence are 0 in its rows, and inside att
+            tile_key_sums(dq + 2 * C, C3, hs, dop, hs6, a + j0, S, j0, nj, first, len);  // dV
+          } else {  // the last columns of att rows: copy, so the vector loads stay inside att
+            for (int t = first; t < len; ++t) {
+              for (int jj = 0; jj < NR; ++jj)
+                ptail[t * NR + jj] = jj < nj ? a[static_cast<int64_t>(t) * S + j0 + jj] : T(0);
+            }
+            tile_key_sums(dq + 2 * C, C3, hs, dop, hs6, ptail, NR, j0, nj, first, len);
+          }
+        }
+      });
     }
   }
 }
@@ -441,10 +465,10 @@ T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32
 }
 
 template <typename T>
-void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V) {
+void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V, T scale) {
   int64_t count = 0;
   for (int n = 0; n < N; ++n) count += targets[n] >= 0;
-  const T inv = count > 0 ? T(1) / T(count) : T(0);
+  const T inv = count > 0 ? scale / T(count) : T(0);
   for (int n = 0; n < N; ++n) {
     T* d = dlogits + static_cast<int64_t>(n) * V;
     if (targets[n] < 0) {
@@ -491,15 +515,18 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
 }
 
 #define DDPLAB_INSTANTIATE(T)                                                                                          \
-  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int, int, int);           \
-  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int, int, int);                \
+  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int, int, int,           \
+                                     const int32_t*);                                                                  \
+  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int, int, int,                \
+                                      const int32_t*);                                                                 \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                              \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int);         \
-  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool);                      \
-  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool); \
+  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool, const int32_t*);      \
+  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool,  \
+                                      const int32_t*);                                                                 \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                  \
   template T masked_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int, int64_t*);                    \
-  template void masked_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int);                              \
+  template void masked_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int, T);                           \
   template void mean_pool_forward<T>(T*, const T*, const int32_t*, int, int, int);                                     \
   template void mean_pool_backward<T>(T*, const T*, const int32_t*, int, int, int);
 DDPLAB_INSTANTIATE(float)

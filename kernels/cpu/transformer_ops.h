@@ -11,20 +11,26 @@
 //   - mean pool: averages over the true length only;
 //   - cross-entropy: rows with a negative target are ignored; the mean is over the valid rows.
 // Hence the gradient reaching a padded row is exactly 0, and so is its contribution to every parameter gradient.
+//
+// Packed rows: `positions` (int32 [B, S], or null) gives each valid token's position within its own sequence, so a
+// row may hold several sequences back to back, each starting at position 0 (as Hugging Face's position_ids for
+// packed batches). The embedding adds wpe[position] and attention stays within each sequence (a block-diagonal
+// mask). The caller guarantees the form: positions[b, 0] == 0, then each is 0 (a new sequence) or the previous
+// plus 1. Null positions: one sequence per row, position t.
 #pragma once
 #include <cstdint>
 
 namespace ddplab::cpu {
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] for t < len[b] (no wpe term when wpe is null); out[b,t,:] = 0 for
-// padded t. wte [V, C], wpe [>= S, C].
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[p,:] for t < len[b], p = positions[b,t] or t (no wpe term when wpe is
+// null); out[b,t,:] = 0 for padded t. wte [V, C], wpe [>= S, C].
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const T* wte, const T* wpe, int B, int S,
-                       int C);
-// dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:] for t < len[b] (dwpe may be null).
+                       int C, const int32_t* positions = nullptr);
+// dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[p,:] += dout[b,t,:] for t < len[b] (dwpe may be null).
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* lengths, int B, int S,
-                        int C);
+                        int C, const int32_t* positions = nullptr);
 
 // out[n,:] = (inp[n,:] - mean) * rstd * weight + bias over N rows of C, rstd = 1/sqrt(var + 1e-5) (biased var).
 // Saves mean[N] and rstd[N] for backward.
@@ -38,17 +44,18 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 
 // Multi-head scaled dot-product self-attention over qkv [B, S, 3C] (q | k | v, each C = NH heads of hs = C/NH):
 //   att[b,h,t,:] = softmax_j (q_t . k_j / sqrt(hs)) over valid keys j, out[b,t,h*hs:(h+1)*hs] = sum_j att v_j.
-// Valid keys of query t: j < len[b], and j <= t when causal. Query rows t >= len[b] output 0 and their att row is 0;
-// masked entries of att are exactly 0. att [B, NH, S, S] is saved for backward. Every valid query has at least
-// one valid key (itself), so no row divides by zero.
+// Valid keys of query t: j < len[b], and j <= t when causal; with positions, only the keys of t's own sequence.
+// Query rows t >= len[b] output 0 and their att row is 0; masked entries of att are exactly 0. att [B, NH, S, S] is
+// saved for backward. Every valid query has at least one valid key (itself), so no row divides by zero.
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal);
+void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal,
+                       const int32_t* positions = nullptr);
 // dqkv [B, S, 3C] = gradient (OVERWRITTEN; 0 on padded rows). Reads dout only on valid rows. scratch (S*S elements)
 // is no longer used: the kernels keep their packed copies in per-thread buffers (transformer_ops.cpp); it stays in
 // the signature for callers that allocate it. Both directions are register-tiled for small heads (docs/TRANSFORMER.md).
 template <typename T>
 void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
-                        int S, int C, int NH, bool causal);
+                        int S, int C, int NH, bool causal, const int32_t* positions = nullptr);
 
 // out[n] = a[n] + b[n] (the residual connection; its backward is the identity on both branches).
 template <typename T>
@@ -60,10 +67,10 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n);
 template <typename T>
 T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32_t* targets, int N, int V,
                                int64_t* num_valid = nullptr);
-// Gradient of that mean: dlogits = (probs - onehot(target)) / num_valid on valid rows, 0 on ignored rows.
-// dlogits MAY ALIAS probs.
+// Gradient of scale x that mean: dlogits = scale (probs - onehot(target)) / num_valid on valid rows, 0 on ignored
+// rows (scale: the weight of this batch in a larger loss, e.g. one micro-batch of several). dlogits MAY ALIAS probs.
 template <typename T>
-void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V);
+void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V, T scale = 1);
 
 // out[b,:] = mean over t < len[b] of inp[b,t,:] (0 for a zero-length sequence). inp [B, S, C], out [B, C].
 template <typename T>

@@ -46,6 +46,7 @@ for np in 1 2; do
   expect_error $np "--optimizer" train "${small[@]}" --optimizer lbfgs
   expect_error $np "does not exist" train "${small[@]}" --out "$work/no/such/folder/run.h5"
   expect_error $np "is not a folder" train "${small[@]}" --out /etc/hostname/run.h5
+  expect_error $np "--batching pack needs --head lm" train --model tiny --batching pack --steps 2
 done
 
 # An existing result is never overwritten without --force, and is left exactly as it was.

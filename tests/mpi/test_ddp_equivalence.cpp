@@ -96,45 +96,75 @@ TEST_P(DdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
 
 // Variable-length batches: ranks hold different numbers of sequences and tokens at each step, and each rank's
 // gradient is weighted by its share of the global loss terms (launcher/workload.h), so N ranks still train the
-// model of one rank with the global batch. Sample and bucket plans give the single rank exactly the union of the
-// ranks' sequences at every step (same shuffled order, same global batches).
-TEST(DdpEquivalence, TransformerWithVariableLengthBatches) {
-  for (const char* head : {"classify", "lm"}) {
-    for (const char* batching : {"sample", "bucket"}) {
-      TrainConfig c;
-      c.model = "tiny";
-      c.head = head;
-      c.batching = batching;
-      c.min_len = 4;
-      c.max_len = 24;
-      c.outlier_prob = 0.2;
-      c.epoch_size = 301;  // the last global batch is partial: some ranks get fewer sequences
-      c.batch = 3;
-      c.steps = 4;
-      c.optimizer.kind = "sgd";
-      c.optimizer.lr = 0.1f;
-      Communicator world(MPI_COMM_WORLD, AllreduceImpl::kRing);
-      Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
-      TrainConfig global = c;
-      global.batch = c.batch * world_size();
-      Trainer ddp(c, world), single(global, self);
-      for (int step = 0; step < c.steps; ++step) {
-        ddp.step(step, 0);
-        single.step(step, 0);
-      }
-      const int64_t n = ddp.workload().num_parameters();
-      ASSERT_TRUE(identical_across_ranks(ddp.workload().flat_params(), n));
-      double max_diff = 0, moved = 0;
-      Trainer untrained(global, self);
-      for (int64_t i = 0; i < n; ++i) {
-        max_diff = std::max(max_diff, std::abs(double(ddp.workload().flat_params()[i]) - single.workload().flat_params()[i]));
-        moved = std::max(moved, std::abs(double(single.workload().flat_params()[i]) - untrained.workload().flat_params()[i]));
-      }
-      EXPECT_LE(max_diff, 1e-6) << head << " " << batching;
-      EXPECT_GT(moved, 1e-4) << head << " " << batching;
-    }
+// model of one rank with the global batch. The plans give the single rank exactly the union of the ranks'
+// sequences at every step: sample and bucket cut the same shuffled order into the same global batches, pack the
+// same rows. With gradient accumulation the global batch spans ranks x micro-batches, and micro-batches of unequal
+// loss counts are weighted as well. The epoch ends inside the run, with a partial step (empty batches on some
+// ranks and micro-batches) and a new plan after it.
+struct TokenCase {
+  const char* head;
+  const char* batching;
+  int grad_accum;
+};
+
+class TransformerDdpEquivalence : public testing::TestWithParam<TokenCase> {};
+
+TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
+  const auto [head, batching, grad_accum] = GetParam();
+  TrainConfig c;
+  c.model = "tiny";
+  c.head = head;
+  c.batching = batching;
+  c.grad_accum = grad_accum;
+  c.min_len = 4;
+  c.max_len = 24;
+  c.outlier_prob = 0.2;
+  c.batch = 3;
+  c.max_tokens = 2 * 24;  // pack: two rows per rank and micro-batch
+  const int64_t batches = int64_t{world_size()} * grad_accum;
+  // sample/bucket: 3 full steps, then 3 sequences; pack (~2 sequences per row): the epoch ends within 2-4 steps.
+  c.epoch_size = std::strcmp(batching, "pack") == 0 ? 8 * batches + 3 : 3 * c.batch * batches + 3;
+  c.steps = 5;
+  c.optimizer.kind = "sgd";
+  c.optimizer.lr = 0.1f;
+  Communicator world(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
+  TrainConfig global = c;
+  global.batch = static_cast<int>(c.batch * batches);
+  global.max_tokens = c.max_tokens * batches;
+  global.grad_accum = 1;
+  Trainer ddp(c, world), single(global, self);
+  double samples = 0;
+  for (int step = 0; step < c.steps; ++step) {
+    const double mine = ddp.step(step, 0).samples;
+    double all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(all, single.step(step, 0).samples) << "step " << step;
+    samples += all;
   }
+  EXPECT_GT(samples, static_cast<double>(c.epoch_size)) << "the run must cross the end of the epoch";
+  const int64_t n = ddp.workload().num_parameters();
+  ASSERT_TRUE(identical_across_ranks(ddp.workload().flat_params(), n));
+  double max_diff = 0, moved = 0;
+  Trainer untrained(global, self);
+  const float *a = ddp.workload().flat_params(), *b = single.workload().flat_params();
+  for (int64_t i = 0; i < n; ++i) {
+    max_diff = std::max(max_diff, std::abs(double(a[i]) - b[i]));
+    moved = std::max(moved, std::abs(double(b[i]) - untrained.workload().flat_params()[i]));
+  }
+  EXPECT_LE(max_diff, 1e-6);
+  EXPECT_GT(moved, 1e-4);
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadsBatchingsAccumulation, TransformerDdpEquivalence,
+                         testing::Values(TokenCase{"classify", "sample", 1}, TokenCase{"classify", "bucket", 1},
+                                         TokenCase{"lm", "sample", 1}, TokenCase{"lm", "bucket", 1},
+                                         TokenCase{"lm", "pack", 1}, TokenCase{"classify", "bucket", 2},
+                                         TokenCase{"lm", "sample", 2}, TokenCase{"lm", "pack", 2}),
+                         [](const testing::TestParamInfo<TokenCase>& info) {
+                           return std::string(info.param.head) + "_" + info.param.batching + "_accum" +
+                                  std::to_string(info.param.grad_accum);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(OptimizersAndComms, DdpEquivalence,
                          testing::Values(Case{"sgd", "ring"}, Case{"adamw", "ring"}, Case{"sgd", "mpi"},

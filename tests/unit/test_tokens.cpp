@@ -1,5 +1,6 @@
 // Token data and batching (data/tokens.h): deterministic sequences with the requested lengths, and batch plans
-// that cover every sequence of an epoch exactly once, respect the token budget, and group similar lengths.
+// that cover every sequence of an epoch exactly once, respect the token budget, group similar lengths, and pack
+// rows nearly full.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,19 +40,24 @@ TEST(SyntheticTokens, LengthsFollowTheDistributionAndTokensAreInRange) {
   EXPECT_EQ(data.length(123), SyntheticTokens(lab_config(20000)).length(123));  // deterministic
 }
 
-// Every sequence of the epoch exactly once, over all steps and ranks.
+// Every sequence of the epoch exactly once, over all steps and ranks, and the rows account for every sequence.
 void expect_exact_cover(const BatchPlan& plan, int world, int64_t epoch) {
   std::vector<int> seen(epoch, 0);
-  for (int64_t s = 0; s < plan.num_steps(); ++s)
-    for (int r = 0; r < world; ++r)
+  for (int64_t s = 0; s < plan.num_steps(); ++s) {
+    for (int r = 0; r < world; ++r) {
       for (int64_t id : plan.batch(s, r)) ++seen[id];
+      int64_t in_rows = 0;
+      for (int count : plan.rows(s, r)) in_rows += count;
+      ASSERT_EQ(in_rows, static_cast<int64_t>(plan.batch(s, r).size())) << "step " << s << " rank " << r;
+    }
+  }
   for (int64_t i = 0; i < epoch; ++i) ASSERT_EQ(seen[i], 1) << "sequence " << i;
 }
 
 TEST(BatchPlan, EveryStrategyCoversTheEpochExactlyOnce) {
   const int64_t epoch = 5003;  // not a multiple of anything
   const SyntheticTokens data(lab_config(epoch));
-  for (Batching strategy : {Batching::kSample, Batching::kBucket, Batching::kToken}) {
+  for (Batching strategy : {Batching::kSample, Batching::kBucket, Batching::kToken, Batching::kPack}) {
     for (int world : {1, 3, 4}) {
       const BatchPlan plan(data, BatchingConfig{strategy, 8, 4096, 16}, world, 99);
       expect_exact_cover(plan, world, epoch);
@@ -68,6 +74,42 @@ TEST(BatchPlan, TokenBudgetIsRespected) {
         EXPECT_LE(plan.padded_tokens(s, r), 2048);
       }
     }
+}
+
+// Packing: rows of at most max_len tokens, max_tokens / max_len rows per rank (the last step's fewer, split evenly),
+// nearly full. Sequences of 193..255 tokens leave gaps no sequence (>= 64) fits, so about 5% stays padding on the
+// lab's distribution; next-fit (a new row whenever the next sequence does not fit) would leave about 24%.
+TEST(BatchPlan, PackingFillsRowsWithinTheBudget) {
+  const SyntheticTokens data(lab_config(6000));
+  for (int world : {1, 3}) {
+    const BatchPlan plan(data, BatchingConfig{Batching::kPack, 8, 4 * 256 + 100, 16}, world, 11);
+    int64_t useful = 0, padded = 0, full_steps = 0;
+    for (int64_t s = 0; s < plan.num_steps(); ++s) {
+      size_t lo = SIZE_MAX, hi = 0;
+      for (int r = 0; r < world; ++r) {
+        const auto& ids = plan.batch(s, r);
+        size_t next = 0;
+        for (int count : plan.rows(s, r)) {
+          int row = 0;
+          for (int k = 0; k < count; ++k) row += data.length(ids[next++]);
+          ASSERT_LE(row, 256) << "step " << s << " rank " << r;
+          ASSERT_GE(count, 1);
+        }
+        lo = std::min(lo, plan.rows(s, r).size());
+        hi = std::max(hi, plan.rows(s, r).size());
+        useful += plan.useful_tokens(s, r);
+        padded += plan.padded_tokens(s, r);
+        EXPECT_LE(plan.padded_tokens(s, r), 4 * 256);
+      }
+      EXPECT_LE(hi, 4u);
+      EXPECT_LE(hi - lo, 1u);
+      full_steps += lo == 4;
+    }
+    EXPECT_GE(full_steps, plan.num_steps() - 1);
+    const double padding = 1.0 - static_cast<double>(useful) / padded;
+    EXPECT_LT(padding, 0.08) << "world " << world;
+    EXPECT_GT(padding, 0.0);
+  }
 }
 
 TEST(BatchPlan, BucketingEvensOutTokensAcrossRanks) {
@@ -96,8 +138,14 @@ TEST(BatchPlan, SameOnEveryRankAndBadInputRefused) {
   const BatchPlan b(data, BatchingConfig{Batching::kBucket, 4, 4096, 4}, 2, 3);
   ASSERT_EQ(a.num_steps(), b.num_steps());
   for (int64_t s = 0; s < a.num_steps(); ++s) EXPECT_EQ(a.batch(s, 1), b.batch(s, 1));
+  for (int64_t s = 0; s < a.num_steps(); ++s) EXPECT_EQ(a.rows(s, 1), std::vector<int>(a.batch(s, 1).size(), 1));
+  const BatchingConfig pack{Batching::kPack, 4, 4096, 4};
+  const BatchPlan p(data, pack, 2, 3), q(data, pack, 2, 3);
+  ASSERT_EQ(p.num_steps(), q.num_steps());
+  for (int64_t s = 0; s < p.num_steps(); ++s) EXPECT_EQ(p.rows(s, 0), q.rows(s, 0));
   EXPECT_THROW(BatchPlan(data, BatchingConfig{Batching::kSample, 0, 1, 1}, 2, 3), std::invalid_argument);
   EXPECT_THROW(parse_batching("random"), std::invalid_argument);
+  EXPECT_EQ(parse_batching("pack"), Batching::kPack);
   EXPECT_THROW(parse_length_dist("normal"), std::invalid_argument);
 }
 

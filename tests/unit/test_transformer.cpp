@@ -1,6 +1,7 @@
-// The hand-written transformer: gradients against finite differences in double (both heads, padded batches),
-// padding with exactly zero effect, a padded batch equal to its sequences run alone, the reverse flat layout and the
-// gradient-ready hook (order, finality, row blocks), accumulation, init, presets, float/double, and overfitting.
+// The hand-written transformer: gradients against finite differences in double (both heads, padded and packed
+// batches), padding with exactly zero effect, a padded or packed batch equal to its sequences run alone, the reverse
+// flat layout and the gradient-ready hook (order, finality, row blocks), accumulation, init, presets, float/double,
+// and overfitting.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +39,8 @@ constexpr int kB = 3, kS = 6;
 
 struct Batch {
   std::vector<int32_t> tokens, lengths, targets;
+  std::vector<int32_t> positions;  // packed batches only
+  std::vector<std::vector<int>> sequences;  // packed: the lengths of each row's sequences
 };
 
 // Default lengths {6, 3, 1}: one full, one padded, one of a single token (no next-token target). Padded tokens
@@ -54,6 +57,26 @@ Batch MakeBatch(const TransformerConfig& c, uint64_t seed, int B = kB, int S = k
   return b;
 }
 
+// Packed rows of S = 6 for the LM: row 0 is full with sequences of 3, 1 (no target) and 2 tokens, row 1 holds 4 and
+// 1 and one padded position. Padded tokens are -1, padded positions -5 (never read).
+Batch MakePackedBatch(const TransformerConfig& c, uint64_t seed) {
+  Batch b;
+  b.sequences = {{3, 1, 2}, {4, 1}};
+  b.tokens.assign(2 * kS, -1);
+  b.positions.assign(2 * kS, -5);
+  for (int row = 0; row < 2; ++row) {
+    int t = 0;
+    for (int len : b.sequences[row]) {
+      for (int p = 0; p < len; ++p, ++t) {
+        b.positions[row * kS + t] = p;
+        b.tokens[row * kS + t] = static_cast<int32_t>(hash64(seed, row * kS + t) % c.vocab);
+      }
+    }
+    b.lengths.push_back(t);
+  }
+  return b;
+}
+
 // Moves every parameter away from the init (LayerNorm weights off 1, biases off 0, larger weights) so that no
 // gradient is trivially 0 or tiny and attention is far from uniform.
 template <typename T>
@@ -63,7 +86,9 @@ void Perturb(Transformer<T>& m, uint64_t seed, double scale = 0.4) {
 
 template <typename T>
 T Forward(Transformer<T>& m, const Batch& b, int B = kB, int S = kS) {
-  return m.forward(b.tokens.data(), b.lengths.data(), b.targets.data(), B, S);
+  if (!b.positions.empty()) B = static_cast<int>(b.lengths.size());
+  return m.forward(b.tokens.data(), b.lengths.data(), b.targets.data(), B, S,
+                   b.positions.empty() ? nullptr : b.positions.data());
 }
 
 template <typename T>
@@ -71,10 +96,10 @@ std::vector<T> Grads(Transformer<T>& m) {
   return std::vector<T>(m.flat_grads(), m.flat_grads() + m.num_parameters());
 }
 
-void CheckFiniteDifferences(Head head) {
+void CheckFiniteDifferences(Head head, bool packed = false) {
   Transformer<double> model(TestConfig(head), 42);
   Perturb(model, 1);
-  const Batch batch = MakeBatch(model.config(), 7);
+  const Batch batch = packed ? MakePackedBatch(model.config(), 7) : MakeBatch(model.config(), 7);
   Forward(model, batch);
   model.zero_grad();
   model.backward();
@@ -104,6 +129,7 @@ void CheckFiniteDifferences(Head head) {
 
 TEST(Transformer, ClassifierGradientsMatchFiniteDifferences) { CheckFiniteDifferences(Head::kClassify); }
 TEST(Transformer, CausalLmGradientsMatchFiniteDifferences) { CheckFiniteDifferences(Head::kCausalLM); }
+TEST(Transformer, PackedCausalLmGradientsMatchFiniteDifferences) { CheckFiniteDifferences(Head::kCausalLM, true); }
 
 // Padding has exactly zero effect: other tokens at padded positions give the same loss and gradients, bit for bit.
 template <typename T>
@@ -159,6 +185,43 @@ void CheckPaddedBatchEqualsSequencesAlone(Head head) {
 }
 TEST(Transformer, PaddedBatchEqualsSequencesAloneClassifier) { CheckPaddedBatchEqualsSequencesAlone(Head::kClassify); }
 TEST(Transformer, PaddedBatchEqualsSequencesAloneCausalLm) { CheckPaddedBatchEqualsSequencesAlone(Head::kCausalLM); }
+
+// Packing is exact: rows of several sequences compute the loss and gradients of those sequences run alone, each in a
+// row of its own length (no mask, positions from 0), weighted by their target counts. No attention, position or
+// target crosses a sequence boundary.
+TEST(Transformer, PackedRowsEqualSequencesAlone) {
+  Transformer<double> model(TestConfig(Head::kCausalLM), 9);
+  Perturb(model, 4);
+  const Batch batch = MakePackedBatch(model.config(), 12);
+  const double loss = Forward(model, batch);
+  const int64_t count = model.loss_count();
+  EXPECT_EQ(count, (3 - 1) + (1 - 1) + (2 - 1) + (4 - 1) + (1 - 1));  // one fewer than tokens, per sequence
+  model.zero_grad();
+  model.backward();
+  const std::vector<double> grads = Grads(model);
+
+  double weighted_loss = 0;
+  std::vector<double> weighted_grads(grads.size(), 0.0);
+  for (int row = 0; row < 2; ++row) {
+    int start = 0;
+    for (int len : batch.sequences[row]) {
+      const double l = model.forward(&batch.tokens[row * kS + start], nullptr, nullptr, 1, len);
+      const double w = static_cast<double>(model.loss_count()) / count;
+      model.zero_grad();
+      model.backward();
+      weighted_loss += w * l;
+      for (size_t i = 0; i < grads.size(); ++i) weighted_grads[i] += w * model.flat_grads()[i];
+      start += len;
+    }
+  }
+  EXPECT_NEAR(loss, weighted_loss, 1e-13);
+  double largest = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_NEAR(grads[i], weighted_grads[i], 1e-13) << i;
+    largest = std::max(largest, std::abs(grads[i]));
+  }
+  EXPECT_GT(largest, 1e-3);
+}
 
 TEST(Transformer, ParametersInForwardOrderStoredInReverse) {
   const TransformerConfig c = TestConfig(Head::kClassify);
@@ -285,6 +348,10 @@ TEST(Transformer, BackwardAccumulatesAndZeroGradClears) {
   for (int64_t i = 0; i < model.num_parameters(); ++i) {
     EXPECT_NEAR(model.flat_grads()[i], 2 * once[i], 1e-14 * (1 + std::abs(once[i]))) << i;
   }
+  model.backward(nullptr, -1.75);  // the gradient of -1.75 x the loss: back to 0.25 x once
+  for (int64_t i = 0; i < model.num_parameters(); ++i) {
+    EXPECT_NEAR(model.flat_grads()[i], 0.25 * once[i], 1e-14 * (1 + std::abs(once[i]))) << i;
+  }
   model.zero_grad();
   for (int64_t i = 0; i < model.num_parameters(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0) << i;
 }
@@ -388,6 +455,17 @@ TEST(Transformer, RejectsBadInputs) {
   TransformerConfig broken = TestConfig(Head::kClassify);
   broken.heads = 3;  // 8 % 3 != 0
   EXPECT_THROW(Transformer<double>(broken, 1), std::invalid_argument);
+  // Packed rows need the LM head, and positions that restart at 0 or count up by one.
+  const Batch packed = MakePackedBatch(TestConfig(Head::kCausalLM), 16);
+  EXPECT_THROW(model.forward(packed.tokens.data(), packed.lengths.data(), packed.targets.data(), 2, kS,
+                             packed.positions.data()),
+               std::invalid_argument);
+  Transformer<double> packed_lm(TestConfig(Head::kCausalLM), 1);
+  for (auto [at, value] : {std::pair{0, 1}, std::pair{2, 3}, std::pair{kS + 2, 1}}) {
+    Batch bad_positions = packed;
+    bad_positions.positions[at] = value;
+    EXPECT_THROW(Forward(packed_lm, bad_positions), std::out_of_range) << at;
+  }
   // Null lengths means full length, and the LM ignores targets.
   Transformer<double> lm(TestConfig(Head::kCausalLM), 1);
   std::vector<int32_t> full(kB * kS, 2);

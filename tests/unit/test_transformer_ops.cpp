@@ -1,5 +1,5 @@
 // Transformer ops: every backward against central finite differences in double, forwards against naive loops,
-// masks (causal, key padding, ignored targets) exact, padding never read, float against double.
+// masks (causal, key padding, packed sequences, ignored targets) exact, padding never read, float against double.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +23,16 @@ using fd::RandomNormal;
 // Odd sizes; sequence 1 is padded, sequence 2 is empty, sequence 0 is full.
 constexpr int kB = 3, kS = 5, kC = 6, kNH = 2, kV = 7;
 const std::vector<int32_t> kLengths = {5, 3, 0};
+// Packed rows over the same lengths: row 0 holds sequences of 2 and 3 tokens, row 1 one of 1 and one of 2.
+const std::vector<int32_t> kPositions = {0, 1, 0, 1, 2, /**/ 0, 0, 1, -7, -7, /**/ -7, -7, -7, -7, -7};
+
+// Whether positions t and j of row b belong to the same sequence (no sequence starts in (min, max]).
+bool SameSequence(const int32_t* positions, int b, int t, int j) {
+  for (int k = std::min(t, j) + 1; positions && k <= std::max(t, j); ++k) {
+    if (positions[b * kS + k] == 0) return false;
+  }
+  return true;
+}
 
 TEST(Embedding, BackwardMatchesFiniteDifferencesAndPaddingIsNeverRead) {
   // Repeated tokens make the scatter-add accumulate; padded tokens are out of range and must not be read.
@@ -49,7 +59,21 @@ TEST(Embedding, BackwardMatchesFiniteDifferencesAndPaddingIsNeverRead) {
   EXPECT_GT(ExpectGradNear(dwte, NumericGrad(wte, loss), "dwte"), 3 * kC);
   EXPECT_GT(ExpectGradNear(dwpe, NumericGrad(wpe, loss), "dwpe"), 4 * kC);
 
-  // Without positions: a plain gather, and dwpe may be null.
+  // Packed rows: wpe at each token's position within its own sequence.
+  const auto packed_loss = [&] {
+    embedding_forward(out.data(), tokens.data(), kLengths.data(), wte.data(), wpe.data(), kB, kS, kC,
+                      kPositions.data());
+    return Dot(out, w);
+  };
+  packed_loss();
+  EXPECT_EQ(out[3 * kC + 1], wte[0 * kC + 1] + wpe[1 * kC + 1]);  // row 0, t 3: the second sequence's position 1
+  std::vector<double> dwpe_packed(kS * kC, 0.0), dwte_packed(kV * kC, 0.0);
+  embedding_backward(dwte_packed.data(), dwpe_packed.data(), w.data(), tokens.data(), kLengths.data(), kB, kS, kC,
+                     kPositions.data());
+  EXPECT_EQ(dwte_packed, dwte);
+  EXPECT_GT(ExpectGradNear(dwpe_packed, NumericGrad(wpe, packed_loss), "dwpe packed"), 2 * kC);
+
+  // Without wpe: a plain gather, and dwpe may be null.
   std::vector<double> out2(kB * kS * kC);
   embedding_forward<double>(out2.data(), tokens.data(), kLengths.data(), wte.data(), nullptr, kB, kS, kC);
   EXPECT_EQ(out2[kC + 2], wte[4 * kC + 2]);
@@ -90,7 +114,8 @@ TEST(LayerNorm, ForwardNormalisesAndBackwardMatchesFiniteDifferences) {
 }
 
 // Naive attention straight from the definition, with std::exp and explicit masks.
-std::vector<double> NaiveAttention(const std::vector<double>& qkv, const int32_t* lengths, bool causal) {
+std::vector<double> NaiveAttention(const std::vector<double>& qkv, const int32_t* lengths, bool causal,
+                                   const int32_t* positions) {
   const int hs = kC / kNH;
   std::vector<double> out(kB * kS * kC, 0.0);
   for (int b = 0; b < kB; ++b) {
@@ -98,20 +123,23 @@ std::vector<double> NaiveAttention(const std::vector<double>& qkv, const int32_t
     for (int h = 0; h < kNH; ++h) {
       for (int t = 0; t < L; ++t) {
         const double* q = &qkv[(b * kS + t) * 3 * kC + h * hs];
+        std::vector<int> keys;
         std::vector<double> s;
         double zmax = -std::numeric_limits<double>::infinity();
         for (int j = 0; j < L && (!causal || j <= t); ++j) {
+          if (!SameSequence(positions, b, t, j)) continue;
           const double* k = &qkv[(b * kS + j) * 3 * kC + kC + h * hs];
           double dot = 0;
           for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
+          keys.push_back(j);
           s.push_back(dot / std::sqrt(double(hs)));
           zmax = std::max(zmax, s.back());
         }
         double sum = 0;
         for (double& x : s) sum += (x = std::exp(x - zmax));
-        for (size_t j = 0; j < s.size(); ++j) {
-          const double* v = &qkv[(b * kS + j) * 3 * kC + 2 * kC + h * hs];
-          for (int i = 0; i < hs; ++i) out[(b * kS + t) * kC + h * hs + i] += s[j] / sum * v[i];
+        for (size_t n = 0; n < s.size(); ++n) {
+          const double* v = &qkv[(b * kS + keys[n]) * 3 * kC + 2 * kC + h * hs];
+          for (int i = 0; i < hs; ++i) out[(b * kS + t) * kC + h * hs + i] += s[n] / sum * v[i];
         }
       }
     }
@@ -119,16 +147,16 @@ std::vector<double> NaiveAttention(const std::vector<double>& qkv, const int32_t
   return out;
 }
 
-void CheckAttention(const int32_t* lengths, bool causal, uint64_t seed) {
+void CheckAttention(const int32_t* lengths, bool causal, uint64_t seed, const int32_t* positions = nullptr) {
   auto qkv = RandomNormal(kB * kS * 3 * kC, seed, 1.5);  // wide scores: the softmax is far from uniform
   const auto w = RandomNormal(kB * kS * kC, seed + 1);
   std::vector<double> out(kB * kS * kC, -99.0), att(kB * kNH * kS * kS, -99.0);
   const auto loss = [&] {
-    attention_forward(out.data(), att.data(), qkv.data(), lengths, kB, kS, kC, kNH, causal);
+    attention_forward(out.data(), att.data(), qkv.data(), lengths, kB, kS, kC, kNH, causal, positions);
     return Dot(out, w);
   };
   loss();
-  const auto ref = NaiveAttention(qkv, lengths, causal);
+  const auto ref = NaiveAttention(qkv, lengths, causal, positions);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-12) << i;
   for (int b = 0; b < kB; ++b) {
     const int L = lengths ? lengths[b] : kS;
@@ -137,7 +165,7 @@ void CheckAttention(const int32_t* lengths, bool causal, uint64_t seed) {
         double row = 0;
         for (int j = 0; j < kS; ++j) {
           const double a = att[((b * kNH + h) * kS + t) * kS + j];
-          const bool valid = t < L && j < L && (!causal || j <= t);
+          const bool valid = t < L && j < L && (!causal || j <= t) && SameSequence(positions, b, t, j);
           if (!valid) {
             EXPECT_EQ(a, 0.0) << b << "," << h << "," << t << "," << j;
           }
@@ -148,7 +176,8 @@ void CheckAttention(const int32_t* lengths, bool causal, uint64_t seed) {
     }
   }
   std::vector<double> dqkv(qkv.size(), -99.0), scratch(kS * kS);
-  attention_backward(dqkv.data(), scratch.data(), w.data(), qkv.data(), att.data(), lengths, kB, kS, kC, kNH, causal);
+  attention_backward(dqkv.data(), scratch.data(), w.data(), qkv.data(), att.data(), lengths, kB, kS, kC, kNH, causal,
+                     positions);
   const int nonzero = ExpectGradNear(dqkv, NumericGrad(qkv, loss), "dqkv");
   EXPECT_GT(nonzero, static_cast<int>(qkv.size()) / 3);
   for (int b = 0; b < kB; ++b) {
@@ -162,6 +191,13 @@ TEST(Attention, BidirectionalWithPaddingMatchesNaiveAndFiniteDifferences) {
   CheckAttention(kLengths.data(), false, 20);
 }
 TEST(Attention, CausalWithoutLengthsMatchesNaiveAndFiniteDifferences) { CheckAttention(nullptr, true, 30); }
+// Packed rows: a block-diagonal mask, each sequence attending only within itself.
+TEST(Attention, CausalPackedMatchesNaiveAndFiniteDifferences) {
+  CheckAttention(kLengths.data(), true, 33, kPositions.data());
+}
+TEST(Attention, BidirectionalPackedMatchesNaiveAndFiniteDifferences) {
+  CheckAttention(kLengths.data(), false, 32, kPositions.data());
+}
 
 // The gradient arriving at padded query rows is ignored: any dout there gives the same dqkv, bit for bit.
 TEST(Attention, PaddedQueryRowsPassNoGradient) {
@@ -299,6 +335,79 @@ TEST(Attention, FloatTiledKernelsMatchNaiveDoubleOnRandomShapesWithPadding) {
   }
 }
 
+// Packed rows compute what their sequences compute alone, bit for bit (the same tiles on the same numbers), on
+// shapes that put sequence starts off the 6-query and 16-key grids and end row 0 exactly at an S that is not a
+// multiple of 16 (att's last columns); outside the diagonal blocks att is 0.
+TEST(Attention, FloatPackedRowsEqualTheirSequencesAlone) {
+  struct Case {
+    int B, S, C, NH;
+  };
+  const Case cases[] = {{3, 37, 48, 4}, {2, 64, 24, 2}, {2, 129, 48, 4}, {3, 23, 9, 3}};
+  uint64_t seed = 300;
+  for (const Case& k : cases) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "B " << k.B << " S " << k.S << " C " << k.C << " NH " << k.NH
+                                        << (causal ? " causal" : " bidirectional"));
+      ++seed;
+      const int S = k.S, C3 = 3 * k.C;
+      std::vector<int32_t> lengths(k.B, 0), positions(size_t(k.B) * S, -1);
+      std::vector<std::vector<std::pair<int, int>>> seqs(k.B);  // (start, length) of each row's sequences
+      for (int b = 0; b < k.B; ++b) {
+        for (int i = 0;; ++i) {
+          int len = 1 + static_cast<int>(hash64(seed, b * 1000 + i) % (S / 2));
+          if (lengths[b] + len > S) {
+            if (b > 0) break;
+            len = S - lengths[b];  // row 0 ends exactly at S; the others have padding
+            if (len == 0) break;
+          }
+          seqs[b].push_back({lengths[b], len});
+          for (int t = 0; t < len; ++t) positions[size_t(b) * S + lengths[b] + t] = t;
+          lengths[b] += len;
+        }
+      }
+      std::vector<float> qkv(size_t(k.B) * S * C3), dout(size_t(k.B) * S * k.C);
+      for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(1.5 * normal(seed, i));
+      for (size_t i = 0; i < dout.size(); ++i) dout[i] = static_cast<float>(normal(seed + 1000, i));
+      std::vector<float> out(dout.size(), -99.f), att(size_t(k.B) * k.NH * S * S, -99.f), dqkv(qkv.size(), -99.f);
+      attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), k.B, S, k.C, k.NH, causal,
+                        positions.data());
+      float* const no_scratch = nullptr;  // attention_backward no longer uses it
+      attention_backward(dqkv.data(), no_scratch, dout.data(), qkv.data(), att.data(), lengths.data(), k.B, S, k.C,
+                         k.NH, causal, positions.data());
+      int64_t in_blocks = 0, nonzero = 0;
+      for (int b = 0; b < k.B; ++b) {
+        for (const auto& [s0, len] : seqs[b]) {
+          const size_t row0 = size_t(b) * S + s0;
+          std::vector<float> q1(qkv.begin() + row0 * C3, qkv.begin() + (row0 + len) * C3),
+              d1(dout.begin() + row0 * k.C, dout.begin() + (row0 + len) * k.C);
+          std::vector<float> out1(d1.size()), att1(size_t(k.NH) * len * len), dqkv1(q1.size());
+          attention_forward(out1.data(), att1.data(), q1.data(), nullptr, 1, len, k.C, k.NH, causal);
+          attention_backward(dqkv1.data(), no_scratch, d1.data(), q1.data(), att1.data(), nullptr, 1, len, k.C, k.NH,
+                             causal);
+          ASSERT_TRUE(std::equal(out1.begin(), out1.end(), out.begin() + row0 * k.C)) << "out of (" << b << ", " << s0
+                                                                                      << ")";
+          ASSERT_TRUE(std::equal(dqkv1.begin(), dqkv1.end(), dqkv.begin() + row0 * C3)) << "dqkv of (" << b << ", "
+                                                                                        << s0 << ")";
+          for (int h = 0; h < k.NH; ++h) {
+            for (int t = 0; t < len; ++t) {
+              for (int j = 0; j < len; ++j) {
+                const float alone = att1[(size_t(h) * len + t) * len + j];
+                ASSERT_EQ(att[((size_t(b) * k.NH + h) * S + s0 + t) * S + s0 + j], alone);
+              }
+            }
+          }
+          in_blocks += int64_t(k.NH) * len * len;
+        }
+      }
+      for (float a : att) nonzero += a != 0.0f;
+      EXPECT_LE(nonzero, in_blocks) << "att is 0 outside the diagonal blocks";  // (the blocks' entries were compared)
+      for (int b = 0; b < k.B; ++b) {
+        for (size_t i = size_t(lengths[b]) * C3; i < size_t(S) * C3; ++i) ASSERT_EQ(dqkv[b * S * C3 + i], 0.0f);
+      }
+    }
+  }
+}
+
 TEST(MaskedCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
   constexpr int N = 5, V = 6;
   auto logits = RandomNormal(N * V, 60, 2.0);
@@ -322,6 +431,9 @@ TEST(MaskedCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
   masked_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), N, V);
   EXPECT_GT(ExpectGradNear(dlogits, NumericGrad(logits, loss), "dlogits"), 3 * V - 1);
   for (int v = 0; v < V; ++v) EXPECT_EQ(dlogits[V + v], 0.0);
+  std::vector<double> scaled(N * V);  // the gradient of 0.5 x the mean
+  masked_cross_entropy_backward(scaled.data(), probs.data(), targets.data(), N, V, 0.5);
+  for (int i = 0; i < N * V; ++i) EXPECT_NEAR(scaled[i], 0.5 * dlogits[i], 1e-17) << i;
 
   // In place (probs over logits, then dlogits over probs) gives the same numbers.
   std::vector<double> buf = logits, losses2(N);
