@@ -5,6 +5,7 @@
 //   backward  dV = att^T dO    dP = dO V^T    dZ = att * (dP - rowsum(att * dP)) / sqrt(hs)    dQ = dZ K    dK = dZ^T Q
 // as the CPU reference's comments state. The scale is applied as the GEMM's alpha (the CPU folds it into Q first:
 // the two differ by rounding only).
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
