@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -11,17 +12,16 @@ namespace {
 using detail::global_index;
 using detail::grid_stride;
 
-// Rounded to float exactly as the CPU reference's T(kSqrt2OverPi), T(kGeluCubic), T(3 * kGeluCubic) do.
-constexpr float kSqrt2OverPi = static_cast<float>(0.7978845608028654);
-constexpr float kGeluCubic = static_cast<float>(0.044715);
+using detail::kGeluCubic;
+using detail::kSqrt2OverPi;
+// Rounded to float exactly as the CPU reference's T(3 * kGeluCubic).
 constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+    out[i] = detail::gelu_tanh(inp[i]);
   }
 }
 

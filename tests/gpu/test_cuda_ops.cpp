@@ -2,17 +2,12 @@
 // (device query, checked-call macros, zero-size launches) that must work on a machine without a GPU.
 //
 // Kernel tests skip with the CUDA error as the reason when no device is usable; they never pass silently.
-// Every device buffer carries a guard tail of NaN bit patterns that must survive the kernel (no out-of-bounds
-// writes), and out-of-place outputs are poisoned with NaN first (every element must be written).
+// Buffers, poisoning and tolerances: tests/gpu/gpu_test_util.h.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <iostream>
-#include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,90 +17,19 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace {
 
 using ddplab::cuda::CudaInfo;
+using ddplab::gpu_test::AllClose;
+using ddplab::gpu_test::cuda_info;
+using ddplab::gpu_test::DeviceArray;
+using ddplab::gpu_test::random_vector;
 
 // 1 and 1000 leave partial blocks; 2^20 + 3 leaves a ragged last block and is too big for any accidental
 // single-block kernel.
 const std::vector<int64_t> kSizes = {1, 1000, (int64_t{1} << 20) + 3};
-constexpr int64_t kGuard = 67;                // trailing elements that no kernel may touch
-constexpr uint32_t kPoisonBits = 0xFFFFFFFF;  // a NaN, and what cudaMemset(0xFF) writes
-
-const CudaInfo& cuda_info() {
-  static const CudaInfo info = ddplab::cuda::query_cuda();
-  return info;
-}
-
-std::vector<float> random_vector(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// A device array of n floats plus the guard tail, all of it initially poison.
-class DeviceArray {
- public:
-  DeviceArray(int64_t n, cudaStream_t stream) : n_(n), stream_(stream) {
-    cudaCheck(cudaMalloc(&ptr_, bytes(n_ + kGuard)));
-    cudaCheck(cudaMemsetAsync(ptr_, 0xFF, bytes(n_ + kGuard), stream_));
-  }
-  DeviceArray(const std::vector<float>& host, cudaStream_t stream) : DeviceArray(host.size(), stream) {
-    cudaCheck(cudaMemcpyAsync(ptr_, host.data(), bytes(n_), cudaMemcpyHostToDevice, stream_));
-    cudaCheck(cudaStreamSynchronize(stream_));  // the caller may change `host` right away (the CPU reference)
-  }
-  ~DeviceArray() { cudaFree(ptr_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  float* get() { return ptr_; }
-
-  // The n values; fails the current test if the guard tail was written.
-  std::vector<float> download() const {
-    std::vector<float> all(n_ + kGuard);
-    cudaCheck(cudaMemcpyAsync(all.data(), ptr_, bytes(all.size()), cudaMemcpyDeviceToHost, stream_));
-    cudaCheck(cudaStreamSynchronize(stream_));
-    for (int64_t i = n_; i < n_ + kGuard; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &all[i], sizeof(bits));
-      EXPECT_EQ(bits, kPoisonBits) << "kernel wrote past the end: element " << i << " of " << n_;
-    }
-    all.resize(n_);
-    return all;
-  }
-
- private:
-  static size_t bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
-  int64_t n_;
-  cudaStream_t stream_;
-  float* ptr_ = nullptr;
-};
-
-// |got - want| <= atol + rtol * |want| everywhere; NaN (an unwritten element) always fails.
-::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want, double rtol,
-                                    double atol) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
-  int64_t bad = 0, worst = -1;
-  double worst_excess = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    const double excess = err - (atol + rtol * std::fabs(want[i]));
-    if (!(excess <= 0)) {  // written so that NaN counts as bad
-      ++bad;
-      if (worst < 0 || !(excess <= worst_excess)) {
-        worst = static_cast<int64_t>(i);
-        worst_excess = excess;
-      }
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements outside rtol " << rtol << " atol "
-                                       << atol << "; worst at " << worst << ": got " << got[worst] << " want "
-                                       << want[worst];
-}
 
 // ---- host side: these run, and must pass, without a GPU ----------------------------------------------------------
 
@@ -174,18 +98,7 @@ TEST(CudaLaunch, ZeroSizeLaunchesNothing) {
 
 // ---- kernels against the CPU reference: need a device ------------------------------------------------------------
 
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_info().available) GTEST_SKIP() << "no CUDA device: " << cuda_info().reason;
-    // A non-blocking stream: the launchers must honour the stream they are given, not the legacy default one.
-    cudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
+using CudaOps = ddplab::gpu_test::DeviceTest;
 
 // Tolerances. Bias, scale: one fp32 add or multiply per element, the same on both sides, so 1e-6 relative is
 // generous. AdamW: the GPU contracts multiply-adds into FMAs (one rounding instead of two), so 1e-6 relative plus

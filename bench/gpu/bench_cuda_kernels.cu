@@ -1,0 +1,414 @@
+// bench_cuda_kernels: every CUDA kernel family at training shapes, timed with CUDA events.
+//
+//   memory-bound kernels  achieved GB/s = bytes a minimal implementation must move / median time, next to the
+//                         device-to-device cudaMemcpy bandwidth (read + write) measured in the same run;
+//   GEMMs                 TFLOP/s through our wrapper (kernels/cuda/gemm.h) next to raw cuBLASLt (its first heuristic
+//                         answer, no epilogue) and cublasGemmEx for the same problem and precision.
+// Shapes: a GPT-2-small block (B*S = 8 x 1024 tokens, C = 768, 12 heads, vocabulary 50257) and the default MLP
+// (batch 128, 1024 wide). Each figure is the median over --reps samples; a sample times --inner back-to-back calls
+// (so launch gaps of microsecond kernels are amortised the way a training step amortises them).
+//
+//   bench_cuda_kernels [--reps 20] [--inner 10] [--csv out.csv] [--quick]
+// --quick shrinks every shape 8x (a smoke test). Needs a GPU; exits 2 with the reason without one.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/softmax_ce.h"
+
+namespace {
+
+namespace cuda = ddplab::cuda;
+using bf16 = __nv_bfloat16;
+
+struct Options {
+  int reps = 20, inner = 10;
+  bool quick = false;
+  std::string csv;
+};
+
+// Device memory for the run, freed at exit; filled with small random values (uniform [-1, 1]) by a host upload so
+// no kernel sees NaN or inf (which would change its speed: scale_and_check_finite's flag store, say).
+class Arena {
+ public:
+  ~Arena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <typename T>
+  T* alloc(int64_t n) {
+    void* p = nullptr;
+    cudaCheck(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  float* random_f32(int64_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> h(n);
+    std::mt19937 rng(static_cast<uint32_t>(ptrs_.size()));
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (float& x : h) x = dist(rng);
+    float* d = alloc<float>(n);
+    cudaCheck(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+  }
+  bf16* random_bf16(int64_t n) {
+    bf16* d = alloc<bf16>(n);
+    float* tmp = random_f32(n);
+    cuda::f32_to_bf16(d, tmp, n, nullptr);
+    cudaCheck(cudaDeviceSynchronize());
+    return d;
+  }
+  int32_t* ints(const std::vector<int32_t>& h) {
+    int32_t* d = alloc<int32_t>(static_cast<int64_t>(h.size()));
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    return d;
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+// Median over reps of (time of `inner` calls) / inner, in ms, after a warm-up (plans, caches, clocks).
+double median_ms(const Options& opt, cudaStream_t stream, const std::function<void()>& fn) {
+  cudaEvent_t start, stop;
+  cudaCheck(cudaEventCreate(&start));
+  cudaCheck(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> t;
+  for (int r = 0; r < opt.reps; ++r) {
+    cudaCheck(cudaEventRecord(start, stream));
+    for (int i = 0; i < opt.inner; ++i) fn();
+    cudaCheck(cudaEventRecord(stop, stream));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms = 0;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    t.push_back(ms / opt.inner);
+  }
+  cudaCheck(cudaEventDestroy(start));
+  cudaCheck(cudaEventDestroy(stop));
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+struct Row {
+  std::string group, name, shape;
+  double ms, bytes, flops;  // bytes for memory-bound rows, flops for GEMMs (0 when not applicable)
+};
+
+class Report {
+ public:
+  explicit Report(double copy_gbs) : copy_gbs_(copy_gbs) {}
+  void add(Row r) {
+    print(r);
+    rows_.push_back(std::move(r));
+  }
+  void print(const Row& r) const {
+    if (r.bytes > 0) {
+      const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
+      std::printf("  %-42s %-26s %9.4f ms %8.1f GB/s %5.0f%% of copy\n", r.name.c_str(), r.shape.c_str(), r.ms, gbs,
+                  100 * gbs / copy_gbs_);
+    } else {
+      std::printf("  %-42s %-26s %9.4f ms %8.1f TFLOP/s\n", r.name.c_str(), r.shape.c_str(), r.ms,
+                  r.flops / (r.ms * 1e-3) / 1e12);
+    }
+  }
+  void write_csv(const std::string& path) const {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return;
+    }
+    std::fprintf(f, "group,kernel,shape,ms,bytes,gb_per_s,pct_of_copy,flops,tflop_per_s\n");
+    for (const Row& r : rows_) {
+      const double gbs = r.bytes > 0 ? r.bytes / (r.ms * 1e-3) / 1e9 : 0;
+      const double tf = r.flops > 0 ? r.flops / (r.ms * 1e-3) / 1e12 : 0;
+      std::fprintf(f, "%s,%s,\"%s\",%.6f,%.0f,%.2f,%.1f,%.0f,%.3f\n", r.group.c_str(), r.name.c_str(), r.shape.c_str(),
+                   r.ms, r.bytes, gbs, r.bytes > 0 ? 100 * gbs / copy_gbs_ : 0.0, r.flops, tf);
+    }
+    std::fclose(f);
+  }
+
+ private:
+  double copy_gbs_;
+  std::vector<Row> rows_;
+};
+
+std::string dims(std::initializer_list<std::pair<const char*, int64_t>> d) {
+  std::string s;
+  for (auto [k, v] : d) s += (s.empty() ? "" : " ") + std::string(k) + "=" + std::to_string(v);
+  return s;
+}
+
+// ---- memory-bound kernels ----------------------------------------------------------------------------------------
+
+template <typename T>
+void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int N, int C, int V, const char* tag) {
+  const double t = sizeof(T);
+  auto act = [&](int64_t n) {
+    if constexpr (std::is_same_v<T, bf16>)
+      return a.random_bf16(n);
+    else
+      return a.random_f32(n);
+  };
+  T *x = act(int64_t{N} * C), *y = act(int64_t{N} * C), *dy = act(int64_t{N} * C), *dx = act(int64_t{N} * C);
+  float *w = a.random_f32(C, 0.5f, 1.5f), *b = a.random_f32(C), *dw = a.random_f32(C), *db = a.random_f32(C);
+  float *mean = a.alloc<float>(N), *rstd = a.alloc<float>(N);
+  float* scratch = a.alloc<float>(cuda::layernorm_backward_scratch_floats(N, C));
+  const std::string sh = dims({{"N", N}, {"C", C}});
+  rep.add({"layernorm", std::string("layernorm_forward<") + tag + ">", sh,
+           median_ms(opt, s, [&] { cuda::layernorm_forward<T>(y, mean, rstd, x, w, b, N, C, s); }),
+           2.0 * N * C * t + 8.0 * N + 8.0 * C, 0});
+  // Backward accumulates: the values drift over the reps, which does not change the work.
+  rep.add({"layernorm", std::string("layernorm_backward<") + tag + ">", sh,
+           median_ms(opt, s, [&] { cuda::layernorm_backward<T>(dx, dw, db, scratch, dy, x, w, mean, rstd, N, C, s); }),
+           4.0 * N * C * t + 8.0 * N + 12.0 * C, 0});
+
+  // Cross-entropy over the LM head's logits, dlogits written in place; 10% of the targets ignored.
+  T* logits = act(int64_t{N} * V);
+  std::vector<int32_t> tg(N);
+  for (int n = 0; n < N; ++n) tg[n] = n % 10 == 9 ? -1 : (n * 7919) % V;
+  int32_t* targets = a.ints(tg);
+  float *losses = a.alloc<float>(N), *mean_loss = a.alloc<float>(1);
+  int* count = a.alloc<int>(1);
+  // Each call overwrites the logits with dlogits, whose softmax is as cheap to compute: same work every rep.
+  rep.add({"softmax_ce", std::string("softmax_cross_entropy_fused<") + tag + ">", dims({{"N", N}, {"V", V}}),
+           median_ms(opt, s,
+                     [&] {
+                       cuda::softmax_cross_entropy_fused<T>(logits, losses, mean_loss, count, logits, targets, N, V, s);
+                     }),
+           2.0 * N * V * t + 12.0 * N, 0});
+
+  // Embedding: B sequences of S = 1024 tokens, all full length (the most work).
+  const int S = std::min(N, 1024), B = N / S;
+  std::vector<int32_t> tok(int64_t{B} * S), len(B, S);
+  for (int64_t i = 0; i < int64_t{B} * S; ++i) tok[i] = static_cast<int32_t>((i * 7919) % V);
+  int32_t *d_tok = a.ints(tok), *d_len = a.ints(len);
+  float *wte = a.random_f32(int64_t{V} * C), *wpe = a.random_f32(int64_t{S} * C);
+  float *dwte = a.random_f32(int64_t{V} * C), *dwpe = a.random_f32(int64_t{S} * C);
+  const std::string esh = dims({{"B", B}, {"S", S}, {"C", C}});
+  rep.add({"embedding", std::string("embedding_forward<") + tag + ">", esh,
+           median_ms(opt, s, [&] { cuda::embedding_forward<T>(y, d_tok, d_len, wte, wpe, B, S, C, s); }),
+           int64_t{B} * S * C * (8.0 + t), 0});  // wte rows + wpe rows (L2-resident after the first b) + out
+  rep.add({"embedding", std::string("embedding_backward<") + tag + ">", esh,
+           median_ms(opt, s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, d_tok, d_len, B, S, C, s); }),
+           int64_t{B} * S * C * (2 * t + 8.0) + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
+}
+
+void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int64_t n) {
+  float *x = a.random_f32(n), *y = a.random_f32(n), *g = a.random_f32(n), *m = a.random_f32(n);
+  float* v = a.random_f32(n, 0.0f, 1.0f);
+  bf16* h = a.alloc<bf16>(n);
+  int* flag = a.alloc<int>(1);
+  cudaCheck(cudaMemset(flag, 0, sizeof(int)));
+  const std::string sh = dims({{"n", n}});
+  rep.add({"convert", "f32_to_bf16", sh, median_ms(opt, s, [&] { cuda::f32_to_bf16(h, x, n, s); }), 6.0 * n, 0});
+  rep.add({"convert", "bf16_to_f32", sh, median_ms(opt, s, [&] { cuda::bf16_to_f32(y, h, n, s); }), 6.0 * n, 0});
+  rep.add({"convert", "scale_and_check_finite", sh,
+           median_ms(opt, s, [&] { cuda::scale_and_check_finite(y, 1.0f, n, flag, s); }), 8.0 * n, 0});
+  rep.add({"elementwise", "gelu_forward", sh, median_ms(opt, s, [&] { cuda::gelu_forward(y, x, n, s); }), 8.0 * n, 0});
+  rep.add({"elementwise", "gelu_backward", sh, median_ms(opt, s, [&] { cuda::gelu_backward(y, x, g, n, s); }), 12.0 * n,
+           0});
+  rep.add({"elementwise", "scale", sh, median_ms(opt, s, [&] { cuda::scale(y, 1.0f, n, s); }), 8.0 * n, 0});
+  rep.add({"adamw", "adamw_update", sh,
+           median_ms(opt, s, [&] { cuda::adamw_update(x, g, m, v, n, 1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1000, s); }),
+           28.0 * n, 0});
+}
+
+void bench_attention(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C, int NH) {
+  cuda::GemmContext ctx(cuda::GemmMath::kTf32);
+  float *qkv = a.random_f32(int64_t{B} * S * 3 * C), *out = a.alloc<float>(int64_t{B} * S * C);
+  float *dout = a.random_f32(int64_t{B} * S * C), *dqkv = a.alloc<float>(int64_t{B} * S * 3 * C);
+  float* att = a.alloc<float>(int64_t{B} * NH * S * S);
+  float* ws = a.alloc<float>(cuda::attention_backward_workspace_floats(B, S, C, NH));
+  std::vector<int32_t> len(B);
+  for (int b = 0; b < B; ++b) len[b] = S - b * S / (2 * B);  // lengths from S down to ~S/2
+  int32_t* d_len = a.ints(len);
+  const std::string sh = dims({{"B", B}, {"S", S}, {"C", C}, {"NH", NH}});
+  const double qk_av = 2.0 * 2 * B * int64_t{S} * S * C;  // Q K^T and att V over all heads, full S x S
+  rep.add({"attention", "attention_forward (tf32, causal)", sh,
+           median_ms(opt, s, [&] { cuda::attention_forward(ctx, out, att, ws, qkv, d_len, B, S, C, NH, true, s); }), 0,
+           qk_av});
+  rep.add(
+      {"attention", "attention_backward (tf32, causal)", sh,
+       median_ms(opt, s, [&] { cuda::attention_backward(ctx, dqkv, ws, dout, qkv, att, d_len, B, S, C, NH, true, s); }),
+       0, 2 * qk_av});
+}
+
+// ---- GEMMs: wrapper vs raw cuBLASLt vs cublasGemmEx --------------------------------------------------------------
+
+// Raw cuBLASLt, the way its documentation's samples call it: descriptors, first heuristic answer, no epilogue.
+struct RawLt {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~RawLt() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int C, int OC, const char* mode) {
+  const bool bf = std::strcmp(mode, "bf16") == 0, tf32 = std::strcmp(mode, "tf32") == 0;
+  cuda::GemmContext ctx(tf32 ? cuda::GemmMath::kTf32 : cuda::GemmMath::kFp32);
+  const cudaDataType_t type = bf ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  void *inp, *w, *out, *pre, *dout, *dinp;
+  if (bf) {
+    inp = a.random_bf16(int64_t{B} * C), w = a.random_bf16(int64_t{OC} * C), dout = a.random_bf16(int64_t{B} * OC);
+    out = a.alloc<bf16>(int64_t{B} * OC), pre = a.alloc<bf16>(int64_t{B} * OC), dinp = a.alloc<bf16>(int64_t{B} * C);
+  } else {
+    inp = a.random_f32(int64_t{B} * C), w = a.random_f32(int64_t{OC} * C), dout = a.random_f32(int64_t{B} * OC);
+    out = a.alloc<float>(int64_t{B} * OC), pre = a.alloc<float>(int64_t{B} * OC), dinp = a.alloc<float>(int64_t{B} * C);
+  }
+  float *bias = a.random_f32(OC), *dweight = a.random_f32(int64_t{OC} * C);
+  const double flops = 2.0 * B * C * OC;
+  const std::string sh = dims({{"B", B}, {"C", C}, {"OC", OC}});
+  const std::string tag = std::string(" (") + mode + ")";
+  auto wrap = [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    T *i = static_cast<T*>(inp), *ww = static_cast<T*>(w), *o = static_cast<T*>(out), *p = static_cast<T*>(pre);
+    T *d = static_cast<T*>(dout), *di = static_cast<T*>(dinp);
+    rep.add({"gemm", "matmul_forward" + tag, sh,
+             median_ms(opt, s, [&] { cuda::matmul_forward<T>(ctx, o, i, ww, nullptr, B, C, OC, s); }), 0, flops});
+    rep.add({"gemm", "matmul_bias_gelu_forward" + tag, sh,
+             median_ms(opt, s, [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, bias, B, C, OC, s); }), 0,
+             flops});
+    rep.add({"gemm", "matmul_backward_input" + tag, sh,
+             median_ms(opt, s, [&] { cuda::matmul_backward_input<T>(ctx, di, d, ww, B, C, OC, s); }), 0, flops});
+    rep.add({"gemm", "matmul_backward_weight" + tag, sh,
+             median_ms(opt, s, [&] { cuda::matmul_backward_weight<T>(ctx, dweight, d, i, B, C, OC, 0, OC, s); }), 0,
+             flops});
+  };
+  if (bf)
+    wrap(static_cast<bf16*>(nullptr));
+  else
+    wrap(static_cast<float*>(nullptr));
+
+  // The forward problem, raw: column-major out^T[OC, B] = W^T[C, OC]^T inp^T[C, B] (see gemm.cu).
+  RawLt raw;
+  cublasCheck(cublasLtMatmulDescCreate(&raw.desc, compute, CUDA_R_32F));
+  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  cublasCheck(cublasLtMatmulDescSetAttribute(raw.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
+  cublasCheck(cublasLtMatmulDescSetAttribute(raw.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+  cublasCheck(cublasLtMatrixLayoutCreate(&raw.la, type, C, OC, C));
+  cublasCheck(cublasLtMatrixLayoutCreate(&raw.lb, type, C, B, C));
+  cublasCheck(cublasLtMatrixLayoutCreate(&raw.ld, type, OC, B, OC));
+  cublasLtMatmulPreference_t pref;
+  cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws_bytes = ctx.workspace_bytes();
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                   sizeof(ws_bytes)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), raw.desc, raw.la, raw.lb, raw.ld, raw.ld, pref, 1,
+                                             &result, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  const float one = 1.0f, zero = 0.0f;
+  if (found > 0) {
+    rep.add({"gemm", "raw cublasLtMatmul" + tag, sh,
+             median_ms(opt, s,
+                       [&] {
+                         cublasCheck(cublasLtMatmul(ctx.lt_handle(), raw.desc, &one, w, raw.la, inp, raw.lb, &zero, out,
+                                                    raw.ld, out, raw.ld, &result.algo, ctx.workspace(), ws_bytes, s));
+                       }),
+             0, flops});
+  }
+  cublasHandle_t h = ctx.blas_handle(s);
+  rep.add({"gemm", "raw cublasGemmEx" + tag, sh,
+           median_ms(opt, s,
+                     [&] {
+                       cublasCheck(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, &one, w, type, C, inp, type, C,
+                                                &zero, out, type, OC, compute, CUBLAS_GEMM_DEFAULT));
+                     }),
+           0, flops});
+}
+
+double copy_bandwidth_gbs(const Options& opt, cudaStream_t s, Arena& a, int64_t bytes) {
+  char* src = a.alloc<char>(bytes);
+  char* dst = a.alloc<char>(bytes);
+  cudaCheck(cudaMemset(src, 1, bytes));
+  const double ms =
+      median_ms(opt, s, [&] { cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;  // read + write
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      opt.reps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--inner" && i + 1 < argc) {
+      opt.inner = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--csv" && i + 1 < argc) {
+      opt.csv = argv[++i];
+    } else if (a == "--quick") {
+      opt.quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--reps N] [--inner N] [--csv FILE] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  const cuda::CudaInfo info = cuda::query_cuda();
+  std::printf("device: %s\n", cuda::describe(info).c_str());
+  if (!info.available) {
+    std::fprintf(stderr, "bench_cuda_kernels: needs a GPU: %s\n", info.reason.c_str());
+    return 2;
+  }
+  try {
+    const int q = opt.quick ? 8 : 1;
+    cudaStream_t s;
+    cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    Arena arena;
+    const double copy = copy_bandwidth_gbs(opt, s, arena, (int64_t{1} << 30) / q);
+    std::printf("cudaMemcpy device-to-device, %lld MiB: %.1f GB/s (read + write): the 100%% below\n",
+                static_cast<long long>(1024 / q), copy);
+    Report rep(copy);
+    const int N = 8 * 1024 / q, C = 768, V = 50257 / q;
+    std::printf("\nrow-wise kernels (GPT-2-small shapes)\n");
+    bench_rowwise<float>(opt, s, arena, rep, N, C, V, "fp32");
+    bench_rowwise<bf16>(opt, s, arena, rep, N, C, V, "bf16");
+    std::printf("\nstreaming kernels (a 124M-parameter buffer)\n");
+    bench_streaming(opt, s, arena, rep, int64_t{124} * 1000 * 1000 / q);
+    std::printf("\nattention (simple: cuBLAS batched GEMMs + masked softmax)\n");
+    bench_attention(opt, s, arena, rep, 8 / std::min(q, 8), 1024 / q, 768, 12);
+    std::printf("\nGEMMs: wrapper vs raw cuBLASLt vs cublasGemmEx (TFLOP/s = 2 B C OC / time)\n");
+    for (const char* mode : {"fp32", "tf32", "bf16"}) {
+      bench_gemm(opt, s, arena, rep, N, C, 3 * C, mode);      // qkv
+      bench_gemm(opt, s, arena, rep, N, C, 4 * C, mode);      // fc
+      bench_gemm(opt, s, arena, rep, N, 4 * C, C, mode);      // fcproj
+      bench_gemm(opt, s, arena, rep, 128, 1024, 1024, mode);  // the default MLP's hidden layer
+    }
+    cudaCheck(cudaStreamSynchronize(s));
+    cudaCheck(cudaStreamDestroy(s));
+    if (!opt.csv.empty()) rep.write_csv(opt.csv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda_kernels: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,382 @@
+// cuBLASLt wrapper (see gemm.h for the contracts): the context and its plan cache, the row-major -> column-major
+// mapping of the three Linear GEMMs, and two small kernels (the epilogue fallback and the bias gradient).
+//
+// cuBLAS is column-major, and a row-major [R, C] matrix is the column-major [C, R] matrix with the same ld. So with
+// X^T meaning "the same buffer read column-major":
+//   forward          out^T[OC,B]   = W^T[C,OC]^T · inp^T[C,B]            m=OC n=B  k=C   A=W(T)   B=inp(N)
+//   backward input   dinp^T[C,B]   = W^T[C,OC]   · dout^T[OC,B]          m=C  n=B  k=OC  A=W(N)   B=dout(N)
+//   backward weight  dW^T[C,rows] += inp^T[C,B] · (dout^T[rows,B])^T     m=C  n=rows k=B A=inp(N) B=dout(T)
+// and a bias over the columns of the row-major output is a bias over the rows of D, which is what cuBLASLt's BIAS
+// epilogue adds.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace ddplab::cuda {
+namespace {
+
+using detail::to_float;
+
+// ---- kernels ----------------------------------------------------------------------------------------------------
+
+// The epilogue when cuBLASLt has none for the problem: v = out + bias; then pre = v, out = gelu(v) (kGelu) or
+// out = v. Columns across threads (coalesced, one bias load per thread), rows across blockIdx.y.
+template <typename T, bool kGelu>
+__global__ void bias_gelu_epilogue_kernel(T* out, T* pre_gelu, const float* bias, int B, int OC) {
+  for (int64_t o = detail::global_index(); o < OC; o += detail::grid_stride()) {
+    const float b = bias ? bias[o] : 0.0f;
+    for (int64_t row = blockIdx.y; row < B; row += gridDim.y) {
+      const int64_t i = row * OC + o;
+      const float v = to_float(out[i]) + b;
+      if constexpr (kGelu) {
+        pre_gelu[i] = detail::from_float<T>(v);
+        out[i] = detail::from_float<T>(detail::gelu_tanh(v));
+      } else {
+        out[i] = detail::from_float<T>(v);
+      }
+    }
+  }
+}
+
+// dbias[o] += sum_b dout[b, o]. A block is 32 columns x 32 row groups: lane = column (a warp reads 128 contiguous
+// bytes of a row), warp g sums rows g, g + 32, ...; then warp 0 adds the 32 partial sums in order. Fixed order,
+// no atomics.
+constexpr int kBiasCols = 32, kBiasGroups = 32;
+template <typename T>
+__global__ void __launch_bounds__(kBiasCols* kBiasGroups)
+    bias_backward_kernel(float* dbias, const T* dout, int B, int OC) {
+  __shared__ float sums[kBiasGroups][kBiasCols + 1];  // +1: the transposed read below is bank-conflict free
+  const int lane = threadIdx.x % kBiasCols, group = threadIdx.x / kBiasCols;
+  const int o = blockIdx.x * kBiasCols + lane;
+  float s = 0.0f;
+  if (o < OC)
+    for (int64_t b = group; b < B; b += kBiasGroups) s += to_float(dout[b * OC + o]);
+  sums[group][lane] = s;
+  __syncthreads();
+  if (group == 0 && o < OC) {
+    float total = 0.0f;
+#pragma unroll 8
+    for (int g = 0; g < kBiasGroups; ++g) total += sums[g][lane];
+    dbias[o] += total;
+  }
+}
+
+// ---- cuBLASLt problems and plans --------------------------------------------------------------------------------
+
+// One cuBLASLt call in its own column-major terms: D[m,n] = op(A) op(B) + beta D, with an optional epilogue.
+struct LtGemm {
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  const void* A;
+  int64_t lda;
+  const void* B;
+  int64_t ldb;
+  void* D;
+  int64_t ldd;
+  cudaDataType_t ab_type, d_type;
+  float beta;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const float* bias = nullptr;  // fp32, length m (BIAS epilogues)
+  void* aux = nullptr;          // pre-GELU output, [m, n] with ld m (GELU_AUX epilogues)
+};
+
+// Largest power of two (at most 256) dividing the address: cuBLASLt's kernels are chosen per pointer alignment, so
+// it is part of the plan's key and passed to the heuristic.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 1;
+  while (al < 256 && a % (2 * al) == 0) al *= 2;
+  return al;
+}
+
+using PlanKey = std::array<int64_t, 17>;
+
+template <typename T>
+void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  cublasCheck(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+}
+
+}  // namespace
+
+struct GemmContext::Plans {
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;  // the heuristic found an algorithm
+  };
+  std::map<PlanKey, Plan> cache;
+
+  ~Plans() {
+    for (auto& [key, p] : cache) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.d);
+      cublasLtMatmulDescDestroy(p.desc);
+    }
+  }
+};
+
+namespace {
+
+GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComputeType_t compute) {
+  GemmContext::Plans::Plan p;
+  cublasCheck(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, g.ta);
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, g.tb);
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
+  if (g.bias) {
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));  // fp32 even for bf16 D
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
+  }
+  if (g.aux) {
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(g.m));
+  }
+  const bool ta = g.ta != CUBLAS_OP_N, tb = g.tb != CUBLAS_OP_N;
+  cublasCheck(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
+  cublasCheck(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
+  cublasCheck(cublasLtMatrixLayoutCreate(&p.d, g.d_type, g.m, g.n, g.ldd));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = ctx.workspace_bytes();
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t align[4] = {alignment_of(g.A), alignment_of(g.B), alignment_of(g.D), alignment_of(g.D)};
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  // "No algorithm" is an answer here (NOT_SUPPORTED or 0 results), not an error: the caller may fall back.
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
+  p.ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p.ok) p.algo = result.algo;
+  return p;
+}
+
+// Runs g through its cached plan. Returns false, having launched nothing, when cuBLASLt has no algorithm for it
+// (possible with an epilogue and unaligned bias/aux or odd sizes); the caller then falls back.
+bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
+  const cublasComputeType_t compute =
+      g.ab_type == CUDA_R_32F && ctx.math() == GemmMath::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // Everything the descriptors and the heuristic's choice depend on (pointer values excepted, alignments included).
+  const int64_t bias_align = g.bias ? alignment_of(g.bias) : 0, aux_align = g.aux ? alignment_of(g.aux) : 0;
+  // clang-format off
+  const PlanKey key = {g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab_type, g.d_type, compute, g.epilogue,
+                       alignment_of(g.A), alignment_of(g.B), alignment_of(g.D), bias_align, aux_align};
+  // clang-format on
+  auto& cache = ctx.plans().cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make_plan(ctx, g, compute)).first;
+  const GemmContext::Plans::Plan& p = it->second;
+  if (!p.ok) return false;
+  // The plan was made for pointers of this alignment; the pointers themselves change from call to call.
+  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
+  if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+  const float alpha = 1.0f;
+  cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D, p.d, &p.algo,
+                             ctx.workspace(), ctx.workspace_bytes(), stream));
+  return true;
+}
+
+template <typename T>
+constexpr cudaDataType_t kDataType = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
+
+void check_sizes(const char* what, int B, int C, int OC) {
+  if (B < 0 || C < 0 || OC < 0)
+    throw std::invalid_argument(std::string(what) + ": negative size: B=" + std::to_string(B) +
+                                " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+}
+
+template <typename T>
+void launch_epilogue(T* out, T* pre_gelu, const float* bias, int B, int OC, bool gelu, cudaStream_t stream) {
+  constexpr int64_t kTargetBlocks = 4096;  // as bias_forward: about this many blocks whatever the shape
+  const unsigned grid_x = detail::grid_size(OC);
+  const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
+  if (gelu)
+    bias_gelu_epilogue_kernel<T, true>
+        <<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, pre_gelu, bias, B, OC);
+  else
+    bias_gelu_epilogue_kernel<T, false>
+        <<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, pre_gelu, bias, B, OC);
+  cudaCheck(cudaGetLastError());
+}
+
+// Forward with an optional bias or bias+GELU: fused when cuBLASLt has an algorithm, else plain GEMM + our kernel.
+template <typename T>
+void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const float* bias, int B, int C,
+             int OC, bool gelu, cudaStream_t stream) {
+  if (B == 0 || OC == 0) return;
+  if (C == 0) {  // an empty sum: out = bias (or 0), through the epilogue
+    cudaCheck(cudaMemsetAsync(out, 0, sizeof(T) * B * OC, stream));
+    if (bias || gelu) launch_epilogue(out, pre_gelu, bias, B, OC, gelu, stream);
+    return;
+  }
+  LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, weight, C, inp, C, out, OC, kDataType<T>, kDataType<T>, 0.0f};
+  if (bias) {
+    g.bias = bias;
+    g.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    // The GELU input's leading dimension must be a multiple of 8: otherwise go straight to the fallback.
+    if (gelu) g.aux = OC % 8 == 0 ? pre_gelu : nullptr;
+    if ((!gelu || g.aux) && run_lt(ctx, g, stream)) return;
+    g.bias = nullptr, g.aux = nullptr, g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  if (!run_lt(ctx, g, stream))
+    throw std::runtime_error("cuBLASLt: no algorithm for matmul_forward B=" + std::to_string(B) +
+                             " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+  if (bias || gelu) launch_epilogue(out, pre_gelu, bias, B, OC, gelu, stream);
+}
+
+}  // namespace
+
+// ---- context ----------------------------------------------------------------------------------------------------
+
+GemmContext::GemmContext(GemmMath math, size_t workspace_bytes)
+    : math_(math), workspace_bytes_(workspace_bytes), plans_(std::make_unique<Plans>()) {}
+
+GemmContext::~GemmContext() {
+  plans_.reset();  // descriptors before the handle
+  if (blas_) cublasDestroy(blas_);
+  if (lt_) cublasLtDestroy(lt_);
+  if (workspace_) cudaFree(workspace_);
+}
+
+void GemmContext::init() {
+  if (lt_) return;
+  cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* ws = nullptr;
+  try {
+    cudaCheck(cudaMalloc(&ws, std::max<size_t>(workspace_bytes_, 1)));
+    cublasCheck(cublasCreate(&blas));
+    cublasCheck(cublasLtCreate(&lt));
+  } catch (...) {
+    if (blas) cublasDestroy(blas);
+    if (ws) cudaFree(ws);
+    throw;
+  }
+  lt_ = lt, blas_ = blas, workspace_ = ws;
+}
+
+cublasLtHandle_t GemmContext::lt_handle() {
+  init();
+  return lt_;
+}
+
+void* GemmContext::workspace() {
+  init();
+  return workspace_;
+}
+
+cublasHandle_t GemmContext::blas_handle(cudaStream_t stream) {
+  init();
+  cublasCheck(cublasSetStream(blas_, stream));
+  // cublasSetStream resets the workspace to cuBLAS's own pool: point it back at ours every time.
+  cublasCheck(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
+  return blas_;
+}
+
+int64_t GemmContext::cached_plans() const { return static_cast<int64_t>(plans_->cache.size()); }
+
+// ---- launchers --------------------------------------------------------------------------------------------------
+
+template <typename T>
+void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const float* bias, int B, int C, int OC,
+                    cudaStream_t stream) {
+  check_sizes("matmul_forward", B, C, OC);
+  forward<T>(ctx, out, nullptr, inp, weight, bias, B, C, OC, /*gelu=*/false, stream);
+}
+
+template <typename T>
+void matmul_bias_gelu_forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const float* bias,
+                              int B, int C, int OC, cudaStream_t stream) {
+  check_sizes("matmul_bias_gelu_forward", B, C, OC);
+  if (B > 0 && OC > 0 && (bias == nullptr || pre_gelu == nullptr))
+    throw std::invalid_argument("matmul_bias_gelu_forward: bias and pre_gelu must not be null");
+  forward<T>(ctx, out, pre_gelu, inp, weight, bias, B, C, OC, /*gelu=*/true, stream);
+}
+
+template <typename T>
+void matmul_backward_input(GemmContext& ctx, T* dinp, const T* dout, const T* weight, int B, int C, int OC,
+                           cudaStream_t stream) {
+  check_sizes("matmul_backward_input", B, C, OC);
+  if (B == 0 || C == 0) return;
+  if (OC == 0) {
+    cudaCheck(cudaMemsetAsync(dinp, 0, sizeof(T) * B * C, stream));
+    return;
+  }
+  const LtGemm g{CUBLAS_OP_N, CUBLAS_OP_N, C, B, OC, weight, C, dout, OC, dinp, C, kDataType<T>, kDataType<T>, 0.0f};
+  if (!run_lt(ctx, g, stream))
+    throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_input B=" + std::to_string(B) +
+                             " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+}
+
+template <typename T>
+void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, const T* inp, int B, int C, int OC,
+                            int row_begin, int row_end, cudaStream_t stream) {
+  check_sizes("matmul_backward_weight", B, C, OC);
+  if (row_begin < 0 || row_begin > row_end || row_end > OC)
+    throw std::invalid_argument("matmul_backward_weight: rows [" + std::to_string(row_begin) + ", " +
+                                std::to_string(row_end) + ") not within [0, " + std::to_string(OC) + ")");
+  const int rows = row_end - row_begin;
+  if (B == 0 || C == 0 || rows == 0) return;
+  const T* dout_rows = dout + row_begin;  // rows [row_begin, row_end) of dout^T: same ld, shifted start
+  float* dweight_rows = dweight + int64_t{row_begin} * C;
+  const LtGemm g{CUBLAS_OP_N,  CUBLAS_OP_T,  C, rows,         B,          inp, C, dout_rows,
+                 OC,           dweight_rows, C, kDataType<T>, CUDA_R_32F,
+                 /*beta=*/1.0f};
+  if (!run_lt(ctx, g, stream))
+    throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_weight B=" + std::to_string(B) +
+                             " C=" + std::to_string(C) + " rows=" + std::to_string(rows));
+}
+
+template <typename T>
+void bias_backward(float* dbias, const T* dout, int B, int OC, cudaStream_t stream) {
+  check_sizes("bias_backward", B, 0, OC);
+  if (B == 0 || OC == 0) return;
+  bias_backward_kernel<T><<<(OC + kBiasCols - 1) / kBiasCols, kBiasCols * kBiasGroups, 0, stream>>>(dbias, dout, B, OC);
+  cudaCheck(cudaGetLastError());
+}
+
+void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const float* A, int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
+                          float beta, float* C, int ldc, int64_t stride_c, int batch, cudaStream_t stream) {
+  if (M < 0 || N < 0 || K < 0 || batch < 0) throw std::invalid_argument("gemm_strided_batched: negative size");
+  if (M == 0 || N == 0 || batch == 0) return;
+  const cublasComputeType_t compute = ctx.math() == GemmMath::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep each one's flag.
+  cublasCheck(cublasGemmStridedBatchedEx(ctx.blas_handle(stream), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F, ldb,
+                                         stride_b, A, CUDA_R_32F, lda, stride_a, &beta, C, CUDA_R_32F, ldc, stride_c,
+                                         batch, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+#define DDPLAB_INSTANTIATE(T)                                                                                       \
+  template void matmul_forward<T>(GemmContext&, T*, const T*, const T*, const float*, int, int, int, cudaStream_t); \
+  template void matmul_bias_gelu_forward<T>(GemmContext&, T*, T*, const T*, const T*, const float*, int, int, int,  \
+                                            cudaStream_t);                                                          \
+  template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);        \
+  template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,        \
+                                          cudaStream_t);                                                            \
+  template void bias_backward<T>(float*, const T*, int, int, cudaStream_t);
+DDPLAB_INSTANTIATE(float)
+DDPLAB_INSTANTIATE(__nv_bfloat16)
+#undef DDPLAB_INSTANTIATE
+
+}  // namespace ddplab::cuda

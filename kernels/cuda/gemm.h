@@ -1,0 +1,100 @@
+// The Linear layer's GEMMs through cuBLASLt, in the row-major conventions of kernels/cpu/ops.h: the CUDA twins of
+// cpu::matmul_forward (+ bias_forward, + gelu_forward), matmul_backward_input, matmul_backward_weight and
+// bias_backward. A weight is [OC, C] like PyTorch's; activations are [B, C] and [B, OC].
+//
+// Precision (data type from the pointers, compute mode from the context):
+//   T = float, GemmMath::kFp32   fp32 in, fp32 out, fp32 FMA (CUBLAS_COMPUTE_32F)
+//   T = float, GemmMath::kTf32   fp32 in and out, tensor cores with inputs rounded to TF32 (10-bit mantissa)
+//   T = __nv_bfloat16            bf16 in, bf16 activations out, fp32 accumulation (CUBLAS_COMPUTE_32F)
+// Biases and weight/bias GRADIENTS are fp32 in every mode (master weights stay fp32; a bf16 run keeps bf16 copies of
+// the weights for the GEMMs, made with convert.h).
+//
+// Asynchronous: each call enqueues on `stream`. Bad sizes throw std::invalid_argument; CUDA/cuBLAS failures
+// std::runtime_error. A GEMM with an empty output launches nothing; one with K == 0 is still defined (forward:
+// out = bias or 0; backward input: dinp = 0; backward weight: nothing to add).
+#pragma once
+#include <cublasLt.h>
+#include <cublas_api.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace ddplab::cuda {
+
+enum class GemmMath { kFp32, kTf32 };
+
+// Owns the cuBLASLt and cuBLAS handles, one workspace, and the cache of cuBLASLt plans (descriptors + the
+// heuristic's algorithm) keyed by problem, so a training step's GEMMs pay the heuristic once. The handles and the
+// workspace are created on first use, not by the constructor, so a context can be built (and argument checks
+// tested) without a device. Not thread-safe, and the workspace is shared: use one context per stream (or order
+// the streams).
+class GemmContext {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+
+  explicit GemmContext(GemmMath math = GemmMath::kFp32, size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+
+  GemmMath math() const { return math_; }
+  void set_math(GemmMath math) { math_ = math; }  // applies to fp32 GEMMs from the next call on
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // Created on first call (throws std::runtime_error without a usable device).
+  cublasLtHandle_t lt_handle();
+  // The cuBLAS handle, bound to `stream` and to the shared workspace (for the strided-batched GEMMs).
+  cublasHandle_t blas_handle(cudaStream_t stream);
+  void* workspace();
+  int64_t cached_plans() const;  // for tests: distinct problems planned so far
+
+  struct Plans;  // opaque: defined and used in gemm.cu only
+  Plans& plans() { return *plans_; }
+
+ private:
+  void init();
+  GemmMath math_;
+  size_t workspace_bytes_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* workspace_ = nullptr;
+  std::unique_ptr<Plans> plans_;
+};
+
+// out[B,OC] = inp[B,C] @ weight[OC,C]^T (+ bias[OC] broadcast over rows; bias may be null). OVERWRITES out.
+template <typename T>
+void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const float* bias, int B, int C, int OC,
+                    cudaStream_t stream);
+
+// pre_gelu[B,OC] = inp @ weight^T + bias, out = gelu(pre_gelu) (tanh form, as cpu::gelu_forward), one GEMM with a
+// fused epilogue where cuBLASLt has one for the shape and alignment, else the GEMM and our epilogue kernel.
+// pre_gelu is what gelu_backward needs. Both OVERWRITTEN; bias must not be null.
+template <typename T>
+void matmul_bias_gelu_forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const float* bias,
+                              int B, int C, int OC, cudaStream_t stream);
+
+// dinp[B,C] = dout[B,OC] @ weight[OC,C]. OVERWRITES dinp (an activation gradient).
+template <typename T>
+void matmul_backward_input(GemmContext& ctx, T* dinp, const T* dout, const T* weight, int B, int C, int OC,
+                           cudaStream_t stream);
+
+// dweight[r,:] += dout[:,r]^T @ inp[B,C] for rows r in [row_begin, row_end) of the [OC, C] weight gradient:
+// ACCUMULATES, in fp32 whatever T is. A row range lets a caller finish (and hand to communication) a block of rows
+// at a time, as with cpu::matmul_backward_weight. Requires 0 <= row_begin <= row_end <= OC.
+template <typename T>
+void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, const T* inp, int B, int C, int OC,
+                            int row_begin, int row_end, cudaStream_t stream);
+
+// dbias[OC] += sum over rows of dout[B,OC]: ACCUMULATES, fp32, deterministic (fixed summation order).
+template <typename T>
+void bias_backward(float* dbias, const T* dout, int B, int OC, cudaStream_t stream);
+
+// Row-major strided-batched C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C for `batch` matrices (A + i*stride_a, ...),
+// fp32 data and the context's math, through cublasGemmStridedBatchedEx: attention's per-head products.
+void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const float* A, int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
+                          float beta, float* C, int ldc, int64_t stride_c, int batch, cudaStream_t stream);
+
+}  // namespace ddplab::cuda

@@ -1,0 +1,125 @@
+// Fused softmax cross-entropy: kernels first, launcher last (see softmax_ce.h for the contract).
+//
+// Three launches: count the valid rows (the gradient divides by their number, so it must be known before any row
+// is written), the fused row kernel, and the mean loss. The row kernel is a block per row: the vocabulary can be
+// 50k wide, and a block's threads stride over it coalesced (scalar accesses: rows of an odd V are not 16-byte
+// aligned). Pass 1 keeps a running (max, sum of exp) per thread, an online softmax, so the row is read once for
+// both; pass 2 re-reads it (L2) to write dlogits.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/softmax_ce.h"
+
+namespace ddplab::cuda {
+namespace {
+
+using detail::to_float;
+
+constexpr int kReduceBlock = 1024;  // one block for the count and the mean: N is at most a few 10^5 rows
+
+__global__ void __launch_bounds__(kReduceBlock)
+    cross_entropy_count_valid_kernel(int* num_valid, const int32_t* targets, int N) {
+  __shared__ unsigned warp_counts[32];
+  unsigned count = 0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) count += targets[n] >= 0;
+  count = __reduce_add_sync(detail::kFullMask, count);
+  if (threadIdx.x % 32 == 0) warp_counts[threadIdx.x / 32] = count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned total = 0;
+    for (int w = 0; w < kReduceBlock / 32; ++w) total += warp_counts[w];
+    *num_valid = static_cast<int>(total);
+  }
+}
+
+template <typename T>
+__global__ void softmax_cross_entropy_fused_kernel(T* dlogits, float* losses, const T* logits, const int32_t* targets,
+                                                   const int* num_valid, int N, int V) {
+  __shared__ float scratch[32];
+  const int count = *num_valid;
+  const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int target = targets[row];  // the same for the whole block: the branches below are block-uniform
+    T* d = dlogits ? dlogits + row * V : nullptr;
+    if (target < 0) {
+      if (threadIdx.x == 0) losses[row] = 0.0f;
+      if (d)
+        for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = detail::from_float<T>(0.0f);
+      continue;
+    }
+    const T* z = logits + row * V;
+    // Read before any thread writes d (which may alias z): the reductions below are barriers.
+    const float z_target = threadIdx.x == 0 ? (target < V ? to_float(z[target]) : NAN) : 0.0f;
+    float m = -INFINITY, s = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) detail::online_softmax_update(m, s, to_float(z[v]));
+    const float row_max = detail::block_max(m, scratch);
+    const float sum = detail::block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max), scratch);
+    if (threadIdx.x == 0) losses[row] = logf(sum) - (z_target - row_max);  // log-sum-exp: finite when p underflows
+    if (d) {
+      const float inv_sum = 1.0f / sum;
+      for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        const float p = expf(to_float(z[v]) - row_max) * inv_sum;
+        d[v] = detail::from_float<T>((p - (v == target ? 1.0f : 0.0f)) * inv_count);
+      }
+    }
+  }
+}
+
+// Mean over the valid rows, summed in double in a fixed order (the CPU reference accumulates in double too).
+__global__ void __launch_bounds__(kReduceBlock)
+    cross_entropy_mean_loss_kernel(float* mean_loss, const float* losses, const int* num_valid, int N) {
+  __shared__ double warp_sums[32];
+  double s = 0.0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) s += losses[n];  // ignored rows hold 0
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(detail::kFullMask, s, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kReduceBlock / 32; ++w) total += warp_sums[w];
+    const int count = *num_valid;
+    *mean_loss = count > 0 ? static_cast<float>(total / count) : 0.0f;
+  }
+}
+
+// Enough threads that each handles a few dozen logits at most, few enough that a small V does not leave most of
+// the block idle.
+int row_block_size(int V) { return V <= 64 ? 32 : V <= 2048 ? 128 : V <= 16384 ? 256 : 1024; }
+
+}  // namespace
+
+template <typename T>
+void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, int* num_valid, const T* logits,
+                                 const int32_t* targets, int N, int V, cudaStream_t stream) {
+  if (N < 0 || V <= 0)
+    throw std::invalid_argument("softmax_cross_entropy_fused: need N >= 0 and V > 0, got N=" + std::to_string(N) +
+                                " V=" + std::to_string(V));
+  if (num_valid == nullptr || (N > 0 && losses == nullptr))
+    throw std::invalid_argument("softmax_cross_entropy_fused: num_valid and losses must not be null");
+  // N == 0 still runs the two one-block kernels: they write the defined results (0 rows, mean 0).
+  cross_entropy_count_valid_kernel<<<1, kReduceBlock, 0, stream>>>(num_valid, targets, N);
+  cudaCheck(cudaGetLastError());
+  if (N > 0) {
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, detail::kMaxGridSize));
+    softmax_cross_entropy_fused_kernel<T>
+        <<<grid, row_block_size(V), 0, stream>>>(dlogits, losses, logits, targets, num_valid, N, V);
+    cudaCheck(cudaGetLastError());
+  }
+  if (mean_loss != nullptr) {
+    cross_entropy_mean_loss_kernel<<<1, kReduceBlock, 0, stream>>>(mean_loss, losses, num_valid, N);
+    cudaCheck(cudaGetLastError());
+  }
+}
+
+template void softmax_cross_entropy_fused<float>(float*, float*, float*, int*, const float*, const int32_t*, int, int,
+                                                 cudaStream_t);
+template void softmax_cross_entropy_fused<__nv_bfloat16>(__nv_bfloat16*, float*, float*, int*, const __nv_bfloat16*,
+                                                         const int32_t*, int, int, cudaStream_t);
+
+}  // namespace ddplab::cuda

@@ -1,0 +1,30 @@
+// Softmax cross-entropy on the device, forward and backward fused: one read of the logits gives the per-row loss
+// and dlogits, and the probabilities are never stored. The twin of cpu::masked_cross_entropy_forward followed by
+// cpu::masked_cross_entropy_backward (kernels/cpu/transformer_ops.h), with the same ignore rule: rows with
+// targets[n] < 0 are padding.
+//
+// Precision: logits and dlogits are T = float or __nv_bfloat16; losses, the mean and all arithmetic are fp32 (the
+// mean is summed in double, as the CPU reference does).
+// Asynchronous; bad sizes throw std::invalid_argument, a failed launch std::runtime_error. N == 0 writes
+// *num_valid = 0 and *mean_loss = 0.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ddplab::cuda {
+
+// For the N rows of logits [N, V]:
+//   losses[n]    = logsumexp(logits[n, :]) - logits[n, targets[n]] on valid rows, 0 on ignored rows;
+//   dlogits[n,:] = (softmax(logits[n, :]) - onehot(targets[n])) / num_valid on valid rows, 0 on ignored rows:
+//                  the gradient of the mean loss, OVERWRITTEN. dlogits MAY ALIAS logits; null computes the forward
+//                  only;
+//   *num_valid   = the number of valid rows (device memory, required: the gradient needs it);
+//   *mean_loss   = the mean of losses over the valid rows, 0 when there are none (device memory; may be null).
+// A target >= V is a caller bug; its row's loss is NaN (visible) rather than a read out of bounds.
+template <typename T>
+void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, int* num_valid, const T* logits,
+                                 const int32_t* targets, int N, int V, cudaStream_t stream);
+
+}  // namespace ddplab::cuda

@@ -1,0 +1,161 @@
+// Shared by the GPU tests: device query, host random data, device buffers with a poisoned guard tail, bf16 host
+// conversion (the wire's), and tolerance checks.
+//
+// Every device buffer carries a guard tail of 0xFF bytes (a NaN for fp32 and bf16, -1 for int32) that must survive
+// the kernel (no out-of-bounds writes), and buffers created without data are all poison (every output element
+// must be written).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/wire.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
+
+namespace ddplab::gpu_test {
+
+inline const cuda::CudaInfo& cuda_info() {
+  static const cuda::CudaInfo info = cuda::query_cuda();
+  return info;
+}
+
+constexpr int64_t kGuard = 67;  // trailing elements that no kernel may touch
+
+inline std::vector<float> random_vector(int64_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A bf16 from its 16 bits and back (through cuda_bf16.h's raw type: __nv_bfloat16 is not trivially copyable).
+inline __nv_bfloat16 bf16_from_bits(uint16_t h) {
+  __nv_bfloat16_raw raw;
+  raw.x = h;
+  return __nv_bfloat16(raw);
+}
+inline uint16_t bits_of(__nv_bfloat16 x) { return static_cast<__nv_bfloat16_raw>(x).x; }
+
+// bf16 on the host through the wire's conversion (round to nearest even), the reference of convert.h.
+inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+  std::vector<__nv_bfloat16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_from_bits(wire::f32_to_bf16(x[i]));
+  return out;
+}
+inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = wire::bf16_to_f32(bits_of(x[i]));
+  return out;
+}
+// x rounded to bf16 and back: the values a bf16 kernel actually sees.
+inline std::vector<float> round_bf16(const std::vector<float>& x) { return to_f32(to_bf16(x)); }
+
+// A device array of n elements of T plus the guard tail, all of it poison unless uploaded.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int64_t n, cudaStream_t stream) : n_(n), stream_(stream) {
+    cudaCheck(cudaMalloc(&ptr_, bytes(n_ + kGuard)));
+    cudaCheck(cudaMemsetAsync(ptr_, 0xFF, bytes(n_ + kGuard), stream_));
+  }
+  DeviceBuffer(const std::vector<T>& host, cudaStream_t stream)
+      : DeviceBuffer(static_cast<int64_t>(host.size()), stream) {
+    upload(host);
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() { return ptr_; }
+  int64_t size() const { return n_; }
+
+  void upload(const std::vector<T>& host) {
+    cudaCheck(
+        cudaMemcpyAsync(ptr_, host.data(), bytes(static_cast<int64_t>(host.size())), cudaMemcpyHostToDevice, stream_));
+    cudaCheck(cudaStreamSynchronize(stream_));  // the caller may change `host` right away (the CPU reference)
+  }
+
+  // The n values; fails the current test if the guard tail was written.
+  std::vector<T> download() const {
+    std::vector<T> all(n_ + kGuard);
+    cudaCheck(cudaMemcpyAsync(all.data(), ptr_, bytes(n_ + kGuard), cudaMemcpyDeviceToHost, stream_));
+    cudaCheck(cudaStreamSynchronize(stream_));
+    for (int64_t i = n_; i < n_ + kGuard; ++i) {
+      unsigned char raw[sizeof(T)];
+      std::memcpy(raw, &all[i], sizeof(T));
+      for (unsigned char byte : raw)
+        if (byte != 0xFF) {
+          ADD_FAILURE() << "kernel wrote past the end: element " << i << " of " << n_;
+          break;
+        }
+    }
+    all.resize(n_);
+    return all;
+  }
+
+ private:
+  static size_t bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(T); }
+  int64_t n_;
+  cudaStream_t stream_;
+  T* ptr_ = nullptr;
+};
+
+using DeviceArray = DeviceBuffer<float>;
+
+// |got - want| <= atol + rtol * |want| everywhere; NaN (an unwritten element) always fails.
+inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want, double rtol,
+                                           double atol) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double excess = err - (atol + rtol * std::fabs(want[i]));
+    if (!(excess <= 0)) {  // written so that NaN counts as bad
+      ++bad;
+      if (worst < 0 || !(excess <= worst_excess)) {
+        worst = static_cast<int64_t>(i);
+        worst_excess = excess;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements outside rtol " << rtol << " atol "
+                                       << atol << "; worst at " << worst << ": got " << got[worst] << " want "
+                                       << want[worst];
+}
+
+// Bit-for-bit equality (distinguishes -0 from 0 and NaN payloads).
+inline ::testing::AssertionResult BitwiseEqual(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  if (got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
+    return ::testing::AssertionSuccess();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "first difference at " << i << ": got " << got[i] << " want " << want[i];
+  return ::testing::AssertionFailure();
+}
+
+// A non-blocking stream per test, skipped with the reason when no device is usable: the launchers must honour the
+// stream they are given, not the legacy default one.
+class DeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_info().available) GTEST_SKIP() << "no CUDA device: " << cuda_info().reason;
+    cudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace ddplab::gpu_test

@@ -1,0 +1,615 @@
+// The transformer's and the MLP's CUDA kernel families against their CPU references (kernels/cpu/ops.h,
+// kernels/cpu/transformer_ops.h, comm/wire.h): LayerNorm, fused softmax cross-entropy, embedding, attention, the
+// cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check.
+//
+// CudaKernelsHost.* runs without a GPU (argument checks, zero-size calls, workspace sizes) and must pass anywhere.
+// CudaKernels.* needs a device and skips with the reason otherwise. Each runs on fresh random inputs, with
+// outputs poisoned (NaN) first and guard tails checked (gpu_test_util.h), at odd sizes (1, non-multiples of 4 and
+// 32, unaligned pointers that force the scalar paths), and tolerances chosen per precision (stated at each test).
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/wire.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/transformer_ops.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/softmax_ce.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace {
+
+namespace cpu = ddplab::cpu;
+namespace cuda = ddplab::cuda;
+using bf16 = __nv_bfloat16;
+using ddplab::gpu_test::AllClose;
+using ddplab::gpu_test::bf16_from_bits;
+using ddplab::gpu_test::bits_of;
+using ddplab::gpu_test::BitwiseEqual;
+using ddplab::gpu_test::cuda_info;
+using ddplab::gpu_test::DeviceArray;
+using ddplab::gpu_test::DeviceBuffer;
+using ddplab::gpu_test::random_vector;
+using ddplab::gpu_test::round_bf16;
+using ddplab::gpu_test::to_bf16;
+using ddplab::gpu_test::to_f32;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::string shape(std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::string s;
+  for (auto [name, v] : dims) s += std::string(s.empty() ? "" : " ") + name + "=" + std::to_string(v);
+  return s;
+}
+
+// ---- host side: no device needed ---------------------------------------------------------------------------------
+
+TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
+  cudaStream_t s = nullptr;
+  cuda::GemmContext ctx;  // handles are created on first use: none here
+  EXPECT_NO_THROW(cuda::layernorm_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, s));
+  EXPECT_NO_THROW(cuda::layernorm_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                 nullptr, 0, 8, s));
+  EXPECT_NO_THROW(cuda::embedding_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 5, 8, s));
+  EXPECT_NO_THROW(cuda::embedding_backward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, 3, 0, 8, s));
+  EXPECT_NO_THROW(cuda::attention_forward(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 8, 2, true, s));
+  EXPECT_NO_THROW(
+      cuda::attention_backward(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 2, 0, 8, 2, false, s));
+  EXPECT_NO_THROW(cuda::matmul_forward<float>(ctx, nullptr, nullptr, nullptr, nullptr, 0, 4, 4, s));
+  EXPECT_NO_THROW(cuda::matmul_bias_gelu_forward<bf16>(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 4, 0, s));
+  EXPECT_NO_THROW(cuda::matmul_backward_input<float>(ctx, nullptr, nullptr, nullptr, 4, 0, 4, s));
+  EXPECT_NO_THROW(cuda::matmul_backward_weight<float>(ctx, nullptr, nullptr, nullptr, 0, 4, 4, 0, 4, s));
+  EXPECT_NO_THROW(cuda::matmul_backward_weight<bf16>(ctx, nullptr, nullptr, nullptr, 4, 4, 4, 2, 2, s));
+  EXPECT_NO_THROW(cuda::bias_backward<float>(nullptr, nullptr, 0, 4, s));
+  EXPECT_NO_THROW(cuda::gemm_strided_batched(ctx, false, true, 0, 4, 4, 1.0f, nullptr, 4, 0, nullptr, 4, 0, 0.0f,
+                                             nullptr, 4, 0, 3, s));
+  EXPECT_NO_THROW(cuda::f32_to_bf16(nullptr, nullptr, 0, s));
+  EXPECT_NO_THROW(cuda::bf16_to_f32(nullptr, nullptr, 0, s));
+  EXPECT_NO_THROW(cuda::scale_and_check_finite(nullptr, 2.0f, 0, nullptr, s));
+  EXPECT_EQ(ctx.cached_plans(), 0);
+}
+
+TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
+  cudaStream_t s = nullptr;
+  cuda::GemmContext ctx;
+  float f = 0;
+  int i = 0;
+  EXPECT_THROW(cuda::layernorm_forward<float>(&f, &f, &f, &f, &f, &f, 4, 0, s), std::invalid_argument);
+  EXPECT_THROW(cuda::layernorm_forward<float>(&f, &f, &f, &f, &f, &f, -1, 4, s), std::invalid_argument);
+  EXPECT_THROW(cuda::layernorm_backward<float>(&f, &f, &f, nullptr, &f, &f, &f, &f, &f, 4, 4, s),
+               std::invalid_argument);  // no scratch
+  EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, &i, &f, &i, 4, 0, s), std::invalid_argument);
+  EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, nullptr, &f, &i, 4, 4, s), std::invalid_argument);
+  EXPECT_THROW(cuda::embedding_forward<float>(&f, &i, &i, &f, &f, 2, 2, 0, s), std::invalid_argument);
+  EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, &f, &f, &i, 2, 4, 10, 3, true, s), std::invalid_argument);
+  EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, nullptr, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
+  EXPECT_THROW(cuda::attention_backward(ctx, &f, nullptr, &f, &f, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
+  EXPECT_THROW(cuda::matmul_forward<float>(ctx, &f, &f, &f, &f, 4, -1, 4, s), std::invalid_argument);
+  EXPECT_THROW(cuda::matmul_bias_gelu_forward<float>(ctx, &f, nullptr, &f, &f, &f, 4, 4, 4, s),
+               std::invalid_argument);  // GELU needs somewhere to keep its input
+  for (auto [begin, end] : {std::pair{-1, 2}, std::pair{3, 2}, std::pair{0, 5}})
+    EXPECT_THROW(cuda::matmul_backward_weight<float>(ctx, &f, &f, &f, 4, 4, 4, begin, end, s), std::invalid_argument)
+        << begin << ".." << end;
+  EXPECT_THROW(cuda::f32_to_bf16(nullptr, &f, -1, s), std::invalid_argument);
+  EXPECT_THROW(cuda::scale_and_check_finite(&f, 2.0f, 4, nullptr, s), std::invalid_argument);
+  EXPECT_EQ(ctx.cached_plans(), 0);
+}
+
+TEST(CudaKernelsHost, WorkspaceSizes) {
+  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(0, 768), 0);
+  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(1, 768), 2 * 768);              // one block
+  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(17, 5), 3 * 2 * 5);             // 8 rows per block
+  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(1 << 20, 768), 512 * 2 * 768);  // capped block count
+  EXPECT_EQ(cuda::attention_forward_workspace_floats(2, 5, 12, 3), 4 * 2 * 5 * 12);
+  EXPECT_EQ(cuda::attention_backward_workspace_floats(2, 5, 12, 3), 7 * 2 * 5 * 12 + 2 * 3 * 5 * 5);
+}
+
+// Without a device the first real use of a context fails with CUDA's reason, not a crash.
+TEST(CudaKernelsHost, GemmContextNeedsADeviceOnlyWhenUsed) {
+  cuda::GemmContext ctx(cuda::GemmMath::kTf32, 1 << 20);
+  EXPECT_EQ(ctx.math(), cuda::GemmMath::kTf32);
+  EXPECT_EQ(ctx.workspace_bytes(), size_t{1} << 20);
+  if (cuda_info().available) {
+    EXPECT_NE(ctx.lt_handle(), nullptr);
+  } else {
+    EXPECT_THROW(ctx.lt_handle(), std::runtime_error);
+  }
+}
+
+// ---- on the device ----------------------------------------------------------------------------------------------
+
+using CudaKernels = ddplab::gpu_test::DeviceTest;
+
+// LayerNorm. fp32: the same two-pass formula; sums in another order and FMA contraction, so 1e-5 relative on
+// outputs of order 1 with 1e-5 absolute. Backward's parameter gradients sum N terms: 1e-5 relative of the sum of
+// magnitudes, approximated by atol 1e-5 * N. bf16: inputs pre-rounded on the host, the output rounding is 2^-9
+// relative: 8e-3 relative plus 8e-3 absolute.
+struct LnShape {
+  int N, C;
+  int offset;  // elements added to the parameter pointers: 1 misaligns them and forces the scalar path
+};
+const std::vector<LnShape> kLnShapes = {
+    {1, 1, 0},    {7, 5, 0},      {33, 768, 0},
+    {33, 768, 1}, {1031, 200, 0}, {5000, 64, 0}};  // 5000 rows: 625 tiles > 512 blocks, tiles wrap
+
+template <typename T>
+void layernorm_matches_cpu(cudaStream_t stream, double rtol, double atol) {
+  for (const LnShape& sh : kLnShapes) {
+    const int N = sh.N, C = sh.C;
+    SCOPED_TRACE(shape({{"N", N}, {"C", C}, {"offset", sh.offset}}));
+    // Mean 3 and spread 1: the two-pass variance matters.
+    std::vector<float> inp = random_vector(int64_t{N} * C, 2.0f, 4.0f, 11 + N);
+    std::vector<float> weight = random_vector(C + 1, 0.5f, 1.5f, 12 + C), bias = random_vector(C + 1, -1, 1, 13 + C);
+    std::vector<float> dout = random_vector(int64_t{N} * C, -1, 1, 14 + N);
+    if constexpr (std::is_same_v<T, bf16>) inp = round_bf16(inp), dout = round_bf16(dout);
+    const float* w = weight.data() + sh.offset;
+    const float* b = bias.data() + sh.offset;
+    std::vector<float> out(int64_t{N} * C), mean(N), rstd(N);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w, b, N, C);
+
+    auto upload = [&](const std::vector<float>& x) {
+      if constexpr (std::is_same_v<T, bf16>)
+        return std::make_unique<DeviceBuffer<T>>(to_bf16(x), stream);
+      else
+        return std::make_unique<DeviceBuffer<T>>(x, stream);
+    };
+    auto download = [](const DeviceBuffer<T>& d) {
+      if constexpr (std::is_same_v<T, bf16>)
+        return to_f32(d.download());
+      else
+        return d.download();
+    };
+    auto d_inp = upload(inp), d_dout = upload(dout);
+    DeviceBuffer<T> d_out(int64_t{N} * C, stream);
+    DeviceArray d_weight(weight, stream), d_bias(bias, stream), d_mean(N, stream), d_rstd(N, stream);
+    cuda::layernorm_forward<T>(d_out.get(), d_mean.get(), d_rstd.get(), d_inp->get(), d_weight.get() + sh.offset,
+                               d_bias.get() + sh.offset, N, C, stream);
+    EXPECT_TRUE(AllClose(download(d_out), out, rtol, atol)) << "out";
+    EXPECT_TRUE(AllClose(d_mean.download(), mean, 1e-5, 1e-6)) << "mean";
+    EXPECT_TRUE(AllClose(d_rstd.download(), rstd, 1e-5, 0)) << "rstd";
+
+    // Backward accumulates into all three: start from non-zero values.
+    std::vector<float> dinp = random_vector(int64_t{N} * C, -1, 1, 15 + N);
+    if constexpr (std::is_same_v<T, bf16>) dinp = round_bf16(dinp);
+    std::vector<float> dweight = random_vector(C + 1, -1, 1, 16), dbias = random_vector(C + 1, -1, 1, 17);
+    auto d_dinp = upload(dinp);
+    DeviceArray d_dweight(dweight, stream), d_dbias(dbias, stream);
+    DeviceArray d_scratch(cuda::layernorm_backward_scratch_floats(N, C), stream);
+    cpu::layernorm_backward(dinp.data(), dweight.data() + sh.offset, dbias.data() + sh.offset, dout.data(), inp.data(),
+                            w, mean.data(), rstd.data(), N, C);
+    // The device's own mean and rstd, as a training step would pass them.
+    cuda::layernorm_backward<T>(d_dinp->get(), d_dweight.get() + sh.offset, d_dbias.get() + sh.offset, d_scratch.get(),
+                                d_dout->get(), d_inp->get(), d_weight.get() + sh.offset, d_mean.get(), d_rstd.get(), N,
+                                C, stream);
+    EXPECT_TRUE(AllClose(download(*d_dinp), dinp, rtol, atol)) << "dinp";
+    EXPECT_TRUE(AllClose(d_dweight.download(), dweight, rtol, atol * N)) << "dweight";
+    EXPECT_TRUE(AllClose(d_dbias.download(), dbias, rtol, atol * N)) << "dbias";
+  }
+}
+
+TEST_F(CudaKernels, LayerNormFp32MatchesCpu) { layernorm_matches_cpu<float>(stream_, 1e-5, 1e-5); }
+TEST_F(CudaKernels, LayerNormBf16MatchesCpu) { layernorm_matches_cpu<bf16>(stream_, 8e-3, 8e-3); }
+
+// The parameter gradients are summed in a fixed order: the same inputs give the same bits, run after run.
+TEST_F(CudaKernels, LayerNormBackwardIsDeterministic) {
+  const int N = 4099, C = 384;
+  const std::vector<float> inp = random_vector(int64_t{N} * C, -2, 2, 1),
+                           dout = random_vector(int64_t{N} * C, -1, 1, 2);
+  const std::vector<float> weight = random_vector(C, 0.5f, 1.5f, 3), bias = random_vector(C, -1, 1, 4);
+  DeviceArray d_inp(inp, stream_), d_dout(dout, stream_), d_weight(weight, stream_), d_bias(bias, stream_);
+  DeviceArray d_out(int64_t{N} * C, stream_), d_mean(N, stream_), d_rstd(N, stream_);
+  DeviceArray d_scratch(cuda::layernorm_backward_scratch_floats(N, C), stream_);
+  cuda::layernorm_forward<float>(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(), d_bias.get(), N,
+                                 C, stream_);
+  std::vector<float> first_dw, first_db;
+  for (int run = 0; run < 3; ++run) {
+    DeviceArray d_dinp(std::vector<float>(int64_t{N} * C, 0.0f), stream_);
+    DeviceArray d_dw(std::vector<float>(C, 0.0f), stream_), d_db(std::vector<float>(C, 0.0f), stream_);
+    cuda::layernorm_backward<float>(d_dinp.get(), d_dw.get(), d_db.get(), d_scratch.get(), d_dout.get(), d_inp.get(),
+                                    d_weight.get(), d_mean.get(), d_rstd.get(), N, C, stream_);
+    if (run == 0) {
+      first_dw = d_dw.download(), first_db = d_db.download();
+    } else {
+      EXPECT_TRUE(BitwiseEqual(d_dw.download(), first_dw)) << "run " << run;
+      EXPECT_TRUE(BitwiseEqual(d_db.download(), first_db)) << "run " << run;
+    }
+  }
+}
+
+// Fused softmax cross-entropy against cpu::masked_cross_entropy_forward + backward. fp32: expf vs the CPU's
+// exp_fast, both ~1 ulp, and another summation order: 1e-5 relative (losses, mean) and 1e-6 absolute on dlogits,
+// which are O(1/num_valid). bf16: logits pre-rounded; dlogits rounded to bf16: 8e-3 relative.
+template <typename T>
+void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
+  struct Shape {
+    int N, V;
+    double ignored;  // fraction of rows with target -1
+  };
+  for (const Shape sh :
+       {Shape{1, 1, 0}, Shape{5, 7, 0.3}, Shape{64, 1000, 0.25}, Shape{37, 50257, 0.1}, Shape{6, 33, 1.0}}) {
+    const int N = sh.N, V = sh.V;
+    SCOPED_TRACE(shape({{"N", N}, {"V", V}}));
+    std::vector<float> logits = random_vector(int64_t{N} * V, -10, 10, 21 + N);
+    if constexpr (std::is_same_v<T, bf16>) logits = round_bf16(logits);
+    std::vector<int32_t> targets(N);
+    const std::vector<float> u = random_vector(N, 0, 1, 22 + V);
+    for (int n = 0; n < N; ++n) targets[n] = u[n] < sh.ignored ? -1 : static_cast<int32_t>(u[n] * 7919) % V;
+    std::vector<float> probs(int64_t{N} * V), losses(N), dlogits(int64_t{N} * V);
+    int64_t num_valid = 0;
+    const float mean =
+        cpu::masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V, &num_valid);
+    cpu::masked_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), N, V);
+
+    for (bool alias : {false, true}) {  // dlogits written over the logits, as a training step may do
+      SCOPED_TRACE(alias ? "dlogits aliases logits" : "separate dlogits");
+      std::unique_ptr<DeviceBuffer<T>> d_logits, d_dlogits;
+      if constexpr (std::is_same_v<T, bf16>)
+        d_logits = std::make_unique<DeviceBuffer<T>>(to_bf16(logits), stream);
+      else
+        d_logits = std::make_unique<DeviceBuffer<T>>(logits, stream);
+      if (!alias) d_dlogits = std::make_unique<DeviceBuffer<T>>(int64_t{N} * V, stream);
+      T* dl = alias ? d_logits->get() : d_dlogits->get();
+      DeviceBuffer<int32_t> d_targets(targets, stream), d_count(1, stream);
+      DeviceArray d_losses(N, stream), d_mean(1, stream);
+      cuda::softmax_cross_entropy_fused<T>(dl, d_losses.get(), d_mean.get(), d_count.get(), d_logits->get(),
+                                           d_targets.get(), N, V, stream);
+      EXPECT_EQ(d_count.download()[0], num_valid);
+      EXPECT_TRUE(AllClose(d_losses.download(), losses, 1e-5, 1e-6)) << "losses";
+      EXPECT_TRUE(AllClose(d_mean.download(), {mean}, 1e-5, 1e-7)) << "mean";
+      std::vector<float> got;
+      if constexpr (std::is_same_v<T, bf16>)
+        got = to_f32((alias ? *d_logits : *d_dlogits).download());
+      else
+        got = (alias ? *d_logits : *d_dlogits).download();
+      EXPECT_TRUE(AllClose(got, dlogits, grad_rtol, 1e-6)) << "dlogits";
+    }
+  }
+}
+
+TEST_F(CudaKernels, SoftmaxCrossEntropyFp32MatchesCpu) { cross_entropy_matches_cpu<float>(stream_, 1e-5); }
+TEST_F(CudaKernels, SoftmaxCrossEntropyBf16MatchesCpu) { cross_entropy_matches_cpu<bf16>(stream_, 8e-3); }
+
+// Forward only (null dlogits), and logits of a magnitude whose exp overflows without the max subtraction.
+TEST_F(CudaKernels, SoftmaxCrossEntropyForwardOnlyLargeLogits) {
+  const int N = 3, V = 129;
+  std::vector<float> logits = random_vector(int64_t{N} * V, 500, 900, 5);
+  std::vector<int32_t> targets = {0, 128, 64};
+  std::vector<float> probs(int64_t{N} * V), losses(N);
+  const float mean =
+      cpu::masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V);
+  DeviceArray d_logits(logits, stream_), d_losses(N, stream_), d_mean(1, stream_);
+  DeviceBuffer<int32_t> d_targets(targets, stream_), d_count(1, stream_);
+  cuda::softmax_cross_entropy_fused<float>(nullptr, d_losses.get(), d_mean.get(), d_count.get(), d_logits.get(),
+                                           d_targets.get(), N, V, stream_);
+  EXPECT_TRUE(AllClose(d_losses.download(), losses, 1e-5, 1e-4));
+  EXPECT_TRUE(AllClose(d_mean.download(), {mean}, 1e-5, 1e-4));
+  EXPECT_TRUE(AllClose(d_logits.download(), logits, 0, 0)) << "logits must be left alone";
+}
+
+// Embedding. Forward is one fp32 add per element on both sides (bitwise); dwpe sums in the CPU's order
+// (bitwise); dwte uses atomics, so repeated tokens may sum in another order: 1e-6 relative and absolute.
+// Padded positions hold tokens far out of range, which must never be read.
+TEST_F(CudaKernels, EmbeddingMatchesCpu) {
+  struct Shape {
+    int B, S, C, V;
+    bool wpe;
+  };
+  for (const Shape sh : {Shape{1, 1, 1, 1, true}, Shape{3, 5, 7, 11, true}, Shape{4, 33, 64, 5, true},
+                         Shape{4, 33, 64, 50, false}, Shape{2, 130, 768, 1000, true}}) {
+    const int B = sh.B, S = sh.S, C = sh.C, V = sh.V;
+    SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"V", V}, {"wpe", sh.wpe}}));
+    std::vector<int32_t> lengths(B);
+    for (int b = 0; b < B; ++b)
+      lengths[b] = b == 0 ? S : b == B - 1 && B > 2 ? 0 : (b * 7) % (S + 1);  // full, 0, partial
+    std::vector<int32_t> tokens(int64_t{B} * S);
+    const std::vector<float> u = random_vector(int64_t{B} * S, 0, 1, 31 + S);
+    for (int64_t r = 0; r < int64_t{B} * S; ++r)
+      tokens[r] = r % S < lengths[r / S] ? static_cast<int32_t>(u[r] * 7919) % V : (r % 2 ? -123456 : 1 << 30);
+    const std::vector<float> wte = random_vector(int64_t{V} * C, -1, 1, 32),
+                             wpe = random_vector(int64_t{S} * C, -1, 1, 33);
+    std::vector<float> out(int64_t{B} * S * C);
+    cpu::embedding_forward(out.data(), tokens.data(), lengths.data(), wte.data(), sh.wpe ? wpe.data() : nullptr, B, S,
+                           C);
+    DeviceBuffer<int32_t> d_tokens(tokens, stream_), d_lengths(lengths, stream_);
+    DeviceArray d_wte(wte, stream_), d_wpe(wpe, stream_), d_out(int64_t{B} * S * C, stream_);
+    cuda::embedding_forward<float>(d_out.get(), d_tokens.get(), d_lengths.get(), d_wte.get(),
+                                   sh.wpe ? d_wpe.get() : nullptr, B, S, C, stream_);
+    EXPECT_TRUE(BitwiseEqual(d_out.download(), out)) << "out";
+    DeviceBuffer<bf16> d_out16(int64_t{B} * S * C, stream_);
+    cuda::embedding_forward<bf16>(d_out16.get(), d_tokens.get(), d_lengths.get(), d_wte.get(),
+                                  sh.wpe ? d_wpe.get() : nullptr, B, S, C, stream_);
+    EXPECT_TRUE(BitwiseEqual(to_f32(d_out16.download()), round_bf16(out))) << "bf16 out";
+
+    const std::vector<float> dout = random_vector(int64_t{B} * S * C, -1, 1, 34);
+    std::vector<float> dwte = random_vector(int64_t{V} * C, -1, 1, 35), dwpe = random_vector(int64_t{S} * C, -1, 1, 36);
+    DeviceArray d_dout(dout, stream_), d_dwte(dwte, stream_), d_dwpe(dwpe, stream_);
+    cpu::embedding_backward(dwte.data(), sh.wpe ? dwpe.data() : nullptr, dout.data(), tokens.data(), lengths.data(), B,
+                            S, C);
+    cuda::embedding_backward<float>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), d_tokens.get(),
+                                    d_lengths.get(), B, S, C, stream_);
+    EXPECT_TRUE(AllClose(d_dwte.download(), dwte, 1e-6, 1e-6)) << "dwte";
+    EXPECT_TRUE(BitwiseEqual(d_dwpe.download(), dwpe)) << "dwpe";
+  }
+}
+
+// Attention against the CPU kernel, causal and bidirectional, with padded sequences (one of length 0) whose
+// padded rows of qkv and dout are NaN: neither side may read them. fp32 GEMMs sum in another order and the scale
+// is applied after the dot product instead of before: 1e-4 relative, 1e-5 absolute. TF32 rounds the GEMM inputs
+// to 10 mantissa bits: 5e-3. Masked att entries must be exactly 0 on both sides.
+struct AttnShape {
+  int B, S, C, NH;
+  std::vector<int32_t> lengths;
+};
+const std::vector<AttnShape> kAttnShapes = {
+    {1, 1, 1, 1, {1}}, {3, 7, 12, 2, {7, 3, 0}}, {2, 33, 20, 4, {33, 17}}, {2, 64, 128, 2, {64, 37}}};
+
+void attention_matches_cpu(cudaStream_t stream, cuda::GemmMath math, double rtol, double atol) {
+  cuda::GemmContext ctx(math);
+  for (const AttnShape& sh : kAttnShapes) {
+    for (bool causal : {false, true}) {
+      const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH;
+      SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"NH", NH}, {"causal", causal}}));
+      std::vector<float> qkv = random_vector(int64_t{B} * S * 3 * C, -1, 1, 41 + S);
+      std::vector<float> dout = random_vector(int64_t{B} * S * C, -1, 1, 42 + S);
+      for (int b = 0; b < B; ++b)
+        for (int t = sh.lengths[b]; t < S; ++t) {
+          std::fill_n(qkv.begin() + (int64_t{b} * S + t) * 3 * C, 3 * C, kNaN);
+          std::fill_n(dout.begin() + (int64_t{b} * S + t) * C, C, kNaN);
+        }
+      std::vector<float> out(int64_t{B} * S * C), att(int64_t{B} * NH * S * S), dqkv(qkv.size()), scratch(S * S);
+      cpu::attention_forward(out.data(), att.data(), qkv.data(), sh.lengths.data(), B, S, C, NH, causal);
+      cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), sh.lengths.data(), B, S,
+                              C, NH, causal);
+
+      DeviceArray d_qkv(qkv, stream), d_dout(dout, stream);
+      DeviceArray d_out(out.size(), stream), d_att(att.size(), stream), d_dqkv(dqkv.size(), stream);
+      DeviceBuffer<int32_t> d_lengths(sh.lengths, stream);
+      DeviceArray d_ws(std::max(cuda::attention_forward_workspace_floats(B, S, C, NH),
+                                cuda::attention_backward_workspace_floats(B, S, C, NH)),
+                       stream);
+      cuda::attention_forward(ctx, d_out.get(), d_att.get(), d_ws.get(), d_qkv.get(), d_lengths.get(), B, S, C, NH,
+                              causal, stream);
+      const std::vector<float> got_att = d_att.download();
+      EXPECT_TRUE(AllClose(d_out.download(), out, rtol, atol)) << "out";
+      EXPECT_TRUE(AllClose(got_att, att, rtol, atol)) << "att";
+      int64_t nonzero_masked = 0;
+      for (size_t i = 0; i < att.size(); ++i) nonzero_masked += att[i] == 0.0f && got_att[i] != 0.0f;
+      EXPECT_EQ(nonzero_masked, 0) << "masked attention weights must be exactly 0";
+
+      cuda::attention_backward(ctx, d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_att.get(), d_lengths.get(),
+                               B, S, C, NH, causal, stream);
+      EXPECT_TRUE(AllClose(d_dqkv.download(), dqkv, rtol, atol)) << "dqkv";
+    }
+  }
+}
+
+TEST_F(CudaKernels, AttentionFp32MatchesCpu) { attention_matches_cpu(stream_, cuda::GemmMath::kFp32, 1e-4, 1e-5); }
+TEST_F(CudaKernels, AttentionTf32MatchesCpu) { attention_matches_cpu(stream_, cuda::GemmMath::kTf32, 5e-3, 5e-3); }
+
+// GEMMs. Errors are bounded relative to sum_k |a_ik b_kj| (absdot, from the CPU GEMM on absolute values), not to
+// the result, which can cancel: fp32 1e-5 of absdot; TF32 (inputs rounded to 10 mantissa bits) 2e-3; bf16 inputs
+// are pre-rounded on the host, so products are exact and the sum is fp32: 1e-5 of absdot, plus the bf16 rounding
+// of the output, 4e-3 relative — relative to |result| + |GEMM before bias|, since the fallback epilogue rounds
+// the product to bf16 before adding the bias. GELU outputs get 5e-4 relative more: a tanh evaluated another way (CUDA's
+// tanhf, or cuBLASLt's epilogue) within that of the CPU's.
+struct GemmShape {
+  int B, C, OC;
+};
+const std::vector<GemmShape> kGemmShapes = {{1, 1, 1}, {7, 13, 5}, {33, 65, 17}, {64, 96, 40}, {129, 256, 72}};
+
+::testing::AssertionResult GemmClose(const std::vector<float>& got, const std::vector<float>& want,
+                                     const std::vector<float>& absdot, double tol, double out_rtol,
+                                     const std::vector<float>& before_bias = {}) {
+  std::vector<float> scaled_err(got.size()), zeros(got.size(), 0.0f);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double mag = std::fabs(want[i]) + (before_bias.empty() ? 0.0 : std::fabs(before_bias[i]));
+    const double bound = tol * absdot[i] + out_rtol * mag + 1e-7;
+    scaled_err[i] = static_cast<float>((static_cast<double>(got[i]) - want[i]) / bound);  // NaN stays NaN
+  }
+  return AllClose(scaled_err, zeros, 0, 1.0);  // |error| <= bound everywhere; "got" in a failure is error / bound
+}
+
+std::vector<float> abs_of(std::vector<float> x) {
+  for (float& v : x) v = std::fabs(v);
+  return x;
+}
+
+template <typename T>
+void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, double out_rtol) {
+  constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  cuda::GemmContext ctx(math);
+  auto upload = [&](const std::vector<float>& x) {
+    if constexpr (kBf16)
+      return std::make_unique<DeviceBuffer<T>>(to_bf16(x), stream);
+    else
+      return std::make_unique<DeviceBuffer<T>>(x, stream);
+  };
+  auto download = [](const DeviceBuffer<T>& d) {
+    if constexpr (kBf16)
+      return to_f32(d.download());
+    else
+      return d.download();
+  };
+  auto maybe_round = [](std::vector<float> x) { return kBf16 ? round_bf16(x) : x; };
+  for (const GemmShape& sh : kGemmShapes) {
+    const int B = sh.B, C = sh.C, OC = sh.OC;
+    SCOPED_TRACE(shape({{"B", B}, {"C", C}, {"OC", OC}}));
+    const std::vector<float> inp = maybe_round(random_vector(int64_t{B} * C, -1, 1, 51 + B));
+    const std::vector<float> weight = maybe_round(random_vector(int64_t{OC} * C, -1, 1, 52 + C));
+    const std::vector<float> bias = random_vector(OC, -1, 1, 53 + OC);
+    const std::vector<float> dout = maybe_round(random_vector(int64_t{B} * OC, -1, 1, 54 + OC));
+    auto d_inp = upload(inp), d_weight = upload(weight), d_dout = upload(dout);
+    DeviceArray d_bias(bias, stream);
+
+    // forward: plain, + bias, + bias + GELU (pre-activation kept)
+    std::vector<float> plain(int64_t{B} * OC), absdot(int64_t{B} * OC);
+    cpu::matmul_forward(plain.data(), inp.data(), weight.data(), B, C, OC);
+    cpu::matmul_forward(absdot.data(), abs_of(inp).data(), abs_of(weight).data(), B, C, OC);
+    std::vector<float> biased = plain, gelu(plain.size());
+    cpu::bias_forward(biased.data(), bias.data(), B, OC);
+    cpu::gelu_forward(gelu.data(), biased.data(), static_cast<int64_t>(gelu.size()));
+    DeviceBuffer<T> d_out(int64_t{B} * OC, stream), d_pre(int64_t{B} * OC, stream);
+    cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), nullptr, B, C, OC, stream);
+    EXPECT_TRUE(GemmClose(download(d_out), plain, absdot, tol, out_rtol)) << "forward";
+    cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), d_bias.get(), B, C, OC, stream);
+    EXPECT_TRUE(GemmClose(download(d_out), biased, absdot, tol, out_rtol, plain)) << "forward + bias";
+    cuda::matmul_bias_gelu_forward<T>(ctx, d_out.get(), d_pre.get(), d_inp->get(), d_weight->get(), d_bias.get(), B, C,
+                                      OC, stream);
+    EXPECT_TRUE(GemmClose(download(d_pre), biased, absdot, tol, out_rtol, plain)) << "forward + bias + gelu: pre";
+    EXPECT_TRUE(GemmClose(download(d_out), gelu, absdot, tol, out_rtol + 5e-4, plain)) << "forward + bias + gelu: out";
+
+    // backward input (overwrites)
+    std::vector<float> dinp(int64_t{B} * C), dinp_abs(int64_t{B} * C);
+    cpu::matmul_backward_input(dinp.data(), dout.data(), weight.data(), B, C, OC);
+    cpu::matmul_backward_input(dinp_abs.data(), abs_of(dout).data(), abs_of(weight).data(), B, C, OC);
+    DeviceBuffer<T> d_dinp(int64_t{B} * C, stream);
+    cuda::matmul_backward_input<T>(ctx, d_dinp.get(), d_dout->get(), d_weight->get(), B, C, OC, stream);
+    EXPECT_TRUE(GemmClose(download(d_dinp), dinp, dinp_abs, tol, out_rtol)) << "backward input";
+
+    // backward weight (accumulates in fp32), whole and as two row blocks; bias gradient (accumulates)
+    const std::vector<float> dweight0 = random_vector(int64_t{OC} * C, -1, 1, 55);
+    std::vector<float> dweight = dweight0, dw_abs(int64_t{OC} * C, 0.0f);
+    cpu::matmul_backward_weight(dweight.data(), dout.data(), inp.data(), B, C, OC, 0, OC);
+    cpu::matmul_backward_weight(dw_abs.data(), abs_of(dout).data(), abs_of(inp).data(), B, C, OC, 0, OC);
+    for (float& v : dw_abs) v += 1.0f;  // the initial values, |dweight0| <= 1, are part of the sum
+    for (int split : {OC, OC / 2}) {
+      SCOPED_TRACE("row blocks [0, " + std::to_string(split) + "), [" + std::to_string(split) + ", OC)");
+      DeviceArray d_dweight(dweight0, stream);
+      cuda::matmul_backward_weight<T>(ctx, d_dweight.get(), d_dout->get(), d_inp->get(), B, C, OC, 0, split, stream);
+      cuda::matmul_backward_weight<T>(ctx, d_dweight.get(), d_dout->get(), d_inp->get(), B, C, OC, split, OC, stream);
+      EXPECT_TRUE(GemmClose(d_dweight.download(), dweight, dw_abs, tol, 0)) << "backward weight";
+    }
+    std::vector<float> dbias = random_vector(OC, -1, 1, 56);
+    DeviceArray d_dbias(dbias, stream);
+    cpu::bias_backward(dbias.data(), dout.data(), B, OC);
+    cuda::bias_backward<T>(d_dbias.get(), d_dout->get(), B, OC, stream);
+    EXPECT_TRUE(AllClose(d_dbias.download(), dbias, 1e-5, 1e-6 * B)) << "bias backward";
+  }
+  EXPECT_GT(ctx.cached_plans(), 0);
+}
+
+TEST_F(CudaKernels, GemmFp32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::GemmMath::kFp32, 1e-5, 0); }
+TEST_F(CudaKernels, GemmTf32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::GemmMath::kTf32, 2e-3, 0); }
+TEST_F(CudaKernels, GemmBf16MatchesCpu) { gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3); }
+
+// A parameter slice of a flat buffer is only 4-byte aligned: the fused epilogues must then fall back (or cope)
+// and still be right, and the same problem at another alignment is a separate plan.
+TEST_F(CudaKernels, GemmUnalignedOperandsAndPlanReuse) {
+  const int B = 40, C = 64, OC = 48;
+  cuda::GemmContext ctx;
+  const std::vector<float> inp = random_vector(int64_t{B} * C + 1, -1, 1, 61);
+  const std::vector<float> weight = random_vector(int64_t{OC} * C + 1, -1, 1, 62),
+                           bias = random_vector(OC + 1, -1, 1, 63);
+  std::vector<float> biased(int64_t{B} * OC), absdot(int64_t{B} * OC), gelu(int64_t{B} * OC);
+  for (int off : {0, 1}) {
+    SCOPED_TRACE("offset " + std::to_string(off));
+    cpu::matmul_forward(biased.data(), inp.data() + off, weight.data() + off, B, C, OC);
+    cpu::matmul_forward(absdot.data(), abs_of(inp).data() + off, abs_of(weight).data() + off, B, C, OC);
+    cpu::bias_forward(biased.data(), bias.data() + off, B, OC);
+    cpu::gelu_forward(gelu.data(), biased.data(), static_cast<int64_t>(gelu.size()));
+    DeviceArray d_inp(inp, stream_), d_weight(weight, stream_), d_bias(bias, stream_);
+    DeviceArray d_out(int64_t{B} * OC + 1, stream_), d_pre(int64_t{B} * OC + 1, stream_);
+    for (int rep = 0; rep < 2; ++rep) {
+      cuda::matmul_bias_gelu_forward<float>(ctx, d_out.get() + off, d_pre.get() + off, d_inp.get() + off,
+                                            d_weight.get() + off, d_bias.get() + off, B, C, OC, stream_);
+      std::vector<float> out = d_out.download(), pre = d_pre.download();
+      out.erase(out.begin(), out.begin() + off), out.resize(gelu.size());
+      pre.erase(pre.begin(), pre.begin() + off), pre.resize(gelu.size());
+      EXPECT_TRUE(GemmClose(pre, biased, absdot, 1e-5, 0)) << "pre";
+      EXPECT_TRUE(GemmClose(out, gelu, absdot, 1e-5, 5e-4)) << "out";
+    }
+  }
+  // Per alignment: the fused plan (usable or not) and possibly the plain one; never one per call.
+  EXPECT_LE(ctx.cached_plans(), 4);
+}
+
+// fp32 -> bf16 against comm/wire.h's conversion, bit for bit: every special class, ties in both directions,
+// subnormals, and random values over the whole exponent range; then every one of the 2^16 bf16 words back to
+// fp32 (exact). Each at an aligned (vector path) and an unaligned (scalar path) address, and at sizes with tails.
+TEST_F(CudaKernels, Bf16ConversionIsTheWiresBitForBit) {
+  std::vector<float> x = {0.0f,  -0.0f,  1.0f,    -1.0f,           kInf,          -kInf,          kNaN,
+                          -kNaN, 1e-45f, -1e-45f, 1.17549435e-38f, 3.4028235e38f, -3.4028235e38f, 65504.0f};
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x7f800001u, 0xffc00001u, 0x7fbfffffu,
+                        0x00008000u, 0x00018000u, 0x807fffffu})  // ties to even (down, up), NaN payloads, subnormals
+    x.push_back(ddplab::wire::bits_f32(bits));
+  const std::vector<float> u = random_vector(100003, 0, 1, 71);
+  for (size_t i = 0; i < u.size(); ++i)  // random sign, exponent and mantissa bits
+    x.push_back(
+        ddplab::wire::bits_f32(static_cast<uint32_t>(u[i] * 4294967295.0) ^ static_cast<uint32_t>(i * 2654435761u)));
+  for (int64_t n : {int64_t{1}, int64_t{5}, static_cast<int64_t>(x.size())}) {
+    for (int off : {0, 1}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " offset " + std::to_string(off));
+      std::vector<float> src(x.begin(), x.begin() + n);
+      src.insert(src.begin(), off, 0.0f);
+      DeviceArray d_src(src, stream_);
+      DeviceBuffer<bf16> d_dst(n + off, stream_);
+      cuda::f32_to_bf16(d_dst.get() + off, d_src.get() + off, n, stream_);
+      const std::vector<bf16> got = d_dst.download();
+      int64_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = bits_of(got[off + i]);
+        const uint16_t want = ddplab::wire::f32_to_bf16(x[i]);
+        if (h != want && bad++ < 5)
+          ADD_FAILURE() << "element " << i << " bits 0x" << std::hex << ddplab::wire::f32_bits(x[i]) << ": got 0x" << h
+                        << " want 0x" << want;
+      }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+  std::vector<bf16> all(1 << 16);
+  for (uint32_t h = 0; h < (1u << 16); ++h) all[h] = bf16_from_bits(static_cast<uint16_t>(h));
+  for (int off : {0, 1}) {
+    std::vector<bf16> src(all);
+    src.insert(src.begin(), off, all[0]);
+    DeviceBuffer<bf16> d_src(src, stream_);
+    DeviceArray d_dst(static_cast<int64_t>(src.size()), stream_);
+    cuda::bf16_to_f32(d_dst.get() + off, d_src.get() + off, 1 << 16, stream_);
+    std::vector<float> got = d_dst.download(), want(1 << 16);
+    got.erase(got.begin(), got.begin() + off);
+    for (uint32_t h = 0; h < (1u << 16); ++h) want[h] = ddplab::wire::bf16_to_f32(static_cast<uint16_t>(h));
+    EXPECT_TRUE(BitwiseEqual(got, want)) << "offset " << off;
+  }
+}
+
+// x *= s exactly as on the host; the flag is raised by inf, NaN, or an overflow of the scaling itself, wherever
+// the value sits (vector body, tail, unaligned start), and never lowered.
+TEST_F(CudaKernels, ScaleAndCheckFinite) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000003}}) {
+    for (int off : {0, 1}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " offset " + std::to_string(off));
+      const float s = 0.37f;
+      std::vector<float> x = random_vector(n + off, -1e3f, 1e3f, 81);
+      DeviceArray d_x(x, stream_);
+      DeviceBuffer<int> d_flag(std::vector<int>{0}, stream_);
+      cuda::scale_and_check_finite(d_x.get() + off, s, n, d_flag.get(), stream_);
+      for (int64_t i = off; i < n + off; ++i) x[i] *= s;
+      EXPECT_TRUE(BitwiseEqual(d_x.download(), x));
+      EXPECT_EQ(d_flag.download()[0], 0) << "finite values raised the flag";
+      for (auto [where, value] : {std::pair{n - 1, kInf}, std::pair{n / 2, kNaN}, std::pair{int64_t{0}, 3e38f}}) {
+        std::vector<float> y = random_vector(n + off, -1, 1, 82);
+        y[off + where] = value;  // 3e38 * 10 overflows
+        DeviceArray d_y(y, stream_);
+        DeviceBuffer<int> d_flag2(std::vector<int>{0}, stream_);
+        cuda::scale_and_check_finite(d_y.get() + off, 10.0f, n, d_flag2.get(), stream_);
+        EXPECT_EQ(d_flag2.download()[0], 1) << "value " << value << " at " << where;
+        cuda::scale_and_check_finite(d_x.get() + off, 1.0f, n, d_flag2.get(), stream_);  // finite: stays raised
+        EXPECT_EQ(d_flag2.download()[0], 1);
+      }
+    }
+  }
+}
+
+}  // namespace
