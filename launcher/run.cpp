@@ -228,6 +228,9 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   require(config.fault == "none" || config.fault_rank < size,
           "--fault-rank " + std::to_string(config.fault_rank) + " is not a rank of this " + std::to_string(size) +
               "-rank job");
+  require(config.model == "mlp" || config.epoch_size >= size,
+          "more ranks (" + std::to_string(size) + ") than sequences per epoch (--epoch-size " +
+              std::to_string(config.epoch_size) + "): every rank needs at least one; raise --epoch-size");
   openblas_set_num_threads(config.blas_threads);
 
   // Rank 0 owns the run file: check it can be written before spending time on training.

@@ -47,7 +47,17 @@ for np in 1 2; do
   expect_error $np "does not exist" train "${small[@]}" --out "$work/no/such/folder/run.h5"
   expect_error $np "is not a folder" train "${small[@]}" --out /etc/hostname/run.h5
   expect_error $np "--batching pack needs --head lm" train --model tiny --batching pack --steps 2
+  expect_error $np "--layers must be at least 1 (got 0)" train "${small[@]}" --layers 0
+  expect_error $np "must not be negative" train "${small[@]}" --bucket-mb -1
+  expect_error $np "--timeout-s must not be negative" train "${small[@]}" --timeout-s -1
+  expect_error $np "--fault must be none, hang" train "${small[@]}" --fault meteor
+  expect_error $np "--fault-rank 5 is not a rank of this" train "${small[@]}" --fault nan --fault-rank 5
+  expect_error $np "--checkpoint-every needs --checkpoint PATH" train "${small[@]}" --checkpoint-every 3
+  expect_error $np "cannot load checkpoint $work/none.h5: No such file" train "${small[@]}" --resume "$work/none.h5"
+  expect_error $np "output folder /etc/hostname is not a folder" train "${small[@]}" --checkpoint /etc/hostname/c.h5
+  expect_error $np "unknown --model 'bert'" train "${small[@]}" --model bert
 done
+expect_error 2 "more ranks (2) than sequences per epoch (--epoch-size 1)" train --model tiny --epoch-size 1 --steps 2
 
 # An existing result is never overwritten without --force, and is left exactly as it was.
 echo "precious" >"$work/existing.h5"
