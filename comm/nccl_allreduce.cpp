@@ -7,11 +7,14 @@
 #include <nvtx3/nvToolsExtCudaRt.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "comm/mpi_check.h"
+#include "comm/watchdog.h"
 #include "kernels/cuda/check.cuh"
 
 namespace ddplab::cuda {
@@ -110,6 +113,8 @@ NcclAllreduce::NcclAllreduce(MPI_Comm comm) {
     ncclComm_t nccl = nullptr;
     ncclCheck(ncclCommInitRank(&nccl, size_, boot.id, rank_));
     comm_ = nccl;
+    // A watchdog abort must not leave NCCL kernels spinning on the GPU for a dead peer.
+    abort_hook_ = watchdog::add_abort_hook([](void* comm) { ncclCommAbort(static_cast<ncclComm_t>(comm)); }, comm_);
     // Highest priority: the block scheduler prefers the comm kernels whenever backward's kernels leave room,
     // so a bucket's all-reduce runs beside compute instead of queueing behind it.
     int least = 0, greatest = 0;
@@ -132,6 +137,8 @@ NcclAllreduce::~NcclAllreduce() {
 }
 
 void NcclAllreduce::release(bool abort) noexcept {
+  if (abort_hook_ >= 0) watchdog::remove_abort_hook(abort_hook_);
+  abort_hook_ = -1;
   if (stream_ != nullptr && !abort) cudaStreamSynchronize(stream_);
   if (comm_ != nullptr) abort ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
   comm_ = nullptr;
@@ -199,11 +206,17 @@ void NcclAllreduce::wait(cudaStream_t compute_stream) {
 }
 
 void NcclAllreduce::synchronize() {
-  cudaCheck(cudaStreamSynchronize(stream_));
-  ncclResult_t async = ncclSuccess;
-  ncclCheck(ncclCommGetAsyncError(comm_, &async));
-  if (async != ncclSuccess) failed_ = true;
-  ncclCheck(async);
+  const watchdog::Wait wait("NCCL all-reduces on the comm stream");
+  for (;;) {
+    const cudaError_t done = cudaStreamQuery(stream_);
+    if (done != cudaErrorNotReady) cudaCheck(done);
+    ncclResult_t async = ncclSuccess;
+    ncclCheck(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess) failed_ = true;
+    ncclCheck(async);
+    if (done == cudaSuccess) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));  // short against a bucket's all-reduce
+  }
 }
 
 float NcclAllreduce::elapsed_ms(cudaEvent_t from, cudaEvent_t to) {

@@ -64,7 +64,9 @@ class NcclAllreduce {
   // compute_stream waits (on the device, not the host) for every all-reduce launched so far: call before the
   // optimizer reads the gradients.
   void wait(cudaStream_t compute_stream);
-  // The host waits for the comm stream; throws if NCCL reported an asynchronous error.
+  // The host waits for the comm stream; throws if NCCL reported an asynchronous error. Polls rather than blocking
+  // inside CUDA, so an error (a peer died) is seen while waiting, and the watchdog (comm/watchdog.h) names the wait
+  // and, past --timeout-s, aborts the NCCL communicator before the job.
   void synchronize();
 
   // A timing-enabled event from the pool recorded on `stream` now, e.g. at step start on the compute stream, the
@@ -97,6 +99,7 @@ class NcclAllreduce {
   size_t pool_used_ = 0;
   std::vector<AllreduceRecord> records_;
   bool failed_ = false;  // an NCCL call failed: the destructor aborts instead of destroying
+  int abort_hook_ = -1;   // the watchdog's ncclCommAbort of comm_
 };
 
 }  // namespace ddplab::cuda

@@ -41,6 +41,15 @@ std::atomic<int64_t> g_last_progress_ns{0};
 std::atomic<int> g_step{-1};
 std::atomic<int> g_rank{-1};
 
+struct AbortHook {
+  int id;
+  void (*hook)(void*);
+  void* context;
+};
+std::mutex g_hooks_mutex;
+std::vector<AbortHook> g_hooks;
+int g_next_hook_id = 0;
+
 class Monitor {
  public:
   static Monitor& get() {
@@ -115,6 +124,10 @@ class Monitor {
                  "--timeout-s if the wait was legitimate\n",
                  rank, kExitCode);
     std::fflush(stderr);
+    {
+      std::lock_guard<std::mutex> lock(g_hooks_mutex);
+      for (const AbortHook& h : g_hooks) h.hook(h.context);
+    }
     MPI_Abort(MPI_COMM_WORLD, kExitCode);
     _exit(kExitCode);  // MPI_Abort does not return; if it did, still never hang
   }
@@ -158,6 +171,18 @@ void disarm() { g_timeout_ns = 0; }
 double timeout_s() { return g_timeout_ns.load() / 1e9; }
 
 void set_step(int step) { g_step = step; }
+
+int add_abort_hook(void (*hook)(void*), void* context) {
+  std::lock_guard<std::mutex> lock(g_hooks_mutex);
+  g_hooks.push_back(AbortHook{g_next_hook_id, hook, context});
+  return g_next_hook_id++;
+}
+
+void remove_abort_hook(int id) {
+  std::lock_guard<std::mutex> lock(g_hooks_mutex);
+  g_hooks.erase(std::remove_if(g_hooks.begin(), g_hooks.end(), [id](const AbortHook& h) { return h.id == id; }),
+                g_hooks.end());
+}
 
 void name_thread(const char* name) {
   ThreadWaits& t = this_thread_waits();

@@ -43,4 +43,10 @@ class Wait {
 // Names the calling thread in the watchdog's messages ("main", "comm thread"). `name` must be a literal.
 void name_thread(const char* name);
 
+// Called by the watchdog, in its own thread, before it aborts the job: releases what MPI_Abort cannot, such as an
+// NCCL communicator whose kernels spin on the GPU waiting for a dead peer (ncclCommAbort). Returns an id for
+// remove_abort_hook, which the owner calls before it is destroyed.
+int add_abort_hook(void (*hook)(void* context), void* context);
+void remove_abort_hook(int id);
+
 }  // namespace ddplab::watchdog
