@@ -136,6 +136,19 @@ def main():
         else:
             check(False, "SIGTERM: run file written")
 
+        # Ctrl-C: SIGINT to mpirun, which sends SIGTERM to the ranks after odls_base_sigkill_timeout seconds (3 here)
+        # and SIGKILL as long again: the ranks stop in between and leave a complete run file.
+        job = Job(mpirun, ddplab, 2, ["--steps", "100000", "--data-cost-ms", "2", "--flush-every", "5",
+                                      "--out", out("ctrlc.h5")], env={"OMPI_MCA_odls_base_sigkill_timeout": "3"})
+        p = subprocess.Popen(job.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job.env)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(out("ctrlc.h5.partial")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        ok = os.path.exists(out("ctrlc.h5")) and steps_in(out("ctrlc.h5"))[1].startswith("SIGTERM")
+        check(p.returncode != 0 and ok, f"Ctrl-C under mpirun: non-zero (code {p.returncode}), run file complete")
+
         # Resume refusals: other settings, a truncated file, not a checkpoint. Exit 2, nothing written.
         for name, extra in [("settings", ["--resume", out("ck.h5"), "--lr", "0.01"]),
                             ("truncated", ["--resume", out("trunc.h5")]),
