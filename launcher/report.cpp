@@ -432,6 +432,7 @@ void print_report(std::FILE* out, const RunData& run) {
   if (c.value("rank0_work_ms", 0.0) > 0) lab += " barrier_every " + config_text(c, "barrier_every");
   if (!lab.empty()) std::fprintf(out, "  lab:%s\n", lab.c_str());
   std::fprintf(out, "  build: git %s, started %s\n", attr("git_commit").c_str(), attr("start_time_utc").c_str());
+  if (!attr("stop_reason").empty()) std::fprintf(out, "  status: %s\n", attr("stop_reason").c_str());
   std::fprintf(out, "  slowest rank        %d (mean step %.2f ms)\n", st.slowest_rank, st.slowest_step_ms);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", st.samples_per_s);
   std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
