@@ -305,6 +305,13 @@ CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parame
   if (H5Fis_hdf5(path.c_str()) <= 0) throw UsageError(prefix + "not an HDF5 file");
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) throw UsageError(prefix + "HDF5 cannot open it, damaged or truncated (" + hdf5_reason() + ")");
+  return load_checkpoint(file, path, params, flat_params, opt);
+}
+
+CheckpointInfo load_checkpoint(hid_t file, const std::string& path, const std::vector<Parameter<float>>& params,
+                               float* flat_params, Optimizer<float>& opt) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string prefix = "cannot load checkpoint " + path + ": ";
   try {
     return read_contents(file, params, flat_params, opt);
   } catch (const Bad& e) {

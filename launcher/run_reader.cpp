@@ -266,6 +266,12 @@ RunData read_run_file(const std::string& path) {
   if (H5Fis_hdf5(path.c_str()) <= 0) throw std::runtime_error(prefix + "not an HDF5 file");
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) throw std::runtime_error(prefix + "HDF5 cannot open it (damaged or unreadable)");
+  return read_run_file(file, path);
+}
+
+RunData read_run_file(hid_t file, const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string prefix = "cannot read run file " + path + ": ";
   RunData run;
   run.path = path;
   try {
