@@ -2,6 +2,7 @@
 // `ddplab timeline` do with it. The reader promises "a RunData is validated, index freely"; the report code
 // relies on that, so it runs on every accepted input.
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,9 +16,14 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::FILE* devnull = std::fopen("/dev/null", "w");
+  // write_timeline() needs a real folder (temporary + rename): one per process, removed at exit.
+  static char dir[] = "/tmp/ddplab-fuzz-XXXXXX";
   static const std::string trace = [] {
-    char dir[] = "/tmp/ddplab-fuzz-XXXXXX";
     if (!mkdtemp(dir)) std::abort();
+    std::atexit([] {
+      std::remove((std::string(dir) + "/trace.json").c_str());
+      rmdir(dir);
+    });
     return std::string(dir) + "/trace.json";
   }();
   const hid_t file = ddplab::fuzz::open_image(data, size);
