@@ -226,6 +226,31 @@ void read_tensors(hid_t loc, const std::string& group_name, const std::string& w
     H5Sget_simple_extent_dims(space, dims.data(), nullptr);
     if (dims != dims_of(p))
       throw Bad(where + " has shape " + shape_text(dims) + ", expected " + shape_text(dims_of(p)));
+    // A damaged layout message can claim chunks larger than the tensor; libhdf5 1.10 then allocates the claimed
+    // chunk (up to 4 GiB) and copies past its own buffers. save_checkpoint() never writes such chunks.
+    H5Id create(H5Dget_create_plist(set), H5Pclose);
+    if (!create.ok()) throw Bad("cannot read the layout of " + where);
+    if (H5Pget_layout(create) == H5D_CHUNKED) {
+      std::vector<hsize_t> chunk(rank);
+      if (H5Pget_chunk(create, rank, chunk.data()) != rank) throw Bad("cannot read the chunks of " + where);
+      hsize_t most_bytes = 4;  // a chunk's floats
+      for (int d = 0; d < rank; ++d) {
+        if (chunk[d] > dims[d]) throw Bad(where + " has chunks " + shape_text(chunk) + " larger than the tensor");
+        most_bytes *= chunk[d];
+      }
+      most_bytes += 4;  // and its Fletcher-32 checksum
+      // Likewise a damaged chunk index can claim a huge stored size, which libhdf5 allocates before reading.
+      H5Id file_space(H5Dget_space(set), H5Sclose);
+      hsize_t chunks = 0;
+      if (H5Dget_num_chunks(set, file_space, &chunks) < 0) throw Bad("cannot read the chunks of " + where);
+      for (hsize_t i = 0; i < chunks; ++i) {
+        hsize_t offset[H5S_MAX_RANK], bytes = 0;
+        haddr_t address = 0;
+        unsigned filters = 0;
+        if (H5Dget_chunk_info(set, file_space, i, offset, &filters, &address, &bytes) < 0 || bytes > most_bytes)
+          throw Bad(where + " has a damaged chunk index");
+      }
+    }
     if (H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, flat + p.offset) < 0)
       throw Bad("cannot read " + where + " (" + hdf5_reason() + ")");
   }
@@ -305,6 +330,13 @@ CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parame
   if (H5Fis_hdf5(path.c_str()) <= 0) throw UsageError(prefix + "not an HDF5 file");
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) throw UsageError(prefix + "HDF5 cannot open it, damaged or truncated (" + hdf5_reason() + ")");
+  return load_checkpoint(file, path, params, flat_params, opt);
+}
+
+CheckpointInfo load_checkpoint(hid_t file, const std::string& path, const std::vector<Parameter<float>>& params,
+                               float* flat_params, Optimizer<float>& opt) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string prefix = "cannot load checkpoint " + path + ": ";
   try {
     return read_contents(file, params, flat_params, opt);
   } catch (const Bad& e) {

@@ -1,6 +1,8 @@
 // Checkpoints: a model's parameters and its optimizer's state in one HDF5 file, so that a run can be resumed and
 // continue with the same loss curve as an uninterrupted one. Layout, validation and resume: docs/CHECKPOINT.md.
 #pragma once
+#include <H5Ipublic.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,5 +35,8 @@ void save_checkpoint(const std::string& path, bool force, const std::vector<Para
 // UsageError with one line, "cannot load checkpoint PATH: <problem>", and leaves flat_params and opt untouched.
 CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parameter<float>>& params, float* flat_params,
                                Optimizer<float>& opt);
+// The same for a file already open (the fuzzer opens an in-memory image); `path` only names it in messages.
+CheckpointInfo load_checkpoint(hid_t file, const std::string& path, const std::vector<Parameter<float>>& params,
+                               float* flat_params, Optimizer<float>& opt);
 
 }  // namespace ddplab

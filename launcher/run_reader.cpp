@@ -120,6 +120,25 @@ nlohmann::json parse_json_attr(const RunData& run, const std::string& name) {
   }
 }
 
+// Refuses a dataset that claims more data than the file can hold for it. A damaged file can declare, say,
+// buckets/bytes of 2^32 elements with no data behind them (HDF5 would read fill values), and the reader would
+// allocate for the claim. ddplab writes contiguous, uncompressed datasets; a chunked one (another writer, maybe
+// compressed) may expand up to 1024x, about deflate's limit.
+void check_stored(hid_t set, const std::string& name, const std::vector<hsize_t>& dims) {
+  H5Id type(H5Dget_type(set), H5Tclose);
+  H5Id create(H5Dget_create_plist(set), H5Pclose);
+  H5Id file(H5Iget_file_id(set), H5Fclose);
+  hsize_t file_size = 0;
+  if (!type.ok() || !create.ok() || !file.ok() || H5Fget_filesize(file, &file_size) < 0)
+    throw Bad("cannot read " + name);
+  hsize_t bytes = H5Tget_size(type);
+  for (hsize_t d : dims)
+    if (__builtin_mul_overflow(bytes, d, &bytes)) throw Bad(name + " is too large");
+  const hsize_t stored = std::min<hsize_t>(H5Dget_storage_size(set), file_size);
+  if (bytes > (H5Pget_layout(create) == H5D_CHUNKED ? stored * 1024 : stored))
+    throw Bad(name + " claims " + std::to_string(bytes) + " bytes of data, the file holds " + std::to_string(stored));
+}
+
 // Opens `name` under `loc` as a dataset of exactly `want` dims.
 hid_t open_dataset(hid_t loc, const std::string& name, const std::vector<hsize_t>& want) {
   if (H5Lexists(loc, name.c_str(), H5P_DEFAULT) <= 0) throw Bad("missing dataset " + name);
@@ -130,6 +149,12 @@ hid_t open_dataset(hid_t loc, const std::string& name, const std::vector<hsize_t
   if (dims != want) {
     H5Dclose(set);
     throw Bad(name + " has shape " + shape_text(dims) + ", expected " + shape_text(want));
+  }
+  try {
+    check_stored(set, name, dims);
+  } catch (const Bad&) {
+    H5Dclose(set);
+    throw;
   }
   return set;
 }
@@ -266,6 +291,12 @@ RunData read_run_file(const std::string& path) {
   if (H5Fis_hdf5(path.c_str()) <= 0) throw std::runtime_error(prefix + "not an HDF5 file");
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) throw std::runtime_error(prefix + "HDF5 cannot open it (damaged or unreadable)");
+  return read_run_file(file, path);
+}
+
+RunData read_run_file(hid_t file, const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string prefix = "cannot read run file " + path + ": ";
   RunData run;
   run.path = path;
   try {

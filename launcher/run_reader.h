@@ -1,6 +1,8 @@
 // Reading a run file (docs/RUN_FILE.md, schema version 2) back into plain data, for `ddplab report`, `ddplab
 // timeline` and tests. Everything is validated on the way in, so the code that reads a RunData can index freely.
 #pragma once
+#include <H5Ipublic.h>
+
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -49,5 +51,7 @@ extern const std::vector<std::string> kRequiredStepFields;
 // Throws std::runtime_error with one line, "cannot read run file PATH: <problem>", when the file is missing,
 // not HDF5, not a ddplab run file of schema version 2, or has a dataset of the wrong shape.
 RunData read_run_file(const std::string& path);
+// The same for a file already open (the fuzzer opens an in-memory image); `path` only names it in messages.
+RunData read_run_file(hid_t file, const std::string& path);
 
 }  // namespace ddplab

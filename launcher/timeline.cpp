@@ -147,7 +147,9 @@ std::string default_timeline_path(const std::string& run_path) {
 }
 
 void write_timeline(const RunData& run, const std::string& path, bool force) {
-  const std::string text = chrome_trace(run).dump();
+  // Strings come from the run file as stored (hostnames, attributes): bytes that are not UTF-8 become U+FFFD
+  // instead of a json::type_error that would end `ddplab timeline` as an internal error.
+  const std::string text = chrome_trace(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   const std::string tmp = temp_path_for(path);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
