@@ -1,4 +1,4 @@
-// Elementwise fp32 kernels: kernels first, launchers last (see elementwise.h for the contracts).
+// Elementwise kernels: kernels first, launchers last (see elementwise.h for the contracts).
 #include <algorithm>
 
 #include "kernels/cuda/check.cuh"
@@ -25,13 +25,15 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
   }
 }
 
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+// T is the activation type (float or __nv_bfloat16); the arithmetic is fp32 either way.
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
   for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const float x = inp[i];
+    const float x = detail::to_float(inp[i]);
     const float th = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
     const float sech2 = 1.0f - th * th;
     const float du_dx = kSqrt2OverPi * (1.0f + kGeluCubic3 * x * x);
-    dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx);
+    dinp[i] = detail::from_float<T>(detail::to_float(dout[i]) * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx));
   }
 }
 
@@ -48,9 +50,17 @@ __global__ void scale_kernel(float* y, float alpha, int64_t n) {
   for (int64_t i = global_index(); i < n; i += grid_stride()) y[i] *= alpha;
 }
 
-}  // namespace
-
 // ---- launchers --------------------------------------------------------------------------------------------------
+
+// One launcher for both activation types.
+template <typename T>
+void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  gelu_backward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, inp, dout, n);
+  cudaCheck(cudaGetLastError());
+}
+
+}  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
@@ -59,9 +69,12 @@ void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) 
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  gelu_backward_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, inp, dout, n);
-  cudaCheck(cudaGetLastError());
+  launch_gelu_backward(dinp, inp, dout, n, stream);
+}
+
+void gelu_backward(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const __nv_bfloat16* dout, int64_t n,
+                   cudaStream_t stream) {
+  launch_gelu_backward(dinp, inp, dout, n, stream);
 }
 
 void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t stream) {

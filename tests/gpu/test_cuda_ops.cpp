@@ -3,6 +3,7 @@
 //
 // Kernel tests skip with the CUDA error as the reason when no device is usable; they never pass silently.
 // Buffers, poisoning and tolerances: tests/gpu/gpu_test_util.h.
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -25,7 +26,11 @@ using ddplab::cuda::CudaInfo;
 using ddplab::gpu_test::AllClose;
 using ddplab::gpu_test::cuda_info;
 using ddplab::gpu_test::DeviceArray;
+using ddplab::gpu_test::DeviceBuffer;
 using ddplab::gpu_test::random_vector;
+using ddplab::gpu_test::round_bf16;
+using ddplab::gpu_test::to_bf16;
+using ddplab::gpu_test::to_f32;
 
 // 1 and 1000 leave partial blocks; 2^20 + 3 leaves a ragged last block and is too big for any accidental
 // single-block kernel.
@@ -88,7 +93,8 @@ TEST(CudaCheck, MacrosThrowWithFileLineAndLibraryString) {
 // Zero-size ops must not launch (a grid of 0 blocks is an error); without a GPU any launch would throw here.
 TEST(CudaLaunch, ZeroSizeLaunchesNothing) {
   EXPECT_NO_THROW(ddplab::cuda::gelu_forward(nullptr, nullptr, 0, nullptr));
-  EXPECT_NO_THROW(ddplab::cuda::gelu_backward(nullptr, nullptr, nullptr, 0, nullptr));
+  EXPECT_NO_THROW(ddplab::cuda::gelu_backward(static_cast<float*>(nullptr), nullptr, nullptr, 0, nullptr));
+  EXPECT_NO_THROW(ddplab::cuda::gelu_backward(static_cast<__nv_bfloat16*>(nullptr), nullptr, nullptr, 0, nullptr));
   EXPECT_NO_THROW(ddplab::cuda::bias_forward(nullptr, nullptr, 0, 5, nullptr));
   EXPECT_NO_THROW(ddplab::cuda::bias_forward(nullptr, nullptr, 5, 0, nullptr));
   EXPECT_NO_THROW(ddplab::cuda::scale(nullptr, 2.0f, 0, nullptr));
@@ -134,6 +140,22 @@ TEST_F(CudaOps, GeluBackwardMatchesCpu) {
     DeviceArray d_inp(inp, stream_), d_dout(dout, stream_), d_dinp(n, stream_);
     ddplab::cuda::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_);
     EXPECT_TRUE(AllClose(d_dinp.download(), want, kGeluRtol, kGeluBwdAtol));
+  }
+}
+
+// bf16 in and out: the CPU reference runs on the bf16-rounded inputs, and the GPU rounds its fp32 result to bf16
+// once, which adds at most half a bf16 ulp (2^-9 relative) to the fp32 tolerance.
+TEST_F(CudaOps, GeluBackwardBf16MatchesCpu) {
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> inp = round_bf16(random_vector(n, -6.0f, 6.0f, 251 + n));
+    const std::vector<float> dout = round_bf16(random_vector(n, -1.0f, 1.0f, 351 + n));
+    std::vector<float> want(n);
+    ddplab::cpu::gelu_backward(want.data(), inp.data(), dout.data(), n);
+
+    DeviceBuffer<__nv_bfloat16> d_inp(to_bf16(inp), stream_), d_dout(to_bf16(dout), stream_), d_dinp(n, stream_);
+    ddplab::cuda::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_);
+    EXPECT_TRUE(AllClose(to_f32(d_dinp.download()), want, kGeluRtol + 0x1p-9, kGeluBwdAtol));
   }
 }
 

@@ -1,0 +1,242 @@
+// MlpCuda: see mlp_cuda.h. Host code only: every kernel it runs is a kernels/cuda launcher, so the host compiler
+// builds this file.
+#include "model/mlp_cuda.h"
+
+#include <nvtx3/nvToolsExt.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <type_traits>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/softmax_ce.h"
+
+namespace ddplab {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// Host-side NVTX range: Nsight Systems projects it onto the kernels it enqueued on the stream.
+class NvtxRange {
+ public:
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+};
+
+template <typename T>
+T* as(void* p) {
+  return static_cast<T*>(p);
+}
+
+// Every buffer in the single allocation starts on this boundary, as if it had its own cudaMalloc: cuBLASLt picks
+// kernels by operand alignment, and the vectorised kernels want 16 bytes.
+constexpr size_t kAlign = 256;
+
+}  // namespace
+
+MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, int max_batch, cudaStream_t stream)
+    : precision_(precision),
+      max_batch_(max_batch),
+      stream_(stream),
+      gemm_(precision == Precision::kTf32 ? cuda::GemmMath::kTf32 : cuda::GemmMath::kFp32) {
+  if (max_batch < 1)
+    throw std::invalid_argument("MlpCuda: max_batch must be positive, got " + std::to_string(max_batch));
+  // The CPU model defines the registration, the layout and the initial values; taking them from it (rather than
+  // repeating its code) keeps the two identical by construction. It also validates the config, on the host.
+  const Mlp<float> reference(config, seed);
+  config_ = reference.config();
+  params_ = reference.parameters();
+  num_params_ = reference.num_parameters();
+  dims_.push_back(static_cast<int>(params_[0].shape[1]));
+  for (size_t p = 0; p < params_.size(); p += 2) {
+    dims_.push_back(static_cast<int>(params_[p].shape[0]));
+    const std::string layer = params_[p].name.substr(0, params_[p].name.find('.'));  // "fc0"
+    nvtx_forward_.push_back(layer + " forward");
+    nvtx_backward_.push_back(layer + " backward");
+  }
+  const int L = num_linear();
+  const bool is_bf16 = precision == Precision::kBf16;
+  const size_t act = is_bf16 ? sizeof(bf16) : sizeof(float), rows = static_cast<size_t>(max_batch);
+
+  size_t end = 0;
+  const auto reserve = [&end](size_t bytes) {
+    const size_t at = (end + kAlign - 1) / kAlign * kAlign;
+    end = at + bytes;
+    return at;
+  };
+  const size_t at_params = reserve(num_params_ * sizeof(float)), at_grads = reserve(num_params_ * sizeof(float));
+  const size_t at_weights_bf16 = is_bf16 ? reserve(num_params_ * sizeof(bf16)) : 0;
+  const size_t at_activations = reserve(0);  // from here on: poisoned below
+  const size_t at_inputs_bf16 = is_bf16 ? reserve(rows * dims_[0] * act) : 0;
+  std::vector<size_t> at_out, at_pre_gelu;
+  for (int l = 0; l < L; ++l) {
+    at_out.push_back(reserve(rows * dims_[l + 1] * act));
+    if (l + 1 < L) at_pre_gelu.push_back(reserve(rows * dims_[l + 1] * act));
+  }
+  const size_t at_losses = reserve(rows * sizeof(float)), at_mean_loss = reserve(sizeof(float));
+  const size_t at_num_valid = reserve(sizeof(int));
+
+  void* base = nullptr;
+  cudaCheck(cudaMalloc(&base, end));
+  memory_.reset(base);
+  char* const bytes = static_cast<char*>(base);
+  flat_params_ = reinterpret_cast<float*>(bytes + at_params);
+  flat_grads_ = reinterpret_cast<float*>(bytes + at_grads);
+  if (is_bf16) {
+    weights_bf16_ = reinterpret_cast<bf16*>(bytes + at_weights_bf16);
+    inputs_bf16_ = bytes + at_inputs_bf16;
+  }
+  for (size_t at : at_out) out_.push_back(bytes + at);
+  for (size_t at : at_pre_gelu) pre_gelu_.push_back(bytes + at);
+  losses_ = reinterpret_cast<float*>(bytes + at_losses);
+  mean_loss_ = reinterpret_cast<float*>(bytes + at_mean_loss);
+  num_valid_ = reinterpret_cast<int*>(bytes + at_num_valid);
+  for (Parameter<float>& p : params_) {
+    p.data = flat_params_ + p.offset;
+    p.grad = flat_grads_ + p.offset;
+  }
+
+  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), num_params_ * sizeof(float), cudaMemcpyHostToDevice,
+                            stream_));
+  cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * sizeof(float), stream_));
+  // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
+  // a gradient into NaN, which the tests see.
+  cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, end - at_activations, stream_));
+  cudaCheck(cudaStreamSynchronize(stream_));  // `reference` is freed on return
+
+  float* host = nullptr;
+  cudaCheck(cudaMallocHost(&host, sizeof(float)));
+  loss_host_.reset(host);
+  *host = NAN;
+  cudaEvent_t e = nullptr;
+  cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
+  loss_event_.reset(e);
+  set_grad_piece_elements(0);
+}
+
+MlpCuda::~MlpCuda() = default;
+
+void MlpCuda::set_grad_piece_elements(int64_t max_elements) {
+  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
+  while (piece_events_.size() < pieces_.size()) {
+    cudaEvent_t e = nullptr;
+    cudaCheck(cudaEventCreate(&e));
+    piece_events_.emplace_back(e);
+  }
+}
+
+template <typename T>
+const T* MlpCuda::weight(int layer) const {
+  const Parameter<float>& w = params_[2 * layer];
+  if constexpr (std::is_same_v<T, bf16>)
+    return weights_bf16_ + w.offset;
+  else
+    return w.data;
+}
+
+void MlpCuda::forward(const float* inputs, const int32_t* targets, int batch) {
+  if (batch < 0 || batch > max_batch_)
+    throw std::invalid_argument("MlpCuda::forward: batch " + std::to_string(batch) + " outside [0, " +
+                                std::to_string(max_batch_) + "]");
+  NvtxRange range("MlpCuda forward");
+  if (precision_ == Precision::kBf16)
+    forward_layers<bf16>(inputs, targets, batch);
+  else
+    forward_layers<float>(inputs, targets, batch);
+  cudaCheck(cudaMemcpyAsync(loss_host_.get(), mean_loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  cudaCheck(cudaEventRecord(loss_event_.get(), stream_));
+  batch_ = batch;
+  layer0_input_ = precision_ == Precision::kBf16 ? inputs_bf16_ : static_cast<const void*>(inputs);
+}
+
+template <typename T>
+void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B) {
+  const T* x = nullptr;
+  if constexpr (std::is_same_v<T, bf16>) {
+    // Converting the whole flat buffer every forward (biases included, which stay unused) costs one pass over
+    // 6 bytes per parameter and cannot go stale, whoever updates the master weights.
+    cuda::f32_to_bf16(weights_bf16_, flat_params_, num_params_, stream_);
+    cuda::f32_to_bf16(as<T>(inputs_bf16_), inputs, int64_t{B} * dims_[0], stream_);
+    x = as<T>(inputs_bf16_);
+  } else {
+    x = inputs;
+  }
+  const int L = num_linear();
+  for (int l = 0; l < L; ++l) {
+    NvtxRange range(nvtx_forward_[l].c_str());
+    T* out = as<T>(out_[l]);
+    const float* bias = params_[2 * l + 1].data;
+    if (l + 1 < L)
+      cuda::matmul_bias_gelu_forward<T>(gemm_, out, as<T>(pre_gelu_[l]), x, weight<T>(l), bias, B, dims_[l],
+                                        dims_[l + 1], stream_);
+    else
+      cuda::matmul_forward<T>(gemm_, out, x, weight<T>(l), bias, B, dims_[l], dims_[l + 1], stream_);
+    x = out;
+  }
+  // The loss and the gradient of the mean loss in one pass, dlogits over the logits: backward needs only those.
+  T* logits = as<T>(out_[L - 1]);
+  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets, B, dims_[L], stream_);
+}
+
+float MlpCuda::loss() const {
+  cudaCheck(cudaEventSynchronize(loss_event_.get()));
+  return *loss_host_;
+}
+
+void MlpCuda::backward(const GradReadyHook& on_ready) {
+  if (batch_ < 0) throw std::logic_error("MlpCuda::backward: no forward since the last backward");
+  NvtxRange range("MlpCuda backward");
+  if (precision_ == Precision::kBf16)
+    backward_layers<bf16>(on_ready);
+  else
+    backward_layers<float>(on_ready);
+  batch_ = -1;
+}
+
+template <typename T>
+void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
+  const int B = batch_;
+  size_t piece = 0;  // pieces_ is in exactly the order this loop finalises them
+  const auto ready = [&](int param) {
+    if (pieces_.at(piece).param != param) throw std::logic_error("MlpCuda: gradient pieces out of order");
+    cudaCheck(cudaEventRecord(piece_events_[piece].get(), stream_));
+    if (on_ready) on_ready(static_cast<int>(piece));
+    ++piece;
+  };
+  const T* dout = as<T>(out_.back());  // dlogits, written by forward
+  for (int l = num_linear() - 1; l >= 0; --l) {
+    NvtxRange range(nvtx_backward_[l].c_str());
+    const Parameter<float>& w = params_[2 * l];
+    cuda::bias_backward<T>(params_[2 * l + 1].grad, dout, B, dims_[l + 1], stream_);
+    ready(2 * l + 1);
+    // The weight gradient before the input gradient, block by block, so each block's communication can start while
+    // the rest of backward runs.
+    const T* x = l == 0 ? static_cast<const T*>(layer0_input_) : as<T>(out_[l - 1]);
+    while (piece < pieces_.size() && pieces_[piece].param == 2 * l) {
+      const GradPiece& g = pieces_[piece];
+      const int first = static_cast<int>(g.first_row), rows = static_cast<int>(g.numel / dims_[l]);
+      cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows, stream_);
+      ready(2 * l);
+    }
+    if (l > 0) {  // the network input needs no gradient
+      // x, the GELU output, is dead once the weight-gradient GEMMs that read it are enqueued (same stream): its
+      // buffer takes the gradient, first w.r.t. the GELU output, then, in place, w.r.t. its input.
+      T* dx = as<T>(out_[l - 1]);
+      cuda::matmul_backward_input<T>(gemm_, dx, dout, weight<T>(l), B, dims_[l], dims_[l + 1], stream_);
+      cuda::gelu_backward(dx, as<T>(pre_gelu_[l - 1]), dx, int64_t{B} * dims_[l], stream_);
+      dout = dx;
+    }
+  }
+}
+
+void MlpCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * sizeof(float), stream_)); }
+
+int64_t MlpCuda::gemm_flops_per_sample() const {
+  int64_t flops = 0;
+  for (int l = 0; l < num_linear(); ++l) flops += 2 * static_cast<int64_t>(dims_[l]) * dims_[l + 1];
+  return flops;
+}
+
+}  // namespace ddplab

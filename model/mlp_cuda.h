@@ -1,0 +1,138 @@
+// The MLP of model/mlp.h on one GPU, forward and backward through the kernels/cuda launchers, for a trainer that
+// drives it on a compute stream and reduces gradient pieces on a communication stream while backward runs.
+//
+// Shared with Mlp<float>: the config, the parameter registration (names, shapes), the flat parameter and gradient
+// layout in REVERSE registration order, the gradient pieces, and the initial values, bit for bit: the constructor
+// builds the CPU model with the same seed and uploads its parameters. Checkpoints and bucket layouts therefore
+// carry over unchanged. Parameter::data and Parameter::grad point to DEVICE memory here.
+//
+// Asynchronous: every call enqueues on the stream given at construction and returns; only loss() waits (for the
+// last forward's loss and nothing else). backward() records an event per gradient piece right after that piece's
+// last kernel and then calls the hook, so the hook can make a communication stream wait on piece_ready_event(k)
+// and reduce the piece while the rest of backward runs: the host never blocks inside backward.
+//
+// Precision (model/precision.h; the full table in docs/GPU.md): parameters, gradients and the loss are fp32 in every
+// mode. fp32 and tf32 keep fp32 activations and differ in the GEMMs' math; bf16 runs the GEMMs on bf16 activations
+// and on bf16 copies of the weights, converted from the fp32 master weights at the start of every forward (the
+// optimizer between two forwards updates the fp32 ones).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/gemm.h"
+#include "model/mlp.h"
+#include "model/precision.h"
+
+namespace ddplab {
+
+class MlpCuda {
+ public:
+  // Device buffers for batches of up to max_batch rows, allocated once (a step allocates nothing). A bad config or
+  // max_batch < 1 throws std::invalid_argument before the device is touched; a CUDA failure, std::runtime_error.
+  MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, int max_batch, cudaStream_t stream);
+  ~MlpCuda();
+  MlpCuda(const MlpCuda&) = delete;
+  MlpCuda& operator=(const MlpCuda&) = delete;
+
+  const MlpConfig& config() const { return config_; }
+  Precision precision() const { return precision_; }
+  int max_batch() const { return max_batch_; }
+  cudaStream_t stream() const { return stream_; }
+  // Registration (forward) order, as Mlp<float>; data and grad are device pointers into the flat buffers.
+  const std::vector<Parameter<float>>& parameters() const { return params_; }
+  int64_t num_parameters() const { return num_params_; }
+  float* flat_params() { return flat_params_; }  // device, fp32 master weights
+  float* flat_grads() { return flat_grads_; }    // device, fp32
+  const float* flat_params() const { return flat_params_; }
+  const float* flat_grads() const { return flat_grads_; }
+
+  // As Mlp::set_grad_piece_elements: weights in blocks of whole rows of at most max_elements (0: one piece per
+  // parameter), so communication of a large weight starts while its last rows are computed.
+  void set_grad_piece_elements(int64_t max_elements);
+  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
+  // Recorded on the stream by every backward once grad_pieces()[k] is final. Timing is enabled: the trainer reads a
+  // bucket's ready time from its last piece's event after the step.
+  cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k).get(); }
+
+  // inputs [batch, input_dim] fp32 and targets [batch] in [0, num_classes), device memory, 0 <= batch <= max_batch.
+  // Enqueues the layers, the fused softmax cross-entropy (which also writes the gradient of the mean loss for
+  // backward) and an asynchronous copy of the mean loss to pinned host memory. The targets are read by this
+  // forward's kernels, the inputs also by backward's in fp32 and tf32: work that overwrites them must be ordered
+  // after those (later on the stream, or behind an event recorded after backward). Targets are not checked (that
+  // would need a sync): one >= num_classes makes its row's loss, hence the mean, NaN; a negative one marks a padding
+  // row, left out of the mean and the gradient (the fused kernel's rule).
+  void forward(const float* inputs, const int32_t* targets, int batch);
+  // The mean loss of the last forward, fp32, on the device: for a consumer on the stream that needs no host copy.
+  const float* loss_device() const { return mean_loss_; }
+  // The same on the host: WAITS for that forward's loss copy (not for later work on the stream). NaN before the
+  // first forward.
+  float loss() const;
+
+  // Backward of the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients (zero_grad() first unless
+  // accumulating). For each piece in grad_pieces() order: enqueue its kernels, record piece_ready_event(k), call
+  // on_ready(k). Once per forward: the hidden activations' buffers take their gradients (std::logic_error on a
+  // second call).
+  void backward(const GradReadyHook& on_ready = nullptr);
+  void zero_grad();
+  // Forward FLOPs per sample of the GEMMs (2 * in * out per Linear), as Mlp::gemm_flops_per_sample.
+  int64_t gemm_flops_per_sample() const;
+
+ private:
+  struct CudaFree {
+    void operator()(void* p) const { cudaFree(p); }
+  };
+  struct CudaFreeHost {
+    void operator()(float* p) const { cudaFreeHost(p); }
+  };
+  struct EventDestroy {
+    void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
+  };
+  using Event = std::unique_ptr<CUevent_st, EventDestroy>;
+
+  int num_linear() const { return static_cast<int>(dims_.size()) - 1; }
+  template <typename T>
+  void forward_layers(const float* inputs, const int32_t* targets, int batch);
+  template <typename T>
+  void backward_layers(const GradReadyHook& on_ready);
+  template <typename T>
+  const T* weight(int layer) const;
+
+  MlpConfig config_;
+  Precision precision_;
+  int max_batch_;
+  cudaStream_t stream_;
+  std::vector<int> dims_;  // feature sizes at the layer boundaries: Linear l maps dims_[l] -> dims_[l + 1]
+  std::vector<Parameter<float>> params_;
+  int64_t num_params_ = 0;
+  std::vector<GradPiece> pieces_;
+  std::vector<Event> piece_events_;
+  std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "fc<l> forward" / "fc<l> backward"
+  cuda::GemmContext gemm_;
+
+  // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
+  std::unique_ptr<void, CudaFree> memory_;
+  float* flat_params_ = nullptr;
+  float* flat_grads_ = nullptr;
+  __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 only: the flat parameters converted, same offsets
+  void* inputs_bf16_ = nullptr;            // bf16 only: the forward's inputs converted
+  std::vector<void*> out_;                 // per Linear: GELU output (hidden) or logits, then dlogits (last)
+  std::vector<void*> pre_gelu_;            // per hidden Linear: the GELU input, for its backward
+  float* losses_ = nullptr;                // per row
+  float* mean_loss_ = nullptr;
+  int* num_valid_ = nullptr;
+
+  std::unique_ptr<float, CudaFreeHost> loss_host_;  // pinned: the copy stays asynchronous
+  Event loss_event_;
+
+  // Set by forward for backward: the batch (-1: no backward pending) and the first Linear's input as its GEMM read
+  // it (the caller's fp32 inputs, or their bf16 copy).
+  int batch_ = -1;
+  const void* layer0_input_ = nullptr;
+};
+
+}  // namespace ddplab
