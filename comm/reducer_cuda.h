@@ -36,7 +36,6 @@ class CudaReducer {
   CudaReducer& operator=(const CudaReducer&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  const ReducerConfig& config() const { return config_; }
 
   // Every bucket pending, flags cleared. origin: an event on the compute stream at step start (NcclAllreduce::mark),
   // the zero of the timings; grad_scale multiplies the summed gradients (1/(world x micro-batches)). Call after
