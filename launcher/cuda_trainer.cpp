@@ -77,7 +77,9 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
 }
 
 CudaTrainer::~CudaTrainer() {
-  if (copy_) cudaStreamSynchronize(copy_.get());  // a prefetch may still read the pinned buffers
+  for (Batch& b : batches_)  // a prefetch may still be filling or copying the pinned buffers
+    if (b.staged.valid()) b.staged.wait();
+  if (copy_) cudaStreamSynchronize(copy_.get());
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && control_comm_ != MPI_COMM_NULL) MPI_Comm_free(&control_comm_);
@@ -107,17 +109,22 @@ std::vector<float> CudaTrainer::parameters() const {
   return download(model_->flat_params(), model_->num_parameters());
 }
 
-// Fills `step`'s samples into its pinned buffer and queues their copy on the copy stream. The buffers' last reader,
-// step - 2, is complete: every step ends with the host waiting for the compute stream, which waited for the copy.
+// On a helper thread, so that generating the samples overlaps the device's work (at the default sizes it takes
+// longer than a GPU step): fills `step`'s samples into its pinned slot and queues their copy on the copy stream. The
+// slot's last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which
+// waited for that copy.
 void CudaTrainer::stage(int64_t step) {
   Batch& b = batches_[step % 2];
-  const int rows = shard_.batch;
-  data_.fill(b.host_x, b.host_y, shard_.first_sample(step), rows);
-  cudaCheck(cudaMemcpyAsync(b.x, b.host_x, sizeof(float) * rows * config_.mlp.input_dim, cudaMemcpyHostToDevice,
-                            copy_.get()));
-  cudaCheck(cudaMemcpyAsync(b.y, b.host_y, sizeof(int32_t) * rows, cudaMemcpyHostToDevice, copy_.get()));
-  cudaCheck(cudaEventRecord(b.copied.get(), copy_.get()));
   b.step = step;
+  b.staged = std::async(std::launch::async, [this, &b, step] {
+    cudaCheck(cudaSetDevice(nccl_->device()));  // a new thread starts on device 0
+    const int rows = shard_.batch;
+    data_.fill(b.host_x, b.host_y, shard_.first_sample(step), rows);
+    cudaCheck(cudaMemcpyAsync(b.x, b.host_x, sizeof(float) * rows * config_.mlp.input_dim, cudaMemcpyHostToDevice,
+                              copy_.get()));
+    cudaCheck(cudaMemcpyAsync(b.y, b.host_y, sizeof(int32_t) * rows, cudaMemcpyHostToDevice, copy_.get()));
+    cudaCheck(cudaEventRecord(b.copied.get(), copy_.get()));
+  });
 }
 
 // The name of the first gradient piece of `bucket` holding a NaN or Inf (a rare path: the bucket is downloaded).
@@ -147,6 +154,7 @@ StepRecord CudaTrainer::step(int step, double t0_ms) {
   reducer_->begin_step(origin, 1.0f / static_cast<float>(world_ * micro_batches));
   Batch& batch = batches_[step % 2];
   if (batch.step != step) stage(step);  // not prefetched: the first step
+  batch.staged.get();                   // the copy is queued (a wait only if the samples took longer than a step)
   cudaCheck(cudaStreamWaitEvent(compute, batch.copied.get(), 0));
   const cudaEvent_t data_end = mark();
 
@@ -178,7 +186,7 @@ StepRecord CudaTrainer::step(int step, double t0_ms) {
   int control_mine[2] = {StopSignals::received(), loss_finite ? 0 : rank_ + 1}, control[2] = {0, 0};
   MPI_Request control_request = MPI_REQUEST_NULL;
   mpiCheck(MPI_Iallreduce(control_mine, control, 2, MPI_INT, MPI_MAX, control_comm_, &control_request));
-  if (step + 1 < config_.steps) stage(step + 1);  // the host fills the next batch while the device runs backward
+  if (step + 1 < config_.steps) stage(step + 1);
 
   // The host's wait before the update: stopping or skipping is decided on the host, from the buckets' flags.
   reducer_->finish_step(t_start - t0_ms);

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,7 @@ class CudaTrainer final : public StepRunner {
     int32_t *host_y = nullptr, *y = nullptr;
     std::unique_ptr<CUevent_st, EventDestroy> copied;  // on the copy stream
     int64_t step = -1;                                 // the step whose samples it holds
+    std::future<void> staged;                          // the helper thread that fills it and queues the copy
   };
 
   void stage(int64_t step);
@@ -75,7 +77,7 @@ class CudaTrainer final : public StepRunner {
   std::unique_ptr<void, CudaFreeHost> host_memory_;  // the two batches, pinned
   float *m_ = nullptr, *v_ = nullptr;
   int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
-  Batch batches_[2];    // step s uses batches_[s % 2] while step s + 1's is filled and copied
+  Batch batches_[2];    // step s uses batches_[s % 2] while step s + 1's is filled and copied (after the memory)
   SyntheticClassification data_;
   ShardedBatches shard_;
   int stop_signal_ = 0;
