@@ -73,6 +73,23 @@ std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std:
   return buckets;
 }
 
+void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm) {
+  const uint64_t mine[2] = {layout_hash(buckets), ~layout_hash(buckets)};
+  uint64_t most[2];
+  mpiCheck(MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm));
+  if (most[0] == mine[0] && most[1] == mine[1]) return;
+  // Some rank differs: every rank sees it, every rank throws.
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> counts(size);
+  const int nb = static_cast<int>(buckets.size());
+  mpiCheck(MPI_Allgather(&nb, 1, MPI_INT, counts.data(), 1, MPI_INT, comm));
+  std::string list;
+  for (int r = 0; r < size; ++r) list += (r ? ", " : "") + std::to_string(counts[r]);
+  throw std::runtime_error("gradient bucket layout differs across ranks (buckets per rank: " + list +
+                           "): every rank needs the same model, --bucket-mb, --first-bucket-mb and --grad-slice-mb");
+}
+
 Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
                  const std::vector<int64_t>& offset, float* flat_grads)
     : comm_(comm),
@@ -86,19 +103,7 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
 
-  // Every rank must reduce the same buckets in the same order, or the all-reduces would pair unrelated buffers.
-  const uint64_t mine[2] = {layout_hash(buckets_), ~layout_hash(buckets_)};
-  uint64_t most[2];
-  mpiCheck(MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm.mpi_comm()));
-  if (most[0] != mine[0] || most[1] != mine[1]) {  // some rank differs: every rank sees it, every rank throws
-    std::vector<int> counts(comm.size());
-    const int nb = static_cast<int>(buckets_.size());
-    mpiCheck(MPI_Allgather(&nb, 1, MPI_INT, counts.data(), 1, MPI_INT, comm.mpi_comm()));
-    std::string list;
-    for (int r = 0; r < comm.size(); ++r) list += (r ? ", " : "") + std::to_string(counts[r]);
-    throw std::runtime_error("gradient bucket layout differs across ranks (buckets per rank: " + list +
-                             "): every rank needs the same model, --bucket-mb, --first-bucket-mb and --grad-slice-mb");
-  }
+  check_same_layout(buckets_, comm.mpi_comm());
   comm_thread_ = std::thread([this] { comm_loop(); });
 }
 

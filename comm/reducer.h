@@ -16,6 +16,8 @@
 //   - Gradient accumulation (no_sync): with set_sync(false) mark_ready does nothing and gradients accumulate
 //     locally; the micro-batch with set_sync(true) communicates. Gradients are scaled by 1/(world * micro-batches).
 #pragma once
+#include <mpi.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -49,6 +51,10 @@ struct Bucket {
 // a bucket of its own. Each bucket must be one contiguous slice of the flat buffer (checked: throws otherwise).
 std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
                                    double bucket_cap_bytes, double first_bucket_cap_bytes);
+
+// Collective over comm: throws on every rank, naming each rank's bucket count, unless every rank has the same
+// layout (the all-reduces would otherwise pair unrelated buffers). Shared by the Reducer and the CudaReducer.
+void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm);
 
 // When things happened to one bucket in one step, in ms on the caller's time origin.
 struct BucketTimes {

@@ -2,8 +2,27 @@
 
 #include "data/tokens.h"
 #include "launcher/errors.h"
+#include "model/precision.h"
 
 namespace ddplab {
+namespace {
+
+// What the GPU path does not do (yet), refused on every rank alike rather than ignored.
+void validate_cuda(const TrainConfig& c) {
+  const auto refuse = [](bool ok, const std::string& what) { require(ok, "--device cuda: " + what); };
+  refuse(c.model == "mlp", "trains the MLP only (got --model " + c.model + ")");
+  refuse(c.comm == "nccl", "reduces gradients with NCCL only: pass --comm nccl (got --comm " + c.comm + ")");
+  refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
+  refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
+  refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
+  refuse(c.loader_threads == 0 && c.data_cost_ms == 0,
+         "--loader-threads and --data-cost-ms are CPU only (batches are staged one step ahead on a copy stream)");
+  refuse(c.straggler_ms == 0 && c.extra_allreduce_mb == 0 && c.rank0_work_ms == 0,
+         "the lab's pathologies (--straggler-ms, --extra-allreduce-mb, --rank0-work-ms) are CPU only");
+  refuse(c.checkpoint.empty() && c.resume.empty(), "--checkpoint and --resume are CPU only for now");
+}
+
+}  // namespace
 
 void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--batch", c.batch, "samples per rank per step (global batch = batch x ranks)")
@@ -11,6 +30,10 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--steps", c.steps, "training steps")->capture_default_str();
   app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
   app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
+  app->add_option("--device", c.device, "cpu | cuda (the MLP on one GPU per rank; needs --comm nccl)")
+      ->capture_default_str();
+  app->add_option("--precision", c.precision, "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)")
+      ->capture_default_str();
   app->add_option("--model", c.model, "mlp, or a transformer preset: tiny | small | gpt2-small")->capture_default_str();
   app->add_option("--head", c.head, "transformer head: classify (mean-pooled) | lm (next token)")
       ->capture_default_str();
@@ -39,7 +62,8 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
   app->add_option("--data-noise", c.data_noise, "synthetic data noise around the class prototypes")
       ->capture_default_str();
-  app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce)")->capture_default_str();
+  app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce) | nccl (--device cuda)")
+      ->capture_default_str();
   app->add_option("--comm-dtype", c.comm_dtype, "gradients on the wire: fp32 | bf16 | fp16")->capture_default_str();
   if (sweep_axes) {
     app->add_option("--bucket-mb", c.bucket_mb, "gradient bucket cap in MiB (0: one bucket per parameter)")
@@ -155,6 +179,15 @@ void validate(const TrainConfig& c) {
   at_least("--fault-step", c.fault_step, 0);
   require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && c.grad_slice_mb >= 0,
           "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");
+  require(c.device == "cpu" || c.device == "cuda", "--device must be cpu or cuda (got '" + c.device + "')");
+  try {
+    parse_precision(c.precision);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--precision: ") + e.what());
+  }
+  if (c.device == "cuda") return validate_cuda(c);
+  require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
+  require(c.comm != "nccl", "--comm nccl needs --device cuda");
   try {
     comm_options(c);
   } catch (const std::invalid_argument& e) {

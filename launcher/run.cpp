@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -22,7 +23,9 @@
 #include "launcher/stop_signals.h"
 #include "launcher/trainer.h"
 #ifdef DDPLAB_HAVE_CUDA
+#include "comm/nccl_allreduce.h"
 #include "kernels/cuda/device.h"
+#include "launcher/cuda_trainer.h"
 #endif
 
 namespace ddplab {
@@ -195,11 +198,43 @@ int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Traine
 }
 
 // "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
-std::string bucket_contents(const Workload& model, const Bucket& bucket) {
+std::string bucket_contents(const StepRunner& runner, const Bucket& bucket) {
   std::string text;
   for (int k = bucket.first_piece; k <= bucket.last_piece; ++k)
-    text += (text.empty() ? "" : ",") + model.piece_name(model.grad_pieces()[k]);
+    text += (text.empty() ? "" : ",") + runner.piece_name(runner.grad_pieces()[k]);
   return text;
+}
+
+// --device cuda needs a usable GPU and NCCL on every rank: otherwise every rank refuses (exit 2) with the reason of
+// the lowest failing rank, rather than some ranks failing inside NCCL's bootstrap while others wait there.
+void require_device(const TrainConfig& config, MPI_Comm comm) {
+  if (config.device != "cuda") return;
+#ifdef DDPLAB_HAVE_CUDA
+  const std::string mine = cuda::NcclAllreduce::availability();
+#else
+  const std::string mine = "this ddplab was built without CUDA (configure with -DDDPLAB_CUDA=ON)";
+#endif
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int failing = mine.empty() ? INT_MAX : rank;
+  int first = INT_MAX;
+  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return;
+  char reason[1024] = {};
+  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
+  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
+  throw UsageError("--device cuda: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason);
+}
+
+// The step runner --device asks for; `comm` receives the CPU path's communicator, which must outlive the runner.
+std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, MPI_Comm world,
+                                             std::unique_ptr<Communicator>& comm) {
+#ifdef DDPLAB_HAVE_CUDA
+  if (config.device == "cuda") return std::make_unique<CudaTrainer>(config, world);
+#endif
+  comm = std::make_unique<Communicator>(world, comm_options(config));
+  return std::make_unique<Trainer>(config, *comm);
 }
 
 }  // namespace
@@ -231,6 +266,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   require(config.model == "mlp" || config.epoch_size >= size,
           "more ranks (" + std::to_string(size) + ") than sequences per epoch (--epoch-size " +
               std::to_string(config.epoch_size) + "): every rank needs at least one; raise --epoch-size");
+  require_device(config, world);
   openblas_set_num_threads(config.blas_threads);
 
   // Rank 0 owns the run file: check it can be written before spending time on training.
@@ -246,9 +282,11 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   if (!error.empty()) throw UsageError(error);
 
   RunResult result;
-  Communicator comm(world, comm_options(config));
-  Trainer trainer(config, comm);
-  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, trainer);
+  std::unique_ptr<Communicator> comm;
+  const std::unique_ptr<StepRunner> runner = make_step_runner(config, world, comm);
+  // Checkpoints hold host state: the CPU Trainer's (validate refuses them with --device cuda).
+  Trainer* const cpu_trainer = dynamic_cast<Trainer*>(runner.get());
+  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *cpu_trainer);
   RunMetadata meta;
   meta.first_step = first_step;
   meta.command = options.command;
@@ -260,6 +298,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   meta.hdf5_version = hdf5_version();
   meta.blas = blas_description();
   meta.cuda = cuda_description();
+  meta.device = config.device;
   meta.world_size = size;
   meta.hostnames = gather_hostnames(world);
   meta.config_json = to_json(config).dump();
@@ -267,26 +306,26 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   if (rank == 0 && !config.quiet) {
     if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
     std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps\n", options.command.c_str(),
-                trainer.workload().describe().c_str(), size, size == 1 ? "" : "s", config.batch,
+                runner->describe().c_str(), size, size == 1 ? "" : "s", config.batch,
                 config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
                 config.optimizer.kind.c_str(), config.steps);
     if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
     std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
                 config.comm.c_str(), config.comm_dtype.c_str(), config.link.c_str(),
-                trainer.reducer().buckets().size(), trainer.reducer().buckets().size() == 1 ? "" : "s",
+                runner->buckets().size(), runner->buckets().size() == 1 ? "" : "s",
                 config.bucket_mb, config.first_bucket_mb, config.overlap ? "on" : "off");
     std::fflush(stdout);
   }
 
-  const size_t num_buckets = trainer.reducer().buckets().size();
+  const size_t num_buckets = runner->buckets().size();
   std::vector<StepRecord> mine;
   mine.reserve(config.steps);
   std::vector<BucketTimes> my_buckets;
   my_buckets.reserve(config.steps * num_buckets);
   const int global_batch = config.batch * config.grad_accum * size;
   RunBuckets buckets;
-  buckets.layout = trainer.reducer().buckets();
-  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(trainer.workload(), b));
+  buckets.layout = runner->buckets();
+  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(*runner, b));
 
   // Gathers the steps done so far on rank 0, which writes them to `path`: the run file, or the snapshot of a run
   // in progress. Collective; returns rank 0's write error ("" = written), known to every rank.
@@ -317,9 +356,9 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     std::string save_error;
     if (rank == 0) {
       try {
-        Workload& model = trainer.workload();
+        Workload& model = cpu_trainer->workload();
         save_checkpoint(config.checkpoint, config.force || checkpoint_written, model.parameters(),
-                        model.flat_params(), trainer.optimizer(),
+                        model.flat_params(), cpu_trainer->optimizer(),
                         CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
       } catch (const std::exception& e) {
         save_error = e.what();
@@ -338,14 +377,14 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   std::unique_ptr<TrainingStopped> stopped;
   for (int s = static_cast<int>(first_step); s < config.steps; ++s) {
     try {
-      mine.push_back(trainer.step(s, t0));
+      mine.push_back(runner->step(s, t0));
     } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
       stopped = std::make_unique<TrainingStopped>(e);
       break;
     }
-    const auto& times = trainer.reducer().bucket_times();
+    const auto& times = runner->bucket_times();
     my_buckets.insert(my_buckets.end(), times.begin(), times.end());
-    if (const int signal = trainer.stop_signal()) {
+    if (const int signal = runner->stop_signal()) {
       stopped = std::make_unique<TrainingStopped>(
           std::string(signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal") + " received: stopped after step " +
               std::to_string(s),

@@ -90,6 +90,7 @@ void write_contents(hid_t file, const RunMetadata& meta, const std::vector<StepR
   write_string_attr(file, "hdf5_version", meta.hdf5_version);
   write_string_attr(file, "blas", meta.blas);
   write_string_attr(file, "cuda", meta.cuda);
+  write_string_attr(file, "device", meta.device);
   write_string_attr(file, "summary", summary_json);
   write_string_attr(file, "stop_reason", meta.stop_reason);
   write_int_attr(file, "first_step", meta.first_step);

@@ -20,6 +20,7 @@ struct RunMetadata {
   std::string git_commit;
   std::string ddplab_version;
   std::string mpi_library, hdf5_version, blas, cuda;
+  std::string device = "cpu";  // where the steps ran: cpu | cuda
   int world_size = 1;
   std::vector<std::string> hostnames;  // by rank
   int64_t first_step = 0;   // the step the records start at (a resumed run's checkpoint step)

@@ -15,6 +15,8 @@
 namespace ddplab {
 
 struct TrainConfig {
+  std::string device = "cpu";       // cpu | cuda: the MLP on one GPU per rank, NCCL all-reduce (docs/GPU.md)
+  std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
   std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)
   MlpConfig mlp;
   // Transformer workloads: the head and the token data.
@@ -31,7 +33,7 @@ struct TrainConfig {
   int warmup_steps = 5;     // left out of the summary's steady-state means
   uint64_t seed = 1234;     // model init and data
   float data_noise = 1.0f;  // synthetic data: noise amplitude around the class prototypes
-  std::string comm = "ring";        // all-reduce implementation: ring | mpi
+  std::string comm = "ring";        // all-reduce implementation: ring | mpi; nccl with --device cuda
   std::string comm_dtype = "fp32";  // on the wire: fp32 | bf16 | fp16
   double bucket_mb = 25.0;          // gradient bucket cap (MiB); 0 = one bucket per parameter
   double first_bucket_mb = 1.0;     // cap of the bucket that closes backward
@@ -86,6 +88,8 @@ inline CommOptions comm_options(const TrainConfig& c) {
 
 inline nlohmann::json to_json(const TrainConfig& c) {
   return {
+      {"device", c.device},
+      {"precision", c.precision},
       {"model", c.model},
       {"head", c.head},
       {"lengths", c.lengths},

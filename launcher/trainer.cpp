@@ -62,13 +62,21 @@ void sleep_ms(double ms) {
 }
 }  // namespace
 
-void Trainer::inject_fault_before(int step) {
-  if (config_.fault == "none" || step != config_.fault_step || comm_.rank() != config_.fault_rank) return;
-  std::fprintf(stderr, "ddplab: rank %d injects fault '%s' at step %d\n", comm_.rank(), config_.fault.c_str(), step);
+void inject_fault_before(const TrainConfig& config, int rank, int step) {
+  if (config.fault == "none" || step != config.fault_step || rank != config.fault_rank) return;
+  std::fprintf(stderr, "ddplab: rank %d injects fault '%s' at step %d\n", rank, config.fault.c_str(), step);
   std::fflush(stderr);
-  if (config_.fault == "hang") for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  if (config_.fault == "kill") std::raise(SIGKILL);
-  if (config_.fault == "throw") throw std::runtime_error("injected fault (--fault throw) at step " + std::to_string(step));
+  if (config.fault == "hang") for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  if (config.fault == "kill") std::raise(SIGKILL);
+  if (config.fault == "throw") throw std::runtime_error("injected fault (--fault throw) at step " + std::to_string(step));
+}
+
+bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step) {
+  if (what.empty()) return false;
+  if (!config.skip_nonfinite)
+    throw TrainingStopped("non-finite " + what + " at step " + std::to_string(step) +
+                          "; stopped before the update (--skip-nonfinite skips such steps instead)");
+  return true;
 }
 
 // The name of the first gradient piece of `bucket` holding a NaN or Inf.
@@ -94,33 +102,31 @@ uint64_t fingerprint(const float* x, int64_t n) {
 }
 }  // namespace
 
-// --check-sync: every replica must hold the same parameters, bit for bit. Compares one fingerprint per gradient
-// piece's slice of the parameters (same layout as the gradients) and names the first that differs.
-void Trainer::check_replicas_agree(int step) {
-  const std::vector<GradPiece>& pieces = workload_->grad_pieces();
+// One fingerprint per gradient piece's slice of the parameters (same layout as the gradients).
+void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
+                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step) {
   std::vector<uint64_t> mine(2 * pieces.size()), most(mine.size());
   for (size_t k = 0; k < pieces.size(); ++k) {
-    mine[2 * k] = fingerprint(workload_->flat_params() + pieces[k].offset, pieces[k].numel);
+    mine[2 * k] = fingerprint(params + pieces[k].offset, pieces[k].numel);
     mine[2 * k + 1] = ~mine[2 * k];  // MAX of h and of ~h: equal everywhere iff every rank has the same h
   }
   {
     const watchdog::Wait wait("parameter check (--check-sync)");
-    mpiCheck(MPI_Allreduce(mine.data(), most.data(), static_cast<int>(mine.size()), MPI_UINT64_T, MPI_MAX,
-                           control_comm_));
+    mpiCheck(MPI_Allreduce(mine.data(), most.data(), static_cast<int>(mine.size()), MPI_UINT64_T, MPI_MAX, comm));
   }
   // Registration order (pieces are in reverse): the first parameter of the model that differs.
   for (size_t k = pieces.size(); k-- > 0;) {
     if (most[2 * k] == mine[2 * k] && most[2 * k + 1] == mine[2 * k + 1]) continue;
     throw TrainingStopped("replicas diverged at step " + std::to_string(step) + ": parameter " +
-                          workload_->piece_name(pieces[k]) +
-                          " differs across ranks (--check-sync); every rank must apply the same update");
+                          piece_name(pieces[k]) + " differs across ranks (--check-sync); every rank must apply the " +
+                          "same update");
   }
 }
 
 StepRecord Trainer::step(int step, double t0_ms) {
   StepRecord r;
   watchdog::set_step(step);
-  inject_fault_before(step);
+  inject_fault_before(config_, comm_.rank(), step);
   const int micro_batches = config_.grad_accum;
   const bool poison_gradient = config_.fault == "nan" && step == config_.fault_step && comm_.rank() == config_.fault_rank;
   const GradReadyHook on_ready = [this, poison_gradient](int piece) {
@@ -182,14 +188,14 @@ StepRecord Trainer::step(int step, double t0_ms) {
   } else if (const int bucket = reducer_->first_nonfinite_bucket(); bucket >= 0) {
     nonfinite = "gradient " + first_nonfinite_gradient(bucket);
   }
-  if (!nonfinite.empty() && !config_.skip_nonfinite)
-    throw TrainingStopped("non-finite " + nonfinite + " at step " + std::to_string(step) +
-                          "; stopped before the update (--skip-nonfinite skips such steps instead)");
-  r.skipped = nonfinite.empty() ? 0 : 1;
-  if (nonfinite.empty()) optimizer_.step(workload_->flat_params(), workload_->flat_grads());
+  const bool skip = skip_nonfinite_step(config_, nonfinite, step);
+  r.skipped = skip ? 1 : 0;
+  if (!skip) optimizer_.step(workload_->flat_params(), workload_->flat_grads());
   if (config_.fault == "diverge" && step == config_.fault_step && comm_.rank() == config_.fault_rank)
     workload_->flat_params()[workload_->grad_pieces().back().offset] += 1e-3f;  // the first registered parameter
-  if (config_.check_sync > 0 && (step + 1) % config_.check_sync == 0) check_replicas_agree(step);
+  if (config_.check_sync > 0 && (step + 1) % config_.check_sync == 0)
+    check_replicas_agree(workload_->flat_params(), workload_->grad_pieces(),
+                         [this](const GradPiece& g) { return workload_->piece_name(g); }, control_comm_, step);
   const double t_optimized = now_ms();
   if (extra_comm_) extra_comm_->allreduce_sum(extra_buffer_.data(), extra_buffer_.size());
   const double t_extra = now_ms();

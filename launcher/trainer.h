@@ -4,42 +4,32 @@
 #pragma once
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/reducer.h"
-#include "launcher/step_record.h"
+#include "launcher/step_runner.h"
 #include "launcher/train_config.h"
 #include "launcher/workload.h"
 #include "model/optimizer.h"
 
 namespace ddplab {
 
-// A stop every rank reaches at the same step with the same message (a non-finite loss or gradient, diverged
-// replicas, a stop signal): the run file keeps what was measured, and the job ends without an abort, with
-// exit code 4 (or 128 + the signal).
-class TrainingStopped : public std::runtime_error {
- public:
-  explicit TrainingStopped(const std::string& what, int exit_code = 4) : std::runtime_error(what), exit_code(exit_code) {}
-  int exit_code;
-};
-
-class Trainer {
+class Trainer final : public StepRunner {
  public:
   // Collective over comm (the Reducer checks the bucket layout). `comm` must outlive the trainer.
   Trainer(const TrainConfig& config, Communicator& comm);
-  // Runs step `step` (0-based) and returns its timings; times are measured from `t0_ms` (a steady-clock
-  // reading every rank took right after a barrier). Bucket timings of the step: reducer().bucket_times().
-  // Throws TrainingStopped on every rank when the step's loss or gradients are not finite (unless
-  // --skip-nonfinite: the step then skips its update and says so in StepRecord::skipped) and when --check-sync
-  // finds the replicas diverged.
-  StepRecord step(int step, double t0_ms);
-  // The signal (SIGINT, SIGTERM) some rank received by the last step, agreed by all ranks at that step; 0: none.
-  int stop_signal() const { return stop_signal_; }
-  ~Trainer();
+  ~Trainer() override;
+  StepRecord step(int step, double t0_ms) override;
+  int stop_signal() const override { return stop_signal_; }
+  const std::vector<Bucket>& buckets() const override { return reducer_->buckets(); }
+  const std::vector<BucketTimes>& bucket_times() const override { return reducer_->bucket_times(); }
+  const std::vector<GradPiece>& grad_pieces() const override { return workload_->grad_pieces(); }
+  std::string piece_name(const GradPiece& piece) const override { return workload_->piece_name(piece); }
+  std::string describe() const override { return workload_->describe(); }
 
   Workload& workload() { return *workload_; }
   Optimizer<float>& optimizer() { return optimizer_; }
@@ -57,12 +47,22 @@ class Trainer {
   MPI_Comm control_comm_ = MPI_COMM_NULL;  // the per-step agreement on stopping; its own, never mixed with others
   int stop_signal_ = 0;
 
-  void inject_fault_before(int step);
   std::string first_nonfinite_gradient(int bucket) const;
-  void check_replicas_agree(int step);
 };
 
 // Milliseconds on the monotonic clock.
 double now_ms();
+
+// Shared by the CPU and GPU step runners, so both follow the same rules (docs/RELIABILITY.md).
+// --fault hang|kill|throw, when this rank and step are the ones named (nan and diverge act inside the step).
+void inject_fault_before(const TrainConfig& config, int rank, int step);
+// A non-finite loss or gradient (`what`, "" if none), agreed by every rank: throws TrainingStopped (the update is
+// not made) unless --skip-nonfinite; returns whether the step skips its update.
+bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step);
+// --check-sync: every replica must hold the same parameters, bit for bit. Collective over comm: compares one
+// fingerprint per gradient piece's slice of `params` (host memory, the flat layout) and throws TrainingStopped on
+// every rank naming the first parameter, in registration order, that differs.
+void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
+                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step);
 
 }  // namespace ddplab

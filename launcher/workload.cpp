@@ -12,14 +12,6 @@
 namespace ddplab {
 namespace {
 
-template <typename Model>
-std::string piece_name_of(const Model& model, const GradPiece& g) {
-  const auto& p = model.parameters()[g.param];
-  if (g.numel == p.numel) return p.name;
-  const int64_t rows = g.numel / p.shape[1];
-  return p.name + "[" + std::to_string(g.first_row) + ":" + std::to_string(g.first_row + rows) + "]";
-}
-
 // The MLP on synthetic classification data, through the input pipeline (loader threads, prefetch, cost).
 class MlpWorkload final : public Workload {
  public:
@@ -34,7 +26,7 @@ class MlpWorkload final : public Workload {
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
-  std::string piece_name(const GradPiece& g) const override { return piece_name_of(model_, g); }
+  std::string piece_name(const GradPiece& g) const override { return grad_piece_name(model_.parameters(), g); }
   std::string describe() const override {
     const auto& m = config_.mlp;
     char text[160];
@@ -96,7 +88,7 @@ class TransformerWorkload final : public Workload {
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
-  std::string piece_name(const GradPiece& g) const override { return piece_name_of(model_, g); }
+  std::string piece_name(const GradPiece& g) const override { return grad_piece_name(model_.parameters(), g); }
   std::string describe() const override {
     const auto& m = model_.config();
     char text[200];
@@ -227,6 +219,13 @@ class TransformerWorkload final : public Workload {
 };
 
 }  // namespace
+
+std::string grad_piece_name(const std::vector<Parameter<float>>& params, const GradPiece& piece) {
+  const Parameter<float>& p = params[piece.param];
+  if (piece.numel == p.numel) return p.name;
+  const int64_t rows = piece.numel / p.shape[1];
+  return p.name + "[" + std::to_string(piece.first_row) + ":" + std::to_string(piece.first_row + rows) + "]";
+}
 
 std::unique_ptr<Workload> make_workload(const TrainConfig& config, int rank, int world_size) {
   if (config.model == "mlp") return std::make_unique<MlpWorkload>(config, rank, world_size);

@@ -47,6 +47,9 @@ class Workload {
   virtual void backward(const GradReadyHook& on_ready) = 0;
 };
 
+// "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
+std::string grad_piece_name(const std::vector<Parameter<float>>& params, const GradPiece& piece);
+
 std::unique_ptr<Workload> make_workload(const TrainConfig& config, int rank, int world_size);
 
 }  // namespace ddplab

@@ -56,7 +56,28 @@ for np in 1 2; do
   expect_error $np "cannot load checkpoint $work/none.h5: No such file" train "${small[@]}" --resume "$work/none.h5"
   expect_error $np "output folder /etc/hostname is not a folder" train "${small[@]}" --checkpoint /etc/hostname/c.h5
   expect_error $np "unknown --model 'bert'" train "${small[@]}" --model bert
+  expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
+  expect_error $np "--precision bf16 needs --device cuda" train "${small[@]}" --precision bf16
+  expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
+  # What the GPU path does not support is refused before any device is touched, with or without a GPU.
+  cuda=(--device cuda --comm nccl)
+  expect_error $np "--device cuda: reduces gradients with NCCL only: pass --comm nccl" train "${small[@]}" --device cuda
+  expect_error $np "--device cuda: trains the MLP only (got --model tiny)" train --model tiny "${cuda[@]}" --steps 2
+  expect_error $np "--precision: unknown precision 'fp16'" train "${small[@]}" "${cuda[@]}" --precision fp16
+  expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
+  expect_error $np "--device cuda: gradients travel in fp32" train "${small[@]}" "${cuda[@]}" --comm-dtype bf16
+  expect_error $np "--device cuda: --link emulation is CPU only" train "${small[@]}" "${cuda[@]}" --link 10gbe
+  expect_error $np "--device cuda: --checkpoint and --resume are CPU only" train "${small[@]}" "${cuda[@]}" \
+    --checkpoint "$work/c.h5"
 done
+# Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
+if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then
+  for np in 1 2; do
+    expect_error $np "--device cuda: .*\(no CUDA device\|built without CUDA\)" train "${small[@]}" "${cuda[@]}"
+  done
+else
+  echo "skip --device cuda without a GPU: this machine has one"
+fi
 expect_error 2 "more ranks (2) than sequences per epoch (--epoch-size 1)" train --model tiny --epoch-size 1 --steps 2
 
 # An existing result is never overwritten without --force, and is left exactly as it was.

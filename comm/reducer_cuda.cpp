@@ -1,0 +1,94 @@
+// CudaReducer: see reducer_cuda.h. Host code only: its one kernel is convert.h's launcher.
+#include "comm/reducer_cuda.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/convert.h"
+
+namespace ddplab::cuda {
+
+CudaReducer::CudaReducer(NcclAllreduce& nccl, MPI_Comm comm, const ReducerConfig& config,
+                         const std::vector<int64_t>& numel, const std::vector<int64_t>& offset, float* flat_grads,
+                         cudaStream_t compute_stream)
+    : nccl_(nccl),
+      config_(config),
+      buckets_(assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0)),
+      bucket_of_piece_(numel.size()),
+      flat_grads_(flat_grads),
+      compute_(compute_stream),
+      pending_(buckets_.size()),
+      ready_(buckets_.size()),
+      start_(buckets_.size()),
+      end_(buckets_.size()),
+      times_(buckets_.size()) {
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
+  check_same_layout(buckets_, comm);
+  const size_t bytes = std::max<size_t>(buckets_.size(), 1) * sizeof(int);
+  int* p = nullptr;
+  cudaCheck(cudaMalloc(&p, bytes));
+  flags_.reset(p);
+  cudaCheck(cudaMallocHost(&p, bytes));
+  flags_host_.reset(p);
+}
+
+void CudaReducer::begin_step(cudaEvent_t origin, float grad_scale) {
+  origin_ = origin;
+  grad_scale_ = grad_scale;
+  sync_ = true;
+  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
+  next_launch_ = 0;
+  // On the comm stream, which alone writes the flags: ordered before this step's first check.
+  cudaCheck(cudaMemsetAsync(flags_.get(), 0, buckets_.size() * sizeof(int), nccl_.stream()));
+}
+
+void CudaReducer::mark_ready(int piece, cudaEvent_t ready) {
+  if (!sync_) return;
+  const int b = bucket_of_piece_.at(piece);
+  if (pending_[b] <= 0)
+    throw std::logic_error("CudaReducer: gradient piece " + std::to_string(piece) + " marked ready twice");
+  if (--pending_[b] > 0) return;
+  ready_[b] = ready;  // the bucket's last piece: later in stream order than the others
+  if (!config_.overlap) return;
+  // Launch in bucket order (NCCL pairs the ranks' calls by order): a bucket complete early waits for its
+  // predecessors.
+  while (next_launch_ < static_cast<int>(buckets_.size()) && pending_[next_launch_] == 0) launch(next_launch_++);
+}
+
+void CudaReducer::launch(int b) {
+  const Bucket& bucket = buckets_[b];
+  float* grads = flat_grads_ + bucket.offset;
+  start_[b] = nccl_.allreduce_async(grads, static_cast<size_t>(bucket.count), /*average=*/false, compute_, b).start;
+  scale_and_check_finite(grads, grad_scale_, bucket.count, flags_.get() + b, nccl_.stream());
+  end_[b] = nccl_.mark(nccl_.stream());  // after the check, as the CPU Reducer's comm_end
+}
+
+void CudaReducer::wait_all() {
+  const int nb = static_cast<int>(buckets_.size());
+  for (int b = 0; b < nb; ++b) {
+    if (pending_[b] != 0)
+      throw std::logic_error("CudaReducer: bucket " + std::to_string(b) + " (gradient pieces " +
+                             std::to_string(buckets_[b].first_piece) + ".." + std::to_string(buckets_[b].last_piece) +
+                             ") has gradients that were never marked ready");
+  }
+  while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
+  cudaCheck(cudaMemcpyAsync(flags_host_.get(), flags_.get(), nb * sizeof(int), cudaMemcpyDeviceToHost, nccl_.stream()));
+  nccl_.wait(compute_);
+}
+
+void CudaReducer::finish_step(double origin_ms) {
+  nccl_.synchronize();
+  const auto at = [&](cudaEvent_t e) { return origin_ms + NcclAllreduce::elapsed_ms(origin_, e); };
+  for (size_t b = 0; b < buckets_.size(); ++b) times_[b] = BucketTimes{at(ready_[b]), at(start_[b]), at(end_[b])};
+}
+
+int CudaReducer::first_nonfinite_bucket() const {
+  const int* flags = flags_host_.get();
+  const int* it = std::find_if(flags, flags + buckets_.size(), [](int f) { return f != 0; });
+  return it == flags + buckets_.size() ? -1 : static_cast<int>(it - flags);
+}
+
+}  // namespace ddplab::cuda

@@ -1,0 +1,86 @@
+// The Reducer on the GPU: the CPU Reducer's buckets (comm/reducer.h: assign_buckets, the cross-rank layout check),
+// all-reduced by NCCL on NcclAllreduce's comm stream while backward runs on the compute stream.
+//
+//   - mark_ready(piece, event) is backward's hook (model/mlp_cuda.h). A complete bucket is launched at once, in
+//     bucket order on every rank: the comm stream waits for the compute stream (on the device), runs ncclAllReduce
+//     (sum), then scale_and_check_finite, which multiplies by 1/(world x micro-batches) and sets the bucket's
+//     non-finite flag. The host never waits. With overlap off every bucket is launched in wait_all, after backward.
+//   - Sum + fused scale rather than ncclAvg: the finite check is a pass over the bucket the step needs anyway, so
+//     the scale is free there; it folds in the micro-batch count, which ncclAvg cannot; and it is the CPU
+//     Reducer's arithmetic (sum, then one multiply), so both paths round alike.
+//   - wait_all makes the compute stream wait for the comm stream (on the device) and queues the flags' copy to
+//     pinned host memory behind the last bucket; finish_step, after the step, is the only host wait: it polls the
+//     comm stream (watchdog-named), then resolves the timings from CUDA events and reads the flags.
+//
+// Not thread-safe; the current device must be the NcclAllreduce's. Plain C++ (no kernels of its own).
+#pragma once
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/nccl_allreduce.h"
+#include "comm/reducer.h"
+
+namespace ddplab::cuda {
+
+class CudaReducer {
+ public:
+  // Collective over comm (the layout check throws on every rank if the layouts differ). numel/offset: the gradient
+  // pieces in ready order, as for the Reducer; flat_grads: device memory. nccl must outlive the reducer.
+  CudaReducer(NcclAllreduce& nccl, MPI_Comm comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
+              const std::vector<int64_t>& offset, float* flat_grads, cudaStream_t compute_stream);
+  CudaReducer(const CudaReducer&) = delete;
+  CudaReducer& operator=(const CudaReducer&) = delete;
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+  // Every bucket pending, flags cleared. origin: an event on the compute stream at step start (NcclAllreduce::mark),
+  // the zero of the timings; grad_scale multiplies the summed gradients (1/(world x micro-batches)). Call after
+  // NcclAllreduce::begin_step, once the previous step's finish_step has returned.
+  void begin_step(cudaEvent_t origin, float grad_scale);
+  // false: gradients only accumulate (no_sync); true: complete buckets are reduced.
+  void set_sync(bool sync) { sync_ = sync; }
+  // Backward's hook: gradient piece `piece` (ready order) is final once `ready`, on the compute stream, is reached.
+  void mark_ready(int piece, cudaEvent_t ready);
+  // Launches the buckets not yet launched (overlap off: all), then makes the compute stream wait for every bucket.
+  // Returns at once.
+  void wait_all();
+  // The host waits for the comm stream (throws on an NCCL error), then resolves bucket_times() as origin_ms plus
+  // the milliseconds since the origin event, and first_nonfinite_bucket().
+  void finish_step(double origin_ms);
+  const std::vector<BucketTimes>& bucket_times() const { return times_; }
+  // After finish_step: the first bucket whose reduced gradients hold a NaN or Inf, or -1. Every rank reduces to
+  // the same values, so every rank gets the same answer.
+  int first_nonfinite_bucket() const;
+
+ private:
+  struct CudaFree {
+    void operator()(int* p) const { cudaFree(p); }
+  };
+  struct CudaFreeHost {
+    void operator()(int* p) const { cudaFreeHost(p); }
+  };
+  void launch(int bucket);
+
+  NcclAllreduce& nccl_;
+  ReducerConfig config_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_piece_;
+  float* flat_grads_;
+  cudaStream_t compute_;
+  std::unique_ptr<int, CudaFree> flags_;           // per bucket, device: set by scale_and_check_finite
+  std::unique_ptr<int, CudaFreeHost> flags_host_;  // pinned: copied on the comm stream behind the last bucket
+
+  bool sync_ = true;
+  float grad_scale_ = 1;
+  cudaEvent_t origin_ = nullptr;
+  std::vector<int> pending_;  // per bucket: pieces not yet final
+  int next_launch_ = 0;       // buckets launch strictly in index order
+  std::vector<cudaEvent_t> ready_, start_, end_;  // per bucket, this step's events (pooled by NcclAllreduce)
+  std::vector<BucketTimes> times_;
+};
+
+}  // namespace ddplab::cuda

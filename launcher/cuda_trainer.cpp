@@ -1,0 +1,245 @@
+// CudaTrainer: see cuda_trainer.h. Host code only: every kernel it runs is a kernels/cuda launcher or NCCL's.
+#include "launcher/cuda_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "comm/mpi_check.h"
+#include "comm/watchdog.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
+#include "launcher/stop_signals.h"
+#include "launcher/trainer.h"
+#include "launcher/workload.h"
+#include "model/precision.h"
+
+namespace ddplab {
+
+CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
+    : config_(config),
+      data_(SyntheticConfig{config.mlp.input_dim, config.mlp.num_classes, config.seed, config.data_noise}) {
+  mpiCheck(MPI_Comm_rank(comm, &rank_));
+  mpiCheck(MPI_Comm_size(comm, &world_));
+  // The CPU MLP's sharding: step s of rank r holds its micro-batches back to back, so one fill and one copy per step.
+  shard_ = ShardedBatches{rank_, world_, config.batch * config.grad_accum};
+  mpiCheck(MPI_Comm_dup(comm, &control_comm_));
+  nccl_ = std::make_unique<cuda::NcclAllreduce>(comm);
+  cudaStream_t stream = nullptr;
+  cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  compute_.reset(stream);
+  cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  copy_.reset(stream);
+
+  model_ = std::make_unique<MlpCuda>(config.mlp, config.seed, parse_precision(config.precision), config.batch,
+                                     compute_.get());
+  model_->set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
+  std::vector<int64_t> numel, offset;
+  for (const GradPiece& g : model_->grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
+  }
+  reducer_ = std::make_unique<cuda::CudaReducer>(*nccl_, comm,
+                                                 ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap},
+                                                 numel, offset, model_->flat_grads(), compute_.get());
+
+  // One allocation on each side, every buffer on a 256-byte boundary (as if cudaMalloc'd: vector loads, cuBLASLt).
+  const auto aligned = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
+  const int64_t rows = shard_.batch;
+  const size_t moment = aligned(model_->num_parameters() * int64_t{sizeof(float)});
+  const size_t x_bytes = aligned(rows * config.mlp.input_dim * int64_t{sizeof(float)});
+  const size_t y_bytes = aligned(rows * int64_t{sizeof(int32_t)});
+  void* memory = nullptr;
+  cudaCheck(cudaMalloc(&memory, 2 * moment + 2 * (x_bytes + y_bytes)));
+  device_memory_.reset(memory);
+  char* device = static_cast<char*>(memory);
+  m_ = reinterpret_cast<float*>(device);
+  v_ = reinterpret_cast<float*>(device + moment);
+  cudaCheck(cudaMemsetAsync(device, 0, 2 * moment, compute_.get()));
+  device += 2 * moment;
+  cudaCheck(cudaMallocHost(&memory, 2 * (x_bytes + y_bytes)));
+  host_memory_.reset(memory);
+  char* host = static_cast<char*>(memory);
+  for (Batch& b : batches_) {
+    b.x = reinterpret_cast<float*>(device);
+    b.y = reinterpret_cast<int32_t*>(device + x_bytes);
+    b.host_x = reinterpret_cast<float*>(host);
+    b.host_y = reinterpret_cast<int32_t*>(host + x_bytes);
+    device += x_bytes + y_bytes;
+    host += x_bytes + y_bytes;
+    cudaEvent_t e = nullptr;
+    cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
+    b.copied.reset(e);
+  }
+  cudaCheck(cudaStreamSynchronize(compute_.get()));
+}
+
+CudaTrainer::~CudaTrainer() {
+  for (Batch& b : batches_)  // a prefetch may still be filling or copying the pinned buffers
+    if (b.staged.valid()) b.staged.wait();
+  if (copy_) cudaStreamSynchronize(copy_.get());
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && control_comm_ != MPI_COMM_NULL) MPI_Comm_free(&control_comm_);
+}
+
+std::string CudaTrainer::piece_name(const GradPiece& piece) const {
+  return grad_piece_name(model_->parameters(), piece);
+}
+
+std::string CudaTrainer::describe() const {
+  const MlpConfig& m = config_.mlp;
+  char text[256];
+  std::snprintf(text, sizeof text, "MLP %d-%dx%d-%d (%.2fM params) on GPU %d (%s), %s", m.input_dim, m.hidden_dim,
+                m.num_hidden_layers, m.num_classes, model_->num_parameters() / 1e6, nccl_->device(),
+                cuda::query_cuda().name.c_str(), config_.precision.c_str());
+  return text;
+}
+
+std::vector<float> CudaTrainer::download(const float* device, int64_t n) const {
+  std::vector<float> host(n);
+  cudaCheck(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, compute_.get()));
+  cudaCheck(cudaStreamSynchronize(compute_.get()));
+  return host;
+}
+
+std::vector<float> CudaTrainer::parameters() const {
+  return download(model_->flat_params(), model_->num_parameters());
+}
+
+// On a helper thread, so that generating the samples overlaps the device's work (at the default sizes it takes
+// longer than a GPU step): fills `step`'s samples into its pinned slot and queues their copy on the copy stream. The
+// slot's last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which
+// waited for that copy.
+void CudaTrainer::stage(int64_t step) {
+  Batch& b = batches_[step % 2];
+  b.step = step;
+  b.staged = std::async(std::launch::async, [this, &b, step] {
+    cudaCheck(cudaSetDevice(nccl_->device()));  // a new thread starts on device 0
+    const int rows = shard_.batch;
+    data_.fill(b.host_x, b.host_y, shard_.first_sample(step), rows);
+    cudaCheck(cudaMemcpyAsync(b.x, b.host_x, sizeof(float) * rows * config_.mlp.input_dim, cudaMemcpyHostToDevice,
+                              copy_.get()));
+    cudaCheck(cudaMemcpyAsync(b.y, b.host_y, sizeof(int32_t) * rows, cudaMemcpyHostToDevice, copy_.get()));
+    cudaCheck(cudaEventRecord(b.copied.get(), copy_.get()));
+  });
+}
+
+// The name of the first gradient piece of `bucket` holding a NaN or Inf (a rare path: the bucket is downloaded).
+std::string CudaTrainer::first_nonfinite_gradient(int bucket) const {
+  const Bucket& b = buckets()[bucket];
+  const std::vector<float> grads = download(model_->flat_grads() + b.offset, b.count);
+  for (int k = b.first_piece; k <= b.last_piece; ++k) {
+    const GradPiece& piece = grad_pieces()[k];
+    if (!cpu::all_finite(grads.data() + (piece.offset - b.offset), piece.numel)) return piece_name(piece);
+  }
+  return "bucket " + std::to_string(bucket);
+}
+
+StepRecord CudaTrainer::step(int step, double t0_ms) {
+  StepRecord r;
+  watchdog::set_step(step);
+  inject_fault_before(config_, rank_, step);
+  const int micro_batches = config_.grad_accum, batch_rows = config_.batch, in = config_.mlp.input_dim;
+  cudaStream_t compute = compute_.get();
+  const auto mark = [&] { return nccl_->mark(compute); };  // a timing event, pooled, valid until the next step
+
+  const double t_start = now_ms();
+  // The compute stream is idle here (the last step ended with the host waiting for it), so the origin completes as
+  // it is recorded: the step's device times anchor to the host clock within a launch latency.
+  nccl_->begin_step();
+  const cudaEvent_t origin = mark();
+  reducer_->begin_step(origin, 1.0f / static_cast<float>(world_ * micro_batches));
+  Batch& batch = batches_[step % 2];
+  if (batch.step != step) stage(step);  // not prefetched: the first step
+  batch.staged.get();                   // the copy is queued (a wait only if the samples took longer than a step)
+  cudaCheck(cudaStreamWaitEvent(compute, batch.copied.get(), 0));
+  const cudaEvent_t data_end = mark();
+
+  model_->zero_grad();  // counted in forward
+  const bool poison_gradient = config_.fault == "nan" && step == config_.fault_step && rank_ == config_.fault_rank;
+  float* const first_gradient = model_->flat_grads() + model_->grad_pieces()[0].offset;
+  bool loss_finite = true;
+  std::vector<cudaEvent_t> forward_end(micro_batches), backward_end(micro_batches);
+  for (int m = 0; m < micro_batches; ++m) {
+    const bool last = m == micro_batches - 1;
+    const int64_t first_row = int64_t{m} * batch_rows;
+    model_->forward(batch.x + first_row * in, batch.y + first_row, batch_rows);
+    forward_end[m] = mark();
+    reducer_->set_sync(last);  // no_sync for all but the last micro-batch
+    model_->backward([&](int piece) {
+      // --fault nan: the first gradient to become final gets a NaN before its bucket is reduced.
+      if (last && poison_gradient && piece == 0)
+        cudaCheck(cudaMemsetAsync(first_gradient, 0xFF, sizeof(float), compute));
+      reducer_->mark_ready(piece, model_->piece_ready_event(piece));
+    });
+    backward_end[m] = mark();
+    // Waits for this forward's loss only: backward is queued behind it, so the device keeps busy.
+    const float loss = model_->loss();
+    loss_finite = loss_finite && std::isfinite(loss);
+    r.loss += static_cast<double>(loss) / micro_batches;
+  }
+  reducer_->wait_all();
+  // The step's agreement, as on the CPU: {a stop signal, 1 + the highest rank with a non-finite loss}, by MAX.
+  int control_mine[2] = {StopSignals::received(), loss_finite ? 0 : rank_ + 1}, control[2] = {0, 0};
+  MPI_Request control_request = MPI_REQUEST_NULL;
+  mpiCheck(MPI_Iallreduce(control_mine, control, 2, MPI_INT, MPI_MAX, control_comm_, &control_request));
+  if (step + 1 < config_.steps) stage(step + 1);
+
+  // The host's wait before the update: stopping or skipping is decided on the host, from the buckets' flags.
+  reducer_->finish_step(t_start - t0_ms);
+  {
+    const watchdog::Wait wait("the step's stop/finite agreement");
+    mpiCheck(MPI_Wait(&control_request, MPI_STATUS_IGNORE));
+  }
+  stop_signal_ = control[0];
+  std::string nonfinite;
+  if (control[1] > 0) {
+    nonfinite = "loss on rank " + std::to_string(control[1] - 1);
+  } else if (const int bucket = reducer_->first_nonfinite_bucket(); bucket >= 0) {
+    nonfinite = "gradient " + first_nonfinite_gradient(bucket);
+  }
+  const bool skip = skip_nonfinite_step(config_, nonfinite, step);
+  r.skipped = skip ? 1 : 0;
+  const cudaEvent_t optimizer_start = mark();
+  if (!skip) {
+    const OptimizerConfig& o = config_.optimizer;
+    cuda::adamw_update(model_->flat_params(), model_->flat_grads(), m_, v_, model_->num_parameters(), o.lr, o.beta1,
+                       o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute);
+  }
+  if (config_.fault == "diverge" && step == config_.fault_step && rank_ == config_.fault_rank) {
+    float* first = model_->flat_params() + grad_pieces().back().offset;  // the first registered parameter
+    const float nudged = download(first, 1)[0] + 1e-3f;
+    cudaCheck(cudaMemcpyAsync(first, &nudged, sizeof nudged, cudaMemcpyHostToDevice, compute));
+  }
+  if (config_.check_sync > 0 && (step + 1) % config_.check_sync == 0)
+    check_replicas_agree(parameters().data(), grad_pieces(), [this](const GradPiece& g) { return piece_name(g); },
+                         control_comm_, step);
+  cudaCheck(cudaStreamSynchronize(compute));  // the step's end: its events can be resolved
+  const double t_end = now_ms();
+
+  // Device phases from the compute stream's events; the update, --check-sync and the final wait are the rest.
+  const auto at = [&](cudaEvent_t e) { return static_cast<double>(cuda::NcclAllreduce::elapsed_ms(origin, e)); };
+  r.start_ms = t_start - t0_ms;
+  r.step_ms = t_end - t_start;
+  r.data_ms = at(data_end);
+  double previous = r.data_ms;
+  for (int m = 0; m < micro_batches; ++m) {
+    r.forward_ms += at(forward_end[m]) - previous;
+    r.backward_ms += at(backward_end[m]) - at(forward_end[m]);
+    previous = at(backward_end[m]);
+  }
+  r.exposed_comm_ms = at(optimizer_start) - previous;  // waiting for the buckets, and for the host's verdict on them
+  r.optimizer_ms = r.step_ms - at(optimizer_start);
+  r.samples = static_cast<double>(batch_rows) * micro_batches;
+  const double backward_from = r.start_ms + at(forward_end.back()), backward_to = r.start_ms + previous;
+  for (const BucketTimes& b : bucket_times()) {
+    r.comm_ms += b.comm_end_ms - b.comm_start_ms;
+    r.hidden_comm_ms += std::max(0.0, std::min(b.comm_end_ms, backward_to) - std::max(b.comm_start_ms, backward_from));
+  }
+  return r;
+}
+
+}  // namespace ddplab

@@ -1,0 +1,260 @@
+// CudaTrainer under mpirun (tests/mpi/mpi_test_main.cpp), np 1 and 2: GPU data parallelism against one GPU with the
+// global batch, the bucket timings, the non-finite stop and skip, and the refusal without a device.
+//
+// Equivalence tolerance: as tests/mpi/test_ddp_equivalence.cpp, the two runs differ only in fp32 summation order
+// (the GEMMs' reduction over N·B rows versus N per-rank reductions summed by NCCL and scaled by 1/N), so 1e-5
+// absolute on the parameters after six AdamW steps (lr 1e-3; training moves them by ~6e-3), 1e-5 relative on the
+// loss. The test prints what it measures, for tightening after the first GPU runs. Against the CPU model the GPU
+// differs by GEMM order and cuBLASLt's GELU epilogue (docs/GPU.md): 1e-3 relative on each loss, test_mlp_cuda's
+// fp32 bound for the same comparison.
+//
+// Without a device the GPU tests skip with the reason on every rank; with fewer GPUs than ranks on the node they
+// skip too (NCCL refuses two ranks on one GPU). CudaTrainerHost.* never skips: ctest runs it on its own
+// (test_cuda_trainer_host_npN), so the refusal is checked on every machine.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/nccl_allreduce.h"
+#include "launcher/cuda_trainer.h"
+#include "launcher/errors.h"
+#include "launcher/run.h"
+#include "launcher/trainer.h"
+#include "tests/mpi/mpi_test_util.h"
+
+namespace ddplab {
+namespace {
+
+using cuda::NcclAllreduce;
+
+TrainConfig small_config() {
+  TrainConfig c;
+  c.device = "cuda";
+  c.comm = "nccl";
+  c.mlp = MlpConfig{24, 40, 2, 10};
+  c.optimizer.lr = 1e-3f;
+  c.batch = 5;  // odd on purpose: per-rank means of unequal-looking sums
+  c.steps = 6;
+  c.bucket_mb = 0;  // a bucket per parameter: several launches per backward
+  c.quiet = true;
+  return c;
+}
+
+// Rank 0's parameters equal every rank's, bit for bit.
+bool identical_across_ranks(const std::vector<float>& mine) {
+  std::vector<float> root = mine;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int same = std::memcmp(root.data(), mine.data(), mine.size() * sizeof(float)) == 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  return all;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+  return d;
+}
+
+int ranks_on_this_node() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// ---- host side: runs, and must pass, on every machine -------------------------------------------------------------
+
+// Without a usable device every rank refuses alike, naming the reason, before anything is written.
+TEST(CudaTrainerHost, RefusedOnEveryRankWithoutADevice) {
+  const std::string reason = NcclAllreduce::availability();
+  if (reason.empty()) {
+    if (world_rank() == 0) std::printf("  a device is usable: nothing to refuse\n");
+    return;
+  }
+  TrainConfig c = small_config();
+  c.out = "/nonexistent/run.h5";  // a refusal of the path instead would fail the test, not write a file
+  std::string message = "(nothing thrown)";
+  try {
+    run_training(c, MPI_COMM_WORLD, RunOptions{});
+  } catch (const UsageError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("--device cuda: "), std::string::npos) << message;
+  EXPECT_NE(message.find(reason), std::string::npos) << message;
+  if (world_rank() == 0) std::printf("  refused: %s\n", message.c_str());
+}
+
+// ---- on the device --------------------------------------------------------------------------------------------
+
+class CudaTrainerTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string reason = NcclAllreduce::availability();
+    if (reason.empty() && ranks_on_this_node() > device_count())
+      reason = "needs " + std::to_string(ranks_on_this_node()) + " GPUs: NCCL refuses two ranks on one GPU (" +
+               std::to_string(device_count()) + " here)";
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+};
+
+struct Case {
+  int grad_accum;
+  bool overlap;
+  double grad_slice_mb;
+};
+
+class CudaDdpEquivalence : public CudaTrainerTest, public testing::WithParamInterface<Case> {};
+
+// N ranks with batch B (x K micro-batches) train the model one GPU trains with batch N·K·B on the same samples, and
+// every rank holds the same bits after every step.
+TEST_P(CudaDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
+  const Case p = GetParam();
+  TrainConfig config = small_config();
+  config.grad_accum = p.grad_accum;
+  config.overlap = p.overlap;
+  config.grad_slice_mb = p.grad_slice_mb;
+  std::vector<float> initial, trained;
+  std::vector<double> mean_loss(config.steps);
+  {
+    CudaTrainer ddp(config, MPI_COMM_WORLD);
+    initial = ddp.parameters();
+    for (int step = 0; step < config.steps; ++step) {
+      const double loss = ddp.step(step, 0).loss;
+      ASSERT_TRUE(identical_across_ranks(ddp.parameters())) << "ranks diverged after step " << step;
+      MPI_Allreduce(&loss, &mean_loss[step], 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      mean_loss[step] /= world_size();
+    }
+    trained = ddp.parameters();
+  }
+  // One GPU with the global batch, and the CPU Trainer with it, on rank 0 alone (its own device, MPI_COMM_SELF).
+  if (world_rank() == 0) {
+    TrainConfig global = config;
+    global.batch = config.batch * config.grad_accum * world_size();
+    global.grad_accum = 1;
+    CudaTrainer single(global, MPI_COMM_SELF);
+    TrainConfig on_cpu = global;
+    on_cpu.device = "cpu";
+    on_cpu.comm = "ring";
+    Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
+    Trainer cpu(on_cpu, self);
+    for (int step = 0; step < config.steps; ++step) {
+      const double single_loss = single.step(step, 0).loss, cpu_loss = cpu.step(step, 0).loss;
+      EXPECT_NEAR(mean_loss[step], single_loss, 1e-5 * std::abs(single_loss)) << "step " << step;
+      EXPECT_NEAR(single_loss, cpu_loss, 1e-3 * std::abs(cpu_loss)) << "step " << step << " against the CPU";
+    }
+    const std::vector<float> reference = single.parameters();
+    const std::vector<float> cpu_params(cpu.workload().flat_params(),
+                                        cpu.workload().flat_params() + cpu.workload().num_parameters());
+    const double diff = max_abs_diff(trained, reference), moved = max_abs_diff(trained, initial);
+    if (world_size() == 1 && config.grad_accum == 1) {
+      EXPECT_EQ(diff, 0.0) << "one rank must reproduce the single-GPU run bit for bit";
+    }
+    EXPECT_LE(diff, 1e-5);
+    EXPECT_GT(moved, 1e-4) << "training must move the parameters far more than the tolerance";
+    std::printf("  max |ddp - single GPU| = %.3g (tol 1e-5), |single GPU - CPU| = %.3g, |trained - init| = %.3g\n",
+                diff, max_abs_diff(reference, cpu_params), moved);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDdpEquivalence,
+                         testing::Values(Case{1, true, 0.0}, Case{2, true, 0.0}, Case{1, false, 0.002}),
+                         [](const testing::TestParamInfo<Case>& info) {
+                           return "accum" + std::to_string(info.param.grad_accum) +
+                                  (info.param.overlap ? "_overlap" : "_no_overlap") +
+                                  (info.param.grad_slice_mb > 0 ? "_sliced" : "");
+                         });
+
+// Each bucket's ready <= comm start <= comm end; the phases tile the step; with overlap on, every bucket but the
+// closing one starts while backward still runs (each layer's backward GEMMs take ~0.3 ms at batch 4096, a 4 MiB
+// bucket's all-reduce ~30 us over NVLink), and with overlap off none starts before backward ends.
+TEST_F(CudaTrainerTest, BucketTimingsAreOrderedAndOverlapBackward) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap on" : "overlap off");
+    TrainConfig c = small_config();
+    c.mlp = MlpConfig{1024, 1024, 4, 1000};
+    c.batch = 4096;
+    c.steps = 3;
+    c.bucket_mb = 1;  // a bucket per weight (4 MiB), the biases in between
+    c.overlap = overlap;
+    CudaTrainer trainer(c, MPI_COMM_WORLD);
+    ASSERT_GE(trainer.buckets().size(), 4u);
+    for (int step = 0; step < c.steps; ++step) {
+      const StepRecord r = trainer.step(step, 0);
+      const double phases = r.data_ms + r.forward_ms + r.backward_ms + r.exposed_comm_ms + r.optimizer_ms;
+      EXPECT_NEAR(phases, r.step_ms, 1e-6 * r.step_ms);
+      for (double phase : {r.data_ms, r.forward_ms, r.backward_ms, r.exposed_comm_ms, r.optimizer_ms})
+        EXPECT_GE(phase, 0.0);
+      const double backward_end = r.start_ms + r.data_ms + r.forward_ms + r.backward_ms;
+      const std::vector<BucketTimes>& times = trainer.bucket_times();
+      for (size_t b = 0; b < times.size(); ++b) {
+        SCOPED_TRACE("step " + std::to_string(step) + " bucket " + std::to_string(b));
+        EXPECT_LE(r.start_ms, times[b].ready_ms);
+        EXPECT_LE(times[b].ready_ms, times[b].comm_start_ms);
+        EXPECT_LE(times[b].comm_start_ms, times[b].comm_end_ms);
+        if (step == 0) continue;  // cuBLASLt's plans and NCCL's first launches warm up
+        if (overlap && b + 1 < times.size()) {
+          EXPECT_LT(times[b].comm_start_ms, backward_end);
+        } else if (!overlap) {
+          EXPECT_GE(times[b].comm_start_ms, backward_end - 1e-6);
+        }
+      }
+      if (world_rank() == 0 && step == c.steps - 1)
+        std::printf("  overlap %s: step %.3f ms, backward %.3f, comm %.3f (hidden %.3f), exposed %.3f\n",
+                    overlap ? "on" : "off", r.step_ms, r.backward_ms, r.comm_ms, r.hidden_comm_ms, r.exposed_comm_ms);
+    }
+  }
+}
+
+// A NaN in one rank's gradient stops every rank before the update; with --skip-nonfinite every rank skips the
+// update instead and training goes on.
+TEST_F(CudaTrainerTest, NonFiniteGradientStopsOrSkipsOnEveryRank) {
+  for (bool skip : {false, true}) {
+    SCOPED_TRACE(skip ? "skip" : "stop");
+    TrainConfig c = small_config();
+    c.fault = "nan";
+    c.fault_rank = world_size() - 1;
+    c.fault_step = 1;
+    c.skip_nonfinite = skip;
+    CudaTrainer trainer(c, MPI_COMM_WORLD);
+    trainer.step(0, 0);
+    const std::vector<float> before = trainer.parameters();
+    std::string stopped;
+    try {
+      EXPECT_EQ(trainer.step(1, 0).skipped, skip ? 1.0 : 0.0);
+    } catch (const TrainingStopped& e) {
+      stopped = e.what();
+    }
+    EXPECT_EQ(stopped.empty(), skip) << stopped;
+    if (!skip) {
+      EXPECT_NE(stopped.find("non-finite gradient fc2.bias at step 1"), std::string::npos) << stopped;
+    }
+    EXPECT_EQ(max_abs_diff(trainer.parameters(), before), 0.0) << "the update must not be made";
+    if (skip) {
+      EXPECT_EQ(trainer.step(2, 0).skipped, 0.0);
+      EXPECT_GT(max_abs_diff(trainer.parameters(), before), 0.0);
+      EXPECT_TRUE(identical_across_ranks(trainer.parameters()));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddplab
