@@ -99,8 +99,8 @@ NcclAllreduce::NcclAllreduce(MPI_Comm comm) {
     error = std::to_string(local_size) + " ranks on this node, " + std::to_string(count) + " visible GPU(s): local " +
             "ranks " + std::to_string(std::min(r, local_rank_)) + " and " + std::to_string(std::max(r, local_rank_)) +
             " would share GPU " + std::to_string(device_) + " (" + bus_id + "). NCCL refuses two ranks on one GPU " +
-            "(\"Duplicate GPU detected\"): use --comm ring, whose CUDA IPC transport lets ranks share a GPU, or run " +
-            "at most one rank per GPU";
+            "(\"Duplicate GPU detected\"): run at most one rank per GPU (our ring over CUDA IPC, which lets ranks " +
+            "share a GPU, is not built yet)";
   }
   agree(error);
 
