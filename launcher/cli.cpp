@@ -20,6 +20,11 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.straggler_ms == 0 && c.extra_allreduce_mb == 0 && c.rank0_work_ms == 0,
          "the lab's pathologies (--straggler-ms, --extra-allreduce-mb, --rank0-work-ms) are CPU only");
   refuse(c.checkpoint.empty() && c.resume.empty(), "--checkpoint and --resume are CPU only for now");
+  try {
+    parse_profile_steps(c.profile_steps);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 }  // namespace
@@ -34,6 +39,8 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
       ->capture_default_str();
   app->add_option("--precision", c.precision, "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)")
       ->capture_default_str();
+  app->add_option("--profile-steps", c.profile_steps,
+                  "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)");
   app->add_option("--model", c.model, "mlp, or a transformer preset: tiny | small | gpt2-small")->capture_default_str();
   app->add_option("--head", c.head, "transformer head: classify (mean-pooled) | lm (next token)")
       ->capture_default_str();
@@ -188,6 +195,7 @@ void validate(const TrainConfig& c) {
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");
+  require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");
   try {
     comm_options(c);
   } catch (const std::invalid_argument& e) {

@@ -1,6 +1,9 @@
 // CudaTrainer: see cuda_trainer.h. Host code only: every kernel it runs is a kernels/cuda launcher or NCCL's.
 #include "launcher/cuda_trainer.h"
 
+#include <cuda_profiler_api.h>
+#include <nvtx3/nvToolsExt.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -139,6 +142,19 @@ std::string CudaTrainer::first_nonfinite_gradient(int bucket) const {
 }
 
 StepRecord CudaTrainer::step(int step, double t0_ms) {
+  // --profile-steps A:B: `ncu --profile-from-start off` / `nsys --capture-range=cudaProfilerApi` see steps A..B
+  // only, the steady state, not start-up.
+  const auto [profile_first, profile_last] = parse_profile_steps(config_.profile_steps);
+  if (step == profile_first) cudaCheck(cudaProfilerStart());
+  const std::string range = "step " + std::to_string(step);
+  nvtxRangePushA(range.c_str());
+  StepRecord r = run_step(step, t0_ms);
+  nvtxRangePop();
+  if (step == profile_last) cudaCheck(cudaProfilerStop());
+  return r;
+}
+
+StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   StepRecord r;
   watchdog::set_step(step);
   inject_fault_before(config_, rank_, step);

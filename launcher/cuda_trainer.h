@@ -41,6 +41,7 @@ class CudaTrainer final : public StepRunner {
   std::vector<float> parameters() const;
 
  private:
+  StepRecord run_step(int step, double t0_ms);
   struct StreamDestroy {
     void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
   };

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +19,7 @@ namespace ddplab {
 struct TrainConfig {
   std::string device = "cpu";       // cpu | cuda: the MLP on one GPU per rank, NCCL all-reduce (docs/GPU.md)
   std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
+  std::string profile_steps;        // --device cuda: "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
   std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)
   MlpConfig mlp;
   // Transformer workloads: the head and the token data.
@@ -70,6 +73,16 @@ struct TrainConfig {
   bool quiet = false;
 };
 
+// --profile-steps "A:B" as {A, B} (0 <= A <= B); {-1, -1} when empty. Throws std::invalid_argument.
+inline std::pair<int, int> parse_profile_steps(const std::string& text) {
+  if (text.empty()) return {-1, -1};
+  int first = -1, last = -1, used = 0;
+  if (std::sscanf(text.c_str(), "%d:%d%n", &first, &last, &used) != 2 || used != static_cast<int>(text.size()) ||
+      first < 0 || last < first)
+    throw std::invalid_argument("--profile-steps must be A:B with 0 <= A <= B (got '" + text + "')");
+  return {first, last};
+}
+
 // A float flag as the decimal the user typed (0.9, not 0.8999999761581421).
 inline double decimal(float x) {
   char text[32];
@@ -90,6 +103,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
   return {
       {"device", c.device},
       {"precision", c.precision},
+      {"profile_steps", c.profile_steps},
       {"model", c.model},
       {"head", c.head},
       {"lengths", c.lengths},

@@ -56,6 +56,8 @@ for np in 1 2; do
   expect_error $np "cannot load checkpoint $work/none.h5: No such file" train "${small[@]}" --resume "$work/none.h5"
   expect_error $np "output folder /etc/hostname is not a folder" train "${small[@]}" --checkpoint /etc/hostname/c.h5
   expect_error $np "unknown --model 'bert'" train "${small[@]}" --model bert
+  expect_error $np "--profile-steps needs --device cuda" train "${small[@]}" --profile-steps 2:3
+  expect_error $np "--profile-steps must be A:B" train "${small[@]}" --device cuda --comm nccl --profile-steps 3:2
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
   expect_error $np "--precision bf16 needs --device cuda" train "${small[@]}" --precision bf16
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
