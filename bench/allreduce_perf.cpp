@@ -10,6 +10,8 @@
 //                   mpi       ddplab's Communicator, --comm mpi: MPI_Allreduce plus the order check (and the
 //                             link model when --link is set)
 //                   mpi-raw   MPI_Allreduce alone on a duplicate communicator: Open MPI's own number
+//                   nccl      ncclAllReduce on device buffers, one GPU per rank (built with CUDA); the time
+//                             includes the host's wait for the comm stream
 // Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of fp32 data. For every size and implementation: -w warm-up
 // calls, then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send and receive buffers) and
 // in place. time = the slowest rank's mean per call; algbw = size / time; busbw = algbw x 2(n-1)/n,
@@ -38,8 +40,14 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#ifdef DDPLAB_HAVE_CUDA
+#include "bench/allreduce_perf_nccl.h"
+#endif
 
 using namespace ddplab;
+#ifdef DDPLAB_HAVE_CUDA
+using namespace ddplab::bench;
+#endif
 
 namespace {
 
@@ -90,10 +98,23 @@ struct Inputs {
   }
 };
 
-// One implementation under test: out = allreduce_sum(in) (in == out: in place).
+// One implementation under test: out = allreduce_sum(in) (in == out: in place). A GPU implementation runs on
+// device buffers of its own (device_in/out, max size): the harness copies inputs in and results out, untimed.
 struct Impl {
   std::string name;
   std::function<void(const float* in, float* out, size_t count)> run;
+  float* device_in = nullptr;
+  float* device_out = nullptr;
+  std::shared_ptr<void> owner;
+  float* in(std::vector<float>& host) const { return device_in ? device_in : host.data(); }
+  float* out(std::vector<float>& host) const { return device_out ? device_out : host.data(); }
+  // The host's first `count` values of `in`, where the implementation reads them.
+  void load(const std::vector<float>& host, size_t count) const {
+#ifdef DDPLAB_HAVE_CUDA
+    if (device_in) copy_to_device(device_in, host.data(), count);
+#endif
+    (void)host, (void)count;
+  }
 };
 
 Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDtype wire, const LinkModel& link) {
@@ -102,7 +123,7 @@ Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDty
   return {name, [comm, tag](const float* in, float* out, size_t count) mutable {
             comm->allreduce_sum_into(in, out, count, tag);
             tag = (tag + 1) % 32768;  // a tag per call, as the Reducer's buckets: the order check runs too
-          }};
+          }, nullptr, nullptr, nullptr};
 }
 
 Impl make_mpi_raw_impl() {
@@ -116,10 +137,20 @@ Impl make_mpi_raw_impl() {
   return {"mpi-raw", [comm](const float* in, float* out, size_t count) {
             if (count > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("mpi-raw: count > INT_MAX");
             MPI_Allreduce(in == out ? MPI_IN_PLACE : in, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM, *comm);
-          }};
+          }, nullptr, nullptr, nullptr};
 }
 
-Impl make_impl(const std::string& name, const LinkModel& link) {
+Impl make_impl(const std::string& name, const LinkModel& link, size_t max_count) {
+  if (name == "nccl") {
+#ifdef DDPLAB_HAVE_CUDA
+    if (link.gbps > 0 || link.latency_us > 0) throw std::invalid_argument("nccl cannot emulate a link");
+    DeviceAllreduce d = make_nccl_allreduce(max_count);
+    return {name, d.run, d.in, d.out, d.owner};
+#else
+    (void)max_count;
+    throw std::invalid_argument("nccl needs a build with CUDA (configure with -DDDPLAB_CUDA=ON)");
+#endif
+  }
   if (name == "ring") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, link);
   if (name == "ring-bf16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kBf16, link);
   if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, link);
@@ -129,7 +160,7 @@ Impl make_impl(const std::string& name, const LinkModel& link) {
       throw std::invalid_argument("mpi-raw cannot emulate a link (use mpi, which applies the link model)");
     return make_mpi_raw_impl();
   }
-  throw std::invalid_argument("unknown implementation '" + name + "' (ring, ring-bf16, ring-fp16, mpi, mpi-raw)");
+  throw std::invalid_argument("unknown implementation '" + name + "' (ring, ring-bf16, ring-fp16, mpi, mpi-raw, nccl)");
 }
 
 struct Mode {
@@ -162,12 +193,22 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, i
   return t[iters / 2];
 }
 
-long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, float* in, float* out, size_t count,
-                      bool in_place) {
+long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, std::vector<float>& in_host,
+                      std::vector<float>& out_host, size_t count, bool in_place) {
+  float* in = in_host.data();
   inputs.fill(in, count, rank);
-  if (!in_place) std::fill(out, out + count, -1.0f);
-  float* result = in_place ? in : out;
-  impl.run(in, result, count);
+  impl.load(in_host, count);
+  float* result = in_place ? in : out_host.data();
+  if (!in_place) {
+    std::fill(result, result + count, -1.0f);
+#ifdef DDPLAB_HAVE_CUDA
+    if (impl.device_out) copy_to_device(impl.device_out, result, count);
+#endif
+  }
+  impl.run(impl.in(in_host), in_place ? impl.in(in_host) : impl.out(out_host), count);
+#ifdef DDPLAB_HAVE_CUDA
+  if (impl.device_in) copy_to_host(result, in_place ? impl.device_in : impl.device_out, count);
+#endif
   long long wrong = 0, total = 0;
   for (size_t i = 0; i < count; ++i) {
     const float want = inputs.sum(i);
@@ -207,7 +248,7 @@ int run(int argc, char** argv, int rank, int n) {
   app.add_option("-w,--warmup_iters", warmup, "untimed calls per size and mode")->capture_default_str();
   app.add_option("-n,--iters", iters, "timed calls per size and mode")->capture_default_str();
   app.add_option("-i,--impls", impls_s,
-                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw "
+                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw, nccl (GPU) "
                  "(default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
   app.add_option("--link", link_name, "emulated link: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4")
       ->capture_default_str();
@@ -239,7 +280,7 @@ int run(int argc, char** argv, int rank, int n) {
     names.push_back(impls_s.substr(pos, comma - pos));
     if (std::count(names.begin(), names.end(), names.back()) > 1)
       throw std::invalid_argument("implementation '" + names.back() + "' given twice");
-    impls.push_back(make_impl(names.back(), link));
+    impls.push_back(make_impl(names.back(), link, max_bytes / sizeof(float)));
     pos = comma + 1;
   }
 
@@ -258,8 +299,10 @@ int run(int argc, char** argv, int rank, int n) {
   std::fill(out.begin(), out.end(), 0.0f);
   // A first, untimed pass of every implementation (connections, scratch buffers, code paths warm), so that the
   // first size measured is not the one that pays for it.
-  for (const Impl& impl : impls)
-    for (int i = 0; i < 100; ++i) impl.run(in.data(), in.data(), min_bytes / sizeof(float));
+  for (const Impl& impl : impls) {
+    impl.load(in, min_bytes / sizeof(float));
+    for (int i = 0; i < 100; ++i) impl.run(impl.in(in), impl.in(in), min_bytes / sizeof(float));
+  }
   inputs.fill(in.data(), in.size(), rank);
   std::vector<Row> rows;
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
@@ -270,10 +313,11 @@ int run(int argc, char** argv, int rank, int n) {
       for (Mode* m : {&r.oop, &r.ip}) {
         const bool in_place = m == &r.ip;
         inputs.fill(in.data(), count, rank);
-        m->time_us = time_calls(impl, in.data(), in_place ? in.data() : out.data(), count, warmup, iters, median);
+        impl.load(in, count);
+        m->time_us = time_calls(impl, impl.in(in), in_place ? impl.in(in) : impl.out(out), count, warmup, iters, median);
         m->algbw = static_cast<double>(r.bytes) / (m->time_us * 1e-6) / 1e9;
         m->busbw = m->algbw * bus_factor;
-        m->wrong = count_wrong(impl, inputs, rank, in.data(), out.data(), count, in_place);
+        m->wrong = count_wrong(impl, inputs, rank, in, out, count, in_place);
       }
       rows.push_back(r);
     }

@@ -71,6 +71,15 @@ if [ "${last_rc:-1}" -eq 0 ]; then
     step bench_cuda_kernels bench.log "$b" ${DDPLAB_BENCH:-} --csv "$out/gpu_kernels.csv"
     note "$(grep -m1 -o 'cudaMemcpy device-to-device.*GB/s' "$out/bench.log" || true)"
   fi
+  a=$build/bench/allreduce_perf
+  if [ -x "$a" ]; then  # NCCL on GPU buffers at ws=1, nccl-tests' columns
+    step "allreduce_perf nccl np1" allreduce.log mpirun -np 1 "$a" -b 8 -e 256M -i nccl
+    note "$(grep -m1 'Avg bus bandwidth' "$out/allreduce.log" || true)"
+  fi
+  m=$build/bench/gpu/bench_mlp_cuda
+  if [ -x "$m" ]; then  # the default MLP's step, fp32/tf32/bf16 (compare: python3 bench/gpu/torch_mlp_step.py)
+    step bench_mlp_cuda mlp.log "$m"
+  fi
 fi
 
 # One table: each step, its result, its time, and the line that says most about it.

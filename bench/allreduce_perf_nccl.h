@@ -1,0 +1,23 @@
+// allreduce_perf's GPU implementation: ncclAllReduce on device buffers (built with the CUDA engine only).
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace ddplab::bench {
+
+// Device buffers of `max_count` floats for in and out, and a call that all-reduces `count` of them and waits for
+// the comm stream, so the harness times what a host sees (as nccl-tests does per batch of calls).
+struct DeviceAllreduce {
+  float* in = nullptr;
+  float* out = nullptr;
+  std::function<void(const float* in, float* out, size_t count)> run;
+  std::shared_ptr<void> owner;  // the NCCL communicator and the buffers
+};
+
+DeviceAllreduce make_nccl_allreduce(size_t max_count);  // collective over MPI_COMM_WORLD; throws on failure
+void copy_to_device(float* device, const float* host, size_t count);
+void copy_to_host(float* host, const float* device, size_t count);
+
+}  // namespace ddplab::bench
