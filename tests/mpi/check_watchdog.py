@@ -1,0 +1,44 @@
+#!/usr/bin/python3
+"""The watchdog end to end (comm/watchdog.h): a wait that never ends aborts the job within the timeout, naming
+the wait, its peer, tag and step, after running the abort hooks; a long operation made of short waits does not.
+
+usage: check_watchdog.py MPIRUN WATCHDOG_PROBE
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def main():
+    mpirun, probe = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as work:
+        marker = os.path.join(work, "hook-ran")
+        start = time.monotonic()
+        p = subprocess.run([mpirun, "--bind-to", "none", "-np", "2", probe, "hang", marker], capture_output=True,
+                           text=True, timeout=120)
+        seconds, out = time.monotonic() - start, p.stdout + p.stderr
+        check(p.returncode == 3, f"hang: exit code 3 (got {p.returncode})")
+        check(seconds < 15, f"hang: the job ends soon after the 1 s timeout ({seconds:.1f} s, startup included)")
+        check("rank 0: watchdog: no progress for" in out and "at step 42" in out, "hang: names the rank and step")
+        check("waiting for probe wait from rank 1 (tag 7) [main thread]" in out, "hang: names the wait, peer and tag")
+        check(os.path.exists(marker), "hang: the abort hook ran before the abort")
+    p = subprocess.run([mpirun, "--bind-to", "none", "-np", "1", probe, "busy"], capture_output=True, text=True,
+                       timeout=120)
+    check(p.returncode == 0 and "watchdog" not in p.stderr,
+          f"busy: 3 s of 10 ms waits under a 1 s timeout do not abort (code {p.returncode}) {p.stderr[-200:]}")
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

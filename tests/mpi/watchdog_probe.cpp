@@ -1,0 +1,59 @@
+// The watchdog end to end, in a process of its own (it aborts the job): check_watchdog.py runs it under mpirun.
+//
+//   watchdog_probe hang MARKER     rank 0 opens a wait that never ends; after the 1 s timeout the watchdog must run
+//                                  the abort hook (which creates MARKER), name the wait, and abort the job (code 3)
+//   watchdog_probe busy            3 s of short waits (a long operation made of many short ones) under a 1 s
+//                                  timeout: no abort, exit 0
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "comm/watchdog.h"
+
+namespace {
+
+void create_marker(void* path) {
+  if (std::FILE* f = std::fopen(static_cast<const char*>(path), "w")) std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ddplab;
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  watchdog::name_thread("main thread");
+  watchdog::arm(1.0);
+  watchdog::set_step(42);
+  if (mode == "hang" && argc > 2) {
+    watchdog::add_abort_hook(create_marker, argv[2]);
+    if (rank == 0) {
+      const watchdog::Wait wait("probe wait from", 1, 7);
+      std::this_thread::sleep_for(std::chrono::seconds(60));  // "waiting" for rank 1, which never answers
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // the other ranks: held here until the abort ends the job
+  } else if (mode == "busy") {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (std::chrono::steady_clock::now() < end) {
+      const watchdog::Wait outer("long operation");  // open for the whole 3 s, but its inner waits progress
+      for (int i = 0; i < 300 && std::chrono::steady_clock::now() < end; ++i) {
+        const watchdog::Wait inner("short receive", 0, i);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  } else {
+    if (rank == 0) std::fprintf(stderr, "usage: watchdog_probe hang MARKER | busy\n");
+    MPI_Finalize();
+    return 2;
+  }
+  watchdog::disarm();
+  MPI_Finalize();
+  return 0;
+}
