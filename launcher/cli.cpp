@@ -19,7 +19,6 @@ void validate_cuda(const TrainConfig& c) {
          "--loader-threads and --data-cost-ms are CPU only (batches are staged one step ahead on a copy stream)");
   refuse(c.straggler_ms == 0 && c.extra_allreduce_mb == 0 && c.rank0_work_ms == 0,
          "the lab's pathologies (--straggler-ms, --extra-allreduce-mb, --rank0-work-ms) are CPU only");
-  refuse(c.checkpoint.empty() && c.resume.empty(), "--checkpoint and --resume are CPU only for now");
   try {
     parse_profile_steps(c.profile_steps);
   } catch (const std::invalid_argument& e) {

@@ -112,6 +112,30 @@ std::vector<float> CudaTrainer::parameters() const {
   return download(model_->flat_params(), model_->num_parameters());
 }
 
+// Checkpoints hold host state: the device's master weights and AdamW moments go through host copies, in an
+// Optimizer<float> that carries the moments and the update count as the CPU path's does.
+void CudaTrainer::write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) {
+  const int64_t n = model_->num_parameters();
+  Optimizer<float> optimizer(config_.optimizer, n);
+  optimizer.restore(adam_steps_, download(m_, n), download(v_, n));
+  save_checkpoint(path, force, model_->parameters(), parameters().data(), optimizer, info);
+}
+
+CheckpointInfo CudaTrainer::read_checkpoint(const std::string& path) {
+  const int64_t n = model_->num_parameters();
+  std::vector<float> params = parameters();
+  Optimizer<float> optimizer(config_.optimizer, n);
+  const CheckpointInfo info = load_checkpoint(path, model_->parameters(), params.data(), optimizer);
+  const auto upload = [n](float* device, const std::vector<float>& host) {
+    cudaCheck(cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  };
+  upload(model_->flat_params(), params);  // the bf16 copy is made from these at every forward
+  upload(m_, optimizer.first_moment());
+  upload(v_, optimizer.second_moment());
+  adam_steps_ = optimizer.steps_taken();
+  return info;
+}
+
 // On a helper thread, so that generating the samples overlaps the device's work (at the default sizes it takes
 // longer than a GPU step): fills `step`'s samples into its pinned slot and queues their copy on the copy stream. The
 // slot's last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which

@@ -36,6 +36,8 @@ class CudaTrainer final : public StepRunner {
   const std::vector<GradPiece>& grad_pieces() const override { return model_->grad_pieces(); }
   std::string piece_name(const GradPiece& piece) const override;
   std::string describe() const override;
+  void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) override;
+  CheckpointInfo read_checkpoint(const std::string& path) override;
 
   // The flat fp32 parameters (the CPU model's layout), copied to the host; waits for the compute stream.
   std::vector<float> parameters() const;

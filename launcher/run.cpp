@@ -166,10 +166,8 @@ nlohmann::json checkpoint_config(const TrainConfig& config, int world_size) {
 }
 
 // Every rank loads the checkpoint (so a bad file is refused on all alike) and learns the step to start at.
-int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& trainer) {
-  Workload& model = trainer.workload();
-  const CheckpointInfo info =
-      load_checkpoint(config.resume, model.parameters(), model.flat_params(), trainer.optimizer());
+int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, StepRunner& runner) {
+  const CheckpointInfo info = runner.read_checkpoint(config.resume);
   nlohmann::json saved;
   try {
     saved = nlohmann::json::parse(info.config_json);
@@ -181,7 +179,7 @@ int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Traine
       "model", "head", "lengths", "min_len", "max_len", "outlier_prob", "batching", "max_tokens", "epoch_size",
       "input_dim", "hidden_dim", "hidden_layers", "num_classes", "optimizer", "lr", "beta1", "beta2", "eps",
       "weight_decay", "momentum", "batch", "seed", "data_noise", "grad_accum", "comm", "comm_dtype", "bucket_mb",
-      "first_bucket_mb", "grad_slice_mb", "world_size"};
+      "first_bucket_mb", "grad_slice_mb", "world_size", "device", "precision"};
   const nlohmann::json now = checkpoint_config(config, world_size);
   std::string differing;
   for (const char* key : kArithmetic) {
@@ -284,9 +282,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   RunResult result;
   std::unique_ptr<Communicator> comm;
   const std::unique_ptr<StepRunner> runner = make_step_runner(config, world, comm);
-  // Checkpoints hold host state: the CPU Trainer's (validate refuses them with --device cuda).
-  Trainer* const cpu_trainer = dynamic_cast<Trainer*>(runner.get());
-  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *cpu_trainer);
+  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *runner);
   RunMetadata meta;
   meta.first_step = first_step;
   meta.command = options.command;
@@ -356,10 +352,8 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     std::string save_error;
     if (rank == 0) {
       try {
-        Workload& model = cpu_trainer->workload();
-        save_checkpoint(config.checkpoint, config.force || checkpoint_written, model.parameters(),
-                        model.flat_params(), cpu_trainer->optimizer(),
-                        CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
+        runner->write_checkpoint(config.checkpoint, config.force || checkpoint_written,
+                                 CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
       } catch (const std::exception& e) {
         save_error = e.what();
       }

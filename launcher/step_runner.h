@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/reducer.h"
+#include "launcher/checkpoint.h"
 #include "launcher/step_record.h"
 #include "model/mlp.h"
 
@@ -37,6 +38,11 @@ class StepRunner {
   // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
   virtual std::string piece_name(const GradPiece& piece) const = 0;
   virtual std::string describe() const = 0;  // one line for the run header
+  // Checkpoints (launcher/checkpoint.h): this rank's parameters and optimizer state, in the CPU model's names,
+  // shapes and layout whatever the device. Reading validates everything first and leaves the state untouched on
+  // refusal (UsageError).
+  virtual void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) = 0;
+  virtual CheckpointInfo read_checkpoint(const std::string& path) = 0;
 };
 
 }  // namespace ddplab

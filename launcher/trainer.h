@@ -30,6 +30,12 @@ class Trainer final : public StepRunner {
   const std::vector<GradPiece>& grad_pieces() const override { return workload_->grad_pieces(); }
   std::string piece_name(const GradPiece& piece) const override { return workload_->piece_name(piece); }
   std::string describe() const override { return workload_->describe(); }
+  void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) override {
+    save_checkpoint(path, force, workload_->parameters(), workload_->flat_params(), optimizer_, info);
+  }
+  CheckpointInfo read_checkpoint(const std::string& path) override {
+    return load_checkpoint(path, workload_->parameters(), workload_->flat_params(), optimizer_);
+  }
 
   Workload& workload() { return *workload_; }
   Optimizer<float>& optimizer() { return optimizer_; }

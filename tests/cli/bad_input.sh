@@ -69,8 +69,6 @@ for np in 1 2; do
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
   expect_error $np "--device cuda: gradients travel in fp32" train "${small[@]}" "${cuda[@]}" --comm-dtype bf16
   expect_error $np "--device cuda: --link emulation is CPU only" train "${small[@]}" "${cuda[@]}" --link 10gbe
-  expect_error $np "--device cuda: --checkpoint and --resume are CPU only" train "${small[@]}" "${cuda[@]}" \
-    --checkpoint "$work/c.h5"
 done
 # Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
 if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then
