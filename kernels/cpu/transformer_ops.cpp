@@ -141,6 +141,48 @@ inline void vstore(T* p, typename Simd<T>::V v) {
   *reinterpret_cast<typename Simd<T>::VU*>(p) = v;
 }
 
+// sum_j a[j] b[j] over j < n, in four vector accumulators: one accumulator (what `omp simd reduction` gives) is a
+// chain of dependent FMAs, 4 cycles per vector.
+template <typename T>
+T dot(const T* a, const T* b, int n) {
+  using V = typename Simd<T>::V;
+  constexpr int W = Simd<T>::W;
+  V acc[4] = {};
+  int j = 0;
+  for (; j + 4 * W <= n; j += 4 * W) {
+    for (int u = 0; u < 4; ++u) acc[u] += vload(a + j + u * W) * vload(b + j + u * W);
+  }
+  for (; j + W <= n; j += W) acc[0] += vload(a + j) * vload(b + j);
+  const V v = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  T sum = 0;
+  for (int i = 0; i < W; ++i) sum += v[i];
+  for (; j < n; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// s[j] = exp(s[j] - shift) for j < n; returns their sum. Float takes 8 lanes at a time (vector_math.h).
+template <typename T>
+T exp_shifted(T* s, int n, T shift) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - shift));
+  return sum;
+}
+template <>
+float exp_shifted(float* s, int n, float shift) {
+  Float8 acc = {};
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const Float8 e = exp_fast(vload(s + j) - shift);
+    vstore(s + j, e);
+    acc += e;
+  }
+  float sum = 0;
+  for (int i = 0; i < 8; ++i) sum += acc[i];
+  for (; j < n; ++j) sum += (s[j] = exp_fast(s[j] - shift));
+  return sum;
+}
+
 constexpr int kMR = 6;  // rows per register tile: kMR x 2 accumulators + 2 loads + 1 broadcast <= 16 registers
 
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -375,9 +417,7 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
             T zmax = s[0];
 #pragma omp simd reduction(max : zmax)
             for (int j = 0; j < n; ++j) zmax = s[j] > zmax ? s[j] : zmax;
-            T sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - zmax));
+            const T sum = exp_shifted(s, n, zmax);
             const T inv = T(1) / sum;  // sum >= 1: the max term is exp(0)
 #pragma omp simd
             for (int j = 0; j < n; ++j) row[j] = s[j] * inv;
@@ -440,11 +480,9 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
             const T* p = a + static_cast<int64_t>(t) * S;
             const T* d = sc + r * Sp;
             T* dz = dzb + static_cast<int64_t>(t) * ldz;
-            T dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j < n; ++j) dot += p[j] * d[j];
+            const T pd = dot(p, d, n);
 #pragma omp simd
-            for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - dot);
+            for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - pd);
             // Zeros up to the block's last key (the dQ tile) and to the end of the vector (the dK tiles).
             zero(dz + n, std::max(nmax, round_up(n, NR)) - n);
           }
