@@ -116,13 +116,13 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 // hs is small (12 in the tiny preset): as GEMMs, Q Kᵀ and P V are K = 12 or N = 12, where OpenBLAS spends its time
 // packing and in edge kernels. Instead, per (sequence, head): pack K, V (and Q) once into cache-resident buffers,
 // then walk blocks of kMR queries. Each block's scores are an outer-product register tile (kMR rows x 2 vectors of
-// keys, reduction over hs), softmax runs on that L1-resident row block, and P V is a second register tile
-// (kMR rows x 2 vectors of head columns, reduction over keys). Causal blocks stop at their last query's key, so the
-// upper triangle costs nothing beyond the diagonal tiles. The backward is the same two tiles (dP = dO Vᵀ,
-// dQ = dZ K) per query block, then dK = dZᵀ Q and dV = Pᵀ dO per block of kMR keys.
+// keys, reduction over hs), softmax runs on that L1-resident row block, and P V is a second register tile (3 rows x
+// 3 vectors holding the head columns of two keys, reduction over key pairs: tile_pair_rows). Causal blocks stop at
+// their last query's key, so the upper triangle costs nothing beyond the diagonal tiles. The backward is the same
+// two tiles (dP = dO Vᵀ, dQ = dZ K) per query block, then dK = dZᵀ Q and dV = Pᵀ dO per block of 2W keys.
 //
 // The tiles use GCC/Clang vector extensions (256-bit: 8 floats or 4 doubles); with -march=x86-64-v3 each
-// accumulator is one ymm register and the inner loops are one broadcast + two FMAs per row.
+// accumulator is one ymm register and the inner loops are one broadcast and a few FMAs per row.
 
 namespace {
 
