@@ -116,13 +116,13 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 // hs is small (12 in the tiny preset): as GEMMs, Q Kᵀ and P V are K = 12 or N = 12, where OpenBLAS spends its time
 // packing and in edge kernels. Instead, per (sequence, head): pack K, V (and Q) once into cache-resident buffers,
 // then walk blocks of kMR queries. Each block's scores are an outer-product register tile (kMR rows x 2 vectors of
-// keys, reduction over hs), softmax runs on that L1-resident row block, and P V is a second register tile
-// (kMR rows x 2 vectors of head columns, reduction over keys). Causal blocks stop at their last query's key, so the
-// upper triangle costs nothing beyond the diagonal tiles. The backward is the same two tiles (dP = dO Vᵀ,
-// dQ = dZ K) per query block, then dK = dZᵀ Q and dV = Pᵀ dO per block of kMR keys.
+// keys, reduction over hs), softmax runs on that L1-resident row block, and P V is a second register tile (3 rows x
+// 3 vectors holding the head columns of two keys, reduction over key pairs: tile_pair_rows). Causal blocks stop at
+// their last query's key, so the upper triangle costs nothing beyond the diagonal tiles. The backward is the same
+// two tiles (dP = dO Vᵀ, dQ = dZ K) per query block, then dK = dZᵀ Q and dV = Pᵀ dO per block of 2W keys.
 //
 // The tiles use GCC/Clang vector extensions (256-bit: 8 floats or 4 doubles); with -march=x86-64-v3 each
-// accumulator is one ymm register and the inner loops are one broadcast + two FMAs per row.
+// accumulator is one ymm register and the inner loops are one broadcast and a few FMAs per row.
 
 namespace {
 
@@ -139,6 +139,48 @@ inline typename Simd<T>::V vload(const T* p) {
 template <typename T>
 inline void vstore(T* p, typename Simd<T>::V v) {
   *reinterpret_cast<typename Simd<T>::VU*>(p) = v;
+}
+
+// sum_j a[j] b[j] over j < n, in four vector accumulators: one accumulator (what `omp simd reduction` gives) is a
+// chain of dependent FMAs, 4 cycles per vector.
+template <typename T>
+T dot(const T* a, const T* b, int n) {
+  using V = typename Simd<T>::V;
+  constexpr int W = Simd<T>::W;
+  V acc[4] = {};
+  int j = 0;
+  for (; j + 4 * W <= n; j += 4 * W) {
+    for (int u = 0; u < 4; ++u) acc[u] += vload(a + j + u * W) * vload(b + j + u * W);
+  }
+  for (; j + W <= n; j += W) acc[0] += vload(a + j) * vload(b + j);
+  const V v = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  T sum = 0;
+  for (int i = 0; i < W; ++i) sum += v[i];
+  for (; j < n; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// s[j] = exp(s[j] - shift) for j < n; returns their sum. Float takes 8 lanes at a time (vector_math.h).
+template <typename T>
+T exp_shifted(T* s, int n, T shift) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - shift));
+  return sum;
+}
+template <>
+float exp_shifted(float* s, int n, float shift) {
+  Float8 acc = {};
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const Float8 e = exp_fast(vload(s + j) - shift);
+    vstore(s + j, e);
+    acc += e;
+  }
+  float sum = 0;
+  for (int i = 0; i < 8; ++i) sum += acc[i];
+  for (; j < n; ++j) sum += (s[j] = exp_fast(s[j] - shift));
+  return sum;
 }
 
 constexpr int kMR = 6;  // rows per register tile: kMR x 2 accumulators + 2 loads + 1 broadcast <= 16 registers
@@ -196,11 +238,16 @@ void pack_rows(T* dst, int kp, const T* src, int64_t ld, int L, int rows, int k,
 
 // s[r, j] = sum_i a[r, i] bt[i, j] for r < kMR and j < ncols rounded up to 2W (a: kMR rows of stride lda;
 // bt: panels from pack_panels with k rows; s: row stride lds, at least ncols rounded up).
+// att does not fit in cache at the lengths that matter (B 16, S 256: 16 MB), and its rows are a new miss at every
+// query block: with pf set, each panel also prefetches the lines of columns [j, j + 2W) of rows pf[0, pf_rows)
+// (row stride ldp), which the caller reads or writes after the tile, so the misses overlap the FMAs.
 template <typename T>
-void tile_scores(T* s, int lds, const T* a, int lda, const T* bt, int k, int ncols) {
+void tile_scores(T* s, int lds, const T* a, int lda, const T* bt, int k, int ncols, const T* pf = nullptr,
+                 int64_t ldp = 0, int pf_rows = 0) {
   using V = typename Simd<T>::V;
   constexpr int W = Simd<T>::W, NR = 2 * W;
   for (int j = 0; j < ncols; j += NR) {
+    for (int r = 0; r < pf_rows; ++r) __builtin_prefetch(pf + r * ldp + j, 1);
     const T* panel = bt + static_cast<int64_t>(j) * k;
     V acc[kMR][2] = {};
     for (int i = 0; i < k; ++i) {
@@ -218,46 +265,81 @@ void tile_scores(T* s, int lds, const T* a, int lda, const T* bt, int k, int nco
   }
 }
 
-// out[r, c] = sum_{j in [j0, j1)} p[r*rs + j*js] x[j, c] for r < R, c < k: the weighted sum of rows of x
-// (row stride kp, a multiple of 2W, zero-padded beyond k). p is read with strides (rs, js) so the same tile does
-// P V (rows = queries, js = 1) and Pᵀ dO (rows = keys, rs = 1). out: row stride ldo, only columns < k written.
-template <typename T, int R>
-void tile_weighted_rows(T* out, int64_t ldo, int k, const T* p, int64_t rs, int64_t js, const T* x, int kp, int j0,
-                        int j1) {
-  using V = typename Simd<T>::V;
-  constexpr int W = Simd<T>::W, NR = 2 * W;
-  for (int c = 0; c < k; c += NR) {
-    V acc[R][2] = {};
-    for (int j = j0; j < j1; ++j) {
-      const V b0 = vload(x + static_cast<int64_t>(j) * kp + c), b1 = vload(x + static_cast<int64_t>(j) * kp + c + W);
-      for (int r = 0; r < R; ++r) {
-        const T w = p[r * rs + j * js];
-        acc[r][0] += w * b0;
-        acc[r][1] += w * b1;
-      }
+// Keys in pairs for tile_pair_rows: row m of dst interleaves keys 2m and 2m+1 of src (rows [0, L) x columns [0, k),
+// row stride ld): lane 2c + e holds src[2m + e, c]; zero for c >= k and for a key >= L; kq lanes per row.
+template <typename T>
+void pack_pairs(T* dst, int kq, const T* src, int64_t ld, int L, int k) {
+  for (int m = 0; m < (L + 1) / 2; ++m) {
+    T* d = dst + static_cast<int64_t>(m) * kq;
+    for (int e = 0; e < 2; ++e) {
+      const int j = 2 * m + e;
+      for (int c = 0; c < k; ++c) d[2 * c + e] = j < L ? src[j * ld + c] : T(0);
     }
-    const int n = std::min(NR, k - c);
-    for (int r = 0; r < R; ++r) {
-      T tmp[NR];
-      vstore(tmp, acc[r][0]);
-      vstore(tmp + W, acc[r][1]);
-      for (int i = 0; i < n; ++i) out[r * ldo + c + i] = tmp[i];
-    }
+    for (int i = 2 * k; i < kq; ++i) d[i] = T(0);
   }
 }
 
+// Lanes of pack_pairs for k columns: 2k rounded up to whole vectors.
 template <typename T>
-void weighted_rows(int rows, T* out, int64_t ldo, int k, const T* p, int64_t rs, int64_t js, const T* x, int kp,
-                   int j0, int j1) {
-  static_assert(kMR == 6, "one case per row count");
-  switch (rows) {
-    case 6: return tile_weighted_rows<T, 6>(out, ldo, k, p, rs, js, x, kp, j0, j1);
-    case 5: return tile_weighted_rows<T, 5>(out, ldo, k, p, rs, js, x, kp, j0, j1);
-    case 4: return tile_weighted_rows<T, 4>(out, ldo, k, p, rs, js, x, kp, j0, j1);
-    case 3: return tile_weighted_rows<T, 3>(out, ldo, k, p, rs, js, x, kp, j0, j1);
-    case 2: return tile_weighted_rows<T, 2>(out, ldo, k, p, rs, js, x, kp, j0, j1);
-    case 1: return tile_weighted_rows<T, 1>(out, ldo, k, p, rs, js, x, kp, j0, j1);
-    default: return;
+int pair_lanes(int k) {
+  return round_up(2 * k, Simd<T>::W);
+}
+
+// {w[0], w[1], w[0], w[1], ...}: one pair's weights in the lanes of pack_pairs (one 64-bit broadcast for float).
+inline Simd<float>::V pair_weights(const float* w) {
+  double d;
+  std::memcpy(&d, w, sizeof d);
+  return reinterpret_cast<Simd<float>::V>(Simd<double>::V{d, d, d, d});
+}
+inline Simd<double>::V pair_weights(const double* w) { return Simd<double>::V{w[0], w[1], w[0], w[1]}; }
+
+// out[r, c0 + i] = sum_{j < n} p[r*rs + j] x[j, c0 + i] for r < R, i < NV*W/2 and c0 + i < k: the weighted sum of
+// the rows of x, given as key pairs (pack_pairs, kq lanes per pair). Two keys share a vector, so a head of 12 is
+// three vectors per key pair where one key per vector would take two vectors (16 lanes) for 12 values; the lanes
+// hold (column, key parity) and the two parities are added at the end. Reads p[r*rs + j] for j < n only.
+template <typename T, int R, int NV>
+void tile_pair_rows(T* out, int64_t ldo, int c0, int k, const T* p, int64_t rs, const T* x, int kq, int n) {
+  using V = typename Simd<T>::V;
+  constexpr int W = Simd<T>::W;
+  V acc[R][NV] = {};
+  const auto step = [&](const T* xr, const T* w, int64_t ws) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = vload(xr + 2 * c0 + v * W);
+    for (int r = 0; r < R; ++r) {
+      const V wr = pair_weights(w + r * ws);
+      for (int v = 0; v < NV; ++v) acc[r][v] += wr * b[v];
+    }
+  };
+  for (int m = 0; m < n / 2; ++m) step(x + static_cast<int64_t>(m) * kq, p + 2 * m, rs);
+  if (n % 2) {  // the last key alone: its partner's weight is 0
+    T w[R][2];
+    for (int r = 0; r < R; ++r) w[r][0] = p[r * rs + n - 1], w[r][1] = T(0);
+    step(x + static_cast<int64_t>(n / 2) * kq, w[0], 2);
+  }
+  const int ni = std::min(NV * W / 2, k - c0);
+  for (int r = 0; r < R; ++r) {
+    T tmp[NV * W];
+    for (int v = 0; v < NV; ++v) vstore(tmp + v * W, acc[r][v]);
+    for (int i = 0; i < ni; ++i) out[r * ldo + c0 + i] = tmp[2 * i] + tmp[2 * i + 1];
+  }
+}
+
+// tile_pair_rows over rows [0, rows) and all k columns, in tiles of up to 3 rows x 3 vectors (9 accumulators,
+// 3 loads and the weights in 16 registers).
+template <typename T>
+void weighted_rows(int rows, T* out, int64_t ldo, int k, const T* p, int64_t rs, const T* x, int n) {
+  using Tile = void (*)(T*, int64_t, int, int, const T*, int64_t, const T*, int, int);
+  static constexpr Tile kTiles[3][3] = {{tile_pair_rows<T, 1, 1>, tile_pair_rows<T, 1, 2>, tile_pair_rows<T, 1, 3>},
+                                        {tile_pair_rows<T, 2, 1>, tile_pair_rows<T, 2, 2>, tile_pair_rows<T, 2, 3>},
+                                        {tile_pair_rows<T, 3, 1>, tile_pair_rows<T, 3, 2>, tile_pair_rows<T, 3, 3>}};
+  constexpr int W = Simd<T>::W;
+  const int kq = pair_lanes<T>(k);
+  for (int r0 = 0; r0 < rows; r0 += 3) {
+    const int nr = std::min(3, rows - r0);
+    for (int c0 = 0; 2 * c0 < kq; c0 += 3 * W / 2) {
+      const int nv = std::min(3, (kq - 2 * c0) / W);
+      kTiles[nr - 1][nv - 1](out + r0 * ldo, ldo, c0, k, p + r0 * rs, rs, x, kq, n);
+    }
   }
 }
 
@@ -303,12 +385,12 @@ template <typename T>
 void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal,
                        const int32_t* positions) {
   constexpr int NR = 2 * Simd<T>::W;
-  const int hs = C / NH, C3 = 3 * C, hsp = round_up(hs, NR);
+  const int hs = C / NH, C3 = 3 * C, kq = pair_lanes<T>(hs);
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int Sp = round_up(S, NR), Sq = round_up(S, kMR);
   T* qs = scratch_buffer<T>(0, static_cast<int64_t>(Sq) * hs);     // scaled Q, kMR-padded rows
   T* kt = scratch_buffer<T>(1, static_cast<int64_t>(Sp) * hs);     // K in panels
-  T* vp = scratch_buffer<T>(2, static_cast<int64_t>(S) * hsp);     // V rows padded to hsp
+  T* vp = scratch_buffer<T>(2, static_cast<int64_t>(S + 1) / 2 * kq);  // V in key pairs
   T* sc = scratch_buffer<T>(3, static_cast<int64_t>(kMR) * Sp);    // one block's scores
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
@@ -322,11 +404,12 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
         const T* q = qkv_b + static_cast<int64_t>(s0) * C3 + h * hs;
         pack_rows(qs, hs, q, C3, len, round_up(len, kMR), hs, scale);
         pack_panels(kt, q + C, C3, len, hs);
-        pack_rows(vp, hsp, q + 2 * C, C3, len, len, hs, T(1));
+        pack_pairs(vp, kq, q + 2 * C, C3, len, hs);
         for (int t0 = 0; t0 < len; t0 += kMR) {
           const int rows = std::min(kMR, len - t0);
           const int nmax = causal ? t0 + rows : len;  // keys [0, nmax) cover every row of the block
-          tile_scores(sc, Sp, qs + static_cast<int64_t>(t0) * hs, hs, kt, hs, nmax);
+          tile_scores(sc, Sp, qs + static_cast<int64_t>(t0) * hs, hs, kt, hs, nmax, a + static_cast<int64_t>(t0) * S, S,
+                      rows);
           for (int r = 0; r < rows; ++r) {
             const int t = t0 + r, n = causal ? t + 1 : len;  // keys [0, n) are valid
             T* s = sc + r * Sp;
@@ -334,9 +417,7 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
             T zmax = s[0];
 #pragma omp simd reduction(max : zmax)
             for (int j = 0; j < n; ++j) zmax = s[j] > zmax ? s[j] : zmax;
-            T sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - zmax));
+            const T sum = exp_shifted(s, n, zmax);
             const T inv = T(1) / sum;  // sum >= 1: the max term is exp(0)
 #pragma omp simd
             for (int j = 0; j < n; ++j) row[j] = s[j] * inv;
@@ -344,7 +425,7 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
             zero(row + n, S - s0 - n);
           }
           weighted_rows(rows, out_b + static_cast<int64_t>(s0 + t0) * C + h * hs, C, hs,
-                        a + static_cast<int64_t>(t0) * S, S, 1, vp, hsp, 0, nmax);
+                        a + static_cast<int64_t>(t0) * S, S, vp, nmax);
         }
       });
       zero(att_bh + static_cast<int64_t>(L) * S, static_cast<int64_t>(S - L) * S);
@@ -362,13 +443,13 @@ template <typename T>
 void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
                         int S, int C, int NH, bool causal, const int32_t* positions) {
   constexpr int NR = 2 * Simd<T>::W;
-  const int hs = C / NH, C3 = 3 * C, hsp = round_up(hs, NR);
+  const int hs = C / NH, C3 = 3 * C, kq = pair_lanes<T>(hs);
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int Sp = round_up(S, NR), Sq = round_up(S, kMR);
   const int hs6 = round_up(hs, kMR), ldz = Sp;
   T* dop = scratch_buffer<T>(0, static_cast<int64_t>(Sq) * hs6);  // dO rows, kMR-padded rows and columns
   T* vt = scratch_buffer<T>(1, static_cast<int64_t>(Sp) * hs);    // V in panels
-  T* kp = scratch_buffer<T>(2, static_cast<int64_t>(S) * std::max(hsp, hs6));  // K rows (hsp), then Q rows (hs6)
+  T* kp = scratch_buffer<T>(2, std::max<int64_t>((S + 1) / 2 * kq, S * hs6));  // K in key pairs, then Q rows
   T* sc = scratch_buffer<T>(3, static_cast<int64_t>(kMR) * Sp);   // one block's dP
   T* dzb = scratch_buffer<T>(4, static_cast<int64_t>(S) * ldz);   // dZ, rows padded to whole vectors
   T* ptail = scratch_buffer<T>(5, static_cast<int64_t>(S) * NR);  // att's last key columns when S % 2W != 0
@@ -388,26 +469,25 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
         T* dq = dqkv_b + static_cast<int64_t>(s0) * C3 + h * hs;
         pack_rows(dop, hs6, dout_b + static_cast<int64_t>(s0) * C + h * hs, C, len, round_up(len, kMR), hs, T(1));
         pack_panels(vt, q + 2 * C, C3, len, hs);
-        pack_rows(kp, hsp, q + C, C3, len, len, hs, T(1));
+        pack_pairs(kp, kq, q + C, C3, len, hs);
         for (int t0 = 0; t0 < len; t0 += kMR) {
           const int rows = std::min(kMR, len - t0);
           const int nmax = causal ? t0 + rows : len;
-          tile_scores(sc, Sp, dop + static_cast<int64_t>(t0) * hs6, hs6, vt, hs, nmax);  // dP
+          tile_scores(sc, Sp, dop + static_cast<int64_t>(t0) * hs6, hs6, vt, hs, nmax, a + static_cast<int64_t>(t0) * S,
+                      S, rows);  // dP
           for (int r = 0; r < rows; ++r) {
             const int t = t0 + r, n = causal ? t + 1 : len;
             const T* p = a + static_cast<int64_t>(t) * S;
             const T* d = sc + r * Sp;
             T* dz = dzb + static_cast<int64_t>(t) * ldz;
-            T dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j < n; ++j) dot += p[j] * d[j];
+            const T pd = dot(p, d, n);
 #pragma omp simd
-            for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - dot);
+            for (int j = 0; j < n; ++j) dz[j] = scale * p[j] * (d[j] - pd);
             // Zeros up to the block's last key (the dQ tile) and to the end of the vector (the dK tiles).
             zero(dz + n, std::max(nmax, round_up(n, NR)) - n);
           }
           weighted_rows(rows, dq + static_cast<int64_t>(t0) * C3, C3, hs, dzb + static_cast<int64_t>(t0) * ldz, ldz,
-                        1, kp, hsp, 0, nmax);  // dQ
+                        kp, nmax);  // dQ
         }
         pack_rows(kp, hs6, q, C3, len, len, hs, T(1));  // Q
         for (int j0 = 0; j0 < len; j0 += NR) {

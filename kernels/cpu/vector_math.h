@@ -32,6 +32,28 @@ inline float exp_fast(float x) {
   return p * scale;
 }
 
+// The same exp_fast on 8 floats at once, lane for lane the same operations (bit-identical results). Loops over
+// the scalar version vectorise, but GCC turns its two clamps into blends of constant-folded copies of the whole
+// computation (about a dozen extra instructions per 8 values); here each clamp is one compare and one blend.
+typedef float Float8 __attribute__((vector_size(32)));
+inline Float8 exp_fast(Float8 x) {
+  typedef int32_t Int8 __attribute__((vector_size(32)));
+  x = x < -87.3f ? Float8{} - 87.3f : x;
+  x = x > 88.7f ? Float8{} + 88.7f : x;
+  const Float8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  Float8 r = n * -0.693145751953125f + x;  // fused multiply-adds (GNU C++ contracts them), as std::fma above
+  r = n * -1.428606765330187e-06f + r;
+  Float8 p = Float8{} + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const Int8 bits = (__builtin_convertvector(n, Int8) + 127) << 23;
+  return p * reinterpret_cast<Float8>(bits);
+}
+
 // Double stays on libm: it is the precision of the finite-difference references, not of training.
 inline double exp_fast(double x) { return std::exp(x); }
 

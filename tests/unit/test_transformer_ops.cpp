@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kernels/cpu/rng.h"
 #include "tests/unit/fd_check.h"
 #include "kernels/cpu/transformer_ops.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace ddplab::cpu {
 namespace {
@@ -111,6 +113,33 @@ TEST(LayerNorm, ForwardNormalisesAndBackwardMatchesFiniteDifferences) {
   ExpectGradNear(dinp, NumericGrad(inp, loss), "dinp");
   ExpectGradNear(dweight, NumericGrad(weight, loss), "dweight");
   ExpectGradNear(dbias, NumericGrad(bias, loss), "dbias");
+}
+
+// The softmax's 8-lane exp_fast is the scalar one lane for lane, bit for bit: over the clamps, around 0, and on
+// inf and NaN (which must stay NaN: masks and the non-finite checks rely on it).
+TEST(ExpFast, EightLanesEqualTheScalarVersionBitForBit) {
+  std::vector<float> x = {0.0f, -0.0f, 1e-30f, -1e-30f, 88.7f, 88.8f, -87.3f, -87.4f, 1e30f, -1e30f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()};
+  for (int i = 0; i < 4000; ++i) x.push_back(-100.0f + 0.05f * i + 1e-3f * static_cast<float>(normal(60, i)));
+  while (x.size() % 8) x.push_back(0.5f);
+  for (size_t i = 0; i < x.size(); i += 8) {
+    Float8 v;
+    std::memcpy(&v, &x[i], sizeof v);
+    const Float8 e = exp_fast(v);
+    for (int l = 0; l < 8; ++l) {
+      const float scalar = exp_fast(x[i + l]);
+      if (std::isnan(x[i + l])) {
+        EXPECT_TRUE(std::isnan(e[l]) && std::isnan(scalar)) << x[i + l];
+      } else {
+        EXPECT_EQ(std::memcmp(&e[l], &scalar, sizeof scalar), 0) << x[i + l] << ": " << e[l] << " vs " << scalar;
+      }
+      if (std::abs(x[i + l]) < 87.0f) {
+        const double ref = std::exp(double(x[i + l]));
+        EXPECT_NEAR(e[l], ref, 3e-7 * ref);
+      }
+    }
+  }
 }
 
 // Naive attention straight from the definition, with std::exp and explicit masks.
