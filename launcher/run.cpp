@@ -313,29 +313,52 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     std::fflush(stdout);
   }
 
-  const size_t num_buckets = runner->buckets().size();
+  // Each rank keeps its records only until the next gather (a snapshot, or the end); rank 0 keeps everyone's,
+  // per rank, for the run file. So the other ranks' memory stays flat however long the run.
   std::vector<StepRecord> mine;
-  mine.reserve(config.steps);
   std::vector<BucketTimes> my_buckets;
-  my_buckets.reserve(config.steps * num_buckets);
+  std::vector<std::vector<StepRecord>> gathered(rank == 0 ? size : 0);
+  std::vector<std::vector<BucketTimes>> gathered_buckets(rank == 0 ? size : 0);
+  int steps_done = 0;
+  StepRecord last{};
   const int global_batch = config.batch * config.grad_accum * size;
   RunBuckets buckets;
   buckets.layout = runner->buckets();
   for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(*runner, b));
 
+  // Moves every rank's records since the last gather to rank 0 (every rank ran the same steps).
+  auto gather_new = [&] {
+    const size_t k = mine.size();
+    std::vector<StepRecord> records(rank == 0 ? k * size : 0);
+    std::vector<BucketTimes> times(rank == 0 ? my_buckets.size() * size : 0);
+    {
+      const watchdog::Wait wait("gather of the step records");
+      gather_to_root(mine, records, world);
+      gather_to_root(my_buckets, times, world);
+    }
+    for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+      gathered[r].insert(gathered[r].end(), records.begin() + r * k, records.begin() + (r + 1) * k);
+      gathered_buckets[r].insert(gathered_buckets[r].end(), times.begin() + r * my_buckets.size(),
+                                 times.begin() + (r + 1) * my_buckets.size());
+    }
+    steps_done += static_cast<int>(k);
+    mine.clear();
+    my_buckets.clear();
+  };
+
   // Gathers the steps done so far on rank 0, which writes them to `path`: the run file, or the snapshot of a run
   // in progress. Collective; returns rank 0's write error ("" = written), known to every rank.
   auto write_results = [&](const std::string& path, bool force) {
-    const int steps_done = static_cast<int>(mine.size());
-    std::vector<StepRecord> all(rank == 0 ? static_cast<size_t>(size) * steps_done : 0);
-    buckets.times.resize(rank == 0 ? my_buckets.size() * size : 0);
-    {
-      const watchdog::Wait wait("gather of the step records");
-      gather_to_root(mine, all, world);
-      gather_to_root(my_buckets, buckets.times, world);
-    }
+    gather_new();
     std::string write_error;
     if (rank == 0) {
+      std::vector<StepRecord> all;  // rank-major, as the run file stores them
+      all.reserve(static_cast<size_t>(size) * steps_done);
+      buckets.times.clear();
+      for (int r = 0; r < size; ++r) {
+        all.insert(all.end(), gathered[r].begin(), gathered[r].end());
+        buckets.times.insert(buckets.times.end(), gathered_buckets[r].begin(), gathered_buckets[r].end());
+      }
       result.summary = summarize(all, size, steps_done, config.warmup_steps, global_batch);
       try {
         write_run_file(path, force, meta, all, steps_done, to_json(result.summary).dump(), buckets);
@@ -371,7 +394,8 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   std::unique_ptr<TrainingStopped> stopped;
   for (int s = static_cast<int>(first_step); s < config.steps; ++s) {
     try {
-      mine.push_back(runner->step(s, t0));
+      last = runner->step(s, t0);
+      mine.push_back(last);
     } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
       stopped = std::make_unique<TrainingStopped>(e);
       break;
@@ -396,14 +420,14 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     if (rank == 0 && !config.quiet && now_ms() - last_progress >= 1000 && s + 1 < config.steps) {
       last_progress = now_ms();
       std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s (rank 0)  loss %.4f\n", s + 1, config.steps,
-                  mine.back().step_ms, global_batch / (mine.back().step_ms / 1e3), mine.back().loss);
+                  last.step_ms, global_batch / (last.step_ms / 1e3), last.loss);
       std::fflush(stdout);
     }
   }
 
   // A run stopped by a signal keeps its state too (resume continues it); a stop for bad numbers does not.
   if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128))
-    save(first_step + static_cast<int64_t>(mine.size()));
+    save(first_step + static_cast<int64_t>(steps_done + mine.size()));
   meta.stop_reason = stopped ? stopped->what() : "";
   error = write_results(config.out, config.force);
   if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot
