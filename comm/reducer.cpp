@@ -147,14 +147,18 @@ void Reducer::launch(int bucket) {
   work_cv_.notify_one();
 }
 
-void Reducer::wait_all() {
-  const int nb = static_cast<int>(buckets_.size());
-  for (int b = 0; b < nb; ++b) {
-    if (pending_[b] != 0)
-      throw std::logic_error("Reducer: bucket " + std::to_string(b) + " (gradient pieces " +
-                             std::to_string(buckets_[b].first_piece) + ".." + std::to_string(buckets_[b].last_piece) +
+void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (pending[b] != 0)
+      throw std::logic_error(std::string(who) + ": bucket " + std::to_string(b) + " (gradient pieces " +
+                             std::to_string(buckets[b].first_piece) + ".." + std::to_string(buckets[b].last_piece) +
                              ") has gradients that were never marked ready");
   }
+}
+
+void Reducer::wait_all() {
+  const int nb = static_cast<int>(buckets_.size());
+  require_all_ready(pending_, buckets_, "Reducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
   const watchdog::Wait wait("the gradient buckets' all-reduces");
   std::unique_lock<std::mutex> lock(mutex_);

@@ -56,6 +56,10 @@ std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std:
 // layout (the all-reduces would otherwise pair unrelated buffers). Shared by the Reducer and the CudaReducer.
 void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm);
 
+// Before a step's buckets are awaited: every gradient piece must have been marked ready (pending[b] == 0), or
+// backward skipped a hook. Throws std::logic_error naming the first incomplete bucket; `who` names the reducer.
+void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who);
+
 // When things happened to one bucket in one step, in ms on the caller's time origin.
 struct BucketTimes {
   double ready_ms = 0;       // its last gradient became final

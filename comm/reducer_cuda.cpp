@@ -68,12 +68,7 @@ void CudaReducer::launch(int b) {
 
 void CudaReducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
-  for (int b = 0; b < nb; ++b) {
-    if (pending_[b] != 0)
-      throw std::logic_error("CudaReducer: bucket " + std::to_string(b) + " (gradient pieces " +
-                             std::to_string(buckets_[b].first_piece) + ".." + std::to_string(buckets_[b].last_piece) +
-                             ") has gradients that were never marked ready");
-  }
+  require_all_ready(pending_, buckets_, "CudaReducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
   cudaCheck(cudaMemcpyAsync(flags_host_.get(), flags_.get(), nb * sizeof(int), cudaMemcpyDeviceToHost, nccl_.stream()));
   nccl_.wait(compute_);

@@ -14,7 +14,6 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
-#include "launcher/stop_signals.h"
 #include "launcher/trainer.h"
 #include "launcher/workload.h"
 #include "model/precision.h"
@@ -23,12 +22,13 @@ namespace ddplab {
 
 CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
     : config_(config),
+      agreement_(comm),
+      profile_steps_(parse_profile_steps(config.profile_steps)),
       data_(SyntheticConfig{config.mlp.input_dim, config.mlp.num_classes, config.seed, config.data_noise}) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &world_));
   // The CPU MLP's sharding: step s of rank r holds its micro-batches back to back, so one fill and one copy per step.
   shard_ = ShardedBatches{rank_, world_, config.batch * config.grad_accum};
-  mpiCheck(MPI_Comm_dup(comm, &control_comm_));
   nccl_ = std::make_unique<cuda::NcclAllreduce>(comm);
   cudaStream_t stream = nullptr;
   cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -83,9 +83,6 @@ CudaTrainer::~CudaTrainer() {
   for (Batch& b : batches_)  // a prefetch may still be filling or copying the pinned buffers
     if (b.staged.valid()) b.staged.wait();
   if (copy_) cudaStreamSynchronize(copy_.get());
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && control_comm_ != MPI_COMM_NULL) MPI_Comm_free(&control_comm_);
 }
 
 std::string CudaTrainer::piece_name(const GradPiece& piece) const {
@@ -168,13 +165,12 @@ std::string CudaTrainer::first_nonfinite_gradient(int bucket) const {
 StepRecord CudaTrainer::step(int step, double t0_ms) {
   // --profile-steps A:B: `ncu --profile-from-start off` / `nsys --capture-range=cudaProfilerApi` see steps A..B
   // only, the steady state, not start-up.
-  const auto [profile_first, profile_last] = parse_profile_steps(config_.profile_steps);
-  if (step == profile_first) cudaCheck(cudaProfilerStart());
+  if (step == profile_steps_.first) cudaCheck(cudaProfilerStart());
   const std::string range = "step " + std::to_string(step);
   nvtxRangePushA(range.c_str());
   StepRecord r = run_step(step, t0_ms);
   nvtxRangePop();
-  if (step == profile_last) cudaCheck(cudaProfilerStop());
+  if (step == profile_steps_.second) cudaCheck(cudaProfilerStop());
   return r;
 }
 
@@ -222,25 +218,15 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
     r.loss += static_cast<double>(loss) / micro_batches;
   }
   reducer_->wait_all();
-  // The step's agreement, as on the CPU: {a stop signal, 1 + the highest rank with a non-finite loss}, by MAX.
-  int control_mine[2] = {StopSignals::received(), loss_finite ? 0 : rank_ + 1}, control[2] = {0, 0};
-  MPI_Request control_request = MPI_REQUEST_NULL;
-  mpiCheck(MPI_Iallreduce(control_mine, control, 2, MPI_INT, MPI_MAX, control_comm_, &control_request));
+  agreement_.start(loss_finite);
   if (step + 1 < config_.steps) stage(step + 1);
 
   // The host's wait before the update: stopping or skipping is decided on the host, from the buckets' flags.
   reducer_->finish_step(t_start - t0_ms);
-  {
-    const watchdog::Wait wait("the step's stop/finite agreement");
-    mpiCheck(MPI_Wait(&control_request, MPI_STATUS_IGNORE));
-  }
-  stop_signal_ = control[0];
-  std::string nonfinite;
-  if (control[1] > 0) {
-    nonfinite = "loss on rank " + std::to_string(control[1] - 1);
-  } else if (const int bucket = reducer_->first_nonfinite_bucket(); bucket >= 0) {
-    nonfinite = "gradient " + first_nonfinite_gradient(bucket);
-  }
+  const std::string nonfinite = agreement_.finish([this] {
+    const int bucket = reducer_->first_nonfinite_bucket();
+    return bucket < 0 ? std::string() : "gradient " + first_nonfinite_gradient(bucket);
+  });
   const bool skip = skip_nonfinite_step(config_, nonfinite, step);
   r.skipped = skip ? 1 : 0;
   const cudaEvent_t optimizer_start = mark();
@@ -256,7 +242,7 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   }
   if (config_.check_sync > 0 && (step + 1) % config_.check_sync == 0)
     check_replicas_agree(parameters().data(), grad_pieces(), [this](const GradPiece& g) { return piece_name(g); },
-                         control_comm_, step);
+                         agreement_.comm(), step);
   cudaCheck(cudaStreamSynchronize(compute));  // the step's end: its events can be resolved
   const double t_end = now_ms();
 
@@ -274,11 +260,7 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   r.exposed_comm_ms = at(optimizer_start) - previous;  // waiting for the buckets, and for the host's verdict on them
   r.optimizer_ms = r.step_ms - at(optimizer_start);
   r.samples = static_cast<double>(batch_rows) * micro_batches;
-  const double backward_from = r.start_ms + at(forward_end.back()), backward_to = r.start_ms + previous;
-  for (const BucketTimes& b : bucket_times()) {
-    r.comm_ms += b.comm_end_ms - b.comm_start_ms;
-    r.hidden_comm_ms += std::max(0.0, std::min(b.comm_end_ms, backward_to) - std::max(b.comm_start_ms, backward_from));
-  }
+  add_comm_times(r, bucket_times(), r.start_ms + at(forward_end.back()), r.start_ms + previous);
   return r;
 }
 

@@ -30,7 +30,7 @@ class CudaTrainer final : public StepRunner {
   ~CudaTrainer() override;
 
   StepRecord step(int step, double t0_ms) override;
-  int stop_signal() const override { return stop_signal_; }
+  int stop_signal() const override { return agreement_.stop_signal(); }
   const std::vector<Bucket>& buckets() const override { return reducer_->buckets(); }
   const std::vector<BucketTimes>& bucket_times() const override { return reducer_->bucket_times(); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_->grad_pieces(); }
@@ -71,8 +71,9 @@ class CudaTrainer final : public StepRunner {
 
   TrainConfig config_;
   int rank_ = 0, world_ = 1;
-  MPI_Comm control_comm_ = MPI_COMM_NULL;  // the per-step agreement and --check-sync
-  std::unique_ptr<cuda::NcclAllreduce> nccl_;  // first: its constructor selects this rank's device
+  StepAgreement agreement_;  // the per-step stop/finite agreement, and --check-sync's communicator
+  std::pair<int, int> profile_steps_;  // --profile-steps A:B, or {-1, -1}
+  std::unique_ptr<cuda::NcclAllreduce> nccl_;  // before the streams: its constructor selects this rank's device
   std::unique_ptr<CUstream_st, StreamDestroy> compute_, copy_;
   std::unique_ptr<MlpCuda> model_;
   std::unique_ptr<cuda::CudaReducer> reducer_;
@@ -83,7 +84,6 @@ class CudaTrainer final : public StepRunner {
   Batch batches_[2];    // step s uses batches_[s % 2] while step s + 1's is filled and copied (after the memory)
   SyntheticClassification data_;
   ShardedBatches shard_;
-  int stop_signal_ = 0;
 };
 
 }  // namespace ddplab

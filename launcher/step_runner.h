@@ -1,6 +1,9 @@
 // What run_training drives, one training step at a time: the CPU Trainer (launcher/trainer.h) or, with
 // --device cuda, the CudaTrainer (launcher/cuda_trainer.h).
 #pragma once
+#include <mpi.h>
+
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -8,6 +11,7 @@
 #include "comm/reducer.h"
 #include "launcher/checkpoint.h"
 #include "launcher/step_record.h"
+#include "launcher/train_config.h"
 #include "model/mlp.h"
 
 namespace ddplab {
@@ -44,5 +48,48 @@ class StepRunner {
   virtual void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) = 0;
   virtual CheckpointInfo read_checkpoint(const std::string& path) = 0;
 };
+
+// The step's agreement, one small non-blocking all-reduce on a communicator of its own: {a stop signal, 1 + the
+// highest rank with a non-finite loss}, both by MAX. Started after the last forward and finished after the
+// gradients' all-reduces, so its latency hides behind backward; every rank gets the same answer, so every rank
+// stops or skips at the same step. Shared by the CPU and GPU step runners.
+class StepAgreement {
+ public:
+  explicit StepAgreement(MPI_Comm comm);  // collective: duplicates comm
+  ~StepAgreement();
+  StepAgreement(const StepAgreement&) = delete;
+  StepAgreement& operator=(const StepAgreement&) = delete;
+  void start(bool loss_finite);  // this rank's stop signal (StopSignals) and loss
+  // Waits for the agreement; returns what was not finite, "" if nothing: some rank's loss, else what
+  // nonfinite_gradient() names ("gradient fc1.bias", or "" when the reduced gradients are finite).
+  std::string finish(const std::function<std::string()>& nonfinite_gradient);
+  int stop_signal() const { return result_[0]; }  // after finish(): the signal some rank received, or 0
+  MPI_Comm comm() const { return comm_; }         // --check-sync's too
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int mine_[2] = {0, 0}, result_[2] = {0, 0};
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+// Milliseconds on the monotonic clock.
+double now_ms();
+
+// Shared by the CPU and GPU step runners, so both follow the same rules (docs/RELIABILITY.md).
+// --fault hang|kill|throw, when this rank and step are the ones named (nan and diverge act inside the step).
+void inject_fault_before(const TrainConfig& config, int rank, int step);
+// A non-finite loss or gradient (`what`, "" if none), agreed by every rank: throws TrainingStopped (the update is
+// not made) unless --skip-nonfinite; returns whether the step skips its update.
+bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step);
+// --check-sync: every replica must hold the same parameters, bit for bit. Collective over comm: compares one
+// fingerprint per gradient piece's slice of `params` (host memory, the flat layout) and throws TrainingStopped on
+// every rank naming the first parameter, in registration order, that differs.
+void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
+                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step);
+// The buckets' communication time into r.comm_ms, and the part of it that overlapped backward [from, to] (ms on
+// the buckets' time origin) into r.hidden_comm_ms.
+void add_comm_times(StepRecord& r, const std::vector<BucketTimes>& buckets, double backward_from_ms,
+                    double backward_to_ms);
 
 }  // namespace ddplab

@@ -24,7 +24,7 @@ class Trainer final : public StepRunner {
   Trainer(const TrainConfig& config, Communicator& comm);
   ~Trainer() override;
   StepRecord step(int step, double t0_ms) override;
-  int stop_signal() const override { return stop_signal_; }
+  int stop_signal() const override { return agreement_.stop_signal(); }
   const std::vector<Bucket>& buckets() const override { return reducer_->buckets(); }
   const std::vector<BucketTimes>& bucket_times() const override { return reducer_->bucket_times(); }
   const std::vector<GradPiece>& grad_pieces() const override { return workload_->grad_pieces(); }
@@ -50,25 +50,9 @@ class Trainer final : public StepRunner {
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<Communicator> extra_comm_;  // its own communicator: never interleaves with the Reducer's
   std::vector<float> extra_buffer_;
-  MPI_Comm control_comm_ = MPI_COMM_NULL;  // the per-step agreement on stopping; its own, never mixed with others
-  int stop_signal_ = 0;
+  StepAgreement agreement_;
 
   std::string first_nonfinite_gradient(int bucket) const;
 };
-
-// Milliseconds on the monotonic clock.
-double now_ms();
-
-// Shared by the CPU and GPU step runners, so both follow the same rules (docs/RELIABILITY.md).
-// --fault hang|kill|throw, when this rank and step are the ones named (nan and diverge act inside the step).
-void inject_fault_before(const TrainConfig& config, int rank, int step);
-// A non-finite loss or gradient (`what`, "" if none), agreed by every rank: throws TrainingStopped (the update is
-// not made) unless --skip-nonfinite; returns whether the step skips its update.
-bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step);
-// --check-sync: every replica must hold the same parameters, bit for bit. Collective over comm: compares one
-// fingerprint per gradient piece's slice of `params` (host memory, the flat layout) and throws TrainingStopped on
-// every rank naming the first parameter, in registration order, that differs.
-void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
-                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step);
 
 }  // namespace ddplab

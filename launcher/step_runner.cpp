@@ -1,0 +1,108 @@
+// The pieces both step runners share (step_runner.h): the step's agreement, fault injection, the non-finite and
+// replica checks, the communication-time accounting.
+#include "launcher/step_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "comm/mpi_check.h"
+#include "comm/watchdog.h"
+#include "launcher/stop_signals.h"
+
+namespace ddplab {
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+StepAgreement::StepAgreement(MPI_Comm comm) {
+  mpiCheck(MPI_Comm_dup(comm, &comm_));
+  mpiCheck(MPI_Comm_rank(comm_, &rank_));
+}
+
+StepAgreement::~StepAgreement() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void StepAgreement::start(bool loss_finite) {
+  mine_[0] = StopSignals::received();
+  mine_[1] = loss_finite ? 0 : rank_ + 1;
+  mpiCheck(MPI_Iallreduce(mine_, result_, 2, MPI_INT, MPI_MAX, comm_, &request_));
+}
+
+std::string StepAgreement::finish(const std::function<std::string()>& nonfinite_gradient) {
+  {
+    const watchdog::Wait wait("the step's stop/finite agreement");
+    mpiCheck(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+  }
+  if (result_[1] > 0) return "loss on rank " + std::to_string(result_[1] - 1);
+  return nonfinite_gradient();
+}
+
+void add_comm_times(StepRecord& r, const std::vector<BucketTimes>& buckets, double backward_from_ms,
+                    double backward_to_ms) {
+  for (const BucketTimes& b : buckets) {
+    r.comm_ms += b.comm_end_ms - b.comm_start_ms;
+    r.hidden_comm_ms +=
+        std::max(0.0, std::min(b.comm_end_ms, backward_to_ms) - std::max(b.comm_start_ms, backward_from_ms));
+  }
+}
+
+void inject_fault_before(const TrainConfig& config, int rank, int step) {
+  if (config.fault == "none" || step != config.fault_step || rank != config.fault_rank) return;
+  std::fprintf(stderr, "ddplab: rank %d injects fault '%s' at step %d\n", rank, config.fault.c_str(), step);
+  std::fflush(stderr);
+  if (config.fault == "hang") for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  if (config.fault == "kill") std::raise(SIGKILL);
+  if (config.fault == "throw") throw std::runtime_error("injected fault (--fault throw) at step " + std::to_string(step));
+}
+
+bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step) {
+  if (what.empty()) return false;
+  if (!config.skip_nonfinite)
+    throw TrainingStopped("non-finite " + what + " at step " + std::to_string(step) +
+                          "; stopped before the update (--skip-nonfinite skips such steps instead)");
+  return true;
+}
+
+namespace {
+// A cheap 64-bit fingerprint of a tensor's bits: equal tensors hash equal; any change flips it (w.h.p.).
+uint64_t fingerprint(const float* x, int64_t n) {
+  uint64_t h = 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    h = (h ^ bits) * 0x100000001b3ULL;
+  }
+  return h;
+}
+}  // namespace
+
+// One fingerprint per gradient piece's slice of the parameters (same layout as the gradients).
+void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
+                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step) {
+  std::vector<uint64_t> mine(2 * pieces.size()), most(mine.size());
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    mine[2 * k] = fingerprint(params + pieces[k].offset, pieces[k].numel);
+    mine[2 * k + 1] = ~mine[2 * k];  // MAX of h and of ~h: equal everywhere iff every rank has the same h
+  }
+  {
+    const watchdog::Wait wait("parameter check (--check-sync)");
+    mpiCheck(MPI_Allreduce(mine.data(), most.data(), static_cast<int>(mine.size()), MPI_UINT64_T, MPI_MAX, comm));
+  }
+  // Registration order (pieces are in reverse): the first parameter of the model that differs.
+  for (size_t k = pieces.size(); k-- > 0;) {
+    if (most[2 * k] == mine[2 * k] && most[2 * k + 1] == mine[2 * k + 1]) continue;
+    throw TrainingStopped("replicas diverged at step " + std::to_string(step) + ": parameter " +
+                          piece_name(pieces[k]) + " differs across ranks (--check-sync); every rank must apply the " +
+                          "same update");
+  }
+}
+
+}  // namespace ddplab
