@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
+#include <utility>
 
 #include "data/loader.h"
 #include "data/synthetic.h"
@@ -12,14 +13,10 @@
 namespace ddplab {
 namespace {
 
-// The MLP on synthetic classification data, through the input pipeline (loader threads, prefetch, cost).
-class MlpWorkload final : public Workload {
+// What every workload answers from its model alone (Mlp<float> and Transformer<float> share these calls).
+template <typename Model>
+class ModelWorkload : public Workload {
  public:
-  MlpWorkload(const TrainConfig& c, int rank, int world)
-      : config_(c),
-        model_(c.mlp, c.seed),
-        data_(SyntheticConfig{c.mlp.input_dim, c.mlp.num_classes, c.seed, c.data_noise}),
-        shard_{rank, world, c.batch * c.grad_accum} {}
   int64_t num_parameters() const override { return model_.num_parameters(); }
   float* flat_params() override { return model_.flat_params(); }
   float* flat_grads() override { return model_.flat_grads(); }
@@ -27,6 +24,22 @@ class MlpWorkload final : public Workload {
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   std::string piece_name(const GradPiece& g) const override { return grad_piece_name(model_.parameters(), g); }
+  void zero_grad() override { model_.zero_grad(); }
+
+ protected:
+  template <typename... Args>
+  explicit ModelWorkload(Args&&... model_args) : model_(std::forward<Args>(model_args)...) {}
+  Model model_;
+};
+
+// The MLP on synthetic classification data, through the input pipeline (loader threads, prefetch, cost).
+class MlpWorkload final : public ModelWorkload<Mlp<float>> {
+ public:
+  MlpWorkload(const TrainConfig& c, int rank, int world)
+      : ModelWorkload(c.mlp, c.seed),
+        config_(c),
+        data_(SyntheticConfig{c.mlp.input_dim, c.mlp.num_classes, c.seed, c.data_noise}),
+        shard_{rank, world, c.batch * c.grad_accum} {}
   std::string describe() const override {
     const auto& m = config_.mlp;
     char text[160];
@@ -34,7 +47,6 @@ class MlpWorkload final : public Workload {
                   m.num_hidden_layers, m.num_classes, model_.num_parameters() / 1e6);
     return text;
   }
-  void zero_grad() override { model_.zero_grad(); }
   BatchStats load(int64_t step, int micro) override {
     // Micro-batch j of the run is micro-batch j % K of step j / K. The loader produces them in sequence (and
     // ahead, with threads) from the first one asked for: step 0, or the step a resumed run starts at.
@@ -58,7 +70,6 @@ class MlpWorkload final : public Workload {
 
  private:
   TrainConfig config_;
-  Mlp<float> model_;
   SyntheticClassification data_;
   ShardedBatches shard_;
   std::unique_ptr<BatchLoader> loader_;
@@ -72,23 +83,16 @@ class MlpWorkload final : public Workload {
 // With gradient accumulation the plan cuts each step into world x micro-batches batches, and micro-batch m of rank
 // r is batch m * world + r: a rank's micro-batches interleave with the others' rather than being neighbours, which
 // bucketing would make all short or all long.
-class TransformerWorkload final : public Workload {
+class TransformerWorkload final : public ModelWorkload<Transformer<float>> {
  public:
   TransformerWorkload(const TrainConfig& c, int rank, int world)
-      : config_(c),
+      : ModelWorkload(model_config(c), c.seed),
+        config_(c),
         rank_(rank),
         world_(world),
         batching_(parse_batching(c.batching)),
-        model_(model_config(c), c.seed),
         data_(data_config(c, model_)) {}
 
-  int64_t num_parameters() const override { return model_.num_parameters(); }
-  float* flat_params() override { return model_.flat_params(); }
-  float* flat_grads() override { return model_.flat_grads(); }
-  const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
-  const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
-  void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
-  std::string piece_name(const GradPiece& g) const override { return grad_piece_name(model_.parameters(), g); }
   std::string describe() const override {
     const auto& m = model_.config();
     char text[200];
@@ -98,7 +102,6 @@ class TransformerWorkload final : public Workload {
                   config_.max_len, config_.batching.c_str());
     return text;
   }
-  void zero_grad() override { model_.zero_grad(); }
 
   BatchStats load(int64_t step, int micro) override {
     if (step != step_) begin_step(step);
@@ -207,7 +210,6 @@ class TransformerWorkload final : public Workload {
   TrainConfig config_;
   int rank_, world_;
   Batching batching_;
-  Transformer<float> model_;
   SyntheticTokens data_;
   std::unique_ptr<BatchPlan> plan_;
   int64_t plan_first_step_ = 0, plan_step_ = 0, step_ = -1;
