@@ -28,6 +28,16 @@ inline const cuda::CudaInfo& cuda_info() {
 
 constexpr int64_t kGuard = 67;  // trailing elements that no kernel may touch
 
+// Visible CUDA devices; 0 without a usable driver (the error is cleared, not left sticky).
+inline int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 inline std::vector<float> random_vector(int64_t n, float lo, float hi, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);

@@ -27,12 +27,14 @@
 #include "launcher/errors.h"
 #include "launcher/run.h"
 #include "launcher/trainer.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
 namespace {
 
 using cuda::NcclAllreduce;
+using gpu_test::device_count;
 
 TrainConfig small_config() {
   TrainConfig c;
@@ -60,24 +62,6 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0;
   for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
   return d;
-}
-
-int ranks_on_this_node() {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int n = 1;
-  MPI_Comm_size(node, &n);
-  MPI_Comm_free(&node);
-  return n;
-}
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
 }
 
 // ---- host side: runs, and must pass, on every machine -------------------------------------------------------------

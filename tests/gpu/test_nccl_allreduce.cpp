@@ -22,35 +22,20 @@
 #include "comm/nccl_allreduce.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace {
 
 using ddplab::cuda::NcclAllreduce;
 
-constexpr size_t kGuard = 67;                 // trailing elements NCCL must not touch
+using ddplab::gpu_test::kGuard;               // trailing elements NCCL must not touch
 constexpr uint32_t kPoisonBits = 0xFFFFFFFF;  // a NaN, and what cudaMemset(0xFF) writes
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int node_size() {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int n = 1;
-  MPI_Comm_size(node, &n);
-  MPI_Comm_free(&node);
-  return n;
-}
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+using ddplab::gpu_test::device_count;
+using ddplab::ranks_on_this_node;
+using ddplab::world_rank;
+
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // Rank r's input: small integers in [-8, 8], different on every rank, so sums stay exact in fp32.
@@ -94,7 +79,7 @@ TEST(NcclHost, AvailabilityGivesAReasonOrNothing) {
 // alone would leave the others hanging in NCCL's bootstrap, and this test would time out instead of finishing).
 TEST(NcclHost, ConstructorRefusesOnEveryRankOrSucceeds) {
   const std::string reason = NcclAllreduce::availability();
-  const int devices = device_count(), local = node_size();
+  const int devices = device_count(), local = ranks_on_this_node();
   const std::string msg = CaughtMessage([] { NcclAllreduce comm(MPI_COMM_WORLD); });
   if (!reason.empty()) {
     EXPECT_NE(msg.find(reason), std::string::npos) << msg;
@@ -118,8 +103,8 @@ class NcclAllreduceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     skip_reason_ = NcclAllreduce::availability();
-    if (skip_reason_.empty() && node_size() > device_count())
-      skip_reason_ = "needs " + std::to_string(node_size()) + " GPUs: NCCL refuses two ranks on one GPU (" +
+    if (skip_reason_.empty() && ranks_on_this_node() > device_count())
+      skip_reason_ = "needs " + std::to_string(ranks_on_this_node()) + " GPUs: NCCL refuses two ranks on one GPU (" +
                      std::to_string(device_count()) + " here)";
     if (!skip_reason_.empty()) return;
     try {
