@@ -15,6 +15,7 @@
 #include "kernels/cpu/rng.h"
 #include "model/optimizer.h"
 #include "model/transformer.h"
+#include "tests/unit/ready_hook_check.h"
 
 namespace ddplab {
 namespace {
@@ -262,30 +263,15 @@ TEST(Transformer, ParametersInForwardOrderStoredInReverse) {
   EXPECT_EQ(without.num_parameters(), model.num_parameters() - 7 * C);
 }
 
-// on_ready(k) once per piece, in grad_pieces() order, and what the hook sees is final and nonzero.
+// The hook contract (ready_hook_check.h), and every piece carries gradient, except rows of tokens and positions
+// the batch does not use.
 void CheckReadyHook(Transformer<double>& model, const Batch& batch) {
   Forward(model, batch);
-  model.zero_grad();
-  const auto& pieces = model.grad_pieces();
-  std::vector<int> order;
-  std::vector<std::vector<double>> snapshot(pieces.size());
-  model.backward([&](int k) {
-    order.push_back(k);
-    const GradPiece& g = pieces.at(k);
-    snapshot[k].assign(model.flat_grads() + g.offset, model.flat_grads() + g.offset + g.numel);
-  });
-  ASSERT_EQ(order.size(), pieces.size());
-  for (size_t k = 0; k < order.size(); ++k) EXPECT_EQ(order[k], static_cast<int>(k)) << "call " << k;
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    double norm = 0;
-    for (int64_t i = 0; i < pieces[k].numel; ++i) {
-      EXPECT_EQ(snapshot[k][i], model.flat_grads()[pieces[k].offset + i]) << "piece " << k << "[" << i << "]";
-      norm += std::abs(snapshot[k][i]);
-    }
-    // Every piece has some gradient, except rows of tokens and positions the batch does not use.
-    const std::string& name = model.parameters()[pieces[k].param].name;
+  const std::vector<double> norms = test::CheckReadyHookOrderAndFinality(model);
+  for (size_t k = 0; k < norms.size(); ++k) {
+    const std::string& name = model.parameters()[model.grad_pieces()[k].param].name;
     if (name != "wte" && name != "wpe") {
-      EXPECT_GT(norm, 0.0) << "piece " << k;
+      EXPECT_GT(norms[k], 0.0) << "piece " << k;
     }
   }
 }
