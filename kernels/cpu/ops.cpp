@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace ddplab::cpu {
@@ -100,17 +101,9 @@ T softmax_cross_entropy_forward(T* probs, T* losses, const T* logits, const int3
   for (int b = 0; b < B; ++b) {
     const T* z = logits + static_cast<int64_t>(b) * V;
     T* p = probs + static_cast<int64_t>(b) * V;
-    T zmax = z[0];  // subtract the max: exp never overflows
-#pragma omp simd reduction(max : zmax)
-    for (int v = 0; v < V; ++v) zmax = std::max(zmax, z[v]);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < V; ++v) sum += (p[v] = exp_fast(z[v] - zmax));
-    const T inv = T(1) / sum;
-#pragma omp simd
-    for (int v = 0; v < V; ++v) p[v] *= inv;
-    // log-sum-exp form keeps the loss finite even when probs[target] underflows to 0
-    losses[b] = std::log(sum) - (z[targets[b]] - zmax);
+    const T z_target = z[targets[b]];  // read before p (which may alias z) is written
+    T zmax;
+    losses[b] = softmax_row(p, z, V, &zmax) - (z_target - zmax);
     total += losses[b];
   }
   return B > 0 ? total / B : T(0);

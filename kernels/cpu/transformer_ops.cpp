@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace ddplab::cpu {
@@ -527,16 +528,8 @@ T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32
     const T* z = logits + static_cast<int64_t>(n) * V;
     T* p = probs + static_cast<int64_t>(n) * V;
     const T z_target = z[targets[n]];  // read before p (which may alias z) is written
-    T zmax = z[0];
-#pragma omp simd reduction(max : zmax)
-    for (int v = 0; v < V; ++v) zmax = z[v] > zmax ? z[v] : zmax;
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < V; ++v) sum += (p[v] = exp_fast(z[v] - zmax));
-    const T inv = T(1) / sum;
-#pragma omp simd
-    for (int v = 0; v < V; ++v) p[v] *= inv;
-    losses[n] = std::log(sum) - (z_target - zmax);
+    T zmax;
+    losses[n] = softmax_row(p, z, V, &zmax) - (z_target - zmax);
     total += losses[n];
     ++count;
   }
