@@ -137,25 +137,8 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t,
       options.slice_elems ? std::min(per_chunk, (max_chunk + options.slice_elems - 1) / options.slice_elems) : 1;
   RingPrimitives prims(t, in, out, scratch, max_chunk, slices, options);
 
-  // Rounds of n chunks, each a whole ring, one after the other (NCCL's loop over chunks). Every round has the
-  // same K (a shorter last round just has shorter slices).
-  for (size_t begin = 0; begin < count; begin += round) {
-    const size_t len = std::min(round, count - begin);
-    // Step s moves chunk (r - s) mod n. Chunk c starts at rank c and picks up one addend per hop, so its sum is
-    // always formed as ((x_c + x_c+1) + x_c+2) + ... whichever rank computes it. Rank r ends owning chunk r+1.
-    auto chunk = [&](int step) {
-      RingChunk c = ring_chunk(len, n, ((r - step) % n + n) % n);
-      c.offset += begin;
-      return c;
-    };
-    // Reduce-scatter.
-    prims.send(chunk(0));
-    for (int s = 1; s < n - 1; ++s) prims.recv_reduce_send(chunk(s));
-    prims.recv_reduce_copy_send(chunk(n - 1));
-    // All-gather: finished chunks travel on around the ring and are only copied, so every rank ends bitwise equal.
-    for (int s = n; s < 2 * n - 2; ++s) prims.recv_copy_send(chunk(s));
-    prims.recv(chunk(2 * n - 2));  // its receives retire every send: data may be reused on return
-  }
+  // Every round has the same K (a shorter last round just has shorter slices).
+  run_ring_schedule(prims, count, round, n, r);
 }
 
 }  // namespace ddplab

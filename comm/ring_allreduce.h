@@ -1,6 +1,7 @@
 // Ring all-reduce on host fp32 buffers, written once against Transport primitives so that it reads like the
 // textbook (and NCCL's ring): reduce-scatter, then all-gather, each n-1 steps around the ring.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -87,6 +88,30 @@ class RingPrimitives {
   size_t sends_ = 0, recvs_ = 0;  // messages so far in this call
   int next_, prev_;
 };
+
+// The ring schedule, written once for every set of primitives: RingPrimitives above on host memory, and the device
+// ring's LinkRingPrimitives (comm/ring_device.h) on GPU buffers. `count` elements go round in rounds of `round`,
+// each a complete ring (NCCL's loop over chunks): reduce-scatter, then all-gather, n-1 steps each.
+template <typename Prims>
+void run_ring_schedule(Prims& prims, size_t count, size_t round, int n, int r) {
+  for (size_t begin = 0; begin < count; begin += round) {
+    const size_t len = std::min(round, count - begin);
+    // Step s moves chunk (r - s) mod n. Chunk c starts at rank c and picks up one addend per hop, so its sum is
+    // always formed as ((x_c + x_c+1) + x_c+2) + ... whichever rank computes it. Rank r ends owning chunk r+1.
+    auto chunk = [&](int step) {
+      RingChunk c = ring_chunk(len, n, ((r - step) % n + n) % n);
+      c.offset += begin;
+      return c;
+    };
+    // Reduce-scatter.
+    prims.send(chunk(0));
+    for (int s = 1; s < n - 1; ++s) prims.recv_reduce_send(chunk(s));
+    prims.recv_reduce_copy_send(chunk(n - 1));
+    // All-gather: finished chunks travel on around the ring and are only copied, so every rank ends bitwise equal.
+    for (int s = n; s < 2 * n - 2; ++s) prims.recv_copy_send(chunk(s));
+    prims.recv(chunk(2 * n - 2));  // its receives retire every send: data may be reused on return
+  }
+}
 
 // data[i] = sum over the ranks of t of data[i], in place. Every rank calls it with the same count and options
 // and ends with bitwise-identical results: each element is summed in an order fixed by the ring, then only

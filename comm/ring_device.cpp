@@ -1,0 +1,117 @@
+#include "comm/ring_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace ddplab {
+
+void HostMemory::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void HostMemory::add(float* out, const float* a, const float* b, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+}
+
+namespace {
+
+void check_fits(const RingLink& link, size_t send_bytes, size_t recv_bytes) {
+  if (std::max(send_bytes, recv_bytes) > link.max_bytes())
+    throw std::invalid_argument(std::string(link.name()) + " link: a message of " +
+                                std::to_string(std::max(send_bytes, recv_bytes)) + " bytes exceeds its " +
+                                std::to_string(link.max_bytes()) + "-byte buffer");
+}
+
+}  // namespace
+
+PeerStagingLink::PeerStagingLink(RingMemory& memory, Transport& tokens, void* my_staging, void* next_staging,
+                                 size_t staging_bytes, int tag)
+    : memory_(memory),
+      tokens_(tokens),
+      my_staging_(my_staging),
+      next_staging_(next_staging),
+      staging_bytes_(staging_bytes),
+      tag_(tag) {}
+
+void PeerStagingLink::exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+  check_fits(*this, send_bytes, recv_bytes);
+  const int n = size(), next = (rank() + 1) % n, prev = (rank() - 1 + n) % n;
+  const int go_tag = 2 * tag_, there_tag = 2 * tag_ + 1;
+  // A pair's sizes match (send_bytes here is next's recv_bytes), so both ends skip the same tokens.
+  if (recv_bytes) {
+    memory_.synchronize();  // the last copy out of my staging has run
+    tokens_.send(prev, &go_, sizeof(go_), go_tag);
+  }
+  if (send_bytes) {
+    tokens_.recv(next, &incoming_, sizeof(incoming_), go_tag);
+    memory_.copy(next_staging_, send, send_bytes);
+    memory_.synchronize();  // the data is in next's memory before next is told so
+    tokens_.send(next, &there_, sizeof(there_), there_tag);
+  }
+  if (recv_bytes) {
+    tokens_.recv(prev, &incoming_, sizeof(incoming_), there_tag);
+    memory_.copy(recv, my_staging_, recv_bytes);
+  }
+  tokens_.wait_sends();  // the token buffers are reused by the next exchange
+}
+
+HostStagedLink::HostStagedLink(RingMemory& memory, Transport& transport, void* host_send, void* host_recv,
+                               size_t host_bytes, int tag)
+    : memory_(memory),
+      transport_(transport),
+      host_send_(host_send),
+      host_recv_(host_recv),
+      host_bytes_(host_bytes),
+      tag_(tag) {}
+
+void HostStagedLink::exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+  check_fits(*this, send_bytes, recv_bytes);
+  const int n = size(), next = (rank() + 1) % n, prev = (rank() - 1 + n) % n;
+  memory_.copy(host_send_, send, send_bytes);
+  // One wait covers the copy just queued and the last exchange's copy out of host_recv_, which is about to be
+  // overwritten.
+  memory_.synchronize();
+  if (send_bytes) transport_.send(next, host_send_, send_bytes, tag_);
+  if (recv_bytes) transport_.recv(prev, host_recv_, recv_bytes, tag_);
+  transport_.wait_sends();
+  memory_.copy(recv, host_recv_, recv_bytes);
+}
+
+void LinkRingPrimitives::exchange_into(float* dst, size_t count) {
+  link_.exchange(outgoing_.data, outgoing_.count * sizeof(float), dst, count * sizeof(float));
+}
+
+void LinkRingPrimitives::recv_reduce_send(RingChunk c) {
+  exchange_into(staging_, c.count);
+  memory_.add(out_ + c.offset, in_ + c.offset, staging_, c.count);
+  outgoing_ = {out_ + c.offset, c.count};
+}
+
+void LinkRingPrimitives::recv_copy_send(RingChunk c) {
+  exchange_into(out_ + c.offset, c.count);
+  outgoing_ = {out_ + c.offset, c.count};
+}
+
+void LinkRingPrimitives::recv(RingChunk c) {
+  exchange_into(out_ + c.offset, c.count);
+  outgoing_ = {};
+}
+
+size_t device_ring_max_chunk(const RingLink& link) { return link.max_bytes() / sizeof(float); }
+
+void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
+                        float* staging) {
+  const int n = link.size();
+  if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
+    if (in != out) memory.copy(out, in, count * sizeof(float));
+    return;
+  }
+  const size_t max_chunk = device_ring_max_chunk(link);
+  if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
+  LinkRingPrimitives prims(link, memory, in, out, staging);
+  run_ring_schedule(prims, count, std::min(count, max_chunk * n), n, link.rank());
+}
+
+}  // namespace ddplab

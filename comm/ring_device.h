@@ -1,0 +1,157 @@
+// The ring all-reduce on buffers that live where the host cannot simply read them (GPU memory): the same schedule as
+// the host ring (run_ring_schedule in comm/ring_allreduce.h), driven by primitives that only ENQUEUE work — a copy,
+// an add, one exchange with the neighbours per step — and never touch the data themselves.
+//
+// Three interfaces keep the ring, the transports and the memory apart:
+//   RingMemory  enqueues copies and adds on the memory's own queue (a CUDA stream; on the host, runs them at once)
+//               and waits for them;
+//   RingLink    one ring step: send a buffer to next, receive prev's into a buffer, ordered on that queue. Three
+//               links: NCCL send/recv, CUDA IPC into the neighbour's staging buffer (ranks may share one GPU), and
+//               the host-staged fallback (device -> pinned host -> MPI -> device);
+//   LinkRingPrimitives  the five ring primitives over one RingLink and one RingMemory.
+// Everything here is plain C++ and is tested in CI on host memory (HostMemory, and the IPC link's protocol over an
+// MPI shared-memory window, tests/mpi/test_ring_device.cpp); comm/ring_cuda.h supplies the CUDA memory and links.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/ring_allreduce.h"
+#include "comm/transport.h"
+
+namespace ddplab {
+
+class RingMemory {
+ public:
+  virtual ~RingMemory() = default;
+  // dst = src, bytes long; the ranges do not overlap. Enqueued after everything enqueued before.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // out[i] = a[i] + b[i] for count floats; out may alias a. Enqueued.
+  virtual void add(float* out, const float* a, const float* b, size_t count) = 0;
+  // The host waits until everything enqueued so far has run.
+  virtual void synchronize() = 0;
+};
+
+// Host memory: every call runs at once, synchronize() has nothing to wait for.
+class HostMemory final : public RingMemory {
+ public:
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void add(float* out, const float* a, const float* b, size_t count) override;
+  void synchronize() override {}
+};
+
+// One step of the ring. Every rank calls exchange the same number of times; call k of a rank sends to next what
+// call k of next receives, so the byte counts of a pair always match.
+class RingLink {
+ public:
+  virtual ~RingLink() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The largest message (bytes) exchange accepts; the ring sizes its rounds to fit.
+  virtual size_t max_bytes() const = 0;
+  // Sends send[0, send_bytes) to next = (rank+1) % size and receives prev's message of recv_bytes into recv, in the
+  // order of the memory's queue: work enqueued before may still be writing `send` (the link waits for it), work
+  // enqueued after sees `recv` filled. `send` must not change until work enqueued after this call runs. Either
+  // size may be 0 (a chunk of an array shorter than the ring).
+  virtual void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) = 0;
+  virtual const char* name() const = 0;
+};
+
+// A link through a staging buffer in the RECEIVER's memory that the sender writes directly (CUDA IPC: each rank
+// maps its next neighbour's staging buffer into its own address space; tests: an MPI shared-memory window).
+// Per exchange, with small MPI tokens between the neighbours (named watchdog waits, comm/watchdog.h):
+//   1. finish my queue (my previous read of my staging is done), then tell prev "your write may start";
+//   2. wait for next's go, enqueue the copy send -> next's staging, finish it, tell next "it is there";
+//   3. wait for prev's "it is there", enqueue the copy my staging -> recv.
+// Step 1's token goes out before step 2 waits, so no rank waits for one that waits for it. Each wait is short
+// (one chunk's copy), and the host blocks inside exchange: a caller that must not block runs the ring on a thread
+// of its own (the CUDA reducer's comm thread). Staging costs one extra on-device copy per step (recv could be
+// the staging itself; measure before trading that for a more intricate protocol).
+class PeerStagingLink final : public RingLink {
+ public:
+  // my_staging: this rank's buffer that prev writes into; next_staging: next's, mapped here. Both staging_bytes
+  // long. tokens: a Transport between the same ranks, in the same order (its rank() and size() are the ring's).
+  // tag: the exchange's token tags are 2*tag and 2*tag + 1, so a protocol slip is a TagMismatch, not a wrong sum.
+  PeerStagingLink(RingMemory& memory, Transport& tokens, void* my_staging, void* next_staging, size_t staging_bytes,
+                  int tag = 0);
+  int rank() const override { return tokens_.rank(); }
+  int size() const override { return tokens_.size(); }
+  size_t max_bytes() const override { return staging_bytes_; }
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override;
+  const char* name() const override { return "peer staging"; }
+
+ private:
+  RingMemory& memory_;
+  Transport& tokens_;
+  void* my_staging_;
+  void* next_staging_;
+  size_t staging_bytes_;
+  int tag_;
+  int32_t go_ = 0, there_ = 0, incoming_ = 0;  // token buffers: they must outlive the non-blocking sends
+};
+
+// The last fallback: send copied to a host buffer, the host buffers exchanged over MPI, the received one copied to
+// recv. With HostMemory it is a plain MPI ring (tests); with CUDA memory, host_send/host_recv should be pinned.
+class HostStagedLink final : public RingLink {
+ public:
+  HostStagedLink(RingMemory& memory, Transport& transport, void* host_send, void* host_recv, size_t host_bytes,
+                 int tag = 0);
+  int rank() const override { return transport_.rank(); }
+  int size() const override { return transport_.size(); }
+  size_t max_bytes() const override { return host_bytes_; }
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override;
+  const char* name() const override { return "host staged"; }
+
+ private:
+  RingMemory& memory_;
+  Transport& transport_;
+  void* host_send_;
+  void* host_recv_;
+  size_t host_bytes_;
+  int tag_;
+};
+
+// The ring primitives of comm/ring_allreduce.h, each step one exchange: `send` only remembers what goes out next,
+// and every receiving primitive exchanges it for prev's chunk. In queue order, so no step waits for the host:
+//   recv_reduce_send       exchange into staging, then out[c] = in[c] + staging; out[c] goes out next;
+//   recv_reduce_copy_send  the same (fp32 on the wire: the last reduction needs no rounding);
+//   recv_copy_send / recv  exchange straight into out[c].
+// A buffer is rewritten only after the step that sent it: the chunk sent at step s is never written at step s+1.
+class LinkRingPrimitives {
+ public:
+  // staging: at least max_chunk floats in the link's memory.
+  LinkRingPrimitives(RingLink& link, RingMemory& memory, const float* in, float* out, float* staging)
+      : link_(link), memory_(memory), in_(in), out_(out), staging_(staging) {}
+  void send(RingChunk c) { outgoing_ = {in_ + c.offset, c.count}; }
+  void recv_reduce_send(RingChunk c);
+  void recv_reduce_copy_send(RingChunk c) { recv_reduce_send(c); }
+  void recv_copy_send(RingChunk c);
+  void recv(RingChunk c);
+
+ private:
+  void exchange_into(float* dst, size_t count);
+  struct Outgoing {
+    const float* data = nullptr;
+    size_t count = 0;
+  };
+  RingLink& link_;
+  RingMemory& memory_;
+  const float* in_;
+  float* out_;
+  float* staging_;
+  Outgoing outgoing_;
+};
+
+// The largest chunk the device ring moves over `link`, in floats (what the staging passed to ring_allreduce_sum
+// must hold): rounds of n chunks of at most this many.
+size_t device_ring_max_chunk(const RingLink& link);
+
+// out[i] = sum over the link's ranks of in[i] (out == in: in place), ENQUEUED on the memory's queue after the work
+// before it; the host may block inside the link's exchanges (PeerStagingLink, HostStagedLink) but returns before the
+// last copies have run: memory.synchronize() waits for the result. Every rank calls it with the same count; each
+// element is summed in the host ring's order for the same chunking, then only copied, so every rank ends bitwise
+// identical (and equal to ring_allreduce_sum with slice_elems = device_ring_max_chunk, slices_per_chunk = 1).
+// staging: device_ring_max_chunk(link) floats in the memory the link moves.
+void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
+                        float* staging);
+
+}  // namespace ddplab

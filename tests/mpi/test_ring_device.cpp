@@ -1,0 +1,186 @@
+// The device ring (comm/ring_device.h) on host memory: the schedule, the primitives and the links' protocols are the
+// code the GPU runs, with the CUDA stream replaced by a RingMemory that runs each queued operation only when the
+// host synchronizes (so a missing wait in a link reads stale data and breaks the sums), and CUDA IPC's mapped
+// neighbour buffer replaced by an MPI shared-memory window. References: exactly summable inputs, and the host ring
+// (same chunking, hence the same summation order) bit for bit.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/ring_allreduce.h"
+#include "comm/ring_device.h"
+#include "comm/transport.h"
+#include "mpi_test_util.h"
+
+namespace ddplab {
+namespace {
+
+// A stream stand-in: copies and adds wait in a queue until synchronize(), the way a GPU runs them "later".
+class DeferredMemory final : public RingMemory {
+ public:
+  void copy(void* dst, const void* src, size_t bytes) override {
+    queue_.push_back([=] { host_.copy(dst, src, bytes); });
+  }
+  void add(float* out, const float* a, const float* b, size_t count) override {
+    queue_.push_back([=] { host_.add(out, a, b, count); });
+  }
+  void synchronize() override {
+    for (auto& op : queue_) op();
+    queue_.clear();
+  }
+
+ private:
+  HostMemory host_;
+  std::vector<std::function<void()>> queue_;
+};
+
+// The staging buffers of every rank of the node in one MPI shared-memory window: each rank gets its own and a
+// pointer to next's, as cudaIpcOpenMemHandle gives on the GPU.
+class SharedStaging {
+ public:
+  explicit SharedStaging(size_t bytes) {
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_);
+    int n = 1, r = 0;
+    MPI_Comm_size(node_, &n);
+    MPI_Comm_rank(node_, &r);
+    if (n != world_size()) throw std::runtime_error("the peer-staging test needs every rank on one node");
+    MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, node_, &mine_, &win_);
+    MPI_Aint size = 0;
+    int disp = 1;
+    MPI_Win_shared_query(win_, (r + 1) % n, &size, &disp, &next_);
+  }
+  ~SharedStaging() {
+    MPI_Win_free(&win_);
+    MPI_Comm_free(&node_);
+  }
+  void* mine() const { return mine_; }
+  void* next() const { return next_; }
+
+ private:
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  void* mine_ = nullptr;
+  void* next_ = nullptr;
+};
+
+enum class LinkKind { kPeerStaging, kHostStaged };
+
+// One link of either kind with its buffers, over a fresh MpiTransport.
+struct LinkUnderTest {
+  LinkUnderTest(LinkKind kind, RingMemory& memory, size_t max_floats) : tokens(MPI_COMM_WORLD) {
+    const size_t bytes = max_floats * sizeof(float);
+    if (kind == LinkKind::kPeerStaging) {
+      shared = std::make_unique<SharedStaging>(bytes);
+      link = std::make_unique<PeerStagingLink>(memory, tokens, shared->mine(), shared->next(), bytes, /*tag=*/3);
+    } else {
+      host_send.resize(max_floats);
+      host_recv.resize(max_floats);
+      link = std::make_unique<HostStagedLink>(memory, tokens, host_send.data(), host_recv.data(), bytes, /*tag=*/3);
+    }
+  }
+  MpiTransport tokens;
+  std::unique_ptr<SharedStaging> shared;
+  std::vector<float> host_send, host_recv;
+  std::unique_ptr<RingLink> link;
+};
+
+struct Case {
+  LinkKind kind;
+  size_t count;
+  size_t max_chunk;  // floats per link message: small values force many rounds
+};
+
+std::string case_name(const Case& c) {
+  return std::string(c.kind == LinkKind::kPeerStaging ? "PeerStaging" : "HostStaged") + "_count" +
+         std::to_string(c.count) + "_chunk" + std::to_string(c.max_chunk);
+}
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+
+class RingDeviceTest : public testing::TestWithParam<Case> {};
+
+std::vector<float> random_floats(size_t count, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> v(count);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+TEST_P(RingDeviceTest, ExactInputsSumExactlyInPlace) {
+  const Case c = GetParam();
+  const int r = world_rank(), n = world_size();
+  DeferredMemory memory;
+  LinkUnderTest lut(c.kind, memory, c.max_chunk);
+  std::vector<float> data(c.count), staging(device_ring_max_chunk(*lut.link));
+  // Small integers: every partial sum is exact, whatever the order.
+  for (size_t i = 0; i < c.count; ++i) data[i] = static_cast<float>((i % 97) + 100 * r);
+  ring_allreduce_sum(data.data(), data.data(), c.count, *lut.link, memory, staging.data());
+  memory.synchronize();
+  for (size_t i = 0; i < c.count; ++i)
+    ASSERT_EQ(data[i], static_cast<float>(n * (i % 97) + 100 * n * (n - 1) / 2)) << "element " << i;
+}
+
+TEST_P(RingDeviceTest, RandomInputsMatchTheHostRingBitForBitOutOfPlace) {
+  const Case c = GetParam();
+  const int r = world_rank();
+  DeferredMemory memory;
+  LinkUnderTest lut(c.kind, memory, c.max_chunk);
+  const std::vector<float> in = random_floats(c.count, 1234u + r);
+  std::vector<float> out(c.count, -7.f), staging(device_ring_max_chunk(*lut.link));
+  ring_allreduce_sum(in.data(), out.data(), c.count, *lut.link, memory, staging.data());
+  memory.synchronize();
+  EXPECT_EQ(in, random_floats(c.count, 1234u + r)) << "the input was written";
+
+  // The host ring with the same chunking forms every sum in the same order.
+  std::vector<float> expected = in;
+  MpiTransport transport(MPI_COMM_WORLD);
+  RingScratch scratch;
+  RingOptions options;
+  options.slice_elems = c.max_chunk;
+  options.slices_per_chunk = 1;
+  ring_allreduce_sum(expected.data(), c.count, transport, scratch, options);
+  for (size_t i = 0; i < c.count; ++i) ASSERT_EQ(out[i], expected[i]) << "element " << i;
+}
+
+TEST_P(RingDeviceTest, RepeatedCallsReuseTheLink) {
+  const Case c = GetParam();
+  const int n = world_size();
+  DeferredMemory memory;
+  LinkUnderTest lut(c.kind, memory, c.max_chunk);
+  std::vector<float> data(c.count), staging(device_ring_max_chunk(*lut.link));
+  for (int call = 1; call <= 3; ++call) {
+    std::fill(data.begin(), data.end(), static_cast<float>(call));
+    ring_allreduce_sum(data.data(), data.data(), c.count, *lut.link, memory, staging.data());
+    memory.synchronize();
+    for (size_t i = 0; i < c.count; ++i) ASSERT_EQ(data[i], static_cast<float>(call * n)) << "call " << call;
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  for (LinkKind kind : {LinkKind::kPeerStaging, LinkKind::kHostStaged})
+    for (Case c : {Case{kind, 0, 16}, Case{kind, 1, 16}, Case{kind, 3, 16}, Case{kind, 1000, 4096},
+                   Case{kind, 1000, 7}, Case{kind, 100003, 1024}})
+      all.push_back(c);
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, RingDeviceTest, testing::ValuesIn(cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(RingDevice, AMessageLargerThanTheLinkBufferIsRefused) {
+  HostMemory memory;
+  MpiTransport tokens(MPI_COMM_WORLD);
+  std::vector<float> host(4), data(5);
+  HostStagedLink link(memory, tokens, host.data(), host.data(), host.size() * sizeof(float));
+  EXPECT_THROW(link.exchange(data.data(), data.size() * sizeof(float), data.data(), 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ddplab
