@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <nvtx3/nvToolsExt.h>
 #include <nvtx3/nvToolsExtCudaRt.h>
 
 #include <algorithm>
@@ -16,26 +15,19 @@
 #include "comm/mpi_check.h"
 #include "comm/watchdog.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/nvtx.h"
 
 namespace ddplab::cuda {
 
 namespace {
 
 constexpr int kMinNcclVersion = 21000;  // ncclAvg arrived in NCCL 2.10
-constexpr int kBusIdLen = 32;           // cudaDeviceGetPCIBusId wants >= 13; NCCL uses 64-bit domains
 
 // Rank 0's verdict travels with the id, so a failed ncclGetUniqueId throws on every rank instead of leaving the
 // others waiting in ncclCommInitRank.
 struct Bootstrap {
   int ok = 0;
   ncclUniqueId id;
-};
-
-// NVTX range for the host side of one call; the kernels show up on the named comm stream.
-class NvtxRange {
- public:
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
 };
 
 }  // namespace
@@ -67,42 +59,10 @@ NcclAllreduce::NcclAllreduce(MPI_Comm comm) {
     if (any) throw std::runtime_error("rank " + std::to_string(rank_) + ": NcclAllreduce: another rank failed");
   };
 
-  // Device from the node-local rank; the bus ids of every rank of the node then show whether two share a GPU.
-  MPI_Comm node = MPI_COMM_NULL;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
-  int local_size = 1;
-  MPI_Comm_rank(node, &local_rank_);
-  MPI_Comm_size(node, &local_size);
-  std::string error = availability();
-  int count = 0;
-  char bus_id[kBusIdLen] = {};
-  if (error.empty()) {
-    cudaError_t err = cudaGetDeviceCount(&count);
-    device_ = local_rank_ % std::max(count, 1);
-    if (err == cudaSuccess) err = cudaSetDevice(device_);
-    if (err == cudaSuccess) err = cudaDeviceGetPCIBusId(bus_id, kBusIdLen, device_);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      error = "device " + std::to_string(device_) + ": " + cudaGetErrorString(err);
-      bus_id[0] = '\0';
-    }
-  }
-  // Bus ids rather than local rank >= device count alone: with CUDA_VISIBLE_DEVICES set per rank every rank sees
-  // one device 0 and the GPUs still differ.
-  std::vector<char> all_ids(static_cast<size_t>(local_size) * kBusIdLen);
-  const int gathered = MPI_Allgather(bus_id, kBusIdLen, MPI_CHAR, all_ids.data(), kBusIdLen, MPI_CHAR, node);
-  MPI_Comm_free(&node);
-  mpiCheck(gathered);
-  for (int r = 0; r < local_size && error.empty() && bus_id[0] != '\0'; ++r) {
-    if (r == local_rank_ || std::strncmp(&all_ids[static_cast<size_t>(r) * kBusIdLen], bus_id, kBusIdLen) != 0)
-      continue;
-    error = std::to_string(local_size) + " ranks on this node, " + std::to_string(count) + " visible GPU(s): local " +
-            "ranks " + std::to_string(std::min(r, local_rank_)) + " and " + std::to_string(std::max(r, local_rank_)) +
-            " would share GPU " + std::to_string(device_) + " (" + bus_id + "). NCCL refuses two ranks on one GPU " +
-            "(\"Duplicate GPU detected\"): run at most one rank per GPU (our ring over CUDA IPC, which lets ranks " +
-            "share a GPU, is not built yet)";
-  }
-  agree(error);
+  agree(availability());
+  const DeviceChoice choice = choose_device(comm, /*exclusive=*/true, "NcclAllreduce");
+  device_ = choice.device;
+  local_rank_ = choice.local_rank;
 
   Bootstrap boot;
   if (rank_ == 0) boot.ok = ncclGetUniqueId(&boot.id) == ncclSuccess;
@@ -142,9 +102,6 @@ void NcclAllreduce::release(bool abort) noexcept {
   if (stream_ != nullptr && !abort) cudaStreamSynchronize(stream_);
   if (comm_ != nullptr) abort ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
   comm_ = nullptr;
-  for (cudaEvent_t e : pool_) cudaEventDestroy(e);
-  pool_.clear();
-  pool_used_ = 0;
   if (done_ != nullptr) cudaEventDestroy(done_);
   done_ = nullptr;
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -152,36 +109,27 @@ void NcclAllreduce::release(bool abort) noexcept {
   cudaGetLastError();  // errors here are already being reported (or cannot be): leave no sticky state behind
 }
 
-cudaEvent_t NcclAllreduce::pooled_event() {
-  if (pool_used_ == pool_.size()) {
-    cudaEvent_t e = nullptr;
-    cudaCheck(cudaEventCreate(&e));  // timing enabled: the Reducer resolves these into milliseconds
-    pool_.push_back(e);
-  }
-  return pool_[pool_used_++];
-}
-
 cudaEvent_t NcclAllreduce::mark(cudaStream_t stream) {
-  cudaEvent_t e = pooled_event();
+  cudaEvent_t e = events_.get();
   cudaCheck(cudaEventRecord(e, stream));
   return e;
 }
 
 void NcclAllreduce::begin_step() {
-  pool_used_ = 0;
+  events_.reset();
   records_.clear();
 }
 
 AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool average, cudaStream_t compute_stream,
-                                               int tag) {
+                                               int tag, const CommEpilogue& epilogue) {
   char name[48];
   std::snprintf(name, sizeof(name), "allreduce bucket %d", tag);
   NvtxRange range(name);
 
   AllreduceEvents ev;
-  ev.ready = pooled_event();
-  ev.start = pooled_event();
-  ev.end = pooled_event();
+  ev.ready = events_.get();
+  ev.start = events_.get();
+  ev.end = events_.get();
   // The gradients are final once everything queued on compute_stream so far has run (after llm.c).
   cudaCheck(cudaEventRecord(ev.ready, compute_stream));
   cudaCheck(cudaStreamWaitEvent(stream_, ev.ready, 0));
@@ -194,6 +142,7 @@ AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool a
       throw;
     }
   }
+  if (epilogue) epilogue(stream_);
   cudaCheck(cudaEventRecord(ev.end, stream_));
   records_.push_back(AllreduceRecord{tag, count, average, ev});
   return ev;
@@ -217,12 +166,6 @@ void NcclAllreduce::synchronize() {
     if (done == cudaSuccess) return;
     std::this_thread::sleep_for(std::chrono::microseconds(20));  // short against a bucket's all-reduce
   }
-}
-
-float NcclAllreduce::elapsed_ms(cudaEvent_t from, cudaEvent_t to) {
-  float ms = 0;
-  cudaCheck(cudaEventElapsedTime(&ms, from, to));
-  return ms;
 }
 
 float NcclAllreduce::last_elapsed_ms() {

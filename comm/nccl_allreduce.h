@@ -5,6 +5,7 @@
 //
 // One NcclAllreduce per rank, one GPU per rank: NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so
 // the constructor checks that first and throws a message pointing to --comm ring (CUDA IPC lets ranks share a GPU).
+// The CUDA reducer drives it through StreamAllreduce (comm/stream_allreduce.h), as it drives our ring.
 // Not thread-safe; the current device of the calling thread must be device() (the constructor sets it).
 // Plain C++ header: CUDA types appear only as the opaque cudaStream_t / cudaEvent_t.
 #pragma once
@@ -15,18 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/stream_allreduce.h"
+
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
 
 namespace ddplab::cuda {
-
-// The CUDA events of one allreduce_async call, owned by NcclAllreduce's event pool and valid until begin_step().
-// All three have timing enabled: resolve them after the step with elapsed_ms(step_start_marker, event), never
-// inside backward (cudaEventElapsedTime on an event not yet reached throws cudaErrorNotReady).
-struct AllreduceEvents {
-  cudaEvent_t ready = nullptr;  // on the compute stream: the bucket's gradients are final
-  cudaEvent_t start = nullptr;  // on the comm stream once it may begin: after `ready` and after every earlier call
-  cudaEvent_t end = nullptr;    // on the comm stream after ncclAllReduce
-};
 
 // What the calls since begin_step() were, in launch order (the Reducer's per-bucket timing rows).
 struct AllreduceRecord {
@@ -36,7 +30,7 @@ struct AllreduceRecord {
   AllreduceEvents events;
 };
 
-class NcclAllreduce {
+class NcclAllreduce final : public StreamAllreduce {
  public:
   // Collective over `comm` (every rank must call): device = node-local rank % device count, then cudaSetDevice;
   // throws std::runtime_error on every rank if two ranks of a node would share a GPU, if no device is usable, or
@@ -46,11 +40,12 @@ class NcclAllreduce {
   NcclAllreduce(const NcclAllreduce&) = delete;
   NcclAllreduce& operator=(const NcclAllreduce&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   int local_rank() const { return local_rank_; }
-  int device() const { return device_; }
-  cudaStream_t stream() const { return stream_; }  // the comm stream, named "ddplab comm" in NVTX
+  int device() const override { return device_; }
+  cudaStream_t stream() const override { return stream_; }  // the comm stream, named "ddplab comm" in NVTX
   ncclComm* nccl_comm() const { return comm_; }    // an ncclComm_t, e.g. for NCCL send/recv transports
 
   // data[i] = sum over ranks (average: sum / size) of data[i], in place on the comm stream, after all work queued
@@ -59,27 +54,31 @@ class NcclAllreduce {
   // average uses ncclAvg, which for floats pre-multiplies each input by 1/size before summing: exactly sum / size
   // when size is a power of two and the sum is exact, otherwise within a rounding of it.
   // `tag` names the call in the NVTX range ("allreduce bucket <tag>") and in records().
-  AllreduceEvents allreduce_async(float* data, size_t count, bool average, cudaStream_t compute_stream, int tag = -1);
+  // epilogue(comm stream), if given, is enqueued right after the all-reduce, before the end event.
+  AllreduceEvents allreduce_async(float* data, size_t count, bool average, cudaStream_t compute_stream, int tag = -1,
+                                  const CommEpilogue& epilogue = nullptr);
+  AllreduceEvents allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
+                                      const CommEpilogue& epilogue) override {
+    return allreduce_async(data, count, /*average=*/false, compute_stream, tag, epilogue);
+  }
 
   // compute_stream waits (on the device, not the host) for every all-reduce launched so far: call before the
   // optimizer reads the gradients.
-  void wait(cudaStream_t compute_stream);
+  void wait(cudaStream_t compute_stream) override;
   // The host waits for the comm stream; throws if NCCL reported an asynchronous error. Polls rather than blocking
   // inside CUDA, so an error (a peer died) is seen while waiting, and the watchdog (comm/watchdog.h) names the wait
   // and, past --timeout-s, aborts the NCCL communicator before the job.
-  void synchronize();
+  void synchronize() override;
 
   // A timing-enabled event from the pool recorded on `stream` now, e.g. at step start on the compute stream, the
   // origin against which the Reducer resolves ready/start/end. Valid until begin_step().
-  cudaEvent_t mark(cudaStream_t stream);
+  cudaEvent_t mark(cudaStream_t stream) override;
   // The calls since begin_step(), in launch order.
   const std::vector<AllreduceRecord>& records() const { return records_; }
   // Recycles every pooled event and clears records(): call once per step, after its timings have been resolved.
   // (Re-recording an event still pending is legal; earlier waits on it keep what they captured.)
-  void begin_step();
+  void begin_step() override;
 
-  // Milliseconds from `from` to `to` (cudaEventElapsedTime); both must have completed, e.g. after synchronize().
-  static float elapsed_ms(cudaEvent_t from, cudaEvent_t to);
   // start -> end of the most recent call; synchronizes on its end event. Throws if there has been no call.
   float last_elapsed_ms();
 
@@ -88,15 +87,13 @@ class NcclAllreduce {
   static std::string availability();
 
  private:
-  cudaEvent_t pooled_event();
   void release(bool abort) noexcept;
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, device_ = -1;
   ncclComm* comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;     // re-recorded on the comm stream by wait(); timing disabled
-  std::vector<cudaEvent_t> pool_;  // timing events; the first pool_used_ are in use this step
-  size_t pool_used_ = 0;
+  EventPool events_;
   std::vector<AllreduceRecord> records_;
   bool failed_ = false;  // an NCCL call failed: the destructor aborts instead of destroying
   int abort_hook_ = -1;   // the watchdog's ncclCommAbort of comm_

@@ -10,10 +10,10 @@
 
 namespace ddplab::cuda {
 
-CudaReducer::CudaReducer(NcclAllreduce& nccl, MPI_Comm comm, const ReducerConfig& config,
+CudaReducer::CudaReducer(StreamAllreduce& engine, MPI_Comm comm, const ReducerConfig& config,
                          const std::vector<int64_t>& numel, const std::vector<int64_t>& offset, float* flat_grads,
                          cudaStream_t compute_stream)
-    : nccl_(nccl),
+    : engine_(engine),
       config_(config),
       buckets_(assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0)),
       bucket_of_piece_(numel.size()),
@@ -42,7 +42,7 @@ void CudaReducer::begin_step(cudaEvent_t origin, float grad_scale) {
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
   next_launch_ = 0;
   // On the comm stream, which alone writes the flags: ordered before this step's first check.
-  cudaCheck(cudaMemsetAsync(flags_.get(), 0, buckets_.size() * sizeof(int), nccl_.stream()));
+  cudaCheck(cudaMemsetAsync(flags_.get(), 0, buckets_.size() * sizeof(int), engine_.stream()));
 }
 
 void CudaReducer::mark_ready(int piece, cudaEvent_t ready) {
@@ -61,22 +61,32 @@ void CudaReducer::mark_ready(int piece, cudaEvent_t ready) {
 void CudaReducer::launch(int b) {
   const Bucket& bucket = buckets_[b];
   float* grads = flat_grads_ + bucket.offset;
-  start_[b] = nccl_.allreduce_async(grads, static_cast<size_t>(bucket.count), /*average=*/false, compute_, b).start;
-  scale_and_check_finite(grads, grad_scale_, bucket.count, flags_.get() + b, nccl_.stream());
-  end_[b] = nccl_.mark(nccl_.stream());  // after the check, as the CPU Reducer's comm_end
+  const int64_t count = bucket.count;
+  const float scale = grad_scale_;
+  const int nb = static_cast<int>(buckets_.size());
+  int* flags = flags_.get();
+  int* flags_host = flags_host_.get();
+  // Enqueued by the engine right behind the all-reduce (the ring's comm thread runs it later), so it captures values.
+  const auto scale_and_check = [=](cudaStream_t comm_stream) {
+    scale_and_check_finite(grads, scale, count, flags + b, comm_stream);
+    if (b == nb - 1)  // buckets run in order: the last one's flag is the last written
+      cudaCheck(cudaMemcpyAsync(flags_host, flags, nb * sizeof(int), cudaMemcpyDeviceToHost, comm_stream));
+  };
+  const AllreduceEvents ev = engine_.allreduce_sum_async(grads, static_cast<size_t>(count), compute_, b, scale_and_check);
+  start_[b] = ev.start;
+  end_[b] = ev.end;  // after the check, as the CPU Reducer's comm_end
 }
 
 void CudaReducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
   require_all_ready(pending_, buckets_, "CudaReducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
-  cudaCheck(cudaMemcpyAsync(flags_host_.get(), flags_.get(), nb * sizeof(int), cudaMemcpyDeviceToHost, nccl_.stream()));
-  nccl_.wait(compute_);
+  engine_.wait(compute_);
 }
 
 void CudaReducer::finish_step(double origin_ms) {
-  nccl_.synchronize();
-  const auto at = [&](cudaEvent_t e) { return origin_ms + NcclAllreduce::elapsed_ms(origin_, e); };
+  engine_.synchronize();
+  const auto at = [&](cudaEvent_t e) { return origin_ms + elapsed_ms(origin_, e); };
   for (size_t b = 0; b < buckets_.size(); ++b) times_[b] = BucketTimes{at(ready_[b]), at(start_[b]), at(end_[b])};
 }
 

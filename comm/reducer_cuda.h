@@ -1,18 +1,20 @@
 // The Reducer on the GPU: the CPU Reducer's buckets (comm/reducer.h: assign_buckets, the cross-rank layout check),
-// all-reduced by NCCL on NcclAllreduce's comm stream while backward runs on the compute stream.
+// all-reduced on a comm stream while backward runs on the compute stream, by NCCL (comm/nccl_allreduce.h) or by our
+// ring (comm/ring_cuda.h), both behind StreamAllreduce.
 //
 //   - mark_ready(piece, event) is backward's hook (model/mlp_cuda.h). A complete bucket is launched at once, in
-//     bucket order on every rank: the comm stream waits for the compute stream (on the device), runs ncclAllReduce
+//     bucket order on every rank: the comm stream waits for the compute stream (on the device), runs the all-reduce
 //     (sum), then scale_and_check_finite, which multiplies by 1/(world x micro-batches) and sets the bucket's
-//     non-finite flag. The host never waits. With overlap off every bucket is launched in wait_all, after backward.
+//     non-finite flag. The host never waits (the ring's comm thread may, off the main thread). With overlap off
+//     every bucket is launched in wait_all, after backward.
 //   - Sum + fused scale rather than ncclAvg: the finite check is a pass over the bucket the step needs anyway, so
 //     the scale is free there; it folds in the micro-batch count, which ncclAvg cannot; and it is the CPU
 //     Reducer's arithmetic (sum, then one multiply), so both paths round alike.
-//   - wait_all makes the compute stream wait for the comm stream (on the device) and queues the flags' copy to
-//     pinned host memory behind the last bucket; finish_step, after the step, is the only host wait: it polls the
+//   - wait_all makes the compute stream wait for the comm stream (on the device); the flags' copy to pinned host
+//     memory rides behind the last bucket; finish_step, after the step, is the only host wait: it polls the
 //     comm stream (watchdog-named), then resolves the timings from CUDA events and reads the flags.
 //
-// Not thread-safe; the current device must be the NcclAllreduce's. Plain C++ (no kernels of its own).
+// Not thread-safe; the current device must be the engine's. Plain C++ (no kernels of its own).
 #pragma once
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -21,25 +23,25 @@
 #include <memory>
 #include <vector>
 
-#include "comm/nccl_allreduce.h"
 #include "comm/reducer.h"
+#include "comm/stream_allreduce.h"
 
 namespace ddplab::cuda {
 
 class CudaReducer {
  public:
   // Collective over comm (the layout check throws on every rank if the layouts differ). numel/offset: the gradient
-  // pieces in ready order, as for the Reducer; flat_grads: device memory. nccl must outlive the reducer.
-  CudaReducer(NcclAllreduce& nccl, MPI_Comm comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
+  // pieces in ready order, as for the Reducer; flat_grads: device memory. engine must outlive the reducer.
+  CudaReducer(StreamAllreduce& engine, MPI_Comm comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
               const std::vector<int64_t>& offset, float* flat_grads, cudaStream_t compute_stream);
   CudaReducer(const CudaReducer&) = delete;
   CudaReducer& operator=(const CudaReducer&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
-  // Every bucket pending, flags cleared. origin: an event on the compute stream at step start (NcclAllreduce::mark),
+  // Every bucket pending, flags cleared. origin: an event on the compute stream at step start (the engine's mark),
   // the zero of the timings; grad_scale multiplies the summed gradients (1/(world x micro-batches)). Call after
-  // NcclAllreduce::begin_step, once the previous step's finish_step has returned.
+  // the engine's begin_step, once the previous step's finish_step has returned.
   void begin_step(cudaEvent_t origin, float grad_scale);
   // false: gradients only accumulate (no_sync); true: complete buckets are reduced.
   void set_sync(bool sync) { sync_ = sync; }
@@ -48,7 +50,7 @@ class CudaReducer {
   // Launches the buckets not yet launched (overlap off: all), then makes the compute stream wait for every bucket.
   // Returns at once.
   void wait_all();
-  // The host waits for the comm stream (throws on an NCCL error), then resolves bucket_times() as origin_ms plus
+  // The host waits for the comm stream (throws on a communication error), then resolves bucket_times() as origin_ms plus
   // the milliseconds since the origin event, and first_nonfinite_bucket().
   void finish_step(double origin_ms);
   const std::vector<BucketTimes>& bucket_times() const { return times_; }
@@ -65,7 +67,7 @@ class CudaReducer {
   };
   void launch(int bucket);
 
-  NcclAllreduce& nccl_;
+  StreamAllreduce& engine_;
   ReducerConfig config_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_piece_;
@@ -79,7 +81,7 @@ class CudaReducer {
   cudaEvent_t origin_ = nullptr;
   std::vector<int> pending_;  // per bucket: pieces not yet final
   int next_launch_ = 0;       // buckets launch strictly in index order
-  std::vector<cudaEvent_t> ready_, start_, end_;  // per bucket, this step's events (pooled by NcclAllreduce)
+  std::vector<cudaEvent_t> ready_, start_, end_;  // per bucket, this step's events (pooled by the engine)
   std::vector<BucketTimes> times_;
 };
 

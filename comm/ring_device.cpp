@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/ops.h"
+
 namespace ddplab {
 
 void HostMemory::copy(void* dst, const void* src, size_t bytes) {
@@ -12,7 +14,7 @@ void HostMemory::copy(void* dst, const void* src, size_t bytes) {
 }
 
 void HostMemory::add(float* out, const float* a, const float* b, size_t count) {
-  for (size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+  cpu::add(out, a, b, static_cast<int64_t>(count));
 }
 
 namespace {

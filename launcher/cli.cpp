@@ -11,7 +11,9 @@ namespace {
 void validate_cuda(const TrainConfig& c) {
   const auto refuse = [](bool ok, const std::string& what) { require(ok, "--device cuda: " + what); };
   refuse(c.model == "mlp", "trains the MLP only (got --model " + c.model + ")");
-  refuse(c.comm == "nccl", "reduces gradients with NCCL only: pass --comm nccl (got --comm " + c.comm + ")");
+  refuse(c.comm == "nccl" || c.comm == "ring",
+         "reduces gradients with NCCL or our ring: pass --comm nccl or ring (got --comm " + c.comm + ")");
+  refuse(c.comm == "ring" || c.ring_link == "auto", "--ring-link needs --comm ring");
   refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
@@ -34,7 +36,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--steps", c.steps, "training steps")->capture_default_str();
   app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
   app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
-  app->add_option("--device", c.device, "cpu | cuda (the MLP on one GPU per rank; needs --comm nccl)")
+  app->add_option("--device", c.device, "cpu | cuda (the MLP on the GPU: --comm nccl, one GPU per rank, or --comm ring)")
       ->capture_default_str();
   app->add_option("--precision", c.precision, "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)")
       ->capture_default_str();
@@ -71,6 +73,10 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce) | nccl (--device cuda)")
       ->capture_default_str();
   app->add_option("--comm-dtype", c.comm_dtype, "gradients on the wire: fp32 | bf16 | fp16")->capture_default_str();
+  app->add_option("--ring-link", c.ring_link,
+                  "--device cuda --comm ring: auto | nccl | ipc (CUDA IPC; ranks may share a GPU) | host (staged)")
+      ->check(CLI::IsMember({"auto", "nccl", "ipc", "host"}))
+      ->capture_default_str();
   if (sweep_axes) {
     app->add_option("--bucket-mb", c.bucket_mb, "gradient bucket cap in MiB (0: one bucket per parameter)")
         ->capture_default_str();
@@ -194,6 +200,7 @@ void validate(const TrainConfig& c) {
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");
+  require(c.ring_link == "auto", "--ring-link needs --device cuda (the CPU ring runs over MPI or shared memory)");
   require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");
   try {
     comm_options(c);

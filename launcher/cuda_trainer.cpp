@@ -9,6 +9,8 @@
 #include <cstdio>
 
 #include "comm/mpi_check.h"
+#include "comm/nccl_allreduce.h"
+#include "comm/ring_cuda.h"
 #include "comm/watchdog.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/adamw.h"
@@ -20,6 +22,29 @@
 
 namespace ddplab {
 
+namespace {
+
+// --comm nccl: NCCL's collective. --comm ring: our ring; its link "auto" is CUDA IPC when every rank is on this node
+// (the only link that lets ranks share a GPU), NCCL p2p otherwise.
+std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
+  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm);
+  cuda::CudaRingConfig ring;
+  if (config.ring_link == "auto") {
+    MPI_Comm node = MPI_COMM_NULL;
+    mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int node_size = 0, world = 0;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    MPI_Comm_size(comm, &world);
+    ring.link = node_size == world ? cuda::RingLinkKind::kIpc : cuda::RingLinkKind::kNccl;
+  } else {
+    ring.link = cuda::parse_ring_link(config.ring_link);
+  }
+  return std::make_unique<cuda::RingAllreduceCuda>(comm, ring);
+}
+
+}  // namespace
+
 CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
     : config_(config),
       agreement_(comm),
@@ -29,7 +54,7 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
   mpiCheck(MPI_Comm_size(comm, &world_));
   // The CPU MLP's sharding: step s of rank r holds its micro-batches back to back, so one fill and one copy per step.
   shard_ = ShardedBatches{rank_, world_, config.batch * config.grad_accum};
-  nccl_ = std::make_unique<cuda::NcclAllreduce>(comm);
+  engine_ = make_stream_allreduce(config, comm);
   cudaStream_t stream = nullptr;
   cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   compute_.reset(stream);
@@ -44,7 +69,7 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
     numel.push_back(g.numel);
     offset.push_back(g.offset);
   }
-  reducer_ = std::make_unique<cuda::CudaReducer>(*nccl_, comm,
+  reducer_ = std::make_unique<cuda::CudaReducer>(*engine_, comm,
                                                  ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap},
                                                  numel, offset, model_->flat_grads(), compute_.get());
 
@@ -92,9 +117,9 @@ std::string CudaTrainer::piece_name(const GradPiece& piece) const {
 std::string CudaTrainer::describe() const {
   const MlpConfig& m = config_.mlp;
   char text[256];
-  std::snprintf(text, sizeof text, "MLP %d-%dx%d-%d (%.2fM params) on GPU %d (%s), %s", m.input_dim, m.hidden_dim,
-                m.num_hidden_layers, m.num_classes, model_->num_parameters() / 1e6, nccl_->device(),
-                cuda::query_cuda().name.c_str(), config_.precision.c_str());
+  std::snprintf(text, sizeof text, "MLP %d-%dx%d-%d (%.2fM params) on GPU %d (%s), %s, all-reduce %s", m.input_dim,
+                m.hidden_dim, m.num_hidden_layers, m.num_classes, model_->num_parameters() / 1e6, engine_->device(),
+                cuda::query_cuda().name.c_str(), config_.precision.c_str(), engine_->name());
   return text;
 }
 
@@ -141,7 +166,7 @@ void CudaTrainer::stage(int64_t step) {
   Batch& b = batches_[step % 2];
   b.step = step;
   b.staged = std::async(std::launch::async, [this, &b, step] {
-    cudaCheck(cudaSetDevice(nccl_->device()));  // a new thread starts on device 0
+    cudaCheck(cudaSetDevice(engine_->device()));  // a new thread starts on device 0
     const int rows = shard_.batch;
     data_.fill(b.host_x, b.host_y, shard_.first_sample(step), rows);
     cudaCheck(cudaMemcpyAsync(b.x, b.host_x, sizeof(float) * rows * config_.mlp.input_dim, cudaMemcpyHostToDevice,
@@ -180,12 +205,12 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   inject_fault_before(config_, rank_, step);
   const int micro_batches = config_.grad_accum, batch_rows = config_.batch, in = config_.mlp.input_dim;
   cudaStream_t compute = compute_.get();
-  const auto mark = [&] { return nccl_->mark(compute); };  // a timing event, pooled, valid until the next step
+  const auto mark = [&] { return engine_->mark(compute); };  // a timing event, pooled, valid until the next step
 
   const double t_start = now_ms();
   // The compute stream is idle here (the last step ended with the host waiting for it), so the origin completes as
   // it is recorded: the step's device times anchor to the host clock within a launch latency.
-  nccl_->begin_step();
+  engine_->begin_step();
   const cudaEvent_t origin = mark();
   reducer_->begin_step(origin, 1.0f / static_cast<float>(world_ * micro_batches));
   Batch& batch = batches_[step % 2];
@@ -247,7 +272,7 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   const double t_end = now_ms();
 
   // Device phases from the compute stream's events; the update, --check-sync and the final wait are the rest.
-  const auto at = [&](cudaEvent_t e) { return static_cast<double>(cuda::NcclAllreduce::elapsed_ms(origin, e)); };
+  const auto at = [&](cudaEvent_t e) { return static_cast<double>(cuda::elapsed_ms(origin, e)); };
   r.start_ms = t_start - t0_ms;
   r.step_ms = t_end - t_start;
   r.data_ms = at(data_end);

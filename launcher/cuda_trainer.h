@@ -1,5 +1,6 @@
-// The data-parallel step on the GPU (--device cuda): one GPU per rank, the MLP (model/mlp_cuda.h) on a compute
-// stream, its gradient buckets all-reduced by NCCL on a comm stream while backward runs (comm/reducer_cuda.h),
+// The data-parallel step on the GPU (--device cuda): the MLP (model/mlp_cuda.h) on a compute stream, its gradient
+// buckets all-reduced on a comm stream while backward runs (comm/reducer_cuda.h) by NCCL (one GPU per rank) or by
+// our ring (--comm ring: NCCL p2p, CUDA IPC — ranks may share a GPU — or host-staged links, comm/ring_cuda.h),
 // AdamW on the device over the fp32 master weights. Data, bucket layout, averaging and the stop rules are the CPU
 // Trainer's, so N ranks train the model one rank trains with the global batch. Streams, events and where the host
 // waits: docs/GPU.md, "The step on the GPU".
@@ -13,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/nccl_allreduce.h"
+#include "comm/stream_allreduce.h"
 #include "comm/reducer_cuda.h"
 #include "data/synthetic.h"
 #include "launcher/step_runner.h"
@@ -73,7 +74,8 @@ class CudaTrainer final : public StepRunner {
   int rank_ = 0, world_ = 1;
   StepAgreement agreement_;  // the per-step stop/finite agreement, and --check-sync's communicator
   std::pair<int, int> profile_steps_;  // --profile-steps A:B, or {-1, -1}
-  std::unique_ptr<cuda::NcclAllreduce> nccl_;  // before the streams: its constructor selects this rank's device
+  // NCCL's all-reduce or our ring (--comm), created before the streams: its constructor selects this rank's device.
+  std::unique_ptr<cuda::StreamAllreduce> engine_;
   std::unique_ptr<CUstream_st, StreamDestroy> compute_, copy_;
   std::unique_ptr<MlpCuda> model_;
   std::unique_ptr<cuda::CudaReducer> reducer_;

@@ -37,6 +37,7 @@ struct TrainConfig {
   uint64_t seed = 1234;     // model init and data
   float data_noise = 1.0f;  // synthetic data: noise amplitude around the class prototypes
   std::string comm = "ring";        // all-reduce implementation: ring | mpi; nccl with --device cuda
+  std::string ring_link = "auto";   // --device cuda --comm ring: auto | nccl | ipc | host (comm/ring_cuda.h)
   std::string comm_dtype = "fp32";  // on the wire: fp32 | bf16 | fp16
   double bucket_mb = 25.0;          // gradient bucket cap (MiB); 0 = one bucket per parameter
   double first_bucket_mb = 1.0;     // cap of the bucket that closes backward
@@ -131,6 +132,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"data_noise", decimal(c.data_noise)},
       {"comm", c.comm},
       {"comm_dtype", c.comm_dtype},
+      {"ring_link", c.ring_link},
       {"bucket_mb", c.bucket_mb},
       {"first_bucket_mb", c.first_bucket_mb},
       {"overlap", c.overlap},

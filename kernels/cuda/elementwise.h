@@ -24,4 +24,8 @@ void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t str
 // y *= alpha
 void scale(float* y, float alpha, int64_t n, cudaStream_t stream);
 
+// out = a + b, the ring all-reduce's reduction (comm/ring_cuda.h); out may alias a or b. Any alignment: 16-byte
+// vectors when all three pointers allow, scalars otherwise.
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+
 }  // namespace ddplab::cuda

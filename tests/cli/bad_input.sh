@@ -63,7 +63,10 @@ for np in 1 2; do
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
   # What the GPU path does not support is refused before any device is touched, with or without a GPU.
   cuda=(--device cuda --comm nccl)
-  expect_error $np "--device cuda: reduces gradients with NCCL only: pass --comm nccl" train "${small[@]}" --device cuda
+  expect_error $np "--device cuda: reduces gradients with NCCL or our ring" train "${small[@]}" --device cuda --comm mpi
+  expect_error $np "--device cuda: --ring-link needs --comm ring" train "${small[@]}" "${cuda[@]}" --ring-link ipc
+  expect_error $np "--ring-link needs --device cuda" train "${small[@]}" --ring-link host
+  expect_error $np "--ring-link: tcp not in {auto,nccl,ipc,host}" train "${small[@]}" --ring-link tcp
   expect_error $np "--device cuda: trains the MLP only (got --model tiny)" train --model tiny "${cuda[@]}" --steps 2
   expect_error $np "--precision: unknown precision 'fp16'" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
@@ -74,6 +77,7 @@ done
 if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then
   for np in 1 2; do
     expect_error $np "--device cuda: .*\(no CUDA device\|built without CUDA\)" train "${small[@]}" "${cuda[@]}"
+    expect_error $np "--device cuda: .*\(no CUDA device\|built without CUDA\)" train "${small[@]}" --device cuda
   done
 else
   echo "skip --device cuda without a GPU: this machine has one"

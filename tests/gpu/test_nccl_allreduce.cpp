@@ -212,10 +212,10 @@ TEST_F(NcclAllreduceTest, OrderedAfterComputeOverlapsItAndWaitHoldsCompute) {
   EXPECT_TRUE(BitwiseEqual(download(grad, n), expected_sum(n, comm_->size())));
 
   comm_->synchronize();
-  const float ready = NcclAllreduce::elapsed_ms(step_start, ev.ready);
-  const float start = NcclAllreduce::elapsed_ms(step_start, ev.start);
-  const float end = NcclAllreduce::elapsed_ms(step_start, ev.end);
-  const float compute_end = NcclAllreduce::elapsed_ms(step_start, compute_done);
+  const float ready = ddplab::cuda::elapsed_ms(step_start, ev.ready);
+  const float start = ddplab::cuda::elapsed_ms(step_start, ev.start);
+  const float end = ddplab::cuda::elapsed_ms(step_start, ev.end);
+  const float compute_end = ddplab::cuda::elapsed_ms(step_start, compute_done);
   if (comm_->rank() == 0)
     std::cout << "ms from step start: gradients ready " << ready << ", comm start " << start << ", comm end " << end
               << ", later compute end " << compute_end << "\n";
@@ -247,11 +247,11 @@ TEST_F(NcclAllreduceTest, TimingEventsResolveAfterTheStepAndAreReused) {
     for (int bucket = 0; bucket < 4; ++bucket) {
       const auto& ev = comm_->records()[bucket].events;
       EXPECT_EQ(comm_->records()[bucket].tag, bucket);
-      EXPECT_GE(NcclAllreduce::elapsed_ms(origin, ev.ready), 0.0f);
-      EXPECT_GE(NcclAllreduce::elapsed_ms(ev.ready, ev.start), 0.0f);
-      EXPECT_GE(NcclAllreduce::elapsed_ms(ev.start, ev.end), 0.0f);
-      EXPECT_GE(NcclAllreduce::elapsed_ms(origin, ev.start), prev_end) << "buckets ran out of launch order";
-      prev_end = NcclAllreduce::elapsed_ms(origin, ev.end);
+      EXPECT_GE(ddplab::cuda::elapsed_ms(origin, ev.ready), 0.0f);
+      EXPECT_GE(ddplab::cuda::elapsed_ms(ev.ready, ev.start), 0.0f);
+      EXPECT_GE(ddplab::cuda::elapsed_ms(ev.start, ev.end), 0.0f);
+      EXPECT_GE(ddplab::cuda::elapsed_ms(origin, ev.start), prev_end) << "buckets ran out of launch order";
+      prev_end = ddplab::cuda::elapsed_ms(origin, ev.end);
     }
     if (step == 0) {
       first = evs;

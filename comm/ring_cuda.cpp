@@ -1,0 +1,263 @@
+// The ring on GPU buffers: see ring_cuda.h. Host code only (its kernel is elementwise.h's add).
+#include "comm/ring_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <nvtx3/nvToolsExtCudaRt.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+#include <vector>
+
+#include "comm/mpi_check.h"
+#include "comm/nccl_allreduce.h"
+#include "comm/watchdog.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/nvtx.h"
+
+namespace ddplab::cuda {
+
+RingLinkKind parse_ring_link(const std::string& name) {
+  if (name == "nccl") return RingLinkKind::kNccl;
+  if (name == "ipc") return RingLinkKind::kIpc;
+  if (name == "host") return RingLinkKind::kHost;
+  throw std::invalid_argument("unknown ring link '" + name + "' (nccl, ipc, host)");
+}
+
+const char* ring_link_name(RingLinkKind kind) {
+  switch (kind) {
+    case RingLinkKind::kNccl: return "nccl";
+    case RingLinkKind::kIpc: return "ipc";
+    case RingLinkKind::kHost: return "host";
+  }
+  return "?";
+}
+
+void CudaStreamMemory::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+}
+
+void CudaStreamMemory::add(float* out, const float* a, const float* b, size_t count) {
+  cuda::add(out, a, b, static_cast<int64_t>(count), stream_);
+}
+
+void CudaStreamMemory::synchronize() {
+  const watchdog::Wait wait("the ring's copies and adds on the comm stream");
+  for (;;) {
+    const cudaError_t done = cudaStreamQuery(stream_);
+    if (done == cudaSuccess) return;
+    if (done != cudaErrorNotReady) cudaCheck(done);
+    std::this_thread::sleep_for(std::chrono::microseconds(5));  // a ring step moves one chunk: short waits
+  }
+}
+
+void NcclP2pLink::exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  // One group: both directions progress together, so no rank's send waits for a receive that is queued behind it.
+  ncclCheck(ncclGroupStart());
+  if (send_bytes) ncclCheck(ncclSend(send, send_bytes, ncclUint8, next, comm_, stream_));
+  if (recv_bytes) ncclCheck(ncclRecv(recv, recv_bytes, ncclUint8, prev, comm_, stream_));
+  ncclCheck(ncclGroupEnd());
+}
+
+namespace {
+
+// Every rank learns whether any failed, so all throw together instead of some waiting in a later collective.
+void agree(MPI_Comm comm, int rank, const std::string& local_error) {
+  const int mine = local_error.empty() ? 0 : 1;
+  int any = 0;
+  mpiCheck(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm));
+  if (mine) throw std::runtime_error("rank " + std::to_string(rank) + ": ring on the GPU: " + local_error);
+  if (any) throw std::runtime_error("rank " + std::to_string(rank) + ": ring on the GPU: another rank failed");
+}
+
+}  // namespace
+
+RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config) {
+  mpiCheck(MPI_Comm_rank(comm, &rank_));
+  mpiCheck(MPI_Comm_size(comm, &size_));
+  comm_ = comm;
+  name_ = std::string("ring/") + ring_link_name(config.link);
+  const size_t bytes = config.chunk_bytes / 16 * 16;  // whole float4s: chunks stay vector-aligned where data is
+  if (bytes == 0) throw std::invalid_argument("ring on the GPU: chunk_bytes must be at least 16");
+  if (config.link == RingLinkKind::kNccl) {
+    nccl_ = std::make_unique<NcclAllreduce>(comm);  // one GPU per rank, checked on every rank
+    device_ = nccl_->device();
+  } else {
+    const DeviceChoice choice = choose_device(comm, /*exclusive=*/false, "ring on the GPU");
+    device_ = choice.device;
+    if (config.link == RingLinkKind::kIpc)
+      agree(comm, rank_,
+            choice.local_size == size_ ? ""
+                                       : "the ipc link needs every rank on one node (" + std::to_string(size_) +
+                                             " ranks, " + std::to_string(choice.local_size) +
+                                             " here): use --ring-link nccl or host");
+  }
+
+  int least = 0, greatest = 0;
+  cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaCheck(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));  // as NCCL's comm stream
+  nvtxNameCudaStreamA(stream_, "ddplab comm (ring)");
+  cudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  memory_ = std::make_unique<CudaStreamMemory>(stream_);
+  void* p = nullptr;
+  cudaCheck(cudaMalloc(&p, bytes));
+  reduce_staging_.reset(p);
+
+  switch (config.link) {
+    case RingLinkKind::kNccl:
+      link_ = std::make_unique<NcclP2pLink>(nccl_->nccl_comm(), rank_, size_, stream_, bytes);
+      break;
+    case RingLinkKind::kIpc:
+      transport_ = std::make_unique<MpiTransport>(comm);
+      open_ipc_link(comm, bytes);
+      link_ = std::make_unique<PeerStagingLink>(*memory_, *transport_, ipc_staging_.get(), next_ipc_staging_, bytes);
+      break;
+    case RingLinkKind::kHost:
+      transport_ = std::make_unique<MpiTransport>(comm);
+      cudaCheck(cudaMallocHost(&p, bytes));
+      host_send_.reset(p);
+      cudaCheck(cudaMallocHost(&p, bytes));
+      host_recv_.reset(p);
+      link_ = std::make_unique<HostStagedLink>(*memory_, *transport_, host_send_.get(), host_recv_.get(), bytes);
+      break;
+  }
+  comm_thread_ = std::thread([this] { run_comm_thread(); });
+}
+
+// My staging buffer's handle goes to every rank; I map next's. cudaIpcOpenMemHandle works between processes on one
+// GPU as between GPUs of a node (peer access enabled lazily where there is a second GPU).
+void RingAllreduceCuda::open_ipc_link(MPI_Comm comm, size_t bytes) {
+  void* p = nullptr;
+  cudaCheck(cudaMalloc(&p, bytes));
+  ipc_staging_.reset(p);
+  cudaIpcMemHandle_t mine{};
+  std::string error;
+  cudaError_t err = cudaIpcGetMemHandle(&mine, p);
+  if (err != cudaSuccess) error = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(err);
+  std::vector<cudaIpcMemHandle_t> all(size_);
+  mpiCheck(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, comm));
+  agree(comm, rank_, error);
+  if (size_ == 1) {
+    next_ipc_staging_ = p;  // the ring never exchanges with one rank; a process cannot open its own handle
+    return;
+  }
+  err = cudaIpcOpenMemHandle(&next_ipc_staging_, all[(rank_ + 1) % size_], cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    next_ipc_staging_ = nullptr;
+    error = "cudaIpcOpenMemHandle of rank " + std::to_string((rank_ + 1) % size_) + "'s buffer: " +
+            cudaGetErrorString(err);
+  }
+  agree(comm, rank_, error);
+}
+
+RingAllreduceCuda::~RingAllreduceCuda() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_one();
+  if (comm_thread_.joinable()) comm_thread_.join();
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  // Unmap next's buffer before anyone frees theirs; only when all went well, since a barrier with a dead peer would
+  // wait forever (a failed job ends the process anyway).
+  if (next_ipc_staging_ != nullptr && next_ipc_staging_ != ipc_staging_.get()) {
+    cudaIpcCloseMemHandle(next_ipc_staging_);
+    if (!error_ && std::uncaught_exceptions() == 0 && transport_) {
+      const watchdog::Wait wait("the ring's IPC buffers to be unmapped on every rank");
+      MPI_Barrier(comm_);
+    } else {
+      ipc_staging_.release();  // leaked on purpose: a peer may still have it mapped
+    }
+  }
+  if (done_ != nullptr) cudaEventDestroy(done_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  cudaGetLastError();
+}
+
+AllreduceEvents RingAllreduceCuda::allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
+                                                       const CommEpilogue& epilogue) {
+  AllreduceEvents ev;
+  ev.ready = events_.get();
+  ev.start = events_.get();
+  ev.end = events_.get();
+  cudaCheck(cudaEventRecord(ev.ready, compute_stream));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) std::rethrow_exception(error_);
+    queue_.push_back(Job{data, count, tag, ev, epilogue});
+    ++launched_;
+  }
+  work_cv_.notify_one();
+  return ev;
+}
+
+void RingAllreduceCuda::run_comm_thread() {
+  watchdog::name_thread("GPU ring comm thread");
+  try {
+    cudaCheck(cudaSetDevice(device_));  // a new thread starts on device 0
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      char name[48];
+      std::snprintf(name, sizeof(name), "ring allreduce bucket %d", job.tag);
+      const NvtxRange range(name);
+      cudaCheck(cudaStreamWaitEvent(stream_, job.events.ready, 0));
+      cudaCheck(cudaEventRecord(job.events.start, stream_));
+      ring_allreduce_sum(job.data, job.data, job.count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
+      if (job.epilogue) job.epilogue(stream_);
+      cudaCheck(cudaEventRecord(job.events.end, stream_));
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++completed_;
+      }
+      done_cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::current_exception();
+    done_cv_.notify_all();
+  }
+}
+
+void RingAllreduceCuda::wait_for_jobs(const char* what) {
+  const watchdog::Wait wait(what);
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return completed_ == launched_ || error_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void RingAllreduceCuda::wait(cudaStream_t compute_stream) {
+  wait_for_jobs("the GPU ring's comm thread to queue every bucket");
+  cudaCheck(cudaEventRecord(done_, stream_));
+  cudaCheck(cudaStreamWaitEvent(compute_stream, done_, 0));
+}
+
+void RingAllreduceCuda::synchronize() {
+  wait_for_jobs("the GPU ring's comm thread to queue every bucket");
+  memory_->synchronize();
+}
+
+cudaEvent_t RingAllreduceCuda::mark(cudaStream_t stream) {
+  cudaEvent_t e = events_.get();
+  cudaCheck(cudaEventRecord(e, stream));
+  return e;
+}
+
+void RingAllreduceCuda::allreduce_sum(const float* in, float* out, size_t count) {
+  wait_for_jobs("the GPU ring's comm thread to go idle");
+  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
+  memory_->synchronize();
+}
+
+}  // namespace ddplab::cuda

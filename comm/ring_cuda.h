@@ -1,0 +1,146 @@
+// Our ring all-reduce on GPU buffers (--device cuda --comm ring): the device ring of comm/ring_device.h — the host
+// ring's schedule, one exchange per step, the reduction in our own kernel (kernels/cuda/elementwise.h: add) — on a
+// CUDA stream, over one of three links:
+//   nccl  ncclSend/ncclRecv in a group per step. Never blocks the host; one GPU per rank (NCCL's rule).
+//   ipc   CUDA IPC: each rank writes into its next neighbour's staging buffer, mapped with cudaIpcOpenMemHandle,
+//         with MPI tokens between the neighbours (PeerStagingLink). Every rank on one node; ranks may SHARE a GPU,
+//         which NCCL refuses, so `mpirun -np 4` trains on a one-GPU machine.
+//   host  device -> pinned host -> MPI -> device (HostStagedLink): the last fallback, any placement.
+// The ipc and host links block the host inside each exchange, so RingAllreduceCuda runs the ring on a comm thread of
+// its own: allreduce_sum_async queues a job and returns, as NCCL's does, and the reducer does not care which.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/ring_device.h"
+#include "comm/stream_allreduce.h"
+#include "comm/transport.h"
+
+struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
+
+namespace ddplab::cuda {
+
+class NcclAllreduce;
+
+enum class RingLinkKind { kNccl, kIpc, kHost };
+// "nccl" | "ipc" | "host"; std::invalid_argument naming the choices otherwise.
+RingLinkKind parse_ring_link(const std::string& name);
+const char* ring_link_name(RingLinkKind kind);
+
+// RingMemory on a CUDA stream: cudaMemcpyAsync and the add kernel are enqueued; synchronize() polls the stream
+// (a watchdog-named wait, so a stuck GPU is reported like a stuck peer).
+class CudaStreamMemory final : public RingMemory {
+ public:
+  explicit CudaStreamMemory(cudaStream_t stream) : stream_(stream) {}
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void add(float* out, const float* a, const float* b, size_t count) override;
+  void synchronize() override;
+
+ private:
+  cudaStream_t stream_;
+};
+
+// One ring step as a group of ncclSend to next and ncclRecv from prev, on the stream.
+class NcclP2pLink final : public RingLink {
+ public:
+  NcclP2pLink(ncclComm* comm, int rank, int size, cudaStream_t stream, size_t max_bytes)
+      : comm_(comm), rank_(rank), size_(size), stream_(stream), max_bytes_(max_bytes) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  size_t max_bytes() const override { return max_bytes_; }
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override;
+  const char* name() const override { return "nccl"; }
+
+ private:
+  ncclComm* comm_;
+  int rank_, size_;
+  cudaStream_t stream_;
+  size_t max_bytes_;  // bounds the chunk (and the primitives' staging), not NCCL
+};
+
+struct CudaRingConfig {
+  RingLinkKind link = RingLinkKind::kIpc;
+  // The largest chunk one step moves: the ring runs in rounds of ranks x this, and each staging buffer holds one.
+  size_t chunk_bytes = size_t{4} << 20;
+};
+
+class RingAllreduceCuda final : public StreamAllreduce {
+ public:
+  // Collective over comm (which must outlive it): picks this rank's GPU (shared allowed except for the nccl link), creates the comm stream
+  // and the link's buffers (ipc: exchanges the memory handles over MPI and maps next's buffer). Throws on every rank
+  // if any rank fails, e.g. ipc with ranks on several nodes.
+  RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config);
+  ~RingAllreduceCuda() override;
+  RingAllreduceCuda(const RingAllreduceCuda&) = delete;
+  RingAllreduceCuda& operator=(const RingAllreduceCuda&) = delete;
+
+  const char* name() const override { return name_.c_str(); }  // "ring/ipc", ...
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int device() const override { return device_; }
+  cudaStream_t stream() const override { return stream_; }
+  AllreduceEvents allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
+                                      const CommEpilogue& epilogue) override;
+  // Blocks the host until the comm thread has queued every job's work on the comm stream, then makes
+  // compute_stream wait for it on the device.
+  void wait(cudaStream_t compute_stream) override;
+  void synchronize() override;
+  cudaEvent_t mark(cudaStream_t stream) override;
+  void begin_step() override { events_.reset(); }
+
+  // out = sum over ranks of in (out == in: in place) on the calling thread, and waits for it: for benchmarks and
+  // tests, never while asynchronous all-reduces are in flight.
+  void allreduce_sum(const float* in, float* out, size_t count);
+
+ private:
+  struct Job {
+    float* data;
+    size_t count;
+    int tag;
+    AllreduceEvents events;
+    CommEpilogue epilogue;
+  };
+  struct CudaFree {
+    void operator()(void* p) const { cudaFree(p); }
+  };
+  struct CudaFreeHost {
+    void operator()(void* p) const { cudaFreeHost(p); }
+  };
+  void run_comm_thread();
+  void wait_for_jobs(const char* what);
+  void open_ipc_link(MPI_Comm comm, size_t bytes);
+
+  int rank_ = 0, size_ = 1, device_ = -1;
+  std::string name_;
+  MPI_Comm comm_ = MPI_COMM_NULL;        // the caller's; must outlive this object (the IPC teardown's barrier)
+  std::unique_ptr<NcclAllreduce> nccl_;  // the nccl link's communicator (and device choice)
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaStreamMemory> memory_;
+  std::unique_ptr<MpiTransport> transport_;                  // ipc tokens / host-staged data
+  std::unique_ptr<void, CudaFree> reduce_staging_;          // the primitives' incoming chunk
+  std::unique_ptr<void, CudaFree> ipc_staging_;             // ipc: mine, written by prev
+  void* next_ipc_staging_ = nullptr;                        // ipc: next's, mapped here
+  std::unique_ptr<void, CudaFreeHost> host_send_, host_recv_;  // host: pinned
+  std::unique_ptr<RingLink> link_;
+  EventPool events_;  // main thread only; the comm thread only records the events it is handed
+  cudaEvent_t done_ = nullptr;
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<Job> queue_;
+  size_t launched_ = 0, completed_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread comm_thread_;
+};
+
+}  // namespace ddplab::cuda

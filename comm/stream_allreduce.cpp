@@ -1,0 +1,90 @@
+// EventPool, elapsed_ms and choose_device: see stream_allreduce.h. Host code only.
+#include "comm/stream_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "comm/mpi_check.h"
+#include "kernels/cuda/check.cuh"
+
+namespace ddplab::cuda {
+
+EventPool::~EventPool() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+cudaEvent_t EventPool::get() {
+  if (used_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    cudaCheck(cudaEventCreate(&e));  // timing enabled: the reducer resolves these into milliseconds
+    events_.push_back(e);
+  }
+  return events_[used_++];
+}
+
+float elapsed_ms(cudaEvent_t from, cudaEvent_t to) {
+  float ms = 0;
+  cudaCheck(cudaEventElapsedTime(&ms, from, to));
+  return ms;
+}
+
+namespace {
+constexpr int kBusIdLen = 32;  // cudaDeviceGetPCIBusId wants >= 13; NCCL uses 64-bit domains
+}  // namespace
+
+DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
+  int rank = 0;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  DeviceChoice choice;
+  MPI_Comm node = MPI_COMM_NULL;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  MPI_Comm_rank(node, &choice.local_rank);
+  MPI_Comm_size(node, &choice.local_size);
+
+  std::string error;
+  char bus_id[kBusIdLen] = {};
+  cudaError_t err = cudaGetDeviceCount(&choice.device_count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: a later, unrelated check must not report it again
+    error = std::string("no CUDA device: ") + cudaGetErrorString(err);
+  } else if (choice.device_count == 0) {
+    error = "no CUDA device: cudaGetDeviceCount found 0 devices";
+  } else {
+    choice.device = choice.local_rank % choice.device_count;
+    err = cudaSetDevice(choice.device);
+    if (err == cudaSuccess) err = cudaDeviceGetPCIBusId(bus_id, kBusIdLen, choice.device);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      error = "device " + std::to_string(choice.device) + ": " + cudaGetErrorString(err);
+      bus_id[0] = '\0';
+    }
+  }
+  // Bus ids rather than local rank >= device count alone: with CUDA_VISIBLE_DEVICES set per rank every rank sees
+  // one device 0 and the GPUs still differ.
+  std::vector<char> all_ids(static_cast<size_t>(choice.local_size) * kBusIdLen);
+  const int gathered = MPI_Allgather(bus_id, kBusIdLen, MPI_CHAR, all_ids.data(), kBusIdLen, MPI_CHAR, node);
+  MPI_Comm_free(&node);
+  mpiCheck(gathered);
+  for (int r = 0; exclusive && r < choice.local_size && error.empty(); ++r) {
+    if (r == choice.local_rank || std::strncmp(&all_ids[static_cast<size_t>(r) * kBusIdLen], bus_id, kBusIdLen) != 0)
+      continue;
+    error = std::to_string(choice.local_size) + " ranks on this node, " + std::to_string(choice.device_count) +
+            " visible GPU(s): local ranks " + std::to_string(std::min(r, choice.local_rank)) + " and " +
+            std::to_string(std::max(r, choice.local_rank)) + " would share GPU " + std::to_string(choice.device) +
+            " (" + bus_id + "). NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"): run at most one " +
+            "rank per GPU, or use our ring (--comm ring), whose CUDA IPC link lets ranks share a GPU";
+  }
+
+  // Every rank decides the same way whether to go on: one that threw alone would leave the rest in a collective.
+  const int mine = error.empty() ? 0 : 1;
+  int any = 0;
+  mpiCheck(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm));
+  const std::string prefix = "rank " + std::to_string(rank) + ": " + who + ": ";
+  if (mine) throw std::runtime_error(prefix + error);
+  if (any) throw std::runtime_error(prefix + "another rank failed");
+  return choice;
+}
+
+}  // namespace ddplab::cuda

@@ -1,0 +1,83 @@
+// What the CUDA reducer (comm/reducer_cuda.h) needs from an all-reduce engine on the GPU, so that it runs over NCCL's
+// collective (comm/nccl_allreduce.h) or our ring (comm/ring_cuda.h) alike: bucket all-reduces launched on a
+// dedicated communication stream, each after the compute stream has made the bucket's gradients final, with CUDA
+// events for the per-bucket timings, and the compute stream made to wait before the optimizer.
+//
+// Plain C++ header: CUDA types appear only as the opaque cudaStream_t / cudaEvent_t.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+namespace ddplab::cuda {
+
+// The CUDA events of one all-reduce, valid until the engine's begin_step(). All three have timing enabled: resolve
+// them after the step (elapsed_ms from a step-start marker), never inside backward (cudaEventElapsedTime on an event
+// not yet reached fails with cudaErrorNotReady).
+struct AllreduceEvents {
+  cudaEvent_t ready = nullptr;  // on the compute stream: the bucket's gradients are final
+  cudaEvent_t start = nullptr;  // on the comm stream once it may begin: after `ready` and after every earlier call
+  cudaEvent_t end = nullptr;    // on the comm stream after the all-reduce and its epilogue
+};
+
+// Work enqueued on the comm stream right behind one all-reduce (the reducer's scale-and-check kernel).
+using CommEpilogue = std::function<void(cudaStream_t comm_stream)>;
+
+class StreamAllreduce {
+ public:
+  virtual ~StreamAllreduce() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int device() const = 0;
+  virtual cudaStream_t stream() const = 0;  // the comm stream
+
+  // data[i] = sum over ranks of data[i], in place, on the comm stream after everything queued on compute_stream so
+  // far, then epilogue(comm stream). Launches and returns; the host does not wait for the data. Every rank makes
+  // the same calls in the same order with the same counts. tag names the call (NVTX range, errors).
+  virtual AllreduceEvents allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
+                                              const CommEpilogue& epilogue) = 0;
+  // compute_stream waits, on the device, for every all-reduce launched so far: call before the optimizer.
+  virtual void wait(cudaStream_t compute_stream) = 0;
+  // The host waits until every all-reduce launched so far has finished; throws what failed. A watchdog-named wait
+  // (comm/watchdog.h).
+  virtual void synchronize() = 0;
+  // A timing event from the engine's pool, recorded on `stream` now (the step's origin on the compute stream).
+  virtual cudaEvent_t mark(cudaStream_t stream) = 0;
+  // Recycles the pooled events: once per step, after its timings have been resolved.
+  virtual void begin_step() = 0;
+};
+
+// Timing events handed out per step and recycled by reset(), so a step creates none. Not thread-safe.
+class EventPool {
+ public:
+  EventPool() = default;
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  cudaEvent_t get();  // timing enabled
+  void reset() { used_ = 0; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
+
+// Milliseconds from `from` to `to` (cudaEventElapsedTime); both must have completed.
+float elapsed_ms(cudaEvent_t from, cudaEvent_t to);
+
+// This rank's GPU: node-local rank modulo the node's device count, made current (cudaSetDevice). Collective over
+// comm; throws on every rank if any rank has no usable device, or, with exclusive, if two ranks of a node would share
+// one GPU (NCCL refuses that: "Duplicate GPU detected"), with a message naming them.
+struct DeviceChoice {
+  int device = -1;
+  int local_rank = 0;
+  int local_size = 1;
+  int device_count = 0;
+};
+DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who);
+
+}  // namespace ddplab::cuda

@@ -1,0 +1,249 @@
+// Our ring on GPU buffers (comm/ring_cuda.h) under mpirun, for each link (nccl, ipc, host): exact sums in place and
+// out of place, bit-for-bit equality with the host ring of the same chunking (the same summation order), agreement
+// with NCCL's all-reduce, and the asynchronous path the CUDA reducer uses (ordered after compute, epilogue, events).
+//
+// Registered at np 1, 2 and 4: on a one-GPU machine np 4 puts four ranks on one GPU, which the ipc and host links
+// must handle; the nccl link then skips (NCCL refuses two ranks on one GPU). Without a device every GPU test skips
+// with the reason; RingCudaHost.* never skips and runs on its own in ctest (test_ring_cuda_host_npN).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/nccl_allreduce.h"
+#include "comm/ring_allreduce.h"
+#include "comm/ring_cuda.h"
+#include "comm/transport.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/elementwise.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/mpi/mpi_test_util.h"
+
+namespace {
+
+using ddplab::ranks_on_this_node;
+using ddplab::world_rank;
+using ddplab::world_size;
+using ddplab::cuda::CudaRingConfig;
+using ddplab::cuda::RingAllreduceCuda;
+using ddplab::cuda::RingLinkKind;
+using ddplab::gpu_test::device_count;
+using ddplab::gpu_test::kGuard;
+using ddplab::gpu_test::random_vector;
+
+// 64 KiB chunks: a 1M-float buffer takes several rounds at every world size, so round boundaries are exercised.
+constexpr size_t kChunkBytes = size_t{64} << 10;
+
+// Small integers in [-8, 8], different per rank: every sum is exact in fp32 whatever the order.
+float input_value(size_t i, int rank) { return static_cast<float>(static_cast<int>((i * 7 + rank * 3) % 17) - 8); }
+
+std::vector<float> exact_inputs(size_t n, int rank) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = input_value(i, rank);
+  return v;
+}
+
+std::vector<float> expected_sum(size_t n, int size) {
+  std::vector<float> want(n, 0.0f);
+  for (int r = 0; r < size; ++r)
+    for (size_t i = 0; i < n; ++i) want[i] += input_value(i, r);
+  return want;
+}
+
+::testing::AssertionResult BitwiseEqual(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure()
+             << "element " << i << " of " << got.size() << ": got " << got[i] << " want " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+std::string link_label(RingLinkKind kind) { return ddplab::cuda::ring_link_name(kind); }
+
+// ---- host side: runs, and must pass, on every machine -------------------------------------------------------------
+
+TEST(RingCudaHost, LinkNamesRoundTripAndUnknownNamesListTheChoices) {
+  for (RingLinkKind k : {RingLinkKind::kNccl, RingLinkKind::kIpc, RingLinkKind::kHost})
+    EXPECT_EQ(ddplab::cuda::parse_ring_link(ddplab::cuda::ring_link_name(k)), k);
+  try {
+    ddplab::cuda::parse_ring_link("shm");
+    ADD_FAILURE() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("nccl, ipc, host"), std::string::npos) << e.what();
+  }
+}
+
+// Every rank gets the same verdict: without a device all throw, naming the reason; with one, the host link builds.
+TEST(RingCudaHost, ConstructorRefusesOnEveryRankWithoutADeviceOrSucceeds) {
+  std::string msg = "(nothing thrown)";
+  try {
+    RingAllreduceCuda ring(MPI_COMM_WORLD, CudaRingConfig{RingLinkKind::kHost, kChunkBytes});
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  if (world_rank() == 0) std::cout << "constructor: " << msg << "\n";
+  if (device_count() == 0) {
+    EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
+  } else {
+    EXPECT_EQ(msg, "(nothing thrown)");
+  }
+}
+
+// ---- on the device --------------------------------------------------------------------------------------------
+
+class RingCudaTest : public ::testing::TestWithParam<RingLinkKind> {
+ protected:
+  void SetUp() override {
+    // Every rank of the (one-node) job sees the same device count, so all skip or none does.
+    if (device_count() == 0) GTEST_SKIP() << "no CUDA device: " << ddplab::gpu_test::cuda_info().reason;
+    if (GetParam() == RingLinkKind::kNccl && ranks_on_this_node() > device_count())
+      GTEST_SKIP() << "the nccl link needs " << ranks_on_this_node() << " GPUs (NCCL refuses two ranks on one GPU; "
+                   << device_count() << " here)";
+    ring_ = std::make_unique<RingAllreduceCuda>(MPI_COMM_WORLD, CudaRingConfig{GetParam(), kChunkBytes});
+    cudaCheck(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    ring_->begin_step();
+  }
+  void TearDown() override {
+    ring_.reset();
+    if (compute_ != nullptr) cudaStreamDestroy(compute_);
+  }
+
+  // n floats of `host` plus a poisoned guard tail (0xFF bytes: a NaN) that must survive.
+  float* upload(const std::vector<float>& host) {
+    float* d = nullptr;
+    cudaCheck(cudaMalloc(&d, (host.size() + kGuard) * sizeof(float)));
+    cudaCheck(cudaMemsetAsync(d, 0xFF, (host.size() + kGuard) * sizeof(float), compute_));
+    cudaCheck(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, compute_));
+    cudaCheck(cudaStreamSynchronize(compute_));
+    buffers_.emplace_back(d);
+    return d;
+  }
+  // On the compute stream: it sees the result only if the ring's work was ordered before it.
+  std::vector<float> download(const float* d, size_t n) {
+    std::vector<float> all(n + kGuard);
+    cudaCheck(cudaMemcpyAsync(all.data(), d, all.size() * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+    cudaCheck(cudaStreamSynchronize(compute_));
+    for (size_t i = n; i < all.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &all[i], sizeof(bits));
+      EXPECT_EQ(bits, 0xFFFFFFFFu) << "written past the end: element " << i << " of " << n;
+    }
+    all.resize(n);
+    return all;
+  }
+
+  struct CudaFree {
+    void operator()(float* p) const { cudaFree(p); }
+  };
+  std::unique_ptr<RingAllreduceCuda> ring_;
+  std::vector<std::unique_ptr<float, CudaFree>> buffers_;
+  cudaStream_t compute_ = nullptr;
+};
+
+TEST_P(RingCudaTest, ExactSumsInPlaceAndOutOfPlace) {
+  const int n_ranks = world_size(), rank = world_rank();
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, (size_t{1} << 20) + 3}) {
+    SCOPED_TRACE("count " + std::to_string(n));
+    const std::vector<float> inputs = exact_inputs(n, rank);
+    float* data = upload(inputs);
+    ring_->allreduce_sum(data, data, n);
+    EXPECT_TRUE(BitwiseEqual(download(data, n), expected_sum(n, n_ranks))) << "in place";
+
+    float* in = upload(inputs);
+    float* out = upload(std::vector<float>(n, -1.0f));
+    ring_->allreduce_sum(in, out, n);
+    EXPECT_TRUE(BitwiseEqual(download(out, n), expected_sum(n, n_ranks))) << "out of place";
+    EXPECT_TRUE(BitwiseEqual(download(in, n), inputs)) << "the input was written";
+  }
+}
+
+// The GPU ring and the host ring share the schedule; with the same chunking every element is summed in the same
+// order, so random inputs give the same bits (the add kernel is one fp32 add, like the host loop).
+TEST_P(RingCudaTest, RandomInputsMatchTheHostRingBitForBit) {
+  const size_t n = (size_t{1} << 20) + 5;
+  const std::vector<float> inputs = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 4242u + world_rank());
+  float* data = upload(inputs);
+  ring_->allreduce_sum(data, data, n);
+
+  std::vector<float> want = inputs;
+  ddplab::MpiTransport transport(MPI_COMM_WORLD);
+  ddplab::RingScratch scratch;
+  ddplab::RingOptions options;
+  options.slice_elems = kChunkBytes / sizeof(float);
+  options.slices_per_chunk = 1;
+  ddplab::ring_allreduce_sum(want.data(), n, transport, scratch, options);
+  EXPECT_TRUE(BitwiseEqual(download(data, n), want));
+}
+
+// Against NCCL's all-reduce on the same random inputs: equal within the rounding of a different summation order
+// (n_ranks - 1 additions of values in [-1, 1]: a few ulp of n_ranks). NCCL needs a GPU per rank.
+TEST_P(RingCudaTest, AgreesWithNcclWithinRounding) {
+  if (ranks_on_this_node() > device_count()) GTEST_SKIP() << "NCCL needs a GPU per rank";
+  const size_t n = size_t{1} << 20;
+  const std::vector<float> inputs = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 777u + world_rank());
+  float* ours = upload(inputs);
+  ring_->allreduce_sum(ours, ours, n);
+  const std::vector<float> got = download(ours, n);
+  ring_.reset();  // one engine at a time on the device
+
+  ddplab::cuda::NcclAllreduce nccl(MPI_COMM_WORLD);
+  nccl.begin_step();
+  float* theirs = upload(inputs);
+  nccl.allreduce_async(theirs, n, /*average=*/false, compute_);
+  nccl.wait(compute_);
+  const std::vector<float> want = download(theirs, n);
+  const float tol = 4 * world_size() * 1.2e-7f;
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
+}
+
+// The reducer's path: queued behind compute, the epilogue on the comm stream after the sum, the compute stream held
+// by wait(), the events ordered; several buckets in a row.
+TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {
+  const int n_ranks = world_size(), rank = world_rank();
+  const size_t n = (size_t{1} << 18) + 7;
+  constexpr int kBuckets = 4;
+  std::vector<float*> grads;
+  for (int b = 0; b < kBuckets; ++b) grads.push_back(upload(exact_inputs(n, rank + b)));
+  const cudaEvent_t origin = ring_->mark(compute_);
+  std::vector<ddplab::cuda::AllreduceEvents> events;
+  for (int b = 0; b < kBuckets; ++b) {
+    float* g = grads[b];
+    ddplab::cuda::scale(g, 2.0f, static_cast<int64_t>(n), compute_);  // "backward" makes the gradients final
+    events.push_back(ring_->allreduce_sum_async(g, n, compute_, b, [g, n](cudaStream_t comm_stream) {
+      ddplab::cuda::scale(g, 0.5f, static_cast<int64_t>(n), comm_stream);
+    }));
+  }
+  ring_->wait(compute_);
+  for (int b = 0; b < kBuckets; ++b) {
+    std::vector<float> want(n, 0.0f);
+    for (int r = 0; r < n_ranks; ++r)
+      for (size_t i = 0; i < n; ++i) want[i] += input_value(i, r + b);
+    EXPECT_TRUE(BitwiseEqual(download(grads[b], n), want)) << "bucket " << b;
+  }
+  ring_->synchronize();
+  float previous_end = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    const float ready = ddplab::cuda::elapsed_ms(origin, events[b].ready);
+    const float start = ddplab::cuda::elapsed_ms(origin, events[b].start);
+    const float end = ddplab::cuda::elapsed_ms(origin, events[b].end);
+    EXPECT_GE(start, ready) << "bucket " << b;
+    EXPECT_GE(end, start) << "bucket " << b;
+    EXPECT_GE(start, previous_end) << "buckets ran out of order";
+    previous_end = end;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, RingCudaTest,
+                         ::testing::Values(RingLinkKind::kNccl, RingLinkKind::kIpc, RingLinkKind::kHost),
+                         [](const auto& info) { return link_label(info.param); });
+
+}  // namespace
