@@ -12,6 +12,8 @@
 //                   mpi-raw   MPI_Allreduce alone on a duplicate communicator: Open MPI's own number
 //                   nccl      ncclAllReduce on device buffers, one GPU per rank (built with CUDA); the time
 //                             includes the host's wait for the comm stream
+//                   gpu-ring-nccl / gpu-ring-ipc / gpu-ring-host   our ring on device buffers (comm/ring_cuda.h)
+//                             over NCCL p2p, CUDA IPC (ranks may share a GPU) or host staging; timed as nccl
 // Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of fp32 data. For every size and implementation: -w warm-up
 // calls, then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send and receive buffers) and
 // in place. time = the slowest rank's mean per call; algbw = size / time; busbw = algbw x 2(n-1)/n,
@@ -151,6 +153,15 @@ Impl make_impl(const std::string& name, const LinkModel& link, size_t max_count)
     throw std::invalid_argument("nccl needs a build with CUDA (configure with -DDDPLAB_CUDA=ON)");
 #endif
   }
+  if (name.rfind("gpu-ring-", 0) == 0) {
+#ifdef DDPLAB_HAVE_CUDA
+    if (link.gbps > 0 || link.latency_us > 0) throw std::invalid_argument(name + " cannot emulate a link");
+    DeviceAllreduce d = make_ring_cuda_allreduce(max_count, name.substr(9));
+    return {name, d.run, d.in, d.out, d.owner};
+#else
+    throw std::invalid_argument(name + " needs a build with CUDA (configure with -DDDPLAB_CUDA=ON)");
+#endif
+  }
   if (name == "ring") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, link);
   if (name == "ring-bf16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kBf16, link);
   if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, link);
@@ -160,7 +171,9 @@ Impl make_impl(const std::string& name, const LinkModel& link, size_t max_count)
       throw std::invalid_argument("mpi-raw cannot emulate a link (use mpi, which applies the link model)");
     return make_mpi_raw_impl();
   }
-  throw std::invalid_argument("unknown implementation '" + name + "' (ring, ring-bf16, ring-fp16, mpi, mpi-raw, nccl)");
+  throw std::invalid_argument("unknown implementation '" + name +
+                              "' (ring, ring-bf16, ring-fp16, mpi, mpi-raw, nccl, gpu-ring-nccl, gpu-ring-ipc, " +
+                              "gpu-ring-host)");
 }
 
 struct Mode {
@@ -248,8 +261,8 @@ int run(int argc, char** argv, int rank, int n) {
   app.add_option("-w,--warmup_iters", warmup, "untimed calls per size and mode")->capture_default_str();
   app.add_option("-n,--iters", iters, "timed calls per size and mode")->capture_default_str();
   app.add_option("-i,--impls", impls_s,
-                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw, nccl (GPU) "
-                 "(default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
+                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw; GPU: nccl, gpu-ring-nccl, gpu-ring-ipc, "
+                 "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
   app.add_option("--link", link_name, "emulated link: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4")
       ->capture_default_str();
   app.add_option("--link-latency-us", link_latency_us, "override the link's latency (us)");

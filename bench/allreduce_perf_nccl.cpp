@@ -4,7 +4,13 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
 #include "comm/nccl_allreduce.h"
+#include "comm/ring_cuda.h"
 #include "kernels/cuda/check.cuh"
 
 namespace ddplab::bench {
@@ -12,34 +18,48 @@ namespace {
 
 // NcclAllreduce bootstraps the communicator (device choice, one GPU per rank check, ncclUniqueId over MPI) and owns
 // the comm stream; the benchmark calls ncclAllReduce directly so out-of-place runs without an extra copy.
-struct NcclBuffers {
-  cuda::NcclAllreduce nccl{MPI_COMM_WORLD};
+template <typename Engine>
+struct EngineBuffers {
+  Engine engine;
   float* in = nullptr;
   float* out = nullptr;
-  explicit NcclBuffers(size_t max_count) {
+  template <typename... Args>
+  explicit EngineBuffers(size_t max_count, Args&&... args) : engine(MPI_COMM_WORLD, std::forward<Args>(args)...) {
     cudaCheck(cudaMalloc(&in, max_count * sizeof(float)));
     cudaCheck(cudaMalloc(&out, max_count * sizeof(float)));
   }
-  ~NcclBuffers() {
+  ~EngineBuffers() {
     cudaFree(in);
     cudaFree(out);
   }
 };
 
-}  // namespace
-
-DeviceAllreduce make_nccl_allreduce(size_t max_count) {
-  auto buffers = std::make_shared<NcclBuffers>(max_count);
+template <typename Buffers>
+DeviceAllreduce wrap(std::shared_ptr<Buffers> buffers, std::function<void(const float*, float*, size_t)> run) {
   DeviceAllreduce d;
   d.in = buffers->in;
   d.out = buffers->out;
-  d.owner = buffers;
-  NcclBuffers* b = buffers.get();
-  d.run = [b](const float* in, float* out, size_t count) {
-    ncclCheck(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, b->nccl.nccl_comm(), b->nccl.stream()));
-    b->nccl.synchronize();  // polls the stream and NCCL's asynchronous errors
-  };
+  d.owner = std::move(buffers);
+  d.run = std::move(run);
   return d;
+}
+
+}  // namespace
+
+DeviceAllreduce make_nccl_allreduce(size_t max_count) {
+  auto buffers = std::make_shared<EngineBuffers<cuda::NcclAllreduce>>(max_count);
+  cuda::NcclAllreduce* nccl = &buffers->engine;
+  return wrap(buffers, [nccl](const float* in, float* out, size_t count) {
+    ncclCheck(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, nccl->nccl_comm(), nccl->stream()));
+    nccl->synchronize();  // polls the stream and NCCL's asynchronous errors
+  });
+}
+
+DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link) {
+  auto buffers = std::make_shared<EngineBuffers<cuda::RingAllreduceCuda>>(
+      max_count, cuda::CudaRingConfig{cuda::parse_ring_link(link)});
+  cuda::RingAllreduceCuda* ring = &buffers->engine;
+  return wrap(buffers, [ring](const float* in, float* out, size_t count) { ring->allreduce_sum(in, out, count); });
 }
 
 void copy_to_device(float* device, const float* host, size_t count) {

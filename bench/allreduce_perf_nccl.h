@@ -1,4 +1,5 @@
-// allreduce_perf's GPU implementation: ncclAllReduce on device buffers (built with the CUDA engine only).
+// allreduce_perf's GPU implementations: ncclAllReduce and our ring (comm/ring_cuda.h) on device buffers (built with
+// the CUDA engine only).
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -17,6 +18,8 @@ struct DeviceAllreduce {
 };
 
 DeviceAllreduce make_nccl_allreduce(size_t max_count);  // collective over MPI_COMM_WORLD; throws on failure
+// Our ring over `link` ("nccl", "ipc" or "host"); the time includes the host's wait for the comm stream.
+DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link);
 void copy_to_device(float* device, const float* host, size_t count);
 void copy_to_host(float* host, const float* device, size_t count);
 
