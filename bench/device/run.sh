@@ -75,6 +75,18 @@ if [ "${last_rc:-1}" -eq 0 ]; then
   if [ -x "$a" ]; then  # NCCL on GPU buffers at ws=1, nccl-tests' columns
     step "allreduce_perf nccl np1" allreduce.log mpirun -np 1 "$a" -b 8 -e 256M -i nccl
     note "$(grep -m1 'Avg bus bandwidth' "$out/allreduce.log" || true)"
+    # Our ring on GPU buffers: np 2 and 4 share the one GPU (ipc and host links; NCCL refuses that).
+    for np in 2 4; do
+      step "allreduce_perf gpu-ring np$np" allreduce.log mpirun --oversubscribe -np $np "$a" -b 8 -e 256M \
+           -i gpu-ring-ipc,gpu-ring-host
+      note "$(grep 'Avg bus bandwidth' "$out/allreduce.log" | tail -1 || true)"
+    done
+  fi
+  d=$build/launcher/ddplab
+  if [ -x "$d" ]; then  # --comm ring with four ranks on one GPU: trains, and the run file says how
+    step "ddplab train ring np4" mlp.log mpirun --oversubscribe -np 4 "$d" train --device cuda --comm ring \
+         --steps 60 --out "$build/train_ring_np4.h5"  # $out holds at most 8 files: logs only
+    note "$(tail -n 1 "$out/mlp.log")"
   fi
   m=$build/bench/gpu/bench_mlp_cuda
   if [ -x "$m" ]; then  # the default MLP's step, fp32/tf32/bf16 (compare: python3 bench/gpu/torch_mlp_step.py)
