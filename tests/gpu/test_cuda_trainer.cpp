@@ -88,13 +88,20 @@ TEST(CudaTrainerHost, RefusedOnEveryRankWithoutADevice) {
 
 // ---- on the device --------------------------------------------------------------------------------------------
 
+// Why this machine cannot run a GPU test: no device, or fewer GPUs than ranks on the node where NCCL carries the
+// gradients (its collective or the ring's nccl link); "" if it can.
+std::string skip_reason(bool gpu_per_rank) {
+  std::string reason = NcclAllreduce::availability();
+  if (reason.empty() && gpu_per_rank && ranks_on_this_node() > device_count())
+    reason = "needs " + std::to_string(ranks_on_this_node()) + " GPUs: NCCL refuses two ranks on one GPU (" +
+             std::to_string(device_count()) + " here)";
+  return reason;
+}
+
 class CudaTrainerTest : public testing::Test {
  protected:
   void SetUp() override {
-    std::string reason = NcclAllreduce::availability();
-    if (reason.empty() && ranks_on_this_node() > device_count())
-      reason = "needs " + std::to_string(ranks_on_this_node()) + " GPUs: NCCL refuses two ranks on one GPU (" +
-               std::to_string(device_count()) + " here)";
+    const std::string reason = skip_reason(/*gpu_per_rank=*/true);
     if (!reason.empty()) GTEST_SKIP() << reason;
   }
 };
@@ -103,9 +110,17 @@ struct Case {
   int grad_accum;
   bool overlap;
   double grad_slice_mb;
+  std::string comm = "nccl";
+  std::string ring_link = "auto";  // --comm ring: on one GPU, ipc and host let the ranks share it
 };
 
-class CudaDdpEquivalence : public CudaTrainerTest, public testing::WithParamInterface<Case> {};
+class CudaDdpEquivalence : public testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    const std::string reason = skip_reason(GetParam().comm == "nccl" || GetParam().ring_link == "nccl");
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+};
 
 // N ranks with batch B (x K micro-batches) train the model one GPU trains with batch N·K·B on the same samples, and
 // every rank holds the same bits after every step.
@@ -115,6 +130,8 @@ TEST_P(CudaDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
   config.grad_accum = p.grad_accum;
   config.overlap = p.overlap;
   config.grad_slice_mb = p.grad_slice_mb;
+  config.comm = p.comm;
+  config.ring_link = p.ring_link;
   std::vector<float> initial, trained;
   std::vector<double> mean_loss(config.steps);
   {
@@ -133,10 +150,12 @@ TEST_P(CudaDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
     TrainConfig global = config;
     global.batch = config.batch * config.grad_accum * world_size();
     global.grad_accum = 1;
+    global.ring_link = "host";  // one rank: nothing travels; no IPC buffers on MPI_COMM_SELF
     CudaTrainer single(global, MPI_COMM_SELF);
     TrainConfig on_cpu = global;
     on_cpu.device = "cpu";
     on_cpu.comm = "ring";
+    on_cpu.ring_link = "auto";
     Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
     Trainer cpu(on_cpu, self);
     for (int step = 0; step < config.steps; ++step) {
@@ -160,11 +179,14 @@ TEST_P(CudaDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDdpEquivalence,
-                         testing::Values(Case{1, true, 0.0}, Case{2, true, 0.0}, Case{1, false, 0.002}),
+                         testing::Values(Case{1, true, 0.0}, Case{2, true, 0.0}, Case{1, false, 0.002},
+                                         Case{1, true, 0.0, "ring", "ipc"}, Case{2, true, 0.002, "ring", "ipc"},
+                                         Case{1, false, 0.0, "ring", "host"}, Case{1, true, 0.0, "ring", "nccl"}),
                          [](const testing::TestParamInfo<Case>& info) {
-                           return "accum" + std::to_string(info.param.grad_accum) +
-                                  (info.param.overlap ? "_overlap" : "_no_overlap") +
-                                  (info.param.grad_slice_mb > 0 ? "_sliced" : "");
+                           const Case& c = info.param;
+                           return c.comm + (c.comm == "ring" ? "_" + c.ring_link : "") + "_accum" +
+                                  std::to_string(c.grad_accum) + (c.overlap ? "_overlap" : "_no_overlap") +
+                                  (c.grad_slice_mb > 0 ? "_sliced" : "");
                          });
 
 // Each bucket's ready <= comm start <= comm end; the phases tile the step; with overlap on, every bucket but the
