@@ -46,8 +46,16 @@ __global__ void bias_forward_kernel(float* out, const float* bias, int B, int OC
   }
 }
 
-__global__ void scale_kernel(float* y, float alpha, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) y[i] *= alpha;
+template <typename T>
+__global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    out[i] = detail::from_float<T>(detail::to_float(a[i]) + detail::to_float(b[i]));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* y, float alpha, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    y[i] = detail::from_float<T>(detail::to_float(y[i]) * alpha);
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -57,6 +65,13 @@ template <typename T>
 void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   gelu_backward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, inp, dout, n);
+  cudaCheck(cudaGetLastError());
+}
+
+template <typename T>
+void launch_scale(T* y, float alpha, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -87,10 +102,18 @@ void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t str
   cudaCheck(cudaGetLastError());
 }
 
-void scale(float* y, float alpha, int64_t n, cudaStream_t stream) {
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  scale_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
+  residual_forward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(out, a, b, n);
   cudaCheck(cudaGetLastError());
 }
+template void residual_forward<float>(float*, const float*, const float*, int64_t, cudaStream_t);
+template void residual_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int64_t,
+                                              cudaStream_t);
+
+void scale(float* y, float alpha, int64_t n, cudaStream_t stream) { launch_scale(y, alpha, n, stream); }
+
+void scale(__nv_bfloat16* y, float alpha, int64_t n, cudaStream_t stream) { launch_scale(y, alpha, n, stream); }
 
 }  // namespace ddplab::cuda
