@@ -10,7 +10,7 @@ namespace {
 // What the GPU path does not do (yet), refused on every rank alike rather than ignored.
 void validate_cuda(const TrainConfig& c) {
   const auto refuse = [](bool ok, const std::string& what) { require(ok, "--device cuda: " + what); };
-  refuse(c.model == "mlp", "trains the MLP only (got --model " + c.model + ")");
+  refuse(c.batching != "pack", "--batching pack needs attention within packed rows, which the CUDA kernels lack");
   refuse(c.comm == "nccl", "reduces gradients with NCCL only: pass --comm nccl (got --comm " + c.comm + ")");
   refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
@@ -34,7 +34,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--steps", c.steps, "training steps")->capture_default_str();
   app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
   app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
-  app->add_option("--device", c.device, "cpu | cuda (the MLP on one GPU per rank; needs --comm nccl)")
+  app->add_option("--device", c.device, "cpu | cuda (one GPU per rank; needs --comm nccl)")
       ->capture_default_str();
   app->add_option("--precision", c.precision, "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)")
       ->capture_default_str();

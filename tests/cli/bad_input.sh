@@ -64,7 +64,8 @@ for np in 1 2; do
   # What the GPU path does not support is refused before any device is touched, with or without a GPU.
   cuda=(--device cuda --comm nccl)
   expect_error $np "--device cuda: reduces gradients with NCCL only: pass --comm nccl" train "${small[@]}" --device cuda
-  expect_error $np "--device cuda: trains the MLP only (got --model tiny)" train --model tiny "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --batching pack needs attention within packed rows" \
+    train --model tiny --head lm --batching pack "${cuda[@]}" --steps 2
   expect_error $np "--precision: unknown precision 'fp16'" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
   expect_error $np "--device cuda: gradients travel in fp32" train "${small[@]}" "${cuda[@]}" --comm-dtype bf16
