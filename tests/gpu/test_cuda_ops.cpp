@@ -97,7 +97,7 @@ TEST(CudaLaunch, ZeroSizeLaunchesNothing) {
   EXPECT_NO_THROW(ddplab::cuda::gelu_backward(static_cast<__nv_bfloat16*>(nullptr), nullptr, nullptr, 0, nullptr));
   EXPECT_NO_THROW(ddplab::cuda::bias_forward(nullptr, nullptr, 0, 5, nullptr));
   EXPECT_NO_THROW(ddplab::cuda::bias_forward(nullptr, nullptr, 5, 0, nullptr));
-  EXPECT_NO_THROW(ddplab::cuda::scale(nullptr, 2.0f, 0, nullptr));
+  EXPECT_NO_THROW(ddplab::cuda::scale(static_cast<float*>(nullptr), 2.0f, 0, nullptr));
   EXPECT_NO_THROW(
       ddplab::cuda::adamw_update(nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, nullptr));
 }
