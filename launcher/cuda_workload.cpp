@@ -112,7 +112,13 @@ class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
 class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> {
  public:
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
-      : TransformerCudaWorkload(c, TokenBatches(c, TokenBatches::model_config(c), rank, world), compute) {}
+      : CudaModelWorkload(TokenBatches::model_config(c), c.seed, parse_precision(c.precision),
+                          TokenBatches::max_tokens(c), TokenBatches::max_seq(c), compute),
+        batches_(c, model_.config(), rank, world),
+        capacity_(TokenBatches::max_tokens(c)),
+        slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {
+    for (auto& m : micro_) m.resize(c.grad_accum);
+  }
 
   std::string describe() const override { return batches_.describe(model_.num_parameters()); }
   BatchStats stage(int slot, int64_t step, cudaStream_t copy) override {
@@ -151,14 +157,6 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
     double loss_scale = 1;  // TokenBatches::micro_scale: the reported loss is the CPU workload's
     double grad_scale = 1;  // and times the rank's weight, on the gradient
   };
-  TransformerCudaWorkload(const TrainConfig& c, TokenBatches&& batches, cudaStream_t compute)
-      : CudaModelWorkload(TokenBatches::model_config(c), c.seed, parse_precision(c.precision), batches.max_tokens(),
-                          batches.max_seq(), compute),
-        batches_(std::move(batches)),
-        capacity_(batches_.max_tokens()),
-        slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {
-    for (auto& m : micro_) m.resize(c.grad_accum);
-  }
   int32_t* inputs(char* slot, int micro) const {
     return reinterpret_cast<int32_t*>(slot) + static_cast<int64_t>(micro) * 3 * capacity_;
   }

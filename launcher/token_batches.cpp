@@ -50,16 +50,16 @@ std::string TokenBatches::describe(int64_t num_parameters) const {
   return text;
 }
 
-int64_t TokenBatches::max_tokens() const {
-  const int64_t max_len = config_.max_len;
-  switch (batching_) {
+int64_t TokenBatches::max_tokens(const TrainConfig& config) {
+  const int64_t max_len = config.max_len;
+  switch (parse_batching(config.batching)) {
     case Batching::kSample:
     case Batching::kBucket:
-      return config_.batch * max_len;
+      return config.batch * max_len;
     case Batching::kToken:  // the budget, or one sequence longer than it alone
-      return std::max(config_.max_tokens, max_len);
+      return std::max(config.max_tokens, max_len);
     case Batching::kPack:
-      return std::max<int64_t>(1, config_.max_tokens / max_len) * max_len;
+      return std::max<int64_t>(1, config.max_tokens / max_len) * max_len;
   }
   throw std::logic_error("TokenBatches: unknown batching");
 }

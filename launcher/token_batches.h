@@ -22,6 +22,8 @@ class TokenBatches {
  public:
   // model: the transformer's config (its vocabulary, classes and head shape the data and the loss terms).
   TokenBatches(const TrainConfig& config, const TransformerConfig& model, int rank, int world);
+  TokenBatches(const TokenBatches&) = delete;  // the plans refer to the data source it holds
+  TokenBatches& operator=(const TokenBatches&) = delete;
 
   // The transformer a TrainConfig asks for: the preset, its head, max_len at least --max-len. Throws
   // std::invalid_argument for an unknown head.
@@ -43,9 +45,9 @@ class TokenBatches {
   // (and its gradient) that makes the mean over micro-batches the rank's mean over all its terms.
   double micro_scale() const { return micro_scale_; }
 
-  // The largest micro-batch a step can load: rows x seq <= max_tokens(), seq <= max_seq().
-  int64_t max_tokens() const;
-  int max_seq() const { return config_.max_len; }
+  // The largest micro-batch a step of `config` can load: rows x seq <= max_tokens(config), seq <= max_seq(config).
+  static int64_t max_tokens(const TrainConfig& config);
+  static int max_seq(const TrainConfig& config) { return config.max_len; }
 
  private:
   void begin_step(int64_t step);
