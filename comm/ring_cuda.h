@@ -1,5 +1,5 @@
 // Our ring all-reduce on GPU buffers (--device cuda --comm ring): the device ring of comm/ring_device.h — the host
-// ring's schedule, one exchange per step, the reduction in our own kernel (kernels/cuda/elementwise.h: add) — on a
+// ring's schedule, one exchange per step, the reduction in our own kernel (kernels/cuda/elementwise.h: residual_forward) — on a
 // CUDA stream, over one of three links:
 //   nccl  ncclSend/ncclRecv in a group per step. Never blocks the host; one GPU per rank (NCCL's rule).
 //   ipc   CUDA IPC: each rank writes into its next neighbour's staging buffer, mapped with cudaIpcOpenMemHandle,

@@ -10,7 +10,7 @@ namespace {
 // What the GPU path does not do (yet), refused on every rank alike rather than ignored.
 void validate_cuda(const TrainConfig& c) {
   const auto refuse = [](bool ok, const std::string& what) { require(ok, "--device cuda: " + what); };
-  refuse(c.model == "mlp", "trains the MLP only (got --model " + c.model + ")");
+  refuse(c.batching != "pack", "--batching pack needs attention within packed rows, which the CUDA kernels lack");
   refuse(c.comm == "nccl" || c.comm == "ring",
          "reduces gradients with NCCL or our ring: pass --comm nccl or ring (got --comm " + c.comm + ")");
   refuse(c.comm == "ring" || c.ring_link == "auto", "--ring-link needs --comm ring");
@@ -36,7 +36,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--steps", c.steps, "training steps")->capture_default_str();
   app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
   app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
-  app->add_option("--device", c.device, "cpu | cuda (the MLP on the GPU: --comm nccl, one GPU per rank, or --comm ring)")
+  app->add_option("--device", c.device, "cpu | cuda (the GPU: --comm nccl, one GPU per rank, or --comm ring)")
       ->capture_default_str();
   app->add_option("--precision", c.precision, "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)")
       ->capture_default_str();

@@ -4,9 +4,7 @@
 #include <cuda_profiler_api.h>
 #include <nvtx3/nvToolsExt.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_allreduce.h"
@@ -18,7 +16,6 @@
 #include "kernels/cuda/device.h"
 #include "launcher/trainer.h"
 #include "launcher/workload.h"
-#include "model/precision.h"
 
 namespace ddplab {
 
@@ -46,14 +43,9 @@ std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& 
 }  // namespace
 
 CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
-    : config_(config),
-      agreement_(comm),
-      profile_steps_(parse_profile_steps(config.profile_steps)),
-      data_(SyntheticConfig{config.mlp.input_dim, config.mlp.num_classes, config.seed, config.data_noise}) {
+    : config_(config), agreement_(comm), profile_steps_(parse_profile_steps(config.profile_steps)) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &world_));
-  // The CPU MLP's sharding: step s of rank r holds its micro-batches back to back, so one fill and one copy per step.
-  shard_ = ShardedBatches{rank_, world_, config.batch * config.grad_accum};
   engine_ = make_stream_allreduce(config, comm);
   cudaStream_t stream = nullptr;
   cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -61,66 +53,46 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
   cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   copy_.reset(stream);
 
-  model_ = std::make_unique<MlpCuda>(config.mlp, config.seed, parse_precision(config.precision), config.batch,
-                                     compute_.get());
-  model_->set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
+  workload_ = make_cuda_workload(config, rank_, world_, compute_.get());
+  workload_->set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
-  for (const GradPiece& g : model_->grad_pieces()) {
+  for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);
     offset.push_back(g.offset);
   }
-  reducer_ = std::make_unique<cuda::CudaReducer>(*engine_, comm,
-                                                 ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap},
-                                                 numel, offset, model_->flat_grads(), compute_.get());
+  reducer_ = std::make_unique<cuda::CudaReducer>(
+      *engine_, comm, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap}, numel, offset,
+      workload_->flat_grads(), compute_.get());
 
-  // One allocation on each side, every buffer on a 256-byte boundary (as if cudaMalloc'd: vector loads, cuBLASLt).
-  const auto aligned = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
-  const int64_t rows = shard_.batch;
-  const size_t moment = aligned(model_->num_parameters() * int64_t{sizeof(float)});
-  const size_t x_bytes = aligned(rows * config.mlp.input_dim * int64_t{sizeof(float)});
-  const size_t y_bytes = aligned(rows * int64_t{sizeof(int32_t)});
+  // AdamW's moments in one allocation, the second on a 256-byte boundary (as if cudaMalloc'd: vector loads).
+  const size_t moment = (workload_->num_parameters() * sizeof(float) + 255) / 256 * 256;
   void* memory = nullptr;
-  cudaCheck(cudaMalloc(&memory, 2 * moment + 2 * (x_bytes + y_bytes)));
-  device_memory_.reset(memory);
-  char* device = static_cast<char*>(memory);
-  m_ = reinterpret_cast<float*>(device);
-  v_ = reinterpret_cast<float*>(device + moment);
-  cudaCheck(cudaMemsetAsync(device, 0, 2 * moment, compute_.get()));
-  device += 2 * moment;
-  cudaCheck(cudaMallocHost(&memory, 2 * (x_bytes + y_bytes)));
-  host_memory_.reset(memory);
-  char* host = static_cast<char*>(memory);
-  for (Batch& b : batches_) {
-    b.x = reinterpret_cast<float*>(device);
-    b.y = reinterpret_cast<int32_t*>(device + x_bytes);
-    b.host_x = reinterpret_cast<float*>(host);
-    b.host_y = reinterpret_cast<int32_t*>(host + x_bytes);
-    device += x_bytes + y_bytes;
-    host += x_bytes + y_bytes;
+  cudaCheck(cudaMalloc(&memory, 2 * moment));
+  moments_.reset(memory);
+  m_ = static_cast<float*>(memory);
+  v_ = reinterpret_cast<float*>(static_cast<char*>(memory) + moment);
+  cudaCheck(cudaMemsetAsync(memory, 0, 2 * moment, compute_.get()));
+  for (Slot& slot : slots_) {
     cudaEvent_t e = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
-    b.copied.reset(e);
+    slot.copied.reset(e);
   }
   cudaCheck(cudaStreamSynchronize(compute_.get()));
 }
 
 CudaTrainer::~CudaTrainer() {
-  for (Batch& b : batches_)  // a prefetch may still be filling or copying the pinned buffers
-    if (b.staged.valid()) b.staged.wait();
+  for (Slot& slot : slots_)  // a prefetch may still be filling or copying the pinned buffers
+    if (slot.staged.valid()) slot.staged.wait();
   if (copy_) cudaStreamSynchronize(copy_.get());
 }
 
 std::string CudaTrainer::piece_name(const GradPiece& piece) const {
-  return grad_piece_name(model_->parameters(), piece);
+  return grad_piece_name(workload_->parameters(), piece);
 }
 
 std::string CudaTrainer::describe() const {
-  const MlpConfig& m = config_.mlp;
-  char text[256];
-  std::snprintf(text, sizeof text, "MLP %d-%dx%d-%d (%.2fM params) on GPU %d (%s), %s, all-reduce %s", m.input_dim,
-                m.hidden_dim, m.num_hidden_layers, m.num_classes, model_->num_parameters() / 1e6, engine_->device(),
-                cuda::query_cuda().name.c_str(), config_.precision.c_str(), engine_->name());
-  return text;
+  return workload_->describe() + " on GPU " + std::to_string(engine_->device()) + " (" + cuda::query_cuda().name +
+         "), " + config_.precision + ", all-reduce " + engine_->name();
 }
 
 std::vector<float> CudaTrainer::download(const float* device, int64_t n) const {
@@ -131,55 +103,53 @@ std::vector<float> CudaTrainer::download(const float* device, int64_t n) const {
 }
 
 std::vector<float> CudaTrainer::parameters() const {
-  return download(model_->flat_params(), model_->num_parameters());
+  return download(workload_->flat_params(), workload_->num_parameters());
 }
 
 // Checkpoints hold host state: the device's master weights and AdamW moments go through host copies, in an
 // Optimizer<float> that carries the moments and the update count as the CPU path's does.
 void CudaTrainer::write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) {
-  const int64_t n = model_->num_parameters();
+  const int64_t n = workload_->num_parameters();
   Optimizer<float> optimizer(config_.optimizer, n);
   optimizer.restore(adam_steps_, download(m_, n), download(v_, n));
-  save_checkpoint(path, force, model_->parameters(), parameters().data(), optimizer, info);
+  save_checkpoint(path, force, workload_->parameters(), parameters().data(), optimizer, info);
 }
 
 CheckpointInfo CudaTrainer::read_checkpoint(const std::string& path) {
-  const int64_t n = model_->num_parameters();
+  const int64_t n = workload_->num_parameters();
   std::vector<float> params = parameters();
   Optimizer<float> optimizer(config_.optimizer, n);
-  const CheckpointInfo info = load_checkpoint(path, model_->parameters(), params.data(), optimizer);
+  const CheckpointInfo info = load_checkpoint(path, workload_->parameters(), params.data(), optimizer);
   const auto upload = [n](float* device, const std::vector<float>& host) {
     cudaCheck(cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   };
-  upload(model_->flat_params(), params);  // the bf16 copy is made from these at every forward
+  upload(workload_->flat_params(), params);  // the bf16 copy is made from these at every forward
   upload(m_, optimizer.first_moment());
   upload(v_, optimizer.second_moment());
   adam_steps_ = optimizer.steps_taken();
   return info;
 }
 
-// On a helper thread, so that generating the samples overlaps the device's work (at the default sizes it takes
-// longer than a GPU step): fills `step`'s samples into its pinned slot and queues their copy on the copy stream. The
-// slot's last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which
-// waited for that copy.
+// On a helper thread, so that generating the samples overlaps the device's work (at the MLP's default sizes it
+// takes longer than a GPU step): the workload fills `step`'s slot and queues its copy on the copy stream. The slot's
+// last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which waited
+// for that copy.
 void CudaTrainer::stage(int64_t step) {
-  Batch& b = batches_[step % 2];
-  b.step = step;
-  b.staged = std::async(std::launch::async, [this, &b, step] {
+  const int index = static_cast<int>(step % CudaWorkload::kSlots);
+  Slot& slot = slots_[index];
+  slot.step = step;
+  slot.staged = std::async(std::launch::async, [this, &slot, index, step] {
     cudaCheck(cudaSetDevice(engine_->device()));  // a new thread starts on device 0
-    const int rows = shard_.batch;
-    data_.fill(b.host_x, b.host_y, shard_.first_sample(step), rows);
-    cudaCheck(cudaMemcpyAsync(b.x, b.host_x, sizeof(float) * rows * config_.mlp.input_dim, cudaMemcpyHostToDevice,
-                              copy_.get()));
-    cudaCheck(cudaMemcpyAsync(b.y, b.host_y, sizeof(int32_t) * rows, cudaMemcpyHostToDevice, copy_.get()));
-    cudaCheck(cudaEventRecord(b.copied.get(), copy_.get()));
+    const BatchStats stats = workload_->stage(index, step, copy_.get());
+    cudaCheck(cudaEventRecord(slot.copied.get(), copy_.get()));
+    return stats;
   });
 }
 
 // The name of the first gradient piece of `bucket` holding a NaN or Inf (a rare path: the bucket is downloaded).
 std::string CudaTrainer::first_nonfinite_gradient(int bucket) const {
   const Bucket& b = buckets()[bucket];
-  const std::vector<float> grads = download(model_->flat_grads() + b.offset, b.count);
+  const std::vector<float> grads = download(workload_->flat_grads() + b.offset, b.count);
   for (int k = b.first_piece; k <= b.last_piece; ++k) {
     const GradPiece& piece = grad_pieces()[k];
     if (!cpu::all_finite(grads.data() + (piece.offset - b.offset), piece.numel)) return piece_name(piece);
@@ -203,7 +173,7 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   StepRecord r;
   watchdog::set_step(step);
   inject_fault_before(config_, rank_, step);
-  const int micro_batches = config_.grad_accum, batch_rows = config_.batch, in = config_.mlp.input_dim;
+  const int micro_batches = config_.grad_accum;
   cudaStream_t compute = compute_.get();
   const auto mark = [&] { return engine_->mark(compute); };  // a timing event, pooled, valid until the next step
 
@@ -213,34 +183,34 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   engine_->begin_step();
   const cudaEvent_t origin = mark();
   reducer_->begin_step(origin, 1.0f / static_cast<float>(world_ * micro_batches));
-  Batch& batch = batches_[step % 2];
-  if (batch.step != step) stage(step);  // not prefetched: the first step
-  batch.staged.get();                   // the copy is queued (a wait only if the samples took longer than a step)
-  cudaCheck(cudaStreamWaitEvent(compute, batch.copied.get(), 0));
+  const int slot = static_cast<int>(step % CudaWorkload::kSlots);
+  if (slots_[slot].step != step) stage(step);  // not prefetched: the first step
+  // The copy is queued (a wait only if the samples took longer than a step).
+  const BatchStats batch = slots_[slot].staged.get();
+  cudaCheck(cudaStreamWaitEvent(compute, slots_[slot].copied.get(), 0));
   const cudaEvent_t data_end = mark();
 
-  model_->zero_grad();  // counted in forward
+  workload_->zero_grad();  // counted in forward
   const bool poison_gradient = config_.fault == "nan" && step == config_.fault_step && rank_ == config_.fault_rank;
-  float* const first_gradient = model_->flat_grads() + model_->grad_pieces()[0].offset;
+  float* const first_gradient = workload_->flat_grads() + workload_->grad_pieces()[0].offset;
   bool loss_finite = true;
   std::vector<cudaEvent_t> forward_end(micro_batches), backward_end(micro_batches);
   for (int m = 0; m < micro_batches; ++m) {
     const bool last = m == micro_batches - 1;
-    const int64_t first_row = int64_t{m} * batch_rows;
-    model_->forward(batch.x + first_row * in, batch.y + first_row, batch_rows);
+    workload_->forward(slot, m);
     forward_end[m] = mark();
     reducer_->set_sync(last);  // no_sync for all but the last micro-batch
-    model_->backward([&](int piece) {
+    workload_->backward(slot, m, [&](int piece) {
       // --fault nan: the first gradient to become final gets a NaN before its bucket is reduced.
       if (last && poison_gradient && piece == 0)
         cudaCheck(cudaMemsetAsync(first_gradient, 0xFF, sizeof(float), compute));
-      reducer_->mark_ready(piece, model_->piece_ready_event(piece));
+      reducer_->mark_ready(piece, workload_->piece_ready_event(piece));
     });
     backward_end[m] = mark();
     // Waits for this forward's loss only: backward is queued behind it, so the device keeps busy.
-    const float loss = model_->loss();
+    const double loss = workload_->loss();
     loss_finite = loss_finite && std::isfinite(loss);
-    r.loss += static_cast<double>(loss) / micro_batches;
+    r.loss += loss / micro_batches;
   }
   reducer_->wait_all();
   agreement_.start(loss_finite);
@@ -257,17 +227,18 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   const cudaEvent_t optimizer_start = mark();
   if (!skip) {
     const OptimizerConfig& o = config_.optimizer;
-    cuda::adamw_update(model_->flat_params(), model_->flat_grads(), m_, v_, model_->num_parameters(), o.lr, o.beta1,
-                       o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute);
+    cuda::adamw_update(workload_->flat_params(), workload_->flat_grads(), m_, v_, workload_->num_parameters(), o.lr,
+                       o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute);
   }
   if (config_.fault == "diverge" && step == config_.fault_step && rank_ == config_.fault_rank) {
-    float* first = model_->flat_params() + grad_pieces().back().offset;  // the first registered parameter
+    float* first = workload_->flat_params() + grad_pieces().back().offset;  // the first registered parameter
     const float nudged = download(first, 1)[0] + 1e-3f;
     cudaCheck(cudaMemcpyAsync(first, &nudged, sizeof nudged, cudaMemcpyHostToDevice, compute));
   }
   if (config_.check_sync > 0 && (step + 1) % config_.check_sync == 0)
-    check_replicas_agree(parameters().data(), grad_pieces(), [this](const GradPiece& g) { return piece_name(g); },
-                         agreement_.comm(), step);
+    check_replicas_agree(
+        parameters().data(), grad_pieces(), [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(),
+        step);
   cudaCheck(cudaStreamSynchronize(compute));  // the step's end: its events can be resolved
   const double t_end = now_ms();
 
@@ -284,7 +255,10 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   }
   r.exposed_comm_ms = at(optimizer_start) - previous;  // waiting for the buckets, and for the host's verdict on them
   r.optimizer_ms = r.step_ms - at(optimizer_start);
-  r.samples = static_cast<double>(batch_rows) * micro_batches;
+  r.samples = batch.samples;
+  r.useful_tokens = batch.useful_tokens;
+  r.padded_tokens = batch.padded_tokens;
+  r.max_len = batch.max_len;
   add_comm_times(r, bucket_times(), r.start_ms + at(forward_end.back()), r.start_ms + previous);
   return r;
 }

@@ -17,7 +17,7 @@
 namespace ddplab {
 
 struct TrainConfig {
-  std::string device = "cpu";       // cpu | cuda: the MLP on one GPU per rank, NCCL all-reduce (docs/GPU.md)
+  std::string device = "cpu";       // cpu | cuda: one GPU per rank, NCCL all-reduce (docs/GPU.md)
   std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
   std::string profile_steps;        // --device cuda: "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
   std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)

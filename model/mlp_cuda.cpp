@@ -2,9 +2,6 @@
 // builds this file.
 #include "model/mlp_cuda.h"
 
-#include <nvtx3/nvToolsExt.h>
-
-#include <cmath>
 #include <stdexcept>
 #include <type_traits>
 
@@ -17,22 +14,12 @@ namespace ddplab {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-// Host-side NVTX range: Nsight Systems projects it onto the kernels it enqueued on the stream.
-class NvtxRange {
- public:
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-};
+using cuda_model::NvtxRange;
 
 template <typename T>
 T* as(void* p) {
   return static_cast<T*>(p);
 }
-
-// Every buffer in the single allocation starts on this boundary, as if it had its own cudaMalloc: cuBLASLt picks
-// kernels by operand alignment, and the vectorised kernels want 16 bytes.
-constexpr size_t kAlign = 256;
 
 }  // namespace
 
@@ -60,24 +47,21 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   const bool is_bf16 = precision == Precision::kBf16;
   const size_t act = is_bf16 ? sizeof(bf16) : sizeof(float), rows = static_cast<size_t>(max_batch);
 
-  size_t end = 0;
-  const auto reserve = [&end](size_t bytes) {
-    const size_t at = (end + kAlign - 1) / kAlign * kAlign;
-    end = at + bytes;
-    return at;
-  };
-  const size_t at_params = reserve(num_params_ * sizeof(float)), at_grads = reserve(num_params_ * sizeof(float));
-  const size_t at_weights_bf16 = is_bf16 ? reserve(num_params_ * sizeof(bf16)) : 0;
-  const size_t at_activations = reserve(0);  // from here on: poisoned below
-  const size_t at_inputs_bf16 = is_bf16 ? reserve(rows * dims_[0] * act) : 0;
+  cuda_model::BufferLayout layout;
+  const size_t at_params = layout.reserve(num_params_ * sizeof(float)),
+               at_grads = layout.reserve(num_params_ * sizeof(float));
+  const size_t at_weights_bf16 = is_bf16 ? layout.reserve(num_params_ * sizeof(bf16)) : 0;
+  const size_t at_activations = layout.reserve(0);  // from here on: poisoned below
+  const size_t at_inputs_bf16 = is_bf16 ? layout.reserve(rows * dims_[0] * act) : 0;
   std::vector<size_t> at_out, at_pre_gelu;
   for (int l = 0; l < L; ++l) {
-    at_out.push_back(reserve(rows * dims_[l + 1] * act));
-    if (l + 1 < L) at_pre_gelu.push_back(reserve(rows * dims_[l + 1] * act));
+    at_out.push_back(layout.reserve(rows * dims_[l + 1] * act));
+    if (l + 1 < L) at_pre_gelu.push_back(layout.reserve(rows * dims_[l + 1] * act));
   }
-  const size_t at_losses = reserve(rows * sizeof(float)), at_mean_loss = reserve(sizeof(float));
-  const size_t at_num_valid = reserve(sizeof(int));
+  const size_t at_losses = layout.reserve(rows * sizeof(float)), at_mean_loss = layout.reserve(sizeof(float));
+  const size_t at_num_valid = layout.reserve(sizeof(int));
 
+  const size_t end = layout.bytes();
   void* base = nullptr;
   cudaCheck(cudaMalloc(&base, end));
   memory_.reset(base);
@@ -106,13 +90,7 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, end - at_activations, stream_));
   cudaCheck(cudaStreamSynchronize(stream_));  // `reference` is freed on return
 
-  float* host = nullptr;
-  cudaCheck(cudaMallocHost(&host, sizeof(float)));
-  loss_host_.reset(host);
-  *host = NAN;
-  cudaEvent_t e = nullptr;
-  cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
-  loss_event_.reset(e);
+  loss_host_.emplace();
   set_grad_piece_elements(0);
 }
 
@@ -120,11 +98,7 @@ MlpCuda::~MlpCuda() = default;
 
 void MlpCuda::set_grad_piece_elements(int64_t max_elements) {
   pieces_ = grad_pieces_in_backward_order(params_, max_elements);
-  while (piece_events_.size() < pieces_.size()) {
-    cudaEvent_t e = nullptr;
-    cudaCheck(cudaEventCreate(&e));
-    piece_events_.emplace_back(e);
-  }
+  piece_events_.ensure(pieces_.size());
 }
 
 template <typename T>
@@ -145,8 +119,7 @@ void MlpCuda::forward(const float* inputs, const int32_t* targets, int batch) {
     forward_layers<bf16>(inputs, targets, batch);
   else
     forward_layers<float>(inputs, targets, batch);
-  cudaCheck(cudaMemcpyAsync(loss_host_.get(), mean_loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  cudaCheck(cudaEventRecord(loss_event_.get(), stream_));
+  loss_host_->enqueue(mean_loss_, stream_);
   batch_ = batch;
   layer0_input_ = precision_ == Precision::kBf16 ? inputs_bf16_ : static_cast<const void*>(inputs);
 }
@@ -180,10 +153,7 @@ void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B)
   cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets, B, dims_[L], stream_);
 }
 
-float MlpCuda::loss() const {
-  cudaCheck(cudaEventSynchronize(loss_event_.get()));
-  return *loss_host_;
-}
+float MlpCuda::loss() const { return loss_host_->wait(); }
 
 void MlpCuda::backward(const GradReadyHook& on_ready) {
   if (batch_ < 0) throw std::logic_error("MlpCuda::backward: no forward since the last backward");
@@ -198,27 +168,20 @@ void MlpCuda::backward(const GradReadyHook& on_ready) {
 template <typename T>
 void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
   const int B = batch_;
-  size_t piece = 0;  // pieces_ is in exactly the order this loop finalises them
-  const auto ready = [&](int param) {
-    if (pieces_.at(piece).param != param) throw std::logic_error("MlpCuda: gradient pieces out of order");
-    cudaCheck(cudaEventRecord(piece_events_[piece].get(), stream_));
-    if (on_ready) on_ready(static_cast<int>(piece));
-    ++piece;
-  };
+  cuda_model::PieceAnnouncer announce(pieces_, piece_events_, stream_, on_ready);
   const T* dout = as<T>(out_.back());  // dlogits, written by forward
   for (int l = num_linear() - 1; l >= 0; --l) {
     NvtxRange range(nvtx_backward_[l].c_str());
     const Parameter<float>& w = params_[2 * l];
     cuda::bias_backward<T>(params_[2 * l + 1].grad, dout, B, dims_[l + 1], stream_);
-    ready(2 * l + 1);
+    announce.ready(2 * l + 1);
     // The weight gradient before the input gradient, block by block, so each block's communication can start while
     // the rest of backward runs.
     const T* x = l == 0 ? static_cast<const T*>(layer0_input_) : as<T>(out_[l - 1]);
-    while (piece < pieces_.size() && pieces_[piece].param == 2 * l) {
-      const GradPiece& g = pieces_[piece];
-      const int first = static_cast<int>(g.first_row), rows = static_cast<int>(g.numel / dims_[l]);
+    while (const GradPiece* g = announce.next_of(2 * l)) {
+      const int first = static_cast<int>(g->first_row), rows = static_cast<int>(g->numel / dims_[l]);
       cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows, stream_);
-      ready(2 * l);
+      announce.ready(2 * l);
     }
     if (l > 0) {  // the network input needs no gradient
       // x, the GELU output, is dead once the weight-gradient GEMMs that read it are enqueued (same stream): its

@@ -20,11 +20,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
+#include "model/cuda_common.h"
 #include "model/mlp.h"
 #include "model/precision.h"
 
@@ -57,7 +58,7 @@ class MlpCuda {
   const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
   // Recorded on the stream by every backward once grad_pieces()[k] is final. Timing is enabled: the trainer reads a
   // bucket's ready time from its last piece's event after the step.
-  cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k).get(); }
+  cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k); }
 
   // inputs [batch, input_dim] fp32 and targets [batch] in [0, num_classes), device memory, 0 <= batch <= max_batch.
   // Enqueues the layers, the fused softmax cross-entropy (which also writes the gradient of the mean loss for
@@ -83,17 +84,6 @@ class MlpCuda {
   int64_t gemm_flops_per_sample() const;
 
  private:
-  struct CudaFree {
-    void operator()(void* p) const { cudaFree(p); }
-  };
-  struct CudaFreeHost {
-    void operator()(float* p) const { cudaFreeHost(p); }
-  };
-  struct EventDestroy {
-    void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
-  };
-  using Event = std::unique_ptr<CUevent_st, EventDestroy>;
-
   int num_linear() const { return static_cast<int>(dims_.size()) - 1; }
   template <typename T>
   void forward_layers(const float* inputs, const int32_t* targets, int batch);
@@ -110,12 +100,12 @@ class MlpCuda {
   std::vector<Parameter<float>> params_;
   int64_t num_params_ = 0;
   std::vector<GradPiece> pieces_;
-  std::vector<Event> piece_events_;
+  cuda_model::PieceEvents piece_events_;
   std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "fc<l> forward" / "fc<l> backward"
   cuda::GemmContext gemm_;
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
-  std::unique_ptr<void, CudaFree> memory_;
+  cuda_model::DeviceMemory memory_;
   float* flat_params_ = nullptr;
   float* flat_grads_ = nullptr;
   __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 only: the flat parameters converted, same offsets
@@ -126,8 +116,7 @@ class MlpCuda {
   float* mean_loss_ = nullptr;
   int* num_valid_ = nullptr;
 
-  std::unique_ptr<float, CudaFreeHost> loss_host_;  // pinned: the copy stays asynchronous
-  Event loss_event_;
+  std::optional<cuda_model::LossReadback> loss_host_;  // made once the arguments are checked (it touches the device)
 
   // Set by forward for backward: the batch (-1: no backward pending) and the first Linear's input as its GEMM read
   // it (the caller's fp32 inputs, or their bf16 copy).

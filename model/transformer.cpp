@@ -13,12 +13,7 @@
 namespace ddplab {
 namespace {
 
-// Block parameters in registration order; the index of one is block_param(layer, k).
-// clang-format off
-enum BlockParam {
-  kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcprojW, kFcprojB, kBlockParams
-};
-// clang-format on
+using namespace transformer_block;  // NOLINT: the block's parameter names
 
 template <typename T>
 void EnsureSize(std::vector<T>& v, size_t n) {
@@ -177,13 +172,9 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   if (classify) {
     targets_.assign(targets, targets + B);
   } else {
-    targets_.assign(BS, -1);  // next token inside the sequence; the last position of each has none
-    for (int64_t b = 0; b < B; ++b) {
-      for (int t = 0; t + 1 < lengths_[b]; ++t) {
-        if (!positions_.empty() && positions_[b * S + t + 1] == 0) continue;  // the next sequence's first token
-        targets_[b * S + t] = tokens_[b * S + t + 1];
-      }
-    }
+    targets_.resize(BS);  // next token inside the sequence; the last position of each has none
+    cpu::next_token_targets(targets_.data(), tokens_.data(), lengths_.data(), B, S,
+                            positions_.empty() ? nullptr : positions_.data());
   }
   batch_ = B;
   seq_ = S;
@@ -344,14 +335,11 @@ void Transformer<T>::zero_grad() {
   std::fill(flat_grads_.begin(), flat_grads_.end(), T(0));
 }
 
-template <typename T>
-double Transformer<T>::flops_per_token(int seq_len) const {
-  const double C = config_.d_model, H = config_.mlp_hidden, L = config_.layers;
+double TransformerConfig::flops_per_token(int seq_len) const {
+  const double C = d_model, H = mlp_hidden, L = layers;
   const double blocks = L * (2 * (4 * C * C + 2 * C * H) + 4.0 * seq_len * C);
-  const double head = config_.head == TransformerConfig::Head::kClassify
-                          ? 2 * C * config_.num_classes / std::max(1, seq_len)
-                          : 2 * C * config_.vocab;
-  return blocks + head;
+  const double head_flops = head == Head::kClassify ? 2 * C * num_classes / std::max(1, seq_len) : 2 * C * vocab;
+  return blocks + head_flops;
 }
 
 template class Transformer<float>;

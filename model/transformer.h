@@ -36,10 +36,23 @@ struct TransformerConfig {
   Head head = Head::kClassify;
 
   bool causal() const { return head == Head::kCausalLM; }
+  // Forward FLOPs per token of a batch of sequences of length seq_len: 2 per weight of every Linear in the blocks,
+  // 4 * seq_len * d_model per block for the attention scores and weighted sum (the full square, PaLM's convention),
+  // and the head (LM: 2 d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens).
+  // Training costs about 3x. Embeddings, LayerNorm, GELU, softmax are not counted.
+  double flops_per_token(int seq_len) const;
   // "tiny" (the token-skew lab's model), "small", "gpt2-small" (GPT-2 124M-like, causal LM, for the GPU).
   // Throws std::invalid_argument for any other name.
   static TransformerConfig preset(const std::string& name);
 };
+
+// A block's parameters in registration order: block l's parameter k has registration index
+// (index of h.0.ln1.weight) + kParams * l + k.
+namespace transformer_block {
+// clang-format off
+enum Param : int { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcprojW, kFcprojB, kParams };
+// clang-format on
+}  // namespace transformer_block
 
 template <typename T>
 class Transformer {
@@ -86,18 +99,15 @@ class Transformer {
   // How many terms the last loss averaged: B for kClassify, the positions with a next token for kCausalLM. A DDP
   // trainer that wants the mean over the GLOBAL batch scales its rank's gradient by count * world / global count.
   int64_t loss_count() const { return loss_count_; }
-  // Forward FLOPs per token of a batch of sequences of length seq_len: 2 per weight of every Linear in the blocks,
-  // 4 * seq_len * d_model per block for the attention scores and weighted sum (the full square, PaLM's convention),
-  // and the head (LM: 2 d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens).
-  // Training costs about 3x. Embeddings, LayerNorm, GELU, softmax are not counted.
-  double flops_per_token(int seq_len) const;
+  // TransformerConfig::flops_per_token.
+  double flops_per_token(int seq_len) const { return config_.flops_per_token(seq_len); }
 
  private:
   struct LayerActs {
     std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res_out;
   };
   Parameter<T>& P(int i) { return params_[i]; }
-  int block_param(int layer, int k) const { return block_base_ + 12 * layer + k; }
+  int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
   int head_outputs() const;
 
   TransformerConfig config_;

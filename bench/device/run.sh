@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine (the `device` tool; bench/device/README.md), in one go: unpack the dependency bundle, configure
-# and build with CUDA for sm_90, run the GPU tests and the GPU kernel benchmark, and print one summary table.
+# and build with CUDA for sm_90, run the GPU tests, the GPU kernel benchmark and the models' step benchmarks (ours and
+# PyTorch's), and print one summary table.
 # Logs and CSVs go to $OUT (what the tool brings back: at most 8 files), or .device/out elsewhere.
 #   bench/device/run.sh
 # Knobs: DDPLAB_BUILD (build folder, build-device), DDPLAB_TARGETS (default: all), DDPLAB_CTEST (ctest's selection,
@@ -88,9 +89,21 @@ if [ "${last_rc:-1}" -eq 0 ]; then
          --steps 60 --out "$build/train_ring_np4.h5"  # $out holds at most 8 files: logs only
     note "$(tail -n 1 "$out/mlp.log")"
   fi
+  # The models' training steps, fp32/tf32/bf16, into one log (the tool brings back 8 files): the default MLP, then
+  # gpt2-small (tokens/s, MFU), then PyTorch eager on the same two for the side-by-side.
   m=$build/bench/gpu/bench_mlp_cuda
-  if [ -x "$m" ]; then  # the default MLP's step, fp32/tf32/bf16 (compare: python3 bench/gpu/torch_mlp_step.py)
-    step bench_mlp_cuda mlp.log "$m"
+  if [ -x "$m" ]; then
+    step bench_mlp_cuda models.log "$m"
+  fi
+  t=$build/bench/gpu/bench_transformer_cuda
+  if [ -x "$t" ]; then
+    step bench_transformer_cuda models.log "$t"
+    note "$(grep -E '^bf16' "$out/models.log" | tail -1)"
+  fi
+  if python3 -c 'import torch' 2>/dev/null; then
+    step torch_mlp_step models.log python3 bench/gpu/torch_mlp_step.py
+    step torch_transformer_step models.log python3 bench/gpu/torch_transformer_step.py
+    note "$(grep -E '^bf16' "$out/models.log" | tail -1)"
   fi
 fi
 

@@ -154,11 +154,6 @@ void scale(T* y, T alpha, int64_t n) {
 }
 
 template <typename T>
-void add(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
-template <typename T>
 bool all_finite(const T* x, int64_t n) {
   T poison = 0;
 #pragma omp simd reduction(+ : poison)
@@ -180,7 +175,6 @@ bool all_finite(const T* x, int64_t n) {
   template void adamw_update<T>(T*, const T*, T*, T*, int64_t, float, float, float, float, float, int);          \
   template void sgd_update<T>(T*, const T*, T*, int64_t, float, float, float);                                   \
   template void scale<T>(T*, T, int64_t);                                                                       \
-  template void add<T>(T*, const T*, const T*, int64_t);                                                         \
   template bool all_finite<T>(const T*, int64_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(double)

@@ -60,10 +60,6 @@ void sgd_update(T* params, const T* grads, T* momentum_buf, int64_t n, float lr,
 template <typename T>
 void scale(T* y, T alpha, int64_t n);
 
-// out = a + b (the ring all-reduce's reduction); out may alias a or b.
-template <typename T>
-void add(T* out, const T* a, const T* b, int64_t n);
-
 // Whether every element is finite (no NaN, no Inf). One vectorised pass: x*0 is 0 exactly when x is finite.
 template <typename T>
 bool all_finite(const T* x, int64_t n);

@@ -587,6 +587,18 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
   }
 }
 
+void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B, int S,
+                        const int32_t* positions) {
+  for (int b = 0; b < B; ++b) {
+    const int64_t row = static_cast<int64_t>(b) * S;
+    const int L = length_of(lengths, b, S);
+    for (int t = 0; t < S; ++t) {
+      const bool has_next = t + 1 < L && !(positions && positions[row + t + 1] == 0);
+      targets[row + t] = has_next ? tokens[row + t + 1] : -1;
+    }
+  }
+}
+
 #define DDPLAB_INSTANTIATE(T)                                                                                          \
   template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int, int, int,           \
                                      const int32_t*);                                                                  \

@@ -72,6 +72,11 @@ T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32
 template <typename T>
 void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V, T scale = 1);
 
+// The causal LM's targets: targets[b,t] = tokens[b,t+1] when t + 1 < len[b] and token t + 1 belongs to the same
+// sequence (positions[b,t+1] != 0 when packed), else -1 (no target: ignored by the cross-entropy). [B, S] each.
+void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B, int S,
+                        const int32_t* positions = nullptr);
+
 // out[b,:] = mean over t < len[b] of inp[b,t,:] (0 for a zero-length sequence). inp [B, S, C], out [B, C].
 template <typename T>
 void mean_pool_forward(T* out, const T* inp, const int32_t* lengths, int B, int S, int C);

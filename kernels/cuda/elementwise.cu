@@ -1,6 +1,5 @@
 // Elementwise kernels: kernels first, launchers last (see elementwise.h for the contracts).
 #include <algorithm>
-#include <cstdint>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
@@ -47,20 +46,16 @@ __global__ void bias_forward_kernel(float* out, const float* bias, int B, int OC
   }
 }
 
-__global__ void scale_kernel(float* y, float alpha, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) y[i] *= alpha;
+template <typename T>
+__global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    out[i] = detail::from_float<T>(detail::to_float(a[i]) + detail::to_float(b[i]));
 }
 
-// A pure stream (two loads, one store per element): 16-byte accesses halve the instructions per byte.
-__global__ void add_vec4_kernel(float4* out, const float4* a, const float4* b, int64_t n4) {
-  for (int64_t i = global_index(); i < n4; i += grid_stride()) {
-    const float4 x = a[i], y = b[i];
-    out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-  }
-}
-
-__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) out[i] = a[i] + b[i];
+template <typename T>
+__global__ void scale_kernel(T* y, float alpha, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    y[i] = detail::from_float<T>(detail::to_float(y[i]) * alpha);
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -70,6 +65,13 @@ template <typename T>
 void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   gelu_backward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, inp, dout, n);
+  cudaCheck(cudaGetLastError());
+}
+
+template <typename T>
+void launch_scale(T* y, float alpha, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -100,27 +102,18 @@ void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t str
   cudaCheck(cudaGetLastError());
 }
 
-void scale(float* y, float alpha, int64_t n, cudaStream_t stream) {
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  scale_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
+  residual_forward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(out, a, b, n);
   cudaCheck(cudaGetLastError());
 }
+template void residual_forward<float>(float*, const float*, const float*, int64_t, cudaStream_t);
+template void residual_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int64_t,
+                                              cudaStream_t);
 
-void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(float4) == 0; };
-  int64_t done = 0;
-  if (aligned(out) && aligned(a) && aligned(b)) {
-    const int64_t n4 = n / 4;
-    if (n4 > 0)
-      add_vec4_kernel<<<detail::grid_size(n4), detail::kBlockSize, 0, stream>>>(
-          reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b), n4);
-    done = 4 * n4;
-  }
-  if (done < n)
-    add_kernel<<<detail::grid_size(n - done), detail::kBlockSize, 0, stream>>>(out + done, a + done, b + done,
-                                                                               n - done);
-  cudaCheck(cudaGetLastError());
-}
+void scale(float* y, float alpha, int64_t n, cudaStream_t stream) { launch_scale(y, alpha, n, stream); }
+
+void scale(__nv_bfloat16* y, float alpha, int64_t n, cudaStream_t stream) { launch_scale(y, alpha, n, stream); }
 
 }  // namespace ddplab::cuda

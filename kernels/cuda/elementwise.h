@@ -1,5 +1,6 @@
 // Elementwise ops on the device: the CUDA twins of kernels/cpu/ops.h, same names and argument order (outputs, inputs,
-// sizes), plus the stream they are enqueued on. fp32, except the bf16 GELU backward of the MLP's bf16 step.
+// sizes), plus the stream they are enqueued on. fp32, and bf16 where a bf16 step needs them (GELU backward, the
+// residual add, scale); bf16 variants compute in fp32 and round the result once.
 // Asynchronous: they return once the kernel is launched, and throw std::runtime_error if the launch fails. n == 0
 // launches nothing. Plain C++ may include this header; the kernels live in elementwise.cu.
 #pragma once
@@ -21,11 +22,13 @@ void gelu_backward(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const __nv_bfl
 // out[B,OC] += bias[OC] (in place, broadcast over rows)
 void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t stream);
 
+// out = a + b: the transformer's residual connection (cpu::residual_forward) and the GPU ring all-reduce's reduction
+// (comm/ring_cuda.h). out may alias a or b.
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream);
+
 // y *= alpha
 void scale(float* y, float alpha, int64_t n, cudaStream_t stream);
-
-// out = a + b, the ring all-reduce's reduction (comm/ring_cuda.h); out may alias a or b. Any alignment: 16-byte
-// vectors when all three pointers allow, scalars otherwise.
-void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+void scale(__nv_bfloat16* y, float alpha, int64_t n, cudaStream_t stream);
 
 }  // namespace ddplab::cuda

@@ -67,7 +67,8 @@ for np in 1 2; do
   expect_error $np "--device cuda: --ring-link needs --comm ring" train "${small[@]}" "${cuda[@]}" --ring-link ipc
   expect_error $np "--ring-link needs --device cuda" train "${small[@]}" --ring-link host
   expect_error $np "--ring-link: tcp not in {auto,nccl,ipc,host}" train "${small[@]}" --ring-link tcp
-  expect_error $np "--device cuda: trains the MLP only (got --model tiny)" train --model tiny "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --batching pack needs attention within packed rows" \
+    train --model tiny --head lm --batching pack "${cuda[@]}" --steps 2
   expect_error $np "--precision: unknown precision 'fp16'" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
   expect_error $np "--device cuda: gradients travel in fp32" train "${small[@]}" "${cuda[@]}" --comm-dtype bf16

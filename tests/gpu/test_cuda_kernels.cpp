@@ -1,6 +1,7 @@
 // The transformer's and the MLP's CUDA kernel families against their CPU references (kernels/cpu/ops.h,
 // kernels/cpu/transformer_ops.h, comm/wire.h): LayerNorm, fused softmax cross-entropy, embedding, attention, the
-// cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check.
+// cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check, the residual add and bf16 scale, the mean
+// pool and the next-token targets.
 //
 // CudaKernelsHost.* runs without a GPU (argument checks, zero-size calls, workspace sizes) and must pass anywhere.
 // CudaKernels.* needs a device and skips with the reason otherwise. Each runs on fresh random inputs, with
@@ -23,9 +24,11 @@
 #include "kernels/cpu/transformer_ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -79,6 +82,11 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::f32_to_bf16(nullptr, nullptr, 0, s));
   EXPECT_NO_THROW(cuda::bf16_to_f32(nullptr, nullptr, 0, s));
   EXPECT_NO_THROW(cuda::scale_and_check_finite(nullptr, 2.0f, 0, nullptr, s));
+  EXPECT_NO_THROW(cuda::residual_forward<bf16>(nullptr, nullptr, nullptr, 0, s));
+  EXPECT_NO_THROW(cuda::scale(static_cast<bf16*>(nullptr), 2.0f, 0, s));
+  EXPECT_NO_THROW(cuda::mean_pool_forward<float>(nullptr, nullptr, nullptr, 0, 5, 8, s));
+  EXPECT_NO_THROW(cuda::mean_pool_backward<bf16>(nullptr, nullptr, nullptr, 3, 0, 8, s));
+  EXPECT_NO_THROW(cuda::next_token_targets(nullptr, nullptr, nullptr, 0, 7, s));
   EXPECT_EQ(ctx.cached_plans(), 0);
 }
 
@@ -105,6 +113,9 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
         << begin << ".." << end;
   EXPECT_THROW(cuda::f32_to_bf16(nullptr, &f, -1, s), std::invalid_argument);
   EXPECT_THROW(cuda::scale_and_check_finite(&f, 2.0f, 4, nullptr, s), std::invalid_argument);
+  EXPECT_THROW(cuda::mean_pool_forward<float>(&f, &f, &i, 2, 3, 0, s), std::invalid_argument);
+  EXPECT_THROW(cuda::mean_pool_backward<float>(&f, &f, &i, -1, 3, 4, s), std::invalid_argument);
+  EXPECT_THROW(cuda::next_token_targets(&i, &i, &i, 2, -1, s), std::invalid_argument);
   EXPECT_EQ(ctx.cached_plans(), 0);
 }
 
@@ -610,6 +621,102 @@ TEST_F(CudaKernels, ScaleAndCheckFinite) {
       }
     }
   }
+}
+
+// The residual add and the bf16 scale: one fp32 add or multiply per element on both sides, so fp32 is bitwise the
+// CPU's and bf16 is the CPU's result (on bf16-rounded inputs) rounded once. In place (out over a or b) as the
+// transformer calls it. Odd sizes, unaligned starts.
+TEST_F(CudaKernels, ResidualAndBf16ScaleMatchCpu) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{100003}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> a = random_vector(n, -4, 4, 91), b = random_vector(n, -4, 4, 92);
+    std::vector<float> sum(n);
+    cpu::residual_forward(sum.data(), a.data(), b.data(), n);
+    DeviceArray d_a(a, stream_), d_b(b, stream_), d_out(n, stream_);
+    cuda::residual_forward<float>(d_out.get(), d_a.get(), d_b.get(), n, stream_);
+    EXPECT_TRUE(BitwiseEqual(d_out.download(), sum)) << "fp32";
+    cuda::residual_forward<float>(d_b.get(), d_a.get(), d_b.get(), n, stream_);
+    EXPECT_TRUE(BitwiseEqual(d_b.download(), sum)) << "fp32, out over b";
+
+    const std::vector<float> a16 = round_bf16(a), b16 = round_bf16(b);
+    std::vector<float> sum16(n);
+    cpu::residual_forward(sum16.data(), a16.data(), b16.data(), n);
+    DeviceBuffer<bf16> d_a16(to_bf16(a16), stream_), d_b16(to_bf16(b16), stream_);
+    cuda::residual_forward<bf16>(d_a16.get(), d_a16.get(), d_b16.get(), n, stream_);
+    EXPECT_TRUE(BitwiseEqual(to_f32(d_a16.download()), round_bf16(sum16))) << "bf16, out over a";
+
+    const float alpha = 0.37f;
+    std::vector<float> scaled = b16;
+    cpu::scale(scaled.data(), alpha, n);
+    cuda::scale(d_b16.get(), alpha, n, stream_);
+    EXPECT_TRUE(BitwiseEqual(to_f32(d_b16.download()), round_bf16(scaled))) << "bf16 scale";
+  }
+}
+
+// Mean pool: the same additions in the same order and one multiply, so fp32 is bitwise the CPU's; bf16 inputs are
+// pre-rounded and the fp32 result is rounded once (bitwise too). Lengths full, partial, 1 and 0; padded rows of the
+// input are NaN (never read) and padded rows of dinp must come out exactly 0.
+template <typename T>
+void mean_pool_matches_cpu(cudaStream_t stream) {
+  constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  struct Shape {
+    int B, S, C;
+    std::vector<int32_t> lengths;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1, {1}}, Shape{4, 9, 5, {9, 4, 1, 0}}, Shape{3, 130, 768, {130, 77, 2}},
+                          Shape{2, 5, 300, {3, 5}}}) {
+    const int B = sh.B, S = sh.S, C = sh.C;
+    SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}}));
+    std::vector<float> inp = random_vector(int64_t{B} * S * C, -2, 2, 101 + S);
+    std::vector<float> dout = random_vector(int64_t{B} * C, -2, 2, 102 + C);
+    if constexpr (kBf16) inp = round_bf16(inp), dout = round_bf16(dout);
+    for (int b = 0; b < B; ++b)
+      std::fill(inp.begin() + (int64_t{b} * S + sh.lengths[b]) * C, inp.begin() + int64_t{b + 1} * S * C, kNaN);
+    std::vector<float> out(int64_t{B} * C), dinp(inp.size());
+    cpu::mean_pool_forward(out.data(), inp.data(), sh.lengths.data(), B, S, C);
+    cpu::mean_pool_backward(dinp.data(), dout.data(), sh.lengths.data(), B, S, C);
+    const auto upload = [&](const std::vector<float>& x) {
+      if constexpr (kBf16)
+        return std::make_unique<DeviceBuffer<T>>(to_bf16(x), stream);
+      else
+        return std::make_unique<DeviceBuffer<T>>(x, stream);
+    };
+    const auto download = [](const DeviceBuffer<T>& d) {
+      if constexpr (kBf16)
+        return to_f32(d.download());
+      else
+        return d.download();
+    };
+    auto d_inp = upload(inp), d_dout = upload(dout);
+    DeviceBuffer<int32_t> d_lengths(sh.lengths, stream);
+    DeviceBuffer<T> d_out(out.size(), stream), d_dinp(dinp.size(), stream);
+    cuda::mean_pool_forward<T>(d_out.get(), d_inp->get(), d_lengths.get(), B, S, C, stream);
+    cuda::mean_pool_backward<T>(d_dinp.get(), d_dout->get(), d_lengths.get(), B, S, C, stream);
+    EXPECT_TRUE(BitwiseEqual(download(d_out), kBf16 ? round_bf16(out) : out)) << "out";
+    EXPECT_TRUE(BitwiseEqual(download(d_dinp), kBf16 ? round_bf16(dinp) : dinp)) << "dinp";
+  }
+}
+
+TEST_F(CudaKernels, MeanPoolFp32MatchesCpu) { mean_pool_matches_cpu<float>(stream_); }
+TEST_F(CudaKernels, MeanPoolBf16MatchesCpu) { mean_pool_matches_cpu<bf16>(stream_); }
+
+// Next-token targets: integers, so bitwise; padded tokens are out of range (never read), lengths full, partial, 1.
+TEST_F(CudaKernels, NextTokenTargetsMatchCpu) {
+  const int B = 4, S = 37;
+  const std::vector<int32_t> lengths = {37, 20, 1, 2};
+  std::vector<int32_t> tokens(int64_t{B} * S);
+  for (int64_t r = 0; r < int64_t{B} * S; ++r)
+    tokens[r] = r % S < lengths[r / S] ? static_cast<int32_t>(r * 7 % 101) : -99;
+  std::vector<int32_t> targets(tokens.size());
+  cpu::next_token_targets(targets.data(), tokens.data(), lengths.data(), B, S);
+  DeviceBuffer<int32_t> d_tokens(tokens, stream_), d_lengths(lengths, stream_), d_targets(tokens.size(), stream_);
+  cuda::next_token_targets(d_targets.get(), d_tokens.get(), d_lengths.get(), B, S, stream_);
+  EXPECT_EQ(d_targets.download(), targets);
+  cuda::next_token_targets(d_targets.get(), d_tokens.get(), nullptr, 1, S, stream_);  // null lengths: all S
+  std::vector<int32_t> full(S);
+  cpu::next_token_targets(full.data(), tokens.data(), nullptr, 1, S);
+  const std::vector<int32_t> got = d_targets.download();
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + S), full);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // CudaTrainer under mpirun (tests/mpi/mpi_test_main.cpp), np 1 and 2: GPU data parallelism against one GPU with the
-// global batch, the bucket timings, the non-finite stop and skip, and the refusal without a device.
+// global batch (the MLP and the transformer), the bucket timings, the non-finite stop and skip, and the refusal
+// without a device.
 //
 // Equivalence tolerance: as tests/mpi/test_ddp_equivalence.cpp, the two runs differ only in fp32 summation order
 // (the GEMMs' reduction over N·B rows versus N per-rank reductions summed by NCCL and scaled by 1/N), so 1e-5
@@ -187,6 +188,87 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaDdpEquivalence,
                            return c.comm + (c.comm == "ring" ? "_" + c.ring_link : "") + "_accum" +
                                   std::to_string(c.grad_accum) + (c.overlap ? "_overlap" : "_no_overlap") +
                                   (c.grad_slice_mb > 0 ? "_sliced" : "");
+                         });
+
+// The transformer (both heads, variable lengths, --grad-accum 1 and 2): N ranks train what one GPU trains with the
+// global batch, as the CPU Trainer does (tests/mpi/test_ddp_equivalence.cpp). The ranks' batches count different
+// numbers of loss terms, so this checks the weighting (TokenBatches::weight and micro_scale, folded into backward's
+// loss scale) as well as the averaging. Same tolerances as the MLP's: the runs differ in fp32 summation order only
+// (the embedding's dwte atomics included), 1e-5 on the parameters after six AdamW steps; 1e-3 relative on the loss
+// against the CPU Trainer (GEMM order, GELU's tanh, attention's scale after the dot product).
+struct TokenCase {
+  const char* head;
+  int grad_accum;
+};
+
+class CudaTransformerDdpEquivalence : public CudaTrainerTest, public testing::WithParamInterface<TokenCase> {};
+
+TEST_P(CudaTransformerDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
+  const TokenCase p = GetParam();
+  TrainConfig config = small_config();
+  config.model = "tiny";
+  config.head = p.head;
+  config.grad_accum = p.grad_accum;
+  config.min_len = 4;
+  config.max_len = 24;
+  config.outlier_prob = 0.2;
+  config.batch = 3;
+  config.epoch_size = 1000;
+  // AdamW turns a gradient that is 0 in exact arithmetic but rounding noise in practice (the key bias's: softmax
+  // ignores a shift common to all scores) into a step of up to ~lr / 10 with the noise's sign, which differs between
+  // the two runs. An eps far above that noise (~1e-8) keeps such steps negligible and the others (gradients ~1e-3)
+  // about as they were. (The CPU test of the same equivalence uses SGD, which has no such amplification.)
+  config.optimizer.eps = 1e-4f;
+  std::vector<float> initial, trained;
+  std::vector<double> mean_loss(config.steps);
+  {
+    CudaTrainer ddp(config, MPI_COMM_WORLD);
+    initial = ddp.parameters();
+    for (int step = 0; step < config.steps; ++step) {
+      const double loss = ddp.step(step, 0).loss;
+      ASSERT_TRUE(identical_across_ranks(ddp.parameters())) << "ranks diverged after step " << step;
+      MPI_Allreduce(&loss, &mean_loss[step], 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      mean_loss[step] /= world_size();
+    }
+    trained = ddp.parameters();
+  }
+  if (world_rank() == 0) {
+    TrainConfig global = config;
+    global.batch = config.batch * config.grad_accum * world_size();
+    global.grad_accum = 1;
+    CudaTrainer single(global, MPI_COMM_SELF);
+    TrainConfig on_cpu = global;
+    on_cpu.device = "cpu";
+    on_cpu.comm = "ring";
+    Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
+    Trainer cpu(on_cpu, self);
+    for (int step = 0; step < config.steps; ++step) {
+      const double single_loss = single.step(step, 0).loss, cpu_loss = cpu.step(step, 0).loss;
+      // The ranks' losses are means over their own terms: only their weighted mean is the global one, so the plain
+      // mean over ranks matches at one rank (and with equal counts) only.
+      if (world_size() == 1 && config.grad_accum == 1) {
+        EXPECT_NEAR(mean_loss[step], single_loss, 1e-5 * std::abs(single_loss)) << "step " << step;
+      }
+      EXPECT_NEAR(single_loss, cpu_loss, 1e-3 * std::abs(cpu_loss)) << "step " << step << " against the CPU";
+    }
+    const std::vector<float> reference = single.parameters();
+    const std::vector<float> cpu_params(cpu.workload().flat_params(),
+                                        cpu.workload().flat_params() + cpu.workload().num_parameters());
+    const double diff = max_abs_diff(trained, reference), moved = max_abs_diff(trained, initial);
+    EXPECT_LE(diff, 1e-5);
+    EXPECT_GT(moved, 1e-4) << "training must move the parameters far more than the tolerance";
+    std::printf(
+        "  %s, accum %d: max |ddp - single GPU| = %.3g (tol 1e-5), |single GPU - CPU| = %.3g, "
+        "|trained - init| = %.3g\n",
+        p.head, p.grad_accum, diff, max_abs_diff(reference, cpu_params), moved);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadsAccumulation, CudaTransformerDdpEquivalence,
+                         testing::Values(TokenCase{"classify", 1}, TokenCase{"lm", 1}, TokenCase{"lm", 2}),
+                         [](const testing::TestParamInfo<TokenCase>& info) {
+                           return std::string(info.param.head) + "_accum" + std::to_string(info.param.grad_accum);
                          });
 
 // Each bucket's ready <= comm start <= comm end; the phases tile the step; with overlap on, every bucket but the

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""PyTorch eager on what bench_transformer_cuda measures: the gpt2-small preset (GPT-2 124M's shapes, pre-LN, tanh
+GELU, learned positions, an untied LM head with bias: 163M parameters), batch 8 x 1024 tokens, next-token
+cross-entropy, AdamW (lr 1e-3, weight decay 0.01); one training step timed the same way (steps back to back, an event
+at every step boundary, median over --steps after --warmup). TFLOP/s counts ddplab's FLOPs (3 x
+TransformerConfig::flops_per_token x tokens / step); MFU is against 989 TFLOP/s, the dense bf16 peak of an H100 SXM
+(the H200's too).
+
+Precision as ddplab's: fp32 (TF32 off), tf32 (allow_tf32 on matmuls), bf16 (autocast: bf16 matmuls on bf16 copies of
+the fp32 weights, made every forward; fp32 gradients and optimizer). Attention: --attention sdpa (default, PyTorch's
+fused scaled_dot_product_attention, what a PyTorch user runs) or manual (softmax(q k^T / sqrt(hs)) v with the S x S
+matrix stored, as ddplab's kernels do today). --ddp wraps the model in DistributedDataParallel at world size 1 (NCCL,
+one process), to show what the wrapper costs. AdamW is the fused single-kernel version by default.
+
+  bench/gpu/torch_transformer_step.py [--steps 10] [--warmup 3] [--batch 8] [--seq 1024] [--precision P]
+                                      [--attention sdpa|manual] [--ddp] [--adamw fused|foreach] [--csv out.csv]
+"""
+import argparse
+import math
+import os
+import statistics
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# gpt2-small in model/transformer.cpp's TransformerConfig::preset
+VOCAB, D_MODEL, HEADS, LAYERS, MLP_HIDDEN, MAX_LEN = 50257, 768, 12, 12, 3072, 1024
+PEAK_BF16_DENSE_TFLOPS = 989.0
+
+
+def flops_per_token(seq):
+    """TransformerConfig::flops_per_token for the LM head."""
+    c, h = D_MODEL, MLP_HIDDEN
+    return LAYERS * (2 * (4 * c * c + 2 * c * h) + 4.0 * seq * c) + 2 * c * VOCAB
+
+
+class Block(nn.Module):
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+        self.ln1, self.ln2 = nn.LayerNorm(D_MODEL), nn.LayerNorm(D_MODEL)
+        self.qkv, self.proj = nn.Linear(D_MODEL, 3 * D_MODEL), nn.Linear(D_MODEL, D_MODEL)
+        self.fc, self.fcproj = nn.Linear(D_MODEL, MLP_HIDDEN), nn.Linear(MLP_HIDDEN, D_MODEL)
+
+    def attend(self, x):
+        b, s, c = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, HEADS, c // HEADS).permute(2, 0, 3, 1, 4)  # each [b, heads, s, hs]
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(c // HEADS)
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, s, c))
+
+    def forward(self, x):
+        x = x + self.attend(self.ln1(x))
+        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class Gpt2Small(nn.Module):
+    def __init__(self, attention):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, D_MODEL), nn.Embedding(MAX_LEN, D_MODEL)
+        self.blocks = nn.ModuleList(Block(attention) for _ in range(LAYERS))
+        self.lnf, self.head = nn.LayerNorm(D_MODEL), nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.lnf(x))
+        # next-token targets: position t predicts token t + 1; the last position has none
+        return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
+
+
+def step_time_ms(precision, args):
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.manual_seed(1)
+    model = Gpt2Small(args.attention).cuda()
+    params = sum(p.numel() for p in model.parameters())
+    if args.ddp:
+        model = nn.parallel.DistributedDataParallel(model)
+    fused = args.adamw == "fused"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=fused, foreach=not fused)
+    tokens = torch.randint(0, VOCAB, (args.batch, args.seq), device="cuda")
+
+    total = args.warmup + args.steps
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
+    for i in range(total):
+        events[i].record()
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = model(tokens)
+        loss.backward()
+        opt.step()
+    events[total].record()
+    torch.cuda.synchronize()
+    if not torch.isfinite(loss):
+        raise RuntimeError("non-finite loss")
+    ms = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, total))
+    tokens_per_s = args.batch * args.seq / (ms * 1e-3)
+    tflops = 3 * flops_per_token(args.seq) * tokens_per_s / 1e12
+    del model, opt
+    torch.cuda.empty_cache()
+    return ms, tokens_per_s, tflops, params
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], help="one precision instead of all three")
+    ap.add_argument("--attention", choices=["sdpa", "manual"], default="sdpa")
+    ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel at world size 1")
+    ap.add_argument("--adamw", choices=["fused", "foreach"], default="fused")
+    ap.add_argument("--csv")
+    args = ap.parse_args()
+    if args.ddp:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(f"PyTorch eager{' + DDP (ws 1)' if args.ddp else ''}, gpt2-small, batch {args.batch} x {args.seq} tokens, "
+          f"attention {args.attention}, AdamW ({args.adamw}); median of {args.steps} steps after {args.warmup} "
+          f"warm-up; MFU against {PEAK_BF16_DENSE_TFLOPS:.0f} TFLOP/s (dense bf16)")
+    print(f"{'precision':<9} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+    rows = []
+    for precision in [args.precision] if args.precision else ["fp32", "tf32", "bf16"]:
+        ms, tokens_per_s, tflops, params = step_time_ms(precision, args)
+        mfu = tflops / PEAK_BF16_DENSE_TFLOPS
+        print(f"{precision:<9} {ms:>9.3f} {tokens_per_s:>10.0f} {tflops:>8.1f} {100 * mfu:>5.1f}%")
+        rows.append(f"{precision},{args.batch},{args.seq},{args.attention},{int(args.ddp)},{ms:.6f},"
+                    f"{tokens_per_s:.1f},{tflops:.3f},{mfu:.5f}")
+    print(f"({params / 1e6:.1f}M parameters)")
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("precision,batch,seq,attention,ddp,step_ms,tokens_per_s,tflop_per_s,mfu\n" + "\n".join(rows) + "\n")
+    if args.ddp:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

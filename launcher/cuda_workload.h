@@ -1,0 +1,55 @@
+// What the CudaTrainer (launcher/cuda_trainer.h) trains: a model on the device and its data, the GPU twin of
+// launcher/workload.h. The trainer owns the streams, the step, the reducer and AdamW; a CudaWorkload owns the model
+// and two staging slots (pinned host memory and its device copy) for the steps' batches, and fills them.
+//   mlp                    MlpCuda on synthetic classification data, sharded as the CPU MLP's
+//   tiny|small|gpt2-small  TransformerCuda on the CPU transformer's token batches and loss weighting
+//                          (launcher/token_batches.h)
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/train_config.h"
+#include "launcher/workload.h"  // BatchStats
+#include "model/mlp.h"          // Parameter, GradPiece, GradReadyHook
+
+namespace ddplab {
+
+class CudaWorkload {
+ public:
+  static constexpr int kSlots = 2;  // step s uses slot s % 2 while step s + 1's is filled and copied
+
+  virtual ~CudaWorkload() = default;
+  // The model, as MlpCuda and TransformerCuda have it: the CPU model's names, shapes and flat layout, device memory.
+  virtual const std::vector<Parameter<float>>& parameters() const = 0;
+  virtual int64_t num_parameters() const = 0;
+  virtual float* flat_params() = 0;
+  virtual float* flat_grads() = 0;
+  virtual void set_grad_piece_elements(int64_t max_elements) = 0;
+  virtual const std::vector<GradPiece>& grad_pieces() const = 0;
+  virtual cudaEvent_t piece_ready_event(int piece) const = 0;
+  virtual void zero_grad() = 0;
+  virtual std::string describe() const = 0;  // the model and its data, one line
+
+  // Fills `slot` with step `step`'s micro-batches in pinned host memory and queues their copy to the device on
+  // `copy`; returns what they hold. Meant for a helper thread: it touches that slot and the data source only, and
+  // is called for the steps in ascending order, one call at a time.
+  virtual BatchStats stage(int slot, int64_t step, cudaStream_t copy) = 0;
+  // Enqueue micro-batch `micro` of the step staged in `slot` on the model's stream, which the caller has ordered
+  // after the slot's copy. backward weighs the micro-batch's gradient as the CPU workload does (its share of this
+  // rank's loss terms, and this rank's share of the step's), so the reducer's 1 / (world x micro-batches) gives the
+  // gradient of the global mean loss.
+  virtual void forward(int slot, int micro) = 0;
+  virtual void backward(int slot, int micro, const GradReadyHook& on_ready) = 0;
+  // The last forward's loss as the CPU workload's forward() returns it; waits for that loss only.
+  virtual double loss() const = 0;
+};
+
+// The model on the device of the current thread, enqueuing on `compute`. The config must have passed validate().
+std::unique_ptr<CudaWorkload> make_cuda_workload(const TrainConfig& config, int rank, int world_size,
+                                                 cudaStream_t compute);
+
+}  // namespace ddplab

@@ -1,0 +1,134 @@
+// What the GPU models (model/mlp_cuda.h, model/transformer_cuda.h) share: one device allocation carved into aligned
+// buffers, the per-piece events and their announcement to the gradient-ready hook, the mean loss's asynchronous
+// read-back, NVTX ranges. Host code only.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <cmath>
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cuda/check.cuh"
+#include "model/mlp.h"  // GradPiece, GradReadyHook
+
+namespace ddplab::cuda_model {
+
+// Host-side NVTX range: Nsight Systems projects it onto the kernels it enqueued on the stream.
+class NvtxRange {
+ public:
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+struct EventDestroy {
+  void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
+};
+using Event = std::unique_ptr<CUevent_st, EventDestroy>;
+inline Event make_event(unsigned flags) {
+  cudaEvent_t e = nullptr;
+  cudaCheck(cudaEventCreateWithFlags(&e, flags));
+  return Event(e);
+}
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DeviceMemory = std::unique_ptr<void, CudaFree>;
+
+// Byte offsets of the buffers of one allocation. Each starts on a 256-byte boundary, as if it had its own
+// cudaMalloc: cuBLASLt picks kernels by operand alignment, and the vectorised kernels want 16 bytes.
+class BufferLayout {
+ public:
+  size_t reserve(size_t bytes) {
+    const size_t at = (end_ + kAlign - 1) / kAlign * kAlign;
+    end_ = at + bytes;
+    return at;
+  }
+  size_t bytes() const { return end_; }
+
+ private:
+  static constexpr size_t kAlign = 256;
+  size_t end_ = 0;
+};
+
+// One event per gradient piece, recorded by backward after the piece's last kernel. Timing is enabled: a trainer
+// reads a bucket's ready time from its last piece's event after the step.
+class PieceEvents {
+ public:
+  void ensure(size_t pieces) {
+    while (events_.size() < pieces) events_.push_back(make_event(cudaEventDefault));
+  }
+  cudaEvent_t at(int k) const { return events_.at(k).get(); }
+
+ private:
+  std::vector<Event> events_;
+};
+
+// Backward's side of the readiness contract (GradReadyHook): pieces are announced strictly in grad_pieces() order,
+// each with its event recorded on the stream behind the kernels that finalised it, then the hook called. The host
+// never waits: the hook may make another stream wait on the event.
+class PieceAnnouncer {
+ public:
+  PieceAnnouncer(const std::vector<GradPiece>& pieces, const PieceEvents& events, cudaStream_t stream,
+                 const GradReadyHook& on_ready)
+      : pieces_(pieces), events_(events), stream_(stream), on_ready_(on_ready) {}
+
+  // The next piece if it belongs to `param` (a weight's row blocks are computed one by one), else null.
+  const GradPiece* next_of(int param) const {
+    return next_ < pieces_.size() && pieces_[next_].param == param ? &pieces_[next_] : nullptr;
+  }
+  // The next piece, which must belong to `param`, is final.
+  void ready(int param) {
+    if (!next_of(param)) throw std::logic_error("gradient pieces announced out of order");
+    cudaCheck(cudaEventRecord(events_.at(static_cast<int>(next_)), stream_));
+    if (on_ready_) on_ready_(static_cast<int>(next_));
+    ++next_;
+  }
+  // Every piece of `param` is final (a parameter computed as a whole).
+  void all_of(int param) {
+    do ready(param);
+    while (next_of(param));
+  }
+  bool done() const { return next_ == pieces_.size(); }
+
+ private:
+  const std::vector<GradPiece>& pieces_;
+  const PieceEvents& events_;
+  cudaStream_t stream_;
+  const GradReadyHook& on_ready_;
+  size_t next_ = 0;
+};
+
+// The mean loss of the last forward, copied to pinned host memory behind it on the stream: wait() waits for that
+// copy only, not for later work. NaN before the first copy.
+class LossReadback {
+ public:
+  LossReadback() : done_(make_event(cudaEventDisableTiming)) {  // only ever waited on
+    float* host = nullptr;
+    cudaCheck(cudaMallocHost(&host, sizeof(float)));
+    host_.reset(host);
+    *host = NAN;
+  }
+  void enqueue(const float* device_loss, cudaStream_t stream) {
+    cudaCheck(cudaMemcpyAsync(host_.get(), device_loss, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaEventRecord(done_.get(), stream));
+  }
+  float wait() const {
+    cudaCheck(cudaEventSynchronize(done_.get()));
+    return *host_;
+  }
+
+ private:
+  struct CudaFreeHost {
+    void operator()(float* p) const { cudaFreeHost(p); }
+  };
+  std::unique_ptr<float, CudaFreeHost> host_;
+  Event done_;
+};
+
+}  // namespace ddplab::cuda_model

@@ -1,0 +1,373 @@
+// TransformerCuda: see transformer_cuda.h. Host code only: every kernel it runs is a kernels/cuda launcher, so the
+// host compiler builds this file. Forward and backward follow Transformer<T>::forward/backward line for line
+// (model/transformer.cpp); the comments here say only where the GPU differs.
+#include "model/transformer_cuda.h"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <type_traits>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/sequence.h"
+#include "kernels/cuda/softmax_ce.h"
+
+namespace ddplab {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda_model::NvtxRange;
+using namespace transformer_block;  // NOLINT: the block's parameter names
+
+template <typename T>
+T* as(void* p) {
+  return static_cast<T*>(p);
+}
+
+int index_of(const std::vector<Parameter<float>>& params, const std::string& name) {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace
+
+TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision,
+                                 int64_t max_tokens, int max_seq, cudaStream_t stream)
+    : precision_(precision),
+      max_tokens_(max_tokens),
+      max_seq_(max_seq),
+      stream_(stream),
+      // TF32 in bf16 mode too: the only fp32 GEMMs there are attention's, whose q, k and v come from bf16 (exact in
+      // TF32); the Linear layers' bf16 GEMMs accumulate in fp32 whatever the math.
+      gemm_(precision == Precision::kFp32 ? cuda::GemmMath::kFp32 : cuda::GemmMath::kTf32) {
+  if (max_tokens < 1 || max_tokens > INT_MAX || max_seq < 1)
+    throw std::invalid_argument("TransformerCuda: max_tokens must be in [1, 2^31) and max_seq positive, got " +
+                                std::to_string(max_tokens) + " and " + std::to_string(max_seq));
+  // The CPU model defines the registration, the layout and the initial values; taking them from it keeps the two
+  // identical by construction. It also validates the config, on the host.
+  const Transformer<float> reference(config, seed);
+  config_ = reference.config();
+  if (max_seq > config_.max_len)
+    throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
+                                std::to_string(config_.max_len));
+  params_ = reference.parameters();
+  num_params_ = reference.num_parameters();
+  wpe_ = index_of(params_, "wpe");
+  lnf_ = index_of(params_, "lnf.weight");
+  head_ = index_of(params_, "head.weight");
+  block_base_ = lnf_ - kParams * config_.layers;
+  for (int l = 0; l < config_.layers; ++l) {
+    nvtx_forward_.push_back("h" + std::to_string(l) + " forward");
+    nvtx_backward_.push_back("h" + std::to_string(l) + " backward");
+  }
+
+  const bool is_bf16 = precision == Precision::kBf16, classify = !config_.causal();
+  const size_t act = is_bf16 ? sizeof(bf16) : sizeof(float), f32 = sizeof(float);
+  const size_t tokens = static_cast<size_t>(max_tokens), C = config_.d_model, H = config_.mlp_hidden;
+  const size_t NH = config_.heads, K = head_outputs();
+  const int d_model = config_.d_model, heads = config_.heads;
+  // Attention's workspace grows with B * S and S: B * S <= max_tokens rows of at most max_seq are within that of
+  // ceil(max_tokens / max_seq) rows of max_seq. In bf16 it is followed by fp32 copies of its inputs and outputs.
+  const int rows_at_max_seq = static_cast<int>((max_tokens + max_seq - 1) / max_seq);
+  const int64_t bf16_copies = is_bf16 ? max_tokens * d_model : 0;  // floats per [tokens, C] copy
+  const int64_t attention_floats =
+      std::max(cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 4 * bf16_copies,
+               cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 7 * bf16_copies);
+  const int64_t scratch_floats =
+      std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens), d_model));
+
+  cuda_model::BufferLayout layout;
+  const size_t at_params = layout.reserve(num_params_ * f32), at_grads = layout.reserve(num_params_ * f32);
+  const size_t at_weights_bf16 = is_bf16 ? layout.reserve(num_params_ * sizeof(bf16)) : 0;
+  const size_t at_activations = layout.reserve(0);  // from here on: poisoned below
+  const size_t at_encoded = layout.reserve(tokens * C * act);
+  struct BlockOffsets {
+    size_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res_out;
+  };
+  std::vector<BlockOffsets> at_blocks;
+  for (int l = 0; l < config_.layers; ++l) {
+    BlockOffsets o;
+    o.ln1 = layout.reserve(tokens * C * act);
+    o.ln1_mean = layout.reserve(tokens * f32);
+    o.ln1_rstd = layout.reserve(tokens * f32);
+    o.qkv = layout.reserve(3 * tokens * C * act);
+    o.att = layout.reserve(NH * tokens * max_seq * f32);
+    o.atty = layout.reserve(tokens * C * act);
+    o.res_attn = layout.reserve(tokens * C * act);
+    o.ln2 = layout.reserve(tokens * C * act);
+    o.ln2_mean = layout.reserve(tokens * f32);
+    o.ln2_rstd = layout.reserve(tokens * f32);
+    o.fch = layout.reserve(tokens * H * act);
+    o.fch_gelu = layout.reserve(tokens * H * act);
+    o.res_out = layout.reserve(tokens * C * act);
+    at_blocks.push_back(o);
+  }
+  const size_t at_lnf_out = layout.reserve(tokens * C * act), at_lnf_mean = layout.reserve(tokens * f32);
+  const size_t at_lnf_rstd = layout.reserve(tokens * f32);
+  const size_t at_pooled = classify ? layout.reserve(tokens * C * act) : 0;  // B <= max_tokens rows
+  const size_t at_logits = layout.reserve(tokens * K * act);                 // B or B * S rows
+  const size_t at_lm_targets = classify ? 0 : layout.reserve(tokens * sizeof(int32_t));
+  const size_t at_dresid = layout.reserve(tokens * C * act), at_dsmall = layout.reserve(tokens * C * act);
+  const size_t at_dbig = layout.reserve(tokens * std::max(3 * C, H) * act);
+  const size_t at_dpooled = classify ? layout.reserve(tokens * C * act) : 0;
+  const size_t at_scratch = layout.reserve(scratch_floats * f32);
+  const size_t at_losses = layout.reserve(tokens * f32), at_mean_loss = layout.reserve(f32);
+  const size_t at_num_valid = layout.reserve(sizeof(int));
+
+  void* base = nullptr;
+  cudaCheck(cudaMalloc(&base, layout.bytes()));
+  memory_.reset(base);
+  char* const bytes = static_cast<char*>(base);
+  flat_params_ = reinterpret_cast<float*>(bytes + at_params);
+  flat_grads_ = reinterpret_cast<float*>(bytes + at_grads);
+  if (is_bf16) weights_bf16_ = reinterpret_cast<bf16*>(bytes + at_weights_bf16);
+  const auto floats = [bytes](size_t at) { return reinterpret_cast<float*>(bytes + at); };
+  encoded_ = bytes + at_encoded;
+  for (const BlockOffsets& o : at_blocks) {
+    blocks_.push_back(BlockActs{bytes + o.ln1, bytes + o.qkv, bytes + o.atty, bytes + o.res_attn, bytes + o.ln2,
+                                bytes + o.fch, bytes + o.fch_gelu, bytes + o.res_out, floats(o.ln1_mean),
+                                floats(o.ln1_rstd), floats(o.ln2_mean), floats(o.ln2_rstd), floats(o.att)});
+  }
+  lnf_out_ = bytes + at_lnf_out;
+  lnf_mean_ = floats(at_lnf_mean);
+  lnf_rstd_ = floats(at_lnf_rstd);
+  if (classify) {
+    pooled_ = bytes + at_pooled;
+    dpooled_ = bytes + at_dpooled;
+  } else {
+    lm_targets_ = reinterpret_cast<int32_t*>(bytes + at_lm_targets);
+  }
+  logits_ = bytes + at_logits;
+  dresid_ = bytes + at_dresid;
+  dsmall_ = bytes + at_dsmall;
+  dbig_ = bytes + at_dbig;
+  scratch_ = floats(at_scratch);
+  losses_ = floats(at_losses);
+  mean_loss_ = floats(at_mean_loss);
+  num_valid_ = reinterpret_cast<int*>(bytes + at_num_valid);
+  for (Parameter<float>& p : params_) {
+    p.data = flat_params_ + p.offset;
+    p.grad = flat_grads_ + p.offset;
+  }
+
+  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), num_params_ * f32, cudaMemcpyHostToDevice, stream_));
+  cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * f32, stream_));
+  // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
+  // a gradient into NaN, which the tests see.
+  cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, layout.bytes() - at_activations, stream_));
+  cudaCheck(cudaStreamSynchronize(stream_));  // `reference` is freed on return
+  loss_host_.emplace();
+  set_grad_piece_elements(0);
+}
+
+int TransformerCuda::head_outputs() const { return config_.causal() ? config_.vocab : config_.num_classes; }
+
+void TransformerCuda::set_grad_piece_elements(int64_t max_elements) {
+  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
+  piece_events_.ensure(pieces_.size());
+}
+
+template <typename T>
+const T* TransformerCuda::weight(int param) const {
+  if constexpr (std::is_same_v<T, bf16>)
+    return weights_bf16_ + params_[param].offset;
+  else
+    return params_[param].data;
+}
+
+void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S) {
+  const bool classify = !config_.causal();
+  if (B < 0) throw std::invalid_argument("TransformerCuda::forward: negative batch size " + std::to_string(B));
+  if (B > 0 && (S < 1 || S > max_seq_ || int64_t{B} * S > max_tokens_))
+    throw std::invalid_argument("TransformerCuda::forward: " + std::to_string(B) + " rows of " + std::to_string(S) +
+                                " tokens exceed the capacity (rows of at most " + std::to_string(max_seq_) + ", " +
+                                std::to_string(max_tokens_) + " tokens in all)");
+  if (B > 0 && classify && !targets)
+    throw std::invalid_argument("TransformerCuda::forward: the classifier needs targets");
+  NvtxRange range("TransformerCuda forward");
+  batch_ = B;
+  seq_ = B > 0 ? S : 0;
+  tokens_ = tokens;
+  lengths_ = lengths;
+  targets_ = classify ? targets : lm_targets_;
+  if (precision_ == Precision::kBf16)
+    forward_layers<bf16>();
+  else
+    forward_layers<float>();
+  loss_host_->enqueue(mean_loss_, stream_);
+}
+
+template <typename T>
+void TransformerCuda::forward_layers() {
+  const bool classify = !config_.causal();
+  const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
+  const int BT = B * S;
+  const int64_t BTC = int64_t{BT} * C;
+  if constexpr (std::is_same_v<T, bf16>) {
+    // The whole flat buffer every forward (embeddings, biases and LayerNorm included, which stay unused): one pass
+    // over 6 bytes per parameter that cannot go stale, whoever updates the master weights.
+    cuda::f32_to_bf16(weights_bf16_, flat_params_, num_params_, stream_);
+  }
+  T* x = as<T>(encoded_);
+  cuda::embedding_forward<T>(x, tokens_, lengths_, params_[0].data, wpe_ >= 0 ? params_[wpe_].data : nullptr, B, S, C,
+                             stream_);
+  for (int l = 0; l < config_.layers; ++l) {
+    NvtxRange range(nvtx_forward_[l].c_str());
+    const BlockActs& a = blocks_[l];
+    const auto p = [&](int k) { return params_[block_param(l, k)].data; };  // fp32: biases, LayerNorm parameters
+    const auto w = [&](int k) { return weight<T>(block_param(l, k)); };     // as the GEMMs read them
+    T *qkv = as<T>(a.qkv), *atty = as<T>(a.atty), *res_attn = as<T>(a.res_attn), *res_out = as<T>(a.res_out);
+    cuda::layernorm_forward<T>(as<T>(a.ln1), a.ln1_mean, a.ln1_rstd, x, p(kLn1W), p(kLn1B), BT, C, stream_);
+    cuda::matmul_forward<T>(gemm_, qkv, as<T>(a.ln1), w(kQkvW), p(kQkvB), BT, C, 3 * C, stream_);
+    attention_forward<T>(atty, a.att, qkv);
+    // The projection is written where its residual sum goes, then x is added in place.
+    cuda::matmul_forward<T>(gemm_, res_attn, atty, w(kProjW), p(kProjB), BT, C, C, stream_);
+    cuda::residual_forward<T>(res_attn, x, res_attn, BTC, stream_);
+    cuda::layernorm_forward<T>(as<T>(a.ln2), a.ln2_mean, a.ln2_rstd, res_attn, p(kLn2W), p(kLn2B), BT, C, stream_);
+    cuda::matmul_bias_gelu_forward<T>(gemm_, as<T>(a.fch_gelu), as<T>(a.fch), as<T>(a.ln2), w(kFcW), p(kFcB), BT, C, H,
+                                      stream_);
+    cuda::matmul_forward<T>(gemm_, res_out, as<T>(a.fch_gelu), w(kFcprojW), p(kFcprojB), BT, H, C, stream_);
+    cuda::residual_forward<T>(res_out, res_attn, res_out, BTC, stream_);
+    x = res_out;
+  }
+  NvtxRange range("head forward");
+  T* lnf_out = as<T>(lnf_out_);
+  cuda::layernorm_forward<T>(lnf_out, lnf_mean_, lnf_rstd_, x, params_[lnf_].data, params_[lnf_ + 1].data, BT, C,
+                             stream_);
+  const T* features = lnf_out;
+  int rows = BT;
+  if (classify) {
+    cuda::mean_pool_forward<T>(as<T>(pooled_), lnf_out, lengths_, B, S, C, stream_);
+    features = as<T>(pooled_);
+    rows = B;
+  } else {
+    cuda::next_token_targets(lm_targets_, tokens_, lengths_, B, S, stream_);
+  }
+  T* logits = as<T>(logits_);
+  cuda::matmul_forward<T>(gemm_, logits, features, weight<T>(head_), params_[head_ + 1].data, rows, C, K, stream_);
+  // The loss and the gradient of the mean loss in one pass, over the logits: backward needs only that gradient.
+  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets_, rows, K, stream_);
+}
+
+// The attention kernels are fp32-only: in bf16 mode q, k, v go through fp32 copies behind the workspace, and the
+// output comes back rounded to bf16.
+template <typename T>
+void TransformerCuda::attention_forward(T* out, float* att, const T* qkv) {
+  const int B = batch_, S = seq_, C = config_.d_model, NH = config_.heads;
+  if constexpr (std::is_same_v<T, float>) {
+    cuda::attention_forward(gemm_, out, att, scratch_, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
+  } else {
+    const int64_t BTC = int64_t{B} * S * C;
+    float* qkv32 = scratch_ + cuda::attention_forward_workspace_floats(B, S, C, NH);
+    float* out32 = qkv32 + 3 * BTC;
+    cuda::bf16_to_f32(qkv32, qkv, 3 * BTC, stream_);
+    cuda::attention_forward(gemm_, out32, att, scratch_, qkv32, lengths_, B, S, C, NH, config_.causal(), stream_);
+    cuda::f32_to_bf16(out, out32, BTC, stream_);
+  }
+}
+
+template <typename T>
+void TransformerCuda::attention_backward(T* dqkv, const T* dout, const T* qkv, const float* att) {
+  const int B = batch_, S = seq_, C = config_.d_model, NH = config_.heads;
+  if constexpr (std::is_same_v<T, float>) {
+    cuda::attention_backward(gemm_, dqkv, scratch_, dout, qkv, att, lengths_, B, S, C, NH, config_.causal(), stream_);
+  } else {
+    const int64_t BTC = int64_t{B} * S * C;
+    float* dout32 = scratch_ + cuda::attention_backward_workspace_floats(B, S, C, NH);
+    float* qkv32 = dout32 + BTC;
+    float* dqkv32 = qkv32 + 3 * BTC;
+    cuda::bf16_to_f32(dout32, dout, BTC, stream_);
+    cuda::bf16_to_f32(qkv32, qkv, 3 * BTC, stream_);
+    cuda::attention_backward(gemm_, dqkv32, scratch_, dout32, qkv32, att, lengths_, B, S, C, NH, config_.causal(),
+                             stream_);
+    cuda::f32_to_bf16(dqkv, dqkv32, 3 * BTC, stream_);
+  }
+}
+
+float TransformerCuda::loss() const { return loss_host_->wait(); }
+
+void TransformerCuda::backward(const GradReadyHook& on_ready, float loss_scale) {
+  if (batch_ < 0) throw std::logic_error("TransformerCuda::backward: no forward since the last backward");
+  NvtxRange range("TransformerCuda backward");
+  if (precision_ == Precision::kBf16)
+    backward_layers<bf16>(on_ready, loss_scale);
+  else
+    backward_layers<float>(on_ready, loss_scale);
+  batch_ = -1;
+}
+
+template <typename T>
+void TransformerCuda::backward_layers(const GradReadyHook& on_ready, float loss_scale) {
+  const bool classify = !config_.causal();
+  const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
+  const int BT = B * S, rows = classify ? B : BT;
+  cuda_model::PieceAnnouncer announce(pieces_, piece_events_, stream_, on_ready);
+  T *dresid = as<T>(dresid_), *dsmall = as<T>(dsmall_), *dbig = as<T>(dbig_);
+  T* dlogits = as<T>(logits_);  // forward's fused cross-entropy left the gradient of the mean loss here
+  if (loss_scale != 1.0f) cuda::scale(dlogits, loss_scale, int64_t{rows} * K, stream_);
+
+  // A Linear layer out = inp W^T + b: bias, then the weight's row blocks (each announced as soon as it is done,
+  // before the input gradient, which backward needs next but the communication does not).
+  const auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out) {
+    cuda::bias_backward<T>(params_[w + 1].grad, dout, N, out, stream_);
+    announce.all_of(w + 1);
+    while (const GradPiece* g = announce.next_of(w)) {
+      const int first = static_cast<int>(g->first_row), count = static_cast<int>(g->numel / in);
+      cuda::matmul_backward_weight<T>(gemm_, params_[w].grad, dout, inp, N, in, out, first, first + count, stream_);
+      announce.ready(w);
+    }
+    cuda::matmul_backward_input<T>(gemm_, dinp, dout, weight<T>(w), N, in, out, stream_);
+  };
+  // dresid is the residual stream's gradient: every LayerNorm on it adds its branch's share (dinp accumulates).
+  const auto layernorm_backward = [&](int w, const T* dout, const T* inp, const float* mean, const float* rstd) {
+    cuda::layernorm_backward<T>(dresid, params_[w].grad, params_[w + 1].grad, scratch_, dout, inp, params_[w].data,
+                                mean, rstd, BT, C, stream_);
+    announce.all_of(w + 1);
+    announce.all_of(w);
+  };
+
+  {
+    NvtxRange range("head backward");
+    if (classify) {
+      linear_backward(head_, as<T>(dpooled_), dlogits, as<T>(pooled_), B, C, K);
+      cuda::mean_pool_backward<T>(dsmall, as<T>(dpooled_), lengths_, B, S, C, stream_);
+    } else {
+      linear_backward(head_, dsmall, dlogits, as<T>(lnf_out_), BT, C, K);
+    }
+    cudaCheck(cudaMemsetAsync(dresid, 0, sizeof(T) * BT * C, stream_));
+    const T* x_final = config_.layers > 0 ? as<T>(blocks_.back().res_out) : as<T>(encoded_);
+    layernorm_backward(lnf_, dsmall, x_final, lnf_mean_, lnf_rstd_);
+  }
+  for (int l = config_.layers - 1; l >= 0; --l) {
+    NvtxRange range(nvtx_backward_[l].c_str());
+    const BlockActs& a = blocks_[l];
+    const T* x_in = l > 0 ? as<T>(blocks_[l - 1].res_out) : as<T>(encoded_);
+    const auto id = [&](int k) { return block_param(l, k); };
+    // dresid = dL/d res_out: through the MLP branch ...
+    linear_backward(id(kFcprojW), dbig, dresid, as<T>(a.fch_gelu), BT, H, C);
+    cuda::gelu_backward(dbig, as<T>(a.fch), dbig, int64_t{BT} * H, stream_);
+    linear_backward(id(kFcW), dsmall, dbig, as<T>(a.ln2), BT, C, H);
+    layernorm_backward(id(kLn2W), dsmall, as<T>(a.res_attn), a.ln2_mean, a.ln2_rstd);
+    // ... now dL/d res_attn: through the attention branch.
+    linear_backward(id(kProjW), dsmall, dresid, as<T>(a.atty), BT, C, C);
+    attention_backward<T>(dbig, dsmall, as<T>(a.qkv), a.att);
+    linear_backward(id(kQkvW), dsmall, dbig, as<T>(a.ln1), BT, C, 3 * C);
+    layernorm_backward(id(kLn1W), dsmall, x_in, a.ln1_mean, a.ln1_rstd);
+  }
+  // The embeddings are final only now (and wte is the largest tensor): the communication's last bucket.
+  cuda::embedding_backward<T>(params_[0].grad, wpe_ >= 0 ? params_[wpe_].grad : nullptr, dresid, tokens_, lengths_, B,
+                              S, C, stream_);
+  if (wpe_ >= 0) announce.all_of(wpe_);
+  announce.all_of(0);
+  if (!announce.done()) throw std::logic_error("TransformerCuda: not every gradient piece was announced");
+}
+
+void TransformerCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * sizeof(float), stream_)); }
+
+}  // namespace ddplab

@@ -1,0 +1,144 @@
+// The transformer of model/transformer.h on one GPU, forward and backward through the kernels/cuda launchers, built
+// as MlpCuda (model/mlp_cuda.h) is: for a trainer that drives it on a compute stream and reduces gradient pieces on
+// a communication stream while backward runs.
+//
+// Shared with Transformer<float>: the config, the parameter registration (names, shapes), the flat parameter and
+// gradient layout in REVERSE registration order, the gradient pieces (head, lnf, blocks last to first, the
+// embeddings last), and the initial values, bit for bit: the constructor builds the CPU model with the same seed
+// and uploads its parameters. Checkpoints and bucket layouts carry over. Parameter::data and ::grad point to DEVICE
+// memory here. Both heads (kClassify, kCausalLM) and variable lengths; packed rows (positions) are not supported,
+// since the attention and embedding kernels have no segment masks.
+//
+// Asynchronous: every call enqueues on the stream given at construction and returns; only loss() waits (for the
+// last forward's loss and nothing else). backward() records an event per gradient piece right after that piece's
+// last kernel and then calls the hook, so the hook can make a communication stream wait on piece_ready_event(k).
+//
+// Precision (model/precision.h; the table in docs/GPU.md): parameters, gradients and the loss are fp32 in every
+// mode. fp32 and tf32 keep fp32 activations and differ in the GEMMs' math; bf16 runs the Linear layers' GEMMs on
+// bf16 activations and bf16 copies of the weights (converted from the fp32 master weights every forward), and the
+// residual stream and its gradient in bf16. Attention is fp32 in every mode (its kernels are fp32-only; bf16 mode
+// converts q, k, v to fp32 and the output back) with TF32 GEMMs in tf32 and bf16 modes.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/gemm.h"
+#include "model/cuda_common.h"
+#include "model/precision.h"
+#include "model/transformer.h"
+
+namespace ddplab {
+
+class TransformerCuda {
+ public:
+  // Device buffers for batches of B rows of S tokens with B * S <= max_tokens and S <= max_seq (<= config.max_len),
+  // allocated once: a step allocates nothing. Attention keeps B * heads * S^2 floats per layer, bounded by
+  // heads * max_tokens * max_seq. A bad config or capacity throws std::invalid_argument before the device is touched;
+  // a CUDA failure, std::runtime_error.
+  TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision, int64_t max_tokens, int max_seq,
+                  cudaStream_t stream);
+  TransformerCuda(const TransformerCuda&) = delete;
+  TransformerCuda& operator=(const TransformerCuda&) = delete;
+
+  const TransformerConfig& config() const { return config_; }
+  Precision precision() const { return precision_; }
+  int64_t max_tokens() const { return max_tokens_; }
+  int max_seq() const { return max_seq_; }
+  cudaStream_t stream() const { return stream_; }
+  // Registration (forward) order, as Transformer<float>; data and grad are device pointers into the flat buffers.
+  const std::vector<Parameter<float>>& parameters() const { return params_; }
+  int64_t num_parameters() const { return num_params_; }
+  float* flat_params() { return flat_params_; }  // device, fp32 master weights
+  float* flat_grads() { return flat_grads_; }    // device, fp32
+  const float* flat_params() const { return flat_params_; }
+  const float* flat_grads() const { return flat_grads_; }
+
+  // As Transformer::set_grad_piece_elements: 2-D parameters in blocks of whole rows of at most max_elements.
+  void set_grad_piece_elements(int64_t max_elements);
+  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
+  // Recorded on the stream by every backward once grad_pieces()[k] is final (timing enabled).
+  cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k); }
+
+  // Device memory, as Transformer::forward: tokens [B, S], lengths [B] in [1, S] (null: all S), targets: kClassify
+  // [B] classes in [0, num_classes), kCausalLM ignored (may be null; the targets are the next tokens, made on the
+  // device). 0 <= B, and for B > 0: 1 <= S <= max_seq, B * S <= max_tokens (else std::invalid_argument). Enqueues the
+  // model, the fused softmax cross-entropy (which also writes the gradient of the mean loss for backward) and an
+  // asynchronous copy of the mean loss to pinned host memory. The inputs are read by this forward's kernels and, the
+  // tokens and lengths, by backward's: work that overwrites them must be ordered after backward. Nothing is checked
+  // on the device (that would need a sync): a token outside [0, vocab) at a valid position reads outside wte, a
+  // target >= num_classes makes the loss NaN.
+  void forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S);
+  // The mean loss of the last forward, fp32, on the device (0 for an empty batch).
+  const float* loss_device() const { return mean_loss_; }
+  // The same on the host: WAITS for that forward's loss copy (not for later work on the stream). NaN before the
+  // first forward.
+  float loss() const;
+
+  // Backward of loss_scale x the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients (zero_grad()
+  // first unless accumulating). For each piece in grad_pieces() order: enqueue its kernels, record
+  // piece_ready_event(k), call on_ready(k). loss_scale weighs this batch in a larger loss (micro-batches and ranks
+  // of unequal loss counts); other than 1 it costs one pass over the logits' gradient. Once per forward (a second
+  // call throws std::logic_error): the gradient of the logits is consumed.
+  void backward(const GradReadyHook& on_ready = nullptr, float loss_scale = 1.0f);
+  void zero_grad();
+
+ private:
+  // Per block, what backward needs of its forward (T: float or __nv_bfloat16 by precision).
+  struct BlockActs {
+    void *ln1, *qkv, *atty, *res_attn, *ln2, *fch, *fch_gelu, *res_out;  // T
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *att;              // att [B, heads, S, S]
+  };
+  int head_outputs() const;
+  int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
+  template <typename T>
+  const T* weight(int param) const;
+  template <typename T>
+  void forward_layers();
+  template <typename T>
+  void backward_layers(const GradReadyHook& on_ready, float loss_scale);
+  template <typename T>
+  void attention_forward(T* out, float* att, const T* qkv);
+  template <typename T>
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* att);
+
+  TransformerConfig config_;
+  Precision precision_;
+  int64_t max_tokens_;
+  int max_seq_;
+  cudaStream_t stream_;
+  std::vector<Parameter<float>> params_;
+  int64_t num_params_ = 0;
+  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;  // registration indices (weight; bias is +1), as the CPU's
+  std::vector<GradPiece> pieces_;
+  cuda_model::PieceEvents piece_events_;
+  std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "h<l> forward" / "h<l> backward"
+  cuda::GemmContext gemm_;
+
+  // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
+  cuda_model::DeviceMemory memory_;
+  float* flat_params_ = nullptr;
+  float* flat_grads_ = nullptr;
+  __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 only: the flat parameters converted, same offsets
+  void* encoded_ = nullptr;                // [tokens, C] the embeddings' output
+  std::vector<BlockActs> blocks_;
+  void *lnf_out_ = nullptr, *pooled_ = nullptr, *logits_ = nullptr;  // logits: then their gradient
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
+  int32_t* lm_targets_ = nullptr;                                                      // kCausalLM: the next tokens
+  void *dresid_ = nullptr, *dsmall_ = nullptr, *dbig_ = nullptr, *dpooled_ = nullptr;  // backward's gradients
+  float* scratch_ = nullptr;  // attention's workspace (and fp32 copies in bf16), LayerNorm backward's partials
+  float* losses_ = nullptr;   // per row of logits
+  float* mean_loss_ = nullptr;
+  int* num_valid_ = nullptr;
+  std::optional<cuda_model::LossReadback> loss_host_;  // made once the arguments are checked (it touches the device)
+
+  // Set by forward for backward: the batch (-1: no backward pending) and its inputs.
+  int batch_ = -1, seq_ = 0;
+  const int32_t *tokens_ = nullptr, *lengths_ = nullptr, *targets_ = nullptr;
+};
+
+}  // namespace ddplab

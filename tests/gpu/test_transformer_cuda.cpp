@@ -1,0 +1,379 @@
+// TransformerCuda (model/transformer_cuda.h) against the CPU transformer (model/transformer.h): the same parameters
+// bit for bit at construction; the loss and every gradient piece in fp32, TF32 and bf16, for both heads, with
+// variable lengths and padding, whole and row-blocked weights, then a second, smaller batch accumulated with a loss
+// scale; the gradient-ready hook and events; an empty batch; a 5-step AdamW loss curve.
+//
+// TransformerCudaHost.* runs without a GPU (argument checks before the device is touched) and must pass anywhere;
+// the rest needs a device and skips with the reason otherwise. The model poisons its activations (NaN) at
+// construction, the gradients are poisoned before zero_grad(), and padded positions hold tokens far out of range, so
+// an unwritten element or a read of padding shows as NaN or as an error.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/check.cuh"
+#include "model/optimizer.h"
+#include "model/precision.h"
+#include "model/transformer.h"
+#include "model/transformer_cuda.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace {
+
+using ddplab::GradPiece;
+using ddplab::Precision;
+using ddplab::Transformer;
+using ddplab::TransformerConfig;
+using ddplab::TransformerCuda;
+using ddplab::gpu_test::BitwiseEqual;
+using ddplab::gpu_test::DeviceBuffer;
+
+constexpr uint64_t kSeed = 1234;
+
+// Small models with the shapes that matter, two blocks each: the classifier at odd sizes (no dimension a multiple of
+// 8, so cuBLASLt's fused epilogues fall back, parameters at 4-byte offsets) with three heads of 12, the LM at sizes
+// the fused epilogues take, with four heads of 16.
+TransformerConfig classifier() {
+  TransformerConfig c;
+  c.vocab = 101;
+  c.d_model = 36;
+  c.heads = 3;
+  c.layers = 2;
+  c.mlp_hidden = 76;
+  c.max_len = 24;
+  c.num_classes = 5;
+  c.head = TransformerConfig::Head::kClassify;
+  return c;
+}
+TransformerConfig language_model() {
+  TransformerConfig c = classifier();
+  c.d_model = 64;
+  c.heads = 4;
+  c.mlp_hidden = 256;
+  c.vocab = 257;
+  c.head = TransformerConfig::Head::kCausalLM;
+  return c;
+}
+
+// ---- host side: no device needed ---------------------------------------------------------------------------------
+
+// Each of these would throw std::runtime_error instead if the constructor reached the device first.
+TEST(TransformerCudaHost, RejectsBadArgumentsBeforeTouchingTheDevice) {
+  TransformerConfig bad_heads = classifier();
+  bad_heads.heads = 5;  // 36 is not a multiple of 5
+  TransformerConfig no_vocab = language_model();
+  no_vocab.vocab = 0;
+  for (const TransformerConfig& bad : {bad_heads, no_vocab})
+    EXPECT_THROW(TransformerCuda(bad, kSeed, Precision::kFp32, 64, 8, nullptr), std::invalid_argument);
+  const TransformerConfig c = classifier();
+  for (auto [max_tokens, max_seq] :
+       {std::pair<int64_t, int>{0, 8}, {64, 0}, {64, c.max_len + 1}, {int64_t{1} << 31, 8}})
+    EXPECT_THROW(TransformerCuda(c, kSeed, Precision::kBf16, max_tokens, max_seq, nullptr), std::invalid_argument)
+        << max_tokens << " tokens, rows of " << max_seq;
+}
+
+// ---- against the CPU model: need a device ------------------------------------------------------------------------
+
+// How far the GPU may be from the fp32 CPU model, measured normwise per gradient piece (a wrong block of rows cannot
+// hide in a large weight) and elementwise against the parameter's largest gradient. Estimates, as test_mlp_cuda's,
+// to be tightened from the errors this test prints on its first GPU runs:
+//   fp32: summation order (~1e-6), GELU through tanhf or cuBLASLt's epilogue against the CPU's exp form (~5e-4
+//         relative at worst, test_cuda_kernels), attention's scale applied after the dot product: ~2e-4 normwise.
+//   tf32: GEMM inputs rounded to 11 significant bits (4.9e-4 per operand), attention's GEMMs included; about eight
+//         GEMMs lie between the loss and the embeddings' gradient: ~2e-3 normwise expected.
+//   bf16: 8 significant bits (3.9e-3 per rounding) on every activation, the residual stream and its gradient
+//         included (rounded at each of its 2 x layers updates), the Linear layers' operands and attention's input
+//         and output: some twenty roundings on the way to the embeddings, ~1.5e-2 normwise expected.
+// Each bound keeps a margin of 3x or more. The loss, log(classes) plus logits of order 1, is far better conditioned.
+struct Tolerance {
+  double loss;       // relative
+  double grad_norm;  // ||got - want|| / ||want|| per piece
+  double grad_elem;  // |got - want| / max |want| per parameter
+  double train;      // relative, each loss of the 5-step AdamW curve
+};
+Tolerance tolerance(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return {1e-4, 2e-3, 1e-2, 1e-3};
+    case Precision::kTf32:
+      return {1e-3, 1e-2, 3e-2, 3e-3};
+    case Precision::kBf16:
+      break;
+  }
+  return {1e-2, 6e-2, 1.2e-1, 2e-2};
+}
+
+// A padded batch: lengths from full to 1, tokens in [0, vocab) at valid positions and far out of range elsewhere
+// (neither side may read them), a class per sequence for the classifier.
+struct Batch {
+  int B, S;
+  std::vector<int32_t> tokens, lengths, labels;
+};
+Batch random_batch(const TransformerConfig& c, int B, int S, uint32_t seed) {
+  Batch b{B, S, std::vector<int32_t>(int64_t{B} * S), std::vector<int32_t>(B), std::vector<int32_t>(B)};
+  std::mt19937 rng(seed);
+  for (int i = 0; i < B; ++i) {
+    b.lengths[i] = i == 0 ? S : i == B - 1 ? 1 : 1 + static_cast<int>(rng() % S);
+    b.labels[i] = static_cast<int32_t>(rng() % c.num_classes);
+    for (int t = 0; t < S; ++t)
+      b.tokens[int64_t{i} * S + t] = t < b.lengths[i] ? static_cast<int32_t>(rng() % c.vocab) : -1000000 - t;
+  }
+  return b;
+}
+
+// A device copy of a batch, uploaded on `stream`.
+struct DeviceBatch {
+  DeviceBatch(const Batch& b, cudaStream_t stream)
+      : tokens(b.tokens, stream), lengths(b.lengths, stream), labels(b.labels, stream) {}
+  DeviceBuffer<int32_t> tokens, lengths, labels;
+};
+
+void forward(TransformerCuda& gpu, DeviceBatch& d, const Batch& b) {
+  gpu.forward(d.tokens.get(), d.lengths.get(), d.labels.get(), b.B, b.S);
+}
+float forward(Transformer<float>& cpu, const Batch& b) {
+  return cpu.forward(b.tokens.data(), b.lengths.data(), b.labels.data(), b.B, b.S);
+}
+
+std::vector<float> to_host(const float* device, int64_t n, cudaStream_t stream) {
+  std::vector<float> host(n);
+  cudaCheck(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  cudaCheck(cudaStreamSynchronize(stream));
+  return host;
+}
+
+// ||got - want|| / ||want||; a piece the batch does not reach (wpe rows past S, wte rows of absent tokens) must
+// stay exactly 0. NaN (unwritten, or a NaN gradient) fails every comparison.
+double rel_l2_error(const float* got, const float* want, int64_t n) {
+  double err = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    err += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    ref += static_cast<double>(want[i]) * want[i];
+  }
+  if (ref == 0) return err == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(err / ref);
+}
+
+// Checks every piece and parameter; returns the worst piece's normwise error, for the log.
+double expect_grads_close(const TransformerCuda& gpu, const Transformer<float>& cpu, const Tolerance& tol) {
+  const std::vector<float> got = to_host(gpu.flat_grads(), gpu.num_parameters(), gpu.stream());
+  const float* want = cpu.flat_grads();
+  double worst = 0;
+  for (const GradPiece& piece : gpu.grad_pieces()) {
+    const double err = rel_l2_error(got.data() + piece.offset, want + piece.offset, piece.numel);
+    EXPECT_LE(err, tol.grad_norm) << gpu.parameters()[piece.param].name << " from row " << piece.first_row;
+    worst = std::max(worst, err);
+  }
+  for (const auto& p : cpu.parameters()) {
+    float max_abs = 0;
+    for (int64_t i = 0; i < p.numel; ++i) max_abs = std::max(max_abs, std::fabs(p.grad[i]));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < p.numel; ++i)
+      bad += !(std::fabs(got[p.offset + i] - p.grad[i]) <= tol.grad_elem * max_abs);  // NaN counts
+    EXPECT_EQ(bad, 0) << p.name << ": elements off by more than " << tol.grad_elem << " x " << max_abs;
+  }
+  return worst;
+}
+
+using TransformerCudaDevice = ddplab::gpu_test::DeviceTest;
+class TransformerCudaVsCpu : public ddplab::gpu_test::DeviceTest, public ::testing::WithParamInterface<Precision> {};
+
+TEST_F(TransformerCudaDevice, InitIsTheCpuModelsBitForBit) {
+  for (const TransformerConfig& c : {classifier(), language_model(), TransformerConfig::preset("tiny")}) {
+    const Transformer<float> cpu(c, kSeed);
+    const TransformerCuda gpu(c, kSeed, Precision::kBf16, 64, 16, stream_);  // precision leaves the master alone
+    ASSERT_EQ(gpu.num_parameters(), cpu.num_parameters());
+    ASSERT_EQ(gpu.parameters().size(), cpu.parameters().size());
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
+      EXPECT_EQ(gpu.parameters()[i].name, cpu.parameters()[i].name);
+      EXPECT_EQ(gpu.parameters()[i].shape, cpu.parameters()[i].shape);
+      EXPECT_EQ(gpu.parameters()[i].offset, cpu.parameters()[i].offset);
+    }
+    const int64_t n = cpu.num_parameters();
+    EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_params(), n, stream_), {cpu.flat_params(), cpu.flat_params() + n}));
+    EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), n, stream_), std::vector<float>(n, 0.0f)));
+  }
+}
+
+TEST_F(TransformerCudaDevice, MisuseThrows) {
+  const TransformerConfig c = classifier();
+  TransformerCuda gpu(c, kSeed, Precision::kFp32, 40, 10, stream_);
+  EXPECT_THROW(gpu.backward(), std::logic_error);
+  const Batch b = random_batch(c, 4, 10, 1);
+  DeviceBatch d(b, stream_);
+  EXPECT_THROW(gpu.forward(d.tokens.get(), d.lengths.get(), d.labels.get(), 5, 10), std::invalid_argument);
+  EXPECT_THROW(gpu.forward(d.tokens.get(), d.lengths.get(), d.labels.get(), 2, 11), std::invalid_argument);
+  EXPECT_THROW(gpu.forward(d.tokens.get(), d.lengths.get(), nullptr, 4, 10), std::invalid_argument);
+  forward(gpu, d, b);
+  gpu.backward();
+  EXPECT_THROW(gpu.backward(), std::logic_error) << "the logits' gradient is consumed";
+}
+
+// Loss and gradients on a padded batch, then a second, smaller batch accumulated (no zero_grad) with a loss scale,
+// which also catches reads of the first batch's stale rows. Each model with one piece per parameter and with its
+// weights in row blocks whose last one is shorter.
+TEST_P(TransformerCudaVsCpu, LossAndGradientsMatchCpu) {
+  const Tolerance tol = tolerance(GetParam());
+  for (const TransformerConfig& c : {classifier(), language_model()}) {
+    for (int64_t piece_elements : {int64_t{0}, int64_t{1000}}) {
+      const std::string name = c.causal() ? "lm" : "classify";
+      SCOPED_TRACE(name + ", piece elements " + std::to_string(piece_elements));
+      Transformer<float> cpu(c, kSeed);
+      TransformerCuda gpu(c, kSeed, GetParam(), 6 * 20, 20, stream_);
+      cpu.set_grad_piece_elements(piece_elements);
+      gpu.set_grad_piece_elements(piece_elements);
+      cudaCheck(cudaMemsetAsync(gpu.flat_grads(), 0xFF, gpu.num_parameters() * sizeof(float), stream_));
+      gpu.zero_grad();
+      cpu.zero_grad();
+      struct Step {
+        int B, S;
+        float loss_scale;
+      };
+      for (const Step s : {Step{6, 20, 1.0f}, Step{3, 11, 0.7f}}) {
+        SCOPED_TRACE("batch " + std::to_string(s.B) + " x " + std::to_string(s.S));
+        const Batch b = random_batch(c, s.B, s.S, 17 + s.B);
+        DeviceBatch d(b, stream_);
+        forward(gpu, d, b);
+        gpu.backward(nullptr, s.loss_scale);
+        const float want = forward(cpu, b);
+        cpu.backward(nullptr, s.loss_scale);
+        const double loss_error = std::fabs(gpu.loss() - want) / want;
+        EXPECT_LE(loss_error, tol.loss);
+        const double grad_error = expect_grads_close(gpu, cpu, tol);
+        std::cout << ddplab::precision_name(GetParam()) << " " << name << ", piece elements " << piece_elements
+                  << ", batch " << s.B << "x" << s.S << ": loss error " << loss_error << ", worst piece " << grad_error
+                  << "\n";
+      }
+    }
+  }
+}
+
+// The hook runs once per piece, in the CPU model's order, with that piece's event recorded: a second stream that
+// waits on the event and copies the piece sees its final gradient although the compute stream clears the gradients
+// right after (ordered after the copies by one more event, as a trainer's optimizer is).
+TEST_P(TransformerCudaVsCpu, HookOrderAndPieceEvents) {
+  for (const TransformerConfig& c : {classifier(), language_model()}) {
+    SCOPED_TRACE(c.causal() ? "lm" : "classify");
+    Transformer<float> cpu(c, kSeed);
+    TransformerCuda gpu(c, kSeed, GetParam(), 5 * 16, 16, stream_);
+    cpu.set_grad_piece_elements(700);
+    gpu.set_grad_piece_elements(700);
+    const std::vector<GradPiece>& pieces = gpu.grad_pieces();
+    ASSERT_EQ(pieces.size(), cpu.grad_pieces().size());
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      EXPECT_EQ(pieces[k].param, cpu.grad_pieces()[k].param);
+      EXPECT_EQ(pieces[k].offset, cpu.grad_pieces()[k].offset);
+      EXPECT_EQ(pieces[k].numel, cpu.grad_pieces()[k].numel);
+      EXPECT_EQ(pieces[k].first_row, cpu.grad_pieces()[k].first_row);
+    }
+    const Batch b = random_batch(c, 5, 16, 5);
+    DeviceBatch d(b, stream_);
+    gpu.zero_grad();
+    forward(gpu, d, b);
+    gpu.backward();
+    const std::vector<float> want = to_host(gpu.flat_grads(), gpu.num_parameters(), stream_);
+
+    cudaStream_t comm = nullptr;
+    cudaEvent_t comm_done = nullptr;
+    cudaCheck(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
+    DeviceBuffer<float> seen(gpu.num_parameters(), stream_);
+    cudaCheck(cudaStreamSynchronize(stream_));  // `seen` poisoned before the comm stream writes it
+    std::vector<int> calls;
+    gpu.zero_grad();
+    forward(gpu, d, b);
+    gpu.backward([&](int k) {
+      calls.push_back(k);
+      cudaCheck(cudaStreamWaitEvent(comm, gpu.piece_ready_event(k), 0));
+      cudaCheck(cudaMemcpyAsync(seen.get() + pieces[k].offset, gpu.flat_grads() + pieces[k].offset,
+                                pieces[k].numel * sizeof(float), cudaMemcpyDeviceToDevice, comm));
+    });
+    cudaCheck(cudaEventRecord(comm_done, comm));
+    cudaCheck(cudaStreamWaitEvent(stream_, comm_done, 0));
+    gpu.zero_grad();
+    cudaCheck(cudaStreamSynchronize(stream_));
+
+    std::vector<int> expected(pieces.size());
+    for (size_t k = 0; k < expected.size(); ++k) expected[k] = static_cast<int>(k);
+    EXPECT_EQ(calls, expected);
+    // Bitwise, except wte: its gradient is scattered with atomics (embedding.h), so a token repeated in the batch
+    // may sum in another order from one backward to the next. A copy that ran early would see zeros or a partial sum.
+    const std::vector<float> got = seen.download();
+    const ddplab::Parameter<float>& wte = gpu.parameters()[0];
+    EXPECT_TRUE(BitwiseEqual({got.begin(), got.begin() + wte.offset}, {want.begin(), want.begin() + wte.offset}));
+    EXPECT_LE(rel_l2_error(got.data() + wte.offset, want.data() + wte.offset, wte.numel), 1e-6);
+    cudaCheck(cudaEventDestroy(comm_done));
+    cudaCheck(cudaStreamDestroy(comm));
+  }
+}
+
+// A rank may get an empty batch at the end of an epoch: the loss is 0, every piece is announced in order, and the
+// gradients are left as they were.
+TEST_P(TransformerCudaVsCpu, EmptyBatchAnnouncesEveryPieceAndAddsNothing) {
+  const TransformerConfig c = language_model();
+  TransformerCuda gpu(c, kSeed, GetParam(), 32, 16, stream_);
+  gpu.set_grad_piece_elements(1000);
+  const std::vector<float> before = to_host(gpu.flat_grads(), gpu.num_parameters(), stream_);
+  gpu.forward(nullptr, nullptr, nullptr, 0, 0);
+  int calls = 0;
+  gpu.backward([&](int k) { EXPECT_EQ(k, calls++); });
+  EXPECT_EQ(calls, static_cast<int>(gpu.grad_pieces().size()));
+  EXPECT_EQ(gpu.loss(), 0.0f);
+  EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), gpu.num_parameters(), stream_), before));
+}
+
+// Five AdamW steps on one batch (the CUDA adamw kernel against the CPU Optimizer): the GPU's loss curve follows the
+// CPU's, and the loss falls.
+TEST_P(TransformerCudaVsCpu, AdamwLossCurveTracksCpu) {
+  const Tolerance tol = tolerance(GetParam());
+  for (const TransformerConfig& c : {classifier(), language_model()}) {
+    SCOPED_TRACE(c.causal() ? "lm" : "classify");
+    ddplab::OptimizerConfig opt;
+    opt.lr = 3e-3f;
+    Transformer<float> cpu(c, kSeed);
+    ddplab::Optimizer<float> cpu_opt(opt, cpu.num_parameters());
+    TransformerCuda gpu(c, kSeed, GetParam(), 8 * 24, 24, stream_);
+    const int64_t n = gpu.num_parameters();
+    DeviceBuffer<float> m(std::vector<float>(n, 0.0f), stream_), v(std::vector<float>(n, 0.0f), stream_);
+    const Batch b = random_batch(c, 8, 24, 99);
+    DeviceBatch d(b, stream_);
+    std::vector<float> cpu_losses, gpu_losses;
+    for (int t = 1; t <= 5; ++t) {
+      cpu.zero_grad();
+      cpu_losses.push_back(forward(cpu, b));
+      cpu.backward();
+      cpu_opt.step(cpu.flat_params(), cpu.flat_grads());
+
+      gpu.zero_grad();
+      forward(gpu, d, b);
+      gpu.backward();
+      ddplab::cuda::adamw_update(gpu.flat_params(), gpu.flat_grads(), m.get(), v.get(), n, opt.lr, opt.beta1, opt.beta2,
+                                 opt.eps, opt.weight_decay, t, stream_);
+      gpu_losses.push_back(gpu.loss());
+    }
+    for (int t = 0; t < 5; ++t) {
+      EXPECT_NEAR(gpu_losses[t], cpu_losses[t], tol.train * cpu_losses[t]) << "step " << t + 1;
+      std::cout << ddplab::precision_name(GetParam()) << (c.causal() ? " lm" : " classify") << " step " << t + 1
+                << ": loss " << gpu_losses[t] << " (CPU " << cpu_losses[t] << ")\n";
+    }
+    EXPECT_LT(gpu_losses.back(), 0.9f * gpu_losses.front());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, TransformerCudaVsCpu,
+                         ::testing::Values(Precision::kFp32, Precision::kTf32, Precision::kBf16),
+                         [](const ::testing::TestParamInfo<Precision>& info) {
+                           return std::string(ddplab::precision_name(info.param));
+                         });
+
+}  // namespace
