@@ -17,8 +17,6 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
-  refuse(c.loader_threads == 0 && c.data_cost_ms == 0,
-         "--loader-threads and --data-cost-ms are CPU only (batches are staged one step ahead on a copy stream)");
   refuse(c.straggler_ms == 0 && c.extra_allreduce_mb == 0 && c.rank0_work_ms == 0,
          "the lab's pathologies (--straggler-ms, --extra-allreduce-mb, --rank0-work-ms) are CPU only");
   try {

@@ -4,7 +4,10 @@
 #include <cuda_profiler_api.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_allreduce.h"
@@ -133,7 +136,9 @@ CheckpointInfo CudaTrainer::read_checkpoint(const std::string& path) {
 // On a helper thread, so that generating the samples overlaps the device's work (at the MLP's default sizes it
 // takes longer than a GPU step): the workload fills `step`'s slot and queues its copy on the copy stream. The slot's
 // last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which waited
-// for that copy.
+// for that copy. The lab's input pipeline (--data-cost-ms per sample, a sleep as on the CPU) is paid here too,
+// divided by --loader-threads: T workers deliver batches T times as fast. Hidden while it is shorter than a step;
+// beyond that the step waits in its data phase (the data-bound case).
 void CudaTrainer::stage(int64_t step) {
   const int index = static_cast<int>(step % CudaWorkload::kSlots);
   Slot& slot = slots_[index];
@@ -141,6 +146,9 @@ void CudaTrainer::stage(int64_t step) {
   slot.staged = std::async(std::launch::async, [this, &slot, index, step] {
     cudaCheck(cudaSetDevice(engine_->device()));  // a new thread starts on device 0
     const BatchStats stats = workload_->stage(index, step, copy_.get());
+    if (config_.data_cost_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+          config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1)));
     cudaCheck(cudaEventRecord(slot.copied.get(), copy_.get()));
     return stats;
   });

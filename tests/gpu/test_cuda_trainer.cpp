@@ -312,6 +312,29 @@ TEST_F(CudaTrainerTest, BucketTimingsAreOrderedAndOverlapBackward) {
   }
 }
 
+// The lab's data-bound case on the GPU: --data-cost-ms per sample is paid on the staging thread, one step ahead.
+// A cost far above the step shows in the data phase (~cost x samples / loader threads, minus the step it overlaps);
+// four loader threads cut it by about four.
+TEST_F(CudaTrainerTest, InputCostShowsInTheDataPhaseAndLoaderThreadsDivideIt) {
+  std::vector<double> data_ms;
+  for (int threads : {1, 4}) {
+    TrainConfig c = small_config();
+    c.data_cost_ms = 4.0;  // x 5 samples: 20 ms per step with one thread, far above the step itself
+    c.loader_threads = threads;
+    CudaTrainer trainer(c, MPI_COMM_WORLD);
+    double total = 0;
+    for (int step = 0; step < c.steps; ++step) {
+      const double d = trainer.step(step, 0).data_ms;
+      if (step > 0) total += d;  // step 0 stages its own batch
+    }
+    data_ms.push_back(total / (c.steps - 1));
+  }
+  if (world_rank() == 0) std::printf("  data phase: %.2f ms (1 thread), %.2f ms (4 threads)\n", data_ms[0], data_ms[1]);
+  EXPECT_GT(data_ms[0], 10.0) << "20 ms of input cost per step must show up in the data phase";
+  EXPECT_LT(data_ms[0], 25.0);
+  EXPECT_LT(data_ms[1], data_ms[0] / 2.5) << "four loader threads must cut the wait";
+}
+
 // A NaN in one rank's gradient stops every rank before the update; with --skip-nonfinite every rank skips the
 // update instead and training goes on.
 TEST_F(CudaTrainerTest, NonFiniteGradientStopsOrSkipsOnEveryRank) {
