@@ -2,7 +2,6 @@
 #include "launcher/cuda_trainer.h"
 
 #include <cuda_profiler_api.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +16,7 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/nvtx.h"
 #include "launcher/trainer.h"
 #include "launcher/workload.h"
 
@@ -169,10 +169,11 @@ StepRecord CudaTrainer::step(int step, double t0_ms) {
   // --profile-steps A:B: `ncu --profile-from-start off` / `nsys --capture-range=cudaProfilerApi` see steps A..B
   // only, the steady state, not start-up.
   if (step == profile_steps_.first) cudaCheck(cudaProfilerStart());
-  const std::string range = "step " + std::to_string(step);
-  nvtxRangePushA(range.c_str());
-  StepRecord r = run_step(step, t0_ms);
-  nvtxRangePop();
+  StepRecord r;
+  {
+    const cuda::NvtxRange range(("step " + std::to_string(step)).c_str());
+    r = run_step(step, t0_ms);
+  }
   if (step == profile_steps_.second) cudaCheck(cudaProfilerStop());
   return r;
 }

@@ -3,7 +3,6 @@
 // read-back, NVTX ranges. Host code only.
 #pragma once
 #include <cuda_runtime_api.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <cmath>
 #include <cstddef>
@@ -12,18 +11,12 @@
 #include <vector>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/nvtx.h"
 #include "model/mlp.h"  // GradPiece, GradReadyHook
 
 namespace ddplab::cuda_model {
 
-// Host-side NVTX range: Nsight Systems projects it onto the kernels it enqueued on the stream.
-class NvtxRange {
- public:
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-  NvtxRange(const NvtxRange&) = delete;
-  NvtxRange& operator=(const NvtxRange&) = delete;
-};
+using cuda::NvtxRange;  // kernels/cuda/nvtx.h
 
 struct EventDestroy {
   void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }

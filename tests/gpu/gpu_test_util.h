@@ -154,6 +154,24 @@ inline ::testing::AssertionResult BitwiseEqual(const std::vector<float>& got, co
   return ::testing::AssertionFailure();
 }
 
+// The all-reduce tests' inputs: small integers in [-8, 8], different on every rank, so every sum is exact in fp32
+// whatever order an implementation adds in, and results compare bit for bit (after nccl-tests).
+inline float allreduce_input(size_t i, int rank) {
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 3) % 17) - 8);
+}
+inline std::vector<float> allreduce_inputs(size_t n, int rank) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = allreduce_input(i, rank);
+  return v;
+}
+// The sum over ranks first_rank .. first_rank + size - 1 of their inputs.
+inline std::vector<float> allreduce_expected_sum(size_t n, int size, int first_rank = 0) {
+  std::vector<float> want(n, 0.0f);
+  for (int r = first_rank; r < first_rank + size; ++r)
+    for (size_t i = 0; i < n; ++i) want[i] += allreduce_input(i, r);
+  return want;
+}
+
 // A non-blocking stream per test, skipped with the reason when no device is usable: the launchers must honour the
 // stream they are given, not the legacy default one.
 class DeviceTest : public ::testing::Test {

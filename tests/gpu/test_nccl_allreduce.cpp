@@ -38,25 +38,9 @@ using ddplab::world_rank;
 
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// Rank r's input: small integers in [-8, 8], different on every rank, so sums stay exact in fp32.
-float input_value(size_t i, int rank) { return static_cast<float>(static_cast<int>((i * 7 + rank * 3) % 17) - 8); }
-
-std::vector<float> expected_sum(size_t n, int size) {
-  std::vector<float> want(n, 0.0f);
-  for (int r = 0; r < size; ++r)
-    for (size_t i = 0; i < n; ++i) want[i] += input_value(i, r);
-  return want;
-}
-
-// Bit-for-bit equality; NaN (an element never written) always fails.
-::testing::AssertionResult BitwiseEqual(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
-  for (size_t i = 0; i < got.size(); ++i)
-    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
-      return ::testing::AssertionFailure()
-             << "element " << i << " of " << got.size() << ": got " << got[i] << " want " << want[i];
-  return ::testing::AssertionSuccess();
-}
+using ddplab::gpu_test::allreduce_expected_sum;
+using ddplab::gpu_test::allreduce_input;
+using ddplab::gpu_test::BitwiseEqual;
 
 std::string CaughtMessage(const std::function<void()>& f) {
   try {
@@ -131,7 +115,7 @@ class NcclAllreduceTest : public ::testing::Test {
     cudaCheck(cudaMalloc(&d, (n + kGuard) * sizeof(float)));
     cudaCheck(cudaMemsetAsync(d, 0xFF, (n + kGuard) * sizeof(float), compute_));
     std::vector<float> host(n);
-    for (size_t i = 0; i < n; ++i) host[i] = input_value(i, comm_->rank());
+    for (size_t i = 0; i < n; ++i) host[i] = allreduce_input(i, comm_->rank());
     cudaCheck(cudaMemcpyAsync(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
     cudaCheck(cudaStreamSynchronize(compute_));
     return d;
@@ -163,7 +147,7 @@ TEST_F(NcclAllreduceTest, ExactSumsAndAverages) {
       float* d = n > 0 ? upload_inputs(n) : nullptr;
       comm_->allreduce_async(d, n, average, compute_, /*tag=*/static_cast<int>(n % 1000));
       comm_->wait(compute_);
-      std::vector<float> want = expected_sum(n, n_ranks);
+      std::vector<float> want = allreduce_expected_sum(n, n_ranks);
       if (average)
         for (float& x : want) x /= static_cast<float>(n_ranks);
       if (n > 0) {
@@ -209,7 +193,7 @@ TEST_F(NcclAllreduceTest, OrderedAfterComputeOverlapsItAndWaitHoldsCompute) {
   // "Optimizer": must see the reduced sum, so it waits; halving brings the doubled inputs back to the plain sum.
   comm_->wait(compute_);
   ddplab::cuda::scale(grad, 0.5f, static_cast<int64_t>(n), compute_);
-  EXPECT_TRUE(BitwiseEqual(download(grad, n), expected_sum(n, comm_->size())));
+  EXPECT_TRUE(BitwiseEqual(download(grad, n), allreduce_expected_sum(n, comm_->size())));
 
   comm_->synchronize();
   const float ready = ddplab::cuda::elapsed_ms(step_start, ev.ready);

@@ -35,37 +35,15 @@ using ddplab::world_size;
 using ddplab::cuda::CudaRingConfig;
 using ddplab::cuda::RingAllreduceCuda;
 using ddplab::cuda::RingLinkKind;
+using ddplab::gpu_test::allreduce_expected_sum;
+using ddplab::gpu_test::allreduce_inputs;
+using ddplab::gpu_test::BitwiseEqual;
 using ddplab::gpu_test::device_count;
 using ddplab::gpu_test::kGuard;
 using ddplab::gpu_test::random_vector;
 
 // 64 KiB chunks: a 1M-float buffer takes several rounds at every world size, so round boundaries are exercised.
 constexpr size_t kChunkBytes = size_t{64} << 10;
-
-// Small integers in [-8, 8], different per rank: every sum is exact in fp32 whatever the order.
-float input_value(size_t i, int rank) { return static_cast<float>(static_cast<int>((i * 7 + rank * 3) % 17) - 8); }
-
-std::vector<float> exact_inputs(size_t n, int rank) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = input_value(i, rank);
-  return v;
-}
-
-std::vector<float> expected_sum(size_t n, int size) {
-  std::vector<float> want(n, 0.0f);
-  for (int r = 0; r < size; ++r)
-    for (size_t i = 0; i < n; ++i) want[i] += input_value(i, r);
-  return want;
-}
-
-::testing::AssertionResult BitwiseEqual(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
-  for (size_t i = 0; i < got.size(); ++i)
-    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
-      return ::testing::AssertionFailure()
-             << "element " << i << " of " << got.size() << ": got " << got[i] << " want " << want[i];
-  return ::testing::AssertionSuccess();
-}
 
 std::string link_label(RingLinkKind kind) { return ddplab::cuda::ring_link_name(kind); }
 
@@ -153,15 +131,15 @@ TEST_P(RingCudaTest, ExactSumsInPlaceAndOutOfPlace) {
   const int n_ranks = world_size(), rank = world_rank();
   for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, (size_t{1} << 20) + 3}) {
     SCOPED_TRACE("count " + std::to_string(n));
-    const std::vector<float> inputs = exact_inputs(n, rank);
+    const std::vector<float> inputs = allreduce_inputs(n, rank);
     float* data = upload(inputs);
     ring_->allreduce_sum(data, data, n);
-    EXPECT_TRUE(BitwiseEqual(download(data, n), expected_sum(n, n_ranks))) << "in place";
+    EXPECT_TRUE(BitwiseEqual(download(data, n), allreduce_expected_sum(n, n_ranks))) << "in place";
 
     float* in = upload(inputs);
     float* out = upload(std::vector<float>(n, -1.0f));
     ring_->allreduce_sum(in, out, n);
-    EXPECT_TRUE(BitwiseEqual(download(out, n), expected_sum(n, n_ranks))) << "out of place";
+    EXPECT_TRUE(BitwiseEqual(download(out, n), allreduce_expected_sum(n, n_ranks))) << "out of place";
     EXPECT_TRUE(BitwiseEqual(download(in, n), inputs)) << "the input was written";
   }
 }
@@ -212,7 +190,7 @@ TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {
   const size_t n = (size_t{1} << 18) + 7;
   constexpr int kBuckets = 4;
   std::vector<float*> grads;
-  for (int b = 0; b < kBuckets; ++b) grads.push_back(upload(exact_inputs(n, rank + b)));
+  for (int b = 0; b < kBuckets; ++b) grads.push_back(upload(allreduce_inputs(n, rank + b)));
   const cudaEvent_t origin = ring_->mark(compute_);
   std::vector<ddplab::cuda::AllreduceEvents> events;
   for (int b = 0; b < kBuckets; ++b) {
@@ -224,10 +202,7 @@ TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {
   }
   ring_->wait(compute_);
   for (int b = 0; b < kBuckets; ++b) {
-    std::vector<float> want(n, 0.0f);
-    for (int r = 0; r < n_ranks; ++r)
-      for (size_t i = 0; i < n; ++i) want[i] += input_value(i, r + b);
-    EXPECT_TRUE(BitwiseEqual(download(grads[b], n), want)) << "bucket " << b;
+    EXPECT_TRUE(BitwiseEqual(download(grads[b], n), allreduce_expected_sum(n, n_ranks, b))) << "bucket " << b;
   }
   ring_->synchronize();
   float previous_end = 0;
