@@ -1,9 +1,12 @@
 # The front door. CMake is the build; these are the commands people type.
-#   make demo    install what is missing, build, run the DDP lab suite on 4 ranks (mpirun -np 4 ddplab suite lab)
+#   make demo    install what is missing, build, run the DDP lab suite on 4 ranks (mpirun -np 4 ddplab suite lab),
+#                on the GPU when this build sees one (DEVICE=cpu|cuda overrides)
 #   make test    install what is missing, build, run every test (ctest)
 #   make bench   the benchmarks recorded in docs/BENCHMARKS.md
 BUILD ?= build
 NP ?= 4
+# auto: cuda when a GPU is usable (our ring over CUDA IPC lets the NP ranks share one), else cpu
+DEVICE ?= auto
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc)
 
@@ -23,7 +26,13 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	scripts/mpirun.sh -np $(NP) $(BUILD)/launcher/ddplab suite lab
+	@dev=$(DEVICE); \
+	if [ "$$dev" = auto ]; then \
+	  dev=cpu; \
+	  $(BUILD)/launcher/ddplab devices | grep 'CUDA  built:' | grep -vq 'no CUDA device' && dev=cuda; \
+	fi; \
+	echo "make demo: the lab on --device $$dev"; \
+	scripts/mpirun.sh -np $(NP) $(BUILD)/launcher/ddplab suite lab --device $$dev
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1

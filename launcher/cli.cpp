@@ -17,8 +17,6 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
-  refuse(c.straggler_ms == 0 && c.extra_allreduce_mb == 0 && c.rank0_work_ms == 0,
-         "the lab's pathologies (--straggler-ms, --extra-allreduce-mb, --rank0-work-ms) are CPU only");
   try {
     parse_profile_steps(c.profile_steps);
   } catch (const std::invalid_argument& e) {

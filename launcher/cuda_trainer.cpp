@@ -75,6 +75,12 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
   m_ = static_cast<float*>(memory);
   v_ = reinterpret_cast<float*>(static_cast<char*>(memory) + moment);
   cudaCheck(cudaMemsetAsync(memory, 0, 2 * moment, compute_.get()));
+  extra_count_ = static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float));
+  if (extra_count_ > 0) {
+    cudaCheck(cudaMalloc(&memory, extra_count_ * sizeof(float)));
+    extra_buffer_.reset(memory);
+    cudaCheck(cudaMemsetAsync(memory, 0, extra_count_ * sizeof(float), compute_.get()));
+  }
   for (Slot& slot : slots_) {
     cudaEvent_t e = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
@@ -192,6 +198,10 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   engine_->begin_step();
   const cudaEvent_t origin = mark();
   reducer_->begin_step(origin, 1.0f / static_cast<float>(world_ * micro_batches));
+  // --straggler-ms: this rank is late with its batches (in its data phase, as on the CPU); the others wait for it
+  // in the all-reduces.
+  if (rank_ == config_.slow_rank && config_.straggler_ms > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.straggler_ms * micro_batches));
   const int slot = static_cast<int>(step % CudaWorkload::kSlots);
   if (slots_[slot].step != step) stage(step);  // not prefetched: the first step
   // The copy is queued (a wait only if the samples took longer than a step).
@@ -248,7 +258,23 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
     check_replicas_agree(
         parameters().data(), grad_pieces(), [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(),
         step);
-  cudaCheck(cudaStreamSynchronize(compute));  // the step's end: its events can be resolved
+  cudaCheck(cudaStreamSynchronize(compute));  // the update's end: the step's events can be resolved
+  const double t_optimized = now_ms();
+  // The lab's other pathologies, as on the CPU: an all-reduce nobody needs (--extra-allreduce-mb) on the same
+  // engine, and rank 0's host work before a barrier the others wait in (--rank0-work-ms).
+  if (extra_count_ > 0) {
+    engine_->allreduce_sum_async(static_cast<float*>(extra_buffer_.get()), extra_count_, compute, /*tag=*/-1, nullptr);
+    engine_->synchronize();
+  }
+  const double t_extra = now_ms();
+  const bool barrier_step = config_.rank0_work_ms > 0 && (step + 1) % config_.barrier_every == 0;
+  if (barrier_step && rank_ == 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.rank0_work_ms));
+  const double t_work = now_ms();
+  if (barrier_step) {
+    const watchdog::Wait wait("MPI_Barrier after rank 0's work (--rank0-work-ms)");
+    MPI_Barrier(agreement_.comm());
+  }
   const double t_end = now_ms();
 
   // Device phases from the compute stream's events; the update, --check-sync and the final wait are the rest.
@@ -263,7 +289,10 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
     previous = at(backward_end[m]);
   }
   r.exposed_comm_ms = at(optimizer_start) - previous;  // waiting for the buckets, and for the host's verdict on them
-  r.optimizer_ms = r.step_ms - at(optimizer_start);
+  r.optimizer_ms = (t_optimized - t_start) - at(optimizer_start);
+  r.extra_comm_ms = t_extra - t_optimized;
+  r.host_work_ms = t_work - t_extra;
+  r.barrier_ms = t_end - t_work;
   r.samples = batch.samples;
   r.useful_tokens = batch.useful_tokens;
   r.padded_tokens = batch.padded_tokens;

@@ -76,6 +76,8 @@ class CudaTrainer final : public StepRunner {
   std::unique_ptr<cuda::CudaReducer> reducer_;
   std::unique_ptr<void, CudaFree> moments_;  // AdamW's m and v
   float *m_ = nullptr, *v_ = nullptr;
+  std::unique_ptr<void, CudaFree> extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
+  size_t extra_count_ = 0;
   int adam_steps_ = 0;                // updates made (a skipped step makes none), AdamW's t
   Slot slots_[CudaWorkload::kSlots];  // step s uses slot s % 2 (after the workload: its helper threads use it)
 };

@@ -203,28 +203,6 @@ std::string bucket_contents(const StepRunner& runner, const Bucket& bucket) {
   return text;
 }
 
-// --device cuda needs a usable GPU and NCCL on every rank: otherwise every rank refuses (exit 2) with the reason of
-// the lowest failing rank, rather than some ranks failing inside NCCL's bootstrap while others wait there.
-void require_device(const TrainConfig& config, MPI_Comm comm) {
-  if (config.device != "cuda") return;
-#ifdef DDPLAB_HAVE_CUDA
-  const std::string mine = cuda::NcclAllreduce::availability();
-#else
-  const std::string mine = "this ddplab was built without CUDA (configure with -DDDPLAB_CUDA=ON)";
-#endif
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int failing = mine.empty() ? INT_MAX : rank;
-  int first = INT_MAX;
-  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX) return;
-  char reason[1024] = {};
-  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
-  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
-  throw UsageError("--device cuda: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason);
-}
-
 // The step runner --device asks for; `comm` receives the CPU path's communicator, which must outlive the runner.
 std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, MPI_Comm world,
                                              std::unique_ptr<Communicator>& comm) {
@@ -249,6 +227,28 @@ struct ArmedWatchdog {
 };
 
 }  // namespace
+
+// --device cuda needs a usable GPU and NCCL on every rank: otherwise every rank refuses (exit 2) with the reason of
+// the lowest failing rank, rather than some ranks failing inside NCCL's bootstrap while others wait there.
+void require_device(const TrainConfig& config, MPI_Comm comm) {
+  if (config.device != "cuda") return;
+#ifdef DDPLAB_HAVE_CUDA
+  const std::string mine = cuda::NcclAllreduce::availability();
+#else
+  const std::string mine = "this ddplab was built without CUDA (configure with -DDDPLAB_CUDA=ON)";
+#endif
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int failing = mine.empty() ? INT_MAX : rank;
+  int first = INT_MAX;
+  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return;
+  char reason[1024] = {};
+  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
+  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
+  throw UsageError("--device cuda: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason);
+}
 
 RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& options) {
   int rank = 0, size = 1;

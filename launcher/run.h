@@ -30,6 +30,10 @@ struct RunResult {
 // unless config.quiet. Throws std::runtime_error on failure, on every rank.
 RunResult run_training(TrainConfig config, MPI_Comm comm, const RunOptions& options);
 
+// --device cuda: every rank of comm has a usable GPU (and the build has CUDA); otherwise every rank throws the same
+// UsageError naming the lowest failing rank's reason. Collective; nothing for --device cpu.
+void require_device(const TrainConfig& config, MPI_Comm comm);
+
 // Shared by the subcommands.
 std::string local_time_stamp();  // 20261121-213000
 std::string blas_description();

@@ -199,6 +199,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   require(o.base.slow_rank < size, "--slow-rank " + std::to_string(o.base.slow_rank) + " is not a rank of this " +
                                        std::to_string(size) + "-rank launch");
 
+  require_device(o.base, world);  // before any case: a case on a subset of the ranks cannot refuse for all
   o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
 
   const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
@@ -216,7 +217,17 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     config.out = o.out_dir + "/" + c.name + ".h5";
     RunResult r;
     if (sub != MPI_COMM_NULL) {
-      r = run_training(config, sub, RunOptions{"suite " + o.name, command_line, c.name});
+      try {
+        r = run_training(config, sub, RunOptions{"suite " + o.name, command_line, c.name});
+      } catch (const UsageError& e) {
+        // The ranks outside this case wait for it below: a refusal inside it must end the whole job.
+        if (c.world_size < size) {
+          if (rank == 0) std::fprintf(stderr, "ddplab: error in case %s: %s\n", c.name.c_str(), e.what());
+          std::fflush(stderr);
+          MPI_Abort(world, 2);
+        }
+        throw;
+      }
       MPI_Comm_free(&sub);
     }
     wait_quietly(world);

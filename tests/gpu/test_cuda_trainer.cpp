@@ -335,6 +335,34 @@ TEST_F(CudaTrainerTest, InputCostShowsInTheDataPhaseAndLoaderThreadsDivideIt) {
   EXPECT_LT(data_ms[1], data_ms[0] / 2.5) << "four loader threads must cut the wait";
 }
 
+// The lab's pathologies on the GPU land in the phases the CPU puts them in: a straggler's sleep in its data phase,
+// the extra all-reduce in extra_comm, rank 0's work in its host_work and the others' wait in barrier.
+TEST_F(CudaTrainerTest, LabPathologiesShowInTheirPhases) {
+  TrainConfig c = small_config();
+  c.straggler_ms = 15;
+  c.slow_rank = world_size() - 1;
+  c.extra_allreduce_mb = 4;
+  c.rank0_work_ms = 25;
+  c.barrier_every = 1;
+  CudaTrainer trainer(c, MPI_COMM_WORLD);
+  for (int step = 0; step < c.steps; ++step) {
+    const StepRecord r = trainer.step(step, 0);
+    SCOPED_TRACE("step " + std::to_string(step));
+    if (world_rank() == c.slow_rank) {
+      EXPECT_GE(r.data_ms, 14.0);
+    }
+    EXPECT_GT(r.extra_comm_ms, 0.0);
+    if (world_rank() == 0) {
+      EXPECT_GE(r.host_work_ms, 24.0);
+    } else {
+      EXPECT_GE(r.barrier_ms, 15.0) << "waited for rank 0's work";
+    }
+    const double phases = r.data_ms + r.forward_ms + r.backward_ms + r.exposed_comm_ms + r.optimizer_ms +
+                          r.extra_comm_ms + r.host_work_ms + r.barrier_ms;
+    EXPECT_NEAR(phases, r.step_ms, 0.05 * r.step_ms) << "the phases tile the step";
+  }
+}
+
 // A NaN in one rank's gradient stops every rank before the update; with --skip-nonfinite every rank skips the
 // update instead and training goes on.
 TEST_F(CudaTrainerTest, NonFiniteGradientStopsOrSkipsOnEveryRank) {
