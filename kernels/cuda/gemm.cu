@@ -229,7 +229,10 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
     return;
   }
   LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, weight, C, inp, C, out, OC, kDataType<T>, kDataType<T>, 0.0f};
-  if (bias) {
+  // The heuristic's alignment preferences cover A, B, C and D only, not the bias or aux pointers: it may pick a
+  // kernel that assumes 16-byte ones, which faults ("misaligned address", sticky) on a bias sliced from a flat
+  // parameter buffer at a 4-byte offset, as the transformer's are. Such a bias or aux takes the fallback.
+  if (bias && alignment_of(bias) >= 16 && (!gelu || alignment_of(pre_gelu) >= 16)) {
     g.bias = bias;
     g.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     // The GELU input's leading dimension must be a multiple of 8: otherwise go straight to the fallback.
