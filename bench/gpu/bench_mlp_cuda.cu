@@ -1,9 +1,6 @@
 // bench_mlp_cuda: the training step of MlpCuda (zero_grad + forward + backward + AdamW) on the default MLP
-// 1024-1024x2-1000 at batch 128, 512 and 2048 in fp32, tf32 and bf16.
-//
-// Steps run back to back, as in training (the host enqueues ahead; nothing syncs between steps), with an event at
-// every phase boundary. A step's time runs from its first event to the next step's, so GPU time lost waiting for the
-// host's launches counts. Each figure is the median over --steps steps after --warmup (plans, clocks).
+// 1024-1024x2-1000 at batch 128, 512 and 2048 in fp32, tf32 and bf16, timed as bench/gpu/train_step_timing.h says:
+// each figure is the median over --steps steps after --warmup.
 // TFLOP/s counts the conventional 6 * parameters * batch per step (forward 2PB, backward 4PB), the figure PyTorch
 // comparisons use; the first layer's input gradient is never computed, so the GEMMs really do 2 * 1024 * 1024 *
 // batch (11%) less.
@@ -14,7 +11,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -22,17 +18,15 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/adamw.h"
+#include "bench/gpu/train_step_timing.h"
 #include "kernels/cuda/check.cuh"
-#include "kernels/cuda/device.h"
 #include "model/mlp_cuda.h"
-#include "model/optimizer.h"
 #include "model/precision.h"
 
 namespace {
 
 using ddplab::Precision;
-namespace cuda = ddplab::cuda;
+using ddplab::bench::upload;
 
 struct Options {
   int steps = 50, warmup = 10;
@@ -44,27 +38,12 @@ struct Options {
 struct Result {
   Precision precision;
   int batch;
-  double step_ms, forward_ms, backward_ms, optimizer_ms, tflops;
+  ddplab::bench::StepTimes t;
+  double tflops;
 };
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-// On the stream the model runs on (a non-blocking one: cudaMemcpy's legacy stream would not order it).
-template <typename T>
-T* upload(const std::vector<T>& host, cudaStream_t s) {
-  T* d = nullptr;
-  cudaCheck(cudaMalloc(&d, host.size() * sizeof(T)));
-  cudaCheck(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-  cudaCheck(cudaStreamSynchronize(s));  // `host` may be a temporary
-  return d;
-}
 
 Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
   const ddplab::MlpConfig config;  // the default MLP
-  const ddplab::OptimizerConfig adamw;
   ddplab::MlpCuda model(config, 1, precision, batch, s);
   const int64_t n = model.num_parameters();
 
@@ -76,44 +55,11 @@ Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
   for (int32_t& t : y) t = static_cast<int32_t>(rng() % config.num_classes);
   float* d_x = upload(x, s);
   int32_t* d_y = upload(y, s);
-  float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
-
-  const int total = opt.warmup + opt.steps;
-  std::vector<cudaEvent_t> ev(4 * total + 1);  // step i: start, forward done, backward done, optimizer done
-  for (cudaEvent_t& e : ev) cudaCheck(cudaEventCreate(&e));
-  for (int i = 0; i < total; ++i) {
-    cudaCheck(cudaEventRecord(ev[4 * i], s));
-    model.zero_grad();
-    model.forward(d_x, d_y, batch);
-    cudaCheck(cudaEventRecord(ev[4 * i + 1], s));
-    model.backward();
-    cudaCheck(cudaEventRecord(ev[4 * i + 2], s));
-    cuda::adamw_update(model.flat_params(), model.flat_grads(), moments, moments + n, n, adamw.lr, adamw.beta1,
-                       adamw.beta2, adamw.eps, adamw.weight_decay, i + 1, s);
-    cudaCheck(cudaEventRecord(ev[4 * i + 3], s));
-  }
-  cudaCheck(cudaEventRecord(ev[4 * total], s));
-  cudaCheck(cudaEventSynchronize(ev[4 * total]));
-  const auto ms = [&](int a, int b) {
-    float t = 0;
-    cudaCheck(cudaEventElapsedTime(&t, ev[a], ev[b]));
-    return static_cast<double>(t);
-  };
-  std::vector<double> step, fwd, bwd, optim;
-  for (int i = opt.warmup; i < total; ++i) {
-    step.push_back(ms(4 * i, 4 * i + 4));
-    fwd.push_back(ms(4 * i, 4 * i + 1));
-    bwd.push_back(ms(4 * i + 1, 4 * i + 2));
-    optim.push_back(ms(4 * i + 2, 4 * i + 3));
-  }
-  if (!std::isfinite(model.loss())) throw std::runtime_error("non-finite loss");
-  for (cudaEvent_t e : ev) cudaCheck(cudaEventDestroy(e));
+  const auto forward = [&] { model.forward(d_x, d_y, batch); };
+  Result r{precision, batch, ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s), 0};
   cudaCheck(cudaFree(d_x));
   cudaCheck(cudaFree(d_y));
-  cudaCheck(cudaFree(moments));
-
-  Result r{precision, batch, median(step), median(fwd), median(bwd), median(optim), 0};
-  r.tflops = 6.0 * n * batch / (r.step_ms * 1e-3) / 1e12;
+  r.tflops = 6.0 * n * batch / (r.t.step_ms * 1e-3) / 1e12;
   return r;
 }
 
@@ -131,12 +77,7 @@ int main(int argc, char** argv) {
     } else if (a == "--batch" && has_value && std::atoi(argv[i + 1]) > 0) {
       opt.batches = {std::atoi(argv[++i])};
     } else if (a == "--precision" && has_value) {
-      try {
-        opt.precisions = {ddplab::parse_precision(argv[++i])};
-      } catch (const std::invalid_argument& e) {
-        std::fprintf(stderr, "%s\n", e.what());
-        return 2;
-      }
+      if (!ddplab::bench::parse_precision_flag(argv[++i], opt.precisions)) return 2;
     } else if (a == "--csv" && has_value) {
       opt.csv = argv[++i];
     } else {
@@ -145,12 +86,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const cuda::CudaInfo info = cuda::query_cuda();
-  std::printf("device: %s\n", cuda::describe(info).c_str());
-  if (!info.available) {
-    std::fprintf(stderr, "bench_mlp_cuda: needs a GPU: %s\n", info.reason.c_str());
-    return 2;
-  }
+  if (!ddplab::bench::report_device("bench_mlp_cuda")) return 2;
   try {
     cudaStream_t s;
     cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -163,8 +99,8 @@ int main(int argc, char** argv) {
     for (Precision p : opt.precisions) {
       for (int batch : opt.batches) {
         const Result r = run(opt, p, batch, s);
-        std::printf("%-9s %6d %9.4f %9.4f %9.4f %9.4f %8.1f\n", ddplab::precision_name(p), batch, r.step_ms,
-                    r.forward_ms, r.backward_ms, r.optimizer_ms, r.tflops);
+        std::printf("%-9s %6d %9.4f %9.4f %9.4f %9.4f %8.1f\n", ddplab::precision_name(p), batch, r.t.step_ms,
+                    r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops);
         results.push_back(r);
       }
     }
@@ -174,8 +110,8 @@ int main(int argc, char** argv) {
       if (!f) throw std::runtime_error("cannot write " + opt.csv);
       std::fprintf(f, "precision,batch,step_ms,forward_ms,backward_ms,optimizer_ms,tflop_per_s\n");
       for (const Result& r : results)
-        std::fprintf(f, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f\n", ddplab::precision_name(r.precision), r.batch, r.step_ms,
-                     r.forward_ms, r.backward_ms, r.optimizer_ms, r.tflops);
+        std::fprintf(f, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f\n", ddplab::precision_name(r.precision), r.batch, r.t.step_ms,
+                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops);
       std::fclose(f);
     }
   } catch (const std::exception& e) {

@@ -11,10 +11,14 @@ fused single-kernel version by default (as ddplab's), --adamw foreach for PyTorc
                               [--csv out.csv]
 """
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import torch_bench_util as util  # noqa: E402
 
 
 def step_time_ms(precision, batch, args):
@@ -25,45 +29,26 @@ def step_time_ms(precision, batch, args):
     for i in range(len(dims) - 2):
         layers += [nn.Linear(dims[i], dims[i + 1]), nn.GELU(approximate="tanh")]
     model = nn.Sequential(*layers, nn.Linear(dims[-2], dims[-1])).cuda()
-    fused = args.adamw == "fused"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=fused, foreach=not fused)
+    opt = util.adamw(model.parameters(), args)
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(batch, dims[0], device="cuda")
     y = torch.randint(0, dims[-1], (batch,), device="cuda")
-
-    total = args.warmup + args.steps
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
-    for i in range(total):
-        events[i].record()
-        opt.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-    events[total].record()
-    torch.cuda.synchronize()
-    if not torch.isfinite(loss):
-        raise RuntimeError("non-finite loss")
-    ms = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, total))
+    ms = util.median_step_ms(lambda: loss_fn(model(x), y), opt, precision, args)
     params = sum(p.numel() for p in model.parameters())
     return ms, 6.0 * params * batch / (ms * 1e-3) / 1e12
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=10)
+    util.add_common_args(ap, steps=50, warmup=10)
     ap.add_argument("--batch", type=int, help="one batch size instead of 128, 512, 2048")
-    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], help="one precision instead of all three")
-    ap.add_argument("--adamw", choices=["fused", "foreach"], default="fused")
-    ap.add_argument("--csv")
     args = ap.parse_args()
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    util.print_device()
     print(f"PyTorch eager, MLP 1024-1024x2-1000, AdamW ({args.adamw}); median of {args.steps} steps after "
           f"{args.warmup} warm-up; TFLOP/s = 6 * params * batch / step")
     print(f"{'precision':<9} {'batch':>6} {'step ms':>9} {'TFLOP/s':>8}")
     rows = []
-    for precision in [args.precision] if args.precision else ["fp32", "tf32", "bf16"]:
+    for precision in util.precisions(args):
         for batch in [args.batch] if args.batch else [128, 512, 2048]:
             ms, tflops = step_time_ms(precision, batch, args)
             print(f"{precision:<9} {batch:>6} {ms:>9.4f} {tflops:>8.1f}")

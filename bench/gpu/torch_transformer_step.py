@@ -18,11 +18,14 @@ one process), to show what the wrapper costs. AdamW is the fused single-kernel v
 import argparse
 import math
 import os
-import statistics
+import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import torch_bench_util as util  # noqa: E402
 
 # gpt2-small in model/transformer.cpp's TransformerConfig::preset
 VOCAB, D_MODEL, HEADS, LAYERS, MLP_HIDDEN, MAX_LEN = 50257, 768, 12, 12, 3072, 1024
@@ -83,24 +86,9 @@ def step_time_ms(precision, args):
     params = sum(p.numel() for p in model.parameters())
     if args.ddp:
         model = nn.parallel.DistributedDataParallel(model)
-    fused = args.adamw == "fused"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=fused, foreach=not fused)
+    opt = util.adamw(model.parameters(), args)
     tokens = torch.randint(0, VOCAB, (args.batch, args.seq), device="cuda")
-
-    total = args.warmup + args.steps
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
-    for i in range(total):
-        events[i].record()
-        opt.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = model(tokens)
-        loss.backward()
-        opt.step()
-    events[total].record()
-    torch.cuda.synchronize()
-    if not torch.isfinite(loss):
-        raise RuntimeError("non-finite loss")
-    ms = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, total))
+    ms = util.median_step_ms(lambda: model(tokens), opt, precision, args)
     tokens_per_s = args.batch * args.seq / (ms * 1e-3)
     tflops = 3 * flops_per_token(args.seq) * tokens_per_s / 1e12
     del model, opt
@@ -110,27 +98,23 @@ def step_time_ms(precision, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    util.add_common_args(ap, steps=10, warmup=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], help="one precision instead of all three")
     ap.add_argument("--attention", choices=["sdpa", "manual"], default="sdpa")
     ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel at world size 1")
-    ap.add_argument("--adamw", choices=["fused", "foreach"], default="fused")
-    ap.add_argument("--csv")
     args = ap.parse_args()
     if args.ddp:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
         torch.distributed.init_process_group("nccl", rank=0, world_size=1)
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    util.print_device()
     print(f"PyTorch eager{' + DDP (ws 1)' if args.ddp else ''}, gpt2-small, batch {args.batch} x {args.seq} tokens, "
           f"attention {args.attention}, AdamW ({args.adamw}); median of {args.steps} steps after {args.warmup} "
           f"warm-up; MFU against {PEAK_BF16_DENSE_TFLOPS:.0f} TFLOP/s (dense bf16)")
     print(f"{'precision':<9} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
     rows = []
-    for precision in [args.precision] if args.precision else ["fp32", "tf32", "bf16"]:
+    for precision in util.precisions(args):
         ms, tokens_per_s, tflops, params = step_time_ms(precision, args)
         mfu = tflops / PEAK_BF16_DENSE_TFLOPS
         print(f"{precision:<9} {ms:>9.3f} {tokens_per_s:>10.0f} {tflops:>8.1f} {100 * mfu:>5.1f}%")

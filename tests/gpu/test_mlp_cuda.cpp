@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -17,25 +16,26 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "model/mlp.h"
 #include "model/mlp_cuda.h"
 #include "model/optimizer.h"
 #include "model/precision.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/model_test_util.h"
 
 namespace {
 
-using ddplab::GradPiece;
 using ddplab::Mlp;
 using ddplab::MlpConfig;
 using ddplab::MlpCuda;
 using ddplab::Precision;
-using ddplab::gpu_test::AllClose;
 using ddplab::gpu_test::BitwiseEqual;
 using ddplab::gpu_test::DeviceBuffer;
 using ddplab::gpu_test::random_vector;
+using ddplab::gpu_test::to_host;
+using Tolerance = ddplab::gpu_test::ModelTolerance;
+namespace gpu_test = ddplab::gpu_test;
 
 constexpr uint64_t kSeed = 1234;
 const MlpConfig kDefault{};  // 1024 -> 1024 -> 1024 -> 1000
@@ -68,12 +68,6 @@ TEST(MlpCudaHost, PrecisionNamesRoundTrip) {
 // (2^-8 = 3.9e-3), activations included; about six roundings lie between the loss and the first layer's gradient,
 // so ~1.5e-3 (TF32) and ~1e-2 (bf16) normwise are expected. Each bound has a margin of 3x or more. The loss, ln(V)
 // plus logits of order 1, is far better conditioned.
-struct Tolerance {
-  double loss;       // relative
-  double grad_norm;  // ||got - want|| / ||want|| per piece
-  double grad_elem;  // |got - want| / max |want| per parameter
-  double train;      // relative, each loss of the 5-step AdamW curve
-};
 Tolerance tolerance(Precision p) {
   switch (p) {
     case Precision::kFp32:
@@ -104,58 +98,14 @@ struct DeviceBatch {
   DeviceBuffer<int32_t> y;
 };
 
-std::vector<float> to_host(const float* device, int64_t n, cudaStream_t stream) {
-  std::vector<float> host(n);
-  cudaCheck(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  cudaCheck(cudaStreamSynchronize(stream));
-  return host;
-}
-
-double rel_l2_error(const float* got, const float* want, int64_t n) {
-  double err = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    err += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    ref += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(err / ref);  // NaN (unwritten, or a NaN gradient) fails every comparison
-}
-
-// Checks every piece and parameter; returns the worst piece's normwise error, for the log.
-double expect_grads_close(const MlpCuda& gpu, const Mlp<float>& cpu, const Tolerance& tol) {
-  const std::vector<float> got = to_host(gpu.flat_grads(), gpu.num_parameters(), gpu.stream());
-  const float* want = cpu.flat_grads();
-  double worst = 0;
-  for (const GradPiece& piece : gpu.grad_pieces()) {
-    const double err = rel_l2_error(got.data() + piece.offset, want + piece.offset, piece.numel);
-    EXPECT_LE(err, tol.grad_norm) << gpu.parameters()[piece.param].name << " from row " << piece.first_row;
-    worst = std::max(worst, err);
-  }
-  for (const auto& p : cpu.parameters()) {
-    const std::vector<float> g(got.begin() + p.offset, got.begin() + p.offset + p.numel), w(p.grad, p.grad + p.numel);
-    float max_abs = 0;
-    for (float v : w) max_abs = std::max(max_abs, std::fabs(v));
-    EXPECT_TRUE(AllClose(g, w, 0.0, tol.grad_elem * max_abs)) << p.name;
-  }
-  return worst;
-}
-
-using MlpCudaDevice = ddplab::gpu_test::DeviceTest;
-class MlpCudaVsCpu : public ddplab::gpu_test::DeviceTest, public ::testing::WithParamInterface<Precision> {};
+using MlpCudaDevice = gpu_test::DeviceTest;
+class MlpCudaVsCpu : public gpu_test::DeviceTest, public ::testing::WithParamInterface<Precision> {};
 
 TEST_F(MlpCudaDevice, InitIsTheCpuModelsBitForBit) {
   for (const MlpConfig& c : {kDefault, MlpConfig{45, 67, 3, 13}, MlpConfig{33, 1, 0, 10}}) {
     const Mlp<float> cpu(c, kSeed);
     const MlpCuda gpu(c, kSeed, Precision::kBf16, 4, stream_);  // the precision does not touch the master weights
-    ASSERT_EQ(gpu.num_parameters(), cpu.num_parameters());
-    ASSERT_EQ(gpu.parameters().size(), cpu.parameters().size());
-    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
-      EXPECT_EQ(gpu.parameters()[i].name, cpu.parameters()[i].name);
-      EXPECT_EQ(gpu.parameters()[i].shape, cpu.parameters()[i].shape);
-      EXPECT_EQ(gpu.parameters()[i].offset, cpu.parameters()[i].offset);
-    }
-    const int64_t n = cpu.num_parameters();
-    EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_params(), n, stream_), {cpu.flat_params(), cpu.flat_params() + n}));
-    EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), n, stream_), std::vector<float>(n, 0.0f)));
+    ASSERT_NO_FATAL_FAILURE(gpu_test::expect_same_init(gpu, cpu, stream_));
   }
 }
 
@@ -188,11 +138,7 @@ TEST_P(MlpCudaVsCpu, LossAndGradientsMatchCpu) {
       SCOPED_TRACE(std::string(k.name) + ", piece elements " + std::to_string(piece_elements));
       Mlp<float> cpu(k.config, kSeed);
       MlpCuda gpu(k.config, kSeed, GetParam(), k.batch + 3, stream_);
-      cpu.set_grad_piece_elements(piece_elements);
-      gpu.set_grad_piece_elements(piece_elements);
-      cudaCheck(cudaMemsetAsync(gpu.flat_grads(), 0xFF, gpu.num_parameters() * sizeof(float), stream_));
-      gpu.zero_grad();
-      cpu.zero_grad();
+      gpu_test::split_and_zero_grads(gpu, cpu, piece_elements);
       for (int batch : {k.batch, k.batch / 2 + 1}) {
         SCOPED_TRACE("batch " + std::to_string(batch));
         const Batch b = random_batch(k.config, batch, 17 + batch);
@@ -203,7 +149,7 @@ TEST_P(MlpCudaVsCpu, LossAndGradientsMatchCpu) {
         cpu.backward();
         const double loss_error = std::fabs(gpu.loss() - want) / want;
         EXPECT_LE(loss_error, tol.loss);
-        const double grad_error = expect_grads_close(gpu, cpu, tol);
+        const double grad_error = gpu_test::expect_grads_close(gpu, cpu, tol);
         std::cout << ddplab::precision_name(GetParam()) << " " << k.name << ", piece elements " << piece_elements
                   << ", batch " << batch << ": loss error " << loss_error << ", worst piece " << grad_error << "\n";
       }
@@ -221,48 +167,19 @@ TEST_P(MlpCudaVsCpu, HookOrderAndPieceEvents) {
   MlpCuda gpu(c, kSeed, GetParam(), batch, stream_);
   cpu.set_grad_piece_elements(1000);
   gpu.set_grad_piece_elements(1000);
-  const std::vector<GradPiece>& pieces = gpu.grad_pieces();
-  ASSERT_EQ(pieces.size(), cpu.grad_pieces().size());
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    EXPECT_EQ(pieces[k].param, cpu.grad_pieces()[k].param);
-    EXPECT_EQ(pieces[k].offset, cpu.grad_pieces()[k].offset);
-    EXPECT_EQ(pieces[k].numel, cpu.grad_pieces()[k].numel);
-    EXPECT_EQ(pieces[k].first_row, cpu.grad_pieces()[k].first_row);
-  }
+  ASSERT_NO_FATAL_FAILURE(gpu_test::expect_same_pieces(gpu, cpu));
   DeviceBatch d(random_batch(c, batch, 5), stream_);
+  const auto forward = [&] { gpu.forward(d.x.get(), d.y.get(), batch); };
   gpu.zero_grad();
-  gpu.forward(d.x.get(), d.y.get(), batch);
+  forward();
   gpu.backward();
   const std::vector<float> want = to_host(gpu.flat_grads(), gpu.num_parameters(), stream_);
 
-  cudaStream_t comm = nullptr;
-  cudaEvent_t comm_done = nullptr;
-  cudaCheck(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
-  cudaCheck(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
-  DeviceBuffer<float> seen(gpu.num_parameters(), stream_);
-  cudaCheck(cudaStreamSynchronize(stream_));  // `seen` poisoned before the comm stream writes it
-  std::vector<int> calls;
-  gpu.zero_grad();
-  gpu.forward(d.x.get(), d.y.get(), batch);
-  gpu.backward([&](int k) {
-    calls.push_back(k);
-    cudaCheck(cudaStreamWaitEvent(comm, gpu.piece_ready_event(k), 0));
-    cudaCheck(cudaMemcpyAsync(seen.get() + pieces[k].offset, gpu.flat_grads() + pieces[k].offset,
-                              pieces[k].numel * sizeof(float), cudaMemcpyDeviceToDevice, comm));
-  });
-  cudaCheck(cudaEventRecord(comm_done, comm));
-  cudaCheck(cudaStreamWaitEvent(stream_, comm_done, 0));
-  gpu.zero_grad();
-  cudaCheck(cudaStreamSynchronize(stream_));
-
-  std::vector<int> expected(pieces.size());
-  for (size_t k = 0; k < expected.size(); ++k) expected[k] = static_cast<int>(k);
-  EXPECT_EQ(calls, expected);
+  const gpu_test::HookCopies seen = gpu_test::copy_pieces_from_hook(gpu, forward);
+  EXPECT_EQ(seen.calls, gpu_test::piece_order(gpu.grad_pieces().size()));
   // Bitwise: the same step twice on one device gives the same bits (cuBLAS guarantees it for one stream and a
   // user-owned workspace; our kernels sum in fixed orders). A copy that ran early would see zeros or a partial sum.
-  EXPECT_TRUE(BitwiseEqual(seen.download(), want));
-  cudaCheck(cudaEventDestroy(comm_done));
-  cudaCheck(cudaStreamDestroy(comm));
+  EXPECT_TRUE(BitwiseEqual(seen.grads, want));
 }
 
 // Five AdamW steps on one batch (the CUDA adamw kernel against the CPU Optimizer, PyTorch's defaults): the GPU's loss
@@ -270,34 +187,15 @@ TEST_P(MlpCudaVsCpu, HookOrderAndPieceEvents) {
 TEST_P(MlpCudaVsCpu, AdamwLossCurveTracksCpu) {
   const Tolerance tol = tolerance(GetParam());
   const int batch = 64;
-  const ddplab::OptimizerConfig opt;
   Mlp<float> cpu(kDefault, kSeed);
-  ddplab::Optimizer<float> cpu_opt(opt, cpu.num_parameters());
   MlpCuda gpu(kDefault, kSeed, GetParam(), batch, stream_);
-  const int64_t n = gpu.num_parameters();
-  DeviceBuffer<float> m(std::vector<float>(n, 0.0f), stream_), v(std::vector<float>(n, 0.0f), stream_);
   const Batch b = random_batch(kDefault, batch, 99);
   DeviceBatch d(b, stream_);
-  std::vector<float> cpu_losses, gpu_losses;
-  for (int t = 1; t <= 5; ++t) {
-    cpu.zero_grad();
-    cpu_losses.push_back(cpu.forward(b.x.data(), b.y.data(), batch));
-    cpu.backward();
-    cpu_opt.step(cpu.flat_params(), cpu.flat_grads());
-
-    gpu.zero_grad();
-    gpu.forward(d.x.get(), d.y.get(), batch);
-    gpu.backward();
-    ddplab::cuda::adamw_update(gpu.flat_params(), gpu.flat_grads(), m.get(), v.get(), n, opt.lr, opt.beta1, opt.beta2,
-                               opt.eps, opt.weight_decay, t, stream_);
-    gpu_losses.push_back(gpu.loss());
-  }
-  for (int t = 0; t < 5; ++t) {
-    EXPECT_NEAR(gpu_losses[t], cpu_losses[t], tol.train * cpu_losses[t]) << "step " << t + 1;
-    std::cout << ddplab::precision_name(GetParam()) << " step " << t + 1 << ": loss " << gpu_losses[t] << " (CPU "
-              << cpu_losses[t] << ")\n";
-  }
-  EXPECT_LT(cpu_losses.back(), cpu_losses.front() - 0.1f);
+  const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
+      gpu, cpu, ddplab::OptimizerConfig{}, 5, [&] { return cpu.forward(b.x.data(), b.y.data(), batch); },
+      [&] { gpu.forward(d.x.get(), d.y.get(), batch); });
+  gpu_test::expect_curves_close(curves, tol.train, ddplab::precision_name(GetParam()));
+  EXPECT_LT(curves.cpu.back(), curves.cpu.front() - 0.1f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, MlpCudaVsCpu,

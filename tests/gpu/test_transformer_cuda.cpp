@@ -10,33 +10,33 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
-#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/adamw.h"
-#include "kernels/cuda/check.cuh"
 #include "model/optimizer.h"
 #include "model/precision.h"
 #include "model/transformer.h"
 #include "model/transformer_cuda.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/model_test_util.h"
 
 namespace {
 
-using ddplab::GradPiece;
 using ddplab::Precision;
 using ddplab::Transformer;
 using ddplab::TransformerConfig;
 using ddplab::TransformerCuda;
 using ddplab::gpu_test::BitwiseEqual;
 using ddplab::gpu_test::DeviceBuffer;
+using ddplab::gpu_test::rel_l2_error;
+using ddplab::gpu_test::to_host;
+using Tolerance = ddplab::gpu_test::ModelTolerance;
+namespace gpu_test = ddplab::gpu_test;
 
 constexpr uint64_t kSeed = 1234;
 
@@ -95,12 +95,6 @@ TEST(TransformerCudaHost, RejectsBadArgumentsBeforeTouchingTheDevice) {
 //         included (rounded at each of its 2 x layers updates), the Linear layers' operands and attention's input
 //         and output: some twenty roundings on the way to the embeddings, ~1.5e-2 normwise expected.
 // Each bound keeps a margin of 3x or more. The loss, log(classes) plus logits of order 1, is far better conditioned.
-struct Tolerance {
-  double loss;       // relative
-  double grad_norm;  // ||got - want|| / ||want|| per piece
-  double grad_elem;  // |got - want| / max |want| per parameter
-  double train;      // relative, each loss of the 5-step AdamW curve
-};
 Tolerance tolerance(Precision p) {
   switch (p) {
     case Precision::kFp32:
@@ -145,46 +139,6 @@ float forward(Transformer<float>& cpu, const Batch& b) {
   return cpu.forward(b.tokens.data(), b.lengths.data(), b.labels.data(), b.B, b.S);
 }
 
-std::vector<float> to_host(const float* device, int64_t n, cudaStream_t stream) {
-  std::vector<float> host(n);
-  cudaCheck(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  cudaCheck(cudaStreamSynchronize(stream));
-  return host;
-}
-
-// ||got - want|| / ||want||; a piece the batch does not reach (wpe rows past S, wte rows of absent tokens) must
-// stay exactly 0. NaN (unwritten, or a NaN gradient) fails every comparison.
-double rel_l2_error(const float* got, const float* want, int64_t n) {
-  double err = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    err += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    ref += static_cast<double>(want[i]) * want[i];
-  }
-  if (ref == 0) return err == 0 ? 0 : std::numeric_limits<double>::infinity();
-  return std::sqrt(err / ref);
-}
-
-// Checks every piece and parameter; returns the worst piece's normwise error, for the log.
-double expect_grads_close(const TransformerCuda& gpu, const Transformer<float>& cpu, const Tolerance& tol) {
-  const std::vector<float> got = to_host(gpu.flat_grads(), gpu.num_parameters(), gpu.stream());
-  const float* want = cpu.flat_grads();
-  double worst = 0;
-  for (const GradPiece& piece : gpu.grad_pieces()) {
-    const double err = rel_l2_error(got.data() + piece.offset, want + piece.offset, piece.numel);
-    EXPECT_LE(err, tol.grad_norm) << gpu.parameters()[piece.param].name << " from row " << piece.first_row;
-    worst = std::max(worst, err);
-  }
-  for (const auto& p : cpu.parameters()) {
-    float max_abs = 0;
-    for (int64_t i = 0; i < p.numel; ++i) max_abs = std::max(max_abs, std::fabs(p.grad[i]));
-    int64_t bad = 0;
-    for (int64_t i = 0; i < p.numel; ++i)
-      bad += !(std::fabs(got[p.offset + i] - p.grad[i]) <= tol.grad_elem * max_abs);  // NaN counts
-    EXPECT_EQ(bad, 0) << p.name << ": elements off by more than " << tol.grad_elem << " x " << max_abs;
-  }
-  return worst;
-}
-
 using TransformerCudaDevice = ddplab::gpu_test::DeviceTest;
 class TransformerCudaVsCpu : public ddplab::gpu_test::DeviceTest, public ::testing::WithParamInterface<Precision> {};
 
@@ -192,16 +146,7 @@ TEST_F(TransformerCudaDevice, InitIsTheCpuModelsBitForBit) {
   for (const TransformerConfig& c : {classifier(), language_model(), TransformerConfig::preset("tiny")}) {
     const Transformer<float> cpu(c, kSeed);
     const TransformerCuda gpu(c, kSeed, Precision::kBf16, 64, 16, stream_);  // precision leaves the master alone
-    ASSERT_EQ(gpu.num_parameters(), cpu.num_parameters());
-    ASSERT_EQ(gpu.parameters().size(), cpu.parameters().size());
-    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
-      EXPECT_EQ(gpu.parameters()[i].name, cpu.parameters()[i].name);
-      EXPECT_EQ(gpu.parameters()[i].shape, cpu.parameters()[i].shape);
-      EXPECT_EQ(gpu.parameters()[i].offset, cpu.parameters()[i].offset);
-    }
-    const int64_t n = cpu.num_parameters();
-    EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_params(), n, stream_), {cpu.flat_params(), cpu.flat_params() + n}));
-    EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), n, stream_), std::vector<float>(n, 0.0f)));
+    ASSERT_NO_FATAL_FAILURE(gpu_test::expect_same_init(gpu, cpu, stream_));
   }
 }
 
@@ -230,11 +175,7 @@ TEST_P(TransformerCudaVsCpu, LossAndGradientsMatchCpu) {
       SCOPED_TRACE(name + ", piece elements " + std::to_string(piece_elements));
       Transformer<float> cpu(c, kSeed);
       TransformerCuda gpu(c, kSeed, GetParam(), 6 * 20, 20, stream_);
-      cpu.set_grad_piece_elements(piece_elements);
-      gpu.set_grad_piece_elements(piece_elements);
-      cudaCheck(cudaMemsetAsync(gpu.flat_grads(), 0xFF, gpu.num_parameters() * sizeof(float), stream_));
-      gpu.zero_grad();
-      cpu.zero_grad();
+      gpu_test::split_and_zero_grads(gpu, cpu, piece_elements);
       struct Step {
         int B, S;
         float loss_scale;
@@ -249,7 +190,7 @@ TEST_P(TransformerCudaVsCpu, LossAndGradientsMatchCpu) {
         cpu.backward(nullptr, s.loss_scale);
         const double loss_error = std::fabs(gpu.loss() - want) / want;
         EXPECT_LE(loss_error, tol.loss);
-        const double grad_error = expect_grads_close(gpu, cpu, tol);
+        const double grad_error = gpu_test::expect_grads_close(gpu, cpu, tol);
         std::cout << ddplab::precision_name(GetParam()) << " " << name << ", piece elements " << piece_elements
                   << ", batch " << s.B << "x" << s.S << ": loss error " << loss_error << ", worst piece " << grad_error
                   << "\n";
@@ -268,14 +209,7 @@ TEST_P(TransformerCudaVsCpu, HookOrderAndPieceEvents) {
     TransformerCuda gpu(c, kSeed, GetParam(), 5 * 16, 16, stream_);
     cpu.set_grad_piece_elements(700);
     gpu.set_grad_piece_elements(700);
-    const std::vector<GradPiece>& pieces = gpu.grad_pieces();
-    ASSERT_EQ(pieces.size(), cpu.grad_pieces().size());
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      EXPECT_EQ(pieces[k].param, cpu.grad_pieces()[k].param);
-      EXPECT_EQ(pieces[k].offset, cpu.grad_pieces()[k].offset);
-      EXPECT_EQ(pieces[k].numel, cpu.grad_pieces()[k].numel);
-      EXPECT_EQ(pieces[k].first_row, cpu.grad_pieces()[k].first_row);
-    }
+    ASSERT_NO_FATAL_FAILURE(gpu_test::expect_same_pieces(gpu, cpu));
     const Batch b = random_batch(c, 5, 16, 5);
     DeviceBatch d(b, stream_);
     gpu.zero_grad();
@@ -283,37 +217,14 @@ TEST_P(TransformerCudaVsCpu, HookOrderAndPieceEvents) {
     gpu.backward();
     const std::vector<float> want = to_host(gpu.flat_grads(), gpu.num_parameters(), stream_);
 
-    cudaStream_t comm = nullptr;
-    cudaEvent_t comm_done = nullptr;
-    cudaCheck(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
-    cudaCheck(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
-    DeviceBuffer<float> seen(gpu.num_parameters(), stream_);
-    cudaCheck(cudaStreamSynchronize(stream_));  // `seen` poisoned before the comm stream writes it
-    std::vector<int> calls;
-    gpu.zero_grad();
-    forward(gpu, d, b);
-    gpu.backward([&](int k) {
-      calls.push_back(k);
-      cudaCheck(cudaStreamWaitEvent(comm, gpu.piece_ready_event(k), 0));
-      cudaCheck(cudaMemcpyAsync(seen.get() + pieces[k].offset, gpu.flat_grads() + pieces[k].offset,
-                                pieces[k].numel * sizeof(float), cudaMemcpyDeviceToDevice, comm));
-    });
-    cudaCheck(cudaEventRecord(comm_done, comm));
-    cudaCheck(cudaStreamWaitEvent(stream_, comm_done, 0));
-    gpu.zero_grad();
-    cudaCheck(cudaStreamSynchronize(stream_));
-
-    std::vector<int> expected(pieces.size());
-    for (size_t k = 0; k < expected.size(); ++k) expected[k] = static_cast<int>(k);
-    EXPECT_EQ(calls, expected);
+    const gpu_test::HookCopies seen = gpu_test::copy_pieces_from_hook(gpu, [&] { forward(gpu, d, b); });
+    EXPECT_EQ(seen.calls, gpu_test::piece_order(gpu.grad_pieces().size()));
     // Bitwise, except wte: its gradient is scattered with atomics (embedding.h), so a token repeated in the batch
     // may sum in another order from one backward to the next. A copy that ran early would see zeros or a partial sum.
-    const std::vector<float> got = seen.download();
+    const std::vector<float>& got = seen.grads;
     const ddplab::Parameter<float>& wte = gpu.parameters()[0];
     EXPECT_TRUE(BitwiseEqual({got.begin(), got.begin() + wte.offset}, {want.begin(), want.begin() + wte.offset}));
     EXPECT_LE(rel_l2_error(got.data() + wte.offset, want.data() + wte.offset, wte.numel), 1e-6);
-    cudaCheck(cudaEventDestroy(comm_done));
-    cudaCheck(cudaStreamDestroy(comm));
   }
 }
 
@@ -341,32 +252,14 @@ TEST_P(TransformerCudaVsCpu, AdamwLossCurveTracksCpu) {
     ddplab::OptimizerConfig opt;
     opt.lr = 3e-3f;
     Transformer<float> cpu(c, kSeed);
-    ddplab::Optimizer<float> cpu_opt(opt, cpu.num_parameters());
     TransformerCuda gpu(c, kSeed, GetParam(), 8 * 24, 24, stream_);
-    const int64_t n = gpu.num_parameters();
-    DeviceBuffer<float> m(std::vector<float>(n, 0.0f), stream_), v(std::vector<float>(n, 0.0f), stream_);
     const Batch b = random_batch(c, 8, 24, 99);
     DeviceBatch d(b, stream_);
-    std::vector<float> cpu_losses, gpu_losses;
-    for (int t = 1; t <= 5; ++t) {
-      cpu.zero_grad();
-      cpu_losses.push_back(forward(cpu, b));
-      cpu.backward();
-      cpu_opt.step(cpu.flat_params(), cpu.flat_grads());
-
-      gpu.zero_grad();
-      forward(gpu, d, b);
-      gpu.backward();
-      ddplab::cuda::adamw_update(gpu.flat_params(), gpu.flat_grads(), m.get(), v.get(), n, opt.lr, opt.beta1, opt.beta2,
-                                 opt.eps, opt.weight_decay, t, stream_);
-      gpu_losses.push_back(gpu.loss());
-    }
-    for (int t = 0; t < 5; ++t) {
-      EXPECT_NEAR(gpu_losses[t], cpu_losses[t], tol.train * cpu_losses[t]) << "step " << t + 1;
-      std::cout << ddplab::precision_name(GetParam()) << (c.causal() ? " lm" : " classify") << " step " << t + 1
-                << ": loss " << gpu_losses[t] << " (CPU " << cpu_losses[t] << ")\n";
-    }
-    EXPECT_LT(gpu_losses.back(), 0.9f * gpu_losses.front());
+    const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
+        gpu, cpu, opt, 5, [&] { return forward(cpu, b); }, [&] { forward(gpu, d, b); });
+    gpu_test::expect_curves_close(curves, tol.train,
+                                  std::string(ddplab::precision_name(GetParam())) + (c.causal() ? " lm" : " classify"));
+    EXPECT_LT(curves.gpu.back(), 0.9f * curves.gpu.front());
   }
 }
 

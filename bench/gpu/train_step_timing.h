@@ -1,0 +1,108 @@
+// Shared by the GPU model benchmarks (bench_mlp_cuda, bench_transformer_cuda): a model's training step (zero_grad +
+// forward + backward + AdamW) timed with events, and the command line's checks they have in common.
+//
+// Steps run back to back, as in training (the host enqueues ahead; nothing syncs between steps), with an event at
+// every phase boundary. A step's time runs from its first event to the next step's, so GPU time lost waiting for the
+// host's launches counts. Each figure is the median over the timed steps after the warm-up ones (plans, clocks).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
+#include "model/optimizer.h"
+#include "model/precision.h"
+
+namespace ddplab::bench {
+
+// Medians over the timed steps, in ms.
+struct StepTimes {
+  double step_ms, forward_ms, backward_ms, optimizer_ms;
+};
+
+inline double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// On the stream the model runs on (a non-blocking one: cudaMemcpy's legacy stream would not order it).
+template <typename T>
+T* upload(const std::vector<T>& host, cudaStream_t s) {
+  T* d = nullptr;
+  cudaCheck(cudaMalloc(&d, host.size() * sizeof(T)));
+  cudaCheck(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+  cudaCheck(cudaStreamSynchronize(s));  // `host` may be a temporary
+  return d;
+}
+
+// `warmup` + `steps` training steps of `model` on stream `s`, AdamW (PyTorch's defaults) from zero moments;
+// `forward()` runs the model's forward on its batch. Throws if the last loss is not finite.
+template <class Model, class Forward>
+StepTimes time_training_steps(Model& model, Forward forward, int warmup, int steps, cudaStream_t s) {
+  const OptimizerConfig adamw;
+  const int64_t n = model.num_parameters();
+  float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
+
+  const int total = warmup + steps;
+  std::vector<cudaEvent_t> ev(4 * total + 1);  // step i: start, forward done, backward done, optimizer done
+  for (cudaEvent_t& e : ev) cudaCheck(cudaEventCreate(&e));
+  for (int i = 0; i < total; ++i) {
+    cudaCheck(cudaEventRecord(ev[4 * i], s));
+    model.zero_grad();
+    forward();
+    cudaCheck(cudaEventRecord(ev[4 * i + 1], s));
+    model.backward();
+    cudaCheck(cudaEventRecord(ev[4 * i + 2], s));
+    cuda::adamw_update(model.flat_params(), model.flat_grads(), moments, moments + n, n, adamw.lr, adamw.beta1,
+                       adamw.beta2, adamw.eps, adamw.weight_decay, i + 1, s);
+    cudaCheck(cudaEventRecord(ev[4 * i + 3], s));
+  }
+  cudaCheck(cudaEventRecord(ev[4 * total], s));
+  cudaCheck(cudaEventSynchronize(ev[4 * total]));
+  const auto ms = [&](int a, int b) {
+    float t = 0;
+    cudaCheck(cudaEventElapsedTime(&t, ev[a], ev[b]));
+    return static_cast<double>(t);
+  };
+  std::vector<double> step, fwd, bwd, optim;
+  for (int i = warmup; i < total; ++i) {
+    step.push_back(ms(4 * i, 4 * i + 4));
+    fwd.push_back(ms(4 * i, 4 * i + 1));
+    bwd.push_back(ms(4 * i + 1, 4 * i + 2));
+    optim.push_back(ms(4 * i + 2, 4 * i + 3));
+  }
+  if (!std::isfinite(model.loss())) throw std::runtime_error("non-finite loss");
+  for (cudaEvent_t e : ev) cudaCheck(cudaEventDestroy(e));
+  cudaCheck(cudaFree(moments));
+  return {median(step), median(fwd), median(bwd), median(optim)};
+}
+
+// --precision's value into `precisions` (a sweep of one); false, with the reason on stderr, for an unknown name.
+inline bool parse_precision_flag(const char* value, std::vector<Precision>& precisions) {
+  try {
+    precisions = {parse_precision(value)};
+    return true;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return false;
+  }
+}
+
+// Prints the device line every benchmark starts with; false, with the reason on stderr, where there is no GPU.
+inline bool report_device(const char* bench) {
+  const cuda::CudaInfo info = cuda::query_cuda();
+  std::printf("device: %s\n", cuda::describe(info).c_str());
+  if (info.available) return true;
+  std::fprintf(stderr, "%s: needs a GPU: %s\n", bench, info.reason.c_str());
+  return false;
+}
+
+}  // namespace ddplab::bench
