@@ -85,9 +85,9 @@ if [ "${last_rc:-1}" -eq 0 ]; then
   fi
   d=$build/launcher/ddplab
   if [ -x "$d" ]; then  # --comm ring with four ranks on one GPU: trains, and the run file says how
-    step "ddplab train ring np4" mlp.log mpirun --oversubscribe -np 4 "$d" train --device cuda --comm ring \
+    step "ddplab train ring np4" models.log mpirun --oversubscribe -np 4 "$d" train --device cuda --comm ring \
          --steps 60 --out "$build/train_ring_np4.h5"  # $out holds at most 8 files: logs only
-    note "$(tail -n 1 "$out/mlp.log")"
+    note "$(tail -n 1 "$out/models.log")"
   fi
   # The models' training steps, fp32/tf32/bf16, into one log (the tool brings back 8 files): the default MLP, then
   # gpt2-small (tokens/s, MFU), then PyTorch eager on the same two for the side-by-side.
