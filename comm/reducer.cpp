@@ -39,36 +39,33 @@ std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std:
   if (offset.size() != numel.size()) throw std::invalid_argument("assign_buckets: numel and offset differ in size");
   if (!(bucket_cap_bytes >= 0) || !(first_bucket_cap_bytes >= 0))
     throw std::invalid_argument("assign_buckets: bucket caps must not be negative");
+  for (int k = 1; k < n; ++k)
+    if (offset[k] < offset[k - 1] + numel[k - 1])
+      throw std::invalid_argument("assign_buckets: gradient piece " + std::to_string(k) +
+                                  " does not lie after the previous one in the flat buffer");
   if (n == 0) return {};
-  const auto bytes = [&](int k) { return static_cast<double>(numel[k]) * sizeof(float); };
+  // The fp32 bytes of the slice from piece `first` to piece `last`, the gaps between them included.
+  const auto span = [&](int first, int last) {
+    return static_cast<double>(offset[last] + numel[last] - offset[first]) * sizeof(float);
+  };
 
   // The closing bucket first: the last pieces to become ready, while they fit its cap (at least one).
   int closing_first = n - 1;
-  double filled = bytes(n - 1);
-  while (closing_first > 0 && filled + bytes(closing_first - 1) <= first_bucket_cap_bytes)
-    filled += bytes(--closing_first);
+  while (closing_first > 0 && span(closing_first - 1, n - 1) <= first_bucket_cap_bytes) --closing_first;
 
   // The rest in ready order, greedily up to the cap.
   std::vector<Bucket> buckets;
   for (int k = 0; k < closing_first;) {
     Bucket b;
     b.first_piece = k;
-    double size = bytes(k);
-    while (k + 1 < closing_first && size + bytes(k + 1) <= bucket_cap_bytes) size += bytes(++k);
+    while (k + 1 < closing_first && span(b.first_piece, k + 1) <= bucket_cap_bytes) ++k;
     b.last_piece = k++;
     buckets.push_back(b);
   }
   buckets.push_back(Bucket{closing_first, n - 1, 0, 0});
-
-  // Each bucket's slice of the flat buffer: its pieces must lie back to back.
   for (Bucket& b : buckets) {
     b.offset = offset[b.first_piece];
-    for (int k = b.first_piece; k <= b.last_piece; ++k) {
-      if (offset[k] != b.offset + b.count)
-        throw std::invalid_argument("assign_buckets: gradient piece " + std::to_string(k) +
-                                    " is not adjacent to the rest of its bucket in the flat buffer");
-      b.count += numel[k];
-    }
+    b.count = offset[b.last_piece] + numel[b.last_piece] - b.offset;
   }
   return buckets;
 }

@@ -37,8 +37,8 @@ struct ReducerConfig {
   bool overlap = true;
 };
 
-// One bucket: the gradient pieces [first_piece, last_piece] (in ready order), which occupy the contiguous
-// elements [offset, offset + count) of the flat gradient buffer.
+// One bucket: the gradient pieces [first_piece, last_piece] (in ready order), which occupy the elements
+// [offset, offset + count) of the flat gradient buffer, with the alignment gaps between them (model/mlp.h: zeros).
 struct Bucket {
   int first_piece = 0, last_piece = 0;
   int64_t offset = 0, count = 0;
@@ -47,8 +47,9 @@ struct Bucket {
 
 // Buckets over gradient pieces given in the order backward finalises them (numel and flat-buffer offset of
 // each). Bucket 0 is the first to become ready; the last bucket, which closes backward, is filled first, from
-// the last piece backwards, up to first_bucket_cap_bytes. Caps count fp32 bytes; a piece larger than a cap gets
-// a bucket of its own. Each bucket must be one contiguous slice of the flat buffer (checked: throws otherwise).
+// the last piece backwards, up to first_bucket_cap_bytes. Caps count the fp32 bytes a bucket spans (pieces and the
+// gaps between them); a piece larger than a cap gets a bucket of its own. Pieces must lie in ascending order without
+// overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer, gaps included.
 std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
                                    double bucket_cap_bytes, double first_bucket_cap_bytes);
 

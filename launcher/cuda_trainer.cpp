@@ -68,7 +68,7 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
       workload_->flat_grads(), compute_.get());
 
   // AdamW's moments in one allocation, the second on a 256-byte boundary (as if cudaMalloc'd: vector loads).
-  const size_t moment = (workload_->num_parameters() * sizeof(float) + 255) / 256 * 256;
+  const size_t moment = (workload_->flat_size() * sizeof(float) + 255) / 256 * 256;
   void* memory = nullptr;
   cudaCheck(cudaMalloc(&memory, 2 * moment));
   moments_.reset(memory);
@@ -112,20 +112,20 @@ std::vector<float> CudaTrainer::download(const float* device, int64_t n) const {
 }
 
 std::vector<float> CudaTrainer::parameters() const {
-  return download(workload_->flat_params(), workload_->num_parameters());
+  return download(workload_->flat_params(), workload_->flat_size());
 }
 
 // Checkpoints hold host state: the device's master weights and AdamW moments go through host copies, in an
 // Optimizer<float> that carries the moments and the update count as the CPU path's does.
 void CudaTrainer::write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) {
-  const int64_t n = workload_->num_parameters();
+  const int64_t n = workload_->flat_size();
   Optimizer<float> optimizer(config_.optimizer, n);
   optimizer.restore(adam_steps_, download(m_, n), download(v_, n));
   save_checkpoint(path, force, workload_->parameters(), parameters().data(), optimizer, info);
 }
 
 CheckpointInfo CudaTrainer::read_checkpoint(const std::string& path) {
-  const int64_t n = workload_->num_parameters();
+  const int64_t n = workload_->flat_size();
   std::vector<float> params = parameters();
   Optimizer<float> optimizer(config_.optimizer, n);
   const CheckpointInfo info = load_checkpoint(path, workload_->parameters(), params.data(), optimizer);
@@ -246,7 +246,7 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   const cudaEvent_t optimizer_start = mark();
   if (!skip) {
     const OptimizerConfig& o = config_.optimizer;
-    cuda::adamw_update(workload_->flat_params(), workload_->flat_grads(), m_, v_, workload_->num_parameters(), o.lr,
+    cuda::adamw_update(workload_->flat_params(), workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr,
                        o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute);
   }
   if (config_.fault == "diverge" && step == config_.fault_step && rank_ == config_.fault_rank) {

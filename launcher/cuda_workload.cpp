@@ -48,7 +48,7 @@ template <typename Model>
 class CudaModelWorkload : public CudaWorkload {
  public:
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
-  int64_t num_parameters() const override { return model_.num_parameters(); }
+  int64_t flat_size() const override { return model_.flat_size(); }
   float* flat_params() override { return model_.flat_params(); }
   float* flat_grads() override { return model_.flat_grads(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }

@@ -28,7 +28,7 @@ Trainer::Trainer(const TrainConfig& config, Communicator& comm)
     : config_(config),
       comm_(comm),
       workload_(make_workload(config, comm.rank(), comm.size())),
-      optimizer_(config.optimizer, workload_->num_parameters()),
+      optimizer_(config.optimizer, workload_->flat_size()),
       reducer_(make_reducer(config, comm, *workload_)),
       agreement_(comm.mpi_comm()) {
   if (config.extra_allreduce_mb > 0) {

@@ -17,7 +17,7 @@ namespace {
 template <typename Model>
 class ModelWorkload : public Workload {
  public:
-  int64_t num_parameters() const override { return model_.num_parameters(); }
+  int64_t flat_size() const override { return model_.flat_size(); }
   float* flat_params() override { return model_.flat_params(); }
   float* flat_grads() override { return model_.flat_grads(); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }

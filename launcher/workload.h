@@ -23,7 +23,7 @@ struct BatchStats {
 class Workload {
  public:
   virtual ~Workload() = default;
-  virtual int64_t num_parameters() const = 0;
+  virtual int64_t flat_size() const = 0;  // of flat_params() and flat_grads(): parameters and alignment gaps
   virtual float* flat_params() = 0;
   virtual float* flat_grads() = 0;
   virtual const std::vector<GradPiece>& grad_pieces() const = 0;

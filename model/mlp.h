@@ -51,12 +51,21 @@ struct GradPiece {
 // Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final.
 using GradReadyHook = std::function<void(int piece)>;
 
+// Every parameter starts on a 64-byte boundary of the flat buffers (16 floats): cuBLASLt's tensor-core kernels need
+// 16-byte-aligned operands (otherwise it picks slower kernels, and a fused bias epilogue can fault), and the bf16
+// copies of the weights at the same element offsets stay 32-byte aligned. Back to back, GPT-2's head (50257 x 769
+// floats) would leave every block parameter after it 4-byte aligned. The gaps hold zeros in both buffers: no
+// gradient is written there, so they stay 0 through the all-reduce (buckets span them) and the optimizer.
+inline constexpr int64_t kParameterAlignment = 16;  // elements
+
 // Lays the parameters out in one flat parameter and one flat gradient buffer in REVERSE registration order (the
-// first gradient backward finalises sits at offset 0) and points each Parameter at its slices. Zero-filled.
+// first gradient backward finalises sits at offset 0), each at a multiple of kParameterAlignment, and points each
+// Parameter at its slices. Zero-filled.
 template <typename T>
 void lay_out_in_reverse(std::vector<Parameter<T>>& params, std::vector<T>& flat_params, std::vector<T>& flat_grads) {
   int64_t offset = 0;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    offset = (offset + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
     it->offset = offset;
     offset += it->numel;
   }
@@ -66,6 +75,14 @@ void lay_out_in_reverse(std::vector<Parameter<T>>& params, std::vector<T>& flat_
     p.data = flat_params.data() + p.offset;
     p.grad = flat_grads.data() + p.offset;
   }
+}
+
+// The number of parameters (the flat buffers hold alignment gaps besides: flat_size() >= this).
+template <typename T>
+int64_t count_parameters(const std::vector<Parameter<T>>& params) {
+  int64_t n = 0;
+  for (const Parameter<T>& p : params) n += p.numel;
+  return n;
 }
 
 // The pieces of a model whose backward finalises parameters in reverse registration order, each 2-D parameter in
@@ -99,7 +116,9 @@ class Mlp {
   // Parameters in registration (forward) order.
   std::vector<Parameter<T>>& parameters() { return params_; }
   const std::vector<Parameter<T>>& parameters() const { return params_; }
-  int64_t num_parameters() const { return static_cast<int64_t>(flat_params_.size()); }
+  int64_t num_parameters() const { return count_parameters(params_); }
+  // Elements of the flat parameter and gradient buffers: the parameters and the alignment gaps between them.
+  int64_t flat_size() const { return static_cast<int64_t>(flat_params_.size()); }
   T* flat_params() { return flat_params_.data(); }
   T* flat_grads() { return flat_grads_.data(); }
   const T* flat_params() const { return flat_params_.data(); }

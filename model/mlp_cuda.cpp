@@ -35,7 +35,7 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   const Mlp<float> reference(config, seed);
   config_ = reference.config();
   params_ = reference.parameters();
-  num_params_ = reference.num_parameters();
+  flat_size_ = reference.flat_size();
   dims_.push_back(static_cast<int>(params_[0].shape[1]));
   for (size_t p = 0; p < params_.size(); p += 2) {
     dims_.push_back(static_cast<int>(params_[p].shape[0]));
@@ -48,9 +48,9 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   const size_t act = is_bf16 ? sizeof(bf16) : sizeof(float), rows = static_cast<size_t>(max_batch);
 
   cuda_model::BufferLayout layout;
-  const size_t at_params = layout.reserve(num_params_ * sizeof(float)),
-               at_grads = layout.reserve(num_params_ * sizeof(float));
-  const size_t at_weights_bf16 = is_bf16 ? layout.reserve(num_params_ * sizeof(bf16)) : 0;
+  const size_t at_params = layout.reserve(flat_size_ * sizeof(float)),
+               at_grads = layout.reserve(flat_size_ * sizeof(float));
+  const size_t at_weights_bf16 = is_bf16 ? layout.reserve(flat_size_ * sizeof(bf16)) : 0;
   const size_t at_activations = layout.reserve(0);  // from here on: poisoned below
   const size_t at_inputs_bf16 = is_bf16 ? layout.reserve(rows * dims_[0] * act) : 0;
   std::vector<size_t> at_out, at_pre_gelu;
@@ -82,9 +82,9 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
     p.grad = flat_grads_ + p.offset;
   }
 
-  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), num_params_ * sizeof(float), cudaMemcpyHostToDevice,
+  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), flat_size_ * sizeof(float), cudaMemcpyHostToDevice,
                             stream_));
-  cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * sizeof(float), stream_));
+  cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_));
   // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
   // a gradient into NaN, which the tests see.
   cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, end - at_activations, stream_));
@@ -130,7 +130,7 @@ void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B)
   if constexpr (std::is_same_v<T, bf16>) {
     // Converting the whole flat buffer every forward (biases included, which stay unused) costs one pass over
     // 6 bytes per parameter and cannot go stale, whoever updates the master weights.
-    cuda::f32_to_bf16(weights_bf16_, flat_params_, num_params_, stream_);
+    cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
     cuda::f32_to_bf16(as<T>(inputs_bf16_), inputs, int64_t{B} * dims_[0], stream_);
     x = as<T>(inputs_bf16_);
   } else {
@@ -194,7 +194,7 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
   }
 }
 
-void MlpCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * sizeof(float), stream_)); }
+void MlpCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_)); }
 
 int64_t MlpCuda::gemm_flops_per_sample() const {
   int64_t flops = 0;

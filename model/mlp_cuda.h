@@ -46,7 +46,8 @@ class MlpCuda {
   cudaStream_t stream() const { return stream_; }
   // Registration (forward) order, as Mlp<float>; data and grad are device pointers into the flat buffers.
   const std::vector<Parameter<float>>& parameters() const { return params_; }
-  int64_t num_parameters() const { return num_params_; }
+  int64_t num_parameters() const { return count_parameters(params_); }
+  int64_t flat_size() const { return flat_size_; }  // as the CPU model's: alignment gaps included
   float* flat_params() { return flat_params_; }  // device, fp32 master weights
   float* flat_grads() { return flat_grads_; }    // device, fp32
   const float* flat_params() const { return flat_params_; }
@@ -98,7 +99,7 @@ class MlpCuda {
   cudaStream_t stream_;
   std::vector<int> dims_;  // feature sizes at the layer boundaries: Linear l maps dims_[l] -> dims_[l + 1]
   std::vector<Parameter<float>> params_;
-  int64_t num_params_ = 0;
+  int64_t flat_size_ = 0;
   std::vector<GradPiece> pieces_;
   cuda_model::PieceEvents piece_events_;
   std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "fc<l> forward" / "fc<l> backward"

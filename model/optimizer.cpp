@@ -8,11 +8,11 @@
 namespace ddplab {
 
 template <typename T>
-Optimizer<T>::Optimizer(const OptimizerConfig& config, int64_t num_parameters) : config_(config), n_(num_parameters) {
+Optimizer<T>::Optimizer(const OptimizerConfig& config, int64_t flat_size) : config_(config), n_(flat_size) {
   if (config.kind != "adamw" && config.kind != "sgd") {
     throw std::invalid_argument("unknown optimizer '" + config.kind + "' (expected adamw or sgd)");
   }
-  if (num_parameters < 0) throw std::invalid_argument("Optimizer: negative parameter count");
+  if (flat_size < 0) throw std::invalid_argument("Optimizer: negative parameter count");
   // Zero state: AdamW's first step and SGD's first momentum step (buf = g) then match PyTorch.
   if (config.kind == "adamw") {
     m_.assign(n_, T(0));

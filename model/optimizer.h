@@ -17,8 +17,8 @@ struct OptimizerConfig {
 template <typename T>
 class Optimizer {
  public:
-  Optimizer(const OptimizerConfig& config, int64_t num_parameters);
-  // One update of params from grads (both flat, num_parameters long). Counts steps from 1.
+  Optimizer(const OptimizerConfig& config, int64_t flat_size);
+  // One update of params from grads (both flat, flat_size long). Counts steps from 1.
   void step(T* params, const T* grads);
   int steps_taken() const { return t_; }
   const OptimizerConfig& config() const { return config_; }

@@ -69,7 +69,9 @@ class Transformer {
   // lnf.weight, lnf.bias, head.weight, head.bias. Linear weights are [out, in].
   std::vector<Parameter<T>>& parameters() { return params_; }
   const std::vector<Parameter<T>>& parameters() const { return params_; }
-  int64_t num_parameters() const { return static_cast<int64_t>(flat_params_.size()); }
+  int64_t num_parameters() const { return count_parameters(params_); }
+  // Elements of the flat parameter and gradient buffers: the parameters and the alignment gaps between them.
+  int64_t flat_size() const { return static_cast<int64_t>(flat_params_.size()); }
   T* flat_params() { return flat_params_.data(); }
   T* flat_grads() { return flat_grads_.data(); }
   const T* flat_params() const { return flat_params_.data(); }

@@ -57,7 +57,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
   params_ = reference.parameters();
-  num_params_ = reference.num_parameters();
+  flat_size_ = reference.flat_size();
   wpe_ = index_of(params_, "wpe");
   lnf_ = index_of(params_, "lnf.weight");
   head_ = index_of(params_, "head.weight");
@@ -83,8 +83,8 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
       std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens), d_model));
 
   cuda_model::BufferLayout layout;
-  const size_t at_params = layout.reserve(num_params_ * f32), at_grads = layout.reserve(num_params_ * f32);
-  const size_t at_weights_bf16 = is_bf16 ? layout.reserve(num_params_ * sizeof(bf16)) : 0;
+  const size_t at_params = layout.reserve(flat_size_ * f32), at_grads = layout.reserve(flat_size_ * f32);
+  const size_t at_weights_bf16 = is_bf16 ? layout.reserve(flat_size_ * sizeof(bf16)) : 0;
   const size_t at_activations = layout.reserve(0);  // from here on: poisoned below
   const size_t at_encoded = layout.reserve(tokens * C * act);
   struct BlockOffsets {
@@ -156,8 +156,8 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     p.grad = flat_grads_ + p.offset;
   }
 
-  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), num_params_ * f32, cudaMemcpyHostToDevice, stream_));
-  cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * f32, stream_));
+  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), flat_size_ * f32, cudaMemcpyHostToDevice, stream_));
+  cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * f32, stream_));
   // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
   // a gradient into NaN, which the tests see.
   cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, layout.bytes() - at_activations, stream_));
@@ -212,7 +212,7 @@ void TransformerCuda::forward_layers() {
   if constexpr (std::is_same_v<T, bf16>) {
     // The whole flat buffer every forward (embeddings, biases and LayerNorm included, which stay unused): one pass
     // over 6 bytes per parameter that cannot go stale, whoever updates the master weights.
-    cuda::f32_to_bf16(weights_bf16_, flat_params_, num_params_, stream_);
+    cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
   }
   T* x = as<T>(encoded_);
   cuda::embedding_forward<T>(x, tokens_, lengths_, params_[0].data, wpe_ >= 0 ? params_[wpe_].data : nullptr, B, S, C,
@@ -368,6 +368,6 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready, float loss_
   if (!announce.done()) throw std::logic_error("TransformerCuda: not every gradient piece was announced");
 }
 
-void TransformerCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, num_params_ * sizeof(float), stream_)); }
+void TransformerCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_)); }
 
 }  // namespace ddplab

@@ -52,7 +52,8 @@ class TransformerCuda {
   cudaStream_t stream() const { return stream_; }
   // Registration (forward) order, as Transformer<float>; data and grad are device pointers into the flat buffers.
   const std::vector<Parameter<float>>& parameters() const { return params_; }
-  int64_t num_parameters() const { return num_params_; }
+  int64_t num_parameters() const { return count_parameters(params_); }
+  int64_t flat_size() const { return flat_size_; }  // as the CPU model's: alignment gaps included
   float* flat_params() { return flat_params_; }  // device, fp32 master weights
   float* flat_grads() { return flat_grads_; }    // device, fp32
   const float* flat_params() const { return flat_params_; }
@@ -112,7 +113,7 @@ class TransformerCuda {
   int max_seq_;
   cudaStream_t stream_;
   std::vector<Parameter<float>> params_;
-  int64_t num_params_ = 0;
+  int64_t flat_size_ = 0;
   int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;  // registration indices (weight; bias is +1), as the CPU's
   std::vector<GradPiece> pieces_;
   cuda_model::PieceEvents piece_events_;

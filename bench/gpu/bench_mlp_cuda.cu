@@ -45,7 +45,7 @@ struct Result {
 Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
   const ddplab::MlpConfig config;  // the default MLP
   ddplab::MlpCuda model(config, 1, precision, batch, s);
-  const int64_t n = model.num_parameters();
+  const int64_t n = model.flat_size();
 
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;

@@ -48,7 +48,7 @@ T* upload(const std::vector<T>& host, cudaStream_t s) {
 template <class Model, class Forward>
 StepTimes time_training_steps(Model& model, Forward forward, int warmup, int steps, cudaStream_t s) {
   const OptimizerConfig adamw;
-  const int64_t n = model.num_parameters();
+  const int64_t n = model.flat_size();
   float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
 
   const int total = warmup + steps;

@@ -75,8 +75,10 @@ def main():
             check(nb == 3, f"3 buckets for caps of 0.05 MiB (got {nb})")
             check(list(b["first_piece"][:]) == [0, 3, 4] and list(b["last_piece"][:]) == [2, 3, 5],
                   f"bucket spans in ready order ({list(b['first_piece'][:])}..{list(b['last_piece'][:])})")
-            check(int(b["count"][:].sum()) == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10,
-                  "buckets cover every parameter once")
+            # The buckets span the gradient buffer: every parameter once, each starting on a 16-float boundary
+            # (model/mlp.h), so at most 15 floats of gap before each of the 5 after the first.
+            params = 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+            check(params <= int(b["count"][:].sum()) <= params + 15 * 5, "buckets cover every parameter once")
             check(np.all(b["bytes"][:] == 4 * b["count"][:]), "bucket bytes = 4 x count")
             names = list(b["param_names"].asstr()[:])
             check(names == ["fc2.bias,fc2.weight,fc1.bias", "fc1.weight", "fc0.bias,fc0.weight"],

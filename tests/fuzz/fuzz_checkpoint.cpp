@@ -18,8 +18,8 @@ namespace {
 void load_into_fresh_model(hid_t file, const ddplab::OptimizerConfig& config) {
   // --input-dim 4 --hidden 4 --layers 1 --classes 2: 4 tensors, 30 floats.
   ddplab::Mlp<float> model(ddplab::MlpConfig{4, 4, 1, 2}, 7);
-  ddplab::Optimizer<float> opt(config, model.num_parameters());
-  const std::vector<float> params_before(model.flat_params(), model.flat_params() + model.num_parameters());
+  ddplab::Optimizer<float> opt(config, model.flat_size());
+  const std::vector<float> params_before(model.flat_params(), model.flat_params() + model.flat_size());
   const std::vector<float> m_before = opt.first_moment(), v_before = opt.second_moment();
   try {
     ddplab::load_checkpoint(file, "fuzz-input.h5", model.parameters(), model.flat_params(), opt);

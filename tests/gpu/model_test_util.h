@@ -52,14 +52,14 @@ inline double rel_l2_error(const float* got, const float* want, int64_t n) {
 // The same parameter names, shapes and offsets as the CPU model, its initial values bit for bit, and zero gradients.
 template <class GpuModel, class CpuModel>
 void expect_same_init(const GpuModel& gpu, const CpuModel& cpu, cudaStream_t stream) {
-  ASSERT_EQ(gpu.num_parameters(), cpu.num_parameters());
+  ASSERT_EQ(gpu.flat_size(), cpu.flat_size());
   ASSERT_EQ(gpu.parameters().size(), cpu.parameters().size());
   for (size_t i = 0; i < cpu.parameters().size(); ++i) {
     EXPECT_EQ(gpu.parameters()[i].name, cpu.parameters()[i].name);
     EXPECT_EQ(gpu.parameters()[i].shape, cpu.parameters()[i].shape);
     EXPECT_EQ(gpu.parameters()[i].offset, cpu.parameters()[i].offset);
   }
-  const int64_t n = cpu.num_parameters();
+  const int64_t n = cpu.flat_size();
   EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_params(), n, stream), {cpu.flat_params(), cpu.flat_params() + n}));
   EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), n, stream), std::vector<float>(n, 0.0f)));
 }
@@ -70,7 +70,7 @@ template <class GpuModel, class CpuModel>
 void split_and_zero_grads(GpuModel& gpu, CpuModel& cpu, int64_t piece_elements) {
   cpu.set_grad_piece_elements(piece_elements);
   gpu.set_grad_piece_elements(piece_elements);
-  cudaCheck(cudaMemsetAsync(gpu.flat_grads(), 0xFF, gpu.num_parameters() * sizeof(float), gpu.stream()));
+  cudaCheck(cudaMemsetAsync(gpu.flat_grads(), 0xFF, gpu.flat_size() * sizeof(float), gpu.stream()));
   gpu.zero_grad();
   cpu.zero_grad();
 }
@@ -79,7 +79,7 @@ void split_and_zero_grads(GpuModel& gpu, CpuModel& cpu, int64_t piece_elements) 
 // against its largest gradient (no outlier hides in the norm); returns the worst piece's normwise error, for the log.
 template <class GpuModel, class CpuModel>
 double expect_grads_close(const GpuModel& gpu, const CpuModel& cpu, const ModelTolerance& tol) {
-  const std::vector<float> got = to_host(gpu.flat_grads(), gpu.num_parameters(), gpu.stream());
+  const std::vector<float> got = to_host(gpu.flat_grads(), gpu.flat_size(), gpu.stream());
   const float* want = cpu.flat_grads();
   double worst = 0;
   for (const GradPiece& piece : gpu.grad_pieces()) {
@@ -133,7 +133,7 @@ HookCopies copy_pieces_from_hook(GpuModel& gpu, Forward forward) {
   cudaEvent_t comm_done = nullptr;
   cudaCheck(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
   cudaCheck(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
-  DeviceBuffer<float> seen(gpu.num_parameters(), stream);
+  DeviceBuffer<float> seen(gpu.flat_size(), stream);
   cudaCheck(cudaStreamSynchronize(stream));  // `seen` poisoned before the comm stream writes it
   HookCopies out;
   gpu.zero_grad();
@@ -163,8 +163,8 @@ struct LossCurves {
 template <class GpuModel, class CpuModel, class CpuForward, class GpuForward>
 LossCurves adamw_loss_curves(GpuModel& gpu, CpuModel& cpu, const OptimizerConfig& opt, int steps,
                              CpuForward cpu_forward, GpuForward gpu_forward) {
-  Optimizer<float> cpu_opt(opt, cpu.num_parameters());
-  const int64_t n = gpu.num_parameters();
+  Optimizer<float> cpu_opt(opt, cpu.flat_size());
+  const int64_t n = gpu.flat_size();
   DeviceBuffer<float> m(std::vector<float>(n, 0.0f), gpu.stream()), v(std::vector<float>(n, 0.0f), gpu.stream());
   LossCurves curves;
   for (int t = 1; t <= steps; ++t) {

@@ -174,7 +174,7 @@ void expect_matches_one_gpu_with_global_batch(const TrainConfig& config, const E
     }
     const std::vector<float> reference = single.parameters();
     const std::vector<float> cpu_params(cpu.workload().flat_params(),
-                                        cpu.workload().flat_params() + cpu.workload().num_parameters());
+                                        cpu.workload().flat_params() + cpu.workload().flat_size());
     const double diff = max_abs_diff(trained, reference), moved = max_abs_diff(trained, initial);
     if (expect.one_rank_bit_for_bit && one_rank_whole_batch) {
       EXPECT_EQ(diff, 0.0) << "one rank must reproduce the single-GPU run bit for bit";

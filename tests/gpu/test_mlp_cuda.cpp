@@ -173,7 +173,7 @@ TEST_P(MlpCudaVsCpu, HookOrderAndPieceEvents) {
   gpu.zero_grad();
   forward();
   gpu.backward();
-  const std::vector<float> want = to_host(gpu.flat_grads(), gpu.num_parameters(), stream_);
+  const std::vector<float> want = to_host(gpu.flat_grads(), gpu.flat_size(), stream_);
 
   const gpu_test::HookCopies seen = gpu_test::copy_pieces_from_hook(gpu, forward);
   EXPECT_EQ(seen.calls, gpu_test::piece_order(gpu.grad_pieces().size()));

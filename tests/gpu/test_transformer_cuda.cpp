@@ -215,7 +215,7 @@ TEST_P(TransformerCudaVsCpu, HookOrderAndPieceEvents) {
     gpu.zero_grad();
     forward(gpu, d, b);
     gpu.backward();
-    const std::vector<float> want = to_host(gpu.flat_grads(), gpu.num_parameters(), stream_);
+    const std::vector<float> want = to_host(gpu.flat_grads(), gpu.flat_size(), stream_);
 
     const gpu_test::HookCopies seen = gpu_test::copy_pieces_from_hook(gpu, [&] { forward(gpu, d, b); });
     EXPECT_EQ(seen.calls, gpu_test::piece_order(gpu.grad_pieces().size()));
@@ -234,13 +234,13 @@ TEST_P(TransformerCudaVsCpu, EmptyBatchAnnouncesEveryPieceAndAddsNothing) {
   const TransformerConfig c = language_model();
   TransformerCuda gpu(c, kSeed, GetParam(), 32, 16, stream_);
   gpu.set_grad_piece_elements(1000);
-  const std::vector<float> before = to_host(gpu.flat_grads(), gpu.num_parameters(), stream_);
+  const std::vector<float> before = to_host(gpu.flat_grads(), gpu.flat_size(), stream_);
   gpu.forward(nullptr, nullptr, nullptr, 0, 0);
   int calls = 0;
   gpu.backward([&](int k) { EXPECT_EQ(k, calls++); });
   EXPECT_EQ(calls, static_cast<int>(gpu.grad_pieces().size()));
   EXPECT_EQ(gpu.loss(), 0.0f);
-  EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), gpu.num_parameters(), stream_), before));
+  EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), gpu.flat_size(), stream_), before));
 }
 
 // Five AdamW steps on one batch (the CUDA adamw kernel against the CPU Optimizer): the GPU's loss curve follows the

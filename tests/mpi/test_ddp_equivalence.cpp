@@ -63,8 +63,8 @@ TEST_P(DdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   Communicator self(MPI_COMM_SELF, parse_allreduce_impl(comm_name));
   Trainer single(global, self);
 
-  const int64_t n = ddp.workload().num_parameters();
-  ASSERT_EQ(n, single.workload().num_parameters());
+  const int64_t n = ddp.workload().flat_size();
+  ASSERT_EQ(n, single.workload().flat_size());
   const double tol = std::strcmp(optimizer, "sgd") == 0 ? 1e-6 : 1e-5;
   for (int step = 0; step < config.steps; ++step) {
     const double ddp_loss = ddp.step(step, 0).loss;
@@ -143,7 +143,7 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
     samples += all;
   }
   EXPECT_GT(samples, static_cast<double>(c.epoch_size)) << "the run must cross the end of the epoch";
-  const int64_t n = ddp.workload().num_parameters();
+  const int64_t n = ddp.workload().flat_size();
   ASSERT_TRUE(identical_across_ranks(ddp.workload().flat_params(), n));
   double max_diff = 0, moved = 0;
   Trainer untrained(global, self);

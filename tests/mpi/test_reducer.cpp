@@ -34,7 +34,7 @@ std::vector<float> train(const TrainConfig& c, Communicator& comm) {
   Trainer t(c, comm);
   for (int s = 0; s < c.steps; ++s) t.step(s, 0);
   const float* p = t.workload().flat_params();
-  return std::vector<float>(p, p + t.workload().num_parameters());
+  return std::vector<float>(p, p + t.workload().flat_size());
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -107,11 +107,29 @@ TEST(AssignBuckets, SlicedWeightsMakeSmallerBuckets) {
   for (const Bucket& b : assign_buckets(numel, offset, 1048576, 1048576)) EXPECT_LE(b.count * 4, 1048576);
 }
 
-TEST(AssignBuckets, RefusesANonContiguousLayout) {
+TEST(AssignBuckets, RefusesPiecesOutOfOrderOrOverlapping) {
   const std::vector<int64_t> numel{4, 4, 4};
   const std::vector<int64_t> shuffled{0, 8, 4};  // pieces 1 and 2 swapped in memory
   EXPECT_THROW(assign_buckets(numel, shuffled, 1e9, 0), std::invalid_argument);
+  const std::vector<int64_t> overlapping{0, 3, 8};
+  EXPECT_THROW(assign_buckets(numel, overlapping, 1e9, 0), std::invalid_argument);
   EXPECT_THROW(assign_buckets(numel, adjacent_offsets(numel), -1, 0), std::invalid_argument);
+}
+
+// Alignment gaps between pieces (model/mlp.h) belong to the bucket that spans them and count against its cap.
+TEST(AssignBuckets, BucketsSpanTheGapsBetweenTheirPieces) {
+  const std::vector<int64_t> numel{5, 3, 6};
+  const std::vector<int64_t> gapped{0, 16, 32};
+  const auto together = assign_buckets(numel, gapped, 1e9, 0);
+  ASSERT_EQ(together.size(), 2u);  // the closing bucket holds the last piece alone (cap 0)
+  EXPECT_EQ(together[0].offset, 0);
+  EXPECT_EQ(together[0].count, 19);  // [0, 16 + 3): both pieces and the gap between them
+  EXPECT_EQ(together[1].offset, 32);
+  EXPECT_EQ(together[1].count, 6);
+  // A cap of 18 floats holds 5 + 3 back to back but not the 19-float span.
+  const auto apart = assign_buckets(numel, gapped, 18 * sizeof(float), 0);
+  ASSERT_EQ(apart.size(), 3u);
+  EXPECT_EQ(apart[0].count, 5);
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ template <typename Model>
 struct Replica {
   template <typename Config>
   Replica(const Config& model_config, uint64_t seed, const OptimizerConfig& opt_config)
-      : model(model_config, seed), opt(opt_config, model.num_parameters()) {}
-  std::vector<float> params() const { return {model.flat_params(), model.flat_params() + model.num_parameters()}; }
+      : model(model_config, seed), opt(opt_config, model.flat_size()) {}
+  std::vector<float> params() const { return {model.flat_params(), model.flat_params() + model.flat_size()}; }
   float step(int s) { return TrainStep(model, opt, s); }
   Model model;
   Optimizer<float> opt;

@@ -45,7 +45,7 @@ TEST(Mlp, GradientsMatchFiniteDifferences) {
   model.forward(batch.x.data(), batch.y.data(), kBatch);
   model.zero_grad();
   model.backward();
-  const std::vector<double> analytic(model.flat_grads(), model.flat_grads() + model.num_parameters());
+  const std::vector<double> analytic(model.flat_grads(), model.flat_grads() + model.flat_size());
 
   constexpr double eps = 1e-6;
   double* p = model.flat_params();
@@ -66,7 +66,7 @@ TEST(Mlp, GradientsMatchFiniteDifferences) {
     }
   }
   // Guard against a vacuous pass (e.g. a dead network where every gradient is 0).
-  EXPECT_GT(checked_nonzero, model.num_parameters() / 2);
+  EXPECT_GT(checked_nonzero, model.flat_size() / 2);
 }
 
 TEST(Mlp, ParametersInForwardOrderStoredInReverse) {
@@ -90,15 +90,17 @@ TEST(Mlp, ParametersInForwardOrderStoredInReverse) {
   EXPECT_EQ(model.num_parameters(), total);
   EXPECT_EQ(total, 124);
 
-  // Walking the parameters last to first tiles [0, total) exactly: contiguous, no gap, no overlap.
+  // Walking the parameters last to first: each at the next aligned offset after the previous one, no overlap, and
+  // the buffer ends with the last.
   int64_t expected_offset = 0;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    expected_offset = (expected_offset + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
     EXPECT_EQ(it->offset, expected_offset) << it->name;
     EXPECT_EQ(it->data, model.flat_params() + it->offset) << it->name;
     EXPECT_EQ(it->grad, model.flat_grads() + it->offset) << it->name;
     expected_offset += it->numel;
   }
-  EXPECT_EQ(expected_offset, model.num_parameters());
+  EXPECT_EQ(expected_offset, model.flat_size());
   EXPECT_EQ(params.back().offset, 0);
 }
 
@@ -130,16 +132,18 @@ TEST(Mlp, RowBlockPiecesTileTheBufferAndGiveTheSameGradients) {
   EXPECT_GT(pieces.size(), 2 * whole.grad_pieces().size());
   int64_t at = 0;
   for (const GradPiece& g : pieces) {
-    EXPECT_EQ(g.offset, at);  // ready order is ascending offset: consecutive pieces are adjacent
+    // Ready order is ascending offset: pieces of one parameter are adjacent, the next parameter starts aligned.
+    EXPECT_EQ(g.offset, g.first_row == 0 ? (at + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment
+                                         : at);
     const auto& p = sliced.parameters()[g.param];
     EXPECT_GE(g.offset, p.offset);
     EXPECT_LE(g.offset + g.numel, p.offset + p.numel);
     if (p.shape.size() == 2) {
       EXPECT_EQ(g.numel % p.shape[1], 0) << "whole rows";
     }
-    at += g.numel;
+    at = g.offset + g.numel;
   }
-  EXPECT_EQ(at, sliced.num_parameters());
+  EXPECT_EQ(at, sliced.flat_size());
   CheckReadyHook(sliced, batch);
 
   for (Mlp<double>* m : {&whole, &sliced}) {
@@ -147,7 +151,7 @@ TEST(Mlp, RowBlockPiecesTileTheBufferAndGiveTheSameGradients) {
     m->forward(batch.x.data(), batch.y.data(), kBatch);
     m->backward();
   }
-  for (int64_t i = 0; i < whole.num_parameters(); ++i)
+  for (int64_t i = 0; i < whole.flat_size(); ++i)
     EXPECT_NEAR(whole.flat_grads()[i], sliced.flat_grads()[i], 1e-12) << i;
 }
 
@@ -157,23 +161,24 @@ TEST(Mlp, BackwardAccumulatesAndZeroGradClears) {
   model.forward(batch.x.data(), batch.y.data(), kBatch);
   model.zero_grad();
   model.backward();
-  const std::vector<double> once(model.flat_grads(), model.flat_grads() + model.num_parameters());
+  const std::vector<double> once(model.flat_grads(), model.flat_grads() + model.flat_size());
   model.backward();
-  for (int64_t i = 0; i < model.num_parameters(); ++i) {
+  for (int64_t i = 0; i < model.flat_size(); ++i) {
     EXPECT_NEAR(model.flat_grads()[i], 2 * once[i], 1e-14 * (1 + std::abs(once[i]))) << i;
   }
   model.zero_grad();
-  for (int64_t i = 0; i < model.num_parameters(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0) << i;
+  for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0) << i;
 }
 
 TEST(Mlp, InitIsDeterministicInSeedAndWithinFanInBound) {
   const MlpConfig c = SmallConfig();
   Mlp<double> a(c, 123), b(c, 123), other(c, 124);
-  const int64_t n = a.num_parameters();
+  const int64_t n = a.flat_size();
   EXPECT_TRUE(std::equal(a.flat_params(), a.flat_params() + n, b.flat_params()));
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) differ += a.flat_params()[i] != other.flat_params()[i];
-  EXPECT_EQ(differ, n);
+  int64_t differ = 0;  // every parameter, not the alignment gaps (zeros in every model)
+  for (const Parameter<double>& p : a.parameters())
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) differ += a.flat_params()[i] != other.flat_params()[i];
+  EXPECT_EQ(differ, a.num_parameters());
 
   // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, with fan_in = the layer's input size.
   const auto& params = a.parameters();
@@ -231,7 +236,7 @@ TEST(Mlp, FloatGradientsAgreeWithDouble) {
   Mlp<double> md(c, 77);
   Mlp<float> mf(c, 77);
   // Same init in both: round the double params to float and copy the rounded values back.
-  for (int64_t i = 0; i < md.num_parameters(); ++i) {
+  for (int64_t i = 0; i < md.flat_size(); ++i) {
     mf.flat_params()[i] = static_cast<float>(md.flat_params()[i]);
     md.flat_params()[i] = mf.flat_params()[i];
   }
@@ -247,8 +252,8 @@ TEST(Mlp, FloatGradientsAgreeWithDouble) {
   md.backward();
   mf.backward();
   double scale = 0;
-  for (int64_t i = 0; i < md.num_parameters(); ++i) scale = std::max(scale, std::abs(md.flat_grads()[i]));
-  for (int64_t i = 0; i < md.num_parameters(); ++i) {
+  for (int64_t i = 0; i < md.flat_size(); ++i) scale = std::max(scale, std::abs(md.flat_grads()[i]));
+  for (int64_t i = 0; i < md.flat_size(); ++i) {
     EXPECT_NEAR(mf.flat_grads()[i], md.flat_grads()[i], 1e-5 * scale) << i;
   }
 }
@@ -265,7 +270,7 @@ TEST(Mlp, AdamWOverfitsTinyBatchInFloat) {
   const std::vector<float> x(b.x.begin(), b.x.end());
   OptimizerConfig oc;
   oc.lr = 1e-2f;
-  Optimizer<float> opt(oc, model.num_parameters());
+  Optimizer<float> opt(oc, model.flat_size());
   const float initial = model.forward(x.data(), b.y.data(), batch);
   float loss = initial;
   for (int step = 0; step < 300; ++step) {

@@ -82,7 +82,7 @@ Batch MakePackedBatch(const TransformerConfig& c, uint64_t seed) {
 // gradient is trivially 0 or tiny and attention is far from uniform.
 template <typename T>
 void Perturb(Transformer<T>& m, uint64_t seed, double scale = 0.4) {
-  for (int64_t i = 0; i < m.num_parameters(); ++i) m.flat_params()[i] += static_cast<T>(scale * normal(seed, i));
+  for (int64_t i = 0; i < m.flat_size(); ++i) m.flat_params()[i] += static_cast<T>(scale * normal(seed, i));
 }
 
 template <typename T>
@@ -94,7 +94,7 @@ T Forward(Transformer<T>& m, const Batch& b, int B = kB, int S = kS) {
 
 template <typename T>
 std::vector<T> Grads(Transformer<T>& m) {
-  return std::vector<T>(m.flat_grads(), m.flat_grads() + m.num_parameters());
+  return std::vector<T>(m.flat_grads(), m.flat_grads() + m.flat_size());
 }
 
 void CheckFiniteDifferences(Head head, bool packed = false) {
@@ -125,7 +125,7 @@ void CheckFiniteDifferences(Head head, bool packed = false) {
     }
   }
   // Not vacuous: beyond wte rows of unused tokens and wpe rows past the longest sequence, gradients are nonzero.
-  EXPECT_GT(checked_nonzero, model.num_parameters() * 3 / 4);
+  EXPECT_GT(checked_nonzero, model.flat_size() * 3 / 4);
 }
 
 TEST(Transformer, ClassifierGradientsMatchFiniteDifferences) { CheckFiniteDifferences(Head::kClassify); }
@@ -249,12 +249,13 @@ TEST(Transformer, ParametersInForwardOrderStoredInReverse) {
   EXPECT_EQ(model.num_parameters(), 11 * C + 7 * C + 2 * block + 2 * C + 3 * C + 3);
   int64_t expected_offset = 0;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    expected_offset = (expected_offset + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
     EXPECT_EQ(it->offset, expected_offset) << it->name;
     EXPECT_EQ(it->data, model.flat_params() + it->offset) << it->name;
     EXPECT_EQ(it->grad, model.flat_grads() + it->offset) << it->name;
     expected_offset += it->numel;
   }
-  EXPECT_EQ(expected_offset, model.num_parameters());
+  EXPECT_EQ(expected_offset, model.flat_size());
 
   TransformerConfig no_pos = c;
   no_pos.learned_pos = false;
@@ -301,7 +302,9 @@ TEST(Transformer, RowBlockPiecesTileTheBufferAndGiveTheSameGradients) {
   EXPECT_GT(pieces.size(), 3 * whole.grad_pieces().size());
   int64_t at = 0;
   for (const GradPiece& g : pieces) {
-    EXPECT_EQ(g.offset, at);
+    // Ready order is ascending offset: pieces of one parameter are adjacent, the next parameter starts aligned.
+    EXPECT_EQ(g.offset, g.first_row == 0 ? (at + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment
+                                         : at);
     const auto& p = sliced.parameters()[g.param];
     EXPECT_GE(g.offset, p.offset);
     EXPECT_LE(g.offset + g.numel, p.offset + p.numel);
@@ -309,16 +312,16 @@ TEST(Transformer, RowBlockPiecesTileTheBufferAndGiveTheSameGradients) {
       EXPECT_EQ(g.numel % p.shape[1], 0) << "whole rows";
       EXPECT_EQ(g.offset - p.offset, g.first_row * p.shape[1]);
     }
-    at += g.numel;
+    at = g.offset + g.numel;
   }
-  EXPECT_EQ(at, sliced.num_parameters());
+  EXPECT_EQ(at, sliced.flat_size());
   CheckReadyHook(sliced, batch);
   for (Transformer<double>* m : {&whole, &sliced}) {
     m->zero_grad();
     Forward(*m, batch);
     m->backward();
   }
-  for (int64_t i = 0; i < whole.num_parameters(); ++i) {
+  for (int64_t i = 0; i < whole.flat_size(); ++i) {
     EXPECT_NEAR(whole.flat_grads()[i], sliced.flat_grads()[i], 1e-14 * (1 + std::abs(whole.flat_grads()[i]))) << i;
   }
 }
@@ -331,15 +334,15 @@ TEST(Transformer, BackwardAccumulatesAndZeroGradClears) {
   model.backward();
   const std::vector<double> once = Grads(model);
   model.backward();  // again for the same forward: the saved probabilities were not overwritten
-  for (int64_t i = 0; i < model.num_parameters(); ++i) {
+  for (int64_t i = 0; i < model.flat_size(); ++i) {
     EXPECT_NEAR(model.flat_grads()[i], 2 * once[i], 1e-14 * (1 + std::abs(once[i]))) << i;
   }
   model.backward(nullptr, -1.75);  // the gradient of -1.75 x the loss: back to 0.25 x once
-  for (int64_t i = 0; i < model.num_parameters(); ++i) {
+  for (int64_t i = 0; i < model.flat_size(); ++i) {
     EXPECT_NEAR(model.flat_grads()[i], 0.25 * once[i], 1e-14 * (1 + std::abs(once[i]))) << i;
   }
   model.zero_grad();
-  for (int64_t i = 0; i < model.num_parameters(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0) << i;
+  for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0) << i;
 }
 
 TEST(Transformer, EmptyBatchAnnouncesEveryPieceAndAddsNothing) {
@@ -351,14 +354,14 @@ TEST(Transformer, EmptyBatchAnnouncesEveryPieceAndAddsNothing) {
   int calls = 0;
   model.backward([&](int k) { EXPECT_EQ(k, calls++); });
   EXPECT_EQ(calls, static_cast<int>(model.grad_pieces().size()));
-  for (int64_t i = 0; i < model.num_parameters(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0);
+  for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0);
 }
 
 TEST(Transformer, InitIsGpt2LikeAndDeterministicInSeed) {
   TransformerConfig c = TransformerConfig::preset("small");
   c.vocab = 512;  // keep the test light; the rest is the preset
   Transformer<float> a(c, 123), b(c, 123), other(c, 124);
-  const int64_t n = a.num_parameters();
+  const int64_t n = a.flat_size();
   EXPECT_TRUE(std::equal(a.flat_params(), a.flat_params() + n, b.flat_params()));
   for (const auto& p : a.parameters()) {
     const bool ln_weight = p.name.find("ln") != std::string::npos && p.name.find("weight") != std::string::npos;
@@ -396,7 +399,7 @@ TEST(Transformer, PresetsAndFlops) {
   EXPECT_EQ(tiny.head, Head::kClassify);
   Transformer<float> model(tiny, 1);
   // wte + wpe + one block + lnf + head, counted by hand.
-  EXPECT_EQ(model.num_parameters(), 8192 * 48 + 256 * 48 +
+  EXPECT_EQ(model.flat_size(), 8192 * 48 + 256 * 48 +
                                         (96 + 48 * 144 + 144 + 48 * 48 + 48 + 96 + 48 * 96 + 96 + 96 * 48 + 48) + 96 +
                                         48 * 16 + 16);
   const double C = 48, H = 96;
@@ -465,7 +468,7 @@ TEST(Transformer, FloatGradientsAgreeWithDouble) {
     Transformer<double> md(c, 77);
     Transformer<float> mf(c, 77);
     Perturb(md, 8, 0.2);
-    for (int64_t i = 0; i < md.num_parameters(); ++i) {
+    for (int64_t i = 0; i < md.flat_size(); ++i) {
       mf.flat_params()[i] = static_cast<float>(md.flat_params()[i]);
       md.flat_params()[i] = mf.flat_params()[i];
     }
@@ -478,8 +481,8 @@ TEST(Transformer, FloatGradientsAgreeWithDouble) {
     md.backward();
     mf.backward();
     double scale = 0;
-    for (int64_t i = 0; i < md.num_parameters(); ++i) scale = std::max(scale, std::abs(md.flat_grads()[i]));
-    for (int64_t i = 0; i < md.num_parameters(); ++i) {
+    for (int64_t i = 0; i < md.flat_size(); ++i) scale = std::max(scale, std::abs(md.flat_grads()[i]));
+    for (int64_t i = 0; i < md.flat_size(); ++i) {
       EXPECT_NEAR(mf.flat_grads()[i], md.flat_grads()[i], 1e-4 * scale) << i;
     }
   }
@@ -502,7 +505,7 @@ float Overfit(Head head, int steps, float* initial) {
   const Batch batch = MakeBatch(c, 31, B, S, lengths);
   OptimizerConfig oc;
   oc.lr = 1e-2f;
-  Optimizer<float> opt(oc, model.num_parameters());
+  Optimizer<float> opt(oc, model.flat_size());
   *initial = Forward(model, batch, B, S);
   for (int step = 0; step < steps; ++step) {
     Forward(model, batch, B, S);
