@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <stdexcept>
@@ -38,8 +37,8 @@ using ddplab::cuda::RingLinkKind;
 using ddplab::gpu_test::allreduce_expected_sum;
 using ddplab::gpu_test::allreduce_inputs;
 using ddplab::gpu_test::BitwiseEqual;
+using ddplab::gpu_test::DeviceArray;
 using ddplab::gpu_test::device_count;
-using ddplab::gpu_test::kGuard;
 using ddplab::gpu_test::random_vector;
 
 // 64 KiB chunks: a 1M-float buffer takes several rounds at every world size, so round boundaries are exercised.
@@ -95,35 +94,9 @@ class RingCudaTest : public ::testing::TestWithParam<RingLinkKind> {
     if (compute_ != nullptr) cudaStreamDestroy(compute_);
   }
 
-  // n floats of `host` plus a poisoned guard tail (0xFF bytes: a NaN) that must survive.
-  float* upload(const std::vector<float>& host) {
-    float* d = nullptr;
-    cudaCheck(cudaMalloc(&d, (host.size() + kGuard) * sizeof(float)));
-    cudaCheck(cudaMemsetAsync(d, 0xFF, (host.size() + kGuard) * sizeof(float), compute_));
-    cudaCheck(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, compute_));
-    cudaCheck(cudaStreamSynchronize(compute_));
-    buffers_.emplace_back(d);
-    return d;
-  }
-  // On the compute stream: it sees the result only if the ring's work was ordered before it.
-  std::vector<float> download(const float* d, size_t n) {
-    std::vector<float> all(n + kGuard);
-    cudaCheck(cudaMemcpyAsync(all.data(), d, all.size() * sizeof(float), cudaMemcpyDeviceToHost, compute_));
-    cudaCheck(cudaStreamSynchronize(compute_));
-    for (size_t i = n; i < all.size(); ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &all[i], sizeof(bits));
-      EXPECT_EQ(bits, 0xFFFFFFFFu) << "written past the end: element " << i << " of " << n;
-    }
-    all.resize(n);
-    return all;
-  }
-
-  struct CudaFree {
-    void operator()(float* p) const { cudaFree(p); }
-  };
   std::unique_ptr<RingAllreduceCuda> ring_;
-  std::vector<std::unique_ptr<float, CudaFree>> buffers_;
+  // The tests' DeviceArrays upload and download on it: a download sees the ring's result only if the ring's work
+  // was ordered before it.
   cudaStream_t compute_ = nullptr;
 };
 
@@ -132,15 +105,14 @@ TEST_P(RingCudaTest, ExactSumsInPlaceAndOutOfPlace) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, (size_t{1} << 20) + 3}) {
     SCOPED_TRACE("count " + std::to_string(n));
     const std::vector<float> inputs = allreduce_inputs(n, rank);
-    float* data = upload(inputs);
-    ring_->allreduce_sum(data, data, n);
-    EXPECT_TRUE(BitwiseEqual(download(data, n), allreduce_expected_sum(n, n_ranks))) << "in place";
+    DeviceArray data(inputs, compute_);
+    ring_->allreduce_sum(data.get(), data.get(), n);
+    EXPECT_TRUE(BitwiseEqual(data.download(), allreduce_expected_sum(n, n_ranks))) << "in place";
 
-    float* in = upload(inputs);
-    float* out = upload(std::vector<float>(n, -1.0f));
-    ring_->allreduce_sum(in, out, n);
-    EXPECT_TRUE(BitwiseEqual(download(out, n), allreduce_expected_sum(n, n_ranks))) << "out of place";
-    EXPECT_TRUE(BitwiseEqual(download(in, n), inputs)) << "the input was written";
+    DeviceArray in(inputs, compute_), out(std::vector<float>(n, -1.0f), compute_);
+    ring_->allreduce_sum(in.get(), out.get(), n);
+    EXPECT_TRUE(BitwiseEqual(out.download(), allreduce_expected_sum(n, n_ranks))) << "out of place";
+    EXPECT_TRUE(BitwiseEqual(in.download(), inputs)) << "the input was written";
   }
 }
 
@@ -149,8 +121,8 @@ TEST_P(RingCudaTest, ExactSumsInPlaceAndOutOfPlace) {
 TEST_P(RingCudaTest, RandomInputsMatchTheHostRingBitForBit) {
   const size_t n = (size_t{1} << 20) + 5;
   const std::vector<float> inputs = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 4242u + world_rank());
-  float* data = upload(inputs);
-  ring_->allreduce_sum(data, data, n);
+  DeviceArray data(inputs, compute_);
+  ring_->allreduce_sum(data.get(), data.get(), n);
 
   std::vector<float> want = inputs;
   ddplab::MpiTransport transport(MPI_COMM_WORLD);
@@ -159,7 +131,7 @@ TEST_P(RingCudaTest, RandomInputsMatchTheHostRingBitForBit) {
   options.slice_elems = kChunkBytes / sizeof(float);
   options.slices_per_chunk = 1;
   ddplab::ring_allreduce_sum(want.data(), n, transport, scratch, options);
-  EXPECT_TRUE(BitwiseEqual(download(data, n), want));
+  EXPECT_TRUE(BitwiseEqual(data.download(), want));
 }
 
 // Against NCCL's all-reduce on the same random inputs: equal within the rounding of a different summation order
@@ -168,17 +140,17 @@ TEST_P(RingCudaTest, AgreesWithNcclWithinRounding) {
   if (ranks_on_this_node() > device_count()) GTEST_SKIP() << "NCCL needs a GPU per rank";
   const size_t n = size_t{1} << 20;
   const std::vector<float> inputs = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 777u + world_rank());
-  float* ours = upload(inputs);
-  ring_->allreduce_sum(ours, ours, n);
-  const std::vector<float> got = download(ours, n);
+  DeviceArray ours(inputs, compute_);
+  ring_->allreduce_sum(ours.get(), ours.get(), n);
+  const std::vector<float> got = ours.download();
   ring_.reset();  // one engine at a time on the device
 
   ddplab::cuda::NcclAllreduce nccl(MPI_COMM_WORLD);
   nccl.begin_step();
-  float* theirs = upload(inputs);
-  nccl.allreduce_async(theirs, n, /*average=*/false, compute_);
+  DeviceArray theirs(inputs, compute_);
+  nccl.allreduce_async(theirs.get(), n, /*average=*/false, compute_);
   nccl.wait(compute_);
-  const std::vector<float> want = download(theirs, n);
+  const std::vector<float> want = theirs.download();
   const float tol = 4 * world_size() * 1.2e-7f;
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
 }
@@ -189,12 +161,12 @@ TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {
   const int n_ranks = world_size(), rank = world_rank();
   const size_t n = (size_t{1} << 18) + 7;
   constexpr int kBuckets = 4;
-  std::vector<float*> grads;
-  for (int b = 0; b < kBuckets; ++b) grads.push_back(upload(allreduce_inputs(n, rank + b)));
+  std::vector<std::unique_ptr<DeviceArray>> grads;
+  for (int b = 0; b < kBuckets; ++b) grads.push_back(std::make_unique<DeviceArray>(allreduce_inputs(n, rank + b), compute_));
   const cudaEvent_t origin = ring_->mark(compute_);
   std::vector<ddplab::cuda::AllreduceEvents> events;
   for (int b = 0; b < kBuckets; ++b) {
-    float* g = grads[b];
+    float* g = grads[b]->get();
     ddplab::cuda::scale(g, 2.0f, static_cast<int64_t>(n), compute_);  // "backward" makes the gradients final
     events.push_back(ring_->allreduce_sum_async(g, n, compute_, b, [g, n](cudaStream_t comm_stream) {
       ddplab::cuda::scale(g, 0.5f, static_cast<int64_t>(n), comm_stream);
@@ -202,7 +174,7 @@ TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {
   }
   ring_->wait(compute_);
   for (int b = 0; b < kBuckets; ++b) {
-    EXPECT_TRUE(BitwiseEqual(download(grads[b], n), allreduce_expected_sum(n, n_ranks, b))) << "bucket " << b;
+    EXPECT_TRUE(BitwiseEqual(grads[b]->download(), allreduce_expected_sum(n, n_ranks, b))) << "bucket " << b;
   }
   ring_->synchronize();
   float previous_end = 0;
