@@ -32,7 +32,9 @@ TransformerConfig TransformerConfig::preset(const std::string& name) {
     return c;
   }
   if (name == "gpt2-small") {
-    c.vocab = 50257;
+    // GPT-2's 50257 rounded up to a multiple of 64 (llm.c's 50304): the logits' rows and the head's GEMM stay
+    // 256-byte aligned. The tokens are synthetic, so the extra ids are ordinary tokens and need no masking.
+    c.vocab = 50304;
     c.d_model = 768;
     c.heads = 12;
     c.layers = 12;

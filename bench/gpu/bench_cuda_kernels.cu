@@ -4,9 +4,9 @@
 //                         device-to-device cudaMemcpy bandwidth (read + write) measured in the same run;
 //   GEMMs                 TFLOP/s through our wrapper (kernels/cuda/gemm.h) next to raw cuBLASLt (its first heuristic
 //                         answer, no epilogue) and cublasGemmEx for the same problem and precision.
-// Shapes: a GPT-2-small block (B*S = 8 x 1024 tokens, C = 768, 12 heads, vocabulary 50257) and the default MLP
-// (batch 128, 1024 wide). Each figure is the median over --reps samples; a sample times --inner back-to-back calls
-// (so launch gaps of microsecond kernels are amortised the way a training step amortises them).
+// Shapes: a GPT-2-small block (B*S = 8 x 1024 tokens, C = 768, 12 heads, the preset's vocabulary of 50304) and the
+// default MLP (batch 128, 1024 wide). Each figure is the median over --reps samples; a sample times --inner
+// back-to-back calls (so launch gaps of microsecond kernels are amortised the way a training step amortises them).
 //
 //   bench_cuda_kernels [--reps 20] [--inner 10] [--csv out.csv] [--quick]
 // --quick shrinks every shape 8x (a smoke test). Needs a GPU; exits 2 with the reason without one.
@@ -388,7 +388,7 @@ int main(int argc, char** argv) {
     std::printf("cudaMemcpy device-to-device, %lld MiB: %.1f GB/s (read + write): the 100%% below\n",
                 static_cast<long long>(1024 / q), copy);
     Report rep(copy);
-    const int N = 8 * 1024 / q, C = 768, V = 50257 / q;
+    const int N = 8 * 1024 / q, C = 768, V = 50304 / q;
     std::printf("\nrow-wise kernels (GPT-2-small shapes)\n");
     bench_rowwise<float>(opt, s, arena, rep, N, C, V, "fp32");
     bench_rowwise<bf16>(opt, s, arena, rep, N, C, V, "bf16");

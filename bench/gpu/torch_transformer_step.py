@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and 
 import torch_bench_util as util  # noqa: E402
 
 # gpt2-small in model/transformer.cpp's TransformerConfig::preset
-VOCAB, D_MODEL, HEADS, LAYERS, MLP_HIDDEN, MAX_LEN = 50257, 768, 12, 12, 3072, 1024
+VOCAB, D_MODEL, HEADS, LAYERS, MLP_HIDDEN, MAX_LEN = 50304, 768, 12, 12, 3072, 1024
 PEAK_BF16_DENSE_TFLOPS = 989.0
 
 

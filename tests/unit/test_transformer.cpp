@@ -406,6 +406,7 @@ TEST(Transformer, PresetsAndFlops) {
   EXPECT_DOUBLE_EQ(model.flops_per_token(128), 2 * (4 * C * C + 2 * C * H) + 4 * 128 * C + 2 * C * 16 / 128);
 
   const TransformerConfig gpt2 = TransformerConfig::preset("gpt2-small");
+  EXPECT_EQ(gpt2.vocab % 64, 0) << "padded for aligned logits rows";
   EXPECT_EQ(gpt2.layers, 12);
   EXPECT_EQ(gpt2.d_model, 768);
   EXPECT_EQ(gpt2.heads, 12);
