@@ -28,11 +28,9 @@ namespace {
 using ddplab::Precision;
 using ddplab::bench::upload;
 
-struct Options {
-  int steps = 50, warmup = 10;
+struct Options : ddplab::bench::StepFlags {
+  Options() : StepFlags{50, 10, "", ""} {}
   std::vector<int> batches = {128, 512, 2048};
-  std::vector<Precision> precisions = {Precision::kFp32, Precision::kTf32, Precision::kBf16};
-  std::string csv;
 };
 
 struct Result {
@@ -67,25 +65,12 @@ Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--steps" && has_value) {
-      opt.steps = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--warmup" && has_value) {
-      opt.warmup = std::max(0, std::atoi(argv[++i]));
-    } else if (a == "--batch" && has_value && std::atoi(argv[i + 1]) > 0) {
-      opt.batches = {std::atoi(argv[++i])};
-    } else if (a == "--precision" && has_value) {
-      if (!ddplab::bench::parse_precision_flag(argv[++i], opt.precisions)) return 2;
-    } else if (a == "--csv" && has_value) {
-      opt.csv = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--batch N] [--precision fp32|tf32|bf16] [--csv FILE]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  CLI::App app{"MlpCuda's training step (zero_grad + forward + backward + AdamW) on the default MLP"};
+  ddplab::bench::add_step_flags(app, opt);
+  int one_batch = 0;
+  app.add_option("--batch", one_batch, "one batch size (default: 128, 512 and 2048)")->check(CLI::Range(1, 1 << 20));
+  if (const int code = ddplab::bench::parse_flags(app, argc, argv); code >= 0) return code;
+  if (one_batch > 0) opt.batches = {one_batch};
   if (!ddplab::bench::report_device("bench_mlp_cuda")) return 2;
   try {
     cudaStream_t s;
@@ -96,7 +81,7 @@ int main(int argc, char** argv) {
     std::printf("%-9s %6s %9s %9s %9s %9s %8s\n", "precision", "batch", "step ms", "fwd ms", "bwd ms", "adamw ms",
                 "TFLOP/s");
     std::vector<Result> results;
-    for (Precision p : opt.precisions) {
+    for (Precision p : opt.precisions()) {
       for (int batch : opt.batches) {
         const Result r = run(opt, p, batch, s);
         std::printf("%-9s %6d %9.4f %9.4f %9.4f %9.4f %8.1f\n", ddplab::precision_name(p), batch, r.t.step_ms,

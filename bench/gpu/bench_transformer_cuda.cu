@@ -35,11 +35,10 @@ using ddplab::bench::upload;
 
 constexpr double kPeakBf16DenseTflops = 989.0;  // H100 SXM (and H200), dense bf16 tensor cores
 
-struct Options {
-  int steps = 10, warmup = 3, batch = 8, seq = 1024;
+struct Options : ddplab::bench::StepFlags {
+  Options() : StepFlags{10, 3, "", ""} {}
+  int batch = 8, seq = 1024;
   std::string model = "gpt2-small";
-  std::vector<Precision> precisions = {Precision::kFp32, Precision::kTf32, Precision::kBf16};
-  std::string csv;
 };
 
 struct Result {
@@ -70,37 +69,18 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   return r;
 }
 
-int positive(const char* text) { return std::max(1, std::atoi(text)); }
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--steps" && has_value) {
-      opt.steps = positive(argv[++i]);
-    } else if (a == "--warmup" && has_value) {
-      opt.warmup = std::max(0, std::atoi(argv[++i]));
-    } else if (a == "--batch" && has_value) {
-      opt.batch = positive(argv[++i]);
-    } else if (a == "--seq" && has_value) {
-      opt.seq = positive(argv[++i]);
-    } else if (a == "--model" && has_value) {
-      opt.model = argv[++i];
-    } else if (a == "--precision" && has_value) {
-      if (!ddplab::bench::parse_precision_flag(argv[++i], opt.precisions)) return 2;
-    } else if (a == "--csv" && has_value) {
-      opt.csv = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--steps N] [--warmup N] [--model PRESET] [--batch N] [--seq N] "
-                   "[--precision fp32|tf32|bf16] [--csv FILE]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  CLI::App app{"TransformerCuda's training step (zero_grad + forward + backward + AdamW): tokens/s, TFLOP/s, MFU"};
+  ddplab::bench::add_step_flags(app, opt);
+  app.add_option("--model", opt.model, "transformer preset")
+      ->check(CLI::IsMember({"tiny", "small", "gpt2-small"}))
+      ->capture_default_str();
+  app.add_option("--batch", opt.batch, "sequences per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--seq", opt.seq, "tokens per sequence")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  if (const int code = ddplab::bench::parse_flags(app, argc, argv); code >= 0) return code;
   if (!ddplab::bench::report_device("bench_transformer_cuda")) return 2;
   try {
     cudaStream_t s;
@@ -115,7 +95,7 @@ int main(int argc, char** argv) {
     std::printf("%-9s %9s %9s %9s %9s %10s %8s %6s\n", "precision", "step ms", "fwd ms", "bwd ms", "adamw ms",
                 "tokens/s", "TFLOP/s", "MFU");
     std::vector<Result> results;
-    for (Precision p : opt.precisions) {
+    for (Precision p : opt.precisions()) {
       const Result r = run(opt, p, s);
       std::printf("%-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%%\n", ddplab::precision_name(p), r.t.step_ms,
                   r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, 100 * r.mfu);

@@ -7,6 +7,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -85,14 +86,31 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
   return {median(step), median(fwd), median(bwd), median(optim)};
 }
 
-// --precision's value into `precisions` (a sweep of one); false, with the reason on stderr, for an unknown name.
-inline bool parse_precision_flag(const char* value, std::vector<Precision>& precisions) {
+// The flags both model benchmarks take (steps, warm-up, one precision instead of all three, a CSV file), on a
+// CLI11 app that adds its own. Parses; returns -1 to go on, else the exit code: 0 after --help, 2 on a bad flag.
+struct StepFlags {
+  int steps, warmup;
+  std::string precision;  // "": fp32, tf32 and bf16
+  std::string csv;
+  std::vector<Precision> precisions() const {
+    if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
+    return {parse_precision(precision)};
+  }
+};
+inline void add_step_flags(CLI::App& app, StepFlags& flags) {
+  app.add_option("--steps", flags.steps, "timed steps")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--warmup", flags.warmup, "steps before timing")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  app.add_option("--precision", flags.precision, "one of fp32, tf32, bf16 (default: all three)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  app.add_option("--csv", flags.csv, "also write the table to this CSV file");
+}
+inline int parse_flags(CLI::App& app, int argc, char** argv) {
   try {
-    precisions = {parse_precision(value)};
-    return true;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return false;
+    app.parse(argc, argv);
+    return -1;
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints the help or the error
+    return code == 0 ? 0 : 2;
   }
 }
 
