@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -358,20 +359,20 @@ double copy_bandwidth_gbs(const Options& opt, cudaStream_t s, Arena& a, int64_t 
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      opt.reps = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--inner" && i + 1 < argc) {
-      opt.inner = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--csv" && i + 1 < argc) {
-      opt.csv = argv[++i];
-    } else if (a == "--quick") {
-      opt.quick = true;
-    } else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--inner N] [--csv FILE] [--quick]\n", argv[0]);
-      return 2;
-    }
+  CLI::App app{
+      "every CUDA kernel family at training shapes: GB/s against the copy bandwidth, GEMM TFLOP/s against cuBLAS"};
+  app.add_option("--reps", opt.reps, "samples per figure (the median is reported)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--inner", opt.inner, "back-to-back calls per sample")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--csv", opt.csv, "also write the results to this CSV file");
+  app.add_flag("--quick", opt.quick, "every shape 8x smaller (a smoke test)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
   const cuda::CudaInfo info = cuda::query_cuda();
   std::printf("device: %s\n", cuda::describe(info).c_str());
