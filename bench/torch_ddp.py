@@ -9,10 +9,11 @@ Prints one JSON line: {"np":..,"samples_per_s":..,"slowest_step_ms":..,"step_ms_
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P leaves this dir out
+from torch_local_ranks import run_local_ranks  # noqa: E402
 
 
 def worker(args):
@@ -72,22 +73,7 @@ def main():
     args = p.parse_args()
     if "RANK" in os.environ:
         return worker(args)
-    with socket.socket() as s:  # a free port on localhost
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(args.np):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.np), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__] + sys.argv[1:], env=env))
-    try:
-        codes = [proc.wait(timeout=300) for proc in procs]
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        print("torch_ddp: a rank did not finish within 300 s; killed", file=sys.stderr)
-        return 1
-    return max(codes)
+    return run_local_ranks(__file__, sys.argv[1:], args.np, 300, "torch_ddp")
 
 
 if __name__ == "__main__":

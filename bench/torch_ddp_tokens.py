@@ -15,13 +15,14 @@ import argparse
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P leaves this dir out
+from torch_local_ranks import run_local_ranks  # noqa: E402
 
 VOCAB, D_MODEL, HEADS, MLP, MAX_LEN, CLASSES = 8192, 48, 4, 96, 256, 16
 MASK64 = (1 << 64) - 1
@@ -153,25 +154,9 @@ def main():
     args = p.parse_args()
     if "RANK" in os.environ:
         return worker(args)
-    with socket.socket() as s:  # a free port on localhost
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as results:
-        procs = []
-        for r in range(args.np):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.np), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen([sys.executable, __file__] + sys.argv[1:] + ["--result-dir", results],
-                                          env=env))
-        deadline = time.monotonic() + args.timeout
-        try:
-            codes = [proc.wait(timeout=max(1.0, deadline - time.monotonic())) for proc in procs]
-        except subprocess.TimeoutExpired:
-            for proc in procs:
-                proc.kill()
-            print(f"torch_ddp_tokens: the ranks did not finish within {args.timeout:.0f} s; killed", file=sys.stderr)
-            return 1
-        if max(codes) != 0:
+        if run_local_ranks(__file__, sys.argv[1:] + ["--result-dir", results], args.np, args.timeout,
+                           "torch_ddp_tokens") != 0:
             return 1
         ranks = [json.load(open(os.path.join(results, f"rank{r}.json"))) for r in range(args.np)]
     # As ddplab's summary: global useful tokens per step over the slowest rank's mean step, warm-up left out.

@@ -1,0 +1,31 @@
+"""Launches a PyTorch DDP benchmark's ranks on localhost, for bench/torch_ddp.py and bench/torch_ddp_tokens.py:
+Debian's python3-torch has no working torchrun, so the script starts itself once per rank with torch.distributed's
+env:// variables (a free port on 127.0.0.1) and one intra-op thread each."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def run_local_ranks(script, argv, np_ranks, timeout, name):
+    """Runs `python script argv` as ranks 0..np_ranks-1 (RANK set in their environment) and waits for them. Returns
+    the worst exit code, or 1 after killing every rank when they are not all done within `timeout` seconds (gloo can
+    hang when the machine is oversubscribed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(np_ranks):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(np_ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, script] + argv, env=env))
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [proc.wait(timeout=max(1.0, deadline - time.monotonic())) for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        print(f"{name}: the ranks did not finish within {timeout:.0f} s; killed", file=sys.stderr)
+        return 1
+    return max(codes)
