@@ -59,42 +59,40 @@ __device__ __forceinline__ void online_softmax_update(float& m, float& s, float 
   }
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
-  return x;
-}
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
-  return x;
-}
+// Reductions over a warp and over a block with a binary op (Sum or Max below), every thread getting the result.
+struct Sum {
+  static constexpr float kIdentity = 0.0f;
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  static constexpr float kIdentity = -INFINITY;
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread. The order is fixed by
-// the launch shape, so the result is reproducible. `shared` holds 32 floats; the trailing barrier lets the caller
-// reuse it at once.
-__device__ __forceinline__ float block_sum(float x, float* shared) {
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = Op{}(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) { return warp_reduce<Sum>(x); }
+__device__ __forceinline__ float warp_max(float x) { return warp_reduce<Max>(x); }
+
+// Over the block (blockDim.x a multiple of 32, at most 1024). The order is fixed by the launch shape, so the result
+// is reproducible. `shared` holds 32 floats; the trailing barrier lets the caller reuse it at once.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float x, float* shared) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  x = warp_sum(x);
+  x = warp_reduce<Op>(x);
   if (lane == 0) shared[warp] = x;
   __syncthreads();
-  x = lane < warps ? shared[lane] : 0.0f;
-  x = warp_sum(x);
+  x = lane < warps ? shared[lane] : Op::kIdentity;
+  x = warp_reduce<Op>(x);
   __syncthreads();
   return x;
 }
-
-// Maximum over the block, returned to every thread; as block_sum.
-__device__ __forceinline__ float block_max(float x, float* shared) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  x = warp_max(x);
-  if (lane == 0) shared[warp] = x;
-  __syncthreads();
-  x = lane < warps ? shared[lane] : -INFINITY;
-  x = warp_max(x);
-  __syncthreads();
-  return x;
-}
+__device__ __forceinline__ float block_sum(float x, float* shared) { return block_reduce<Sum>(x, shared); }
+__device__ __forceinline__ float block_max(float x, float* shared) { return block_reduce<Max>(x, shared); }
 
 // Host side: whether every pointer is aligned to `bytes` (null pointers count as aligned: unused operands).
 template <typename... Ptrs>
