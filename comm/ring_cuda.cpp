@@ -21,14 +21,16 @@
 namespace ddplab::cuda {
 
 RingLinkKind parse_ring_link(const std::string& name) {
+  if (name == "auto") return RingLinkKind::kAuto;
   if (name == "nccl") return RingLinkKind::kNccl;
   if (name == "ipc") return RingLinkKind::kIpc;
   if (name == "host") return RingLinkKind::kHost;
-  throw std::invalid_argument("unknown ring link '" + name + "' (nccl, ipc, host)");
+  throw std::invalid_argument("unknown ring link '" + name + "' (auto, nccl, ipc, host)");
 }
 
 const char* ring_link_name(RingLinkKind kind) {
   switch (kind) {
+    case RingLinkKind::kAuto: return "auto";
     case RingLinkKind::kNccl: return "nccl";
     case RingLinkKind::kIpc: return "ipc";
     case RingLinkKind::kHost: return "host";
@@ -80,22 +82,25 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &size_));
   comm_ = comm;
-  name_ = std::string("ring/") + ring_link_name(config.link);
-  const size_t bytes = config.chunk_bytes / 16 * 16;  // whole float4s: chunks stay vector-aligned where data is
-  if (bytes == 0) throw std::invalid_argument("ring on the GPU: chunk_bytes must be at least 16");
-  if (config.link == RingLinkKind::kNccl) {
-    nccl_ = std::make_unique<NcclAllreduce>(comm);  // one GPU per rank, checked on every rank
-    device_ = nccl_->device();
-  } else {
+  const size_t bytes = config.chunk_bytes / sizeof(float) * sizeof(float);
+  if (bytes == 0) throw std::invalid_argument("ring on the GPU: chunk_bytes must hold at least one float");
+  RingLinkKind link = config.link;
+  if (link != RingLinkKind::kNccl) {
     const DeviceChoice choice = choose_device(comm, /*exclusive=*/false, "ring on the GPU");
     device_ = choice.device;
-    if (config.link == RingLinkKind::kIpc)
+    const bool one_node = choice.local_size == size_;  // the same answer on every rank
+    if (link == RingLinkKind::kAuto) link = one_node ? RingLinkKind::kIpc : RingLinkKind::kNccl;
+    if (link == RingLinkKind::kIpc)
       agree(comm, rank_,
-            choice.local_size == size_ ? ""
-                                       : "the ipc link needs every rank on one node (" + std::to_string(size_) +
-                                             " ranks, " + std::to_string(choice.local_size) +
-                                             " here): use --ring-link nccl or host");
+            one_node ? ""
+                     : "the ipc link needs every rank on one node (" + std::to_string(size_) + " ranks, " +
+                           std::to_string(choice.local_size) + " here): use --ring-link nccl or host");
   }
+  if (link == RingLinkKind::kNccl) {
+    nccl_ = std::make_unique<NcclAllreduce>(comm);  // one GPU per rank, checked on every rank
+    device_ = nccl_->device();
+  }
+  name_ = std::string("ring/") + ring_link_name(link);
 
   int least = 0, greatest = 0;
   cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -107,7 +112,9 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   cudaCheck(cudaMalloc(&p, bytes));
   reduce_staging_.reset(p);
 
-  switch (config.link) {
+  switch (link) {
+    case RingLinkKind::kAuto:
+      throw std::logic_error("ring on the GPU: the auto link was not resolved");
     case RingLinkKind::kNccl:
       link_ = std::make_unique<NcclP2pLink>(nccl_->nccl_comm(), rank_, size_, stream_, bytes);
       break;

@@ -31,8 +31,9 @@ namespace ddplab::cuda {
 
 class NcclAllreduce;
 
-enum class RingLinkKind { kNccl, kIpc, kHost };
-// "nccl" | "ipc" | "host"; std::invalid_argument naming the choices otherwise.
+// kAuto: ipc when every rank is on one node (the only link that lets ranks share a GPU), nccl otherwise.
+enum class RingLinkKind { kAuto, kNccl, kIpc, kHost };
+// "auto" | "nccl" | "ipc" | "host"; std::invalid_argument naming the choices otherwise.
 RingLinkKind parse_ring_link(const std::string& name);
 const char* ring_link_name(RingLinkKind kind);
 
@@ -68,7 +69,7 @@ class NcclP2pLink final : public RingLink {
 };
 
 struct CudaRingConfig {
-  RingLinkKind link = RingLinkKind::kIpc;
+  RingLinkKind link = RingLinkKind::kAuto;
   // The largest chunk one step moves: the ring runs in rounds of ranks x this, and each staging buffer holds one.
   size_t chunk_bytes = size_t{4} << 20;
 };

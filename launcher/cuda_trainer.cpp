@@ -24,23 +24,11 @@ namespace ddplab {
 
 namespace {
 
-// --comm nccl: NCCL's collective. --comm ring: our ring; its link "auto" is CUDA IPC when every rank is on this node
-// (the only link that lets ranks share a GPU), NCCL p2p otherwise.
+// --comm nccl: NCCL's collective; --comm ring: our ring over --ring-link.
 std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
   if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm);
-  cuda::CudaRingConfig ring;
-  if (config.ring_link == "auto") {
-    MPI_Comm node = MPI_COMM_NULL;
-    mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    int node_size = 0, world = 0;
-    MPI_Comm_size(node, &node_size);
-    MPI_Comm_free(&node);
-    MPI_Comm_size(comm, &world);
-    ring.link = node_size == world ? cuda::RingLinkKind::kIpc : cuda::RingLinkKind::kNccl;
-  } else {
-    ring.link = cuda::parse_ring_link(config.ring_link);
-  }
-  return std::make_unique<cuda::RingAllreduceCuda>(comm, ring);
+  return std::make_unique<cuda::RingAllreduceCuda>(comm,
+                                                   cuda::CudaRingConfig{cuda::parse_ring_link(config.ring_link)});
 }
 
 }  // namespace

@@ -49,13 +49,13 @@ std::string link_label(RingLinkKind kind) { return ddplab::cuda::ring_link_name(
 // ---- host side: runs, and must pass, on every machine -------------------------------------------------------------
 
 TEST(RingCudaHost, LinkNamesRoundTripAndUnknownNamesListTheChoices) {
-  for (RingLinkKind k : {RingLinkKind::kNccl, RingLinkKind::kIpc, RingLinkKind::kHost})
+  for (RingLinkKind k : {RingLinkKind::kAuto, RingLinkKind::kNccl, RingLinkKind::kIpc, RingLinkKind::kHost})
     EXPECT_EQ(ddplab::cuda::parse_ring_link(ddplab::cuda::ring_link_name(k)), k);
   try {
     ddplab::cuda::parse_ring_link("shm");
     ADD_FAILURE() << "no throw";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("nccl, ipc, host"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto, nccl, ipc, host"), std::string::npos) << e.what();
   }
 }
 
