@@ -4,9 +4,7 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_allreduce.h"
@@ -140,9 +138,7 @@ void CudaTrainer::stage(int64_t step) {
   slot.staged = std::async(std::launch::async, [this, &slot, index, step] {
     cudaCheck(cudaSetDevice(engine_->device()));  // a new thread starts on device 0
     const BatchStats stats = workload_->stage(index, step, copy_.get());
-    if (config_.data_cost_ms > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
-          config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1)));
+    sleep_ms(config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1));
     cudaCheck(cudaEventRecord(slot.copied.get(), copy_.get()));
     return stats;
   });
@@ -188,8 +184,7 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   reducer_->begin_step(origin, 1.0f / static_cast<float>(world_ * micro_batches));
   // --straggler-ms: this rank is late with its batches (in its data phase, as on the CPU); the others wait for it
   // in the all-reduces.
-  if (rank_ == config_.slow_rank && config_.straggler_ms > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.straggler_ms * micro_batches));
+  if (rank_ == config_.slow_rank) sleep_ms(config_.straggler_ms * micro_batches);
   const int slot = static_cast<int>(step % CudaWorkload::kSlots);
   if (slots_[slot].step != step) stage(step);  // not prefetched: the first step
   // The copy is queued (a wait only if the samples took longer than a step).
@@ -256,8 +251,7 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   }
   const double t_extra = now_ms();
   const bool barrier_step = config_.rank0_work_ms > 0 && (step + 1) % config_.barrier_every == 0;
-  if (barrier_step && rank_ == 0)
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.rank0_work_ms));
+  if (barrier_step && rank_ == 0) sleep_ms(config_.rank0_work_ms);
   const double t_work = now_ms();
   if (barrier_step) {
     const watchdog::Wait wait("MPI_Barrier after rank 0's work (--rank0-work-ms)");

@@ -75,6 +75,8 @@ class StepAgreement {
 
 // Milliseconds on the monotonic clock.
 double now_ms();
+// The lab's emulated costs (input, straggler, rank-0 work) on either runner: a sleep of ms milliseconds, if positive.
+void sleep_ms(double ms);
 
 // Shared by the CPU and GPU step runners, so both follow the same rules (docs/RELIABILITY.md).
 // --fault hang|kill|throw, when this rank and step are the ones named (nan and diverge act inside the step).

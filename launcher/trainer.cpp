@@ -1,9 +1,7 @@
 #include "launcher/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 #include "comm/watchdog.h"
 #include "kernels/cpu/ops.h"
@@ -38,12 +36,6 @@ Trainer::Trainer(const TrainConfig& config, Communicator& comm)
 }
 
 Trainer::~Trainer() = default;
-
-namespace {
-void sleep_ms(double ms) {
-  if (ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-}
-}  // namespace
 
 // The name of the first gradient piece of `bucket` holding a NaN or Inf.
 std::string Trainer::first_nonfinite_gradient(int bucket) const {
