@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -122,6 +123,64 @@ class LossReadback {
   };
   std::unique_ptr<float, CudaFreeHost> host_;
   Event done_;
+};
+
+// What MlpCuda and TransformerCuda share: their parameters in the CPU model's flat layout (names, shapes, offsets and
+// alignment gaps as lay_out_in_reverse made them; data and grad point into device memory), the gradient pieces with
+// a ready event each, and the stream everything is enqueued on.
+class DeviceParameters {
+ public:
+  cudaStream_t stream() const { return stream_; }
+  // Registration (forward) order, as the CPU model's; data and grad are device pointers into the flat buffers.
+  const std::vector<Parameter<float>>& parameters() const { return params_; }
+  int64_t num_parameters() const { return count_parameters(params_); }
+  int64_t flat_size() const { return flat_size_; }  // as the CPU model's: alignment gaps included
+  float* flat_params() { return flat_params_; }     // device, fp32 master weights
+  float* flat_grads() { return flat_grads_; }       // device, fp32
+  const float* flat_params() const { return flat_params_; }
+  const float* flat_grads() const { return flat_grads_; }
+
+  // As the CPU model's: 2-D parameters in blocks of whole rows of at most max_elements (0: one piece per parameter),
+  // so communication of a large weight starts while its last rows are computed.
+  void set_grad_piece_elements(int64_t max_elements) {
+    pieces_ = grad_pieces_in_backward_order(params_, max_elements);
+    piece_events_.ensure(pieces_.size());
+  }
+  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
+  // Recorded on the stream by every backward once grad_pieces()[k] is final. Timing is enabled: the trainer reads a
+  // bucket's ready time from its last piece's event after the step.
+  cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k); }
+  void zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_)); }
+
+ protected:
+  explicit DeviceParameters(cudaStream_t stream) : stream_(stream) {}
+  // The CPU model's names, shapes and layout (its host pointers until place_on_device).
+  template <typename Model>
+  void take_layout(const Model& reference) {
+    params_ = reference.parameters();
+    flat_size_ = reference.flat_size();
+  }
+  // Points every parameter at the device buffers (flat_size() floats each), queues the upload of the CPU model's
+  // values (host_values: its flat parameters, which must live until the stream has copied them) and zeroes the
+  // gradients.
+  void place_on_device(float* flat_params, float* flat_grads, const float* host_values) {
+    flat_params_ = flat_params;
+    flat_grads_ = flat_grads;
+    for (Parameter<float>& p : params_) {
+      p.data = flat_params_ + p.offset;
+      p.grad = flat_grads_ + p.offset;
+    }
+    cudaCheck(cudaMemcpyAsync(flat_params_, host_values, flat_size_ * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    zero_grad();
+  }
+
+  cudaStream_t stream_;
+  std::vector<Parameter<float>> params_;
+  int64_t flat_size_ = 0;
+  float* flat_params_ = nullptr;
+  float* flat_grads_ = nullptr;
+  std::vector<GradPiece> pieces_;
+  PieceEvents piece_events_;
 };
 
 }  // namespace ddplab::cuda_model

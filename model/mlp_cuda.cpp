@@ -24,9 +24,9 @@ T* as(void* p) {
 }  // namespace
 
 MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, int max_batch, cudaStream_t stream)
-    : precision_(precision),
+    : DeviceParameters(stream),
+      precision_(precision),
       max_batch_(max_batch),
-      stream_(stream),
       gemm_(precision == Precision::kTf32 ? cuda::GemmMath::kTf32 : cuda::GemmMath::kFp32) {
   if (max_batch < 1)
     throw std::invalid_argument("MlpCuda: max_batch must be positive, got " + std::to_string(max_batch));
@@ -34,8 +34,7 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   // repeating its code) keeps the two identical by construction. It also validates the config, on the host.
   const Mlp<float> reference(config, seed);
   config_ = reference.config();
-  params_ = reference.parameters();
-  flat_size_ = reference.flat_size();
+  take_layout(reference);
   dims_.push_back(static_cast<int>(params_[0].shape[1]));
   for (size_t p = 0; p < params_.size(); p += 2) {
     dims_.push_back(static_cast<int>(params_[p].shape[0]));
@@ -66,8 +65,6 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   cudaCheck(cudaMalloc(&base, end));
   memory_.reset(base);
   char* const bytes = static_cast<char*>(base);
-  flat_params_ = reinterpret_cast<float*>(bytes + at_params);
-  flat_grads_ = reinterpret_cast<float*>(bytes + at_grads);
   if (is_bf16) {
     weights_bf16_ = reinterpret_cast<bf16*>(bytes + at_weights_bf16);
     inputs_bf16_ = bytes + at_inputs_bf16;
@@ -77,14 +74,8 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   losses_ = reinterpret_cast<float*>(bytes + at_losses);
   mean_loss_ = reinterpret_cast<float*>(bytes + at_mean_loss);
   num_valid_ = reinterpret_cast<int*>(bytes + at_num_valid);
-  for (Parameter<float>& p : params_) {
-    p.data = flat_params_ + p.offset;
-    p.grad = flat_grads_ + p.offset;
-  }
-
-  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), flat_size_ * sizeof(float), cudaMemcpyHostToDevice,
-                            stream_));
-  cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_));
+  place_on_device(reinterpret_cast<float*>(bytes + at_params), reinterpret_cast<float*>(bytes + at_grads),
+                  reference.flat_params());
   // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
   // a gradient into NaN, which the tests see.
   cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, end - at_activations, stream_));
@@ -95,11 +86,6 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
 }
 
 MlpCuda::~MlpCuda() = default;
-
-void MlpCuda::set_grad_piece_elements(int64_t max_elements) {
-  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
-  piece_events_.ensure(pieces_.size());
-}
 
 template <typename T>
 const T* MlpCuda::weight(int layer) const {
@@ -193,8 +179,6 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
     }
   }
 }
-
-void MlpCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_)); }
 
 int64_t MlpCuda::gemm_flops_per_sample() const {
   int64_t flops = 0;

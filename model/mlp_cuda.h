@@ -31,7 +31,7 @@
 
 namespace ddplab {
 
-class MlpCuda {
+class MlpCuda : public cuda_model::DeviceParameters {
  public:
   // Device buffers for batches of up to max_batch rows, allocated once (a step allocates nothing). A bad config or
   // max_batch < 1 throws std::invalid_argument before the device is touched; a CUDA failure, std::runtime_error.
@@ -43,23 +43,7 @@ class MlpCuda {
   const MlpConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   int max_batch() const { return max_batch_; }
-  cudaStream_t stream() const { return stream_; }
-  // Registration (forward) order, as Mlp<float>; data and grad are device pointers into the flat buffers.
-  const std::vector<Parameter<float>>& parameters() const { return params_; }
-  int64_t num_parameters() const { return count_parameters(params_); }
-  int64_t flat_size() const { return flat_size_; }  // as the CPU model's: alignment gaps included
-  float* flat_params() { return flat_params_; }  // device, fp32 master weights
-  float* flat_grads() { return flat_grads_; }    // device, fp32
-  const float* flat_params() const { return flat_params_; }
-  const float* flat_grads() const { return flat_grads_; }
-
-  // As Mlp::set_grad_piece_elements: weights in blocks of whole rows of at most max_elements (0: one piece per
-  // parameter), so communication of a large weight starts while its last rows are computed.
-  void set_grad_piece_elements(int64_t max_elements);
-  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
-  // Recorded on the stream by every backward once grad_pieces()[k] is final. Timing is enabled: the trainer reads a
-  // bucket's ready time from its last piece's event after the step.
-  cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k); }
+  // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), stream(): DeviceParameters.
 
   // inputs [batch, input_dim] fp32 and targets [batch] in [0, num_classes), device memory, 0 <= batch <= max_batch.
   // Enqueues the layers, the fused softmax cross-entropy (which also writes the gradient of the mean loss for
@@ -80,7 +64,6 @@ class MlpCuda {
   // on_ready(k). Once per forward: the hidden activations' buffers take their gradients (std::logic_error on a
   // second call).
   void backward(const GradReadyHook& on_ready = nullptr);
-  void zero_grad();
   // Forward FLOPs per sample of the GEMMs (2 * in * out per Linear), as Mlp::gemm_flops_per_sample.
   int64_t gemm_flops_per_sample() const;
 
@@ -96,19 +79,12 @@ class MlpCuda {
   MlpConfig config_;
   Precision precision_;
   int max_batch_;
-  cudaStream_t stream_;
   std::vector<int> dims_;  // feature sizes at the layer boundaries: Linear l maps dims_[l] -> dims_[l + 1]
-  std::vector<Parameter<float>> params_;
-  int64_t flat_size_ = 0;
-  std::vector<GradPiece> pieces_;
-  cuda_model::PieceEvents piece_events_;
   std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "fc<l> forward" / "fc<l> backward"
   cuda::GemmContext gemm_;
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
   cuda_model::DeviceMemory memory_;
-  float* flat_params_ = nullptr;
-  float* flat_grads_ = nullptr;
   __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 only: the flat parameters converted, same offsets
   void* inputs_bf16_ = nullptr;            // bf16 only: the forward's inputs converted
   std::vector<void*> out_;                 // per Linear: GELU output (hidden) or logits, then dlogits (last)

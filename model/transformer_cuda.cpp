@@ -39,10 +39,10 @@ int index_of(const std::vector<Parameter<float>>& params, const std::string& nam
 
 TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision,
                                  int64_t max_tokens, int max_seq, cudaStream_t stream)
-    : precision_(precision),
+    : DeviceParameters(stream),
+      precision_(precision),
       max_tokens_(max_tokens),
       max_seq_(max_seq),
-      stream_(stream),
       // TF32 in bf16 mode too: the only fp32 GEMMs there are attention's, whose q, k and v come from bf16 (exact in
       // TF32); the Linear layers' bf16 GEMMs accumulate in fp32 whatever the math.
       gemm_(precision == Precision::kFp32 ? cuda::GemmMath::kFp32 : cuda::GemmMath::kTf32) {
@@ -56,8 +56,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   if (max_seq > config_.max_len)
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
-  params_ = reference.parameters();
-  flat_size_ = reference.flat_size();
+  take_layout(reference);
   wpe_ = index_of(params_, "wpe");
   lnf_ = index_of(params_, "lnf.weight");
   head_ = index_of(params_, "head.weight");
@@ -124,8 +123,6 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   cudaCheck(cudaMalloc(&base, layout.bytes()));
   memory_.reset(base);
   char* const bytes = static_cast<char*>(base);
-  flat_params_ = reinterpret_cast<float*>(bytes + at_params);
-  flat_grads_ = reinterpret_cast<float*>(bytes + at_grads);
   if (is_bf16) weights_bf16_ = reinterpret_cast<bf16*>(bytes + at_weights_bf16);
   const auto floats = [bytes](size_t at) { return reinterpret_cast<float*>(bytes + at); };
   encoded_ = bytes + at_encoded;
@@ -151,13 +148,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   losses_ = floats(at_losses);
   mean_loss_ = floats(at_mean_loss);
   num_valid_ = reinterpret_cast<int*>(bytes + at_num_valid);
-  for (Parameter<float>& p : params_) {
-    p.data = flat_params_ + p.offset;
-    p.grad = flat_grads_ + p.offset;
-  }
-
-  cudaCheck(cudaMemcpyAsync(flat_params_, reference.flat_params(), flat_size_ * f32, cudaMemcpyHostToDevice, stream_));
-  cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * f32, stream_));
+  place_on_device(floats(at_params), floats(at_grads), reference.flat_params());
   // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
   // a gradient into NaN, which the tests see.
   cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, layout.bytes() - at_activations, stream_));
@@ -167,11 +158,6 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
 }
 
 int TransformerCuda::head_outputs() const { return config_.causal() ? config_.vocab : config_.num_classes; }
-
-void TransformerCuda::set_grad_piece_elements(int64_t max_elements) {
-  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
-  piece_events_.ensure(pieces_.size());
-}
 
 template <typename T>
 const T* TransformerCuda::weight(int param) const {
@@ -367,7 +353,5 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready, float loss_
   announce.all_of(0);
   if (!announce.done()) throw std::logic_error("TransformerCuda: not every gradient piece was announced");
 }
-
-void TransformerCuda::zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_)); }
 
 }  // namespace ddplab

@@ -34,7 +34,7 @@
 
 namespace ddplab {
 
-class TransformerCuda {
+class TransformerCuda : public cuda_model::DeviceParameters {
  public:
   // Device buffers for batches of B rows of S tokens with B * S <= max_tokens and S <= max_seq (<= config.max_len),
   // allocated once: a step allocates nothing. Attention keeps B * heads * S^2 floats per layer, bounded by
@@ -49,21 +49,7 @@ class TransformerCuda {
   Precision precision() const { return precision_; }
   int64_t max_tokens() const { return max_tokens_; }
   int max_seq() const { return max_seq_; }
-  cudaStream_t stream() const { return stream_; }
-  // Registration (forward) order, as Transformer<float>; data and grad are device pointers into the flat buffers.
-  const std::vector<Parameter<float>>& parameters() const { return params_; }
-  int64_t num_parameters() const { return count_parameters(params_); }
-  int64_t flat_size() const { return flat_size_; }  // as the CPU model's: alignment gaps included
-  float* flat_params() { return flat_params_; }  // device, fp32 master weights
-  float* flat_grads() { return flat_grads_; }    // device, fp32
-  const float* flat_params() const { return flat_params_; }
-  const float* flat_grads() const { return flat_grads_; }
-
-  // As Transformer::set_grad_piece_elements: 2-D parameters in blocks of whole rows of at most max_elements.
-  void set_grad_piece_elements(int64_t max_elements);
-  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
-  // Recorded on the stream by every backward once grad_pieces()[k] is final (timing enabled).
-  cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k); }
+  // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), stream(): DeviceParameters.
 
   // Device memory, as Transformer::forward: tokens [B, S], lengths [B] in [1, S] (null: all S), targets: kClassify
   // [B] classes in [0, num_classes), kCausalLM ignored (may be null; the targets are the next tokens, made on the
@@ -86,7 +72,6 @@ class TransformerCuda {
   // of unequal loss counts); other than 1 it costs one pass over the logits' gradient. Once per forward (a second
   // call throws std::logic_error): the gradient of the logits is consumed.
   void backward(const GradReadyHook& on_ready = nullptr, float loss_scale = 1.0f);
-  void zero_grad();
 
  private:
   // Per block, what backward needs of its forward (T: float or __nv_bfloat16 by precision).
@@ -111,19 +96,12 @@ class TransformerCuda {
   Precision precision_;
   int64_t max_tokens_;
   int max_seq_;
-  cudaStream_t stream_;
-  std::vector<Parameter<float>> params_;
-  int64_t flat_size_ = 0;
-  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;  // registration indices (weight; bias is +1), as the CPU's
-  std::vector<GradPiece> pieces_;
-  cuda_model::PieceEvents piece_events_;
+  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;     // registration indices (weight; bias is +1), as the CPU's
   std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "h<l> forward" / "h<l> backward"
   cuda::GemmContext gemm_;
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
   cuda_model::DeviceMemory memory_;
-  float* flat_params_ = nullptr;
-  float* flat_grads_ = nullptr;
   __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 only: the flat parameters converted, same offsets
   void* encoded_ = nullptr;                // [tokens, C] the embeddings' output
   std::vector<BlockActs> blocks_;
