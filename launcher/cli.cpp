@@ -1,7 +1,7 @@
 #include "launcher/cli.h"
 
 #include "data/tokens.h"
-#include "launcher/errors.h"
+#include "record/errors.h"
 #include "model/precision.h"
 
 namespace ddplab {

@@ -2,7 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include "launcher/train_config.h"
+#include "train/train_config.h"
 
 namespace ddplab {
 

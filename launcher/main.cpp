@@ -21,11 +21,11 @@
 #include "git_commit.h"
 #include "launcher/cli.h"
 #include "comm/watchdog.h"
-#include "launcher/errors.h"
-#include "launcher/report.h"
+#include "record/errors.h"
+#include "analysis/report.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
-#include "launcher/trainer.h"
+#include "train/trainer.h"
 
 namespace ddplab {
 namespace {

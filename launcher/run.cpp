@@ -17,15 +17,15 @@
 #include "git_commit.h"
 #include "launcher/cli.h"
 #include "comm/watchdog.h"
-#include "launcher/checkpoint.h"
-#include "launcher/errors.h"
-#include "launcher/run_file.h"
-#include "launcher/stop_signals.h"
-#include "launcher/trainer.h"
+#include "record/checkpoint.h"
+#include "record/errors.h"
+#include "record/run_file.h"
+#include "train/stop_signals.h"
+#include "train/trainer.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "comm/nccl_allreduce.h"
 #include "kernels/cuda/device.h"
-#include "launcher/cuda_trainer.h"
+#include "train/cuda_trainer.h"
 #endif
 
 namespace ddplab {

@@ -7,12 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "launcher/summary.h"
-#include "launcher/train_config.h"
+#include "analysis/summary.h"
+#include "record/version.h"
+#include "train/train_config.h"
 
 namespace ddplab {
-
-inline constexpr const char* kVersion = "0.1.0";
 
 struct RunOptions {
   std::string command = "train";  // stored in the run file; names the default output file

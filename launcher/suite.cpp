@@ -14,11 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "launcher/cli.h"
-#include "launcher/errors.h"
-#include "launcher/report.h"
+#include "record/errors.h"
+#include "analysis/report.h"
 #include "launcher/run.h"
-#include "launcher/run_reader.h"
-#include "launcher/timeline.h"
+#include "record/run_reader.h"
+#include "analysis/timeline.h"
 
 namespace ddplab {
 namespace {

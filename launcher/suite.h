@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/train_config.h"
+#include "train/train_config.h"
 
 namespace ddplab {
 

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "launcher/checkpoint.h"
-#include "launcher/errors.h"
+#include "record/checkpoint.h"
+#include "record/errors.h"
 #include "model/mlp.h"
 #include "model/optimizer.h"
 #include "tests/fuzz/h5_image.h"

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "launcher/cli.h"
-#include "launcher/errors.h"
-#include "launcher/report.h"
+#include "record/errors.h"
+#include "analysis/report.h"
 #include "launcher/suite.h"
 
 namespace {

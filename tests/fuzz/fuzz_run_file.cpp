@@ -9,9 +9,9 @@
 #include <exception>
 #include <string>
 
-#include "launcher/report.h"
-#include "launcher/run_reader.h"
-#include "launcher/timeline.h"
+#include "analysis/report.h"
+#include "record/run_reader.h"
+#include "analysis/timeline.h"
 #include "tests/fuzz/h5_image.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

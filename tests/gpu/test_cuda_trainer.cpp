@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "comm/nccl_allreduce.h"
-#include "launcher/cuda_trainer.h"
-#include "launcher/errors.h"
+#include "train/cuda_trainer.h"
+#include "record/errors.h"
 #include "launcher/run.h"
-#include "launcher/trainer.h"
+#include "train/trainer.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/mpi/mpi_test_util.h"
 

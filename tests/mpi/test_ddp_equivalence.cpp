@@ -17,7 +17,7 @@
 #include <cstring>
 #include <vector>
 
-#include "launcher/trainer.h"
+#include "train/trainer.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {

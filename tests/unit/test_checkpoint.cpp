@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "kernels/cpu/rng.h"
-#include "launcher/checkpoint.h"
-#include "launcher/errors.h"
+#include "record/checkpoint.h"
+#include "record/errors.h"
 #include "model/mlp.h"
 #include "model/transformer.h"
 

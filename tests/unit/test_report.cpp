@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "launcher/report.h"
-#include "launcher/run_file.h"
-#include "launcher/run_file.h"
-#include "launcher/run_reader.h"
-#include "launcher/timeline.h"
+#include "analysis/report.h"
+#include "record/run_file.h"
+#include "record/run_file.h"
+#include "record/run_reader.h"
+#include "analysis/timeline.h"
 
 namespace ddplab {
 namespace {

@@ -1,4 +1,4 @@
-#include "launcher/report.h"
+#include "analysis/report.h"
 
 #include <mpi.h>
 
@@ -10,9 +10,9 @@
 #include <memory>
 #include <stdexcept>
 
-#include "launcher/errors.h"
-#include "launcher/run_file.h"
-#include "launcher/timeline.h"
+#include "record/errors.h"
+#include "record/run_file.h"
+#include "analysis/timeline.h"
 
 namespace ddplab {
 namespace {

@@ -16,9 +16,9 @@
 
 #include "comm/stream_allreduce.h"
 #include "comm/reducer_cuda.h"
-#include "launcher/cuda_workload.h"
-#include "launcher/step_runner.h"
-#include "launcher/train_config.h"
+#include "train/cuda_workload.h"
+#include "train/step_runner.h"
+#include "train/train_config.h"
 
 namespace ddplab {
 

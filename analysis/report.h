@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/run_reader.h"
+#include "record/run_reader.h"
 
 namespace CLI {
 class App;

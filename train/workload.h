@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/train_config.h"
+#include "train/train_config.h"
 #include "model/mlp.h"
 
 namespace ddplab {

@@ -1,5 +1,5 @@
 // CudaTrainer: see cuda_trainer.h. Host code only: every kernel it runs is a kernels/cuda launcher or NCCL's.
-#include "launcher/cuda_trainer.h"
+#include "train/cuda_trainer.h"
 
 #include <cuda_profiler_api.h>
 
@@ -15,8 +15,8 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/nvtx.h"
-#include "launcher/trainer.h"
-#include "launcher/workload.h"
+#include "train/trainer.h"
+#include "train/workload.h"
 
 namespace ddplab {
 

@@ -1,4 +1,4 @@
-#include "launcher/run_reader.h"
+#include "record/run_reader.h"
 
 #include <hdf5.h>
 #include <sys/stat.h>
@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "launcher/files.h"
-#include "launcher/run_file.h"
+#include "record/files.h"
+#include "record/run_file.h"
 
 namespace ddplab {
 

@@ -1,4 +1,4 @@
-#include "launcher/timeline.h"
+#include "analysis/timeline.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "launcher/files.h"
+#include "record/files.h"
 
 namespace ddplab {
 namespace {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "comm/reducer.h"
-#include "launcher/checkpoint.h"
-#include "launcher/step_record.h"
-#include "launcher/train_config.h"
+#include "record/checkpoint.h"
+#include "record/step_record.h"
+#include "train/train_config.h"
 #include "model/mlp.h"
 
 namespace ddplab {

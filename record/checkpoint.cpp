@@ -1,4 +1,4 @@
-#include "launcher/checkpoint.h"
+#include "record/checkpoint.h"
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -13,11 +13,11 @@
 #include <utility>
 
 #include "git_commit.h"
-#include "launcher/errors.h"
-#include "launcher/files.h"
-#include "launcher/h5util.h"
-#include "launcher/run.h"
-#include "launcher/run_file.h"
+#include "record/errors.h"
+#include "record/files.h"
+#include "record/h5util.h"
+#include "record/version.h"
+#include "record/run_file.h"
 
 namespace ddplab {
 namespace {

@@ -1,4 +1,4 @@
-#include "launcher/run_file.h"
+#include "record/run_file.h"
 
 #include <hdf5.h>
 #include <sys/stat.h>
@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "launcher/files.h"
-#include "launcher/h5util.h"
+#include "record/files.h"
+#include "record/h5util.h"
 
 namespace ddplab {
 namespace {

@@ -1,5 +1,5 @@
 // CudaWorkload: see cuda_workload.h. Host code only.
-#include "launcher/cuda_workload.h"
+#include "train/cuda_workload.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,7 +8,7 @@
 
 #include "data/synthetic.h"
 #include "kernels/cuda/check.cuh"
-#include "launcher/token_batches.h"
+#include "train/token_batches.h"
 #include "model/cuda_common.h"
 #include "model/mlp_cuda.h"
 #include "model/precision.h"

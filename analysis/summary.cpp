@@ -1,4 +1,4 @@
-#include "launcher/summary.h"
+#include "analysis/summary.h"
 
 #include <algorithm>
 #include <cstring>

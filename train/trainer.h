@@ -11,9 +11,9 @@
 
 #include "comm/communicator.h"
 #include "comm/reducer.h"
-#include "launcher/step_runner.h"
-#include "launcher/train_config.h"
-#include "launcher/workload.h"
+#include "train/step_runner.h"
+#include "train/train_config.h"
+#include "train/workload.h"
 #include "model/optimizer.h"
 
 namespace ddplab {

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launcher/step_record.h"
+#include "record/step_record.h"
 
 namespace ddplab {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "comm/reducer.h"
-#include "launcher/step_record.h"
+#include "record/step_record.h"
 
 namespace ddplab {
 

@@ -1,6 +1,6 @@
 // The pieces both step runners share (step_runner.h): the step's agreement, fault injection, the non-finite and
 // replica checks, the communication-time accounting.
-#include "launcher/step_runner.h"
+#include "train/step_runner.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 
 #include "comm/mpi_check.h"
 #include "comm/watchdog.h"
-#include "launcher/stop_signals.h"
+#include "train/stop_signals.h"
 
 namespace ddplab {
 

@@ -1,4 +1,4 @@
-#include "launcher/workload.h"
+#include "train/workload.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 
 #include "data/loader.h"
 #include "data/synthetic.h"
-#include "launcher/token_batches.h"
+#include "train/token_batches.h"
 #include "model/transformer.h"
 
 namespace ddplab {

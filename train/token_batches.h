@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "data/tokens.h"
-#include "launcher/train_config.h"
-#include "launcher/workload.h"
+#include "train/train_config.h"
+#include "train/workload.h"
 #include "model/transformer.h"
 
 namespace ddplab {

@@ -1,4 +1,4 @@
-#include "launcher/stop_signals.h"
+#include "train/stop_signals.h"
 
 #include <csignal>
 

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "launcher/run_reader.h"
+#include "record/run_reader.h"
 
 namespace ddplab {
 

@@ -1,4 +1,4 @@
-#include "launcher/trainer.h"
+#include "train/trainer.h"
 
 #include <algorithm>
 #include <cmath>

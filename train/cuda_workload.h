@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/train_config.h"
-#include "launcher/workload.h"  // BatchStats
+#include "train/train_config.h"
+#include "train/workload.h"  // BatchStats
 #include "model/mlp.h"          // Parameter, GradPiece, GradReadyHook
 
 namespace ddplab {

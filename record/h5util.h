@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "launcher/files.h"
+#include "record/files.h"
 
 namespace ddplab {
 
