@@ -40,19 +40,13 @@ Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1
   const int num_linear = static_cast<int>(dims.size()) - 1;
   for (int l = 0; l < num_linear; ++l) {
     const std::string prefix = "fc" + std::to_string(l);
-    Parameter<T> w, b;
-    w.name = prefix + ".weight";
-    w.shape = {dims[l + 1], dims[l]};
-    w.numel = static_cast<int64_t>(dims[l + 1]) * dims[l];
-    b.name = prefix + ".bias";
-    b.shape = {dims[l + 1]};
-    b.numel = dims[l + 1];
-    params_.push_back(std::move(w));
-    params_.push_back(std::move(b));
+    this->add_parameter(prefix + ".weight", {dims[l + 1], dims[l]});
+    this->add_parameter(prefix + ".bias", {dims[l + 1]});
   }
-  lay_out_in_reverse(params_, flat_params_, flat_grads_);  // backward order: see mlp.h
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Parameter<T>& p = params_[i];
+  this->lay_out();
+  std::vector<Parameter<T>>& params = this->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Parameter<T>& p = params[i];
     // One sub-stream per parameter: a tensor's init does not depend on the layout or the other tensors.
     const uint64_t stream = substream(seed, i);
     const double bound = 1.0 / std::sqrt(static_cast<double>(dims[i / 2]));  // fan_in of Linear i/2
@@ -60,12 +54,6 @@ Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1
   }
   pre_.resize(num_linear);
   post_.resize(config.num_hidden_layers);
-  set_grad_piece_elements(0);
-}
-
-template <typename T>
-void Mlp<T>::set_grad_piece_elements(int64_t max_elements) {
-  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
 }
 
 template <typename T>
@@ -92,9 +80,10 @@ T Mlp<T>::forward(const T* inputs, const int32_t* targets, int batch) {
   EnsureSize(dact_b_, B * max_dim);
 
   const T* x = inputs;
+  const std::vector<Parameter<T>>& params = this->parameters();
   for (int l = 0; l < num_linear; ++l) {
-    const Parameter<T>& w = params_[2 * l];
-    const Parameter<T>& b = params_[2 * l + 1];
+    const Parameter<T>& w = params[2 * l];
+    const Parameter<T>& b = params[2 * l + 1];
     cpu::matmul_forward(pre_[l].data(), x, w.data, batch, dims[l], dims[l + 1]);
     cpu::bias_forward(pre_[l].data(), b.data, batch, dims[l + 1]);
     if (l < config_.num_hidden_layers) {
@@ -120,22 +109,24 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
   T* dout = dact_a_.data();  // gradient w.r.t. the pre-activation of the current layer
   T* dnext = dact_b_.data();
   cpu::softmax_cross_entropy_backward(dout, probs_.data(), targets_, B, config_.num_classes);
-  size_t piece = 0;  // pieces_ is in exactly the order this loop finalises them
+  const std::vector<GradPiece>& pieces = this->grad_pieces();
+  std::vector<Parameter<T>>& params = this->parameters();
+  size_t piece = 0;  // pieces is in exactly the order this loop finalises them
   auto ready = [&](int param) {
-    if (pieces_.at(piece).param != param) throw std::logic_error("Mlp: gradient pieces out of order");
+    if (pieces.at(piece).param != param) throw std::logic_error("Mlp: gradient pieces out of order");
     if (on_ready) on_ready(static_cast<int>(piece));
     ++piece;
   };
   for (int l = num_linear - 1; l >= 0; --l) {
-    Parameter<T>& w = params_[2 * l];
-    Parameter<T>& b = params_[2 * l + 1];
+    Parameter<T>& w = params[2 * l];
+    Parameter<T>& b = params[2 * l + 1];
     cpu::bias_backward(b.grad, dout, B, dims[l + 1]);
     ready(2 * l + 1);
     // The weight gradient first, block by block, so each block can be communicated while the rest of backward
     // (including this layer's input gradient) runs.
     const T* x = l == 0 ? inputs_ : post_[l - 1].data();
-    while (piece < pieces_.size() && pieces_[piece].param == 2 * l) {
-      const GradPiece& g = pieces_[piece];
+    while (piece < pieces.size() && pieces[piece].param == 2 * l) {
+      const GradPiece& g = pieces[piece];
       const int64_t rows = g.numel / dims[l];
       cpu::matmul_backward_weight(w.grad, dout, x, B, dims[l], dims[l + 1], static_cast<int>(g.first_row),
                                   static_cast<int>(g.first_row + rows));
@@ -148,11 +139,6 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
       std::swap(dout, dnext);
     }
   }
-}
-
-template <typename T>
-void Mlp<T>::zero_grad() {
-  std::fill(flat_grads_.begin(), flat_grads_.end(), T(0));
 }
 
 template <typename T>

@@ -67,21 +67,15 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   const int64_t C = c.d_model, H = c.mlp_hidden;
   std::vector<double> init_std;  // per parameter: > 0 normal(0, std), 0 zeros, -1 ones
   auto add = [&](std::string name, std::vector<int64_t> shape, double std) {
-    Parameter<T> p;
-    p.name = std::move(name);
-    p.numel = 1;
-    for (int64_t d : shape) p.numel *= d;
-    p.shape = std::move(shape);
-    params_.push_back(std::move(p));
     init_std.push_back(std);
+    return this->add_parameter(std::move(name), std::move(shape));
   };
   const double residual_std = 0.02 / std::sqrt(2.0 * std::max(1, c.layers));
   add("wte", {c.vocab, C}, 0.02);
   if (c.learned_pos) {
-    wpe_ = 1;
-    add("wpe", {c.max_len, C}, 0.02);
+    wpe_ = add("wpe", {c.max_len, C}, 0.02);
   }
-  block_base_ = static_cast<int>(params_.size());
+  block_base_ = static_cast<int>(this->parameters().size());
   for (int l = 0; l < c.layers; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     add(h + "ln1.weight", {C}, -1);
@@ -97,28 +91,20 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
     add(h + "fcproj.weight", {C, H}, residual_std);
     add(h + "fcproj.bias", {C}, 0);
   }
-  lnf_ = static_cast<int>(params_.size());
-  add("lnf.weight", {C}, -1);
+  lnf_ = add("lnf.weight", {C}, -1);
   add("lnf.bias", {C}, 0);
-  head_ = static_cast<int>(params_.size());
-  add("head.weight", {head_outputs(), C}, 0.02);
+  head_ = add("head.weight", {head_outputs(), C}, 0.02);
   add("head.bias", {head_outputs()}, 0);
 
-  lay_out_in_reverse(params_, flat_params_, flat_grads_);  // backward order: see mlp.h
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Parameter<T>& p = params_[i];
+  this->lay_out();
+  for (size_t i = 0; i < this->parameters().size(); ++i) {
+    Parameter<T>& p = P(static_cast<int>(i));
     const uint64_t stream = substream(seed, i);  // a tensor's init depends on neither the layout nor the others
     for (int64_t k = 0; k < p.numel; ++k) {
       p.data[k] = init_std[i] > 0 ? static_cast<T>(init_std[i] * normal(stream, k)) : T(init_std[i] < 0 ? 1 : 0);
     }
   }
   acts_.resize(c.layers);
-  set_grad_piece_elements(0);
-}
-
-template <typename T>
-void Transformer<T>::set_grad_piece_elements(int64_t max_elements) {
-  pieces_ = grad_pieces_in_backward_order(params_, max_elements);
 }
 
 template <typename T>
@@ -246,9 +232,10 @@ template <typename T>
 void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
   if (batch_ < 0) throw std::logic_error("Transformer::backward called before forward");
   const TransformerConfig& c = config_;
-  size_t piece = 0;  // pieces_ is in exactly the order this function finalises them
+  const std::vector<GradPiece>& pieces = this->grad_pieces();
+  size_t piece = 0;  // pieces is in exactly the order this function finalises them
   auto ready = [&](int param) {
-    if (piece >= pieces_.size() || pieces_[piece].param != param) {
+    if (piece >= pieces.size() || pieces[piece].param != param) {
       throw std::logic_error("Transformer: gradient pieces out of order");
     }
     if (on_ready) on_ready(static_cast<int>(piece));
@@ -257,10 +244,10 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
   auto announce = [&](int param) {  // every piece of a parameter finalised as a whole
     do {
       ready(param);
-    } while (piece < pieces_.size() && pieces_[piece].param == param);
+    } while (piece < pieces.size() && pieces[piece].param == param);
   };
   if (batch_ == 0) {  // nothing to add: every gradient is final as it is
-    for (int p = static_cast<int>(params_.size()) - 1; p >= 0; --p) announce(p);
+    for (int p = static_cast<int>(this->parameters().size()) - 1; p >= 0; --p) announce(p);
     return;
   }
   const bool classify = c.head == TransformerConfig::Head::kClassify;
@@ -282,8 +269,8 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
   auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out) {
     cpu::bias_backward(P(w + 1).grad, dout, N, out);
     announce(w + 1);
-    while (piece < pieces_.size() && pieces_[piece].param == w) {
-      const GradPiece& g = pieces_[piece];
+    while (piece < pieces.size() && pieces[piece].param == w) {
+      const GradPiece& g = pieces[piece];
       const int64_t first = g.first_row, count = g.numel / in;
       cpu::matmul_backward_weight(P(w).grad, dout, inp, N, in, out, static_cast<int>(first),
                                   static_cast<int>(first + count));
@@ -329,12 +316,7 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
                           pos);
   if (wpe_ >= 0) announce(wpe_);
   announce(0);
-  if (piece != pieces_.size()) throw std::logic_error("Transformer: not every gradient piece was announced");
-}
-
-template <typename T>
-void Transformer<T>::zero_grad() {
-  std::fill(flat_grads_.begin(), flat_grads_.end(), T(0));
+  if (piece != pieces.size()) throw std::logic_error("Transformer: not every gradient piece was announced");
 }
 
 double TransformerConfig::flops_per_token(int seq_len) const {

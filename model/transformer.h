@@ -12,14 +12,14 @@
 // Packing (kCausalLM only): with positions, a row holds several sequences back to back; each is computed exactly as
 // if it were alone in its own row (attention, positional embedding and next-token targets stay inside it).
 //
-// Storage exactly as Mlp<T> (model/mlp.h): one flat parameter buffer and one flat gradient buffer in REVERSE
-// registration order, gradient pieces listed in the order backward finalises them (= ascending offset).
+// Parameters and gradients: a ParameterStore (model/parameters.h), as the MLP's, gradient pieces listed in the order
+// backward finalises them (= ascending offset).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "model/mlp.h"  // Parameter<T>, GradPiece, GradReadyHook
+#include "model/parameters.h"
 
 namespace ddplab {
 
@@ -55,32 +55,16 @@ enum Param : int { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFc
 }  // namespace transformer_block
 
 template <typename T>
-class Transformer {
+class Transformer : public ParameterStore<T> {
  public:
   // GPT-2 init, deterministic in seed (one sub-stream per parameter): weights and embeddings ~ N(0, 0.02), the two
   // residual projections per block (proj, fcproj) ~ N(0, 0.02 / sqrt(2 layers)), biases 0, LayerNorm weight 1.
   Transformer(const TransformerConfig& config, uint64_t seed);
-  Transformer(const Transformer&) = delete;
-  Transformer& operator=(const Transformer&) = delete;
 
   const TransformerConfig& config() const { return config_; }
-  // Registration (forward) order: wte, wpe (if learned_pos), per block h.<l>.{ln1.weight, ln1.bias, qkv.weight,
+  // parameters() in registration (forward) order: wte, wpe (if learned_pos), per block h.<l>.{ln1.weight, ln1.bias, qkv.weight,
   // qkv.bias, proj.weight, proj.bias, ln2.weight, ln2.bias, fc.weight, fc.bias, fcproj.weight, fcproj.bias},
   // lnf.weight, lnf.bias, head.weight, head.bias. Linear weights are [out, in].
-  std::vector<Parameter<T>>& parameters() { return params_; }
-  const std::vector<Parameter<T>>& parameters() const { return params_; }
-  int64_t num_parameters() const { return count_parameters(params_); }
-  // Elements of the flat parameter and gradient buffers: the parameters and the alignment gaps between them.
-  int64_t flat_size() const { return static_cast<int64_t>(flat_params_.size()); }
-  T* flat_params() { return flat_params_.data(); }
-  T* flat_grads() { return flat_grads_.data(); }
-  const T* flat_params() const { return flat_params_.data(); }
-  const T* flat_grads() const { return flat_grads_.data(); }
-
-  // As Mlp: 2-D parameters (Linear weights, wte, wpe) in blocks of whole rows of at most max_elements (at least one
-  // row); 0 = one piece per parameter.
-  void set_grad_piece_elements(int64_t max_elements);
-  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
 
   // tokens [B, S] (S <= max_len); lengths [B] in [1, S], or null for all S; tokens at t < lengths[b] in [0, vocab),
   // tokens at padded positions are ignored. targets: kClassify, [B] classes in [0, num_classes); kCausalLM,
@@ -96,7 +80,6 @@ class Transformer {
   // as soon as that piece is final: head, lnf, blocks last to first, and the embeddings (wpe, wte) at the very end.
   // loss_scale weighs this batch within a larger loss (micro-batches of unequal loss counts).
   void backward(const GradReadyHook& on_ready = nullptr, T loss_scale = 1);
-  void zero_grad();
 
   // How many terms the last loss averaged: B for kClassify, the positions with a next token for kCausalLM. A DDP
   // trainer that wants the mean over the GLOBAL batch scales its rank's gradient by count * world / global count.
@@ -108,14 +91,11 @@ class Transformer {
   struct LayerActs {
     std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res_out;
   };
-  Parameter<T>& P(int i) { return params_[i]; }
+  Parameter<T>& P(int i) { return this->parameters()[i]; }
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
   int head_outputs() const;
 
   TransformerConfig config_;
-  std::vector<T> flat_params_, flat_grads_;
-  std::vector<Parameter<T>> params_;
-  std::vector<GradPiece> pieces_;
   int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;  // registration indices (weight; bias is +1)
 
   // The last forward (grow-only buffers: a step no larger than before allocates nothing).

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "model/mlp.h"
+#include "model/parameters.h"
 #include "model/optimizer.h"
 
 namespace ddplab {

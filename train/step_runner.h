@@ -12,7 +12,7 @@
 #include "record/checkpoint.h"
 #include "record/step_record.h"
 #include "train/train_config.h"
-#include "model/mlp.h"
+#include "model/parameters.h"
 
 namespace ddplab {
 

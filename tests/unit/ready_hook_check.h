@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "model/mlp.h"
+#include "model/parameters.h"
 
 namespace ddplab::test {
 

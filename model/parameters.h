@@ -1,0 +1,144 @@
+// How a hand-written model keeps its parameters: ONE flat parameter buffer and ONE flat gradient buffer, both laid
+// out in REVERSE registration order — the order in which backward finalises gradients. A gradient bucket (a run of
+// consecutive ready gradients) is therefore one contiguous slice of the gradient buffer: the communication engine
+// reduces views into it with no copy in or out, and the optimizer runs once over the whole flat buffer. Both CPU
+// models (Mlp, Transformer) are ParameterStores; the GPU models copy the CPU model's layout (model/cuda_common.h).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddplab {
+
+// A view of one registered parameter inside the flat buffers.
+template <typename T>
+struct Parameter {
+  std::string name;          // "fc0.weight", "fc0.bias", ..., registration order = forward order
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t offset = 0;        // element offset into the flat param and grad buffers
+  T* data = nullptr;
+  T* grad = nullptr;
+};
+
+// A run of the flat gradient buffer that backward finalises at once: a bias, a whole weight, or a block of rows of
+// a weight (set_grad_piece_elements). Pieces are listed in the order backward finalises them, which is also
+// ascending offset in the flat buffer, so consecutive pieces are adjacent.
+struct GradPiece {
+  int param = 0;            // registration index of the parameter it belongs to
+  int64_t offset = 0;       // into the flat grad buffer
+  int64_t numel = 0;
+  int64_t first_row = 0;    // for a weight: the rows [first_row, first_row + numel / in_features)
+};
+
+// Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final.
+using GradReadyHook = std::function<void(int piece)>;
+
+// Every parameter starts on a 64-byte boundary of the flat buffers (16 floats): cuBLASLt's tensor-core kernels need
+// 16-byte-aligned operands (otherwise it picks slower kernels, and a fused bias epilogue can fault), and the bf16
+// copies of the weights at the same element offsets stay 32-byte aligned. Back to back, GPT-2's head (50257 x 769
+// floats) would leave every block parameter after it 4-byte aligned. The gaps hold zeros in both buffers: no
+// gradient is written there, so they stay 0 through the all-reduce (buckets span them) and the optimizer.
+inline constexpr int64_t kParameterAlignment = 16;  // elements
+
+// Lays the parameters out in one flat parameter and one flat gradient buffer in REVERSE registration order (the
+// first gradient backward finalises sits at offset 0), each at a multiple of kParameterAlignment, and points each
+// Parameter at its slices. Zero-filled.
+template <typename T>
+void lay_out_in_reverse(std::vector<Parameter<T>>& params, std::vector<T>& flat_params, std::vector<T>& flat_grads) {
+  int64_t offset = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    offset = (offset + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
+    it->offset = offset;
+    offset += it->numel;
+  }
+  flat_params.assign(offset, T(0));
+  flat_grads.assign(offset, T(0));
+  for (Parameter<T>& p : params) {
+    p.data = flat_params.data() + p.offset;
+    p.grad = flat_grads.data() + p.offset;
+  }
+}
+
+// The number of parameters (the flat buffers hold alignment gaps besides: flat_size() >= this).
+template <typename T>
+int64_t count_parameters(const std::vector<Parameter<T>>& params) {
+  int64_t n = 0;
+  for (const Parameter<T>& p : params) n += p.numel;
+  return n;
+}
+
+// The pieces of a model whose backward finalises parameters in reverse registration order, each 2-D parameter in
+// blocks of whole rows of at most max_elements from row 0 up (at least one row; 0 = one piece per parameter).
+template <typename T>
+std::vector<GradPiece> grad_pieces_in_backward_order(const std::vector<Parameter<T>>& params, int64_t max_elements) {
+  if (max_elements < 0) throw std::invalid_argument("negative gradient piece size");
+  std::vector<GradPiece> pieces;
+  for (int p = static_cast<int>(params.size()) - 1; p >= 0; --p) {
+    const Parameter<T>& param = params[p];
+    const bool is_matrix = param.shape.size() == 2;
+    const int64_t rows = is_matrix ? param.shape[0] : 1, cols = param.numel / rows;
+    const int64_t block = max_elements == 0 || !is_matrix ? rows : std::max<int64_t>(1, max_elements / cols);
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t n = std::min(block, rows - r);
+      pieces.push_back(GradPiece{p, param.offset + r * cols, n * cols, r});
+    }
+  }
+  return pieces;
+}
+
+// The flat buffers, the parameters' views into them and the gradient pieces backward announces. A model registers
+// its parameters (add) in forward order, then calls lay_out() once; the views stay valid for the store's life.
+template <typename T>
+class ParameterStore {
+ public:
+  ParameterStore() = default;
+  ParameterStore(const ParameterStore&) = delete;  // the views point into this object's buffers
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  // Parameters in registration (forward) order.
+  std::vector<Parameter<T>>& parameters() { return params_; }
+  const std::vector<Parameter<T>>& parameters() const { return params_; }
+  int64_t num_parameters() const { return count_parameters(params_); }
+  // Elements of the flat parameter and gradient buffers: the parameters and the alignment gaps between them.
+  int64_t flat_size() const { return static_cast<int64_t>(flat_params_.size()); }
+  T* flat_params() { return flat_params_.data(); }
+  T* flat_grads() { return flat_grads_.data(); }
+  const T* flat_params() const { return flat_params_.data(); }
+  const T* flat_grads() const { return flat_grads_.data(); }
+
+  // How backward produces the gradients: 2-D parameters in blocks of whole rows of at most `max_elements` elements
+  // each (at least one row), so that the communication of a large weight's first rows can start while its last
+  // rows are still being computed. 0 (the default): one piece per parameter, as PyTorch's autograd does.
+  void set_grad_piece_elements(int64_t max_elements) { pieces_ = grad_pieces_in_backward_order(params_, max_elements); }
+  const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
+  void zero_grad() { std::fill(flat_grads_.begin(), flat_grads_.end(), T(0)); }
+
+ protected:
+  // Registers a parameter after the ones before it; returns its registration index.
+  int add_parameter(std::string name, std::vector<int64_t> shape) {
+    Parameter<T> p;
+    p.name = std::move(name);
+    p.numel = 1;
+    for (int64_t d : shape) p.numel *= d;
+    p.shape = std::move(shape);
+    params_.push_back(std::move(p));
+    return static_cast<int>(params_.size()) - 1;
+  }
+  // Zero-filled buffers in reverse registration order, one gradient piece per parameter.
+  void lay_out() {
+    lay_out_in_reverse(params_, flat_params_, flat_grads_);
+    set_grad_piece_elements(0);
+  }
+
+ private:
+  std::vector<T> flat_params_, flat_grads_;
+  std::vector<Parameter<T>> params_;
+  std::vector<GradPiece> pieces_;
+};
+
+}  // namespace ddplab
