@@ -15,6 +15,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/nvtx.h"
+#include "launcher/cuda_step_phases.h"
 #include "launcher/trainer.h"
 #include "launcher/workload.h"
 
@@ -259,27 +260,19 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   }
   const double t_end = now_ms();
 
-  // Device phases from the compute stream's events; the update, --check-sync and the final wait are the rest.
+  // The record: device phases from the compute stream's events, the rest from the host's clock.
   const auto at = [&](cudaEvent_t e) { return static_cast<double>(cuda::elapsed_ms(origin, e)); };
-  r.start_ms = t_start - t0_ms;
-  r.step_ms = t_end - t_start;
-  r.data_ms = at(data_end);
-  double previous = r.data_ms;
+  CudaStepClock clock{t_start, t_optimized, t_extra, t_work, t_end, at(data_end), {}, {}, at(optimizer_start)};
   for (int m = 0; m < micro_batches; ++m) {
-    r.forward_ms += at(forward_end[m]) - previous;
-    r.backward_ms += at(backward_end[m]) - at(forward_end[m]);
-    previous = at(backward_end[m]);
+    clock.forward_end.push_back(at(forward_end[m]));
+    clock.backward_end.push_back(at(backward_end[m]));
   }
-  r.exposed_comm_ms = at(optimizer_start) - previous;  // waiting for the buckets, and for the host's verdict on them
-  r.optimizer_ms = (t_optimized - t_start) - at(optimizer_start);
-  r.extra_comm_ms = t_extra - t_optimized;
-  r.host_work_ms = t_work - t_extra;
-  r.barrier_ms = t_end - t_work;
+  set_cuda_step_phases(r, clock, t0_ms);
   r.samples = batch.samples;
   r.useful_tokens = batch.useful_tokens;
   r.padded_tokens = batch.padded_tokens;
   r.max_len = batch.max_len;
-  add_comm_times(r, bucket_times(), r.start_ms + at(forward_end.back()), r.start_ms + previous);
+  add_comm_times(r, bucket_times(), r.start_ms + clock.forward_end.back(), r.start_ms + clock.backward_end.back());
   return r;
 }
 
