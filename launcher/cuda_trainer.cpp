@@ -68,17 +68,17 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
     extra_buffer_.reset(memory);
     cudaCheck(cudaMemsetAsync(memory, 0, extra_count_ * sizeof(float), compute_.get()));
   }
-  for (Slot& slot : slots_) {
+  for (auto& copied : copied_) {
     cudaEvent_t e = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
-    slot.copied.reset(e);
+    copied.reset(e);
   }
   cudaCheck(cudaStreamSynchronize(compute_.get()));
+  prefetcher_ = std::make_unique<BatchPrefetcher>([this](int64_t step) { return stage(step); }, config.steps);
 }
 
 CudaTrainer::~CudaTrainer() {
-  for (Slot& slot : slots_)  // a prefetch may still be filling or copying the pinned buffers
-    if (slot.staged.valid()) slot.staged.wait();
+  prefetcher_.reset();  // a prefetch may still be filling the pinned slots and queuing their copy
   if (copy_) cudaStreamSynchronize(copy_.get());
 }
 
@@ -126,23 +126,20 @@ CheckpointInfo CudaTrainer::read_checkpoint(const std::string& path) {
   return info;
 }
 
-// On a helper thread, so that generating the samples overlaps the device's work (at the MLP's default sizes it
-// takes longer than a GPU step): the workload fills `step`'s slot and queues its copy on the copy stream. The slot's
-// last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which waited
-// for that copy. The lab's input pipeline (--data-cost-ms per sample, a sleep as on the CPU) is paid here too,
-// divided by --loader-threads: T workers deliver batches T times as fast. Hidden while it is shorter than a step;
-// beyond that the step waits in its data phase (the data-bound case).
-void CudaTrainer::stage(int64_t step) {
-  const int index = static_cast<int>(step % CudaWorkload::kSlots);
-  Slot& slot = slots_[index];
-  slot.step = step;
-  slot.staged = std::async(std::launch::async, [this, &slot, index, step] {
-    cudaCheck(cudaSetDevice(engine_->device()));  // a new thread starts on device 0
-    const BatchStats stats = workload_->stage(index, step, copy_.get());
-    sleep_ms(config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1));
-    cudaCheck(cudaEventRecord(slot.copied.get(), copy_.get()));
-    return stats;
-  });
+// On the prefetcher's worker, while the previous step runs, so that generating the samples overlaps the device's
+// work (at the MLP's default sizes it takes longer than a GPU step): the workload fills `step`'s slot and queues its
+// copy on the copy stream. The slot's last reader, step - 2, is complete: the prefetcher is handed step once step - 1
+// has begun, and every step ends with the host waiting for the compute stream, which waited for that copy. The lab's
+// input pipeline (--data-cost-ms per sample, a sleep as on the CPU) is paid here too, divided by --loader-threads: T
+// workers deliver batches T times as fast. Hidden while it is shorter than a step; beyond that the step waits in its
+// data phase (the data-bound case).
+BatchStats CudaTrainer::stage(int64_t step) {
+  const int slot = static_cast<int>(step % CudaWorkload::kSlots);
+  cudaCheck(cudaSetDevice(engine_->device()));  // the worker thread started on device 0
+  const BatchStats stats = workload_->stage(slot, step, copy_.get());
+  sleep_ms(config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1));
+  cudaCheck(cudaEventRecord(copied_[slot].get(), copy_.get()));
+  return stats;
 }
 
 // The name of the first gradient piece of `bucket` holding a NaN or Inf (a rare path: the bucket is downloaded).
@@ -187,10 +184,10 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   // in the all-reduces.
   if (rank_ == config_.slow_rank) sleep_ms(config_.straggler_ms * micro_batches);
   const int slot = static_cast<int>(step % CudaWorkload::kSlots);
-  if (slots_[slot].step != step) stage(step);  // not prefetched: the first step
-  // The copy is queued (a wait only if the samples took longer than a step).
-  const BatchStats batch = slots_[slot].staged.get();
-  cudaCheck(cudaStreamWaitEvent(compute, slots_[slot].copied.get(), 0));
+  // The batch's copy is queued (a wait only if its samples took longer than the last step), and step + 1's staging
+  // starts: it runs beside this whole step, the all-reduces included.
+  const BatchStats batch = prefetcher_->take(step);
+  cudaCheck(cudaStreamWaitEvent(compute, copied_[slot].get(), 0));
   const cudaEvent_t data_end = mark();
 
   workload_->zero_grad();  // counted in forward
@@ -217,7 +214,6 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   }
   reducer_->wait_all();
   agreement_.start(loss_finite);
-  if (step + 1 < config_.steps) stage(step + 1);
 
   // The host's wait before the update: stopping or skipping is decided on the host, from the buckets' flags.
   reducer_->finish_step(t_start - t0_ms);

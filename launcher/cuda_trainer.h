@@ -9,13 +9,13 @@
 #include <mpi.h>
 
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/stream_allreduce.h"
 #include "comm/reducer_cuda.h"
+#include "launcher/batch_prefetcher.h"
 #include "launcher/cuda_workload.h"
 #include "launcher/step_runner.h"
 #include "launcher/train_config.h"
@@ -53,15 +53,7 @@ class CudaTrainer final : public StepRunner {
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }
   };
-  // A staging slot of the workload: the step it holds, the helper thread that fills it and queues its copy, and
-  // the copy's end.
-  struct Slot {
-    std::unique_ptr<CUevent_st, EventDestroy> copied;  // on the copy stream
-    int64_t step = -1;
-    std::future<BatchStats> staged;
-  };
-
-  void stage(int64_t step);
+  BatchStats stage(int64_t step);
   std::string first_nonfinite_gradient(int bucket) const;
   std::vector<float> download(const float* device, int64_t n) const;
 
@@ -78,8 +70,10 @@ class CudaTrainer final : public StepRunner {
   float *m_ = nullptr, *v_ = nullptr;
   std::unique_ptr<void, CudaFree> extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
   size_t extra_count_ = 0;
-  int adam_steps_ = 0;                // updates made (a skipped step makes none), AdamW's t
-  Slot slots_[CudaWorkload::kSlots];  // step s uses slot s % 2 (after the workload: its helper threads use it)
+  int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
+  // Per staging slot of the workload (step s uses slot s % 2): the end of its copy to the device, on the copy stream.
+  std::unique_ptr<CUevent_st, EventDestroy> copied_[CudaWorkload::kSlots];
+  std::unique_ptr<BatchPrefetcher> prefetcher_;  // stages step s + 1 while step s runs (after what it uses)
 };
 
 }  // namespace ddplab
