@@ -168,6 +168,12 @@ void NcclAllreduce::synchronize() {
   }
 }
 
+bool NcclAllreduce::idle() {
+  const cudaError_t done = cudaStreamQuery(stream_);
+  if (done != cudaSuccess && done != cudaErrorNotReady) failed_ = true;
+  return !failed_ && done == cudaSuccess;
+}
+
 float NcclAllreduce::last_elapsed_ms() {
   if (records_.empty()) throw std::logic_error("NcclAllreduce::last_elapsed_ms: no allreduce_async since begin_step");
   const AllreduceEvents& ev = records_.back().events;

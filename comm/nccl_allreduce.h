@@ -78,6 +78,7 @@ class NcclAllreduce final : public StreamAllreduce {
   // Recycles every pooled event and clears records(): call once per step, after its timings have been resolved.
   // (Re-recording an event still pending is legal; earlier waits on it keep what they captured.)
   void begin_step() override;
+  bool idle() override;
 
   // start -> end of the most recent call; synchronizes on its end event. Throws if there has been no call.
   float last_elapsed_ms();

@@ -255,6 +255,14 @@ void RingAllreduceCuda::synchronize() {
   memory_->synchronize();
 }
 
+bool RingAllreduceCuda::idle() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_ || completed_ != launched_) return false;
+  }
+  return cudaStreamQuery(stream_) == cudaSuccess;
+}
+
 cudaEvent_t RingAllreduceCuda::mark(cudaStream_t stream) {
   cudaEvent_t e = events_.get();
   cudaCheck(cudaEventRecord(e, stream));

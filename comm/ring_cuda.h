@@ -97,6 +97,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
   void synchronize() override;
   cudaEvent_t mark(cudaStream_t stream) override;
   void begin_step() override { events_.reset(); }
+  bool idle() override;
 
   // out = sum over ranks of in (out == in: in place) on the calling thread, and waits for it: for benchmarks and
   // tests, never while asynchronous all-reduces are in flight.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_allreduce.h"
@@ -77,9 +78,20 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
   prefetcher_ = std::make_unique<BatchPrefetcher>([this](int64_t step) { return stage(step); }, config.steps);
 }
 
+// Members go in reverse order of declaration: the prefetcher, the engine, then what they used. Only the unwinding
+// of an error towards the program's edge (main.cpp), which ends the job, needs more: with communication in flight,
+// peers may never answer (the engine would wait for them) and the comm thread and the GPU may still write the
+// gradients and flags (freeing them could corrupt memory). Then everything the engine may touch stays allocated.
 CudaTrainer::~CudaTrainer() {
   prefetcher_.reset();  // a prefetch may still be filling the pinned slots and queuing their copy
   if (copy_) cudaStreamSynchronize(copy_.get());
+  if (std::uncaught_exceptions() > 0 && engine_ && !engine_->idle()) {
+    engine_.release();
+    reducer_.release();
+    workload_.release();
+    moments_.release();
+    extra_buffer_.release();
+  }
 }
 
 std::string CudaTrainer::piece_name(const GradPiece& piece) const {

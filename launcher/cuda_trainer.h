@@ -61,8 +61,6 @@ class CudaTrainer final : public StepRunner {
   int rank_ = 0, world_ = 1;
   StepAgreement agreement_;            // the per-step stop/finite agreement, and --check-sync's communicator
   std::pair<int, int> profile_steps_;  // --profile-steps A:B, or {-1, -1}
-  // NCCL's all-reduce or our ring (--comm), created before the streams: its constructor selects this rank's device.
-  std::unique_ptr<cuda::StreamAllreduce> engine_;
   std::unique_ptr<CUstream_st, StreamDestroy> compute_, copy_;
   std::unique_ptr<CudaWorkload> workload_;
   std::unique_ptr<cuda::CudaReducer> reducer_;
@@ -73,7 +71,12 @@ class CudaTrainer final : public StepRunner {
   int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
   // Per staging slot of the workload (step s uses slot s % 2): the end of its copy to the device, on the copy stream.
   std::unique_ptr<CUevent_st, EventDestroy> copied_[CudaWorkload::kSlots];
-  std::unique_ptr<BatchPrefetcher> prefetcher_;  // stages step s + 1 while step s runs (after what it uses)
+  // NCCL's all-reduce or our ring (--comm), created first (its constructor selects this rank's device) and declared
+  // late, so that it is destroyed early: its comm thread and stream stop before the gradients, the reducer's flags
+  // and the events they write go.
+  std::unique_ptr<cuda::StreamAllreduce> engine_;
+  // Stages step s + 1 while step s runs; destroyed first: its worker uses the workload, the copy stream, the engine.
+  std::unique_ptr<BatchPrefetcher> prefetcher_;
 };
 
 }  // namespace ddplab
