@@ -110,6 +110,13 @@ std::vector<float> CudaTrainer::download(const float* device, int64_t n) const {
   return host;
 }
 
+// On the compute stream, which is non-blocking: a plain cudaMemcpy (the legacy stream) would not be ordered with
+// the steps' kernels, and from pageable memory it returns before the data has arrived.
+void CudaTrainer::upload(float* device, const std::vector<float>& host) {
+  cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, compute_.get()));
+  cudaCheck(cudaStreamSynchronize(compute_.get()));  // `host` may go right after
+}
+
 std::vector<float> CudaTrainer::parameters() const {
   return download(workload_->flat_params(), workload_->flat_size());
 }
@@ -128,10 +135,7 @@ CheckpointInfo CudaTrainer::read_checkpoint(const std::string& path) {
   std::vector<float> params = parameters();
   Optimizer<float> optimizer(config_.optimizer, n);
   const CheckpointInfo info = load_checkpoint(path, workload_->parameters(), params.data(), optimizer);
-  const auto upload = [n](float* device, const std::vector<float>& host) {
-    cudaCheck(cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  };
-  upload(workload_->flat_params(), params);  // the bf16 copy is made from these at every forward
+  upload(workload_->flat_params(), params);  // the bf16 copy is remade from these before the next forward
   upload(m_, optimizer.first_moment());
   upload(v_, optimizer.second_moment());
   adam_steps_ = optimizer.steps_taken();

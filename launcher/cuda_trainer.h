@@ -56,6 +56,7 @@ class CudaTrainer final : public StepRunner {
   BatchStats stage(int64_t step);
   std::string first_nonfinite_gradient(int bucket) const;
   std::vector<float> download(const float* device, int64_t n) const;
+  void upload(float* device, const std::vector<float>& host);
 
   TrainConfig config_;
   int rank_ = 0, world_ = 1;

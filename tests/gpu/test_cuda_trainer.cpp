@@ -345,6 +345,36 @@ TEST_F(CudaTrainerTest, LabPathologiesShowInTheirPhases) {
   }
 }
 
+// A run resumed from a checkpoint continues bit for bit as if it had not stopped: the master weights and AdamW's
+// moments go back to the device in order with the steps (on the compute stream), and in bf16 the weights' bf16 copy
+// is remade from them rather than kept from before the resume.
+TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = small_config();
+    c.precision = precision;
+    const int stop = 3;
+    std::vector<float> straight;
+    {
+      CudaTrainer trainer(c, MPI_COMM_WORLD);
+      for (int step = 0; step < c.steps; ++step) trainer.step(step, 0);
+      straight = trainer.parameters();
+    }
+    const std::string path =
+        testing::TempDir() + "resume_" + precision + "_rank" + std::to_string(world_rank()) + ".h5";
+    {
+      CudaTrainer first(c, MPI_COMM_WORLD);
+      for (int step = 0; step < stop; ++step) first.step(step, 0);
+      first.write_checkpoint(path, /*force=*/true, CheckpointInfo{stop, "{}", "", ""});
+    }
+    CudaTrainer resumed(c, MPI_COMM_WORLD);
+    EXPECT_EQ(resumed.read_checkpoint(path).step, stop);
+    for (int step = stop; step < c.steps; ++step) resumed.step(step, 0);
+    EXPECT_EQ(max_abs_diff(resumed.parameters(), straight), 0.0) << "the resumed run must continue bit for bit";
+    std::remove(path.c_str());
+  }
+}
+
 // A NaN in one rank's gradient stops every rank before the update; with --skip-nonfinite every rank skips the
 // update instead and training goes on.
 TEST_F(CudaTrainerTest, NonFiniteGradientStopsOrSkipsOnEveryRank) {
