@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/mpi_init.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "bench/allreduce_perf_nccl.h"
 #endif
@@ -388,8 +389,7 @@ int run(int argc, char** argv, int rank, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  ddplab::init_mpi_multithreaded(&argc, &argv, "allreduce_perf");  // the GPU ring runs a comm thread
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);

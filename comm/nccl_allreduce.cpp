@@ -159,13 +159,23 @@ void NcclAllreduce::synchronize() {
   for (;;) {
     const cudaError_t done = cudaStreamQuery(stream_);
     if (done != cudaErrorNotReady) cudaCheck(done);
-    ncclResult_t async = ncclSuccess;
-    ncclCheck(ncclCommGetAsyncError(comm_, &async));
-    if (async != ncclSuccess) failed_ = true;
-    ncclCheck(async);
+    check_async_error();
     if (done == cudaSuccess) return;
     std::this_thread::sleep_for(std::chrono::microseconds(20));  // short against a bucket's all-reduce
   }
+}
+
+bool NcclAllreduce::idle() {
+  const cudaError_t done = cudaStreamQuery(stream_);
+  if (done != cudaSuccess && done != cudaErrorNotReady) failed_ = true;
+  return !failed_ && done == cudaSuccess;
+}
+
+void NcclAllreduce::check_async_error() {
+  ncclResult_t async = ncclSuccess;
+  ncclCheck(ncclCommGetAsyncError(comm_, &async));
+  if (async != ncclSuccess) failed_ = true;
+  ncclCheck(async);
 }
 
 float NcclAllreduce::last_elapsed_ms() {

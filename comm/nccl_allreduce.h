@@ -69,6 +69,10 @@ class NcclAllreduce final : public StreamAllreduce {
   // inside CUDA, so an error (a peer died) is seen while waiting, and the watchdog (comm/watchdog.h) names the wait
   // and, past --timeout-s, aborts the NCCL communicator before the job.
   void synchronize() override;
+  // Throws NCCL's reason if the communicator reported an asynchronous error (a peer died, a network fault), and
+  // marks it failed, so that the destructor aborts it: the check a host that polls a stream with NCCL work on it
+  // makes between polls (synchronize, and our ring over NCCL send/recv).
+  void check_async_error();
 
   // A timing-enabled event from the pool recorded on `stream` now, e.g. at step start on the compute stream, the
   // origin against which the Reducer resolves ready/start/end. Valid until begin_step().
@@ -78,6 +82,7 @@ class NcclAllreduce final : public StreamAllreduce {
   // Recycles every pooled event and clears records(): call once per step, after its timings have been resolved.
   // (Re-recording an event still pending is legal; earlier waits on it keep what they captured.)
   void begin_step() override;
+  bool idle() override;
 
   // start -> end of the most recent call; synchronizes on its end event. Throws if there has been no call.
   float last_elapsed_ms();

@@ -11,8 +11,9 @@
 //     the scale is free there; it folds in the micro-batch count, which ncclAvg cannot; and it is the CPU
 //     Reducer's arithmetic (sum, then one multiply), so both paths round alike.
 //   - wait_all makes the compute stream wait for the comm stream (on the device); the flags' copy to pinned host
-//     memory rides behind the last bucket; finish_step, after the step, is the only host wait: it polls the
-//     comm stream (watchdog-named), then resolves the timings from CUDA events and reads the flags.
+//     memory rides behind the last bucket; finish_step, after the step, is the host's wait for the comm stream
+//     (watchdog-named), then resolves the timings from CUDA events and reads the flags. (Our ring's ipc and host
+//     links also hold the host in wait_all: see there.)
 //
 // Not thread-safe; the current device must be the engine's. Plain C++ (no kernels of its own).
 #pragma once
@@ -48,7 +49,9 @@ class CudaReducer {
   // Backward's hook: gradient piece `piece` (ready order) is final once `ready`, on the compute stream, is reached.
   void mark_ready(int piece, cudaEvent_t ready);
   // Launches the buckets not yet launched (overlap off: all), then makes the compute stream wait for every bucket.
-  // Returns at once.
+  // With NCCL it returns at once; with our ring it first waits for the comm thread to queue every bucket, and over
+  // the ipc and host links, whose exchanges block that thread until each ring step's copies are done, that is until
+  // the all-reduces are all but finished (RingAllreduceCuda::wait). Work the host must overlap with them goes first.
   void wait_all();
   // The host waits for the comm stream (throws on a communication error), then resolves bucket_times() as origin_ms plus
   // the milliseconds since the origin event, and first_nonfinite_bucket().

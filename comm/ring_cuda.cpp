@@ -52,6 +52,7 @@ void CudaStreamMemory::synchronize() {
     const cudaError_t done = cudaStreamQuery(stream_);
     if (done == cudaSuccess) return;
     if (done != cudaErrorNotReady) cudaCheck(done);
+    if (check_) check_();
     std::this_thread::sleep_for(std::chrono::microseconds(5));  // a ring step moves one chunk: short waits
   }
 }
@@ -107,7 +108,9 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   cudaCheck(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));  // as NCCL's comm stream
   nvtxNameCudaStreamA(stream_, "ddplab comm (ring)");
   cudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-  memory_ = std::make_unique<CudaStreamMemory>(stream_);
+  std::function<void()> check;
+  if (nccl_) check = [nccl = nccl_.get()] { nccl->check_async_error(); };  // NCCL's kernels may wait on a dead peer
+  memory_ = std::make_unique<CudaStreamMemory>(stream_, std::move(check));
   void* p = nullptr;
   cudaCheck(cudaMalloc(&p, bytes));
   reduce_staging_.reset(p);
@@ -253,6 +256,14 @@ void RingAllreduceCuda::wait(cudaStream_t compute_stream) {
 void RingAllreduceCuda::synchronize() {
   wait_for_jobs("the GPU ring's comm thread to queue every bucket");
   memory_->synchronize();
+}
+
+bool RingAllreduceCuda::idle() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_ || completed_ != launched_) return false;
+  }
+  return cudaStreamQuery(stream_) == cudaSuccess;
 }
 
 cudaEvent_t RingAllreduceCuda::mark(cudaStream_t stream) {

@@ -16,10 +16,12 @@
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "comm/ring_device.h"
 #include "comm/stream_allreduce.h"
@@ -38,16 +40,19 @@ RingLinkKind parse_ring_link(const std::string& name);
 const char* ring_link_name(RingLinkKind kind);
 
 // RingMemory on a CUDA stream: cudaMemcpyAsync and the add kernel are enqueued; synchronize() polls the stream
-// (a watchdog-named wait, so a stuck GPU is reported like a stuck peer).
+// (a watchdog-named wait, so a stuck GPU is reported like a stuck peer), calling check() between polls: over the
+// NCCL link, NCCL's asynchronous error, so that a dead peer fails the wait with NCCL's reason instead of hanging.
 class CudaStreamMemory final : public RingMemory {
  public:
-  explicit CudaStreamMemory(cudaStream_t stream) : stream_(stream) {}
+  explicit CudaStreamMemory(cudaStream_t stream, std::function<void()> check = nullptr)
+      : stream_(stream), check_(std::move(check)) {}
   void copy(void* dst, const void* src, size_t bytes) override;
   void add(float* out, const float* a, const float* b, size_t count) override;
   void synchronize() override;
 
  private:
   cudaStream_t stream_;
+  std::function<void()> check_;
 };
 
 // One ring step as a group of ncclSend to next and ncclRecv from prev, on the stream.
@@ -97,6 +102,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
   void synchronize() override;
   cudaEvent_t mark(cudaStream_t stream) override;
   void begin_step() override { events_.reset(); }
+  bool idle() override;
 
   // out = sum over ranks of in (out == in: in place) on the calling thread, and waits for it: for benchmarks and
   // tests, never while asynchronous all-reduces are in flight.

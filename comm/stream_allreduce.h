@@ -49,6 +49,9 @@ class StreamAllreduce {
   virtual cudaEvent_t mark(cudaStream_t stream) = 0;
   // Recycles the pooled events: once per step, after its timings have been resolved.
   virtual void begin_step() = 0;
+  // Nothing launched is still queued or running and nothing failed, so destroying the engine now waits for no peer
+  // and leaves no work on the buffers it was given. Does not block.
+  virtual bool idle() = 0;
 };
 
 // Timing events handed out per step and recycled by reset(), so a step creates none. Not thread-safe.

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "git_commit.h"
+#include "comm/mpi_init.h"
 #include "launcher/cli.h"
 #include "comm/watchdog.h"
 #include "record/errors.h"
@@ -64,8 +65,7 @@ int run_devices() {
 int main(int argc, char** argv) {
   using namespace ddplab;
   select_blas_kernels(argv);
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  init_mpi_multithreaded(&argc, &argv, "ddplab");  // exits 2, with the reason, below MPI_THREAD_MULTIPLE
   watchdog::name_thread("main thread");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

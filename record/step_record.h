@@ -54,6 +54,17 @@ inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 18> kS
     {"skipped", &StepRecord::skipped},
 }};
 
+// The phases that tile step_ms, in step order: each runner reads one clock at every boundary between two of them, so
+// they add up to step_ms up to rounding.
+inline constexpr std::array<double StepRecord::*, 8> kStepPhases = {
+    &StepRecord::data_ms,      &StepRecord::forward_ms,    &StepRecord::backward_ms,  &StepRecord::exposed_comm_ms,
+    &StepRecord::optimizer_ms, &StepRecord::extra_comm_ms, &StepRecord::host_work_ms, &StepRecord::barrier_ms};
+inline double sum_of_phases(const StepRecord& r) {
+  double sum = 0;
+  for (double StepRecord::*phase : kStepPhases) sum += r.*phase;
+  return sum;
+}
+
 // The unit of a field of kStepFields, as the run file records it.
 inline const char* step_field_units(const std::string& name) {
   if (name == "loss") return "nats";

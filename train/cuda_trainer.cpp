@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_allreduce.h"
@@ -15,6 +16,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/nvtx.h"
+#include "train/cuda_step_phases.h"
 #include "train/trainer.h"
 #include "train/workload.h"
 
@@ -67,18 +69,29 @@ CudaTrainer::CudaTrainer(const TrainConfig& config, MPI_Comm comm)
     extra_buffer_.reset(memory);
     cudaCheck(cudaMemsetAsync(memory, 0, extra_count_ * sizeof(float), compute_.get()));
   }
-  for (Slot& slot : slots_) {
+  for (auto& copied : copied_) {
     cudaEvent_t e = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
-    slot.copied.reset(e);
+    copied.reset(e);
   }
   cudaCheck(cudaStreamSynchronize(compute_.get()));
+  prefetcher_ = std::make_unique<BatchPrefetcher>([this](int64_t step) { return stage(step); }, config.steps);
 }
 
+// Members go in reverse order of declaration: the prefetcher, the engine, then what they used. Only the unwinding
+// of an error towards the program's edge (main.cpp), which ends the job, needs more: with communication in flight,
+// peers may never answer (the engine would wait for them) and the comm thread and the GPU may still write the
+// gradients and flags (freeing them could corrupt memory). Then everything the engine may touch stays allocated.
 CudaTrainer::~CudaTrainer() {
-  for (Slot& slot : slots_)  // a prefetch may still be filling or copying the pinned buffers
-    if (slot.staged.valid()) slot.staged.wait();
+  prefetcher_.reset();  // a prefetch may still be filling the pinned slots and queuing their copy
   if (copy_) cudaStreamSynchronize(copy_.get());
+  if (std::uncaught_exceptions() > 0 && engine_ && !engine_->idle()) {
+    engine_.release();
+    reducer_.release();
+    workload_.release();
+    moments_.release();
+    extra_buffer_.release();
+  }
 }
 
 std::string CudaTrainer::piece_name(const GradPiece& piece) const {
@@ -95,6 +108,13 @@ std::vector<float> CudaTrainer::download(const float* device, int64_t n) const {
   cudaCheck(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, compute_.get()));
   cudaCheck(cudaStreamSynchronize(compute_.get()));
   return host;
+}
+
+// On the compute stream, which is non-blocking: a plain cudaMemcpy (the legacy stream) would not be ordered with
+// the steps' kernels, and from pageable memory it returns before the data has arrived.
+void CudaTrainer::upload(float* device, const std::vector<float>& host) {
+  cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, compute_.get()));
+  cudaCheck(cudaStreamSynchronize(compute_.get()));  // `host` may go right after
 }
 
 std::vector<float> CudaTrainer::parameters() const {
@@ -115,33 +135,27 @@ CheckpointInfo CudaTrainer::read_checkpoint(const std::string& path) {
   std::vector<float> params = parameters();
   Optimizer<float> optimizer(config_.optimizer, n);
   const CheckpointInfo info = load_checkpoint(path, workload_->parameters(), params.data(), optimizer);
-  const auto upload = [n](float* device, const std::vector<float>& host) {
-    cudaCheck(cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  };
-  upload(workload_->flat_params(), params);  // the bf16 copy is made from these at every forward
+  upload(workload_->flat_params(), params);  // the bf16 copy is remade from these before the next forward
   upload(m_, optimizer.first_moment());
   upload(v_, optimizer.second_moment());
   adam_steps_ = optimizer.steps_taken();
   return info;
 }
 
-// On a helper thread, so that generating the samples overlaps the device's work (at the MLP's default sizes it
-// takes longer than a GPU step): the workload fills `step`'s slot and queues its copy on the copy stream. The slot's
-// last reader, step - 2, is complete: every step ends with the host waiting for the compute stream, which waited
-// for that copy. The lab's input pipeline (--data-cost-ms per sample, a sleep as on the CPU) is paid here too,
-// divided by --loader-threads: T workers deliver batches T times as fast. Hidden while it is shorter than a step;
-// beyond that the step waits in its data phase (the data-bound case).
-void CudaTrainer::stage(int64_t step) {
-  const int index = static_cast<int>(step % CudaWorkload::kSlots);
-  Slot& slot = slots_[index];
-  slot.step = step;
-  slot.staged = std::async(std::launch::async, [this, &slot, index, step] {
-    cudaCheck(cudaSetDevice(engine_->device()));  // a new thread starts on device 0
-    const BatchStats stats = workload_->stage(index, step, copy_.get());
-    sleep_ms(config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1));
-    cudaCheck(cudaEventRecord(slot.copied.get(), copy_.get()));
-    return stats;
-  });
+// On the prefetcher's worker, while the previous step runs, so that generating the samples overlaps the device's
+// work (at the MLP's default sizes it takes longer than a GPU step): the workload fills `step`'s slot and queues its
+// copy on the copy stream. The slot's last reader, step - 2, is complete: the prefetcher is handed step once step - 1
+// has begun, and every step ends with the host waiting for the compute stream, which waited for that copy. The lab's
+// input pipeline (--data-cost-ms per sample, a sleep as on the CPU) is paid here too, divided by --loader-threads: T
+// workers deliver batches T times as fast. Hidden while it is shorter than a step; beyond that the step waits in its
+// data phase (the data-bound case).
+BatchStats CudaTrainer::stage(int64_t step) {
+  const int slot = static_cast<int>(step % CudaWorkload::kSlots);
+  cudaCheck(cudaSetDevice(engine_->device()));  // the worker thread started on device 0
+  const BatchStats stats = workload_->stage(slot, step, copy_.get());
+  sleep_ms(config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1));
+  cudaCheck(cudaEventRecord(copied_[slot].get(), copy_.get()));
+  return stats;
 }
 
 // The name of the first gradient piece of `bucket` holding a NaN or Inf (a rare path: the bucket is downloaded).
@@ -186,10 +200,10 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   // in the all-reduces.
   if (rank_ == config_.slow_rank) sleep_ms(config_.straggler_ms * micro_batches);
   const int slot = static_cast<int>(step % CudaWorkload::kSlots);
-  if (slots_[slot].step != step) stage(step);  // not prefetched: the first step
-  // The copy is queued (a wait only if the samples took longer than a step).
-  const BatchStats batch = slots_[slot].staged.get();
-  cudaCheck(cudaStreamWaitEvent(compute, slots_[slot].copied.get(), 0));
+  // The batch's copy is queued (a wait only if its samples took longer than the last step), and step + 1's staging
+  // starts: it runs beside this whole step, the all-reduces included.
+  const BatchStats batch = prefetcher_->take(step);
+  cudaCheck(cudaStreamWaitEvent(compute, copied_[slot].get(), 0));
   const cudaEvent_t data_end = mark();
 
   workload_->zero_grad();  // counted in forward
@@ -216,7 +230,6 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   }
   reducer_->wait_all();
   agreement_.start(loss_finite);
-  if (step + 1 < config_.steps) stage(step + 1);
 
   // The host's wait before the update: stopping or skipping is decided on the host, from the buckets' flags.
   reducer_->finish_step(t_start - t0_ms);
@@ -259,27 +272,19 @@ StepRecord CudaTrainer::run_step(int step, double t0_ms) {
   }
   const double t_end = now_ms();
 
-  // Device phases from the compute stream's events; the update, --check-sync and the final wait are the rest.
+  // The record: device phases from the compute stream's events, the rest from the host's clock.
   const auto at = [&](cudaEvent_t e) { return static_cast<double>(cuda::elapsed_ms(origin, e)); };
-  r.start_ms = t_start - t0_ms;
-  r.step_ms = t_end - t_start;
-  r.data_ms = at(data_end);
-  double previous = r.data_ms;
+  CudaStepClock clock{t_start, t_optimized, t_extra, t_work, t_end, at(data_end), {}, {}, at(optimizer_start)};
   for (int m = 0; m < micro_batches; ++m) {
-    r.forward_ms += at(forward_end[m]) - previous;
-    r.backward_ms += at(backward_end[m]) - at(forward_end[m]);
-    previous = at(backward_end[m]);
+    clock.forward_end.push_back(at(forward_end[m]));
+    clock.backward_end.push_back(at(backward_end[m]));
   }
-  r.exposed_comm_ms = at(optimizer_start) - previous;  // waiting for the buckets, and for the host's verdict on them
-  r.optimizer_ms = (t_optimized - t_start) - at(optimizer_start);
-  r.extra_comm_ms = t_extra - t_optimized;
-  r.host_work_ms = t_work - t_extra;
-  r.barrier_ms = t_end - t_work;
+  set_cuda_step_phases(r, clock, t0_ms);
   r.samples = batch.samples;
   r.useful_tokens = batch.useful_tokens;
   r.padded_tokens = batch.padded_tokens;
   r.max_len = batch.max_len;
-  add_comm_times(r, bucket_times(), r.start_ms + at(forward_end.back()), r.start_ms + previous);
+  add_comm_times(r, bucket_times(), r.start_ms + clock.forward_end.back(), r.start_ms + clock.backward_end.back());
   return r;
 }
 

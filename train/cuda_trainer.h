@@ -9,13 +9,13 @@
 #include <mpi.h>
 
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/stream_allreduce.h"
 #include "comm/reducer_cuda.h"
+#include "train/batch_prefetcher.h"
 #include "train/cuda_workload.h"
 #include "train/step_runner.h"
 #include "train/train_config.h"
@@ -53,24 +53,15 @@ class CudaTrainer final : public StepRunner {
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }
   };
-  // A staging slot of the workload: the step it holds, the helper thread that fills it and queues its copy, and
-  // the copy's end.
-  struct Slot {
-    std::unique_ptr<CUevent_st, EventDestroy> copied;  // on the copy stream
-    int64_t step = -1;
-    std::future<BatchStats> staged;
-  };
-
-  void stage(int64_t step);
+  BatchStats stage(int64_t step);
   std::string first_nonfinite_gradient(int bucket) const;
   std::vector<float> download(const float* device, int64_t n) const;
+  void upload(float* device, const std::vector<float>& host);
 
   TrainConfig config_;
   int rank_ = 0, world_ = 1;
   StepAgreement agreement_;            // the per-step stop/finite agreement, and --check-sync's communicator
   std::pair<int, int> profile_steps_;  // --profile-steps A:B, or {-1, -1}
-  // NCCL's all-reduce or our ring (--comm), created before the streams: its constructor selects this rank's device.
-  std::unique_ptr<cuda::StreamAllreduce> engine_;
   std::unique_ptr<CUstream_st, StreamDestroy> compute_, copy_;
   std::unique_ptr<CudaWorkload> workload_;
   std::unique_ptr<cuda::CudaReducer> reducer_;
@@ -78,8 +69,15 @@ class CudaTrainer final : public StepRunner {
   float *m_ = nullptr, *v_ = nullptr;
   std::unique_ptr<void, CudaFree> extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
   size_t extra_count_ = 0;
-  int adam_steps_ = 0;                // updates made (a skipped step makes none), AdamW's t
-  Slot slots_[CudaWorkload::kSlots];  // step s uses slot s % 2 (after the workload: its helper threads use it)
+  int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
+  // Per staging slot of the workload (step s uses slot s % 2): the end of its copy to the device, on the copy stream.
+  std::unique_ptr<CUevent_st, EventDestroy> copied_[CudaWorkload::kSlots];
+  // NCCL's all-reduce or our ring (--comm), created first (its constructor selects this rank's device) and declared
+  // late, so that it is destroyed early: its comm thread and stream stop before the gradients, the reducer's flags
+  // and the events they write go.
+  std::unique_ptr<cuda::StreamAllreduce> engine_;
+  // Stages step s + 1 while step s runs; destroyed first: its worker uses the workload, the copy stream, the engine.
+  std::unique_ptr<BatchPrefetcher> prefetcher_;
 };
 
 }  // namespace ddplab

@@ -17,8 +17,9 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
 # come without NCCL), take them from the Python wheel nvidia-nccl-cu13 (nvidia/nccl/{include,lib}), which ships only
 # libnccl.so.2: name the files outright. Asked of python3 before LD_LIBRARY_PATH changes below.
 _cuda=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
-if ! ls "$_cuda"/include/nccl.h /usr/include/nccl.h >/dev/null 2>&1 || ! ls "$_cuda"/lib*/libnccl.so \
-     /usr/lib/x86_64-linux-gnu/libnccl.so >/dev/null 2>&1; then
+_any() { local f; for f; do [ -e "$f" ] && return 0; done; return 1; }  # one of the paths exists
+if ! _any "$_cuda"/include/nccl.h /usr/include/nccl.h ||
+   ! _any "$_cuda"/lib*/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so; then
   _nccl=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   if [ -f "$_nccl/include/nccl.h" ] && [ -f "$_nccl/lib/libnccl.so.2" ]; then
     DDPLAB_CMAKE_ARGS="-DNCCL_INCLUDE_DIR=$_nccl/include -DNCCL_LIBRARY=$_nccl/lib/libnccl.so.2"
@@ -62,3 +63,4 @@ export OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_mtl='^ofi' OMPI_MCA_bt
 # path moves its data with NCCL, so only host-side MPI messages take the extra copy.
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 unset _a _i _cuda _nccl _used _sys _f _n
+unset -f _any

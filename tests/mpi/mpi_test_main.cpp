@@ -1,10 +1,13 @@
 // GoogleTest main for tests launched by mpirun: every rank runs every test; a failure on any rank makes that
 // rank exit non-zero, which makes mpirun (and so ctest) fail. Only rank 0 prints the test listing; other
-// ranks print only failures, prefixed by their rank.
+// ranks print only failures, prefixed by their rank. MPI starts at MPI_THREAD_MULTIPLE, as in the ddplab binary
+// (comm/mpi_init.h); a library that gives less ends the test with exit code 2 and the reason.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
+
+#include "comm/mpi_init.h"
 
 namespace {
 
@@ -24,7 +27,8 @@ class FailuresOnly : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // The code under test runs communication threads beside the main thread: the same level as the ddplab binary.
+  ddplab::init_mpi_multithreaded(&argc, &argv, argv[0]);
   testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

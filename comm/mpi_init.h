@@ -1,0 +1,56 @@
+// MPI start-up for every ddplab program that runs our communication threads: the ddplab binary, the MPI tests' main,
+// allreduce_perf. ddplab calls MPI from several threads at once — a reducer's comm thread (comm/reducer.h) or the
+// GPU ring's (comm/ring_cuda.h) exchanges buckets while the main thread runs the step's agreement (MPI_Iallreduce),
+// and the watchdog's thread may call MPI_Abort — so it needs MPI_THREAD_MULTIPLE. Below that level concurrent calls
+// are undefined behaviour (mixed-up messages, hangs), never an error code, so a library that gives less is refused
+// at start, before any work.
+#pragma once
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace ddplab {
+
+inline const char* mpi_thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+// "" when `provided` (MPI_Init_thread's answer) lets several threads call MPI at once, else why not, in one line.
+inline std::string mpi_thread_level_shortfall(int provided) {
+  if (provided >= MPI_THREAD_MULTIPLE) return "";
+  return std::string("the MPI library provides ") + mpi_thread_level_name(provided) +
+         ", but ddplab's communication threads call MPI beside the main thread and need MPI_THREAD_MULTIPLE: "
+         "use an MPI library built with thread support (Open MPI >= 3 and MPICH have it by default)";
+}
+
+// After MPI_Init_thread: every rank learns the lowest level any rank got (so none goes on while another stops);
+// below MPI_THREAD_MULTIPLE, rank 0 prints "<program>: error: <reason>" and every rank finalizes MPI and exits 2.
+inline void require_mpi_thread_multiple(int provided, const char* program) {
+  int lowest = provided;
+  MPI_Allreduce(&provided, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  const std::string shortfall = mpi_thread_level_shortfall(lowest);
+  if (shortfall.empty()) return;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, shortfall.c_str());
+  std::fflush(stderr);
+  MPI_Finalize();
+  std::exit(2);
+}
+
+// MPI_Init_thread asking for MPI_THREAD_MULTIPLE, then require_mpi_thread_multiple.
+inline void init_mpi_multithreaded(int* argc, char*** argv, const char* program) {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  require_mpi_thread_multiple(provided, program);
+}
+
+}  // namespace ddplab
