@@ -203,14 +203,12 @@ std::string bucket_contents(const StepRunner& runner, const Bucket& bucket) {
   return text;
 }
 
-// The step runner --device asks for; `comm` receives the CPU path's communicator, which must outlive the runner.
-std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, MPI_Comm world,
-                                             std::unique_ptr<Communicator>& comm) {
+// The step runner --device asks for.
+std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, MPI_Comm world) {
 #ifdef DDPLAB_HAVE_CUDA
   if (config.device == "cuda") return std::make_unique<CudaTrainer>(config, world);
 #endif
-  comm = std::make_unique<Communicator>(world, comm_options(config));
-  return std::make_unique<Trainer>(config, *comm);
+  return std::make_unique<Trainer>(config, world);
 }
 
 }  // namespace
@@ -280,8 +278,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   if (!error.empty()) throw UsageError(error);
 
   RunResult result;
-  std::unique_ptr<Communicator> comm;
-  const std::unique_ptr<StepRunner> runner = make_step_runner(config, world, comm);
+  const std::unique_ptr<StepRunner> runner = make_step_runner(config, world);
   const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *runner);
   RunMetadata meta;
   meta.first_step = first_step;

@@ -15,14 +15,6 @@
 
 namespace ddplab {
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void sleep_ms(double ms) {
-  if (ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-}
-
 StepAgreement::StepAgreement(MPI_Comm comm) {
   mpiCheck(MPI_Comm_dup(comm, &comm_));
   mpiCheck(MPI_Comm_rank(comm_, &rank_));

@@ -11,6 +11,7 @@
 #include "comm/reducer.h"
 #include "record/checkpoint.h"
 #include "record/step_record.h"
+#include "train/clock.h"
 #include "train/train_config.h"
 #include "model/parameters.h"
 
@@ -72,11 +73,6 @@ class StepAgreement {
   int mine_[2] = {0, 0}, result_[2] = {0, 0};
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
-
-// Milliseconds on the monotonic clock.
-double now_ms();
-// The lab's emulated costs (input, straggler, rank-0 work) on either runner: a sleep of ms milliseconds, if positive.
-void sleep_ms(double ms);
 
 // Shared by the CPU and GPU step runners, so both follow the same rules (docs/RELIABILITY.md).
 // --fault hang|kill|throw, when this rank and step are the ones named (nan and diverge act inside the step).

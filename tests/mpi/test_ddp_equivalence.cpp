@@ -55,29 +55,26 @@ class DdpEquivalence : public testing::TestWithParam<Case> {};
 TEST_P(DdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   const auto [optimizer, comm_name] = GetParam();
   const TrainConfig config = small_config(optimizer, comm_name);
-  Communicator world(MPI_COMM_WORLD, parse_allreduce_impl(comm_name));
-  Trainer ddp(config, world);
+  Trainer ddp(config, MPI_COMM_WORLD);
 
   TrainConfig global = config;
   global.batch = config.batch * world_size();
-  Communicator self(MPI_COMM_SELF, parse_allreduce_impl(comm_name));
-  Trainer single(global, self);
+  Trainer single(global, MPI_COMM_SELF);
 
-  const int64_t n = ddp.workload().flat_size();
-  ASSERT_EQ(n, single.workload().flat_size());
+  const int64_t n = static_cast<int64_t>(ddp.parameters().size());
+  ASSERT_EQ(n, static_cast<int64_t>(single.parameters().size()));
   const double tol = std::strcmp(optimizer, "sgd") == 0 ? 1e-6 : 1e-5;
   for (int step = 0; step < config.steps; ++step) {
     const double ddp_loss = ddp.step(step, 0).loss;
     const double single_loss = single.step(step, 0).loss;
-    ASSERT_TRUE(identical_across_ranks(ddp.workload().flat_params(), n)) << "ranks diverged after step " << step;
+    ASSERT_TRUE(identical_across_ranks(ddp.parameters().data(), n)) << "ranks diverged after step " << step;
     // The mean over ranks of per-rank losses is the loss on the global batch.
     double loss_sum = 0;
     MPI_Allreduce(&ddp_loss, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     EXPECT_NEAR(loss_sum / world_size(), single_loss, 1e-5 * std::abs(single_loss)) << "step " << step;
   }
 
-  const float* a = ddp.workload().flat_params();
-  const float* b = single.workload().flat_params();
+  const std::vector<float> a = ddp.parameters(), b = single.parameters();
   double max_diff = 0;
   for (int64_t i = 0; i < n; ++i) max_diff = std::max(max_diff, std::abs(double(a[i]) - double(b[i])));
   if (world_size() == 1) {
@@ -86,9 +83,9 @@ TEST_P(DdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
     EXPECT_LE(max_diff, tol) << "parameters after " << config.steps << " steps";
   }
   // The test means something only if training moved the parameters by much more than the tolerance.
-  Trainer untrained(config, self);
+  const std::vector<float> init = Trainer(config, MPI_COMM_SELF).parameters();
   double moved = 0;
-  for (int64_t i = 0; i < n; ++i) moved = std::max(moved, std::abs(double(a[i]) - untrained.workload().flat_params()[i]));
+  for (int64_t i = 0; i < n; ++i) moved = std::max(moved, std::abs(double(a[i]) - init[i]));
   EXPECT_GT(moved, 10 * tol);
   if (world_rank() == 0)
     std::printf("  max |ddp - single| = %.3g (tol %.3g), max |trained - init| = %.3g\n", max_diff, tol, moved);
@@ -127,13 +124,12 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   c.steps = 5;
   c.optimizer.kind = "sgd";
   c.optimizer.lr = 0.1f;
-  Communicator world(MPI_COMM_WORLD, AllreduceImpl::kRing);
-  Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
+  c.comm = "ring";
   TrainConfig global = c;
   global.batch = static_cast<int>(c.batch * batches);
   global.max_tokens = c.max_tokens * batches;
   global.grad_accum = 1;
-  Trainer ddp(c, world), single(global, self);
+  Trainer ddp(c, MPI_COMM_WORLD), single(global, MPI_COMM_SELF);
   double samples = 0;
   for (int step = 0; step < c.steps; ++step) {
     const double mine = ddp.step(step, 0).samples;
@@ -143,14 +139,14 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
     samples += all;
   }
   EXPECT_GT(samples, static_cast<double>(c.epoch_size)) << "the run must cross the end of the epoch";
-  const int64_t n = ddp.workload().flat_size();
-  ASSERT_TRUE(identical_across_ranks(ddp.workload().flat_params(), n));
+  const std::vector<float> a = ddp.parameters(), b = single.parameters();
+  const int64_t n = static_cast<int64_t>(a.size());
+  ASSERT_TRUE(identical_across_ranks(a.data(), n));
   double max_diff = 0, moved = 0;
-  Trainer untrained(global, self);
-  const float *a = ddp.workload().flat_params(), *b = single.workload().flat_params();
+  const std::vector<float> init = Trainer(global, MPI_COMM_SELF).parameters();
   for (int64_t i = 0; i < n; ++i) {
     max_diff = std::max(max_diff, std::abs(double(a[i]) - b[i]));
-    moved = std::max(moved, std::abs(double(b[i]) - untrained.workload().flat_params()[i]));
+    moved = std::max(moved, std::abs(double(b[i]) - init[i]));
   }
   EXPECT_LE(max_diff, 1e-6);
   EXPECT_GT(moved, 1e-4);

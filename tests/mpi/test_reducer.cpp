@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/reducer.h"
 #include "train/trainer.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -19,8 +20,9 @@ namespace ddplab {
 namespace {
 
 
-TrainConfig small_config() {
+TrainConfig small_config(const char* comm = "ring") {
   TrainConfig c;
+  c.comm = comm;
   c.mlp = MlpConfig{24, 40, 3, 10};  // 8 parameters, 2.3k-6k bytes each
   c.optimizer.kind = "sgd";
   c.optimizer.lr = 0.05f;
@@ -30,11 +32,10 @@ TrainConfig small_config() {
   return c;
 }
 
-std::vector<float> train(const TrainConfig& c, Communicator& comm) {
+std::vector<float> train(const TrainConfig& c, MPI_Comm comm) {
   Trainer t(c, comm);
   for (int s = 0; s < c.steps; ++s) t.step(s, 0);
-  const float* p = t.workload().flat_params();
-  return std::vector<float>(p, p + t.workload().flat_size());
+  return t.parameters();
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -46,15 +47,15 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 class ReducerTraining : public testing::TestWithParam<const char*> {};  // param: --comm
 
 TEST_P(ReducerTraining, OverlapOnAndOffAgreeBitwiseAndMatchOneRank) {
-  Communicator world(MPI_COMM_WORLD, parse_allreduce_impl(GetParam()));
-  Communicator self(MPI_COMM_SELF, parse_allreduce_impl(GetParam()));
-  TrainConfig reference_config = small_config();
+  const MPI_Comm world = MPI_COMM_WORLD;
+  const MPI_Comm self = MPI_COMM_SELF;
+  TrainConfig reference_config = small_config(GetParam());
   reference_config.batch *= world_size();
   const auto reference = train(reference_config, self);
 
   for (double bucket_mb : {0.0, 0.005, 0.02, 25.0, 1e9}) {
     for (double first_bucket_mb : {0.0, 0.01, 1e9}) {
-      TrainConfig c = small_config();
+      TrainConfig c = small_config(GetParam());
       c.bucket_mb = bucket_mb;
       c.first_bucket_mb = first_bucket_mb;
       c.grad_slice_mb = bucket_mb == 0.005 ? 0.001 : 0.0;  // 1 KiB row blocks: weights of 3.8-6.4 KiB in pieces
@@ -70,31 +71,31 @@ TEST_P(ReducerTraining, OverlapOnAndOffAgreeBitwiseAndMatchOneRank) {
 }
 
 TEST_P(ReducerTraining, GradAccumulationMatchesOneLargerBatch) {
-  Communicator world(MPI_COMM_WORLD, parse_allreduce_impl(GetParam()));
+  const MPI_Comm world = MPI_COMM_WORLD;
   for (int k : {2, 3}) {
-    TrainConfig accumulated = small_config();
+    TrainConfig accumulated = small_config(GetParam());
     accumulated.grad_accum = k;
     accumulated.bucket_mb = 0.01;
-    TrainConfig large = small_config();
+    TrainConfig large = small_config(GetParam());
     large.batch *= k;
     const double diff = max_abs_diff(train(accumulated, world), train(large, world));
     EXPECT_LE(diff, 1e-6) << "--grad-accum " << k;
     // ... and accumulation must not be a no-op: K micro-batches of B differ from one batch of B.
-    EXPECT_GT(max_abs_diff(train(accumulated, world), train(small_config(), world)), 1e-3);
+    EXPECT_GT(max_abs_diff(train(accumulated, world), train(small_config(GetParam()), world)), 1e-3);
   }
 }
 
 TEST_P(ReducerTraining, BucketTimingsAreCausal) {
-  Communicator world(MPI_COMM_WORLD, parse_allreduce_impl(GetParam()));
+  const MPI_Comm world = MPI_COMM_WORLD;
   for (bool overlap : {true, false}) {
-    TrainConfig c = small_config();
+    TrainConfig c = small_config(GetParam());
     c.bucket_mb = c.first_bucket_mb = 0;  // one bucket per parameter: 8 buckets
     c.overlap = overlap;
     Trainer t(c, world);
     for (int s = 0; s < 3; ++s) {
       const StepRecord r = t.step(s, 0);
       const double backward_end = r.start_ms + r.data_ms + r.forward_ms + r.backward_ms;
-      const auto& times = t.reducer().bucket_times();
+      const auto& times = t.bucket_times();
       ASSERT_EQ(times.size(), 8u);
       for (size_t b = 0; b < times.size(); ++b) {
         EXPECT_LE(times[b].ready_ms, times[b].comm_start_ms) << "bucket " << b;
@@ -119,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(Comms, ReducerTraining, testing::Values("ring", "mpi"),
                          [](const testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 TEST(Pathologies, ChangeTimingNeverTheMath) {
-  Communicator world(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  const MPI_Comm world = MPI_COMM_WORLD;
   TrainConfig slow = small_config();
   slow.straggler_ms = 1;
   slow.slow_rank = world_size() - 1;
@@ -134,7 +135,7 @@ TEST(Pathologies, ChangeTimingNeverTheMath) {
 
 TEST(Reducer, RanksWithDifferentBucketLayoutsAreRefusedOnEveryRank) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  Communicator world(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  const MPI_Comm world = MPI_COMM_WORLD;
   TrainConfig c = small_config();
   c.bucket_mb = c.first_bucket_mb = world_rank() == 0 ? 0.0 : 1e9;  // rank 0 would run 8 all-reduces, others 1
   try {

@@ -1,0 +1,95 @@
+#include "train/cpu_backend.h"
+
+#include <cmath>
+
+#include "kernels/cpu/ops.h"
+#include "train/clock.h"
+
+namespace ddplab {
+
+CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
+    : config_(config),
+      comm_(std::make_unique<Communicator>(comm, comm_options(config))),
+      workload_(make_workload(config, comm_->rank(), comm_->size())),
+      optimizer_(config.optimizer, workload_->flat_size()) {
+  world_ = comm_->size();
+  workload_->set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
+  std::vector<int64_t> numel, offset;
+  for (const GradPiece& g : workload_->grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
+  }
+  reducer_ = std::make_unique<Reducer>(*comm_, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap},
+                                       numel, offset, workload_->flat_grads());
+  if (config.extra_allreduce_mb > 0) {
+    extra_comm_ = std::make_unique<Communicator>(comm, comm_->options());
+    extra_buffer_.assign(static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float)), 0.0f);
+  }
+}
+
+CpuBackend::~CpuBackend() = default;
+
+void CpuBackend::begin_step(int64_t, double t0_ms) {
+  t0_ms_ = t0_ms;
+  marks_.clear();
+  losses_.assign(config_.grad_accum, 0.0);
+  origin_ms_ = now_ms();
+}
+
+int CpuBackend::mark() {
+  marks_.push_back(now_ms());
+  return static_cast<int>(marks_.size()) - 1;
+}
+
+void CpuBackend::start_gradients(int micro_batches) {
+  // Each micro-batch's loss is a mean over its rows, and the micro-batches' gradients add up: the global mean needs
+  // 1/(world * micro-batches), and this rank's share of the loss terms (workload.h).
+  reducer_->begin_step(t0_ms_, 1.0f / static_cast<float>(world_ * micro_batches),
+                       static_cast<float>(workload_->weight()));
+  workload_->zero_grad();
+}
+
+void CpuBackend::forward(int micro) { losses_.at(micro) = workload_->forward(); }
+
+void CpuBackend::backward(int, bool sync, const GradReadyHook& before_ready) {
+  reducer_->set_sync(sync);  // no_sync for all but the last micro-batch
+  workload_->backward([&](int piece) {
+    if (before_ready) before_ready(piece);
+    reducer_->mark_ready(piece);
+  });
+}
+
+// The name of the first gradient piece of the first non-finite bucket holding a NaN or Inf.
+std::string CpuBackend::first_nonfinite_gradient() {
+  const int bucket = reducer_->first_nonfinite_bucket();
+  if (bucket < 0) return "";
+  const Bucket& b = reducer_->buckets()[bucket];
+  for (int k = b.first_piece; k <= b.last_piece; ++k) {
+    const GradPiece& piece = workload_->grad_pieces()[k];
+    if (!cpu::all_finite(workload_->flat_grads() + piece.offset, piece.numel))
+      return "gradient " + workload_->piece_name(piece);
+  }
+  return "gradient bucket " + std::to_string(bucket);
+}
+
+void CpuBackend::set_gradient_nan(int piece) {
+  workload_->flat_grads()[workload_->grad_pieces()[piece].offset] = NAN;
+}
+
+void CpuBackend::add_to_first_parameter(float delta) {
+  workload_->flat_params()[workload_->grad_pieces().back().offset] += delta;  // the first registered parameter
+}
+
+void CpuBackend::extra_allreduce() {
+  if (extra_comm_) extra_comm_->allreduce_sum(extra_buffer_.data(), extra_buffer_.size());
+}
+
+void CpuBackend::write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) {
+  save_checkpoint(path, force, workload_->parameters(), workload_->flat_params(), optimizer_, info);
+}
+
+CheckpointInfo CpuBackend::read_checkpoint(const std::string& path) {
+  return load_checkpoint(path, workload_->parameters(), workload_->flat_params(), optimizer_);
+}
+
+}  // namespace ddplab

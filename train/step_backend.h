@@ -1,0 +1,70 @@
+// What a device contributes to the data-parallel step. The step itself — its order, the lab's pathologies, fault
+// injection, the finite/stop agreement, the replica check and the phase timing — is written once, in the Trainer
+// (train/trainer.h); a backend supplies the model, its data, the gradients' reducer and the optimizer on one device:
+//   CpuBackend  (train/cpu_backend.h)   the model on the host, the Reducer on its comm thread, OpenBLAS
+//   CudaBackend (train/cuda_backend.h)  the model on a compute stream, the CudaReducer on a comm stream, AdamW on the
+//                                       device, batches staged one step ahead
+// The Trainer calls, per step: begin_step, then per micro-batch load, [start_gradients], forward, backward, loss;
+// then finish_reduction, first_nonfinite_gradient, optimizer_step, synchronize. Marks between the calls time the
+// phases: on the CPU a host clock reading, on the GPU an event on the compute stream, resolved after synchronize().
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/reducer.h"
+#include "model/optimizer.h"
+#include "model/parameters.h"
+#include "record/checkpoint.h"
+#include "train/workload.h"
+
+namespace ddplab {
+
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+
+  // ---- the model's layout: the same on every device (the CPU model's) -------------------------------------------
+  virtual const std::vector<Parameter<float>>& parameters() const = 0;  // names, shapes, offsets
+  virtual const std::vector<GradPiece>& grad_pieces() const = 0;
+  virtual int64_t flat_size() const = 0;  // of the flat buffers: the parameters and their alignment gaps
+  virtual const std::vector<Bucket>& buckets() const = 0;
+  // The last step's timings, one entry per bucket, ms on the run's clock (the trainer's t0_ms).
+  virtual const std::vector<BucketTimes>& bucket_times() const = 0;
+  virtual std::string describe() const = 0;  // one line for the run header
+
+  // ---- one step ---------------------------------------------------------------------------------------------------
+  // The step's timing origin; t0_ms is the run's clock zero (bucket times are reported on it).
+  virtual void begin_step(int64_t step, double t0_ms) = 0;
+  // The data phase of micro-batch `micro`: what the rank's batch holds (a backend that stages a step's batches at
+  // once reports them with micro 0).
+  virtual BatchStats load(int64_t step, int micro) = 0;
+  // Before the first forward of a step: zero the gradients and arm the reducer, which averages over world x
+  // micro_batches and weighs this rank by its share of the loss terms (workload.h).
+  virtual void start_gradients(int micro_batches) = 0;
+  virtual void forward(int micro) = 0;
+  // sync: the last micro-batch (the reducer all-reduces its buckets; before it, PyTorch's no_sync). before_ready(k)
+  // runs just before piece k is handed to the reducer (the --fault nan hook).
+  virtual void backward(int micro, bool sync, const GradReadyHook& before_ready) = 0;
+  virtual double loss(int micro) = 0;  // the micro-batch's mean loss (on the GPU: waits for its forward)
+  // Waits for the gradients' all-reduces (on the GPU: for the buckets' finite flags; the stream goes on).
+  virtual void finish_reduction() = 0;
+  // The first gradient piece of the reduced gradients holding a NaN or Inf, as "gradient fc1.bias"; "" if none.
+  virtual std::string first_nonfinite_gradient() = 0;
+  virtual void optimizer_step() = 0;
+  virtual void synchronize() = 0;  // the device's work of the step is complete: marks can be resolved
+
+  // ---- timing: a point on the device's timeline, resolved to ms after begin_step's origin after synchronize() ---
+  virtual int mark() = 0;
+  virtual double mark_ms(int mark) const = 0;
+
+  // ---- the lab and the checks -------------------------------------------------------------------------------------
+  virtual void set_gradient_nan(int piece) = 0;                  // --fault nan: piece's first element
+  virtual void add_to_first_parameter(float delta) = 0;          // --fault diverge
+  virtual const float* host_parameters() = 0;                    // the flat parameters on the host (--check-sync)
+  virtual void extra_allreduce() = 0;                            // --extra-allreduce-mb, on the step's engine
+  virtual void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) = 0;
+  virtual CheckpointInfo read_checkpoint(const std::string& path) = 0;
+};
+
+}  // namespace ddplab
