@@ -25,7 +25,6 @@
 #ifdef DDPLAB_HAVE_CUDA
 #include "comm/nccl_allreduce.h"
 #include "kernels/cuda/device.h"
-#include "train/cuda_trainer.h"
 #endif
 
 namespace ddplab {
@@ -166,7 +165,7 @@ nlohmann::json checkpoint_config(const TrainConfig& config, int world_size) {
 }
 
 // Every rank loads the checkpoint (so a bad file is refused on all alike) and learns the step to start at.
-int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, StepRunner& runner) {
+int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& runner) {
   const CheckpointInfo info = runner.read_checkpoint(config.resume);
   nlohmann::json saved;
   try {
@@ -196,19 +195,11 @@ int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, StepRu
 }
 
 // "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
-std::string bucket_contents(const StepRunner& runner, const Bucket& bucket) {
+std::string bucket_contents(const Trainer& runner, const Bucket& bucket) {
   std::string text;
   for (int k = bucket.first_piece; k <= bucket.last_piece; ++k)
     text += (text.empty() ? "" : ",") + runner.piece_name(runner.grad_pieces()[k]);
   return text;
-}
-
-// The step runner --device asks for.
-std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, MPI_Comm world) {
-#ifdef DDPLAB_HAVE_CUDA
-  if (config.device == "cuda") return std::make_unique<CudaTrainer>(config, world);
-#endif
-  return std::make_unique<Trainer>(config, world);
 }
 
 }  // namespace
@@ -278,7 +269,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   if (!error.empty()) throw UsageError(error);
 
   RunResult result;
-  const std::unique_ptr<StepRunner> runner = make_step_runner(config, world);
+  const auto runner = std::make_unique<Trainer>(config, world);
   const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *runner);
   RunMetadata meta;
   meta.first_step = first_step;

@@ -1,5 +1,5 @@
 // Stages training batches one step ahead on one persistent worker thread: the GPU trainer's input pipeline
-// (launcher/cuda_trainer.h), kept apart from CUDA so that its order is tested without a GPU
+// (train/cuda_backend.h), kept apart from CUDA so that its order is tested without a GPU
 // (tests/unit/test_batch_prefetcher.cpp).
 //
 // take(s) hands step s + 1 to the worker before it returns step s's batch, so producing the next batch (generating

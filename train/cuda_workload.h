@@ -1,4 +1,4 @@
-// What the CudaTrainer (launcher/cuda_trainer.h) trains: a model on the device and its data, the GPU twin of
+// What the CudaBackend (train/cuda_backend.h) trains: a model on the device and its data, the GPU twin of
 // launcher/workload.h. The trainer owns the streams, the step, the reducer and AdamW; a CudaWorkload owns the model
 // and two staging slots (pinned host memory and its device copy) for the steps' batches, and fills them.
 //   mlp                    MlpCuda on synthetic classification data, sharded as the CPU MLP's

@@ -53,6 +53,7 @@ class StepBackend {
   virtual std::string first_nonfinite_gradient() = 0;
   virtual void optimizer_step() = 0;
   virtual void synchronize() = 0;  // the device's work of the step is complete: marks can be resolved
+  virtual void end_step(int64_t /*step*/) {}  // the step's host work is done too (profiling ranges close)
 
   // ---- timing: a point on the device's timeline, resolved to ms after begin_step's origin after synchronize() ---
   virtual int mark() = 0;

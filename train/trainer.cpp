@@ -6,14 +6,26 @@
 #include "comm/watchdog.h"
 #include "train/cpu_backend.h"
 #include "train/step_phases.h"
+#ifdef DDPLAB_HAVE_CUDA
+#include "train/cuda_backend.h"
+#endif
 
 namespace ddplab {
+namespace {
+
+std::unique_ptr<StepBackend> make_step_backend(const TrainConfig& config, MPI_Comm comm) {
+#ifdef DDPLAB_HAVE_CUDA
+  if (config.device == "cuda") return std::make_unique<CudaBackend>(config, comm);
+#endif
+  if (config.device != "cpu")
+    throw std::invalid_argument("--device " + config.device + ": this ddplab was built without CUDA");
+  return std::make_unique<CpuBackend>(config, comm);
+}
+
+}  // namespace
 
 Trainer::Trainer(const TrainConfig& config, MPI_Comm comm)
-    : Trainer(config, comm, std::make_unique<CpuBackend>(config, comm)) {}
-
-Trainer::Trainer(const TrainConfig& config, MPI_Comm comm, std::unique_ptr<StepBackend> backend)
-    : config_(config), agreement_(comm), backend_(std::move(backend)) {
+    : config_(config), agreement_(comm), backend_(make_step_backend(config, comm)) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &world_));
 }
@@ -88,6 +100,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
     MPI_Barrier(agreement_.comm());
   }
   clock.end = now_ms();
+  backend_->end_step(step);
 
   for (int m = 0; m < micro_batches; ++m) {
     clock.data_end.push_back(backend_->mark_ms(data_end[m]));

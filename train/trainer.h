@@ -11,29 +11,42 @@
 #include <vector>
 
 #include "train/step_backend.h"
-#include "train/step_runner.h"
+#include "record/checkpoint.h"
+#include "train/step_rules.h"
 #include "train/train_config.h"
 
 namespace ddplab {
 
-class Trainer final : public StepRunner {
+class Trainer {
  public:
-  // Collective over comm. The backend --device asks for (the CPU's; --device cuda needs a GPU build).
+  // Collective over comm, on the backend --device asks for (CpuBackend, or CudaBackend in a CUDA build). The config
+  // must have passed validate().
   Trainer(const TrainConfig& config, MPI_Comm comm);
-  Trainer(const TrainConfig& config, MPI_Comm comm, std::unique_ptr<StepBackend> backend);
-  ~Trainer() override;
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
-  StepRecord step(int step, double t0_ms) override;
-  int stop_signal() const override { return agreement_.stop_signal(); }
-  const std::vector<Bucket>& buckets() const override { return backend_->buckets(); }
-  const std::vector<BucketTimes>& bucket_times() const override { return backend_->bucket_times(); }
-  const std::vector<GradPiece>& grad_pieces() const override { return backend_->grad_pieces(); }
-  std::string piece_name(const GradPiece& piece) const override;
-  std::string describe() const override { return backend_->describe(); }
-  void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) override {
+  // Runs step `step` (0-based) and returns its timings; times are measured from `t0_ms` (a steady-clock reading
+  // every rank took right after a barrier). Throws TrainingStopped on every rank when the step's loss or gradients
+  // are not finite (unless --skip-nonfinite: the step then skips its update and says so in StepRecord::skipped)
+  // and when --check-sync finds the replicas diverged.
+  StepRecord step(int step, double t0_ms);
+  // The signal (SIGINT, SIGTERM) some rank received by the last step, agreed by all ranks at that step; 0: none.
+  int stop_signal() const { return agreement_.stop_signal(); }
+  const std::vector<Bucket>& buckets() const { return backend_->buckets(); }
+  // The last step's timings, one entry per bucket, on step()'s time origin.
+  const std::vector<BucketTimes>& bucket_times() const { return backend_->bucket_times(); }
+  const std::vector<GradPiece>& grad_pieces() const { return backend_->grad_pieces(); }
+  // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
+  std::string piece_name(const GradPiece& piece) const;
+  std::string describe() const { return backend_->describe(); }  // one line for the run header
+  // Checkpoints (record/checkpoint.h): this rank's parameters and optimizer state, in the CPU model's names, shapes
+  // and layout whatever the device. Reading validates everything first and leaves the state untouched on refusal
+  // (UsageError).
+  void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) {
     backend_->write_checkpoint(path, force, info);
   }
-  CheckpointInfo read_checkpoint(const std::string& path) override { return backend_->read_checkpoint(path); }
+  CheckpointInfo read_checkpoint(const std::string& path) { return backend_->read_checkpoint(path); }
 
   // The flat parameters (the CPU model's layout), copied to the host.
   std::vector<float> parameters();

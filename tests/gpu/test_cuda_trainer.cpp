@@ -1,4 +1,4 @@
-// CudaTrainer under mpirun (tests/mpi/mpi_test_main.cpp), np 1 and 2: GPU data parallelism against one GPU with the
+// The Trainer on --device cuda (CudaBackend) under mpirun (tests/mpi/mpi_test_main.cpp), np 1 and 2: GPU data parallelism against one GPU with the
 // global batch (the MLP and the transformer), the bucket timings, the non-finite stop and skip, and the refusal
 // without a device.
 //
@@ -24,9 +24,8 @@
 #include <vector>
 
 #include "comm/nccl_allreduce.h"
-#include "train/cuda_trainer.h"
-#include "record/errors.h"
 #include "launcher/run.h"
+#include "record/errors.h"
 #include "train/trainer.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -66,7 +65,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // All eight phases of the record (kStepPhases) are non-negative and add up to step_ms within one tick of the host
-// clock: every boundary between two phases is one clock reading (launcher/cuda_step_phases.h), so only the rounding
+// clock: every boundary between two phases is one clock reading (train/step_phases.h), so only the rounding
 // of the double sums is left (far below 1 ns). Two clock reads, the least a phase left out weighs, take ~20 ns.
 void expect_phases_tile_the_step(const StepRecord& r) {
   constexpr double kClockTickMs = 1e-6;  // steady_clock counts nanoseconds
@@ -147,7 +146,7 @@ void expect_matches_one_gpu_with_global_batch(const TrainConfig& config, const E
   std::vector<float> initial, trained;
   std::vector<double> mean_loss(config.steps);
   {
-    CudaTrainer ddp(config, MPI_COMM_WORLD);
+    Trainer ddp(config, MPI_COMM_WORLD);
     initial = ddp.parameters();
     for (int step = 0; step < config.steps; ++step) {
       const double loss = ddp.step(step, 0).loss;
@@ -163,7 +162,7 @@ void expect_matches_one_gpu_with_global_batch(const TrainConfig& config, const E
     global.batch = config.batch * config.grad_accum * world_size();
     global.grad_accum = 1;
     global.ring_link = "host";  // one rank: nothing travels; no IPC buffers on MPI_COMM_SELF (--comm nccl ignores it)
-    CudaTrainer single(global, MPI_COMM_SELF);
+    Trainer single(global, MPI_COMM_SELF);
     TrainConfig on_cpu = global;
     on_cpu.device = "cpu";
     on_cpu.comm = "ring";
@@ -268,7 +267,7 @@ TEST_F(CudaTrainerTest, BucketTimingsAreOrderedAndOverlapBackward) {
     c.steps = 3;
     c.bucket_mb = 1;  // a bucket per weight (4 MiB), the biases in between
     c.overlap = overlap;
-    CudaTrainer trainer(c, MPI_COMM_WORLD);
+    Trainer trainer(c, MPI_COMM_WORLD);
     ASSERT_GE(trainer.buckets().size(), 4u);
     for (int step = 0; step < c.steps; ++step) {
       const StepRecord r = trainer.step(step, 0);
@@ -303,7 +302,7 @@ TEST_F(CudaTrainerTest, InputCostShowsInTheDataPhaseAndLoaderThreadsDivideIt) {
     TrainConfig c = small_config();
     c.data_cost_ms = 4.0;  // x 5 samples: 20 ms per step with one thread, far above the step itself
     c.loader_threads = threads;
-    CudaTrainer trainer(c, MPI_COMM_WORLD);
+    Trainer trainer(c, MPI_COMM_WORLD);
     double total = 0;
     for (int step = 0; step < c.steps; ++step) {
       const double d = trainer.step(step, 0).data_ms;
@@ -326,7 +325,7 @@ TEST_F(CudaTrainerTest, LabPathologiesShowInTheirPhases) {
   c.extra_allreduce_mb = 4;
   c.rank0_work_ms = 25;
   c.barrier_every = 1;
-  CudaTrainer trainer(c, MPI_COMM_WORLD);
+  Trainer trainer(c, MPI_COMM_WORLD);
   for (int step = 0; step < c.steps; ++step) {
     const StepRecord r = trainer.step(step, 0);
     SCOPED_TRACE("step " + std::to_string(step));
@@ -354,18 +353,18 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
     const int stop = 3;
     std::vector<float> straight;
     {
-      CudaTrainer trainer(c, MPI_COMM_WORLD);
+      Trainer trainer(c, MPI_COMM_WORLD);
       for (int step = 0; step < c.steps; ++step) trainer.step(step, 0);
       straight = trainer.parameters();
     }
     const std::string path =
         testing::TempDir() + "resume_" + precision + "_rank" + std::to_string(world_rank()) + ".h5";
     {
-      CudaTrainer first(c, MPI_COMM_WORLD);
+      Trainer first(c, MPI_COMM_WORLD);
       for (int step = 0; step < stop; ++step) first.step(step, 0);
       first.write_checkpoint(path, /*force=*/true, CheckpointInfo{stop, "{}", "", ""});
     }
-    CudaTrainer resumed(c, MPI_COMM_WORLD);
+    Trainer resumed(c, MPI_COMM_WORLD);
     EXPECT_EQ(resumed.read_checkpoint(path).step, stop);
     for (int step = stop; step < c.steps; ++step) resumed.step(step, 0);
     EXPECT_EQ(max_abs_diff(resumed.parameters(), straight), 0.0) << "the resumed run must continue bit for bit";
@@ -383,7 +382,7 @@ TEST_F(CudaTrainerTest, NonFiniteGradientStopsOrSkipsOnEveryRank) {
     c.fault_rank = world_size() - 1;
     c.fault_step = 1;
     c.skip_nonfinite = skip;
-    CudaTrainer trainer(c, MPI_COMM_WORLD);
+    Trainer trainer(c, MPI_COMM_WORLD);
     trainer.step(0, 0);
     const std::vector<float> before = trainer.parameters();
     std::string stopped;

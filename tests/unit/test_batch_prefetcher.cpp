@@ -1,4 +1,4 @@
-// The GPU trainer's input pipeline (launcher/batch_prefetcher.h) without a GPU: in CudaTrainer::run_step's order —
+// The GPU trainer's input pipeline (train/batch_prefetcher.h) without a GPU: in the GPU step's order —
 // take the step's batch, then the gradients' all-reduce, in which the ring's ipc and host links block the host — the
 // next step's batch is staged while the host is blocked inside the all-reduce. A fake ring link blocks as those
 // links do, until the next step's batch is there; staging after the all-reduce (the order this replaced) would leave
@@ -91,7 +91,7 @@ TEST(BatchPrefetcher, StagesTheNextStepWhileTheHostIsBlockedInTheAllReduce) {
   std::vector<float> grads(1000), staging(device_ring_max_chunk(BlockedUntilStagedLink(log, -1)));
   for (int64_t step = 0; step < kSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    EXPECT_EQ(prefetcher.take(step).samples, 10.0 + step);  // CudaTrainer::run_step: the batch first, ...
+    EXPECT_EQ(prefetcher.take(step).samples, 10.0 + step);  // CudaBackend::load: the batch first, ...
     std::fill(grads.begin(), grads.end(), static_cast<float>(step));
     BlockedUntilStagedLink link(log, step + 1 < kSteps ? step + 1 : -1);
     ring_allreduce_sum(grads.data(), grads.data(), grads.size(), link, memory, staging.data());  // ... the buckets

@@ -1,5 +1,6 @@
-// What run_training drives, one training step at a time: the CPU Trainer (launcher/trainer.h) or, with
-// --device cuda, the CudaTrainer (launcher/cuda_trainer.h).
+// The rules every data-parallel step follows, whatever the device (the Trainer, train/trainer.h, applies them): how a
+// step stops on every rank at once, the finite/stop agreement, fault injection, the replica check, and how the
+// buckets' times count as communication. docs/RELIABILITY.md.
 #pragma once
 #include <mpi.h>
 
@@ -9,7 +10,6 @@
 #include <vector>
 
 #include "comm/reducer.h"
-#include "record/checkpoint.h"
 #include "record/step_record.h"
 #include "train/clock.h"
 #include "train/train_config.h"
@@ -26,34 +26,10 @@ class TrainingStopped : public std::runtime_error {
   int exit_code;
 };
 
-class StepRunner {
- public:
-  virtual ~StepRunner() = default;
-  // Runs step `step` (0-based) and returns its timings; times are measured from `t0_ms` (a steady-clock reading
-  // every rank took right after a barrier). Throws TrainingStopped on every rank when the step's loss or gradients
-  // are not finite (unless --skip-nonfinite: the step then skips its update and says so in StepRecord::skipped)
-  // and when --check-sync finds the replicas diverged.
-  virtual StepRecord step(int step, double t0_ms) = 0;
-  // The signal (SIGINT, SIGTERM) some rank received by the last step, agreed by all ranks at that step; 0: none.
-  virtual int stop_signal() const = 0;
-  virtual const std::vector<Bucket>& buckets() const = 0;
-  // The last step's timings, one entry per bucket, on step()'s time origin.
-  virtual const std::vector<BucketTimes>& bucket_times() const = 0;
-  virtual const std::vector<GradPiece>& grad_pieces() const = 0;
-  // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
-  virtual std::string piece_name(const GradPiece& piece) const = 0;
-  virtual std::string describe() const = 0;  // one line for the run header
-  // Checkpoints (launcher/checkpoint.h): this rank's parameters and optimizer state, in the CPU model's names,
-  // shapes and layout whatever the device. Reading validates everything first and leaves the state untouched on
-  // refusal (UsageError).
-  virtual void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) = 0;
-  virtual CheckpointInfo read_checkpoint(const std::string& path) = 0;
-};
-
 // The step's agreement, one small non-blocking all-reduce on a communicator of its own: {a stop signal, 1 + the
 // highest rank with a non-finite loss}, both by MAX. Started after the last forward and finished after the
 // gradients' all-reduces, so its latency hides behind backward; every rank gets the same answer, so every rank
-// stops or skips at the same step. Shared by the CPU and GPU step runners.
+// stops or skips at the same step.
 class StepAgreement {
  public:
   explicit StepAgreement(MPI_Comm comm);  // collective: duplicates comm
@@ -74,7 +50,6 @@ class StepAgreement {
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
-// Shared by the CPU and GPU step runners, so both follow the same rules (docs/RELIABILITY.md).
 // --fault hang|kill|throw, when this rank and step are the ones named (nan and diverge act inside the step).
 void inject_fault_before(const TrainConfig& config, int rank, int step);
 // A non-finite loss or gradient (`what`, "" if none), agreed by every rank: throws TrainingStopped (the update is

@@ -1,6 +1,4 @@
-// The pieces both step runners share (step_runner.h): the step's agreement, fault injection, the non-finite and
-// replica checks, the communication-time accounting.
-#include "train/step_runner.h"
+#include "train/step_rules.h"
 
 #include <algorithm>
 #include <chrono>

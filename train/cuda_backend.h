@@ -1,49 +1,67 @@
-// The data-parallel step on the GPU (--device cuda): the model (the MLP or the transformer, behind
-// launcher/cuda_workload.h) on a compute stream, its gradient buckets all-reduced on a comm stream while backward
-// runs (comm/reducer_cuda.h) by NCCL (one GPU per rank) or by our ring (--comm ring: NCCL p2p, CUDA IPC — ranks may
-// share a GPU — or host-staged links, comm/ring_cuda.h), AdamW on the device over the fp32 master weights. Data,
-// bucket layout, averaging and the stop rules are the CPU Trainer's, so N ranks train the model one rank trains with
-// the global batch. Streams, events and where the host waits: docs/GPU.md, "The step on the GPU".
+// The step on the GPU (--device cuda): the model (the MLP or the transformer, behind train/cuda_workload.h) on a
+// compute stream, its gradient buckets all-reduced on a comm stream while backward runs (comm/reducer_cuda.h) by NCCL
+// (one GPU per rank) or by our ring (--comm ring: NCCL p2p, CUDA IPC — ranks may share a GPU — or host-staged links,
+// comm/ring_cuda.h), AdamW on the device over the fp32 master weights, each step's batches staged while the step
+// before runs. Marks are events on the compute stream. Data, bucket layout, averaging and the step itself are the
+// Trainer's (train/trainer.h), so N ranks train the model one rank trains with the global batch. Streams, events and
+// where the host waits: docs/GPU.md, "The step on the GPU".
 #pragma once
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/stream_allreduce.h"
 #include "comm/reducer_cuda.h"
+#include "kernels/cuda/nvtx.h"
 #include "train/batch_prefetcher.h"
 #include "train/cuda_workload.h"
-#include "train/step_runner.h"
+#include "train/step_backend.h"
 #include "train/train_config.h"
 
 namespace ddplab {
 
-class CudaTrainer final : public StepRunner {
+class CudaBackend final : public StepBackend {
  public:
   // Collective over comm: NCCL's bootstrap picks this rank's GPU (throws on every rank if two ranks of a node would
   // share one), and the bucket layout is checked across ranks. The config must have passed validate().
-  CudaTrainer(const TrainConfig& config, MPI_Comm comm);
-  ~CudaTrainer() override;
+  CudaBackend(const TrainConfig& config, MPI_Comm comm);
+  ~CudaBackend() override;
 
-  StepRecord step(int step, double t0_ms) override;
-  int stop_signal() const override { return agreement_.stop_signal(); }
+  const std::vector<Parameter<float>>& parameters() const override { return workload_->parameters(); }
+  const std::vector<GradPiece>& grad_pieces() const override { return workload_->grad_pieces(); }
+  int64_t flat_size() const override { return workload_->flat_size(); }
   const std::vector<Bucket>& buckets() const override { return reducer_->buckets(); }
   const std::vector<BucketTimes>& bucket_times() const override { return reducer_->bucket_times(); }
-  const std::vector<GradPiece>& grad_pieces() const override { return workload_->grad_pieces(); }
-  std::string piece_name(const GradPiece& piece) const override;
   std::string describe() const override;
+
+  void begin_step(int64_t step, double t0_ms) override;
+  BatchStats load(int64_t step, int micro) override;
+  void start_gradients(int micro_batches) override;
+  void forward(int micro) override { workload_->forward(slot_, micro); }
+  void backward(int micro, bool sync, const GradReadyHook& before_ready) override;
+  double loss(int) override { return workload_->loss(); }
+  void finish_reduction() override;
+  std::string first_nonfinite_gradient() override;
+  void optimizer_step() override;
+  void synchronize() override;
+  void end_step(int64_t step) override;
+
+  int mark() override;
+  double mark_ms(int mark) const override;
+
+  void set_gradient_nan(int piece) override;
+  void add_to_first_parameter(float delta) override;
+  const float* host_parameters() override;
+  void extra_allreduce() override;
   void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) override;
   CheckpointInfo read_checkpoint(const std::string& path) override;
 
-  // The flat fp32 parameters (the CPU model's layout), copied to the host; waits for the compute stream.
-  std::vector<float> parameters() const;
-
  private:
-  StepRecord run_step(int step, double t0_ms);
   struct StreamDestroy {
     void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
   };
@@ -54,14 +72,19 @@ class CudaTrainer final : public StepRunner {
     void operator()(void* p) const { cudaFree(p); }
   };
   BatchStats stage(int64_t step);
-  std::string first_nonfinite_gradient(int bucket) const;
   std::vector<float> download(const float* device, int64_t n) const;
   void upload(float* device, const std::vector<float>& host);
 
   TrainConfig config_;
-  int rank_ = 0, world_ = 1;
-  StepAgreement agreement_;            // the per-step stop/finite agreement, and --check-sync's communicator
+  int world_ = 1;
   std::pair<int, int> profile_steps_;  // --profile-steps A:B, or {-1, -1}
+  // The step in progress: its staging slot, its start on the run's clock, its timing events (pooled by the engine,
+  // valid until the next step; the first is the origin), the host copy of the parameters (--check-sync).
+  int slot_ = 0;
+  double start_ms_ = 0;
+  std::vector<cudaEvent_t> marks_;
+  std::optional<cuda::NvtxRange> step_range_;
+  std::vector<float> host_params_;
   std::unique_ptr<CUstream_st, StreamDestroy> compute_, copy_;
   std::unique_ptr<CudaWorkload> workload_;
   std::unique_ptr<cuda::CudaReducer> reducer_;

@@ -1,0 +1,254 @@
+// CudaBackend: see cuda_backend.h. Host code only: every kernel it runs is a kernels/cuda launcher or NCCL's.
+#include "train/cuda_backend.h"
+
+#include <cuda_profiler_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+#include "comm/mpi_check.h"
+#include "comm/nccl_allreduce.h"
+#include "comm/ring_cuda.h"
+#include "comm/watchdog.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/nvtx.h"
+#include "train/clock.h"
+
+namespace ddplab {
+
+namespace {
+
+// --comm nccl: NCCL's collective; --comm ring: our ring over --ring-link.
+std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
+  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm);
+  return std::make_unique<cuda::RingAllreduceCuda>(comm,
+                                                   cuda::CudaRingConfig{cuda::parse_ring_link(config.ring_link)});
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
+    : config_(config), profile_steps_(parse_profile_steps(config.profile_steps)) {
+  int rank = 0;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  mpiCheck(MPI_Comm_size(comm, &world_));
+  engine_ = make_stream_allreduce(config, comm);
+  cudaStream_t stream = nullptr;
+  cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  compute_.reset(stream);
+  cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  copy_.reset(stream);
+
+  workload_ = make_cuda_workload(config, rank, world_, compute_.get());
+  workload_->set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
+  std::vector<int64_t> numel, offset;
+  for (const GradPiece& g : workload_->grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
+  }
+  reducer_ = std::make_unique<cuda::CudaReducer>(
+      *engine_, comm, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap}, numel, offset,
+      workload_->flat_grads(), compute_.get());
+
+  // AdamW's moments in one allocation, the second on a 256-byte boundary (as if cudaMalloc'd: vector loads).
+  const size_t moment = (workload_->flat_size() * sizeof(float) + 255) / 256 * 256;
+  void* memory = nullptr;
+  cudaCheck(cudaMalloc(&memory, 2 * moment));
+  moments_.reset(memory);
+  m_ = static_cast<float*>(memory);
+  v_ = reinterpret_cast<float*>(static_cast<char*>(memory) + moment);
+  cudaCheck(cudaMemsetAsync(memory, 0, 2 * moment, compute_.get()));
+  extra_count_ = static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float));
+  if (extra_count_ > 0) {
+    cudaCheck(cudaMalloc(&memory, extra_count_ * sizeof(float)));
+    extra_buffer_.reset(memory);
+    cudaCheck(cudaMemsetAsync(memory, 0, extra_count_ * sizeof(float), compute_.get()));
+  }
+  for (auto& copied : copied_) {
+    cudaEvent_t e = nullptr;
+    cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
+    copied.reset(e);
+  }
+  cudaCheck(cudaStreamSynchronize(compute_.get()));
+  prefetcher_ = std::make_unique<BatchPrefetcher>([this](int64_t step) { return stage(step); }, config.steps);
+}
+
+// Members go in reverse order of declaration: the prefetcher, the engine, then what they used. Only the unwinding
+// of an error towards the program's edge (main.cpp), which ends the job, needs more: with communication in flight,
+// peers may never answer (the engine would wait for them) and the comm thread and the GPU may still write the
+// gradients and flags (freeing them could corrupt memory). Then everything the engine may touch stays allocated.
+CudaBackend::~CudaBackend() {
+  prefetcher_.reset();  // a prefetch may still be filling the pinned slots and queuing their copy
+  if (copy_) cudaStreamSynchronize(copy_.get());
+  if (std::uncaught_exceptions() > 0 && engine_ && !engine_->idle()) {
+    engine_.release();
+    reducer_.release();
+    workload_.release();
+    moments_.release();
+    extra_buffer_.release();
+  }
+}
+
+std::string CudaBackend::describe() const {
+  return workload_->describe() + " on GPU " + std::to_string(engine_->device()) + " (" + cuda::query_cuda().name +
+         "), " + config_.precision + ", all-reduce " + engine_->name();
+}
+
+std::vector<float> CudaBackend::download(const float* device, int64_t n) const {
+  std::vector<float> host(n);
+  cudaCheck(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, compute_.get()));
+  cudaCheck(cudaStreamSynchronize(compute_.get()));
+  return host;
+}
+
+// On the compute stream, which is non-blocking: a plain cudaMemcpy (the legacy stream) would not be ordered with
+// the steps' kernels, and from pageable memory it returns before the data has arrived.
+void CudaBackend::upload(float* device, const std::vector<float>& host) {
+  cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, compute_.get()));
+  cudaCheck(cudaStreamSynchronize(compute_.get()));  // `host` may go right after
+}
+
+const float* CudaBackend::host_parameters() {
+  host_params_ = download(workload_->flat_params(), workload_->flat_size());
+  return host_params_.data();
+}
+
+// Checkpoints hold host state: the device's master weights and AdamW moments go through host copies, in an
+// Optimizer<float> that carries the moments and the update count as the CPU path's does.
+void CudaBackend::write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) {
+  const int64_t n = workload_->flat_size();
+  Optimizer<float> optimizer(config_.optimizer, n);
+  optimizer.restore(adam_steps_, download(m_, n), download(v_, n));
+  save_checkpoint(path, force, workload_->parameters(), host_parameters(), optimizer, info);
+}
+
+CheckpointInfo CudaBackend::read_checkpoint(const std::string& path) {
+  const int64_t n = workload_->flat_size();
+  std::vector<float> params = download(workload_->flat_params(), n);
+  Optimizer<float> optimizer(config_.optimizer, n);
+  const CheckpointInfo info = load_checkpoint(path, workload_->parameters(), params.data(), optimizer);
+  upload(workload_->flat_params(), params);  // the bf16 copy is remade from these before the next forward
+  upload(m_, optimizer.first_moment());
+  upload(v_, optimizer.second_moment());
+  adam_steps_ = optimizer.steps_taken();
+  return info;
+}
+
+// On the prefetcher's worker, while the previous step runs, so that generating the samples overlaps the device's
+// work (at the MLP's default sizes it takes longer than a GPU step): the workload fills `step`'s slot and queues its
+// copy on the copy stream. The slot's last reader, step - 2, is complete: the prefetcher is handed step once step - 1
+// has begun, and every step ends with the host waiting for the compute stream, which waited for that copy. The lab's
+// input pipeline (--data-cost-ms per sample, a sleep as on the CPU) is paid here too, divided by --loader-threads: T
+// workers deliver batches T times as fast. Hidden while it is shorter than a step; beyond that the step waits in its
+// data phase (the data-bound case).
+BatchStats CudaBackend::stage(int64_t step) {
+  const int slot = static_cast<int>(step % CudaWorkload::kSlots);
+  cudaCheck(cudaSetDevice(engine_->device()));  // the worker thread started on device 0
+  const BatchStats stats = workload_->stage(slot, step, copy_.get());
+  sleep_ms(config_.data_cost_ms * stats.samples / std::max(config_.loader_threads, 1));
+  cudaCheck(cudaEventRecord(copied_[slot].get(), copy_.get()));
+  return stats;
+}
+
+// The name of the first gradient piece of the first non-finite bucket holding a NaN or Inf (a rare path: the bucket
+// is downloaded).
+std::string CudaBackend::first_nonfinite_gradient() {
+  const int bucket = reducer_->first_nonfinite_bucket();
+  if (bucket < 0) return "";
+  const Bucket& b = buckets()[bucket];
+  const std::vector<float> grads = download(workload_->flat_grads() + b.offset, b.count);
+  for (int k = b.first_piece; k <= b.last_piece; ++k) {
+    const GradPiece& piece = grad_pieces()[k];
+    if (!cpu::all_finite(grads.data() + (piece.offset - b.offset), piece.numel))
+      return "gradient " + grad_piece_name(workload_->parameters(), piece);
+  }
+  return "gradient bucket " + std::to_string(bucket);
+}
+
+void CudaBackend::begin_step(int64_t step, double t0_ms) {
+  // --profile-steps A:B: `ncu --profile-from-start off` / `nsys --capture-range=cudaProfilerApi` see steps A..B
+  // only, the steady state, not start-up.
+  if (step == profile_steps_.first) cudaCheck(cudaProfilerStart());
+  step_range_.emplace(("step " + std::to_string(step)).c_str());
+  start_ms_ = now_ms() - t0_ms;
+  slot_ = static_cast<int>(step % CudaWorkload::kSlots);
+  // The compute stream is idle here (the last step ended with the host waiting for it), so the origin completes as
+  // it is recorded: the step's device times anchor to the host clock within a launch latency.
+  engine_->begin_step();
+  marks_.clear();
+  mark();
+}
+
+void CudaBackend::end_step(int64_t step) {
+  step_range_.reset();
+  if (step == profile_steps_.second) cudaCheck(cudaProfilerStop());
+}
+
+int CudaBackend::mark() {
+  marks_.push_back(engine_->mark(compute_.get()));
+  return static_cast<int>(marks_.size()) - 1;
+}
+
+double CudaBackend::mark_ms(int mark) const {
+  return static_cast<double>(cuda::elapsed_ms(marks_.front(), marks_.at(mark)));
+}
+
+// Micro-batch 0 brings the whole step's batches: its copy is queued (a wait only if its samples took longer than the
+// last step), and step + 1's staging starts, to run beside this whole step, the all-reduces included.
+BatchStats CudaBackend::load(int64_t step, int micro) {
+  if (micro > 0) return {};
+  const BatchStats batch = prefetcher_->take(step);
+  cudaCheck(cudaStreamWaitEvent(compute_.get(), copied_[slot_].get(), 0));
+  return batch;
+}
+
+void CudaBackend::start_gradients(int micro_batches) {
+  reducer_->begin_step(marks_.front(), 1.0f / static_cast<float>(world_ * micro_batches));
+  workload_->zero_grad();
+}
+
+void CudaBackend::backward(int micro, bool sync, const GradReadyHook& before_ready) {
+  reducer_->set_sync(sync);  // no_sync for all but the last micro-batch
+  workload_->backward(slot_, micro, [&](int piece) {
+    if (before_ready) before_ready(piece);
+    reducer_->mark_ready(piece, workload_->piece_ready_event(piece));
+  });
+}
+
+// The host waits for the buckets' finite flags: stopping or skipping is decided on the host.
+void CudaBackend::finish_reduction() {
+  reducer_->wait_all();
+  reducer_->finish_step(start_ms_);
+}
+
+void CudaBackend::optimizer_step() {
+  const OptimizerConfig& o = config_.optimizer;
+  cuda::adamw_update(workload_->flat_params(), workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr, o.beta1,
+                     o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get());
+}
+
+void CudaBackend::synchronize() { cudaCheck(cudaStreamSynchronize(compute_.get())); }
+
+void CudaBackend::set_gradient_nan(int piece) {
+  float* gradient = workload_->flat_grads() + workload_->grad_pieces()[piece].offset;
+  cudaCheck(cudaMemsetAsync(gradient, 0xFF, sizeof(float), compute_.get()));  // all ones: a NaN
+}
+
+void CudaBackend::add_to_first_parameter(float delta) {
+  float* first = workload_->flat_params() + grad_pieces().back().offset;  // the first registered parameter
+  upload(first, {download(first, 1)[0] + delta});
+}
+
+// On the same engine as the gradients, as the CPU's runs on the same transport.
+void CudaBackend::extra_allreduce() {
+  if (extra_count_ == 0) return;
+  engine_->allreduce_sum_async(static_cast<float*>(extra_buffer_.get()), extra_count_, compute_.get(), /*tag=*/-1,
+                               nullptr);
+  engine_->synchronize();
+}
+
+}  // namespace ddplab
