@@ -8,7 +8,7 @@ namespace ddplab {
 
 // sweep_axes == false leaves out --bucket-mb and --overlap, which `ddplab sweep` takes as lists.
 void add_train_flags(CLI::App* app, TrainConfig& config, bool sweep_axes = true);
-// Throws UsageError (launcher/errors.h) naming the first bad flag.
+// Throws UsageError (record/errors.h) naming the first bad flag.
 void validate(const TrainConfig& config);
 
 }  // namespace ddplab

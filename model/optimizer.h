@@ -23,7 +23,7 @@ class Optimizer {
   int steps_taken() const { return t_; }
   const OptimizerConfig& config() const { return config_; }
 
-  // The state a checkpoint saves (launcher/checkpoint.h), flat like the parameters: AdamW's first and second
+  // The state a checkpoint saves (record/checkpoint.h), flat like the parameters: AdamW's first and second
   // moments, or SGD's momentum buffer as the first moment. A state the kind does not keep is empty.
   const std::vector<T>& first_moment() const { return m_; }
   const std::vector<T>& second_moment() const { return v_; }

@@ -106,7 +106,7 @@ class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
   StagingSlots slots_;
 };
 
-// The transformer on the CPU workload's token batches (launcher/token_batches.h). A slot holds the step's
+// The transformer on the CPU workload's token batches (train/token_batches.h). A slot holds the step's
 // micro-batches one after the other, each in a region of the largest micro-batch's size (tokens, lengths, labels),
 // and their shapes and loss weights on the host.
 class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> {

@@ -1,9 +1,9 @@
 // What the CudaBackend (train/cuda_backend.h) trains: a model on the device and its data, the GPU twin of
-// launcher/workload.h. The trainer owns the streams, the step, the reducer and AdamW; a CudaWorkload owns the model
+// train/workload.h. The trainer owns the streams, the step, the reducer and AdamW; a CudaWorkload owns the model
 // and two staging slots (pinned host memory and its device copy) for the steps' batches, and fills them.
 //   mlp                    MlpCuda on synthetic classification data, sharded as the CPU MLP's
 //   tiny|small|gpt2-small  TransformerCuda on the CPU transformer's token batches and loss weighting
-//                          (launcher/token_batches.h)
+//                          (train/token_batches.h)
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -1,5 +1,5 @@
-// One rank's micro-batches of the transformer workloads, shared by the CPU (launcher/workload.cpp) and GPU
-// (launcher/cuda_workload.cpp) paths so both train on the same data with the same weighting.
+// One rank's micro-batches of the transformer workloads, shared by the CPU (train/workload.cpp) and GPU
+// (train/cuda_workload.cpp) paths so both train on the same data with the same weighting.
 //
 // Each step's batches come from a BatchPlan that every rank computes identically; a batch is padded to its longest
 // row (a sequence, or a packed row of several). With gradient accumulation the plan cuts each step into
@@ -13,7 +13,7 @@
 
 #include "data/tokens.h"
 #include "train/train_config.h"
-#include "train/workload.h"
+#include "train/batch_stats.h"
 #include "model/transformer.h"
 
 namespace ddplab {

@@ -78,7 +78,7 @@ class MlpWorkload final : public ModelWorkload<Mlp<float>> {
   const int32_t* targets_ = nullptr;
 };
 
-// The transformer on variable-length token sequences (launcher/token_batches.h).
+// The transformer on variable-length token sequences (train/token_batches.h).
 class TransformerWorkload final : public ModelWorkload<Transformer<float>> {
  public:
   TransformerWorkload(const TrainConfig& c, int rank, int world)

@@ -1,5 +1,6 @@
-// What the training loop trains: a model with its data. The Trainer (launcher/trainer.h) owns the step, the
-// Reducer and the optimizer; a Workload produces micro-batches and runs forward and backward on them.
+// What the CPU backend trains: a model with its data. The Trainer (train/trainer.h) owns the step, the CpuBackend
+// (train/cpu_backend.h) the Reducer and the optimizer; a Workload produces micro-batches and runs forward and
+// backward on them.
 //   mlp                 the MLP on synthetic classification data (fixed-size samples)
 //   tiny|small|gpt2-small  the transformer on synthetic token sequences of variable length, batched by a BatchPlan
 #pragma once
@@ -7,18 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "train/batch_stats.h"
 #include "train/train_config.h"
 #include "model/mlp.h"
 
 namespace ddplab {
-
-// What one rank's batch held (the token-skew lab's per-step record).
-struct BatchStats {
-  double samples = 0;        // sequences (packed or not)
-  double useful_tokens = 0;  // real tokens (0 for the MLP)
-  double padded_tokens = 0;  // rows x longest row: what the model computes on (a row: a sequence, or packed ones)
-  double max_len = 0;        // the longest sequence
-};
 
 class Workload {
  public:

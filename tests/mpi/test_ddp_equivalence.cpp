@@ -92,7 +92,7 @@ TEST_P(DdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
 }
 
 // Variable-length batches: ranks hold different numbers of sequences and tokens at each step, and each rank's
-// gradient is weighted by its share of the global loss terms (launcher/workload.h), so N ranks still train the
+// gradient is weighted by its share of the global loss terms (train/workload.h), so N ranks still train the
 // model of one rank with the global batch. The plans give the single rank exactly the union of the ranks'
 // sequences at every step: sample and bucket cut the same shuffled order into the same global batches, pack the
 // same rows. With gradient accumulation the global batch spans ranks x micro-batches, and micro-batches of unequal
