@@ -1,4 +1,4 @@
-// Fuzz target: the checkpoint loader (launcher/checkpoint.h) against a small MLP, the one the seed checkpoints
+// Fuzz target: the checkpoint loader (record/checkpoint.h) against a small MLP, the one the seed checkpoints
 // were saved from (tests/fuzz/corpus/checkpoint/README). It runs twice per input, with AdamW and with SGD +
 // momentum, so files of either optimizer get past the optimizer check. The loader's contract is checked too: any
 // problem is a UsageError and leaves the parameters and the optimizer's state as they were.

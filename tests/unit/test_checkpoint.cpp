@@ -1,4 +1,4 @@
-// Checkpoints (launcher/checkpoint.h): a bitwise round trip of parameters and optimizer state for the MLP and the
+// Checkpoints (record/checkpoint.h): a bitwise round trip of parameters and optimizer state for the MLP and the
 // transformer, a resumed run that repeats the uninterrupted one's losses bit for bit, every refusal of a bad or
 // mismatched file (one line naming the problem, nothing changed), and saving that leaves nothing half-written.
 #include <gtest/gtest.h>
