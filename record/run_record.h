@@ -2,6 +2,7 @@
 // fills one and writes it (record/run_file.h); the reader returns the same from a file; the summary, the report,
 // the blame and the timeline take it from either, so a run is analysed the same in memory and from disk.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,10 +53,7 @@ struct RunRecord {
     return rank >= 0 && rank < static_cast<int>(meta.hostnames.size()) ? meta.hostnames[rank] : "?";
   }
   // Where the steady state starts: the config's warmup_steps, clamped so that at least one step counts.
-  int first_steady_step() const {
-    const int first = config.value("warmup_steps", 0);
-    return first < 0 ? 0 : first < steps ? first : (steps > 0 ? steps - 1 : 0);
-  }
+  int first_steady_step() const { return std::clamp(config.value("warmup_steps", 0), 0, std::max(steps - 1, 0)); }
   // Samples per step over all ranks: batch x grad_accum x world_size.
   int global_batch() const { return config.value("batch", 0) * config.value("grad_accum", 1) * world_size(); }
 };
