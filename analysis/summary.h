@@ -1,12 +1,11 @@
-// The rank-0 summary of a run, computed from every rank's step records (steady state: warm-up steps skipped).
+// The summary of a run: what its steady state (warm-up steps skipped) says, computed in one place from a
+// RunRecord — the trainer's in memory, or one read back from a run file — for the run file's `summary`
+// attribute, `ddplab report`, the suite's tables and blame, and (through the attribute) the charts.
 #pragma once
-#include <cstdio>
-#include <string>
+#include <nlohmann/json.hpp>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "record/step_record.h"
+#include "record/run_record.h"
 
 namespace ddplab {
 
@@ -19,20 +18,33 @@ struct RunSummary {
   double final_loss = 0;       // mean over ranks of the last step's loss (= loss on the global batch)
   // Token workloads (zero for the MLP): global tokens per step over the slowest rank's mean step.
   double useful_tokens_per_s = 0, padded_tokens_per_s = 0;
-  double padding_ratio = 0;         // 1 - useful / padded, over the steady steps and all ranks
-  double mean_token_spread = 0;     // mean over steady steps of (max - min) useful tokens across ranks
-  // Per rank, the steady-state mean of every StepRecord field (start_ms excepted: it is meaningless as a mean).
+  double padding_ratio = 0;      // 1 - useful / padded, over the steady steps and all ranks
+  double mean_token_spread = 0;  // mean over steady steps of (max - min) useful tokens across ranks
+  // Per rank, the steady-state mean of every StepRecord field (start_ms, a point in time, stays zero); empty
+  // when there are no steps.
   std::vector<StepRecord> ranks;
+
+  int steady_steps() const { return steps - first_steady_step; }
 };
+
+RunSummary summarize(const RunRecord& run);
+
+// A run with its summary: what run_training() returns on rank 0, and what `ddplab report` reads.
+struct SummarizedRun {
+  RunRecord record;
+  RunSummary summary;
+};
+SummarizedRun summarized(RunRecord run);
 
 // Share of the communication that could have been hidden which was: hidden / min(backward, comm). 1 when there
 // was nothing to hide.
 double hidden_fraction(const StepRecord& means);
+// Over ranks: the mean of the per-rank means, and of their hidden fractions.
+StepRecord mean_over_ranks(const RunSummary& s);
+double mean_hidden_fraction(const RunSummary& s);
 
-// records: world_size * steps, rank-major. warmup_steps is clamped so that at least one step counts.
-RunSummary summarize(const std::vector<StepRecord>& records, int world_size, int steps, int warmup_steps,
-                     int global_batch);
+// What the run file stores as `summary` (docs/RUN_FILE.md): every field above, and per rank every StepRecord
+// field but start_ms, plus hidden_fraction.
 nlohmann::json to_json(const RunSummary& s);
-void print_summary(std::FILE* out, const RunSummary& s, const std::vector<std::string>& hostnames);
 
 }  // namespace ddplab

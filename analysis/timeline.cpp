@@ -47,31 +47,30 @@ nlohmann::json complete(const std::string& name, const char* cat, int pid, int t
           {"args", std::move(args)}};
 }
 
-// The step's phases in the order the trainer runs them (launcher/trainer.cpp); they tile the step. With
+// The step's phases (record/step_record.h), in the order the trainer runs them: they tile the step. With
 // gradient accumulation data/forward/backward are sums over micro-batches, drawn as one block each.
 struct Phase {
-  const char* field;
+  double StepRecord::*field;
   const char* name;
   bool always;  // drawn even when zero (the five phases every run has)
 };
 constexpr Phase kPhases[] = {
-    {"data_ms", "data", true},
-    {"forward_ms", "forward", true},
-    {"backward_ms", "backward", true},
-    {"exposed_comm_ms", "exposed comm wait", true},
-    {"optimizer_ms", "optimizer", true},
-    {"extra_comm_ms", "extra all-reduce", false},
-    {"host_work_ms", "host work", false},
-    {"barrier_ms", "barrier wait", false},
+    {&StepRecord::data_ms, "data", true},
+    {&StepRecord::forward_ms, "forward", true},
+    {&StepRecord::backward_ms, "backward", true},
+    {&StepRecord::exposed_comm_ms, "exposed comm wait", true},
+    {&StepRecord::optimizer_ms, "optimizer", true},
+    {&StepRecord::extra_comm_ms, "extra all-reduce", false},
+    {&StepRecord::host_work_ms, "host work", false},
+    {&StepRecord::barrier_ms, "barrier wait", false},
 };
 
 }  // namespace
 
-nlohmann::json chrome_trace(const RunData& run) {
+nlohmann::json chrome_trace(const RunRecord& run) {
   nlohmann::json events = nlohmann::json::array();
-  const BucketData& b = run.buckets;
   const int first_steady = run.first_steady_step();
-  for (int r = 0; r < run.world_size; ++r) {
+  for (int r = 0; r < run.world_size(); ++r) {
     events.push_back(
         metadata("process_name", r, 0, {{"name", "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
     events.push_back(metadata("process_sort_index", r, 0, {{"sort_index", r}}));
@@ -79,37 +78,36 @@ nlohmann::json chrome_trace(const RunData& run) {
     events.push_back(metadata("thread_sort_index", r, kComputeTrack, {{"sort_index", kComputeTrack}}));
     events.push_back(metadata("thread_name", r, kCommTrack, {{"name", "communication"}}));
     events.push_back(metadata("thread_sort_index", r, kCommTrack, {{"sort_index", kCommTrack}}));
-    for (int s = 0; s < run.num_steps; ++s) {
-      const double start = run.step("start_ms", r, s);
+    for (int s = 0; s < run.steps; ++s) {
+      const StepRecord& step = run.at(r, s);
+      const double start = step.start_ms;
       double t = start;
       nlohmann::json phases = nlohmann::json::array();
       for (const Phase& p : kPhases) {
-        const double ms = run.step(p.field, r, s);
+        const double ms = step.*p.field;
         if (!p.always && ms <= 0) continue;
         phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", s}, {"ms", ms}}));
         t += ms;
       }
       // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.
-      const double step_ms = std::max(run.step("step_ms", r, s), t - start);
-      events.push_back(complete("step " + std::to_string(s), "step", r, kComputeTrack, us(start), us(step_ms),
-                                {{"step", s},
-                                 {"steady", s >= first_steady},
-                                 {"step_ms", run.step("step_ms", r, s)},
-                                 {"loss", run.step("loss", r, s)}}));
+      const double step_ms = std::max(step.step_ms, t - start);
+      events.push_back(
+          complete("step " + std::to_string(s), "step", r, kComputeTrack, us(start), us(step_ms),
+                   {{"step", s}, {"steady", s >= first_steady}, {"step_ms", step.step_ms}, {"loss", step.loss}}));
       for (auto& e : phases) events.push_back(std::move(e));
 
-      for (int k = 0; k < b.size(); ++k) {
-        const double ready = run.bucket_time(b.ready_ms, r, s, k);
-        const double begin = run.bucket_time(b.comm_start_ms, r, s, k);
-        const double end = run.bucket_time(b.comm_end_ms, r, s, k);
+      for (int k = 0; k < static_cast<int>(run.buckets.size()); ++k) {
+        const BucketRecord& b = run.buckets[k];
+        const BucketTimes& times = run.bucket_at(r, s, k);
+        const double ready = times.ready_ms, begin = times.comm_start_ms, end = times.comm_end_ms;
         if (begin <= 0 && end <= 0) continue;  // never communicated (nothing recorded)
         const std::string name = "bucket " + std::to_string(k);
-        events.push_back(complete(name + " (" + size_text(b.bytes[k]) + ")", "bucket", r, kCommTrack, us(begin),
+        events.push_back(complete(name + " (" + size_text(b.bytes()) + ")", "bucket", r, kCommTrack, us(begin),
                                   us(end - begin),
                                   {{"step", s},
                                    {"bucket", k},
-                                   {"bytes", b.bytes[k]},
-                                   {"pieces", b.param_names[k]},
+                                   {"bytes", b.bytes()},
+                                   {"pieces", b.pieces},
                                    {"ready_ms", ready - start},
                                    {"wait_after_ready_ms", begin - ready},
                                    {"comm_ms", end - begin}}));
@@ -125,17 +123,16 @@ nlohmann::json chrome_trace(const RunData& run) {
     }
   }
   nlohmann::json other = {{"run_file", run.path},
-                          {"world_size", run.world_size},
-                          {"num_steps", run.num_steps},
+                          {"world_size", run.world_size()},
+                          {"num_steps", run.steps},
                           {"first_steady_step", first_steady},
                           {"config", run.config},
                           {"clock",
                            "ranks leave an MPI_Barrier together at start, then read their own monotonic "
-                           "clock (alignment good to tens of microseconds on one host)"}};
-  for (const char* key : {"git_commit", "start_time_utc", "command_line"}) {
-    const auto it = run.attrs.find(key);
-    if (it != run.attrs.end()) other[key] = it->second;
-  }
+                           "clock (alignment good to tens of microseconds on one host)"},
+                          {"git_commit", run.meta.git_commit},
+                          {"start_time_utc", run.meta.start_time_utc},
+                          {"command_line", run.meta.command_line}};
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
 }
 
@@ -146,7 +143,7 @@ std::string default_timeline_path(const std::string& run_path) {
   return (has_ext ? run_path.substr(0, run_path.size() - ext.size()) : run_path) + ".trace.json";
 }
 
-void write_timeline(const RunData& run, const std::string& path, bool force) {
+void write_timeline(const RunRecord& run, const std::string& path, bool force) {
   // Strings come from the run file as stored (hostnames, attributes): bytes that are not UTF-8 become U+FFFD
   // instead of a json::type_error that would end `ddplab timeline` as an internal error.
   const std::string text = chrome_trace(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -5,18 +5,18 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "record/run_reader.h"
+#include "record/run_record.h"
 
 namespace ddplab {
 
 // The trace as a JSON object {"traceEvents": [...], ...}; ts and dur in microseconds.
-nlohmann::json chrome_trace(const RunData& run);
+nlohmann::json chrome_trace(const RunRecord& run);
 
 // "runs/x.h5" -> "runs/x.trace.json".
 std::string default_timeline_path(const std::string& run_path);
 
 // Writes chrome_trace(run) to `path` through a temporary that is moved into place only when complete; an
 // existing file is replaced only with `force` (the run file's rules). Throws std::runtime_error.
-void write_timeline(const RunData& run, const std::string& path, bool force);
+void write_timeline(const RunRecord& run, const std::string& path, bool force);
 
 }  // namespace ddplab

@@ -23,7 +23,7 @@
 #include "launcher/cli.h"
 #include "comm/watchdog.h"
 #include "record/errors.h"
-#include "analysis/report.h"
+#include "launcher/report_commands.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
 #include "train/trainer.h"

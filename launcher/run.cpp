@@ -14,11 +14,13 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "analysis/report.h"
 #include "git_commit.h"
 #include "launcher/cli.h"
 #include "comm/watchdog.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
+#include "record/files.h"
 #include "record/run_file.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
@@ -239,7 +241,7 @@ void require_device(const TrainConfig& config, MPI_Comm comm) {
   throw UsageError("--device cuda: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason);
 }
 
-RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& options) {
+SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions& options) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
@@ -268,10 +270,11 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);
 
-  RunResult result;
+  SummarizedRun result;
   const auto runner = std::make_unique<Trainer>(config, world);
   const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *runner);
-  RunMetadata meta;
+  RunRecord& record = result.record;  // rank 0 fills in the records when it writes them
+  RunMetadata& meta = record.meta;
   meta.first_step = first_step;
   meta.command = options.command;
   meta.command_line = options.command_line;
@@ -285,7 +288,7 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   meta.device = config.device;
   meta.world_size = size;
   meta.hostnames = gather_hostnames(world);
-  meta.config_json = to_json(config).dump();
+  record.config = to_json(config);
 
   if (rank == 0 && !config.quiet) {
     if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
@@ -301,22 +304,19 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     std::fflush(stdout);
   }
 
-  // Each rank keeps its records only until the next gather (a snapshot, or the end); rank 0 keeps everyone's,
-  // per rank, for the run file. So the other ranks' memory stays flat however long the run.
+  // Each rank keeps its records only until the next gather (a snapshot, or the end); rank 0 keeps everyone's in
+  // the run's record. So the other ranks' memory stays flat however long the run.
   std::vector<StepRecord> mine;
   std::vector<BucketTimes> my_buckets;
-  std::vector<std::vector<StepRecord>> gathered(rank == 0 ? size : 0);
-  std::vector<std::vector<BucketTimes>> gathered_buckets(rank == 0 ? size : 0);
   int steps_done = 0;
   StepRecord last{};
   const int global_batch = config.batch * config.grad_accum * size;
-  RunBuckets buckets;
-  buckets.layout = runner->buckets();
-  for (const Bucket& b : buckets.layout) buckets.names.push_back(bucket_contents(*runner, b));
+  for (const Bucket& b : runner->buckets())
+    record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*runner, b)});
 
   // Moves every rank's records since the last gather to rank 0 (every rank ran the same steps).
   auto gather_new = [&] {
-    const size_t k = mine.size();
+    const size_t k = mine.size(), nb = record.buckets.size();
     std::vector<StepRecord> records(rank == 0 ? k * size : 0);
     std::vector<BucketTimes> times(rank == 0 ? my_buckets.size() * size : 0);
     {
@@ -324,10 +324,16 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
       gather_to_root(mine, records, world);
       gather_to_root(my_buckets, times, world);
     }
-    for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
-      gathered[r].insert(gathered[r].end(), records.begin() + r * k, records.begin() + (r + 1) * k);
-      gathered_buckets[r].insert(gathered_buckets[r].end(), times.begin() + r * my_buckets.size(),
-                                 times.begin() + (r + 1) * my_buckets.size());
+    if (rank == 0) {
+      // Rank-major: rank r's new steps go after its earlier ones, which end where ranks 0..r-1 (grown by k
+      // already) and its own steps_done records end.
+      for (size_t r = 0; r < static_cast<size_t>(size); ++r) {
+        const size_t end = (r + 1) * steps_done + r * k;
+        record.records.insert(record.records.begin() + end, records.begin() + r * k, records.begin() + (r + 1) * k);
+        record.bucket_times.insert(record.bucket_times.begin() + end * nb, times.begin() + r * k * nb,
+                                   times.begin() + (r + 1) * k * nb);
+      }
+      record.steps = steps_done + static_cast<int>(k);
     }
     steps_done += static_cast<int>(k);
     mine.clear();
@@ -340,16 +346,10 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
     gather_new();
     std::string write_error;
     if (rank == 0) {
-      std::vector<StepRecord> all;  // rank-major, as the run file stores them
-      all.reserve(static_cast<size_t>(size) * steps_done);
-      buckets.times.clear();
-      for (int r = 0; r < size; ++r) {
-        all.insert(all.end(), gathered[r].begin(), gathered[r].end());
-        buckets.times.insert(buckets.times.end(), gathered_buckets[r].begin(), gathered_buckets[r].end());
-      }
-      result.summary = summarize(all, size, steps_done, config.warmup_steps, global_batch);
+      result.summary = summarize(record);
       try {
-        write_run_file(path, force, meta, all, steps_done, to_json(result.summary).dump(), buckets);
+        write_run_file(path, force, record, to_json(result.summary).dump());
+        record.path = path;
       } catch (const std::exception& e) {
         write_error = e.what();
       }
@@ -420,13 +420,14 @@ RunResult run_training(TrainConfig config, MPI_Comm world, const RunOptions& opt
   error = write_results(config.out, config.force);
   if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot
   if (rank == 0 && !config.quiet) {
-    print_summary(stdout, result.summary, meta.hostnames);
+    std::printf("steady state: steps %d..%d of %d (warm-up skipped), global batch %d\n",
+                result.summary.first_steady_step, record.steps - 1, record.steps, result.summary.global_batch);
+    print_summary(stdout, record, result.summary);
     if (error.empty()) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
     std::fflush(stdout);
   }
   if (!error.empty()) throw std::runtime_error(error);
   if (stopped) throw *stopped;
-  result.path = config.out;
   return result;
 }
 

@@ -19,15 +19,11 @@ struct RunOptions {
   std::string label;              // printed above the run's header (suite case name)
 };
 
-struct RunResult {
-  RunSummary summary;  // valid on rank 0 of the communicator
-  std::string path;    // the run file written
-};
-
 // Collective over comm. Validates the config (UsageError), checks the output path (rank 0 decides, every rank
 // learns), trains, gathers every rank's records on rank 0, which writes the run file and prints the summary
-// unless config.quiet. Throws std::runtime_error on failure, on every rank.
-RunResult run_training(TrainConfig config, MPI_Comm comm, const RunOptions& options);
+// unless config.quiet. Returns, on rank 0, the run's record (record.path: the run file) and its summary, the
+// ones the file holds; the other ranks' record has no steps. Throws std::runtime_error on failure, on every rank.
+SummarizedRun run_training(TrainConfig config, MPI_Comm comm, const RunOptions& options);
 
 // --device cuda: every rank of comm has a usable GPU (and the build has CUDA); otherwise every rank throws the same
 // UsageError naming the lowest failing rank's reason. Collective; nothing for --device cpu.

@@ -13,12 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launcher/cli.h"
-#include "record/errors.h"
-#include "analysis/report.h"
-#include "launcher/run.h"
-#include "record/run_reader.h"
+#include "analysis/blame.h"
 #include "analysis/timeline.h"
+#include "launcher/cli.h"
+#include "launcher/run.h"
+#include "record/errors.h"
 
 namespace ddplab {
 namespace {
@@ -30,10 +29,12 @@ struct Case {
   TrainConfig config;
 };
 
+// What the suite keeps of a case once it has run (the step records are dropped case by case).
 struct CaseResult {
   Case c;
   RunSummary summary;
   std::string path;
+  std::vector<std::string> blame;  // multi-rank cases: who sets the pace, from the records in memory
 };
 
 // The ranks a case does not use wait for it without spinning: Open MPI's blocking barrier polls a core, which
@@ -159,12 +160,6 @@ std::vector<Case> token_cases(const SuiteOptions& o, int world) {
   return cases;
 }
 
-double mean_over_ranks(const RunSummary& s, double StepRecord::*field) {
-  double sum = 0;
-  for (const StepRecord& r : s.ranks) sum += r.*field;
-  return s.ranks.empty() ? 0 : sum / s.ranks.size();
-}
-
 }  // namespace
 
 CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
@@ -215,7 +210,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, &sub);
     TrainConfig config = c.config;
     config.out = o.out_dir + "/" + c.name + ".h5";
-    RunResult r;
+    SummarizedRun r;
     if (sub != MPI_COMM_NULL) {
       try {
         r = run_training(config, sub, RunOptions{"suite " + o.name, command_line, c.name});
@@ -232,7 +227,9 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     }
     wait_quietly(world);
     if (rank == 0) {
-      results.push_back({c, r.summary, r.path});
+      results.push_back({c, r.summary, r.record.path, {}});
+      if (c.world_size >= 2) results.back().blame = blame(r.record, r.summary);
+      if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
                   r.summary.slowest_step_ms, r.summary.samples_per_s, MPI_Wtime() - start);
       std::fflush(stdout);
@@ -269,11 +266,12 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                                : 0;
     if ((r.c.group == "pathology" || r.c.group == "input") && baseline && s.final_loss != baseline->summary.final_loss)
       loss_identical = false;
-    const double data = mean_over_ranks(s, &StepRecord::data_ms);
-    const double compute = mean_over_ranks(s, &StepRecord::forward_ms) + mean_over_ranks(s, &StepRecord::backward_ms);
-    const double exposed = mean_over_ranks(s, &StepRecord::exposed_comm_ms);
-    const double extra = mean_over_ranks(s, &StepRecord::extra_comm_ms) + mean_over_ranks(s, &StepRecord::host_work_ms);
-    const double barrier = mean_over_ranks(s, &StepRecord::barrier_ms);
+    const StepRecord mean = mean_over_ranks(s);
+    const double data = mean.data_ms;
+    const double compute = mean.forward_ms + mean.backward_ms;
+    const double exposed = mean.exposed_comm_ms;
+    const double extra = mean.extra_comm_ms + mean.host_work_ms;
+    const double barrier = mean.barrier_ms;
     char eff[16] = "-";
     if (ref) std::snprintf(eff, sizeof eff, "%.2f", efficiency);
     std::printf("%-16s %3d %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %8.2f %+8.0f%%\n", r.c.name.c_str(),
@@ -281,8 +279,8 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                 compute, exposed, extra + barrier, 100 * vs_base);
     csv << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ',' << s.slowest_rank
         << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ',' << efficiency << ',' << s.mean_spread_ms << ','
-        << data << ',' << compute << ',' << mean_over_ranks(s, &StepRecord::comm_ms) << ','
-        << mean_over_ranks(s, &StepRecord::hidden_comm_ms) << ',' << exposed << ',' << extra << ',' << barrier << ','
+        << data << ',' << compute << ',' << mean.comm_ms << ','
+        << mean.hidden_comm_ms << ',' << exposed << ',' << extra << ',' << barrier << ','
         << vs_base << ',' << s.final_loss << ',' << s.useful_tokens_per_s << ',' << s.padded_tokens_per_s << ','
         << s.padding_ratio << ',' << s.mean_token_spread << ',' << r.path << '\n';
     json_cases.push_back({{"case", r.c.name},
@@ -313,25 +311,23 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     std::printf("vs_unif: useful tokens/s against uniform 128-token sequences (the same sample count without skew)\n");
   }
 
-  // Who sets the pace in each multi-rank case, and why (launcher/report.h).
+  // Who sets the pace in each multi-rank case, and why (analysis/blame.h).
   std::printf("\nblame:\n");
   std::vector<std::string> files;
   for (size_t i = 0; i < results.size(); ++i) {
     files.push_back(results[i].path);
     if (results[i].c.world_size < 2) continue;
-    const std::vector<std::string> lines = blame(read_run_file(results[i].path));
-    for (const std::string& line : lines) std::printf("  %-16s %s\n", results[i].c.name.c_str(), line.c_str());
-    json_cases[i]["blame"] = lines;
+    for (const std::string& line : results[i].blame)
+      std::printf("  %-16s %s\n", results[i].c.name.c_str(), line.c_str());
+    json_cases[i]["blame"] = results[i].blame;
   }
   nlohmann::json summary = {{"suite", o.name}, {"world_size", size}, {"steps", o.base.steps},
                             {"loss_identical", loss_identical}, {"cases", json_cases}};
   std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   if (const CaseResult* straggler = find("straggler")) {
-    const std::string trace = default_timeline_path(straggler->path);
-    write_timeline(read_run_file(straggler->path), trace, /*force=*/true);
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
-                trace.c_str());
+                default_timeline_path(straggler->path).c_str());
   }
   draw_charts(o.out_dir, files);
   return loss_identical ? 0 : 1;
@@ -381,8 +377,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       char name[64];
       std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
       config.out = o.out_dir + "/" + name + ".h5";
-      const RunResult r = run_training(config, world, RunOptions{"sweep", command_line, name});
-      points.push_back({bucket_mb, overlap, r.summary, r.path});
+      const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
+      points.push_back({bucket_mb, overlap, r.summary, r.record.path});
     }
   }
   if (rank != 0) return 0;
@@ -396,12 +392,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   const Point* best = &points.front();
   for (const Point& p : points) {
     const RunSummary& s = p.summary;
-    StepRecord mean;  // over ranks
-    double fraction = 0;
-    for (const StepRecord& r : s.ranks) {
-      for (const auto& [name, field] : kStepFields) mean.*field += r.*field / s.ranks.size();
-      fraction += hidden_fraction(r) / s.ranks.size();
-    }
+    const StepRecord mean = mean_over_ranks(s);
+    const double fraction = mean_hidden_fraction(s);
     std::printf("%9g %7s %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%\n", p.bucket_mb, p.overlap.c_str(),
                 s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms, mean.hidden_comm_ms,
                 mean.exposed_comm_ms, 100 * fraction);

@@ -1,6 +1,7 @@
-// Writing a result so that it is all-or-nothing: write `temp_path_for(path)`, then publish_file() it.
+// Writing a result so that it is all-or-nothing: check_output_path() before the work, then write
+// `temp_path_for(path)` and publish_file() it.
 #pragma once
-#include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +11,21 @@
 #include <string>
 
 namespace ddplab {
+
+// Empty when `path` can be written (its folder exists and is writable; it does not exist unless `force`),
+// otherwise a one-line reason. Leaves nothing behind.
+inline std::string check_output_path(const std::string& path, bool force) {
+  if (path.empty()) return "output path is empty";
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !force)
+    return "output file " + path + " already exists (pass --force to overwrite)";
+  const auto slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (stat(folder.c_str(), &st) != 0) return "output folder " + folder + " does not exist";
+  if (!S_ISDIR(st.st_mode)) return "output folder " + folder + " is not a folder";
+  if (access(folder.c_str(), W_OK) != 0) return "output folder " + folder + " is not writable";
+  return "";
+}
 
 inline std::string temp_path_for(const std::string& path) { return path + ".tmp." + std::to_string(getpid()); }
 
@@ -21,22 +37,5 @@ inline void publish_file(const std::string& tmp, const std::string& path, bool f
   unlink(tmp.c_str());  // after link(): the temporary name; after a failed rename(): the leftover
   if (!ok) throw std::runtime_error("cannot create " + path + ": " + std::strerror(error));
 }
-
-// RAII for HDF5 identifiers: the closer matches the kind of object (H5Fclose, H5Dclose, ...).
-class H5Id {
- public:
-  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  operator hid_t() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
 
 }  // namespace ddplab

@@ -1,141 +1,209 @@
 #include "record/run_file.h"
 
-#include <hdf5.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
+#include <cstdint>
 #include <stdexcept>
-#include <type_traits>
 
 #include "record/files.h"
-#include "record/h5util.h"
+#include "record/hdf5.h"
 
 namespace ddplab {
 namespace {
 
-void write_string_list(hid_t loc, const char* name, const std::vector<std::string>& values) {
-  std::vector<const char*> ptrs;
-  for (const auto& v : values) ptrs.push_back(v.c_str());
-  H5Id type(utf8_string_type(), H5Tclose);
-  const hsize_t dims[1] = {values.size()};
-  H5Id space(h5(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), H5Sclose);
-  H5Id set(h5(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name), H5Dclose);
-  h5(H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), name);
-}
+// The steps/ datasets every schema-3 file has; the fields added since read as zero from a file that lacks them.
+const char* const kRequiredStepFields[] = {"start_ms",     "data_ms", "forward_ms", "backward_ms",    "exposed_comm_ms",
+                                           "optimizer_ms", "step_ms", "comm_ms",    "hidden_comm_ms", "loss"};
 
-// A dataset of any rank from a flat row-major array; `units` (if any) as an attribute.
-template <typename T>
-void write_array(hid_t loc, const char* name, const std::vector<T>& data, std::vector<hsize_t> dims,
-                 const char* units) {
-  const bool is_double = std::is_same_v<T, double>;
-  static_assert(std::is_same_v<T, double> || std::is_same_v<T, int64_t>);
-  H5Id space(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "H5Screate_simple"), H5Sclose);
-  const hid_t file_type = is_double ? H5T_IEEE_F64LE : H5T_STD_I64LE;
-  const hid_t mem_type = is_double ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT64;
-  H5Id set(h5(H5Dcreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name), H5Dclose);
-  if (!data.empty()) h5(H5Dwrite(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name);
-  if (units) write_string_attr(set, "units", units);
-}
+// The root string attributes that describe the run. A file that lacks one (older writers had no `device`) reads
+// as RunMetadata's default.
+const std::pair<const char*, std::string RunMetadata::*> kTextAttrs[] = {
+    {"command", &RunMetadata::command},
+    {"command_line", &RunMetadata::command_line},
+    {"start_time_utc", &RunMetadata::start_time_utc},
+    {"git_commit", &RunMetadata::git_commit},
+    {"ddplab_version", &RunMetadata::ddplab_version},
+    {"mpi_library", &RunMetadata::mpi_library},
+    {"hdf5_version", &RunMetadata::hdf5_version},
+    {"blas", &RunMetadata::blas},
+    {"cuda", &RunMetadata::cuda},
+    {"device", &RunMetadata::device},
+    {"stop_reason", &RunMetadata::stop_reason},
+};
 
-void write_buckets(hid_t file, const RunBuckets& buckets, hsize_t world, hsize_t steps) {
-  H5Id group(h5(H5Gcreate2(file, "buckets", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create /buckets"), H5Gclose);
-  const hsize_t nb = buckets.layout.size();
+const std::pair<const char*, double BucketTimes::*> kBucketTimes[] = {
+    {"ready_ms", &BucketTimes::ready_ms},
+    {"comm_start_ms", &BucketTimes::comm_start_ms},
+    {"comm_end_ms", &BucketTimes::comm_end_ms},
+};
+
+// ---- writing ----------------------------------------------------------------------------------------------------
+
+void write_buckets(hid_t file, const RunRecord& run) {
+  H5Id group(create_group(file, "buckets"), H5Gclose);
+  const hsize_t world = run.world_size(), steps = run.steps, nb = run.buckets.size();
   std::vector<int64_t> first, last, count, bytes;
-  for (const Bucket& b : buckets.layout) {
+  std::vector<std::string> pieces;
+  for (const BucketRecord& b : run.buckets) {
     first.push_back(b.first_piece);
     last.push_back(b.last_piece);
     count.push_back(b.count);
-    bytes.push_back(b.count * static_cast<int64_t>(sizeof(float)));
+    bytes.push_back(b.bytes());
+    pieces.push_back(b.pieces);
   }
-  write_array(group, "first_piece", first, {nb}, nullptr);
-  write_array(group, "last_piece", last, {nb}, nullptr);
-  write_array(group, "count", count, {nb}, "elements");
-  write_array(group, "bytes", bytes, {nb}, "bytes");
-  write_string_list(group, "param_names", buckets.names);
-  if (buckets.times.size() != world * steps * nb) throw std::logic_error("write_run_file: bucket times size");
-  std::vector<double> column(buckets.times.size());
-  const std::pair<const char*, double BucketTimes::*> fields[] = {{"ready_ms", &BucketTimes::ready_ms},
-                                                                  {"comm_start_ms", &BucketTimes::comm_start_ms},
-                                                                  {"comm_end_ms", &BucketTimes::comm_end_ms}};
-  for (const auto& [name, member] : fields) {
-    for (size_t i = 0; i < column.size(); ++i) column[i] = buckets.times[i].*member;
-    write_array(group, name, column, {world, steps, nb}, "ms");
+  write_numbers(group, "first_piece", first, {nb}, nullptr);
+  write_numbers(group, "last_piece", last, {nb}, nullptr);
+  write_numbers(group, "count", count, {nb}, "elements");
+  write_numbers(group, "bytes", bytes, {nb}, "bytes");
+  write_strings(group, "param_names", pieces);
+  std::vector<double> column(run.bucket_times.size());
+  for (const auto& [name, member] : kBucketTimes) {
+    for (size_t i = 0; i < column.size(); ++i) column[i] = run.bucket_times[i].*member;
+    write_numbers(group, name, column, {world, steps, nb}, H5T_IEEE_F64LE, "ms");
   }
 }
 
-bool exists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
-std::string folder_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-void write_contents(hid_t file, const RunMetadata& meta, const std::vector<StepRecord>& records, int steps,
-                    const std::string& summary_json, const RunBuckets& buckets) {
+void write_contents(hid_t file, const RunRecord& run, const std::string& summary_json) {
+  const RunMetadata& meta = run.meta;
   write_int_attr(file, "schema_version", kRunFileSchemaVersion);
-  write_string_attr(file, "command", meta.command);
-  write_string_attr(file, "config", meta.config_json);
-  write_string_attr(file, "command_line", meta.command_line);
-  write_string_attr(file, "start_time_utc", meta.start_time_utc);
-  write_string_attr(file, "git_commit", meta.git_commit);
-  write_string_attr(file, "ddplab_version", meta.ddplab_version);
-  write_string_attr(file, "mpi_library", meta.mpi_library);
-  write_string_attr(file, "hdf5_version", meta.hdf5_version);
-  write_string_attr(file, "blas", meta.blas);
-  write_string_attr(file, "cuda", meta.cuda);
-  write_string_attr(file, "device", meta.device);
+  for (const auto& [name, member] : kTextAttrs) write_string_attr(file, name, meta.*member);
+  write_string_attr(file, "config", run.config.dump());
   write_string_attr(file, "summary", summary_json);
-  write_string_attr(file, "stop_reason", meta.stop_reason);
   write_int_attr(file, "first_step", meta.first_step);
   write_int_attr(file, "world_size", meta.world_size);
-  write_int_attr(file, "num_steps", steps);
-  write_string_list(file, "hostnames", meta.hostnames);
+  write_int_attr(file, "num_steps", run.steps);
+  write_strings(file, "hostnames", meta.hostnames);
 
-  H5Id group(h5(H5Gcreate2(file, "steps", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create /steps"), H5Gclose);
-  const size_t world = meta.world_size;
-  std::vector<double> column(world * steps);
-  for (const auto& [name, member] : kStepFields) {
-    for (size_t i = 0; i < column.size(); ++i) column[i] = records[i].*member;
-    write_array(group, name, column, {world, static_cast<hsize_t>(steps)}, step_field_units(name));
+  H5Id group(create_group(file, "steps"), H5Gclose);
+  const hsize_t world = meta.world_size, steps = run.steps;
+  std::vector<double> column(run.records.size());
+  for (const StepField& f : kStepFields) {
+    for (size_t i = 0; i < column.size(); ++i) column[i] = run.records[i].*f.member;
+    write_numbers(group, f.name, column, {world, steps}, H5T_IEEE_F64LE, f.units);
   }
-  write_buckets(file, buckets, world, steps);
+  write_buckets(file, run);
+}
+
+// ---- reading ----------------------------------------------------------------------------------------------------
+
+nlohmann::json parse_json_attr(hid_t file, const char* name) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_string_attr(file, name));
+  } catch (const nlohmann::json::exception&) {
+    throw FileProblem(std::string("attribute ") + name + " is not valid JSON");
+  }
+  if (!j.is_object()) throw FileProblem(std::string("attribute ") + name + " is not a JSON object");
+  return j;
+}
+
+void read_steps(hid_t file, RunRecord& run) {
+  H5Id group(open_group(file, "steps", "steps"), H5Gclose);
+  for (const char* name : kRequiredStepFields)
+    if (!has_link(group, name)) throw FileProblem(std::string("missing dataset steps/") + name);
+  const hsize_t world = run.world_size(), steps = run.steps;
+  // Every column is read (and its claimed size checked against the file) before the records are allocated.
+  std::vector<std::pair<double StepRecord::*, std::vector<double>>> columns;
+  for (const StepField& f : kStepFields)
+    if (has_link(group, f.name))
+      columns.emplace_back(f.member, read_doubles(group, f.name, {world, steps}, std::string("steps/") + f.name));
+  run.records.assign(world * steps, StepRecord{});
+  for (const auto& [member, column] : columns)
+    for (size_t i = 0; i < column.size(); ++i) run.records[i].*member = column[i];
+}
+
+void read_buckets(hid_t file, RunRecord& run) {
+  H5Id group(open_group(file, "buckets", "buckets"), H5Gclose);
+  // The number of buckets comes from `bytes`; every other bucket dataset must agree with it.
+  const std::vector<hsize_t> dims = dataset_dims(group, "bytes", "buckets/bytes");
+  if (dims.size() != 1) throw FileProblem("buckets/bytes has shape " + shape_text(dims) + ", expected [num_buckets]");
+  const hsize_t nb = dims[0], world = run.world_size(), steps = run.steps;
+  const std::vector<int64_t> bytes = read_int64s(group, "bytes", {nb}, "buckets/bytes");
+  const std::vector<int64_t> count = read_int64s(group, "count", {nb}, "buckets/count");
+  const std::vector<int64_t> first = read_int64s(group, "first_piece", {nb}, "buckets/first_piece");
+  const std::vector<int64_t> last = read_int64s(group, "last_piece", {nb}, "buckets/last_piece");
+  const std::vector<std::string> pieces = read_strings(group, "param_names", nb, "buckets/param_names");
+  run.buckets.resize(nb);
+  for (size_t k = 0; k < nb; ++k) {
+    BucketRecord& b = run.buckets[k];
+    b.first_piece = static_cast<int>(first[k]);
+    b.last_piece = static_cast<int>(last[k]);
+    b.count = count[k];
+    b.pieces = pieces[k];
+    if (count[k] < 0 || count[k] > INT64_MAX / 4 || b.bytes() != bytes[k])
+      throw FileProblem("buckets/bytes[" + std::to_string(k) + "] is " + std::to_string(bytes[k]) +
+                        ", not 4 x buckets/count (" + std::to_string(count[k]) + ")");
+  }
+  for (const auto& [name, member] : kBucketTimes) {
+    const std::vector<double> column = read_doubles(group, name, {world, steps, nb}, std::string("buckets/") + name);
+    run.bucket_times.resize(column.size());
+    for (size_t i = 0; i < column.size(); ++i) run.bucket_times[i].*member = column[i];
+  }
+}
+
+void read_contents(hid_t file, RunRecord& run) {
+  if (!has_attr(file, "schema_version")) throw FileProblem("no schema_version attribute (not a ddplab run file)");
+  const int64_t version = read_int_attr(file, "schema_version");
+  if (version != kRunFileSchemaVersion)
+    throw FileProblem("schema version " + std::to_string(version) + ", this ddplab reads version " +
+                      std::to_string(kRunFileSchemaVersion));
+  RunMetadata& meta = run.meta;
+  meta.world_size = static_cast<int>(read_int_attr(file, "world_size", 1, 1 << 20));
+  run.steps = static_cast<int>(read_int_attr(file, "num_steps", 1, 1 << 30));
+  for (const auto& [name, member] : kTextAttrs)
+    if (has_attr(file, name)) meta.*member = read_string_attr(file, name);
+  if (has_attr(file, "first_step")) meta.first_step = read_int_attr(file, "first_step", 0);
+  run.config = parse_json_attr(file, "config");
+  parse_json_attr(file, "summary");  // for scripts; the summary is recomputed from the records
+  (void)run.first_steady_step();     // a config field of the wrong type throws here, with the file named
+  (void)run.global_batch();
+  meta.hostnames = read_strings(file, "hostnames", meta.world_size, "hostnames");
+  read_steps(file, run);
+  read_buckets(file, run);
 }
 
 }  // namespace
 
-std::string check_output_path(const std::string& path, bool force) {
-  if (path.empty()) return "output path is empty";
-  if (exists(path) && !force) return "output file " + path + " already exists (pass --force to overwrite)";
-  const std::string folder = folder_of(path);
-  struct stat st;
-  if (stat(folder.c_str(), &st) != 0) return "output folder " + folder + " does not exist";
-  if (!S_ISDIR(st.st_mode)) return "output folder " + folder + " is not a folder";
-  if (access(folder.c_str(), W_OK) != 0) return "output folder " + folder + " is not writable";
-  return "";
-}
-
-void write_run_file(const std::string& path, bool force, const RunMetadata& meta, const std::vector<StepRecord>& records,
-                    int steps, const std::string& summary_json, const RunBuckets& buckets) {
-  if (records.size() != static_cast<size_t>(meta.world_size) * steps)
-    throw std::logic_error("write_run_file: records do not match world_size * steps");
+void write_run_file(const std::string& path, bool force, const RunRecord& run, const std::string& summary_json) {
+  const size_t world = run.world_size(), steps = run.steps;
+  if (run.records.size() != world * steps || run.bucket_times.size() != world * steps * run.buckets.size())
+    throw std::logic_error("write_run_file: the records do not match world_size x steps (x buckets)");
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our exceptions carry the message; no HDF5 stack dumps
   const std::string tmp = temp_path_for(path);
   try {
     H5Id file(h5(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), ("create " + tmp).c_str()), H5Fclose);
-    write_contents(file, meta, records, steps, summary_json, buckets);
+    write_contents(file, run, summary_json);
     h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
   } catch (...) {
     unlink(tmp.c_str());
     throw;
   }
   publish_file(tmp, path, force);
+}
+
+RunRecord read_run_file(const std::string& path) {
+  hid_t id = -1;
+  try {
+    id = open_for_reading(path);
+  } catch (const FileProblem& e) {
+    throw std::runtime_error("cannot read run file " + path + ": " + e.what());
+  }
+  H5Id file(id, H5Fclose);
+  return read_run_file(file, path);
+}
+
+RunRecord read_run_file(hid_t file, const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our one-line errors replace HDF5's stack dumps
+  RunRecord run;
+  run.path = path;
+  try {
+    read_contents(file, run);
+  } catch (const FileProblem& e) {
+    throw std::runtime_error("cannot read run file " + path + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("cannot read run file " + path + ": unexpected config JSON (" + e.what() + ")");
+  }
+  return run;
 }
 
 }  // namespace ddplab

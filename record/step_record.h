@@ -1,8 +1,5 @@
 // One rank's timings of one training step; the unit of everything the run file stores per step.
 #pragma once
-#include <array>
-#include <string>
-#include <utility>
 
 namespace ddplab {
 
@@ -11,67 +8,79 @@ namespace ddplab {
 // data/forward/backward sum over the micro-batches. comm_ms and hidden_comm_ms describe the communication
 // thread: its busy time, and the part of it that ran while the (last) backward was running.
 struct StepRecord {
-  double start_ms = 0;         // step start, ms since the run's common start (ranks leave a barrier together)
-  double data_ms = 0;          // producing the batch
+  double start_ms = 0;  // step start, ms since the run's common start (ranks leave a barrier together)
+  double data_ms = 0;   // producing the batch
   double forward_ms = 0;
   double backward_ms = 0;
   double exposed_comm_ms = 0;  // after backward, waiting for the gradient all-reduces to finish
   double optimizer_ms = 0;
-  double extra_comm_ms = 0;    // an extra all-reduce after the optimizer (--extra-allreduce-mb)
-  double host_work_ms = 0;     // rank-0-only work before a barrier (--rank0-work-ms)
-  double barrier_ms = 0;       // waiting in that barrier
-  double step_ms = 0;          // the whole step
-  double comm_ms = 0;          // sum over buckets of all-reduce time (start to end on the comm thread)
-  double hidden_comm_ms = 0;   // comm time that overlapped backward
-  double loss = 0;             // this rank's mean loss on its own shard (mean over micro-batches)
+  double extra_comm_ms = 0;   // an extra all-reduce after the optimizer (--extra-allreduce-mb)
+  double host_work_ms = 0;    // rank-0-only work before a barrier (--rank0-work-ms)
+  double barrier_ms = 0;      // waiting in that barrier
+  double step_ms = 0;         // the whole step
+  double comm_ms = 0;         // sum over buckets of all-reduce time (start to end on the comm thread)
+  double hidden_comm_ms = 0;  // comm time that overlapped backward
+  double loss = 0;            // this rank's mean loss on its own shard (mean over micro-batches)
   // What the rank's batch held (summed over micro-batches; max_len: the longest).
   double samples = 0;
-  double useful_tokens = 0;    // real tokens (transformer workloads; 0 for the MLP)
-  double padded_tokens = 0;    // rows x longest row (a sequence, or several packed): what was computed on
-  double max_len = 0;          // the longest sequence
-  double skipped = 0;          // 1: a non-finite loss or gradient, update skipped (--skip-nonfinite)
+  double useful_tokens = 0;  // real tokens (transformer workloads; 0 for the MLP)
+  double padded_tokens = 0;  // rows x longest row (a sequence, or several packed): what was computed on
+  double max_len = 0;        // the longest sequence
+  double skipped = 0;        // 1: a non-finite loss or gradient, update skipped (--skip-nonfinite)
 };
 
-// Field table: the run file writes one dataset per entry, the summary reads them by name.
-inline constexpr std::array<std::pair<const char*, double StepRecord::*>, 18> kStepFields = {{
-    {"start_ms", &StepRecord::start_ms},
-    {"data_ms", &StepRecord::data_ms},
-    {"forward_ms", &StepRecord::forward_ms},
-    {"backward_ms", &StepRecord::backward_ms},
-    {"exposed_comm_ms", &StepRecord::exposed_comm_ms},
-    {"optimizer_ms", &StepRecord::optimizer_ms},
-    {"extra_comm_ms", &StepRecord::extra_comm_ms},
-    {"host_work_ms", &StepRecord::host_work_ms},
-    {"barrier_ms", &StepRecord::barrier_ms},
-    {"step_ms", &StepRecord::step_ms},
-    {"comm_ms", &StepRecord::comm_ms},
-    {"hidden_comm_ms", &StepRecord::hidden_comm_ms},
-    {"loss", &StepRecord::loss},
-    {"samples", &StepRecord::samples},
-    {"useful_tokens", &StepRecord::useful_tokens},
-    {"padded_tokens", &StepRecord::padded_tokens},
-    {"max_len", &StepRecord::max_len},
-    {"skipped", &StepRecord::skipped},
-}};
+// What a field is, for the code that treats fields alike: the run file (dataset type and units), the summary
+// (which fields have a meaningful mean) and the analysis (which fields tile the step).
+enum class FieldKind {
+  kInstant,  // a point on the run's clock (start_ms): no mean
+  kPhase,    // a part of the step; the phases, in the order the step runs them, add up to step_ms
+  kTime,     // another duration, ms
+  kValue,    // a real number (the loss)
+  kCount,    // a whole number of samples, tokens or steps
+};
 
-// The phases that tile step_ms, in step order: each runner reads one clock at every boundary between two of them, so
-// they add up to step_ms up to rounding.
-inline constexpr std::array<double StepRecord::*, 8> kStepPhases = {
-    &StepRecord::data_ms,      &StepRecord::forward_ms,    &StepRecord::backward_ms,  &StepRecord::exposed_comm_ms,
-    &StepRecord::optimizer_ms, &StepRecord::extra_comm_ms, &StepRecord::host_work_ms, &StepRecord::barrier_ms};
+struct StepField {
+  const char* name;  // the run file's dataset steps/<name>, the summary's key
+  double StepRecord::*member;
+  FieldKind kind;
+  const char* units;  // the dataset's `units` attribute
+};
+
+// The field table: a field added here is written, read back (as zero from files that lack it), averaged in the
+// summary, and shown by `ddplab report --json`; the tables and charts show the fields they name.
+inline constexpr StepField kStepFields[] = {
+    {"start_ms", &StepRecord::start_ms, FieldKind::kInstant, "ms"},
+    {"data_ms", &StepRecord::data_ms, FieldKind::kPhase, "ms"},
+    {"forward_ms", &StepRecord::forward_ms, FieldKind::kPhase, "ms"},
+    {"backward_ms", &StepRecord::backward_ms, FieldKind::kPhase, "ms"},
+    {"exposed_comm_ms", &StepRecord::exposed_comm_ms, FieldKind::kPhase, "ms"},
+    {"optimizer_ms", &StepRecord::optimizer_ms, FieldKind::kPhase, "ms"},
+    {"extra_comm_ms", &StepRecord::extra_comm_ms, FieldKind::kPhase, "ms"},
+    {"host_work_ms", &StepRecord::host_work_ms, FieldKind::kPhase, "ms"},
+    {"barrier_ms", &StepRecord::barrier_ms, FieldKind::kPhase, "ms"},
+    {"step_ms", &StepRecord::step_ms, FieldKind::kTime, "ms"},
+    {"comm_ms", &StepRecord::comm_ms, FieldKind::kTime, "ms"},
+    {"hidden_comm_ms", &StepRecord::hidden_comm_ms, FieldKind::kTime, "ms"},
+    {"loss", &StepRecord::loss, FieldKind::kValue, "nats"},
+    {"samples", &StepRecord::samples, FieldKind::kCount, "samples"},
+    {"useful_tokens", &StepRecord::useful_tokens, FieldKind::kCount, "tokens"},
+    {"padded_tokens", &StepRecord::padded_tokens, FieldKind::kCount, "tokens"},
+    {"max_len", &StepRecord::max_len, FieldKind::kCount, "tokens"},
+    {"skipped", &StepRecord::skipped, FieldKind::kCount, "steps"},
+};
+
+// The phases add up to step_ms: each trainer reads one clock at every boundary between two of them (up to rounding).
 inline double sum_of_phases(const StepRecord& r) {
-  double sum = 0;
-  for (double StepRecord::*phase : kStepPhases) sum += r.*phase;
-  return sum;
+  double phases = 0;
+  for (const StepField& f : kStepFields)
+    if (f.kind == FieldKind::kPhase) phases += r.*f.member;
+  return phases;
 }
 
-// The unit of a field of kStepFields, as the run file records it.
-inline const char* step_field_units(const std::string& name) {
-  if (name == "loss") return "nats";
-  if (name == "samples") return "samples";
-  if (name == "skipped") return "steps";
-  if (name.size() > 3 && name.compare(name.size() - 3, 3, "_ms") == 0) return "ms";
-  return "tokens";
+// Step time outside every recorded phase: work the records do not name.
+inline double untimed_ms(const StepRecord& r) {
+  const double phases = sum_of_phases(r);
+  return r.step_ms > phases ? r.step_ms - phases : 0.0;
 }
 
 }  // namespace ddplab

@@ -11,6 +11,8 @@ Several:   throughput         samples/s per file
                               files differ only in bucket_mb/overlap
            scaling            samples/s over world size against ideal, when the files differ only in world size
                               (and per-rank batch, for strong scaling)
+Steady-state figures (per-rank means, the slowest rank's step, samples/s, where the steady state starts) come from
+the run file's stored `summary`, the one ddplab computed; only the step-time chart reads the per-step datasets.
 Prints the path of every file it writes. Needs Debian's python3-h5py and python3-matplotlib (/usr/bin/python3).
 Bad input: one line "charts.py: error: ..." on stderr, exit code 2.
 """
@@ -26,9 +28,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 SCHEMA_VERSION = 3
-REQUIRED = ["start_ms", "data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "step_ms",
-            "comm_ms", "hidden_comm_ms", "loss"]
-LAB = ["extra_comm_ms", "host_work_ms", "barrier_ms"]  # newer phases: zero when a file lacks them
 # Config keys that do not make two runs different experiments.
 INCIDENTAL = {"out", "force"}
 
@@ -38,7 +37,8 @@ class BadInput(Exception):
 
 
 class Run:
-    """One run file: per-step datasets [world, steps] and the steady-state means per rank."""
+    """One run file: its stored summary (ddplab's own steady-state figures, docs/RUN_FILE.md) and, for the step-time
+    chart, every step's time on every rank."""
 
     def __init__(self, path):
         self.path = path
@@ -54,8 +54,6 @@ class Run:
                 self._load(f)
         except (KeyError, ValueError, TypeError) as e:
             raise BadInput(f"cannot read run file {path}: unexpected contents ({e})") from None
-        self.first_steady = min(max(int(self.summary.get("first_steady_step", 0)), 0), self.steps - 1)
-        self.global_batch = int(self.summary.get("global_batch", self.config.get("batch", 0) * self.world))
 
     def _load(self, f):
         path = self.path
@@ -69,30 +67,21 @@ class Run:
         self.steps = int(f.attrs["num_steps"])
         self.config = json.loads(f.attrs["config"])
         self.summary = json.loads(f.attrs["summary"])
-        self.fields = {}
-        for name in REQUIRED + LAB:
-            if name in f.get("steps", {}):
-                data = f["steps"][name][:]
-                if data.shape != (self.world, self.steps):
-                    raise BadInput(f"cannot read run file {path}: steps/{name} has shape {list(data.shape)}, "
-                                   f"expected [{self.world}, {self.steps}]")
-                self.fields[name] = data.astype(float)
-            elif name in REQUIRED:
-                raise BadInput(f"cannot read run file {path}: missing dataset steps/{name}")
-            else:
-                self.fields[name] = np.zeros((self.world, self.steps))
+        if len(self.summary["ranks"]) != self.world:
+            raise BadInput(f"cannot read run file {path}: the summary has {len(self.summary['ranks'])} ranks, "
+                           f"the run {self.world}")
+        self.first_steady = int(self.summary["first_steady_step"])
+        self.global_batch = int(self.summary["global_batch"])
+        self.step_ms = float(self.summary["slowest_step_ms"])  # the slowest rank's mean step: it sets the pace
+        self.samples_per_s = float(self.summary["samples_per_s"])
+        self.step_times = f["steps/step_ms"][:].astype(float)
+        if self.step_times.shape != (self.world, self.steps):
+            raise BadInput(f"cannot read run file {path}: steps/step_ms has shape {list(self.step_times.shape)}, "
+                           f"expected [{self.world}, {self.steps}]")
 
     def mean(self, name):
-        """Steady-state mean per rank, ms."""
-        return self.fields[name][:, self.first_steady:].mean(axis=1)
-
-    @property
-    def step_ms(self):
-        return float(self.mean("step_ms").max())  # the slowest rank sets the pace
-
-    @property
-    def samples_per_s(self):
-        return self.global_batch / (self.step_ms / 1e3) if self.step_ms > 0 else 0.0
+        """Steady-state mean per rank, as the summary stores it (0 for a field the file predates)."""
+        return np.array([float(rank.get(name, 0.0)) for rank in self.summary["ranks"]])
 
     def experiment(self, *ignore):
         """The config without the keys that a sweep varies (and the incidental ones)."""
@@ -138,13 +127,13 @@ def step_times_chart(run, out_dir, name, written):
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = np.arange(run.steps)
     for r in range(run.world):
-        ax.plot(steps, run.fields["step_ms"][r], marker=".", linewidth=1, label=f"rank {r}")
+        ax.plot(steps, run.step_times[r], marker=".", linewidth=1, label=f"rank {r}")
     if run.first_steady > 0:
         ax.axvspan(-0.5, run.first_steady - 0.5, color="0.9", label="warm-up")
     ax.set_xlabel("step")
     ax.set_ylabel("step time (ms)")
-    ax.set_yscale("log" if run.fields["step_ms"].min() > 0 and
-                  run.fields["step_ms"].max() > 20 * max(run.fields["step_ms"].min(), 1e-9) else "linear")
+    times = run.step_times
+    ax.set_yscale("log" if times.min() > 0 and times.max() > 20 * max(times.min(), 1e-9) else "linear")
     ax.set_title(f"{run.stem}: step time per rank")
     ax.legend(fontsize=8, ncol=2)
     save(fig, out_dir, name, written)

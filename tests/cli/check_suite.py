@@ -58,6 +58,20 @@ def main():
                   f"blame: {blamed['rank0_barrier']}")
         summary = json.load(open(os.path.join(out, "summary.json")))
         check([c["case"] for c in summary["cases"]] == expected, "summary.json lists every case in order")
+        # One summary: the suite's (from the records in memory) is the one each run file stores, and its blame is
+        # what `ddplab report` finds in the file.
+        paths = [os.path.join(out, c["case"] + ".h5") for c in summary["cases"]]
+        reports = json.loads(subprocess.run([ddplab, "report", "--json", *paths], capture_output=True, text=True,
+                                            timeout=60).stdout or "[]")
+        check(len(reports) == len(paths), f"report --json reads every case file ({len(reports)})")
+        for case, path, report in zip(summary["cases"], paths, reports):
+            with h5py.File(path, "r") as f:
+                stored = json.loads(f.attrs["summary"])
+            check(case["summary"] == stored == report["summary"],
+                  f"{case['case']}: the suite's summary = the stored one = report's")
+            if case["world_size"] >= 2:
+                check(case.get("blame") == [b["text"] for b in report["blame"]],
+                      f"{case['case']}: the suite's blame (from memory) = report's (from the file)")
         check(summary["loss_identical"], "pathologies leave the loss identical")
         lines = open(os.path.join(out, "summary.csv")).read().strip().split("\n")
         check(len(lines) == len(expected) + 1, "summary.csv: header + one row per case")

@@ -121,6 +121,31 @@ def main():
         check("rank 0 sets the pace (work before a barrier)" in proc.stdout and "every 2 steps" in proc.stdout,
               "barrier run: blame names rank 0's work before the barrier every 2 steps")
 
+        # ---- report --json ---------------------------------------------------------------------------------------
+        proc = run([mpirun, "-np", "2", ddplab, "report", "--json", straggler, a])
+        check(proc.returncode == 0, f"report --json exits 0 under mpirun ({proc.stderr.strip()[:300]})")
+        try:
+            reports = json.loads(proc.stdout)  # printed once, by rank 0: one JSON document
+        except ValueError as e:
+            reports = []
+            check(False, f"report --json prints one JSON document ({e}: {proc.stdout[:300]})")
+        check(isinstance(reports, list) and [r.get("run_file") for r in reports] == [straggler, a],
+              "report --json: an array with one object per file, in order")
+        if len(reports) == 2:
+            with h5py.File(straggler, "r") as f:
+                stored = json.loads(f.attrs["summary"])
+                world = int(f.attrs["world_size"])
+            r = reports[0]
+            check(r["summary"] == stored, "report --json: the summary is the one the run file stores")
+            check(r["world_size"] == world and r["config"]["straggler_ms"] == 20, "report --json: world and config")
+            first = r["blame"][0] if r["blame"] else {}
+            check(first.get("cause") == "straggler input" and first.get("rank") == 1,
+                  f"report --json: blame as cause and rank ({first})")
+            text = run([ddplab, "report", straggler]).stdout
+            check(all(f"    {b['text']}" in text for b in r["blame"]), "report --json: the blame lines of the text report")
+            check(len(reports[1]["summary"]["ranks"]) == 2 and "hidden_fraction" in reports[1]["summary"]["ranks"][0],
+                  "report --json: per-rank means with hidden_fraction")
+
         # ---- timeline ------------------------------------------------------------------------------------------
         trace = os.path.join(work, "a.trace.json")
         proc = run([mpirun, "-np", "2", ddplab, "timeline", a])
@@ -160,10 +185,11 @@ def main():
                  (text, "not an HDF5 file"), (bare, "not a ddplab run file"), (no_steps, "missing")]
         listing = sorted(os.listdir(bad_dir))
         for path, problem in cases:
-            for cmd in (["report"], ["timeline"]):
+            for cmd in (["report"], ["report", "--json"], ["timeline"]):
                 proc = run([ddplab, *cmd, path])
-                expect_usage_error(proc, f"cannot read run file {path}: ", f"{cmd[0]} {os.path.basename(path)}")
-                check(problem in proc.stderr, f"{cmd[0]} {os.path.basename(path)} says '{problem}'")
+                expect_usage_error(proc, f"cannot read run file {path}: ", f"{' '.join(cmd)} {os.path.basename(path)}")
+                check(problem in proc.stderr and not proc.stdout, f"{' '.join(cmd)} {os.path.basename(path)} says "
+                      f"'{problem}', prints nothing on stdout")
         expect_usage_error(run([mpirun, "-np", "2", ddplab, "report", a, text]), "not an HDF5 file",
                            "report under mpirun with one bad file")
         check(sorted(os.listdir(bad_dir)) == listing, "bad input leaves no files behind")

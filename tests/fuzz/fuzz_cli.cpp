@@ -12,7 +12,7 @@
 
 #include "launcher/cli.h"
 #include "record/errors.h"
-#include "analysis/report.h"
+#include "launcher/report_commands.h"
 #include "launcher/suite.h"
 
 namespace {

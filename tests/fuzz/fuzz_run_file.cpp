@@ -1,6 +1,6 @@
-// Fuzz target: the run-file reader (launcher/run_reader.h) and, when it accepts a file, what `ddplab report` and
-// `ddplab timeline` do with it. The reader promises "a RunData is validated, index freely"; the report code
-// relies on that, so it runs on every accepted input.
+// Fuzz target: the run-file reader (record/run_file.h) and, when it accepts a file, what `ddplab report` (text
+// and --json) and `ddplab timeline` do with it. The reader promises "a RunRecord is validated, index freely"; the
+// analysis relies on that, so it runs on every accepted input.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "analysis/report.h"
-#include "record/run_reader.h"
 #include "analysis/timeline.h"
+#include "record/run_file.h"
 #include "tests/fuzz/h5_image.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -29,10 +29,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const hid_t file = ddplab::fuzz::open_image(data, size);
   if (file < 0) return 0;
   try {
-    const ddplab::RunData run = ddplab::read_run_file(file, "fuzz-input.h5");
+    const ddplab::SummarizedRun run = ddplab::summarized(ddplab::read_run_file(file, "fuzz-input.h5"));
     ddplab::print_report(devnull, run);
     ddplab::print_comparison(devnull, {run, run});
-    ddplab::write_timeline(run, trace, /*force=*/true);
+    (void)ddplab::report_json(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    ddplab::write_timeline(run.record, trace, /*force=*/true);
   } catch (const std::runtime_error&) {
     // the reader's documented refusal: one line naming the problem
   }

@@ -64,13 +64,14 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-// All eight phases of the record (kStepPhases) are non-negative and add up to step_ms within one tick of the host
+// All eight phases of the record (FieldKind::kPhase) are non-negative and add up to step_ms within one tick of the host
 // clock: every boundary between two phases is one clock reading (train/step_phases.h), so only the rounding
 // of the double sums is left (far below 1 ns). Two clock reads, the least a phase left out weighs, take ~20 ns.
 void expect_phases_tile_the_step(const StepRecord& r) {
   constexpr double kClockTickMs = 1e-6;  // steady_clock counts nanoseconds
   EXPECT_NEAR(sum_of_phases(r), r.step_ms, kClockTickMs) << "the phases tile the step";
-  for (double StepRecord::*phase : kStepPhases) EXPECT_GE(r.*phase, 0.0);
+  for (const StepField& f : kStepFields)
+    if (f.kind == FieldKind::kPhase) EXPECT_GE(r.*f.member, 0.0) << f.name;
 }
 
 // ---- host side: runs, and must pass, on every machine -------------------------------------------------------------

@@ -1,5 +1,7 @@
-// Reports (launcher/report.h, run_reader.h, timeline.h): slow-rank blame on synthetic runs, one per cause; the
-// reader against files written by the real writer and against bad files; the Chrome trace's structure.
+// The analysis of a run (analysis/: summary, blame, report, timeline) and its persistence (record/run_file.h):
+// slow-rank blame on synthetic runs, one per cause; the summary; the reader against files written by the real
+// writer (the summary stored equals the one recomputed from what is read back) and against bad files; the
+// Chrome trace's structure.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -11,11 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "analysis/blame.h"
 #include "analysis/report.h"
-#include "record/run_file.h"
-#include "record/run_file.h"
-#include "record/run_reader.h"
+#include "analysis/summary.h"
 #include "analysis/timeline.h"
+#include "record/hdf5.h"
+#include "record/run_file.h"
 
 namespace ddplab {
 namespace {
@@ -31,26 +34,17 @@ struct Phases {
 constexpr int kSteps = 12;
 
 // A run whose rank r, step s has the phases phases(r, s); two buckets, communicated during backward.
-RunData synthetic(int world, const std::function<Phases(int, int)>& phases, bool lab_fields = true) {
-  RunData run;
+RunRecord synthetic(int world, const std::function<Phases(int, int)>& phases) {
+  RunRecord run;
   run.path = "synthetic.h5";
-  run.schema_version = kRunFileSchemaVersion;
-  run.world_size = world;
-  run.num_steps = kSteps;
-  run.config = {{"batch", 32}, {"grad_accum", 1}, {"bucket_mb", 25.0}, {"overlap", true}, {"comm_dtype", "fp32"}};
-  run.summary = {{"first_steady_step", 2}, {"global_batch", 32 * world}};
-  for (int r = 0; r < world; ++r) run.hostnames.push_back("host" + std::to_string(r));
-  std::vector<std::string> fields = kRequiredStepFields;
-  if (lab_fields) fields.insert(fields.end(), {"extra_comm_ms", "host_work_ms", "barrier_ms"});
-  for (const auto& f : fields) run.steps[f].assign(static_cast<size_t>(world) * kSteps, 0.0);
-  BucketData& b = run.buckets;
-  b.first_piece = {0, 3};
-  b.last_piece = {2, 5};
-  b.count = {1000, 500};
-  b.bytes = {4000, 2000};
-  b.param_names = {"fc2.bias,fc2.weight,fc1.bias", "fc1.weight,fc0.bias,fc0.weight"};
-  const size_t n = static_cast<size_t>(world) * kSteps * 2;
-  b.ready_ms.assign(n, 0), b.comm_start_ms.assign(n, 0), b.comm_end_ms.assign(n, 0);
+  run.meta.world_size = world;
+  run.steps = kSteps;
+  run.config = {{"batch", 32},     {"grad_accum", 1},      {"bucket_mb", 25.0},
+                {"overlap", true}, {"comm_dtype", "fp32"}, {"warmup_steps", 2}};
+  for (int r = 0; r < world; ++r) run.meta.hostnames.push_back("host" + std::to_string(r));
+  run.records.resize(static_cast<size_t>(world) * kSteps);
+  run.buckets = {{0, 2, 1000, "fc2.bias,fc2.weight,fc1.bias"}, {3, 5, 500, "fc1.weight,fc0.bias,fc0.weight"}};
+  run.bucket_times.resize(static_cast<size_t>(world) * kSteps * 2);
 
   // Ranks leave a barrier together; each step starts when the slowest rank's previous one ended (they meet in the
   // all-reduce), so start times agree across ranks up to the phases' own differences.
@@ -58,34 +52,35 @@ RunData synthetic(int world, const std::function<Phases(int, int)>& phases, bool
   for (int s = 0; s < kSteps; ++s) {
     for (int r = 0; r < world; ++r) {
       const Phases p = phases(r, s);
-      const double step =
+      StepRecord& x = run.records[static_cast<size_t>(r) * kSteps + s];
+      x.start_ms = start[r];
+      x.data_ms = p.data, x.forward_ms = p.forward, x.backward_ms = p.backward;
+      x.exposed_comm_ms = p.exposed, x.optimizer_ms = p.optimizer;
+      x.extra_comm_ms = p.extra, x.host_work_ms = p.host_work, x.barrier_ms = p.barrier;
+      x.step_ms =
           p.data + p.forward + p.backward + p.exposed + p.optimizer + p.extra + p.host_work + p.barrier + p.untimed;
-      auto set = [&](const char* f, double v) {
-        if (run.has(f)) run.steps[f][static_cast<size_t>(r) * kSteps + s] = v;
-      };
-      set("start_ms", start[r]);
-      set("data_ms", p.data), set("forward_ms", p.forward), set("backward_ms", p.backward);
-      set("exposed_comm_ms", p.exposed), set("optimizer_ms", p.optimizer);
-      set("extra_comm_ms", p.extra), set("host_work_ms", p.host_work), set("barrier_ms", p.barrier);
-      set("step_ms", step), set("loss", 2.0 - 0.01 * s);
+      x.loss = 2.0 - 0.01 * s;
       // Bucket 0 ready mid-backward, bucket 1 at its end; comm runs from ready to the end of the exposed wait.
       const double bwd = start[r] + p.data + p.forward;
       const double wait_end = bwd + p.backward + p.exposed;
       for (int k = 0; k < 2; ++k) {
-        const size_t i = (static_cast<size_t>(r) * kSteps + s) * 2 + k;
-        b.ready_ms[i] = bwd + p.backward * (k == 0 ? 0.5 : 1.0);
-        b.comm_start_ms[i] = b.ready_ms[i];
-        b.comm_end_ms[i] = k == 0 ? bwd + p.backward : wait_end;
+        BucketTimes& b = run.bucket_times[(static_cast<size_t>(r) * kSteps + s) * 2 + k];
+        b.ready_ms = bwd + p.backward * (k == 0 ? 0.5 : 1.0);
+        b.comm_start_ms = b.ready_ms;
+        b.comm_end_ms = k == 0 ? bwd + p.backward : wait_end;
       }
-      set("comm_ms", wait_end - (bwd + 0.5 * p.backward));
-      set("hidden_comm_ms", 0.5 * p.backward);
-      start[r] += step;
+      x.comm_ms = wait_end - (bwd + 0.5 * p.backward);
+      x.hidden_comm_ms = 0.5 * p.backward;
+      start[r] += x.step_ms;
     }
   }
   return run;
 }
 
-Finding first_finding(const RunData& run) {
+std::vector<Finding> diagnose(const RunRecord& run) { return diagnose(run, summarize(run)); }
+std::vector<std::string> blame(const RunRecord& run) { return blame(run, summarize(run)); }
+
+Finding first_finding(const RunRecord& run) {
   const std::vector<Finding> f = diagnose(run);
   EXPECT_FALSE(f.empty());
   return f.empty() ? Finding{Cause::kBalanced, -1, ""} : f.front();
@@ -97,7 +92,7 @@ bool has_cause(const std::vector<Finding>& findings, Cause cause) {
   return false;
 }
 
-std::string all_text(const RunData& run) {
+std::string all_text(const RunRecord& run) {
   std::string text;
   for (const std::string& line : blame(run)) text += line + "\n";
   return text;
@@ -107,7 +102,7 @@ std::string all_text(const RunData& run) {
 
 TEST(Blame, StragglerInputNamesTheSlowRankAndTheOthersWaitInTheAllReduce) {
   // The straggler case of the lab: rank 0 sleeps 40 ms before each batch; the others wait in the all-reduce.
-  const RunData run = synthetic(4, [](int r, int) {
+  const RunRecord run = synthetic(4, [](int r, int) {
     Phases p;
     if (r == 0) {
       p.data = 41;
@@ -131,7 +126,7 @@ TEST(Blame, StragglerInputNamesTheSlowRankAndTheOthersWaitInTheAllReduce) {
 }
 
 TEST(Blame, StragglerOnTwoRanksComparesWithTheOtherRankNotTheMedianOfBoth) {
-  const RunData run = synthetic(2, [](int r, int) {
+  const RunRecord run = synthetic(2, [](int r, int) {
     Phases p;
     if (r == 1) p.data = 41;
     if (r == 0) p.exposed = 41;
@@ -143,7 +138,7 @@ TEST(Blame, StragglerOnTwoRanksComparesWithTheOtherRankNotTheMedianOfBoth) {
 }
 
 TEST(Blame, SkewedComputeNamesTheRankWithLongForwardBackward) {
-  const RunData run = synthetic(4, [](int r, int) {
+  const RunRecord run = synthetic(4, [](int r, int) {
     Phases p;
     if (r == 3) {
       p.forward = 9, p.backward = 21;  // 3x the others' compute
@@ -160,7 +155,7 @@ TEST(Blame, SkewedComputeNamesTheRankWithLongForwardBackward) {
 }
 
 TEST(Blame, UniformExposedCommIsCommunicationBound) {
-  const RunData run = synthetic(4, [](int r, int) {
+  const RunRecord run = synthetic(4, [](int r, int) {
     Phases p;
     p.exposed = 15 + 0.2 * r;  // every rank waits alike, half the step
     return p;
@@ -176,7 +171,7 @@ TEST(Blame, UniformExposedCommIsCommunicationBound) {
 }
 
 TEST(Blame, ExtraAllReduceOnEveryRankIsCommunicationBoundAndSaysSo) {
-  const RunData run = synthetic(4, [](int, int) {
+  const RunRecord run = synthetic(4, [](int, int) {
     Phases p;
     p.extra = 25;
     return p;
@@ -188,7 +183,7 @@ TEST(Blame, ExtraAllReduceOnEveryRankIsCommunicationBoundAndSaysSo) {
 
 TEST(Blame, RankZeroWorkBeforeABarrierEveryFourSteps) {
   // rank 0 works 20 ms, then all ranks barrier, every 4th step (steps 3, 7, 11).
-  const RunData run = synthetic(4, [](int r, int s) {
+  const RunRecord run = synthetic(4, [](int r, int s) {
     Phases p;
     if ((s + 1) % 4 == 0) {
       if (r == 0) {
@@ -209,7 +204,7 @@ TEST(Blame, RankZeroWorkBeforeABarrierEveryFourSteps) {
 
 TEST(Blame, WorkBeforeABarrierThatNoPhaseRecordsIsStillFound) {
   // A writer without host_work_ms: rank 2's work is step time outside every phase; the others wait at a barrier.
-  RunData run = synthetic(3, [](int r, int) {
+  RunRecord run = synthetic(3, [](int r, int) {
     Phases p;
     if (r == 2) {
       p.untimed = 10;
@@ -218,7 +213,6 @@ TEST(Blame, WorkBeforeABarrierThatNoPhaseRecordsIsStillFound) {
     }
     return p;
   });
-  run.steps.erase("host_work_ms");
   const Finding f = first_finding(run);
   EXPECT_EQ(f.cause, Cause::kWorkBeforeBarrier) << all_text(run);
   EXPECT_EQ(f.rank, 2);
@@ -226,7 +220,7 @@ TEST(Blame, WorkBeforeABarrierThatNoPhaseRecordsIsStillFound) {
 }
 
 TEST(Blame, UntimedWorkWithoutABarrier) {
-  const RunData run = synthetic(
+  const RunRecord run = synthetic(
       2,
       [](int r, int) {
         Phases p;
@@ -236,15 +230,14 @@ TEST(Blame, UntimedWorkWithoutABarrier) {
           p.exposed = 8.5;
         }
         return p;
-      },
-      /*lab_fields=*/false);
+      });
   const Finding f = first_finding(run);
   EXPECT_EQ(f.cause, Cause::kUntimedWork) << all_text(run);
   EXPECT_EQ(f.rank, 0);
 }
 
 TEST(Blame, EveryRankWaitingForInputIsInputBound) {
-  const RunData run = synthetic(2, [](int r, int) {
+  const RunRecord run = synthetic(2, [](int r, int) {
     Phases p;
     p.data = 20 + r;
     return p;
@@ -255,7 +248,7 @@ TEST(Blame, EveryRankWaitingForInputIsInputBound) {
 }
 
 TEST(Blame, BalancedRunBlamesNobody) {
-  const RunData run = synthetic(4, [](int r, int s) {
+  const RunRecord run = synthetic(4, [](int r, int s) {
     Phases p;
     p.backward += 0.1 * ((r + s) % 3);  // jitter well under the thresholds
     return p;
@@ -267,13 +260,13 @@ TEST(Blame, BalancedRunBlamesNobody) {
 }
 
 TEST(Blame, SingleRank) {
-  const RunData run = synthetic(1, [](int, int) { return Phases{}; });
+  const RunRecord run = synthetic(1, [](int, int) { return Phases{}; });
   EXPECT_EQ(first_finding(run).cause, Cause::kSingleRank);
 }
 
 TEST(Blame, WarmUpStepsAreIgnored) {
   // A slow first steps on rank 1 (warm-up) must not be blamed.
-  const RunData run = synthetic(2, [](int r, int s) {
+  const RunRecord run = synthetic(2, [](int r, int s) {
     Phases p;
     if (s < 2 && r == 1) p.data = 500;
     return p;
@@ -281,24 +274,38 @@ TEST(Blame, WarmUpStepsAreIgnored) {
   EXPECT_EQ(first_finding(run).cause, Cause::kBalanced) << all_text(run);
 }
 
-TEST(RunStats, ThroughputFromTheSlowestRank) {
-  const RunData run = synthetic(2, [](int r, int) {
+TEST(Summary, ThroughputFromTheSlowestRank) {
+  const RunRecord run = synthetic(2, [](int r, int) {
     Phases p;
     p.optimizer = r == 1 ? 3.2 : 1.2;  // steps of 12 and 14 ms
     return p;
   });
-  const RunStats st = run_stats(run);
+  const RunSummary st = summarize(run);
   EXPECT_EQ(st.slowest_rank, 1);
   EXPECT_NEAR(st.slowest_step_ms, 14.0, 1e-9);
   EXPECT_NEAR(st.samples_per_s, 64 / 0.014, 1e-6);
   EXPECT_NEAR(st.mean_spread_ms, 2.0, 1e-9);
-  EXPECT_EQ(st.steady_steps, kSteps - 2);
+  EXPECT_EQ(st.first_steady_step, 2);
+  EXPECT_EQ(st.steady_steps(), kSteps - 2);
+  ASSERT_EQ(st.ranks.size(), 2u);
+  EXPECT_NEAR(st.ranks[1].optimizer_ms, 3.2, 1e-12);
+  EXPECT_EQ(st.ranks[1].start_ms, 0.0);  // a point in time has no mean
+  // Bucket 1 is ready at the end of backward: comm = backward/2 + exposed, hidden = backward/2 of min(bwd, comm).
+  EXPECT_NEAR(hidden_fraction(st.ranks[0]), 3.5 / 4.0, 1e-12);
+}
+
+TEST(Summary, WarmUpIsClampedSoThatOneStepCounts) {
+  RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
+  run.config["warmup_steps"] = 100;
+  EXPECT_EQ(summarize(run).first_steady_step, kSteps - 1);
+  run.config["warmup_steps"] = -3;
+  EXPECT_EQ(summarize(run).first_steady_step, 0);
 }
 
 // ---- timeline ----------------------------------------------------------------------------------------------------
 
 TEST(Timeline, EveryRankHasBothTracksAndEventsLieInsideTheirStep) {
-  const RunData run = synthetic(3, [](int r, int s) {
+  const RunRecord run = synthetic(3, [](int r, int s) {
     Phases p;
     if ((s + 1) % 4 == 0) (r == 0 ? p.host_work : p.barrier) = 5;
     return p;
@@ -329,7 +336,7 @@ TEST(Timeline, EveryRankHasBothTracksAndEventsLieInsideTheirStep) {
     EXPECT_GE(dur, 0.0);
     if (e["cat"] == "step") continue;
     const int s = e["args"]["step"];
-    const double start = run.step("start_ms", pid, s) * 1e3, end = start + run.step("step_ms", pid, s) * 1e3;
+    const double start = run.at(pid, s).start_ms * 1e3, end = start + run.at(pid, s).step_ms * 1e3;
     EXPECT_GE(ts, start - 1e-6) << e.dump();
     EXPECT_LE(ts + dur, end + 1e-6) << e.dump();
     if (e["cat"] == "bucket") {
@@ -366,29 +373,31 @@ class Reader : public ::testing::Test {
   }
   void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
-  // A run file written by the real writer (launcher/run_file.h): 2 ranks, 3 steps, 2 buckets.
-  std::string write_real(const std::string& name) {
-    const int world = 2, steps = 3;
-    RunMetadata meta;
-    meta.command = "train";
-    meta.config_json = R"({"batch":8,"comm":"ring","bucket_mb":25.0,"overlap":true,"grad_accum":1})";
-    meta.world_size = world;
-    meta.hostnames = {"alpha", "beta"};
-    meta.git_commit = "abc123";
-    std::vector<StepRecord> records(world * steps);
-    for (int i = 0; i < world * steps; ++i) {
+  // A run as the trainer's rank 0 holds it: 2 ranks, 3 steps, 2 buckets, every field distinct.
+  static RunRecord real_record() {
+    RunRecord run;
+    run.steps = 3;
+    run.meta.command = "train";
+    run.meta.world_size = 2;
+    run.meta.hostnames = {"alpha", "beta"};
+    run.meta.git_commit = "abc123";
+    run.meta.first_step = 4;
+    run.config = {{"batch", 8}, {"comm", "ring"}, {"bucket_mb", 25.0}, {"overlap", true}, {"grad_accum", 1},
+                  {"warmup_steps", 1}};
+    run.records.resize(6);
+    for (int i = 0; i < 6; ++i) {
       double v = 1.0;
-      for (const auto& [field, member] : kStepFields) records[i].*member = (v += 1.0) + 100.0 * i;
+      for (const StepField& f : kStepFields) run.records[i].*f.member = (v += 1.0) + 100.0 * i;
     }
-    RunBuckets buckets;
-    Bucket b0, b1;
-    b0.first_piece = 0, b0.last_piece = 1, b0.count = 10;
-    b1.first_piece = 2, b1.last_piece = 2, b1.count = 20;
-    buckets.layout = {b0, b1};
-    buckets.names = {"fc1.bias,fc1.weight", "fc0.weight"};
-    for (int i = 0; i < world * steps * 2; ++i) buckets.times.push_back({1.0 * i, 1.0 * i + 0.25, 1.0 * i + 0.5});
+    run.buckets = {{0, 1, 10, "fc1.bias,fc1.weight"}, {2, 2, 20, "fc0.weight"}};
+    for (int i = 0; i < 12; ++i) run.bucket_times.push_back({1.0 * i, 1.0 * i + 0.25, 1.0 * i + 0.5});
+    return run;
+  }
+
+  // That run, written by the real writer with its summary, as run_training() writes it.
+  std::string write_real(const std::string& name, const RunRecord& run = real_record()) {
     const std::string path = dir_ + "/" + name;
-    write_run_file(path, false, meta, records, steps, R"({"first_steady_step":1,"global_batch":16})", buckets);
+    write_run_file(path, false, run, to_json(summarize(run)).dump());
     return path;
   }
 
@@ -406,24 +415,71 @@ class Reader : public ::testing::Test {
 };
 
 TEST_F(Reader, ReadsBackWhatTheWriterWrote) {
-  const RunData run = read_run_file(write_real("run.h5"));
-  EXPECT_EQ(run.schema_version, kRunFileSchemaVersion);
-  EXPECT_EQ(run.world_size, 2);
-  EXPECT_EQ(run.num_steps, 3);
-  EXPECT_EQ(run.hostnames, (std::vector<std::string>{"alpha", "beta"}));
-  EXPECT_EQ(run.attrs.at("git_commit"), "abc123");
-  EXPECT_EQ(run.config.at("comm"), "ring");
+  const RunRecord written = real_record();
+  const std::string path = write_real("run.h5", written);
+  const RunRecord run = read_run_file(path);
+  EXPECT_EQ(run.path, path);
+  EXPECT_EQ(run.world_size(), 2);
+  EXPECT_EQ(run.steps, 3);
+  EXPECT_EQ(run.meta.hostnames, (std::vector<std::string>{"alpha", "beta"}));
+  EXPECT_EQ(run.meta.git_commit, "abc123");
+  EXPECT_EQ(run.meta.command, "train");
+  EXPECT_EQ(run.meta.first_step, 4);
+  EXPECT_EQ(run.config, written.config);
   EXPECT_EQ(run.first_steady_step(), 1);
   EXPECT_EQ(run.global_batch(), 16);
-  for (const auto& f : kRequiredStepFields) EXPECT_TRUE(run.has(f)) << f;
-  // Every field the writer has, at rank 1 step 2 (record 5).
-  double v = 1.0;
-  for (const auto& [field, member] : kStepFields) EXPECT_EQ(run.step(field, 1, 2), (v += 1.0) + 500.0) << field;
-  EXPECT_EQ(run.step("no_such_field_ms", 1, 2), 0.0);
-  ASSERT_EQ(run.buckets.size(), 2);
-  EXPECT_EQ(run.buckets.bytes, (std::vector<int64_t>{40, 80}));
-  EXPECT_EQ(run.buckets.param_names[0], "fc1.bias,fc1.weight");
-  EXPECT_EQ(run.bucket_time(run.buckets.comm_start_ms, 1, 2, 1), 11.25);  // flat index (1*3+2)*2+1 = 11
+  ASSERT_EQ(run.records.size(), written.records.size());
+  for (size_t i = 0; i < run.records.size(); ++i)
+    for (const StepField& f : kStepFields) EXPECT_EQ(run.records[i].*f.member, written.records[i].*f.member) << f.name;
+  ASSERT_EQ(run.buckets.size(), 2u);
+  EXPECT_EQ(run.buckets[0].bytes(), 40);
+  EXPECT_EQ(run.buckets[1].bytes(), 80);
+  EXPECT_EQ(run.buckets[1].first_piece, 2);
+  EXPECT_EQ(run.buckets[0].pieces, "fc1.bias,fc1.weight");
+  EXPECT_EQ(run.bucket_at(1, 2, 1).comm_start_ms, 11.25);  // flat index (1*3+2)*2+1 = 11
+}
+
+// The run file's `summary` (what scripts and the charts read) is summarize() of the records it holds: the same
+// JSON from the writer's record in memory (what the suite blames from) and from the record read back.
+TEST_F(Reader, StoredSummaryIsTheSummaryOfWhatIsReadBack) {
+  const RunRecord written = real_record();
+  const std::string path = write_real("run.h5", written);
+  nlohmann::json stored;
+  {
+    H5Id file(open_for_reading(path), H5Fclose);
+    stored = nlohmann::json::parse(read_string_attr(file, "summary"));
+  }
+  const nlohmann::json in_memory = to_json(summarize(written));
+  const nlohmann::json read_back = to_json(summarize(read_run_file(path)));
+  EXPECT_EQ(stored, in_memory);
+  EXPECT_EQ(read_back, in_memory);
+  // Not vacuous: the summary holds the fields' steady-state means (step 0 is warm-up): rank 1's step_ms is the
+  // 10th field, (11 + 100*4 + 11 + 100*5) / 2.
+  EXPECT_EQ(stored["first_steady_step"], 1);
+  EXPECT_DOUBLE_EQ(stored["ranks"][1]["step_ms"].get<double>(), 461.0);
+  EXPECT_EQ(stored["ranks"][1].size(), std::size(kStepFields));  // every field but start_ms, and hidden_fraction
+  // And `ddplab report --json` prints that summary, with the blame.
+  const nlohmann::json report = report_json(summarized(read_run_file(path)));
+  EXPECT_EQ(report["summary"], in_memory);
+  EXPECT_EQ(report["run_file"], path);
+  ASSERT_FALSE(report["blame"].empty());
+  EXPECT_TRUE(report["blame"][0].contains("cause") && report["blame"][0].contains("text"));
+}
+
+TEST_F(Reader, StepFieldsAFileLacksReadAsZero) {
+  const std::string path = write_real("run.h5");
+  {
+    H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_TRUE(file.ok());
+    ASSERT_GE(H5Ldelete(file, "steps/barrier_ms", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(file, "steps/skipped", H5P_DEFAULT), 0);
+  }
+  const RunRecord run = read_run_file(path);
+  for (const StepRecord& r : run.records) {
+    EXPECT_EQ(r.barrier_ms, 0.0);
+    EXPECT_EQ(r.skipped, 0.0);
+    EXPECT_NE(r.host_work_ms, 0.0);
+  }
 }
 
 TEST_F(Reader, BadFilesGiveOneLineNamingTheFileAndTheProblem) {
@@ -481,6 +537,17 @@ TEST_F(Reader, MissingOrMisshapenDatasetsAreNamed) {
   H5Dclose(set), H5Sclose(space), H5Fclose(g);
   EXPECT_NE(error_of(path2).find("buckets/ready_ms has shape [2, 3], expected [2, 3, 2]"), std::string::npos)
       << error_of(path2);
+
+  // A bucket's size in bytes that is not 4 x its count: the file contradicts itself.
+  const std::string path3 = write_real("run3.h5");
+  {
+    H5Id file(H5Fopen(path3.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    H5Id bytes(H5Dopen2(file, "buckets/bytes", H5P_DEFAULT), H5Dclose);
+    const int64_t wrong[2] = {40, 81};
+    ASSERT_GE(H5Dwrite(bytes, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, wrong), 0);
+  }
+  EXPECT_NE(error_of(path3).find("buckets/bytes[1] is 81, not 4 x buckets/count (20)"), std::string::npos)
+      << error_of(path3);
 }
 
 }  // namespace

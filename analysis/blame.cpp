@@ -1,0 +1,302 @@
+#include "analysis/blame.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include "analysis/format.h"
+
+namespace ddplab {
+namespace {
+
+// ---- blame thresholds -------------------------------------------------------------------------------------------
+// A rank sets the pace when one of its own phases exceeds the median of the other ranks' by this share of the
+// step: smaller gaps are ordinary jitter between ranks on a shared machine.
+constexpr double kOutlierMinShare = 0.10;
+// ... and by at least this much: below it the CPU timer and the scheduler dominate.
+constexpr double kOutlierMinMs = 0.5;
+// ... and by this ratio. Data loading is normally a sliver of the step, so a straggler's stands at a multiple of
+// the others'; compute is the bulk of the step, so 20% more of it already sets the pace.
+constexpr double kDataOutlierRatio = 2.0;
+constexpr double kComputeOutlierRatio = 1.2;
+constexpr double kOtherOutlierRatio = 2.0;  // optimizer, host work, untimed work
+// Communication-bound: every rank waits for communication at least this share of the step ...
+constexpr double kCommBoundShare = 0.20;
+// ... alike: the least-waiting rank waits at least this fraction of what the most-waiting one does. A straggler
+// hardly waits at all while the others wait for it, so a straggler never reads as a communication problem.
+constexpr double kAlikeRatio = 0.5;
+// Input-bound: every rank (alike) spends at least this share of the step producing its batch.
+constexpr double kInputBoundShare = 0.25;
+// A step is a barrier episode when its barrier wait + host work (on the rank with most) exceeds kOutlierMinMs:
+// in other steps both are a couple of clock reads. (Relative to the largest episode it would be fragile: one
+// long wait on a loaded machine would hide the ordinary episodes.)
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  const double hi = v[mid];
+  if (v.size() % 2) return hi;
+  return 0.5 * (hi + *std::max_element(v.begin(), v.begin() + mid));
+}
+
+template <typename Get>
+double median_except(const std::vector<StepRecord>& ranks, int skip, Get get) {
+  std::vector<double> v;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
+    if (r != skip) v.push_back(get(ranks[r]));
+  return median(v);
+}
+
+// A rank's own work, phase by phase (waiting is not work: exposed comm, barrier and the extra all-reduce are
+// where ranks wait for each other).
+struct Component {
+  Cause cause;
+  double ratio;
+  double (*get)(const StepRecord&);
+};
+const Component kComponents[] = {
+    {Cause::kStragglerInput, kDataOutlierRatio, [](const StepRecord& p) { return p.data_ms; }},
+    {Cause::kSkewedCompute, kComputeOutlierRatio, [](const StepRecord& p) { return p.forward_ms + p.backward_ms; }},
+    {Cause::kSlowOptimizer, kOtherOutlierRatio, [](const StepRecord& p) { return p.optimizer_ms; }},
+    {Cause::kWorkBeforeBarrier, kOtherOutlierRatio, [](const StepRecord& p) { return p.host_work_ms; }},
+    {Cause::kUntimedWork, kOtherOutlierRatio, [](const StepRecord& p) { return untimed_ms(p); }},
+};
+
+struct Candidate {
+  int rank;
+  const Component* component;
+  double value, others, excess;
+};
+
+// Where the other ranks wait for rank r, and how much longer than r does: "in the all-reduce (exposed comm +40.1
+// ms/step)".
+std::string others_wait(const RunSummary& st, int r) {
+  struct Place {
+    const char* text;
+    double StepRecord::*field;
+  };
+  const Place places[] = {{"in the all-reduce (exposed comm", &StepRecord::exposed_comm_ms},
+                          {"at the barrier (barrier wait", &StepRecord::barrier_ms},
+                          {"in the extra all-reduce (extra comm", &StepRecord::extra_comm_ms}};
+  const Place* best = &places[0];
+  double best_extra = -1e300, total = 0;
+  for (const Place& p : places) {
+    const double extra =
+        median_except(st.ranks, r, [&](const StepRecord& q) { return q.*p.field; }) - st.ranks[r].*p.field;
+    total += extra;
+    if (extra > best_extra) best_extra = extra, best = &p;
+  }
+  if (total < kOutlierMinMs) return fmt("the other ranks do not wait for it measurably (%+.2f ms/step)", total);
+  return fmt("the other ranks wait for it %s %+.2f ms/step)", best->text, best_extra);
+}
+
+// Steady steps in which a barrier (wait + host work) happened, and the period between them.
+struct BarrierEpisodes {
+  std::vector<int> steps;
+  int period = 0;  // median gap in steps; 0 when fewer than two episodes
+};
+
+BarrierEpisodes barrier_episodes(const RunRecord& run) {
+  BarrierEpisodes e;
+  for (int s = run.first_steady_step(); s < run.steps; ++s) {
+    double marker = 0;
+    for (int r = 0; r < run.world_size(); ++r)
+      marker = std::max(marker, run.at(r, s).barrier_ms + run.at(r, s).host_work_ms);
+    if (marker > kOutlierMinMs) e.steps.push_back(s);
+  }
+  std::vector<double> gaps;
+  for (size_t i = 1; i < e.steps.size(); ++i) gaps.push_back(e.steps[i] - e.steps[i - 1]);
+  if (!gaps.empty()) e.period = static_cast<int>(std::lround(median(gaps)));
+  return e;
+}
+
+Finding pace_finding(const RunRecord& run, const RunSummary& st, const Candidate& c, bool first) {
+  const int r = c.rank;
+  const std::string who = first ? fmt("rank %d sets the pace", r) : fmt("rank %d is also slow", r);
+  const std::string vs = fmt("%.2f ms/step vs %.2f ms median on the other ranks", c.value, c.others);
+  const std::string wait = others_wait(st, r);
+  Cause cause = c.component->cause;
+  switch (cause) {
+    case Cause::kStragglerInput:
+      return {cause, r, who + " (straggler input): its data loading takes " + vs + "; " + wait};
+    case Cause::kSkewedCompute:
+      return {cause, r,
+              who + " (skewed compute): its forward+backward takes " + vs + " (more work or a slower device); " + wait};
+    case Cause::kSlowOptimizer:
+      return {cause, r, who + " (slow optimizer): its optimizer step takes " + vs + "; " + wait};
+    default:
+      break;
+  }
+  // Host work, or untimed work while the others wait at a barrier: the rank-0-work-before-a-barrier pattern.
+  const StepRecord& p = st.ranks[r];
+  const double others_barrier = median_except(st.ranks, r, [](const StepRecord& q) { return q.barrier_ms; });
+  if (cause == Cause::kWorkBeforeBarrier || others_barrier - p.barrier_ms >= kOutlierMinMs) {
+    const BarrierEpisodes e = barrier_episodes(run);
+    double each = 0;
+    for (int s : e.steps) each += (run.at(r, s).host_work_ms + untimed_ms(run.at(r, s))) / e.steps.size();
+    const std::string when = e.period == 1     ? "every step"
+                             : e.period > 1    ? fmt("every %d steps", e.period)
+                             : e.steps.empty() ? "in some steps"
+                                               : "once";
+    return {Cause::kWorkBeforeBarrier, r,
+            who +
+                fmt(" (work before a barrier): it does extra work before a barrier %s (%.2f ms each time, %.2f "
+                    "ms/step on average vs %.2f ms on the other ranks); ",
+                    when.c_str(), each, c.value, c.others) +
+                wait};
+  }
+  return {Cause::kUntimedWork, r, who + " (untimed work): it spends " + vs + " outside the recorded phases; " + wait};
+}
+
+// "data 1% + compute 80% + exposed comm 12% + optimizer 7%" of one rank's step.
+std::string breakdown(const StepRecord& p) {
+  if (p.step_ms <= 0) return "empty";
+  const std::pair<const char*, double> parts[] = {
+      {"data", p.data_ms},
+      {"compute", p.forward_ms + p.backward_ms},
+      {"exposed comm", p.exposed_comm_ms},
+      {"optimizer", p.optimizer_ms},
+      {"extra all-reduce", p.extra_comm_ms},
+      {"host work", p.host_work_ms},
+      {"barrier", p.barrier_ms}};
+  std::string text;
+  for (size_t i = 0; i < std::size(parts); ++i) {
+    if (i >= 4 && parts[i].second < 0.005 * p.step_ms) continue;  // the lab's phases only when they matter
+    text += fmt("%s%s %.0f%%", text.empty() ? "" : " + ", parts[i].first, 100 * parts[i].second / p.step_ms);
+  }
+  return text;
+}
+
+std::string comm_hints(const RunRecord& run) {
+  std::string hints = fmt("try larger buckets (--bucket-mb, now %g)", run.config.value("bucket_mb", 0.0));
+  if (!run.config.value("overlap", true)) hints += ", --overlap on";
+  hints += ", a faster link";
+  if (run.config.value("comm_dtype", std::string("fp32")) == "fp32")
+    hints += " or bf16 on the wire (--comm-dtype bf16)";
+  return hints;
+}
+
+}  // namespace
+
+const char* cause_name(Cause cause) {
+  switch (cause) {
+    case Cause::kStragglerInput:
+      return "straggler input";
+    case Cause::kSkewedCompute:
+      return "skewed compute";
+    case Cause::kSlowOptimizer:
+      return "slow optimizer";
+    case Cause::kWorkBeforeBarrier:
+      return "work before a barrier";
+    case Cause::kUntimedWork:
+      return "untimed work";
+    case Cause::kCommBound:
+      return "communication-bound";
+    case Cause::kInputBound:
+      return "input-bound";
+    case Cause::kBalanced:
+      return "balanced";
+    case Cause::kSingleRank:
+      return "single rank";
+  }
+  return "?";
+}
+
+std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
+  const int world = static_cast<int>(st.ranks.size());
+  const double pace = st.slowest_step_ms;
+  if (st.steady_steps() <= 0 || pace <= 0) return {{Cause::kBalanced, -1, "no steady-state steps to judge"}};
+  std::vector<Finding> out;
+
+  // 1. One rank doing more of its own work than the others: it sets the pace, the others wait for it.
+  if (world >= 2) {
+    std::vector<Candidate> candidates;
+    for (const Component& c : kComponents) {
+      for (int r = 0; r < world; ++r) {
+        const double value = c.get(st.ranks[r]);
+        const double others = median_except(st.ranks, r, c.get);
+        const double excess = value - others;
+        if (excess > std::max(kOutlierMinMs, kOutlierMinShare * pace) && value >= c.ratio * others)
+          candidates.push_back({r, &c, value, others, excess});
+      }
+    }
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Candidate& a, const Candidate& b) { return a.excess > b.excess; });
+    std::vector<int> named;
+    for (const Candidate& c : candidates) {
+      if (std::find(named.begin(), named.end(), c.rank) != named.end()) continue;
+      out.push_back(pace_finding(run, st, c, named.empty()));
+      named.push_back(c.rank);
+    }
+    // A barrier that every rank but one waits at, without the late rank's work showing in any phase.
+    if (named.empty()) {
+      int late = 0;
+      for (int r = 1; r < world; ++r)
+        if (st.ranks[r].barrier_ms < st.ranks[late].barrier_ms) late = r;
+      const double others = median_except(st.ranks, late, [](const StepRecord& p) { return p.barrier_ms; });
+      if (others - st.ranks[late].barrier_ms > std::max(kOutlierMinMs, kOutlierMinShare * pace))
+        out.push_back({Cause::kWorkBeforeBarrier, late,
+                       fmt("rank %d sets the pace (work before a barrier): it arrives last at the barrier; the other "
+                           "ranks wait there %.2f ms/step (%.0f%% of the step)",
+                           late, others, 100 * others / pace)});
+    }
+  }
+
+  // 2. Every rank, alike, waiting for communication.
+  double lo = 1e300, hi = 0;
+  std::vector<double> waits, exposed, extra;
+  for (const StepRecord& p : st.ranks) {
+    const double w = p.exposed_comm_ms + p.extra_comm_ms;
+    lo = std::min(lo, w), hi = std::max(hi, w);
+    waits.push_back(w), exposed.push_back(p.exposed_comm_ms), extra.push_back(p.extra_comm_ms);
+  }
+  if (lo >= kCommBoundShare * pace && lo >= kAlikeRatio * hi) {
+    const double w = median(waits);
+    if (median(extra) > median(exposed)) {
+      out.push_back({Cause::kCommBound, -1,
+                     fmt("communication-bound: every rank spends %.2f ms/step (%.0f%% of the step) in an extra "
+                         "all-reduce outside the gradient buckets; drop it, shrink it or run it less often",
+                         median(extra), 100 * median(extra) / pace)});
+    } else {
+      out.push_back({Cause::kCommBound, -1,
+                     fmt("communication-bound: every rank waits %.2f ms/step for the all-reduce (%.0f%% of the step); ",
+                         w, 100 * w / pace) +
+                         comm_hints(run)});
+    }
+  }
+
+  // 3. Every rank, alike, waiting for its input.
+  lo = 1e300, hi = 0;
+  std::vector<double> data;
+  for (const StepRecord& p : st.ranks)
+    lo = std::min(lo, p.data_ms), hi = std::max(hi, p.data_ms), data.push_back(p.data_ms);
+  if (lo >= kInputBoundShare * pace && lo >= kAlikeRatio * hi) {
+    out.push_back({Cause::kInputBound, -1,
+                   fmt("input-bound: every rank spends %.2f ms/step producing its batch (%.0f%% of the step); more "
+                       "--loader-threads and a deeper --prefetch get batches ready before they are needed",
+                       median(data), 100 * median(data) / pace)});
+  }
+
+  if (out.empty()) {
+    const StepRecord& p = st.ranks[st.slowest_rank];
+    if (world == 1) {
+      out.push_back({Cause::kSingleRank, -1,
+                     fmt("one rank, nobody to wait for: the step of %.2f ms is ", p.step_ms) + breakdown(p)});
+    } else {
+      out.push_back(
+          {Cause::kBalanced, -1,
+           fmt("no rank stands out (spread %.2f ms/step): the step of %.2f ms is ", st.mean_spread_ms, p.step_ms) +
+               breakdown(p)});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> blame(const RunRecord& run, const RunSummary& summary) {
+  std::vector<std::string> lines;
+  for (const Finding& f : diagnose(run, summary)) lines.push_back(f.text);
+  return lines;
+}
+
+}  // namespace ddplab

@@ -1,0 +1,34 @@
+// Who sets the pace of a run, and why: slow-rank blame from the steady-state means of its summary (and, for the
+// barrier's period, its step records). Pure: data in, findings out. Rules and thresholds: docs/REPORTS.md.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "analysis/summary.h"
+
+namespace ddplab {
+
+enum class Cause {
+  kStragglerInput,     // one rank's data loading sets the pace
+  kSkewedCompute,      // one rank's forward+backward sets the pace
+  kSlowOptimizer,      // one rank's optimizer step sets the pace
+  kWorkBeforeBarrier,  // one rank works while the others wait at a barrier
+  kUntimedWork,        // one rank spends time outside the recorded phases
+  kCommBound,          // every rank waits for communication
+  kInputBound,         // every rank waits for its input
+  kBalanced,           // nothing stands out
+  kSingleRank,         // nothing to compare
+};
+const char* cause_name(Cause cause);
+
+struct Finding {
+  Cause cause;
+  int rank;  // the rank that sets the pace; -1 when the cause is shared by all ranks
+  std::string text;
+};
+
+// `summary` is summarize(run).
+std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& summary);
+std::vector<std::string> blame(const RunRecord& run, const RunSummary& summary);
+
+}  // namespace ddplab

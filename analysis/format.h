@@ -1,0 +1,19 @@
+// printf into a std::string, for the analysis' lines of text.
+#pragma once
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+
+namespace ddplab {
+
+inline std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
+inline std::string fmt(const char* format, ...) {
+  char buf[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
+}
+
+}  // namespace ddplab

@@ -1,0 +1,93 @@
+#include "launcher/report_commands.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "analysis/report.h"
+#include "analysis/timeline.h"
+#include "record/errors.h"
+#include "record/files.h"
+#include "record/run_file.h"
+
+namespace ddplab {
+namespace {
+
+bool is_rank0() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return true;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank == 0;
+}
+
+// A file that is not a readable run file is bad input: a usage error (one line, exit code 2).
+RunRecord read_input(const std::string& path) {
+  try {
+    return read_run_file(path);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+}  // namespace
+
+void add_report_commands(CLI::App& app) {
+  struct ReportArgs {
+    std::vector<std::string> files;
+    bool json = false;
+  };
+  auto report_args = std::make_shared<ReportArgs>();
+  CLI::App* report = app.add_subcommand("report", "tables and slow-rank blame from run files (docs/REPORTS.md)");
+  report->add_option("files", report_args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
+  report->add_flag("--json", report_args->json,
+                   "print a JSON array instead, one object per file: its summary and blame findings");
+  report->callback([args = report_args] {
+    if (!is_rank0()) return;
+    std::vector<SummarizedRun> runs;
+    for (const std::string& path : args->files) runs.push_back(summarized(read_input(path)));  // all readable first
+    if (args->json) {
+      nlohmann::json all = nlohmann::json::array();
+      for (const SummarizedRun& run : runs) all.push_back(report_json(run));
+      // Strings come from the files as stored: bytes that are not UTF-8 become U+FFFD rather than an exception.
+      std::printf("%s\n", all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else {
+      for (size_t i = 0; i < runs.size(); ++i) {
+        if (i) std::printf("\n");
+        print_report(stdout, runs[i]);
+      }
+      if (runs.size() > 1) {
+        std::printf("\n");
+        print_comparison(stdout, runs);
+      }
+    }
+    std::fflush(stdout);
+  });
+
+  struct TimelineArgs {
+    std::string file, out;
+    bool force = false;
+  };
+  auto args = std::make_shared<TimelineArgs>();
+  CLI::App* timeline = app.add_subcommand("timeline", "export a run to Chrome-trace JSON (Perfetto, chrome://tracing)");
+  timeline->add_option("file", args->file, "run file (HDF5)")->required()->type_name("FILE.h5");
+  timeline->add_option("-o,--out", args->out, "trace file; default FILE with .trace.json");
+  timeline->add_flag("--force", args->force, "overwrite an existing trace file");
+  timeline->callback([args] {
+    if (!is_rank0()) return;
+    const RunRecord run = read_input(args->file);
+    const std::string out = args->out.empty() ? default_timeline_path(args->file) : args->out;
+    const std::string problem = check_output_path(out, args->force);
+    if (!problem.empty()) throw UsageError(problem);
+    write_timeline(run, out, args->force);
+    std::printf("timeline: %s (%d ranks, %d steps; open in https://ui.perfetto.dev or chrome://tracing)\n", out.c_str(),
+                run.world_size(), run.steps);
+    std::fflush(stdout);
+  });
+}
+
+}  // namespace ddplab

@@ -1,0 +1,61 @@
+// A run as it happened: every rank's step records and bucket timings, and what the run was. The trainer's rank 0
+// fills one and writes it (record/run_file.h); the reader returns the same from a file; the summary, the report,
+// the blame and the timeline take it from either, so a run is analysed the same in memory and from disk.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "comm/reducer.h"
+#include "record/step_record.h"
+
+namespace ddplab {
+
+struct RunMetadata {
+  std::string command;  // "train", "suite lab", "sweep"
+  std::string command_line;
+  std::string start_time_utc;  // ISO 8601
+  std::string git_commit;
+  std::string ddplab_version;
+  std::string mpi_library, hdf5_version, blas, cuda;
+  std::string device = "cpu";  // where the steps ran: cpu | cuda
+  int world_size = 1;
+  std::vector<std::string> hostnames;  // by rank
+  int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)
+  std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
+};
+
+// One gradient bucket: the same on every rank.
+struct BucketRecord {
+  int first_piece = 0, last_piece = 0;  // its gradient pieces, in the order backward finalises them
+  int64_t count = 0;                    // elements, fp32 in memory
+  std::string pieces;                   // "fc2.bias,fc2.weight[0:256]"
+  int64_t bytes() const { return count * static_cast<int64_t>(sizeof(float)); }
+};
+
+struct RunRecord {
+  std::string path;  // where it is stored ("" before it is written)
+  RunMetadata meta;
+  nlohmann::json config;            // every setting of the run (TrainConfig as JSON)
+  int steps = 0;                    // steps recorded, on every rank
+  std::vector<StepRecord> records;  // world_size * steps, rank-major: rank r's step s at r * steps + s
+  std::vector<BucketRecord> buckets;
+  std::vector<BucketTimes> bucket_times;  // world_size * steps * buckets: rank, then step, then bucket
+
+  int world_size() const { return meta.world_size; }
+  const StepRecord& at(int rank, int step) const { return records[static_cast<size_t>(rank) * steps + step]; }
+  const BucketTimes& bucket_at(int rank, int step, int bucket) const {
+    return bucket_times[(static_cast<size_t>(rank) * steps + step) * buckets.size() + bucket];
+  }
+  std::string host(int rank) const {
+    return rank >= 0 && rank < static_cast<int>(meta.hostnames.size()) ? meta.hostnames[rank] : "?";
+  }
+  // Where the steady state starts: the config's warmup_steps, clamped so that at least one step counts.
+  int first_steady_step() const { return std::clamp(config.value("warmup_steps", 0), 0, std::max(steps - 1, 0)); }
+  // Samples per step over all ranks: batch x grad_accum x world_size.
+  int global_batch() const { return config.value("batch", 0) * config.value("grad_accum", 1) * world_size(); }
+};
+
+}  // namespace ddplab
