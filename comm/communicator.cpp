@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "comm/link_emulation.h"
+#include "comm/settings.h"
 #include "comm/mpi_check.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
@@ -101,48 +102,20 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
 
 namespace {
 
-// Tuning knobs, read once (after NCCL_PARAM): DDPLAB_<NAME> in the environment, else the default. Values are
-// measured on the development machine, see docs/COMM.md.
-size_t env_size(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  if (*end != '\0' || v[0] == '-')
-    throw std::invalid_argument(std::string(name) + " must be a byte count, got '" + v + "'");
-  return static_cast<size_t>(x);
-}
-// Bytes of fp32 per ring slice (one message per chunk per round); 0 = no slicing.
+// The tuning knobs (comm/settings.h). Values are measured on the development machine, see docs/COMM.md.
 size_t ring_slice_bytes() {
-  static const size_t v = env_size("DDPLAB_RING_SLICE_BYTES", size_t{256} << 10);
-  return v;
+  return static_cast<size_t>(settings::integer(settings::kRingSliceBytes, 0, int64_t{1} << 40));
 }
-// Slices per ring chunk (pipeline depth of one step); the ring runs in rounds of n * this * slice.
 size_t ring_slices_per_chunk() {
-  static const size_t v = std::max<size_t>(1, env_size("DDPLAB_RING_SLICES_PER_CHUNK", 4));
-  return v;
+  return static_cast<size_t>(settings::integer(settings::kRingSlicesPerChunk, 1, 1 << 20));
 }
-// Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring. Default: the crossover measured
-// on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks, 32 KiB beyond (the ring's
-// 2(n-1) hops cost more latency as n grows).
+// Default: the crossover measured on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks,
+// 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows).
 size_t small_allreduce_bytes(int n) {
-  static const size_t v = env_size("DDPLAB_SMALL_ALLREDUCE_BYTES", 0);
-  static const bool set = std::getenv("DDPLAB_SMALL_ALLREDUCE_BYTES") != nullptr;
-  if (set) return v;
-  return n <= 2 ? size_t{16} << 10 : size_t{32} << 10;
+  const int64_t measured = n <= 2 ? int64_t{16} << 10 : int64_t{32} << 10;
+  return static_cast<size_t>(settings::integer(settings::kSmallAllreduceBytes, measured, 0, int64_t{1} << 40));
 }
-
-// The transport under the ring: shm (shared memory within a node, MPI across) or mpi.
-std::string comm_transport() {
-  static const std::string v = [] {
-    const char* e = std::getenv("DDPLAB_COMM_TRANSPORT");
-    const std::string s = e && *e ? e : "shm";
-    if (s != "shm" && s != "mpi")
-      throw std::invalid_argument("DDPLAB_COMM_TRANSPORT must be shm or mpi, got '" + s + "'");
-    return s;
-  }();
-  return v;
-}
+std::string comm_transport() { return settings::choice(settings::kCommTransport, {"shm", "mpi"}); }
 
 bool link_emulated(const LinkModel& link) { return link.gbps > 0 || link.latency_us > 0; }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/mpi_check.h"
+#include "comm/settings.h"
 #include "comm/watchdog.h"
 
 namespace ddplab {
@@ -28,16 +29,6 @@ void Transport::recv_consume(int peer, size_t bytes, int tag, void* staging, con
 }
 
 namespace {
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < INT_MIN || x > INT_MAX)
-    throw std::invalid_argument(std::string(name) + " must be an integer, got '" + v + "'");
-  return static_cast<int>(x);
-}
 
 int64_t now_ns() {
   timespec t;
@@ -60,8 +51,8 @@ void tighten_timer_slack_once() {
 PollPolicy PollPolicy::from_env() {
   static const PollPolicy policy = [] {
     PollPolicy p;
-    p.spin_us = env_int("DDPLAB_COMM_SPIN_US", p.spin_us);
-    p.max_sleep_us = std::max(1, env_int("DDPLAB_COMM_MAX_SLEEP_US", p.max_sleep_us));
+    p.spin_us = static_cast<int>(settings::integer(settings::kCommSpinUs, INT_MIN, INT_MAX));
+    p.max_sleep_us = static_cast<int>(settings::integer(settings::kCommMaxSleepUs, 1, INT_MAX));
     return p;
   }();
   return policy;

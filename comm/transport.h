@@ -54,9 +54,9 @@ class Transport {
 // The waiter polls MPI_Test for up to spin_us (short waits keep their latency), then sleeps between polls,
 // doubling the sleep from 1 us up to max_sleep_us. spin_us < 0 spins forever (lowest latency, one core busy).
 struct PollPolicy {
-  int spin_us = 50;
-  int max_sleep_us = 250;
-  // DDPLAB_COMM_SPIN_US / DDPLAB_COMM_MAX_SLEEP_US, read once; the defaults above otherwise.
+  int spin_us = 0;
+  int max_sleep_us = 1;
+  // DDPLAB_COMM_SPIN_US / DDPLAB_COMM_MAX_SLEEP_US, read once, or their defaults (comm/settings.h).
   static PollPolicy from_env();
 };
 

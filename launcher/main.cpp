@@ -21,6 +21,7 @@
 #include "git_commit.h"
 #include "comm/mpi_init.h"
 #include "launcher/cli.h"
+#include "comm/settings.h"
 #include "comm/watchdog.h"
 #include "record/errors.h"
 #include "launcher/report_commands.h"
@@ -37,7 +38,7 @@ namespace {
 // fresh process image: re-exec once with OPENBLAS_CORETYPE set. This happens before MPI_Init, so mpirun does
 // not notice. An OPENBLAS_CORETYPE set by the user always wins; DDPLAB_BLAS_AUTO=0 turns this off.
 void select_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("DDPLAB_BLAS_AUTO")) return;
+  if (std::getenv("OPENBLAS_CORETYPE") || settings::is_set(settings::kBlasAuto)) return;
   const std::string core = openblas_get_corename();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
@@ -56,6 +57,8 @@ int run_devices() {
   std::printf("  MPI   %s\n", mpi_library_version().c_str());
   std::printf("  HDF5  %s\n", hdf5_version().c_str());
   std::printf("  CUDA  %s\n", cuda_description().c_str());
+  std::printf("  settings (DDPLAB_* in the environment, read once per run):\n");
+  for (const std::string& line : settings::describe()) std::printf("    %s\n", line.c_str());
   return 0;
 }
 

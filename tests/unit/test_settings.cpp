@@ -1,0 +1,65 @@
+// The DDPLAB_* knobs (comm/settings.h): the environment's value when set and valid, the default when unset or empty,
+// a bad value refused with the variable named, and each knob read once, so a running job never sees it change.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "comm/settings.h"
+
+namespace ddplab::settings {
+namespace {
+
+TEST(Settings, DefaultWhenUnsetOrEmpty) {
+  constexpr Knob unset{"DDPLAB_TEST_UNSET", "7", "a knob nobody sets"};
+  unsetenv(unset.name);
+  EXPECT_EQ(integer(unset, 0, 100), 7);
+  EXPECT_EQ(integer(unset, 42, 0, 100), 42) << "a default computed by the caller (per world size, say)";
+  constexpr Knob empty{"DDPLAB_TEST_EMPTY", "shm", "a knob set to nothing"};
+  setenv(empty.name, "", 1);
+  EXPECT_EQ(choice(empty, {"shm", "mpi"}), "shm");
+}
+
+TEST(Settings, EnvironmentValueReadOnce) {
+  constexpr Knob knob{"DDPLAB_TEST_ONCE", "1", "a knob read once"};
+  setenv(knob.name, "25", 1);
+  EXPECT_EQ(integer(knob, 0, 100), 25);
+  setenv(knob.name, "50", 1);
+  EXPECT_EQ(integer(knob, 0, 100), 25) << "a knob must not change under a running job";
+  EXPECT_EQ(integer(knob, 99, 0, 100), 25) << "a set knob wins over the caller's default";
+}
+
+TEST(Settings, BadValuesAreRefusedNamingTheVariable) {
+  constexpr Knob not_a_number{"DDPLAB_TEST_BAD", "1", "a knob set to text"};
+  setenv(not_a_number.name, "12k", 1);
+  try {
+    integer(not_a_number, 0, 100);
+    ADD_FAILURE() << "'12k' was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("DDPLAB_TEST_BAD"), std::string::npos) << e.what();
+  }
+  constexpr Knob out_of_range{"DDPLAB_TEST_RANGE", "1", "a knob set too high"};
+  setenv(out_of_range.name, "101", 1);
+  EXPECT_THROW(integer(out_of_range, 0, 100), std::invalid_argument);
+  constexpr Knob unknown{"DDPLAB_TEST_CHOICE", "shm", "a knob set to an unknown name"};
+  setenv(unknown.name, "tcp", 1);
+  EXPECT_THROW(choice(unknown, {"shm", "mpi"}), std::invalid_argument);
+}
+
+TEST(Settings, DescribeListsEveryKnobWithItsOrigin) {
+  setenv(kCommTransport.name, "mpi", 1);
+  unsetenv(kRingSliceBytes.name);
+  const std::vector<std::string> lines = describe();
+  ASSERT_EQ(lines.size(), std::size(kKnobs));
+  const auto line_of = [&](const Knob& knob) {
+    for (const std::string& line : lines)
+      if (line.rfind(std::string(knob.name) + " ", 0) == 0) return line;
+    return std::string("(no line for ") + knob.name + ")";
+  };
+  EXPECT_NE(line_of(kCommTransport).find("mpi (environment)"), std::string::npos) << line_of(kCommTransport);
+  EXPECT_NE(line_of(kRingSliceBytes).find("262144 (default)"), std::string::npos) << line_of(kRingSliceBytes);
+}
+
+}  // namespace
+}  // namespace ddplab::settings
