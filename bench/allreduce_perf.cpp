@@ -128,10 +128,10 @@ struct ImplInfo {
   bool needs_cuda;
 };
 constexpr ImplInfo kImpls[] = {
-    {"ring", "float", true, false},           {"ring-bf16", "bfloat16", true, false},
-    {"ring-fp16", "half", true, false},       {"mpi", "float", true, false},
-    {"mpi-raw", "float", false, false},       {"nccl", "float", false, true},
-    {"gpu-ring-nccl", "float", false, true},  {"gpu-ring-ipc", "float", false, true},
+    {"ring", "float", true, false},          {"ring-bf16", "bfloat16", true, false},
+    {"ring-fp16", "half", true, false},      {"mpi", "float", true, false},
+    {"mpi-raw", "float", false, false},      {"nccl", "float", false, true},
+    {"gpu-ring-nccl", "float", false, true}, {"gpu-ring-ipc", "float", false, true},
     {"gpu-ring-host", "float", false, true},
 };
 
@@ -315,8 +315,8 @@ bool preflight(const Options& o, int rank, int n) {
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (problem.empty() && need > have)
     problem = "-e: " + std::to_string(local_ranks) + " ranks here need 2 buffers of " +
-              human_bytes(static_cast<double>(o.max_bytes)) + " each, " + human_bytes(need) +
-              "; this machine has " + human_bytes(have);
+              human_bytes(static_cast<double>(o.max_bytes)) + " each, " + human_bytes(need) + "; this machine has " +
+              human_bytes(have);
   int first_bad = problem.empty() ? n : rank;
   MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (rank == first_bad) std::fprintf(stderr, "allreduce_perf: error: %s\n", problem.c_str());
@@ -330,9 +330,8 @@ struct Inputs {
   int rep = 0;
   int range() const { return std::max(1, std::min(16, 256 / n)); }
   float value(int rank, size_t i) const {
-    return static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13 + static_cast<size_t>(rep) * 5) %
-                                  static_cast<size_t>(range()) +
-                              1);
+    return static_cast<float>(
+        (i * 7 + static_cast<size_t>(rank) * 13 + static_cast<size_t>(rep) * 5) % static_cast<size_t>(range()) + 1);
   }
   float sum(size_t i) const {
     float s = 0;
@@ -366,10 +365,12 @@ struct Impl {
 Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDtype wire, const LinkModel& link) {
   auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD, CommOptions{impl, wire, link});
   int tag = 0;
-  return {name, [comm, tag](const float* in, float* out, size_t count) mutable {
+  return {name,
+          [comm, tag](const float* in, float* out, size_t count) mutable {
             comm->allreduce_sum_into(in, out, count, tag);
             tag = (tag + 1) % 32768;  // a tag per call, as the Reducer's buckets: the order check runs too
-          }, nullptr, nullptr, nullptr};
+          },
+          nullptr, nullptr, nullptr};
 }
 
 Impl make_mpi_raw_impl() {
@@ -380,10 +381,12 @@ Impl make_mpi_raw_impl() {
     delete c;
   });
   MPI_Comm_dup(MPI_COMM_WORLD, comm.get());
-  return {"mpi-raw", [comm](const float* in, float* out, size_t count) {
+  return {"mpi-raw",
+          [comm](const float* in, float* out, size_t count) {
             if (count > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("mpi-raw: count > INT_MAX");
             MPI_Allreduce(in == out ? MPI_IN_PLACE : in, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM, *comm);
-          }, nullptr, nullptr, nullptr};
+          },
+          nullptr, nullptr, nullptr};
 }
 
 // Builds a checked name (parse_options): collective over MPI_COMM_WORLD.
@@ -410,9 +413,9 @@ Impl make_impl(const std::string& name, const LinkModel& link, size_t max_count)
 // One mode (out-of-place or in place) at one size. On rank 0 only: the other ranks just take part.
 struct Mode {
   double time_us = 0, algbw = 0, busbw = 0;
-  long long wrong = -1;                 // -1: not checked (-c 0)
-  std::vector<double> rank_means_us;    // each rank's mean per call
-  std::vector<double> calls_us;         // per call, the slowest rank's time
+  long long wrong = -1;               // -1: not checked (-c 0)
+  std::vector<double> rank_means_us;  // each rank's mean per call
+  std::vector<double> calls_us;       // per call, the slowest rank's time
   double min_us = 0, p50_us = 0, p99_us = 0;
 };
 struct Row {
@@ -451,7 +454,8 @@ void time_calls(const Impl& impl, const float* in, float* out, size_t count, con
   m->p99_us = percentile(m->calls_us, 99);
   double sum = 0;
   for (double v : r) sum += v;
-  const double by_ranks[] = {r[0], sum / n, *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end())};
+  const double by_ranks[] = {r[0], sum / n, *std::min_element(r.begin(), r.end()),
+                             *std::max_element(r.begin(), r.end())};
   m->time_us = o.median ? m->p50_us : by_ranks[static_cast<int>(o.aggregate)];
 }
 
@@ -494,15 +498,17 @@ constexpr const char* kRowFormat = "%-13s %12s %12s %8s %5s  %8s %6s %6s %6s %8s
 void print_header(const Options& o, int n) {
   char host[256] = "?";
   gethostname(host, sizeof host);
-  const std::string step = o.step_bytes ? "+" + human_bytes(static_cast<double>(o.step_bytes))
-                                        : "x" + std::to_string(o.factor);
+  const std::string step =
+      o.step_bytes ? "+" + human_bytes(static_cast<double>(o.step_bytes)) : "x" + std::to_string(o.factor);
   std::printf("# ddplab allreduce_perf: %d ranks, host %s, link %s (%g us, %g Gbit/s)\n", n, host, o.link.name.c_str(),
               o.link.latency_us, o.link.gbps);
-  std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n", human_bytes(double(o.min_bytes)).c_str(),
-              human_bytes(double(o.max_bytes)).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
+  std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
+              human_bytes(static_cast<double>(o.min_bytes)).c_str(),
+              human_bytes(static_cast<double>(o.max_bytes)).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
   std::printf("# time = %s; algbw = size / time; busbw = algbw x 2(n-1)/n; GB = 1e9 bytes\n",
               o.median ? "p50 over calls" : describe(o.aggregate));
-  std::printf("# i_min, i_p99: per call, each call timed by its slowest rank. type: on the wire (buffers hold float)\n");
+  std::printf(
+      "# i_min, i_p99: per call, each call timed by its slowest rank. type: on the wire (buffers hold float)\n");
   std::printf("#\n#%58s%-51s%s\n", "", "out-of-place", "in-place");
   std::printf(kRowFormat, "# impl", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "i_min",
               "i_p99", "time", "algbw", "busbw", "#wrong", "i_min", "i_p99");
@@ -511,22 +517,27 @@ void print_header(const Options& o, int n) {
   std::fflush(stdout);
 }
 
-void print_row(const Row& r, const char* type) {
+void print_row(const Row& r) {
   auto wrong = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
   const Mode &a = r.oop, &b = r.ip;
-  std::printf(kRowFormat, r.impl.c_str(), std::to_string(r.bytes).c_str(), std::to_string(r.count).c_str(), type,
-              "sum", fit(a.time_us, 8).c_str(), fit(a.algbw, 6).c_str(), fit(a.busbw, 6).c_str(),
-              wrong(a.wrong).c_str(), fit(a.min_us, 8).c_str(), fit(a.p99_us, 8).c_str(), fit(b.time_us, 8).c_str(),
-              fit(b.algbw, 6).c_str(), fit(b.busbw, 6).c_str(), wrong(b.wrong).c_str(), fit(b.min_us, 8).c_str(),
-              fit(b.p99_us, 8).c_str());
+  std::printf(kRowFormat, r.impl.c_str(), std::to_string(r.bytes).c_str(), std::to_string(r.count).c_str(),
+              impl_info(r.impl).wire_type, "sum", fit(a.time_us, 8).c_str(), fit(a.algbw, 6).c_str(),
+              fit(a.busbw, 6).c_str(), wrong(a.wrong).c_str(), fit(a.min_us, 8).c_str(), fit(a.p99_us, 8).c_str(),
+              fit(b.time_us, 8).c_str(), fit(b.algbw, 6).c_str(), fit(b.busbw, 6).c_str(), wrong(b.wrong).c_str(),
+              fit(b.min_us, 8).c_str(), fit(b.p99_us, 8).c_str());
   std::fflush(stdout);  // a row as soon as it is measured
 }
 
 nlohmann::json mode_json(const Mode& m) {
-  return {{"time_us", m.time_us},   {"algbw_gbs", m.algbw}, {"busbw_gbs", m.busbw},
+  return {{"time_us", m.time_us},
+          {"algbw_gbs", m.algbw},
+          {"busbw_gbs", m.busbw},
           {"wrong", m.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.wrong)},
-          {"min_us", m.min_us},     {"p50_us", m.p50_us},   {"p99_us", m.p99_us},
-          {"times_us", m.calls_us}, {"rank_means_us", m.rank_means_us}};
+          {"min_us", m.min_us},
+          {"p50_us", m.p50_us},
+          {"p99_us", m.p99_us},
+          {"times_us", m.calls_us},
+          {"rank_means_us", m.rank_means_us}};
 }
 
 std::string results_json(const Options& o, int n, const std::vector<Row>& rows, const nlohmann::json& avg_busbw,
@@ -539,7 +550,7 @@ std::string results_json(const Options& o, int n, const std::vector<Row>& rows, 
   j["iters"] = o.iters;
   j["check_iters"] = o.check_iters;
   j["stat"] = o.median ? "median" : "mean";
-  j["aggregate"] = json_name(o.aggregate);
+  j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(json_name(o.aggregate));  // -a
   j["results"] = nlohmann::json::array();
   for (const Row& r : rows)
     j["results"].push_back({{"impl", r.impl},
@@ -614,7 +625,7 @@ int run(const Options& o, int rank, int n) {
           m->wrong = count_wrong(impl, inputs, rank, in, out, count, in_place);
         }
       }
-      if (rank == 0) print_row(r, impl_info(r.impl).wire_type);
+      if (rank == 0) print_row(r);
       rows.push_back(std::move(r));
     }
   }

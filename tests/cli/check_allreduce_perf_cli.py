@@ -156,6 +156,7 @@ def test_flags(perf, workdir):
             check_modes(doc, f"-a {a}", name)
     _, doc, _ = run_ok(perf, workdir, "median", [*small, "--impls", "ring", "--stat", "median"])
     if doc:
+        check(doc["stat"] == "median" and doc["aggregate"] is None, "--stat median recorded, -a as not applied")
         check_modes(doc, "--stat median", "median")
 
     # -i: the step in bytes, as in nccl-tests (it used to pick implementations: "unknown implementation").
