@@ -107,11 +107,15 @@ def labels(all_series):
 
 def chart(all_series, mode, out):
     fig, ax = plt.subplots(figsize=(8, 4.8))
+    # An implementation keeps its colour across files; files differ in line style.
+    colors = {impl: f"C{i % 10}" for i, impl in enumerate(dict.fromkeys(s.impl for s in all_series))}
+    styles = {path: ("-", "--", ":", "-.")[i % 4] for i, path in enumerate(dict.fromkeys(s.path for s in all_series))}
     for s, label in zip(all_series, labels(all_series)):
         pts = sorted(s.points)
         sizes = [p[0] for p in pts]
-        line, = ax.plot(sizes, [p[1] for p in pts], marker="o", markersize=3, linewidth=1.5, label=label)
-        ax.fill_between(sizes, [p[3] for p in pts], [p[2] for p in pts], color=line.get_color(), alpha=0.12,
+        ax.plot(sizes, [p[1] for p in pts], marker="o", markersize=3, linewidth=1.5, color=colors[s.impl],
+                linestyle=styles[s.path], label=label)
+        ax.fill_between(sizes, [p[3] for p in pts], [p[2] for p in pts], color=colors[s.impl], alpha=0.12,
                         linewidth=0)
     sizes = [p[0] for s in all_series for p in s.points]
     ax.set_xscale("log", base=2)
