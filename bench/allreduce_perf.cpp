@@ -1,12 +1,13 @@
-// allreduce_perf: all-reduce bandwidth of every implementation in one run, after nccl-tests' all_reduce_perf.
+// allreduce_perf: all-reduce bandwidth of every implementation in one run, after nccl-tests' all_reduce_perf
+// (same flags where they apply; docs/COMM.md, "allreduce_perf", lists them all).
 //
-//   mpirun -np 2 allreduce_perf -b 8 -e 256M -f 2 [-w 5] [-n 20] [-i ring,mpi,mpi-raw,ring-bf16]
-//                               [--link 10gbe] [--link-latency-us U] [--link-gbps G] [--stat mean|median]
-//                               [--csv F] [--json F]
+//   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1]
+//                               [--impls ring,mpi,mpi-raw,ring-bf16] [--link 10gbe] [--stat mean|median]
+//                               [--csv F] [-J F]
 //
 // Implementations:  ring      ddplab's Communicator, --comm ring (recursive doubling for small buffers, the
 //                             sliced ring above; docs/COMM.md), fp32 on the wire
-//                   ring-bf16 / ring-fp16   the same with a 16-bit wire
+//                   ring-bf16 / ring-fp16   the same with a 16-bit wire (buffers stay float)
 //                   mpi       ddplab's Communicator, --comm mpi: MPI_Allreduce plus the order check (and the
 //                             link model when --link is set)
 //                   mpi-raw   MPI_Allreduce alone on a duplicate communicator: Open MPI's own number
@@ -14,29 +15,37 @@
 //                             includes the host's wait for the comm stream
 //                   gpu-ring-nccl / gpu-ring-ipc / gpu-ring-host   our ring on device buffers (comm/ring_cuda.h)
 //                             over NCCL p2p, CUDA IPC (ranks may share a GPU) or host staging; timed as nccl
-// Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of fp32 data. For every size and implementation: -w warm-up
-// calls, then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send and receive buffers) and
-// in place. time = the slowest rank's mean per call; algbw = size / time; busbw = algbw x 2(n-1)/n,
-// the per-link traffic of a bandwidth-optimal all-reduce, comparable across rank counts. Implementations are
-// interleaved per size so that drift of a shared machine hits all alike.
+// Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of float data. For every size and implementation: -w warm-up calls,
+// then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send and receive buffers) and in place.
+// time = each rank's mean per call, combined over ranks as -a says (nccl-tests: 0 rank 0, 1 average, 2 min,
+// 3 max), or with --stat median the median call; algbw = size / time; busbw = algbw x 2(n-1)/n, the per-link
+// traffic of a bandwidth-optimal all-reduce, comparable across rank counts. Every call is also timed on its own;
+// a call's time is its slowest rank's (nccl-tests -I): min, p50 and p99 of those per size. Implementations are
+// interleaved per size so that drift of a shared machine hits all alike; each row is printed when measured.
 //
-// #wrong: after timing, each mode runs once more on fresh inputs and counts elements (summed over ranks) whose
+// #wrong: after timing, each mode runs -c more times on fresh inputs and counts elements (summed over ranks) whose
 // bits differ from the expected sum. Inputs are small integers (at most 256/n), so every partial sum is exact in
 // fp32, bf16 and fp16 and any summation order must give exactly the expected bits.
+//
+// Bad arguments: one line naming the flag, exit code 2, before any work (output files are probed first).
+#include <fcntl.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,42 +63,276 @@ using namespace ddplab::bench;
 
 namespace {
 
+// A bad command line: one line on stderr from rank 0, exit code 2 on every rank, no MPI_Abort.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 double now_s() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-size_t parse_size(const std::string& s) {
+// Bytes with an optional K/M/G suffix (powers of 1024), as nccl-tests reads -b, -e and -i.
+size_t parse_size(const std::string& flag, const std::string& s) {
+  const std::string bad = flag + " " + s + ": not a size (bytes with an optional K, M or G suffix, e.g. 64K)";
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) throw UsageError(bad);
   size_t pos = 0;
   const double v = std::stod(s, &pos);
   double mult = 1;
   if (pos < s.size()) {
-    switch (std::toupper(static_cast<unsigned char>(s[pos]))) {
-      case 'K':
-        mult = 1024.0;
-        break;
-      case 'M':
-        mult = 1024.0 * 1024;
-        break;
-      case 'G':
-        mult = 1024.0 * 1024 * 1024;
-        break;
-      default:
-        throw std::invalid_argument("bad size '" + s + "' (bytes, with optional K/M/G suffix)");
-    }
-    if (pos + 1 != s.size()) throw std::invalid_argument("bad size '" + s + "'");
+    const std::string suffixes = "KMG";
+    const size_t k = suffixes.find(static_cast<char>(std::toupper(static_cast<unsigned char>(s[pos]))));
+    if (k == std::string::npos || pos + 1 != s.size()) throw UsageError(bad);
+    mult = std::ldexp(1.0, 10 * static_cast<int>(k + 1));
   }
-  if (!(v >= 0)) throw std::invalid_argument("bad size '" + s + "'");
+  if (!std::isfinite(v) || v * mult > std::ldexp(1.0, 50)) throw UsageError(flag + " " + s + ": too large");
   return static_cast<size_t>(v * mult);
 }
 
-// Exact inputs: small integers whose sums over n ranks stay <= 256, exact in fp32, bf16 and fp16.
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char s[32];
+  std::snprintf(s, sizeof s, "%.*f %s", bytes == std::floor(bytes) ? 0 : 1, bytes, units[u]);
+  return s;
+}
+
+// How each rank's mean per call becomes the reported time: nccl-tests' -a.
+enum class Aggregate { kRank0 = 0, kAverage = 1, kMin = 2, kMax = 3 };
+const char* describe(Aggregate a) {
+  switch (a) {
+    case Aggregate::kRank0:
+      return "rank 0's mean per call";
+    case Aggregate::kAverage:
+      return "mean per call, averaged over ranks";
+    case Aggregate::kMin:
+      return "mean per call of the fastest rank";
+    case Aggregate::kMax:
+      return "mean per call of the slowest rank";
+  }
+  return "?";
+}
+const char* json_name(Aggregate a) {
+  const char* names[] = {"rank0", "avg", "min", "max"};
+  return names[static_cast<int>(a)];
+}
+
+// Every implementation allreduce_perf knows: the type on its wire (the table's `type` column, nccl-tests' names),
+// whether it can run over an emulated link, and whether it needs the CUDA build.
+struct ImplInfo {
+  const char* name;
+  const char* wire_type;
+  bool emulates_link;
+  bool needs_cuda;
+};
+constexpr ImplInfo kImpls[] = {
+    {"ring", "float", true, false},          {"ring-bf16", "bfloat16", true, false},
+    {"ring-fp16", "half", true, false},      {"mpi", "float", true, false},
+    {"mpi-raw", "float", false, false},      {"nccl", "float", false, true},
+    {"gpu-ring-nccl", "float", false, true}, {"gpu-ring-ipc", "float", false, true},
+    {"gpu-ring-host", "float", false, true},
+};
+
+const ImplInfo& impl_info(const std::string& name) {
+  for (const ImplInfo& i : kImpls)
+    if (name == i.name) return i;
+  std::string known;
+  for (const ImplInfo& i : kImpls) known += (known.empty() ? "" : ", ") + std::string(i.name);
+  throw UsageError("--impls " + name + ": unknown implementation (" + known + ")");
+}
+
+struct Options {
+  size_t min_bytes = 0, max_bytes = 0;
+  size_t step_bytes = 0;  // -i: a fixed step; 0: multiply by `factor`
+  int factor = 2;
+  int warmup = 5, iters = 20;
+  int check_iters = 1;  // -c: 0 skips the check (#wrong N/A)
+  Aggregate aggregate = Aggregate::kAverage;
+  bool median = false;  // --stat median: time = p50 of the calls
+  std::vector<std::string> impls;
+  LinkModel link;
+  std::string csv_path, json_path, command_line;
+
+  bool emulated() const { return link.gbps > 0 || link.latency_us > 0; }
+  // The sizes measured, in bytes, each rounded down to whole floats.
+  std::vector<size_t> sizes() const {
+    std::vector<size_t> out;
+    for (size_t b = min_bytes;; b = step_bytes ? b + step_bytes : b * static_cast<size_t>(factor)) {
+      out.push_back(b / sizeof(float) * sizeof(float));
+      const bool last = step_bytes ? step_bytes > max_bytes || b > max_bytes - step_bytes
+                                   : b > max_bytes / static_cast<size_t>(factor);  // no overflow past the end
+      if (last) return out;
+    }
+  }
+};
+
+// Parses and checks the command line; the same on every rank, no MPI. Throws UsageError naming the flag, or
+// returns false after --help (printed by rank 0).
+bool parse_options(int argc, char** argv, int rank, Options& o) {
+  CLI::App app{"all-reduce bandwidth of every implementation (after nccl-tests' all_reduce_perf)"};
+  std::string min_s = "8", max_s = "256M", step_s, impls_s, link_name = "none", dtype = "float", op = "sum";
+  std::string stat = "mean";
+  int ngpus = 1, nthreads = 1, aggregate = 1;
+  double link_latency_us = -1, link_gbps = -1;
+  app.add_option("-b,--minbytes", min_s, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", max_s, "largest size in bytes")->capture_default_str();
+  CLI::Option* factor =
+      app.add_option("-f,--stepfactor", o.factor, "multiply the size by this factor each step")->capture_default_str();
+  CLI::Option* step = app.add_option("-i,--stepbytes", step_s, "add this many bytes each step instead of -f");
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed calls per size and mode")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed calls per size and mode")->capture_default_str();
+  app.add_option("-c,--check", o.check_iters, "checked calls per size and mode (0: no check)")->capture_default_str();
+  CLI::Option* average =
+      app.add_option("-a,--average", aggregate, "ranks' mean times: 0 rank 0, 1 average, 2 min, 3 max")
+          ->capture_default_str();
+  app.add_option("-g,--ngpus", ngpus, "GPUs per thread (1: one process per GPU)")->capture_default_str();
+  app.add_option("-t,--nthreads", nthreads, "threads per process (1)")->capture_default_str();
+  app.add_option("-d,--datatype", dtype, "datatype in memory (float)")->capture_default_str();
+  app.add_option("-o,--op", op, "reduction (sum)")->capture_default_str();
+  app.add_option("--impls", impls_s,
+                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw; GPU: nccl, gpu-ring-nccl, gpu-ring-ipc, "
+                 "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
+  app.add_option("--link", link_name, "emulated link: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4")
+      ->capture_default_str();
+  app.add_option("--link-latency-us", link_latency_us, "override the link's latency (us)");
+  app.add_option("--link-gbps", link_gbps, "override the link's bandwidth (Gbit/s)");
+  app.add_option("--stat", stat, "time per call: mean (nccl-tests, combined over ranks by -a) or median (the p50 call)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mean", "median"}));
+  app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
+  app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    if (rank == 0) std::printf("%s", app.help().c_str());
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
+
+  if (ngpus != 1)
+    throw UsageError("-g " + std::to_string(ngpus) + ": one GPU per process here (start one rank per GPU: -np)");
+  if (nthreads != 1)
+    throw UsageError("-t " + std::to_string(nthreads) + ": one thread per process here (start more ranks: -np)");
+  if (dtype != "float")
+    throw UsageError("-d " + dtype + ": buffers hold float here (-d float); for a 16-bit wire use --impls " +
+                     "ring-bf16 or ring-fp16");
+  if (op != "sum") throw UsageError("-o " + op + ": every implementation here sums (-o sum)");
+
+  o.min_bytes = parse_size("-b", min_s);
+  o.max_bytes = parse_size("-e", max_s);
+  if (o.min_bytes < sizeof(float)) throw UsageError("-b " + min_s + ": at least 4 bytes (one float)");
+  if (o.max_bytes < o.min_bytes) throw UsageError("-e " + max_s + ": smaller than -b " + min_s);
+  if (step->count() && factor->count()) throw UsageError("-i and -f: give one, a fixed step or a factor");
+  if (step->count()) {
+    try {
+      o.step_bytes = parse_size("-i", step_s);
+    } catch (const UsageError& e) {
+      throw UsageError(std::string(e.what()) + "; -i is the step, as in nccl-tests: implementations are --impls");
+    }
+    if (o.step_bytes < sizeof(float)) throw UsageError("-i " + step_s + ": at least 4 bytes (one float)");
+  } else if (o.factor < 2) {
+    throw UsageError("-f " + std::to_string(o.factor) + ": the factor must be at least 2 (a fixed step is -i BYTES)");
+  }
+  if (o.warmup < 0) throw UsageError("-w " + std::to_string(o.warmup) + ": must not be negative");
+  if (o.iters < 1) throw UsageError("-n " + std::to_string(o.iters) + ": at least 1 timed call");
+  if (o.check_iters < 0) throw UsageError("-c " + std::to_string(o.check_iters) + ": must not be negative");
+  if (aggregate < 0 || aggregate > 3)
+    throw UsageError("-a " + std::to_string(aggregate) + ": 0 (rank 0), 1 (average), 2 (min) or 3 (max)");
+  o.aggregate = static_cast<Aggregate>(aggregate);
+  o.median = stat == "median";
+  if (o.median && average->count())
+    throw UsageError("-a: --stat median times each call by its slowest rank; -a applies to --stat mean");
+
+  try {
+    o.link = parse_link(link_name, link_latency_us, link_gbps);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (impls_s.empty()) impls_s = o.emulated() ? "ring,mpi,ring-bf16" : "ring,mpi,mpi-raw,ring-bf16";
+  for (size_t pos = 0; pos <= impls_s.size();) {
+    const size_t comma = std::min(impls_s.find(',', pos), impls_s.size());
+    const std::string name = impls_s.substr(pos, comma - pos);
+    const ImplInfo& info = impl_info(name);
+    if (std::count(o.impls.begin(), o.impls.end(), name)) throw UsageError("--impls: " + name + " given twice");
+#ifndef DDPLAB_HAVE_CUDA
+    if (info.needs_cuda)
+      throw UsageError("--impls " + name + ": needs a build with CUDA (configure with -DDDPLAB_CUDA=ON)");
+#endif
+    if (o.emulated() && !info.emulates_link)
+      throw UsageError("--impls " + name + ": cannot emulate a link (--link " + o.link.name + "; ring and mpi can)");
+    o.impls.push_back(name);
+    pos = comma + 1;
+  }
+  if (!o.csv_path.empty() && o.csv_path == o.json_path) throw UsageError("--csv and -J: the same file " + o.csv_path);
+  return true;
+}
+
+// Where `path` gets written: a temporary beside it, renamed over it once complete.
+std::string temp_path_for(const std::string& path) { return path + ".tmp." + std::to_string(getpid()); }
+
+// Empty when `path` can be written: a temporary beside it can be created (and is removed again) and `path` is not
+// a folder. The file itself is left alone, so an earlier result survives a refused run.
+std::string check_writable(const std::string& flag, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return flag + " " + path + ": is a folder";
+  const std::string tmp = temp_path_for(path);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) return flag + " " + path + ": cannot create it (" + std::strerror(errno) + ")";
+  close(fd);
+  unlink(tmp.c_str());
+  return "";
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = temp_path_for(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f) ok = std::fclose(f) == 0 && ok;
+  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) {
+    const int error = errno;
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
+  }
+}
+
+// Checks that need the machine: rank 0's output files, every rank's memory. Collective. The lowest rank that
+// finds a problem prints it; every rank then returns false.
+bool preflight(const Options& o, int rank, int n) {
+  std::string problem;
+  if (rank == 0) problem = o.csv_path.empty() ? "" : check_writable("--csv", o.csv_path);
+  if (rank == 0 && problem.empty() && !o.json_path.empty()) problem = check_writable("-J", o.json_path);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_ranks = 1;
+  MPI_Comm_size(node, &local_ranks);
+  MPI_Comm_free(&node);
+  const double need = 2.0 * static_cast<double>(o.max_bytes) * local_ranks;  // in and out buffers per rank
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (problem.empty() && need > have)
+    problem = "-e: " + std::to_string(local_ranks) + " ranks here need 2 buffers of " +
+              human_bytes(static_cast<double>(o.max_bytes)) + " each, " + human_bytes(need) + "; this machine has " +
+              human_bytes(have);
+  int first_bad = problem.empty() ? n : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (rank == first_bad) std::fprintf(stderr, "allreduce_perf: error: %s\n", problem.c_str());
+  return first_bad == n;
+}
+
+// Exact inputs: small integers whose sums over n ranks stay <= 256, exact in fp32, bf16 and fp16. `rep` varies them
+// between check calls.
 struct Inputs {
   int n;
+  int rep = 0;
   int range() const { return std::max(1, std::min(16, 256 / n)); }
   float value(int rank, size_t i) const {
-    return static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13) % static_cast<size_t>(range()) + 1);
+    return static_cast<float>(
+        (i * 7 + static_cast<size_t>(rank) * 13 + static_cast<size_t>(rep) * 5) % static_cast<size_t>(range()) + 1);
   }
   float sum(size_t i) const {
     float s = 0;
@@ -123,10 +366,12 @@ struct Impl {
 Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDtype wire, const LinkModel& link) {
   auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD, CommOptions{impl, wire, link});
   int tag = 0;
-  return {name, [comm, tag](const float* in, float* out, size_t count) mutable {
+  return {name,
+          [comm, tag](const float* in, float* out, size_t count) mutable {
             comm->allreduce_sum_into(in, out, count, tag);
             tag = (tag + 1) % 32768;  // a tag per call, as the Reducer's buckets: the order check runs too
-          }, nullptr, nullptr, nullptr};
+          },
+          nullptr, nullptr, nullptr};
 }
 
 Impl make_mpi_raw_impl() {
@@ -137,49 +382,42 @@ Impl make_mpi_raw_impl() {
     delete c;
   });
   MPI_Comm_dup(MPI_COMM_WORLD, comm.get());
-  return {"mpi-raw", [comm](const float* in, float* out, size_t count) {
+  return {"mpi-raw",
+          [comm](const float* in, float* out, size_t count) {
             if (count > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("mpi-raw: count > INT_MAX");
             MPI_Allreduce(in == out ? MPI_IN_PLACE : in, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM, *comm);
-          }, nullptr, nullptr, nullptr};
+          },
+          nullptr, nullptr, nullptr};
 }
 
+// Builds a checked name (parse_options): collective over MPI_COMM_WORLD.
 Impl make_impl(const std::string& name, const LinkModel& link, size_t max_count) {
-  if (name == "nccl") {
 #ifdef DDPLAB_HAVE_CUDA
-    if (link.gbps > 0 || link.latency_us > 0) throw std::invalid_argument("nccl cannot emulate a link");
+  if (name == "nccl") {
     DeviceAllreduce d = make_nccl_allreduce(max_count);
     return {name, d.run, d.in, d.out, d.owner};
-#else
-    (void)max_count;
-    throw std::invalid_argument("nccl needs a build with CUDA (configure with -DDDPLAB_CUDA=ON)");
-#endif
   }
   if (name.rfind("gpu-ring-", 0) == 0) {
-#ifdef DDPLAB_HAVE_CUDA
-    if (link.gbps > 0 || link.latency_us > 0) throw std::invalid_argument(name + " cannot emulate a link");
     DeviceAllreduce d = make_ring_cuda_allreduce(max_count, name.substr(9));
     return {name, d.run, d.in, d.out, d.owner};
-#else
-    throw std::invalid_argument(name + " needs a build with CUDA (configure with -DDDPLAB_CUDA=ON)");
-#endif
   }
+#endif
+  (void)max_count;
   if (name == "ring") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, link);
   if (name == "ring-bf16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kBf16, link);
   if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, link);
   if (name == "mpi") return make_communicator_impl(name, AllreduceImpl::kMpi, WireDtype::kFp32, link);
-  if (name == "mpi-raw") {
-    if (link.gbps > 0 || link.latency_us > 0)
-      throw std::invalid_argument("mpi-raw cannot emulate a link (use mpi, which applies the link model)");
-    return make_mpi_raw_impl();
-  }
-  throw std::invalid_argument("unknown implementation '" + name +
-                              "' (ring, ring-bf16, ring-fp16, mpi, mpi-raw, nccl, gpu-ring-nccl, gpu-ring-ipc, " +
-                              "gpu-ring-host)");
+  if (name == "mpi-raw") return make_mpi_raw_impl();
+  throw std::logic_error("make_impl: " + name);
 }
 
+// One mode (out-of-place or in place) at one size. On rank 0 only: the other ranks just take part.
 struct Mode {
   double time_us = 0, algbw = 0, busbw = 0;
-  long long wrong = 0;
+  long long wrong = -1;               // -1: not checked (-c 0)
+  std::vector<double> rank_means_us;  // each rank's mean per call
+  std::vector<double> calls_us;       // per call, the slowest rank's time
+  double min_us = 0, p50_us = 0, p99_us = 0;
 };
 struct Row {
   std::string impl;
@@ -187,24 +425,39 @@ struct Row {
   Mode oop, ip;
 };
 
-// Time per call in microseconds: the slowest rank's mean (nccl-tests), or with `median` the median over calls of
-// the slowest rank's time for that call — robust to a shared machine that now and then takes a core away.
-double time_calls(const Impl& impl, const float* in, float* out, size_t count, int warmup, int iters, bool median) {
-  for (int i = 0; i < warmup; ++i) impl.run(in, out, count);
-  std::vector<double> t(iters);
+// Nearest-rank percentile (as nccl-tests' i_p99): the smallest value with at least p% of the calls at or below it.
+double percentile(std::vector<double> values, double p) {
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(values.size())));
+  return values[std::max<size_t>(rank, 1) - 1];
+}
+
+void time_calls(const Impl& impl, const float* in, float* out, size_t count, const Options& o, int rank, int n,
+                Mode* m) {
+  for (int i = 0; i < o.warmup; ++i) impl.run(in, out, count);
+  std::vector<double> t(o.iters);
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = now_s();
-  for (int i = 0; i < iters; ++i) {
+  for (int i = 0; i < o.iters; ++i) {
     const double a = now_s();
     impl.run(in, out, count);
     t[i] = (now_s() - a) * 1e6;
   }
-  double mean_us = (now_s() - t0) / iters * 1e6, slowest = 0;
-  MPI_Allreduce(&mean_us, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  if (!median) return slowest;
-  MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  std::nth_element(t.begin(), t.begin() + iters / 2, t.end());
-  return t[iters / 2];
+  const double mean_us = (now_s() - t0) / o.iters * 1e6;
+  m->rank_means_us.assign(rank == 0 ? n : 0, 0.0);
+  m->calls_us.assign(rank == 0 ? o.iters : 0, 0.0);
+  MPI_Gather(&mean_us, 1, MPI_DOUBLE, m->rank_means_us.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Reduce(t.data(), m->calls_us.data(), o.iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (rank != 0) return;
+  const std::vector<double>& r = m->rank_means_us;
+  m->min_us = *std::min_element(m->calls_us.begin(), m->calls_us.end());
+  m->p50_us = percentile(m->calls_us, 50);
+  m->p99_us = percentile(m->calls_us, 99);
+  double sum = 0;
+  for (double v : r) sum += v;
+  const double by_ranks[] = {r[0], sum / n, *std::min_element(r.begin(), r.end()),
+                             *std::max_element(r.begin(), r.end())};
+  m->time_us = o.median ? m->p50_us : by_ranks[static_cast<int>(o.aggregate)];
 }
 
 long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, std::vector<float>& in_host,
@@ -232,157 +485,172 @@ long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, std::vec
   return total;
 }
 
-void print_table(const std::vector<Row>& rows, const std::string& impl, double* avg_busbw) {
-  std::printf("#\n# %s\n", impl.c_str());
-  std::printf("#                                         out-of-place                          in-place\n");
-  std::printf(
-      "#       size         count   type redop      time   algbw   busbw  #wrong       time   algbw   busbw  #wrong\n");
-  std::printf("#        (B)    (elements)                   (us)  (GB/s)  (GB/s)               (us)  (GB/s)  (GB/s)\n");
-  double sum = 0;
-  int k = 0;
-  for (const Row& r : rows) {
-    if (r.impl != impl) continue;
-    std::printf("%12zu  %12zu  float   sum %10.2f %7.2f %7.2f  %6lld %10.2f %7.2f %7.2f  %6lld\n", r.bytes, r.count,
-                r.oop.time_us, r.oop.algbw, r.oop.busbw, r.oop.wrong, r.ip.time_us, r.ip.algbw, r.ip.busbw, r.ip.wrong);
-    sum += r.oop.busbw + r.ip.busbw;
-    k += 2;
-  }
-  *avg_busbw = k ? sum / k : 0;
-  std::printf("# Avg bus bandwidth    : %g (%s)\n", *avg_busbw, impl.c_str());
+// `value` in at most `width` characters, with as many of 2 decimals as fit (nccl-tests' columns).
+std::string fit(double value, int width) {
+  char s[64];
+  for (int decimals = 2; decimals >= 0; --decimals)
+    if (std::snprintf(s, sizeof s, "%*.*f", width, decimals, value) <= width) return s;
+  std::snprintf(s, sizeof s, "%*.1e", width, value);
+  return s;
 }
 
-int run(int argc, char** argv, int rank, int n) {
-  CLI::App app{"all-reduce bandwidth of every implementation (after nccl-tests' all_reduce_perf)"};
-  std::string min_s = "8", max_s = "256M", impls_s, link_name = "none", csv_path, json_path;
-  int factor = 2, warmup = 5, iters = 20;
-  double link_latency_us = -1, link_gbps = -1;
-  app.add_option("-b,--minbytes", min_s, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", max_s, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--stepfactor", factor, "multiply the size by this factor each step")->capture_default_str();
-  app.add_option("-w,--warmup_iters", warmup, "untimed calls per size and mode")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed calls per size and mode")->capture_default_str();
-  app.add_option("-i,--impls", impls_s,
-                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw; GPU: nccl, gpu-ring-nccl, gpu-ring-ipc, "
-                 "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
-  app.add_option("--link", link_name, "emulated link: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4")
-      ->capture_default_str();
-  app.add_option("--link-latency-us", link_latency_us, "override the link's latency (us)");
-  app.add_option("--link-gbps", link_gbps, "override the link's bandwidth (Gbit/s)");
-  std::string stat = "mean";
-  app.add_option("--stat", stat, "time per call: mean (nccl-tests) or median (robust on a shared machine)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"mean", "median"}));
-  app.add_option("--csv", csv_path, "also write the results as CSV (rank 0)");
-  app.add_option("--json", json_path, "also write the results as JSON (rank 0)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (rank == 0) app.exit(e);
-    return e.get_exit_code() == 0 ? 0 : 2;
-  }
-  const size_t min_bytes = parse_size(min_s), max_bytes = parse_size(max_s);
-  if (factor < 2 || warmup < 0 || iters < 1 || min_bytes < sizeof(float) || max_bytes < min_bytes)
-    throw std::invalid_argument("need -f >= 2, -w >= 0, -n >= 1, 4 <= -b <= -e");
-  const LinkModel link = parse_link(link_name, link_latency_us, link_gbps);
-  const bool median = stat == "median";
-  const bool emulated = link.gbps > 0 || link.latency_us > 0;
-  if (impls_s.empty()) impls_s = emulated ? "ring,mpi,ring-bf16" : "ring,mpi,mpi-raw,ring-bf16";
-  std::vector<Impl> impls;
-  std::vector<std::string> names;
-  for (size_t pos = 0; pos <= impls_s.size();) {
-    const size_t comma = std::min(impls_s.find(',', pos), impls_s.size());
-    names.push_back(impls_s.substr(pos, comma - pos));
-    if (std::count(names.begin(), names.end(), names.back()) > 1)
-      throw std::invalid_argument("implementation '" + names.back() + "' given twice");
-    impls.push_back(make_impl(names.back(), link, max_bytes / sizeof(float)));
-    pos = comma + 1;
-  }
+constexpr const char* kRowFormat = "%-13s %12s %12s %8s %5s  %8s %6s %6s %6s %8s %8s  %8s %6s %6s %6s %8s %8s\n";
 
+void print_header(const Options& o, int n) {
   char host[256] = "?";
   gethostname(host, sizeof host);
-  if (rank == 0) {
-    std::printf("# ddplab allreduce_perf: %d ranks, host %s, link %s (%g us, %g Gbit/s), warm-up %d, iters %d\n", n,
-                host, link.name.c_str(), link.latency_us, link.gbps, warmup, iters);
-    std::printf("# busbw = algbw x 2(n-1)/n; time = %s; GB = 1e9 bytes\n",
-                median ? "median over calls of the slowest rank's time" : "slowest rank's mean per call");
-  }
+  const std::string step =
+      o.step_bytes ? "+" + human_bytes(static_cast<double>(o.step_bytes)) : "x" + std::to_string(o.factor);
+  std::printf("# ddplab allreduce_perf: %d ranks, host %s, link %s (%g us, %g Gbit/s)\n", n, host, o.link.name.c_str(),
+              o.link.latency_us, o.link.gbps);
+  std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
+              human_bytes(static_cast<double>(o.min_bytes)).c_str(),
+              human_bytes(static_cast<double>(o.max_bytes)).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
+  std::printf("# time = %s; algbw = size / time; busbw = algbw x 2(n-1)/n; GB = 1e9 bytes\n",
+              o.median ? "p50 over calls" : describe(o.aggregate));
+  std::printf(
+      "# i_min, i_p99: per call, each call timed by its slowest rank. type: on the wire (buffers hold float)\n");
+  std::printf("#\n#%58s%-51s%s\n", "", "out-of-place", "in-place");
+  std::printf(kRowFormat, "# impl", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "i_min",
+              "i_p99", "time", "algbw", "busbw", "#wrong", "i_min", "i_p99");
+  std::printf(kRowFormat, "#", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)",
+              "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+  std::fflush(stdout);
+}
 
-  const Inputs inputs{n};
-  std::vector<float> in(max_bytes / sizeof(float)), out(in.size());
+void print_row(const Row& r) {
+  auto wrong = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
+  const Mode &a = r.oop, &b = r.ip;
+  std::printf(kRowFormat, r.impl.c_str(), std::to_string(r.bytes).c_str(), std::to_string(r.count).c_str(),
+              impl_info(r.impl).wire_type, "sum", fit(a.time_us, 8).c_str(), fit(a.algbw, 6).c_str(),
+              fit(a.busbw, 6).c_str(), wrong(a.wrong).c_str(), fit(a.min_us, 8).c_str(), fit(a.p99_us, 8).c_str(),
+              fit(b.time_us, 8).c_str(), fit(b.algbw, 6).c_str(), fit(b.busbw, 6).c_str(), wrong(b.wrong).c_str(),
+              fit(b.min_us, 8).c_str(), fit(b.p99_us, 8).c_str());
+  std::fflush(stdout);  // a row as soon as it is measured
+}
+
+nlohmann::json mode_json(const Mode& m) {
+  return {{"time_us", m.time_us},
+          {"algbw_gbs", m.algbw},
+          {"busbw_gbs", m.busbw},
+          {"wrong", m.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.wrong)},
+          {"min_us", m.min_us},
+          {"p50_us", m.p50_us},
+          {"p99_us", m.p99_us},
+          {"times_us", m.calls_us},
+          {"rank_means_us", m.rank_means_us}};
+}
+
+std::string results_json(const Options& o, int n, const std::vector<Row>& rows, const nlohmann::json& avg_busbw,
+                         long long total_wrong) {
+  nlohmann::json j;
+  j["args"] = o.command_line;
+  j["nranks"] = n;
+  j["link"] = {{"name", o.link.name}, {"latency_us", o.link.latency_us}, {"gbps", o.link.gbps}};
+  j["warmup"] = o.warmup;
+  j["iters"] = o.iters;
+  j["check_iters"] = o.check_iters;
+  j["stat"] = o.median ? "median" : "mean";
+  j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(json_name(o.aggregate));  // -a
+  j["results"] = nlohmann::json::array();
+  for (const Row& r : rows)
+    j["results"].push_back({{"impl", r.impl},
+                            {"size_bytes", r.bytes},
+                            {"count", r.count},
+                            {"type", impl_info(r.impl).wire_type},
+                            {"redop", "sum"},
+                            {"out_of_place", mode_json(r.oop)},
+                            {"in_place", mode_json(r.ip)}});
+  j["avg_busbw"] = avg_busbw;
+  j["wrong"] = total_wrong;
+  return j.dump(1) + "\n";
+}
+
+std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
+  std::ostringstream s;
+  s << "impl,nranks,link,size_bytes,count,type,redop";
+  for (const char* m : {"oop", "ip"})
+    for (const char* c : {"time_us", "algbw_gbs", "busbw_gbs", "wrong", "min_us", "p50_us", "p99_us"})
+      s << "," << m << "_" << c;
+  s << "\n";
+  char line[512];
+  for (const Row& r : rows) {
+    std::snprintf(line, sizeof line, "%s,%d,%s,%zu,%zu,%s,sum", r.impl.c_str(), n, o.link.name.c_str(), r.bytes,
+                  r.count, impl_info(r.impl).wire_type);
+    s << line;
+    for (const Mode* m : {&r.oop, &r.ip}) {
+      const std::string wrong = m->wrong < 0 ? "" : std::to_string(m->wrong);
+      std::snprintf(line, sizeof line, ",%.3f,%.4f,%.4f,%s,%.3f,%.3f,%.3f", m->time_us, m->algbw, m->busbw,
+                    wrong.c_str(), m->min_us, m->p50_us, m->p99_us);
+      s << line;
+    }
+    s << "\n";
+  }
+  return s.str();
+}
+
+int run(const Options& o, int rank, int n) {
+  const size_t max_count = o.max_bytes / sizeof(float);
+  std::vector<Impl> impls;
+  for (const std::string& name : o.impls) impls.push_back(make_impl(name, o.link, max_count));
+  if (rank == 0) print_header(o, n);
+
+  const size_t min_count = o.min_bytes / sizeof(float);
+  Inputs inputs{n};
+  std::vector<float> in(max_count), out(max_count);
   inputs.fill(in.data(), in.size(), rank);  // touch every page before timing
   std::fill(out.begin(), out.end(), 0.0f);
   // A first, untimed pass of every implementation (connections, scratch buffers, code paths warm), so that the
   // first size measured is not the one that pays for it.
   for (const Impl& impl : impls) {
-    impl.load(in, min_bytes / sizeof(float));
-    for (int i = 0; i < 100; ++i) impl.run(impl.in(in), impl.in(in), min_bytes / sizeof(float));
+    impl.load(in, min_count);
+    for (int i = 0; i < 100; ++i) impl.run(impl.in(in), impl.in(in), min_count);
   }
-  inputs.fill(in.data(), in.size(), rank);
   std::vector<Row> rows;
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
-  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+  for (const size_t bytes : o.sizes()) {
     const size_t count = bytes / sizeof(float);
     for (const Impl& impl : impls) {
-      Row r{impl.name, count * sizeof(float), count, {}, {}};
+      Row r{impl.name, bytes, count, {}, {}};
       for (Mode* m : {&r.oop, &r.ip}) {
         const bool in_place = m == &r.ip;
+        inputs.rep = 0;
         inputs.fill(in.data(), count, rank);
         impl.load(in, count);
-        m->time_us = time_calls(impl, impl.in(in), in_place ? impl.in(in) : impl.out(out), count, warmup, iters, median);
-        m->algbw = static_cast<double>(r.bytes) / (m->time_us * 1e-6) / 1e9;
+        time_calls(impl, impl.in(in), in_place ? impl.in(in) : impl.out(out), count, o, rank, n, m);
+        m->algbw = static_cast<double>(bytes) / (m->time_us * 1e-6) / 1e9;
         m->busbw = m->algbw * bus_factor;
-        m->wrong = count_wrong(impl, inputs, rank, in, out, count, in_place);
+        if (o.check_iters > 0) m->wrong = 0;
+        for (int c = 0; c < o.check_iters && m->wrong == 0; ++c) {
+          inputs.rep = c + 1;
+          m->wrong = count_wrong(impl, inputs, rank, in, out, count, in_place);
+        }
       }
-      rows.push_back(r);
+      if (rank == 0) print_row(r);
+      rows.push_back(std::move(r));
     }
-    if (bytes > max_bytes / factor) break;  // no overflow on the last multiplication
   }
-
   if (rank != 0) return 0;
-  nlohmann::json j;
-  j["nranks"] = n;
-  j["host"] = host;
-  j["link"] = {{"name", link.name}, {"latency_us", link.latency_us}, {"gbps", link.gbps}};
-  j["warmup"] = warmup;
-  j["iters"] = iters;
-  j["stat"] = stat;
-  j["results"] = nlohmann::json::array();
+
+  nlohmann::json avg_busbw;
   long long total_wrong = 0;
-  for (const std::string& name : names) {
-    double avg = 0;
-    print_table(rows, name, &avg);
-    j["avg_busbw"][name] = avg;
+  for (const std::string& name : o.impls) {
+    double sum = 0;
+    int k = 0;
+    for (const Row& r : rows)
+      if (r.impl == name) sum += r.oop.busbw + r.ip.busbw, k += 2;
+    avg_busbw[name] = k ? sum / k : 0.0;
   }
-  std::FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
-  if (!csv_path.empty() && !csv) throw std::runtime_error("cannot write " + csv_path);
-  if (csv)
-    std::fprintf(csv,
-                 "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,"
-                 "ip_time_us,ip_algbw_gbs,ip_busbw_gbs,ip_wrong\n");
-  for (const Row& r : rows) {
-    total_wrong += r.oop.wrong + r.ip.wrong;
-    j["results"].push_back(
-        {{"impl", r.impl},
-         {"size_bytes", r.bytes},
-         {"count", r.count},
-         {"type", "float"},
-         {"redop", "sum"},
-         {"out_of_place",
-          {{"time_us", r.oop.time_us}, {"algbw_gbs", r.oop.algbw}, {"busbw_gbs", r.oop.busbw}, {"wrong", r.oop.wrong}}},
-         {"in_place",
-          {{"time_us", r.ip.time_us}, {"algbw_gbs", r.ip.algbw}, {"busbw_gbs", r.ip.busbw}, {"wrong", r.ip.wrong}}}});
-    if (csv)
-      std::fprintf(csv, "%s,%d,%s,%zu,%zu,float,sum,%.3f,%.4f,%.4f,%lld,%.3f,%.4f,%.4f,%lld\n", r.impl.c_str(), n,
-                   link.name.c_str(), r.bytes, r.count, r.oop.time_us, r.oop.algbw, r.oop.busbw, r.oop.wrong,
-                   r.ip.time_us, r.ip.algbw, r.ip.busbw, r.ip.wrong);
-  }
-  if (csv) std::fclose(csv);
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << j.dump(1) << "\n";
-    if (!f) throw std::runtime_error("cannot write " + json_path);
-  }
-  std::printf("# Out of bounds values : %lld %s\n#\n", total_wrong, total_wrong ? "FAILED" : "OK");
+  for (const Row& r : rows) total_wrong += std::max(0LL, r.oop.wrong) + std::max(0LL, r.ip.wrong);
+  if (!o.csv_path.empty()) write_atomically(o.csv_path, results_csv(o, n, rows));
+  if (!o.json_path.empty()) write_atomically(o.json_path, results_json(o, n, rows, avg_busbw, total_wrong));
+  if (o.check_iters > 0)
+    std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+  else
+    std::printf("# Out of bounds values : not checked (-c 0)\n");
+  for (const std::string& name : o.impls)
+    std::printf("# Avg bus bandwidth    : %g (%s)\n", avg_busbw[name].get<double>(), name.c_str());
+  std::printf("#\n");
   return total_wrong ? 1 : 0;
 }
 
@@ -393,9 +661,25 @@ int main(int argc, char** argv) {
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
+  Options options;
   int code = 0;
   try {
-    code = run(argc, argv, rank, n);
+    if (!parse_options(argc, argv, rank, options)) {
+      MPI_Finalize();
+      return 0;
+    }
+  } catch (const UsageError& e) {
+    // Every rank parsed the same command line and got here alike: no collective needed, none waits.
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s (see allreduce_perf --help)\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
+  if (!preflight(options, rank, n)) {
+    MPI_Finalize();
+    return 2;
+  }
+  try {
+    code = run(options, rank, n);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_perf: rank %d: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);  // the program's edge: other ranks may be waiting in a collective

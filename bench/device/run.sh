@@ -74,12 +74,12 @@ if [ "${last_rc:-1}" -eq 0 ]; then
   fi
   a=$build/bench/allreduce_perf
   if [ -x "$a" ]; then  # NCCL on GPU buffers at ws=1, nccl-tests' columns
-    step "allreduce_perf nccl np1" allreduce.log mpirun -np 1 "$a" -b 8 -e 256M -i nccl
+    step "allreduce_perf nccl np1" allreduce.log mpirun -np 1 "$a" -b 8 -e 256M --impls nccl
     note "$(grep -m1 'Avg bus bandwidth' "$out/allreduce.log" || true)"
     # Our ring on GPU buffers: np 2 and 4 share the one GPU (ipc and host links; NCCL refuses that).
     for np in 2 4; do
       step "allreduce_perf gpu-ring np$np" allreduce.log mpirun --oversubscribe -np $np "$a" -b 8 -e 256M \
-           -i gpu-ring-ipc,gpu-ring-host
+           --impls gpu-ring-ipc,gpu-ring-host
       note "$(grep 'Avg bus bandwidth' "$out/allreduce.log" | tail -1 || true)"
     done
   fi

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Runs allreduce_perf at one world size and checks its machine-readable output: every implementation and size
-is present, #wrong is 0 in both modes, times and bandwidths are consistent, and the CSV agrees with the JSON.
+is present, #wrong is 0 in both modes, times, per-call statistics and bandwidths are consistent, the type is the
+wire's, and the CSV agrees with the JSON.
 
 usage: check_allreduce_perf.py MPIRUN ALLREDUCE_PERF NP
 """
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 
 IMPLS = ["ring", "mpi", "mpi-raw", "ring-bf16", "ring-fp16"]
+WIRE = {"ring-bf16": "bfloat16", "ring-fp16": "half"}  # the rest: float
 
 
 def run(mpirun, exe, np, args, workdir, tag):
@@ -42,12 +45,24 @@ def check(doc, rows, np, impls, sizes):
             if r is None:
                 errors.append(f"{impl} {size} B missing")
                 continue
+            if r["type"] != WIRE.get(impl, "float"):
+                errors.append(f"{impl} {size} B: type {r['type']}, the wire's is {WIRE.get(impl, 'float')}")
             for mode in ("out_of_place", "in_place"):
                 m = r[mode]
                 if m["wrong"] != 0:
                     errors.append(f"{impl} {size} B {mode}: #wrong {m['wrong']}")
                 if not m["time_us"] > 0:
                     errors.append(f"{impl} {size} B {mode}: time {m['time_us']}")
+                # time = the ranks' means averaged (-a 1, the default); per call: min, nearest-rank p50 and p99.
+                means, calls = m["rank_means_us"], sorted(m["times_us"])
+                if len(means) != np or abs(m["time_us"] - sum(means) / np) > 1e-9 * m["time_us"]:
+                    errors.append(f"{impl} {size} B {mode}: time {m['time_us']} is not the mean of {means}")
+                if len(calls) != doc["iters"]:
+                    errors.append(f"{impl} {size} B {mode}: {len(calls)} per-call times, {doc['iters']} calls")
+                elif (m["min_us"], m["p50_us"], m["p99_us"]) != (calls[0], calls[math.ceil(len(calls) / 2) - 1],
+                                                                 calls[math.ceil(len(calls) * 0.99) - 1]):
+                    errors.append(f"{impl} {size} B {mode}: min/p50/p99 {m['min_us']}/{m['p50_us']}/{m['p99_us']} "
+                                  f"do not match the calls {calls}")
                 algbw = size / (m["time_us"] * 1e-6) / 1e9
                 if abs(m["algbw_gbs"] - algbw) > 1e-6 * max(1.0, algbw):
                     errors.append(f"{impl} {size} B {mode}: algbw {m['algbw_gbs']} != size/time {algbw}")
@@ -60,7 +75,12 @@ def check(doc, rows, np, impls, sizes):
         errors.append(f"CSV has {len(rows)} rows, JSON {len(doc['results'])}")
     for row in rows:
         r = got.get((row["impl"], int(row["size_bytes"])))
-        if r is None or int(row["oop_wrong"]) != r["out_of_place"]["wrong"] or int(row["ip_wrong"]) != 0:
+        same = r is not None and row["type"] == r["type"] and all(
+            int(row[f"{m}_wrong"]) == r[mode]["wrong"] and
+            all(abs(float(row[f"{m}_{k}"]) - r[mode][k]) <= 1e-3 + 1e-4 * r[mode][k]
+                for k in ("time_us", "busbw_gbs", "min_us", "p50_us", "p99_us"))
+            for m, mode in (("oop", "out_of_place"), ("ip", "in_place")))
+        if not same:
             errors.append(f"CSV row disagrees with JSON: {row}")
     return errors
 
@@ -70,15 +90,16 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         # 8 B .. 2 MiB: recursive doubling, the ring with one and with several rounds (slices), every wire.
         sizes = [8 * 8**k for k in range(7)]  # -b 8 -e 2M -f 8: 8 B .. 2 MiB
-        doc, rows = run(mpirun, exe, np, ["-b", "8", "-e", "2M", "-f", "8", "-w", "1", "-n", "2", "-i", ",".join(IMPLS)],
-                        d, "plain")
+        # 3 calls: p50 and p99 are different calls.
+        doc, rows = run(mpirun, exe, np, ["-b", "8", "-e", "2M", "-f", "8", "-w", "1", "-n", "3",
+                                          "--impls", ",".join(IMPLS)], d, "plain")
         errors = check(doc, rows, np, IMPLS, sizes)
         sizes_seen = sorted({r["size_bytes"] for r in doc["results"]})
         if sizes_seen != sizes:
             errors.append(f"sizes {sizes_seen}, expected {sizes}")
         # An emulated link (fast, so the test stays short): mpi applies its model, the ring the wrapper transport.
         doc, rows = run(mpirun, exe, np, ["-b", "1K", "-e", "256K", "-f", "16", "-w", "1", "-n", "2",
-                                          "-i", "ring,mpi,ring-bf16", "--link", "100gbe-ib"], d, "link")
+                                          "--impls", "ring,mpi,ring-bf16", "--link", "100gbe-ib"], d, "link")
         errors += check(doc, rows, np, ["ring", "mpi", "ring-bf16"], [1024, 16384, 262144])
         if doc["link"]["name"] != "100gbe-ib" or doc["link"]["gbps"] != 100:
             errors.append(f"link not recorded: {doc['link']}")

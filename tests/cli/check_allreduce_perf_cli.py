@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""allreduce_perf's command line, end to end at 2 ranks, and the busbw chart drawn from its output.
+
+- rows arrive while the benchmark runs, not all at the end;
+- nccl-tests' flags: -i (step in bytes), -g/-t 1, -c, -d float, -o sum, -a 0..3 (checked against each rank's mean
+  in the JSON), -J; --impls picks implementations; --stat median;
+- the type column is the wire's (bfloat16, half) in the table, the CSV and the JSON;
+- per-call times: min/p50/p99 in the JSON and CSV, i_min/i_p99 in the table, all agreeing;
+- #wrong 0 on exactly summable inputs, also over several check rounds (-c 3); -c 0 says N/A;
+- bad arguments: exit 2, one line naming the flag, no MPI_ABORT banner, before any work, no file touched;
+- output files written whole (no temporaries left), an existing one replaced;
+- scripts/allreduce_chart.py: a PNG from the JSON and from the CSV, one-line refusals of bad input.
+
+usage: check_allreduce_perf_cli.py MPIRUN ALLREDUCE_PERF ALLREDUCE_CHART_PY
+"""
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+class Perf:
+    def __init__(self, mpirun, exe):
+        self.mpirun, self.exe = mpirun, exe
+
+    def cmd(self, args, np=2):
+        return [self.mpirun, "--bind-to", "none", "-np", str(np), self.exe, *args]
+
+    def run(self, args, np=2, timeout=120):
+        return subprocess.run(self.cmd(args, np), capture_output=True, text=True, timeout=timeout)
+
+
+def data_rows(stdout):
+    """The table's rows, split into columns: impl size count type redop, then 6 per mode."""
+    return [line.split() for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def printed_equal(text, value):
+    """Whether `text`, a table cell, is `value` rounded as printed (2 decimals, fewer when wide, or 1.2e+05)."""
+    if "e" in text:
+        return abs(float(text) - value) <= 0.06 * abs(value)
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(float(text) - value) <= 0.51 * 10 ** -decimals
+
+
+def is_png(path):
+    if not os.path.exists(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def load(workdir, tag):
+    with open(os.path.join(workdir, tag + ".json")) as f:
+        doc = json.load(f)
+    with open(os.path.join(workdir, tag + ".csv")) as f:
+        rows = list(csv.DictReader(f))
+    return doc, rows
+
+
+def run_ok(perf, workdir, tag, args, np=2):
+    """Runs with -J and --csv into workdir; returns (process, JSON, CSV rows)."""
+    p = perf.run([*args, "-J", os.path.join(workdir, tag + ".json"), "--csv", os.path.join(workdir, tag + ".csv")], np)
+    check(p.returncode == 0, f"{tag}: {' '.join(args)} exits 0 (got {p.returncode}: {p.stderr.strip()[-300:]})")
+    if p.returncode != 0:
+        return p, None, None
+    doc, rows = load(workdir, tag)
+    return p, doc, rows
+
+
+def test_rows_arrive_while_running(perf):
+    # An emulated 0.1 Gbit/s link: 1 MiB takes ~85 ms per call at 2 ranks, 12 calls (2 modes x (5 timed + 1
+    # check)), so the last size runs for about a second after the first rows are measured.
+    args = ["-b", "4", "-e", "1M", "-f", "512", "-w", "0", "-n", "5", "--impls", "ring", "--link", "10gbe",
+            "--link-gbps", "0.1"]
+    start = time.monotonic()
+    p = subprocess.Popen(perf.cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    arrivals = []
+    for line in p.stdout:
+        if line.strip() and not line.startswith("#"):
+            arrivals.append((time.monotonic() - start, line.split()[1]))
+    p.wait(timeout=60)
+    end = time.monotonic() - start
+    sizes = [s for _, s in arrivals]
+    check(p.returncode == 0 and sizes == ["4", "2048", "1048576"],
+          f"streaming run: exit 0 and rows for 4 B, 2 KiB, 1 MiB (got {p.returncode}, {sizes})")
+    if len(arrivals) == 3:
+        first, last = arrivals[0][0], arrivals[-1][0]
+        check(last - first > 0.5 and end - first > 0.5,
+              f"rows are printed as measured: first row at {first:.2f} s, last at {last:.2f} s, exit at {end:.2f} s")
+
+
+def check_modes(doc, what, aggregate):
+    """time_us follows -a from each rank's mean; per-call min/p50/p99 are the nearest-rank statistics."""
+    for r in doc["results"]:
+        for mode in ("out_of_place", "in_place"):
+            m = r[mode]
+            means, calls = m["rank_means_us"], sorted(m["times_us"])
+            want = {"rank0": means[0], "avg": sum(means) / len(means), "min": min(means), "max": max(means),
+                    "median": calls[math.ceil(len(calls) / 2) - 1]}[aggregate]
+            if abs(m["time_us"] - want) > 1e-9 * want:
+                return check(False, f"{what}: {r['impl']} {r['size_bytes']} B {mode}: time {m['time_us']}, "
+                                    f"expected {aggregate} {want} (rank means {means}, calls {calls})")
+            if len(calls) != doc["iters"] or (m["min_us"], m["p50_us"], m["p99_us"]) != (
+                    calls[0], calls[math.ceil(len(calls) / 2) - 1], calls[math.ceil(len(calls) * 0.99) - 1]):
+                return check(False, f"{what}: {r['impl']} {r['size_bytes']} B {mode}: min/p50/p99 "
+                                    f"{m['min_us']}/{m['p50_us']}/{m['p99_us']} vs calls {calls}")
+    check(True, f"{what}: time is the {aggregate} and min/p50/p99 match the {doc['iters']} calls of every row")
+
+
+def test_flags(perf, workdir):
+    small = ["-b", "1K", "-e", "16K", "-f", "4", "-w", "1", "-n", "5"]
+    # nccl-tests' flags at the values that apply here, and several check rounds.
+    p, doc, rows = run_ok(perf, workdir, "nccl_flags",
+                          [*small, "-g", "1", "-t", "1", "-d", "float", "-o", "sum", "-c", "3", "-a", "2",
+                           "--impls", "ring,mpi,ring-bf16,ring-fp16"])
+    if doc:
+        check(doc["check_iters"] == 3 and doc["wrong"] == 0 and
+              all(r[m]["wrong"] == 0 for r in doc["results"] for m in ("out_of_place", "in_place")) and
+              "# Out of bounds values : 0 OK" in p.stdout,
+              "-c 3: every row checked, #wrong 0 (exact sums on every wire), 'Out of bounds values : 0 OK'")
+        check_modes(doc, "-a 2", "min")
+        wire = {"ring": "float", "mpi": "float", "ring-bf16": "bfloat16", "ring-fp16": "half"}
+        table = data_rows(p.stdout)
+        check(len(table) == len(doc["results"]) and all(t[3] == wire[t[0]] for t in table),
+              f"table's type column is the wire's: {sorted({(t[0], t[3]) for t in table})}")
+        check(all(r["type"] == wire[r["impl"]] for r in doc["results"]) and
+              all(r["type"] == wire[r["impl"]] for r in rows), "JSON and CSV type is the wire's too")
+        # i_min and i_p99 in the table are the JSON's min_us and p99_us, as rounded for the table.
+        got = {(r["impl"], r["size_bytes"]): r for r in doc["results"]}
+        agree = True
+        for t in table:
+            r = got[(t[0], int(t[1]))]
+            for mode, (i_min, i_p99) in (("out_of_place", (t[9], t[10])), ("in_place", (t[15], t[16]))):
+                agree &= printed_equal(i_min, r[mode]["min_us"]) and printed_equal(i_p99, r[mode]["p99_us"])
+        check(agree, "the table's i_min and i_p99 columns are the JSON's min_us and p99_us")
+        check(all(abs(float(c[f"{m}_{k}"]) - got[(c["impl"], int(c["size_bytes"]))][mode][k]) < 1e-3
+                  for c in rows for m, mode in (("oop", "out_of_place"), ("ip", "in_place"))
+                  for k in ("min_us", "p50_us", "p99_us")), "the CSV's min/p50/p99 columns are the JSON's")
+    for a, name in ((0, "rank0"), (1, "avg"), (3, "max")):
+        _, doc, _ = run_ok(perf, workdir, f"a{a}", [*small, "--impls", "ring", "-a", str(a)])
+        if doc:
+            check(doc["aggregate"] == name, f"-a {a} recorded as {name}")
+            check_modes(doc, f"-a {a}", name)
+    _, doc, _ = run_ok(perf, workdir, "median", [*small, "--impls", "ring", "--stat", "median"])
+    if doc:
+        check(doc["stat"] == "median" and doc["aggregate"] is None, "--stat median recorded, -a as not applied")
+        check_modes(doc, "--stat median", "median")
+
+    # -i: the step in bytes, as in nccl-tests (it used to pick implementations: "unknown implementation").
+    p, doc, _ = run_ok(perf, workdir, "step", ["-b", "1M", "-e", "3M", "-i", "1M", "-w", "0", "-n", "1",
+                                               "--impls", "ring"])
+    if doc:
+        sizes = [r["size_bytes"] for r in doc["results"]]
+        check(sizes == [1 << 20, 2 << 20, 3 << 20] and [int(t[1]) for t in data_rows(p.stdout)] == sizes,
+              f"-b 1M -e 3M -i 1M measures 1, 2 and 3 MiB (got {sizes})")
+
+    # -c 0: nothing checked, and it says so.
+    p, doc, rows = run_ok(perf, workdir, "nocheck", [*small, "--impls", "ring", "-c", "0"])
+    if doc:
+        table = data_rows(p.stdout)
+        check(all(t[8] == "N/A" and t[14] == "N/A" for t in table) and
+              all(r[m]["wrong"] is None for r in doc["results"] for m in ("out_of_place", "in_place")) and
+              all(c["oop_wrong"] == "" and c["ip_wrong"] == "" for c in rows) and "not checked (-c 0)" in p.stdout,
+              "-c 0: #wrong N/A in the table, null in the JSON, empty in the CSV")
+
+    # Files: written whole, nothing left beside them; an existing result is replaced.
+    with open(os.path.join(workdir, "step.csv"), "w") as f:
+        f.write("old\n")
+    run_ok(perf, workdir, "step", ["-b", "4", "-e", "4", "-n", "1", "--impls", "ring"])
+    _, rows = load(workdir, "step")
+    check(len(rows) == 1 and rows[0]["size_bytes"] == "4", "an existing --csv file is replaced by the new result")
+    leftovers = [f for f in os.listdir(workdir) if ".tmp" in f]
+    check(not leftovers, f"no temporary files left beside the results ({leftovers})")
+
+
+def test_bad_arguments(perf, workdir):
+    old = os.path.join(workdir, "old.csv")
+    with open(old, "w") as f:
+        f.write("an earlier result\n")
+    before = sorted(os.listdir(workdir))
+    cases = [
+        (["-b", "4M", "-e", "1K"], "-e 1K"),
+        (["-f", "1"], "-f 1"),
+        (["-n", "0"], "-n 0"),
+        (["-b", "1X"], "-b 1X"),
+        (["-w", "-1"], "-w -1"),
+        (["-c", "-1"], "-c -1"),
+        (["-i", "ring"], "-i ring"),
+        (["-i", "1M", "-f", "4"], "-i and -f"),
+        (["-g", "2"], "-g 2"),
+        (["-t", "4"], "-t 4"),
+        (["-d", "bfloat16"], "-d bfloat16"),
+        (["-o", "max"], "-o max"),
+        (["-a", "4"], "-a 4"),
+        (["--stat", "median", "-a", "3"], "-a"),
+        (["--impls", "ring,foo"], "--impls foo"),
+        (["--impls", "mpi-raw", "--link", "10gbe"], "--impls mpi-raw"),
+        (["-e", "1000G"], "-e"),
+        (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv"),
+        (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
+        (["--csv", workdir], f"--csv {workdir}: is a folder"),
+    ]
+    for args, expected in cases:
+        # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
+        start = time.monotonic()
+        p = perf.run([*args, "--csv", old] if "--csv" not in args else args, timeout=30)
+        took = time.monotonic() - start
+        ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+        ok = (p.returncode == 2 and len(ours) == 1 and ours[0].startswith("allreduce_perf: error: " + expected)
+              and "MPI_ABORT" not in p.stderr and not data_rows(p.stdout) and not p.stdout.strip())
+        check(ok, f"{' '.join(args)}: exit 2, one line naming '{expected}', no banner, no output, {took:.1f} s "
+                  f"(got {p.returncode}: {ours or p.stderr.strip()[-200:]})")
+    with open(old) as f:
+        kept = f.read() == "an earlier result\n"
+    check(kept and sorted(os.listdir(workdir)) == before, "refused runs touch no file (an existing --csv is kept)")
+
+
+def test_chart(chart_py, workdir):
+    # Two implementations over a few sizes, from the JSON and from the CSV of one run.
+    for src in ("nccl_flags.json", "nccl_flags.csv"):
+        out = os.path.join(workdir, src.replace(".", "_") + ".png")
+        p = subprocess.run([sys.executable, chart_py, os.path.join(workdir, src), "-o", out],
+                           capture_output=True, text=True, timeout=120)
+        check(p.returncode == 0 and is_png(out) and p.stdout.strip() == out,
+              f"allreduce_chart.py {src}: a PNG at {out} (got {p.returncode}: {p.stderr.strip()[-200:]})")
+    bad = os.path.join(workdir, "bad.json")
+    with open(bad, "w") as f:
+        f.write('{"nranks": 2}')
+    for args, expected in (([os.path.join(workdir, "none.json")], "no such file"),
+                           ([bad], "not allreduce_perf output"),
+                           ([os.path.join(workdir, "nccl_flags.json"), "-o", "/nonexistent/c.png"], "does not exist"),
+                           ([os.path.join(workdir, "nccl_flags.json"), "-o", "c.jpg"], "extension")):
+        p = subprocess.run([sys.executable, chart_py, *args], capture_output=True, text=True, timeout=120)
+        lines = p.stderr.strip().splitlines()
+        check(p.returncode == 2 and len(lines) == 1 and expected in lines[0],
+              f"allreduce_chart.py {' '.join(args)}: exit 2, one line with '{expected}' ({p.returncode}: {lines})")
+
+
+def main():
+    mpirun, exe, chart_py = sys.argv[1:4]
+    perf = Perf(mpirun, exe)
+    with tempfile.TemporaryDirectory() as d:
+        test_rows_arrive_while_running(perf)
+        os.mkdir(os.path.join(d, "runs"))
+        os.mkdir(os.path.join(d, "refused"))
+        test_flags(perf, os.path.join(d, "runs"))
+        test_bad_arguments(perf, os.path.join(d, "refused"))
+        test_chart(chart_py, os.path.join(d, "runs"))
+    if failures:
+        sys.exit(f"{len(failures)} FAILED:\n  " + "\n  ".join(failures))
+    print("OK: allreduce_perf command line and chart")
+
+
+if __name__ == "__main__":
+    main()
