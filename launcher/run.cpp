@@ -241,6 +241,134 @@ void require_device(const TrainConfig& config, MPI_Comm comm) {
   throw UsageError("--device cuda: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason);
 }
 
+namespace {
+
+// The run's metadata: what ran, where, with which build and libraries.
+RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, int64_t first_step, MPI_Comm world) {
+  RunMetadata meta;
+  meta.first_step = first_step;
+  meta.command = options.command;
+  meta.command_line = options.command_line;
+  meta.start_time_utc = utc_now_iso8601();
+  meta.git_commit = DDPLAB_GIT_COMMIT;
+  meta.ddplab_version = kVersion;
+  meta.mpi_library = mpi_library_version();
+  meta.hdf5_version = hdf5_version();
+  meta.blas = blas_description();
+  meta.cuda = cuda_description();
+  meta.device = config.device;
+  MPI_Comm_size(world, &meta.world_size);
+  meta.hostnames = gather_hostnames(world);
+  return meta;
+}
+
+// The run's header on rank 0: model and data, ranks and batch, the communication setup.
+void print_run_header(const TrainConfig& config, const RunOptions& options, const Trainer& trainer, int world_size,
+                      int64_t first_step) {
+  if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
+  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps\n", options.command.c_str(),
+              trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
+              config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
+              config.optimizer.kind.c_str(), config.steps);
+  if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
+  std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
+              config.comm.c_str(), config.comm_dtype.c_str(), config.link.c_str(), trainer.buckets().size(),
+              trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
+              config.overlap ? "on" : "off");
+  std::fflush(stdout);
+}
+
+// Every rank's step records on their way to rank 0's RunRecord. Each rank keeps its own only until the next gather
+// (a snapshot, or the end), so the other ranks' memory stays flat however long the run.
+class RecordGatherer {
+ public:
+  RecordGatherer(RunRecord& record, MPI_Comm world) : record_(record), world_(world) {
+    MPI_Comm_rank(world, &rank_);
+    MPI_Comm_size(world, &size_);
+  }
+  void add(const StepRecord& step, const std::vector<BucketTimes>& buckets) {
+    mine_.push_back(step);
+    my_buckets_.insert(my_buckets_.end(), buckets.begin(), buckets.end());
+  }
+  int steps() const { return steps_done_ + static_cast<int>(mine_.size()); }  // this rank's, gathered or not
+
+  // Gathers the steps done so far on rank 0, which summarizes them and writes them to `path`: the run file, or the
+  // snapshot of a run in progress. Collective; returns rank 0's write error ("" = written), known to every rank.
+  std::string write(const std::string& path, bool force, RunSummary& summary) {
+    gather();
+    std::string error;
+    if (rank_ == 0) {
+      summary = summarize(record_);
+      try {
+        write_run_file(path, force, record_, to_json(summary).dump());
+        record_.path = path;
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    return broadcast_error(error, world_);
+  }
+
+ private:
+  // Moves every rank's records since the last gather to rank 0 (every rank ran the same steps).
+  void gather() {
+    const size_t k = mine_.size(), nb = record_.buckets.size();
+    std::vector<StepRecord> records(rank_ == 0 ? k * size_ : 0);
+    std::vector<BucketTimes> times(rank_ == 0 ? my_buckets_.size() * size_ : 0);
+    {
+      const watchdog::Wait wait("gather of the step records");
+      gather_to_root(mine_, records, world_);
+      gather_to_root(my_buckets_, times, world_);
+    }
+    if (rank_ == 0) {
+      // Rank-major: rank r's new steps go after its earlier ones, which end where ranks 0..r-1 (grown by k
+      // already) and its own steps_done records end.
+      for (size_t r = 0; r < static_cast<size_t>(size_); ++r) {
+        const size_t end = (r + 1) * steps_done_ + r * k;
+        record_.records.insert(record_.records.begin() + end, records.begin() + r * k, records.begin() + (r + 1) * k);
+        record_.bucket_times.insert(record_.bucket_times.begin() + end * nb, times.begin() + r * k * nb,
+                                    times.begin() + (r + 1) * k * nb);
+      }
+      record_.steps = steps_done_ + static_cast<int>(k);
+    }
+    steps_done_ += static_cast<int>(k);
+    mine_.clear();
+    my_buckets_.clear();
+  }
+
+  RunRecord& record_;
+  MPI_Comm world_;
+  int rank_ = 0, size_ = 1, steps_done_ = 0;
+  std::vector<StepRecord> mine_;
+  std::vector<BucketTimes> my_buckets_;
+};
+
+// Rank 0 writes checkpoints (the replicas are identical); every rank learns whether that worked, and throws if not.
+void save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, int64_t next_step, bool replace,
+                                  MPI_Comm world) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  std::string error;
+  if (rank == 0) {
+    try {
+      trainer.write_checkpoint(config.checkpoint, config.force || replace,
+                               CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+TrainingStopped stopped_by_signal(int signal, int step) {
+  const char* name = signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal";
+  return TrainingStopped(std::string(name) + " received: stopped after step " + std::to_string(step), 128 + signal);
+}
+
+}  // namespace
+
 SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions& options) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
@@ -271,109 +399,22 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   if (!error.empty()) throw UsageError(error);
 
   SummarizedRun result;
-  const auto runner = std::make_unique<Trainer>(config, world);
-  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *runner);
+  const auto trainer = std::make_unique<Trainer>(config, world);
+  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer);
   RunRecord& record = result.record;  // rank 0 fills in the records when it writes them
-  RunMetadata& meta = record.meta;
-  meta.first_step = first_step;
-  meta.command = options.command;
-  meta.command_line = options.command_line;
-  meta.start_time_utc = utc_now_iso8601();
-  meta.git_commit = DDPLAB_GIT_COMMIT;
-  meta.ddplab_version = kVersion;
-  meta.mpi_library = mpi_library_version();
-  meta.hdf5_version = hdf5_version();
-  meta.blas = blas_description();
-  meta.cuda = cuda_description();
-  meta.device = config.device;
-  meta.world_size = size;
-  meta.hostnames = gather_hostnames(world);
+  record.meta = run_metadata(config, options, first_step, world);
   record.config = to_json(config);
+  for (const Bucket& b : trainer->buckets())
+    record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
+  if (rank == 0 && !config.quiet) print_run_header(config, options, *trainer, size, first_step);
 
-  if (rank == 0 && !config.quiet) {
-    if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
-    std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps\n", options.command.c_str(),
-                runner->describe().c_str(), size, size == 1 ? "" : "s", config.batch,
-                config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
-                config.optimizer.kind.c_str(), config.steps);
-    if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
-    std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
-                config.comm.c_str(), config.comm_dtype.c_str(), config.link.c_str(),
-                runner->buckets().size(), runner->buckets().size() == 1 ? "" : "s",
-                config.bucket_mb, config.first_bucket_mb, config.overlap ? "on" : "off");
-    std::fflush(stdout);
-  }
-
-  // Each rank keeps its records only until the next gather (a snapshot, or the end); rank 0 keeps everyone's in
-  // the run's record. So the other ranks' memory stays flat however long the run.
-  std::vector<StepRecord> mine;
-  std::vector<BucketTimes> my_buckets;
-  int steps_done = 0;
-  StepRecord last{};
-  const int global_batch = config.batch * config.grad_accum * size;
-  for (const Bucket& b : runner->buckets())
-    record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*runner, b)});
-
-  // Moves every rank's records since the last gather to rank 0 (every rank ran the same steps).
-  auto gather_new = [&] {
-    const size_t k = mine.size(), nb = record.buckets.size();
-    std::vector<StepRecord> records(rank == 0 ? k * size : 0);
-    std::vector<BucketTimes> times(rank == 0 ? my_buckets.size() * size : 0);
-    {
-      const watchdog::Wait wait("gather of the step records");
-      gather_to_root(mine, records, world);
-      gather_to_root(my_buckets, times, world);
-    }
-    if (rank == 0) {
-      // Rank-major: rank r's new steps go after its earlier ones, which end where ranks 0..r-1 (grown by k
-      // already) and its own steps_done records end.
-      for (size_t r = 0; r < static_cast<size_t>(size); ++r) {
-        const size_t end = (r + 1) * steps_done + r * k;
-        record.records.insert(record.records.begin() + end, records.begin() + r * k, records.begin() + (r + 1) * k);
-        record.bucket_times.insert(record.bucket_times.begin() + end * nb, times.begin() + r * k * nb,
-                                   times.begin() + (r + 1) * k * nb);
-      }
-      record.steps = steps_done + static_cast<int>(k);
-    }
-    steps_done += static_cast<int>(k);
-    mine.clear();
-    my_buckets.clear();
-  };
-
-  // Gathers the steps done so far on rank 0, which writes them to `path`: the run file, or the snapshot of a run
-  // in progress. Collective; returns rank 0's write error ("" = written), known to every rank.
-  auto write_results = [&](const std::string& path, bool force) {
-    gather_new();
-    std::string write_error;
-    if (rank == 0) {
-      result.summary = summarize(record);
-      try {
-        write_run_file(path, force, record, to_json(result.summary).dump());
-        record.path = path;
-      } catch (const std::exception& e) {
-        write_error = e.what();
-      }
-    }
-    return broadcast_error(write_error, world);
-  };
-
-  // Rank 0 writes checkpoints (the replicas are identical); every rank learns whether that worked.
+  RecordGatherer gathered(record, world);
   bool checkpoint_written = false;
-  auto save = [&](int64_t next_step) {
-    std::string save_error;
-    if (rank == 0) {
-      try {
-        runner->write_checkpoint(config.checkpoint, config.force || checkpoint_written,
-                                 CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
-      } catch (const std::exception& e) {
-        save_error = e.what();
-      }
-    }
-    save_error = broadcast_error(save_error, world);
-    if (!save_error.empty()) throw std::runtime_error(save_error);
+  const auto save = [&](int64_t next_step) {
+    save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world);
     checkpoint_written = true;
   };
-
+  const int global_batch = config.batch * config.grad_accum * size;
   const StopSignals signals;
   const std::string partial = config.out + ".partial";
   MPI_Barrier(world);  // common start: step start times of all ranks share one origin
@@ -381,31 +422,28 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   double last_progress = t0;
   std::unique_ptr<TrainingStopped> stopped;
   for (int s = static_cast<int>(first_step); s < config.steps; ++s) {
+    StepRecord last;
     try {
-      last = runner->step(s, t0);
-      mine.push_back(last);
+      last = trainer->step(s, t0);
     } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
       stopped = std::make_unique<TrainingStopped>(e);
       break;
     }
-    const auto& times = runner->bucket_times();
-    my_buckets.insert(my_buckets.end(), times.begin(), times.end());
-    if (const int signal = runner->stop_signal()) {
-      stopped = std::make_unique<TrainingStopped>(
-          std::string(signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal") + " received: stopped after step " +
-              std::to_string(s),
-          128 + signal);
+    gathered.add(last, trainer->bucket_times());
+    if (const int signal = trainer->stop_signal()) {
+      stopped = std::make_unique<TrainingStopped>(stopped_by_signal(signal, s));
       break;
     }
-    if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && s + 1 < config.steps) save(s + 1);
-    if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && s + 1 < config.steps) {
-      meta.stop_reason = "in progress: a snapshot after " + std::to_string(s + 1) + " of " +
-                         std::to_string(config.steps) + " steps (--flush-every)";
-      error = write_results(partial, true);
+    const bool more = s + 1 < config.steps;
+    if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && more) save(s + 1);
+    if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && more) {
+      record.meta.stop_reason = "in progress: a snapshot after " + std::to_string(s + 1) + " of " +
+                                std::to_string(config.steps) + " steps (--flush-every)";
+      error = gathered.write(partial, true, result.summary);
       if (!error.empty()) throw std::runtime_error(error);
     }
     // A progress line at most once a second, from rank 0's own view (the summary has everyone's).
-    if (rank == 0 && !config.quiet && now_ms() - last_progress >= 1000 && s + 1 < config.steps) {
+    if (rank == 0 && !config.quiet && now_ms() - last_progress >= 1000 && more) {
       last_progress = now_ms();
       std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s (rank 0)  loss %.4f\n", s + 1, config.steps,
                   last.step_ms, global_batch / (last.step_ms / 1e3), last.loss);
@@ -414,10 +452,9 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   }
 
   // A run stopped by a signal keeps its state too (resume continues it); a stop for bad numbers does not.
-  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128))
-    save(first_step + static_cast<int64_t>(steps_done + mine.size()));
-  meta.stop_reason = stopped ? stopped->what() : "";
-  error = write_results(config.out, config.force);
+  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128)) save(first_step + gathered.steps());
+  record.meta.stop_reason = stopped ? stopped->what() : "";
+  error = gathered.write(config.out, config.force, result.summary);
   if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot
   if (rank == 0 && !config.quiet) {
     std::printf("steady state: steps %d..%d of %d (warm-up skipped), global batch %d\n",
