@@ -177,29 +177,35 @@ std::string shape_text(const std::vector<hsize_t>& dims) {
 
 bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
 
+namespace {
+
+// A single-valued attribute of the given class, opened with its type and space (H5Id is not movable: filled in place).
+struct ScalarAttr {
+  H5Id attr, type, space;
+  ScalarAttr(hid_t loc, const char* name, H5T_class_t kind, const char* kind_name)
+      : attr(has_attr(loc, name) ? H5Aopen(loc, name, H5P_DEFAULT) : -1, H5Aclose),
+        type(attr.ok() ? H5Aget_type(attr) : -1, H5Tclose),
+        space(attr.ok() ? H5Aget_space(attr) : -1, H5Sclose) {
+    const std::string what = std::string("attribute ") + name;
+    if (!has_attr(loc, name)) throw FileProblem(std::string("no attribute ") + name);
+    if (!type.ok() || !space.ok()) throw FileProblem(cannot_read(what));
+    if (H5Tget_class(type) != kind || H5Sget_simple_extent_npoints(space) != 1)
+      throw FileProblem(what + " is not " + kind_name);
+  }
+};
+
+}  // namespace
+
 std::string read_string_attr(hid_t loc, const char* name) {
-  const std::string what = std::string("attribute ") + name;
-  if (!has_attr(loc, name)) throw FileProblem(std::string("no attribute ") + name);
-  H5Id attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
-  H5Id type(attr.ok() ? H5Aget_type(attr) : -1, H5Tclose);
-  H5Id space(attr.ok() ? H5Aget_space(attr) : -1, H5Sclose);
-  if (!type.ok() || !space.ok()) throw FileProblem(cannot_read(what));
-  if (H5Tget_class(type) != H5T_STRING || H5Sget_simple_extent_npoints(space) != 1)
-    throw FileProblem(what + " is not a string");
-  return read_string_values<true>(attr, type, space, 1, what).front();
+  const ScalarAttr a(loc, name, H5T_STRING, "a string");
+  return read_string_values<true>(a.attr, a.type, a.space, 1, std::string("attribute ") + name).front();
 }
 
 int64_t read_int_attr(hid_t loc, const char* name, int64_t min, int64_t max) {
   const std::string what = std::string("attribute ") + name;
-  if (!has_attr(loc, name)) throw FileProblem(std::string("no attribute ") + name);
-  H5Id attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
-  H5Id type(attr.ok() ? H5Aget_type(attr) : -1, H5Tclose);
-  H5Id space(attr.ok() ? H5Aget_space(attr) : -1, H5Sclose);
-  if (!type.ok() || !space.ok()) throw FileProblem(cannot_read(what));
-  if (H5Tget_class(type) != H5T_INTEGER || H5Sget_simple_extent_npoints(space) != 1)
-    throw FileProblem(what + " is not an integer");
+  const ScalarAttr a(loc, name, H5T_INTEGER, "an integer");
   long long value = 0;
-  if (H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0) throw FileProblem(cannot_read(what));
+  if (H5Aread(a.attr, H5T_NATIVE_LLONG, &value) < 0) throw FileProblem(cannot_read(what));
   if (value < min || value > max) throw FileProblem(what + " is out of range: " + std::to_string(value));
   return value;
 }
