@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -123,6 +124,58 @@ std::string str(int64_t x) { return std::to_string(x); }
 
 }  // namespace
 
+namespace {
+
+// The ring's transports in order of preference, in NCCL's manner: each is tried in turn, and the first that connects
+// on every rank wins (a connect is collective and fails on every rank alike). DDPLAB_COMM_TRANSPORT=mpi starts the
+// list at mpi. A transport that cannot connect is never skipped silently: rank 0 says which and why.
+struct RingTransportOption {
+  const char* name;
+  // Collective; throws std::runtime_error with the reason when it cannot serve the communicator. Sets `name` to
+  // what it connected (shm reaches the ranks of other nodes through MPI).
+  std::unique_ptr<Transport> (*connect)(MPI_Comm comm, const RingOptions& ring, std::string& name);
+};
+
+std::string peers(int n) { return std::to_string(n) + (n == 1 ? " peer" : " peers"); }
+
+const RingTransportOption kRingTransports[] = {
+    {"shm",
+     [](MPI_Comm comm, const RingOptions& ring, std::string& name) -> std::unique_ptr<Transport> {
+       // Room for a step's K slices plus one, so a step's sends go out at once (eagerly).
+       const size_t fifo = std::max(ShmTransport::kDefaultFifoBytes,
+                                    (ring.slices_per_chunk + 1) * ring.slice_elems * sizeof(float));
+       auto shm = std::make_unique<ShmTransport>(comm, fifo);
+       const int remote = shm->size() - 1 - shm->local_peers();
+       name = remote == 0 ? "shm" : "shm (" + peers(shm->local_peers()) + ") + mpi (" + peers(remote) + ")";
+       return shm;
+     }},
+    {"mpi",
+     [](MPI_Comm comm, const RingOptions&, std::string& name) -> std::unique_ptr<Transport> {
+       name = "mpi";
+       return std::make_unique<MpiTransport>(comm);
+     }},
+};
+
+std::unique_ptr<Transport> connect_ring_transport(MPI_Comm comm, const RingOptions& ring, std::string& name) {
+  const std::string first = comm_transport();
+  bool tried = false;
+  for (const RingTransportOption& option : kRingTransports) {
+    if (!tried && first != option.name) continue;
+    tried = true;
+    try {
+      return option.connect(comm, ring, name);
+    } catch (const std::runtime_error& e) {
+      int rank = 0;
+      MPI_Comm_rank(comm, &rank);
+      if (rank == 0) std::fprintf(stderr, "ddplab: the %s transport did not connect (%s); trying the next\n",
+                                  option.name, e.what());
+    }
+  }
+  throw std::runtime_error("no transport for the ring connected");
+}
+
+}  // namespace
+
 Communicator::Communicator(MPI_Comm comm, const CommOptions& options) : comm_(comm), options_(options) {
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
   mpiCheck(MPI_Comm_size(comm_, &size_));
@@ -136,25 +189,16 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options) : comm_(co
   small_max_bytes_ = small_allreduce_bytes(size_);
   // Collective (MPI_Comm_dup): every rank must construct its Communicator with the same options.
   if (options_.impl == AllreduceImpl::kRing) {
-    // Shared memory between ranks of a node (MPI beyond), unless DDPLAB_COMM_TRANSPORT=mpi; if it cannot be set up
-    // on some rank, every rank falls back to MPI together (the setup agrees on failure collectively).
-    if (comm_transport() == "shm") {
-      try {
-        // Room for a step's K slices plus one, so a step's sends go out at once (eagerly).
-        const size_t fifo =
-            std::max(ShmTransport::kDefaultFifoBytes, (ring_.slices_per_chunk + 1) * ring_slice_bytes());
-        transport_ = std::make_unique<ShmTransport>(comm_, fifo);
-      } catch (const std::runtime_error&) {
-        transport_.reset();
-      }
-    }
-    if (!transport_) transport_ = std::make_unique<MpiTransport>(comm_);
-    if (link_emulated(options_.link))
+    transport_ = connect_ring_transport(comm_, ring_, transport_name_);
+    if (link_emulated(options_.link)) {
       transport_ =
           std::make_unique<LinkEmulatedTransport>(std::move(transport_), options_.link.latency_us, options_.link.gbps);
+      transport_name_ += " + link emulation";
+    }
   } else {
     mpiCheck(MPI_Comm_dup(comm_, &mpi_comm_));
     mpiCheck(MPI_Comm_set_errhandler(mpi_comm_, MPI_ERRORS_RETURN));
+    transport_name_ = "MPI_Allreduce";
   }
 }
 

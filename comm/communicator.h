@@ -52,6 +52,9 @@ class Communicator {
   MPI_Comm mpi_comm() const { return comm_; }
   AllreduceImpl impl() const { return options_.impl; }
   const CommOptions& options() const { return options_; }
+  // What the ring's messages travel over on this rank: "shm", "shm (1 peer) + mpi (2 peers)", "mpi", with
+  // " + link emulation" when --link is on; "MPI_Allreduce" for --comm mpi.
+  const std::string& transport_name() const { return transport_name_; }
 
   static constexpr int kMaxTag = 32767;  // the tag bound every MPI guarantees
   // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` (0 .. kMaxTag;
@@ -80,6 +83,7 @@ class Communicator {
   size_t small_max_bytes_ = 0;            // buffers up to this size take recursive doubling instead of the ring
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;     // --comm mpi: a private duplicate, so callers' collectives never mix in
   std::string failed_;                    // set when an all-reduce threw: peers may have messages in flight
+  std::string transport_name_;
 };
 
 }  // namespace ddplab

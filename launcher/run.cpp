@@ -271,8 +271,9 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
               config.optimizer.kind.c_str(), config.steps);
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
-  std::printf("  comm %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
-              config.comm.c_str(), config.comm_dtype.c_str(), config.link.c_str(), trainer.buckets().size(),
+  std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
+              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(), config.link.c_str(),
+              trainer.buckets().size(),
               trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
               config.overlap ? "on" : "off");
   std::fflush(stdout);
@@ -403,6 +404,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer);
   RunRecord& record = result.record;  // rank 0 fills in the records when it writes them
   record.meta = run_metadata(config, options, first_step, world);
+  record.meta.transport = trainer->transport();
   record.config = to_json(config);
   for (const Bucket& b : trainer->buckets())
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});

@@ -28,6 +28,7 @@ const std::pair<const char*, std::string RunMetadata::*> kTextAttrs[] = {
     {"blas", &RunMetadata::blas},
     {"cuda", &RunMetadata::cuda},
     {"device", &RunMetadata::device},
+    {"transport", &RunMetadata::transport},
     {"stop_reason", &RunMetadata::stop_reason},
 };
 

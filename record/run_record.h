@@ -21,6 +21,7 @@ struct RunMetadata {
   std::string ddplab_version;
   std::string mpi_library, hdf5_version, blas, cuda;
   std::string device = "cpu";  // where the steps ran: cpu | cuda
+  std::string transport;       // what rank 0's gradient all-reduces travelled over ("shm", "mpi", "NCCL", ...)
   int world_size = 1;
   std::vector<std::string> hostnames;  // by rank
   int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)

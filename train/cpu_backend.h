@@ -27,6 +27,7 @@ class CpuBackend final : public StepBackend {
   const std::vector<Bucket>& buckets() const override { return reducer_->buckets(); }
   const std::vector<BucketTimes>& bucket_times() const override { return reducer_->bucket_times(); }
   std::string describe() const override { return workload_->describe(); }
+  std::string transport() const override { return comm_->transport_name(); }
 
   void begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override { return workload_->load(step, micro); }

@@ -38,6 +38,7 @@ class CudaBackend final : public StepBackend {
   const std::vector<Bucket>& buckets() const override { return reducer_->buckets(); }
   const std::vector<BucketTimes>& bucket_times() const override { return reducer_->bucket_times(); }
   std::string describe() const override;
+  std::string transport() const override { return engine_->name(); }
 
   void begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override;

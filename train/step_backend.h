@@ -32,6 +32,8 @@ class StepBackend {
   // The last step's timings, one entry per bucket, ms on the run's clock (the trainer's t0_ms).
   virtual const std::vector<BucketTimes>& bucket_times() const = 0;
   virtual std::string describe() const = 0;  // one line for the run header
+  // What the gradients' all-reduces travel over on this rank ("shm", "mpi", "NCCL", "ring over CUDA IPC", ...).
+  virtual std::string transport() const = 0;
 
   // ---- one step ---------------------------------------------------------------------------------------------------
   // The step's timing origin; t0_ms is the run's clock zero (bucket times are reported on it).

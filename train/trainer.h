@@ -40,6 +40,7 @@ class Trainer {
   // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
   std::string piece_name(const GradPiece& piece) const;
   std::string describe() const { return backend_->describe(); }  // one line for the run header
+  std::string transport() const { return backend_->transport(); }  // StepBackend::transport
   // Checkpoints (record/checkpoint.h): this rank's parameters and optimizer state, in the CPU model's names, shapes
   // and layout whatever the device. Reading validates everything first and leaves the state untouched on refusal
   // (UsageError).

@@ -48,6 +48,17 @@ def main():
         if proc.returncode != 0:
             return
 
+        # DDPLAB_COMM_TRANSPORT=mpi starts the transport table at mpi: the header and the file name it.
+        mpi_path = os.path.join(work, "mpi.h5")
+        env = dict(os.environ, DDPLAB_COMM_TRANSPORT="mpi")
+        mpi_cmd = cmd[:cmd.index("--out") + 1] + [mpi_path]
+        mpi = subprocess.run(mpi_cmd, capture_output=True, text=True, timeout=120, env=env)
+        check(mpi.returncode == 0 and "comm ring over mpi (" in mpi.stdout, "DDPLAB_COMM_TRANSPORT=mpi: the ring over mpi")
+        if mpi.returncode == 0:
+            with h5py.File(mpi_path, "r") as f:
+                check(f.attrs.get("transport") == "mpi", f"transport attribute 'mpi' (got {f.attrs.get('transport')!r})")
+            os.unlink(mpi_path)
+
         with h5py.File(path, "r") as f:
             for a in ATTRS:
                 check(a in f.attrs, f"attribute {a}")
@@ -59,6 +70,9 @@ def main():
                   "config JSON holds the flags")
             check(len(f["hostnames"]) == np_ranks and all(h for h in f["hostnames"].asstr()[:]), "hostnames by rank")
             check(str(f.attrs["start_time_utc"]).endswith("Z"), "start time in UTC ISO 8601")
+            # One node: the ring's messages go through shared memory, and the header and the file say so.
+            check(f.attrs.get("transport") == "shm", f"transport attribute 'shm' (got {f.attrs.get('transport')!r})")
+            check("comm ring over shm (" in proc.stdout, "the header names the transport")
 
             d = {k: f["steps"][k][:] for k in STEP_FIELDS}
             for k in STEP_FIELDS:
