@@ -92,8 +92,9 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                world, world == 1 ? "" : "s", rec.host(0).c_str(),
                world > 1 && rec.host(world - 1) != rec.host(0) ? ", ..." : "", rec.steps, s.first_steady_step,
                rec.steps - 1, s.global_batch);
-  std::fprintf(out, "  config: comm %s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
-               config_text(c, "comm").c_str(), config_text(c, "comm_dtype").c_str(), config_text(c, "link").c_str(),
+  std::fprintf(out, "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
+               config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
+               config_text(c, "comm_dtype").c_str(), config_text(c, "link").c_str(),
                config_text(c, "bucket_mb").c_str(), config_text(c, "overlap").c_str(),
                config_text(c, "grad_slice_mb").c_str(), config_text(c, "batch").c_str());
   if (c.value("grad_accum", 1) > 1) std::fprintf(out, " x %d micro-batches", c.value("grad_accum", 1));
