@@ -143,12 +143,11 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   void forward(int slot, int micro) override {
     const MicroBatch& b = micro_[slot].at(micro);
     const int32_t* region = inputs(slots_.device(slot), micro);
-    model_.forward(region, region + capacity_, region + 2 * capacity_, b.rows, b.seq);
+    model_.forward(region, region + capacity_, region + 2 * capacity_, b.rows, b.seq,
+                   static_cast<float>(b.grad_scale));
     loss_scale_ = b.loss_scale;
   }
-  void backward(int slot, int micro, const GradReadyHook& on_ready) override {
-    model_.backward(on_ready, static_cast<float>(micro_[slot].at(micro).grad_scale));
-  }
+  void backward(int, int, const GradReadyHook& on_ready) override { model_.backward(on_ready); }
   double loss() const override { return loss_scale_ * model_.loss(); }
 
  private:

@@ -136,7 +136,8 @@ void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B)
   }
   // The loss and the gradient of the mean loss in one pass, dlogits over the logits: backward needs only those.
   T* logits = as<T>(out_[L - 1]);
-  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets, B, dims_[L], stream_);
+  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets, B, dims_[L], 1.0f,
+                                       stream_);
 }
 
 float MlpCuda::loss() const { return loss_host_->wait(); }
