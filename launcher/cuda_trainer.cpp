@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <utility>
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_allreduce.h"
@@ -118,7 +119,7 @@ void CudaTrainer::upload(float* device, const std::vector<float>& host) {
 }
 
 std::vector<float> CudaTrainer::parameters() const {
-  return download(workload_->flat_params(), workload_->flat_size());
+  return download(std::as_const(*workload_).flat_params(), workload_->flat_size());  // read only: no bf16 remake
 }
 
 // Checkpoints hold host state: the device's master weights and AdamW moments go through host copies, in an

@@ -197,9 +197,9 @@ void TransformerCuda::forward_layers(float loss_scale) {
   const int BT = B * S;
   const int64_t BTC = int64_t{BT} * C;
   if constexpr (std::is_same_v<T, bf16>) {
-    // The whole flat buffer every forward (embeddings, biases and LayerNorm included, which stay unused): one pass
-    // over 6 bytes per parameter that cannot go stale, whoever updates the master weights.
-    cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
+    // The whole flat buffer (embeddings, biases and LayerNorm included, which stay unused), once after every change
+    // of the master weights.
+    if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
   }
   T* x = as<T>(encoded_);
   cuda::embedding_forward<T>(x, tokens_, lengths_, params_[0].data, wpe_ >= 0 ? params_[wpe_].data : nullptr, B, S, C,
