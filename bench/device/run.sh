@@ -47,6 +47,7 @@ step() {
   fi
   [ "$cap" -gt "$left" ] && cap=$left
   echo "== $name (at most ${cap} s): $*" >>"$log"
+  local from=$(($(wc -l <"$log") + 1))  # this step's output starts here
   timeout -k 10 "$cap" "$@" >>"$log" 2>&1
   rc=$?
   case $rc in
@@ -54,8 +55,14 @@ step() {
     124 | 137) result="TIMEOUT ${cap}s" && failed=1 ;;
     *) result="FAILED ($rc)" && failed=1 ;;
   esac
-  [ "$rc" -eq 0 ] || { echo "--- the last lines of ${log##*/}:"; tail -n 15 "$log"; } | sed 's/^/    /'
-  row "$name" "$result" $((SECONDS - t0)) "$(eval "$detail" 2>/dev/null | head -1)"
+  local said
+  said=$(eval "$detail" 2>/dev/null | head -1)
+  if [ "$rc" -ne 0 ]; then
+    { echo "--- the last lines of ${log##*/}:"; tail -n 15 "$log"; } | sed 's/^/    /'
+    # Without the detail it looks for, the row says why the step failed: its first line naming an error.
+    [ -n "$said" ] || said=$(tail -n +"$from" "$log" | grep -m1 -iE "error|fail|needs a GPU|no CUDA device|abort")
+  fi
+  row "$name" "$result" $((SECONDS - t0)) "${said:0:150}"
 }
 
 tool() {  # the path of a CUDA tool, or nothing
@@ -67,16 +74,6 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --for
 : >"$summary"
 echo "ddplab device stage $stage: ${gpu:-no GPU found}; $(nproc) cores; logs in $out" | tee -a "$summary"
 row step result s detail
-if [ "$stage" = 1 ]; then
-  {
-    nvidia-smi -q || true
-    for c in "uname -srm" "ldd --version" "nvcc --version" "cmake --version" "g++ --version" nproc \
-             "python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'"; do
-      echo "\$ $c"; eval "$c" 2>&1 | head -4
-    done
-    for t in compute-sanitizer ncu nsys; do echo "$t: $(tool $t)"; done
-  } >"$out/machine.txt" 2>&1
-fi
 
 # The bundle travels packed (.device/carry); unpack it once per machine.
 tarball=.device/carry/ddplab-deps.tar.gz
@@ -89,6 +86,18 @@ if [ "$(printf '%s\n' 2.36 "$glibc" | sort -V | head -1)" != 2.36 ]; then
   exit 1
 fi
 . bench/device/env.sh .device/root
+
+if [ "$stage" = 1 ]; then  # what the build and the runs see, with the bundle's paths set
+  {
+    nvidia-smi -q || true
+    for c in "uname -srm" "ldd --version" "nvcc --version" "cmake --version" "g++ --version" nproc \
+             "python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'"; do
+      echo "\$ $c"; eval "$c" 2>&1 | head -4
+    done
+    for t in compute-sanitizer ncu nsys; do echo "$t: $(tool $t)"; done
+    echo "glibc $glibc; bundle $DDPLAB_DEPS; NCCL: ${DDPLAB_CMAKE_ARGS:-beside CUDA}"
+  } >"$out/machine.txt" 2>&1
+fi
 
 # Stage 1 builds what ctest -L gpu and its runs need; stage 2 what it runs (on a warm machine: nothing new).
 if [ "$stage" = 1 ]; then
