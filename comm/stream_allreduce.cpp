@@ -8,6 +8,7 @@
 
 #include "comm/mpi_check.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
 
 namespace ddplab::cuda {
 
@@ -43,7 +44,9 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
   MPI_Comm_rank(node, &choice.local_rank);
   MPI_Comm_size(node, &choice.local_size);
 
-  std::string error;
+  // Nothing here creates a context (cudaSetDevice does, since CUDA 12): which GPU, its bus id and compute mode are
+  // read first, so that ranks which may not share a GPU are refused with the reason, not a failed context creation.
+  std::string error, sharing_refused;
   char bus_id[kBusIdLen] = {};
   cudaError_t err = cudaGetDeviceCount(&choice.device_count);
   if (err != cudaSuccess) {
@@ -53,13 +56,13 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
     error = "no CUDA device: cudaGetDeviceCount found 0 devices";
   } else {
     choice.device = choice.local_rank % choice.device_count;
-    err = cudaSetDevice(choice.device);
-    if (err == cudaSuccess) err = cudaDeviceGetPCIBusId(bus_id, kBusIdLen, choice.device);
+    err = cudaDeviceGetPCIBusId(bus_id, kBusIdLen, choice.device);
     if (err != cudaSuccess) {
       cudaGetLastError();
       error = "device " + std::to_string(choice.device) + ": " + cudaGetErrorString(err);
       bus_id[0] = '\0';
     }
+    sharing_refused = process_sharing_refused(choice.device);
   }
   // Bus ids rather than local rank >= device count alone: with CUDA_VISIBLE_DEVICES set per rank every rank sees
   // one device 0 and the GPUs still differ.
@@ -67,14 +70,23 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
   const int gathered = MPI_Allgather(bus_id, kBusIdLen, MPI_CHAR, all_ids.data(), kBusIdLen, MPI_CHAR, node);
   MPI_Comm_free(&node);
   mpiCheck(gathered);
-  for (int r = 0; exclusive && r < choice.local_size && error.empty(); ++r) {
+  for (int r = 0; (exclusive || !sharing_refused.empty()) && r < choice.local_size && error.empty(); ++r) {
     if (r == choice.local_rank || std::strncmp(&all_ids[static_cast<size_t>(r) * kBusIdLen], bus_id, kBusIdLen) != 0)
       continue;
     error = std::to_string(choice.local_size) + " ranks on this node, " + std::to_string(choice.device_count) +
             " visible GPU(s): local ranks " + std::to_string(std::min(r, choice.local_rank)) + " and " +
             std::to_string(std::max(r, choice.local_rank)) + " would share GPU " + std::to_string(choice.device) +
-            " (" + bus_id + "). NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"): run at most one " +
-            "rank per GPU, or use our ring (--comm ring), whose CUDA IPC link lets ranks share a GPU";
+            " (" + bus_id + "). ";
+    if (exclusive)
+      error += "NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"): run at most one rank per GPU, or use "
+               "our ring (--comm ring), whose CUDA IPC link lets ranks share a GPU";
+    else
+      error += sharing_refused + ": run at most one rank per GPU, or switch it to the Default compute mode " +
+               "(nvidia-smi -c DEFAULT)";
+  }
+  if (error.empty() && (err = cudaSetDevice(choice.device)) != cudaSuccess) {
+    cudaGetLastError();
+    error = "device " + std::to_string(choice.device) + ": " + cudaGetErrorString(err);
   }
 
   // Every rank decides the same way whether to go on: one that threw alone would leave the rest in a collective.

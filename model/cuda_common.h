@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/check.cuh"
@@ -135,8 +136,14 @@ class DeviceParameters {
   const std::vector<Parameter<float>>& parameters() const { return params_; }
   int64_t num_parameters() const { return count_parameters(params_); }
   int64_t flat_size() const { return flat_size_; }  // as the CPU model's: alignment gaps included
-  float* flat_params() { return flat_params_; }     // device, fp32 master weights
-  float* flat_grads() { return flat_grads_; }       // device, fp32
+  // Device, the fp32 master weights. Write access: the caller may change them (the optimizer, a checkpoint's
+  // upload), so a bf16 model remakes its bf16 copy before the next forward; forwards in between (the micro-batches of
+  // one step) reuse it. Write through this pointer, not parameters()' data, and get it afresh for each change.
+  float* flat_params() {
+    master_weights_changed_ = true;
+    return flat_params_;
+  }
+  float* flat_grads() { return flat_grads_; }  // device, fp32
   const float* flat_params() const { return flat_params_; }
   const float* flat_grads() const { return flat_grads_; }
 
@@ -174,6 +181,10 @@ class DeviceParameters {
     zero_grad();
   }
 
+  // Whether flat_params() gave write access since the last call (a model's forward asks, bf16 models to remake
+  // their bf16 weights: one pass over 6 bytes per parameter per optimizer step, not per micro-batch).
+  bool master_weights_changed() { return std::exchange(master_weights_changed_, false); }
+
   cudaStream_t stream_;
   std::vector<Parameter<float>> params_;
   int64_t flat_size_ = 0;
@@ -181,6 +192,7 @@ class DeviceParameters {
   float* flat_grads_ = nullptr;
   std::vector<GradPiece> pieces_;
   PieceEvents piece_events_;
+  bool master_weights_changed_ = true;  // the initial upload
 };
 
 }  // namespace ddplab::cuda_model

@@ -114,9 +114,8 @@ template <typename T>
 void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B) {
   const T* x = nullptr;
   if constexpr (std::is_same_v<T, bf16>) {
-    // Converting the whole flat buffer every forward (biases included, which stay unused) costs one pass over
-    // 6 bytes per parameter and cannot go stale, whoever updates the master weights.
-    cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
+    // The whole flat buffer (biases included, which stay unused), once after every change of the master weights.
+    if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
     cuda::f32_to_bf16(as<T>(inputs_bf16_), inputs, int64_t{B} * dims_[0], stream_);
     x = as<T>(inputs_bf16_);
   } else {
@@ -136,7 +135,8 @@ void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B)
   }
   // The loss and the gradient of the mean loss in one pass, dlogits over the logits: backward needs only those.
   T* logits = as<T>(out_[L - 1]);
-  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets, B, dims_[L], stream_);
+  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets, B, dims_[L], 1.0f,
+                                       stream_);
 }
 
 float MlpCuda::loss() const { return loss_host_->wait(); }

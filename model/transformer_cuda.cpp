@@ -167,7 +167,8 @@ const T* TransformerCuda::weight(int param) const {
     return params_[param].data;
 }
 
-void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S) {
+void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
+                              float loss_scale) {
   const bool classify = !config_.causal();
   if (B < 0) throw std::invalid_argument("TransformerCuda::forward: negative batch size " + std::to_string(B));
   if (B > 0 && (S < 1 || S > max_seq_ || int64_t{B} * S > max_tokens_))
@@ -183,22 +184,22 @@ void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, con
   lengths_ = lengths;
   targets_ = classify ? targets : lm_targets_;
   if (precision_ == Precision::kBf16)
-    forward_layers<bf16>();
+    forward_layers<bf16>(loss_scale);
   else
-    forward_layers<float>();
+    forward_layers<float>(loss_scale);
   loss_host_->enqueue(mean_loss_, stream_);
 }
 
 template <typename T>
-void TransformerCuda::forward_layers() {
+void TransformerCuda::forward_layers(float loss_scale) {
   const bool classify = !config_.causal();
   const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
   const int BT = B * S;
   const int64_t BTC = int64_t{BT} * C;
   if constexpr (std::is_same_v<T, bf16>) {
-    // The whole flat buffer every forward (embeddings, biases and LayerNorm included, which stay unused): one pass
-    // over 6 bytes per parameter that cannot go stale, whoever updates the master weights.
-    cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
+    // The whole flat buffer (embeddings, biases and LayerNorm included, which stay unused), once after every change
+    // of the master weights.
+    if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
   }
   T* x = as<T>(encoded_);
   cuda::embedding_forward<T>(x, tokens_, lengths_, params_[0].data, wpe_ >= 0 ? params_[wpe_].data : nullptr, B, S, C,
@@ -237,8 +238,9 @@ void TransformerCuda::forward_layers() {
   }
   T* logits = as<T>(logits_);
   cuda::matmul_forward<T>(gemm_, logits, features, weight<T>(head_), params_[head_ + 1].data, rows, C, K, stream_);
-  // The loss and the gradient of the mean loss in one pass, over the logits: backward needs only that gradient.
-  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets_, rows, K, stream_);
+  // The loss and the gradient of loss_scale x the mean loss in one pass, over the logits: backward needs only that.
+  cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets_, rows, K, loss_scale,
+                                       stream_);
 }
 
 // The attention kernels are fp32-only: in bf16 mode q, k, v go through fp32 copies behind the workspace, and the
@@ -278,25 +280,24 @@ void TransformerCuda::attention_backward(T* dqkv, const T* dout, const T* qkv, c
 
 float TransformerCuda::loss() const { return loss_host_->wait(); }
 
-void TransformerCuda::backward(const GradReadyHook& on_ready, float loss_scale) {
+void TransformerCuda::backward(const GradReadyHook& on_ready) {
   if (batch_ < 0) throw std::logic_error("TransformerCuda::backward: no forward since the last backward");
   NvtxRange range("TransformerCuda backward");
   if (precision_ == Precision::kBf16)
-    backward_layers<bf16>(on_ready, loss_scale);
+    backward_layers<bf16>(on_ready);
   else
-    backward_layers<float>(on_ready, loss_scale);
+    backward_layers<float>(on_ready);
   batch_ = -1;
 }
 
 template <typename T>
-void TransformerCuda::backward_layers(const GradReadyHook& on_ready, float loss_scale) {
+void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   const bool classify = !config_.causal();
   const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
-  const int BT = B * S, rows = classify ? B : BT;
+  const int BT = B * S;
   cuda_model::PieceAnnouncer announce(pieces_, piece_events_, stream_, on_ready);
   T *dresid = as<T>(dresid_), *dsmall = as<T>(dsmall_), *dbig = as<T>(dbig_);
-  T* dlogits = as<T>(logits_);  // forward's fused cross-entropy left the gradient of the mean loss here
-  if (loss_scale != 1.0f) cuda::scale(dlogits, loss_scale, int64_t{rows} * K, stream_);
+  const T* dlogits = as<T>(logits_);  // forward's fused cross-entropy left the gradient of the scaled loss here
 
   // A Linear layer out = inp W^T + b: bias, then the weight's row blocks (each announced as soon as it is done,
   // before the input gradient, which backward needs next but the communication does not).

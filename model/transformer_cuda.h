@@ -15,7 +15,8 @@
 //
 // Precision (model/precision.h; the table in docs/GPU.md): parameters, gradients and the loss are fp32 in every
 // mode. fp32 and tf32 keep fp32 activations and differ in the GEMMs' math; bf16 runs the Linear layers' GEMMs on
-// bf16 activations and bf16 copies of the weights (converted from the fp32 master weights every forward), and the
+// bf16 activations and bf16 copies of the weights (converted from the fp32 master weights by the first forward after
+// they changed: once per optimizer step), and the
 // residual stream and its gradient in bf16. Attention is fp32 in every mode (its kernels are fp32-only; bf16 mode
 // converts q, k, v to fp32 and the output back) with TF32 GEMMs in tf32 and bf16 modes.
 #pragma once
@@ -54,24 +55,25 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   // Device memory, as Transformer::forward: tokens [B, S], lengths [B] in [1, S] (null: all S), targets: kClassify
   // [B] classes in [0, num_classes), kCausalLM ignored (may be null; the targets are the next tokens, made on the
   // device). 0 <= B, and for B > 0: 1 <= S <= max_seq, B * S <= max_tokens (else std::invalid_argument). Enqueues the
-  // model, the fused softmax cross-entropy (which also writes the gradient of the mean loss for backward) and an
-  // asynchronous copy of the mean loss to pinned host memory. The inputs are read by this forward's kernels and, the
+  // model, the fused softmax cross-entropy (which also writes the gradient of loss_scale x the mean loss for
+  // backward: the weight of this batch in a larger loss, micro-batches and ranks of unequal loss counts, at no extra
+  // pass) and an asynchronous copy of the mean loss to pinned host memory. The inputs are read by this forward's kernels and, the
   // tokens and lengths, by backward's: work that overwrites them must be ordered after backward. Nothing is checked
   // on the device (that would need a sync): a token outside [0, vocab) at a valid position reads outside wte, a
   // target >= num_classes makes the loss NaN.
-  void forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S);
+  void forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
+               float loss_scale = 1.0f);
   // The mean loss of the last forward, fp32, on the device (0 for an empty batch).
   const float* loss_device() const { return mean_loss_; }
   // The same on the host: WAITS for that forward's loss copy (not for later work on the stream). NaN before the
   // first forward.
   float loss() const;
 
-  // Backward of loss_scale x the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients (zero_grad()
-  // first unless accumulating). For each piece in grad_pieces() order: enqueue its kernels, record
-  // piece_ready_event(k), call on_ready(k). loss_scale weighs this batch in a larger loss (micro-batches and ranks
-  // of unequal loss counts); other than 1 it costs one pass over the logits' gradient. Once per forward (a second
-  // call throws std::logic_error): the gradient of the logits is consumed.
-  void backward(const GradReadyHook& on_ready = nullptr, float loss_scale = 1.0f);
+  // Backward of loss_scale x the last forward's mean loss (the scale given to forward). ACCUMULATES (+=) into the
+  // fp32 gradients (zero_grad() first unless accumulating). For each piece in grad_pieces() order: enqueue its
+  // kernels, record piece_ready_event(k), call on_ready(k). Once per forward (a second call throws
+  // std::logic_error): the gradient of the logits is consumed.
+  void backward(const GradReadyHook& on_ready = nullptr);
 
  private:
   // Per block, what backward needs of its forward (T: float or __nv_bfloat16 by precision).
@@ -84,9 +86,9 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   template <typename T>
   const T* weight(int param) const;
   template <typename T>
-  void forward_layers();
+  void forward_layers(float loss_scale);
   template <typename T>
-  void backward_layers(const GradReadyHook& on_ready, float loss_scale);
+  void backward_layers(const GradReadyHook& on_ready);
   template <typename T>
   void attention_forward(T* out, float* att, const T* qkv);
   template <typename T>

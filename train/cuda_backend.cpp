@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <utility>
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_allreduce.h"
@@ -113,7 +114,8 @@ void CudaBackend::upload(float* device, const std::vector<float>& host) {
 }
 
 const float* CudaBackend::host_parameters() {
-  host_params_ = download(workload_->flat_params(), workload_->flat_size());
+  // Read only (the const accessor): no bf16 remake.
+  host_params_ = download(std::as_const(*workload_).flat_params(), workload_->flat_size());
   return host_params_.data();
 }
 
@@ -128,7 +130,7 @@ void CudaBackend::write_checkpoint(const std::string& path, bool force, const Ch
 
 CheckpointInfo CudaBackend::read_checkpoint(const std::string& path) {
   const int64_t n = workload_->flat_size();
-  std::vector<float> params = download(workload_->flat_params(), n);
+  std::vector<float> params = download(std::as_const(*workload_).flat_params(), n);
   Optimizer<float> optimizer(config_.optimizer, n);
   const CheckpointInfo info = load_checkpoint(path, workload_->parameters(), params.data(), optimizer);
   upload(workload_->flat_params(), params);  // the bf16 copy is remade from these before the next forward
@@ -240,7 +242,8 @@ void CudaBackend::set_gradient_nan(int piece) {
 
 void CudaBackend::add_to_first_parameter(float delta) {
   float* first = workload_->flat_params() + grad_pieces().back().offset;  // the first registered parameter
-  upload(first, {download(first, 1)[0] + delta});
+  const float before = download(std::as_const(*workload_).flat_params() + grad_pieces().back().offset, 1)[0];
+  upload(first, {before + delta});
 }
 
 // On the same engine as the gradients, as the CPU's runs on the same transport.

@@ -50,6 +50,7 @@ class CudaModelWorkload : public CudaWorkload {
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   int64_t flat_size() const override { return model_.flat_size(); }
   float* flat_params() override { return model_.flat_params(); }
+  const float* flat_params() const override { return model_.flat_params(); }
   float* flat_grads() override { return model_.flat_grads(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
@@ -143,12 +144,11 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   void forward(int slot, int micro) override {
     const MicroBatch& b = micro_[slot].at(micro);
     const int32_t* region = inputs(slots_.device(slot), micro);
-    model_.forward(region, region + capacity_, region + 2 * capacity_, b.rows, b.seq);
+    model_.forward(region, region + capacity_, region + 2 * capacity_, b.rows, b.seq,
+                   static_cast<float>(b.grad_scale));
     loss_scale_ = b.loss_scale;
   }
-  void backward(int slot, int micro, const GradReadyHook& on_ready) override {
-    model_.backward(on_ready, static_cast<float>(micro_[slot].at(micro).grad_scale));
-  }
+  void backward(int, int, const GradReadyHook& on_ready) override { model_.backward(on_ready); }
   double loss() const override { return loss_scale_ * model_.loss(); }
 
  private:

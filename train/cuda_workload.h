@@ -26,7 +26,8 @@ class CudaWorkload {
   // The model, as MlpCuda and TransformerCuda have it: the CPU model's names, shapes and flat layout, device memory.
   virtual const std::vector<Parameter<float>>& parameters() const = 0;
   virtual int64_t flat_size() const = 0;  // of flat_params() and flat_grads(): parameters and alignment gaps
-  virtual float* flat_params() = 0;
+  virtual float* flat_params() = 0;  // write access: a bf16 model remakes its bf16 weights before the next forward
+  virtual const float* flat_params() const = 0;
   virtual float* flat_grads() = 0;
   virtual void set_grad_piece_elements(int64_t max_elements) = 0;
   virtual const std::vector<GradPiece>& grad_pieces() const = 0;

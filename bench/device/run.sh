@@ -1,120 +1,219 @@
 #!/usr/bin/env bash
-# On a GPU machine (the `device` tool; bench/device/README.md), in one go: unpack the dependency bundle, configure
-# and build with CUDA for sm_90, run the GPU tests, the GPU kernel benchmark and the models' step benchmarks (ours and
-# PyTorch's), and print one summary table.
-# Logs and CSVs go to $OUT (what the tool brings back: at most 8 files), or .device/out elsewhere.
-#   bench/device/run.sh
-# Knobs: DDPLAB_BUILD (build folder, build-device), DDPLAB_TARGETS (default: all), DDPLAB_CTEST (ctest's selection,
-# default "-L gpu"; "" runs every test), DDPLAB_BENCH (bench_cuda_kernels' arguments: default none, the full run,
-# ~1 min; "--quick" for a smoke test).
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# The GPU pre-flight on a GPU machine (the `device` tool; bench/device/README.md has the calls), one stage per call,
+# each within 9 minutes of command time:
+#   bench/device/run.sh 1   build (ninja, sm_90, the targets below), ctest -L gpu, the quick kernel benchmark,
+#                           allreduce_perf (NCCL at np 1; our ring at np 2 and 4 on the one GPU), a 20-step 4-rank
+#                           --comm ring training run and its report, a rank's injected failure ending the job
+#   bench/device/run.sh 2   build what it needs (nothing on a warm machine), the MLP and gpt2-small training steps in
+#                           fp32/tf32/bf16 beside PyTorch eager, the full kernel benchmark, compute-sanitizer (memcheck,
+#                           racecheck) over the GPU tests, ncu on the three heaviest kernels of the gpt2-small step
+# Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
+# deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
+# Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
+# Knobs: DDPLAB_DEADLINE_S (540: the stage's budget, from the start of the script), DDPLAB_BUILD (build-device),
+# DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh).
+# shellcheck disable=SC2016  # each step's DETAIL is a snippet in single quotes, evaluated after the step
+set -uo pipefail  # no -e: a failed step is a row of the table, not the end of the call
+cd "$(dirname "$0")/../.." || exit 2
+stage=${1:-}
+[ "$stage" = 1 ] || [ "$stage" = 2 ] || { echo "usage: bench/device/run.sh 1|2" >&2; exit 2; }
 out=${OUT:-$PWD/.device/out}
 build=${DDPLAB_BUILD:-build-device}
-mkdir -p "$out"
-rows=()   # "step<TAB>result<TAB>seconds<TAB>detail", printed at the end
+deadline=$((SECONDS + ${DDPLAB_DEADLINE_S:-540}))
+work=$build/device-work  # what must not travel back: run files, profiles
+mkdir -p "$out" "$work"
+summary=$out/summary.txt
+failed=0
 
-# step NAME LOG CMD...: runs CMD with its output in $out/LOG, records a row, never stops the script.
-step() {
-  local name=$1 log=$out/$2 t0=$SECONDS rc=0
-  shift 2
-  echo "== $name: $*" | tee -a "$log"
-  "$@" >>"$log" 2>&1 || rc=$?
-  last_rc=$rc
-  rows+=("$name"$'\t'"$([ $rc -eq 0 ] && echo ok || echo "FAILED ($rc)")"$'\t'"$((SECONDS - t0))"$'\t')
-  [ $rc -eq 0 ] || tail -n 30 "$log"
+row() {  # NAME RESULT SECONDS DETAIL: one line of the table, on disk at once
+  printf '%-28s %-14s %5s  %s\n' "$1" "$2" "$3" "$4" | tee -a "$summary"
 }
-note() { rows[${#rows[@]}-1]+=$1; }   # the detail column of the last row
+skip() { row "$1" skipped 0 "$2"; }
 
-# The machine, first: what the rest ran on.
-{
-  nvidia-smi -q || true
-  for c in "uname -srm" "ldd --version" "nvcc --version" "cmake --version" "g++ --version" nproc; do
-    echo "\$ $c"; $c 2>&1 | head -4 || true
-  done
-} >"$out/machine.txt" 2>&1
-gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)
+# step NAME LOG CAP DETAIL CMD...: runs CMD with its output appended to $out/LOG, under `timeout` for CAP seconds or
+# what is left before the deadline, then appends its row; DETAIL is a shell snippet whose output (first line) is the
+# row's last column, evaluated with $log set. Sets $rc (125: not run). While $blocked says why (the build failed),
+# the step is only listed.
+blocked=""
+step() {
+  local name=$1 log=$out/$2 cap=$(($3 * ${DDPLAB_CAP_SCALE:-1})) detail=$4 left=$((deadline - SECONDS - 5))
+  local t0=$SECONDS result
+  shift 4
+  rc=125
+  [ -z "$blocked" ] || { skip "$name" "$blocked" && return; }
+  if [ "$left" -lt 15 ]; then
+    skip "$name" "no time left before the stage's deadline"
+    failed=1 && return
+  fi
+  [ "$cap" -gt "$left" ] && cap=$left
+  echo "== $name (at most ${cap} s): $*" >>"$log"
+  local from=$(($(wc -l <"$log") + 1))  # this step's output starts here
+  timeout -k 10 "$cap" "$@" >>"$log" 2>&1
+  rc=$?
+  case $rc in
+    0) result=ok ;;
+    124 | 137) result="TIMEOUT ${cap}s" && failed=1 ;;
+    *) result="FAILED ($rc)" && failed=1 ;;
+  esac
+  local said
+  said=$(eval "$detail" 2>/dev/null | head -1)
+  if [ "$rc" -ne 0 ]; then
+    { echo "--- the last lines of ${log##*/}:"; tail -n 15 "$log"; } | sed 's/^/    /'
+    # Without the detail it looks for, the row says why the step failed: its first line naming an error.
+    [ -n "$said" ] || said=$(tail -n +"$from" "$log" | grep -m1 -iE "error|fail|needs a GPU|no CUDA device|abort")
+  fi
+  row "$name" "$result" $((SECONDS - t0)) "${said:0:150}"
+}
+
+tool() {  # the path of a CUDA tool, or nothing
+  command -v "$1" 2>/dev/null || ls /usr/local/cuda/bin/"$1" /opt/nvidia/nsight-compute/*/"$1" 2>/dev/null | head -1
+}
+
+# ---- the machine, the bundle, the build ----------------------------------------------------------------------------
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>/dev/null | head -1)
+: >"$summary"
+echo "ddplab device stage $stage: ${gpu:-no GPU found}; $(nproc) cores; logs in $out" | tee -a "$summary"
+row step result s detail
 
 # The bundle travels packed (.device/carry); unpack it once per machine.
 tarball=.device/carry/ddplab-deps.tar.gz
 if [ ! -d .device/root ] || [ "$tarball" -nt .device/root ]; then
   rm -rf .device/root && mkdir -p .device/root && tar -C .device/root -xzf "$tarball" && touch .device/root
 fi
-# Debian 12's binaries need glibc 2.36 or newer.
-glibc=$(ldd --version | head -1 | awk '{print $NF}')
-[ "$(printf '%s\n' 2.36 "$glibc" | sort -V | head -1)" = 2.36 ] ||
-  { echo "run.sh: glibc $glibc here, the bundle needs >= 2.36 (Debian 12)" | tee "$out/summary.txt"; exit 1; }
+glibc=$(ldd --version | head -1 | awk '{print $NF}')  # Debian 12's binaries need 2.36 or newer
+if [ "$(printf '%s\n' 2.36 "$glibc" | sort -V | head -1)" != 2.36 ]; then
+  row bundle FAILED 0 "glibc $glibc here, the bundle needs >= 2.36 (Debian 12)"
+  exit 1
+fi
 . bench/device/env.sh .device/root
-echo "glibc $glibc, bundle: $DDPLAB_DEPS, ${DDPLAB_CMAKE_ARGS:-NCCL beside CUDA}"
 
+if [ "$stage" = 1 ]; then  # what the build and the runs see, with the bundle's paths set
+  {
+    nvidia-smi -q || true
+    for c in "uname -srm" "ldd --version" "nvcc --version" "cmake --version" "g++ --version" nproc \
+             "python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'"; do
+      echo "\$ $c"; eval "$c" 2>&1 | head -4
+    done
+    for t in compute-sanitizer ncu nsys; do echo "$t: $(tool $t)"; done
+    echo "glibc $glibc; bundle $DDPLAB_DEPS; NCCL: ${DDPLAB_CMAKE_ARGS:-beside CUDA}"
+  } >"$out/machine.txt" 2>&1
+fi
+
+# Stage 1 builds what ctest -L gpu and its runs need; stage 2 what it runs (on a warm machine: nothing new).
+if [ "$stage" = 1 ]; then
+  targets="ddplab allreduce_perf bench_cuda_kernels test_cuda_ops test_cuda_kernels test_mlp_cuda test_transformer_cuda
+           test_nccl_allreduce test_cuda_trainer test_ring_cuda"
+else
+  targets="bench_cuda_kernels bench_mlp_cuda bench_transformer_cuda test_cuda_ops test_cuda_kernels test_mlp_cuda
+           test_transformer_cuda"
+fi
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
-# The python3 on the PATH (there, the one with numpy and h5py), not /usr/bin's, runs the tests' Python checks.
+# The python3 on the PATH (there, the one with numpy, h5py and PyTorch) runs the tests' Python checks.
 # shellcheck disable=SC2086  # DDPLAB_CMAKE_ARGS holds separate -D arguments
-step configure build.log cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDDPLAB_CUDA=ON \
-     -DCMAKE_CUDA_ARCHITECTURES=90 -DDDPLAB_PYTHON="$(command -v python3)" $DDPLAB_CMAKE_ARGS
-note "$(grep -o 'CUDA engine ON.*' "$out/build.log" | head -1)"
-if [ "$last_rc" -eq 0 ]; then
-  # shellcheck disable=SC2086
-  step build build.log cmake --build "$build" -j "$(nproc)" ${DDPLAB_TARGETS:+--target $DDPLAB_TARGETS}
-  note "$(grep -c -i 'warning:' "$out/build.log" || true) warnings"
-fi
+step configure build.log 120 'grep -o "CUDA engine ON.*" "$log" | tail -1' \
+  cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDDPLAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DDDPLAB_PYTHON="$(command -v python3)" $DDPLAB_CMAKE_ARGS
+[ "$rc" -eq 0 ] || blocked="configure failed"
+# shellcheck disable=SC2086
+step build build.log 420 'echo "$(grep -c "warning:" "$log") warnings; $(grep -c "^\[" "$log") build steps"' \
+  cmake --build "$build" -j "$(nproc)" --target $targets
+[ "$rc" -eq 0 ] || blocked=${blocked:-"the build failed"}
+mpirun=(mpirun --bind-to none --oversubscribe)
 
-if [ "${last_rc:-1}" -eq 0 ]; then
-  # shellcheck disable=SC2086
-  step "ctest ${DDPLAB_CTEST--L gpu}" ctest.log ctest --test-dir "$build" ${DDPLAB_CTEST--L gpu} \
-       --output-on-failure --timeout 300
-  note "$(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)"
-  note "; $(grep -c '\*\*\*Skipped' "$out/ctest.log" || true) skipped"
-  b=$build/bench/gpu/bench_cuda_kernels
-  if [ -x "$b" ]; then
-    # shellcheck disable=SC2086
-    step bench_cuda_kernels bench.log "$b" ${DDPLAB_BENCH:-} --csv "$out/gpu_kernels.csv"
-    note "$(grep -m1 -o 'cudaMemcpy device-to-device.*GB/s' "$out/bench.log" || true)"
-  fi
-  a=$build/bench/allreduce_perf
-  if [ -x "$a" ]; then  # NCCL on GPU buffers at ws=1, nccl-tests' columns
-    step "allreduce_perf nccl np1" allreduce.log mpirun -np 1 "$a" -b 8 -e 256M --impls nccl
-    note "$(grep -m1 'Avg bus bandwidth' "$out/allreduce.log" || true)"
-    # Our ring on GPU buffers: np 2 and 4 share the one GPU (ipc and host links; NCCL refuses that).
-    for np in 2 4; do
-      step "allreduce_perf gpu-ring np$np" allreduce.log mpirun --oversubscribe -np $np "$a" -b 8 -e 256M \
-           --impls gpu-ring-ipc,gpu-ring-host
-      note "$(grep 'Avg bus bandwidth' "$out/allreduce.log" | tail -1 || true)"
-    done
-  fi
-  d=$build/launcher/ddplab
-  if [ -x "$d" ]; then  # --comm ring with four ranks on one GPU: trains, and the run file says how
-    step "ddplab train ring np4" models.log mpirun --oversubscribe -np 4 "$d" train --device cuda --comm ring \
-         --steps 60 --out "$build/train_ring_np4.h5"  # $out holds at most 8 files: logs only
-    note "$(tail -n 1 "$out/models.log")"
-  fi
-  # The models' training steps, fp32/tf32/bf16, into one log (the tool brings back 8 files): the default MLP, then
-  # gpt2-small (tokens/s, MFU), then PyTorch eager on the same two for the side-by-side.
-  m=$build/bench/gpu/bench_mlp_cuda
-  if [ -x "$m" ]; then
-    step bench_mlp_cuda models.log "$m"
-  fi
-  t=$build/bench/gpu/bench_transformer_cuda
-  if [ -x "$t" ]; then
-    step bench_transformer_cuda models.log "$t"
-    note "$(grep -E '^bf16' "$out/models.log" | tail -1)"
-  fi
-  if python3 -c 'import torch' 2>/dev/null; then
-    step torch_mlp_step models.log python3 bench/gpu/torch_mlp_step.py
-    step torch_transformer_step models.log python3 bench/gpu/torch_transformer_step.py
-    note "$(grep -E '^bf16' "$out/models.log" | tail -1)"
-  fi
-fi
-
-# One table: each step, its result, its time, and the line that says most about it.
-{
-  echo
-  echo "ddplab on the device: ${gpu:-no GPU found}; $(nproc) cores; logs in $out"
-  printf '%-26s %-12s %6s  %s\n' step result seconds detail
-  for r in "${rows[@]}"; do
-    IFS=$'\t' read -r s res sec det <<<"$r"
-    printf '%-26s %-12s %6s  %s\n' "$s" "$res" "$sec" "$det"
+# ---- stage 1 --------------------------------------------------------------------------------------------------------
+if [ "$stage" = 1 ]; then
+  step "ctest -L gpu" ctest.log 300 \
+    'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
+    ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
+  step "kernels --quick" kernels.log 90 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
+    "$build/bench/gpu/bench_cuda_kernels" --quick
+  step "allreduce nccl np1" allreduce.log 90 'grep "Avg bus bandwidth" "$log" | tail -1' \
+    "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl
+  for np in 2 4; do  # our ring on device buffers, np ranks sharing the one GPU (NCCL refuses that)
+    step "allreduce gpu-ring np$np" allreduce.log 120 \
+      'grep "Avg bus bandwidth" "$log" | tail -2 | sed "s/# Avg bus bandwidth *: //" | paste -sd" "' \
+      "${mpirun[@]}" -np $np "$build/bench/allreduce_perf" -b 8 -e 256M -w 3 -n 10 --impls gpu-ring-ipc,gpu-ring-host
   done
-} | tee "$out/summary.txt"
-for r in "${rows[@]}"; do case $r in *$'\t'FAILED*) exit 1 ;; esac; done
+  step "train ring np4, 20 steps" train.log 120 'grep "mean step" "$log" | tail -1' \
+    "${mpirun[@]}" -np 4 "$build/launcher/ddplab" train --device cuda --comm ring --steps 20 \
+    --out "$work/train_ring_np4.h5" --force
+  if [ "$rc" -ne 0 ] && [ -z "$blocked" ]; then
+    skip "report of that run" "the run failed"
+  else
+    step "report of that run" train.log 30 'grep -A2 "per rank (steady" "$log" | tail -1' \
+      "$build/launcher/ddplab" report "$work/train_ring_np4.h5"
+  fi
+  # A rank that fails ends the whole job, at once, with its reason (the error path of CudaBackend's destructor).
+  step "fault throw ring np2" train.log 60 'grep "error on rank 1" "$log" | tail -1' \
+    bash -c 'said=$("$@" 2>&1); code=$?; echo "$said"; [ $code -ne 0 ] && grep -q "injected fault" <<<"$said"' _ \
+    "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --steps 20 --fault throw \
+    --fault-rank 1 --fault-step 5 --out "$work/fault.h5" --force
+fi
+
+# ---- stage 2 --------------------------------------------------------------------------------------------------------
+if [ "$stage" = 2 ]; then
+  # The models' steps, ours then PyTorch eager on the same shapes, all in models.log.
+  step "bench_transformer_cuda" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
+    "$build/bench/gpu/bench_transformer_cuda"
+  step "bench_mlp_cuda" models.log 90 'grep -E "^bf16" "$log" | tail -1' \
+    "$build/bench/gpu/bench_mlp_cuda"
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then  # needs no build of ours
+    blocked="" step "torch_transformer_step" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
+      python3 bench/gpu/torch_transformer_step.py
+    blocked="" step "torch_mlp_step" models.log 90 'grep -E "^bf16" "$log" | tail -1' \
+      python3 bench/gpu/torch_mlp_step.py
+  else
+    skip "torch steps" "no PyTorch with CUDA in python3"
+  fi
+  step "kernels (full)" kernels.log 150 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
+    "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
+
+  sanitizer=$(tool compute-sanitizer)
+  if [ -n "$sanitizer" ]; then
+    t=$build/tests/gpu
+    step "memcheck kernels" sanitizer.log 90 'grep -m1 "ERROR SUMMARY" "$log"' \
+      "$sanitizer" --tool memcheck --error-exitcode 3 "$t/test_cuda_kernels" --gtest_brief=1
+    step "memcheck ops" sanitizer.log 30 'grep "ERROR SUMMARY" "$log" | tail -1' \
+      "$sanitizer" --tool memcheck --error-exitcode 3 "$t/test_cuda_ops" --gtest_brief=1
+    step "memcheck models" sanitizer.log 90 'grep "ERROR SUMMARY" "$log" | tail -1' \
+      bash -c 'for t; do "'"$sanitizer"'" --tool memcheck --error-exitcode 3 "$t" --gtest_brief=1 \
+               --gtest_filter="*/fp32:*/bf16:*Device*" || exit; done' _ \
+      "$t/test_mlp_cuda" "$t/test_transformer_cuda"
+    # The kernels with shared memory: LayerNorm backward, the cross-entropy's block reductions, bias_backward.
+    step "racecheck kernels" sanitizer.log 90 'grep "RACECHECK SUMMARY\|ERROR SUMMARY" "$log" | tail -1' \
+      "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 "$t/test_cuda_kernels" \
+      --gtest_brief=1 --gtest_filter='*LayerNorm*:*SoftmaxCrossEntropy*:CudaKernels.GemmFp32MatchesCpu'
+  else
+    skip "compute-sanitizer" "not found (PATH, /usr/local/cuda/bin)"
+  fi
+
+  ncu=$(tool ncu)
+  if [ -n "$ncu" ]; then
+    # One bf16 gpt2-small step: every launch's GPU time ranks the kernels, then the three heaviest in full.
+    app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
+    step "ncu: rank the step" ncu.log 120 'grep -m1 "^top:" "$log"' \
+      bash -c '"$@" > "'"$work"'/launches.csv" && python3 bench/device/top_kernels.py "'"$work"'/launches.csv" 3' _ \
+      "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+      --print-kernel-base function "${app[@]}"
+    read -r -a top <<<"$(grep "^top:" "$out/ncu.log" 2>/dev/null | tail -1 | cut -d' ' -f2-)"
+    rm -f "$work"/ncu_*.ncu-rep
+    [ ${#top[@]} -gt 0 ] || skip "ncu: the heaviest kernels" "no ranking"
+    for i in "${!top[@]}"; do
+      step "ncu: ${top[$i]:0:22}" ncu.log 100 'grep -m1 "Duration" "$log"' \
+        bash -c '"$@" && "'"$ncu"'" --import "'"$work/ncu_$i"'.ncu-rep" --page details' _ \
+        "$ncu" --profile-from-start off --kernel-name "${top[$i]}" --launch-count 1 --set full --import-source yes \
+        -o "$work/ncu_$i" "${app[@]}"
+    done
+    if ls "$work"/ncu_*.ncu-rep >/dev/null 2>&1; then  # the reports themselves, if they fit the 16 MiB a file
+      (cd "$work" && tar -czf "$out/ncu-reports.tar.gz" ncu_*.ncu-rep)
+      [ "$(stat -c %s "$out/ncu-reports.tar.gz")" -le $((15 << 20)) ] ||
+        { rm "$out/ncu-reports.tar.gz"; echo "ncu reports over 15 MiB: left in $work" | tee -a "$summary"; }
+    fi
+  else
+    skip "ncu" "not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
+  fi
+fi
+
+echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"
+exit $failed

@@ -4,11 +4,12 @@
 # which every file of the bundled packages and of their relatives that the device lacks (Open MPI, PMIx, HDF5, BLAS,
 # GoogleTest, CLI11, nlohmann-json, hwloc, libcurl, ...) is deleted. So CMake, the compilers and the dynamic linker
 # can only find the bundle's copies. The overlay lives in a private mount namespace: the system is not touched.
-#   bench/device/simulate.sh [COMMAND]      default: bench/device/run.sh; $OUT is /tmp/ddplab-sim/out
+#   bench/device/simulate.sh [COMMAND]      default: bench/device/run.sh 1; $OUT is /tmp/ddplab-sim/out
+# DDPLAB_* variables pass through (e.g. DDPLAB_CAP_SCALE=4 DDPLAB_DEADLINE_S=3600 for run.sh on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 S=/tmp/ddplab-sim
-cmd=${1:-bench/device/run.sh}
+cmd=${1:-bench/device/run.sh 1}
 [ -f .device/carry/ddplab-deps.tar.gz ] || { echo "simulate: run scripts/device_bundle.sh first" >&2; exit 1; }
 
 # Installed packages to hide: the bundle's and what Debian would bring with them (regex on package names).
@@ -32,8 +33,9 @@ echo "$files" >"$S/hidden"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$S/repo"
 cp --parents -r .device/carry "$S/repo"
 
+passed=$(env | grep '^DDPLAB_' || true)  # NAME=value lines, handed to the command's clean environment
 unshare -m bash -euo pipefail -c '
-  S=$1 cmd=$2
+  S=$1 cmd=$2 passed=$3
   mount --make-rprivate /
   mount -t tmpfs tmpfs "$S/root" && mkdir -p "$S/root"/{up,work,merged}   # a tmpfs: upper must not lie under /
   mount -t overlay overlay -o "lowerdir=/,upperdir=$S/root/up,workdir=$S/root/work" "$S/root/merged"
@@ -43,6 +45,7 @@ unshare -m bash -euo pipefail -c '
   while IFS= read -r f; do [ -d "$M$f" ] || rm -f "$M$f"; done <"$S/hidden"   # files and links, not folders
   chroot "$M" ldconfig
   echo "simulate: hid $(wc -l <"$S/hidden") paths; running: $cmd"
-  chroot "$M" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root OUT="$S/out" PYTHONPATH="$S/site" \
+  mapfile -t vars <<<"$passed"
+  chroot "$M" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root OUT="$S/out" PYTHONPATH="$S/site" ${vars[@]+"${vars[@]}"} \
     bash -c "cd $S/repo && $cmd"
-' _ "$S" "$cmd"
+' _ "$S" "$cmd" "$passed"

@@ -195,7 +195,7 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
   rep.add({"softmax_ce", std::string("softmax_cross_entropy_fused<") + tag + ">", dims({{"N", N}, {"V", V}}),
            median_ms(opt, s,
                      [&] {
-                       cuda::softmax_cross_entropy_fused<T>(logits, losses, mean_loss, count, logits, targets, N, V, s);
+                       cuda::softmax_cross_entropy_fused<T>(logits, losses, mean_loss, count, logits, targets, N, V, 1.0f, s);
                      }),
            2.0 * N * V * t + 12.0 * N, 0});
 

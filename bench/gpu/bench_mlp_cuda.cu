@@ -54,7 +54,8 @@ Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
   float* d_x = upload(x, s);
   int32_t* d_y = upload(y, s);
   const auto forward = [&] { model.forward(d_x, d_y, batch); };
-  Result r{precision, batch, ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s), 0};
+  Result r{precision, batch,
+           ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile), 0};
   cudaCheck(cudaFree(d_x));
   cudaCheck(cudaFree(d_y));
   r.tflops = 6.0 * n * batch / (r.t.step_ms * 1e-3) / 1e12;

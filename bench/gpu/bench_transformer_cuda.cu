@@ -10,8 +10,9 @@
 // TFLOP/s (the H200 has the same tensor cores and clocks, so the same peak), whatever the precision.
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
-//                          [--precision fp32|tf32|bf16] [--csv out.csv]
-// --precision restricts the sweep to one (e.g. to profile it with nsys or ncu). Needs a GPU; exits 2 with the
+//                          [--precision fp32|tf32|bf16] [--csv out.csv] [--profile]
+// --precision restricts the sweep to one and --profile brackets the last step with cudaProfilerStart/Stop, to
+// profile one step with nsys or ncu (bench/device/run.sh 2 ranks the step's kernels that way). Needs a GPU; exits 2 with the
 // reason without one.
 #include <cuda_runtime_api.h>
 
@@ -59,7 +60,8 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   int32_t* d_tokens = upload(tokens, s);
   int32_t* d_labels = upload(labels, s);
   const auto forward = [&] { model.forward(d_tokens, nullptr, d_labels, B, S); };  // null lengths: all S long
-  Result r{precision, ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s), 0, 0, 0};
+  Result r{precision, ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile), 0,
+           0, 0};
   cudaCheck(cudaFree(d_tokens));
   cudaCheck(cudaFree(d_labels));
   const double tokens_per_step = static_cast<double>(B) * S;

@@ -5,6 +5,7 @@
 // every phase boundary. A step's time runs from its first event to the next step's, so GPU time lost waiting for the
 // host's launches counts. Each figure is the median over the timed steps after the warm-up ones (plans, clocks).
 #pragma once
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -45,9 +46,11 @@ T* upload(const std::vector<T>& host, cudaStream_t s) {
 }
 
 // `warmup` + `steps` training steps of `model` on stream `s`, AdamW (PyTorch's defaults) from zero moments;
-// `forward()` runs the model's forward on its batch. Throws if the last loss is not finite.
+// `forward()` runs the model's forward on its batch. Throws if the last loss is not finite. profile: the last step
+// between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` (bench/device/run.sh 2).
 template <class Model, class Forward>
-StepTimes time_training_steps(Model& model, Forward forward, int warmup, int steps, cudaStream_t s) {
+StepTimes time_training_steps(Model& model, Forward forward, int warmup, int steps, cudaStream_t s,
+                              bool profile = false) {
   const OptimizerConfig adamw;
   const int64_t n = model.flat_size();
   float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
@@ -56,6 +59,8 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
   std::vector<cudaEvent_t> ev(4 * total + 1);  // step i: start, forward done, backward done, optimizer done
   for (cudaEvent_t& e : ev) cudaCheck(cudaEventCreate(&e));
   for (int i = 0; i < total; ++i) {
+    const bool profiled = profile && i == total - 1;
+    if (profiled) cudaCheck(cudaProfilerStart());
     cudaCheck(cudaEventRecord(ev[4 * i], s));
     model.zero_grad();
     forward();
@@ -65,6 +70,7 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
     cuda::adamw_update(model.flat_params(), model.flat_grads(), moments, moments + n, n, adamw.lr, adamw.beta1,
                        adamw.beta2, adamw.eps, adamw.weight_decay, i + 1, s);
     cudaCheck(cudaEventRecord(ev[4 * i + 3], s));
+    if (profiled) cudaCheck(cudaProfilerStop());
   }
   cudaCheck(cudaEventRecord(ev[4 * total], s));
   cudaCheck(cudaEventSynchronize(ev[4 * total]));
@@ -92,6 +98,7 @@ struct StepFlags {
   int steps, warmup;
   std::string precision;  // "": fp32, tf32 and bf16
   std::string csv;
+  bool profile = false;  // the last step between cudaProfilerStart and cudaProfilerStop
   std::vector<Precision> precisions() const {
     if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
     return {parse_precision(precision)};
@@ -103,6 +110,9 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
   app.add_option("--precision", flags.precision, "one of fp32, tf32, bf16 (default: all three)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app.add_option("--csv", flags.csv, "also write the table to this CSV file");
+  app.add_flag("--profile", flags.profile,
+               "only the last step between cudaProfilerStart/Stop (ncu --profile-from-start off, nsys "
+               "--capture-range=cudaProfilerApi)");
 }
 inline int parse_flags(CLI::App& app, int argc, char** argv) {
   try {

@@ -3,6 +3,7 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <string>
 
 #include "kernels/cuda/device.h"
 
@@ -41,6 +42,18 @@ CudaInfo query_cuda() noexcept {
   info.cc_minor = prop.minor;
   info.memory_bytes = prop.totalGlobalMem;
   return info;
+}
+
+std::string process_sharing_refused(int device) noexcept {
+  int mode = cudaComputeModeDefault;
+  if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  const std::string gpu = "GPU " + std::to_string(device) + " is in ";
+  if (mode == cudaComputeModeExclusiveProcess) return gpu + "Exclusive_Process compute mode (one process at a time)";
+  if (mode == cudaComputeModeProhibited) return gpu + "Prohibited compute mode (no process may use it)";
+  return "";
 }
 
 std::string describe(const CudaInfo& info) {

@@ -23,6 +23,11 @@ struct CudaInfo {
 // Never throws; the library versions are filled in even when no device is available.
 CudaInfo query_cuda() noexcept;
 
+// "" when several processes may use `device` at once (the Default compute mode), else why not, e.g. "GPU 0 is in
+// Exclusive_Process compute mode (one process at a time)": the second process's context creation would fail with
+// "all CUDA-capable devices are busy or unavailable". Reads the mode without creating a context; "" if it cannot.
+std::string process_sharing_refused(int device) noexcept;
+
 // One line for logs, e.g. "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB), 1 device(s), runtime 13.0, driver 13.0,
 // cuBLAS 13.1.0, NCCL 2.28.9" or "no CUDA device (<reason>), runtime 13.0, ...".
 std::string describe(const CudaInfo& info);

@@ -52,10 +52,8 @@ __global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t 
     out[i] = detail::from_float<T>(detail::to_float(a[i]) + detail::to_float(b[i]));
 }
 
-template <typename T>
-__global__ void scale_kernel(T* y, float alpha, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride())
-    y[i] = detail::from_float<T>(detail::to_float(y[i]) * alpha);
+__global__ void scale_kernel(float* y, float alpha, int64_t n) {
+  for (int64_t i = global_index(); i < n; i += grid_stride()) y[i] *= alpha;
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -65,13 +63,6 @@ template <typename T>
 void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   gelu_backward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, inp, dout, n);
-  cudaCheck(cudaGetLastError());
-}
-
-template <typename T>
-void launch_scale(T* y, float alpha, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  scale_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -112,8 +103,10 @@ template void residual_forward<float>(float*, const float*, const float*, int64_
 template void residual_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int64_t,
                                               cudaStream_t);
 
-void scale(float* y, float alpha, int64_t n, cudaStream_t stream) { launch_scale(y, alpha, n, stream); }
-
-void scale(__nv_bfloat16* y, float alpha, int64_t n, cudaStream_t stream) { launch_scale(y, alpha, n, stream); }
+void scale(float* y, float alpha, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
+  cudaCheck(cudaGetLastError());
+}
 
 }  // namespace ddplab::cuda

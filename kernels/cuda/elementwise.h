@@ -1,6 +1,6 @@
 // Elementwise ops on the device: the CUDA twins of kernels/cpu/ops.h, same names and argument order (outputs, inputs,
 // sizes), plus the stream they are enqueued on. fp32, and bf16 where a bf16 step needs them (GELU backward, the
-// residual add, scale); bf16 variants compute in fp32 and round the result once.
+// residual add); bf16 variants compute in fp32 and round the result once.
 // Asynchronous: they return once the kernel is launched, and throw std::runtime_error if the launch fails. n == 0
 // launches nothing. Plain C++ may include this header; the kernels live in elementwise.cu.
 #pragma once
@@ -29,6 +29,5 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t st
 
 // y *= alpha
 void scale(float* y, float alpha, int64_t n, cudaStream_t stream);
-void scale(__nv_bfloat16* y, float alpha, int64_t n, cudaStream_t stream);
 
 }  // namespace ddplab::cuda

@@ -39,10 +39,10 @@ __global__ void __launch_bounds__(kReduceBlock)
 
 template <typename T>
 __global__ void softmax_cross_entropy_fused_kernel(T* dlogits, float* losses, const T* logits, const int32_t* targets,
-                                                   const int* num_valid, int N, int V) {
+                                                   const int* num_valid, int N, int V, float grad_scale) {
   __shared__ float scratch[32];
   const int count = *num_valid;
-  const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+  const float weight = count > 0 ? grad_scale / static_cast<float>(count) : 0.0f;  // of each valid row's gradient
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const int target = targets[row];  // the same for the whole block: the branches below are block-uniform
     T* d = dlogits ? dlogits + row * V : nullptr;
@@ -64,7 +64,7 @@ __global__ void softmax_cross_entropy_fused_kernel(T* dlogits, float* losses, co
       const float inv_sum = 1.0f / sum;
       for (int v = threadIdx.x; v < V; v += blockDim.x) {
         const float p = expf(to_float(z[v]) - row_max) * inv_sum;
-        d[v] = detail::from_float<T>((p - (v == target ? 1.0f : 0.0f)) * inv_count);
+        d[v] = detail::from_float<T>((p - (v == target ? 1.0f : 0.0f)) * weight);
       }
     }
   }
@@ -96,7 +96,7 @@ int row_block_size(int V) { return V <= 64 ? 32 : V <= 2048 ? 128 : V <= 16384 ?
 
 template <typename T>
 void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, int* num_valid, const T* logits,
-                                 const int32_t* targets, int N, int V, cudaStream_t stream) {
+                                 const int32_t* targets, int N, int V, float grad_scale, cudaStream_t stream) {
   if (N < 0 || V <= 0)
     throw std::invalid_argument("softmax_cross_entropy_fused: need N >= 0 and V > 0, got N=" + std::to_string(N) +
                                 " V=" + std::to_string(V));
@@ -108,7 +108,7 @@ void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, in
   if (N > 0) {
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, detail::kMaxGridSize));
     softmax_cross_entropy_fused_kernel<T>
-        <<<grid, row_block_size(V), 0, stream>>>(dlogits, losses, logits, targets, num_valid, N, V);
+        <<<grid, row_block_size(V), 0, stream>>>(dlogits, losses, logits, targets, num_valid, N, V, grad_scale);
     cudaCheck(cudaGetLastError());
   }
   if (mean_loss != nullptr) {
@@ -118,8 +118,8 @@ void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, in
 }
 
 template void softmax_cross_entropy_fused<float>(float*, float*, float*, int*, const float*, const int32_t*, int, int,
-                                                 cudaStream_t);
+                                                 float, cudaStream_t);
 template void softmax_cross_entropy_fused<__nv_bfloat16>(__nv_bfloat16*, float*, float*, int*, const __nv_bfloat16*,
-                                                         const int32_t*, int, int, cudaStream_t);
+                                                         const int32_t*, int, int, float, cudaStream_t);
 
 }  // namespace ddplab::cuda

@@ -17,14 +17,15 @@ namespace ddplab::cuda {
 
 // For the N rows of logits [N, V]:
 //   losses[n]    = logsumexp(logits[n, :]) - logits[n, targets[n]] on valid rows, 0 on ignored rows;
-//   dlogits[n,:] = (softmax(logits[n, :]) - onehot(targets[n])) / num_valid on valid rows, 0 on ignored rows:
-//                  the gradient of the mean loss, OVERWRITTEN. dlogits MAY ALIAS logits; null computes the forward
+//   dlogits[n,:] = grad_scale x (softmax(logits[n, :]) - onehot(targets[n])) / num_valid on valid rows, 0 on
+//                  ignored rows: the gradient of grad_scale x the mean loss (a micro-batch's or rank's weight in a
+//                  larger loss, at no extra pass), OVERWRITTEN. dlogits MAY ALIAS logits; null computes the forward
 //                  only;
 //   *num_valid   = the number of valid rows (device memory, required: the gradient needs it);
 //   *mean_loss   = the mean of losses over the valid rows, 0 when there are none (device memory; may be null).
 // A target >= V is a caller bug; its row's loss is NaN (visible) rather than a read out of bounds.
 template <typename T>
 void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, int* num_valid, const T* logits,
-                                 const int32_t* targets, int N, int V, cudaStream_t stream);
+                                 const int32_t* targets, int N, int V, float grad_scale, cudaStream_t stream);
 
 }  // namespace ddplab::cuda

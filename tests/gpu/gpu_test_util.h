@@ -9,10 +9,12 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "comm/wire.h"
@@ -36,6 +38,17 @@ inline int device_count() {
     return 0;
   }
   return n;
+}
+
+// Why `ranks` processes of this node, placed as choose_device places them (local rank % devices), cannot run here,
+// "" if they can: where two of them share a GPU whose compute mode takes one process at a time (Exclusive_Process)
+// the second one's context creation fails, so the several-ranks-on-one-GPU cases skip with this reason.
+inline std::string gpu_sharing_refused(int ranks) {
+  const int n = device_count();
+  for (int d = 0; d < std::min(n, ranks - n); ++d)  // the devices that two or more ranks would share
+    if (const std::string why = cuda::process_sharing_refused(d); !why.empty())
+      return std::to_string(ranks) + " ranks would share " + std::to_string(n) + " GPU(s), and " + why;
+  return "";
 }
 
 inline std::vector<float> random_vector(int64_t n, float lo, float hi, uint32_t seed) {

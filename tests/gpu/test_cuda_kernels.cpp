@@ -1,6 +1,6 @@
 // The transformer's and the MLP's CUDA kernel families against their CPU references (kernels/cpu/ops.h,
 // kernels/cpu/transformer_ops.h, comm/wire.h): LayerNorm, fused softmax cross-entropy, embedding, attention, the
-// cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check, the residual add and bf16 scale, the mean
+// cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check, the residual add, the mean
 // pool and the next-token targets.
 //
 // CudaKernelsHost.* runs without a GPU (argument checks, zero-size calls, workspace sizes) and must pass anywhere.
@@ -17,6 +17,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/wire.h"
@@ -83,7 +84,6 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::bf16_to_f32(nullptr, nullptr, 0, s));
   EXPECT_NO_THROW(cuda::scale_and_check_finite(nullptr, 2.0f, 0, nullptr, s));
   EXPECT_NO_THROW(cuda::residual_forward<bf16>(nullptr, nullptr, nullptr, 0, s));
-  EXPECT_NO_THROW(cuda::scale(static_cast<bf16*>(nullptr), 2.0f, 0, s));
   EXPECT_NO_THROW(cuda::mean_pool_forward<float>(nullptr, nullptr, nullptr, 0, 5, 8, s));
   EXPECT_NO_THROW(cuda::mean_pool_backward<bf16>(nullptr, nullptr, nullptr, 3, 0, 8, s));
   EXPECT_NO_THROW(cuda::next_token_targets(nullptr, nullptr, nullptr, 0, 7, s));
@@ -99,8 +99,8 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
   EXPECT_THROW(cuda::layernorm_forward<float>(&f, &f, &f, &f, &f, &f, -1, 4, s), std::invalid_argument);
   EXPECT_THROW(cuda::layernorm_backward<float>(&f, &f, &f, nullptr, &f, &f, &f, &f, &f, 4, 4, s),
                std::invalid_argument);  // no scratch
-  EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, &i, &f, &i, 4, 0, s), std::invalid_argument);
-  EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, nullptr, &f, &i, 4, 4, s), std::invalid_argument);
+  EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, &i, &f, &i, 4, 0, 1.0f, s), std::invalid_argument);
+  EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, nullptr, &f, &i, 4, 4, 1.0f, s), std::invalid_argument);
   EXPECT_THROW(cuda::embedding_forward<float>(&f, &i, &i, &f, &f, 2, 2, 0, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, &f, &f, &i, 2, 4, 10, 3, true, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, nullptr, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
@@ -240,9 +240,10 @@ TEST_F(CudaKernels, LayerNormBackwardIsDeterministic) {
   }
 }
 
-// Fused softmax cross-entropy against cpu::masked_cross_entropy_forward + backward. fp32: expf vs the CPU's
-// exp_fast, both ~1 ulp, and another summation order: 1e-5 relative (losses, mean) and 1e-6 absolute on dlogits,
-// which are O(1/num_valid). bf16: logits pre-rounded; dlogits rounded to bf16: 8e-3 relative.
+// Fused softmax cross-entropy against cpu::masked_cross_entropy_forward + backward (dlogits times the gradient's
+// scale, 1 and 0.7, which the kernel folds in). fp32: expf vs the CPU's exp_fast, both ~1 ulp, and another summation
+// order: 1e-5 relative (losses, mean) and 1e-6 absolute on dlogits, which are O(1/num_valid). bf16: logits
+// pre-rounded; dlogits rounded to bf16: 8e-3 relative.
 template <typename T>
 void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
   struct Shape {
@@ -264,8 +265,10 @@ void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
         cpu::masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V, &num_valid);
     cpu::masked_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), N, V);
 
-    for (bool alias : {false, true}) {  // dlogits written over the logits, as a training step may do
-      SCOPED_TRACE(alias ? "dlogits aliases logits" : "separate dlogits");
+    for (const auto& [alias, scale] : {std::pair{false, 1.0f}, {true, 1.0f}, {false, 0.7f}}) {
+      // dlogits written over the logits, as a training step does; a micro-batch's weight on the gradient
+      SCOPED_TRACE(std::string(alias ? "dlogits aliases logits" : "separate dlogits") + ", scale " +
+                   std::to_string(scale));
       std::unique_ptr<DeviceBuffer<T>> d_logits, d_dlogits;
       if constexpr (std::is_same_v<T, bf16>)
         d_logits = std::make_unique<DeviceBuffer<T>>(to_bf16(logits), stream);
@@ -276,7 +279,7 @@ void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
       DeviceBuffer<int32_t> d_targets(targets, stream), d_count(1, stream);
       DeviceArray d_losses(N, stream), d_mean(1, stream);
       cuda::softmax_cross_entropy_fused<T>(dl, d_losses.get(), d_mean.get(), d_count.get(), d_logits->get(),
-                                           d_targets.get(), N, V, stream);
+                                           d_targets.get(), N, V, scale, stream);
       EXPECT_EQ(d_count.download()[0], num_valid);
       EXPECT_TRUE(AllClose(d_losses.download(), losses, 1e-5, 1e-6)) << "losses";
       EXPECT_TRUE(AllClose(d_mean.download(), {mean}, 1e-5, 1e-7)) << "mean";
@@ -285,7 +288,9 @@ void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
         got = to_f32((alias ? *d_logits : *d_dlogits).download());
       else
         got = (alias ? *d_logits : *d_dlogits).download();
-      EXPECT_TRUE(AllClose(got, dlogits, grad_rtol, 1e-6)) << "dlogits";
+      std::vector<float> want = dlogits;
+      for (float& g : want) g *= scale;
+      EXPECT_TRUE(AllClose(got, want, grad_rtol, 1e-6)) << "dlogits";
     }
   }
 }
@@ -304,7 +309,7 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyForwardOnlyLargeLogits) {
   DeviceArray d_logits(logits, stream_), d_losses(N, stream_), d_mean(1, stream_);
   DeviceBuffer<int32_t> d_targets(targets, stream_), d_count(1, stream_);
   cuda::softmax_cross_entropy_fused<float>(nullptr, d_losses.get(), d_mean.get(), d_count.get(), d_logits.get(),
-                                           d_targets.get(), N, V, stream_);
+                                           d_targets.get(), N, V, 1.0f, stream_);
   EXPECT_TRUE(AllClose(d_losses.download(), losses, 1e-5, 1e-4));
   EXPECT_TRUE(AllClose(d_mean.download(), {mean}, 1e-5, 1e-4));
   EXPECT_TRUE(AllClose(d_logits.download(), logits, 0, 0)) << "logits must be left alone";
@@ -623,10 +628,10 @@ TEST_F(CudaKernels, ScaleAndCheckFinite) {
   }
 }
 
-// The residual add and the bf16 scale: one fp32 add or multiply per element on both sides, so fp32 is bitwise the
-// CPU's and bf16 is the CPU's result (on bf16-rounded inputs) rounded once. In place (out over a or b) as the
+// The residual add: one fp32 add per element on both sides, so fp32 is bitwise the CPU's and bf16 is the CPU's
+// result (on bf16-rounded inputs) rounded once. In place (out over a or b) as the
 // transformer calls it. Odd sizes, unaligned starts.
-TEST_F(CudaKernels, ResidualAndBf16ScaleMatchCpu) {
+TEST_F(CudaKernels, ResidualMatchesCpu) {
   for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{100003}}) {
     SCOPED_TRACE("n=" + std::to_string(n));
     const std::vector<float> a = random_vector(n, -4, 4, 91), b = random_vector(n, -4, 4, 92);
@@ -645,11 +650,6 @@ TEST_F(CudaKernels, ResidualAndBf16ScaleMatchCpu) {
     cuda::residual_forward<bf16>(d_a16.get(), d_a16.get(), d_b16.get(), n, stream_);
     EXPECT_TRUE(BitwiseEqual(to_f32(d_a16.download()), round_bf16(sum16))) << "bf16, out over a";
 
-    const float alpha = 0.37f;
-    std::vector<float> scaled = b16;
-    cpu::scale(scaled.data(), alpha, n);
-    cuda::scale(d_b16.get(), alpha, n, stream_);
-    EXPECT_TRUE(BitwiseEqual(to_f32(d_b16.download()), round_bf16(scaled))) << "bf16 scale";
   }
 }
 

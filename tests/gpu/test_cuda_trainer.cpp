@@ -95,13 +95,15 @@ TEST(CudaTrainerHost, RefusedOnEveryRankWithoutADevice) {
 
 // ---- on the device --------------------------------------------------------------------------------------------
 
-// Why this machine cannot run a GPU test: no device, or fewer GPUs than ranks on the node where NCCL carries the
-// gradients (its collective or the ring's nccl link); "" if it can.
+// Why this machine cannot run a GPU test: no device; fewer GPUs than ranks on the node where NCCL carries the
+// gradients (its collective or the ring's nccl link); GPUs the ranks would share in a compute mode that refuses
+// a second process. "" if it can.
 std::string skip_reason(bool gpu_per_rank) {
   std::string reason = NcclAllreduce::availability();
   if (reason.empty() && gpu_per_rank && ranks_on_this_node() > device_count())
     reason = "needs " + std::to_string(ranks_on_this_node()) + " GPUs: NCCL refuses two ranks on one GPU (" +
              std::to_string(device_count()) + " here)";
+  if (reason.empty()) reason = gpu_test::gpu_sharing_refused(ranks_on_this_node());
   return reason;
 }
 

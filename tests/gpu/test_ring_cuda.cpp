@@ -59,7 +59,8 @@ TEST(RingCudaHost, LinkNamesRoundTripAndUnknownNamesListTheChoices) {
   }
 }
 
-// Every rank gets the same verdict: without a device all throw, naming the reason; with one, the host link builds.
+// Every rank gets the same verdict: without a device all throw, naming the reason; with one, the host link builds,
+// unless the ranks would share a GPU that takes one process at a time: then all throw, naming its compute mode.
 TEST(RingCudaHost, ConstructorRefusesOnEveryRankWithoutADeviceOrSucceeds) {
   std::string msg = "(nothing thrown)";
   try {
@@ -70,6 +71,8 @@ TEST(RingCudaHost, ConstructorRefusesOnEveryRankWithoutADeviceOrSucceeds) {
   if (world_rank() == 0) std::cout << "constructor: " << msg << "\n";
   if (device_count() == 0) {
     EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
+  } else if (!ddplab::gpu_test::gpu_sharing_refused(ranks_on_this_node()).empty()) {
+    EXPECT_NE(msg.find("compute mode"), std::string::npos) << msg;
   } else {
     EXPECT_EQ(msg, "(nothing thrown)");
   }
@@ -85,6 +88,8 @@ class RingCudaTest : public ::testing::TestWithParam<RingLinkKind> {
     if (GetParam() == RingLinkKind::kNccl && ranks_on_this_node() > device_count())
       GTEST_SKIP() << "the nccl link needs " << ranks_on_this_node() << " GPUs (NCCL refuses two ranks on one GPU; "
                    << device_count() << " here)";
+    if (const std::string refused = ddplab::gpu_test::gpu_sharing_refused(ranks_on_this_node()); !refused.empty())
+      GTEST_SKIP() << refused;
     ring_ = std::make_unique<RingAllreduceCuda>(MPI_COMM_WORLD, CudaRingConfig{GetParam(), kChunkBytes});
     cudaCheck(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     ring_->begin_step();

@@ -132,8 +132,8 @@ struct DeviceBatch {
   DeviceBuffer<int32_t> tokens, lengths, labels;
 };
 
-void forward(TransformerCuda& gpu, DeviceBatch& d, const Batch& b) {
-  gpu.forward(d.tokens.get(), d.lengths.get(), d.labels.get(), b.B, b.S);
+void forward(TransformerCuda& gpu, DeviceBatch& d, const Batch& b, float loss_scale = 1.0f) {
+  gpu.forward(d.tokens.get(), d.lengths.get(), d.labels.get(), b.B, b.S, loss_scale);
 }
 float forward(Transformer<float>& cpu, const Batch& b) {
   return cpu.forward(b.tokens.data(), b.lengths.data(), b.labels.data(), b.B, b.S);
@@ -184,8 +184,8 @@ TEST_P(TransformerCudaVsCpu, LossAndGradientsMatchCpu) {
         SCOPED_TRACE("batch " + std::to_string(s.B) + " x " + std::to_string(s.S));
         const Batch b = random_batch(c, s.B, s.S, 17 + s.B);
         DeviceBatch d(b, stream_);
-        forward(gpu, d, b);
-        gpu.backward(nullptr, s.loss_scale);
+        forward(gpu, d, b, s.loss_scale);
+        gpu.backward();
         const float want = forward(cpu, b);
         cpu.backward(nullptr, s.loss_scale);
         const double loss_error = std::fabs(gpu.loss() - want) / want;
