@@ -65,6 +65,7 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   clean.rank0_work_ms = 0;
   clean.data_cost_ms = 0;
   clean.loader_threads = 0;
+  clean.slow_rank = 0;  // the straggler case's own: it may not be a rank of the smaller scaling cases
   clean.quiet = true;
   const int batch = o.base.batch;
 
@@ -171,7 +172,7 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   o.base.rank0_work_ms = 20;
   o.base.data_cost_ms = 0.2;
   suite->add_option("name", o.name, "which suite: lab | tokens")->capture_default_str();
-  add_train_flags(suite, o.base);
+  add_train_flags(suite, o.base, FlagSet::kSuite);
   suite->add_option("--out-dir", o.out_dir, "folder for the case run files and the summary (default "
                                             "runs/suite_<name>_<time>)");
   suite->add_flag("--full", o.full, "100 steps per case instead of 20");
@@ -336,7 +337,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
 CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   CLI::App* sweep = app.add_subcommand("sweep", "bucket size x overlap grid: step time, exposed and hidden comm");
   o.base.steps = 20;
-  add_train_flags(sweep, o.base, /*sweep_axes=*/false);
+  add_train_flags(sweep, o.base, FlagSet::kSweep);
   sweep->add_option("--bucket-mb", o.bucket_mb, "bucket caps to try, MiB, comma-separated")
       ->delimiter(',')
       ->capture_default_str();
