@@ -1,11 +1,14 @@
 #include "launcher/suite.h"
 
+#include <fcntl.h>
 #include <mpi.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -121,17 +124,29 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
   return buf;
 }
 
-// Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib).
+// Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib), its
+// output into dir/charts.log. Started from an argument list, not through a shell, so a path may hold any byte.
 // Charts are a convenience: without python3-matplotlib the suite says so and goes on.
 void draw_charts(const std::string& dir, const std::vector<std::string>& files) {
-  std::string cmd = std::string(DDPLAB_PYTHON) + " " + DDPLAB_SOURCE_DIR + "/scripts/charts.py '" + dir + "/charts'";
-  for (const std::string& f : files) cmd += " '" + f + "'";
-  cmd += " > '" + dir + "/charts.log' 2>&1";
-  mkdir((dir + "/charts").c_str(), 0755);
-  if (std::system(cmd.c_str()) != 0) {
-    std::printf("charts: not drawn (see %s/charts.log)\n", dir.c_str());
+  const std::string charts = dir + "/charts", log = dir + "/charts.log";
+  mkdir(charts.c_str(), 0755);
+  std::vector<std::string> args = {DDPLAB_PYTHON, std::string(DDPLAB_SOURCE_DIR) + "/scripts/charts.py", charts};
+  args.insert(args.end(), files.begin(), files.end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t output;
+  posix_spawn_file_actions_init(&output);
+  posix_spawn_file_actions_addopen(&output, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&output, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = 0;
+  int status = 0;
+  const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
+  posix_spawn_file_actions_destroy(&output);
+  if (started && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::printf("charts: %s/ (PNG and SVG; list in %s)\n", charts.c_str(), log.c_str());
   } else {
-    std::printf("charts: %s/charts/ (PNG and SVG; list in %s/charts.log)\n", dir.c_str(), dir.c_str());
+    std::printf("charts: not drawn (%s)\n", started ? ("see " + log).c_str() : ("cannot start " + args[0]).c_str());
   }
 }
 
