@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -50,6 +51,17 @@ void wait_quietly(MPI_Comm comm) {
     if (done) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+}
+
+// Ranks of the launch on rank 0's host. Ranks fill a host's slots in order, so a case of n ranks has min(n, this)
+// of them there.
+int ranks_on_this_host(MPI_Comm world) {
+  MPI_Comm host;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+  int n = 1;
+  MPI_Comm_size(host, &n);
+  MPI_Comm_free(&host);
+  return n;
 }
 
 // Powers of two up to the world size, and the world size itself.
@@ -127,10 +139,12 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
 // Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib), its
 // output into dir/charts.log. Started from an argument list, not through a shell, so a path may hold any byte.
 // Charts are a convenience: without python3-matplotlib the suite says so and goes on.
-void draw_charts(const std::string& dir, const std::vector<std::string>& files) {
+// `suite_summary`: the suite's summary.json (groups, oversubscription), or "".
+void draw_charts(const std::string& dir, const std::vector<std::string>& files, const std::string& suite_summary) {
   const std::string charts = dir + "/charts", log = dir + "/charts.log";
   mkdir(charts.c_str(), 0755);
   std::vector<std::string> args = {DDPLAB_PYTHON, std::string(DDPLAB_SOURCE_DIR) + "/scripts/charts.py", charts};
+  if (!suite_summary.empty()) args.insert(args.end(), {"--suite", suite_summary});
   args.insert(args.end(), files.begin(), files.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
@@ -219,6 +233,13 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                 cases.size(), size, o.base.steps, o.base.warmup_steps, o.out_dir.c_str());
     std::fflush(stdout);
   }
+  // More ranks x BLAS threads than cores: the ranks take turns on the cores, and a case's efficiency measures how
+  // this machine shares them, not how DDP scales. Said in the table, the JSON and the charts.
+  const int host_ranks = ranks_on_this_host(world);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto oversubscribed = [&](const Case& c) {
+    return std::min(c.world_size, host_ranks) * c.config.blas_threads > cores;
+  };
   std::vector<CaseResult> results;
   for (const Case& c : cases) {
     const double start = MPI_Wtime();
@@ -289,7 +310,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     const double extra = mean.extra_comm_ms + mean.host_work_ms;
     const double barrier = mean.barrier_ms;
     char eff[16] = "-";
-    if (ref) std::snprintf(eff, sizeof eff, "%.2f", efficiency);
+    if (ref) std::snprintf(eff, sizeof eff, "%.2f%s", efficiency, oversubscribed(r.c) ? "*" : "");
     std::printf("%-16s %3d %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %8.2f %+8.0f%%\n", r.c.name.c_str(),
                 r.c.world_size, s.global_batch, s.slowest_step_ms, s.samples_per_s, eff, s.mean_spread_ms, data,
                 compute, exposed, extra + barrier, 100 * vs_base);
@@ -303,10 +324,18 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                           {"group", r.c.group},
                           {"world_size", r.c.world_size},
                           {"efficiency", efficiency},
+                          {"oversubscribed", oversubscribed(r.c)},
                           {"vs_baseline", vs_base},
                           {"run_file", r.path},
                           {"summary", to_json(s)}});
   }
+  const bool crowded = std::any_of(results.begin(), results.end(), [&](const CaseResult& r) {
+    return oversubscribed(r.c);
+  });
+  if (crowded)
+    std::printf("\n* oversubscribed: up to %d ranks x %d BLAS thread%s on this host's %d cores; the ranks take turns on "
+                "the cores, so efficiency measures this machine, not DDP\n",
+                std::min(size, host_ranks), o.base.blas_threads, o.base.blas_threads == 1 ? "" : "s", cores);
   if (o.name == "lab") {
     std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
                 "throughput change against weak_ws%d\n",
@@ -338,14 +367,14 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     json_cases[i]["blame"] = results[i].blame;
   }
   nlohmann::json summary = {{"suite", o.name}, {"world_size", size}, {"steps", o.base.steps},
-                            {"loss_identical", loss_identical}, {"cases", json_cases}};
+                            {"host_cores", cores}, {"loss_identical", loss_identical}, {"cases", json_cases}};
   std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   if (const CaseResult* straggler = find("straggler")) {
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                 default_timeline_path(straggler->path).c_str());
   }
-  draw_charts(o.out_dir, files);
+  draw_charts(o.out_dir, files, o.out_dir + "/summary.json");
   return loss_identical ? 0 : 1;
 }
 
@@ -427,7 +456,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
               best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
   std::vector<std::string> files;
   for (const Point& p : points) files.push_back(p.path);
-  draw_charts(o.out_dir, files);
+  draw_charts(o.out_dir, files, "");
   nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"world_size", size},
                             {"link", o.base.link},           {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
