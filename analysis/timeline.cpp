@@ -47,22 +47,47 @@ nlohmann::json complete(const std::string& name, const char* cat, int pid, int t
           {"args", std::move(args)}};
 }
 
+// When a phase runs. The lab's phases are timed between two clock reads every step, so with their feature off they
+// still measure a few hundred nanoseconds; they become events only in the steps where the feature acted.
+enum class When {
+  kAlways,          // the five phases every step has
+  kExtraAllreduce,  // --extra-allreduce-mb
+  kBarrierStep,     // --rank0-work-ms: every --barrier-every steps, every rank waits in a barrier ...
+  kRank0Work,       // ... after rank 0's host work
+};
+
+bool phase_runs(When when, const nlohmann::json& config, int rank, int step) {
+  const bool barrier_step =
+      config.value("rank0_work_ms", 0.0) > 0 && (step + 1) % std::max(config.value("barrier_every", 1), 1) == 0;
+  switch (when) {
+    case When::kAlways:
+      return true;
+    case When::kExtraAllreduce:
+      return config.value("extra_allreduce_mb", 0.0) > 0;
+    case When::kBarrierStep:
+      return barrier_step;
+    case When::kRank0Work:
+      return barrier_step && rank == 0;
+  }
+  return true;
+}
+
 // The step's phases (record/step_record.h), in the order the trainer runs them: they tile the step. With
 // gradient accumulation data/forward/backward are sums over micro-batches, drawn as one block each.
 struct Phase {
   double StepRecord::*field;
   const char* name;
-  bool always;  // drawn even when zero (the five phases every run has)
+  When when;
 };
 constexpr Phase kPhases[] = {
-    {&StepRecord::data_ms, "data", true},
-    {&StepRecord::forward_ms, "forward", true},
-    {&StepRecord::backward_ms, "backward", true},
-    {&StepRecord::exposed_comm_ms, "exposed comm wait", true},
-    {&StepRecord::optimizer_ms, "optimizer", true},
-    {&StepRecord::extra_comm_ms, "extra all-reduce", false},
-    {&StepRecord::host_work_ms, "host work", false},
-    {&StepRecord::barrier_ms, "barrier wait", false},
+    {&StepRecord::data_ms, "data", When::kAlways},
+    {&StepRecord::forward_ms, "forward", When::kAlways},
+    {&StepRecord::backward_ms, "backward", When::kAlways},
+    {&StepRecord::exposed_comm_ms, "exposed comm wait", When::kAlways},
+    {&StepRecord::optimizer_ms, "optimizer", When::kAlways},
+    {&StepRecord::extra_comm_ms, "extra all-reduce", When::kExtraAllreduce},
+    {&StepRecord::host_work_ms, "host work", When::kRank0Work},
+    {&StepRecord::barrier_ms, "barrier wait", When::kBarrierStep},
 };
 
 }  // namespace
@@ -85,8 +110,8 @@ nlohmann::json chrome_trace(const RunRecord& run) {
       nlohmann::json phases = nlohmann::json::array();
       for (const Phase& p : kPhases) {
         const double ms = step.*p.field;
-        if (!p.always && ms <= 0) continue;
-        phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", s}, {"ms", ms}}));
+        if (phase_runs(p.when, run.config, r, static_cast<int>(run.meta.first_step) + s))
+          phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", s}, {"ms", ms}}));
         t += ms;
       }
       // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.

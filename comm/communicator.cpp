@@ -24,7 +24,7 @@ namespace ddplab {
 AllreduceImpl parse_allreduce_impl(const std::string& name) {
   if (name == "ring") return AllreduceImpl::kRing;
   if (name == "mpi") return AllreduceImpl::kMpi;
-  throw std::invalid_argument("unknown --comm '" + name + "' (expected ring or mpi)");
+  throw std::invalid_argument("unknown --comm '" + name + "' (expected ring, mpi, or nccl with --device cuda)");
 }
 
 const char* to_string(AllreduceImpl impl) {

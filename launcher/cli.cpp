@@ -26,11 +26,14 @@ void validate_cuda(const TrainConfig& c) {
 
 }  // namespace
 
-void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
-  app->add_option("--batch", c.batch, "samples per rank per step (global batch = batch x ranks)")
+void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
+  const bool one_run = flags == FlagSet::kTrain;
+  app->add_option("--batch", c.batch, "samples per rank per micro-batch (global batch = batch x grad-accum x ranks)")
       ->capture_default_str();
   app->add_option("--steps", c.steps, "training steps")->capture_default_str();
-  app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary")->capture_default_str();
+  CLI::Option* warmup =
+      app->add_option("--warmup-steps", c.warmup_steps, "first steps left out of the summary (fewer than --steps)")
+          ->capture_default_str();
   app->add_option("--seed", c.seed, "seed of model init and synthetic data")->capture_default_str();
   app->add_option("--device", c.device, "cpu | cuda (the GPU: --comm nccl, one GPU per rank, or --comm ring)")
       ->capture_default_str();
@@ -73,7 +76,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
                   "--device cuda --comm ring: auto | nccl | ipc (CUDA IPC; ranks may share a GPU) | host (staged)")
       ->check(CLI::IsMember({"auto", "nccl", "ipc", "host"}))
       ->capture_default_str();
-  if (sweep_axes) {
+  if (flags != FlagSet::kSweep) {
     app->add_option("--bucket-mb", c.bucket_mb, "gradient bucket cap in MiB (0: one bucket per parameter)")
         ->capture_default_str();
     app->add_option_function<std::string>(
@@ -96,7 +99,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--link", c.link, "emulated interconnect: none | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4")
       ->capture_default_str();
   app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us)");
-  app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s)");
+  app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s, positive)");
   app->add_option("--threads", c.blas_threads, "OpenBLAS threads per rank")->capture_default_str();
   app->add_option("--data-cost-ms", c.data_cost_ms, "input pipeline: host cost per sample, ms (a sleep)")
       ->capture_default_str();
@@ -119,16 +122,27 @@ void add_train_flags(CLI::App* app, TrainConfig& c, bool sweep_axes) {
   app->add_option("--check-sync", c.check_sync, "compare parameters across ranks every N steps (0: off)")
       ->capture_default_str();
   app->add_flag("--skip-nonfinite", c.skip_nonfinite, "skip a step with a non-finite loss or gradient (default: stop)");
-  app->add_option("--checkpoint", c.checkpoint, "save parameters and optimizer state to this HDF5 file at the end");
-  app->add_option("--checkpoint-every", c.checkpoint_every, "... and every N steps (0: only at the end)")
-      ->capture_default_str();
-  app->add_option("--resume", c.resume, "continue from this checkpoint, at its step (same settings)");
-  app->add_option("--fault", c.fault, "inject a fault: none | hang | kill | throw | nan | diverge")->capture_default_str();
-  app->add_option("--fault-rank", c.fault_rank, "the rank that injects the fault")->capture_default_str();
-  app->add_option("--fault-step", c.fault_step, "the step at which it does")->capture_default_str();
-  app->add_option("--out", c.out, "run file (HDF5); default runs/train_np<N>_<time>.h5");
-  app->add_flag("--force", c.force, "overwrite an existing run file");
+  if (one_run) {
+    app->add_option("--checkpoint", c.checkpoint, "save parameters and optimizer state to this HDF5 file at the end");
+    app->add_option("--checkpoint-every", c.checkpoint_every, "... and every N steps (0: only at the end)")
+        ->capture_default_str();
+    app->add_option("--resume", c.resume, "continue from this checkpoint, at its step (same settings)");
+    app->add_option("--fault", c.fault, "inject a fault: none | hang | kill | throw | nan | diverge")
+        ->capture_default_str();
+    app->add_option("--fault-rank", c.fault_rank, "the rank that injects the fault")->capture_default_str();
+    app->add_option("--fault-step", c.fault_step, "the step at which it does")->capture_default_str();
+    app->add_option("--out", c.out, "run file (HDF5); default runs/train_np<N>_<time>.h5");
+  }
+  app->add_flag("--force", c.force,
+                one_run ? "overwrite an existing run file" : "reuse an existing --out-dir, overwriting its files");
   app->add_flag("--quiet", c.quiet, "print only errors");
+  // A --warmup-steps that leaves no step to measure cannot be what was meant: refused. The default (5) is not a
+  // request, so a shorter run keeps its last step (RunRecord::first_steady_step), as its "steady state" line says.
+  app->parse_complete_callback([&c, warmup] {
+    require(warmup->count() == 0 || c.warmup_steps < c.steps,
+            "--warmup-steps " + std::to_string(c.warmup_steps) + " leaves none of the " + std::to_string(c.steps) +
+                " steps (--steps) to measure: it must be smaller");
+  });
 }
 
 void validate(const TrainConfig& c) {
@@ -175,6 +189,8 @@ void validate(const TrainConfig& c) {
   at_least("--slow-rank", c.slow_rank, 0);
   require(c.data_cost_ms >= 0 && c.straggler_ms >= 0 && c.extra_allreduce_mb >= 0 && c.rank0_work_ms >= 0,
           "--data-cost-ms, --straggler-ms, --extra-allreduce-mb and --rank0-work-ms must not be negative");
+  // parse_link takes 0 as "unlimited", which a named link would then only pretend to be.
+  require(c.link_gbps != 0, "--link-gbps must be positive (got 0); for no bandwidth limit, leave it out with --link none");
   require(c.timeout_s >= 0, "--timeout-s must not be negative (0 turns the watchdog off)");
   at_least("--flush-every", c.flush_every, 0);
   at_least("--check-sync", c.check_sync, 0);

@@ -6,8 +6,11 @@
 
 namespace ddplab {
 
-// sweep_axes == false leaves out --bucket-mb and --overlap, which `ddplab sweep` takes as lists.
-void add_train_flags(CLI::App* app, TrainConfig& config, bool sweep_axes = true);
+// Which of the train flags a command offers. `suite` and `sweep` run many cases and name their files themselves, so
+// they leave out the flags about one run's files and its injected fault (--out, --checkpoint, --checkpoint-every,
+// --resume, --fault, --fault-rank, --fault-step); `sweep` also takes --bucket-mb and --overlap as lists of its own.
+enum class FlagSet { kTrain, kSuite, kSweep };
+void add_train_flags(CLI::App* app, TrainConfig& config, FlagSet flags = FlagSet::kTrain);
 // Throws UsageError (record/errors.h) naming the first bad flag.
 void validate(const TrainConfig& config);
 

@@ -4,6 +4,7 @@
 //   mpirun -np 4 build/launcher/ddplab suite lab       the DDP lab: scaling and pathology cases in one launch
 //   mpirun -np 2 build/launcher/ddplab sweep ...       bucket size x overlap grid
 //   build/launcher/ddplab devices                      what this build and machine offer (BLAS, MPI, CUDA)
+//   build/launcher/ddplab --version                    version and git commit
 //
 // Error policy (the program's edge): bad input → one line "ddplab: error: ..." from rank 0 and exit code 2 on
 // every rank (every rank validates the same arguments, or learns rank 0's verdict, so none waits for another);
@@ -14,9 +15,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "git_commit.h"
 #include "comm/mpi_init.h"
@@ -48,11 +52,13 @@ void select_blas_kernels(char** argv) {
   execv("/proc/self/exe", argv);           // returns only on failure: then keep the detected kernels
 }
 
+std::string version_line() { return std::string("ddplab ") + kVersion + " (commit " + DDPLAB_GIT_COMMIT + ")"; }
+
 int run_devices() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;
-  std::printf("ddplab %s (commit %s)\n", kVersion, DDPLAB_GIT_COMMIT);
+  std::printf("%s\n", version_line().c_str());
   std::printf("  BLAS  %s\n", blas_description().c_str());
   std::printf("  MPI   %s\n", mpi_library_version().c_str());
   std::printf("  HDF5  %s\n", hdf5_version().c_str());
@@ -60,6 +66,37 @@ int run_devices() {
   std::printf("  settings (DDPLAB_* in the environment, read once per run):\n");
   for (const std::string& line : settings::describe()) std::printf("    %s\n", line.c_str());
   return 0;
+}
+
+// Edits (insert, delete, substitute, swap two neighbours) that turn a into b: "trian" is 1 from "train".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The first word after the program name must be a command; CLI11 would only say "A subcommand is required".
+void require_known_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return;  // flags (--help, --version) or nothing: CLI11's own messages
+  const std::string word = argv[1];
+  std::string names, nearest;
+  size_t best = SIZE_MAX;
+  for (const CLI::App* command : app.get_subcommands({})) {
+    const std::string& name = command->get_name();
+    if (name == word) return;
+    names += (names.empty() ? "" : ", ") + name;
+    if (const size_t d = edit_distance(word, name); d < best) best = d, nearest = name;
+  }
+  const bool close = best <= std::max<size_t>(2, nearest.size() / 3);
+  throw UsageError("unknown command '" + word + "'" + (close ? " (did you mean '" + nearest + "'?)" : "") +
+                   "; commands: " + names);
 }
 
 }  // namespace
@@ -77,8 +114,10 @@ int main(int argc, char** argv) {
 
   CLI::App app{"ddplab: data-parallel training engine and performance lab"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_line(), "print the version and the git commit of this build");
   TrainConfig config;
-  CLI::App* train = app.add_subcommand("train", "data-parallel training of an MLP on synthetic data");
+  CLI::App* train =
+      app.add_subcommand("train", "data-parallel training of an MLP or a transformer (--model) on synthetic data");
   add_train_flags(train, config);
   SuiteOptions suite_options;
   CLI::App* suite = add_suite_command(app, suite_options);
@@ -90,9 +129,14 @@ int main(int argc, char** argv) {
   int code = 0;
   try {
     try {
+      require_known_command(app, argc, argv);
       app.parse(argc, argv);
     } catch (const CLI::CallForHelp&) {
       if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
+      MPI_Finalize();
+      return 0;
+    } catch (const CLI::CallForVersion& e) {
+      if (rank == 0) std::printf("%s\n", e.what());
       MPI_Finalize();
       return 0;
     } catch (const CLI::ParseError& e) {

@@ -53,6 +53,18 @@ std::string default_run_path(const std::string& command, int world_size) {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// "none", or the emulated link as it acts, overrides applied: "10gbe (10 us, 10 Gbit/s)".
+std::string link_text(const TrainConfig& config) {
+  const LinkModel link = parse_link(config.link, config.link_latency_us, config.link_gbps);
+  if (link.latency_us == 0 && link.gbps == 0) return link.name;
+  char text[128];
+  if (link.gbps > 0)
+    std::snprintf(text, sizeof text, "%s (%g us, %g Gbit/s)", link.name.c_str(), link.latency_us, link.gbps);
+  else
+    std::snprintf(text, sizeof text, "%s (%g us, unlimited bandwidth)", link.name.c_str(), link.latency_us);
+  return text;
+}
+
 }  // namespace
 
 std::string mpi_library_version() {
@@ -272,7 +284,7 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               config.optimizer.kind.c_str(), config.steps);
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
-              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(), config.link.c_str(),
+              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(), link_text(config).c_str(),
               trainer.buckets().size(),
               trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
               config.overlap ? "on" : "off");
@@ -381,6 +393,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   require(config.fault == "none" || config.fault_rank < size,
           "--fault-rank " + std::to_string(config.fault_rank) + " is not a rank of this " + std::to_string(size) +
               "-rank job");
+  require(config.slow_rank < size, "--slow-rank " + std::to_string(config.slow_rank) + " is not a rank of this " +
+                                        std::to_string(size) + "-rank job");
   require(config.model == "mlp" || config.epoch_size >= size,
           "more ranks (" + std::to_string(size) + ") than sequences per epoch (--epoch-size " +
               std::to_string(config.epoch_size) + "): every rank needs at least one; raise --epoch-size");

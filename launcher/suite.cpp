@@ -1,11 +1,15 @@
 #include "launcher/suite.h"
 
+#include <fcntl.h>
 #include <mpi.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -49,6 +53,17 @@ void wait_quietly(MPI_Comm comm) {
   }
 }
 
+// Ranks of the launch on rank 0's host. Ranks fill a host's slots in order, so a case of n ranks has min(n, this)
+// of them there.
+int ranks_on_this_host(MPI_Comm world) {
+  MPI_Comm host;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+  int n = 1;
+  MPI_Comm_size(host, &n);
+  MPI_Comm_free(&host);
+  return n;
+}
+
 // Powers of two up to the world size, and the world size itself.
 std::vector<int> scaling_sizes(int world) {
   std::vector<int> sizes;
@@ -65,6 +80,7 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   clean.rank0_work_ms = 0;
   clean.data_cost_ms = 0;
   clean.loader_threads = 0;
+  clean.slow_rank = 0;  // the straggler case's own: it may not be a rank of the smaller scaling cases
   clean.quiet = true;
   const int batch = o.base.batch;
 
@@ -120,17 +136,31 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
   return buf;
 }
 
-// Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib).
+// Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib), its
+// output into dir/charts.log. Started from an argument list, not through a shell, so a path may hold any byte.
 // Charts are a convenience: without python3-matplotlib the suite says so and goes on.
-void draw_charts(const std::string& dir, const std::vector<std::string>& files) {
-  std::string cmd = std::string(DDPLAB_PYTHON) + " " + DDPLAB_SOURCE_DIR + "/scripts/charts.py '" + dir + "/charts'";
-  for (const std::string& f : files) cmd += " '" + f + "'";
-  cmd += " > '" + dir + "/charts.log' 2>&1";
-  mkdir((dir + "/charts").c_str(), 0755);
-  if (std::system(cmd.c_str()) != 0) {
-    std::printf("charts: not drawn (see %s/charts.log)\n", dir.c_str());
+// `suite_summary`: the suite's summary.json (groups, oversubscription), or "".
+void draw_charts(const std::string& dir, const std::vector<std::string>& files, const std::string& suite_summary) {
+  const std::string charts = dir + "/charts", log = dir + "/charts.log";
+  mkdir(charts.c_str(), 0755);
+  std::vector<std::string> args = {DDPLAB_PYTHON, std::string(DDPLAB_SOURCE_DIR) + "/scripts/charts.py", charts};
+  if (!suite_summary.empty()) args.insert(args.end(), {"--suite", suite_summary});
+  args.insert(args.end(), files.begin(), files.end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t output;
+  posix_spawn_file_actions_init(&output);
+  posix_spawn_file_actions_addopen(&output, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&output, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = 0;
+  int status = 0;
+  const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
+  posix_spawn_file_actions_destroy(&output);
+  if (started && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::printf("charts: %s/ (PNG and SVG; list in %s)\n", charts.c_str(), log.c_str());
   } else {
-    std::printf("charts: %s/charts/ (PNG and SVG; list in %s/charts.log)\n", dir.c_str(), dir.c_str());
+    std::printf("charts: not drawn (%s)\n", started ? ("see " + log).c_str() : ("cannot start " + args[0]).c_str());
   }
 }
 
@@ -171,7 +201,7 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   o.base.rank0_work_ms = 20;
   o.base.data_cost_ms = 0.2;
   suite->add_option("name", o.name, "which suite: lab | tokens")->capture_default_str();
-  add_train_flags(suite, o.base);
+  add_train_flags(suite, o.base, FlagSet::kSuite);
   suite->add_option("--out-dir", o.out_dir, "folder for the case run files and the summary (default "
                                             "runs/suite_<name>_<time>)");
   suite->add_flag("--full", o.full, "100 steps per case instead of 20");
@@ -203,6 +233,13 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                 cases.size(), size, o.base.steps, o.base.warmup_steps, o.out_dir.c_str());
     std::fflush(stdout);
   }
+  // More ranks x BLAS threads than cores: the ranks take turns on the cores, and a case's efficiency measures how
+  // this machine shares them, not how DDP scales. Said in the table, the JSON and the charts.
+  const int host_ranks = ranks_on_this_host(world);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto oversubscribed = [&](const Case& c) {
+    return std::min(c.world_size, host_ranks) * c.config.blas_threads > cores;
+  };
   std::vector<CaseResult> results;
   for (const Case& c : cases) {
     const double start = MPI_Wtime();
@@ -273,7 +310,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     const double extra = mean.extra_comm_ms + mean.host_work_ms;
     const double barrier = mean.barrier_ms;
     char eff[16] = "-";
-    if (ref) std::snprintf(eff, sizeof eff, "%.2f", efficiency);
+    if (ref) std::snprintf(eff, sizeof eff, "%.2f%s", efficiency, oversubscribed(r.c) ? "*" : "");
     std::printf("%-16s %3d %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %8.2f %+8.0f%%\n", r.c.name.c_str(),
                 r.c.world_size, s.global_batch, s.slowest_step_ms, s.samples_per_s, eff, s.mean_spread_ms, data,
                 compute, exposed, extra + barrier, 100 * vs_base);
@@ -287,10 +324,18 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                           {"group", r.c.group},
                           {"world_size", r.c.world_size},
                           {"efficiency", efficiency},
+                          {"oversubscribed", oversubscribed(r.c)},
                           {"vs_baseline", vs_base},
                           {"run_file", r.path},
                           {"summary", to_json(s)}});
   }
+  const bool crowded = std::any_of(results.begin(), results.end(), [&](const CaseResult& r) {
+    return oversubscribed(r.c);
+  });
+  if (crowded)
+    std::printf("\n* oversubscribed: up to %d ranks x %d BLAS thread%s on this host's %d cores; the ranks take turns on "
+                "the cores, so efficiency measures this machine, not DDP\n",
+                std::min(size, host_ranks), o.base.blas_threads, o.base.blas_threads == 1 ? "" : "s", cores);
   if (o.name == "lab") {
     std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
                 "throughput change against weak_ws%d\n",
@@ -322,21 +367,21 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     json_cases[i]["blame"] = results[i].blame;
   }
   nlohmann::json summary = {{"suite", o.name}, {"world_size", size}, {"steps", o.base.steps},
-                            {"loss_identical", loss_identical}, {"cases", json_cases}};
+                            {"host_cores", cores}, {"loss_identical", loss_identical}, {"cases", json_cases}};
   std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   if (const CaseResult* straggler = find("straggler")) {
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                 default_timeline_path(straggler->path).c_str());
   }
-  draw_charts(o.out_dir, files);
+  draw_charts(o.out_dir, files, o.out_dir + "/summary.json");
   return loss_identical ? 0 : 1;
 }
 
 CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   CLI::App* sweep = app.add_subcommand("sweep", "bucket size x overlap grid: step time, exposed and hidden comm");
   o.base.steps = 20;
-  add_train_flags(sweep, o.base, /*sweep_axes=*/false);
+  add_train_flags(sweep, o.base, FlagSet::kSweep);
   sweep->add_option("--bucket-mb", o.bucket_mb, "bucket caps to try, MiB, comma-separated")
       ->delimiter(',')
       ->capture_default_str();
@@ -411,7 +456,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
               best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
   std::vector<std::string> files;
   for (const Point& p : points) files.push_back(p.path);
-  draw_charts(o.out_dir, files);
+  draw_charts(o.out_dir, files, "");
   nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"world_size", size},
                             {"link", o.base.link},           {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};

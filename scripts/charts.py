@@ -1,16 +1,22 @@
 #!/usr/bin/python3
 """Charts of ddplab run files, as PNG and SVG (headless: matplotlib's Agg backend).
 
-usage: /usr/bin/python3 scripts/charts.py OUT_DIR FILE.h5 [FILE.h5 ...]
+usage: /usr/bin/python3 scripts/charts.py OUT_DIR [--suite SUMMARY.json] FILE.h5 [FILE.h5 ...]
 
-Per file:  <stem>_breakdown   where each rank's step goes (data / compute / hidden comm / exposed comm / optimizer,
-                              plus the lab's extra all-reduce, host work and barrier wait when present)
+Per file:  <stem>_breakdown   where each rank's step goes (data / compute / backward with the all-reduce running
+                              alongside it / exposed comm / optimizer, plus the lab's extra all-reduce, host work
+                              and barrier wait when present)
            <stem>_step_times  step time of every step on every rank (warm-up shaded)
-Several:   throughput         samples/s per file
+           <stem>_buckets     one step's backward and each bucket's ready, comm start and comm end, per rank: for
+                              a single file, or the suite's largest weak-scaling case
+Several:   throughput         samples/s per file, grouped as the suite groups its cases
+           loss               the loss (mean over ranks) of every step, one line per file
            bucket_sweep       step time and exposed comm over bucket size, one line per overlap setting, when the
                               files differ only in bucket_mb/overlap
-           scaling            samples/s over world size against ideal, when the files differ only in world size
-                              (and per-rank batch, for strong scaling)
+           weak_scaling,      samples/s and efficiency over world size against the ideal line: from the suite's
+           strong_scaling     weak/strong cases, or when the files differ only in world size (and per-rank batch)
+--suite names the summary.json of `ddplab suite` that lists these files: their groups, and whether a case had
+more ranks x BLAS threads than the host has cores (oversubscribed: its efficiency measures the machine, not DDP).
 Steady-state figures (per-rank means, the slowest rank's step, samples/s, where the steady state starts) come from
 the run file's stored `summary`, the one ddplab computed; only the step-time chart reads the per-step datasets.
 Prints the path of every file it writes. Needs Debian's python3-h5py and python3-matplotlib (/usr/bin/python3).
@@ -25,6 +31,8 @@ import matplotlib
 matplotlib.use("Agg")
 import h5py  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 SCHEMA_VERSION = 3
@@ -75,6 +83,14 @@ class Run:
         self.step_ms = float(self.summary["slowest_step_ms"])  # the slowest rank's mean step: it sets the pace
         self.samples_per_s = float(self.summary["samples_per_s"])
         self.step_times = f["steps/step_ms"][:].astype(float)
+        self.start = f["steps/start_ms"][:].astype(float)
+        self.phases = {name: f[f"steps/{name}"][:].astype(float) for name in ("data_ms", "forward_ms", "backward_ms")}
+        self.loss = f["steps/loss"][:].astype(float)
+        self.bucket_bytes = f["buckets/bytes"][:].astype(int)
+        self.bucket_times = {name: f[f"buckets/{name}"][:].astype(float)
+                             for name in ("ready_ms", "comm_start_ms", "comm_end_ms")}
+        self.group = None  # the suite's group of this case (--suite)
+        self.oversubscribed = False
         if self.step_times.shape != (self.world, self.steps):
             raise BadInput(f"cannot read run file {path}: steps/step_ms has shape {list(self.step_times.shape)}, "
                            f"expected [{self.world}, {self.steps}]")
@@ -86,6 +102,13 @@ class Run:
     def experiment(self, *ignore):
         """The config without the keys that a sweep varies (and the incidental ones)."""
         return {k: v for k, v in self.config.items() if k not in INCIDENTAL and k not in ignore}
+
+
+def ranks_text(n):
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+OVERSUBSCRIBED = "oversubscribed: more ranks x threads than cores, so this measures the machine, not DDP"
 
 
 def save(fig, out_dir, name, written):
@@ -100,8 +123,8 @@ def breakdown_chart(run, out_dir, name, written):
     data, fwd, bwd = run.mean("data_ms"), run.mean("forward_ms"), run.mean("backward_ms")
     hidden = np.minimum(run.mean("hidden_comm_ms"), bwd)  # comm that ran during backward, drawn inside it
     parts = [("data", data, "#8c6bb1"),
-             ("compute", fwd + bwd - hidden, "#4c72b0"),
-             ("compute with comm hidden under it", hidden, "#55a868"),
+             ("compute (forward + backward)", fwd + bwd - hidden, "#4c72b0"),
+             ("backward with the all-reduce running alongside (hidden comm)", hidden, "#55a868"),
              ("exposed comm", run.mean("exposed_comm_ms"), "#c44e52"),
              ("optimizer", run.mean("optimizer_ms"), "#dd8452"),
              ("extra all-reduce", run.mean("extra_comm_ms"), "#937860"),
@@ -118,7 +141,8 @@ def breakdown_chart(run, out_dir, name, written):
         bottom += values
     ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylabel("ms per step (steady-state mean)")
-    ax.set_title(f"{run.stem}: where each rank's step goes ({run.world} ranks)")
+    ax.set_title(f"{run.stem}: where each rank's step goes ({ranks_text(run.world)})"
+                 + ("\n" + OVERSUBSCRIBED if run.oversubscribed else ""), fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     save(fig, out_dir, name, written)
 
@@ -131,6 +155,7 @@ def step_times_chart(run, out_dir, name, written):
     if run.first_steady > 0:
         ax.axvspan(-0.5, run.first_steady - 0.5, color="0.9", label="warm-up")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("step time (ms)")
     times = run.step_times
     ax.set_yscale("log" if times.min() > 0 and times.max() > 20 * max(times.min(), 1e-9) else "linear")
@@ -139,16 +164,90 @@ def step_times_chart(run, out_dir, name, written):
     save(fig, out_dir, name, written)
 
 
+GROUP_COLORS = {"weak": "#4c72b0", "strong": "#55a868", "pathology": "#c44e52", "input": "#8172b3",
+                "tokens": "#937860", None: "#4c72b0"}
+
+
 def throughput_chart(runs, out_dir, written):
-    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(runs) + 2), 4))
-    x = np.arange(len(runs))
-    values = [r.samples_per_s for r in runs]
-    bars = ax.bar(x, values, color="#4c72b0")
-    ax.bar_label(bars, [f"{v:,.0f}" for v in values], fontsize=8)
-    ax.set_xticks(x, [r.stem for r in runs], rotation=30, ha="right")
+    """Bars in the suite's group order (weak, strong, pathology, input), a gap and a label between groups."""
+    order = list(dict.fromkeys(r.group for r in runs))
+    x, labels, positions, pos = [], [], {}, 0.0
+    for g in order:
+        members = [r for r in runs if r.group == g]
+        positions[g] = (pos, pos + len(members) - 1)
+        for r in members:
+            x.append((pos, r))
+            labels.append(r.stem)
+            pos += 1
+        pos += 0.6
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(runs) + 2), 4.5))
+    for p, r in x:
+        bar = ax.bar(p, r.samples_per_s, color=GROUP_COLORS.get(r.group, "#4c72b0"),
+                     hatch="//" if r.oversubscribed else None, edgecolor="white")
+        ax.bar_label(bar, [f"{r.samples_per_s:,.0f}"], fontsize=7)
+    ax.set_xticks([p for p, _ in x], labels, rotation=30, ha="right")
+    if order != [None]:
+        for g, (lo, hi) in positions.items():
+            ax.annotate(g, ((lo + hi) / 2, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 4),
+                        textcoords="offset points", ha="center", fontsize=9, weight="bold")
+    if any(r.oversubscribed for r in runs):
+        ax.legend(handles=[Patch(facecolor="0.7", hatch="//", edgecolor="white", label=OVERSUBSCRIBED)],
+                  fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.35))
+    ax.set_yscale("log" if max(r.samples_per_s for r in runs) > 50 * max(min(r.samples_per_s for r in runs), 1e-9)
+                  else "linear")
     ax.set_ylabel("samples/s (global batch / slowest rank's step)")
-    ax.set_title("throughput")
+    ax.set_title("throughput", pad=18)
     save(fig, out_dir, "throughput", written)
+
+
+def loss_chart(runs, out_dir, written):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    palette = plt.get_cmap("tab20")  # distinct colours for a whole suite (12 cases)
+    for i, r in enumerate(runs):
+        ax.plot(np.arange(r.steps), r.loss.mean(axis=0), marker=".", linewidth=1, label=r.stem, color=palette(i % 20))
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("loss (mean over ranks: the global batch's)")
+    ax.set_title("loss per case")
+    ax.legend(fontsize=7, ncol=2)
+    save(fig, out_dir, "loss", written)
+
+
+def buckets_chart(run, out_dir, name, written):
+    """The last step, per rank: forward and backward on one row, each bucket's all-reduce on the row below it, a
+    tick where the bucket became ready. What Perfetto shows, as a picture."""
+    s = run.steps - 1
+    nb = len(run.bucket_bytes)
+    tab10 = plt.get_cmap("tab10")
+
+    def colors(k):
+        return tab10((k + 1) % 10)  # tab10's first blue is backward's
+    fig, ax = plt.subplots(figsize=(9, 1.0 + 1.1 * run.world))
+    for r in range(run.world):
+        y_compute, y_comm = 2 * r, 2 * r + 1  # rank 0 on top (the axis is inverted)
+        t0 = run.start[r, s]
+        fwd0 = run.phases["data_ms"][r, s]
+        bwd0 = fwd0 + run.phases["forward_ms"][r, s]
+        ax.broken_barh([(fwd0, run.phases["forward_ms"][r, s])], (y_compute - 0.35, 0.7), color="#8fb0d9")
+        ax.broken_barh([(bwd0, run.phases["backward_ms"][r, s])], (y_compute - 0.35, 0.7), color="#4c72b0")
+        for k in range(nb):
+            ready, begin, end = (run.bucket_times[n][r, s, k] for n in ("ready_ms", "comm_start_ms", "comm_end_ms"))
+            if begin <= 0 and end <= 0:
+                continue  # never communicated (nothing recorded)
+            ready, begin, end = ready - t0, begin - t0, end - t0
+            ax.broken_barh([(begin, end - begin)], (y_comm - 0.35, 0.7), color=colors(k), alpha=0.85)
+            ax.plot([ready, ready], [y_comm - 0.45, y_comm + 0.45], color="black", linewidth=1)
+    ax.set_yticks([v for r in range(run.world) for v in (2 * r, 2 * r + 1)],
+                  [t for r in range(run.world) for t in (f"rank {r} compute", f"rank {r} comm")])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms since the start of step {s}")
+    handles = [Patch(color="#8fb0d9", label="forward"), Patch(color="#4c72b0", label="backward")]
+    handles += [Patch(color=colors(k), label=f"bucket {k} all-reduce ({run.bucket_bytes[k] / 1024:.0f} KiB)")
+                for k in range(min(nb, 10))]
+    handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(f"{run.stem}: backward and each bucket's all-reduce, step {s} ({ranks_text(run.world)})", fontsize=10)
+    save(fig, out_dir, name, written)
 
 
 def is_bucket_sweep(runs):
@@ -198,17 +297,27 @@ def scaling_chart(runs, kind, out_dir, written):
     worlds = [r.world for r in runs]
     thr = [r.samples_per_s for r in runs]
     ideal = [thr[0] * w / worlds[0] for w in worlds]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(worlds, ideal, "--", color="0.5", label="ideal (linear from the smallest world)")
-    ax.plot(worlds, thr, marker="o", label="measured")
-    for w, t, i in zip(worlds, thr, ideal):
-        ax.annotate(f"{100 * t / i:.0f}%", (w, t), textcoords="offset points", xytext=(4, -12), fontsize=8)
-    ax.set_xticks(worlds)
-    ax.set_xlabel("ranks")
-    ax.set_ylabel("samples/s")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"{kind} scaling (efficiency vs ideal)")
-    ax.legend(fontsize=8)
+    efficiency = [100 * t / i for t, i in zip(thr, ideal)]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(worlds, ideal, "--", color="0.5", label=f"ideal (linear from {ranks_text(worlds[0])})")
+    ax1.plot(worlds, thr, marker="o", label="measured")
+    ax1.set_ylabel("samples/s")
+    ax1.set_ylim(bottom=0)
+    ax2.axhline(100, linestyle="--", color="0.5", label="ideal (100%)")
+    ax2.plot(worlds, efficiency, marker="o", label="measured")
+    for w, e in zip(worlds, efficiency):
+        ax2.annotate(f"{e:.0f}%", (w, e), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax2.set_ylabel("efficiency (samples/s / ideal, %)")
+    ax2.set_ylim(0, max(110, max(efficiency) + 10))
+    crowded = [r.world for r in runs if r.oversubscribed]
+    for ax in (ax1, ax2):
+        ax.set_xticks(worlds)
+        ax.set_xlabel("ranks")
+        if crowded:
+            ax.axvspan(min(crowded) - 0.5, max(worlds) + 0.5, color="#f4cccc", alpha=0.5, label="oversubscribed")
+        ax.legend(fontsize=8)
+    what = "same per-rank batch" if kind == "weak" else "same global batch"
+    fig.suptitle(f"{kind} scaling ({what})" + ("\n" + OVERSUBSCRIBED if crowded else ""), fontsize=10)
     save(fig, out_dir, f"{kind}_scaling", written)
 
 
@@ -221,11 +330,31 @@ def unique_names(runs):
     return names
 
 
+def apply_suite(runs, summary_path):
+    """Groups and oversubscription from the suite's summary.json, matched to the files by run file path."""
+    try:
+        with open(summary_path) as f:
+            cases = {os.path.realpath(c["run_file"]): c for c in json.load(f)["cases"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"cannot read the suite summary {summary_path}: {e}") from None
+    for r in runs:
+        case = cases.get(os.path.realpath(r.path))
+        if case:
+            r.group = case.get("group")
+            r.oversubscribed = bool(case.get("oversubscribed", False))
+
+
 def main(argv):
-    if len(argv) < 3:
-        raise BadInput("usage: charts.py OUT_DIR FILE.h5 [FILE.h5 ...]")
-    out_dir, paths = argv[1], argv[2:]
+    args = argv[1:]
+    suite = None
+    if len(args) >= 3 and args[1] == "--suite":
+        suite, args = args[2], args[:1] + args[3:]
+    if len(args) < 2 or "--suite" in args:
+        raise BadInput("usage: charts.py OUT_DIR [--suite SUMMARY.json] FILE.h5 [FILE.h5 ...]")
+    out_dir, paths = args[0], args[1:]
     runs = [Run(p) for p in paths]  # all readable before anything is written
+    if suite:
+        apply_suite(runs, suite)
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -236,10 +365,19 @@ def main(argv):
     for run, name in zip(runs, unique_names(runs)):
         breakdown_chart(run, out_dir, f"{name}_breakdown", written)
         step_times_chart(run, out_dir, f"{name}_step_times", written)
+    weak = [r for r in runs if r.group == "weak"]
+    gantt = [max(weak, key=lambda r: r.world)] if weak else runs if len(runs) == 1 else []
+    for run in gantt:
+        buckets_chart(run, out_dir, f"{run.stem}_buckets", written)
     if len(runs) > 1:
         throughput_chart(runs, out_dir, written)
+        loss_chart(runs, out_dir, written)
         if is_bucket_sweep(runs):
             bucket_sweep_chart(runs, out_dir, written)
+        for kind in ("weak", "strong"):
+            group = [r for r in runs if r.group == kind]
+            if len(group) >= 2:
+                scaling_chart(group, kind, out_dir, written)
         kind = scaling_kind(runs)
         if kind:
             scaling_chart(runs, kind, out_dir, written)

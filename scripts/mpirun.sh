@@ -9,7 +9,7 @@
 # 1.4 s). Instead mpirun runs in a session of its own, out of reach of the terminal's SIGINT, and this script turns
 # Ctrl-C (or a SIGTERM sent to it) into SIGTERM to the ranks and waits for the job: every rank stops after the same
 # step, rank 0 writes the file while the others wait for it, and all exit together.
-#   scripts/mpirun.sh -np 4 build/ddplab train ...
+#   scripts/mpirun.sh -np 4 build/launcher/ddplab train ...
 set -uo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 np=1

@@ -50,6 +50,18 @@ def main():
         trace = json.load(open(os.path.join(out, "straggler.trace.json")))
         check({e["pid"] for e in trace["traceEvents"]} == set(range(np_ranks)), "the straggler timeline has every rank")
         check(os.path.getsize(os.path.join(out, "charts", "straggler_breakdown.png")) > 0, "charts are drawn")
+        drawn = set(os.listdir(os.path.join(out, "charts")))
+        for chart in ["throughput", "loss", "weak_scaling", "strong_scaling", f"weak_ws{np_ranks}_buckets"]:
+            check(f"{chart}.png" in drawn and os.path.getsize(os.path.join(out, "charts", f"{chart}.png")) > 1000,
+                  f"the suite draws {chart}.png")
+        suite_summary = json.load(open(os.path.join(out, "summary.json")))
+        cores = suite_summary.get("host_cores")
+        check(cores == os.cpu_count(), f"summary.json: host_cores {cores} (os.cpu_count {os.cpu_count()})")
+        flags = {c["case"]: (c["world_size"], c.get("oversubscribed")) for c in suite_summary["cases"]}
+        check(all(flag == (ws > os.cpu_count()) for ws, flag in flags.values()),
+              f"a case is oversubscribed exactly when its ranks outnumber the cores ({flags})")
+        check(("* oversubscribed" in proc.stdout) == (np_ranks > os.cpu_count()),
+              "the table notes oversubscription when ranks outnumber the cores")
         if np_ranks >= 2:
             blamed = {c["case"]: " ".join(c.get("blame", [])) for c in json.load(
                 open(os.path.join(out, "summary.json")))["cases"]}

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Runs `ddplab sweep` on a small model: one run file per grid point, a summary naming the best point, and the
-overlap-off points with no hidden communication.
+overlap-off points with no hidden communication. The results folder's name holds quotes, a space and a `$(...)`:
+the charts are drawn from an argument list, not through a shell.
 
 usage: check_sweep.py MPIRUN DDPLAB NP
 """
@@ -21,7 +22,7 @@ def check(ok, what):
 
 mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], sys.argv[3]
 with tempfile.TemporaryDirectory() as work:
-    out = os.path.join(work, "sweep")
+    out = os.path.join(work, "it's a \"sweep\" $(touch pwned)")
     cmd = [mpirun, "-np", np_ranks, ddplab, "sweep", "--bucket-mb", "0,0.01,100", "--overlap", "on,off",
            "--first-bucket-mb", "0", "--steps", "5", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64",
            "--classes", "10", "--batch", "8", "--link", "10gbe", "--out-dir", out]
@@ -44,6 +45,8 @@ with tempfile.TemporaryDirectory() as work:
         charts = os.listdir(os.path.join(out, "charts"))
         check("bucket_sweep.png" in charts and os.path.getsize(os.path.join(out, "charts", "bucket_sweep.png")) > 0,
               f"the bucket-sweep chart is drawn ({sorted(charts)[:4]}...)")
+        check(not os.path.exists("pwned") and not os.path.exists(os.path.join(work, "pwned")),
+              "nothing in the folder's name was run")
     bad = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--overlap", "maybe", "--out-dir",
                           os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
     check(bad.returncode == 2 and "--overlap takes on and/or off" in bad.stderr and not os.path.exists(

@@ -164,6 +164,20 @@ def main():
         check(proc.returncode == 0 and os.path.isfile(custom), "timeline -o writes where it is told")
         if os.path.isfile(custom):
             check_trace(custom, straggler)
+        # The lab's phases are events only in the steps where their feature acted.
+        lab_phases = ("extra all-reduce", "host work", "barrier wait")
+        with open(trace) as f:
+            plain = [e for e in json.load(f)["traceEvents"] if e.get("name") in lab_phases]
+        check(plain == [], f"no lab-phase events in a run without the lab's knobs ({len(plain)})")
+        barrier_trace = os.path.join(work, "barrier.trace.json")
+        check(run([ddplab, "timeline", barrier]).returncode == 0, "timeline of the barrier run")
+        with open(barrier_trace) as f:
+            lab = [e for e in json.load(f)["traceEvents"] if e.get("name") in lab_phases]
+        barrier_steps = [1, 3, 5, 7]  # --barrier-every 2 over 8 steps
+        seen = sorted((e["name"], e["pid"], e["args"]["step"]) for e in lab)
+        want = sorted([("barrier wait", r, s) for r in (0, 1) for s in barrier_steps] +
+                      [("host work", 0, s) for s in barrier_steps])
+        check(seen == want, f"barrier waits on both ranks and rank 0's host work, on barrier steps only ({seen[:6]})")
         expect_usage_error(run([ddplab, "timeline", a, "-o", os.path.join(work, "no", "such", "t.json")]),
                            "does not exist", "timeline into a missing folder")
         check(not [n for n in os.listdir(work) if ".tmp." in n], "no temporary files left behind")

@@ -400,7 +400,8 @@ TEST(ParseAllreduceImpl, UnknownNamesThrowWithTheExpectedChoices) {
       parse_allreduce_impl(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()), "unknown --comm '" + std::string(bad) + "' (expected ring or mpi)");
+      EXPECT_EQ(std::string(e.what()),
+                "unknown --comm '" + std::string(bad) + "' (expected ring, mpi, or nccl with --device cuda)");
     }
   }
 }

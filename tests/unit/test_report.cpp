@@ -305,11 +305,13 @@ TEST(Summary, WarmUpIsClampedSoThatOneStepCounts) {
 // ---- timeline ----------------------------------------------------------------------------------------------------
 
 TEST(Timeline, EveryRankHasBothTracksAndEventsLieInsideTheirStep) {
-  const RunRecord run = synthetic(3, [](int r, int s) {
+  RunRecord run = synthetic(3, [](int r, int s) {
     Phases p;
     if ((s + 1) % 4 == 0) (r == 0 ? p.host_work : p.barrier) = 5;
     return p;
   });
+  run.config["rank0_work_ms"] = 5.0;  // the feature behind host work and the barrier, every 4 steps
+  run.config["barrier_every"] = 4;
   const nlohmann::json trace = chrome_trace(run);
   ASSERT_TRUE(trace.contains("traceEvents"));
   std::set<std::pair<int, int>> threads;
@@ -354,7 +356,9 @@ TEST(Timeline, EveryRankHasBothTracksAndEventsLieInsideTheirStep) {
   }
   EXPECT_EQ(buckets, 3 * kSteps * 2);
   EXPECT_EQ(ready, 3 * kSteps * 2);
-  EXPECT_EQ(phases, 3 * kSteps * 5 + 3 * 3);  // five phases, plus host work or barrier in steps 3, 7, 11
+  // Five phases every step; in the barrier steps 3, 7 and 11 a barrier wait on every rank (rank 0's is empty) and
+  // rank 0's host work. No extra all-reduce: its feature is off.
+  EXPECT_EQ(phases, 3 * kSteps * 5 + 3 * (3 + 1));
 }
 
 TEST(Timeline, DefaultPath) {

@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+"""What a user meets first: --version, a mistyped command, the help text, the flags suite and sweep offer, an
+output path checked before training, and settings that used to be accepted silently.
+
+usage: check_usage.py MPIRUN DDPLAB
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+mpirun, ddplab = sys.argv[1], sys.argv[2]
+SMALL = ["--hidden", "32", "--input-dim", "16", "--classes", "10", "--batch", "4"]
+
+
+def run(np_ranks, *args, timeout=120):
+    start = time.monotonic()
+    proc = subprocess.run([mpirun, "-np", str(np_ranks), ddplab, *args], capture_output=True, text=True,
+                          timeout=timeout)
+    proc.seconds = time.monotonic() - start
+    return proc
+
+
+def our_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("ddplab:")]
+
+
+def refused(proc, text):
+    """Exit 2 and exactly one 'ddplab:' line on stderr, containing text."""
+    lines = our_lines(proc.stderr)
+    return proc.returncode == 2 and len(lines) == 1 and text in lines[0]
+
+
+# ---- version ---------------------------------------------------------------------------------------------------
+version = run(1, "--version")
+pattern = r"ddplab \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}(-dirty)?|unknown)\)"
+check(version.returncode == 0 and re.fullmatch(pattern, version.stdout.strip()) is not None,
+      f"--version prints the version and commit ({version.stdout.strip()!r})")
+devices = run(1, "devices")
+check(devices.stdout.splitlines()[:1] == [version.stdout.strip()], "devices starts with the same version line")
+check(run(2, "--version").stdout.count("ddplab ") == 1, "--version on 2 ranks prints one line")
+
+# ---- a mistyped command ------------------------------------------------------------------------------------------
+for typo, meant in [("trian", "train"), ("swep", "sweep"), ("sutie", "suite"), ("reprot", "report")]:
+    proc = run(1, typo, "--steps", "2")
+    check(refused(proc, f"unknown command '{typo}' (did you mean '{meant}'?)"),
+          f"ddplab {typo}: names the word and suggests {meant} ({our_lines(proc.stderr)})")
+proc = run(1, "xyzzyqq")
+check(refused(proc, "unknown command 'xyzzyqq'; commands: train, suite, sweep, devices, report, timeline"),
+      f"a word near no command lists the commands ({our_lines(proc.stderr)})")
+
+# ---- help ---------------------------------------------------------------------------------------------------------
+top = run(1, "--help").stdout
+check("MLP or a transformer" in top, "train's description names the transformer too")
+check("--version" in top, "--help lists --version")
+train_help = run(1, "train", "--help").stdout
+check("global batch = batch x grad-accum x ranks" in train_help, "--batch help: batch x grad-accum x ranks")
+for flag in ["--out", "--checkpoint", "--resume", "--fault"]:
+    check(re.search(rf"^\s+{flag}(?![\w-])", train_help, re.M) is not None, f"train offers {flag}")
+for command in [["suite", "lab"], ["sweep"]]:
+    text = run(1, *command, "--help").stdout
+    offered = [flag for flag in ["--out", "--checkpoint", "--checkpoint-every", "--resume", "--fault", "--fault-rank",
+                                 "--fault-step"] if re.search(rf"^\s+{flag}(?![\w-])", text, re.M)]
+    check(offered == [] and re.search(r"^\s+--out-dir\b", text, re.M) is not None,
+          f"{command[0]} --help offers none of the flags it would ignore ({offered})")
+proc = run(1, "train", *SMALL, "--comm", "pigeon")
+check(refused(proc, "expected ring, mpi, or nccl with --device cuda"), "the --comm error lists nccl")
+
+with tempfile.TemporaryDirectory() as work:
+    # ---- suite and sweep refuse the flags of a single run ---------------------------------------------------------
+    for command in [["suite", "lab"], ["sweep"]]:
+        for flag, value in [("--out", os.path.join(work, "x.h5")), ("--checkpoint", os.path.join(work, "c.h5")),
+                            ("--resume", os.path.join(work, "c.h5")), ("--fault", "nan")]:
+            proc = run(1, *command, "--steps", "2", flag, value, "--out-dir", os.path.join(work, "suite"))
+            check(refused(proc, flag) and os.listdir(work) == [],
+                  f"{command[0]} {flag} is refused, nothing written ({our_lines(proc.stderr)})")
+
+    # ---- the output path, checked before the first step -------------------------------------------------------------
+    # A run long enough that a check after training would time out: the refusal must come before it.
+    long_run = [*SMALL, "--steps", "1000000"]
+    for np_ranks in [1, 2]:
+        for args, text in [(["--out", "/proc/x.h5"], "cannot write /proc/x.h5"),
+                           (["--out", "/proc/x.h5", "--force"], "cannot write /proc/x.h5"),
+                           (["--out", work], f"output path {work} is a folder"),
+                           (["--out", work, "--force"], f"output path {work} is a folder"),
+                           (["--checkpoint", "/proc/c.h5", "--out", os.path.join(work, "r.h5")],
+                            "cannot write /proc/c.h5")]:
+            proc = run(np_ranks, "train", *long_run, *args, timeout=60)
+            check(refused(proc, text) and os.listdir(work) == [],
+                  f"np={np_ranks} train {' '.join(args)}: refused before training in {proc.seconds:.2f} s "
+                  f"(mpirun included), nothing left ({our_lines(proc.stderr)})")
+
+    # ---- settings that were accepted silently ---------------------------------------------------------------------
+    for np_ranks in [1, 2]:
+        proc = run(np_ranks, "train", *SMALL, "--steps", "2", "--slow-rank", "5", "--straggler-ms", "10")
+        check(refused(proc, f"--slow-rank 5 is not a rank of this {np_ranks}-rank job"),
+              f"np={np_ranks}: --slow-rank 5 refused like --fault-rank ({our_lines(proc.stderr)})")
+    proc = run(1, "train", *SMALL, "--steps", "4", "--warmup-steps", "4")
+    check(refused(proc, "--warmup-steps 4 leaves none of the 4 steps (--steps) to measure"),
+          f"--warmup-steps >= --steps refused ({our_lines(proc.stderr)})")
+    proc = run(1, "suite", "lab", "--steps", "3", "--warmup-steps", "3", "--out-dir", os.path.join(work, "s"))
+    check(refused(proc, "--warmup-steps 3 leaves none") and os.listdir(work) == [],
+          f"suite: --warmup-steps >= --steps refused ({our_lines(proc.stderr)})")
+    out = os.path.join(work, "short.h5")
+    proc = run(1, "train", *SMALL, "--steps", "2", "--out", out)  # the default warm-up (5) shrinks to fit
+    check(proc.returncode == 0 and "steady state: steps 1..1 of 2" in proc.stdout,
+          f"a 2-step run with the default warm-up measures its last step ({proc.stderr[-200:]})")
+    os.unlink(out)
+    proc = run(1, "train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "0")
+    check(refused(proc, "--link-gbps must be positive (got 0)"), f"--link-gbps 0 refused ({our_lines(proc.stderr)})")
+    proc = run(1, "train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "2.5", "--out", out)
+    check(proc.returncode == 0 and "link 10gbe (10 us, 2.5 Gbit/s)" in proc.stdout,
+          "the header shows the link as emulated, overrides applied")
+    os.unlink(out)
+    proc = run(1, "train", *SMALL, "--steps", "2", "--link-latency-us", "5", "--out", out)
+    check(proc.returncode == 0 and "link none (5 us, unlimited bandwidth)" in proc.stdout,
+          "latency alone: the header says the bandwidth is unlimited")
+
+print(f"usage checks: {len(failures)} failed")
+sys.exit(1 if failures else 0)
