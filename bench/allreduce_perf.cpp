@@ -52,6 +52,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_init.h"
+#include "record/files.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "bench/allreduce_perf_nccl.h"
 #endif
@@ -272,41 +273,31 @@ bool parse_options(int argc, char** argv, int rank, Options& o) {
   return true;
 }
 
-// Where `path` gets written: a temporary beside it, renamed over it once complete.
-std::string temp_path_for(const std::string& path) { return path + ".tmp." + std::to_string(getpid()); }
-
-// Empty when `path` can be written: a temporary beside it can be created (and is removed again) and `path` is not
-// a folder. The file itself is left alone, so an earlier result survives a refused run.
-std::string check_writable(const std::string& flag, const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return flag + " " + path + ": is a folder";
-  const std::string tmp = temp_path_for(path);
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd < 0) return flag + " " + path + ": cannot create it (" + std::strerror(errno) + ")";
-  close(fd);
-  unlink(tmp.c_str());
-  return "";
-}
-
+// Written whole or not at all: a temporary beside `path` (record/files.h), renamed over it once complete.
 void write_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = temp_path_for(path);
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
   if (f) ok = std::fclose(f) == 0 && ok;
-  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
   if (!ok) {
     const int error = errno;
     unlink(tmp.c_str());
     throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
   }
+  publish_file(tmp, path, /*force=*/true);
 }
 
 // Checks that need the machine: rank 0's output files, every rank's memory. Collective. The lowest rank that
 // finds a problem prints it; every rank then returns false.
 bool preflight(const Options& o, int rank, int n) {
   std::string problem;
-  if (rank == 0) problem = o.csv_path.empty() ? "" : check_writable("--csv", o.csv_path);
-  if (rank == 0 && problem.empty() && !o.json_path.empty()) problem = check_writable("-J", o.json_path);
+  // A file that exists is replaced (as nccl-tests' output files are): only a folder or an unwritable place refuses.
+  const auto writable = [](const char* flag, const std::string& path) {
+    const std::string why = check_output_path(path, /*force=*/true);
+    return why.empty() ? why : std::string(flag) + " " + path + ": " + why;
+  };
+  if (rank == 0) problem = o.csv_path.empty() ? "" : writable("--csv", o.csv_path);
+  if (rank == 0 && problem.empty() && !o.json_path.empty()) problem = writable("-J", o.json_path);
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
   int local_ranks = 1;

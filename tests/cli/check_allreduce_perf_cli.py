@@ -211,7 +211,7 @@ def test_bad_arguments(perf, workdir):
         (["-e", "1000G"], "-e"),
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv"),
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
-        (["--csv", workdir], f"--csv {workdir}: is a folder"),
+        (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
     ]
     for args, expected in cases:
         # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
