@@ -1,5 +1,7 @@
 #include "launcher/cli.h"
 
+#include <map>
+
 #include "data/tokens.h"
 #include "record/errors.h"
 #include "model/precision.h"
@@ -100,7 +102,12 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->capture_default_str();
   app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us)");
   app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s, positive)");
-  app->add_option("--threads", c.blas_threads, "OpenBLAS threads per rank")->capture_default_str();
+  app->add_option("--threads", c.blas_threads,
+                  "OpenBLAS threads per rank: N, or auto (the cores this rank may use: its binding, else the host's "
+                  "cores / ranks on the host)")
+      ->transform(CLI::Transformer(std::map<std::string, int>{{"auto", 0}}))
+      ->default_str("auto")
+      ->type_name("N|auto");
   app->add_option("--data-cost-ms", c.data_cost_ms, "input pipeline: host cost per sample, ms (a sleep)")
       ->capture_default_str();
   app->add_option("--loader-threads", c.loader_threads, "input pipeline: worker threads (0: in the training loop)")
@@ -157,7 +164,7 @@ void validate(const TrainConfig& c) {
   at_least("--hidden", c.mlp.hidden_dim, 1);
   at_least("--layers", c.mlp.num_hidden_layers, 1);
   at_least("--classes", c.mlp.num_classes, 2);
-  at_least("--threads", c.blas_threads, 1);
+  at_least("--threads", c.blas_threads, 0);  // 0: auto
   require(c.optimizer.kind == "adamw" || c.optimizer.kind == "sgd",
           "--optimizer must be adamw or sgd (got '" + c.optimizer.kind + "')");
   require(c.optimizer.lr > 0, "--lr must be positive");

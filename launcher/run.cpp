@@ -2,9 +2,11 @@
 
 #include <cblas.h>
 #include <hdf5.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <csignal>
 #include <cstdio>
@@ -109,6 +111,25 @@ std::vector<std::string> gather_hostnames(MPI_Comm comm) {
 }
 
 }  // namespace
+
+int ranks_on_this_host(MPI_Comm comm) {
+  MPI_Comm host;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+  int n = 1;
+  MPI_Comm_size(host, &n);
+  MPI_Comm_free(&host);
+  return n;
+}
+
+int auto_blas_threads(MPI_Comm comm) {
+  const int host_ranks = ranks_on_this_host(comm);
+  const int host_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const int allowed = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : host_cores;
+  if (allowed < host_cores) return std::max(1, allowed);  // bound: the cores it was given are its own
+  return std::max(1, host_cores / host_ranks);
+}
 
 std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm) {
   char buf[1024] = {};
@@ -278,10 +299,10 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
 void print_run_header(const TrainConfig& config, const RunOptions& options, const Trainer& trainer, int world_size,
                       int64_t first_step) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
-  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps\n", options.command.c_str(),
-              trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
+  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps, %d BLAS thread%s per rank\n",
+              options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
-              config.optimizer.kind.c_str(), config.steps);
+              config.optimizer.kind.c_str(), config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
               config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(), link_text(config).c_str(),
@@ -399,6 +420,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
           "more ranks (" + std::to_string(size) + ") than sequences per epoch (--epoch-size " +
               std::to_string(config.epoch_size) + "): every rank needs at least one; raise --epoch-size");
   require_device(config, world);
+  if (config.blas_threads == 0) config.blas_threads = auto_blas_threads(world);  // --threads auto: stored resolved
   openblas_set_num_threads(config.blas_threads);
 
   // Rank 0 owns the run file: check it can be written before spending time on training.

@@ -55,15 +55,6 @@ void wait_quietly(MPI_Comm comm) {
 
 // Ranks of the launch on rank 0's host. Ranks fill a host's slots in order, so a case of n ranks has min(n, this)
 // of them there.
-int ranks_on_this_host(MPI_Comm world) {
-  MPI_Comm host;
-  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
-  int n = 1;
-  MPI_Comm_size(host, &n);
-  MPI_Comm_free(&host);
-  return n;
-}
-
 // Powers of two up to the world size, and the world size itself.
 std::vector<int> scaling_sizes(int world) {
   std::vector<int> sizes;
@@ -227,10 +218,15 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   require_device(o.base, world);  // before any case: a case on a subset of the ranks cannot refuse for all
   o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
 
+  // One BLAS thread per rank unless --threads says otherwise: with auto, a ws=1 case would take every core and the
+  // ws=4 case a quarter each, and the scaling cases would compare thread counts, not data parallelism.
+  if (o.base.blas_threads == 0) o.base.blas_threads = 1;
   const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
   if (rank == 0) {
-    std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), results in %s/\n", o.name.c_str(),
-                cases.size(), size, o.base.steps, o.base.warmup_steps, o.out_dir.c_str());
+    std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), %d BLAS thread%s per rank, results "
+                "in %s/\n",
+                o.name.c_str(), cases.size(), size, o.base.steps, o.base.warmup_steps, o.base.blas_threads,
+                o.base.blas_threads == 1 ? "" : "s", o.out_dir.c_str());
     std::fflush(stdout);
   }
   // More ranks x BLAS threads than cores: the ranks take turns on the cores, and a case's efficiency measures how

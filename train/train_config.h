@@ -47,7 +47,7 @@ struct TrainConfig {
   std::string link = "none";        // emulated interconnect preset
   double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
   double link_gbps = -1;
-  int blas_threads = 1;     // OpenBLAS threads per rank
+  int blas_threads = 0;     // OpenBLAS threads per rank; 0: auto (launcher/run.h, auto_blas_threads)
   // Input pipeline.
   double data_cost_ms = 0;  // host cost per sample (a sleep, like I/O latency)
   int loader_threads = 0;   // 0: batches are produced in the training thread when needed

@@ -48,6 +48,21 @@ def main():
         if proc.returncode != 0:
             return
 
+        # --threads auto (the default): without mpirun and unbound, a rank gets every core it may use; the config
+        # stores the number, the header says it.
+        if np_ranks == 1:
+            auto_path = os.path.join(work, "auto.h5")
+            alone = subprocess.run(cmd[cmd.index(ddplab):cmd.index("--out") + 1] + [auto_path], capture_output=True,
+                                   text=True, timeout=120)
+            cores = len(os.sched_getaffinity(0))
+            check(alone.returncode == 0 and f"{cores} BLAS thread" in alone.stdout,
+                  f"--threads auto: {cores} BLAS thread(s) in the header of a run without mpirun")
+            if alone.returncode == 0:
+                with h5py.File(auto_path, "r") as f:
+                    threads = json.loads(f.attrs["config"])["blas_threads"]
+                    check(threads == cores, f"--threads auto stored as {cores} (got {threads})")
+                os.unlink(auto_path)
+
         # DDPLAB_COMM_TRANSPORT=mpi starts the transport table at mpi: the header and the file name it.
         mpi_path = os.path.join(work, "mpi.h5")
         env = dict(os.environ, DDPLAB_COMM_TRANSPORT="mpi")
