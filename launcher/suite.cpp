@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "launcher/cli.h"
 #include "launcher/run.h"
 #include "record/errors.h"
+#include "record/files.h"
 
 namespace ddplab {
 namespace {
@@ -204,38 +206,28 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   return suite;
 }
 
-int run_suite(SuiteOptions o, const std::string& command_line) {
-  require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
-  if (o.full && !o.steps_given) o.base.steps = 100;
-  validate(o.base);
-  MPI_Comm world = MPI_COMM_WORLD;
+namespace {
+
+// Whole or not at all (record/files.h): a reader never sees half a summary.
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = temp_path_for(path);
+  std::ofstream(tmp) << text;
+  publish_file(tmp, path, /*force=*/true);
+}
+
+// More ranks x BLAS threads than cores: the ranks take turns on the cores, and a case's efficiency measures how this
+// machine shares them, not how DDP scales. Said in the table, the JSON and the charts.
+struct HostShare {
+  int ranks = 1, cores = 1;  // this host's ranks of the launch, and its cores
+  bool oversubscribed(const Case& c) const { return std::min(c.world_size, ranks) * c.config.blas_threads > cores; }
+};
+
+// Every case in turn, each on the first world_size ranks (the others wait without spinning). Results on rank 0.
+std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>& cases, const std::string& command_line,
+                                  MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  require(o.base.slow_rank < size, "--slow-rank " + std::to_string(o.base.slow_rank) + " is not a rank of this " +
-                                       std::to_string(size) + "-rank launch");
-
-  require_device(o.base, world);  // before any case: a case on a subset of the ranks cannot refuse for all
-  o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
-
-  // One BLAS thread per rank unless --threads says otherwise: with auto, a ws=1 case would take every core and the
-  // ws=4 case a quarter each, and the scaling cases would compare thread counts, not data parallelism.
-  if (o.base.blas_threads == 0) o.base.blas_threads = 1;
-  const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
-  if (rank == 0) {
-    std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), %d BLAS thread%s per rank, results "
-                "in %s/\n",
-                o.name.c_str(), cases.size(), size, o.base.steps, o.base.warmup_steps, o.base.blas_threads,
-                o.base.blas_threads == 1 ? "" : "s", o.out_dir.c_str());
-    std::fflush(stdout);
-  }
-  // More ranks x BLAS threads than cores: the ranks take turns on the cores, and a case's efficiency measures how
-  // this machine shares them, not how DDP scales. Said in the table, the JSON and the charts.
-  const int host_ranks = ranks_on_this_host(world);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto oversubscribed = [&](const Case& c) {
-    return std::min(c.world_size, host_ranks) * c.config.blas_threads > cores;
-  };
   std::vector<CaseResult> results;
   for (const Case& c : cases) {
     const double start = MPI_Wtime();
@@ -268,23 +260,26 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
       std::fflush(stdout);
     }
   }
-  if (rank != 0) return 0;
+  return results;
+}
 
-  // Metrics against the references of the same launch.
-  auto find = [&](const std::string& name) -> const CaseResult* {
-    for (const auto& r : results)
-      if (r.c.name == name) return &r;
-    return nullptr;
-  };
-  const CaseResult* weak1 = find("weak_ws1");
-  const CaseResult* strong1 = find("strong_ws1");
-  const std::string baseline_name = o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform";
-  const CaseResult* baseline = find(baseline_name);
-  nlohmann::json json_cases = nlohmann::json::array();
-  std::ofstream csv(o.out_dir + "/summary.csv");
-  csv << "case,group,world_size,global_batch,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
-         "mean_spread_ms,data_ms,compute_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
-         "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
+const CaseResult* find_case(const std::vector<CaseResult>& results, const std::string& name) {
+  for (const CaseResult& r : results)
+    if (r.c.name == name) return &r;
+  return nullptr;
+}
+
+// The suite's table against the references of the same launch (weak_ws1, strong_ws1, the baseline case), its CSV
+// and its JSON cases; returns whether the pathology and input cases left the loss identical to the baseline.
+bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results, const HostShare& host,
+                      nlohmann::json& json_cases) {
+  const CaseResult* weak1 = find_case(results, "weak_ws1");
+  const CaseResult* strong1 = find_case(results, "strong_ws1");
+  const CaseResult* baseline = find_case(results, o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform");
+  std::string csv =
+      "case,group,world_size,global_batch,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
+      "mean_spread_ms,data_ms,compute_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
+      "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
   std::printf("\n%-16s %3s %6s %9s %10s %6s %9s %8s %8s %8s %8s %9s\n", "case", "ws", "batch", "step_ms", "samples/s",
               "eff", "spread_ms", "data_ms", "comp_ms", "exposed", "extra", "vs_base");
   bool loss_identical = true;
@@ -300,38 +295,35 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     if ((r.c.group == "pathology" || r.c.group == "input") && baseline && s.final_loss != baseline->summary.final_loss)
       loss_identical = false;
     const StepRecord mean = mean_over_ranks(s);
-    const double data = mean.data_ms;
     const double compute = mean.forward_ms + mean.backward_ms;
-    const double exposed = mean.exposed_comm_ms;
     const double extra = mean.extra_comm_ms + mean.host_work_ms;
-    const double barrier = mean.barrier_ms;
     char eff[16] = "-";
-    if (ref) std::snprintf(eff, sizeof eff, "%.2f%s", efficiency, oversubscribed(r.c) ? "*" : "");
+    if (ref) std::snprintf(eff, sizeof eff, "%.2f%s", efficiency, host.oversubscribed(r.c) ? "*" : "");
     std::printf("%-16s %3d %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %8.2f %+8.0f%%\n", r.c.name.c_str(),
-                r.c.world_size, s.global_batch, s.slowest_step_ms, s.samples_per_s, eff, s.mean_spread_ms, data,
-                compute, exposed, extra + barrier, 100 * vs_base);
-    csv << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ',' << s.slowest_rank
+                r.c.world_size, s.global_batch, s.slowest_step_ms, s.samples_per_s, eff, s.mean_spread_ms,
+                mean.data_ms, compute, mean.exposed_comm_ms, extra + mean.barrier_ms, 100 * vs_base);
+    std::ostringstream row;
+    row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ',' << s.slowest_rank
         << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ',' << efficiency << ',' << s.mean_spread_ms << ','
-        << data << ',' << compute << ',' << mean.comm_ms << ','
-        << mean.hidden_comm_ms << ',' << exposed << ',' << extra << ',' << barrier << ','
-        << vs_base << ',' << s.final_loss << ',' << s.useful_tokens_per_s << ',' << s.padded_tokens_per_s << ','
-        << s.padding_ratio << ',' << s.mean_token_spread << ',' << r.path << '\n';
+        << mean.data_ms << ',' << compute << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ','
+        << mean.exposed_comm_ms << ',' << extra << ',' << mean.barrier_ms << ',' << vs_base << ',' << s.final_loss
+        << ',' << s.useful_tokens_per_s << ',' << s.padded_tokens_per_s << ',' << s.padding_ratio << ','
+        << s.mean_token_spread << ',' << r.path << '\n';
+    csv += row.str();
     json_cases.push_back({{"case", r.c.name},
                           {"group", r.c.group},
                           {"world_size", r.c.world_size},
                           {"efficiency", efficiency},
-                          {"oversubscribed", oversubscribed(r.c)},
+                          {"oversubscribed", host.oversubscribed(r.c)},
                           {"vs_baseline", vs_base},
                           {"run_file", r.path},
                           {"summary", to_json(s)}});
   }
-  const bool crowded = std::any_of(results.begin(), results.end(), [&](const CaseResult& r) {
-    return oversubscribed(r.c);
-  });
-  if (crowded)
+  write_text_file(o.out_dir + "/summary.csv", csv);
+  if (std::any_of(results.begin(), results.end(), [&](const CaseResult& r) { return host.oversubscribed(r.c); }))
     std::printf("\n* oversubscribed: up to %d ranks x %d BLAS thread%s on this host's %d cores; the ranks take turns on "
                 "the cores, so efficiency measures this machine, not DDP\n",
-                std::min(size, host_ranks), o.base.blas_threads, o.base.blas_threads == 1 ? "" : "s", cores);
+                std::min(size, host.ranks), o.base.blas_threads, o.base.blas_threads == 1 ? "" : "s", host.cores);
   if (o.name == "lab") {
     std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
                 "throughput change against weak_ws%d\n",
@@ -351,7 +343,42 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     }
     std::printf("vs_unif: useful tokens/s against uniform 128-token sequences (the same sample count without skew)\n");
   }
+  return loss_identical;
+}
 
+}  // namespace
+
+int run_suite(SuiteOptions o, const std::string& command_line) {
+  require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
+  if (o.full && !o.steps_given) o.base.steps = 100;
+  validate(o.base);
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  require(o.base.slow_rank < size, "--slow-rank " + std::to_string(o.base.slow_rank) + " is not a rank of this " +
+                                       std::to_string(size) + "-rank launch");
+
+  require_device(o.base, world);  // before any case: a case on a subset of the ranks cannot refuse for all
+  o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
+
+  // One BLAS thread per rank unless --threads says otherwise: with auto, a ws=1 case would take every core and the
+  // ws=4 case a quarter each, and the scaling cases would compare thread counts, not data parallelism.
+  if (o.base.blas_threads == 0) o.base.blas_threads = 1;
+  const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
+  if (rank == 0) {
+    std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), %d BLAS thread%s per rank, results "
+                "in %s/\n",
+                o.name.c_str(), cases.size(), size, o.base.steps, o.base.warmup_steps, o.base.blas_threads,
+                o.base.blas_threads == 1 ? "" : "s", o.out_dir.c_str());
+    std::fflush(stdout);
+  }
+  const HostShare host{ranks_on_this_host(world), static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+  const std::vector<CaseResult> results = run_cases(o, cases, command_line, world);
+  if (rank != 0) return 0;
+
+  nlohmann::json json_cases = nlohmann::json::array();
+  const bool loss_identical = print_case_table(o, size, results, host, json_cases);
   // Who sets the pace in each multi-rank case, and why (analysis/blame.h).
   std::printf("\nblame:\n");
   std::vector<std::string> files;
@@ -362,11 +389,12 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
       std::printf("  %-16s %s\n", results[i].c.name.c_str(), line.c_str());
     json_cases[i]["blame"] = results[i].blame;
   }
-  nlohmann::json summary = {{"suite", o.name}, {"world_size", size}, {"steps", o.base.steps},
-                            {"host_cores", cores}, {"loss_identical", loss_identical}, {"cases", json_cases}};
-  std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
+  const nlohmann::json summary = {{"suite", o.name},       {"world_size", size},
+                                  {"steps", o.base.steps}, {"host_cores", host.cores},
+                                  {"loss_identical", loss_identical}, {"cases", json_cases}};
+  write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
-  if (const CaseResult* straggler = find("straggler")) {
+  if (const CaseResult* straggler = find_case(results, "straggler")) {
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                 default_timeline_path(straggler->path).c_str());
   }
@@ -424,7 +452,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   if (rank != 0) return 0;
 
-  std::ofstream csv(o.out_dir + "/summary.csv");
+  std::ostringstream csv;
   csv << "bucket_mb,overlap,slowest_step_ms,samples_per_s,backward_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,"
          "hidden_fraction,run_file\n";
   nlohmann::json json_points = nlohmann::json::array();
@@ -456,7 +484,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"world_size", size},
                             {"link", o.base.link},           {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
-  std::ofstream(o.out_dir + "/summary.json") << summary.dump(2) << '\n';
+  write_text_file(o.out_dir + "/summary.csv", csv.str());
+  write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   return 0;
 }
