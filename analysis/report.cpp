@@ -98,9 +98,9 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                config_text(c, "bucket_mb").c_str(), config_text(c, "overlap").c_str(),
                config_text(c, "grad_slice_mb").c_str(), config_text(c, "batch").c_str());
   if (c.value("grad_accum", 1) > 1) std::fprintf(out, " x %d micro-batches", c.value("grad_accum", 1));
-  if (c.contains("hidden_dim"))
-    std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden_dim").c_str(),
-                 config_text(c, "hidden_layers").c_str(), config_text(c, "num_classes").c_str());
+  if (c.value("model", std::string("mlp")) == "mlp" && c.contains("hidden"))
+    std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden").c_str(),
+                 config_text(c, "layers").c_str(), config_text(c, "classes").c_str());
   std::fprintf(out, "\n");
   // The lab's knobs, only those switched on.
   std::string lab;

@@ -19,7 +19,9 @@ RunSummary summarize(const RunRecord& run) {
     StepRecord& m = s.ranks[r];
     for (int t = s.first_steady_step; t < steps; ++t)
       for (const StepField& f : kStepFields)
-        if (f.kind != FieldKind::kInstant) m.*f.member += run.at(r, t).*f.member / counted;
+        if (f.kind != FieldKind::kInstant) m.*f.member += run.at(r, t).*f.member;
+    // Sum, then divide: equal whole counts average to themselves exactly (128, not 127.99999999999999).
+    for (const StepField& f : kStepFields) m.*f.member /= counted;
     if (m.step_ms > s.slowest_step_ms) {
       s.slowest_step_ms = m.step_ms;
       s.slowest_rank = r;
@@ -62,8 +64,10 @@ double hidden_fraction(const StepRecord& m) {
 
 StepRecord mean_over_ranks(const RunSummary& s) {
   StepRecord mean;
+  if (s.ranks.empty()) return mean;
   for (const StepRecord& r : s.ranks)
-    for (const StepField& f : kStepFields) mean.*f.member += r.*f.member / s.ranks.size();
+    for (const StepField& f : kStepFields) mean.*f.member += r.*f.member;
+  for (const StepField& f : kStepFields) mean.*f.member /= static_cast<double>(s.ranks.size());
   return mean;
 }
 

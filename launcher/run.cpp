@@ -205,13 +205,14 @@ int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Traine
   nlohmann::json saved;
   try {
     saved = nlohmann::json::parse(info.config_json);
+    upgrade_config_keys(saved);
   } catch (const nlohmann::json::exception&) {
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
   // Settings that change what a step computes; the rest (overlap, link, lab knobs, paths) only move time.
   static const char* const kArithmetic[] = {
       "model", "head", "lengths", "min_len", "max_len", "outlier_prob", "batching", "max_tokens", "epoch_size",
-      "input_dim", "hidden_dim", "hidden_layers", "num_classes", "optimizer", "lr", "beta1", "beta2", "eps",
+      "input_dim", "hidden", "layers", "classes", "optimizer", "lr", "beta1", "beta2", "eps",
       "weight_decay", "momentum", "batch", "seed", "data_noise", "grad_accum", "comm", "comm_dtype", "bucket_mb",
       "first_bucket_mb", "grad_slice_mb", "world_size", "device", "precision"};
   const nlohmann::json now = checkpoint_config(config, world_size);

@@ -80,7 +80,9 @@ void write_contents(hid_t file, const RunRecord& run, const std::string& summary
   std::vector<double> column(run.records.size());
   for (const StepField& f : kStepFields) {
     for (size_t i = 0; i < column.size(); ++i) column[i] = run.records[i].*f.member;
-    write_numbers(group, f.name, column, {world, steps}, H5T_IEEE_F64LE, f.units);
+    // Counts as integers (the reader takes either type: the schema is the same).
+    write_numbers(group, f.name, column, {world, steps}, f.kind == FieldKind::kCount ? H5T_STD_I64LE : H5T_IEEE_F64LE,
+                  f.units);
   }
   write_buckets(file, run);
 }
@@ -155,6 +157,7 @@ void read_contents(hid_t file, RunRecord& run) {
     if (has_attr(file, name)) meta.*member = read_string_attr(file, name);
   if (has_attr(file, "first_step")) meta.first_step = read_int_attr(file, "first_step", 0);
   run.config = parse_json_attr(file, "config");
+  upgrade_config_keys(run.config);
   parse_json_attr(file, "summary");  // for scripts; the summary is recomputed from the records
   (void)run.first_steady_step();     // a config field of the wrong type throws here, with the file named
   (void)run.global_batch();

@@ -100,6 +100,8 @@ inline CommOptions comm_options(const TrainConfig& c) {
   return o;
 }
 
+// The settings as a JSON object keyed by the flags' names (--min-len is min_len); the few with no flag (beta1, beta2,
+// eps) by their own. Files from before the keys followed the flags are read through upgrade_config_keys.
 inline nlohmann::json to_json(const TrainConfig& c) {
   return {
       {"device", c.device},
@@ -115,9 +117,9 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"max_tokens", c.max_tokens},
       {"epoch_size", c.epoch_size},
       {"input_dim", c.mlp.input_dim},
-      {"hidden_dim", c.mlp.hidden_dim},
-      {"hidden_layers", c.mlp.num_hidden_layers},
-      {"num_classes", c.mlp.num_classes},
+      {"hidden", c.mlp.hidden_dim},
+      {"layers", c.mlp.num_hidden_layers},
+      {"classes", c.mlp.num_classes},
       {"optimizer", c.optimizer.kind},
       {"lr", decimal(c.optimizer.lr)},
       {"beta1", decimal(c.optimizer.beta1)},
@@ -149,7 +151,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"extra_allreduce_mb", c.extra_allreduce_mb},
       {"rank0_work_ms", c.rank0_work_ms},
       {"barrier_every", c.barrier_every},
-      {"blas_threads", c.blas_threads},
+      {"threads", c.blas_threads},
       {"timeout_s", c.timeout_s},
       {"flush_every", c.flush_every},
       {"check_sync", c.check_sync},

@@ -59,7 +59,7 @@ def main():
                   f"--threads auto: {cores} BLAS thread(s) in the header of a run without mpirun")
             if alone.returncode == 0:
                 with h5py.File(auto_path, "r") as f:
-                    threads = json.loads(f.attrs["config"])["blas_threads"]
+                    threads = json.loads(f.attrs["config"])["threads"]
                     check(threads == cores, f"--threads auto stored as {cores} (got {threads})")
                 os.unlink(auto_path)
 
@@ -81,8 +81,8 @@ def main():
             check(f.attrs["world_size"] == np_ranks, "world_size matches mpirun -np")
             check(f.attrs["num_steps"] == steps, "num_steps matches --steps")
             config = json.loads(f.attrs["config"])
-            check(config["batch"] == batch and config["steps"] == steps and config["hidden_dim"] == 128,
-                  "config JSON holds the flags")
+            check(config["batch"] == batch and config["steps"] == steps and config["hidden"] == 128
+                  and "hidden_dim" not in config, "config JSON holds the flags, keyed by their names")
             check(len(f["hostnames"]) == np_ranks and all(h for h in f["hostnames"].asstr()[:]), "hostnames by rank")
             check(str(f.attrs["start_time_utc"]).endswith("Z"), "start time in UTC ISO 8601")
             # One node: the ring's messages go through shared memory, and the header and the file say so.
@@ -128,6 +128,11 @@ def main():
             check(d["loss"][:, -1].mean() < d["loss"][:, 0].mean(), "loss goes down")
 
             s = json.loads(f.attrs["summary"])
+            # Counts are stored as integers, and their steady means are whole when every step counts the same.
+            check(f["steps"]["samples"].dtype.kind == "i" and f["steps"]["skipped"].dtype.kind == "i",
+                  "counts stored as integers (steps/samples, steps/skipped)")
+            check(all(rank["samples"] == batch for rank in s["ranks"]),
+                  f"summary: samples per step exactly {batch} ({[rank['samples'] for rank in s['ranks']]})")
             step_means = d["step_ms"][:, 2:].mean(axis=1)
             check(s["slowest_rank"] == int(np.argmax(step_means)), "summary: slowest rank")
             check(math.isclose(s["slowest_step_ms"], step_means.max(), rel_tol=1e-9), "summary: slowest mean step")

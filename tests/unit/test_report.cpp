@@ -100,6 +100,17 @@ std::string all_text(const RunRecord& run) {
 
 // ---- blame -------------------------------------------------------------------------------------------------------
 
+// Run files and checkpoints from before the config's keys followed the flags read with today's keys.
+TEST(RunRecord, OldConfigKeysAreReadAsTheFlagsNames) {
+  nlohmann::json old = {{"hidden_dim", 1024}, {"hidden_layers", 2}, {"num_classes", 1000}, {"blas_threads", 1},
+                        {"batch", 128}};
+  upgrade_config_keys(old);
+  EXPECT_EQ(old, (nlohmann::json{{"hidden", 1024}, {"layers", 2}, {"classes", 1000}, {"threads", 1}, {"batch", 128}}));
+  nlohmann::json current = {{"hidden", 512}};
+  upgrade_config_keys(current);
+  EXPECT_EQ(current, (nlohmann::json{{"hidden", 512}}));
+}
+
 TEST(Blame, StragglerInputNamesTheSlowRankAndTheOthersWaitInTheAllReduce) {
   // The straggler case of the lab: rank 0 sleeps 40 ms before each batch; the others wait in the all-reduce.
   const RunRecord run = synthetic(4, [](int r, int) {
