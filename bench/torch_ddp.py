@@ -21,7 +21,8 @@ def worker(args):
     import torch.distributed as dist
     import torch.nn as nn
 
-    torch.set_num_threads(1)
+    if args.threads != "default":
+        torch.set_num_threads(int(args.threads))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(1234)
@@ -70,10 +71,14 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--bucket-mb", type=float, default=25)
+    p.add_argument("--threads", default="1", help="intra-op and BLAS threads per rank: N, or default (torch's own)")
     args = p.parse_args()
+    if args.threads != "default" and not (args.threads.isdigit() and int(args.threads) >= 1):
+        p.error(f"--threads takes a positive count or default, got {args.threads!r}")
     if "RANK" in os.environ:
         return worker(args)
-    return run_local_ranks(__file__, sys.argv[1:], args.np, 300, "torch_ddp")
+    return run_local_ranks(__file__, sys.argv[1:], args.np, 300, "torch_ddp",
+                           None if args.threads == "default" else int(args.threads))
 
 
 if __name__ == "__main__":

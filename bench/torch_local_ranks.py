@@ -1,6 +1,6 @@
 """Launches a PyTorch DDP benchmark's ranks on localhost, for bench/torch_ddp.py and bench/torch_ddp_tokens.py:
 Debian's python3-torch has no working torchrun, so the script starts itself once per rank with torch.distributed's
-env:// variables (a free port on 127.0.0.1) and one intra-op thread each."""
+env:// variables (a free port on 127.0.0.1), with the thread count the caller asks for."""
 import os
 import socket
 import subprocess
@@ -8,17 +8,20 @@ import sys
 import time
 
 
-def run_local_ranks(script, argv, np_ranks, timeout, name):
+def run_local_ranks(script, argv, np_ranks, timeout, name, threads=1):
     """Runs `python script argv` as ranks 0..np_ranks-1 (RANK set in their environment) and waits for them. Returns
     the worst exit code, or 1 after killing every rank when they are not all done within `timeout` seconds (gloo can
-    hang when the machine is oversubscribed)."""
+    hang when the machine is oversubscribed). threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for every rank (Debian's
+    torch runs its matrix products on OpenBLAS's own pool, which torch.set_num_threads does not reach); None leaves
+    the environment as it is (each library's default)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for r in range(np_ranks):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(np_ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(np_ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if threads is not None:
+            env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         procs.append(subprocess.Popen([sys.executable, script] + argv, env=env))
     deadline = time.monotonic() + timeout
     try:
