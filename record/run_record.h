@@ -13,24 +13,6 @@
 
 namespace ddplab {
 
-// A config JSON (run files, checkpoints) written before its keys were named after the flags, in today's keys:
-// hidden_dim -> hidden, hidden_layers -> layers, num_classes -> classes, blas_threads -> threads.
-inline void upgrade_config_keys(nlohmann::json& config) {
-  static const std::pair<const char*, const char*> kRenamed[] = {
-      {"hidden_dim", "hidden"}, {"hidden_layers", "layers"}, {"num_classes", "classes"}, {"blas_threads", "threads"}};
-  if (!config.is_object()) return;
-  for (const auto& [old_key, key] : kRenamed) {
-    const auto it = config.find(old_key);
-    if (it == config.end()) continue;
-    if (!config.contains(key)) config[key] = *it;
-    config.erase(old_key);
-  }
-}
-
-}  // namespace ddplab
-
-namespace ddplab {
-
 struct RunMetadata {
   std::string command;  // "train", "suite lab", "sweep"
   std::string command_line;
@@ -76,5 +58,19 @@ struct RunRecord {
   // Samples per step over all ranks: batch x grad_accum x world_size.
   int global_batch() const { return config.value("batch", 0) * config.value("grad_accum", 1) * world_size(); }
 };
+
+// A config JSON (run files, checkpoints) written before its keys were named after the flags, in today's keys:
+// hidden_dim -> hidden, hidden_layers -> layers, num_classes -> classes, blas_threads -> threads.
+inline void upgrade_config_keys(nlohmann::json& config) {
+  static const std::pair<const char*, const char*> kRenamed[] = {
+      {"hidden_dim", "hidden"}, {"hidden_layers", "layers"}, {"num_classes", "classes"}, {"blas_threads", "threads"}};
+  if (!config.is_object()) return;
+  for (const auto& [old_key, key] : kRenamed) {
+    const auto it = config.find(old_key);
+    if (it == config.end()) continue;
+    if (!config.contains(key)) config[key] = *it;
+    config.erase(old_key);
+  }
+}
 
 }  // namespace ddplab
