@@ -4,7 +4,8 @@
 // The parts, each testable alone:
 //   allreduce_terms   what one all-reduce costs, as message steps and bytes per rank (ring, recursive doubling,
 //                     16-bit wire); time = steps * alpha + bytes * beta
-//   fit_alpha_beta    alpha and beta from measured (terms, time) pairs: the run's own buckets or an allreduce_perf file
+//   fit_comm          alpha and beta from measured (terms, time) pairs: the run's own buckets or an allreduce_perf
+//                     file, and what an all-reduce costs extra when it starts beside backward
 //   simulate_step     one step: each rank's backward releasing gradient pieces, buckets cut by assign_buckets, one
 //                     comm thread reducing them in order, backward slowed while comm runs beside it, the slowest
 //                     rank setting the pace
@@ -123,7 +124,8 @@ struct StepModel {
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
   std::vector<std::string> notes;       // what the output must say about the model's sources
 };
-// Throws UsageError-worthy std::invalid_argument when the run has no bucket timings to model from.
+// Throws std::invalid_argument when the run has no bucket timings to model from, or a config value that names no
+// link, implementation or wire.
 StepModel build_model(const RunRecord& run, std::optional<Calibration> calibration);
 
 struct Prediction {
@@ -132,7 +134,7 @@ struct Prediction {
   SimulatedStep step;
   double samples_per_s = 0, tokens_per_s = 0;
   std::vector<std::string> extrapolated;  // why a number goes beyond what was measured (empty: within it)
-  std::string comm_source;                // "run fit", "calibration", "link model"
+  std::string comm_source;                // "run", "calibration" or "link model"; "+ link" on another link
 };
 Prediction predict(const StepModel& model, const PredictSetting& setting);
 

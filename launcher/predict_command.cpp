@@ -92,8 +92,8 @@ std::string reason(const Prediction& best, const Prediction& own) {
                   best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.backward_ms);
   std::string sentence = text;
   const double gain = 100 * (own.step.step_ms - s.step_ms) / own.step.step_ms;
-  std::snprintf(text, sizeof text, "; %.1f%% %s than the run's own setting (%.2f ms)", std::fabs(gain),
-                gain >= 0 ? "faster" : "slower", own.step.step_ms);
+  if (gain < 0.05) return sentence + "; the run's own setting is as fast";
+  std::snprintf(text, sizeof text, "; %.1f%% faster than the run's own setting (%.2f ms)", gain, own.step.step_ms);
   return sentence + text;
 }
 
@@ -201,13 +201,21 @@ void run_predict(const PredictArgs& a) {
   // The tunables are buckets, overlap, implementation and wire; the link and the world size are given. One
   // recommendation for each link and world size.
   nlohmann::json recommended = nlohmann::json::array();
+  // Caps that cut the same buckets predict the same step: on a tie the run's own setting wins, else the first.
+  const auto is_own = [&](const PredictSetting& x) {
+    return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
+           x.impl == own.impl && x.wire == own.wire;
+  };
   std::vector<std::pair<std::string, int>> best;  // group, row
   for (size_t i = 0; i < rows.size(); ++i) {
     const std::string group = rows[i].setting.link.name + "|" + std::to_string(rows[i].setting.ranks);
     auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == group; });
-    if (it == best.end())
+    if (it == best.end()) {
       best.emplace_back(group, static_cast<int>(i));
-    else if (rows[i].step.step_ms < rows[it->second].step.step_ms)
+      continue;
+    }
+    const double mine = rows[i].step.step_ms, theirs = rows[it->second].step.step_ms;
+    if (mine < theirs * (1 - 1e-9) || (mine <= theirs * (1 + 1e-9) && is_own(rows[i].setting)))
       it->second = static_cast<int>(i);
   }
   std::printf("\n");

@@ -56,13 +56,15 @@ void write_buckets(hid_t file, const RunRecord& run) {
   write_numbers(group, "count", count, {nb}, "elements");
   write_numbers(group, "bytes", bytes, {nb}, "bytes");
   write_strings(group, "param_names", pieces);
-  std::vector<int64_t> piece_offset, piece_numel;
-  for (const PieceRecord& p : run.pieces) {
-    piece_offset.push_back(p.offset);
-    piece_numel.push_back(p.numel);
+  if (!run.pieces.empty()) {  // a record put together without its layout (tests, tools) has none to store
+    std::vector<int64_t> piece_offset, piece_numel;
+    for (const PieceRecord& p : run.pieces) {
+      piece_offset.push_back(p.offset);
+      piece_numel.push_back(p.numel);
+    }
+    write_numbers(group, "piece_offset", piece_offset, {piece_offset.size()}, "elements");
+    write_numbers(group, "piece_numel", piece_numel, {piece_numel.size()}, "elements");
   }
-  write_numbers(group, "piece_offset", piece_offset, {piece_offset.size()}, "elements");
-  write_numbers(group, "piece_numel", piece_numel, {piece_numel.size()}, "elements");
   std::vector<double> column(run.bucket_times.size());
   for (const auto& [name, member] : kBucketTimes) {
     for (size_t i = 0; i < column.size(); ++i) column[i] = run.bucket_times[i].*member;
