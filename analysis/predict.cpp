@@ -383,9 +383,13 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   } else if (sxx <= 0) {
     m.slowdown_source = "not measured (comm beside backward never varied in the run)";
   } else {
-    const double lost = std::clamp(sxy / sxx, 0.0, 0.9);
+    // At most half: a core shared by the compute and the comm thread gives compute at least half of it. The fit
+    // reaches the bound when comm covered whole intervals: then a longer interval holds more comm for no other
+    // reason, and the run cannot separate the two.
+    const double lost = std::clamp(sxy / sxx, 0.0, 0.5);
     m.backward_slowdown = lost / (1 - lost);
-    m.slowdown_source = "fitted on " + std::to_string(steady * world) + " backwards, interval by interval";
+    m.slowdown_source = "fitted on " + std::to_string(steady * world) + " backwards, interval by interval" +
+                        (lost == 0.5 ? " (at its bound: comm covered whole intervals)" : "");
   }
 
   // Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered,

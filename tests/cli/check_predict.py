@@ -99,11 +99,16 @@ with tempfile.TemporaryDirectory() as work:
     with h5py.File(untimed, "r+") as f:
         for name in ("ready_ms", "comm_start_ms", "comm_end_ms"):
             f["buckets/" + name][...] = 0
+    torn = os.path.join(work, "torn.h5")  # a piece layout that does not add up to the buckets
+    shutil.copy(run, torn)
+    with h5py.File(torn, "r+") as f:
+        f["buckets/piece_numel"][0] += 1
     text = os.path.join(work, "notes.txt")
     open(text, "w").write("not a run file\n")
     out = os.path.join(work, "bad.json")
     cases = [([untimed], "has no bucket timings"),
              ([text], "cannot read run file"),
+             ([torn], "is not the span of its pieces"),
              ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
              ([run, "--bucket-mb", "0,5"], "bucket sizes must be > 0"),
              ([run, "--bucket-mb=-1,5"], "bucket sizes must be > 0"),
