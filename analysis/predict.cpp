@@ -147,6 +147,11 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   size_t next = 0;   // the next bucket to start
   double left = -1;  // ms left of the running all-reduce; < 0: none runs
   double comm_start = 0;
+  const auto ranks_in_backward = [&](double t) {
+    int count = 0;
+    for (size_t r = 0; r < n; ++r) count += t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0;
+    return count;
+  };
   const auto ready = [&](size_t j) {
     for (size_t r = 0; r < n; ++r) {
       const double needed = overlap_on ? ranks[r].piece_ready_ms.at(buckets[j].last_piece) : ranks[r].backward_ms;
@@ -156,16 +161,12 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   };
   for (double t = 0;; t += dt) {
     while (left < 0 && next < nb && ready(next)) {  // an all-reduce of nothing ends as it starts
-      int in_backward = 0;
-      for (size_t r = 0; r < n; ++r) in_backward += t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0;
       const BucketCost& c = cost[next++];
-      left = c.alone_ms + (c.beside_ms - c.alone_ms) * in_backward / static_cast<double>(n);
+      left = c.alone_ms + (c.beside_ms - c.alone_ms) * ranks_in_backward(t) / static_cast<double>(n);
       if (left <= 0) left = -1;
       comm_start = out.comm_end = t;
     }
-    int in_backward = 0;
-    for (size_t r = 0; r < n; ++r) in_backward += t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0;
-    if (in_backward == 0 && left < 0 && next == nb && t >= horizon) break;
+    if (left < 0 && next == nb && t >= horizon && ranks_in_backward(t) == 0) break;
     const bool comm_runs = left >= 0;
     for (size_t r = 0; r < n; ++r) {
       if (t < offsets[r] + ranks[r].before_ms || out.backward_end[r] >= 0) continue;

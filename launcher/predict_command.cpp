@@ -55,17 +55,20 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
     throw UsageError(e.what());
   }
   std::vector<PredictSetting> out;
-  for (const LinkModel& link : links.empty() ? std::vector<LinkModel>{run.link} : links)
+  bool left_out = false;
+  for (const LinkModel& link : or_run(links, run.link))
     for (int n : or_run(a.ranks, run.ranks))
-      for (AllreduceImpl impl : impls.empty() ? std::vector<AllreduceImpl>{run.impl} : impls)
-        for (WireDtype wire : wires.empty() ? std::vector<WireDtype>{run.wire} : wires)
-          for (bool overlap : overlaps.empty() ? std::vector<bool>{run.overlap} : overlaps)
+      for (AllreduceImpl impl : or_run(impls, run.impl))
+        for (WireDtype wire : or_run(wires, run.wire))
+          for (bool overlap : or_run(overlaps, run.overlap))
             for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
               for (double cap : or_run(a.bucket_mb, run.bucket_mb)) {
-                if (impl == AllreduceImpl::kMpi && wire != WireDtype::kFp32) continue;  // --comm mpi has no 16-bit wire
-                out.push_back({cap, first, overlap, link, n, impl, wire});
+                const bool possible = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
+                if (possible) out.push_back({cap, first, overlap, link, n, impl, wire});
+                left_out = left_out || !possible;
               }
   require(!out.empty(), "--comm mpi has no 16-bit wire: no setting left to predict");
+  if (left_out) std::printf("note: --comm mpi has no 16-bit wire; those combinations are left out\n");
   return out;
 }
 
