@@ -101,6 +101,13 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
   return link;
 }
 
+// Default: the crossover measured on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks,
+// 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows).
+size_t small_allreduce_bytes(int n) {
+  const int64_t measured = n <= 2 ? int64_t{16} << 10 : int64_t{32} << 10;
+  return static_cast<size_t>(settings::integer(settings::kSmallAllreduceBytes, measured, 0, int64_t{1} << 40));
+}
+
 namespace {
 
 // The tuning knobs (comm/settings.h). Values are measured on the development machine, see docs/COMM.md.
@@ -109,12 +116,6 @@ size_t ring_slice_bytes() {
 }
 size_t ring_slices_per_chunk() {
   return static_cast<size_t>(settings::integer(settings::kRingSlicesPerChunk, 1, 1 << 20));
-}
-// Default: the crossover measured on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks,
-// 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows).
-size_t small_allreduce_bytes(int n) {
-  const int64_t measured = n <= 2 ? int64_t{16} << 10 : int64_t{32} << 10;
-  return static_cast<size_t>(settings::integer(settings::kSmallAllreduceBytes, measured, 0, int64_t{1} << 40));
 }
 std::string comm_transport() { return settings::choice(settings::kCommTransport, {"shm", "mpi"}); }
 

@@ -34,6 +34,10 @@ struct LinkModel {
 // Throws std::invalid_argument naming the bad preset or value.
 LinkModel parse_link(const std::string& preset, double latency_us_override = -1, double gbps_override = -1);
 
+// The ring implementation takes recursive doubling for fp32 buffers up to this many bytes at `ranks` ranks
+// (DDPLAB_SMALL_ALLREDUCE_BYTES, or the measured crossover).
+size_t small_allreduce_bytes(int ranks);
+
 struct CommOptions {
   AllreduceImpl impl = AllreduceImpl::kRing;
   WireDtype wire = WireDtype::kFp32;

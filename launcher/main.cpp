@@ -28,6 +28,7 @@
 #include "comm/settings.h"
 #include "comm/watchdog.h"
 #include "record/errors.h"
+#include "launcher/predict_command.h"
 #include "launcher/report_commands.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
   CLI::App* sweep = add_sweep_command(app, sweep_options);
   CLI::App* devices = app.add_subcommand("devices", "show BLAS, MPI, HDF5 and CUDA as this build sees them");
   add_report_commands(app);  // report, timeline: run on rank 0 from their own callbacks
+  add_predict_command(app);  // the same, for predict
 
   int code = 0;
   try {

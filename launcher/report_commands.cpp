@@ -14,7 +14,6 @@
 #include "record/run_file.h"
 
 namespace ddplab {
-namespace {
 
 bool is_rank0() {
   int initialized = 0;
@@ -25,7 +24,6 @@ bool is_rank0() {
   return rank == 0;
 }
 
-// A file that is not a readable run file is bad input: a usage error (one line, exit code 2).
 RunRecord read_input(const std::string& path) {
   try {
     return read_run_file(path);
@@ -33,8 +31,6 @@ RunRecord read_input(const std::string& path) {
     throw UsageError(e.what());
   }
 }
-
-}  // namespace
 
 void add_report_commands(CLI::App& app) {
   struct ReportArgs {

@@ -445,6 +445,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   record.config = to_json(config);
   for (const Bucket& b : trainer->buckets())
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
+  for (const GradPiece& p : trainer->grad_pieces()) record.pieces.push_back({p.offset, p.numel});
   if (rank == 0 && !config.quiet) print_run_header(config, options, *trainer, size, first_step);
 
   RecordGatherer gathered(record, world);

@@ -57,6 +57,15 @@ void write_buckets(hid_t file, const RunRecord& run) {
   write_numbers(group, "count", count, {nb}, "elements");
   write_numbers(group, "bytes", bytes, {nb}, "bytes");
   write_strings(group, "param_names", pieces);
+  if (!run.pieces.empty()) {  // a record put together without its layout (tests, tools) has none to store
+    std::vector<int64_t> piece_offset, piece_numel;
+    for (const PieceRecord& p : run.pieces) {
+      piece_offset.push_back(p.offset);
+      piece_numel.push_back(p.numel);
+    }
+    write_numbers(group, "piece_offset", piece_offset, {piece_offset.size()}, "elements");
+    write_numbers(group, "piece_numel", piece_numel, {piece_numel.size()}, "elements");
+  }
   std::vector<double> column(run.bucket_times.size());
   for (const auto& [name, member] : kBucketTimes) {
     for (size_t i = 0; i < column.size(); ++i) column[i] = run.bucket_times[i].*member;
@@ -115,6 +124,27 @@ void read_steps(hid_t file, RunRecord& run) {
     for (size_t i = 0; i < column.size(); ++i) run.records[i].*member = column[i];
 }
 
+// The piece layout (files written before it was recorded have none): as many pieces as the buckets cover, in
+// ascending order without overlap, and each bucket exactly the span of its pieces — what assign_buckets requires.
+void read_pieces(hid_t group, RunRecord& run) {
+  const hsize_t np = run.buckets.empty() ? 0 : static_cast<hsize_t>(run.buckets.back().last_piece) + 1;
+  const std::vector<int64_t> offset = read_int64s(group, "piece_offset", {np}, "buckets/piece_offset");
+  const std::vector<int64_t> numel = read_int64s(group, "piece_numel", {np}, "buckets/piece_numel");
+  for (size_t k = 0; k < np; ++k)
+    if (numel[k] < 0 || offset[k] < (k ? offset[k - 1] + numel[k - 1] : 0) || offset[k] > INT64_MAX / 8 - numel[k])
+      throw FileProblem("buckets/piece_offset and piece_numel: piece " + std::to_string(k) +
+                        " does not lie after the previous one");
+  int next = 0;
+  for (size_t b = 0; b < run.buckets.size(); ++b) {
+    const BucketRecord& r = run.buckets[b];
+    if (r.first_piece != next || r.last_piece < r.first_piece || static_cast<hsize_t>(r.last_piece) >= np ||
+        r.count != offset[r.last_piece] + numel[r.last_piece] - offset[r.first_piece])
+      throw FileProblem("bucket " + std::to_string(b) + " is not the span of its pieces");
+    next = r.last_piece + 1;
+  }
+  for (size_t k = 0; k < np; ++k) run.pieces.push_back({offset[k], numel[k]});
+}
+
 void read_buckets(hid_t file, RunRecord& run) {
   H5Id group(open_group(file, "buckets", "buckets"), H5Gclose);
   // The number of buckets comes from `bytes`; every other bucket dataset must agree with it.
@@ -137,6 +167,7 @@ void read_buckets(hid_t file, RunRecord& run) {
       throw FileProblem("buckets/bytes[" + std::to_string(k) + "] is " + std::to_string(bytes[k]) +
                         ", not 4 x buckets/count (" + std::to_string(count[k]) + ")");
   }
+  if (has_link(group, "piece_numel")) read_pieces(group, run);
   for (const auto& [name, member] : kBucketTimes) {
     const std::vector<double> column = read_doubles(group, name, {world, steps, nb}, std::string("buckets/") + name);
     run.bucket_times.resize(column.size());

@@ -36,6 +36,12 @@ struct BucketRecord {
   int64_t bytes() const { return count * static_cast<int64_t>(sizeof(float)); }
 };
 
+// One gradient piece, in the order backward finalises them: where it lies in the flat gradient buffer. The layout
+// the buckets are cut from (assign_buckets), so a predictor can cut it again with other caps.
+struct PieceRecord {
+  int64_t offset = 0, numel = 0;  // elements
+};
+
 struct RunRecord {
   std::string path;  // where it is stored ("" before it is written)
   RunMetadata meta;
@@ -43,6 +49,7 @@ struct RunRecord {
   int steps = 0;                    // steps recorded, on every rank
   std::vector<StepRecord> records;  // world_size * steps, rank-major: rank r's step s at r * steps + s
   std::vector<BucketRecord> buckets;
+  std::vector<PieceRecord> pieces;        // empty when read from a file written before pieces were recorded
   std::vector<BucketTimes> bucket_times;  // world_size * steps * buckets: rank, then step, then bucket
 
   int world_size() const { return meta.world_size; }

@@ -1,0 +1,561 @@
+#include "analysis/predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "analysis/summary.h"
+
+namespace ddplab {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Interval {
+  double begin = 0, end = 0;
+};
+
+double overlap(const Interval& a, const Interval& b) {
+  return std::max(0.0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
+}
+
+bool same_link(const LinkModel& a, const LinkModel& b) { return a.latency_us == b.latency_us && a.gbps == b.gbps; }
+bool emulated(const LinkModel& link) { return link.latency_us > 0 || link.gbps > 0; }
+
+// The link's own cost: its latency per message step, its bandwidth per byte.
+AlphaBeta link_alpha_beta(const LinkModel& link) {
+  return {link.latency_us / 1000.0, link.gbps > 0 ? 1.0 / (link.gbps * 1e9 / 8 / 1000) : 0.0};
+}
+
+// allreduce_perf's name of an implementation with its wire.
+std::string impl_name(AllreduceImpl impl, WireDtype wire) {
+  if (impl == AllreduceImpl::kMpi) return "mpi";
+  return wire == WireDtype::kFp32 ? "ring" : std::string("ring-") + to_string(wire);
+}
+
+std::string mb_text(double bytes) {
+  std::ostringstream s;
+  s << std::setprecision(3) << bytes / kMiB << " MB";
+  return s.str();
+}
+
+}  // namespace
+
+AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes) {
+  if (ranks <= 1 || bytes <= 0) return {};
+  const double n = ranks, wire_bytes = wire == WireDtype::kFp32 ? bytes : bytes / 2;
+  if (impl == AllreduceImpl::kRing && bytes <= small_max_bytes) {
+    int log2p = 0;
+    while ((2 << log2p) <= ranks) ++log2p;
+    const double steps = log2p + ((1 << log2p) < ranks ? 2 : 0);
+    return {steps, steps * wire_bytes};
+  }
+  return {2 * (n - 1), 2 * (n - 1) / n * wire_bytes};
+}
+
+std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows, const std::vector<double>& y) {
+  const size_t k = rows.empty() ? 0 : rows[0].size();
+  std::vector<double> best(k, 0.0);
+  double best_residual = 0;
+  for (double v : y) best_residual += v * v;  // the empty subset: every coefficient 0
+  for (unsigned subset = 1; subset < (1u << k); ++subset) {
+    std::vector<size_t> cols;
+    for (size_t c = 0; c < k; ++c)
+      if (subset >> c & 1) cols.push_back(c);
+    const size_t m = cols.size();
+    // Normal equations of the subset, solved by Gauss-Jordan elimination with partial pivoting.
+    std::vector<std::vector<double>> a(m, std::vector<double>(m + 1, 0.0));
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (size_t p = 0; p < m; ++p) {
+        for (size_t q = 0; q < m; ++q) a[p][q] += rows[i][cols[p]] * rows[i][cols[q]];
+        a[p][m] += rows[i][cols[p]] * y[i];
+      }
+    double scale = 0;
+    for (size_t p = 0; p < m; ++p) scale = std::max(scale, a[p][p]);
+    bool singular = false;
+    for (size_t p = 0; p < m && !singular; ++p) {
+      size_t pivot = p;
+      for (size_t r = p + 1; r < m; ++r)
+        if (std::fabs(a[r][p]) > std::fabs(a[pivot][p])) pivot = r;
+      std::swap(a[p], a[pivot]);
+      singular = !(std::fabs(a[p][p]) > 1e-12 * scale);
+      for (size_t r = 0; r < m && !singular; ++r)
+        if (r != p) {
+          const double f = a[r][p] / a[p][p];
+          for (size_t q = p; q <= m; ++q) a[r][q] -= f * a[p][q];
+        }
+    }
+    if (singular) continue;
+    std::vector<double> x(k, 0.0);
+    bool feasible = true;
+    for (size_t p = 0; p < m; ++p) feasible = feasible && (x[cols[p]] = a[p][m] / a[p][p]) >= 0;
+    if (!feasible) continue;
+    double residual = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      double e = y[i];
+      for (size_t c = 0; c < k; ++c) e -= rows[i][c] * x[c];
+      residual += e * e;
+    }
+    if (residual < best_residual * (1 - 1e-12)) best = x, best_residual = residual;
+  }
+  return best;
+}
+
+std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
+                                const std::vector<double>& time_ms) {
+  // Two distinct ratios of bytes to message steps, or alpha and beta cannot be told apart.
+  bool contrast = false;
+  for (const AllreduceTerms& t : terms)
+    contrast = contrast || std::fabs(t.bytes * terms[0].message_steps - terms[0].bytes * t.message_steps) >
+                               1e-9 * (t.bytes * terms[0].message_steps + terms[0].bytes * t.message_steps);
+  if (!contrast) return std::nullopt;
+  std::vector<std::vector<double>> rows;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    const double f = share_beside[i];
+    rows.push_back({terms[i].message_steps, terms[i].bytes, f * terms[i].message_steps, f * terms[i].bytes});
+  }
+  const std::vector<double> x = nonnegative_least_squares(rows, time_ms);
+  return CommFit{{x[0], x[1]}, {x[2], x[3]}};
+}
+
+namespace {
+
+// One step with rank r starting at offsets[r]: when each rank's backward ends (absolute), when the last
+// all-reduce ends, each rank's backward time beside comm, the sum of the all-reduces' durations.
+struct StepTimes {
+  std::vector<double> backward_end, hidden;
+  double comm_end = 0, comm_total = 0;
+};
+
+StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double>& offsets,
+                 const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on,
+                 double backward_slowdown) {
+  const size_t n = ranks.size(), nb = buckets.size();
+  double horizon = 0, comm_beside = 0;
+  for (size_t r = 0; r < n; ++r) horizon = std::max(horizon, offsets[r] + ranks[r].before_ms + ranks[r].backward_ms);
+  for (const BucketCost& c : cost) comm_beside += c.beside_ms;
+  const double dt = std::max((horizon * (1 + backward_slowdown) + comm_beside) / 20000, 1e-9);
+
+  StepTimes out;
+  out.backward_end.assign(n, -1.0);
+  out.hidden.assign(n, 0.0);
+  std::vector<double> work(n, 0.0);
+  size_t next = 0;   // the next bucket to start
+  double left = -1;  // ms left of the running all-reduce; < 0: none runs
+  double comm_start = 0;
+  const auto ranks_in_backward = [&](double t) {
+    int count = 0;
+    for (size_t r = 0; r < n; ++r) count += t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0;
+    return count;
+  };
+  const auto ready = [&](size_t j) {
+    for (size_t r = 0; r < n; ++r) {
+      const double needed = overlap_on ? ranks[r].piece_ready_ms.at(buckets[j].last_piece) : ranks[r].backward_ms;
+      if (out.backward_end[r] < 0 && work[r] < needed) return false;
+    }
+    return true;
+  };
+  for (double t = 0;; t += dt) {
+    while (left < 0 && next < nb && ready(next)) {  // an all-reduce of nothing ends as it starts
+      const BucketCost& c = cost[next++];
+      left = c.alone_ms + (c.beside_ms - c.alone_ms) * ranks_in_backward(t) / static_cast<double>(n);
+      if (left <= 0) left = -1;
+      comm_start = out.comm_end = t;
+    }
+    if (left < 0 && next == nb && t >= horizon && ranks_in_backward(t) == 0) break;
+    const bool comm_runs = left >= 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (t < offsets[r] + ranks[r].before_ms || out.backward_end[r] >= 0) continue;
+      const double pace = comm_runs ? 1 / (1 + backward_slowdown) : 1;
+      const double used = std::min(dt, (ranks[r].backward_ms - work[r]) / pace);
+      work[r] += used * pace;
+      if (comm_runs) out.hidden[r] += used;
+      if (used < dt || work[r] >= ranks[r].backward_ms) out.backward_end[r] = t + used;
+    }
+    if (comm_runs) {
+      if (left <= dt) {
+        out.comm_end = t + left;
+        out.comm_total += out.comm_end - comm_start;
+        left = -1;
+      } else {
+        left -= dt;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
+                             const std::vector<BucketCost>& cost, bool overlap_on, double backward_slowdown) {
+  // A rank starts its next step when it finishes this one, so ranks that finish later (a longer optimizer) start
+  // later. The steps are replayed in order, first to let the ranks' start offsets settle, then to measure.
+  const size_t n = steps.at(0).size(), count = steps.size();
+  const size_t settle = std::max<size_t>(count, 20);
+  std::vector<double> offsets(n, 0.0), end(n), period(n, 0.0), backward(n, 0.0), exposed(n, 0.0), hidden(n, 0.0);
+  double comm = 0;
+  for (size_t i = 0; i < settle + count; ++i) {
+    const std::vector<RankProfile>& ranks = steps[i % count];
+    const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on, backward_slowdown);
+    for (size_t r = 0; r < n; ++r) end[r] = std::max(t.backward_end[r], t.comm_end) + ranks[r].after_ms;
+    if (i >= settle) {
+      comm += t.comm_total / count;
+      for (size_t r = 0; r < n; ++r) {
+        period[r] += (end[r] - offsets[r]) / count;
+        backward[r] += (t.backward_end[r] - offsets[r] - ranks[r].before_ms) / count;
+        exposed[r] += std::max(0.0, t.comm_end - t.backward_end[r]) / count;
+        hidden[r] += t.hidden[r] / count;
+      }
+    }
+    const double first = *std::min_element(end.begin(), end.end());
+    for (size_t r = 0; r < n; ++r) offsets[r] = end[r] - first;
+  }
+  const size_t k = std::max_element(period.begin(), period.end()) - period.begin();
+  return {period[k], static_cast<int>(k), backward[k], comm, exposed[k], hidden[k]};
+}
+
+SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
+                            const std::vector<BucketCost>& cost, bool overlap_on, double backward_slowdown) {
+  return simulate_steps({ranks}, buckets, cost, overlap_on, backward_slowdown);
+}
+
+Calibration read_calibration(const std::string& path) {
+  const auto fail = [&](const std::string& why) {
+    return std::runtime_error("cannot read calibration " + path + ": " + why);
+  };
+  std::ifstream in(path);
+  if (!in) throw fail("cannot open it");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  Calibration cal;
+  cal.path = path;
+  const size_t first = s.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && s[first] == '{') {  // allreduce_perf -J
+    try {
+      const nlohmann::json j = nlohmann::json::parse(s);
+      cal.ranks = j.at("nranks").get<int>();
+      const nlohmann::json& link = j.at("link");
+      cal.link = link.at("name").get<std::string>();
+      cal.link_model = parse_link(cal.link, link.value("latency_us", -1.0), link.value("gbps", -1.0));
+      for (const nlohmann::json& r : j.at("results"))
+        cal.points.push_back({r.at("impl").get<std::string>(), r.at("size_bytes").get<double>(),
+                              r.at("out_of_place").at("time_us").get<double>() / 1000});
+    } catch (const nlohmann::json::exception& e) {
+      throw fail(std::string("not allreduce_perf JSON (") + e.what() + ")");
+    } catch (const std::invalid_argument& e) {
+      throw fail(e.what());
+    }
+  } else {  // allreduce_perf --csv: impl,nranks,link,size_bytes,...,oop_time_us,...
+    std::istringstream lines(s);
+    std::string line;
+    std::getline(lines, line);
+    const auto split = [](const std::string& l) {
+      std::vector<std::string> cells;
+      std::stringstream cs(l);
+      for (std::string c; std::getline(cs, c, ',');) cells.push_back(c);
+      return cells;
+    };
+    const std::vector<std::string> header = split(line);
+    const auto column = [&](const char* name) {
+      const auto it = std::find(header.begin(), header.end(), name);
+      if (it == header.end()) throw fail(std::string("no column ") + name + " (not allreduce_perf CSV)");
+      return static_cast<size_t>(it - header.begin());
+    };
+    const size_t impl = column("impl"), ranks = column("nranks"), link = column("link"), bytes = column("size_bytes"),
+                 time = column("oop_time_us");
+    int row = 1;
+    while (std::getline(lines, line)) {
+      ++row;
+      if (line.empty()) continue;
+      const std::vector<std::string> cells = split(line);
+      try {
+        cal.ranks = std::stoi(cells.at(ranks));
+        cal.link = cells.at(link);
+        cal.points.push_back({cells.at(impl), std::stod(cells.at(bytes)), std::stod(cells.at(time)) / 1000});
+      } catch (const std::exception&) {
+        throw fail("row " + std::to_string(row) + " is not a result row");
+      }
+    }
+    try {
+      cal.link_model = parse_link(cal.link);
+    } catch (const std::invalid_argument& e) {
+      throw fail(e.what());
+    }
+  }
+  if (cal.points.empty()) throw fail("no results");
+  if (cal.ranks < 2) throw fail("measured at " + std::to_string(cal.ranks) + " rank(s): nothing to calibrate");
+  for (const Calibration::Point& p : cal.points)
+    if (!(p.bytes > 0 && p.time_ms >= 0 && std::isfinite(p.time_ms))) throw fail("a result with no size or time");
+  return cal;
+}
+
+StepModel build_model(const RunRecord& run, std::optional<Calibration> calibration) {
+  const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
+  const int first = run.first_steady_step(), steady = run.steps - first;
+  bool timed = false;
+  for (const BucketTimes& t : run.bucket_times) timed = timed || t.ready_ms != 0 || t.comm_end_ms != 0;
+  if (!timed || steady <= 0) throw std::invalid_argument(run.path + " has no bucket timings to predict from");
+
+  StepModel m;
+  const nlohmann::json& c = run.config;
+  m.measured.bucket_mb = c.value("bucket_mb", 25.0);
+  m.measured.first_bucket_mb = c.value("first_bucket_mb", 1.0);
+  m.measured.overlap = c.value("overlap", true);
+  m.measured.link = parse_link(c.value("link", std::string("none")), c.value("link_latency_us", -1.0),
+                               c.value("link_gbps", -1.0));
+  m.measured.ranks = world;
+  m.measured.impl = parse_allreduce_impl(c.value("comm", std::string("ring")));
+  m.measured.wire = parse_wire_dtype(c.value("comm_dtype", std::string("fp32")));
+  m.calibration = std::move(calibration);
+  m.measured_step_ms = summarize(run).slowest_step_ms;
+
+  // The layout buckets are cut from; without one, the buckets stand in as pieces (they can merge, not split).
+  m.pieces = run.pieces;
+  std::vector<int> bucket_first(nb), bucket_last(nb);
+  for (int b = 0; b < nb; ++b) bucket_first[b] = run.buckets[b].first_piece, bucket_last[b] = run.buckets[b].last_piece;
+  if (m.pieces.empty()) {
+    m.pieces_from_buckets = true;
+    int64_t offset = 0;
+    for (int b = 0; b < nb; ++b) {
+      m.pieces.push_back({offset, run.buckets[b].count});
+      offset += run.buckets[b].count;
+      bucket_first[b] = bucket_last[b] = b;
+    }
+    m.notes.push_back("the file has no piece layout: its " + std::to_string(nb) +
+                      " buckets stand in as pieces, so smaller caps cannot split them");
+  }
+
+  // Per steady step and rank: the backward that communicates, cut at the buckets' ready times into intervals
+  // (the last one, after the last bucket, is the tail); each interval's length and the time the comm thread was
+  // busy during it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
+  const int micro = std::max(1, c.value("grad_accum", 1));
+  using PerBucket = std::vector<double>;  // nb + 1 intervals
+  std::vector<std::vector<PerBucket>> length(steady, std::vector<PerBucket>(world, PerBucket(nb + 1)));
+  std::vector<std::vector<PerBucket>> busy = length;
+  std::vector<std::vector<Interval>> backward_of(world, std::vector<Interval>(run.steps));
+  m.steps.assign(steady, std::vector<RankProfile>(world));
+  for (int s = first; s < run.steps; ++s)
+    for (int r = 0; r < world; ++r) {
+      RankProfile& p = m.steps[s - first][r];
+      const StepRecord& x = run.at(r, s);
+      const double backward = x.backward_ms / micro;
+      const double start = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms - backward;
+      backward_of[r][s] = {start, start + backward};
+      p.before_ms = start - x.start_ms;
+      p.after_ms = std::max(0.0, x.step_ms - (start - x.start_ms) - backward - x.exposed_comm_ms);
+      double previous = start;
+      for (int b = 0; b <= nb; ++b) {
+        const double ready =
+            b < nb ? std::clamp(run.bucket_at(r, s, b).ready_ms, previous, start + backward) : start + backward;
+        double busy_ms = 0;
+        for (int k = 0; k < nb; ++k)
+          busy_ms += overlap({previous, ready}, {run.bucket_at(r, s, k).comm_start_ms, run.bucket_at(r, s, k).comm_end_ms});
+        length[s - first][r][b] = ready - previous;
+        busy[s - first][r][b] = busy_ms;
+        previous = ready;
+      }
+    }
+
+  // Backward's slowdown: how much longer the same interval of backward (the same bucket's pieces, on any rank and
+  // step) took when the comm thread was busy for longer during it. Within each interval, length = its own mean +
+  // lost x (busy - its mean busy), by least squares over ranks and steps; `lost` is the share of the busy time
+  // backward did not advance, slowdown / (1 + slowdown). Intervals differ in work, so only the variation
+  // within an interval counts.
+  double sxy = 0, sxx = 0;
+  for (int b = 0; b < nb; ++b) {
+    double mean_length = 0, mean_busy = 0;
+    for (int s = 0; s < steady; ++s)
+      for (int r = 0; r < world; ++r)
+        mean_length += length[s][r][b] / (steady * world), mean_busy += busy[s][r][b] / (steady * world);
+    for (int s = 0; s < steady; ++s)
+      for (int r = 0; r < world; ++r) {
+        sxy += (busy[s][r][b] - mean_busy) * (length[s][r][b] - mean_length);
+        sxx += (busy[s][r][b] - mean_busy) * (busy[s][r][b] - mean_busy);
+      }
+  }
+  if (!m.measured.overlap) {
+    m.slowdown_source = "not measured (the run had overlap off)";
+  } else if (sxx <= 0) {
+    m.slowdown_source = "not measured (comm beside backward never varied in the run)";
+  } else {
+    // At most half: a core shared by the compute and the comm thread gives compute at least half of it. The fit
+    // reaches the bound when comm covered whole intervals: then a longer interval holds more comm for no other
+    // reason, and the run cannot separate the two.
+    const double lost = std::clamp(sxy / sxx, 0.0, 0.5);
+    m.backward_slowdown = lost / (1 - lost);
+    m.slowdown_source = "fitted on " + std::to_string(steady * world) + " backwards, interval by interval" +
+                        (lost == 0.5 ? " (at its bound: comm covered whole intervals)" : "");
+  }
+
+  // Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered,
+  // pieces inside a bucket placed in proportion to their elements.
+  for (int s = 0; s < steady; ++s)
+    for (int r = 0; r < world; ++r) {
+      RankProfile& p = m.steps[s][r];
+      p.piece_ready_ms.assign(m.pieces.size(), 0);
+      double done = 0;
+      for (int b = 0; b <= nb; ++b) {
+        const double own =
+            std::max(0.0, length[s][r][b] - m.backward_slowdown / (1 + m.backward_slowdown) * busy[s][r][b]);
+        if (b == nb) {
+          p.backward_ms = done + own;
+          break;
+        }
+        const PieceRecord &lo = m.pieces[bucket_first[b]], &hi = m.pieces[bucket_last[b]];
+        const double span = static_cast<double>(hi.offset + hi.numel - lo.offset);
+        for (int k = bucket_first[b]; k <= bucket_last[b]; ++k)
+          p.piece_ready_ms[k] =
+              done + own * (span > 0 ? (m.pieces[k].offset + m.pieces[k].numel - lo.offset) / span : 1.0);
+        done += own;
+      }
+    }
+
+  // The all-reduce's cost from the run's buckets, per step: from the last rank joining to the last rank done (the
+  // next bucket waits for every rank's comm thread), and the share of ranks still in backward when it started.
+  if (world > 1) {
+    std::vector<AllreduceTerms> terms;
+    std::vector<double> beside, times;
+    const double small = static_cast<double>(small_allreduce_bytes(world));
+    for (int b = 0; b < nb; ++b) {
+      const double bytes = static_cast<double>(run.buckets[b].bytes());
+      m.measured_min_bucket = b ? std::min(m.measured_min_bucket, bytes) : bytes;
+      m.measured_max_bucket = std::max(m.measured_max_bucket, bytes);
+      for (int s = first; s < run.steps; ++s) {
+        Interval comm{0, 0};
+        for (int r = 0; r < world; ++r) {
+          comm.begin = std::max(comm.begin, run.bucket_at(r, s, b).comm_start_ms);
+          comm.end = std::max(comm.end, run.bucket_at(r, s, b).comm_end_ms);
+        }
+        const double ms = std::max(0.0, comm.end - comm.begin);
+        double in_backward = 0;  // share of the ranks whose backward still ran when the all-reduce started
+        for (int r = 0; r < world; ++r)
+          in_backward += (backward_of[r][s].begin <= comm.begin && comm.begin < backward_of[r][s].end) / double(world);
+        terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small));
+        beside.push_back(in_backward);
+        times.push_back(ms);
+      }
+    }
+    std::optional<CommFit> fit = fit_comm(terms, beside, times);
+    if (!fit) {  // one size: the link's latency, the rest bandwidth
+      const double alpha = link_alpha_beta(m.measured.link).alpha_ms;
+      std::vector<std::vector<double>> rows;
+      std::vector<double> rest;
+      for (size_t i = 0; i < terms.size(); ++i) {
+        rows.push_back({terms[i].bytes, beside[i] * terms[i].bytes});
+        rest.push_back(times[i] - alpha * terms[i].message_steps);
+      }
+      const std::vector<double> x = nonnegative_least_squares(rows, rest);
+      fit = CommFit{{alpha, x[0]}, {0, x[1]}};
+      m.notes.push_back("the run's buckets have one size: all-reduce latency taken from the link, the rest as bandwidth");
+    }
+    m.comm_fit = fit;
+  } else {
+    m.notes.push_back("a single-rank run has no measured comm: all-reduce times come from the link model alone" +
+                      std::string(m.calibration ? " and the calibration file" : ""));
+  }
+
+  double samples = 0, tokens = 0;
+  for (int r = 0; r < world; ++r)
+    for (int s = first; s < run.steps; ++s) samples += run.at(r, s).samples, tokens += run.at(r, s).useful_tokens;
+  m.samples_per_rank = samples / (static_cast<double>(world) * steady);
+  m.tokens_per_rank = tokens / (static_cast<double>(world) * steady);
+  return m;
+}
+
+Prediction predict(const StepModel& m, const PredictSetting& setting) {
+  Prediction out;
+  out.setting = setting;
+  std::vector<int64_t> numel, offset;
+  for (const PieceRecord& p : m.pieces) numel.push_back(p.numel), offset.push_back(p.offset);
+  const std::vector<Bucket> buckets = assign_buckets(numel, offset, setting.bucket_mb * kMiB, setting.first_bucket_mb * kMiB);
+  out.buckets = static_cast<int>(buckets.size());
+  const int n = setting.ranks;
+  const PredictSetting& measured = m.measured;
+
+  // Where alpha and beta come from: the calibration file for this implementation, else the run's buckets; on
+  // another link, the link's latency and bandwidth, bounded below by the source's own when it ran on no link.
+  const std::string name = impl_name(setting.impl, setting.wire);
+  std::optional<AlphaBeta> ab;
+  const AlphaBeta extra = m.comm_fit ? m.comm_fit->beside_extra : AlphaBeta{};  // the machine's, on any link
+  LinkModel source_link = measured.link;
+  int source_ranks = measured.ranks;
+  std::string source_name = impl_name(measured.impl, measured.wire);
+  double lo = m.measured_min_bucket, hi = m.measured_max_bucket;
+  if (m.calibration) {
+    std::vector<AllreduceTerms> terms;
+    std::vector<double> times;
+    const double small = static_cast<double>(small_allreduce_bytes(m.calibration->ranks));
+    for (const Calibration::Point& p : m.calibration->points)
+      if (p.impl == name) {
+        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, setting.wire, small));
+        times.push_back(p.time_ms);
+        lo = terms.size() == 1 ? p.bytes : std::min(lo, p.bytes);
+        hi = terms.size() == 1 ? p.bytes : std::max(hi, p.bytes);
+      }
+    if (const std::optional<CommFit> fit = fit_comm(terms, std::vector<double>(terms.size(), 0.0), times)) {
+      ab = fit->alone;
+      source_link = m.calibration->link_model;
+      source_ranks = m.calibration->ranks;
+      source_name = name;
+      out.comm_source = "calibration";
+    }
+  }
+  if (!ab && m.comm_fit) {
+    ab = m.comm_fit->alone;
+    out.comm_source = "run";
+  }
+  if (!ab) {
+    ab = AlphaBeta{};
+    source_link = LinkModel{};
+    source_ranks = 0;
+    out.comm_source = "link model";
+    if (n > 1) out.extrapolated.push_back("no measured all-reduce: link model alone");
+  }
+  if (!same_link(setting.link, source_link)) {
+    const AlphaBeta own = emulated(source_link) ? AlphaBeta{} : *ab, link = link_alpha_beta(setting.link);
+    ab = AlphaBeta{std::max(own.alpha_ms, link.alpha_ms), std::max(own.beta_ms_per_byte, link.beta_ms_per_byte)};
+    if (out.comm_source != "link model") {
+      out.comm_source += " + link";
+      out.extrapolated.push_back("link " + setting.link.name + " (measured " + source_link.name + ")" +
+                                 (emulated(source_link) ? ": the transport under the emulated link is unmeasured" : ""));
+    }
+  }
+  if (source_ranks > 0 && n != source_ranks)
+    out.extrapolated.push_back(std::to_string(n) + " ranks (measured " + std::to_string(source_ranks) + ")");
+  if (source_ranks > 0 && n > 1 && name != source_name)
+    out.extrapolated.push_back("comm " + name + " (measured " + source_name + ")");
+  if (setting.overlap && !measured.overlap)
+    out.extrapolated.push_back("overlap on (the run had it off: no slowdown measured)");
+
+  const double small = static_cast<double>(small_allreduce_bytes(n));
+  std::vector<BucketCost> cost;
+  bool outside = false;
+  for (const Bucket& b : buckets) {
+    const double bytes = static_cast<double>(b.count) * sizeof(float);
+    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small);
+    cost.push_back({ab->ms(terms), ab->ms(terms) + extra.ms(terms)});
+    // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
+    outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
+  }
+  if (outside) out.extrapolated.push_back("bucket sizes outside the measured " + mb_text(lo) + " .. " + mb_text(hi));
+
+  // n ranks: the measured ranks repeated (rank r behaves as measured rank r mod the measured world, so a slow
+  // rank stays). Copies wait for the same buckets as their originals, so only the distinct ones are replayed; the
+  // all-reduces cost what n ranks cost.
+  std::vector<std::vector<RankProfile>> steps;
+  for (const std::vector<RankProfile>& measured_ranks : m.steps)
+    steps.emplace_back(measured_ranks.begin(),
+                       measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
+  out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.backward_slowdown);
+  out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
+  out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
+  return out;
+}
+
+}  // namespace ddplab

@@ -1,0 +1,141 @@
+// `ddplab predict`: the step time of a configuration that was not run (bucket caps, overlap, link, world size,
+// all-reduce implementation, wire), from one run's records. docs/PREDICT.md describes the model, term by term.
+//
+// The parts, each testable alone:
+//   allreduce_terms   what one all-reduce costs, as message steps and bytes per rank (ring, recursive doubling,
+//                     16-bit wire); time = steps * alpha + bytes * beta
+//   fit_comm          alpha and beta from measured (terms, time) pairs: the run's own buckets or an allreduce_perf
+//                     file, and what an all-reduce costs extra when it starts beside backward
+//   simulate_step     one step: each rank's backward releasing gradient pieces, buckets cut by assign_buckets, one
+//                     comm thread reducing them in order, backward slowed while comm runs beside it, the slowest
+//                     rank setting the pace
+//   build_model / predict   the measured run turned into those inputs, and one configuration's prediction
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "record/run_record.h"
+
+namespace ddplab {
+
+// One all-reduce as the cost model sees it: time = message_steps * alpha + bytes * beta.
+struct AllreduceTerms {
+  double message_steps = 0;  // sequential message latencies
+  double bytes = 0;          // bytes each rank sends, one after another
+};
+// `bytes`: the fp32 buffer. The ring: 2(n-1) steps moving 2(n-1)/n of the buffer; recursive doubling (ring
+// implementation, buffers up to small_max_bytes): log2 p exchanges of the whole buffer, plus 2 to fold in and
+// out ranks beyond the power of two p. --comm mpi is modelled as the ring (as its link emulation is). A 16-bit
+// wire halves the bytes. One rank: nothing.
+AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes);
+
+struct AlphaBeta {
+  double alpha_ms = 0;  // per message step
+  double beta_ms_per_byte = 0;
+  double ms(const AllreduceTerms& t) const { return t.message_steps * alpha_ms + t.bytes * beta_ms_per_byte; }
+};
+
+// Least squares with every coefficient >= 0 (the best of the fits on each subset of the columns that comes out
+// non-negative). Columns a row set cannot tell apart leave their subset singular; it is skipped.
+std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows, const std::vector<double>& y);
+
+// What an all-reduce costs alone, and the extra it costs when it starts beside backward (on shared cores the comm
+// thread waits for a core at every message step it sleeps through).
+struct CommFit {
+  AlphaBeta alone, beside_extra;
+};
+// Least squares (all coefficients >= 0) of measured all-reduces: time = alone + f x extra, f = the share of the
+// ranks still in backward when it started. nullopt when the points cannot tell alpha from beta
+// (fewer than two distinct sizes).
+std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
+                                const std::vector<double>& time_ms);
+
+// One rank's step, as the model replays it (times in ms, steady-state means).
+struct RankProfile {
+  double before_ms = 0;  // step start to the start of the backward that communicates: data, forward, earlier micro-batches
+  double backward_ms = 0;                // that backward alone, without comm running beside it
+  std::vector<double> piece_ready_ms;    // per gradient piece (ready order): when it became final in that backward
+  double after_ms = 0;                   // optimizer and whatever follows the wait for the gradients
+};
+
+struct SimulatedStep {
+  double step_ms = 0;      // the slowest rank's step
+  int pace_rank = 0;       // that rank
+  double backward_ms = 0;  // its backward, slowdown included
+  double comm_ms = 0;      // sum of the buckets' all-reduce times
+  double exposed_ms = 0;   // its wait for the last all-reduce after its backward
+  double hidden_ms = 0;    // comm that ran while its backward ran
+};
+// A bucket's all-reduce: alone, and started beside every rank's backward (>= alone).
+struct BucketCost {
+  double alone_ms = 0, beside_ms = 0;
+};
+// The comm thread takes bucket j when every rank has released its last piece and bucket j-1 is done (overlap on),
+// or after every rank's backward (overlap off). Compute and comm slow each other on shared cores: while an
+// all-reduce runs, backward advances at 1 / (1 + backward_slowdown) of its pace; an all-reduce that starts while a
+// share f of the ranks is in backward costs alone + f (beside - alone). Replayed in time steps of 1/20000 of the
+// step.
+SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
+                            const std::vector<BucketCost>& cost, bool overlap, double backward_slowdown);
+// The same over a sequence of steps (each with its own profiles, per rank), replayed in order with each rank
+// starting its next step when it finishes this one; means over the steps, of the rank with the longest mean step.
+SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
+                             const std::vector<BucketCost>& cost, bool overlap, double backward_slowdown);
+
+// A configuration to predict.
+struct PredictSetting {
+  double bucket_mb = 25, first_bucket_mb = 1;
+  bool overlap = true;
+  LinkModel link;
+  int ranks = 1;
+  AllreduceImpl impl = AllreduceImpl::kRing;
+  WireDtype wire = WireDtype::kFp32;
+};
+
+// Measured all-reduce times from an allreduce_perf file (--csv or -J; docs/COMM.md): per implementation name
+// ("ring", "mpi", "ring-bf16", ...) the out-of-place time against size, at `ranks` ranks over `link`.
+struct Calibration {
+  std::string path, link;  // link: the preset's name as the file gives it
+  LinkModel link_model;
+  int ranks = 0;
+  struct Point {
+    std::string impl;
+    double bytes = 0, time_ms = 0;
+  };
+  std::vector<Point> points;
+};
+// Throws std::runtime_error with one line naming the file and the problem.
+Calibration read_calibration(const std::string& path);
+
+// What the model took from the run: the inputs of simulate_step and the cost of an all-reduce.
+struct StepModel {
+  PredictSetting measured;              // the run's own setting
+  double measured_step_ms = 0;          // its slowest rank's mean steady step
+  std::vector<PieceRecord> pieces;      // the layout buckets are cut from
+  bool pieces_from_buckets = false;     // the file had no piece layout: its buckets stand in as pieces
+  std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
+  double backward_slowdown = 0;         // backward beside an all-reduce takes (1 + this) times as long
+  std::string slowdown_source;          // how it was found, one phrase
+  std::optional<CommFit> comm_fit;      // from the run's bucket timings (nullopt: one rank)
+  double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
+  std::optional<Calibration> calibration;
+  double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
+  std::vector<std::string> notes;       // what the output must say about the model's sources
+};
+// Throws std::invalid_argument when the run has no bucket timings to model from, or a config value that names no
+// link, implementation or wire.
+StepModel build_model(const RunRecord& run, std::optional<Calibration> calibration);
+
+struct Prediction {
+  PredictSetting setting;
+  int buckets = 0;
+  SimulatedStep step;
+  double samples_per_s = 0, tokens_per_s = 0;
+  std::vector<std::string> extrapolated;  // why a number goes beyond what was measured (empty: within it)
+  std::string comm_source;                // "run", "calibration" or "link model"; "+ link" on another link
+};
+Prediction predict(const StepModel& model, const PredictSetting& setting);
+
+}  // namespace ddplab

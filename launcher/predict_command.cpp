@@ -1,0 +1,291 @@
+#include "launcher/predict_command.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "analysis/predict.h"
+#include "launcher/report_commands.h"
+#include "record/errors.h"
+#include "record/files.h"
+
+namespace ddplab {
+namespace {
+
+struct PredictArgs {
+  std::string file, calibration, json;
+  bool force = false;
+  std::vector<double> bucket_mb, first_bucket_mb;
+  std::vector<std::string> overlap, link, comm, comm_dtype;
+  std::vector<int> ranks;
+};
+
+constexpr double kMB = 1024.0 * 1024.0;
+
+std::string on_off(bool on) { return on ? "on" : "off"; }
+
+// Every combination of the lists, each list defaulting to the run's own value; validated before any work.
+std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const PredictSetting& run) {
+  const auto or_run = [](const auto& list, const auto& own) {
+    return list.empty() ? std::vector<std::decay_t<decltype(own)>>{own} : list;
+  };
+  for (const auto* list : {&a.bucket_mb, &a.first_bucket_mb})
+    for (double mb : *list)
+      require(std::isfinite(mb) && mb > 0, (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") +
+                                               nlohmann::json(mb).dump() + ": bucket sizes must be > 0 MB");
+  for (int n : a.ranks) require(n >= 1, "--ranks " + std::to_string(n) + ": a world has at least one rank");
+  std::vector<bool> overlaps;
+  for (const std::string& o : a.overlap) {
+    require(o == "on" || o == "off", "--overlap " + o + ": expected on or off");
+    overlaps.push_back(o == "on");
+  }
+  std::vector<LinkModel> links;
+  std::vector<AllreduceImpl> impls;
+  std::vector<WireDtype> wires;
+  try {
+    for (const std::string& l : a.link) links.push_back(parse_link(l));
+    for (const std::string& c : a.comm) impls.push_back(parse_allreduce_impl(c));
+    for (const std::string& d : a.comm_dtype) wires.push_back(parse_wire_dtype(d));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  std::vector<PredictSetting> out;
+  bool left_out = false;
+  for (const LinkModel& link : or_run(links, run.link))
+    for (int n : or_run(a.ranks, run.ranks))
+      for (AllreduceImpl impl : or_run(impls, run.impl))
+        for (WireDtype wire : or_run(wires, run.wire))
+          for (bool overlap : or_run(overlaps, run.overlap))
+            for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
+              for (double cap : or_run(a.bucket_mb, run.bucket_mb)) {
+                const bool possible = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
+                if (possible) out.push_back({cap, first, overlap, link, n, impl, wire});
+                left_out = left_out || !possible;
+              }
+  require(!out.empty(), "--comm mpi has no 16-bit wire: no setting left to predict");
+  if (left_out) std::printf("note: --comm mpi has no 16-bit wire; those combinations are left out\n");
+  return out;
+}
+
+std::string setting_flags(const PredictSetting& s) {
+  char text[256];
+  std::snprintf(text, sizeof text, "--bucket-mb %g --first-bucket-mb %g --overlap %s --comm %s --comm-dtype %s",
+                s.bucket_mb, s.first_bucket_mb, on_off(s.overlap).c_str(), to_string(s.impl), to_string(s.wire));
+  return text;
+}
+
+// Why this row is the one to take, in one sentence.
+std::string reason(const Prediction& best, const Prediction& own) {
+  const SimulatedStep& s = best.step;
+  const double hidden_pct = s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100;
+  char text[512];
+  if (s.exposed_ms > 0.05 * s.step_ms)
+    std::snprintf(text, sizeof text,
+                  "comm-bound: %d bucket(s) of <= %g MB hide %.0f%% of %.2f ms of all-reduce, %.2f ms stays exposed",
+                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms);
+  else
+    std::snprintf(text, sizeof text,
+                  "compute-bound: %d bucket(s) of <= %g MB hide %.0f%% of %.2f ms of all-reduce behind %.2f ms of "
+                  "backward",
+                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.backward_ms);
+  std::string sentence = text;
+  const double gain = 100 * (own.step.step_ms - s.step_ms) / own.step.step_ms;
+  if (gain < 0.05) return sentence + "; the run's own setting is as fast";
+  std::snprintf(text, sizeof text, "; %.1f%% faster than the run's own setting (%.2f ms)", gain, own.step.step_ms);
+  return sentence + text;
+}
+
+nlohmann::json row_json(const Prediction& p) {
+  const SimulatedStep& s = p.step;
+  return {{"link", p.setting.link.name},
+          {"ranks", p.setting.ranks},
+          {"comm", to_string(p.setting.impl)},
+          {"comm_dtype", to_string(p.setting.wire)},
+          {"overlap", p.setting.overlap},
+          {"bucket_mb", p.setting.bucket_mb},
+          {"first_bucket_mb", p.setting.first_bucket_mb},
+          {"buckets", p.buckets},
+          {"step_ms", s.step_ms},
+          {"samples_per_s", p.samples_per_s},
+          {"tokens_per_s", p.tokens_per_s},
+          {"backward_ms", s.backward_ms},
+          {"comm_ms", s.comm_ms},
+          {"exposed_comm_ms", s.exposed_ms},
+          {"hidden_comm_ms", s.hidden_ms},
+          {"hidden_pct", s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100.0},
+          {"comm_source", p.comm_source},
+          {"extrapolated", p.extrapolated}};
+}
+
+nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
+  if (!fit) return nullptr;
+  return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMB}}},
+          {"beside_backward_extra",
+           {{"alpha_us", fit->beside_extra.alpha_ms * 1000}, {"ms_per_mb", fit->beside_extra.beta_ms_per_byte * kMB}}}};
+}
+
+void write_json_file(const std::string& path, bool force, const nlohmann::json& j) {
+  const std::string tmp = temp_path_for(path);
+  {
+    std::ofstream out(tmp);
+    out << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (!out.good()) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error("cannot write " + tmp);
+    }
+  }
+  publish_file(tmp, path, force);
+}
+
+void run_predict(const PredictArgs& a) {
+  // Everything is checked before anything is computed or written.
+  if (!a.json.empty()) {
+    const std::string problem = check_output_path(a.json, a.force);
+    if (!problem.empty()) throw UsageError(problem);
+  }
+  const RunRecord run = read_input(a.file);
+  std::optional<Calibration> calibration;
+  StepModel model;
+  try {
+    if (!a.calibration.empty()) calibration = read_calibration(a.calibration);
+    model = build_model(run, calibration);
+  } catch (const std::exception& e) {
+    throw UsageError(e.what());
+  }
+  const std::vector<PredictSetting> settings = settings_to_predict(a, model.measured);
+
+  const PredictSetting& own = model.measured;
+  const Prediction self = predict(model, own);
+  const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;
+  std::printf("predict: %s: %d rank(s), link %s, %s %s, buckets %g/%g MB, overlap %s: measured %.2f ms/step\n",
+              a.file.c_str(), own.ranks, own.link.name.c_str(), to_string(own.impl), to_string(own.wire),
+              own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(), model.measured_step_ms);
+  std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
+  std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
+              model.slowdown_source.c_str());
+  if (model.comm_fit) {
+    const AlphaBeta &alone = model.comm_fit->alone, &extra = model.comm_fit->beside_extra;
+    std::printf("  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone, "
+                "+ %.1f us + %.3f ms per MB beside backward\n",
+                alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, extra.alpha_ms * 1000, extra.beta_ms_per_byte * kMB);
+  }
+  if (calibration)
+    std::printf("  calibration: %s (%d ranks, link %s)\n", calibration->path.c_str(), calibration->ranks,
+                calibration->link.c_str());
+  for (const std::string& note : model.notes) std::printf("  note: %s\n", note.c_str());
+
+  const bool tokens = model.tokens_per_rank > 0;
+  std::printf("\n%-10s %5s %-4s %-4s %-7s %9s %8s %7s %9s %11s %8s %8s %8s %7s\n", "link", "ranks", "comm", "wire",
+              "overlap", "bucket_MB", "first_MB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms",
+              "exposed", "hidden", "hidden%");
+  std::vector<Prediction> rows;
+  std::map<std::string, int> reasons;  // what goes beyond the measurement, and in how many rows
+  for (const PredictSetting& s : settings) {
+    rows.push_back(predict(model, s));
+    const Prediction& p = rows.back();
+    const SimulatedStep& x = p.step;
+    std::printf("%-10s %5d %-4s %-4s %-7s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %6.0f%%%s\n",
+                s.link.name.c_str(), s.ranks, to_string(s.impl), to_string(s.wire), on_off(s.overlap).c_str(),
+                s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s,
+                x.comm_ms, x.exposed_ms, x.hidden_ms, x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0,
+                p.extrapolated.empty() ? "" : " *");
+    for (const std::string& r : p.extrapolated) ++reasons[r];
+  }
+  if (!reasons.empty()) {
+    std::printf("* extrapolated beyond what was measured:\n");
+    for (const auto& [r, count] : reasons) std::printf("    %s (%d row%s)\n", r.c_str(), count, count == 1 ? "" : "s");
+  }
+
+  // The tunables are buckets, overlap, implementation and wire; the link and the world size are given. One
+  // recommendation for each link and world size.
+  nlohmann::json recommended = nlohmann::json::array();
+  // Caps that cut the same buckets predict the same step: on a tie the run's own setting wins, else the first.
+  const auto is_own = [&](const PredictSetting& x) {
+    return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
+           x.impl == own.impl && x.wire == own.wire;
+  };
+  std::vector<std::pair<std::string, int>> best;  // group, row
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string group = rows[i].setting.link.name + "|" + std::to_string(rows[i].setting.ranks);
+    auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == group; });
+    if (it == best.end()) {
+      best.emplace_back(group, static_cast<int>(i));
+      continue;
+    }
+    const double mine = rows[i].step.step_ms, theirs = rows[it->second].step.step_ms;
+    if (mine < theirs * (1 - 1e-9) || (mine <= theirs * (1 + 1e-9) && is_own(rows[i].setting)))
+      it->second = static_cast<int>(i);
+  }
+  std::printf("\n");
+  for (const auto& [group, i] : best) {
+    const Prediction& p = rows[i];
+    PredictSetting baseline = own;
+    baseline.link = p.setting.link;
+    baseline.ranks = p.setting.ranks;
+    const std::string why = reason(p, predict(model, baseline));
+    std::printf("recommended (link %s, %d rank%s): %s: %.2f ms/step%s\n  %s\n", p.setting.link.name.c_str(),
+                p.setting.ranks, p.setting.ranks == 1 ? "" : "s", setting_flags(p.setting).c_str(), p.step.step_ms,
+                p.extrapolated.empty() ? "" : " *", why.c_str());
+    recommended.push_back({{"link", p.setting.link.name}, {"ranks", p.setting.ranks}, {"row", i}, {"reason", why}});
+  }
+  std::fflush(stdout);
+
+  if (a.json.empty()) return;
+  nlohmann::json rows_json = nlohmann::json::array();
+  for (const Prediction& p : rows) rows_json.push_back(row_json(p));
+  nlohmann::json j = {
+      {"run", a.file},
+      {"measured", {{"step_ms", model.measured_step_ms}, {"error_pct", self_error}, {"predicted", row_json(self)}}},
+      {"model",
+       {{"backward_slowdown", model.backward_slowdown},
+        {"slowdown_source", model.slowdown_source},
+        {"comm_fit", comm_fit_json(model.comm_fit)},
+        {"calibration", calibration ? nlohmann::json(calibration->path) : nlohmann::json(nullptr)},
+        {"notes", model.notes}}},
+      {"rows", rows_json},
+      {"recommended", recommended}};
+  try {
+    write_json_file(a.json, a.force, j);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(e.what());
+  }
+  std::printf("predictions: %s\n", a.json.c_str());
+}
+
+}  // namespace
+
+void add_predict_command(CLI::App& app) {
+  auto args = std::make_shared<PredictArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "predict", "predicted step time for other bucket sizes, overlap, links and world sizes (docs/PREDICT.md)");
+  cmd->add_option("file", args->file, "a run file (HDF5) to model from")->required()->type_name("RUN.h5");
+  cmd->add_option("--bucket-mb", args->bucket_mb, "bucket caps in MiB, > 0 (default: the run's)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--first-bucket-mb", args->first_bucket_mb, "caps of the bucket that closes backward, MiB, > 0")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--overlap", args->overlap, "on, off or on,off (default: the run's)")->delimiter(',')->type_name("LIST");
+  cmd->add_option("--link", args->link, "links: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4 (default: the run's)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--ranks", args->ranks, "world sizes (default: the run's)")->delimiter(',')->type_name("LIST");
+  cmd->add_option("--comm", args->comm, "ring, mpi (default: the run's)")->delimiter(',')->type_name("LIST");
+  cmd->add_option("--comm-dtype", args->comm_dtype, "fp32, bf16, fp16 (default: the run's)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--calibration", args->calibration, "allreduce_perf --csv or -J file: all-reduce times to use")
+      ->type_name("FILE");
+  cmd->add_option("--json", args->json, "write the table and recommendations as JSON")->type_name("OUT");
+  cmd->add_flag("--force", args->force, "overwrite an existing --json file");
+  cmd->callback([args] {
+    if (is_rank0()) run_predict(*args);
+  });
+}
+
+}  // namespace ddplab

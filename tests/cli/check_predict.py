@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""`ddplab predict` end to end: a small run trained with mpirun, predicted at its own setting (a sanity bound of
+15% of its measured step time: the model's accuracy target, 5%, is a benchmark on a quiet machine, docs/PREDICT.md;
+on CI's two shared cores a live run's own-setting error was seen at -2% to +6.5%; test_predict checks the replay of
+a synthetic run at its own setting exactly), over a grid of settings (rows, extrapolation marks, one recommendation per link and world
+size, the JSON file), from a single-rank run, and refused with exit code 2 and nothing written on bad input.
+
+usage: check_predict.py MPIRUN DDPLAB
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import h5py
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+mpirun, ddplab = sys.argv[1], sys.argv[2]
+
+
+def train(np_ranks, out, *extra):
+    # 10gbe: the all-reduces take a third of the step and sleep rather than compute, so the step is stable
+    # enough on a shared 2-core machine; 2 MB buckets give several buckets of two sizes to fit on.
+    cmd = [mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", "40", "--warmup-steps", "5", "--link", "10gbe",
+           "--bucket-mb", "2", "--quiet", "--out", out, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    check(proc.returncode == 0, f"train -np {np_ranks} exits 0 ({proc.stderr.strip()[-300:]})")
+
+
+def predict(*args):
+    return subprocess.run([ddplab, "predict", *args], capture_output=True, text=True, timeout=120)
+
+
+with tempfile.TemporaryDirectory() as work:
+    run = os.path.join(work, "run.h5")
+    train(2, run)
+    report = json.loads(subprocess.run([ddplab, "report", "--json", run], capture_output=True, text=True).stdout)[0]
+    measured = report["summary"]["slowest_step_ms"]
+
+    # At the run's own setting: one row, near the run's step time (the 5% target is measured in the benchmark).
+    own_json = os.path.join(work, "own.json")
+    proc = predict(run, "--json", own_json)
+    print(proc.stdout)
+    check(proc.returncode == 0, f"predict exits 0 ({proc.stderr.strip()[-300:]})")
+    own = json.load(open(own_json))
+    check(abs(own["measured"]["step_ms"] - measured) < 1e-9, "the measured step is the summary's slowest step")
+    check(len(own["rows"]) == 1 and own["rows"][0]["bucket_mb"] == 2 and own["rows"][0]["link"] == "10gbe",
+          "no lists: one row, the run's own setting")
+    error = (own["rows"][0]["step_ms"] - measured) / measured
+    check(abs(error) <= 0.15, f"own setting predicted within 15%: {own['rows'][0]['step_ms']:.2f} vs "
+                              f"measured {measured:.2f} ms ({100 * error:+.1f}%)")
+    check(own["rows"][0]["extrapolated"] == [], "the run's own setting is not an extrapolation")
+
+    # A grid: every combination, extrapolations marked, one recommendation per link and world size.
+    grid_json = os.path.join(work, "grid.json")
+    proc = predict(run, "--bucket-mb", "0.5,2,25", "--overlap", "on,off", "--link", "10gbe,100gbe-ib", "--ranks",
+                   "2,4", "--json", grid_json)
+    print(proc.stdout[-3000:])
+    check(proc.returncode == 0, f"grid predict exits 0 ({proc.stderr.strip()[-300:]})")
+    grid = json.load(open(grid_json))
+    rows = grid["rows"]
+    check(len(rows) == 3 * 2 * 2 * 2, f"{len(rows)} rows, expected 24")
+    check(all(r["extrapolated"] for r in rows if r["ranks"] == 4 or r["link"] == "100gbe-ib"),
+          "rows at 4 ranks or on another link are marked extrapolated")
+    check(all(any("4 ranks" in e for e in r["extrapolated"]) for r in rows if r["ranks"] == 4), "4 ranks named")
+    check(all(r["hidden_comm_ms"] == 0 for r in rows if not r["overlap"]), "overlap off hides nothing")
+    check(all(abs(r["samples_per_s"] - 128 * r["ranks"] / r["step_ms"] * 1000) < 1e-6 * r["samples_per_s"]
+              for r in rows), "samples/s = global batch / step")
+    check(len(grid["recommended"]) == 4, "a recommendation per link and world size")
+    for rec in grid["recommended"]:
+        group = [r for r in rows if r["link"] == rec["link"] and r["ranks"] == rec["ranks"]]
+        check(rows[rec["row"]]["step_ms"] <= min(r["step_ms"] for r in group) * (1 + 1e-9),
+              f"recommended for {rec['link']} x {rec['ranks']} is the fastest row")
+        check(rec["reason"].startswith(("comm-bound", "compute-bound")), f"reason: {rec['reason']}")
+    check(proc.stdout.count("recommended (") == 4 and "* extrapolated beyond what was measured" in proc.stdout,
+          "the table marks extrapolations and prints the recommendations")
+    faster_link = {(r["bucket_mb"], r["overlap"], r["ranks"]): r["step_ms"] for r in rows if r["link"] == "100gbe-ib"}
+    check(all(r["step_ms"] >= faster_link[(r["bucket_mb"], r["overlap"], r["ranks"])] - 1e-9
+              for r in rows if r["link"] == "10gbe"), "a faster link never predicts a slower step")
+
+    # A single-rank run: no measured comm, the link model alone, said so.
+    single = os.path.join(work, "single.h5")
+    train(1, single)
+    proc = predict(single, "--ranks", "2", "--link", "10gbe")
+    check(proc.returncode == 0 and "no measured comm" in proc.stdout and "link model alone" in proc.stdout,
+          f"a single-rank run is predicted from the link model, and says so ({proc.stderr.strip()[-200:]})")
+
+    # Bad input: one line, exit code 2, no --json written.
+    untimed = os.path.join(work, "untimed.h5")
+    shutil.copy(run, untimed)
+    with h5py.File(untimed, "r+") as f:
+        for name in ("ready_ms", "comm_start_ms", "comm_end_ms"):
+            f["buckets/" + name][...] = 0
+    torn = os.path.join(work, "torn.h5")  # a piece layout that does not add up to the buckets
+    shutil.copy(run, torn)
+    with h5py.File(torn, "r+") as f:
+        f["buckets/piece_numel"][0] += 1
+    text = os.path.join(work, "notes.txt")
+    open(text, "w").write("not a run file\n")
+    out = os.path.join(work, "bad.json")
+    cases = [([untimed], "has no bucket timings"),
+             ([text], "cannot read run file"),
+             ([torn], "is not the span of its pieces"),
+             ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
+             ([run, "--bucket-mb", "0,5"], "bucket sizes must be > 0"),
+             ([run, "--bucket-mb=-1,5"], "bucket sizes must be > 0"),
+             ([run, "--first-bucket-mb=-1"], "bucket sizes must be > 0"),
+             ([run, "--ranks", "0"], "at least one rank")]
+    for args, expected in cases:
+        proc = predict(*args, "--json", out)
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("ddplab:")]
+        check(proc.returncode == 2 and len(lines) == 1 and expected in lines[0] and not os.path.exists(out) and
+              proc.stdout == "", f"{' '.join(args[1:]) or os.path.basename(args[0])}: exit 2, one line naming "
+                                 f"'{expected}', nothing written ({proc.returncode}: {proc.stderr.strip()[-200:]})")
+    proc = predict(run, "--json", own_json)
+    check(proc.returncode == 2 and "already exists" in proc.stderr, "an existing --json file is kept without --force")
+print(f"predict checks: {len(failures)} failed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,309 @@
+// The step-time model of `ddplab predict` (analysis/predict.h) on schedules whose answer is worked out by hand:
+// one bucket, comm much shorter and much longer than backward, the small closing bucket, the 16-bit wire, a slow
+// rank, the slowdowns; the alpha-beta fit; and a RunRecord synthesised from a known schedule, which the model must
+// replay at its own setting and predict at others.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "analysis/predict.h"
+
+namespace ddplab {
+namespace {
+
+constexpr double kTol = 0.01;  // ms: the replay's time step is 1/20000 of a step of ~20-40 ms
+
+// Four gradient pieces of 1000 floats (4000 bytes), back to back.
+const std::vector<int64_t> kNumel = {1000, 1000, 1000, 1000}, kOffset = {0, 1000, 2000, 3000};
+
+// Data + forward 2 ms, backward 10 ms releasing a piece every 2.5 ms, optimizer 3 ms.
+RankProfile profile(double before_ms = 2) { return RankProfile{before_ms, 10, {2.5, 5, 7.5, 10}, 3}; }
+
+std::vector<Bucket> buckets(double cap_bytes, double first_cap_bytes) {
+  return assign_buckets(kNumel, kOffset, cap_bytes, first_cap_bytes);
+}
+
+std::vector<BucketCost> same_cost(size_t n, double ms) { return std::vector<BucketCost>(n, BucketCost{ms, ms}); }
+
+TEST(Predict, OneBucketWaitsForTheWholeBackward) {
+  const auto b = buckets(1e9, 1e9);
+  ASSERT_EQ(b.size(), 1u);
+  for (bool overlap : {true, false}) {
+    const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(1, 4), overlap, 0);
+    EXPECT_NEAR(s.step_ms, 2 + 10 + 4 + 3, kTol) << overlap;
+    EXPECT_NEAR(s.exposed_ms, 4, kTol);
+    EXPECT_NEAR(s.hidden_ms, 0, kTol);
+    EXPECT_NEAR(s.comm_ms, 4, kTol);
+  }
+}
+
+TEST(Predict, CommMuchShorterThanBackwardHidesAllButTheLastBucket) {
+  const auto b = buckets(0, 0);  // a bucket per piece
+  ASSERT_EQ(b.size(), 4u);
+  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true, 0);
+  EXPECT_NEAR(on.step_ms, 2 + 10 + 0.1 + 3, kTol);
+  EXPECT_NEAR(on.exposed_ms, 0.1, kTol);
+  EXPECT_NEAR(on.hidden_ms, 0.3, kTol);
+  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), false, 0);
+  EXPECT_NEAR(off.step_ms, 2 + 10 + 0.4 + 3, kTol);
+  EXPECT_NEAR(off.hidden_ms, 0, kTol);
+}
+
+TEST(Predict, CommMuchLongerThanBackwardQueuesOnTheCommThread) {
+  // Buckets of 5 ms, ready every 2.5 ms: the comm thread runs them back to back from 2.5 ms, ending at 22.5 ms.
+  const auto b = buckets(0, 0);
+  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 5), true, 0);
+  EXPECT_NEAR(on.step_ms, 2 + 22.5 + 3, kTol);
+  EXPECT_NEAR(on.exposed_ms, 12.5, kTol);
+  EXPECT_NEAR(on.hidden_ms, 7.5, kTol);
+  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 5), false, 0);
+  EXPECT_NEAR(off.step_ms, 2 + 10 + 20 + 3, kTol);
+}
+
+TEST(Predict, SmallClosingBucketShortensTheTail) {
+  // 1 ms per 4000 bytes. A closing cap of one piece: buckets {0,1} {2} {3}, the last ready at 10 ms and 1 ms
+  // long. A closing cap of two pieces: {0,1} {2,3}, the last 2 ms long.
+  const auto cost_of = [](const std::vector<Bucket>& bs) {
+    std::vector<BucketCost> c;
+    for (const Bucket& b : bs) c.push_back({b.count / 1000.0, b.count / 1000.0});
+    return c;
+  };
+  const auto small = buckets(8000, 4000), large = buckets(8000, 8000);
+  ASSERT_EQ(small.size(), 3u);
+  EXPECT_EQ(small.back().first_piece, 3);
+  ASSERT_EQ(large.size(), 2u);
+  EXPECT_EQ(large.back().first_piece, 2);
+  const SimulatedStep s = simulate_step({profile(), profile()}, small, cost_of(small), true, 0);
+  const SimulatedStep l = simulate_step({profile(), profile()}, large, cost_of(large), true, 0);
+  EXPECT_NEAR(s.step_ms, 2 + 11 + 3, kTol);
+  EXPECT_NEAR(s.exposed_ms, 1, kTol);
+  EXPECT_NEAR(l.step_ms, 2 + 12 + 3, kTol);
+  EXPECT_NEAR(l.exposed_ms, 2, kTol);
+}
+
+TEST(Predict, SlowRankSetsThePace) {
+  // Rank 2 starts its backward 4 ms late: every all-reduce waits for it, the others wait for the last one.
+  const auto b = buckets(0, 0);
+  const SimulatedStep s = simulate_step({profile(), profile(), profile(6)}, b, same_cost(4, 0.1), true, 0);
+  EXPECT_NEAR(s.step_ms, 6 + 10 + 0.1 + 3, kTol);
+  // A slow optimizer on one rank makes it start later, and the others wait for it in the next step's comm.
+  RankProfile slow_optimizer = profile();
+  slow_optimizer.after_ms = 5;
+  const SimulatedStep t = simulate_step({profile(), slow_optimizer}, b, same_cost(4, 0.1), true, 0);
+  EXPECT_NEAR(t.step_ms, 2 + 10 + 0.1 + 5, kTol);
+}
+
+TEST(Predict, BackwardSlowedBesideComm) {
+  // Backward at half pace while an all-reduce runs (slowdown 1): bucket 0 runs 2.5..7.5, when backward has done
+  // 5 ms of work and releases bucket 1, and so on: the comm thread stays busy and backward ends at 17.5 ms.
+  const auto b = buckets(0, 0);
+  const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(4, 5), true, 1.0);
+  EXPECT_NEAR(s.backward_ms, 17.5, kTol);
+  EXPECT_NEAR(s.step_ms, 2 + 22.5 + 3, kTol);
+  EXPECT_NEAR(s.hidden_ms, 15, kTol);
+  EXPECT_NEAR(s.exposed_ms, 5, kTol);
+}
+
+TEST(Predict, CommSlowedWhenItStartsBesideBackward) {
+  // 0.2 ms beside backward, 0.1 ms alone: the first three start during backward, the last after it.
+  const auto b = buckets(0, 0);
+  const SimulatedStep s =
+      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, BucketCost{0.1, 0.2}), true, 0);
+  EXPECT_NEAR(s.comm_ms, 3 * 0.2 + 0.1, kTol);
+  EXPECT_NEAR(s.step_ms, 2 + 10 + 0.1 + 3, kTol);
+}
+
+TEST(Predict, AllreduceTerms) {
+  const double mib = 1 << 20, small = 16 << 10;
+  const AllreduceTerms ring = allreduce_terms(mib, 4, AllreduceImpl::kRing, WireDtype::kFp32, small);
+  EXPECT_DOUBLE_EQ(ring.message_steps, 6);
+  EXPECT_DOUBLE_EQ(ring.bytes, 1.5 * mib);
+  const AllreduceTerms bf16 = allreduce_terms(mib, 4, AllreduceImpl::kRing, WireDtype::kBf16, small);
+  EXPECT_DOUBLE_EQ(bf16.message_steps, 6);
+  EXPECT_DOUBLE_EQ(bf16.bytes, 0.75 * mib);  // the 16-bit wire halves the bytes, not the steps
+  // Recursive doubling up to the threshold: log2 p exchanges of the whole buffer, +2 to fold in ranks beyond p.
+  EXPECT_DOUBLE_EQ(allreduce_terms(small, 2, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps, 1);
+  EXPECT_DOUBLE_EQ(allreduce_terms(small, 4, AllreduceImpl::kRing, WireDtype::kFp32, small).bytes, 2 * small);
+  EXPECT_DOUBLE_EQ(allreduce_terms(small, 3, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps, 3);
+  EXPECT_DOUBLE_EQ(allreduce_terms(small, 2, AllreduceImpl::kRing, WireDtype::kFp16, small).bytes, small / 2);
+  // --comm mpi: the ring's cost at every size. One rank: nothing.
+  EXPECT_DOUBLE_EQ(allreduce_terms(small, 2, AllreduceImpl::kMpi, WireDtype::kFp32, small).message_steps, 2);
+  EXPECT_DOUBLE_EQ(allreduce_terms(mib, 1, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps, 0);
+}
+
+TEST(Predict, WireHalvesTheBandwidthTermOfTheStep) {
+  // Comm-bound (bandwidth only, 1 ms per MiB): a bf16 wire halves every bucket and the exposed tail.
+  const double small = 16 << 10;
+  const AlphaBeta ab{0, 1.0 / (1 << 20)};
+  const auto b = buckets(0, 0);
+  std::vector<BucketCost> fp32, bf16;
+  for (const Bucket& x : b) {
+    const double bytes = x.count * 4.0 * 1000;  // as if each piece were 4 MB
+    fp32.push_back({ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small)), 0});
+    bf16.push_back({ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kBf16, small)), 0});
+    fp32.back().beside_ms = fp32.back().alone_ms, bf16.back().beside_ms = bf16.back().alone_ms;
+  }
+  const SimulatedStep a = simulate_step({profile(), profile()}, b, fp32, false, 0);
+  const SimulatedStep h = simulate_step({profile(), profile()}, b, bf16, false, 0);
+  EXPECT_NEAR(a.comm_ms, 2 * h.comm_ms, kTol);
+  EXPECT_NEAR(a.step_ms - h.step_ms, h.comm_ms, kTol);
+}
+
+TEST(Predict, FitRecoversAlphaBetaAndTheExtraBesideBackward) {
+  const AlphaBeta alone{0.01, 2e-6}, extra{0.5, 1e-7};
+  std::vector<AllreduceTerms> terms;
+  std::vector<double> share, ms;
+  for (double bytes : {4e3, 1e5, 1e6, 4e6})
+    for (double f : {0.0, 0.5, 1.0}) {
+      terms.push_back(allreduce_terms(bytes, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10));
+      share.push_back(f);
+      ms.push_back(alone.ms(terms.back()) + f * extra.ms(terms.back()));
+    }
+  const auto fit = fit_comm(terms, share, ms);
+  ASSERT_TRUE(fit);
+  EXPECT_NEAR(fit->alone.alpha_ms, alone.alpha_ms, 1e-9);
+  EXPECT_NEAR(fit->alone.beta_ms_per_byte, alone.beta_ms_per_byte, 1e-12);
+  EXPECT_NEAR(fit->beside_extra.alpha_ms, extra.alpha_ms, 1e-9);
+  EXPECT_NEAR(fit->beside_extra.beta_ms_per_byte, extra.beta_ms_per_byte, 1e-12);
+  // One size cannot tell alpha from beta.
+  EXPECT_FALSE(fit_comm({terms[0], terms[1]}, {0, 0}, {1, 1}));
+  // Coefficients stay >= 0: time falling with size would need a negative beta.
+  const auto flat = fit_comm({terms[0], terms[3], terms[6]}, {0, 0, 0}, {1.0, 0.9, 0.8});
+  ASSERT_TRUE(flat);
+  EXPECT_GE(flat->alone.beta_ms_per_byte, 0);
+  EXPECT_GE(flat->alone.alpha_ms, 0);
+}
+
+// A two-rank run of `steps` steps whose every bucket follows the model exactly: a bucket per piece, the ring's
+// alpha-beta cost, the comm thread one bucket at a time, no slowdown.
+RunRecord synthetic_run(const AlphaBeta& ab, int steps) {
+  RunRecord run;
+  run.path = "synthetic.h5";
+  run.meta.world_size = 2;
+  run.steps = steps;
+  run.config = {{"bucket_mb", 0.0},  {"first_bucket_mb", 0.0}, {"overlap", true},      {"link", "none"},
+                {"comm", "ring"},    {"comm_dtype", "fp32"},   {"batch", 32},          {"grad_accum", 1},
+                {"warmup_steps", 0}, {"link_latency_us", -1},  {"link_gbps", -1}};
+  // Pieces of 4000 bytes and 4 MB alternately (recursive doubling and the ring: alpha and beta tell apart).
+  const std::vector<int64_t> numel = {1000, 1 << 20, 1000, 1 << 20};
+  int64_t offset = 0;
+  for (size_t k = 0; k < numel.size(); ++k) {
+    run.pieces.push_back({offset, numel[k]});
+    run.buckets.push_back({static_cast<int>(k), static_cast<int>(k), numel[k], "p" + std::to_string(k)});
+    offset += numel[k];
+  }
+  const double small = static_cast<double>(small_allreduce_bytes(2));
+  std::vector<StepRecord> per_rank_steps;
+  std::vector<BucketTimes> times;
+  double step_start = 0;
+  for (int s = 0; s < steps; ++s) {
+    StepRecord x;
+    x.start_ms = step_start;
+    x.data_ms = 1;
+    x.forward_ms = 1;
+    x.backward_ms = 10;
+    x.optimizer_ms = 2;
+    x.samples = 32;
+    const double backward_start = step_start + 2;
+    double comm_free = 0, comm = 0;
+    std::vector<BucketTimes> step_times;
+    for (size_t k = 0; k < numel.size(); ++k) {
+      BucketTimes t;
+      t.ready_ms = backward_start + 2.5 * (k + 1);
+      t.comm_start_ms = std::max(t.ready_ms, comm_free);
+      t.comm_end_ms = t.comm_start_ms + ab.ms(allreduce_terms(numel[k] * 4.0, 2, AllreduceImpl::kRing,
+                                                              WireDtype::kFp32, small));
+      comm_free = t.comm_end_ms;
+      comm += t.comm_end_ms - t.comm_start_ms;
+      step_times.push_back(t);
+    }
+    x.comm_ms = comm;
+    x.exposed_comm_ms = std::max(0.0, comm_free - (backward_start + 10));
+    x.step_ms = 2 + 10 + x.exposed_comm_ms + 2;
+    step_start += x.step_ms;
+    per_rank_steps.push_back(x);
+    times.insert(times.end(), step_times.begin(), step_times.end());
+  }
+  for (int r = 0; r < 2; ++r) {  // both ranks alike
+    run.records.insert(run.records.end(), per_rank_steps.begin(), per_rank_steps.end());
+    run.bucket_times.insert(run.bucket_times.end(), times.begin(), times.end());
+  }
+  return run;
+}
+
+TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};  // 50 us per message, 2 ms per MiB: 4 MB takes 8.1 ms (comm-bound)
+  const RunRecord run = synthetic_run(ab, 4);
+  const StepModel model = build_model(run, std::nullopt);
+  ASSERT_TRUE(model.comm_fit);
+  EXPECT_NEAR(model.comm_fit->alone.alpha_ms, ab.alpha_ms, 1e-6);
+  EXPECT_NEAR(model.comm_fit->alone.beta_ms_per_byte, ab.beta_ms_per_byte, 1e-9);
+  EXPECT_EQ(model.backward_slowdown, 0);  // nothing varied: not measured
+
+  const Prediction own = predict(model, model.measured);
+  EXPECT_NEAR(own.step.step_ms, model.measured_step_ms, kTol);
+  EXPECT_TRUE(own.extrapolated.empty());
+  EXPECT_NEAR(own.samples_per_s, 64 / own.step.step_ms * 1000, 1e-6);
+
+  // Overlap off: every all-reduce after backward.
+  const double small = static_cast<double>(small_allreduce_bytes(2));
+  double comm = 0;
+  for (const PieceRecord& p : run.pieces)
+    comm += ab.ms(allreduce_terms(p.numel * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  PredictSetting off = model.measured;
+  off.overlap = false;
+  EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + comm + 2, kTol);
+
+  // One bucket for everything but the closing piece, which gets its own: {0,1,2} ready at 7.5, {3} at 10.
+  PredictSetting merged = model.measured;
+  merged.bucket_mb = 100;
+  merged.first_bucket_mb = 4;
+  const double first_ms = ab.ms(allreduce_terms((2 * 1000 + (1 << 20)) * 4.0, 2, AllreduceImpl::kRing,
+                                                WireDtype::kFp32, small));
+  const double last_ms = ab.ms(allreduce_terms((1 << 20) * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  const Prediction m = predict(model, merged);
+  EXPECT_EQ(m.buckets, 2);
+  EXPECT_NEAR(m.step.step_ms, 2 + std::max(7.5 + first_ms, 10.0) + last_ms + 2, kTol);
+
+  // Another link and world size are extrapolations, and say so.
+  PredictSetting far = model.measured;
+  far.ranks = 4;
+  far.link = parse_link("10gbe");
+  const Prediction f = predict(model, far);
+  EXPECT_EQ(f.extrapolated.size(), 2u);
+  EXPECT_GT(f.step.step_ms, own.step.step_ms);  // the ring moves 3/2 of the bytes at 4 ranks, over a slower link
+}
+
+TEST(Predict, RunWithoutBucketTimingsIsRefused) {
+  RunRecord run = synthetic_run({0.05, 1e-6}, 2);
+  for (BucketTimes& t : run.bucket_times) t = BucketTimes{};
+  EXPECT_THROW(build_model(run, std::nullopt), std::invalid_argument);
+}
+
+TEST(Predict, CalibrationFilesOfAllreducePerf) {
+  const std::string csv = "/tmp/ddplab_test_predict_" + std::to_string(getpid()) + ".csv";
+  {
+    std::ofstream out(csv);
+    out << "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs\n";
+    out << "ring,2,none,65536,16384,float,sum,20.0,3.2\n";
+    out << "ring,2,none,1048576,262144,float,sum,150.0,7.0\n";
+  }
+  const Calibration cal = read_calibration(csv);
+  EXPECT_EQ(cal.ranks, 2);
+  EXPECT_EQ(cal.link, "none");
+  ASSERT_EQ(cal.points.size(), 2u);
+  EXPECT_DOUBLE_EQ(cal.points[1].time_ms, 0.15);
+  {
+    std::ofstream out(csv);
+    out << "not,a,calibration\n1,2,3\n";
+  }
+  EXPECT_THROW(read_calibration(csv), std::runtime_error);
+  std::remove(csv.c_str());
+  EXPECT_THROW(read_calibration(csv), std::runtime_error);  // missing
+}
+
+}  // namespace
+}  // namespace ddplab
