@@ -34,6 +34,10 @@ struct LinkModel {
 // Throws std::invalid_argument naming the bad preset or value.
 LinkModel parse_link(const std::string& preset, double latency_us_override = -1, double gbps_override = -1);
 
+// The ring's options as every Communicator sets them: slicing from comm/settings.h (measured defaults), and the
+// wire format. The hierarchical all-reduce (comm/hier_allreduce.h) runs its rings with the same.
+RingOptions ring_options(WireDtype wire);
+
 struct CommOptions {
   AllreduceImpl impl = AllreduceImpl::kRing;
   WireDtype wire = WireDtype::kFp32;
