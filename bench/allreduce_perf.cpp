@@ -3,13 +3,16 @@
 //
 //   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1]
 //                               [--impls ring,mpi,mpi-raw,ring-bf16] [--link 10gbe] [--stat mean|median]
-//                               [--csv F] [-J F]
+//                               [--csv F] [-J F] [--ranks-per-node K]
 //
 // Implementations:  ring      ddplab's Communicator, --comm ring (recursive doubling for small buffers, the
 //                             sliced ring above; docs/COMM.md), fp32 on the wire
 //                   ring-bf16 / ring-fp16   the same with a 16-bit wire (buffers stay float)
 //                   mpi       ddplab's Communicator, --comm mpi: MPI_Allreduce plus the order check (and the
 //                             link model when --link is set)
+//                   hier      the hierarchical all-reduce (comm/hier_allreduce.h): ring in the node, ring across
+//                             nodes per shard, ring in the node; nodes are the hosts, or emulated: --ranks-per-node K
+//                             puts rank r on node r / K (K must divide -np)
 //                   mpi-raw   MPI_Allreduce alone on a duplicate communicator: Open MPI's own number
 //                   nccl      ncclAllReduce on device buffers, one GPU per rank (built with CUDA); the time
 //                             includes the host's wait for the comm stream
@@ -51,6 +54,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/hier_allreduce.h"
 #include "comm/mpi_init.h"
 #include "record/files.h"
 #ifdef DDPLAB_HAVE_CUDA
@@ -132,6 +136,7 @@ struct ImplInfo {
 constexpr ImplInfo kImpls[] = {
     {"ring", "float", true, false},          {"ring-bf16", "bfloat16", true, false},
     {"ring-fp16", "half", true, false},      {"mpi", "float", true, false},
+    {"hier", "float", false, false},
     {"mpi-raw", "float", false, false},      {"nccl", "float", false, true},
     {"gpu-ring-nccl", "float", false, true}, {"gpu-ring-ipc", "float", false, true},
     {"gpu-ring-host", "float", false, true},
@@ -156,6 +161,7 @@ struct Options {
   std::vector<std::string> impls;
   LinkModel link;
   std::string csv_path, json_path, command_line;
+  int ranks_per_node = 0;  // hier: 0 = the hosts are the nodes
 
   bool emulated() const { return link.gbps > 0 || link.latency_us > 0; }
   // The sizes measured, in bytes, each rounded down to whole floats.
@@ -172,7 +178,7 @@ struct Options {
 
 // Parses and checks the command line; the same on every rank, no MPI. Throws UsageError naming the flag, or
 // returns false after --help (printed by rank 0).
-bool parse_options(int argc, char** argv, int rank, Options& o) {
+bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   CLI::App app{"all-reduce bandwidth of every implementation (after nccl-tests' all_reduce_perf)"};
   std::string min_s = "8", max_s = "256M", step_s, impls_s, link_name = "none", dtype = "float", op = "sum";
   std::string stat = "mean";
@@ -194,7 +200,8 @@ bool parse_options(int argc, char** argv, int rank, Options& o) {
   app.add_option("-d,--datatype", dtype, "datatype in memory (float)")->capture_default_str();
   app.add_option("-o,--op", op, "reduction (sum)")->capture_default_str();
   app.add_option("--impls", impls_s,
-                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw; GPU: nccl, gpu-ring-nccl, gpu-ring-ipc, "
+                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw, hier; GPU: nccl, gpu-ring-nccl, "
+                 "gpu-ring-ipc, "
                  "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
   app.add_option("--link", link_name, "emulated link: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4")
       ->capture_default_str();
@@ -203,6 +210,8 @@ bool parse_options(int argc, char** argv, int rank, Options& o) {
   app.add_option("--stat", stat, "time per call: mean (nccl-tests, combined over ranks by -a) or median (the p50 call)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mean", "median"}));
+  CLI::Option* per_node =
+      app.add_option("--ranks-per-node", o.ranks_per_node, "hier: emulate nodes of K consecutive ranks (K divides -np)");
   app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
   app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
   try {
@@ -268,6 +277,13 @@ bool parse_options(int argc, char** argv, int rank, Options& o) {
       throw UsageError("--impls " + name + ": cannot emulate a link (--link " + o.link.name + "; ring and mpi can)");
     o.impls.push_back(name);
     pos = comma + 1;
+  }
+  if (per_node->count()) {
+    if (!std::count(o.impls.begin(), o.impls.end(), "hier"))
+      throw UsageError("--ranks-per-node: only --impls hier has nodes");
+    if (o.ranks_per_node < 1 || n % o.ranks_per_node != 0)
+      throw UsageError("--ranks-per-node " + std::to_string(o.ranks_per_node) + ": must divide the " +
+                       std::to_string(n) + " ranks into equal nodes");
   }
   if (!o.csv_path.empty() && o.csv_path == o.json_path) throw UsageError("--csv and -J: the same file " + o.csv_path);
   return true;
@@ -365,6 +381,24 @@ Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDty
           nullptr, nullptr, nullptr};
 }
 
+// Nodes of unequal size are refused on every rank alike (std::invalid_argument): a usage error, exit code 2.
+Impl make_hier_impl(int ranks_per_node) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int node = ranks_per_node ? emulated_node(rank, ranks_per_node) : shared_memory_node(MPI_COMM_WORLD);
+  std::shared_ptr<HierAllreduce> hier;
+  try {
+    hier = std::make_shared<HierAllreduce>(MPI_COMM_WORLD, node);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--impls hier: ") + e.what());
+  }
+  return {"hier",
+          [hier, options = ring_options(WireDtype::kFp32)](const float* in, float* out, size_t count) {
+            hier->allreduce_sum(in, out, count, options);
+          },
+          nullptr, nullptr, nullptr};
+}
+
 Impl make_mpi_raw_impl() {
   auto comm = std::shared_ptr<MPI_Comm>(new MPI_Comm, [](MPI_Comm* c) {
     int finalized = 0;
@@ -382,7 +416,8 @@ Impl make_mpi_raw_impl() {
 }
 
 // Builds a checked name (parse_options): collective over MPI_COMM_WORLD.
-Impl make_impl(const std::string& name, const LinkModel& link, size_t max_count) {
+Impl make_impl(const std::string& name, const Options& o, size_t max_count) {
+  const LinkModel& link = o.link;
 #ifdef DDPLAB_HAVE_CUDA
   if (name == "nccl") {
     DeviceAllreduce d = make_nccl_allreduce(max_count);
@@ -399,6 +434,7 @@ Impl make_impl(const std::string& name, const LinkModel& link, size_t max_count)
   if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, link);
   if (name == "mpi") return make_communicator_impl(name, AllreduceImpl::kMpi, WireDtype::kFp32, link);
   if (name == "mpi-raw") return make_mpi_raw_impl();
+  if (name == "hier") return make_hier_impl(o.ranks_per_node);
   throw std::logic_error("make_impl: " + name);
 }
 
@@ -583,7 +619,7 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
 int run(const Options& o, int rank, int n) {
   const size_t max_count = o.max_bytes / sizeof(float);
   std::vector<Impl> impls;
-  for (const std::string& name : o.impls) impls.push_back(make_impl(name, o.link, max_count));
+  for (const std::string& name : o.impls) impls.push_back(make_impl(name, o, max_count));
   if (rank == 0) print_header(o, n);
 
   const size_t min_count = o.min_bytes / sizeof(float);
@@ -655,7 +691,7 @@ int main(int argc, char** argv) {
   Options options;
   int code = 0;
   try {
-    if (!parse_options(argc, argv, rank, options)) {
+    if (!parse_options(argc, argv, rank, n, options)) {
       MPI_Finalize();
       return 0;
     }
@@ -671,6 +707,10 @@ int main(int argc, char** argv) {
   }
   try {
     code = run(options, rank, n);
+  } catch (const UsageError& e) {  // raised alike on every rank before any work (make_hier_impl)
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
+    MPI_Finalize();
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_perf: rank %d: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);  // the program's edge: other ranks may be waiting in a collective

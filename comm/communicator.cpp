@@ -177,16 +177,22 @@ std::unique_ptr<Transport> connect_ring_transport(MPI_Comm comm, const RingOptio
 
 }  // namespace
 
+RingOptions ring_options(WireDtype wire) {
+  RingOptions ring;
+  ring.slice_elems = ring_slice_bytes() / sizeof(float);
+  ring.slices_per_chunk = ring_slices_per_chunk();
+  ring.wire16 = wire != WireDtype::kFp32;
+  ring.format = wire == WireDtype::kFp16 ? wire::Format::kFp16 : wire::Format::kBf16;
+  return ring;
+}
+
 Communicator::Communicator(MPI_Comm comm, const CommOptions& options) : comm_(comm), options_(options) {
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
   mpiCheck(MPI_Comm_size(comm_, &size_));
   if (options_.impl == AllreduceImpl::kMpi && options_.wire != WireDtype::kFp32)
     throw std::invalid_argument(std::string("--comm mpi has no ") + to_string(options_.wire) +
                                 " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring for a 16-bit wire");
-  ring_.slice_elems = ring_slice_bytes() / sizeof(float);
-  ring_.slices_per_chunk = ring_slices_per_chunk();
-  ring_.wire16 = options_.wire != WireDtype::kFp32;
-  ring_.format = options_.wire == WireDtype::kFp16 ? wire::Format::kFp16 : wire::Format::kBf16;
+  ring_ = ring_options(options_.wire);
   small_max_bytes_ = small_allreduce_bytes(size_);
   // Collective (MPI_Comm_dup): every rank must construct its Communicator with the same options.
   if (options_.impl == AllreduceImpl::kRing) {

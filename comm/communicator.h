@@ -38,6 +38,10 @@ LinkModel parse_link(const std::string& preset, double latency_us_override = -1,
 // (DDPLAB_SMALL_ALLREDUCE_BYTES, or the measured crossover).
 size_t small_allreduce_bytes(int ranks);
 
+// The ring's options as every Communicator sets them: slicing from comm/settings.h (measured defaults), and the
+// wire format. The hierarchical all-reduce (comm/hier_allreduce.h) runs its rings with the same.
+RingOptions ring_options(WireDtype wire);
+
 struct CommOptions {
   AllreduceImpl impl = AllreduceImpl::kRing;
   WireDtype wire = WireDtype::kFp32;

@@ -98,6 +98,39 @@ void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
   });
 }
 
+void RingPrimitives::recv_reduce_copy(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
+    float* dst = out_ + s.offset;
+    const float* own = in_ + s.offset;
+    if (options_.wire16) {
+      recv_wire(in16, s.count);
+      if (own != dst) std::memcpy(dst, own, s.count * sizeof(float));
+      // The sum stays fp32 (the caller adds more to it); the encoded copy in the slice's idle staging is unused.
+      return wire::reduce_encode(options_.format, dst, out16, in16, s.count);
+    }
+    t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
+                    [dst, own](const void* piece, size_t offset, size_t bytes) {
+                      const float* x = static_cast<const float*>(piece);
+                      const float* a = own + offset / sizeof(float);
+                      float* y = dst + offset / sizeof(float);
+                      for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] = a[i] + x[i];
+                    });
+    retire();
+  });
+}
+
+// On a 16-bit wire the owner rounds its finished chunk to the wire format and keeps the rounded value, as
+// recv_reduce_copy_send does, so every rank ends with the same bits.
+void RingPrimitives::send_out(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t*) {
+    float* data = out_ + s.offset;
+    if (!options_.wire16) return send_wire(data, s.count);
+    wire::encode(options_.format, out16, data, s.count);
+    wire::decode(options_.format, data, out16, s.count);
+    send_wire(out16, s.count);
+  });
+}
+
 void RingPrimitives::recv_copy_send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
     if (!options_.wire16) {
@@ -130,15 +163,21 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t,
     if (in != out && count) std::memcpy(out, in, count * sizeof(float));
     return;
   }
-  const size_t per_chunk = std::max<size_t>(options.slices_per_chunk, 1);
-  const size_t round = options.slice_elems ? std::min(count, options.slice_elems * per_chunk * n) : count;
-  const size_t max_chunk = ring_chunk(round, n, 0).count;
-  const size_t slices =
-      options.slice_elems ? std::min(per_chunk, (max_chunk + options.slice_elems - 1) / options.slice_elems) : 1;
-  RingPrimitives prims(t, in, out, scratch, max_chunk, slices, options);
+  const RingPlan plan = plan_ring(count, n, options);
+  RingPrimitives prims(t, in, out, scratch, plan.max_chunk, plan.slices, options);
+  run_ring_schedule(prims, count, plan.round, n, r);
+}
 
+RingPlan plan_ring(size_t count, int n, const RingOptions& options) {
+  RingPlan plan;
+  const size_t per_chunk = std::max<size_t>(options.slices_per_chunk, 1);
+  plan.round = options.slice_elems ? std::min(count, options.slice_elems * per_chunk * n) : count;
+  plan.max_chunk = ring_chunk(plan.round, n, 0).count;
   // Every round has the same K (a shorter last round just has shorter slices).
-  run_ring_schedule(prims, count, round, n, r);
+  plan.slices = options.slice_elems
+                    ? std::min(per_chunk, (plan.max_chunk + options.slice_elems - 1) / options.slice_elems)
+                    : 1;
+  return plan;
 }
 
 }  // namespace ddplab

@@ -39,7 +39,7 @@ struct RingOptions {
   int tag = 0;  // carried by every message (see TagMismatch)
 };
 
-// The five things one ring step can do to a chunk of `data` (after NCCL's Primitives), each in K slices (K is the
+// What one ring step can do to a chunk of `data` (after NCCL's Primitives), each in K slices (K is the
 // same for every chunk of a round). The incoming messages always come from prev = (r-1+n)%n and the outgoing
 // ones go to next = (r+1)%n.
 //
@@ -54,7 +54,9 @@ struct RingOptions {
 //     it has one); it has not been sent yet in this round;
 //   - all-gather: a chunk it overwrites was last sent n >= 2 steps (>= 2K messages) earlier;
 //   - 16-bit wire: slice k of every step is staged at its own place k in out16_ (stride = the longest slice);
-//     its previous use is exactly K sends old, so retired. in16_ only receives and is read at once.
+//     its previous use is exactly K sends old, so retired. in16_ only receives and is read at once;
+//   - RingSeam::kApart: the reduce-scatter's last step only receives, so its last receive retires every send
+//     before the caller works on the owned chunk, which no send has read yet.
 // The last receive of a round retires everything. tests/mpi checks this contract with a wrapper.
 //
 // 16-bit wire: partial sums are added in fp32 (data += decoded incoming) and rounded to 16 bits only to travel on;
@@ -69,6 +71,8 @@ class RingPrimitives {
   void send(RingChunk c);                   // in[c] -> next
   void recv_reduce_send(RingChunk c);       // out[c] = in[c] + prev's; out[c] -> next
   void recv_reduce_copy_send(RingChunk c);  // the last reduction: out[c] is now final; out[c] -> next
+  void recv_reduce_copy(RingChunk c);       // out[c] = in[c] + prev's, kept here (RingSeam::kApart)
+  void send_out(RingChunk c);               // out[c] -> next (RingSeam::kApart; 16-bit: out[c] keeps the rounding)
   void recv_copy_send(RingChunk c);         // out[c] = prev's; out[c] -> next
   void recv(RingChunk c);                   // out[c] = prev's
 
@@ -89,29 +93,64 @@ class RingPrimitives {
   int next_, prev_;
 };
 
+// One round of the ring: elements [begin, begin + len) of the buffer, cut into n chunks. Step s of rank r moves
+// chunk (r - s) mod n. Chunk c starts at rank c and picks up one addend per hop, so its sum is always formed as
+// ((x_c + x_c+1) + x_c+2) + ... whichever rank computes it. Rank r ends the reduce-scatter owning chunk r+1.
+struct RingRound {
+  size_t begin = 0, len = 0;
+  int n = 1, r = 0;
+  RingChunk chunk(int step) const {
+    RingChunk c = ring_chunk(len, n, ((r - step) % n + n) % n);
+    c.offset += begin;
+    return c;
+  }
+  RingChunk owned() const { return chunk(n - 1); }  // finished by the reduce-scatter on this rank
+};
+
+// How the reduce-scatter meets the all-gather. kFused (the flat ring): the last reduction sends the finished chunk
+// on at once, slice by slice, as the all-gather's first step. kApart (the hierarchical all-reduce): the
+// reduce-scatter keeps the owned chunk, the caller reduces it further, and the all-gather starts by sending it.
+enum class RingSeam { kFused, kApart };
+
+// Reduce-scatter, n-1 steps: out[round.owned()] is the sum over the ring (kApart), or is that sum and already on
+// its way to next (kFused).
+template <RingSeam kSeam, typename Prims>
+void ring_reduce_scatter(Prims& prims, const RingRound& round) {
+  prims.send(round.chunk(0));
+  for (int s = 1; s < round.n - 1; ++s) prims.recv_reduce_send(round.chunk(s));
+  if constexpr (kSeam == RingSeam::kFused)
+    prims.recv_reduce_copy_send(round.owned());
+  else
+    prims.recv_reduce_copy(round.owned());
+}
+
+// All-gather, n-1 steps: finished chunks travel on around the ring and are only copied, so every rank ends bitwise
+// equal. Its receives retire every send: the buffers may be reused on return.
+template <RingSeam kSeam, typename Prims>
+void ring_all_gather(Prims& prims, const RingRound& round) {
+  if constexpr (kSeam == RingSeam::kApart) prims.send_out(round.owned());
+  for (int s = round.n; s < 2 * round.n - 2; ++s) prims.recv_copy_send(round.chunk(s));
+  prims.recv(round.chunk(2 * round.n - 2));
+}
+
 // The ring schedule, written once for every set of primitives: RingPrimitives above on host memory, and the device
 // ring's LinkRingPrimitives (comm/ring_device.h) on GPU buffers. `count` elements go round in rounds of `round`,
 // each a complete ring (NCCL's loop over chunks): reduce-scatter, then all-gather, n-1 steps each.
 template <typename Prims>
 void run_ring_schedule(Prims& prims, size_t count, size_t round, int n, int r) {
   for (size_t begin = 0; begin < count; begin += round) {
-    const size_t len = std::min(round, count - begin);
-    // Step s moves chunk (r - s) mod n. Chunk c starts at rank c and picks up one addend per hop, so its sum is
-    // always formed as ((x_c + x_c+1) + x_c+2) + ... whichever rank computes it. Rank r ends owning chunk r+1.
-    auto chunk = [&](int step) {
-      RingChunk c = ring_chunk(len, n, ((r - step) % n + n) % n);
-      c.offset += begin;
-      return c;
-    };
-    // Reduce-scatter.
-    prims.send(chunk(0));
-    for (int s = 1; s < n - 1; ++s) prims.recv_reduce_send(chunk(s));
-    prims.recv_reduce_copy_send(chunk(n - 1));
-    // All-gather: finished chunks travel on around the ring and are only copied, so every rank ends bitwise equal.
-    for (int s = n; s < 2 * n - 2; ++s) prims.recv_copy_send(chunk(s));
-    prims.recv(chunk(2 * n - 2));  // its receives retire every send: data may be reused on return
+    const RingRound rr{begin, std::min(round, count - begin), n, r};
+    ring_reduce_scatter<RingSeam::kFused>(prims, rr);
+    ring_all_gather<RingSeam::kFused>(prims, rr);
   }
 }
+
+// How ring_allreduce_sum cuts `count` elements over n ranks (options.slice_elems, slices_per_chunk): rounds of
+// `round` elements, whose largest chunk is max_chunk, each moved in `slices` messages (the same K every round).
+struct RingPlan {
+  size_t round = 0, max_chunk = 0, slices = 1;
+};
+RingPlan plan_ring(size_t count, int n, const RingOptions& options);
 
 // data[i] = sum over the ranks of t of data[i], in place. Every rank calls it with the same count and options
 // and ends with bitwise-identical results: each element is summed in an order fixed by the ring, then only

@@ -1,0 +1,50 @@
+// Hierarchical all-reduce, for ranks spread over nodes (Horovod's hierarchical all-reduce, NCCL's ring within a
+// node): reduce-scatter within the node, all-reduce of each shard among the ranks with the same local rank on the
+// other nodes, all-gather within the node. Built from the ring's own pieces (comm/ring_allreduce.h): the two halves
+// of the ring schedule over the node's Transport, and the flat ring over the cross-node group's, so the only
+// traffic between nodes is the shards' all-reduce (docs/COMM.md: bytes per NIC).
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "comm/ring_allreduce.h"
+#include "comm/transport.h"
+
+namespace ddplab {
+
+// The node this rank of `comm` is on: ranks that share memory (MPI_COMM_TYPE_SHARED) are one node, named by the
+// lowest rank of comm on it. Collective.
+int shared_memory_node(MPI_Comm comm);
+// An emulated node of ranks_per_node consecutive ranks: rank r is on node r / ranks_per_node.
+inline int emulated_node(int rank, int ranks_per_node) { return rank / ranks_per_node; }
+
+class HierAllreduce {
+ public:
+  // Wraps each group's transport before use (tests count the bytes; per-hop link emulation will delay them).
+  using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)>;
+
+  // Collective over comm. `node` is any id >= 0, equal on the ranks of one node; a node's ranks and the nodes keep
+  // their order in comm. Every node must hold the same number of ranks: the reduce-scatter cuts the buffer into
+  // one shard per local rank, and only nodes of equal size cut it at the same places. Otherwise every rank throws
+  // std::invalid_argument naming the node sizes, before any group is formed.
+  HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap = {});
+
+  int nodes() const { return inter_->size(); }
+  int local_size() const { return intra_->size(); }
+  int local_rank() const { return intra_->rank(); }
+
+  // out[i] = sum over the ranks of comm of in[i] (out == in: in place). Every rank calls it with the same count
+  // and options and ends bitwise identical to the others. options as for ring_allreduce_sum (both groups use them;
+  // a 16-bit wire rounds each finished sum once more, as the flat ring's last hop does).
+  void allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options);
+
+ private:
+  std::unique_ptr<Transport> intra_;  // this node's ranks
+  std::unique_ptr<Transport> inter_;  // the ranks with this local rank, one per node
+  RingScratch intra_scratch_, inter_scratch_;
+};
+
+}  // namespace ddplab
