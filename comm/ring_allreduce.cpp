@@ -64,25 +64,31 @@ void RingPrimitives::send(RingChunk c) {
   });
 }
 
+// out[s] = in[s] + prev's slice. On a 16-bit wire the incoming slice is decoded and the sum re-encoded into out16
+// (what goes on to next); on fp32 the transport lends its buffer and the sum is formed from it directly.
+void RingPrimitives::reduce_from_prev(RingChunk s, uint16_t* out16, uint16_t* in16) {
+  float* dst = out_ + s.offset;
+  const float* own = in_ + s.offset;
+  if (options_.wire16) {
+    recv_wire(in16, s.count);
+    if (own != dst) std::memcpy(dst, own, s.count * sizeof(float));
+    return wire::reduce_encode(options_.format, dst, out16, in16, s.count);
+  }
+  t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
+                  [dst, own](const void* piece, size_t offset, size_t bytes) {
+                    const float* x = static_cast<const float*>(piece);
+                    const float* a = own + offset / sizeof(float);
+                    float* y = dst + offset / sizeof(float);
+                    for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] = a[i] + x[i];
+                  });
+  retire();
+}
+
 void RingPrimitives::recv_reduce_send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-    float* dst = out_ + s.offset;
-    const float* own = in_ + s.offset;
-    if (options_.wire16) {
-      recv_wire(in16, s.count);
-      if (own != dst) std::memcpy(dst, own, s.count * sizeof(float));
-      wire::reduce_encode(options_.format, dst, out16, in16, s.count);
-      return send_wire(out16, s.count);
-    }
-    t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
-                    [dst, own](const void* piece, size_t offset, size_t bytes) {
-                      const float* x = static_cast<const float*>(piece);
-                      const float* a = own + offset / sizeof(float);
-                      float* y = dst + offset / sizeof(float);
-                      for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] = a[i] + x[i];
-                    });
-    retire();
-    send_wire(dst, s.count);
+    reduce_from_prev(s, out16, in16);
+    if (options_.wire16) return send_wire(out16, s.count);
+    send_wire(out_ + s.offset, s.count);
   });
 }
 
@@ -98,25 +104,9 @@ void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
   });
 }
 
+// The sum stays fp32 here (the caller adds more to it); on a 16-bit wire the encoded copy in out16 goes unused.
 void RingPrimitives::recv_reduce_copy(RingChunk c) {
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-    float* dst = out_ + s.offset;
-    const float* own = in_ + s.offset;
-    if (options_.wire16) {
-      recv_wire(in16, s.count);
-      if (own != dst) std::memcpy(dst, own, s.count * sizeof(float));
-      // The sum stays fp32 (the caller adds more to it); the encoded copy in the slice's idle staging is unused.
-      return wire::reduce_encode(options_.format, dst, out16, in16, s.count);
-    }
-    t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
-                    [dst, own](const void* piece, size_t offset, size_t bytes) {
-                      const float* x = static_cast<const float*>(piece);
-                      const float* a = own + offset / sizeof(float);
-                      float* y = dst + offset / sizeof(float);
-                      for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] = a[i] + x[i];
-                    });
-    retire();
-  });
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) { reduce_from_prev(s, out16, in16); });
 }
 
 // On a 16-bit wire the owner rounds its finished chunk to the wire format and keeps the rounded value, as

@@ -77,6 +77,7 @@ class RingPrimitives {
   void recv(RingChunk c);                   // out[c] = prev's
 
  private:
+  void reduce_from_prev(RingChunk slice, uint16_t* out16, uint16_t* in16);  // out[s] = in[s] + prev's
   template <typename Fn>
   void for_each_slice(RingChunk c, Fn fn);  // fn(RingChunk slice, uint16_t* out16 staging, uint16_t* in16)
   void recv_wire(void* dst, size_t count);  // receive, then retire what the contract allows
