@@ -88,7 +88,8 @@ up() {
   dir=$(cd "$dir" && pwd)
   trap 'down "$dir"' EXIT  # a failure half-way leaves nothing behind
 
-  # Names unique to this cluster, told apart in their first 5 characters (tables print hostnames cut short).
+  # Names unique to this cluster (run files from two clusters never mix up), told apart in their first 5
+  # characters (tables print hostnames cut short).
   local id hosts i host
   id=$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')
   hosts=("hosta-$id" "hostb-$id")
@@ -132,14 +133,15 @@ up() {
 
 # mpirun on the first host (as one logs in to a cluster's first node), ranks placed by the hostfile. Open MPI's
 # out-of-band channel and its TCP BTL are held to the hosts' subnet, shared memory (vader) serves within a host,
-# and the rsh agent stands in for ssh.
+# and the rsh agent stands in for ssh. Open MPI's session directories go in DIR: a killed job leaves them behind,
+# and `down` removes DIR.
 mpirun_on() {
   local dir
   dir=$(cd "$1" && pwd)  # the agent may run elsewhere
   shift
   [ "$(id -u)" -ne 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export DDPLAB_NETNS_DIR=$dir
-  exec_on "$dir" "$(hosts_of "$dir" | head -n1)" mpirun --hostfile "$dir/hostfile" \
+  exec_on "$dir" "$(hosts_of "$dir" | head -n1)" mpirun --hostfile "$dir/hostfile" --mca orte_tmpdir_base "$dir" \
     --mca plm_rsh_agent "$here/netns_rsh.sh" --mca pml ob1 --mca btl self,vader,tcp \
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" "$@"
 }
