@@ -4,7 +4,7 @@
 # MPI sees two nodes) and mount (its own /dev/shm and /etc/hosts); whatever runs on the host joins them.
 #   scripts/netns_cluster.sh up DIR [LIFETIME_S]  make the hosts (DIR must not exist; default lifetime 3600 s)
 #   scripts/netns_cluster.sh exec DIR HOST CMD...  run CMD on HOST, in the current directory (files are shared)
-#   scripts/netns_cluster.sh mpirun DIR ARGS...    mpirun on the first host, launching onto both over the veth
+#   scripts/netns_cluster.sh mpirun DIR ARGS...    mpirun ($MPIRUN) on the first host, launching onto both hosts
 #   scripts/netns_cluster.sh down DIR              kill every process on the hosts; namespaces and veth go with them
 # `up` exits 77 (autotools' "skipped") with the reason when namespaces cannot be made here. A host whose lifetime
 # runs out kills its own processes, so a test killed before its `down` leaves nothing running for long.
@@ -141,8 +141,8 @@ mpirun_on() {
   shift
   [ "$(id -u)" -ne 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export DDPLAB_NETNS_DIR=$dir
-  exec_on "$dir" "$(hosts_of "$dir" | head -n1)" mpirun --hostfile "$dir/hostfile" --mca orte_tmpdir_base "$dir" \
-    --mca plm_rsh_agent "$here/netns_rsh.sh" --mca pml ob1 --mca btl self,vader,tcp \
+  exec_on "$dir" "$(hosts_of "$dir" | head -n1)" "${MPIRUN:-mpirun}" --hostfile "$dir/hostfile" \
+    --mca orte_tmpdir_base "$dir" --mca plm_rsh_agent "$here/netns_rsh.sh" --mca pml ob1 --mca btl self,vader,tcp \
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" "$@"
 }
 

@@ -47,9 +47,8 @@ def run(cmd, what):
 
 def check_hosts(cluster_sh, cluster, hosts):
     for i, host in enumerate(hosts):
-        p = run([cluster_sh, "exec", cluster, host, "sh", "-c",
-                 "cat /proc/sys/kernel/hostname; ip -o addr show; echo ROUTES; ip route show; ip -6 route show"],
-                f"a look at {host}")
+        look = "set -e; cat /proc/sys/kernel/hostname; ip -o addr show; echo ROUTES; ip route show; ip -6 route show"
+        p = run([cluster_sh, "exec", cluster, host, "sh", "-c", look], f"a look at {host}")
         if p is None:
             continue
         lines = p.stdout.splitlines()
@@ -100,7 +99,8 @@ def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):
     transport = "shm (1 peer) + mpi (2 peers)"
     check(f"comm ring over {transport} " in p.stdout, f"the header says the ring runs over {transport}")
     one = os.path.join(work, "one_host.h5")
-    if train([mpirun, "--bind-to", "none", "-np", "4"], ddplab, one, "ddplab train on this host, 4 ranks") is None:
+    one_host = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "4"]
+    if train(one_host, ddplab, one, "ddplab train on this host, 4 ranks") is None:
         return
     with h5py.File(two) as f, h5py.File(one) as g:
         names = [h.decode() for h in f["hostnames"][()]]
@@ -113,6 +113,7 @@ def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):
 
 def main():
     mpirun, ddplab, allreduce_perf, cluster_sh = sys.argv[1:5]
+    os.environ["MPIRUN"] = mpirun  # the same Open MPI on two hosts as on one
     # ctest's timeout and Ctrl-C end us with a signal: unwind, so that `finally` takes the hosts down.
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda signum, frame: sys.exit(128 + signum))
