@@ -204,7 +204,7 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
                  "gpu-ring-ipc, "
                  "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
   app.add_option("--link", link_name,
-                 "emulated link, every hop: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4; or per class: "
+                 "emulated link, every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4; or per class: "
                  "intra=P,inter=P (across nodes through the node's NIC, shared by its ranks)")
       ->capture_default_str();
   app.add_option("--link-latency-us", link_latency_us, "override the link's latency (us; a single preset)");

@@ -71,6 +71,7 @@ struct LinkPreset {
 // clang-format off
 constexpr LinkPreset kLinkPresets[] = {
     {"none",      0.0, 0},
+    {"1gbe",     25.0, 1},     // 1 GbE with kernel TCP: the slow end of clusters built from office hardware
     {"10gbe",    10.0, 10},    // 10 GbE with kernel TCP: ~20 us round trip between MPI ranks
     {"25gbe",     5.0, 25},    // 25 GbE, RoCE or tuned TCP
     {"100gbe-ib", 1.5, 100},   // InfiniBand EDR, 100 Gb/s; MPI-level one-way latency
@@ -87,7 +88,7 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
     if (preset == p.name) found = &p;
   if (!found)
     throw std::invalid_argument("unknown --link '" + preset +
-                                "' (expected none, 10gbe, 25gbe, 100gbe-ib, pcie4 or nvlink4)");
+                                "' (expected none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4 or nvlink4)");
   LinkModel link{found->name, found->latency_us, found->gbps};
   // Negative keeps the preset's value; NaN and infinity are refused (NaN < 0 is false, so it reaches the check).
   if (latency_us_override >= 0 || std::isnan(latency_us_override)) {

@@ -86,7 +86,7 @@ std::string describe_hops(const Topology& topology, const Transport& transport, 
     else
       ++mpi_across;
   }
-  if (!say_where && mpi_across == 0) return by_shm || !mpi_within ? "shm" : "mpi";  // one node, one kind
+  if (!say_where && mpi_across == 0 && (by_shm == 0 || mpi_within == 0)) return shm ? "shm" : "mpi";  // one kind
   std::string name;
   const auto add = [&](int n, const char* what) {
     if (n) name += (name.empty() ? "" : " + ") + std::string(what) + " (" + peers(n);

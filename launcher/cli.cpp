@@ -102,7 +102,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--grad-accum", c.grad_accum, "micro-batches per step, gradients communicated on the last")
       ->capture_default_str();
   app->add_option("--link", c.link,
-                  "emulated interconnect, every hop: none | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4; or per class "
+                  "emulated interconnect, every hop: none | 1gbe | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4; or per class "
                   "of hop: intra=P,inter=P (within a node, per pair; across nodes, through the node's NIC, shared by "
                   "its ranks)")
       ->capture_default_str();
