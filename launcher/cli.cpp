@@ -108,9 +108,10 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->capture_default_str();
   app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us; a single --link preset)");
   app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s, positive; a single preset)");
-  app->add_option("--ranks-per-node", c.ranks_per_node,
-                  "emulate nodes of K consecutive ranks (K divides the ranks; 0: the hosts are the nodes); ranks on "
-                  "different nodes talk MPI and take --link inter=");
+  if (flags != FlagSet::kSuite)  // the suite's cases run on 1..N ranks: one K would not divide them all
+    app->add_option("--ranks-per-node", c.ranks_per_node,
+                    "emulate nodes of K consecutive ranks (K divides the ranks; 0: the hosts are the nodes); ranks "
+                    "on different nodes talk MPI and take --link inter=");
   app->add_option("--threads", c.blas_threads,
                   "OpenBLAS threads per rank: N, or auto (the cores this rank may use: its binding, else the host's "
                   "cores / ranks on the host)")
