@@ -13,8 +13,8 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # 4 ranks: more than this machine has cores
 for link in 10gbe 25gbe 100gbe-ib; do
   echo "== inter-node $link"
-  mpirun --oversubscribe --bind-to none -np 4 "$build/bench/allreduce_perf" -b 1M -e "$max_bytes" -f 2 -w 1 -n "$iters" \
-    --impls ring,mpi,hier --ranks-per-node 2 --link "intra=none,inter=$link" --json "$out/$link.json"
+  mpirun --oversubscribe --bind-to none -np 4 "$build/bench/allreduce_perf" -b 1M -e "$max_bytes" -f 2 \
+    -w 1 -n "$iters" --impls ring,mpi,hier --ranks-per-node 2 --link "intra=none,inter=$link" --json "$out/$link.json"
 done
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys

@@ -12,25 +12,6 @@ namespace ddplab {
 
 namespace {
 
-// The ranks of each node, nodes in the order of their first rank.
-std::vector<int> node_sizes(MPI_Comm comm, int node) {
-  int n = 1;
-  mpiCheck(MPI_Comm_size(comm, &n));
-  std::vector<int> node_of(n);
-  mpiCheck(MPI_Allgather(&node, 1, MPI_INT, node_of.data(), 1, MPI_INT, comm));
-  std::vector<int> ids, sizes;
-  for (int id : node_of) {
-    const auto it = std::find(ids.begin(), ids.end(), id);
-    if (it == ids.end()) {
-      ids.push_back(id);
-      sizes.push_back(1);
-    } else {
-      ++sizes[it - ids.begin()];
-    }
-  }
-  return sizes;
-}
-
 // The group of comm's ranks with the same color, over the transport its topology calls for (within a node shared
 // memory, across nodes MPI), wrapped as the caller asks. `ids`: the group's node of each rank of comm (by rank).
 std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, const std::vector<int>& ids,
@@ -44,7 +25,7 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
   const Topology group = topology_from_ids(group_ids);
   MPI_Comm group_comm;
   mpiCheck(MPI_Comm_split(comm, color, key, &group_comm));
-  std::unique_ptr<Transport> t = connect_transport(group_comm, group, RingOptions{}, name);
+  std::unique_ptr<Transport> t = connect_transport(group_comm, group, RingOptions{}, name);  // FIFOs: default size
   mpiCheck(MPI_Comm_free(&group_comm));
   name = describe_hops(group, *t, /*say_where=*/true);
   return wrap ? wrap(std::move(t), group) : std::move(t);
@@ -53,18 +34,18 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
 }  // namespace
 
 HierAllreduce::HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap) {
-  const std::vector<int> sizes = node_sizes(comm, node);
+  int rank = 0, n = 1;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  mpiCheck(MPI_Comm_size(comm, &n));
+  std::vector<int> node_of(n);
+  mpiCheck(MPI_Allgather(&node, 1, MPI_INT, node_of.data(), 1, MPI_INT, comm));
+  const std::vector<int> sizes = topology_from_ids(node_of).node_sizes();  // nodes in the order of their first rank
   if (std::count(sizes.begin(), sizes.end(), sizes[0]) != static_cast<long>(sizes.size())) {
     std::string list;
     for (int s : sizes) list += (list.empty() ? "" : ", ") + std::to_string(s);
     throw std::invalid_argument("hierarchical all-reduce needs the same number of ranks on every node; the " +
                                 std::to_string(sizes.size()) + " nodes have " + list + " ranks");
   }
-  int rank = 0, n = 1;
-  mpiCheck(MPI_Comm_rank(comm, &rank));
-  mpiCheck(MPI_Comm_size(comm, &n));
-  std::vector<int> node_of(n);
-  mpiCheck(MPI_Allgather(&node, 1, MPI_INT, node_of.data(), 1, MPI_INT, comm));
   std::string intra_name, inter_name;
   intra_ = split_transport(comm, node, rank, node_of, wrap, intra_name);
   inter_ = split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name);

@@ -46,20 +46,30 @@ using NicClock = std::atomic<int64_t>;
 static_assert(NicClock::is_always_lock_free, "the NIC's clock is shared between processes");
 constexpr size_t kNicSegmentBytes = 64;
 
-// Every rank of `group` learns whether all succeeded; on failure all throw, naming the first reason seen here.
-void agree(MPI_Comm group, const std::string& error, const std::string& what) {
+// Whether every rank of `group` has no error.
+bool all_agree(MPI_Comm group, const std::string& error) {
   int ok = error.empty(), all = 0;
   mpiCheck(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, group));
-  if (!all) {
-    MPI_Comm_free(&group);
-    throw std::runtime_error("SharedNic: " + what + " failed" + (error.empty() ? " on another rank" : ": " + error));
-  }
+  return all;
+}
+
+// Opens (or creates, zeroed) the segment `name` and maps it into `*segment`; returns what failed, or "".
+std::string map_segment(const std::string& name, bool create, void** segment) {
+  const int fd = shm_open(name.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0) return "shm_open " + name + ": " + std::strerror(errno);
+  std::string error;
+  if (create && ftruncate(fd, kNicSegmentBytes) != 0) error = std::string("ftruncate: ") + std::strerror(errno);
+  void* m = error.empty() ? mmap(nullptr, kNicSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (error.empty() && m == MAP_FAILED) error = std::string("mmap: ") + std::strerror(errno);
+  close(fd);
+  if (m != MAP_FAILED) *segment = m;
+  return error;
 }
 
 }  // namespace
 
 SharedNic::SharedNic(MPI_Comm comm, int node) {
-  // The node's ranks on this host: the one that creates the segment, then the others map it, then its name goes.
+  // The node's ranks on this host: the first creates the segment, then the others map it, then its name goes.
   int rank = 0, group_rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   MPI_Comm host, group;
@@ -74,29 +84,18 @@ SharedNic::SharedNic(MPI_Comm comm, int node) {
   const std::string name = "/ddplab-nic-" + std::to_string(getuid()) + "-" + std::to_string(id[0]) + "-" +
                            std::to_string(id[1]);
   std::string error;
-  const auto map = [&](int flags) {
-    const int fd = shm_open(name.c_str(), flags, 0600);
-    if (fd < 0) return error = "shm_open " + name + ": " + std::strerror(errno), void();
-    if ((flags & O_CREAT) && ftruncate(fd, kNicSegmentBytes) != 0) error = "ftruncate: " + std::string(strerror(errno));
-    void* m = error.empty() ? mmap(nullptr, kNicSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (error.empty() && m == MAP_FAILED) error = "mmap: " + std::string(std::strerror(errno));
-    close(fd);
-    if (m != MAP_FAILED) segment_ = m;
-  };
-  if (group_rank == 0) map(O_CREAT | O_EXCL | O_RDWR);
-  if (segment_) new (segment_) NicClock(0);  // ftruncate zeroed it; constructed for the record
-  agree(group, error, "creating the NIC's segment");
-  if (group_rank != 0) map(O_RDWR);
-  const std::string mine = error;
-  try {
-    agree(group, mine, "mapping the NIC's segment");
-  } catch (...) {
-    if (group_rank == 0) shm_unlink(name.c_str());
-    if (segment_) munmap(segment_, kNicSegmentBytes);
-    throw;
-  }
-  if (group_rank == 0) shm_unlink(name.c_str());  // everyone has it mapped: nothing is left in /dev/shm
+  if (group_rank == 0) error = map_segment(name, /*create=*/true, &segment_);  // ftruncate zeroes: the clock is 0
+  bool ok = all_agree(group, error);
+  if (ok && group_rank != 0) error = map_segment(name, /*create=*/false, &segment_);
+  ok = ok && all_agree(group, error);
+  if (group_rank == 0) shm_unlink(name.c_str());  // mapped everywhere, or given up: nothing is left in /dev/shm
   mpiCheck(MPI_Comm_free(&group));
+  if (!ok) {
+    if (segment_) munmap(segment_, kNicSegmentBytes);
+    segment_ = nullptr;
+    throw std::runtime_error("SharedNic: the NIC's shared memory failed" +
+                             (error.empty() ? std::string(" on another rank") : ": " + error));
+  }
 }
 
 SharedNic::~SharedNic() {

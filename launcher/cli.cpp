@@ -102,9 +102,9 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--grad-accum", c.grad_accum, "micro-batches per step, gradients communicated on the last")
       ->capture_default_str();
   app->add_option("--link", c.link,
-                  "emulated interconnect, every hop: none | 1gbe | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4; or per class "
-                  "of hop: intra=P,inter=P (within a node, per pair; across nodes, through the node's NIC, shared by "
-                  "its ranks)")
+                  "emulated interconnect, every hop: none | 1gbe | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4; or "
+                  "per class of hop: intra=P,inter=P (within a node, per pair; across nodes, through the node's NIC, "
+                  "shared by its ranks)")
       ->capture_default_str();
   app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us; a single --link preset)");
   app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s, positive; a single preset)");

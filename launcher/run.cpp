@@ -296,7 +296,8 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
-              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(), describe(comm_options(config).link).c_str(),
+              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(),
+              describe(comm_options(config).link).c_str(),
               trainer.buckets().size(),
               trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
               config.overlap ? "on" : "off");

@@ -52,7 +52,8 @@ with tempfile.TemporaryDirectory() as work:
                        (["--link", "intra=none,inter=10gbe", "--link-gbps", "5"], "apply to a single --link preset")]:
         proc = run("train", "--steps", "2", *args, "--out", bad)
         check(refused(proc, says) and not os.path.exists(bad),
-              f"{' '.join(args)}: one line naming it, exit 2, no file ({proc.returncode}, {proc.stderr.strip()[:200]!r})")
+              f"{' '.join(args)}: one line naming it, exit 2, no file "
+              f"({proc.returncode}, {proc.stderr.strip()[:200]!r})")
 
     # ---- the inter-node link dominates exposed comm -----------------------------------------------------------------
     # Each setting twice, alternating, and the better run of each compared: the machine is shared, and a burst of
