@@ -171,13 +171,32 @@ std::string breakdown(const StepRecord& p) {
 std::string comm_hints(const RunRecord& run) {
   std::string hints = fmt("try larger buckets (--bucket-mb, now %g)", run.config.value("bucket_mb", 0.0));
   if (!run.config.value("overlap", true)) hints += ", --overlap on";
-  hints += ", a faster link";
+  const bool across = !slow_inter_node_link(run).empty();
+  hints += across ? ", a faster inter-node link" : ", a faster link";
+  if (across && run.config.value("comm", std::string("ring")) != "hier")
+    hints += ", --comm hier (less traffic per NIC)";
   if (run.config.value("comm_dtype", std::string("fp32")) == "fp32")
     hints += " or bf16 on the wire (--comm-dtype bf16)";
   return hints;
 }
 
 }  // namespace
+
+std::string slow_inter_node_link(const RunRecord& run) {
+  const LinkModel &intra = run.meta.links.intra, &inter = run.meta.links.inter;
+  if (run.nodes() < 2 || !link_emulated(inter)) return "";
+  const bool slower = inter.gbps > 0 ? intra.gbps == 0 || inter.gbps < intra.gbps
+                                     : intra.gbps == 0 && inter.latency_us > intra.latency_us;
+  if (!slower) return "";
+  int per_nic = 0;  // the most ranks on one node
+  for (int node = 0; node < run.nodes(); ++node) {
+    int k = 0;
+    for (int r = 0; r < run.world_size(); ++r) k += run.node(r) == node;
+    per_nic = std::max(per_nic, k);
+  }
+  return fmt("the inter-node link (%s, shared by %d rank%s per NIC)", inter.name.c_str(), per_nic,
+             per_nic == 1 ? "" : "s");
+}
 
 const char* cause_name(Cause cause) {
   switch (cause) {
@@ -259,10 +278,11 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
                          "all-reduce outside the gradient buckets; drop it, shrink it or run it less often",
                          median(extra), 100 * median(extra) / pace)});
     } else {
+      const std::string link = slow_inter_node_link(run);
       out.push_back({Cause::kCommBound, -1,
-                     fmt("communication-bound: every rank waits %.2f ms/step for the all-reduce (%.0f%% of the step); ",
+                     fmt("communication-bound: every rank waits %.2f ms/step for the all-reduce (%.0f%% of the step)",
                          w, 100 * w / pace) +
-                         comm_hints(run)});
+                         (link.empty() ? "" : ", exposed comm on " + link) + "; " + comm_hints(run)});
     }
   }
 

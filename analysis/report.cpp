@@ -102,6 +102,12 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
     std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden").c_str(),
                  config_text(c, "layers").c_str(), config_text(c, "classes").c_str());
   std::fprintf(out, "\n");
+  if (rec.nodes() > 1) {
+    std::string nodes;
+    for (int r = 0; r < world; ++r) nodes += fmt("%s%d", r ? "," : "", rec.node(r));
+    std::fprintf(out, "  topology: %d nodes (node of each rank %s), links %s\n", rec.nodes(), nodes.c_str(),
+                 describe(meta.links).c_str());
+  }
   // The lab's knobs, only those switched on.
   std::string lab;
   for (const char* key : {"straggler_ms", "extra_allreduce_mb", "rank0_work_ms", "data_cost_ms", "loader_threads"}) {

@@ -96,9 +96,11 @@ nlohmann::json chrome_trace(const RunRecord& run) {
   nlohmann::json events = nlohmann::json::array();
   const int first_steady = run.first_steady_step();
   for (int r = 0; r < run.world_size(); ++r) {
+    // Several nodes: a rank's node leads its name, and the ranks of a node sort together.
+    const std::string node = run.nodes() > 1 ? "node " + std::to_string(run.node(r)) + " / " : "";
     events.push_back(
-        metadata("process_name", r, 0, {{"name", "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
-    events.push_back(metadata("process_sort_index", r, 0, {{"sort_index", r}}));
+        metadata("process_name", r, 0, {{"name", node + "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
+    events.push_back(metadata("process_sort_index", r, 0, {{"sort_index", run.node(r) * run.world_size() + r}}));
     events.push_back(metadata("thread_name", r, kComputeTrack, {{"name", "compute"}}));
     events.push_back(metadata("thread_sort_index", r, kComputeTrack, {{"sort_index", kComputeTrack}}));
     events.push_back(metadata("thread_name", r, kCommTrack, {{"name", "communication"}}));

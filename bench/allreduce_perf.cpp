@@ -136,7 +136,7 @@ struct ImplInfo {
 constexpr ImplInfo kImpls[] = {
     {"ring", "float", true, false},          {"ring-bf16", "bfloat16", true, false},
     {"ring-fp16", "half", true, false},      {"mpi", "float", true, false},
-    {"hier", "float", false, false},
+    {"hier", "float", true, false},
     {"mpi-raw", "float", false, false},      {"nccl", "float", false, true},
     {"gpu-ring-nccl", "float", false, true}, {"gpu-ring-ipc", "float", false, true},
     {"gpu-ring-host", "float", false, true},
@@ -159,11 +159,11 @@ struct Options {
   Aggregate aggregate = Aggregate::kAverage;
   bool median = false;  // --stat median: time = p50 of the calls
   std::vector<std::string> impls;
-  LinkModel link;
+  LinkClasses link;
   std::string csv_path, json_path, command_line;
-  int ranks_per_node = 0;  // hier: 0 = the hosts are the nodes
+  int ranks_per_node = 0;  // 0: the hosts are the nodes (comm/topology.h)
 
-  bool emulated() const { return link.gbps > 0 || link.latency_us > 0; }
+  bool emulated() const { return link.emulated(); }
   // The sizes measured, in bytes, each rounded down to whole floats.
   std::vector<size_t> sizes() const {
     std::vector<size_t> out;
@@ -203,15 +203,17 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
                  "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw, hier; GPU: nccl, gpu-ring-nccl, "
                  "gpu-ring-ipc, "
                  "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
-  app.add_option("--link", link_name, "emulated link: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4")
+  app.add_option("--link", link_name,
+                 "emulated link, every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4; or per class: "
+                 "intra=P,inter=P (across nodes through the node's NIC, shared by its ranks)")
       ->capture_default_str();
-  app.add_option("--link-latency-us", link_latency_us, "override the link's latency (us)");
-  app.add_option("--link-gbps", link_gbps, "override the link's bandwidth (Gbit/s)");
+  app.add_option("--link-latency-us", link_latency_us, "override the link's latency (us; a single preset)");
+  app.add_option("--link-gbps", link_gbps, "override the link's bandwidth (Gbit/s; a single preset)");
   app.add_option("--stat", stat, "time per call: mean (nccl-tests, combined over ranks by -a) or median (the p50 call)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mean", "median"}));
-  CLI::Option* per_node =
-      app.add_option("--ranks-per-node", o.ranks_per_node, "hier: emulate nodes of K consecutive ranks (K divides -np)");
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "emulate nodes of K consecutive ranks (K divides -np; default: the hosts are the nodes)");
   app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
   app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
   try {
@@ -259,7 +261,7 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
     throw UsageError("-a: --stat median times each call by its slowest rank; -a applies to --stat mean");
 
   try {
-    o.link = parse_link(link_name, link_latency_us, link_gbps);
+    o.link = parse_links(link_name, link_latency_us, link_gbps);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -274,17 +276,13 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
       throw UsageError("--impls " + name + ": needs a build with CUDA (configure with -DDDPLAB_CUDA=ON)");
 #endif
     if (o.emulated() && !info.emulates_link)
-      throw UsageError("--impls " + name + ": cannot emulate a link (--link " + o.link.name + "; ring and mpi can)");
+      throw UsageError("--impls " + name + ": cannot emulate a link (--link " + link_name + "; ring, mpi, hier can)");
     o.impls.push_back(name);
     pos = comma + 1;
   }
-  if (per_node->count()) {
-    if (!std::count(o.impls.begin(), o.impls.end(), "hier"))
-      throw UsageError("--ranks-per-node: only --impls hier has nodes");
-    if (o.ranks_per_node < 1 || n % o.ranks_per_node != 0)
-      throw UsageError("--ranks-per-node " + std::to_string(o.ranks_per_node) + ": must divide the " +
-                       std::to_string(n) + " ranks into equal nodes");
-  }
+  if (o.ranks_per_node < 0 || (o.ranks_per_node > 0 && n % o.ranks_per_node != 0))
+    throw UsageError("--ranks-per-node " + std::to_string(o.ranks_per_node) + " does not divide the " +
+                     std::to_string(n) + " ranks into equal nodes");
   if (!o.csv_path.empty() && o.csv_path == o.json_path) throw UsageError("--csv and -J: the same file " + o.csv_path);
   return true;
 }
@@ -370,31 +368,22 @@ struct Impl {
   }
 };
 
-Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDtype wire, const LinkModel& link) {
-  auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD, CommOptions{impl, wire, link});
+// Bad nodes for hier (one node, unequal nodes) are refused on every rank alike (std::invalid_argument): a usage
+// error, exit code 2. `transports` collects what each implementation's hops use, for the header.
+Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDtype wire, const Options& o,
+                            std::vector<std::string>& transports) {
+  std::shared_ptr<Communicator> comm;
+  try {
+    comm = std::make_shared<Communicator>(MPI_COMM_WORLD, CommOptions{impl, wire, o.link, o.ranks_per_node});
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--impls " + name + ": " + e.what());
+  }
+  transports.push_back(name + " over " + comm->transport_name());
   int tag = 0;
   return {name,
           [comm, tag](const float* in, float* out, size_t count) mutable {
             comm->allreduce_sum_into(in, out, count, tag);
             tag = (tag + 1) % 32768;  // a tag per call, as the Reducer's buckets: the order check runs too
-          },
-          nullptr, nullptr, nullptr};
-}
-
-// Nodes of unequal size are refused on every rank alike (std::invalid_argument): a usage error, exit code 2.
-Impl make_hier_impl(int ranks_per_node) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const int node = ranks_per_node ? emulated_node(rank, ranks_per_node) : shared_memory_node(MPI_COMM_WORLD);
-  std::shared_ptr<HierAllreduce> hier;
-  try {
-    hier = std::make_shared<HierAllreduce>(MPI_COMM_WORLD, node);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--impls hier: ") + e.what());
-  }
-  return {"hier",
-          [hier, options = ring_options(WireDtype::kFp32)](const float* in, float* out, size_t count) {
-            hier->allreduce_sum(in, out, count, options);
           },
           nullptr, nullptr, nullptr};
 }
@@ -416,8 +405,7 @@ Impl make_mpi_raw_impl() {
 }
 
 // Builds a checked name (parse_options): collective over MPI_COMM_WORLD.
-Impl make_impl(const std::string& name, const Options& o, size_t max_count) {
-  const LinkModel& link = o.link;
+Impl make_impl(const std::string& name, const Options& o, size_t max_count, std::vector<std::string>& transports) {
 #ifdef DDPLAB_HAVE_CUDA
   if (name == "nccl") {
     DeviceAllreduce d = make_nccl_allreduce(max_count);
@@ -429,12 +417,12 @@ Impl make_impl(const std::string& name, const Options& o, size_t max_count) {
   }
 #endif
   (void)max_count;
-  if (name == "ring") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, link);
-  if (name == "ring-bf16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kBf16, link);
-  if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, link);
-  if (name == "mpi") return make_communicator_impl(name, AllreduceImpl::kMpi, WireDtype::kFp32, link);
+  if (name == "ring") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, o, transports);
+  if (name == "ring-bf16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kBf16, o, transports);
+  if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, o, transports);
+  if (name == "mpi") return make_communicator_impl(name, AllreduceImpl::kMpi, WireDtype::kFp32, o, transports);
   if (name == "mpi-raw") return make_mpi_raw_impl();
-  if (name == "hier") return make_hier_impl(o.ranks_per_node);
+  if (name == "hier") return make_communicator_impl(name, AllreduceImpl::kHier, WireDtype::kFp32, o, transports);
   throw std::logic_error("make_impl: " + name);
 }
 
@@ -523,13 +511,14 @@ std::string fit(double value, int width) {
 
 constexpr const char* kRowFormat = "%-13s %12s %12s %8s %5s  %8s %6s %6s %6s %8s %8s  %8s %6s %6s %6s %8s %8s\n";
 
-void print_header(const Options& o, int n) {
+void print_header(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports) {
   char host[256] = "?";
   gethostname(host, sizeof host);
   const std::string step =
       o.step_bytes ? "+" + human_bytes(static_cast<double>(o.step_bytes)) : "x" + std::to_string(o.factor);
-  std::printf("# ddplab allreduce_perf: %d ranks, host %s, link %s (%g us, %g Gbit/s)\n", n, host, o.link.name.c_str(),
-              o.link.latency_us, o.link.gbps);
+  std::printf("# ddplab allreduce_perf: %d ranks, host %s, %s, link %s\n", n, host, topology.describe().c_str(),
+              describe(o.link).c_str());
+  for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
   std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
               human_bytes(static_cast<double>(o.min_bytes)).c_str(),
               human_bytes(static_cast<double>(o.max_bytes)).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
@@ -568,12 +557,17 @@ nlohmann::json mode_json(const Mode& m) {
           {"rank_means_us", m.rank_means_us}};
 }
 
-std::string results_json(const Options& o, int n, const std::vector<Row>& rows, const nlohmann::json& avg_busbw,
-                         long long total_wrong) {
+std::string results_json(const Options& o, int n, const Topology& topology, const std::vector<Row>& rows,
+                         const nlohmann::json& avg_busbw, long long total_wrong) {
   nlohmann::json j;
   j["args"] = o.command_line;
   j["nranks"] = n;
-  j["link"] = {{"name", o.link.name}, {"latency_us", o.link.latency_us}, {"gbps", o.link.gbps}};
+  const auto link_json = [](const LinkModel& l) {
+    return nlohmann::json{{"name", l.name}, {"latency_us", l.latency_us}, {"gbps", l.gbps}};
+  };
+  j["link"] = link_json(o.link.inter);  // the link across nodes: every hop's with one preset
+  j["links"] = {{"intra", link_json(o.link.intra)}, {"inter", link_json(o.link.inter)}};
+  j["node_of_rank"] = topology.node_of_rank;
   j["warmup"] = o.warmup;
   j["iters"] = o.iters;
   j["check_iters"] = o.check_iters;
@@ -602,7 +596,8 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
   s << "\n";
   char line[512];
   for (const Row& r : rows) {
-    std::snprintf(line, sizeof line, "%s,%d,%s,%zu,%zu,%s,sum", r.impl.c_str(), n, o.link.name.c_str(), r.bytes,
+    const std::string link = o.link.per_class() ? o.link.intra.name + "/" + o.link.inter.name : o.link.intra.name;
+    std::snprintf(line, sizeof line, "%s,%d,%s,%zu,%zu,%s,sum", r.impl.c_str(), n, link.c_str(), r.bytes,
                   r.count, impl_info(r.impl).wire_type);
     s << line;
     for (const Mode* m : {&r.oop, &r.ip}) {
@@ -618,9 +613,11 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
 
 int run(const Options& o, int rank, int n) {
   const size_t max_count = o.max_bytes / sizeof(float);
+  const Topology topology = detect_topology(MPI_COMM_WORLD, o.ranks_per_node);
   std::vector<Impl> impls;
-  for (const std::string& name : o.impls) impls.push_back(make_impl(name, o, max_count));
-  if (rank == 0) print_header(o, n);
+  std::vector<std::string> transports;  // rank 0's
+  for (const std::string& name : o.impls) impls.push_back(make_impl(name, o, max_count, transports));
+  if (rank == 0) print_header(o, n, topology, transports);
 
   const size_t min_count = o.min_bytes / sizeof(float);
   Inputs inputs{n};
@@ -670,7 +667,7 @@ int run(const Options& o, int rank, int n) {
   }
   for (const Row& r : rows) total_wrong += std::max(0LL, r.oop.wrong) + std::max(0LL, r.ip.wrong);
   if (!o.csv_path.empty()) write_atomically(o.csv_path, results_csv(o, n, rows));
-  if (!o.json_path.empty()) write_atomically(o.json_path, results_json(o, n, rows, avg_busbw, total_wrong));
+  if (!o.json_path.empty()) write_atomically(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong));
   if (o.check_iters > 0)
     std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   else
@@ -707,7 +704,7 @@ int main(int argc, char** argv) {
   }
   try {
     code = run(options, rank, n);
-  } catch (const UsageError& e) {  // raised alike on every rank before any work (make_hier_impl)
+  } catch (const UsageError& e) {  // raised alike on every rank before any work (make_communicator_impl)
     if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
     MPI_Finalize();
     return 2;

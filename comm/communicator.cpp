@@ -10,12 +10,12 @@
 #include <stdexcept>
 #include <utility>
 
+#include "comm/hier_allreduce.h"
 #include "comm/link_emulation.h"
 #include "comm/settings.h"
 #include "comm/mpi_check.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
-#include "comm/shm_transport.h"
 #include "comm/watchdog.h"
 #include "kernels/cpu/ops.h"
 
@@ -24,7 +24,8 @@ namespace ddplab {
 AllreduceImpl parse_allreduce_impl(const std::string& name) {
   if (name == "ring") return AllreduceImpl::kRing;
   if (name == "mpi") return AllreduceImpl::kMpi;
-  throw std::invalid_argument("unknown --comm '" + name + "' (expected ring, mpi, or nccl with --device cuda)");
+  if (name == "hier") return AllreduceImpl::kHier;
+  throw std::invalid_argument("unknown --comm '" + name + "' (expected ring, mpi, hier, or nccl with --device cuda)");
 }
 
 const char* to_string(AllreduceImpl impl) {
@@ -33,6 +34,8 @@ const char* to_string(AllreduceImpl impl) {
       return "ring";
     case AllreduceImpl::kMpi:
       return "mpi";
+    case AllreduceImpl::kHier:
+      return "hier";
   }
   return "?";
 }
@@ -68,6 +71,7 @@ struct LinkPreset {
 // clang-format off
 constexpr LinkPreset kLinkPresets[] = {
     {"none",      0.0, 0},
+    {"1gbe",     25.0, 1},     // 1 GbE with kernel TCP: the slow end of clusters built from office hardware
     {"10gbe",    10.0, 10},    // 10 GbE with kernel TCP: ~20 us round trip between MPI ranks
     {"25gbe",     5.0, 25},    // 25 GbE, RoCE or tuned TCP
     {"100gbe-ib", 1.5, 100},   // InfiniBand EDR, 100 Gb/s; MPI-level one-way latency
@@ -84,7 +88,7 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
     if (preset == p.name) found = &p;
   if (!found)
     throw std::invalid_argument("unknown --link '" + preset +
-                                "' (expected none, 10gbe, 25gbe, 100gbe-ib, pcie4 or nvlink4)");
+                                "' (expected none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4 or nvlink4)");
   LinkModel link{found->name, found->latency_us, found->gbps};
   // Negative keeps the preset's value; NaN and infinity are refused (NaN < 0 is false, so it reaches the check).
   if (latency_us_override >= 0 || std::isnan(latency_us_override)) {
@@ -99,6 +103,51 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
     link.gbps = gbps_override;
   }
   return link;
+}
+
+bool link_emulated(const LinkModel& link) { return link.gbps > 0 || link.latency_us > 0; }
+
+std::string describe(const LinkModel& link) {
+  if (!link_emulated(link)) return link.name;
+  char text[128];
+  if (link.gbps > 0)
+    std::snprintf(text, sizeof text, "%s (%g us, %g Gbit/s)", link.name.c_str(), link.latency_us, link.gbps);
+  else
+    std::snprintf(text, sizeof text, "%s (%g us, unlimited bandwidth)", link.name.c_str(), link.latency_us);
+  return text;
+}
+
+std::string describe(const LinkClasses& links) {
+  return links.per_class() ? "intra " + describe(links.intra) + ", inter " + describe(links.inter)
+                           : describe(links.intra);
+}
+
+LinkClasses parse_links(const std::string& spec, double latency_us_override, double gbps_override) {
+  if (spec.find('=') == std::string::npos) return parse_link(spec, latency_us_override, gbps_override);
+  if (latency_us_override >= 0 || gbps_override >= 0 || std::isnan(latency_us_override) || std::isnan(gbps_override))
+    throw std::invalid_argument("--link-latency-us and --link-gbps apply to a single --link preset, not to --link " +
+                                spec);
+  LinkClasses links;
+  bool seen[2] = {false, false};
+  for (size_t pos = 0; pos <= spec.size();) {
+    const size_t comma = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, comma - pos);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const int which = key == "intra" ? 0 : key == "inter" ? 1 : -1;
+    if (eq == std::string::npos || which < 0)
+      throw std::invalid_argument("unknown link class '" + key + "' in --link " + spec +
+                                  " (expected intra=PRESET and/or inter=PRESET)");
+    if (seen[which]) throw std::invalid_argument("--link " + spec + ": " + key + " given twice");
+    seen[which] = true;
+    try {
+      (which ? links.inter : links.intra) = parse_link(item.substr(eq + 1));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("--link " + key + ": " + e.what());
+    }
+    pos = comma + 1;
+  }
+  return links;
 }
 
 // Default: the crossover measured on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks,
@@ -117,9 +166,6 @@ size_t ring_slice_bytes() {
 size_t ring_slices_per_chunk() {
   return static_cast<size_t>(settings::integer(settings::kRingSlicesPerChunk, 1, 1 << 20));
 }
-std::string comm_transport() { return settings::choice(settings::kCommTransport, {"shm", "mpi"}); }
-
-bool link_emulated(const LinkModel& link) { return link.gbps > 0 || link.latency_us > 0; }
 
 std::string str(int64_t x) { return std::to_string(x); }
 
@@ -127,52 +173,17 @@ std::string str(int64_t x) { return std::to_string(x); }
 
 namespace {
 
-// The ring's transports in order of preference, in NCCL's manner: each is tried in turn, and the first that connects
-// on every rank wins (a connect is collective and fails on every rank alike). DDPLAB_COMM_TRANSPORT=mpi starts the
-// list at mpi. A transport that cannot connect is never skipped silently: rank 0 says which and why.
-struct RingTransportOption {
-  const char* name;
-  // Collective; throws std::runtime_error with the reason when it cannot serve the communicator. Sets `name` to
-  // what it connected (shm reaches the ranks of other nodes through MPI).
-  std::unique_ptr<Transport> (*connect)(MPI_Comm comm, const RingOptions& ring, std::string& name);
-};
-
-std::string peers(int n) { return std::to_string(n) + (n == 1 ? " peer" : " peers"); }
-
-const RingTransportOption kRingTransports[] = {
-    {"shm",
-     [](MPI_Comm comm, const RingOptions& ring, std::string& name) -> std::unique_ptr<Transport> {
-       // Room for a step's K slices plus one, so a step's sends go out at once (eagerly).
-       const size_t fifo = std::max(ShmTransport::kDefaultFifoBytes,
-                                    (ring.slices_per_chunk + 1) * ring.slice_elems * sizeof(float));
-       auto shm = std::make_unique<ShmTransport>(comm, fifo);
-       const int remote = shm->size() - 1 - shm->local_peers();
-       name = remote == 0 ? "shm" : "shm (" + peers(shm->local_peers()) + ") + mpi (" + peers(remote) + ")";
-       return shm;
-     }},
-    {"mpi",
-     [](MPI_Comm comm, const RingOptions&, std::string& name) -> std::unique_ptr<Transport> {
-       name = "mpi";
-       return std::make_unique<MpiTransport>(comm);
-     }},
-};
-
-std::unique_ptr<Transport> connect_ring_transport(MPI_Comm comm, const RingOptions& ring, std::string& name) {
-  const std::string first = comm_transport();
-  bool tried = false;
-  for (const RingTransportOption& option : kRingTransports) {
-    if (!tried && first != option.name) continue;
-    tried = true;
-    try {
-      return option.connect(comm, ring, name);
-    } catch (const std::runtime_error& e) {
-      int rank = 0;
-      MPI_Comm_rank(comm, &rank);
-      if (rank == 0) std::fprintf(stderr, "ddplab: the %s transport did not connect (%s); trying the next\n",
-                                  option.name, e.what());
-    }
+// Each hop's link class from the topology (of the transport's communicator): within a node the intra link, per
+// pair; across nodes the inter link, through this node's NIC.
+std::unique_ptr<Transport> emulate_links(std::unique_ptr<Transport> t, const Topology& topology,
+                                         const LinkClasses& links, const std::shared_ptr<SharedNic>& nic) {
+  std::vector<HopLink> hops;
+  for (int p = 0; p < t->size(); ++p) {
+    const bool across = !topology.same_node(t->rank(), p);
+    const LinkModel& l = across ? links.inter : links.intra;
+    hops.push_back({l.latency_us, l.gbps, across && nic});
   }
-  throw std::runtime_error("no transport for the ring connected");
+  return std::make_unique<LinkEmulatedTransport>(std::move(t), hops, nic);
 }
 
 }  // namespace
@@ -186,27 +197,44 @@ RingOptions ring_options(WireDtype wire) {
   return ring;
 }
 
-Communicator::Communicator(MPI_Comm comm, const CommOptions& options) : comm_(comm), options_(options) {
+Communicator::Communicator(MPI_Comm comm, const CommOptions& options)
+    : Communicator(comm, options, detect_topology(comm, options.ranks_per_node)) {}
+
+Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topology& topology)
+    : comm_(comm), options_(options), topology_(topology) {
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
   mpiCheck(MPI_Comm_size(comm_, &size_));
   if (options_.impl == AllreduceImpl::kMpi && options_.wire != WireDtype::kFp32)
     throw std::invalid_argument(std::string("--comm mpi has no ") + to_string(options_.wire) +
                                 " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring for a 16-bit wire");
+  if (options_.impl == AllreduceImpl::kHier && topology_.nodes() < 2)
+    throw std::invalid_argument("--comm hier needs more than one node, and all " + str(size_) +
+                                " ranks are on one (emulate nodes with --ranks-per-node K)");
   ring_ = ring_options(options_.wire);
   small_max_bytes_ = small_allreduce_bytes(size_);
-  // Collective (MPI_Comm_dup): every rank must construct its Communicator with the same options.
-  if (options_.impl == AllreduceImpl::kRing) {
-    transport_ = connect_ring_transport(comm_, ring_, transport_name_);
-    if (link_emulated(options_.link)) {
-      transport_ =
-          std::make_unique<LinkEmulatedTransport>(std::move(transport_), options_.link.latency_us, options_.link.gbps);
-      transport_name_ += " + link emulation";
-    }
-  } else {
+  // Everything below is collective: every rank must construct its Communicator with the same options.
+  if (options_.impl == AllreduceImpl::kMpi) {
     mpiCheck(MPI_Comm_dup(comm_, &mpi_comm_));
     mpiCheck(MPI_Comm_set_errhandler(mpi_comm_, MPI_ERRORS_RETURN));
     transport_name_ = "MPI_Allreduce";
+    return;
   }
+  const bool emulated = options_.link.emulated();
+  if (emulated && topology_.nodes() > 1 && link_emulated(options_.link.inter))
+    nic_ = std::make_shared<SharedNic>(comm_, topology_.node_of_rank[rank_]);
+  if (options_.impl == AllreduceImpl::kHier) {
+    HierAllreduce::WrapTransport wrap;
+    if (emulated)
+      wrap = [this](std::unique_ptr<Transport> t, const Topology& group) {
+        return emulate_links(std::move(t), group, options_.link, nic_);
+      };
+    hier_ = std::make_unique<HierAllreduce>(comm_, topology_.node_of_rank[rank_], wrap);
+    transport_name_ = hier_->transport_name();
+  } else {
+    transport_ = connect_transport(comm_, topology_, ring_, transport_name_);
+    if (emulated) transport_ = emulate_links(std::move(transport_), topology_, options_.link, nic_);
+  }
+  if (emulated) transport_name_ += " + link emulation";
 }
 
 Communicator::~Communicator() {
@@ -229,7 +257,9 @@ void Communicator::allreduce_sum_into(const float* in, float* out, size_t count,
     if (options_.impl == AllreduceImpl::kMpi) return mpi_allreduce_sum(in, out, count, tag);
     RingOptions o = ring_;
     o.tag = tag;
-    if (count * sizeof(float) <= small_max_bytes_) {
+    if (hier_) {
+      hier_->allreduce_sum(in, out, count, o);
+    } else if (count * sizeof(float) <= small_max_bytes_) {
       if (in != out) std::memcpy(out, in, count * sizeof(float));  // small: the copy costs next to nothing
       recursive_doubling_allreduce_sum(out, count, *transport_, scratch_, o);
     } else {
@@ -281,11 +311,12 @@ void Communicator::mpi_allreduce_sum(const float* in, float* out, size_t count, 
     offset += piece;
   }
   // Link emulation for a library collective we cannot see inside: a model, not a measurement. The call takes at
-  // least as long as a bandwidth-optimal ring would on the link, 2(n-1) steps of latency + (bytes/n)/bandwidth.
-  if (link_emulated(options_.link) && size_ > 1) {
+  // least as long as a bandwidth-optimal ring would on the link, 2(n-1) steps of latency + (bytes/n)/bandwidth;
+  // across nodes the ring's slowest hop is the inter link (ranks in order: one stream per NIC, no sharing).
+  const LinkModel& link = topology_.nodes() > 1 ? options_.link.inter : options_.link.intra;
+  if (link_emulated(link) && size_ > 1) {
     const double step_ns =
-        options_.link.latency_us * 1e3 +
-        (options_.link.gbps > 0 ? count * sizeof(float) / double(size_) * 8.0 / options_.link.gbps : 0.0);
+        link.latency_us * 1e3 + (link.gbps > 0 ? count * sizeof(float) / double(size_) * 8.0 / link.gbps : 0.0);
     sleep_until_ns(start + static_cast<int64_t>(2.0 * (size_ - 1) * step_ns));
   }
 }

@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "comm/ring_allreduce.h"
+#include "comm/topology.h"
 #include "comm/transport.h"
 
 namespace ddplab {
 
-enum class AllreduceImpl { kRing, kMpi };
-AllreduceImpl parse_allreduce_impl(const std::string& name);  // "ring" | "mpi"; throws std::invalid_argument
+// kHier: the hierarchical all-reduce (comm/hier_allreduce.h), for more than one node.
+enum class AllreduceImpl { kRing, kMpi, kHier };
+AllreduceImpl parse_allreduce_impl(const std::string& name);  // "ring" | "mpi" | "hier"; throws std::invalid_argument
 const char* to_string(AllreduceImpl impl);
 
 // What travels on the wire. Buffers are always fp32 in memory; bf16/fp16 halve the bytes sent, with the sums
@@ -30,9 +32,28 @@ struct LinkModel {
   double latency_us = 0;
   double gbps = 0;  // gigabits per second, as links are sold
 };
-// Presets: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4. A negative override keeps the preset's value.
+// Presets: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4. A negative override keeps the preset's value.
 // Throws std::invalid_argument naming the bad preset or value.
 LinkModel parse_link(const std::string& preset, double latency_us_override = -1, double gbps_override = -1);
+bool link_emulated(const LinkModel& link);  // anything but "none" without overrides
+
+// A link model per class of hop (comm/link_emulation.h): between ranks of one node (intra), and across nodes
+// (inter: the sending node's NIC, shared by its ranks). One model converts to "every hop" (--link X).
+struct LinkClasses {
+  LinkModel intra, inter;
+  LinkClasses() = default;
+  LinkClasses(const LinkModel& every_hop) : intra(every_hop), inter(every_hop) {}  // NOLINT: --link X is every hop
+  bool per_class() const { return intra.name != inter.name || intra.latency_us != inter.latency_us ||
+                                  intra.gbps != inter.gbps; }
+  bool emulated() const { return link_emulated(intra) || link_emulated(inter); }
+};
+// "none", or the link as it acts, overrides applied: "10gbe (10 us, 10 Gbit/s)".
+std::string describe(const LinkModel& link);
+// describe() of the one link, or "intra none, inter 10gbe (10 us, 10 Gbit/s)".
+std::string describe(const LinkClasses& links);
+// --link as typed: a preset for every hop ("25gbe"), or classes ("intra=nvlink4,inter=25gbe"; a class left out is
+// none). The overrides apply to a single preset only. Throws std::invalid_argument naming the bad class or preset.
+LinkClasses parse_links(const std::string& spec, double latency_us_override = -1, double gbps_override = -1);
 
 // The ring implementation takes recursive doubling for fp32 buffers up to this many bytes at `ranks` ranks
 // (DDPLAB_SMALL_ALLREDUCE_BYTES, or the measured crossover).
@@ -45,13 +66,20 @@ RingOptions ring_options(WireDtype wire);
 struct CommOptions {
   AllreduceImpl impl = AllreduceImpl::kRing;
   WireDtype wire = WireDtype::kFp32;
-  LinkModel link;
+  LinkClasses link;
+  int ranks_per_node = 0;  // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
 };
 
 // Not thread-safe: one thread at a time calls into a Communicator (during a step, the Reducer's comm thread).
+class HierAllreduce;
+class SharedNic;
+
 class Communicator {
  public:
+  // Collective. The nodes come from options.ranks_per_node (detect_topology), or are given (tests: uneven nodes).
+  // Throws std::invalid_argument for --comm hier on one node or on nodes of unequal size.
   Communicator(MPI_Comm comm, const CommOptions& options);
+  Communicator(MPI_Comm comm, const CommOptions& options, const Topology& topology);
   Communicator(MPI_Comm comm, AllreduceImpl impl)
       : Communicator(comm, CommOptions{impl, WireDtype::kFp32, LinkModel{}}) {}
   ~Communicator();
@@ -60,8 +88,9 @@ class Communicator {
   MPI_Comm mpi_comm() const { return comm_; }
   AllreduceImpl impl() const { return options_.impl; }
   const CommOptions& options() const { return options_; }
-  // What the ring's messages travel over on this rank: "shm", "shm (1 peer) + mpi (2 peers)", "mpi", with
-  // " + link emulation" when --link is on; "MPI_Allreduce" for --comm mpi.
+  const Topology& topology() const { return topology_; }
+  // What the messages travel over on this rank, per kind of hop: "shm" (one node), "shm within node (1 peer) + mpi
+  // across nodes (2 peers)", "mpi", with " + link emulation" when --link is on; "MPI_Allreduce" for --comm mpi.
   const std::string& transport_name() const { return transport_name_; }
 
   static constexpr int kMaxTag = 32767;  // the tag bound every MPI guarantees
@@ -85,7 +114,10 @@ class Communicator {
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   CommOptions options_;
+  Topology topology_;
+  std::shared_ptr<SharedNic> nic_;        // this node's NIC, when inter-node hops are emulated
   std::unique_ptr<Transport> transport_;  // for the ring (possibly wrapped by link emulation)
+  std::unique_ptr<HierAllreduce> hier_;   // --comm hier
   RingScratch scratch_;                   // receive/staging buffers of the ring and recursive doubling
   RingOptions ring_;                      // slice, wire format (the tag is set per call)
   size_t small_max_bytes_ = 0;            // buffers up to this size take recursive doubling instead of the ring

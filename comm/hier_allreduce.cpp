@@ -10,60 +10,47 @@
 
 namespace ddplab {
 
-int shared_memory_node(MPI_Comm comm) {
-  int rank = 0, lowest = 0;
-  mpiCheck(MPI_Comm_rank(comm, &rank));
-  MPI_Comm shared;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
-  mpiCheck(MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shared));
-  mpiCheck(MPI_Comm_free(&shared));
-  return lowest;
-}
-
 namespace {
 
-// The ranks of each node, nodes in the order of their first rank.
-std::vector<int> node_sizes(MPI_Comm comm, int node) {
+// The group of comm's ranks with the same color, over the transport its topology calls for (within a node shared
+// memory, across nodes MPI), wrapped as the caller asks. `ids`: the group's node of each rank of comm (by rank).
+std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, const std::vector<int>& ids,
+                                           const HierAllreduce::WrapTransport& wrap, std::string& name) {
   int n = 1;
   mpiCheck(MPI_Comm_size(comm, &n));
-  std::vector<int> node_of(n);
-  mpiCheck(MPI_Allgather(&node, 1, MPI_INT, node_of.data(), 1, MPI_INT, comm));
-  std::vector<int> ids, sizes;
-  for (int id : node_of) {
-    const auto it = std::find(ids.begin(), ids.end(), id);
-    if (it == ids.end()) {
-      ids.push_back(id);
-      sizes.push_back(1);
-    } else {
-      ++sizes[it - ids.begin()];
-    }
-  }
-  return sizes;
-}
-
-std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key,
-                                           const HierAllreduce::WrapTransport& wrap) {
-  MPI_Comm group;
-  mpiCheck(MPI_Comm_split(comm, color, key, &group));
-  std::unique_ptr<Transport> t = std::make_unique<MpiTransport>(group);  // on its own duplicate of the group
-  mpiCheck(MPI_Comm_free(&group));
-  return wrap ? wrap(std::move(t)) : std::move(t);
+  std::vector<int> colors(n), group_ids;
+  mpiCheck(MPI_Allgather(&color, 1, MPI_INT, colors.data(), 1, MPI_INT, comm));
+  for (int r = 0; r < n; ++r)  // the group keeps comm's order (key = rank)
+    if (colors[r] == color) group_ids.push_back(ids[r]);
+  const Topology group = topology_from_ids(group_ids);
+  MPI_Comm group_comm;
+  mpiCheck(MPI_Comm_split(comm, color, key, &group_comm));
+  std::unique_ptr<Transport> t = connect_transport(group_comm, group, RingOptions{}, name);  // FIFOs: default size
+  mpiCheck(MPI_Comm_free(&group_comm));
+  name = describe_hops(group, *t, /*say_where=*/true);
+  return wrap ? wrap(std::move(t), group) : std::move(t);
 }
 
 }  // namespace
 
 HierAllreduce::HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap) {
-  const std::vector<int> sizes = node_sizes(comm, node);
+  int rank = 0, n = 1;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  mpiCheck(MPI_Comm_size(comm, &n));
+  std::vector<int> node_of(n);
+  mpiCheck(MPI_Allgather(&node, 1, MPI_INT, node_of.data(), 1, MPI_INT, comm));
+  const std::vector<int> sizes = topology_from_ids(node_of).node_sizes();  // nodes in the order of their first rank
   if (std::count(sizes.begin(), sizes.end(), sizes[0]) != static_cast<long>(sizes.size())) {
     std::string list;
     for (int s : sizes) list += (list.empty() ? "" : ", ") + std::to_string(s);
     throw std::invalid_argument("hierarchical all-reduce needs the same number of ranks on every node; the " +
                                 std::to_string(sizes.size()) + " nodes have " + list + " ranks");
   }
-  int rank = 0;
-  mpiCheck(MPI_Comm_rank(comm, &rank));
-  intra_ = split_transport(comm, node, rank, wrap);
-  inter_ = split_transport(comm, intra_->rank(), rank, wrap);
+  std::string intra_name, inter_name;
+  intra_ = split_transport(comm, node, rank, node_of, wrap, intra_name);
+  inter_ = split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name);
+  const bool both = local_size() > 1 && nodes() > 1;
+  transport_name_ = both ? intra_name + " + " + inter_name : local_size() > 1 ? intra_name : inter_name;
 }
 
 void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options) {

@@ -9,22 +9,19 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "comm/ring_allreduce.h"
+#include "comm/topology.h"
 #include "comm/transport.h"
 
 namespace ddplab {
 
-// The node this rank of `comm` is on: ranks that share memory (MPI_COMM_TYPE_SHARED) are one node, named by the
-// lowest rank of comm on it. Collective.
-int shared_memory_node(MPI_Comm comm);
-// An emulated node of ranks_per_node consecutive ranks: rank r is on node r / ranks_per_node.
-inline int emulated_node(int rank, int ranks_per_node) { return rank / ranks_per_node; }
-
 class HierAllreduce {
  public:
-  // Wraps each group's transport before use (tests count the bytes; per-hop link emulation will delay them).
-  using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)>;
+  // Wraps each group's transport before use, given the group's topology (the node's ranks: one node; the group
+  // across nodes: a node each). Tests count the bytes; link emulation delays them by the group's link class.
+  using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, const Topology& group)>;
 
   // Collective over comm. `node` is any id >= 0, equal on the ranks of one node; a node's ranks and the nodes keep
   // their order in comm. Every node must hold the same number of ranks: the reduce-scatter cuts the buffer into
@@ -35,6 +32,8 @@ class HierAllreduce {
   int nodes() const { return inter_->size(); }
   int local_size() const { return intra_->size(); }
   int local_rank() const { return intra_->rank(); }
+  // What each group's hops use: "shm within node (1 peer) + mpi across nodes (1 peer)".
+  const std::string& transport_name() const { return transport_name_; }
 
   // out[i] = sum over the ranks of comm of in[i] (out == in: in place). Every rank calls it with the same count
   // and options and ends bitwise identical to the others. options as for ring_allreduce_sum (both groups use them;
@@ -45,6 +44,7 @@ class HierAllreduce {
   std::unique_ptr<Transport> intra_;  // this node's ranks
   std::unique_ptr<Transport> inter_;  // the ranks with this local rank, one per node
   RingScratch intra_scratch_, inter_scratch_;
+  std::string transport_name_;
 };
 
 }  // namespace ddplab

@@ -1,13 +1,20 @@
 #include "comm/link_emulation.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <stdexcept>
 #include <string>
+
+#include "comm/mpi_check.h"
 
 namespace ddplab {
 
@@ -33,27 +40,118 @@ void sleep_until_ns(int64_t t_ns) {
   }
 }
 
-LinkEmulatedTransport::LinkEmulatedTransport(std::unique_ptr<Transport> inner, double latency_us, double gbps)
-    : inner_(std::move(inner)),
-      latency_ns_(std::llround(latency_us * 1000.0)),
-      ns_per_byte_(gbps > 0 ? 8.0 / gbps : 0.0),  // Gbit/s = bits per ns
-      link_free_ns_(inner_->size(), 0) {
-  if (!(latency_us >= 0) || !(gbps >= 0) || !std::isfinite(latency_us) || !std::isfinite(gbps))
-    throw std::invalid_argument("LinkEmulatedTransport: latency and bandwidth must be finite and >= 0");
+namespace {
+
+using NicClock = std::atomic<int64_t>;
+static_assert(NicClock::is_always_lock_free, "the NIC's clock is shared between processes");
+constexpr size_t kNicSegmentBytes = 64;
+
+// Whether every rank of `group` has no error.
+bool all_agree(MPI_Comm group, const std::string& error) {
+  int ok = error.empty(), all = 0;
+  mpiCheck(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, group));
+  return all;
 }
 
-int64_t LinkEmulatedTransport::serialisation_ns(size_t bytes) const {
-  return std::llround(static_cast<double>(bytes) * ns_per_byte_);
+// Opens (or creates, zeroed) the segment `name` and maps it into `*segment`; returns what failed, or "".
+std::string map_segment(const std::string& name, bool create, void** segment) {
+  const int fd = shm_open(name.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0) return "shm_open " + name + ": " + std::strerror(errno);
+  std::string error;
+  if (create && ftruncate(fd, kNicSegmentBytes) != 0) error = std::string("ftruncate: ") + std::strerror(errno);
+  void* m = error.empty() ? mmap(nullptr, kNicSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (error.empty() && m == MAP_FAILED) error = std::string("mmap: ") + std::strerror(errno);
+  close(fd);
+  if (m != MAP_FAILED) *segment = m;
+  return error;
+}
+
+}  // namespace
+
+SharedNic::SharedNic(MPI_Comm comm, int node) {
+  // The node's ranks on this host: the first creates the segment, then the others map it, then its name goes.
+  int rank = 0, group_rank = 0;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  MPI_Comm host, group;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host));
+  mpiCheck(MPI_Comm_split(host, node, rank, &group));
+  mpiCheck(MPI_Comm_free(&host));
+  mpiCheck(MPI_Comm_rank(group, &group_rank));
+  mpiCheck(MPI_Comm_size(group, &ranks_));
+  static std::atomic<int> counter{0};
+  long id[2] = {static_cast<long>(getpid()), counter++};
+  mpiCheck(MPI_Bcast(id, 2, MPI_LONG, 0, group));
+  const std::string name = "/ddplab-nic-" + std::to_string(getuid()) + "-" + std::to_string(id[0]) + "-" +
+                           std::to_string(id[1]);
+  std::string error;
+  if (group_rank == 0) error = map_segment(name, /*create=*/true, &segment_);  // ftruncate zeroes: the clock is 0
+  bool ok = all_agree(group, error);
+  if (ok && group_rank != 0) error = map_segment(name, /*create=*/false, &segment_);
+  ok = ok && all_agree(group, error);
+  if (group_rank == 0) shm_unlink(name.c_str());  // mapped everywhere, or given up: nothing is left in /dev/shm
+  mpiCheck(MPI_Comm_free(&group));
+  if (!ok) {
+    if (segment_) munmap(segment_, kNicSegmentBytes);
+    segment_ = nullptr;
+    throw std::runtime_error("SharedNic: the NIC's shared memory failed" +
+                             (error.empty() ? std::string(" on another rank") : ": " + error));
+  }
+}
+
+SharedNic::~SharedNic() {
+  if (segment_) munmap(segment_, kNicSegmentBytes);
+}
+
+int64_t SharedNic::reserve(int64_t now_ns, int64_t busy_ns) {
+  NicClock& free_at = *static_cast<NicClock*>(segment_);
+  int64_t seen = free_at.load(std::memory_order_relaxed), end = 0;
+  do {
+    end = std::max(now_ns, seen) + busy_ns;
+  } while (!free_at.compare_exchange_weak(seen, end, std::memory_order_relaxed));
+  return end;
+}
+
+LinkEmulatedTransport::LinkEmulatedTransport(std::unique_ptr<Transport> inner, double latency_us, double gbps)
+    : inner_(std::move(inner)) {
+  set_hops(std::vector<HopLink>(inner_->size(), HopLink{latency_us, gbps, false}));
+}
+
+LinkEmulatedTransport::LinkEmulatedTransport(std::unique_ptr<Transport> inner, const std::vector<HopLink>& hops,
+                                             std::shared_ptr<SharedNic> nic)
+    : inner_(std::move(inner)), nic_(std::move(nic)) {
+  set_hops(hops);
+}
+
+void LinkEmulatedTransport::set_hops(const std::vector<HopLink>& hops) {
+  if (hops.size() != static_cast<size_t>(inner_->size()))
+    throw std::invalid_argument("LinkEmulatedTransport: a link per peer is needed");
+  for (const HopLink& h : hops) {
+    if (!(h.latency_us >= 0) || !(h.gbps >= 0) || !std::isfinite(h.latency_us) || !std::isfinite(h.gbps))
+      throw std::invalid_argument("LinkEmulatedTransport: latency and bandwidth must be finite and >= 0");
+    if (h.through_nic && !nic_) throw std::invalid_argument("LinkEmulatedTransport: a hop through a NIC needs one");
+    hops_.push_back({std::llround(h.latency_us * 1000.0), h.gbps > 0 ? 8.0 / h.gbps : 0.0,  // Gbit/s = bits per ns
+                     h.through_nic, 0});
+  }
+}
+
+int64_t LinkEmulatedTransport::serialisation_ns(int peer, size_t bytes) const {
+  return std::llround(static_cast<double>(bytes) * hops_.at(peer).ns_per_byte);
 }
 
 void LinkEmulatedTransport::send(int peer, const void* buf, size_t bytes, int tag) {
   if (peer < 0 || peer >= size())
     throw std::invalid_argument("rank " + std::to_string(rank()) + ": LinkEmulatedTransport::send to rank " +
                                 std::to_string(peer) + " of " + std::to_string(size()));
-  int64_t& link_free = link_free_ns_[peer];
-  const int64_t departure = std::max(monotonic_ns(), link_free);
-  link_free = departure + serialisation_ns(bytes);
-  headers_.push_back(link_free + latency_ns_);
+  Hop& hop = hops_[peer];
+  const int64_t now = monotonic_ns(), busy = serialisation_ns(peer, bytes);
+  int64_t sent_by = 0;  // when the last byte has left
+  if (hop.through_nic) {
+    sent_by = nic_->reserve(now, busy);
+  } else {
+    hop.link_free_ns = std::max(now, hop.link_free_ns) + busy;
+    sent_by = hop.link_free_ns;
+  }
+  headers_.push_back(sent_by + hop.latency_ns);
   inner_->send(peer, &headers_.back(), sizeof(int64_t), tag);
   inner_->send(peer, buf, bytes, tag);
 }

@@ -79,7 +79,7 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
-ShmTransport::ShmTransport(MPI_Comm comm, size_t fifo_bytes, PollPolicy poll)
+ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, size_t fifo_bytes, PollPolicy poll)
     : fifo_bytes_(std::max<size_t>(round_up(fifo_bytes, kLine), 2 * kLine)), poll_(poll) {
   remote_ = std::make_unique<MpiTransport>(comm, MpiTransport::kMaxMessageBytes, poll);  // collective
   rank_ = remote_->rank();
@@ -88,8 +88,12 @@ ShmTransport::ShmTransport(MPI_Comm comm, size_t fifo_bytes, PollPolicy poll)
   from_.assign(size_, nullptr);
   peers_.assign(size_, Peer{});
 
-  MPI_Comm local;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  // The ranks of this host, then of them those on this rank's node (an emulated node may span hosts).
+  MPI_Comm host, local;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
+  const int node = node_of_rank.empty() ? 0 : node_of_rank.at(rank_);
+  mpiCheck(MPI_Comm_split(host, node, rank_, &local));
+  mpiCheck(MPI_Comm_free(&host));
   int lrank = 0, lsize = 1;
   MPI_Comm_rank(local, &lrank);
   MPI_Comm_size(local, &lsize);

@@ -1,4 +1,5 @@
-// Shared-memory transport between ranks of one node (after NCCL's SHM transport), MPI for the others.
+// Shared-memory transport between ranks of one node (after NCCL's SHM transport), MPI for the others: the transport
+// is chosen per pair, so one ring mixes both (comm/topology.h says which ranks form a node).
 //
 // Why: Open MPI moves a message above its 4 KiB eager limit by rendezvous, which on this machine costs ~4 us per
 // message and copies with process_vm_readv at 4-10 GB/s (measured in docs/COMM.md), and a rendezvous message only
@@ -34,8 +35,12 @@ namespace ddplab {
 class ShmTransport final : public Transport {
  public:
   static constexpr size_t kDefaultFifoBytes = size_t{1} << 20;
-  // fifo_bytes: capacity of each pair's FIFO, rounded up to 64 bytes (>= 128).
-  explicit ShmTransport(MPI_Comm comm, size_t fifo_bytes = kDefaultFifoBytes, PollPolicy poll = PollPolicy::from_env());
+  // fifo_bytes: capacity of each pair's FIFO, rounded up to 64 bytes (>= 128). node_of_rank (per rank of comm;
+  // empty: the host is the node): only ranks of one node that also share a host talk through shared memory.
+  ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, size_t fifo_bytes = kDefaultFifoBytes,
+               PollPolicy poll = PollPolicy::from_env());
+  explicit ShmTransport(MPI_Comm comm, size_t fifo_bytes = kDefaultFifoBytes, PollPolicy poll = PollPolicy::from_env())
+      : ShmTransport(comm, std::vector<int>{}, fifo_bytes, poll) {}
   ~ShmTransport() override;
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
@@ -49,6 +54,7 @@ class ShmTransport final : public Transport {
   bool progress() override;
 
   int local_peers() const { return local_peers_; }  // peers reached through shared memory
+  bool through_shm(int peer) const { return peer >= 0 && peer < size_ && to_[peer] != nullptr; }
 
  private:
  public:

@@ -19,6 +19,7 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
+  refuse(c.ranks_per_node == 0, "--ranks-per-node (emulated nodes) is CPU only");
   try {
     parse_profile_steps(c.profile_steps);
   } catch (const std::invalid_argument& e) {
@@ -71,7 +72,9 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
   app->add_option("--data-noise", c.data_noise, "synthetic data noise around the class prototypes")
       ->capture_default_str();
-  app->add_option("--comm", c.comm, "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce) | nccl (--device cuda)")
+  app->add_option("--comm", c.comm,
+                  "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce) | hier (ring within each node, then across "
+                  "nodes; needs 2+ nodes) | nccl (--device cuda)")
       ->capture_default_str();
   app->add_option("--comm-dtype", c.comm_dtype, "gradients on the wire: fp32 | bf16 | fp16")->capture_default_str();
   app->add_option("--ring-link", c.ring_link,
@@ -98,10 +101,17 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->capture_default_str();
   app->add_option("--grad-accum", c.grad_accum, "micro-batches per step, gradients communicated on the last")
       ->capture_default_str();
-  app->add_option("--link", c.link, "emulated interconnect: none | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4")
+  app->add_option("--link", c.link,
+                  "emulated interconnect, every hop: none | 1gbe | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4; or "
+                  "per class of hop: intra=P,inter=P (within a node, per pair; across nodes, through the node's NIC, "
+                  "shared by its ranks)")
       ->capture_default_str();
-  app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us)");
-  app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s, positive)");
+  app->add_option("--link-latency-us", c.link_latency_us, "override the link's latency (us; a single --link preset)");
+  app->add_option("--link-gbps", c.link_gbps, "override the link's bandwidth (Gbit/s, positive; a single preset)");
+  if (flags != FlagSet::kSuite)  // the suite's cases run on 1..N ranks: one K would not divide them all
+    app->add_option("--ranks-per-node", c.ranks_per_node,
+                    "emulate nodes of K consecutive ranks (K divides the ranks; 0: the hosts are the nodes); ranks "
+                    "on different nodes talk MPI and take --link inter=");
   app->add_option("--threads", c.blas_threads,
                   "OpenBLAS threads per rank: N, or auto (the cores this rank may use: its binding, else the host's "
                   "cores / ranks on the host)")
@@ -165,6 +175,7 @@ void validate(const TrainConfig& c) {
   at_least("--layers", c.mlp.num_hidden_layers, 1);
   at_least("--classes", c.mlp.num_classes, 2);
   at_least("--threads", c.blas_threads, 0);  // 0: auto
+  at_least("--ranks-per-node", c.ranks_per_node, 0);  // 0: the hosts
   require(c.optimizer.kind == "adamw" || c.optimizer.kind == "sgd",
           "--optimizer must be adamw or sgd (got '" + c.optimizer.kind + "')");
   require(c.optimizer.lr > 0, "--lr must be positive");

@@ -19,6 +19,7 @@
 #include "analysis/report.h"
 #include "git_commit.h"
 #include "launcher/cli.h"
+#include "comm/topology.h"
 #include "comm/watchdog.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
@@ -54,18 +55,6 @@ std::string default_run_path(const std::string& command, int world_size) {
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-// "none", or the emulated link as it acts, overrides applied: "10gbe (10 us, 10 Gbit/s)".
-std::string link_text(const TrainConfig& config) {
-  const LinkModel link = parse_link(config.link, config.link_latency_us, config.link_gbps);
-  if (link.latency_us == 0 && link.gbps == 0) return link.name;
-  char text[128];
-  if (link.gbps > 0)
-    std::snprintf(text, sizeof text, "%s (%g us, %g Gbit/s)", link.name.c_str(), link.latency_us, link.gbps);
-  else
-    std::snprintf(text, sizeof text, "%s (%g us, unlimited bandwidth)", link.name.c_str(), link.latency_us);
-  return text;
-}
 
 }  // namespace
 
@@ -298,15 +287,17 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
 
 // The run's header on rank 0: model and data, ranks and batch, the communication setup.
 void print_run_header(const TrainConfig& config, const RunOptions& options, const Trainer& trainer, int world_size,
-                      int64_t first_step) {
+                      int64_t first_step, const Topology& topology) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
   std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
               config.optimizer.kind.c_str(), config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
+  if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
-              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(), link_text(config).c_str(),
+              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(),
+              describe(comm_options(config).link).c_str(),
               trainer.buckets().size(),
               trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
               config.overlap ? "on" : "off");
@@ -421,6 +412,20 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
           "more ranks (" + std::to_string(size) + ") than sequences per epoch (--epoch-size " +
               std::to_string(config.epoch_size) + "): every rank needs at least one; raise --epoch-size");
   require_device(config, world);
+  // The nodes: computed here for the checks and the run file as the Communicator computes them (comm/topology.h).
+  Topology topology;
+  try {
+    topology = detect_topology(world, config.ranks_per_node);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  require(config.comm != "hier" || topology.nodes() > 1,
+          "--comm hier needs more than one node, and all " + std::to_string(size) +
+              " ranks are on one (emulate nodes with --ranks-per-node K)");
+  const std::vector<int> node_sizes = topology.node_sizes();
+  require(config.comm != "hier" || std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) ==
+                                       static_cast<long>(node_sizes.size()),
+          "--comm hier needs the same number of ranks on every node: " + topology.describe());
   if (config.blas_threads == 0) config.blas_threads = auto_blas_threads(world);  // --threads auto: stored resolved
   openblas_set_num_threads(config.blas_threads);
 
@@ -442,11 +447,13 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   RunRecord& record = result.record;  // rank 0 fills in the records when it writes them
   record.meta = run_metadata(config, options, first_step, world);
   record.meta.transport = trainer->transport();
+  record.meta.node_of_rank = topology.node_of_rank;
+  if (config.device == "cpu") record.meta.links = comm_options(config).link;
   record.config = to_json(config);
   for (const Bucket& b : trainer->buckets())
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
   for (const GradPiece& p : trainer->grad_pieces()) record.pieces.push_back({p.offset, p.numel});
-  if (rank == 0 && !config.quiet) print_run_header(config, options, *trainer, size, first_step);
+  if (rank == 0 && !config.quiet) print_run_header(config, options, *trainer, size, first_step, topology);
 
   RecordGatherer gathered(record, world);
   bool checkpoint_written = false;

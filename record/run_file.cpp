@@ -38,6 +38,16 @@ const std::pair<const char*, double BucketTimes::*> kBucketTimes[] = {
     {"comm_end_ms", &BucketTimes::comm_end_ms},
 };
 
+nlohmann::json link_json(const LinkModel& l) {
+  return {{"name", l.name}, {"latency_us", l.latency_us}, {"gbps", l.gbps}};
+}
+nlohmann::json links_json(const LinkClasses& links) {
+  return {{"intra", link_json(links.intra)}, {"inter", link_json(links.inter)}};
+}
+LinkModel link_from_json(const nlohmann::json& j) {
+  return {j.at("name").get<std::string>(), j.at("latency_us").get<double>(), j.at("gbps").get<double>()};
+}
+
 // ---- writing ----------------------------------------------------------------------------------------------------
 
 void write_buckets(hid_t file, const RunRecord& run) {
@@ -83,6 +93,11 @@ void write_contents(hid_t file, const RunRecord& run, const std::string& summary
   write_int_attr(file, "world_size", meta.world_size);
   write_int_attr(file, "num_steps", run.steps);
   write_strings(file, "hostnames", meta.hostnames);
+  // The topology (optional: older files have neither): each rank's node, and the link classes as emulated.
+  if (!meta.node_of_rank.empty())
+    write_numbers(file, "node", std::vector<int64_t>(meta.node_of_rank.begin(), meta.node_of_rank.end()),
+                  {static_cast<hsize_t>(meta.world_size)}, nullptr);
+  write_string_attr(file, "links", links_json(meta.links).dump());
 
   H5Id group(create_group(file, "steps"), H5Gclose);
   const hsize_t world = meta.world_size, steps = run.steps;
@@ -193,6 +208,17 @@ void read_contents(hid_t file, RunRecord& run) {
   (void)run.first_steady_step();     // a config field of the wrong type throws here, with the file named
   (void)run.global_batch();
   meta.hostnames = read_strings(file, "hostnames", meta.world_size, "hostnames");
+  if (has_link(file, "node")) {
+    for (int64_t node : read_int64s(file, "node", {static_cast<hsize_t>(meta.world_size)}, "node")) {
+      if (node < 0 || node >= meta.world_size) throw FileProblem("node: " + std::to_string(node) + " is not a node");
+      meta.node_of_rank.push_back(static_cast<int>(node));
+    }
+  }
+  if (has_attr(file, "links")) {
+    const nlohmann::json links = parse_json_attr(file, "links");
+    meta.links.intra = link_from_json(links.at("intra"));
+    meta.links.inter = link_from_json(links.at("inter"));
+  }
   read_steps(file, run);
   read_buckets(file, run);
 }

@@ -24,6 +24,8 @@ struct RunMetadata {
   std::string transport;       // what rank 0's gradient all-reduces travelled over ("shm", "mpi", "NCCL", ...)
   int world_size = 1;
   std::vector<std::string> hostnames;  // by rank
+  std::vector<int> node_of_rank;       // by rank (comm/topology.h); empty in files from before nodes were recorded
+  LinkClasses links;                   // the emulated links per class of hop (none: no emulation)
   int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)
   std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
 };
@@ -56,6 +58,12 @@ struct RunRecord {
   const StepRecord& at(int rank, int step) const { return records[static_cast<size_t>(rank) * steps + step]; }
   const BucketTimes& bucket_at(int rank, int step, int bucket) const {
     return bucket_times[(static_cast<size_t>(rank) * steps + step) * buckets.size() + bucket];
+  }
+  int node(int rank) const {  // 0 when not recorded: one node
+    return rank >= 0 && rank < static_cast<int>(meta.node_of_rank.size()) ? meta.node_of_rank[rank] : 0;
+  }
+  int nodes() const {
+    return meta.node_of_rank.empty() ? 1 : *std::max_element(meta.node_of_rank.begin(), meta.node_of_rank.end()) + 1;
   }
   std::string host(int rank) const {
     return rank >= 0 && rank < static_cast<int>(meta.hostnames.size()) ? meta.hostnames[rank] : "?";

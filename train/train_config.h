@@ -36,7 +36,7 @@ struct TrainConfig {
   int warmup_steps = 5;     // left out of the summary's steady-state means
   uint64_t seed = 1234;     // model init and data
   float data_noise = 1.0f;  // synthetic data: noise amplitude around the class prototypes
-  std::string comm = "ring";        // all-reduce implementation: ring | mpi; nccl with --device cuda
+  std::string comm = "ring";        // all-reduce implementation: ring | mpi | hier; nccl with --device cuda
   std::string ring_link = "auto";   // --device cuda --comm ring: auto | nccl | ipc | host (comm/ring_cuda.h)
   std::string comm_dtype = "fp32";  // on the wire: fp32 | bf16 | fp16
   double bucket_mb = 25.0;          // gradient bucket cap (MiB); 0 = one bucket per parameter
@@ -44,7 +44,8 @@ struct TrainConfig {
   bool overlap = true;              // all-reduce buckets while backward runs
   double grad_slice_mb = 0;         // weight gradients computed and announced in row blocks of this size; 0 = whole
   int grad_accum = 1;               // micro-batches per step; communication on the last only
-  std::string link = "none";        // emulated interconnect preset
+  std::string link = "none";        // emulated interconnect: a preset for every hop, or "intra=P,inter=P"
+  int ranks_per_node = 0;           // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
   double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
   double link_gbps = -1;
   int blas_threads = 0;     // OpenBLAS threads per rank; 0: auto (launcher/run.h, auto_blas_threads)
@@ -96,7 +97,8 @@ inline CommOptions comm_options(const TrainConfig& c) {
   CommOptions o;
   o.impl = parse_allreduce_impl(c.comm);
   o.wire = parse_wire_dtype(c.comm_dtype);
-  o.link = parse_link(c.link, c.link_latency_us, c.link_gbps);
+  o.link = parse_links(c.link, c.link_latency_us, c.link_gbps);
+  o.ranks_per_node = c.ranks_per_node;
   return o;
 }
 
@@ -143,6 +145,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"link", c.link},
       {"link_latency_us", c.link_latency_us},
       {"link_gbps", c.link_gbps},
+      {"ranks_per_node", c.ranks_per_node},
       {"data_cost_ms", c.data_cost_ms},
       {"loader_threads", c.loader_threads},
       {"prefetch", c.prefetch},

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-IMPLS = ["ring", "mpi", "mpi-raw", "ring-bf16", "ring-fp16", "hier"]  # hier: this host is one node
+IMPLS = ["ring", "mpi", "mpi-raw", "ring-bf16", "ring-fp16"]  # hier needs nodes: --ranks-per-node below
 WIRE = {"ring-bf16": "bfloat16", "ring-fp16": "half"}  # the rest: float
 
 
@@ -103,18 +103,30 @@ def main():
         errors += check(doc, rows, np, ["ring", "mpi", "ring-bf16"], [1024, 16384, 262144])
         if doc["link"]["name"] != "100gbe-ib" or doc["link"]["gbps"] != 100:
             errors.append(f"link not recorded: {doc['link']}")
-        # Emulated nodes: one rank per node (the cross-node ring alone), and two per node where np allows.
+        # Emulated nodes, every implementation: one rank per node (hier: the cross-node ring alone), and two per
+        # node where np allows, with per-class links (fast, so the test stays short).
+        node_impls = ["ring", "mpi", "hier"]
         for k in [1] + ([2] if np % 2 == 0 and np > 2 else []):
             doc, rows = run(mpirun, exe, np, ["-b", "8", "-e", "2M", "-f", "8", "-w", "1", "-n", "3",
-                                              "--impls", "hier", "--ranks-per-node", str(k)], d, f"hier{k}")
-            errors += check(doc, rows, np, ["hier"], sizes)
-        # Nodes that cannot be equal: one line, exit code 2, nothing written.
-        j = os.path.join(d, "bad.json")
-        p = subprocess.run([mpirun, "--bind-to", "none", "-np", str(np), exe, "--impls", "hier",
-                            "--ranks-per-node", str(np + 1), "--json", j], capture_output=True, text=True, timeout=60)
-        lines = [l for l in p.stderr.splitlines() if l.startswith("allreduce_perf")]
-        if p.returncode != 2 or len(lines) != 1 or "--ranks-per-node" not in lines[0] or os.path.exists(j):
-            errors.append(f"--ranks-per-node {np + 1}: exit {p.returncode}, stderr {p.stderr!r}")
+                                              "--impls", ",".join(node_impls), "--ranks-per-node", str(k),
+                                              "--link", "intra=pcie4,inter=100gbe-ib"], d, f"nodes{k}")
+            errors += check(doc, rows, np, node_impls, sizes)
+            if doc.get("node_of_rank") != [r // k for r in range(np)]:
+                errors.append(f"--ranks-per-node {k}: node_of_rank {doc.get('node_of_rank')}")
+            if (doc["links"]["intra"]["name"], doc["links"]["inter"]["name"]) != ("pcie4", "100gbe-ib"):
+                errors.append(f"link classes not recorded: {doc['links']}")
+        # Bad nodes and links: one line, exit code 2, nothing written.
+        bad = [(["--impls", "ring", "--ranks-per-node", str(np + 1)], "--ranks-per-node"),
+               (["--impls", "hier"], "more than one node"),
+               (["--impls", "ring", "--link", "intra=foo"], "unknown --link 'foo'"),
+               (["--impls", "ring", "--link", "bogus=25gbe"], "unknown link class 'bogus'")]
+        for args, says in bad:
+            j = os.path.join(d, "bad.json")
+            p = subprocess.run([mpirun, "--bind-to", "none", "-np", str(np), exe, *args, "--json", j],
+                               capture_output=True, text=True, timeout=60)
+            lines = [l for l in p.stderr.splitlines() if l.startswith("allreduce_perf")]
+            if p.returncode != 2 or len(lines) != 1 or says not in lines[0] or os.path.exists(j):
+                errors.append(f"{' '.join(args)}: exit {p.returncode}, stderr {p.stderr!r}")
     if errors:
         sys.exit("FAIL:\n  " + "\n  ".join(errors))
     print(f"OK: allreduce_perf np={np}: every implementation and size, #wrong = 0")

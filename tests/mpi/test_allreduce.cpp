@@ -309,7 +309,7 @@ TEST(ParseAllreduceImpl, UnknownNamesThrowWithTheExpectedChoices) {
       ADD_FAILURE() << "'" << bad << "' was accepted";
     } catch (const std::invalid_argument& e) {
       EXPECT_EQ(std::string(e.what()),
-                "unknown --comm '" + std::string(bad) + "' (expected ring, mpi, or nccl with --device cuda)");
+                "unknown --comm '" + std::string(bad) + "' (expected ring, mpi, hier, or nccl with --device cuda)");
     }
   }
 }

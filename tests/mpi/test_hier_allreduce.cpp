@@ -28,7 +28,7 @@ struct NodeSplit {
 };
 const NodeSplit kSplits[] = {
     {"one_node", [](int, int) { return 0; }},
-    {"two_per_node", [](int r, int) { return emulated_node(r, 2); }},
+    {"two_per_node", [](int r, int) { return r / 2; }},
     {"one_per_node", [](int r, int) { return r; }},
     {"interleaved", [](int r, int) { return r % 2; }},  // round-robin placement: nodes {0, 2} and {1, 3}
     {"three_plus_one", [](int r, int) { return r < 3 ? 0 : 1; }},
@@ -127,11 +127,12 @@ TEST_P(HierTest, RandomInputsMatchMpiAllreduceAndAreBitwiseEqualAcrossRanks) {
 TEST_P(HierTest, GroupsKeepTheSendContractAndCarryTheExpectedBytes) {
   if (!equal()) GTEST_SKIP() << "nodes of unequal size are refused (UnequalNodesAreRefused)";
   std::vector<ContractCheckingTransport*> groups;  // intra, then inter
-  HierAllreduce hier(MPI_COMM_WORLD, node(), [&](std::unique_ptr<Transport> t) -> std::unique_ptr<Transport> {
+  const auto count_group = [&](std::unique_ptr<Transport> t, const Topology&) -> std::unique_ptr<Transport> {
     auto checked = std::make_unique<ContractCheckingTransport>(std::move(t));
     groups.push_back(checked.get());
     return checked;
-  });
+  };
+  HierAllreduce hier(MPI_COMM_WORLD, node(), count_group);
   ASSERT_EQ(groups.size(), 2u);  // the same on every rank: no collective is skipped
   const size_t L = hier.local_size(), M = hier.nodes(), count = 12 * 1024;
   std::vector<float> data = exact_inputs(rank_, count), want(count);
@@ -166,9 +167,22 @@ INSTANTIATE_TEST_SUITE_P(Splits, HierTest, testing::Combine(testing::ValuesIn(kS
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
                          });
 
-TEST(SharedMemoryNode, IsTheLowestRankOfThisHost) {
-  // Every rank of a ctest run is on this host: one node, named 0.
-  EXPECT_EQ(shared_memory_node(MPI_COMM_WORLD), 0);
+TEST(Topology, TheHostIsOneNodeAndEmulatedNodesAreConsecutiveRanks) {
+  // Every rank of a ctest run is on this host: one node.
+  const Topology host = detect_topology(MPI_COMM_WORLD, 0);
+  EXPECT_EQ(host.nodes(), 1);
+  EXPECT_EQ(host.node_of_rank, std::vector<int>(world_size(), 0));
+  const int n = world_size();
+  if (n % 2 == 0) {
+    const Topology two = detect_topology(MPI_COMM_WORLD, 2);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(two.node_of_rank[r], r / 2);
+    EXPECT_EQ(two.nodes(), n / 2);
+  }
+  if (n > 1 && n % 2 == 1) {
+    EXPECT_THROW(detect_topology(MPI_COMM_WORLD, 2), std::invalid_argument);
+  }
+  EXPECT_EQ(topology_from_ids({7, 7, 3, 7}).node_of_rank, (std::vector<int>{0, 0, 1, 0}));
+  EXPECT_EQ(topology_from_ids({0, 0, 0, 1}).describe(), "2 nodes of 3, 1 ranks");
 }
 
 }  // namespace

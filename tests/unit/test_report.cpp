@@ -181,6 +181,26 @@ TEST(Blame, UniformExposedCommIsCommunicationBound) {
   EXPECT_NE(findings[0].text.find("bf16"), std::string::npos) << findings[0].text;
 }
 
+// Over 2 nodes with a slow inter-node link the same wait is named as the link's; with the link as fast as the
+// node's own, or on one node, it is not.
+TEST(Blame, CommunicationBoundAcrossNodesNamesTheInterNodeLink) {
+  RunRecord run = synthetic(4, [](int r, int) {
+    Phases p;
+    p.exposed = 15 + 0.2 * r;
+    return p;
+  });
+  run.meta.node_of_rank = {0, 0, 1, 1};
+  run.meta.links = parse_links("intra=nvlink4,inter=25gbe");
+  const std::string named = "exposed comm on the inter-node link (25gbe, shared by 2 ranks per NIC)";
+  EXPECT_NE(all_text(run).find(named), std::string::npos) << all_text(run);
+  EXPECT_NE(all_text(run).find("a faster inter-node link, --comm hier"), std::string::npos) << all_text(run);
+  run.meta.links = parse_links("25gbe");  // every hop alike: no class to blame
+  EXPECT_EQ(all_text(run).find("inter-node link"), std::string::npos) << all_text(run);
+  run.meta.links = parse_links("intra=nvlink4,inter=25gbe");
+  run.meta.node_of_rank = {0, 0, 0, 0};
+  EXPECT_EQ(all_text(run).find("inter-node link"), std::string::npos) << all_text(run);
+}
+
 TEST(Blame, ExtraAllReduceOnEveryRankIsCommunicationBoundAndSaysSo) {
   const RunRecord run = synthetic(4, [](int, int) {
     Phases p;
@@ -479,6 +499,31 @@ TEST_F(Reader, StoredSummaryIsTheSummaryOfWhatIsReadBack) {
   EXPECT_EQ(report["run_file"], path);
   ASSERT_FALSE(report["blame"].empty());
   EXPECT_TRUE(report["blame"][0].contains("cause") && report["blame"][0].contains("text"));
+}
+
+TEST_F(Reader, NodesAndLinkClassesRoundTripAndOlderFilesReadAsOneNode) {
+  RunRecord written = real_record();
+  written.meta.node_of_rank = {0, 1};
+  written.meta.links = parse_links("intra=pcie4,inter=10gbe");
+  const std::string path = write_real("nodes.h5", written);
+  const RunRecord run = read_run_file(path);
+  EXPECT_EQ(run.meta.node_of_rank, (std::vector<int>{0, 1}));
+  EXPECT_EQ(run.nodes(), 2);
+  EXPECT_EQ(run.meta.links.intra.name, "pcie4");
+  EXPECT_EQ(run.meta.links.intra.gbps, 252);
+  EXPECT_EQ(run.meta.links.inter.name, "10gbe");
+  EXPECT_EQ(run.meta.links.inter.latency_us, 10);
+  {  // a file from before nodes and links were recorded
+    H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_TRUE(file.ok());
+    ASSERT_GE(H5Ldelete(file, "node", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Adelete(file, "links"), 0);
+  }
+  const RunRecord old = read_run_file(path);
+  EXPECT_TRUE(old.meta.node_of_rank.empty());
+  EXPECT_EQ(old.nodes(), 1);
+  EXPECT_EQ(old.node(1), 0);
+  EXPECT_EQ(old.meta.links.inter.name, "none");
 }
 
 TEST_F(Reader, StepFieldsAFileLacksReadAsZero) {
