@@ -82,11 +82,11 @@ def check_allreduce_perf(cluster_sh, cluster, allreduce_perf, work):
                          f"(count, mode, #wrong: {wrong})")
 
 
-def train(cmd_prefix, ddplab, path, what):
+def train(cmd_prefix, ddplab, path, what, extra=()):
     # --check-sync: the ranks' parameters are compared every 4 steps; the run stops if they drift apart.
     return run(cmd_prefix + [ddplab, "train", "--steps", "8", "--batch", "16", "--warmup-steps", "2",
                              "--input-dim", "64", "--hidden", "128", "--classes", "10", "--bucket-mb", "0.05",
-                             "--first-bucket-mb", "0.05", "--check-sync", "4", "--out", path], what)
+                             "--first-bucket-mb", "0.05", "--check-sync", "4", "--out", path, *extra], what)
 
 
 def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):
@@ -96,7 +96,7 @@ def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):
     if p is None:
         return
     # Each rank has one peer on its host (shared memory) and two on the other (MPI over TCP).
-    transport = "shm (1 peer) + mpi (2 peers)"
+    transport = "shm within node (1 peer) + mpi across nodes (2 peers)"
     check(f"comm ring over {transport} " in p.stdout, f"the header says the ring runs over {transport}")
     one = os.path.join(work, "one_host.h5")
     one_host = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "4"]
@@ -107,8 +107,17 @@ def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):
         check(names == [hosts[0]] * 2 + [hosts[1]] * 2, f"run file hostnames {names}: ranks 0-1 on {hosts[0]}, "
                                                         f"2-3 on {hosts[1]}")
         check(f.attrs["transport"] == transport, f"run file transport '{f.attrs['transport']}'")
+        nodes = list(f["node"][()])
+        check(nodes == [0, 0, 1, 1], f"run file nodes {nodes}: the hosts are the nodes")
         same = (f["steps/loss"][()] == g["steps/loss"][()]).all()
         check(same, "every rank's losses on 2 hosts equal bit for bit those on one host")
+    # The hierarchical all-reduce groups ranks by host: it refuses one node, so training with it proves 2 nodes.
+    hier = os.path.join(work, "two_hosts_hier.h5")
+    if train([cluster_sh, "mpirun", cluster, "-np", "4", "--bind-to", "none"], ddplab, hier,
+             "ddplab train --comm hier on 2 hosts x 2 ranks", ["--comm", "hier"]) is not None:
+        with h5py.File(hier) as f, h5py.File(two) as g:
+            close = abs(f["steps/loss"][()] - g["steps/loss"][()]).max() < 1e-4
+            check(close, "hier's losses match the ring's within 1e-4 (sums in another order)")
 
 
 def main():
