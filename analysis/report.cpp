@@ -67,18 +67,32 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   bool lab_cols = false;
   for (const StepRecord& m : s.ranks) lab_cols |= std::max({m.extra_comm_ms, m.host_work_ms, m.barrier_ms}) >= 0.005;
   std::fprintf(out, "  per rank (steady-state mean per step, ms):\n");
-  std::fprintf(out, "  %4s  %-10s %8s %7s %8s %8s %8s %7s %7s %8s", "rank", "host", "step", "data", "forward",
-               "backward", "comm", "hidden", "exposed", "optim");
+  // Hostnames whole: clusters name nodes alike up to a suffix (gpu-node-017, gpu-node-018), so a cut column merges them.
+  int host_width = 4;
+  for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r)
+    host_width = std::max(host_width, static_cast<int>(run.host(r).size()));
+  std::fprintf(out, "  %4s  %-*s %8s %7s %8s %8s %8s %7s %7s %8s", "rank", host_width, "host", "step", "data",
+               "forward", "backward", "comm", "hidden", "exposed", "optim");
   if (lab_cols) std::fprintf(out, " %7s %7s %7s", "extra", "host_wk", "barrier");
   std::fprintf(out, " %7s\n", "hidden%");
   for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r) {
     const StepRecord& m = s.ranks[r];
-    std::fprintf(out, "  %4d  %-10.10s %8.2f %7.2f %8.2f %8.2f %8.2f %7.2f %7.2f %8.2f", r, run.host(r).c_str(),
+    std::fprintf(out, "  %4d  %-*s %8.2f %7.2f %8.2f %8.2f %8.2f %7.2f %7.2f %8.2f", r, host_width, run.host(r).c_str(),
                  m.step_ms, m.data_ms, m.forward_ms, m.backward_ms, m.comm_ms, m.hidden_comm_ms, m.exposed_comm_ms,
                  m.optimizer_ms);
     if (lab_cols) std::fprintf(out, " %7.2f %7.2f %7.2f", m.extra_comm_ms, m.host_work_ms, m.barrier_ms);
     std::fprintf(out, " %6.0f%%\n", 100 * hidden_fraction(m));
   }
+}
+
+// The distinct hosts in rank order: "a", "a, b", or "4 hosts: a, b, c, ..." when there are more than three.
+static std::string hosts_text(const RunRecord& rec) {
+  std::vector<std::string> hosts;
+  for (int r = 0; r < rec.world_size(); ++r)
+    if (std::find(hosts.begin(), hosts.end(), rec.host(r)) == hosts.end()) hosts.push_back(rec.host(r));
+  std::string text = hosts.size() > 3 ? fmt("%zu hosts: ", hosts.size()) : "";
+  for (size_t i = 0; i < std::min<size_t>(hosts.size(), 3); ++i) text += (i ? ", " : "") + hosts[i];
+  return text + (hosts.size() > 3 ? ", ..." : "");
 }
 
 void print_report(std::FILE* out, const SummarizedRun& run) {
@@ -88,10 +102,9 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   const nlohmann::json& c = rec.config;
   const int world = rec.world_size();
   std::fprintf(out, "== %s\n", rec.path.c_str());
-  std::fprintf(out, "  %s on %d rank%s (%s%s), %d steps, steady state %d..%d, global batch %d\n", known(meta.command),
-               world, world == 1 ? "" : "s", rec.host(0).c_str(),
-               world > 1 && rec.host(world - 1) != rec.host(0) ? ", ..." : "", rec.steps, s.first_steady_step,
-               rec.steps - 1, s.global_batch);
+  std::fprintf(out, "  %s on %d rank%s (%s), %d steps, steady state %d..%d, global batch %d\n", known(meta.command),
+               world, world == 1 ? "" : "s", hosts_text(rec).c_str(), rec.steps, s.first_steady_step, rec.steps - 1,
+               s.global_batch);
   std::fprintf(out, "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
                config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
                config_text(c, "comm_dtype").c_str(), config_text(c, "link").c_str(),
