@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -556,6 +557,15 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;
+}
+
+std::vector<std::string> extrapolation_footnotes(const std::vector<Prediction>& rows) {
+  std::map<std::string, int> count;
+  for (const Prediction& p : rows)
+    for (const std::string& reason : p.extrapolated) ++count[reason];
+  std::vector<std::string> lines;
+  for (const auto& [reason, n] : count) lines.push_back(reason + " (" + std::to_string(n) + (n == 1 ? " row)" : " rows)"));
+  return lines;
 }
 
 }  // namespace ddplab
