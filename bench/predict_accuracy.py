@@ -5,7 +5,8 @@ link, then measures every cell. Never fitted per cell.
 
 Per (model, np, link) it reports the median and max |error| of the predicted step time against the measured one, and
 whether the cell the model recommends measured within 5% of the fastest measured cell. Targets: median <= 5%,
-max <= 10%, recommendation within 5%. Writes OUT/accuracy.md and OUT/accuracy.json, each sweep's folder
+max <= 10%, recommendation within 5%; and the run predicted from, replayed at its own setting, within 5% (the CLI
+test cli_predict bounds that at 15%: on two shared cores a live run's replay was seen from -5% to +7%). Writes OUT/accuracy.md and OUT/accuracy.json, each sweep's folder
 (summary.json with predicted_step_ms beside step_ms) and a predicted-against-measured chart per (model, np).
 
   bench/predict_accuracy.py [--quick] [--estimate] [--out DIR] [--np 2,4] [--links none,10gbe,25gbe,100gbe-ib]
@@ -129,7 +130,9 @@ def main():
     every = [e for r in rows for e in r["errors"]]
     verdict = (f"all {len(every)} cells: median |error| {statistics.median(every):.1f}% (target <= 5%), max "
                f"{max(every):.1f}% (target <= 10%); recommendation within 5% of the best measured cell in "
-               f"{sum(r['recommended_ok'] for r in rows)} of {len(rows)} sweeps; {(time.time() - started) / 60:.1f} min")
+               f"{sum(r['recommended_ok'] for r in rows)} of {len(rows)} sweeps; the run predicted from, at its own "
+               f"setting, within 5% in {sum(abs(r['own_setting_error_pct']) <= 5 for r in rows)} of {len(rows)}; "
+               f"{(time.time() - started) / 60:.1f} min")
     print(verdict)
     table = "\n".join([header] + [
         f"| {r['model']} | {r['np']} | {r['link']} | {r['median_abs_error_pct']:.1f}% | {r['max_abs_error_pct']:.1f}% | "
