@@ -296,7 +296,8 @@ def read_sweep(path):
 
 def predicted_chart(sweeps, out_dir, written):
     """One panel per link: each overlap setting's measured step time (solid) and predicted one (dashed, hollow
-    markers where the prediction extrapolates) over bucket size, the model's recommendation starred."""
+    markers where the prediction extrapolates) over bucket size, the model's recommendation starred, and the run
+    the predictions come from as a black diamond."""
     sweeps = sorted(sweeps, key=lambda s: (LINK_ORDER.index(s["link"]) if s["link"] in LINK_ORDER else 99, s["link"]))
     colors = {"on": "#4c72b0", "off": "#dd8452"}
     fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps) + 1, 4.2), squeeze=False)
@@ -313,6 +314,9 @@ def predicted_chart(sweeps, out_dir, written):
             for xi, p in zip(xs, group):
                 ax.plot(xi, p["predicted_step_ms"], "s", markersize=5, color=colors[overlap],
                         markerfacecolor="white" if p.get("extrapolated") else colors[overlap])
+        source = sweep.get("predicted_from")
+        if source and source["bucket_mb"] in x:  # the run every prediction comes from: its noise is theirs
+            ax.plot(x[source["bucket_mb"]], source["step_ms"], "D", markersize=7, color="black", zorder=4)
         rec = sweep.get("recommended")
         if rec:
             ax.plot(x[rec["bucket_mb"]], rec["predicted_step_ms"], "*", markersize=16, color="#c44e52",
@@ -329,7 +333,9 @@ def predicted_chart(sweeps, out_dir, written):
                           label="predicted, extrapolated"),
                Patch(color=colors["on"], label="overlap on"), Patch(color=colors["off"], label="overlap off"),
                plt.Line2D([], [], linestyle="", marker="*", markersize=14, color="#c44e52", markeredgecolor="black",
-                          label="recommended by the model")]
+                          label="recommended by the model"),
+               plt.Line2D([], [], linestyle="", marker="D", markersize=7, color="black",
+                          label="measured: the run predicted from")]
     fig.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.9))
     first = sweeps[0]
     source = first.get("predicted_from", {})
