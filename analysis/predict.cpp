@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -339,10 +340,12 @@ std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
 
 // The communicating backward of every steady step and rank, cut at the buckets' ready times into nb + 1 intervals
 // (the last, after the last bucket, is the tail): each interval's length and how long the comm thread was busy in
-// it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
+// it, and how long some bucket was outstanding in it (ready, its all-reduce not yet done: the comm thread had work,
+// whether or not it got a core). With gradient accumulation that backward is the last micro-batch's, taken as
+// 1/micro of all.
 struct BackwardIntervals {
-  using PerBucket = std::vector<double>;                // nb + 1 intervals
-  std::vector<std::vector<PerBucket>> length, busy;    // [steady step][rank]
+  using PerBucket = std::vector<double>;                          // nb + 1 intervals
+  std::vector<std::vector<PerBucket>> length, busy, outstanding;  // [steady step][rank]
   std::vector<std::vector<Interval>> backward;          // [rank][step], absolute
 };
 
@@ -352,7 +355,7 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
   const int micro = std::max(1, run.config.value("grad_accum", 1));
   BackwardIntervals out;
   out.length.assign(steady, std::vector<BackwardIntervals::PerBucket>(world, BackwardIntervals::PerBucket(nb + 1)));
-  out.busy = out.length;
+  out.busy = out.outstanding = out.length;
   out.backward.assign(world, std::vector<Interval>(run.steps));
   steps.assign(steady, std::vector<RankProfile>(world));
   for (int s = first; s < run.steps; ++s)
@@ -368,11 +371,15 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
       for (int b = 0; b <= nb; ++b) {
         const double ready =
             b < nb ? std::clamp(run.bucket_at(r, s, b).ready_ms, previous, start + backward) : start + backward;
-        double busy_ms = 0;
-        for (int k = 0; k < nb; ++k)
-          busy_ms += overlap({previous, ready}, {run.bucket_at(r, s, k).comm_start_ms, run.bucket_at(r, s, k).comm_end_ms});
+        double busy_ms = 0, outstanding_ms = 0;
+        for (int k = 0; k < nb; ++k) {
+          const BucketTimes& t = run.bucket_at(r, s, k);
+          busy_ms += overlap({previous, ready}, {t.comm_start_ms, t.comm_end_ms});
+          outstanding_ms += overlap({previous, ready}, {t.ready_ms, t.comm_end_ms});
+        }
         out.length[s - first][r][b] = ready - previous;
         out.busy[s - first][r][b] = busy_ms;
+        out.outstanding[s - first][r][b] = outstanding_ms;
         previous = ready;
       }
     }
@@ -386,8 +393,11 @@ double median(std::vector<double> v) {
 }
 
 // Backward's slowdown beside comm: the same interval of backward (the same bucket's pieces) on the steps and ranks
-// where the comm thread was busy for all of it, against those where it was idle in it: the ratio of their median
-// lengths, pooled over the intervals that ran both ways (weighted by the smaller count).
+// where the comm thread was busy for all of it, against those where it had nothing to do in it: the ratio of their
+// median lengths, pooled over the intervals that ran both ways (weighted by the smaller count). "Nothing to do",
+// not "idle": a comm thread that had a bucket but waited for a core was idle because backward held the core, and
+// one that got the core in time left backward long because it lost it (seen: 1.8 against 6.8 ms on 4 ranks over 2
+// cores), so comparing those measures the scheduler.
 // Why not a regression of length on busy time: where comm covers an interval, its busy time *is* its length, so
 // any noise in backward reads as "more comm, longer interval" and the fit came out at lost = 1 (2x, its bound) on
 // runs whose backward was 15% slower with overlap on than off. Medians, because a shared machine preempts a rank
@@ -399,7 +409,15 @@ void fit_backward_slowdown(const BackwardIntervals& t, StepModel& m) {
   }
   constexpr double kIdle = 0.05, kCovered = 0.95;  // shares of an interval the comm thread was busy for
   constexpr size_t kMinSamples = 3;
+  // An interval shorter than this share of backward measures the scheduler, not a pace: on oversubscribed cores
+  // waking the comm thread costs the compute thread ~0.5 ms once, which made a 0.01 ms interval 40x as long.
+  constexpr double kMinShareOfBackward = 0.02;
   const size_t intervals = t.length.empty() ? 0 : t.length[0][0].size();
+  std::vector<double> backward;
+  for (const auto& ranks : t.length)
+    for (const BackwardIntervals::PerBucket& per_bucket : ranks)
+      backward.push_back(std::accumulate(per_bucket.begin(), per_bucket.end(), 0.0));
+  const double shortest = backward.empty() ? 0 : kMinShareOfBackward * median(backward);
   double extra = 0, alone = 0;
   int compared = 0;
   for (size_t b = 0; b < intervals; ++b) {
@@ -408,17 +426,18 @@ void fit_backward_slowdown(const BackwardIntervals& t, StepModel& m) {
       for (size_t r = 0; r < t.length[s].size(); ++r) {
         const double length = t.length[s][r][b], busy = t.busy[s][r][b];
         if (length <= 0) continue;
-        if (busy <= kIdle * length) idle.push_back(length);
+        if (t.outstanding[s][r][b] <= kIdle * length) idle.push_back(length);
         if (busy >= kCovered * length) covered.push_back(length);
       }
-    if (idle.size() < kMinSamples || covered.size() < kMinSamples) continue;
+    if (idle.size() < kMinSamples || covered.size() < kMinSamples || median(idle) < shortest) continue;
     const double weight = static_cast<double>(std::min(idle.size(), covered.size()));
     extra += weight * (median(covered) - median(idle));
     alone += weight * median(idle);
     ++compared;
   }
   if (compared == 0 || alone <= 0) {
-    m.slowdown_source = "not measured (no interval of backward ran both with and without comm beside it)";
+    m.slowdown_source = "not measured (no interval of backward, of 2% of it or more, ran both with and without comm "
+                        "beside it)";
     return;
   }
   // At most 2x: a core shared by the compute and the comm thread gives compute at least half of it.
