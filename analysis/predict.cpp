@@ -306,7 +306,8 @@ PredictSetting measured_setting(const RunRecord& run) {
   s.bucket_mb = c.value("bucket_mb", 25.0);
   s.first_bucket_mb = c.value("first_bucket_mb", 1.0);
   s.overlap = c.value("overlap", true);
-  s.link = parse_link(c.value("link", std::string("none")), c.value("link_latency_us", -1.0), c.value("link_gbps", -1.0));
+  s.link = parse_link(c.value("link", std::string("none")), c.value("link_latency_us", -1.0),
+                      c.value("link_gbps", -1.0));
   s.ranks = run.world_size();
   s.impl = parse_allreduce_impl(c.value("comm", std::string("ring")));
   s.wire = parse_wire_dtype(c.value("comm_dtype", std::string("fp32")));
@@ -639,7 +640,8 @@ std::vector<std::string> extrapolation_footnotes(const std::vector<Prediction>& 
   for (const Prediction& p : rows)
     for (const std::string& reason : p.extrapolated) ++count[reason];
   std::vector<std::string> lines;
-  for (const auto& [reason, n] : count) lines.push_back(reason + " (" + std::to_string(n) + (n == 1 ? " row)" : " rows)"));
+  for (const auto& [reason, n] : count)
+    lines.push_back(reason + " (" + std::to_string(n) + (n == 1 ? " row)" : " rows)"));
   return lines;
 }
 
