@@ -4,6 +4,8 @@
 #include <cmath>
 #include <fstream>
 #include <iomanip>
+#include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -295,170 +297,245 @@ Calibration read_calibration(const std::string& path) {
   return cal;
 }
 
-StepModel build_model(const RunRecord& run, std::optional<Calibration> calibration) {
+namespace {
+
+// The run's own setting, from its config.
+PredictSetting measured_setting(const RunRecord& run) {
+  const nlohmann::json& c = run.config;
+  PredictSetting s;
+  s.bucket_mb = c.value("bucket_mb", 25.0);
+  s.first_bucket_mb = c.value("first_bucket_mb", 1.0);
+  s.overlap = c.value("overlap", true);
+  s.link = parse_link(c.value("link", std::string("none")), c.value("link_latency_us", -1.0),
+                      c.value("link_gbps", -1.0));
+  s.ranks = run.world_size();
+  s.impl = parse_allreduce_impl(c.value("comm", std::string("ring")));
+  s.wire = parse_wire_dtype(c.value("comm_dtype", std::string("fp32")));
+  return s;
+}
+
+// Each run bucket's first and last piece in the layout the model cuts buckets from.
+struct BucketSpan {
+  int first_piece = 0, last_piece = 0;
+};
+
+// The layout buckets are cut from; without one in the file, the buckets stand in as pieces (they can merge, not
+// split).
+std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
+  const int nb = static_cast<int>(run.buckets.size());
+  std::vector<BucketSpan> spans(nb);
+  m.pieces = run.pieces;
+  for (int b = 0; b < nb; ++b) spans[b] = {run.buckets[b].first_piece, run.buckets[b].last_piece};
+  if (!m.pieces.empty()) return spans;
+  m.pieces_from_buckets = true;
+  int64_t offset = 0;
+  for (int b = 0; b < nb; ++b) {
+    m.pieces.push_back({offset, run.buckets[b].count});
+    offset += run.buckets[b].count;
+    spans[b] = {b, b};
+  }
+  m.notes.push_back("the file has no piece layout: its " + std::to_string(nb) +
+                    " buckets stand in as pieces, so smaller caps cannot split them");
+  return spans;
+}
+
+// The communicating backward of every steady step and rank, cut at the buckets' ready times into nb + 1 intervals
+// (the last, after the last bucket, is the tail): each interval's length and how long the comm thread was busy in
+// it, and how long some bucket was outstanding in it (ready, its all-reduce not yet done: the comm thread had work,
+// whether or not it got a core). With gradient accumulation that backward is the last micro-batch's, taken as
+// 1/micro of all.
+struct BackwardIntervals {
+  using PerBucket = std::vector<double>;                          // nb + 1 intervals
+  std::vector<std::vector<PerBucket>> length, busy, outstanding;  // [steady step][rank]
+  std::vector<std::vector<Interval>> backward;          // [rank][step], absolute
+};
+
+BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<RankProfile>>& steps) {
   const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
   const int first = run.first_steady_step(), steady = run.steps - first;
-  bool timed = false;
-  for (const BucketTimes& t : run.bucket_times) timed = timed || t.ready_ms != 0 || t.comm_end_ms != 0;
-  if (!timed || steady <= 0) throw std::invalid_argument(run.path + " has no bucket timings to predict from");
-
-  StepModel m;
-  const nlohmann::json& c = run.config;
-  m.measured.bucket_mb = c.value("bucket_mb", 25.0);
-  m.measured.first_bucket_mb = c.value("first_bucket_mb", 1.0);
-  m.measured.overlap = c.value("overlap", true);
-  m.measured.link = parse_link(c.value("link", std::string("none")), c.value("link_latency_us", -1.0),
-                               c.value("link_gbps", -1.0));
-  m.measured.ranks = world;
-  m.measured.impl = parse_allreduce_impl(c.value("comm", std::string("ring")));
-  m.measured.wire = parse_wire_dtype(c.value("comm_dtype", std::string("fp32")));
-  m.calibration = std::move(calibration);
-  m.measured_step_ms = summarize(run).slowest_step_ms;
-
-  // The layout buckets are cut from; without one, the buckets stand in as pieces (they can merge, not split).
-  m.pieces = run.pieces;
-  std::vector<int> bucket_first(nb), bucket_last(nb);
-  for (int b = 0; b < nb; ++b) bucket_first[b] = run.buckets[b].first_piece, bucket_last[b] = run.buckets[b].last_piece;
-  if (m.pieces.empty()) {
-    m.pieces_from_buckets = true;
-    int64_t offset = 0;
-    for (int b = 0; b < nb; ++b) {
-      m.pieces.push_back({offset, run.buckets[b].count});
-      offset += run.buckets[b].count;
-      bucket_first[b] = bucket_last[b] = b;
-    }
-    m.notes.push_back("the file has no piece layout: its " + std::to_string(nb) +
-                      " buckets stand in as pieces, so smaller caps cannot split them");
-  }
-
-  // Per steady step and rank: the backward that communicates, cut at the buckets' ready times into intervals
-  // (the last one, after the last bucket, is the tail); each interval's length and the time the comm thread was
-  // busy during it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
-  const int micro = std::max(1, c.value("grad_accum", 1));
-  using PerBucket = std::vector<double>;  // nb + 1 intervals
-  std::vector<std::vector<PerBucket>> length(steady, std::vector<PerBucket>(world, PerBucket(nb + 1)));
-  std::vector<std::vector<PerBucket>> busy = length;
-  std::vector<std::vector<Interval>> backward_of(world, std::vector<Interval>(run.steps));
-  m.steps.assign(steady, std::vector<RankProfile>(world));
+  const int micro = std::max(1, run.config.value("grad_accum", 1));
+  BackwardIntervals out;
+  out.length.assign(steady, std::vector<BackwardIntervals::PerBucket>(world, BackwardIntervals::PerBucket(nb + 1)));
+  out.busy = out.outstanding = out.length;
+  out.backward.assign(world, std::vector<Interval>(run.steps));
+  steps.assign(steady, std::vector<RankProfile>(world));
   for (int s = first; s < run.steps; ++s)
     for (int r = 0; r < world; ++r) {
-      RankProfile& p = m.steps[s - first][r];
+      RankProfile& p = steps[s - first][r];
       const StepRecord& x = run.at(r, s);
       const double backward = x.backward_ms / micro;
       const double start = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms - backward;
-      backward_of[r][s] = {start, start + backward};
+      out.backward[r][s] = {start, start + backward};
       p.before_ms = start - x.start_ms;
       p.after_ms = std::max(0.0, x.step_ms - (start - x.start_ms) - backward - x.exposed_comm_ms);
       double previous = start;
       for (int b = 0; b <= nb; ++b) {
         const double ready =
             b < nb ? std::clamp(run.bucket_at(r, s, b).ready_ms, previous, start + backward) : start + backward;
-        double busy_ms = 0;
-        for (int k = 0; k < nb; ++k)
-          busy_ms += overlap({previous, ready}, {run.bucket_at(r, s, k).comm_start_ms, run.bucket_at(r, s, k).comm_end_ms});
-        length[s - first][r][b] = ready - previous;
-        busy[s - first][r][b] = busy_ms;
+        double busy_ms = 0, outstanding_ms = 0;
+        for (int k = 0; k < nb; ++k) {
+          const BucketTimes& t = run.bucket_at(r, s, k);
+          busy_ms += overlap({previous, ready}, {t.comm_start_ms, t.comm_end_ms});
+          outstanding_ms += overlap({previous, ready}, {t.ready_ms, t.comm_end_ms});
+        }
+        out.length[s - first][r][b] = ready - previous;
+        out.busy[s - first][r][b] = busy_ms;
+        out.outstanding[s - first][r][b] = outstanding_ms;
         previous = ready;
       }
     }
+  return out;
+}
 
-  // Backward's slowdown: how much longer the same interval of backward (the same bucket's pieces, on any rank and
-  // step) took when the comm thread was busy for longer during it. Within each interval, length = its own mean +
-  // lost x (busy - its mean busy), by least squares over ranks and steps; `lost` is the share of the busy time
-  // backward did not advance, slowdown / (1 + slowdown). Intervals differ in work, so only the variation
-  // within an interval counts.
-  double sxy = 0, sxx = 0;
-  for (int b = 0; b < nb; ++b) {
-    double mean_length = 0, mean_busy = 0;
-    for (int s = 0; s < steady; ++s)
-      for (int r = 0; r < world; ++r)
-        mean_length += length[s][r][b] / (steady * world), mean_busy += busy[s][r][b] / (steady * world);
-    for (int s = 0; s < steady; ++s)
-      for (int r = 0; r < world; ++r) {
-        sxy += (busy[s][r][b] - mean_busy) * (length[s][r][b] - mean_length);
-        sxx += (busy[s][r][b] - mean_busy) * (busy[s][r][b] - mean_busy);
-      }
-  }
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Backward's slowdown beside comm: the same interval of backward (the same bucket's pieces) on the steps and ranks
+// where the comm thread was busy for all of it, against those where it had nothing to do in it: the ratio of their
+// median lengths, pooled over the intervals that ran both ways (weighted by the smaller count). "Nothing to do",
+// not "idle": a comm thread that had a bucket but waited for a core was idle because backward held the core, and
+// one that got the core in time left backward long because it lost it (seen: 1.8 against 6.8 ms on 4 ranks over 2
+// cores), so comparing those measures the scheduler.
+// Why not a regression of length on busy time: where comm covers an interval, its busy time *is* its length, so
+// any noise in backward reads as "more comm, longer interval" and the fit came out at lost = 1 (2x, its bound) on
+// runs whose backward was 15% slower with overlap on than off. Medians, because a shared machine preempts a rank
+// for 10x an interval now and then, comm or not.
+void fit_backward_slowdown(const BackwardIntervals& t, StepModel& m) {
   if (!m.measured.overlap) {
     m.slowdown_source = "not measured (the run had overlap off)";
-  } else if (sxx <= 0) {
-    m.slowdown_source = "not measured (comm beside backward never varied in the run)";
-  } else {
-    // At most half: a core shared by the compute and the comm thread gives compute at least half of it. The fit
-    // reaches the bound when comm covered whole intervals: then a longer interval holds more comm for no other
-    // reason, and the run cannot separate the two.
-    const double lost = std::clamp(sxy / sxx, 0.0, 0.5);
-    m.backward_slowdown = lost / (1 - lost);
-    m.slowdown_source = "fitted on " + std::to_string(steady * world) + " backwards, interval by interval" +
-                        (lost == 0.5 ? " (at its bound: comm covered whole intervals)" : "");
+    return;
   }
+  constexpr double kIdle = 0.05, kCovered = 0.95;  // shares of an interval the comm thread was busy for
+  constexpr size_t kMinSamples = 3;
+  // An interval shorter than this share of backward measures the scheduler, not a pace: on oversubscribed cores
+  // waking the comm thread costs the compute thread ~0.5 ms once, which made a 0.01 ms interval 40x as long.
+  constexpr double kMinShareOfBackward = 0.02;
+  const size_t intervals = t.length.empty() ? 0 : t.length[0][0].size();
+  std::vector<double> backward;
+  for (const auto& ranks : t.length)
+    for (const BackwardIntervals::PerBucket& per_bucket : ranks)
+      backward.push_back(std::accumulate(per_bucket.begin(), per_bucket.end(), 0.0));
+  const double shortest = backward.empty() ? 0 : kMinShareOfBackward * median(backward);
+  double extra = 0, alone = 0;
+  int compared = 0;
+  for (size_t b = 0; b < intervals; ++b) {
+    std::vector<double> idle, covered;
+    for (size_t s = 0; s < t.length.size(); ++s)
+      for (size_t r = 0; r < t.length[s].size(); ++r) {
+        const double length = t.length[s][r][b], busy = t.busy[s][r][b];
+        if (length <= 0) continue;
+        if (t.outstanding[s][r][b] <= kIdle * length) idle.push_back(length);
+        if (busy >= kCovered * length) covered.push_back(length);
+      }
+    if (idle.size() < kMinSamples || covered.size() < kMinSamples || median(idle) < shortest) continue;
+    const double weight = static_cast<double>(std::min(idle.size(), covered.size()));
+    extra += weight * (median(covered) - median(idle));
+    alone += weight * median(idle);
+    ++compared;
+  }
+  if (compared == 0 || alone <= 0) {
+    m.slowdown_source = "not measured (no interval of backward, of 2% of it or more, ran both with and without comm "
+                        "beside it)";
+    return;
+  }
+  // At most 2x: a core shared by the compute and the comm thread gives compute at least half of it.
+  m.backward_slowdown = std::clamp(extra / alone, 0.0, 1.0);
+  m.slowdown_source = "the same intervals of backward with and without comm beside them (" + std::to_string(compared) +
+                      " of " + std::to_string(intervals) + ")" + (m.backward_slowdown == 1.0 ? ", at its bound" : "");
+}
 
-  // Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered,
-  // pieces inside a bucket placed in proportion to their elements.
-  for (int s = 0; s < steady; ++s)
-    for (int r = 0; r < world; ++r) {
+// Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered,
+// pieces inside a bucket placed in proportion to their elements.
+void place_piece_ready_times(const BackwardIntervals& t, const std::vector<BucketSpan>& spans, StepModel& m) {
+  const double lost = m.backward_slowdown / (1 + m.backward_slowdown);
+  const size_t nb = spans.size();
+  for (size_t s = 0; s < m.steps.size(); ++s)
+    for (size_t r = 0; r < m.steps[s].size(); ++r) {
       RankProfile& p = m.steps[s][r];
       p.piece_ready_ms.assign(m.pieces.size(), 0);
       double done = 0;
-      for (int b = 0; b <= nb; ++b) {
-        const double own =
-            std::max(0.0, length[s][r][b] - m.backward_slowdown / (1 + m.backward_slowdown) * busy[s][r][b]);
+      for (size_t b = 0; b <= nb; ++b) {
+        const double own = std::max(0.0, t.length[s][r][b] - lost * t.busy[s][r][b]);
         if (b == nb) {
           p.backward_ms = done + own;
           break;
         }
-        const PieceRecord &lo = m.pieces[bucket_first[b]], &hi = m.pieces[bucket_last[b]];
+        const PieceRecord &lo = m.pieces[spans[b].first_piece], &hi = m.pieces[spans[b].last_piece];
         const double span = static_cast<double>(hi.offset + hi.numel - lo.offset);
-        for (int k = bucket_first[b]; k <= bucket_last[b]; ++k)
+        for (int k = spans[b].first_piece; k <= spans[b].last_piece; ++k)
           p.piece_ready_ms[k] =
               done + own * (span > 0 ? (m.pieces[k].offset + m.pieces[k].numel - lo.offset) / span : 1.0);
         done += own;
       }
     }
+}
 
-  // The all-reduce's cost from the run's buckets, per step: from the last rank joining to the last rank done (the
-  // next bucket waits for every rank's comm thread), and the share of ranks still in backward when it started.
-  if (world > 1) {
-    std::vector<AllreduceTerms> terms;
-    std::vector<double> beside, times;
-    const double small = static_cast<double>(small_allreduce_bytes(world));
-    for (int b = 0; b < nb; ++b) {
-      const double bytes = static_cast<double>(run.buckets[b].bytes());
-      m.measured_min_bucket = b ? std::min(m.measured_min_bucket, bytes) : bytes;
-      m.measured_max_bucket = std::max(m.measured_max_bucket, bytes);
-      for (int s = first; s < run.steps; ++s) {
-        Interval comm{0, 0};
-        for (int r = 0; r < world; ++r) {
-          comm.begin = std::max(comm.begin, run.bucket_at(r, s, b).comm_start_ms);
-          comm.end = std::max(comm.end, run.bucket_at(r, s, b).comm_end_ms);
-        }
-        const double ms = std::max(0.0, comm.end - comm.begin);
-        double in_backward = 0;  // share of the ranks whose backward still ran when the all-reduce started
-        for (int r = 0; r < world; ++r)
-          in_backward += (backward_of[r][s].begin <= comm.begin && comm.begin < backward_of[r][s].end) / double(world);
-        terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small));
-        beside.push_back(in_backward);
-        times.push_back(ms);
-      }
-    }
-    std::optional<CommFit> fit = fit_comm(terms, beside, times);
-    if (!fit) {  // one size: the link's latency, the rest bandwidth
-      const double alpha = link_alpha_beta(m.measured.link).alpha_ms;
-      std::vector<std::vector<double>> rows;
-      std::vector<double> rest;
-      for (size_t i = 0; i < terms.size(); ++i) {
-        rows.push_back({terms[i].bytes, beside[i] * terms[i].bytes});
-        rest.push_back(times[i] - alpha * terms[i].message_steps);
-      }
-      const std::vector<double> x = nonnegative_least_squares(rows, rest);
-      fit = CommFit{{alpha, x[0]}, {0, x[1]}};
-      m.notes.push_back("the run's buckets have one size: all-reduce latency taken from the link, the rest as bandwidth");
-    }
-    m.comm_fit = fit;
-  } else {
+// The all-reduce's cost from the run's buckets, per step: from the last rank joining to the last rank done (the
+// next bucket waits for every rank's comm thread), and the share of ranks still in backward when it started.
+void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
+  const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
+  if (world <= 1) {
     m.notes.push_back("a single-rank run has no measured comm: all-reduce times come from the link model alone" +
                       std::string(m.calibration ? " and the calibration file" : ""));
+    return;
   }
+  std::vector<AllreduceTerms> terms;
+  std::vector<double> beside, times;
+  const double small = static_cast<double>(small_allreduce_bytes(world));
+  for (int b = 0; b < nb; ++b) {
+    const double bytes = static_cast<double>(run.buckets[b].bytes());
+    m.measured_min_bucket = b ? std::min(m.measured_min_bucket, bytes) : bytes;
+    m.measured_max_bucket = std::max(m.measured_max_bucket, bytes);
+    for (int s = run.first_steady_step(); s < run.steps; ++s) {
+      Interval comm{0, 0};
+      for (int r = 0; r < world; ++r) {
+        comm.begin = std::max(comm.begin, run.bucket_at(r, s, b).comm_start_ms);
+        comm.end = std::max(comm.end, run.bucket_at(r, s, b).comm_end_ms);
+      }
+      double in_backward = 0;  // share of the ranks whose backward still ran when the all-reduce started
+      for (int r = 0; r < world; ++r)
+        in_backward += (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end) / double(world);
+      terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small));
+      beside.push_back(in_backward);
+      times.push_back(std::max(0.0, comm.end - comm.begin));
+    }
+  }
+  std::optional<CommFit> fit = fit_comm(terms, beside, times);
+  if (!fit) {  // one size: the link's latency, the rest bandwidth
+    const double alpha = link_alpha_beta(m.measured.link).alpha_ms;
+    std::vector<std::vector<double>> rows;
+    std::vector<double> rest;
+    for (size_t i = 0; i < terms.size(); ++i) {
+      rows.push_back({terms[i].bytes, beside[i] * terms[i].bytes});
+      rest.push_back(times[i] - alpha * terms[i].message_steps);
+    }
+    const std::vector<double> x = nonnegative_least_squares(rows, rest);
+    fit = CommFit{{alpha, x[0]}, {0, x[1]}};
+    m.notes.push_back("the run's buckets have one size: all-reduce latency taken from the link, the rest as bandwidth");
+  }
+  m.comm_fit = fit;
+}
+
+}  // namespace
+
+StepModel build_model(const RunRecord& run, std::optional<Calibration> calibration) {
+  const int world = run.world_size(), first = run.first_steady_step(), steady = run.steps - first;
+  bool timed = false;
+  for (const BucketTimes& t : run.bucket_times) timed = timed || t.ready_ms != 0 || t.comm_end_ms != 0;
+  if (!timed || steady <= 0) throw std::invalid_argument(run.path + " has no bucket timings to predict from");
+
+  StepModel m;
+  m.measured = measured_setting(run);
+  m.calibration = std::move(calibration);
+  m.measured_step_ms = summarize(run).slowest_step_ms;
+  const std::vector<BucketSpan> spans = piece_layout(run, m);
+  const BackwardIntervals intervals = cut_backward(run, m.steps);
+  fit_backward_slowdown(intervals, m);
+  place_piece_ready_times(intervals, spans, m);
+  fit_run_allreduce(run, intervals, m);
 
   double samples = 0, tokens = 0;
   for (int r = 0; r < world; ++r)
@@ -556,6 +633,16 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;
+}
+
+std::vector<std::string> extrapolation_footnotes(const std::vector<Prediction>& rows) {
+  std::map<std::string, int> count;
+  for (const Prediction& p : rows)
+    for (const std::string& reason : p.extrapolated) ++count[reason];
+  std::vector<std::string> lines;
+  for (const auto& [reason, n] : count)
+    lines.push_back(reason + " (" + std::to_string(n) + (n == 1 ? " row)" : " rows)"));
+  return lines;
 }
 
 }  // namespace ddplab

@@ -138,4 +138,7 @@ struct Prediction {
 };
 Prediction predict(const StepModel& model, const PredictSetting& setting);
 
+// The reasons rows go beyond what was measured, each once with its row count: "link 10gbe (measured none) (3 rows)".
+std::vector<std::string> extrapolation_footnotes(const std::vector<Prediction>& rows);
+
 }  // namespace ddplab

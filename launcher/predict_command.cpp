@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -184,7 +183,6 @@ void run_predict(const PredictArgs& a) {
               "overlap", "bucket_MB", "first_MB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms",
               "exposed", "hidden", "hidden%");
   std::vector<Prediction> rows;
-  std::map<std::string, int> reasons;  // what goes beyond the measurement, and in how many rows
   for (const PredictSetting& s : settings) {
     rows.push_back(predict(model, s));
     const Prediction& p = rows.back();
@@ -194,11 +192,10 @@ void run_predict(const PredictArgs& a) {
                 s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s,
                 x.comm_ms, x.exposed_ms, x.hidden_ms, x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0,
                 p.extrapolated.empty() ? "" : " *");
-    for (const std::string& r : p.extrapolated) ++reasons[r];
   }
-  if (!reasons.empty()) {
+  if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
     std::printf("* extrapolated beyond what was measured:\n");
-    for (const auto& [r, count] : reasons) std::printf("    %s (%d row%s)\n", r.c_str(), count, count == 1 ? "" : "s");
+    for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
   }
 
   // The tunables are buckets, overlap, implementation and wire; the link and the world size are given. One

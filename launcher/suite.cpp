@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -19,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/blame.h"
+#include "analysis/predict.h"
 #include "analysis/timeline.h"
 #include "launcher/cli.h"
 #include "launcher/run.h"
@@ -132,12 +135,13 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
 // Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib), its
 // output into dir/charts.log. Started from an argument list, not through a shell, so a path may hold any byte.
 // Charts are a convenience: without python3-matplotlib the suite says so and goes on.
-// `suite_summary`: the suite's summary.json (groups, oversubscription), or "".
-void draw_charts(const std::string& dir, const std::vector<std::string>& files, const std::string& suite_summary) {
+// `summary_args`: --suite SUMMARY.json (groups, oversubscription) or --sweep SUMMARY.json (predicted step times).
+void draw_charts(const std::string& dir, const std::vector<std::string>& files,
+                 const std::vector<std::string>& summary_args) {
   const std::string charts = dir + "/charts", log = dir + "/charts.log";
   mkdir(charts.c_str(), 0755);
   std::vector<std::string> args = {DDPLAB_PYTHON, std::string(DDPLAB_SOURCE_DIR) + "/scripts/charts.py", charts};
-  if (!suite_summary.empty()) args.insert(args.end(), {"--suite", suite_summary});
+  args.insert(args.end(), summary_args.begin(), summary_args.end());
   args.insert(args.end(), files.begin(), files.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
@@ -398,7 +402,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                 default_timeline_path(straggler->path).c_str());
   }
-  draw_charts(o.out_dir, files, o.out_dir + "/summary.json");
+  draw_charts(o.out_dir, files, {"--suite", o.out_dir + "/summary.json"});
   return loss_identical ? 0 : 1;
 }
 
@@ -411,8 +415,108 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
       ->capture_default_str();
   sweep->add_option("--overlap", o.overlap, "on, off, or on,off")->delimiter(',')->capture_default_str();
   sweep->add_option("--out-dir", o.out_dir, "folder for the run files and the summary (default runs/sweep_<time>)");
+  sweep->add_flag("--predict", o.predict,
+                  "first a run at the default bucket cap and overlap; every point predicted from it (ddplab predict), "
+                  "then measured");
   return sweep;
 }
+
+namespace {
+
+struct SweepPoint {
+  double bucket_mb;
+  std::string overlap;
+  RunSummary summary;
+  std::string path;
+  std::optional<Prediction> predicted;  // --predict
+  double error_pct() const {
+    return 100 * (predicted->step.step_ms - summary.slowest_step_ms) / summary.slowest_step_ms;
+  }
+};
+
+// --predict: the sweep's first run, at train's default bucket cap and overlap and the sweep's other flags, and
+// the model built from it (on rank 0; the other ranks learn only whether that worked).
+struct PredictSource {
+  std::string path;
+  std::optional<StepModel> model;
+};
+PredictSource run_predict_source(const SweepOptions& o, const std::string& command_line, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  TrainConfig config = o.base;
+  config.quiet = true;
+  config.out = o.out_dir + "/predict_from.h5";
+  const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, "predict_from"});
+  PredictSource source{r.record.path, std::nullopt};
+  std::string error;
+  if (rank == 0) {
+    try {
+      source.model = build_model(r.record, std::nullopt);
+    } catch (const std::invalid_argument& e) {
+      error = std::string("--predict: ") + e.what();
+    }
+  }
+  error = broadcast_error(error, world);
+  if (!error.empty()) throw UsageError(error);
+  return source;
+}
+
+std::string predicted_text(const SweepPoint& p) {
+  char text[64];
+  std::snprintf(text, sizeof text, " %9.2f %+6.1f%%%s", p.predicted->step.step_ms, p.error_pct(),
+                p.predicted->extrapolated.empty() ? "" : " *");
+  return text;
+}
+
+// Predicted against measured over the grid: the error's spread, the footnotes, and the point the model recommends
+// (its fastest prediction) against the fastest measured one. Returns the JSON of the same.
+nlohmann::json print_prediction_summary(const PredictSource& source, const std::vector<SweepPoint>& points,
+                                        const SweepPoint& best_measured) {
+  const StepModel& m = *source.model;
+  std::vector<Prediction> rows;
+  std::vector<double> errors;
+  const SweepPoint* recommended = &points.front();
+  for (const SweepPoint& p : points) {
+    rows.push_back(*p.predicted);
+    errors.push_back(std::fabs(p.error_pct()));
+    if (p.predicted->step.step_ms < recommended->predicted->step.step_ms) recommended = &p;
+  }
+  if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
+    std::printf("* extrapolated beyond what was measured:\n");
+    for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
+  }
+  std::sort(errors.begin(), errors.end());
+  const size_t n = errors.size();
+  const double median = n % 2 ? errors[n / 2] : (errors[n / 2 - 1] + errors[n / 2]) / 2, worst = errors.back();
+  const double own = predict(m, m.measured).step.step_ms;
+  const double own_error = 100 * (own - m.measured_step_ms) / m.measured_step_ms;
+  const double vs_best = 100 * (recommended->summary.slowest_step_ms / best_measured.summary.slowest_step_ms - 1);
+  std::printf("\npredicted from %s (--bucket-mb %g --overlap %s: %.2f ms/step; the model at that setting %.2f, "
+              "%+.1f%%)\n|error| over the %zu points: median %.1f%%, max %.1f%%\n",
+              source.path.c_str(), m.measured.bucket_mb, m.measured.overlap ? "on" : "off", m.measured_step_ms, own,
+              own_error, n, median, worst);
+  std::printf("recommended by the model: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: %+.1f%% "
+              "against the fastest measured point)\n",
+              recommended->bucket_mb, recommended->overlap.c_str(), recommended->predicted->step.step_ms,
+              recommended->summary.slowest_step_ms, vs_best);
+  return {{"predicted_from",
+           {{"run_file", source.path},
+            {"bucket_mb", m.measured.bucket_mb},
+            {"overlap", m.measured.overlap ? "on" : "off"},
+            {"step_ms", m.measured_step_ms},
+            {"predicted_step_ms", own},
+            {"error_pct", own_error}}},
+          {"median_abs_error_pct", median},
+          {"max_abs_error_pct", worst},
+          {"recommended",
+           {{"bucket_mb", recommended->bucket_mb},
+            {"overlap", recommended->overlap},
+            {"predicted_step_ms", recommended->predicted->step.step_ms},
+            {"step_ms", recommended->summary.slowest_step_ms},
+            {"vs_best_measured_pct", vs_best}}}};
+}
+
+}  // namespace
 
 int run_sweep(SweepOptions o, const std::string& command_line) {
   validate(o.base);
@@ -427,16 +531,14 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   if (rank == 0) {
     std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s, %d steps each, in %s/\n",
                 o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(), o.base.steps, o.out_dir.c_str());
+    if (o.predict)
+      std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point\n", o.base.bucket_mb,
+                  o.base.overlap ? "on" : "off");
     std::fflush(stdout);
   }
+  const PredictSource source = o.predict ? run_predict_source(o, command_line, world) : PredictSource{};
 
-  struct Point {
-    double bucket_mb;
-    std::string overlap;
-    RunSummary summary;
-    std::string path;
-  };
-  std::vector<Point> points;
+  std::vector<SweepPoint> points;
   for (const std::string& overlap : o.overlap) {
     for (double bucket_mb : o.bucket_mb) {
       TrainConfig config = o.base;
@@ -446,46 +548,65 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       char name[64];
       std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
       config.out = o.out_dir + "/" + name + ".h5";
+      std::optional<Prediction> predicted;
+      if (source.model) {  // before the point is measured
+        PredictSetting setting = source.model->measured;
+        setting.bucket_mb = bucket_mb;
+        setting.overlap = config.overlap;
+        predicted = predict(*source.model, setting);
+      }
       const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
-      points.push_back({bucket_mb, overlap, r.summary, r.record.path});
+      points.push_back({bucket_mb, overlap, r.summary, r.record.path, predicted});
     }
   }
   if (rank != 0) return 0;
 
   std::ostringstream csv;
   csv << "bucket_mb,overlap,slowest_step_ms,samples_per_s,backward_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,"
-         "hidden_fraction,run_file\n";
+         "hidden_fraction,run_file,predicted_step_ms,error_pct\n";
   nlohmann::json json_points = nlohmann::json::array();
-  std::printf("\n%9s %7s %9s %10s %9s %8s %8s %8s %7s\n", "bucket_mb", "overlap", "step_ms", "samples/s", "backward",
-              "comm", "hidden", "exposed", "hidden%");
-  const Point* best = &points.front();
-  for (const Point& p : points) {
+  std::printf("\n%9s %7s %9s %10s %9s %8s %8s %8s %7s%s\n", "bucket_mb", "overlap", "step_ms", "samples/s", "backward",
+              "comm", "hidden", "exposed", "hidden%", o.predict ? " predicted   error" : "");
+  const SweepPoint* best = &points.front();
+  for (const SweepPoint& p : points) {
     const RunSummary& s = p.summary;
     const StepRecord mean = mean_over_ranks(s);
     const double fraction = mean_hidden_fraction(s);
-    std::printf("%9g %7s %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%\n", p.bucket_mb, p.overlap.c_str(),
+    std::printf("%9g %7s %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%%s\n", p.bucket_mb, p.overlap.c_str(),
                 s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms, mean.hidden_comm_ms,
-                mean.exposed_comm_ms, 100 * fraction);
+                mean.exposed_comm_ms, 100 * fraction, p.predicted ? predicted_text(p).c_str() : "");
     csv << p.bucket_mb << ',' << p.overlap << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ','
         << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ','
-        << fraction << ',' << p.path << '\n';
+        << fraction << ',' << p.path << ',';
+    if (p.predicted)
+      csv << p.predicted->step.step_ms << ',' << p.error_pct() << '\n';
+    else
+      csv << ",\n";
     json_points.push_back({{"bucket_mb", p.bucket_mb},
                            {"overlap", p.overlap},
+                           {"step_ms", s.slowest_step_ms},
                            {"hidden_fraction", fraction},
                            {"run_file", p.path},
                            {"summary", to_json(s)}});
+    if (p.predicted) {
+      json_points.back()["predicted_step_ms"] = p.predicted->step.step_ms;
+      json_points.back()["error_pct"] = p.error_pct();
+      json_points.back()["extrapolated"] = p.predicted->extrapolated;
+    }
     if (s.slowest_step_ms < best->summary.slowest_step_ms) best = &p;
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step, %.0f samples/s)\n", best->bucket_mb,
               best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
-  std::vector<std::string> files;
-  for (const Point& p : points) files.push_back(p.path);
-  draw_charts(o.out_dir, files, "");
-  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"world_size", size},
-                            {"link", o.base.link},           {"points", json_points},
+  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"model", o.base.model},
+                            {"world_size", size},           {"link", o.base.link},
+                            {"steps", o.base.steps},         {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
+  if (source.model) summary.update(print_prediction_summary(source, points, *best));
   write_text_file(o.out_dir + "/summary.csv", csv.str());
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
+  std::vector<std::string> files;
+  for (const SweepPoint& p : points) files.push_back(p.path);
+  draw_charts(o.out_dir, files, {"--sweep", o.out_dir + "/summary.json"});
   std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   return 0;
 }

@@ -21,12 +21,14 @@ struct SuiteOptions {
   bool steps_given = false, batch_given = false, max_tokens_given = false;
 };
 
-// `ddplab sweep`: the bucket size x overlap grid, every point a `ddplab train` run on all ranks.
+// `ddplab sweep`: the bucket size x overlap grid, every point a `ddplab train` run on all ranks. With --predict, a
+// first run at the default bucket cap and overlap predicts every point (analysis/predict.h) before it is measured.
 struct SweepOptions {
   TrainConfig base;
   std::vector<double> bucket_mb{0.5, 1, 5, 25, 100};
   std::vector<std::string> overlap{"on", "off"};
   std::string out_dir;  // default runs/sweep_<time>
+  bool predict = false;
 };
 
 // Registers `suite` with the train flags plus its own, and suite defaults for the pathology knobs.

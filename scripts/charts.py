@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Charts of ddplab run files, as PNG and SVG (headless: matplotlib's Agg backend).
 
-usage: /usr/bin/python3 scripts/charts.py OUT_DIR [--suite SUMMARY.json] FILE.h5 [FILE.h5 ...]
+usage: /usr/bin/python3 scripts/charts.py OUT_DIR [--suite SUMMARY.json] [--sweep SUMMARY.json ...] [FILE.h5 ...]
 
 Per file:  <stem>_breakdown   where each rank's step goes (data / compute / backward with the all-reduce running
                               alongside it / exposed comm / optimizer, plus the lab's extra all-reduce, host work
@@ -17,6 +17,9 @@ Several:   throughput         samples/s per file, grouped as the suite groups it
            strong_scaling     weak/strong cases, or when the files differ only in world size (and per-rank batch)
 --suite names the summary.json of `ddplab suite` that lists these files: their groups, and whether a case had
 more ranks x BLAS threads than the host has cores (oversubscribed: its efficiency measures the machine, not DDP).
+--sweep names the summary.json of a `ddplab sweep --predict` (repeatable: one per link, same model and ranks):
+           predicted_vs_measured   step time over bucket size, predicted dashed and measured solid, one panel per
+                                   link and one colour per overlap setting, the model's recommended point starred
 Steady-state figures (per-rank means, the slowest rank's step, samples/s, where the steady state starts) come from
 the run file's stored `summary`, the one ddplab computed; only the step-time chart reads the per-step datasets.
 Prints the path of every file it writes. Needs Debian's python3-h5py and python3-matplotlib (/usr/bin/python3).
@@ -278,6 +281,71 @@ def bucket_sweep_chart(runs, out_dir, written):
     save(fig, out_dir, "bucket_sweep", written)
 
 
+LINK_ORDER = ["none", "100gbe-ib", "25gbe", "10gbe"]  # fastest first, as a reader compares them
+
+
+def read_sweep(path):
+    try:
+        with open(path) as f:
+            sweep = json.load(f)
+        sweep["points"], sweep["link"], sweep["world_size"]  # noqa: B018 (present, or KeyError)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"cannot read the sweep summary {path}: {e}") from None
+    return sweep
+
+
+def predicted_chart(sweeps, out_dir, written):
+    """One panel per link: each overlap setting's measured step time (solid) and predicted one (dashed, hollow
+    markers where the prediction extrapolates) over bucket size, the model's recommendation starred, and the run
+    the predictions come from as a black diamond."""
+    sweeps = sorted(sweeps, key=lambda s: (LINK_ORDER.index(s["link"]) if s["link"] in LINK_ORDER else 99, s["link"]))
+    colors = {"on": "#4c72b0", "off": "#dd8452"}
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps) + 1, 4.2), squeeze=False)
+    for ax, sweep in zip(axes[0], sweeps):
+        sizes = sorted({p["bucket_mb"] for p in sweep["points"]})
+        x = {b: i for i, b in enumerate(sizes)}
+        for overlap in ("on", "off"):
+            group = sorted((p for p in sweep["points"] if p["overlap"] == overlap), key=lambda p: p["bucket_mb"])
+            if not group:
+                continue
+            xs = [x[p["bucket_mb"]] for p in group]
+            ax.plot(xs, [p["step_ms"] for p in group], "-o", color=colors[overlap], markersize=5)
+            ax.plot(xs, [p["predicted_step_ms"] for p in group], "--", color=colors[overlap])
+            for xi, p in zip(xs, group):
+                ax.plot(xi, p["predicted_step_ms"], "s", markersize=5, color=colors[overlap],
+                        markerfacecolor="white" if p.get("extrapolated") else colors[overlap])
+        source = sweep.get("predicted_from")
+        if source and source["bucket_mb"] in x:  # the run every prediction comes from: its noise is theirs
+            ax.plot(x[source["bucket_mb"]], source["step_ms"], "D", markersize=7, color="black", zorder=4)
+        rec = sweep.get("recommended")
+        if rec:
+            ax.plot(x[rec["bucket_mb"]], rec["predicted_step_ms"], "*", markersize=16, color="#c44e52",
+                    markeredgecolor="black", zorder=5)
+        ax.set_xticks(range(len(sizes)), ["per param" if b == 0 else f"{b:g}" for b in sizes])
+        ax.set_xlabel("bucket cap (MiB)")
+        ax.set_title(f"link {sweep['link']}: |error| median {sweep['median_abs_error_pct']:.1f}%, "
+                     f"max {sweep['max_abs_error_pct']:.1f}%", fontsize=9)
+        ax.grid(axis="y", color="0.9")
+    axes[0][0].set_ylabel("step time, slowest rank (ms)")
+    handles = [plt.Line2D([], [], color="0.3", marker="o", markersize=5, label="measured"),
+               plt.Line2D([], [], color="0.3", linestyle="--", marker="s", markersize=5, label="predicted"),
+               plt.Line2D([], [], color="0.3", linestyle="--", marker="s", markersize=5, markerfacecolor="white",
+                          label="predicted, extrapolated"),
+               Patch(color=colors["on"], label="overlap on"), Patch(color=colors["off"], label="overlap off"),
+               plt.Line2D([], [], linestyle="", marker="*", markersize=14, color="#c44e52", markeredgecolor="black",
+                          label="recommended by the model"),
+               plt.Line2D([], [], linestyle="", marker="D", markersize=7, color="black",
+                          label="measured: the run predicted from")]
+    fig.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.9))
+    first = sweeps[0]
+    source = first.get("predicted_from", {})
+    fig.suptitle(f"{first.get('model', '')}, {ranks_text(first['world_size'])}: predicted against measured step time\n"
+                 f"each link's predictions from one run at --bucket-mb {source.get('bucket_mb', 0):g} --overlap "
+                 f"{source.get('overlap', '?')}", fontsize=10)
+    fig.tight_layout()
+    save(fig, out_dir, "predicted_vs_measured", written)
+
+
 def scaling_kind(runs):
     """'weak' (same per-rank batch), 'strong' (same global batch) or None, for runs differing in world size only."""
     worlds = [r.world for r in runs]
@@ -345,14 +413,24 @@ def apply_suite(runs, summary_path):
 
 
 def main(argv):
-    args = argv[1:]
-    suite = None
-    if len(args) >= 3 and args[1] == "--suite":
-        suite, args = args[2], args[:1] + args[3:]
-    if len(args) < 2 or "--suite" in args:
-        raise BadInput("usage: charts.py OUT_DIR [--suite SUMMARY.json] FILE.h5 [FILE.h5 ...]")
-    out_dir, paths = args[0], args[1:]
+    usage = "usage: charts.py OUT_DIR [--suite SUMMARY.json] [--sweep SUMMARY.json ...] [FILE.h5 ...]"
+    args, suite, sweep_paths, paths = argv[2:], None, [], []
+    while args:
+        if args[0] in ("--suite", "--sweep"):
+            if len(args) < 2 or (args[0] == "--suite" and suite):
+                raise BadInput(usage)
+            if args[0] == "--suite":
+                suite = args[1]
+            else:
+                sweep_paths.append(args[1])
+            args = args[2:]
+        else:
+            paths.append(args.pop(0))
+    if len(argv) < 2 or not (paths or sweep_paths):
+        raise BadInput(usage)
+    out_dir = argv[1]
     runs = [Run(p) for p in paths]  # all readable before anything is written
+    sweeps = [read_sweep(p) for p in sweep_paths]
     if suite:
         apply_suite(runs, suite)
     try:
@@ -381,6 +459,9 @@ def main(argv):
         kind = scaling_kind(runs)
         if kind:
             scaling_chart(runs, kind, out_dir, written)
+    predicted = [s for s in sweeps if s["points"] and all("predicted_step_ms" in p for p in s["points"])]
+    if predicted:
+        predicted_chart(predicted, out_dir, written)
     for path in written:
         print(path)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs `ddplab sweep` on a small model: one run file per grid point, a summary naming the best point, and the
 overlap-off points with no hidden communication. The results folder's name holds quotes, a space and a `$(...)`:
-the charts are drawn from an argument list, not through a shell.
+the charts are drawn from an argument list, not through a shell. Then `sweep --predict` on two points: a first run
+at the default cap and overlap, every point's predicted step time beside its measured one (table, CSV, JSON, chart).
 
 usage: check_sweep.py MPIRUN DDPLAB NP
 """
@@ -47,6 +48,46 @@ with tempfile.TemporaryDirectory() as work:
               f"the bucket-sweep chart is drawn ({sorted(charts)[:4]}...)")
         check(not os.path.exists("pwned") and not os.path.exists(os.path.join(work, "pwned")),
               "nothing in the folder's name was run")
+        check(all("predicted_step_ms" not in p for p in s["points"]) and "predicted_from" not in s,
+              "without --predict nothing is predicted")
+
+    # --predict: two points, each predicted from the first run (one 25 MB bucket, overlap on) before it is
+    # measured; their 0.01 MB buckets are smaller than any the first run timed.
+    out = os.path.join(work, "predicted")
+    proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--bucket-mb", "0.01",
+                           "--first-bucket-mb", "0", "--overlap", "on,off", "--steps", "6", "--warmup-steps", "2",
+                           "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--link", "10gbe",
+                           "--out-dir", out],
+                          capture_output=True, text=True, timeout=300)
+    print(proc.stdout[-2500:])
+    check(proc.returncode == 0, f"sweep --predict exits 0 ({proc.returncode}: {proc.stderr.strip()[-300:]})")
+    if proc.returncode == 0:
+        s = json.load(open(os.path.join(out, "summary.json")))
+        source = s["predicted_from"]
+        check(os.path.basename(source["run_file"]) == "predict_from.h5" and os.path.exists(source["run_file"]) and
+              source["bucket_mb"] == 25 and source["overlap"] == "on", f"predicted from a first run at 25/on: {source}")
+        check(s["recommended"]["bucket_mb"] == 0.01, "the recommendation names a point of the sweep")
+        check(len(s["points"]) == 2, "2 points")
+        for p in s["points"]:
+            measured, predicted = p["step_ms"], p.get("predicted_step_ms", -1)
+            check(measured == p["summary"]["slowest_step_ms"], f"{p['overlap']}: step_ms is the slowest rank's step")
+            check(predicted > 0 and abs(p["error_pct"] - 100 * (predicted - measured) / measured) < 1e-6,
+                  f"{p['overlap']}: predicted {predicted:.2f} beside measured {measured:.2f} ms, error "
+                  f"{p.get('error_pct', 0):+.1f}%")
+            check(any("outside the measured" in e for e in p["extrapolated"]),
+                  f"{p['overlap']}: a 0.01 MB cap from a 25 MB run is marked extrapolated: {p['extrapolated']}")
+        errors = sorted(abs(p["error_pct"]) for p in s["points"])
+        check(abs(s["max_abs_error_pct"] - errors[-1]) < 1e-9 and
+              abs(s["median_abs_error_pct"] - sum(errors) / 2) < 1e-9, "median and max |error| over the points")
+        fastest = min(s["points"], key=lambda p: p["predicted_step_ms"])
+        check(s["recommended"]["overlap"] == fastest["overlap"], "the recommendation is the fastest prediction")
+        lines = open(os.path.join(out, "summary.csv")).read().splitlines()
+        check(lines[0].endswith(",predicted_step_ms,error_pct") and all(len(l.split(",")) == 12 for l in lines),
+              "summary.csv has the predicted step and error columns on every line")
+        check(" predicted   error" in proc.stdout and "recommended by the model: --bucket-mb" in proc.stdout and
+              "* extrapolated beyond what was measured" in proc.stdout, "the table shows predicted beside measured")
+        chart = os.path.join(out, "charts", "predicted_vs_measured.png")
+        check(os.path.exists(chart) and os.path.getsize(chart) > 0, "the predicted-against-measured chart is drawn")
     bad = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--overlap", "maybe", "--out-dir",
                           os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
     check(bad.returncode == 2 and "--overlap takes on and/or off" in bad.stderr and not os.path.exists(

@@ -277,6 +277,40 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   EXPECT_GT(f.step.step_ms, own.step.step_ms);  // the ring moves 3/2 of the bytes at 4 ranks, over a slower link
 }
 
+// Backward's slowdown from a run: interval 1 (bucket 0 ready to bucket 1 ready, 3 ms of work) runs with bucket
+// 0's all-reduce beside it on even steps, 25% slower, and alone on odd ones (that all-reduce takes 0.1 ms there);
+// interval 2 has comm beside it on every step and a length that varies for no reason comm gives. A fit of length
+// against busy time reads that variation as slowdown (busy time = length there) and came out at its 2x bound;
+// the same interval with against without comm gives 25%. On rank 1's odd steps bucket 0's all-reduce waits for a
+// core until interval 1 is over and that interval runs fast (2 ms): comm had work there, so those do not count as
+// backward without comm.
+TEST(Predict, BackwardSlowdownComparesTheSameIntervalWithAndWithoutComm) {
+  constexpr double kSlowdown = 0.25;
+  RunRecord run = synthetic_run({0.05, 1e-6}, 8);
+  run.pieces.resize(3);
+  run.buckets.resize(3);
+  run.bucket_times.clear();
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < run.steps; ++s) {
+      StepRecord& x = run.records[r * run.steps + s];
+      const bool beside = s % 2 == 0;
+      const double start = x.start_ms + x.data_ms + x.forward_ms;
+      const bool waits_for_a_core = !beside && r == 1;
+      const double ready0 = start + 2, ready1 = ready0 + (waits_for_a_core ? 2 : 3 * (beside ? 1 + kSlowdown : 1));
+      const double ready2 = ready1 + 2 * (1 + kSlowdown) * (1 + 0.3 * (s % 3 - 1));  // noise under comm
+      x.backward_ms = ready2 - start;
+      const double comm0 = waits_for_a_core ? ready1 : ready0, comm0_end = comm0 + (beside ? 4 : 0.1);
+      const double comm1 = std::max(comm0_end, ready1);
+      run.bucket_times.push_back({ready0, comm0, comm0_end});
+      run.bucket_times.push_back({ready1, comm1, ready2 + 1});
+      run.bucket_times.push_back({ready2, ready2 + 1, ready2 + 2});
+    }
+  const StepModel model = build_model(run, std::nullopt);
+  EXPECT_NEAR(model.backward_slowdown, kSlowdown, 1e-9) << model.slowdown_source;
+  // The replayed backward without comm: 2 + 3 + 2 ms of work on the even step whose noise factor is 1.
+  EXPECT_NEAR(model.steps[4][0].backward_ms, 7, 1e-9);
+}
+
 TEST(Predict, RunWithoutBucketTimingsIsRefused) {
   RunRecord run = synthetic_run({0.05, 1e-6}, 2);
   for (BucketTimes& t : run.bucket_times) t = BucketTimes{};
