@@ -68,7 +68,9 @@ class GemmsAlone {
 int main(int argc, char** argv) {
   int steps = 40, batch = 128;
   CLI::App app{"the ws=1 training step of the default MLP against its GEMMs alone (one thread)"};
-  app.add_option("--steps", steps, "timed steps (after 5 untimed)")->capture_default_str()->check(CLI::Range(3, 100000));
+  app.add_option("--steps", steps, "timed steps (after 5 untimed)")
+      ->capture_default_str()
+      ->check(CLI::Range(3, 100000));
   app.add_option("--batch", batch, "rows per batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   try {
     app.parse(argc, argv);
