@@ -1,7 +1,7 @@
 // The ws=1 training step against the GEMMs it cannot avoid (issue #18: the step within 8% of the GEMMs alone).
-// Runs the default MLP's step through the Trainer on one rank and one BLAS thread, then the same eight GEMMs
-// (forward 3, weight gradients 3, input gradients 2: the first layer's input needs none) on buffers of the same
-// shapes through the same cpu:: calls. Prints medians of each, their ratio, and where the step's extra time goes.
+// Runs the default MLP's step through the Trainer on one rank and one BLAS thread and, after each step, the same
+// eight GEMMs (forward 3, weight gradients 3, input gradients 2: the first layer's input needs none) on buffers of
+// the same shapes through the same cpu:: calls. Prints medians of each, of their ratio, and the step's parts.
 //   bench_step [--steps 40] [--batch 128]
 #include <CLI/CLI.hpp>
 #include <cblas.h>
@@ -29,38 +29,38 @@ double median(std::vector<double> v) {
 // of their own.
 class GemmsAlone {
  public:
-  GemmsAlone(const MlpConfig& m, int batch) : B(batch), dims{m.input_dim} {
-    for (int i = 0; i < m.num_hidden_layers; ++i) dims.push_back(m.hidden_dim);
-    dims.push_back(m.num_classes);
-    for (size_t l = 0; l < dims.size(); ++l) act.push_back(bench::random_vector(size_t(B) * dims[l], 1 + l));
-    for (size_t l = 0; l + 1 < dims.size(); ++l) {
-      w.push_back(bench::random_vector(size_t(dims[l + 1]) * dims[l], 20 + l, 0.03));
-      dw.emplace_back(w.back().size());
+  GemmsAlone(const MlpConfig& m, int batch) : batch_(batch), dims_{m.input_dim} {
+    for (int i = 0; i < m.num_hidden_layers; ++i) dims_.push_back(m.hidden_dim);
+    dims_.push_back(m.num_classes);
+    for (size_t l = 0; l < dims_.size(); ++l) act_.push_back(bench::random_vector(size_t(batch_) * dims_[l], 1 + l));
+    for (size_t l = 0; l + 1 < dims_.size(); ++l) {
+      w_.push_back(bench::random_vector(size_t(dims_[l + 1]) * dims_[l], 20 + l, 0.03));
+      dw_.emplace_back(w_.back().size());
     }
-    dout = bench::random_vector(size_t(B) * *std::max_element(dims.begin(), dims.end()), 40);
-    dinp.resize(dout.size());
+    dout_ = bench::random_vector(size_t(batch_) * *std::max_element(dims_.begin(), dims_.end()), 40);
+    dinp_.resize(dout_.size());
   }
   double forward_ms() {
     const double start = now_ms();
-    for (size_t l = 0; l + 1 < dims.size(); ++l)
-      cpu::matmul_forward(act[l + 1].data(), act[l].data(), w[l].data(), B, dims[l], dims[l + 1]);
+    for (size_t l = 0; l + 1 < dims_.size(); ++l)
+      cpu::matmul_forward(act_[l + 1].data(), act_[l].data(), w_[l].data(), batch_, dims_[l], dims_[l + 1]);
     return now_ms() - start;
   }
   double backward_ms() {
     const double start = now_ms();
-    for (int l = static_cast<int>(dims.size()) - 2; l >= 0; --l) {
-      cpu::matmul_backward_weight(dw[l].data(), dout.data(), act[l].data(), B, dims[l], dims[l + 1], 0, dims[l + 1],
-                                  /*accumulate=*/false);
-      if (l > 0) cpu::matmul_backward_input(dinp.data(), dout.data(), w[l].data(), B, dims[l], dims[l + 1]);
+    for (int l = static_cast<int>(dims_.size()) - 2; l >= 0; --l) {
+      cpu::matmul_backward_weight(dw_[l].data(), dout_.data(), act_[l].data(), batch_, dims_[l], dims_[l + 1], 0,
+                                  dims_[l + 1], /*accumulate=*/false);
+      if (l > 0) cpu::matmul_backward_input(dinp_.data(), dout_.data(), w_[l].data(), batch_, dims_[l], dims_[l + 1]);
     }
     return now_ms() - start;
   }
 
  private:
-  int B;
-  std::vector<int> dims;
-  std::vector<std::vector<float>> act, w, dw;
-  std::vector<float> dout, dinp;
+  int batch_;
+  std::vector<int> dims_;
+  std::vector<std::vector<float>> act_, w_, dw_;
+  std::vector<float> dout_, dinp_;
 };
 
 }  // namespace
