@@ -3,7 +3,7 @@
 //
 //   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1]
 //                               [--impls ring,mpi,mpi-raw,ring-bf16] [--link 10gbe] [--stat mean|median]
-//                               [--csv F] [-J F] [--ranks-per-node K]
+//                               [--csv F] [-J F] [--ranks-per-node K] [--diag]
 //
 // Implementations:  ring      ddplab's Communicator, --comm ring (recursive doubling for small buffers, the
 //                             sliced ring above; docs/COMM.md), fp32 on the wire
@@ -33,6 +33,8 @@
 // Bad arguments: one line naming the flag, exit code 2, before any work (output files are probed first).
 #include <fcntl.h>
 #include <mpi.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,6 +58,7 @@
 #include "comm/communicator.h"
 #include "comm/hier_allreduce.h"
 #include "comm/mpi_init.h"
+#include "comm/shm_transport.h"
 #include "record/files.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "bench/allreduce_perf_nccl.h"
@@ -162,6 +165,7 @@ struct Options {
   LinkClasses link;
   std::string csv_path, json_path, command_line;
   int ranks_per_node = 0;  // 0: the hosts are the nodes (comm/topology.h)
+  bool diag = false;       // --diag: what each rank saw (CPUs, waits, page placement) under the table
 
   bool emulated() const { return link.emulated(); }
   // The sizes measured, in bytes, each rounded down to whole floats.
@@ -214,6 +218,9 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
       ->check(CLI::IsMember({"mean", "median"}));
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "emulate nodes of K consecutive ranks (K divides -np; default: the hosts are the nodes)");
+  app.add_flag("--diag", o.diag,
+               "per rank under the table: its CPUs (start, end, affinity), context switches, its shared-memory "
+               "waits per implementation, the shared segments' NUMA placement");
   app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
   app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
   try {
@@ -611,7 +618,79 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
   return s.str();
 }
 
+// --diag: what one rank saw, to tell a slow run from a fast one (issue #18: the ring's bandwidth is bimodal).
+struct RankDiagnosis {
+  int cpu_at_start = -1;
+  std::string affinity = cpu_list();
+  rusage usage_at_start = usage();
+  std::vector<std::pair<std::string, ShmWaitStats>> waits;  // per implementation, over its timed calls
+
+  RankDiagnosis() : cpu_at_start(sched_getcpu()) {}
+  static rusage usage() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u;
+  }
+  static std::string cpu_list() {  // "0-1", "3"
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
+    std::string text;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (!CPU_ISSET(c, &set) || (c > 0 && CPU_ISSET(c - 1, &set))) continue;
+      int last = c;
+      while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+      text += (text.empty() ? "" : ",") + std::to_string(c) + (last > c ? "-" + std::to_string(last) : "");
+    }
+    return text;
+  }
+  void add(const std::string& impl, const ShmWaitStats& s) {
+    for (auto& [name, total] : waits)
+      if (name == impl) {
+        total += s;
+        return;
+      }
+    waits.emplace_back(impl, s);
+  }
+  // This rank's lines, at the end of the run.
+  std::string report(int rank) const {
+    const rusage now = usage();
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "#  rank %d: cpu %d at start, %d at end, affinity %s; context switches %ld voluntary, %ld "
+                  "involuntary\n",
+                  rank, cpu_at_start, sched_getcpu(), affinity.c_str(), now.ru_nvcsw - usage_at_start.ru_nvcsw,
+                  now.ru_nivcsw - usage_at_start.ru_nivcsw);
+    std::string text = line;
+    for (const auto& [name, w] : waits) {
+      std::snprintf(line, sizeof line,
+                    "#    %-10s shm waits %llu (%.1f ms): polls %llu spinning, %llu yielding, %llu after sleeps "
+                    "(%.1f ms asleep)\n",
+                    name.c_str(), static_cast<unsigned long long>(w.waits), w.wait_ns * 1e-6,
+                    static_cast<unsigned long long>(w.spin_polls), static_cast<unsigned long long>(w.yield_polls),
+                    static_cast<unsigned long long>(w.sleeps), w.sleep_ns * 1e-6);
+      text += line;
+    }
+    return text + "#    shared segments: " + shm_page_placement() + "\n";
+  }
+};
+
+// Rank 0 prints every rank's report in rank order (collective).
+void print_diagnosis(const RankDiagnosis& d, int rank, int n) {
+  const std::string mine = d.report(rank);
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(n), offsets(n);
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int total = 0;
+  for (int r = 0; r < n; ++r) offsets[r] = total, total += lengths[r];
+  std::string all(rank == 0 ? total : 0, '\0');
+  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0,
+              MPI_COMM_WORLD);
+  if (rank == 0) std::printf("# per rank (--diag):\n%s", all.c_str());
+}
+
 int run(const Options& o, int rank, int n) {
+  RankDiagnosis diagnosis;
   const size_t max_count = o.max_bytes / sizeof(float);
   const Topology topology = detect_topology(MPI_COMM_WORLD, o.ranks_per_node);
   std::vector<Impl> impls;
@@ -641,7 +720,9 @@ int run(const Options& o, int rank, int n) {
         inputs.rep = 0;
         inputs.fill(in.data(), count, rank);
         impl.load(in, count);
+        const ShmWaitStats waits_before = shm_wait_stats();
         time_calls(impl, impl.in(in), in_place ? impl.in(in) : impl.out(out), count, o, rank, n, m);
+        diagnosis.add(impl.name, shm_wait_stats() - waits_before);
         m->algbw = static_cast<double>(bytes) / (m->time_us * 1e-6) / 1e9;
         m->busbw = m->algbw * bus_factor;
         if (o.check_iters > 0) m->wrong = 0;
@@ -654,6 +735,7 @@ int run(const Options& o, int rank, int n) {
       rows.push_back(std::move(r));
     }
   }
+  if (o.diag) print_diagnosis(diagnosis, rank, n);
   if (rank != 0) return 0;
 
   nlohmann::json avg_busbw;

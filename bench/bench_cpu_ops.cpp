@@ -1,12 +1,15 @@
 // CPU op benchmark at the default MLP's shapes (batch 128, 1024 -> 1024 -> 1024 -> 1000): time per call
 // (median of repeats) and achieved GFLOP/s (GEMMs) or GB/s (everything else, bytes read + written).
-//   bench_cpu_ops [--batch 128] [--repeats 20]
+// First it measures this core's memory floor, the streaming rate every elementwise pass should come near
+// (shared/MACHINE.md): memcpy and y += x over buffers far larger than the caches, bytes read + written. The floor is
+// the better of the two; each pass prints its rate as a percentage of it (issue #18's target: at least 70%).
+//   bench_cpu_ops [--batch 128] [--repeats 20] [--floor-mb 256]
+#include <CLI/CLI.hpp>
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -23,22 +26,57 @@ namespace {
 using bench::median_ms;
 using bench::random_vector;
 
+double floor_gbps = 0;  // this run's memory floor; 0 until measured
+
 void row(const char* name, const char* shape, double ms, double amount, const char* unit) {
-  std::printf("%-28s %-22s %9.3f ms %9.1f %s\n", name, shape, ms, amount / (ms * 1e-3) / 1e9, unit);
+  const double rate = amount / (ms * 1e-3) / 1e9;
+  std::printf("%-28s %-22s %9.3f ms %9.1f %-7s", name, shape, ms, rate, unit);
+  if (floor_gbps > 0 && !std::strcmp(unit, "GB/s")) std::printf(" %5.0f%% of floor", 100 * rate / floor_gbps);
+  std::printf("\n");
+}
+
+// Streams two buffers of `mb` MiB each: memcpy (2 streams) and y += x (3 streams). Returns the better rate.
+double measure_memory_floor(int mb, int repeats) {
+  const size_t n = size_t(mb) * 1048576 / sizeof(float);
+  std::vector<float> x(n, 1.0f), y(n, 2.0f);  // written: the pages exist before the clock starts
+  char shape[64];
+  std::snprintf(shape, sizeof shape, "2 x %d MiB", mb);
+  const double copy_ms = median_ms([&] { std::memcpy(y.data(), x.data(), n * sizeof(float)); }, repeats);
+  row("floor: memcpy", shape, copy_ms, 2.0 * n * sizeof(float), "GB/s");
+  float* __restrict dst = y.data();
+  const float* __restrict src = x.data();
+  const double add_ms = median_ms([&] { for (size_t i = 0; i < n; ++i) dst[i] += src[i]; }, repeats);
+  row("floor: y += x", shape, add_ms, 3.0 * n * sizeof(float), "GB/s");
+  return std::max(2.0 * n * sizeof(float) / copy_ms, 3.0 * n * sizeof(float) / add_ms) / 1e6;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int B = 128, repeats = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--batch")) B = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
+  int B = 128, repeats = 20, floor_mb = 256;
+  CLI::App app{"the CPU ops at the default MLP's shapes against this core's memory floor"};
+  app.add_option("--batch", B, "rows per batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--repeats", repeats, "timed calls per op (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--floor-mb", floor_mb, "MiB per buffer of the floor's streams (far above the caches)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "bench_cpu_ops: %s\n", e.what());
+    return 2;
   }
   openblas_set_num_threads(1);
   const int C = 1024, OC = 1024, V = 1000;
   std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS core %s\n", B, openblas_get_corename());
   std::printf("%-28s %-22s %12s %14s\n", "op", "shape", "time", "rate");
+  floor_gbps = measure_memory_floor(floor_mb, repeats);
+  std::printf("%-28s %-22s %12s %9.1f GB/s\n", "memory floor", "", "", floor_gbps);
 
   auto x = random_vector(size_t(B) * C, 1), w = random_vector(size_t(OC) * C, 2), out = random_vector(size_t(B) * OC, 3);
   auto dout = random_vector(size_t(B) * OC, 4), dx = random_vector(size_t(B) * C, 5), dw = random_vector(size_t(OC) * C, 6);

@@ -101,10 +101,12 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
 
   check_same_layout(buckets_, comm.mpi_comm());
-  comm_thread_ = std::thread([this] { comm_loop(); });
+  // One rank has no peer: nothing to all-reduce, so no thread to hand buckets to (launch() finishes them).
+  if (comm.size() > 1) comm_thread_ = std::thread([this] { comm_loop(); });
 }
 
 Reducer::~Reducer() {
+  if (!comm_thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -137,11 +139,27 @@ void Reducer::mark_ready(int piece) {
 }
 
 void Reducer::launch(int bucket) {
+  if (!comm_thread_.joinable()) {
+    finish_alone(bucket);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(bucket);
   }
   work_cv_.notify_one();
+}
+
+void Reducer::finish_alone(int bucket) {
+  // The sum over one rank is its own gradients: no copy, no wait, zero comm time at the moment it would have started.
+  // Only the mean's factor is left, 1 unless micro-batches or batch weights make it otherwise.
+  times_[bucket].comm_start_ms = times_[bucket].comm_end_ms = now_ms() - origin_ms_;
+  const Bucket& b = buckets_[bucket];
+  float* grads = flat_grads_ + b.offset;
+  const float factor = local_scale_ * grad_scale_;
+  if (factor != 1.0f) cpu::scale(grads, factor, b.count);
+  // Checked here, on the main thread while backward's last writes are in cache: a NaN still stops the step.
+  nonfinite_[bucket] = !cpu::all_finite(grads, b.count);
 }
 
 void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
@@ -157,6 +175,7 @@ void Reducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
   require_all_ready(pending_, buckets_, "Reducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
+  if (!comm_thread_.joinable()) return;               // world size 1: launching finished them
   const watchdog::Wait wait("the gradient buckets' all-reduces");
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return completed_ == nb || error_; });

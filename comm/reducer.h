@@ -92,7 +92,8 @@ class Reducer {
   // Backward's hook: gradient piece `piece` (index in ready order) is final.
   void mark_ready(int piece);
   // Blocks until every bucket of this step is reduced (starting them first when overlap is off). Rethrows an
-  // error of the communication thread.
+  // error of the communication thread. At world size 1 there is no communication thread and no all-reduce: a
+  // bucket is final when launched, its comm time recorded as exactly zero.
   void wait_all();
   // Timings of the last step, one entry per bucket.
   const std::vector<BucketTimes>& bucket_times() const { return times_; }
@@ -103,6 +104,7 @@ class Reducer {
 
  private:
   void launch(int bucket);
+  void finish_alone(int bucket);  // world size 1: the bucket is done where it would have been handed over
   void comm_loop();
 
   Communicator& comm_;

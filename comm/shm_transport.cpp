@@ -4,6 +4,7 @@
 #include <immintrin.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,8 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "comm/mpi_check.h"
 #include "comm/watchdog.h"
@@ -77,7 +81,77 @@ void copy_in(char* ring, size_t cap, uint64_t pos, const char* src, size_t n) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// ShmWaitStats, as relaxed atomics: transports on several threads (the Reducer's and an extra communicator's)
+// may wait at once.
+struct WaitCounters {
+  std::atomic<uint64_t> waits{0}, spin_polls{0}, yield_polls{0}, sleeps{0}, wait_ns{0}, sleep_ns{0};
+};
+WaitCounters wait_counters;
+void count(std::atomic<uint64_t>& counter, uint64_t n = 1) { counter.fetch_add(n, std::memory_order_relaxed); }
+
+// The segments mapped by live transports (for shm_page_placement), with their sizes.
+std::mutex mapped_mutex;
+std::vector<std::pair<void*, size_t>> mapped_segments;
+
+int numa_nodes() {
+  int nodes = 0;
+  for (int node = 0; node < 4096; ++node) {
+    const std::string path = "/sys/devices/system/node/node" + std::to_string(node);
+    if (access(path.c_str(), F_OK) != 0) break;
+    ++nodes;
+  }
+  return std::max(nodes, 1);
+}
+
 }  // namespace
+
+ShmWaitStats ShmWaitStats::operator-(const ShmWaitStats& e) const {
+  return {waits - e.waits,   spin_polls - e.spin_polls, yield_polls - e.yield_polls,
+          sleeps - e.sleeps, wait_ns - e.wait_ns,       sleep_ns - e.sleep_ns};
+}
+
+ShmWaitStats& ShmWaitStats::operator+=(const ShmWaitStats& m) {
+  waits += m.waits, spin_polls += m.spin_polls, yield_polls += m.yield_polls;
+  sleeps += m.sleeps, wait_ns += m.wait_ns, sleep_ns += m.sleep_ns;
+  return *this;
+}
+
+ShmWaitStats shm_wait_stats() {
+  const WaitCounters& c = wait_counters;
+  const auto get = [](const std::atomic<uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+  return {get(c.waits), get(c.spin_polls), get(c.yield_polls), get(c.sleeps), get(c.wait_ns), get(c.sleep_ns)};
+}
+
+std::string shm_page_placement() {
+  const long page = sysconf(_SC_PAGESIZE);
+  std::vector<void*> pages;
+  {
+    std::lock_guard<std::mutex> lock(mapped_mutex);
+    for (const auto& [base, bytes] : mapped_segments)
+      for (size_t at = 0; at < bytes; at += static_cast<size_t>(page)) pages.push_back(static_cast<char*>(base) + at);
+  }
+  const int nodes = numa_nodes();
+  std::string text = std::to_string(nodes) + (nodes == 1 ? " NUMA node:" : " NUMA nodes:");
+  if (pages.empty()) return text + " no shared segment mapped";
+  // move_pages with no target nodes moves nothing: it reports each page's node, or -errno (-ENOENT: not present).
+  std::vector<int> status(pages.size(), 0);
+  if (syscall(SYS_move_pages, 0, pages.size(), pages.data(), nullptr, status.data(), 0) != 0)
+    return text + " move_pages: " + errno_text();
+  std::map<int, size_t> per_node;
+  for (int s : status) ++per_node[s];
+  for (const auto& [node, n] : per_node) {
+    text += " " + std::to_string(n) + " pages ";
+    if (node >= 0)
+      text += "on node " + std::to_string(node);
+    else if (node == -ENOENT)
+      text += "not yet placed";
+    else
+      text += "unknown (" + std::string(std::strerror(-node)) + ")";
+    text += ",";
+  }
+  text.pop_back();
+  return text;
+}
 
 ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, size_t fifo_bytes, PollPolicy poll)
     : fifo_bytes_(std::max<size_t>(round_up(fifo_bytes, kLine), 2 * kLine)), poll_(poll) {
@@ -156,6 +230,10 @@ ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, 
     base[l] = static_cast<char*>(m);
   }
   agree("mapping the peers' segments");
+  {
+    std::lock_guard<std::mutex> lock(mapped_mutex);
+    for (void* m : maps_) mapped_segments.emplace_back(m, map_bytes_);
+  }
   shm_unlink(name(lrank).c_str());  // everyone has it mapped: the name can go, the memory stays while mapped
 
   // Segment of rank l holds the FIFOs into l, one per local sender (by local rank).
@@ -183,6 +261,12 @@ ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, 
 }
 
 ShmTransport::~ShmTransport() {
+  {
+    std::lock_guard<std::mutex> lock(mapped_mutex);
+    for (void* m : maps_)
+      mapped_segments.erase(std::remove(mapped_segments.begin(), mapped_segments.end(), std::make_pair(m, map_bytes_)),
+                            mapped_segments.end());
+  }
   for (void* m : maps_) munmap(m, map_bytes_);
 }
 
@@ -256,27 +340,44 @@ void ShmTransport::wait_until(Ready ready) {
     return ready();
   };
   if (step()) return;
+  WaitCounters& counters = wait_counters;
+  count(counters.waits);
+  const int64_t start = now_ns();
+  struct CountTime {  // every way out of the wait counts its time
+    WaitCounters& counters;
+    int64_t start;
+    ~CountTime() { count(counters.wait_ns, static_cast<uint64_t>(now_ns() - start)); }
+  } count_time{counters, start};
   if (poll_.spin_us < 0) {
-    while (!step()) _mm_pause();
-    return;
+    for (uint64_t polls = 1;; ++polls) {
+      _mm_pause();
+      if (step()) return count(counters.spin_polls, polls);
+    }
   }
   // A short pure spin catches a peer that is running on another core right now; after that every poll yields
   // the core, so a peer that shares it (more ranks or threads than cores) runs at once instead of after our spin.
   // One PAUSE between polls (on Zen it lasts ~65 cycles; more would delay seeing a message by a fraction of a us).
-  const int64_t start = now_ns(), spin_until = start + int64_t{poll_.spin_us} * 1000;
+  const int64_t spin_until = start + int64_t{poll_.spin_us} * 1000;
+  uint64_t polls = 0;
   for (int64_t t = start; t < start + kPureSpinNs && t < spin_until; t = now_ns())
     for (int i = 0; i < 32; ++i) {
       _mm_pause();
-      if (step()) return;
+      ++polls;
+      if (step()) return count(counters.spin_polls, polls);
     }
+  count(counters.spin_polls, polls);
   for (int64_t t = now_ns(); t < spin_until; t = now_ns()) {
     sched_yield();
+    count(counters.yield_polls);
     if (step()) return;
   }
   int64_t nap = 1000;
   for (;;) {
     const timespec ts{0, static_cast<long>(nap)};
+    const int64_t asleep = now_ns();
     nanosleep(&ts, nullptr);
+    count(counters.sleeps);
+    count(counters.sleep_ns, static_cast<uint64_t>(now_ns() - asleep));
     if (step()) return;
     nap = std::min<int64_t>(2 * nap, int64_t{poll_.max_sleep_us} * 1000);
   }

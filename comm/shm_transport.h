@@ -32,6 +32,26 @@
 
 namespace ddplab {
 
+// How the shared-memory transports of this process waited, summed since it started (allreduce_perf --diag). A
+// wait is a call that found its message or room not there at once; it polls in a pure spin (PAUSE), then yields the
+// core between polls until PollPolicy::spin_us, then sleeps. Counted on the waiting path only: free when no rank
+// waits, a few relaxed atomic adds per poll when one does.
+struct ShmWaitStats {
+  uint64_t waits = 0;
+  uint64_t spin_polls = 0;   // polls between PAUSEs
+  uint64_t yield_polls = 0;  // polls after a sched_yield
+  uint64_t sleeps = 0;       // nanosleeps, each followed by a poll
+  uint64_t wait_ns = 0;      // inside waits, in all
+  uint64_t sleep_ns = 0;     // of which asleep
+  ShmWaitStats operator-(const ShmWaitStats& earlier) const;
+  ShmWaitStats& operator+=(const ShmWaitStats& more);
+};
+ShmWaitStats shm_wait_stats();
+
+// Where the pages of every shared segment this process has mapped now lie: pages per NUMA node (move_pages), and the
+// pages not yet placed (never touched) or not answerable. One line, e.g. "1 NUMA node: 514 pages on node 0".
+std::string shm_page_placement();
+
 class ShmTransport final : public Transport {
  public:
   static constexpr size_t kDefaultFifoBytes = size_t{1} << 20;

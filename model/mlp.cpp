@@ -109,6 +109,8 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
   T* dout = dact_a_.data();  // gradient w.r.t. the pre-activation of the current layer
   T* dnext = dact_b_.data();
   cpu::softmax_cross_entropy_backward(dout, probs_.data(), targets_, B, config_.num_classes);
+  const bool accumulate = !overwrite_grads_;  // each gradient element is written once below
+  overwrite_grads_ = false;
   const std::vector<GradPiece>& pieces = this->grad_pieces();
   std::vector<Parameter<T>>& params = this->parameters();
   size_t piece = 0;  // pieces is in exactly the order this loop finalises them
@@ -120,7 +122,7 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
   for (int l = num_linear - 1; l >= 0; --l) {
     Parameter<T>& w = params[2 * l];
     Parameter<T>& b = params[2 * l + 1];
-    cpu::bias_backward(b.grad, dout, B, dims[l + 1]);
+    cpu::bias_backward(b.grad, dout, B, dims[l + 1], accumulate);
     ready(2 * l + 1);
     // The weight gradient first, block by block, so each block can be communicated while the rest of backward
     // (including this layer's input gradient) runs.
@@ -129,7 +131,7 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
       const GradPiece& g = pieces[piece];
       const int64_t rows = g.numel / dims[l];
       cpu::matmul_backward_weight(w.grad, dout, x, B, dims[l], dims[l + 1], static_cast<int>(g.first_row),
-                                  static_cast<int>(g.first_row + rows));
+                                  static_cast<int>(g.first_row + rows), accumulate);
       ready(2 * l);
     }
     if (l > 0) {  // the network input needs no gradient

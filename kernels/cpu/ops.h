@@ -4,7 +4,8 @@
 //   - argument order: outputs, inputs, sizes;
 //   - gradients carry a `d` prefix;
 //   - parameter gradients (dweight, dbias) are ACCUMULATED with +=, so gradient accumulation and
-//     bucket views work; activation gradients (dinp) are OVERWRITTEN with =.
+//     bucket views work (accumulate = false overwrites instead: a step's first backward needs no zeroed
+//     buffer, which saves a pass over every gradient); activation gradients (dinp) are OVERWRITTEN with =.
 //   - row-major tensors; a Linear layer's weight is [out_features, in_features] like PyTorch.
 // Every op is a template instantiated for float (training) and double (finite-difference tests).
 #pragma once
@@ -25,14 +26,15 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 template <typename T>
 void matmul_backward_input(T* dinp, const T* dout, const T* weight, int B, int C, int OC);
 template <typename T>
-void matmul_backward_weight(T* dweight, const T* dout, const T* inp, int B, int C, int OC, int row_begin, int row_end);
+void matmul_backward_weight(T* dweight, const T* dout, const T* inp, int B, int C, int OC, int row_begin, int row_end,
+                            bool accumulate = true);
 
 // out[B,OC] += bias[OC] (in place, broadcast over rows)
 template <typename T>
 void bias_forward(T* out, const T* bias, int B, int OC);
 // dbias[OC] += sum over rows of dout[B,OC]
 template <typename T>
-void bias_backward(T* dbias, const T* dout, int B, int OC);
+void bias_backward(T* dbias, const T* dout, int B, int OC, bool accumulate = true);
 
 // GELU, tanh approximation (as GPT-2 and llm.c): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <typename T>

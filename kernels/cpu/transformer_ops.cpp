@@ -127,21 +127,6 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 
 namespace {
 
-template <typename T>
-struct Simd {
-  static constexpr int W = 32 / static_cast<int>(sizeof(T));  // lanes of one vector
-  typedef T V __attribute__((vector_size(32)));
-  typedef T VU __attribute__((vector_size(32), aligned(sizeof(T)), may_alias));  // unaligned access
-};
-template <typename T>
-inline typename Simd<T>::V vload(const T* p) {
-  return *reinterpret_cast<const typename Simd<T>::VU*>(p);
-}
-template <typename T>
-inline void vstore(T* p, typename Simd<T>::V v) {
-  *reinterpret_cast<typename Simd<T>::VU*>(p) = v;
-}
-
 // sum_j a[j] b[j] over j < n, in four vector accumulators: one accumulator (what `omp simd reduction` gives) is a
 // chain of dependent FMAs, 4 cycles per vector.
 template <typename T>
@@ -158,29 +143,6 @@ T dot(const T* a, const T* b, int n) {
   T sum = 0;
   for (int i = 0; i < W; ++i) sum += v[i];
   for (; j < n; ++j) sum += a[j] * b[j];
-  return sum;
-}
-
-// s[j] = exp(s[j] - shift) for j < n; returns their sum. Float takes 8 lanes at a time (vector_math.h).
-template <typename T>
-T exp_shifted(T* s, int n, T shift) {
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < n; ++j) sum += (s[j] = exp_fast(s[j] - shift));
-  return sum;
-}
-template <>
-float exp_shifted(float* s, int n, float shift) {
-  Float8 acc = {};
-  int j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const Float8 e = exp_fast(vload(s + j) - shift);
-    vstore(s + j, e);
-    acc += e;
-  }
-  float sum = 0;
-  for (int i = 0; i < 8; ++i) sum += acc[i];
-  for (; j < n; ++j) sum += (s[j] = exp_fast(s[j] - shift));
   return sum;
 }
 
@@ -418,7 +380,7 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
             T zmax = s[0];
 #pragma omp simd reduction(max : zmax)
             for (int j = 0; j < n; ++j) zmax = s[j] > zmax ? s[j] : zmax;
-            const T sum = exp_shifted(s, n, zmax);
+            const T sum = exp_shifted(s, s, n, zmax);
             const T inv = T(1) / sum;  // sum >= 1: the max term is exp(0)
 #pragma omp simd
             for (int j = 0; j < n; ++j) row[j] = s[j] * inv;

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -312,6 +314,34 @@ TEST(ParseAllreduceImpl, UnknownNamesThrowWithTheExpectedChoices) {
                 "unknown --comm '" + std::string(bad) + "' (expected ring, mpi, hier, or nccl with --device cuda)");
     }
   }
+}
+
+// allreduce_perf --diag's counters: a receiver whose sender comes 30 ms late waits once, and that wait's time covers
+// the delay; its sleeps fall inside it. The shared segments' pages are reported placed once the FIFOs are written.
+TEST(ShmTransportDiagnosis, CountsAWaitAndItsTimeAndPlacesPages) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  ShmTransport t(MPI_COMM_WORLD);
+  if (t.local_peers() == 0) GTEST_SKIP() << "ranks on different hosts";
+  const int rank = world_rank();
+  MPI_Barrier(MPI_COMM_WORLD);
+  float value = 1.0f;
+  if (rank == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    t.send(0, &value, sizeof value, 7);
+    t.wait_sends();
+  } else if (rank == 0) {
+    const ShmWaitStats before = shm_wait_stats();
+    t.recv(1, &value, sizeof value, 7);
+    const ShmWaitStats w = shm_wait_stats() - before;
+    EXPECT_EQ(w.waits, 1u);
+    EXPECT_GE(w.wait_ns, 25'000'000u);  // the sender's 30 ms, less the barrier's exit skew
+    EXPECT_LE(w.sleep_ns, w.wait_ns);
+    EXPECT_GE(w.spin_polls + w.yield_polls + w.sleeps, 1u);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string placement = shm_page_placement();
+  EXPECT_NE(placement.find("NUMA node"), std::string::npos) << placement;
+  EXPECT_NE(placement.find("pages on node"), std::string::npos) << placement;
 }
 
 }  // namespace

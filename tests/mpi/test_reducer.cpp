@@ -155,5 +155,35 @@ TEST(Reducer, AGradientNeverMarkedReadyIsAnError) {
   EXPECT_THROW(reducer.wait_all(), std::logic_error);  // piece 1 never arrived: DDP's "unused parameter" error
 }
 
+// One rank has nobody to all-reduce with: a bucket costs no comm time at all (exactly zero, where the old comm
+// thread's scale + copy + check measured a fraction of a millisecond), yet the mean's factor and the NaN check remain.
+TEST(Reducer, AtWorldSizeOneNoAllReduceWorkIsDone) {
+  for (bool overlap : {true, false}) {
+    TrainConfig c = small_config();
+    c.bucket_mb = c.first_bucket_mb = 0;  // 8 buckets
+    c.overlap = overlap;
+    Trainer t(c, MPI_COMM_SELF);
+    for (int s = 0; s < 3; ++s) {
+      const StepRecord r = t.step(s, 0);
+      EXPECT_EQ(r.comm_ms, 0.0) << "overlap " << overlap;
+      EXPECT_EQ(r.hidden_comm_ms, 0.0);
+      for (const BucketTimes& b : t.bucket_times()) EXPECT_EQ(b.comm_start_ms, b.comm_end_ms);
+    }
+  }
+
+  Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
+  std::vector<float> grads{1, 2, 3, 4, 5, 6};
+  Reducer reducer(self, ReducerConfig{0, 0, true}, {2, 4}, {0, 2}, grads.data());  // a bucket per piece
+  ASSERT_EQ(reducer.buckets().size(), 2u);
+  reducer.begin_step(0, 0.5f, 3.0f);  // two micro-batches' mean of a batch weighted 3: x1.5, exact in fp32
+  reducer.mark_ready(0);
+  grads[5] = NAN;  // in piece 1 = bucket 1
+  reducer.mark_ready(1);
+  reducer.wait_all();
+  EXPECT_EQ(grads[0], 1.5f);
+  EXPECT_EQ(grads[4], 7.5f);
+  EXPECT_EQ(reducer.first_nonfinite_bucket(), 1);
+}
+
 }  // namespace
 }  // namespace ddplab

@@ -170,6 +170,28 @@ TEST(Mlp, BackwardAccumulatesAndZeroGradClears) {
   for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0) << i;
 }
 
+// discard_grad: the next backward overwrites whatever the buffer held (bitwise the zero_grad result, gaps still 0),
+// and only that one: the backward after it accumulates again. Row-block pieces write each row once too.
+TEST(Mlp, BackwardAfterDiscardGradOverwritesOnce) {
+  for (int64_t piece_elements : {0, 14}) {
+    Mlp<float> model(SmallConfig(), 5);
+    model.set_grad_piece_elements(piece_elements);
+    const Batch batch = MakeBatch(model.config(), kBatch, 13);
+    const std::vector<float> x(batch.x.begin(), batch.x.end());
+    model.forward(x.data(), batch.y.data(), kBatch);
+    model.zero_grad();
+    model.backward();
+    const std::vector<float> once(model.flat_grads(), model.flat_grads() + model.flat_size());
+    model.backward();  // the buffer now holds twice the gradient: discard_grad must not add to it
+    model.discard_grad();
+    model.backward();
+    for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], once[i]) << i;
+    model.backward();  // BLAS may fuse the += into its products: equal up to rounding
+    for (int64_t i = 0; i < model.flat_size(); ++i)
+      ASSERT_NEAR(model.flat_grads()[i], 2 * once[i], 1e-6 * (1 + std::abs(once[i]))) << i;
+  }
+}
+
 TEST(Mlp, InitIsDeterministicInSeedAndWithinFanInBound) {
   const MlpConfig c = SmallConfig();
   Mlp<double> a(c, 123), b(c, 123), other(c, 124);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -63,6 +64,10 @@ TEST(MatmulBackward, DweightMatchesFiniteDifferencesAndAccumulates) {
   const std::vector<double> first = dweight;
   matmul_backward<double>(nullptr, dweight.data(), w.data(), inp.data(), weight.data(), kB, kC, kOC);
   for (size_t i = 0; i < dweight.size(); ++i) EXPECT_NEAR(dweight[i], 2 * first[i], 1e-12) << i;
+  // accumulate = false overwrites what was there, rows [1, kOC) only here.
+  std::vector<double> rows = dweight;
+  matmul_backward_weight<double>(rows.data(), w.data(), inp.data(), kB, kC, kOC, 1, kOC, /*accumulate=*/false);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_NEAR(rows[i], i < size_t(kC) ? 2 * first[i] : first[i], 1e-12) << i;
 }
 
 TEST(BiasBackward, MatchesFiniteDifferencesAndAccumulates) {
@@ -81,6 +86,8 @@ TEST(BiasBackward, MatchesFiniteDifferencesAndAccumulates) {
   std::vector<double> acc(kOC, 0.5);
   bias_backward(acc.data(), w.data(), kB, kOC);
   for (int o = 0; o < kOC; ++o) EXPECT_NEAR(acc[o], 0.5 + dbias[o], 1e-12) << o;
+  bias_backward(acc.data(), w.data(), kB, kOC, /*accumulate=*/false);
+  EXPECT_EQ(acc, dbias);
 }
 
 TEST(BiasForward, AddsInPlaceOnEveryRow) {
@@ -288,4 +295,25 @@ TEST(Scale, MultipliesInPlace) {
 }
 
 }  // namespace
+// all_finite against std::isfinite: one non-finite value anywhere (vector body or tail, either sign) is found;
+// the extremes of the finite range are not mistaken for it.
+template <typename T>
+void CheckAllFinite() {
+  for (int n : {0, 1, 15, 16, 17, 100}) {
+    std::vector<T> x(n);
+    for (int i = 0; i < n; ++i) x[i] = static_cast<T>(i % 3 == 0 ? -1e-40 : i % 3 == 1 ? 3e38 : -3e38);
+    EXPECT_TRUE(all_finite(x.data(), n)) << n;
+    for (int at = 0; at < n; at += 7) {
+      for (T bad : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                    -std::numeric_limits<T>::infinity()}) {
+        std::vector<T> y = x;
+        y[at] = bad;
+        EXPECT_FALSE(all_finite(y.data(), n)) << "n " << n << ", " << bad << " at " << at;
+      }
+    }
+  }
+}
+TEST(AllFinite, FindsNanAndInfAnywhereFloat) { CheckAllFinite<float>(); }
+TEST(AllFinite, FindsNanAndInfAnywhereDouble) { CheckAllFinite<double>(); }
+
 }  // namespace ddplab::cpu

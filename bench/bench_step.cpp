@@ -1,0 +1,123 @@
+// The ws=1 training step against the GEMMs it cannot avoid (issue #18: the step within 8% of the GEMMs alone).
+// Runs the default MLP's step through the Trainer on one rank and one BLAS thread and, after each step, the same
+// eight GEMMs (forward 3, weight gradients 3, input gradients 2: the first layer's input needs none) on buffers of
+// the same shapes through the same cpu:: calls. Prints medians of each, of their ratio, and the step's parts.
+//   bench_step [--steps 40] [--batch 128]
+#include <CLI/CLI.hpp>
+#include <cblas.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/cpu/ops.h"
+#include "train/clock.h"
+#include "train/trainer.h"
+
+using namespace ddplab;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// The MLP's GEMMs, shape for shape and call for call as model/mlp.cpp makes them (one piece per weight), on buffers
+// of their own.
+class GemmsAlone {
+ public:
+  GemmsAlone(const MlpConfig& m, int batch) : batch_(batch), dims_{m.input_dim} {
+    for (int i = 0; i < m.num_hidden_layers; ++i) dims_.push_back(m.hidden_dim);
+    dims_.push_back(m.num_classes);
+    for (size_t l = 0; l < dims_.size(); ++l) act_.push_back(bench::random_vector(size_t(batch_) * dims_[l], 1 + l));
+    for (size_t l = 0; l + 1 < dims_.size(); ++l) {
+      w_.push_back(bench::random_vector(size_t(dims_[l + 1]) * dims_[l], 20 + l, 0.03));
+      dw_.emplace_back(w_.back().size());
+    }
+    dout_ = bench::random_vector(size_t(batch_) * *std::max_element(dims_.begin(), dims_.end()), 40);
+    dinp_.resize(dout_.size());
+  }
+  double forward_ms() {
+    const double start = now_ms();
+    for (size_t l = 0; l + 1 < dims_.size(); ++l)
+      cpu::matmul_forward(act_[l + 1].data(), act_[l].data(), w_[l].data(), batch_, dims_[l], dims_[l + 1]);
+    return now_ms() - start;
+  }
+  double backward_ms() {
+    const double start = now_ms();
+    for (int l = static_cast<int>(dims_.size()) - 2; l >= 0; --l) {
+      cpu::matmul_backward_weight(dw_[l].data(), dout_.data(), act_[l].data(), batch_, dims_[l], dims_[l + 1], 0,
+                                  dims_[l + 1], /*accumulate=*/false);
+      if (l > 0) cpu::matmul_backward_input(dinp_.data(), dout_.data(), w_[l].data(), batch_, dims_[l], dims_[l + 1]);
+    }
+    return now_ms() - start;
+  }
+
+ private:
+  int batch_;
+  std::vector<int> dims_;
+  std::vector<std::vector<float>> act_, w_, dw_;
+  std::vector<float> dout_, dinp_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 40, batch = 128;
+  CLI::App app{"the ws=1 training step of the default MLP against its GEMMs alone (one thread)"};
+  app.add_option("--steps", steps, "timed steps (after 5 untimed)")
+      ->capture_default_str()
+      ->check(CLI::Range(3, 100000));
+  app.add_option("--batch", batch, "rows per batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "bench_step: %s\n", e.what());
+    return 2;
+  }
+  MPI_Init(&argc, &argv);
+  openblas_set_num_threads(1);
+  TrainConfig config;  // the defaults: MLP 1024-1024x2-1000, AdamW, ring (no peer at ws=1)
+  config.batch = batch;
+  config.blas_threads = 1;
+  config.steps = steps + 5;
+
+  // A step, then the GEMMs alone, in turn: on a shared machine both see the same moments of contention, and the
+  // ratio is taken pair by pair.
+  std::vector<double> step_ms, gemm_forward_ms, gemm_backward_ms, ratio, data_ms, forward_ms, backward_ms, exposed_ms,
+      optimizer_ms;
+  Trainer trainer(config, MPI_COMM_SELF);
+  GemmsAlone gemms(config.mlp, batch);
+  const double t0 = now_ms();
+  for (int s = 0; s < config.steps; ++s) {
+    const StepRecord r = trainer.step(s, t0);
+    const double f = gemms.forward_ms(), b = gemms.backward_ms();
+    if (s < 5) continue;  // first steps: page faults, BLAS buffers, the loader starting
+    step_ms.push_back(r.step_ms);
+    gemm_forward_ms.push_back(f);
+    gemm_backward_ms.push_back(b);
+    ratio.push_back(r.step_ms / (f + b));
+    data_ms.push_back(r.data_ms);
+    forward_ms.push_back(r.forward_ms);
+    backward_ms.push_back(r.backward_ms);
+    exposed_ms.push_back(r.exposed_comm_ms);
+    optimizer_ms.push_back(r.optimizer_ms);
+  }
+  std::printf("# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread (OpenBLAS core %s), medians of %d\n",
+              config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes,
+              batch, openblas_get_corename(), steps);
+  std::printf("%-34s %9.3f ms\n", "step", median(step_ms));
+  std::printf("%-34s %9.3f ms  (forward %.3f, backward %.3f)\n", "GEMMs alone (same shapes, calls)",
+              median(gemm_forward_ms) + median(gemm_backward_ms), median(gemm_forward_ms), median(gemm_backward_ms));
+  std::printf("%-34s %9.3f    (median of the pairs' ratios; target <= 1.08)\n", "step / GEMMs", median(ratio));
+  std::printf("step's parts (ms): data %.3f  forward %.3f  backward %.3f  exposed comm %.3f  optimizer %.3f\n",
+              median(data_ms), median(forward_ms), median(backward_ms), median(exposed_ms), median(optimizer_ms));
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Issue #18's tables in one go, for a quiet machine (about 10 minutes on 2 cores, half of it PyTorch; each part prints
+# when it starts):
+#   1. the ring against MPI_Allreduce, 16-256 MiB at np 2, RUNS runs of allreduce_perf --diag: per size the ring's
+#      median, slowest/median and worst ring/MPI ratio over the runs (targets: slowest >= 0.8x median, ring >= 2x
+#      MPI in every run), and each slow run's per-rank diagnosis;
+#   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor);
+#   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08);
+#   4. ws=2 against ws=1, one thread per rank: throughput ratio (target >= 1.8) and where each rank's time goes;
+#   5. bench/vs_torch.py both ways, when Debian's python3-torch is importable.
+# Nothing else should run meanwhile: every figure is compared only with figures from this same run.
+#   bench/cpu_speed.sh [BUILD_DIR] [RUNS]      (defaults: build, 10)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+runs=${2:-10}
+for exe in bench/allreduce_perf bench/bench_cpu_ops bench/bench_step launcher/ddplab; do
+  [[ -x "$build/$exe" ]] || { echo "cpu_speed.sh: $build/$exe not built (ninja -C $build)" >&2; exit 2; }
+done
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "cpu_speed.sh: RUNS must be a positive integer, got '$runs'" >&2; exit 2; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+section() { echo; echo "== $1   ($(date +%T))"; }
+
+echo "# cpu_speed.sh $(date -u +%FT%TZ) on $(hostname)"
+echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(lscpu | grep -i '^NUMA node(s)' | tr -s ' ')"
+echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
+
+section "1. ring vs MPI_Allreduce, np 2, 16-256 MiB, $runs runs (allreduce_perf --diag)"
+for ((i = 1; i <= runs; i++)); do
+  scripts/mpirun.sh -np 2 "$build/bench/allreduce_perf" -b 16M -e 256M -f 2 -w 3 -n 10 -c 0 \
+    --impls ring,mpi-raw --diag --json "$work/ring$i.json" > "$work/ring$i.txt"
+done
+/usr/bin/python3 - "$work" "$runs" <<'EOF'
+import json, statistics, sys
+work, runs = sys.argv[1], int(sys.argv[2])
+busbw = {}  # (impl, size, mode) -> [busbw per run]
+for i in range(1, runs + 1):
+    for r in json.load(open(f"{work}/ring{i}.json"))["results"]:
+        for mode in ("out_of_place", "in_place"):
+            busbw.setdefault((r["impl"], r["size_bytes"], mode), []).append(r[mode]["busbw_gbs"])
+print(f"{'size':>8} {'mode':>12} {'ring median':>11} {'slowest':>8} {'slow/med':>8} {'MPI median':>10} "
+      f"{'min ring/MPI':>12}   (busbw GB/s; targets: slow/med >= 0.8, ring/MPI >= 2 in every run)")
+slow_runs = set()
+for (impl, size, mode), ring in sorted(busbw.items()):
+    if impl != "ring":
+        continue
+    mpi = busbw[("mpi-raw", size, mode)]
+    med = statistics.median(ring)
+    worst = min(a / b for a, b in zip(ring, mpi))
+    slow_runs |= {i + 1 for i, v in enumerate(ring) if v < 0.8 * med}
+    print(f"{size >> 20:>6}Mi {mode:>12} {med:>11.2f} {min(ring):>8.2f} {min(ring) / med:>8.2f} "
+          f"{statistics.median(mpi):>10.2f} {worst:>12.2f}")
+print(f"runs with a size below 0.8x the median: {sorted(slow_runs) or 'none'}")
+for i in sorted(slow_runs)[:3]:
+    print(f"-- run {i}'s per-rank diagnosis:")
+    print("".join(l for l in open(f"{work}/ring{i}.txt") if l.startswith(("#  rank", "#    "))), end="")
+EOF
+echo "-- a fast run's per-rank diagnosis (run 1):"
+grep -E '^#  rank|^#    ' "$work/ring1.txt" || true
+
+section "2. CPU ops vs the memory floor, 1 thread (bench_cpu_ops)"
+"$build/bench/bench_cpu_ops" --repeats 50
+
+section "3. ws=1 step vs its GEMMs alone, 1 thread (bench_step)"
+"$build/bench/bench_step" --steps 100
+
+section "4. ws=2 vs ws=1, one thread per rank, 300 steps each (ddplab train, ddplab report)"
+"$build/launcher/ddplab" train --quiet --threads 1 --steps 300 --out "$work/ws1.h5"
+scripts/mpirun.sh -np 2 "$build/launcher/ddplab" train --quiet --threads 1 --steps 300 --out "$work/ws2.h5"
+"$build/launcher/ddplab" report "$work/ws1.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
+"$build/launcher/ddplab" report "$work/ws2.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
+/usr/bin/python3 - "$work" <<'EOF'
+import sys
+import h5py
+import numpy as np
+work = sys.argv[1]
+def phases(path):
+    with h5py.File(path) as f:
+        steps = f["steps"]
+        names = ["step_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms",
+                 "hidden_comm_ms"]
+        data = {n: np.asarray(steps[n])[:, 5:] for n in names}  # ranks x steps, warm-up dropped
+        return {n: v.mean(axis=1) for n, v in data.items()}, data["step_ms"].max(axis=0).mean()
+one, one_step = phases(f"{work}/ws1.h5")
+two, two_step = phases(f"{work}/ws2.h5")
+print(f"throughput ws=2 / ws=1: {2 * one_step / two_step:.2f}x (target >= 1.8; each step's time is its slowest rank's)")
+print("where the second rank's time goes (ms per step, ws=2 rank minus ws=1):")
+print(f"{'rank':>4} {'step':>7} {'forward':>8} {'backward':>9} {'exposed':>8} {'optimizer':>9} {'comm':>7} "
+      f"{'hidden':>7}")
+for r in range(2):
+    d = {n: two[n][r] - one[n][0] for n in one}
+    print(f"{r:>4} {d['step_ms']:>+7.2f} {d['forward_ms']:>+8.2f} {d['backward_ms']:>+9.2f} "
+          f"{d['exposed_comm_ms']:>+8.2f} {d['optimizer_ms']:>+9.2f} {two['comm_ms'][r]:>7.2f} "
+          f"{two['hidden_comm_ms'][r]:>7.2f}")
+print("forward/backward up: compute slowed by the comm threads sharing the cores or by memory bandwidth; optimizer up:"
+      "\n  the two ranks' AdamW streams share memory bandwidth; exposed: comm left after backward; rank skew is the"
+      "\n  difference between the two rows")
+EOF
+
+section "5. ddplab vs PyTorch DDP (bench/vs_torch.py, both ways)"
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  bench/vs_torch.py --build "$build" --np 1,2 --repeats 3 --steps 30 --threads one,default
+else
+  echo "skipped: python3-torch not importable (apt-get install -y python3-torch)"
+fi
+echo; echo "# done $(date +%T)"
