@@ -52,6 +52,11 @@ BucketMeans bucket_means(const RunRecord& run, const RunSummary& summary, int k)
 
 }  // namespace
 
+// "93%", or "-" where there was no comm to hide (one rank): a 100% there would praise an overlap that never ran.
+std::string hidden_text(double fraction, double comm_ms) {
+  return comm_ms > 0 ? fmt("%.0f%%", 100 * fraction) : "-";
+}
+
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   std::fprintf(out, "  slowest rank        %d (mean step %.2f ms)\n", s.slowest_rank, s.slowest_step_ms);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
@@ -81,7 +86,7 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                  m.step_ms, m.data_ms, m.forward_ms, m.backward_ms, m.comm_ms, m.hidden_comm_ms, m.exposed_comm_ms,
                  m.optimizer_ms);
     if (lab_cols) std::fprintf(out, " %7.2f %7.2f %7.2f", m.extra_comm_ms, m.host_work_ms, m.barrier_ms);
-    std::fprintf(out, " %6.0f%%\n", 100 * hidden_fraction(m));
+    std::fprintf(out, " %7s\n", hidden_text(hidden_fraction(m), m.comm_ms).c_str());
   }
 }
 
@@ -158,9 +163,10 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
     const Finding f = diagnose(run.record, s).front();
     const std::string verdict =
         f.rank >= 0 ? fmt("%s (rank %d)", cause_name(f.cause), f.rank) : std::string(cause_name(f.cause));
-    std::fprintf(out, "  %-28s %5d %11.0f %9.2f %11.2f %6.0f%%  %s\n", shorten(stem(run.record.path), 28).c_str(),
-                 run.record.world_size(), s.samples_per_s, s.slowest_step_ms, mean_over_ranks(s).exposed_comm_ms,
-                 100 * mean_hidden_fraction(s), verdict.c_str());
+    const StepRecord mean = mean_over_ranks(s);
+    std::fprintf(out, "  %-28s %5d %11.0f %9.2f %11.2f %7s  %s\n", shorten(stem(run.record.path), 28).c_str(),
+                 run.record.world_size(), s.samples_per_s, s.slowest_step_ms, mean.exposed_comm_ms,
+                 hidden_text(mean_hidden_fraction(s), mean.comm_ms).c_str(), verdict.c_str());
   }
 }
 
