@@ -708,7 +708,8 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
     if (!link_model_only[across] || !depends_on[across] || n <= 1 || out.comm_source == "link model") continue;
     const LinkModel& link = across ? setting.link.inter : setting.link.intra;
     const std::string hops = nodes == 1 ? "link " : across ? "inter-node link " : "intra-node link ";
-    out.extrapolated.push_back(hops + link.name + " (measured " + source_link.name + ")" +
+    out.extrapolated.push_back(hops + link.name + (nodes == 1 ? "" : ": link model only") + " (measured " +
+                               source_link.name + ")" +
                                (emulated(source_link) ? ": the transport under the emulated link is unmeasured" : ""));
     if (out.comm_source.find(" + link") == std::string::npos) out.comm_source += " + link";
   }
