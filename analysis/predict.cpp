@@ -678,9 +678,15 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   const double small = static_cast<double>(small_allreduce_bytes(n));
   HopCosts costs;
   bool link_model_only[2] = {false, false};  // intra, inter
+  // A hier run's fit took in its phases within the node: at the run's shape and intra link they add nothing.
+  const bool within_fitted = out.comm_source == "run" && measured.impl == AllreduceImpl::kHier &&
+                             setting.impl == AllreduceImpl::kHier && nodes == measured.nodes() &&
+                             per_node == measured.ranks_on_a_node() &&
+                             same_link(setting.link.intra, measured.link.intra);
   for (int across = 0; across < 2; ++across) {
     const LinkModel& link = across ? setting.link.inter : setting.link.intra;
     AlphaBeta& hop = across ? costs.inter : costs.intra;
+    if (!across && within_fitted) continue;
     if (same_link(link, source_link)) {
       hop = *ab;
       continue;
