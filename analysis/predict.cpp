@@ -57,10 +57,6 @@ double allreduce_ms(double bytes, const PredictSetting& setting, double small_ma
   return 0;
 }
 
-std::string shape_text(const PredictSetting& s) {
-  return s.nodes() == 1 ? "1 node" : std::to_string(s.nodes()) + " nodes x " + std::to_string(s.ranks_on_a_node());
-}
-
 std::string mb_text(double bytes) {
   std::ostringstream s;
   s << std::setprecision(3) << bytes / kMiB << " MB";
@@ -114,6 +110,10 @@ double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCost
   const double per_node = ranks / std::max(nodes, 1), wire_bytes = wire == WireDtype::kFp32 ? bytes : bytes / 2;
   const AllreduceTerms within{2 * (per_node - 1), 2 * (per_node - 1) / per_node * wire_bytes};  // both halves
   return costs.intra.ms(within) + costs.inter.ms(allreduce_terms(bytes, ranks, AllreduceImpl::kHier, wire, 0, nodes));
+}
+
+std::string shape_text(const PredictSetting& s) {
+  return s.nodes() == 1 ? "1 node" : std::to_string(s.nodes()) + " nodes x " + std::to_string(s.ranks_on_a_node());
 }
 
 std::string link_spec(const LinkClasses& links) {

@@ -119,11 +119,13 @@ struct PredictSetting {
   LinkClasses link;  // per class of hop (one link: every hop)
   int ranks = 1;
   int ranks_per_node = 0;  // K: nodes of K consecutive ranks (comm/topology.h); 0: one node, whatever the ranks
-  int nodes() const { return ranks_per_node > 0 && ranks % ranks_per_node == 0 ? ranks / ranks_per_node : 1; }
-  int ranks_on_a_node() const { return ranks / nodes(); }
   AllreduceImpl impl = AllreduceImpl::kRing;
   WireDtype wire = WireDtype::kFp32;
+
+  int nodes() const { return ranks_per_node > 0 && ranks % ranks_per_node == 0 ? ranks / ranks_per_node : 1; }
+  int ranks_on_a_node() const { return ranks / nodes(); }
 };
+std::string shape_text(const PredictSetting& s);  // "1 node", "2 nodes x 2"
 
 // Measured all-reduce times from an allreduce_perf file (--csv or -J; docs/COMM.md): per implementation name
 // ("ring", "mpi", "ring-bf16", ...) the out-of-place time against size, at `ranks` ranks over `link`.

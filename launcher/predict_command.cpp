@@ -27,10 +27,7 @@ struct PredictArgs {
 constexpr double kMB = 1024.0 * 1024.0;
 
 std::string on_off(bool on) { return on ? "on" : "off"; }
-// "1 node", "2 nodes of 2"; the table's column: "1", "2x2".
-std::string shape(const PredictSetting& s) {
-  return s.nodes() == 1 ? "1 node" : std::to_string(s.nodes()) + " nodes of " + std::to_string(s.ranks_on_a_node());
-}
+// The table's column: "1", "2x2".
 std::string nodes_column(const PredictSetting& s) {
   return s.nodes() == 1 ? "1" : std::to_string(s.nodes()) + "x" + std::to_string(s.ranks_on_a_node());
 }
@@ -196,8 +193,8 @@ void run_predict(const PredictArgs& a) {
   const PredictSetting& own = model.measured;
   const Prediction self = predict(model, own);
   const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;
-  std::printf("predict: %s: %d rank(s) in %s, link %s, %s %s, buckets %g/%g MB, overlap %s: measured %.2f ms/step\n",
-              a.file.c_str(), own.ranks, shape(own).c_str(), link_spec(own.link).c_str(), to_string(own.impl),
+  std::printf("predict: %s: %d rank(s), %s, link %s, %s %s, buckets %g/%g MB, overlap %s: measured %.2f ms/step\n",
+              a.file.c_str(), own.ranks, shape_text(own).c_str(), link_spec(own.link).c_str(), to_string(own.impl),
               to_string(own.wire), own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(),
               model.measured_step_ms);
   std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
@@ -269,8 +266,8 @@ void run_predict(const PredictArgs& a) {
     baseline.ranks = p.setting.ranks;
     baseline.ranks_per_node = p.setting.ranks_per_node;
     const std::string why = reason(p, predict(model, baseline));
-    std::printf("recommended (link %s, %d rank%s in %s): %s: %.2f ms/step%s\n  %s\n", link_spec(p.setting.link).c_str(),
-                p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape(p.setting).c_str(),
+    std::printf("recommended (link %s, %d rank%s, %s): %s: %.2f ms/step%s\n  %s\n", link_spec(p.setting.link).c_str(),
+                p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape_text(p.setting).c_str(),
                 setting_flags(p.setting).c_str(), p.step.step_ms, p.extrapolated.empty() ? "" : " *", why.c_str());
     recommended.push_back({{"link", link_spec(p.setting.link)},
                            {"ranks", p.setting.ranks},
