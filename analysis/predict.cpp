@@ -5,8 +5,8 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -35,8 +35,26 @@ AlphaBeta link_alpha_beta(const LinkModel& link) {
 
 // allreduce_perf's name of an implementation with its wire.
 std::string impl_name(AllreduceImpl impl, WireDtype wire) {
-  if (impl == AllreduceImpl::kMpi) return "mpi";
-  return wire == WireDtype::kFp32 ? "ring" : std::string("ring-") + to_string(wire);
+  return wire == WireDtype::kFp32 ? to_string(impl) : std::string(to_string(impl)) + "-" + to_string(wire);
+}
+
+// The slower of two links for the bytes of a large all-reduce: bandwidth first, then latency.
+bool slower(const LinkModel& a, const LinkModel& b) {
+  const AlphaBeta x = link_alpha_beta(a), y = link_alpha_beta(b);
+  return x.beta_ms_per_byte != y.beta_ms_per_byte ? x.beta_ms_per_byte > y.beta_ms_per_byte : x.alpha_ms > y.alpha_ms;
+}
+
+// One bucket's all-reduce under `setting`, with each class of hop's alpha and beta.
+double allreduce_ms(double bytes, const PredictSetting& setting, double small_max_bytes, const HopCosts& costs) {
+  switch (setting.impl) {
+    case AllreduceImpl::kRing:
+      return ring_ms(bytes, setting.ranks, setting.nodes(), setting.wire, small_max_bytes, costs);
+    case AllreduceImpl::kMpi:
+      return mpi_ms(bytes, setting.ranks, setting.nodes(), costs);
+    case AllreduceImpl::kHier:
+      return hier_ms(bytes, setting.ranks, setting.nodes(), setting.wire, costs);
+  }
+  return 0;
 }
 
 std::string mb_text(double bytes) {
@@ -47,9 +65,14 @@ std::string mb_text(double bytes) {
 
 }  // namespace
 
-AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes) {
+AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
+                               int nodes) {
   if (ranks <= 1 || bytes <= 0) return {};
   const double n = ranks, wire_bytes = wire == WireDtype::kFp32 ? bytes : bytes / 2;
+  if (impl == AllreduceImpl::kHier) {
+    const double across = std::max(nodes, 1);
+    return {2 * (across - 1), 2 * (across - 1) / across * wire_bytes};
+  }
   if (impl == AllreduceImpl::kRing && bytes <= small_max_bytes) {
     int log2p = 0;
     while ((2 << log2p) <= ranks) ++log2p;
@@ -59,7 +82,46 @@ AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, Wire
   return {2 * (n - 1), 2 * (n - 1) / n * wire_bytes};
 }
 
-std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows, const std::vector<double>& y) {
+double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs) {
+  const AllreduceTerms flat = allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small_max_bytes);
+  if (nodes <= 1) return costs.intra.ms(flat);
+  if (bytes > small_max_bytes)
+    return std::max(costs.intra.ms(flat), costs.inter.ms({flat.message_steps, flat.bytes * kRingStreamsPerNic}));
+  // Recursive doubling: exchanges at distance 1, 2, 4, ... < p stay within a node while shorter than K, then every
+  // rank of the node sends across at once; the ranks beyond p fold in and out across nodes (p > n/2 >= K).
+  const int per_node = ranks / nodes;
+  const double message = wire == WireDtype::kFp32 ? bytes : bytes / 2;
+  int p = 1;
+  while (p * 2 <= ranks) p *= 2;
+  double ms = 0;
+  for (int distance = 1; distance < p; distance *= 2)
+    ms += distance < per_node ? costs.intra.ms({1, message}) : costs.inter.ms({1, per_node * message});
+  if (p < ranks) ms += 2 * costs.inter.ms({1, std::min(per_node, ranks - p) * message});
+  return ms;
+}
+
+double mpi_ms(double bytes, int ranks, int nodes, const HopCosts& costs) {
+  const AllreduceTerms ring = allreduce_terms(bytes, ranks, AllreduceImpl::kMpi, WireDtype::kFp32, 0);
+  return nodes > 1 ? std::max(costs.intra.ms(ring), costs.inter.ms(ring)) : costs.intra.ms(ring);
+}
+
+double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCosts& costs) {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const double per_node = ranks / std::max(nodes, 1), wire_bytes = wire == WireDtype::kFp32 ? bytes : bytes / 2;
+  const AllreduceTerms within{2 * (per_node - 1), 2 * (per_node - 1) / per_node * wire_bytes};  // both halves
+  return costs.intra.ms(within) + costs.inter.ms(allreduce_terms(bytes, ranks, AllreduceImpl::kHier, wire, 0, nodes));
+}
+
+std::string shape_text(const PredictSetting& s) {
+  return s.nodes() == 1 ? "1 node" : std::to_string(s.nodes()) + " nodes x " + std::to_string(s.ranks_on_a_node());
+}
+
+std::string link_spec(const LinkClasses& links) {
+  return links.per_class() ? "intra=" + links.intra.name + ",inter=" + links.inter.name : links.intra.name;
+}
+
+std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows,
+                                              const std::vector<double>& y) {
   const size_t k = rows.empty() ? 0 : rows[0].size();
   std::vector<double> best(k, 0.0);
   double best_residual = 0;
@@ -306,9 +368,10 @@ PredictSetting measured_setting(const RunRecord& run) {
   s.bucket_mb = c.value("bucket_mb", 25.0);
   s.first_bucket_mb = c.value("first_bucket_mb", 1.0);
   s.overlap = c.value("overlap", true);
-  s.link = parse_link(c.value("link", std::string("none")), c.value("link_latency_us", -1.0),
-                      c.value("link_gbps", -1.0));
+  s.link =
+      parse_links(c.value("link", std::string("none")), c.value("link_latency_us", -1.0), c.value("link_gbps", -1.0));
   s.ranks = run.world_size();
+  s.ranks_per_node = run.nodes() > 1 ? run.world_size() / run.nodes() : 0;  // older files: one node
   s.impl = parse_allreduce_impl(c.value("comm", std::string("ring")));
   s.wire = parse_wire_dtype(c.value("comm_dtype", std::string("fp32")));
   return s;
@@ -347,7 +410,7 @@ std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
 struct BackwardIntervals {
   using PerBucket = std::vector<double>;                          // nb + 1 intervals
   std::vector<std::vector<PerBucket>> length, busy, outstanding;  // [steady step][rank]
-  std::vector<std::vector<Interval>> backward;          // [rank][step], absolute
+  std::vector<std::vector<Interval>> backward;                    // [rank][step], absolute
 };
 
 BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<RankProfile>>& steps) {
@@ -437,8 +500,9 @@ void fit_backward_slowdown(const BackwardIntervals& t, StepModel& m) {
     ++compared;
   }
   if (compared == 0 || alone <= 0) {
-    m.slowdown_source = "not measured (no interval of backward, of 2% of it or more, ran both with and without comm "
-                        "beside it)";
+    m.slowdown_source =
+        "not measured (no interval of backward, of 2% of it or more, ran both with and without comm "
+        "beside it)";
     return;
   }
   // At most 2x: a core shared by the compute and the comm thread gives compute at least half of it.
@@ -498,14 +562,14 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       double in_backward = 0;  // share of the ranks whose backward still ran when the all-reduce started
       for (int r = 0; r < world; ++r)
         in_backward += (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end) / double(world);
-      terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small));
+      terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes()));
       beside.push_back(in_backward);
       times.push_back(std::max(0.0, comm.end - comm.begin));
     }
   }
   std::optional<CommFit> fit = fit_comm(terms, beside, times);
   if (!fit) {  // one size: the link's latency, the rest bandwidth
-    const double alpha = link_alpha_beta(m.measured.link).alpha_ms;
+    const double alpha = link_alpha_beta(m.fitted_link).alpha_ms;
     std::vector<std::vector<double>> rows;
     std::vector<double> rest;
     for (size_t i = 0; i < terms.size(); ++i) {
@@ -529,6 +593,18 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
 
   StepModel m;
   m.measured = measured_setting(run);
+  const LinkClasses& links = m.measured.link;
+  const bool across =
+      m.measured.nodes() > 1 && (m.measured.impl == AllreduceImpl::kHier || !slower(links.intra, links.inter));
+  m.fitted_link = across ? links.inter : links.intra;
+  m.fitted_hops = !links.per_class() || m.measured.nodes() == 1 ? "every hop"
+                  : across                                      ? "the inter-node hops"
+                                                                : "the intra-node hops";
+  std::vector<int> node_sizes(run.nodes(), 0);
+  for (int r = 0; r < world; ++r) ++node_sizes[run.node(r)];
+  if (std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) != static_cast<long>(node_sizes.size()))
+    m.notes.push_back("the run's " + std::to_string(run.nodes()) + " nodes are of unequal size: modelled as " +
+                      shape_text(m.measured));
   m.calibration = std::move(calibration);
   m.measured_step_ms = summarize(run).slowest_step_ms;
   const std::vector<BucketSpan> spans = piece_layout(run, m);
@@ -550,7 +626,8 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   out.setting = setting;
   std::vector<int64_t> numel, offset;
   for (const PieceRecord& p : m.pieces) numel.push_back(p.numel), offset.push_back(p.offset);
-  const std::vector<Bucket> buckets = assign_buckets(numel, offset, setting.bucket_mb * kMiB, setting.first_bucket_mb * kMiB);
+  const std::vector<Bucket> buckets =
+      assign_buckets(numel, offset, setting.bucket_mb * kMiB, setting.first_bucket_mb * kMiB);
   out.buckets = static_cast<int>(buckets.size());
   const int n = setting.ranks;
   const PredictSetting& measured = m.measured;
@@ -560,7 +637,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   const std::string name = impl_name(setting.impl, setting.wire);
   std::optional<AlphaBeta> ab;
   const AlphaBeta extra = m.comm_fit ? m.comm_fit->beside_extra : AlphaBeta{};  // the machine's, on any link
-  LinkModel source_link = measured.link;
+  LinkModel source_link = m.fitted_link;
   int source_ranks = measured.ranks;
   std::string source_name = impl_name(measured.impl, measured.wire);
   double lo = m.measured_min_bucket, hi = m.measured_max_bucket;
@@ -594,32 +671,62 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
     out.comm_source = "link model";
     if (n > 1) out.extrapolated.push_back("no measured all-reduce: link model alone");
   }
-  if (!same_link(setting.link, source_link)) {
-    const AlphaBeta own = emulated(source_link) ? AlphaBeta{} : *ab, link = link_alpha_beta(setting.link);
-    ab = AlphaBeta{std::max(own.alpha_ms, link.alpha_ms), std::max(own.beta_ms_per_byte, link.beta_ms_per_byte)};
-    if (out.comm_source != "link model") {
-      out.comm_source += " + link";
-      out.extrapolated.push_back("link " + setting.link.name + " (measured " + source_link.name + ")" +
-                                 (emulated(source_link) ? ": the transport under the emulated link is unmeasured" : ""));
+  // Per class of hop: the source's alpha and beta where the class runs on the link they were measured on, else
+  // the link's own, bounded below by the source's when it ran on no emulated link. A class whose numbers come from
+  // the link model alone is an extrapolation where the implementation's time depends on it.
+  const int nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
+  const double small = static_cast<double>(small_allreduce_bytes(n));
+  HopCosts costs;
+  bool link_model_only[2] = {false, false};  // intra, inter
+  // A hier run's fit took in its phases within the node: at the run's shape and intra link they add nothing.
+  const bool within_fitted = out.comm_source == "run" && measured.impl == AllreduceImpl::kHier &&
+                             setting.impl == AllreduceImpl::kHier && nodes == measured.nodes() &&
+                             per_node == measured.ranks_on_a_node() &&
+                             same_link(setting.link.intra, measured.link.intra);
+  for (int across = 0; across < 2; ++across) {
+    const LinkModel& link = across ? setting.link.inter : setting.link.intra;
+    AlphaBeta& hop = across ? costs.inter : costs.intra;
+    if (!across && within_fitted) continue;
+    if (same_link(link, source_link)) {
+      hop = *ab;
+      continue;
     }
+    const AlphaBeta own = emulated(source_link) ? AlphaBeta{} : *ab, model = link_alpha_beta(link);
+    hop = AlphaBeta{std::max(own.alpha_ms, model.alpha_ms), std::max(own.beta_ms_per_byte, model.beta_ms_per_byte)};
+    link_model_only[across] = true;
+  }
+  std::vector<BucketCost> cost;
+  bool outside = false, depends_on[2] = {nodes == 1 || setting.impl != AllreduceImpl::kHier || per_node > 1, nodes > 1};
+  for (const Bucket& b : buckets) {
+    const double bytes = static_cast<double>(b.count) * sizeof(float);
+    const double alone = allreduce_ms(bytes, setting, small, costs);
+    cost.push_back({alone, alone + extra.ms(allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes))});
+    // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
+    outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
+    if (nodes > 1 && setting.impl != AllreduceImpl::kHier) {  // the slower class sets each step's pace
+      const AllreduceTerms flat = allreduce_terms(bytes, n, AllreduceImpl::kMpi, setting.wire, 0);
+      const double within = costs.intra.ms(flat), between = costs.inter.ms(flat);
+      depends_on[0] = depends_on[0] && within >= between;
+      depends_on[1] = depends_on[1] && between >= within;
+    }
+  }
+  for (int across = 0; across < 2; ++across) {
+    if (!link_model_only[across] || !depends_on[across] || n <= 1 || out.comm_source == "link model") continue;
+    const LinkModel& link = across ? setting.link.inter : setting.link.intra;
+    const std::string hops = nodes == 1 ? "link " : across ? "inter-node link " : "intra-node link ";
+    out.extrapolated.push_back(hops + link.name + (nodes == 1 ? "" : ": link model only") + " (measured " +
+                               source_link.name + ")" +
+                               (emulated(source_link) ? ": the transport under the emulated link is unmeasured" : ""));
+    if (out.comm_source.find(" + link") == std::string::npos) out.comm_source += " + link";
   }
   if (source_ranks > 0 && n != source_ranks)
     out.extrapolated.push_back(std::to_string(n) + " ranks (measured " + std::to_string(source_ranks) + ")");
+  if (source_ranks > 0 && n > 1 && (nodes != measured.nodes() || (nodes > 1 && per_node != measured.ranks_on_a_node())))
+    out.extrapolated.push_back(shape_text(setting) + " (measured " + shape_text(measured) + ")");
   if (source_ranks > 0 && n > 1 && name != source_name)
     out.extrapolated.push_back("comm " + name + " (measured " + source_name + ")");
   if (setting.overlap && !measured.overlap)
     out.extrapolated.push_back("overlap on (the run had it off: no slowdown measured)");
-
-  const double small = static_cast<double>(small_allreduce_bytes(n));
-  std::vector<BucketCost> cost;
-  bool outside = false;
-  for (const Bucket& b : buckets) {
-    const double bytes = static_cast<double>(b.count) * sizeof(float);
-    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small);
-    cost.push_back({ab->ms(terms), ab->ms(terms) + extra.ms(terms)});
-    // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
-    outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
-  }
   if (outside) out.extrapolated.push_back("bucket sizes outside the measured " + mb_text(lo) + " .. " + mb_text(hi));
 
   // n ranks: the measured ranks repeated (rank r behaves as measured rank r mod the measured world, so a slow
@@ -627,8 +734,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   // all-reduces cost what n ranks cost.
   std::vector<std::vector<RankProfile>> steps;
   for (const std::vector<RankProfile>& measured_ranks : m.steps)
-    steps.emplace_back(measured_ranks.begin(),
-                       measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
+    steps.emplace_back(measured_ranks.begin(), measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
   out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.backward_slowdown);
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;

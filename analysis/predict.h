@@ -28,8 +28,11 @@ struct AllreduceTerms {
 // `bytes`: the fp32 buffer. The ring: 2(n-1) steps moving 2(n-1)/n of the buffer; recursive doubling (ring
 // implementation, buffers up to small_max_bytes): log2 p exchanges of the whole buffer, plus 2 to fold in and
 // out ranks beyond the power of two p. --comm mpi is modelled as the ring (as its link emulation is). A 16-bit
-// wire halves the bytes. One rank: nothing.
-AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes);
+// wire halves the bytes. One rank: nothing. --comm hier on N nodes of K (K > 1): its cross-node phase as the NIC
+// sees it, 2(N-1) steps, 2(N-1)/N of the buffer (K shards of 1/K); the phases within the node are in hier_ms.
+// These are the terms a run's timed buckets are fitted on: for ring and mpi every hop's, for hier the inter link's.
+AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
+                               int nodes = 1);
 
 struct AlphaBeta {
   double alpha_ms = 0;  // per message step
@@ -37,9 +40,30 @@ struct AlphaBeta {
   double ms(const AllreduceTerms& t) const { return t.message_steps * alpha_ms + t.bytes * beta_ms_per_byte; }
 };
 
+// Alpha and beta of each class of hop: between the ranks of a node, and across nodes through the sending node's NIC
+// (one NIC per node: beta is per byte that NIC sends, whichever of the node's ranks sends it).
+struct HopCosts {
+  AlphaBeta intra, inter;
+};
+
+// The ring's hops that leave a node at once, with K ranks per node and the ring in rank order: only the node's
+// last rank sends to the next node, so 1 (docs/PREDICT.md), and the node's NIC carries one rank's traffic.
+inline constexpr int kRingStreamsPerNic = 1;
+
+// One all-reduce of `bytes` (fp32) on `ranks` ranks in `nodes` equal nodes, per implementation (docs/PREDICT.md):
+//   ring  each step waits for its slowest hop: across nodes the NIC (kRingStreamsPerNic), within a node the pair's
+//         link; recursive doubling's exchanges at distance >= K cross nodes with all K ranks on the NIC at once
+//   mpi   the ring's 2(n-1) steps on the slowest class of hop (as its link emulation models it)
+//   hier  reduce-scatter within the node (intra), the shards' ring across the nodes (inter, the node's K shards
+//         sharing its NIC), all-gather within the node (intra), one after another
+double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs);
+double mpi_ms(double bytes, int ranks, int nodes, const HopCosts& costs);
+double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCosts& costs);
+
 // Least squares with every coefficient >= 0 (the best of the fits on each subset of the columns that comes out
 // non-negative). Columns a row set cannot tell apart leave their subset singular; it is skipped.
-std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows, const std::vector<double>& y);
+std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows,
+                                              const std::vector<double>& y);
 
 // What an all-reduce costs alone, and the extra it costs when it starts beside backward (on shared cores the comm
 // thread waits for a core at every message step it sleeps through).
@@ -54,10 +78,11 @@ std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const 
 
 // One rank's step, as the model replays it (times in ms, steady-state means).
 struct RankProfile {
-  double before_ms = 0;  // step start to the start of the backward that communicates: data, forward, earlier micro-batches
-  double backward_ms = 0;                // that backward alone, without comm running beside it
-  std::vector<double> piece_ready_ms;    // per gradient piece (ready order): when it became final in that backward
-  double after_ms = 0;                   // optimizer and whatever follows the wait for the gradients
+  double before_ms =
+      0;  // step start to the start of the backward that communicates: data, forward, earlier micro-batches
+  double backward_ms = 0;              // that backward alone, without comm running beside it
+  std::vector<double> piece_ready_ms;  // per gradient piece (ready order): when it became final in that backward
+  double after_ms = 0;                 // optimizer and whatever follows the wait for the gradients
 };
 
 struct SimulatedStep {
@@ -84,15 +109,23 @@ SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::ve
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
                              const std::vector<BucketCost>& cost, bool overlap, double backward_slowdown);
 
+// --link as parse_links reads it: "25gbe" (every hop) or "intra=none,inter=25gbe".
+std::string link_spec(const LinkClasses& links);
+
 // A configuration to predict.
 struct PredictSetting {
   double bucket_mb = 25, first_bucket_mb = 1;
   bool overlap = true;
-  LinkModel link;
+  LinkClasses link;  // per class of hop (one link: every hop)
   int ranks = 1;
+  int ranks_per_node = 0;  // K: nodes of K consecutive ranks (comm/topology.h); 0: one node, whatever the ranks
   AllreduceImpl impl = AllreduceImpl::kRing;
   WireDtype wire = WireDtype::kFp32;
+
+  int nodes() const { return ranks_per_node > 0 && ranks % ranks_per_node == 0 ? ranks / ranks_per_node : 1; }
+  int ranks_on_a_node() const { return ranks / nodes(); }
 };
+std::string shape_text(const PredictSetting& s);  // "1 node", "2 nodes x 2"
 
 // Measured all-reduce times from an allreduce_perf file (--csv or -J; docs/COMM.md): per implementation name
 // ("ring", "mpi", "ring-bf16", ...) the out-of-place time against size, at `ranks` ranks over `link`.
@@ -111,18 +144,20 @@ Calibration read_calibration(const std::string& path);
 
 // What the model took from the run: the inputs of simulate_step and the cost of an all-reduce.
 struct StepModel {
-  PredictSetting measured;              // the run's own setting
-  double measured_step_ms = 0;          // its slowest rank's mean steady step
-  std::vector<PieceRecord> pieces;      // the layout buckets are cut from
-  bool pieces_from_buckets = false;     // the file had no piece layout: its buckets stand in as pieces
+  PredictSetting measured;                      // the run's own setting
+  double measured_step_ms = 0;                  // its slowest rank's mean steady step
+  std::vector<PieceRecord> pieces;              // the layout buckets are cut from
+  bool pieces_from_buckets = false;             // the file had no piece layout: its buckets stand in as pieces
   std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
-  double backward_slowdown = 0;         // backward beside an all-reduce takes (1 + this) times as long
-  std::string slowdown_source;          // how it was found, one phrase
-  std::optional<CommFit> comm_fit;      // from the run's bucket timings (nullopt: one rank)
+  double backward_slowdown = 0;                 // backward beside an all-reduce takes (1 + this) times as long
+  std::string slowdown_source;                  // how it was found, one phrase
+  std::optional<CommFit> comm_fit;              // from the run's bucket timings (nullopt: one rank)
+  LinkModel fitted_link;    // the class of hop comm_fit describes: the one that bounds the run's all-reduce
+  std::string fitted_hops;  // which: "every hop", "the inter-node hops", "the intra-node hops"
   double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
   std::optional<Calibration> calibration;
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
-  std::vector<std::string> notes;       // what the output must say about the model's sources
+  std::vector<std::string> notes;                    // what the output must say about the model's sources
 };
 // Throws std::invalid_argument when the run has no bucket timings to model from, or a config value that names no
 // link, implementation or wire.

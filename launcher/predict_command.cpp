@@ -21,12 +21,16 @@ struct PredictArgs {
   bool force = false;
   std::vector<double> bucket_mb, first_bucket_mb;
   std::vector<std::string> overlap, link, comm, comm_dtype;
-  std::vector<int> ranks;
+  std::vector<int> ranks, ranks_per_node;
 };
 
 constexpr double kMB = 1024.0 * 1024.0;
 
 std::string on_off(bool on) { return on ? "on" : "off"; }
+// The table's column: "1", "2x2".
+std::string nodes_column(const PredictSetting& s) {
+  return s.nodes() == 1 ? "1" : std::to_string(s.nodes()) + "x" + std::to_string(s.ranks_on_a_node());
+}
 
 // Every combination of the lists, each list defaulting to the run's own value; validated before any work.
 std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const PredictSetting& run) {
@@ -43,27 +47,53 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
     require(o == "on" || o == "off", "--overlap " + o + ": expected on or off");
     overlaps.push_back(o == "on");
   }
-  std::vector<LinkModel> links;
+  for (int k : a.ranks_per_node)
+    require(k >= 1, "--ranks-per-node " + std::to_string(k) + ": a node has at least one rank");
+  std::vector<LinkClasses> links;
   std::vector<AllreduceImpl> impls;
   std::vector<WireDtype> wires;
   try {
-    for (const std::string& l : a.link) links.push_back(parse_link(l));
+    // Each --link is one link with classes ("intra=none,inter=25gbe"), or a list of presets for every hop
+    // ("10gbe,25gbe"); either way parse_links reads each link, as train does.
+    for (const std::string& l : a.link)
+      if (l.find('=') != std::string::npos) {
+        links.push_back(parse_links(l));
+      } else {
+        for (size_t pos = 0; pos <= l.size();) {
+          const size_t comma = std::min(l.find(',', pos), l.size());
+          links.push_back(parse_links(l.substr(pos, comma - pos)));
+          pos = comma + 1;
+        }
+      }
     for (const std::string& c : a.comm) impls.push_back(parse_allreduce_impl(c));
     for (const std::string& d : a.comm_dtype) wires.push_back(parse_wire_dtype(d));
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  // World sizes and nodes of K ranks: the run's K, or one node where the run had one (K 0).
+  std::vector<std::pair<int, int>> shapes;  // ranks, ranks per node
+  for (int n : or_run(a.ranks, run.ranks))
+    for (int k : or_run(a.ranks_per_node, run.ranks_per_node)) {
+      require(k == 0 || n % k == 0, "--ranks-per-node " + std::to_string(k) + " does not divide " + std::to_string(n) +
+                                        " ranks" +
+                                        (a.ranks_per_node.empty() ? " (the run's nodes; give --ranks-per-node)" : ""));
+      for (AllreduceImpl impl : or_run(impls, run.impl))
+        require(impl != AllreduceImpl::kHier || (k > 0 && n / k > 1),
+                "--comm hier needs more than one node, and all " + std::to_string(n) +
+                    " ranks are on one (--ranks-per-node " + std::to_string(k) + ")");
+      shapes.emplace_back(n, k);
+    }
   std::vector<PredictSetting> out;
   bool left_out = false;
-  for (const LinkModel& link : or_run(links, run.link))
-    for (int n : or_run(a.ranks, run.ranks))
+  for (const LinkClasses& link : or_run(links, run.link))
+    for (const auto& [n, k] : shapes)
       for (AllreduceImpl impl : or_run(impls, run.impl))
         for (WireDtype wire : or_run(wires, run.wire))
           for (bool overlap : or_run(overlaps, run.overlap))
             for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
               for (double cap : or_run(a.bucket_mb, run.bucket_mb)) {
                 const bool possible = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
-                if (possible) out.push_back({cap, first, overlap, link, n, impl, wire});
+                if (possible) out.push_back({cap, first, overlap, link, n, k, impl, wire});
                 left_out = left_out || !possible;
               }
   require(!out.empty(), "--comm mpi has no 16-bit wire: no setting left to predict");
@@ -101,8 +131,10 @@ std::string reason(const Prediction& best, const Prediction& own) {
 
 nlohmann::json row_json(const Prediction& p) {
   const SimulatedStep& s = p.step;
-  return {{"link", p.setting.link.name},
+  return {{"link", link_spec(p.setting.link)},
           {"ranks", p.setting.ranks},
+          {"ranks_per_node", p.setting.ranks_on_a_node()},
+          {"nodes", p.setting.nodes()},
           {"comm", to_string(p.setting.impl)},
           {"comm_dtype", to_string(p.setting.wire)},
           {"overlap", p.setting.overlap},
@@ -161,17 +193,20 @@ void run_predict(const PredictArgs& a) {
   const PredictSetting& own = model.measured;
   const Prediction self = predict(model, own);
   const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;
-  std::printf("predict: %s: %d rank(s), link %s, %s %s, buckets %g/%g MB, overlap %s: measured %.2f ms/step\n",
-              a.file.c_str(), own.ranks, own.link.name.c_str(), to_string(own.impl), to_string(own.wire),
-              own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(), model.measured_step_ms);
+  std::printf("predict: %s: %d rank(s), %s, link %s, %s %s, buckets %g/%g MB, overlap %s: measured %.2f ms/step\n",
+              a.file.c_str(), own.ranks, shape_text(own).c_str(), link_spec(own.link).c_str(), to_string(own.impl),
+              to_string(own.wire), own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(),
+              model.measured_step_ms);
   std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
   std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
               model.slowdown_source.c_str());
   if (model.comm_fit) {
     const AlphaBeta &alone = model.comm_fit->alone, &extra = model.comm_fit->beside_extra;
-    std::printf("  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone, "
-                "+ %.1f us + %.3f ms per MB beside backward\n",
-                alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, extra.alpha_ms * 1000, extra.beta_ms_per_byte * kMB);
+    std::printf(
+        "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone, "
+        "+ %.1f us + %.3f ms per MB beside backward (%s, link %s)\n",
+        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, extra.alpha_ms * 1000, extra.beta_ms_per_byte * kMB,
+        model.fitted_hops.c_str(), model.fitted_link.name.c_str());
   }
   if (calibration)
     std::printf("  calibration: %s (%d ranks, link %s)\n", calibration->path.c_str(), calibration->ranks,
@@ -179,19 +214,22 @@ void run_predict(const PredictArgs& a) {
   for (const std::string& note : model.notes) std::printf("  note: %s\n", note.c_str());
 
   const bool tokens = model.tokens_per_rank > 0;
-  std::printf("\n%-10s %5s %-4s %-4s %-7s %9s %8s %7s %9s %11s %8s %8s %8s %7s\n", "link", "ranks", "comm", "wire",
-              "overlap", "bucket_MB", "first_MB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms",
-              "exposed", "hidden", "hidden%");
+  int link_width = 10;
+  for (const PredictSetting& s : settings)
+    link_width = std::max(link_width, static_cast<int>(link_spec(s.link).size()));
+  std::printf("\n%-*s %5s %-5s %-4s %-4s %-7s %9s %8s %7s %9s %11s %8s %8s %8s %7s\n", link_width, "link", "ranks",
+              "nodes", "comm", "wire", "overlap", "bucket_MB", "first_MB", "buckets", "step_ms",
+              tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden", "hidden%");
   std::vector<Prediction> rows;
   for (const PredictSetting& s : settings) {
     rows.push_back(predict(model, s));
     const Prediction& p = rows.back();
     const SimulatedStep& x = p.step;
-    std::printf("%-10s %5d %-4s %-4s %-7s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %6.0f%%%s\n",
-                s.link.name.c_str(), s.ranks, to_string(s.impl), to_string(s.wire), on_off(s.overlap).c_str(),
-                s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s,
-                x.comm_ms, x.exposed_ms, x.hidden_ms, x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0,
-                p.extrapolated.empty() ? "" : " *");
+    std::printf("%-*s %5d %-5s %-4s %-4s %-7s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %6.0f%%%s\n", link_width,
+                link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(), to_string(s.impl), to_string(s.wire),
+                on_off(s.overlap).c_str(), s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms,
+                tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
+                x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0, p.extrapolated.empty() ? "" : " *");
   }
   if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
     std::printf("* extrapolated beyond what was measured:\n");
@@ -208,7 +246,9 @@ void run_predict(const PredictArgs& a) {
   };
   std::vector<std::pair<std::string, int>> best;  // group, row
   for (size_t i = 0; i < rows.size(); ++i) {
-    const std::string group = rows[i].setting.link.name + "|" + std::to_string(rows[i].setting.ranks);
+    const PredictSetting& s = rows[i].setting;
+    const std::string group =
+        link_spec(s.link) + "|" + std::to_string(s.ranks) + "|" + std::to_string(s.ranks_on_a_node());
     auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == group; });
     if (it == best.end()) {
       best.emplace_back(group, static_cast<int>(i));
@@ -224,11 +264,16 @@ void run_predict(const PredictArgs& a) {
     PredictSetting baseline = own;
     baseline.link = p.setting.link;
     baseline.ranks = p.setting.ranks;
+    baseline.ranks_per_node = p.setting.ranks_per_node;
     const std::string why = reason(p, predict(model, baseline));
-    std::printf("recommended (link %s, %d rank%s): %s: %.2f ms/step%s\n  %s\n", p.setting.link.name.c_str(),
-                p.setting.ranks, p.setting.ranks == 1 ? "" : "s", setting_flags(p.setting).c_str(), p.step.step_ms,
-                p.extrapolated.empty() ? "" : " *", why.c_str());
-    recommended.push_back({{"link", p.setting.link.name}, {"ranks", p.setting.ranks}, {"row", i}, {"reason", why}});
+    std::printf("recommended (link %s, %d rank%s, %s): %s: %.2f ms/step%s\n  %s\n", link_spec(p.setting.link).c_str(),
+                p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape_text(p.setting).c_str(),
+                setting_flags(p.setting).c_str(), p.step.step_ms, p.extrapolated.empty() ? "" : " *", why.c_str());
+    recommended.push_back({{"link", link_spec(p.setting.link)},
+                           {"ranks", p.setting.ranks},
+                           {"ranks_per_node", p.setting.ranks_on_a_node()},
+                           {"row", i},
+                           {"reason", why}});
   }
   std::fflush(stdout);
 
@@ -267,12 +312,20 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option("--first-bucket-mb", args->first_bucket_mb, "caps of the bucket that closes backward, MiB, > 0")
       ->delimiter(',')
       ->type_name("LIST");
-  cmd->add_option("--overlap", args->overlap, "on, off or on,off (default: the run's)")->delimiter(',')->type_name("LIST");
-  cmd->add_option("--link", args->link, "links: none, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4 (default: the run's)")
+  cmd->add_option("--overlap", args->overlap, "on, off or on,off (default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");
+  cmd->add_option(
+         "--link", args->link,
+         "links for every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, as a list; or one link per "
+         "class of hop, intra=P,inter=P (repeat --link for several; default: the run's)")
+      ->type_name("LIST");
   cmd->add_option("--ranks", args->ranks, "world sizes (default: the run's)")->delimiter(',')->type_name("LIST");
-  cmd->add_option("--comm", args->comm, "ring, mpi (default: the run's)")->delimiter(',')->type_name("LIST");
+  cmd->add_option("--ranks-per-node", args->ranks_per_node,
+                  "nodes of K consecutive ranks, each K dividing every world size (default: the run's nodes)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--comm", args->comm, "ring, mpi, hier (default: the run's)")->delimiter(',')->type_name("LIST");
   cmd->add_option("--comm-dtype", args->comm_dtype, "fp32, bf16, fp16 (default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");

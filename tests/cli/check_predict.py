@@ -4,8 +4,8 @@
 machine, docs/PREDICT.md; on two cores shared with other builds a live run's own-setting error was seen from -5.3%
 to +6.6% over ~15 runs, so 5% would fail here for reasons that are not the model's; test_predict checks the replay
 of a synthetic run at its own setting exactly), over a grid of settings (rows, extrapolation marks, one
-recommendation per link and world size, the JSON file), from a single-rank run, and refused with exit code 2 and
-nothing written on bad input.
+recommendation per link and world size, the JSON file), from a single-rank run, from a run on 2 emulated nodes x 2
+with link classes (its own setting, and --comm hier), and refused with exit code 2 and nothing written on bad input.
 
 usage: check_predict.py MPIRUN DDPLAB
 """
@@ -97,6 +97,34 @@ with tempfile.TemporaryDirectory() as work:
     check(proc.returncode == 0 and "no measured comm" in proc.stdout and "link model alone" in proc.stdout,
           f"a single-rank run is predicted from the link model, and says so ({proc.stderr.strip()[-200:]})")
 
+    # Two emulated nodes of two ranks, a 1 Gb/s link between them and none within: predicted at its own setting
+    # within the same bound, and as hier (two link classes in one --link, a list of presets in another).
+    nodes_run = os.path.join(work, "nodes.h5")
+    proc = subprocess.run([mpirun, "-np", "4", "--oversubscribe", ddplab, "train", "--steps", "25", "--warmup-steps",
+                           "5", "--ranks-per-node", "2", "--link", "intra=none,inter=1gbe", "--bucket-mb", "2",
+                           "--quiet", "--out", nodes_run], capture_output=True, text=True, timeout=240)
+    check(proc.returncode == 0, f"train -np 4 --ranks-per-node 2 exits 0 ({proc.stderr.strip()[-300:]})")
+    nodes_json = os.path.join(work, "nodes.json")
+    proc = predict(nodes_run, "--json", nodes_json)
+    print(proc.stdout)
+    nodes = json.load(open(nodes_json)) if proc.returncode == 0 else {"rows": [{}], "measured": {"step_ms": 1}}
+    row = nodes["rows"][0]
+    check(row.get("link") == "intra=none,inter=1gbe" and row.get("nodes") == 2 and row.get("ranks_per_node") == 2,
+          f"the run's nodes and link classes are its own setting: {row.get('link')}, {row.get('nodes')} nodes")
+    error = (row.get("step_ms", 0) - nodes["measured"]["step_ms"]) / nodes["measured"]["step_ms"]
+    check(abs(error) <= 0.15 and row.get("extrapolated") == [],
+          f"2 nodes x 2 predicted at its own setting within 15%, not extrapolated ({100 * error:+.1f}%)")
+    proc = predict(nodes_run, "--comm", "ring,hier", "--link", "intra=none,inter=1gbe", "--link", "10gbe,25gbe",
+                   "--json", os.path.join(work, "hier.json"))
+    hier = json.load(open(os.path.join(work, "hier.json")))["rows"] if proc.returncode == 0 else []
+    check(len(hier) == 6 and any(line.split()[3:4] == ["hier"] for line in proc.stdout.splitlines()),
+          f"--comm hier prints a row per link ({len(hier)} rows; {proc.stderr.strip()[-200:]})")
+    by = {(r["link"], r["comm"]): r for r in hier}
+    classes = ("intra=none,inter=1gbe", "hier")
+    check(classes in by and by[classes]["comm_ms"] < by[("intra=none,inter=1gbe", "ring")]["comm_ms"] and
+          any("intra-node link none: link model only" in e for e in by[classes]["extrapolated"]),
+          "hier moves fewer bytes through the 1gbe NIC than the ring; its intra-node phases are marked link-model-only")
+
     # Bad input: one line, exit code 2, no --json written.
     untimed = os.path.join(work, "untimed.h5")
     shutil.copy(run, untimed)
@@ -117,7 +145,10 @@ with tempfile.TemporaryDirectory() as work:
              ([run, "--bucket-mb", "0,5"], "bucket sizes must be > 0"),
              ([run, "--bucket-mb=-1,5"], "bucket sizes must be > 0"),
              ([run, "--first-bucket-mb=-1"], "bucket sizes must be > 0"),
-             ([run, "--ranks", "0"], "at least one rank")]
+             ([run, "--ranks", "0"], "at least one rank"),
+             ([run, "--link", "intra=none,outer=1gbe"], "unknown link class 'outer'"),
+             ([run, "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide 2 ranks"),
+             ([nodes_run, "--comm", "hier", "--ranks-per-node", "4"], "--comm hier needs more than one node")]
     for args, expected in cases:
         proc = predict(*args, "--json", out)
         lines = [line for line in proc.stderr.splitlines() if line.startswith("ddplab:")]

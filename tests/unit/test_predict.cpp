@@ -134,6 +134,56 @@ TEST(Predict, AllreduceTerms) {
   EXPECT_DOUBLE_EQ(allreduce_terms(mib, 1, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps, 0);
 }
 
+// Per class of hop, at 2 nodes x 2 ranks (docs/PREDICT.md: per-hop terms). A link-bound inter-node link (bandwidth
+// only) and a free intra-node link: the flat ring puts 2(n-1)/n = 1.5 buffers through each NIC (one stream per NIC),
+// hier 2(N-1)/N x K shards of 1/K = 1 buffer, so hier / ring = 2/3 (docs/COMM.md: bytes per NIC); mpi is the ring.
+TEST(Predict, HierAgainstRingOnALinkBoundInterNodeLink) {
+  const double bytes = 64 << 20, beta = 1e-6, small = 32 << 10;
+  const HopCosts costs{{}, {0, beta}};
+  const double ring = ring_ms(bytes, 4, 2, WireDtype::kFp32, small, costs);
+  EXPECT_DOUBLE_EQ(ring, 1.5 * bytes * beta);
+  EXPECT_DOUBLE_EQ(hier_ms(bytes, 4, 2, WireDtype::kFp32, costs), bytes * beta);
+  EXPECT_DOUBLE_EQ(hier_ms(bytes, 4, 2, WireDtype::kFp32, costs) / ring, 2.0 / 3);
+  EXPECT_DOUBLE_EQ(mpi_ms(bytes, 4, 2, costs), ring);
+  EXPECT_DOUBLE_EQ(hier_ms(bytes, 4, 2, WireDtype::kBf16, costs), bytes / 2 * beta);  // the wire halves the bytes
+  // The ring's step waits for its slowest hop: a slower intra-node link takes over.
+  EXPECT_DOUBLE_EQ(ring_ms(bytes, 4, 2, WireDtype::kFp32, small, HopCosts{{0, 2 * beta}, {0, beta}}),
+                   1.5 * bytes * 2 * beta);
+  // One node: every hop is intra, the inter link never counts.
+  EXPECT_DOUBLE_EQ(ring_ms(bytes, 4, 1, WireDtype::kFp32, small, HopCosts{{0, beta}, {1, 1}}), 1.5 * bytes * beta);
+}
+
+// Hier's phases on each class: with intra none the node's reduce-scatter and all-gather cost nothing and the
+// cross-node ring is 2(N-1) steps of the inter link's latency; an intra link adds 2(K-1) steps and 2(K-1)/K of the
+// buffer on it, one phase after another.
+TEST(Predict, HierPhasesOnEachClassOfHop) {
+  const double bytes = 8 << 20, alpha = 0.01, beta = 1e-6;
+  const HopCosts inter_only{{}, {alpha, beta}};
+  EXPECT_DOUBLE_EQ(hier_ms(bytes, 8, 2, WireDtype::kFp32, inter_only), 2 * alpha + bytes * beta);        // 2 x 4
+  EXPECT_DOUBLE_EQ(hier_ms(bytes, 8, 4, WireDtype::kFp32, inter_only), 6 * alpha + 1.5 * bytes * beta);  // 4 x 2
+  const HopCosts both{{0.001, 1e-7}, {alpha, beta}};
+  EXPECT_DOUBLE_EQ(hier_ms(bytes, 8, 2, WireDtype::kFp32, both),
+                   6 * 0.001 + 1.5 * bytes * 1e-7 + 2 * alpha + bytes * beta);
+  // One rank per node: no phase within the node, hier is the ring across the nodes.
+  EXPECT_DOUBLE_EQ(hier_ms(bytes, 4, 4, WireDtype::kFp32, both),
+                   ring_ms(bytes, 4, 4, WireDtype::kFp32, 0, HopCosts{{}, {alpha, beta}}));
+}
+
+// The node's NIC is shared: recursive doubling's exchange across nodes has both ranks of a 2-rank node on the NIC at
+// once, twice the inter-node time of one pair crossing it (1 rank per node); the exchange within the node is free
+// on intra none. The flat ring, in rank order, has one stream per NIC whatever K is.
+TEST(Predict, NicSharedByTheNodesRanks) {
+  const double message = 16 << 10, small = 32 << 10, alpha = 0.05, beta = 1e-5;
+  const HopCosts costs{{}, {alpha, beta}};
+  const double one_pair = ring_ms(message, 2, 2, WireDtype::kFp32, small, costs);
+  const double two_pairs = ring_ms(message, 4, 2, WireDtype::kFp32, small, costs);
+  EXPECT_DOUBLE_EQ(one_pair, alpha + message * beta);
+  EXPECT_DOUBLE_EQ(two_pairs - alpha, 2 * (one_pair - alpha));
+  EXPECT_EQ(kRingStreamsPerNic, 1);
+  const double large = 1 << 20;
+  EXPECT_DOUBLE_EQ(ring_ms(large, 4, 2, WireDtype::kFp32, small, costs), 6 * alpha + 1.5 * large * beta);
+}
+
 TEST(Predict, WireHalvesTheBandwidthTermOfTheStep) {
   // Comm-bound (bandwidth only, 1 ms per MiB): a bf16 wire halves every bucket and the exposed tail.
   const double small = 16 << 10;
@@ -184,8 +234,8 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps) {
   run.path = "synthetic.h5";
   run.meta.world_size = 2;
   run.steps = steps;
-  run.config = {{"bucket_mb", 0.0},  {"first_bucket_mb", 0.0}, {"overlap", true},      {"link", "none"},
-                {"comm", "ring"},    {"comm_dtype", "fp32"},   {"batch", 32},          {"grad_accum", 1},
+  run.config = {{"bucket_mb", 0.0},  {"first_bucket_mb", 0.0}, {"overlap", true}, {"link", "none"},
+                {"comm", "ring"},    {"comm_dtype", "fp32"},   {"batch", 32},     {"grad_accum", 1},
                 {"warmup_steps", 0}, {"link_latency_us", -1},  {"link_gbps", -1}};
   // Pieces of 4000 bytes and 4 MB alternately (recursive doubling and the ring: alpha and beta tell apart).
   const std::vector<int64_t> numel = {1000, 1 << 20, 1000, 1 << 20};
@@ -214,8 +264,8 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps) {
       BucketTimes t;
       t.ready_ms = backward_start + 2.5 * (k + 1);
       t.comm_start_ms = std::max(t.ready_ms, comm_free);
-      t.comm_end_ms = t.comm_start_ms + ab.ms(allreduce_terms(numel[k] * 4.0, 2, AllreduceImpl::kRing,
-                                                              WireDtype::kFp32, small));
+      t.comm_end_ms =
+          t.comm_start_ms + ab.ms(allreduce_terms(numel[k] * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
       comm_free = t.comm_end_ms;
       comm += t.comm_end_ms - t.comm_start_ms;
       step_times.push_back(t);
@@ -261,8 +311,8 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   PredictSetting merged = model.measured;
   merged.bucket_mb = 100;
   merged.first_bucket_mb = 4;
-  const double first_ms = ab.ms(allreduce_terms((2 * 1000 + (1 << 20)) * 4.0, 2, AllreduceImpl::kRing,
-                                                WireDtype::kFp32, small));
+  const double first_ms =
+      ab.ms(allreduce_terms((2 * 1000 + (1 << 20)) * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
   const double last_ms = ab.ms(allreduce_terms((1 << 20) * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
   const Prediction m = predict(model, merged);
   EXPECT_EQ(m.buckets, 2);
@@ -275,6 +325,20 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   const Prediction f = predict(model, far);
   EXPECT_EQ(f.extrapolated.size(), 2u);
   EXPECT_GT(f.step.step_ms, own.step.step_ms);  // the ring moves 3/2 of the bytes at 4 ranks, over a slower link
+
+  // Two nodes of two with 10gbe between them, hier: the run (one node, link none) timed the intra-node hops' link,
+  // so only the inter-node link, the shape and the implementation are extrapolations.
+  PredictSetting nodes = model.measured;
+  nodes.ranks = 4;
+  nodes.ranks_per_node = 2;
+  nodes.link = parse_links("intra=none,inter=10gbe");
+  nodes.impl = AllreduceImpl::kHier;
+  const Prediction h = predict(model, nodes);
+  const std::vector<std::string> expected = {"inter-node link 10gbe: link model only (measured none)",
+                                             "4 ranks (measured 2)", "2 nodes x 2 (measured 1 node)",
+                                             "comm hier (measured ring)"};
+  EXPECT_EQ(h.extrapolated, expected);
+  EXPECT_EQ(h.comm_source, "run + link");
 }
 
 // Backward's slowdown from a run: interval 1 (bucket 0 ready to bucket 1 ready, 3 ms of work) runs with bucket
