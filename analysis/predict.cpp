@@ -109,7 +109,15 @@ double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCost
   if (ranks <= 1 || bytes <= 0) return 0;
   const double per_node = ranks / std::max(nodes, 1), wire_bytes = wire == WireDtype::kFp32 ? bytes : bytes / 2;
   const AllreduceTerms within{2 * (per_node - 1), 2 * (per_node - 1) / per_node * wire_bytes};  // both halves
-  return costs.intra.ms(within) + costs.inter.ms(allreduce_terms(bytes, ranks, AllreduceImpl::kHier, wire, 0, nodes));
+  const double node_ms = costs.intra.ms(within);
+  const double across_ms = costs.inter.ms(allreduce_terms(bytes, ranks, AllreduceImpl::kHier, wire, 0, nodes));
+  if (node_ms == 0 || across_ms == 0) return node_ms + across_ms;
+  // Pipelined by the ring's rounds (comm/hier_allreduce.h): the longer of the two runs end to end, the shorter is
+  // exposed for one round only (the first round's reduce-scatter, or the last one's all-gather).
+  const RingOptions ring = ring_options(wire);
+  const double round_elems = static_cast<double>(ring.slice_elems * ring.slices_per_chunk) * per_node;
+  const double rounds = ring.slice_elems ? std::max(1.0, std::ceil(bytes / sizeof(float) / round_elems)) : 1;
+  return std::max(node_ms, across_ms) + std::min(node_ms, across_ms) / rounds;
 }
 
 std::string shape_text(const PredictSetting& s) {

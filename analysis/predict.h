@@ -55,7 +55,8 @@ inline constexpr int kRingStreamsPerNic = 1;
 //         link; recursive doubling's exchanges at distance >= K cross nodes with all K ranks on the NIC at once
 //   mpi   the ring's 2(n-1) steps on the slowest class of hop (as its link emulation models it)
 //   hier  reduce-scatter within the node (intra), the shards' ring across the nodes (inter, the node's K shards
-//         sharing its NIC), all-gather within the node (intra), one after another
+//         sharing its NIC), all-gather within the node (intra), pipelined by rounds: the longer of the node's
+//         phases and the crossing, plus the shorter over the number of rounds
 double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs);
 double mpi_ms(double bytes, int ranks, int nodes, const HopCosts& costs);
 double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCosts& costs);

@@ -28,8 +28,9 @@ class HierAllreduce {
   // one shard per local rank, and only nodes of equal size cut it at the same places. Otherwise every rank throws
   // std::invalid_argument naming the node sizes, before any group is formed.
   HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap = {});
+  ~HierAllreduce();
 
-  int nodes() const { return inter_->size(); }
+  int nodes() const;
   int local_size() const { return intra_->size(); }
   int local_rank() const { return intra_->rank(); }
   // What each group's hops use: "shm within node (1 peer) + mpi across nodes (1 peer)".
@@ -38,12 +39,17 @@ class HierAllreduce {
   // out[i] = sum over the ranks of comm of in[i] (out == in: in place). Every rank calls it with the same count
   // and options and ends bitwise identical to the others. options as for ring_allreduce_sum (both groups use them;
   // a 16-bit wire rounds each finished sum once more, as the flat ring's last hop does).
+  // Pipelined by rounds: while a round's shard crosses the nodes (on a worker thread, over the inter-node group's
+  // transport), this thread reduce-scatters the next round and all-gathers the previous one within the node, so
+  // the slow link is never idle waiting for the node's phases (docs/COMM.md: hier).
   void allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options);
 
  private:
+  class CrossNodeWorker;  // the thread that all-reduces shards across nodes (hier_allreduce.cpp)
+
   std::unique_ptr<Transport> intra_;  // this node's ranks
-  std::unique_ptr<Transport> inter_;  // the ranks with this local rank, one per node
-  RingScratch intra_scratch_, inter_scratch_;
+  RingScratch intra_scratch_;
+  std::unique_ptr<CrossNodeWorker> cross_;  // owns the group across nodes: the ranks with this local rank
   std::string transport_name_;
 };
 
