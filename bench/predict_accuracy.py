@@ -130,14 +130,6 @@ def main():
         print(f"  ({elapsed / 60:.1f} min so far, ~{elapsed / (i + 1) * (len(plan) - i - 1) / 60:.1f} min left)",
               file=sys.stderr, flush=True)
 
-    # One chart per model and world size, a panel per link (scripts/charts.py --sweep).
-    for model in models:
-        for np_ranks in worlds:
-            summaries = [os.path.join(args.out, f"{model}_np{np_ranks}_{link}", "summary.json") for link in links]
-            charts = os.path.join(args.out, "charts", f"{model}_np{np_ranks}")
-            subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "charts.py"), charts] +
-                           [a for s in summaries for a in ("--sweep", s)], check=True, capture_output=True)
-
     every = [e for r in rows for e in r["errors"]]
     verdict = (f"all {len(every)} cells: median |error| {statistics.median(every):.1f}% (target <= 5%), max "
                f"{max(every):.1f}% (target <= 10%); recommendation within 5% of the best measured cell in "
@@ -154,6 +146,14 @@ def main():
         f.write(f"{table}\n\n{verdict}\n")
     with open(os.path.join(args.out, "accuracy.json"), "w") as f:
         json.dump({"steps": args.steps, "bucket_mb": args.bucket_mb, "rows": rows, "verdict": verdict}, f, indent=1)
+    # One chart per model and world size, a panel per link (scripts/charts.py --sweep), after the table is safe on
+    # disk. charts.py runs by its own #! (the Debian python that has matplotlib), not by whichever python runs us.
+    for model in models:
+        for np_ranks in worlds:
+            summaries = [os.path.join(args.out, f"{model}_np{np_ranks}_{link}", "summary.json") for link in links]
+            charts = os.path.join(args.out, "charts", f"{model}_np{np_ranks}")
+            subprocess.run([os.path.join(ROOT, "scripts", "charts.py"), charts] +
+                           [a for s in summaries for a in ("--sweep", s)], check=True, capture_output=True)
     print(f"table: {args.out}/accuracy.md, charts: {args.out}/charts/")
 
 
