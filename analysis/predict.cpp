@@ -179,12 +179,18 @@ std::vector<double> nonnegative_least_squares(const std::vector<std::vector<doub
 
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
                                 const std::vector<double>& time_ms) {
-  // Two distinct ratios of bytes to message steps, or alpha and beta cannot be told apart.
-  bool contrast = false;
-  for (const AllreduceTerms& t : terms)
-    contrast = contrast || std::fabs(t.bytes * terms[0].message_steps - terms[0].bytes * t.message_steps) >
-                               1e-9 * (t.bytes * terms[0].message_steps + terms[0].bytes * t.message_steps);
-  if (!contrast) return std::nullopt;
+  // Ratios of bytes to message steps at least kMinContrast apart, or alpha and beta cannot be told apart: from two
+  // sizes 25% apart (the `small` transformer's 3.2 and 4 MB buckets) the noise in their times became an alpha of
+  // 0.7 ms per step, and every 0.5 MB bucket was predicted 40% too slow.
+  constexpr double kMinContrast = 2;
+  double lowest = 0, highest = 0;
+  for (const AllreduceTerms& t : terms) {
+    if (t.message_steps <= 0) continue;
+    const double per_step = t.bytes / t.message_steps;
+    lowest = lowest > 0 ? std::min(lowest, per_step) : per_step;
+    highest = std::max(highest, per_step);
+  }
+  if (lowest <= 0 || highest < kMinContrast * lowest) return std::nullopt;
   std::vector<std::vector<double>> rows;
   for (size_t i = 0; i < terms.size(); ++i) {
     const double f = share_beside[i];
@@ -576,7 +582,7 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
     }
   }
   std::optional<CommFit> fit = fit_comm(terms, beside, times);
-  if (!fit) {  // one size: the link's latency, the rest bandwidth
+  if (!fit) {  // sizes too alike: the link's latency, the rest bandwidth
     const double alpha = link_alpha_beta(m.fitted_link).alpha_ms;
     std::vector<std::vector<double>> rows;
     std::vector<double> rest;
@@ -586,7 +592,8 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
     }
     const std::vector<double> x = nonnegative_least_squares(rows, rest);
     fit = CommFit{{alpha, x[0]}, {0, x[1]}};
-    m.notes.push_back("the run's buckets have one size: all-reduce latency taken from the link, the rest as bandwidth");
+    m.notes.push_back("the run's buckets are of too alike sizes (less than 2x apart) to fit latency: taken from the "
+                      "link, the rest as bandwidth");
   }
   m.comm_fit = fit;
 }

@@ -73,7 +73,7 @@ struct CommFit {
 };
 // Least squares (all coefficients >= 0) of measured all-reduces: time = alone + f x extra, f = the share of the
 // ranks still in backward when it started. nullopt when the points cannot tell alpha from beta
-// (fewer than two distinct sizes).
+// (their sizes per message step less than 2x apart).
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
                                 const std::vector<double>& time_ms);
 
