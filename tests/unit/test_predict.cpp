@@ -222,8 +222,13 @@ TEST(Predict, FitRecoversAlphaBetaAndTheExtraBesideBackward) {
   EXPECT_NEAR(fit->alone.beta_ms_per_byte, alone.beta_ms_per_byte, 1e-12);
   EXPECT_NEAR(fit->beside_extra.alpha_ms, extra.alpha_ms, 1e-9);
   EXPECT_NEAR(fit->beside_extra.beta_ms_per_byte, extra.beta_ms_per_byte, 1e-12);
-  // One size cannot tell alpha from beta.
+  // One size cannot tell alpha from beta, nor can sizes less than 2x apart (noise would become latency).
   EXPECT_FALSE(fit_comm({terms[0], terms[1]}, {0, 0}, {1, 1}));
+  const AllreduceTerms big = allreduce_terms(4e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
+  const AllreduceTerms alike = allreduce_terms(3.2e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
+  const AllreduceTerms half = allreduce_terms(2e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
+  EXPECT_FALSE(fit_comm({alike, big}, {0, 0}, {alone.ms(alike), alone.ms(big)}));
+  EXPECT_TRUE(fit_comm({half, big}, {0, 0}, {alone.ms(half), alone.ms(big)}));
   // Coefficients stay >= 0: time falling with size would need a negative beta.
   const auto flat = fit_comm({terms[0], terms[3], terms[6]}, {0, 0, 0}, {1.0, 0.9, 0.8});
   ASSERT_TRUE(flat);
