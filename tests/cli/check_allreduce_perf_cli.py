@@ -22,13 +22,7 @@ import sys
 import tempfile
 import time
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 class Perf:

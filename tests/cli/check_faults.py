@@ -15,14 +15,8 @@ import time
 import h5py
 import numpy as np
 
-failures = []
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 SMALL = ["--input-dim", "32", "--hidden", "64", "--classes", "4", "--batch", "8", "--warmup-steps", "0", "--quiet"]
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
 class Job:

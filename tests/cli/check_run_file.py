@@ -20,13 +20,7 @@ PHASES = ["data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_
 ATTRS = ["schema_version", "command", "config", "command_line", "start_time_utc", "git_commit", "ddplab_version",
          "mpi_library", "hdf5_version", "blas", "cuda", "summary", "world_size", "num_steps"]
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 def main():

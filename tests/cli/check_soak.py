@@ -17,17 +17,11 @@ import time
 
 import h5py
 
-failures = []
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 # A step of ~0.3 ms, most of it a sleep (--data-cost-ms per sample), so the run lasts seconds without loading the
 # machine and the memory samples fall in training, not start-up.
 SMALL = ["--input-dim", "16", "--hidden", "32", "--classes", "4", "--batch", "4", "--quiet", "--flush-every", "2000",
          "--data-cost-ms", "0.05"]
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
 def rss_kb(pid):

@@ -12,13 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], sys.argv[3]

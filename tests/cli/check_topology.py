@@ -15,13 +15,7 @@ import tempfile
 
 import h5py
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 mpirun, ddplab = sys.argv[1], sys.argv[2]

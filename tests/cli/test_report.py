@@ -11,13 +11,7 @@ import tempfile
 
 import h5py
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 def run(cmd, timeout=60):

@@ -17,23 +17,10 @@
 #include "comm/hier_allreduce.h"
 #include "tests/mpi/allreduce_check.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/node_splits.h"
 
 namespace ddplab {
 namespace {
-
-// Which node each rank is on, as a function of (rank, world size).
-struct NodeSplit {
-  const char* name;
-  int (*node)(int rank, int n);
-};
-const NodeSplit kSplits[] = {
-    {"one_node", [](int, int) { return 0; }},
-    {"two_per_node", [](int r, int) { return r / 2; }},
-    {"one_per_node", [](int r, int) { return r; }},
-    {"interleaved", [](int r, int) { return r % 2; }},  // round-robin placement: nodes {0, 2} and {1, 3}
-    {"three_plus_one", [](int r, int) { return r < 3 ? 0 : 1; }},
-};
-void PrintTo(const NodeSplit& s, std::ostream* os) { *os << s.name; }
 
 // The reference's view of a split: the sizes of its nodes.
 std::vector<int> node_sizes(const NodeSplit& split, int n) {
@@ -162,7 +149,7 @@ TEST_P(HierTest, UnequalNodesAreRefused) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Splits, HierTest, testing::Combine(testing::ValuesIn(kSplits), testing::ValuesIn(kWires)),
+INSTANTIATE_TEST_SUITE_P(Splits, HierTest, testing::Combine(testing::ValuesIn(kNodeSplits), testing::ValuesIn(kWires)),
                          [](const testing::TestParamInfo<HierTest::ParamType>& info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
                          });

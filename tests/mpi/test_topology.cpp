@@ -16,27 +16,12 @@
 #include "comm/topology.h"
 #include "tests/mpi/allreduce_check.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/node_splits.h"
 
 namespace ddplab {
 namespace {
 
-struct NodeSplit {
-  const char* name;
-  int (*node)(int rank, int n);
-};
-const NodeSplit kSplits[] = {
-    {"one_node", [](int, int) { return 0; }},
-    {"two_per_node", [](int r, int) { return r / 2; }},
-    {"one_per_node", [](int r, int) { return r; }},
-    {"three_plus_one", [](int r, int) { return r < 3 ? 0 : 1; }},
-};
-void PrintTo(const NodeSplit& s, std::ostream* os) { *os << s.name; }
-
-Topology split_topology(const NodeSplit& split, int n) {
-  std::vector<int> ids(n);
-  for (int r = 0; r < n; ++r) ids[r] = split.node(r, n);
-  return topology_from_ids(ids);
-}
+Topology split_topology(const NodeSplit& split, int n) { return topology_from_ids(node_ids(split, n)); }
 bool equal_nodes(const Topology& t) {
   const std::vector<int> sizes = t.node_sizes();
   return std::count(sizes.begin(), sizes.end(), sizes[0]) == static_cast<long>(sizes.size());
@@ -94,7 +79,7 @@ TEST_P(TopologyTest, HierRefusesOneNodeAndUnequalNodes) {
 
 INSTANTIATE_TEST_SUITE_P(
     Splits, TopologyTest,
-    testing::Combine(testing::ValuesIn(kSplits),
+    testing::Combine(testing::ValuesIn(kNodeSplits),
                      testing::Values(AllreduceImpl::kRing, AllreduceImpl::kMpi, AllreduceImpl::kHier)),
     [](const testing::TestParamInfo<TopologyTest::ParamType>& info) {
       return std::string(std::get<0>(info.param).name) + "_" + to_string(std::get<1>(info.param));
