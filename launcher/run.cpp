@@ -102,12 +102,10 @@ std::vector<std::string> gather_hostnames(MPI_Comm comm) {
 }  // namespace
 
 int ranks_on_this_host(MPI_Comm comm) {
-  MPI_Comm host;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
-  int n = 1;
-  MPI_Comm_size(host, &n);
-  MPI_Comm_free(&host);
-  return n;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const Topology hosts = detect_topology(comm, /*ranks_per_node=*/0);  // the hosts are the nodes
+  return hosts.node_sizes()[hosts.node_of_rank[rank]];
 }
 
 int auto_blas_threads(MPI_Comm comm) {
