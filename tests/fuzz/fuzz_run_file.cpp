@@ -14,18 +14,25 @@
 #include "record/run_file.h"
 #include "tests/fuzz/h5_image.h"
 
+namespace {
+// write_timeline() needs a real folder (temporary + rename). One per call, removed on the way out: libFuzzer's
+// -merge and timeout children end with _exit, so a folder per process removed at exit was left behind.
+struct ScratchFolder {
+  char path[32] = "/tmp/ddplab-fuzz-XXXXXX";
+  std::string trace;
+  ScratchFolder() {
+    if (!mkdtemp(path)) std::abort();
+    trace = std::string(path) + "/trace.json";
+  }
+  ~ScratchFolder() {
+    std::remove(trace.c_str());
+    rmdir(path);
+  }
+};
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::FILE* devnull = std::fopen("/dev/null", "w");
-  // write_timeline() needs a real folder (temporary + rename): one per process, removed at exit.
-  static char dir[] = "/tmp/ddplab-fuzz-XXXXXX";
-  static const std::string trace = [] {
-    if (!mkdtemp(dir)) std::abort();
-    std::atexit([] {
-      std::remove((std::string(dir) + "/trace.json").c_str());
-      rmdir(dir);
-    });
-    return std::string(dir) + "/trace.json";
-  }();
   const hid_t file = ddplab::fuzz::open_image(data, size);
   if (file < 0) return 0;
   try {
@@ -33,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ddplab::print_report(devnull, run);
     ddplab::print_comparison(devnull, {run, run});
     (void)ddplab::report_json(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    ddplab::write_timeline(run.record, trace, /*force=*/true);
+    const ScratchFolder folder;
+    ddplab::write_timeline(run.record, folder.trace, /*force=*/true);
   } catch (const std::runtime_error&) {
     // the reader's documented refusal: one line naming the problem
   }
