@@ -35,14 +35,18 @@ def worker(args):
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(rank)
-    x = torch.randn(args.batch, args.input_dim, generator=g)  # data is not what is compared: keep it free
-    y = torch.randint(0, args.classes, (args.batch,), generator=g)
+    # A fresh batch every step, drawn before the clock starts (data is not what is compared). Not one batch reused:
+    # the model memorizes it within ~20 steps, backward's GEMMs then run on denormal floats and slow down 20x or more
+    # (measured on an Intel Xeon: backward 17 ms -> 312-545 ms by step 25; set_flush_denormal(True) restores it),
+    # which is then measured instead of the training step. ddplab draws new samples every step.
+    xs = torch.randn(args.steps, args.batch, args.input_dim, generator=g)
+    ys = torch.randint(0, args.classes, (args.steps, args.batch), generator=g)
     times = []
     dist.barrier()
     for step in range(args.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
+        loss = loss_fn(ddp(xs[step]), ys[step])
         loss.backward()
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
@@ -54,10 +58,12 @@ def worker(args):
         print(json.dumps({"np": world, "samples_per_s": args.batch * world / (slowest / 1e3),
                           "slowest_step_ms": slowest, "step_ms_by_rank": gathered, "torch": torch.__version__}),
               flush=True)
-    # Leave together: with Debian's torch 1.13 a rank that tears gloo down while its peer is still inside
-    # all_gather_object was seen spinning forever.
+    # Leave together, then exit without teardown: with Debian's torch 1.13 a rank that tears gloo down while its peer
+    # is still inside all_gather_object was seen spinning forever, and so was a rank whose DDP and process group were
+    # destroyed as worker() returned (1 run in 4 here; bench/torch_ddp_tokens.py exits the same way).
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main():
