@@ -243,9 +243,17 @@ Communicator::~Communicator() {
   if (!finalized && mpi_comm_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm_);
 }
 
-void Communicator::allreduce_sum(float* data, size_t count, int tag) { allreduce_sum_into(data, data, count, tag); }
+void Communicator::allreduce_sum(float* data, size_t count, int tag) { allreduce(data, data, count, tag, 1.0f, false); }
 
 void Communicator::allreduce_sum_into(const float* in, float* out, size_t count, int tag) {
+  allreduce(in, out, count, tag, 1.0f, false);
+}
+
+bool Communicator::allreduce_gradients(float* data, size_t count, float scale, int tag) {
+  return allreduce(data, data, count, tag, scale, true);
+}
+
+bool Communicator::allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite) {
   if (!failed_.empty())
     throw std::runtime_error("rank " + str(rank_) + ": Communicator unusable after an earlier failure (" + failed_ +
                              ")");
@@ -254,17 +262,25 @@ void Communicator::allreduce_sum_into(const float* in, float* out, size_t count,
                                 "]");
   const watchdog::Wait wait(options_.impl == AllreduceImpl::kMpi ? "MPI_Allreduce" : "all-reduce", -1, tag);
   try {
-    if (options_.impl == AllreduceImpl::kMpi) return mpi_allreduce_sum(in, out, count, tag);
     RingOptions o = ring_;
     o.tag = tag;
-    if (hier_) {
+    if (options_.impl == AllreduceImpl::kMpi) {
+      mpi_allreduce_sum(in, out, count, tag);
+    } else if (hier_) {
       hier_->allreduce_sum(in, out, count, o);
     } else if (count * sizeof(float) <= small_max_bytes_) {
       if (in != out) std::memcpy(out, in, count * sizeof(float));  // small: the copy costs next to nothing
       recursive_doubling_allreduce_sum(out, count, *transport_, scratch_, o);
+    } else if (!o.wire16) {  // the flat ring: the epilogue where each value becomes final
+      o.final_scale = scale;
+      o.check_finite = check_finite;
+      return ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
     } else {
       ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
     }
+    const auto elems = static_cast<int64_t>(count);
+    if (scale != 1.0f) cpu::scale(out, scale, elems);
+    return !check_finite || cpu::all_finite(out, elems);
   } catch (const TagMismatch& e) {
     failed_ = "all-reduce order mismatch";
     throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +
@@ -321,9 +337,5 @@ void Communicator::mpi_allreduce_sum(const float* in, float* out, size_t count, 
   }
 }
 
-void Communicator::allreduce_mean(float* data, size_t count, int tag) {
-  allreduce_sum(data, count, tag);
-  cpu::scale(data, 1.0f / static_cast<float>(size_), static_cast<int64_t>(count));
-}
 
 }  // namespace ddplab

@@ -104,10 +104,14 @@ class Communicator {
   void allreduce_sum(float* data, size_t count, int tag = 0);
   // Out of place: out[i] = sum over ranks of in[i]; `in` is only read (in == out is allreduce_sum). Same rules.
   void allreduce_sum_into(const float* in, float* out, size_t count, int tag = 0);
-  // Sum, then multiply by 1/size: gradients averaged over the world (DDP semantics).
-  void allreduce_mean(float* data, size_t count, int tag = 0);
+  // The gradients' all-reduce: data[i] = scale x sum over ranks of data[i] (scale 1/size: the mean, DDP's
+  // semantics), in place, same rules; returns whether every result is finite. The flat fp32 ring scales and checks
+  // each value where it becomes final (RingOptions' epilogue), so neither costs a pass over the buffer; the other
+  // paths scale and check after the sum.
+  bool allreduce_gradients(float* data, size_t count, float scale, int tag = 0);
 
  private:
+  bool allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite);
   void mpi_allreduce_sum(const float* in, float* out, size_t count, int tag);
   void check_same_operation_everywhere(size_t count, int tag);  // --comm mpi: tags and counts agree on all ranks
 

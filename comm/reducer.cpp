@@ -203,9 +203,7 @@ void Reducer::comm_loop() {
       float* grads = flat_grads_ + bucket.offset;
       times_[b].comm_start_ms = now_ms() - origin_ms_;
       if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
-      comm_.allreduce_sum(grads, static_cast<size_t>(bucket.count), b);
-      if (grad_scale_ != 1.0f) cpu::scale(grads, grad_scale_, bucket.count);
-      nonfinite_[b] = !cpu::all_finite(grads, bucket.count);
+      nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
       times_[b].comm_end_ms = now_ms() - origin_ms_;
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+
+#include "kernels/cpu/ops.h"
 
 namespace ddplab {
 
@@ -21,6 +24,8 @@ RingPrimitives::RingPrimitives(Transport& t, const float* in, float* out, RingSc
       stride_((max_chunk + slices_ - 1) / slices_),
       next_((t.rank() + 1) % t.size()),
       prev_((t.rank() - 1 + t.size()) % t.size()) {
+  if (options_.wire16 && (options_.final_scale != 1.0f || options_.check_finite))
+    throw std::logic_error("the ring's epilogue (final_scale, check_finite) needs the fp32 wire");
   if (options_.wire16) {
     if (scratch_.wire[0].size() < stride_) scratch_.wire[0].resize(stride_);
     if (scratch_.wire[1].size() < stride_ * slices_) scratch_.wire[1].resize(stride_ * slices_);
@@ -64,9 +69,14 @@ void RingPrimitives::send(RingChunk c) {
   });
 }
 
+void RingPrimitives::check_finished(RingChunk s) {
+  if (options_.check_finite && !cpu::all_finite(out_ + s.offset, static_cast<int64_t>(s.count))) ++nonfinite_slices_;
+}
+
 // out[s] = in[s] + prev's slice. On a 16-bit wire the incoming slice is decoded and the sum re-encoded into out16
-// (what goes on to next); on fp32 the transport lends its buffer and the sum is formed from it directly.
-void RingPrimitives::reduce_from_prev(RingChunk s, uint16_t* out16, uint16_t* in16) {
+// (what goes on to next); on fp32 the transport lends its buffer and the sum is formed from it directly, and the
+// chunk's last sum takes the epilogue: (in + prev's) x final_scale, rounded as a separate pass would round it.
+void RingPrimitives::reduce_from_prev(RingChunk s, uint16_t* out16, uint16_t* in16, bool last) {
   float* dst = out_ + s.offset;
   const float* own = in_ + s.offset;
   if (options_.wire16) {
@@ -74,14 +84,21 @@ void RingPrimitives::reduce_from_prev(RingChunk s, uint16_t* out16, uint16_t* in
     if (own != dst) std::memcpy(dst, own, s.count * sizeof(float));
     return wire::reduce_encode(options_.format, dst, out16, in16, s.count);
   }
+  const float scale = last ? options_.final_scale : 1.0f;
   t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
-                  [dst, own](const void* piece, size_t offset, size_t bytes) {
+                  [dst, own, scale](const void* piece, size_t offset, size_t bytes) {
                     const float* x = static_cast<const float*>(piece);
                     const float* a = own + offset / sizeof(float);
                     float* y = dst + offset / sizeof(float);
-                    for (size_t i = 0; i < bytes / sizeof(float); ++i) y[i] = a[i] + x[i];
+                    const size_t n = bytes / sizeof(float);
+                    if (scale == 1.0f) {
+                      for (size_t i = 0; i < n; ++i) y[i] = a[i] + x[i];
+                    } else {
+                      for (size_t i = 0; i < n; ++i) y[i] = (a[i] + x[i]) * scale;
+                    }
                   });
   retire();
+  if (last) check_finished(s);
 }
 
 void RingPrimitives::recv_reduce_send(RingChunk c) {
@@ -92,10 +109,15 @@ void RingPrimitives::recv_reduce_send(RingChunk c) {
   });
 }
 
-// In place, the output buffer is the input buffer, so "reduce, copy to the output" is the reduction itself; on a
-// 16-bit wire it also rounds the finished sum, which this rank keeps as its own result.
+// In place, the output buffer is the input buffer, so "reduce, copy to the output" is the reduction itself (with
+// the epilogue, on fp32); on a 16-bit wire it also rounds the finished sum, which this rank keeps as its own result.
 void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
-  if (!options_.wire16) return recv_reduce_send(c);
+  if (!options_.wire16) {
+    return for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
+      reduce_from_prev(s, out16, in16, /*last=*/true);
+      send_wire(out_ + s.offset, s.count);
+    });
+  }
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
     recv_wire(in16, s.count);
     if (in_ != out_) std::memcpy(out_ + s.offset, in_ + s.offset, s.count * sizeof(float));
@@ -106,6 +128,8 @@ void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
 
 // The sum stays fp32 here (the caller adds more to it); on a 16-bit wire the encoded copy in out16 goes unused.
 void RingPrimitives::recv_reduce_copy(RingChunk c) {
+  if (options_.final_scale != 1.0f || options_.check_finite)
+    throw std::logic_error("the ring's epilogue is the flat ring's: with RingSeam::kApart the caller finishes the sum");
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) { reduce_from_prev(s, out16, in16); });
 }
 
@@ -125,6 +149,7 @@ void RingPrimitives::recv_copy_send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
     if (!options_.wire16) {
       recv_wire(out_ + s.offset, s.count);  // straight into out: no reduction, no scratch copy
+      check_finished(s);
       return send_wire(out_ + s.offset, s.count);
     }
     recv_wire(in16, s.count);
@@ -136,26 +161,32 @@ void RingPrimitives::recv_copy_send(RingChunk c) {
 
 void RingPrimitives::recv(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, uint16_t*, uint16_t* in16) {
-    if (!options_.wire16) return recv_wire(out_ + s.offset, s.count);
+    if (!options_.wire16) {
+      recv_wire(out_ + s.offset, s.count);
+      return check_finished(s);
+    }
     recv_wire(in16, s.count);
     wire::decode(options_.format, out_ + s.offset, in16, s.count);
   });
 }
 
-void ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
-  ring_allreduce_sum(data, data, count, t, scratch, options);
+bool ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
+  return ring_allreduce_sum(data, data, count, t, scratch, options);
 }
 
-void ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t, RingScratch& scratch,
+bool ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t, RingScratch& scratch,
                         const RingOptions& options) {
   const int n = t.size(), r = t.rank();
   if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
     if (in != out && count) std::memcpy(out, in, count * sizeof(float));
-    return;
+    const auto elems = static_cast<int64_t>(count);
+    if (options.final_scale != 1.0f) cpu::scale(out, options.final_scale, elems);
+    return !options.check_finite || cpu::all_finite(out, elems);
   }
   const RingPlan plan = plan_ring(count, n, options);
   RingPrimitives prims(t, in, out, scratch, plan.max_chunk, plan.slices, options);
   run_ring_schedule(prims, count, plan.round, n, r);
+  return prims.all_finite();
 }
 
 RingPlan plan_ring(size_t count, int n, const RingOptions& options) {

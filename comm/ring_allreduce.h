@@ -37,6 +37,12 @@ struct RingOptions {
   bool wire16 = false;  // bf16/fp16 on the wire (format below), fp32 otherwise
   wire::Format format = wire::Format::kBf16;
   int tag = 0;  // carried by every message (see TagMismatch)
+  // The finished sums' epilogue (the gradients' mean and NaN check; NCCL's ncclAvg is done the same way), fp32 wire
+  // and the flat ring (RingSeam::kFused) only. The rank that adds a chunk's last addend multiplies the sum by
+  // final_scale before it travels on; with check_finite every rank checks each finished slice where it lands, while
+  // it is in cache, and ring_allreduce_sum returns the verdict. Neither costs a pass over the buffer of its own.
+  float final_scale = 1.0f;
+  bool check_finite = false;
 };
 
 // What one ring step can do to a chunk of `data` (after NCCL's Primitives), each in K slices (K is the
@@ -75,9 +81,12 @@ class RingPrimitives {
   void send_out(RingChunk c);               // out[c] -> next (RingSeam::kApart; 16-bit: out[c] keeps the rounding)
   void recv_copy_send(RingChunk c);         // out[c] = prev's; out[c] -> next
   void recv(RingChunk c);                   // out[c] = prev's
+  bool all_finite() const { return nonfinite_slices_ == 0; }  // every finished slice so far (check_finite)
 
  private:
-  void reduce_from_prev(RingChunk slice, uint16_t* out16, uint16_t* in16);  // out[s] = in[s] + prev's
+  // out[s] = in[s] + prev's; when `last` (the chunk's last addend), times final_scale, then checked
+  void reduce_from_prev(RingChunk slice, uint16_t* out16, uint16_t* in16, bool last = false);
+  void check_finished(RingChunk slice);  // check_finite: counts a slice of out holding a NaN or Inf
   template <typename Fn>
   void for_each_slice(RingChunk c, Fn fn);  // fn(RingChunk slice, uint16_t* out16 staging, uint16_t* in16)
   void recv_wire(void* dst, size_t count);  // receive, then retire what the contract allows
@@ -91,6 +100,7 @@ class RingPrimitives {
   RingOptions options_;
   size_t slices_, stride_;
   size_t sends_ = 0, recvs_ = 0;  // messages so far in this call
+  size_t nonfinite_slices_ = 0;
   int next_, prev_;
 };
 
@@ -153,14 +163,15 @@ struct RingPlan {
 };
 RingPlan plan_ring(size_t count, int n, const RingOptions& options);
 
-// data[i] = sum over the ranks of t of data[i], in place. Every rank calls it with the same count and options
-// and ends with bitwise-identical results: each element is summed in an order fixed by the ring, then only
-// copied. n == 1 is a no-op (also with a 16-bit wire: nothing travels, nothing is rounded).
-void ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options);
+// data[i] = sum over the ranks of t of data[i] (times options.final_scale), in place. Every rank calls it with the
+// same count and options and ends with bitwise-identical results: each element is summed in an order fixed by the
+// ring, then only copied. n == 1 is a no-op (also with a 16-bit wire: nothing travels, nothing is rounded) but for
+// the epilogue. Returns whether every result is finite (always true without options.check_finite).
+bool ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options);
 // Out of place: out[i] = sum over ranks of in[i]; `in` is only read (out == in is the in-place call). No extra
 // pass: the first step sends from `in`, the reduce-scatter writes in[c] + incoming into out[c], the all-gather
 // receives into out.
-void ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t, RingScratch& scratch,
+bool ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t, RingScratch& scratch,
                         const RingOptions& options);
 
 }  // namespace ddplab

@@ -70,8 +70,10 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 void expect_phases_tile_the_step(const StepRecord& r) {
   constexpr double kClockTickMs = 1e-6;  // steady_clock counts nanoseconds
   EXPECT_NEAR(sum_of_phases(r), r.step_ms, kClockTickMs) << "the phases tile the step";
-  for (const StepField& f : kStepFields)
-    if (f.kind == FieldKind::kPhase) EXPECT_GE(r.*f.member, 0.0) << f.name;
+  for (const StepField& f : kStepFields) {
+    if (f.kind != FieldKind::kPhase) continue;
+    EXPECT_GE(r.*f.member, 0.0) << f.name;
+  }
 }
 
 // ---- host side: runs, and must pass, on every machine -------------------------------------------------------------

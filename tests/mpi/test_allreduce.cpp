@@ -1,4 +1,4 @@
-// Multi-rank tests of Communicator::allreduce_{sum,mean} (ring and MPI_Allreduce) and of MpiTransport.
+// Multi-rank tests of Communicator::allreduce_{sum,gradients} (ring and MPI_Allreduce) and of MpiTransport.
 // ctest runs this binary with mpirun -np 1..4; every rank runs every test in the same order.
 //
 // Collectives inside a test must be reached by every rank, so checks here use EXPECT_* (never ASSERT_*, whose
@@ -100,12 +100,31 @@ TEST_P(AllreduceTest, OutOfPlaceLeavesTheInputAndWritesTheSum) {
   EXPECT_EQ(bitwise_mismatch(in, copy), "") << "the input changed";
 }
 
-TEST_P(AllreduceTest, MeanIsSumTimesInverseSize) {
+// The gradients' all-reduce: the mean (the ring folds the factor into its last reduction) is bitwise the sum times
+// 1/n, as a separate pass would round it, and every rank reports a NaN or Inf that any rank put anywhere.
+TEST_P(AllreduceTest, GradientsAreTheSumTimesTheScaleBitwise) {
   Communicator comm(MPI_COMM_WORLD, impl());
+  const float scale = 1.0f / static_cast<float>(n_);
   std::vector<float> data = exact_inputs(rank_, count()), want(count());
-  for (size_t i = 0; i < want.size(); ++i) want[i] = exact_sum(n_, i) * (1.0f / static_cast<float>(n_));
-  comm.allreduce_mean(data.data(), data.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = exact_sum(n_, i) * scale;
+  EXPECT_TRUE(comm.allreduce_gradients(data.data(), data.size(), scale, 5));
   EXPECT_EQ(bitwise_mismatch(data, want), "");
+}
+
+TEST_P(AllreduceTest, GradientsReportANonFiniteValueFromAnyRankAnywhere) {
+  Communicator comm(MPI_COMM_WORLD, impl());
+  if (count() == 0) GTEST_SKIP() << "no element to poison";
+  // The first, a middle and the last element, each put on a different rank, as NaN, +Inf and -Inf.
+  const size_t places[] = {0, count() / 2, count() - 1};
+  const float poisons[] = {std::nanf(""), INFINITY, -INFINITY};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> data = exact_inputs(rank_, count());
+    if (rank_ == (k + 1) % n_) data[places[k]] = poisons[k];
+    EXPECT_FALSE(comm.allreduce_gradients(data.data(), data.size(), 0.5f, k))
+        << "element " << places[k] << " poisoned on rank " << (k + 1) % n_;
+  }
+  std::vector<float> clean = exact_inputs(rank_, count());
+  EXPECT_TRUE(comm.allreduce_gradients(clean.data(), clean.size(), 0.5f, 3)) << "after the poisoned calls";
 }
 
 TEST_P(AllreduceTest, RepeatedCallsOnOneCommunicatorStayCorrect) {
