@@ -4,7 +4,6 @@
 // (shared/MACHINE.md): memcpy and y += x over buffers far larger than the caches, bytes read + written. The floor is
 // the better of the two; each pass prints its rate as a percentage of it (issue #18's target: at least 70%).
 //   bench_cpu_ops [--batch 128] [--repeats 20] [--floor-mb 256]
-#include <CLI/CLI.hpp>
 #include <cblas.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "bench/bench_cli.h"
 #include "bench/bench_util.h"
 #include "kernels/cpu/rng.h"
 
@@ -62,15 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--floor-mb", floor_mb, "MiB per buffer of the floor's streams (far above the caches)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "bench_cpu_ops: %s\n", e.what());
-    return 2;
-  }
+  if (const auto code = bench::parse_command_line(app, argc, argv, "bench_cpu_ops")) return *code;
   openblas_set_num_threads(1);
   const int C = 1024, OC = 1024, V = 1000;
   std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS core %s\n", B, openblas_get_corename());

@@ -3,7 +3,6 @@
 // eight GEMMs (forward 3, weight gradients 3, input gradients 2: the first layer's input needs none) on buffers of
 // the same shapes through the same cpu:: calls. Prints medians of each, of their ratio, and the step's parts.
 //   bench_step [--steps 40] [--batch 128]
-#include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <mpi.h>
 
@@ -11,6 +10,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "bench/bench_util.h"
 #include "kernels/cpu/ops.h"
 #include "train/clock.h"
@@ -72,15 +72,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(3, 100000));
   app.add_option("--batch", batch, "rows per batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "bench_step: %s\n", e.what());
-    return 2;
-  }
+  if (const auto code = bench::parse_command_line(app, argc, argv, "bench_step")) return *code;
   MPI_Init(&argc, &argv);
   openblas_set_num_threads(1);
   TrainConfig config;  // the defaults: MLP 1024-1024x2-1000, AdamW, ring (no peer at ws=1)
