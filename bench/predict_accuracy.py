@@ -11,8 +11,12 @@ Writes OUT/accuracy.md and OUT/accuracy.json, each sweep's folder
 (summary.json with predicted_step_ms beside step_ms) and a predicted-against-measured chart per (model, np).
 
   bench/predict_accuracy.py [--quick] [--estimate] [--out DIR] [--np 2,4] [--links none,10gbe,25gbe,100gbe-ib]
-                            [--models mlp,tiny,small] [--bucket-mb 0.5,1,5,25,100] [--steps 30]
+                            [--models mlp,tiny,small] [--bucket-mb 0.5,1,5,25,100] [--steps 30] [--repeats 3]
   bench/predict_accuracy.py --rescore DIR
+
+--repeats K: each sweep measures every cell K times in K interleaved rounds and counts its median round
+(`sweep --repeats`): identical cells measured once each spread by 5% in a median sweep and up to 15% (a drift
+over the sweep's minutes, and 26 steps' own noise), which decides which cell measured fastest.
 
 --rescore DIR: measure nothing; predict every cell of an earlier run's sweeps (DIR/<model>_np<n>_<link>/) again
 from each sweep's predict_from.h5 with this build's `ddplab predict`, against the same measured cells (to see what a
@@ -54,17 +58,17 @@ def fail(message, code=2):
     sys.exit(code)
 
 
-def estimate_s(model, np_ranks, link, steps, cells):
+def estimate_s(model, np_ranks, link, steps, cells, repeats):
     gbps = LINK_GBPS.get(link, 0)
     comm_ms = GRADIENT_MB[model] * 8 / gbps * 2 * (np_ranks - 1) / np_ranks if gbps else 0
-    runs = cells + 1  # the run predicted from, then every cell
+    runs = cells * repeats + 1  # the run predicted from, then every cell in every round
     return runs * (steps * (STEP_MS[(model, np_ranks)] + comm_ms) / 1000 + RUN_OVERHEAD_S) + 1
 
 
 def run_sweep(args, model, np_ranks, link, out_dir):
     cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", str(np_ranks), args.ddplab, "sweep", "--predict",
            "--link", link, "--bucket-mb", args.bucket_mb, "--overlap", "on,off", "--steps", str(args.steps),
-           "--warmup-steps", str(args.warmup_steps), "--out-dir", out_dir, "--force"] + MODELS[model]
+           "--warmup-steps", str(args.warmup_steps), "--repeats", str(args.repeats), "--out-dir", out_dir, "--force"] + MODELS[model]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         fail(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}", code=1)
@@ -123,6 +127,7 @@ def main():
     parser.add_argument("--bucket-mb", default="0.5,1,5,25,100")
     parser.add_argument("--steps", type=int, default=30, help="steps per cell (default 30)")
     parser.add_argument("--warmup-steps", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per cell, median counts (default 3)")
     parser.add_argument("--quick", action="store_true", help="np 2, links none,10gbe, models mlp,tiny")
     parser.add_argument("--estimate", action="store_true", help="print the expected run time and stop")
     parser.add_argument("--rescore", metavar="DIR", help="re-predict an earlier run's sweeps; measure nothing")
@@ -142,13 +147,16 @@ def main():
     for link in links:
         if link not in LINK_GBPS:
             fail(f"unknown link '{link}' (expected {', '.join(LINK_GBPS)})")
+    if args.repeats < 1:
+        fail(f"--repeats {args.repeats}: expected 1 or more")
     if args.steps <= args.warmup_steps:
         fail("--steps must exceed --warmup-steps")
     cells = 2 * len(args.bucket_mb.split(","))
     plan = [(m, n, link) for m in models for n in worlds for link in links]
-    expected = sum(estimate_s(m, n, link, args.steps, cells) for m, n, link in plan)
+    expected = sum(estimate_s(m, n, link, args.steps, cells, args.repeats) for m, n, link in plan)
     if not args.rescore:
-        print(f"predict accuracy: {len(plan)} sweeps x {cells} cells, {args.steps} steps per cell; expected "
+        print(f"predict accuracy: {len(plan)} sweeps x {cells} cells x {args.repeats} rounds, {args.steps} steps "
+              f"per cell; expected "
               f"~{expected / 60:.0f} min on 2 cores", flush=True)
     if args.estimate:
         return
@@ -193,7 +201,7 @@ def main():
     with open(os.path.join(args.out, "accuracy.md"), "w") as f:
         f.write(f"{table}\n\n{verdict}\n")
     with open(os.path.join(args.out, "accuracy.json"), "w") as f:
-        json.dump({"steps": args.steps, "bucket_mb": args.bucket_mb, "rows": rows, "verdict": verdict}, f, indent=1)
+        json.dump({"steps": args.steps, "repeats": args.repeats, "bucket_mb": args.bucket_mb, "rows": rows, "verdict": verdict}, f, indent=1)
     # One chart per model and world size, a panel per link (scripts/charts.py --sweep), after the table is safe on
     # disk. charts.py runs by its own #! (the Debian python that has matplotlib), not by whichever python runs us.
     for model in models:

@@ -418,6 +418,11 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   sweep->add_flag("--predict", o.predict,
                   "first a run at the default bucket cap and overlap; every point predicted from it (ddplab predict), "
                   "then measured");
+  sweep->add_option("--repeats", o.repeats,
+                    "measure every point K times, in K rounds over the grid (each round every point once), and take "
+                    "the median: the grid's order and the machine's drift stop favouring one point")
+      ->type_name("K")
+      ->capture_default_str();
   return sweep;
 }
 
@@ -426,9 +431,10 @@ namespace {
 struct SweepPoint {
   double bucket_mb;
   std::string overlap;
-  RunSummary summary;
-  std::string path;
+  RunSummary summary;  // the median repeat's (for an even count the lower of the middle two)
+  std::string path;    // its run file
   std::optional<Prediction> predicted;  // --predict
+  std::vector<double> repeat_step_ms;   // every repeat's slowest step, in the order measured
   double error_pct() const {
     return 100 * (predicted->step.step_ms - summary.slowest_step_ms) / summary.slowest_step_ms;
   }
@@ -523,14 +529,17 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   for (const std::string& v : o.overlap) require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
   for (double b : o.bucket_mb) require(b >= 0, "--bucket-mb values must not be negative");
   require(!o.bucket_mb.empty() && !o.overlap.empty(), "--bucket-mb and --overlap need at least one value each");
+  require(o.repeats >= 1, "--repeats must be at least 1");
   MPI_Comm world = MPI_COMM_WORLD;
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
   o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   if (rank == 0) {
-    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s, %d steps each, in %s/\n",
-                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(), o.base.steps, o.out_dir.c_str());
+    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s, %d steps each%s, in %s/\n",
+                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(), o.base.steps,
+                o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "",
+                o.out_dir.c_str());
     if (o.predict)
       std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point\n", o.base.bucket_mb,
                   o.base.overlap ? "on" : "off");
@@ -538,26 +547,57 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   const PredictSource source = o.predict ? run_predict_source(o, command_line, world) : PredictSource{};
 
+  // Round r measures every point once, in grid order; a point's repeats are thus spread over the whole sweep.
   std::vector<SweepPoint> points;
-  for (const std::string& overlap : o.overlap) {
-    for (double bucket_mb : o.bucket_mb) {
-      TrainConfig config = o.base;
-      config.bucket_mb = bucket_mb;
-      config.overlap = overlap == "on";
-      config.quiet = true;
-      char name[64];
-      std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
-      config.out = o.out_dir + "/" + name + ".h5";
-      std::optional<Prediction> predicted;
-      if (source.model) {  // before the point is measured
-        PredictSetting setting = source.model->measured;
-        setting.bucket_mb = bucket_mb;
-        setting.overlap = config.overlap;
-        predicted = predict(*source.model, setting);
+  struct Measured {
+    RunSummary summary;
+    std::string path;
+  };
+  std::vector<std::vector<Measured>> repeats;  // per point
+  for (int round = 0; round < o.repeats; ++round) {
+    size_t i = 0;
+    for (const std::string& overlap : o.overlap) {
+      for (double bucket_mb : o.bucket_mb) {
+        TrainConfig config = o.base;
+        config.bucket_mb = bucket_mb;
+        config.overlap = overlap == "on";
+        config.quiet = true;
+        char name[80];
+        if (o.repeats == 1)
+          std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
+        else
+          std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", bucket_mb, overlap.c_str(), round + 1);
+        config.out = o.out_dir + "/" + name + ".h5";
+        if (round == 0) {
+          std::optional<Prediction> predicted;
+          if (source.model) {  // before the point is measured
+            PredictSetting setting = source.model->measured;
+            setting.bucket_mb = bucket_mb;
+            setting.overlap = config.overlap;
+            predicted = predict(*source.model, setting);
+          }
+          SweepPoint point;
+          point.bucket_mb = bucket_mb;
+          point.overlap = overlap;
+          point.predicted = predicted;
+          points.push_back(std::move(point));
+          repeats.emplace_back();
+        }
+        SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
+        repeats[i].push_back({std::move(r.summary), r.record.path});
+        points[i].repeat_step_ms.push_back(repeats[i].back().summary.slowest_step_ms);
+        ++i;
       }
-      const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
-      points.push_back({bucket_mb, overlap, r.summary, r.record.path, predicted});
     }
+  }
+  for (size_t i = 0; i < points.size(); ++i) {
+    std::vector<Measured>& runs = repeats[i];
+    std::sort(runs.begin(), runs.end(), [](const Measured& a, const Measured& b) {
+      return a.summary.slowest_step_ms < b.summary.slowest_step_ms;
+    });
+    Measured& median = runs[(runs.size() - 1) / 2];
+    points[i].summary = std::move(median.summary);
+    points[i].path = median.path;
   }
   if (rank != 0) return 0;
 
@@ -587,6 +627,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                            {"step_ms", s.slowest_step_ms},
                            {"hidden_fraction", fraction},
                            {"run_file", p.path},
+                           {"repeat_step_ms", p.repeat_step_ms},
                            {"summary", to_json(s)}});
     if (p.predicted) {
       json_points.back()["predicted_step_ms"] = p.predicted->step.step_ms;
@@ -599,7 +640,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
               best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
   nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"model", o.base.model},
                             {"world_size", size},           {"link", o.base.link},
-                            {"steps", o.base.steps},         {"points", json_points},
+                            {"steps", o.base.steps},         {"repeats", o.repeats},
+                            {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
   if (source.model) summary.update(print_prediction_summary(source, points, *best));
   write_text_file(o.out_dir + "/summary.csv", csv.str());
