@@ -66,16 +66,21 @@ double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCost
 std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows,
                                               const std::vector<double>& y);
 
-// What an all-reduce costs alone, and the extra it costs when it starts beside backward (on shared cores the comm
-// thread waits for a core at every message step it sleeps through).
+// What an all-reduce costs alone, and the extra it costs when it starts beside backward: on shared cores its comm
+// thread, woken while backward's threads hold the cores, waits for one; a wait per all-reduce, whatever its size
+// (measured: a 4-byte bias bucket beside backward took 3 ms, alone 0.05 ms).
 struct CommFit {
-  AlphaBeta alone, beside_extra;
+  AlphaBeta alone;
+  double beside_wait_ms = 0;     // the extra of an all-reduce started with every rank still in backward
+  bool latency_from_link = false;  // the sizes alone were timed at could not tell alpha from beta
 };
-// Least squares (all coefficients >= 0) of measured all-reduces: time = alone + f x extra, f = the share of the
-// ranks still in backward when it started. nullopt when the points cannot tell alpha from beta
-// (their sizes per message step less than 2x apart).
+// Two stages, each least squares with coefficients >= 0, f = the share of the ranks still in backward when an
+// all-reduce started: `alone` from the all-reduces with f = 0 (all of them if none), then the wait from the others'
+// excess over it: time = alone + f x wait. The f = 0 sizes per message step less than 2x apart cannot tell alpha
+// from beta: then alpha is `link_latency_ms` and the rest beta, or nullopt without one.
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
-                                const std::vector<double>& time_ms);
+                                const std::vector<double>& time_ms,
+                                std::optional<double> link_latency_ms = std::nullopt);
 
 // One rank's step, as the model replays it (times in ms, steady-state means).
 struct RankProfile {

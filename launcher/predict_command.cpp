@@ -156,8 +156,8 @@ nlohmann::json row_json(const Prediction& p) {
 nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
   if (!fit) return nullptr;
   return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMB}}},
-          {"beside_backward_extra",
-           {{"alpha_us", fit->beside_extra.alpha_ms * 1000}, {"ms_per_mb", fit->beside_extra.beta_ms_per_byte * kMB}}}};
+          {"beside_backward_wait_ms", fit->beside_wait_ms},
+          {"latency_from_link", fit->latency_from_link}};
 }
 
 void write_json_file(const std::string& path, bool force, const nlohmann::json& j) {
@@ -201,11 +201,11 @@ void run_predict(const PredictArgs& a) {
   std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
               model.slowdown_source.c_str());
   if (model.comm_fit) {
-    const AlphaBeta &alone = model.comm_fit->alone, &extra = model.comm_fit->beside_extra;
+    const AlphaBeta& alone = model.comm_fit->alone;
     std::printf(
         "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone, "
-        "+ %.1f us + %.3f ms per MB beside backward (%s, link %s)\n",
-        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, extra.alpha_ms * 1000, extra.beta_ms_per_byte * kMB,
+        "+ %.2f ms started beside backward (%s, link %s)\n",
+        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.comm_fit->beside_wait_ms,
         model.fitted_hops.c_str(), model.fitted_link.name.c_str());
   }
   if (calibration)
