@@ -637,7 +637,14 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
     m.notes.push_back("the run's " + std::to_string(run.nodes()) + " nodes are of unequal size: modelled as " +
                       shape_text(m.measured));
   m.calibration = std::move(calibration);
-  m.measured_step_ms = summarize(run).slowest_step_ms;
+  const RunSummary summary = summarize(run);
+  m.measured_step_ms = summary.slowest_step_ms;
+  if (steady > 1 && m.measured_step_ms > 0) {
+    double squares = 0;
+    for (int s = first; s < run.steps; ++s)
+      squares += std::pow(run.at(summary.slowest_rank, s).step_ms - m.measured_step_ms, 2);
+    m.step_noise = std::sqrt(squares / (steady - 1) / steady) / m.measured_step_ms;
+  }
   const std::vector<BucketSpan> spans = piece_layout(run, m);
   const BackwardIntervals intervals = cut_backward(run, m.steps);
   fit_backward_slowdown(intervals, m);
@@ -769,6 +776,32 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.backward_slowdown);
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
+  return out;
+}
+
+Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetting& own, double tolerance) {
+  Recommendation out;
+  if (rows.empty()) return out;
+  double fastest = rows[0].step.step_ms;
+  for (const Prediction& p : rows) fastest = std::min(fastest, p.step.step_ms);
+  const auto is_own = [&](const PredictSetting& x) {
+    return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
+           x.impl == own.impl && x.wire == own.wire;
+  };
+  // Rank by: the own setting first, then fewer buckets, then faster; only rows within the tolerance take part.
+  const auto better = [&](const Prediction& a, const Prediction& b) {
+    if (is_own(a.setting) != is_own(b.setting)) return is_own(a.setting);
+    if (a.buckets != b.buckets) return a.buckets < b.buckets;
+    return a.step.step_ms < b.step.step_ms;
+  };
+  bool found = false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].step.step_ms > fastest * (1 + tolerance) + 1e-12) continue;
+    out.within_noise += found;
+    if (!found || better(rows[i], rows[out.row])) out.row = i;
+    found = true;
+  }
+  out.own = is_own(rows[out.row].setting);
   return out;
 }
 

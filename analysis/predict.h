@@ -152,6 +152,7 @@ Calibration read_calibration(const std::string& path);
 struct StepModel {
   PredictSetting measured;                      // the run's own setting
   double measured_step_ms = 0;                  // its slowest rank's mean steady step
+  double step_noise = 0;  // that mean's standard error, as a fraction of it: how well the run pinned its own step
   std::vector<PieceRecord> pieces;              // the layout buckets are cut from
   bool pieces_from_buckets = false;             // the file had no piece layout: its buckets stand in as pieces
   std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
@@ -178,6 +179,20 @@ struct Prediction {
   std::string comm_source;                // "run", "calibration" or "link model"; "+ link" on another link
 };
 Prediction predict(const StepModel& model, const PredictSetting& setting);
+
+// The setting to recommend among the predictions for one link and world size. Predictions closer than
+// `tolerance` (a fraction of the fastest) cannot be ranked: `ranking_tolerance` is two standard errors of the
+// measured step every prediction replays. Among the rows within it of the fastest: the run's own setting if it is
+// one (its prediction replays a measurement), else the fewest buckets (each all-reduce beside backward costs a
+// wait and takes cycles from backward, which the model sees only in part: many small buckets measured slower than
+// predicted, never faster), then the fastest prediction.
+struct Recommendation {
+  size_t row = 0;        // into the rows given
+  int within_noise = 0;  // the other rows within the tolerance of the fastest prediction
+  bool own = false;      // the row is the run's own setting
+};
+Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetting& own, double tolerance);
+inline double ranking_tolerance(const StepModel& m) { return 2 * m.step_noise; }
 
 // The reasons rows go beyond what was measured, each once with its row count: "link 10gbe (measured none) (3 rows)".
 std::vector<std::string> extrapolation_footnotes(const std::vector<Prediction>& rows);

@@ -481,12 +481,13 @@ nlohmann::json print_prediction_summary(const PredictSource& source, const std::
   const StepModel& m = *source.model;
   std::vector<Prediction> rows;
   std::vector<double> errors;
-  const SweepPoint* recommended = &points.front();
   for (const SweepPoint& p : points) {
     rows.push_back(*p.predicted);
     errors.push_back(std::fabs(p.error_pct()));
-    if (p.predicted->step.step_ms < recommended->predicted->step.step_ms) recommended = &p;
   }
+  const double tolerance = ranking_tolerance(m);
+  const Recommendation chosen = recommend(rows, m.measured, tolerance);
+  const SweepPoint* recommended = &points[chosen.row];
   if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
     std::printf("* extrapolated beyond what was measured:\n");
     for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
@@ -505,6 +506,11 @@ nlohmann::json print_prediction_summary(const PredictSource& source, const std::
               "against the fastest measured point)\n",
               recommended->bucket_mb, recommended->overlap.c_str(), recommended->predicted->step.step_ms,
               recommended->summary.slowest_step_ms, vs_best);
+  if (chosen.within_noise > 0)
+    std::printf("  %d other point(s) predicted within %.1f%% of the fastest (two standard errors of the run's step): "
+                "too close to rank, so %s\n",
+                chosen.within_noise, 100 * tolerance,
+                chosen.own ? "the run's own setting" : "the fewest buckets among them");
   return {{"predicted_from",
            {{"run_file", source.path},
             {"bucket_mb", m.measured.bucket_mb},
@@ -519,7 +525,9 @@ nlohmann::json print_prediction_summary(const PredictSource& source, const std::
             {"overlap", recommended->overlap},
             {"predicted_step_ms", recommended->predicted->step.step_ms},
             {"step_ms", recommended->summary.slowest_step_ms},
-            {"vs_best_measured_pct", vs_best}}}};
+            {"vs_best_measured_pct", vs_best},
+            {"within_noise", chosen.within_noise},
+            {"tolerance_pct", 100 * tolerance}}}};
 }
 
 }  // namespace

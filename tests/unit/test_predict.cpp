@@ -424,6 +424,42 @@ TEST(Predict, RunWithoutBucketTimingsIsRefused) {
   EXPECT_THROW(build_model(run, std::nullopt), std::invalid_argument);
 }
 
+TEST(Predict, RecommendationRanksOnlyWhatTheRunsNoiseCanTellApart) {
+  PredictSetting own;  // 25 MB, overlap on
+  const auto row = [&](double bucket_mb, bool overlap, int buckets, double step_ms) {
+    Prediction p;
+    p.setting = own;
+    p.setting.bucket_mb = bucket_mb;
+    p.setting.overlap = overlap;
+    p.buckets = buckets;
+    p.step.step_ms = step_ms;
+    return p;
+  };
+  const std::vector<Prediction> rows = {row(0.5, true, 6, 10.0), row(5, true, 3, 10.1), row(25, true, 2, 10.4),
+                                        row(25, false, 2, 11.0)};
+  // No tolerance: the fastest.
+  Recommendation r = recommend(rows, own, 0);
+  EXPECT_EQ(r.row, 0u);
+  EXPECT_EQ(r.within_noise, 0);
+  EXPECT_FALSE(r.own);
+  // 2%: 10.0 and 10.1 cannot be told apart; the fewer buckets.
+  r = recommend(rows, own, 0.02);
+  EXPECT_EQ(r.row, 1u);
+  EXPECT_EQ(r.within_noise, 1);
+  EXPECT_FALSE(r.own);
+  // 5%: the run's own setting (10.4) is among them: it wins.
+  r = recommend(rows, own, 0.05);
+  EXPECT_EQ(r.row, 2u);
+  EXPECT_EQ(r.within_noise, 2);
+  EXPECT_TRUE(r.own);
+  // Caps that cut the same buckets predict exactly the same step: the own setting, else the first.
+  const std::vector<Prediction> same = {row(0.5, true, 2, 6.0), row(25, true, 2, 6.0), row(100, true, 2, 6.0)};
+  EXPECT_EQ(recommend(same, own, 0).row, 1u);
+  PredictSetting other = own;
+  other.overlap = false;
+  EXPECT_EQ(recommend(same, other, 0).row, 0u);
+}
+
 TEST(Predict, CalibrationFilesOfAllreducePerf) {
   const std::string csv = "/tmp/ddplab_test_predict_" + std::to_string(getpid()) + ".csv";
   {
