@@ -555,47 +555,49 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   const PredictSource source = o.predict ? run_predict_source(o, command_line, world) : PredictSource{};
 
-  // Round r measures every point once, in grid order; a point's repeats are thus spread over the whole sweep.
+  // The points in table order (overlap, then cap), each predicted before anything is measured.
   std::vector<SweepPoint> points;
+  for (const std::string& overlap : o.overlap)
+    for (double bucket_mb : o.bucket_mb) {
+      SweepPoint point;
+      point.bucket_mb = bucket_mb;
+      point.overlap = overlap;
+      if (source.model) {
+        PredictSetting setting = source.model->measured;
+        setting.bucket_mb = bucket_mb;
+        setting.overlap = overlap == "on";
+        point.predicted = predict(*source.model, setting);
+      }
+      points.push_back(std::move(point));
+    }
+  // Measured in another order: a cap's overlap settings back to back (the machine's drift over the minutes of a
+  // sweep, seen up to 7% in forward, which no setting touches, stays out of the on/off comparison), and round r
+  // measures every point once, every other round in reverse (each point's rounds spread evenly over the sweep).
+  std::vector<size_t> order;
+  for (size_t cap = 0; cap < o.bucket_mb.size(); ++cap)
+    for (size_t v = 0; v < o.overlap.size(); ++v) order.push_back(v * o.bucket_mb.size() + cap);
   struct Measured {
     RunSummary summary;
     std::string path;
   };
-  std::vector<std::vector<Measured>> repeats;  // per point
+  std::vector<std::vector<Measured>> repeats(points.size());
   for (int round = 0; round < o.repeats; ++round) {
-    size_t i = 0;
-    for (const std::string& overlap : o.overlap) {
-      for (double bucket_mb : o.bucket_mb) {
-        TrainConfig config = o.base;
-        config.bucket_mb = bucket_mb;
-        config.overlap = overlap == "on";
-        config.quiet = true;
-        char name[80];
-        if (o.repeats == 1)
-          std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
-        else
-          std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", bucket_mb, overlap.c_str(), round + 1);
-        config.out = o.out_dir + "/" + name + ".h5";
-        if (round == 0) {
-          std::optional<Prediction> predicted;
-          if (source.model) {  // before the point is measured
-            PredictSetting setting = source.model->measured;
-            setting.bucket_mb = bucket_mb;
-            setting.overlap = config.overlap;
-            predicted = predict(*source.model, setting);
-          }
-          SweepPoint point;
-          point.bucket_mb = bucket_mb;
-          point.overlap = overlap;
-          point.predicted = predicted;
-          points.push_back(std::move(point));
-          repeats.emplace_back();
-        }
-        SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
-        repeats[i].push_back({std::move(r.summary), r.record.path});
-        points[i].repeat_step_ms.push_back(repeats[i].back().summary.slowest_step_ms);
-        ++i;
-      }
+    for (size_t k = 0; k < order.size(); ++k) {
+      SweepPoint& point = points[order[round % 2 ? order.size() - 1 - k : k]];
+      TrainConfig config = o.base;
+      config.bucket_mb = point.bucket_mb;
+      config.overlap = point.overlap == "on";
+      config.quiet = true;
+      char name[80];
+      if (o.repeats == 1)
+        std::snprintf(name, sizeof name, "bucket%g_overlap_%s", point.bucket_mb, point.overlap.c_str());
+      else
+        std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", point.bucket_mb, point.overlap.c_str(),
+                      round + 1);
+      config.out = o.out_dir + "/" + name + ".h5";
+      SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
+      point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
+      repeats[&point - points.data()].push_back({std::move(r.summary), r.record.path});
     }
   }
   for (size_t i = 0; i < points.size(); ++i) {
