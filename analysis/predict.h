@@ -68,7 +68,7 @@ std::vector<double> nonnegative_least_squares(const std::vector<std::vector<doub
 
 // What an all-reduce costs alone, and the extra it costs when it starts beside backward: on shared cores its comm
 // thread, woken while backward's threads hold the cores, waits for one; a wait per all-reduce, whatever its size
-// (measured: a 4-byte bias bucket beside backward took 3 ms, alone 0.05 ms).
+// (measured: a 4 KB bias bucket beside backward took 3 ms, alone 0.05 ms; docs/PREDICT.md).
 struct CommFit {
   AlphaBeta alone;
   double beside_wait_ms = 0;     // the extra of an all-reduce started with every rank still in backward
