@@ -609,8 +609,9 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
   }
   const std::optional<CommFit> fit = fit_comm(terms, beside, times, link_alpha_beta(m.fitted_link).alpha_ms);
   if (fit->latency_from_link)
-    m.notes.push_back("the run's buckets timed alone are of too alike sizes (less than 2x apart) to fit latency: "
-                      "taken from the link, the rest as bandwidth");
+    m.notes.push_back(
+        "the run's buckets timed alone are of too alike sizes (less than 2x apart) to fit latency: "
+        "taken from the link, the rest as bandwidth");
   m.comm_fit = fit;
 }
 

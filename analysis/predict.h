@@ -71,7 +71,7 @@ std::vector<double> nonnegative_least_squares(const std::vector<std::vector<doub
 // (measured: a 4 KB bias bucket beside backward took 3 ms, alone 0.05 ms; docs/PREDICT.md).
 struct CommFit {
   AlphaBeta alone;
-  double beside_wait_ms = 0;     // the extra of an all-reduce started with every rank still in backward
+  double beside_wait_ms = 0;       // the extra of an all-reduce started with every rank still in backward
   bool latency_from_link = false;  // the sizes alone were timed at could not tell alpha from beta
 };
 // Two stages, each least squares with coefficients >= 0, f = the share of the ranks still in backward when an

@@ -68,7 +68,8 @@ def estimate_s(model, np_ranks, link, steps, cells, repeats):
 def run_sweep(args, model, np_ranks, link, out_dir):
     cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", str(np_ranks), args.ddplab, "sweep", "--predict",
            "--link", link, "--bucket-mb", args.bucket_mb, "--overlap", "on,off", "--steps", str(args.steps),
-           "--warmup-steps", str(args.warmup_steps), "--repeats", str(args.repeats), "--out-dir", out_dir, "--force"] + MODELS[model]
+           "--warmup-steps", str(args.warmup_steps), "--repeats", str(args.repeats),
+           "--out-dir", out_dir, "--force"] + MODELS[model]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         fail(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}", code=1)
@@ -162,7 +163,8 @@ def main():
         return
 
     if args.rescore:
-        plan = [p for p in plan if os.path.isfile(os.path.join(args.rescore, f"{p[0]}_np{p[1]}_{p[2]}", "summary.json"))]
+        plan = [(m, n, link) for m, n, link in plan
+                if os.path.isfile(os.path.join(args.rescore, f"{m}_np{n}_{link}", "summary.json"))]
         if not plan:
             fail(f"--rescore {args.rescore}: no <model>_np<n>_<link>/summary.json in it")
     else:
@@ -186,7 +188,8 @@ def main():
 
     every = [e for r in rows for e in r["errors"]]
     verdict = (f"all {len(every)} cells: median |error| {statistics.median(every):.1f}% (target <= 5%), max "
-               f"{max(every):.1f}% (target <= 10%; {sum(e > 10 for e in every)} cells above); recommendation within 5% of the best measured cell in "
+               f"{max(every):.1f}% (target <= 10%; {sum(e > 10 for e in every)} cells above); recommendation "
+               f"within 5% of the best measured cell in "
                f"{sum(r['recommended_ok'] for r in rows)} of {len(rows)} sweeps; the run predicted from, at its own "
                f"setting, within 5% in {sum(abs(r['own_setting_error_pct']) <= 5 for r in rows)} of {len(rows)}; "
                f"{(time.time() - started) / 60:.1f} min")
@@ -201,7 +204,8 @@ def main():
     with open(os.path.join(args.out, "accuracy.md"), "w") as f:
         f.write(f"{table}\n\n{verdict}\n")
     with open(os.path.join(args.out, "accuracy.json"), "w") as f:
-        json.dump({"steps": args.steps, "repeats": args.repeats, "bucket_mb": args.bucket_mb, "rows": rows, "verdict": verdict}, f, indent=1)
+        json.dump({"steps": args.steps, "repeats": args.repeats, "bucket_mb": args.bucket_mb, "rows": rows,
+                   "verdict": verdict}, f, indent=1)
     # One chart per model and world size, a panel per link (scripts/charts.py --sweep), after the table is safe on
     # disk. charts.py runs by its own #! (the Debian python that has matplotlib), not by whichever python runs us.
     for model in models:

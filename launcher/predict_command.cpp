@@ -205,8 +205,8 @@ void run_predict(const PredictArgs& a) {
     std::printf(
         "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone, "
         "+ %.2f ms started beside backward (%s, link %s)\n",
-        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.comm_fit->beside_wait_ms,
-        model.fitted_hops.c_str(), model.fitted_link.name.c_str());
+        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.comm_fit->beside_wait_ms, model.fitted_hops.c_str(),
+        model.fitted_link.name.c_str());
   }
   if (calibration)
     std::printf("  calibration: %s (%d ranks, link %s)\n", calibration->path.c_str(), calibration->ranks,

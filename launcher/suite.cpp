@@ -418,9 +418,10 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   sweep->add_flag("--predict", o.predict,
                   "first a run at the default bucket cap and overlap; every point predicted from it (ddplab predict), "
                   "then measured");
-  sweep->add_option("--repeats", o.repeats,
-                    "measure every point K times, in K rounds over the grid (each round every point once), and take "
-                    "the median: the grid's order and the machine's drift stop favouring one point")
+  sweep
+      ->add_option("--repeats", o.repeats,
+                   "measure every point K times, in K rounds over the grid (each round every point once), and take "
+                   "the median: the grid's order and the machine's drift stop favouring one point")
       ->type_name("K")
       ->capture_default_str();
   return sweep;
@@ -431,8 +432,8 @@ namespace {
 struct SweepPoint {
   double bucket_mb;
   std::string overlap;
-  RunSummary summary;  // the median repeat's (for an even count the lower of the middle two)
-  std::string path;    // its run file
+  RunSummary summary;                   // the median repeat's (for an even count the lower of the middle two)
+  std::string path;                     // its run file
   std::optional<Prediction> predicted;  // --predict
   std::vector<double> repeat_step_ms;   // every repeat's slowest step, in the order measured
   double error_pct() const {
@@ -507,10 +508,10 @@ nlohmann::json print_prediction_summary(const PredictSource& source, const std::
               recommended->bucket_mb, recommended->overlap.c_str(), recommended->predicted->step.step_ms,
               recommended->summary.slowest_step_ms, vs_best);
   if (chosen.within_noise > 0)
-    std::printf("  %d other point(s) predicted within %.1f%% of the fastest (two standard errors of the run's step): "
-                "too close to rank, so %s\n",
-                chosen.within_noise, 100 * tolerance,
-                chosen.own ? "the run's own setting" : "the fewest buckets among them");
+    std::printf(
+        "  %d other point(s) predicted within %.1f%% of the fastest (two standard errors of the run's step): "
+        "too close to rank, so %s\n",
+        chosen.within_noise, 100 * tolerance, chosen.own ? "the run's own setting" : "the fewest buckets among them");
   return {{"predicted_from",
            {{"run_file", source.path},
             {"bucket_mb", m.measured.bucket_mb},
@@ -592,8 +593,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       if (o.repeats == 1)
         std::snprintf(name, sizeof name, "bucket%g_overlap_%s", point.bucket_mb, point.overlap.c_str());
       else
-        std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", point.bucket_mb, point.overlap.c_str(),
-                      round + 1);
+        std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", point.bucket_mb, point.overlap.c_str(), round + 1);
       config.out = o.out_dir + "/" + name + ".h5";
       SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
       point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
@@ -648,9 +648,12 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step, %.0f samples/s)\n", best->bucket_mb,
               best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
-  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"model", o.base.model},
-                            {"world_size", size},           {"link", o.base.link},
-                            {"steps", o.base.steps},         {"repeats", o.repeats},
+  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"},
+                            {"model", o.base.model},
+                            {"world_size", size},
+                            {"link", o.base.link},
+                            {"steps", o.base.steps},
+                            {"repeats", o.repeats},
                             {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
   if (source.model) summary.update(print_prediction_summary(source, points, *best));

@@ -51,7 +51,8 @@ with tempfile.TemporaryDirectory() as work:
     # --predict: two points, each predicted from the first run (one 25 MB bucket, overlap on) before it is
     # measured; their 0.01 MB buckets are smaller than any the first run timed. Each measured in 3 rounds.
     out = os.path.join(work, "predicted")
-    proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--repeats", "3", "--bucket-mb", "0.01",
+    proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--repeats", "3",
+                           "--bucket-mb", "0.01",
                            "--first-bucket-mb", "0", "--overlap", "on,off", "--steps", "6", "--warmup-steps", "2",
                            "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--link", "10gbe",
                            "--out-dir", out],
