@@ -178,26 +178,52 @@ std::vector<double> nonnegative_least_squares(const std::vector<std::vector<doub
 }
 
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
-                                const std::vector<double>& time_ms) {
+                                const std::vector<double>& time_ms, std::optional<double> link_latency_ms) {
+  // Stage 1, alone: the all-reduces that started with every rank out of backward. Fitted together with the others,
+  // the two or three the default run times (one bucket beside backward, the closing one after it) let the least
+  // squares put the wait beside backward into `alone`, and every overlap-off cell came out too slow.
+  std::vector<size_t> alone_points;
+  for (size_t i = 0; i < terms.size(); ++i)
+    if (share_beside[i] <= 0) alone_points.push_back(i);
+  if (alone_points.empty())
+    for (size_t i = 0; i < terms.size(); ++i) alone_points.push_back(i);
   // Ratios of bytes to message steps at least kMinContrast apart, or alpha and beta cannot be told apart: from two
   // sizes 25% apart (the `small` transformer's 3.2 and 4 MB buckets) the noise in their times became an alpha of
   // 0.7 ms per step, and every 0.5 MB bucket was predicted 40% too slow.
   constexpr double kMinContrast = 2;
   double lowest = 0, highest = 0;
-  for (const AllreduceTerms& t : terms) {
-    if (t.message_steps <= 0) continue;
-    const double per_step = t.bytes / t.message_steps;
+  for (size_t i : alone_points) {
+    if (terms[i].message_steps <= 0) continue;
+    const double per_step = terms[i].bytes / terms[i].message_steps;
     lowest = lowest > 0 ? std::min(lowest, per_step) : per_step;
     highest = std::max(highest, per_step);
   }
-  if (lowest <= 0 || highest < kMinContrast * lowest) return std::nullopt;
+  const bool separable = lowest > 0 && highest >= kMinContrast * lowest;
+  if (!separable && !link_latency_ms) return std::nullopt;
+  CommFit fit;
+  fit.latency_from_link = !separable;
   std::vector<std::vector<double>> rows;
-  for (size_t i = 0; i < terms.size(); ++i) {
-    const double f = share_beside[i];
-    rows.push_back({terms[i].message_steps, terms[i].bytes, f * terms[i].message_steps, f * terms[i].bytes});
+  std::vector<double> y;
+  for (size_t i : alone_points) {
+    if (separable) {
+      rows.push_back({terms[i].message_steps, terms[i].bytes});
+      y.push_back(time_ms[i]);
+    } else {
+      rows.push_back({terms[i].bytes});
+      y.push_back(time_ms[i] - *link_latency_ms * terms[i].message_steps);
+    }
   }
-  const std::vector<double> x = nonnegative_least_squares(rows, time_ms);
-  return CommFit{{x[0], x[1]}, {x[2], x[3]}};
+  const std::vector<double> x = nonnegative_least_squares(rows, y);
+  fit.alone = separable ? AlphaBeta{x[0], x[1]} : AlphaBeta{*link_latency_ms, x[0]};
+  // Stage 2, the wait: the excess over `alone` of the all-reduces started beside backward, against f.
+  double excess = 0, weight = 0;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    if (share_beside[i] <= 0) continue;
+    excess += share_beside[i] * (time_ms[i] - fit.alone.ms(terms[i]));
+    weight += share_beside[i] * share_beside[i];
+  }
+  fit.beside_wait_ms = weight > 0 ? std::max(0.0, excess / weight) : 0;
+  return fit;
 }
 
 namespace {
@@ -581,20 +607,11 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       times.push_back(std::max(0.0, comm.end - comm.begin));
     }
   }
-  std::optional<CommFit> fit = fit_comm(terms, beside, times);
-  if (!fit) {  // sizes too alike: the link's latency, the rest bandwidth
-    const double alpha = link_alpha_beta(m.fitted_link).alpha_ms;
-    std::vector<std::vector<double>> rows;
-    std::vector<double> rest;
-    for (size_t i = 0; i < terms.size(); ++i) {
-      rows.push_back({terms[i].bytes, beside[i] * terms[i].bytes});
-      rest.push_back(times[i] - alpha * terms[i].message_steps);
-    }
-    const std::vector<double> x = nonnegative_least_squares(rows, rest);
-    fit = CommFit{{alpha, x[0]}, {0, x[1]}};
-    m.notes.push_back("the run's buckets are of too alike sizes (less than 2x apart) to fit latency: taken from the "
-                      "link, the rest as bandwidth");
-  }
+  const std::optional<CommFit> fit = fit_comm(terms, beside, times, link_alpha_beta(m.fitted_link).alpha_ms);
+  if (fit->latency_from_link)
+    m.notes.push_back(
+        "the run's buckets timed alone are of too alike sizes (less than 2x apart) to fit latency: "
+        "taken from the link, the rest as bandwidth");
   m.comm_fit = fit;
 }
 
@@ -621,7 +638,14 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
     m.notes.push_back("the run's " + std::to_string(run.nodes()) + " nodes are of unequal size: modelled as " +
                       shape_text(m.measured));
   m.calibration = std::move(calibration);
-  m.measured_step_ms = summarize(run).slowest_step_ms;
+  const RunSummary summary = summarize(run);
+  m.measured_step_ms = summary.slowest_step_ms;
+  if (steady > 1 && m.measured_step_ms > 0) {
+    double squares = 0;
+    for (int s = first; s < run.steps; ++s)
+      squares += std::pow(run.at(summary.slowest_rank, s).step_ms - m.measured_step_ms, 2);
+    m.step_noise = std::sqrt(squares / (steady - 1) / steady) / m.measured_step_ms;
+  }
   const std::vector<BucketSpan> spans = piece_layout(run, m);
   const BackwardIntervals intervals = cut_backward(run, m.steps);
   fit_backward_slowdown(intervals, m);
@@ -651,7 +675,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   // another link, the link's latency and bandwidth, bounded below by the source's own when it ran on no link.
   const std::string name = impl_name(setting.impl, setting.wire);
   std::optional<AlphaBeta> ab;
-  const AlphaBeta extra = m.comm_fit ? m.comm_fit->beside_extra : AlphaBeta{};  // the machine's, on any link
+  const double wait = m.comm_fit ? m.comm_fit->beside_wait_ms : 0;  // the machine's, on any link
   LinkModel source_link = m.fitted_link;
   int source_ranks = measured.ranks;
   std::string source_name = impl_name(measured.impl, measured.wire);
@@ -715,7 +739,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const double alone = allreduce_ms(bytes, setting, small, costs);
-    cost.push_back({alone, alone + extra.ms(allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes))});
+    cost.push_back({alone, alone + wait});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
     if (nodes > 1 && setting.impl != AllreduceImpl::kHier) {  // the slower class sets each step's pace
@@ -753,6 +777,32 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.backward_slowdown);
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
+  return out;
+}
+
+Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetting& own, double tolerance) {
+  Recommendation out;
+  if (rows.empty()) return out;
+  double fastest = rows[0].step.step_ms;
+  for (const Prediction& p : rows) fastest = std::min(fastest, p.step.step_ms);
+  const auto is_own = [&](const PredictSetting& x) {
+    return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
+           x.impl == own.impl && x.wire == own.wire;
+  };
+  // Rank by: the own setting first, then fewer buckets, then faster; only rows within the tolerance take part.
+  const auto better = [&](const Prediction& a, const Prediction& b) {
+    if (is_own(a.setting) != is_own(b.setting)) return is_own(a.setting);
+    if (a.buckets != b.buckets) return a.buckets < b.buckets;
+    return a.step.step_ms < b.step.step_ms;
+  };
+  bool found = false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].step.step_ms > fastest * (1 + tolerance) + 1e-12) continue;
+    out.within_noise += found;
+    if (!found || better(rows[i], rows[out.row])) out.row = i;
+    found = true;
+  }
+  out.own = is_own(rows[out.row].setting);
   return out;
 }
 

@@ -66,16 +66,21 @@ double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCost
 std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows,
                                               const std::vector<double>& y);
 
-// What an all-reduce costs alone, and the extra it costs when it starts beside backward (on shared cores the comm
-// thread waits for a core at every message step it sleeps through).
+// What an all-reduce costs alone, and the extra it costs when it starts beside backward: on shared cores its comm
+// thread, woken while backward's threads hold the cores, waits for one; a wait per all-reduce, whatever its size
+// (measured: a 4 KB bias bucket beside backward took 3 ms, alone 0.05 ms; docs/PREDICT.md).
 struct CommFit {
-  AlphaBeta alone, beside_extra;
+  AlphaBeta alone;
+  double beside_wait_ms = 0;       // the extra of an all-reduce started with every rank still in backward
+  bool latency_from_link = false;  // the sizes alone were timed at could not tell alpha from beta
 };
-// Least squares (all coefficients >= 0) of measured all-reduces: time = alone + f x extra, f = the share of the
-// ranks still in backward when it started. nullopt when the points cannot tell alpha from beta
-// (their sizes per message step less than 2x apart).
+// Two stages, each least squares with coefficients >= 0, f = the share of the ranks still in backward when an
+// all-reduce started: `alone` from the all-reduces with f = 0 (all of them if none), then the wait from the others'
+// excess over it: time = alone + f x wait. The f = 0 sizes per message step less than 2x apart cannot tell alpha
+// from beta: then alpha is `link_latency_ms` and the rest beta, or nullopt without one.
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
-                                const std::vector<double>& time_ms);
+                                const std::vector<double>& time_ms,
+                                std::optional<double> link_latency_ms = std::nullopt);
 
 // One rank's step, as the model replays it (times in ms, steady-state means).
 struct RankProfile {
@@ -147,6 +152,7 @@ Calibration read_calibration(const std::string& path);
 struct StepModel {
   PredictSetting measured;                      // the run's own setting
   double measured_step_ms = 0;                  // its slowest rank's mean steady step
+  double step_noise = 0;  // that mean's standard error, as a fraction of it: how well the run pinned its own step
   std::vector<PieceRecord> pieces;              // the layout buckets are cut from
   bool pieces_from_buckets = false;             // the file had no piece layout: its buckets stand in as pieces
   std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
@@ -173,6 +179,20 @@ struct Prediction {
   std::string comm_source;                // "run", "calibration" or "link model"; "+ link" on another link
 };
 Prediction predict(const StepModel& model, const PredictSetting& setting);
+
+// The setting to recommend among the predictions for one link and world size. Predictions closer than
+// `tolerance` (a fraction of the fastest) cannot be ranked: `ranking_tolerance` is two standard errors of the
+// measured step every prediction replays. Among the rows within it of the fastest: the run's own setting if it is
+// one (its prediction replays a measurement), else the fewest buckets (each all-reduce beside backward costs a
+// wait and takes cycles from backward, which the model sees only in part: many small buckets measured slower than
+// predicted, never faster), then the fastest prediction.
+struct Recommendation {
+  size_t row = 0;        // into the rows given
+  int within_noise = 0;  // the other rows within the tolerance of the fastest prediction
+  bool own = false;      // the row is the run's own setting
+};
+Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetting& own, double tolerance);
+inline double ranking_tolerance(const StepModel& m) { return 2 * m.step_noise; }
 
 // The reasons rows go beyond what was measured, each once with its row count: "link 10gbe (measured none) (3 rows)".
 std::vector<std::string> extrapolation_footnotes(const std::vector<Prediction>& rows);

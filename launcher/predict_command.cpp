@@ -156,8 +156,8 @@ nlohmann::json row_json(const Prediction& p) {
 nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
   if (!fit) return nullptr;
   return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMB}}},
-          {"beside_backward_extra",
-           {{"alpha_us", fit->beside_extra.alpha_ms * 1000}, {"ms_per_mb", fit->beside_extra.beta_ms_per_byte * kMB}}}};
+          {"beside_backward_wait_ms", fit->beside_wait_ms},
+          {"latency_from_link", fit->latency_from_link}};
 }
 
 void write_json_file(const std::string& path, bool force, const nlohmann::json& j) {
@@ -201,12 +201,12 @@ void run_predict(const PredictArgs& a) {
   std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
               model.slowdown_source.c_str());
   if (model.comm_fit) {
-    const AlphaBeta &alone = model.comm_fit->alone, &extra = model.comm_fit->beside_extra;
+    const AlphaBeta& alone = model.comm_fit->alone;
     std::printf(
         "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone, "
-        "+ %.1f us + %.3f ms per MB beside backward (%s, link %s)\n",
-        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, extra.alpha_ms * 1000, extra.beta_ms_per_byte * kMB,
-        model.fitted_hops.c_str(), model.fitted_link.name.c_str());
+        "+ %.2f ms started beside backward (%s, link %s)\n",
+        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.comm_fit->beside_wait_ms, model.fitted_hops.c_str(),
+        model.fitted_link.name.c_str());
   }
   if (calibration)
     std::printf("  calibration: %s (%d ranks, link %s)\n", calibration->path.c_str(), calibration->ranks,
@@ -239,33 +239,46 @@ void run_predict(const PredictArgs& a) {
   // The tunables are buckets, overlap, implementation and wire; the link and the world size are given. One
   // recommendation for each link and world size.
   nlohmann::json recommended = nlohmann::json::array();
-  // Caps that cut the same buckets predict the same step: on a tie the run's own setting wins, else the first.
-  const auto is_own = [&](const PredictSetting& x) {
-    return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
-           x.impl == own.impl && x.wire == own.wire;
-  };
-  std::vector<std::pair<std::string, int>> best;  // group, row
+  // Per group, rows closer than the run's own noise are not ranked by the model (recommend, analysis/predict.h).
+  std::vector<std::string> group_names;
+  std::vector<std::vector<size_t>> groups;  // rows, per group
   for (size_t i = 0; i < rows.size(); ++i) {
     const PredictSetting& s = rows[i].setting;
     const std::string group =
         link_spec(s.link) + "|" + std::to_string(s.ranks) + "|" + std::to_string(s.ranks_on_a_node());
-    auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == group; });
-    if (it == best.end()) {
-      best.emplace_back(group, static_cast<int>(i));
-      continue;
+    const auto it = std::find(group_names.begin(), group_names.end(), group);
+    if (it == group_names.end()) {
+      group_names.push_back(group);
+      groups.push_back({i});
+    } else {
+      groups[it - group_names.begin()].push_back(i);
     }
-    const double mine = rows[i].step.step_ms, theirs = rows[it->second].step.step_ms;
-    if (mine < theirs * (1 - 1e-9) || (mine <= theirs * (1 + 1e-9) && is_own(rows[i].setting)))
-      it->second = static_cast<int>(i);
+  }
+  const double tolerance = ranking_tolerance(model);
+  std::vector<std::pair<size_t, Recommendation>> best;  // row in `rows`, and how it was chosen
+  for (const std::vector<size_t>& group : groups) {
+    std::vector<Prediction> members;
+    for (size_t i : group) members.push_back(rows[i]);
+    const Recommendation r = recommend(members, own, tolerance);
+    best.emplace_back(group[r.row], r);
   }
   std::printf("\n");
-  for (const auto& [group, i] : best) {
+  for (const auto& [i, chosen] : best) {
     const Prediction& p = rows[i];
     PredictSetting baseline = own;
     baseline.link = p.setting.link;
     baseline.ranks = p.setting.ranks;
     baseline.ranks_per_node = p.setting.ranks_per_node;
-    const std::string why = reason(p, predict(model, baseline));
+    std::string why = reason(p, predict(model, baseline));
+    if (chosen.within_noise > 0) {
+      char text[200];
+      std::snprintf(text, sizeof text,
+                    "; %d other setting(s) predicted within %.1f%% of the fastest (two standard errors of the run's "
+                    "step): too close to rank, so %s",
+                    chosen.within_noise, 100 * tolerance,
+                    chosen.own ? "the run's own setting" : "the fewest buckets among them");
+      why += text;
+    }
     std::printf("recommended (link %s, %d rank%s, %s): %s: %.2f ms/step%s\n  %s\n", link_spec(p.setting.link).c_str(),
                 p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape_text(p.setting).c_str(),
                 setting_flags(p.setting).c_str(), p.step.step_ms, p.extrapolated.empty() ? "" : " *", why.c_str());
@@ -273,6 +286,8 @@ void run_predict(const PredictArgs& a) {
                            {"ranks", p.setting.ranks},
                            {"ranks_per_node", p.setting.ranks_on_a_node()},
                            {"row", i},
+                           {"within_noise", chosen.within_noise},
+                           {"tolerance_pct", 100 * tolerance},
                            {"reason", why}});
   }
   std::fflush(stdout);

@@ -418,6 +418,12 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   sweep->add_flag("--predict", o.predict,
                   "first a run at the default bucket cap and overlap; every point predicted from it (ddplab predict), "
                   "then measured");
+  sweep
+      ->add_option("--repeats", o.repeats,
+                   "measure every point K times, in K rounds over the grid (each round every point once), and take "
+                   "the median: the grid's order and the machine's drift stop favouring one point")
+      ->type_name("K")
+      ->capture_default_str();
   return sweep;
 }
 
@@ -426,9 +432,10 @@ namespace {
 struct SweepPoint {
   double bucket_mb;
   std::string overlap;
-  RunSummary summary;
-  std::string path;
+  RunSummary summary;                   // the median repeat's (for an even count the lower of the middle two)
+  std::string path;                     // its run file
   std::optional<Prediction> predicted;  // --predict
+  std::vector<double> repeat_step_ms;   // every repeat's slowest step, in the order measured
   double error_pct() const {
     return 100 * (predicted->step.step_ms - summary.slowest_step_ms) / summary.slowest_step_ms;
   }
@@ -475,12 +482,13 @@ nlohmann::json print_prediction_summary(const PredictSource& source, const std::
   const StepModel& m = *source.model;
   std::vector<Prediction> rows;
   std::vector<double> errors;
-  const SweepPoint* recommended = &points.front();
   for (const SweepPoint& p : points) {
     rows.push_back(*p.predicted);
     errors.push_back(std::fabs(p.error_pct()));
-    if (p.predicted->step.step_ms < recommended->predicted->step.step_ms) recommended = &p;
   }
+  const double tolerance = ranking_tolerance(m);
+  const Recommendation chosen = recommend(rows, m.measured, tolerance);
+  const SweepPoint* recommended = &points[chosen.row];
   if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
     std::printf("* extrapolated beyond what was measured:\n");
     for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
@@ -499,6 +507,11 @@ nlohmann::json print_prediction_summary(const PredictSource& source, const std::
               "against the fastest measured point)\n",
               recommended->bucket_mb, recommended->overlap.c_str(), recommended->predicted->step.step_ms,
               recommended->summary.slowest_step_ms, vs_best);
+  if (chosen.within_noise > 0)
+    std::printf(
+        "  %d other point(s) predicted within %.1f%% of the fastest (two standard errors of the run's step): "
+        "too close to rank, so %s\n",
+        chosen.within_noise, 100 * tolerance, chosen.own ? "the run's own setting" : "the fewest buckets among them");
   return {{"predicted_from",
            {{"run_file", source.path},
             {"bucket_mb", m.measured.bucket_mb},
@@ -513,7 +526,9 @@ nlohmann::json print_prediction_summary(const PredictSource& source, const std::
             {"overlap", recommended->overlap},
             {"predicted_step_ms", recommended->predicted->step.step_ms},
             {"step_ms", recommended->summary.slowest_step_ms},
-            {"vs_best_measured_pct", vs_best}}}};
+            {"vs_best_measured_pct", vs_best},
+            {"within_noise", chosen.within_noise},
+            {"tolerance_pct", 100 * tolerance}}}};
 }
 
 }  // namespace
@@ -523,14 +538,17 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   for (const std::string& v : o.overlap) require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
   for (double b : o.bucket_mb) require(b >= 0, "--bucket-mb values must not be negative");
   require(!o.bucket_mb.empty() && !o.overlap.empty(), "--bucket-mb and --overlap need at least one value each");
+  require(o.repeats >= 1, "--repeats must be at least 1");
   MPI_Comm world = MPI_COMM_WORLD;
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
   o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   if (rank == 0) {
-    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s, %d steps each, in %s/\n",
-                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(), o.base.steps, o.out_dir.c_str());
+    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s, %d steps each%s, in %s/\n",
+                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(), o.base.steps,
+                o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "",
+                o.out_dir.c_str());
     if (o.predict)
       std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point\n", o.base.bucket_mb,
                   o.base.overlap ? "on" : "off");
@@ -538,26 +556,58 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   const PredictSource source = o.predict ? run_predict_source(o, command_line, world) : PredictSource{};
 
+  // The points in table order (overlap, then cap), each predicted before anything is measured.
   std::vector<SweepPoint> points;
-  for (const std::string& overlap : o.overlap) {
+  for (const std::string& overlap : o.overlap)
     for (double bucket_mb : o.bucket_mb) {
-      TrainConfig config = o.base;
-      config.bucket_mb = bucket_mb;
-      config.overlap = overlap == "on";
-      config.quiet = true;
-      char name[64];
-      std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
-      config.out = o.out_dir + "/" + name + ".h5";
-      std::optional<Prediction> predicted;
-      if (source.model) {  // before the point is measured
+      SweepPoint point;
+      point.bucket_mb = bucket_mb;
+      point.overlap = overlap;
+      if (source.model) {
         PredictSetting setting = source.model->measured;
         setting.bucket_mb = bucket_mb;
-        setting.overlap = config.overlap;
-        predicted = predict(*source.model, setting);
+        setting.overlap = overlap == "on";
+        point.predicted = predict(*source.model, setting);
       }
-      const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
-      points.push_back({bucket_mb, overlap, r.summary, r.record.path, predicted});
+      points.push_back(std::move(point));
     }
+  // Measured in another order: a cap's overlap settings back to back (the machine's drift over the minutes of a
+  // sweep, seen up to 7% in forward, which no setting touches, stays out of the on/off comparison), and round r
+  // measures every point once, every other round in reverse (each point's rounds spread evenly over the sweep).
+  std::vector<size_t> order;
+  for (size_t cap = 0; cap < o.bucket_mb.size(); ++cap)
+    for (size_t v = 0; v < o.overlap.size(); ++v) order.push_back(v * o.bucket_mb.size() + cap);
+  struct Measured {
+    RunSummary summary;
+    std::string path;
+  };
+  std::vector<std::vector<Measured>> repeats(points.size());
+  for (int round = 0; round < o.repeats; ++round) {
+    for (size_t k = 0; k < order.size(); ++k) {
+      SweepPoint& point = points[order[round % 2 ? order.size() - 1 - k : k]];
+      TrainConfig config = o.base;
+      config.bucket_mb = point.bucket_mb;
+      config.overlap = point.overlap == "on";
+      config.quiet = true;
+      char name[80];
+      if (o.repeats == 1)
+        std::snprintf(name, sizeof name, "bucket%g_overlap_%s", point.bucket_mb, point.overlap.c_str());
+      else
+        std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", point.bucket_mb, point.overlap.c_str(), round + 1);
+      config.out = o.out_dir + "/" + name + ".h5";
+      SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
+      point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
+      repeats[&point - points.data()].push_back({std::move(r.summary), r.record.path});
+    }
+  }
+  for (size_t i = 0; i < points.size(); ++i) {
+    std::vector<Measured>& runs = repeats[i];
+    std::sort(runs.begin(), runs.end(), [](const Measured& a, const Measured& b) {
+      return a.summary.slowest_step_ms < b.summary.slowest_step_ms;
+    });
+    Measured& median = runs[(runs.size() - 1) / 2];
+    points[i].summary = std::move(median.summary);
+    points[i].path = median.path;
   }
   if (rank != 0) return 0;
 
@@ -587,6 +637,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                            {"step_ms", s.slowest_step_ms},
                            {"hidden_fraction", fraction},
                            {"run_file", p.path},
+                           {"repeat_step_ms", p.repeat_step_ms},
                            {"summary", to_json(s)}});
     if (p.predicted) {
       json_points.back()["predicted_step_ms"] = p.predicted->step.step_ms;
@@ -597,9 +648,13 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step, %.0f samples/s)\n", best->bucket_mb,
               best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
-  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"}, {"model", o.base.model},
-                            {"world_size", size},           {"link", o.base.link},
-                            {"steps", o.base.steps},         {"points", json_points},
+  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"},
+                            {"model", o.base.model},
+                            {"world_size", size},
+                            {"link", o.base.link},
+                            {"steps", o.base.steps},
+                            {"repeats", o.repeats},
+                            {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
   if (source.model) summary.update(print_prediction_summary(source, points, *best));
   write_text_file(o.out_dir + "/summary.csv", csv.str());

@@ -29,6 +29,7 @@ struct SweepOptions {
   std::vector<std::string> overlap{"on", "off"};
   std::string out_dir;  // default runs/sweep_<time>
   bool predict = false;
+  int repeats = 1;  // each point measured this many times, in interleaved rounds; the median one counts
 };
 
 // Registers `suite` with the train flags plus its own, and suite defaults for the pathology knobs.

@@ -75,8 +75,17 @@ with tempfile.TemporaryDirectory() as work:
     check(len(grid["recommended"]) == 4, "a recommendation per link and world size")
     for rec in grid["recommended"]:
         group = [r for r in rows if r["link"] == rec["link"] and r["ranks"] == rec["ranks"]]
-        check(rows[rec["row"]]["step_ms"] <= min(r["step_ms"] for r in group) * (1 + 1e-9),
-              f"recommended for {rec['link']} x {rec['ranks']} is the fastest row")
+        fastest = min(r["step_ms"] for r in group)
+        near = [r for r in group if r["step_ms"] <= fastest * (1 + rec["tolerance_pct"] / 100) + 1e-12]
+        chosen = rows[rec["row"]]
+        own = grid["measured"]["predicted"]
+        setting = ("bucket_mb", "first_bucket_mb", "overlap", "comm", "comm_dtype")
+        own_near = [r for r in near if all(r[k] == own[k] for k in setting)]
+        check(rec["tolerance_pct"] > 0 and rec["within_noise"] == len(near) - 1 and
+              chosen == (own_near[0] if own_near else
+                         min(near, key=lambda r: (r["buckets"], r["step_ms"]))),
+              f"recommended for {rec['link']} x {rec['ranks']}: of the rows within the run's noise of the fastest "
+              f"({rec['tolerance_pct']:.1f}%), the run's own setting, else the fewest buckets")
         check(rec["reason"].startswith(("comm-bound", "compute-bound")), f"reason: {rec['reason']}")
     check(proc.stdout.count("recommended (") == 4 and "* extrapolated beyond what was measured" in proc.stdout,
           "the table marks extrapolations and prints the recommendations")

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Runs `ddplab sweep` on a small model: one run file per grid point, a summary naming the best point, and the
 overlap-off points with no hidden communication. The results folder's name holds quotes, a space and a `$(...)`:
-the charts are drawn from an argument list, not through a shell. Then `sweep --predict` on two points: a first run
-at the default cap and overlap, every point's predicted step time beside its measured one (table, CSV, JSON, chart).
+the charts are drawn from an argument list, not through a shell. Then `sweep --predict --repeats 3` on two points:
+a first run at the default cap and overlap, every point's predicted step time beside its measured one (table, CSV,
+JSON, chart), each point measured in three rounds and counted by its median round.
 
 usage: check_sweep.py MPIRUN DDPLAB NP
 """
@@ -44,11 +45,14 @@ with tempfile.TemporaryDirectory() as work:
               "nothing in the folder's name was run")
         check(all("predicted_step_ms" not in p for p in s["points"]) and "predicted_from" not in s,
               "without --predict nothing is predicted")
+        check(s["repeats"] == 1 and all(p["repeat_step_ms"] == [p["step_ms"]] for p in s["points"]),
+              "without --repeats each point is measured once")
 
     # --predict: two points, each predicted from the first run (one 25 MB bucket, overlap on) before it is
-    # measured; their 0.01 MB buckets are smaller than any the first run timed.
+    # measured; their 0.01 MB buckets are smaller than any the first run timed. Each measured in 3 rounds.
     out = os.path.join(work, "predicted")
-    proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--bucket-mb", "0.01",
+    proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--repeats", "3",
+                           "--bucket-mb", "0.01",
                            "--first-bucket-mb", "0", "--overlap", "on,off", "--steps", "6", "--warmup-steps", "2",
                            "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--link", "10gbe",
                            "--out-dir", out],
@@ -62,6 +66,15 @@ with tempfile.TemporaryDirectory() as work:
               source["bucket_mb"] == 25 and source["overlap"] == "on", f"predicted from a first run at 25/on: {source}")
         check(s["recommended"]["bucket_mb"] == 0.01, "the recommendation names a point of the sweep")
         check(len(s["points"]) == 2, "2 points")
+        names = sorted(n for n in os.listdir(out) if n.startswith("bucket"))
+        check(names == sorted(f"bucket0.01_overlap_{o}_r{r}.h5" for o in ["on", "off"] for r in [1, 2, 3]),
+              f"a run file per point and round: {names}")
+        for p in s["points"]:
+            rounds = p["repeat_step_ms"]
+            median_round = rounds.index(sorted(rounds)[1]) + 1
+            check(len(rounds) == 3 and p["step_ms"] == sorted(rounds)[1] and
+                  p["run_file"].endswith(f"_r{median_round}.h5"),
+                  f"{p['overlap']}: step_ms {p['step_ms']} is the median of {rounds}, from its run file")
         for p in s["points"]:
             measured, predicted = p["step_ms"], p.get("predicted_step_ms", -1)
             check(measured == p["summary"]["slowest_step_ms"], f"{p['overlap']}: step_ms is the slowest rank's step")
@@ -74,7 +87,14 @@ with tempfile.TemporaryDirectory() as work:
         check(abs(s["max_abs_error_pct"] - errors[-1]) < 1e-9 and
               abs(s["median_abs_error_pct"] - sum(errors) / 2) < 1e-9, "median and max |error| over the points")
         fastest = min(s["points"], key=lambda p: p["predicted_step_ms"])
-        check(s["recommended"]["overlap"] == fastest["overlap"], "the recommendation is the fastest prediction")
+        rec = s["recommended"]
+        chosen = next(p for p in s["points"] if p["overlap"] == rec["overlap"])
+        tolerance = rec["tolerance_pct"] / 100
+        check(rec["tolerance_pct"] > 0 and chosen["predicted_step_ms"] <= fastest["predicted_step_ms"] * (1 + tolerance)
+              and (rec["within_noise"] > 0 or chosen is fastest) and
+              rec["within_noise"] == sum(p is not fastest and p["predicted_step_ms"] <= fastest["predicted_step_ms"] *
+                                         (1 + tolerance) + 1e-12 for p in s["points"]),
+              f"the recommendation is the fastest prediction or one within the run's noise of it: {rec}")
         lines = open(os.path.join(out, "summary.csv")).read().splitlines()
         check(lines[0].endswith(",predicted_step_ms,error_pct") and all(len(l.split(",")) == 12 for l in lines),
               "summary.csv has the predicted step and error columns on every line")
@@ -86,5 +106,9 @@ with tempfile.TemporaryDirectory() as work:
                           os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
     check(bad.returncode == 2 and "--overlap takes on and/or off" in bad.stderr and not os.path.exists(
         os.path.join(work, "bad", "summary.json")), "a bad --overlap value is refused with exit code 2")
+    bad = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--repeats", "0", "--out-dir",
+                          os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
+    check(bad.returncode == 2 and "--repeats must be at least 1" in bad.stderr and not os.path.exists(
+        os.path.join(work, "bad")), "--repeats 0 is refused with exit code 2, before any run")
 print(f"sweep checks: {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -206,34 +206,68 @@ TEST(Predict, WireHalvesTheBandwidthTermOfTheStep) {
   EXPECT_NEAR(a.step_ms - h.step_ms, h.comm_ms, kTol);
 }
 
-TEST(Predict, FitRecoversAlphaBetaAndTheExtraBesideBackward) {
-  const AlphaBeta alone{0.01, 2e-6}, extra{0.5, 1e-7};
+TEST(Predict, FitRecoversAlphaBetaAndTheWaitBesideBackward) {
+  const AlphaBeta alone{0.01, 2e-6};
+  const double wait = 0.7;
   std::vector<AllreduceTerms> terms;
   std::vector<double> share, ms;
   for (double bytes : {4e3, 1e5, 1e6, 4e6})
     for (double f : {0.0, 0.5, 1.0}) {
       terms.push_back(allreduce_terms(bytes, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10));
       share.push_back(f);
-      ms.push_back(alone.ms(terms.back()) + f * extra.ms(terms.back()));
+      ms.push_back(alone.ms(terms.back()) + f * wait);
     }
   const auto fit = fit_comm(terms, share, ms);
   ASSERT_TRUE(fit);
   EXPECT_NEAR(fit->alone.alpha_ms, alone.alpha_ms, 1e-9);
   EXPECT_NEAR(fit->alone.beta_ms_per_byte, alone.beta_ms_per_byte, 1e-12);
-  EXPECT_NEAR(fit->beside_extra.alpha_ms, extra.alpha_ms, 1e-9);
-  EXPECT_NEAR(fit->beside_extra.beta_ms_per_byte, extra.beta_ms_per_byte, 1e-12);
-  // One size cannot tell alpha from beta, nor can sizes less than 2x apart (noise would become latency).
+  EXPECT_NEAR(fit->beside_wait_ms, wait, 1e-9);
+  EXPECT_FALSE(fit->latency_from_link);
+  // One size cannot tell alpha from beta, nor can sizes less than 2x apart (noise would become latency): without
+  // the link's latency no fit, with it alpha is the link's and the rest beta.
   EXPECT_FALSE(fit_comm({terms[0], terms[1]}, {0, 0}, {1, 1}));
   const AllreduceTerms big = allreduce_terms(4e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
   const AllreduceTerms alike = allreduce_terms(3.2e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
   const AllreduceTerms half = allreduce_terms(2e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
   EXPECT_FALSE(fit_comm({alike, big}, {0, 0}, {alone.ms(alike), alone.ms(big)}));
   EXPECT_TRUE(fit_comm({half, big}, {0, 0}, {alone.ms(half), alone.ms(big)}));
+  const auto from_link = fit_comm({alike, big}, {0, 0}, {alone.ms(alike), alone.ms(big)}, alone.alpha_ms);
+  ASSERT_TRUE(from_link);
+  EXPECT_TRUE(from_link->latency_from_link);
+  EXPECT_NEAR(from_link->alone.alpha_ms, alone.alpha_ms, 1e-12);
+  EXPECT_NEAR(from_link->alone.beta_ms_per_byte, alone.beta_ms_per_byte, 1e-12);
   // Coefficients stay >= 0: time falling with size would need a negative beta.
   const auto flat = fit_comm({terms[0], terms[3], terms[6]}, {0, 0, 0}, {1.0, 0.9, 0.8});
   ASSERT_TRUE(flat);
   EXPECT_GE(flat->alone.beta_ms_per_byte, 0);
   EXPECT_GE(flat->alone.alpha_ms, 0);
+}
+
+TEST(Predict, AloneFromTheAllreducesAfterBackwardTheWaitFromTheRest) {
+  // The default run's shape: every step a 11.5 MB bucket started beside every rank's backward (f = 1) and the
+  // 1 MB closing bucket after it (f = 0), ranks 2, sizes too far apart per step for the latency to matter. Fitted
+  // in one go the four coefficients from two sizes let the wait pass for bandwidth, and overlap-off cells came out
+  // slow; in two stages alone is the closing bucket's (alpha from the link) and the wait the big one's excess.
+  const AlphaBeta alone{0.005, 0.4 / (1 << 20)};
+  const double wait = 2.0;
+  std::vector<AllreduceTerms> terms;
+  std::vector<double> share, ms;
+  for (int step = 0; step < 6; ++step)
+    for (const auto& [mb, f] : {std::pair{11.5, 1.0}, std::pair{1.0, 0.0}}) {
+      terms.push_back(allreduce_terms(mb * (1 << 20), 2, AllreduceImpl::kRing, WireDtype::kFp32, 16 << 10));
+      share.push_back(f);
+      ms.push_back(alone.ms(terms.back()) + f * wait + (step % 2 ? 0.01 : -0.01));  // a little noise, mean 0
+    }
+  const auto fit = fit_comm(terms, share, ms, alone.alpha_ms);
+  ASSERT_TRUE(fit);
+  EXPECT_TRUE(fit->latency_from_link);  // one size timed alone
+  EXPECT_NEAR(fit->alone.alpha_ms, alone.alpha_ms, 1e-12);
+  EXPECT_NEAR(fit->alone.beta_ms_per_byte * (1 << 20), 0.4, 1e-3);
+  EXPECT_NEAR(fit->beside_wait_ms, wait, 1e-3);
+  // A bucket of 4 bytes started beside backward costs the wait too, not a share of it by its size.
+  BucketCost tiny{fit->alone.ms(allreduce_terms(4, 2, AllreduceImpl::kRing, WireDtype::kFp32, 16 << 10)), 0};
+  tiny.beside_ms = tiny.alone_ms + fit->beside_wait_ms;
+  EXPECT_NEAR(tiny.beside_ms - tiny.alone_ms, wait, 1e-3);
 }
 
 // A two-rank run of `steps` steps whose every bucket follows the model exactly: a bucket per piece, the ring's
@@ -388,6 +422,42 @@ TEST(Predict, RunWithoutBucketTimingsIsRefused) {
   RunRecord run = synthetic_run({0.05, 1e-6}, 2);
   for (BucketTimes& t : run.bucket_times) t = BucketTimes{};
   EXPECT_THROW(build_model(run, std::nullopt), std::invalid_argument);
+}
+
+TEST(Predict, RecommendationRanksOnlyWhatTheRunsNoiseCanTellApart) {
+  PredictSetting own;  // 25 MB, overlap on
+  const auto row = [&](double bucket_mb, bool overlap, int buckets, double step_ms) {
+    Prediction p;
+    p.setting = own;
+    p.setting.bucket_mb = bucket_mb;
+    p.setting.overlap = overlap;
+    p.buckets = buckets;
+    p.step.step_ms = step_ms;
+    return p;
+  };
+  const std::vector<Prediction> rows = {row(0.5, true, 6, 10.0), row(5, true, 3, 10.1), row(25, true, 2, 10.4),
+                                        row(25, false, 2, 11.0)};
+  // No tolerance: the fastest.
+  Recommendation r = recommend(rows, own, 0);
+  EXPECT_EQ(r.row, 0u);
+  EXPECT_EQ(r.within_noise, 0);
+  EXPECT_FALSE(r.own);
+  // 2%: 10.0 and 10.1 cannot be told apart; the fewer buckets.
+  r = recommend(rows, own, 0.02);
+  EXPECT_EQ(r.row, 1u);
+  EXPECT_EQ(r.within_noise, 1);
+  EXPECT_FALSE(r.own);
+  // 5%: the run's own setting (10.4) is among them: it wins.
+  r = recommend(rows, own, 0.05);
+  EXPECT_EQ(r.row, 2u);
+  EXPECT_EQ(r.within_noise, 2);
+  EXPECT_TRUE(r.own);
+  // Caps that cut the same buckets predict exactly the same step: the own setting, else the first.
+  const std::vector<Prediction> same = {row(0.5, true, 2, 6.0), row(25, true, 2, 6.0), row(100, true, 2, 6.0)};
+  EXPECT_EQ(recommend(same, own, 0).row, 1u);
+  PredictSetting other = own;
+  other.overlap = false;
+  EXPECT_EQ(recommend(same, other, 0).row, 0u);
 }
 
 TEST(Predict, CalibrationFilesOfAllreducePerf) {
