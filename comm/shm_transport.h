@@ -155,17 +155,17 @@ class ShmTransport final : public Transport {
     uint64_t tail_seen = 0, slots_seen = 0;  // the consumer counters of our FIFO to the peer, as last read
   };
   std::vector<Peer> peers_;
-  std::vector<uint64_t> process_of_;  // per world rank on this host: its process id for RegisteredBuffer (else 0)
+  std::vector<uint64_t> process_of_;  // per rank reached through shared memory: its process, for references; else 0
   std::vector<void*> maps_;  // every mapped segment
   size_t map_bytes_ = 0;
   // Sends in order of starting, shm and remote alike (remote ones are retired through remote_'s own count).
   struct Started {
     bool shm;
-    bool complete;    // in the FIFO (a copy), or acknowledged (by reference: acked_by > 0 until then)
+    bool complete;          // the whole message, or its reference, is in the FIFO
     int peer = -1;
-    uint64_t acked_by = 0;  // by reference: complete once the peer's slots_done reaches this record number
+    uint64_t acked_by = 0;  // by reference: done once the peer's slots_done reaches this record number
   };
-  bool done(Started& s);
+  bool done(Started& s);  // complete, and acknowledged when it went by reference
   std::deque<Started> started_;
   uint64_t started_base_ = 0;     // sequence number of started_.front()
   std::deque<Outgoing> pending_;  // shm sends not yet fully in their FIFO, oldest first

@@ -80,15 +80,20 @@ TEST_P(RegisteredAllreduce, SumsExactlyAndSendsByReferenceFromRegisteredBuffersO
                                 shm_send_counts().copied - before.copied};
 
     EXPECT_EQ(bitwise_mismatch(copy_of(in_place ? in : out, count), want), "") << "count " << count;
-    if (!in_place) EXPECT_EQ(bitwise_mismatch(copy_of(in, count), inputs), "") << "count " << count << ": input changed";
+    if (!in_place) {
+      EXPECT_EQ(bitwise_mismatch(copy_of(in, count), inputs), "") << "count " << count << ": input changed";
+    }
     // A message larger than a record's 40 bytes goes by reference exactly when it lies in registered memory. Out of
     // place, recursive doubling (small buffers) first copies the input into the output, and sends from there.
     const bool large = count / n * sizeof(float) > 40;
     const bool sends_from_registered =
         layout != Layout::kInputOnly || count * sizeof(float) > small_allreduce_bytes(n);
-    if (shm && use_registered && large && sends_from_registered)
+    if (shm && use_registered && large && sends_from_registered) {
       EXPECT_GT(sent.by_reference, 0u) << "count " << count << ": nothing went by reference";
-    if (!use_registered || !shm) EXPECT_EQ(sent.by_reference, 0u) << "count " << count;
+    }
+    if (!use_registered || !shm) {
+      EXPECT_EQ(sent.by_reference, 0u) << "count " << count;
+    }
   }
 }
 
@@ -188,7 +193,9 @@ TEST(RegisteredTransport, OnlyPeersThatMapTheSegmentGetReferences) {
     if (rank == 1) memory = RegisteredBuffer(pair, 64, true);
     std::vector<float> got(count);
     t.recv(0, got.data(), count * sizeof(float), rank);
-    for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], static_cast<float>(3 * i)) << "rank " << rank << " element " << i;
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(got[i], static_cast<float>(3 * i)) << "rank " << rank << " element " << i;
+    }
     MPI_Barrier(MPI_COMM_WORLD);
   } else {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -248,7 +255,9 @@ TEST(RegisteredAllreduceOnTop, HierAndLinkEmulationSumExactlyByReference) {
     std::vector<float> want(count);
     for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
     EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "") << comm.transport_name();
-    if (shm) EXPECT_GT(shm_send_counts().by_reference - before.by_reference, 0u) << comm.transport_name();
+    if (shm) {
+      EXPECT_GT(shm_send_counts().by_reference - before.by_reference, 0u) << comm.transport_name();
+    }
   }
 }
 
