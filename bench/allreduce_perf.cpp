@@ -3,7 +3,7 @@
 //
 //   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1]
 //                               [--impls ring,mpi,mpi-raw,ring-bf16] [--link 10gbe] [--stat mean|median]
-//                               [--csv F] [-J F] [--ranks-per-node K] [--diag]
+//                               [--csv F] [-J F] [--ranks-per-node K] [--diag] [-R 0|1]
 //
 // Implementations:  ring      ddplab's Communicator, --comm ring (recursive doubling for small buffers, the
 //                             sliced ring above; docs/COMM.md), fp32 on the wire
@@ -18,6 +18,9 @@
 //                             includes the host's wait for the comm stream
 //                   gpu-ring-nccl / gpu-ring-ipc / gpu-ring-host   our ring on device buffers (comm/ring_cuda.h)
 //                             over NCCL p2p, CUDA IPC (ranks may share a GPU) or host staging; timed as nccl
+// -R 1 (the default; nccl-tests' -R registers user buffers): the host buffers are RegisteredBuffers, as the
+// trainer's gradients are, so a shm hop reads the peer's buffer in place (single copy, comm/shm_transport.h). The
+// default measures what training gets; -R 0 measures ordinary memory, copied through the FIFOs (a caller's vector).
 // Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of float data. For every size and implementation: -w warm-up calls,
 // then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send and receive buffers) and in place.
 // time = each rank's mean per call, combined over ranks as -a says (nccl-tests: 0 rank 0, 1 average, 2 min,
@@ -166,6 +169,7 @@ struct Options {
   std::string csv_path, json_path, command_line;
   int ranks_per_node = 0;  // 0: the hosts are the nodes (comm/topology.h)
   bool diag = false;       // --diag: what each rank saw (CPUs, waits, page placement) under the table
+  int registered = 1;      // -R: the host buffers registered with the shm transport (single copy)
 
   bool emulated() const { return link.emulated(); }
   // The sizes measured, in bytes, each rounded down to whole floats.
@@ -218,6 +222,9 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
       ->check(CLI::IsMember({"mean", "median"}));
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "emulate nodes of K consecutive ranks (K divides -np; default: the hosts are the nodes)");
+  app.add_option("-R,--local-register", o.registered,
+                 "1: buffers registered with the shm transport (single copy, as the trainer's gradients); 0: copied")
+      ->capture_default_str();
   app.add_flag("--diag", o.diag,
                "per rank under the table: its CPUs (start, end, affinity), context switches, its shared-memory "
                "waits per implementation, the shared segments' NUMA placement");
@@ -233,6 +240,8 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   }
   for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
 
+  if (o.registered != 0 && o.registered != 1)
+    throw UsageError("-R " + std::to_string(o.registered) + ": 0 (ordinary buffers) or 1 (registered buffers)");
   if (ngpus != 1)
     throw UsageError("-g " + std::to_string(ngpus) + ": one GPU per process here (start one rank per GPU: -np)");
   if (nthreads != 1)
@@ -364,12 +373,12 @@ struct Impl {
   float* device_in = nullptr;
   float* device_out = nullptr;
   std::shared_ptr<void> owner;
-  float* in(std::vector<float>& host) const { return device_in ? device_in : host.data(); }
-  float* out(std::vector<float>& host) const { return device_out ? device_out : host.data(); }
+  float* in(float* host) const { return device_in ? device_in : host; }
+  float* out(float* host) const { return device_out ? device_out : host; }
   // The host's first `count` values of `in`, where the implementation reads them.
-  void load(const std::vector<float>& host, size_t count) const {
+  void load(const float* host, size_t count) const {
 #ifdef DDPLAB_HAVE_CUDA
-    if (device_in) copy_to_device(device_in, host.data(), count);
+    if (device_in) copy_to_device(device_in, host, count);
 #endif
     (void)host, (void)count;
   }
@@ -482,12 +491,12 @@ void time_calls(const Impl& impl, const float* in, float* out, size_t count, con
   m->time_us = o.median ? m->p50_us : by_ranks[static_cast<int>(o.aggregate)];
 }
 
-long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, std::vector<float>& in_host,
-                      std::vector<float>& out_host, size_t count, bool in_place) {
-  float* in = in_host.data();
+long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, float* in_host, float* out_host,
+                      size_t count, bool in_place) {
+  float* in = in_host;
   inputs.fill(in, count, rank);
   impl.load(in_host, count);
-  float* result = in_place ? in : out_host.data();
+  float* result = in_place ? in : out_host;
   if (!in_place) {
     std::fill(result, result + count, -1.0f);
 #ifdef DDPLAB_HAVE_CUDA
@@ -526,6 +535,8 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
   std::printf("# ddplab allreduce_perf: %d ranks, host %s, %s, link %s\n", n, host, topology.describe().c_str(),
               describe(o.link).c_str());
   for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
+  std::printf("# host buffers: %s\n", o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
+                                                    : "not registered (-R 0): shm hops copy through the FIFOs");
   std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
               human_bytes(static_cast<double>(o.min_bytes)).c_str(),
               human_bytes(static_cast<double>(o.max_bytes)).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
@@ -578,6 +589,7 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["warmup"] = o.warmup;
   j["iters"] = o.iters;
   j["check_iters"] = o.check_iters;
+  j["registered"] = o.registered == 1;  // -R
   j["stat"] = o.median ? "median" : "mean";
   j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(json_name(o.aggregate));  // -a
   j["results"] = nlohmann::json::array();
@@ -671,6 +683,10 @@ struct RankDiagnosis {
                     static_cast<unsigned long long>(w.sleeps), w.sleep_ns * 1e-6);
       text += line;
     }
+    const ShmSendCounts sent = shm_send_counts();
+    std::snprintf(line, sizeof line, "#    shm sends: %llu by reference (single copy), %llu copied through FIFOs\n",
+                  static_cast<unsigned long long>(sent.by_reference), static_cast<unsigned long long>(sent.copied));
+    text += line;
     return text + "#    shared segments: " + shm_page_placement() + "\n";
   }
 };
@@ -700,9 +716,13 @@ int run(const Options& o, int rank, int n) {
 
   const size_t min_count = o.min_bytes / sizeof(float);
   Inputs inputs{n};
-  std::vector<float> in(max_count), out(max_count);
-  inputs.fill(in.data(), in.size(), rank);  // touch every page before timing
-  std::fill(out.begin(), out.end(), 0.0f);
+  // Collective; each is registered where the host's shm transports can use it (RegisteredBuffer).
+  const RegisteredBuffer in_memory(MPI_COMM_WORLD, max_count * sizeof(float), o.registered == 1);
+  const RegisteredBuffer out_memory(MPI_COMM_WORLD, max_count * sizeof(float), o.registered == 1);
+  float* in = static_cast<float*>(in_memory.data());
+  float* out = static_cast<float*>(out_memory.data());
+  inputs.fill(in, max_count, rank);  // touch every page before timing
+  std::fill(out, out + max_count, 0.0f);
   // A first, untimed pass of every implementation (connections, scratch buffers, code paths warm), so that the
   // first size measured is not the one that pays for it.
   for (const Impl& impl : impls) {
@@ -718,7 +738,7 @@ int run(const Options& o, int rank, int n) {
       for (Mode* m : {&r.oop, &r.ip}) {
         const bool in_place = m == &r.ip;
         inputs.rep = 0;
-        inputs.fill(in.data(), count, rank);
+        inputs.fill(in, count, rank);
         impl.load(in, count);
         const ShmWaitStats waits_before = shm_wait_stats();
         time_calls(impl, impl.in(in), in_place ? impl.in(in) : impl.out(out), count, o, rank, n, m);

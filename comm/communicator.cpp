@@ -234,7 +234,17 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
     transport_ = connect_transport(comm_, topology_, ring_, transport_name_);
     if (emulated) transport_ = emulate_links(std::move(transport_), topology_, options_.link, nic_);
   }
+  // describe_hops names every hop kind: "shm" appears exactly when some peer is reached through shared memory.
+  single_copy_ = size_ > 1 && transport_name_.find("shm") != std::string::npos &&
+                 settings::integer(settings::kLocalRegister, 0, 1) == 1;
+  if (single_copy_)
+    transport_name_ += transport_name_ == "shm" ? " (single-copy for registered buffers)"
+                                                : "; shm single-copy for registered buffers";
   if (emulated) transport_name_ += " + link emulation";
+}
+
+RegisteredBuffer Communicator::allocate_registered(size_t bytes) const {
+  return RegisteredBuffer(comm_, bytes, single_copy_);
 }
 
 Communicator::~Communicator() {

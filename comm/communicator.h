@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/ring_allreduce.h"
+#include "comm/shm_transport.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
 
@@ -92,6 +93,14 @@ class Communicator {
   // What the messages travel over on this rank, per kind of hop: "shm" (one node), "shm within node (1 peer) + mpi
   // across nodes (2 peers)", "mpi", with " + link emulation" when --link is on; "MPI_Allreduce" for --comm mpi.
   const std::string& transport_name() const { return transport_name_; }
+  // Whether buffers from allocate_registered travel by reference between ranks of a host (comm/shm_transport.h):
+  // the ring or hier reaches some peer through shared memory and DDPLAB_LOCAL_REGISTER is 1. transport_name() then
+  // ends in "single-copy for registered buffers".
+  bool single_copy() const { return single_copy_; }
+  // Collective over the communicator: `bytes` of zeroed host memory for buffers this rank all-reduces (the flat
+  // gradients), registered with the shm transport when single_copy(), ordinary memory otherwise. It must outlive
+  // the all-reduces that use it on every rank.
+  RegisteredBuffer allocate_registered(size_t bytes) const;
 
   static constexpr int kMaxTag = 32767;  // the tag bound every MPI guarantees
   // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` (0 .. kMaxTag;
@@ -128,6 +137,7 @@ class Communicator {
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;     // --comm mpi: a private duplicate, so callers' collectives never mix in
   std::string failed_;                    // set when an all-reduce threw: peers may have messages in flight
   std::string transport_name_;
+  bool single_copy_ = false;
 };
 
 }  // namespace ddplab

@@ -24,6 +24,9 @@ inline constexpr Knob kSmallAllreduceBytes{"DDPLAB_SMALL_ALLREDUCE_BYTES", "1638
                                            "largest buffer for recursive doubling, bytes (0: always the ring)"};
 inline constexpr Knob kCommTransport{"DDPLAB_COMM_TRANSPORT", "shm",
                                      "the ring's transport: shm (MPI across nodes) or mpi"};
+// Whether gradient buffers are allocated in shared memory that host peers read directly (comm/shm_transport.h).
+inline constexpr Knob kLocalRegister{"DDPLAB_LOCAL_REGISTER", "1",
+                                     "1: gradient buffers registered with the shm transport (single copy); 0: copied"};
 // The comm thread's waits: poll for spin_us, then sleep between polls, doubling up to max_sleep_us.
 inline constexpr Knob kCommSpinUs{"DDPLAB_COMM_SPIN_US", "50",
                                   "us a waiting comm thread polls before it sleeps (<0: spin)"};
@@ -33,7 +36,7 @@ inline constexpr Knob kBlasAuto{"DDPLAB_BLAS_AUTO", "on",
                                 "any value: keep OpenBLAS's kernel choice (no AVX-512 re-exec, docs/ARCHITECTURE.md)"};
 
 inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes, &kCommTransport,
-                                         &kCommSpinUs,     &kCommMaxSleepUs,     &kBlasAuto};
+                                         &kLocalRegister,  &kCommSpinUs,         &kCommMaxSleepUs,      &kBlasAuto};
 
 // The knob's value: the environment's, read once, or its default_text when it is unset or empty (`fallback`, for a
 // default computed by the caller). Throws std::invalid_argument when it is set but not an integer in [min, max] (or

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <map>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -40,11 +41,17 @@ struct Record {
   uint64_t seq;
   uint64_t bytes;
   int32_t tag;
-  int32_t unused;
+  int32_t by_reference;  // the payload holds a Reference: the data stays in the sender's RegisteredBuffer
   char payload[40];
 };
 static_assert(sizeof(Record) == kLine, "one cache line");
 constexpr size_t kInline = sizeof(Record::payload);
+
+// Where a message sent by reference lies: `bytes` (the record's) at offset `at` of the sender's segment.
+struct Reference {
+  uint64_t owner, segment, at;  // the sending process (this_process()), its segment id, the offset
+};
+static_assert(sizeof(Reference) <= kInline, "a reference travels inside its record");
 
 }  // namespace
 
@@ -87,11 +94,67 @@ struct WaitCounters {
   std::atomic<uint64_t> waits{0}, spin_polls{0}, yield_polls{0}, sleeps{0}, wait_ns{0}, sleep_ns{0};
 };
 WaitCounters wait_counters;
+std::atomic<uint64_t> sent_by_reference{0}, sent_copied{0};
 void count(std::atomic<uint64_t>& counter, uint64_t n = 1) { counter.fetch_add(n, std::memory_order_relaxed); }
 
 // The segments mapped by live transports (for shm_page_placement), with their sizes.
 std::mutex mapped_mutex;
 std::vector<std::pair<void*, size_t>> mapped_segments;
+
+// RegisteredBuffers: this process's own segments, and the host peers' segments it maps. Transports on any thread
+// look them up per message (sender: is this range registered, and does the receiver map it? receiver: where is
+// that reference here?); a lookup is a map search under an uncontended mutex, small next to a message of KiBs.
+struct OwnSegment {
+  size_t bytes;
+  uint64_t id;
+  std::vector<uint64_t> readers;  // the processes that map it
+};
+struct PeerSegment {
+  const char* base;
+  size_t bytes;
+};
+std::mutex registry_mutex;
+std::map<const char*, OwnSegment> own_segments;                       // by base address
+std::map<std::pair<uint64_t, uint64_t>, PeerSegment> peer_segments;  // by (owner process, segment id)
+
+// Names this process to its host peers in references: random, so it is unique without relying on pids (which
+// containers may repeat).
+uint64_t this_process() {
+  static const uint64_t id = [] {
+    std::random_device entropy;
+    uint64_t v = 0;
+    while (v == 0) v = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
+    return v;
+  }();
+  return id;
+}
+
+// A send of [buf, buf + bytes) to `reader` may go by reference: fills `ref` when the range lies in one of this
+// process's registered segments and `reader` maps it.
+bool find_reference(const void* buf, size_t bytes, uint64_t reader, Reference& ref) {
+  const char* p = static_cast<const char*>(buf);
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = own_segments.upper_bound(p);
+  if (it == own_segments.begin()) return false;
+  --it;
+  const OwnSegment& seg = it->second;
+  if (p + bytes > it->first + seg.bytes) return false;
+  if (std::find(seg.readers.begin(), seg.readers.end(), reader) == seg.readers.end()) return false;
+  ref = {this_process(), seg.id, static_cast<uint64_t>(p - it->first)};
+  return true;
+}
+
+// Where the referenced message lies in this process, or null when it maps no such segment (or the range is outside).
+const char* resolve(const Reference& ref, size_t bytes) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = peer_segments.find({ref.owner, ref.segment});
+  if (it == peer_segments.end() || ref.at > it->second.bytes || bytes > it->second.bytes - ref.at) return nullptr;
+  return it->second.base + ref.at;
+}
+
+std::string segment_name(long pid, uint64_t segment) {
+  return "/ddplab-" + std::to_string(getuid()) + "-" + std::to_string(pid) + "-registered-" + std::to_string(segment);
+}
 
 int numa_nodes() {
   int nodes = 0;
@@ -120,6 +183,10 @@ ShmWaitStats shm_wait_stats() {
   const WaitCounters& c = wait_counters;
   const auto get = [](const std::atomic<uint64_t>& v) { return v.load(std::memory_order_relaxed); };
   return {get(c.waits), get(c.spin_polls), get(c.yield_polls), get(c.sleeps), get(c.wait_ns), get(c.sleep_ns)};
+}
+
+ShmSendCounts shm_send_counts() {
+  return {sent_by_reference.load(std::memory_order_relaxed), sent_copied.load(std::memory_order_relaxed)};
 }
 
 std::string shm_page_placement() {
@@ -153,6 +220,118 @@ std::string shm_page_placement() {
   return text;
 }
 
+RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered) : bytes_(bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  map_bytes_ = round_up(std::max<size_t>(bytes, 1), page);
+  int rank = 0, host_size = 1, want = registered, all = 0;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  MPI_Comm host;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host));
+  MPI_Comm_size(host, &host_size);
+  MPI_Allreduce(&want, &all, 1, MPI_INT, MPI_MIN, host);
+  if (!all || host_size == 1) {  // nobody could read it by reference: ordinary (private, zeroed) pages
+    MPI_Comm_free(&host);
+    base_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base_ == MAP_FAILED) {
+      base_ = nullptr;
+      throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: mmap of " +
+                               std::to_string(bytes) + " bytes: " + errno_text());
+    }
+    return;
+  }
+  static std::atomic<uint64_t> next_segment{1};
+  const uint64_t segment = next_segment++;
+  const std::string mine = segment_name(getpid(), segment);
+  // As in ShmTransport's setup: every step that can fail is agreed on by the host's ranks, so all register or all
+  // throw; the name is unlinked once every peer has mapped the segment.
+  std::string error;
+  auto agree = [&](const std::string& what) {
+    int ok = error.empty(), everyone = 0;
+    MPI_Allreduce(&ok, &everyone, 1, MPI_INT, MPI_MIN, host);
+    if (everyone) return;
+    shm_unlink(mine.c_str());
+    MPI_Comm_free(&host);
+    release();
+    throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: " + what + " failed" +
+                             (error.empty() ? " on another rank" : ": " + error));
+  };
+  const int fd = shm_open(mine.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    error = "shm_open " + mine + ": " + errno_text();
+  } else {
+    if (ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) error = "ftruncate: " + errno_text();
+    // Populated now, by the owner: its pages are allocated where it runs, and no first touch lands in a step.
+    void* m = error.empty() ? mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
+                            : MAP_FAILED;
+    if (error.empty() && m == MAP_FAILED) error = "mmap: " + errno_text();
+    if (m != MAP_FAILED) base_ = m;
+    close(fd);
+  }
+  agree("creating a segment of " + std::to_string(map_bytes_) + " bytes");
+  // Every rank of the host: {process, pid, segment, bytes}.
+  const uint64_t me[4] = {this_process(), static_cast<uint64_t>(getpid()), segment, map_bytes_};
+  std::vector<uint64_t> all_of(4 * static_cast<size_t>(host_size));
+  MPI_Allgather(me, 4, MPI_UINT64_T, all_of.data(), 4, MPI_UINT64_T, host);
+  std::vector<uint64_t> readers;
+  for (int h = 0; h < host_size; ++h) {
+    const uint64_t* peer = &all_of[4 * static_cast<size_t>(h)];
+    if (peer[0] == this_process()) continue;
+    readers.push_back(peer[0]);
+    if (!error.empty()) continue;
+    const std::string name = segment_name(static_cast<long>(peer[1]), peer[2]);
+    const int pfd = shm_open(name.c_str(), O_RDONLY, 0600);
+    if (pfd < 0) {
+      error = "shm_open " + name + ": " + errno_text();
+      continue;
+    }
+    // Read-only: a peer's gradients are never ours to write.
+    void* m = mmap(nullptr, peer[3], PROT_READ, MAP_SHARED | MAP_POPULATE, pfd, 0);
+    close(pfd);
+    if (m == MAP_FAILED)
+      error = "mmap of " + name + ": " + errno_text();
+    else
+      peer_maps_.push_back({peer[0], peer[2], m, peer[3]});
+  }
+  agree("mapping the peers' segments");
+  shm_unlink(mine.c_str());
+  MPI_Comm_free(&host);
+  segment_ = segment;
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  own_segments[static_cast<const char*>(base_)] = {bytes_, segment_, readers};
+  for (const PeerMap& p : peer_maps_)
+    peer_segments[{p.owner, p.segment}] = {static_cast<const char*>(p.base), p.map_bytes};
+}
+
+void RegisteredBuffer::release() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    if (segment_) own_segments.erase(static_cast<const char*>(base_));
+    for (const PeerMap& p : peer_maps_) peer_segments.erase({p.owner, p.segment});
+  }
+  for (const PeerMap& p : peer_maps_) munmap(p.base, p.map_bytes);
+  peer_maps_.clear();
+  if (base_) munmap(base_, map_bytes_);
+  base_ = nullptr;
+  segment_ = 0;
+}
+
+RegisteredBuffer::~RegisteredBuffer() { release(); }
+
+RegisteredBuffer::RegisteredBuffer(RegisteredBuffer&& other) noexcept { *this = std::move(other); }
+
+RegisteredBuffer& RegisteredBuffer::operator=(RegisteredBuffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    base_ = std::exchange(other.base_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    segment_ = std::exchange(other.segment_, 0);
+    peer_maps_ = std::move(other.peer_maps_);
+    other.peer_maps_.clear();
+  }
+  return *this;
+}
+
 ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, size_t fifo_bytes, PollPolicy poll)
     : fifo_bytes_(std::max<size_t>(round_up(fifo_bytes, kLine), 2 * kLine)), poll_(poll) {
   remote_ = std::make_unique<MpiTransport>(comm, MpiTransport::kMaxMessageBytes, poll);  // collective
@@ -173,6 +352,11 @@ ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, 
   MPI_Comm_size(local, &lsize);
   std::vector<int> world_of(lsize);
   MPI_Allgather(&rank_, 1, MPI_INT, world_of.data(), 1, MPI_INT, local);
+  std::vector<uint64_t> process_of_local(lsize);
+  const uint64_t me = this_process();
+  MPI_Allgather(&me, 1, MPI_UINT64_T, process_of_local.data(), 1, MPI_UINT64_T, local);
+  process_of_.assign(size_, 0);
+  for (int l = 0; l < lsize; ++l) process_of_[world_of[l]] = process_of_local[l];
 
   // A name unique to this transport: local rank 0's pid and a per-process counter.
   static std::atomic<int> counter{0};
@@ -282,11 +466,17 @@ bool ShmTransport::push(Outgoing& m) {
     Record& rec = f->slots()[me.sent % kSlots];
     rec.bytes = m.bytes;
     rec.tag = m.tag;
-    if (m.bytes <= kInline) {
+    rec.by_reference = m.by_reference;
+    if (m.by_reference) {
+      const Reference ref{m.owner, m.segment, m.at};
+      std::memcpy(rec.payload, &ref, sizeof ref);
+      m.done = m.bytes;
+    } else if (m.bytes <= kInline) {
       std::memcpy(rec.payload, m.buf, m.bytes);
       m.done = m.bytes;
     }
-    __atomic_store_n(&rec.seq, ++me.sent, __ATOMIC_RELEASE);
+    m.record = ++me.sent;
+    __atomic_store_n(&rec.seq, m.record, __ATOMIC_RELEASE);
     m.header_done = true;
     if (m.done == m.bytes) return true;
   }
@@ -316,7 +506,7 @@ bool ShmTransport::push_pending() {
   };
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (!is_blocked(it->peer) && push(*it)) {
-      started_[it->seq - started_base_].complete = true;
+      pushed(*it);
       it = pending_.erase(it);
       continue;
     }
@@ -391,14 +581,36 @@ void ShmTransport::send(int peer, const void* buf, size_t bytes, int tag) {
     return;
   }
   const uint64_t seq = started_base_ + started_.size();
-  started_.push_back({true, false});
-  Outgoing m{peer, static_cast<const char*>(buf), bytes, 0, tag, false, seq};
+  started_.push_back({true, false, peer, 0});
+  Outgoing m{peer, static_cast<const char*>(buf), bytes, 0, tag, false, seq, false, 0, 0, 0};
+  Reference ref;
+  if (bytes > kInline && find_reference(buf, bytes, process_of_[peer], ref)) {
+    m.by_reference = true;
+    m.owner = ref.owner, m.segment = ref.segment, m.at = ref.at;
+  }
+  count(m.by_reference ? sent_by_reference : sent_copied);
   const bool queued_for_peer =
       std::any_of(pending_.begin(), pending_.end(), [&](const Outgoing& o) { return o.peer == peer; });
   if (!queued_for_peer && push(m))
-    started_.back().complete = true;
+    pushed(m);
   else
     pending_.push_back(m);
+}
+
+void ShmTransport::pushed(const Outgoing& m) {
+  Started& s = started_[m.seq - started_base_];
+  s.complete = true;
+  if (m.by_reference) s.acked_by = m.record;
+}
+
+// A copied message is done once in the FIFO; one sent by reference once the peer has read it: the receiver
+// publishes slots_done = the record's number after its consumer returned (counters only grow, records are read in
+// order).
+bool ShmTransport::done(Started& s) {
+  if (!s.complete) return false;
+  if (s.acked_by && to_[s.peer]->slots_done.load(std::memory_order_acquire) < s.acked_by) return false;
+  s.acked_by = 0;
+  return true;
 }
 
 void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) {
@@ -420,6 +632,20 @@ void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* staging, 
                              std::to_string(bytes) + " bytes, got " + std::to_string(rec.bytes));
   }
   me.received = seq;
+  if (rec.by_reference) {
+    Reference ref;
+    std::memcpy(&ref, rec.payload, sizeof ref);
+    const char* data = resolve(ref, bytes);
+    if (!data) {
+      pending_.clear();
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport::recv from rank " +
+                               std::to_string(peer) + " (tag " + std::to_string(tag) +
+                               "): the message lies in a registered buffer this rank does not map (freed here?)");
+    }
+    if (bytes) consume(data, 0, bytes);
+    f->slots_done.store(seq, std::memory_order_release);  // the acknowledgement: the sender may reuse its buffer
+    return;
+  }
   if (bytes <= kInline) {
     if (bytes) consume(rec.payload, 0, bytes);
     f->slots_done.store(seq, std::memory_order_release);  // after consume: the slot may be reused then
@@ -449,9 +675,9 @@ void ShmTransport::recv(int peer, void* buf, size_t bytes, int tag) {
 void ShmTransport::wait_sends(size_t keep_last) {
   const watchdog::Wait wait("completion of sends");
   while (started_.size() > keep_last) {
-    const Started& oldest = started_.front();
+    Started& oldest = started_.front();
     if (oldest.shm) {
-      wait_until([&] { return oldest.complete; });
+      wait_until([&] { return done(oldest); });
     } else {
       remote_->wait_sends(remote_in_flight_ - 1);  // remote sends retire in order too
       --remote_in_flight_;

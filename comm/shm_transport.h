@@ -19,6 +19,15 @@
 // Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
 // holding its incoming FIFOs, everyone maps everyone's, and the names are unlinked at once, so nothing is left in
 // /dev/shm even if the job dies. Pages of FIFOs that are never used are never touched (tmpfs allocates on write).
+//
+// Single copy for registered buffers (after NCCL's user-buffer registration and P2P direct read): a RegisteredBuffer
+// lies in shared memory that every rank of the host maps. A send from inside one, to a peer that maps it, puts only
+// a reference (segment, offset) in the FIFO's record; the receiver reduces or copies straight out of the sender's
+// buffer, then acknowledges by advancing the record counter it already publishes (slots_done). Such a send
+// completes at that acknowledgement, not when queued, so the Transport contract (the buffer stays untouched until
+// wait_sends retires the send) is exactly what keeps the data valid while the peer reads it. Per message: any other
+// send (unregistered memory, a peer that does not map the segment, <= 40 bytes) is copied through the FIFO as before.
+// Traffic per hop: the copy path writes the FIFO and reads it back (2 more passes over the data than single copy).
 #pragma once
 #include <mpi.h>
 
@@ -48,9 +57,47 @@ struct ShmWaitStats {
 };
 ShmWaitStats shm_wait_stats();
 
+// Messages the shared-memory transports of this process sent since it started: by reference (single copy, from a
+// RegisteredBuffer) or copied through a FIFO. Tests check which path a send took; allreduce_perf --diag prints them.
+struct ShmSendCounts {
+  uint64_t by_reference = 0, copied = 0;
+};
+ShmSendCounts shm_send_counts();
+
 // Where the pages of every shared segment this process has mapped now lie: pages per NUMA node (move_pages), and the
 // pages not yet placed (never touched) or not answerable. One line, e.g. "1 NUMA node: 514 pages on node 0".
 std::string shm_page_placement();
+
+// Host memory in a shared segment that the ranks of this host map (see above): sends from it travel by reference.
+// Not copyable; the mappings go when it is destroyed, on every rank after the last all-reduce that uses it (a
+// reference to a segment a receiver no longer maps fails that receive with a message, never reads freed memory).
+class RegisteredBuffer {
+ public:
+  RegisteredBuffer() = default;
+  // Collective over comm: each rank gets `bytes` of zeroed memory (sizes may differ between ranks). It is registered
+  // when `registered` is true on every rank of its host; otherwise (or after a failed shm_open/mmap, which every
+  // rank of the host agrees on and throws as std::runtime_error naming it) it is ordinary memory.
+  RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered);
+  ~RegisteredBuffer();
+  RegisteredBuffer(RegisteredBuffer&& other) noexcept;
+  RegisteredBuffer& operator=(RegisteredBuffer&& other) noexcept;
+
+  void* data() const { return base_; }
+  size_t bytes() const { return bytes_; }
+  bool registered() const { return segment_ != 0; }
+
+ private:
+  void release() noexcept;
+  void* base_ = nullptr;
+  size_t bytes_ = 0, map_bytes_ = 0;
+  uint64_t segment_ = 0;  // this process's id of its segment; 0: ordinary memory
+  struct PeerMap {
+    uint64_t owner, segment;
+    void* base;
+    size_t map_bytes;
+  };
+  std::vector<PeerMap> peer_maps_;  // the host peers' segments of the same collective call
+};
 
 class ShmTransport final : public Transport {
  public:
@@ -87,10 +134,14 @@ class ShmTransport final : public Transport {
     size_t bytes, done;
     int tag;
     bool header_done;
-    uint64_t seq;  // index of its entry in started_ (plus started_base_)
+    uint64_t seq;                 // index of its entry in started_ (plus started_base_)
+    bool by_reference;            // the record carries a reference into a RegisteredBuffer, no payload
+    uint64_t owner, segment, at;  // that reference: this process, its segment, the offset in it
+    uint64_t record = 0;          // the record's number on the FIFO, once written
   };
-  bool push(Outgoing& m);  // copies what fits; true when the whole message is in the FIFO
+  bool push(Outgoing& m);  // copies what fits; true when the whole message (or its reference) is in the FIFO
   bool push_pending();     // true while some shm send is still pending
+  void pushed(const Outgoing& m);  // marks its Started entry: complete, or waiting for the reader's acknowledgement
   template <typename Ready>
   void wait_until(Ready ready);
 
@@ -104,13 +155,17 @@ class ShmTransport final : public Transport {
     uint64_t tail_seen = 0, slots_seen = 0;  // the consumer counters of our FIFO to the peer, as last read
   };
   std::vector<Peer> peers_;
+  std::vector<uint64_t> process_of_;  // per rank reached through shared memory: its process, for references; else 0
   std::vector<void*> maps_;  // every mapped segment
   size_t map_bytes_ = 0;
   // Sends in order of starting, shm and remote alike (remote ones are retired through remote_'s own count).
   struct Started {
     bool shm;
-    bool complete;
+    bool complete;          // the whole message, or its reference, is in the FIFO
+    int peer = -1;
+    uint64_t acked_by = 0;  // by reference: done once the peer's slots_done reaches this record number
   };
+  bool done(Started& s);  // complete, and acknowledged when it went by reference
   std::deque<Started> started_;
   uint64_t started_base_ = 0;     // sequence number of started_.front()
   std::deque<Outgoing> pending_;  // shm sends not yet fully in their FIFO, oldest first

@@ -107,16 +107,24 @@ class ParameterStore {
   // Elements of the flat parameter and gradient buffers: the parameters and the alignment gaps between them.
   int64_t flat_size() const { return static_cast<int64_t>(flat_params_.size()); }
   T* flat_params() { return flat_params_.data(); }
-  T* flat_grads() { return flat_grads_.data(); }
+  T* flat_grads() { return grads_; }
   const T* flat_params() const { return flat_params_.data(); }
-  const T* flat_grads() const { return flat_grads_.data(); }
+  const T* flat_grads() const { return grads_; }
 
   // How backward produces the gradients: 2-D parameters in blocks of whole rows of at most `max_elements` elements
   // each (at least one row), so that the communication of a large weight's first rows can start while its last
   // rows are still being computed. 0 (the default): one piece per parameter, as PyTorch's autograd does.
   void set_grad_piece_elements(int64_t max_elements) { pieces_ = grad_pieces_in_backward_order(params_, max_elements); }
   const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
-  void zero_grad() { std::fill(flat_grads_.begin(), flat_grads_.end(), T(0)); }
+  void zero_grad() { std::fill(grads_, grads_end_, T(0)); }
+  // Moves the gradients (values included) into `storage`, flat_size() elements that the caller keeps alive for
+  // the store's life: memory the communication engine registered (comm/shm_transport.h: RegisteredBuffer).
+  void place_grads(T* storage) {
+    grads_end_ = std::copy(grads_, grads_end_, storage);
+    grads_ = storage;
+    for (Parameter<T>& p : params_) p.grad = grads_ + p.offset;
+    flat_grads_ = {};
+  }
 
  protected:
   // Registers a parameter after the ones before it; returns its registration index.
@@ -132,11 +140,14 @@ class ParameterStore {
   // Zero-filled buffers in reverse registration order, one gradient piece per parameter.
   void lay_out() {
     lay_out_in_reverse(params_, flat_params_, flat_grads_);
+    grads_ = flat_grads_.data();
+    grads_end_ = grads_ + flat_grads_.size();
     set_grad_piece_elements(0);
   }
 
  private:
   std::vector<T> flat_params_, flat_grads_;
+  T *grads_ = nullptr, *grads_end_ = nullptr;  // flat_grads_, or the storage given to place_grads
   std::vector<Parameter<T>> params_;
   std::vector<GradPiece> pieces_;
 };

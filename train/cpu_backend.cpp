@@ -13,6 +13,8 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
       workload_(make_workload(config, comm_->rank(), comm_->size())),
       optimizer_(config.optimizer, workload_->flat_size()) {
   world_ = comm_->size();
+  grads_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
+  workload_->place_grads(static_cast<float*>(grads_memory_.data()));
   workload_->set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {

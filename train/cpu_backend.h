@@ -56,6 +56,7 @@ class CpuBackend final : public StepBackend {
   TrainConfig config_;
   int world_ = 1;
   std::unique_ptr<Communicator> comm_;  // the Reducer's
+  RegisteredBuffer grads_memory_;        // the workload's flat gradients: host peers read them in place
   std::unique_ptr<Workload> workload_;
   Optimizer<float> optimizer_;
   std::unique_ptr<Reducer> reducer_;

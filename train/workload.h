@@ -20,6 +20,8 @@ class Workload {
   virtual int64_t flat_size() const = 0;  // of flat_params() and flat_grads(): parameters and alignment gaps
   virtual float* flat_params() = 0;
   virtual float* flat_grads() = 0;
+  // Keeps the gradients in `storage` (flat_size() floats, alive as long as the workload) from now on.
+  virtual void place_grads(float* storage) = 0;
   virtual const std::vector<GradPiece>& grad_pieces() const = 0;
   virtual const std::vector<Parameter<float>>& parameters() const = 0;  // names and shapes (checkpoints)
   virtual void set_grad_piece_elements(int64_t max_elements) = 0;

@@ -126,6 +126,13 @@ def test_flags(perf, workdir):
               "# Out of bounds values : 0 OK" in p.stdout,
               "-c 3: every row checked, #wrong 0 (exact sums on every wire), 'Out of bounds values : 0 OK'")
         check_modes(doc, "-a 2", "min")
+        check(doc["registered"] is True and "# host buffers: registered (-R 1)" in p.stdout,
+              "-R 1 by default: registered host buffers, said in the header and the JSON")
+    # -R 0: ordinary buffers, copied through the FIFOs; the sums stay exact.
+    p, doc, rows = run_ok(perf, workdir, "unregistered", [*small, "-R", "0", "-c", "1", "--impls", "ring"])
+    if doc:
+        check(doc["registered"] is False and doc["wrong"] == 0 and "# host buffers: not registered (-R 0)" in p.stdout,
+              "-R 0: ordinary host buffers, said in the header and the JSON, #wrong 0")
         wire = {"ring": "float", "mpi": "float", "ring-bf16": "bfloat16", "ring-fp16": "half"}
         table = data_rows(p.stdout)
         check(len(table) == len(doc["results"]) and all(t[3] == wire[t[0]] for t in table),
@@ -199,6 +206,7 @@ def test_bad_arguments(perf, workdir):
         (["-d", "bfloat16"], "-d bfloat16"),
         (["-o", "max"], "-o max"),
         (["-a", "4"], "-a 4"),
+        (["-R", "2"], "-R 2"),
         (["--stat", "median", "-a", "3"], "-a"),
         (["--impls", "ring,foo"], "--impls foo"),
         (["--impls", "mpi-raw", "--link", "10gbe"], "--impls mpi-raw"),

@@ -32,6 +32,14 @@ def main():
         check("rank 0: watchdog: no progress for" in out and "at step 42" in out, "hang: names the rank and step")
         check("waiting for probe wait from rank 1 (tag 7) [main thread]" in out, "hang: names the wait, peer and tag")
         check(os.path.exists(marker), "hang: the abort hook ran before the abort")
+        # A send by reference completes when the peer has read it: a peer that never does is a hang like any other.
+        marker = os.path.join(work, "hook-ran-unread")
+        p = subprocess.run([mpirun, "--bind-to", "none", "-np", "2", probe, "unread", marker], capture_output=True,
+                           text=True, timeout=120)
+        out = p.stdout + p.stderr
+        check(p.returncode == 3 and os.path.exists(marker), f"unread: the watchdog ends the job (code {p.returncode})")
+        check("rank 0: watchdog: no progress for" in out and "waiting for completion of sends" in out,
+              "unread: names the rank and the wait for the send's completion")
     p = subprocess.run([mpirun, "--bind-to", "none", "-np", "1", probe, "busy"], capture_output=True, text=True,
                        timeout=120)
     check(p.returncode == 0 and "watchdog" not in p.stderr,

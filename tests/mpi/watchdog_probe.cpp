@@ -2,6 +2,9 @@
 //
 //   watchdog_probe hang MARKER     rank 0 opens a wait that never ends; after the 1 s timeout the watchdog must run
 //                                  the abort hook (which creates MARKER), name the wait, and abort the job (code 3)
+//   watchdog_probe unread MARKER   rank 0 sends from a registered buffer by reference (single copy) to rank 1,
+//                                  which never receives: rank 0's wait_sends waits for an acknowledgement that never
+//                                  comes, and the watchdog must end the job as for `hang`
 //   watchdog_probe busy            3 s of short waits (a long operation made of many short ones) under a 1 s
 //                                  timeout: no abort, exit 0
 #include <mpi.h>
@@ -12,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/shm_transport.h"
 #include "comm/watchdog.h"
 
 namespace {
@@ -39,6 +43,15 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::seconds(60));  // "waiting" for rank 1, which never answers
     }
     MPI_Barrier(MPI_COMM_WORLD);  // the other ranks: held here until the abort ends the job
+  } else if (mode == "unread" && argc > 2) {
+    watchdog::add_abort_hook(create_marker, argv[2]);
+    ShmTransport transport(MPI_COMM_WORLD);
+    RegisteredBuffer buffer(MPI_COMM_WORLD, 1 << 20, true);
+    if (rank == 0) {
+      transport.send(1, buffer.data(), buffer.bytes(), 5);
+      transport.wait_sends();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   } else if (mode == "busy") {
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
     while (std::chrono::steady_clock::now() < end) {
@@ -49,7 +62,7 @@ int main(int argc, char** argv) {
       }
     }
   } else {
-    if (rank == 0) std::fprintf(stderr, "usage: watchdog_probe hang MARKER | busy\n");
+    if (rank == 0) std::fprintf(stderr, "usage: watchdog_probe hang MARKER | unread MARKER | busy\n");
     MPI_Finalize();
     return 2;
   }

@@ -1,0 +1,265 @@
+// Single copy over shared memory (comm/shm_transport.h): sends from a RegisteredBuffer travel by reference and the
+// receiver reads the sender's buffer. Exact sums over registered, ordinary and mixed buffers; the send contract
+// (a buffer stays untouched until retired) held while peers read it in place; the acknowledgement that completes
+// such a send; references only to peers that map the segment; tag checks; hier and link emulation on top.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/link_emulation.h"
+#include "comm/ring_allreduce.h"
+#include "comm/shm_transport.h"
+#include "tests/mpi/allreduce_check.h"
+
+namespace ddplab {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// Whether this rank reaches a peer through shared memory at all (ranks on other hosts would not).
+bool host_has_peers() {
+  ShmTransport t(MPI_COMM_WORLD);
+  return t.local_peers() > 0;
+}
+
+std::vector<float> copy_of(const float* p, size_t count) { return std::vector<float>(p, p + count); }
+
+// Where the buffers of one all-reduce live: registered on every rank, registered on even ranks only (odd ranks
+// all-reduce ordinary vectors: both paths meet in one ring), or out of place with only the input registered.
+enum class Layout { kRegistered, kEvenRanksOnly, kInputOnly };
+const char* name_of(Layout l) {
+  return l == Layout::kRegistered ? "registered" : l == Layout::kEvenRanksOnly ? "even_ranks_only" : "input_only";
+}
+
+class RegisteredAllreduce : public testing::TestWithParam<std::tuple<Layout, bool /*in place*/>> {};
+
+TEST_P(RegisteredAllreduce, SumsExactlyAndSendsByReferenceFromRegisteredBuffersOnly) {
+  const auto [layout, in_place] = GetParam();
+  if (layout == Layout::kInputOnly && in_place) GTEST_SKIP() << "one buffer in place";
+  const int rank = world_rank(), n = world_size();
+  Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  const bool shm = n > 1 && host_has_peers();
+  EXPECT_EQ(comm.single_copy(), shm);
+  // Odd sizes: recursive doubling (<= 16 KiB), one unsliced ring message per chunk, many slices and rounds.
+  for (size_t count : {size_t{1}, size_t{11}, size_t{4099}, size_t{100'003}, size_t{1'000'003}}) {
+    const RegisteredBuffer in_memory = comm.allocate_registered(count * sizeof(float));
+    const RegisteredBuffer out_memory = comm.allocate_registered(count * sizeof(float));
+    EXPECT_EQ(in_memory.registered(), shm);
+    std::vector<float> in_heap(count), out_heap(count);
+    const bool use_registered = layout != Layout::kEvenRanksOnly || rank % 2 == 0;
+    float* in = use_registered ? static_cast<float*>(in_memory.data()) : in_heap.data();
+    float* out = layout == Layout::kInputOnly ? out_heap.data()
+                 : use_registered             ? static_cast<float*>(out_memory.data())
+                                              : out_heap.data();
+    const std::vector<float> inputs = exact_inputs(rank, count);
+    std::copy(inputs.begin(), inputs.end(), in);
+    std::vector<float> want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
+
+    const ShmSendCounts before = shm_send_counts();
+    if (in_place)
+      comm.allreduce_sum(in, count, /*tag=*/static_cast<int>(count % 1000));
+    else
+      comm.allreduce_sum_into(in, out, count, /*tag=*/static_cast<int>(count % 1000));
+    const ShmSendCounts sent = {shm_send_counts().by_reference - before.by_reference,
+                                shm_send_counts().copied - before.copied};
+
+    EXPECT_EQ(bitwise_mismatch(copy_of(in_place ? in : out, count), want), "") << "count " << count;
+    if (!in_place) {
+      EXPECT_EQ(bitwise_mismatch(copy_of(in, count), inputs), "") << "count " << count << ": input changed";
+    }
+    // A message larger than a record's 40 bytes goes by reference exactly when it lies in registered memory. Out of
+    // place, recursive doubling (small buffers) first copies the input into the output, and sends from there.
+    const bool large = count / n * sizeof(float) > 40;
+    const bool sends_from_registered =
+        layout != Layout::kInputOnly || count * sizeof(float) > small_allreduce_bytes(n);
+    if (shm && use_registered && large && sends_from_registered) {
+      EXPECT_GT(sent.by_reference, 0u) << "count " << count << ": nothing went by reference";
+    }
+    if (!use_registered || !shm) {
+      EXPECT_EQ(sent.by_reference, 0u) << "count " << count;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, RegisteredAllreduce,
+                         testing::Combine(testing::Values(Layout::kRegistered, Layout::kEvenRanksOnly,
+                                                          Layout::kInputOnly),
+                                          testing::Bool()),
+                         [](const testing::TestParamInfo<RegisteredAllreduce::ParamType>& info) {
+                           return std::string(name_of(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_in_place" : "_out_of_place");
+                         });
+
+// The ring's sends from registered memory are read by the peer where they lie: the wrapper hashes each send buffer
+// when sent and again when retired, so a write to a buffer a peer may still be reading shows up.
+TEST(RegisteredRing, SendBuffersStayUntouchedWhilePeersReadThem) {
+  const int rank = world_rank(), n = world_size();
+  ShmTransport shm(MPI_COMM_WORLD);
+  ContractCheckingTransport transport(shm);
+  RingScratch scratch;
+  for (size_t slice : {size_t{0}, size_t{1000}}) {
+    for (size_t count : {size_t{4003}, size_t{1'000'003}}) {
+      RegisteredBuffer memory(MPI_COMM_WORLD, count * sizeof(float), true);
+      float* data = static_cast<float*>(memory.data());
+      const std::vector<float> inputs = exact_inputs(rank, count);
+      std::copy(inputs.begin(), inputs.end(), data);
+      RingOptions o;
+      o.slice_elems = slice;
+      o.slices_per_chunk = 4;
+      const size_t modified_before = transport.modified();
+      ring_allreduce_sum(data, count, transport, scratch, o);
+      EXPECT_EQ(transport.modified() - modified_before, 0u) << "a send buffer changed before it was retired";
+      EXPECT_EQ(transport.in_flight(), 0u);
+      std::vector<float> want(count);
+      for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
+      EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "") << "slice " << slice << " count " << count;
+    }
+  }
+}
+
+// A send by reference completes when the receiver has read it, not when its record is queued: rank 1 receives
+// 30 ms late, and rank 0's wait_sends lasts until then. After it, the buffer is the sender's again.
+TEST(RegisteredTransport, ASendByReferenceCompletesWhenTheReceiverHasReadIt) {
+  if (world_size() < 2 || !host_has_peers()) GTEST_SKIP() << "needs 2 ranks on one host";
+  const int rank = world_rank();
+  ShmTransport t(MPI_COMM_WORLD);
+  const size_t count = 10'000;
+  RegisteredBuffer memory(MPI_COMM_WORLD, count * sizeof(float), true);
+  float* data = static_cast<float*>(memory.data());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i);
+    const ShmSendCounts before = shm_send_counts();
+    const auto start = std::chrono::steady_clock::now();
+    t.send(1, data, count * sizeof(float), 5);
+    EXPECT_EQ(shm_send_counts().by_reference - before.by_reference, 1u);
+    t.wait_sends();
+    const double waited_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_GE(waited_ms, 20.0) << "the send completed before the receiver read it";
+    std::fill(data, data + count, -1.0f);  // ours again: the receiver holds its own copy
+    MPI_Barrier(MPI_COMM_WORLD);
+  } else if (rank == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    std::vector<float> got(count);
+    t.recv(0, got.data(), count * sizeof(float), 5);
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], static_cast<float>(i)) << "element " << i;
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+// Registered on ranks {0, 1} only: rank 0's sends from it go by reference to rank 1, which maps it, and are copied
+// to rank 2, which does not. The choice is per message; both arrive intact.
+TEST(RegisteredTransport, OnlyPeersThatMapTheSegmentGetReferences) {
+  if (world_size() < 3 || !host_has_peers()) GTEST_SKIP() << "needs 3 ranks on one host";
+  const int rank = world_rank();
+  ShmTransport t(MPI_COMM_WORLD);
+  MPI_Comm pair;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
+  const size_t count = 1001;
+  if (rank == 0) {
+    RegisteredBuffer memory(pair, count * sizeof(float), true);
+    ASSERT_TRUE(memory.registered());
+    float* data = static_cast<float*>(memory.data());
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(3 * i);
+    const ShmSendCounts before = shm_send_counts();
+    t.send(1, data, count * sizeof(float), 1);
+    t.send(2, data, count * sizeof(float), 2);
+    const ShmSendCounts after = shm_send_counts();
+    EXPECT_EQ(after.by_reference - before.by_reference, 1u);
+    EXPECT_EQ(after.copied - before.copied, 1u);
+    t.wait_sends();
+    MPI_Barrier(MPI_COMM_WORLD);  // the peers have checked their data: the segment may go
+  } else if (rank <= 2) {
+    RegisteredBuffer memory;
+    if (rank == 1) memory = RegisteredBuffer(pair, 64, true);
+    std::vector<float> got(count);
+    t.recv(0, got.data(), count * sizeof(float), rank);
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(got[i], static_cast<float>(3 * i)) << "rank " << rank << " element " << i;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (pair != MPI_COMM_NULL) MPI_Comm_free(&pair);
+}
+
+// The record of a message sent by reference carries its tag like any other: a receive expecting another tag throws
+// TagMismatch before reading the sender's buffer.
+TEST(RegisteredTransport, ReferencesCarryTheirTag) {
+  if (world_size() < 2 || !host_has_peers()) GTEST_SKIP() << "needs 2 ranks on one host";
+  const int rank = world_rank();
+  const size_t count = 512;
+  RegisteredBuffer memory(MPI_COMM_WORLD, count * sizeof(float), true);
+  {
+    ShmTransport t(MPI_COMM_WORLD);
+    if (rank == 0) {
+      t.send(1, memory.data(), count * sizeof(float), 3);  // never acknowledged: the transport is dropped unwaited
+    } else if (rank == 1) {
+      std::vector<float> got(count);
+      try {
+        t.recv(0, got.data(), count * sizeof(float), 4);
+        ADD_FAILURE() << "a message tagged 3 was received as tag 4";
+      } catch (const TagMismatch& e) {
+        EXPECT_EQ(e.expected_tag, 4);
+        EXPECT_EQ(e.received_tag, 3);
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The hierarchical all-reduce's rings within a node and the link emulation wrapper pass registered buffers through.
+TEST(RegisteredAllreduceOnTop, HierAndLinkEmulationSumExactlyByReference) {
+  const int rank = world_rank(), n = world_size();
+  const bool shm = n > 1 && host_has_peers();
+  std::vector<CommOptions> setups;
+  CommOptions emulated;
+  emulated.link = parse_link("pcie4");
+  setups.push_back(emulated);
+  if (n >= 4 && n % 2 == 0) {
+    CommOptions hier;
+    hier.impl = AllreduceImpl::kHier;
+    hier.ranks_per_node = 2;
+    setups.push_back(hier);
+  }
+  for (const CommOptions& options : setups) {
+    Communicator comm(MPI_COMM_WORLD, options);
+    const size_t count = 300'007;
+    RegisteredBuffer memory = comm.allocate_registered(count * sizeof(float));
+    float* data = static_cast<float*>(memory.data());
+    const std::vector<float> inputs = exact_inputs(rank, count);
+    std::copy(inputs.begin(), inputs.end(), data);
+    const ShmSendCounts before = shm_send_counts();
+    comm.allreduce_sum(data, count, 9);
+    std::vector<float> want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
+    EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "") << comm.transport_name();
+    if (shm) {
+      EXPECT_GT(shm_send_counts().by_reference - before.by_reference, 0u) << comm.transport_name();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddplab
