@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -399,6 +399,15 @@ Calibration read_calibration(const std::string& path) {
   return cal;
 }
 
+double backward_slowdown_beside_comm(int cores, int ranks, int threads, double comm_cpu_share) {
+  const double compute = static_cast<double>(ranks) * threads;
+  const double alone = std::min(1.0, cores / compute);
+  const double beside = std::min(1.0, std::max(0.0, cores - ranks * comm_cpu_share) / compute);
+  // Fair shares: a rank's comm thread is one more thread beside its `threads`, so it takes at most 1/threads.
+  const double bound = 1.0 / threads;
+  return beside <= 0 ? bound : std::clamp(alone / beside - 1, 0.0, bound);
+}
+
 namespace {
 
 // The run's own setting, from its config.
@@ -444,12 +453,10 @@ std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
 
 // The communicating backward of every steady step and rank, cut at the buckets' ready times into nb + 1 intervals
 // (the last, after the last bucket, is the tail): each interval's length and how long the comm thread was busy in
-// it, and how long some bucket was outstanding in it (ready, its all-reduce not yet done: the comm thread had work,
-// whether or not it got a core). With gradient accumulation that backward is the last micro-batch's, taken as
-// 1/micro of all.
+// it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
 struct BackwardIntervals {
   using PerBucket = std::vector<double>;                          // nb + 1 intervals
-  std::vector<std::vector<PerBucket>> length, busy, outstanding;  // [steady step][rank]
+  std::vector<std::vector<PerBucket>> length, busy;               // [steady step][rank]
   std::vector<std::vector<Interval>> backward;                    // [rank][step], absolute
 };
 
@@ -459,7 +466,7 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
   const int micro = std::max(1, run.config.value("grad_accum", 1));
   BackwardIntervals out;
   out.length.assign(steady, std::vector<BackwardIntervals::PerBucket>(world, BackwardIntervals::PerBucket(nb + 1)));
-  out.busy = out.outstanding = out.length;
+  out.busy = out.length;
   out.backward.assign(world, std::vector<Interval>(run.steps));
   steps.assign(steady, std::vector<RankProfile>(world));
   for (int s = first; s < run.steps; ++s)
@@ -475,84 +482,64 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
       for (int b = 0; b <= nb; ++b) {
         const double ready =
             b < nb ? std::clamp(run.bucket_at(r, s, b).ready_ms, previous, start + backward) : start + backward;
-        double busy_ms = 0, outstanding_ms = 0;
+        double busy_ms = 0;
         for (int k = 0; k < nb; ++k) {
           const BucketTimes& t = run.bucket_at(r, s, k);
           busy_ms += overlap({previous, ready}, {t.comm_start_ms, t.comm_end_ms});
-          outstanding_ms += overlap({previous, ready}, {t.ready_ms, t.comm_end_ms});
         }
         out.length[s - first][r][b] = ready - previous;
         out.busy[s - first][r][b] = busy_ms;
-        out.outstanding[s - first][r][b] = outstanding_ms;
         previous = ready;
       }
     }
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Backward's slowdown beside comm: the same interval of backward (the same bucket's pieces) on the steps and ranks
-// where the comm thread was busy for all of it, against those where it had nothing to do in it: the ratio of their
-// median lengths, pooled over the intervals that ran both ways (weighted by the smaller count). "Nothing to do",
-// not "idle": a comm thread that had a bucket but waited for a core was idle because backward held the core, and
-// one that got the core in time left backward long because it lost it (seen: 1.8 against 6.8 ms on 4 ranks over 2
-// cores), so comparing those measures the scheduler.
-// Why not a regression of length on busy time: where comm covers an interval, its busy time *is* its length, so
-// any noise in backward reads as "more comm, longer interval" and the fit came out at lost = 1 (2x, its bound) on
-// runs whose backward was 15% slower with overlap on than off. Medians, because a shared machine preempts a rank
-// for 10x an interval now and then, comm or not.
-void fit_backward_slowdown(const BackwardIntervals& t, StepModel& m) {
-  if (!m.measured.overlap) {
-    m.slowdown_source = "not measured (the run had overlap off)";
+// Backward's slowdown beside comm, from the CPU time the comm threads spent on their all-reduces: rho, their share
+// of the all-reduces' wall time, pooled over the all-reduces that started while their rank's backward ran (where
+// the threads competed; all of them if none did). On the cores of rank 0's host, shared by its ranks.
+void measure_backward_slowdown(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
+  const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
+  if (world <= 1) {
+    m.slowdown_source = "none (one rank: no comm thread)";
     return;
   }
-  constexpr double kIdle = 0.05, kCovered = 0.95;  // shares of an interval the comm thread was busy for
-  constexpr size_t kMinSamples = 3;
-  // An interval shorter than this share of backward measures the scheduler, not a pace: on oversubscribed cores
-  // waking the comm thread costs the compute thread ~0.5 ms once, which made a 0.01 ms interval 40x as long.
-  constexpr double kMinShareOfBackward = 0.02;
-  const size_t intervals = t.length.empty() ? 0 : t.length[0][0].size();
-  std::vector<double> backward;
-  for (const auto& ranks : t.length)
-    for (const BackwardIntervals::PerBucket& per_bucket : ranks)
-      backward.push_back(std::accumulate(per_bucket.begin(), per_bucket.end(), 0.0));
-  const double shortest = backward.empty() ? 0 : kMinShareOfBackward * median(backward);
-  double extra = 0, alone = 0;
-  int compared = 0;
-  for (size_t b = 0; b < intervals; ++b) {
-    std::vector<double> idle, covered;
-    for (size_t s = 0; s < t.length.size(); ++s)
-      for (size_t r = 0; r < t.length[s].size(); ++r) {
-        const double length = t.length[s][r][b], busy = t.busy[s][r][b];
-        if (length <= 0) continue;
-        if (t.outstanding[s][r][b] <= kIdle * length) idle.push_back(length);
-        if (busy >= kCovered * length) covered.push_back(length);
+  double cpu[2] = {0, 0}, wall[2] = {0, 0};  // [started beside backward]
+  for (int s = run.first_steady_step(); s < run.steps; ++s)
+    for (int r = 0; r < world; ++r)
+      for (int b = 0; b < nb; ++b) {
+        const BucketTimes& x = run.bucket_at(r, s, b);
+        if (x.comm_cpu_ms < 0) {
+          m.slowdown_source = "not measured (the run file has no comm thread CPU times: an older writer or a GPU run)";
+          return;
+        }
+        const Interval& backward = t.backward[r][s];
+        const bool beside = backward.begin <= x.comm_start_ms && x.comm_start_ms < backward.end;
+        cpu[beside] += x.comm_cpu_ms;
+        wall[beside] += std::max(0.0, x.comm_end_ms - x.comm_start_ms);
       }
-    if (idle.size() < kMinSamples || covered.size() < kMinSamples || median(idle) < shortest) continue;
-    const double weight = static_cast<double>(std::min(idle.size(), covered.size()));
-    extra += weight * (median(covered) - median(idle));
-    alone += weight * median(idle);
-    ++compared;
-  }
-  if (compared == 0 || alone <= 0) {
-    m.slowdown_source =
-        "not measured (no interval of backward, of 2% of it or more, ran both with and without comm "
-        "beside it)";
+  const int cores = run.meta.host_cores;
+  if (cores <= 0) {
+    m.slowdown_source = "not measured (the run file does not say how many cores its ranks had)";
     return;
   }
-  // At most 2x: a core shared by the compute and the comm thread gives compute at least half of it.
-  m.backward_slowdown = std::clamp(extra / alone, 0.0, 1.0);
-  m.slowdown_source = "the same intervals of backward with and without comm beside them (" + std::to_string(compared) +
-                      " of " + std::to_string(intervals) + ")" + (m.backward_slowdown == 1.0 ? ", at its bound" : "");
+  const bool beside = wall[1] > 0;
+  m.comm_cpu_share = wall[beside] > 0 ? cpu[beside] / wall[beside] : 0;
+  const std::vector<std::string>& hosts = run.meta.hostnames;
+  const int host_ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
+  const int threads = std::max(1, run.config.value("threads", 1));
+  m.backward_slowdown = backward_slowdown_beside_comm(cores, host_ranks, threads, m.comm_cpu_share);
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "the comm threads on a core %.2f of their all-reduces' time%s, %d rank%s x %d thread%s on %d core%s",
+                m.comm_cpu_share, beside ? " beside backward" : " (none beside backward)", host_ranks,
+                host_ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s");
+  m.slowdown_source = text;
 }
 
-// Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered,
-// pieces inside a bucket placed in proportion to their elements.
+// Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered
+// (the run's own all-reduces beside backward slowed it too), pieces inside a bucket placed in proportion to their
+// elements.
 void place_piece_ready_times(const BackwardIntervals& t, const std::vector<BucketSpan>& spans, StepModel& m) {
   const double lost = m.backward_slowdown / (1 + m.backward_slowdown);
   const size_t nb = spans.size();
@@ -648,7 +635,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   }
   const std::vector<BucketSpan> spans = piece_layout(run, m);
   const BackwardIntervals intervals = cut_backward(run, m.steps);
-  fit_backward_slowdown(intervals, m);
+  measure_backward_slowdown(run, intervals, m);
   place_piece_ready_times(intervals, spans, m);
   fit_run_allreduce(run, intervals, m);
 
@@ -765,7 +752,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   if (source_ranks > 0 && n > 1 && name != source_name)
     out.extrapolated.push_back("comm " + name + " (measured " + source_name + ")");
   if (setting.overlap && !measured.overlap)
-    out.extrapolated.push_back("overlap on (the run had it off: no slowdown measured)");
+    out.extrapolated.push_back("overlap on (the run had it off: no all-reduce timed beside backward)");
   if (outside) out.extrapolated.push_back("bucket sizes outside the measured " + mb_text(lo) + " .. " + mb_text(hi));
 
   // n ranks: the measured ranks repeated (rank r behaves as measured rank r mod the measured world, so a slow

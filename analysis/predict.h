@@ -115,6 +115,13 @@ SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::ve
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
                              const std::vector<BucketCost>& cost, bool overlap, double backward_slowdown);
 
+// Backward's slowdown beside an all-reduce (backward takes 1 + this times as long) with `ranks` ranks of `threads`
+// compute threads each on `cores` cores, whose comm threads spend `comm_cpu_share` of an all-reduce's time on a
+// core: fair shares leave compute cores - ranks x share of the cores, so its pace is min(1, (cores - ranks x
+// share) / (ranks x threads)) beside comm against min(1, cores / (ranks x threads)) alone. At most 1/threads (the
+// comm thread is one more thread beside a rank's `threads`). docs/PREDICT.md.
+double backward_slowdown_beside_comm(int cores, int ranks, int threads, double comm_cpu_share);
+
 // --link as parse_links reads it: "25gbe" (every hop) or "intra=none,inter=25gbe".
 std::string link_spec(const LinkClasses& links);
 
@@ -157,6 +164,7 @@ struct StepModel {
   bool pieces_from_buckets = false;             // the file had no piece layout: its buckets stand in as pieces
   std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
   double backward_slowdown = 0;                 // backward beside an all-reduce takes (1 + this) times as long
+  double comm_cpu_share = 0;  // the comm threads' CPU time over their all-reduces' wall time (beside backward)
   std::string slowdown_source;                  // how it was found, one phrase
   std::optional<CommFit> comm_fit;              // from the run's bucket timings (nullopt: one rank)
   LinkModel fitted_link;    // the class of hop comm_fit describes: the one that bounds the run's all-reduce

@@ -334,7 +334,7 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   ASSERT_TRUE(model.comm_fit);
   EXPECT_NEAR(model.comm_fit->alone.alpha_ms, ab.alpha_ms, 1e-6);
   EXPECT_NEAR(model.comm_fit->alone.beta_ms_per_byte, ab.beta_ms_per_byte, 1e-9);
-  EXPECT_EQ(model.backward_slowdown, 0);  // nothing varied: not measured
+  EXPECT_EQ(model.backward_slowdown, 0);  // no comm CPU times recorded: not measured
 
   const Prediction own = predict(model, model.measured);
   EXPECT_NEAR(own.step.step_ms, model.measured_step_ms, kTol);
@@ -384,38 +384,55 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   EXPECT_EQ(h.comm_source, "run + link");
 }
 
-// Backward's slowdown from a run: interval 1 (bucket 0 ready to bucket 1 ready, 3 ms of work) runs with bucket
-// 0's all-reduce beside it on even steps, 25% slower, and alone on odd ones (that all-reduce takes 0.1 ms there);
-// interval 2 has comm beside it on every step and a length that varies for no reason comm gives. A fit of length
-// against busy time reads that variation as slowdown (busy time = length there) and came out at its 2x bound;
-// the same interval with against without comm gives 25%. On rank 1's odd steps bucket 0's all-reduce waits for a
-// core until interval 1 is over and that interval runs fast (2 ms): comm had work there, so those do not count as
-// backward without comm.
-TEST(Predict, BackwardSlowdownComparesTheSameIntervalWithAndWithoutComm) {
-  constexpr double kSlowdown = 0.25;
-  RunRecord run = synthetic_run({0.05, 1e-6}, 8);
-  run.pieces.resize(3);
-  run.buckets.resize(3);
-  run.bucket_times.clear();
+// Fair shares of the cores: compute gets what the comm threads' measured CPU leaves.
+TEST(Predict, BackwardSlowdownFromTheCommThreadsCpuShare) {
+  // 2 ranks x 1 thread on 2 cores, comm threads on a core all the time: compute keeps nothing of its cores by
+  // the accounting, bounded by the fair share (comm is a second thread beside one): half pace, slowdown 1.
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 2, 1, 1.0), 1.0);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(4, 2, 1, 1.0), 0.0);       // a spare core per comm thread
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(3, 2, 1, 1.0), 1.0);       // pace 1 alone, 1/2 beside
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 2, 1, 0.25), 1.0 / 3);  // 1.5 of 2 cores left: 3/4 pace
+  // Oversubscribed: 4 ranks x 1 thread on 2 cores, pace 1/2 alone; comm takes 4 x 0.25 = 1 core: 1/4 beside.
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 4, 1, 0.25), 1.0);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 4, 1, 0.1), 0.25);  // 1.6 cores left: pace 0.4
+  // 2 ranks x 2 threads on 4 cores, share 0.5: 3 of 4 cores left. Bounded at 1/threads = 1/2.
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(4, 2, 2, 0.5), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(4, 2, 2, 1.5), 0.5);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 2, 1, 0.0), 0.0);
+}
+
+// From a run: the synthetic run's buckets 0 and 1 start beside backward (at 2.5 and 5 ms of its 10), buckets 2 and
+// 3 after it. Their comm threads were on a core 1/4 of the time beside backward and all the time after it: the share
+// that counts is 1/4, so 2 ranks x 1 thread on 2 cores run backward at 3/4 pace beside comm (slowdown 1/3), and
+// the backward without comm is the measured one less 1/4 of the comm time beside it.
+TEST(Predict, BackwardSlowdownFromARunsCommCpuTimesAndCores) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  RunRecord run = synthetic_run(ab, 4);
+  run.meta.hostnames = {"node", "node"};
+  run.meta.host_cores = 2;
+  run.config["threads"] = 1;
   for (int r = 0; r < 2; ++r)
-    for (int s = 0; s < run.steps; ++s) {
-      StepRecord& x = run.records[r * run.steps + s];
-      const bool beside = s % 2 == 0;
-      const double start = x.start_ms + x.data_ms + x.forward_ms;
-      const bool waits_for_a_core = !beside && r == 1;
-      const double ready0 = start + 2, ready1 = ready0 + (waits_for_a_core ? 2 : 3 * (beside ? 1 + kSlowdown : 1));
-      const double ready2 = ready1 + 2 * (1 + kSlowdown) * (1 + 0.3 * (s % 3 - 1));  // noise under comm
-      x.backward_ms = ready2 - start;
-      const double comm0 = waits_for_a_core ? ready1 : ready0, comm0_end = comm0 + (beside ? 4 : 0.1);
-      const double comm1 = std::max(comm0_end, ready1);
-      run.bucket_times.push_back({ready0, comm0, comm0_end});
-      run.bucket_times.push_back({ready1, comm1, ready2 + 1});
-      run.bucket_times.push_back({ready2, ready2 + 1, ready2 + 2});
-    }
-  const StepModel model = build_model(run, std::nullopt);
-  EXPECT_NEAR(model.backward_slowdown, kSlowdown, 1e-9) << model.slowdown_source;
-  // The replayed backward without comm: 2 + 3 + 2 ms of work on the even step whose noise factor is 1.
-  EXPECT_NEAR(model.steps[4][0].backward_ms, 7, 1e-9);
+    for (int s = 0; s < run.steps; ++s)
+      for (int b = 0; b < 4; ++b) {
+        BucketTimes& t = run.bucket_times[(static_cast<size_t>(r) * run.steps + s) * 4 + b];
+        t.comm_cpu_ms = (b < 2 ? 0.25 : 1.0) * (t.comm_end_ms - t.comm_start_ms);
+      }
+  StepModel model = build_model(run, std::nullopt);
+  EXPECT_DOUBLE_EQ(model.comm_cpu_share, 0.25);
+  EXPECT_NEAR(model.backward_slowdown, 1.0 / 3, 1e-12) << model.slowdown_source;
+  const BucketTimes& b0 = run.bucket_at(0, 0, 0);
+  const double backward_start = run.at(0, 0).start_ms + 2, beside = (b0.comm_end_ms - b0.comm_start_ms) + 5;
+  EXPECT_NEAR(model.steps[0][0].backward_ms, 10 - 0.25 * beside, 1e-9);
+  EXPECT_NEAR(model.steps[0][0].piece_ready_ms[0], b0.ready_ms - backward_start, 1e-9);  // nothing beside before it
+
+  // The same run on 4 cores: a spare core per comm thread, no slowdown. Without its cores or CPU times (older
+  // files, GPU runs): not measured, 0.
+  run.meta.host_cores = 4;
+  EXPECT_EQ(build_model(run, std::nullopt).backward_slowdown, 0);
+  run.meta.host_cores = 0;
+  model = build_model(run, std::nullopt);
+  EXPECT_EQ(model.backward_slowdown, 0);
+  EXPECT_NE(model.slowdown_source.find("not measured"), std::string::npos);
 }
 
 TEST(Predict, RunWithoutBucketTimingsIsRefused) {
