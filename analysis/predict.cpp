@@ -236,13 +236,13 @@ struct StepTimes {
 };
 
 StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double>& offsets,
-                 const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on,
-                 double backward_slowdown) {
+                 const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on) {
   const size_t n = ranks.size(), nb = buckets.size();
-  double horizon = 0, comm_beside = 0;
+  double horizon = 0, comm_beside = 0, most_slowdown = 0;
   for (size_t r = 0; r < n; ++r) horizon = std::max(horizon, offsets[r] + ranks[r].before_ms + ranks[r].backward_ms);
-  for (const BucketCost& c : cost) comm_beside += c.beside_ms;
-  const double dt = std::max((horizon * (1 + backward_slowdown) + comm_beside) / 20000, 1e-9);
+  for (const BucketCost& c : cost)
+    comm_beside += c.beside_ms, most_slowdown = std::max(most_slowdown, c.backward_slowdown);
+  const double dt = std::max((horizon * (1 + most_slowdown) + comm_beside) / 20000, 1e-9);
 
   StepTimes out;
   out.backward_end.assign(n, -1.0);
@@ -250,6 +250,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   std::vector<double> work(n, 0.0);
   size_t next = 0;   // the next bucket to start
   double left = -1;  // ms left of the running all-reduce; < 0: none runs
+  double slowdown = 0;  // backward's beside it
   double comm_start = 0;
   const auto ranks_in_backward = [&](double t) {
     int count = 0;
@@ -266,6 +267,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   for (double t = 0;; t += dt) {
     while (left < 0 && next < nb && ready(next)) {  // an all-reduce of nothing ends as it starts
       const BucketCost& c = cost[next++];
+      slowdown = c.backward_slowdown;
       left = c.alone_ms + (c.beside_ms - c.alone_ms) * ranks_in_backward(t) / static_cast<double>(n);
       if (left <= 0) left = -1;
       comm_start = out.comm_end = t;
@@ -274,7 +276,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
     const bool comm_runs = left >= 0;
     for (size_t r = 0; r < n; ++r) {
       if (t < offsets[r] + ranks[r].before_ms || out.backward_end[r] >= 0) continue;
-      const double pace = comm_runs ? 1 / (1 + backward_slowdown) : 1;
+      const double pace = comm_runs ? 1 / (1 + slowdown) : 1;
       const double used = std::min(dt, (ranks[r].backward_ms - work[r]) / pace);
       work[r] += used * pace;
       if (comm_runs) out.hidden[r] += used;
@@ -296,7 +298,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
 }  // namespace
 
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
-                             const std::vector<BucketCost>& cost, bool overlap_on, double backward_slowdown) {
+                             const std::vector<BucketCost>& cost, bool overlap_on) {
   // A rank starts its next step when it finishes this one, so ranks that finish later (a longer optimizer) start
   // later. The steps are replayed in order, first to let the ranks' start offsets settle, then to measure.
   const size_t n = steps.at(0).size(), count = steps.size();
@@ -305,7 +307,7 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
   double comm = 0;
   for (size_t i = 0; i < settle + count; ++i) {
     const std::vector<RankProfile>& ranks = steps[i % count];
-    const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on, backward_slowdown);
+    const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on);
     for (size_t r = 0; r < n; ++r) end[r] = std::max(t.backward_end[r], t.comm_end) + ranks[r].after_ms;
     if (i >= settle) {
       comm += t.comm_total / count;
@@ -324,8 +326,8 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
 }
 
 SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
-                            const std::vector<BucketCost>& cost, bool overlap_on, double backward_slowdown) {
-  return simulate_steps({ranks}, buckets, cost, overlap_on, backward_slowdown);
+                            const std::vector<BucketCost>& cost, bool overlap_on) {
+  return simulate_steps({ranks}, buckets, cost, overlap_on);
 }
 
 Calibration read_calibration(const std::string& path) {
@@ -452,12 +454,13 @@ std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
 }
 
 // The communicating backward of every steady step and rank, cut at the buckets' ready times into nb + 1 intervals
-// (the last, after the last bucket, is the tail): each interval's length and how long the comm thread was busy in
-// it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
+// (the last, after the last bucket, is the tail): each interval's length and how long each bucket's all-reduce ran
+// in it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
 struct BackwardIntervals {
-  using PerBucket = std::vector<double>;                          // nb + 1 intervals
-  std::vector<std::vector<PerBucket>> length, busy;               // [steady step][rank]
-  std::vector<std::vector<Interval>> backward;                    // [rank][step], absolute
+  using PerInterval = std::vector<double>;                  // nb + 1 intervals
+  std::vector<std::vector<PerInterval>> length;             // [steady step][rank]
+  std::vector<std::vector<std::vector<PerInterval>>> busy;  // [steady step][rank][bucket]
+  std::vector<std::vector<Interval>> backward;              // [rank][step], absolute
 };
 
 BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<RankProfile>>& steps) {
@@ -465,8 +468,10 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
   const int first = run.first_steady_step(), steady = run.steps - first;
   const int micro = std::max(1, run.config.value("grad_accum", 1));
   BackwardIntervals out;
-  out.length.assign(steady, std::vector<BackwardIntervals::PerBucket>(world, BackwardIntervals::PerBucket(nb + 1)));
-  out.busy = out.length;
+  const BackwardIntervals::PerInterval intervals(nb + 1);
+  out.length.assign(steady, std::vector<BackwardIntervals::PerInterval>(world, intervals));
+  out.busy.assign(steady, std::vector<std::vector<BackwardIntervals::PerInterval>>(
+                              world, std::vector<BackwardIntervals::PerInterval>(nb, intervals)));
   out.backward.assign(world, std::vector<Interval>(run.steps));
   steps.assign(steady, std::vector<RankProfile>(world));
   for (int s = first; s < run.steps; ++s)
@@ -482,66 +487,84 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
       for (int b = 0; b <= nb; ++b) {
         const double ready =
             b < nb ? std::clamp(run.bucket_at(r, s, b).ready_ms, previous, start + backward) : start + backward;
-        double busy_ms = 0;
         for (int k = 0; k < nb; ++k) {
           const BucketTimes& t = run.bucket_at(r, s, k);
-          busy_ms += overlap({previous, ready}, {t.comm_start_ms, t.comm_end_ms});
+          out.busy[s - first][r][k][b] = overlap({previous, ready}, {t.comm_start_ms, t.comm_end_ms});
         }
         out.length[s - first][r][b] = ready - previous;
-        out.busy[s - first][r][b] = busy_ms;
         previous = ready;
       }
     }
   return out;
 }
 
-// Backward's slowdown beside comm, from the CPU time the comm threads spent on their all-reduces: rho, their share
-// of the all-reduces' wall time, pooled over the all-reduces that started while their rank's backward ran (where
-// the threads competed; all of them if none did). On the cores of rank 0's host, shared by its ranks.
-void measure_backward_slowdown(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
+// Backward's slowdown beside comm, from the CPU time the comm threads spent on their all-reduces and the cores
+// of rank 0's host (docs/PREDICT.md). Returned, per run bucket: the slowdown its own all-reduces caused, from their
+// share of a core (CPU over wall time, pooled over steady steps and ranks), to be taken out of the run's backward.
+// Kept for other settings: the CPU an all-reduce costs, fitted on its terms, and the host's cores, ranks, threads.
+std::vector<double> measure_backward_slowdown(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
   const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
+  std::vector<double> slowdown(nb, 0.0);
   if (world <= 1) {
     m.slowdown_source = "none (one rank: no comm thread)";
-    return;
+    return slowdown;
   }
-  double cpu[2] = {0, 0}, wall[2] = {0, 0};  // [started beside backward]
+  std::vector<double> cpu(nb, 0.0), wall(nb, 0.0);
+  double pooled_cpu[2] = {0, 0}, pooled_wall[2] = {0, 0};  // [started beside backward]
+  std::vector<std::vector<double>> rows;                   // message steps, bytes
+  std::vector<double> cpu_ms;
+  const double small = static_cast<double>(small_allreduce_bytes(world));
   for (int s = run.first_steady_step(); s < run.steps; ++s)
     for (int r = 0; r < world; ++r)
       for (int b = 0; b < nb; ++b) {
         const BucketTimes& x = run.bucket_at(r, s, b);
         if (x.comm_cpu_ms < 0) {
           m.slowdown_source = "not measured (the run file has no comm thread CPU times: an older writer or a GPU run)";
-          return;
+          return std::vector<double>(nb, 0.0);
         }
+        const double duration = std::max(0.0, x.comm_end_ms - x.comm_start_ms);
         const Interval& backward = t.backward[r][s];
         const bool beside = backward.begin <= x.comm_start_ms && x.comm_start_ms < backward.end;
-        cpu[beside] += x.comm_cpu_ms;
-        wall[beside] += std::max(0.0, x.comm_end_ms - x.comm_start_ms);
+        cpu[b] += x.comm_cpu_ms, wall[b] += duration;
+        pooled_cpu[beside] += x.comm_cpu_ms, pooled_wall[beside] += duration;
+        const AllreduceTerms terms = allreduce_terms(static_cast<double>(run.buckets[b].bytes()), world,
+                                                     m.measured.impl, m.measured.wire, small, m.measured.nodes());
+        rows.push_back({terms.message_steps, terms.bytes});
+        cpu_ms.push_back(x.comm_cpu_ms);
       }
-  const int cores = run.meta.host_cores;
-  if (cores <= 0) {
+  m.host_cores = run.meta.host_cores;
+  if (m.host_cores <= 0) {
     m.slowdown_source = "not measured (the run file does not say how many cores its ranks had)";
-    return;
+    return slowdown;
   }
-  const bool beside = wall[1] > 0;
-  m.comm_cpu_share = wall[beside] > 0 ? cpu[beside] / wall[beside] : 0;
   const std::vector<std::string>& hosts = run.meta.hostnames;
-  const int host_ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
-  const int threads = std::max(1, run.config.value("threads", 1));
-  m.backward_slowdown = backward_slowdown_beside_comm(cores, host_ranks, threads, m.comm_cpu_share);
-  char text[200];
+  m.host_ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
+  m.compute_threads = std::max(1, run.config.value("threads", 1));
+  const std::vector<double> fit = nonnegative_least_squares(rows, cpu_ms);
+  m.comm_cpu = AlphaBeta{fit[0], fit[1]};
+  for (int b = 0; b < nb; ++b)
+    if (wall[b] > 0) slowdown[b] = m.backward_slowdown_beside(cpu[b], wall[b]);
+  const bool beside = pooled_wall[1] > 0;
+  if (pooled_wall[beside] > 0)
+    m.backward_slowdown = m.backward_slowdown_beside(pooled_cpu[beside], pooled_wall[beside]);
+  char text[240];
   std::snprintf(text, sizeof text,
-                "the comm threads on a core %.2f of their all-reduces' time%s, %d rank%s x %d thread%s on %d core%s",
-                m.comm_cpu_share, beside ? " beside backward" : " (none beside backward)", host_ranks,
-                host_ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s");
+                "the run's all-reduces%s (their comm threads on a core %.2f of the time; CPU %.3f ms per all-reduce "
+                "+ %.3f ms per MB), %d rank%s x %d thread%s on %d core%s",
+                beside ? " beside backward" : " (none beside backward)",
+                pooled_wall[beside] > 0 ? pooled_cpu[beside] / pooled_wall[beside] : 0.0,
+                m.comm_cpu->alpha_ms * rows[0][0], m.comm_cpu->beta_ms_per_byte * kMiB, m.host_ranks,
+                m.host_ranks == 1 ? "" : "s", m.compute_threads, m.compute_threads == 1 ? "" : "s", m.host_cores,
+                m.host_cores == 1 ? "" : "s");
   m.slowdown_source = text;
+  return slowdown;
 }
 
-// Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered
-// (the run's own all-reduces beside backward slowed it too), pieces inside a bucket placed in proportion to their
-// elements.
-void place_piece_ready_times(const BackwardIntervals& t, const std::vector<BucketSpan>& spans, StepModel& m) {
-  const double lost = m.backward_slowdown / (1 + m.backward_slowdown);
+// Each piece's ready time in a backward without comm beside it: the intervals less what the run's own all-reduces
+// beside them cost (a share s/(1+s) of the time each ran there, with its bucket's slowdown s), pieces inside a bucket
+// placed in proportion to their elements.
+void place_piece_ready_times(const BackwardIntervals& t, const std::vector<BucketSpan>& spans,
+                             const std::vector<double>& slowdown, StepModel& m) {
   const size_t nb = spans.size();
   for (size_t s = 0; s < m.steps.size(); ++s)
     for (size_t r = 0; r < m.steps[s].size(); ++r) {
@@ -549,7 +572,9 @@ void place_piece_ready_times(const BackwardIntervals& t, const std::vector<Bucke
       p.piece_ready_ms.assign(m.pieces.size(), 0);
       double done = 0;
       for (size_t b = 0; b <= nb; ++b) {
-        const double own = std::max(0.0, t.length[s][r][b] - lost * t.busy[s][r][b]);
+        double lost = 0;
+        for (size_t k = 0; k < nb; ++k) lost += slowdown[k] / (1 + slowdown[k]) * t.busy[s][r][k][b];
+        const double own = std::max(0.0, t.length[s][r][b] - lost);
         if (b == nb) {
           p.backward_ms = done + own;
           break;
@@ -635,8 +660,8 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   }
   const std::vector<BucketSpan> spans = piece_layout(run, m);
   const BackwardIntervals intervals = cut_backward(run, m.steps);
-  measure_backward_slowdown(run, intervals, m);
-  place_piece_ready_times(intervals, spans, m);
+  const std::vector<double> run_slowdown = measure_backward_slowdown(run, intervals, m);
+  place_piece_ready_times(intervals, spans, run_slowdown, m);
   fit_run_allreduce(run, intervals, m);
 
   double samples = 0, tokens = 0;
@@ -726,7 +751,10 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const double alone = allreduce_ms(bytes, setting, small, costs);
-    cost.push_back({alone, alone + wait});
+    // Backward beside it: the comm thread's CPU for it over its time beside backward.
+    const double cpu =
+        m.comm_cpu ? m.comm_cpu->ms(allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes)) : 0;
+    cost.push_back({alone, alone + wait, m.comm_cpu ? m.backward_slowdown_beside(cpu, alone + wait) : 0});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
     if (nodes > 1 && setting.impl != AllreduceImpl::kHier) {  // the slower class sets each step's pace
@@ -761,7 +789,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   std::vector<std::vector<RankProfile>> steps;
   for (const std::vector<RankProfile>& measured_ranks : m.steps)
     steps.emplace_back(measured_ranks.begin(), measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
-  out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.backward_slowdown);
+  out.step = simulate_steps(steps, buckets, cost, setting.overlap);
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;

@@ -33,7 +33,7 @@ TEST(Predict, OneBucketWaitsForTheWholeBackward) {
   const auto b = buckets(1e9, 1e9);
   ASSERT_EQ(b.size(), 1u);
   for (bool overlap : {true, false}) {
-    const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(1, 4), overlap, 0);
+    const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(1, 4), overlap);
     EXPECT_NEAR(s.step_ms, 2 + 10 + 4 + 3, kTol) << overlap;
     EXPECT_NEAR(s.exposed_ms, 4, kTol);
     EXPECT_NEAR(s.hidden_ms, 0, kTol);
@@ -44,11 +44,11 @@ TEST(Predict, OneBucketWaitsForTheWholeBackward) {
 TEST(Predict, CommMuchShorterThanBackwardHidesAllButTheLastBucket) {
   const auto b = buckets(0, 0);  // a bucket per piece
   ASSERT_EQ(b.size(), 4u);
-  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true, 0);
+  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true);
   EXPECT_NEAR(on.step_ms, 2 + 10 + 0.1 + 3, kTol);
   EXPECT_NEAR(on.exposed_ms, 0.1, kTol);
   EXPECT_NEAR(on.hidden_ms, 0.3, kTol);
-  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), false, 0);
+  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), false);
   EXPECT_NEAR(off.step_ms, 2 + 10 + 0.4 + 3, kTol);
   EXPECT_NEAR(off.hidden_ms, 0, kTol);
 }
@@ -56,11 +56,11 @@ TEST(Predict, CommMuchShorterThanBackwardHidesAllButTheLastBucket) {
 TEST(Predict, CommMuchLongerThanBackwardQueuesOnTheCommThread) {
   // Buckets of 5 ms, ready every 2.5 ms: the comm thread runs them back to back from 2.5 ms, ending at 22.5 ms.
   const auto b = buckets(0, 0);
-  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 5), true, 0);
+  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 5), true);
   EXPECT_NEAR(on.step_ms, 2 + 22.5 + 3, kTol);
   EXPECT_NEAR(on.exposed_ms, 12.5, kTol);
   EXPECT_NEAR(on.hidden_ms, 7.5, kTol);
-  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 5), false, 0);
+  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 5), false);
   EXPECT_NEAR(off.step_ms, 2 + 10 + 20 + 3, kTol);
 }
 
@@ -77,8 +77,8 @@ TEST(Predict, SmallClosingBucketShortensTheTail) {
   EXPECT_EQ(small.back().first_piece, 3);
   ASSERT_EQ(large.size(), 2u);
   EXPECT_EQ(large.back().first_piece, 2);
-  const SimulatedStep s = simulate_step({profile(), profile()}, small, cost_of(small), true, 0);
-  const SimulatedStep l = simulate_step({profile(), profile()}, large, cost_of(large), true, 0);
+  const SimulatedStep s = simulate_step({profile(), profile()}, small, cost_of(small), true);
+  const SimulatedStep l = simulate_step({profile(), profile()}, large, cost_of(large), true);
   EXPECT_NEAR(s.step_ms, 2 + 11 + 3, kTol);
   EXPECT_NEAR(s.exposed_ms, 1, kTol);
   EXPECT_NEAR(l.step_ms, 2 + 12 + 3, kTol);
@@ -88,12 +88,12 @@ TEST(Predict, SmallClosingBucketShortensTheTail) {
 TEST(Predict, SlowRankSetsThePace) {
   // Rank 2 starts its backward 4 ms late: every all-reduce waits for it, the others wait for the last one.
   const auto b = buckets(0, 0);
-  const SimulatedStep s = simulate_step({profile(), profile(), profile(6)}, b, same_cost(4, 0.1), true, 0);
+  const SimulatedStep s = simulate_step({profile(), profile(), profile(6)}, b, same_cost(4, 0.1), true);
   EXPECT_NEAR(s.step_ms, 6 + 10 + 0.1 + 3, kTol);
   // A slow optimizer on one rank makes it start later, and the others wait for it in the next step's comm.
   RankProfile slow_optimizer = profile();
   slow_optimizer.after_ms = 5;
-  const SimulatedStep t = simulate_step({profile(), slow_optimizer}, b, same_cost(4, 0.1), true, 0);
+  const SimulatedStep t = simulate_step({profile(), slow_optimizer}, b, same_cost(4, 0.1), true);
   EXPECT_NEAR(t.step_ms, 2 + 10 + 0.1 + 5, kTol);
 }
 
@@ -101,7 +101,9 @@ TEST(Predict, BackwardSlowedBesideComm) {
   // Backward at half pace while an all-reduce runs (slowdown 1): bucket 0 runs 2.5..7.5, when backward has done
   // 5 ms of work and releases bucket 1, and so on: the comm thread stays busy and backward ends at 17.5 ms.
   const auto b = buckets(0, 0);
-  const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(4, 5), true, 1.0);
+  std::vector<BucketCost> cost = same_cost(4, 5);
+  for (BucketCost& c : cost) c.backward_slowdown = 1;
+  const SimulatedStep s = simulate_step({profile(), profile()}, b, cost, true);
   EXPECT_NEAR(s.backward_ms, 17.5, kTol);
   EXPECT_NEAR(s.step_ms, 2 + 22.5 + 3, kTol);
   EXPECT_NEAR(s.hidden_ms, 15, kTol);
@@ -112,7 +114,7 @@ TEST(Predict, CommSlowedWhenItStartsBesideBackward) {
   // 0.2 ms beside backward, 0.1 ms alone: the first three start during backward, the last after it.
   const auto b = buckets(0, 0);
   const SimulatedStep s =
-      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, BucketCost{0.1, 0.2}), true, 0);
+      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, BucketCost{0.1, 0.2}), true);
   EXPECT_NEAR(s.comm_ms, 3 * 0.2 + 0.1, kTol);
   EXPECT_NEAR(s.step_ms, 2 + 10 + 0.1 + 3, kTol);
 }
@@ -200,8 +202,8 @@ TEST(Predict, WireHalvesTheBandwidthTermOfTheStep) {
     bf16.push_back({ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kBf16, small)), 0});
     fp32.back().beside_ms = fp32.back().alone_ms, bf16.back().beside_ms = bf16.back().alone_ms;
   }
-  const SimulatedStep a = simulate_step({profile(), profile()}, b, fp32, false, 0);
-  const SimulatedStep h = simulate_step({profile(), profile()}, b, bf16, false, 0);
+  const SimulatedStep a = simulate_step({profile(), profile()}, b, fp32, false);
+  const SimulatedStep h = simulate_step({profile(), profile()}, b, bf16, false);
   EXPECT_NEAR(a.comm_ms, 2 * h.comm_ms, kTol);
   EXPECT_NEAR(a.step_ms - h.step_ms, h.comm_ms, kTol);
 }
@@ -401,29 +403,34 @@ TEST(Predict, BackwardSlowdownFromTheCommThreadsCpuShare) {
   EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 2, 1, 0.0), 0.0);
 }
 
-// From a run: the synthetic run's buckets 0 and 1 start beside backward (at 2.5 and 5 ms of its 10), buckets 2 and
-// 3 after it. Their comm threads were on a core 1/4 of the time beside backward and all the time after it: the share
-// that counts is 1/4, so 2 ranks x 1 thread on 2 cores run backward at 3/4 pace beside comm (slowdown 1/3), and
-// the backward without comm is the measured one less 1/4 of the comm time beside it.
+// From a run: the synthetic run's comm threads were on a core 1/4 of each all-reduce's time, so their CPU is 1/4 of
+// its alpha-beta cost, which the fit recovers, and 2 ranks x 1 thread on 2 cores run backward at 3/4 pace beside
+// comm (slowdown 1/3). Buckets 0 and 1 start beside backward (at 2.5 and 5 ms of its 10): the backward without
+// comm is the measured one less 1/4 of the time they ran beside it.
 TEST(Predict, BackwardSlowdownFromARunsCommCpuTimesAndCores) {
   const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
   RunRecord run = synthetic_run(ab, 4);
   run.meta.hostnames = {"node", "node"};
   run.meta.host_cores = 2;
   run.config["threads"] = 1;
-  for (int r = 0; r < 2; ++r)
-    for (int s = 0; s < run.steps; ++s)
-      for (int b = 0; b < 4; ++b) {
-        BucketTimes& t = run.bucket_times[(static_cast<size_t>(r) * run.steps + s) * 4 + b];
-        t.comm_cpu_ms = (b < 2 ? 0.25 : 1.0) * (t.comm_end_ms - t.comm_start_ms);
-      }
+  for (BucketTimes& t : run.bucket_times) t.comm_cpu_ms = 0.25 * (t.comm_end_ms - t.comm_start_ms);
   StepModel model = build_model(run, std::nullopt);
-  EXPECT_DOUBLE_EQ(model.comm_cpu_share, 0.25);
+  ASSERT_TRUE(model.comm_cpu);
+  EXPECT_NEAR(model.comm_cpu->alpha_ms, 0.25 * ab.alpha_ms, 1e-9);
+  EXPECT_NEAR(model.comm_cpu->beta_ms_per_byte, 0.25 * ab.beta_ms_per_byte, 1e-12);
   EXPECT_NEAR(model.backward_slowdown, 1.0 / 3, 1e-12) << model.slowdown_source;
   const BucketTimes& b0 = run.bucket_at(0, 0, 0);
   const double backward_start = run.at(0, 0).start_ms + 2, beside = (b0.comm_end_ms - b0.comm_start_ms) + 5;
   EXPECT_NEAR(model.steps[0][0].backward_ms, 10 - 0.25 * beside, 1e-9);
   EXPECT_NEAR(model.steps[0][0].piece_ready_ms[0], b0.ready_ms - backward_start, 1e-9);  // nothing beside before it
+  // Overlap off from it: backward without comm beside it, 10 - 0.25 x beside, then every all-reduce alone.
+  const double small = static_cast<double>(small_allreduce_bytes(2));
+  double comm = 0;
+  for (const PieceRecord& p : run.pieces)
+    comm += ab.ms(allreduce_terms(p.numel * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  PredictSetting off = model.measured;
+  off.overlap = false;
+  EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 - 0.25 * beside + comm + 2, kTol);
 
   // The same run on 4 cores: a spare core per comm thread, no slowdown. Without its cores or CPU times (older
   // files, GPU runs): not measured, 0.
@@ -432,6 +439,7 @@ TEST(Predict, BackwardSlowdownFromARunsCommCpuTimesAndCores) {
   run.meta.host_cores = 0;
   model = build_model(run, std::nullopt);
   EXPECT_EQ(model.backward_slowdown, 0);
+  EXPECT_FALSE(model.comm_cpu);
   EXPECT_NE(model.slowdown_source.find("not measured"), std::string::npos);
 }
 
