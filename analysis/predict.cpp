@@ -250,7 +250,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   std::vector<double> work(n, 0.0);
   size_t next = 0;   // the next bucket to start
   double left = -1;  // ms left of the running all-reduce; < 0: none runs
-  double slowdown = 0;  // backward's beside it
+  double slowdown = 0;  // backward's, beside the running all-reduce
   double comm_start = 0;
   const auto ranks_in_backward = [&](double t) {
     int count = 0;
