@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -236,13 +236,13 @@ struct StepTimes {
 };
 
 StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double>& offsets,
-                 const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on,
-                 double backward_slowdown) {
+                 const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on) {
   const size_t n = ranks.size(), nb = buckets.size();
-  double horizon = 0, comm_beside = 0;
+  double horizon = 0, comm_beside = 0, most_slowdown = 0;
   for (size_t r = 0; r < n; ++r) horizon = std::max(horizon, offsets[r] + ranks[r].before_ms + ranks[r].backward_ms);
-  for (const BucketCost& c : cost) comm_beside += c.beside_ms;
-  const double dt = std::max((horizon * (1 + backward_slowdown) + comm_beside) / 20000, 1e-9);
+  for (const BucketCost& c : cost)
+    comm_beside += c.beside_ms, most_slowdown = std::max(most_slowdown, c.backward_slowdown);
+  const double dt = std::max((horizon * (1 + most_slowdown) + comm_beside) / 20000, 1e-9);
 
   StepTimes out;
   out.backward_end.assign(n, -1.0);
@@ -250,6 +250,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   std::vector<double> work(n, 0.0);
   size_t next = 0;   // the next bucket to start
   double left = -1;  // ms left of the running all-reduce; < 0: none runs
+  double slowdown = 0;  // backward's, beside the running all-reduce
   double comm_start = 0;
   const auto ranks_in_backward = [&](double t) {
     int count = 0;
@@ -266,6 +267,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   for (double t = 0;; t += dt) {
     while (left < 0 && next < nb && ready(next)) {  // an all-reduce of nothing ends as it starts
       const BucketCost& c = cost[next++];
+      slowdown = c.backward_slowdown;
       left = c.alone_ms + (c.beside_ms - c.alone_ms) * ranks_in_backward(t) / static_cast<double>(n);
       if (left <= 0) left = -1;
       comm_start = out.comm_end = t;
@@ -274,7 +276,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
     const bool comm_runs = left >= 0;
     for (size_t r = 0; r < n; ++r) {
       if (t < offsets[r] + ranks[r].before_ms || out.backward_end[r] >= 0) continue;
-      const double pace = comm_runs ? 1 / (1 + backward_slowdown) : 1;
+      const double pace = comm_runs ? 1 / (1 + slowdown) : 1;
       const double used = std::min(dt, (ranks[r].backward_ms - work[r]) / pace);
       work[r] += used * pace;
       if (comm_runs) out.hidden[r] += used;
@@ -296,7 +298,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
 }  // namespace
 
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
-                             const std::vector<BucketCost>& cost, bool overlap_on, double backward_slowdown) {
+                             const std::vector<BucketCost>& cost, bool overlap_on) {
   // A rank starts its next step when it finishes this one, so ranks that finish later (a longer optimizer) start
   // later. The steps are replayed in order, first to let the ranks' start offsets settle, then to measure.
   const size_t n = steps.at(0).size(), count = steps.size();
@@ -305,7 +307,7 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
   double comm = 0;
   for (size_t i = 0; i < settle + count; ++i) {
     const std::vector<RankProfile>& ranks = steps[i % count];
-    const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on, backward_slowdown);
+    const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on);
     for (size_t r = 0; r < n; ++r) end[r] = std::max(t.backward_end[r], t.comm_end) + ranks[r].after_ms;
     if (i >= settle) {
       comm += t.comm_total / count;
@@ -324,8 +326,8 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
 }
 
 SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
-                            const std::vector<BucketCost>& cost, bool overlap_on, double backward_slowdown) {
-  return simulate_steps({ranks}, buckets, cost, overlap_on, backward_slowdown);
+                            const std::vector<BucketCost>& cost, bool overlap_on) {
+  return simulate_steps({ranks}, buckets, cost, overlap_on);
 }
 
 Calibration read_calibration(const std::string& path) {
@@ -399,6 +401,15 @@ Calibration read_calibration(const std::string& path) {
   return cal;
 }
 
+double backward_slowdown_beside_comm(int cores, int ranks, int threads, double comm_cpu_share) {
+  const double compute = static_cast<double>(ranks) * threads;
+  const double alone = std::min(1.0, cores / compute);
+  const double beside = std::min(1.0, std::max(0.0, cores - ranks * comm_cpu_share) / compute);
+  // Fair shares: a rank's comm thread is one more thread beside its `threads`, so it takes at most 1/threads.
+  const double bound = 1.0 / threads;
+  return beside <= 0 ? bound : std::clamp(alone / beside - 1, 0.0, bound);
+}
+
 namespace {
 
 // The run's own setting, from its config.
@@ -443,14 +454,13 @@ std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
 }
 
 // The communicating backward of every steady step and rank, cut at the buckets' ready times into nb + 1 intervals
-// (the last, after the last bucket, is the tail): each interval's length and how long the comm thread was busy in
-// it, and how long some bucket was outstanding in it (ready, its all-reduce not yet done: the comm thread had work,
-// whether or not it got a core). With gradient accumulation that backward is the last micro-batch's, taken as
-// 1/micro of all.
+// (the last, after the last bucket, is the tail): each interval's length and how long each bucket's all-reduce ran
+// in it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
 struct BackwardIntervals {
-  using PerBucket = std::vector<double>;                          // nb + 1 intervals
-  std::vector<std::vector<PerBucket>> length, busy, outstanding;  // [steady step][rank]
-  std::vector<std::vector<Interval>> backward;                    // [rank][step], absolute
+  using PerInterval = std::vector<double>;                  // nb + 1 intervals
+  std::vector<std::vector<PerInterval>> length;             // [steady step][rank]
+  std::vector<std::vector<std::vector<PerInterval>>> busy;  // [steady step][rank][bucket]
+  std::vector<std::vector<Interval>> backward;              // [rank][step], absolute
 };
 
 BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<RankProfile>>& steps) {
@@ -458,8 +468,10 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
   const int first = run.first_steady_step(), steady = run.steps - first;
   const int micro = std::max(1, run.config.value("grad_accum", 1));
   BackwardIntervals out;
-  out.length.assign(steady, std::vector<BackwardIntervals::PerBucket>(world, BackwardIntervals::PerBucket(nb + 1)));
-  out.busy = out.outstanding = out.length;
+  const BackwardIntervals::PerInterval intervals(nb + 1);
+  out.length.assign(steady, std::vector<BackwardIntervals::PerInterval>(world, intervals));
+  out.busy.assign(steady, std::vector<std::vector<BackwardIntervals::PerInterval>>(
+                              world, std::vector<BackwardIntervals::PerInterval>(nb, intervals)));
   out.backward.assign(world, std::vector<Interval>(run.steps));
   steps.assign(steady, std::vector<RankProfile>(world));
   for (int s = first; s < run.steps; ++s)
@@ -475,86 +487,84 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
       for (int b = 0; b <= nb; ++b) {
         const double ready =
             b < nb ? std::clamp(run.bucket_at(r, s, b).ready_ms, previous, start + backward) : start + backward;
-        double busy_ms = 0, outstanding_ms = 0;
         for (int k = 0; k < nb; ++k) {
           const BucketTimes& t = run.bucket_at(r, s, k);
-          busy_ms += overlap({previous, ready}, {t.comm_start_ms, t.comm_end_ms});
-          outstanding_ms += overlap({previous, ready}, {t.ready_ms, t.comm_end_ms});
+          out.busy[s - first][r][k][b] = overlap({previous, ready}, {t.comm_start_ms, t.comm_end_ms});
         }
         out.length[s - first][r][b] = ready - previous;
-        out.busy[s - first][r][b] = busy_ms;
-        out.outstanding[s - first][r][b] = outstanding_ms;
         previous = ready;
       }
     }
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Backward's slowdown beside comm: the same interval of backward (the same bucket's pieces) on the steps and ranks
-// where the comm thread was busy for all of it, against those where it had nothing to do in it: the ratio of their
-// median lengths, pooled over the intervals that ran both ways (weighted by the smaller count). "Nothing to do",
-// not "idle": a comm thread that had a bucket but waited for a core was idle because backward held the core, and
-// one that got the core in time left backward long because it lost it (seen: 1.8 against 6.8 ms on 4 ranks over 2
-// cores), so comparing those measures the scheduler.
-// Why not a regression of length on busy time: where comm covers an interval, its busy time *is* its length, so
-// any noise in backward reads as "more comm, longer interval" and the fit came out at lost = 1 (2x, its bound) on
-// runs whose backward was 15% slower with overlap on than off. Medians, because a shared machine preempts a rank
-// for 10x an interval now and then, comm or not.
-void fit_backward_slowdown(const BackwardIntervals& t, StepModel& m) {
-  if (!m.measured.overlap) {
-    m.slowdown_source = "not measured (the run had overlap off)";
-    return;
+// Backward's slowdown beside comm, from the CPU time the comm threads spent on their all-reduces and the cores
+// of rank 0's host (docs/PREDICT.md). Returned, per run bucket: the slowdown its own all-reduces caused, from their
+// share of a core (CPU over wall time, pooled over steady steps and ranks), to be taken out of the run's backward.
+// Kept for other settings: the CPU an all-reduce costs, fitted on its terms, and the host's cores, ranks, threads.
+std::vector<double> measure_backward_slowdown(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
+  const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
+  std::vector<double> slowdown(nb, 0.0);
+  if (world <= 1) {
+    m.slowdown_source = "none (one rank: no comm thread)";
+    return slowdown;
   }
-  constexpr double kIdle = 0.05, kCovered = 0.95;  // shares of an interval the comm thread was busy for
-  constexpr size_t kMinSamples = 3;
-  // An interval shorter than this share of backward measures the scheduler, not a pace: on oversubscribed cores
-  // waking the comm thread costs the compute thread ~0.5 ms once, which made a 0.01 ms interval 40x as long.
-  constexpr double kMinShareOfBackward = 0.02;
-  const size_t intervals = t.length.empty() ? 0 : t.length[0][0].size();
-  std::vector<double> backward;
-  for (const auto& ranks : t.length)
-    for (const BackwardIntervals::PerBucket& per_bucket : ranks)
-      backward.push_back(std::accumulate(per_bucket.begin(), per_bucket.end(), 0.0));
-  const double shortest = backward.empty() ? 0 : kMinShareOfBackward * median(backward);
-  double extra = 0, alone = 0;
-  int compared = 0;
-  for (size_t b = 0; b < intervals; ++b) {
-    std::vector<double> idle, covered;
-    for (size_t s = 0; s < t.length.size(); ++s)
-      for (size_t r = 0; r < t.length[s].size(); ++r) {
-        const double length = t.length[s][r][b], busy = t.busy[s][r][b];
-        if (length <= 0) continue;
-        if (t.outstanding[s][r][b] <= kIdle * length) idle.push_back(length);
-        if (busy >= kCovered * length) covered.push_back(length);
+  std::vector<double> cpu(nb, 0.0), wall(nb, 0.0);
+  double pooled_cpu[2] = {0, 0}, pooled_wall[2] = {0, 0};  // [started beside backward]
+  std::vector<std::vector<double>> rows;                   // message steps, bytes
+  std::vector<double> cpu_ms;
+  const double small = static_cast<double>(small_allreduce_bytes(world));
+  for (int s = run.first_steady_step(); s < run.steps; ++s)
+    for (int r = 0; r < world; ++r)
+      for (int b = 0; b < nb; ++b) {
+        const BucketTimes& x = run.bucket_at(r, s, b);
+        if (x.comm_cpu_ms < 0) {
+          m.slowdown_source = "not measured (the run file has no comm thread CPU times: an older writer or a GPU run)";
+          return std::vector<double>(nb, 0.0);
+        }
+        const double duration = std::max(0.0, x.comm_end_ms - x.comm_start_ms);
+        const Interval& backward = t.backward[r][s];
+        const bool beside = backward.begin <= x.comm_start_ms && x.comm_start_ms < backward.end;
+        cpu[b] += x.comm_cpu_ms, wall[b] += duration;
+        pooled_cpu[beside] += x.comm_cpu_ms, pooled_wall[beside] += duration;
+        const AllreduceTerms terms = allreduce_terms(static_cast<double>(run.buckets[b].bytes()), world,
+                                                     m.measured.impl, m.measured.wire, small, m.measured.nodes());
+        rows.push_back({terms.message_steps, terms.bytes});
+        cpu_ms.push_back(x.comm_cpu_ms);
       }
-    if (idle.size() < kMinSamples || covered.size() < kMinSamples || median(idle) < shortest) continue;
-    const double weight = static_cast<double>(std::min(idle.size(), covered.size()));
-    extra += weight * (median(covered) - median(idle));
-    alone += weight * median(idle);
-    ++compared;
+  m.host_cores = run.meta.host_cores;
+  if (m.host_cores <= 0) {
+    m.slowdown_source = "not measured (the run file does not say how many cores its ranks had)";
+    return slowdown;
   }
-  if (compared == 0 || alone <= 0) {
-    m.slowdown_source =
-        "not measured (no interval of backward, of 2% of it or more, ran both with and without comm "
-        "beside it)";
-    return;
-  }
-  // At most 2x: a core shared by the compute and the comm thread gives compute at least half of it.
-  m.backward_slowdown = std::clamp(extra / alone, 0.0, 1.0);
-  m.slowdown_source = "the same intervals of backward with and without comm beside them (" + std::to_string(compared) +
-                      " of " + std::to_string(intervals) + ")" + (m.backward_slowdown == 1.0 ? ", at its bound" : "");
+  const std::vector<std::string>& hosts = run.meta.hostnames;
+  m.host_ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
+  m.compute_threads = std::max(1, run.config.value("threads", 1));
+  const std::vector<double> fit = nonnegative_least_squares(rows, cpu_ms);
+  m.comm_cpu = AlphaBeta{fit[0], fit[1]};
+  for (int b = 0; b < nb; ++b)
+    if (wall[b] > 0) slowdown[b] = m.backward_slowdown_beside(cpu[b], wall[b]);
+  const bool beside = pooled_wall[1] > 0;
+  if (pooled_wall[beside] > 0)
+    m.backward_slowdown = m.backward_slowdown_beside(pooled_cpu[beside], pooled_wall[beside]);
+  char text[240];
+  std::snprintf(text, sizeof text,
+                "the run's all-reduces%s (their comm threads on a core %.2f of the time; CPU %.3f ms per all-reduce "
+                "+ %.3f ms per MB), %d rank%s x %d thread%s on %d core%s",
+                beside ? " beside backward" : " (none beside backward)",
+                pooled_wall[beside] > 0 ? pooled_cpu[beside] / pooled_wall[beside] : 0.0,
+                m.comm_cpu->alpha_ms * rows[0][0], m.comm_cpu->beta_ms_per_byte * kMiB, m.host_ranks,
+                m.host_ranks == 1 ? "" : "s", m.compute_threads, m.compute_threads == 1 ? "" : "s", m.host_cores,
+                m.host_cores == 1 ? "" : "s");
+  m.slowdown_source = text;
+  return slowdown;
 }
 
-// Each piece's ready time in a backward without comm beside it: the intervals less the slowdown they suffered,
-// pieces inside a bucket placed in proportion to their elements.
-void place_piece_ready_times(const BackwardIntervals& t, const std::vector<BucketSpan>& spans, StepModel& m) {
-  const double lost = m.backward_slowdown / (1 + m.backward_slowdown);
+// Each piece's ready time in a backward without comm beside it: the intervals less what the run's own all-reduces
+// beside them cost (a share s/(1+s) of the time each ran there, with its bucket's slowdown s), pieces inside a bucket
+// placed in proportion to their elements.
+void place_piece_ready_times(const BackwardIntervals& t, const std::vector<BucketSpan>& spans,
+                             const std::vector<double>& slowdown, StepModel& m) {
   const size_t nb = spans.size();
   for (size_t s = 0; s < m.steps.size(); ++s)
     for (size_t r = 0; r < m.steps[s].size(); ++r) {
@@ -562,7 +572,9 @@ void place_piece_ready_times(const BackwardIntervals& t, const std::vector<Bucke
       p.piece_ready_ms.assign(m.pieces.size(), 0);
       double done = 0;
       for (size_t b = 0; b <= nb; ++b) {
-        const double own = std::max(0.0, t.length[s][r][b] - lost * t.busy[s][r][b]);
+        double lost = 0;
+        for (size_t k = 0; k < nb; ++k) lost += slowdown[k] / (1 + slowdown[k]) * t.busy[s][r][k][b];
+        const double own = std::max(0.0, t.length[s][r][b] - lost);
         if (b == nb) {
           p.backward_ms = done + own;
           break;
@@ -648,8 +660,8 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   }
   const std::vector<BucketSpan> spans = piece_layout(run, m);
   const BackwardIntervals intervals = cut_backward(run, m.steps);
-  fit_backward_slowdown(intervals, m);
-  place_piece_ready_times(intervals, spans, m);
+  const std::vector<double> run_slowdown = measure_backward_slowdown(run, intervals, m);
+  place_piece_ready_times(intervals, spans, run_slowdown, m);
   fit_run_allreduce(run, intervals, m);
 
   double samples = 0, tokens = 0;
@@ -739,7 +751,10 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const double alone = allreduce_ms(bytes, setting, small, costs);
-    cost.push_back({alone, alone + wait});
+    // Backward beside it: the comm thread's CPU for it over its time beside backward.
+    const double cpu =
+        m.comm_cpu ? m.comm_cpu->ms(allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes)) : 0;
+    cost.push_back({alone, alone + wait, m.comm_cpu ? m.backward_slowdown_beside(cpu, alone + wait) : 0});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
     if (nodes > 1 && setting.impl != AllreduceImpl::kHier) {  // the slower class sets each step's pace
@@ -765,7 +780,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   if (source_ranks > 0 && n > 1 && name != source_name)
     out.extrapolated.push_back("comm " + name + " (measured " + source_name + ")");
   if (setting.overlap && !measured.overlap)
-    out.extrapolated.push_back("overlap on (the run had it off: no slowdown measured)");
+    out.extrapolated.push_back("overlap on (the run had it off: no all-reduce timed beside backward)");
   if (outside) out.extrapolated.push_back("bucket sizes outside the measured " + mb_text(lo) + " .. " + mb_text(hi));
 
   // n ranks: the measured ranks repeated (rank r behaves as measured rank r mod the measured world, so a slow
@@ -774,7 +789,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   std::vector<std::vector<RankProfile>> steps;
   for (const std::vector<RankProfile>& measured_ranks : m.steps)
     steps.emplace_back(measured_ranks.begin(), measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
-  out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.backward_slowdown);
+  out.step = simulate_steps(steps, buckets, cost, setting.overlap);
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;

@@ -11,6 +11,7 @@
 //                     rank setting the pace
 //   build_model / predict   the measured run turned into those inputs, and one configuration's prediction
 #pragma once
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,18 +103,26 @@ struct SimulatedStep {
 // A bucket's all-reduce: alone, and started beside every rank's backward (>= alone).
 struct BucketCost {
   double alone_ms = 0, beside_ms = 0;
+  double backward_slowdown = 0;  // backward beside this all-reduce takes (1 + this) times as long
 };
 // The comm thread takes bucket j when every rank has released its last piece and bucket j-1 is done (overlap on),
 // or after every rank's backward (overlap off). Compute and comm slow each other on shared cores: while an
-// all-reduce runs, backward advances at 1 / (1 + backward_slowdown) of its pace; an all-reduce that starts while a
-// share f of the ranks is in backward costs alone + f (beside - alone). Replayed in time steps of 1/20000 of the
+// all-reduce runs, backward advances at 1 / (1 + its backward_slowdown) of its pace; an all-reduce that starts while
+// a share f of the ranks is in backward costs alone + f (beside - alone). Replayed in time steps of 1/20000 of the
 // step.
 SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
-                            const std::vector<BucketCost>& cost, bool overlap, double backward_slowdown);
+                            const std::vector<BucketCost>& cost, bool overlap);
 // The same over a sequence of steps (each with its own profiles, per rank), replayed in order with each rank
 // starting its next step when it finishes this one; means over the steps, of the rank with the longest mean step.
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
-                             const std::vector<BucketCost>& cost, bool overlap, double backward_slowdown);
+                             const std::vector<BucketCost>& cost, bool overlap);
+
+// Backward's slowdown beside an all-reduce (backward takes 1 + this times as long) with `ranks` ranks of `threads`
+// compute threads each on `cores` cores, whose comm threads spend `comm_cpu_share` of an all-reduce's time on a
+// core: fair shares leave compute cores - ranks x share of the cores, so its pace is min(1, (cores - ranks x
+// share) / (ranks x threads)) beside comm against min(1, cores / (ranks x threads)) alone. At most 1/threads (the
+// comm thread is one more thread beside a rank's `threads`). docs/PREDICT.md.
+double backward_slowdown_beside_comm(int cores, int ranks, int threads, double comm_cpu_share);
 
 // --link as parse_links reads it: "25gbe" (every hop) or "intra=none,inter=25gbe".
 std::string link_spec(const LinkClasses& links);
@@ -156,8 +165,15 @@ struct StepModel {
   std::vector<PieceRecord> pieces;              // the layout buckets are cut from
   bool pieces_from_buckets = false;             // the file had no piece layout: its buckets stand in as pieces
   std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
-  double backward_slowdown = 0;                 // backward beside an all-reduce takes (1 + this) times as long
-  std::string slowdown_source;                  // how it was found, one phrase
+  // Backward beside an all-reduce: the comm thread's CPU per all-reduce (on its terms; nullopt: not recorded) on
+  // the cores of rank 0's host, shared by its ranks of `threads` compute threads each.
+  std::optional<AlphaBeta> comm_cpu;
+  int host_cores = 0, host_ranks = 1, compute_threads = 1;
+  double backward_slowdown_beside(double cpu_ms, double wall_ms) const {
+    return backward_slowdown_beside_comm(host_cores, host_ranks, compute_threads, std::min(1.0, cpu_ms / wall_ms));
+  }
+  double backward_slowdown = 0;  // the run's own all-reduces beside backward, pooled: backward (1 + this) x as long
+  std::string slowdown_source;   // how it was found, one phrase
   std::optional<CommFit> comm_fit;              // from the run's bucket timings (nullopt: one rank)
   LinkModel fitted_link;    // the class of hop comm_fit describes: the one that bounds the run's all-reduce
   std::string fitted_hops;  // which: "every hop", "the inter-node hops", "the intra-node hops"

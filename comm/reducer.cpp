@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <stdexcept>
 
 #include "comm/mpi_check.h"
@@ -14,6 +15,13 @@ namespace {
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The CPU time the calling thread has used.
+double thread_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
 }
 
 // FNV-1a over the layout: equal on two ranks iff (with overwhelming probability) the layouts are equal.
@@ -154,6 +162,7 @@ void Reducer::finish_alone(int bucket) {
   // The sum over one rank is its own gradients: no copy, no wait, zero comm time at the moment it would have started.
   // Only the mean's factor is left, 1 unless micro-batches or batch weights make it otherwise.
   times_[bucket].comm_start_ms = times_[bucket].comm_end_ms = now_ms() - origin_ms_;
+  times_[bucket].comm_cpu_ms = 0;
   const Bucket& b = buckets_[bucket];
   float* grads = flat_grads_ + b.offset;
   const float factor = local_scale_ * grad_scale_;
@@ -201,10 +210,12 @@ void Reducer::comm_loop() {
     try {
       const Bucket& bucket = buckets_[b];
       float* grads = flat_grads_ + bucket.offset;
+      const double cpu_start = thread_cpu_ms();
       times_[b].comm_start_ms = now_ms() - origin_ms_;
       if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
       nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
       times_[b].comm_end_ms = now_ms() - origin_ms_;
+      times_[b].comm_cpu_ms = thread_cpu_ms() - cpu_start;
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       error_ = std::current_exception();

@@ -66,6 +66,11 @@ struct BucketTimes {
   double ready_ms = 0;       // its last gradient became final
   double comm_start_ms = 0;  // the communication thread started its all-reduce
   double comm_end_ms = 0;
+  // CPU time the communication thread spent on that all-reduce (CLOCK_THREAD_CPUTIME_ID): the cores it took from
+  // backward's threads when they ran beside it. 0 at world size 1 (no comm thread); < 0: not recorded (the CUDA
+  // reducer, files written before it was).
+  double comm_cpu_ms = kNotRecorded;
+  static constexpr double kNotRecorded = -1;
 };
 
 class Reducer {

@@ -99,6 +99,22 @@ std::vector<std::string> gather_hostnames(MPI_Comm comm) {
   return names;
 }
 
+// The CPUs the ranks on rank 0's host may run on: the union of their affinity masks (bound ranks: their cores; an
+// unbound run: the host's). What backward's and the comm threads share (analysis/predict.cpp).
+int gather_host_cores(const std::vector<std::string>& hostnames, MPI_Comm comm) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0)
+    for (long c = 0; c < std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)) && c < CPU_SETSIZE; ++c) CPU_SET(c, &mine);
+  std::vector<cpu_set_t> all(hostnames.size());
+  MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm);
+  cpu_set_t host;
+  CPU_ZERO(&host);
+  for (size_t r = 0; r < all.size(); ++r)
+    if (hostnames[r] == hostnames[0]) CPU_OR(&host, &host, &all[r]);
+  return CPU_COUNT(&host);
+}
+
 }  // namespace
 
 int ranks_on_this_host(MPI_Comm comm) {
@@ -280,6 +296,7 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   meta.device = config.device;
   MPI_Comm_size(world, &meta.world_size);
   meta.hostnames = gather_hostnames(world);
+  meta.host_cores = gather_host_cores(meta.hostnames, world);
   return meta;
 }
 

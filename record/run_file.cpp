@@ -36,6 +36,7 @@ const std::pair<const char*, double BucketTimes::*> kBucketTimes[] = {
     {"ready_ms", &BucketTimes::ready_ms},
     {"comm_start_ms", &BucketTimes::comm_start_ms},
     {"comm_end_ms", &BucketTimes::comm_end_ms},
+    {"comm_cpu_ms", &BucketTimes::comm_cpu_ms},  // optional: older files read as not recorded
 };
 
 nlohmann::json link_json(const LinkModel& l) {
@@ -98,6 +99,7 @@ void write_contents(hid_t file, const RunRecord& run, const std::string& summary
     write_numbers(file, "node", std::vector<int64_t>(meta.node_of_rank.begin(), meta.node_of_rank.end()),
                   {static_cast<hsize_t>(meta.world_size)}, nullptr);
   write_string_attr(file, "links", links_json(meta.links).dump());
+  write_int_attr(file, "host_cores", meta.host_cores);
 
   H5Id group(create_group(file, "steps"), H5Gclose);
   const hsize_t world = meta.world_size, steps = run.steps;
@@ -183,7 +185,8 @@ void read_buckets(hid_t file, RunRecord& run) {
                         ", not 4 x buckets/count (" + std::to_string(count[k]) + ")");
   }
   if (has_link(group, "piece_numel")) read_pieces(group, run);
-  for (const auto& [name, member] : kBucketTimes) {
+  for (const auto& [name, member] : kBucketTimes) {  // comm_cpu_ms last: absent, it stays not recorded
+    if (member == &BucketTimes::comm_cpu_ms && !has_link(group, name)) continue;
     const std::vector<double> column = read_doubles(group, name, {world, steps, nb}, std::string("buckets/") + name);
     run.bucket_times.resize(column.size());
     for (size_t i = 0; i < column.size(); ++i) run.bucket_times[i].*member = column[i];
@@ -202,6 +205,7 @@ void read_contents(hid_t file, RunRecord& run) {
   for (const auto& [name, member] : kTextAttrs)
     if (has_attr(file, name)) meta.*member = read_string_attr(file, name);
   if (has_attr(file, "first_step")) meta.first_step = read_int_attr(file, "first_step", 0);
+  if (has_attr(file, "host_cores")) meta.host_cores = static_cast<int>(read_int_attr(file, "host_cores", 0, 1 << 20));
   run.config = parse_json_attr(file, "config");
   upgrade_config_keys(run.config);
   parse_json_attr(file, "summary");  // for scripts; the summary is recomputed from the records

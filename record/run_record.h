@@ -26,6 +26,7 @@ struct RunMetadata {
   std::vector<std::string> hostnames;  // by rank
   std::vector<int> node_of_rank;       // by rank (comm/topology.h); empty in files from before nodes were recorded
   LinkClasses links;                   // the emulated links per class of hop (none: no emulation)
+  int host_cores = 0;  // CPUs the ranks on rank 0's host could run on (their affinity masks' union); 0: not recorded
   int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)
   std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
 };

@@ -33,7 +33,7 @@ TEST(Predict, OneBucketWaitsForTheWholeBackward) {
   const auto b = buckets(1e9, 1e9);
   ASSERT_EQ(b.size(), 1u);
   for (bool overlap : {true, false}) {
-    const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(1, 4), overlap, 0);
+    const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(1, 4), overlap);
     EXPECT_NEAR(s.step_ms, 2 + 10 + 4 + 3, kTol) << overlap;
     EXPECT_NEAR(s.exposed_ms, 4, kTol);
     EXPECT_NEAR(s.hidden_ms, 0, kTol);
@@ -44,11 +44,11 @@ TEST(Predict, OneBucketWaitsForTheWholeBackward) {
 TEST(Predict, CommMuchShorterThanBackwardHidesAllButTheLastBucket) {
   const auto b = buckets(0, 0);  // a bucket per piece
   ASSERT_EQ(b.size(), 4u);
-  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true, 0);
+  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true);
   EXPECT_NEAR(on.step_ms, 2 + 10 + 0.1 + 3, kTol);
   EXPECT_NEAR(on.exposed_ms, 0.1, kTol);
   EXPECT_NEAR(on.hidden_ms, 0.3, kTol);
-  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), false, 0);
+  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), false);
   EXPECT_NEAR(off.step_ms, 2 + 10 + 0.4 + 3, kTol);
   EXPECT_NEAR(off.hidden_ms, 0, kTol);
 }
@@ -56,11 +56,11 @@ TEST(Predict, CommMuchShorterThanBackwardHidesAllButTheLastBucket) {
 TEST(Predict, CommMuchLongerThanBackwardQueuesOnTheCommThread) {
   // Buckets of 5 ms, ready every 2.5 ms: the comm thread runs them back to back from 2.5 ms, ending at 22.5 ms.
   const auto b = buckets(0, 0);
-  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 5), true, 0);
+  const SimulatedStep on = simulate_step({profile(), profile()}, b, same_cost(4, 5), true);
   EXPECT_NEAR(on.step_ms, 2 + 22.5 + 3, kTol);
   EXPECT_NEAR(on.exposed_ms, 12.5, kTol);
   EXPECT_NEAR(on.hidden_ms, 7.5, kTol);
-  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 5), false, 0);
+  const SimulatedStep off = simulate_step({profile(), profile()}, b, same_cost(4, 5), false);
   EXPECT_NEAR(off.step_ms, 2 + 10 + 20 + 3, kTol);
 }
 
@@ -77,8 +77,8 @@ TEST(Predict, SmallClosingBucketShortensTheTail) {
   EXPECT_EQ(small.back().first_piece, 3);
   ASSERT_EQ(large.size(), 2u);
   EXPECT_EQ(large.back().first_piece, 2);
-  const SimulatedStep s = simulate_step({profile(), profile()}, small, cost_of(small), true, 0);
-  const SimulatedStep l = simulate_step({profile(), profile()}, large, cost_of(large), true, 0);
+  const SimulatedStep s = simulate_step({profile(), profile()}, small, cost_of(small), true);
+  const SimulatedStep l = simulate_step({profile(), profile()}, large, cost_of(large), true);
   EXPECT_NEAR(s.step_ms, 2 + 11 + 3, kTol);
   EXPECT_NEAR(s.exposed_ms, 1, kTol);
   EXPECT_NEAR(l.step_ms, 2 + 12 + 3, kTol);
@@ -88,12 +88,12 @@ TEST(Predict, SmallClosingBucketShortensTheTail) {
 TEST(Predict, SlowRankSetsThePace) {
   // Rank 2 starts its backward 4 ms late: every all-reduce waits for it, the others wait for the last one.
   const auto b = buckets(0, 0);
-  const SimulatedStep s = simulate_step({profile(), profile(), profile(6)}, b, same_cost(4, 0.1), true, 0);
+  const SimulatedStep s = simulate_step({profile(), profile(), profile(6)}, b, same_cost(4, 0.1), true);
   EXPECT_NEAR(s.step_ms, 6 + 10 + 0.1 + 3, kTol);
   // A slow optimizer on one rank makes it start later, and the others wait for it in the next step's comm.
   RankProfile slow_optimizer = profile();
   slow_optimizer.after_ms = 5;
-  const SimulatedStep t = simulate_step({profile(), slow_optimizer}, b, same_cost(4, 0.1), true, 0);
+  const SimulatedStep t = simulate_step({profile(), slow_optimizer}, b, same_cost(4, 0.1), true);
   EXPECT_NEAR(t.step_ms, 2 + 10 + 0.1 + 5, kTol);
 }
 
@@ -101,7 +101,9 @@ TEST(Predict, BackwardSlowedBesideComm) {
   // Backward at half pace while an all-reduce runs (slowdown 1): bucket 0 runs 2.5..7.5, when backward has done
   // 5 ms of work and releases bucket 1, and so on: the comm thread stays busy and backward ends at 17.5 ms.
   const auto b = buckets(0, 0);
-  const SimulatedStep s = simulate_step({profile(), profile()}, b, same_cost(4, 5), true, 1.0);
+  std::vector<BucketCost> cost = same_cost(4, 5);
+  for (BucketCost& c : cost) c.backward_slowdown = 1;
+  const SimulatedStep s = simulate_step({profile(), profile()}, b, cost, true);
   EXPECT_NEAR(s.backward_ms, 17.5, kTol);
   EXPECT_NEAR(s.step_ms, 2 + 22.5 + 3, kTol);
   EXPECT_NEAR(s.hidden_ms, 15, kTol);
@@ -112,7 +114,7 @@ TEST(Predict, CommSlowedWhenItStartsBesideBackward) {
   // 0.2 ms beside backward, 0.1 ms alone: the first three start during backward, the last after it.
   const auto b = buckets(0, 0);
   const SimulatedStep s =
-      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, BucketCost{0.1, 0.2}), true, 0);
+      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, BucketCost{0.1, 0.2}), true);
   EXPECT_NEAR(s.comm_ms, 3 * 0.2 + 0.1, kTol);
   EXPECT_NEAR(s.step_ms, 2 + 10 + 0.1 + 3, kTol);
 }
@@ -200,8 +202,8 @@ TEST(Predict, WireHalvesTheBandwidthTermOfTheStep) {
     bf16.push_back({ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kBf16, small)), 0});
     fp32.back().beside_ms = fp32.back().alone_ms, bf16.back().beside_ms = bf16.back().alone_ms;
   }
-  const SimulatedStep a = simulate_step({profile(), profile()}, b, fp32, false, 0);
-  const SimulatedStep h = simulate_step({profile(), profile()}, b, bf16, false, 0);
+  const SimulatedStep a = simulate_step({profile(), profile()}, b, fp32, false);
+  const SimulatedStep h = simulate_step({profile(), profile()}, b, bf16, false);
   EXPECT_NEAR(a.comm_ms, 2 * h.comm_ms, kTol);
   EXPECT_NEAR(a.step_ms - h.step_ms, h.comm_ms, kTol);
 }
@@ -334,7 +336,7 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   ASSERT_TRUE(model.comm_fit);
   EXPECT_NEAR(model.comm_fit->alone.alpha_ms, ab.alpha_ms, 1e-6);
   EXPECT_NEAR(model.comm_fit->alone.beta_ms_per_byte, ab.beta_ms_per_byte, 1e-9);
-  EXPECT_EQ(model.backward_slowdown, 0);  // nothing varied: not measured
+  EXPECT_EQ(model.backward_slowdown, 0);  // no comm CPU times recorded: not measured
 
   const Prediction own = predict(model, model.measured);
   EXPECT_NEAR(own.step.step_ms, model.measured_step_ms, kTol);
@@ -384,38 +386,61 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   EXPECT_EQ(h.comm_source, "run + link");
 }
 
-// Backward's slowdown from a run: interval 1 (bucket 0 ready to bucket 1 ready, 3 ms of work) runs with bucket
-// 0's all-reduce beside it on even steps, 25% slower, and alone on odd ones (that all-reduce takes 0.1 ms there);
-// interval 2 has comm beside it on every step and a length that varies for no reason comm gives. A fit of length
-// against busy time reads that variation as slowdown (busy time = length there) and came out at its 2x bound;
-// the same interval with against without comm gives 25%. On rank 1's odd steps bucket 0's all-reduce waits for a
-// core until interval 1 is over and that interval runs fast (2 ms): comm had work there, so those do not count as
-// backward without comm.
-TEST(Predict, BackwardSlowdownComparesTheSameIntervalWithAndWithoutComm) {
-  constexpr double kSlowdown = 0.25;
-  RunRecord run = synthetic_run({0.05, 1e-6}, 8);
-  run.pieces.resize(3);
-  run.buckets.resize(3);
-  run.bucket_times.clear();
-  for (int r = 0; r < 2; ++r)
-    for (int s = 0; s < run.steps; ++s) {
-      StepRecord& x = run.records[r * run.steps + s];
-      const bool beside = s % 2 == 0;
-      const double start = x.start_ms + x.data_ms + x.forward_ms;
-      const bool waits_for_a_core = !beside && r == 1;
-      const double ready0 = start + 2, ready1 = ready0 + (waits_for_a_core ? 2 : 3 * (beside ? 1 + kSlowdown : 1));
-      const double ready2 = ready1 + 2 * (1 + kSlowdown) * (1 + 0.3 * (s % 3 - 1));  // noise under comm
-      x.backward_ms = ready2 - start;
-      const double comm0 = waits_for_a_core ? ready1 : ready0, comm0_end = comm0 + (beside ? 4 : 0.1);
-      const double comm1 = std::max(comm0_end, ready1);
-      run.bucket_times.push_back({ready0, comm0, comm0_end});
-      run.bucket_times.push_back({ready1, comm1, ready2 + 1});
-      run.bucket_times.push_back({ready2, ready2 + 1, ready2 + 2});
-    }
-  const StepModel model = build_model(run, std::nullopt);
-  EXPECT_NEAR(model.backward_slowdown, kSlowdown, 1e-9) << model.slowdown_source;
-  // The replayed backward without comm: 2 + 3 + 2 ms of work on the even step whose noise factor is 1.
-  EXPECT_NEAR(model.steps[4][0].backward_ms, 7, 1e-9);
+// Fair shares of the cores: compute gets what the comm threads' measured CPU leaves.
+TEST(Predict, BackwardSlowdownFromTheCommThreadsCpuShare) {
+  // 2 ranks x 1 thread on 2 cores, comm threads on a core all the time: compute keeps nothing of its cores by
+  // the accounting, bounded by the fair share (comm is a second thread beside one): half pace, slowdown 1.
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 2, 1, 1.0), 1.0);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(4, 2, 1, 1.0), 0.0);       // a spare core per comm thread
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(3, 2, 1, 1.0), 1.0);       // pace 1 alone, 1/2 beside
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 2, 1, 0.25), 1.0 / 3);  // 1.5 of 2 cores left: 3/4 pace
+  // Oversubscribed: 4 ranks x 1 thread on 2 cores, pace 1/2 alone; comm takes 4 x 0.25 = 1 core: 1/4 beside.
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 4, 1, 0.25), 1.0);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 4, 1, 0.1), 0.25);  // 1.6 cores left: pace 0.4
+  // 2 ranks x 2 threads on 4 cores, share 0.5: 3 of 4 cores left. Bounded at 1/threads = 1/2.
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(4, 2, 2, 0.5), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(4, 2, 2, 1.5), 0.5);
+  EXPECT_DOUBLE_EQ(backward_slowdown_beside_comm(2, 2, 1, 0.0), 0.0);
+}
+
+// From a run: the synthetic run's comm threads were on a core 1/4 of each all-reduce's time, so their CPU is 1/4 of
+// its alpha-beta cost, which the fit recovers, and 2 ranks x 1 thread on 2 cores run backward at 3/4 pace beside
+// comm (slowdown 1/3). Buckets 0 and 1 start beside backward (at 2.5 and 5 ms of its 10): the backward without
+// comm is the measured one less 1/4 of the time they ran beside it.
+TEST(Predict, BackwardSlowdownFromARunsCommCpuTimesAndCores) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  RunRecord run = synthetic_run(ab, 4);
+  run.meta.hostnames = {"node", "node"};
+  run.meta.host_cores = 2;
+  run.config["threads"] = 1;
+  for (BucketTimes& t : run.bucket_times) t.comm_cpu_ms = 0.25 * (t.comm_end_ms - t.comm_start_ms);
+  StepModel model = build_model(run, std::nullopt);
+  ASSERT_TRUE(model.comm_cpu);
+  EXPECT_NEAR(model.comm_cpu->alpha_ms, 0.25 * ab.alpha_ms, 1e-9);
+  EXPECT_NEAR(model.comm_cpu->beta_ms_per_byte, 0.25 * ab.beta_ms_per_byte, 1e-12);
+  EXPECT_NEAR(model.backward_slowdown, 1.0 / 3, 1e-12) << model.slowdown_source;
+  const BucketTimes& b0 = run.bucket_at(0, 0, 0);
+  const double backward_start = run.at(0, 0).start_ms + 2, beside = (b0.comm_end_ms - b0.comm_start_ms) + 5;
+  EXPECT_NEAR(model.steps[0][0].backward_ms, 10 - 0.25 * beside, 1e-9);
+  EXPECT_NEAR(model.steps[0][0].piece_ready_ms[0], b0.ready_ms - backward_start, 1e-9);  // nothing beside before it
+  // Overlap off from it: backward without comm beside it, 10 - 0.25 x beside, then every all-reduce alone.
+  const double small = static_cast<double>(small_allreduce_bytes(2));
+  double comm = 0;
+  for (const PieceRecord& p : run.pieces)
+    comm += ab.ms(allreduce_terms(p.numel * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  PredictSetting off = model.measured;
+  off.overlap = false;
+  EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 - 0.25 * beside + comm + 2, kTol);
+
+  // The same run on 4 cores: a spare core per comm thread, no slowdown. Without its cores or CPU times (older
+  // files, GPU runs): not measured, 0.
+  run.meta.host_cores = 4;
+  EXPECT_EQ(build_model(run, std::nullopt).backward_slowdown, 0);
+  run.meta.host_cores = 0;
+  model = build_model(run, std::nullopt);
+  EXPECT_EQ(model.backward_slowdown, 0);
+  EXPECT_FALSE(model.comm_cpu);
+  EXPECT_NE(model.slowdown_source.find("not measured"), std::string::npos);
 }
 
 TEST(Predict, RunWithoutBucketTimingsIsRefused) {
