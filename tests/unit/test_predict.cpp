@@ -29,6 +29,19 @@ std::vector<Bucket> buckets(double cap_bytes, double first_cap_bytes) {
 
 std::vector<BucketCost> same_cost(size_t n, double ms) { return std::vector<BucketCost>(n, BucketCost{ms, ms}); }
 
+// An fp32 ring all-reduce of `bytes` at 2 ranks on the link `ab`.
+double ring_ms_at_2(const AlphaBeta& ab, double bytes) {
+  const double small = static_cast<double>(small_allreduce_bytes(2));
+  return ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+}
+
+// Overlap off at 2 ranks: every piece is its own bucket, all-reduced alone after backward; their sum.
+double pieces_alone_after_backward_ms(const RunRecord& run, const AlphaBeta& ab) {
+  double comm = 0;
+  for (const PieceRecord& p : run.pieces) comm += ring_ms_at_2(ab, p.numel * 4.0);
+  return comm;
+}
+
 TEST(Predict, OneBucketWaitsForTheWholeBackward) {
   const auto b = buckets(1e9, 1e9);
   ASSERT_EQ(b.size(), 1u);
@@ -344,10 +357,7 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   EXPECT_NEAR(own.samples_per_s, 64 / own.step.step_ms * 1000, 1e-6);
 
   // Overlap off: every all-reduce after backward.
-  const double small = static_cast<double>(small_allreduce_bytes(2));
-  double comm = 0;
-  for (const PieceRecord& p : run.pieces)
-    comm += ab.ms(allreduce_terms(p.numel * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  const double comm = pieces_alone_after_backward_ms(run, ab);
   PredictSetting off = model.measured;
   off.overlap = false;
   EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + comm + 2, kTol);
@@ -356,9 +366,8 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   PredictSetting merged = model.measured;
   merged.bucket_mb = 100;
   merged.first_bucket_mb = 4;
-  const double first_ms =
-      ab.ms(allreduce_terms((2 * 1000 + (1 << 20)) * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
-  const double last_ms = ab.ms(allreduce_terms((1 << 20) * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  const double first_ms = ring_ms_at_2(ab, (2 * 1000 + (1 << 20)) * 4.0);
+  const double last_ms = ring_ms_at_2(ab, (1 << 20) * 4.0);
   const Prediction m = predict(model, merged);
   EXPECT_EQ(m.buckets, 2);
   EXPECT_NEAR(m.step.step_ms, 2 + std::max(7.5 + first_ms, 10.0) + last_ms + 2, kTol);
@@ -424,10 +433,7 @@ TEST(Predict, BackwardSlowdownFromARunsCommCpuTimesAndCores) {
   EXPECT_NEAR(model.steps[0][0].backward_ms, 10 - 0.25 * beside, 1e-9);
   EXPECT_NEAR(model.steps[0][0].piece_ready_ms[0], b0.ready_ms - backward_start, 1e-9);  // nothing beside before it
   // Overlap off from it: backward without comm beside it, 10 - 0.25 x beside, then every all-reduce alone.
-  const double small = static_cast<double>(small_allreduce_bytes(2));
-  double comm = 0;
-  for (const PieceRecord& p : run.pieces)
-    comm += ab.ms(allreduce_terms(p.numel * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  const double comm = pieces_alone_after_backward_ms(run, ab);
   PredictSetting off = model.measured;
   off.overlap = false;
   EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 - 0.25 * beside + comm + 2, kTol);
