@@ -237,9 +237,7 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   // describe_hops names every hop kind: "shm" appears exactly when some peer is reached through shared memory.
   single_copy_ = size_ > 1 && transport_name_.find("shm") != std::string::npos &&
                  settings::integer(settings::kLocalRegister, 0, 1) == 1;
-  if (single_copy_)
-    transport_name_ += transport_name_ == "shm" ? " (single-copy for registered buffers)"
-                                                : "; shm single-copy for registered buffers";
+  if (single_copy_) transport_name_.insert(transport_name_.find("shm") + 3, " single-copy");
   if (emulated) transport_name_ += " + link emulation";
 }
 

@@ -95,7 +95,7 @@ class Communicator {
   const std::string& transport_name() const { return transport_name_; }
   // Whether buffers from allocate_registered travel by reference between ranks of a host (comm/shm_transport.h):
   // the ring or hier reaches some peer through shared memory and DDPLAB_LOCAL_REGISTER is 1. transport_name() then
-  // ends in "single-copy for registered buffers".
+  // names that hop "shm single-copy" ("shm single-copy within node (1 peer) + mpi across nodes (2 peers)").
   bool single_copy() const { return single_copy_; }
   // Collective over the communicator: `bytes` of zeroed host memory for buffers this rank all-reduces (the flat
   // gradients), registered with the shm transport when single_copy(), ordinary memory otherwise. It must outlive

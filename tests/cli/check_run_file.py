@@ -81,9 +81,9 @@ def main():
             check(str(f.attrs["start_time_utc"]).endswith("Z"), "start time in UTC ISO 8601")
             # One node: the ring's messages go through shared memory, and the header and the file say so.
             # With a peer, the gradients are registered: single copy (comm/shm_transport.h).
-            shm = "shm" if np_ranks == 1 else "shm (single-copy for registered buffers)"
+            shm = "shm" if np_ranks == 1 else "shm single-copy"
             check(f.attrs.get("transport") == shm, f"transport attribute '{shm}' (got {f.attrs.get('transport')!r})")
-            check("comm ring over shm (" in proc.stdout, "the header names the transport")
+            check(f"comm ring over {shm} (" in proc.stdout, "the header names the transport")
 
             d = {k: f["steps"][k][:] for k in STEP_FIELDS}
             for k in STEP_FIELDS:

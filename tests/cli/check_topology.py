@@ -66,7 +66,7 @@ with tempfile.TemporaryDirectory() as work:
             links = json.loads(f.attrs["links"])
             check(links["intra"]["name"] == "none" and links["inter"]["name"] == inter and
                   links["inter"]["gbps"] == (1 if inter == "1gbe" else 0), f"run file: link classes {links}")
-            check("shm within node (1 peer) + mpi across nodes (2 peers)" in f.attrs["transport"],
+            check("shm single-copy within node (1 peer) + mpi across nodes (2 peers)" in f.attrs["transport"],
                   f"run file: the transport of each hop ({f.attrs['transport']!r})")
         if attempt == 0:
             report = subprocess.run([ddplab, "report", path], capture_output=True, text=True, timeout=60).stdout
@@ -96,7 +96,7 @@ with tempfile.TemporaryDirectory() as work:
     check(proc.returncode == 0, f"--comm hier at 2 x 2 ({proc.stderr.strip()[-300:]!r})")
     if proc.returncode == 0:
         with h5py.File(path, "r") as f:
-            check(f.attrs["transport"].startswith("shm within node (1 peer) + mpi across nodes (1 peer)"),
+            check(f.attrs["transport"].startswith("shm single-copy within node (1 peer) + mpi across nodes (1 peer)"),
                   f"hier's hops: {f.attrs['transport']!r}")
 
 if failures:

@@ -63,11 +63,11 @@ TEST_P(TopologyTest, EachHopTakesTheTransportOfItsNodes) {
   for (int p = 0; p < n_; ++p) (topology_.same_node(p, rank_) ? within : across) += 1;
   std::string want;
   if (across == 0) {
-    want = "shm (single-copy for registered buffers)";
+    want = "shm single-copy";
   } else {
-    if (within > 0) want = "shm within node (" + std::to_string(within) + (within == 1 ? " peer) + " : " peers) + ");
+    if (within > 0)
+      want = "shm single-copy within node (" + std::to_string(within) + (within == 1 ? " peer) + " : " peers) + ");
     want += "mpi across nodes (" + std::to_string(across) + (across == 1 ? " peer)" : " peers)");
-    if (within > 0) want += "; shm single-copy for registered buffers";
   }
   EXPECT_EQ(comm.transport_name(), want + " + link emulation");
   EXPECT_EQ(comm.single_copy(), within > 0);

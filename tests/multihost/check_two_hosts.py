@@ -96,7 +96,7 @@ def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):
     if p is None:
         return
     # Each rank has one peer on its host (shared memory) and two on the other (MPI over TCP).
-    transport = "shm within node (1 peer) + mpi across nodes (2 peers); shm single-copy for registered buffers"
+    transport = "shm single-copy within node (1 peer) + mpi across nodes (2 peers)"
     check(f"comm ring over {transport} " in p.stdout, f"the header says the ring runs over {transport}")
     one = os.path.join(work, "one_host.h5")
     one_host = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "4"]
