@@ -36,10 +36,12 @@ done
 import json, statistics, sys
 work, runs = sys.argv[1], int(sys.argv[2])
 busbw = {}  # (impl, size, mode) -> [busbw per run]
+calls = {}  # (impl, size, mode) -> [[us per call] per run]
 for i in range(1, runs + 1):
     for r in json.load(open(f"{work}/ring{i}.json"))["results"]:
         for mode in ("out_of_place", "in_place"):
             busbw.setdefault((r["impl"], r["size_bytes"], mode), []).append(r[mode]["busbw_gbs"])
+            calls.setdefault((r["impl"], r["size_bytes"], mode), []).append(r[mode]["times_us"])
 print(f"{'size':>8} {'mode':>12} {'ring median':>11} {'slowest':>8} {'slow/med':>8} {'MPI median':>10} "
       f"{'min ring/MPI':>12}   (busbw GB/s; targets: slow/med >= 0.8, ring/MPI >= 2 in every run)")
 slow_runs = set()
@@ -53,6 +55,17 @@ for (impl, size, mode), ring in sorted(busbw.items()):
     print(f"{size >> 20:>6}Mi {mode:>12} {med:>11.2f} {min(ring):>8.2f} {min(ring) / med:>8.2f} "
           f"{statistics.median(mpi):>10.2f} {worst:>12.2f}")
 print(f"runs with a size below 0.8x the median: {sorted(slow_runs) or 'none'}")
+# A slow run is a slow mode only if its typical call is slow: each run's median call against the median run's,
+# and how many of all calls took more than 1.5x their run's median call (stalls: a rank off its core).
+print(f"{'size':>8} {'mode':>12} {'p50 call us':>11} {'slowest run p50/med':>19} {'calls > 1.5x p50':>16}")
+for (impl, size, mode), runs_calls in sorted(calls.items()):
+    if impl != "ring":
+        continue
+    p50 = [statistics.median(c) for c in runs_calls]
+    stalls = sum(t > 1.5 * m for c, m in zip(runs_calls, p50) for t in c)
+    total = sum(len(c) for c in runs_calls)
+    print(f"{size >> 20:>6}Mi {mode:>12} {statistics.median(p50):>11.0f} "
+          f"{statistics.median(p50) / max(p50):>19.2f} {stalls:>9} of {total}")
 for i in sorted(slow_runs)[:3]:
     print(f"-- run {i}'s per-rank diagnosis:")
     print("".join(l for l in open(f"{work}/ring{i}.txt") if l.startswith(("#  rank", "#    "))), end="")
