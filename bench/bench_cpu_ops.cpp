@@ -118,5 +118,9 @@ int main(int argc, char** argv) {
       median_ms([&] { cpu::sgd_update(p.data(), g.data(), m.data(), n, 1e-3f, 0.9f, 0.0f); }, repeats), 4.0 * n * 5,
       "GB/s");
   row("scale", shape, median_ms([&] { cpu::scale(g.data(), 0.5f, n); }, repeats), 8.0 * n, "GB/s");
+  bool finite = true;  // kept, so the check is not optimised away
+  row("all_finite", shape, median_ms([&] { finite = finite && cpu::all_finite(g.data(), n); }, repeats), 4.0 * n,
+      "GB/s");
+  if (!finite) std::printf("(all_finite found a NaN or Inf in the gradients: they are random normals)\n");
   return 0;
 }
