@@ -147,7 +147,9 @@ class ParameterStore {
 
  private:
   std::vector<T> flat_params_, flat_grads_;
-  T *grads_ = nullptr, *grads_end_ = nullptr;  // flat_grads_, or the storage given to place_grads
+  // flat_grads_, or the storage given to place_grads. The end is kept, not computed from flat_size(): GCC 12 cannot
+  // bound a fill over a pointer plus a size and warns (-Wstringop-overflow).
+  T *grads_ = nullptr, *grads_end_ = nullptr;
   std::vector<Parameter<T>> params_;
   std::vector<GradPiece> pieces_;
 };
