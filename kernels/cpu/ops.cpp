@@ -181,23 +181,23 @@ bool all_finite(const T* x, int64_t n) {
 // waits on the adder's latency (about 3x slower while the data is in cache).
 template <>
 bool all_finite(const float* x, int64_t n) {
-  typedef uint32_t Bits8 __attribute__((vector_size(32)));
-  typedef uint32_t Bits8Unaligned __attribute__((vector_size(32), aligned(4), may_alias));
+  using Bits8 = Simd<uint32_t>::V;  // vload reads through a may_alias type: a float's bits, no copy
   constexpr uint32_t kNoSign = 0x7fffffff, kInfinity = 0x7f800000;
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
   Bits8 max0 = {}, max1 = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const Bits8 a = *reinterpret_cast<const Bits8Unaligned*>(x + i) & kNoSign;
-    const Bits8 b = *reinterpret_cast<const Bits8Unaligned*>(x + i + 8) & kNoSign;
+    const Bits8 a = vload(bits + i) & kNoSign;
+    const Bits8 b = vload(bits + i + 8) & kNoSign;
     max0 = max0 > a ? max0 : a;
     max1 = max1 > b ? max1 : b;
   }
   uint32_t largest = 0;
   for (int lane = 0; lane < 8; ++lane) largest = std::max({largest, max0[lane], max1[lane]});
   for (; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof bits);
-    largest = std::max(largest, bits & kNoSign);
+    uint32_t tail;
+    std::memcpy(&tail, x + i, sizeof tail);  // the scalar load stays a copy: bits[i] would break aliasing rules
+    largest = std::max(largest, tail & kNoSign);
   }
   return largest < kInfinity;
 }
