@@ -16,10 +16,14 @@ Writes OUT/accuracy.md and OUT/accuracy.json, each sweep's folder
 
 --repeats K: each sweep measures every cell K times in K interleaved rounds and counts its median round
 (`sweep --repeats`): identical cells measured once each spread by 5% in a median sweep and up to 15% (a drift
-over the sweep's minutes, and 26 steps' own noise), which decides which cell measured fastest.
+over the sweep's minutes, and 26 steps' own noise), which decides which cell measured fastest. Each round starts
+with its own run at the defaults, which predicts that round's cells; a cell's error is the median over the rounds
+of its prediction against the same round's measurement (the machine drifted 7-10% between rounds of one sweep,
+all cells together, on a quiet machine). The recommendation is round 1's model's: one run's.
 
 --rescore DIR: measure nothing; predict every cell of an earlier run's sweeps (DIR/<model>_np<n>_<link>/) again
-from each sweep's predict_from.h5 with this build's `ddplab predict`, against the same measured cells (to see what a
+from each round's predict_from_r<k>.h5 (older sweeps: predict_from.h5 for every round) with this build's
+`ddplab predict`, against the same measured cells (to see what a
 change to the model does on old measurements; not a fresh benchmark). Prints the same table, writes nothing.
 
 --quick: np 2, links none and 10gbe, the MLP and tiny (a quarter of the cells). --estimate: print the expected
@@ -61,7 +65,7 @@ def fail(message, code=2):
 def estimate_s(model, np_ranks, link, steps, cells, repeats):
     gbps = LINK_GBPS.get(link, 0)
     comm_ms = GRADIENT_MB[model] * 8 / gbps * 2 * (np_ranks - 1) / np_ranks if gbps else 0
-    runs = cells * repeats + 1  # the run predicted from, then every cell in every round
+    runs = (cells + 1) * repeats  # each round: the run predicted from, then every cell
     return runs * (steps * (STEP_MS[(model, np_ranks)] + comm_ms) / 1000 + RUN_OVERHEAD_S) + 1
 
 
@@ -87,34 +91,47 @@ def score(sweep):
             "own_setting_error_pct": sweep["predicted_from"]["error_pct"], "errors": errors}
 
 
-def rescore_sweep(args, sweep_dir):
-    """A sweep's summary.json with its predictions (and recommendation) made again by this build's ddplab predict
-    from the sweep's predict_from.h5; the measured step times as they were."""
-    with open(os.path.join(sweep_dir, "summary.json")) as f:
-        sweep = json.load(f)
-    caps = sorted({p["bucket_mb"] for p in sweep["points"]})
-    overlaps = sorted({p["overlap"] for p in sweep["points"]})
+def predict_rows(args, run_file, caps, overlaps):
+    """`ddplab predict RUN --json`: its rows by (cap, overlap), the recommended row, the own-setting error."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "predict.json")
-        cmd = [args.ddplab, "predict", os.path.join(sweep_dir, "predict_from.h5"), "--bucket-mb",
-               ",".join(f"{c:g}" for c in caps), "--overlap", ",".join(overlaps), "--json", out]
+        cmd = [args.ddplab, "predict", run_file, "--bucket-mb", ",".join(f"{c:g}" for c in caps), "--overlap",
+               ",".join(overlaps), "--json", out]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             fail(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}", code=1)
         with open(out) as f:
             predicted = json.load(f)
     rows = predicted["rows"]
-    row_of = {(r["bucket_mb"], "on" if r["overlap"] else "off"): r for r in rows}
+    by_cell = {(r["bucket_mb"], "on" if r["overlap"] else "off"): r for r in rows}
+    rec = rows[predicted["recommended"][0]["row"]]
+    return by_cell, (rec["bucket_mb"], "on" if rec["overlap"] else "off"), predicted["measured"]["error_pct"]
+
+
+def rescore_sweep(args, sweep_dir):
+    """A sweep's summary.json with its predictions (and recommendation) made again by this build's ddplab predict,
+    as `sweep --predict` makes them: round k from predict_from_r<k>.h5 (or, in sweeps from before those, every
+    round from predict_from.h5), against round k's measurement; the measured step times as they were."""
+    with open(os.path.join(sweep_dir, "summary.json")) as f:
+        sweep = json.load(f)
+    caps = sorted({p["bucket_mb"] for p in sweep["points"]})
+    overlaps = sorted({p["overlap"] for p in sweep["points"]})
+    rounds = len(sweep["points"][0]["repeat_step_ms"])
+    sources = [os.path.join(sweep_dir, f"predict_from_r{k + 1}.h5") for k in range(rounds)]
+    if not all(os.path.isfile(f) for f in sources):
+        sources = [os.path.join(sweep_dir, "predict_from.h5")] * rounds
+    predicted = [predict_rows(args, f, caps, overlaps) for f in sources]
     for p in sweep["points"]:
-        p["predicted_step_ms"] = row_of[(p["bucket_mb"], p["overlap"])]["step_ms"]
-        p["error_pct"] = 100 * (p["predicted_step_ms"] - p["step_ms"]) / p["step_ms"]
-    rec_row = rows[predicted["recommended"][0]["row"]]
-    rec = next(p for p in sweep["points"] if p["bucket_mb"] == rec_row["bucket_mb"] and
-               p["overlap"] == ("on" if rec_row["overlap"] else "off"))
+        cell = (p["bucket_mb"], p["overlap"])
+        guesses = [by_cell[cell]["step_ms"] for by_cell, _, _ in predicted]
+        p["predicted_step_ms"] = statistics.median_low(guesses)
+        p["error_pct"] = statistics.median(100 * (g - m) / m for g, m in zip(guesses, p["repeat_step_ms"]))
+    cell = predicted[0][1]
+    rec = next(p for p in sweep["points"] if (p["bucket_mb"], p["overlap"]) == cell)
     best = min(p["step_ms"] for p in sweep["points"])
     sweep["recommended"] = {"bucket_mb": rec["bucket_mb"], "overlap": rec["overlap"],
                             "vs_best_measured_pct": 100 * (rec["step_ms"] / best - 1)}
-    sweep["predicted_from"]["error_pct"] = predicted["measured"]["error_pct"]
+    sweep["predicted_from"]["error_pct"] = statistics.median(own for _, _, own in predicted)
     return sweep
 
 

@@ -417,7 +417,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   sweep->add_option("--out-dir", o.out_dir, "folder for the run files and the summary (default runs/sweep_<time>)");
   sweep->add_flag("--predict", o.predict,
                   "first a run at the default bucket cap and overlap; every point predicted from it (ddplab predict), "
-                  "then measured");
+                  "then measured (with --repeats, each round starts with its own such run)");
   sweep
       ->add_option("--repeats", o.repeats,
                    "measure every point K times, in K rounds over the grid (each round every point once), and take "
@@ -429,31 +429,48 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
 
 namespace {
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 struct SweepPoint {
   double bucket_mb;
   std::string overlap;
-  RunSummary summary;                   // the median repeat's (for an even count the lower of the middle two)
-  std::string path;                     // its run file
-  std::optional<Prediction> predicted;  // --predict
-  std::vector<double> repeat_step_ms;   // every repeat's slowest step, in the order measured
+  RunSummary summary;                  // the median repeat's (for an even count the lower of the middle two)
+  std::string path;                    // its run file
+  std::vector<double> repeat_step_ms;  // every repeat's slowest step, in the order measured
+  // --predict: round k's prediction, from round k's own first run; `predicted` is the median one of them.
+  std::vector<Prediction> repeat_predicted;
+  std::optional<Prediction> predicted;
+  double repeat_error_pct(size_t k) const {
+    return 100 * (repeat_predicted[k].step.step_ms - repeat_step_ms[k]) / repeat_step_ms[k];
+  }
+  // Each round's prediction against the same round's measurement, the median over the rounds: the machine drifts
+  // over a sweep's minutes (every point of a round 7-10% off the round before, seen on a quiet machine), and a
+  // round's first run sees the drift its points see.
   double error_pct() const {
-    return 100 * (predicted->step.step_ms - summary.slowest_step_ms) / summary.slowest_step_ms;
+    std::vector<double> errors;
+    for (size_t k = 0; k < repeat_predicted.size(); ++k) errors.push_back(repeat_error_pct(k));
+    return median_of(errors);
   }
 };
 
-// --predict: the sweep's first run, at train's default bucket cap and overlap and the sweep's other flags, and
-// the model built from it (on rank 0; the other ranks learn only whether that worked).
+// --predict: a round's first run, at train's default bucket cap and overlap and the sweep's other flags, and the
+// model built from it (on rank 0; the other ranks learn only whether that worked).
 struct PredictSource {
   std::string path;
   std::optional<StepModel> model;
 };
-PredictSource run_predict_source(const SweepOptions& o, const std::string& command_line, MPI_Comm world) {
+PredictSource run_predict_source(const SweepOptions& o, int round, const std::string& command_line, MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   TrainConfig config = o.base;
   config.quiet = true;
-  config.out = o.out_dir + "/predict_from.h5";
-  const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, "predict_from"});
+  const std::string name = o.repeats == 1 ? "predict_from" : "predict_from_r" + std::to_string(round + 1);
+  config.out = o.out_dir + "/" + name + ".h5";
+  const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
   PredictSource source{r.record.path, std::nullopt};
   std::string error;
   if (rank == 0) {
@@ -476,55 +493,73 @@ std::string predicted_text(const SweepPoint& p) {
 }
 
 // Predicted against measured over the grid: the error's spread, the footnotes, and the point the model recommends
-// (its fastest prediction) against the fastest measured one. Returns the JSON of the same.
-nlohmann::json print_prediction_summary(const PredictSource& source, const std::vector<SweepPoint>& points,
-                                        const SweepPoint& best_measured) {
-  const StepModel& m = *source.model;
+// against the fastest measured one. Returns the JSON of the same. `sources`: each round's.
+nlohmann::json print_prediction_summary(const std::vector<PredictSource>& sources,
+                                        const std::vector<SweepPoint>& points, const SweepPoint& best_measured) {
+  // The recommendation is round 1's model's, as `ddplab predict` on that one run makes it.
   std::vector<Prediction> rows;
   std::vector<double> errors;
   for (const SweepPoint& p : points) {
-    rows.push_back(*p.predicted);
+    rows.push_back(p.repeat_predicted.front());
     errors.push_back(std::fabs(p.error_pct()));
   }
-  const double tolerance = ranking_tolerance(m);
-  const Recommendation chosen = recommend(rows, m.measured, tolerance);
+  std::vector<double> own_errors;  // each round's run at its own setting, replayed by its own model
+  nlohmann::json rounds = nlohmann::json::array();
+  for (const PredictSource& source : sources) {
+    const StepModel& m = *source.model;
+    const double own = predict(m, m.measured).step.step_ms;
+    own_errors.push_back(100 * (own - m.measured_step_ms) / m.measured_step_ms);
+    rounds.push_back({{"run_file", source.path},
+                      {"step_ms", m.measured_step_ms},
+                      {"predicted_step_ms", own},
+                      {"error_pct", own_errors.back()}});
+  }
+  const StepModel& first = *sources.front().model;
+  const double tolerance = ranking_tolerance(first);
+  const Recommendation chosen = recommend(rows, first.measured, tolerance);
   const SweepPoint* recommended = &points[chosen.row];
   if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
     std::printf("* extrapolated beyond what was measured:\n");
     for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
   }
-  std::sort(errors.begin(), errors.end());
-  const size_t n = errors.size();
-  const double median = n % 2 ? errors[n / 2] : (errors[n / 2 - 1] + errors[n / 2]) / 2, worst = errors.back();
-  const double own = predict(m, m.measured).step.step_ms;
-  const double own_error = 100 * (own - m.measured_step_ms) / m.measured_step_ms;
+  const double median = median_of(errors), worst = *std::max_element(errors.begin(), errors.end());
+  const double own_error = median_of(own_errors);
   const double vs_best = 100 * (recommended->summary.slowest_step_ms / best_measured.summary.slowest_step_ms - 1);
-  std::printf("\npredicted from %s (--bucket-mb %g --overlap %s: %.2f ms/step; the model at that setting %.2f, "
-              "%+.1f%%)\n|error| over the %zu points: median %.1f%%, max %.1f%%\n",
-              source.path.c_str(), m.measured.bucket_mb, m.measured.overlap ? "on" : "off", m.measured_step_ms, own,
-              own_error, n, median, worst);
-  std::printf("recommended by the model: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: %+.1f%% "
-              "against the fastest measured point)\n",
-              recommended->bucket_mb, recommended->overlap.c_str(), recommended->predicted->step.step_ms,
-              recommended->summary.slowest_step_ms, vs_best);
+  if (sources.size() == 1)
+    std::printf("\npredicted from %s (--bucket-mb %g --overlap %s: %.2f ms/step; the model at that setting %.2f, "
+                "%+.1f%%)\n",
+                sources[0].path.c_str(), first.measured.bucket_mb, first.measured.overlap ? "on" : "off",
+                first.measured_step_ms, rounds[0]["predicted_step_ms"].get<double>(), own_error);
+  else
+    std::printf("\neach round predicted from its own first run at --bucket-mb %g --overlap %s (%s, ..._r%zu.h5; "
+                "each model at that setting: median %+.1f%%)\npredicted: the rounds' median; error: the median "
+                "over the rounds of a round's prediction against the same round's measurement\n",
+                first.measured.bucket_mb, first.measured.overlap ? "on" : "off", sources[0].path.c_str(),
+                sources.size(), own_error);
+  std::printf("|error| over the %zu points: median %.1f%%, max %.1f%%\n", errors.size(), median, worst);
+  std::printf("recommended by the model%s: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: "
+              "%+.1f%% against the fastest measured point)\n",
+              sources.size() > 1 ? " of round 1" : "", recommended->bucket_mb, recommended->overlap.c_str(),
+              rows[chosen.row].step.step_ms, recommended->summary.slowest_step_ms, vs_best);
   if (chosen.within_noise > 0)
     std::printf(
         "  %d other point(s) predicted within %.1f%% of the fastest (two standard errors of the run's step): "
         "too close to rank, so %s\n",
         chosen.within_noise, 100 * tolerance, chosen.own ? "the run's own setting" : "the fewest buckets among them");
   return {{"predicted_from",
-           {{"run_file", source.path},
-            {"bucket_mb", m.measured.bucket_mb},
-            {"overlap", m.measured.overlap ? "on" : "off"},
-            {"step_ms", m.measured_step_ms},
-            {"predicted_step_ms", own},
-            {"error_pct", own_error}}},
+           {{"run_file", sources[0].path},
+            {"bucket_mb", first.measured.bucket_mb},
+            {"overlap", first.measured.overlap ? "on" : "off"},
+            {"step_ms", first.measured_step_ms},
+            {"predicted_step_ms", rounds[0]["predicted_step_ms"]},
+            {"error_pct", own_error},
+            {"rounds", rounds}}},
           {"median_abs_error_pct", median},
           {"max_abs_error_pct", worst},
           {"recommended",
            {{"bucket_mb", recommended->bucket_mb},
             {"overlap", recommended->overlap},
-            {"predicted_step_ms", recommended->predicted->step.step_ms},
+            {"predicted_step_ms", rows[chosen.row].step.step_ms},
             {"step_ms", recommended->summary.slowest_step_ms},
             {"vs_best_measured_pct", vs_best},
             {"within_noise", chosen.within_noise},
@@ -550,30 +585,24 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                 o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "",
                 o.out_dir.c_str());
     if (o.predict)
-      std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point\n", o.base.bucket_mb,
-                  o.base.overlap ? "on" : "off");
+      std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point%s\n", o.base.bucket_mb,
+                  o.base.overlap ? "on" : "off", o.repeats > 1 ? " of its round" : "");
     std::fflush(stdout);
   }
-  const PredictSource source = o.predict ? run_predict_source(o, command_line, world) : PredictSource{};
-
-  // The points in table order (overlap, then cap), each predicted before anything is measured.
+  // The points in table order (overlap, then cap).
   std::vector<SweepPoint> points;
   for (const std::string& overlap : o.overlap)
     for (double bucket_mb : o.bucket_mb) {
       SweepPoint point;
       point.bucket_mb = bucket_mb;
       point.overlap = overlap;
-      if (source.model) {
-        PredictSetting setting = source.model->measured;
-        setting.bucket_mb = bucket_mb;
-        setting.overlap = overlap == "on";
-        point.predicted = predict(*source.model, setting);
-      }
       points.push_back(std::move(point));
     }
   // Measured in another order: a cap's overlap settings back to back (the machine's drift over the minutes of a
   // sweep, seen up to 7% in forward, which no setting touches, stays out of the on/off comparison), and round r
   // measures every point once, every other round in reverse (each point's rounds spread evenly over the sweep).
+  // With --predict a round starts with its own run at the defaults, which predicts the round's points before any
+  // is measured.
   std::vector<size_t> order;
   for (size_t cap = 0; cap < o.bucket_mb.size(); ++cap)
     for (size_t v = 0; v < o.overlap.size(); ++v) order.push_back(v * o.bucket_mb.size() + cap);
@@ -582,7 +611,18 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     std::string path;
   };
   std::vector<std::vector<Measured>> repeats(points.size());
+  std::vector<PredictSource> sources;
   for (int round = 0; round < o.repeats; ++round) {
+    if (o.predict) {
+      sources.push_back(run_predict_source(o, round, command_line, world));
+      if (const std::optional<StepModel>& model = sources.back().model)  // rank 0
+        for (SweepPoint& point : points) {
+          PredictSetting setting = model->measured;
+          setting.bucket_mb = point.bucket_mb;
+          setting.overlap = point.overlap == "on";
+          point.repeat_predicted.push_back(predict(*model, setting));
+        }
+    }
     for (size_t k = 0; k < order.size(); ++k) {
       SweepPoint& point = points[order[round % 2 ? order.size() - 1 - k : k]];
       TrainConfig config = o.base;
@@ -608,6 +648,11 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     Measured& median = runs[(runs.size() - 1) / 2];
     points[i].summary = std::move(median.summary);
     points[i].path = median.path;
+    if (std::vector<Prediction> predicted = points[i].repeat_predicted; !predicted.empty()) {
+      std::sort(predicted.begin(), predicted.end(),
+                [](const Prediction& a, const Prediction& b) { return a.step.step_ms < b.step.step_ms; });
+      points[i].predicted = predicted[(predicted.size() - 1) / 2];
+    }
   }
   if (rank != 0) return 0;
 
@@ -640,6 +685,13 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                            {"repeat_step_ms", p.repeat_step_ms},
                            {"summary", to_json(s)}});
     if (p.predicted) {
+      std::vector<double> repeat_predicted, repeat_error;
+      for (size_t k = 0; k < p.repeat_predicted.size(); ++k) {
+        repeat_predicted.push_back(p.repeat_predicted[k].step.step_ms);
+        repeat_error.push_back(p.repeat_error_pct(k));
+      }
+      json_points.back()["repeat_predicted_step_ms"] = repeat_predicted;
+      json_points.back()["repeat_error_pct"] = repeat_error;
       json_points.back()["predicted_step_ms"] = p.predicted->step.step_ms;
       json_points.back()["error_pct"] = p.error_pct();
       json_points.back()["extrapolated"] = p.predicted->extrapolated;
@@ -656,7 +708,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                             {"repeats", o.repeats},
                             {"points", json_points},
                             {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
-  if (source.model) summary.update(print_prediction_summary(source, points, *best));
+  if (o.predict) summary.update(print_prediction_summary(sources, points, *best));
   write_text_file(o.out_dir + "/summary.csv", csv.str());
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   std::vector<std::string> files;

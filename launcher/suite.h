@@ -22,7 +22,8 @@ struct SuiteOptions {
 };
 
 // `ddplab sweep`: the bucket size x overlap grid, every point a `ddplab train` run on all ranks. With --predict, a
-// first run at the default bucket cap and overlap predicts every point (analysis/predict.h) before it is measured.
+// first run at the default bucket cap and overlap predicts every point (analysis/predict.h) before it is measured;
+// with --repeats, each round has its own first run, and each point's error is the median of its rounds'.
 struct SweepOptions {
   TrainConfig base;
   std::vector<double> bucket_mb{0.5, 1, 5, 25, 100};

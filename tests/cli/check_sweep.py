@@ -2,8 +2,9 @@
 """Runs `ddplab sweep` on a small model: one run file per grid point, a summary naming the best point, and the
 overlap-off points with no hidden communication. The results folder's name holds quotes, a space and a `$(...)`:
 the charts are drawn from an argument list, not through a shell. Then `sweep --predict --repeats 3` on two points:
-a first run at the default cap and overlap, every point's predicted step time beside its measured one (table, CSV,
-JSON, chart), each point measured in three rounds and counted by its median round.
+each round's first run at the default cap and overlap predicts the round's points, every point's predicted step
+time beside its measured one (table, CSV, JSON, chart), each point measured in three rounds and counted by its
+median round, its error the median of its rounds'.
 
 usage: check_sweep.py MPIRUN DDPLAB NP
 """
@@ -62,8 +63,13 @@ with tempfile.TemporaryDirectory() as work:
     if proc.returncode == 0:
         s = json.load(open(os.path.join(out, "summary.json")))
         source = s["predicted_from"]
-        check(os.path.basename(source["run_file"]) == "predict_from.h5" and os.path.exists(source["run_file"]) and
-              source["bucket_mb"] == 25 and source["overlap"] == "on", f"predicted from a first run at 25/on: {source}")
+        check([os.path.basename(r["run_file"]) for r in source["rounds"]] ==
+              [f"predict_from_r{k}.h5" for k in [1, 2, 3]] and all(os.path.exists(r["run_file"]) for r in
+                                                                   source["rounds"]) and
+              source["run_file"] == source["rounds"][0]["run_file"] and source["bucket_mb"] == 25 and
+              source["overlap"] == "on", f"each round predicted from its own first run at 25/on: {source}")
+        own = sorted(r["error_pct"] for r in source["rounds"])
+        check(source["error_pct"] == own[1], f"the own-setting error is the rounds' median: {source}")
         check(s["recommended"]["bucket_mb"] == 0.01, "the recommendation names a point of the sweep")
         check(len(s["points"]) == 2, "2 points")
         names = sorted(n for n in os.listdir(out) if n.startswith("bucket"))
@@ -78,27 +84,34 @@ with tempfile.TemporaryDirectory() as work:
         for p in s["points"]:
             measured, predicted = p["step_ms"], p.get("predicted_step_ms", -1)
             check(measured == p["summary"]["slowest_step_ms"], f"{p['overlap']}: step_ms is the slowest rank's step")
-            check(predicted > 0 and abs(p["error_pct"] - 100 * (predicted - measured) / measured) < 1e-6,
-                  f"{p['overlap']}: predicted {predicted:.2f} beside measured {measured:.2f} ms, error "
-                  f"{p.get('error_pct', 0):+.1f}%")
+            # Round k predicted from round k's first run, against round k's measurement; the point's error is
+            # the median of the rounds', its prediction the rounds' median.
+            rounds, guesses = p["repeat_step_ms"], p.get("repeat_predicted_step_ms", [])
+            paired = [100 * (g - m) / m for g, m in zip(guesses, rounds)]
+            check(len(guesses) == 3 and predicted == sorted(guesses)[1] and
+                  all(abs(a - b) < 1e-6 for a, b in zip(paired, p["repeat_error_pct"])) and
+                  abs(p["error_pct"] - sorted(paired)[1]) < 1e-6,
+                  f"{p['overlap']}: predicted {guesses} beside measured {rounds} ms, error {p.get('error_pct', 0):+.1f}%")
             check(any("outside the measured" in e for e in p["extrapolated"]),
                   f"{p['overlap']}: a 0.01 MB cap from a 25 MB run is marked extrapolated: {p['extrapolated']}")
         errors = sorted(abs(p["error_pct"]) for p in s["points"])
         check(abs(s["max_abs_error_pct"] - errors[-1]) < 1e-9 and
               abs(s["median_abs_error_pct"] - sum(errors) / 2) < 1e-9, "median and max |error| over the points")
-        fastest = min(s["points"], key=lambda p: p["predicted_step_ms"])
+        # The recommendation is round 1's model's (what `ddplab predict` on that one run says).
+        first = {p["overlap"]: p["repeat_predicted_step_ms"][0] for p in s["points"]}
+        fastest = min(first, key=first.get)
         rec = s["recommended"]
-        chosen = next(p for p in s["points"] if p["overlap"] == rec["overlap"])
         tolerance = rec["tolerance_pct"] / 100
-        check(rec["tolerance_pct"] > 0 and chosen["predicted_step_ms"] <= fastest["predicted_step_ms"] * (1 + tolerance)
-              and (rec["within_noise"] > 0 or chosen is fastest) and
-              rec["within_noise"] == sum(p is not fastest and p["predicted_step_ms"] <= fastest["predicted_step_ms"] *
-                                         (1 + tolerance) + 1e-12 for p in s["points"]),
-              f"the recommendation is the fastest prediction or one within the run's noise of it: {rec}")
+        check(rec["tolerance_pct"] > 0 and rec["predicted_step_ms"] == first[rec["overlap"]] and
+              first[rec["overlap"]] <= first[fastest] * (1 + tolerance) and
+              (rec["within_noise"] > 0 or rec["overlap"] == fastest) and
+              rec["within_noise"] == sum(o != fastest and t <= first[fastest] * (1 + tolerance) + 1e-12
+                                         for o, t in first.items()),
+              f"the recommendation is round 1's fastest prediction or one within the run's noise of it: {rec}")
         lines = open(os.path.join(out, "summary.csv")).read().splitlines()
         check(lines[0].endswith(",predicted_step_ms,error_pct") and all(len(l.split(",")) == 12 for l in lines),
               "summary.csv has the predicted step and error columns on every line")
-        check(" predicted   error" in proc.stdout and "recommended by the model: --bucket-mb" in proc.stdout and
+        check(" predicted   error" in proc.stdout and "recommended by the model of round 1: --bucket-mb" in proc.stdout and
               "* extrapolated beyond what was measured" in proc.stdout, "the table shows predicted beside measured")
         chart = os.path.join(out, "charts", "predicted_vs_measured.png")
         check(os.path.exists(chart) and os.path.getsize(chart) > 0, "the predicted-against-measured chart is drawn")
