@@ -474,7 +474,10 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
                               world, std::vector<BackwardIntervals::PerInterval>(nb, intervals)));
   out.backward.assign(world, std::vector<Interval>(run.steps));
   steps.assign(steady, std::vector<RankProfile>(world));
-  for (int s = first; s < run.steps; ++s)
+  for (int s = first; s < run.steps; ++s) {
+    double comm_done = 0;  // the step's last all-reduce, done on every rank: where the replay's comm ends
+    for (int r = 0; r < world; ++r)
+      for (int b = 0; b < nb; ++b) comm_done = std::max(comm_done, run.bucket_at(r, s, b).comm_end_ms);
     for (int r = 0; r < world; ++r) {
       RankProfile& p = steps[s - first][r];
       const StepRecord& x = run.at(r, s);
@@ -482,7 +485,12 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
       const double start = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms - backward;
       out.backward[r][s] = {start, start + backward};
       p.before_ms = start - x.start_ms;
-      p.after_ms = std::max(0.0, x.step_ms - (start - x.start_ms) - backward - x.exposed_comm_ms);
+      // After: from where the replay resumes the rank (its backward's end or the last rank's last all-reduce done,
+      // whichever is later) to its step's end, not from the end of its exposed wait: the training thread, woken
+      // when its all-reduces are done, waits for a core on oversubscribed cores (MLP, 4 ranks on 2 cores: 1-2 ms a
+      // step for the rank that sets the next step's pace). That wait is in exposed_comm_ms, which the replay
+      // computes itself, so measured from there it was lost.
+      p.after_ms = std::max(0.0, x.start_ms + x.step_ms - std::max(start + backward, comm_done));
       double previous = start;
       for (int b = 0; b <= nb; ++b) {
         const double ready =
@@ -495,6 +503,7 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
         previous = ready;
       }
     }
+  }
   return out;
 }
 

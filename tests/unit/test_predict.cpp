@@ -286,8 +286,9 @@ TEST(Predict, AloneFromTheAllreducesAfterBackwardTheWaitFromTheRest) {
 }
 
 // A two-rank run of `steps` steps whose every bucket follows the model exactly: a bucket per piece, the ring's
-// alpha-beta cost, the comm thread one bucket at a time, no slowdown.
-RunRecord synthetic_run(const AlphaBeta& ab, int steps) {
+// alpha-beta cost, the comm thread one bucket at a time, no slowdown. The training thread resumes `wake_ms` after
+// the last all-reduce is done (its wait for a core on oversubscribed cores), inside its exposed comm time.
+RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0) {
   RunRecord run;
   run.path = "synthetic.h5";
   run.meta.world_size = 2;
@@ -329,7 +330,7 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps) {
       step_times.push_back(t);
     }
     x.comm_ms = comm;
-    x.exposed_comm_ms = std::max(0.0, comm_free - (backward_start + 10));
+    x.exposed_comm_ms = std::max(0.0, comm_free - (backward_start + 10)) + wake_ms;
     x.step_ms = 2 + 10 + x.exposed_comm_ms + 2;
     step_start += x.step_ms;
     per_rank_steps.push_back(x);
@@ -393,6 +394,21 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
                                              "comm hier (measured ring)"};
   EXPECT_EQ(h.extrapolated, expected);
   EXPECT_EQ(h.comm_source, "run + link");
+}
+
+// The training thread's wake after the last all-reduce is part of its step (it waits for a core), but the replay
+// computes the exposed wait itself, ending when the all-reduce does: the wake must come back as part of `after`, or
+// the own setting replays short by it (it did by 1-2 ms at 4 ranks on 2 cores).
+TEST(Predict, ReplaysTheWakeAfterTheLastAllreduce) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  const double wake = 1.5;
+  const RunRecord run = synthetic_run(ab, 4, wake);
+  const StepModel model = build_model(run, std::nullopt);
+  EXPECT_NEAR(model.steps[0][0].after_ms, 2 + wake, 1e-9);
+  EXPECT_NEAR(predict(model, model.measured).step.step_ms, model.measured_step_ms, kTol);
+  PredictSetting off = model.measured;  // every setting pays it
+  off.overlap = false;
+  EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + pieces_alone_after_backward_ms(run, ab) + 2 + wake, kTol);
 }
 
 // Fair shares of the cores: compute gets what the comm threads' measured CPU leaves.
