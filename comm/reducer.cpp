@@ -149,10 +149,9 @@ void Reducer::finish_alone(int bucket) {
   times_[bucket].comm_cpu_ms = 0;
   const Bucket& b = buckets_[bucket];
   float* grads = flat_grads_ + b.offset;
-  const float factor = local_scale_ * grad_scale_;
-  if (factor != 1.0f) cpu::scale(grads, factor, b.count);
-  // Checked here, on the main thread while backward's last writes are in cache: a NaN still stops the step.
-  nonfinite_[bucket] = !cpu::all_finite(grads, b.count);
+  // Scaled and checked in one pass, here on the main thread while backward's last writes are in cache: a NaN still
+  // stops the step.
+  nonfinite_[bucket] = !cpu::scale_and_check_finite(grads, local_scale_ * grad_scale_, b.count);
 }
 
 void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
