@@ -44,10 +44,14 @@ template <typename T>
 void matmul_backward_weight(T* dweight, const T* dout, const T* inp, int B, int C, int OC, int row_begin,
                             int row_end, bool accumulate) {
   const int rows = row_end - row_begin;
-  if (B == 0 || rows <= 0) return;
+  if (rows <= 0) return;
+  T* block = dweight + static_cast<int64_t>(row_begin) * C;
+  if (B == 0) {  // an empty sum: nothing to add, or zeros to write
+    if (!accumulate) std::fill(block, block + static_cast<int64_t>(rows) * C, T(0));
+    return;
+  }
   // Rows [row_begin, row_end) of dweight are contiguous; their dout columns are a strided block (ld = OC).
-  gemm(CblasTrans, CblasNoTrans, rows, C, B, T(1), dout + row_begin, OC, inp, C, accumulate ? T(1) : T(0),
-       dweight + static_cast<int64_t>(row_begin) * C, C);
+  gemm(CblasTrans, CblasNoTrans, rows, C, B, T(1), dout + row_begin, OC, inp, C, accumulate ? T(1) : T(0), block, C);
 }
 
 template <typename T>

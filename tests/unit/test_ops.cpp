@@ -69,6 +69,12 @@ TEST(MatmulBackward, DweightMatchesFiniteDifferencesAndAccumulates) {
   std::vector<double> rows = dweight;
   matmul_backward_weight<double>(rows.data(), w.data(), inp.data(), kB, kC, kOC, 1, kOC, /*accumulate=*/false);
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_NEAR(rows[i], i < size_t(kC) ? 2 * first[i] : first[i], 1e-12) << i;
+  // An empty batch overwrites with the empty sum, zeros (a NaN left there would stay), and adds nothing otherwise.
+  std::vector<double> empty(kOC * kC, std::numeric_limits<double>::quiet_NaN());
+  matmul_backward_weight<double>(empty.data(), w.data(), inp.data(), 0, kC, kOC, 0, kOC, /*accumulate=*/false);
+  EXPECT_EQ(empty, std::vector<double>(kOC * kC, 0.0));
+  matmul_backward_weight<double>(rows.data(), w.data(), inp.data(), 0, kC, kOC, 0, kOC);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_NEAR(rows[i], i < size_t(kC) ? 2 * first[i] : first[i], 1e-12) << i;
 }
 
 TEST(BiasBackward, MatchesFiniteDifferencesAndAccumulates) {
