@@ -121,6 +121,13 @@ int main(int argc, char** argv) {
   bool finite = true;  // kept, so the check is not optimised away
   row("all_finite", shape, median_ms([&] { finite = finite && cpu::all_finite(g.data(), n); }, repeats), 4.0 * n,
       "GB/s");
+  // The two rows above in one pass, as the Reducer at ws=1 and the non-ring all-reduces run them. Alternating x0.5
+  // and x2 keeps the values where they started over any number of repeats.
+  int flips = 0;
+  row("scale_and_check_finite", shape,
+      median_ms([&] { finite = cpu::scale_and_check_finite(g.data(), ++flips % 2 ? 0.5f : 2.0f, n) && finite; },
+                repeats),
+      8.0 * n, "GB/s");
   if (!finite) std::printf("(all_finite found a NaN or Inf in the gradients: they are random normals)\n");
   return 0;
 }

@@ -287,8 +287,9 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
       ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
     }
     const auto elems = static_cast<int64_t>(count);
+    if (check_finite) return cpu::scale_and_check_finite(out, scale, elems);  // one pass for both
     if (scale != 1.0f) cpu::scale(out, scale, elems);
-    return !check_finite || cpu::all_finite(out, elems);
+    return true;
   } catch (const TagMismatch& e) {
     failed_ = "all-reduce order mismatch";
     throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +

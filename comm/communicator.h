@@ -116,7 +116,7 @@ class Communicator {
   // The gradients' all-reduce: data[i] = scale x sum over ranks of data[i] (scale 1/size: the mean, DDP's
   // semantics), in place, same rules; returns whether every result is finite. The flat fp32 ring scales and checks
   // each value where it becomes final (RingOptions' epilogue), so neither costs a pass over the buffer; the other
-  // paths scale and check after the sum.
+  // paths scale and check after the sum, in one pass (cpu::scale_and_check_finite).
   bool allreduce_gradients(float* data, size_t count, float scale, int tag = 0);
 
  private:

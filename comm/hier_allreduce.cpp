@@ -1,17 +1,15 @@
 #include "comm/hier_allreduce.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <cstring>
+#include <cstdint>
 #include <deque>
-#include <exception>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/mpi_check.h"
+#include "comm/worker_thread.h"
 
 namespace ddplab {
 
@@ -38,94 +36,14 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
 
 }  // namespace
 
-// The all-reduces across nodes, on a thread of their own over the group's transport, in the order started. One
-// thread uses the group's transport, so the Transport contract (one caller at a time) holds.
-class HierAllreduce::CrossNodeWorker {
- public:
-  explicit CrossNodeWorker(std::unique_ptr<Transport> group) : group_(std::move(group)) {}
-  ~CrossNodeWorker() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    work_cv_.notify_one();
-    thread_.join();
-  }
-
-  Transport& group() { return *group_; }
-  const Transport& group() const { return *group_; }
-
-  // On the calling thread (one node per rank, or nothing to pipeline).
-  void allreduce_now(const float* in, float* out, size_t count, const RingOptions& options) {
-    ring_allreduce_sum(in, out, count, *group_, scratch_, options);
-  }
-  // Hands data[0, count) to the worker: summed in place across the nodes.
-  void start(float* data, size_t count, const RingOptions& options) {
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back({data, count, options});
-    }
-    work_cv_.notify_one();
-  }
-  // Blocks until the oldest started job is done; rethrows what it threw.
-  void wait_oldest() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [&] { return finished_ > waited_ || error_; });
-    if (error_) std::rethrow_exception(error_);
-    ++waited_;
-  }
-  bool idle() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return jobs_.empty() && !busy_;
-  }
-  // Lets the thread run on, never to be joined (see ~HierAllreduce); this object is not freed.
-  void abandon() {
-    if (thread_.joinable()) thread_.detach();
-  }
-
- private:
-  struct Job {
-    float* data;
-    size_t count;
-    RingOptions options;
-  };
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      work_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stop_, nothing left
-      const Job job = jobs_.front();
-      jobs_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        ring_allreduce_sum(job.data, job.data, job.count, *group_, scratch_, job.options);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      busy_ = false;
-      ++finished_;
-      if (error) {
-        error_ = error;
-        jobs_.clear();  // the group's transport is in an unknown state: nothing more goes over it
-      }
-      done_cv_.notify_all();
-    }
-  }
-
-  std::unique_ptr<Transport> group_;
-  RingScratch scratch_;
-  std::thread thread_;
-  std::mutex mutex_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<Job> jobs_;
-  uint64_t finished_ = 0, waited_ = 0;
-  bool busy_ = false, stop_ = false;
-  std::exception_ptr error_;
+// The group across nodes and the thread that all-reduces the shards over it, in the order started. Only that
+// thread uses the group's transport while the pipeline runs, so the Transport contract (one caller at a time) holds.
+// One object, so that an owner unwinding mid-pipeline can leave all of it to a job that may never return.
+struct HierAllreduce::CrossNode {
+  explicit CrossNode(std::unique_ptr<Transport> g) : group(std::move(g)) {}
+  std::unique_ptr<Transport> group;
+  RingScratch scratch;
+  WorkerThread worker{"cross-node thread"};  // last: stops before what its jobs use goes
 };
 
 HierAllreduce::HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap) {
@@ -143,7 +61,7 @@ HierAllreduce::HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap)
   }
   std::string intra_name, inter_name;
   intra_ = split_transport(comm, node, rank, node_of, wrap, intra_name);
-  cross_ = std::make_unique<CrossNodeWorker>(split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name));
+  cross_ = std::make_unique<CrossNode>(split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name));
   const bool both = local_size() > 1 && nodes() > 1;
   transport_name_ = both ? intra_name + " + " + inter_name : local_size() > 1 ? intra_name : inter_name;
 }
@@ -151,17 +69,20 @@ HierAllreduce::HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap)
 HierAllreduce::~HierAllreduce() {
   // A worker still inside a cross-node all-reduce (an error unwound this thread mid-pipeline) may wait on a peer
   // that is gone: leave it and what it touches allocated rather than join it; the program's edge aborts MPI.
-  if (cross_ && !cross_->idle()) {
-    cross_.release()->abandon();
+  if (cross_ && !cross_->worker.idle()) {
+    cross_.release()->worker.abandon();
     intra_.release();
   }
 }
 
-int HierAllreduce::nodes() const { return cross_->group().size(); }
+int HierAllreduce::nodes() const { return cross_->group->size(); }
 
 void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options) {
   const int local = local_size();
-  if (local == 1 || count == 0) return cross_->allreduce_now(in, out, count, options);
+  if (local == 1 || count == 0) {  // nothing to pipeline: the cross-node ring on this thread
+    ring_allreduce_sum(in, out, count, *cross_->group, cross_->scratch, options);
+    return;
+  }
   // Round by round, as the flat ring goes (same plan, over the node): each round's owned chunk is this rank's
   // shard, all-reduced across the nodes between the two halves. Round i's shard crosses the nodes on the worker
   // while this thread reduce-scatters round i+1 and all-gathers round i-1: the rounds touch disjoint parts of
@@ -169,23 +90,28 @@ void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, con
   // follow one another on the node's transport. Every rank runs the same sequence, so messages still pair up.
   const RingPlan plan = plan_ring(count, local, options);
   RingPrimitives prims(*intra_, in, out, intra_scratch_, plan.max_chunk, plan.slices, options);
-  std::deque<RingRound> crossing;  // rounds whose shard is with the worker, oldest first
+  struct Crossing {
+    RingRound round;
+    uint64_t ticket;  // its shard's all-reduce on the cross-node thread
+  };
+  std::deque<Crossing> crossing;  // rounds whose shard is across the nodes, oldest first
+  const auto gather_oldest = [&] {
+    cross_->worker.wait(crossing.front().ticket);
+    ring_all_gather<RingSeam::kApart>(prims, crossing.front().round);
+    crossing.pop_front();
+  };
   for (size_t begin = 0; begin < count; begin += plan.round) {
     const RingRound round{begin, std::min(plan.round, count - begin), local, local_rank()};
     ring_reduce_scatter<RingSeam::kApart>(prims, round);
     const RingChunk shard = round.owned();
-    cross_->start(out + shard.offset, shard.count, options);
-    crossing.push_back(round);
-    if (crossing.size() == 2) {  // the previous round's shard is (nearly) back: gather it while this one crosses
-      cross_->wait_oldest();
-      ring_all_gather<RingSeam::kApart>(prims, crossing.front());
-      crossing.pop_front();
-    }
+    CrossNode& cross = *cross_;
+    float* data = out + shard.offset;
+    crossing.push_back({round, cross.worker.submit([&cross, data, n = shard.count, options] {
+                          ring_allreduce_sum(data, data, n, *cross.group, cross.scratch, options);
+                        })});
+    if (crossing.size() == 2) gather_oldest();  // the previous shard is (nearly) back: gather it while this one crosses
   }
-  for (; !crossing.empty(); crossing.pop_front()) {
-    cross_->wait_oldest();
-    ring_all_gather<RingSeam::kApart>(prims, crossing.front());
-  }
+  while (!crossing.empty()) gather_oldest();
 }
 
 }  // namespace ddplab

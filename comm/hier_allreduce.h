@@ -45,11 +45,11 @@ class HierAllreduce {
   void allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options);
 
  private:
-  class CrossNodeWorker;  // the thread that all-reduces shards across nodes (hier_allreduce.cpp)
+  struct CrossNode;  // the group across nodes (the ranks with this local rank) and its thread (hier_allreduce.cpp)
 
   std::unique_ptr<Transport> intra_;  // this node's ranks
   RingScratch intra_scratch_;
-  std::unique_ptr<CrossNodeWorker> cross_;  // owns the group across nodes: the ranks with this local rank
+  std::unique_ptr<CrossNode> cross_;
   std::string transport_name_;
 };
 

@@ -110,18 +110,11 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
 
   check_same_layout(buckets_, comm.mpi_comm());
   // One rank has no peer: nothing to all-reduce, so no thread to hand buckets to (launch() finishes them).
-  if (comm.size() > 1) comm_thread_ = std::thread([this] { comm_loop(); });
+  if (comm.size() > 1) comm_thread_ = std::make_unique<WorkerThread>("comm thread");
 }
 
-Reducer::~Reducer() {
-  if (!comm_thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  work_cv_.notify_one();
-  comm_thread_.join();
-}
+// The comm thread stops before the state its jobs use goes: it is the last member, destroyed first.
+Reducer::~Reducer() = default;
 
 void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) {
   origin_ms_ = origin_ms;
@@ -131,8 +124,6 @@ void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) 
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
   next_launch_ = 0;
   std::fill(times_.begin(), times_.end(), BucketTimes{});
-  std::lock_guard<std::mutex> lock(mutex_);
-  completed_ = 0;
 }
 
 void Reducer::mark_ready(int piece) {
@@ -147,15 +138,8 @@ void Reducer::mark_ready(int piece) {
 }
 
 void Reducer::launch(int bucket) {
-  if (!comm_thread_.joinable()) {
-    finish_alone(bucket);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(bucket);
-  }
-  work_cv_.notify_one();
+  if (!comm_thread_) return finish_alone(bucket);
+  comm_thread_->submit([this, bucket] { reduce(bucket); });
 }
 
 void Reducer::finish_alone(int bucket) {
@@ -165,10 +149,9 @@ void Reducer::finish_alone(int bucket) {
   times_[bucket].comm_cpu_ms = 0;
   const Bucket& b = buckets_[bucket];
   float* grads = flat_grads_ + b.offset;
-  const float factor = local_scale_ * grad_scale_;
-  if (factor != 1.0f) cpu::scale(grads, factor, b.count);
-  // Checked here, on the main thread while backward's last writes are in cache: a NaN still stops the step.
-  nonfinite_[bucket] = !cpu::all_finite(grads, b.count);
+  // Scaled and checked in one pass, here on the main thread while backward's last writes are in cache: a NaN still
+  // stops the step.
+  nonfinite_[bucket] = !cpu::scale_and_check_finite(grads, local_scale_ * grad_scale_, b.count);
 }
 
 void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
@@ -184,11 +167,9 @@ void Reducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
   require_all_ready(pending_, buckets_, "Reducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
-  if (!comm_thread_.joinable()) return;               // world size 1: launching finished them
+  if (!comm_thread_) return;                          // world size 1: launching finished them
   const watchdog::Wait wait("the gradient buckets' all-reduces");
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return completed_ == nb || error_; });
-  if (error_) std::rethrow_exception(error_);
+  comm_thread_->wait_all();  // rethrows the comm thread's error; the program's edge aborts the job
 }
 
 int Reducer::first_nonfinite_bucket() const {
@@ -196,38 +177,15 @@ int Reducer::first_nonfinite_bucket() const {
   return it == nonfinite_.end() ? -1 : static_cast<int>(it - nonfinite_.begin());
 }
 
-void Reducer::comm_loop() {
-  watchdog::name_thread("comm thread");
-  for (;;) {
-    int b;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      b = queue_.front();
-      queue_.pop_front();
-    }
-    try {
-      const Bucket& bucket = buckets_[b];
-      float* grads = flat_grads_ + bucket.offset;
-      const double cpu_start = thread_cpu_ms();
-      times_[b].comm_start_ms = now_ms() - origin_ms_;
-      if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
-      nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
-      times_[b].comm_end_ms = now_ms() - origin_ms_;
-      times_[b].comm_cpu_ms = thread_cpu_ms() - cpu_start;
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = std::current_exception();
-      done_cv_.notify_all();
-      return;  // the main thread rethrows; the program edge aborts the job
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++completed_;
-    }
-    done_cv_.notify_all();
-  }
+void Reducer::reduce(int b) {
+  const Bucket& bucket = buckets_[b];
+  float* grads = flat_grads_ + bucket.offset;
+  const double cpu_start = thread_cpu_ms();
+  times_[b].comm_start_ms = now_ms() - origin_ms_;
+  if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
+  nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
+  times_[b].comm_end_ms = now_ms() - origin_ms_;
+  times_[b].comm_cpu_ms = thread_cpu_ms() - cpu_start;
 }
 
 }  // namespace ddplab

@@ -18,16 +18,13 @@
 #pragma once
 #include <mpi.h>
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/worker_thread.h"
 
 namespace ddplab {
 
@@ -110,7 +107,7 @@ class Reducer {
  private:
   void launch(int bucket);
   void finish_alone(int bucket);  // world size 1: the bucket is done where it would have been handed over
-  void comm_loop();
+  void reduce(int bucket);        // on the comm thread
 
   Communicator& comm_;
   ReducerConfig config_;
@@ -127,14 +124,7 @@ class Reducer {
   std::vector<BucketTimes> times_;
   std::vector<char> nonfinite_;  // per bucket, written by the communication thread before it counts the bucket done
 
-  // Shared with the communication thread.
-  std::mutex mutex_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<int> queue_;
-  int completed_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread comm_thread_;
+  std::unique_ptr<WorkerThread> comm_thread_;  // world size > 1: the buckets' all-reduces, in launch order
 };
 
 }  // namespace ddplab

@@ -109,8 +109,7 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
   T* dout = dact_a_.data();  // gradient w.r.t. the pre-activation of the current layer
   T* dnext = dact_b_.data();
   cpu::softmax_cross_entropy_backward(dout, probs_.data(), targets_, B, config_.num_classes);
-  const bool accumulate = !overwrite_grads_;  // each gradient element is written once below
-  overwrite_grads_ = false;
+  const bool accumulate = !this->take_discard();  // each gradient element is written once below
   const std::vector<GradPiece>& pieces = this->grad_pieces();
   std::vector<Parameter<T>>& params = this->parameters();
   size_t piece = 0;  // pieces is in exactly the order this loop finalises them

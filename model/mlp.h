@@ -37,9 +37,6 @@ class Mlp : public ParameterStore<T> {
   // final; a layer's weight gradient is finished before its input gradient is computed, so it is announced as early
   // as possible.
   void backward(const GradReadyHook& on_ready = nullptr);
-  // The next backward writes the gradients instead of adding to them: zero_grad() without its pass over memory (the
-  // gradients keep their stale values until then, and the alignment gaps, never written, stay zero).
-  void discard_grad() { overwrite_grads_ = true; }
   // Forward FLOPs per sample of the GEMMs (2*in*out per Linear); backward is twice that.
   int64_t gemm_flops_per_sample() const;
 
@@ -52,7 +49,6 @@ class Mlp : public ParameterStore<T> {
   std::vector<std::vector<T>> pre_;   // per Linear: pre-activation out = x W^T + b
   std::vector<std::vector<T>> post_;  // per hidden Linear: GELU(pre)
   std::vector<T> probs_, losses_, dact_a_, dact_b_;
-  bool overwrite_grads_ = false;  // discard_grad() was called since the last backward
 };
 
 }  // namespace ddplab

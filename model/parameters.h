@@ -117,6 +117,9 @@ class ParameterStore {
   void set_grad_piece_elements(int64_t max_elements) { pieces_ = grad_pieces_in_backward_order(params_, max_elements); }
   const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
   void zero_grad() { std::fill(grads_, grads_end_, T(0)); }
+  // The next backward writes the gradients instead of adding to them: zero_grad() without its pass over memory (the
+  // gradients keep their stale values until then, and the alignment gaps, never written, stay zero).
+  void discard_grad() { discard_pending_ = true; }
   // Moves the gradients (values included) into `storage`, flat_size() elements that the caller keeps alive for
   // the store's life: memory the communication engine registered (comm/shm_transport.h: RegisteredBuffer).
   void place_grads(T* storage) {
@@ -137,6 +140,8 @@ class ParameterStore {
     params_.push_back(std::move(p));
     return static_cast<int>(params_.size()) - 1;
   }
+  // For backward, once per call: true when it must overwrite the gradients (discard_grad() since the last backward).
+  bool take_discard() { return std::exchange(discard_pending_, false); }
   // Zero-filled buffers in reverse registration order, one gradient piece per parameter.
   void lay_out() {
     lay_out_in_reverse(params_, flat_params_, flat_grads_);
@@ -152,6 +157,7 @@ class ParameterStore {
   T *grads_ = nullptr, *grads_end_ = nullptr;
   std::vector<Parameter<T>> params_;
   std::vector<GradPiece> pieces_;
+  bool discard_pending_ = false;
 };
 
 }  // namespace ddplab

@@ -246,7 +246,11 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
       ready(param);
     } while (piece < pieces.size() && pieces[piece].param == param);
   };
-  if (batch_ == 0) {  // nothing to add: every gradient is final as it is
+  // discard_grad(): each gradient's first write below overwrites it (GEMMs with beta 0, bias and LayerNorm sums
+  // started from zero), so no pass zeroes the whole buffer first.
+  const bool accumulate = !this->take_discard();
+  if (batch_ == 0) {  // nothing to add: every gradient is final as it is (zero, when discarded)
+    if (!accumulate) this->zero_grad();
     for (int p = static_cast<int>(this->parameters().size()) - 1; p >= 0; --p) announce(p);
     return;
   }
@@ -267,19 +271,20 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
   // A Linear layer out = inp W^T + b: bias, then the weight's row blocks (each announced as soon as it is done,
   // before the input gradient, which backward needs next but the communication engine does not).
   auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out) {
-    cpu::bias_backward(P(w + 1).grad, dout, N, out);
+    cpu::bias_backward(P(w + 1).grad, dout, N, out, accumulate);
     announce(w + 1);
     while (piece < pieces.size() && pieces[piece].param == w) {
       const GradPiece& g = pieces[piece];
       const int64_t first = g.first_row, count = g.numel / in;
       cpu::matmul_backward_weight(P(w).grad, dout, inp, N, in, out, static_cast<int>(first),
-                                  static_cast<int>(first + count));
+                                  static_cast<int>(first + count), accumulate);
       ready(w);
     }
     cpu::matmul_backward_input(dinp, dout, P(w).data, N, in, out);
   };
   auto layernorm_backward = [&](int w, const T* dout, const T* inp, const T* mean, const T* rstd) {
-    cpu::layernorm_backward(dresid_.data(), P(w).grad, P(w + 1).grad, dout, inp, P(w).data, mean, rstd, BT, C);
+    cpu::layernorm_backward(dresid_.data(), P(w).grad, P(w + 1).grad, dout, inp, P(w).data, mean, rstd, BT, C,
+                            accumulate);
     announce(w + 1);
     announce(w);
   };
@@ -311,7 +316,13 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
     linear_backward(id(kQkvW), dsmall_.data(), dbig_.data(), a.ln1.data(), BT, C, 3 * C);
     layernorm_backward(id(kLn1W), dsmall_.data(), x_in, a.ln1_mean.data(), a.ln1_rstd.data());
   }
-  // The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket.
+  // The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket. The
+  // scatter adds to the batch's rows only, so a discarded embedding gradient is zeroed first, the one pass left.
+  if (!accumulate) {
+    for (int e : {0, wpe_}) {
+      if (e >= 0) std::fill(P(e).grad, P(e).grad + P(e).numel, T(0));
+    }
+  }
   cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(), lens, B, S, C,
                           pos);
   if (wpe_ >= 0) announce(wpe_);

@@ -13,13 +13,6 @@
 namespace ddplab {
 namespace {
 
-// Before a step's first backward: the MLP's backward can overwrite its gradients, so nothing needs zeroing.
-template <typename Model>
-void reset_gradients(Model& model) {
-  model.zero_grad();
-}
-void reset_gradients(Mlp<float>& model) { model.discard_grad(); }
-
 // What every workload answers from its model alone (Mlp<float> and Transformer<float> share these calls).
 template <typename Model>
 class ModelWorkload : public Workload {
@@ -32,7 +25,8 @@ class ModelWorkload : public Workload {
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   std::string piece_name(const GradPiece& g) const override { return grad_piece_name(model_.parameters(), g); }
-  void zero_grad() override { reset_gradients(model_); }
+  // Before a step's first backward, which overwrites the gradients: nothing needs zeroing.
+  void zero_grad() override { model_.discard_grad(); }
 
  protected:
   template <typename... Args>

@@ -44,10 +44,14 @@ template <typename T>
 void matmul_backward_weight(T* dweight, const T* dout, const T* inp, int B, int C, int OC, int row_begin,
                             int row_end, bool accumulate) {
   const int rows = row_end - row_begin;
-  if (B == 0 || rows <= 0) return;
+  if (rows <= 0) return;
+  T* block = dweight + static_cast<int64_t>(row_begin) * C;
+  if (B == 0) {  // an empty sum: nothing to add, or zeros to write
+    if (!accumulate) std::fill(block, block + static_cast<int64_t>(rows) * C, T(0));
+    return;
+  }
   // Rows [row_begin, row_end) of dweight are contiguous; their dout columns are a strided block (ld = OC).
-  gemm(CblasTrans, CblasNoTrans, rows, C, B, T(1), dout + row_begin, OC, inp, C, accumulate ? T(1) : T(0),
-       dweight + static_cast<int64_t>(row_begin) * C, C);
+  gemm(CblasTrans, CblasNoTrans, rows, C, B, T(1), dout + row_begin, OC, inp, C, accumulate ? T(1) : T(0), block, C);
 }
 
 template <typename T>
@@ -176,30 +180,62 @@ bool all_finite(const T* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) poison += x[i] * T(0);
   return poison == T(0);
 }
-// Float, which checks every gradient of every step: a float is finite iff its bits without the sign are below
-// Inf's. The largest of them, in two vector accumulators, costs an and + a max per 8 values, where the sum of x*0
-// waits on the adder's latency (about 3x slower while the data is in cache).
-template <>
-bool all_finite(const float* x, int64_t n) {
-  using Bits8 = Simd<uint32_t>::V;  // vload reads through a may_alias type: a float's bits, no copy
+
+template <typename T>
+bool scale_and_check_finite(T* y, T alpha, int64_t n) {
+  if (alpha == T(1)) return all_finite(y, n);
+  T poison = 0;
+#pragma omp simd reduction(+ : poison)
+  for (int64_t i = 0; i < n; ++i) poison += (y[i] *= alpha) * T(0);
+  return poison == T(0);
+}
+
+namespace {
+
+// The float pass behind all_finite and scale_and_check_finite: v = op(x[i]) for every element (8 lanes at a time,
+// then one by one; op is the same arithmetic on both), stored to out[i] when kStore, and whether every v is finite.
+// A float is finite iff its bits without the sign are below Inf's: the largest of them, in two vector accumulators,
+// costs an and + a max per 8 values, where a sum of v*0 waits on the adder's latency (about 3x slower while the
+// data is in cache).
+template <bool kStore, typename Op>
+bool map_all_finite(const float* x, float* out, int64_t n, Op op) {
+  using Bits8 = Simd<uint32_t>::V;
   constexpr uint32_t kNoSign = 0x7fffffff, kInfinity = 0x7f800000;
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
   Bits8 max0 = {}, max1 = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const Bits8 a = vload(bits + i) & kNoSign;
-    const Bits8 b = vload(bits + i + 8) & kNoSign;
-    max0 = max0 > a ? max0 : a;
-    max1 = max1 > b ? max1 : b;
+    const Simd<float>::V a = op(vload(x + i)), b = op(vload(x + i + 8));
+    if constexpr (kStore) {
+      vstore(out + i, a);
+      vstore(out + i + 8, b);
+    }
+    const Bits8 a_bits = reinterpret_cast<Bits8>(a) & kNoSign, b_bits = reinterpret_cast<Bits8>(b) & kNoSign;
+    max0 = max0 > a_bits ? max0 : a_bits;
+    max1 = max1 > b_bits ? max1 : b_bits;
   }
   uint32_t largest = 0;
   for (int lane = 0; lane < 8; ++lane) largest = std::max({largest, max0[lane], max1[lane]});
   for (; i < n; ++i) {
-    uint32_t tail;
-    std::memcpy(&tail, x + i, sizeof tail);  // the scalar load stays a copy: bits[i] would break aliasing rules
-    largest = std::max(largest, tail & kNoSign);
+    const float v = op(x[i]);
+    if constexpr (kStore) out[i] = v;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    largest = std::max(largest, bits & kNoSign);
   }
   return largest < kInfinity;
+}
+
+}  // namespace
+
+// Float, which checks every gradient of every step, in the vector pass above.
+template <>
+bool all_finite(const float* x, int64_t n) {
+  return map_all_finite</*kStore=*/false>(x, nullptr, n, [](auto v) { return v; });
+}
+template <>
+bool scale_and_check_finite(float* y, float alpha, int64_t n) {
+  if (alpha == 1.0f) return all_finite(y, n);
+  return map_all_finite</*kStore=*/true>(y, y, n, [alpha](auto v) { return v * alpha; });
 }
 
 #define DDPLAB_INSTANTIATE(T)                                                                                    \
@@ -216,7 +252,8 @@ bool all_finite(const float* x, int64_t n) {
   template void adamw_update<T>(T*, const T*, T*, T*, int64_t, float, float, float, float, float, int);          \
   template void sgd_update<T>(T*, const T*, T*, int64_t, float, float, float);                                   \
   template void scale<T>(T*, T, int64_t);                                                                       \
-  template bool all_finite<T>(const T*, int64_t);
+  template bool all_finite<T>(const T*, int64_t);                                                                \
+  template bool scale_and_check_finite<T>(T*, T, int64_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(double)
 #undef DDPLAB_INSTANTIATE

@@ -66,4 +66,9 @@ void scale(T* y, T alpha, int64_t n);
 template <typename T>
 bool all_finite(const T* x, int64_t n);
 
+// scale(y, alpha, n) then all_finite(y, n), bit for bit, in one pass over y: the gradients' mean and NaN check where
+// the ring's epilogue does not do them. alpha 1 leaves y as it is (only the check runs), as callers skip a scale by 1.
+template <typename T>
+bool scale_and_check_finite(T* y, T alpha, int64_t n);
+
 }  // namespace ddplab::cpu

@@ -88,7 +88,11 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 //   dx = rstd (g - mean(g) - xhat mean(g xhat))
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int N, int C) {
+                        const T* rstd, int N, int C, bool accumulate) {
+  if (!accumulate) {  // 2C elements, nothing next to the rows' pass; the same sums as a zeroed buffer, bit for bit
+    std::fill(dweight, dweight + C, T(0));
+    std::fill(dbias, dbias + C, T(0));
+  }
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<int64_t>(n) * C;
     const T* d = dout + static_cast<int64_t>(n) * C;
@@ -567,7 +571,7 @@ void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* 
   template void embedding_backward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int, int, int,                \
                                       const int32_t*);                                                                 \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                              \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int);         \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, bool);   \
   template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool, const int32_t*);      \
   template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool,  \
                                       const int32_t*);                                                                 \

@@ -37,10 +37,11 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C);
 // dinp += dL/dinp (ACCUMULATES: the caller passes the residual stream's gradient, which the LayerNorm branch adds
-// to); dweight += sum_n dout * xhat; dbias += sum_n dout.
+// to); dweight += sum_n dout * xhat; dbias += sum_n dout (accumulate = false: = instead of +=, for dweight and
+// dbias only).
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int N, int C);
+                        const T* rstd, int N, int C, bool accumulate = true);
 
 // Multi-head scaled dot-product self-attention over qkv [B, S, 3C] (q | k | v, each C = NH heads of hs = C/NH):
 //   att[b,h,t,:] = softmax_j (q_t . k_j / sqrt(hs)) over valid keys j, out[b,t,h*hs:(h+1)*hs] = sum_j att v_j.

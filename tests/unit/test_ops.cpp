@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -67,6 +68,12 @@ TEST(MatmulBackward, DweightMatchesFiniteDifferencesAndAccumulates) {
   // accumulate = false overwrites what was there, rows [1, kOC) only here.
   std::vector<double> rows = dweight;
   matmul_backward_weight<double>(rows.data(), w.data(), inp.data(), kB, kC, kOC, 1, kOC, /*accumulate=*/false);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_NEAR(rows[i], i < size_t(kC) ? 2 * first[i] : first[i], 1e-12) << i;
+  // An empty batch overwrites with the empty sum, zeros (a NaN left there would stay), and adds nothing otherwise.
+  std::vector<double> empty(kOC * kC, std::numeric_limits<double>::quiet_NaN());
+  matmul_backward_weight<double>(empty.data(), w.data(), inp.data(), 0, kC, kOC, 0, kOC, /*accumulate=*/false);
+  EXPECT_EQ(empty, std::vector<double>(kOC * kC, 0.0));
+  matmul_backward_weight<double>(rows.data(), w.data(), inp.data(), 0, kC, kOC, 0, kOC);
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_NEAR(rows[i], i < size_t(kC) ? 2 * first[i] : first[i], 1e-12) << i;
 }
 
@@ -315,5 +322,40 @@ void CheckAllFinite() {
 }
 TEST(AllFinite, FindsNanAndInfAnywhereFloat) { CheckAllFinite<float>(); }
 TEST(AllFinite, FindsNanAndInfAnywhereDouble) { CheckAllFinite<double>(); }
+
+// scale_and_check_finite against its definition, scale then check (std::isfinite, not all_finite, whose vector pass
+// it shares): the same bits in y and the same answer, for lengths around the vector body (16 floats per iteration)
+// and its tail, with NaN, +Inf and -Inf placed first, in the middle and last, and with finite values that the scale
+// takes to Inf (overflow) or to zero and subnormals.
+template <typename T>
+void CheckScaleAndCheckFinite() {
+  const T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+  for (int n : {0, 1, 7, 15, 16, 17, 31, 33, 100, 1001}) {
+    const std::vector<double> normal = RandomNormal(n, 40 + n);
+    const std::vector<T> x(normal.begin(), normal.end());
+    std::vector<std::vector<T>> cases = {x};
+    for (int at : {0, n / 2, n - 1}) {
+      if (n == 0) break;
+      for (T bad : {nan, inf, -inf}) {
+        cases.push_back(x);
+        cases.back()[at] = bad;
+      }
+      cases.push_back(x);
+      cases.back()[at] = std::numeric_limits<T>::max() / 2;  // finite, but not after a scale by 3
+    }
+    for (T alpha : {T(0.25), T(3), T(1), T(-1e-30), std::numeric_limits<T>::min(), T(0)}) {
+      for (const std::vector<T>& input : cases) {
+        std::vector<T> expect = input, got = input;
+        if (alpha != T(1)) scale(expect.data(), alpha, n);  // how the callers wrote it: no scale by 1
+        const bool expect_finite = std::all_of(expect.begin(), expect.end(), [](T v) { return std::isfinite(v); });
+        const bool got_finite = scale_and_check_finite(got.data(), alpha, n);
+        EXPECT_EQ(got_finite, expect_finite) << "n " << n << " alpha " << alpha;
+        ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * sizeof(T)), 0) << "n " << n << " alpha " << alpha;
+      }
+    }
+  }
+}
+TEST(ScaleAndCheckFinite, BitwiseScaleThenAllFiniteFloat) { CheckScaleAndCheckFinite<float>(); }
+TEST(ScaleAndCheckFinite, BitwiseScaleThenAllFiniteDouble) { CheckScaleAndCheckFinite<double>(); }
 
 }  // namespace ddplab::cpu

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -355,6 +356,68 @@ TEST(Transformer, EmptyBatchAnnouncesEveryPieceAndAddsNothing) {
   model.backward([&](int k) { EXPECT_EQ(k, calls++); });
   EXPECT_EQ(calls, static_cast<int>(model.grad_pieces().size()));
   for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0);
+}
+
+// discard_grad: a step's first backward overwrites whatever the buffer held, bit for bit the zero_grad + backward
+// result, and every later backward of the step adds: 1, 2 and 3 micro-batches (different batches, unequal loss
+// scales), whole and row-block pieces, both heads, float and double. The stale values are NaN, so an element that
+// backward reads instead of overwriting, or never writes, shows. The alignment gaps are never written: they stay 0.
+template <typename T>
+void CheckDiscardGradEqualsZeroGrad(Head head) {
+  const TransformerConfig c = TestConfig(head);
+  for (int64_t piece_elements : {0, 20}) {
+    for (int micro_batches : {1, 2, 3}) {
+      Transformer<T> zeroed(c, 3), discarded(c, 3);
+      for (Transformer<T>* m : {&zeroed, &discarded}) {
+        Perturb(*m, 4);
+        m->set_grad_piece_elements(piece_elements);
+      }
+      for (const Parameter<T>& p : discarded.parameters())
+        std::fill(p.grad, p.grad + p.numel, std::numeric_limits<T>::quiet_NaN());
+      zeroed.zero_grad();
+      discarded.discard_grad();
+      for (int k = 0; k < micro_batches; ++k) {
+        const Batch batch = head == Head::kCausalLM && k == 1 ? MakePackedBatch(c, 30 + k) : MakeBatch(c, 30 + k);
+        const T loss_scale = T(1 + 0.5 * k) / T(micro_batches);
+        for (Transformer<T>* m : {&zeroed, &discarded}) {
+          Forward(*m, batch);
+          m->backward(nullptr, loss_scale);
+        }
+      }
+      const std::vector<T> expect = Grads(zeroed), got = Grads(discarded);
+      for (int64_t i = 0; i < zeroed.flat_size(); ++i) {
+        // Bits, not values: a -0 where zero_grad's sum gives +0 would differ here.
+        ASSERT_EQ(std::memcmp(&got[i], &expect[i], sizeof(T)), 0)
+            << "element " << i << ": " << got[i] << " vs " << expect[i] << " (" << micro_batches
+            << " micro-batches, pieces of " << piece_elements << ")";
+      }
+    }
+  }
+}
+TEST(Transformer, DiscardGradEqualsZeroGradClassifierFloat) { CheckDiscardGradEqualsZeroGrad<float>(Head::kClassify); }
+TEST(Transformer, DiscardGradEqualsZeroGradCausalLmFloat) { CheckDiscardGradEqualsZeroGrad<float>(Head::kCausalLM); }
+TEST(Transformer, DiscardGradEqualsZeroGradClassifierDouble) {
+  CheckDiscardGradEqualsZeroGrad<double>(Head::kClassify);
+}
+TEST(Transformer, DiscardGradEqualsZeroGradCausalLmDouble) { CheckDiscardGradEqualsZeroGrad<double>(Head::kCausalLM); }
+
+// An empty micro-batch first (a rank whose share of the step starts empty): the discarded gradients become zeros,
+// which the next micro-batch adds to.
+TEST(Transformer, EmptyBatchAfterDiscardGradGivesZeros) {
+  const TransformerConfig c = TestConfig(Head::kClassify);
+  Transformer<float> model(c, 5);
+  std::fill(model.flat_grads(), model.flat_grads() + model.flat_size(), 7.0f);
+  model.discard_grad();
+  model.forward(nullptr, nullptr, nullptr, 0, 0);
+  model.backward();
+  for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0f) << i;
+  Transformer<float> reference(c, 5);
+  const Batch batch = MakeBatch(c, 40);
+  for (Transformer<float>* m : {&model, &reference}) {
+    Forward(*m, batch);
+    m->backward();
+  }
+  EXPECT_EQ(Grads(model), Grads(reference));
 }
 
 TEST(Transformer, InitIsGpt2LikeAndDeterministicInSeed) {
