@@ -7,15 +7,12 @@
 // forward, backward and the gradients' all-reduces, in which the ring's ipc and host links block the calling thread.
 // One thread for the whole run, not one per step.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <functional>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
+#include "comm/worker_thread.h"
 #include "train/workload.h"  // BatchStats
 
 namespace ddplab {
@@ -27,79 +24,34 @@ class BatchPrefetcher {
   using Stage = std::function<BatchStats(int64_t step)>;
 
   // Steps run from 0 to steps - 1: none beyond is staged.
-  BatchPrefetcher(Stage stage, int64_t steps) : stage_(std::move(stage)), steps_(steps) {
-    worker_ = std::thread([this] { run(); });
-  }
-  // Waits for a staging in flight (it writes memory its caller owns), then ends the worker.
-  ~BatchPrefetcher() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    worker_.join();
-  }
-  BatchPrefetcher(const BatchPrefetcher&) = delete;
-  BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
+  BatchPrefetcher(Stage stage, int64_t steps) : stage_(std::move(stage)), steps_(steps) {}
+  // The worker's destruction waits for a staging in flight (it writes memory its caller owns).
 
   // Step `step`'s batch: staged now if it was not prefetched (the first step, a resumed run's first), waited for,
   // and before returning, step + 1 handed to the worker. Call it once step - 1 is complete: step + 1 reuses the slot
   // step - 1 read. Rethrows what the staging threw.
   BatchStats take(int64_t step) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const auto rethrow = [&] {
-      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-    };
-    rethrow();
-    if (queued_ != step && staging_ != step && !(done_ && done_->first == step)) {
-      changed_.wait(lock, [&] { return !queued_ && !staging_; });  // a prefetch of another step: let it finish
-      rethrow();
-      queue(step);
-    }
-    changed_.wait(lock, [&] { return error_ || (done_ && done_->first == step); });
-    rethrow();
-    const BatchStats stats = done_->second;
-    if (step + 1 < steps_) queue(step + 1);
+    if (!next_ || next_->step != step) next_ = stage_on_worker(step);  // after any staging in flight
+    worker_.wait(next_->ticket);
+    const BatchStats stats = staged_[step % 2];
+    next_ = step + 1 < steps_ ? std::optional<Ticket>(stage_on_worker(step + 1)) : std::nullopt;
     return stats;
   }
 
  private:
-  void queue(int64_t step) {
-    queued_ = step;
-    changed_.notify_all();
-  }
-
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      changed_.wait(lock, [&] { return stop_ || queued_; });
-      if (stop_) return;
-      staging_ = std::exchange(queued_, std::nullopt);
-      lock.unlock();
-      std::optional<BatchStats> stats;
-      std::exception_ptr error;
-      try {
-        stats = stage_(*staging_);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      if (stats) done_.emplace(*staging_, *stats);
-      error_ = error;
-      staging_.reset();
-      changed_.notify_all();
-    }
+  struct Ticket {
+    int64_t step;
+    uint64_t ticket;
+  };
+  Ticket stage_on_worker(int64_t step) {
+    return {step, worker_.submit([this, step] { staged_[step % 2] = stage_(step); })};
   }
 
   Stage stage_;
   int64_t steps_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::optional<int64_t> queued_, staging_;           // handed to the worker; being staged
-  std::optional<std::pair<int64_t, BatchStats>> done_;  // the last step staged, and its batch
-  std::exception_ptr error_;
-  bool stop_ = false;
-  std::thread worker_;  // last: it starts once everything above is initialized
+  BatchStats staged_[2];        // what steps of each parity hold, written by the worker
+  std::optional<Ticket> next_;  // the step handed to the worker last
+  WorkerThread worker_{"batch prefetcher"};  // last: stopped (its staging finished) before the rest goes
 };
 
 }  // namespace ddplab
