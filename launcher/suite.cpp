@@ -441,6 +441,12 @@ struct SweepPoint {
   RunSummary summary;                  // the median repeat's (for an even count the lower of the middle two)
   std::string path;                    // its run file
   std::vector<double> repeat_step_ms;  // every repeat's slowest step, in the order measured
+  // The buckets its cap cut (first and last piece of each). Points with the same buckets and overlap are one
+  // setting measured under two names (e.g. 25 and 100 MB when the gradients' largest bucket is 8 MB): their runs
+  // are pooled, `setting_step_ms` is the median of all of them, and that is what ranks the points.
+  std::vector<std::pair<int, int>> buckets;
+  std::vector<double> same_buckets_as;  // the other caps of the same setting
+  double setting_step_ms = 0;
   // --predict: round k's prediction, from round k's own first run; `predicted` is the median one of them.
   std::vector<Prediction> repeat_predicted;
   std::optional<Prediction> predicted;
@@ -524,7 +530,7 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
   }
   const double median = median_of(errors), worst = *std::max_element(errors.begin(), errors.end());
   const double own_error = median_of(own_errors);
-  const double vs_best = 100 * (recommended->summary.slowest_step_ms / best_measured.summary.slowest_step_ms - 1);
+  const double vs_best = 100 * (recommended->setting_step_ms / best_measured.setting_step_ms - 1);
   if (sources.size() == 1)
     std::printf("\npredicted from %s (--bucket-mb %g --overlap %s: %.2f ms/step; the model at that setting %.2f, "
                 "%+.1f%%)\n",
@@ -540,7 +546,7 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
   std::printf("recommended by the model%s: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: "
               "%+.1f%% against the fastest measured point)\n",
               sources.size() > 1 ? " of round 1" : "", recommended->bucket_mb, recommended->overlap.c_str(),
-              rows[chosen.row].step.step_ms, recommended->summary.slowest_step_ms, vs_best);
+              rows[chosen.row].step.step_ms, recommended->setting_step_ms, vs_best);
   if (chosen.within_noise > 0)
     std::printf(
         "  %d other point(s) predicted within %.1f%% of the fastest (two standard errors of the run's step): "
@@ -560,7 +566,7 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
            {{"bucket_mb", recommended->bucket_mb},
             {"overlap", recommended->overlap},
             {"predicted_step_ms", rows[chosen.row].step.step_ms},
-            {"step_ms", recommended->summary.slowest_step_ms},
+            {"step_ms", recommended->setting_step_ms},
             {"vs_best_measured_pct", vs_best},
             {"within_noise", chosen.within_noise},
             {"tolerance_pct", 100 * tolerance}}}};
@@ -637,6 +643,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       config.out = o.out_dir + "/" + name + ".h5";
       SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
       point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
+      point.buckets.clear();
+      for (const BucketRecord& b : r.record.buckets) point.buckets.emplace_back(b.first_piece, b.last_piece);
       repeats[&point - points.data()].push_back({std::move(r.summary), r.record.path});
     }
   }
@@ -655,6 +663,15 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     }
   }
   if (rank != 0) return 0;
+  for (SweepPoint& p : points) {
+    std::vector<double> pooled;
+    for (const SweepPoint& q : points)
+      if (q.overlap == p.overlap && q.buckets == p.buckets) {
+        pooled.insert(pooled.end(), q.repeat_step_ms.begin(), q.repeat_step_ms.end());
+        if (&q != &p) p.same_buckets_as.push_back(q.bucket_mb);
+      }
+    p.setting_step_ms = median_of(pooled);
+  }
 
   std::ostringstream csv;
   csv << "bucket_mb,overlap,slowest_step_ms,samples_per_s,backward_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,"
@@ -696,10 +713,23 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       json_points.back()["error_pct"] = p.error_pct();
       json_points.back()["extrapolated"] = p.predicted->extrapolated;
     }
-    if (s.slowest_step_ms < best->summary.slowest_step_ms) best = &p;
+    if (!p.same_buckets_as.empty()) {
+      json_points.back()["same_buckets_as"] = p.same_buckets_as;
+      json_points.back()["setting_step_ms"] = p.setting_step_ms;
+    }
+    if (p.setting_step_ms < best->setting_step_ms) best = &p;
   }
-  std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step, %.0f samples/s)\n", best->bucket_mb,
-              best->overlap.c_str(), best->summary.slowest_step_ms, best->summary.samples_per_s);
+  for (const SweepPoint& p : points) {  // each setting measured under several caps, once, at its first
+    if (p.same_buckets_as.empty() || p.same_buckets_as.front() < p.bucket_mb) continue;
+    std::ostringstream caps;
+    caps << p.bucket_mb;
+    for (double cap : p.same_buckets_as) caps << ", " << cap;
+    std::printf("%s MB, overlap %s: the same %zu bucket(s), one setting: %.2f ms/step over its %zu runs (median)\n",
+                caps.str().c_str(), p.overlap.c_str(), p.buckets.size(), p.setting_step_ms,
+                p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()));
+  }
+  std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step%s)\n", best->bucket_mb, best->overlap.c_str(),
+              best->setting_step_ms, best->same_buckets_as.empty() ? "" : ", its setting's runs under every cap");
   nlohmann::json summary = {{"sweep", "bucket_mb x overlap"},
                             {"model", o.base.model},
                             {"world_size", size},
@@ -707,7 +737,10 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                             {"steps", o.base.steps},
                             {"repeats", o.repeats},
                             {"points", json_points},
-                            {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}}}};
+                            {"best",
+                             {{"bucket_mb", best->bucket_mb},
+                              {"overlap", best->overlap},
+                              {"step_ms", best->setting_step_ms}}}};
   if (o.predict) summary.update(print_prediction_summary(sources, points, *best));
   write_text_file(o.out_dir + "/summary.csv", csv.str());
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
