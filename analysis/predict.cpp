@@ -233,6 +233,7 @@ namespace {
 struct StepTimes {
   std::vector<double> backward_end, hidden;
   double comm_end = 0, comm_total = 0;
+  double beside_backward_left = 0;  // the most backward left on a rank when an all-reduce started beside it
 };
 
 StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double>& offsets,
@@ -269,6 +270,9 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
       const BucketCost& c = cost[next++];
       slowdown = c.backward_slowdown;
       left = c.alone_ms + (c.beside_ms - c.alone_ms) * ranks_in_backward(t) / static_cast<double>(n);
+      for (size_t r = 0; r < n; ++r)
+        if (t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0)
+          out.beside_backward_left = std::max(out.beside_backward_left, ranks[r].backward_ms - work[r]);
       if (left <= 0) left = -1;
       comm_start = out.comm_end = t;
     }
@@ -304,13 +308,14 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
   const size_t n = steps.at(0).size(), count = steps.size();
   const size_t settle = std::max<size_t>(count, 20);
   std::vector<double> offsets(n, 0.0), end(n), period(n, 0.0), backward(n, 0.0), exposed(n, 0.0), hidden(n, 0.0);
-  double comm = 0;
+  double comm = 0, beside_left = 0;
   for (size_t i = 0; i < settle + count; ++i) {
     const std::vector<RankProfile>& ranks = steps[i % count];
     const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on);
     for (size_t r = 0; r < n; ++r) end[r] = std::max(t.backward_end[r], t.comm_end) + ranks[r].after_ms;
     if (i >= settle) {
       comm += t.comm_total / count;
+      beside_left += t.beside_backward_left / count;
       for (size_t r = 0; r < n; ++r) {
         period[r] += (end[r] - offsets[r]) / count;
         backward[r] += (t.backward_end[r] - offsets[r] - ranks[r].before_ms) / count;
@@ -322,7 +327,7 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
     for (size_t r = 0; r < n; ++r) offsets[r] = end[r] - first;
   }
   const size_t k = std::max_element(period.begin(), period.end()) - period.begin();
-  return {period[k], static_cast<int>(k), backward[k], comm, exposed[k], hidden[k]};
+  return {period[k], static_cast<int>(k), backward[k], comm, exposed[k], hidden[k], beside_left};
 }
 
 SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
@@ -609,6 +614,7 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
   }
   std::vector<AllreduceTerms> terms;
   std::vector<double> beside, times;
+  std::vector<double> backward_left(run.steps - run.first_steady_step(), 0.0);  // per steady step, the most
   const double small = static_cast<double>(small_allreduce_bytes(world));
   for (int b = 0; b < nb; ++b) {
     const double bytes = static_cast<double>(run.buckets[b].bytes());
@@ -622,12 +628,17 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       }
       double in_backward = 0;  // share of the ranks whose backward still ran when the all-reduce started
       for (int r = 0; r < world; ++r)
-        in_backward += (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end) / double(world);
+        if (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end) {
+          in_backward += 1.0 / world;
+          backward_left[s - run.first_steady_step()] =
+              std::max(backward_left[s - run.first_steady_step()], t.backward[r][s].end - comm.begin);
+        }
       terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes()));
       beside.push_back(in_backward);
       times.push_back(std::max(0.0, comm.end - comm.begin));
     }
   }
+  for (double left : backward_left) m.measured_beside_backward_left_ms += left / backward_left.size();
   const std::optional<CommFit> fit = fit_comm(terms, beside, times, link_alpha_beta(m.fitted_link).alpha_ms);
   if (fit->latency_from_link)
     m.notes.push_back(
@@ -799,6 +810,15 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   for (const std::vector<RankProfile>& measured_ranks : m.steps)
     steps.emplace_back(measured_ranks.begin(), measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
   out.step = simulate_steps(steps, buckets, cost, setting.overlap);
+  // The wait beside backward is fitted on the run's all-reduces beside backward, which had up to so much backward
+  // left beside them; with more (earlier buckets), how the wait grows is unmeasured: at 4 ranks on 2 cores such
+  // cells swung by +-10% with the run predicted from (docs/PREDICT.md, session 7).
+  if (n > 1 && wait > 0 && out.step.beside_backward_left_ms > 1.1 * m.measured_beside_backward_left_ms + 0.1) {
+    std::ostringstream why;
+    why << std::fixed << std::setprecision(1) << "the wait beside backward, for all-reduces started with more backward "
+        << "left than in the run (" << m.measured_beside_backward_left_ms << " ms per step)";
+    out.extrapolated.push_back(why.str());
+  }
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;

@@ -99,6 +99,9 @@ struct SimulatedStep {
   double comm_ms = 0;      // sum of the buckets' all-reduce times
   double exposed_ms = 0;   // its wait for the last all-reduce after its backward
   double hidden_ms = 0;    // comm that ran while its backward ran
+  // Per step, the most backward left on a rank when an all-reduce started beside backward (of a rank's own pace;
+  // 0: none started beside it): how far the wait beside backward is carried.
+  double beside_backward_left_ms = 0;
 };
 // A bucket's all-reduce: alone, and started beside every rank's backward (>= alone).
 struct BucketCost {
@@ -178,6 +181,8 @@ struct StepModel {
   LinkModel fitted_link;    // the class of hop comm_fit describes: the one that bounds the run's all-reduce
   std::string fitted_hops;  // which: "every hop", "the inter-node hops", "the intra-node hops"
   double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
+  // The same as SimulatedStep's, in the run: how much backward the wait beside backward was measured with.
+  double measured_beside_backward_left_ms = 0;
   std::optional<Calibration> calibration;
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
   std::vector<std::string> notes;                    // what the output must say about the model's sources

@@ -411,6 +411,31 @@ TEST(Predict, ReplaysTheWakeAfterTheLastAllreduce) {
   EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + pieces_alone_after_backward_ms(run, ab) + 2 + wake, kTol);
 }
 
+// The wait beside backward is fitted on all-reduces that started with so much backward left; a setting whose
+// all-reduces start beside more is marked extrapolated (at 4 ranks on 2 cores such cells swung by +-10%).
+TEST(Predict, MarksTheWaitBesideMoreBackwardThanMeasured) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  StepModel model = build_model(synthetic_run(ab, 4), std::nullopt);
+  // The run and its replay agree on how much backward its all-reduces started beside (a bucket per piece: the
+  // first starts with most of backward left).
+  const Prediction own = predict(model, model.measured);
+  EXPECT_GT(model.measured_beside_backward_left_ms, 1.0);
+  EXPECT_NEAR(own.step.beside_backward_left_ms, model.measured_beside_backward_left_ms, 0.01);
+  const auto marked = [](const Prediction& p) {
+    return std::any_of(p.extrapolated.begin(), p.extrapolated.end(),
+                       [](const std::string& why) { return why.find("the wait beside backward") == 0; });
+  };
+  EXPECT_FALSE(marked(own));  // no wait fitted: nothing carried
+  model.comm_fit->beside_wait_ms = 1.0;
+  EXPECT_FALSE(marked(predict(model, model.measured)));
+  PredictSetting one_bucket = model.measured;  // every all-reduce after backward
+  one_bucket.bucket_mb = 100;
+  one_bucket.first_bucket_mb = 100;
+  EXPECT_FALSE(marked(predict(model, one_bucket)));
+  model.measured_beside_backward_left_ms /= 2;  // as if the run's all-reduces had started later in backward
+  EXPECT_TRUE(marked(predict(model, model.measured)));
+}
+
 // Fair shares of the cores: compute gets what the comm threads' measured CPU leaves.
 TEST(Predict, BackwardSlowdownFromTheCommThreadsCpuShare) {
   // 2 ranks x 1 thread on 2 cores, comm threads on a core all the time: compute keeps nothing of its cores by
