@@ -102,8 +102,10 @@ def main():
                 check(work_ms[0] > 12 and all(work_ms[r] < 1 for r in range(1, np_ranks)),
                       f"rank0_barrier: only rank 0 works ({np.round(work_ms, 1)})")
                 # The others wait out rank 0's work, less however late they were themselves: on cores shared
-                # by 4 ranks (and ctest -j2) a rank can lose a few ms, so at least half of the work, not a fixed 10 ms.
-                check(all(barrier[r] > 0.5 * work_ms[0] for r in range(1, np_ranks)) and barrier[0] < 5,
+                # by 4 ranks (and ctest -j2) a rank can lose half a step (one waited 7.4 ms of 15.1 under a full
+                # ctest -j2), so on average at least half of the work, and each at least a quarter.
+                others = [barrier[r] for r in range(1, np_ranks)]
+                check(np.mean(others) > 0.5 * work_ms[0] and min(others) > 0.25 * work_ms[0] and barrier[0] < 5,
                       f"rank0_barrier: the others wait at the barrier ({np.round(barrier, 1)})")
             with h5py.File(os.path.join(out, "extra_allreduce.h5")) as f:
                 check(np.all(steady(f, "extra_comm_ms") > 0), "extra_allreduce: every rank pays the extra all-reduce")
