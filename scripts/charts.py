@@ -315,8 +315,9 @@ def predicted_chart(sweeps, out_dir, written):
                 ax.plot(xi, p["predicted_step_ms"], "s", markersize=5, color=colors[overlap],
                         markerfacecolor="white" if p.get("extrapolated") else colors[overlap])
         source = sweep.get("predicted_from")
-        if source and source["bucket_mb"] in x:  # the run every prediction comes from: its noise is theirs
-            ax.plot(x[source["bucket_mb"]], source["step_ms"], "D", markersize=7, color="black", zorder=4)
+        if source and source["bucket_mb"] in x:  # the runs the predictions come from: their noise is theirs
+            for run in source.get("rounds", [source]):
+                ax.plot(x[source["bucket_mb"]], run["step_ms"], "D", markersize=7, color="black", zorder=4)
         rec = sweep.get("recommended")
         if rec:
             ax.plot(x[rec["bucket_mb"]], rec["predicted_step_ms"], "*", markersize=16, color="#c44e52",
@@ -335,13 +336,15 @@ def predicted_chart(sweeps, out_dir, written):
                plt.Line2D([], [], linestyle="", marker="*", markersize=14, color="#c44e52", markeredgecolor="black",
                           label="recommended by the model"),
                plt.Line2D([], [], linestyle="", marker="D", markersize=7, color="black",
-                          label="measured: the run predicted from")]
+                          label="measured: the run(s) predicted from")]
     fig.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.9))
     first = sweeps[0]
     source = first.get("predicted_from", {})
-    fig.suptitle(f"{first.get('model', '')}, {ranks_text(first['world_size'])}: predicted against measured step time\n"
-                 f"each link's predictions from one run at --bucket-mb {source.get('bucket_mb', 0):g} --overlap "
-                 f"{source.get('overlap', '?')}", fontsize=10)
+    rounds = len(source.get("rounds", [])) if source else 0
+    setting = f"--bucket-mb {source.get('bucket_mb', 0):g} --overlap {source.get('overlap', '?')}"
+    fig.suptitle(f"{first.get('model', '')}, {ranks_text(first['world_size'])}: predicted against measured step time\n" +
+                 (f"each of the {rounds} rounds predicted from its own run at {setting}; lines: the rounds' medians"
+                  if rounds > 1 else f"each link's predictions from one run at {setting}"), fontsize=10)
     fig.tight_layout()
     save(fig, out_dir, "predicted_vs_measured", written)
 
