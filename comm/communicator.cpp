@@ -17,7 +17,6 @@
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
 #include "comm/watchdog.h"
-#include "kernels/cpu/ops.h"
 
 namespace ddplab {
 
@@ -286,10 +285,7 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
     } else {
       ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
     }
-    const auto elems = static_cast<int64_t>(count);
-    if (check_finite) return cpu::scale_and_check_finite(out, scale, elems);  // one pass for both
-    if (scale != 1.0f) cpu::scale(out, scale, elems);
-    return true;
+    return epilogue_pass(out, count, scale, check_finite);
   } catch (const TagMismatch& e) {
     failed_ = "all-reduce order mismatch";
     throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +

@@ -170,6 +170,13 @@ void RingPrimitives::recv(RingChunk c) {
   });
 }
 
+bool epilogue_pass(float* data, size_t count, float scale, bool check_finite) {
+  const auto n = static_cast<int64_t>(count);
+  if (check_finite) return cpu::scale_and_check_finite(data, scale, n);
+  if (scale != 1.0f) cpu::scale(data, scale, n);
+  return true;
+}
+
 bool ring_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
   return ring_allreduce_sum(data, data, count, t, scratch, options);
 }
@@ -179,10 +186,7 @@ bool ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t,
   const int n = t.size(), r = t.rank();
   if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
     if (in != out && count) std::memcpy(out, in, count * sizeof(float));
-    const auto elems = static_cast<int64_t>(count);
-    if (options.check_finite) return cpu::scale_and_check_finite(out, options.final_scale, elems);
-    if (options.final_scale != 1.0f) cpu::scale(out, options.final_scale, elems);
-    return true;
+    return epilogue_pass(out, count, options.final_scale, options.check_finite);
   }
   const RingPlan plan = plan_ring(count, n, options);
   RingPrimitives prims(t, in, out, scratch, plan.max_chunk, plan.slices, options);

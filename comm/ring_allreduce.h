@@ -163,6 +163,11 @@ struct RingPlan {
 };
 RingPlan plan_ring(size_t count, int n, const RingOptions& options);
 
+// The epilogue as a pass of its own, for the sums that could not fold it in (one rank, recursive doubling, hier,
+// MPI, a 16-bit wire): data *= scale (skipped for 1) and, with check_finite, whether every result is finite, in one
+// pass (cpu::scale_and_check_finite). Returns true without check_finite.
+bool epilogue_pass(float* data, size_t count, float scale, bool check_finite);
+
 // data[i] = sum over the ranks of t of data[i] (times options.final_scale), in place. Every rank calls it with the
 // same count and options and ends with bitwise-identical results: each element is summed in an order fixed by the
 // ring, then only copied. n == 1 is a no-op (also with a 16-bit wire: nothing travels, nothing is rounded) but for
