@@ -447,9 +447,17 @@ struct SweepPoint {
   std::vector<std::pair<int, int>> buckets;
   std::vector<double> same_buckets_as;  // the other caps of the same setting
   double setting_step_ms = 0;
-  // --predict: round k's prediction, from round k's own first run; `predicted` is the median one of them.
+  // --predict: round k's prediction, from round k's own first run.
   std::vector<Prediction> repeat_predicted;
-  std::optional<Prediction> predicted;
+  // The median one of them (of an even count the lower middle one, as for the measurement); null without --predict.
+  const Prediction* predicted() const {
+    if (repeat_predicted.empty()) return nullptr;
+    std::vector<const Prediction*> sorted;
+    for (const Prediction& p : repeat_predicted) sorted.push_back(&p);
+    std::sort(sorted.begin(), sorted.end(),
+              [](const Prediction* a, const Prediction* b) { return a->step.step_ms < b->step.step_ms; });
+    return sorted[(sorted.size() - 1) / 2];
+  }
   double repeat_error_pct(size_t k) const {
     return 100 * (repeat_predicted[k].step.step_ms - repeat_step_ms[k]) / repeat_step_ms[k];
   }
@@ -493,8 +501,8 @@ PredictSource run_predict_source(const SweepOptions& o, int round, const std::st
 
 std::string predicted_text(const SweepPoint& p) {
   char text[64];
-  std::snprintf(text, sizeof text, " %9.2f %+6.1f%%%s", p.predicted->step.step_ms, p.error_pct(),
-                p.predicted->extrapolated.empty() ? "" : " *");
+  std::snprintf(text, sizeof text, " %9.2f %+6.1f%%%s", p.predicted()->step.step_ms, p.error_pct(),
+                p.predicted()->extrapolated.empty() ? "" : " *");
   return text;
 }
 
@@ -643,8 +651,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       config.out = o.out_dir + "/" + name + ".h5";
       SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
       point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
-      point.buckets.clear();
-      for (const BucketRecord& b : r.record.buckets) point.buckets.emplace_back(b.first_piece, b.last_piece);
+      if (round == 0)  // a cap cuts the same buckets every round
+        for (const BucketRecord& b : r.record.buckets) point.buckets.emplace_back(b.first_piece, b.last_piece);
       repeats[&point - points.data()].push_back({std::move(r.summary), r.record.path});
     }
   }
@@ -656,11 +664,6 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     Measured& median = runs[(runs.size() - 1) / 2];
     points[i].summary = std::move(median.summary);
     points[i].path = median.path;
-    if (std::vector<Prediction> predicted = points[i].repeat_predicted; !predicted.empty()) {
-      std::sort(predicted.begin(), predicted.end(),
-                [](const Prediction& a, const Prediction& b) { return a.step.step_ms < b.step.step_ms; });
-      points[i].predicted = predicted[(predicted.size() - 1) / 2];
-    }
   }
   if (rank != 0) return 0;
   for (SweepPoint& p : points) {
@@ -686,12 +689,12 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     const double fraction = mean_hidden_fraction(s);
     std::printf("%9g %7s %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%%s\n", p.bucket_mb, p.overlap.c_str(),
                 s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms, mean.hidden_comm_ms,
-                mean.exposed_comm_ms, 100 * fraction, p.predicted ? predicted_text(p).c_str() : "");
+                mean.exposed_comm_ms, 100 * fraction, p.predicted() ? predicted_text(p).c_str() : "");
     csv << p.bucket_mb << ',' << p.overlap << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ','
         << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ','
         << fraction << ',' << p.path << ',';
-    if (p.predicted)
-      csv << p.predicted->step.step_ms << ',' << p.error_pct() << '\n';
+    if (p.predicted())
+      csv << p.predicted()->step.step_ms << ',' << p.error_pct() << '\n';
     else
       csv << ",\n";
     json_points.push_back({{"bucket_mb", p.bucket_mb},
@@ -701,7 +704,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                            {"run_file", p.path},
                            {"repeat_step_ms", p.repeat_step_ms},
                            {"summary", to_json(s)}});
-    if (p.predicted) {
+    if (p.predicted()) {
       std::vector<double> repeat_predicted, repeat_error;
       for (size_t k = 0; k < p.repeat_predicted.size(); ++k) {
         repeat_predicted.push_back(p.repeat_predicted[k].step.step_ms);
@@ -709,9 +712,9 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       }
       json_points.back()["repeat_predicted_step_ms"] = repeat_predicted;
       json_points.back()["repeat_error_pct"] = repeat_error;
-      json_points.back()["predicted_step_ms"] = p.predicted->step.step_ms;
+      json_points.back()["predicted_step_ms"] = p.predicted()->step.step_ms;
       json_points.back()["error_pct"] = p.error_pct();
-      json_points.back()["extrapolated"] = p.predicted->extrapolated;
+      json_points.back()["extrapolated"] = p.predicted()->extrapolated;
     }
     if (!p.same_buckets_as.empty()) {
       json_points.back()["same_buckets_as"] = p.same_buckets_as;
