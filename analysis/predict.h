@@ -181,7 +181,9 @@ struct StepModel {
   LinkModel fitted_link;    // the class of hop comm_fit describes: the one that bounds the run's all-reduce
   std::string fitted_hops;  // which: "every hop", "the inter-node hops", "the intra-node hops"
   double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
-  // The same as SimulatedStep's, in the run: how much backward the wait beside backward was measured with.
+  // The same as SimulatedStep's, in the run: how much backward the wait beside backward was measured with. In wall
+  // time, so slowed by the run's own comm beside it: if anything more than the replay's own-pace figure, and the
+  // mark errs toward not marking.
   double measured_beside_backward_left_ms = 0;
   std::optional<Calibration> calibration;
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
