@@ -174,10 +174,11 @@ std::string comm_hints(const RunRecord& run) {
   // Which wins depends on the model and the link: `ddplab predict` answers it from this very run.
   double gradient_mb = 0;
   for (const BucketRecord& b : run.buckets) gradient_mb += b.bytes() / 1e6;
-  std::string hints = fmt("try another bucket size (--bucket-mb, now %g: %zu bucket%s for %.1f MB; compare sizes with "
-                          "ddplab predict %s)",
-                          run.config.value("bucket_mb", 0.0), run.buckets.size(), run.buckets.size() == 1 ? "" : "s",
-                          gradient_mb, run.path.empty() ? "RUN.h5" : run.path.c_str());
+  std::string hints =
+      fmt("try another bucket size (--bucket-mb, now %g: %zu bucket%s for %.1f MB; compare sizes with "
+          "ddplab predict %s)",
+          run.config.value("bucket_mb", 0.0), run.buckets.size(), run.buckets.size() == 1 ? "" : "s", gradient_mb,
+          run.path.empty() ? "RUN.h5" : run.path.c_str());
   if (!run.config.value("overlap", true)) hints += ", --overlap on";
   const bool across = !slow_inter_node_link(run).empty();
   hints += across ? ", a faster inter-node link" : ", a faster link";

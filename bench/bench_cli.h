@@ -2,7 +2,6 @@
 // bad input is one line naming the problem and exit code 2.
 #pragma once
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <optional>
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
 #include "bench/bench_cli.h"
 #include "bench/bench_util.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/rng.h"
 
 using namespace ddplab;

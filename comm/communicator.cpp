@@ -4,18 +4,18 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
 
 #include "comm/hier_allreduce.h"
 #include "comm/link_emulation.h"
-#include "comm/settings.h"
 #include "comm/mpi_check.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
+#include "comm/settings.h"
 #include "comm/watchdog.h"
 
 namespace ddplab {
@@ -341,6 +341,5 @@ void Communicator::mpi_allreduce_sum(const float* in, float* out, size_t count, 
     sleep_until_ns(start + static_cast<int64_t>(2.0 * (size_ - 1) * step_ns));
   }
 }
-
 
 }  // namespace ddplab

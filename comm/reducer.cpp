@@ -167,7 +167,7 @@ void Reducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
   require_all_ready(pending_, buckets_, "Reducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
-  if (!comm_thread_) return;                          // world size 1: launching finished them
+  if (!comm_thread_) return;                         // world size 1: launching finished them
   const watchdog::Wait wait("the gradient buckets' all-reduces");
   comm_thread_->wait_all();  // rethrows the comm thread's error; the program's edge aborts the job
 }

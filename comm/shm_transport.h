@@ -161,7 +161,7 @@ class ShmTransport final : public Transport {
   // Sends in order of starting, shm and remote alike (remote ones are retired through remote_'s own count).
   struct Started {
     bool shm;
-    bool complete;          // the whole message, or its reference, is in the FIFO
+    bool complete;  // the whole message, or its reference, is in the FIFO
     int peer = -1;
     uint64_t acked_by = 0;  // by reference: done once the peer's slots_done reaches this record number
   };

@@ -540,21 +540,24 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
   const double own_error = median_of(own_errors);
   const double vs_best = 100 * (recommended->setting_step_ms / best_measured.setting_step_ms - 1);
   if (sources.size() == 1)
-    std::printf("\npredicted from %s (--bucket-mb %g --overlap %s: %.2f ms/step; the model at that setting %.2f, "
-                "%+.1f%%)\n",
-                sources[0].path.c_str(), first.measured.bucket_mb, first.measured.overlap ? "on" : "off",
-                first.measured_step_ms, rounds[0]["predicted_step_ms"].get<double>(), own_error);
+    std::printf(
+        "\npredicted from %s (--bucket-mb %g --overlap %s: %.2f ms/step; the model at that setting %.2f, "
+        "%+.1f%%)\n",
+        sources[0].path.c_str(), first.measured.bucket_mb, first.measured.overlap ? "on" : "off",
+        first.measured_step_ms, rounds[0]["predicted_step_ms"].get<double>(), own_error);
   else
-    std::printf("\neach round predicted from its own first run at --bucket-mb %g --overlap %s (%s, ..._r%zu.h5; "
-                "each model at that setting: median %+.1f%%)\npredicted: the rounds' median; error: the median "
-                "over the rounds of a round's prediction against the same round's measurement\n",
-                first.measured.bucket_mb, first.measured.overlap ? "on" : "off", sources[0].path.c_str(),
-                sources.size(), own_error);
+    std::printf(
+        "\neach round predicted from its own first run at --bucket-mb %g --overlap %s (%s, ..._r%zu.h5; "
+        "each model at that setting: median %+.1f%%)\npredicted: the rounds' median; error: the median "
+        "over the rounds of a round's prediction against the same round's measurement\n",
+        first.measured.bucket_mb, first.measured.overlap ? "on" : "off", sources[0].path.c_str(), sources.size(),
+        own_error);
   std::printf("|error| over the %zu points: median %.1f%%, max %.1f%%\n", errors.size(), median, worst);
-  std::printf("recommended by the model%s: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: "
-              "%+.1f%% against the fastest measured point)\n",
-              sources.size() > 1 ? " of round 1" : "", recommended->bucket_mb, recommended->overlap.c_str(),
-              rows[chosen.row].step.step_ms, recommended->setting_step_ms, vs_best);
+  std::printf(
+      "recommended by the model%s: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: "
+      "%+.1f%% against the fastest measured point)\n",
+      sources.size() > 1 ? " of round 1" : "", recommended->bucket_mb, recommended->overlap.c_str(),
+      rows[chosen.row].step.step_ms, recommended->setting_step_ms, vs_best);
   if (chosen.within_noise > 0)
     std::printf(
         "  %d other point(s) predicted within %.1f%% of the fastest (two standard errors of the run's step): "
@@ -733,17 +736,15 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step%s)\n", best->bucket_mb, best->overlap.c_str(),
               best->setting_step_ms, best->same_buckets_as.empty() ? "" : ", its setting's runs under every cap");
-  nlohmann::json summary = {{"sweep", "bucket_mb x overlap"},
-                            {"model", o.base.model},
-                            {"world_size", size},
-                            {"link", o.base.link},
-                            {"steps", o.base.steps},
-                            {"repeats", o.repeats},
-                            {"points", json_points},
-                            {"best",
-                             {{"bucket_mb", best->bucket_mb},
-                              {"overlap", best->overlap},
-                              {"step_ms", best->setting_step_ms}}}};
+  nlohmann::json summary = {
+      {"sweep", "bucket_mb x overlap"},
+      {"model", o.base.model},
+      {"world_size", size},
+      {"link", o.base.link},
+      {"steps", o.base.steps},
+      {"repeats", o.repeats},
+      {"points", json_points},
+      {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}, {"step_ms", best->setting_step_ms}}}};
   if (o.predict) summary.update(print_prediction_summary(sources, points, *best));
   write_text_file(o.out_dir + "/summary.csv", csv.str());
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");

@@ -76,9 +76,10 @@ class Transformer : public ParameterStore<T> {
   T forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
             const int32_t* positions = nullptr);
   // Backward of loss_scale x the last forward's mean loss; ACCUMULATES into the gradients (zero_grad() or
-  // discard_grad() first unless accumulating) and may be called again for the same forward. Calls on_ready(k) for grad_pieces()[k] in order,
-  // as soon as that piece is final: head, lnf, blocks last to first, and the embeddings (wpe, wte) at the very end.
-  // loss_scale weighs this batch within a larger loss (micro-batches of unequal loss counts).
+  // discard_grad() first unless accumulating) and may be called again for the same forward. Calls on_ready(k) for
+  // grad_pieces()[k] in order, as soon as that piece is final: head, lnf, blocks last to first, and the embeddings
+  // (wpe, wte) at the very end. loss_scale weighs this batch within a larger loss (micro-batches of unequal loss
+  // counts).
   void backward(const GradReadyHook& on_ready = nullptr, T loss_scale = 1);
 
   // How many terms the last loss averaged: B for kClassify, the positions with a next token for kCausalLM. A DDP

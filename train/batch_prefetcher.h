@@ -49,8 +49,8 @@ class BatchPrefetcher {
 
   Stage stage_;
   int64_t steps_;
-  BatchStats staged_[2];        // what steps of each parity hold, written by the worker
-  std::optional<Ticket> next_;  // the step handed to the worker last
+  BatchStats staged_[2];                     // what steps of each parity hold, written by the worker
+  std::optional<Ticket> next_;               // the step handed to the worker last
   WorkerThread worker_{"batch prefetcher"};  // last: stopped (its staging finished) before the rest goes
 };
 

@@ -238,21 +238,21 @@ bool scale_and_check_finite(float* y, float alpha, int64_t n) {
   return map_all_finite</*kStore=*/true>(y, y, n, [alpha](auto v) { return v * alpha; });
 }
 
-#define DDPLAB_INSTANTIATE(T)                                                                                    \
-  template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                                       \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                        \
-  template void matmul_backward_input<T>(T*, const T*, const T*, int, int, int);                                 \
-  template void matmul_backward_weight<T>(T*, const T*, const T*, int, int, int, int, int, bool);                \
-  template void bias_forward<T>(T*, const T*, int, int);                                                         \
-  template void bias_backward<T>(T*, const T*, int, int, bool);                                                  \
-  template void gelu_forward<T>(T*, const T*, int64_t);                                                          \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                               \
-  template T softmax_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);                       \
-  template void softmax_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int);                       \
-  template void adamw_update<T>(T*, const T*, T*, T*, int64_t, float, float, float, float, float, int);          \
-  template void sgd_update<T>(T*, const T*, T*, int64_t, float, float, float);                                   \
-  template void scale<T>(T*, T, int64_t);                                                                       \
-  template bool all_finite<T>(const T*, int64_t);                                                                \
+#define DDPLAB_INSTANTIATE(T)                                                                           \
+  template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                               \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                \
+  template void matmul_backward_input<T>(T*, const T*, const T*, int, int, int);                        \
+  template void matmul_backward_weight<T>(T*, const T*, const T*, int, int, int, int, int, bool);       \
+  template void bias_forward<T>(T*, const T*, int, int);                                                \
+  template void bias_backward<T>(T*, const T*, int, int, bool);                                         \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                                 \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                      \
+  template T softmax_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
+  template void softmax_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int);              \
+  template void adamw_update<T>(T*, const T*, T*, T*, int64_t, float, float, float, float, float, int); \
+  template void sgd_update<T>(T*, const T*, T*, int64_t, float, float, float);                          \
+  template void scale<T>(T*, T, int64_t);                                                               \
+  template bool all_finite<T>(const T*, int64_t);                                                       \
   template bool scale_and_check_finite<T>(T*, T, int64_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(double)

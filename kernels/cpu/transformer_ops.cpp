@@ -565,20 +565,20 @@ void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* 
   }
 }
 
-#define DDPLAB_INSTANTIATE(T)                                                                                          \
+#define DDPLAB_INSTANTIATE(T)                                                                                         \
   template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int, int, int,           \
-                                     const int32_t*);                                                                  \
+                                     const int32_t*);                                                                 \
   template void embedding_backward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int, int, int,                \
-                                      const int32_t*);                                                                 \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                              \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, bool);   \
-  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool, const int32_t*);      \
-  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool,  \
-                                      const int32_t*);                                                                 \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                  \
-  template T masked_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int, int64_t*);                    \
-  template void masked_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int, T);                           \
-  template void mean_pool_forward<T>(T*, const T*, const int32_t*, int, int, int);                                     \
+                                      const int32_t*);                                                                \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                             \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, bool);  \
+  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool, const int32_t*);     \
+  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool, \
+                                      const int32_t*);                                                                \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                 \
+  template T masked_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int, int64_t*);                   \
+  template void masked_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int, T);                          \
+  template void mean_pool_forward<T>(T*, const T*, const int32_t*, int, int, int);                                    \
   template void mean_pool_backward<T>(T*, const T*, const int32_t*, int, int, int);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(double)
