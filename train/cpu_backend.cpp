@@ -48,7 +48,7 @@ void CpuBackend::start_gradients(int micro_batches) {
   // 1/(world * micro-batches), and this rank's share of the loss terms (workload.h).
   reducer_->begin_step(t0_ms_, 1.0f / static_cast<float>(world_ * micro_batches),
                        static_cast<float>(workload_->weight()));
-  workload_->zero_grad();
+  workload_->discard_grad();
 }
 
 void CpuBackend::forward(int micro) { losses_.at(micro) = workload_->forward(); }

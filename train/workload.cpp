@@ -25,8 +25,7 @@ class ModelWorkload : public Workload {
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   std::string piece_name(const GradPiece& g) const override { return grad_piece_name(model_.parameters(), g); }
-  // Before a step's first backward, which overwrites the gradients: nothing needs zeroing.
-  void zero_grad() override { model_.discard_grad(); }
+  void discard_grad() override { model_.discard_grad(); }
 
  protected:
   template <typename... Args>

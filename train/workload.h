@@ -28,7 +28,9 @@ class Workload {
   // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
   virtual std::string piece_name(const GradPiece& piece) const = 0;
   virtual std::string describe() const = 0;  // one line for the run header
-  virtual void zero_grad() = 0;
+  // Before a step's first backward: that backward overwrites the gradients instead of adding to them (no pass
+  // zeroes them first; micro-batches after it add).
+  virtual void discard_grad() = 0;
   // The data phase of micro-batch `micro` of step `step`.
   virtual BatchStats load(int64_t step, int micro) = 0;
   // This rank's share of the step's global mean loss, relative to an equal share (1): the Reducer multiplies
