@@ -177,6 +177,21 @@ std::vector<double> nonnegative_least_squares(const std::vector<std::vector<doub
   return best;
 }
 
+bool per_step_cost_separable(const std::vector<AllreduceTerms>& terms) {
+  // Ratios of bytes to message steps at least 2x apart, or a cost per step and one per byte cannot be told apart:
+  // from two sizes 25% apart (the `small` transformer's 3.2 and 4 MB buckets) the noise in their times became an
+  // alpha of 0.7 ms per step, and every 0.5 MB bucket was predicted 40% too slow.
+  constexpr double kMinContrast = 2;
+  double lowest = 0, highest = 0;
+  for (const AllreduceTerms& x : terms) {
+    if (x.message_steps <= 0) continue;
+    const double per_step = x.bytes / x.message_steps;
+    lowest = lowest > 0 ? std::min(lowest, per_step) : per_step;
+    highest = std::max(highest, per_step);
+  }
+  return lowest > 0 && highest >= kMinContrast * lowest;
+}
+
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
                                 const std::vector<double>& time_ms, std::optional<double> link_latency_ms) {
   // Stage 1, alone: the all-reduces that started with every rank out of backward. Fitted together with the others,
@@ -187,18 +202,9 @@ std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const 
     if (share_beside[i] <= 0) alone_points.push_back(i);
   if (alone_points.empty())
     for (size_t i = 0; i < terms.size(); ++i) alone_points.push_back(i);
-  // Ratios of bytes to message steps at least kMinContrast apart, or alpha and beta cannot be told apart: from two
-  // sizes 25% apart (the `small` transformer's 3.2 and 4 MB buckets) the noise in their times became an alpha of
-  // 0.7 ms per step, and every 0.5 MB bucket was predicted 40% too slow.
-  constexpr double kMinContrast = 2;
-  double lowest = 0, highest = 0;
-  for (size_t i : alone_points) {
-    if (terms[i].message_steps <= 0) continue;
-    const double per_step = terms[i].bytes / terms[i].message_steps;
-    lowest = lowest > 0 ? std::min(lowest, per_step) : per_step;
-    highest = std::max(highest, per_step);
-  }
-  const bool separable = lowest > 0 && highest >= kMinContrast * lowest;
+  std::vector<AllreduceTerms> alone_terms;
+  for (size_t i : alone_points) alone_terms.push_back(terms[i]);
+  const bool separable = per_step_cost_separable(alone_terms);
   if (!separable && !link_latency_ms) return std::nullopt;
   CommFit fit;
   fit.latency_from_link = !separable;
@@ -525,7 +531,7 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   }
   std::vector<double> cpu(nb, 0.0), wall(nb, 0.0);
   double pooled_cpu[2] = {0, 0}, pooled_wall[2] = {0, 0};  // [started beside backward]
-  std::vector<std::vector<double>> rows;                   // message steps, bytes
+  std::vector<AllreduceTerms> terms;
   std::vector<double> cpu_ms;
   const double small = static_cast<double>(small_allreduce_bytes(world));
   for (int s = run.first_steady_step(); s < run.steps; ++s)
@@ -541,9 +547,8 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
         const bool beside = backward.begin <= x.comm_start_ms && x.comm_start_ms < backward.end;
         cpu[b] += x.comm_cpu_ms, wall[b] += duration;
         pooled_cpu[beside] += x.comm_cpu_ms, pooled_wall[beside] += duration;
-        const AllreduceTerms terms = allreduce_terms(static_cast<double>(run.buckets[b].bytes()), world,
-                                                     m.measured.impl, m.measured.wire, small, m.measured.nodes());
-        rows.push_back({terms.message_steps, terms.bytes});
+        terms.push_back(allreduce_terms(static_cast<double>(run.buckets[b].bytes()), world, m.measured.impl,
+                                        m.measured.wire, small, m.measured.nodes()));
         cpu_ms.push_back(x.comm_cpu_ms);
       }
   m.host_cores = run.meta.host_cores;
@@ -554,20 +559,29 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   const std::vector<std::string>& hosts = run.meta.hostnames;
   m.host_ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
   m.compute_threads = std::max(1, run.config.value("threads", 1));
+  // The CPU on the all-reduce's terms, like its time. From alike sizes the per-step part cannot be told from the
+  // per-byte one, and the noise went into the per-step: `small`'s 3.2 and 4 MB buckets at 4 ranks gave 1.1 ms per
+  // all-reduce, ~4x what its 0.3-0.5 MB all-reduces took when measured (0.2-0.3 ms), so with ten of them beside
+  // backward, backward came out 2x as long and the step 10-20% slow. Then all of it is per byte (a lower bound).
+  const bool separable = per_step_cost_separable(terms);
+  std::vector<std::vector<double>> rows;
+  for (const AllreduceTerms& x : terms)
+    rows.push_back(separable ? std::vector<double>{x.message_steps, x.bytes} : std::vector<double>{x.bytes});
   const std::vector<double> fit = nonnegative_least_squares(rows, cpu_ms);
-  m.comm_cpu = AlphaBeta{fit[0], fit[1]};
+  m.comm_cpu = separable ? AlphaBeta{fit[0], fit[1]} : AlphaBeta{0, fit[0]};
   for (int b = 0; b < nb; ++b)
     if (wall[b] > 0) slowdown[b] = m.backward_slowdown_beside(cpu[b], wall[b]);
   const bool beside = pooled_wall[1] > 0;
   if (pooled_wall[beside] > 0)
     m.backward_slowdown = m.backward_slowdown_beside(pooled_cpu[beside], pooled_wall[beside]);
-  char text[240];
+  char text[320];
   std::snprintf(text, sizeof text,
                 "the run's all-reduces%s (their comm threads on a core %.2f of the time; CPU %.3f ms per all-reduce "
-                "+ %.3f ms per MB), %d rank%s x %d thread%s on %d core%s",
+                "+ %.3f ms per MB%s), %d rank%s x %d thread%s on %d core%s",
                 beside ? " beside backward" : " (none beside backward)",
                 pooled_wall[beside] > 0 ? pooled_cpu[beside] / pooled_wall[beside] : 0.0,
-                m.comm_cpu->alpha_ms * rows[0][0], m.comm_cpu->beta_ms_per_byte * kMiB, m.host_ranks,
+                m.comm_cpu->alpha_ms * terms[0].message_steps, m.comm_cpu->beta_ms_per_byte * kMiB,
+                separable ? "" : ": sizes too alike to fit a part per all-reduce", m.host_ranks,
                 m.host_ranks == 1 ? "" : "s", m.compute_threads, m.compute_threads == 1 ? "" : "s", m.host_cores,
                 m.host_cores == 1 ? "" : "s");
   m.slowdown_source = text;

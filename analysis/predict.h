@@ -79,6 +79,10 @@ struct CommFit {
 // all-reduce started: `alone` from the all-reduces with f = 0 (all of them if none), then the wait from the others'
 // excess over it: time = alone + f x wait. The f = 0 sizes per message step less than 2x apart cannot tell alpha
 // from beta: then alpha is `link_latency_ms` and the rest beta, or nullopt without one.
+// Whether costs fitted on these all-reduces can be split into a part per message step and a part per byte: their
+// bytes per message step at least 2x apart.
+bool per_step_cost_separable(const std::vector<AllreduceTerms>& terms);
+
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
                                 const std::vector<double>& time_ms,
                                 std::optional<double> link_latency_ms = std::nullopt);
