@@ -16,6 +16,8 @@ namespace ddplab {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+// DDPLAB_COMM_SPIN_US of the runs that did not record it: the default then (comm/settings.h).
+constexpr int kCommSpinUsOfOlderFiles = 50;
 
 struct Interval {
   double begin = 0, end = 0;
@@ -559,16 +561,23 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   const std::vector<std::string>& hosts = run.meta.hostnames;
   m.host_ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
   m.compute_threads = std::max(1, run.config.value("threads", 1));
-  // The CPU on the all-reduce's terms, like its time. From alike sizes the per-step part cannot be told from the
-  // per-byte one, and the noise went into the per-step: `small`'s 3.2 and 4 MB buckets at 4 ranks gave 1.1 ms per
-  // all-reduce, ~4x what its 0.3-0.5 MB all-reduces took when measured (0.2-0.3 ms), so with ten of them beside
-  // backward, backward came out 2x as long and the step 10-20% slow. Then all of it is per byte (a lower bound).
+  // The CPU on the all-reduce's terms, like its time. From alike sizes the part per message step cannot be told
+  // from the part per byte, and their noise went into the first: `small`'s 3.2 and 4 MB buckets at 4 ranks gave
+  // 1.1 ms per all-reduce, ~4x what its 0.3-0.5 MB all-reduces took when measured (0.16-0.43 ms), so ten of them
+  // beside backward made backward 2x as long and the step 10-20% slow. Then the part per step is the polling: a
+  // comm thread whose peer is late (beside backward, the peer waits for a core) polls for the run's spin time
+  // before it sleeps, once per message step; the rest is per byte.
   const bool separable = per_step_cost_separable(terms);
+  const int spin_us = run.meta.comm_spin_us.value_or(kCommSpinUsOfOlderFiles);
+  const double poll_ms_per_step = separable ? 0 : std::max(0, spin_us) / 1000.0;
   std::vector<std::vector<double>> rows;
-  for (const AllreduceTerms& x : terms)
-    rows.push_back(separable ? std::vector<double>{x.message_steps, x.bytes} : std::vector<double>{x.bytes});
+  for (size_t i = 0; i < terms.size(); ++i) {
+    rows.push_back(separable ? std::vector<double>{terms[i].message_steps, terms[i].bytes}
+                             : std::vector<double>{terms[i].bytes});
+    if (!separable) cpu_ms[i] -= poll_ms_per_step * terms[i].message_steps;
+  }
   const std::vector<double> fit = nonnegative_least_squares(rows, cpu_ms);
-  m.comm_cpu = separable ? AlphaBeta{fit[0], fit[1]} : AlphaBeta{0, fit[0]};
+  m.comm_cpu = separable ? AlphaBeta{fit[0], fit[1]} : AlphaBeta{poll_ms_per_step, fit[0]};
   for (int b = 0; b < nb; ++b)
     if (wall[b] > 0) slowdown[b] = m.backward_slowdown_beside(cpu[b], wall[b]);
   const bool beside = pooled_wall[1] > 0;
@@ -581,7 +590,7 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
                 beside ? " beside backward" : " (none beside backward)",
                 pooled_wall[beside] > 0 ? pooled_cpu[beside] / pooled_wall[beside] : 0.0,
                 m.comm_cpu->alpha_ms * terms[0].message_steps, m.comm_cpu->beta_ms_per_byte * kMiB,
-                separable ? "" : ": sizes too alike to fit a part per all-reduce", m.host_ranks,
+                separable ? "" : ": sizes too alike to fit, the part per all-reduce is the polls", m.host_ranks,
                 m.host_ranks == 1 ? "" : "s", m.compute_threads, m.compute_threads == 1 ? "" : "s", m.host_cores,
                 m.host_cores == 1 ? "" : "s");
   m.slowdown_source = text;

@@ -20,6 +20,7 @@
 #include "git_commit.h"
 #include "launcher/cli.h"
 #include "comm/topology.h"
+#include "comm/transport.h"
 #include "comm/watchdog.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
@@ -297,6 +298,7 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   MPI_Comm_size(world, &meta.world_size);
   meta.hostnames = gather_hostnames(world);
   meta.host_cores = gather_host_cores(meta.hostnames, world);
+  meta.comm_spin_us = PollPolicy::from_env().spin_us;
   return meta;
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <climits>
 #include <cstdint>
 #include <stdexcept>
 
@@ -100,6 +101,7 @@ void write_contents(hid_t file, const RunRecord& run, const std::string& summary
                   {static_cast<hsize_t>(meta.world_size)}, nullptr);
   write_string_attr(file, "links", links_json(meta.links).dump());
   write_int_attr(file, "host_cores", meta.host_cores);
+  if (meta.comm_spin_us) write_int_attr(file, "comm_spin_us", *meta.comm_spin_us);
 
   H5Id group(create_group(file, "steps"), H5Gclose);
   const hsize_t world = meta.world_size, steps = run.steps;
@@ -206,6 +208,8 @@ void read_contents(hid_t file, RunRecord& run) {
     if (has_attr(file, name)) meta.*member = read_string_attr(file, name);
   if (has_attr(file, "first_step")) meta.first_step = read_int_attr(file, "first_step", 0);
   if (has_attr(file, "host_cores")) meta.host_cores = static_cast<int>(read_int_attr(file, "host_cores", 0, 1 << 20));
+  if (has_attr(file, "comm_spin_us"))
+    meta.comm_spin_us = static_cast<int>(read_int_attr(file, "comm_spin_us", INT_MIN, INT_MAX));
   run.config = parse_json_attr(file, "config");
   upgrade_config_keys(run.config);
   parse_json_attr(file, "summary");  // for scripts; the summary is recomputed from the records

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct RunMetadata {
   std::vector<int> node_of_rank;       // by rank (comm/topology.h); empty in files from before nodes were recorded
   LinkClasses links;                   // the emulated links per class of hop (none: no emulation)
   int host_cores = 0;  // CPUs the ranks on rank 0's host could run on (their affinity masks' union); 0: not recorded
+  // How long a waiting comm thread polls before it sleeps (DDPLAB_COMM_SPIN_US, comm/settings.h; < 0: it spins),
+  // microseconds; nullopt: not recorded (older files, which ran with the default, 50).
+  std::optional<int> comm_spin_us;
   int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)
   std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
 };

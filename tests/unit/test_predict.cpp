@@ -492,23 +492,28 @@ TEST(Predict, BackwardSlowdownFromARunsCommCpuTimesAndCores) {
 }
 
 // From buckets of alike sizes (3 and 4 MB, as `small`'s default run) the CPU cannot be split into a part per
-// all-reduce and a part per byte: all of it is taken per byte, so a small bucket's CPU is small. Fitted with a part
-// per all-reduce, the noise below (+-0.1 ms) made that part 0.4 ms, whatever the size.
-TEST(Predict, CommCpuFromAlikeSizesIsPerByte) {
+// message step and a part per byte: the part per step is the run's poll time (its comm_spin_us), the rest per byte.
+// Fitted on the two sizes, the noise below (+-0.1 ms) made the part per step 0.2 ms, whatever the size.
+TEST(Predict, CommCpuFromAlikeSizesIsThePollsPerStepAndTheRestPerByte) {
   RunRecord run = synthetic_run({0.05, 2.0 / (1 << 20)}, 4, 0, {768 << 10, 1 << 20, 768 << 10, 1 << 20});
   run.meta.hostnames = {"node", "node"};
   run.meta.host_cores = 2;
+  run.meta.comm_spin_us = 40;
   run.config["threads"] = 1;
-  const double cpu_per_byte = 0.25e-6;
+  const double poll_ms = 0.04, cpu_per_byte = 0.25e-6, steps = 2;  // the ring at 2 ranks: 2 message steps
   for (size_t i = 0; i < run.bucket_times.size(); ++i) {
     const int b = static_cast<int>(i % run.buckets.size());
-    run.bucket_times[i].comm_cpu_ms = cpu_per_byte * run.buckets[b].bytes() + (b == 1 ? -0.1 : 0.1);
+    run.bucket_times[i].comm_cpu_ms = steps * poll_ms + cpu_per_byte * run.buckets[b].bytes() + (b == 1 ? -0.1 : 0.1);
   }
-  const StepModel model = build_model(run, std::nullopt);
+  StepModel model = build_model(run, std::nullopt);
   ASSERT_TRUE(model.comm_cpu);
-  EXPECT_EQ(model.comm_cpu->alpha_ms, 0);
+  EXPECT_NEAR(model.comm_cpu->alpha_ms, poll_ms, 1e-12);
   EXPECT_NEAR(model.comm_cpu->beta_ms_per_byte, cpu_per_byte, 0.1 * cpu_per_byte);
   EXPECT_NE(model.slowdown_source.find("sizes too alike"), std::string::npos) << model.slowdown_source;
+  // A comm thread that spins rather than sleeps has no poll budget to go by: all of it per byte.
+  run.meta.comm_spin_us = -1;
+  model = build_model(run, std::nullopt);
+  EXPECT_EQ(model.comm_cpu->alpha_ms, 0);
 }
 
 TEST(Predict, RunWithoutBucketTimingsIsRefused) {
