@@ -135,7 +135,8 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
       link_ = std::make_unique<HostStagedLink>(*memory_, *transport_, host_send_.get(), host_recv_.get(), bytes);
       break;
   }
-  comm_thread_ = std::thread([this] { run_comm_thread(); });
+  comm_thread_ = std::make_unique<WorkerThread>("GPU ring comm thread");
+  comm_thread_->submit([this] { cudaCheck(cudaSetDevice(device_)); });  // a new thread starts on device 0
 }
 
 // My staging buffer's handle goes to every rank; I map next's. cudaIpcOpenMemHandle works between processes on one
@@ -166,18 +167,14 @@ void RingAllreduceCuda::open_ipc_link(MPI_Comm comm, size_t bytes) {
 }
 
 RingAllreduceCuda::~RingAllreduceCuda() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  work_cv_.notify_one();
-  if (comm_thread_.joinable()) comm_thread_.join();
+  const bool failed = comm_thread_ && comm_thread_->failed();
+  comm_thread_.reset();  // the running job finishes; those not started are dropped
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   // Unmap next's buffer before anyone frees theirs; only when all went well, since a barrier with a dead peer would
   // wait forever (a failed job ends the process anyway).
   if (next_ipc_staging_ != nullptr && next_ipc_staging_ != ipc_staging_.get()) {
     cudaIpcCloseMemHandle(next_ipc_staging_);
-    if (!error_ && std::uncaught_exceptions() == 0 && transport_) {
+    if (!failed && std::uncaught_exceptions() == 0 && transport_) {
       const watchdog::Wait wait("the ring's IPC buffers to be unmapped on every rank");
       MPI_Barrier(comm_);
     } else {
@@ -196,55 +193,23 @@ AllreduceEvents RingAllreduceCuda::allreduce_sum_async(float* data, size_t count
   ev.start = events_.get();
   ev.end = events_.get();
   cudaCheck(cudaEventRecord(ev.ready, compute_stream));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_) std::rethrow_exception(error_);
-    queue_.push_back(Job{data, count, tag, ev, epilogue});
-    ++launched_;
-  }
-  work_cv_.notify_one();
+  // On the comm thread: the ipc and host links block it inside each exchange. A failure surfaces at the next wait.
+  comm_thread_->submit([this, data, count, tag, ev, epilogue] {
+    char name[48];
+    std::snprintf(name, sizeof(name), "ring allreduce bucket %d", tag);
+    const NvtxRange range(name);
+    cudaCheck(cudaStreamWaitEvent(stream_, ev.ready, 0));
+    cudaCheck(cudaEventRecord(ev.start, stream_));
+    ring_allreduce_sum(data, data, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
+    if (epilogue) epilogue(stream_);
+    cudaCheck(cudaEventRecord(ev.end, stream_));
+  });
   return ev;
-}
-
-void RingAllreduceCuda::run_comm_thread() {
-  watchdog::name_thread("GPU ring comm thread");
-  try {
-    cudaCheck(cudaSetDevice(device_));  // a new thread starts on device 0
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (stop_) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      char name[48];
-      std::snprintf(name, sizeof(name), "ring allreduce bucket %d", job.tag);
-      const NvtxRange range(name);
-      cudaCheck(cudaStreamWaitEvent(stream_, job.events.ready, 0));
-      cudaCheck(cudaEventRecord(job.events.start, stream_));
-      ring_allreduce_sum(job.data, job.data, job.count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
-      if (job.epilogue) job.epilogue(stream_);
-      cudaCheck(cudaEventRecord(job.events.end, stream_));
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++completed_;
-      }
-      done_cv_.notify_all();
-    }
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    error_ = std::current_exception();
-    done_cv_.notify_all();
-  }
 }
 
 void RingAllreduceCuda::wait_for_jobs(const char* what) {
   const watchdog::Wait wait(what);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return completed_ == launched_ || error_; });
-  if (error_) std::rethrow_exception(error_);
+  comm_thread_->wait_all();
 }
 
 void RingAllreduceCuda::wait(cudaStream_t compute_stream) {
@@ -259,10 +224,7 @@ void RingAllreduceCuda::synchronize() {
 }
 
 bool RingAllreduceCuda::idle() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_ || completed_ != launched_) return false;
-  }
+  if (comm_thread_->failed() || !comm_thread_->idle()) return false;
   return cudaStreamQuery(stream_) == cudaSuccess;
 }
 

@@ -12,20 +12,16 @@
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "comm/ring_device.h"
 #include "comm/stream_allreduce.h"
 #include "comm/transport.h"
+#include "comm/worker_thread.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
 
@@ -109,20 +105,12 @@ class RingAllreduceCuda final : public StreamAllreduce {
   void allreduce_sum(const float* in, float* out, size_t count);
 
  private:
-  struct Job {
-    float* data;
-    size_t count;
-    int tag;
-    AllreduceEvents events;
-    CommEpilogue epilogue;
-  };
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }
   };
   struct CudaFreeHost {
     void operator()(void* p) const { cudaFreeHost(p); }
   };
-  void run_comm_thread();
   void wait_for_jobs(const char* what);
   void open_ipc_link(MPI_Comm comm, size_t bytes);
 
@@ -140,14 +128,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
   std::unique_ptr<RingLink> link_;
   EventPool events_;  // main thread only; the comm thread only records the events it is handed
   cudaEvent_t done_ = nullptr;
-
-  std::mutex mutex_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<Job> queue_;
-  size_t launched_ = 0, completed_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread comm_thread_;
+  std::unique_ptr<WorkerThread> comm_thread_;  // started once the link is up; stopped first
 };
 
 }  // namespace ddplab::cuda

@@ -50,6 +50,11 @@ bool WorkerThread::idle() {
   return jobs_.empty() && !running_;
 }
 
+bool WorkerThread::failed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_ != nullptr;
+}
+
 void WorkerThread::abandon() {
   if (thread_.joinable()) thread_.detach();
 }

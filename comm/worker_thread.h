@@ -1,6 +1,7 @@
 // One thread that runs jobs in the order they are submitted, for the callers that hand work off their own thread
-// and later wait for it: the Reducer's comm thread (bucket all-reduces during backward) and the hierarchical
-// all-reduce's cross-node thread (a round's shard across the nodes while the node reduces the next).
+// and later wait for it: the Reducer's comm thread (bucket all-reduces during backward), the hierarchical
+// all-reduce's cross-node thread (a round's shard across the nodes while the node reduces the next) and the GPU
+// ring's comm thread (its ipc and host links block the host inside each exchange).
 //
 //   - Jobs run one at a time, in submission order; submit() returns the job's ticket (1, 2, ...), and wait(t)
 //     blocks until jobs 1..t are done.
@@ -37,6 +38,8 @@ class WorkerThread {
   void wait_all();
   // No job queued or running.
   bool idle();
+  // A job has failed (the next wait rethrows its exception).
+  bool failed();
   // Lets the thread run on, never to be joined: for an owner unwinding while a job may wait forever on a peer
   // that is gone. The owner must then leak this object and whatever its jobs touch (the program's edge aborts).
   void abandon();

@@ -64,6 +64,7 @@ TEST(WorkerThread, FirstFailureIsRethrownAndStopsLaterJobs) {
     gate.wait();  // jobs 2..4 are queued behind this one before anything fails
     ++ran;
   });
+  EXPECT_FALSE(worker.failed());
   const uint64_t failing = worker.submit([] { throw std::runtime_error("bucket 1 lost its peer"); });
   worker.submit([&ran] { ++ran; });
   const uint64_t last = worker.submit([] { throw std::logic_error("a second failure must not replace the first"); });
@@ -81,6 +82,7 @@ TEST(WorkerThread, FirstFailureIsRethrownAndStopsLaterJobs) {
   EXPECT_THROW(worker.wait_all(), std::runtime_error);
   EXPECT_EQ(ran.load(), 1);  // only the job before the failure
   EXPECT_TRUE(worker.idle());
+  EXPECT_TRUE(worker.failed());
 }
 
 TEST(WorkerThread, DestructionFinishesTheRunningJobAndDropsThePending) {
