@@ -52,6 +52,9 @@ with tempfile.TemporaryDirectory() as work:
               f"best is the fastest setting: {s['best']}")
         check("50, 100 MB, overlap on: the same 2 bucket(s), one setting" in proc.stdout,
               "the table says which caps are one setting")
+        runs = [m for k, p in by_cell.items() if k[0] in (50, 100) and k[1] == "on" for m in p["repeat_step_ms"]]
+        spread = f"{min(runs):.2f}-{max(runs):.2f}, {100 * (max(runs) / min(runs) - 1):.0f}% apart: the machine's noise"
+        check(spread in proc.stdout, f"and how far apart that setting's runs measured ({spread})")
         check("best: --bucket-mb" in proc.stdout, "best setting printed")
         charts = os.listdir(os.path.join(out, "charts"))
         check("bucket_sweep.png" in charts and os.path.getsize(os.path.join(out, "charts", "bucket_sweep.png")) > 0,
