@@ -296,8 +296,8 @@ def read_sweep(path):
 
 def predicted_chart(sweeps, out_dir, written):
     """One panel per link: each overlap setting's measured step time (solid) and predicted one (dashed, hollow
-    markers where the prediction extrapolates) over bucket size, the model's recommendation starred, and the run
-    the predictions come from as a black diamond."""
+    markers where the prediction extrapolates) over bucket size, the model's recommendation starred on its measured
+    line, and the run the predictions come from as a black diamond."""
     sweeps = sorted(sweeps, key=lambda s: (LINK_ORDER.index(s["link"]) if s["link"] in LINK_ORDER else 99, s["link"]))
     colors = {"on": "#4c72b0", "off": "#dd8452"}
     fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps) + 1, 4.2), squeeze=False)
@@ -319,9 +319,11 @@ def predicted_chart(sweeps, out_dir, written):
             for run in source.get("rounds", [source]):
                 ax.plot(x[source["bucket_mb"]], run["step_ms"], "D", markersize=7, color="black", zorder=4)
         rec = sweep.get("recommended")
-        if rec:
-            ax.plot(x[rec["bucket_mb"]], rec["predicted_step_ms"], "*", markersize=16, color="#c44e52",
-                    markeredgecolor="black", zorder=5)
+        if rec:  # on its measured line: where the recommendation landed against the other cells
+            cell = next(p for p in sweep["points"]
+                        if p["bucket_mb"] == rec["bucket_mb"] and p["overlap"] == rec["overlap"])
+            ax.plot(x[rec["bucket_mb"]], cell["step_ms"], "*", markersize=16, color="#c44e52", markeredgecolor="black",
+                    zorder=5)
         ax.set_xticks(range(len(sizes)), ["per param" if b == 0 else f"{b:g}" for b in sizes])
         ax.set_xlabel("bucket cap (MiB)")
         ax.set_title(f"link {sweep['link']}: |error| median {sweep['median_abs_error_pct']:.1f}%, "
@@ -334,7 +336,7 @@ def predicted_chart(sweeps, out_dir, written):
                           label="predicted, extrapolated"),
                Patch(color=colors["on"], label="overlap on"), Patch(color=colors["off"], label="overlap off"),
                plt.Line2D([], [], linestyle="", marker="*", markersize=14, color="#c44e52", markeredgecolor="black",
-                          label="recommended by the model"),
+                          label="recommended by the model, as measured"),
                plt.Line2D([], [], linestyle="", marker="D", markersize=7, color="black",
                           label="measured: the run(s) predicted from")]
     fig.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.9))
@@ -342,7 +344,8 @@ def predicted_chart(sweeps, out_dir, written):
     source = first.get("predicted_from", {})
     rounds = len(source.get("rounds", [])) if source else 0
     setting = f"--bucket-mb {source.get('bucket_mb', 0):g} --overlap {source.get('overlap', '?')}"
-    fig.suptitle(f"{first.get('model', '')}, {ranks_text(first['world_size'])}: predicted against measured step time\n" +
+    title = f"{first.get('model', '')}, {ranks_text(first['world_size'])}: predicted against measured step time"
+    fig.suptitle(f"{title}\n" +
                  (f"each of the {rounds} rounds predicted from its own run at {setting}; lines: the rounds' medians"
                   if rounds > 1 else f"each link's predictions from one run at {setting}"), fontsize=10)
     fig.tight_layout()
