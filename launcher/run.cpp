@@ -17,11 +17,11 @@
 #include <type_traits>
 
 #include "analysis/report.h"
-#include "git_commit.h"
-#include "launcher/cli.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
 #include "comm/watchdog.h"
+#include "git_commit.h"
+#include "launcher/cli.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
 #include "record/files.h"

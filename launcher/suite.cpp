@@ -735,11 +735,11 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     for (const SweepPoint& q : points)
       if (q.overlap == p.overlap && q.buckets == p.buckets)
         for (double ms : q.repeat_step_ms) fastest = std::min(fastest, ms), slowest = std::max(slowest, ms);
-    std::printf("%s MB, overlap %s: the same %zu bucket(s), one setting: %.2f ms/step over its %zu runs (median; "
-                "%.2f-%.2f, %.0f%% apart: the machine's noise)\n",
-                caps.str().c_str(), p.overlap.c_str(), p.buckets.size(), p.setting_step_ms,
-                p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()), fastest, slowest,
-                100 * (slowest / fastest - 1));
+    std::printf(
+        "%s MB, overlap %s: the same %zu bucket(s), one setting: %.2f ms/step over its %zu runs (median; "
+        "%.2f-%.2f, %.0f%% apart: the machine's noise)\n",
+        caps.str().c_str(), p.overlap.c_str(), p.buckets.size(), p.setting_step_ms,
+        p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()), fastest, slowest, 100 * (slowest / fastest - 1));
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step%s)\n", best->bucket_mb, best->overlap.c_str(),
               best->setting_step_ms, best->same_buckets_as.empty() ? "" : ", its setting's runs under every cap");
