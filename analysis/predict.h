@@ -75,14 +75,15 @@ struct CommFit {
   double beside_wait_ms = 0;       // the extra of an all-reduce started with every rank still in backward
   bool latency_from_link = false;  // the sizes alone were timed at could not tell alpha from beta
 };
+
+// Whether costs fitted on these all-reduces can be split into a part per message step and a part per byte: their
+// bytes per message step at least 2x apart. The time alone and the comm thread's CPU are fitted only then.
+bool per_step_cost_separable(const std::vector<AllreduceTerms>& terms);
+
 // Two stages, each least squares with coefficients >= 0, f = the share of the ranks still in backward when an
 // all-reduce started: `alone` from the all-reduces with f = 0 (all of them if none), then the wait from the others'
 // excess over it: time = alone + f x wait. The f = 0 sizes per message step less than 2x apart cannot tell alpha
 // from beta: then alpha is `link_latency_ms` and the rest beta, or nullopt without one.
-// Whether costs fitted on these all-reduces can be split into a part per message step and a part per byte: their
-// bytes per message step at least 2x apart.
-bool per_step_cost_separable(const std::vector<AllreduceTerms>& terms);
-
 std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
                                 const std::vector<double>& time_ms,
                                 std::optional<double> link_latency_ms = std::nullopt);
