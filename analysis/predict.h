@@ -77,7 +77,8 @@ struct CommFit {
 };
 
 // Whether costs fitted on these all-reduces can be split into a part per message step and a part per byte: their
-// bytes per message step at least 2x apart. The time alone and the comm thread's CPU are fitted only then.
+// bytes per message step at least 2x apart. Otherwise the part per step is taken as known (the time alone: the
+// link's latency; the comm thread's CPU: its polls) and only the part per byte is fitted.
 bool per_step_cost_separable(const std::vector<AllreduceTerms>& terms);
 
 // Two stages, each least squares with coefficients >= 0, f = the share of the ranks still in backward when an
