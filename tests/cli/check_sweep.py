@@ -4,7 +4,8 @@ overlap-off points with no hidden communication. The results folder's name holds
 the charts are drawn from an argument list, not through a shell. Then `sweep --predict --repeats 3` on two points:
 each round's first run at the default cap and overlap predicts the round's points, every point's predicted step
 time beside its measured one (table, CSV, JSON, chart), each point measured in three rounds and counted by its
-median round, its error the median of its rounds'.
+median round, its error the median of its rounds'. Then two rounds, the even count's rules: the lower of the two
+for the measurement and the prediction (a run that happened), the mean of the two for the errors.
 
 usage: check_sweep.py MPIRUN DDPLAB NP
 """
@@ -132,6 +133,24 @@ with tempfile.TemporaryDirectory() as work:
               "* extrapolated beyond what was measured" in proc.stdout, "the table shows predicted beside measured")
         chart = os.path.join(out, "charts", "predicted_vs_measured.png")
         check(os.path.exists(chart) and os.path.getsize(chart) > 0, "the predicted-against-measured chart is drawn")
+    out = os.path.join(work, "two rounds")
+    proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--repeats", "2", "--bucket-mb",
+                           "0.01", "--first-bucket-mb", "0", "--overlap", "on", "--steps", "5", "--warmup-steps", "1",
+                           "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--out-dir", out],
+                          capture_output=True, text=True, timeout=300)
+    check(proc.returncode == 0, f"sweep --predict --repeats 2 exits 0 ({proc.returncode}: {proc.stderr[-300:]})")
+    if proc.returncode == 0:
+        s = json.load(open(os.path.join(out, "summary.json")))
+        p, source = s["points"][0], s["predicted_from"]
+        rounds, guesses, errors = p["repeat_step_ms"], p["repeat_predicted_step_ms"], p["repeat_error_pct"]
+        lower = rounds.index(min(rounds)) + 1
+        check(len(rounds) == 2 and p["step_ms"] == min(rounds) and p["run_file"].endswith(f"_r{lower}.h5"),
+              f"of two rounds the measurement is the lower, a run that happened: {p['step_ms']} of {rounds}")
+        check(p["predicted_step_ms"] == min(guesses) and abs(p["error_pct"] - sum(errors) / 2) < 1e-9,
+              f"the prediction the lower of {guesses}, the error the mean of {errors}: {p['error_pct']}")
+        own = [r["error_pct"] for r in source["rounds"]]
+        check(len(own) == 2 and abs(source["error_pct"] - sum(own) / 2) < 1e-9,
+              f"the own-setting error the mean of the rounds' {own}: {source['error_pct']}")
     bad = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--overlap", "maybe", "--out-dir",
                           os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
     check(bad.returncode == 2 and "--overlap takes on and/or off" in bad.stderr and not os.path.exists(
