@@ -13,7 +13,13 @@ Writes OUT/accuracy.md and OUT/accuracy.json, each sweep's folder
 
   bench/predict_accuracy.py [--quick] [--estimate] [--out DIR] [--np 2,4] [--links none,10gbe,25gbe,100gbe-ib]
                             [--models mlp,tiny,small] [--bucket-mb 0.5,1,5,25,100] [--steps 30] [--repeats 3]
+                            [--min-measure-s 1]
   bench/predict_accuracy.py --rescore DIR
+
+--steps N, --min-measure-s S: each cell runs N steps or more, enough for S seconds of steady steps at the model's
+step time on this 2-core machine (STEP_MS below): with 30 steps a `tiny` cell measured 0.3 s, and one setting
+measured in several cells of a round spread by up to 21%; with at least 1 s, by up to 11%. That spread, the
+measurement's own noise, is the table's last column.
 
 --repeats K: each sweep measures every cell K times in K interleaved rounds and counts its median round
 (`sweep --repeats`): identical cells measured once each spread by 5% in a median sweep and up to 15% (a drift
