@@ -447,6 +447,7 @@ struct SweepPoint {
   std::vector<std::pair<int, int>> buckets;
   std::vector<double> same_buckets_as;  // the other caps of the same setting
   double setting_step_ms = 0;
+  double setting_fastest_ms = 0, setting_slowest_ms = 0;  // its runs' range: the machine's noise
   // --predict: round k's prediction, from round k's own first run.
   std::vector<Prediction> repeat_predicted;
   // The median one of them (of an even count the lower middle one, as for the measurement); null without --predict.
@@ -677,6 +678,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
         if (&q != &p) p.same_buckets_as.push_back(q.bucket_mb);
       }
     p.setting_step_ms = median_of(pooled);
+    const auto [fastest, slowest] = std::minmax_element(pooled.begin(), pooled.end());
+    p.setting_fastest_ms = *fastest, p.setting_slowest_ms = *slowest;
   }
 
   std::ostringstream csv;
@@ -731,15 +734,12 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     caps << p.bucket_mb;
     for (double cap : p.same_buckets_as) caps << ", " << cap;
     // Its runs' spread is the machine's noise: settings measured closer than that are not told apart by one run.
-    double fastest = p.repeat_step_ms.front(), slowest = fastest;
-    for (const SweepPoint& q : points)
-      if (q.overlap == p.overlap && q.buckets == p.buckets)
-        for (double ms : q.repeat_step_ms) fastest = std::min(fastest, ms), slowest = std::max(slowest, ms);
     std::printf(
         "%s MB, overlap %s: the same %zu bucket(s), one setting: %.2f ms/step over its %zu runs (median; "
         "%.2f-%.2f, %.0f%% apart: the machine's noise)\n",
         caps.str().c_str(), p.overlap.c_str(), p.buckets.size(), p.setting_step_ms,
-        p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()), fastest, slowest, 100 * (slowest / fastest - 1));
+        p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()), p.setting_fastest_ms, p.setting_slowest_ms,
+        100 * (p.setting_slowest_ms / p.setting_fastest_ms - 1));
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step%s)\n", best->bucket_mb, best->overlap.c_str(),
               best->setting_step_ms, best->same_buckets_as.empty() ? "" : ", its setting's runs under every cap");
