@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -194,25 +195,13 @@ bool per_step_cost_separable(const std::vector<AllreduceTerms>& terms) {
   return lowest > 0 && highest >= kMinContrast * lowest;
 }
 
-std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
-                                const std::vector<double>& time_ms, std::optional<double> link_latency_ms) {
-  // Stage 1, alone: the all-reduces that started with every rank out of backward. Fitted together with the others,
-  // the two or three the default run times (one bucket beside backward, the closing one after it) let the least
-  // squares put the wait beside backward into `alone`, and every overlap-off cell came out too slow.
-  std::vector<size_t> alone_points;
-  for (size_t i = 0; i < terms.size(); ++i)
-    if (share_beside[i] <= 0) alone_points.push_back(i);
-  if (alone_points.empty())
-    for (size_t i = 0; i < terms.size(); ++i) alone_points.push_back(i);
-  std::vector<AllreduceTerms> alone_terms;
-  for (size_t i : alone_points) alone_terms.push_back(terms[i]);
-  const bool separable = per_step_cost_separable(alone_terms);
+std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& time_ms,
+                                std::optional<double> link_latency_ms) {
+  const bool separable = per_step_cost_separable(terms);
   if (!separable && !link_latency_ms) return std::nullopt;
-  CommFit fit;
-  fit.latency_from_link = !separable;
   std::vector<std::vector<double>> rows;
   std::vector<double> y;
-  for (size_t i : alone_points) {
+  for (size_t i = 0; i < terms.size(); ++i) {
     if (separable) {
       rows.push_back({terms[i].message_steps, terms[i].bytes});
       y.push_back(time_ms[i]);
@@ -222,16 +211,7 @@ std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const 
     }
   }
   const std::vector<double> x = nonnegative_least_squares(rows, y);
-  fit.alone = separable ? AlphaBeta{x[0], x[1]} : AlphaBeta{*link_latency_ms, x[0]};
-  // Stage 2, the wait: the excess over `alone` of the all-reduces started beside backward, against f.
-  double excess = 0, weight = 0;
-  for (size_t i = 0; i < terms.size(); ++i) {
-    if (share_beside[i] <= 0) continue;
-    excess += share_beside[i] * (time_ms[i] - fit.alone.ms(terms[i]));
-    weight += share_beside[i] * share_beside[i];
-  }
-  fit.beside_wait_ms = weight > 0 ? std::max(0.0, excess / weight) : 0;
-  return fit;
+  return CommFit{separable ? AlphaBeta{x[0], x[1]} : AlphaBeta{*link_latency_ms, x[0]}, !separable};
 }
 
 namespace {
@@ -241,30 +221,29 @@ namespace {
 struct StepTimes {
   std::vector<double> backward_end, hidden;
   double comm_end = 0, comm_total = 0;
-  double beside_backward_left = 0;  // the most backward left on a rank when an all-reduce started beside it
 };
 
 StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double>& offsets,
-                 const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on) {
+                 const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on,
+                 const HostCores& host) {
   const size_t n = ranks.size(), nb = buckets.size();
-  double horizon = 0, comm_beside = 0, most_slowdown = 0;
+  double horizon = 0, comm_alone = 0;
   for (size_t r = 0; r < n; ++r) horizon = std::max(horizon, offsets[r] + ranks[r].before_ms + ranks[r].backward_ms);
-  for (const BucketCost& c : cost)
-    comm_beside += c.beside_ms, most_slowdown = std::max(most_slowdown, c.backward_slowdown);
-  const double dt = std::max((horizon * (1 + most_slowdown) + comm_beside) / 20000, 1e-9);
+  for (const BucketCost& c : cost) comm_alone += c.alone_ms;
+  // Backward beside comm takes at most twice as long (HostCores::backward_slowdown), and comm waits for it at most.
+  const double dt = std::max((2 * horizon + comm_alone) / 20000, 1e-9);
 
   StepTimes out;
   out.backward_end.assign(n, -1.0);
   out.hidden.assign(n, 0.0);
   std::vector<double> work(n, 0.0);
-  size_t next = 0;   // the next bucket to start
-  double left = -1;  // ms left of the running all-reduce; < 0: none runs
-  double slowdown = 0;  // backward's, beside the running all-reduce
+  size_t next = 0;         // the next bucket to start
+  double left = -1;        // ms left of the running all-reduce, once it runs at its pace alone; < 0: none runs
+  double pace_beside = 1;  // its pace while backward runs: its time alone over that plus its stalls
+  double slowdown = 0;     // backward's, beside it
   double comm_start = 0;
-  const auto ranks_in_backward = [&](double t) {
-    int count = 0;
-    for (size_t r = 0; r < n; ++r) count += t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0;
-    return count;
+  const auto in_backward = [&](size_t r, double t) {
+    return t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0;
   };
   const auto ready = [&](size_t j) {
     for (size_t r = 0; r < n; ++r) {
@@ -276,31 +255,45 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   for (double t = 0;; t += dt) {
     while (left < 0 && next < nb && ready(next)) {  // an all-reduce of nothing ends as it starts
       const BucketCost& c = cost[next++];
-      slowdown = c.backward_slowdown;
-      left = c.alone_ms + (c.beside_ms - c.alone_ms) * ranks_in_backward(t) / static_cast<double>(n);
+      double backward_left = 0;  // the most backward left on a rank, at its pace alone
       for (size_t r = 0; r < n; ++r)
-        if (t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0)
-          out.beside_backward_left = std::max(out.beside_backward_left, ranks[r].backward_ms - work[r]);
-      if (left <= 0) left = -1;
+        if (in_backward(r, t)) backward_left = std::max(backward_left, ranks[r].backward_ms - work[r]);
+      const double stall = backward_left > 0 ? host.stall_beside_backward_ms(c.message_steps) : 0;
+      pace_beside = stall <= 0 ? 1 : std::isinf(stall) ? 0 : c.alone_ms / (c.alone_ms + stall);
+      // Its CPU spread over its time: its stalls and its time alone, or until backward ends and then alone.
+      slowdown = backward_left > 0 ? host.backward_slowdown(c.cpu_ms, std::min(backward_left, stall) + c.alone_ms) : 0;
+      left = c.alone_ms > 0 ? c.alone_ms : -1;
       comm_start = out.comm_end = t;
     }
-    if (left < 0 && next == nb && t >= horizon && ranks_in_backward(t) == 0) break;
+    bool backward_runs = false;
+    for (size_t r = 0; r < n; ++r) backward_runs = backward_runs || in_backward(r, t);
+    if (left < 0 && next == nb && t >= horizon && !backward_runs) break;
     const bool comm_runs = left >= 0;
+    double last_backward_end = 0;
     for (size_t r = 0; r < n; ++r) {
-      if (t < offsets[r] + ranks[r].before_ms || out.backward_end[r] >= 0) continue;
-      const double pace = comm_runs ? 1 / (1 + slowdown) : 1;
-      const double used = std::min(dt, (ranks[r].backward_ms - work[r]) / pace);
-      work[r] += used * pace;
-      if (comm_runs) out.hidden[r] += used;
-      if (used < dt || work[r] >= ranks[r].backward_ms) out.backward_end[r] = t + used;
+      if (in_backward(r, t)) {
+        const double pace = comm_runs ? 1 / (1 + slowdown) : 1;
+        const double used = std::min(dt, (ranks[r].backward_ms - work[r]) / pace);
+        work[r] += used * pace;
+        if (comm_runs) out.hidden[r] += used;
+        if (used < dt || work[r] >= ranks[r].backward_ms) out.backward_end[r] = t + used;
+      }
+      last_backward_end = std::max(last_backward_end, out.backward_end[r]);
     }
     if (comm_runs) {
-      if (left <= dt) {
-        out.comm_end = t + left;
+      double progress = dt;  // of the all-reduce in this time step, at its pace alone
+      if (pace_beside < 1) {
+        bool beside = false;
+        for (size_t r = 0; r < n; ++r) beside = beside || in_backward(r, t + dt);
+        progress = beside ? dt * pace_beside : t + dt - last_backward_end;
+        if (!beside) pace_beside = 1;
+      }
+      if (left <= progress) {
+        out.comm_end = t + dt - progress + left;
         out.comm_total += out.comm_end - comm_start;
         left = -1;
       } else {
-        left -= dt;
+        left -= progress;
       }
     }
   }
@@ -310,20 +303,19 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
 }  // namespace
 
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
-                             const std::vector<BucketCost>& cost, bool overlap_on) {
+                             const std::vector<BucketCost>& cost, bool overlap_on, const HostCores& host) {
   // A rank starts its next step when it finishes this one, so ranks that finish later (a longer optimizer) start
   // later. The steps are replayed in order, first to let the ranks' start offsets settle, then to measure.
   const size_t n = steps.at(0).size(), count = steps.size();
   const size_t settle = std::max<size_t>(count, 20);
   std::vector<double> offsets(n, 0.0), end(n), period(n, 0.0), backward(n, 0.0), exposed(n, 0.0), hidden(n, 0.0);
-  double comm = 0, beside_left = 0;
+  double comm = 0;
   for (size_t i = 0; i < settle + count; ++i) {
     const std::vector<RankProfile>& ranks = steps[i % count];
-    const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on);
+    const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on, host);
     for (size_t r = 0; r < n; ++r) end[r] = std::max(t.backward_end[r], t.comm_end) + ranks[r].after_ms;
     if (i >= settle) {
       comm += t.comm_total / count;
-      beside_left += t.beside_backward_left / count;
       for (size_t r = 0; r < n; ++r) {
         period[r] += (end[r] - offsets[r]) / count;
         backward[r] += (t.backward_end[r] - offsets[r] - ranks[r].before_ms) / count;
@@ -335,12 +327,12 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
     for (size_t r = 0; r < n; ++r) offsets[r] = end[r] - first;
   }
   const size_t k = std::max_element(period.begin(), period.end()) - period.begin();
-  return {period[k], static_cast<int>(k), backward[k], comm, exposed[k], hidden[k], beside_left};
+  return {period[k], static_cast<int>(k), backward[k], comm, exposed[k], hidden[k]};
 }
 
 SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
-                            const std::vector<BucketCost>& cost, bool overlap_on) {
-  return simulate_steps({ranks}, buckets, cost, overlap_on);
+                            const std::vector<BucketCost>& cost, bool overlap_on, const HostCores& host) {
+  return simulate_steps({ranks}, buckets, cost, overlap_on, host);
 }
 
 Calibration read_calibration(const std::string& path) {
@@ -421,6 +413,16 @@ double backward_slowdown_beside_comm(int cores, int ranks, int threads, double c
   // Fair shares: a rank's comm thread is one more thread beside its `threads`, so it takes at most 1/threads.
   const double bound = 1.0 / threads;
   return beside <= 0 ? bound : std::clamp(alone / beside - 1, 0.0, bound);
+}
+
+double HostCores::stall_beside_backward_ms(double message_steps) const {
+  if (lost_yield_ms) return message_steps * *lost_yield_ms;
+  return full() ? std::numeric_limits<double>::infinity() : 0;
+}
+
+double HostCores::backward_slowdown(double cpu_ms, double wall_ms) const {
+  if (cores <= 0 || wall_ms <= 0) return 0;
+  return backward_slowdown_beside_comm(cores, ranks, threads, std::min(1.0, cpu_ms / wall_ms));
 }
 
 namespace {
@@ -553,14 +555,15 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
                                         m.measured.wire, small, m.measured.nodes()));
         cpu_ms.push_back(x.comm_cpu_ms);
       }
-  m.host_cores = run.meta.host_cores;
-  if (m.host_cores <= 0) {
+  if (run.meta.host_cores <= 0) {
     m.slowdown_source = "not measured (the run file does not say how many cores its ranks had)";
     return slowdown;
   }
   const std::vector<std::string>& hosts = run.meta.hostnames;
-  m.host_ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
-  m.compute_threads = std::max(1, run.config.value("threads", 1));
+  m.host.cores = run.meta.host_cores;
+  m.host.ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
+  m.host.threads = std::max(1, run.config.value("threads", 1));
+  if (run.meta.comm_lost_yield_us) m.host.lost_yield_ms = *run.meta.comm_lost_yield_us / 1000.0;
   // The CPU on the all-reduce's terms, like its time. From alike sizes the part per message step cannot be told
   // from the part per byte, and their noise went into the first: `small`'s 3.2 and 4 MB buckets at 4 ranks gave
   // 1.1 ms per all-reduce, ~4x what its 0.3-0.5 MB all-reduces took when measured (0.16-0.43 ms), so ten of them
@@ -578,11 +581,9 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   }
   const std::vector<double> fit = nonnegative_least_squares(rows, cpu_ms);
   m.comm_cpu = separable ? AlphaBeta{fit[0], fit[1]} : AlphaBeta{poll_ms_per_step, fit[0]};
-  for (int b = 0; b < nb; ++b)
-    if (wall[b] > 0) slowdown[b] = m.backward_slowdown_beside(cpu[b], wall[b]);
+  for (int b = 0; b < nb; ++b) slowdown[b] = m.host.backward_slowdown(cpu[b], wall[b]);
   const bool beside = pooled_wall[1] > 0;
-  if (pooled_wall[beside] > 0)
-    m.backward_slowdown = m.backward_slowdown_beside(pooled_cpu[beside], pooled_wall[beside]);
+  m.backward_slowdown = m.host.backward_slowdown(pooled_cpu[beside], pooled_wall[beside]);
   char text[320];
   std::snprintf(text, sizeof text,
                 "the run's all-reduces%s (their comm threads on a core %.2f of the time; CPU %.3f ms per all-reduce "
@@ -590,9 +591,9 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
                 beside ? " beside backward" : " (none beside backward)",
                 pooled_wall[beside] > 0 ? pooled_cpu[beside] / pooled_wall[beside] : 0.0,
                 m.comm_cpu->alpha_ms * terms[0].message_steps, m.comm_cpu->beta_ms_per_byte * kMiB,
-                separable ? "" : ": sizes too alike to fit, the part per all-reduce is the polls", m.host_ranks,
-                m.host_ranks == 1 ? "" : "s", m.compute_threads, m.compute_threads == 1 ? "" : "s", m.host_cores,
-                m.host_cores == 1 ? "" : "s");
+                separable ? "" : ": sizes too alike to fit, the part per all-reduce is the polls", m.host.ranks,
+                m.host.ranks == 1 ? "" : "s", m.host.threads, m.host.threads == 1 ? "" : "s", m.host.cores,
+                m.host.cores == 1 ? "" : "s");
   m.slowdown_source = text;
   return slowdown;
 }
@@ -627,7 +628,7 @@ void place_piece_ready_times(const BackwardIntervals& t, const std::vector<Bucke
 }
 
 // The all-reduce's cost from the run's buckets, per step: from the last rank joining to the last rank done (the
-// next bucket waits for every rank's comm thread), and the share of ranks still in backward when it started.
+// next bucket waits for every rank's comm thread).
 void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
   const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
   if (world <= 1) {
@@ -635,9 +636,11 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
                       std::string(m.calibration ? " and the calibration file" : ""));
     return;
   }
-  std::vector<AllreduceTerms> terms;
-  std::vector<double> beside, times;
-  std::vector<double> backward_left(run.steps - run.first_steady_step(), 0.0);  // per steady step, the most
+  // Fitted on the all-reduces that started with every rank out of backward (all of them if none did): on a full
+  // host one beside backward waited for a core, and fitted together, the two or three the default run times (one
+  // bucket beside backward, the closing one after it) put that wait into the time alone.
+  std::vector<AllreduceTerms> terms, alone_terms;
+  std::vector<double> times, alone_times;
   const double small = static_cast<double>(small_allreduce_bytes(world));
   for (int b = 0; b < nb; ++b) {
     const double bytes = static_cast<double>(run.buckets[b].bytes());
@@ -649,20 +652,17 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
         comm.begin = std::max(comm.begin, run.bucket_at(r, s, b).comm_start_ms);
         comm.end = std::max(comm.end, run.bucket_at(r, s, b).comm_end_ms);
       }
-      double in_backward = 0;  // share of the ranks whose backward still ran when the all-reduce started
+      bool beside = false;
       for (int r = 0; r < world; ++r)
-        if (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end) {
-          in_backward += 1.0 / world;
-          backward_left[s - run.first_steady_step()] =
-              std::max(backward_left[s - run.first_steady_step()], t.backward[r][s].end - comm.begin);
-        }
+        beside = beside || (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end);
       terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes()));
-      beside.push_back(in_backward);
       times.push_back(std::max(0.0, comm.end - comm.begin));
+      if (!beside) alone_terms.push_back(terms.back()), alone_times.push_back(times.back());
     }
   }
-  for (double left : backward_left) m.measured_beside_backward_left_ms += left / backward_left.size();
-  const std::optional<CommFit> fit = fit_comm(terms, beside, times, link_alpha_beta(m.fitted_link).alpha_ms);
+  const double latency = link_alpha_beta(m.fitted_link).alpha_ms;
+  const std::optional<CommFit> fit =
+      alone_terms.empty() ? fit_comm(terms, times, latency) : fit_comm(alone_terms, alone_times, latency);
   if (fit->latency_from_link)
     m.notes.push_back(
         "the run's buckets timed alone are of too alike sizes (less than 2x apart) to fit latency: "
@@ -730,7 +730,6 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   // another link, the link's latency and bandwidth, bounded below by the source's own when it ran on no link.
   const std::string name = impl_name(setting.impl, setting.wire);
   std::optional<AlphaBeta> ab;
-  const double wait = m.comm_fit ? m.comm_fit->beside_wait_ms : 0;  // the machine's, on any link
   LinkModel source_link = m.fitted_link;
   int source_ranks = measured.ranks;
   std::string source_name = impl_name(measured.impl, measured.wire);
@@ -746,7 +745,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
         lo = terms.size() == 1 ? p.bytes : std::min(lo, p.bytes);
         hi = terms.size() == 1 ? p.bytes : std::max(hi, p.bytes);
       }
-    if (const std::optional<CommFit> fit = fit_comm(terms, std::vector<double>(terms.size(), 0.0), times)) {
+    if (const std::optional<CommFit> fit = fit_comm(terms, times)) {
       ab = fit->alone;
       source_link = m.calibration->link_model;
       source_ranks = m.calibration->ranks;
@@ -794,10 +793,9 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const double alone = allreduce_ms(bytes, setting, small, costs);
-    // Backward beside it: the comm thread's CPU for it over its time beside backward.
     const double cpu =
         m.comm_cpu ? m.comm_cpu->ms(allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes)) : 0;
-    cost.push_back({alone, alone + wait, m.comm_cpu ? m.backward_slowdown_beside(cpu, alone + wait) : 0});
+    cost.push_back({alone, cpu, allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes).message_steps});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
     if (nodes > 1 && setting.impl != AllreduceImpl::kHier) {  // the slower class sets each step's pace
@@ -832,16 +830,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   std::vector<std::vector<RankProfile>> steps;
   for (const std::vector<RankProfile>& measured_ranks : m.steps)
     steps.emplace_back(measured_ranks.begin(), measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
-  out.step = simulate_steps(steps, buckets, cost, setting.overlap);
-  // The wait beside backward is fitted on the run's all-reduces beside backward, which had up to so much backward
-  // left beside them; with more (earlier buckets), how the wait grows is unmeasured: at 4 ranks on 2 cores such
-  // cells swung by +-10% with the run predicted from (docs/PREDICT.md, session 7).
-  if (n > 1 && wait > 0 && out.step.beside_backward_left_ms > 1.1 * m.measured_beside_backward_left_ms + 0.1) {
-    std::ostringstream why;
-    why << std::fixed << std::setprecision(1) << "the wait beside backward, for all-reduces started with more backward "
-        << "left than in the run (" << m.measured_beside_backward_left_ms << " ms per step)";
-    out.extrapolated.push_back(why.str());
-  }
+  out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.host);
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;

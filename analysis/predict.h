@@ -4,11 +4,11 @@
 // The parts, each testable alone:
 //   allreduce_terms   what one all-reduce costs, as message steps and bytes per rank (ring, recursive doubling,
 //                     16-bit wire); time = steps * alpha + bytes * beta
-//   fit_comm          alpha and beta from measured (terms, time) pairs: the run's own buckets or an allreduce_perf
-//                     file, and what an all-reduce costs extra when it starts beside backward
+//   fit_comm          alpha and beta from measured (terms, time) pairs: the run's own buckets timed alone, or an
+//                     allreduce_perf file
 //   simulate_step     one step: each rank's backward releasing gradient pieces, buckets cut by assign_buckets, one
-//                     comm thread reducing them in order, backward slowed while comm runs beside it, the slowest
-//                     rank setting the pace
+//                     comm thread reducing them in order, on a full host waiting beside backward for a core, backward
+//                     slowed while comm runs beside it, the slowest rank setting the pace
 //   build_model / predict   the measured run turned into those inputs, and one configuration's prediction
 #pragma once
 #include <algorithm>
@@ -67,12 +67,9 @@ double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCost
 std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows,
                                               const std::vector<double>& y);
 
-// What an all-reduce costs alone, and the extra it costs when it starts beside backward: on shared cores its comm
-// thread, woken while backward's threads hold the cores, waits for one; a wait per all-reduce, whatever its size
-// (measured: a 4 KB bias bucket beside backward took 3 ms, alone 0.05 ms; docs/PREDICT.md).
+// What an all-reduce costs alone (with every rank out of backward).
 struct CommFit {
   AlphaBeta alone;
-  double beside_wait_ms = 0;       // the extra of an all-reduce started with every rank still in backward
   bool latency_from_link = false;  // the sizes alone were timed at could not tell alpha from beta
 };
 
@@ -81,13 +78,25 @@ struct CommFit {
 // link's latency; the comm thread's CPU: its polls) and only the part per byte is fitted.
 bool per_step_cost_separable(const std::vector<AllreduceTerms>& terms);
 
-// Two stages, each least squares with coefficients >= 0, f = the share of the ranks still in backward when an
-// all-reduce started: `alone` from the all-reduces with f = 0 (all of them if none), then the wait from the others'
-// excess over it: time = alone + f x wait. The f = 0 sizes per message step less than 2x apart cannot tell alpha
-// from beta: then alpha is `link_latency_ms` and the rest beta, or nullopt without one.
-std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& share_beside,
-                                const std::vector<double>& time_ms,
+// Least squares with coefficients >= 0 of time = alpha x steps + beta x bytes. Sizes per message step less than 2x
+// apart cannot tell alpha from beta: then alpha is `link_latency_ms` and the rest beta, or nullopt without one.
+std::optional<CommFit> fit_comm(const std::vector<AllreduceTerms>& terms, const std::vector<double>& time_ms,
                                 std::optional<double> link_latency_ms = std::nullopt);
+
+// The cores that compute and comm share on a host: `ranks` ranks of `threads` compute threads each on `cores`.
+struct HostCores {
+  int cores = 0, ranks = 1, threads = 1;  // cores 0: not known (no slowdown and no stall modelled)
+  // What a comm thread's sched_yield cost when it lost the core to a compute thread (the run's start-up probe,
+  // measure_lost_yield_ms; 0: none lost, a spare core); nullopt: not measured (older files).
+  std::optional<double> lost_yield_ms;
+  bool full() const { return cores > 0 && ranks * threads >= cores; }
+  // How long an all-reduce of so many message steps stalls beside backward: its comm thread, polling for a late
+  // peer, yields its core between polls, and a yield lost to backward's thread returns after that thread's time
+  // slice; once per message step. Not measured, on a full host: until backward ends (infinity).
+  double stall_beside_backward_ms(double message_steps) const;
+  // Backward beside an all-reduce whose comm thread spends cpu_ms on a core over wall_ms: (1 + this) x as long.
+  double backward_slowdown(double cpu_ms, double wall_ms) const;
+};
 
 // One rank's step, as the model replays it (times in ms, steady-state means).
 struct RankProfile {
@@ -105,26 +114,23 @@ struct SimulatedStep {
   double comm_ms = 0;      // sum of the buckets' all-reduce times
   double exposed_ms = 0;   // its wait for the last all-reduce after its backward
   double hidden_ms = 0;    // comm that ran while its backward ran
-  // Per step, the most backward left on a rank when an all-reduce started beside backward (of a rank's own pace;
-  // 0: none started beside it): how far the wait beside backward is carried.
-  double beside_backward_left_ms = 0;
 };
-// A bucket's all-reduce: alone, and started beside every rank's backward (>= alone).
+// A bucket's all-reduce: its time alone, its comm thread's CPU, its message steps.
 struct BucketCost {
-  double alone_ms = 0, beside_ms = 0;
-  double backward_slowdown = 0;  // backward beside this all-reduce takes (1 + this) times as long
+  double alone_ms = 0, cpu_ms = 0, message_steps = 0;
 };
 // The comm thread takes bucket j when every rank has released its last piece and bucket j-1 is done (overlap on),
-// or after every rank's backward (overlap off). Compute and comm slow each other on shared cores: while an
-// all-reduce runs, backward advances at 1 / (1 + its backward_slowdown) of its pace; an all-reduce that starts while
-// a share f of the ranks is in backward costs alone + f (beside - alone). Replayed in time steps of 1/20000 of the
-// step.
+// or after every rank's backward (overlap off). Compute and comm share the host's cores: an all-reduce started
+// beside backward advances at alone / (alone + its stalls) of its pace while any rank's backward runs
+// (HostCores::stall_beside_backward_ms), at its pace alone after. While it runs beside backward, backward advances
+// at 1 / (1 + s) of its pace, s from its CPU over its time (HostCores::backward_slowdown). Replayed in time steps of
+// 1/20000 of the step.
 SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
-                            const std::vector<BucketCost>& cost, bool overlap);
+                            const std::vector<BucketCost>& cost, bool overlap, const HostCores& host = {});
 // The same over a sequence of steps (each with its own profiles, per rank), replayed in order with each rank
 // starting its next step when it finishes this one; means over the steps, of the rank with the longest mean step.
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
-                             const std::vector<BucketCost>& cost, bool overlap);
+                             const std::vector<BucketCost>& cost, bool overlap, const HostCores& host = {});
 
 // Backward's slowdown beside an all-reduce (backward takes 1 + this times as long) with `ranks` ranks of `threads`
 // compute threads each on `cores` cores, whose comm threads spend `comm_cpu_share` of an all-reduce's time on a
@@ -175,22 +181,15 @@ struct StepModel {
   bool pieces_from_buckets = false;             // the file had no piece layout: its buckets stand in as pieces
   std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
   // Backward beside an all-reduce: the comm thread's CPU per all-reduce (on its terms; nullopt: not recorded) on
-  // the cores of rank 0's host, shared by its ranks of `threads` compute threads each.
+  // the cores of rank 0's host.
   std::optional<AlphaBeta> comm_cpu;
-  int host_cores = 0, host_ranks = 1, compute_threads = 1;
-  double backward_slowdown_beside(double cpu_ms, double wall_ms) const {
-    return backward_slowdown_beside_comm(host_cores, host_ranks, compute_threads, std::min(1.0, cpu_ms / wall_ms));
-  }
+  HostCores host;
   double backward_slowdown = 0;  // the run's own all-reduces beside backward, pooled: backward (1 + this) x as long
   std::string slowdown_source;   // how it was found, one phrase
   std::optional<CommFit> comm_fit;              // from the run's bucket timings (nullopt: one rank)
   LinkModel fitted_link;    // the class of hop comm_fit describes: the one that bounds the run's all-reduce
   std::string fitted_hops;  // which: "every hop", "the inter-node hops", "the intra-node hops"
   double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
-  // The same as SimulatedStep's, in the run: how much backward the wait beside backward was measured with. In wall
-  // time, so slowed by the run's own comm beside it: if anything more than the replay's own-pace figure, and the
-  // mark errs toward not marking.
-  double measured_beside_backward_left_ms = 0;
   std::optional<Calibration> calibration;
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
   std::vector<std::string> notes;                    // what the output must say about the model's sources

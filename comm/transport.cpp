@@ -1,12 +1,16 @@
 #include "comm/transport.h"
 
+#include <sched.h>
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <ctime>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "comm/mpi_check.h"
 #include "comm/settings.h"
@@ -56,6 +60,49 @@ PollPolicy PollPolicy::from_env() {
     return p;
   }();
   return policy;
+}
+
+double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples) {
+  // A yield that returns after this lost the core: no time slice is shorter, and one that finds no other thread to
+  // run returns in a few us.
+  constexpr double kLostMs = 0.25;
+  mpiCheck(MPI_Barrier(comm));
+  std::atomic<bool> yielded{false}, everyone{false};
+  double lost[2] = {0, 0};  // ms, count
+  std::thread yielder([&] {
+    for (int i = 0; i < samples; ++i) {
+      const timespec nap{0, 100'000};  // as a comm thread between polls; woken, it takes a core from a spinner
+      nanosleep(&nap, nullptr);
+      const int64_t start = now_ns();
+      sched_yield();
+      const double ms = static_cast<double>(now_ns() - start) / 1e6;
+      if (ms > kLostMs) lost[0] += ms, lost[1] += 1;
+    }
+    yielded = true;
+  });
+  const auto spin = [&] {
+    while (!everyone.load(std::memory_order_relaxed)) {
+    }
+  };
+  std::vector<std::thread> spinners;
+  for (int t = 1; t < compute_threads; ++t) spinners.emplace_back(spin);
+  {
+    // The main thread spins too, until every rank's yields are done: a rank that stopped early would free a core
+    // for the others' yields.
+    const watchdog::Wait wait("the start-up probe of the comm thread's yields");
+    MPI_Request all_done = MPI_REQUEST_NULL;
+    for (int done = 0; !done;) {
+      if (all_done == MPI_REQUEST_NULL && yielded.load(std::memory_order_relaxed))
+        mpiCheck(MPI_Ibarrier(comm, &all_done));
+      if (all_done != MPI_REQUEST_NULL) mpiCheck(MPI_Test(&all_done, &done, MPI_STATUS_IGNORE));
+    }
+  }
+  everyone = true;
+  yielder.join();
+  for (std::thread& s : spinners) s.join();
+  double total[2] = {0, 0};
+  mpiCheck(MPI_Allreduce(lost, total, 2, MPI_DOUBLE, MPI_SUM, comm));
+  return total[1] > 0 ? total[0] / total[1] : 0;
 }
 
 int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy) {

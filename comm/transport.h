@@ -60,6 +60,13 @@ struct PollPolicy {
   static PollPolicy from_env();
 };
 
+// What a sched_yield() costs a thread when compute threads hold every core: the shm transport's waits yield between
+// polls, and a yield that hands the core to a compute thread returns after that thread's time slice (a few ms, not
+// the us the poll meant; docs/PREDICT.md). Collective: every rank spins `compute_threads` threads, standing in for
+// backward's, while one more thread naps and yields `samples` times, until every rank is done. Returns the mean of
+// the yields that lost the core, over all ranks; 0 when none did (a spare core).
+double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples = 16);
+
 // Waits for `request` per `policy`. Returns MPI_Wait's error code (status is filled either way).
 int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy);
 

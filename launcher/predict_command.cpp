@@ -156,7 +156,6 @@ nlohmann::json row_json(const Prediction& p) {
 nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
   if (!fit) return nullptr;
   return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMB}}},
-          {"beside_backward_wait_ms", fit->beside_wait_ms},
           {"latency_from_link", fit->latency_from_link}};
 }
 
@@ -203,11 +202,20 @@ void run_predict(const PredictArgs& a) {
   if (model.comm_fit) {
     const AlphaBeta& alone = model.comm_fit->alone;
     std::printf(
-        "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone, "
-        "+ %.2f ms started beside backward (%s, link %s)\n",
-        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.comm_fit->beside_wait_ms, model.fitted_hops.c_str(),
-        model.fitted_link.name.c_str());
+        "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone (%s, link "
+        "%s)\n",
+        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.fitted_hops.c_str(), model.fitted_link.name.c_str());
   }
+  if (model.host.lost_yield_ms)
+    std::printf(
+        "  beside backward: an all-reduce stalls %.2f ms per message step (its comm thread's yield lost to a compute "
+        "thread, measured at the run's start)\n",
+        *model.host.lost_yield_ms);
+  else if (model.host.full())
+    std::printf(
+        "  beside backward: %d rank(s) x %d thread(s) fill the host's %d cores; the file does not say what a yield "
+        "lost to compute costs (an older file), so an all-reduce beside backward stalls until backward ends\n",
+        model.host.ranks, model.host.threads, model.host.cores);
   if (calibration)
     std::printf("  calibration: %s (%d ranks, link %s)\n", calibration->path.c_str(), calibration->ranks,
                 calibration->link.c_str());

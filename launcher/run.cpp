@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -299,6 +300,11 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   meta.hostnames = gather_hostnames(world);
   meta.host_cores = gather_host_cores(meta.hostnames, world);
   meta.comm_spin_us = PollPolicy::from_env().spin_us;
+  // What backward beside an all-reduce costs its comm thread: measured here, with the ranks' compute threads
+  // standing in for backward's (ddplab predict; docs/PREDICT.md).
+  if (config.device == "cpu" && meta.world_size > 1)
+    meta.comm_lost_yield_us =
+        static_cast<int>(std::lround(1000 * measure_lost_yield_ms(world, std::max(1, config.blas_threads))));
   return meta;
 }
 

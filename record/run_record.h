@@ -31,6 +31,10 @@ struct RunMetadata {
   // How long a waiting comm thread polls before it sleeps (DDPLAB_COMM_SPIN_US, comm/settings.h; < 0: it spins),
   // microseconds; nullopt: not recorded (older files, which ran with the default, 50).
   std::optional<int> comm_spin_us;
+  // What a comm thread's sched_yield cost when it lost its core to a compute thread, microseconds (start-up probe,
+  // measure_lost_yield_ms in comm/transport.h; 0: none was lost); nullopt: not measured (GPU and one-rank runs, older
+  // files).
+  std::optional<int> comm_lost_yield_us;
   int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)
   std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
 };

@@ -27,7 +27,7 @@ std::vector<Bucket> buckets(double cap_bytes, double first_cap_bytes) {
   return assign_buckets(kNumel, kOffset, cap_bytes, first_cap_bytes);
 }
 
-std::vector<BucketCost> same_cost(size_t n, double ms) { return std::vector<BucketCost>(n, BucketCost{ms, ms}); }
+std::vector<BucketCost> same_cost(size_t n, double ms) { return std::vector<BucketCost>(n, BucketCost{ms, 0}); }
 
 // An fp32 ring all-reduce of `bytes` at 2 ranks on the link `ab`.
 double ring_ms_at_2(const AlphaBeta& ab, double bytes) {
@@ -82,7 +82,7 @@ TEST(Predict, SmallClosingBucketShortensTheTail) {
   // long. A closing cap of two pieces: {0,1} {2,3}, the last 2 ms long.
   const auto cost_of = [](const std::vector<Bucket>& bs) {
     std::vector<BucketCost> c;
-    for (const Bucket& b : bs) c.push_back({b.count / 1000.0, b.count / 1000.0});
+    for (const Bucket& b : bs) c.push_back({b.count / 1000.0, 0});
     return c;
   };
   const auto small = buckets(8000, 4000), large = buckets(8000, 8000);
@@ -111,25 +111,64 @@ TEST(Predict, SlowRankSetsThePace) {
 }
 
 TEST(Predict, BackwardSlowedBesideComm) {
-  // Backward at half pace while an all-reduce runs (slowdown 1): bucket 0 runs 2.5..7.5, when backward has done
-  // 5 ms of work and releases bucket 1, and so on: the comm thread stays busy and backward ends at 17.5 ms.
+  // 2 ranks x 1 thread on 3 cores, the comm thread on a core all the time (CPU = time alone): backward at half pace
+  // while an all-reduce runs. Bucket 0 runs 2.5..7.5, when backward has done 5 ms of work and releases bucket 1, and
+  // so on: the comm thread stays busy and backward ends at 17.5 ms.
   const auto b = buckets(0, 0);
-  std::vector<BucketCost> cost = same_cost(4, 5);
-  for (BucketCost& c : cost) c.backward_slowdown = 1;
-  const SimulatedStep s = simulate_step({profile(), profile()}, b, cost, true);
+  const HostCores host{3, 2, 1, std::nullopt};
+  ASSERT_FALSE(host.full());
+  const SimulatedStep s = simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, {5, 5}), true, host);
   EXPECT_NEAR(s.backward_ms, 17.5, kTol);
   EXPECT_NEAR(s.step_ms, 2 + 22.5 + 3, kTol);
   EXPECT_NEAR(s.hidden_ms, 15, kTol);
   EXPECT_NEAR(s.exposed_ms, 5, kTol);
 }
 
-TEST(Predict, CommSlowedWhenItStartsBesideBackward) {
-  // 0.2 ms beside backward, 0.1 ms alone: the first three start during backward, the last after it.
+TEST(Predict, CommStallsBesideBackwardByItsLostYields) {
+  // A yield lost to backward costs 2 ms (measured), one per message step: each all-reduce of one step started
+  // beside backward takes its 0.1 ms alone plus 2. Bucket 0 runs 2.5..4.6, bucket 1 from 5, bucket 2 from 7.5 to
+  // 9.6; bucket 3 starts after backward, at 10, and takes 0.1.
   const auto b = buckets(0, 0);
-  const SimulatedStep s =
-      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, BucketCost{0.1, 0.2}), true);
-  EXPECT_NEAR(s.comm_ms, 3 * 0.2 + 0.1, kTol);
+  const HostCores host{2, 2, 1, 2.0};
+  const SimulatedStep s = simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, {0.1, 0, 1}), true, host);
+  EXPECT_NEAR(s.comm_ms, 3 * 2.1 + 0.1, kTol);
   EXPECT_NEAR(s.step_ms, 2 + 10 + 0.1 + 3, kTol);
+  // Two message steps: 4.1 ms each. Bucket 0 runs 2.5..6.6, bucket 1 6.6..10.7, but backward ends at 10 with 0.7 of
+  // 4.1 ms left: the remaining share of its 0.1 ms alone, 0.017, then buckets 2 and 3 alone: 10.217.
+  const SimulatedStep two =
+      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, {0.1, 0, 2}), true, host);
+  EXPECT_NEAR(two.step_ms, 2 + 10 + 0.1 * 0.7 / 4.1 + 2 * 0.1 + 3, kTol);
+  // No yield lost (a spare core): no stall.
+  const HostCores spare_core{2, 2, 1, 0.0};
+  EXPECT_NEAR(
+      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, {0.1, 0, 1}), true, spare_core).comm_ms,
+      4 * 0.1, kTol);
+}
+
+TEST(Predict, CommWaitsBesideBackwardOnAFullHostWhenItsYieldsWereNotMeasured) {
+  // 2 ranks x 1 thread on 2 cores: the first all-reduce, started at 2.5 ms beside backward, makes no progress until
+  // backward ends at 10, then takes its 0.1 ms; the other three follow it. With a spare core it runs at once.
+  const auto b = buckets(0, 0);
+  const HostCores full{2, 2, 1, std::nullopt}, spare{3, 2, 1, std::nullopt};
+  ASSERT_TRUE(full.full());
+  const SimulatedStep waits = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true, full);
+  EXPECT_NEAR(waits.comm_ms, (10 - 2.5) + 4 * 0.1, kTol);
+  EXPECT_NEAR(waits.exposed_ms, 4 * 0.1, kTol);
+  EXPECT_NEAR(waits.step_ms, 2 + 10 + 4 * 0.1 + 3, kTol);
+  const SimulatedStep runs = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true, spare);
+  EXPECT_NEAR(runs.comm_ms, 4 * 0.1, kTol);
+  EXPECT_NEAR(runs.step_ms, 2 + 10 + 0.1 + 3, kTol);
+
+  // Its comm thread's CPU (polls while it waits) slows backward, spread over its whole time: started with 7.5 ms of
+  // backward left, 0.5 ms alone, 2 ms of CPU: a share of 2 / (7.5 + 0.5) of a core, so 1.5 of 2 cores for compute,
+  // backward at 3/4 pace: its 7.5 ms take 10, it ends at 12.5, and the four all-reduces of 0.5 ms end at 14.5.
+  const SimulatedStep slowed =
+      simulate_step({profile(), profile()}, b, std::vector<BucketCost>(4, {0.5, 2}), true, full);
+  EXPECT_NEAR(slowed.backward_ms, 12.5, kTol);
+  EXPECT_NEAR(slowed.step_ms, 2 + 14.5 + 3, kTol);
+  // One rank still in backward is enough to hold the all-reduce: the other's comm thread waits for its peer.
+  const SimulatedStep late = simulate_step({profile(), profile(4)}, b, same_cost(4, 0.1), true, full);
+  EXPECT_NEAR(late.step_ms, 4 + 10 + 4 * 0.1 + 3, kTol);
 }
 
 TEST(Predict, AllreduceTerms) {
@@ -213,7 +252,6 @@ TEST(Predict, WireHalvesTheBandwidthTermOfTheStep) {
     const double bytes = x.count * 4.0 * 1000;  // as if each piece were 4 MB
     fp32.push_back({ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small)), 0});
     bf16.push_back({ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kBf16, small)), 0});
-    fp32.back().beside_ms = fp32.back().alone_ms, bf16.back().beside_ms = bf16.back().alone_ms;
   }
   const SimulatedStep a = simulate_step({profile(), profile()}, b, fp32, false);
   const SimulatedStep h = simulate_step({profile(), profile()}, b, bf16, false);
@@ -221,75 +259,46 @@ TEST(Predict, WireHalvesTheBandwidthTermOfTheStep) {
   EXPECT_NEAR(a.step_ms - h.step_ms, h.comm_ms, kTol);
 }
 
-TEST(Predict, FitRecoversAlphaBetaAndTheWaitBesideBackward) {
+TEST(Predict, FitRecoversAlphaBeta) {
   const AlphaBeta alone{0.01, 2e-6};
-  const double wait = 0.7;
   std::vector<AllreduceTerms> terms;
-  std::vector<double> share, ms;
-  for (double bytes : {4e3, 1e5, 1e6, 4e6})
-    for (double f : {0.0, 0.5, 1.0}) {
-      terms.push_back(allreduce_terms(bytes, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10));
-      share.push_back(f);
-      ms.push_back(alone.ms(terms.back()) + f * wait);
-    }
-  const auto fit = fit_comm(terms, share, ms);
+  std::vector<double> ms;
+  for (double bytes : {4e3, 1e5, 1e6, 4e6}) {
+    terms.push_back(allreduce_terms(bytes, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10));
+    ms.push_back(alone.ms(terms.back()));
+  }
+  const auto fit = fit_comm(terms, ms);
   ASSERT_TRUE(fit);
   EXPECT_NEAR(fit->alone.alpha_ms, alone.alpha_ms, 1e-9);
   EXPECT_NEAR(fit->alone.beta_ms_per_byte, alone.beta_ms_per_byte, 1e-12);
-  EXPECT_NEAR(fit->beside_wait_ms, wait, 1e-9);
   EXPECT_FALSE(fit->latency_from_link);
   // One size cannot tell alpha from beta, nor can sizes less than 2x apart (noise would become latency): without
   // the link's latency no fit, with it alpha is the link's and the rest beta.
-  EXPECT_FALSE(fit_comm({terms[0], terms[1]}, {0, 0}, {1, 1}));
+  EXPECT_FALSE(fit_comm({terms[0], terms[0]}, {1, 1}));
   const AllreduceTerms big = allreduce_terms(4e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
   const AllreduceTerms alike = allreduce_terms(3.2e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
   const AllreduceTerms half = allreduce_terms(2e6, 4, AllreduceImpl::kRing, WireDtype::kFp32, 32 << 10);
-  EXPECT_FALSE(fit_comm({alike, big}, {0, 0}, {alone.ms(alike), alone.ms(big)}));
-  EXPECT_TRUE(fit_comm({half, big}, {0, 0}, {alone.ms(half), alone.ms(big)}));
-  const auto from_link = fit_comm({alike, big}, {0, 0}, {alone.ms(alike), alone.ms(big)}, alone.alpha_ms);
+  EXPECT_FALSE(fit_comm({alike, big}, {alone.ms(alike), alone.ms(big)}));
+  EXPECT_TRUE(fit_comm({half, big}, {alone.ms(half), alone.ms(big)}));
+  const auto from_link = fit_comm({alike, big}, {alone.ms(alike), alone.ms(big)}, alone.alpha_ms);
   ASSERT_TRUE(from_link);
   EXPECT_TRUE(from_link->latency_from_link);
   EXPECT_NEAR(from_link->alone.alpha_ms, alone.alpha_ms, 1e-12);
   EXPECT_NEAR(from_link->alone.beta_ms_per_byte, alone.beta_ms_per_byte, 1e-12);
   // Coefficients stay >= 0: time falling with size would need a negative beta.
-  const auto flat = fit_comm({terms[0], terms[3], terms[6]}, {0, 0, 0}, {1.0, 0.9, 0.8});
+  const auto flat = fit_comm({terms[0], terms[1], terms[2]}, {1.0, 0.9, 0.8});
   ASSERT_TRUE(flat);
   EXPECT_GE(flat->alone.beta_ms_per_byte, 0);
   EXPECT_GE(flat->alone.alpha_ms, 0);
 }
 
-TEST(Predict, AloneFromTheAllreducesAfterBackwardTheWaitFromTheRest) {
-  // The default run's shape: every step a 11.5 MB bucket started beside every rank's backward (f = 1) and the
-  // 1 MB closing bucket after it (f = 0), ranks 2, sizes too far apart per step for the latency to matter. Fitted
-  // in one go the four coefficients from two sizes let the wait pass for bandwidth, and overlap-off cells came out
-  // slow; in two stages alone is the closing bucket's (alpha from the link) and the wait the big one's excess.
-  const AlphaBeta alone{0.005, 0.4 / (1 << 20)};
-  const double wait = 2.0;
-  std::vector<AllreduceTerms> terms;
-  std::vector<double> share, ms;
-  for (int step = 0; step < 6; ++step)
-    for (const auto& [mb, f] : {std::pair{11.5, 1.0}, std::pair{1.0, 0.0}}) {
-      terms.push_back(allreduce_terms(mb * (1 << 20), 2, AllreduceImpl::kRing, WireDtype::kFp32, 16 << 10));
-      share.push_back(f);
-      ms.push_back(alone.ms(terms.back()) + f * wait + (step % 2 ? 0.01 : -0.01));  // a little noise, mean 0
-    }
-  const auto fit = fit_comm(terms, share, ms, alone.alpha_ms);
-  ASSERT_TRUE(fit);
-  EXPECT_TRUE(fit->latency_from_link);  // one size timed alone
-  EXPECT_NEAR(fit->alone.alpha_ms, alone.alpha_ms, 1e-12);
-  EXPECT_NEAR(fit->alone.beta_ms_per_byte * (1 << 20), 0.4, 1e-3);
-  EXPECT_NEAR(fit->beside_wait_ms, wait, 1e-3);
-  // A bucket of 4 bytes started beside backward costs the wait too, not a share of it by its size.
-  BucketCost tiny{fit->alone.ms(allreduce_terms(4, 2, AllreduceImpl::kRing, WireDtype::kFp32, 16 << 10)), 0};
-  tiny.beside_ms = tiny.alone_ms + fit->beside_wait_ms;
-  EXPECT_NEAR(tiny.beside_ms - tiny.alone_ms, wait, 1e-3);
-}
-
 // A two-rank run of `steps` steps whose every bucket follows the model exactly: a bucket per piece, the ring's
 // alpha-beta cost, the comm thread one bucket at a time, no slowdown. The training thread resumes `wake_ms` after
-// the last all-reduce is done (its wait for a core on oversubscribed cores), inside its exposed comm time.
+// the last all-reduce is done (its wait for a core on oversubscribed cores), inside its exposed comm time. On a
+// full host (2 cores, comm threads' CPU recorded as 0) an all-reduce started beside backward ends its time alone
+// after backward's end.
 RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0,
-                        const std::vector<int64_t>& numel = {1000, 1 << 20, 1000, 1 << 20}) {
+                        const std::vector<int64_t>& numel = {1000, 1 << 20, 1000, 1 << 20}, bool full_host = false) {
   RunRecord run;
   run.path = "synthetic.h5";
   run.meta.world_size = 2;
@@ -324,8 +333,10 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0,
       BucketTimes t;
       t.ready_ms = backward_start + 2.5 * (k + 1);
       t.comm_start_ms = std::max(t.ready_ms, comm_free);
+      const double runs_from = full_host ? std::max(t.comm_start_ms, backward_start + 10) : t.comm_start_ms;
       t.comm_end_ms =
-          t.comm_start_ms + ab.ms(allreduce_terms(numel[k] * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+          runs_from + ab.ms(allreduce_terms(numel[k] * 4.0, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+      if (full_host) t.comm_cpu_ms = 0;
       comm_free = t.comm_end_ms;
       comm += t.comm_end_ms - t.comm_start_ms;
       step_times.push_back(t);
@@ -336,6 +347,11 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0,
     step_start += x.step_ms;
     per_rank_steps.push_back(x);
     times.insert(times.end(), step_times.begin(), step_times.end());
+  }
+  if (full_host) {
+    run.meta.hostnames = {"node", "node"};
+    run.meta.host_cores = 2;
+    run.config["threads"] = 1;
   }
   for (int r = 0; r < 2; ++r) {  // both ranks alike
     run.records.insert(run.records.end(), per_rank_steps.begin(), per_rank_steps.end());
@@ -412,29 +428,31 @@ TEST(Predict, ReplaysTheWakeAfterTheLastAllreduce) {
   EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + pieces_alone_after_backward_ms(run, ab) + 2 + wake, kTol);
 }
 
-// The wait beside backward is fitted on all-reduces that started with so much backward left; a setting whose
-// all-reduces start beside more is marked extrapolated (at 4 ranks on 2 cores such cells swung by +-10%).
-TEST(Predict, MarksTheWaitBesideMoreBackwardThanMeasured) {
+// A run on a full host (2 ranks x 1 thread on 2 cores, its comm threads' CPU recorded): its first all-reduce, started
+// beside backward, waited for a core until backward ended. The time alone is fitted on the others only (with it,
+// alpha and beta took in its wait), and the replay of the run's own setting waits as the run did.
+TEST(Predict, AloneFromTheAllreducesAfterBackwardAndTheWaitReplayedOnAFullHost) {
   const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
-  StepModel model = build_model(synthetic_run(ab, 4), std::nullopt);
-  // The run and its replay agree on how much backward its all-reduces started beside (a bucket per piece: the
-  // first starts with most of backward left).
-  const Prediction own = predict(model, model.measured);
-  EXPECT_GT(model.measured_beside_backward_left_ms, 1.0);
-  EXPECT_NEAR(own.step.beside_backward_left_ms, model.measured_beside_backward_left_ms, 0.01);
-  const auto marked = [](const Prediction& p) {
-    return std::any_of(p.extrapolated.begin(), p.extrapolated.end(),
-                       [](const std::string& why) { return why.find("the wait beside backward") == 0; });
-  };
-  EXPECT_FALSE(marked(own));  // no wait fitted: nothing carried
-  model.comm_fit->beside_wait_ms = 1.0;
-  EXPECT_FALSE(marked(predict(model, model.measured)));
-  PredictSetting one_bucket = model.measured;  // every all-reduce after backward
-  one_bucket.bucket_mb = 100;
-  one_bucket.first_bucket_mb = 100;
-  EXPECT_FALSE(marked(predict(model, one_bucket)));
-  model.measured_beside_backward_left_ms /= 2;  // as if the run's all-reduces had started later in backward
-  EXPECT_TRUE(marked(predict(model, model.measured)));
+  const RunRecord run = synthetic_run(ab, 4, 0, {1000, 1 << 20, 1000, 1 << 20}, /*full_host=*/true);
+  const BucketTimes& waited = run.bucket_at(0, 0, 0);
+  ASSERT_NEAR(waited.comm_end_ms - waited.comm_start_ms, 7.5 + ring_ms_at_2(ab, 4000), 1e-9);
+  const StepModel model = build_model(run, std::nullopt);
+  EXPECT_TRUE(model.host.full());
+  ASSERT_TRUE(model.comm_fit);
+  EXPECT_NEAR(model.comm_fit->alone.alpha_ms, ab.alpha_ms, 1e-6);
+  EXPECT_NEAR(model.comm_fit->alone.beta_ms_per_byte, ab.beta_ms_per_byte, 1e-9);
+  EXPECT_NEAR(predict(model, model.measured).step.step_ms, model.measured_step_ms, kTol);
+  PredictSetting off = model.measured;
+  off.overlap = false;
+  EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + pieces_alone_after_backward_ms(run, ab) + 2, kTol);
+
+  // A run that measured what a lost yield costs stalls by that, not until backward ends.
+  EXPECT_FALSE(model.host.lost_yield_ms);
+  RunRecord measured = run;
+  measured.meta.comm_lost_yield_us = 500;
+  const StepModel stalls = build_model(measured, std::nullopt);
+  EXPECT_EQ(stalls.host.lost_yield_ms, 0.5);
+  EXPECT_LT(predict(stalls, stalls.measured).step.step_ms, model.measured_step_ms - 1);
 }
 
 // Fair shares of the cores: compute gets what the comm threads' measured CPU leaves.

@@ -529,15 +529,17 @@ TEST_F(Reader, NodesAndLinkClassesRoundTripAndOlderFilesReadAsOneNode) {
   EXPECT_EQ(old.meta.links.inter.name, "none");
 }
 
-TEST_F(Reader, CommCpuTimesHostCoresAndSpinRoundTripAndOlderFilesReadAsNotRecorded) {
+TEST_F(Reader, CommCpuTimesHostCoresSpinAndLostYieldRoundTripAndOlderFilesReadAsNotRecorded) {
   RunRecord written = real_record();
   written.meta.host_cores = 6;
   written.meta.comm_spin_us = -1;
+  written.meta.comm_lost_yield_us = 3250;
   for (size_t i = 0; i < written.bucket_times.size(); ++i) written.bucket_times[i].comm_cpu_ms = 0.125 * i;
   const std::string path = write_real("cpu.h5", written);
   const RunRecord run = read_run_file(path);
   EXPECT_EQ(run.meta.host_cores, 6);
   EXPECT_EQ(run.meta.comm_spin_us, -1);
+  EXPECT_EQ(run.meta.comm_lost_yield_us, 3250);
   ASSERT_EQ(run.bucket_times.size(), written.bucket_times.size());
   for (size_t i = 0; i < run.bucket_times.size(); ++i) EXPECT_EQ(run.bucket_times[i].comm_cpu_ms, 0.125 * i);
   EXPECT_EQ(run.bucket_at(1, 2, 1).comm_cpu_ms, 0.125 * 11);  // in the same order as the other timings
@@ -548,10 +550,12 @@ TEST_F(Reader, CommCpuTimesHostCoresAndSpinRoundTripAndOlderFilesReadAsNotRecord
     ASSERT_GE(H5Ldelete(file, "buckets/comm_cpu_ms", H5P_DEFAULT), 0);
     ASSERT_GE(H5Adelete(file, "host_cores"), 0);
     ASSERT_GE(H5Adelete(file, "comm_spin_us"), 0);
+    ASSERT_GE(H5Adelete(file, "comm_lost_yield_us"), 0);
   }
   const RunRecord old = read_run_file(path);
   EXPECT_EQ(old.meta.host_cores, 0);
   EXPECT_FALSE(old.meta.comm_spin_us);
+  EXPECT_FALSE(old.meta.comm_lost_yield_us);
   for (const BucketTimes& t : old.bucket_times) EXPECT_EQ(t.comm_cpu_ms, BucketTimes::kNotRecorded);
   EXPECT_EQ(old.bucket_at(1, 2, 1).comm_start_ms, 11.25);
 }
