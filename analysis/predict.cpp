@@ -230,7 +230,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
   double horizon = 0, comm_alone = 0;
   for (size_t r = 0; r < n; ++r) horizon = std::max(horizon, offsets[r] + ranks[r].before_ms + ranks[r].backward_ms);
   for (const BucketCost& c : cost) comm_alone += c.alone_ms;
-  // Backward beside comm takes at most twice as long (HostCores::backward_slowdown), and comm waits for it at most.
+  // Backward beside comm takes at most twice as long (HostCores::backward_slowdown), and comm stalls for it at most.
   const double dt = std::max((2 * horizon + comm_alone) / 20000, 1e-9);
 
   StepTimes out;
@@ -281,15 +281,19 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
       last_backward_end = std::max(last_backward_end, out.backward_end[r]);
     }
     if (comm_runs) {
-      double progress = dt;  // of the all-reduce in this time step, at its pace alone
+      // The all-reduce's progress in this time step: stalled while a backward runs, at its pace alone after.
+      double from = t, pace = 1;
       if (pace_beside < 1) {
         bool beside = false;
         for (size_t r = 0; r < n; ++r) beside = beside || in_backward(r, t + dt);
-        progress = beside ? dt * pace_beside : t + dt - last_backward_end;
-        if (!beside) pace_beside = 1;
+        if (beside)
+          pace = pace_beside;
+        else
+          from = last_backward_end, pace_beside = 1;
       }
+      const double progress = (t + dt - from) * pace;
       if (left <= progress) {
-        out.comm_end = t + dt - progress + left;
+        out.comm_end = from + left / pace;
         out.comm_total += out.comm_end - comm_start;
         left = -1;
       } else {

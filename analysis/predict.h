@@ -211,9 +211,9 @@ Prediction predict(const StepModel& model, const PredictSetting& setting);
 // The setting to recommend among the predictions for one link and world size. Predictions closer than
 // `tolerance` (a fraction of the fastest) cannot be ranked: `ranking_tolerance` is two standard errors of the
 // measured step every prediction replays. Among the rows within it of the fastest: the run's own setting if it is
-// one (its prediction replays a measurement), else the fewest buckets (each all-reduce beside backward costs a
-// wait and takes cycles from backward, which the model sees only in part: many small buckets measured slower than
-// predicted, never faster), then the fastest prediction.
+// one (its prediction replays a measurement), else the fewest buckets (each all-reduce beside backward stalls and
+// takes cycles from backward, which the model sees only in part: many small buckets measured slower than predicted,
+// never faster), then the fastest prediction.
 struct Recommendation {
   size_t row = 0;        // into the rows given
   int within_noise = 0;  // the other rows within the tolerance of the fastest prediction
