@@ -696,6 +696,10 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   if (std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) != static_cast<long>(node_sizes.size()))
     m.notes.push_back("the run's " + std::to_string(run.nodes()) + " nodes are of unequal size: modelled as " +
                       shape_text(m.measured));
+  if (run.config.value("optimizer_in_backward", std::string("off")) == "on")
+    m.notes.push_back(
+        "the run updated its parameters in backward (--optimizer-in-backward on): what is left of the update after "
+        "backward is taken as measured for every setting, though other buckets would leave a different tail");
   m.calibration = std::move(calibration);
   const RunSummary summary = summarize(run);
   m.measured_step_ms = summary.slowest_step_ms;

@@ -152,6 +152,7 @@ void Reducer::finish_alone(int bucket) {
   // Scaled and checked in one pass, here on the main thread while backward's last writes are in cache: a NaN still
   // stops the step.
   nonfinite_[bucket] = !cpu::scale_and_check_finite(grads, local_scale_ * grad_scale_, b.count);
+  if (on_reduced_) on_reduced_(bucket, !nonfinite_[bucket]);
 }
 
 void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
@@ -186,6 +187,7 @@ void Reducer::reduce(int b) {
   nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
   times_[b].comm_end_ms = now_ms() - origin_ms_;
   times_[b].comm_cpu_ms = thread_cpu_ms() - cpu_start;
+  if (on_reduced_) on_reduced_(b, !nonfinite_[b]);
 }
 
 }  // namespace ddplab

@@ -19,8 +19,10 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -99,6 +101,11 @@ class Reducer {
   void wait_all();
   // Timings of the last step, one entry per bucket.
   const std::vector<BucketTimes>& bucket_times() const { return times_; }
+  // Called once per bucket of a synchronizing step when its gradients are final (summed, scaled and checked), on the
+  // thread that finished them: the comm thread, or at world size 1 the caller of mark_ready/wait_all. `finite`:
+  // they hold no NaN or Inf. Set before the first step.
+  using ReducedHook = std::function<void(int bucket, bool finite)>;
+  void set_on_reduced(ReducedHook hook) { on_reduced_ = std::move(hook); }
   // After wait_all: the first bucket whose reduced gradients hold a NaN or Inf, or -1. The communication thread
   // checks each bucket right after its all-reduce, while the data is in cache and backward still runs. Every rank
   // reduces to the same values, so every rank gets the same answer.
@@ -123,6 +130,7 @@ class Reducer {
   int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;
   std::vector<char> nonfinite_;  // per bucket, written by the communication thread before it counts the bucket done
+  ReducedHook on_reduced_;
 
   std::unique_ptr<WorkerThread> comm_thread_;  // world size > 1: the buckets' all-reduces, in launch order
 };

@@ -118,6 +118,11 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->transform(CLI::Transformer(std::map<std::string, int>{{"auto", 0}}))
       ->default_str("auto")
       ->type_name("N|auto");
+  app->add_option("--optimizer-in-backward", c.optimizer_in_backward,
+                  "update each bucket's parameters on a thread of their own as soon as backward is done with them: "
+                  "on | off | auto (on when the BLAS threads leave this rank a core idle; CPU only)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app->add_option("--data-cost-ms", c.data_cost_ms, "input pipeline: host cost per sample, ms (a sleep)")
       ->capture_default_str();
   app->add_option("--loader-threads", c.loader_threads, "input pipeline: worker threads (0: in the training loop)")
@@ -227,6 +232,10 @@ void validate(const TrainConfig& c) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--precision: ") + e.what());
   }
+  require(!(c.optimizer_in_backward == "on" && c.skip_nonfinite),
+          "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
+          "bucket is updated");
+  require(c.optimizer_in_backward != "on" || c.device == "cpu", "--optimizer-in-backward on needs --device cpu");
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");

@@ -126,7 +126,7 @@ int ranks_on_this_host(MPI_Comm comm) {
   return hosts.node_sizes()[hosts.node_of_rank[rank]];
 }
 
-int auto_blas_threads(MPI_Comm comm) {
+int cores_for_rank(MPI_Comm comm) {
   const int host_ranks = ranks_on_this_host(comm);
   const int host_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   cpu_set_t mask;
@@ -312,10 +312,11 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
 void print_run_header(const TrainConfig& config, const RunOptions& options, const Trainer& trainer, int world_size,
                       int64_t first_step, const Topology& topology) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
-  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps, %d BLAS thread%s per rank\n",
+  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
-              config.optimizer.kind.c_str(), config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
+              config.optimizer.kind.c_str(), config.optimizer_in_backward == "on" ? " (in backward)" : "", config.steps,
+              config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
@@ -449,7 +450,13 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   require(config.comm != "hier" || std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) ==
                                        static_cast<long>(node_sizes.size()),
           "--comm hier needs the same number of ranks on every node: " + topology.describe());
-  if (config.blas_threads == 0) config.blas_threads = auto_blas_threads(world);  // --threads auto: stored resolved
+  // --threads auto and --optimizer-in-backward auto: stored resolved. The update takes a core only where the BLAS
+  // threads leave one idle; --skip-nonfinite must see every gradient before anything is updated.
+  const int cores = cores_for_rank(world);
+  if (config.blas_threads == 0) config.blas_threads = cores;
+  if (config.optimizer_in_backward == "auto")
+    config.optimizer_in_backward =
+        config.device == "cpu" && !config.skip_nonfinite && cores > config.blas_threads ? "on" : "off";
   openblas_set_num_threads(config.blas_threads);
 
   // Rank 0 owns the run file: check it can be written before spending time on training.

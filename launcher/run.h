@@ -37,9 +37,9 @@ std::string hdf5_version();
 std::string cuda_description();
 // The ranks of comm on this rank's host (MPI_COMM_TYPE_SHARED). Collective.
 int ranks_on_this_host(MPI_Comm comm);
-// --threads auto: the cores this rank may use. A rank bound to some cores (mpirun --bind-to core) gets those; an
+// The cores this rank may use (--threads auto). A rank bound to some cores (mpirun --bind-to core) gets those; an
 // unbound one its share of the host's cores (cores / ranks on this host), at least 1. Collective.
-int auto_blas_threads(MPI_Comm comm);
+int cores_for_rank(MPI_Comm comm);
 // Rank 0 decides something that can fail; every rank learns the outcome ("" = fine).
 std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm);
 

@@ -369,6 +369,8 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   // One BLAS thread per rank unless --threads says otherwise: with auto, a ws=1 case would take every core and the
   // ws=4 case a quarter each, and the scaling cases would compare thread counts, not data parallelism.
   if (o.base.blas_threads == 0) o.base.blas_threads = 1;
+  // Likewise the update stays after backward: in backward it would take ws=1's idle core, which no larger case has.
+  if (o.base.optimizer_in_backward == "auto") o.base.optimizer_in_backward = "off";
   const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
   if (rank == 0) {
     std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), %d BLAS thread%s per rank, results "

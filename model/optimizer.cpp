@@ -23,13 +23,17 @@ Optimizer<T>::Optimizer(const OptimizerConfig& config, int64_t flat_size) : conf
 }
 
 template <typename T>
-void Optimizer<T>::step(T* params, const T* grads) {
-  ++t_;
+void Optimizer<T>::update(T* params, const T* grads, int64_t offset, int64_t count) {
+  if (t_ == 0 || offset < 0 || count < 0 || offset + count > n_)
+    throw std::logic_error("Optimizer::update: a slice outside the buffer, or no begin_step()");
+  T* p = params + offset;
+  const T* g = grads + offset;
+  T* m = m_.empty() ? nullptr : m_.data() + offset;
   if (config_.kind == "adamw") {
-    cpu::adamw_update(params, grads, m_.data(), v_.data(), n_, config_.lr, config_.beta1, config_.beta2, config_.eps,
+    cpu::adamw_update(p, g, m, v_.data() + offset, count, config_.lr, config_.beta1, config_.beta2, config_.eps,
                       config_.weight_decay, t_);
   } else {
-    cpu::sgd_update(params, grads, m_.data(), n_, config_.lr, config_.momentum, config_.weight_decay);
+    cpu::sgd_update(p, g, m, count, config_.lr, config_.momentum, config_.weight_decay);
   }
 }
 

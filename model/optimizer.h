@@ -19,7 +19,15 @@ class Optimizer {
  public:
   Optimizer(const OptimizerConfig& config, int64_t flat_size);
   // One update of params from grads (both flat, flat_size long). Counts steps from 1.
-  void step(T* params, const T* grads);
+  void step(T* params, const T* grads) {
+    begin_step();
+    update(params, grads, 0, n_);
+  }
+  // The same update in parts (--optimizer-in-backward: bucket by bucket as backward releases them): begin_step()
+  // once, then update() over disjoint slices [offset, offset + count) that together cover the buffer, in any order,
+  // one call at a time. The element-wise rule makes the parts bitwise equal to step().
+  void begin_step() { ++t_; }
+  void update(T* params, const T* grads, int64_t offset, int64_t count);
   int steps_taken() const { return t_; }
   const OptimizerConfig& config() const { return config_; }
 

@@ -35,7 +35,11 @@ struct GradPiece {
   int64_t first_row = 0;    // for a weight: the rows [first_row, first_row + numel / in_features)
 };
 
-// Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final.
+// Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final. The models
+// keep one more promise, which lets --optimizer-in-backward update parameters while backward runs: once backward
+// announces a piece of one parameter, it no longer reads the parameters of the pieces it announced before that
+// parameter's first (a layer reads its weight for its input gradient after announcing the weight's gradient, and
+// before announcing any piece of the next).
 using GradReadyHook = std::function<void(int piece)>;
 
 // Every parameter starts on a 64-byte boundary of the flat buffers (16 floats): cuBLASLt's tensor-core kernels need

@@ -23,6 +23,15 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
   }
   reducer_ = std::make_unique<Reducer>(*comm_, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap},
                                        numel, offset, workload_->flat_grads());
+  if (config.optimizer_in_backward == "on") {
+    update_gates_ = std::make_unique<std::atomic<int>[]>(workload_->grad_pieces().size());
+    optimizer_thread_ = std::make_unique<WorkerThread>("optimizer thread");
+    reducer_->set_on_reduced([this](int bucket, bool finite) {
+      if (!finite) return;  // its pieces stay as they were: the step stops
+      const Bucket& b = reducer_->buckets()[bucket];
+      for (int piece = b.first_piece; piece <= b.last_piece; ++piece) open_update_gate(piece);
+    });
+  }
   if (config.extra_allreduce_mb > 0) {
     extra_comm_ = std::make_unique<Communicator>(comm, comm_->options());
     extra_buffer_.assign(static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float)), 0.0f);
@@ -49,16 +58,45 @@ void CpuBackend::start_gradients(int micro_batches) {
   reducer_->begin_step(t0_ms_, 1.0f / static_cast<float>(world_ * micro_batches),
                        static_cast<float>(workload_->weight()));
   workload_->discard_grad();
+  if (optimizer_thread_) {
+    optimizer_.begin_step();  // the updates of this step's buckets share its step count
+    for (size_t k = 0; k < workload_->grad_pieces().size(); ++k) update_gates_[k].store(2, std::memory_order_relaxed);
+    released_pieces_ = 0;
+  }
 }
 
 void CpuBackend::forward(int micro) { losses_.at(micro) = workload_->forward(); }
 
 void CpuBackend::backward(int, bool sync, const GradReadyHook& before_ready) {
   reducer_->set_sync(sync);  // no_sync for all but the last micro-batch
+  const bool update_in_backward = sync && optimizer_thread_;
   workload_->backward([&](int piece) {
     if (before_ready) before_ready(piece);
+    if (update_in_backward) release_before(piece);
     reducer_->mark_ready(piece);
   });
+  if (update_in_backward) release_before(static_cast<int>(workload_->grad_pieces().size()));
+}
+
+void CpuBackend::release_before(int piece) {
+  const std::vector<GradPiece>& pieces = workload_->grad_pieces();
+  int first_of_param = piece;  // backward may still read the parameter of `piece`: its pieces are not released
+  if (piece < static_cast<int>(pieces.size()))
+    while (first_of_param > 0 && pieces[first_of_param - 1].param == pieces[piece].param) --first_of_param;
+  while (released_pieces_ < first_of_param) open_update_gate(released_pieces_++);
+}
+
+void CpuBackend::open_update_gate(int piece) {
+  if (update_gates_[piece].fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // the other condition is missing
+  optimizer_thread_->submit([this, piece] {
+    const GradPiece& g = workload_->grad_pieces()[piece];
+    optimizer_.update(workload_->flat_params(), workload_->flat_grads(), g.offset, g.numel);
+  });
+}
+
+void CpuBackend::optimizer_step() {
+  if (!optimizer_thread_) return optimizer_.step(workload_->flat_params(), workload_->flat_grads());
+  optimizer_thread_->wait_all();  // the pieces released last; the others were updated while backward ran
 }
 
 // The name of the first gradient piece of the first non-finite bucket holding a NaN or Inf.

@@ -1,13 +1,25 @@
 // The step on the CPU: the model (a Workload) on the host, its gradient buckets all-reduced by the Reducer on a
 // communication thread while backward runs (our ring over shared memory or MPI, or MPI_Allreduce), the optimizer
 // over the flat buffers. Marks are host clock readings.
+//
+// --optimizer-in-backward on (PyTorch's "optimizer in backward"): each gradient piece's parameters are updated on an
+// optimizer thread as soon as two things are true: its bucket is reduced (the Reducer's hook, on whichever thread
+// finished it) and backward no longer reads them (GradReadyHook's promise, tracked on the main thread). Pieces, not
+// buckets: at world size 1 a bucket is "reduced" when complete, and the default 25 MiB bucket completes only near
+// backward's end. The updates run beside the rest of backward and the other buckets' all-reduces, on a core the
+// BLAS threads leave idle; optimizer_step() only waits for the last pieces. The parameters are bitwise those of the
+// update after backward (Optimizer::update; the alignment gaps between pieces stay zero either way). A bucket whose
+// gradients are not finite is not updated, and the step stops (so --skip-nonfinite, which must be able to skip the
+// whole update, is refused with it).
 #pragma once
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/reducer.h"
+#include "comm/worker_thread.h"
 #include "model/optimizer.h"
 #include "train/step_backend.h"
 #include "train/train_config.h"
@@ -37,8 +49,10 @@ class CpuBackend final : public StepBackend {
   double loss(int micro) override { return losses_.at(micro); }
   void finish_reduction() override { reducer_->wait_all(); }
   std::string first_nonfinite_gradient() override;
-  void optimizer_step() override { optimizer_.step(workload_->flat_params(), workload_->flat_grads()); }
-  void synchronize() override {}
+  void optimizer_step() override;
+  void synchronize() override {
+    if (optimizer_thread_) optimizer_thread_->wait_all();
+  }
 
   int mark() override;
   double mark_ms(int mark) const override { return marks_.at(mark) - origin_ms_; }
@@ -53,12 +67,22 @@ class CpuBackend final : public StepBackend {
   Workload& workload() { return *workload_; }
 
  private:
+  // --optimizer-in-backward: backward has announced `piece`, so it is done with the parameters before that piece's
+  // parameter (all of them when piece is the number of pieces).
+  void release_before(int piece);
+  void open_update_gate(int piece);
+
   TrainConfig config_;
   int world_ = 1;
   std::unique_ptr<Communicator> comm_;  // the Reducer's
   RegisteredBuffer grads_memory_;        // the workload's flat gradients: host peers read them in place
   std::unique_ptr<Workload> workload_;
   Optimizer<float> optimizer_;
+  // --optimizer-in-backward: per gradient piece, the conditions still missing before its update (reduced,
+  // released), counted down from both threads; the pieces backward has released so far; the updates' thread.
+  std::unique_ptr<std::atomic<int>[]> update_gates_;
+  int released_pieces_ = 0;
+  std::unique_ptr<WorkerThread> optimizer_thread_;  // before reducer_: its comm thread, which submits, stops first
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<Communicator> extra_comm_;  // its own communicator: never interleaves with the Reducer's
   std::vector<float> extra_buffer_;

@@ -48,7 +48,10 @@ struct TrainConfig {
   int ranks_per_node = 0;           // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
   double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
   double link_gbps = -1;
-  int blas_threads = 0;     // OpenBLAS threads per rank; 0: auto (launcher/run.h, auto_blas_threads)
+  int blas_threads = 0;     // OpenBLAS threads per rank; 0: auto (launcher/run.h, cores_for_rank)
+  // The optimizer's update bucket by bucket on a thread of its own, while backward runs (train/cpu_backend.h):
+  // on | off | auto (on when this rank has a core its BLAS threads leave idle; stored resolved).
+  std::string optimizer_in_backward = "auto";
   // Input pipeline.
   double data_cost_ms = 0;  // host cost per sample (a sleep, like I/O latency)
   int loader_threads = 0;   // 0: batches are produced in the training thread when needed
@@ -155,6 +158,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"rank0_work_ms", c.rank0_work_ms},
       {"barrier_every", c.barrier_every},
       {"threads", c.blas_threads},
+      {"optimizer_in_backward", c.optimizer_in_backward},
       {"timeout_s", c.timeout_s},
       {"flush_every", c.flush_every},
       {"check_sync", c.check_sync},

@@ -79,6 +79,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
   backend_->finish_reduction();
   const std::string nonfinite = agreement_.finish([this] { return backend_->first_nonfinite_gradient(); });
   const int optimizer_start = backend_->mark();
+  if (!nonfinite.empty()) backend_->synchronize();  // nothing of this step runs on past a stop (updates in backward)
   const bool skip = skip_nonfinite_step(config_, nonfinite, step);
   r.skipped = skip ? 1 : 0;
   if (!skip) backend_->optimizer_step();

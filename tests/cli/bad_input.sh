@@ -38,6 +38,7 @@ expect_error() {
 }
 
 small=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 2)
+cuda=(--device cuda --comm nccl)
 for np in 1 2; do
   expect_error $np "--no-such-flag" train --no-such-flag
   expect_error $np "--batch must be at least 1 (got 0)" train --batch 0
@@ -61,8 +62,12 @@ for np in 1 2; do
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
   expect_error $np "--precision bf16 needs --device cuda" train "${small[@]}" --precision bf16
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
+  expect_error $np "--optimizer-in-backward: maybe not in {auto,on,off}" train "${small[@]}" --optimizer-in-backward maybe
+  expect_error $np "--optimizer-in-backward on and --skip-nonfinite exclude each other" train "${small[@]}" \
+    --optimizer-in-backward on --skip-nonfinite
+  expect_error $np "--optimizer-in-backward on needs --device cpu" train "${small[@]}" "${cuda[@]}" \
+    --optimizer-in-backward on
   # What the GPU path does not support is refused before any device is touched, with or without a GPU.
-  cuda=(--device cuda --comm nccl)
   expect_error $np "--device cuda: reduces gradients with NCCL or our ring" train "${small[@]}" --device cuda --comm mpi
   expect_error $np "--device cuda: --ring-link needs --comm ring" train "${small[@]}" "${cuda[@]}" --ring-link ipc
   expect_error $np "--ring-link needs --device cuda" train "${small[@]}" --ring-link host

@@ -152,6 +152,59 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   EXPECT_GT(moved, 1e-4);
 }
 
+// --optimizer-in-backward updates each bucket while backward still runs, as soon as backward no longer reads its
+// parameters (GradReadyHook's promise). The parameters must be bitwise those of the update after backward, step after
+// step: an update that came before a layer's input gradient read its weight would change every gradient below it.
+// Small buckets and row-block pieces put the bucket edges inside layers and weights; accumulation and overlap off
+// change when the buckets are reduced.
+struct InBackwardCase {
+  const char* model;
+  double grad_slice_mb;
+  int grad_accum;
+  bool overlap;
+};
+
+class OptimizerInBackward : public testing::TestWithParam<InBackwardCase> {};
+
+TEST_P(OptimizerInBackward, GivesTheParametersOfTheUpdateAfterBackwardBitwise) {
+  const auto [model, grad_slice_mb, grad_accum, overlap] = GetParam();
+  TrainConfig after;
+  after.model = model;
+  after.mlp = MlpConfig{256, 512, 2, 10};  // GEMMs long enough for the optimizer thread to run beside them
+  after.batch = 16;
+  after.min_len = 4;
+  after.max_len = 24;
+  after.steps = 4;
+  after.bucket_mb = 0.25;
+  after.first_bucket_mb = 0.1;
+  after.grad_slice_mb = grad_slice_mb;
+  after.grad_accum = grad_accum;
+  after.overlap = overlap;
+  after.optimizer_in_backward = "off";
+  TrainConfig inside = after;
+  inside.optimizer_in_backward = "on";
+  Trainer reference(after, MPI_COMM_WORLD), tested(inside, MPI_COMM_WORLD);
+  const std::vector<float> init = reference.parameters();
+  ASSERT_EQ(init, tested.parameters());
+  for (int step = 0; step < after.steps; ++step) {
+    EXPECT_EQ(reference.step(step, 0).loss, tested.step(step, 0).loss) << "step " << step;
+    ASSERT_EQ(reference.parameters(), tested.parameters()) << "parameters after step " << step;
+  }
+  const std::vector<float> trained = tested.parameters();
+  ASSERT_TRUE(identical_across_ranks(trained.data(), static_cast<int64_t>(trained.size())));
+  EXPECT_NE(trained, init) << "training must have moved the parameters";
+}
+
+INSTANTIATE_TEST_SUITE_P(ModelsSlicesAccumulationOverlap, OptimizerInBackward,
+                         testing::Values(InBackwardCase{"mlp", 0, 1, true}, InBackwardCase{"mlp", 0.1, 1, true},
+                                         InBackwardCase{"mlp", 0.1, 2, false}, InBackwardCase{"tiny", 0, 1, true},
+                                         InBackwardCase{"tiny", 0.02, 2, true}),
+                         [](const testing::TestParamInfo<InBackwardCase>& info) {
+                           return std::string(info.param.model) + (info.param.grad_slice_mb > 0 ? "_sliced" : "") +
+                                  "_accum" + std::to_string(info.param.grad_accum) +
+                                  (info.param.overlap ? "" : "_overlap_off");
+                         });
+
 INSTANTIATE_TEST_SUITE_P(HeadsBatchingsAccumulation, TransformerDdpEquivalence,
                          testing::Values(TokenCase{"classify", "sample", 1}, TokenCase{"classify", "bucket", 1},
                                          TokenCase{"lm", "sample", 1}, TokenCase{"lm", "bucket", 1},

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -50,6 +51,40 @@ TEST(Optimizer, SgdWithMomentumMatchesOp) {
     cpu::sgd_update(ref.data(), g.data(), buf.data(), 2, c.lr, c.momentum, c.weight_decay);
   }
   EXPECT_EQ(p, ref);
+}
+
+// --optimizer-in-backward updates bucket by bucket: slices of odd lengths at odd offsets (the vector loop's tails
+// and heads), in a shuffled order, must give the bits of the whole-buffer step, for AdamW and SGD with momentum.
+TEST(Optimizer, UpdateInSlicesEqualsTheWholeStepBitwise) {
+  for (const char* kind : {"adamw", "sgd"}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    c.momentum = 0.9f;
+    constexpr int n = 1000;
+    std::vector<float> whole(n), sliced(n), g(n);
+    for (int i = 0; i < n; ++i) whole[i] = sliced[i] = 0.01f * static_cast<float>((i * 37) % 101 - 50);
+    Optimizer<float> a(c, n), b(c, n);
+    const std::vector<std::pair<int64_t, int64_t>> slices = {{613, 387}, {0, 1}, {100, 513}, {1, 99}};
+    for (int t = 1; t <= 3; ++t) {
+      for (int i = 0; i < n; ++i) g[i] = 0.001f * static_cast<float>((i * 53 + t * 7) % 97 - 48);
+      a.step(whole.data(), g.data());
+      b.begin_step();
+      for (const auto& [offset, count] : slices) b.update(sliced.data(), g.data(), offset, count);
+      ASSERT_EQ(whole, sliced) << kind << " step " << t;
+      EXPECT_EQ(a.first_moment(), b.first_moment()) << kind;
+      EXPECT_EQ(a.second_moment(), b.second_moment()) << kind;
+    }
+  }
+}
+
+TEST(Optimizer, UpdateRefusesASliceOutsideTheBufferOrBeforeBeginStep) {
+  std::vector<float> p(8), g(8);
+  Optimizer<float> opt(OptimizerConfig{}, 8);
+  EXPECT_THROW(opt.update(p.data(), g.data(), 0, 8), std::logic_error);  // no begin_step(): t would be 0
+  opt.begin_step();
+  EXPECT_THROW(opt.update(p.data(), g.data(), 4, 5), std::logic_error);
+  EXPECT_THROW(opt.update(p.data(), g.data(), -1, 2), std::logic_error);
+  EXPECT_NO_THROW(opt.update(p.data(), g.data(), 4, 4));
 }
 
 TEST(Optimizer, PlainSgdStep) {
