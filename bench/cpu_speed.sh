@@ -80,8 +80,10 @@ section "3. ws=1 step vs its GEMMs alone, 1 thread (bench_step)"
 "$build/bench/bench_step" --steps 100
 
 section "4. ws=2 vs ws=1, one thread per rank, 300 steps each (ddplab train, ddplab report)"
-"$build/launcher/ddplab" train --quiet --threads 1 --steps 300 --out "$work/ws1.h5"
-scripts/mpirun.sh -np 2 "$build/launcher/ddplab" train --quiet --threads 1 --steps 300 --out "$work/ws2.h5"
+# One core per rank: ws=1's update stays after backward (auto would put it on the core ws=2's second rank takes).
+one_core=(--threads 1 --optimizer-in-backward off)
+"$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --out "$work/ws1.h5"
+scripts/mpirun.sh -np 2 "$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --out "$work/ws2.h5"
 "$build/launcher/ddplab" report "$work/ws1.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
 "$build/launcher/ddplab" report "$work/ws2.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
 /usr/bin/python3 - "$work" <<'EOF'

@@ -2,8 +2,9 @@
 """ddplab vs PyTorch DDP (gloo) on this machine, same MLP, batch per rank and optimizer, two ways:
 
   one      both sides at one thread per rank: OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1 for both, ddplab
-           --threads 1, torch.set_num_threads(1) (Debian's torch runs its GEMMs on OpenBLAS's own pool, which
-           set_num_threads alone does not reach)
+           --threads 1 --optimizer-in-backward off (its update stays on the rank's one core),
+           torch.set_num_threads(1) (Debian's torch runs its GEMMs on OpenBLAS's own pool, which set_num_threads
+           alone does not reach)
   default  both sides as a user runs them: neither variable set, ddplab's --threads auto, torch's own default
 
 Runs are interleaved (ddplab, torch, ddplab, torch, ...) so that both see the same machine load; the table
@@ -37,7 +38,8 @@ def environment(way):
 
 def ddplab_rate(build, np_ranks, steps, out, way):
     cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", str(np_ranks), os.path.join(build, "launcher", "ddplab"),
-           "train", "--quiet", "--steps", str(steps), "--threads", "1" if way == "one" else "auto", "--out", out]
+           "train", "--quiet", "--steps", str(steps), "--out", out]
+    cmd += ["--threads", "1", "--optimizer-in-backward", "off"] if way == "one" else ["--threads", "auto"]
     subprocess.run(cmd, check=True, env=environment(way))
     with h5py.File(out, "r") as f:
         rate = json.loads(f.attrs["summary"])["samples_per_s"]
