@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread (OpenBLAS core %s), medians of %d\n",
-              config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes,
-              batch, openblas_get_corename(), steps);
+              config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes, batch,
+              openblas_get_corename(), steps);
   std::printf("%-34s %9.3f ms  (forward %.3f, backward %.3f)\n", "GEMMs alone (same shapes, calls)",
               median(gemm_forward_ms) + median(gemm_backward_ms), median(gemm_forward_ms), median(gemm_backward_ms));
   for (const Series& x : series) {

@@ -23,7 +23,7 @@ class Optimizer {
     begin_step();
     update(params, grads, 0, n_);
   }
-  // The same update in parts (--optimizer-in-backward: bucket by bucket as backward releases them): begin_step()
+  // The same update in parts (--optimizer-in-backward: piece by piece as backward releases them): begin_step()
   // once, then update() over disjoint slices [offset, offset + count) that together cover the buffer, in any order,
   // one call at a time. The element-wise rule makes the parts bitwise equal to step().
   void begin_step() { ++t_; }

@@ -48,8 +48,8 @@ struct TrainConfig {
   int ranks_per_node = 0;           // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
   double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
   double link_gbps = -1;
-  int blas_threads = 0;     // OpenBLAS threads per rank; 0: auto (launcher/run.h, cores_for_rank)
-  // The optimizer's update bucket by bucket on a thread of its own, while backward runs (train/cpu_backend.h):
+  int blas_threads = 0;  // OpenBLAS threads per rank; 0: auto (launcher/run.h, cores_for_rank)
+  // The optimizer's update piece by piece on a thread of its own, while backward runs (train/cpu_backend.h):
   // on | off | auto (on when this rank has a core its BLAS threads leave idle; stored resolved).
   std::string optimizer_in_backward = "auto";
   // Input pipeline.
