@@ -59,7 +59,7 @@ void CpuBackend::start_gradients(int micro_batches) {
                        static_cast<float>(workload_->weight()));
   workload_->discard_grad();
   if (optimizer_thread_) {
-    optimizer_.begin_step();  // the updates of this step's buckets share its step count
+    optimizer_.begin_step();  // the updates of this step's pieces share its step count
     for (size_t k = 0; k < workload_->grad_pieces().size(); ++k) update_gates_[k].store(2, std::memory_order_relaxed);
     released_pieces_ = 0;
   }
