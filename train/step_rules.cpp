@@ -60,8 +60,10 @@ void inject_fault_before(const TrainConfig& config, int rank, int step) {
 bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step) {
   if (what.empty()) return false;
   if (!config.skip_nonfinite)
-    throw TrainingStopped("non-finite " + what + " at step " + std::to_string(step) +
-                          "; stopped before the update (--skip-nonfinite skips such steps instead)");
+    throw TrainingStopped("non-finite " + what + " at step " + std::to_string(step) + "; stopped " +
+                          (config.optimizer_in_backward == "on"
+                               ? "with the finite buckets already updated in backward (--optimizer-in-backward)"
+                               : "before the update (--skip-nonfinite skips such steps instead)"));
   return true;
 }
 

@@ -81,6 +81,13 @@ def main():
         check("non-finite gradient fc2.bias at step 4" in j.out, "nan: names the tensor and the step")
         n, reason, loss, _ = steps_in(out("nan.h5"))
         check(n == 4 and "non-finite" in reason and np.isfinite(loss).all(), f"nan: run file keeps steps 0-3 ({n})")
+        # The same with the update in backward: the step still stops there, and says the finite buckets moved.
+        j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
+                                    "--optimizer-in-backward", "on", "--out", out("nan_in_backward.h5")]).run()
+        check(j.code == 4 and "non-finite gradient fc2.bias at step 4; stopped with the finite buckets already "
+              "updated in backward" in j.out, f"nan, update in backward: stops and says so (code {j.code})")
+        n, _, _, _ = steps_in(out("nan_in_backward.h5"))
+        check(n == 4, f"nan, update in backward: run file keeps steps 0-3 ({n})")
         j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
                                     "--skip-nonfinite", "--out", out("skip.h5")]).run()
         n, reason, loss, skipped = steps_in(out("skip.h5"))
