@@ -66,12 +66,11 @@ for (impl, size, mode), runs_calls in sorted(calls.items()):
     total = sum(len(c) for c in runs_calls)
     print(f"{size >> 20:>6}Mi {mode:>12} {statistics.median(p50):>11.0f} "
           f"{statistics.median(p50) / max(p50):>19.2f} {stalls:>9} of {total}")
-for i in sorted(slow_runs)[:3]:
-    print(f"-- run {i}'s per-rank diagnosis:")
+fast = [i for i in range(1, runs + 1) if i not in slow_runs][:1]
+for i, what in [(i, "slow") for i in sorted(slow_runs)[:3]] + [(i, "fast") for i in fast]:
+    print(f"-- run {i}'s per-rank diagnosis ({what}):")
     print("".join(l for l in open(f"{work}/ring{i}.txt") if l.startswith(("#  rank", "#    "))), end="")
 EOF
-echo "-- a fast run's per-rank diagnosis (run 1):"
-grep -E '^#  rank|^#    ' "$work/ring1.txt" || true
 
 section "2. CPU ops vs the memory floor, 1 thread (bench_cpu_ops)"
 "$build/bench/bench_cpu_ops" --repeats 50
