@@ -801,9 +801,8 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const double alone = allreduce_ms(bytes, setting, small, costs);
-    const double cpu =
-        m.comm_cpu ? m.comm_cpu->ms(allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes)) : 0;
-    cost.push_back({alone, cpu, allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes).message_steps});
+    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes);
+    cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
     if (nodes > 1 && setting.impl != AllreduceImpl::kHier) {  // the slower class sets each step's pace
