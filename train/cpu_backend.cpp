@@ -40,11 +40,12 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
 
 CpuBackend::~CpuBackend() = default;
 
-void CpuBackend::begin_step(int64_t, double t0_ms) {
+double CpuBackend::begin_step(int64_t, double t0_ms) {
   t0_ms_ = t0_ms;
   marks_.clear();
   losses_.assign(config_.grad_accum, 0.0);
   origin_ms_ = now_ms();
+  return origin_ms_;
 }
 
 int CpuBackend::mark() {

@@ -41,7 +41,7 @@ class CpuBackend final : public StepBackend {
   std::string describe() const override { return workload_->describe(); }
   std::string transport() const override { return comm_->transport_name(); }
 
-  void begin_step(int64_t step, double t0_ms) override;
+  double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override { return workload_->load(step, micro); }
   void start_gradients(int micro_batches) override;
   void forward(int micro) override;

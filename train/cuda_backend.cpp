@@ -171,7 +171,7 @@ std::string CudaBackend::first_nonfinite_gradient() {
   return "gradient bucket " + std::to_string(bucket);
 }
 
-void CudaBackend::begin_step(int64_t step, double t0_ms) {
+double CudaBackend::begin_step(int64_t step, double t0_ms) {
   // --profile-steps A:B: `ncu --profile-from-start off` / `nsys --capture-range=cudaProfilerApi` see steps A..B
   // only, the steady state, not start-up.
   if (step == profile_steps_.first) cudaCheck(cudaProfilerStart());
@@ -183,6 +183,7 @@ void CudaBackend::begin_step(int64_t step, double t0_ms) {
   engine_->begin_step();
   marks_.clear();
   mark();
+  return t0_ms + start_ms_;
 }
 
 void CudaBackend::end_step(int64_t step) {

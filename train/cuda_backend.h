@@ -40,7 +40,7 @@ class CudaBackend final : public StepBackend {
   std::string describe() const override;
   std::string transport() const override { return engine_->name(); }
 
-  void begin_step(int64_t step, double t0_ms) override;
+  double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override;
   void start_gradients(int micro_batches) override;
   void forward(int micro) override { workload_->forward(slot_, micro); }

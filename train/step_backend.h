@@ -36,8 +36,9 @@ class StepBackend {
   virtual std::string transport() const = 0;
 
   // ---- one step ---------------------------------------------------------------------------------------------------
-  // The step's timing origin; t0_ms is the run's clock zero (bucket times are reported on it).
-  virtual void begin_step(int64_t step, double t0_ms) = 0;
+  // The step's timing origin; t0_ms is the run's clock zero (bucket times are reported on it). Returns the host
+  // clock reading the marks count from: the step's start, so that host readings and marks share one origin.
+  virtual double begin_step(int64_t step, double t0_ms) = 0;
   // The data phase of micro-batch `micro`: what the rank's batch holds (a backend that stages a step's batches at
   // once reports them with micro 0).
   virtual BatchStats load(int64_t step, int micro) = 0;

@@ -48,8 +48,9 @@ StepRecord Trainer::step(int step, double t0_ms) {
   const bool on_fault_rank = step == config_.fault_step && rank_ == config_.fault_rank;
   const int micro_batches = config_.grad_accum;
   StepClock clock;
-  clock.start = now_ms();
-  backend_->begin_step(step, t0_ms);
+  // One reading for the step's start and its marks' origin: two (a start, then the origin a moment later) put the
+  // phases' sums a moment before the bucket times, and a preemption between them made that milliseconds.
+  clock.start = backend_->begin_step(step, t0_ms);
   std::vector<int> data_end, forward_end, backward_end;
   bool loss_finite = true;
   for (int m = 0; m < micro_batches; ++m) {
