@@ -3,7 +3,7 @@
 // backward and in backward (--optimizer-in-backward), and after each pair of steps the same eight GEMMs (forward 3,
 // weight gradients 3, input gradients 2: the first layer's input needs none) on buffers of the same shapes through
 // the same cpu:: calls. Prints medians of each, of their ratios, and the steps' parts.
-//   bench_step [--steps 40] [--batch 128]
+//   bench_step [--steps 40] [--batch 128] [--grad-slice-mb auto] [--loader-threads 0]
 #include <cblas.h>
 #include <mpi.h>
 
@@ -69,17 +69,27 @@ class GemmsAlone {
 
 int main(int argc, char** argv) {
   int steps = 40, batch = 128;
+  double grad_slice_mb = kAutoGradSliceMb;
+  int loader_threads = 0;
   CLI::App app{"the ws=1 training step of the default MLP against its GEMMs alone (one thread)"};
   app.add_option("--steps", steps, "timed steps (after 5 untimed)")
       ->capture_default_str()
       ->check(CLI::Range(3, 100000));
   app.add_option("--batch", batch, "rows per batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--grad-slice-mb", grad_slice_mb,
+                 "the steps' --grad-slice-mb (default: what auto picks for each; the GEMMs alone keep whole weights)")
+      ->check(CLI::Range(0.0, 1024.0));
+  app.add_option("--loader-threads", loader_threads, "the steps' --loader-threads (0: batches made in the step)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 8));
   if (const auto code = bench::parse_command_line(app, argc, argv, "bench_step")) return *code;
   MPI_Init(&argc, &argv);
   openblas_set_num_threads(1);
   TrainConfig config;  // the defaults: MLP 1024-1024x2-1000, AdamW, ring (no peer at ws=1)
   config.batch = batch;
   config.blas_threads = 1;
+  config.grad_slice_mb = grad_slice_mb;
+  config.loader_threads = loader_threads;
   config.steps = steps + 5;
 
   // The step with the update after backward, the step with the update in backward (on the core the one BLAS
@@ -88,12 +98,14 @@ int main(int argc, char** argv) {
   struct Series {
     explicit Series(const char* n) : name(n) {}
     const char* name;
+    TrainConfig config;
     std::vector<double> step_ms, ratio, data_ms, forward_ms, backward_ms, exposed_ms, optimizer_ms;
   };
   Series series[2] = {Series("update after backward"), Series("update in backward")};
   std::vector<std::unique_ptr<Trainer>> trainers;
-  for (const char* where : {"off", "on"}) {
-    config.optimizer_in_backward = where;
+  for (int k = 0; k < 2; ++k) {
+    config.optimizer_in_backward = k == 0 ? "off" : "on";
+    series[k].config = config;
     trainers.push_back(std::make_unique<Trainer>(config, MPI_COMM_SELF));
   }
   std::vector<double> gemm_forward_ms, gemm_backward_ms;
@@ -115,14 +127,17 @@ int main(int argc, char** argv) {
       series[k].optimizer_ms.push_back(r[k].optimizer_ms);
     }
   }
-  std::printf("# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread (OpenBLAS core %s), medians of %d\n",
-              config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes, batch,
-              openblas_get_corename(), steps);
+  std::printf(
+      "# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread (OpenBLAS core %s), %d loader threads, medians of "
+      "%d\n",
+      config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes, batch,
+      openblas_get_corename(), loader_threads, steps);
   std::printf("%-34s %9.3f ms  (forward %.3f, backward %.3f)\n", "GEMMs alone (same shapes, calls)",
               median(gemm_forward_ms) + median(gemm_backward_ms), median(gemm_forward_ms), median(gemm_backward_ms));
   for (const Series& x : series) {
     std::printf("step, %-28s %9.3f ms  step / GEMMs %.3f (median of the triples' ratios; target <= 1.08)\n", x.name,
                 median(x.step_ms), median(x.ratio));
+    std::printf("  --grad-slice-mb %g\n", resolved_grad_slice_mb(x.config));
     std::printf("  parts (ms): data %.3f  forward %.3f  backward %.3f  exposed comm %.3f  optimizer %.3f\n",
                 median(x.data_ms), median(x.forward_ms), median(x.backward_ms), median(x.exposed_ms),
                 median(x.optimizer_ms));

@@ -101,6 +101,8 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
       config_(config),
       buckets_(assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0)),
       bucket_of_piece_(numel.size()),
+      piece_numel_(numel),
+      piece_offset_(offset),
       flat_grads_(flat_grads),
       pending_(buckets_.size()),
       times_(buckets_.size()),
@@ -124,12 +126,15 @@ void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) 
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
   next_launch_ = 0;
   std::fill(times_.begin(), times_.end(), BucketTimes{});
+  std::fill(nonfinite_.begin(), nonfinite_.end(), 0);
+  last_finish_ticket_ = 0;
 }
 
 void Reducer::mark_ready(int piece) {
   if (!sync_) return;
   const int b = bucket_of_piece_.at(piece);
   if (pending_[b] <= 0) throw std::logic_error("Reducer: gradient piece " + std::to_string(piece) + " marked ready twice");
+  if (!comm_thread_ && config_.overlap) finish_alone(piece);
   if (--pending_[b] > 0) return;
   times_[b].ready_ms = now_ms() - origin_ms_;
   if (!config_.overlap) return;
@@ -138,21 +143,30 @@ void Reducer::mark_ready(int piece) {
 }
 
 void Reducer::launch(int bucket) {
-  if (!comm_thread_) return finish_alone(bucket);
-  comm_thread_->submit([this, bucket] { reduce(bucket); });
-}
-
-void Reducer::finish_alone(int bucket) {
+  if (comm_thread_) {
+    comm_thread_->submit([this, bucket] { reduce(bucket); });
+    return;
+  }
   // The sum over one rank is its own gradients: no copy, no wait, zero comm time at the moment it would have started.
-  // Only the mean's factor is left, 1 unless micro-batches or batch weights make it otherwise.
   times_[bucket].comm_start_ms = times_[bucket].comm_end_ms = now_ms() - origin_ms_;
   times_[bucket].comm_cpu_ms = 0;
-  const Bucket& b = buckets_[bucket];
-  float* grads = flat_grads_ + b.offset;
-  // Scaled and checked in one pass, here on the main thread while backward's last writes are in cache: a NaN still
-  // stops the step.
-  nonfinite_[bucket] = !cpu::scale_and_check_finite(grads, local_scale_ * grad_scale_, b.count);
-  if (on_reduced_) on_reduced_(bucket, !nonfinite_[bucket]);
+  if (!config_.overlap)  // its pieces were not finished as they became final
+    for (int piece = buckets_[bucket].first_piece; piece <= buckets_[bucket].last_piece; ++piece) finish_alone(piece);
+}
+
+void Reducer::finish_alone(int piece) {
+  // Only the mean's factor is left, 1 unless micro-batches or batch weights make it otherwise, and the check: scaled
+  // and checked in one pass while backward's last writes are in cache. A NaN still stops the step.
+  auto finish = [this, piece, scale = local_scale_ * grad_scale_] {
+    const bool finite = cpu::scale_and_check_finite(flat_grads_ + piece_offset_[piece], scale, piece_numel_[piece]);
+    if (!finite) nonfinite_[bucket_of_piece_[piece]] = 1;
+    if (on_reduced_) on_reduced_(piece, piece, finite);
+  };
+  // The last piece on the caller's thread: backward is over, and a hand-off would only add a wake-up to the step.
+  if (alone_finisher_ && piece + 1 < static_cast<int>(piece_numel_.size()))
+    last_finish_ticket_ = alone_finisher_->submit(std::move(finish));
+  else
+    finish();
 }
 
 void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
@@ -168,7 +182,10 @@ void Reducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
   require_all_ready(pending_, buckets_, "Reducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
-  if (!comm_thread_) return;                         // world size 1: launching finished them
+  if (!comm_thread_) {                               // world size 1: the pieces are finished, or on the finisher
+    if (alone_finisher_) alone_finisher_->wait(last_finish_ticket_);
+    return;
+  }
   const watchdog::Wait wait("the gradient buckets' all-reduces");
   comm_thread_->wait_all();  // rethrows the comm thread's error; the program's edge aborts the job
 }
@@ -187,7 +204,7 @@ void Reducer::reduce(int b) {
   nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
   times_[b].comm_end_ms = now_ms() - origin_ms_;
   times_[b].comm_cpu_ms = thread_cpu_ms() - cpu_start;
-  if (on_reduced_) on_reduced_(b, !nonfinite_[b]);
+  if (on_reduced_) on_reduced_(bucket.first_piece, bucket.last_piece, !nonfinite_[b]);
 }
 
 }  // namespace ddplab

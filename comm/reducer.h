@@ -97,15 +97,22 @@ class Reducer {
   void mark_ready(int piece);
   // Blocks until every bucket of this step is reduced (starting them first when overlap is off). Rethrows an
   // error of the communication thread. At world size 1 there is no communication thread and no all-reduce: a
-  // bucket is final when launched, its comm time recorded as exactly zero.
+  // bucket is final when launched, its comm time recorded as exactly zero; what is left (the mean's factor and the
+  // finiteness check) is done piece by piece, as each piece becomes final (overlap off: here).
   void wait_all();
   // Timings of the last step, one entry per bucket.
   const std::vector<BucketTimes>& bucket_times() const { return times_; }
-  // Called once per bucket of a synchronizing step when its gradients are final (summed, scaled and checked), on the
-  // thread that finished them: the comm thread, or at world size 1 the caller of mark_ready/wait_all. `finite`:
-  // they hold no NaN or Inf. Set before the first step.
-  using ReducedHook = std::function<void(int bucket, bool finite)>;
+  // Called in a synchronizing step when gradient pieces [first_piece, last_piece] are final (summed, scaled and
+  // checked), on the thread that finished them: per bucket on the comm thread; at world size 1 per piece, on the
+  // finisher (below) or the caller of mark_ready/wait_all. `finite`: they hold no NaN or Inf. Set before the first
+  // step.
+  using ReducedHook = std::function<void(int first_piece, int last_piece, bool finite)>;
   void set_on_reduced(ReducedHook hook) { on_reduced_ = std::move(hook); }
+  // World size 1: the thread that finishes each piece but the last (scales and checks it) instead of the caller of
+  // mark_ready, so that the pass leaves backward's critical path (--optimizer-in-backward's thread, which then
+  // updates the piece). wait_all waits for it. Ignored at larger world sizes, where the comm thread finishes each
+  // bucket.
+  void set_alone_finisher(WorkerThread* finisher) { alone_finisher_ = finisher; }
   // After wait_all: the first bucket whose reduced gradients hold a NaN or Inf, or -1. The communication thread
   // checks each bucket right after its all-reduce, while the data is in cache and backward still runs. Every rank
   // reduces to the same values, so every rank gets the same answer.
@@ -113,13 +120,14 @@ class Reducer {
 
  private:
   void launch(int bucket);
-  void finish_alone(int bucket);  // world size 1: the bucket is done where it would have been handed over
-  void reduce(int bucket);        // on the comm thread
+  void finish_alone(int piece);  // world size 1: scales and checks the piece, on the finisher if there is one
+  void reduce(int bucket);       // on the comm thread
 
   Communicator& comm_;
   ReducerConfig config_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_piece_;
+  std::vector<int64_t> piece_numel_, piece_offset_;
   float* flat_grads_;
 
   // Main-thread state of the current step.
@@ -129,8 +137,11 @@ class Reducer {
   std::vector<int> pending_;  // per bucket: pieces not yet final
   int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;
-  std::vector<char> nonfinite_;  // per bucket, written by the communication thread before it counts the bucket done
+  // Per bucket, written by the thread that finishes it (the comm thread, or the finisher) before it counts the job done.
+  std::vector<char> nonfinite_;
   ReducedHook on_reduced_;
+  WorkerThread* alone_finisher_ = nullptr;
+  uint64_t last_finish_ticket_ = 0;  // this step's last job on alone_finisher_
 
   std::unique_ptr<WorkerThread> comm_thread_;  // world size > 1: the buckets' all-reduces, in launch order
 };

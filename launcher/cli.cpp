@@ -97,8 +97,16 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--first-bucket-mb", c.first_bucket_mb, "cap of the bucket that closes backward, MiB")
       ->capture_default_str();
   app->add_option("--grad-slice-mb", c.grad_slice_mb,
-                  "compute and announce weight gradients in row blocks of this size, MiB (0: whole weights)")
-      ->capture_default_str();
+                  "compute and announce weight gradients in row blocks of this size, MiB: N (0: whole weights) or "
+                  "auto (1 with the update in backward, else 0)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            return text == "auto" || text.rfind('-', 0) != 0 ? std::string() : std::string("must not be negative");
+          },
+          "", "NOT_NEGATIVE"))
+      ->transform(CLI::Transformer(std::map<std::string, double>{{"auto", kAutoGradSliceMb}}))
+      ->default_str("auto")
+      ->type_name("MiB|auto");
   app->add_option("--grad-accum", c.grad_accum, "micro-batches per step, gradients communicated on the last")
       ->capture_default_str();
   app->add_option("--link", c.link,
@@ -224,7 +232,7 @@ void validate(const TrainConfig& c) {
   at_least("--checkpoint-every", c.checkpoint_every, 0);
   require(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
   at_least("--fault-step", c.fault_step, 0);
-  require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && c.grad_slice_mb >= 0,
+  require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && (c.grad_slice_mb >= 0 || c.grad_slice_mb == kAutoGradSliceMb),
           "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");
   require(c.device == "cpu" || c.device == "cuda", "--device must be cpu or cuda (got '" + c.device + "')");
   try {

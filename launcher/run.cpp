@@ -319,12 +319,14 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
-  std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s\n",
+  char slices[64] = "";
+  if (config.grad_slice_mb > 0)
+    std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
+  std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s%s\n",
               config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(),
-              describe(comm_options(config).link).c_str(),
-              trainer.buckets().size(),
+              describe(comm_options(config).link).c_str(), trainer.buckets().size(),
               trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
-              config.overlap ? "on" : "off");
+              config.overlap ? "on" : "off", slices);
   std::fflush(stdout);
 }
 
@@ -450,13 +452,14 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   require(config.comm != "hier" || std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) ==
                                        static_cast<long>(node_sizes.size()),
           "--comm hier needs the same number of ranks on every node: " + topology.describe());
-  // --threads auto and --optimizer-in-backward auto: stored resolved. The update takes a core only where the BLAS
+  // --threads, --optimizer-in-backward and --grad-slice-mb auto: stored resolved. The update takes a core only where the BLAS
   // threads leave one idle; --skip-nonfinite must see every gradient before anything is updated.
   const int cores = cores_for_rank(world);
   if (config.blas_threads == 0) config.blas_threads = cores;
   if (config.optimizer_in_backward == "auto")
     config.optimizer_in_backward =
         config.device == "cpu" && !config.skip_nonfinite && cores > config.blas_threads ? "on" : "off";
+  config.grad_slice_mb = resolved_grad_slice_mb(config);
   openblas_set_num_threads(config.blas_threads);
 
   // Rank 0 owns the run file: check it can be written before spending time on training.

@@ -40,8 +40,12 @@ Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1
   const int num_linear = static_cast<int>(dims.size()) - 1;
   for (int l = 0; l < num_linear; ++l) {
     const std::string prefix = "fc" + std::to_string(l);
-    this->add_parameter(prefix + ".weight", {dims[l + 1], dims[l]});
-    this->add_parameter(prefix + ".bias", {dims[l + 1]});
+    const int weight = this->add_parameter(prefix + ".weight", {dims[l + 1], dims[l]});
+    const int bias = this->add_parameter(prefix + ".bias", {dims[l + 1]});
+    // Backward reads a weight for its input's gradient, after the weight's gradient; the network's input needs none,
+    // and no bias is read.
+    this->parameters()[weight].read_after_its_gradient = l > 0 && !getenv("DXF");
+    this->parameters()[bias].read_after_its_gradient = false;
   }
   this->lay_out();
   std::vector<Parameter<T>>& params = this->parameters();
@@ -126,6 +130,11 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
     // The weight gradient first, block by block, so each block can be communicated while the rest of backward
     // (including this layer's input gradient) runs.
     const T* x = l == 0 ? inputs_ : post_[l - 1].data();
+    static const bool dx_first = getenv("DXF") != nullptr;
+    if (dx_first && l > 0) {
+      cpu::matmul_backward_input(dnext, dout, w.data, B, dims[l], dims[l + 1]);
+      cpu::gelu_backward(dnext, pre_[l - 1].data(), dnext, static_cast<int64_t>(B) * dims[l]);
+    }
     while (piece < pieces.size() && pieces[piece].param == 2 * l) {
       const GradPiece& g = pieces[piece];
       const int64_t rows = g.numel / dims[l];
@@ -133,7 +142,8 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
                                   static_cast<int>(g.first_row + rows), accumulate);
       ready(2 * l);
     }
-    if (l > 0) {  // the network input needs no gradient
+    if (dx_first && l > 0) std::swap(dout, dnext);
+    if (!dx_first && l > 0) {  // the network input needs no gradient
       cpu::matmul_backward_input(dnext, dout, w.data, B, dims[l], dims[l + 1]);
       // Elementwise, so it may run in place: dpre = dpost * gelu'(pre).
       cpu::gelu_backward(dnext, pre_[l - 1].data(), dnext, static_cast<int64_t>(B) * dims[l]);

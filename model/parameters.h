@@ -23,6 +23,10 @@ struct Parameter {
   int64_t offset = 0;        // element offset into the flat param and grad buffers
   T* data = nullptr;
   T* grad = nullptr;
+  // Backward may read it after announcing a piece of its gradient (a weight, for its layer's input gradient). The
+  // models clear it where backward never does (a bias; the first layer's weight, whose input needs no gradient), so
+  // that --optimizer-in-backward can update each piece as soon as it is announced.
+  bool read_after_its_gradient = true;
 };
 
 // A run of the flat gradient buffer that backward finalises at once: a bias, a whole weight, or a block of rows of
@@ -36,10 +40,11 @@ struct GradPiece {
 };
 
 // Called by backward with a piece's index in grad_pieces() as soon as that piece of gradient is final. The models
-// keep one more promise, which lets --optimizer-in-backward update parameters while backward runs: once backward
+// keep two more promises, which let --optimizer-in-backward update parameters while backward runs: once backward
 // announces a piece of one parameter, it no longer reads the parameters of the pieces it announced before that
 // parameter's first (a layer reads its weight for its input gradient after announcing the weight's gradient, and
-// before announcing any piece of the next).
+// before announcing any piece of the next); and it never reads a parameter whose read_after_its_gradient is false
+// once it has announced a piece of it.
 using GradReadyHook = std::function<void(int piece)>;
 
 // Every parameter starts on a 64-byte boundary of the flat buffers (16 floats): cuBLASLt's tensor-core kernels need

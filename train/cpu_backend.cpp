@@ -15,7 +15,8 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
   world_ = comm_->size();
   grads_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
   workload_->place_grads(static_cast<float*>(grads_memory_.data()));
-  workload_->set_grad_piece_elements(static_cast<int64_t>(config.grad_slice_mb * 1048576.0 / sizeof(float)));
+  workload_->set_grad_piece_elements(
+      static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);
@@ -26,11 +27,11 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
   if (config.optimizer_in_backward == "on") {
     update_gates_ = std::make_unique<std::atomic<int>[]>(workload_->grad_pieces().size());
     optimizer_thread_ = std::make_unique<WorkerThread>("optimizer thread");
-    reducer_->set_on_reduced([this](int bucket, bool finite) {
-      if (!finite) return;  // its pieces stay as they were: the step stops
-      const Bucket& b = reducer_->buckets()[bucket];
-      for (int piece = b.first_piece; piece <= b.last_piece; ++piece) open_update_gate(piece);
+    reducer_->set_on_reduced([this](int first_piece, int last_piece, bool finite) {
+      if (!finite) return;  // they stay as they were: the step stops
+      for (int piece = first_piece; piece <= last_piece; ++piece) open_update_gate(piece);
     });
+    reducer_->set_alone_finisher(optimizer_thread_.get());  // world size 1: each piece's check, then its update
   }
   if (config.extra_allreduce_mb > 0) {
     extra_comm_ = std::make_unique<Communicator>(comm, comm_->options());
@@ -81,22 +82,34 @@ void CpuBackend::backward(int, bool sync, const GradReadyHook& before_ready) {
 
 void CpuBackend::release_before(int piece) {
   const std::vector<GradPiece>& pieces = workload_->grad_pieces();
-  int first_of_param = piece;  // backward may still read the parameter of `piece`: its pieces are not released
-  if (piece < static_cast<int>(pieces.size()))
-    while (first_of_param > 0 && pieces[first_of_param - 1].param == pieces[piece].param) --first_of_param;
-  while (released_pieces_ < first_of_param) open_update_gate(released_pieces_++);
+  int end = piece;  // the pieces before `end` are released
+  if (piece < static_cast<int>(pieces.size())) {
+    const int param = pieces[piece].param;
+    if (!workload_->parameters()[param].read_after_its_gradient)
+      end = piece + 1;  // nor is `piece` read again, nor the pieces of its parameter before it
+    else
+      while (end > 0 && pieces[end - 1].param == param) --end;  // its parameter may still be read
+  }
+  while (released_pieces_ < end) open_update_gate(released_pieces_++);
 }
 
 void CpuBackend::open_update_gate(int piece) {
   if (update_gates_[piece].fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // the other condition is missing
-  optimizer_thread_->submit([this, piece] {
-    const GradPiece& g = workload_->grad_pieces()[piece];
-    optimizer_.update(workload_->flat_params(), workload_->flat_grads(), g.offset, g.numel);
-  });
+  if (world_ == 1 && piece == last_piece()) return;  // optimizer_step() updates it
+  optimizer_thread_->submit([this, piece] { update_piece(piece); });
+}
+
+void CpuBackend::update_piece(int piece) {
+  const GradPiece& g = workload_->grad_pieces()[piece];
+  optimizer_.update(workload_->flat_params(), workload_->flat_grads(), g.offset, g.numel);
 }
 
 void CpuBackend::optimizer_step() {
   if (!optimizer_thread_) return optimizer_.step(workload_->flat_params(), workload_->flat_grads());
+  // World size 1: backward's last piece was released and finished on the main thread as backward ended
+  // (Reducer::finish_alone). The main thread updates it while the optimizer thread finishes the pieces before it,
+  // rather than waiting for that thread to wake and get to it. (A gate still closed: the piece was not finite.)
+  if (world_ == 1 && update_gates_[last_piece()].load(std::memory_order_acquire) == 0) update_piece(last_piece());
   optimizer_thread_->wait_all();  // the pieces released last; the others were updated while backward ran
 }
 

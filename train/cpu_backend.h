@@ -68,9 +68,12 @@ class CpuBackend final : public StepBackend {
 
  private:
   // --optimizer-in-backward: backward has announced `piece`, so it is done with the parameters before that piece's
-  // parameter (all of them when piece is the number of pieces).
+  // parameter (all of them when piece is the number of pieces), and with `piece` itself if its parameter is not
+  // read after its gradient.
   void release_before(int piece);
   void open_update_gate(int piece);
+  void update_piece(int piece);
+  int last_piece() const { return static_cast<int>(workload_->grad_pieces().size()) - 1; }
 
   TrainConfig config_;
   int world_ = 1;

@@ -16,6 +16,9 @@
 
 namespace ddplab {
 
+// --grad-slice-mb auto, until resolved_grad_slice_mb() resolves it.
+inline constexpr double kAutoGradSliceMb = -1;
+
 struct TrainConfig {
   std::string device = "cpu";       // cpu | cuda: one GPU per rank, NCCL all-reduce (docs/GPU.md)
   std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
@@ -42,7 +45,9 @@ struct TrainConfig {
   double bucket_mb = 25.0;          // gradient bucket cap (MiB); 0 = one bucket per parameter
   double first_bucket_mb = 1.0;     // cap of the bucket that closes backward
   bool overlap = true;              // all-reduce buckets while backward runs
-  double grad_slice_mb = 0;         // weight gradients computed and announced in row blocks of this size; 0 = whole
+  // Weight gradients computed and announced in row blocks of this size (MiB); 0 = whole weights; auto (stored
+  // resolved): see resolved_grad_slice_mb.
+  double grad_slice_mb = kAutoGradSliceMb;
   int grad_accum = 1;               // micro-batches per step; communication on the last only
   std::string link = "none";        // emulated interconnect: a preset for every hop, or "intra=P,inter=P"
   int ranks_per_node = 0;           // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
@@ -96,6 +101,14 @@ inline double decimal(float x) {
 }
 
 // The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad name or value.
+// --grad-slice-mb auto: with the update in backward, 1 MiB row blocks. The update of the layer backward ends with
+// then follows its gradient block by block, and only its last block's is left after backward (docs/ARCHITECTURE.md,
+// "The update in backward"). Otherwise whole weights, as PyTorch's autograd produces them.
+inline double resolved_grad_slice_mb(const TrainConfig& c) {
+  if (c.grad_slice_mb != kAutoGradSliceMb) return c.grad_slice_mb;
+  return c.optimizer_in_backward == "on" ? 1.0 : 0.0;
+}
+
 inline CommOptions comm_options(const TrainConfig& c) {
   CommOptions o;
   o.impl = parse_allreduce_impl(c.comm);
