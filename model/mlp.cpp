@@ -44,7 +44,7 @@ Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1
     const int bias = this->add_parameter(prefix + ".bias", {dims[l + 1]});
     // Backward reads a weight for its input's gradient, after the weight's gradient; the network's input needs none,
     // and no bias is read.
-    this->parameters()[weight].read_after_its_gradient = l > 0 && !getenv("DXF");
+    this->parameters()[weight].read_after_its_gradient = l > 0;
     this->parameters()[bias].read_after_its_gradient = false;
   }
   this->lay_out();
@@ -130,11 +130,6 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
     // The weight gradient first, block by block, so each block can be communicated while the rest of backward
     // (including this layer's input gradient) runs.
     const T* x = l == 0 ? inputs_ : post_[l - 1].data();
-    static const bool dx_first = getenv("DXF") != nullptr;
-    if (dx_first && l > 0) {
-      cpu::matmul_backward_input(dnext, dout, w.data, B, dims[l], dims[l + 1]);
-      cpu::gelu_backward(dnext, pre_[l - 1].data(), dnext, static_cast<int64_t>(B) * dims[l]);
-    }
     while (piece < pieces.size() && pieces[piece].param == 2 * l) {
       const GradPiece& g = pieces[piece];
       const int64_t rows = g.numel / dims[l];
@@ -142,8 +137,7 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
                                   static_cast<int>(g.first_row + rows), accumulate);
       ready(2 * l);
     }
-    if (dx_first && l > 0) std::swap(dout, dnext);
-    if (!dx_first && l > 0) {  // the network input needs no gradient
+    if (l > 0) {  // the network input needs no gradient
       cpu::matmul_backward_input(dnext, dout, w.data, B, dims[l], dims[l + 1]);
       // Elementwise, so it may run in place: dpre = dpost * gelu'(pre).
       cpu::gelu_backward(dnext, pre_[l - 1].data(), dnext, static_cast<int64_t>(B) * dims[l]);
