@@ -62,6 +62,8 @@ for np in 1 2; do
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
   expect_error $np "--precision bf16 needs --device cuda" train "${small[@]}" --precision bf16
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
+  expect_error $np "--grad-slice-mb: must not be negative" train "${small[@]}" --grad-slice-mb -1
+  expect_error $np "--grad-slice-mb = some" train "${small[@]}" --grad-slice-mb some
   expect_error $np "--optimizer-in-backward: maybe not in {auto,on,off}" train "${small[@]}" --optimizer-in-backward maybe
   expect_error $np "--optimizer-in-backward on and --skip-nonfinite exclude each other" train "${small[@]}" \
     --optimizer-in-backward on --skip-nonfinite

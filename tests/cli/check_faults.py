@@ -88,6 +88,15 @@ def main():
               "updated in backward" in j.out, f"nan, update in backward: stops and says so (code {j.code})")
         n, _, _, _ = steps_in(out("nan_in_backward.h5"))
         check(n == 4, f"nan, update in backward: run file keeps steps 0-3 ({n})")
+        # At one rank each piece is checked on the optimizer thread, before its update.
+        j = Job(mpirun, ddplab, 1, ["--steps", "10", "--fault", "nan", "--fault-step", "4",
+                                    "--optimizer-in-backward", "on", "--out", out("nan_in_backward_np1.h5")]).run()
+        check(j.code == 4 and "non-finite gradient fc2.bias at step 4; stopped with the finite buckets" in j.out,
+              f"nan, update in backward, np 1: stops and says so (code {j.code})")
+        with h5py.File(out("nan_in_backward_np1.h5"), "r") as f:
+            config = json.loads(f.attrs["config"])
+        check(config["grad_slice_mb"] == 1 and config["optimizer_in_backward"] == "on",
+              f"--grad-slice-mb auto is stored resolved: 1 with the update in backward (got {config['grad_slice_mb']})")
         j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
                                     "--skip-nonfinite", "--out", out("skip.h5")]).run()
         n, reason, loss, skipped = steps_in(out("skip.h5"))
