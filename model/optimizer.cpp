@@ -1,5 +1,6 @@
 #include "model/optimizer.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -34,6 +35,16 @@ void Optimizer<T>::update(T* params, const T* grads, int64_t offset, int64_t cou
                       config_.weight_decay, t_);
   } else {
     cpu::sgd_update(p, g, m, count, config_.lr, config_.momentum, config_.weight_decay);
+  }
+}
+
+template <typename T>
+void Optimizer<T>::update_and_zero_grads(T* params, T* grads, int64_t offset, int64_t count) {
+  constexpr int64_t kBlock = 8192;  // elements: AdamW's four streams of a block fit in L2 with room to spare
+  for (int64_t done = 0; done < count; done += kBlock) {
+    const int64_t n = std::min(kBlock, count - done);
+    update(params, grads, offset + done, n);
+    std::fill_n(grads + offset + done, n, T(0));
   }
 }
 

@@ -28,6 +28,10 @@ class Optimizer {
   // one call at a time. The element-wise rule makes the parts bitwise equal to step().
   void begin_step() { ++t_; }
   void update(T* params, const T* grads, int64_t offset, int64_t count);
+  // update(), leaving the slice's gradients zero for the next backward to add to: a weight-gradient GEMM told to
+  // overwrite its output (beta 0) has OpenBLAS zero that output first, a pass of its own on backward's critical path
+  // (train/cpu_backend.h). Zeroed block by block right after the update reads them, while they are in cache.
+  void update_and_zero_grads(T* params, T* grads, int64_t offset, int64_t count);
   int steps_taken() const { return t_; }
   const OptimizerConfig& config() const { return config_; }
 

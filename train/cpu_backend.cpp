@@ -1,6 +1,7 @@
 #include "train/cpu_backend.h"
 
 #include <cmath>
+#include <utility>
 
 #include "kernels/cpu/ops.h"
 #include "train/clock.h"
@@ -59,7 +60,8 @@ void CpuBackend::start_gradients(int micro_batches) {
   // 1/(world * micro-batches), and this rank's share of the loss terms (workload.h).
   reducer_->begin_step(t0_ms_, 1.0f / static_cast<float>(world_ * micro_batches),
                        static_cast<float>(workload_->weight()));
-  workload_->discard_grad();
+  // The last update left the gradients zero, and backward adds to them; after a skipped step they hold its values.
+  if (!std::exchange(grads_are_zero_, false)) workload_->discard_grad();
   if (optimizer_thread_) {
     optimizer_.begin_step();  // the updates of this step's pieces share its step count
     for (size_t k = 0; k < workload_->grad_pieces().size(); ++k) update_gates_[k].store(2, std::memory_order_relaxed);
@@ -101,11 +103,16 @@ void CpuBackend::open_update_gate(int piece) {
 
 void CpuBackend::update_piece(int piece) {
   const GradPiece& g = workload_->grad_pieces()[piece];
-  optimizer_.update(workload_->flat_params(), workload_->flat_grads(), g.offset, g.numel);
+  optimizer_.update_and_zero_grads(workload_->flat_params(), workload_->flat_grads(), g.offset, g.numel);
 }
 
 void CpuBackend::optimizer_step() {
-  if (!optimizer_thread_) return optimizer_.step(workload_->flat_params(), workload_->flat_grads());
+  grads_are_zero_ = true;  // once this returns: every piece was updated (the alignment gaps are always zero)
+  if (!optimizer_thread_) {
+    optimizer_.begin_step();
+    return optimizer_.update_and_zero_grads(workload_->flat_params(), workload_->flat_grads(), 0,
+                                            workload_->flat_size());
+  }
   // World size 1: backward's last piece was released and finished on the main thread as backward ended
   // (Reducer::finish_alone). The main thread updates it while the optimizer thread finishes the pieces before it,
   // rather than waiting for that thread to wake and get to it. (A gate still closed: the piece was not finite.)

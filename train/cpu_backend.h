@@ -84,6 +84,13 @@ class CpuBackend final : public StepBackend {
   // --optimizer-in-backward: per gradient piece, the conditions still missing before its update (reduced,
   // released), counted down from both threads; the pieces backward has released so far; the updates' thread.
   std::unique_ptr<std::atomic<int>[]> update_gates_;
+  // The update leaves the gradients zero (Optimizer::update_and_zero_grads), so the next backward adds to them
+  // instead of overwriting: a weight-gradient GEMM told to overwrite has OpenBLAS zero its output first, in a pass of
+  // its own on backward's critical path (~0.4 ms per 4 MB weight in the step on this host, docs/BENCHMARKS.md); the
+  // update writes those zeros where it has just read the gradients. A peer never reads them by then: an all-reduce
+  // returns once its peers have acknowledged every send (comm/shm_transport.h). True at the start (zero-filled) and
+  // after an update; false after a skipped step, whose gradients stay.
+  bool grads_are_zero_ = true;
   int released_pieces_ = 0;
   std::unique_ptr<WorkerThread> optimizer_thread_;  // before reducer_: its comm thread, which submits, stops first
   std::unique_ptr<Reducer> reducer_;

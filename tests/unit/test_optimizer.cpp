@@ -77,6 +77,37 @@ TEST(Optimizer, UpdateInSlicesEqualsTheWholeStepBitwise) {
   }
 }
 
+// The update that leaves the gradients zero (in blocks of its own) moves the parameters and moments bitwise as the
+// plain update, zeroes exactly its slice's gradients, and leaves the rest as they were.
+TEST(Optimizer, UpdateAndZeroGradsEqualsTheUpdateAndZeroesItsSliceOnly) {
+  for (const char* kind : {"adamw", "sgd"}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    c.momentum = 0.9f;
+    constexpr int n = 20000;  // more than one of its blocks
+    std::vector<float> plain(n), zeroing(n), g(n);
+    for (int i = 0; i < n; ++i) plain[i] = zeroing[i] = 0.01f * static_cast<float>((i * 37) % 101 - 50);
+    Optimizer<float> a(c, n), b(c, n);
+    for (int t = 1; t <= 3; ++t) {
+      for (int i = 0; i < n; ++i) g[i] = 0.001f * static_cast<float>((i * 53 + t * 7) % 97 - 47);
+      std::vector<float> g_zeroed = g;
+      a.step(plain.data(), g.data());
+      b.begin_step();
+      b.update_and_zero_grads(zeroing.data(), g_zeroed.data(), 0, 3);
+      b.update_and_zero_grads(zeroing.data(), g_zeroed.data(), 3, n - 3);
+      ASSERT_EQ(plain, zeroing) << kind << " step " << t;
+      EXPECT_EQ(a.first_moment(), b.first_moment()) << kind;
+      EXPECT_EQ(a.second_moment(), b.second_moment()) << kind;
+      EXPECT_EQ(g_zeroed, std::vector<float>(n, 0.0f)) << kind;
+    }
+    std::vector<float> g_part = g;
+    b.begin_step();
+    b.update_and_zero_grads(zeroing.data(), g_part.data(), 100, 9000);
+    for (int i : {0, 99, 100, 9099, 9100, n - 1})
+      EXPECT_EQ(g_part[i], i >= 100 && i < 9100 ? 0.0f : g[i]) << kind << " element " << i;
+  }
+}
+
 TEST(Optimizer, UpdateRefusesASliceOutsideTheBufferOrBeforeBeginStep) {
   std::vector<float> p(8), g(8);
   Optimizer<float> opt(OptimizerConfig{}, 8);
