@@ -97,8 +97,15 @@ void CpuBackend::release_before(int piece) {
 
 void CpuBackend::open_update_gate(int piece) {
   if (update_gates_[piece].fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // the other condition is missing
-  if (world_ == 1 && piece == last_piece()) return;  // optimizer_step() updates it
-  optimizer_thread_->submit([this, piece] { update_piece(piece); });
+  optimizer_thread_->submit([this, piece] {
+    if (claim_update(piece)) update_piece(piece);
+  });
+}
+
+// An open gate (0) is claimed once, by the optimizer thread or by the main thread in optimizer_step().
+bool CpuBackend::claim_update(int piece) {
+  int open = 0;
+  return update_gates_[piece].compare_exchange_strong(open, -1, std::memory_order_acq_rel);
 }
 
 void CpuBackend::update_piece(int piece) {
@@ -113,11 +120,13 @@ void CpuBackend::optimizer_step() {
     return optimizer_.update_and_zero_grads(workload_->flat_params(), workload_->flat_grads(), 0,
                                             workload_->flat_size());
   }
-  // World size 1: backward's last piece was released and finished on the main thread as backward ended
-  // (Reducer::finish_alone). The main thread updates it while the optimizer thread finishes the pieces before it,
-  // rather than waiting for that thread to wake and get to it. (A gate still closed: the piece was not finite.)
-  if (world_ == 1 && update_gates_[last_piece()].load(std::memory_order_acquire) == 0) update_piece(last_piece());
-  optimizer_thread_->wait_all();  // the pieces released last; the others were updated while backward ran
+  // Every gate is open now (the buckets are reduced, backward is over), and the updates still queued are the step's
+  // tail. The main thread takes them from the back (the pieces released last, such as backward's last piece, which
+  // at world size 1 it has just finished itself: Reducer::finish_alone) while the optimizer thread works from the
+  // front, rather than waiting for that thread alone.
+  for (int piece = last_piece(); piece >= 0; --piece)
+    if (claim_update(piece)) update_piece(piece);
+  optimizer_thread_->wait_all();  // the piece it is updating, if any
 }
 
 // The name of the first gradient piece of the first non-finite bucket holding a NaN or Inf.

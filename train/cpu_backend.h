@@ -72,6 +72,7 @@ class CpuBackend final : public StepBackend {
   // read after its gradient.
   void release_before(int piece);
   void open_update_gate(int piece);
+  bool claim_update(int piece);
   void update_piece(int piece);
   int last_piece() const { return static_cast<int>(workload_->grad_pieces().size()) - 1; }
 
@@ -82,7 +83,8 @@ class CpuBackend final : public StepBackend {
   std::unique_ptr<Workload> workload_;
   Optimizer<float> optimizer_;
   // --optimizer-in-backward: per gradient piece, the conditions still missing before its update (reduced,
-  // released), counted down from both threads; the pieces backward has released so far; the updates' thread.
+  // released), counted down from both threads to 0, then -1 once a thread claims the update; the pieces backward has
+  // released so far; the updates' thread.
   std::unique_ptr<std::atomic<int>[]> update_gates_;
   // The update leaves the gradients zero (Optimizer::update_and_zero_grads), so the next backward adds to them
   // instead of overwriting: a weight-gradient GEMM told to overwrite has OpenBLAS zero its output first, in a pass of
