@@ -126,8 +126,10 @@ class ParameterStore {
   void set_grad_piece_elements(int64_t max_elements) { pieces_ = grad_pieces_in_backward_order(params_, max_elements); }
   const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
   void zero_grad() { std::fill(grads_, grads_end_, T(0)); }
-  // The next backward writes the gradients instead of adding to them: zero_grad() without its pass over memory (the
-  // gradients keep their stale values until then, and the alignment gaps, never written, stay zero).
+  // The next backward writes the gradients instead of adding to them: zero_grad() without a pass of its own (the
+  // gradients keep their stale values until then, and the alignment gaps, never written, stay zero). OpenBLAS still
+  // zeroes each beta-0 GEMM's output before adding to it, which is why the CPU backend has the update leave the
+  // gradients zero instead and uses this only after a skipped step (train/cpu_backend.h).
   void discard_grad() { discard_pending_ = true; }
   // Moves the gradients (values included) into `storage`, flat_size() elements that the caller keeps alive for
   // the store's life: memory the communication engine registered (comm/shm_transport.h: RegisteredBuffer).
