@@ -137,7 +137,7 @@ class Reducer {
   std::vector<int> pending_;  // per bucket: pieces not yet final
   int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;
-  // Per bucket, written by the thread that finishes it (the comm thread, or the finisher) before it counts the job done.
+  // Per bucket, written by the thread that finishes it (the comm thread or the finisher) before its job counts done.
   std::vector<char> nonfinite_;
   ReducedHook on_reduced_;
   WorkerThread* alone_finisher_ = nullptr;

@@ -452,8 +452,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   require(config.comm != "hier" || std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) ==
                                        static_cast<long>(node_sizes.size()),
           "--comm hier needs the same number of ranks on every node: " + topology.describe());
-  // --threads, --optimizer-in-backward and --grad-slice-mb auto: stored resolved. The update takes a core only where the BLAS
-  // threads leave one idle; --skip-nonfinite must see every gradient before anything is updated.
+  // --threads, --optimizer-in-backward and --grad-slice-mb auto: stored resolved. The update takes a core only where
+  // the BLAS threads leave one idle; --skip-nonfinite must see every gradient before anything is updated.
   const int cores = cores_for_rank(world);
   if (config.blas_threads == 0) config.blas_threads = cores;
   if (config.optimizer_in_backward == "auto")

@@ -16,8 +16,7 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
   world_ = comm_->size();
   grads_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
   workload_->place_grads(static_cast<float*>(grads_memory_.data()));
-  workload_->set_grad_piece_elements(
-      static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
+  workload_->set_grad_piece_elements(static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);

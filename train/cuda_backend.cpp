@@ -45,8 +45,7 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
   copy_.reset(stream);
 
   workload_ = make_cuda_workload(config, rank, world_, compute_.get());
-  workload_->set_grad_piece_elements(
-      static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
+  workload_->set_grad_piece_elements(static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);
