@@ -7,10 +7,10 @@
 // finished it) and backward no longer reads them (GradReadyHook's promise, tracked on the main thread). Pieces, not
 // buckets: at world size 1 a bucket is "reduced" when complete, and the default 25 MiB bucket completes only near
 // backward's end. The updates run beside the rest of backward and the other buckets' all-reduces, on a core the
-// BLAS threads leave idle; optimizer_step() only waits for the last pieces. The parameters are bitwise those of the
-// update after backward (Optimizer::update; the alignment gaps between pieces stay zero either way). A bucket whose
-// gradients are not finite is not updated, and the step stops (so --skip-nonfinite, which must be able to skip the
-// whole update, is refused with it).
+// BLAS threads leave idle; in optimizer_step() the main thread shares what is left. The parameters are bitwise those
+// of the update after backward (the update is element-wise; the alignment gaps between pieces stay zero either way).
+// Gradients that are not finite (a bucket's, or at world size 1 a piece's: each is checked on its own) are not
+// applied, and the step stops (so --skip-nonfinite, which must be able to skip the whole update, is refused with it).
 #pragma once
 #include <atomic>
 #include <memory>

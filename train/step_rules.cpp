@@ -62,7 +62,7 @@ bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int
   if (!config.skip_nonfinite)
     throw TrainingStopped("non-finite " + what + " at step " + std::to_string(step) + "; stopped " +
                           (config.optimizer_in_backward == "on"
-                               ? "with the finite buckets already updated in backward (--optimizer-in-backward)"
+                               ? "with the finite gradients already applied in backward (--optimizer-in-backward)"
                                : "before the update (--skip-nonfinite skips such steps instead)"));
   return true;
 }

@@ -53,7 +53,7 @@ class StepAgreement {
 // --fault hang|kill|throw, when this rank and step are the ones named (nan and diverge act inside the step).
 void inject_fault_before(const TrainConfig& config, int rank, int step);
 // A non-finite loss or gradient (`what`, "" if none), agreed by every rank: throws TrainingStopped (the update is
-// not made, or with --optimizer-in-backward only for the buckets that were not finite) unless --skip-nonfinite;
+// not made, or with --optimizer-in-backward only where the gradients were not finite) unless --skip-nonfinite;
 // returns whether the step skips its update.
 bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step);
 // --check-sync: every replica must hold the same parameters, bit for bit. Collective over comm: compares one

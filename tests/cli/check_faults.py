@@ -81,17 +81,17 @@ def main():
         check("non-finite gradient fc2.bias at step 4" in j.out, "nan: names the tensor and the step")
         n, reason, loss, _ = steps_in(out("nan.h5"))
         check(n == 4 and "non-finite" in reason and np.isfinite(loss).all(), f"nan: run file keeps steps 0-3 ({n})")
-        # The same with the update in backward: the step still stops there, and says the finite buckets moved.
+        # The same with the update in backward: the step still stops there, and says the finite gradients were applied.
         j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
                                     "--optimizer-in-backward", "on", "--out", out("nan_in_backward.h5")]).run()
-        check(j.code == 4 and "non-finite gradient fc2.bias at step 4; stopped with the finite buckets already "
-              "updated in backward" in j.out, f"nan, update in backward: stops and says so (code {j.code})")
+        check(j.code == 4 and "non-finite gradient fc2.bias at step 4; stopped with the finite gradients already "
+              "applied in backward" in j.out, f"nan, update in backward: stops and says so (code {j.code})")
         n, _, _, _ = steps_in(out("nan_in_backward.h5"))
         check(n == 4, f"nan, update in backward: run file keeps steps 0-3 ({n})")
         # At one rank each piece is checked on the optimizer thread, before its update.
         j = Job(mpirun, ddplab, 1, ["--steps", "10", "--fault", "nan", "--fault-step", "4",
                                     "--optimizer-in-backward", "on", "--out", out("nan_in_backward_np1.h5")]).run()
-        check(j.code == 4 and "non-finite gradient fc2.bias at step 4; stopped with the finite buckets" in j.out,
+        check(j.code == 4 and "non-finite gradient fc2.bias at step 4; stopped with the finite gradients" in j.out,
               f"nan, update in backward, np 1: stops and says so (code {j.code})")
         with h5py.File(out("nan_in_backward_np1.h5"), "r") as f:
             config = json.loads(f.attrs["config"])
