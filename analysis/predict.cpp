@@ -700,6 +700,10 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
     m.notes.push_back(
         "the run updated its parameters in backward (--optimizer-in-backward on): what is left of the update after "
         "backward is taken as measured for every setting, though other buckets would leave a different tail");
+  if (run.config.value("zero_stage", 0) == 1)
+    m.notes.push_back(
+        "the run sharded its update (--zero-stage 1): its update and its parameters' all-gather after backward are "
+        "taken as measured for every setting, though another world size would share the update differently");
   m.calibration = std::move(calibration);
   const RunSummary summary = summarize(run);
   m.measured_step_ms = summary.slowest_step_ms;

@@ -260,15 +260,30 @@ bool Communicator::allreduce_gradients(float* data, size_t count, float scale, i
   return allreduce(data, data, count, tag, scale, true);
 }
 
-bool Communicator::allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite) {
+template <typename Op>
+auto Communicator::guarded(const char* what, int tag, Op op) {
   if (!failed_.empty())
     throw std::runtime_error("rank " + str(rank_) + ": Communicator unusable after an earlier failure (" + failed_ +
                              ")");
   if (tag < 0 || tag > kMaxTag)
     throw std::invalid_argument("rank " + str(rank_) + ": all-reduce tag " + str(tag) + " outside [0, " + str(kMaxTag) +
                                 "]");
-  const watchdog::Wait wait(options_.impl == AllreduceImpl::kMpi ? "MPI_Allreduce" : "all-reduce", -1, tag);
+  const watchdog::Wait wait(what, -1, tag);
   try {
+    return op();
+  } catch (const TagMismatch& e) {
+    failed_ = "all-reduce order mismatch";
+    throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +
+                             ", rank " + str(e.peer) + " sent tag " + str(e.received_tag) +
+                             " (ranks started their all-reduces in different orders)");
+  } catch (const std::exception& e) {
+    failed_ = e.what();
+    throw;
+  }
+}
+
+bool Communicator::allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite) {
+  return guarded(options_.impl == AllreduceImpl::kMpi ? "MPI_Allreduce" : "all-reduce", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
     if (options_.impl == AllreduceImpl::kMpi) {
@@ -286,15 +301,46 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
       ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
     }
     return epilogue_pass(out, count, scale, check_finite);
-  } catch (const TagMismatch& e) {
-    failed_ = "all-reduce order mismatch";
-    throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +
-                             ", rank " + str(e.peer) + " sent tag " + str(e.received_tag) +
-                             " (ranks started their all-reduces in different orders)");
-  } catch (const std::exception& e) {
-    failed_ = e.what();
-    throw;
-  }
+  });
+}
+
+// The sharded update cuts buffers as the flat ring does, so that what a rank owns is what its reduce-scatter finishes.
+void Communicator::require_sharded_ring() const {
+  if (options_.impl != AllreduceImpl::kRing || hier_ || ring_.wire16)
+    throw std::logic_error("the sharded update needs --comm ring on the fp32 wire");
+}
+
+// A buffer the all-reduce gives to recursive doubling is all-reduced whole instead, and every rank owns all of it:
+// latency bounds it, not bytes, and the sums keep the all-reduce's order, so the sharded update stays bitwise equal.
+bool Communicator::shared_whole(size_t count) const { return count * sizeof(float) <= small_max_bytes_; }
+
+std::vector<RingChunk> Communicator::owned_chunks(size_t count) const {
+  require_sharded_ring();
+  if (shared_whole(count)) return {RingChunk{0, count}};
+  return ring_owned_chunks(count, size_, rank_, ring_);
+}
+
+bool Communicator::reduce_scatter_gradients(float* data, size_t count, float scale, int tag) {
+  require_sharded_ring();
+  if (shared_whole(count)) return allreduce_gradients(data, count, scale, tag);
+  return guarded("reduce-scatter", tag, [&] {
+    RingOptions o = ring_;
+    o.tag = tag;
+    o.final_scale = scale;
+    o.check_finite = true;
+    if (size_ == 1) return epilogue_pass(data, count, scale, true);
+    return ring_reduce_scatter_sum(data, count, *transport_, scratch_, o);
+  });
+}
+
+void Communicator::all_gather(float* data, size_t count, int tag) {
+  require_sharded_ring();
+  if (shared_whole(count)) return;  // every rank owns it all
+  guarded("all-gather", tag, [&] {
+    RingOptions o = ring_;
+    o.tag = tag;
+    if (size_ > 1) ring_all_gather_owned(data, count, *transport_, scratch_, o);
+  });
 }
 
 void Communicator::check_same_operation_everywhere(size_t count, int tag) {

@@ -119,8 +119,25 @@ class Communicator {
   // paths scale and check after the sum, in one pass (cpu::scale_and_check_finite).
   bool allreduce_gradients(float* data, size_t count, float scale, int tag = 0);
 
+  // The sharded update (ZeRO stage 1; comm/ring_allreduce.h, ring_reduce_scatter_sum): --comm ring on the fp32
+  // wire only (std::logic_error otherwise). Same tag rules as the all-reduce. A buffer small enough for recursive
+  // doubling is all-reduced whole, and every rank owns all of it.
+  // The elements of a `count`-element buffer this rank owns.
+  std::vector<RingChunk> owned_chunks(size_t count) const;
+  // data[owned] = scale x sum over ranks of data[owned]; the other elements are left holding partial sums. Returns
+  // whether every owned result is finite.
+  bool reduce_scatter_gradients(float* data, size_t count, float scale, int tag);
+  // data[i] = its owner's data[i], for every element.
+  void all_gather(float* data, size_t count, int tag);
+
  private:
   bool allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite);
+  // Runs a collective with the checks and error handling every call shares: refused after an earlier failure, tag
+  // in range, the watchdog armed, an order mismatch named.
+  template <typename Op>
+  auto guarded(const char* what, int tag, Op op);
+  void require_sharded_ring() const;
+  bool shared_whole(size_t count) const;  // the sharded update all-reduces it whole
   void mpi_allreduce_sum(const float* in, float* out, size_t count, int tag);
   void check_same_operation_everywhere(size_t count, int tag);  // --comm mpi: tags and counts agree on all ranks
 

@@ -111,6 +111,12 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
 
   check_same_layout(buckets_, comm.mpi_comm());
+  if (config_.sharded) {
+    for (const Bucket& b : buckets_) {
+      owned_.push_back(comm.owned_chunks(static_cast<size_t>(b.count)));
+      for (RingChunk& c : owned_.back()) c.offset += static_cast<size_t>(b.offset);
+    }
+  }
   // One rank has no peer: nothing to all-reduce, so no thread to hand buckets to (launch() finishes them).
   if (comm.size() > 1) comm_thread_ = std::make_unique<WorkerThread>("comm thread");
 }
@@ -188,6 +194,23 @@ void Reducer::wait_all() {
   }
   const watchdog::Wait wait("the gradient buckets' all-reduces");
   comm_thread_->wait_all();  // rethrows the comm thread's error; the program's edge aborts the job
+  if (config_.sharded)  // each rank checked the elements it owns: agree on every bucket's verdict
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, nonfinite_.data(), nb, MPI_CHAR, MPI_MAX, comm_.mpi_comm()));
+}
+
+void Reducer::all_gather(int bucket, float* flat) {
+  if (!comm_thread_) return;
+  comm_thread_->submit([this, bucket, flat] {
+    const Bucket& b = buckets_[bucket];
+    // Tags after the buckets' own: a rank that gathers while another reduces fails with a mismatch, not wrong data.
+    comm_.all_gather(flat + b.offset, static_cast<size_t>(b.count), static_cast<int>(buckets_.size()) + bucket);
+  });
+}
+
+void Reducer::wait_all_gathers() {
+  if (!comm_thread_) return;
+  const watchdog::Wait wait("the parameters' all-gathers");
+  comm_thread_->wait_all();
 }
 
 int Reducer::first_nonfinite_bucket() const {
@@ -201,7 +224,19 @@ void Reducer::reduce(int b) {
   const double cpu_start = thread_cpu_ms();
   times_[b].comm_start_ms = now_ms() - origin_ms_;
   if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
-  nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
+  if (config_.sharded) {
+    nonfinite_[b] = !comm_.reduce_scatter_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
+    // The partial sums left where others own the elements are of no use: zeroed, as the update zeroes its own, so
+    // that the next backward adds to zeros (no peer reads them now: every send is retired).
+    size_t at = static_cast<size_t>(bucket.offset);
+    for (const RingChunk& c : owned_[b]) {
+      std::fill(flat_grads_ + at, flat_grads_ + c.offset, 0.0f);
+      at = c.offset + c.count;
+    }
+    std::fill(flat_grads_ + at, flat_grads_ + bucket.offset + bucket.count, 0.0f);
+  } else {
+    nonfinite_[b] = !comm_.allreduce_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
+  }
   times_[b].comm_end_ms = now_ms() - origin_ms_;
   times_[b].comm_cpu_ms = thread_cpu_ms() - cpu_start;
   if (on_reduced_) on_reduced_(bucket.first_piece, bucket.last_piece, !nonfinite_[b]);

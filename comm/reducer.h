@@ -34,6 +34,10 @@ struct ReducerConfig {
   double bucket_mb = 25.0;       // cap per bucket in MiB; 0 = one bucket per parameter
   double first_bucket_mb = 1.0;  // cap of the bucket that closes backward (holds parameter 0)
   bool overlap = true;
+  // --zero-stage 1, the sharded update (comm/ring_allreduce.h): each bucket is reduce-scattered instead of
+  // all-reduced, so a rank holds the mean gradients only where it owns the elements (owned_chunks); it zeroes the
+  // rest, updates its own, and all_gather() sends the new parameters round.
+  bool sharded = false;
 };
 
 // One bucket: the gradient pieces [first_piece, last_piece] (in ready order), which occupy the elements
@@ -108,6 +112,14 @@ class Reducer {
   // step.
   using ReducedHook = std::function<void(int first_piece, int last_piece, bool finite)>;
   void set_on_reduced(ReducedHook hook) { on_reduced_ = std::move(hook); }
+  // --zero-stage 1: the elements of the flat buffer this rank owns in `bucket` (offsets into the flat buffer; all of
+  // them at world size 1). After wait_all they hold the mean gradients and every other element of the bucket is 0.
+  const std::vector<RingChunk>& owned_chunks(int bucket) const { return owned_.at(bucket); }
+  // --zero-stage 1: hands `flat`'s slice of `bucket` to the comm thread, to give every element its owner's value
+  // (the updated parameters; before a checkpoint, the optimizer's moments). Collective, in the same bucket order on
+  // every rank; wait_all_gathers() waits for them and rethrows a comm thread's error. Nothing to do at world size 1.
+  void all_gather(int bucket, float* flat);
+  void wait_all_gathers();
   // World size 1: the thread that finishes each piece but the last (scales and checks it) instead of the caller of
   // mark_ready, so that the pass leaves backward's critical path (--optimizer-in-backward's thread, which then
   // updates the piece). wait_all waits for it. Ignored at larger world sizes, where the comm thread finishes each
@@ -115,7 +127,8 @@ class Reducer {
   void set_alone_finisher(WorkerThread* finisher) { alone_finisher_ = finisher; }
   // After wait_all: the first bucket whose reduced gradients hold a NaN or Inf, or -1. The communication thread
   // checks each bucket right after its all-reduce, while the data is in cache and backward still runs. Every rank
-  // reduces to the same values, so every rank gets the same answer.
+  // reduces to the same values, so every rank gets the same answer (sharded, each checks what it owns, and wait_all
+  // agrees on the verdicts in one small all-reduce).
   int first_nonfinite_bucket() const;
 
  private:
@@ -128,6 +141,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_piece_;
   std::vector<int64_t> piece_numel_, piece_offset_;
+  std::vector<std::vector<RingChunk>> owned_;  // per bucket (sharded)
   float* flat_grads_;
 
   // Main-thread state of the current step.

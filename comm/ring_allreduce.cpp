@@ -126,11 +126,12 @@ void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
   });
 }
 
-// The sum stays fp32 here (the caller adds more to it); on a 16-bit wire the encoded copy in out16 goes unused.
+// The sum stays fp32 here; on a 16-bit wire the encoded copy in out16 goes unused. The epilogue applies on the fp32
+// wire (the sharded update's reduce-scatter); the hierarchical all-reduce, which adds more to the sum, sets none.
 void RingPrimitives::recv_reduce_copy(RingChunk c) {
-  if (options_.final_scale != 1.0f || options_.check_finite)
-    throw std::logic_error("the ring's epilogue is the flat ring's: with RingSeam::kApart the caller finishes the sum");
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) { reduce_from_prev(s, out16, in16); });
+  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
+    reduce_from_prev(s, out16, in16, /*last=*/!options_.wire16);
+  });
 }
 
 // On a 16-bit wire the owner rounds its finished chunk to the wire format and keeps the rounded value, as
@@ -192,6 +193,41 @@ bool ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t,
   RingPrimitives prims(t, in, out, scratch, plan.max_chunk, plan.slices, options);
   run_ring_schedule(prims, count, plan.round, n, r);
   return prims.all_finite();
+}
+
+std::vector<RingChunk> ring_owned_chunks(size_t count, int n, int r, const RingOptions& options) {
+  if (n == 1) return {RingChunk{0, count}};
+  const size_t round = plan_ring(count, n, options).round;
+  std::vector<RingChunk> owned;
+  for (size_t begin = 0; begin < count; begin += round) {
+    const RingChunk c = RingRound{begin, std::min(round, count - begin), n, r}.owned();
+    if (c.count) owned.push_back(c);
+  }
+  return owned;
+}
+
+bool ring_reduce_scatter_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
+  if (options.wire16) throw std::logic_error("ring_reduce_scatter_sum: the sharded update needs the fp32 wire");
+  const int n = t.size();
+  if (n == 1 || count == 0) return epilogue_pass(data, count, options.final_scale, options.check_finite);
+  const RingPlan plan = plan_ring(count, n, options);
+  RingPrimitives prims(t, data, data, scratch, plan.max_chunk, plan.slices, options);
+  for (size_t begin = 0; begin < count; begin += plan.round)
+    ring_reduce_scatter<RingSeam::kApart>(prims, RingRound{begin, std::min(plan.round, count - begin), n, t.rank()});
+  return prims.all_finite();
+}
+
+void ring_all_gather_owned(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
+  if (options.wire16) throw std::logic_error("ring_all_gather_owned: the parameters travel in fp32");
+  const int n = t.size();
+  if (n == 1 || count == 0) return;
+  RingOptions copy_only = options;  // nothing is summed: no epilogue
+  copy_only.final_scale = 1.0f;
+  copy_only.check_finite = false;
+  const RingPlan plan = plan_ring(count, n, copy_only);
+  RingPrimitives prims(t, data, data, scratch, plan.max_chunk, plan.slices, copy_only);
+  for (size_t begin = 0; begin < count; begin += plan.round)
+    ring_all_gather<RingSeam::kApart>(prims, RingRound{begin, std::min(plan.round, count - begin), n, t.rank()});
 }
 
 RingPlan plan_ring(size_t count, int n, const RingOptions& options) {

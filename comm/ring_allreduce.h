@@ -163,6 +163,22 @@ struct RingPlan {
 };
 RingPlan plan_ring(size_t count, int n, const RingOptions& options);
 
+// The reduce-scatter and the all-gather as calls of their own, for the sharded update (ZeRO stage 1, after llm.c's
+// and DeepSpeed's): the gradients are reduce-scattered, each rank updates the parameters of the elements it owns,
+// and the parameters are all-gathered. Both cut `count` elements into the rounds and chunks of ring_allreduce_sum
+// (plan_ring), so a rank owns exactly the chunks its reduce-scatter finishes, summed in the ring's order: the two
+// calls in a row give the all-reduce's bits. Every rank calls them with the same count and options.
+//
+// The elements rank r owns, ascending: chunk r+1 of every round (all of them at n == 1).
+std::vector<RingChunk> ring_owned_chunks(size_t count, int n, int r, const RingOptions& options);
+// data[owned] = sum over ranks of data[owned] (times options.final_scale, checked with options.check_finite, as the
+// all-reduce does; fp32 wire only); the other elements hold partial sums. Every send is retired on return (a peer no
+// longer reads data). Returns whether every owned result is finite.
+bool ring_reduce_scatter_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options);
+// data[i] = the owner's data[i], for every element: the owned chunks travel round the ring and are only copied, so
+// every rank ends bitwise equal. fp32 wire only (the parameters must not be rounded).
+void ring_all_gather_owned(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options);
+
 // The epilogue as a pass of its own, for the sums that could not fold it in (one rank, recursive doubling, hier,
 // MPI, a 16-bit wire): data *= scale (skipped for 1) and, with check_finite, whether every result is finite, in one
 // pass (cpu::scale_and_check_finite). Returns true without check_finite.

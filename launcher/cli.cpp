@@ -131,6 +131,10 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
                   "on | off | auto (on when the BLAS threads leave this rank a core idle; CPU only)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app->add_option("--zero-stage", c.zero_stage,
+                  "ZeRO stage: 0 (every rank updates every parameter) or 1 (the update sharded: gradients "
+                  "reduce-scattered, each rank updates its share, parameters all-gathered; CPU, --comm ring)")
+      ->capture_default_str();
   app->add_option("--data-cost-ms", c.data_cost_ms, "input pipeline: host cost per sample, ms (a sleep)")
       ->capture_default_str();
   app->add_option("--loader-threads", c.loader_threads, "input pipeline: worker threads (0: in the training loop)")
@@ -244,6 +248,14 @@ void validate(const TrainConfig& c) {
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");
   require(c.optimizer_in_backward != "on" || c.device == "cpu", "--optimizer-in-backward on needs --device cpu");
+  require(c.zero_stage == 0 || c.zero_stage == 1, "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
+  if (c.zero_stage == 1) {
+    require(c.device == "cpu", "--zero-stage 1 needs --device cpu");
+    require(c.comm == "ring", "--zero-stage 1 needs --comm ring (it reduce-scatters and all-gathers on the ring)");
+    require(c.comm_dtype == "fp32", "--zero-stage 1 needs --comm-dtype fp32 (the parameters travel unrounded)");
+    require(c.optimizer_in_backward != "on",
+            "--zero-stage 1 and --optimizer-in-backward on exclude each other: the sharded update runs after backward");
+  }
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");

@@ -315,7 +315,11 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
-              config.optimizer.kind.c_str(), config.optimizer_in_backward == "on" ? " (in backward)" : "", config.steps,
+              config.optimizer.kind.c_str(),
+              config.optimizer_in_backward == "on" ? " (in backward)"
+              : config.zero_stage == 1           ? " (sharded: ZeRO-1)"
+                                                 : "",
+              config.steps,
               config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
@@ -402,6 +406,7 @@ void save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, i
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
   std::string error;
+  trainer.gather_optimizer_state();
   if (rank == 0) {
     try {
       trainer.write_checkpoint(config.checkpoint, config.force || replace,
@@ -458,7 +463,9 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   if (config.blas_threads == 0) config.blas_threads = cores;
   if (config.optimizer_in_backward == "auto")
     config.optimizer_in_backward =
-        config.device == "cpu" && !config.skip_nonfinite && cores > config.blas_threads ? "on" : "off";
+        config.device == "cpu" && !config.skip_nonfinite && config.zero_stage == 0 && cores > config.blas_threads
+            ? "on"
+            : "off";
   config.grad_slice_mb = resolved_grad_slice_mb(config);
   openblas_set_num_threads(config.blas_threads);
 

@@ -39,6 +39,9 @@ class Optimizer {
   // moments, or SGD's momentum buffer as the first moment. A state the kind does not keep is empty.
   const std::vector<T>& first_moment() const { return m_; }
   const std::vector<T>& second_moment() const { return v_; }
+  // The same, writable (--zero-stage 1 gathers each rank's owned elements into them before a checkpoint).
+  std::vector<T>& first_moment() { return m_; }
+  std::vector<T>& second_moment() { return v_; }
   // Continues from a saved state; m and v must have the sizes of first_moment() and second_moment().
   void restore(int steps_taken, std::vector<T> m, std::vector<T> v);
 

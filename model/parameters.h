@@ -114,10 +114,10 @@ class ParameterStore {
   const std::vector<Parameter<T>>& parameters() const { return params_; }
   int64_t num_parameters() const { return count_parameters(params_); }
   // Elements of the flat parameter and gradient buffers: the parameters and the alignment gaps between them.
-  int64_t flat_size() const { return static_cast<int64_t>(flat_params_.size()); }
-  T* flat_params() { return flat_params_.data(); }
+  int64_t flat_size() const { return flat_size_; }
+  T* flat_params() { return values_; }
   T* flat_grads() { return grads_; }
-  const T* flat_params() const { return flat_params_.data(); }
+  const T* flat_params() const { return values_; }
   const T* flat_grads() const { return grads_; }
 
   // How backward produces the gradients: 2-D parameters in blocks of whole rows of at most `max_elements` elements
@@ -139,6 +139,13 @@ class ParameterStore {
     for (Parameter<T>& p : params_) p.grad = grads_ + p.offset;
     flat_grads_ = {};
   }
+  // The same for the parameters (--zero-stage 1 all-gathers them, from registered memory too).
+  void place_params(T* storage) {
+    std::copy(values_, values_ + flat_size_, storage);
+    values_ = storage;
+    for (Parameter<T>& p : params_) p.data = values_ + p.offset;
+    flat_params_ = {};
+  }
 
  protected:
   // Registers a parameter after the ones before it; returns its registration index.
@@ -156,6 +163,8 @@ class ParameterStore {
   // Zero-filled buffers in reverse registration order, one gradient piece per parameter.
   void lay_out() {
     lay_out_in_reverse(params_, flat_params_, flat_grads_);
+    flat_size_ = static_cast<int64_t>(flat_params_.size());
+    values_ = flat_params_.data();
     grads_ = flat_grads_.data();
     grads_end_ = grads_ + flat_grads_.size();
     set_grad_piece_elements(0);
@@ -163,6 +172,8 @@ class ParameterStore {
 
  private:
   std::vector<T> flat_params_, flat_grads_;
+  int64_t flat_size_ = 0;
+  T* values_ = nullptr;  // flat_params_, or the storage given to place_params
   // flat_grads_, or the storage given to place_grads. The end is kept, not computed from flat_size(): GCC 12 cannot
   // bound a fill over a pointer plus a size and warns (-Wstringop-overflow).
   T *grads_ = nullptr, *grads_end_ = nullptr;

@@ -16,14 +16,19 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
   world_ = comm_->size();
   grads_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
   workload_->place_grads(static_cast<float*>(grads_memory_.data()));
+  if (config.zero_stage == 1) {
+    params_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
+    workload_->place_params(static_cast<float*>(params_memory_.data()));
+  }
   workload_->set_grad_piece_elements(static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);
     offset.push_back(g.offset);
   }
-  reducer_ = std::make_unique<Reducer>(*comm_, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap},
-                                       numel, offset, workload_->flat_grads());
+  reducer_ = std::make_unique<Reducer>(
+      *comm_, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap, config.zero_stage == 1}, numel,
+      offset, workload_->flat_grads());
   if (config.optimizer_in_backward == "on") {
     update_gates_ = std::make_unique<std::atomic<int>[]>(workload_->grad_pieces().size());
     optimizer_thread_ = std::make_unique<WorkerThread>("optimizer thread");
@@ -114,6 +119,7 @@ void CpuBackend::update_piece(int piece) {
 
 void CpuBackend::optimizer_step() {
   grads_are_zero_ = true;  // once this returns: every piece was updated (the alignment gaps are always zero)
+  if (config_.zero_stage == 1) return sharded_optimizer_step();
   if (!optimizer_thread_) {
     optimizer_.begin_step();
     return optimizer_.update_and_zero_grads(workload_->flat_params(), workload_->flat_grads(), 0,
@@ -126,6 +132,29 @@ void CpuBackend::optimizer_step() {
   for (int piece = last_piece(); piece >= 0; --piece)
     if (claim_update(piece)) update_piece(piece);
   optimizer_thread_->wait_all();  // the piece it is updating, if any
+}
+
+// Each bucket's owned elements updated, then its parameters handed to the comm thread to gather, which runs beside
+// the next bucket's update. The gradients are all zero after it: the Reducer zeroed what this rank does not own.
+void CpuBackend::sharded_optimizer_step() {
+  optimizer_.begin_step();
+  float* params = workload_->flat_params();
+  for (int b = 0; b < static_cast<int>(reducer_->buckets().size()); ++b) {
+    for (const RingChunk& c : reducer_->owned_chunks(b))
+      optimizer_.update_and_zero_grads(params, workload_->flat_grads(), static_cast<int64_t>(c.offset),
+                                       static_cast<int64_t>(c.count));
+    reducer_->all_gather(b, params);
+  }
+  reducer_->wait_all_gathers();
+}
+
+void CpuBackend::gather_optimizer_state() {
+  if (config_.zero_stage != 1) return;
+  for (std::vector<float>* moment : {&optimizer_.first_moment(), &optimizer_.second_moment()}) {
+    if (moment->empty()) continue;  // a state the optimizer does not keep (SGD without momentum's)
+    for (int b = 0; b < static_cast<int>(reducer_->buckets().size()); ++b) reducer_->all_gather(b, moment->data());
+    reducer_->wait_all_gathers();
+  }
 }
 
 // The name of the first gradient piece of the first non-finite bucket holding a NaN or Inf.

@@ -11,6 +11,13 @@
 // of the update after backward (the update is element-wise; the alignment gaps between pieces stay zero either way).
 // Gradients that are not finite (a bucket's, or at world size 1 a piece's: each is checked on its own) are not
 // applied, and the step stops (so --skip-nonfinite, which must be able to skip the whole update, is refused with it).
+//
+// --zero-stage 1 (the sharded update, as llm.c's ZeRO-1 and DeepSpeed's stage 1): the Reducer reduce-scatters each
+// bucket instead of all-reducing it, each rank updates only the elements it owns, and the parameters are
+// all-gathered bucket by bucket on the comm thread while the update of the next bucket runs. The same bytes travel
+// as in the all-reduce, but each rank does 1/world of the update's work and memory traffic (AdamW reads and writes
+// four buffers per element: the CPU step's largest pass after the GEMMs). The sums and the element-wise update are
+// those of the all-reduce, so the parameters are bitwise the same.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -61,6 +68,7 @@ class CpuBackend final : public StepBackend {
   void add_to_first_parameter(float delta) override;
   const float* host_parameters() override { return workload_->flat_params(); }
   void extra_allreduce() override;
+  void gather_optimizer_state() override;
   void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) override;
   CheckpointInfo read_checkpoint(const std::string& path) override;
 
@@ -74,12 +82,14 @@ class CpuBackend final : public StepBackend {
   void open_update_gate(int piece);
   bool claim_update(int piece);
   void update_piece(int piece);
+  void sharded_optimizer_step();
   int last_piece() const { return static_cast<int>(workload_->grad_pieces().size()) - 1; }
 
   TrainConfig config_;
   int world_ = 1;
   std::unique_ptr<Communicator> comm_;  // the Reducer's
   RegisteredBuffer grads_memory_;        // the workload's flat gradients: host peers read them in place
+  RegisteredBuffer params_memory_;       // --zero-stage 1: its flat parameters, all-gathered the same way
   std::unique_ptr<Workload> workload_;
   Optimizer<float> optimizer_;
   // --optimizer-in-backward: per gradient piece, the conditions still missing before its update (reduced,

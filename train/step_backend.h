@@ -68,6 +68,9 @@ class StepBackend {
   virtual void add_to_first_parameter(float delta) = 0;          // --fault diverge
   virtual const float* host_parameters() = 0;                    // the flat parameters on the host (--check-sync)
   virtual void extra_allreduce() = 0;                            // --extra-allreduce-mb, on the step's engine
+  // Collective, before rank 0 writes a checkpoint: with a sharded update (--zero-stage 1) each rank's optimizer
+  // state is current only where it owns the elements; this gives every rank all of it.
+  virtual void gather_optimizer_state() {}
   virtual void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) = 0;
   virtual CheckpointInfo read_checkpoint(const std::string& path) = 0;
 };

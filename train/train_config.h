@@ -57,6 +57,9 @@ struct TrainConfig {
   // The optimizer's update piece by piece on a thread of its own, while backward runs (train/cpu_backend.h):
   // on | off | auto (on when this rank has a core its BLAS threads leave idle; stored resolved).
   std::string optimizer_in_backward = "auto";
+  // ZeRO stage (llm.c's -z, DeepSpeed's stage): 0 = every rank updates every parameter; 1 = the update is sharded:
+  // gradients reduce-scattered, each rank updates the elements it owns, parameters all-gathered (CPU, --comm ring).
+  int zero_stage = 0;
   // Input pipeline.
   double data_cost_ms = 0;  // host cost per sample (a sleep, like I/O latency)
   int loader_threads = 0;   // 0: batches are produced in the training thread when needed
@@ -172,6 +175,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"barrier_every", c.barrier_every},
       {"threads", c.blas_threads},
       {"optimizer_in_backward", c.optimizer_in_backward},
+      {"zero_stage", c.zero_stage},
       {"timeout_s", c.timeout_s},
       {"flush_every", c.flush_every},
       {"check_sync", c.check_sync},

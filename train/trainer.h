@@ -44,6 +44,7 @@ class Trainer {
   // Checkpoints (record/checkpoint.h): this rank's parameters and optimizer state, in the CPU model's names, shapes
   // and layout whatever the device. Reading validates everything first and leaves the state untouched on refusal
   // (UsageError).
+  void gather_optimizer_state() { backend_->gather_optimizer_state(); }  // collective: see StepBackend
   void write_checkpoint(const std::string& path, bool force, const CheckpointInfo& info) {
     backend_->write_checkpoint(path, force, info);
   }

@@ -21,6 +21,7 @@ class ModelWorkload : public Workload {
   float* flat_params() override { return model_.flat_params(); }
   float* flat_grads() override { return model_.flat_grads(); }
   void place_grads(float* storage) override { model_.place_grads(storage); }
+  void place_params(float* storage) override { model_.place_params(storage); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }

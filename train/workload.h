@@ -22,6 +22,7 @@ class Workload {
   virtual float* flat_grads() = 0;
   // Keeps the gradients in `storage` (flat_size() floats, alive as long as the workload) from now on.
   virtual void place_grads(float* storage) = 0;
+  virtual void place_params(float* storage) = 0;  // the same for the parameters (values kept)
   virtual const std::vector<GradPiece>& grad_pieces() const = 0;
   virtual const std::vector<Parameter<float>>& parameters() const = 0;  // names and shapes (checkpoints)
   virtual void set_grad_piece_elements(int64_t max_elements) = 0;

@@ -69,6 +69,12 @@ for np in 1 2; do
     --optimizer-in-backward on --skip-nonfinite
   expect_error $np "--optimizer-in-backward on needs --device cpu" train "${small[@]}" "${cuda[@]}" \
     --optimizer-in-backward on
+  expect_error $np "--zero-stage must be 0 or 1 (got 2)" train "${small[@]}" --zero-stage 2
+  expect_error $np "--zero-stage 1 needs --comm ring" train "${small[@]}" --zero-stage 1 --comm mpi
+  expect_error $np "--zero-stage 1 needs --comm-dtype fp32" train "${small[@]}" --zero-stage 1 --comm-dtype bf16
+  expect_error $np "--zero-stage 1 needs --device cpu" train "${small[@]}" "${cuda[@]}" --zero-stage 1
+  expect_error $np "--zero-stage 1 and --optimizer-in-backward on exclude each other" train "${small[@]}" \
+    --zero-stage 1 --optimizer-in-backward on
   # What the GPU path does not support is refused before any device is touched, with or without a GPU.
   expect_error $np "--device cuda: reduces gradients with NCCL or our ring" train "${small[@]}" --device cuda --comm mpi
   expect_error $np "--device cuda: --ring-link needs --comm ring" train "${small[@]}" "${cuda[@]}" --ring-link ipc

@@ -146,6 +146,21 @@ def main():
         else:
             check(False, "SIGTERM: run file written")
 
+        # --zero-stage 1, the sharded update: the replicated update's loss curve, bit for bit; a checkpoint gathers
+        # every rank's share of the optimizer state, so the run resumed from it goes on along the same curve.
+        ring_only = {"DDPLAB_SMALL_ALLREDUCE_BYTES": "0"}  # no bucket of this small model is all-reduced whole
+        zero = {}
+        for name, steps, extra in [("z0", 12, []), ("z1", 12, ["--zero-stage", "1"]),
+                                   ("z1a", 6, ["--zero-stage", "1", "--checkpoint", out("zck.h5")]),
+                                   ("z1b", 12, ["--zero-stage", "1", "--resume", out("zck.h5")])]:
+            j = Job(mpirun, ddplab, 3, ["--steps", str(steps), "--out", out(name + ".h5")] + extra, env=ring_only).run()
+            check(j.code == 0, f"zero-stage {name} runs (code {j.code}) {j.out[-300:] if j.code else ''}")
+            zero[name] = steps_in(out(name + ".h5"))[2] if j.code == 0 else None
+        if all(v is not None for v in zero.values()):
+            check(np.array_equal(zero["z1"], zero["z0"]), "zero-stage 1: the loss curve of zero-stage 0, bit for bit")
+            check(np.array_equal(np.concatenate([zero["z1a"], zero["z1b"]], axis=1), zero["z0"]),
+                  "zero-stage 1: resumed from its checkpoint, the same curve, bit for bit")
+
         # Ctrl-C: SIGINT to mpirun, which sends SIGTERM to the ranks after odls_base_sigkill_timeout seconds (3 here)
         # and SIGKILL as long again: the ranks stop in between and leave a complete run file.
         job = Job(mpirun, ddplab, 2, ["--steps", "100000", "--data-cost-ms", "2", "--flush-every", "5",

@@ -149,6 +149,64 @@ INSTANTIATE_TEST_SUITE_P(Counts, AllreduceTest,
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
                          });
 
+// The sharded update's collectives (--zero-stage 1), on the ring's counts: what a rank owns, and the reduce-scatter
+// followed by the all-gather giving the all-reduce's bits.
+class ShardedTest : public testing::TestWithParam<CountCase> {
+ protected:
+  size_t count() const { return GetParam().count(n_); }
+  bool small() const { return count() * sizeof(float) <= small_allreduce_bytes(n_); }
+  const int rank_ = world_rank(), n_ = world_size();
+};
+
+TEST_P(ShardedTest, OwnedChunksCoverTheBufferOnceAcrossRanks) {
+  Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  std::vector<int> owners(count(), 0);
+  size_t end = 0;
+  for (const RingChunk& c : comm.owned_chunks(count())) {
+    EXPECT_GE(c.offset, end) << "chunks overlap or are out of order";
+    EXPECT_LE(c.offset + c.count, count());
+    for (size_t i = c.offset; i < std::min(c.offset + c.count, count()); ++i) owners[i] = 1;
+    end = c.offset + c.count;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, owners.data(), static_cast<int>(count()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  // A buffer small enough for recursive doubling is all-reduced whole and owned by every rank.
+  const int want = small() ? n_ : 1;
+  size_t wrong = 0, first = 0;
+  for (size_t i = 0; i < owners.size(); ++i)
+    if (owners[i] != want && wrong++ == 0) first = i;
+  EXPECT_EQ(wrong, 0u) << "first at " << first << ": " << owners[first] << " owners, want " << want;
+}
+
+TEST_P(ShardedTest, ReduceScatterThenAllGatherGiveTheAllReducesBits) {
+  Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  const float scale = 1.0f / static_cast<float>(n_);
+  std::vector<float> data = random_inputs(rank_, count()), reference = data;
+  EXPECT_TRUE(comm.allreduce_gradients(reference.data(), count(), scale, 1));
+  EXPECT_TRUE(comm.reduce_scatter_gradients(data.data(), count(), scale, 2));
+  size_t wrong = 0;
+  for (const RingChunk& c : comm.owned_chunks(count()))
+    for (size_t i = c.offset; i < c.offset + c.count; ++i) wrong += std::memcmp(&data[i], &reference[i], 4) != 0;
+  EXPECT_EQ(wrong, 0u) << "owned elements after the reduce-scatter differ from the all-reduce's";
+  comm.all_gather(data.data(), count(), 3);
+  EXPECT_EQ(bitwise_mismatch(data, reference), "");
+}
+
+// Each rank checks what it owns: the owner of a poisoned element reports it (the Reducer then agrees across ranks).
+TEST_P(ShardedTest, TheOwnerOfANonFiniteSumReportsIt) {
+  Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  if (count() == 0) GTEST_SKIP() << "no element to poison";
+  const size_t place = count() / 2;
+  std::vector<float> data = exact_inputs(rank_, count());
+  if (rank_ == n_ - 1) data[place] = std::nanf("");
+  const bool finite = comm.reduce_scatter_gradients(data.data(), count(), 0.5f, 4);
+  bool owns = false;
+  for (const RingChunk& c : comm.owned_chunks(count())) owns |= place >= c.offset && place < c.offset + c.count;
+  EXPECT_EQ(finite, !owns) << "rank " << rank_ << (owns ? " owns" : " does not own") << " the poisoned element";
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, ShardedTest, testing::ValuesIn(kCounts),
+                         [](const testing::TestParamInfo<CountCase>& info) { return std::string(info.param.name); });
+
 // One Communicator across growing and shrinking sizes: the ring's scratch is reused, never stale.
 class AllreduceImplTest : public testing::TestWithParam<AllreduceImpl> {};
 
