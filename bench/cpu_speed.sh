@@ -6,7 +6,8 @@
 #      MPI in every run), and each slow run's per-rank diagnosis;
 #   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor);
 #   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08);
-#   4. ws=2 against ws=1, one thread per rank: throughput ratio (target >= 1.8) and where each rank's time goes;
+#   4. ws=2 against ws=1, one thread per rank, with the replicated and the sharded update (--zero-stage 1):
+#      throughput ratio (target >= 1.8) and where each rank's time goes;
 #   5. bench/vs_torch.py both ways, when Debian's python3-torch is importable.
 # Nothing else should run meanwhile: every figure is compared only with figures from this same run.
 #   bench/cpu_speed.sh [BUILD_DIR] [RUNS]      (defaults: build, 10)
@@ -80,11 +81,16 @@ section "3. ws=1 step vs its GEMMs alone, 1 thread (bench_step)"
 
 section "4. ws=2 vs ws=1, one thread per rank, 300 steps each (ddplab train, ddplab report)"
 # One core per rank: ws=1's update stays after backward (auto would put it on the core ws=2's second rank takes).
+# ws=2 twice: the replicated update (every rank updates every parameter, PyTorch DDP's) and --zero-stage 1 (the
+# update sharded: each rank updates half; the same parameters, bit for bit).
 one_core=(--threads 1 --optimizer-in-backward off)
 "$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --out "$work/ws1.h5"
 scripts/mpirun.sh -np 2 "$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --out "$work/ws2.h5"
-"$build/launcher/ddplab" report "$work/ws1.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
-"$build/launcher/ddplab" report "$work/ws2.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
+scripts/mpirun.sh -np 2 "$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --zero-stage 1 \
+  --out "$work/ws2z.h5"
+for run in ws1 ws2 ws2z; do
+  "$build/launcher/ddplab" report "$work/$run.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
+done
 /usr/bin/python3 - "$work" <<'EOF'
 import sys
 import h5py
@@ -98,19 +104,21 @@ def phases(path):
         data = {n: np.asarray(steps[n])[:, 5:] for n in names}  # ranks x steps, warm-up dropped
         return {n: v.mean(axis=1) for n, v in data.items()}, data["step_ms"].max(axis=0).mean()
 one, one_step = phases(f"{work}/ws1.h5")
-two, two_step = phases(f"{work}/ws2.h5")
-print(f"throughput ws=2 / ws=1: {2 * one_step / two_step:.2f}x (target >= 1.8; each step's time is its slowest rank's)")
-print("where the second rank's time goes (ms per step, ws=2 rank minus ws=1):")
-print(f"{'rank':>4} {'step':>7} {'forward':>8} {'backward':>9} {'exposed':>8} {'optimizer':>9} {'comm':>7} "
-      f"{'hidden':>7}")
-for r in range(2):
-    d = {n: two[n][r] - one[n][0] for n in one}
-    print(f"{r:>4} {d['step_ms']:>+7.2f} {d['forward_ms']:>+8.2f} {d['backward_ms']:>+9.2f} "
-          f"{d['exposed_comm_ms']:>+8.2f} {d['optimizer_ms']:>+9.2f} {two['comm_ms'][r]:>7.2f} "
-          f"{two['hidden_comm_ms'][r]:>7.2f}")
+for run, what in [("ws2", "replicated update"), ("ws2z", "--zero-stage 1")]:
+    two, two_step = phases(f"{work}/{run}.h5")
+    print(f"throughput ws=2 / ws=1, {what}: {2 * one_step / two_step:.2f}x (target >= 1.8; each step's time is its "
+          f"slowest rank's: {one_step:.2f} -> {two_step:.2f} ms)")
+    print("  where the second rank's time goes (ms per step, ws=2 rank minus ws=1):")
+    print(f"  {'rank':>4} {'step':>7} {'forward':>8} {'backward':>9} {'exposed':>8} {'optimizer':>9} {'comm':>7} "
+          f"{'hidden':>7}")
+    for r in range(2):
+        d = {n: two[n][r] - one[n][0] for n in one}
+        print(f"  {r:>4} {d['step_ms']:>+7.2f} {d['forward_ms']:>+8.2f} {d['backward_ms']:>+9.2f} "
+              f"{d['exposed_comm_ms']:>+8.2f} {d['optimizer_ms']:>+9.2f} {two['comm_ms'][r]:>7.2f} "
+              f"{two['hidden_comm_ms'][r]:>7.2f}")
 print("forward/backward up: compute slowed by the comm threads sharing the cores or by memory bandwidth; optimizer up:"
-      "\n  the two ranks' AdamW streams share memory bandwidth; exposed: comm left after backward; rank skew is the"
-      "\n  difference between the two rows")
+      "\n  the two ranks' AdamW streams share memory bandwidth (with --zero-stage 1 it holds the parameters' all-gather);"
+      "\n  exposed: comm left after backward; rank skew is the difference between the two rows")
 EOF
 
 section "5. ddplab vs PyTorch DDP (bench/vs_torch.py, both ways)"
