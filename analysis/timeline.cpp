@@ -129,7 +129,18 @@ nlohmann::json chrome_trace(const RunRecord& run) {
         const double ready = times.ready_ms, begin = times.comm_start_ms, end = times.comm_end_ms;
         if (begin <= 0 && end <= 0) continue;  // never communicated (nothing recorded)
         const std::string name = "bucket " + std::to_string(k);
-        events.push_back(complete(name + " (" + size_text(b.bytes()) + ")", "bucket", r, kCommTrack, us(begin),
+        // --zero-stage 1: the bar in backward is the gradients' reduce-scatter; the parameters' all-gather follows
+        // the update.
+        if (times.gather_end_ms > 0)
+          events.push_back(complete(name + " all-gather (" + size_text(b.bytes()) + ")", "all-gather", r, kCommTrack,
+                                    us(times.gather_start_ms), us(times.gather_end_ms - times.gather_start_ms),
+                                    {{"step", s},
+                                     {"bucket", k},
+                                     {"bytes", b.bytes()},
+                                     {"comm_ms", times.gather_end_ms - times.gather_start_ms}}));
+        const bool sharded = times.gather_end_ms > 0;
+        events.push_back(complete(name + (sharded ? " reduce-scatter (" : " (") + size_text(b.bytes()) + ")", "bucket",
+                                  r, kCommTrack, us(begin),
                                   us(end - begin),
                                   {{"step", s},
                                    {"bucket", k},

@@ -199,11 +199,15 @@ void Reducer::wait_all() {
 }
 
 void Reducer::all_gather(int bucket, float* flat) {
-  if (!comm_thread_) return;
-  comm_thread_->submit([this, bucket, flat] {
-    const Bucket& b = buckets_[bucket];
+  const Bucket& b = buckets_[bucket];
+  const std::vector<RingChunk>& owned = owned_.at(bucket);
+  if (!comm_thread_ || (owned.size() == 1 && owned[0].count == static_cast<size_t>(b.count)))
+    return;  // this rank owns all of it (all-reduced whole): nothing to gather
+  comm_thread_->submit([this, bucket, flat, &b] {
+    times_[bucket].gather_start_ms = now_ms() - origin_ms_;
     // Tags after the buckets' own: a rank that gathers while another reduces fails with a mismatch, not wrong data.
     comm_.all_gather(flat + b.offset, static_cast<size_t>(b.count), static_cast<int>(buckets_.size()) + bucket);
+    times_[bucket].gather_end_ms = now_ms() - origin_ms_;
   });
 }
 

@@ -74,6 +74,9 @@ struct BucketTimes {
   // reducer, files written before it was).
   double comm_cpu_ms = kNotRecorded;
   static constexpr double kNotRecorded = -1;
+  // --zero-stage 1: the parameters' all-gather after the update (comm_start/end_ms then time the reduce-scatter).
+  // Both 0 when there was none.
+  double gather_start_ms = 0, gather_end_ms = 0;
 };
 
 class Reducer {

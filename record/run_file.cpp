@@ -33,11 +33,20 @@ const std::pair<const char*, std::string RunMetadata::*> kTextAttrs[] = {
     {"stop_reason", &RunMetadata::stop_reason},
 };
 
-const std::pair<const char*, double BucketTimes::*> kBucketTimes[] = {
-    {"ready_ms", &BucketTimes::ready_ms},
-    {"comm_start_ms", &BucketTimes::comm_start_ms},
-    {"comm_end_ms", &BucketTimes::comm_end_ms},
-    {"comm_cpu_ms", &BucketTimes::comm_cpu_ms},  // optional: older files read as not recorded
+// Optional columns came later: a file without them reads them as BucketTimes' defaults (comm_cpu_ms not recorded,
+// no all-gather).
+struct BucketColumn {
+  const char* name;
+  double BucketTimes::*member;
+  bool optional;
+};
+const BucketColumn kBucketTimes[] = {
+    {"ready_ms", &BucketTimes::ready_ms, false},
+    {"comm_start_ms", &BucketTimes::comm_start_ms, false},
+    {"comm_end_ms", &BucketTimes::comm_end_ms, false},
+    {"comm_cpu_ms", &BucketTimes::comm_cpu_ms, true},
+    {"gather_start_ms", &BucketTimes::gather_start_ms, true},
+    {"gather_end_ms", &BucketTimes::gather_end_ms, true},
 };
 
 nlohmann::json link_json(const LinkModel& l) {
@@ -79,7 +88,7 @@ void write_buckets(hid_t file, const RunRecord& run) {
     write_numbers(group, "piece_numel", piece_numel, {piece_numel.size()}, "elements");
   }
   std::vector<double> column(run.bucket_times.size());
-  for (const auto& [name, member] : kBucketTimes) {
+  for (const auto& [name, member, optional] : kBucketTimes) {
     for (size_t i = 0; i < column.size(); ++i) column[i] = run.bucket_times[i].*member;
     write_numbers(group, name, column, {world, steps, nb}, H5T_IEEE_F64LE, "ms");
   }
@@ -188,8 +197,8 @@ void read_buckets(hid_t file, RunRecord& run) {
                         ", not 4 x buckets/count (" + std::to_string(count[k]) + ")");
   }
   if (has_link(group, "piece_numel")) read_pieces(group, run);
-  for (const auto& [name, member] : kBucketTimes) {  // comm_cpu_ms last: absent, it stays not recorded
-    if (member == &BucketTimes::comm_cpu_ms && !has_link(group, name)) continue;
+  for (const auto& [name, member, optional] : kBucketTimes) {  // the required first: they size bucket_times
+    if (optional && !has_link(group, name)) continue;
     const std::vector<double> column = read_doubles(group, name, {world, steps, nb}, std::string("buckets/") + name);
     run.bucket_times.resize(column.size());
     for (size_t i = 0; i < column.size(); ++i) run.bucket_times[i].*member = column[i];

@@ -41,10 +41,13 @@ std::string StepAgreement::finish(const std::function<std::string()>& nonfinite_
 
 void add_comm_times(StepRecord& r, const std::vector<BucketTimes>& buckets, double backward_from_ms,
                     double backward_to_ms) {
+  const auto add = [&](double from_ms, double to_ms) {
+    r.comm_ms += to_ms - from_ms;
+    r.hidden_comm_ms += std::max(0.0, std::min(to_ms, backward_to_ms) - std::max(from_ms, backward_from_ms));
+  };
   for (const BucketTimes& b : buckets) {
-    r.comm_ms += b.comm_end_ms - b.comm_start_ms;
-    r.hidden_comm_ms +=
-        std::max(0.0, std::min(b.comm_end_ms, backward_to_ms) - std::max(b.comm_start_ms, backward_from_ms));
+    add(b.comm_start_ms, b.comm_end_ms);
+    add(b.gather_start_ms, b.gather_end_ms);  // --zero-stage 1's all-gather (after backward: never hidden by it)
   }
 }
 

@@ -61,8 +61,8 @@ bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int
 // every rank naming the first parameter, in registration order, that differs.
 void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
                           const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step);
-// The buckets' communication time into r.comm_ms, and the part of it that overlapped backward [from, to] (ms on
-// the buckets' time origin) into r.hidden_comm_ms.
+// The buckets' communication time (with --zero-stage 1 their all-gathers too) into r.comm_ms, and the part of it
+// that overlapped backward [from, to] (ms on the buckets' time origin) into r.hidden_comm_ms.
 void add_comm_times(StepRecord& r, const std::vector<BucketTimes>& buckets, double backward_from_ms,
                     double backward_to_ms);
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -395,6 +396,33 @@ TEST(Timeline, EveryRankHasBothTracksAndEventsLieInsideTheirStep) {
   EXPECT_EQ(phases, 3 * kSteps * 5 + 3 * (3 + 1));
 }
 
+// --zero-stage 1: a bucket with an all-gather shows it as an event of its own on the communication track, and its
+// bar in backward is named for what it is, the reduce-scatter; a bucket without one (all-reduced whole) is unchanged.
+TEST(Timeline, ShardedBucketsShowTheirReduceScatterAndTheirAllGather) {
+  RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < kSteps; ++s) {
+      BucketTimes& t = run.bucket_times[(static_cast<size_t>(r) * kSteps + s) * run.buckets.size()];  // bucket 0
+      const double end = run.at(r, s).start_ms + run.at(r, s).step_ms;
+      t.gather_start_ms = end - 1.0;
+      t.gather_end_ms = end - 0.5;
+    }
+  const nlohmann::json trace = chrome_trace(run);
+  std::map<std::string, int> names;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || (e["cat"] != "bucket" && e["cat"] != "all-gather")) continue;
+    const std::string name = e["name"];
+    ++names[name.substr(0, name.find(" ("))];
+    EXPECT_EQ(e["tid"], 1) << name;
+    if (e["cat"] == "all-gather") {
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 500.0) << "0.5 ms in us";
+    }
+  }
+  EXPECT_EQ(names, (std::map<std::string, int>{{"bucket 0 reduce-scatter", 2 * kSteps},
+                                               {"bucket 0 all-gather", 2 * kSteps},
+                                               {"bucket 1", 2 * kSteps}}));
+}
+
 TEST(Timeline, DefaultPath) {
   EXPECT_EQ(default_timeline_path("runs/a.h5"), "runs/a.trace.json");
   EXPECT_EQ(default_timeline_path("runs/a"), "runs/a.trace.json");
@@ -529,25 +557,35 @@ TEST_F(Reader, NodesAndLinkClassesRoundTripAndOlderFilesReadAsOneNode) {
   EXPECT_EQ(old.meta.links.inter.name, "none");
 }
 
-TEST_F(Reader, CommCpuTimesHostCoresSpinAndLostYieldRoundTripAndOlderFilesReadAsNotRecorded) {
+TEST_F(Reader, CommCpuAndGatherTimesHostCoresSpinAndLostYieldRoundTripAndOlderFilesReadAsNotRecorded) {
   RunRecord written = real_record();
   written.meta.host_cores = 6;
   written.meta.comm_spin_us = -1;
   written.meta.comm_lost_yield_us = 3250;
-  for (size_t i = 0; i < written.bucket_times.size(); ++i) written.bucket_times[i].comm_cpu_ms = 0.125 * i;
+  for (size_t i = 0; i < written.bucket_times.size(); ++i) {
+    written.bucket_times[i].comm_cpu_ms = 0.125 * i;
+    written.bucket_times[i].gather_start_ms = 20 + 0.5 * i;  // --zero-stage 1's all-gathers
+    written.bucket_times[i].gather_end_ms = 21 + 0.5 * i;
+  }
   const std::string path = write_real("cpu.h5", written);
   const RunRecord run = read_run_file(path);
   EXPECT_EQ(run.meta.host_cores, 6);
   EXPECT_EQ(run.meta.comm_spin_us, -1);
   EXPECT_EQ(run.meta.comm_lost_yield_us, 3250);
   ASSERT_EQ(run.bucket_times.size(), written.bucket_times.size());
-  for (size_t i = 0; i < run.bucket_times.size(); ++i) EXPECT_EQ(run.bucket_times[i].comm_cpu_ms, 0.125 * i);
+  for (size_t i = 0; i < run.bucket_times.size(); ++i) {
+    EXPECT_EQ(run.bucket_times[i].comm_cpu_ms, 0.125 * i);
+    EXPECT_EQ(run.bucket_times[i].gather_start_ms, 20 + 0.5 * i);
+    EXPECT_EQ(run.bucket_times[i].gather_end_ms, 21 + 0.5 * i);
+  }
   EXPECT_EQ(run.bucket_at(1, 2, 1).comm_cpu_ms, 0.125 * 11);  // in the same order as the other timings
   // A file from before they were recorded.
   {
     H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
     ASSERT_TRUE(file.ok());
     ASSERT_GE(H5Ldelete(file, "buckets/comm_cpu_ms", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(file, "buckets/gather_start_ms", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(file, "buckets/gather_end_ms", H5P_DEFAULT), 0);
     ASSERT_GE(H5Adelete(file, "host_cores"), 0);
     ASSERT_GE(H5Adelete(file, "comm_spin_us"), 0);
     ASSERT_GE(H5Adelete(file, "comm_lost_yield_us"), 0);
@@ -556,7 +594,11 @@ TEST_F(Reader, CommCpuTimesHostCoresSpinAndLostYieldRoundTripAndOlderFilesReadAs
   EXPECT_EQ(old.meta.host_cores, 0);
   EXPECT_FALSE(old.meta.comm_spin_us);
   EXPECT_FALSE(old.meta.comm_lost_yield_us);
-  for (const BucketTimes& t : old.bucket_times) EXPECT_EQ(t.comm_cpu_ms, BucketTimes::kNotRecorded);
+  for (const BucketTimes& t : old.bucket_times) {
+    EXPECT_EQ(t.comm_cpu_ms, BucketTimes::kNotRecorded);
+    EXPECT_EQ(t.gather_start_ms, 0.0);
+    EXPECT_EQ(t.gather_end_ms, 0.0);
+  }
   EXPECT_EQ(old.bucket_at(1, 2, 1).comm_start_ms, 11.25);
 }
 
