@@ -87,11 +87,17 @@ class Run:
         self.samples_per_s = float(self.summary["samples_per_s"])
         self.step_times = f["steps/step_ms"][:].astype(float)
         self.start = f["steps/start_ms"][:].astype(float)
-        self.phases = {name: f[f"steps/{name}"][:].astype(float) for name in ("data_ms", "forward_ms", "backward_ms")}
+        self.phases = {name: f[f"steps/{name}"][:].astype(float)
+                       for name in ("data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms")}
         self.loss = f["steps/loss"][:].astype(float)
         self.bucket_bytes = f["buckets/bytes"][:].astype(int)
         self.bucket_times = {name: f[f"buckets/{name}"][:].astype(float)
                              for name in ("ready_ms", "comm_start_ms", "comm_end_ms")}
+        # --zero-stage 1: each bucket's all-gather of the updated parameters (absent in older files: none)
+        self.sharded = "buckets/gather_end_ms" in f and bool((f["buckets/gather_end_ms"][:] > 0).any())
+        if self.sharded:
+            for name in ("gather_start_ms", "gather_end_ms"):
+                self.bucket_times[name] = f[f"buckets/{name}"][:].astype(float)
         self.group = None  # the suite's group of this case (--suite)
         self.oversubscribed = False
         if self.step_times.shape != (self.world, self.steps):
@@ -218,7 +224,8 @@ def loss_chart(runs, out_dir, written):
 
 def buckets_chart(run, out_dir, name, written):
     """The last step, per rank: forward and backward on one row, each bucket's all-reduce on the row below it, a
-    tick where the bucket became ready. What Perfetto shows, as a picture."""
+    tick where the bucket became ready. What Perfetto shows, as a picture. With --zero-stage 1 the row below holds
+    each bucket's reduce-scatter, then, hatched, its all-gather after the update, which the row above then shows."""
     s = run.steps - 1
     nb = len(run.bucket_bytes)
     tab10 = plt.get_cmap("tab10")
@@ -233,7 +240,14 @@ def buckets_chart(run, out_dir, name, written):
         bwd0 = fwd0 + run.phases["forward_ms"][r, s]
         ax.broken_barh([(fwd0, run.phases["forward_ms"][r, s])], (y_compute - 0.35, 0.7), color="#8fb0d9")
         ax.broken_barh([(bwd0, run.phases["backward_ms"][r, s])], (y_compute - 0.35, 0.7), color="#4c72b0")
+        if run.sharded:
+            opt0 = bwd0 + run.phases["backward_ms"][r, s] + run.phases["exposed_comm_ms"][r, s]
+            ax.broken_barh([(opt0, run.phases["optimizer_ms"][r, s])], (y_compute - 0.35, 0.7), color="#bbbbbb")
         for k in range(nb):
+            if run.sharded and run.bucket_times["gather_end_ms"][r, s, k] > 0:
+                g0, g1 = (run.bucket_times[n][r, s, k] - t0 for n in ("gather_start_ms", "gather_end_ms"))
+                ax.broken_barh([(g0, g1 - g0)], (y_comm - 0.35, 0.7), facecolor="white", edgecolor=colors(k),
+                               hatch="////", linewidth=1)
             ready, begin, end = (run.bucket_times[n][r, s, k] for n in ("ready_ms", "comm_start_ms", "comm_end_ms"))
             if begin <= 0 and end <= 0:
                 continue  # never communicated (nothing recorded)
@@ -245,11 +259,18 @@ def buckets_chart(run, out_dir, name, written):
     ax.invert_yaxis()
     ax.set_xlabel(f"ms since the start of step {s}")
     handles = [Patch(color="#8fb0d9", label="forward"), Patch(color="#4c72b0", label="backward")]
-    handles += [Patch(color=colors(k), label=f"bucket {k} all-reduce ({run.bucket_bytes[k] / 1024:.0f} KiB)")
+    if run.sharded:
+        handles.append(Patch(color="#bbbbbb", label="optimizer (update of the owned share)"))
+    what = "reduce-scatter" if run.sharded else "all-reduce"
+    handles += [Patch(color=colors(k), label=f"bucket {k} {what} ({run.bucket_bytes[k] / 1024:.0f} KiB)")
                 for k in range(min(nb, 10))]
+    if run.sharded:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="////",
+                             label="its all-gather of the parameters"))
     handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title(f"{run.stem}: backward and each bucket's all-reduce, step {s} ({ranks_text(run.world)})", fontsize=10)
+    each = "reduce-scatter and all-gather" if run.sharded else what
+    ax.set_title(f"{run.stem}: backward and each bucket's {each}, step {s} ({ranks_text(run.world)})", fontsize=10)
     save(fig, out_dir, name, written)
 
 
