@@ -681,6 +681,10 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   bool timed = false;
   for (const BucketTimes& t : run.bucket_times) timed = timed || t.ready_ms != 0 || t.comm_end_ms != 0;
   if (!timed || steady <= 0) throw std::invalid_argument(run.path + " has no bucket timings to predict from");
+  if (run.config.value("zero_stage", 0) == 1)
+    throw std::invalid_argument(run.path + " sharded its update (--zero-stage 1): its buckets' times are "
+                                "reduce-scatters and all-gathers, and the model predicts all-reduces; predict from a "
+                                "--zero-stage 0 run");
 
   StepModel m;
   m.measured = measured_setting(run);
@@ -700,10 +704,6 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
     m.notes.push_back(
         "the run updated its parameters in backward (--optimizer-in-backward on): what is left of the update after "
         "backward is taken as measured for every setting, though other buckets would leave a different tail");
-  if (run.config.value("zero_stage", 0) == 1)
-    m.notes.push_back(
-        "the run sharded its update (--zero-stage 1): its update and its parameters' all-gather after backward are "
-        "taken as measured for every setting, though another world size would share the update differently");
   m.calibration = std::move(calibration);
   const RunSummary summary = summarize(run);
   m.measured_step_ms = summary.slowest_step_ms;

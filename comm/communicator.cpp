@@ -266,16 +266,16 @@ auto Communicator::guarded(const char* what, int tag, Op op) {
     throw std::runtime_error("rank " + str(rank_) + ": Communicator unusable after an earlier failure (" + failed_ +
                              ")");
   if (tag < 0 || tag > kMaxTag)
-    throw std::invalid_argument("rank " + str(rank_) + ": all-reduce tag " + str(tag) + " outside [0, " + str(kMaxTag) +
-                                "]");
+    throw std::invalid_argument("rank " + str(rank_) + ": " + what + " tag " + str(tag) + " outside [0, " +
+                                str(kMaxTag) + "]");
   const watchdog::Wait wait(what, -1, tag);
   try {
     return op();
   } catch (const TagMismatch& e) {
-    failed_ = "all-reduce order mismatch";
-    throw std::runtime_error("rank " + str(rank_) + ": all-reduce order mismatch: this rank runs tag " + str(tag) +
+    failed_ = std::string(what) + " order mismatch";
+    throw std::runtime_error("rank " + str(rank_) + ": " + what + " order mismatch: this rank runs tag " + str(tag) +
                              ", rank " + str(e.peer) + " sent tag " + str(e.received_tag) +
-                             " (ranks started their all-reduces in different orders)");
+                             " (ranks started their collectives in different orders)");
   } catch (const std::exception& e) {
     failed_ = e.what();
     throw;
@@ -290,7 +290,7 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
       mpi_allreduce_sum(in, out, count, tag);
     } else if (hier_) {
       hier_->allreduce_sum(in, out, count, o);
-    } else if (count * sizeof(float) <= small_max_bytes_) {
+    } else if (small(count)) {
       if (in != out) std::memcpy(out, in, count * sizeof(float));  // small: the copy costs next to nothing
       recursive_doubling_allreduce_sum(out, count, *transport_, scratch_, o);
     } else if (!o.wire16) {  // the flat ring: the epilogue where each value becomes final
@@ -310,36 +310,37 @@ void Communicator::require_sharded_ring() const {
     throw std::logic_error("the sharded update needs --comm ring on the fp32 wire");
 }
 
+bool Communicator::small(size_t count) const { return count * sizeof(float) <= small_max_bytes_; }
+
 // A buffer the all-reduce gives to recursive doubling is all-reduced whole instead, and every rank owns all of it:
 // latency bounds it, not bytes, and the sums keep the all-reduce's order, so the sharded update stays bitwise equal.
-bool Communicator::shared_whole(size_t count) const { return count * sizeof(float) <= small_max_bytes_; }
+bool Communicator::sharded(size_t count) const { return size_ > 1 && !small(count); }
 
 std::vector<RingChunk> Communicator::owned_chunks(size_t count) const {
   require_sharded_ring();
-  if (shared_whole(count)) return {RingChunk{0, count}};
+  if (!sharded(count)) return {RingChunk{0, count}};
   return ring_owned_chunks(count, size_, rank_, ring_);
 }
 
 bool Communicator::reduce_scatter_gradients(float* data, size_t count, float scale, int tag) {
   require_sharded_ring();
-  if (shared_whole(count)) return allreduce_gradients(data, count, scale, tag);
+  if (!sharded(count)) return allreduce_gradients(data, count, scale, tag);
   return guarded("reduce-scatter", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
     o.final_scale = scale;
     o.check_finite = true;
-    if (size_ == 1) return epilogue_pass(data, count, scale, true);
     return ring_reduce_scatter_sum(data, count, *transport_, scratch_, o);
   });
 }
 
 void Communicator::all_gather(float* data, size_t count, int tag) {
   require_sharded_ring();
-  if (shared_whole(count)) return;  // every rank owns it all
+  if (!sharded(count)) return;  // every rank owns it all
   guarded("all-gather", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
-    if (size_ > 1) ring_all_gather_owned(data, count, *transport_, scratch_, o);
+    ring_all_gather_owned(data, count, *transport_, scratch_, o);
   });
 }
 

@@ -120,9 +120,11 @@ class Communicator {
   bool allreduce_gradients(float* data, size_t count, float scale, int tag = 0);
 
   // The sharded update (ZeRO stage 1; comm/ring_allreduce.h, ring_reduce_scatter_sum): --comm ring on the fp32
-  // wire only (std::logic_error otherwise). Same tag rules as the all-reduce. A buffer small enough for recursive
-  // doubling is all-reduced whole, and every rank owns all of it.
-  // The elements of a `count`-element buffer this rank owns.
+  // wire only (std::logic_error otherwise). Same tag rules as the all-reduce.
+  // Whether a `count`-element buffer is sharded: false at one rank, and for a buffer small enough for recursive
+  // doubling, which is all-reduced whole and owned by every rank. The same on every rank for the same count.
+  bool sharded(size_t count) const;
+  // The elements of a `count`-element buffer this rank owns (all of them when not sharded).
   std::vector<RingChunk> owned_chunks(size_t count) const;
   // data[owned] = scale x sum over ranks of data[owned]; the other elements are left holding partial sums. Returns
   // whether every owned result is finite.
@@ -137,7 +139,7 @@ class Communicator {
   template <typename Op>
   auto guarded(const char* what, int tag, Op op);
   void require_sharded_ring() const;
-  bool shared_whole(size_t count) const;  // the sharded update all-reduces it whole
+  bool small(size_t count) const;  // up to small_max_bytes_: recursive doubling, not the ring
   void mpi_allreduce_sum(const float* in, float* out, size_t count, int tag);
   void check_same_operation_everywhere(size_t count, int tag);  // --comm mpi: tags and counts agree on all ranks
 

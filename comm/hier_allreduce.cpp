@@ -78,6 +78,10 @@ HierAllreduce::~HierAllreduce() {
 int HierAllreduce::nodes() const { return cross_->group->size(); }
 
 void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options) {
+  // The node's reduce-scatter leaves partial sums that cross the nodes next: an epilogue there would scale or check
+  // them, not the finished sums (the Communicator runs it as a pass of its own afterwards).
+  if (options.final_scale != 1.0f || options.check_finite)
+    throw std::logic_error("HierAllreduce: the epilogue is a pass of its own after the sum");
   const int local = local_size();
   if (local == 1 || count == 0) {  // nothing to pipeline: the cross-node ring on this thread
     ring_allreduce_sum(in, out, count, *cross_->group, cross_->scratch, options);

@@ -1,6 +1,7 @@
 #include "comm/reducer.h"
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -115,14 +116,25 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     for (const Bucket& b : buckets_) {
       owned_.push_back(comm.owned_chunks(static_cast<size_t>(b.count)));
       for (RingChunk& c : owned_.back()) c.offset += static_cast<size_t>(b.offset);
+      gathered_.push_back(comm.sharded(static_cast<size_t>(b.count)));
     }
+    // The all-gathers' tags follow the buckets' own.
+    if (2 * buckets_.size() - 1 > static_cast<size_t>(Communicator::kMaxTag))
+      throw std::invalid_argument("the sharded update takes two tags per gradient bucket, and " +
+                                  std::to_string(buckets_.size()) + " buckets need more than " +
+                                  std::to_string(Communicator::kMaxTag + 1) + ": raise --bucket-mb");
+    if (comm.size() > 1) mpiCheck(MPI_Comm_dup(comm.mpi_comm(), &verdicts_));
   }
   // One rank has no peer: nothing to all-reduce, so no thread to hand buckets to (launch() finishes them).
   if (comm.size() > 1) comm_thread_ = std::make_unique<WorkerThread>("comm thread");
 }
 
 // The comm thread stops before the state its jobs use goes: it is the last member, destroyed first.
-Reducer::~Reducer() = default;
+Reducer::~Reducer() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && verdicts_ != MPI_COMM_NULL) MPI_Comm_free(&verdicts_);
+}
 
 void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) {
   origin_ms_ = origin_ms;
@@ -192,17 +204,15 @@ void Reducer::wait_all() {
     if (alone_finisher_) alone_finisher_->wait(last_finish_ticket_);
     return;
   }
-  const watchdog::Wait wait("the gradient buckets' all-reduces");
+  const watchdog::Wait wait("the gradient buckets' all-reduces (sharded: reduce-scatters)");
   comm_thread_->wait_all();  // rethrows the comm thread's error; the program's edge aborts the job
-  if (config_.sharded)  // each rank checked the elements it owns: agree on every bucket's verdict
-    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, nonfinite_.data(), nb, MPI_CHAR, MPI_MAX, comm_.mpi_comm()));
+  if (verdicts_ != MPI_COMM_NULL)  // sharded: each rank checked the elements it owns; agree on every bucket's verdict
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, nonfinite_.data(), nb, MPI_INT, MPI_MAX, verdicts_));
 }
 
 void Reducer::all_gather(int bucket, float* flat) {
+  if (!comm_thread_ || !gathered_.at(bucket)) return;  // every rank owns all of it: nothing to gather
   const Bucket& b = buckets_[bucket];
-  const std::vector<RingChunk>& owned = owned_.at(bucket);
-  if (!comm_thread_ || (owned.size() == 1 && owned[0].count == static_cast<size_t>(b.count)))
-    return;  // this rank owns all of it (all-reduced whole): nothing to gather
   comm_thread_->submit([this, bucket, flat, &b] {
     times_[bucket].gather_start_ms = now_ms() - origin_ms_;
     // Tags after the buckets' own: a rank that gathers while another reduces fails with a mismatch, not wrong data.
@@ -215,6 +225,26 @@ void Reducer::wait_all_gathers() {
   if (!comm_thread_) return;
   const watchdog::Wait wait("the parameters' all-gathers");
   comm_thread_->wait_all();
+}
+
+int Reducer::first_nonfinite_piece() {
+  const int b = first_nonfinite_bucket();  // the same on every rank
+  if (b < 0) return -1;
+  int found = INT_MAX;
+  for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece && found == INT_MAX; ++k) {
+    const int64_t begin = piece_offset_[k], end = begin + piece_numel_[k];
+    if (!config_.sharded) {
+      if (!cpu::all_finite(flat_grads_ + begin, end - begin)) found = k;
+      continue;
+    }
+    for (const RingChunk& c : owned_[b]) {  // only where this rank owns the elements: the rest are zeroed
+      const int64_t from = std::max(begin, static_cast<int64_t>(c.offset));
+      const int64_t to = std::min(end, static_cast<int64_t>(c.offset + c.count));
+      if (from < to && !cpu::all_finite(flat_grads_ + from, to - from)) found = k;
+    }
+  }
+  if (verdicts_ != MPI_COMM_NULL) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &found, 1, MPI_INT, MPI_MIN, verdicts_));
+  return found == INT_MAX ? -1 : found;
 }
 
 int Reducer::first_nonfinite_bucket() const {

@@ -128,6 +128,10 @@ class Reducer {
   // updates the piece). wait_all waits for it. Ignored at larger world sizes, where the comm thread finishes each
   // bucket.
   void set_alone_finisher(WorkerThread* finisher) { alone_finisher_ = finisher; }
+  // After wait_all, collective when sharded: the first gradient piece of first_nonfinite_bucket() holding a NaN or
+  // Inf, or -1 (none, or none found). Sharded, each rank looks where it owns the elements and the ranks agree on the
+  // first (a MIN), so every rank names the same piece.
+  int first_nonfinite_piece();
   // After wait_all: the first bucket whose reduced gradients hold a NaN or Inf, or -1. The communication thread
   // checks each bucket right after its all-reduce, while the data is in cache and backward still runs. Every rank
   // reduces to the same values, so every rank gets the same answer (sharded, each checks what it owns, and wait_all
@@ -145,6 +149,8 @@ class Reducer {
   std::vector<int> bucket_of_piece_;
   std::vector<int64_t> piece_numel_, piece_offset_;
   std::vector<std::vector<RingChunk>> owned_;  // per bucket (sharded)
+  std::vector<char> gathered_;                 // per bucket (sharded): Communicator::sharded, so all-gathered
+  MPI_Comm verdicts_ = MPI_COMM_NULL;           // sharded, world > 1: a private duplicate for the verdicts' agreement
   float* flat_grads_;
 
   // Main-thread state of the current step.
@@ -155,12 +161,12 @@ class Reducer {
   int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;
   // Per bucket, written by the thread that finishes it (the comm thread or the finisher) before its job counts done.
-  std::vector<char> nonfinite_;
+  std::vector<int> nonfinite_;  // int: MPI_MAX is defined for it (sharded: agreed across ranks)
   ReducedHook on_reduced_;
   WorkerThread* alone_finisher_ = nullptr;
   uint64_t last_finish_ticket_ = 0;  // this step's last job on alone_finisher_
 
-  std::unique_ptr<WorkerThread> comm_thread_;  // world size > 1: the buckets' all-reduces, in launch order
+  std::unique_ptr<WorkerThread> comm_thread_;  // world size > 1: the buckets' collectives, in launch order
 };
 
 }  // namespace ddplab

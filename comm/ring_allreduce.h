@@ -38,9 +38,10 @@ struct RingOptions {
   wire::Format format = wire::Format::kBf16;
   int tag = 0;  // carried by every message (see TagMismatch)
   // The finished sums' epilogue (the gradients' mean and NaN check; NCCL's ncclAvg is done the same way), fp32 wire
-  // and the flat ring (RingSeam::kFused) only. The rank that adds a chunk's last addend multiplies the sum by
-  // final_scale before it travels on; with check_finite every rank checks each finished slice where it lands, while
-  // it is in cache, and ring_allreduce_sum returns the verdict. Neither costs a pass over the buffer of its own.
+  // and sums the ring finishes (the flat ring, the sharded update's reduce-scatter; never hier's partial sums). The
+  // rank that adds a chunk's last addend multiplies the sum by final_scale before it travels on; with check_finite
+  // every rank checks each finished slice where it lands, while it is in cache, and ring_allreduce_sum returns the
+  // verdict. Neither costs a pass over the buffer of its own.
   float final_scale = 1.0f;
   bool check_finite = false;
 };
@@ -77,7 +78,7 @@ class RingPrimitives {
   void send(RingChunk c);                   // in[c] -> next
   void recv_reduce_send(RingChunk c);       // out[c] = in[c] + prev's; out[c] -> next
   void recv_reduce_copy_send(RingChunk c);  // the last reduction: out[c] is now final; out[c] -> next
-  void recv_reduce_copy(RingChunk c);       // out[c] = in[c] + prev's, kept here (RingSeam::kApart)
+  void recv_reduce_copy(RingChunk c);       // out[c] = in[c] + prev's (+ the epilogue), kept here (RingSeam::kApart)
   void send_out(RingChunk c);               // out[c] -> next (RingSeam::kApart; 16-bit: out[c] keeps the rounding)
   void recv_copy_send(RingChunk c);         // out[c] = prev's; out[c] -> next
   void recv(RingChunk c);                   // out[c] = prev's
@@ -119,8 +120,9 @@ struct RingRound {
 };
 
 // How the reduce-scatter meets the all-gather. kFused (the flat ring): the last reduction sends the finished chunk
-// on at once, slice by slice, as the all-gather's first step. kApart (the hierarchical all-reduce): the
-// reduce-scatter keeps the owned chunk, the caller reduces it further, and the all-gather starts by sending it.
+// on at once, slice by slice, as the all-gather's first step. kApart: the reduce-scatter keeps the owned chunk, the
+// caller works on it (the hierarchical all-reduce reduces it across nodes; the sharded update updates the
+// parameters it owns), and the all-gather starts by sending it.
 enum class RingSeam { kFused, kApart };
 
 // Reduce-scatter, n-1 steps: out[round.owned()] is the sum over the ring (kApart), or is that sum and already on

@@ -174,11 +174,11 @@ def step_times_chart(run, out_dir, name, written):
 
 
 GROUP_COLORS = {"weak": "#4c72b0", "strong": "#55a868", "pathology": "#c44e52", "input": "#8172b3",
-                "tokens": "#937860", None: "#4c72b0"}
+                "update": "#dd8452", "tokens": "#937860", None: "#4c72b0"}
 
 
 def throughput_chart(runs, out_dir, written):
-    """Bars in the suite's group order (weak, strong, pathology, input), a gap and a label between groups."""
+    """Bars in the suite's group order (weak, strong, pathology, input, update), a gap and a label between groups."""
     order = list(dict.fromkeys(r.group for r in runs))
     x, labels, positions, pos = [], [], {}, 0.0
     for g in order:

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <utility>
 
-#include "kernels/cpu/ops.h"
 #include "train/clock.h"
 
 namespace ddplab {
@@ -157,16 +156,13 @@ void CpuBackend::gather_optimizer_state() {
   }
 }
 
-// The name of the first gradient piece of the first non-finite bucket holding a NaN or Inf.
+// The name of the first gradient piece of the first non-finite bucket holding a NaN or Inf (collective when the
+// update is sharded: every rank calls it, as the step's agreement has every rank ask).
 std::string CpuBackend::first_nonfinite_gradient() {
   const int bucket = reducer_->first_nonfinite_bucket();
   if (bucket < 0) return "";
-  const Bucket& b = reducer_->buckets()[bucket];
-  for (int k = b.first_piece; k <= b.last_piece; ++k) {
-    const GradPiece& piece = workload_->grad_pieces()[k];
-    if (!cpu::all_finite(workload_->flat_grads() + piece.offset, piece.numel))
-      return "gradient " + workload_->piece_name(piece);
-  }
+  const int piece = reducer_->first_nonfinite_piece();
+  if (piece >= 0) return "gradient " + workload_->piece_name(workload_->grad_pieces()[piece]);
   return "gradient bucket " + std::to_string(bucket);
 }
 

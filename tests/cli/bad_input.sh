@@ -97,6 +97,7 @@ else
   echo "skip --device cuda without a GPU: this machine has one"
 fi
 expect_error 2 "more ranks (2) than sequences per epoch (--epoch-size 1)" train --model tiny --epoch-size 1 --steps 2
+expect_error 2 "--predict needs --zero-stage 0" sweep --predict --zero-stage 1 --steps 2
 
 # An existing result is never overwritten without --force, and is left exactly as it was.
 echo "precious" >"$work/existing.h5"

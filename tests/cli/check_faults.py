@@ -160,6 +160,18 @@ def main():
             check(np.array_equal(zero["z1"], zero["z0"]), "zero-stage 1: the loss curve of zero-stage 0, bit for bit")
             check(np.array_equal(np.concatenate([zero["z1a"], zero["z1b"]], axis=1), zero["z0"]),
                   "zero-stage 1: resumed from its checkpoint, the same curve, bit for bit")
+        # A NaN in a gradient: one rank owns the poisoned element and sees it; the ranks agree on the verdict and on
+        # the tensor, so every rank stops at that step naming it; with --skip-nonfinite every rank skips it.
+        j = Job(mpirun, ddplab, 3, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
+                                    "--zero-stage", "1", "--out", out("nan_z1.h5")], env=ring_only).run()
+        check(j.code == 4 and "non-finite gradient fc2.bias at step 4; stopped before the update" in j.out,
+              f"nan, zero-stage 1: stops at the step, naming the tensor (code {j.code}) {j.out[-300:]}")
+        j = Job(mpirun, ddplab, 3, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
+                                    "--zero-stage", "1", "--skip-nonfinite", "--out", out("skip_z1.h5")],
+                env=ring_only).run()
+        n, _, _, skipped = steps_in(out("skip_z1.h5")) if j.code == 0 else (0, "", None, np.zeros((3, 1)))
+        check(j.code == 0 and n == 10 and skipped[:, 4].tolist() == [1, 1, 1] and skipped.sum() == 3,
+              f"skip-nonfinite, zero-stage 1: every rank skips step 4 alone (code {j.code})")
 
         # Ctrl-C: SIGINT to mpirun, which sends SIGTERM to the ranks after odls_base_sigkill_timeout seconds (3 here)
         # and SIGKILL as long again: the ranks stop in between and leave a complete run file.

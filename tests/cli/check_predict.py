@@ -138,11 +138,16 @@ with tempfile.TemporaryDirectory() as work:
     shutil.copy(run, torn)
     with h5py.File(torn, "r+") as f:
         f["buckets/piece_numel"][0] += 1
+    sharded = os.path.join(work, "sharded.h5")  # --zero-stage 1: its bucket times are not all-reduces
+    shutil.copy(run, sharded)
+    with h5py.File(sharded, "r+") as f:
+        f.attrs["config"] = json.dumps(dict(json.loads(f.attrs["config"]), zero_stage=1))
     text = os.path.join(work, "notes.txt")
     open(text, "w").write("not a run file\n")
     out = os.path.join(work, "bad.json")
     cases = [([untimed], "has no bucket timings"),
              ([text], "cannot read run file"),
+             ([sharded], "sharded its update (--zero-stage 1)"),
              ([torn], "is not the span of its pieces"),
              ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
              ([run, "--bucket-mb", "0,5"], "bucket sizes must be > 0"),

@@ -36,7 +36,7 @@ def main():
         sizes = [1, 2, 4][: {1: 1, 2: 2, 4: 3}[np_ranks]]
         expected = ([f"weak_ws{n}" for n in sizes] + [f"strong_ws{n}" for n in sizes] +
                     ["straggler", "extra_allreduce", "rank0_barrier", "input_threads0", "input_threads2",
-                     "input_threads4"])
+                     "input_threads4"] + (["zero_stage1"] if np_ranks > 1 else []))
         files = sorted(os.listdir(out))
         check(files == sorted([c + ".h5" for c in expected] +
                               ["summary.csv", "summary.json", "charts", "charts.log", "straggler.trace.json"]),
@@ -90,6 +90,12 @@ def main():
             check(json.loads(f.attrs["config"])["batch"] == 8 * np_ranks, "strong_ws1 holds the whole global batch")
 
         if np_ranks >= 2:
+            with h5py.File(os.path.join(out, "zero_stage1.h5")) as f, \
+                    h5py.File(os.path.join(out, f"weak_ws{np_ranks}.h5")) as base:
+                check(json.loads(f.attrs["config"])["zero_stage"] == 1 and
+                      json.loads(base.attrs["config"])["zero_stage"] == 0, "zero_stage1 alone shards the update")
+                check(np.array_equal(f["steps/loss"][:], base["steps/loss"][:]),
+                      "zero_stage1: the baseline's losses, bit for bit")
             with h5py.File(os.path.join(out, "straggler.h5")) as f:
                 data, exposed = steady(f, "data_ms"), steady(f, "exposed_comm_ms")
                 others = [r for r in range(np_ranks) if r != 1]
