@@ -30,9 +30,10 @@ std::string shorten(const std::string& s, size_t width) {
 
 const char* known(const std::string& s) { return s.empty() ? "?" : s.c_str(); }
 
-// Mean over ranks and steady steps of each bucket's ready, comm start and comm end, from its step's start.
+// Mean over ranks and steady steps of each bucket's ready, comm start and comm end, from its step's start, and of
+// its all-gather's duration (--zero-stage 1).
 struct BucketMeans {
-  double ready = 0, begin = 0, end = 0;
+  double ready = 0, begin = 0, end = 0, gather_ms = 0;
 };
 
 BucketMeans bucket_means(const RunRecord& run, const RunSummary& summary, int k) {
@@ -45,6 +46,7 @@ BucketMeans bucket_means(const RunRecord& run, const RunSummary& summary, int k)
       m.ready += (b.ready_ms - t0) / n;
       m.begin += (b.comm_start_ms - t0) / n;
       m.end += (b.comm_end_ms - t0) / n;
+      m.gather_ms += (b.gather_end_ms - b.gather_start_ms) / n;
     }
   }
   return m;
@@ -140,15 +142,20 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   if (!meta.stop_reason.empty()) std::fprintf(out, "  status: %s\n", meta.stop_reason.c_str());
   print_summary(out, rec, s);
 
-  std::fprintf(out, "  per bucket (mean over ranks and steady steps, ms from step start; bucket 0 is ready first):\n");
-  std::fprintf(out, "  %6s %12s %9s %8s %8s %8s %8s  %s\n", "bucket", "bytes", "pieces", "ready", "start", "end",
-               "comm_ms", "params");
+  // --zero-stage 1: start..end is each bucket's reduce-scatter in backward, gather_ms its all-gather after the update.
+  const bool sharded = std::any_of(rec.bucket_times.begin(), rec.bucket_times.end(),
+                                   [](const BucketTimes& t) { return t.gather_end_ms > 0; });
+  std::fprintf(out, "  per bucket (mean over ranks and steady steps, ms from step start; bucket 0 is ready first%s):\n",
+               sharded ? "; comm: the reduce-scatter, gather: the parameters' all-gather" : "");
+  std::fprintf(out, "  %6s %12s %9s %8s %8s %8s %8s%s  %s\n", "bucket", "bytes", "pieces", "ready", "start", "end",
+               "comm_ms", sharded ? fmt(" %9s", "gather_ms").c_str() : "", "params");
   for (int k = 0; k < static_cast<int>(rec.buckets.size()); ++k) {
     const BucketRecord& b = rec.buckets[k];
     const BucketMeans m = bucket_means(rec, s, k);
     const std::string pieces = fmt("%d..%d", b.first_piece, b.last_piece);
-    std::fprintf(out, "  %6d %12lld %9s %8.2f %8.2f %8.2f %8.2f  %s\n", k, static_cast<long long>(b.bytes()),
-                 pieces.c_str(), m.ready, m.begin, m.end, m.end - m.begin, shorten(b.pieces, 60).c_str());
+    std::fprintf(out, "  %6d %12lld %9s %8.2f %8.2f %8.2f %8.2f%s  %s\n", k, static_cast<long long>(b.bytes()),
+                 pieces.c_str(), m.ready, m.begin, m.end, m.end - m.begin,
+                 sharded ? fmt(" %9.2f", m.gather_ms).c_str() : "", shorten(b.pieces, 60).c_str());
   }
   std::fprintf(out, "  blame:\n");
   for (const std::string& line : blame(rec, s)) std::fprintf(out, "    %s\n", line.c_str());

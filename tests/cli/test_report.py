@@ -155,6 +155,33 @@ def main():
             check(open(trace).read() == before, "the existing trace is left as it was")
             proc = run([ddplab, "timeline", a, "--force"])
             check(proc.returncode == 0, "timeline --force overwrites")
+        # --zero-stage 1 (every bucket of this small model on the ring, so all are sharded): the report's per-bucket
+        # table gains the all-gather's time; the timeline names each bucket's reduce-scatter and draws its all-gather
+        # inside the step, after backward.
+        sharded = os.path.join(work, "sharded.h5")
+        proc = run([mpirun, "-np", "2", "-x", "DDPLAB_SMALL_ALLREDUCE_BYTES=0", ddplab, "train", *small, "--steps", "6",
+                    "--zero-stage", "1", "--out", sharded], timeout=120)
+        check(proc.returncode == 0, f"ddplab train --zero-stage 1 (rc {proc.returncode}: {proc.stderr[:300]})")
+        if proc.returncode == 0:
+            out = run([ddplab, "report", sharded]).stdout
+            check("gather_ms" in out and "comm: the reduce-scatter" in out, "report: the sharded bucket table")
+            check(run([ddplab, "timeline", sharded]).returncode == 0, "timeline of the sharded run")
+            with open(os.path.join(work, "sharded.trace.json")) as f:
+                events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+            with h5py.File(sharded, "r") as h:
+                start, step_ms = h["steps/start_ms"][:], h["steps/step_ms"][:]
+                backward_end = start + h["steps/data_ms"][:] + h["steps/forward_ms"][:] + h["steps/backward_ms"][:]
+                buckets = h["buckets/bytes"].shape[0]
+            gathers = [e for e in events if e.get("cat") == "all-gather"]
+            scatters = [e for e in events if e.get("cat") == "bucket"]
+            check(len(gathers) == len(scatters) == 2 * 6 * buckets and
+                  all("reduce-scatter" in e["name"] for e in scatters),
+                  f"timeline: every bucket's reduce-scatter and all-gather ({len(scatters)}, {len(gathers)})")
+            tol = 1e-3
+            check(all(backward_end[e["pid"], e["args"]["step"]] * 1e3 - tol <= e["ts"] and
+                      e["ts"] + e["dur"] <= (start + step_ms)[e["pid"], e["args"]["step"]] * 1e3 + tol
+                      for e in gathers), "timeline: each all-gather lies after backward, inside its step")
+
         custom = os.path.join(work, "custom.json")
         proc = run([ddplab, "timeline", straggler, "-o", custom])
         check(proc.returncode == 0 and os.path.isfile(custom), "timeline -o writes where it is told")
