@@ -682,7 +682,8 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   for (const BucketTimes& t : run.bucket_times) timed = timed || t.ready_ms != 0 || t.comm_end_ms != 0;
   if (!timed || steady <= 0) throw std::invalid_argument(run.path + " has no bucket timings to predict from");
   if (run.config.value("zero_stage", 0) == 1)
-    throw std::invalid_argument(run.path + " sharded its update (--zero-stage 1): its buckets' times are "
+    throw std::invalid_argument(run.path +
+                                " sharded its update (--zero-stage 1): its buckets' times are "
                                 "reduce-scatters and all-gathers, and the model predicts all-reduces; predict from a "
                                 "--zero-stage 0 run");
 

@@ -140,8 +140,7 @@ nlohmann::json chrome_trace(const RunRecord& run) {
                                      {"comm_ms", times.gather_end_ms - times.gather_start_ms}}));
         const bool sharded = times.gather_end_ms > 0;
         events.push_back(complete(name + (sharded ? " reduce-scatter (" : " (") + size_text(b.bytes()) + ")", "bucket",
-                                  r, kCommTrack, us(begin),
-                                  us(end - begin),
+                                  r, kCommTrack, us(begin), us(end - begin),
                                   {{"step", s},
                                    {"bucket", k},
                                    {"bytes", b.bytes()},

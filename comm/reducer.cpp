@@ -1,8 +1,8 @@
 #include "comm/reducer.h"
 
 #include <algorithm>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <ctime>
 #include <stdexcept>

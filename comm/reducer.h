@@ -150,7 +150,7 @@ class Reducer {
   std::vector<int64_t> piece_numel_, piece_offset_;
   std::vector<std::vector<RingChunk>> owned_;  // per bucket (sharded)
   std::vector<char> gathered_;                 // per bucket (sharded): Communicator::sharded, so all-gathered
-  MPI_Comm verdicts_ = MPI_COMM_NULL;           // sharded, world > 1: a private duplicate for the verdicts' agreement
+  MPI_Comm verdicts_ = MPI_COMM_NULL;          // sharded, world > 1: a private duplicate for the verdicts' agreement
   float* flat_grads_;
 
   // Main-thread state of the current step.

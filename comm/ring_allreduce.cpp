@@ -206,7 +206,8 @@ std::vector<RingChunk> ring_owned_chunks(size_t count, int n, int r, const RingO
   return owned;
 }
 
-bool ring_reduce_scatter_sum(float* data, size_t count, Transport& t, RingScratch& scratch, const RingOptions& options) {
+bool ring_reduce_scatter_sum(float* data, size_t count, Transport& t, RingScratch& scratch,
+                             const RingOptions& options) {
   if (options.wire16) throw std::logic_error("ring_reduce_scatter_sum: the sharded update needs the fp32 wire");
   const int n = t.size();
   if (n == 1 || count == 0) return epilogue_pass(data, count, options.final_scale, options.check_finite);

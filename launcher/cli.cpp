@@ -248,7 +248,8 @@ void validate(const TrainConfig& c) {
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");
   require(c.optimizer_in_backward != "on" || c.device == "cpu", "--optimizer-in-backward on needs --device cpu");
-  require(c.zero_stage == 0 || c.zero_stage == 1, "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
+  require(c.zero_stage == 0 || c.zero_stage == 1,
+          "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
   if (c.zero_stage == 1) {
     require(c.device == "cpu", "--zero-stage 1 needs --device cpu");
     require(c.comm == "ring", "--zero-stage 1 needs --comm ring (it reduce-scatters and all-gathers on the ring)");

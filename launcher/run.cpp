@@ -317,10 +317,9 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
               config.optimizer.kind.c_str(),
               config.optimizer_in_backward == "on" ? " (in backward)"
-              : config.zero_stage == 1           ? " (sharded: ZeRO-1)"
-                                                 : "",
-              config.steps,
-              config.blas_threads, config.blas_threads == 1 ? "" : "s");
+              : config.zero_stage == 1             ? " (sharded: ZeRO-1)"
+                                                   : "",
+              config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   char slices[64] = "";

@@ -342,8 +342,9 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
                 "throughput change against weak_ws%d\n",
                 size);
-    std::printf("loss across the pathology, input and update cases: %s\n",
-                loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
+    std::printf(
+        "loss across the pathology, input and update cases: %s\n",
+        loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
   } else {
     std::printf("\n%-16s %14s %14s %8s %11s %12s %9s\n", "case", "useful tok/s", "padded tok/s", "padding",
                 "spread_ms", "token_spread", "vs_unif");
