@@ -316,9 +316,10 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
               config.optimizer.kind.c_str(),
-              config.optimizer_in_backward == "on" ? " (in backward)"
-              : config.zero_stage == 1             ? " (sharded: ZeRO-1)"
-                                                   : "",
+              config.optimizer_in_backward == "on"       ? " (in backward)"
+              : config.zero_stage == 1 && world_size > 1 ? " (sharded across the ranks: ZeRO-1)"
+              : config.zero_stage == 1                   ? " (ZeRO-1: one rank, nothing to shard)"
+                                                         : "",
               config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
