@@ -261,14 +261,14 @@ bool Communicator::allreduce_gradients(float* data, size_t count, float scale, i
 }
 
 template <typename Op>
-auto Communicator::guarded(const char* what, int tag, Op op) {
+auto Communicator::guarded(const char* what, const char* waiting_in, int tag, Op op) {
   if (!failed_.empty())
     throw std::runtime_error("rank " + str(rank_) + ": Communicator unusable after an earlier failure (" + failed_ +
                              ")");
   if (tag < 0 || tag > kMaxTag)
     throw std::invalid_argument("rank " + str(rank_) + ": " + what + " tag " + str(tag) + " outside [0, " +
                                 str(kMaxTag) + "]");
-  const watchdog::Wait wait(what, -1, tag);
+  const watchdog::Wait wait(waiting_in, -1, tag);
   try {
     return op();
   } catch (const TagMismatch& e) {
@@ -283,7 +283,7 @@ auto Communicator::guarded(const char* what, int tag, Op op) {
 }
 
 bool Communicator::allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite) {
-  return guarded(options_.impl == AllreduceImpl::kMpi ? "MPI_Allreduce" : "all-reduce", tag, [&] {
+  return guarded("all-reduce", options_.impl == AllreduceImpl::kMpi ? "MPI_Allreduce" : "all-reduce", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
     if (options_.impl == AllreduceImpl::kMpi) {
@@ -325,7 +325,7 @@ std::vector<RingChunk> Communicator::owned_chunks(size_t count) const {
 bool Communicator::reduce_scatter_gradients(float* data, size_t count, float scale, int tag) {
   require_sharded_ring();
   if (!sharded(count)) return allreduce_gradients(data, count, scale, tag);
-  return guarded("reduce-scatter", tag, [&] {
+  return guarded("reduce-scatter", "reduce-scatter", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
     o.final_scale = scale;
@@ -337,7 +337,7 @@ bool Communicator::reduce_scatter_gradients(float* data, size_t count, float sca
 void Communicator::all_gather(float* data, size_t count, int tag) {
   require_sharded_ring();
   if (!sharded(count)) return;  // every rank owns it all
-  guarded("all-gather", tag, [&] {
+  guarded("all-gather", "all-gather", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
     ring_all_gather_owned(data, count, *transport_, scratch_, o);

@@ -134,10 +134,10 @@ class Communicator {
 
  private:
   bool allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite);
-  // Runs a collective with the checks and error handling every call shares: refused after an earlier failure, tag
-  // in range, the watchdog armed, an order mismatch named.
+  // Runs collective `what` with the checks and error handling every call shares: refused after an earlier failure,
+  // tag in range, the watchdog armed (naming `waiting_in`), an order mismatch named.
   template <typename Op>
-  auto guarded(const char* what, int tag, Op op);
+  auto guarded(const char* what, const char* waiting_in, int tag, Op op);
   void require_sharded_ring() const;
   bool small(size_t count) const;  // up to small_max_bytes_: recursive doubling, not the ring
   void mpi_allreduce_sum(const float* in, float* out, size_t count, int tag);

@@ -45,6 +45,21 @@ bool identical_across_ranks(const float* data, int64_t n) {
   return all;
 }
 
+// Trains `reference` and `tested` side by side on every rank: the same loss and bitwise the same parameters after
+// every step, identical across ranks at the end, and moved by training.
+void expect_the_same_training_bitwise(const TrainConfig& reference_config, const TrainConfig& tested_config) {
+  Trainer reference(reference_config, MPI_COMM_WORLD), tested(tested_config, MPI_COMM_WORLD);
+  const std::vector<float> init = reference.parameters();
+  ASSERT_EQ(init, tested.parameters());
+  for (int step = 0; step < reference_config.steps; ++step) {
+    EXPECT_EQ(reference.step(step, 0).loss, tested.step(step, 0).loss) << "step " << step;
+    ASSERT_EQ(reference.parameters(), tested.parameters()) << "parameters after step " << step;
+  }
+  const std::vector<float> trained = tested.parameters();
+  ASSERT_TRUE(identical_across_ranks(trained.data(), static_cast<int64_t>(trained.size())));
+  EXPECT_NE(trained, init) << "training must have moved the parameters";
+}
+
 struct Case {
   const char* optimizer;
   const char* comm;
@@ -184,16 +199,7 @@ TEST_P(OptimizerInBackward, GivesTheParametersOfTheUpdateAfterBackwardBitwise) {
   after.optimizer_in_backward = "off";
   TrainConfig inside = after;
   inside.optimizer_in_backward = "on";
-  Trainer reference(after, MPI_COMM_WORLD), tested(inside, MPI_COMM_WORLD);
-  const std::vector<float> init = reference.parameters();
-  ASSERT_EQ(init, tested.parameters());
-  for (int step = 0; step < after.steps; ++step) {
-    EXPECT_EQ(reference.step(step, 0).loss, tested.step(step, 0).loss) << "step " << step;
-    ASSERT_EQ(reference.parameters(), tested.parameters()) << "parameters after step " << step;
-  }
-  const std::vector<float> trained = tested.parameters();
-  ASSERT_TRUE(identical_across_ranks(trained.data(), static_cast<int64_t>(trained.size())));
-  EXPECT_NE(trained, init) << "training must have moved the parameters";
+  expect_the_same_training_bitwise(after, inside);
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsSlicesAccumulationOverlap, OptimizerInBackward,
@@ -239,16 +245,7 @@ TEST_P(ShardedUpdate, GivesTheParametersOfTheReplicatedUpdateBitwise) {
   replicated.optimizer_in_backward = "off";
   TrainConfig sharded = replicated;
   sharded.zero_stage = 1;
-  Trainer reference(replicated, MPI_COMM_WORLD), tested(sharded, MPI_COMM_WORLD);
-  const std::vector<float> init = reference.parameters();
-  ASSERT_EQ(init, tested.parameters());
-  for (int step = 0; step < replicated.steps; ++step) {
-    EXPECT_EQ(reference.step(step, 0).loss, tested.step(step, 0).loss) << "step " << step;
-    ASSERT_EQ(reference.parameters(), tested.parameters()) << "parameters after step " << step;
-  }
-  const std::vector<float> trained = tested.parameters();
-  ASSERT_TRUE(identical_across_ranks(trained.data(), static_cast<int64_t>(trained.size())));
-  EXPECT_NE(trained, init) << "training must have moved the parameters";
+  expect_the_same_training_bitwise(replicated, sharded);
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsBucketsAccumulationOverlap, ShardedUpdate,
