@@ -8,6 +8,9 @@
 // Implementations:  ring      ddplab's Communicator, --comm ring (recursive doubling for small buffers, the
 //                             sliced ring above; docs/COMM.md), fp32 on the wire
 //                   ring-bf16 / ring-fp16   the same with a 16-bit wire (buffers stay float)
+//                   ring-sharded  the sharded update's two collectives in a row (--zero-stage 1): reduce-scatter,
+//                             then all-gather (Communicator::reduce_scatter_gradients, all_gather); out of place it
+//                             copies the input into the output first
 //                   mpi       ddplab's Communicator, --comm mpi: MPI_Allreduce plus the order check (and the
 //                             link model when --link is set)
 //                   hier      the hierarchical all-reduce (comm/hier_allreduce.h): ring in the node, ring across
@@ -141,7 +144,8 @@ struct ImplInfo {
 };
 constexpr ImplInfo kImpls[] = {
     {"ring", "float", true, false},          {"ring-bf16", "bfloat16", true, false},
-    {"ring-fp16", "half", true, false},      {"mpi", "float", true, false},
+    {"ring-fp16", "half", true, false},      {"ring-sharded", "float", true, false},
+    {"mpi", "float", true, false},
     {"hier", "float", true, false},
     {"mpi-raw", "float", false, false},      {"nccl", "float", false, true},
     {"gpu-ring-nccl", "float", false, true}, {"gpu-ring-ipc", "float", false, true},
@@ -208,7 +212,8 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   app.add_option("-d,--datatype", dtype, "datatype in memory (float)")->capture_default_str();
   app.add_option("-o,--op", op, "reduction (sum)")->capture_default_str();
   app.add_option("--impls", impls_s,
-                 "comma-separated: ring, ring-bf16, ring-fp16, mpi, mpi-raw, hier; GPU: nccl, gpu-ring-nccl, "
+                 "comma-separated: ring, ring-bf16, ring-fp16, ring-sharded, mpi, mpi-raw, hier; GPU: nccl, "
+                 "gpu-ring-nccl, "
                  "gpu-ring-ipc, "
                  "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
   app.add_option("--link", link_name,
@@ -404,6 +409,23 @@ Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDty
           nullptr, nullptr, nullptr};
 }
 
+// --zero-stage 1's collectives: the reduce-scatter, then the all-gather, each with its own tag as the Reducer gives
+// them. The sum comes out as the ring all-reduce's, bit for bit.
+Impl make_sharded_impl(const Options& o, std::vector<std::string>& transports) {
+  auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD,
+                                             CommOptions{AllreduceImpl::kRing, WireDtype::kFp32, o.link, o.ranks_per_node});
+  transports.push_back("ring-sharded over " + comm->transport_name());
+  int tag = 0;
+  return {"ring-sharded",
+          [comm, tag](const float* in, float* out, size_t count) mutable {
+            if (in != out) std::memcpy(out, in, count * sizeof(float));
+            comm->reduce_scatter_gradients(out, count, 1.0f, tag);
+            comm->all_gather(out, count, tag + 1);
+            tag = (tag + 2) % 32768;
+          },
+          nullptr, nullptr, nullptr};
+}
+
 Impl make_mpi_raw_impl() {
   auto comm = std::shared_ptr<MPI_Comm>(new MPI_Comm, [](MPI_Comm* c) {
     int finalized = 0;
@@ -436,6 +458,7 @@ Impl make_impl(const std::string& name, const Options& o, size_t max_count, std:
   if (name == "ring") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, o, transports);
   if (name == "ring-bf16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kBf16, o, transports);
   if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, o, transports);
+  if (name == "ring-sharded") return make_sharded_impl(o, transports);
   if (name == "mpi") return make_communicator_impl(name, AllreduceImpl::kMpi, WireDtype::kFp32, o, transports);
   if (name == "mpi-raw") return make_mpi_raw_impl();
   if (name == "hier") return make_communicator_impl(name, AllreduceImpl::kHier, WireDtype::kFp32, o, transports);

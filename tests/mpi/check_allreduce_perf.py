@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-IMPLS = ["ring", "mpi", "mpi-raw", "ring-bf16", "ring-fp16"]  # hier needs nodes: --ranks-per-node below
+IMPLS = ["ring", "mpi", "mpi-raw", "ring-bf16", "ring-fp16", "ring-sharded"]  # hier needs nodes: --ranks-per-node below
 WIRE = {"ring-bf16": "bfloat16", "ring-fp16": "half"}  # the rest: float
 
 
