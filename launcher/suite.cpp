@@ -613,8 +613,9 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   MPI_Comm_size(world, &size);
   o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   if (rank == 0) {
-    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s, %d steps each%s, in %s/\n",
-                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(), o.base.steps,
+    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s%s, %d steps each%s, in %s/\n",
+                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(),
+                o.base.zero_stage == 1 ? ", the update sharded (--zero-stage 1)" : "", o.base.steps,
                 o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "",
                 o.out_dir.c_str());
     if (o.predict)
