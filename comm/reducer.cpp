@@ -116,7 +116,6 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     for (const Bucket& b : buckets_) {
       owned_.push_back(comm.owned_chunks(static_cast<size_t>(b.count)));
       for (RingChunk& c : owned_.back()) c.offset += static_cast<size_t>(b.offset);
-      gathered_.push_back(comm.sharded(static_cast<size_t>(b.count)));
     }
     // The all-gathers' tags follow the buckets' own.
     if (2 * buckets_.size() - 1 > static_cast<size_t>(Communicator::kMaxTag))
@@ -211,8 +210,8 @@ void Reducer::wait_all() {
 }
 
 void Reducer::all_gather(int bucket, float* flat) {
-  if (!comm_thread_ || !gathered_.at(bucket)) return;  // every rank owns all of it: nothing to gather
-  const Bucket& b = buckets_[bucket];
+  const Bucket& b = buckets_.at(bucket);
+  if (!comm_.sharded(static_cast<size_t>(b.count))) return;  // every rank owns all of it: nothing to gather
   comm_thread_->submit([this, bucket, flat, &b] {
     times_[bucket].gather_start_ms = now_ms() - origin_ms_;
     // Tags after the buckets' own: a rank that gathers while another reduces fails with a mismatch, not wrong data.

@@ -149,7 +149,6 @@ class Reducer {
   std::vector<int> bucket_of_piece_;
   std::vector<int64_t> piece_numel_, piece_offset_;
   std::vector<std::vector<RingChunk>> owned_;  // per bucket (sharded)
-  std::vector<char> gathered_;                 // per bucket (sharded): Communicator::sharded, so all-gathered
   MPI_Comm verdicts_ = MPI_COMM_NULL;          // sharded, world > 1: a private duplicate for the verdicts' agreement
   float* flat_grads_;
 
