@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
   if (const auto code = bench::parse_command_line(app, argc, argv, "bench_cpu_ops")) return *code;
   openblas_set_num_threads(1);
   const int C = 1024, OC = 1024, V = 1000;
-  std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS core %s\n", B, openblas_get_corename());
+  std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS core %s, float kernels at %d lanes\n", B,
+              openblas_get_corename(), cpu::float_lanes());
   std::printf("%-28s %-22s %12s %14s\n", "op", "shape", "time", "rate");
   floor_gbps = measure_memory_floor(floor_mb, repeats);
   std::printf("%-28s %-22s %12s %9.1f GB/s\n", "memory floor", "", "", floor_gbps);
@@ -87,20 +88,32 @@ int main(int argc, char** argv) {
       2 * act_bytes, "GB/s");
   row("bias_backward", shape, median_ms([&] { cpu::bias_backward(dbias.data(), dout.data(), B, OC); }, repeats),
       act_bytes, "GB/s");
-  row("gelu_forward", shape, median_ms([&] { cpu::gelu_forward(dx.data(), out.data(), int64_t(B) * OC); }, repeats),
-      2 * act_bytes, "GB/s");
-  row("gelu_backward", shape,
-      median_ms([&] { cpu::gelu_backward(dx.data(), out.data(), dout.data(), int64_t(B) * OC); }, repeats),
-      3 * act_bytes, "GB/s");
-
   auto logits = random_vector(size_t(B) * V, 9), probs = logits, losses = random_vector(B, 10);
   std::vector<int32_t> targets(B);
   for (int b = 0; b < B; ++b) targets[b] = b * 7 % V;
   std::snprintf(shape, sizeof shape, "%dx%d", B, V);
-  row("softmax_xent_forward", shape,
-      median_ms([&] { cpu::softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, V); },
-                repeats),
-      8.0 * B * V, "GB/s");
+  // The kernels with two widths (vector_math.h) at the one this CPU runs and, where that is 16 lanes (AVX-512), at 8
+  // too: the two compared in one run.
+  const int native_lanes = cpu::float_lanes();
+  for (int lanes : native_lanes == 16 ? std::vector<int>{16, 8} : std::vector<int>{8}) {
+    cpu::set_float_lanes(lanes);
+    const std::string width = native_lanes == 16 ? " (" + std::to_string(lanes) + " lanes)" : "";
+    char act_shape[32];
+    std::snprintf(act_shape, sizeof act_shape, "%dx%d", B, OC);
+    row(("gelu_forward" + width).c_str(), act_shape,
+        median_ms([&] { cpu::gelu_forward(dx.data(), out.data(), int64_t(B) * OC); }, repeats), 2 * act_bytes, "GB/s");
+    row(("gelu_backward" + width).c_str(), act_shape,
+        median_ms([&] { cpu::gelu_backward(dx.data(), out.data(), dout.data(), int64_t(B) * OC); }, repeats),
+        3 * act_bytes, "GB/s");
+    row(("softmax_xent_forward" + width).c_str(), shape,
+        median_ms(
+            [&] {
+              cpu::softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, V);
+            },
+            repeats),
+        8.0 * B * V, "GB/s");
+  }
+  cpu::set_float_lanes(native_lanes);
   row("softmax_xent_backward", shape,
       median_ms([&] { cpu::softmax_cross_entropy_backward(logits.data(), probs.data(), targets.data(), B, V); }, repeats),
       8.0 * B * V, "GB/s");

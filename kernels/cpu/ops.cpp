@@ -3,8 +3,11 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cpu/softmax_row.h"
@@ -27,6 +30,26 @@ constexpr double kGeluA = -2 * 0.7978845608028654;  // -2 sqrt(2/pi)
 constexpr double kGeluB = 0.044715 * kGeluA;
 
 }  // namespace
+
+bool cpu_has_avx512() {
+#ifdef DDPLAB_AVX512_KERNELS
+  return __builtin_cpu_supports("avx512f");  // libgcc checks that the OS saves the zmm registers too
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::atomic<int> g_float_lanes{cpu_has_avx512() ? 16 : 8};
+}  // namespace
+
+int float_lanes() { return g_float_lanes.load(std::memory_order_relaxed); }
+
+void set_float_lanes(int lanes) {
+  if (lanes != 8 && !(lanes == 16 && cpu_has_avx512()))
+    throw std::invalid_argument("set_float_lanes: " + std::to_string(lanes) + " lanes (8, or 16 with AVX-512)");
+  g_float_lanes.store(lanes, std::memory_order_relaxed);
+}
 
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, int B, int C, int OC) {
@@ -97,22 +120,55 @@ inline V gelu_derivative(V x) {
   return s * (T(1) - x * (T(1) - s) * (x2 * T(3 * kGeluB) + T(kGeluA)));
 }
 
-// Float runs 8 lanes at a time with the vector exp_fast: the compiler's vectorisation of the scalar loop blends
-// constant-folded copies of exp's clamps and ran at half the speed (vector_math.h).
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>)
-    for (; i + Simd<T>::W <= n; i += Simd<T>::W) vstore(out + i, gelu_value<T>(vload(inp + i)));
-  for (; i < n; ++i) out[i] = gelu_value<T>(inp[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_value<T>(inp[i]);
 }
 
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dinp[i] = dout[i] * gelu_derivative<T>(inp[i]);
+}
+
+// Float runs W lanes at a time with the vector exp_fast (the compiler's vectorisation of the scalar loop blends
+// constant-folded copies of exp's clamps and ran at half the speed: vector_math.h), then one by one.
+namespace {
+template <int W>
+void gelu_forward_lanes(float* out, const float* inp, int64_t n) {
   int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>)
-    for (; i + Simd<T>::W <= n; i += Simd<T>::W) vstore(dinp + i, vload(dout + i) * gelu_derivative<T>(vload(inp + i)));
-  for (; i < n; ++i) dinp[i] = dout[i] * gelu_derivative<T>(inp[i]);
+  for (; i + W <= n; i += W) store_lanes<W>(out + i, gelu_value<float>(load_lanes<W>(inp + i)));
+  for (; i < n; ++i) out[i] = gelu_value<float>(inp[i]);
+}
+template <int W>
+void gelu_backward_lanes(float* dinp, const float* inp, const float* dout, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W)
+    store_lanes<W>(dinp + i, load_lanes<W>(dout + i) * gelu_derivative<float>(load_lanes<W>(inp + i)));
+  for (; i < n; ++i) dinp[i] = dout[i] * gelu_derivative<float>(inp[i]);
+}
+#ifdef DDPLAB_AVX512_KERNELS
+[[DDPLAB_AVX512_TARGET]] void gelu_forward_16(float* out, const float* inp, int64_t n) {
+  gelu_forward_lanes<16>(out, inp, n);
+}
+[[DDPLAB_AVX512_TARGET]] void gelu_backward_16(float* dinp, const float* inp, const float* dout, int64_t n) {
+  gelu_backward_lanes<16>(dinp, inp, dout, n);
+}
+#endif
+}  // namespace
+
+template <>
+void gelu_forward(float* out, const float* inp, int64_t n) {
+#ifdef DDPLAB_AVX512_KERNELS
+  if (float_lanes() == 16) return gelu_forward_16(out, inp, n);
+#endif
+  gelu_forward_lanes<8>(out, inp, n);
+}
+template <>
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+#ifdef DDPLAB_AVX512_KERNELS
+  if (float_lanes() == 16) return gelu_backward_16(dinp, inp, dout, n);
+#endif
+  gelu_backward_lanes<8>(dinp, inp, dout, n);
 }
 
 template <typename T>

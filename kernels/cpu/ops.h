@@ -13,6 +13,14 @@
 
 namespace ddplab::cpu {
 
+// How many float lanes the kernels with two widths (GELU, the softmax's exp) run on: 16 where the CPU has AVX-512
+// (twice the work per instruction; on Zen 5 twice the speed), else 8. Either width gives the same bits, so replicas
+// on different CPUs stay identical. set_float_lanes picks one (8, or 16 where the CPU has AVX-512) for tests and
+// benchmarks; it throws std::invalid_argument otherwise.
+int float_lanes();
+void set_float_lanes(int lanes);
+bool cpu_has_avx512();
+
 // out[B,OC] = inp[B,C] @ weight[OC,C]^T            (cblas gemm)
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, int B, int C, int OC);

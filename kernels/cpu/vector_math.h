@@ -35,34 +35,81 @@ inline float exp_fast(float x) {
   return p * scale;
 }
 
-// The same exp_fast on 8 floats at once, lane for lane the same values (bit-identical results). Loops over the
-// scalar version vectorise, but GCC turns its two clamps into blends of constant-folded copies of the whole
-// computation (about a dozen extra instructions per 8 values). Here each clamp is one max or min (argument order
-// keeps a NaN: they return the second operand when either is NaN), and 2^n comes from the bits of the rounding sum
-// (its low mantissa bits hold n) instead of a float-to-int conversion.
-typedef float Float8 __attribute__((vector_size(32)));
-inline Float8 exp_fast(Float8 x) {
-  typedef int32_t Int8 __attribute__((vector_size(32)));
+// Vectors of W floats: 8 fill a ymm register (AVX2, every x86-64-v3 CPU), 16 a zmm register (AVX-512).
+template <int W>
+struct FloatLanes {
+  typedef float V __attribute__((vector_size(4 * W)));
+  typedef int32_t Bits __attribute__((vector_size(4 * W)));
+  typedef float Unaligned __attribute__((vector_size(4 * W), aligned(4), may_alias));
+};
+typedef FloatLanes<8>::V Float8;
+typedef FloatLanes<16>::V Float16;
+
+// Lane-wise max and min as one instruction each; the argument order keeps a NaN in x (MAXPS and MINPS return their
+// second operand when either is NaN). Written as a ? : they cost a compare and a blend each.
 #ifdef __AVX__
-  x = reinterpret_cast<Float8>(_mm256_max_ps(reinterpret_cast<__m256>(Float8{} - 87.3f), reinterpret_cast<__m256>(x)));
-  x = reinterpret_cast<Float8>(_mm256_min_ps(reinterpret_cast<__m256>(Float8{} + 88.7f), reinterpret_cast<__m256>(x)));
+inline Float8 max_keeping_nan(Float8 bound, Float8 x) {
+  return reinterpret_cast<Float8>(_mm256_max_ps(reinterpret_cast<__m256>(bound), reinterpret_cast<__m256>(x)));
+}
+inline Float8 min_keeping_nan(Float8 bound, Float8 x) {
+  return reinterpret_cast<Float8>(_mm256_min_ps(reinterpret_cast<__m256>(bound), reinterpret_cast<__m256>(x)));
+}
 #else
-  x = x < -87.3f ? Float8{} - 87.3f : x;
-  x = x > 88.7f ? Float8{} + 88.7f : x;
+inline Float8 max_keeping_nan(Float8 bound, Float8 x) { return bound > x ? bound : x; }
+inline Float8 min_keeping_nan(Float8 bound, Float8 x) { return bound < x ? bound : x; }
 #endif
-  const Float8 rounded = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 + n: n in the low mantissa bits
-  const Float8 n = rounded - 12582912.0f;
-  Float8 r = n * -0.693145751953125f + x;  // fused multiply-adds (GNU C++ contracts them), as std::fma above
+
+// The 16-lane kernels are compiled for AVX-512 inside a build for x86-64-v3 and chosen at run time
+// (float_lanes()). Each is a [[gnu::flatten]] function with this target that calls the width-generic template: flatten
+// inlines the whole call tree into it, and with it the AVX-512 helpers below, which GCC would refuse to inline into
+// a template instance of the build's own target.
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__GNUC__)
+#define DDPLAB_AVX512_KERNELS 1
+#define DDPLAB_AVX512_TARGET gnu::flatten, gnu::target("avx512f")
+// (The masked forms with every lane selected: the unmasked ones pass GCC 12 an "undefined" source that its
+// -Wmaybe-uninitialized reports.)
+[[gnu::target("avx512f")]] inline Float16 max_keeping_nan(Float16 bound, Float16 x) {
+  const __m512 b = reinterpret_cast<__m512>(bound), v = reinterpret_cast<__m512>(x);
+  return reinterpret_cast<Float16>(_mm512_mask_max_ps(v, __mmask16(0xffff), b, v));
+}
+[[gnu::target("avx512f")]] inline Float16 min_keeping_nan(Float16 bound, Float16 x) {
+  const __m512 b = reinterpret_cast<__m512>(bound), v = reinterpret_cast<__m512>(x);
+  return reinterpret_cast<Float16>(_mm512_mask_min_ps(v, __mmask16(0xffff), b, v));
+}
+#endif
+
+// The same exp_fast on a vector of floats, lane for lane the same values (bit-identical results at 8 lanes, at 16,
+// and in the scalar tail). Loops over the scalar version vectorise, but GCC turns its two clamps into blends of
+// constant-folded copies of the whole computation (about a dozen extra instructions per 8 values). Here each clamp is
+// one max or min, and 2^n comes from the bits of the rounding sum (its low mantissa bits hold n) instead of a
+// float-to-int conversion.
+template <typename V, typename = decltype(max_keeping_nan(V{}, V{}))>
+inline V exp_fast(V x) {
+  typedef int32_t Bits __attribute__((vector_size(sizeof(V))));
+  x = max_keeping_nan(V{} - 87.3f, x);
+  x = min_keeping_nan(V{} + 88.7f, x);
+  const V rounded = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 + n: n in the low mantissa bits
+  const V n = rounded - 12582912.0f;
+  V r = n * -0.693145751953125f + x;  // fused multiply-adds (GNU C++ contracts them), as std::fma above
   r = n * -1.428606765330187e-06f + r;
-  Float8 p = Float8{} + 1.0f / 720;
+  V p = V{} + 1.0f / 720;
   p = p * r + 1.0f / 120;
   p = p * r + 1.0f / 24;
   p = p * r + 1.0f / 6;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const Int8 bits = (reinterpret_cast<Int8>(rounded) << 23) + (127 << 23);  // the sum's exponent bits shift out
-  return p * reinterpret_cast<Float8>(bits);
+  const Bits bits = (reinterpret_cast<Bits>(rounded) << 23) + (127 << 23);  // the sum's exponent bits shift out
+  return p * reinterpret_cast<V>(bits);
+}
+
+template <int W>
+inline typename FloatLanes<W>::V load_lanes(const float* p) {
+  return *reinterpret_cast<const typename FloatLanes<W>::Unaligned*>(p);
+}
+template <int W>
+inline void store_lanes(float* p, typename FloatLanes<W>::V v) {
+  *reinterpret_cast<typename FloatLanes<W>::Unaligned*>(p) = v;
 }
 
 // 256-bit vectors of T (8 floats or 4 doubles) and their unaligned loads and stores: with -march=x86-64-v3 one

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -129,6 +130,121 @@ TEST(Gelu, ForwardKnownValues) {
   EXPECT_NEAR(y[2], -0.5 * (1 - t1), 1e-15);
   EXPECT_NEAR(y[3], 10.0, 1e-12);
   EXPECT_NEAR(y[4], 0.0, 1e-12);
+}
+
+// The float kernels with two widths (GELU, the softmax; vector_math.h). Inputs over GELU's and exp's whole range:
+// both tails, the clamps, zeros, inf and NaN.
+std::vector<float> WideRangeFloats(int n) {
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1e-30f,
+                          -1e-30f,
+                          30.0f,
+                          -30.0f,
+                          88.8f,
+                          -87.4f,
+                          1e30f,
+                          -1e30f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()};
+  for (int i = 0; static_cast<int>(x.size()) < n; ++i) x.push_back(static_cast<float>(6.0 * normal(70, i)));
+  return x;
+}
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b)); }
+
+// Sets the kernels' width for one scope.
+class FloatLanesForScope {
+ public:
+  explicit FloatLanesForScope(int lanes) : before_(float_lanes()) { set_float_lanes(lanes); }
+  ~FloatLanesForScope() { set_float_lanes(before_); }
+
+ private:
+  int before_;
+};
+
+std::vector<int> LanesThisCpuRuns() { return cpu_has_avx512() ? std::vector<int>{8, 16} : std::vector<int>{8}; }
+
+// The vector body gives each element the bits the scalar tail gives it (a call with n = 1 is all tail).
+TEST(FloatLanes, GeluIsTheScalarGeluLaneForLane) {
+  const int n = 4013;  // a tail at either width
+  const std::vector<float> x = WideRangeFloats(n);
+  const std::vector<double> dout = fd::RandomNormal(n, 71);
+  const std::vector<float> w(dout.begin(), dout.end());
+  for (int lanes : LanesThisCpuRuns()) {
+    FloatLanesForScope width(lanes);
+    std::vector<float> y(n), dx(n);
+    gelu_forward(y.data(), x.data(), n);
+    gelu_backward(dx.data(), x.data(), w.data(), n);
+    for (int i = 0; i < n; ++i) {
+      float y1, dx1;
+      gelu_forward(&y1, &x[i], 1);
+      gelu_backward(&dx1, &x[i], &w[i], 1);
+      ASSERT_TRUE(SameBits(y[i], y1)) << lanes << " lanes, x=" << x[i] << ": " << y[i] << " vs " << y1;
+      ASSERT_TRUE(SameBits(dx[i], dx1)) << lanes << " lanes, x=" << x[i] << ": " << dx[i] << " vs " << dx1;
+    }
+    EXPECT_TRUE(std::isnan(y[12]) && std::isnan(dx[12]));  // NaN in, NaN out
+  }
+}
+
+// 16 lanes (AVX-512) give the bits of 8, so ranks on CPUs with and without AVX-512 keep identical replicas. Row
+// lengths around both widths and their tails; logits of both signs, and rows with inf, -inf and NaN.
+TEST(FloatLanes, SixteenLanesGiveTheBitsOfEight) {
+  if (!cpu_has_avx512()) {
+    GTEST_SKIP() << "this CPU has no AVX-512: only the 8-lane kernels run here";
+  }
+  const int n = 4013;
+  const std::vector<float> x = WideRangeFloats(n);
+  const std::vector<double> dout = fd::RandomNormal(n, 72);
+  const std::vector<float> w(dout.begin(), dout.end());
+  std::vector<float> y[2], dx[2];
+  for (int k = 0; k < 2; ++k) {
+    FloatLanesForScope width(k == 0 ? 8 : 16);
+    y[k].resize(n);
+    dx[k].resize(n);
+    gelu_forward(y[k].data(), x.data(), n);
+    gelu_backward(dx[k].data(), x.data(), w.data(), n);
+  }
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(SameBits(y[0][i], y[1][i])) << "gelu_forward, x=" << x[i];
+    ASSERT_TRUE(SameBits(dx[0][i], dx[1][i])) << "gelu_backward, x=" << x[i];
+  }
+  for (int V : {1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 1000}) {
+    // Rows 0-2 with an inf, a -inf (exp gives 0) and a NaN; the other rows' logits spread little, so that many
+    // terms of each sum are of the same size and the order of its additions shows in the last bits.
+    const int B = 16;
+    std::vector<float> logits(static_cast<size_t>(B) * V);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(1.5 * normal(73, static_cast<int>(i)));
+    logits[V - 1] = std::numeric_limits<float>::infinity();
+    if (V > 2) {
+      logits[V + 1] = -std::numeric_limits<float>::infinity();
+    }
+    logits[static_cast<size_t>(2) * V + V / 2] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int32_t> targets(B);
+    for (int b = 0; b < B; ++b) targets[b] = (b * 5) % V;
+    std::vector<float> probs[2], losses[2];
+    float mean[2];
+    for (int k = 0; k < 2; ++k) {
+      FloatLanesForScope width(k == 0 ? 8 : 16);
+      probs[k].resize(logits.size());
+      losses[k].resize(B);
+      mean[k] = softmax_cross_entropy_forward(probs[k].data(), losses[k].data(), logits.data(), targets.data(), B, V);
+    }
+    for (size_t i = 0; i < logits.size(); ++i)
+      ASSERT_TRUE(SameBits(probs[0][i], probs[1][i])) << "V=" << V << " i=" << i;
+    for (int b = 0; b < B; ++b) ASSERT_TRUE(SameBits(losses[0][b], losses[1][b])) << "V=" << V << " row " << b;
+    ASSERT_TRUE(SameBits(mean[0], mean[1])) << "V=" << V;
+    EXPECT_TRUE(std::isfinite(losses[0][3])) << "V=" << V;  // the row with nothing special
+  }
+}
+
+TEST(FloatLanes, RefusesAWidthThisCpuCannotRun) {
+  EXPECT_THROW(set_float_lanes(4), std::invalid_argument);
+  if (!cpu_has_avx512()) {
+    EXPECT_THROW(set_float_lanes(16), std::invalid_argument);
+  }
+  EXPECT_EQ(float_lanes(), cpu_has_avx512() ? 16 : 8);  // the default: the widest this CPU runs
 }
 
 TEST(SoftmaxCrossEntropy, BackwardIsGradientOfMeanLoss) {
