@@ -121,8 +121,8 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
                     "emulate nodes of K consecutive ranks (K divides the ranks; 0: the hosts are the nodes); ranks "
                     "on different nodes talk MPI and take --link inter=");
   app->add_option("--threads", c.blas_threads,
-                  "OpenBLAS threads per rank: N, or auto (the cores this rank may use: its binding, else the host's "
-                  "cores / ranks on the host)")
+                  "OpenBLAS threads per rank: N, or auto (the cores this rank may use: its --bind-to binding, else "
+                  "the host's cores / ranks on the host; Open MPI's default one-core binding is lifted)")
       ->transform(CLI::Transformer(std::map<std::string, int>{{"auto", 0}}))
       ->default_str("auto")
       ->type_name("N|auto");

@@ -1,6 +1,7 @@
 #include "launcher/run.h"
 
 #include <cblas.h>
+#include <dirent.h>
 #include <hdf5.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -126,14 +127,43 @@ int ranks_on_this_host(MPI_Comm comm) {
   return hosts.node_sizes()[hosts.node_of_rank[rank]];
 }
 
-int cores_for_rank(MPI_Comm comm) {
+namespace {
+
+// Open MPI 4 binds each rank of a job of at most 2 ranks to one core unless told otherwise (with more ranks, to a
+// socket). That leaves a lone rank one core of the host, where torchrun leaves a process every core, and is why
+// Horovod's documentation runs mpirun with --bind-to none. So a binding Open MPI chose by itself (it exports
+// OMPI_MCA_orte_bound_at_launch, and no --bind-to exported a policy) that is narrower than the rank's share of the
+// host is lifted: every thread of the process (OpenBLAS's and MPI's started inside the binding) may then run on any
+// core. An explicit --bind-to is kept. Returns whether it lifted.
+bool lift_open_mpi_default_binding(int allowed_cores, int share, int host_cores) {
+  if (allowed_cores >= share || !std::getenv("OMPI_MCA_orte_bound_at_launch") ||
+      std::getenv("OMPI_MCA_hwloc_base_binding_policy"))
+    return false;
+  cpu_set_t every_core;
+  CPU_ZERO(&every_core);
+  for (int c = 0; c < host_cores && c < CPU_SETSIZE; ++c) CPU_SET(c, &every_core);
+  bool lifted = false;
+  if (DIR* tasks = opendir("/proc/self/task")) {
+    while (const dirent* task = readdir(tasks))
+      if (task->d_name[0] != '.')
+        lifted |= sched_setaffinity(static_cast<pid_t>(std::atoi(task->d_name)), sizeof every_core, &every_core) == 0;
+    closedir(tasks);
+  }
+  return lifted;
+}
+
+}  // namespace
+
+RankCores cores_for_rank(MPI_Comm comm) {
   const int host_ranks = ranks_on_this_host(comm);
   const int host_cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  const int share = std::max(1, host_cores / host_ranks);
   cpu_set_t mask;
   CPU_ZERO(&mask);
   const int allowed = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : host_cores;
-  if (allowed < host_cores) return std::max(1, allowed);  // bound: the cores it was given are its own
-  return std::max(1, host_cores / host_ranks);
+  if (lift_open_mpi_default_binding(allowed, share, host_cores)) return {share, true};
+  if (allowed < host_cores) return {std::max(1, allowed), false};  // bound: the cores it was given are its own
+  return {share, false};
 }
 
 std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm) {
@@ -310,7 +340,7 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
 
 // The run's header on rank 0: model and data, ranks and batch, the communication setup.
 void print_run_header(const TrainConfig& config, const RunOptions& options, const Trainer& trainer, int world_size,
-                      int64_t first_step, const Topology& topology) {
+                      int64_t first_step, const Topology& topology, const RankCores& rank_cores) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
   std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
@@ -321,6 +351,9 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               : config.zero_stage == 1                   ? " (ZeRO-1: one rank, nothing to shard)"
                                                          : "",
               config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
+  if (rank_cores.lifted_default_binding)
+    std::printf("  Open MPI's default binding to one core lifted: rank 0 may use %d cores (--bind-to core keeps it)\n",
+                rank_cores.cores);
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   char slices[64] = "";
@@ -459,7 +492,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
           "--comm hier needs the same number of ranks on every node: " + topology.describe());
   // --threads, --optimizer-in-backward and --grad-slice-mb auto: stored resolved. The update takes a core only where
   // the BLAS threads leave one idle; --skip-nonfinite must see every gradient before anything is updated.
-  const int cores = cores_for_rank(world);
+  const RankCores rank_cores = cores_for_rank(world);
+  const int cores = rank_cores.cores;
   if (config.blas_threads == 0) config.blas_threads = cores;
   if (config.optimizer_in_backward == "auto")
     config.optimizer_in_backward =
@@ -493,7 +527,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   for (const Bucket& b : trainer->buckets())
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
   for (const GradPiece& p : trainer->grad_pieces()) record.pieces.push_back({p.offset, p.numel});
-  if (rank == 0 && !config.quiet) print_run_header(config, options, *trainer, size, first_step, topology);
+  if (rank == 0 && !config.quiet) print_run_header(config, options, *trainer, size, first_step, topology, rank_cores);
 
   RecordGatherer gathered(record, world);
   bool checkpoint_written = false;

@@ -37,9 +37,15 @@ std::string hdf5_version();
 std::string cuda_description();
 // The ranks of comm on this rank's host (MPI_COMM_TYPE_SHARED). Collective.
 int ranks_on_this_host(MPI_Comm comm);
-// The cores this rank may use (--threads auto). A rank bound to some cores (mpirun --bind-to core) gets those; an
-// unbound one its share of the host's cores (cores / ranks on this host), at least 1. Collective.
-int cores_for_rank(MPI_Comm comm);
+// The cores this rank may use (--threads auto, and --optimizer-in-backward auto's spare core). A rank bound to some
+// cores (mpirun --bind-to core) gets those; an unbound one its share of the host's cores (cores / ranks on this
+// host), at least 1. Open MPI's own default binding, narrower than that share, is lifted first (run.cpp); lifted
+// says so. Collective.
+struct RankCores {
+  int cores = 1;
+  bool lifted_default_binding = false;
+};
+RankCores cores_for_rank(MPI_Comm comm);
 // Rank 0 decides something that can fail; every rank learns the outcome ("" = fine).
 std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm);
 

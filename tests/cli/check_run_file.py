@@ -56,6 +56,24 @@ def main():
                     threads = json.loads(f.attrs["config"])["threads"]
                     check(threads == cores, f"--threads auto stored as {cores} (got {threads})")
                 os.unlink(auto_path)
+            # Under mpirun: Open MPI binds a job of 1 or 2 ranks to one core each unless told otherwise. --threads
+            # auto lifts that default (a lone rank gets every core, as under torchrun); an explicit --bind-to core
+            # is kept.
+            if cores >= 2:
+                probe = subprocess.run([mpirun, "-np", "1", sys.executable, "-c",
+                                        "import os; print(len(os.sched_getaffinity(0)))"],
+                                       capture_output=True, text=True, timeout=60)
+                bound_by_default = probe.returncode == 0 and probe.stdout.split()[-1:] == ["1"]
+                for bind, threads, lifted in [([], cores, bound_by_default), (["--bind-to", "core"], 1, False)]:
+                    mpi_auto = subprocess.run([mpirun, "-np", "1"] + bind + cmd[cmd.index(ddplab):cmd.index("--out") + 1]
+                                              + [auto_path], capture_output=True, text=True, timeout=120)
+                    what = f"mpirun -np 1 {' '.join(bind)}".strip()
+                    check(mpi_auto.returncode == 0 and f"{threads} BLAS thread" in mpi_auto.stdout,
+                          f"--threads auto under {what}: {threads} BLAS thread(s) in the header")
+                    check(("default binding to one core lifted" in mpi_auto.stdout) == lifted,
+                          f"under {what} the header {'says' if lifted else 'does not say'} the binding was lifted")
+                    if os.path.exists(auto_path):
+                        os.unlink(auto_path)
 
         # DDPLAB_COMM_TRANSPORT=mpi starts the transport table at mpi: the header and the file name it.
         mpi_path = os.path.join(work, "mpi.h5")
