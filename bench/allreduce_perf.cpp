@@ -477,6 +477,7 @@ struct Row {
   std::string impl;
   size_t bytes = 0, count = 0;
   Mode oop, ip;
+  std::vector<double> round_trip_ns;  // --diag: rank 0's cache-line round trip to each other rank of its node
 };
 
 // Nearest-rank percentile (as nccl-tests' i_p99): the smallest value with at least p% of the calls at or below it.
@@ -623,7 +624,8 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
                             {"type", impl_info(r.impl).wire_type},
                             {"redop", "sum"},
                             {"out_of_place", mode_json(r.oop)},
-                            {"in_place", mode_json(r.ip)}});
+                            {"in_place", mode_json(r.ip)},
+                            {"round_trip_ns", r.round_trip_ns}});
   j["avg_busbw"] = avg_busbw;
   j["wrong"] = total_wrong;
   return j.dump(1) + "\n";
@@ -714,6 +716,94 @@ struct RankDiagnosis {
   }
 };
 
+// --diag: how far apart the ranks' cores are, as the round trip of one cache line between rank 0 and each other rank
+// of its node through a shared window. About 110 ns where two cores share an L3, about 500 where they do not: on a
+// Zen 5 VM (session 13) the hypervisor moved the two vCPUs between the two from minute to minute, and the ring's
+// in-place busbw at 16 MiB followed (24-29 GB/s near, 11 far). Measured before each size, since it can change
+// within a run. Collective; rank 0 gets the median of its batches per peer (ns), the other ranks nothing.
+class CacheLineRoundTrip {
+ public:
+  CacheLineRoundTrip() {
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_);
+    MPI_Comm_rank(node_, &rank_);
+    MPI_Comm_size(node_, &size_);
+    MPI_Win_allocate_shared(rank_ == 0 ? kLine * 2 * size_ : 0, 1, MPI_INFO_NULL, node_, &base_, &window_);
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    MPI_Win_shared_query(window_, 0, &bytes, &unit, &base_);
+    if (rank_ == 0) std::memset(base_, 0, bytes);
+    last_.assign(size_, 0);
+    MPI_Barrier(node_);
+  }
+  ~CacheLineRoundTrip() {
+    MPI_Win_free(&window_);
+    MPI_Comm_free(&node_);
+  }
+  CacheLineRoundTrip(const CacheLineRoundTrip&) = delete;
+  CacheLineRoundTrip& operator=(const CacheLineRoundTrip&) = delete;
+
+  std::vector<double> measure() {
+    std::vector<double> ns;
+    for (int peer = 1; peer < size_; ++peer) {
+      MPI_Barrier(node_);
+      if (rank_ == 0) ns.push_back(ping(peer));
+      if (rank_ == peer) echo(peer);
+    }
+    MPI_Barrier(node_);
+    return ns;
+  }
+
+ private:
+  static constexpr int kLine = 128;  // a line each way per peer, a line apart (the adjacent-line prefetcher)
+  static constexpr int kBatches = 5, kTripsPerBatch = 1000;
+  int* line(int peer, int way) { return reinterpret_cast<int*>(static_cast<char*>(base_) + kLine * (2 * peer + way)); }
+  // Waits until *p differs from `last` and returns it; yields now and then so that ranks sharing a core get on.
+  static int next_value(const int* p, int last) {
+    for (unsigned spins = 1;; ++spins) {
+      const int v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+      if (v != last) return v;
+      if (spins % 256 == 0) sched_yield();
+    }
+  }
+  static void wait_until(const int* p, int value) {
+    for (unsigned spins = 1; __atomic_load_n(p, __ATOMIC_ACQUIRE) != value; ++spins)
+      if (spins % 256 == 0) sched_yield();
+  }
+  // Rank 0: batches of round trips (at most 20 ms of them, for hosts with more ranks than cores), then the stop value.
+  double ping(int peer) {
+    int* to_peer = line(peer, 0);
+    const int* from_peer = line(peer, 1);
+    std::vector<double> batch_ns;
+    const double deadline = MPI_Wtime() + 0.02;
+    for (int b = 0; b < kBatches && (b == 0 || MPI_Wtime() < deadline); ++b) {
+      const double start = MPI_Wtime();
+      for (int i = 0; i < kTripsPerBatch; ++i) {
+        __atomic_store_n(to_peer, ++last_[peer], __ATOMIC_RELEASE);
+        wait_until(from_peer, last_[peer]);
+      }
+      batch_ns.push_back((MPI_Wtime() - start) * 1e9 / kTripsPerBatch);
+    }
+    __atomic_store_n(to_peer, -(++last_[peer]), __ATOMIC_RELEASE);  // stop
+    std::sort(batch_ns.begin(), batch_ns.end());
+    return batch_ns[batch_ns.size() / 2];
+  }
+  // The peer: echoes each value until the stop value (negative; the next measure's values differ from it).
+  void echo(int peer) {
+    for (;;) {
+      const int v = next_value(line(peer, 0), last_[peer]);
+      last_[peer] = v;
+      if (v < 0) return;
+      __atomic_store_n(line(peer, 1), v, __ATOMIC_RELEASE);
+    }
+  }
+
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win window_ = MPI_WIN_NULL;
+  void* base_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  std::vector<int> last_;  // per peer: the last value sent (rank 0) or seen, stop values included (the peer)
+};
+
 // Rank 0 prints every rank's report in rank order (collective).
 void print_diagnosis(const RankDiagnosis& d, int rank, int n) {
   const std::string mine = d.report(rank);
@@ -754,10 +844,21 @@ int run(const Options& o, int rank, int n) {
   }
   std::vector<Row> rows;
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
+  std::unique_ptr<CacheLineRoundTrip> round_trip;
+  if (o.diag) round_trip = std::make_unique<CacheLineRoundTrip>();
   for (const size_t bytes : o.sizes()) {
     const size_t count = bytes / sizeof(float);
+    std::vector<double> round_trip_ns;  // rank 0's, to each other rank of its node
+    if (round_trip) {
+      round_trip_ns = round_trip->measure();
+      if (rank == 0 && !round_trip_ns.empty()) {
+        std::printf("# cache-line round trip from rank 0 (--diag):");
+        for (size_t p = 0; p < round_trip_ns.size(); ++p) std::printf(" rank %zu %.0f ns", p + 1, round_trip_ns[p]);
+        std::printf("\n");
+      }
+    }
     for (const Impl& impl : impls) {
-      Row r{impl.name, bytes, count, {}, {}};
+      Row r{impl.name, bytes, count, {}, {}, round_trip_ns};
       for (Mode* m : {&r.oop, &r.ip}) {
         const bool in_place = m == &r.ip;
         inputs.rep = 0;

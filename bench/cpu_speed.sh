@@ -3,7 +3,8 @@
 # when it starts):
 #   1. the ring against MPI_Allreduce, 16-256 MiB at np 2, RUNS runs of allreduce_perf --diag: per size the ring's
 #      median, slowest/median and worst ring/MPI ratio over the runs (targets: slowest >= 0.8x median, ring >= 2x
-#      MPI in every run), and each slow run's per-rank diagnosis;
+#      MPI in every run), how far apart the ranks' cores were before each size (a cache-line round trip), and each
+#      slow run's per-rank diagnosis;
 #   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor);
 #   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08);
 #   4. ws=2 against ws=1, one thread per rank, with the replicated and the sharded update (--zero-stage 1):
@@ -67,6 +68,15 @@ for (impl, size, mode), runs_calls in sorted(calls.items()):
     total = sum(len(c) for c in runs_calls)
     print(f"{size >> 20:>6}Mi {mode:>12} {statistics.median(p50):>11.0f} "
           f"{statistics.median(p50) / max(p50):>19.2f} {stalls:>9} of {total}")
+# How far apart the two ranks' cores were (allreduce_perf --diag: a cache-line round trip before each size; ~110 ns
+# where they share an L3, ~500 where they do not: a VM's vCPUs move between the two). Per run: the round trip before
+# each size, and the ring's busbw at that size in place.
+print(f"{'run':>4}  round trip (ns) and ring busbw in place (GB/s) before/at each size")
+for i in range(1, runs + 1):
+    cells = [f"{r['size_bytes'] >> 20}Mi {r['round_trip_ns'][0] if r.get('round_trip_ns') else float('nan'):4.0f} "
+             f"{r['in_place']['busbw_gbs']:5.1f}" for r in json.load(open(f"{work}/ring{i}.json"))["results"]
+             if r["impl"] == "ring"]
+    print(f"{i:>4}  " + " | ".join(cells) + ("   (slow)" if i in slow_runs else ""))
 fast = [i for i in range(1, runs + 1) if i not in slow_runs][:1]
 for i, what in [(i, "slow") for i in sorted(slow_runs)[:3]] + [(i, "fast") for i in fast]:
     print(f"-- run {i}'s per-rank diagnosis ({what}):")
