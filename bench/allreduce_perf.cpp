@@ -720,22 +720,32 @@ struct RankDiagnosis {
 // of its node through a shared window. About 110 ns where two cores share an L3, about 500 where they do not: on a
 // Zen 5 VM (session 13) the hypervisor moved the two vCPUs between the two from minute to minute, and the ring's
 // in-place busbw at 16 MiB followed (24-29 GB/s near, 11 far). Measured before each size, since it can change
-// within a run. Collective; rank 0 gets the median of its batches per peer (ns), the other ranks nothing.
+// within a run. Collective; rank 0 gets the median of its batches per peer (ns), the other ranks nothing. At most
+// 20 ms per peer (past that, one batch, shorter), for hosts with more ranks than cores.
 class CacheLineRoundTrip {
  public:
   CacheLineRoundTrip() {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_);
     MPI_Comm_rank(node_, &rank_);
     MPI_Comm_size(node_, &size_);
-    MPI_Win_allocate_shared(rank_ == 0 ? kLine * 2 * size_ : 0, 1, MPI_INFO_NULL, node_, &base_, &window_);
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    measures_ = world_rank == 0;  // only rank 0's node: the others would spin for nothing
+    MPI_Allreduce(MPI_IN_PLACE, &measures_, 1, MPI_INT, MPI_MAX, node_);
+    // One spare line, to start on a line boundary whatever the window's alignment.
+    MPI_Win_allocate_shared(rank_ == 0 ? kLine * (2 * size_ + 1) : 0, 1, MPI_INFO_NULL, node_, &window_base_, &window_);
     MPI_Aint bytes = 0;
     int unit = 0;
-    MPI_Win_shared_query(window_, 0, &bytes, &unit, &base_);
-    if (rank_ == 0) std::memset(base_, 0, bytes);
+    MPI_Win_shared_query(window_, 0, &bytes, &unit, &window_base_);
+    if (rank_ == 0) std::memset(window_base_, 0, bytes);
+    const auto address = reinterpret_cast<uintptr_t>(window_base_);
+    lines_ = reinterpret_cast<char*>((address + kLine - 1) / kLine * kLine);
     last_.assign(size_, 0);
     MPI_Barrier(node_);
   }
-  ~CacheLineRoundTrip() {
+  // Collective: call it on every rank once done. (Not from the destructor: a rank unwinding after an error must not
+  // wait in a collective for ranks that will never join it.)
+  void free() {
     MPI_Win_free(&window_);
     MPI_Comm_free(&node_);
   }
@@ -744,6 +754,7 @@ class CacheLineRoundTrip {
 
   std::vector<double> measure() {
     std::vector<double> ns;
+    if (!measures_) return ns;
     for (int peer = 1; peer < size_; ++peer) {
       MPI_Barrier(node_);
       if (rank_ == 0) ns.push_back(ping(peer));
@@ -756,7 +767,7 @@ class CacheLineRoundTrip {
  private:
   static constexpr int kLine = 128;  // a line each way per peer, a line apart (the adjacent-line prefetcher)
   static constexpr int kBatches = 5, kTripsPerBatch = 1000;
-  int* line(int peer, int way) { return reinterpret_cast<int*>(static_cast<char*>(base_) + kLine * (2 * peer + way)); }
+  int* line(int peer, int way) { return reinterpret_cast<int*>(lines_ + kLine * (2 * peer + way)); }
   // Waits until *p differs from `last` and returns it; yields now and then so that ranks sharing a core get on.
   static int next_value(const int* p, int last) {
     for (unsigned spins = 1;; ++spins) {
@@ -775,13 +786,16 @@ class CacheLineRoundTrip {
     const int* from_peer = line(peer, 1);
     std::vector<double> batch_ns;
     const double deadline = MPI_Wtime() + 0.02;
-    for (int b = 0; b < kBatches && (b == 0 || MPI_Wtime() < deadline); ++b) {
+    for (int b = 0; b < kBatches; ++b) {
       const double start = MPI_Wtime();
-      for (int i = 0; i < kTripsPerBatch; ++i) {
+      int trips = 0;
+      while (trips < kTripsPerBatch && (trips % 64 != 0 || MPI_Wtime() < deadline)) {
         __atomic_store_n(to_peer, ++last_[peer], __ATOMIC_RELEASE);
         wait_until(from_peer, last_[peer]);
+        ++trips;
       }
-      batch_ns.push_back((MPI_Wtime() - start) * 1e9 / kTripsPerBatch);
+      if (trips > 0) batch_ns.push_back((MPI_Wtime() - start) * 1e9 / trips);
+      if (trips < kTripsPerBatch) break;
     }
     __atomic_store_n(to_peer, -(++last_[peer]), __ATOMIC_RELEASE);  // stop
     std::sort(batch_ns.begin(), batch_ns.end());
@@ -799,8 +813,9 @@ class CacheLineRoundTrip {
 
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win window_ = MPI_WIN_NULL;
-  void* base_ = nullptr;
-  int rank_ = 0, size_ = 1;
+  void* window_base_ = nullptr;
+  char* lines_ = nullptr;
+  int rank_ = 0, size_ = 1, measures_ = 0;
   std::vector<int> last_;  // per peer: the last value sent (rank 0) or seen, stop values included (the peer)
 };
 
@@ -879,6 +894,7 @@ int run(const Options& o, int rank, int n) {
       rows.push_back(std::move(r));
     }
   }
+  if (round_trip) round_trip->free();
   if (o.diag) print_diagnosis(diagnosis, rank, n);
   if (rank != 0) return 0;
 

@@ -30,7 +30,7 @@ double floor_gbps = 0;  // this run's memory floor; 0 until measured
 
 void row(const char* name, const char* shape, double ms, double amount, const char* unit) {
   const double rate = amount / (ms * 1e-3) / 1e9;
-  std::printf("%-28s %-22s %9.3f ms %9.1f %-7s", name, shape, ms, rate, unit);
+  std::printf("%-32s %-22s %9.3f ms %9.1f %-7s", name, shape, ms, rate, unit);
   if (floor_gbps > 0 && !std::strcmp(unit, "GB/s")) std::printf(" %5.0f%% of floor", 100 * rate / floor_gbps);
   std::printf("\n");
 }
@@ -67,9 +67,9 @@ int main(int argc, char** argv) {
   const int C = 1024, OC = 1024, V = 1000;
   std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS core %s, float kernels at %d lanes\n", B,
               openblas_get_corename(), cpu::float_lanes());
-  std::printf("%-28s %-22s %12s %14s\n", "op", "shape", "time", "rate");
+  std::printf("%-32s %-22s %12s %14s\n", "op", "shape", "time", "rate");
   floor_gbps = measure_memory_floor(floor_mb, repeats);
-  std::printf("%-28s %-22s %12s %9.1f GB/s\n", "memory floor", "", "", floor_gbps);
+  std::printf("%-32s %-22s %12s %9.1f GB/s\n", "memory floor", "", "", floor_gbps);
 
   auto x = random_vector(size_t(B) * C, 1), w = random_vector(size_t(OC) * C, 2), out = random_vector(size_t(B) * OC, 3);
   auto dout = random_vector(size_t(B) * OC, 4), dx = random_vector(size_t(B) * C, 5), dw = random_vector(size_t(OC) * C, 6);

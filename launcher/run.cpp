@@ -134,22 +134,25 @@ namespace {
 // Horovod's documentation runs mpirun with --bind-to none. So a binding Open MPI chose by itself (it exports
 // OMPI_MCA_orte_bound_at_launch, and no --bind-to exported a policy) that is narrower than the rank's share of the
 // host is lifted: every thread of the process (OpenBLAS's and MPI's started inside the binding) may then run on any
-// core. An explicit --bind-to is kept. Returns whether it lifted.
-bool lift_open_mpi_default_binding(int allowed_cores, int share, int host_cores) {
+// core the process's cpuset allows (the kernel narrows the full mask to it). An explicit --bind-to is kept. Returns
+// the cores this thread may use afterwards, 0 if nothing was lifted.
+int lift_open_mpi_default_binding(int allowed_cores, int share) {
   if (allowed_cores >= share || !std::getenv("OMPI_MCA_orte_bound_at_launch") ||
       std::getenv("OMPI_MCA_hwloc_base_binding_policy"))
-    return false;
-  cpu_set_t every_core;
-  CPU_ZERO(&every_core);
-  for (int c = 0; c < host_cores && c < CPU_SETSIZE; ++c) CPU_SET(c, &every_core);
-  bool lifted = false;
+    return 0;
+  cpu_set_t every_cpu;
+  CPU_ZERO(&every_cpu);
+  for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &every_cpu);
+  if (sched_setaffinity(0, sizeof every_cpu, &every_cpu) != 0) return 0;
   if (DIR* tasks = opendir("/proc/self/task")) {
     while (const dirent* task = readdir(tasks))
       if (task->d_name[0] != '.')
-        lifted |= sched_setaffinity(static_cast<pid_t>(std::atoi(task->d_name)), sizeof every_core, &every_core) == 0;
+        sched_setaffinity(static_cast<pid_t>(std::atoi(task->d_name)), sizeof every_cpu, &every_cpu);
     closedir(tasks);
   }
-  return lifted;
+  cpu_set_t now;
+  CPU_ZERO(&now);
+  return sched_getaffinity(0, sizeof now, &now) == 0 ? CPU_COUNT(&now) : 0;
 }
 
 }  // namespace
@@ -161,9 +164,10 @@ RankCores cores_for_rank(MPI_Comm comm) {
   cpu_set_t mask;
   CPU_ZERO(&mask);
   const int allowed = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : host_cores;
-  if (lift_open_mpi_default_binding(allowed, share, host_cores)) return {share, true};
-  if (allowed < host_cores) return {std::max(1, allowed), false};  // bound: the cores it was given are its own
-  return {share, false};
+  if (const int lifted = lift_open_mpi_default_binding(allowed, share); lifted > allowed)
+    return {std::min(share, lifted), allowed};
+  if (allowed < host_cores) return {std::max(1, allowed), 0};  // bound: the cores it was given are its own
+  return {share, 0};
 }
 
 std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm) {
@@ -351,9 +355,9 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               : config.zero_stage == 1                   ? " (ZeRO-1: one rank, nothing to shard)"
                                                          : "",
               config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
-  if (rank_cores.lifted_default_binding)
-    std::printf("  Open MPI's default binding to one core lifted: rank 0 may use %d cores (--bind-to core keeps it)\n",
-                rank_cores.cores);
+  if (rank_cores.lifted_from > 0)
+    std::printf("  Open MPI's default binding (%d core%s) lifted: rank 0 may use %d (an explicit --bind-to keeps it)\n",
+                rank_cores.lifted_from, rank_cores.lifted_from == 1 ? "" : "s", rank_cores.cores);
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   char slices[64] = "";

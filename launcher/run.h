@@ -39,11 +39,11 @@ std::string cuda_description();
 int ranks_on_this_host(MPI_Comm comm);
 // The cores this rank may use (--threads auto, and --optimizer-in-backward auto's spare core). A rank bound to some
 // cores (mpirun --bind-to core) gets those; an unbound one its share of the host's cores (cores / ranks on this
-// host), at least 1. Open MPI's own default binding, narrower than that share, is lifted first (run.cpp); lifted
-// says so. Collective.
+// host), at least 1. Open MPI's own default binding, narrower than that share, is lifted first (run.cpp), whatever
+// --threads says. Collective.
 struct RankCores {
   int cores = 1;
-  bool lifted_default_binding = false;
+  int lifted_from = 0;  // the cores of the default binding it lifted; 0: none lifted
 };
 RankCores cores_for_rank(MPI_Comm comm);
 // Rank 0 decides something that can fail; every rank learns the outcome ("" = fine).

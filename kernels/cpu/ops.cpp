@@ -31,7 +31,7 @@ constexpr double kGeluB = 0.044715 * kGeluA;
 
 }  // namespace
 
-bool cpu_has_avx512() {
+bool sixteen_lanes_available() {
 #ifdef DDPLAB_AVX512_KERNELS
   return __builtin_cpu_supports("avx512f");  // libgcc checks that the OS saves the zmm registers too
 #else
@@ -40,15 +40,18 @@ bool cpu_has_avx512() {
 }
 
 namespace {
-std::atomic<int> g_float_lanes{cpu_has_avx512() ? 16 : 8};
+std::atomic<int>& float_lanes_in_use() {  // decided on first use, whatever the order of static initialisation
+  static std::atomic<int> lanes{sixteen_lanes_available() ? 16 : 8};
+  return lanes;
+}
 }  // namespace
 
-int float_lanes() { return g_float_lanes.load(std::memory_order_relaxed); }
+int float_lanes() { return float_lanes_in_use().load(std::memory_order_relaxed); }
 
 void set_float_lanes(int lanes) {
-  if (lanes != 8 && !(lanes == 16 && cpu_has_avx512()))
+  if (lanes != 8 && !(lanes == 16 && sixteen_lanes_available()))
     throw std::invalid_argument("set_float_lanes: " + std::to_string(lanes) + " lanes (8, or 16 with AVX-512)");
-  g_float_lanes.store(lanes, std::memory_order_relaxed);
+  float_lanes_in_use().store(lanes, std::memory_order_relaxed);
 }
 
 template <typename T>
@@ -103,7 +106,7 @@ void bias_backward(T* dbias, const T* dout, int B, int OC, bool accumulate) {
 // GELU's tanh form rewritten with 0.5 (1 + tanh(u)) = sigmoid(2u), so one exp does the work of tanh:
 //   gelu(x)  = x s,                             s = 1 / (1 + exp(-2u)),  -2u = x (a + b x^2)
 //   gelu'(x) = s + 2 x s (1 - s) du/dx  =  s (1 - x (1 - s) (a + 3 b x^2))
-// with a = -2 sqrt(2/pi), b = 0.044715 a. V is a scalar or a vector of T (Simd<float>::V): the same operations lane
+// with a = -2 sqrt(2/pi), b = 0.044715 a. V is a scalar or a vector of T (FloatLanes<W>::V): the same operations lane
 // for lane, so an element's result does not depend on whether it falls in the vector body or the tail.
 template <typename T, typename V>
 inline V gelu_exp(V x, V x2) {  // exp(-2u)

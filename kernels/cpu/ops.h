@@ -13,13 +13,14 @@
 
 namespace ddplab::cpu {
 
-// How many float lanes the kernels with two widths (GELU, the softmax's exp) run on: 16 where the CPU has AVX-512
-// (twice the work per instruction; on Zen 5 twice the speed), else 8. Either width gives the same bits, so replicas
-// on different CPUs stay identical. set_float_lanes picks one (8, or 16 where the CPU has AVX-512) for tests and
-// benchmarks; it throws std::invalid_argument otherwise.
+// How many float lanes the kernels with two widths (GELU; the softmax's max, exp and scaling passes, the attention's
+// exp among them) run on: 16 where sixteen_lanes_available() (twice the work per instruction; on Zen 5 twice the
+// speed), else 8. Either width gives the same bits, so replicas on different CPUs stay identical. set_float_lanes
+// picks one (8, or 16 where available) for tests and benchmarks; it throws std::invalid_argument otherwise.
 int float_lanes();
 void set_float_lanes(int lanes);
-bool cpu_has_avx512();
+// The CPU has AVX-512 (and the OS saves its registers), and this is an optimised GCC build for x86-64.
+bool sixteen_lanes_available();
 
 // out[B,OC] = inp[B,C] @ weight[OC,C]^T            (cblas gemm)
 template <typename T>

@@ -35,18 +35,43 @@ inline float exp_fast(float x) {
   return p * scale;
 }
 
-// Vectors of W floats: 8 fill a ymm register (AVX2, every x86-64-v3 CPU), 16 a zmm register (AVX-512).
-template <int W>
-struct FloatLanes {
-  typedef float V __attribute__((vector_size(4 * W)));
-  typedef int32_t Bits __attribute__((vector_size(4 * W)));
-  typedef float Unaligned __attribute__((vector_size(4 * W), aligned(4), may_alias));
+// Vectors of W lanes of T and their unaligned loads and stores. Simd<T> is one 256-bit vector, 8 floats or 4 doubles
+// (one ymm register under -march=x86-64-v3); the float kernels with two widths also take 16 floats (one zmm register,
+// AVX-512).
+template <typename T, int W>
+struct Lanes {
+  typedef T V __attribute__((vector_size(sizeof(T) * W)));
+  typedef T Unaligned __attribute__((vector_size(sizeof(T) * W), aligned(sizeof(T)), may_alias));
 };
+template <typename T>
+struct Simd : Lanes<T, 32 / sizeof(T)> {
+  static constexpr int W = 32 / static_cast<int>(sizeof(T));  // lanes of one vector
+};
+template <int W>
+using FloatLanes = Lanes<float, W>;
 typedef FloatLanes<8>::V Float8;
 typedef FloatLanes<16>::V Float16;
 
-// Lane-wise max and min as one instruction each; the argument order keeps a NaN in x (MAXPS and MINPS return their
-// second operand when either is NaN). Written as a ? : they cost a compare and a blend each.
+template <int W, typename T>
+inline typename Lanes<T, W>::V load_lanes(const T* p) {
+  return *reinterpret_cast<const typename Lanes<T, W>::Unaligned*>(p);
+}
+template <int W, typename T>
+inline void store_lanes(T* p, typename Lanes<T, W>::V v) {
+  *reinterpret_cast<typename Lanes<T, W>::Unaligned*>(p) = v;
+}
+template <typename T>
+inline typename Simd<T>::V vload(const T* p) {
+  return load_lanes<Simd<T>::W>(p);
+}
+template <typename T>
+inline void vstore(T* p, typename Simd<T>::V v) {
+  store_lanes<Simd<T>::W>(p, v);
+}
+
+// Lane-wise max and min as one instruction each: max_keeping_nan(bound, x) is bound > x ? bound : x, so a NaN in x is
+// kept and a NaN in bound is not (MAXPS and MINPS return their second operand when either is NaN). Written as ? : they
+// cost a compare and a blend each.
 #ifdef __AVX__
 inline Float8 max_keeping_nan(Float8 bound, Float8 x) {
   return reinterpret_cast<Float8>(_mm256_max_ps(reinterpret_cast<__m256>(bound), reinterpret_cast<__m256>(x)));
@@ -62,8 +87,10 @@ inline Float8 min_keeping_nan(Float8 bound, Float8 x) { return bound < x ? bound
 // The 16-lane kernels are compiled for AVX-512 inside a build for x86-64-v3 and chosen at run time
 // (float_lanes()). Each is a [[gnu::flatten]] function with this target that calls the width-generic template: flatten
 // inlines the whole call tree into it, and with it the AVX-512 helpers below, which GCC would refuse to inline into
-// a template instance of the build's own target.
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__GNUC__)
+// a template instance of the build's own target. Only in an optimised GCC build: where nothing is inlined (-O0,
+// -fno-inline) the helpers would be called across the two targets' vector ABIs, so there the kernels keep 8 lanes.
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__GNUC__) && !defined(__clang__) && defined(__OPTIMIZE__) && \
+    !defined(__NO_INLINE__)
 #define DDPLAB_AVX512_KERNELS 1
 #define DDPLAB_AVX512_TARGET gnu::flatten, gnu::target("avx512f")
 // (The masked forms with every lane selected: the unmasked ones pass GCC 12 an "undefined" source that its
@@ -101,32 +128,6 @@ inline V exp_fast(V x) {
   p = p * r + 1.0f;
   const Bits bits = (reinterpret_cast<Bits>(rounded) << 23) + (127 << 23);  // the sum's exponent bits shift out
   return p * reinterpret_cast<V>(bits);
-}
-
-template <int W>
-inline typename FloatLanes<W>::V load_lanes(const float* p) {
-  return *reinterpret_cast<const typename FloatLanes<W>::Unaligned*>(p);
-}
-template <int W>
-inline void store_lanes(float* p, typename FloatLanes<W>::V v) {
-  *reinterpret_cast<typename FloatLanes<W>::Unaligned*>(p) = v;
-}
-
-// 256-bit vectors of T (8 floats or 4 doubles) and their unaligned loads and stores: with -march=x86-64-v3 one
-// vector is one ymm register.
-template <typename T>
-struct Simd {
-  static constexpr int W = 32 / static_cast<int>(sizeof(T));  // lanes of one vector
-  typedef T V __attribute__((vector_size(32)));
-  typedef T VU __attribute__((vector_size(32), aligned(sizeof(T)), may_alias));  // unaligned access
-};
-template <typename T>
-inline typename Simd<T>::V vload(const T* p) {
-  return *reinterpret_cast<const typename Simd<T>::VU*>(p);
-}
-template <typename T>
-inline void vstore(T* p, typename Simd<T>::V v) {
-  *reinterpret_cast<typename Simd<T>::VU*>(p) = v;
 }
 
 // Double stays on libm: it is the precision of the finite-difference references, not of training.

@@ -9,10 +9,11 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/rng.h"
-#include "tests/unit/fd_check.h"
 #include "kernels/cpu/transformer_ops.h"
 #include "kernels/cpu/vector_math.h"
+#include "tests/unit/fd_check.h"
 
 namespace ddplab::cpu {
 namespace {
@@ -362,6 +363,29 @@ TEST(Attention, FloatTiledKernelsMatchNaiveDoubleOnRandomShapesWithPadding) {
       ExpectFloatAgrees(dqkv, ref.dqkv, 2e-5, "attention dqkv");
     }
   }
+}
+
+// The attention's softmax takes 16 lanes where available (ops.h, float_lanes): the same bits as 8, for rows of
+// lengths around both widths.
+TEST(Attention, FloatSixteenLanesGiveTheBitsOfEight) {
+  if (!sixteen_lanes_available()) {
+    GTEST_SKIP() << "no 16-lane kernels here (this CPU has no AVX-512, or the build is not optimised): 8 lanes only";
+  }
+  const int B = 3, S = 41, C = 16, NH = 2;
+  const std::vector<int32_t> lengths = {41, 17, 33};
+  const std::vector<double> qkv_d = RandomNormal(size_t(B) * S * 3 * C, 900, 1.5);
+  const std::vector<float> qkv(qkv_d.begin(), qkv_d.end());
+  std::vector<float> out[2], att[2];
+  const int before = float_lanes();
+  for (int k = 0; k < 2; ++k) {
+    set_float_lanes(k == 0 ? 8 : 16);
+    out[k].assign(size_t(B) * S * C, -99.f);
+    att[k].assign(size_t(B) * NH * S * S, -99.f);
+    attention_forward(out[k].data(), att[k].data(), qkv.data(), lengths.data(), B, S, C, NH, /*causal=*/true);
+  }
+  set_float_lanes(before);
+  EXPECT_EQ(std::memcmp(att[0].data(), att[1].data(), att[0].size() * sizeof(float)), 0) << "att";
+  EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0) << "out";
 }
 
 // Packed rows compute what their sequences compute alone, bit for bit (the same tiles on the same numbers), on
