@@ -70,12 +70,12 @@ for (impl, size, mode), runs_calls in sorted(calls.items()):
           f"{statistics.median(p50) / max(p50):>19.2f} {stalls:>9} of {total}")
 # How far apart the two ranks' cores were (allreduce_perf --diag: a cache-line round trip before each size; ~110 ns
 # where they share an L3, ~500 where they do not: a VM's vCPUs move between the two). Per run: the round trip before
-# each size, and the ring's busbw at that size in place.
-print(f"{'run':>4}  round trip (ns) and ring busbw in place (GB/s) before/at each size")
+# each size, and the ring's busbw at that size in place / out of place.
+print(f"{'run':>4}  round trip (ns) and ring busbw in place / out of place (GB/s) before/at each size")
 for i in range(1, runs + 1):
     cells = [f"{r['size_bytes'] >> 20}Mi {r['round_trip_ns'][0] if r.get('round_trip_ns') else float('nan'):4.0f} "
-             f"{r['in_place']['busbw_gbs']:5.1f}" for r in json.load(open(f"{work}/ring{i}.json"))["results"]
-             if r["impl"] == "ring"]
+             f"{r['in_place']['busbw_gbs']:4.1f}/{r['out_of_place']['busbw_gbs']:4.1f}"
+             for r in json.load(open(f"{work}/ring{i}.json"))["results"] if r["impl"] == "ring"]
     print(f"{i:>4}  " + " | ".join(cells) + ("   (slow)" if i in slow_runs else ""))
 fast = [i for i in range(1, runs + 1) if i not in slow_runs][:1]
 for i, what in [(i, "slow") for i in sorted(slow_runs)[:3]] + [(i, "fast") for i in fast]:
