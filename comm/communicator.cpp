@@ -153,18 +153,14 @@ LinkClasses parse_links(const std::string& spec, double latency_us_override, dou
 // 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows).
 size_t small_allreduce_bytes(int n) {
   const int64_t measured = n <= 2 ? int64_t{16} << 10 : int64_t{32} << 10;
-  return static_cast<size_t>(settings::integer(settings::kSmallAllreduceBytes, measured, 0, int64_t{1} << 40));
+  return static_cast<size_t>(settings::integer(settings::kSmallAllreduceBytes, measured));
 }
 
 namespace {
 
 // The tuning knobs (comm/settings.h). Values are measured on the development machine, see docs/COMM.md.
-size_t ring_slice_bytes() {
-  return static_cast<size_t>(settings::integer(settings::kRingSliceBytes, 0, int64_t{1} << 40));
-}
-size_t ring_slices_per_chunk() {
-  return static_cast<size_t>(settings::integer(settings::kRingSlicesPerChunk, 1, 1 << 20));
-}
+size_t ring_slice_bytes() { return static_cast<size_t>(settings::integer(settings::kRingSliceBytes)); }
+size_t ring_slices_per_chunk() { return static_cast<size_t>(settings::integer(settings::kRingSlicesPerChunk)); }
 
 std::string str(int64_t x) { return std::to_string(x); }
 
@@ -234,8 +230,8 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
     if (emulated) transport_ = emulate_links(std::move(transport_), topology_, options_.link, nic_);
   }
   // describe_hops names every hop kind: "shm" appears exactly when some peer is reached through shared memory.
-  single_copy_ = size_ > 1 && transport_name_.find("shm") != std::string::npos &&
-                 settings::integer(settings::kLocalRegister, 0, 1) == 1;
+  single_copy_ =
+      size_ > 1 && transport_name_.find("shm") != std::string::npos && settings::integer(settings::kLocalRegister) == 1;
   if (single_copy_) transport_name_.insert(transport_name_.find("shm") + 3, " single-copy");
   if (emulated) transport_name_ += " + link emulation";
 }

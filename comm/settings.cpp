@@ -1,5 +1,6 @@
 #include "comm/settings.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -37,35 +38,52 @@ std::string read_once(const Knob& knob, const Check& check) {
 
 bool is_set(const Knob& knob) { return !environment(knob).empty(); }
 
-int64_t integer(const Knob& knob, int64_t fallback, int64_t min, int64_t max) {
-  const auto parse = [&](const std::string& text) {
-    char* end = nullptr;
-    errno = 0;
-    const long long x = std::strtoll(text.c_str(), &end, 10);
-    if (*end != '\0' || errno != 0 || x < min || x > max)
-      throw std::invalid_argument(std::string(knob.name) + " must be an integer in [" + std::to_string(min) + ", " +
-                                  std::to_string(max) + "], got '" + text + "'");
-    return static_cast<int64_t>(x);
-  };
-  const std::string text = read_once(knob, parse);
-  return text.empty() ? fallback : parse(text);
+namespace {
+
+// The checks: an integer in the knob's range, one of its choices, or any text.
+int64_t parse_integer(const Knob& knob, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(text.c_str(), &end, 10);
+  if (*end != '\0' || errno != 0 || x < knob.min || x > knob.max)
+    throw BadSetting(std::string(knob.name) + " must be an integer in [" + std::to_string(knob.min) + ", " +
+                     std::to_string(knob.max) + "], got '" + text + "'");
+  return static_cast<int64_t>(x);
+}
+void check_choice(const Knob& knob, const std::string& value) {
+  const std::string choices = knob.choices;
+  std::string listed;
+  bool known = false;
+  for (size_t start = 0; start <= choices.size();) {
+    const size_t bar = std::min(choices.find('|', start), choices.size());
+    const std::string option = choices.substr(start, bar - start);
+    known = known || option == value;
+    listed += (listed.empty() ? "" : " or ") + option;
+    start = bar + 1;
+  }
+  if (!known) throw BadSetting(std::string(knob.name) + " must be " + listed + ", got '" + value + "'");
+}
+void check(const Knob& knob, const std::string& text) {
+  if (knob.choices) return check_choice(knob, text);
+  if (knob.max >= knob.min) parse_integer(knob, text);
 }
 
-int64_t integer(const Knob& knob, int64_t min, int64_t max) {
-  return integer(knob, std::stoll(knob.default_text), min, max);
+}  // namespace
+
+int64_t integer(const Knob& knob, int64_t fallback) {
+  const std::string text = read_once(knob, [&](const std::string& t) { check(knob, t); });
+  return text.empty() ? fallback : parse_integer(knob, text);
 }
 
-std::string choice(const Knob& knob, const std::vector<std::string>& choices) {
-  const std::string text = read_once(knob, [&](const std::string& value) {
-    std::string listed;
-    bool known = false;
-    for (const std::string& c : choices) {
-      known = known || c == value;
-      listed += (listed.empty() ? "" : " or ") + c;
-    }
-    if (!known) throw std::invalid_argument(std::string(knob.name) + " must be " + listed + ", got '" + value + "'");
-  });
+int64_t integer(const Knob& knob) { return integer(knob, std::stoll(knob.default_text)); }
+
+std::string choice(const Knob& knob) {
+  const std::string text = read_once(knob, [&](const std::string& t) { check(knob, t); });
   return text.empty() ? knob.default_text : text;
+}
+
+void check_all() {
+  for (const Knob* knob : kKnobs) read_once(*knob, [&](const std::string& t) { check(*knob, t); });
 }
 
 std::vector<std::string> describe() {

@@ -3,34 +3,47 @@
 // and whether it came from the environment. Their defaults were measured on the development machines: docs/COMM.md.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace ddplab::settings {
 
+// A knob set to a value it does not take: bad input, which ddplab refuses like a bad flag (one line, exit code 2).
+struct BadSetting : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
 struct Knob {
   const char* name;          // the environment variable
   const char* default_text;  // what applies when it is unset
   const char* meaning;       // one line for `ddplab devices`
+  // What it takes: an integer in [min, max], or one of `choices` ("shm|mpi"); any text where max < min and no choices.
+  int64_t min = 0, max = -1;
+  const char* choices = nullptr;
 };
 
 // The ring's pipeline: bytes of fp32 per slice (one message per chunk per round; 0 = no slicing), and slices per
 // chunk (the depth of one step; the ring runs in rounds of n x this x slice).
 inline constexpr Knob kRingSliceBytes{"DDPLAB_RING_SLICE_BYTES", "262144",
-                                      "bytes of fp32 per ring slice (0: no slicing)"};
-inline constexpr Knob kRingSlicesPerChunk{"DDPLAB_RING_SLICES_PER_CHUNK", "4", "ring slices per chunk, at least 1"};
+                                      "bytes of fp32 per ring slice (0: no slicing)", 0, int64_t{1} << 40};
+inline constexpr Knob kRingSlicesPerChunk{"DDPLAB_RING_SLICES_PER_CHUNK", "4", "ring slices per chunk, at least 1", 1,
+                                          1 << 20};
 // Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring.
 inline constexpr Knob kSmallAllreduceBytes{"DDPLAB_SMALL_ALLREDUCE_BYTES", "16384 at 2 ranks, 32768 beyond",
-                                           "largest buffer for recursive doubling, bytes (0: always the ring)"};
-inline constexpr Knob kCommTransport{"DDPLAB_COMM_TRANSPORT", "shm",
-                                     "the ring's transport: shm (MPI across nodes) or mpi"};
+                                           "largest buffer for recursive doubling, bytes (0: always the ring)", 0,
+                                           int64_t{1} << 40};
+inline constexpr Knob kCommTransport{
+    "DDPLAB_COMM_TRANSPORT", "shm", "the ring's transport: shm (MPI across nodes) or mpi", 0, -1, "shm|mpi"};
 // Whether gradient buffers are allocated in shared memory that host peers read directly (comm/shm_transport.h).
 inline constexpr Knob kLocalRegister{"DDPLAB_LOCAL_REGISTER", "1",
-                                     "1: gradient buffers registered with the shm transport (single copy); 0: copied"};
+                                     "1: gradient buffers registered with the shm transport (single copy); 0: copied",
+                                     0, 1};
 // The comm thread's waits: poll for spin_us, then sleep between polls, doubling up to max_sleep_us.
 inline constexpr Knob kCommSpinUs{"DDPLAB_COMM_SPIN_US", "50",
-                                  "us a waiting comm thread polls before it sleeps (<0: spin)"};
-inline constexpr Knob kCommMaxSleepUs{"DDPLAB_COMM_MAX_SLEEP_US", "250", "longest sleep between polls, us, at least 1"};
+                                  "us a waiting comm thread polls before it sleeps (<0: spin)", INT32_MIN, INT32_MAX};
+inline constexpr Knob kCommMaxSleepUs{"DDPLAB_COMM_MAX_SLEEP_US", "250", "longest sleep between polls, us, at least 1",
+                                      1, INT32_MAX};
 // Read by main() before MPI starts (it may re-execute the program): any value but unset keeps OpenBLAS's own choice.
 inline constexpr Knob kBlasAuto{"DDPLAB_BLAS_AUTO", "on",
                                 "any value: keep OpenBLAS's kernel choice (no AVX-512 re-exec, docs/ARCHITECTURE.md)"};
@@ -39,11 +52,13 @@ inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk,
                                          &kLocalRegister,  &kCommSpinUs,         &kCommMaxSleepUs,      &kBlasAuto};
 
 // The knob's value: the environment's, read once, or its default_text when it is unset or empty (`fallback`, for a
-// default computed by the caller). Throws std::invalid_argument when it is set but not an integer in [min, max] (or
-// not one of `choices`).
-int64_t integer(const Knob& knob, int64_t min, int64_t max);
-int64_t integer(const Knob& knob, int64_t fallback, int64_t min, int64_t max);
-std::string choice(const Knob& knob, const std::vector<std::string>& choices);
+// default computed by the caller). Throws BadSetting when it is set to what the knob does not take.
+int64_t integer(const Knob& knob);
+int64_t integer(const Knob& knob, int64_t fallback);
+std::string choice(const Knob& knob);
+// Every knob set in the environment, checked (and read): main() calls it on every rank before any work, so a bad
+// value is refused there, whichever knobs the command would have read and when.
+void check_all();
 bool is_set(const Knob& knob);
 
 // "DDPLAB_RING_SLICE_BYTES  262144 (default)  bytes of fp32 per ring slice ...", a line per knob: what `ddplab

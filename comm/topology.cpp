@@ -101,7 +101,7 @@ std::unique_ptr<Transport> connect_transport(MPI_Comm comm, const Topology& topo
                                              std::string& name) {
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
-  if (settings::choice(settings::kCommTransport, {"shm", "mpi"}) == "shm") {
+  if (settings::choice(settings::kCommTransport) == "shm") {
     try {
       // Room for a step's K slices plus one, so a step's sends go out at once (eagerly).
       const size_t fifo = std::max(ShmTransport::kDefaultFifoBytes,

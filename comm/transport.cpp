@@ -55,8 +55,8 @@ void tighten_timer_slack_once() {
 PollPolicy PollPolicy::from_env() {
   static const PollPolicy policy = [] {
     PollPolicy p;
-    p.spin_us = static_cast<int>(settings::integer(settings::kCommSpinUs, INT_MIN, INT_MAX));
-    p.max_sleep_us = static_cast<int>(settings::integer(settings::kCommMaxSleepUs, 1, INT_MAX));
+    p.spin_us = static_cast<int>(settings::integer(settings::kCommSpinUs));
+    p.max_sleep_us = static_cast<int>(settings::integer(settings::kCommMaxSleepUs));
     return p;
   }();
   return policy;

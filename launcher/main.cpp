@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
     try {
       require_known_command(app, argc, argv);
       app.parse(argc, argv);
+      // Every DDPLAB_* knob in the environment, on every rank, before any work (`devices` lists them as they are).
+      if (!devices->parsed()) settings::check_all();
     } catch (const CLI::CallForHelp&) {
       if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
       MPI_Finalize();
@@ -150,6 +152,10 @@ int main(int argc, char** argv) {
     if (devices->parsed()) code = run_devices();
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
+    MPI_Finalize();
+    return 2;
+  } catch (const settings::BadSetting& e) {  // from check_all, on every rank (they share the environment)
+    if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (ddplab devices lists the settings)\n", e.what());
     MPI_Finalize();
     return 2;
   } catch (const TrainingStopped& e) {

@@ -99,6 +99,19 @@ fi
 expect_error 2 "more ranks (2) than sequences per epoch (--epoch-size 1)" train --model tiny --epoch-size 1 --steps 2
 expect_error 2 "--predict needs --zero-stage 0" sweep --predict --zero-stage 1 --steps 2
 
+# A DDPLAB_* knob set to a value it does not take is bad input too (comm/settings.h), refused on every rank.
+for np in 1 2; do
+  DDPLAB_COMM_TRANSPORT=foo expect_error $np "DDPLAB_COMM_TRANSPORT must be shm or mpi, got 'foo'" \
+    train "${small[@]}" --out "$work/knob.h5"
+done
+DDPLAB_RING_SLICE_BYTES=-5 expect_error 2 "DDPLAB_RING_SLICE_BYTES must be an integer in" \
+  train "${small[@]}" --out "$work/knob.h5"
+# Checked before any work, whichever knobs the command reads: at one rank nothing reads DDPLAB_LOCAL_REGISTER, and a
+# suite's cases run on parts of the job (a refusal on some ranks only would leave the others waiting).
+DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer in \[0, 1\], got '7'" \
+  train "${small[@]}" --out "$work/knob.h5"
+(cd "$work" && DDPLAB_COMM_TRANSPORT=foo expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2)
+
 # An existing result is never overwritten without --force, and is left exactly as it was.
 echo "precious" >"$work/existing.h5"
 for np in 1 2; do

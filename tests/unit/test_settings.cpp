@@ -12,39 +12,44 @@ namespace ddplab::settings {
 namespace {
 
 TEST(Settings, DefaultWhenUnsetOrEmpty) {
-  constexpr Knob unset{"DDPLAB_TEST_UNSET", "7", "a knob nobody sets"};
+  constexpr Knob unset{"DDPLAB_TEST_UNSET", "7", "a knob nobody sets", 0, 100};
   unsetenv(unset.name);
-  EXPECT_EQ(integer(unset, 0, 100), 7);
-  EXPECT_EQ(integer(unset, 42, 0, 100), 42) << "a default computed by the caller (per world size, say)";
-  constexpr Knob empty{"DDPLAB_TEST_EMPTY", "shm", "a knob set to nothing"};
+  EXPECT_EQ(integer(unset), 7);
+  EXPECT_EQ(integer(unset, 42), 42) << "a default computed by the caller (per world size, say)";
+  constexpr Knob empty{"DDPLAB_TEST_EMPTY", "shm", "a knob set to nothing", 0, -1, "shm|mpi"};
   setenv(empty.name, "", 1);
-  EXPECT_EQ(choice(empty, {"shm", "mpi"}), "shm");
+  EXPECT_EQ(choice(empty), "shm");
 }
 
 TEST(Settings, EnvironmentValueReadOnce) {
-  constexpr Knob knob{"DDPLAB_TEST_ONCE", "1", "a knob read once"};
+  constexpr Knob knob{"DDPLAB_TEST_ONCE", "1", "a knob read once", 0, 100};
   setenv(knob.name, "25", 1);
-  EXPECT_EQ(integer(knob, 0, 100), 25);
+  EXPECT_EQ(integer(knob), 25);
   setenv(knob.name, "50", 1);
-  EXPECT_EQ(integer(knob, 0, 100), 25) << "a knob must not change under a running job";
-  EXPECT_EQ(integer(knob, 99, 0, 100), 25) << "a set knob wins over the caller's default";
+  EXPECT_EQ(integer(knob), 25) << "a knob must not change under a running job";
+  EXPECT_EQ(integer(knob, 99), 25) << "a set knob wins over the caller's default";
 }
 
 TEST(Settings, BadValuesAreRefusedNamingTheVariable) {
-  constexpr Knob not_a_number{"DDPLAB_TEST_BAD", "1", "a knob set to text"};
+  constexpr Knob not_a_number{"DDPLAB_TEST_BAD", "1", "a knob set to text", 0, 100};
   setenv(not_a_number.name, "12k", 1);
   try {
-    integer(not_a_number, 0, 100);
+    integer(not_a_number);
     ADD_FAILURE() << "'12k' was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("DDPLAB_TEST_BAD"), std::string::npos) << e.what();
   }
-  constexpr Knob out_of_range{"DDPLAB_TEST_RANGE", "1", "a knob set too high"};
+  constexpr Knob out_of_range{"DDPLAB_TEST_RANGE", "1", "a knob set too high", 0, 100};
   setenv(out_of_range.name, "101", 1);
-  EXPECT_THROW(integer(out_of_range, 0, 100), std::invalid_argument);
-  constexpr Knob unknown{"DDPLAB_TEST_CHOICE", "shm", "a knob set to an unknown name"};
+  EXPECT_THROW(integer(out_of_range), BadSetting);
+  constexpr Knob unknown{"DDPLAB_TEST_CHOICE", "shm", "a knob set to an unknown name", 0, -1, "shm|mpi"};
   setenv(unknown.name, "tcp", 1);
-  EXPECT_THROW(choice(unknown, {"shm", "mpi"}), std::invalid_argument);
+  try {
+    choice(unknown);
+    ADD_FAILURE() << "'tcp' was accepted";
+  } catch (const BadSetting& e) {
+    EXPECT_NE(std::string(e.what()).find("must be shm or mpi, got 'tcp'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Settings, DescribeListsEveryKnobWithItsOrigin) {
