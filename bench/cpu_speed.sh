@@ -77,6 +77,27 @@ for i in range(1, runs + 1):
              f"{r['in_place']['busbw_gbs']:4.1f}/{r['out_of_place']['busbw_gbs']:4.1f}"
              for r in json.load(open(f"{work}/ring{i}.json"))["results"] if r["impl"] == "ring"]
     print(f"{i:>4}  " + " | ".join(cells) + ("   (slow)" if i in slow_runs else ""))
+# The same goals within one placement: the runs whose round trip before that size said the cores shared an L3
+# (near) and those where it did not (far). A spread that the placement explains shows as a split here; what is
+# left within a class is the ring's own.
+NEAR_BELOW_NS = 300  # measured: ~110-210 ns on one L3, ~460-600 ns across two
+print(f"{'size':>8} {'mode':>12} {'placement':>9} {'runs':>4} {'ring median':>11} {'slow/med':>8} {'min ring/MPI':>12}")
+cells = {}  # (size, mode, placement) -> [(ring, mpi)]
+for i in range(1, runs + 1):
+    results = json.load(open(f"{work}/ring{i}.json"))["results"]
+    mpi_of = {(r["size_bytes"], m): r[m]["busbw_gbs"] for r in results if r["impl"] == "mpi-raw"
+              for m in ("out_of_place", "in_place")}
+    for r in results:
+        if r["impl"] != "ring" or not r.get("round_trip_ns"):
+            continue
+        where = "near" if r["round_trip_ns"][0] < NEAR_BELOW_NS else "far"
+        for m in ("out_of_place", "in_place"):
+            cells.setdefault((r["size_bytes"], m, where), []).append((r[m]["busbw_gbs"], mpi_of[(r["size_bytes"], m)]))
+for (size, mode, where), pairs in sorted(cells.items()):
+    ring = [a for a, _ in pairs]
+    med = statistics.median(ring)
+    print(f"{size >> 20:>6}Mi {mode:>12} {where:>9} {len(ring):>4} {med:>11.2f} {min(ring) / med:>8.2f} "
+          f"{min(a / b for a, b in pairs):>12.2f}")
 fast = [i for i in range(1, runs + 1) if i not in slow_runs][:1]
 for i, what in [(i, "slow") for i in sorted(slow_runs)[:3]] + [(i, "fast") for i in fast]:
     print(f"-- run {i}'s per-rank diagnosis ({what}):")
