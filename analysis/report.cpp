@@ -102,6 +102,15 @@ static std::string hosts_text(const RunRecord& rec) {
   return text + (hosts.size() > 3 ? ", ..." : "");
 }
 
+std::string oversubscription_note(const RunRecord& run) {
+  const int ranks = run.oversubscribed_ranks();
+  if (ranks == 0) return "";
+  const int threads = std::max(1, run.config.value("threads", 1));
+  return fmt("oversubscribed: %d ranks x %d BLAS thread%s on %d cores; the ranks take turns on the cores, so the "
+             "times measure this machine's sharing, not data parallelism",
+             ranks, threads, threads == 1 ? "" : "s", run.meta.host_cores);
+}
+
 void print_report(std::FILE* out, const SummarizedRun& run) {
   const RunRecord& rec = run.record;
   const RunSummary& s = run.summary;
@@ -114,7 +123,8 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                s.global_batch);
   std::fprintf(out, "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
                config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
-               config_text(c, "comm_dtype").c_str(), config_text(c, "link").c_str(),
+               config_text(c, "comm_dtype").c_str(),
+               meta.links.emulated() ? describe(meta.links).c_str() : config_text(c, "link").c_str(),
                config_text(c, "bucket_mb").c_str(), config_text(c, "overlap").c_str(),
                config_text(c, "grad_slice_mb").c_str(), config_text(c, "batch").c_str());
   if (c.value("grad_accum", 1) > 1) std::fprintf(out, " x %d micro-batches", c.value("grad_accum", 1));
@@ -122,6 +132,7 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
     std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden").c_str(),
                  config_text(c, "layers").c_str(), config_text(c, "classes").c_str());
   std::fprintf(out, "\n");
+  if (const std::string note = oversubscription_note(rec); !note.empty()) std::fprintf(out, "  %s\n", note.c_str());
   if (rec.nodes() > 1) {
     std::string nodes;
     for (int r = 0; r < world; ++r) nodes += fmt("%s%d", r ? "," : "", rec.node(r));

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "analysis/summary.h"
@@ -13,6 +14,9 @@ namespace ddplab {
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& summary);
 // One run: what it was (config, lab knobs, build, status), the summary, the per-bucket table and the blame.
 void print_report(std::FILE* out, const SummarizedRun& run);
+// "oversubscribed: 4 ranks x 1 BLAS thread on 2 cores; ..." for a run whose ranks took turns on rank 0's host's cores
+// (RunRecord::oversubscribed_ranks); "" otherwise. The train header and the report both say it.
+std::string oversubscription_note(const RunRecord& run);
 // One row per run: name, world, samples/s, step ms, exposed comm, hidden%, blame.
 void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs);
 // `ddplab report --json`: the run file, what the run was, the summary (as the run file stores it) and the blame.

@@ -65,6 +65,7 @@
 #include "comm/hier_allreduce.h"
 #include "comm/mpi_init.h"
 #include "comm/shm_transport.h"
+#include "launcher/cli_errors.h"
 #include "record/files.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "bench/allreduce_perf_nccl.h"
@@ -241,7 +242,7 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
     if (rank == 0) std::printf("%s", app.help().c_str());
     return false;
   } catch (const CLI::ParseError& e) {
-    throw UsageError(e.what());
+    throw UsageError(parse_error_text(e, app));
   }
   for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <optional>
 
+#include "launcher/cli_errors.h"
+
 namespace ddplab::bench {
 
 // The exit code the benchmark should return now (0 after --help, 2 after bad input), or nothing: go on.
@@ -15,7 +17,7 @@ inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** arg
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    std::fprintf(stderr, "%s: %s\n", program, parse_error_text(e, app).c_str());
     return 2;
   }
   return std::nullopt;

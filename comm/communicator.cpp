@@ -101,6 +101,8 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
       throw std::invalid_argument("--link-gbps must be a finite number >= 0, got " + std::to_string(gbps_override));
     link.gbps = gbps_override;
   }
+  // Overrides on "none" make a link of their own: named so, the header never says "none" of an emulated link.
+  if (link.name == "none" && link_emulated(link)) link.name = "custom";
   return link;
 }
 

@@ -25,6 +25,7 @@
 #include "git_commit.h"
 #include "comm/mpi_init.h"
 #include "launcher/cli.h"
+#include "launcher/cli_errors.h"
 #include "comm/settings.h"
 #include "comm/watchdog.h"
 #include "record/errors.h"
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     } catch (const CLI::ParseError& e) {
-      throw UsageError(e.what());
+      throw UsageError(parse_error_text(e, app));
     }
     if (train->parsed()) run_training(config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
     if (suite->parsed()) code = run_suite(suite_options, command_line);

@@ -507,10 +507,17 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   config.grad_slice_mb = resolved_grad_slice_mb(config);
   openblas_set_num_threads(config.blas_threads);
 
-  // Rank 0 owns the run file: check it can be written before spending time on training.
+  // Rank 0 owns the run file: check it can be written before spending time on training. A runs/ folder made for
+  // it goes again if the run ends before writing anything there (a refused --resume, say): rmdir keeps a non-empty one.
+  struct RemoveIfStillEmpty {
+    const char* dir = nullptr;
+    ~RemoveIfStillEmpty() {
+      if (dir) rmdir(dir);
+    }
+  } made_runs_dir;
   if (rank == 0) {
     if (config.out.empty()) {
-      mkdir("runs", 0755);
+      if (mkdir("runs", 0755) == 0) made_runs_dir.dir = "runs";
       config.out = default_run_path(options.command, size);
     }
     error = check_output_path(config.out, config.force);
@@ -531,7 +538,10 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   for (const Bucket& b : trainer->buckets())
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
   for (const GradPiece& p : trainer->grad_pieces()) record.pieces.push_back({p.offset, p.numel});
-  if (rank == 0 && !config.quiet) print_run_header(config, options, *trainer, size, first_step, topology, rank_cores);
+  if (rank == 0 && !config.quiet) {
+    print_run_header(config, options, *trainer, size, first_step, topology, rank_cores);
+    if (const std::string note = oversubscription_note(record); !note.empty()) std::printf("  %s\n", note.c_str());
+  }
 
   RecordGatherer gathered(record, world);
   bool checkpoint_written = false;

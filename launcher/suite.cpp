@@ -27,6 +27,7 @@
 #include "launcher/run.h"
 #include "record/errors.h"
 #include "record/files.h"
+#include "record/run_record.h"
 
 namespace ddplab {
 namespace {
@@ -44,10 +45,34 @@ struct CaseResult {
   RunSummary summary;
   std::string path;
   std::vector<std::string> blame;  // multi-rank cases: who sets the pace, from the records in memory
+  // More ranks x BLAS threads than cores on rank 0's host (RunRecord::oversubscribed_ranks): the ranks took turns on
+  // the cores, and the case's efficiency measures how this machine shares them, not how DDP scales. Said in the
+  // table, the JSON and the charts.
+  int oversubscribed_ranks = 0;
+  int host_cores = 0;
 };
 
 // The ranks a case does not use wait for it without spinning: Open MPI's blocking barrier polls a core, which
 // on a small machine would steal the cycles of the ranks being measured.
+// "1 step", "5 steps".
+std::string counted(int n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
+// "300 steps each (5 warm-up, 295 measured)": the warm-up as the run files will clamp it (a default longer than the
+// run leaves one step to measure).
+std::string steps_each(const TrainConfig& c) {
+  const int warmup = first_steady_step(c.steps, c.warmup_steps);
+  return counted(c.steps, "step") + " each (" + std::to_string(warmup) + " warm-up, " +
+         std::to_string(c.steps - warmup) + " measured)";
+}
+
+// Below 5 measured steps, one hiccup decides a case's figures: said under the header.
+void print_few_steps_note(const TrainConfig& c) {
+  const int warmup = first_steady_step(c.steps, c.warmup_steps);
+  if (c.steps - warmup < 5)
+    std::printf("  few measured steps: one hiccup decides a case's figures (--steps %d or more measures 5)\n",
+                warmup + 5);
+}
+
 void wait_quietly(MPI_Comm comm) {
   MPI_Request request;
   MPI_Ibarrier(comm, &request);
@@ -58,8 +83,6 @@ void wait_quietly(MPI_Comm comm) {
   }
 }
 
-// Ranks of the launch on rank 0's host. Ranks fill a host's slots in order, so a case of n ranks has min(n, this)
-// of them there.
 // Powers of two up to the world size, and the world size itself.
 std::vector<int> scaling_sizes(int world) {
   std::vector<int> sizes;
@@ -228,12 +251,6 @@ void write_text_file(const std::string& path, const std::string& text) {
   publish_file(tmp, path, /*force=*/true);
 }
 
-// More ranks x BLAS threads than cores: the ranks take turns on the cores, and a case's efficiency measures how this
-// machine shares them, not how DDP scales. Said in the table, the JSON and the charts.
-struct HostShare {
-  int ranks = 1, cores = 1;  // this host's ranks of the launch, and its cores
-  bool oversubscribed(const Case& c) const { return std::min(c.world_size, ranks) * c.config.blas_threads > cores; }
-};
 
 // Every case in turn, each on the first world_size ranks (the others wait without spinning). Results on rank 0.
 std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>& cases, const std::string& command_line,
@@ -265,7 +282,7 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
     }
     wait_quietly(world);
     if (rank == 0) {
-      results.push_back({c, r.summary, r.record.path, {}});
+      results.push_back({c, r.summary, r.record.path, {}, r.record.oversubscribed_ranks(), r.record.meta.host_cores});
       if (c.world_size >= 2) results.back().blame = blame(r.record, r.summary);
       if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
@@ -284,62 +301,76 @@ const CaseResult* find_case(const std::vector<CaseResult>& results, const std::s
 
 // The suite's table against the references of the same launch (weak_ws1, strong_ws1, the baseline case), its CSV
 // and its JSON cases; returns whether the pathology, input and update cases left the loss identical to the baseline.
-bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results, const HostShare& host,
+bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results,
                       nlohmann::json& json_cases) {
   const CaseResult* weak1 = find_case(results, "weak_ws1");
   const CaseResult* strong1 = find_case(results, "strong_ws1");
   const CaseResult* baseline = find_case(results, o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform");
+  // A cell that does not apply (no reference case, a workload without tokens) is left empty in the CSV and null in
+  // the JSON: a 0 there would read as a measurement.
+  const bool tokens = o.name != "lab";
+  const auto cell = [](bool applies, double value) {
+    std::ostringstream text;
+    if (applies) text << value;
+    return text.str();
+  };
   std::string csv =
-      "case,group,world_size,global_batch,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
-      "mean_spread_ms,data_ms,compute_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
+      "case,group,world_size,global_batch,oversubscribed,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
+      "mean_spread_ms,data_ms,compute_ms,optimizer_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
       "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
-  std::printf("\n%-16s %3s %6s %9s %10s %6s %9s %8s %8s %8s %8s %9s\n", "case", "ws", "batch", "step_ms", "samples/s",
-              "eff", "spread_ms", "data_ms", "comp_ms", "exposed", "extra", "vs_base");
+  std::printf("\n%-16s %3s %6s %9s %10s %6s %9s %8s %8s %8s %10s %8s %8s\n", "case", "ws", "gbatch", "step_ms",
+              "samples/s", "eff", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms", "extra_ms", "vs_base");
   bool loss_identical = true;
   for (const CaseResult& r : results) {
     const RunSummary& s = r.summary;
-    double efficiency = 0;
     const CaseResult* ref = r.c.group == "weak" ? weak1 : r.c.group == "strong" ? strong1 : nullptr;
-    if (ref && ref->summary.samples_per_s > 0)
-      efficiency = s.samples_per_s / (r.c.world_size * ref->summary.samples_per_s);
-    const double vs_base = baseline && baseline->summary.samples_per_s > 0
-                               ? s.samples_per_s / baseline->summary.samples_per_s - 1
-                               : 0;
+    const bool has_efficiency = ref && ref->summary.samples_per_s > 0;
+    const double efficiency = has_efficiency ? s.samples_per_s / (r.c.world_size * ref->summary.samples_per_s) : 0;
+    const bool has_vs_base = baseline && baseline->summary.samples_per_s > 0;
+    const double vs_base = has_vs_base ? s.samples_per_s / baseline->summary.samples_per_s - 1 : 0;
     if ((r.c.group == "pathology" || r.c.group == "input" || r.c.group == "update") && baseline &&
         s.final_loss != baseline->summary.final_loss)
       loss_identical = false;
     const StepRecord mean = mean_over_ranks(s);
     const double compute = mean.forward_ms + mean.backward_ms;
     const double extra = mean.extra_comm_ms + mean.host_work_ms;
-    char eff[16] = "-";
-    if (ref) std::snprintf(eff, sizeof eff, "%.2f%s", efficiency, host.oversubscribed(r.c) ? "*" : "");
-    std::printf("%-16s %3d %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %8.2f %+8.0f%%\n", r.c.name.c_str(),
+    const bool oversubscribed = r.oversubscribed_ranks > 0;
+    char eff[16] = "-";  // the * in a column of its own, so the figures stay aligned
+    if (has_efficiency) std::snprintf(eff, sizeof eff, "%.2f%s", efficiency, oversubscribed ? "*" : " ");
+    std::printf("%-16s %3d %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %10.2f %8.2f %+7.0f%%\n", r.c.name.c_str(),
                 r.c.world_size, s.global_batch, s.slowest_step_ms, s.samples_per_s, eff, s.mean_spread_ms,
-                mean.data_ms, compute, mean.exposed_comm_ms, extra + mean.barrier_ms, 100 * vs_base);
+                mean.data_ms, compute, mean.optimizer_ms, mean.exposed_comm_ms, extra + mean.barrier_ms,
+                100 * vs_base);
     std::ostringstream row;
-    row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ',' << s.slowest_rank
-        << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ',' << efficiency << ',' << s.mean_spread_ms << ','
-        << mean.data_ms << ',' << compute << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ','
-        << mean.exposed_comm_ms << ',' << extra << ',' << mean.barrier_ms << ',' << vs_base << ',' << s.final_loss
-        << ',' << s.useful_tokens_per_s << ',' << s.padded_tokens_per_s << ',' << s.padding_ratio << ','
-        << s.mean_token_spread << ',' << r.path << '\n';
+    row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ','
+        << (oversubscribed ? 1 : 0) << ',' << s.slowest_rank << ',' << s.slowest_step_ms << ',' << s.samples_per_s
+        << ',' << cell(has_efficiency, efficiency) << ',' << s.mean_spread_ms << ',' << mean.data_ms << ','
+        << compute << ',' << mean.optimizer_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ','
+        << mean.exposed_comm_ms << ',' << extra << ',' << mean.barrier_ms << ',' << cell(has_vs_base, vs_base) << ','
+        << s.final_loss << ',' << cell(tokens, s.useful_tokens_per_s) << ',' << cell(tokens, s.padded_tokens_per_s)
+        << ',' << cell(tokens, s.padding_ratio) << ',' << cell(tokens, s.mean_token_spread) << ',' << r.path << '\n';
     csv += row.str();
     json_cases.push_back({{"case", r.c.name},
                           {"group", r.c.group},
                           {"world_size", r.c.world_size},
-                          {"efficiency", efficiency},
-                          {"oversubscribed", host.oversubscribed(r.c)},
-                          {"vs_baseline", vs_base},
+                          {"efficiency", has_efficiency ? nlohmann::json(efficiency) : nlohmann::json()},
+                          {"oversubscribed", oversubscribed},
+                          {"vs_baseline", has_vs_base ? nlohmann::json(vs_base) : nlohmann::json()},
                           {"run_file", r.path},
                           {"summary", to_json(s)}});
   }
   write_text_file(o.out_dir + "/summary.csv", csv);
-  if (std::any_of(results.begin(), results.end(), [&](const CaseResult& r) { return host.oversubscribed(r.c); }))
-    std::printf("\n* oversubscribed: up to %d ranks x %d BLAS thread%s on this host's %d cores; the ranks take turns on "
-                "the cores, so efficiency measures this machine, not DDP\n",
-                std::min(size, host.ranks), o.base.blas_threads, o.base.blas_threads == 1 ? "" : "s", host.cores);
+  const auto most = std::max_element(results.begin(), results.end(), [](const CaseResult& a, const CaseResult& b) {
+    return a.oversubscribed_ranks < b.oversubscribed_ranks;
+  });
+  if (most != results.end() && most->oversubscribed_ranks > 0)
+    std::printf("\n* oversubscribed: up to %d ranks x %s on this host's %d cores; the ranks take turns on the cores, so "
+                "efficiency measures this machine, not DDP\n",
+                most->oversubscribed_ranks, counted(o.base.blas_threads, "BLAS thread").c_str(), most->host_cores);
+  std::printf("\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
+              "exposed (comm waited for) and extra (lab work and barriers): means over the ranks, ms per step\n");
   if (o.name == "lab") {
-    std::printf("\nefficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
+    std::printf("efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
                 "throughput change against weak_ws%d\n",
                 size);
     std::printf(
@@ -384,20 +415,22 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   if (o.base.optimizer_in_backward == "auto") o.base.optimizer_in_backward = "off";
   const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
   if (rank == 0) {
-    std::printf("ddplab suite %s: %zu cases on %d ranks, %d steps each (%d warm-up), %d BLAS thread%s per rank, results "
-                "in %s/\n",
-                o.name.c_str(), cases.size(), size, o.base.steps, o.base.warmup_steps, o.base.blas_threads,
-                o.base.blas_threads == 1 ? "" : "s", o.out_dir.c_str());
+    std::printf("ddplab suite %s: %zu cases on %s, %s, %s per rank, results in %s/\n", o.name.c_str(),
+                cases.size(), counted(size, "rank").c_str(), steps_each(o.base).c_str(),
+                counted(o.base.blas_threads, "BLAS thread").c_str(), o.out_dir.c_str());
+    print_few_steps_note(o.base);
+    if (size == 1)
+      std::printf("  one rank: every case runs alone, with no peer to wait for or to scale to; the suite's pathologies "
+                  "need mpirun -np 2 or more\n");
     std::fflush(stdout);
   }
-  const HostShare host{ranks_on_this_host(world), static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
   const std::vector<CaseResult> results = run_cases(o, cases, command_line, world);
   if (rank != 0) return 0;
 
   nlohmann::json json_cases = nlohmann::json::array();
-  const bool loss_identical = print_case_table(o, size, results, host, json_cases);
+  const bool loss_identical = print_case_table(o, size, results, json_cases);
   // Who sets the pace in each multi-rank case, and why (analysis/blame.h).
-  std::printf("\nblame:\n");
+  if (size > 1) std::printf("\nblame:\n");
   std::vector<std::string> files;
   for (size_t i = 0; i < results.size(); ++i) {
     files.push_back(results[i].path);
@@ -407,7 +440,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     json_cases[i]["blame"] = results[i].blame;
   }
   const nlohmann::json summary = {{"suite", o.name},       {"world_size", size},
-                                  {"steps", o.base.steps}, {"host_cores", host.cores},
+                                  {"steps", o.base.steps}, {"host_cores", results.empty() ? 0 : results.front().host_cores},
                                   {"loss_identical", loss_identical}, {"cases", json_cases}};
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
@@ -613,11 +646,12 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   MPI_Comm_size(world, &size);
   o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   if (rank == 0) {
-    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %d ranks, link %s%s, %d steps each%s, in %s/\n",
-                o.bucket_mb.size(), o.overlap.size(), size, o.base.link.c_str(),
-                o.base.zero_stage == 1 ? ", the update sharded (--zero-stage 1)" : "", o.base.steps,
+    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %s, link %s%s, %s%s, in %s/\n",
+                o.bucket_mb.size(), o.overlap.size(), counted(size, "rank").c_str(), o.base.link.c_str(),
+                o.base.zero_stage == 1 ? ", the update sharded (--zero-stage 1)" : "", steps_each(o.base).c_str(),
                 o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "",
                 o.out_dir.c_str());
+    print_few_steps_note(o.base);
     if (o.predict)
       std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point%s\n", o.base.bucket_mb,
                   o.base.overlap ? "on" : "off", o.repeats > 1 ? " of its round" : "");

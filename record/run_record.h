@@ -53,6 +53,9 @@ struct PieceRecord {
   int64_t offset = 0, numel = 0;  // elements
 };
 
+// Where a run of `steps` steps with `warmup_steps` of warm-up starts its steady state: at least one step counts.
+inline int first_steady_step(int steps, int warmup_steps) { return std::clamp(warmup_steps, 0, std::max(steps - 1, 0)); }
+
 struct RunRecord {
   std::string path;  // where it is stored ("" before it is written)
   RunMetadata meta;
@@ -78,7 +81,15 @@ struct RunRecord {
     return rank >= 0 && rank < static_cast<int>(meta.hostnames.size()) ? meta.hostnames[rank] : "?";
   }
   // Where the steady state starts: the config's warmup_steps, clamped so that at least one step counts.
-  int first_steady_step() const { return std::clamp(config.value("warmup_steps", 0), 0, std::max(steps - 1, 0)); }
+  int first_steady_step() const { return ddplab::first_steady_step(steps, config.value("warmup_steps", 0)); }
+  // Rank 0's host ran more CPU threads than it has cores (its ranks x BLAS threads > host_cores): the ranks took
+  // turns on the cores, and every time measures that sharing, not data parallelism. The ranks on that host, or 0
+  // when it was not oversubscribed (or a GPU run, or not recorded).
+  int oversubscribed_ranks() const {
+    if (meta.device != "cpu" || meta.host_cores <= 0 || meta.hostnames.empty()) return 0;
+    const int ranks = static_cast<int>(std::count(meta.hostnames.begin(), meta.hostnames.end(), meta.hostnames[0]));
+    return ranks * std::max(1, config.value("threads", 1)) > meta.host_cores ? ranks : 0;
+  }
   // Samples per step over all ranks: batch x grad_accum x world_size.
   int global_batch() const { return config.value("batch", 0) * config.value("grad_accum", 1) * world_size(); }
 };

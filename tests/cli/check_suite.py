@@ -3,6 +3,7 @@
 
 usage: check_suite.py MPIRUN DDPLAB NP
 """
+import csv
 import json
 import os
 import subprocess
@@ -81,6 +82,13 @@ def main():
         check(summary["loss_identical"], "pathologies leave the loss identical")
         lines = open(os.path.join(out, "summary.csv")).read().strip().split("\n")
         check(len(lines) == len(expected) + 1, "summary.csv: header + one row per case")
+        rows = {row["case"]: row for row in csv.DictReader(lines)}
+        check(all((row["efficiency"] != "") == (row["group"] in ("weak", "strong")) for row in rows.values()),
+              "summary.csv: efficiency only where a case has a reference (empty, not 0, elsewhere)")
+        check(all(row["useful_tokens_per_s"] == "" for row in rows.values()),
+              "summary.csv: the MLP cases leave the token columns empty")
+        check(all(row["oversubscribed"] == str(int(c["oversubscribed"])) for row, c in
+                  zip(rows.values(), summary["cases"])), "summary.csv and summary.json agree on oversubscription")
         by_case = {c["case"]: c for c in summary["cases"]}
         check(abs(by_case["weak_ws1"]["efficiency"] - 1) < 1e-12, "weak_ws1 efficiency is 1 by definition")
 

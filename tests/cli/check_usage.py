@@ -54,6 +54,17 @@ proc = run(1, "xyzzyqq")
 check(refused(proc, "unknown command 'xyzzyqq'; commands: train, suite, sweep, devices, report, timeline"),
       f"a word near no command lists the commands ({our_lines(proc.stderr)})")
 
+# ---- an unknown option: named in the order typed (CLI11 2.1 reverses them) -----------------------------------------
+proc = run(1, "train", "--stepz", "3")
+check(refused(proc, "unknown option --stepz, followed by 3"), f"train --stepz 3 ({our_lines(proc.stderr)})")
+
+# ---- a refused --resume leaves nothing behind, not even the runs/ folder made for the default run file ---------------
+with tempfile.TemporaryDirectory() as cwd:
+    proc = subprocess.run([mpirun, "-np", "1", ddplab, "train", *SMALL, "--resume", "missing.h5"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    check(refused(proc, "missing.h5") and os.listdir(cwd) == [],
+          f"--resume missing.h5: refused, nothing left in the folder ({our_lines(proc.stderr)}, {os.listdir(cwd)})")
+
 # ---- help ---------------------------------------------------------------------------------------------------------
 top = run(1, "--help").stdout
 check("MLP or a transformer" in top, "train's description names the transformer too")
@@ -118,8 +129,12 @@ with tempfile.TemporaryDirectory() as work:
           "the header shows the link as emulated, overrides applied")
     os.unlink(out)
     proc = run(1, "train", *SMALL, "--steps", "2", "--link-latency-us", "5", "--out", out)
-    check(proc.returncode == 0 and "link none (5 us, unlimited bandwidth)" in proc.stdout,
-          "latency alone: the header says the bandwidth is unlimited")
+    check(proc.returncode == 0 and "link custom (5 us, unlimited bandwidth)" in proc.stdout,
+          "latency alone: the header names the link custom, its bandwidth unlimited")
+    report = subprocess.run([ddplab, "report", out], capture_output=True, text=True, timeout=60)
+    check("link custom (5 us, unlimited bandwidth)" in report.stdout,
+          f"report names the emulated link as the header does ({report.stdout[:300]})")
+    os.unlink(out)
 
 print(f"usage checks: {len(failures)} failed")
 sys.exit(1 if failures else 0)
