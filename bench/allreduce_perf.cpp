@@ -334,6 +334,11 @@ bool preflight(const Options& o, int rank, int n) {
   };
   if (rank == 0) problem = o.csv_path.empty() ? "" : writable("--csv", o.csv_path);
   if (rank == 0 && problem.empty() && !o.json_path.empty()) problem = writable("-J", o.json_path);
+#ifdef DDPLAB_HAVE_CUDA
+  for (const std::string& name : o.impls)
+    if (problem.empty() && impl_info(name).needs_cuda)
+      if (const std::string why = device_problem(); !why.empty()) problem = "--impls " + name + ": " + why;
+#endif
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
   int local_ranks = 1;

@@ -46,6 +46,8 @@ DeviceAllreduce wrap(std::shared_ptr<Buffers> buffers, std::function<void(const 
 
 }  // namespace
 
+std::string device_problem() { return cuda::NcclAllreduce::availability(); }
+
 DeviceAllreduce make_nccl_allreduce(size_t max_count) {
   auto buffers = std::make_shared<EngineBuffers<cuda::NcclAllreduce>>(max_count);
   cuda::NcclAllreduce* nccl = &buffers->engine;

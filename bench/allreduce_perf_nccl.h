@@ -17,6 +17,9 @@ struct DeviceAllreduce {
   std::shared_ptr<void> owner;  // the NCCL communicator and the buffers
 };
 
+// Why this rank cannot run the GPU implementations (no device, NCCL too old), or "": checked before any of them
+// starts, so that a machine without a GPU is refused with exit code 2 rather than failing inside NCCL's bootstrap.
+std::string device_problem();
 DeviceAllreduce make_nccl_allreduce(size_t max_count);  // collective over MPI_COMM_WORLD; throws on failure
 // Our ring over `link` ("nccl", "ipc" or "host"); the time includes the host's wait for the comm stream.
 DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link);

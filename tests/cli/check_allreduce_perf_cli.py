@@ -227,6 +227,7 @@ def test_bad_arguments(perf, workdir):
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv"),
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
+        (["-z", "1"], "unknown option -z, followed by 1"),
     ]
     for args, expected in cases:
         # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
@@ -238,6 +239,14 @@ def test_bad_arguments(perf, workdir):
               and "MPI_ABORT" not in p.stderr and not data_rows(p.stdout) and not p.stdout.strip())
         check(ok, f"{' '.join(args)}: exit 2, one line naming '{expected}', no banner, no output, {took:.1f} s "
                   f"(got {p.returncode}: {ours or p.stderr.strip()[-200:]})")
+    # A GPU implementation where none can run (a build without CUDA, or no device): refused the same way, before
+    # any rank enters NCCL. Where a GPU is present it runs.
+    p = perf.run(["--impls", "nccl", "-b", "4", "-e", "4", "-n", "1", "-w", "0"], timeout=60)
+    ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+    check(p.returncode == 0 or (p.returncode == 2 and len(ours) == 1 and
+                                ours[0].startswith("allreduce_perf: error: --impls nccl: ") and
+                                "MPI_ABORT" not in p.stderr),
+          f"--impls nccl without a usable GPU: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
     with open(old) as f:
         kept = f.read() == "an earlier result\n"
     check(kept and sorted(os.listdir(workdir)) == before, "refused runs touch no file (an existing --csv is kept)")
