@@ -567,9 +567,10 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
   for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
   std::printf("# host buffers: %s\n", o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
                                                     : "not registered (-R 0): shm hops copy through the FIFOs");
+  const std::vector<size_t> sizes = o.sizes();  // the sizes run: the last is -e only where the steps land on it
   std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
-              human_bytes(static_cast<double>(o.min_bytes)).c_str(),
-              human_bytes(static_cast<double>(o.max_bytes)).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
+              human_bytes(static_cast<double>(sizes.front())).c_str(),
+              human_bytes(static_cast<double>(sizes.back())).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
   std::printf("# time = %s; algbw = size / time; busbw = algbw x 2(n-1)/n; GB = 1e9 bytes\n",
               o.median ? "p50 over calls" : describe(o.aggregate));
   std::printf(
