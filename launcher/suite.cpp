@@ -736,15 +736,15 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   csv << "bucket_mb,overlap,slowest_step_ms,samples_per_s,backward_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,"
          "hidden_fraction,run_file,predicted_step_ms,error_pct\n";
   nlohmann::json json_points = nlohmann::json::array();
-  std::printf("\n%9s %7s %9s %10s %9s %8s %8s %8s %7s%s\n", "bucket_mb", "overlap", "step_ms", "samples/s", "backward",
-              "comm", "hidden", "exposed", "hidden%", o.predict ? " predicted   error" : "");
+  std::printf("\n%9s %7s %7s %9s %10s %9s %8s %8s %8s %7s%s\n", "bucket_mb", "overlap", "buckets", "step_ms",
+              "samples/s", "backward", "comm", "hidden", "exposed", "hidden%", o.predict ? " predicted   error" : "");
   const SweepPoint* best = &points.front();
   for (const SweepPoint& p : points) {
     const RunSummary& s = p.summary;
     const StepRecord mean = mean_over_ranks(s);
     const double fraction = mean_hidden_fraction(s);
-    std::printf("%9g %7s %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%%s\n", p.bucket_mb, p.overlap.c_str(),
-                s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms, mean.hidden_comm_ms,
+    std::printf("%9g %7s %7zu %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%%s\n", p.bucket_mb, p.overlap.c_str(),
+                p.buckets.size(), s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms, mean.hidden_comm_ms,
                 mean.exposed_comm_ms, 100 * fraction, p.predicted() ? predicted_text(p).c_str() : "");
     csv << p.bucket_mb << ',' << p.overlap << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ','
         << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ','
@@ -793,6 +793,26 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step%s)\n", best->bucket_mb, best->overlap.c_str(),
               best->setting_step_ms, best->same_buckets_as.empty() ? "" : ", its setting's runs under every cap");
+  // The machine's noise, where the sweep measured it (a setting run more than once: --repeats, or one setting under
+  // several caps): the widest spread of one setting's runs. Other settings that close to the best are not told
+  // apart from it by this sweep.
+  double noise = 0;
+  for (const SweepPoint& p : points)
+    if (p.setting_fastest_ms > 0) noise = std::max(noise, p.setting_slowest_ms / p.setting_fastest_ms - 1);
+  std::vector<const SweepPoint*> tied;  // one point per setting (a setting measured under several caps, once)
+  for (const SweepPoint& p : points) {
+    const auto same_setting = [&p](const SweepPoint* q) { return q->overlap == p.overlap && q->buckets == p.buckets; };
+    if (noise > 0 && !same_setting(best) && std::none_of(tied.begin(), tied.end(), same_setting) &&
+        p.setting_step_ms <= best->setting_step_ms * (1 + noise))
+      tied.push_back(&p);
+  }
+  if (!tied.empty()) {
+    std::printf("not told apart from it by this sweep (within the %.0f%% that one setting's runs spread here):\n",
+                100 * noise);
+    for (const SweepPoint* p : tied)
+      std::printf("  --bucket-mb %g --overlap %s (%.2f ms/step)\n", p->bucket_mb, p->overlap.c_str(),
+                  p->setting_step_ms);
+  }
   nlohmann::json summary = {
       {"sweep", "bucket_mb x overlap"},
       {"model", o.base.model},
@@ -802,6 +822,11 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       {"repeats", o.repeats},
       {"points", json_points},
       {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}, {"step_ms", best->setting_step_ms}}}};
+  summary["noise_pct"] = 100 * noise;
+  summary["not_told_apart"] = nlohmann::json::array();
+  for (const SweepPoint* p : tied)
+    summary["not_told_apart"].push_back(
+        {{"bucket_mb", p->bucket_mb}, {"overlap", p->overlap}, {"step_ms", p->setting_step_ms}});
   if (o.predict) summary.update(print_prediction_summary(sources, points, *best));
   write_text_file(o.out_dir + "/summary.csv", csv.str());
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");

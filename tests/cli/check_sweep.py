@@ -57,6 +57,23 @@ with tempfile.TemporaryDirectory() as work:
         spread = f"{min(runs):.2f}-{max(runs):.2f}, {100 * (max(runs) / min(runs) - 1):.0f}% apart: the machine's noise"
         check(spread in proc.stdout, f"and how far apart that setting's runs measured ({spread})")
         check("best: --bucket-mb" in proc.stdout, "best setting printed")
+        # The settings the machine's noise does not tell from the best: those within the widest spread of one
+        # setting's pooled runs, each setting once (under its first cap), the best's own setting not among them.
+        def setting(key):
+            return key[1], tuple(sorted([key[0]] + by_cell[key].get("same_buckets_as", [])))
+        pooled = {}
+        for key, p in by_cell.items():
+            pooled.setdefault(setting(key), []).extend(p["repeat_step_ms"])
+        noise = max(max(runs) / min(runs) - 1 for runs in pooled.values())
+        best_setting = setting((s["best"]["bucket_mb"], s["best"]["overlap"]))
+        expected = {setting(k) for k, ms in setting_ms.items() if setting(k) != best_setting and
+                    ms <= fastest * (1 + noise)}
+        told = [setting((p["bucket_mb"], p["overlap"])) for p in s["not_told_apart"]]
+        check(abs(s["noise_pct"] - 100 * noise) < 1e-9 and sorted(told) == sorted(expected) and
+              len(set(told)) == len(told), f"the settings within the {100 * noise:.1f}% noise of the best are listed, "
+              f"each once: {told} (expected {sorted(expected)})")
+        check(all(f"  --bucket-mb {p['bucket_mb']:g} --overlap {p['overlap']} (" in proc.stdout
+                  for p in s["not_told_apart"]), "and printed under the best")
         charts = os.listdir(os.path.join(out, "charts"))
         check("bucket_sweep.png" in charts and os.path.getsize(os.path.join(out, "charts", "bucket_sweep.png")) > 0,
               f"the bucket-sweep chart is drawn ({sorted(charts)[:4]}...)")
