@@ -20,8 +20,7 @@ constexpr double kOutlierMinMs = 0.5;
 constexpr double kDataOutlierRatio = 2.0;
 constexpr double kComputeOutlierRatio = 1.2;
 constexpr double kOtherOutlierRatio = 2.0;  // optimizer, host work, untimed work
-// Communication-bound: every rank waits for communication at least this share of the step ...
-constexpr double kCommBoundShare = 0.20;
+// Communication-bound: every rank waits for communication at least kCommBoundShare of the step (blame.h) ...
 // ... alike: the least-waiting rank waits at least this fraction of what the most-waiting one does. A straggler
 // hardly waits at all while the others wait for it, so a straggler never reads as a communication problem.
 constexpr double kAlikeRatio = 0.5;
@@ -173,9 +172,9 @@ std::string comm_hints(const RunRecord& run) {
   // earlier in backward (at the default 25 MB the whole MLP is one bucket and starts when backward is nearly done).
   // Which wins depends on the model and the link: `ddplab predict` answers it from this very run.
   double gradient_mb = 0;
-  for (const BucketRecord& b : run.buckets) gradient_mb += b.bytes() / 1e6;
+  for (const BucketRecord& b : run.buckets) gradient_mb += b.bytes() / 1048576.0;
   std::string hints =
-      fmt("try another bucket size (--bucket-mb, now %g: %zu bucket%s for %.1f MB; compare sizes with "
+      fmt("try another bucket size (--bucket-mb, now %g: %zu bucket%s for %.1f MiB; compare sizes with "
           "ddplab predict %s)",
           run.config.value("bucket_mb", 0.0), run.buckets.size(), run.buckets.size() == 1 ? "" : "s", gradient_mb,
           run.path.empty() ? "RUN.h5" : run.path.c_str());

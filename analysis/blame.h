@@ -21,6 +21,10 @@ enum class Cause {
 };
 const char* cause_name(Cause cause);
 
+// Communication-bound: every rank waits for communication at least this share of the step (`ddplab predict` names
+// its predicted steps by the same rule).
+inline constexpr double kCommBoundShare = 0.20;
+
 struct Finding {
   Cause cause;
   int rank;  // the rank that sets the pace; -1 when the cause is shared by all ranks

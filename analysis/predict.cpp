@@ -62,7 +62,7 @@ double allreduce_ms(double bytes, const PredictSetting& setting, double small_ma
 
 std::string mb_text(double bytes) {
   std::ostringstream s;
-  s << std::setprecision(3) << bytes / kMiB << " MB";
+  s << std::setprecision(3) << bytes / kMiB << " MiB";
   return s.str();
 }
 

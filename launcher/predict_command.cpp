@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/blame.h"
 #include "analysis/predict.h"
 #include "launcher/report_commands.h"
 #include "record/errors.h"
@@ -113,13 +114,22 @@ std::string reason(const Prediction& best, const Prediction& own) {
   const SimulatedStep& s = best.step;
   const double hidden_pct = s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100;
   char text[512];
-  if (s.exposed_ms > 0.05 * s.step_ms)
+  // Named as `ddplab report`'s blame names a run (analysis/blame.h): comm-bound from a fifth of the step exposed.
+  if (s.exposed_ms >= kCommBoundShare * s.step_ms)
     std::snprintf(text, sizeof text,
-                  "comm-bound: %d bucket(s) of <= %g MB hide %.0f%% of %.2f ms of all-reduce, %.2f ms stays exposed",
-                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms);
+                  "comm-bound: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce, %.2f ms (%.0f%% of the "
+                  "step) stays exposed",
+                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms,
+                  100 * s.exposed_ms / s.step_ms);
+  else if (s.exposed_ms > 0.05 * s.step_ms)
+    std::snprintf(text, sizeof text,
+                  "balanced: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce, %.2f ms (%.0f%% of the "
+                  "step) stays exposed",
+                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms,
+                  100 * s.exposed_ms / s.step_ms);
   else
     std::snprintf(text, sizeof text,
-                  "compute-bound: %d bucket(s) of <= %g MB hide %.0f%% of %.2f ms of all-reduce behind %.2f ms of "
+                  "compute-bound: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce behind %.2f ms of "
                   "backward",
                   best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.backward_ms);
   std::string sentence = text;
@@ -202,7 +212,7 @@ void run_predict(const PredictArgs& a) {
   if (model.comm_fit) {
     const AlphaBeta& alone = model.comm_fit->alone;
     std::printf(
-        "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MB alone (%s, link "
+        "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MiB alone (%s, link "
         "%s)\n",
         alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.fitted_hops.c_str(), model.fitted_link.name.c_str());
   }
@@ -226,7 +236,7 @@ void run_predict(const PredictArgs& a) {
   for (const PredictSetting& s : settings)
     link_width = std::max(link_width, static_cast<int>(link_spec(s.link).size()));
   std::printf("\n%-*s %5s %-5s %-4s %-4s %-7s %9s %8s %7s %9s %11s %8s %8s %8s %7s\n", link_width, "link", "ranks",
-              "nodes", "comm", "wire", "overlap", "bucket_MB", "first_MB", "buckets", "step_ms",
+              "nodes", "comm", "wire", "overlap", "bucket_MiB", "first_MiB", "buckets", "step_ms",
               tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden", "hidden%");
   std::vector<Prediction> rows;
   for (const PredictSetting& s : settings) {

@@ -785,7 +785,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     for (double cap : p.same_buckets_as) caps << ", " << cap;
     // Its runs' spread is the machine's noise: settings measured closer than that are not told apart by one run.
     std::printf(
-        "%s MB, overlap %s: the same %zu bucket(s), one setting: %.2f ms/step over its %zu runs (median; "
+        "%s MiB, overlap %s: the same %zu bucket(s), one setting: %.2f ms/step over its %zu runs (median; "
         "%.2f-%.2f, %.0f%% apart: the machine's noise)\n",
         caps.str().c_str(), p.overlap.c_str(), p.buckets.size(), p.setting_step_ms,
         p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()), p.setting_fastest_ms, p.setting_slowest_ms,

@@ -128,11 +128,16 @@ def save(fig, out_dir, name, written):
     plt.close(fig)
 
 
+def size_text(nbytes):
+    """Bytes in the unit the flags use (--bucket-mb is MiB): 7.9 MiB, or 512 KiB below one MiB."""
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
+
+
 def breakdown_chart(run, out_dir, name, written):
     data, fwd, bwd = run.mean("data_ms"), run.mean("forward_ms"), run.mean("backward_ms")
     hidden = np.minimum(run.mean("hidden_comm_ms"), bwd)  # comm that ran during backward, drawn inside it
     parts = [("data", data, "#8c6bb1"),
-             ("compute (forward + backward)", fwd + bwd - hidden, "#4c72b0"),
+             ("compute (forward + backward, less the hidden part)", fwd + bwd - hidden, "#4c72b0"),
              ("backward with the all-reduce running alongside (hidden comm)", hidden, "#55a868"),
              ("exposed comm", run.mean("exposed_comm_ms"), "#c44e52"),
              ("optimizer", run.mean("optimizer_ms"), "#dd8452"),
@@ -262,7 +267,7 @@ def buckets_chart(run, out_dir, name, written):
     if run.sharded:
         handles.append(Patch(color="#bbbbbb", label="optimizer (update of the owned share)"))
     what = "reduce-scatter" if run.sharded else "all-reduce"
-    handles += [Patch(color=colors(k), label=f"bucket {k} {what} ({run.bucket_bytes[k] / 1024:.0f} KiB)")
+    handles += [Patch(color=colors(k), label=f"bucket {k} {what} ({size_text(run.bucket_bytes[k])})")
                 for k in range(min(nb, 10))]
     if run.sharded:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="////",

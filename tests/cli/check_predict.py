@@ -86,7 +86,7 @@ with tempfile.TemporaryDirectory() as work:
                          min(near, key=lambda r: (r["buckets"], r["step_ms"]))),
               f"recommended for {rec['link']} x {rec['ranks']}: of the rows within the run's noise of the fastest "
               f"({rec['tolerance_pct']:.1f}%), the run's own setting, else the fewest buckets")
-        check(rec["reason"].startswith(("comm-bound", "compute-bound")), f"reason: {rec['reason']}")
+        check(rec["reason"].startswith(("comm-bound", "balanced", "compute-bound")), f"reason: {rec['reason']}")
     check(proc.stdout.count("recommended (") == 4 and "* extrapolated beyond what was measured" in proc.stdout,
           "the table marks extrapolations and prints the recommendations")
     faster_link = {(r["bucket_mb"], r["overlap"], r["ranks"]): r["step_ms"] for r in rows if r["link"] == "100gbe-ib"}

@@ -51,7 +51,7 @@ with tempfile.TemporaryDirectory() as work:
         fastest = min(setting_ms.values())
         check(s["best"]["step_ms"] == fastest and setting_ms[(s["best"]["bucket_mb"], s["best"]["overlap"])] == fastest,
               f"best is the fastest setting: {s['best']}")
-        check("50, 100 MB, overlap on: the same 2 bucket(s), one setting" in proc.stdout,
+        check("50, 100 MiB, overlap on: the same 2 bucket(s), one setting" in proc.stdout,
               "the table says which caps are one setting")
         runs = [m for k, p in by_cell.items() if k[0] in (50, 100) and k[1] == "on" for m in p["repeat_step_ms"]]
         spread = f"{min(runs):.2f}-{max(runs):.2f}, {100 * (max(runs) / min(runs) - 1):.0f}% apart: the machine's noise"
