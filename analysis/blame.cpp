@@ -222,6 +222,8 @@ const char* cause_name(Cause cause) {
       return "communication-bound";
     case Cause::kInputBound:
       return "input-bound";
+    case Cause::kPaddingBound:
+      return "padding-bound";
     case Cause::kBalanced:
       return "balanced";
     case Cause::kSingleRank:
@@ -304,6 +306,18 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
                    fmt("input-bound: every rank spends %.2f ms/step producing its batch (%.0f%% of the step); more "
                        "--loader-threads and a deeper --prefetch get batches ready before they are needed",
                        median(data), 100 * median(data) / pace)});
+  }
+
+  // 4. Every rank computing on padding: the rows of a batch are as long as its longest sequence.
+  if (st.padding_ratio >= kPaddingBoundShare) {
+    const std::string batching = run.config.value("batching", std::string("sample"));
+    out.push_back({Cause::kPaddingBound, -1,
+                   fmt("padding-bound: %.0f%% of the tokens the ranks compute on are padding (%.0f useful of %.0f "
+                       "tokens/s)",
+                       100 * st.padding_ratio, st.useful_tokens_per_s, st.padded_tokens_per_s) +
+                       (batching == "sample" ? "; --batching bucket (lengths sorted within windows) or token (a "
+                                               "--max-tokens budget per batch) compute on less of it"
+                                             : "")});
   }
 
   if (out.empty()) {

@@ -16,6 +16,7 @@ enum class Cause {
   kUntimedWork,        // one rank spends time outside the recorded phases
   kCommBound,          // every rank waits for communication
   kInputBound,         // every rank waits for its input
+  kPaddingBound,       // every rank computes on padding: a share of its tokens carries no data
   kBalanced,           // nothing stands out
   kSingleRank,         // nothing to compare
 };
@@ -24,6 +25,8 @@ const char* cause_name(Cause cause);
 // Communication-bound: every rank waits for communication at least this share of the step (`ddplab predict` names
 // its predicted steps by the same rule).
 inline constexpr double kCommBoundShare = 0.20;
+// Padding-bound: at least this share of the tokens computed on are padding (sequence runs).
+inline constexpr double kPaddingBoundShare = 0.20;
 
 struct Finding {
   Cause cause;

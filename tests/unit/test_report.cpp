@@ -282,6 +282,21 @@ TEST(Blame, EveryRankWaitingForInputIsInputBound) {
   EXPECT_NE(f.text.find("--loader-threads"), std::string::npos) << f.text;
 }
 
+TEST(Blame, PaddingIsNamedWhereAFifthOfTheTokensAreIt) {
+  for (const double useful_share : {0.6, 0.9}) {
+    RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
+    for (StepRecord& x : run.records) x.padded_tokens = 1000, x.useful_tokens = 1000 * useful_share;
+    const std::vector<Finding> findings = diagnose(run);
+    const bool named = std::any_of(findings.begin(), findings.end(),
+                                   [](const Finding& f) { return f.cause == Cause::kPaddingBound; });
+    EXPECT_EQ(named, useful_share <= 1 - kPaddingBoundShare) << all_text(run);
+    if (named) {
+      EXPECT_NE(findings[0].text.find("40% of the tokens"), std::string::npos) << findings[0].text;
+      EXPECT_NE(findings[0].text.find("--batching bucket"), std::string::npos) << findings[0].text;
+    }
+  }
+}
+
 TEST(Blame, BalancedRunBlamesNobody) {
   const RunRecord run = synthetic(4, [](int r, int s) {
     Phases p;
