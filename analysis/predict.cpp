@@ -591,7 +591,7 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   char text[320];
   std::snprintf(text, sizeof text,
                 "the run's all-reduces%s (their comm threads on a core %.2f of the time; CPU %.3f ms per all-reduce "
-                "+ %.3f ms per MB%s), %d rank%s x %d thread%s on %d core%s",
+                "+ %.3f ms per MiB%s), %d rank%s x %d thread%s on %d core%s",
                 beside ? " beside backward" : " (none beside backward)",
                 pooled_wall[beside] > 0 ? pooled_cpu[beside] / pooled_wall[beside] : 0.0,
                 m.comm_cpu->alpha_ms * terms[0].message_steps, m.comm_cpu->beta_ms_per_byte * kMiB,

@@ -1,5 +1,6 @@
 #include "launcher/predict_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -41,7 +42,7 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   for (const auto* list : {&a.bucket_mb, &a.first_bucket_mb})
     for (double mb : *list)
       require(std::isfinite(mb) && mb > 0, (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") +
-                                               nlohmann::json(mb).dump() + ": bucket sizes must be > 0 MB");
+                                               nlohmann::json(mb).dump() + ": bucket sizes must be > 0 MiB");
   for (int n : a.ranks) require(n >= 1, "--ranks " + std::to_string(n) + ": a world has at least one rank");
   std::vector<bool> overlaps;
   for (const std::string& o : a.overlap) {
@@ -202,7 +203,7 @@ void run_predict(const PredictArgs& a) {
   const PredictSetting& own = model.measured;
   const Prediction self = predict(model, own);
   const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;
-  std::printf("predict: %s: %d rank(s), %s, link %s, %s %s, buckets %g/%g MB, overlap %s: measured %.2f ms/step\n",
+  std::printf("predict: %s: %d rank(s), %s, link %s, %s %s, buckets %g/%g MiB, overlap %s: measured %.2f ms/step\n",
               a.file.c_str(), own.ranks, shape_text(own).c_str(), link_spec(own.link).c_str(), to_string(own.impl),
               to_string(own.wire), own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(),
               model.measured_step_ms);
@@ -226,9 +227,17 @@ void run_predict(const PredictArgs& a) {
         "  beside backward: %d rank(s) x %d thread(s) fill the host's %d cores; the file does not say what a yield "
         "lost to compute costs (an older file), so an all-reduce beside backward stalls until backward ends\n",
         model.host.ranks, model.host.threads, model.host.cores);
-  if (calibration)
-    std::printf("  calibration: %s (%d ranks, link %s)\n", calibration->path.c_str(), calibration->ranks,
-                calibration->link.c_str());
+  if (calibration) {
+    // It stands in for the run's own fit only for the implementations it measured: said, so that a row it leaves
+    // unchanged does not read as a calibrated one.
+    std::vector<std::string> impls;
+    for (const Calibration::Point& p : calibration->points)
+      if (std::find(impls.begin(), impls.end(), p.impl) == impls.end()) impls.push_back(p.impl);
+    std::string measured;
+    for (const std::string& impl : impls) measured += (measured.empty() ? "" : ", ") + impl;
+    std::printf("  calibration: %s (%d ranks, link %s): %s from it, every other implementation from the run\n",
+                calibration->path.c_str(), calibration->ranks, calibration->link.c_str(), measured.c_str());
+  }
   for (const std::string& note : model.notes) std::printf("  note: %s\n", note.c_str());
 
   const bool tokens = model.tokens_per_rank > 0;

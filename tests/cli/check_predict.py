@@ -93,6 +93,23 @@ with tempfile.TemporaryDirectory() as work:
     check(all(r["step_ms"] >= faster_link[(r["bucket_mb"], r["overlap"], r["ranks"])] - 1e-9
               for r in rows if r["link"] == "10gbe"), "a faster link never predicts a slower step")
 
+    # A calibration file from allreduce_perf stands in for the run's own fit for the implementations it measured
+    # (here the ring alone), and says so; the mpi rows keep the run's.
+    perf = os.path.join(os.path.dirname(os.path.dirname(ddplab)), "bench", "allreduce_perf")
+    calibration = os.path.join(work, "ring.csv")
+    proc = subprocess.run([mpirun, "-np", "2", perf, "-b", "256K", "-e", "4M", "-f", "4", "-n", "5", "-w", "1",
+                           "-c", "0", "--impls", "ring", "--link", "10gbe", "--csv", calibration],
+                          capture_output=True, text=True, timeout=120)
+    check(proc.returncode == 0, f"allreduce_perf writes a calibration file ({proc.stderr.strip()[-200:]})")
+    calibrated_json = os.path.join(work, "calibrated.json")
+    proc = predict(run, "--calibration", calibration, "--comm", "mpi,ring", "--json", calibrated_json)
+    check(proc.returncode == 0 and f"calibration: {calibration} (2 ranks, link 10gbe): ring from it, every other "
+          "implementation from the run" in proc.stdout, f"the calibration line names what it covers "
+          f"({proc.stdout[:600]}{proc.stderr.strip()[-200:]})")
+    sources = {r["comm"]: r["comm_source"] for r in json.load(open(calibrated_json))["rows"]} \
+        if proc.returncode == 0 else {}
+    check(sources == {"ring": "calibration", "mpi": "run"}, f"ring from the file, mpi from the run: {sources}")
+
     # A single-rank run: no measured comm, the link model alone, said so.
     single = os.path.join(work, "single.h5")
     train(1, single)
