@@ -318,8 +318,11 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
       "case,group,world_size,global_batch,oversubscribed,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
       "mean_spread_ms,data_ms,compute_ms,optimizer_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
       "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
-  std::printf("\n%-16s %4s %6s %9s %10s %6s %9s %8s %8s %8s %10s %8s %8s\n", "case", "ws", "gbatch", "step_ms",
-              "samples/s", "eff", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms", "extra_ms", "vs_base");
+  // The lab's columns; the token suite has no scaling reference (eff) and no lab work (extra): left out there.
+  const bool lab = o.name == "lab";
+  std::printf("\n%-16s %4s %6s %9s %10s%s %9s %8s %8s %8s %10s%s %8s\n", "case", "ws", "gbatch", "step_ms",
+              "samples/s", lab ? "    eff" : "", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms",
+              lab ? " extra_ms" : "", "vs_base");
   bool loss_identical = true;
   for (const CaseResult& r : results) {
     const RunSummary& s = r.summary;
@@ -335,11 +338,15 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     const double compute = mean.forward_ms + mean.backward_ms;
     const double extra = mean.extra_comm_ms + mean.host_work_ms;
     const bool oversubscribed = r.oversubscribed_ranks > 0;
-    char eff[16] = "-";
-    if (has_efficiency) std::snprintf(eff, sizeof eff, "%.2f", efficiency);
-    std::printf("%-16s %3d%c %6d %9.2f %10.0f %6s %9.2f %8.2f %8.2f %8.2f %10.2f %8.2f %+7.0f%%\n", r.c.name.c_str(),
-                r.c.world_size, oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff, s.mean_spread_ms,
-                mean.data_ms, compute, mean.optimizer_ms, mean.exposed_comm_ms, extra + mean.barrier_ms,
+    char eff[16] = "", extra_cell[16] = "";
+    if (lab && has_efficiency)
+      std::snprintf(eff, sizeof eff, " %6.2f", efficiency);
+    else if (lab)
+      std::snprintf(eff, sizeof eff, " %6s", "-");
+    if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", extra + mean.barrier_ms);
+    std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9.2f %8.2f %8.2f %8.2f %10.2f%s %+7.0f%%\n", r.c.name.c_str(),
+                r.c.world_size, oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff,
+                s.mean_spread_ms, mean.data_ms, compute, mean.optimizer_ms, mean.exposed_comm_ms, extra_cell,
                 100 * vs_base);
     std::ostringstream row;
     row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ','
@@ -368,7 +375,8 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
                 "the case's times measure this machine, not DDP\n",
                 most->oversubscribed_ranks, counted(o.base.blas_threads, "BLAS thread").c_str(), most->host_cores);
   std::printf("\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
-              "exposed (comm waited for) and extra (lab work and barriers): means over the ranks, ms per step\n");
+              "exposed (comm waited for)%s: means over the ranks, ms per step\n",
+              lab ? " and extra (lab work and barriers)" : "");
   if (o.name == "lab") {
     std::printf("efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
                 "throughput change against weak_ws%d\n",
