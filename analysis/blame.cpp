@@ -308,18 +308,6 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
                        median(data), 100 * median(data) / pace)});
   }
 
-  // 4. Every rank computing on padding: the rows of a batch are as long as its longest sequence.
-  if (st.padding_ratio >= kPaddingBoundShare) {
-    const std::string batching = run.config.value("batching", std::string("sample"));
-    out.push_back({Cause::kPaddingBound, -1,
-                   fmt("padding-bound: %.0f%% of the tokens the ranks compute on are padding (%.0f useful of %.0f "
-                       "tokens/s)",
-                       100 * st.padding_ratio, st.useful_tokens_per_s, st.padded_tokens_per_s) +
-                       (batching == "sample" ? "; --batching bucket (lengths sorted within windows) or token (a "
-                                               "--max-tokens budget per batch) compute on less of it"
-                                             : "")});
-  }
-
   if (out.empty()) {
     const StepRecord& p = st.ranks[st.slowest_rank];
     if (world == 1) {
@@ -332,6 +320,19 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
                breakdown(p)});
     }
   }
+  // 4. Every rank computing on padding (the rows of a batch are as long as its longest sequence): added after the
+  // rest, so that a run with nothing else to blame still gets its breakdown first.
+  if (st.padding_ratio >= kPaddingBoundShare) {
+    const std::string batching = run.config.value("batching", std::string("sample"));
+    out.push_back({Cause::kPaddingBound, -1,
+                   fmt("padding-bound: %.0f%% of the tokens the ranks compute on are padding (%.0f useful of %.0f "
+                       "tokens/s)",
+                       100 * st.padding_ratio, st.useful_tokens_per_s, st.padded_tokens_per_s) +
+                       (batching == "sample" ? "; --batching bucket (lengths sorted within windows) or token (a "
+                                               "--max-tokens budget per batch) compute on less of it"
+                                             : "")});
+  }
+
   return out;
 }
 

@@ -101,8 +101,6 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
       throw std::invalid_argument("--link-gbps must be a finite number >= 0, got " + std::to_string(gbps_override));
     link.gbps = gbps_override;
   }
-  // Overrides on "none" make a link of their own: named so, the header never says "none" of an emulated link.
-  if (link.name == "none" && link_emulated(link)) link.name = "custom";
   return link;
 }
 
@@ -110,11 +108,14 @@ bool link_emulated(const LinkModel& link) { return link.gbps > 0 || link.latency
 
 std::string describe(const LinkModel& link) {
   if (!link_emulated(link)) return link.name;
+  // Overrides on "none" make a link of their own: shown as such, never as "none". The name stays the preset's in
+  // the data (run files, calibration files), where parse_link reads it back with the overrides beside it.
+  const char* name = link.name == "none" ? "custom" : link.name.c_str();
   char text[128];
   if (link.gbps > 0)
-    std::snprintf(text, sizeof text, "%s (%g us, %g Gbit/s)", link.name.c_str(), link.latency_us, link.gbps);
+    std::snprintf(text, sizeof text, "%s (%g us, %g Gbit/s)", name, link.latency_us, link.gbps);
   else
-    std::snprintf(text, sizeof text, "%s (%g us, unlimited bandwidth)", link.name.c_str(), link.latency_us);
+    std::snprintf(text, sizeof text, "%s (%g us, unlimited bandwidth)", name, link.latency_us);
   return text;
 }
 

@@ -227,17 +227,6 @@ void run_predict(const PredictArgs& a) {
         "  beside backward: %d rank(s) x %d thread(s) fill the host's %d cores; the file does not say what a yield "
         "lost to compute costs (an older file), so an all-reduce beside backward stalls until backward ends\n",
         model.host.ranks, model.host.threads, model.host.cores);
-  if (calibration) {
-    // It stands in for the run's own fit only for the implementations it measured: said, so that a row it leaves
-    // unchanged does not read as a calibrated one.
-    std::vector<std::string> impls;
-    for (const Calibration::Point& p : calibration->points)
-      if (std::find(impls.begin(), impls.end(), p.impl) == impls.end()) impls.push_back(p.impl);
-    std::string measured;
-    for (const std::string& impl : impls) measured += (measured.empty() ? "" : ", ") + impl;
-    std::printf("  calibration: %s (%d ranks, link %s): %s from it, every other implementation from the run\n",
-                calibration->path.c_str(), calibration->ranks, calibration->link.c_str(), measured.c_str());
-  }
   for (const std::string& note : model.notes) std::printf("  note: %s\n", note.c_str());
 
   const bool tokens = model.tokens_per_rank > 0;
@@ -257,6 +246,20 @@ void run_predict(const PredictArgs& a) {
                 on_off(s.overlap).c_str(), s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms,
                 tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
                 x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0, p.extrapolated.empty() ? "" : " *");
+  }
+  if (calibration) {
+    // Where each implementation's all-reduce came from (Prediction::comm_source): the file stands in for the run's
+    // fit only for what it measured at sizes that fit; the rest kept the run's fit, or the link model alone.
+    std::vector<std::string> sources;
+    for (const Prediction& p : rows) {
+      const std::string item = std::string(to_string(p.setting.impl)) + " " + to_string(p.setting.wire) + " from " +
+                               (p.comm_source == "calibration" ? "it" : "the " + p.comm_source);
+      if (std::find(sources.begin(), sources.end(), item) == sources.end()) sources.push_back(item);
+    }
+    std::string text;
+    for (const std::string& item : sources) text += (text.empty() ? "" : ", ") + item;
+    std::printf("calibration: %s (%d ranks, link %s): %s\n", calibration->path.c_str(), calibration->ranks,
+                calibration->link.c_str(), text.c_str());
   }
   if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
     std::printf("* extrapolated beyond what was measured:\n");

@@ -52,8 +52,6 @@ struct CaseResult {
   int host_cores = 0;
 };
 
-// The ranks a case does not use wait for it without spinning: Open MPI's blocking barrier polls a core, which
-// on a small machine would steal the cycles of the ranks being measured.
 // "1 step", "5 steps".
 std::string counted(int n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
 
@@ -65,14 +63,16 @@ std::string steps_each(const TrainConfig& c) {
          std::to_string(c.steps - warmup) + " measured)";
 }
 
-// Below 5 measured steps, one hiccup decides a case's figures: said under the header.
+// Below 5 measured steps, one hiccup decides a case's figures: said under the header, with the --steps that
+// measures 5 after the whole warm-up asked for (the clamped one grows back with the run).
 void print_few_steps_note(const TrainConfig& c) {
-  const int warmup = first_steady_step(c.steps, c.warmup_steps);
-  if (c.steps - warmup < 5)
+  if (c.steps - first_steady_step(c.steps, c.warmup_steps) < 5)
     std::printf("  few measured steps: one hiccup decides a case's figures (--steps %d or more measures 5)\n",
-                warmup + 5);
+                std::max(0, c.warmup_steps) + 5);
 }
 
+// The ranks a case does not use wait for it without spinning: Open MPI's blocking barrier polls a core, which
+// on a small machine would steal the cycles of the ranks being measured.
 void wait_quietly(MPI_Comm comm) {
   MPI_Request request;
   MPI_Ibarrier(comm, &request);
@@ -385,6 +385,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
         "loss across the pathology, input and update cases: %s\n",
         loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
   } else {
+    std::printf("vs_base: samples/s against uniform (the token table below compares useful tokens/s)\n");
     std::printf("\n%-16s %14s %14s %8s %11s %12s %9s\n", "case", "useful tok/s", "padded tok/s", "padding",
                 "spread_ms", "token_spread", "vs_unif");
     for (const CaseResult& r : results) {
@@ -428,8 +429,9 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                 counted(o.base.blas_threads, "BLAS thread").c_str(), o.out_dir.c_str());
     print_few_steps_note(o.base);
     if (size == 1)
-      std::printf("  one rank: every case runs alone, with no peer to wait for or to scale to; the suite's pathologies "
-                  "need mpirun -np 2 or more\n");
+      std::printf("  one rank: every case runs alone, with no peer to wait for%s; mpirun -np 2 or more shows what the "
+                  "suite is for\n",
+                  o.name == "lab" ? " or to scale to" : " or to be skewed against");
     std::fflush(stdout);
   }
   const std::vector<CaseResult> results = run_cases(o, cases, command_line, world);
@@ -447,8 +449,10 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
       std::printf("  %-16s %s\n", results[i].c.name.c_str(), line.c_str());
     json_cases[i]["blame"] = results[i].blame;
   }
+  int host_cores = 0;  // rank 0's host as the widest case saw it (a one-rank case may be bound to one core)
+  for (const CaseResult& r : results) host_cores = std::max(host_cores, r.host_cores);
   const nlohmann::json summary = {{"suite", o.name},       {"world_size", size},
-                                  {"steps", o.base.steps}, {"host_cores", results.empty() ? 0 : results.front().host_cores},
+                                  {"steps", o.base.steps}, {"host_cores", host_cores},
                                   {"loss_identical", loss_identical}, {"cases", json_cases}};
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
@@ -830,7 +834,11 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       {"repeats", o.repeats},
       {"points", json_points},
       {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}, {"step_ms", best->setting_step_ms}}}};
-  summary["noise_pct"] = 100 * noise;
+  // Measured only where a setting ran more than once: otherwise null, not a noise of 0.
+  const bool noise_measured = std::any_of(points.begin(), points.end(), [](const SweepPoint& p) {
+    return p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()) > 1;
+  });
+  summary["noise_pct"] = noise_measured ? nlohmann::json(100 * noise) : nlohmann::json();
   summary["not_told_apart"] = nlohmann::json::array();
   for (const SweepPoint* p : tied)
     summary["not_told_apart"].push_back(

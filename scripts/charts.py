@@ -9,8 +9,10 @@ Per file:  <stem>_breakdown   where each rank's step goes (data / compute / back
            <stem>_step_times  step time of every step on every rank (warm-up shaded)
            <stem>_buckets     one step's backward and each bucket's ready, comm start and comm end, per rank: for
                               a single file, or the suite's largest weak-scaling case
-Several:   throughput         samples/s per file, grouped as the suite groups its cases
-           loss               the loss (mean over ranks) of every step, one line per file
+Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
+                              the suite groups its cases
+           loss               the loss (mean over ranks) of every step, one line per file (bit-identical ones
+                              share a line)
            bucket_sweep       step time and exposed comm over bucket size, one line per overlap setting, when the
                               files differ only in bucket_mb/overlap
            weak_scaling,      samples/s and efficiency over world size against the ideal line: from the suite's

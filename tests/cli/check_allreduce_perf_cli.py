@@ -240,8 +240,8 @@ def test_bad_arguments(perf, workdir):
         check(ok, f"{' '.join(args)}: exit 2, one line naming '{expected}', no banner, no output, {took:.1f} s "
                   f"(got {p.returncode}: {ours or p.stderr.strip()[-200:]})")
     # A GPU implementation where none can run (a build without CUDA, or no device): refused the same way, before
-    # any rank enters NCCL. Where a GPU is present it runs.
-    p = perf.run(["--impls", "nccl", "-b", "4", "-e", "4", "-n", "1", "-w", "0"], timeout=60)
+    # any rank enters NCCL. Where a GPU is present it runs (one rank: ncclAllReduce takes a GPU per rank).
+    p = perf.run(["--impls", "nccl", "-b", "4", "-e", "4", "-n", "1", "-w", "0"], np=1, timeout=60)
     ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
     check(p.returncode == 0 or (p.returncode == 2 and len(ours) == 1 and
                                 ours[0].startswith("allreduce_perf: error: --impls nccl: ") and

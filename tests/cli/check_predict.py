@@ -103,9 +103,9 @@ with tempfile.TemporaryDirectory() as work:
     check(proc.returncode == 0, f"allreduce_perf writes a calibration file ({proc.stderr.strip()[-200:]})")
     calibrated_json = os.path.join(work, "calibrated.json")
     proc = predict(run, "--calibration", calibration, "--comm", "mpi,ring", "--json", calibrated_json)
-    check(proc.returncode == 0 and f"calibration: {calibration} (2 ranks, link 10gbe): ring from it, every other "
-          "implementation from the run" in proc.stdout, f"the calibration line names what it covers "
-          f"({proc.stdout[:600]}{proc.stderr.strip()[-200:]})")
+    check(proc.returncode == 0 and f"calibration: {calibration} (2 ranks, link 10gbe): mpi fp32 from the run, "
+          "ring fp32 from it" in proc.stdout, f"the calibration line says where each all-reduce came from "
+          f"({proc.stdout[-900:]}{proc.stderr.strip()[-200:]})")
     sources = {r["comm"]: r["comm_source"] for r in json.load(open(calibrated_json))["rows"]} \
         if proc.returncode == 0 else {}
     check(sources == {"ring": "calibration", "mpi": "run"}, f"ring from the file, mpi from the run: {sources}")

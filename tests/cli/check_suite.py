@@ -51,11 +51,12 @@ def main():
                   f"the suite draws {chart}.png")
         suite_summary = json.load(open(os.path.join(out, "summary.json")))
         cores = suite_summary.get("host_cores")
-        check(cores == os.cpu_count(), f"summary.json: host_cores {cores} (os.cpu_count {os.cpu_count()})")
+        usable = len(os.sched_getaffinity(0))
+        check(cores == usable, f"summary.json: host_cores {cores} (the CPUs this process may use: {usable})")
         flags = {c["case"]: (c["world_size"], c.get("oversubscribed")) for c in suite_summary["cases"]}
-        check(all(flag == (ws > os.cpu_count()) for ws, flag in flags.values()),
+        check(all(flag == (ws > usable) for ws, flag in flags.values()),
               f"a case is oversubscribed exactly when its ranks outnumber the cores ({flags})")
-        check(("* oversubscribed" in proc.stdout) == (np_ranks > os.cpu_count()),
+        check(("* oversubscribed" in proc.stdout) == (np_ranks > usable),
               "the table notes oversubscription when ranks outnumber the cores")
         if np_ranks >= 2:
             blamed = {c["case"]: " ".join(c.get("blame", [])) for c in json.load(

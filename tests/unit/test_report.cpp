@@ -112,6 +112,26 @@ TEST(RunRecord, OldConfigKeysAreReadAsTheFlagsNames) {
   EXPECT_EQ(current, (nlohmann::json{{"hidden", 512}}));
 }
 
+TEST(RunRecord, OversubscribedWhenRankZerosHostRunsMoreThreadsThanItHasCores) {
+  RunRecord run = synthetic(4, [](int, int) { return Phases{}; });
+  run.meta.hostnames = {"a", "a", "a", "b"};  // three ranks on rank 0's host
+  run.config["threads"] = 1;
+  run.meta.host_cores = 0;  // not recorded (an older file): nothing said
+  EXPECT_EQ(run.oversubscribed_ranks(), 0);
+  EXPECT_EQ(oversubscription_note(run), "");
+  run.meta.host_cores = 3;  // 3 ranks x 1 thread on 3 cores: full, not over
+  EXPECT_EQ(run.oversubscribed_ranks(), 0);
+  run.meta.host_cores = 2;
+  EXPECT_EQ(run.oversubscribed_ranks(), 3);
+  EXPECT_EQ(oversubscription_note(run).rfind("oversubscribed: 3 ranks x 1 BLAS thread on 2 cores;", 0), 0u)
+      << oversubscription_note(run);
+  run.meta.host_cores = 4;
+  run.config["threads"] = 2;  // 3 x 2 threads on 4 cores
+  EXPECT_EQ(run.oversubscribed_ranks(), 3);
+  run.meta.device = "cuda";  // the BLAS threads do not run the steps
+  EXPECT_EQ(run.oversubscribed_ranks(), 0);
+}
+
 TEST(Blame, StragglerInputNamesTheSlowRankAndTheOthersWaitInTheAllReduce) {
   // The straggler case of the lab: rank 0 sleeps 40 ms before each batch; the others wait in the all-reduce.
   const RunRecord run = synthetic(4, [](int r, int) {
@@ -287,12 +307,14 @@ TEST(Blame, PaddingIsNamedWhereAFifthOfTheTokensAreIt) {
     RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
     for (StepRecord& x : run.records) x.padded_tokens = 1000, x.useful_tokens = 1000 * useful_share;
     const std::vector<Finding> findings = diagnose(run);
-    const bool named = std::any_of(findings.begin(), findings.end(),
-                                   [](const Finding& f) { return f.cause == Cause::kPaddingBound; });
+    const auto padding = std::find_if(findings.begin(), findings.end(),
+                                      [](const Finding& f) { return f.cause == Cause::kPaddingBound; });
+    const bool named = padding != findings.end();
     EXPECT_EQ(named, useful_share <= 1 - kPaddingBoundShare) << all_text(run);
+    EXPECT_EQ(findings[0].cause, Cause::kBalanced) << "the breakdown comes first: " << all_text(run);
     if (named) {
-      EXPECT_NE(findings[0].text.find("40% of the tokens"), std::string::npos) << findings[0].text;
-      EXPECT_NE(findings[0].text.find("--batching bucket"), std::string::npos) << findings[0].text;
+      EXPECT_NE(padding->text.find("40% of the tokens"), std::string::npos) << padding->text;
+      EXPECT_NE(padding->text.find("--batching bucket"), std::string::npos) << padding->text;
     }
   }
 }
