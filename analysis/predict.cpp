@@ -16,7 +16,6 @@
 namespace ddplab {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
 // DDPLAB_COMM_SPIN_US of the runs that did not record it: the default then (comm/settings.h).
 constexpr int kCommSpinUsOfOlderFiles = 50;
 

@@ -21,6 +21,9 @@
 
 namespace ddplab {
 
+// Bucket caps (--bucket-mb) and the rates printed per "MiB" count in these: 2^20 bytes.
+inline constexpr double kMiB = 1024.0 * 1024.0;
+
 // One all-reduce as the cost model sees it: time = message_steps * alpha + bytes * beta.
 struct AllreduceTerms {
   double message_steps = 0;  // sequential message latencies

@@ -26,7 +26,6 @@ struct PredictArgs {
   std::vector<int> ranks, ranks_per_node;
 };
 
-constexpr double kMB = 1024.0 * 1024.0;
 
 std::string on_off(bool on) { return on ? "on" : "off"; }
 // The table's column: "1", "2x2".
@@ -166,7 +165,7 @@ nlohmann::json row_json(const Prediction& p) {
 
 nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
   if (!fit) return nullptr;
-  return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMB}}},
+  return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMiB}}},
           {"latency_from_link", fit->latency_from_link}};
 }
 
@@ -215,7 +214,7 @@ void run_predict(const PredictArgs& a) {
     std::printf(
         "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MiB alone (%s, link "
         "%s)\n",
-        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMB, model.fitted_hops.c_str(), model.fitted_link.name.c_str());
+        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMiB, model.fitted_hops.c_str(), model.fitted_link.name.c_str());
   }
   if (model.host.lost_yield_ms)
     std::printf(
