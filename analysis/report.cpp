@@ -118,9 +118,9 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   const nlohmann::json& c = rec.config;
   const int world = rec.world_size();
   std::fprintf(out, "== %s\n", rec.path.c_str());
-  std::fprintf(out, "  %s on %d rank%s (%s), %d steps, steady state %d..%d, global batch %d\n", known(meta.command),
-               world, world == 1 ? "" : "s", hosts_text(rec).c_str(), rec.steps, s.first_steady_step, rec.steps - 1,
-               s.global_batch);
+  std::fprintf(out, "  %s on %d rank%s (%s), %d steps, steady state %d..%d, %s\n", known(meta.command), world,
+               world == 1 ? "" : "s", hosts_text(rec).c_str(), rec.steps, s.first_steady_step, rec.steps - 1,
+               s.batch_text().c_str());
   std::fprintf(out, "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
                config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
                config_text(c, "comm_dtype").c_str(),

@@ -1,6 +1,7 @@
 #include "analysis/summary.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace ddplab {
 
@@ -27,7 +28,9 @@ RunSummary summarize(const RunRecord& run) {
       s.slowest_rank = r;
     }
   }
-  s.samples_per_s = s.slowest_step_ms > 0 ? s.global_batch / (s.slowest_step_ms / 1e3) : 0;
+  for (const StepRecord& m : s.ranks) s.samples_per_step += m.samples;
+  if (s.samples_per_step <= 0) s.samples_per_step = s.global_batch;
+  s.samples_per_s = s.slowest_step_ms > 0 ? s.samples_per_step / (s.slowest_step_ms / 1e3) : 0;
 
   double useful = 0, padded = 0;
   for (int t = s.first_steady_step; t < steps; ++t) {
@@ -50,6 +53,13 @@ RunSummary summarize(const RunRecord& run) {
   }
   s.padding_ratio = padded > 0 ? 1 - useful / padded : 0;
   return s;
+}
+
+std::string RunSummary::batch_text() const {
+  if (samples_per_step == global_batch) return "global batch " + std::to_string(global_batch);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f samples per step (a token budget per batch)", samples_per_step);
+  return text;
 }
 
 SummarizedRun summarized(RunRecord run) {
@@ -92,6 +102,7 @@ nlohmann::json to_json(const RunSummary& s) {
           {"global_batch", s.global_batch},
           {"slowest_rank", s.slowest_rank},
           {"slowest_step_ms", s.slowest_step_ms},
+          {"samples_per_step", s.samples_per_step},
           {"samples_per_s", s.samples_per_s},
           {"mean_spread_ms", s.mean_spread_ms},
           {"final_loss", s.final_loss},

@@ -3,6 +3,7 @@
 // attribute, `ddplab report`, the suite's tables and blame, and (through the attribute) the charts.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "record/run_record.h"
@@ -13,7 +14,11 @@ struct RunSummary {
   int world_size = 1, steps = 0, first_steady_step = 0, global_batch = 0;
   int slowest_rank = 0;
   double slowest_step_ms = 0;  // the slowest rank's mean steady-state step: it sets the pace
-  double samples_per_s = 0;    // global batch / slowest rank's mean step
+  // Samples per step over all ranks, the steady-state mean of what the ranks recorded: the global batch, except
+  // where the batching fills a token budget (--batching token, pack), which varies it; files that did not record
+  // samples count the global batch.
+  double samples_per_step = 0;
+  double samples_per_s = 0;    // samples_per_step / slowest rank's mean step
   double mean_spread_ms = 0;   // mean over steady steps of (max - min) step time across ranks
   double final_loss = 0;       // mean over ranks of the last step's loss (= loss on the global batch)
   // Token workloads (zero for the MLP): global tokens per step over the slowest rank's mean step.
@@ -25,6 +30,8 @@ struct RunSummary {
   std::vector<StepRecord> ranks;
 
   int steady_steps() const { return steps - first_steady_step; }
+  // "global batch 256", or "111.3 samples per step" where the batching fills a token budget.
+  std::string batch_text() const;
 };
 
 RunSummary summarize(const RunRecord& run);

@@ -1,5 +1,6 @@
 #include "launcher/cli.h"
 
+#include <filesystem>
 #include <map>
 
 #include "data/tokens.h"
@@ -236,6 +237,20 @@ void validate(const TrainConfig& c) {
   at_least("--checkpoint-every", c.checkpoint_every, 0);
   require(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
   at_least("--fault-step", c.fault_step, 0);
+  require(c.fault == "none" || c.fault_step < c.steps,
+          "--fault-step " + std::to_string(c.fault_step) + " is past the run's last step (--steps " +
+              std::to_string(c.steps) + "): the fault would never fire");
+  // One file for two roles: the run file written at the end would replace the checkpoint, or fail on it after the
+  // whole run.
+  const auto same_file = [](const std::string& a, const std::string& b) {
+    return !a.empty() && !b.empty() &&
+           std::filesystem::weakly_canonical(std::filesystem::absolute(a)) ==
+               std::filesystem::weakly_canonical(std::filesystem::absolute(b));
+  };
+  require(!same_file(c.out, c.checkpoint), "--out and --checkpoint name the same file (" + c.out +
+                                               "): the run file and the checkpoint need a file each");
+  require(!same_file(c.out, c.resume), "--out and --resume name the same file (" + c.out +
+                                           "): the run file would replace the checkpoint it resumes from");
   require(c.bucket_mb >= 0 && c.first_bucket_mb >= 0 && (c.grad_slice_mb >= 0 || c.grad_slice_mb == kAutoGradSliceMb),
           "--bucket-mb, --first-bucket-mb and --grad-slice-mb must not be negative");
   require(c.device == "cpu" || c.device == "cuda", "--device must be cpu or cuda (got '" + c.device + "')");
@@ -257,6 +272,8 @@ void validate(const TrainConfig& c) {
     require(c.optimizer_in_backward != "on",
             "--zero-stage 1 and --optimizer-in-backward on exclude each other: the sharded update runs after backward");
   }
+  require(c.comm != "mpi" || c.comm_dtype == "fp32",
+          "--comm mpi has no " + c.comm_dtype + " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring");
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");

@@ -549,12 +549,18 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
     save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world);
     checkpoint_written = true;
   };
-  const int global_batch = config.batch * config.grad_accum * size;
   const StopSignals signals;
   const std::string partial = config.out + ".partial";
   MPI_Barrier(world);  // common start: step start times of all ranks share one origin
   const double t0 = now_ms();
-  double last_progress = t0;
+  // Progress, at most once a second: rank 0's steps since the last line, by the wall clock (checkpoint and snapshot
+  // writes included), its samples and tokens scaled to the ranks (exact for a fixed batch; an estimate where a
+  // token budget varies them), and its own loss (the summary has everyone's).
+  struct Interval {
+    double start_ms = 0;
+    int steps = 0;
+    double samples = 0, tokens = 0;
+  } interval{t0};
   std::unique_ptr<TrainingStopped> stopped;
   for (int s = static_cast<int>(first_step); s < config.steps; ++s) {
     StepRecord last;
@@ -577,12 +583,16 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
       error = gathered.write(partial, true, result.summary);
       if (!error.empty()) throw std::runtime_error(error);
     }
-    // A progress line at most once a second, from rank 0's own view (the summary has everyone's).
-    if (rank == 0 && !config.quiet && now_ms() - last_progress >= 1000 && more) {
-      last_progress = now_ms();
-      std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s (rank 0)  loss %.4f\n", s + 1, config.steps,
-                  last.step_ms, global_batch / (last.step_ms / 1e3), last.loss);
+    ++interval.steps, interval.samples += last.samples, interval.tokens += last.useful_tokens;
+    if (const double now = now_ms(); rank == 0 && !config.quiet && now - interval.start_ms >= 1000 && more) {
+      const double ms_per_step = (now - interval.start_ms) / interval.steps, seconds = (now - interval.start_ms) / 1e3;
+      std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s", s + 1, config.steps, ms_per_step,
+                  interval.samples * size / seconds);
+      if (interval.tokens > 0) std::printf("  %.0f tokens/s", interval.tokens * size / seconds);
+      std::printf("  loss %.4f (rank 0)  elapsed %.0f s, eta %.0f s\n", last.loss, (now - t0) / 1e3,
+                  (config.steps - s - 1) * ms_per_step / 1e3);
       std::fflush(stdout);
+      interval = Interval{now};
     }
   }
 
@@ -592,8 +602,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   error = gathered.write(config.out, config.force, result.summary);
   if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot
   if (rank == 0 && !config.quiet) {
-    std::printf("steady state: steps %d..%d of %d (warm-up skipped), global batch %d\n",
-                result.summary.first_steady_step, record.steps - 1, record.steps, result.summary.global_batch);
+    std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", result.summary.first_steady_step,
+                record.steps - 1, record.steps, result.summary.batch_text().c_str());
     print_summary(stdout, record, result.summary);
     if (error.empty()) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
     std::fflush(stdout);

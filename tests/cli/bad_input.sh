@@ -72,6 +72,11 @@ for np in 1 2; do
   expect_error $np "--zero-stage must be 0 or 1 (got 2)" train "${small[@]}" --zero-stage 2
   expect_error $np "--zero-stage 1 needs --comm ring" train "${small[@]}" --zero-stage 1 --comm mpi
   expect_error $np "--zero-stage 1 needs --comm-dtype fp32" train "${small[@]}" --zero-stage 1 --comm-dtype bf16
+  expect_error $np "--comm mpi has no bf16 wire" train "${small[@]}" --comm mpi --comm-dtype bf16
+  expect_error $np "--out and --checkpoint name the same file" train "${small[@]}" --out "$work/r.h5" \
+    --checkpoint "$work/./r.h5"
+  expect_error $np "--out and --resume name the same file" train "${small[@]}" --out "$work/r.h5" --resume "$work/r.h5"
+  expect_error $np "--fault-step 5 is past the run's last step" train "${small[@]}" --fault nan --fault-step 5
   expect_error $np "--zero-stage 1 needs --device cpu" train "${small[@]}" "${cuda[@]}" --zero-stage 1
   expect_error $np "--zero-stage 1 and --optimizer-in-backward on exclude each other" train "${small[@]}" \
     --zero-stage 1 --optimizer-in-backward on
