@@ -65,6 +65,9 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
                s.mean_spread_ms);
   std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
+  if (s.skipped_steps > 0)
+    std::fprintf(out, "  skipped steps       %d, the first at step %d (--skip-nonfinite: a non-finite loss or "
+                 "gradient, no update)\n", s.skipped_steps, s.first_skipped_step);
   if (s.padded_tokens_per_s > 0) {
     std::fprintf(out,
                  "  tokens              %.0f useful/s, %.0f padded/s (padding %.1f%%), token spread %.0f per step\n",

@@ -47,6 +47,10 @@ RunSummary summarize(const RunRecord& run) {
     s.mean_token_spread += (hi_tokens - lo_tokens) / counted;
   }
   for (int r = 0; r < world; ++r) s.final_loss += run.at(r, steps - 1).loss / world;
+  for (int t = 0; t < steps; ++t)
+    if (run.at(0, t).skipped > 0) {
+      if (s.skipped_steps++ == 0) s.first_skipped_step = static_cast<int>(run.meta.first_step) + t;
+    }
   if (s.slowest_step_ms > 0) {
     s.useful_tokens_per_s = useful / counted / (s.slowest_step_ms / 1e3);
     s.padded_tokens_per_s = padded / counted / (s.slowest_step_ms / 1e3);
@@ -110,6 +114,7 @@ nlohmann::json to_json(const RunSummary& s) {
           {"padded_tokens_per_s", s.padded_tokens_per_s},
           {"padding_ratio", s.padding_ratio},
           {"mean_token_spread", s.mean_token_spread},
+          {"skipped_steps", s.skipped_steps},
           {"ranks", ranks}};
 }
 

@@ -25,6 +25,9 @@ struct RunSummary {
   double useful_tokens_per_s = 0, padded_tokens_per_s = 0;
   double padding_ratio = 0;      // 1 - useful / padded, over the steady steps and all ranks
   double mean_token_spread = 0;  // mean over steady steps of (max - min) useful tokens across ranks
+  // Steps whose update --skip-nonfinite skipped, over the whole run (warm-up included; every rank agrees), and the
+  // first of them (-1: none).
+  int skipped_steps = 0, first_skipped_step = -1;
   // Per rank, the steady-state mean of every StepRecord field (start_ms, a point in time, stays zero); empty
   // when there are no steps.
   std::vector<StepRecord> ranks;

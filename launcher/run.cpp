@@ -583,6 +583,10 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
       error = gathered.write(partial, true, result.summary);
       if (!error.empty()) throw std::runtime_error(error);
     }
+    if (rank == 0 && !config.quiet && last.skipped > 0) {
+      std::printf("  step %d skipped: %s (--skip-nonfinite: no update)\n", s, trainer->skipped_because().c_str());
+      std::fflush(stdout);
+    }
     ++interval.steps, interval.samples += last.samples, interval.tokens += last.useful_tokens;
     if (const double now = now_ms(); rank == 0 && !config.quiet && now - interval.start_ms >= 1000 && more) {
       const double ms_per_step = (now - interval.start_ms) / interval.steps, seconds = (now - interval.start_ms) / 1e3;

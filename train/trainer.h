@@ -33,6 +33,9 @@ class Trainer {
   StepRecord step(int step, double t0_ms);
   // The signal (SIGINT, SIGTERM) some rank received by the last step, agreed by all ranks at that step; 0: none.
   int stop_signal() const { return agreement_.stop_signal(); }
+  // What made the last step skip its update under --skip-nonfinite ("non-finite gradient fc2.bias"); "" when it
+  // did not. The same on every rank.
+  const std::string& skipped_because() const { return skipped_because_; }
   const std::vector<Bucket>& buckets() const { return backend_->buckets(); }
   // The last step's timings, one entry per bucket, on step()'s time origin.
   const std::vector<BucketTimes>& bucket_times() const { return backend_->bucket_times(); }
@@ -56,6 +59,7 @@ class Trainer {
 
  private:
   TrainConfig config_;
+  std::string skipped_because_;
   int rank_ = 0, world_ = 1;
   StepAgreement agreement_;  // the per-step stop/finite agreement, and --check-sync's communicator
   std::unique_ptr<StepBackend> backend_;

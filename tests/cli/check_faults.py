@@ -102,6 +102,11 @@ def main():
         n, reason, loss, skipped = steps_in(out("skip.h5"))
         check(j.code == 0 and n == 10 and reason == "", f"skip-nonfinite: runs to the end (code {j.code})")
         check(skipped[:, 4].tolist() == [1, 1] and skipped.sum() == 2, "skip-nonfinite: step 4 marked skipped")
+        report = subprocess.run([ddplab, "report", out("skip.h5")], capture_output=True, text=True, timeout=60).stdout
+        check("skipped steps       1, the first at step 4" in report,
+              f"skip-nonfinite: the report says how many steps were skipped ({report[:400]})")
+        with h5py.File(out("skip.h5"), "r") as f:
+            check(json.loads(f.attrs["summary"])["skipped_steps"] == 1, "skip-nonfinite: the summary counts it")
 
         # Replicas that diverge: --check-sync stops every rank, naming the first differing parameter.
         j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "diverge", "--fault-rank", "1", "--fault-step", "2",
