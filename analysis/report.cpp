@@ -121,9 +121,13 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   const nlohmann::json& c = rec.config;
   const int world = rec.world_size();
   std::fprintf(out, "== %s\n", rec.path.c_str());
-  std::fprintf(out, "  %s on %d rank%s (%s), %d steps, steady state %d..%d, %s\n", known(meta.command), world,
-               world == 1 ? "" : "s", hosts_text(rec).c_str(), rec.steps, s.first_steady_step, rec.steps - 1,
-               s.batch_text().c_str());
+  // Steps as training counts them: a resumed run's file holds steps first_step.. of the run.
+  const int first = static_cast<int>(meta.first_step);
+  std::fprintf(out, "  %s on %d rank%s (%s), %s, steady state %d..%d, %s\n", known(meta.command), world,
+               world == 1 ? "" : "s", hosts_text(rec).c_str(),
+               first > 0 ? fmt("steps %d..%d (resumed at %d)", first, first + rec.steps - 1, first).c_str()
+                         : fmt("%d steps", rec.steps).c_str(),
+               first + s.first_steady_step, first + rec.steps - 1, s.batch_text().c_str());
   std::fprintf(out, "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
                config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
                config_text(c, "comm_dtype").c_str(),

@@ -107,20 +107,21 @@ nlohmann::json chrome_trace(const RunRecord& run) {
     events.push_back(metadata("thread_sort_index", r, kCommTrack, {{"sort_index", kCommTrack}}));
     for (int s = 0; s < run.steps; ++s) {
       const StepRecord& step = run.at(r, s);
+      const int step_no = static_cast<int>(run.meta.first_step) + s;  // the training step (a resumed run's go on)
       const double start = step.start_ms;
       double t = start;
       nlohmann::json phases = nlohmann::json::array();
       for (const Phase& p : kPhases) {
         const double ms = step.*p.field;
-        if (phase_runs(p.when, run.config, r, static_cast<int>(run.meta.first_step) + s))
-          phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", s}, {"ms", ms}}));
+        if (phase_runs(p.when, run.config, r, step_no))
+          phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", step_no}, {"ms", ms}}));
         t += ms;
       }
       // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.
       const double step_ms = std::max(step.step_ms, t - start);
       events.push_back(
-          complete("step " + std::to_string(s), "step", r, kComputeTrack, us(start), us(step_ms),
-                   {{"step", s}, {"steady", s >= first_steady}, {"step_ms", step.step_ms}, {"loss", step.loss}}));
+          complete("step " + std::to_string(step_no), "step", r, kComputeTrack, us(start), us(step_ms),
+                   {{"step", step_no}, {"steady", s >= first_steady}, {"step_ms", step.step_ms}, {"loss", step.loss}}));
       for (auto& e : phases) events.push_back(std::move(e));
 
       for (int k = 0; k < static_cast<int>(run.buckets.size()); ++k) {
@@ -134,14 +135,14 @@ nlohmann::json chrome_trace(const RunRecord& run) {
         if (times.gather_end_ms > 0)
           events.push_back(complete(name + " all-gather (" + size_text(b.bytes()) + ")", "all-gather", r, kCommTrack,
                                     us(times.gather_start_ms), us(times.gather_end_ms - times.gather_start_ms),
-                                    {{"step", s},
+                                    {{"step", step_no},
                                      {"bucket", k},
                                      {"bytes", b.bytes()},
                                      {"comm_ms", times.gather_end_ms - times.gather_start_ms}}));
         const bool sharded = times.gather_end_ms > 0;
         events.push_back(complete(name + (sharded ? " reduce-scatter (" : " (") + size_text(b.bytes()) + ")", "bucket",
                                   r, kCommTrack, us(begin), us(end - begin),
-                                  {{"step", s},
+                                  {{"step", step_no},
                                    {"bucket", k},
                                    {"bytes", b.bytes()},
                                    {"pieces", b.pieces},
@@ -155,13 +156,14 @@ nlohmann::json chrome_trace(const RunRecord& run) {
                           {"pid", r},
                           {"tid", kCommTrack},
                           {"ts", us(ready)},
-                          {"args", {{"step", s}, {"bucket", k}}}});
+                          {"args", {{"step", step_no}, {"bucket", k}}}});
       }
     }
   }
   nlohmann::json other = {{"run_file", run.path},
                           {"world_size", run.world_size()},
                           {"num_steps", run.steps},
+                          {"first_step", run.meta.first_step},  // a resumed run's first: events carry training steps
                           {"first_steady_step", first_steady},
                           {"config", run.config},
                           {"clock",

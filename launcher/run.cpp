@@ -606,8 +606,9 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   error = gathered.write(config.out, config.force, result.summary);
   if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot
   if (rank == 0 && !config.quiet) {
-    std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", result.summary.first_steady_step,
-                record.steps - 1, record.steps, result.summary.batch_text().c_str());
+    const int first = static_cast<int>(record.meta.first_step);  // a resumed run counts on from its checkpoint
+    std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
+                first + record.steps - 1, first + record.steps, result.summary.batch_text().c_str());
     print_summary(stdout, record, result.summary);
     if (error.empty()) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
     std::fflush(stdout);

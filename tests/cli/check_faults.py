@@ -148,6 +148,16 @@ def main():
                     resumed = f["steps/loss"][:]
                 check(first == n and np.array_equal(np.concatenate([loss, resumed], axis=1), full_loss),
                       "resume: the loss curve equals the uninterrupted run's, bit for bit")
+                # Its report and timeline count steps as training does: on from the checkpoint's.
+                report = subprocess.run([ddplab, "report", out("resumed.h5")], capture_output=True, text=True,
+                                        timeout=60).stdout
+                trace_path = out("resumed.trace.json")
+                subprocess.run([ddplab, "timeline", out("resumed.h5"), "-o", trace_path], capture_output=True,
+                               timeout=60)
+                steps = [e["args"]["step"] for e in json.load(open(trace_path))["traceEvents"]
+                         if e.get("cat") == "step" and e["pid"] == 0] if os.path.exists(trace_path) else []
+                check(f"steps {n}..39 (resumed at {n})" in report and steps == list(range(n, 40)),
+                      f"resume: report and timeline number the steps {n}..39 ({report[:200]}, {steps[:2]}...)")
         else:
             check(False, "SIGTERM: run file written")
 
