@@ -1,10 +1,10 @@
 #include "launcher/cli.h"
 
-#include <filesystem>
 #include <map>
 
 #include "data/tokens.h"
 #include "record/errors.h"
+#include "record/files.h"
 #include "model/precision.h"
 
 namespace ddplab {
@@ -242,11 +242,6 @@ void validate(const TrainConfig& c) {
               std::to_string(c.steps) + "): the fault would never fire");
   // One file for two roles: the run file written at the end would replace the checkpoint, or fail on it after the
   // whole run.
-  const auto same_file = [](const std::string& a, const std::string& b) {
-    return !a.empty() && !b.empty() &&
-           std::filesystem::weakly_canonical(std::filesystem::absolute(a)) ==
-               std::filesystem::weakly_canonical(std::filesystem::absolute(b));
-  };
   require(!same_file(c.out, c.checkpoint), "--out and --checkpoint name the same file (" + c.out +
                                                "): the run file and the checkpoint need a file each");
   require(!same_file(c.out, c.resume), "--out and --resume name the same file (" + c.out +

@@ -446,8 +446,15 @@ void save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, i
   trainer.gather_optimizer_state();
   if (rank == 0) {
     try {
-      trainer.write_checkpoint(config.checkpoint, config.force || replace,
+      const bool overwrite = config.force || replace || same_file(config.checkpoint, config.resume);
+      trainer.write_checkpoint(config.checkpoint, overwrite,
                                CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
+      // Said as it happens: after a stop, the user learns where a resume starts.
+      if (!config.quiet) {
+        std::printf("  checkpoint: %s (a resume starts at step %lld)\n", config.checkpoint.c_str(),
+                    static_cast<long long>(next_step));
+        std::fflush(stdout);
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -521,7 +528,9 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
       config.out = default_run_path(options.command, size);
     }
     error = check_output_path(config.out, config.force);
-    if (error.empty() && !config.checkpoint.empty()) error = check_output_path(config.checkpoint, config.force);
+    // The checkpoint a run resumed from may be replaced by its own (llm.c's and torchrun's habit), without --force.
+    if (error.empty() && !config.checkpoint.empty())
+      error = check_output_path(config.checkpoint, config.force || same_file(config.checkpoint, config.resume));
   }
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);

@@ -8,12 +8,20 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 
 namespace ddplab {
 
 inline std::string temp_path_for(const std::string& path) { return path + ".tmp." + std::to_string(getpid()); }
+
+// Two paths that name one file, whether or not it exists yet ("r.h5", "./r.h5", "x/../r.h5"); false if either is empty.
+inline bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  namespace fs = std::filesystem;
+  return fs::weakly_canonical(fs::absolute(a)) == fs::weakly_canonical(fs::absolute(b));
+}
 
 // Empty when `path` can be written (it is not a folder, it does not exist unless `force`, and the temporary the
 // writer will use can be created beside it), otherwise a one-line reason. The temporary is created and removed

@@ -11,6 +11,8 @@ import sys
 import tempfile
 import time
 
+import h5py
+
 from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
@@ -64,6 +66,17 @@ with tempfile.TemporaryDirectory() as cwd:
                           capture_output=True, text=True, timeout=120)
     check(refused(proc, "missing.h5") and os.listdir(cwd) == [],
           f"--resume missing.h5: refused, nothing left in the folder ({our_lines(proc.stderr)}, {os.listdir(cwd)})")
+
+# ---- resuming from a checkpoint and saving back to it needs no --force (the --out file still does) ---------------------
+with tempfile.TemporaryDirectory() as tmp:
+    ck = os.path.join(tmp, "ck.h5")
+    first = run(1, "train", *SMALL, "--steps", "4", "--checkpoint", ck, "--out", os.path.join(tmp, "a.h5"))
+    again = run(1, "train", *SMALL, "--steps", "6", "--resume", ck, "--checkpoint", ck, "--out",
+                os.path.join(tmp, "b.h5"))
+    with h5py.File(ck, "r") as f:
+        step = int(f.attrs["step"])
+    check(first.returncode == 0 and again.returncode == 0 and "checkpoint: " + ck + " (a resume starts at step 6)"
+          in again.stdout and step == 6, f"--resume ck --checkpoint ck replaces it ({our_lines(again.stderr)})")
 
 # ---- help ---------------------------------------------------------------------------------------------------------
 top = run(1, "--help").stdout
