@@ -135,9 +135,18 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                config_text(c, "bucket_mb").c_str(), config_text(c, "overlap").c_str(),
                config_text(c, "grad_slice_mb").c_str(), config_text(c, "batch").c_str());
   if (c.value("grad_accum", 1) > 1) std::fprintf(out, " x %d micro-batches", c.value("grad_accum", 1));
-  if (c.value("model", std::string("mlp")) == "mlp" && c.contains("hidden"))
+  const std::string model = c.value("model", std::string("mlp"));
+  if (model == "mlp" && c.contains("hidden"))
     std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden").c_str(),
                  config_text(c, "layers").c_str(), config_text(c, "classes").c_str());
+  else if (model != "mlp")  // what tells sequence runs apart: the head and how batches are cut
+    std::fprintf(out, ", model %s (head %s, batching %s%s)", model.c_str(), config_text(c, "head").c_str(),
+                 config_text(c, "batching").c_str(),
+                 c.value("batching", std::string()) == "token" || c.value("batching", std::string()) == "pack"
+                     ? (", max_tokens " + config_text(c, "max_tokens")).c_str()
+                     : "");
+  if (c.value("zero_stage", 0) > 0) std::fprintf(out, ", zero_stage %d", c.value("zero_stage", 0));
+  if (c.value("optimizer_in_backward", std::string("off")) == "on") std::fprintf(out, ", update in backward");
   std::fprintf(out, "\n");
   if (const std::string note = oversubscription_note(rec); !note.empty()) std::fprintf(out, "  %s\n", note.c_str());
   if (rec.nodes() > 1) {
@@ -185,7 +194,9 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
                "hidden%", "blame");
   for (const SummarizedRun& run : runs) {
     const RunSummary& s = run.summary;
-    const Finding f = diagnose(run.record, s).front();
+    // The first finding, unless it only says nothing stands out while another (padding) does.
+    const std::vector<Finding> findings = diagnose(run.record, s);
+    const Finding& f = findings.size() > 1 && findings.front().cause == Cause::kBalanced ? findings[1] : findings.front();
     const std::string verdict =
         f.rank >= 0 ? fmt("%s (rank %d)", cause_name(f.cause), f.rank) : std::string(cause_name(f.cause));
     const StepRecord mean = mean_over_ranks(s);
