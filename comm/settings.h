@@ -46,7 +46,9 @@ inline constexpr Knob kCommMaxSleepUs{"DDPLAB_COMM_MAX_SLEEP_US", "250", "longes
                                       1, INT32_MAX};
 // Read by main() before MPI starts (it may re-execute the program): any value but unset keeps OpenBLAS's own choice.
 inline constexpr Knob kBlasAuto{"DDPLAB_BLAS_AUTO", "on",
-                                "any value: keep OpenBLAS's kernel choice (no AVX-512 re-exec, docs/ARCHITECTURE.md)"};
+                                "off: keep OpenBLAS's kernel choice (no AVX-512 re-exec, docs/ARCHITECTURE.md); done: "
+                                "set by the re-exec itself",
+                                0, -1, "on|off|done"};
 
 inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes, &kCommTransport,
                                          &kLocalRegister,  &kCommSpinUs,         &kCommMaxSleepUs,      &kBlasAuto};

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -42,9 +43,11 @@ namespace {
 // AVX-512 its SkylakeX kernels are ~1.6x faster for our GEMMs (docs/BENCHMARKS.md). OpenBLAS picks its
 // kernels when the library is loaded, before main(), so the only way to choose them is the environment of a
 // fresh process image: re-exec once with OPENBLAS_CORETYPE set. This happens before MPI_Init, so mpirun does
-// not notice. An OPENBLAS_CORETYPE set by the user always wins; DDPLAB_BLAS_AUTO=0 turns this off.
+// not notice. An OPENBLAS_CORETYPE set by the user always wins; DDPLAB_BLAS_AUTO=off turns this off (any value but
+// "on" does; check_all refuses values it does not take, once MPI is up).
 void select_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || settings::is_set(settings::kBlasAuto)) return;
+  const char* automatic = std::getenv(settings::kBlasAuto.name);
+  if (std::getenv("OPENBLAS_CORETYPE") || (automatic && std::strcmp(automatic, "on") != 0)) return;
   const std::string core = openblas_get_corename();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
