@@ -59,6 +59,9 @@ check(refused(proc, "unknown command 'xyzzyqq'; commands: train, suite, sweep, d
 # ---- an unknown option: named in the order typed (CLI11 2.1 reverses them) -----------------------------------------
 proc = run(1, "train", "--stepz", "3")
 check(refused(proc, "unknown option --stepz, followed by 3"), f"train --stepz 3 ({our_lines(proc.stderr)})")
+proc = run(1, "train", "--batching", "bucket", "--batching", "token")
+check(refused(proc, "--batching given more than once (it takes one value)"),
+      f"a flag given twice ({our_lines(proc.stderr)})")
 
 # ---- a refused --resume leaves nothing behind, not even the runs/ folder made for the default run file ---------------
 with tempfile.TemporaryDirectory() as cwd:
