@@ -66,8 +66,10 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                s.mean_spread_ms);
   std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
   if (s.skipped_steps > 0)
-    std::fprintf(out, "  skipped steps       %d, the first at step %d (--skip-nonfinite: a non-finite loss or "
-                 "gradient, no update)\n", s.skipped_steps, s.first_skipped_step);
+    std::fprintf(out,
+                 "  skipped steps       %d, the first at step %d (--skip-nonfinite: a non-finite loss or "
+                 "gradient, no update)\n",
+                 s.skipped_steps, s.first_skipped_step);
   if (s.padded_tokens_per_s > 0) {
     std::fprintf(out,
                  "  tokens              %.0f useful/s, %.0f padded/s (padding %.1f%%), token spread %.0f per step\n",
@@ -109,9 +111,10 @@ std::string oversubscription_note(const RunRecord& run) {
   const int ranks = run.oversubscribed_ranks();
   if (ranks == 0) return "";
   const int threads = std::max(1, run.config.value("threads", 1));
-  return fmt("oversubscribed: %d ranks x %d BLAS thread%s on %d cores; the ranks take turns on the cores, so the "
-             "times measure this machine's sharing, not data parallelism",
-             ranks, threads, threads == 1 ? "" : "s", run.meta.host_cores);
+  return fmt(
+      "oversubscribed: %d ranks x %d BLAS thread%s on %d cores; the ranks take turns on the cores, so the "
+      "times measure this machine's sharing, not data parallelism",
+      ranks, threads, threads == 1 ? "" : "s", run.meta.host_cores);
 }
 
 void print_report(std::FILE* out, const SummarizedRun& run) {
@@ -128,7 +131,8 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                first > 0 ? fmt("steps %d..%d (resumed at %d)", first, first + rec.steps - 1, first).c_str()
                          : fmt("%d steps", rec.steps).c_str(),
                first + s.first_steady_step, first + rec.steps - 1, s.batch_text().c_str());
-  std::fprintf(out, "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
+  std::fprintf(out,
+               "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
                config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
                config_text(c, "comm_dtype").c_str(),
                meta.links.emulated() ? describe(meta.links).c_str() : config_text(c, "link").c_str(),
@@ -196,7 +200,8 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
     const RunSummary& s = run.summary;
     // The first finding, unless it only says nothing stands out while another (padding) does.
     const std::vector<Finding> findings = diagnose(run.record, s);
-    const Finding& f = findings.size() > 1 && findings.front().cause == Cause::kBalanced ? findings[1] : findings.front();
+    const Finding& f =
+        findings.size() > 1 && findings.front().cause == Cause::kBalanced ? findings[1] : findings.front();
     const std::string verdict =
         f.rank >= 0 ? fmt("%s (rank %d)", cause_name(f.cause), f.rank) : std::string(cause_name(f.cause));
     const StepRecord mean = mean_over_ranks(s);

@@ -575,7 +575,8 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
               o.median ? "p50 over calls" : describe(o.aggregate));
   std::printf(
       "# i_min, i_p99: per call, each call timed by its slowest rank. size, count: the float buffer's, whatever the\n"
-      "# wire; type: on the wire (a 16-bit wire moves half the bytes, so its busbw is the buffer's rate, not the wire's)\n");
+      "# wire; type: on the wire (a 16-bit wire moves half the bytes, so its busbw is the buffer's rate, not the "
+      "wire's)\n");
   std::printf("#\n#%58s%-51s%s\n", "", "out-of-place", "in-place");
   std::printf(kRowFormat, "# impl", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "i_min",
               "i_p99", "time", "algbw", "busbw", "#wrong", "i_min", "i_p99");

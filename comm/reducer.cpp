@@ -204,7 +204,7 @@ void Reducer::wait_all() {
     return;
   }
   const watchdog::Wait wait(config_.sharded ? "the gradient buckets' reduce-scatters (--zero-stage 1)"
-                                             : "the gradient buckets' all-reduces");
+                                            : "the gradient buckets' all-reduces");
   comm_thread_->wait_all();  // rethrows the comm thread's error; the program's edge aborts the job
   if (verdicts_ != MPI_COMM_NULL)  // sharded: each rank checked the elements it owns; agree on every bucket's verdict
     mpiCheck(MPI_Allreduce(MPI_IN_PLACE, nonfinite_.data(), nb, MPI_INT, MPI_MAX, verdicts_));

@@ -3,9 +3,9 @@
 #include <map>
 
 #include "data/tokens.h"
+#include "model/precision.h"
 #include "record/errors.h"
 #include "record/files.h"
-#include "model/precision.h"
 
 namespace ddplab {
 namespace {
@@ -237,9 +237,9 @@ void validate(const TrainConfig& c) {
   at_least("--checkpoint-every", c.checkpoint_every, 0);
   require(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
   at_least("--fault-step", c.fault_step, 0);
-  require(c.fault == "none" || c.fault_step < c.steps,
-          "--fault-step " + std::to_string(c.fault_step) + " is past the run's last step (--steps " +
-              std::to_string(c.steps) + "): the fault would never fire");
+  require(c.fault == "none" || c.fault_step < c.steps, "--fault-step " + std::to_string(c.fault_step) +
+                                                           " is past the run's last step (--steps " +
+                                                           std::to_string(c.steps) + "): the fault would never fire");
   // One file for two roles: the run file written at the end would replace the checkpoint, or fail on it after the
   // whole run.
   require(!same_file(c.out, c.checkpoint), "--out and --checkpoint name the same file (" + c.out +

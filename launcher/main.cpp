@@ -23,17 +23,17 @@
 #include <string>
 #include <vector>
 
-#include "git_commit.h"
 #include "comm/mpi_init.h"
-#include "launcher/cli.h"
-#include "launcher/cli_errors.h"
 #include "comm/settings.h"
 #include "comm/watchdog.h"
-#include "record/errors.h"
+#include "git_commit.h"
+#include "launcher/cli.h"
+#include "launcher/cli_errors.h"
 #include "launcher/predict_command.h"
 #include "launcher/report_commands.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
+#include "record/errors.h"
 #include "train/trainer.h"
 
 namespace ddplab {

@@ -26,7 +26,6 @@ struct PredictArgs {
   std::vector<int> ranks, ranks_per_node;
 };
 
-
 std::string on_off(bool on) { return on ? "on" : "off"; }
 // The table's column: "1", "2x2".
 std::string nodes_column(const PredictSetting& s) {
@@ -214,7 +213,8 @@ void run_predict(const PredictArgs& a) {
     std::printf(
         "  all-reduce, fitted on the run's buckets: %.1f us per message step + %.3f ms per MiB alone (%s, link "
         "%s)\n",
-        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMiB, model.fitted_hops.c_str(), model.fitted_link.name.c_str());
+        alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMiB, model.fitted_hops.c_str(),
+        model.fitted_link.name.c_str());
   }
   if (model.host.lost_yield_ms)
     std::printf(

@@ -12,13 +12,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "analysis/blame.h"
 #include "analysis/predict.h"
@@ -251,7 +250,6 @@ void write_text_file(const std::string& path, const std::string& text) {
   publish_file(tmp, path, /*force=*/true);
 }
 
-
 // Every case in turn, each on the first world_size ranks (the others wait without spinning). Results on rank 0.
 std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>& cases, const std::string& command_line,
                                   MPI_Comm world) {
@@ -320,9 +318,9 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
       "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
   // The lab's columns; the token suite has no scaling reference (eff) and no lab work (extra): left out there.
   const bool lab = o.name == "lab";
-  std::printf("\n%-16s %4s %6s %9s %10s%s %9s %8s %8s %8s %10s%s %8s\n", "case", "ws", "gbatch", "step_ms",
-              "samples/s", lab ? "    eff" : "", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms",
-              lab ? " extra_ms" : "", "vs_base");
+  std::printf("\n%-16s %4s %6s %9s %10s%s %9s %8s %8s %8s %10s%s %8s\n", "case", "ws", "gbatch", "step_ms", "samples/s",
+              lab ? "    eff" : "", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms", lab ? " extra_ms" : "",
+              "vs_base");
   bool loss_identical = true;
   for (const CaseResult& r : results) {
     const RunSummary& s = r.summary;
@@ -351,11 +349,11 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     std::ostringstream row;
     row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ','
         << (oversubscribed ? 1 : 0) << ',' << s.slowest_rank << ',' << s.slowest_step_ms << ',' << s.samples_per_s
-        << ',' << cell(has_efficiency, efficiency) << ',' << s.mean_spread_ms << ',' << mean.data_ms << ','
-        << compute << ',' << mean.optimizer_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ','
-        << mean.exposed_comm_ms << ',' << extra << ',' << mean.barrier_ms << ',' << cell(has_vs_base, vs_base) << ','
-        << s.final_loss << ',' << cell(tokens, s.useful_tokens_per_s) << ',' << cell(tokens, s.padded_tokens_per_s)
-        << ',' << cell(tokens, s.padding_ratio) << ',' << cell(tokens, s.mean_token_spread) << ',' << r.path << '\n';
+        << ',' << cell(has_efficiency, efficiency) << ',' << s.mean_spread_ms << ',' << mean.data_ms << ',' << compute
+        << ',' << mean.optimizer_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms
+        << ',' << extra << ',' << mean.barrier_ms << ',' << cell(has_vs_base, vs_base) << ',' << s.final_loss << ','
+        << cell(tokens, s.useful_tokens_per_s) << ',' << cell(tokens, s.padded_tokens_per_s) << ','
+        << cell(tokens, s.padding_ratio) << ',' << cell(tokens, s.mean_token_spread) << ',' << r.path << '\n';
     csv += row.str();
     json_cases.push_back({{"case", r.c.name},
                           {"group", r.c.group},
@@ -371,16 +369,19 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     return a.oversubscribed_ranks < b.oversubscribed_ranks;
   });
   if (most != results.end() && most->oversubscribed_ranks > 0)
-    std::printf("\n* oversubscribed: up to %d ranks x %s on this host's %d cores; the ranks take turns on the cores, so "
-                "the case's times measure this machine, not DDP\n",
-                most->oversubscribed_ranks, counted(o.base.blas_threads, "BLAS thread").c_str(), most->host_cores);
-  std::printf("\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
-              "exposed (comm waited for)%s: means over the ranks, ms per step\n",
-              lab ? " and extra (lab work and barriers)" : "");
+    std::printf(
+        "\n* oversubscribed: up to %d ranks x %s on this host's %d cores; the ranks take turns on the cores, so "
+        "the case's times measure this machine, not DDP\n",
+        most->oversubscribed_ranks, counted(o.base.blas_threads, "BLAS thread").c_str(), most->host_cores);
+  std::printf(
+      "\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
+      "exposed (comm waited for)%s: means over the ranks, ms per step\n",
+      lab ? " and extra (lab work and barriers)" : "");
   if (o.name == "lab") {
-    std::printf("efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
-                "throughput change against weak_ws%d\n",
-                size);
+    std::printf(
+        "efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
+        "throughput change against weak_ws%d\n",
+        size);
     std::printf(
         "loss across the pathology, input and update cases: %s\n",
         loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
@@ -424,14 +425,15 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   if (o.base.optimizer_in_backward == "auto") o.base.optimizer_in_backward = "off";
   const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
   if (rank == 0) {
-    std::printf("ddplab suite %s: %zu cases on %s, %s, %s per rank, results in %s/\n", o.name.c_str(),
-                cases.size(), counted(size, "rank").c_str(), steps_each(o.base).c_str(),
+    std::printf("ddplab suite %s: %zu cases on %s, %s, %s per rank, results in %s/\n", o.name.c_str(), cases.size(),
+                counted(size, "rank").c_str(), steps_each(o.base).c_str(),
                 counted(o.base.blas_threads, "BLAS thread").c_str(), o.out_dir.c_str());
     print_few_steps_note(o.base);
     if (size == 1)
-      std::printf("  one rank: every case runs alone, with no peer to wait for%s; mpirun -np 2 or more shows what the "
-                  "suite is for\n",
-                  o.name == "lab" ? " or to scale to" : " or to be skewed against");
+      std::printf(
+          "  one rank: every case runs alone, with no peer to wait for%s; mpirun -np 2 or more shows what the "
+          "suite is for\n",
+          o.name == "lab" ? " or to scale to" : " or to be skewed against");
     std::fflush(stdout);
   }
   const std::vector<CaseResult> results = run_cases(o, cases, command_line, world);
@@ -451,9 +453,12 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   }
   int host_cores = 0;  // rank 0's host as the widest case saw it (a one-rank case may be bound to one core)
   for (const CaseResult& r : results) host_cores = std::max(host_cores, r.host_cores);
-  const nlohmann::json summary = {{"suite", o.name},       {"world_size", size},
-                                  {"steps", o.base.steps}, {"host_cores", host_cores},
-                                  {"loss_identical", loss_identical}, {"cases", json_cases}};
+  const nlohmann::json summary = {{"suite", o.name},
+                                  {"world_size", size},
+                                  {"steps", o.base.steps},
+                                  {"host_cores", host_cores},
+                                  {"loss_identical", loss_identical},
+                                  {"cases", json_cases}};
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   if (const CaseResult* straggler = find_case(results, "straggler")) {
@@ -756,8 +761,9 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     const StepRecord mean = mean_over_ranks(s);
     const double fraction = mean_hidden_fraction(s);
     std::printf("%9g %7s %7zu %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%%s\n", p.bucket_mb, p.overlap.c_str(),
-                p.buckets.size(), s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms, mean.hidden_comm_ms,
-                mean.exposed_comm_ms, 100 * fraction, p.predicted() ? predicted_text(p).c_str() : "");
+                p.buckets.size(), s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms,
+                mean.hidden_comm_ms, mean.exposed_comm_ms, 100 * fraction,
+                p.predicted() ? predicted_text(p).c_str() : "");
     csv << p.bucket_mb << ',' << p.overlap << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ','
         << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ','
         << fraction << ',' << p.path << ',';

@@ -54,7 +54,9 @@ struct PieceRecord {
 };
 
 // Where a run of `steps` steps with `warmup_steps` of warm-up starts its steady state: at least one step counts.
-inline int first_steady_step(int steps, int warmup_steps) { return std::clamp(warmup_steps, 0, std::max(steps - 1, 0)); }
+inline int first_steady_step(int steps, int warmup_steps) {
+  return std::clamp(warmup_steps, 0, std::max(steps - 1, 0));
+}
 
 struct RunRecord {
   std::string path;  // where it is stored ("" before it is written)
