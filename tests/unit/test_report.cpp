@@ -366,6 +366,24 @@ TEST(Summary, ThroughputFromTheSlowestRank) {
   EXPECT_NEAR(hidden_fraction(st.ranks[0]), 3.5 / 4.0, 1e-12);
 }
 
+TEST(Summary, SamplesPerSecondFromTheSamplesTheRanksRecorded) {
+  // A token budget per batch (--batching token): the ranks' sample counts vary by step and rank, and the config's
+  // batch (32 a rank: 64 a step) says nothing about them.
+  RunRecord run = synthetic(2, [](int, int) { return Phases{}; });  // 11.8 ms steps
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < kSteps; ++t) run.records[static_cast<size_t>(r) * kSteps + t].samples = 10 + r + t % 2;
+  const RunSummary st = summarize(run);
+  double recorded = 0;  // over the steady steps 2..11 and both ranks, per step
+  for (int r = 0; r < 2; ++r)
+    for (int t = 2; t < kSteps; ++t) recorded += 10 + r + t % 2;
+  recorded /= kSteps - 2;
+  EXPECT_NEAR(st.samples_per_step, recorded, 1e-12);
+  EXPECT_NEAR(st.samples_per_s, recorded / 0.0118, 1e-6);
+  EXPECT_EQ(st.batch_text(), "22.0 samples per step (a token budget per batch)");
+  // Files that recorded no samples count the global batch.
+  EXPECT_EQ(summarize(synthetic(2, [](int, int) { return Phases{}; })).batch_text(), "global batch 64");
+}
+
 TEST(Summary, WarmUpIsClampedSoThatOneStepCounts) {
   RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
   run.config["warmup_steps"] = 100;
