@@ -81,6 +81,16 @@ with tempfile.TemporaryDirectory() as tmp:
     check(first.returncode == 0 and again.returncode == 0 and "checkpoint: " + ck + " (a resume starts at step 6)"
           in again.stdout and step == 6, f"--resume ck --checkpoint ck replaces it ({our_lines(again.stderr)})")
 
+# ---- progress: at most once a second, over the interval since the last line, with elapsed time and ETA -------------
+with tempfile.TemporaryDirectory() as tmp:
+    proc = run(1, "train", "--steps", "200", "--threads", "1", "--out", os.path.join(tmp, "p.h5"))
+    lines = re.findall(r"^  step (\d+)/200  ([\d.]+) ms/step  (\d+) samples/s  loss [\d.]+ \(rank 0\)  "
+                       r"elapsed (\d+) s, eta (\d+) s$", proc.stdout, re.M)
+    # Each line's samples/s is the batch (128) over its interval's mean step.
+    consistent = all(abs(int(rate) - 128 / (float(ms) / 1e3)) <= 0.02 * int(rate) + 1 for _, ms, rate, _, _ in lines)
+    check(proc.returncode == 0 and lines and consistent,
+          f"progress lines: step, interval ms/step, samples/s, loss, elapsed, eta ({proc.stdout[:400]})")
+
 # ---- help ---------------------------------------------------------------------------------------------------------
 top = run(1, "--help").stdout
 check("MLP or a transformer" in top, "train's description names the transformer too")
