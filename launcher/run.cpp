@@ -238,17 +238,16 @@ nlohmann::json checkpoint_config(const TrainConfig& config, int world_size) {
   return j;
 }
 
-// Every rank loads the checkpoint (so a bad file is refused on all alike) and learns the step to start at.
-int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& runner) {
-  const CheckpointInfo info = runner.read_checkpoint(config.resume);
+// A resumed run must repeat the settings that change what a step computes (the rest: overlap, link, lab knobs, paths
+// only move time); one line lists every one that differs.
+void require_same_settings(const TrainConfig& config, int world_size, const std::string& config_json) {
   nlohmann::json saved;
   try {
-    saved = nlohmann::json::parse(info.config_json);
+    saved = nlohmann::json::parse(config_json);
     upgrade_config_keys(saved);
   } catch (const nlohmann::json::exception&) {
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
-  // Settings that change what a step computes; the rest (overlap, link, lab knobs, paths) only move time.
   static const char* const kArithmetic[] = {
       "model", "head", "lengths", "min_len", "max_len", "outlier_prob", "batching", "max_tokens", "epoch_size",
       "input_dim", "hidden", "layers", "classes", "optimizer", "lr", "beta1", "beta2", "eps",
@@ -264,6 +263,15 @@ int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Traine
   }
   require(differing.empty(), "cannot resume from " + config.resume + ": settings differ from the checkpoint's: " +
                                  differing + "; a resumed run must repeat the original's settings");
+}
+
+// Every rank loads the checkpoint (so a bad file is refused on all alike) and learns the step to start at. The
+// settings are compared first: another model's checkpoint would otherwise fail on a tensor's shape.
+int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& runner) {
+  if (const std::string saved = checkpoint_config_json(config.resume); !saved.empty())
+    require_same_settings(config, world_size, saved);
+  const CheckpointInfo info = runner.read_checkpoint(config.resume);
+  require_same_settings(config, world_size, info.config_json);  // what was loaded, whatever the first read said
   require(info.step < config.steps, "checkpoint " + config.resume + " is at step " + std::to_string(info.step) +
                                         ", and --steps " + std::to_string(config.steps) + " leaves nothing to run");
   return info.step;

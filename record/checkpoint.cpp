@@ -245,6 +245,18 @@ CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parame
   return load_checkpoint(file, path, params, flat_params, opt);
 }
 
+std::string checkpoint_config_json(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  try {
+    H5Id file(open_for_reading(path), H5Fclose);
+    if (!has_attr(file, "format") || read_string_attr(file, "format") != kFormat || !has_attr(file, "config"))
+      return "";
+    return read_string_attr(file, "config");
+  } catch (const FileProblem&) {
+    return "";
+  }
+}
+
 CheckpointInfo load_checkpoint(hid_t file, const std::string& path, const std::vector<Parameter<float>>& params,
                                float* flat_params, Optimizer<float>& opt) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);

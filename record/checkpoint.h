@@ -38,5 +38,9 @@ CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parame
 // The same for a file already open (the fuzzer opens an in-memory image); `path` only names it in messages.
 CheckpointInfo load_checkpoint(hid_t file, const std::string& path, const std::vector<Parameter<float>>& params,
                                float* flat_params, Optimizer<float>& opt);
+// The settings a checkpoint was saved with (its `config` attribute), read alone: a resume compares them before the
+// tensors, whose shapes would otherwise be the first thing another model's checkpoint fails on. "" when the file
+// cannot say (missing, not a checkpoint): load_checkpoint then names the problem.
+std::string checkpoint_config_json(const std::string& path);
 
 }  // namespace ddplab

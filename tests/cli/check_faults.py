@@ -204,13 +204,16 @@ def main():
         # Resume refusals: other settings, a truncated file, not a checkpoint. Exit 2, nothing written.
         for name, extra in [("settings", ["--resume", out("ck.h5"), "--lr", "0.01"]),
                             ("truncated", ["--resume", out("trunc.h5")]),
-                            ("not a checkpoint", ["--resume", out("full.h5")])]:
+                            ("not a checkpoint", ["--resume", out("full.h5")]),
+                            # Another shape of model: named by its settings, not by the first tensor that differs.
+                            ("another model", ["--resume", out("ck.h5"), "--layers", "3"])]:
             if name == "truncated":
                 with open(out("ck.h5"), "rb") as f, open(out("trunc.h5"), "wb") as g:
                     g.write(f.read(4096))
             j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5")] + extra).run()
             lines = [l for l in j.out.splitlines() if l.startswith("ddplab: error")]
-            check(j.code == 2 and len(lines) == 1 and "checkpoint" in lines[0] and not os.path.exists(out("refused.h5")),
+            check(j.code == 2 and len(lines) == 1 and "checkpoint" in lines[0] and not os.path.exists(out("refused.h5"))
+                  and (name != "another model" or "settings differ from the checkpoint's: layers (" in lines[0]),
                   f"resume refuses {name}: exit 2, one line, nothing written ({lines[:1]})")
 
     print(f"{len(failures)} failure(s)")
