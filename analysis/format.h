@@ -16,4 +16,7 @@ inline std::string fmt(const char* format, ...) {
   return buf;
 }
 
+// "1 step", "5 steps".
+inline std::string counted(int n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
 }  // namespace ddplab

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "analysis/blame.h"
+#include "analysis/format.h"
 #include "analysis/predict.h"
 #include "analysis/timeline.h"
 #include "launcher/cli.h"
@@ -50,9 +51,6 @@ struct CaseResult {
   int oversubscribed_ranks = 0;
   int host_cores = 0;
 };
-
-// "1 step", "5 steps".
-std::string counted(int n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
 
 // "300 steps each (5 warm-up, 295 measured)": the warm-up as the run files will clamp it (a default longer than the
 // run leaves one step to measure).
