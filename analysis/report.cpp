@@ -111,9 +111,10 @@ std::string oversubscription_note(const RunRecord& run) {
   const int ranks = run.oversubscribed_ranks();
   if (ranks == 0) return "";
   const int threads = std::max(1, run.config.value("threads", 1));
-  return fmt("oversubscribed: %d ranks x %s on %d cores; the ranks take turns on the cores, so the times measure "
-             "this machine's sharing, not data parallelism",
-             ranks, counted(threads, "BLAS thread").c_str(), run.meta.host_cores);
+  return fmt(
+      "oversubscribed: %d ranks x %s on %d cores; the ranks take turns on the cores, so the times measure "
+      "this machine's sharing, not data parallelism",
+      ranks, counted(threads, "BLAS thread").c_str(), run.meta.host_cores);
 }
 
 void print_report(std::FILE* out, const SummarizedRun& run) {
