@@ -37,6 +37,9 @@ struct Finding {
 // `summary` is summarize(run).
 std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& summary);
 std::vector<std::string> blame(const RunRecord& run, const RunSummary& summary);
+// The finding that names a run in one word (report's comparison): the first, unless it only says nothing stands out
+// (balanced, or a single rank) while a later one (padding) does. `findings` is diagnose()'s, never empty.
+const Finding& headline(const std::vector<Finding>& findings);
 // "the inter-node link (25gbe, shared by 2 ranks per NIC)" when the run spans nodes and its inter-node link is the
 // slower class (its bandwidth, else its latency), so exposed comm waits on it; "" otherwise.
 std::string slow_inter_node_link(const RunRecord& run);

@@ -16,6 +16,9 @@ inline std::string fmt(const char* format, ...) {
   return buf;
 }
 
+// The unit of bucket caps (--bucket-mb) and of every size the analysis prints in "MiB".
+inline constexpr double kMiB = 1024.0 * 1024.0;
+
 // "1 step", "5 steps".
 inline std::string counted(int n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
 

@@ -16,13 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "analysis/format.h"
 #include "comm/communicator.h"
 #include "record/run_record.h"
 
 namespace ddplab {
-
-// Bucket caps (--bucket-mb) and the rates printed per "MiB" count in these: 2^20 bytes.
-inline constexpr double kMiB = 1024.0 * 1024.0;
 
 // One all-reduce as the cost model sees it: time = message_steps * alpha + bytes * beta.
 struct AllreduceTerms {

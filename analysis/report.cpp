@@ -198,10 +198,8 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
                "hidden%", "blame");
   for (const SummarizedRun& run : runs) {
     const RunSummary& s = run.summary;
-    // The first finding, unless it only says nothing stands out while another (padding) does.
     const std::vector<Finding> findings = diagnose(run.record, s);
-    const Finding& f =
-        findings.size() > 1 && findings.front().cause == Cause::kBalanced ? findings[1] : findings.front();
+    const Finding& f = headline(findings);
     const std::string verdict =
         f.rank >= 0 ? fmt("%s (rank %d)", cause_name(f.cause), f.rank) : std::string(cause_name(f.cause));
     const StepRecord mean = mean_over_ranks(s);

@@ -36,7 +36,6 @@ std::string read_once(const Knob& knob, const Check& check) {
 
 }  // namespace
 
-bool is_set(const Knob& knob) { return !environment(knob).empty(); }
 
 namespace {
 

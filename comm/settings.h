@@ -64,7 +64,6 @@ std::string choice(const Knob& knob);
 // Every knob set in the environment, checked (and read): main() calls it on every rank before any work, so a bad
 // value is refused there, whichever knobs the command would have read and when.
 void check_all();
-bool is_set(const Knob& knob);
 
 // "DDPLAB_RING_SLICE_BYTES  262144 (default)  bytes of fp32 per ring slice ...", a line per knob: what `ddplab
 // devices` prints.

@@ -114,18 +114,12 @@ std::string reason(const Prediction& best, const Prediction& own) {
   const double hidden_pct = s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100;
   char text[512];
   // Named as `ddplab report`'s blame names a run (analysis/blame.h): comm-bound from a fifth of the step exposed.
-  if (s.exposed_ms >= kCommBoundShare * s.step_ms)
+  if (s.exposed_ms > 0.05 * s.step_ms)
     std::snprintf(text, sizeof text,
-                  "comm-bound: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce, %.2f ms (%.0f%% of the "
-                  "step) stays exposed",
-                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms,
-                  100 * s.exposed_ms / s.step_ms);
-  else if (s.exposed_ms > 0.05 * s.step_ms)
-    std::snprintf(text, sizeof text,
-                  "balanced: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce, %.2f ms (%.0f%% of the "
-                  "step) stays exposed",
-                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms,
-                  100 * s.exposed_ms / s.step_ms);
+                  "%s: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce, %.2f ms (%.0f%% of the step) "
+                  "stays exposed",
+                  s.exposed_ms >= kCommBoundShare * s.step_ms ? "comm-bound" : "balanced", best.buckets,
+                  best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms, 100 * s.exposed_ms / s.step_ms);
   else
     std::snprintf(text, sizeof text,
                   "compute-bound: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce behind %.2f ms of "

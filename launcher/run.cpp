@@ -118,14 +118,15 @@ int gather_host_cores(const std::vector<std::string>& hostnames, MPI_Comm comm) 
   return CPU_COUNT(&host);
 }
 
-}  // namespace
-
+// The ranks of comm on this rank's host (MPI_COMM_TYPE_SHARED). Collective.
 int ranks_on_this_host(MPI_Comm comm) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   const Topology hosts = detect_topology(comm, /*ranks_per_node=*/0);  // the hosts are the nodes
   return hosts.node_sizes()[hosts.node_of_rank[rank]];
 }
+
+}  // namespace
 
 namespace {
 
@@ -270,8 +271,7 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
 int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& runner) {
   if (const std::string saved = checkpoint_config_json(config.resume); !saved.empty())
     require_same_settings(config, world_size, saved);
-  const CheckpointInfo info = runner.read_checkpoint(config.resume);
-  require_same_settings(config, world_size, info.config_json);  // what was loaded, whatever the first read said
+  const CheckpointInfo info = runner.read_checkpoint(config.resume);  // it read the same config to load
   require(info.step < config.steps, "checkpoint " + config.resume + " is at step " + std::to_string(info.step) +
                                         ", and --steps " + std::to_string(config.steps) + " leaves nothing to run");
   return info.step;
@@ -454,8 +454,7 @@ void save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, i
   trainer.gather_optimizer_state();
   if (rank == 0) {
     try {
-      const bool overwrite = config.force || replace || same_file(config.checkpoint, config.resume);
-      trainer.write_checkpoint(config.checkpoint, overwrite,
+      trainer.write_checkpoint(config.checkpoint, config.force || replace,
                                CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
       // Said as it happens: after a stop, the user learns where a resume starts.
       if (!config.quiet) {
@@ -522,6 +521,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   config.grad_slice_mb = resolved_grad_slice_mb(config);
   openblas_set_num_threads(config.blas_threads);
 
+  // The checkpoint a run resumed from may be saved over without --force (llm.c's and torchrun's habit).
+  const bool saves_over_resumed = same_file(config.checkpoint, config.resume);
   // Rank 0 owns the run file: check it can be written before spending time on training. A runs/ folder made for
   // it goes again if the run ends before writing anything there (a refused --resume, say): rmdir keeps a non-empty one.
   struct RemoveIfStillEmpty {
@@ -536,9 +537,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
       config.out = default_run_path(options.command, size);
     }
     error = check_output_path(config.out, config.force);
-    // The checkpoint a run resumed from may be replaced by its own (llm.c's and torchrun's habit), without --force.
     if (error.empty() && !config.checkpoint.empty())
-      error = check_output_path(config.checkpoint, config.force || same_file(config.checkpoint, config.resume));
+      error = check_output_path(config.checkpoint, config.force || saves_over_resumed);
   }
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);
@@ -561,7 +561,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   }
 
   RecordGatherer gathered(record, world);
-  bool checkpoint_written = false;
+  bool checkpoint_written = saves_over_resumed;  // replacing the file is ours: we wrote it, or resumed from it
   const auto save = [&](int64_t next_step) {
     save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world);
     checkpoint_written = true;
@@ -605,7 +605,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
       std::fflush(stdout);
     }
     ++interval.steps, interval.samples += last.samples, interval.tokens += last.useful_tokens;
-    if (const double now = now_ms(); rank == 0 && !config.quiet && now - interval.start_ms >= 1000 && more) {
+    if (rank == 0 && !config.quiet && more && now_ms() - interval.start_ms >= 1000) {
+      const double now = now_ms();
       const double ms_per_step = (now - interval.start_ms) / interval.steps, seconds = (now - interval.start_ms) / 1e3;
       std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s", s + 1, config.steps, ms_per_step,
                   interval.samples * size / seconds);

@@ -35,8 +35,6 @@ std::string blas_description();
 std::string mpi_library_version();
 std::string hdf5_version();
 std::string cuda_description();
-// The ranks of comm on this rank's host (MPI_COMM_TYPE_SHARED). Collective.
-int ranks_on_this_host(MPI_Comm comm);
 // The cores this rank may use (--threads auto, and --optimizer-in-backward auto's spare core). A rank bound to some
 // cores (mpirun --bind-to core) gets those; an unbound one its share of the host's cores (cores / ranks on this
 // host), at least 1. Open MPI's own default binding, narrower than that share, is lifted first (run.cpp), whatever

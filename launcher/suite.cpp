@@ -304,7 +304,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
   const CaseResult* baseline = find_case(results, o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform");
   // A cell that does not apply (no reference case, a workload without tokens) is left empty in the CSV and null in
   // the JSON: a 0 there would read as a measurement.
-  const bool tokens = o.name != "lab";
+  const bool lab = o.name == "lab";  // else the token suite
   const auto cell = [](bool applies, double value) {
     std::ostringstream text;
     if (applies) text << value;
@@ -315,7 +315,6 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
       "mean_spread_ms,data_ms,compute_ms,optimizer_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
       "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
   // The lab's columns; the token suite has no scaling reference (eff) and no lab work (extra): left out there.
-  const bool lab = o.name == "lab";
   std::printf("\n%-16s %4s %6s %9s %10s%s %9s %8s %8s %8s %10s%s %8s\n", "case", "ws", "gbatch", "step_ms", "samples/s",
               lab ? "    eff" : "", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms", lab ? " extra_ms" : "",
               "vs_base");
@@ -350,8 +349,8 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
         << ',' << cell(has_efficiency, efficiency) << ',' << s.mean_spread_ms << ',' << mean.data_ms << ',' << compute
         << ',' << mean.optimizer_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms
         << ',' << extra << ',' << mean.barrier_ms << ',' << cell(has_vs_base, vs_base) << ',' << s.final_loss << ','
-        << cell(tokens, s.useful_tokens_per_s) << ',' << cell(tokens, s.padded_tokens_per_s) << ','
-        << cell(tokens, s.padding_ratio) << ',' << cell(tokens, s.mean_token_spread) << ',' << r.path << '\n';
+        << cell(!lab, s.useful_tokens_per_s) << ',' << cell(!lab, s.padded_tokens_per_s) << ','
+        << cell(!lab, s.padding_ratio) << ',' << cell(!lab, s.mean_token_spread) << ',' << r.path << '\n';
     csv += row.str();
     json_cases.push_back({{"case", r.c.name},
                           {"group", r.c.group},
@@ -375,7 +374,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
       "\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
       "exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
-  if (o.name == "lab") {
+  if (lab) {
     std::printf(
         "efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
         "throughput change against weak_ws%d\n",

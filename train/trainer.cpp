@@ -83,7 +83,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
   if (!nonfinite.empty()) backend_->synchronize();  // nothing of this step runs on past a stop (updates in backward)
   const bool skip = skip_nonfinite_step(config_, nonfinite, step);
   r.skipped = skip ? 1 : 0;
-  skipped_because_ = skip ? "non-finite " + nonfinite : "";
+  if (skip) skipped_because_ = "non-finite " + nonfinite;
   if (!skip) backend_->optimizer_step();
   if (config_.fault == "diverge" && on_fault_rank) backend_->add_to_first_parameter(1e-3f);
   if (config_.check_sync > 0 && (step + 1) % config_.check_sync == 0)

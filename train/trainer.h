@@ -33,8 +33,8 @@ class Trainer {
   StepRecord step(int step, double t0_ms);
   // The signal (SIGINT, SIGTERM) some rank received by the last step, agreed by all ranks at that step; 0: none.
   int stop_signal() const { return agreement_.stop_signal(); }
-  // What made the last step skip its update under --skip-nonfinite ("non-finite gradient fc2.bias"); "" when it
-  // did not. The same on every rank.
+  // What made the latest skipped step skip its update under --skip-nonfinite ("non-finite gradient fc2.bias"),
+  // for the caller to say after a step whose StepRecord::skipped is set. The same on every rank.
   const std::string& skipped_because() const { return skipped_because_; }
   const std::vector<Bucket>& buckets() const { return backend_->buckets(); }
   // The last step's timings, one entry per bucket, on step()'s time origin.

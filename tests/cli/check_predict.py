@@ -86,7 +86,9 @@ with tempfile.TemporaryDirectory() as work:
                          min(near, key=lambda r: (r["buckets"], r["step_ms"]))),
               f"recommended for {rec['link']} x {rec['ranks']}: of the rows within the run's noise of the fastest "
               f"({rec['tolerance_pct']:.1f}%), the run's own setting, else the fewest buckets")
-        check(rec["reason"].startswith(("comm-bound", "balanced", "compute-bound")), f"reason: {rec['reason']}")
+        share = chosen["exposed_comm_ms"] / chosen["step_ms"]  # named as blame names a run (kCommBoundShare)
+        label = "comm-bound" if share >= 0.20 else "balanced" if share > 0.05 else "compute-bound"
+        check(rec["reason"].startswith(label + ":"), f"reason for {100 * share:.0f}% exposed: {rec['reason']}")
     check(proc.stdout.count("recommended (") == 4 and "* extrapolated beyond what was measured" in proc.stdout,
           "the table marks extrapolations and prints the recommendations")
     faster_link = {(r["bucket_mb"], r["overlap"], r["ranks"]): r["step_ms"] for r in rows if r["link"] == "100gbe-ib"}

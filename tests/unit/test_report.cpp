@@ -312,6 +312,7 @@ TEST(Blame, PaddingIsNamedWhereAFifthOfTheTokensAreIt) {
     const bool named = padding != findings.end();
     EXPECT_EQ(named, useful_share <= 1 - kPaddingBoundShare) << all_text(run);
     EXPECT_EQ(findings[0].cause, Cause::kBalanced) << "the breakdown comes first: " << all_text(run);
+    EXPECT_EQ(headline(findings).cause, named ? Cause::kPaddingBound : Cause::kBalanced) << "and padding heads it";
     if (named) {
       EXPECT_NE(padding->text.find("40% of the tokens"), std::string::npos) << padding->text;
       EXPECT_NE(padding->text.find("--batching bucket"), std::string::npos) << padding->text;
