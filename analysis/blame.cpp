@@ -173,11 +173,11 @@ std::string comm_hints(const RunRecord& run) {
   // Which wins depends on the model and the link: `ddplab predict` answers it from this very run.
   double gradient_mb = 0;
   for (const BucketRecord& b : run.buckets) gradient_mb += b.bytes() / kMiB;
-  std::string hints = fmt("try another bucket size (--bucket-mb, now %g: %s for %.1f MiB; compare sizes with "
-                          "ddplab predict %s)",
-                          run.config.value("bucket_mb", 0.0),
-                          counted(static_cast<int>(run.buckets.size()), "bucket").c_str(), gradient_mb,
-                          run.path.empty() ? "RUN.h5" : run.path.c_str());
+  std::string hints =
+      fmt("try another bucket size (--bucket-mb, now %g: %s for %.1f MiB; compare sizes with "
+          "ddplab predict %s)",
+          run.config.value("bucket_mb", 0.0), counted(static_cast<int>(run.buckets.size()), "bucket").c_str(),
+          gradient_mb, run.path.empty() ? "RUN.h5" : run.path.c_str());
   if (!run.config.value("overlap", true)) hints += ", --overlap on";
   const bool across = !slow_inter_node_link(run).empty();
   hints += across ? ", a faster inter-node link" : ", a faster link";
@@ -339,7 +339,7 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
 const Finding& headline(const std::vector<Finding>& findings) {
   const Cause first = findings.front().cause;
   return findings.size() > 1 && (first == Cause::kBalanced || first == Cause::kSingleRank) ? findings[1]
-                                                                                            : findings.front();
+                                                                                           : findings.front();
 }
 
 std::vector<std::string> blame(const RunRecord& run, const RunSummary& summary) {

@@ -36,7 +36,6 @@ std::string read_once(const Knob& knob, const Check& check) {
 
 }  // namespace
 
-
 namespace {
 
 // The checks: an integer in the knob's range, one of its choices, or any text.
