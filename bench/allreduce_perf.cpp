@@ -6,7 +6,9 @@
 //                               [--csv F] [-J F] [--ranks-per-node K] [--diag] [-R 0|1]
 //
 // Implementations:  ring      ddplab's Communicator, --comm ring (recursive doubling for small buffers, the
-//                             sliced ring above; docs/COMM.md), fp32 on the wire
+//                             sliced ring above, or the direct all-reduce for registered buffers when every rank
+//                             shares one host; docs/COMM.md), fp32 on the wire
+//                   ring-only the same without the direct all-reduce: the ring (DDPLAB_DIRECT_ALLREDUCE=0)
 //                   ring-bf16 / ring-fp16   the same with a 16-bit wire (buffers stay float)
 //                   ring-sharded  the sharded update's two collectives in a row (--zero-stage 1): reduce-scatter,
 //                             then all-gather (Communicator::reduce_scatter_gradients, all_gather); out of place it
@@ -144,13 +146,12 @@ struct ImplInfo {
   bool needs_cuda;
 };
 constexpr ImplInfo kImpls[] = {
-    {"ring", "float", true, false},          {"ring-bf16", "bfloat16", true, false},
-    {"ring-fp16", "half", true, false},      {"ring-sharded", "float", true, false},
-    {"mpi", "float", true, false},
-    {"hier", "float", true, false},
-    {"mpi-raw", "float", false, false},      {"nccl", "float", false, true},
-    {"gpu-ring-nccl", "float", false, true}, {"gpu-ring-ipc", "float", false, true},
-    {"gpu-ring-host", "float", false, true},
+    {"ring", "float", true, false},         {"ring-only", "float", true, false},
+    {"ring-bf16", "bfloat16", true, false}, {"ring-fp16", "half", true, false},
+    {"ring-sharded", "float", true, false}, {"mpi", "float", true, false},
+    {"hier", "float", true, false},         {"mpi-raw", "float", false, false},
+    {"nccl", "float", false, true},         {"gpu-ring-nccl", "float", false, true},
+    {"gpu-ring-ipc", "float", false, true}, {"gpu-ring-host", "float", false, true},
 };
 
 const ImplInfo& impl_info(const std::string& name) {
@@ -213,7 +214,7 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   app.add_option("-d,--datatype", dtype, "datatype in memory (float)")->capture_default_str();
   app.add_option("-o,--op", op, "reduction (sum)")->capture_default_str();
   app.add_option("--impls", impls_s,
-                 "comma-separated: ring, ring-bf16, ring-fp16, ring-sharded, mpi, mpi-raw, hier; GPU: nccl, "
+                 "comma-separated: ring, ring-only, ring-bf16, ring-fp16, ring-sharded, mpi, mpi-raw, hier; GPU: nccl, "
                  "gpu-ring-nccl, "
                  "gpu-ring-ipc, "
                  "gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with --link)");
@@ -398,10 +399,10 @@ struct Impl {
 // Bad nodes for hier (one node, unequal nodes) are refused on every rank alike (std::invalid_argument): a usage
 // error, exit code 2. `transports` collects what each implementation's hops use, for the header.
 Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDtype wire, const Options& o,
-                            std::vector<std::string>& transports) {
+                            std::vector<std::string>& transports, bool direct = true) {
   std::shared_ptr<Communicator> comm;
   try {
-    comm = std::make_shared<Communicator>(MPI_COMM_WORLD, CommOptions{impl, wire, o.link, o.ranks_per_node});
+    comm = std::make_shared<Communicator>(MPI_COMM_WORLD, CommOptions{impl, wire, o.link, o.ranks_per_node, direct});
   } catch (const std::invalid_argument& e) {
     throw UsageError("--impls " + name + ": " + e.what());
   }
@@ -462,6 +463,8 @@ Impl make_impl(const std::string& name, const Options& o, size_t max_count, std:
 #endif
   (void)max_count;
   if (name == "ring") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, o, transports);
+  if (name == "ring-only")
+    return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp32, o, transports, /*direct=*/false);
   if (name == "ring-bf16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kBf16, o, transports);
   if (name == "ring-fp16") return make_communicator_impl(name, AllreduceImpl::kRing, WireDtype::kFp16, o, transports);
   if (name == "ring-sharded") return make_sharded_impl(o, transports);

@@ -7,8 +7,8 @@
 #      slow run's per-rank diagnosis;
 #   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor);
 #   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08);
-#   4. ws=2 against ws=1, one thread per rank, with the replicated and the sharded update (--zero-stage 1):
-#      throughput ratio (target >= 1.8) and where each rank's time goes;
+#   4. ws=2 against ws=1, one thread per rank, with the replicated and the sharded update (--zero-stage 1), and the
+#      replicated one on the ring alone: throughput ratio (target >= 1.8) and where each rank's time goes;
 #   5. bench/vs_torch.py both ways, when Debian's python3-torch is importable.
 # Nothing else should run meanwhile: every figure is compared only with figures from this same run.
 #   bench/cpu_speed.sh [BUILD_DIR] [RUNS]      (defaults: build, 10)
@@ -32,7 +32,7 @@ echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
 section "1. ring vs MPI_Allreduce, np 2, 16-256 MiB, $runs runs (allreduce_perf --diag)"
 for ((i = 1; i <= runs; i++)); do
   scripts/mpirun.sh -np 2 "$build/bench/allreduce_perf" -b 16M -e 256M -f 2 -w 3 -n 10 -c 0 \
-    --impls ring,mpi-raw --diag --json "$work/ring$i.json" > "$work/ring$i.txt"
+    --impls ring,ring-only,mpi-raw --diag --json "$work/ring$i.json" > "$work/ring$i.txt"
 done
 /usr/bin/python3 - "$work" "$runs" <<'EOF'
 import json, statistics, sys
@@ -45,7 +45,8 @@ for i in range(1, runs + 1):
             busbw.setdefault((r["impl"], r["size_bytes"], mode), []).append(r[mode]["busbw_gbs"])
             calls.setdefault((r["impl"], r["size_bytes"], mode), []).append(r[mode]["times_us"])
 print(f"{'size':>8} {'mode':>12} {'ring median':>11} {'slowest':>8} {'slow/med':>8} {'MPI median':>10} "
-      f"{'min ring/MPI':>12}   (busbw GB/s; targets: slow/med >= 0.8, ring/MPI >= 2 in every run)")
+      f"{'min ring/MPI':>12} {'ring-only median':>16}   (busbw GB/s; targets: slow/med >= 0.8, ring/MPI >= 2 in "
+      f"every run; ring: as the trainer runs it, direct on one host; ring-only: DDPLAB_DIRECT_ALLREDUCE=0)")
 slow_runs = set()
 for (impl, size, mode), ring in sorted(busbw.items()):
     if impl != "ring":
@@ -55,7 +56,7 @@ for (impl, size, mode), ring in sorted(busbw.items()):
     worst = min(a / b for a, b in zip(ring, mpi))
     slow_runs |= {i + 1 for i, v in enumerate(ring) if v < 0.8 * med}
     print(f"{size >> 20:>6}Mi {mode:>12} {med:>11.2f} {min(ring):>8.2f} {min(ring) / med:>8.2f} "
-          f"{statistics.median(mpi):>10.2f} {worst:>12.2f}")
+          f"{statistics.median(mpi):>10.2f} {worst:>12.2f} {statistics.median(busbw[('ring-only', size, mode)]):>16.2f}")
 print(f"runs with a size below 0.8x the median: {sorted(slow_runs) or 'none'}")
 # A slow run is a slow mode only if its typical call is slow: each run's median call against the median run's,
 # and how many of all calls took more than 1.5x their run's median call (stalls: a rank off its core).
@@ -112,14 +113,17 @@ section "3. ws=1 step vs its GEMMs alone, 1 thread (bench_step)"
 
 section "4. ws=2 vs ws=1, one thread per rank, 300 steps each (ddplab train, ddplab report)"
 # One core per rank: ws=1's update stays after backward (auto would put it on the core ws=2's second rank takes).
-# ws=2 twice: the replicated update (every rank updates every parameter, PyTorch DDP's) and --zero-stage 1 (the
-# update sharded: each rank updates half; the same parameters, bit for bit).
+# ws=2 three times: the replicated update (every rank updates every parameter, PyTorch DDP's), --zero-stage 1 (the
+# update sharded: each rank updates half; the same parameters, bit for bit), and the replicated update with the ring
+# in place of the direct all-reduce (DDPLAB_DIRECT_ALLREDUCE=0; the same bits again).
 one_core=(--threads 1 --optimizer-in-backward off)
 "$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --out "$work/ws1.h5"
 scripts/mpirun.sh -np 2 "$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --out "$work/ws2.h5"
 scripts/mpirun.sh -np 2 "$build/launcher/ddplab" train --quiet "${one_core[@]}" --steps 300 --zero-stage 1 \
   --out "$work/ws2z.h5"
-for run in ws1 ws2 ws2z; do
+scripts/mpirun.sh -np 2 -x DDPLAB_DIRECT_ALLREDUCE=0 "$build/launcher/ddplab" train --quiet "${one_core[@]}" \
+  --steps 300 --out "$work/ws2ring.h5"
+for run in ws1 ws2 ws2z ws2ring; do
   "$build/launcher/ddplab" report "$work/$run.h5" | sed -n '/^  per rank/,/^  per bucket/p' | sed '$d'
 done
 /usr/bin/python3 - "$work" <<'EOF'
@@ -135,7 +139,8 @@ def phases(path):
         data = {n: np.asarray(steps[n])[:, 5:] for n in names}  # ranks x steps, warm-up dropped
         return {n: v.mean(axis=1) for n, v in data.items()}, data["step_ms"].max(axis=0).mean()
 one, one_step = phases(f"{work}/ws1.h5")
-for run, what in [("ws2", "replicated update"), ("ws2z", "--zero-stage 1")]:
+for run, what in [("ws2", "replicated update"), ("ws2z", "--zero-stage 1"),
+                  ("ws2ring", "replicated, the ring instead of the direct all-reduce")]:
     two, two_step = phases(f"{work}/{run}.h5")
     print(f"throughput ws=2 / ws=1, {what}: {2 * one_step / two_step:.2f}x (target >= 1.8; each step's time is its "
           f"slowest rank's: {one_step:.2f} -> {two_step:.2f} ms)")

@@ -237,6 +237,12 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
       size_ > 1 && transport_name_.find("shm") != std::string::npos && settings::integer(settings::kLocalRegister) == 1;
   if (single_copy_) transport_name_.insert(transport_name_.find("shm") + 3, " single-copy");
   if (emulated) transport_name_ += " + link emulation";
+  auto* shm = dynamic_cast<ShmTransport*>(transport_.get());  // null under link emulation, hier or the MPI transport
+  if (options_.direct && single_copy_ && !ring_.wire16 && shm && shm->local_peers() == size_ - 1 &&
+      settings::integer(settings::kDirectAllreduce) == 1) {
+    direct_ = shm;
+    transport_name_ += " + direct all-reduce";
+  }
 }
 
 RegisteredBuffer Communicator::allocate_registered(size_t bytes) const {
@@ -295,6 +301,9 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
     } else if (!o.wire16) {  // the flat ring: the epilogue where each value becomes final
       o.final_scale = scale;
       o.check_finite = check_finite;
+      if (direct_) {  // the ring's result, bit for bit, where every rank's buffers are registered
+        if (const std::optional<bool> finite = direct_->direct_allreduce(in, out, count, o)) return *finite;
+      }
       return ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
     } else {
       ring_allreduce_sum(in, out, count, *transport_, scratch_, o);

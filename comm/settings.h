@@ -39,6 +39,12 @@ inline constexpr Knob kCommTransport{
 inline constexpr Knob kLocalRegister{"DDPLAB_LOCAL_REGISTER", "1",
                                      "1: gradient buffers registered with the shm transport (single copy); 0: copied",
                                      0, 1};
+// Whether ranks that all share one host all-reduce registered fp32 buffers directly (ShmTransport::direct_allreduce)
+// above the recursive-doubling size, instead of by the ring.
+inline constexpr Knob kDirectAllreduce{"DDPLAB_DIRECT_ALLREDUCE", "1",
+                                       "1: ranks all on one host all-reduce registered buffers directly (two-shot); "
+                                       "0: the ring",
+                                       0, 1};
 // The comm thread's waits: poll for spin_us, then sleep between polls, doubling up to max_sleep_us.
 inline constexpr Knob kCommSpinUs{"DDPLAB_COMM_SPIN_US", "50",
                                   "us a waiting comm thread polls before it sleeps (<0: spin)", INT32_MIN, INT32_MAX};
@@ -53,8 +59,9 @@ inline constexpr Knob kBlasAuto{"DDPLAB_BLAS_AUTO",
                                 -1,
                                 "on|off|done"};
 
-inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes, &kCommTransport,
-                                         &kLocalRegister,  &kCommSpinUs,         &kCommMaxSleepUs,      &kBlasAuto};
+inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes,
+                                         &kCommTransport,  &kLocalRegister,      &kDirectAllreduce,
+                                         &kCommSpinUs,     &kCommMaxSleepUs,     &kBlasAuto};
 
 // The knob's value: the environment's, read once, or its default_text when it is unset or empty (`fallback`, for a
 // default computed by the caller). Throws BadSetting when it is set to what the knob does not take.

@@ -35,8 +35,10 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "comm/ring_allreduce.h"
 #include "comm/transport.h"
 
 namespace ddplab {
@@ -63,6 +65,9 @@ struct ShmSendCounts {
   uint64_t by_reference = 0, copied = 0;
 };
 ShmSendCounts shm_send_counts();
+
+// Direct all-reduces (ShmTransport::direct_allreduce) this process ran since it started.
+uint64_t shm_direct_allreduces();
 
 // Where the pages of every shared segment this process has mapped now lie: pages per NUMA node (move_pages), and the
 // pages not yet placed (never touched) or not answerable. One line, e.g. "1 NUMA node: 514 pages on node 0".
@@ -120,12 +125,25 @@ class ShmTransport final : public Transport {
   void wait_sends(size_t keep_last = 0) override;
   bool progress() override;
 
+  // The direct all-reduce ("two-shot", after the one-node all-reduces of TensorRT-LLM and vLLM): collective over
+  // the transport, for ranks that all share one host (std::logic_error otherwise). Each rank sums the chunks the
+  // ring would have it own (ring_owned_chunks) of every rank's `in`, read where they lie, in the ring's order, and
+  // stores the sums (x options.final_scale) into those chunks of every rank's `out` (in == out: in place): the
+  // ring's result, bit for bit, with each value read once and written once per rank, where the ring moves it through
+  // memory 2.5 times at n = 2 (docs/COMM.md, session 15). Two rendezvous through each rank's board: arrivals (tag,
+  // count and where the buffers lie; a mismatch throws as the ring does), then departures. Needs `in` and `out` in
+  // RegisteredBuffers that every rank maps; when some rank's are not, every rank returns nullopt having touched
+  // nothing (the caller runs the ring). Otherwise whether every sum is finite (options.check_finite; else true).
+  // options: tag, final_scale, check_finite, and the ring's cut (slice_elems, slices_per_chunk); fp32 only.
+  std::optional<bool> direct_allreduce(const float* in, float* out, size_t count, const RingOptions& options);
+
   int local_peers() const { return local_peers_; }  // peers reached through shared memory
   bool through_shm(int peer) const { return peer >= 0 && peer < size_ && to_[peer] != nullptr; }
 
  private:
  public:
-  struct Fifo;  // in shared memory (defined in the .cpp)
+  struct Fifo;   // in shared memory (defined in the .cpp)
+  struct Board;  // the direct all-reduce's notices, at the start of each rank's segment
 
  private:
   struct Outgoing {
@@ -150,6 +168,8 @@ class ShmTransport final : public Transport {
   PollPolicy poll_;
   std::unique_ptr<MpiTransport> remote_;     // ranks on other nodes
   std::vector<Fifo*> to_, from_;             // per world rank; null when remote (or self)
+  std::vector<Board*> boards_;               // per world rank; null when remote
+  uint64_t direct_calls_ = 0;
   struct Peer {                              // this side's view of the two FIFOs with one peer
     uint64_t sent = 0, received = 0;         // messages so far (records carry their number)
     uint64_t tail_seen = 0, slots_seen = 0;  // the consumer counters of our FIFO to the peer, as last read

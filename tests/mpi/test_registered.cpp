@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -48,11 +49,19 @@ const char* name_of(Layout l) {
 
 class RegisteredAllreduce : public testing::TestWithParam<std::tuple<Layout, bool /*in place*/>> {};
 
+// The ring's messages (the direct all-reduce, which sends none, is tested below).
+CommOptions ring_only() {
+  CommOptions o;
+  o.direct = false;
+  return o;
+}
+
 TEST_P(RegisteredAllreduce, SumsExactlyAndSendsByReferenceFromRegisteredBuffersOnly) {
   const auto [layout, in_place] = GetParam();
   if (layout == Layout::kInputOnly && in_place) GTEST_SKIP() << "one buffer in place";
   const int rank = world_rank(), n = world_size();
-  Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  Communicator comm(MPI_COMM_WORLD, ring_only());
+  EXPECT_FALSE(comm.direct());
   const bool shm = n > 1 && host_has_peers();
   EXPECT_EQ(comm.single_copy(), shm);
   // Odd sizes: recursive doubling (<= 16 KiB), one unsliced ring message per chunk, many slices and rounds.
@@ -105,6 +114,92 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RegisteredAllreduce,
                            return std::string(name_of(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) ? "_in_place" : "_out_of_place");
                          });
+
+// The direct all-reduce (ShmTransport::direct_allreduce): where every rank's buffers are registered, each rank sums
+// its chunks of every rank's buffer and stores them into every rank's output. Its result is the ring's bit for bit
+// (random inputs, whose sums round: the order of the additions shows), the input is untouched out of place, and
+// where some rank's buffer is ordinary memory every rank runs the ring instead.
+TEST_P(RegisteredAllreduce, DirectGivesTheRingsBitsWhereEveryRankIsRegistered) {
+  const auto [layout, in_place] = GetParam();
+  if (layout == Layout::kInputOnly && in_place) GTEST_SKIP() << "one buffer in place";
+  const int rank = world_rank(), n = world_size();
+  Communicator direct(MPI_COMM_WORLD, CommOptions{}), ring(MPI_COMM_WORLD, ring_only());
+  const bool one_host = n > 1 && ShmTransport(MPI_COMM_WORLD).local_peers() == n - 1;
+  EXPECT_EQ(direct.direct(), one_host);
+  EXPECT_EQ(direct.transport_name().find("direct all-reduce") != std::string::npos, one_host);
+  for (size_t count : {size_t{11}, size_t{16'411}, size_t{100'003}, size_t{1'000'003}}) {
+    RegisteredBuffer in_memory = direct.allocate_registered(count * sizeof(float));
+    RegisteredBuffer out_memory = direct.allocate_registered(count * sizeof(float));
+    std::vector<float> in_heap(count), out_heap(count);
+    const bool use_registered = layout != Layout::kEvenRanksOnly || rank % 2 == 0;
+    float* in = use_registered ? static_cast<float*>(in_memory.data()) : in_heap.data();
+    float* out =
+        layout == Layout::kInputOnly || !use_registered ? out_heap.data() : static_cast<float*>(out_memory.data());
+    if (in_place) out = in;
+    const std::vector<float> inputs = random_inputs(rank, count);
+    std::vector<float> want = inputs;
+    ring.allreduce_sum(want.data(), count, /*tag=*/1);
+
+    std::copy(inputs.begin(), inputs.end(), in);
+    const uint64_t before = shm_direct_allreduces();
+    direct.allreduce_sum_into(in, out, count, /*tag=*/2);
+    const bool everyone_registered = layout == Layout::kRegistered || (layout == Layout::kEvenRanksOnly && n == 1);
+    const bool expect_direct = one_host && everyone_registered && count * sizeof(float) > small_allreduce_bytes(n);
+    EXPECT_EQ(shm_direct_allreduces() - before, expect_direct ? 1u : 0u) << "count " << count;
+    EXPECT_EQ(bitwise_mismatch(copy_of(out, count), want), "") << "count " << count;
+    if (!in_place) {
+      EXPECT_EQ(bitwise_mismatch(copy_of(in, count), inputs), "") << "count " << count << ": input changed";
+    }
+  }
+}
+
+// The gradients' all-reduce on the direct path: the mean's scale applied where each sum is formed, as the ring does
+// (the same bits), and a NaN on one rank reported by every rank.
+TEST(RegisteredAllreduceDirect, ScalesAndReportsANonFiniteSumOnEveryRank) {
+  const int rank = world_rank(), n = world_size();
+  Communicator direct(MPI_COMM_WORLD, CommOptions{}), ring(MPI_COMM_WORLD, ring_only());
+  if (!direct.direct()) GTEST_SKIP() << "the direct all-reduce needs 2+ ranks on one host";
+  const size_t count = 300'007;
+  RegisteredBuffer memory = direct.allocate_registered(count * sizeof(float));
+  float* data = static_cast<float*>(memory.data());
+  const std::vector<float> inputs = random_inputs(rank, count);
+  for (size_t poisoned : {count, size_t{0}, count / 2, count - 1}) {  // count: none
+    std::vector<float> want = inputs;
+    std::copy(inputs.begin(), inputs.end(), data);
+    if (poisoned < count && rank == n - 1) want[poisoned] = data[poisoned] = std::nanf("");
+    const bool ring_finite = ring.allreduce_gradients(want.data(), count, 1.0f / n, /*tag=*/3);
+    const uint64_t before = shm_direct_allreduces();
+    const bool finite = direct.allreduce_gradients(data, count, 1.0f / n, /*tag=*/4);
+    EXPECT_EQ(shm_direct_allreduces() - before, 1u);
+    EXPECT_EQ(finite, poisoned == count) << "NaN at " << poisoned;
+    EXPECT_EQ(ring_finite, finite);
+    if (poisoned == count) {
+      EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "");
+    }
+  }
+}
+
+// A rank that all-reduces another size is named on every rank, before any buffer is touched.
+TEST(RegisteredAllreduceDirect, RefusesASizeMismatchOnEveryRank) {
+  const int rank = world_rank();
+  Communicator direct(MPI_COMM_WORLD, CommOptions{});
+  if (!direct.direct()) GTEST_SKIP() << "the direct all-reduce needs 2+ ranks on one host";
+  const size_t count = rank == 0 ? 100'000 : 100'016;
+  RegisteredBuffer memory = direct.allocate_registered(count * sizeof(float));
+  float* data = static_cast<float*>(memory.data());
+  std::fill(data, data + count, 1.0f);
+  std::string what;
+  try {
+    direct.allreduce_sum(data, count, /*tag=*/7);
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("all-reduce size mismatch on tag 7: this rank has " + std::to_string(count) + " elements"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(data[0], 1.0f) << "a refused all-reduce wrote into the buffer";
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 // The ring's sends from registered memory are read by the peer where they lie: the wrapper hashes each send buffer
 // when sent and again when retired, so a write to a buffer a peer may still be reading shows up.
