@@ -237,9 +237,13 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
       size_ > 1 && transport_name_.find("shm") != std::string::npos && settings::integer(settings::kLocalRegister) == 1;
   if (single_copy_) transport_name_.insert(transport_name_.find("shm") + 3, " single-copy");
   if (emulated) transport_name_ += " + link emulation";
+  // The direct all-reduce, where every rank can take it: ranks that disagreed (their DDPLAB_* settings differ) would
+  // wait on boards and FIFOs, each for the other.
   auto* shm = dynamic_cast<ShmTransport*>(transport_.get());  // null under link emulation, hier or the MPI transport
-  if (options_.direct && single_copy_ && !ring_.wire16 && shm && shm->local_peers() == size_ - 1 &&
-      settings::integer(settings::kDirectAllreduce) == 1) {
+  int can_direct = options_.direct && single_copy_ && !ring_.wire16 && shm && shm->local_peers() == size_ - 1 &&
+                   settings::integer(settings::kDirectAllreduce) == 1;
+  mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &can_direct, 1, MPI_INT, MPI_MIN, comm_));
+  if (can_direct) {
     direct_ = shm;
     transport_name_ += " + direct all-reduce";
   }

@@ -75,15 +75,16 @@ struct ShmTransport::Board {
   struct alignas(64) Arrival {
     uint64_t call;
     uint64_t count;
+    uint64_t round;  // plan_ring's: the ranks must cut the buffer alike to own complementary chunks
     int32_t tag;
     int32_t registered;          // in and out lie in segments every host peer maps (then the fields below apply)
-    uint64_t owner;              // this process, as references name it
-    uint64_t in_segment, in_at;  // where `in` lies: segment id and offset
+    uint64_t in_segment, in_at;  // where `in` lies in this rank's process: segment id and offset
     uint64_t out_segment, out_at;
   } arrival;
   struct alignas(64) Departure {
     uint64_t call;
-    uint64_t nonfinite;  // blocks of this rank's shard whose sums were not all finite (when checked)
+    uint64_t nonfinite;  // blocks of this rank's chunks whose sums were not all finite (when checked)
+    uint64_t unmapped;   // 1 + a peer whose buffers this rank could not find in its mappings; 0: none
   } departure;
 };
 static_assert(sizeof(ShmTransport::Board) == 2 * kLine, "two cache lines");
@@ -725,9 +726,9 @@ void stream_store(float* dst, const float* src, size_t n) {
 // outs[k][i] = scale x (((ins[0][i] + ins[1][i]) + ins[2][i]) + ...) for every output k and i in [begin, end): one
 // rank's sum, in the order given, goes to every rank. Block by block: the block's sum is formed once, in L1, then
 // stored into each output: into this rank's own as usual, into the peers' with non-temporal stores, since the next to
-// read them is their owner (its update), which then reads memory instead of lines left dirty in this core's cache (ws=2
-// training, session 15: +0.015 on ws=2 / ws=1 over ordinary stores). Returns how many blocks had a non-finite sum
-// (counted only when `check`).
+// read them is their owner (its update), which then reads memory instead of lines left dirty in this core's cache
+// (docs/BENCHMARKS.md, session 15). The caller fences the streamed stores before it publishes them. Returns how many
+// blocks had a non-finite sum (counted only when `check`).
 uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<float*>& outs, size_t self, size_t begin,
                       size_t end, float scale, bool check) {  // self: this rank's own output
   constexpr size_t kBlock = 1024;                             // 4 KiB
@@ -752,8 +753,6 @@ uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<fl
         stream_store(outs[k] + at, sum, m);
     }
   }
-  _mm_sfence();  // the streamed stores are visible before this rank departs (a release store, which does not order
-                 // them)
   return nonfinite;
 }
 
@@ -766,7 +765,9 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     throw std::logic_error("ShmTransport::direct_allreduce: needs 2+ ranks, all on this host, and the fp32 wire");
   const uint64_t call = ++direct_calls_;
   const size_t bytes = count * sizeof(float);
-  // Arrive: say what this rank all-reduces, and whether its buffers are ones every host peer maps.
+  const std::string me = "rank " + std::to_string(rank_) + ": ";
+  // Arrive: say what this rank all-reduces, how the ring would cut it, and where its buffers lie if every host peer
+  // maps them.
   Reference in_ref{}, out_ref{};
   bool registered = bytes > 0;
   for (int p = 0; p < size_ && registered; ++p)
@@ -774,47 +775,63 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
                                 find_reference(out, bytes, process_of_[p], out_ref));
   Board::Arrival& mine = boards_[rank_]->arrival;
   mine.count = count;
+  mine.round = plan_ring(count, size_, options).round;
   mine.tag = tag;
   mine.registered = registered;
-  mine.owner = this_process();
   mine.in_segment = in_ref.segment, mine.in_at = in_ref.at;
   mine.out_segment = out_ref.segment, mine.out_at = out_ref.at;
   __atomic_store_n(&mine.call, call, __ATOMIC_RELEASE);
 
-  // Wait for every peer's arrival. A peer is at most one call behind: it posts call k + 1 only after every rank
-  // departed from call k, this one included.
+  // Wait for every peer's arrival, from the predecessor on, so that a mismatch is named as the ring names it. A
+  // peer is at most one call behind: it posts call k + 1 only after every rank departed from call k, this one
+  // included. A message from a peer means that it runs another collective (the orders differ): named at once too.
   std::vector<const float*> ins(size_);
   std::vector<float*> outs(size_);
   bool everyone_registered = registered;
-  {
-    const watchdog::Wait wait("direct all-reduce: peers' arrival", -1, tag);
-    for (int back = 1; back <= size_; ++back) {  // from the predecessor on, so a mismatch is named as the ring names it
-      const int p = (rank_ - back + size_) % size_;
-      const Board::Arrival& theirs = boards_[p]->arrival;
-      wait_until([&] { return __atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) == call; });
-      if (theirs.tag != tag) throw TagMismatch(rank_, p, tag, theirs.tag);
-      if (theirs.count != count)
-        throw std::runtime_error("rank " + std::to_string(rank_) + ": all-reduce size mismatch on tag " +
-                                 std::to_string(tag) + ": this rank has " + std::to_string(count) + " elements, rank " +
-                                 std::to_string(p) + " has " + std::to_string(theirs.count));
-      everyone_registered = everyone_registered && theirs.registered;
-      if (!everyone_registered) continue;
-      if (p == rank_) {
-        ins[p] = in, outs[p] = out;
-        continue;
-      }
-      ins[p] = reinterpret_cast<const float*>(resolve({theirs.owner, theirs.in_segment, theirs.in_at}, bytes));
-      outs[p] = reinterpret_cast<float*>(resolve({theirs.owner, theirs.out_segment, theirs.out_at}, bytes));
-      if (!ins[p] || !outs[p])
-        throw std::runtime_error("rank " + std::to_string(rank_) + ": direct all-reduce: rank " + std::to_string(p) +
-                                 "'s buffers lie in a registered segment this rank does not map");
+  int unmapped = -1;  // a peer whose buffers this rank cannot find in its mappings
+  for (int back = 1; back <= size_; ++back) {
+    const int p = (rank_ - back + size_) % size_;
+    const Board::Arrival& theirs = boards_[p]->arrival;
+    int sender = -1;  // of a message waiting for this rank
+    {
+      const watchdog::Wait wait("direct all-reduce: the arrival of", p, tag);
+      wait_until([&] {
+        if (__atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) == call) return true;
+        for (int q = 0; q < size_ && sender < 0; ++q)
+          if (from_[q] && __atomic_load_n(&from_[q]->slots()[peers_[q].received % kSlots].seq, __ATOMIC_ACQUIRE) ==
+                              peers_[q].received + 1)
+            sender = q;
+        return sender >= 0;
+      });
     }
+    if (sender >= 0) {
+      pending_.clear();  // as on any mismatch: this transport is done for
+      throw TagMismatch(rank_, sender, tag, from_[sender]->slots()[peers_[sender].received % kSlots].tag);
+    }
+    if (theirs.tag != tag) throw TagMismatch(rank_, p, tag, theirs.tag);
+    const std::string on_tag = " mismatch on tag " + std::to_string(tag) + ": this rank has ";
+    if (theirs.count != count)
+      throw std::runtime_error(me + "all-reduce size" + on_tag + std::to_string(count) + " elements, rank " +
+                               std::to_string(p) + " has " + std::to_string(theirs.count));
+    if (theirs.round != mine.round)
+      throw std::runtime_error(me + "all-reduce settings" + on_tag + "ring rounds of " + std::to_string(mine.round) +
+                               " elements, rank " + std::to_string(p) + " of " + std::to_string(theirs.round) +
+                               " (DDPLAB_RING_SLICE_BYTES or DDPLAB_RING_SLICES_PER_CHUNK differ)");
+    everyone_registered = everyone_registered && theirs.registered;
+    if (!everyone_registered) continue;
+    if (p == rank_) {
+      ins[p] = in, outs[p] = out;
+      continue;
+    }
+    ins[p] = reinterpret_cast<const float*>(resolve({process_of_[p], theirs.in_segment, theirs.in_at}, bytes));
+    outs[p] = reinterpret_cast<float*>(resolve({process_of_[p], theirs.out_segment, theirs.out_at}, bytes));
+    if ((!ins[p] || !outs[p]) && unmapped < 0) unmapped = p;
   }
   // Every rank saw the same arrivals, so all agree whether to go on (else all run the ring instead).
   // This rank sums the chunks the ring would have it own, in the ring's order: chunk r+1 of each round starts at
   // rank r+1 and ends with this rank's addend (RingRound). So the result is the ring's, bit for bit.
   uint64_t nonfinite = 0;
-  if (everyone_registered) {
+  if (everyone_registered && unmapped < 0) {
     const int first = (rank_ + 1) % size_;
     std::vector<const float*> in_ring_order(size_);
     for (int j = 0; j < size_; ++j) in_ring_order[j] = ins[(first + j) % size_];
@@ -824,16 +841,25 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     direct_allreduces.fetch_add(1, std::memory_order_relaxed);
   }
   // Depart, and wait until every rank has: then no one reads or writes this rank's buffers any more, and its output
-  // holds every shard.
+  // holds every chunk. A rank that could not map a peer's buffers departs too, so that every rank throws.
   Board::Departure& gone = boards_[rank_]->departure;
   gone.nonfinite = nonfinite;
+  gone.unmapped = static_cast<uint64_t>(unmapped + 1);
+  _mm_sfence();  // the streamed stores into peers' outputs are globally visible before the release store below
   __atomic_store_n(&gone.call, call, __ATOMIC_RELEASE);
-  const watchdog::Wait wait("direct all-reduce: peers' departure", -1, tag);
+  std::string failure;
   for (int p = 0; p < size_; ++p) {
     const Board::Departure& theirs = boards_[p]->departure;
-    wait_until([&] { return __atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) >= call; });
+    {
+      const watchdog::Wait wait("direct all-reduce: the departure of", p, tag);
+      wait_until([&] { return __atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) >= call; });
+    }
     nonfinite += p == rank_ ? 0 : theirs.nonfinite;
+    if (theirs.unmapped && failure.empty())
+      failure = me + "direct all-reduce: rank " + std::to_string(p) + " does not map the registered segment of rank " +
+                std::to_string(theirs.unmapped - 1) + "'s buffers (freed there?)";
   }
+  if (!failure.empty()) throw std::runtime_error(failure);
   if (!everyone_registered) return std::nullopt;
   return nonfinite == 0;
 }

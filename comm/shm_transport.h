@@ -17,7 +17,7 @@
 // Waiting polls the counters: spin for PollPolicy::spin_us, then sleep with growing naps (no core burnt).
 //
 // Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
-// holding its incoming FIFOs, everyone maps everyone's, and the names are unlinked at once, so nothing is left in
+// holding its board for the direct all-reduce (below) and its incoming FIFOs, everyone maps everyone's, and the names are unlinked at once, so nothing is left in
 // /dev/shm even if the job dies. Pages of FIFOs that are never used are never touched (tmpfs allocates on write).
 //
 // Single copy for registered buffers (after NCCL's user-buffer registration and P2P direct read): a RegisteredBuffer
@@ -129,12 +129,13 @@ class ShmTransport final : public Transport {
   // the transport, for ranks that all share one host (std::logic_error otherwise). Each rank sums the chunks the
   // ring would have it own (ring_owned_chunks) of every rank's `in`, read where they lie, in the ring's order, and
   // stores the sums (x options.final_scale) into those chunks of every rank's `out` (in == out: in place): the
-  // ring's result, bit for bit, with each value read once and written once per rank, where the ring moves it through
-  // memory 2.5 times at n = 2 (docs/COMM.md, session 15). Two rendezvous through each rank's board: arrivals (tag,
-  // count and where the buffers lie; a mismatch throws as the ring does), then departures. Needs `in` and `out` in
-  // RegisteredBuffers that every rank maps; when some rank's are not, every rank returns nullopt having touched
-  // nothing (the caller runs the ring). Otherwise whether every sum is finite (options.check_finite; else true).
-  // options: tag, final_scale, check_finite, and the ring's cut (slice_elems, slices_per_chunk); fp32 only.
+  // ring's result, bit for bit, with each value read once and written once per rank (why: docs/COMM.md, "The direct
+  // all-reduce on one host"). Two rendezvous through each rank's board: arrivals (tag, count, the ring's cut and
+  // where the buffers lie; a mismatch throws as the ring does, and so does a message from a peer that is in another
+  // collective), then departures. Needs `in` and `out` in RegisteredBuffers that every rank maps; when some rank's
+  // are not, every rank returns nullopt having touched nothing (the caller runs the ring). Otherwise whether every
+  // sum is finite (options.check_finite; else true). options: tag, final_scale, check_finite, and the ring's cut
+  // (slice_elems, slices_per_chunk); fp32 only. Every rank must decide alike whether to call it (Communicator does).
   std::optional<bool> direct_allreduce(const float* in, float* out, size_t count, const RingOptions& options);
 
   int local_peers() const { return local_peers_; }  // peers reached through shared memory

@@ -210,6 +210,10 @@ void validate(const TrainConfig& c) {
     at_least("--min-len", c.min_len, c.head == "lm" ? 2 : 1);
     at_least("--max-len", c.max_len, c.min_len);
     at_least("--max-tokens", c.max_tokens, 1);
+    // A batch holds at least one sequence (a pack row is max_len long): below the longest, the budget cannot hold.
+    require(c.max_tokens >= c.max_len || (c.batching != "token" && c.batching != "pack"),
+            "--max-tokens " + std::to_string(c.max_tokens) + " is below --max-len " + std::to_string(c.max_len) +
+                ": a batch of one longest sequence would exceed it (--batching " + c.batching + ")");
     at_least("--epoch-size", c.epoch_size, 1);
     require(c.outlier_prob >= 0 && c.outlier_prob <= 1, "--outlier-prob must be in [0, 1]");
     try {

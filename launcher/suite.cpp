@@ -201,7 +201,8 @@ std::vector<Case> token_cases(const SuiteOptions& o, int world) {
   clean.quiet = true;
   if (clean.model == "mlp") clean.model = "tiny";
   if (!o.batch_given) clean.batch = 16;
-  if (!o.max_tokens_given) clean.max_tokens = static_cast<int64_t>(clean.batch) * 160;  // ~ batch x mean length
+  if (!o.max_tokens_given)  // ~ batch x mean length, and room for one longest sequence
+    clean.max_tokens = std::max<int64_t>(static_cast<int64_t>(clean.batch) * 160, clean.max_len);
   std::vector<Case> cases;
   Case uniform{"uniform", "tokens", world, clean};
   uniform.config.lengths = "fixed";
@@ -405,6 +406,9 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
   if (o.full && !o.steps_given) o.base.steps = 100;
   validate(o.base);
+  require(o.name != "tokens" || !o.max_tokens_given || o.base.max_tokens >= o.base.max_len,
+          "--max-tokens " + std::to_string(o.base.max_tokens) + " is below --max-len " +
+              std::to_string(o.base.max_len) + ": the token case's batch of one longest sequence would exceed it");
   MPI_Comm world = MPI_COMM_WORLD;
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);

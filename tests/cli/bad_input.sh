@@ -48,6 +48,8 @@ for np in 1 2; do
   expect_error $np "does not exist" train "${small[@]}" --out "$work/no/such/folder/run.h5"
   expect_error $np "is not a folder" train "${small[@]}" --out /etc/hostname/run.h5
   expect_error $np "--batching pack needs --head lm" train --model tiny --batching pack --steps 2
+  expect_error $np "--max-tokens 100 is below --max-len 256" train --model tiny --batching token --max-tokens 100 --steps 2
+  expect_error $np "--max-tokens 100 is below --max-len 256" suite tokens --max-tokens 100 --steps 2
   expect_error $np "--layers must be at least 1 (got 0)" train "${small[@]}" --layers 0
   expect_error $np "must not be negative" train "${small[@]}" --bucket-mb -1
   expect_error $np "--timeout-s must not be negative" train "${small[@]}" --timeout-s -1

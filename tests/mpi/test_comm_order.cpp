@@ -41,16 +41,23 @@ TEST(OrderCheck, RingRefusesWhenEveryPredecessorRunsAnotherTag) {
   const int r = world_rank(), n = world_size();
   if (n == 1) GTEST_SKIP() << "needs two ranks";
   const int prev = (r - 1 + n) % n;
-  for (size_t count : {size_t{1} << 20, size_t{1000}}) {
-    if (count == 1000 && (n & (n - 1)) != 0) continue;  // recursive doubling folds ranks in when n is not 2^k
-    Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
-    const std::string what = message_of(comm, count, /*tag=*/r);
-    // The ring hears first from its predecessor; recursive doubling from rank ^ 1.
-    const int peer = count > 1000 ? prev : (r ^ 1);
-    EXPECT_TRUE(starts_with(what, expected(r, r, peer, peer))) << "count " << count << ": " << what;
-    // After the failure, the communicator refuses to run (messages of the failed call may still be in flight).
-    EXPECT_TRUE(starts_with(message_of(comm, count, 0), "rank " + std::to_string(r) + ": Communicator unusable"));
-    MPI_Barrier(MPI_COMM_WORLD);
+  // With every rank on one host the large buffer takes the direct all-reduce, whose arrivals carry the tag (it reads
+  // its predecessor's first); direct off, the ring's messages carry it.
+  for (const bool direct : {true, false}) {
+    for (size_t count : {size_t{1} << 20, size_t{1000}}) {
+      if (count == 1000 && (n & (n - 1)) != 0) continue;  // recursive doubling folds ranks in when n is not 2^k
+      CommOptions options;
+      options.direct = direct;
+      Communicator comm(MPI_COMM_WORLD, options);
+      const std::string what = message_of(comm, count, /*tag=*/r);
+      // The ring hears first from its predecessor; recursive doubling from rank ^ 1.
+      const int peer = count > 1000 ? prev : (r ^ 1);
+      EXPECT_TRUE(starts_with(what, expected(r, r, peer, peer)))
+          << "count " << count << (comm.direct() ? ", direct: " : ": ") << what;
+      // After the failure, the communicator refuses to run (messages of the failed call may still be in flight).
+      EXPECT_TRUE(starts_with(message_of(comm, count, 0), "rank " + std::to_string(r) + ": Communicator unusable"));
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
   }
 }
 

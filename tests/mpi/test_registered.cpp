@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -177,6 +178,29 @@ TEST(RegisteredAllreduceDirect, ScalesAndReportsANonFiniteSumOnEveryRank) {
       EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "");
     }
   }
+}
+
+// Calls back to back, as the Reducer's buckets come, with one rank late by turns: a rank that leaves a call early
+// must not read a board its late peer has not yet rewritten, nor the late one a board already at the next call.
+TEST(RegisteredAllreduceDirect, BackToBackCallsWithALateRankStayExact) {
+  const int rank = world_rank(), n = world_size();
+  Communicator direct(MPI_COMM_WORLD, CommOptions{});
+  if (!direct.direct()) GTEST_SKIP() << "the direct all-reduce needs 2+ ranks on one host";
+  const size_t count = 50'021;
+  RegisteredBuffer memory = direct.allocate_registered(2 * count * sizeof(float));
+  float* buckets[2] = {static_cast<float*>(memory.data()), static_cast<float*>(memory.data()) + count};
+  std::mt19937 late(99u + static_cast<unsigned>(rank));
+  const uint64_t before = shm_direct_allreduces();
+  for (int call = 0; call < 60; ++call) {
+    float* data = buckets[call % 2];
+    for (size_t i = 0; i < count; ++i) data[i] = exact_input(rank, i + static_cast<size_t>(call));
+    if (call % n == rank) std::this_thread::sleep_for(std::chrono::microseconds(late() % 2000));
+    direct.allreduce_sum(data, count, /*tag=*/call);
+    size_t wrong = 0;
+    for (size_t i = 0; i < count; ++i) wrong += data[i] != exact_sum(n, i + static_cast<size_t>(call));
+    ASSERT_EQ(wrong, 0u) << "call " << call;
+  }
+  EXPECT_EQ(shm_direct_allreduces() - before, 60u);
 }
 
 // A rank that all-reduces another size is named on every rank, before any buffer is touched.
