@@ -70,6 +70,9 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                  "  skipped steps       %d, the first at step %d (--skip-nonfinite: a non-finite loss or "
                  "gradient, no update)\n",
                  s.skipped_steps, s.first_skipped_step);
+  if (run.meta.file_writes > 0)
+    std::fprintf(out, "  file writes         %d (checkpoints, snapshots), %.0f ms in all: between steps, in no step time\n",
+                 run.meta.file_writes, run.meta.file_writes_us / 1e3);
   if (s.padded_tokens_per_s > 0) {
     std::fprintf(out,
                  "  tokens              %.0f useful/s, %.0f padded/s (padding %.1f%%), token spread %.0f per step\n",

@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/settings.h"
 #include "comm/hier_allreduce.h"
 #include "comm/mpi_init.h"
 #include "comm/shm_transport.h"
@@ -285,6 +286,8 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
 
   try {
     o.link = parse_links(link_name, link_latency_us, link_gbps);
+    settings::check_all();  // every DDPLAB_* knob, alike on every rank, before any work
+    settings::check_same_on_every_rank(MPI_COMM_WORLD);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -419,8 +422,8 @@ Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDty
 // --zero-stage 1's collectives: the reduce-scatter, then the all-gather, each with its own tag as the Reducer gives
 // them. The sum comes out as the ring all-reduce's, bit for bit.
 Impl make_sharded_impl(const Options& o, std::vector<std::string>& transports) {
-  auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD,
-                                             CommOptions{AllreduceImpl::kRing, WireDtype::kFp32, o.link, o.ranks_per_node});
+  auto comm = std::make_shared<Communicator>(
+      MPI_COMM_WORLD, CommOptions{AllreduceImpl::kRing, WireDtype::kFp32, o.link, o.ranks_per_node, /*direct=*/false});
   transports.push_back("ring-sharded over " + comm->transport_name());
   int tag = 0;
   return {"ring-sharded",
@@ -569,7 +572,7 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
               describe(o.link).c_str());
   for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
   std::printf("# host buffers: %s\n", o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
-                                                    : "not registered (-R 0): shm hops copy through the FIFOs");
+                                                    : "not registered (-R 0): shm hops copy through the FIFOs, and no direct all-reduce");
   const std::vector<size_t> sizes = o.sizes();  // the sizes run: the last is -e only where the steps land on it
   std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
               human_bytes(static_cast<double>(sizes.front())).c_str(),

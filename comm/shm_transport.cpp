@@ -75,7 +75,6 @@ struct ShmTransport::Board {
   struct alignas(64) Arrival {
     uint64_t call;
     uint64_t count;
-    uint64_t round;  // plan_ring's: the ranks must cut the buffer alike to own complementary chunks
     int32_t tag;
     int32_t registered;          // in and out lie in segments every host peer maps (then the fields below apply)
     uint64_t in_segment, in_at;  // where `in` lies in this rank's process: segment id and offset
@@ -714,23 +713,13 @@ void ShmTransport::wait_sends(size_t keep_last) {
 
 namespace {
 
-// Stores n floats at dst with non-temporal stores (past a 16-byte aligned head): they go to memory without
-// taking the lines into this core's cache.
-void stream_store(float* dst, const float* src, size_t n) {
-  size_t i = 0;
-  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15); ++i) dst[i] = src[i];
-  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
 // outs[k][i] = scale x (((ins[0][i] + ins[1][i]) + ins[2][i]) + ...) for every output k and i in [begin, end): one
 // rank's sum, in the order given, goes to every rank. Block by block: the block's sum is formed once, in L1, then
-// stored into each output: into this rank's own as usual, into the peers' with non-temporal stores, since the next to
-// read them is their owner (its update), which then reads memory instead of lines left dirty in this core's cache
-// (docs/BENCHMARKS.md, session 15). The caller fences the streamed stores before it publishes them. Returns how many
-// blocks had a non-finite sum (counted only when `check`).
-uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<float*>& outs, size_t self, size_t begin,
-                      size_t end, float scale, bool check) {  // self: this rank's own output
+// copied into each output. Ordinary stores, not non-temporal ones: those lost where the two cores share an L3 (the
+// peer then read its sums from memory instead of the cache), and won only within noise where they do not
+// (docs/BENCHMARKS.md, session 15). Returns how many blocks had a non-finite sum (counted only when `check`).
+uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<float*>& outs, size_t begin, size_t end,
+                      float scale, bool check) {
   constexpr size_t kBlock = 1024;                             // 4 KiB
   alignas(64) float sum[kBlock];
   uint64_t nonfinite = 0;
@@ -746,12 +735,7 @@ uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<fl
     if (scale != 1.0f)
       for (size_t i = 0; i < m; ++i) sum[i] *= scale;
     if (check && !cpu::all_finite(sum, static_cast<int64_t>(m))) ++nonfinite;
-    for (size_t k = 0; k < outs.size(); ++k) {
-      if (k == self)
-        std::memcpy(outs[k] + at, sum, m * sizeof(float));
-      else
-        stream_store(outs[k] + at, sum, m);
-    }
+    for (float* out : outs) std::memcpy(out + at, sum, m * sizeof(float));
   }
   return nonfinite;
 }
@@ -766,8 +750,8 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
   const uint64_t call = ++direct_calls_;
   const size_t bytes = count * sizeof(float);
   const std::string me = "rank " + std::to_string(rank_) + ": ";
-  // Arrive: say what this rank all-reduces, how the ring would cut it, and where its buffers lie if every host peer
-  // maps them.
+  // Arrive: say what this rank all-reduces, and where its buffers lie if every host peer maps them. (The ring's cut,
+  // which decides the chunks each rank owns, comes from settings that every rank shares: check_same_on_every_rank.)
   Reference in_ref{}, out_ref{};
   bool registered = bytes > 0;
   for (int p = 0; p < size_ && registered; ++p)
@@ -775,7 +759,6 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
                                 find_reference(out, bytes, process_of_[p], out_ref));
   Board::Arrival& mine = boards_[rank_]->arrival;
   mine.count = count;
-  mine.round = plan_ring(count, size_, options).round;
   mine.tag = tag;
   mine.registered = registered;
   mine.in_segment = in_ref.segment, mine.in_at = in_ref.at;
@@ -809,14 +792,10 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
       throw TagMismatch(rank_, sender, tag, from_[sender]->slots()[peers_[sender].received % kSlots].tag);
     }
     if (theirs.tag != tag) throw TagMismatch(rank_, p, tag, theirs.tag);
-    const std::string on_tag = " mismatch on tag " + std::to_string(tag) + ": this rank has ";
     if (theirs.count != count)
-      throw std::runtime_error(me + "all-reduce size" + on_tag + std::to_string(count) + " elements, rank " +
-                               std::to_string(p) + " has " + std::to_string(theirs.count));
-    if (theirs.round != mine.round)
-      throw std::runtime_error(me + "all-reduce settings" + on_tag + "ring rounds of " + std::to_string(mine.round) +
-                               " elements, rank " + std::to_string(p) + " of " + std::to_string(theirs.round) +
-                               " (DDPLAB_RING_SLICE_BYTES or DDPLAB_RING_SLICES_PER_CHUNK differ)");
+      throw std::runtime_error(me + "all-reduce size mismatch on tag " + std::to_string(tag) + ": this rank has " +
+                               std::to_string(count) + " elements, rank " + std::to_string(p) + " has " +
+                               std::to_string(theirs.count));
     everyone_registered = everyone_registered && theirs.registered;
     if (!everyone_registered) continue;
     if (p == rank_) {
@@ -836,8 +815,8 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     std::vector<const float*> in_ring_order(size_);
     for (int j = 0; j < size_; ++j) in_ring_order[j] = ins[(first + j) % size_];
     for (const RingChunk& c : ring_owned_chunks(count, size_, rank_, options))
-      nonfinite += sum_into_all(in_ring_order, outs, static_cast<size_t>(rank_), c.offset, c.offset + c.count,
-                                options.final_scale, options.check_finite);
+      nonfinite += sum_into_all(in_ring_order, outs, c.offset, c.offset + c.count, options.final_scale,
+                                options.check_finite);
     direct_allreduces.fetch_add(1, std::memory_order_relaxed);
   }
   // Depart, and wait until every rank has: then no one reads or writes this rank's buffers any more, and its output
@@ -845,7 +824,6 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
   Board::Departure& gone = boards_[rank_]->departure;
   gone.nonfinite = nonfinite;
   gone.unmapped = static_cast<uint64_t>(unmapped + 1);
-  _mm_sfence();  // the streamed stores into peers' outputs are globally visible before the release store below
   __atomic_store_n(&gone.call, call, __ATOMIC_RELEASE);
   std::string failure;
   for (int p = 0; p < size_; ++p) {

@@ -130,8 +130,8 @@ class ShmTransport final : public Transport {
   // ring would have it own (ring_owned_chunks) of every rank's `in`, read where they lie, in the ring's order, and
   // stores the sums (x options.final_scale) into those chunks of every rank's `out` (in == out: in place): the
   // ring's result, bit for bit, with each value read once and written once per rank (why: docs/COMM.md, "The direct
-  // all-reduce on one host"). Two rendezvous through each rank's board: arrivals (tag, count, the ring's cut and
-  // where the buffers lie; a mismatch throws as the ring does, and so does a message from a peer that is in another
+  // all-reduce on one host"). Two rendezvous through each rank's board: arrivals (tag, count and where the buffers
+  // lie; a mismatch throws as the ring does, and so does a message from a peer that is in another
   // collective), then departures. Needs `in` and `out` in RegisteredBuffers that every rank maps; when some rank's
   // are not, every rank returns nullopt having touched nothing (the caller runs the ring). Otherwise whether every
   // sum is finite (options.check_finite; else true). options: tag, final_scale, check_finite, and the ring's cut

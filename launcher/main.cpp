@@ -139,6 +139,8 @@ int main(int argc, char** argv) {
       app.parse(argc, argv);
       // Every DDPLAB_* knob in the environment, on every rank, before any work (`devices` lists them as they are).
       if (!devices->parsed()) settings::check_all();
+      // Collective: only the commands that run collectives (report and the like run on rank 0 alone, in parse).
+      if (train->parsed() || suite->parsed() || sweep->parsed()) settings::check_same_on_every_rank(MPI_COMM_WORLD);
     } catch (const CLI::CallForHelp&) {
       if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
       MPI_Finalize();
@@ -158,7 +160,7 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
     MPI_Finalize();
     return 2;
-  } catch (const settings::BadSetting& e) {  // from check_all, on every rank (they share the environment)
+  } catch (const settings::BadSetting& e) {  // from check_all or check_same_on_every_rank, on every rank
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (ddplab devices lists the settings)\n", e.what());
     MPI_Finalize();
     return 2;

@@ -562,8 +562,15 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
 
   RecordGatherer gathered(record, world);
   bool checkpoint_written = saves_over_resumed;  // replacing the file is ours: we wrote it, or resumed from it
+  // Checkpoints and snapshots take wall time between steps, which no step records: counted for the summary.
+  const auto timed_write = [&](const auto& write) {
+    const double start = now_ms();
+    write();
+    ++record.meta.file_writes;
+    record.meta.file_writes_us += static_cast<int64_t>((now_ms() - start) * 1e3);
+  };
   const auto save = [&](int64_t next_step) {
-    save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world);
+    timed_write([&] { save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world); });
     checkpoint_written = true;
   };
   const StopSignals signals;
@@ -597,7 +604,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
     if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && more) {
       record.meta.stop_reason = "in progress: a snapshot after " + std::to_string(s + 1) + " of " +
                                 std::to_string(config.steps) + " steps (--flush-every)";
-      error = gathered.write(partial, true, result.summary);
+      timed_write([&] { error = gathered.write(partial, true, result.summary); });
       if (!error.empty()) throw std::runtime_error(error);
     }
     if (rank == 0 && !config.quiet && last.skipped > 0) {

@@ -112,6 +112,8 @@ void write_contents(hid_t file, const RunRecord& run, const std::string& summary
   write_int_attr(file, "host_cores", meta.host_cores);
   if (meta.comm_spin_us) write_int_attr(file, "comm_spin_us", *meta.comm_spin_us);
   if (meta.comm_lost_yield_us) write_int_attr(file, "comm_lost_yield_us", *meta.comm_lost_yield_us);
+  write_int_attr(file, "file_writes", meta.file_writes);
+  write_int_attr(file, "file_writes_us", meta.file_writes_us);
 
   H5Id group(create_group(file, "steps"), H5Gclose);
   const hsize_t world = meta.world_size, steps = run.steps;
@@ -222,6 +224,8 @@ void read_contents(hid_t file, RunRecord& run) {
     meta.comm_spin_us = static_cast<int>(read_int_attr(file, "comm_spin_us", INT_MIN, INT_MAX));
   if (has_attr(file, "comm_lost_yield_us"))
     meta.comm_lost_yield_us = static_cast<int>(read_int_attr(file, "comm_lost_yield_us", 0, INT_MAX));
+  if (has_attr(file, "file_writes")) meta.file_writes = static_cast<int>(read_int_attr(file, "file_writes", 0, INT_MAX));
+  if (has_attr(file, "file_writes_us")) meta.file_writes_us = read_int_attr(file, "file_writes_us", 0);
   run.config = parse_json_attr(file, "config");
   upgrade_config_keys(run.config);
   parse_json_attr(file, "summary");  // for scripts; the summary is recomputed from the records

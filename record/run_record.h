@@ -36,6 +36,10 @@ struct RunMetadata {
   // files).
   std::optional<int> comm_lost_yield_us;
   int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)
+  // Checkpoints and snapshots (--checkpoint, --flush-every) written during the run, and the wall time they took on
+  // rank 0, microseconds: time between steps, in no step's record. 0 in older files.
+  int file_writes = 0;
+  int64_t file_writes_us = 0;
   std::string stop_reason;  // why the run ended before its last step ("" = it did not), or a snapshot's state
 };
 

@@ -121,6 +121,16 @@ def main():
         check(p.returncode == 2 and 'lr (rank 0: 0.001, rank 1: 0.01)' in p.stderr,
               f"config mismatch: exit 2, names lr with both values (code {p.returncode})")
         check(not os.path.exists(out("mpmd.h5")), "config mismatch: nothing written")
+        # A DDPLAB_* knob that differs between ranks (each reads its own environment): the ranks would cut buffers or
+        # pick algorithms differently. Refused before any work, naming the knob and both values.
+        cmd = [mpirun, "--bind-to", "none", "-np", "1", "-x", "DDPLAB_SMALL_ALLREDUCE_BYTES=0", ddplab, "train"] + SMALL + \
+              ["--steps", "3", "--out", out("knob.h5"), ":", "-np", "1", ddplab, "train"] + SMALL + \
+              ["--steps", "3", "--out", out("knob.h5")]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        check(p.returncode == 2 and "DDPLAB_SMALL_ALLREDUCE_BYTES differs between ranks (rank 0: 0, rank 1: unset)"
+              in p.stderr and not os.path.exists(out("knob.h5")),
+              f"knob mismatch: exit 2, names the knob and both values, nothing written (code {p.returncode}) "
+              f"{p.stderr[-300:]}")
 
         # SIGTERM to the ranks (what a batch scheduler sends): they stop at a step boundary, write the run file and
         # a checkpoint, exit 128+15; the checkpoint resumes to the same losses as an uninterrupted run.
@@ -173,8 +183,29 @@ def main():
             zero[name] = steps_in(out(name + ".h5"))[2] if j.code == 0 else None
         if all(v is not None for v in zero.values()):
             check(np.array_equal(zero["z1"], zero["z0"]), "zero-stage 1: the loss curve of zero-stage 0, bit for bit")
+            # Only the replicated update all-reduces, so only its record names the direct all-reduce (one host).
+            with h5py.File(out("z0.h5"), "r") as f0, h5py.File(out("z1.h5"), "r") as f1:
+                names = (f0.attrs["transport"], f1.attrs["transport"])
+            check(names == ("shm single-copy + direct all-reduce", "shm single-copy"),
+                  f"zero-stage 1: its transport does not claim the direct all-reduce ({names})")
             check(np.array_equal(np.concatenate([zero["z1a"], zero["z1b"]], axis=1), zero["z0"]),
                   "zero-stage 1: resumed from its checkpoint, the same curve, bit for bit")
+        # Checkpoints and snapshots take wall time between steps, in no step's record: counted in the file and the
+        # summary. 6 steps: checkpoints after 2 and 4 and at the end, a snapshot after 3 (none after the last step).
+        j = Job(mpirun, ddplab, 2, ["--steps", "6", "--checkpoint", out("every.ck.h5"), "--checkpoint-every", "2",
+                                    "--flush-every", "3", "--out", out("every.h5")]).run()
+        writes = (-1, -1)
+        if j.code == 0:
+            with h5py.File(out("every.h5"), "r") as f:
+                writes = (int(f.attrs["file_writes"]), int(f.attrs["file_writes_us"]))
+        said = subprocess.run([ddplab, "report", out("every.h5")], capture_output=True, text=True, timeout=60).stdout
+        check(j.code == 0 and writes[0] == 4 and writes[1] > 0 and "file writes         4 (checkpoints, snapshots)" in said,
+              f"file writes: 4 counted, in the file and the summary (code {j.code}, {writes})")
+        said = subprocess.run([ddplab, "report", out("full.h5")], capture_output=True, text=True, timeout=60).stdout
+        with h5py.File(out("full.h5"), "r") as f:
+            check(int(f.attrs["file_writes"]) == 0 and "file writes" not in said and "final loss" in said,
+                  "file writes: none, none said")
+
         # A NaN in a gradient: one rank owns the poisoned element and sees it; the ranks agree on the verdict and on
         # the tensor, so every rank stops at that step naming it; with --skip-nonfinite every rank skips it.
         j = Job(mpirun, ddplab, 3, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
