@@ -71,7 +71,8 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                  "gradient, no update)\n",
                  s.skipped_steps, s.first_skipped_step);
   if (run.meta.file_writes > 0)
-    std::fprintf(out, "  file writes         %d (checkpoints, snapshots), %.0f ms in all: between steps, in no step time\n",
+    std::fprintf(out,
+                 "  file writes         %d (checkpoints, snapshots), %.0f ms in all: between steps, in no step time\n",
                  run.meta.file_writes, run.meta.file_writes_us / 1e3);
   if (s.padded_tokens_per_s > 0) {
     std::fprintf(out,

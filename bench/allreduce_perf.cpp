@@ -64,9 +64,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/settings.h"
 #include "comm/hier_allreduce.h"
 #include "comm/mpi_init.h"
+#include "comm/settings.h"
 #include "comm/shm_transport.h"
 #include "launcher/cli_errors.h"
 #include "record/files.h"
@@ -571,8 +571,9 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
   std::printf("# ddplab allreduce_perf: %d ranks, host %s, %s, link %s\n", n, host, topology.describe().c_str(),
               describe(o.link).c_str());
   for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
-  std::printf("# host buffers: %s\n", o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
-                                                    : "not registered (-R 0): shm hops copy through the FIFOs, and no direct all-reduce");
+  std::printf("# host buffers: %s\n",
+              o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
+                           : "not registered (-R 0): shm hops copy through the FIFOs, and no direct all-reduce");
   const std::vector<size_t> sizes = o.sizes();  // the sizes run: the last is -e only where the steps land on it
   std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
               human_bytes(static_cast<double>(sizes.front())).c_str(),

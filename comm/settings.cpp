@@ -4,9 +4,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>

@@ -720,7 +720,7 @@ namespace {
 // (docs/BENCHMARKS.md, session 15). Returns how many blocks had a non-finite sum (counted only when `check`).
 uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<float*>& outs, size_t begin, size_t end,
                       float scale, bool check) {
-  constexpr size_t kBlock = 1024;                             // 4 KiB
+  constexpr size_t kBlock = 1024;  // 4 KiB
   alignas(64) float sum[kBlock];
   uint64_t nonfinite = 0;
   for (size_t at = begin; at < end; at += kBlock) {
@@ -815,8 +815,8 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     std::vector<const float*> in_ring_order(size_);
     for (int j = 0; j < size_; ++j) in_ring_order[j] = ins[(first + j) % size_];
     for (const RingChunk& c : ring_owned_chunks(count, size_, rank_, options))
-      nonfinite += sum_into_all(in_ring_order, outs, c.offset, c.offset + c.count, options.final_scale,
-                                options.check_finite);
+      nonfinite +=
+          sum_into_all(in_ring_order, outs, c.offset, c.offset + c.count, options.final_scale, options.check_finite);
     direct_allreduces.fetch_add(1, std::memory_order_relaxed);
   }
   // Depart, and wait until every rank has: then no one reads or writes this rank's buffers any more, and its output

@@ -17,8 +17,9 @@
 // Waiting polls the counters: spin for PollPolicy::spin_us, then sleep with growing naps (no core burnt).
 //
 // Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
-// holding its board for the direct all-reduce (below) and its incoming FIFOs, everyone maps everyone's, and the names are unlinked at once, so nothing is left in
-// /dev/shm even if the job dies. Pages of FIFOs that are never used are never touched (tmpfs allocates on write).
+// holding its board for the direct all-reduce (below) and its incoming FIFOs, everyone maps everyone's, and the names
+// are unlinked at once, so nothing is left in /dev/shm even if the job dies. Pages of FIFOs that are never used are
+// never touched (tmpfs allocates on write).
 //
 // Single copy for registered buffers (after NCCL's user-buffer registration and P2P direct read): a RegisteredBuffer
 // lies in shared memory that every rank of the host maps. A send from inside one, to a peer that maps it, puts only

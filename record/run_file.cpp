@@ -224,7 +224,8 @@ void read_contents(hid_t file, RunRecord& run) {
     meta.comm_spin_us = static_cast<int>(read_int_attr(file, "comm_spin_us", INT_MIN, INT_MAX));
   if (has_attr(file, "comm_lost_yield_us"))
     meta.comm_lost_yield_us = static_cast<int>(read_int_attr(file, "comm_lost_yield_us", 0, INT_MAX));
-  if (has_attr(file, "file_writes")) meta.file_writes = static_cast<int>(read_int_attr(file, "file_writes", 0, INT_MAX));
+  if (has_attr(file, "file_writes"))
+    meta.file_writes = static_cast<int>(read_int_attr(file, "file_writes", 0, INT_MAX));
   if (has_attr(file, "file_writes_us")) meta.file_writes_us = read_int_attr(file, "file_writes_us", 0);
   run.config = parse_json_attr(file, "config");
   upgrade_config_keys(run.config);
