@@ -74,8 +74,9 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--data-noise", c.data_noise, "synthetic data noise around the class prototypes")
       ->capture_default_str();
   app->add_option("--comm", c.comm,
-                  "gradient all-reduce: ring (ours) | mpi (MPI_Allreduce) | hier (ring within each node, then across "
-                  "nodes; needs 2+ nodes) | nccl (--device cuda)")
+                  "gradient all-reduce: ring (ours; with every rank on one host, the direct all-reduce, the same "
+                  "bits: DDPLAB_DIRECT_ALLREDUCE=0 keeps the ring) | mpi (MPI_Allreduce) | hier (ring within each "
+                  "node, then across nodes; needs 2+ nodes) | nccl (--device cuda)")
       ->capture_default_str();
   app->add_option("--comm-dtype", c.comm_dtype, "gradients on the wire: fp32 | bf16 | fp16")->capture_default_str();
   app->add_option("--ring-link", c.ring_link,
