@@ -4,12 +4,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "comm/agreement.h"
 
 namespace ddplab::settings {
 namespace {
@@ -88,35 +89,14 @@ void check_all() {
 }
 
 void check_same_on_every_rank(MPI_Comm comm) {
-  std::vector<const Knob*> shared;
-  for (const Knob* knob : kKnobs)
-    if (knob != &kBlasAuto) shared.push_back(knob);
-  // Each knob's text as this rank read it ("" = unset), hashed: one MIN and one MAX all-reduce find any difference.
-  const auto text_of = [](const Knob& knob) { return read_once(knob, [&](const std::string& t) { check(knob, t); }); };
-  std::vector<uint64_t> low(shared.size()), high(shared.size());
-  for (size_t i = 0; i < shared.size(); ++i) low[i] = high[i] = std::hash<std::string>{}(text_of(*shared[i]));
-  const int n = static_cast<int>(shared.size());
-  MPI_Allreduce(MPI_IN_PLACE, low.data(), n, MPI_UINT64_T, MPI_MIN, comm);
-  MPI_Allreduce(MPI_IN_PLACE, high.data(), n, MPI_UINT64_T, MPI_MAX, comm);
-  for (size_t i = 0; i < shared.size(); ++i) {
-    if (low[i] == high[i]) continue;
-    // Every rank's text (cut to 47 characters) of the first knob that differs, to name two ranks that disagree.
-    constexpr int kWidth = 48;
-    int size = 1;
-    MPI_Comm_size(comm, &size);
-    char mine[kWidth] = {};
-    std::snprintf(mine, sizeof mine, "%s", text_of(*shared[i]).c_str());
-    std::vector<char> all(static_cast<size_t>(kWidth) * size);
-    MPI_Allgather(mine, kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, comm);
-    const auto value = [&](int r) {
-      const std::string t(&all[static_cast<size_t>(r) * kWidth]);
-      return t.empty() ? std::string("unset") : t;
-    };
-    int other = 1;
-    while (other < size - 1 && value(other) == value(0)) ++other;
-    throw BadSetting(std::string(shared[i]->name) + " differs between ranks (rank 0: " + value(0) + ", rank " +
-                     std::to_string(other) + ": " + value(other) + "); every rank must be given the same");
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const Knob* knob : kKnobs) {
+    if (knob == &kBlasAuto) continue;  // a process's own BLAS kernels; the collectives never see it
+    const std::string text = read_once(*knob, [&](const std::string& t) { check(*knob, t); });
+    fields.emplace_back(knob->name, text.empty() ? "unset" : text);
   }
+  if (const std::string differing = disagreement(fields, comm); !differing.empty())
+    throw BadSetting("ranks were started with different settings: " + differing + "; every rank needs the same");
 }
 
 std::vector<std::string> describe() {

@@ -73,9 +73,9 @@ std::string choice(const Knob& knob);
 // Every knob set in the environment, checked (and read): main() calls it on every rank before any work, so a bad
 // value is refused there, whichever knobs the command would have read and when.
 void check_all();
-// Collective: the knobs that shape the collectives (all but DDPLAB_BLAS_AUTO) hold the same text on every rank of
-// comm. Each rank reads its own environment, and ranks that differ would wait on each other in different algorithms
-// or cut buffers differently: refused instead, with BadSetting naming the knob and two ranks' values.
+// Collective: every knob but DDPLAB_BLAS_AUTO holds the same text on every rank of comm (comm/agreement.h). Each
+// rank reads its own environment, and ranks that differ could wait on each other in different algorithms or cut
+// buffers differently: refused instead, with BadSetting naming each knob that differs and two ranks' values.
 void check_same_on_every_rank(MPI_Comm comm);
 
 // "DDPLAB_RING_SLICE_BYTES  262144 (default)  bytes of fp32 per ring slice ...", a line per knob: what `ddplab

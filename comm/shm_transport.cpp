@@ -749,7 +749,6 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     throw std::logic_error("ShmTransport::direct_allreduce: needs 2+ ranks, all on this host, and the fp32 wire");
   const uint64_t call = ++direct_calls_;
   const size_t bytes = count * sizeof(float);
-  const std::string me = "rank " + std::to_string(rank_) + ": ";
   // Arrive: say what this rank all-reduces, and where its buffers lie if every host peer maps them. (The ring's cut,
   // which decides the chunks each rank owns, comes from settings that every rank shares: check_same_on_every_rank.)
   Reference in_ref{}, out_ref{};
@@ -768,8 +767,9 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
   // Wait for every peer's arrival, from the predecessor on, so that a mismatch is named as the ring names it. A
   // peer is at most one call behind: it posts call k + 1 only after every rank departed from call k, this one
   // included. A message from a peer means that it runs another collective (the orders differ): named at once too.
-  std::vector<const float*> ins(size_);
-  std::vector<float*> outs(size_);
+  std::vector<const float*>& ins = direct_ins_;  // kept between calls: no allocation per bucket
+  std::vector<float*>& outs = direct_outs_;
+  ins.assign(size_, nullptr), outs.assign(size_, nullptr);
   bool everyone_registered = registered;
   int unmapped = -1;  // a peer whose buffers this rank cannot find in its mappings
   for (int back = 1; back <= size_; ++back) {
@@ -793,9 +793,9 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     }
     if (theirs.tag != tag) throw TagMismatch(rank_, p, tag, theirs.tag);
     if (theirs.count != count)
-      throw std::runtime_error(me + "all-reduce size mismatch on tag " + std::to_string(tag) + ": this rank has " +
-                               std::to_string(count) + " elements, rank " + std::to_string(p) + " has " +
-                               std::to_string(theirs.count));
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": all-reduce size mismatch on tag " +
+                               std::to_string(tag) + ": this rank has " + std::to_string(count) + " elements, rank " +
+                               std::to_string(p) + " has " + std::to_string(theirs.count));
     everyone_registered = everyone_registered && theirs.registered;
     if (!everyone_registered) continue;
     if (p == rank_) {
@@ -812,7 +812,8 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
   uint64_t nonfinite = 0;
   if (everyone_registered && unmapped < 0) {
     const int first = (rank_ + 1) % size_;
-    std::vector<const float*> in_ring_order(size_);
+    std::vector<const float*>& in_ring_order = direct_in_ring_order_;
+    in_ring_order.resize(size_);
     for (int j = 0; j < size_; ++j) in_ring_order[j] = ins[(first + j) % size_];
     for (const RingChunk& c : ring_owned_chunks(count, size_, rank_, options))
       nonfinite +=
@@ -834,8 +835,9 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     }
     nonfinite += p == rank_ ? 0 : theirs.nonfinite;
     if (theirs.unmapped && failure.empty())
-      failure = me + "direct all-reduce: rank " + std::to_string(p) + " does not map the registered segment of rank " +
-                std::to_string(theirs.unmapped - 1) + "'s buffers (freed there?)";
+      failure = "rank " + std::to_string(rank_) + ": direct all-reduce: rank " + std::to_string(p) +
+                " does not map the registered segment of rank " + std::to_string(theirs.unmapped - 1) +
+                "'s buffers (freed there?)";
   }
   if (!failure.empty()) throw std::runtime_error(failure);
   if (!everyone_registered) return std::nullopt;

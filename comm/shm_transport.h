@@ -172,6 +172,8 @@ class ShmTransport final : public Transport {
   std::vector<Fifo*> to_, from_;             // per world rank; null when remote (or self)
   std::vector<Board*> boards_;               // per world rank; null when remote
   uint64_t direct_calls_ = 0;
+  std::vector<const float*> direct_ins_, direct_in_ring_order_;  // direct_allreduce's, per rank (reused)
+  std::vector<float*> direct_outs_;
   struct Peer {                              // this side's view of the two FIFOs with one peer
     uint64_t sent = 0, received = 0;         // messages so far (records carry their number)
     uint64_t tail_seen = 0, slots_seen = 0;  // the consumer counters of our FIFO to the peer, as last read

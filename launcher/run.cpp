@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "analysis/report.h"
+#include "comm/agreement.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
 #include "comm/watchdog.h"
@@ -192,43 +193,14 @@ void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, M
 // ...`) or a wrapper script can hand them different flags, which would pair unrelated buffers or hang later. Every
 // flag but the output path must agree; the message lists each differing field with a rank that differs.
 std::string config_disagreement(const TrainConfig& config, MPI_Comm comm) {
-  nlohmann::json fields = to_json(config);
-  fields.erase("out");
-  fields.erase("force");
-  const std::string text = fields.dump();
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
-  const uint64_t mine[2] = {h, ~h};
-  uint64_t most[2];
-  MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm);
-  if (most[0] == mine[0] && most[1] == mine[1]) return "";  // the same on every rank
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int length = static_cast<int>(text.size());
-  std::vector<int> lengths(size), displs(size);
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
-  std::string all;
-  if (rank == 0) {
-    for (int r = 1; r < size; ++r) displs[r] = displs[r - 1] + lengths[r - 1];
-    all.resize(displs[size - 1] + lengths[size - 1]);
-  }
-  MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0, comm);
-  std::string differing;
-  if (rank == 0) {
-    nlohmann::json seen = nlohmann::json::object();
-    for (int r = 1; r < size; ++r) {
-      const nlohmann::json other = nlohmann::json::parse(all.substr(displs[r], lengths[r]));
-      for (const auto& [key, value] : fields.items()) {
-        if (other.value(key, nlohmann::json()) == value || seen.contains(key)) continue;
-        seen[key] = true;
-        differing += (differing.empty() ? "" : ", ") + key + " (rank 0: " + value.dump() + ", rank " +
-                     std::to_string(r) + ": " + other.value(key, nlohmann::json()).dump() + ")";
-      }
-    }
-    differing = "ranks were started with different settings: " + differing + "; every rank needs the same flags";
-  }
-  return broadcast_error(differing, comm);
+  nlohmann::json json = to_json(config);
+  json.erase("out");
+  json.erase("force");
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const auto& [key, value] : json.items()) fields.emplace_back(key, value.dump());
+  const std::string differing = disagreement(fields, comm);
+  if (differing.empty()) return "";
+  return "ranks were started with different settings: " + differing + "; every rank needs the same flags";
 }
 
 // What a checkpoint records of the run: its settings and world size, which a resumed run must share wherever they

@@ -127,7 +127,7 @@ def main():
               ["--steps", "3", "--out", out("knob.h5"), ":", "-np", "1", ddplab, "train"] + SMALL + \
               ["--steps", "3", "--out", out("knob.h5")]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        check(p.returncode == 2 and "DDPLAB_SMALL_ALLREDUCE_BYTES differs between ranks (rank 0: 0, rank 1: unset)"
+        check(p.returncode == 2 and "different settings: DDPLAB_SMALL_ALLREDUCE_BYTES (rank 0: 0, rank 1: unset)"
               in p.stderr and not os.path.exists(out("knob.h5")),
               f"knob mismatch: exit 2, names the knob and both values, nothing written (code {p.returncode}) "
               f"{p.stderr[-300:]}")
