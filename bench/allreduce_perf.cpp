@@ -11,8 +11,8 @@
 //                   ring-only the same without the direct all-reduce: the ring (DDPLAB_DIRECT_ALLREDUCE=0)
 //                   ring-bf16 / ring-fp16   the same with a 16-bit wire (buffers stay float)
 //                   ring-sharded  the sharded update's two collectives in a row (--zero-stage 1): reduce-scatter,
-//                             then all-gather (Communicator::reduce_scatter_gradients, all_gather); out of place it
-//                             copies the input into the output first
+//                             then all-gather (Communicator::reduce_scatter_gradients, all_gather; direct on one
+//                             host, as the trainer runs them); out of place it copies the input into the output first
 //                   mpi       ddplab's Communicator, --comm mpi: MPI_Allreduce plus the order check (and the
 //                             link model when --link is set)
 //                   hier      the hierarchical all-reduce (comm/hier_allreduce.h): ring in the node, ring across
@@ -420,10 +420,10 @@ Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDty
 }
 
 // --zero-stage 1's collectives: the reduce-scatter, then the all-gather, each with its own tag as the Reducer gives
-// them. The sum comes out as the ring all-reduce's, bit for bit.
+// them (direct where the Communicator takes it, as in training). The sum comes out as the ring all-reduce's, bit for bit.
 Impl make_sharded_impl(const Options& o, std::vector<std::string>& transports) {
-  auto comm = std::make_shared<Communicator>(
-      MPI_COMM_WORLD, CommOptions{AllreduceImpl::kRing, WireDtype::kFp32, o.link, o.ranks_per_node, /*direct=*/false});
+  auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD,
+                                             CommOptions{AllreduceImpl::kRing, WireDtype::kFp32, o.link, o.ranks_per_node});
   transports.push_back("ring-sharded over " + comm->transport_name());
   int tag = 0;
   return {"ring-sharded",

@@ -306,7 +306,9 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
       o.final_scale = scale;
       o.check_finite = check_finite;
       if (direct_) {  // the ring's result, bit for bit, where every rank's buffers are registered
-        if (const std::optional<bool> finite = direct_->direct_allreduce(in, out, count, o)) return *finite;
+        if (const std::optional<bool> finite =
+                direct_->direct_collective(ShmTransport::Direct::kAllreduce, in, out, count, o))
+          return *finite;
       }
       return ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
     } else {
@@ -342,6 +344,11 @@ bool Communicator::reduce_scatter_gradients(float* data, size_t count, float sca
     o.tag = tag;
     o.final_scale = scale;
     o.check_finite = true;
+    if (direct_) {  // the ring's owned sums, bit for bit, where every rank's buffer is registered
+      if (const std::optional<bool> finite =
+              direct_->direct_collective(ShmTransport::Direct::kReduceScatter, data, data, count, o))
+        return *finite;
+    }
     return ring_reduce_scatter_sum(data, count, *transport_, scratch_, o);
   });
 }
@@ -352,6 +359,7 @@ void Communicator::all_gather(float* data, size_t count, int tag) {
   guarded("all-gather", "all-gather", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
+    if (direct_ && direct_->direct_collective(ShmTransport::Direct::kAllGather, data, data, count, o)) return;
     ring_all_gather_owned(data, count, *transport_, scratch_, o);
   });
 }

@@ -70,8 +70,9 @@ struct CommOptions {
   LinkClasses link;
   int ranks_per_node = 0;  // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
   // --comm ring with every rank on one host, single copy, the fp32 wire and no link emulation: registered buffers
-  // above the recursive-doubling size take the direct all-reduce (ShmTransport::direct_allreduce) unless
-  // DDPLAB_DIRECT_ALLREDUCE is 0 or this is false (allreduce_perf's ring-only).
+  // above the recursive-doubling size take the direct collectives (ShmTransport::direct_collective: the all-reduce,
+  // and the sharded update's reduce-scatter and all-gather) unless DDPLAB_DIRECT_ALLREDUCE is 0 or this is false
+  // (allreduce_perf's ring-only).
   bool direct = true;
 };
 
@@ -101,7 +102,7 @@ class Communicator {
   // the ring or hier reaches some peer through shared memory and DDPLAB_LOCAL_REGISTER is 1. transport_name() then
   // names that hop "shm single-copy" ("shm single-copy within node (1 peer) + mpi across nodes (2 peers)").
   bool single_copy() const { return single_copy_; }
-  // Whether registered buffers take the direct all-reduce (CommOptions::direct); transport_name() then ends in
+  // Whether registered buffers take the direct collectives (CommOptions::direct); transport_name() then ends in
   // " + direct all-reduce".
   bool direct() const { return direct_ != nullptr; }
   // Collective over the communicator: `bytes` of zeroed host memory for buffers this rank all-reduces (the flat
@@ -164,7 +165,7 @@ class Communicator {
   std::string failed_;                    // set when an all-reduce threw: peers may have messages in flight
   std::string transport_name_;
   bool single_copy_ = false;
-  ShmTransport* direct_ = nullptr;  // transport_, when it takes the direct all-reduce
+  ShmTransport* direct_ = nullptr;  // transport_, when it takes the direct collectives
 };
 
 }  // namespace ddplab

@@ -41,11 +41,12 @@ inline constexpr Knob kCommTransport{
 inline constexpr Knob kLocalRegister{"DDPLAB_LOCAL_REGISTER", "1",
                                      "1: gradient buffers registered with the shm transport (single copy); 0: copied",
                                      0, 1};
-// Whether ranks that all share one host all-reduce registered fp32 buffers directly (ShmTransport::direct_allreduce)
-// above the recursive-doubling size, instead of by the ring.
+// Whether ranks that all share one host all-reduce (and, for --zero-stage 1, reduce-scatter and all-gather)
+// registered fp32 buffers directly (ShmTransport::direct_collective) above the recursive-doubling size, instead of by
+// the ring.
 inline constexpr Knob kDirectAllreduce{"DDPLAB_DIRECT_ALLREDUCE", "1",
-                                       "1: ranks all on one host all-reduce registered buffers directly (two-shot); "
-                                       "0: the ring",
+                                       "1: ranks all on one host all-reduce registered buffers directly (two-shot; "
+                                       "--zero-stage 1's reduce-scatter and all-gather too); 0: the ring",
                                        0, 1};
 // The comm thread's waits: poll for spin_us, then sleep between polls, doubling up to max_sleep_us.
 inline constexpr Knob kCommSpinUs{"DDPLAB_COMM_SPIN_US", "50",

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -76,6 +77,7 @@ struct ShmTransport::Board {
     uint64_t call;
     uint64_t count;
     int32_t tag;
+    int32_t kind;                // ShmTransport::Direct
     int32_t registered;          // in and out lie in segments every host peer maps (then the fields below apply)
     uint64_t in_segment, in_at;  // where `in` lies in this rank's process: segment id and offset
     uint64_t out_segment, out_at;
@@ -115,7 +117,7 @@ struct WaitCounters {
   std::atomic<uint64_t> waits{0}, spin_polls{0}, yield_polls{0}, sleeps{0}, wait_ns{0}, sleep_ns{0};
 };
 WaitCounters wait_counters;
-std::atomic<uint64_t> sent_by_reference{0}, sent_copied{0}, direct_allreduces{0};
+std::atomic<uint64_t> sent_by_reference{0}, sent_copied{0}, direct_collectives{0};
 void count(std::atomic<uint64_t>& counter, uint64_t n = 1) { counter.fetch_add(n, std::memory_order_relaxed); }
 
 // The segments mapped by live transports (for shm_page_placement), with their sizes.
@@ -210,7 +212,7 @@ ShmSendCounts shm_send_counts() {
   return {sent_by_reference.load(std::memory_order_relaxed), sent_copied.load(std::memory_order_relaxed)};
 }
 
-uint64_t shm_direct_allreduces() { return direct_allreduces.load(std::memory_order_relaxed); }
+uint64_t shm_direct_collectives() { return direct_collectives.load(std::memory_order_relaxed); }
 
 std::string shm_page_placement() {
   const long page = sysconf(_SC_PAGESIZE);
@@ -307,7 +309,7 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
       error = "shm_open " + name + ": " + errno_text();
       continue;
     }
-    // Writable: the direct all-reduce stores each rank's sums into its peers' outputs (ShmTransport::direct_allreduce).
+    // Writable: the direct collectives store each rank's chunks into its peers' outputs (ShmTransport::direct_collective).
     void* m = mmap(nullptr, peer[3], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
     close(pfd);
     if (m == MAP_FAILED)
@@ -711,46 +713,91 @@ void ShmTransport::wait_sends(size_t keep_last) {
   }
 }
 
+// sysfs, not glibc: sysconf(_SC_LEVEL3_CACHE_SIZE) said 320 MiB on a 32 MiB Zen 4 guest.
+size_t last_level_cache_bytes() {
+  static const size_t bytes = [] {
+    size_t largest = 0;
+    for (int index = 0; index < 8; ++index) {
+      std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+      size_t kib = 0;
+      char unit = 0;
+      if (f >> kib >> unit && unit == 'K') largest = std::max(largest, kib << 10);
+    }
+    return largest ? largest : size_t{32} << 20;
+  }();
+  return bytes;
+}
+
 namespace {
 
+// dst[0, m) = src[0, m) with non-temporal stores (SSE's, on any x86-64: memory bounds them, not the width) where dst
+// is 16-byte aligned, the ends ordinarily. The caller fences (_mm_sfence) before anyone may read dst.
+void stream_copy(float* dst, const float* src, size_t m) {
+  size_t i = 0;
+  for (; i < m && reinterpret_cast<uintptr_t>(dst + i) % 16 != 0; ++i) dst[i] = src[i];
+  for (; i + 4 <= m; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < m; ++i) dst[i] = src[i];
+}
+
 // outs[k][i] = scale x (((ins[0][i] + ins[1][i]) + ins[2][i]) + ...) for every output k and i in [begin, end): one
-// rank's sum, in the order given, goes to every rank. Block by block: the block's sum is formed once, in L1, then
-// copied into each output. Ordinary stores, not non-temporal ones: those lost where the two cores share an L3 (the
-// peer then read its sums from memory instead of the cache), and won only within noise where they do not
-// (docs/BENCHMARKS.md, session 15). Returns how many blocks had a non-finite sum (counted only when `check`).
+// rank's sum, in the order given, goes to every output (one input: a copy). Block by block: the block's sum is
+// formed once, in L1, then copied into each output, with non-temporal stores when `stream` (fenced before it
+// returns). Returns how many blocks had a non-finite sum (counted only when `check`).
 uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<float*>& outs, size_t begin, size_t end,
-                      float scale, bool check) {
+                      float scale, bool check, bool stream) {
   constexpr size_t kBlock = 1024;  // 4 KiB
   alignas(64) float sum[kBlock];
   uint64_t nonfinite = 0;
+  const bool copy = ins.size() == 1 && scale == 1.0f && !check;
   for (size_t at = begin; at < end; at += kBlock) {
     const size_t m = std::min(kBlock, end - at);
-    const float* a = ins[0] + at;
-    const float* b = ins[1] + at;
-    for (size_t i = 0; i < m; ++i) sum[i] = a[i] + b[i];
-    for (size_t k = 2; k < ins.size(); ++k) {
-      const float* c = ins[k] + at;
-      for (size_t i = 0; i < m; ++i) sum[i] += c[i];
+    const float* block = ins[0] + at;
+    if (!copy) {
+      if (ins.size() == 1) {
+        std::memcpy(sum, block, m * sizeof(float));
+      } else {
+        const float* b = ins[1] + at;
+        for (size_t i = 0; i < m; ++i) sum[i] = block[i] + b[i];
+      }
+      for (size_t k = 2; k < ins.size(); ++k) {
+        const float* c = ins[k] + at;
+        for (size_t i = 0; i < m; ++i) sum[i] += c[i];
+      }
+      if (scale != 1.0f)
+        for (size_t i = 0; i < m; ++i) sum[i] *= scale;
+      if (check && !cpu::all_finite(sum, static_cast<int64_t>(m))) ++nonfinite;
+      block = sum;
     }
-    if (scale != 1.0f)
-      for (size_t i = 0; i < m; ++i) sum[i] *= scale;
-    if (check && !cpu::all_finite(sum, static_cast<int64_t>(m))) ++nonfinite;
-    for (float* out : outs) std::memcpy(out + at, sum, m * sizeof(float));
+    for (float* out : outs)
+      if (stream)
+        stream_copy(out + at, block, m);
+      else
+        std::memcpy(out + at, block, m * sizeof(float));
   }
+  if (stream) _mm_sfence();
   return nonfinite;
+}
+
+const char* name_of(ShmTransport::Direct kind) {
+  switch (kind) {
+    case ShmTransport::Direct::kAllreduce: return "all-reduce";
+    case ShmTransport::Direct::kReduceScatter: return "reduce-scatter";
+    case ShmTransport::Direct::kAllGather: return "all-gather";
+  }
+  return "?";
 }
 
 }  // namespace
 
-std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, size_t count,
-                                                   const RingOptions& options) {
+std::optional<bool> ShmTransport::direct_collective(Direct kind, const float* in, float* out, size_t count,
+                                                    const RingOptions& options) {
   const int tag = options.tag;
   if (local_peers_ != size_ - 1 || size_ < 2 || options.wire16)
-    throw std::logic_error("ShmTransport::direct_allreduce: needs 2+ ranks, all on this host, and the fp32 wire");
+    throw std::logic_error("ShmTransport::direct_collective: needs 2+ ranks, all on this host, and the fp32 wire");
   const uint64_t call = ++direct_calls_;
   const size_t bytes = count * sizeof(float);
-  // Arrive: say what this rank all-reduces, and where its buffers lie if every host peer maps them. (The ring's cut,
-  // which decides the chunks each rank owns, comes from settings that every rank shares: check_same_on_every_rank.)
+  // Arrive: say what this rank runs, and where its buffers lie if every host peer maps them. (The ring's cut, which
+  // decides the chunks each rank owns, comes from settings that every rank shares: check_same_on_every_rank.)
   Reference in_ref{}, out_ref{};
   bool registered = bytes > 0;
   for (int p = 0; p < size_ && registered; ++p)
@@ -759,6 +806,7 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
   Board::Arrival& mine = boards_[rank_]->arrival;
   mine.count = count;
   mine.tag = tag;
+  mine.kind = static_cast<int32_t>(kind);
   mine.registered = registered;
   mine.in_segment = in_ref.segment, mine.in_at = in_ref.at;
   mine.out_segment = out_ref.segment, mine.out_at = out_ref.at;
@@ -777,7 +825,7 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     const Board::Arrival& theirs = boards_[p]->arrival;
     int sender = -1;  // of a message waiting for this rank
     {
-      const watchdog::Wait wait("direct all-reduce: the arrival of", p, tag);
+      const watchdog::Wait wait("direct collective: the arrival of", p, tag);
       wait_until([&] {
         if (__atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) == call) return true;
         for (int q = 0; q < size_ && sender < 0; ++q)
@@ -792,8 +840,12 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
       throw TagMismatch(rank_, sender, tag, from_[sender]->slots()[peers_[sender].received % kSlots].tag);
     }
     if (theirs.tag != tag) throw TagMismatch(rank_, p, tag, theirs.tag);
+    if (theirs.kind != mine.kind)
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": collective mismatch on tag " +
+                               std::to_string(tag) + ": this rank runs " + name_of(kind) + ", rank " +
+                               std::to_string(p) + " runs " + name_of(static_cast<Direct>(theirs.kind)));
     if (theirs.count != count)
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": all-reduce size mismatch on tag " +
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": " + name_of(kind) + " size mismatch on tag " +
                                std::to_string(tag) + ": this rank has " + std::to_string(count) + " elements, rank " +
                                std::to_string(p) + " has " + std::to_string(theirs.count));
     everyone_registered = everyone_registered && theirs.registered;
@@ -806,22 +858,39 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
     outs[p] = reinterpret_cast<float*>(resolve({process_of_[p], theirs.out_segment, theirs.out_at}, bytes));
     if ((!ins[p] || !outs[p]) && unmapped < 0) unmapped = p;
   }
-  // Every rank saw the same arrivals, so all agree whether to go on (else all run the ring instead).
-  // This rank sums the chunks the ring would have it own, in the ring's order: chunk r+1 of each round starts at
-  // rank r+1 and ends with this rank's addend (RingRound). So the result is the ring's, bit for bit.
+  // Every rank saw the same arrivals, so all agree whether to go on (else all run the ring instead). This rank works
+  // on the chunks the ring would have it own. Sums go in the ring's order: chunk r+1 of each round starts at rank r+1
+  // and ends with this rank's addend (RingRound). So the result is the ring's, bit for bit.
   uint64_t nonfinite = 0;
   if (everyone_registered && unmapped < 0) {
-    const int first = (rank_ + 1) % size_;
-    std::vector<const float*>& in_ring_order = direct_in_ring_order_;
-    in_ring_order.resize(size_);
-    for (int j = 0; j < size_; ++j) in_ring_order[j] = ins[(first + j) % size_];
+    std::vector<const float*>& sources = direct_sources_;
+    std::vector<float*>& targets = direct_targets_;
+    sources.clear(), targets.clear();
+    if (kind == Direct::kAllGather) {
+      sources.push_back(in);
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) targets.push_back(outs[p]);
+    } else {
+      for (int j = 1; j <= size_; ++j) sources.push_back(ins[(rank_ + j) % size_]);
+      if (kind == Direct::kAllreduce)
+        targets = outs;
+      else
+        targets.push_back(out);
+    }
+    // Out of place, once every rank's output together outgrows the last-level cache, the sums go to memory with
+    // non-temporal stores: no line of an output is read before it is overwritten (on Zen 4 out of place at 16-256
+    // MiB: +50-90%; at 4 MiB, where the outputs stay in the cache, they lost 2x: docs/BENCHMARKS.md, session 16).
+    // In place the lines were just read, and an ordinary store hits them in the cache.
+    const bool stream = in != out && bytes * static_cast<size_t>(size_) >= last_level_cache_bytes();
     for (const RingChunk& c : ring_owned_chunks(count, size_, rank_, options))
-      nonfinite +=
-          sum_into_all(in_ring_order, outs, c.offset, c.offset + c.count, options.final_scale, options.check_finite);
-    direct_allreduces.fetch_add(1, std::memory_order_relaxed);
+      nonfinite += sum_into_all(sources, targets, c.offset, c.offset + c.count,
+                                kind == Direct::kAllGather ? 1.0f : options.final_scale,
+                                kind != Direct::kAllGather && options.check_finite, stream);
+    direct_collectives.fetch_add(1, std::memory_order_relaxed);
   }
   // Depart, and wait until every rank has: then no one reads or writes this rank's buffers any more, and its output
-  // holds every chunk. A rank that could not map a peer's buffers departs too, so that every rank throws.
+  // holds every chunk it is to receive. A rank that could not map a peer's buffers departs too, so that every rank
+  // throws.
   Board::Departure& gone = boards_[rank_]->departure;
   gone.nonfinite = nonfinite;
   gone.unmapped = static_cast<uint64_t>(unmapped + 1);
@@ -830,12 +899,12 @@ std::optional<bool> ShmTransport::direct_allreduce(const float* in, float* out, 
   for (int p = 0; p < size_; ++p) {
     const Board::Departure& theirs = boards_[p]->departure;
     {
-      const watchdog::Wait wait("direct all-reduce: the departure of", p, tag);
+      const watchdog::Wait wait("direct collective: the departure of", p, tag);
       wait_until([&] { return __atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) >= call; });
     }
-    nonfinite += p == rank_ ? 0 : theirs.nonfinite;
+    if (kind == Direct::kAllreduce && p != rank_) nonfinite += theirs.nonfinite;  // their sums are in our output too
     if (theirs.unmapped && failure.empty())
-      failure = "rank " + std::to_string(rank_) + ": direct all-reduce: rank " + std::to_string(p) +
+      failure = "rank " + std::to_string(rank_) + ": direct " + name_of(kind) + ": rank " + std::to_string(p) +
                 " does not map the registered segment of rank " + std::to_string(theirs.unmapped - 1) +
                 "'s buffers (freed there?)";
   }

@@ -67,8 +67,12 @@ struct ShmSendCounts {
 };
 ShmSendCounts shm_send_counts();
 
-// Direct all-reduces (ShmTransport::direct_allreduce) this process ran since it started.
-uint64_t shm_direct_allreduces();
+// The last-level cache as this machine's cpu 0 sees it (sysfs; 32 MiB where it does not say). An out-of-place direct
+// all-reduce whose outputs together reach it stores with non-temporal stores (ShmTransport::direct_collective).
+size_t last_level_cache_bytes();
+
+// Direct collectives (ShmTransport::direct_collective) this process ran since it started, all kinds together.
+uint64_t shm_direct_collectives();
 
 // Where the pages of every shared segment this process has mapped now lie: pages per NUMA node (move_pages), and the
 // pages not yet placed (never touched) or not answerable. One line, e.g. "1 NUMA node: 514 pages on node 0".
@@ -126,18 +130,25 @@ class ShmTransport final : public Transport {
   void wait_sends(size_t keep_last = 0) override;
   bool progress() override;
 
-  // The direct all-reduce ("two-shot", after the one-node all-reduces of TensorRT-LLM and vLLM): collective over
-  // the transport, for ranks that all share one host (std::logic_error otherwise). Each rank sums the chunks the
-  // ring would have it own (ring_owned_chunks) of every rank's `in`, read where they lie, in the ring's order, and
-  // stores the sums (x options.final_scale) into those chunks of every rank's `out` (in == out: in place): the
-  // ring's result, bit for bit, with each value read once and written once per rank (why: docs/COMM.md, "The direct
-  // all-reduce on one host"). Two rendezvous through each rank's board: arrivals (tag, count and where the buffers
-  // lie; a mismatch throws as the ring does, and so does a message from a peer that is in another
-  // collective), then departures. Needs `in` and `out` in RegisteredBuffers that every rank maps; when some rank's
-  // are not, every rank returns nullopt having touched nothing (the caller runs the ring). Otherwise whether every
-  // sum is finite (options.check_finite; else true). options: tag, final_scale, check_finite, and the ring's cut
-  // (slice_elems, slices_per_chunk); fp32 only. Every rank must decide alike whether to call it (Communicator does).
-  std::optional<bool> direct_allreduce(const float* in, float* out, size_t count, const RingOptions& options);
+  // The direct collectives ("two-shot", after the one-node all-reduces of TensorRT-LLM and vLLM): collective over
+  // the transport, for ranks that all share one host (std::logic_error otherwise). Each rank works on the chunks the
+  // ring would have it own (ring_owned_chunks), reading and writing every rank's buffers where they lie:
+  //   kAllreduce      sums its chunks of every rank's `in`, in the ring's order, and stores the sums
+  //                   (x options.final_scale) into those chunks of every rank's `out` (in == out: in place);
+  //   kReduceScatter  the same sums, stored into its own `out` only (the other elements keep what they held);
+  //   kAllGather      copies its chunks of its own `in` into every other rank's `out` (in == out: data[i] = its
+  //                   owner's data[i]).
+  // The ring's result, bit for bit, with each value read once and written once per destination (why: docs/COMM.md,
+  // "The direct all-reduce on one host"). Two rendezvous through each rank's board: arrivals (the kind, tag, count
+  // and where the buffers lie; a mismatch throws as the ring does, and so does a message from a peer that is in
+  // another collective), then departures. Needs `in` and `out` in RegisteredBuffers that every rank maps; when some
+  // rank's are not, every rank returns nullopt having touched nothing (the caller runs the ring). Otherwise whether
+  // every sum is finite (options.check_finite; else true): every rank's sums for kAllreduce, this rank's own for
+  // kReduceScatter. options: tag, final_scale, check_finite, and the ring's cut (slice_elems, slices_per_chunk);
+  // fp32 only. Every rank must decide alike whether to call it (Communicator does).
+  enum class Direct : int32_t { kAllreduce, kReduceScatter, kAllGather };
+  std::optional<bool> direct_collective(Direct kind, const float* in, float* out, size_t count,
+                                        const RingOptions& options);
 
   int local_peers() const { return local_peers_; }  // peers reached through shared memory
   bool through_shm(int peer) const { return peer >= 0 && peer < size_ && to_[peer] != nullptr; }
@@ -145,7 +156,7 @@ class ShmTransport final : public Transport {
  private:
  public:
   struct Fifo;   // in shared memory (defined in the .cpp)
-  struct Board;  // the direct all-reduce's notices, at the start of each rank's segment
+  struct Board;  // the direct collectives' notices, at the start of each rank's segment
 
  private:
   struct Outgoing {
@@ -172,8 +183,8 @@ class ShmTransport final : public Transport {
   std::vector<Fifo*> to_, from_;             // per world rank; null when remote (or self)
   std::vector<Board*> boards_;               // per world rank; null when remote
   uint64_t direct_calls_ = 0;
-  std::vector<const float*> direct_ins_, direct_in_ring_order_;  // direct_allreduce's, per rank (reused)
-  std::vector<float*> direct_outs_;
+  std::vector<const float*> direct_ins_, direct_sources_;  // direct_collective's, per rank (reused)
+  std::vector<float*> direct_outs_, direct_targets_;
   struct Peer {                              // this side's view of the two FIFOs with one peer
     uint64_t sent = 0, received = 0;         // messages so far (records carry their number)
     uint64_t tail_seen = 0, slots_seen = 0;  // the consumer counters of our FIFO to the peer, as last read

@@ -118,7 +118,6 @@ inline CommOptions comm_options(const TrainConfig& c) {
   o.wire = parse_wire_dtype(c.comm_dtype);
   o.link = parse_links(c.link, c.link_latency_us, c.link_gbps);
   o.ranks_per_node = c.ranks_per_node;
-  o.direct = c.zero_stage == 0;  // the sharded update reduce-scatters and all-gathers on the ring; it all-reduces none
   return o;
 }
 

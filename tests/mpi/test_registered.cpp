@@ -116,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RegisteredAllreduce,
                                   (std::get<1>(info.param) ? "_in_place" : "_out_of_place");
                          });
 
-// The direct all-reduce (ShmTransport::direct_allreduce): where every rank's buffers are registered, each rank sums
+// The direct all-reduce (ShmTransport::direct_collective): where every rank's buffers are registered, each rank sums
 // its chunks of every rank's buffer and stores them into every rank's output. Its result is the ring's bit for bit
 // (random inputs, whose sums round: the order of the additions shows), the input is untouched out of place, and
 // where some rank's buffer is ordinary memory every rank runs the ring instead.
@@ -142,16 +142,38 @@ TEST_P(RegisteredAllreduce, DirectGivesTheRingsBitsWhereEveryRankIsRegistered) {
     ring.allreduce_sum(want.data(), count, /*tag=*/1);
 
     std::copy(inputs.begin(), inputs.end(), in);
-    const uint64_t before = shm_direct_allreduces();
+    const uint64_t before = shm_direct_collectives();
     direct.allreduce_sum_into(in, out, count, /*tag=*/2);
     const bool everyone_registered = layout == Layout::kRegistered || (layout == Layout::kEvenRanksOnly && n == 1);
     const bool expect_direct = one_host && everyone_registered && count * sizeof(float) > small_allreduce_bytes(n);
-    EXPECT_EQ(shm_direct_allreduces() - before, expect_direct ? 1u : 0u) << "count " << count;
+    EXPECT_EQ(shm_direct_collectives() - before, expect_direct ? 1u : 0u) << "count " << count;
     EXPECT_EQ(bitwise_mismatch(copy_of(out, count), want), "") << "count " << count;
     if (!in_place) {
       EXPECT_EQ(bitwise_mismatch(copy_of(in, count), inputs), "") << "count " << count << ": input changed";
     }
   }
+}
+
+// Out of place with every rank's output together past the last-level cache, the sums go out with non-temporal stores:
+// still the ring's bits, at an odd count (chunks start unaligned: the stores' ordinary ends), the input untouched.
+TEST(RegisteredAllreduceDirect, StreamedOutOfPlaceGivesTheRingsBits) {
+  const int rank = world_rank(), n = world_size();
+  Communicator direct(MPI_COMM_WORLD, CommOptions{}), ring(MPI_COMM_WORLD, ring_only());
+  if (!direct.direct()) GTEST_SKIP() << "the direct all-reduce needs 2+ ranks on one host";
+  const size_t count = last_level_cache_bytes() / sizeof(float) / static_cast<size_t>(n) + 1001;
+  RegisteredBuffer in_memory = direct.allocate_registered(count * sizeof(float));
+  RegisteredBuffer out_memory = direct.allocate_registered(count * sizeof(float));
+  float* in = static_cast<float*>(in_memory.data());
+  float* out = static_cast<float*>(out_memory.data());
+  const std::vector<float> inputs = random_inputs(rank, count);
+  std::vector<float> want = inputs;
+  ring.allreduce_sum(want.data(), count, /*tag=*/1);
+  std::copy(inputs.begin(), inputs.end(), in);
+  const uint64_t before = shm_direct_collectives();
+  direct.allreduce_sum_into(in, out, count, /*tag=*/2);
+  EXPECT_EQ(shm_direct_collectives() - before, 1u);
+  EXPECT_EQ(bitwise_mismatch(copy_of(out, count), want), "");
+  EXPECT_EQ(bitwise_mismatch(copy_of(in, count), inputs), "") << "input changed";
 }
 
 // The gradients' all-reduce on the direct path: the mean's scale applied where each sum is formed, as the ring does
@@ -169,9 +191,9 @@ TEST(RegisteredAllreduceDirect, ScalesAndReportsANonFiniteSumOnEveryRank) {
     std::copy(inputs.begin(), inputs.end(), data);
     if (poisoned < count && rank == n - 1) want[poisoned] = data[poisoned] = std::nanf("");
     const bool ring_finite = ring.allreduce_gradients(want.data(), count, 1.0f / n, /*tag=*/3);
-    const uint64_t before = shm_direct_allreduces();
+    const uint64_t before = shm_direct_collectives();
     const bool finite = direct.allreduce_gradients(data, count, 1.0f / n, /*tag=*/4);
-    EXPECT_EQ(shm_direct_allreduces() - before, 1u);
+    EXPECT_EQ(shm_direct_collectives() - before, 1u);
     EXPECT_EQ(finite, poisoned == count) << "NaN at " << poisoned;
     EXPECT_EQ(ring_finite, finite);
     if (poisoned == count) {
@@ -190,7 +212,7 @@ TEST(RegisteredAllreduceDirect, BackToBackCallsWithALateRankStayExact) {
   RegisteredBuffer memory = direct.allocate_registered(2 * count * sizeof(float));
   float* buckets[2] = {static_cast<float*>(memory.data()), static_cast<float*>(memory.data()) + count};
   std::mt19937 late(99u + static_cast<unsigned>(rank));
-  const uint64_t before = shm_direct_allreduces();
+  const uint64_t before = shm_direct_collectives();
   for (int call = 0; call < 60; ++call) {
     float* data = buckets[call % 2];
     for (size_t i = 0; i < count; ++i) data[i] = exact_input(rank, i + static_cast<size_t>(call));
@@ -200,7 +222,7 @@ TEST(RegisteredAllreduceDirect, BackToBackCallsWithALateRankStayExact) {
     for (size_t i = 0; i < count; ++i) wrong += data[i] != exact_sum(n, i + static_cast<size_t>(call));
     ASSERT_EQ(wrong, 0u) << "call " << call;
   }
-  EXPECT_EQ(shm_direct_allreduces() - before, 60u);
+  EXPECT_EQ(shm_direct_collectives() - before, 60u);
 }
 
 // A rank that all-reduces another size is named on every rank, before any buffer is touched.
@@ -222,6 +244,84 @@ TEST(RegisteredAllreduceDirect, RefusesASizeMismatchOnEveryRank) {
             std::string::npos)
       << what;
   EXPECT_EQ(data[0], 1.0f) << "a refused all-reduce wrote into the buffer";
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The sharded update's collectives on the direct path (--zero-stage 1): the reduce-scatter leaves each rank's owned
+// elements holding the ring's sums bit for bit (random inputs: the order of the additions shows), the all-gather then
+// gives every rank the ring all-reduce's buffer, and a buffer that some rank holds in ordinary memory (the optimizer's
+// moments) takes the ring on every rank.
+TEST(RegisteredShardedDirect, ReduceScatterThenAllGatherGiveTheRingAllReducesBits) {
+  const int rank = world_rank(), n = world_size();
+  Communicator direct(MPI_COMM_WORLD, CommOptions{}), ring(MPI_COMM_WORLD, ring_only());
+  if (!direct.direct()) GTEST_SKIP() << "the direct collectives need 2+ ranks on one host";
+  for (size_t count : {size_t{16'411}, size_t{100'003}, size_t{1'000'003}}) {
+    RegisteredBuffer memory = direct.allocate_registered(count * sizeof(float));
+    float* data = static_cast<float*>(memory.data());
+    const std::vector<float> inputs = random_inputs(rank, count);
+    const float scale = 1.0f / static_cast<float>(n);
+    std::vector<float> want = inputs;
+    ASSERT_TRUE(ring.allreduce_gradients(want.data(), count, scale, /*tag=*/1));
+    std::copy(inputs.begin(), inputs.end(), data);
+    const uint64_t before = shm_direct_collectives();
+    EXPECT_TRUE(direct.reduce_scatter_gradients(data, count, scale, /*tag=*/2));
+    size_t wrong = 0;
+    for (const RingChunk& c : direct.owned_chunks(count))
+      for (size_t i = c.offset; i < c.offset + c.count; ++i) wrong += std::memcmp(&data[i], &want[i], 4) != 0;
+    EXPECT_EQ(wrong, 0u) << "count " << count << ": owned elements differ from the ring all-reduce's";
+    direct.all_gather(data, count, /*tag=*/3);
+    EXPECT_EQ(shm_direct_collectives() - before, direct.sharded(count) ? 2u : 0u) << "count " << count;
+    EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "") << "count " << count;
+
+    std::vector<float> moment = inputs;  // ordinary memory on the last rank only: every rank takes the ring
+    std::copy(inputs.begin(), inputs.end(), data);
+    float* gathered = rank == n - 1 ? moment.data() : data;
+    const uint64_t before_ring = shm_direct_collectives();
+    direct.all_gather(gathered, count, /*tag=*/4);
+    EXPECT_EQ(shm_direct_collectives() - before_ring, 0u) << "count " << count;
+    // Each element is now its owner's input.
+    std::vector<int> owner_of(count, -1);
+    for (const RingChunk& c : direct.owned_chunks(count))
+      for (size_t i = c.offset; i < c.offset + c.count; ++i) owner_of[i] = rank;
+    MPI_Allreduce(MPI_IN_PLACE, owner_of.data(), static_cast<int>(count), MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    std::vector<std::vector<float>> inputs_of;
+    for (int r = 0; r < n; ++r) inputs_of.push_back(random_inputs(r, count));
+    size_t not_owners = 0;
+    for (size_t i = 0; i < count; ++i)
+      not_owners += owner_of[i] < 0 || std::memcmp(&gathered[i], &inputs_of[owner_of[i]][i], 4) != 0;
+    EXPECT_EQ(not_owners, 0u) << "count " << count;
+  }
+}
+
+// The owner of a non-finite sum reports it (each rank checks what it owns, as on the ring), and a rank that runs
+// another kind of collective under the same tag is named on every rank before any buffer is touched.
+TEST(RegisteredShardedDirect, TheOwnerReportsANonFiniteSumAndAKindMismatchIsNamed) {
+  const int rank = world_rank(), n = world_size();
+  Communicator direct(MPI_COMM_WORLD, CommOptions{});
+  if (!direct.direct()) GTEST_SKIP() << "the direct collectives need 2+ ranks on one host";
+  const size_t count = 300'007, place = count / 2;
+  RegisteredBuffer memory = direct.allocate_registered(count * sizeof(float));
+  float* data = static_cast<float*>(memory.data());
+  const std::vector<float> inputs = exact_inputs(rank, count);
+  std::copy(inputs.begin(), inputs.end(), data);
+  if (rank == n - 1) data[place] = std::nanf("");
+  const bool finite = direct.reduce_scatter_gradients(data, count, 0.5f, /*tag=*/5);
+  bool owns = false;
+  for (const RingChunk& c : direct.owned_chunks(count)) owns |= place >= c.offset && place < c.offset + c.count;
+  EXPECT_EQ(finite, !owns) << "rank " << rank << (owns ? " owns" : " does not own") << " the poisoned element";
+
+  std::fill(data, data + count, 1.0f);
+  std::string what;
+  try {
+    if (rank == 0)
+      direct.all_gather(data, count, /*tag=*/6);
+    else
+      direct.reduce_scatter_gradients(data, count, 1.0f, /*tag=*/6);
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("collective mismatch on tag 6: this rank runs "), std::string::npos) << what;
+  EXPECT_EQ(data[0], 1.0f) << "a refused collective wrote into the buffer";
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
