@@ -420,10 +420,11 @@ Impl make_communicator_impl(const std::string& name, AllreduceImpl impl, WireDty
 }
 
 // --zero-stage 1's collectives: the reduce-scatter, then the all-gather, each with its own tag as the Reducer gives
-// them (direct where the Communicator takes it, as in training). The sum comes out as the ring all-reduce's, bit for bit.
+// them (direct where the Communicator takes it, as in training). The sum comes out as the ring all-reduce's, bit for
+// bit.
 Impl make_sharded_impl(const Options& o, std::vector<std::string>& transports) {
-  auto comm = std::make_shared<Communicator>(MPI_COMM_WORLD,
-                                             CommOptions{AllreduceImpl::kRing, WireDtype::kFp32, o.link, o.ranks_per_node});
+  auto comm = std::make_shared<Communicator>(
+      MPI_COMM_WORLD, CommOptions{AllreduceImpl::kRing, WireDtype::kFp32, o.link, o.ranks_per_node});
   transports.push_back("ring-sharded over " + comm->transport_name());
   int tag = 0;
   return {"ring-sharded",

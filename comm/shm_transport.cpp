@@ -309,7 +309,8 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
       error = "shm_open " + name + ": " + errno_text();
       continue;
     }
-    // Writable: the direct collectives store each rank's chunks into its peers' outputs (ShmTransport::direct_collective).
+    // Writable: the direct collectives store each rank's chunks into its peers' outputs
+    // (ShmTransport::direct_collective).
     void* m = mmap(nullptr, peer[3], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
     close(pfd);
     if (m == MAP_FAILED)
@@ -780,9 +781,12 @@ uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<fl
 
 const char* name_of(ShmTransport::Direct kind) {
   switch (kind) {
-    case ShmTransport::Direct::kAllreduce: return "all-reduce";
-    case ShmTransport::Direct::kReduceScatter: return "reduce-scatter";
-    case ShmTransport::Direct::kAllGather: return "all-gather";
+    case ShmTransport::Direct::kAllreduce:
+      return "all-reduce";
+    case ShmTransport::Direct::kReduceScatter:
+      return "reduce-scatter";
+    case ShmTransport::Direct::kAllGather:
+      return "all-gather";
   }
   return "?";
 }
@@ -841,9 +845,9 @@ std::optional<bool> ShmTransport::direct_collective(Direct kind, const float* in
     }
     if (theirs.tag != tag) throw TagMismatch(rank_, p, tag, theirs.tag);
     if (theirs.kind != mine.kind)
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": collective mismatch on tag " +
-                               std::to_string(tag) + ": this rank runs " + name_of(kind) + ", rank " +
-                               std::to_string(p) + " runs " + name_of(static_cast<Direct>(theirs.kind)));
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": collective mismatch on tag " + std::to_string(tag) +
+                               ": this rank runs " + name_of(kind) + ", rank " + std::to_string(p) + " runs " +
+                               name_of(static_cast<Direct>(theirs.kind)));
     if (theirs.count != count)
       throw std::runtime_error("rank " + std::to_string(rank_) + ": " + name_of(kind) + " size mismatch on tag " +
                                std::to_string(tag) + ": this rank has " + std::to_string(count) + " elements, rank " +
