@@ -14,8 +14,15 @@ set -uo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 np=1
 args=("$@")
+# mpirun's own options only: they end at the program, whose arguments may hold an -n of their own (allreduce_perf's
+# iteration count, nccl-tests' -n), which once made every `allreduce_perf -n 10` run here oversubscribed and unbound.
 for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[i]}" in -np|-n|--np) np="${args[i+1]}" ;; esac
+  arg=${args[i]}
+  case "$arg" in
+    -np|-n|--np) np="${args[i+1]}"; i=$((i + 1)) ;;
+    -*) ;;
+    *) if [[ -f "$arg" && -x "$arg" ]] || type -P "$arg" > /dev/null; then break; fi ;;
+  esac
 done
 extra=()
 if [ "$np" -gt "$(nproc)" ]; then extra=(--oversubscribe --bind-to none); fi
