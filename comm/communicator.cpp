@@ -245,7 +245,7 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &can_direct, 1, MPI_INT, MPI_MIN, comm_));
   if (can_direct) {
     direct_ = shm;
-    transport_name_ += " + direct all-reduce";
+    transport_name_ += " + direct collectives";
   }
 }
 

@@ -103,7 +103,7 @@ class Communicator {
   // names that hop "shm single-copy" ("shm single-copy within node (1 peer) + mpi across nodes (2 peers)").
   bool single_copy() const { return single_copy_; }
   // Whether registered buffers take the direct collectives (CommOptions::direct); transport_name() then ends in
-  // " + direct all-reduce".
+  // " + direct collectives".
   bool direct() const { return direct_ != nullptr; }
   // Collective over the communicator: `bytes` of zeroed host memory for buffers this rank all-reduces (the flat
   // gradients), registered with the shm transport when single_copy(), ordinary memory otherwise. It must outlive
@@ -134,8 +134,9 @@ class Communicator {
   bool sharded(size_t count) const;
   // The elements of a `count`-element buffer this rank owns (all of them when not sharded).
   std::vector<RingChunk> owned_chunks(size_t count) const;
-  // data[owned] = scale x sum over ranks of data[owned]; the other elements are left holding partial sums. Returns
-  // whether every owned result is finite.
+  // data[owned] = scale x sum over ranks of data[owned]; the other elements are left holding partial sums (the ring)
+  // or what they held (the direct reduce-scatter): of no use either way. Returns whether every owned result is
+  // finite.
   bool reduce_scatter_gradients(float* data, size_t count, float scale, int tag);
   // data[i] = its owner's data[i], for every element.
   void all_gather(float* data, size_t count, int tag);

@@ -260,8 +260,9 @@ void Reducer::reduce(int b) {
   if (local_scale_ != 1.0f) cpu::scale(grads, local_scale_, bucket.count);
   if (config_.sharded) {
     nonfinite_[b] = !comm_.reduce_scatter_gradients(grads, static_cast<size_t>(bucket.count), grad_scale_, b);
-    // The partial sums left where others own the elements are of no use: zeroed, as the update zeroes its own, so
-    // that the next backward adds to zeros (no peer reads them now: every send is retired).
+    // What is left where others own the elements (the ring's partial sums, or this rank's own gradients after the
+    // direct reduce-scatter) is of no use: zeroed, as the update zeroes its own, so that the next backward adds to
+    // zeros (no peer reads them now: every send is retired, every peer departed).
     size_t at = static_cast<size_t>(bucket.offset);
     for (const RingChunk& c : owned_[b]) {
       std::fill(flat_grads_ + at, flat_grads_ + c.offset, 0.0f);

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# mpirun with what this kind of machine needs: Open MPI refuses root without two variables, and needs
-# --oversubscribe (and no core binding) when there are more ranks than cores.
+# mpirun with what this kind of machine needs: Open MPI refuses root without two variables, and refuses more ranks
+# than cores without --oversubscribe. Given always, it changes nothing else: a job of at most as many ranks as cores
+# keeps Open MPI's default binding (2 ranks: one core each), and a larger one is left unbound, as Open MPI leaves an
+# oversubscribed job. (It once added --bind-to none itself, judging the rank count from any -n on the line: the
+# program's own -n, allreduce_perf's iteration count, then unbound every 2-rank benchmark.)
 #
 # Ctrl-C. Open MPI's mpirun answers SIGINT with SIGCONT, SIGTERM after odls_base_sigkill_timeout seconds (default 1)
 # and SIGKILL as long again: too soon for ddplab ranks, which stop at the step boundary after SIGTERM and write their
@@ -12,22 +15,7 @@
 #   scripts/mpirun.sh -np 4 build/launcher/ddplab train ...
 set -uo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-np=1
-args=("$@")
-# mpirun's own options only: they end at the program, whose arguments may hold an -n of their own (allreduce_perf's
-# iteration count, nccl-tests' -n), which once made every `allreduce_perf -n 10` run here oversubscribed and unbound.
-for ((i = 0; i < ${#args[@]}; i++)); do
-  arg=${args[i]}
-  case "$arg" in
-    -np|-n|--np) np="${args[i+1]}"; i=$((i + 1)) ;;
-    -*) ;;
-    *) if [[ -f "$arg" && -x "$arg" ]] || type -P "$arg" > /dev/null; then break; fi ;;
-  esac
-done
-extra=()
-if [ "$np" -gt "$(nproc)" ]; then extra=(--oversubscribe --bind-to none); fi
-
-setsid mpirun "${extra[@]}" "$@" &
+setsid mpirun --oversubscribe "$@" &
 job=$!
 # The ranks on this node are mpirun's children; ranks elsewhere get mpirun's own SIGTERM handling.
 stop_ranks() { pkill -TERM -P "$job" || kill -TERM "$job" 2>/dev/null; }

@@ -101,7 +101,7 @@ def main():
             # One node: the ring's messages go through shared memory, and the header and the file say so.
             # With a peer, the gradients are registered: single copy (comm/shm_transport.h), and with every rank on
             # one host they take the direct all-reduce.
-            shm = "shm" if np_ranks == 1 else "shm single-copy + direct all-reduce"
+            shm = "shm" if np_ranks == 1 else "shm single-copy + direct collectives"
             check(f.attrs.get("transport") == shm, f"transport attribute '{shm}' (got {f.attrs.get('transport')!r})")
             check(f"comm ring over {shm} (" in proc.stdout, "the header names the transport")
 

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# scripts/mpirun.sh decides oversubscription from mpirun's own -np, not from the program's arguments: an -n among
-# those (allreduce_perf's iteration count) once turned off Open MPI's one-core binding of a 2-rank job. With at most
-# as many ranks as cores each rank is bound to one core (Open MPI 4's default for 2 ranks); with more, the job still
-# runs (--oversubscribe).
+# scripts/mpirun.sh keeps Open MPI's binding whatever the program's arguments hold: an -n among them (allreduce_perf's
+# iteration count) once made it add --bind-to none to a 2-rank job. With at most as many ranks as cores each rank is
+# bound to one core (Open MPI 4's default for 2 ranks); with more, the job still runs (--oversubscribe).
 #   mpirun_wrapper.sh REPO_ROOT
 set -euo pipefail
 wrapper="$1/scripts/mpirun.sh"

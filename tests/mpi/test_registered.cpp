@@ -127,7 +127,7 @@ TEST_P(RegisteredAllreduce, DirectGivesTheRingsBitsWhereEveryRankIsRegistered) {
   Communicator direct(MPI_COMM_WORLD, CommOptions{}), ring(MPI_COMM_WORLD, ring_only());
   const bool one_host = n > 1 && ShmTransport(MPI_COMM_WORLD).local_peers() == n - 1;
   EXPECT_EQ(direct.direct(), one_host);
-  EXPECT_EQ(direct.transport_name().find("direct all-reduce") != std::string::npos, one_host);
+  EXPECT_EQ(direct.transport_name().find("direct collectives") != std::string::npos, one_host);
   // The last count puts every rank's output together past the last-level cache: out of place, the sums then go out
   // with non-temporal stores (odd, so that chunks start unaligned: the stores' ordinary ends).
   const size_t streamed = last_level_cache_bytes() / sizeof(float) / static_cast<size_t>(n) + 1001;
@@ -246,10 +246,20 @@ TEST(RegisteredShardedDirect, ReduceScatterThenAllGatherGiveTheRingAllReducesBit
     std::copy(inputs.begin(), inputs.end(), data);
     const uint64_t before = shm_direct_collectives();
     EXPECT_TRUE(direct.reduce_scatter_gradients(data, count, scale, /*tag=*/2));
-    size_t wrong = 0;
-    for (const RingChunk& c : direct.owned_chunks(count))
-      for (size_t i = c.offset; i < c.offset + c.count; ++i) wrong += std::memcmp(&data[i], &want[i], 4) != 0;
+    // Owned: the ring's sums. Elsewhere this rank's own input, untouched: no rank writes into another's buffer.
+    std::vector<char> owned(count, 0);
+    for (const RingChunk& c : direct.owned_chunks(count)) std::fill_n(owned.begin() + c.offset, c.count, 1);
+    size_t wrong = 0, touched = 0;
+    for (size_t i = 0; i < count; ++i) {
+      if (owned[i])
+        wrong += std::memcmp(&data[i], &want[i], 4) != 0;
+      else
+        touched += std::memcmp(&data[i], &inputs[i], 4) != 0;
+    }
     EXPECT_EQ(wrong, 0u) << "count " << count << ": owned elements differ from the ring all-reduce's";
+    if (direct.sharded(count)) {
+      EXPECT_EQ(touched, 0u) << "count " << count << ": elements others own were written";
+    }
     direct.all_gather(data, count, /*tag=*/3);
     EXPECT_EQ(shm_direct_collectives() - before, direct.sharded(count) ? 2u : 0u) << "count " << count;
     EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "") << "count " << count;
@@ -286,7 +296,9 @@ TEST(RegisteredShardedDirect, TheOwnerReportsANonFiniteSumAndAKindMismatchIsName
   const std::vector<float> inputs = exact_inputs(rank, count);
   std::copy(inputs.begin(), inputs.end(), data);
   if (rank == n - 1) data[place] = std::nanf("");
+  const uint64_t before = shm_direct_collectives();
   const bool finite = direct.reduce_scatter_gradients(data, count, 0.5f, /*tag=*/5);
+  EXPECT_EQ(shm_direct_collectives() - before, 1u) << "the reduce-scatter did not take the direct path";
   bool owns = false;
   for (const RingChunk& c : direct.owned_chunks(count)) owns |= place >= c.offset && place < c.offset + c.count;
   EXPECT_EQ(finite, !owns) << "rank " << rank << (owns ? " owns" : " does not own") << " the poisoned element";
