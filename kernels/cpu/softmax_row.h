@@ -27,14 +27,14 @@ inline float exp_shifted_lanes(float* out, const float* in, int n, float shift) 
   int j = 0;
   for (; j + 16 <= n; j += 16) {
     for (int k = 0; k < 16 / W; ++k) {
-      const V e = exp_fast(load_lanes<W>(in + j + k * W) - shift);
+      const V e = exp_fast_nonpositive(load_lanes<W>(in + j + k * W) - shift);
       store_lanes<W>(out + j + k * W, e);
       acc[k] += e;
     }
   }
   Float8 rest = {};  // a block of 8 left over, at either width
   if (j + 8 <= n) {
-    rest = exp_fast(load_lanes<8>(in + j) - shift);
+    rest = exp_fast_nonpositive(load_lanes<8>(in + j) - shift);
     store_lanes<8>(out + j, rest);
     j += 8;
   }
