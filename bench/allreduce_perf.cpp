@@ -250,6 +250,12 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
 
   if (o.registered != 0 && o.registered != 1)
     throw UsageError("-R " + std::to_string(o.registered) + ": 0 (ordinary buffers) or 1 (registered buffers)");
+  // -R is DDPLAB_LOCAL_REGISTER for this run: one fact, so that the Communicators' transport names (single copy,
+  // direct collectives) say what the buffers get. Read before any knob is (settings read each once).
+  const std::string register_value = std::to_string(o.registered);
+  if (const char* env = std::getenv(settings::kLocalRegister.name); env && *env && register_value != env)
+    throw UsageError("-R " + register_value + " and " + settings::kLocalRegister.name + "=" + env + " disagree");
+  setenv(settings::kLocalRegister.name, register_value.c_str(), 1);
   if (ngpus != 1)
     throw UsageError("-g " + std::to_string(ngpus) + ": one GPU per process here (start one rank per GPU: -np)");
   if (nthreads != 1)
@@ -574,7 +580,7 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
   for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
   std::printf("# host buffers: %s\n",
               o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
-                           : "not registered (-R 0): shm hops copy through the FIFOs, and no direct all-reduce");
+                           : "not registered (-R 0): shm hops copy through the FIFOs, and no direct collectives");
   const std::vector<size_t> sizes = o.sizes();  // the sizes run: the last is -e only where the steps land on it
   std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
               human_bytes(static_cast<double>(sizes.front())).c_str(),

@@ -133,6 +133,8 @@ def test_flags(perf, workdir):
     if doc:
         check(doc["registered"] is False and doc["wrong"] == 0 and "# host buffers: not registered (-R 0)" in p.stdout,
               "-R 0: ordinary host buffers, said in the header and the JSON, #wrong 0")
+        check("# ring over shm\n" in p.stdout, "-R 0: the transport line claims neither single copy nor direct "
+              f"collectives: {[l for l in p.stdout.splitlines() if l.startswith('# ring over')]}")
         wire = {"ring": "float", "mpi": "float", "ring-bf16": "bfloat16", "ring-fp16": "half"}
         table = data_rows(p.stdout)
         check(len(table) == len(doc["results"]) and all(t[3] == wire[t[0]] for t in table),
@@ -239,6 +241,14 @@ def test_bad_arguments(perf, workdir):
               and "MPI_ABORT" not in p.stderr and not data_rows(p.stdout) and not p.stdout.strip())
         check(ok, f"{' '.join(args)}: exit 2, one line naming '{expected}', no banner, no output, {took:.1f} s "
                   f"(got {p.returncode}: {ours or p.stderr.strip()[-200:]})")
+    # -R is DDPLAB_LOCAL_REGISTER for the run: an environment that says otherwise is refused the same way.
+    p = subprocess.run(perf.cmd(["-R", "0", "-b", "4", "-e", "4", "-n", "1", "-w", "0", "--csv", old]),
+                       capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "DDPLAB_LOCAL_REGISTER": "1"})
+    ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+    check(p.returncode == 2 and len(ours) == 1 and
+          ours[0].startswith("allreduce_perf: error: -R 0 and DDPLAB_LOCAL_REGISTER=1 disagree") and not p.stdout.strip(),
+          f"-R 0 with DDPLAB_LOCAL_REGISTER=1: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
     # A GPU implementation where none can run (a build without CUDA, or no device): refused the same way, before
     # any rank enters NCCL. Where a GPU is present it runs (one rank: ncclAllReduce takes a GPU per rank).
     p = perf.run(["--impls", "nccl", "-b", "4", "-e", "4", "-n", "1", "-w", "0"], np=1, timeout=60)
