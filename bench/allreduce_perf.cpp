@@ -251,11 +251,15 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   if (o.registered != 0 && o.registered != 1)
     throw UsageError("-R " + std::to_string(o.registered) + ": 0 (ordinary buffers) or 1 (registered buffers)");
   // -R is DDPLAB_LOCAL_REGISTER for this run: one fact, so that the Communicators' transport names (single copy,
-  // direct collectives) say what the buffers get. Read before any knob is (settings read each once).
+  // direct collectives) say what the buffers get. Set before any knob is read (settings read each once); a value
+  // that is neither 0 nor 1 is left for the knobs' own check to name.
   const std::string register_value = std::to_string(o.registered);
-  if (const char* env = std::getenv(settings::kLocalRegister.name); env && *env && register_value != env)
-    throw UsageError("-R " + register_value + " and " + settings::kLocalRegister.name + "=" + env + " disagree");
-  setenv(settings::kLocalRegister.name, register_value.c_str(), 1);
+  const std::string environment =
+      std::getenv(settings::kLocalRegister.name) ? std::getenv(settings::kLocalRegister.name) : "";
+  if ((environment == "0" || environment == "1") && environment != register_value)
+    throw UsageError("-R " + register_value + " and " + settings::kLocalRegister.name + "=" + environment +
+                     " disagree");
+  if (environment.empty()) setenv(settings::kLocalRegister.name, register_value.c_str(), 1);
   if (ngpus != 1)
     throw UsageError("-g " + std::to_string(ngpus) + ": one GPU per process here (start one rank per GPU: -np)");
   if (nthreads != 1)
