@@ -574,7 +574,19 @@ std::string fit(double value, int width) {
 
 constexpr const char* kRowFormat = "%-13s %12s %12s %8s %5s  %8s %6s %6s %6s %8s %8s  %8s %6s %6s %6s %8s %8s\n";
 
-void print_header(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports) {
+// Ranks sharing rank 0's host (collective), to say when they outnumber its cores.
+int ranks_on_rank0_host() {
+  MPI_Comm host;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+  int ranks = 1;
+  MPI_Comm_size(host, &ranks);
+  MPI_Comm_free(&host);
+  MPI_Bcast(&ranks, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ranks;
+}
+
+void print_header(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
+                  int host_ranks) {
   char host[256] = "?";
   gethostname(host, sizeof host);
   const std::string step =
@@ -582,6 +594,10 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
   std::printf("# ddplab allreduce_perf: %d ranks, host %s, %s, link %s\n", n, host, topology.describe().c_str(),
               describe(o.link).c_str());
   for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
+  if (const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)); host_ranks > cores)
+    std::printf("# oversubscribed: %d ranks on this host's %ld cores take turns on them, so the times measure this "
+                "machine's sharing\n",
+                host_ranks, cores);
   std::printf("# host buffers: %s\n",
               o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
                            : "not registered (-R 0): shm hops copy through the FIFOs, and no direct collectives");
@@ -867,7 +883,8 @@ int run(const Options& o, int rank, int n) {
   std::vector<Impl> impls;
   std::vector<std::string> transports;  // rank 0's
   for (const std::string& name : o.impls) impls.push_back(make_impl(name, o, max_count, transports));
-  if (rank == 0) print_header(o, n, topology, transports);
+  const int host_ranks = ranks_on_rank0_host();
+  if (rank == 0) print_header(o, n, topology, transports, host_ranks);
 
   const size_t min_count = o.min_bytes / sizeof(float);
   Inputs inputs{n};

@@ -31,7 +31,7 @@ def run(mpirun, exe, np, args, workdir, tag):
         doc = json.load(f)
     with open(c) as f:
         rows = list(csv.DictReader(f))
-    return doc, rows
+    return doc, rows, p.stdout
 
 
 def check(doc, rows, np, impls, sizes):
@@ -91,15 +91,19 @@ def main():
         # 8 B .. 2 MiB: recursive doubling, the ring with one and with several rounds (slices), every wire.
         sizes = [8 * 8**k for k in range(7)]  # -b 8 -e 2M -f 8: 8 B .. 2 MiB
         # 3 calls: p50 and p99 are different calls.
-        doc, rows = run(mpirun, exe, np, ["-b", "8", "-e", "2M", "-f", "8", "-w", "1", "-n", "3",
-                                          "--impls", ",".join(IMPLS)], d, "plain")
+        doc, rows, out = run(mpirun, exe, np, ["-b", "8", "-e", "2M", "-f", "8", "-w", "1", "-n", "3",
+                                               "--impls", ",".join(IMPLS)], d, "plain")
         errors = check(doc, rows, np, IMPLS, sizes)
+        # More ranks than this host's cores: the header says so (as ddplab train's does), and only then.
+        if ("# oversubscribed:" in out) != (np > os.cpu_count()):
+            errors.append(f"np {np} on {os.cpu_count()} cores: the header's oversubscription note is "
+                          f"{'there' if '# oversubscribed:' in out else 'missing'}")
         sizes_seen = sorted({r["size_bytes"] for r in doc["results"]})
         if sizes_seen != sizes:
             errors.append(f"sizes {sizes_seen}, expected {sizes}")
         # An emulated link (fast, so the test stays short): mpi applies its model, the ring the wrapper transport.
-        doc, rows = run(mpirun, exe, np, ["-b", "1K", "-e", "256K", "-f", "16", "-w", "1", "-n", "2",
-                                          "--impls", "ring,mpi,ring-bf16", "--link", "100gbe-ib"], d, "link")
+        doc, rows, _ = run(mpirun, exe, np, ["-b", "1K", "-e", "256K", "-f", "16", "-w", "1", "-n", "2",
+                                             "--impls", "ring,mpi,ring-bf16", "--link", "100gbe-ib"], d, "link")
         errors += check(doc, rows, np, ["ring", "mpi", "ring-bf16"], [1024, 16384, 262144])
         if doc["link"]["name"] != "100gbe-ib" or doc["link"]["gbps"] != 100:
             errors.append(f"link not recorded: {doc['link']}")
@@ -107,9 +111,9 @@ def main():
         # node where np allows, with per-class links (fast, so the test stays short).
         node_impls = ["ring", "mpi", "hier"]
         for k in [1] + ([2] if np % 2 == 0 and np > 2 else []):
-            doc, rows = run(mpirun, exe, np, ["-b", "8", "-e", "2M", "-f", "8", "-w", "1", "-n", "3",
-                                              "--impls", ",".join(node_impls), "--ranks-per-node", str(k),
-                                              "--link", "intra=pcie4,inter=100gbe-ib"], d, f"nodes{k}")
+            doc, rows, _ = run(mpirun, exe, np, ["-b", "8", "-e", "2M", "-f", "8", "-w", "1", "-n", "3",
+                                                 "--impls", ",".join(node_impls), "--ranks-per-node", str(k),
+                                                 "--link", "intra=pcie4,inter=100gbe-ib"], d, f"nodes{k}")
             errors += check(doc, rows, np, node_impls, sizes)
             if doc.get("node_of_rank") != [r // k for r in range(np)]:
                 errors.append(f"--ranks-per-node {k}: node_of_rank {doc.get('node_of_rank')}")
