@@ -595,9 +595,10 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
               describe(o.link).c_str());
   for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
   if (const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)); host_ranks > cores)
-    std::printf("# oversubscribed: %d ranks on this host's %ld cores take turns on them, so the times measure this "
-                "machine's sharing\n",
-                host_ranks, cores);
+    std::printf(
+        "# oversubscribed: %d ranks on this host's %ld cores take turns on them, so the times measure this "
+        "machine's sharing\n",
+        host_ranks, cores);
   std::printf("# host buffers: %s\n",
               o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
                            : "not registered (-R 0): shm hops copy through the FIFOs, and no direct collectives");
