@@ -574,17 +574,6 @@ std::string fit(double value, int width) {
 
 constexpr const char* kRowFormat = "%-13s %12s %12s %8s %5s  %8s %6s %6s %6s %8s %8s  %8s %6s %6s %6s %8s %8s\n";
 
-// Ranks sharing rank 0's host (collective), to say when they outnumber its cores.
-int ranks_on_rank0_host() {
-  MPI_Comm host;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
-  int ranks = 1;
-  MPI_Comm_size(host, &ranks);
-  MPI_Comm_free(&host);
-  MPI_Bcast(&ranks, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return ranks;
-}
-
 void print_header(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
                   int host_ranks) {
   char host[256] = "?";
@@ -884,7 +873,8 @@ int run(const Options& o, int rank, int n) {
   std::vector<Impl> impls;
   std::vector<std::string> transports;  // rank 0's
   for (const std::string& name : o.impls) impls.push_back(make_impl(name, o, max_count, transports));
-  const int host_ranks = ranks_on_rank0_host();
+  const Topology hosts = detect_topology(MPI_COMM_WORLD, /*ranks_per_node=*/0);  // the hosts, whatever the nodes
+  const int host_ranks = hosts.node_sizes()[hosts.node_of_rank[0]];              // on rank 0's, which prints
   if (rank == 0) print_header(o, n, topology, transports, host_ranks);
 
   const size_t min_count = o.min_bytes / sizeof(float);

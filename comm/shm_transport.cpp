@@ -741,25 +741,21 @@ void stream_copy(float* dst, const float* src, size_t m) {
 }
 
 // outs[k][i] = scale x (((ins[0][i] + ins[1][i]) + ins[2][i]) + ...) for every output k and i in [begin, end): one
-// rank's sum, in the order given, goes to every output (one input: a copy). Block by block: the block's sum is
-// formed once, in L1, then copied into each output, with non-temporal stores when `stream` (fenced before it
-// returns). Returns how many blocks had a non-finite sum (counted only when `check`).
+// rank's sum, in the order given, goes to every output. One input (the all-gather) is copied as it is: scale and
+// check apply to sums only. Block by block: the block's sum is formed once, in L1, then copied into each output, with
+// non-temporal stores when `stream` (fenced before it returns). Returns how many blocks had a non-finite sum (counted
+// only when `check`).
 uint64_t sum_into_all(const std::vector<const float*>& ins, const std::vector<float*>& outs, size_t begin, size_t end,
                       float scale, bool check, bool stream) {
   constexpr size_t kBlock = 1024;  // 4 KiB
   alignas(64) float sum[kBlock];
   uint64_t nonfinite = 0;
-  const bool copy = ins.size() == 1 && scale == 1.0f && !check;
   for (size_t at = begin; at < end; at += kBlock) {
     const size_t m = std::min(kBlock, end - at);
     const float* block = ins[0] + at;
-    if (!copy) {
-      if (ins.size() == 1) {
-        std::memcpy(sum, block, m * sizeof(float));
-      } else {
-        const float* b = ins[1] + at;
-        for (size_t i = 0; i < m; ++i) sum[i] = block[i] + b[i];
-      }
+    if (ins.size() > 1) {
+      const float* b = ins[1] + at;
+      for (size_t i = 0; i < m; ++i) sum[i] = block[i] + b[i];
       for (size_t k = 2; k < ins.size(); ++k) {
         const float* c = ins[k] + at;
         for (size_t i = 0; i < m; ++i) sum[i] += c[i];
@@ -883,13 +879,13 @@ std::optional<bool> ShmTransport::direct_collective(Direct kind, const float* in
     }
     // Out of place, once every rank's output together outgrows the last-level cache, the sums go to memory with
     // non-temporal stores: no line of an output is read before it is overwritten (on Zen 4 out of place at 16-256
-    // MiB: +50-90%; at 4 MiB, where the outputs stay in the cache, they lost 2x: docs/BENCHMARKS.md, session 16).
+    // MiB: +48% to +106%; at 4 MiB, where the outputs stay in the cache, they lost in 2 rounds of 3, and 2x on Zen 5:
+    // docs/BENCHMARKS.md, sessions 15 and 16).
     // In place the lines were just read, and an ordinary store hits them in the cache.
     const bool stream = in != out && bytes * static_cast<size_t>(size_) >= last_level_cache_bytes();
     for (const RingChunk& c : ring_owned_chunks(count, size_, rank_, options))
-      nonfinite += sum_into_all(sources, targets, c.offset, c.offset + c.count,
-                                kind == Direct::kAllGather ? 1.0f : options.final_scale,
-                                kind != Direct::kAllGather && options.check_finite, stream);
+      nonfinite += sum_into_all(sources, targets, c.offset, c.offset + c.count, options.final_scale,
+                                options.check_finite, stream);
     direct_collectives.fetch_add(1, std::memory_order_relaxed);
   }
   // Depart, and wait until every rank has: then no one reads or writes this rank's buffers any more, and its output
