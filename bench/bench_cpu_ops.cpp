@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       2 * act_bytes, "GB/s");
   row("bias_backward", shape, median_ms([&] { cpu::bias_backward(dbias.data(), dout.data(), B, OC); }, repeats),
       act_bytes, "GB/s");
-  auto logits = random_vector(size_t(B) * V, 9), probs = logits, losses = random_vector(B, 10);
+  auto logits = random_vector(size_t(B) * V, 9), exps = logits, losses = random_vector(B, 10), sums = losses;
   std::vector<int32_t> targets(B);
   for (int b = 0; b < B; ++b) targets[b] = b * 7 % V;
   std::snprintf(shape, sizeof shape, "%dx%d", B, V);
@@ -108,14 +108,17 @@ int main(int argc, char** argv) {
     row(("softmax_xent_forward" + width).c_str(), shape,
         median_ms(
             [&] {
-              cpu::softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, V);
+              cpu::softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(),
+                                                 B, V);
             },
             repeats),
         8.0 * B * V, "GB/s");
   }
   cpu::set_float_lanes(native_lanes);
   row("softmax_xent_backward", shape,
-      median_ms([&] { cpu::softmax_cross_entropy_backward(logits.data(), probs.data(), targets.data(), B, V); }, repeats),
+      median_ms(
+          [&] { cpu::softmax_cross_entropy_backward(logits.data(), exps.data(), sums.data(), targets.data(), B, V); },
+          repeats),
       8.0 * B * V, "GB/s");
 
   const int64_t n = 3'122'152;  // the default MLP's parameter count

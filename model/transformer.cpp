@@ -189,6 +189,7 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   if (classify) EnsureSize(pooled_, static_cast<size_t>(B) * C);
   EnsureSize(logits_, static_cast<size_t>(rows) * K);
   EnsureSize(losses_, rows);
+  EnsureSize(row_sums_, rows);
 
   const int32_t* lens = lengths_.data();
   const int32_t* pos = positions_.empty() ? nullptr : positions_.data();
@@ -223,9 +224,9 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   }
   cpu::matmul_forward(logits_.data(), features, P(head_).data, rows, C, K);
   cpu::bias_forward(logits_.data(), P(head_ + 1).data, rows, K);
-  // Probabilities in place of the logits: for the LM head this is the largest buffer by far.
-  return cpu::masked_cross_entropy_forward(logits_.data(), losses_.data(), logits_.data(), targets_.data(), rows, K,
-                                           &loss_count_);
+  // The softmax's exps in place of the logits: for the LM head this is the largest buffer by far.
+  return cpu::softmax_cross_entropy_forward(logits_.data(), row_sums_.data(), losses_.data(), logits_.data(),
+                                            targets_.data(), rows, K, &loss_count_);
 }
 
 template <typename T>
@@ -289,7 +290,8 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
     announce(w);
   };
 
-  cpu::masked_cross_entropy_backward(dlogits_.data(), logits_.data(), targets_.data(), rows, K, loss_scale);
+  cpu::softmax_cross_entropy_backward(dlogits_.data(), logits_.data(), row_sums_.data(), targets_.data(), rows, K,
+                                      loss_scale);
   if (classify) {
     linear_backward(head_, dpooled_.data(), dlogits_.data(), pooled_.data(), B, C, K);
     cpu::mean_pool_backward(dsmall_.data(), dpooled_.data(), lens, B, S, C);

@@ -104,7 +104,7 @@ class Transformer : public ParameterStore<T> {
   int64_t loss_count_ = 0;
   std::vector<int32_t> tokens_, lengths_, targets_;  // targets_: [B] classes or [B*S] next tokens (-1: none)
   std::vector<int32_t> positions_;                   // [B*S] when packed, else empty
-  std::vector<T> encoded_, lnf_out_, lnf_mean_, lnf_rstd_, pooled_, logits_, losses_;  // logits_ holds the probs
+  std::vector<T> encoded_, lnf_out_, lnf_mean_, lnf_rstd_, pooled_, logits_, losses_, row_sums_;  // logits_: the exps
   std::vector<LayerActs> acts_;
   std::vector<T> tmp_, dresid_, dbig_, dsmall_, dpooled_, dlogits_, att_scratch_;
 };

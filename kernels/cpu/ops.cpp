@@ -175,27 +175,44 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 }
 
 template <typename T>
-T softmax_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32_t* targets, int B, int V) {
-  T total = 0;
-  for (int b = 0; b < B; ++b) {
-    const T* z = logits + static_cast<int64_t>(b) * V;
-    T* p = probs + static_cast<int64_t>(b) * V;
-    const T z_target = z[targets[b]];  // read before p (which may alias z) is written
+T softmax_cross_entropy_forward(T* exps, T* row_sums, T* losses, const T* logits, const int32_t* targets, int N, int V,
+                                int64_t* num_valid) {
+  double total = 0;  // the sum of up to B*S row losses: accumulate wider than float
+  int64_t count = 0;
+  for (int n = 0; n < N; ++n) {
+    if (targets[n] < 0) {
+      losses[n] = 0;
+      continue;
+    }
+    const T* z = logits + static_cast<int64_t>(n) * V;
+    const T z_target = z[targets[n]];  // read before exps (which may alias z) is written
     T zmax;
-    losses[b] = softmax_row(p, z, V, &zmax) - (z_target - zmax);
-    total += losses[b];
+    row_sums[n] = exp_row(exps + static_cast<int64_t>(n) * V, z, V, &zmax);
+    losses[n] = std::log(row_sums[n]) - (z_target - zmax);
+    total += losses[n];
+    ++count;
   }
-  return B > 0 ? total / B : T(0);
+  if (num_valid) *num_valid = count;
+  return count > 0 ? static_cast<T>(total / count) : T(0);
 }
 
 template <typename T>
-void softmax_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int B, int V) {
-  const T inv_b = T(1) / T(B);
-  for (int b = 0; b < B; ++b) {
-    const T* p = probs + static_cast<int64_t>(b) * V;
-    T* d = dlogits + static_cast<int64_t>(b) * V;
-    for (int v = 0; v < V; ++v) d[v] = p[v] * inv_b;
-    d[targets[b]] -= inv_b;
+void softmax_cross_entropy_backward(T* dlogits, const T* exps, const T* row_sums, const int32_t* targets, int N, int V,
+                                    T scale) {
+  int64_t count = 0;
+  for (int n = 0; n < N; ++n) count += targets[n] >= 0;
+  const T inv = count > 0 ? scale / T(count) : T(0);
+  for (int n = 0; n < N; ++n) {
+    T* d = dlogits + static_cast<int64_t>(n) * V;
+    if (targets[n] < 0) {
+      std::fill(d, d + V, T(0));
+      continue;
+    }
+    const T* e = exps + static_cast<int64_t>(n) * V;
+    const T row_scale = inv / row_sums[n];  // the softmax's normalisation and the mean's in one factor
+#pragma omp simd
+    for (int v = 0; v < V; ++v) d[v] = e[v] * row_scale;
+    d[targets[n]] -= inv;
   }
 }
 
@@ -297,21 +314,21 @@ bool scale_and_check_finite(float* y, float alpha, int64_t n) {
   return map_all_finite</*kStore=*/true>(y, y, n, [alpha](auto v) { return v * alpha; });
 }
 
-#define DDPLAB_INSTANTIATE(T)                                                                           \
-  template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                               \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                \
-  template void matmul_backward_input<T>(T*, const T*, const T*, int, int, int);                        \
-  template void matmul_backward_weight<T>(T*, const T*, const T*, int, int, int, int, int, bool);       \
-  template void bias_forward<T>(T*, const T*, int, int);                                                \
-  template void bias_backward<T>(T*, const T*, int, int, bool);                                         \
-  template void gelu_forward<T>(T*, const T*, int64_t);                                                 \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                      \
-  template T softmax_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
-  template void softmax_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int);              \
-  template void adamw_update<T>(T*, const T*, T*, T*, int64_t, float, float, float, float, float, int); \
-  template void sgd_update<T>(T*, const T*, T*, int64_t, float, float, float);                          \
-  template void scale<T>(T*, T, int64_t);                                                               \
-  template bool all_finite<T>(const T*, int64_t);                                                       \
+#define DDPLAB_INSTANTIATE(T)                                                                            \
+  template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                                \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                 \
+  template void matmul_backward_input<T>(T*, const T*, const T*, int, int, int);                         \
+  template void matmul_backward_weight<T>(T*, const T*, const T*, int, int, int, int, int, bool);        \
+  template void bias_forward<T>(T*, const T*, int, int);                                                 \
+  template void bias_backward<T>(T*, const T*, int, int, bool);                                          \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                                  \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                       \
+  template T softmax_cross_entropy_forward<T>(T*, T*, T*, const T*, const int32_t*, int, int, int64_t*); \
+  template void softmax_cross_entropy_backward<T>(T*, const T*, const T*, const int32_t*, int, int, T);  \
+  template void adamw_update<T>(T*, const T*, T*, T*, int64_t, float, float, float, float, float, int);  \
+  template void sgd_update<T>(T*, const T*, T*, int64_t, float, float, float);                           \
+  template void scale<T>(T*, T, int64_t);                                                                \
+  template bool all_finite<T>(const T*, int64_t);                                                        \
   template bool scale_and_check_finite<T>(T*, T, int64_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(double)

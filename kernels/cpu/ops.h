@@ -52,12 +52,20 @@ void gelu_forward(T* out, const T* inp, int64_t n);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
 
-// Row-wise softmax of logits[B,V] into probs, per-row loss -log(probs[target]); returns the mean loss.
+// The cross-entropy of logits [N, V] against targets, the softmax left unnormalised: exps[n, :] = exp(logits[n, :] -
+// their max) and row_sums[n] = the sum of that row (exps MAY ALIAS logits), losses[n] = -log(exps[n, target] /
+// row_sums[n]). The probabilities are formed by the backward, which scales every element anyway: no pass over the
+// rows scales them here. Rows with targets[n] < 0 are ignored: loss 0, their exps and row_sums not written. Returns
+// the mean loss over the valid rows (0 when there are none); *num_valid (if not null) receives their count.
 template <typename T>
-T softmax_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32_t* targets, int B, int V);
-// Gradient of the MEAN loss over the B rows: dlogits = (probs - onehot(target)) / B.
+T softmax_cross_entropy_forward(T* exps, T* row_sums, T* losses, const T* logits, const int32_t* targets, int N, int V,
+                                int64_t* num_valid = nullptr);
+// Gradient of scale x that mean: dlogits = scale (exps / row_sums - onehot(target)) / num_valid on valid rows, 0 on
+// ignored rows (scale: the weight of this batch in a larger loss, e.g. one micro-batch of several). dlogits MAY
+// ALIAS exps.
 template <typename T>
-void softmax_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int B, int V);
+void softmax_cross_entropy_backward(T* dlogits, const T* exps, const T* row_sums, const int32_t* targets, int N, int V,
+                                    T scale = 1);
 
 // AdamW (decoupled weight decay, bias-corrected), step t counts from 1.
 template <typename T>

@@ -1,4 +1,4 @@
-// One row's softmax, shared by the classifier's and the LM head's cross-entropy (ops.cpp, transformer_ops.cpp).
+// One row's softmax: the cross-entropy's (ops.cpp) and the attention's (transformer_ops.cpp).
 // Internal to kernels/cpu: its loops rely on the library's -fopenmp-simd.
 #pragma once
 #include <cmath>
@@ -58,25 +58,23 @@ inline float exp_shifted(float* out, const float* in, int n, float shift) {
   return exp_shifted_lanes<8>(out, in, n, shift);
 }
 
-// p = softmax(z) over one row of n (p may be z), with the row's max subtracted so exp never overflows. Returns
-// log(sum exp(z - max)) and sets *zmax_out: a cross-entropy is then log_sum - (z[target] - zmax), finite even
-// when p[target] underflows to 0.
+// One row of the cross-entropy's softmax, left unnormalised: e[j] = exp(z[j] - max z) for j < n (e may be z), the
+// row's max subtracted so exp never overflows. Returns sum e (at least 1: the max term is exp(0)) and sets *zmax_out:
+// the cross-entropy is then log(sum) - (z[target] - zmax), finite even when e[target] underflows to 0. The
+// probabilities e / sum are formed where they are read (the cross-entropy's backward scales every element anyway),
+// which saves a pass over the row here.
 template <typename T>
-T softmax_row(T* p, const T* z, int n, T* zmax_out) {
+T exp_row(T* e, const T* z, int n, T* zmax_out) {
   T zmax = z[0];
 #pragma omp simd reduction(max : zmax)
   for (int v = 0; v < n; ++v) zmax = z[v] > zmax ? z[v] : zmax;
-  const T sum = exp_shifted(p, z, n, zmax);
-  const T inv = T(1) / sum;
-#pragma omp simd
-  for (int v = 0; v < n; ++v) p[v] *= inv;
   *zmax_out = zmax;
-  return std::log(sum);
+  return exp_shifted(e, z, n, zmax);
 }
 
-// Float: the three passes W lanes at a time (the compiler's own vectorisation of the max keeps one 8-lane chain).
+// Float: both passes W lanes at a time (the compiler's own vectorisation of the max keeps one 8-lane chain).
 template <int W>
-inline float softmax_row_lanes(float* p, const float* z, int n, float* zmax_out) {
+inline float exp_row_lanes(float* e, const float* z, int n, float* zmax_out) {
   using V = typename FloatLanes<W>::V;
   V lane_max[2] = {V{} + z[0], V{} + z[0]};  // two chains: each max waits on the one before
   int v = 0;
@@ -91,24 +89,20 @@ inline float softmax_row_lanes(float* p, const float* z, int n, float* zmax_out)
   float zmax = z[0];
   for (int l = 0; l < W; ++l) zmax = both[l] > zmax ? both[l] : zmax;
   for (; v < n; ++v) zmax = z[v] > zmax ? z[v] : zmax;
-  const float sum = exp_shifted_lanes<W>(p, z, n, zmax);
-  const float inv = 1.0f / sum;
-  for (v = 0; v + W <= n; v += W) store_lanes<W>(p + v, load_lanes<W>(p + v) * inv);
-  for (; v < n; ++v) p[v] *= inv;
   *zmax_out = zmax;
-  return std::log(sum);
+  return exp_shifted_lanes<W>(e, z, n, zmax);
 }
 #ifdef DDPLAB_AVX512_KERNELS
-[[DDPLAB_AVX512_TARGET]] inline float softmax_row_16(float* p, const float* z, int n, float* zmax_out) {
-  return softmax_row_lanes<16>(p, z, n, zmax_out);
+[[DDPLAB_AVX512_TARGET]] inline float exp_row_16(float* e, const float* z, int n, float* zmax_out) {
+  return exp_row_lanes<16>(e, z, n, zmax_out);
 }
 #endif
 template <>
-inline float softmax_row(float* p, const float* z, int n, float* zmax_out) {
+inline float exp_row(float* e, const float* z, int n, float* zmax_out) {
 #ifdef DDPLAB_AVX512_KERNELS
-  if (float_lanes() == 16) return softmax_row_16(p, z, n, zmax_out);
+  if (float_lanes() == 16) return exp_row_16(e, z, n, zmax_out);
 #endif
-  return softmax_row_lanes<8>(p, z, n, zmax_out);
+  return exp_row_lanes<8>(e, z, n, zmax_out);
 }
 
 }  // namespace ddplab::cpu

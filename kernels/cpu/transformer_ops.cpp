@@ -482,46 +482,6 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
 }
 
 template <typename T>
-T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32_t* targets, int N, int V,
-                               int64_t* num_valid) {
-  double total = 0;  // the sum of up to B*S row losses: accumulate wider than float
-  int64_t count = 0;
-  for (int n = 0; n < N; ++n) {
-    if (targets[n] < 0) {
-      losses[n] = 0;
-      continue;
-    }
-    const T* z = logits + static_cast<int64_t>(n) * V;
-    T* p = probs + static_cast<int64_t>(n) * V;
-    const T z_target = z[targets[n]];  // read before p (which may alias z) is written
-    T zmax;
-    losses[n] = softmax_row(p, z, V, &zmax) - (z_target - zmax);
-    total += losses[n];
-    ++count;
-  }
-  if (num_valid) *num_valid = count;
-  return count > 0 ? static_cast<T>(total / count) : T(0);
-}
-
-template <typename T>
-void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V, T scale) {
-  int64_t count = 0;
-  for (int n = 0; n < N; ++n) count += targets[n] >= 0;
-  const T inv = count > 0 ? scale / T(count) : T(0);
-  for (int n = 0; n < N; ++n) {
-    T* d = dlogits + static_cast<int64_t>(n) * V;
-    if (targets[n] < 0) {
-      zero(d, V);
-      continue;
-    }
-    const T* p = probs + static_cast<int64_t>(n) * V;
-#pragma omp simd
-    for (int v = 0; v < V; ++v) d[v] = p[v] * inv;
-    d[targets[n]] -= inv;
-  }
-}
-
-template <typename T>
 void mean_pool_forward(T* out, const T* inp, const int32_t* lengths, int B, int S, int C) {
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
@@ -576,8 +536,6 @@ void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* 
   template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool, \
                                       const int32_t*);                                                                \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                 \
-  template T masked_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int, int64_t*);                   \
-  template void masked_cross_entropy_backward<T>(T*, const T*, const int32_t*, int, int, T);                          \
   template void mean_pool_forward<T>(T*, const T*, const int32_t*, int, int, int);                                    \
   template void mean_pool_backward<T>(T*, const T*, const int32_t*, int, int, int);
 DDPLAB_INSTANTIATE(float)

@@ -62,17 +62,6 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);
 
-// Row-wise softmax of logits [N, V] into probs (probs MAY ALIAS logits), losses[n] = -log probs[n, targets[n]].
-// Rows with targets[n] < 0 are ignored: loss 0, probs row not written. Returns the mean loss over the valid rows
-// (0 when there are none); *num_valid (if not null) receives their count.
-template <typename T>
-T masked_cross_entropy_forward(T* probs, T* losses, const T* logits, const int32_t* targets, int N, int V,
-                               int64_t* num_valid = nullptr);
-// Gradient of scale x that mean: dlogits = scale (probs - onehot(target)) / num_valid on valid rows, 0 on ignored
-// rows (scale: the weight of this batch in a larger loss, e.g. one micro-batch of several). dlogits MAY ALIAS probs.
-template <typename T>
-void masked_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, int N, int V, T scale = 1);
-
 // The causal LM's targets: targets[b,t] = tokens[b,t+1] when t + 1 < len[b] and token t + 1 belongs to the same
 // sequence (positions[b,t+1] != 0 when packed), else -1 (no target: ignored by the cross-entropy). [B, S] each.
 void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B, int S,

@@ -1,6 +1,6 @@
 // Softmax cross-entropy on the device, forward and backward fused: one read of the logits gives the per-row loss
-// and dlogits, and the probabilities are never stored. The twin of cpu::masked_cross_entropy_forward followed by
-// cpu::masked_cross_entropy_backward (kernels/cpu/transformer_ops.h), with the same ignore rule: rows with
+// and dlogits, and the probabilities are never stored. The twin of cpu::softmax_cross_entropy_forward followed by
+// cpu::softmax_cross_entropy_backward (kernels/cpu/ops.h), with the same ignore rule: rows with
 // targets[n] < 0 are padding.
 //
 // Precision: logits and dlogits are T = float or __nv_bfloat16; losses, the mean and all arithmetic are fp32 (the

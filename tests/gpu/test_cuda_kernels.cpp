@@ -240,7 +240,7 @@ TEST_F(CudaKernels, LayerNormBackwardIsDeterministic) {
   }
 }
 
-// Fused softmax cross-entropy against cpu::masked_cross_entropy_forward + backward (dlogits times the gradient's
+// Fused softmax cross-entropy against cpu::softmax_cross_entropy_forward + backward (dlogits times the gradient's
 // scale, 1 and 0.7, which the kernel folds in). fp32: expf vs the CPU's exp_fast, both ~1 ulp, and another summation
 // order: 1e-5 relative (losses, mean) and 1e-6 absolute on dlogits, which are O(1/num_valid). bf16: logits
 // pre-rounded; dlogits rounded to bf16: 8e-3 relative.
@@ -259,11 +259,11 @@ void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
     std::vector<int32_t> targets(N);
     const std::vector<float> u = random_vector(N, 0, 1, 22 + V);
     for (int n = 0; n < N; ++n) targets[n] = u[n] < sh.ignored ? -1 : static_cast<int32_t>(u[n] * 7919) % V;
-    std::vector<float> probs(int64_t{N} * V), losses(N), dlogits(int64_t{N} * V);
+    std::vector<float> exps(int64_t{N} * V), sums(N), losses(N), dlogits(int64_t{N} * V);
     int64_t num_valid = 0;
-    const float mean =
-        cpu::masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V, &num_valid);
-    cpu::masked_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), N, V);
+    const float mean = cpu::softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(),
+                                                          targets.data(), N, V, &num_valid);
+    cpu::softmax_cross_entropy_backward(dlogits.data(), exps.data(), sums.data(), targets.data(), N, V);
 
     for (const auto& [alias, scale] : {std::pair{false, 1.0f}, {true, 1.0f}, {false, 0.7f}}) {
       // dlogits written over the logits, as a training step does; a micro-batch's weight on the gradient
@@ -303,9 +303,9 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyForwardOnlyLargeLogits) {
   const int N = 3, V = 129;
   std::vector<float> logits = random_vector(int64_t{N} * V, 500, 900, 5);
   std::vector<int32_t> targets = {0, 128, 64};
-  std::vector<float> probs(int64_t{N} * V), losses(N);
+  std::vector<float> exps(int64_t{N} * V), sums(N), losses(N);
   const float mean =
-      cpu::masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V);
+      cpu::softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(), N, V);
   DeviceArray d_logits(logits, stream_), d_losses(N, stream_), d_mean(1, stream_);
   DeviceBuffer<int32_t> d_targets(targets, stream_), d_count(1, stream_);
   cuda::softmax_cross_entropy_fused<float>(nullptr, d_losses.get(), d_mean.get(), d_count.get(), d_logits.get(),

@@ -225,17 +225,21 @@ TEST(FloatLanes, SixteenLanesGiveTheBitsOfEight) {
     logits[static_cast<size_t>(2) * V + V / 2] = std::numeric_limits<float>::quiet_NaN();
     std::vector<int32_t> targets(B);
     for (int b = 0; b < B; ++b) targets[b] = (b * 5) % V;
-    std::vector<float> probs[2], losses[2];
+    std::vector<float> exps[2], sums[2], losses[2];
     float mean[2];
     for (int k = 0; k < 2; ++k) {
       FloatLanesForScope width(k == 0 ? 8 : 16);
-      probs[k].resize(logits.size());
+      exps[k].resize(logits.size());
+      sums[k].resize(B);
       losses[k].resize(B);
-      mean[k] = softmax_cross_entropy_forward(probs[k].data(), losses[k].data(), logits.data(), targets.data(), B, V);
+      mean[k] = softmax_cross_entropy_forward(exps[k].data(), sums[k].data(), losses[k].data(), logits.data(),
+                                              targets.data(), B, V);
     }
-    for (size_t i = 0; i < logits.size(); ++i)
-      ASSERT_TRUE(SameBits(probs[0][i], probs[1][i])) << "V=" << V << " i=" << i;
-    for (int b = 0; b < B; ++b) ASSERT_TRUE(SameBits(losses[0][b], losses[1][b])) << "V=" << V << " row " << b;
+    for (size_t i = 0; i < logits.size(); ++i) ASSERT_TRUE(SameBits(exps[0][i], exps[1][i])) << "V=" << V << " i=" << i;
+    for (int b = 0; b < B; ++b) {
+      ASSERT_TRUE(SameBits(sums[0][b], sums[1][b])) << "V=" << V << " row " << b;
+      ASSERT_TRUE(SameBits(losses[0][b], losses[1][b])) << "V=" << V << " row " << b;
+    }
     ASSERT_TRUE(SameBits(mean[0], mean[1])) << "V=" << V;
     EXPECT_TRUE(std::isfinite(losses[0][3])) << "V=" << V;  // the row with nothing special
   }
@@ -249,20 +253,29 @@ TEST(FloatLanes, RefusesAWidthThisCpuCannotRun) {
   EXPECT_EQ(float_lanes(), sixteen_lanes_available() ? 16 : 8);  // the default: the widest this CPU runs
 }
 
+// The probabilities that softmax_cross_entropy_forward leaves unnormalised: exps[n, v] / row_sums[n].
+template <typename T>
+std::vector<T> Probabilities(const std::vector<T>& exps, const std::vector<T>& row_sums, int V) {
+  std::vector<T> p(exps.size());
+  for (size_t i = 0; i < p.size(); ++i) p[i] = exps[i] / row_sums[i / V];
+  return p;
+}
+
 TEST(SoftmaxCrossEntropy, BackwardIsGradientOfMeanLoss) {
   constexpr int B = 4, V = 6;
   auto logits = RandomNormal(B * V, 14, 2.0);
   const std::vector<int32_t> targets = {0, 5, 2, 2};
-  std::vector<double> probs(B * V), losses(B), dlogits(B * V, -99.0);
+  std::vector<double> exps(B * V), sums(B), losses(B), dlogits(B * V, -99.0);
   const auto loss = [&] {
-    return softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, V);
+    return softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(), B, V);
   };
   loss();
-  softmax_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), B, V);
+  softmax_cross_entropy_backward(dlogits.data(), exps.data(), sums.data(), targets.data(), B, V);
   ExpectGradNear(dlogits, NumericGrad(logits, loss), "dlogits");
 
-  // Probabilities form a distribution per row; the mean loss is the mean of the per-row losses.
+  // exps / sums form a distribution per row; the mean loss is the mean of the per-row losses.
   loss();
+  const std::vector<double> probs = Probabilities(exps, sums, V);
   double mean = 0;
   for (int b = 0; b < B; ++b) {
     double row = 0;
@@ -281,8 +294,10 @@ TEST(SoftmaxCrossEntropy, HandCheckableTinyCase) {
   // Row 0: logits log(1..4) give probs exactly 0.1, 0.2, 0.3, 0.4. Row 1: equal logits give 1/4 each.
   const std::vector<double> logits = {0.0, std::log(2.0), std::log(3.0), std::log(4.0), 5.0, 5.0, 5.0, 5.0};
   const std::vector<int32_t> targets = {3, 1};
-  std::vector<double> probs(8), losses(2);
-  const double mean = softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), 2, 4);
+  std::vector<double> exps(8), sums(2), losses(2);
+  const double mean =
+      softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(), 2, 4);
+  const std::vector<double> probs = Probabilities(exps, sums, 4);
   const double expected_p[8] = {0.1, 0.2, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25};
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(probs[i], expected_p[i], 1e-15) << i;
   EXPECT_NEAR(losses[0], -std::log(0.4), 1e-15);
@@ -290,7 +305,7 @@ TEST(SoftmaxCrossEntropy, HandCheckableTinyCase) {
   EXPECT_NEAR(mean, 0.5 * (std::log(4.0) - std::log(0.4)), 1e-15);
 
   std::vector<double> d(8);
-  softmax_cross_entropy_backward(d.data(), probs.data(), targets.data(), 2, 4);
+  softmax_cross_entropy_backward(d.data(), exps.data(), sums.data(), targets.data(), 2, 4);
   const double expected_d[8] = {0.05, 0.1, 0.15, -0.3, 0.125, -0.375, 0.125, 0.125};  // (p - onehot) / 2
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(d[i], expected_d[i], 1e-15) << i;
 }
@@ -300,9 +315,11 @@ void CheckHugeLogitsStayFinite() {
   // exp(1e4) overflows both float and double unless the row max is subtracted first.
   const std::vector<T> logits = {T(1e4), T(-1e4), T(0), T(1e4), T(1e4), T(-1e4)};
   const std::vector<int32_t> targets = {1, 0};
-  std::vector<T> probs(6), losses(2), d(6);
-  const T mean = softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), 2, 3);
-  softmax_cross_entropy_backward(d.data(), probs.data(), targets.data(), 2, 3);
+  std::vector<T> exps(6), sums(2), losses(2), d(6);
+  const T mean =
+      softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(), 2, 3);
+  softmax_cross_entropy_backward(d.data(), exps.data(), sums.data(), targets.data(), 2, 3);
+  const std::vector<T> probs = Probabilities(exps, sums, 3);
   for (int i = 0; i < 6; ++i) {
     EXPECT_TRUE(std::isfinite(probs[i])) << i;
     EXPECT_TRUE(std::isfinite(d[i])) << i;
@@ -334,8 +351,8 @@ TEST(FloatVsDouble, ForwardOpsAgree) {
   };
   const auto inp = round(RandomNormal(B * C, 20)), weight = round(RandomNormal(OC * C, 21, 0.125));
   const auto bias = round(RandomNormal(OC, 22));
-  std::vector<double> out_d(B * OC), act_d(B * OC), probs_d(B * OC), loss_d(B);
-  std::vector<float> out_f(B * OC), act_f(B * OC), probs_f(B * OC), loss_f(B);
+  std::vector<double> out_d(B * OC), act_d(B * OC), exps_d(B * OC), sums_d(B), loss_d(B);
+  std::vector<float> out_f(B * OC), act_f(B * OC), exps_f(B * OC), sums_f(B), loss_f(B);
   const auto inp_f = ToFloat(inp), weight_f = ToFloat(weight), bias_f = ToFloat(bias);
   std::vector<int32_t> targets(B);
   for (int b = 0; b < B; ++b) targets[b] = static_cast<int32_t>(hash64(23, b) % OC);
@@ -350,10 +367,11 @@ TEST(FloatVsDouble, ForwardOpsAgree) {
   gelu_forward(act_f.data(), out_f.data(), B * OC);
   ExpectFloatAgrees(act_f, act_d, 1e-5, "gelu");
   const double mean_d =
-      softmax_cross_entropy_forward(probs_d.data(), loss_d.data(), act_d.data(), targets.data(), B, OC);
+      softmax_cross_entropy_forward(exps_d.data(), sums_d.data(), loss_d.data(), act_d.data(), targets.data(), B, OC);
   const float mean_f =
-      softmax_cross_entropy_forward(probs_f.data(), loss_f.data(), act_f.data(), targets.data(), B, OC);
-  ExpectFloatAgrees(probs_f, probs_d, 1e-5, "probs");
+      softmax_cross_entropy_forward(exps_f.data(), sums_f.data(), loss_f.data(), act_f.data(), targets.data(), B, OC);
+  ExpectFloatAgrees(exps_f, exps_d, 1e-5, "exps");
+  ExpectFloatAgrees(sums_f, sums_d, 1e-5, "row sums");
   ExpectFloatAgrees(loss_f, loss_d, 1e-5, "losses");
   EXPECT_NEAR(mean_f, mean_d, 1e-5 * (1 + std::abs(mean_d)));
 }

@@ -461,14 +461,16 @@ TEST(Attention, FloatPackedRowsEqualTheirSequencesAlone) {
   }
 }
 
-TEST(MaskedCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
+// The LM head's use of softmax_cross_entropy_* (kernels/cpu/ops.h): rows without a target, a scale, in place.
+TEST(SoftmaxCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
   constexpr int N = 5, V = 6;
   auto logits = RandomNormal(N * V, 60, 2.0);
   const std::vector<int32_t> targets = {0, -1, 5, 2, -100};
-  std::vector<double> probs(N * V, -99.0), losses(N, -99.0), dlogits(N * V, -99.0);
+  std::vector<double> exps(N * V, -99.0), sums(N, -99.0), losses(N, -99.0), dlogits(N * V, -99.0);
   int64_t valid = -1;
   const auto loss = [&] {
-    return masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V, &valid);
+    return softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(), N, V,
+                                         &valid);
   };
   const double mean = loss();
   EXPECT_EQ(valid, 3);
@@ -481,23 +483,25 @@ TEST(MaskedCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
     for (int v = 0; v < V; ++v) sum += std::exp(logits[n * V + v] - zmax);
     EXPECT_NEAR(losses[n], std::log(sum) + zmax - logits[n * V + targets[n]], 1e-13) << n;
   }
-  masked_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), N, V);
+  softmax_cross_entropy_backward(dlogits.data(), exps.data(), sums.data(), targets.data(), N, V);
   EXPECT_GT(ExpectGradNear(dlogits, NumericGrad(logits, loss), "dlogits"), 3 * V - 1);
   for (int v = 0; v < V; ++v) EXPECT_EQ(dlogits[V + v], 0.0);
   std::vector<double> scaled(N * V);  // the gradient of 0.5 x the mean
-  masked_cross_entropy_backward(scaled.data(), probs.data(), targets.data(), N, V, 0.5);
+  softmax_cross_entropy_backward(scaled.data(), exps.data(), sums.data(), targets.data(), N, V, 0.5);
   for (int i = 0; i < N * V; ++i) EXPECT_NEAR(scaled[i], 0.5 * dlogits[i], 1e-17) << i;
 
-  // In place (probs over logits, then dlogits over probs) gives the same numbers.
-  std::vector<double> buf = logits, losses2(N);
-  EXPECT_EQ(masked_cross_entropy_forward(buf.data(), losses2.data(), buf.data(), targets.data(), N, V), loss());
-  masked_cross_entropy_backward(buf.data(), buf.data(), targets.data(), N, V);
+  // In place (exps over logits, then dlogits over exps) gives the same numbers.
+  std::vector<double> buf = logits, sums2(N), losses2(N);
+  EXPECT_EQ(softmax_cross_entropy_forward(buf.data(), sums2.data(), losses2.data(), buf.data(), targets.data(), N, V),
+            loss());
+  softmax_cross_entropy_backward(buf.data(), buf.data(), sums2.data(), targets.data(), N, V);
   EXPECT_EQ(buf, dlogits);
 
   // No valid row: loss 0 and zero gradient, no NaN.
   const std::vector<int32_t> none(N, -1);
-  EXPECT_EQ(masked_cross_entropy_forward(probs.data(), losses.data(), logits.data(), none.data(), N, V), 0.0);
-  masked_cross_entropy_backward(dlogits.data(), probs.data(), none.data(), N, V);
+  EXPECT_EQ(softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), none.data(), N, V),
+            0.0);
+  softmax_cross_entropy_backward(dlogits.data(), exps.data(), sums.data(), none.data(), N, V);
   for (double d : dlogits) EXPECT_EQ(d, 0.0);
 }
 
