@@ -745,6 +745,10 @@ struct RankDiagnosis {
     std::snprintf(line, sizeof line, "#    shm sends: %llu by reference (single copy), %llu copied through FIFOs\n",
                   static_cast<unsigned long long>(sent.by_reference), static_cast<unsigned long long>(sent.copied));
     text += line;
+    std::snprintf(line, sizeof line, "#    direct collectives: %llu, of which %llu stored non-temporally\n",
+                  static_cast<unsigned long long>(shm_direct_collectives()),
+                  static_cast<unsigned long long>(shm_streamed_collectives()));
+    text += line;
     return text + "#    shared segments: " + shm_page_placement() + "\n";
   }
 };

@@ -117,7 +117,7 @@ struct WaitCounters {
   std::atomic<uint64_t> waits{0}, spin_polls{0}, yield_polls{0}, sleeps{0}, wait_ns{0}, sleep_ns{0};
 };
 WaitCounters wait_counters;
-std::atomic<uint64_t> sent_by_reference{0}, sent_copied{0}, direct_collectives{0};
+std::atomic<uint64_t> sent_by_reference{0}, sent_copied{0}, direct_collectives{0}, streamed_collectives{0};
 void count(std::atomic<uint64_t>& counter, uint64_t n = 1) { counter.fetch_add(n, std::memory_order_relaxed); }
 
 // The segments mapped by live transports (for shm_page_placement), with their sizes.
@@ -213,6 +213,7 @@ ShmSendCounts shm_send_counts() {
 }
 
 uint64_t shm_direct_collectives() { return direct_collectives.load(std::memory_order_relaxed); }
+uint64_t shm_streamed_collectives() { return streamed_collectives.load(std::memory_order_relaxed); }
 
 std::string shm_page_placement() {
   const long page = sysconf(_SC_PAGESIZE);
@@ -887,6 +888,7 @@ std::optional<bool> ShmTransport::direct_collective(Direct kind, const float* in
       nonfinite += sum_into_all(sources, targets, c.offset, c.offset + c.count, options.final_scale,
                                 options.check_finite, stream);
     direct_collectives.fetch_add(1, std::memory_order_relaxed);
+    if (stream) streamed_collectives.fetch_add(1, std::memory_order_relaxed);
   }
   // Depart, and wait until every rank has: then no one reads or writes this rank's buffers any more, and its output
   // holds every chunk it is to receive. A rank that could not map a peer's buffers departs too, so that every rank

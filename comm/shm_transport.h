@@ -71,8 +71,10 @@ ShmSendCounts shm_send_counts();
 // all-reduce whose outputs together reach it stores with non-temporal stores (ShmTransport::direct_collective).
 size_t last_level_cache_bytes();
 
-// Direct collectives (ShmTransport::direct_collective) this process ran since it started, all kinds together.
+// Direct collectives (ShmTransport::direct_collective) this process ran since it started, all kinds together, and
+// of those the ones that stored their outputs with non-temporal stores.
 uint64_t shm_direct_collectives();
+uint64_t shm_streamed_collectives();
 
 // Where the pages of every shared segment this process has mapped now lie: pages per NUMA node (move_pages), and the
 // pages not yet placed (never touched) or not answerable. One line, e.g. "1 NUMA node: 514 pages on node 0".

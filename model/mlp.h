@@ -48,8 +48,8 @@ class Mlp : public ParameterStore<T> {
   const int32_t* targets_ = nullptr;
   std::vector<std::vector<T>> pre_;   // per Linear: pre-activation out = x W^T + b
   std::vector<std::vector<T>> post_;  // per hidden Linear: GELU(pre)
-  std::vector<T> exps_, row_sums_, losses_, dact_a_,
-      dact_b_;  // the softmax unnormalised (cpu::softmax_cross_entropy_*)
+  std::vector<T> exps_, row_sums_;    // the softmax unnormalised (cpu::softmax_cross_entropy_forward)
+  std::vector<T> losses_, dact_a_, dact_b_;
 };
 
 }  // namespace ddplab

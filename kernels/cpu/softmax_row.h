@@ -1,4 +1,4 @@
-// One row's softmax: the cross-entropy's (ops.cpp) and the attention's (transformer_ops.cpp).
+// The exp passes of one row's softmax: the cross-entropy's (ops.cpp) and the attention's (transformer_ops.cpp).
 // Internal to kernels/cpu: its loops rely on the library's -fopenmp-simd.
 #pragma once
 #include <cmath>
@@ -59,9 +59,9 @@ inline float exp_shifted(float* out, const float* in, int n, float shift) {
 }
 
 // One row of the cross-entropy's softmax, left unnormalised: e[j] = exp(z[j] - max z) for j < n (e may be z), the
-// row's max subtracted so exp never overflows. Returns sum e (at least 1: the max term is exp(0)) and sets *zmax_out:
-// the cross-entropy is then log(sum) - (z[target] - zmax), finite even when e[target] underflows to 0. The
-// probabilities e / sum are formed where they are read (the cross-entropy's backward scales every element anyway),
+// row's max subtracted so exp never overflows. Returns sum e (for a finite row at least 1: the max term is exp(0)) and
+// sets *zmax_out: the cross-entropy is then log(sum) - (z[target] - zmax), finite even when e[target] underflows to 0.
+// The probabilities e / sum are formed where they are read (the cross-entropy's backward scales every element anyway),
 // which saves a pass over the row here.
 template <typename T>
 T exp_row(T* e, const T* z, int n, T* zmax_out) {

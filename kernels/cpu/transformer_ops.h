@@ -1,4 +1,5 @@
-// CPU reference ops of the transformer (model/transformer.h). Matmul, bias and GELU come from ops.h.
+// CPU reference ops of the transformer (model/transformer.h). Matmul, bias, GELU and the cross-entropy come from
+// ops.h.
 //
 // Conventions as in ops.h (after llm.c): outputs, inputs, sizes; parameter gradients ACCUMULATE (+=); activation
 // gradients OVERWRITE (=), except layernorm_backward's dinp, which accumulates because a LayerNorm always sits on
@@ -9,7 +10,7 @@
 //   - embedding: padded rows are 0 and their tokens are never read (any value, even out of range, is fine);
 //   - attention: padded keys get weight exactly 0, padded query rows output 0 and pass no gradient back;
 //   - mean pool: averages over the true length only;
-//   - cross-entropy: rows with a negative target are ignored; the mean is over the valid rows.
+//   - cross-entropy (ops.h): rows with a negative target are ignored; the mean is over the valid rows.
 // Hence the gradient reaching a padded row is exactly 0, and so is its contribution to every parameter gradient.
 //
 // Packed rows: `positions` (int32 [B, S], or null) gives each valid token's position within its own sequence, so a

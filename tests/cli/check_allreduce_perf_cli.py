@@ -17,6 +17,7 @@ import csv
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,14 @@ def test_flags(perf, workdir):
         check(all(len(t) == 1 and 5 < t[0] < 1e6 for t in trips) and len(lines) == len(trips) and
               "# per rank (--diag):" in p.stdout,
               f"--diag: one round trip to rank 1 before each size, in the JSON and printed ({trips})")
+        # At 1 MiB the direct all-reduce runs (past the small-message threshold) with ordinary stores (2 x 1 MiB is
+        # below any last-level cache): each rank counts its calls, and none streamed.
+        p, _, _ = run_ok(perf, workdir, "diag_direct", ["-b", "1M", "-e", "1M", "-w", "1", "-n", "3", "--impls", "ring",
+                                                         "--diag"])
+        counts = [tuple(map(int, m)) for m in
+                  re.findall(r"direct collectives: (\d+), of which (\d+) stored non-temporally", p.stdout)]
+        check(len(counts) == 2 and all(direct >= 3 and streamed == 0 for direct, streamed in counts),
+              f"--diag: each rank's direct collectives, none streamed at 1 MiB (got {counts})")
         _, plain, _ = run_ok(perf, workdir, "nodiag", [*small, "--impls", "ring"])
         check(plain is not None and all(r["round_trip_ns"] == [] for r in plain["results"]),
               "without --diag no round trips are measured")

@@ -145,11 +145,14 @@ TEST_P(RegisteredAllreduce, DirectGivesTheRingsBitsWhereEveryRankIsRegistered) {
     ring.allreduce_sum(want.data(), count, /*tag=*/1);
 
     std::copy(inputs.begin(), inputs.end(), in);
-    const uint64_t before = shm_direct_collectives();
+    const uint64_t before = shm_direct_collectives(), streamed_before = shm_streamed_collectives();
     direct.allreduce_sum_into(in, out, count, /*tag=*/2);
     const bool everyone_registered = layout == Layout::kRegistered || (layout == Layout::kEvenRanksOnly && n == 1);
     const bool expect_direct = one_host && everyone_registered && count * sizeof(float) > small_allreduce_bytes(n);
     EXPECT_EQ(shm_direct_collectives() - before, expect_direct ? 1u : 0u) << "count " << count;
+    const bool expect_streamed =  // out of place, every rank's output together past the last-level cache
+        expect_direct && !in_place && count * sizeof(float) * static_cast<size_t>(n) >= last_level_cache_bytes();
+    EXPECT_EQ(shm_streamed_collectives() - streamed_before, expect_streamed ? 1u : 0u) << "count " << count;
     EXPECT_EQ(bitwise_mismatch(copy_of(out, count), want), "") << "count " << count;
     if (!in_place) {
       EXPECT_EQ(bitwise_mismatch(copy_of(in, count), inputs), "") << "count " << count << ": input changed";

@@ -297,6 +297,11 @@ TEST(SoftmaxCrossEntropy, HandCheckableTinyCase) {
   std::vector<double> exps(8), sums(2), losses(2);
   const double mean =
       softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(), 2, 4);
+  // Unnormalised: exp(z - max z) and each row's sum.
+  const double expected_e[8] = {0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0};
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(exps[i], expected_e[i], 1e-15) << i;
+  EXPECT_NEAR(sums[0], 2.5, 1e-15);
+  EXPECT_NEAR(sums[1], 4.0, 1e-15);
   const std::vector<double> probs = Probabilities(exps, sums, 4);
   const double expected_p[8] = {0.1, 0.2, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25};
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(probs[i], expected_p[i], 1e-15) << i;

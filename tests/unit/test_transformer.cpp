@@ -334,7 +334,7 @@ TEST(Transformer, BackwardAccumulatesAndZeroGradClears) {
   model.zero_grad();
   model.backward();
   const std::vector<double> once = Grads(model);
-  model.backward();  // again for the same forward: the saved probabilities were not overwritten
+  model.backward();  // again for the same forward: the saved exps and row sums were not overwritten
   for (int64_t i = 0; i < model.flat_size(); ++i) {
     EXPECT_NEAR(model.flat_grads()[i], 2 * once[i], 1e-14 * (1 + std::abs(once[i]))) << i;
   }

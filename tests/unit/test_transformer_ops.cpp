@@ -476,6 +476,10 @@ TEST(SoftmaxCrossEntropy, BackwardIsGradientOfMeanOverValidRows) {
   EXPECT_EQ(valid, 3);
   EXPECT_EQ(losses[1], 0.0);
   EXPECT_EQ(losses[4], 0.0);
+  for (int n : {1, 4}) {  // ignored rows: their exps and sums are not written
+    EXPECT_EQ(sums[n], -99.0) << n;
+    for (int v = 0; v < V; ++v) EXPECT_EQ(exps[n * V + v], -99.0) << n;
+  }
   EXPECT_NEAR(mean, (losses[0] + losses[2] + losses[3]) / 3, 1e-15);
   for (int n : {0, 2, 3}) {
     double zmax = -1e300, sum = 0;
