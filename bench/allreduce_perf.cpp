@@ -55,6 +55,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -494,6 +495,7 @@ struct Mode {
   long long wrong = -1;               // -1: not checked (-c 0)
   std::vector<double> rank_means_us;  // each rank's mean per call
   std::vector<double> calls_us;       // per call, the slowest rank's time
+  std::vector<double> steal_ms;       // --diag: per rank, its host's steal time over the timed calls
   double min_us = 0, p50_us = 0, p99_us = 0;
 };
 struct Row {
@@ -510,11 +512,24 @@ double percentile(std::vector<double> values, double p) {
   return values[std::max<size_t>(rank, 1) - 1];
 }
 
-void time_calls(const Impl& impl, const float* in, float* out, size_t count, const Options& o, int rank, int n,
-                Mode* m) {
+// --diag: how long the hypervisor gave this host's CPUs to someone else while this guest had work for them ("steal"
+// in /proc/stat, all CPUs together), in ms since boot; in steps of USER_HZ (10 ms). A call that took several times its
+// median while steal grew was stalled from outside: no setting of ours decides it. 0 where it is not counted.
+double host_steal_ms() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  if (!(stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return 0;
+  return 1000.0 * static_cast<double>(steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Returns this rank's host steal over the timed calls (--diag; else 0).
+double time_calls(const Impl& impl, const float* in, float* out, size_t count, const Options& o, int rank, int n,
+                  Mode* m) {
   for (int i = 0; i < o.warmup; ++i) impl.run(in, out, count);
   std::vector<double> t(o.iters);
   MPI_Barrier(MPI_COMM_WORLD);
+  const double steal_at_start = o.diag ? host_steal_ms() : 0;
   const double t0 = now_s();
   for (int i = 0; i < o.iters; ++i) {
     const double a = now_s();
@@ -522,11 +537,16 @@ void time_calls(const Impl& impl, const float* in, float* out, size_t count, con
     t[i] = (now_s() - a) * 1e6;
   }
   const double mean_us = (now_s() - t0) / o.iters * 1e6;
+  const double stolen = o.diag ? host_steal_ms() - steal_at_start : 0;
+  if (o.diag) {
+    m->steal_ms.assign(rank == 0 ? n : 0, 0.0);
+    MPI_Gather(&stolen, 1, MPI_DOUBLE, m->steal_ms.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  }
   m->rank_means_us.assign(rank == 0 ? n : 0, 0.0);
   m->calls_us.assign(rank == 0 ? o.iters : 0, 0.0);
   MPI_Gather(&mean_us, 1, MPI_DOUBLE, m->rank_means_us.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   MPI_Reduce(t.data(), m->calls_us.data(), o.iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  if (rank != 0) return;
+  if (rank != 0) return stolen;
   const std::vector<double>& r = m->rank_means_us;
   m->min_us = *std::min_element(m->calls_us.begin(), m->calls_us.end());
   m->p50_us = percentile(m->calls_us, 50);
@@ -536,6 +556,7 @@ void time_calls(const Impl& impl, const float* in, float* out, size_t count, con
   const double by_ranks[] = {r[0], sum / n, *std::min_element(r.begin(), r.end()),
                              *std::max_element(r.begin(), r.end())};
   m->time_us = o.median ? m->p50_us : by_ranks[static_cast<int>(o.aggregate)];
+  return stolen;
 }
 
 long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, float* in_host, float* out_host,
@@ -629,7 +650,8 @@ nlohmann::json mode_json(const Mode& m) {
           {"p50_us", m.p50_us},
           {"p99_us", m.p99_us},
           {"times_us", m.calls_us},
-          {"rank_means_us", m.rank_means_us}};
+          {"rank_means_us", m.rank_means_us},
+          {"steal_ms", m.steal_ms}};
 }
 
 std::string results_json(const Options& o, int n, const Topology& topology, const std::vector<Row>& rows,
@@ -693,7 +715,12 @@ struct RankDiagnosis {
   int cpu_at_start = -1;
   std::string affinity = cpu_list();
   rusage usage_at_start = usage();
-  std::vector<std::pair<std::string, ShmWaitStats>> waits;  // per implementation, over its timed calls
+  struct Seen {  // per implementation, over its timed calls
+    std::string impl;
+    ShmWaitStats waits;
+    double steal_ms = 0;  // the host's (host_steal_ms)
+  };
+  std::vector<Seen> seen;
 
   RankDiagnosis() : cpu_at_start(sched_getcpu()) {}
   static rusage usage() {
@@ -714,13 +741,14 @@ struct RankDiagnosis {
     }
     return text;
   }
-  void add(const std::string& impl, const ShmWaitStats& s) {
-    for (auto& [name, total] : waits)
-      if (name == impl) {
-        total += s;
+  void add(const std::string& impl, const ShmWaitStats& waits, double steal_ms) {
+    for (Seen& s : seen)
+      if (s.impl == impl) {
+        s.waits += waits;
+        s.steal_ms += steal_ms;
         return;
       }
-    waits.emplace_back(impl, s);
+    seen.push_back({impl, waits, steal_ms});
   }
   // This rank's lines, at the end of the run.
   std::string report(int rank) const {
@@ -732,13 +760,14 @@ struct RankDiagnosis {
                   rank, cpu_at_start, sched_getcpu(), affinity.c_str(), now.ru_nvcsw - usage_at_start.ru_nvcsw,
                   now.ru_nivcsw - usage_at_start.ru_nivcsw);
     std::string text = line;
-    for (const auto& [name, w] : waits) {
+    for (const Seen& s : seen) {
+      const ShmWaitStats& w = s.waits;
       std::snprintf(line, sizeof line,
                     "#    %-10s shm waits %llu (%.1f ms): polls %llu spinning, %llu yielding, %llu after sleeps "
-                    "(%.1f ms asleep)\n",
-                    name.c_str(), static_cast<unsigned long long>(w.waits), w.wait_ns * 1e-6,
+                    "(%.1f ms asleep); host steal %.0f ms\n",
+                    s.impl.c_str(), static_cast<unsigned long long>(w.waits), w.wait_ns * 1e-6,
                     static_cast<unsigned long long>(w.spin_polls), static_cast<unsigned long long>(w.yield_polls),
-                    static_cast<unsigned long long>(w.sleeps), w.sleep_ns * 1e-6);
+                    static_cast<unsigned long long>(w.sleeps), w.sleep_ns * 1e-6, s.steal_ms);
       text += line;
     }
     const ShmSendCounts sent = shm_send_counts();
@@ -919,8 +948,9 @@ int run(const Options& o, int rank, int n) {
         inputs.fill(in, count, rank);
         impl.load(in, count);
         const ShmWaitStats waits_before = shm_wait_stats();
-        time_calls(impl, impl.in(in), in_place ? impl.in(in) : impl.out(out), count, o, rank, n, m);
-        diagnosis.add(impl.name, shm_wait_stats() - waits_before);
+        const double stolen =
+            time_calls(impl, impl.in(in), in_place ? impl.in(in) : impl.out(out), count, o, rank, n, m);
+        diagnosis.add(impl.name, shm_wait_stats() - waits_before, stolen);
         m->algbw = static_cast<double>(bytes) / (m->time_us * 1e-6) / 1e9;
         m->busbw = m->algbw * bus_factor;
         if (o.check_iters > 0) m->wrong = 0;

@@ -188,9 +188,16 @@ def test_flags(perf, workdir):
                   re.findall(r"direct collectives: (\d+), of which (\d+) stored non-temporally", p.stdout)]
         check(len(counts) == 2 and all(direct >= 3 and streamed == 0 for direct, streamed in counts),
               f"--diag: each rank's direct collectives, none streamed at 1 MiB (got {counts})")
+        # The host's steal time over each mode's timed calls, per rank: never negative, and printed per rank and
+        # implementation.
+        steals = [r[m]["steal_ms"] for r in doc["results"] for m in ("out_of_place", "in_place")]
+        check(all(len(s) == 2 and all(v >= 0 for v in s) for s in steals) and
+              len(re.findall(r"^#    ring +shm waits .*; host steal \d+ ms$", p.stdout, re.M)) == 2,
+              f"--diag: each rank's host steal per mode in the JSON and per rank in the text ({steals[:2]}...)")
         _, plain, _ = run_ok(perf, workdir, "nodiag", [*small, "--impls", "ring"])
-        check(plain is not None and all(r["round_trip_ns"] == [] for r in plain["results"]),
-              "without --diag no round trips are measured")
+        check(plain is not None and all(r["round_trip_ns"] == [] and r["in_place"]["steal_ms"] == []
+                                        for r in plain["results"]),
+              "without --diag no round trips or steal are measured")
 
     # -c 0: nothing checked, and it says so.
     p, doc, rows = run_ok(perf, workdir, "nocheck", [*small, "--impls", "ring", "-c", "0"])
