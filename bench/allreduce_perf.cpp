@@ -73,6 +73,7 @@
 #include "record/files.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "bench/allreduce_perf_nccl.h"
+#include "bench/bench_util.h"
 #endif
 
 using namespace ddplab;
@@ -503,6 +504,7 @@ struct Row {
   size_t bytes = 0, count = 0;
   Mode oop, ip;
   std::vector<double> round_trip_ns;  // --diag: rank 0's cache-line round trip to each other rank of its node
+  std::vector<double> stream_gbps;    // --diag: each rank's memory stream rate just before this size (MemoryStream)
 };
 
 // Nearest-rank percentile (as nccl-tests' i_p99): the smallest value with at least p% of the calls at or below it.
@@ -680,7 +682,8 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
                             {"redop", "sum"},
                             {"out_of_place", mode_json(r.oop)},
                             {"in_place", mode_json(r.ip)},
-                            {"round_trip_ns", r.round_trip_ns}});
+                            {"round_trip_ns", r.round_trip_ns},
+                            {"stream_gbps", r.stream_gbps}});
   j["avg_busbw"] = avg_busbw;
   j["wrong"] = total_wrong;
   return j.dump(1) + "\n";
@@ -899,6 +902,27 @@ void print_diagnosis(const RankDiagnosis& d, int rank, int n) {
   if (rank == 0) std::printf("# per rank (--diag):\n%s", all.c_str());
 }
 
+// --diag: how fast every rank streams memory just before each size, all at once as the all-reduce will: y += x over
+// two buffers each twice the last-level cache (bench::add_stream_ms), GB/s read + written. On a shared host this
+// moves with the other tenants' memory traffic, which the guest sees no other way (its steal time stays 0): in
+// session 17 it went from 42 to 28 GB/s within an hour, and every figure that streams memory with it
+// (docs/BENCHMARKS.md). About 30 ms per size.
+class MemoryStream {
+ public:
+  MemoryStream() : x_(2 * last_level_cache_bytes() / sizeof(float), 1.0f), y_(x_.size(), 0.0f) {}
+  // Collective; rank 0 gets each rank's rate, the other ranks nothing.
+  std::vector<double> measure(int rank, int n) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double gbps = 3.0 * static_cast<double>(x_.size() * sizeof(float)) / bench::add_stream_ms(y_, x_, 3) / 1e6;
+    std::vector<double> all(rank == 0 ? n : 0);
+    MPI_Gather(&gbps, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    return all;
+  }
+
+ private:
+  std::vector<float> x_, y_;
+};
+
 int run(const Options& o, int rank, int n) {
   RankDiagnosis diagnosis;
   const size_t max_count = o.max_bytes / sizeof(float);
@@ -928,7 +952,11 @@ int run(const Options& o, int rank, int n) {
   std::vector<Row> rows;
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
   std::unique_ptr<CacheLineRoundTrip> round_trip;
-  if (o.diag) round_trip = std::make_unique<CacheLineRoundTrip>();
+  std::unique_ptr<MemoryStream> stream;
+  if (o.diag) {
+    round_trip = std::make_unique<CacheLineRoundTrip>();
+    stream = std::make_unique<MemoryStream>();
+  }
   for (const size_t bytes : o.sizes()) {
     const size_t count = bytes / sizeof(float);
     std::vector<double> round_trip_ns;  // rank 0's, to each other rank of its node
@@ -940,8 +968,17 @@ int run(const Options& o, int rank, int n) {
         std::printf("\n");
       }
     }
+    std::vector<double> stream_gbps;  // rank 0's copy of every rank's
+    if (stream) {
+      stream_gbps = stream->measure(rank, n);
+      if (rank == 0) {
+        std::printf("# memory stream per rank, y += x (--diag):");
+        for (double g : stream_gbps) std::printf(" %.1f", g);
+        std::printf(" GB/s\n");
+      }
+    }
     for (const Impl& impl : impls) {
-      Row r{impl.name, bytes, count, {}, {}, round_trip_ns};
+      Row r{impl.name, bytes, count, {}, {}, round_trip_ns, stream_gbps};
       for (Mode* m : {&r.oop, &r.ip}) {
         const bool in_place = m == &r.ip;
         inputs.rep = 0;

@@ -43,9 +43,7 @@ double measure_memory_floor(int mb, int repeats) {
   std::snprintf(shape, sizeof shape, "2 x %d MiB", mb);
   const double copy_ms = median_ms([&] { std::memcpy(y.data(), x.data(), n * sizeof(float)); }, repeats);
   row("floor: memcpy", shape, copy_ms, 2.0 * n * sizeof(float), "GB/s");
-  float* __restrict dst = y.data();
-  const float* __restrict src = x.data();
-  const double add_ms = median_ms([&] { for (size_t i = 0; i < n; ++i) dst[i] += src[i]; }, repeats);
+  const double add_ms = bench::add_stream_ms(y, x, repeats);
   row("floor: y += x", shape, add_ms, 3.0 * n * sizeof(float), "GB/s");
   return std::max(2.0 * n * sizeof(float) / copy_ms, 3.0 * n * sizeof(float) / add_ms) / 1e6;
 }

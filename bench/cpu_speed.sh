@@ -76,21 +76,28 @@ for (impl, size, mode), runs_calls in sorted(calls.items()):
 # where they share an L3, ~500 where they do not: a VM's vCPUs move between the two). Per run: the round trip before
 # each size, and the ring's busbw at that size in place / out of place.
 # And the host's steal time over those calls (--diag: the hypervisor ran something else on the guest's vCPUs; in
-# 10 ms steps): a slow run with steal was stalled from outside.
-print(f"{'run':>4}  round trip (ns), ring busbw in place / out of place (GB/s), host steal over those calls (ms), "
-      f"before/at each size")
+# 10 ms steps), and the slower rank's memory stream rate just before the size (--diag: y += x on every rank at once;
+# on a shared host it moves with the other tenants' memory traffic).
+print(f"{'run':>4}  round trip (ns), ring busbw in place / out of place (GB/s), memory stream (GB/s), host steal over "
+      f"those calls (ms), before/at each size")
 steal = {"slow": 0.0, "other": 0.0}
+stream = {"slow": [], "other": []}
 for i in range(1, runs + 1):
     ring_rows = [r for r in json.load(open(f"{work}/ring{i}.json"))["results"] if r["impl"] == "ring"]
     stolen = lambda r, m: (r[m].get("steal_ms") or [0])[0]
     cells = [f"{r['size_bytes'] >> 20}Mi {r['round_trip_ns'][0] if r.get('round_trip_ns') else float('nan'):4.0f} "
              f"{r['in_place']['busbw_gbs']:4.1f}/{r['out_of_place']['busbw_gbs']:4.1f} "
+             f"m{min(r.get('stream_gbps') or [float('nan')]):.0f} "
              f"s{stolen(r, 'in_place'):.0f}/{stolen(r, 'out_of_place'):.0f}" for r in ring_rows]
+    stream["slow" if i in slow_runs else "other"] += [min(r["stream_gbps"]) for r in ring_rows if r.get("stream_gbps")]
     steal["slow" if i in slow_runs else "other"] += sum(stolen(r, m) for r in ring_rows
                                                         for m in ("in_place", "out_of_place"))
     print(f"{i:>4}  " + " | ".join(cells) + ("   (slow)" if i in slow_runs else ""))
 print(f"host steal over the ring's timed calls: {steal['slow']:.0f} ms in the {len(slow_runs)} slow runs, "
       f"{steal['other']:.0f} ms in the other {runs - len(slow_runs)}")
+if stream["slow"] and stream["other"]:
+    print(f"memory stream before each size, median of the slower rank's: {statistics.median(stream['slow']):.1f} GB/s "
+          f"in the slow runs, {statistics.median(stream['other']):.1f} in the others")
 # The same goals within one placement: the runs whose round trip before that size said the cores shared an L3
 # (near) and those where it did not (far). A spread that the placement explains shows as a split here; what is
 # left within a class is the ring's own.

@@ -174,6 +174,7 @@ def test_flags(perf, workdir):
     # --diag: before each size, rank 0's cache-line round trip to the other rank (a few hundred ns at most on one
     # host; not zero, which would mean nothing was measured); without --diag none.
     p, doc, _ = run_ok(perf, workdir, "diag", [*small, "--impls", "ring", "--diag"])
+    p_diag = p
     if doc:
         trips = [r["round_trip_ns"] for r in doc["results"]]
         lines = [l for l in p.stdout.splitlines() if l.startswith("# cache-line round trip from rank 0")]
@@ -194,10 +195,15 @@ def test_flags(perf, workdir):
         check(all(len(s) == 2 and all(v >= 0 for v in s) for s in steals) and
               len(re.findall(r"^#    ring +shm waits .*; host steal \d+ ms$", p.stdout, re.M)) == 2,
               f"--diag: each rank's host steal per mode in the JSON and per rank in the text ({steals[:2]}...)")
+        # Every rank's memory stream rate before each size, in the JSON and printed.
+        rates = [r["stream_gbps"] for r in doc["results"]]
+        stream_lines = [l for l in p_diag.stdout.splitlines() if l.startswith("# memory stream per rank")]
+        check(all(len(g) == 2 and all(0.1 < v < 1e4 for v in g) for g in rates) and len(stream_lines) == len(rates),
+              f"--diag: each rank's memory stream rate before each size ({rates[:2]}...)")
         _, plain, _ = run_ok(perf, workdir, "nodiag", [*small, "--impls", "ring"])
-        check(plain is not None and all(r["round_trip_ns"] == [] and r["in_place"]["steal_ms"] == []
-                                        for r in plain["results"]),
-              "without --diag no round trips or steal are measured")
+        check(plain is not None and all(r["round_trip_ns"] == [] and r["in_place"]["steal_ms"] == [] and
+                                        r["stream_gbps"] == [] for r in plain["results"]),
+              "without --diag no round trips, steal or memory stream are measured")
 
     # -c 0: nothing checked, and it says so.
     p, doc, rows = run_ok(perf, workdir, "nocheck", [*small, "--impls", "ring", "-c", "0"])
