@@ -3,8 +3,9 @@
 # when it starts):
 #   1. the ring against MPI_Allreduce, 16-256 MiB at np 2, RUNS runs of allreduce_perf --diag: per size the ring's
 #      median, slowest/median and worst ring/MPI ratio over the runs (targets: slowest >= 0.8x median, ring >= 2x
-#      MPI in every run), how far apart the ranks' cores were before each size (a cache-line round trip), and each
-#      slow run's per-rank diagnosis;
+#      MPI in every run), how far apart the ranks' cores were before each size (a cache-line round trip), how fast
+#      they streamed memory just before it, the host's steal time over the ring's calls, and each slow run's per-rank
+#      diagnosis;
 #   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor);
 #   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08);
 #   4. ws=2 against ws=1, one thread per rank, with the replicated and the sharded update (--zero-stage 1), and the
