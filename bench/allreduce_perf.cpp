@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "comm/communicator.h"
 #include "comm/hier_allreduce.h"
 #include "comm/mpi_init.h"
@@ -73,7 +74,6 @@
 #include "record/files.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "bench/allreduce_perf_nccl.h"
-#include "bench/bench_util.h"
 #endif
 
 using namespace ddplab;
@@ -236,8 +236,10 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
                  "1: buffers registered with the shm transport (single copy, as the trainer's gradients); 0: copied")
       ->capture_default_str();
   app.add_flag("--diag", o.diag,
-               "per rank under the table: its CPUs (start, end, affinity), context switches, its shared-memory "
-               "waits per implementation, the shared segments' NUMA placement");
+               "what each rank saw: before each size rank 0's cache-line round trip to its peers and every rank's "
+               "memory stream rate; under the table per rank its CPUs (start, end, affinity), context switches, "
+               "shared-memory waits and its vCPU's steal time per implementation, direct collectives, the shared "
+               "segments' NUMA placement");
   app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
   app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
   try {
@@ -360,12 +362,15 @@ bool preflight(const Options& o, int rank, int n) {
   int local_ranks = 1;
   MPI_Comm_size(node, &local_ranks);
   MPI_Comm_free(&node);
-  const double need = 2.0 * static_cast<double>(o.max_bytes) * local_ranks;  // in and out buffers per rank
+  // In and out buffers per rank, and --diag's MemoryStream.
+  const double need =
+      (2.0 * static_cast<double>(o.max_bytes) + (o.diag ? 4.0 * static_cast<double>(last_level_cache_bytes()) : 0.0)) *
+      local_ranks;
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (problem.empty() && need > have)
     problem = "-e: " + std::to_string(local_ranks) + " ranks here need 2 buffers of " +
-              human_bytes(static_cast<double>(o.max_bytes)) + " each, " + human_bytes(need) + "; this machine has " +
-              human_bytes(have);
+              human_bytes(static_cast<double>(o.max_bytes)) + " each" + (o.diag ? " and --diag's" : "") + ", " +
+              human_bytes(need) + "; this machine has " + human_bytes(have);
   int first_bad = problem.empty() ? n : rank;
   MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (rank == first_bad) std::fprintf(stderr, "allreduce_perf: error: %s\n", problem.c_str());
@@ -496,7 +501,7 @@ struct Mode {
   long long wrong = -1;               // -1: not checked (-c 0)
   std::vector<double> rank_means_us;  // each rank's mean per call
   std::vector<double> calls_us;       // per call, the slowest rank's time
-  std::vector<double> steal_ms;       // --diag: per rank, its host's steal time over the timed calls
+  std::vector<double> steal_ms;       // --diag: per rank, its vCPU's steal time over the timed calls
   double min_us = 0, p50_us = 0, p99_us = 0;
 };
 struct Row {
@@ -514,24 +519,30 @@ double percentile(std::vector<double> values, double p) {
   return values[std::max<size_t>(rank, 1) - 1];
 }
 
-// --diag: how long the hypervisor gave this host's CPUs to someone else while this guest had work for them ("steal"
-// in /proc/stat, all CPUs together), in ms since boot; in steps of USER_HZ (10 ms). A call that took several times its
-// median while steal grew was stalled from outside: no setting of ours decides it. 0 where it is not counted.
-double host_steal_ms() {
+// --diag: how long the hypervisor gave the vCPU this rank runs on to someone else while the guest had work for it
+// ("steal" on its line of /proc/stat), in ms since boot, in steps of USER_HZ (10 ms). A call that took several times
+// its median while steal grew was stalled from outside: no setting of ours decides it. 0 where it is not counted
+// (bare metal). A rank that moves to another vCPU meanwhile (unbound) reads another counter: a rough figure then.
+double vcpu_steal_ms() {
   std::ifstream stat("/proc/stat");
-  std::string cpu;
-  long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  if (!(stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return 0;
-  return 1000.0 * static_cast<double>(steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  const std::string mine = "cpu" + std::to_string(sched_getcpu());
+  for (std::string line; std::getline(stat, line);) {
+    std::istringstream fields(line);
+    std::string cpu;
+    long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    if (fields >> cpu && cpu == mine && fields >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal)
+      return 1000.0 * static_cast<double>(steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  return 0;
 }
 
-// Returns this rank's host steal over the timed calls (--diag; else 0).
+// Returns the steal time of this rank's vCPU over the timed calls (--diag; else 0).
 double time_calls(const Impl& impl, const float* in, float* out, size_t count, const Options& o, int rank, int n,
                   Mode* m) {
   for (int i = 0; i < o.warmup; ++i) impl.run(in, out, count);
   std::vector<double> t(o.iters);
+  const double steal_at_start = o.diag ? vcpu_steal_ms() : 0;  // before the barrier: the calls start together
   MPI_Barrier(MPI_COMM_WORLD);
-  const double steal_at_start = o.diag ? host_steal_ms() : 0;
   const double t0 = now_s();
   for (int i = 0; i < o.iters; ++i) {
     const double a = now_s();
@@ -539,7 +550,7 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
     t[i] = (now_s() - a) * 1e6;
   }
   const double mean_us = (now_s() - t0) / o.iters * 1e6;
-  const double stolen = o.diag ? host_steal_ms() - steal_at_start : 0;
+  const double stolen = o.diag ? vcpu_steal_ms() - steal_at_start : 0;
   if (o.diag) {
     m->steal_ms.assign(rank == 0 ? n : 0, 0.0);
     MPI_Gather(&stolen, 1, MPI_DOUBLE, m->steal_ms.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -721,7 +732,7 @@ struct RankDiagnosis {
   struct Seen {  // per implementation, over its timed calls
     std::string impl;
     ShmWaitStats waits;
-    double steal_ms = 0;  // the host's (host_steal_ms)
+    double steal_ms = 0;  // its vCPU's (vcpu_steal_ms)
   };
   std::vector<Seen> seen;
 
@@ -767,7 +778,7 @@ struct RankDiagnosis {
       const ShmWaitStats& w = s.waits;
       std::snprintf(line, sizeof line,
                     "#    %-10s shm waits %llu (%.1f ms): polls %llu spinning, %llu yielding, %llu after sleeps "
-                    "(%.1f ms asleep); host steal %.0f ms\n",
+                    "(%.1f ms asleep); steal %.0f ms\n",
                     s.impl.c_str(), static_cast<unsigned long long>(w.waits), w.wait_ns * 1e-6,
                     static_cast<unsigned long long>(w.spin_polls), static_cast<unsigned long long>(w.yield_polls),
                     static_cast<unsigned long long>(w.sleeps), w.sleep_ns * 1e-6, s.steal_ms);
@@ -904,9 +915,9 @@ void print_diagnosis(const RankDiagnosis& d, int rank, int n) {
 
 // --diag: how fast every rank streams memory just before each size, all at once as the all-reduce will: y += x over
 // two buffers each twice the last-level cache (bench::add_stream_ms), GB/s read + written. On a shared host this
-// moves with the other tenants' memory traffic, which the guest sees no other way (its steal time stays 0): in
-// session 17 it went from 42 to 28 GB/s within an hour, and every figure that streams memory with it
-// (docs/BENCHMARKS.md). About 30 ms per size.
+// moves with the other tenants' memory traffic, which the guest sees no other way: in session 17 it moved between
+// about 18 and 39 GB/s from size to size, and the direct all-reduce's busbw with it (docs/BENCHMARKS.md). About 30 ms
+// per size; it leaves the cache full of its own lines, which the size's warm-up calls (-w) replace.
 class MemoryStream {
  public:
   MemoryStream() : x_(2 * last_level_cache_bytes() / sizeof(float), 1.0f), y_(x_.size(), 0.0f) {}

@@ -4,7 +4,7 @@
 #   1. the ring against MPI_Allreduce, 16-256 MiB at np 2, RUNS runs of allreduce_perf --diag: per size the ring's
 #      median, slowest/median and worst ring/MPI ratio over the runs (targets: slowest >= 0.8x median, ring >= 2x
 #      MPI in every run), how far apart the ranks' cores were before each size (a cache-line round trip), how fast
-#      they streamed memory just before it, the host's steal time over the ring's calls, and each slow run's per-rank
+#      they streamed memory just before it, rank 0's steal time over the ring's calls, and each slow run's per-rank
 #      diagnosis;
 #   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor);
 #   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08);
@@ -76,11 +76,11 @@ for (impl, size, mode), runs_calls in sorted(calls.items()):
 # How far apart the two ranks' cores were (allreduce_perf --diag: a cache-line round trip before each size; ~110 ns
 # where they share an L3, ~500 where they do not: a VM's vCPUs move between the two). Per run: the round trip before
 # each size, and the ring's busbw at that size in place / out of place.
-# And the host's steal time over those calls (--diag: the hypervisor ran something else on the guest's vCPUs; in
-# 10 ms steps), and the slower rank's memory stream rate just before the size (--diag: y += x on every rank at once;
+# And rank 0's vCPU's steal time over those calls (--diag: the hypervisor ran something else on it; in 10 ms
+# steps), and the slower rank's memory stream rate just before the size (--diag: y += x on every rank at once;
 # on a shared host it moves with the other tenants' memory traffic).
-print(f"{'run':>4}  round trip (ns), ring busbw in place / out of place (GB/s), memory stream (GB/s), host steal over "
-      f"those calls (ms), before/at each size")
+print(f"{'run':>4}  round trip (ns), ring busbw in place / out of place (GB/s), memory stream (GB/s), rank 0's steal "
+      f"over those calls (ms), before/at each size")
 steal = {"slow": 0.0, "other": 0.0}
 stream = {"slow": [], "other": []}
 for i in range(1, runs + 1):
@@ -94,7 +94,7 @@ for i in range(1, runs + 1):
     steal["slow" if i in slow_runs else "other"] += sum(stolen(r, m) for r in ring_rows
                                                         for m in ("in_place", "out_of_place"))
     print(f"{i:>4}  " + " | ".join(cells) + ("   (slow)" if i in slow_runs else ""))
-print(f"host steal over the ring's timed calls: {steal['slow']:.0f} ms in the {len(slow_runs)} slow runs, "
+print(f"rank 0's steal over the ring's timed calls: {steal['slow']:.0f} ms in the {len(slow_runs)} slow runs, "
       f"{steal['other']:.0f} ms in the other {runs - len(slow_runs)}")
 if stream["slow"] and stream["other"]:
     print(f"memory stream before each size, median of the slower rank's: {statistics.median(stream['slow']):.1f} GB/s "

@@ -187,14 +187,15 @@ def test_flags(perf, workdir):
                                                          "--diag"])
         counts = [tuple(map(int, m)) for m in
                   re.findall(r"direct collectives: (\d+), of which (\d+) stored non-temporally", p.stdout)]
-        check(len(counts) == 2 and all(direct >= 3 and streamed == 0 for direct, streamed in counts),
+        # 100 untimed warm-up calls in place, then per mode 1 warm-up and 3 timed calls (and the checks'): all direct.
+        check(len(counts) == 2 and all(direct >= 108 and streamed == 0 for direct, streamed in counts),
               f"--diag: each rank's direct collectives, none streamed at 1 MiB (got {counts})")
-        # The host's steal time over each mode's timed calls, per rank: never negative, and printed per rank and
-        # implementation.
+        # Each rank's vCPU steal time over each mode's timed calls: never negative, and printed per rank and
+        # implementation. (Mostly 0 on a quiet host: this checks that it is gathered and shown, not its value.)
         steals = [r[m]["steal_ms"] for r in doc["results"] for m in ("out_of_place", "in_place")]
         check(all(len(s) == 2 and all(v >= 0 for v in s) for s in steals) and
-              len(re.findall(r"^#    ring +shm waits .*; host steal \d+ ms$", p.stdout, re.M)) == 2,
-              f"--diag: each rank's host steal per mode in the JSON and per rank in the text ({steals[:2]}...)")
+              len(re.findall(r"^#    ring +shm waits .*; steal \d+ ms$", p_diag.stdout, re.M)) == 2,
+              f"--diag: each rank's steal per mode in the JSON and per rank in the text ({steals[:2]}...)")
         # Every rank's memory stream rate before each size, in the JSON and printed.
         rates = [r["stream_gbps"] for r in doc["results"]]
         stream_lines = [l for l in p_diag.stdout.splitlines() if l.startswith("# memory stream per rank")]
