@@ -94,11 +94,12 @@ for i in range(1, runs + 1):
     steal["slow" if i in slow_runs else "other"] += sum(stolen(r, m) for r in ring_rows
                                                         for m in ("in_place", "out_of_place"))
     print(f"{i:>4}  " + " | ".join(cells) + ("   (slow)" if i in slow_runs else ""))
-print(f"rank 0's steal over the ring's timed calls: {steal['slow']:.0f} ms in the {len(slow_runs)} slow runs, "
-      f"{steal['other']:.0f} ms in the other {runs - len(slow_runs)}")
-if stream["slow"] and stream["other"]:
-    print(f"memory stream before each size, median of the slower rank's: {statistics.median(stream['slow']):.1f} GB/s "
-          f"in the slow runs, {statistics.median(stream['other']):.1f} in the others")
+per_run = lambda total, k: f"{total / k:.0f} ms per run" if k else "no run"
+print(f"rank 0's steal over the ring's timed calls: {per_run(steal['slow'], len(slow_runs))} in the {len(slow_runs)} "
+      f"slow runs, {per_run(steal['other'], runs - len(slow_runs))} in the other {runs - len(slow_runs)}")
+median_of = lambda rates: f"{statistics.median(rates):.1f} GB/s" if rates else "none"
+print(f"memory stream before each size, median of the slower rank's: {median_of(stream['slow'])} in the slow runs, "
+      f"{median_of(stream['other'])} in the others")
 # The same goals within one placement: the runs whose round trip before that size said the cores shared an L3
 # (near) and those where it did not (far). A spread that the placement explains shows as a split here; what is
 # left within a class is the ring's own.
