@@ -343,7 +343,7 @@ void write_atomically(const std::string& path, const std::string& text) {
 
 // Checks that need the machine: rank 0's output files, every rank's memory. Collective. The lowest rank that
 // finds a problem prints it; every rank then returns false.
-bool preflight(const Options& o, int rank, int n) {
+bool preflight(const Options& o, const Topology& hosts, int rank, int n) {
   std::string problem;
   // A file that exists is replaced (as nccl-tests' output files are): only a folder or an unwritable place refuses.
   const auto writable = [](const char* flag, const std::string& path) {
@@ -357,11 +357,7 @@ bool preflight(const Options& o, int rank, int n) {
     if (problem.empty() && impl_info(name).needs_cuda)
       if (const std::string why = device_problem(); !why.empty()) problem = "--impls " + name + ": " + why;
 #endif
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  int local_ranks = 1;
-  MPI_Comm_size(node, &local_ranks);
-  MPI_Comm_free(&node);
+  const int local_ranks = hosts.node_sizes()[hosts.node_of_rank[rank]];  // share this rank's memory
   // In and out buffers per rank, and --diag's MemoryStream.
   const double need =
       (2.0 * static_cast<double>(o.max_bytes) + (o.diag ? 4.0 * static_cast<double>(last_level_cache_bytes()) : 0.0)) *
@@ -934,15 +930,14 @@ class MemoryStream {
   std::vector<float> x_, y_;
 };
 
-int run(const Options& o, int rank, int n) {
+int run(const Options& o, const Topology& hosts, int rank, int n) {
   RankDiagnosis diagnosis;
   const size_t max_count = o.max_bytes / sizeof(float);
   const Topology topology = detect_topology(MPI_COMM_WORLD, o.ranks_per_node);
   std::vector<Impl> impls;
   std::vector<std::string> transports;  // rank 0's
   for (const std::string& name : o.impls) impls.push_back(make_impl(name, o, max_count, transports));
-  const Topology hosts = detect_topology(MPI_COMM_WORLD, /*ranks_per_node=*/0);  // the hosts, whatever the nodes
-  const int host_ranks = hosts.node_sizes()[hosts.node_of_rank[0]];              // on rank 0's, which prints
+  const int host_ranks = hosts.node_sizes()[hosts.node_of_rank[0]];  // on rank 0's host, which prints
   if (rank == 0) print_header(o, n, topology, transports, host_ranks);
 
   const size_t min_count = o.min_bytes / sizeof(float);
@@ -1057,12 +1052,13 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  if (!preflight(options, rank, n)) {
+  const Topology hosts = detect_topology(MPI_COMM_WORLD, /*ranks_per_node=*/0);  // the hosts, whatever the nodes
+  if (!preflight(options, hosts, rank, n)) {
     MPI_Finalize();
     return 2;
   }
   try {
-    code = run(options, rank, n);
+    code = run(options, hosts, rank, n);
   } catch (const UsageError& e) {  // raised alike on every rank before any work (make_communicator_impl)
     if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
     MPI_Finalize();

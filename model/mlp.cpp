@@ -78,7 +78,6 @@ T Mlp<T>::forward(const T* inputs, const int32_t* targets, int batch) {
     if (l < config_.num_hidden_layers) EnsureSize(post_[l], B * dims[l + 1]);
     max_dim = std::max(max_dim, dims[l + 1]);
   }
-  EnsureSize(exps_, B * config_.num_classes);
   EnsureSize(row_sums_, B);
   EnsureSize(losses_, B);
   EnsureSize(dact_a_, B * max_dim);
@@ -100,8 +99,11 @@ T Mlp<T>::forward(const T* inputs, const int32_t* targets, int batch) {
   batch_ = batch;
   inputs_ = inputs;
   targets_ = targets;
-  return cpu::softmax_cross_entropy_forward(exps_.data(), row_sums_.data(), losses_.data(), pre_[num_linear - 1].data(),
-                                            targets, batch, config_.num_classes);
+  // The softmax's exps in place of the logits (the last Linear's output, which nothing else reads), as the
+  // transformer's head does.
+  T* logits = pre_[num_linear - 1].data();
+  return cpu::softmax_cross_entropy_forward(logits, row_sums_.data(), losses_.data(), logits, targets, batch,
+                                            config_.num_classes);
 }
 
 template <typename T>
@@ -113,7 +115,8 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
 
   T* dout = dact_a_.data();  // gradient w.r.t. the pre-activation of the current layer
   T* dnext = dact_b_.data();
-  cpu::softmax_cross_entropy_backward(dout, exps_.data(), row_sums_.data(), targets_, B, config_.num_classes);
+  cpu::softmax_cross_entropy_backward(dout, pre_[num_linear - 1].data(), row_sums_.data(), targets_, B,
+                                      config_.num_classes);
   const bool accumulate = !this->take_discard();  // each gradient element is written once below
   const std::vector<GradPiece>& pieces = this->grad_pieces();
   std::vector<Parameter<T>>& params = this->parameters();

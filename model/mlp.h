@@ -46,10 +46,9 @@ class Mlp : public ParameterStore<T> {
   int batch_ = 0;
   const T* inputs_ = nullptr;
   const int32_t* targets_ = nullptr;
-  std::vector<std::vector<T>> pre_;   // per Linear: pre-activation out = x W^T + b
+  std::vector<std::vector<T>> pre_;   // per Linear: pre-activation out = x W^T + b; the last: the softmax's exps
   std::vector<std::vector<T>> post_;  // per hidden Linear: GELU(pre)
-  std::vector<T> exps_, row_sums_;    // the softmax unnormalised (cpu::softmax_cross_entropy_forward)
-  std::vector<T> losses_, dact_a_, dact_b_;
+  std::vector<T> row_sums_, losses_, dact_a_, dact_b_;  // row_sums_: the softmax's (cpu::softmax_cross_entropy_forward)
 };
 
 }  // namespace ddplab
