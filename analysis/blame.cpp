@@ -26,6 +26,14 @@ constexpr double kOtherOutlierRatio = 2.0;  // optimizer, host work, untimed wor
 constexpr double kAlikeRatio = 0.5;
 // Input-bound: every rank (alike) spends at least this share of the step producing its batch.
 constexpr double kInputBoundShare = 0.25;
+// CPU taken: a rank's excess work is named as the host's doing when the time its CPUs were taken from it, beyond the
+// other ranks', is at least this share of that excess.
+constexpr double kTakenExplainsShare = 0.5;
+// Noisy host: the hypervisor stole at least this share of the step from every rank's CPUs. Steal slows every rank
+// alike, so no rank stands out; the step is longer than the job's own work by that much.
+constexpr double kNoisyHostShare = 0.05;
+// CPU contention: every rank's compute thread waits at least this share of the step for a CPU of its own host.
+constexpr double kContentionShare = 0.20;
 // A step is a barrier episode when its barrier wait + host work (on the rank with most) exceeds kOutlierMinMs:
 // in other steps both are a couple of clock reads. (Relative to the largest episode it would be fragile: one
 // long wait on a loaded machine would hide the ordinary episodes.)
@@ -53,14 +61,20 @@ struct Component {
   Cause cause;
   double ratio;
   double (*get)(const StepRecord&);
+  const char* what;  // "its <what> takes ..."
 };
 const Component kComponents[] = {
-    {Cause::kStragglerInput, kDataOutlierRatio, [](const StepRecord& p) { return p.data_ms; }},
-    {Cause::kSkewedCompute, kComputeOutlierRatio, [](const StepRecord& p) { return p.forward_ms + p.backward_ms; }},
-    {Cause::kSlowOptimizer, kOtherOutlierRatio, [](const StepRecord& p) { return p.optimizer_ms; }},
-    {Cause::kWorkBeforeBarrier, kOtherOutlierRatio, [](const StepRecord& p) { return p.host_work_ms; }},
-    {Cause::kUntimedWork, kOtherOutlierRatio, [](const StepRecord& p) { return untimed_ms(p); }},
+    {Cause::kStragglerInput, kDataOutlierRatio, [](const StepRecord& p) { return p.data_ms; }, "data loading"},
+    {Cause::kSkewedCompute, kComputeOutlierRatio, [](const StepRecord& p) { return p.forward_ms + p.backward_ms; },
+     "forward+backward"},
+    {Cause::kSlowOptimizer, kOtherOutlierRatio, [](const StepRecord& p) { return p.optimizer_ms; }, "optimizer step"},
+    {Cause::kWorkBeforeBarrier, kOtherOutlierRatio, [](const StepRecord& p) { return p.host_work_ms; }, "host work"},
+    {Cause::kUntimedWork, kOtherOutlierRatio, [](const StepRecord& p) { return untimed_ms(p); },
+     "time outside the recorded phases"},
 };
+
+// Time the host took from a rank's CPUs in a step: steal and the wait for a CPU (-1, not counted, as 0).
+double cpu_taken_ms(const StepRecord& p) { return std::max(0.0, p.steal_ms) + std::max(0.0, p.cpu_wait_ms); }
 
 struct Candidate {
   int rank;
@@ -116,6 +130,18 @@ Finding pace_finding(const RunRecord& run, const RunSummary& st, const Candidate
   const std::string vs = fmt("%.2f ms/step vs %.2f ms median on the other ranks", c.value, c.others);
   const std::string wait = others_wait(st, r);
   Cause cause = c.component->cause;
+  // The excess is mostly time the rank's CPUs were not its own: the host's doing, not the rank's work.
+  const StepRecord& p = st.ranks[r];
+  const double taken_others = median_except(st.ranks, r, cpu_taken_ms);
+  if (cause != Cause::kWorkBeforeBarrier && cpu_taken_ms(p) - taken_others >= kTakenExplainsShare * c.excess)
+    return {Cause::kCpuTaken, r,
+            who +
+                fmt(" (CPU taken): its %s takes %s, and its CPUs were taken from it for %.2f ms/step vs %.2f on the "
+                    "other ranks (steal %.2f: the hypervisor ran other guests on them; cpu wait %.2f: other threads "
+                    "or processes of its host ran on its cores); ",
+                    c.component->what, vs.c_str(), cpu_taken_ms(p), taken_others, std::max(0.0, p.steal_ms),
+                    std::max(0.0, p.cpu_wait_ms)) +
+                wait};
   switch (cause) {
     case Cause::kStragglerInput:
       return {cause, r, who + " (straggler input): its data loading takes " + vs + "; " + wait};
@@ -128,7 +154,6 @@ Finding pace_finding(const RunRecord& run, const RunSummary& st, const Candidate
       break;
   }
   // Host work, or untimed work while the others wait at a barrier: the rank-0-work-before-a-barrier pattern.
-  const StepRecord& p = st.ranks[r];
   const double others_barrier = median_except(st.ranks, r, [](const StepRecord& q) { return q.barrier_ms; });
   if (cause == Cause::kWorkBeforeBarrier || others_barrier - p.barrier_ms >= kOutlierMinMs) {
     const BarrierEpisodes e = barrier_episodes(run);
@@ -218,12 +243,18 @@ const char* cause_name(Cause cause) {
       return "work before a barrier";
     case Cause::kUntimedWork:
       return "untimed work";
+    case Cause::kCpuTaken:
+      return "CPU taken";
     case Cause::kCommBound:
       return "communication-bound";
     case Cause::kInputBound:
       return "input-bound";
     case Cause::kPaddingBound:
       return "padding-bound";
+    case Cause::kCpuContention:
+      return "CPU contention";
+    case Cause::kNoisyHost:
+      return "noisy host";
     case Cause::kBalanced:
       return "balanced";
     case Cause::kSingleRank:
@@ -333,6 +364,27 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
                                              : "")});
   }
 
+  // 5. The host taking every rank's CPUs: no rank stands out for it, every step is longer by it. After the rest too:
+  // it says why the figures above are larger than the job's own work, not what the job does.
+  // Likewise more threads than cores on the host: every rank's compute thread waiting for a CPU.
+  double least_steal = 1e300, least_wait = 1e300;
+  std::vector<double> steal, wait;
+  for (const StepRecord& p : st.ranks) {
+    least_steal = std::min(least_steal, p.steal_ms), least_wait = std::min(least_wait, p.cpu_wait_ms);
+    steal.push_back(p.steal_ms), wait.push_back(p.cpu_wait_ms);
+  }
+  if (least_wait >= kContentionShare * pace)
+    out.push_back({Cause::kCpuContention, -1,
+                   fmt("CPU contention: every rank's compute thread waits %.2f ms/step (%.0f%% of the step) for a CPU "
+                       "of its host, behind the other ranks' threads, the communication threads or other processes; "
+                       "fewer ranks or --threads per host (or more cores) give each its own",
+                       median(wait), 100 * median(wait) / pace)});
+  if (least_steal >= kNoisyHostShare * pace)
+    out.push_back({Cause::kNoisyHost, -1,
+                   fmt("noisy host: the hypervisor ran other guests on every rank's CPUs for %.2f ms/step (%.0f%% of "
+                       "the step; steal time): the step times include them; compare runs taken side by side on "
+                       "this host, or run on dedicated cores",
+                       median(steal), 100 * median(steal) / pace)});
   return out;
 }
 

@@ -14,9 +14,12 @@ enum class Cause {
   kSlowOptimizer,      // one rank's optimizer step sets the pace
   kWorkBeforeBarrier,  // one rank works while the others wait at a barrier
   kUntimedWork,        // one rank spends time outside the recorded phases
+  kCpuTaken,           // one rank's work is slow because the host took its CPUs (steal, or other threads)
   kCommBound,          // every rank waits for communication
   kInputBound,         // every rank waits for its input
   kPaddingBound,       // every rank computes on padding: a share of its tokens carries no data
+  kCpuContention,      // every rank's compute thread waits for a CPU of its host (more threads than cores)
+  kNoisyHost,          // the hypervisor takes every rank's CPUs for a share of the step (steal)
   kBalanced,           // nothing stands out
   kSingleRank,         // nothing to compare
 };

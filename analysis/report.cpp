@@ -59,6 +59,9 @@ std::string hidden_text(double fraction, double comm_ms) {
   return comm_ms > 0 ? fmt("%.0f%%", 100 * fraction) : "-";
 }
 
+// "1.25", or "-" for a counter this kernel does not keep (-1).
+static std::string counted_ms(double ms) { return ms >= 0 ? fmt("%.2f", ms) : "-"; }
+
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   std::fprintf(out, "  slowest rank        %d (mean step %.2f ms)\n", s.slowest_rank, s.slowest_step_ms);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
@@ -82,6 +85,9 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   // The lab's columns only when they would not print as zeros.
   bool lab_cols = false;
   for (const StepRecord& m : s.ranks) lab_cols |= std::max({m.extra_comm_ms, m.host_work_ms, m.barrier_ms}) >= 0.005;
+  // What the host took (comm/cpu_taken.h), likewise: absent from older files, not counted by some kernels.
+  bool taken_cols = false;
+  for (const StepRecord& m : s.ranks) taken_cols |= std::max(m.steal_ms, m.cpu_wait_ms) >= 0.005;
   std::fprintf(out, "  per rank (steady-state mean per step, ms):\n");
   // Hostnames whole: clusters name nodes alike up to a suffix (gpu-node-017, gpu-node-018), so a cut column merges them.
   int host_width = 4;
@@ -90,14 +96,18 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   std::fprintf(out, "  %4s  %-*s %8s %7s %8s %8s %8s %7s %7s %8s", "rank", host_width, "host", "step", "data",
                "forward", "backward", "comm", "hidden", "exposed", "optim");
   if (lab_cols) std::fprintf(out, " %7s %7s %7s", "extra", "host_wk", "barrier");
-  std::fprintf(out, " %7s\n", "hidden%");
+  std::fprintf(out, " %7s", "hidden%");
+  if (taken_cols) std::fprintf(out, " %7s %8s", "steal", "cpu_wait");
+  std::fprintf(out, "\n");
   for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r) {
     const StepRecord& m = s.ranks[r];
     std::fprintf(out, "  %4d  %-*s %8.2f %7.2f %8.2f %8.2f %8.2f %7.2f %7.2f %8.2f", r, host_width, run.host(r).c_str(),
                  m.step_ms, m.data_ms, m.forward_ms, m.backward_ms, m.comm_ms, m.hidden_comm_ms, m.exposed_comm_ms,
                  m.optimizer_ms);
     if (lab_cols) std::fprintf(out, " %7.2f %7.2f %7.2f", m.extra_comm_ms, m.host_work_ms, m.barrier_ms);
-    std::fprintf(out, " %7s\n", hidden_text(hidden_fraction(m), m.comm_ms).c_str());
+    std::fprintf(out, " %7s", hidden_text(hidden_fraction(m), m.comm_ms).c_str());
+    if (taken_cols) std::fprintf(out, " %7s %8s", counted_ms(m.steal_ms).c_str(), counted_ms(m.cpu_wait_ms).c_str());
+    std::fprintf(out, "\n");
   }
 }
 

@@ -119,9 +119,13 @@ nlohmann::json chrome_trace(const RunRecord& run) {
       }
       // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.
       const double step_ms = std::max(step.step_ms, t - start);
-      events.push_back(
-          complete("step " + std::to_string(step_no), "step", r, kComputeTrack, us(start), us(step_ms),
-                   {{"step", step_no}, {"steady", s >= first_steady}, {"step_ms", step.step_ms}, {"loss", step.loss}}));
+      events.push_back(complete("step " + std::to_string(step_no), "step", r, kComputeTrack, us(start), us(step_ms),
+                                {{"step", step_no},
+                                 {"steady", s >= first_steady},
+                                 {"step_ms", step.step_ms},
+                                 {"loss", step.loss},
+                                 {"steal_ms", step.steal_ms},
+                                 {"cpu_wait_ms", step.cpu_wait_ms}}));
       for (auto& e : phases) events.push_back(std::move(e));
 
       for (int k = 0; k < static_cast<int>(run.buckets.size()); ++k) {

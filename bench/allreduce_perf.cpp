@@ -55,7 +55,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -66,6 +65,7 @@
 
 #include "bench/bench_util.h"
 #include "comm/communicator.h"
+#include "comm/cpu_taken.h"
 #include "comm/hier_allreduce.h"
 #include "comm/mpi_init.h"
 #include "comm/settings.h"
@@ -515,29 +515,21 @@ double percentile(std::vector<double> values, double p) {
   return values[std::max<size_t>(rank, 1) - 1];
 }
 
-// --diag: how long the hypervisor gave the vCPU this rank runs on to someone else while the guest had work for it
-// ("steal" on its line of /proc/stat), in ms since boot, in steps of USER_HZ (10 ms). A call that took several times
-// its median while steal grew was stalled from outside: no setting of ours decides it. 0 where it is not counted
-// (bare metal). A rank that moves to another vCPU meanwhile (unbound) reads another counter: a rough figure then.
-double vcpu_steal_ms() {
-  std::ifstream stat("/proc/stat");
-  const std::string mine = "cpu" + std::to_string(sched_getcpu());
-  for (std::string line; std::getline(stat, line);) {
-    std::istringstream fields(line);
-    std::string cpu;
-    long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-    if (fields >> cpu && cpu == mine && fields >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal)
-      return 1000.0 * static_cast<double>(steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  return 0;
+// --diag: how long the hypervisor gave the CPUs this rank may run on (its one vCPU when bound) to someone else while
+// the guest had work for them (comm/cpu_taken.h), in ms since boot, in steps of USER_HZ (10 ms). A call that took
+// several times its median while steal grew was stalled from outside: no setting of ours decides it. 0 where it is
+// not counted (bare metal, or a kernel without it).
+double steal_ms_now() {
+  static const CpuTakenMeter meter;  // made on first use, on the rank's main thread
+  return std::max(0.0, meter.read().steal_ms);
 }
 
-// Returns the steal time of this rank's vCPU over the timed calls (--diag; else 0).
+// Returns the steal time of this rank's CPUs over the timed calls (--diag; else 0).
 double time_calls(const Impl& impl, const float* in, float* out, size_t count, const Options& o, int rank, int n,
                   Mode* m) {
   for (int i = 0; i < o.warmup; ++i) impl.run(in, out, count);
   std::vector<double> t(o.iters);
-  const double steal_at_start = o.diag ? vcpu_steal_ms() : 0;  // before the barrier: the calls start together
+  const double steal_at_start = o.diag ? steal_ms_now() : 0;  // before the barrier: the calls start together
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = now_s();
   for (int i = 0; i < o.iters; ++i) {
@@ -546,7 +538,7 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
     t[i] = (now_s() - a) * 1e6;
   }
   const double mean_us = (now_s() - t0) / o.iters * 1e6;
-  const double stolen = o.diag ? vcpu_steal_ms() - steal_at_start : 0;
+  const double stolen = o.diag ? steal_ms_now() - steal_at_start : 0;
   if (o.diag) {
     m->steal_ms.assign(rank == 0 ? n : 0, 0.0);
     MPI_Gather(&stolen, 1, MPI_DOUBLE, m->steal_ms.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -728,7 +720,7 @@ struct RankDiagnosis {
   struct Seen {  // per implementation, over its timed calls
     std::string impl;
     ShmWaitStats waits;
-    double steal_ms = 0;  // its vCPU's (vcpu_steal_ms)
+    double steal_ms = 0;  // its CPUs' (steal_ms_now)
   };
   std::vector<Seen> seen;
 

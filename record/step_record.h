@@ -20,6 +20,10 @@ struct StepRecord {
   double step_ms = 0;         // the whole step
   double comm_ms = 0;         // sum over buckets of all-reduce time (start to end on the comm thread)
   double hidden_comm_ms = 0;  // comm time that overlapped backward
+  // What the host took from the rank during the step (comm/cpu_taken.h; -1: this kernel does not count it): the
+  // hypervisor's steal on the CPUs the rank may use, and the compute thread's wait for a CPU of its own host.
+  double steal_ms = 0;
+  double cpu_wait_ms = 0;
   double loss = 0;            // this rank's mean loss on its own shard (mean over micro-batches)
   // What the rank's batch held (summed over micro-batches; max_len: the longest).
   double samples = 0;
@@ -61,6 +65,8 @@ inline constexpr StepField kStepFields[] = {
     {"step_ms", &StepRecord::step_ms, FieldKind::kTime, "ms"},
     {"comm_ms", &StepRecord::comm_ms, FieldKind::kTime, "ms"},
     {"hidden_comm_ms", &StepRecord::hidden_comm_ms, FieldKind::kTime, "ms"},
+    {"steal_ms", &StepRecord::steal_ms, FieldKind::kTime, "ms"},
+    {"cpu_wait_ms", &StepRecord::cpu_wait_ms, FieldKind::kTime, "ms"},
     {"loss", &StepRecord::loss, FieldKind::kValue, "nats"},
     {"samples", &StepRecord::samples, FieldKind::kCount, "samples"},
     {"useful_tokens", &StepRecord::useful_tokens, FieldKind::kCount, "tokens"},

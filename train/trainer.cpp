@@ -48,6 +48,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
   const bool on_fault_rank = step == config_.fault_step && rank_ == config_.fault_rank;
   const int micro_batches = config_.grad_accum;
   StepClock clock;
+  const CpuTaken taken_at_start = cpu_meter_.read();  // outside the step's time, as the one at its end
   // One reading for the step's start and its marks' origin: two (a start, then the origin a moment later) put the
   // phases' sums a moment before the bucket times, and a preemption between them made that milliseconds.
   clock.start = backend_->begin_step(step, t0_ms);
@@ -103,6 +104,9 @@ StepRecord Trainer::step(int step, double t0_ms) {
     MPI_Barrier(agreement_.comm());
   }
   clock.end = now_ms();
+  const CpuTaken taken = taken_between(taken_at_start, cpu_meter_.read());
+  r.steal_ms = taken.steal_ms;
+  r.cpu_wait_ms = taken.cpu_wait_ms;
   backend_->end_step(step);
 
   for (int m = 0; m < micro_batches; ++m) {

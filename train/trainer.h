@@ -10,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "train/step_backend.h"
+#include "comm/cpu_taken.h"
 #include "record/checkpoint.h"
+#include "train/step_backend.h"
 #include "train/step_rules.h"
 #include "train/train_config.h"
 
@@ -63,6 +64,7 @@ class Trainer {
   int rank_ = 0, world_ = 1;
   StepAgreement agreement_;  // the per-step stop/finite agreement, and --check-sync's communicator
   std::unique_ptr<StepBackend> backend_;
+  CpuTakenMeter cpu_meter_;  // made on the thread that runs the steps: what the host takes from it, per step
 };
 
 }  // namespace ddplab

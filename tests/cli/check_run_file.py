@@ -114,6 +114,17 @@ def main():
             phases = sum(d[k] for k in PHASES)
             check(np.allclose(phases, d["step_ms"], rtol=1e-6, atol=1e-3), "phases add up to step_ms")
             check(np.all(d["hidden_comm_ms"] <= d["comm_ms"] + 1e-9), "hidden comm <= comm")
+            # What the host took (comm/cpu_taken.h): ms, or -1 where this kernel does not count it. With more ranks
+            # than cores, every rank's compute thread must have waited for a CPU.
+            for k in ["steal_ms", "cpu_wait_ms"]:
+                taken = f["steps"][k][:]
+                check(taken.shape == (np_ranks, steps) and f["steps"][k].attrs.get("units") == "ms",
+                      f"steps/{k}: shape {taken.shape}, units ms")
+                check(np.all((taken >= 0) | (taken == -1)), f"steps/{k}: ms or -1 (not counted)")
+            wait = f["steps"]["cpu_wait_ms"][:]
+            if np_ranks > (os.cpu_count() or 1) and np.all(wait >= 0):
+                check(np.all(wait.sum(axis=1) > 0), f"{np_ranks} ranks on {os.cpu_count()} cores: every rank waited "
+                      f"for a CPU (cpu_wait_ms per rank {wait.sum(axis=1)})")
 
             b = f["buckets"]
             nb = len(b["count"])

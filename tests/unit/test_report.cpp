@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "analysis/blame.h"
+#include "analysis/format.h"
 #include "analysis/report.h"
 #include "analysis/summary.h"
 #include "analysis/timeline.h"
@@ -30,6 +31,7 @@ namespace {
 struct Phases {
   double data = 0.3, forward = 3, backward = 7, exposed = 0.5, optimizer = 1, extra = 0, host_work = 0, barrier = 0;
   double untimed = 0;  // part of step_ms no phase names
+  double steal = 0, cpu_wait = 0;  // what the host took from the rank (within the phases)
 };
 
 constexpr int kSteps = 12;
@@ -61,6 +63,7 @@ RunRecord synthetic(int world, const std::function<Phases(int, int)>& phases) {
       x.step_ms =
           p.data + p.forward + p.backward + p.exposed + p.optimizer + p.extra + p.host_work + p.barrier + p.untimed;
       x.loss = 2.0 - 0.01 * s;
+      x.steal_ms = p.steal, x.cpu_wait_ms = p.cpu_wait;
       // Bucket 0 ready mid-backward, bucket 1 at its end; comm runs from ready to the end of the exposed wait.
       const double bwd = start[r] + p.data + p.forward;
       const double wait_end = bwd + p.backward + p.exposed;
@@ -184,6 +187,100 @@ TEST(Blame, SkewedComputeNamesTheRankWithLongForwardBackward) {
   EXPECT_EQ(f.rank, 3);
   EXPECT_NE(f.text.find("rank 3 sets the pace (skewed compute)"), std::string::npos) << f.text;
   EXPECT_NE(f.text.find("forward+backward takes 30.00 ms/step vs 10.00 ms median"), std::string::npos) << f.text;
+}
+
+// The same skew with the rank's CPUs stolen for most of it: the host's doing, said with both counters.
+TEST(Blame, ComputeSkewThatStealExplainsIsCpuTaken) {
+  for (const double steal : {0.0, 8.0, 12.0}) {
+    const RunRecord run = synthetic(4, [steal](int r, int) {
+      Phases p;
+      p.cpu_wait = 0.4;  // every rank's comm thread shares its core a little
+      if (r == 3) {
+        p.forward = 6, p.backward = 14, p.steal = steal;  // 10 ms more compute than the others
+      } else {
+        p.exposed = 10.5;
+      }
+      return p;
+    });
+    const Finding f = first_finding(run);
+    EXPECT_EQ(f.rank, 3);
+    if (steal < 5) {  // under half the 10 ms excess: the rank's own work
+      EXPECT_EQ(f.cause, Cause::kSkewedCompute) << steal << ": " << all_text(run);
+      continue;
+    }
+    EXPECT_EQ(f.cause, Cause::kCpuTaken) << steal << ": " << all_text(run);
+    EXPECT_NE(f.text.find("rank 3 sets the pace (CPU taken): its forward+backward takes 20.00 ms/step vs 10.00 ms"),
+              std::string::npos)
+        << f.text;
+    EXPECT_NE(
+        f.text.find(fmt("taken from it for %.2f ms/step vs 0.40 on the other ranks (steal %.2f", steal + 0.4, steal)),
+        std::string::npos)
+        << f.text;
+    EXPECT_NE(f.text.find("cpu wait 0.40"), std::string::npos) << f.text;
+    EXPECT_NE(f.text.find("the other ranks wait for it in the all-reduce"), std::string::npos) << f.text;
+  }
+}
+
+// Waiting for a CPU of its own host (another process on its core) counts as taken too; counters a kernel lacks (-1)
+// count as nothing.
+TEST(Blame, ComputeSkewThatCpuWaitExplainsIsCpuTakenAndUncountedIsNothing) {
+  for (const double wait : {9.0, -1.0}) {
+    const RunRecord run = synthetic(2, [wait](int r, int) {
+      Phases p;
+      p.steal = p.cpu_wait = -1;
+      if (r == 1) {
+        p.forward = 6, p.backward = 14, p.cpu_wait = wait;
+      } else {
+        p.exposed = 10.5;
+      }
+      return p;
+    });
+    const Finding f = first_finding(run);
+    EXPECT_EQ(f.rank, 1);
+    EXPECT_EQ(f.cause, wait > 0 ? Cause::kCpuTaken : Cause::kSkewedCompute) << all_text(run);
+    if (wait > 0) {
+      EXPECT_NE(f.text.find("(steal 0.00: "), std::string::npos) << f.text;
+    }
+  }
+}
+
+// Steal on every rank: no rank stands out, a finding says the host is noisy, from 5% of the step on.
+TEST(Blame, StealOnEveryRankIsANoisyHost) {
+  for (const double steal : {0.4, 0.7, -1.0}) {  // of an 11.8 ms step: 3%, 6%, not counted
+    const RunRecord run = synthetic(2, [steal](int, int) {
+      Phases p;
+      p.steal = steal;
+      return p;
+    });
+    const std::vector<Finding> findings = diagnose(run);
+    EXPECT_EQ(findings.front().cause, Cause::kBalanced) << all_text(run);
+    EXPECT_EQ(has_cause(findings, Cause::kNoisyHost), steal > 0.6) << steal << ": " << all_text(run);
+    if (steal > 0.6) {
+      EXPECT_NE(findings.back().text.find("noisy host: the hypervisor ran other guests on every rank's CPUs for 0.70 "
+                                          "ms/step (6% of the step"),
+                std::string::npos)
+          << findings.back().text;
+      EXPECT_EQ(headline(findings).cause, Cause::kNoisyHost);
+    }
+  }
+}
+
+// Every rank's compute thread waiting for a CPU (4 ranks on 2 cores): contention, from a fifth of the step on.
+TEST(Blame, EveryRankWaitingForACpuIsContention) {
+  for (const double wait : {2.0, 3.0}) {  // of an 11.8 ms step: 17%, 25%
+    const RunRecord run = synthetic(4, [wait](int r, int) {
+      Phases p;
+      p.cpu_wait = wait + 0.1 * r;
+      return p;
+    });
+    const std::vector<Finding> findings = diagnose(run);
+    EXPECT_EQ(has_cause(findings, Cause::kCpuContention), wait > 2.5) << wait << ": " << all_text(run);
+    if (wait > 2.5) {
+      EXPECT_NE(all_text(run).find("CPU contention: every rank's compute thread waits 3.15 ms/step (27% of the step)"),
+                std::string::npos)
+          << all_text(run);
+    }
+  }
 }
 
 TEST(Blame, UniformExposedCommIsCommunicationBound) {

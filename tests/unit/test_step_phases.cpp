@@ -59,8 +59,11 @@ TEST(StepPhases, TileTheStepWithinOneClockTick) {
     StepRecord r;
     set_step_phases(r, c, c.start - 5000.0);
     ASSERT_NEAR(sum_of_phases(r), r.step_ms, kClockTickMs) << "trial " << trial;
-    for (const StepField& f : kStepFields)
-      if (f.kind == FieldKind::kPhase) ASSERT_GE(r.*f.member, 0.0) << f.name << ", trial " << trial;
+    for (const StepField& f : kStepFields) {
+      if (f.kind == FieldKind::kPhase) {
+        ASSERT_GE(r.*f.member, 0.0) << f.name << ", trial " << trial;
+      }
+    }
     ASSERT_EQ(r.start_ms, 5000.0);
   }
 }
