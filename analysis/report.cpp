@@ -175,12 +175,14 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   }
   // The lab's knobs, only those switched on.
   std::string lab;
-  for (const char* key : {"straggler_ms", "extra_allreduce_mb", "rank0_work_ms", "data_cost_ms", "loader_threads"}) {
+  for (const char* key :
+       {"straggler_ms", "busy_threads", "extra_allreduce_mb", "rank0_work_ms", "data_cost_ms", "loader_threads"}) {
     const auto it = c.find(key);
     if (it != c.end() && it->is_number() && it->get<double>() > 0)
       lab += fmt(" %s %s", key, config_text(c, key).c_str());
   }
-  if (c.value("straggler_ms", 0.0) > 0) lab += " slow_rank " + config_text(c, "slow_rank");
+  if (c.value("straggler_ms", 0.0) > 0 || c.value("busy_threads", 0) > 0)
+    lab += " slow_rank " + config_text(c, "slow_rank");
   if (c.value("rank0_work_ms", 0.0) > 0) lab += " barrier_every " + config_text(c, "barrier_every");
   if (!lab.empty()) std::fprintf(out, "  lab:%s\n", lab.c_str());
   std::fprintf(out, "  build: git %s, started %s\n", known(meta.git_commit), known(meta.start_time_utc));

@@ -146,6 +146,11 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--slow-rank", c.slow_rank, "lab: the straggling rank")->capture_default_str();
   app->add_option("--straggler-ms", c.straggler_ms, "lab: the slow rank sleeps this long before each batch fetch")
       ->capture_default_str();
+  if (flags != FlagSet::kSuite)  // the suite's ranks share the cores unbound: it would slow every rank of a case
+    app->add_option("--busy-threads", c.busy_threads,
+                    "lab: the slow rank runs this many busy threads on its own CPUs, a noisy neighbour (with mpirun's "
+                    "one-core binding they slow that rank alone)")
+        ->capture_default_str();
   app->add_option("--extra-allreduce-mb", c.extra_allreduce_mb, "lab: an extra all-reduce of this size every step")
       ->capture_default_str();
   app->add_option("--rank0-work-ms", c.rank0_work_ms, "lab: rank 0 works this long, then every rank barriers")
@@ -228,6 +233,7 @@ void validate(const TrainConfig& c) {
   at_least("--prefetch", c.prefetch, 1);
   at_least("--barrier-every", c.barrier_every, 1);
   at_least("--slow-rank", c.slow_rank, 0);
+  at_least("--busy-threads", c.busy_threads, 0);
   require(c.data_cost_ms >= 0 && c.straggler_ms >= 0 && c.extra_allreduce_mb >= 0 && c.rank0_work_ms >= 0,
           "--data-cost-ms, --straggler-ms, --extra-allreduce-mb and --rank0-work-ms must not be negative");
   // parse_link takes 0 as "unlimited", which a named link would then only pretend to be.

@@ -67,6 +67,7 @@ struct TrainConfig {
   // Pathologies (the DDP lab): they change timing, never the math.
   int slow_rank = 0;            // the straggler
   double straggler_ms = 0;      // it sleeps this long before each batch fetch
+  int busy_threads = 0;         // it runs this many busy threads on its own CPUs: a noisy neighbour process
   double extra_allreduce_mb = 0;  // an extra all-reduce of this size every step (e.g. metrics done badly)
   double rank0_work_ms = 0;     // rank 0 works this long, then all ranks barrier, ...
   int barrier_every = 1;        // ... every this many steps
@@ -170,6 +171,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
       {"prefetch", c.prefetch},
       {"slow_rank", c.slow_rank},
       {"straggler_ms", c.straggler_ms},
+      {"busy_threads", c.busy_threads},
       {"extra_allreduce_mb", c.extra_allreduce_mb},
       {"rank0_work_ms", c.rank0_work_ms},
       {"barrier_every", c.barrier_every},

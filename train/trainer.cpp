@@ -28,9 +28,19 @@ Trainer::Trainer(const TrainConfig& config, MPI_Comm comm)
     : config_(config), agreement_(comm), backend_(make_step_backend(config, comm)) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &world_));
+  // The lab's noisy neighbour: work that is not the job's, on the slow rank's cores, for the whole run.
+  if (rank_ == config_.slow_rank)
+    for (int i = 0; i < config_.busy_threads; ++i)
+      busy_.emplace_back([this] {
+        while (!stop_busy_.load(std::memory_order_relaxed)) {
+        }
+      });
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  stop_busy_ = true;
+  for (std::thread& t : busy_) t.join();
+}
 
 std::string Trainer::piece_name(const GradPiece& piece) const {
   return grad_piece_name(backend_->parameters(), piece);

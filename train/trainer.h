@@ -6,8 +6,10 @@
 #pragma once
 #include <mpi.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/cpu_taken.h"
@@ -65,6 +67,9 @@ class Trainer {
   StepAgreement agreement_;  // the per-step stop/finite agreement, and --check-sync's communicator
   std::unique_ptr<StepBackend> backend_;
   CpuTakenMeter cpu_meter_;  // made on the thread that runs the steps: what the host takes from it, per step
+  // --busy-threads on the slow rank: threads that spin on its CPUs (they inherit its affinity) until the trainer ends.
+  std::atomic<bool> stop_busy_{false};
+  std::vector<std::thread> busy_;
 };
 
 }  // namespace ddplab

@@ -51,6 +51,7 @@ for np in 1 2; do
   expect_error $np "--max-tokens 100 is below --max-len 256" train --model tiny --batching token --max-tokens 100 --steps 2
   expect_error $np "--max-tokens 100 is below --max-len 256" suite tokens --max-tokens 100 --steps 2
   expect_error $np "--layers must be at least 1 (got 0)" train "${small[@]}" --layers 0
+  expect_error $np "--busy-threads must be at least 0 (got -1)" train "${small[@]}" --busy-threads -1
   expect_error $np "must not be negative" train "${small[@]}" --bucket-mb -1
   expect_error $np "--timeout-s must not be negative" train "${small[@]}" --timeout-s -1
   expect_error $np "--fault must be none, hang" train "${small[@]}" --fault meteor

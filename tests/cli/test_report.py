@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 import h5py
+import numpy as np
 
 from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
@@ -69,11 +70,16 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         a, b = os.path.join(work, "a.h5"), os.path.join(work, "b.h5")
         straggler, barrier = os.path.join(work, "straggler.h5"), os.path.join(work, "barrier.h5")
+        busy = os.path.join(work, "busy.h5")
         trains = [
             [*small, "--steps", "6", "--out", a],
             [*small, "--steps", "6", "--bucket-mb", "0", "--overlap", "off", "--out", b],  # with a: a bucket sweep
             [*small, "--steps", "8", "--straggler-ms", "20", "--slow-rank", "1", "--out", straggler],
             [*small, "--steps", "8", "--rank0-work-ms", "15", "--barrier-every", "2", "--out", barrier],
+            # A noisy neighbour on rank 1's core (mpirun binds each rank to a core of its own): compute enough that
+            # the busy thread's share of the core shows (the default MLP; the small one only waits in its all-reduce).
+            ["--batch", "64", "--warmup-steps", "2", "--quiet", "--steps", "16", "--busy-threads", "1", "--slow-rank",
+             "1", "--out", busy],
         ]
         for args in trains:
             proc = run([mpirun, "-np", "2", ddplab, "train", *args], timeout=120)
@@ -112,6 +118,17 @@ def main():
         print(proc.stdout[proc.stdout.find("blame:"):])
         check("rank 1 sets the pace (straggler input)" in proc.stdout and "communication-bound" not in proc.stdout,
               "straggler run: blame names rank 1's data loading, not communication")
+        proc = run([ddplab, "report", busy])
+        print(proc.stdout[proc.stdout.find("blame:"):])
+        with h5py.File(busy, "r") as f:
+            counted = bool(np.all(f["steps"]["cpu_wait_ms"][:] >= 0))
+        if not counted or (os.cpu_count() or 1) < 2:
+            print(f"skipped: the busy-threads run's blame (cpu wait counted: {counted}, {os.cpu_count()} cores; it "
+                  "needs /proc/thread-self/schedstat and a core per rank)")
+        else:
+            check("rank 1 sets the pace (CPU taken)" in proc.stdout and "cpu wait" in proc.stdout,
+                  "busy-threads run: blame names rank 1, its CPU taken by the busy thread beside it")
+            check("busy_threads 1 slow_rank 1" in proc.stdout, "the report's lab line names the busy threads")
         proc = run([ddplab, "report", barrier])
         print(proc.stdout[proc.stdout.find("blame:"):])
         check("rank 0 sets the pace (work before a barrier)" in proc.stdout and "every 2 steps" in proc.stdout,
