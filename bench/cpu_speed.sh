@@ -164,20 +164,26 @@ def phases(path):
         names = ["step_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms",
                  "hidden_comm_ms"]
         data = {n: np.asarray(steps[n])[:, 5:] for n in names}  # ranks x steps, warm-up dropped
-        return {n: v.mean(axis=1) for n, v in data.items()}, data["step_ms"].max(axis=0).mean()
+        # What the host took, per rank, ms/step (the hypervisor's steal; files from before it or kernels without
+        # it read 0 or -1); docs/REPORTS.md, "CPU taken".
+        steal = np.clip(np.asarray(steps["steal_ms"])[:, 5:], 0, None).mean(axis=1) if "steal_ms" in steps else [0]
+        return {n: v.mean(axis=1) for n, v in data.items()}, data["step_ms"].max(axis=0).mean(), steal
 for run, what in [("ws2", "replicated update"), ("ws2z", "--zero-stage 1"),
                   ("ws2ring", "replicated, the ring instead of the direct all-reduce")]:
-    ratios, steps, deltas = [], [], []
+    ratios, steps, deltas, steals = [], [], [], []
     for r in range(1, rounds + 1):
-        one, one_step = phases(f"{work}/ws1_{r}.h5")
-        two, two_step = phases(f"{work}/{run}_{r}.h5")
+        one, one_step, one_steal = phases(f"{work}/ws1_{r}.h5")
+        two, two_step, two_steal = phases(f"{work}/{run}_{r}.h5")
         ratios.append(2 * one_step / two_step)
         steps.append((one_step, two_step))
+        steals.append(f"{one_steal[0]:.2f} / {'+'.join(f'{x:.2f}' for x in two_steal)}")
         deltas.append([{n: two[n][k] - one[n][0] for n in one} | {"comm": two["comm_ms"][k],
                        "hidden": two["hidden_comm_ms"][k]} for k in range(2)])
     print(f"throughput ws=2 / ws=1, {what}: median {statistics.median(ratios):.2f}x over {rounds} rounds (target "
           f">= 1.8; per round {', '.join(f'{x:.2f}' for x in ratios)}; each step's time is its slowest rank's: "
           f"{', '.join(f'{a:.2f} -> {b:.2f}' for a, b in steps)} ms)")
+    print(f"  steal per round, ms/step, ws=1 / ws=2's ranks (the hypervisor's; a round with it measures the host): "
+          f"{', '.join(steals)}")
     print("  where the second rank's time goes (ms per step, ws=2 rank minus the same round's ws=1; median of the "
           "rounds):")
     print(f"  {'rank':>4} {'step':>7} {'forward':>8} {'backward':>9} {'exposed':>8} {'optimizer':>9} {'comm':>7} "
