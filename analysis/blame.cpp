@@ -62,15 +62,20 @@ struct Component {
   double ratio;
   double (*get)(const StepRecord&);
   const char* what;  // "its <what> takes ..."
+  // Work the compute thread does, whose cpu wait the step records: only its excess can be the host's doing (data
+  // can be a loader thread's or a sleep, host work is the lab's rank-0 sleep).
+  bool compute_thread;
 };
 const Component kComponents[] = {
-    {Cause::kStragglerInput, kDataOutlierRatio, [](const StepRecord& p) { return p.data_ms; }, "data loading"},
+    {Cause::kStragglerInput, kDataOutlierRatio, [](const StepRecord& p) { return p.data_ms; }, "data loading", false},
     {Cause::kSkewedCompute, kComputeOutlierRatio, [](const StepRecord& p) { return p.forward_ms + p.backward_ms; },
-     "forward+backward"},
-    {Cause::kSlowOptimizer, kOtherOutlierRatio, [](const StepRecord& p) { return p.optimizer_ms; }, "optimizer step"},
-    {Cause::kWorkBeforeBarrier, kOtherOutlierRatio, [](const StepRecord& p) { return p.host_work_ms; }, "host work"},
+     "forward+backward", true},
+    {Cause::kSlowOptimizer, kOtherOutlierRatio, [](const StepRecord& p) { return p.optimizer_ms; }, "optimizer step",
+     true},
+    {Cause::kWorkBeforeBarrier, kOtherOutlierRatio, [](const StepRecord& p) { return p.host_work_ms; }, "host work",
+     false},
     {Cause::kUntimedWork, kOtherOutlierRatio, [](const StepRecord& p) { return untimed_ms(p); },
-     "time outside the recorded phases"},
+     "time outside the recorded phases", true},
 };
 
 // Time the host took from a rank's CPUs in a step: steal and the wait for a CPU (-1, not counted, as 0).
@@ -133,15 +138,17 @@ Finding pace_finding(const RunRecord& run, const RunSummary& st, const Candidate
   // The excess is mostly time the rank's CPUs were not its own: the host's doing, not the rank's work.
   const StepRecord& p = st.ranks[r];
   const double taken_others = median_except(st.ranks, r, cpu_taken_ms);
-  if (cause != Cause::kWorkBeforeBarrier && cpu_taken_ms(p) - taken_others >= kTakenExplainsShare * c.excess)
+  if (c.component->compute_thread && cpu_taken_ms(p) - taken_others >= kTakenExplainsShare * c.excess) {
+    const auto counted = [](double ms) { return ms >= 0 ? fmt("%.2f", ms) : std::string("not counted"); };
     return {Cause::kCpuTaken, r,
             who +
                 fmt(" (CPU taken): its %s takes %s, and its CPUs were taken from it for %.2f ms/step vs %.2f on the "
-                    "other ranks (steal %.2f: the hypervisor ran other guests on them; cpu wait %.2f: other threads "
-                    "or processes of its host ran on its cores); ",
-                    c.component->what, vs.c_str(), cpu_taken_ms(p), taken_others, std::max(0.0, p.steal_ms),
-                    std::max(0.0, p.cpu_wait_ms)) +
+                    "other ranks (steal %s: the hypervisor ran other guests on them; cpu wait %s: other threads or "
+                    "processes of its host ran on its cores); ",
+                    c.component->what, vs.c_str(), cpu_taken_ms(p), taken_others, counted(p.steal_ms).c_str(),
+                    counted(p.cpu_wait_ms).c_str()) +
                 wait};
+  }
   switch (cause) {
     case Cause::kStragglerInput:
       return {cause, r, who + " (straggler input): its data loading takes " + vs + "; " + wait};

@@ -175,15 +175,17 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   }
   // The lab's knobs, only those switched on.
   std::string lab;
-  for (const char* key :
+  bool slow_rank = false, barrier = false;  // knobs on that name a rank, or a period
+  for (const std::string key :
        {"straggler_ms", "busy_threads", "extra_allreduce_mb", "rank0_work_ms", "data_cost_ms", "loader_threads"}) {
     const auto it = c.find(key);
-    if (it != c.end() && it->is_number() && it->get<double>() > 0)
-      lab += fmt(" %s %s", key, config_text(c, key).c_str());
+    if (it == c.end() || !it->is_number() || it->get<double>() <= 0) continue;
+    lab += fmt(" %s %s", key.c_str(), config_text(c, key.c_str()).c_str());
+    slow_rank |= key == "straggler_ms" || key == "busy_threads";
+    barrier |= key == "rank0_work_ms";
   }
-  if (c.value("straggler_ms", 0.0) > 0 || c.value("busy_threads", 0) > 0)
-    lab += " slow_rank " + config_text(c, "slow_rank");
-  if (c.value("rank0_work_ms", 0.0) > 0) lab += " barrier_every " + config_text(c, "barrier_every");
+  if (slow_rank) lab += " slow_rank " + config_text(c, "slow_rank");
+  if (barrier) lab += " barrier_every " + config_text(c, "barrier_every");
   if (!lab.empty()) std::fprintf(out, "  lab:%s\n", lab.c_str());
   std::fprintf(out, "  build: git %s, started %s\n", known(meta.git_commit), known(meta.start_time_utc));
   if (!meta.stop_reason.empty()) std::fprintf(out, "  status: %s\n", meta.stop_reason.c_str());

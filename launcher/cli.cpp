@@ -148,8 +148,8 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->capture_default_str();
   if (flags != FlagSet::kSuite)  // the suite's ranks share the cores unbound: it would slow every rank of a case
     app->add_option("--busy-threads", c.busy_threads,
-                    "lab: the slow rank runs this many busy threads on its own CPUs, a noisy neighbour (with mpirun's "
-                    "one-core binding they slow that rank alone)")
+                    "lab: a noisy neighbour: from the first step the slow rank's compute thread and this many busy "
+                    "threads share the core it is on")
         ->capture_default_str();
   app->add_option("--extra-allreduce-mb", c.extra_allreduce_mb, "lab: an extra all-reduce of this size every step")
       ->capture_default_str();
@@ -234,6 +234,7 @@ void validate(const TrainConfig& c) {
   at_least("--barrier-every", c.barrier_every, 1);
   at_least("--slow-rank", c.slow_rank, 0);
   at_least("--busy-threads", c.busy_threads, 0);
+  require(c.busy_threads <= 64, "--busy-threads must be at most 64 (got " + std::to_string(c.busy_threads) + ")");
   require(c.data_cost_ms >= 0 && c.straggler_ms >= 0 && c.extra_allreduce_mb >= 0 && c.rank0_work_ms >= 0,
           "--data-cost-ms, --straggler-ms, --extra-allreduce-mb and --rank0-work-ms must not be negative");
   // parse_link takes 0 as "unlimited", which a named link would then only pretend to be.

@@ -67,7 +67,7 @@ struct TrainConfig {
   // Pathologies (the DDP lab): they change timing, never the math.
   int slow_rank = 0;            // the straggler
   double straggler_ms = 0;      // it sleeps this long before each batch fetch
-  int busy_threads = 0;         // it runs this many busy threads on its own CPUs: a noisy neighbour process
+  int busy_threads = 0;         // it shares its compute thread's core with this many busy threads: a noisy neighbour
   double extra_allreduce_mb = 0;  // an extra all-reduce of this size every step (e.g. metrics done badly)
   double rank0_work_ms = 0;     // rank 0 works this long, then all ranks barrier, ...
   int barrier_every = 1;        // ... every this many steps

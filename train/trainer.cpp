@@ -1,6 +1,9 @@
 #include "train/trainer.h"
 
+#include <sched.h>
+
 #include <cmath>
+#include <stdexcept>
 
 #include "comm/mpi_check.h"
 #include "comm/watchdog.h"
@@ -28,13 +31,22 @@ Trainer::Trainer(const TrainConfig& config, MPI_Comm comm)
     : config_(config), agreement_(comm), backend_(make_step_backend(config, comm)) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &world_));
-  // The lab's noisy neighbour: work that is not the job's, on the slow rank's cores, for the whole run.
-  if (rank_ == config_.slow_rank)
-    for (int i = 0; i < config_.busy_threads; ++i)
-      busy_.emplace_back([this] {
-        while (!stop_busy_.load(std::memory_order_relaxed)) {
-        }
-      });
+}
+
+// The lab's noisy neighbour (--busy-threads): work that is not the job's on the slow rank's core. Pinned, the compute
+// thread and the busy threads (which inherit its affinity) share one core whatever binding the rank had; started at
+// the first step, so that the run's setup (the lost-yield measurement among it) runs without them.
+void Trainer::start_busy_threads() {
+  cpu_set_t here;
+  CPU_ZERO(&here);
+  CPU_SET(sched_getcpu(), &here);
+  if (sched_setaffinity(0, sizeof here, &here) != 0)
+    throw std::runtime_error("--busy-threads: cannot pin the compute thread to its core");
+  for (int i = 0; i < config_.busy_threads; ++i)
+    busy_.emplace_back([this] {
+      while (!stop_busy_.load(std::memory_order_relaxed)) {
+      }
+    });
 }
 
 Trainer::~Trainer() {
@@ -58,6 +70,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
   const bool on_fault_rank = step == config_.fault_step && rank_ == config_.fault_rank;
   const int micro_batches = config_.grad_accum;
   StepClock clock;
+  if (rank_ == config_.slow_rank && config_.busy_threads > 0 && busy_.empty()) start_busy_threads();
   const CpuTaken taken_at_start = cpu_meter_.read();  // outside the step's time, as the one at its end
   // One reading for the step's start and its marks' origin: two (a start, then the origin a moment later) put the
   // phases' sums a moment before the bucket times, and a preemption between them made that milliseconds.

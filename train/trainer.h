@@ -67,7 +67,8 @@ class Trainer {
   StepAgreement agreement_;  // the per-step stop/finite agreement, and --check-sync's communicator
   std::unique_ptr<StepBackend> backend_;
   CpuTakenMeter cpu_meter_;  // made on the thread that runs the steps: what the host takes from it, per step
-  // --busy-threads on the slow rank: threads that spin on its CPUs (they inherit its affinity) until the trainer ends.
+  // --busy-threads on the slow rank: threads that spin on its compute thread's core until the trainer ends.
+  void start_busy_threads();
   std::atomic<bool> stop_busy_{false};
   std::vector<std::thread> busy_;
 };

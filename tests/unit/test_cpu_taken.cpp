@@ -22,27 +22,32 @@ constexpr const char* kProcStat =
     "intr 123 4 5 6\n"
     "ctxt 99\n";
 
-TEST(CpuTaken, StealIsSummedOverTheThreadsCpusOnly) {
-  EXPECT_EQ(steal_ticks(kProcStat, {0}), 7);
-  EXPECT_EQ(steal_ticks(kProcStat, {1}), 40);
-  EXPECT_EQ(steal_ticks(kProcStat, {0, 1}), 47);
-  EXPECT_EQ(steal_ticks(kProcStat, {2}), -1);  // a CPU the file does not list: not counted, not 0
+// The steal a thread suffers is its CPUs' mean: one CPU's own when bound; an estimate over those it may move among
+// (a sum would count a 16-CPU mask's steal 16 times over).
+TEST(CpuTaken, StealIsTheMeanOverTheThreadsCpusOnly) {
+  EXPECT_DOUBLE_EQ(mean_steal_ticks(kProcStat, {0}), 7);
+  EXPECT_DOUBLE_EQ(mean_steal_ticks(kProcStat, {1}), 40);
+  EXPECT_DOUBLE_EQ(mean_steal_ticks(kProcStat, {0, 1}), 23.5);
+  EXPECT_DOUBLE_EQ(mean_steal_ticks(kProcStat, {1, 2}), 40);  // a CPU the file does not list counts for nothing
+  EXPECT_DOUBLE_EQ(mean_steal_ticks(kProcStat, {2}), -1);     // none listed: not counted, not 0
 }
 
 TEST(CpuTaken, AKernelWithoutStealFieldsCountsNothing) {
-  EXPECT_EQ(steal_ticks("cpu  1 2 3 4\ncpu0 1 2 3 4\n", {0}), -1);  // before Linux 2.6.11: four fields
-  EXPECT_EQ(steal_ticks("", {0}), -1);
+  EXPECT_DOUBLE_EQ(mean_steal_ticks("cpu  1 2 3 4\ncpu0 1 2 3 4\n", {0}), -1);  // before Linux 2.6.11: four fields
+  EXPECT_DOUBLE_EQ(mean_steal_ticks("", {0}), -1);
 }
 
 TEST(CpuTaken, RunDelayIsTheSchedstatsSecondFieldInMs) {
   EXPECT_DOUBLE_EQ(run_delay_ms("987654 4500000 12\n"), 4.5);
   EXPECT_DOUBLE_EQ(run_delay_ms("5\n"), -1);
+  EXPECT_DOUBLE_EQ(run_delay_ms("0 0 0\n"), -1);  // a kernel without sched_info: never ran means never counted
 }
 
-TEST(CpuTaken, ASpanIsTheDifferenceAndAMissingCounterStaysMissing) {
+TEST(CpuTaken, ASpanIsTheDifferenceAtLeastZeroAndAMissingCounterStaysMissing) {
   const CpuTaken span = taken_between({10, 2}, {30, 2.5});
   EXPECT_DOUBLE_EQ(span.steal_ms, 20);
   EXPECT_DOUBLE_EQ(span.cpu_wait_ms, 0.5);
+  EXPECT_DOUBLE_EQ(taken_between({30, 2}, {20, 2}).steal_ms, 0);  // a mean over CPUs that changed stepped back
   EXPECT_EQ(taken_between({-1, 2}, {-1, 3}).steal_ms, -1);
 }
 
@@ -56,6 +61,10 @@ TEST(CpuTaken, WaitingBehindAnotherThreadOnTheSameCpuIsCounted) {
   CPU_SET(cpu, &one);
   ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
   ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  struct RestoreAffinity {  // whatever assertion ends the test, the process gets its CPUs back
+    cpu_set_t mask;
+    ~RestoreAffinity() { sched_setaffinity(0, sizeof mask, &mask); }
+  } restore{before};
   const auto spin_for = [](double ms) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
     while (std::chrono::steady_clock::now() < end) {
@@ -63,11 +72,8 @@ TEST(CpuTaken, WaitingBehindAnotherThreadOnTheSameCpuIsCounted) {
   };
   {
     const CpuTakenMeter meter;
-    ASSERT_EQ(meter.cpus(), std::vector<int>{cpu});
-    if (meter.read().cpu_wait_ms < 0) {
-      sched_setaffinity(0, sizeof before, &before);
+    if (meter.read().cpu_wait_ms < 0)
       GTEST_SKIP() << "this kernel has no /proc/thread-self/schedstat: the cpu wait is not counted here";
-    }
     const CpuTaken alone_start = meter.read();
     spin_for(200);
     const double alone = taken_between(alone_start, meter.read()).cpu_wait_ms;
@@ -88,7 +94,6 @@ TEST(CpuTaken, WaitingBehindAnotherThreadOnTheSameCpuIsCounted) {
     EXPECT_LT(alone, shared / 2) << "alone " << alone << " ms, shared " << shared << " ms";
     std::printf("cpu wait over 200 ms: %.1f ms alone, %.1f ms beside a competitor\n", alone, shared);
   }
-  sched_setaffinity(0, sizeof before, &before);
 }
 
 }  // namespace

@@ -239,9 +239,26 @@ TEST(Blame, ComputeSkewThatCpuWaitExplainsIsCpuTakenAndUncountedIsNothing) {
     EXPECT_EQ(f.rank, 1);
     EXPECT_EQ(f.cause, wait > 0 ? Cause::kCpuTaken : Cause::kSkewedCompute) << all_text(run);
     if (wait > 0) {
-      EXPECT_NE(f.text.find("(steal 0.00: "), std::string::npos) << f.text;
+      EXPECT_NE(f.text.find("(steal not counted: "), std::string::npos) << f.text;
     }
   }
+}
+
+// A data straggler that also lost its CPU: the data loading is not the compute thread's work the cpu wait measures
+// (a sleep here, or a loader thread), so it stays a straggler.
+TEST(Blame, DataStragglerWithCpuWaitStaysAStraggler) {
+  const RunRecord run = synthetic(2, [](int r, int) {
+    Phases p;
+    if (r == 1) {
+      p.data = 20, p.cpu_wait = 15;
+    } else {
+      p.exposed = 20.5;
+    }
+    return p;
+  });
+  const Finding f = first_finding(run);
+  EXPECT_EQ(f.cause, Cause::kStragglerInput) << all_text(run);
+  EXPECT_EQ(f.rank, 1);
 }
 
 // Steal on every rank: no rank stands out, a finding says the host is noisy, from 5% of the step on.
