@@ -44,7 +44,7 @@ struct CaseResult {
   Case c;
   RunSummary summary;
   std::string path;
-  std::vector<std::string> blame;  // multi-rank cases: who sets the pace, from the records in memory
+  std::vector<Finding> blame;  // multi-rank cases: who sets the pace, from the records in memory
   // More ranks x BLAS threads than cores on rank 0's host (RunRecord::oversubscribed_ranks): the ranks took turns on
   // the cores, and the case's efficiency measures how this machine shares them, not how DDP scales. Said in the
   // table, the JSON and the charts.
@@ -280,7 +280,7 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
     wait_quietly(world);
     if (rank == 0) {
       results.push_back({c, r.summary, r.record.path, {}, r.record.oversubscribed_ranks(), r.record.meta.host_cores});
-      if (c.world_size >= 2) results.back().blame = blame(r.record, r.summary);
+      if (c.world_size >= 2) results.back().blame = diagnose(r.record, r.summary);
       if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
                   r.summary.slowest_step_ms, r.summary.samples_per_s, MPI_Wtime() - start);
@@ -366,11 +366,24 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
   const auto most = std::max_element(results.begin(), results.end(), [](const CaseResult& a, const CaseResult& b) {
     return a.oversubscribed_ranks < b.oversubscribed_ranks;
   });
-  if (most != results.end() && most->oversubscribed_ranks > 0)
+  if (most != results.end() && most->oversubscribed_ranks > 0) {
+    // What the turns cost, as measured: the compute threads' wait for a CPU (the cases' CPU contention findings,
+    // which the blame below leaves to this line).
+    double least_wait = 1e300, most_wait = -1;
+    for (const CaseResult& r : results) {
+      if (r.oversubscribed_ranks == 0) continue;
+      const double wait = mean_over_ranks(r.summary).cpu_wait_ms;
+      if (wait >= 0) least_wait = std::min(least_wait, wait), most_wait = std::max(most_wait, wait);
+    }
     std::printf(
         "\n* oversubscribed: up to %d ranks x %s on this host's %d cores; the ranks take turns on the cores, so "
-        "the case's times measure this machine, not DDP\n",
-        most->oversubscribed_ranks, counted(o.base.blas_threads, "BLAS thread").c_str(), most->host_cores);
+        "the case's times measure this machine, not DDP%s\n",
+        most->oversubscribed_ranks, counted(o.base.blas_threads, "BLAS thread").c_str(), most->host_cores,
+        most_wait >= 0 ? fmt(" (each rank's compute thread waited %.1f-%.1f ms/step for a CPU in these cases)",
+                             least_wait, most_wait)
+                             .c_str()
+                       : "");
+  }
   std::printf(
       "\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
       "exposed (comm waited for)%s: means over the ranks, ms per step\n",
@@ -448,9 +461,14 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   for (size_t i = 0; i < results.size(); ++i) {
     files.push_back(results[i].path);
     if (results[i].c.world_size < 2) continue;
-    for (const std::string& line : results[i].blame)
-      std::printf("  %-16s %s\n", results[i].c.name.c_str(), line.c_str());
-    json_cases[i]["blame"] = results[i].blame;
+    std::vector<std::string> texts;
+    for (const Finding& f : results[i].blame) {
+      texts.push_back(f.text);
+      // An oversubscribed case's contention is the table's `*`, with its measured wait under the table.
+      if (f.cause == Cause::kCpuContention && results[i].oversubscribed_ranks > 0) continue;
+      std::printf("  %-16s %s\n", results[i].c.name.c_str(), f.text.c_str());
+    }
+    json_cases[i]["blame"] = texts;
   }
   int host_cores = 0;  // rank 0's host as the widest case saw it (a one-rank case may be bound to one core)
   for (const CaseResult& r : results) host_cores = std::max(host_cores, r.host_cores);
