@@ -58,6 +58,11 @@ def main():
               f"a case is oversubscribed exactly when its ranks outnumber the cores ({flags})")
         check(("* oversubscribed" in proc.stdout) == (np_ranks > usable),
               "the table notes oversubscription when ranks outnumber the cores")
+        if np_ranks > usable and os.path.exists("/proc/thread-self/schedstat"):
+            # The measured cost of the turns goes under the table, and the per-case blame leaves it out.
+            check("compute thread waited" in proc.stdout, "the oversubscription line gives the measured wait for a CPU")
+            blame_text = proc.stdout[proc.stdout.find("\nblame:"):]
+            check("CPU contention" not in blame_text, "no CPU contention line per oversubscribed case in the blame")
         if np_ranks >= 2:
             blamed = {c["case"]: " ".join(c.get("blame", [])) for c in json.load(
                 open(os.path.join(out, "summary.json")))["cases"]}
