@@ -55,6 +55,23 @@ double median_except(const std::vector<StepRecord>& ranks, int skip, Get get) {
   return median(v);
 }
 
+// A figure of every rank's over the ranks: where a cause is shared, every rank must show it (the least), alike (the
+// least against the most), and the line quotes the median.
+struct OverRanks {
+  double least = 1e300, most = -1e300, median = 0;
+};
+OverRanks over_ranks(const std::vector<StepRecord>& ranks, double (*get)(const StepRecord&)) {
+  OverRanks o;
+  std::vector<double> values;
+  for (const StepRecord& p : ranks) {
+    const double v = get(p);
+    o.least = std::min(o.least, v), o.most = std::max(o.most, v);
+    values.push_back(v);
+  }
+  o.median = median(values);
+  return o;
+}
+
 // A rank's own work, phase by phase (waiting is not work: exposed comm, barrier and the extra all-reduce are
 // where ranks wait for each other).
 struct Component {
@@ -139,14 +156,13 @@ Finding pace_finding(const RunRecord& run, const RunSummary& st, const Candidate
   const StepRecord& p = st.ranks[r];
   const double taken_others = median_except(st.ranks, r, cpu_taken_ms);
   if (c.component->compute_thread && cpu_taken_ms(p) - taken_others >= kTakenExplainsShare * c.excess) {
-    const auto counted = [](double ms) { return ms >= 0 ? fmt("%.2f", ms) : std::string("not counted"); };
     return {Cause::kCpuTaken, r,
             who +
                 fmt(" (CPU taken): its %s takes %s, and its CPUs were taken from it for %.2f ms/step vs %.2f on the "
                     "other ranks (steal %s: the hypervisor ran other guests on them; cpu wait %s: other threads or "
                     "processes of its host ran on its cores); ",
-                    c.component->what, vs.c_str(), cpu_taken_ms(p), taken_others, counted(p.steal_ms).c_str(),
-                    counted(p.cpu_wait_ms).c_str()) +
+                    c.component->what, vs.c_str(), cpu_taken_ms(p), taken_others,
+                    counted_ms(p.steal_ms, "not counted").c_str(), counted_ms(p.cpu_wait_ms, "not counted").c_str()) +
                 wait};
   }
   switch (cause) {
@@ -311,20 +327,15 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
   }
 
   // 2. Every rank, alike, waiting for communication.
-  double lo = 1e300, hi = 0;
-  std::vector<double> waits, exposed, extra;
-  for (const StepRecord& p : st.ranks) {
-    const double w = p.exposed_comm_ms + p.extra_comm_ms;
-    lo = std::min(lo, w), hi = std::max(hi, w);
-    waits.push_back(w), exposed.push_back(p.exposed_comm_ms), extra.push_back(p.extra_comm_ms);
-  }
-  if (lo >= kCommBoundShare * pace && lo >= kAlikeRatio * hi) {
-    const double w = median(waits);
-    if (median(extra) > median(exposed)) {
+  const OverRanks waits = over_ranks(st.ranks, [](const StepRecord& p) { return p.exposed_comm_ms + p.extra_comm_ms; });
+  if (waits.least >= kCommBoundShare * pace && waits.least >= kAlikeRatio * waits.most) {
+    const double w = waits.median;
+    const double extra = over_ranks(st.ranks, [](const StepRecord& p) { return p.extra_comm_ms; }).median;
+    if (extra > over_ranks(st.ranks, [](const StepRecord& p) { return p.exposed_comm_ms; }).median) {
       out.push_back({Cause::kCommBound, -1,
                      fmt("communication-bound: every rank spends %.2f ms/step (%.0f%% of the step) in an extra "
                          "all-reduce outside the gradient buckets; drop it, shrink it or run it less often",
-                         median(extra), 100 * median(extra) / pace)});
+                         extra, 100 * extra / pace)});
     } else {
       const std::string link = slow_inter_node_link(run);
       out.push_back({Cause::kCommBound, -1,
@@ -335,15 +346,12 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
   }
 
   // 3. Every rank, alike, waiting for its input.
-  lo = 1e300, hi = 0;
-  std::vector<double> data;
-  for (const StepRecord& p : st.ranks)
-    lo = std::min(lo, p.data_ms), hi = std::max(hi, p.data_ms), data.push_back(p.data_ms);
-  if (lo >= kInputBoundShare * pace && lo >= kAlikeRatio * hi) {
+  const OverRanks data = over_ranks(st.ranks, [](const StepRecord& p) { return p.data_ms; });
+  if (data.least >= kInputBoundShare * pace && data.least >= kAlikeRatio * data.most) {
     out.push_back({Cause::kInputBound, -1,
                    fmt("input-bound: every rank spends %.2f ms/step producing its batch (%.0f%% of the step); more "
                        "--loader-threads and a deeper --prefetch get batches ready before they are needed",
-                       median(data), 100 * median(data) / pace)});
+                       data.median, 100 * data.median / pace)});
   }
 
   if (out.empty()) {
@@ -374,24 +382,21 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
   // 5. The host taking every rank's CPUs: no rank stands out for it, every step is longer by it. After the rest too:
   // it says why the figures above are larger than the job's own work, not what the job does.
   // Likewise more threads than cores on the host: every rank's compute thread waiting for a CPU.
-  double least_steal = 1e300, least_wait = 1e300;
-  std::vector<double> steal, wait;
-  for (const StepRecord& p : st.ranks) {
-    least_steal = std::min(least_steal, p.steal_ms), least_wait = std::min(least_wait, p.cpu_wait_ms);
-    steal.push_back(p.steal_ms), wait.push_back(p.cpu_wait_ms);
-  }
-  if (least_wait >= kContentionShare * pace)
+  // (A counter the kernel does not keep is -1 on every rank: never a finding.)
+  const OverRanks wait = over_ranks(st.ranks, [](const StepRecord& p) { return p.cpu_wait_ms; });
+  if (wait.least >= kContentionShare * pace)
     out.push_back({Cause::kCpuContention, -1,
                    fmt("CPU contention: every rank's compute thread waits %.2f ms/step (%.0f%% of the step) for a CPU "
                        "of its host, behind the other ranks' threads, the communication threads or other processes; "
                        "fewer ranks or --threads per host (or more cores) give each its own",
-                       median(wait), 100 * median(wait) / pace)});
-  if (least_steal >= kNoisyHostShare * pace)
+                       wait.median, 100 * wait.median / pace)});
+  const OverRanks steal = over_ranks(st.ranks, [](const StepRecord& p) { return p.steal_ms; });
+  if (steal.least >= kNoisyHostShare * pace)
     out.push_back({Cause::kNoisyHost, -1,
                    fmt("noisy host: the hypervisor ran other guests on every rank's CPUs for %.2f ms/step (%.0f%% of "
                        "the step; steal time): the step times include them; compare runs taken side by side on "
                        "this host, or run on dedicated cores",
-                       median(steal), 100 * median(steal) / pace)});
+                       steal.median, 100 * steal.median / pace)});
   return out;
 }
 

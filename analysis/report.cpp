@@ -59,9 +59,6 @@ std::string hidden_text(double fraction, double comm_ms) {
   return comm_ms > 0 ? fmt("%.0f%%", 100 * fraction) : "-";
 }
 
-// "1.25", or "-" for a counter this kernel does not keep (-1).
-static std::string counted_ms(double ms) { return ms >= 0 ? fmt("%.2f", ms) : "-"; }
-
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   std::fprintf(out, "  slowest rank        %d (mean step %.2f ms)\n", s.slowest_rank, s.slowest_step_ms);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
@@ -106,7 +103,8 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                  m.optimizer_ms);
     if (lab_cols) std::fprintf(out, " %7.2f %7.2f %7.2f", m.extra_comm_ms, m.host_work_ms, m.barrier_ms);
     std::fprintf(out, " %7s", hidden_text(hidden_fraction(m), m.comm_ms).c_str());
-    if (taken_cols) std::fprintf(out, " %7s %8s", counted_ms(m.steal_ms).c_str(), counted_ms(m.cpu_wait_ms).c_str());
+    if (taken_cols)
+      std::fprintf(out, " %7s %8s", counted_ms(m.steal_ms, "-").c_str(), counted_ms(m.cpu_wait_ms, "-").c_str());
     std::fprintf(out, "\n");
   }
 }

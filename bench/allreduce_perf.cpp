@@ -238,7 +238,7 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   app.add_flag("--diag", o.diag,
                "what each rank saw: before each size rank 0's cache-line round trip to its peers and every rank's "
                "memory stream rate; under the table per rank its CPUs (start, end, affinity), context switches, "
-               "shared-memory waits and its vCPU's steal time per implementation, direct collectives, the shared "
+               "shared-memory waits and its CPUs' steal time per implementation, direct collectives, the shared "
                "segments' NUMA placement");
   app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
   app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
@@ -497,7 +497,7 @@ struct Mode {
   long long wrong = -1;               // -1: not checked (-c 0)
   std::vector<double> rank_means_us;  // each rank's mean per call
   std::vector<double> calls_us;       // per call, the slowest rank's time
-  std::vector<double> steal_ms;       // --diag: per rank, its vCPU's steal time over the timed calls
+  std::vector<double> steal_ms;       // --diag: per rank, its CPUs' steal time over the timed calls
   double min_us = 0, p50_us = 0, p99_us = 0;
 };
 struct Row {
