@@ -61,8 +61,11 @@ def main():
         if np_ranks > usable and os.path.exists("/proc/thread-self/schedstat"):
             # The measured cost of the turns goes under the table, and the per-case blame leaves it out.
             check("compute thread waited" in proc.stdout, "the oversubscription line gives the measured wait for a CPU")
-            blame_text = proc.stdout[proc.stdout.find("\nblame:"):]
-            check("CPU contention" not in blame_text, "no CPU contention line per oversubscribed case in the blame")
+            # (A case within the cores may still show it: tiny steps beside spinning comm threads, measured.)
+            blame_lines = proc.stdout[proc.stdout.find("\nblame:"):].splitlines()
+            contended = [line.split()[0] for line in blame_lines if "CPU contention:" in line]
+            check(not any(flags.get(case, (0, False))[1] for case in contended),
+                  f"no CPU contention line for an oversubscribed case in the blame ({contended})")
         if np_ranks >= 2:
             blamed = {c["case"]: " ".join(c.get("blame", [])) for c in json.load(
                 open(os.path.join(out, "summary.json")))["cases"]}
