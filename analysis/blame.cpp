@@ -382,16 +382,17 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
   // 5. The host taking every rank's CPUs: no rank stands out for it, every step is longer by it. After the rest too:
   // it says why the figures above are larger than the job's own work, not what the job does.
   // Likewise more threads than cores on the host: every rank's compute thread waiting for a CPU.
-  // (A counter the kernel does not keep is -1 on every rank: never a finding.)
+  // (A counter the kernel does not keep is -1 on every rank: never a finding. Below kOutlierMinMs a share means
+  // nothing: a 0.05 ms step of a tiny model waits 0.02 ms for a CPU beside its own comm thread.)
   const OverRanks wait = over_ranks(st.ranks, [](const StepRecord& p) { return p.cpu_wait_ms; });
-  if (wait.least >= kContentionShare * pace)
+  if (wait.least >= std::max(kOutlierMinMs, kContentionShare * pace))
     out.push_back({Cause::kCpuContention, -1,
                    fmt("CPU contention: every rank's compute thread waits %.2f ms/step (%.0f%% of the step) for a CPU "
                        "of its host, behind the other ranks' threads, the communication threads or other processes; "
                        "fewer ranks or --threads per host (or more cores) give each its own",
                        wait.median, 100 * wait.median / pace)});
   const OverRanks steal = over_ranks(st.ranks, [](const StepRecord& p) { return p.steal_ms; });
-  if (steal.least >= kNoisyHostShare * pace)
+  if (steal.least >= std::max(kOutlierMinMs, kNoisyHostShare * pace))
     out.push_back({Cause::kNoisyHost, -1,
                    fmt("noisy host: the hypervisor ran other guests on every rank's CPUs for %.2f ms/step (%.0f%% of "
                        "the step; steal time): the step times include them; compare runs taken side by side on "

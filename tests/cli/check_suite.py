@@ -61,7 +61,7 @@ def main():
         if np_ranks > usable and os.path.exists("/proc/thread-self/schedstat"):
             # The measured cost of the turns goes under the table, and the per-case blame leaves it out.
             check("compute thread waited" in proc.stdout, "the oversubscription line gives the measured wait for a CPU")
-            # (A case within the cores may still show it: tiny steps beside spinning comm threads, measured.)
+            # (A case within the cores keeps its line where it has one.)
             blame_lines = proc.stdout[proc.stdout.find("\nblame:"):].splitlines()
             contended = [line.split()[0] for line in blame_lines if "CPU contention:" in line]
             check(not any(flags.get(case, (0, False))[1] for case in contended),

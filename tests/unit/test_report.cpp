@@ -300,6 +300,19 @@ TEST(Blame, EveryRankWaitingForACpuIsContention) {
   }
 }
 
+// A tiny model's step: its wait is a third of the step but a few microseconds, which says nothing.
+TEST(Blame, ATinyWaitIsNoContention) {
+  const RunRecord run = synthetic(2, [](int, int) {
+    Phases p;
+    p.data = 0.002, p.forward = 0.01, p.backward = 0.02, p.exposed = 0.01, p.optimizer = 0.01;
+    p.cpu_wait = 0.02, p.steal = 0.02;
+    return p;
+  });
+  const std::vector<Finding> findings = diagnose(run);
+  EXPECT_FALSE(has_cause(findings, Cause::kCpuContention)) << all_text(run);
+  EXPECT_FALSE(has_cause(findings, Cause::kNoisyHost)) << all_text(run);
+}
+
 TEST(Blame, UniformExposedCommIsCommunicationBound) {
   const RunRecord run = synthetic(4, [](int r, int) {
     Phases p;
