@@ -66,6 +66,9 @@ DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& li
 
 void copy_to_device(float* device, const float* host, size_t count) {
   cudaCheck(cudaMemcpy(device, host, count * sizeof(float), cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before its DMA lands, and it runs on the legacy stream, which the
+  // comm streams (non-blocking) do not wait for: without this, an all-reduce read stale inputs (#wrong on an H200).
+  cudaCheck(cudaDeviceSynchronize());
 }
 
 void copy_to_host(float* host, const float* device, size_t count) {

@@ -6,11 +6,9 @@
 #include <nvtx3/nvToolsExtCudaRt.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
-#include <thread>
 
 #include "comm/mpi_check.h"
 #include "comm/watchdog.h"
@@ -155,14 +153,7 @@ void NcclAllreduce::wait(cudaStream_t compute_stream) {
 }
 
 void NcclAllreduce::synchronize() {
-  const watchdog::Wait wait("NCCL all-reduces on the comm stream");
-  for (;;) {
-    const cudaError_t done = cudaStreamQuery(stream_);
-    if (done != cudaErrorNotReady) cudaCheck(done);
-    check_async_error();
-    if (done == cudaSuccess) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));  // short against a bucket's all-reduce
-  }
+  wait_for_stream(stream_, "NCCL all-reduces on the comm stream", [this] { check_async_error(); });
 }
 
 bool NcclAllreduce::idle() {

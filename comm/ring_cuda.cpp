@@ -5,7 +5,6 @@
 #include <nccl.h>
 #include <nvtx3/nvToolsExtCudaRt.h>
 
-#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -47,14 +46,7 @@ void CudaStreamMemory::add(float* out, const float* a, const float* b, size_t co
 }
 
 void CudaStreamMemory::synchronize() {
-  const watchdog::Wait wait("the ring's copies and adds on the comm stream");
-  for (;;) {
-    const cudaError_t done = cudaStreamQuery(stream_);
-    if (done == cudaSuccess) return;
-    if (done != cudaErrorNotReady) cudaCheck(done);
-    if (check_) check_();
-    std::this_thread::sleep_for(std::chrono::microseconds(5));  // a ring step moves one chunk: short waits
-  }
+  wait_for_stream(stream_, "the ring's copies and adds on the comm stream", check_);
 }
 
 void NcclP2pLink::exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {

@@ -1,12 +1,15 @@
-// EventPool, elapsed_ms and choose_device: see stream_allreduce.h. Host code only.
+// EventPool, elapsed_ms, wait_for_stream and choose_device: see stream_allreduce.h. Host code only.
 #include "comm/stream_allreduce.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "comm/mpi_check.h"
+#include "comm/watchdog.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 
@@ -29,6 +32,20 @@ float elapsed_ms(cudaEvent_t from, cudaEvent_t to) {
   float ms = 0;
   cudaCheck(cudaEventElapsedTime(&ms, from, to));
   return ms;
+}
+
+void wait_for_stream(cudaStream_t stream, const char* what, const std::function<void()>& between_polls) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSpin = std::chrono::microseconds(200), kSleep = std::chrono::microseconds(20);
+  const watchdog::Wait wait(what);
+  const Clock::time_point spin_until = Clock::now() + kSpin;
+  for (;;) {
+    const cudaError_t done = cudaStreamQuery(stream);
+    if (done != cudaSuccess && done != cudaErrorNotReady) cudaCheck(done);
+    if (between_polls) between_polls();
+    if (done == cudaSuccess) return;
+    if (Clock::now() > spin_until) std::this_thread::sleep_for(kSleep);
+  }
 }
 
 namespace {

@@ -72,6 +72,12 @@ class EventPool {
 // Milliseconds from `from` to `to` (cudaEventElapsedTime); both must have completed.
 float elapsed_ms(cudaEvent_t from, cudaEvent_t to);
 
+// Blocks the host until `stream` has run everything enqueued on it so far, as a watchdog wait named `what` (a stuck
+// GPU is reported like a stuck peer), calling between_polls (if set: a peer's asynchronous error, which throws)
+// between polls. Spins for the first 200 us, then sleeps between polls: in the device VM a 20 us sleep lasted ~80
+// us, which was the whole time of a small all-reduce (NCCL np 1, 8 bytes: 82 us per call vs 1.6 us in place).
+void wait_for_stream(cudaStream_t stream, const char* what, const std::function<void()>& between_polls = nullptr);
+
 // This rank's GPU: node-local rank modulo the node's device count, made current (cudaSetDevice). Collective over
 // comm; throws on every rank if any rank has no usable device, or, with exclusive, if two ranks of a node would share
 // one GPU (NCCL refuses that: "Duplicate GPU detected"), with a message naming them.

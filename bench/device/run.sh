@@ -11,7 +11,8 @@
 # deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
 # Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
 # Knobs: DDPLAB_DEADLINE_S (540: the stage's budget, from the start of the script), DDPLAB_BUILD (build-device),
-# DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh).
+# DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh),
+# DDPLAB_RING_MAX (256M: the largest size of stage 1's GPU ring runs).
 # shellcheck disable=SC2016  # each step's DETAIL is a snippet in single quotes, evaluated after the step
 set -uo pipefail  # no -e: a failed step is a row of the table, not the end of the call
 cd "$(dirname "$0")/../.." || exit 2
@@ -123,9 +124,10 @@ mpirun=(mpirun --bind-to none --oversubscribe)
 
 # ---- stage 1 --------------------------------------------------------------------------------------------------------
 if [ "$stage" = 1 ]; then
-  step "ctest -L gpu" ctest.log 300 \
+  # In parallel (one GPU, 16 cores): the tests are small, and a test that hangs holds one slot, not the stage.
+  step "ctest -L gpu" ctest.log 200 \
     'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
-    ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
+    ctest --test-dir "$build" -L gpu --output-on-failure -j 8
   step "kernels --quick" kernels.log 90 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
     "$build/bench/gpu/bench_cuda_kernels" --quick
   step "allreduce nccl np1" allreduce.log 90 'grep "Avg bus bandwidth" "$log" | tail -1' \
@@ -133,8 +135,13 @@ if [ "$stage" = 1 ]; then
   for np in 2 4; do  # our ring on device buffers, np ranks sharing the one GPU (NCCL refuses that)
     step "allreduce gpu-ring np$np" allreduce.log 120 \
       'grep "Avg bus bandwidth" "$log" | tail -2 | sed "s/# Avg bus bandwidth *: //" | paste -sd" "' \
-      "${mpirun[@]}" -np $np "$build/bench/allreduce_perf" -b 8 -e 256M -w 3 -n 10 --impls gpu-ring-ipc,gpu-ring-host
+      "${mpirun[@]}" -np $np "$build/bench/allreduce_perf" -b 8 -e "${DDPLAB_RING_MAX:-256M}" -w 3 -n 10 \
+      --impls gpu-ring-ipc,gpu-ring-host
   done
+  # What the host link's MPI hop can do on this machine: MPI_Allreduce and our ring on host buffers.
+  step "allreduce host mpi np2" allreduce.log 60 \
+    'grep "Avg bus bandwidth" "$log" | tail -2 | sed "s/# Avg bus bandwidth *: //" | paste -sd" "' \
+    "${mpirun[@]}" -np 2 "$build/bench/allreduce_perf" -b 64K -e 64M -f 4 -w 3 -n 10 --impls mpi,ring
   step "train ring np4, 20 steps" train.log 120 'grep "mean step" "$log" | tail -1' \
     "${mpirun[@]}" -np 4 "$build/launcher/ddplab" train --device cuda --comm ring --steps 20 \
     --out "$work/train_ring_np4.h5" --force
@@ -194,7 +201,7 @@ if [ "$stage" = 2 ]; then
     app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
     step "ncu: rank the step" ncu.log 120 'grep -m1 "^top:" "$log"' \
       bash -c '"$@" > "'"$work"'/launches.csv" && python3 bench/device/top_kernels.py "'"$work"'/launches.csv" 3' _ \
-      "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+      "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw --print-units base \
       --print-kernel-base function "${app[@]}"
     read -r -a top <<<"$(grep "^top:" "$out/ncu.log" 2>/dev/null | tail -1 | cut -d' ' -f2-)"
     rm -f "$work"/ncu_*.ncu-rep
@@ -202,7 +209,7 @@ if [ "$stage" = 2 ]; then
     for i in "${!top[@]}"; do
       step "ncu: ${top[$i]:0:22}" ncu.log 100 'grep -m1 "Duration" "$log"' \
         bash -c '"$@" && "'"$ncu"'" --import "'"$work/ncu_$i"'.ncu-rep" --page details' _ \
-        "$ncu" --profile-from-start off --kernel-name "${top[$i]}" --launch-count 1 --set full --import-source yes \
+        "$ncu" --clock-control none --profile-from-start off --kernel-name "${top[$i]}" --launch-count 1 --set full --import-source yes \
         -o "$work/ncu_$i" "${app[@]}"
     done
     if ls "$work"/ncu_*.ncu-rep >/dev/null 2>&1; then  # the reports themselves, if they fit the 16 MiB a file

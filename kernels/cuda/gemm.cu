@@ -135,10 +135,7 @@ GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComp
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, g.ta);
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, g.tb);
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
-  if (g.bias) {
-    set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));  // fp32 even for bf16 D
-    set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
-  }
+  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
   if (g.aux) {
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(g.m));
@@ -232,7 +229,9 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
   // The heuristic's alignment preferences cover A, B, C and D only, not the bias or aux pointers: it may pick a
   // kernel that assumes 16-byte ones, which faults ("misaligned address", sticky) on a bias sliced from a flat
   // parameter buffer at a 4-byte offset, as the transformer's are. Such a bias or aux takes the fallback.
-  if (bias && alignment_of(bias) >= 16 && (!gelu || alignment_of(pre_gelu) >= 16)) {
+  // cuBLASLt's bias has D's type (cublasLt.h, BIAS_DATA_TYPE): our fp32 bias fuses only into an fp32 GEMM. Asked for
+  // an fp32 bias on bf16 D, the heuristic answered CUBLAS_STATUS_INVALID_VALUE (H200, cuBLAS 13.1, 2026-11-27).
+  if (std::is_same_v<T, float> && bias && alignment_of(bias) >= 16 && (!gelu || alignment_of(pre_gelu) >= 16)) {
     g.bias = bias;
     g.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     // The GELU input's leading dimension must be a multiple of 8: otherwise go straight to the fallback.

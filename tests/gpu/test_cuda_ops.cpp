@@ -145,7 +145,8 @@ TEST_F(CudaOps, GeluBackwardMatchesCpu) {
 }
 
 // bf16 in and out: the CPU reference runs on the bf16-rounded inputs, and the GPU rounds its fp32 result to bf16
-// once, which adds at most half a bf16 ulp (2^-9 relative) to the fp32 tolerance.
+// once, which adds at most half a bf16 ulp to the fp32 tolerance: 2^-8 relative just above a power of two (on an
+// H200, 1.01915 rounded to 1.015625, correctly, and failed the 2^-9 this test first allowed).
 TEST_F(CudaOps, GeluBackwardBf16MatchesCpu) {
   for (int64_t n : kSizes) {
     SCOPED_TRACE("n=" + std::to_string(n));
@@ -156,7 +157,7 @@ TEST_F(CudaOps, GeluBackwardBf16MatchesCpu) {
 
     DeviceBuffer<__nv_bfloat16> d_inp(to_bf16(inp), stream_), d_dout(to_bf16(dout), stream_), d_dinp(n, stream_);
     ddplab::cuda::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_);
-    EXPECT_TRUE(AllClose(to_f32(d_dinp.download()), want, kGeluRtol + 0x1p-9, kGeluBwdAtol));
+    EXPECT_TRUE(AllClose(to_f32(d_dinp.download()), want, kGeluRtol + 0x1p-8, kGeluBwdAtol));
   }
 }
 
