@@ -179,6 +179,7 @@ struct Options {
   int ranks_per_node = 0;  // 0: the hosts are the nodes (comm/topology.h)
   bool diag = false;       // --diag: what each rank saw (CPUs, waits, page placement) under the table
   int registered = 1;      // -R: the host buffers registered with the shm transport (single copy)
+  double gpu_chunk_mb = 4;  // the GPU ring's chunk (CudaRingConfig::chunk_bytes)
 
   bool emulated() const { return link.emulated(); }
   // The sizes measured, in bytes, each rounded down to whole floats.
@@ -235,6 +236,11 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   app.add_option("-R,--local-register", o.registered,
                  "1: buffers registered with the shm transport (single copy, as the trainer's gradients); 0: copied")
       ->capture_default_str();
+  app.add_option("--gpu-chunk-mb", o.gpu_chunk_mb,
+                 "gpu-ring-*: the largest chunk one ring step moves, MiB (each exchange's fixed cost is paid once per "
+                 "chunk)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0 / 1024, 4096.0));
   app.add_flag("--diag", o.diag,
                "what each rank saw: before each size rank 0's cache-line round trip to its peers and every rank's "
                "memory stream rate; under the table per rank its CPUs (start, end, affinity), context switches, "
@@ -474,7 +480,8 @@ Impl make_impl(const std::string& name, const Options& o, size_t max_count, std:
     return {name, d.run, d.in, d.out, d.owner};
   }
   if (name.rfind("gpu-ring-", 0) == 0) {
-    DeviceAllreduce d = make_ring_cuda_allreduce(max_count, name.substr(9));
+    DeviceAllreduce d =
+        make_ring_cuda_allreduce(max_count, name.substr(9), static_cast<size_t>(o.gpu_chunk_mb * (1 << 20)));
     return {name, d.run, d.in, d.out, d.owner};
   }
 #endif

@@ -57,9 +57,9 @@ DeviceAllreduce make_nccl_allreduce(size_t max_count) {
   });
 }
 
-DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link) {
+DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link, size_t chunk_bytes) {
   auto buffers = std::make_shared<EngineBuffers<cuda::RingAllreduceCuda>>(
-      max_count, cuda::CudaRingConfig{cuda::parse_ring_link(link)});
+      max_count, cuda::CudaRingConfig{cuda::parse_ring_link(link), chunk_bytes});
   cuda::RingAllreduceCuda* ring = &buffers->engine;
   return wrap(buffers, [ring](const float* in, float* out, size_t count) { ring->allreduce_sum(in, out, count); });
 }

@@ -17,7 +17,7 @@
 set -uo pipefail  # no -e: a failed step is a row of the table, not the end of the call
 cd "$(dirname "$0")/../.." || exit 2
 stage=${1:-}
-[ "$stage" = 1 ] || [ "$stage" = 2 ] || { echo "usage: bench/device/run.sh 1|2" >&2; exit 2; }
+[ "$stage" = 1 ] || [ "$stage" = 2 ] || [ "$stage" = 3 ] || { echo "usage: bench/device/run.sh 1|2|3" >&2; exit 2; }
 out=${OUT:-$PWD/.device/out}
 build=${DDPLAB_BUILD:-build-device}
 deadline=$((SECONDS + ${DDPLAB_DEADLINE_S:-540}))
@@ -101,7 +101,7 @@ if [ "$stage" = 1 ]; then  # what the build and the runs see, with the bundle's 
 fi
 
 # Stage 1 builds what ctest -L gpu and its runs need; stage 2 what it runs (on a warm machine: nothing new).
-if [ "$stage" = 1 ]; then
+if [ "$stage" = 1 ] || [ "$stage" = 3 ]; then
   targets="ddplab allreduce_perf bench_cuda_kernels test_cuda_ops test_cuda_kernels test_mlp_cuda test_transformer_cuda
            test_nccl_allreduce test_cuda_trainer test_ring_cuda"
 else
@@ -220,6 +220,36 @@ if [ "$stage" = 2 ]; then
   else
     skip "ncu" "not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
   fi
+fi
+
+# ---- stage 3 --------------------------------------------------------------------------------------------------------
+# What stages 1 and 2 leave open: why each skipped GPU test skipped, replicas compared bitwise, the ring's chunk size
+# on a shared GPU, the overlap sweep and a transformer's DDP run (their run files come back for report, timeline
+# and charts here), and ncu on the heaviest kernel of a steady-state training step (--profile-steps).
+if [ "$stage" = 3 ]; then
+  step "ctest -L gpu -V" ctest.log 120 'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "\[  SKIPPED \] [A-Z]" "$log") gtest skips"' \
+    ctest --test-dir "$build" -L gpu -V -j 8
+  ddplab=("${mpirun[@]}" -np 4 "$build/launcher/ddplab")
+  step "check-sync ring np4" train.log 60 'grep -m1 "mean step" "$log"' \
+    "${ddplab[@]}" train --device cuda --comm ring --steps 20 --check-sync 1 --out "$work/check_sync_np4.h5" --force
+  for mb in 4 64; do  # each exchange's fixed cost on a GPU shared by the ranks is paid once per chunk
+    step "gpu-ring-ipc np2 chunk $mb" allreduce.log 45 'grep "Avg bus bandwidth" "$log" | tail -1' \
+      "${mpirun[@]}" -np 2 "$build/bench/allreduce_perf" -b 1M -e 256M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
+      --gpu-chunk-mb $mb
+  done
+  step "sweep ring np4" train.log 90 'grep -m1 -i "best" "$log"' \
+    "${ddplab[@]}" sweep --device cuda --comm ring --steps 12 --warmup-steps 4 --out-dir "$work/sweep_np4" --force
+  step "gpt2-small bf16 ring np2" train.log 60 'grep -m1 "mean step" "$log"' \
+    "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --model gpt2-small \
+    --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 \
+    --out "$work/gpt2_bf16_np2.h5" --force
+  ncu=$(tool ncu)
+  [ -n "$ncu" ] && step "ncu: softmax bwd, step 4" ncu.log 90 'grep -m1 "Duration" "$log"' \
+    "${mpirun[@]}" -np 1 "$ncu" --clock-control none --profile-from-start off --kernel-name attention_softmax_backward_kernel \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    "$build/launcher/ddplab" train --device cuda --model gpt2-small --precision bf16 --head lm --lengths fixed \
+    --max-len 1024 --batch 8 --steps 6 --warmup-steps 2 --profile-steps 4:4 --out "$work/ncu_run.h5" --force
+  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 sweep_np4 2>/dev/null)
 fi
 
 echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"
