@@ -179,7 +179,7 @@ struct Options {
   int ranks_per_node = 0;  // 0: the hosts are the nodes (comm/topology.h)
   bool diag = false;       // --diag: what each rank saw (CPUs, waits, page placement) under the table
   int registered = 1;      // -R: the host buffers registered with the shm transport (single copy)
-  double gpu_chunk_mb = 4;  // the GPU ring's chunk (CudaRingConfig::chunk_bytes)
+  double gpu_chunk_mb = 0;  // the GPU ring's chunk; 0: the trainer's (CudaRingConfig::chunk_bytes)
 
   bool emulated() const { return link.emulated(); }
   // The sizes measured, in bytes, each rounded down to whole floats.
@@ -238,9 +238,9 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
       ->capture_default_str();
   app.add_option("--gpu-chunk-mb", o.gpu_chunk_mb,
                  "gpu-ring-*: the largest chunk one ring step moves, MiB (each exchange's fixed cost is paid once per "
-                 "chunk)")
+                 "chunk); 0: the trainer's")
       ->capture_default_str()
-      ->check(CLI::Range(1.0 / 1024, 4096.0));
+      ->check(CLI::Range(0.0, 4096.0));
   app.add_flag("--diag", o.diag,
                "what each rank saw: before each size rank 0's cache-line round trip to its peers and every rank's "
                "memory stream rate; under the table per rank its CPUs (start, end, affinity), context switches, "

@@ -58,8 +58,9 @@ DeviceAllreduce make_nccl_allreduce(size_t max_count) {
 }
 
 DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link, size_t chunk_bytes) {
-  auto buffers = std::make_shared<EngineBuffers<cuda::RingAllreduceCuda>>(
-      max_count, cuda::CudaRingConfig{cuda::parse_ring_link(link), chunk_bytes});
+  cuda::CudaRingConfig config{cuda::parse_ring_link(link)};
+  if (chunk_bytes > 0) config.chunk_bytes = chunk_bytes;
+  auto buffers = std::make_shared<EngineBuffers<cuda::RingAllreduceCuda>>(max_count, config);
   cuda::RingAllreduceCuda* ring = &buffers->engine;
   return wrap(buffers, [ring](const float* in, float* out, size_t count) { ring->allreduce_sum(in, out, count); });
 }

@@ -21,8 +21,8 @@ struct DeviceAllreduce {
 // starts, so that a machine without a GPU is refused with exit code 2 rather than failing inside NCCL's bootstrap.
 std::string device_problem();
 DeviceAllreduce make_nccl_allreduce(size_t max_count);  // collective over MPI_COMM_WORLD; throws on failure
-// Our ring over `link` ("nccl", "ipc" or "host") in chunks of at most chunk_bytes; the time includes the host's wait
-// for the comm stream.
+// Our ring over `link` ("nccl", "ipc" or "host") in chunks of at most chunk_bytes (0: the trainer's); the time
+// includes the host's wait for the comm stream.
 DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link, size_t chunk_bytes);
 void copy_to_device(float* device, const float* host, size_t count);
 void copy_to_host(float* host, const float* device, size_t count);

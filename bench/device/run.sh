@@ -33,8 +33,8 @@ skip() { row "$1" skipped 0 "$2"; }
 
 # step NAME LOG CAP DETAIL CMD...: runs CMD with its output appended to $out/LOG, under `timeout` for CAP seconds or
 # what is left before the deadline, then appends its row; DETAIL is a shell snippet whose output (first line) is the
-# row's last column, evaluated with $log set. Sets $rc (125: not run). While $blocked says why (the build failed),
-# the step is only listed.
+# row's last column, evaluated with $log set to a copy of this step's part of LOG. Sets $rc (125: not run). While
+# $blocked says why (the build failed), the step is only listed.
 blocked=""
 step() {
   local name=$1 log=$out/$2 cap=$(($3 * ${DDPLAB_CAP_SCALE:-1})) detail=$4 left=$((deadline - SECONDS - 5))
@@ -57,7 +57,10 @@ step() {
     *) result="FAILED ($rc)" && failed=1 ;;
   esac
   local said
-  said=$(eval "$detail" 2>/dev/null | head -1)
+  # The detail reads this step's part of the log only: several steps share a log (three ncu rows all showed the
+  # first one's "Duration" on the H200).
+  said=$(part=$(mktemp) && tail -n +"$from" "$log" >"$part" && log=$part && eval "$detail" 2>/dev/null | head -1
+          rm -f "$part")
   if [ "$rc" -ne 0 ]; then
     { echo "--- the last lines of ${log##*/}:"; tail -n 15 "$log"; } | sed 's/^/    /'
     # Without the detail it looks for, the row says why the step failed: its first line naming an error.
