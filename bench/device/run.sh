@@ -13,7 +13,8 @@
 # Knobs: DDPLAB_DEADLINE_S (540: the stage's budget, from the start of the script), DDPLAB_BUILD (build-device),
 # DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh),
 # DDPLAB_RING_MAX (256M: the largest size of stage 1's GPU ring runs).
-# shellcheck disable=SC2016  # each step's DETAIL is a snippet in single quotes, evaluated after the step
+# shellcheck disable=SC2016,SC2030,SC2031  # DETAIL: a snippet in single quotes, evaluated after the step, with
+# its own $log in a subshell
 set -uo pipefail  # no -e: a failed step is a row of the table, not the end of the call
 cd "$(dirname "$0")/../.." || exit 2
 stage=${1:-}
