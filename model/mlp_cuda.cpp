@@ -88,12 +88,11 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
 MlpCuda::~MlpCuda() = default;
 
 template <typename T>
-const T* MlpCuda::weight(int layer) const {
-  const Parameter<float>& w = params_[2 * layer];
+const T* MlpCuda::operand(int param) const {
   if constexpr (std::is_same_v<T, bf16>)
-    return weights_bf16_ + w.offset;
+    return weights_bf16_ + params_[param].offset;
   else
-    return w.data;
+    return params_[param].data;
 }
 
 void MlpCuda::forward(const float* inputs, const int32_t* targets, int batch) {
@@ -114,7 +113,7 @@ template <typename T>
 void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B) {
   const T* x = nullptr;
   if constexpr (std::is_same_v<T, bf16>) {
-    // The whole flat buffer (biases included, which stay unused), once after every change of the master weights.
+    // The whole flat buffer (weights and biases), once after every change of the master weights.
     if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
     cuda::f32_to_bf16(as<T>(inputs_bf16_), inputs, int64_t{B} * dims_[0], stream_);
     x = as<T>(inputs_bf16_);
@@ -125,12 +124,12 @@ void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B)
   for (int l = 0; l < L; ++l) {
     NvtxRange range(nvtx_forward_[l].c_str());
     T* out = as<T>(out_[l]);
-    const float* bias = params_[2 * l + 1].data;
+    const T *weight = operand<T>(2 * l), *bias = operand<T>(2 * l + 1);
     if (l + 1 < L)
-      cuda::matmul_bias_gelu_forward<T>(gemm_, out, as<T>(pre_gelu_[l]), x, weight<T>(l), bias, B, dims_[l],
-                                        dims_[l + 1], stream_);
+      cuda::matmul_bias_gelu_forward<T>(gemm_, out, as<T>(pre_gelu_[l]), x, weight, bias, B, dims_[l], dims_[l + 1],
+                                        stream_);
     else
-      cuda::matmul_forward<T>(gemm_, out, x, weight<T>(l), bias, B, dims_[l], dims_[l + 1], stream_);
+      cuda::matmul_forward<T>(gemm_, out, x, weight, bias, B, dims_[l], dims_[l + 1], stream_);
     x = out;
   }
   // The loss and the gradient of the mean loss in one pass, dlogits over the logits: backward needs only those.
@@ -173,7 +172,7 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
       // x, the GELU output, is dead once the weight-gradient GEMMs that read it are enqueued (same stream): its
       // buffer takes the gradient, first w.r.t. the GELU output, then, in place, w.r.t. its input.
       T* dx = as<T>(out_[l - 1]);
-      cuda::matmul_backward_input<T>(gemm_, dx, dout, weight<T>(l), B, dims_[l], dims_[l + 1], stream_);
+      cuda::matmul_backward_input<T>(gemm_, dx, dout, operand<T>(2 * l), B, dims_[l], dims_[l + 1], stream_);
       cuda::gelu_backward(dx, as<T>(pre_gelu_[l - 1]), dx, int64_t{B} * dims_[l], stream_);
       dout = dx;
     }

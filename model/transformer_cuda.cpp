@@ -160,7 +160,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
 int TransformerCuda::head_outputs() const { return config_.causal() ? config_.vocab : config_.num_classes; }
 
 template <typename T>
-const T* TransformerCuda::weight(int param) const {
+const T* TransformerCuda::operand(int param) const {
   if constexpr (std::is_same_v<T, bf16>)
     return weights_bf16_ + params_[param].offset;
   else
@@ -207,19 +207,19 @@ void TransformerCuda::forward_layers(float loss_scale) {
   for (int l = 0; l < config_.layers; ++l) {
     NvtxRange range(nvtx_forward_[l].c_str());
     const BlockActs& a = blocks_[l];
-    const auto p = [&](int k) { return params_[block_param(l, k)].data; };  // fp32: biases, LayerNorm parameters
-    const auto w = [&](int k) { return weight<T>(block_param(l, k)); };     // as the GEMMs read them
+    const auto p = [&](int k) { return params_[block_param(l, k)].data; };  // fp32: LayerNorm parameters
+    const auto w = [&](int k) { return operand<T>(block_param(l, k)); };    // as the GEMMs read them, biases too
     T *qkv = as<T>(a.qkv), *atty = as<T>(a.atty), *res_attn = as<T>(a.res_attn), *res_out = as<T>(a.res_out);
     cuda::layernorm_forward<T>(as<T>(a.ln1), a.ln1_mean, a.ln1_rstd, x, p(kLn1W), p(kLn1B), BT, C, stream_);
-    cuda::matmul_forward<T>(gemm_, qkv, as<T>(a.ln1), w(kQkvW), p(kQkvB), BT, C, 3 * C, stream_);
+    cuda::matmul_forward<T>(gemm_, qkv, as<T>(a.ln1), w(kQkvW), w(kQkvB), BT, C, 3 * C, stream_);
     attention_forward<T>(atty, a.att, qkv);
     // The projection is written where its residual sum goes, then x is added in place.
-    cuda::matmul_forward<T>(gemm_, res_attn, atty, w(kProjW), p(kProjB), BT, C, C, stream_);
+    cuda::matmul_forward<T>(gemm_, res_attn, atty, w(kProjW), w(kProjB), BT, C, C, stream_);
     cuda::residual_forward<T>(res_attn, x, res_attn, BTC, stream_);
     cuda::layernorm_forward<T>(as<T>(a.ln2), a.ln2_mean, a.ln2_rstd, res_attn, p(kLn2W), p(kLn2B), BT, C, stream_);
-    cuda::matmul_bias_gelu_forward<T>(gemm_, as<T>(a.fch_gelu), as<T>(a.fch), as<T>(a.ln2), w(kFcW), p(kFcB), BT, C, H,
+    cuda::matmul_bias_gelu_forward<T>(gemm_, as<T>(a.fch_gelu), as<T>(a.fch), as<T>(a.ln2), w(kFcW), w(kFcB), BT, C, H,
                                       stream_);
-    cuda::matmul_forward<T>(gemm_, res_out, as<T>(a.fch_gelu), w(kFcprojW), p(kFcprojB), BT, H, C, stream_);
+    cuda::matmul_forward<T>(gemm_, res_out, as<T>(a.fch_gelu), w(kFcprojW), w(kFcprojB), BT, H, C, stream_);
     cuda::residual_forward<T>(res_out, res_attn, res_out, BTC, stream_);
     x = res_out;
   }
@@ -237,7 +237,7 @@ void TransformerCuda::forward_layers(float loss_scale) {
     cuda::next_token_targets(lm_targets_, tokens_, lengths_, B, S, stream_);
   }
   T* logits = as<T>(logits_);
-  cuda::matmul_forward<T>(gemm_, logits, features, weight<T>(head_), params_[head_ + 1].data, rows, C, K, stream_);
+  cuda::matmul_forward<T>(gemm_, logits, features, operand<T>(head_), operand<T>(head_ + 1), rows, C, K, stream_);
   // The loss and the gradient of loss_scale x the mean loss in one pass, over the logits: backward needs only that.
   cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets_, rows, K, loss_scale,
                                        stream_);
@@ -309,7 +309,7 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
       cuda::matmul_backward_weight<T>(gemm_, params_[w].grad, dout, inp, N, in, out, first, first + count, stream_);
       announce.ready(w);
     }
-    cuda::matmul_backward_input<T>(gemm_, dinp, dout, weight<T>(w), N, in, out, stream_);
+    cuda::matmul_backward_input<T>(gemm_, dinp, dout, operand<T>(w), N, in, out, stream_);
   };
   // dresid is the residual stream's gradient: every LayerNorm on it adds its branch's share (dinp accumulates).
   const auto layernorm_backward = [&](int w, const T* dout, const T* inp, const float* mean, const float* rstd) {

@@ -83,8 +83,9 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   };
   int head_outputs() const;
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
+  // A parameter as the GEMMs read it: the fp32 master, or in bf16 its copy (weights and biases alike).
   template <typename T>
-  const T* weight(int param) const;
+  const T* operand(int param) const;
   template <typename T>
   void forward_layers(float loss_scale);
   template <typename T>

@@ -275,26 +275,28 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
   cuda::GemmContext ctx(tf32 ? cuda::GemmMath::kTf32 : cuda::GemmMath::kFp32);
   const cudaDataType_t type = bf ? CUDA_R_16BF : CUDA_R_32F;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  void *inp, *w, *out, *pre, *dout, *dinp;
+  void *inp, *w, *bias, *out, *pre, *dout, *dinp;  // the bias has the output's type (gemm.h)
   if (bf) {
     inp = a.random_bf16(int64_t{B} * C), w = a.random_bf16(int64_t{OC} * C), dout = a.random_bf16(int64_t{B} * OC);
+    bias = a.random_bf16(OC);
     out = a.alloc<bf16>(int64_t{B} * OC), pre = a.alloc<bf16>(int64_t{B} * OC), dinp = a.alloc<bf16>(int64_t{B} * C);
   } else {
     inp = a.random_f32(int64_t{B} * C), w = a.random_f32(int64_t{OC} * C), dout = a.random_f32(int64_t{B} * OC);
+    bias = a.random_f32(OC);
     out = a.alloc<float>(int64_t{B} * OC), pre = a.alloc<float>(int64_t{B} * OC), dinp = a.alloc<float>(int64_t{B} * C);
   }
-  float *bias = a.random_f32(OC), *dweight = a.random_f32(int64_t{OC} * C);
+  float* dweight = a.random_f32(int64_t{OC} * C);
   const double flops = 2.0 * B * C * OC;
   const std::string sh = dims({{"B", B}, {"C", C}, {"OC", OC}});
   const std::string tag = std::string(" (") + mode + ")";
   auto wrap = [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
     T *i = static_cast<T*>(inp), *ww = static_cast<T*>(w), *o = static_cast<T*>(out), *p = static_cast<T*>(pre);
-    T *d = static_cast<T*>(dout), *di = static_cast<T*>(dinp);
+    T *d = static_cast<T*>(dout), *di = static_cast<T*>(dinp), *b = static_cast<T*>(bias);
     rep.add({"gemm", "matmul_forward" + tag, sh,
              median_ms(opt, s, [&] { cuda::matmul_forward<T>(ctx, o, i, ww, nullptr, B, C, OC, s); }), 0, flops});
     rep.add({"gemm", "matmul_bias_gelu_forward" + tag, sh,
-             median_ms(opt, s, [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, bias, B, C, OC, s); }), 0,
+             median_ms(opt, s, [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b, B, C, OC, s); }), 0,
              flops});
     rep.add({"gemm", "matmul_backward_input" + tag, sh,
              median_ms(opt, s, [&] { cuda::matmul_backward_input<T>(ctx, di, d, ww, B, C, OC, s); }), 0, flops});

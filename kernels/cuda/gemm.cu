@@ -32,9 +32,9 @@ using detail::to_float;
 // The epilogue when cuBLASLt has none for the problem: v = out + bias; then pre = v, out = gelu(v) (kGelu) or
 // out = v. Columns across threads (coalesced, one bias load per thread), rows across blockIdx.y.
 template <typename T, bool kGelu>
-__global__ void bias_gelu_epilogue_kernel(T* out, T* pre_gelu, const float* bias, int B, int OC) {
+__global__ void bias_gelu_epilogue_kernel(T* out, T* pre_gelu, const T* bias, int B, int OC) {
   for (int64_t o = detail::global_index(); o < OC; o += detail::grid_stride()) {
-    const float b = bias ? bias[o] : 0.0f;
+    const float b = bias ? to_float(bias[o]) : 0.0f;
     for (int64_t row = blockIdx.y; row < B; row += gridDim.y) {
       const int64_t i = row * OC + o;
       const float v = to_float(out[i]) + b;
@@ -86,7 +86,7 @@ struct LtGemm {
   cudaDataType_t ab_type, d_type;
   float beta;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const float* bias = nullptr;  // fp32, length m (BIAS epilogues)
+  const void* bias = nullptr;   // D's type, length m (BIAS epilogues)
   void* aux = nullptr;          // pre-GELU output, [m, n] with ld m (GELU_AUX epilogues)
 };
 
@@ -135,7 +135,7 @@ GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComp
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, g.ta);
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, g.tb);
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
-  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
+  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.aux) {
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(g.m));
@@ -161,7 +161,11 @@ GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComp
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
+  // An epilogue the library does not support for the types may also come back as INVALID_VALUE (an fp32 bias on
+  // bf16 D did, H200, cuBLAS 13.1): that too leaves the caller's fallback, which is always correct.
+  const bool unsupported = status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                           (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
+  if (!unsupported) cublasCheck(status);
   p.ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
   if (p.ok) p.algo = result.algo;
   return p;
@@ -184,7 +188,7 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   const GemmContext::Plans::Plan& p = it->second;
   if (!p.ok) return false;
   // The plan was made for pointers of this alignment; the pointers themselves change from call to call.
-  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
+  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const float alpha = 1.0f;
   cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D, p.d, &p.algo,
@@ -202,7 +206,7 @@ void check_sizes(const char* what, int B, int C, int OC) {
 }
 
 template <typename T>
-void launch_epilogue(T* out, T* pre_gelu, const float* bias, int B, int OC, bool gelu, cudaStream_t stream) {
+void launch_epilogue(T* out, T* pre_gelu, const T* bias, int B, int OC, bool gelu, cudaStream_t stream) {
   constexpr int64_t kTargetBlocks = 4096;  // as bias_forward: about this many blocks whatever the shape
   const unsigned grid_x = detail::grid_size(OC);
   const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
@@ -217,8 +221,8 @@ void launch_epilogue(T* out, T* pre_gelu, const float* bias, int B, int OC, bool
 
 // Forward with an optional bias or bias+GELU: fused when cuBLASLt has an algorithm, else plain GEMM + our kernel.
 template <typename T>
-void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const float* bias, int B, int C,
-             int OC, bool gelu, cudaStream_t stream) {
+void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const T* bias, int B, int C, int OC,
+             bool gelu, cudaStream_t stream) {
   if (B == 0 || OC == 0) return;
   if (C == 0) {  // an empty sum: out = bias (or 0), through the epilogue
     cudaCheck(cudaMemsetAsync(out, 0, sizeof(T) * B * OC, stream));
@@ -229,9 +233,9 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
   // The heuristic's alignment preferences cover A, B, C and D only, not the bias or aux pointers: it may pick a
   // kernel that assumes 16-byte ones, which faults ("misaligned address", sticky) on a bias sliced from a flat
   // parameter buffer at a 4-byte offset, as the transformer's are. Such a bias or aux takes the fallback.
-  // cuBLASLt's bias has D's type (cublasLt.h, BIAS_DATA_TYPE): our fp32 bias fuses only into an fp32 GEMM. Asked for
-  // an fp32 bias on bf16 D, the heuristic answered CUBLAS_STATUS_INVALID_VALUE (H200, cuBLAS 13.1, 2026-11-27).
-  if (std::is_same_v<T, float> && bias && alignment_of(bias) >= 16 && (!gelu || alignment_of(pre_gelu) >= 16)) {
+  // The bias has D's type (cublasLt.h, BIAS_DATA_TYPE's default), which is why it is a T: asked for an fp32 bias on
+  // bf16 D, the heuristic answered CUBLAS_STATUS_INVALID_VALUE (H200, cuBLAS 13.1, 2026-11-27).
+  if (bias && alignment_of(bias) >= 16 && (!gelu || alignment_of(pre_gelu) >= 16)) {
     g.bias = bias;
     g.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     // The GELU input's leading dimension must be a multiple of 8: otherwise go straight to the fallback.
@@ -299,14 +303,14 @@ int64_t GemmContext::cached_plans() const { return static_cast<int64_t>(plans_->
 // ---- launchers --------------------------------------------------------------------------------------------------
 
 template <typename T>
-void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const float* bias, int B, int C, int OC,
+void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias, int B, int C, int OC,
                     cudaStream_t stream) {
   check_sizes("matmul_forward", B, C, OC);
   forward<T>(ctx, out, nullptr, inp, weight, bias, B, C, OC, /*gelu=*/false, stream);
 }
 
 template <typename T>
-void matmul_bias_gelu_forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const float* bias,
+void matmul_bias_gelu_forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const T* bias,
                               int B, int C, int OC, cudaStream_t stream) {
   check_sizes("matmul_bias_gelu_forward", B, C, OC);
   if (B > 0 && OC > 0 && (bias == nullptr || pre_gelu == nullptr))
@@ -369,13 +373,13 @@ void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, i
                                          batch, compute, CUBLAS_GEMM_DEFAULT));
 }
 
-#define DDPLAB_INSTANTIATE(T)                                                                                       \
-  template void matmul_forward<T>(GemmContext&, T*, const T*, const T*, const float*, int, int, int, cudaStream_t); \
-  template void matmul_bias_gelu_forward<T>(GemmContext&, T*, T*, const T*, const T*, const float*, int, int, int,  \
-                                            cudaStream_t);                                                          \
-  template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);        \
-  template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,        \
-                                          cudaStream_t);                                                            \
+#define DDPLAB_INSTANTIATE(T)                                                                                   \
+  template void matmul_forward<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int, cudaStream_t); \
+  template void matmul_bias_gelu_forward<T>(GemmContext&, T*, T*, const T*, const T*, const T*, int, int, int,  \
+                                            cudaStream_t);                                                      \
+  template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);    \
+  template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,    \
+                                          cudaStream_t);                                                        \
   template void bias_backward<T>(float*, const T*, int, int, cudaStream_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)

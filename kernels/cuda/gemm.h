@@ -63,16 +63,17 @@ class GemmContext {
   std::unique_ptr<Plans> plans_;
 };
 
-// out[B,OC] = inp[B,C] @ weight[OC,C]^T (+ bias[OC] broadcast over rows; bias may be null). OVERWRITES out.
+// out[B,OC] = inp[B,C] @ weight[OC,C]^T (+ bias[OC] broadcast over rows; bias may be null). OVERWRITES out. The bias
+// is a T, as cuBLASLt's epilogue wants it (the type of D): the models pass their bf16 copy of it in bf16.
 template <typename T>
-void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const float* bias, int B, int C, int OC,
+void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias, int B, int C, int OC,
                     cudaStream_t stream);
 
 // pre_gelu[B,OC] = inp @ weight^T + bias, out = gelu(pre_gelu) (tanh form, as cpu::gelu_forward), one GEMM with a
 // fused epilogue where cuBLASLt has one for the shape and alignment, else the GEMM and our epilogue kernel.
 // pre_gelu is what gelu_backward needs. Both OVERWRITTEN; bias must not be null.
 template <typename T>
-void matmul_bias_gelu_forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const float* bias,
+void matmul_bias_gelu_forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const T* bias,
                               int B, int C, int OC, cudaStream_t stream);
 
 // dinp[B,C] = dout[B,OC] @ weight[OC,C]. OVERWRITES dinp (an activation gradient).

@@ -465,10 +465,9 @@ void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, doubl
     SCOPED_TRACE(shape({{"B", B}, {"C", C}, {"OC", OC}}));
     const std::vector<float> inp = maybe_round(random_vector(int64_t{B} * C, -1, 1, 51 + B));
     const std::vector<float> weight = maybe_round(random_vector(int64_t{OC} * C, -1, 1, 52 + C));
-    const std::vector<float> bias = random_vector(OC, -1, 1, 53 + OC);
+    const std::vector<float> bias = maybe_round(random_vector(OC, -1, 1, 53 + OC));  // a T, as D
     const std::vector<float> dout = maybe_round(random_vector(int64_t{B} * OC, -1, 1, 54 + OC));
-    auto d_inp = upload(inp), d_weight = upload(weight), d_dout = upload(dout);
-    DeviceArray d_bias(bias, stream);
+    auto d_inp = upload(inp), d_weight = upload(weight), d_dout = upload(dout), d_bias = upload(bias);
 
     // forward: plain, + bias, + bias + GELU (pre-activation kept)
     std::vector<float> plain(int64_t{B} * OC), absdot(int64_t{B} * OC);
@@ -480,9 +479,9 @@ void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, doubl
     DeviceBuffer<T> d_out(int64_t{B} * OC, stream), d_pre(int64_t{B} * OC, stream);
     cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), nullptr, B, C, OC, stream);
     EXPECT_TRUE(GemmClose(download(d_out), plain, absdot, tol, out_rtol)) << "forward";
-    cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), d_bias.get(), B, C, OC, stream);
+    cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), d_bias->get(), B, C, OC, stream);
     EXPECT_TRUE(GemmClose(download(d_out), biased, absdot, tol, out_rtol, plain)) << "forward + bias";
-    cuda::matmul_bias_gelu_forward<T>(ctx, d_out.get(), d_pre.get(), d_inp->get(), d_weight->get(), d_bias.get(), B, C,
+    cuda::matmul_bias_gelu_forward<T>(ctx, d_out.get(), d_pre.get(), d_inp->get(), d_weight->get(), d_bias->get(), B, C,
                                       OC, stream);
     EXPECT_TRUE(GemmClose(download(d_pre), biased, absdot, tol, out_rtol, plain)) << "forward + bias + gelu: pre";
     EXPECT_TRUE(GemmClose(download(d_out), gelu, absdot, tol, out_rtol + 5e-4, plain)) << "forward + bias + gelu: out";
