@@ -13,7 +13,7 @@
 //
 // Precision (model/precision.h; the full table in docs/GPU.md): parameters, gradients and the loss are fp32 in every
 // mode. fp32 and tf32 keep fp32 activations and differ in the GEMMs' math; bf16 runs the GEMMs on bf16 activations
-// and on bf16 copies of the weights, converted from the fp32 master weights by the first forward after they changed
+// and on bf16 copies of the weights and biases, converted from the fp32 masters by the first forward after they changed
 // (flat_params(): the optimizer between two steps updates the fp32 ones).
 #pragma once
 #include <cuda_bf16.h>

@@ -197,8 +197,8 @@ void TransformerCuda::forward_layers(float loss_scale) {
   const int BT = B * S;
   const int64_t BTC = int64_t{BT} * C;
   if constexpr (std::is_same_v<T, bf16>) {
-    // The whole flat buffer (embeddings, biases and LayerNorm included, which stay unused), once after every change
-    // of the master weights.
+    // The whole flat buffer (weights and biases for the GEMMs; the embeddings and LayerNorm's parameters, read in
+    // fp32, stay unused), once after every change of the master weights.
     if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
   }
   T* x = as<T>(encoded_);

@@ -15,10 +15,10 @@
 //
 // Precision (model/precision.h; the table in docs/GPU.md): parameters, gradients and the loss are fp32 in every
 // mode. fp32 and tf32 keep fp32 activations and differ in the GEMMs' math; bf16 runs the Linear layers' GEMMs on
-// bf16 activations and bf16 copies of the weights (converted from the fp32 master weights by the first forward after
-// they changed: once per optimizer step), and the
-// residual stream and its gradient in bf16. Attention is fp32 in every mode (its kernels are fp32-only; bf16 mode
-// converts q, k, v to fp32 and the output back) with TF32 GEMMs in tf32 and bf16 modes.
+// bf16 activations and bf16 copies of the weights and biases (converted from the fp32 masters by the first forward
+// after they changed: once per optimizer step), and the residual stream and its gradient in bf16. Attention is fp32 in
+// every mode (its kernels are fp32-only; bf16 mode converts q, k, v to fp32 and the output back) with TF32 GEMMs in
+// tf32 and bf16 modes.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>

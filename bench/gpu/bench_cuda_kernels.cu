@@ -295,9 +295,12 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
     T *d = static_cast<T*>(dout), *di = static_cast<T*>(dinp), *b = static_cast<T*>(bias);
     rep.add({"gemm", "matmul_forward" + tag, sh,
              median_ms(opt, s, [&] { cuda::matmul_forward<T>(ctx, o, i, ww, nullptr, B, C, OC, s); }), 0, flops});
-    rep.add({"gemm", "matmul_bias_gelu_forward" + tag, sh,
-             median_ms(opt, s, [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b, B, C, OC, s); }), 0,
-             flops});
+    // Whether cuBLASLt fused the bias and GELU or our epilogue kernel ran after the GEMM: the row says which.
+    const int64_t fallbacks = ctx.fallback_epilogues();
+    const double bias_gelu_ms =
+        median_ms(opt, s, [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b, B, C, OC, s); });
+    const char* how = ctx.fallback_epilogues() == fallbacks ? ", fused" : ", our epilogue";
+    rep.add({"gemm", std::string("matmul_bias_gelu_forward (") + mode + how + ")", sh, bias_gelu_ms, 0, flops});
     rep.add({"gemm", "matmul_backward_input" + tag, sh,
              median_ms(opt, s, [&] { cuda::matmul_backward_input<T>(ctx, di, d, ww, B, C, OC, s); }), 0, flops});
     rep.add({"gemm", "matmul_backward_weight" + tag, sh,

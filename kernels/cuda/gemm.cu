@@ -231,8 +231,9 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
   }
   LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, weight, C, inp, C, out, OC, kDataType<T>, kDataType<T>, 0.0f};
   // The heuristic's alignment preferences cover A, B, C and D only, not the bias or aux pointers: it may pick a
-  // kernel that assumes 16-byte ones, which faults ("misaligned address", sticky) on a bias sliced from a flat
-  // parameter buffer at a 4-byte offset, as the transformer's are. Such a bias or aux takes the fallback.
+  // kernel that assumes 16-byte ones, which faults ("misaligned address", sticky) on a bias sliced from a buffer at
+  // a 4-byte offset (the models' parameters start on 64-byte boundaries since, parameters.h). Such a bias or aux
+  // takes the fallback.
   // The bias has D's type (cublasLt.h, BIAS_DATA_TYPE's default), which is why it is a T: asked for an fp32 bias on
   // bf16 D, the heuristic answered CUBLAS_STATUS_INVALID_VALUE (H200, cuBLAS 13.1, 2026-11-27).
   if (bias && alignment_of(bias) >= 16 && (!gelu || alignment_of(pre_gelu) >= 16)) {
@@ -240,13 +241,19 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
     g.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     // The GELU input's leading dimension must be a multiple of 8: otherwise go straight to the fallback.
     if (gelu) g.aux = OC % 8 == 0 ? pre_gelu : nullptr;
-    if ((!gelu || g.aux) && run_lt(ctx, g, stream)) return;
+    if ((!gelu || g.aux) && run_lt(ctx, g, stream)) {
+      ctx.count_epilogue(/*fused=*/true);
+      return;
+    }
     g.bias = nullptr, g.aux = nullptr, g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   }
   if (!run_lt(ctx, g, stream))
     throw std::runtime_error("cuBLASLt: no algorithm for matmul_forward B=" + std::to_string(B) +
                              " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
-  if (bias || gelu) launch_epilogue(out, pre_gelu, bias, B, OC, gelu, stream);
+  if (bias || gelu) {
+    launch_epilogue(out, pre_gelu, bias, B, OC, gelu, stream);
+    ctx.count_epilogue(/*fused=*/false);
+  }
 }
 
 }  // namespace

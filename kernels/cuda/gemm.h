@@ -6,8 +6,9 @@
 //   T = float, GemmMath::kFp32   fp32 in, fp32 out, fp32 FMA (CUBLAS_COMPUTE_32F)
 //   T = float, GemmMath::kTf32   fp32 in and out, tensor cores with inputs rounded to TF32 (10-bit mantissa)
 //   T = __nv_bfloat16            bf16 in, bf16 activations out, fp32 accumulation (CUBLAS_COMPUTE_32F)
-// Biases and weight/bias GRADIENTS are fp32 in every mode (master weights stay fp32; a bf16 run keeps bf16 copies of
-// the weights for the GEMMs, made with convert.h).
+// The bias has the output's type (cuBLASLt's epilogue adds a bias of D's type); weight/bias GRADIENTS are fp32 in
+// every mode (master parameters stay fp32; a bf16 run keeps bf16 copies of the weights and biases for the GEMMs,
+// made with convert.h).
 //
 // Asynchronous: each call enqueues on `stream`. Bad sizes throw std::invalid_argument; CUDA/cuBLAS failures
 // std::runtime_error. A GEMM with an empty output launches nothing; one with K == 0 is still defined (forward:
@@ -49,6 +50,12 @@ class GemmContext {
   cublasHandle_t blas_handle(cudaStream_t stream);
   void* workspace();
   int64_t cached_plans() const;  // for tests: distinct problems planned so far
+  // Forward calls with a bias or GELU so far: those cuBLASLt fused into the GEMM, and those that ran our epilogue
+  // kernel after it (unaligned bias/aux, an output width not a multiple of 8 with GELU, or no algorithm). The
+  // benchmark prints which it measured: a fallback costs a pass over the output.
+  int64_t fused_epilogues() const { return fused_epilogues_; }
+  int64_t fallback_epilogues() const { return fallback_epilogues_; }
+  void count_epilogue(bool fused) { ++(fused ? fused_epilogues_ : fallback_epilogues_); }
 
   struct Plans;  // opaque: defined and used in gemm.cu only
   Plans& plans() { return *plans_; }
@@ -61,6 +68,7 @@ class GemmContext {
   cublasHandle_t blas_ = nullptr;
   void* workspace_ = nullptr;
   std::unique_ptr<Plans> plans_;
+  int64_t fused_epilogues_ = 0, fallback_epilogues_ = 0;
 };
 
 // out[B,OC] = inp[B,C] @ weight[OC,C]^T (+ bias[OC] broadcast over rows; bias may be null). OVERWRITES out. The bias

@@ -129,8 +129,7 @@ TEST_P(MlpCudaVsCpu, LossAndGradientsMatchCpu) {
     int batch;
     int64_t piece_elements;
   };
-  // Odd sizes: no dimension a multiple of 8 (cuBLASLt's fused GELU epilogue is skipped) and parameters at 4-byte
-  // aligned offsets in the flat buffers.
+  // Odd sizes: no dimension a multiple of 8 (cuBLASLt's fused GELU epilogue is skipped).
   for (const Case& k : {Case{"default", kDefault, 128, 300000}, Case{"odd", MlpConfig{45, 67, 3, 13}, 37, 1000},
                         Case{"no hidden layer", MlpConfig{33, 1, 0, 10}, 5, 100}}) {
     for (int64_t piece_elements : {int64_t{0}, k.piece_elements}) {

@@ -41,7 +41,7 @@ namespace gpu_test = ddplab::gpu_test;
 constexpr uint64_t kSeed = 1234;
 
 // Small models with the shapes that matter, two blocks each: the classifier at odd sizes (no dimension a multiple of
-// 8, so cuBLASLt's fused epilogues fall back, parameters at 4-byte offsets) with three heads of 12, the LM at sizes
+// 8, so cuBLASLt's fused GELU epilogue falls back) with three heads of 12, the LM at sizes
 // the fused epilogues take, with four heads of 16.
 TransformerConfig classifier() {
   TransformerConfig c;
