@@ -3,24 +3,35 @@
 
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace ddplab::cuda {
 namespace {
 
-// Divides by the bias corrections rather than multiplying by their inverses, as the CPU reference does, so the
-// two agree to rounding.
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, float lr, float beta1,
-                             float beta2, float eps, float weight_decay, float bc1, float bc2) {
-  for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
-    const float g = grads[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float p = params[i];
-    params[i] = p - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + weight_decay * p);
+// One parameter's step. Divides by the bias corrections rather than multiplying by their inverses, as the CPU
+// reference does, so the two agree to rounding.
+struct AdamwStep {
+  float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
+  __device__ void operator()(float& p, float g, float& m, float& v) const {
+    m = beta1 * m + (1.0f - beta1) * g;
+    v = beta2 * v + (1.0f - beta2) * g * g;
+    p = p - lr * ((m / bc1) / (sqrtf(v / bc2) + eps) + weight_decay * p);
   }
+};
+
+template <int V>
+__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, AdamwStep step) {
+  detail::for_each_pack<V>(
+      n,
+      [=](int64_t i) {
+        detail::Pack<float, V> p = detail::load_pack<V>(params + i), mi = detail::load_pack<V>(m + i),
+                               vi = detail::load_pack<V>(v + i);
+        const detail::Pack<float, V> g = detail::load_pack<V>(grads + i);
+        for (int k = 0; k < V; ++k) step(p.v[k], g.v[k], mi.v[k], vi.v[k]);
+        detail::store_pack(params + i, p), detail::store_pack(m + i, mi), detail::store_pack(v + i, vi);
+      },
+      [=](int64_t i) { step(params[i], grads[i], m[i], v[i]); });
 }
 
 }  // namespace
@@ -31,8 +42,9 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   // In double on the host and rounded once, as the CPU reference does: 1 - beta2^t loses digits in float.
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
-  adamw_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(params, grads, m, v, n, lr, beta1, beta2, eps,
-                                                                        weight_decay, bc1, bc2);
+  const AdamwStep step{lr, beta1, beta2, eps, weight_decay, bc1, bc2};
+  detail::launch_packed(detail::all_aligned(16, params, grads, m, v), n, stream, adamw_kernel<4>, adamw_kernel<1>,
+                        params, grads, m, v, n, step);
   cudaCheck(cudaGetLastError());
 }
 

@@ -19,10 +19,16 @@ constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
 
+template <int V>
 __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    out[i] = detail::gelu_tanh(inp[i]);
-  }
+  detail::for_each_pack<V>(
+      n,
+      [=](int64_t i) {
+        detail::Pack<float, V> x = detail::load_pack<V>(inp + i);
+        for (float& e : x.v) e = detail::gelu_tanh(e);
+        detail::store_pack(out + i, x);
+      },
+      [=](int64_t i) { out[i] = detail::gelu_tanh(inp[i]); });
 }
 
 // T is the activation type (float or __nv_bfloat16); the arithmetic is fp32 either way.
@@ -52,8 +58,16 @@ __global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t 
     out[i] = detail::from_float<T>(detail::to_float(a[i]) + detail::to_float(b[i]));
 }
 
+template <int V>
 __global__ void scale_kernel(float* y, float alpha, int64_t n) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) y[i] *= alpha;
+  detail::for_each_pack<V>(
+      n,
+      [=](int64_t i) {
+        detail::Pack<float, V> x = detail::load_pack<V>(y + i);
+        for (float& e : x.v) e *= alpha;
+        detail::store_pack(y + i, x);
+      },
+      [=](int64_t i) { y[i] *= alpha; });
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -70,7 +84,8 @@ void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaS
 
 void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  gelu_forward_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(out, inp, n);
+  detail::launch_packed(detail::all_aligned(16, out, inp), n, stream, gelu_forward_kernel<4>, gelu_forward_kernel<1>,
+                        out, inp, n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -105,7 +120,7 @@ template void residual_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat1
 
 void scale(float* y, float alpha, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  scale_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(y, alpha, n);
+  detail::launch_packed(detail::all_aligned(16, y), n, stream, scale_kernel<4>, scale_kernel<1>, y, alpha, n);
   cudaCheck(cudaGetLastError());
 }
 

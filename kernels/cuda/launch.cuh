@@ -1,6 +1,8 @@
 // Grid arithmetic shared by the launchers (nvcc only). Kernels use grid-stride loops over int64 indices, so the
 // grid is capped and any n >= 0 is covered, including n beyond 2^31.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -16,5 +18,33 @@ inline unsigned grid_size(int64_t n, int block = kBlockSize) {
 
 __device__ inline int64_t global_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// An elementwise loop over n elements, V at a time: pack(i) handles elements [i, i + V) with one 16-byte access per
+// array (load_pack, common.cuh), one(i) element i, for the n % V left over. With V == 1 it is the plain grid-stride
+// loop over one(i). The launchers take V = 4 where every float pointer is 16-byte aligned (all_aligned) and V = 1
+// otherwise. Why: on an H200 the float4 kernels moved 95-99% of the copy bandwidth and the same arithmetic one
+// float at a time 70-78% (docs/BENCHMARKS.md, "GPU first light").
+template <int V, typename Pack, typename One>
+__device__ inline void for_each_pack(int64_t n, Pack pack, One one) {
+  if constexpr (V == 1) {
+    for (int64_t i = global_index(); i < n; i += grid_stride()) one(i);
+  } else {
+    const int64_t packs = n / V;
+    for (int64_t g = global_index(); g < packs; g += grid_stride()) pack(g * V);
+    const int64_t tail = packs * V + global_index();
+    if (tail < n) one(tail);
+  }
+}
+
+// Launches packed (a kernel's V = 4 instantiation of for_each_pack) where `aligned`, else scalar (its V = 1 one), over
+// n elements: one thread per pack or per element, grid_size capping the grid. The caller checks the launch.
+template <typename... Params, typename... Args>
+void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(Params...), void (*scalar)(Params...),
+                   Args... args) {
+  if (aligned)
+    packed<<<grid_size(n / 4 + 1), kBlockSize, 0, stream>>>(args...);
+  else
+    scalar<<<grid_size(n), kBlockSize, 0, stream>>>(args...);
+}
 
 }  // namespace ddplab::cuda::detail
