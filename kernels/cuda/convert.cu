@@ -1,7 +1,7 @@
 // Conversion and gradient-check kernels first, launchers last (see convert.h for the contracts).
 //
-// All three are streaming maps (for_each_pack, launch.cuh): 4 elements per thread and step (16 bytes of fp32, 8 of
-// bf16) when the pointers allow it, then the n % 4 tail by the first threads of the grid.
+// All three are streaming maps (map_elements and for_each_pack, launch.cuh): 4 elements per thread and step (16 bytes
+// of fp32, 8 of bf16) when the pointers allow it, then the n % 4 tail by the first threads of the grid.
 #include <stdexcept>
 #include <string>
 
@@ -22,30 +22,21 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float x) {
 }
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t{h} << 16); }
 
+struct ToBf16Bits {
+  __device__ uint16_t operator()(float x) const { return f32_to_bf16_bits(x); }
+};
+struct FromBf16Bits {
+  __device__ float operator()(uint16_t h) const { return bf16_bits_to_f32(h); }
+};
+
 template <int V>
 __global__ void f32_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n) {
-  detail::for_each_pack<V>(
-      n,
-      [=](int64_t i) {
-        const detail::Pack<float, V> x = detail::load_pack<V>(src + i);
-        detail::Pack<uint16_t, V> h;
-        for (int k = 0; k < V; ++k) h.v[k] = f32_to_bf16_bits(x.v[k]);
-        detail::store_pack(dst + i, h);
-      },
-      [=](int64_t i) { dst[i] = f32_to_bf16_bits(src[i]); });
+  detail::map_elements<V>(dst, src, n, ToBf16Bits{});
 }
 
 template <int V>
 __global__ void bf16_to_f32_kernel(float* dst, const uint16_t* src, int64_t n) {
-  detail::for_each_pack<V>(
-      n,
-      [=](int64_t i) {
-        const detail::Pack<uint16_t, V> h = detail::load_pack<V>(src + i);
-        detail::Pack<float, V> x;
-        for (int k = 0; k < V; ++k) x.v[k] = bf16_bits_to_f32(h.v[k]);
-        detail::store_pack(dst + i, x);
-      },
-      [=](int64_t i) { dst[i] = bf16_bits_to_f32(src[i]); });
+  detail::map_elements<V>(dst, src, n, FromBf16Bits{});
 }
 
 // The flag is written by at most one lane per warp that saw a non-finite value, with a plain store of 1: every
@@ -82,8 +73,8 @@ void f32_to_bf16(__nv_bfloat16* dst, const float* src, int64_t n, cudaStream_t s
   check_count("f32_to_bf16", n);
   if (n == 0) return;
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-  detail::launch_packed(detail::all_aligned(16, src) && detail::all_aligned(8, d), n, stream, f32_to_bf16_kernel<4>,
-                        f32_to_bf16_kernel<1>, d, src, n);
+  detail::launch_packed(detail::map_packs_fit(d, src), n, stream, f32_to_bf16_kernel<4>, f32_to_bf16_kernel<1>, d, src,
+                        n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -91,8 +82,8 @@ void bf16_to_f32(float* dst, const __nv_bfloat16* src, int64_t n, cudaStream_t s
   check_count("bf16_to_f32", n);
   if (n == 0) return;
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  detail::launch_packed(detail::all_aligned(16, dst) && detail::all_aligned(8, s), n, stream, bf16_to_f32_kernel<4>,
-                        bf16_to_f32_kernel<1>, dst, s, n);
+  detail::launch_packed(detail::map_packs_fit(dst, s), n, stream, bf16_to_f32_kernel<4>, bf16_to_f32_kernel<1>, dst, s,
+                        n);
   cudaCheck(cudaGetLastError());
 }
 

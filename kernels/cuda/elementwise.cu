@@ -19,16 +19,13 @@ constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
 
+struct Gelu {
+  __device__ float operator()(float x) const { return detail::gelu_tanh(x); }
+};
+
 template <int V>
 __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
-  detail::for_each_pack<V>(
-      n,
-      [=](int64_t i) {
-        detail::Pack<float, V> x = detail::load_pack<V>(inp + i);
-        for (float& e : x.v) e = detail::gelu_tanh(e);
-        detail::store_pack(out + i, x);
-      },
-      [=](int64_t i) { out[i] = detail::gelu_tanh(inp[i]); });
+  detail::map_elements<V>(out, inp, n, Gelu{});
 }
 
 // T is the activation type (float or __nv_bfloat16); the arithmetic is fp32 either way.
@@ -58,16 +55,14 @@ __global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t 
     out[i] = detail::from_float<T>(detail::to_float(a[i]) + detail::to_float(b[i]));
 }
 
+struct ScaleBy {
+  float alpha;
+  __device__ float operator()(float x) const { return x * alpha; }
+};
+
 template <int V>
 __global__ void scale_kernel(float* y, float alpha, int64_t n) {
-  detail::for_each_pack<V>(
-      n,
-      [=](int64_t i) {
-        detail::Pack<float, V> x = detail::load_pack<V>(y + i);
-        for (float& e : x.v) e *= alpha;
-        detail::store_pack(y + i, x);
-      },
-      [=](int64_t i) { y[i] *= alpha; });
+  detail::map_elements<V>(y, y, n, ScaleBy{alpha});
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -84,8 +79,8 @@ void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaS
 
 void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  detail::launch_packed(detail::all_aligned(16, out, inp), n, stream, gelu_forward_kernel<4>, gelu_forward_kernel<1>,
-                        out, inp, n);
+  detail::launch_packed(detail::map_packs_fit(out, inp), n, stream, gelu_forward_kernel<4>, gelu_forward_kernel<1>, out,
+                        inp, n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -120,7 +115,7 @@ template void residual_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat1
 
 void scale(float* y, float alpha, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  detail::launch_packed(detail::all_aligned(16, y), n, stream, scale_kernel<4>, scale_kernel<1>, y, alpha, n);
+  detail::launch_packed(detail::map_packs_fit(y, y), n, stream, scale_kernel<4>, scale_kernel<1>, y, alpha, n);
   cudaCheck(cudaGetLastError());
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
+
 namespace ddplab::cuda::detail {
 
 constexpr int kBlockSize = 256;
@@ -34,6 +36,29 @@ __device__ inline void for_each_pack(int64_t n, Pack pack, One one) {
     const int64_t tail = packs * V + global_index();
     if (tail < n) one(tail);
   }
+}
+
+// out[i] = op(in[i]) for n elements (in == out allowed), V per access: the body of the elementwise map kernels, each
+// a named __global__ of its own so that ncu and the kernel rankings tell them apart. op is a functor with a
+// __device__ operator() (host lambdas cannot reach a kernel without --extended-lambda).
+template <int V, typename In, typename Out, typename Op>
+__device__ inline void map_elements(Out* out, const In* in, int64_t n, Op op) {
+  for_each_pack<V>(
+      n,
+      [=](int64_t i) {
+        const Pack<In, V> x = load_pack<V>(in + i);
+        Pack<Out, V> y;
+#pragma unroll
+        for (int k = 0; k < V; ++k) y.v[k] = op(x.v[k]);
+        store_pack(out + i, y);
+      },
+      [=](int64_t i) { out[i] = op(in[i]); });
+}
+
+// Whether out and in both take map_elements' packs of 4.
+template <typename In, typename Out>
+inline bool map_packs_fit(const Out* out, const In* in) {
+  return all_aligned(alignof(Pack<Out, 4>), out) && all_aligned(alignof(Pack<In, 4>), in);
 }
 
 // Launches packed (a kernel's V = 4 instantiation of for_each_pack) where `aligned`, else scalar (its V = 1 one), over
