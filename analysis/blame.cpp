@@ -221,7 +221,13 @@ std::string comm_hints(const RunRecord& run) {
   // Which wins depends on the model and the link: `ddplab predict` answers it from this very run.
   double gradient_mb = 0;
   for (const BucketRecord& b : run.buckets) gradient_mb += b.bytes() / kMiB;
+  // Ranks sharing one GPU take turns on it: on an H200 each ring step cost ~0.4 ms at 2 ranks whatever it moved.
+  const int sharing = run.ranks_sharing_a_gpu();
   std::string hints =
+      (sharing ? fmt("give each rank a GPU of its own (%d ranks share one here, and every ring step waits for the GPU "
+                     "to switch between them); else ",
+                     sharing)
+               : std::string()) +
       fmt("try another bucket size (--bucket-mb, now %g: %s for %.1f MiB; compare sizes with "
           "ddplab predict %s)",
           run.config.value("bucket_mb", 0.0), counted(static_cast<int>(run.buckets.size()), "bucket").c_str(),

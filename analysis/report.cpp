@@ -120,6 +120,11 @@ static std::string hosts_text(const RunRecord& rec) {
 }
 
 std::string oversubscription_note(const RunRecord& run) {
+  if (const int sharing = run.ranks_sharing_a_gpu())
+    return fmt(
+        "oversubscribed: %d ranks on one GPU; they take turns on it (their kernels, and the ring's copies between "
+        "them), so the times measure this sharing, not data parallelism across GPUs",
+        sharing);
   const int ranks = run.oversubscribed_ranks();
   if (ranks == 0) return "";
   const int threads = std::max(1, run.config.value("threads", 1));
@@ -237,6 +242,7 @@ nlohmann::json report_json(const SummarizedRun& run) {
           {"first_step", rec.meta.first_step},
           {"stop_reason", rec.meta.stop_reason},
           {"hostnames", rec.meta.hostnames},
+          {"gpus", rec.meta.gpus},
           {"config", rec.config},
           {"summary", to_json(run.summary)},
           {"blame", blame}};

@@ -15,7 +15,8 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& summa
 // One run: what it was (config, lab knobs, build, status), the summary, the per-bucket table and the blame.
 void print_report(std::FILE* out, const SummarizedRun& run);
 // "oversubscribed: 4 ranks x 1 BLAS thread on 2 cores; ..." for a run whose ranks took turns on rank 0's host's cores
-// (RunRecord::oversubscribed_ranks); "" otherwise. The train header and the report both say it.
+// (RunRecord::oversubscribed_ranks), "oversubscribed: 4 ranks on one GPU; ..." for one whose ranks shared a GPU
+// (RunRecord::ranks_sharing_a_gpu); "" otherwise. The train header and the report both say it.
 std::string oversubscription_note(const RunRecord& run);
 // One row per run: name, world, samples/s, step ms, exposed comm, hidden%, blame.
 void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs);

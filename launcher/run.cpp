@@ -89,18 +89,35 @@ std::string cuda_description() {
 
 namespace {
 
-std::vector<std::string> gather_hostnames(MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
+// Every rank's string, by rank (each cut at MPI_MAX_PROCESSOR_NAME - 1 characters). Collective.
+std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm) {
+  int size = 1;
   MPI_Comm_size(comm, &size);
+  constexpr int kLen = MPI_MAX_PROCESSOR_NAME;
+  std::vector<char> padded(kLen, '\0'), all(static_cast<size_t>(size) * kLen);
+  mine.copy(padded.data(), kLen - 1);
+  MPI_Allgather(padded.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm);
+  std::vector<std::string> strings;
+  for (int r = 0; r < size; ++r) strings.emplace_back(all.data() + static_cast<size_t>(r) * kLen);
+  return strings;
+}
+
+std::vector<std::string> gather_hostnames(MPI_Comm comm) {
   char mine[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
   MPI_Get_processor_name(mine, &len);
-  std::vector<char> all(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm);
-  std::vector<std::string> names;
-  for (int r = 0; r < size; ++r) names.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
-  return names;
+  return gather_strings(mine, comm);
+}
+
+// Each rank's GPU as its PCI bus id, for a GPU run (the trainer has made the rank's device current); empty otherwise.
+std::vector<std::string> gather_gpus(const TrainConfig& config, MPI_Comm comm) {
+  if (config.device != "cuda") return {};
+#ifdef DDPLAB_HAVE_CUDA
+  return gather_strings(cuda::query_cuda().bus_id, comm);
+#else
+  (void)comm;
+  return {};
+#endif
 }
 
 // The CPUs the ranks on rank 0's host may run on: the union of their affinity masks (bound ranks: their cores; an
@@ -312,6 +329,7 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   meta.device = config.device;
   MPI_Comm_size(world, &meta.world_size);
   meta.hostnames = gather_hostnames(world);
+  meta.gpus = gather_gpus(config, world);
   meta.host_cores = gather_host_cores(meta.hostnames, world);
   meta.comm_spin_us = PollPolicy::from_env().spin_us;
   // What backward beside an all-reduce costs its comm thread: measured here, with the ranks' compute threads

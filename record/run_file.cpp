@@ -104,6 +104,7 @@ void write_contents(hid_t file, const RunRecord& run, const std::string& summary
   write_int_attr(file, "world_size", meta.world_size);
   write_int_attr(file, "num_steps", run.steps);
   write_strings(file, "hostnames", meta.hostnames);
+  if (!meta.gpus.empty()) write_strings(file, "gpus", meta.gpus);  // GPU runs only
   // The topology (optional: older files have neither): each rank's node, and the link classes as emulated.
   if (!meta.node_of_rank.empty())
     write_numbers(file, "node", std::vector<int64_t>(meta.node_of_rank.begin(), meta.node_of_rank.end()),
@@ -233,6 +234,7 @@ void read_contents(hid_t file, RunRecord& run) {
   (void)run.first_steady_step();     // a config field of the wrong type throws here, with the file named
   (void)run.global_batch();
   meta.hostnames = read_strings(file, "hostnames", meta.world_size, "hostnames");
+  if (has_link(file, "gpus")) meta.gpus = read_strings(file, "gpus", meta.world_size, "gpus");
   if (has_link(file, "node")) {
     for (int64_t node : read_int64s(file, "node", {static_cast<hsize_t>(meta.world_size)}, "node")) {
       if (node < 0 || node >= meta.world_size) throw FileProblem("node: " + std::to_string(node) + " is not a node");

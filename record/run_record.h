@@ -25,6 +25,7 @@ struct RunMetadata {
   std::string transport;       // what rank 0's gradient all-reduces travelled over ("shm", "mpi", "NCCL", ...)
   int world_size = 1;
   std::vector<std::string> hostnames;  // by rank
+  std::vector<std::string> gpus;       // by rank: its GPU's PCI bus id; empty on the CPU and in older files
   std::vector<int> node_of_rank;       // by rank (comm/topology.h); empty in files from before nodes were recorded
   LinkClasses links;                   // the emulated links per class of hop (none: no emulation)
   int host_cores = 0;  // CPUs the ranks on rank 0's host could run on (their affinity masks' union); 0: not recorded
@@ -95,6 +96,19 @@ struct RunRecord {
     if (meta.device != "cpu" || meta.host_cores <= 0 || meta.hostnames.empty()) return 0;
     const int ranks = static_cast<int>(std::count(meta.hostnames.begin(), meta.hostnames.end(), meta.hostnames[0]));
     return ranks * std::max(1, config.value("threads", 1)) > meta.host_cores ? ranks : 0;
+  }
+  // The most ranks of one host that ran on one GPU (the same bus id), or 0 when no GPU was shared (or a CPU run, or
+  // not recorded). Ranks sharing a GPU take turns on it: their kernels, and the ring's copies between them.
+  int ranks_sharing_a_gpu() const {
+    if (meta.gpus.size() != meta.hostnames.size()) return 0;
+    int most = 0;
+    for (size_t r = 0; r < meta.gpus.size(); ++r) {
+      int same = 0;
+      for (size_t q = 0; q < meta.gpus.size(); ++q)
+        same += !meta.gpus[r].empty() && meta.gpus[q] == meta.gpus[r] && meta.hostnames[q] == meta.hostnames[r];
+      most = std::max(most, same);
+    }
+    return most > 1 ? most : 0;
   }
   // Samples per step over all ranks: batch x grad_accum x world_size.
   int global_batch() const { return config.value("batch", 0) * config.value("grad_accum", 1) * world_size(); }

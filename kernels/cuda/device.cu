@@ -41,6 +41,11 @@ CudaInfo query_cuda() noexcept {
   info.cc_major = prop.major;
   info.cc_minor = prop.minor;
   info.memory_bytes = prop.totalGlobalMem;
+  char bus_id[32] = {};  // cudaDeviceGetPCIBusId wants >= 13; NCCL uses 64-bit domains
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, dev) == cudaSuccess)
+    info.bus_id = bus_id;
+  else
+    cudaGetLastError();
   return info;
 }
 

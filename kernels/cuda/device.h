@@ -12,6 +12,8 @@ struct CudaInfo {
   std::string reason;      // the CUDA error string that made the device unusable; empty when available
   int device_count = 0;
   std::string name;  // of the current device (cudaGetDevice), which the launcher picks per local rank
+  std::string bus_id;  // the current device's PCI bus id (cudaDeviceGetPCIBusId): ranks of one host with the same id
+                       // share one GPU
   int cc_major = 0, cc_minor = 0;
   size_t memory_bytes = 0;  // total global memory
   int runtime_version = 0;  // CUDART_VERSION style: 1000*major + 10*minor, e.g. 13000

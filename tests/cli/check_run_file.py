@@ -97,6 +97,7 @@ def main():
             check(config["batch"] == batch and config["steps"] == steps and config["hidden"] == 128
                   and "hidden_dim" not in config, "config JSON holds the flags, keyed by their names")
             check(len(f["hostnames"]) == np_ranks and all(h for h in f["hostnames"].asstr()[:]), "hostnames by rank")
+            check("gpus" not in f, "no gpus dataset in a CPU run")
             check(str(f.attrs["start_time_utc"]).endswith("Z"), "start time in UTC ISO 8601")
             # One node: the ring's messages go through shared memory, and the header and the file say so.
             # With a peer, the gradients are registered: single copy (comm/shm_transport.h), and with every rank on

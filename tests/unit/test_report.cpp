@@ -135,6 +135,26 @@ TEST(RunRecord, OversubscribedWhenRankZerosHostRunsMoreThreadsThanItHasCores) {
   EXPECT_EQ(run.oversubscribed_ranks(), 0);
 }
 
+// A GPU run's ranks share a GPU when two of one host have the same bus id: the most such ranks is what the note and
+// the blame say. Different hosts with the same bus id (each its own GPU) share nothing.
+TEST(RunRecord, RanksSharingAGpuAreOnesOfOneHostWithOneBusId) {
+  RunRecord run = synthetic(4, [](int, int) { return Phases{}; });
+  run.meta.device = "cuda";
+  run.meta.hostnames = {"a", "a", "b", "b"};
+  EXPECT_EQ(run.ranks_sharing_a_gpu(), 0);  // not recorded (a CPU run, an older file)
+  EXPECT_EQ(oversubscription_note(run), "");
+  run.meta.gpus = {"0000:1b:00.0", "0000:2c:00.0", "0000:1b:00.0", "0000:2c:00.0"};  // one GPU each
+  EXPECT_EQ(run.ranks_sharing_a_gpu(), 0);
+  run.meta.gpus = {"0000:1b:00.0", "0000:1b:00.0", "0000:1b:00.0", "0000:2c:00.0"};  // host a: 2 on one
+  EXPECT_EQ(run.ranks_sharing_a_gpu(), 2);
+  run.meta.hostnames = {"a", "a", "a", "a"};
+  EXPECT_EQ(run.ranks_sharing_a_gpu(), 3);
+  EXPECT_EQ(oversubscription_note(run).rfind("oversubscribed: 3 ranks on one GPU;", 0), 0u)
+      << oversubscription_note(run);
+  run.meta.gpus = {"", "", "", ""};  // no bus id read: nothing claimed
+  EXPECT_EQ(run.ranks_sharing_a_gpu(), 0);
+}
+
 TEST(Blame, StragglerInputNamesTheSlowRankAndTheOthersWaitInTheAllReduce) {
   // The straggler case of the lab: rank 0 sleeps 40 ms before each batch; the others wait in the all-reduce.
   const RunRecord run = synthetic(4, [](int r, int) {
@@ -330,6 +350,17 @@ TEST(Blame, UniformExposedCommIsCommunicationBound) {
   // Not "larger buckets" blindly: smaller ones may hide more; the predictor compares sizes from this run.
   EXPECT_NE(findings[0].text.find("another bucket size (--bucket-mb, now"), std::string::npos) << findings[0].text;
   EXPECT_NE(findings[0].text.find("ddplab predict"), std::string::npos) << findings[0].text;
+  EXPECT_EQ(findings[0].text.find("GPU of its own"), std::string::npos) << findings[0].text;
+
+  // The same wait with the 4 ranks on one GPU: a GPU per rank comes first (each ring step waits for it to switch).
+  RunRecord shared = run;
+  shared.meta.device = "cuda";
+  shared.meta.gpus.assign(4, "0000:1b:00.0");
+  shared.meta.hostnames.assign(4, "vm");
+  const std::vector<Finding> on_one_gpu = diagnose(shared);
+  ASSERT_EQ(on_one_gpu.size(), 1u) << all_text(shared);
+  EXPECT_NE(on_one_gpu[0].text.find("give each rank a GPU of its own (4 ranks share one here"), std::string::npos)
+      << on_one_gpu[0].text;
 }
 
 // Over 2 nodes with a slow inter-node link the same wait is named as the link's; with the link as fast as the
@@ -671,6 +702,7 @@ TEST_F(Reader, ReadsBackWhatTheWriterWrote) {
   EXPECT_EQ(run.world_size(), 2);
   EXPECT_EQ(run.steps, 3);
   EXPECT_EQ(run.meta.hostnames, (std::vector<std::string>{"alpha", "beta"}));
+  EXPECT_TRUE(run.meta.gpus.empty());  // a CPU run writes none
   EXPECT_EQ(run.meta.git_commit, "abc123");
   EXPECT_EQ(run.meta.command, "train");
   EXPECT_EQ(run.meta.first_step, 4);
@@ -686,6 +718,17 @@ TEST_F(Reader, ReadsBackWhatTheWriterWrote) {
   EXPECT_EQ(run.buckets[1].first_piece, 2);
   EXPECT_EQ(run.buckets[0].pieces, "fc1.bias,fc1.weight");
   EXPECT_EQ(run.bucket_at(1, 2, 1).comm_start_ms, 11.25);  // flat index (1*3+2)*2+1 = 11
+}
+
+// A GPU run's bus ids come back by rank, and so does what they say: both ranks on one GPU of one host.
+TEST_F(Reader, GpusComeBackByRank) {
+  RunRecord written = real_record();
+  written.meta.device = "cuda";
+  written.meta.hostnames = {"vm", "vm"};
+  written.meta.gpus = {"00000000:1B:00.0", "00000000:1B:00.0"};
+  const RunRecord run = read_run_file(write_real("gpu.h5", written));
+  EXPECT_EQ(run.meta.gpus, written.meta.gpus);
+  EXPECT_EQ(run.ranks_sharing_a_gpu(), 2);
 }
 
 // The run file's `summary` (what scripts and the charts read) is summarize() of the records it holds: the same
