@@ -77,6 +77,11 @@ TEST(CpuTaken, WaitingBehindAnotherThreadOnTheSameCpuIsCounted) {
     const CpuTaken alone_start = meter.read();
     spin_for(200);
     const double alone = taken_between(alone_start, meter.read()).cpu_wait_ms;
+    // Other work on this CPU (a build beside the tests) makes the thread wait alone too, and the competitor's share
+    // cannot be told from it: say so rather than pass or fail by chance (seen once, with two compilers running).
+    if (alone > 20)
+      GTEST_SKIP() << "CPU " << cpu << " is busy with other work: this thread waited " << alone
+                   << " ms of 200 alone, so a competitor's effect cannot be measured";
 
     std::atomic<bool> stop{false};
     std::thread competitor([&] {
