@@ -132,7 +132,10 @@ if [ "$stage" = 1 ]; then
   step "ctest -L gpu" ctest.log 200 \
     'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
     ctest --test-dir "$build" -L gpu --output-on-failure -j 8
-  step "kernels --quick" kernels.log 90 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
+  # The detail says whether cuBLASLt fused the bf16 bias+GELU (bench_cuda_kernels names the path it timed).
+  step "kernels --quick" kernels.log 90 \
+    'echo "$(grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"); bf16 bias+GELU: $(grep -m1 -o \
+      "matmul_bias_gelu_forward (bf16, [a-z ]*)" "$log" | grep -o "fused\|our epilogue")"' \
     "$build/bench/gpu/bench_cuda_kernels" --quick
   step "allreduce nccl np1" allreduce.log 90 'grep "Avg bus bandwidth" "$log" | tail -1' \
     "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl
