@@ -246,6 +246,9 @@ if [ "$stage" = 3 ]; then
   done
   step "sweep ring np4" train.log 90 'grep -m1 -i "best" "$log"' \
     "${ddplab[@]}" sweep --device cuda --comm ring --steps 12 --warmup-steps 4 --out-dir "$work/sweep_np4" --force
+  # What `make demo` runs on a GPU machine: the lab's cases, 4 ranks sharing the GPU over the ring's ipc link.
+  step "suite lab --device cuda np4" train.log 150 'grep -m1 "^summary:" "$log"' \
+    "${ddplab[@]}" suite lab --device cuda --out-dir "$work/suite_lab" --force
   step "gpt2-small bf16 ring np2" train.log 60 'grep -m1 "mean step" "$log"' \
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --model gpt2-small \
     --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 \
@@ -256,7 +259,7 @@ if [ "$stage" = 3 ]; then
     --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     "$build/launcher/ddplab" train --device cuda --model gpt2-small --precision bf16 --head lm --lengths fixed \
     --max-len 1024 --batch 8 --steps 6 --warmup-steps 2 --profile-steps 4:4 --out "$work/ncu_run.h5" --force
-  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 sweep_np4 2>/dev/null)
+  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 sweep_np4 suite_lab 2>/dev/null)
 fi
 
 echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"
