@@ -50,6 +50,9 @@ struct CaseResult {
   // table, the JSON and the charts.
   int oversubscribed_ranks = 0;
   int host_cores = 0;
+  // A GPU case's ranks of one host on one GPU (RunRecord::ranks_sharing_a_gpu): they took turns on it, which the
+  // table's `*` says too.
+  int ranks_on_one_gpu = 0;
 };
 
 // "300 steps each (5 warm-up, 295 measured)": the warm-up as the run files will clamp it (a default longer than the
@@ -279,7 +282,13 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
     }
     wait_quietly(world);
     if (rank == 0) {
-      results.push_back({c, r.summary, r.record.path, {}, r.record.oversubscribed_ranks(), r.record.meta.host_cores});
+      results.push_back({c,
+                         r.summary,
+                         r.record.path,
+                         {},
+                         r.record.oversubscribed_ranks(),
+                         r.record.meta.host_cores,
+                         r.record.ranks_sharing_a_gpu()});
       if (c.world_size >= 2) results.back().blame = diagnose(r.record, r.summary);
       if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
@@ -333,7 +342,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     const StepRecord mean = mean_over_ranks(s);
     const double compute = mean.forward_ms + mean.backward_ms;
     const double extra = mean.extra_comm_ms + mean.host_work_ms;
-    const bool oversubscribed = r.oversubscribed_ranks > 0;
+    const bool oversubscribed = r.oversubscribed_ranks > 0 || r.ranks_on_one_gpu > 0;
     char eff[16] = "", extra_cell[16] = "";
     if (lab && has_efficiency)
       std::snprintf(eff, sizeof eff, " %6.2f", efficiency);
@@ -384,6 +393,13 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
                              .c_str()
                        : "");
   }
+  int most_on_one_gpu = 0;
+  for (const CaseResult& r : results) most_on_one_gpu = std::max(most_on_one_gpu, r.ranks_on_one_gpu);
+  if (most_on_one_gpu > 0)
+    std::printf(
+        "\n* oversubscribed: up to %d ranks on one GPU; they take turns on it (their kernels, and the ring's copies "
+        "between them), so the case's times measure this machine, not DDP across GPUs\n",
+        most_on_one_gpu);
   std::printf(
       "\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
       "exposed (comm waited for)%s: means over the ranks, ms per step\n",
