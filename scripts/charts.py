@@ -18,7 +18,8 @@ Several:   throughput         samples/s per file (useful tokens/s when every fil
            weak_scaling,      samples/s and efficiency over world size against the ideal line: from the suite's
            strong_scaling     weak/strong cases, or when the files differ only in world size (and per-rank batch)
 --suite names the summary.json of `ddplab suite` that lists these files: their groups, and whether a case had
-more ranks x BLAS threads than the host has cores (oversubscribed: its efficiency measures the machine, not DDP).
+more ranks x BLAS threads than the host has cores, or ranks sharing one GPU (oversubscribed: its efficiency measures
+the machine, not DDP).
 --sweep names the summary.json of a `ddplab sweep --predict` (repeatable: one per link, same model and ranks):
            predicted_vs_measured   step time over bucket size, predicted dashed and measured solid, one panel per
                                    link and one colour per overlap setting, the model's recommended point starred
@@ -121,7 +122,7 @@ def ranks_text(n):
     return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
-OVERSUBSCRIBED = "oversubscribed: more ranks x threads than cores, so this measures the machine, not DDP"
+OVERSUBSCRIBED = "oversubscribed: the ranks took turns on the cores (or one GPU): this measures the machine, not DDP"
 
 
 def save(fig, out_dir, name, written):
