@@ -166,6 +166,7 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                  c.value("batching", std::string()) == "token" || c.value("batching", std::string()) == "pack"
                      ? (", max_tokens " + config_text(c, "max_tokens")).c_str()
                      : "");
+  if (meta.device == "cuda") std::fprintf(out, ", device cuda, precision %s", config_text(c, "precision").c_str());
   if (c.value("zero_stage", 0) > 0) std::fprintf(out, ", zero_stage %d", c.value("zero_stage", 0));
   if (c.value("optimizer_in_backward", std::string("off")) == "on") std::fprintf(out, ", update in backward");
   std::fprintf(out, "\n");

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -133,6 +134,29 @@ TEST(RunRecord, OversubscribedWhenRankZerosHostRunsMoreThreadsThanItHasCores) {
   EXPECT_EQ(run.oversubscribed_ranks(), 3);
   run.meta.device = "cuda";  // the BLAS threads do not run the steps
   EXPECT_EQ(run.oversubscribed_ranks(), 0);
+}
+
+// The report's config line says where a run's steps ran and in which precision, and the shared GPU under it.
+TEST(Report, AGpuRunNamesItsDevicePrecisionAndSharing) {
+  const auto report_of = [](const RunRecord& run) {
+    char* buf = nullptr;
+    size_t len = 0;
+    std::FILE* f = open_memstream(&buf, &len);
+    print_report(f, summarized(run));
+    std::fclose(f);
+    const std::string text(buf, len);
+    std::free(buf);
+    return text;
+  };
+  RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
+  EXPECT_EQ(report_of(run).find("device cuda"), std::string::npos);  // a CPU run says nothing of it
+  run.meta.device = "cuda";
+  run.config["precision"] = "bf16";
+  run.meta.hostnames = {"vm", "vm"};
+  run.meta.gpus = {"00000000:1B:00.0", "00000000:1B:00.0"};
+  const std::string text = report_of(run);
+  EXPECT_NE(text.find(", device cuda, precision bf16"), std::string::npos) << text;
+  EXPECT_NE(text.find("oversubscribed: 2 ranks on one GPU;"), std::string::npos) << text;
 }
 
 // A GPU run's ranks share a GPU when two of one host have the same bus id: the most such ranks is what the note and
