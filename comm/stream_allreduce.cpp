@@ -49,7 +49,7 @@ void wait_for_stream(cudaStream_t stream, const char* what, const std::function<
 }
 
 namespace {
-constexpr int kBusIdLen = 32;  // cudaDeviceGetPCIBusId wants >= 13; NCCL uses 64-bit domains
+constexpr int kBusIdLen = 32;  // the gather's fixed width: pci_bus_id's ids are 16 characters
 }  // namespace
 
 DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
@@ -73,12 +73,11 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
     error = "no CUDA device: cudaGetDeviceCount found 0 devices";
   } else {
     choice.device = choice.local_rank % choice.device_count;
-    err = cudaDeviceGetPCIBusId(bus_id, kBusIdLen, choice.device);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      error = "device " + std::to_string(choice.device) + ": " + cudaGetErrorString(err);
-      bus_id[0] = '\0';
-    }
+    const std::string id = pci_bus_id(choice.device);
+    if (id.empty())
+      error = "device " + std::to_string(choice.device) + ": CUDA cannot read its PCI bus id";
+    else
+      id.copy(bus_id, kBusIdLen - 1);
     sharing_refused = process_sharing_refused(choice.device);
   }
   // Bus ids rather than local rank >= device count alone: with CUDA_VISIBLE_DEVICES set per rank every rank sees

@@ -41,12 +41,15 @@ CudaInfo query_cuda() noexcept {
   info.cc_major = prop.major;
   info.cc_minor = prop.minor;
   info.memory_bytes = prop.totalGlobalMem;
-  char bus_id[32] = {};  // cudaDeviceGetPCIBusId wants >= 13; NCCL uses 64-bit domains
-  if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, dev) == cudaSuccess)
-    info.bus_id = bus_id;
-  else
-    cudaGetLastError();
+  info.bus_id = pci_bus_id(dev);
   return info;
+}
+
+std::string pci_bus_id(int device) noexcept {
+  char id[32] = {};  // cudaDeviceGetPCIBusId wants >= 13; NCCL uses 64-bit domains
+  if (cudaDeviceGetPCIBusId(id, sizeof id, device) == cudaSuccess) return id;
+  cudaGetLastError();
+  return "";
 }
 
 std::string process_sharing_refused(int device) noexcept {

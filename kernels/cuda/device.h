@@ -25,6 +25,10 @@ struct CudaInfo {
 // Never throws; the library versions are filled in even when no device is available.
 CudaInfo query_cuda() noexcept;
 
+// `device`'s PCI bus id, e.g. "00000000:1B:00.0", without creating a context; "" if CUDA cannot say. Two processes
+// with the same id use the same GPU, whatever CUDA_VISIBLE_DEVICES numbers it.
+std::string pci_bus_id(int device) noexcept;
+
 // "" when several processes may use `device` at once (the Default compute mode), else why not, e.g. "GPU 0 is in
 // Exclusive_Process compute mode (one process at a time)": the second process's context creation would fail with
 // "all CUDA-capable devices are busy or unavailable". Reads the mode without creating a context; "" if it cannot.

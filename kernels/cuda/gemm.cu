@@ -205,8 +205,11 @@ void check_sizes(const char* what, int B, int C, int OC) {
                                 " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
 }
 
+// Our bias/GELU kernel after a plain GEMM (or none, C == 0), counted as a fallback epilogue.
 template <typename T>
-void launch_epilogue(T* out, T* pre_gelu, const T* bias, int B, int OC, bool gelu, cudaStream_t stream) {
+void launch_epilogue(GemmContext& ctx, T* out, T* pre_gelu, const T* bias, int B, int OC, bool gelu,
+                     cudaStream_t stream) {
+  ctx.count_epilogue(/*fused=*/false);
   constexpr int64_t kTargetBlocks = 4096;  // as bias_forward: about this many blocks whatever the shape
   const unsigned grid_x = detail::grid_size(OC);
   const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
@@ -226,7 +229,7 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
   if (B == 0 || OC == 0) return;
   if (C == 0) {  // an empty sum: out = bias (or 0), through the epilogue
     cudaCheck(cudaMemsetAsync(out, 0, sizeof(T) * B * OC, stream));
-    if (bias || gelu) launch_epilogue(out, pre_gelu, bias, B, OC, gelu, stream);
+    if (bias || gelu) launch_epilogue(ctx, out, pre_gelu, bias, B, OC, gelu, stream);
     return;
   }
   LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, weight, C, inp, C, out, OC, kDataType<T>, kDataType<T>, 0.0f};
@@ -250,10 +253,7 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
   if (!run_lt(ctx, g, stream))
     throw std::runtime_error("cuBLASLt: no algorithm for matmul_forward B=" + std::to_string(B) +
                              " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
-  if (bias || gelu) {
-    launch_epilogue(out, pre_gelu, bias, B, OC, gelu, stream);
-    ctx.count_epilogue(/*fused=*/false);
-  }
+  if (bias || gelu) launch_epilogue(ctx, out, pre_gelu, bias, B, OC, gelu, stream);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Grid arithmetic shared by the launchers (nvcc only). Kernels use grid-stride loops over int64 indices, so the
-// grid is capped and any n >= 0 is covered, including n beyond 2^31.
+// Grid arithmetic and the elementwise loop shared by the launchers (nvcc only). Kernels use grid-stride loops over
+// int64 indices, so the grid is capped and any n >= 0 is covered, including n beyond 2^31.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -26,8 +26,8 @@ __device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x)
 // loop over one(i). The launchers take V = 4 where every float pointer is 16-byte aligned (all_aligned) and V = 1
 // otherwise. Why: on an H200 the float4 kernels moved 95-99% of the copy bandwidth and the same arithmetic one
 // float at a time 70-78% (docs/BENCHMARKS.md, "GPU first light").
-template <int V, typename Pack, typename One>
-__device__ inline void for_each_pack(int64_t n, Pack pack, One one) {
+template <int V, typename PackBody, typename OneBody>
+__device__ inline void for_each_pack(int64_t n, PackBody pack, OneBody one) {
   if constexpr (V == 1) {
     for (int64_t i = global_index(); i < n; i += grid_stride()) one(i);
   } else {
