@@ -62,6 +62,13 @@ for (impl, size, mode), ring in sorted(busbw.items()):
           f"{statistics.median(mpi):>10.2f} {min(mpi) / statistics.median(mpi):>12.2f} {worst:>12.2f} "
           f"{statistics.median(busbw[('ring-only', size, mode)]):>16.2f}")
 print(f"runs with a size below 0.8x the median: {sorted(slow_runs) or 'none'}")
+# The issue's slow mode held for a whole run (1.5-1.9 GB/s at every size). Per run, the mean busbw over its sizes and
+# modes (nccl-tests' "Avg bus bandwidth"): the slowest run against the median run, for the ring and for MPI.
+for impl in ("ring", "mpi-raw"):
+    per_run = [statistics.mean(v[i] for (k, _, _), v in busbw.items() if k == impl) for i in range(runs)]
+    med = statistics.median(per_run)
+    print(f"per run, {impl}'s mean busbw over the sizes: median {med:.2f} GB/s, slowest {min(per_run):.2f} "
+          f"({min(per_run) / med:.2f}x; target for the ring >= 0.8), runs {' '.join(f'{x:.1f}' for x in per_run)}")
 # A slow run is a slow mode only if its typical call is slow: each run's median call against the median run's,
 # and how many of all calls took more than 1.5x their run's median call (stalls: a rank off its core).
 print(f"{'size':>8} {'mode':>12} {'p50 call us':>11} {'slowest run p50/med':>19} {'calls > 1.5x p50':>16}")
