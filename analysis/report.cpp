@@ -167,6 +167,8 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                      ? (", max_tokens " + config_text(c, "max_tokens")).c_str()
                      : "");
   if (meta.device == "cuda") std::fprintf(out, ", device cuda, precision %s", config_text(c, "precision").c_str());
+  if (meta.device == "cuda" && model != "mlp" && c.contains("attention"))
+    std::fprintf(out, ", attention %s", config_text(c, "attention").c_str());
   if (c.value("zero_stage", 0) > 0) std::fprintf(out, ", zero_stage %d", c.value("zero_stage", 0));
   if (c.value("optimizer_in_backward", std::string("off")) == "on") std::fprintf(out, ", update in backward");
   std::fprintf(out, "\n");

@@ -3,7 +3,9 @@
 #include <map>
 
 #include "data/tokens.h"
+#include "model/attention_kind.h"
 #include "model/precision.h"
+#include "model/transformer.h"
 #include "record/errors.h"
 #include "record/files.h"
 
@@ -21,6 +23,16 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
   refuse(c.ranks_per_node == 0, "--ranks-per-node (emulated nodes) is CPU only");
+  if (c.attention == "fused") {
+    refuse(c.model != "mlp", "--attention fused needs a transformer --model (the MLP has no attention)");
+    refuse(c.precision == "bf16",
+           "--attention fused needs --precision bf16 (its kernels are bf16; got --precision " + c.precision + ")");
+    const TransformerConfig m = TransformerConfig::preset(c.model);
+    refuse(fused_attention_supports_head_size(m.d_model / m.heads),
+           "--attention fused has kernels for heads of " + std::string(fused_attention_head_sizes()) +
+               " dimensions; --model " + c.model + " has " + std::to_string(m.d_model / m.heads) + " (d_model " +
+               std::to_string(m.d_model) + " / " + std::to_string(m.heads) + " heads)");
+  }
   try {
     parse_profile_steps(c.profile_steps);
   } catch (const std::invalid_argument& e) {
@@ -42,6 +54,12 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--device", c.device, "cpu | cuda (the GPU: --comm nccl, one GPU per rank, or --comm ring)")
       ->capture_default_str();
   app->add_option("--precision", c.precision, "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)")
+      ->capture_default_str();
+  app->add_option("--attention", c.attention,
+                  "--device cuda, transformer: unfused (fp32 kernels, S x S probabilities kept) | fused (flash "
+                  "attention in bf16: --precision bf16, heads of 32, 64 or 128). Default unfused: the fused kernels "
+                  "have not yet run on a GPU")
+      ->check(CLI::IsMember({"unfused", "fused"}))
       ->capture_default_str();
   app->add_option("--profile-steps", c.profile_steps,
                   "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)");
@@ -283,6 +301,7 @@ void validate(const TrainConfig& c) {
           "--comm mpi has no " + c.comm_dtype + " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring");
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
+  require(c.attention == "unfused", "--attention " + c.attention + " needs --device cuda (the CPU has one attention)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");
   require(c.ring_link == "auto", "--ring-link needs --device cuda (the CPU ring runs over MPI or shared memory)");
   require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");

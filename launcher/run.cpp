@@ -238,11 +238,15 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
   } catch (const nlohmann::json::exception&) {
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
+  // Checkpoints from before --attention ran the only attention there was.
+  if (saved.is_object() && !saved.contains("attention")) saved["attention"] = "unfused";
+  // clang-format off
   static const char* const kArithmetic[] = {
       "model", "head", "lengths", "min_len", "max_len", "outlier_prob", "batching", "max_tokens", "epoch_size",
       "input_dim", "hidden", "layers", "classes", "optimizer", "lr", "beta1", "beta2", "eps",
       "weight_decay", "momentum", "batch", "seed", "data_noise", "grad_accum", "comm", "comm_dtype", "bucket_mb",
-      "first_bucket_mb", "grad_slice_mb", "world_size", "device", "precision"};
+      "first_bucket_mb", "grad_slice_mb", "world_size", "device", "precision", "attention"};
+  // clang-format on
   const nlohmann::json now = checkpoint_config(config, world_size);
   std::string differing;
   for (const char* key : kArithmetic) {

@@ -13,6 +13,7 @@
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
@@ -38,9 +39,10 @@ int index_of(const std::vector<Parameter<float>>& params, const std::string& nam
 }  // namespace
 
 TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision,
-                                 int64_t max_tokens, int max_seq, cudaStream_t stream)
+                                 int64_t max_tokens, int max_seq, cudaStream_t stream, AttentionKind attention)
     : DeviceParameters(stream),
       precision_(precision),
+      attention_(attention),
       max_tokens_(max_tokens),
       max_seq_(max_seq),
       // TF32 in bf16 mode too: the only fp32 GEMMs there are attention's, whose q, k and v come from bf16 (exact in
@@ -56,6 +58,15 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   if (max_seq > config_.max_len)
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
+  const bool fused = attention == AttentionKind::kFused;
+  if (fused && precision != Precision::kBf16)
+    throw std::invalid_argument(std::string("TransformerCuda: the fused attention is bf16 only (got precision ") +
+                                precision_name(precision) + ")");
+  if (fused && !cuda::flash_attention_supports_head_size(config_.d_model / config_.heads))
+    throw std::invalid_argument("TransformerCuda: the fused attention has kernels for heads of " +
+                                std::string(fused_attention_head_sizes()) + " dimensions, not " +
+                                std::to_string(config_.d_model / config_.heads) + " (d_model " +
+                                std::to_string(config_.d_model) + " / " + std::to_string(config_.heads) + " heads)");
   take_layout(reference);
   wpe_ = index_of(params_, "wpe");
   lnf_ = index_of(params_, "lnf.weight");
@@ -71,13 +82,17 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   const size_t tokens = static_cast<size_t>(max_tokens), C = config_.d_model, H = config_.mlp_hidden;
   const size_t NH = config_.heads, K = head_outputs();
   const int d_model = config_.d_model, heads = config_.heads;
-  // Attention's workspace grows with B * S and S: B * S <= max_tokens rows of at most max_seq are within that of
-  // ceil(max_tokens / max_seq) rows of max_seq. In bf16 it is followed by fp32 copies of its inputs and outputs.
+  // The unfused attention's workspace grows with B * S and S: B * S <= max_tokens rows of at most max_seq are within
+  // that of ceil(max_tokens / max_seq) rows of max_seq. In bf16 it is followed by fp32 copies of its inputs and
+  // outputs. The fused one needs only backward's dQ accumulator and D, which grow with B * S alone.
   const int rows_at_max_seq = static_cast<int>((max_tokens + max_seq - 1) / max_seq);
   const int64_t bf16_copies = is_bf16 ? max_tokens * d_model : 0;  // floats per [tokens, C] copy
   const int64_t attention_floats =
-      std::max(cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 4 * bf16_copies,
-               cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 7 * bf16_copies);
+      fused
+          ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens), d_model, heads)
+          : std::max(
+                cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 4 * bf16_copies,
+                cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 7 * bf16_copies);
   const int64_t scratch_floats =
       std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens), d_model));
 
@@ -96,7 +111,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     o.ln1_mean = layout.reserve(tokens * f32);
     o.ln1_rstd = layout.reserve(tokens * f32);
     o.qkv = layout.reserve(3 * tokens * C * act);
-    o.att = layout.reserve(NH * tokens * max_seq * f32);
+    o.att = layout.reserve(NH * tokens * (fused ? 1 : max_seq) * f32);  // fused: the lse, not the probabilities
     o.atty = layout.reserve(tokens * C * act);
     o.res_attn = layout.reserve(tokens * C * act);
     o.ln2 = layout.reserve(tokens * C * act);
@@ -212,7 +227,7 @@ void TransformerCuda::forward_layers(float loss_scale) {
     T *qkv = as<T>(a.qkv), *atty = as<T>(a.atty), *res_attn = as<T>(a.res_attn), *res_out = as<T>(a.res_out);
     cuda::layernorm_forward<T>(as<T>(a.ln1), a.ln1_mean, a.ln1_rstd, x, p(kLn1W), p(kLn1B), BT, C, stream_);
     cuda::matmul_forward<T>(gemm_, qkv, as<T>(a.ln1), w(kQkvW), w(kQkvB), BT, C, 3 * C, stream_);
-    attention_forward<T>(atty, a.att, qkv);
+    attention_forward<T>(a);
     // The projection is written where its residual sum goes, then x is added in place.
     cuda::matmul_forward<T>(gemm_, res_attn, atty, w(kProjW), w(kProjB), BT, C, C, stream_);
     cuda::residual_forward<T>(res_attn, x, res_attn, BTC, stream_);
@@ -243,11 +258,18 @@ void TransformerCuda::forward_layers(float loss_scale) {
                                        stream_);
 }
 
-// The attention kernels are fp32-only: in bf16 mode q, k, v go through fp32 copies behind the workspace, and the
-// output comes back rounded to bf16.
+// The unfused attention kernels are fp32-only: in bf16 mode q, k, v go through fp32 copies behind the workspace, and
+// the output comes back rounded to bf16. The fused ones read and write the bf16 activations in place.
 template <typename T>
-void TransformerCuda::attention_forward(T* out, float* att, const T* qkv) {
+void TransformerCuda::attention_forward(const BlockActs& a) {
   const int B = batch_, S = seq_, C = config_.d_model, NH = config_.heads;
+  T* const out = as<T>(a.atty);
+  const T* const qkv = as<T>(a.qkv);
+  float* const att = a.att;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (attention_ == AttentionKind::kFused)
+      return cuda::flash_attention_forward(out, att, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
+  }
   if constexpr (std::is_same_v<T, float>) {
     cuda::attention_forward(gemm_, out, att, scratch_, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
   } else {
@@ -261,8 +283,15 @@ void TransformerCuda::attention_forward(T* out, float* att, const T* qkv) {
 }
 
 template <typename T>
-void TransformerCuda::attention_backward(T* dqkv, const T* dout, const T* qkv, const float* att) {
+void TransformerCuda::attention_backward(T* dqkv, const T* dout, const BlockActs& a) {
   const int B = batch_, S = seq_, C = config_.d_model, NH = config_.heads;
+  const T* const qkv = as<T>(a.qkv);
+  const float* const att = a.att;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (attention_ == AttentionKind::kFused)
+      return cuda::flash_attention_backward(dqkv, scratch_, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH,
+                                            config_.causal(), stream_);
+  }
   if constexpr (std::is_same_v<T, float>) {
     cuda::attention_backward(gemm_, dqkv, scratch_, dout, qkv, att, lengths_, B, S, C, NH, config_.causal(), stream_);
   } else {
@@ -343,7 +372,7 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
     layernorm_backward(id(kLn2W), dsmall, as<T>(a.res_attn), a.ln2_mean, a.ln2_rstd);
     // ... now dL/d res_attn: through the attention branch.
     linear_backward(id(kProjW), dsmall, dresid, as<T>(a.atty), BT, C, C);
-    attention_backward<T>(dbig, dsmall, as<T>(a.qkv), a.att);
+    attention_backward<T>(dbig, dsmall, a);
     linear_backward(id(kQkvW), dsmall, dbig, as<T>(a.ln1), BT, C, 3 * C);
     layernorm_backward(id(kLn1W), dsmall, x_in, a.ln1_mean, a.ln1_rstd);
   }

@@ -16,9 +16,12 @@
 // Precision (model/precision.h; the table in docs/GPU.md): parameters, gradients and the loss are fp32 in every
 // mode. fp32 and tf32 keep fp32 activations and differ in the GEMMs' math; bf16 runs the Linear layers' GEMMs on
 // bf16 activations and bf16 copies of the weights and biases (converted from the fp32 masters by the first forward
-// after they changed: once per optimizer step), and the residual stream and its gradient in bf16. Attention is fp32 in
-// every mode (its kernels are fp32-only; bf16 mode converts q, k, v to fp32 and the output back) with TF32 GEMMs in
-// tf32 and bf16 modes.
+// after they changed: once per optimizer step), and the residual stream and its gradient in bf16.
+//
+// Attention (model/attention_kind.h, --attention): kUnfused (the default) is fp32 in every mode (kernels/cuda/
+// attention.h; bf16 mode converts q, k, v to fp32 and the output back) with TF32 GEMMs in tf32 and bf16 modes, and
+// keeps att [B, heads, S, S] per layer for backward. kFused (bf16 only; heads of 32, 64 or 128) runs
+// kernels/cuda/flash_attention.h on the bf16 qkv in place and keeps only the row log-sum-exp [B, heads, S].
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
+#include "model/attention_kind.h"
 #include "model/cuda_common.h"
 #include "model/precision.h"
 #include "model/transformer.h"
@@ -38,16 +42,18 @@ namespace ddplab {
 class TransformerCuda : public cuda_model::DeviceParameters {
  public:
   // Device buffers for batches of B rows of S tokens with B * S <= max_tokens and S <= max_seq (<= config.max_len),
-  // allocated once: a step allocates nothing. Attention keeps B * heads * S^2 floats per layer, bounded by
-  // heads * max_tokens * max_seq. A bad config or capacity throws std::invalid_argument before the device is touched;
-  // a CUDA failure, std::runtime_error.
+  // allocated once: a step allocates nothing. The unfused attention keeps B * heads * S^2 floats per layer, bounded
+  // by heads * max_tokens * max_seq; the fused one B * heads * S (the lse). A bad config or capacity, or the fused
+  // attention outside bf16 or with an unsupported head size, throws std::invalid_argument before the device is
+  // touched; a CUDA failure, std::runtime_error.
   TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision, int64_t max_tokens, int max_seq,
-                  cudaStream_t stream);
+                  cudaStream_t stream, AttentionKind attention = AttentionKind::kUnfused);
   TransformerCuda(const TransformerCuda&) = delete;
   TransformerCuda& operator=(const TransformerCuda&) = delete;
 
   const TransformerConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
+  AttentionKind attention() const { return attention_; }
   int64_t max_tokens() const { return max_tokens_; }
   int max_seq() const { return max_seq_; }
   // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), stream(): DeviceParameters.
@@ -79,7 +85,8 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   // Per block, what backward needs of its forward (T: float or __nv_bfloat16 by precision).
   struct BlockActs {
     void *ln1, *qkv, *atty, *res_attn, *ln2, *fch, *fch_gelu, *res_out;  // T
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *att;              // att [B, heads, S, S]
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    float* att;  // unfused: the probabilities [B, heads, S, S]; fused: the row log-sum-exp [B, heads, S]
   };
   int head_outputs() const;
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
@@ -90,13 +97,15 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   void forward_layers(float loss_scale);
   template <typename T>
   void backward_layers(const GradReadyHook& on_ready);
+  // Forward: a.atty from a.qkv, saving a.att. Backward: dqkv from dout and what the forward left in a.
   template <typename T>
-  void attention_forward(T* out, float* att, const T* qkv);
+  void attention_forward(const BlockActs& a);
   template <typename T>
-  void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* att);
+  void attention_backward(T* dqkv, const T* dout, const BlockActs& a);
 
   TransformerConfig config_;
   Precision precision_;
+  AttentionKind attention_;
   int64_t max_tokens_;
   int max_seq_;
   int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;     // registration indices (weight; bias is +1), as the CPU's
@@ -112,7 +121,7 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   int32_t* lm_targets_ = nullptr;                                                      // kCausalLM: the next tokens
   void *dresid_ = nullptr, *dsmall_ = nullptr, *dbig_ = nullptr, *dpooled_ = nullptr;  // backward's gradients
-  float* scratch_ = nullptr;  // attention's workspace (and fp32 copies in bf16), LayerNorm backward's partials
+  float* scratch_ = nullptr;  // attention's workspace (unfused bf16: and fp32 copies), LayerNorm backward's partials
   float* losses_ = nullptr;   // per row of logits
   float* mean_loss_ = nullptr;
   int* num_valid_ = nullptr;

@@ -96,7 +96,8 @@ CudaBackend::~CudaBackend() {
 
 std::string CudaBackend::describe() const {
   return workload_->describe() + " on GPU " + std::to_string(engine_->device()) + " (" + cuda::query_cuda().name +
-         "), " + config_.precision + ", all-reduce " + engine_->name();
+         "), " + config_.precision + (config_.model == "mlp" ? "" : ", attention " + config_.attention) +
+         ", all-reduce " + engine_->name();
 }
 
 std::vector<float> CudaBackend::download(const float* device, int64_t n) const {

@@ -22,6 +22,7 @@ inline constexpr double kAutoGradSliceMb = -1;
 struct TrainConfig {
   std::string device = "cpu";       // cpu | cuda: one GPU per rank, NCCL all-reduce (docs/GPU.md)
   std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
+  std::string attention = "unfused";  // --device cuda, transformer: unfused | fused (bf16; model/attention_kind.h)
   std::string profile_steps;        // --device cuda: "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
   std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)
   MlpConfig mlp;
@@ -128,6 +129,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
   return {
       {"device", c.device},
       {"precision", c.precision},
+      {"attention", c.attention},
       {"profile_steps", c.profile_steps},
       {"model", c.model},
       {"head", c.head},

@@ -94,6 +94,17 @@ for np in 1 2; do
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
   expect_error $np "--device cuda: gradients travel in fp32" train "${small[@]}" "${cuda[@]}" --comm-dtype bf16
   expect_error $np "--device cuda: --link emulation is CPU only" train "${small[@]}" "${cuda[@]}" --link 10gbe
+  # The fused attention: bf16 only, a transformer whose heads it has kernels for, on the GPU.
+  expect_error $np "--device cuda: --attention fused needs --precision bf16 (its kernels are bf16; got --precision fp32)" \
+    train --model gpt2-small --head lm --attention fused "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --attention fused needs --precision bf16 (its kernels are bf16; got --precision tf32)" \
+    train --model small --attention fused --precision tf32 "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --attention fused has kernels for heads of 32, 64 or 128 dimensions; --model tiny has 12" \
+    train --model tiny --attention fused --precision bf16 "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --attention fused needs a transformer --model" \
+    train "${small[@]}" --attention fused --precision bf16 "${cuda[@]}"
+  expect_error $np "--attention fused needs --device cuda" train --model small --attention fused --steps 2
+  expect_error $np "--attention: flash not in {unfused,fused}" train "${small[@]}" --attention flash
 done
 # Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
 if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then

@@ -1,7 +1,7 @@
 // The transformer's and the MLP's CUDA kernel families against their CPU references (kernels/cpu/ops.h,
-// kernels/cpu/transformer_ops.h, comm/wire.h): LayerNorm, fused softmax cross-entropy, embedding, attention, the
-// cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check, the residual add, the mean
-// pool and the next-token targets.
+// kernels/cpu/transformer_ops.h, comm/wire.h): LayerNorm, fused softmax cross-entropy, embedding, attention (and the
+// fused bf16 one), the cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check, the residual add, the
+// mean pool and the next-token targets.
 //
 // CudaKernelsHost.* runs without a GPU (argument checks, zero-size calls, workspace sizes) and must pass anywhere.
 // CudaKernels.* needs a device and skips with the reason otherwise. Each runs on fresh random inputs, with
@@ -11,11 +11,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -28,10 +30,12 @@
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
+#include "model/attention_kind.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -139,6 +143,67 @@ TEST(CudaKernelsHost, GemmContextNeedsADeviceOnlyWhenUsed) {
   } else {
     EXPECT_THROW(ctx.lt_handle(), std::runtime_error);
   }
+}
+
+// The fused attention's refusals (flash_attention.h) come before anything touches the device. Without a GPU a device
+// call throws std::runtime_error instead, so each EXPECT_THROW(std::invalid_argument) here fails if the order is wrong.
+TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
+  cudaStream_t s = nullptr;
+  alignas(16) bf16 x[16];
+  alignas(16) float f[16];
+  const int32_t len[2] = {4, 4};
+  const auto forward = [&](bf16* out, float* lse, const bf16* qkv, int B, int S, int C, int NH) {
+    cuda::flash_attention_forward(out, lse, qkv, len, B, S, C, NH, true, s);
+  };
+  const auto backward = [&](bf16* dqkv, float* ws, const bf16* out, const float* lse, int B, int S, int C, int NH) {
+    cuda::flash_attention_backward(dqkv, ws, x, x, out, lse, len, B, S, C, NH, false, s);
+  };
+  // Empty problems launch nothing, whatever the pointers, for every supported head size.
+  for (int hs : {32, 64, 128}) {
+    EXPECT_NO_THROW(forward(nullptr, nullptr, nullptr, 0, 4, 2 * hs, 2)) << hs;
+    EXPECT_NO_THROW(backward(nullptr, nullptr, nullptr, nullptr, 2, 0, 2 * hs, 2)) << hs;
+  }
+  // A head size without a kernel is refused even for an empty problem, and the message names it. The model's list
+  // (model/attention_kind.h, which the command line checks without CUDA) is the kernels'.
+  for (int hs = 1; hs <= 256; ++hs)
+    EXPECT_EQ(cuda::flash_attention_supports_head_size(hs), ddplab::fused_attention_supports_head_size(hs)) << hs;
+  for (int hs : {1, 12, 16, 48, 96, 256}) {
+    EXPECT_FALSE(cuda::flash_attention_supports_head_size(hs));
+    try {
+      forward(x, f, x, 0, 4, 3 * hs, 3);
+      ADD_FAILURE() << "head size " << hs << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("head size C/NH = " + std::to_string(hs) + " "), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(backward(x, f, x, f, 2, 4, 2 * hs, 2), std::invalid_argument) << hs;
+    EXPECT_THROW(cuda::flash_attention_backward_workspace_floats(2, 4, 2 * hs, 2), std::invalid_argument) << hs;
+  }
+  // Bad sizes: negative, no heads, C not a multiple of NH, a batch beyond a grid dimension.
+  for (auto [B, S, C, NH] : {std::array{-1, 4, 128, 2}, std::array{2, -1, 128, 2}, std::array{2, 4, 128, 0},
+                             std::array{2, 4, 130, 2}, std::array{2, 4, 0, 2}, std::array{70000, 4, 128, 2}}) {
+    EXPECT_THROW(forward(x, f, x, B, S, C, NH), std::invalid_argument) << B << " " << S << " " << C << " " << NH;
+    EXPECT_THROW(backward(x, f, x, f, B, S, C, NH), std::invalid_argument) << B << " " << S << " " << C << " " << NH;
+  }
+  // Null and misaligned (16-byte) pointers.
+  EXPECT_THROW(forward(nullptr, f, x, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(forward(x, nullptr, x, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(forward(x, f, nullptr, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(forward(x, f, x + 1, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(forward(x + 4, f, x, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(backward(nullptr, f, x, f, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(backward(x, nullptr, x, f, 2, 4, 128, 2), std::invalid_argument);  // no workspace
+  EXPECT_THROW(backward(x, f + 1, x, f, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(backward(x + 1, f, x, f, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(backward(x, f, x + 2, f, 2, 4, 128, 2), std::invalid_argument);
+  EXPECT_THROW(backward(x, f, x, nullptr, 2, 4, 128, 2), std::invalid_argument);  // no lse
+  EXPECT_THROW(cuda::flash_attention_backward(x, f, x + 1, x, x, f, len, 2, 4, 128, 2, true, s),
+               std::invalid_argument);  // dout
+  EXPECT_THROW(cuda::flash_attention_backward(x, f, x, nullptr, x, f, len, 2, 4, 128, 2, true, s),
+               std::invalid_argument);  // qkv
+  // dQ in fp32 [B, S, C], then D [B, NH, S].
+  EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(2, 5, 128, 2), 2 * 5 * 128 + 2 * 2 * 5);
+  EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(0, 5, 768, 12), 0);
 }
 
 // ---- on the device ----------------------------------------------------------------------------------------------
@@ -415,6 +480,196 @@ void attention_matches_cpu(cudaStream_t stream, cuda::GemmMath math, double rtol
 
 TEST_F(CudaKernels, AttentionFp32MatchesCpu) { attention_matches_cpu(stream_, cuda::GemmMath::kFp32, 1e-4, 1e-5); }
 TEST_F(CudaKernels, AttentionTf32MatchesCpu) { attention_matches_cpu(stream_, cuda::GemmMath::kTf32, 5e-3, 5e-3); }
+
+// The fused bf16 attention (flash_attention.h) against the CPU reference in double on the same bf16-rounded inputs,
+// padded rows of qkv and dout NaN on both sides (neither may read them), outputs poisoned first (every element must be
+// written) and guard tails checked. Causal and bidirectional; S of 1, 17, 64, 100, 130 and 200 (one block exactly,
+// less than one, several with a partial last one); head sizes 32, 64 and 128; one to four heads and sequences;
+// lengths padded, 0, 1 and full, and null (all S); and one case with amplitude 12, scores up to a few hundred, so
+// that the online softmax's running max moves across key blocks and exp must not overflow.
+//
+// Tolerances from bf16 rounding, u = 2^-8 (the spacing of bf16 near 1: round to nearest is within u/2):
+//   out = (P~ V) / l with P~ the probabilities rounded to bf16 (each within u/2), then rounded itself: the error is
+//   within u/2 sum_j p_j |v_j| + u/2 |out| <= u max|v|; checked at 2u of max|v| elementwise (the inputs are exact on
+//   both sides, the accumulations fp32 against double: negligible).
+//   dV = P~^T dO, dK = dS~^T Q, dQ = dS~ K with P~, dS~ rounded to bf16 and the results rounded: each term within u/2
+//   and the sum within u/2, but sums of terms of both signs (dS) cancel, and D = rowsum(dO O) uses the bf16 O; the
+//   bound relative to the result is then a multiple of u: checked at 4u normwise (||got - want|| / ||want|| per part)
+//   and at 8u of the part's largest |want| elementwise.
+//   lse: fp32 scores of exact bf16 products and fp32 exp2/log2, against double: 1e-4 absolute + 1e-5 relative.
+// A wrong mask, scale or block boundary, a lost dQ share or a missed rescale give errors of order 1. The test prints
+// the largest errors it sees, for a GPU run to tighten these bounds from.
+struct FlashShape {
+  int B, S, C, NH;
+  std::vector<int32_t> lengths;  // empty: null lengths (every sequence is S)
+  float amplitude = 1.0f;        // inputs uniform in [-amplitude, amplitude]
+};
+const std::vector<FlashShape> kFlashShapes = {{1, 1, 64, 1, {1}},           {3, 17, 128, 2, {17, 5, 0}},
+                                              {2, 64, 64, 1, {}},           {2, 100, 192, 3, {100, 63}},
+                                              {2, 130, 128, 4, {130, 129}}, {4, 130, 256, 2, {65, 130, 1, 0}},
+                                              {1, 200, 128, 2, {}, 12.0f},  {2, 200, 64, 2, {200, 127}}};
+
+// The row log-sum-exp of the scaled scores over valid keys, in double; -inf on padded rows (an empty sum). The CPU
+// reference keeps the probabilities instead.
+std::vector<double> reference_lse(const std::vector<double>& qkv, const std::vector<int32_t>& lengths, int B, int S,
+                                  int C, int NH, bool causal) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  std::vector<double> lse(int64_t{B} * NH * S, -std::numeric_limits<double>::infinity());
+  for (int b = 0; b < B; ++b) {
+    const int L = lengths.empty() ? S : std::clamp(lengths[b], 0, S);
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < L; ++t) {
+        const double* q = qkv.data() + (int64_t{b} * S + t) * 3 * C + h * hs;
+        std::vector<double> z;
+        for (int j = 0; j < (causal ? t + 1 : L); ++j) {
+          const double* k = qkv.data() + (int64_t{b} * S + j) * 3 * C + C + h * hs;
+          double dot = 0;
+          for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
+          z.push_back(dot * scale);
+        }
+        const double m = *std::max_element(z.begin(), z.end());
+        double sum = 0;
+        for (double v : z) sum += std::exp(v - m);
+        lse[(int64_t{b} * NH + h) * S + t] = m + std::log(sum);
+      }
+  }
+  return lse;
+}
+
+// The largest |got - want| over the largest |want|, and the normwise ||got - want|| / ||want||, over the elements
+// where `want` is finite (the padded rows' -inf of lse are checked apart).
+struct ErrorStats {
+  double max_abs = 0, max_want = 0, norm_err = 0, norm_want = 0;
+  void add(double got, double want) {
+    const double err = std::fabs(got - want);
+    max_abs = std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(max_abs, err);  // NaN: unwritten
+    max_want = std::max(max_want, std::fabs(want));
+    norm_err += (got - want) * (got - want);
+    norm_want += want * want;
+  }
+  double rel_to_max() const { return max_want > 0 ? max_abs / max_want : max_abs; }
+  double normwise() const { return norm_want > 0 ? std::sqrt(norm_err / norm_want) : std::sqrt(norm_err); }
+};
+
+void flash_attention_matches_cpu(cudaStream_t stream, const FlashShape& sh, bool causal) {
+  constexpr double u = 1.0 / 256;  // bf16's spacing near 1
+  const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH, hs = C / NH;
+  SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"NH", NH}, {"hs", hs}, {"causal", causal}}) + " amplitude " +
+               std::to_string(sh.amplitude));
+  const auto length = [&](int b) { return sh.lengths.empty() ? S : sh.lengths[b]; };
+  std::vector<float> qkv = round_bf16(random_vector(int64_t{B} * S * 3 * C, -sh.amplitude, sh.amplitude, 51 + S));
+  std::vector<float> dout = round_bf16(random_vector(int64_t{B} * S * C, -1, 1, 52 + S));
+  for (int b = 0; b < B; ++b)
+    for (int t = length(b); t < S; ++t) {
+      std::fill_n(qkv.begin() + (int64_t{b} * S + t) * 3 * C, 3 * C, kNaN);
+      std::fill_n(dout.begin() + (int64_t{b} * S + t) * C, C, kNaN);
+    }
+  const int32_t* cpu_lengths = sh.lengths.empty() ? nullptr : sh.lengths.data();
+
+  // The reference, in double on the rounded inputs.
+  const std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
+  std::vector<double> out(int64_t{B} * S * C), att(int64_t{B} * NH * S * S), dqkv(qkv.size()), scratch(S * S);
+  cpu::attention_forward(out.data(), att.data(), qkv_d.data(), cpu_lengths, B, S, C, NH, causal);
+  cpu::attention_backward(dqkv.data(), scratch.data(), dout_d.data(), qkv_d.data(), att.data(), cpu_lengths, B, S, C,
+                          NH, causal);
+  const std::vector<double> lse = reference_lse(qkv_d, sh.lengths, B, S, C, NH, causal);
+
+  DeviceBuffer<bf16> d_qkv(to_bf16(qkv), stream), d_dout(to_bf16(dout), stream);
+  DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream), d_dqkv(int64_t{B} * S * 3 * C, stream);
+  DeviceArray d_lse(int64_t{B} * NH * S, stream),
+      d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH), stream);
+  std::unique_ptr<DeviceBuffer<int32_t>> d_lengths;
+  if (!sh.lengths.empty()) d_lengths = std::make_unique<DeviceBuffer<int32_t>>(sh.lengths, stream);
+  const int32_t* lengths = d_lengths ? d_lengths->get() : nullptr;
+  cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, B, S, C, NH, causal, stream);
+  cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), lengths,
+                                 B, S, C, NH, causal, stream);
+  const std::vector<float> got_out = to_f32(d_out.download()), got_lse = d_lse.download();
+  const std::vector<float> got_dqkv = to_f32(d_dqkv.download());
+
+  // Padded rows: exactly 0 (and lse -inf); valid rows into the error statistics.
+  double max_v = 0;  // the largest |v|: out's scale
+  ErrorStats e_out, e_lse, e_dq, e_dk, e_dv;
+  int64_t nonzero_padded = 0, bad_padded_lse = 0;
+  double lse_excess = 0;  // the largest |error| - (1e-4 + 1e-5 |want|) on lse
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < S; ++t) {
+      const int64_t row = int64_t{b} * S + t;
+      const bool valid = t < length(b);
+      for (int c = 0; c < C; ++c) {
+        const int64_t o = row * C + c, q = row * 3 * C + c;
+        if (valid) {
+          max_v = std::max(max_v, std::fabs(static_cast<double>(qkv[q + 2 * C])));
+          e_out.add(got_out[o], out[o]);
+          e_dq.add(got_dqkv[q], dqkv[q]);
+          e_dk.add(got_dqkv[q + C], dqkv[q + C]);
+          e_dv.add(got_dqkv[q + 2 * C], dqkv[q + 2 * C]);
+        } else {
+          nonzero_padded += got_out[o] != 0.0f;
+          for (int p = 0; p < 3; ++p) nonzero_padded += got_dqkv[q + p * C] != 0.0f;
+        }
+      }
+      for (int h = 0; h < NH; ++h) {
+        const int64_t i = (int64_t{b} * NH + h) * S + t;
+        if (valid) {
+          e_lse.add(got_lse[i], lse[i]);
+          lse_excess = std::max(lse_excess, std::fabs(got_lse[i] - lse[i]) - (1e-4 + 1e-5 * std::fabs(lse[i])));
+          if (std::isnan(got_lse[i])) lse_excess = kInf;
+        } else {
+          bad_padded_lse += !(std::isinf(got_lse[i]) && got_lse[i] < 0);
+        }
+      }
+    }
+  EXPECT_EQ(nonzero_padded, 0) << "padded rows of out and dqkv must be exactly 0";
+  EXPECT_EQ(bad_padded_lse, 0) << "padded rows' lse must be -inf";
+  EXPECT_LE(lse_excess, 0.0) << "lse: largest error " << e_lse.max_abs;
+  EXPECT_LE(e_out.max_abs, 2 * u * max_v) << "out";
+  for (auto [name, e] : {std::pair<const char*, const ErrorStats*>{"dq", &e_dq}, {"dk", &e_dk}, {"dv", &e_dv}}) {
+    EXPECT_LE(e->normwise(), 4 * u) << name;
+    EXPECT_LE(e->rel_to_max(), 8 * u) << name;
+  }
+  std::cout << "flash B=" << B << " S=" << S << " hs=" << hs << " NH=" << NH << (causal ? " causal" : " bidir")
+            << " amp=" << sh.amplitude << ": out " << e_out.max_abs / std::max(max_v, 1e-30) << " of max|v|, lse "
+            << e_lse.max_abs << "; normwise/of-max dq " << e_dq.normwise() << "/" << e_dq.rel_to_max() << " dk "
+            << e_dk.normwise() << "/" << e_dk.rel_to_max() << " dv " << e_dv.normwise() << "/" << e_dv.rel_to_max()
+            << "\n";
+}
+
+TEST_F(CudaKernels, FlashAttentionMatchesCpu) {
+  for (const FlashShape& sh : kFlashShapes)
+    for (bool causal : {false, true}) flash_attention_matches_cpu(stream_, sh, causal);
+}
+
+// The same inputs twice give the same out, lse, dK and dV bit for bit; not dQ, whose key blocks' shares are added with
+// atomics in whatever order they land (flash_attention.h).
+TEST_F(CudaKernels, FlashAttentionIsDeterministicButForDq) {
+  const int B = 2, S = 150, C = 128, NH = 2;
+  const std::vector<int32_t> lengths = {150, 77};
+  DeviceBuffer<bf16> d_qkv(to_bf16(random_vector(int64_t{B} * S * 3 * C, -2, 2, 61)), stream_);
+  DeviceBuffer<bf16> d_dout(to_bf16(random_vector(int64_t{B} * S * C, -1, 1, 62)), stream_);
+  DeviceBuffer<int32_t> d_lengths(lengths, stream_);
+  std::vector<float> first_out, first_lse, first_dkv;
+  for (int run = 0; run < 2; ++run) {
+    DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream_), d_dqkv(int64_t{B} * S * 3 * C, stream_);
+    DeviceArray d_lse(int64_t{B} * NH * S, stream_),
+        d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH), stream_);
+    cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), d_lengths.get(), B, S, C, NH, true, stream_);
+    cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                                   d_lengths.get(), B, S, C, NH, true, stream_);
+    const std::vector<float> out = to_f32(d_out.download()), lse = d_lse.download(), dqkv = to_f32(d_dqkv.download());
+    std::vector<float> dkv;
+    for (int64_t row = 0; row < int64_t{B} * S; ++row)
+      dkv.insert(dkv.end(), dqkv.begin() + row * 3 * C + C, dqkv.begin() + (row + 1) * 3 * C);
+    if (run == 0) {
+      first_out = out, first_lse = lse, first_dkv = dkv;
+    } else {
+      EXPECT_TRUE(BitwiseEqual(out, first_out)) << "out";
+      EXPECT_TRUE(BitwiseEqual(lse, first_lse)) << "lse";
+      EXPECT_TRUE(BitwiseEqual(dkv, first_dkv)) << "dk, dv";
+    }
+  }
+}
 
 // GEMMs. Errors are bounded relative to sum_k |a_ik b_kj| (absdot, from the CPU GEMM on absolute values), not to
 // the result, which can cancel: fp32 1e-5 of absdot; TF32 (inputs rounded to 10 mantissa bits) 2e-3; bf16 inputs

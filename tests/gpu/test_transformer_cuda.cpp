@@ -1,7 +1,8 @@
 // TransformerCuda (model/transformer_cuda.h) against the CPU transformer (model/transformer.h): the same parameters
 // bit for bit at construction; the loss and every gradient piece in fp32, TF32 and bf16, for both heads, with
 // variable lengths and padding, whole and row-blocked weights, then a second, smaller batch accumulated with a loss
-// scale; the gradient-ready hook and events; an empty batch; a 5-step AdamW loss curve.
+// scale; the gradient-ready hook and events; an empty batch; a 5-step AdamW loss curve; and the fused bf16 attention
+// (--attention fused) against the CPU model and the unfused bf16 model.
 //
 // TransformerCudaHost.* runs without a GPU (argument checks before the device is touched) and must pass anywhere;
 // the rest needs a device and skips with the reason otherwise. The model poisons its activations (NaN) at
@@ -10,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -27,6 +29,7 @@
 
 namespace {
 
+using ddplab::AttentionKind;
 using ddplab::Precision;
 using ddplab::Transformer;
 using ddplab::TransformerConfig;
@@ -65,6 +68,24 @@ TransformerConfig language_model() {
   return c;
 }
 
+// Models whose heads the fused attention has kernels for (32, 64 or 128 dimensions): the classifier with two heads
+// of 32, the LM with two heads of 64, long enough for sequences of more than one 64-row block.
+TransformerConfig fused_classifier() {
+  TransformerConfig c = classifier();
+  c.d_model = 64;
+  c.heads = 2;
+  c.mlp_hidden = 128;
+  c.max_len = 80;
+  return c;
+}
+TransformerConfig fused_language_model() {
+  TransformerConfig c = language_model();
+  c.d_model = 128;
+  c.heads = 2;
+  c.max_len = 80;
+  return c;
+}
+
 // ---- host side: no device needed ---------------------------------------------------------------------------------
 
 // Each of these would throw std::runtime_error instead if the constructor reached the device first.
@@ -80,6 +101,18 @@ TEST(TransformerCudaHost, RejectsBadArgumentsBeforeTouchingTheDevice) {
        {std::pair<int64_t, int>{0, 8}, {64, 0}, {64, c.max_len + 1}, {int64_t{1} << 31, 8}})
     EXPECT_THROW(TransformerCuda(c, kSeed, Precision::kBf16, max_tokens, max_seq, nullptr), std::invalid_argument)
         << max_tokens << " tokens, rows of " << max_seq;
+}
+
+// The fused attention outside bf16, or with heads it has no kernel for, is refused before the device is touched.
+TEST(TransformerCudaHost, RejectsFusedAttentionItCannotRun) {
+  for (Precision p : {Precision::kFp32, Precision::kTf32})
+    EXPECT_THROW(TransformerCuda(fused_language_model(), kSeed, p, 64, 8, nullptr, AttentionKind::kFused),
+                 std::invalid_argument)
+        << ddplab::precision_name(p);
+  for (const TransformerConfig& c : {classifier(), language_model(), TransformerConfig::preset("tiny")})
+    EXPECT_THROW(TransformerCuda(c, kSeed, Precision::kBf16, 64, 8, nullptr, AttentionKind::kFused),
+                 std::invalid_argument)
+        << "heads of " << c.d_model / c.heads;
 }
 
 // ---- against the CPU model: need a device ------------------------------------------------------------------------
@@ -256,6 +289,76 @@ TEST_P(TransformerCudaVsCpu, AdamwLossCurveTracksCpu) {
         gpu, cpu, opt, 5, [&] { return forward(cpu, b); }, [&] { forward(gpu, d, b); });
     gpu_test::expect_curves_close(curves, tol.train,
                                   std::string(ddplab::precision_name(GetParam())) + (c.causal() ? " lm" : " classify"));
+    EXPECT_LT(curves.gpu.back(), 0.9f * curves.gpu.front());
+  }
+}
+
+// The fused attention's bounds: the bf16 model's above, doubled. The fused kernels round to bf16 what the unfused path
+// keeps in fp32 (q, k, v as the products read them, P before P V, dS before dS K and dS^T Q, the outputs), a few more
+// roundings of 2^-8 on the way to each gradient besides the model's ~20. Estimates until a GPU run prints the errors.
+Tolerance fused_tolerance() {
+  const Tolerance bf16 = tolerance(Precision::kBf16);
+  return {2 * bf16.loss, 2 * bf16.grad_norm, 2 * bf16.grad_elem, 2 * bf16.train};
+}
+
+// The fused attention in the whole model, both heads, padded batches spanning two 64-row blocks, then a second,
+// smaller batch accumulated with a loss scale: loss and every gradient piece against the CPU model and against the
+// same bf16 model with the unfused attention (normwise per piece); then a 5-step AdamW curve against the CPU's.
+TEST_F(TransformerCudaDevice, FusedAttentionMatchesUnfusedAndCpu) {
+  const Tolerance tol = fused_tolerance();
+  for (const TransformerConfig& c : {fused_classifier(), fused_language_model()}) {
+    const std::string name = c.causal() ? "lm" : "classify";
+    SCOPED_TRACE(name);
+    Transformer<float> cpu(c, kSeed);
+    TransformerCuda fused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream_, AttentionKind::kFused);
+    TransformerCuda unfused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream_);
+    EXPECT_EQ(fused.attention(), AttentionKind::kFused);
+    EXPECT_EQ(unfused.attention(), AttentionKind::kUnfused);
+    gpu_test::split_and_zero_grads(unfused, cpu, 0);
+    gpu_test::split_and_zero_grads(fused, cpu, 0);
+    struct Step {
+      int B, S;
+      float loss_scale;
+    };
+    for (const Step s : {Step{4, 70, 1.0f}, Step{3, 33, 0.7f}}) {
+      SCOPED_TRACE("batch " + std::to_string(s.B) + " x " + std::to_string(s.S));
+      const Batch b = random_batch(c, s.B, s.S, 23 + s.B);
+      DeviceBatch d(b, stream_);
+      forward(fused, d, b, s.loss_scale);
+      fused.backward();
+      forward(unfused, d, b, s.loss_scale);
+      unfused.backward();
+      const float want = forward(cpu, b);
+      cpu.backward(nullptr, s.loss_scale);
+      const double loss_error = std::fabs(fused.loss() - want) / want;
+      const double loss_vs_unfused = std::fabs(fused.loss() - unfused.loss()) / unfused.loss();
+      EXPECT_LE(loss_error, tol.loss);
+      EXPECT_LE(loss_vs_unfused, tol.loss);
+      const double grad_error = gpu_test::expect_grads_close(fused, cpu, tol);
+      const std::vector<float> got = to_host(fused.flat_grads(), fused.flat_size(), stream_);
+      const std::vector<float> ref = to_host(unfused.flat_grads(), unfused.flat_size(), stream_);
+      double worst_vs_unfused = 0;
+      for (const ddplab::GradPiece& piece : fused.grad_pieces()) {
+        const double err = rel_l2_error(got.data() + piece.offset, ref.data() + piece.offset, piece.numel);
+        EXPECT_LE(err, tol.grad_norm) << fused.parameters()[piece.param].name << " against the unfused model";
+        worst_vs_unfused = std::max(worst_vs_unfused, err);
+      }
+      std::cout << "fused " << name << ", batch " << s.B << "x" << s.S << ": loss error " << loss_error
+                << " (vs unfused " << loss_vs_unfused << "), worst piece " << grad_error << " (vs unfused "
+                << worst_vs_unfused << ")\n";
+    }
+  }
+  for (const TransformerConfig& c : {fused_classifier(), fused_language_model()}) {
+    SCOPED_TRACE(c.causal() ? "lm curve" : "classify curve");
+    ddplab::OptimizerConfig opt;
+    opt.lr = 3e-3f;
+    Transformer<float> cpu(c, kSeed);
+    TransformerCuda gpu(c, kSeed, Precision::kBf16, 8 * 70, 70, stream_, AttentionKind::kFused);
+    const Batch b = random_batch(c, 8, 70, 99);
+    DeviceBatch d(b, stream_);
+    const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
+        gpu, cpu, opt, 5, [&] { return forward(cpu, b); }, [&] { forward(gpu, d, b); });
+    gpu_test::expect_curves_close(curves, tol.train, c.causal() ? "fused lm" : "fused classify");
     EXPECT_LT(curves.gpu.back(), 0.9f * curves.gpu.front());
   }
 }

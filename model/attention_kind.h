@@ -1,0 +1,29 @@
+// Which attention the CUDA transformer runs (--attention). Plain C++ (no CUDA headers), so the command line can
+// check the option where CUDA is not built. What each does: docs/GPU.md, "Fused attention".
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace ddplab {
+
+enum class AttentionKind {
+  kUnfused,  // kernels/cuda/attention.h: fp32 data, cuBLAS batched GEMMs over S x S, att [B, NH, S, S] kept
+  kFused,    // kernels/cuda/flash_attention.h: bf16, flash-attention-2 style, only the row log-sum-exp kept
+};
+
+inline const char* attention_name(AttentionKind a) { return a == AttentionKind::kFused ? "fused" : "unfused"; }
+
+inline AttentionKind parse_attention(const std::string& name) {
+  for (AttentionKind a : {AttentionKind::kUnfused, AttentionKind::kFused})
+    if (name == attention_name(a)) return a;
+  throw std::invalid_argument("unknown attention '" + name + "' (expected unfused or fused)");
+}
+
+// The head sizes (d_model / heads) the fused kernels have an instantiation for: the same list as
+// cuda::flash_attention_supports_head_size (kernels/cuda/flash_attention.h), which a host test keeps in step.
+inline bool fused_attention_supports_head_size(int head_size) {
+  return head_size == 32 || head_size == 64 || head_size == 128;
+}
+inline const char* fused_attention_head_sizes() { return "32, 64 or 128"; }
+
+}  // namespace ddplab
