@@ -170,6 +170,9 @@ if [ "$stage" = 2 ]; then
   # The models' steps, ours then PyTorch eager on the same shapes, all in models.log.
   step "bench_transformer_cuda" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
     "$build/bench/gpu/bench_transformer_cuda"
+  # The bf16 step again with the fused attention (docs/GPU.md, "Fused attention"; predictions in BENCHMARKS.md).
+  step "bench_transformer_cuda fused" models.log 60 'grep -E "^bf16" "$log" | tail -1' \
+    "$build/bench/gpu/bench_transformer_cuda" --precision bf16 --attention fused
   step "bench_mlp_cuda" models.log 90 'grep -E "^bf16" "$log" | tail -1' \
     "$build/bench/gpu/bench_mlp_cuda"
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then  # needs no build of ours
@@ -194,10 +197,12 @@ if [ "$stage" = 2 ]; then
       bash -c 'for t; do "'"$sanitizer"'" --tool memcheck --error-exitcode 3 "$t" --gtest_brief=1 \
                --gtest_filter="*/fp32:*/bf16:*Device*" || exit; done' _ \
       "$t/test_mlp_cuda" "$t/test_transformer_cuda"
-    # The kernels with shared memory: LayerNorm backward, the cross-entropy's block reductions, bias_backward.
+    # The kernels with shared memory: LayerNorm backward, the cross-entropy's block reductions, bias_backward, and the
+    # fused attention's tiles (its smallest test: two sequences, three blocks, causal).
     step "racecheck kernels" sanitizer.log 90 'grep "RACECHECK SUMMARY\|ERROR SUMMARY" "$log" | tail -1' \
       "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 "$t/test_cuda_kernels" \
-      --gtest_brief=1 --gtest_filter='*LayerNorm*:*SoftmaxCrossEntropy*:CudaKernels.GemmFp32MatchesCpu'
+      --gtest_brief=1 \
+      --gtest_filter='*LayerNorm*:*SoftmaxCrossEntropy*:CudaKernels.GemmFp32MatchesCpu:*FlashAttentionIsDeterministic*'
   else
     skip "compute-sanitizer" "not found (PATH, /usr/local/cuda/bin)"
   fi

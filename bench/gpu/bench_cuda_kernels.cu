@@ -2,6 +2,8 @@
 //
 //   memory-bound kernels  achieved GB/s = bytes a minimal implementation must move / median time, next to the
 //                         device-to-device cudaMemcpy bandwidth (read + write) measured in the same run;
+//   attention             TFLOP/s of the unfused kernels (kernels/cuda/attention.h) and of the fused bf16 ones
+//                         (flash_attention.h) beside them on the same causal problem;
 //   GEMMs                 TFLOP/s through our wrapper (kernels/cuda/gemm.h) next to raw cuBLASLt (its first heuristic
 //                         answer, no epilogue) and cublasGemmEx for the same problem and precision.
 // Shapes: a GPT-2-small block (B*S = 8 x 1024 tokens, C = 768, 12 heads, the preset's vocabulary of 50304) and the
@@ -34,6 +36,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/softmax_ce.h"
@@ -255,6 +258,43 @@ void bench_attention(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
        0, 2 * qk_av});
 }
 
+// The fused bf16 attention (flash_attention.h) against the unfused one (fp32 data, TF32 GEMMs: what the bf16 model
+// runs, less its bf16 <-> fp32 conversions of q, k, v, the output and their gradients) on the same problem: causal,
+// every sequence S long. TFLOP/s count the causal half only, the FLOPs an exact kernel must do: forward Q K^T and P V,
+// 2 * 2 * B * NH * (S^2 / 2) * hs; backward 2.5x that (Q K^T recomputed, dP, dV, dK, dQ). The unfused kernels compute
+// the full square, so their rate in these units is half their hardware rate.
+void bench_fused_attention(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C, int NH) {
+  const int64_t BSC = int64_t{B} * S * C;
+  const std::string sh = dims({{"B", B}, {"S", S}, {"C", C}, {"NH", NH}});
+  const double forward_flops = 2.0 * 2 * B * NH * (static_cast<double>(S) * S / 2) * (C / NH);
+  bf16 *qkv = a.random_bf16(3 * BSC), *out = a.alloc<bf16>(BSC), *dout = a.random_bf16(BSC);
+  bf16* dqkv = a.alloc<bf16>(3 * BSC);
+  float* lse = a.alloc<float>(int64_t{B} * NH * S);
+  float* ws = a.alloc<float>(cuda::flash_attention_backward_workspace_floats(B, S, C, NH));
+  const auto fused_forward = [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, B, S, C, NH, true, s); };
+  rep.add(
+      {"attention", "flash_attention_forward (bf16, causal)", sh, median_ms(opt, s, fused_forward), 0, forward_flops});
+  rep.add(
+      {"attention", "flash_attention_backward (bf16, causal)", sh,
+       median_ms(opt, s,
+                 [&] { cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }),
+       0, 2.5 * forward_flops});
+
+  cuda::GemmContext ctx(cuda::GemmMath::kTf32);
+  float *qkv32 = a.random_f32(3 * BSC), *out32 = a.alloc<float>(BSC), *dout32 = a.random_f32(BSC);
+  float *dqkv32 = a.alloc<float>(3 * BSC), *att = a.alloc<float>(int64_t{B} * NH * S * S);
+  float* ws32 = a.alloc<float>(cuda::attention_backward_workspace_floats(B, S, C, NH));
+  rep.add(
+      {"attention", "attention_forward (tf32, causal, all S)", sh,
+       median_ms(opt, s, [&] { cuda::attention_forward(ctx, out32, att, ws32, qkv32, nullptr, B, S, C, NH, true, s); }),
+       0, forward_flops});
+  rep.add({"attention", "attention_backward (tf32, causal, all S)", sh,
+           median_ms(
+               opt, s,
+               [&] { cuda::attention_backward(ctx, dqkv32, ws32, dout32, qkv32, att, nullptr, B, S, C, NH, true, s); }),
+           0, 2.5 * forward_flops});
+}
+
 // ---- GEMMs: wrapper vs raw cuBLASLt vs cublasGemmEx --------------------------------------------------------------
 
 // Raw cuBLASLt, the way its documentation's samples call it: descriptors, first heuristic answer, no epilogue.
@@ -402,6 +442,10 @@ int main(int argc, char** argv) {
     bench_streaming(opt, s, arena, rep, int64_t{124} * 1000 * 1000 / q);
     std::printf("\nattention (simple: cuBLAS batched GEMMs + masked softmax)\n");
     bench_attention(opt, s, arena, rep, 8 / std::min(q, 8), 1024 / q, 768, 12);
+    std::printf(
+        "\nattention, fused (bf16) vs unfused (tf32): causal, all S; TFLOP/s of the causal half (fwd 2 B S^2 C, "
+        "bwd 2.5x)\n");
+    bench_fused_attention(opt, s, arena, rep, 8 / std::min(q, 8), 1024 / q, 768, 12);
     std::printf("\nGEMMs: wrapper vs raw cuBLASLt vs cublasGemmEx (TFLOP/s = 2 B C OC / time)\n");
     for (const char* mode : {"fp32", "tf32", "bf16"}) {
       bench_gemm(opt, s, arena, rep, N, C, 3 * C, mode);      // qkv

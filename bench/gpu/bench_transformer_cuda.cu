@@ -10,10 +10,11 @@
 // TFLOP/s (the H200 has the same tensor cores and clocks, so the same peak), whatever the precision.
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
-//                          [--precision fp32|tf32|bf16] [--csv out.csv] [--profile]
-// --precision restricts the sweep to one and --profile brackets the last step with cudaProfilerStart/Stop, to
-// profile one step with nsys or ncu (bench/device/run.sh 2 ranks the step's kernels that way). Needs a GPU; exits 2 with the
-// reason without one.
+//                          [--precision fp32|tf32|bf16] [--attention unfused|fused] [--csv out.csv] [--profile]
+// --precision restricts the sweep to one; --attention fused (bf16 only: pass --precision bf16) runs the fused
+// attention (kernels/cuda/flash_attention.h) instead of the unfused one; --profile brackets the last step with
+// cudaProfilerStart/Stop, to profile one step with nsys or ncu (bench/device/run.sh 2 ranks the step's kernels that
+// way). Needs a GPU; exits 2 with the reason without one.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include "bench/gpu/train_step_timing.h"
 #include "kernels/cuda/check.cuh"
+#include "model/attention_kind.h"
 #include "model/precision.h"
 #include "model/transformer_cuda.h"
 
@@ -40,6 +42,7 @@ struct Options : ddplab::bench::StepFlags {
   Options() : StepFlags{10, 3, "", ""} {}
   int batch = 8, seq = 1024;
   std::string model = "gpt2-small";
+  std::string attention = "unfused";
 };
 
 struct Result {
@@ -51,7 +54,7 @@ struct Result {
 Result run(const Options& opt, Precision precision, cudaStream_t s) {
   const ddplab::TransformerConfig config = ddplab::TransformerConfig::preset(opt.model);
   const int B = opt.batch, S = opt.seq;
-  ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s);
+  ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, ddplab::parse_attention(opt.attention));
 
   std::mt19937 rng(7);
   std::vector<int32_t> tokens(int64_t{B} * S), labels(B);
@@ -82,18 +85,25 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batch", opt.batch, "sequences per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--seq", opt.seq, "tokens per sequence")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--attention", opt.attention, "unfused | fused (bf16 only: with --precision bf16)")
+      ->check(CLI::IsMember({"unfused", "fused"}))
+      ->capture_default_str();
   if (const int code = ddplab::bench::parse_flags(app, argc, argv); code >= 0) return code;
+  if (opt.attention == "fused" && opt.precision != "bf16") {
+    std::fprintf(stderr, "bench_transformer_cuda: --attention fused needs --precision bf16 (its kernels are bf16)\n");
+    return 2;
+  }
   if (!ddplab::bench::report_device("bench_transformer_cuda")) return 2;
   try {
     cudaStream_t s;
     cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const ddplab::TransformerConfig config = ddplab::TransformerConfig::preset(opt.model);
     std::printf(
-        "transformer %s (%d layers, d_model %d, %d heads, vocab %d), batch %d x %d tokens, AdamW; median of %d steps "
-        "after %d warm-up\nTFLOP/s = 3 x %.4g FLOP/token x tokens/s; MFU against %.0f TFLOP/s (dense bf16, "
+        "transformer %s (%d layers, d_model %d, %d heads, vocab %d), batch %d x %d tokens, %s attention, AdamW; median "
+        "of %d steps after %d warm-up\nTFLOP/s = 3 x %.4g FLOP/token x tokens/s; MFU against %.0f TFLOP/s (dense bf16, "
         "H100/H200 SXM)\n",
-        opt.model.c_str(), config.layers, config.d_model, config.heads, config.vocab, opt.batch, opt.seq, opt.steps,
-        opt.warmup, config.flops_per_token(opt.seq), kPeakBf16DenseTflops);
+        opt.model.c_str(), config.layers, config.d_model, config.heads, config.vocab, opt.batch, opt.seq,
+        opt.attention.c_str(), opt.steps, opt.warmup, config.flops_per_token(opt.seq), kPeakBf16DenseTflops);
     std::printf("%-9s %9s %9s %9s %9s %10s %8s %6s\n", "precision", "step ms", "fwd ms", "bwd ms", "adamw ms",
                 "tokens/s", "TFLOP/s", "MFU");
     std::vector<Result> results;
@@ -108,12 +118,12 @@ int main(int argc, char** argv) {
       FILE* f = std::fopen(opt.csv.c_str(), "w");
       if (!f) throw std::runtime_error("cannot write " + opt.csv);
       std::fprintf(f,
-                   "model,precision,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,tflop_per_s,"
-                   "mfu\n");
+                   "model,precision,attention,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,"
+                   "tflop_per_s,mfu\n");
       for (const Result& r : results)
-        std::fprintf(f, "%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f\n", opt.model.c_str(),
-                     ddplab::precision_name(r.precision), opt.batch, opt.seq, r.t.step_ms, r.t.forward_ms,
-                     r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu);
+        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f\n", opt.model.c_str(),
+                     ddplab::precision_name(r.precision), opt.attention.c_str(), opt.batch, opt.seq, r.t.step_ms,
+                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu);
       std::fclose(f);
     }
   } catch (const std::exception& e) {
