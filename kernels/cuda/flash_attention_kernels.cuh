@@ -1,0 +1,626 @@
+// The fused attention's kernels and their launch sequence (flash_attention.h has the contract, docs/GPU.md the why);
+// flash_attention.cu has the launchers. Included by exactly one translation unit per program: flash_attention.cu
+// under nvcc, or the CPU emulation of tests/emu (g++, tests/emu/cuda_emulation.h included first), which runs this very
+// source on host threads. Hence everything here is in an unnamed namespace, and nothing below needs nvcc but the
+// kernels' bodies' intrinsics, which the emulation provides.
+//
+// Per head, with Q, K, V, O, dO [S, hs] row-major views into qkv / out / dout (row stride 3C or C), scale = 1/sqrt(hs):
+//   forward   S = scale Q K^T (masked)   P = softmax_rows(S)   O = P V   lse_i = log sum_j exp(S_ij)
+//   backward  P_ij = exp(S_ij - lse_i)   dV = P^T dO   dP = dO V^T   D_i = rowsum(dO_i * O_i)
+//             dS = scale P * (dP - D)    dQ = dS K     dK = dS^T Q
+// (D_i = rowsum(P_i * dP_i), the softmax backward's dot product, rewritten through O = P V so that backward never
+// needs a whole row of P at once.) Exponentials are taken base 2, with log2(e) folded into the scale, which is what
+// exp2f computes natively; the lse is stored in natural log, as the CPU reference would compute it.
+//
+// Tensor cores through nvcuda::wmma: bf16 16x16x16 fragments, fp32 accumulators. An accumulator's element layout is
+// opaque, so every per-row step (softmax, masking, rescaling) works on a copy stored to shared memory with
+// store_matrix_sync. Shared-memory tiles have padded rows (the ldm of a bf16 fragment must be a multiple of 8
+// elements, of an fp32 one of 4: 16 bytes either way) and start on 128-byte boundaries (fragment pointers must be
+#pragma once
+#ifdef __CUDACC__
+#include <mma.h>  // the emulation brings its own nvcuda::wmma
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+
+#include "kernels/cuda/common.cuh"
+#ifdef __CUDACC__
+#include "kernels/cuda/launch.cuh"  // kBlockSize, grid_size, global_index, grid_stride (the emulation's own copies)
+#endif
+
+namespace ddplab::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;  // per CTA, both directions
+constexpr int kThreads = kWarps * 32;
+constexpr int kFrag = 16;                // wmma tile: m = n = k = 16
+constexpr int kBlockQ = kWarps * kFrag;  // queries per block: forward, 16 per warp; backward, one query block
+constexpr int kBlockK = kWarps * kFrag;  // keys per block: forward, one key tile; backward, 16 per warp
+constexpr int kPadBf16 = 8;              // row padding of bf16 tiles (elements): ldm % 8 == 0, and fewer bank clashes
+constexpr int kPadF32 = 4;               // row padding of fp32 tiles: ldm % 4 == 0
+constexpr float kLog2e = 1.4426950408889634f;
+// The causal mask makes the key range of a query block end at the block's last query: with equal block sizes the
+// diagonal block is the only partly masked one, and the first query block of a key block (backward) is its own.
+static_assert(kBlockQ == kBlockK, "the causal block skipping below assumes square blocks");
+
+constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
+
+// Shared memory of the forward CTA, byte offsets. Q, K, V tiles [64][HS] bf16; per warp (16 rows each, stacked):
+// the scores [16][kBlockK] fp32, the probabilities [16][kBlockK] bf16, the output accumulator [16][HS] fp32 and the
+// rows' 1 / l for the epilogue.
+template <int HS>
+struct ForwardSmem {
+  static constexpr int kLdQkv = HS + kPadBf16, kLdS = kBlockK + kPadF32, kLdP = kBlockK + kPadBf16;
+  static constexpr int kLdO = HS + kPadF32;
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + align128(sizeof(bf16) * kBlockQ * kLdQkv);
+  static constexpr size_t kV = kK + align128(sizeof(bf16) * kBlockK * kLdQkv);
+  static constexpr size_t kS = kV + align128(sizeof(bf16) * kBlockK * kLdQkv);
+  static constexpr size_t kP = kS + align128(sizeof(float) * kBlockQ * kLdS);
+  static constexpr size_t kO = kP + align128(sizeof(bf16) * kBlockQ * kLdP);
+  static constexpr size_t kInv = kO + align128(sizeof(float) * kBlockQ * kLdO);
+  static constexpr size_t kBytes = kInv + align128(sizeof(float) * kBlockQ);
+};
+
+// Shared memory of the backward CTA, byte offsets. K, V (this CTA's keys), Q, dO (the current query block) [64][HS]
+// bf16; the query block's lse (times log2 e) and D; S^T (then P^T) and dP^T [kBlockK][kBlockQ] fp32, whose space (from
+// kSt, kScoreBytes long) the dQ block [kBlockQ][HS] fp32 reuses once both are consumed; P^T and dS^T [kBlockK][kBlockQ]
+// bf16 (the MMA operands).
+template <int HS>
+struct BackwardSmem {
+  static constexpr int kLdQkv = HS + kPadBf16, kLdS = kBlockQ + kPadF32, kLdP = kBlockQ + kPadBf16;
+  static constexpr int kLdDq = HS + kPadF32;
+  static constexpr size_t kK = 0;
+  static constexpr size_t kV = kK + align128(sizeof(bf16) * kBlockK * kLdQkv);
+  static constexpr size_t kQ = kV + align128(sizeof(bf16) * kBlockK * kLdQkv);
+  static constexpr size_t kDo = kQ + align128(sizeof(bf16) * kBlockQ * kLdQkv);
+  static constexpr size_t kLse = kDo + align128(sizeof(bf16) * kBlockQ * kLdQkv);
+  static constexpr size_t kD = kLse + align128(sizeof(float) * kBlockQ);
+  static constexpr size_t kSt = kD + align128(sizeof(float) * kBlockQ);
+  static constexpr size_t kDpt = kSt + align128(sizeof(float) * kBlockK * kLdS);
+  static constexpr size_t kScoreBytes =
+      std::max(kDpt - kSt + align128(sizeof(float) * kBlockK * kLdS), align128(sizeof(float) * kBlockQ * kLdDq));
+  static constexpr size_t kPt = kSt + kScoreBytes;
+  static constexpr size_t kDs = kPt + align128(sizeof(bf16) * kBlockK * kLdP);
+  static constexpr size_t kBytes = kDs + align128(sizeof(bf16) * kBlockK * kLdP);
+};
+
+__device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
+  return lengths ? min(max(lengths[b], 0), S) : S;
+}
+
+// ---- any architecture: the backward's first and last kernels ------------------------------------------------------
+
+// D_i = rowsum(dO_i * O_i) in fp32 for every (b, t, h) row (0 on padded rows, whose dO and O are not read), and the
+// row's fp32 dQ accumulator zeroed. A warp per row.
+__global__ void __launch_bounds__(detail::kBlockSize)
+    flash_attention_backward_dot_kernel(float* dsum, float* dq_acc, const bf16* dout, const bf16* out,
+                                        const int32_t* lengths, int S, int C, int NH, int64_t rows) {
+  constexpr int kRowsPerBlock = detail::kBlockSize / 32;
+  const int lane = threadIdx.x % 32, hs = C / NH;
+  for (int64_t r = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / 32; r < rows;
+       r += int64_t{gridDim.x} * kRowsPerBlock) {
+    const int h = static_cast<int>(r % NH);
+    const int64_t bt = r / NH;  // b * S + t
+    const int t = static_cast<int>(bt % S), b = static_cast<int>(bt / S);
+    const int64_t at = bt * C + int64_t{h} * hs;
+    float dot = 0.0f;
+    if (t < length_of(lengths, b, S))
+      for (int d = lane; d < hs; d += 32) dot += __bfloat162float(dout[at + d]) * __bfloat162float(out[at + d]);
+    for (int d = lane; d < hs; d += 32) dq_acc[at + d] = 0.0f;
+    dot = detail::warp_sum(dot);
+    if (lane == 0) dsum[(int64_t{b} * NH + h) * S + t] = dot;
+  }
+}
+
+// dqkv's q part = the fp32 dQ rounded to bf16, 0 on padded rows (not read); 4 elements per thread and step.
+__global__ void __launch_bounds__(detail::kBlockSize)
+    flash_attention_dq_kernel(bf16* dqkv, const float* dq_acc, const int32_t* lengths, int S, int C, int64_t n4) {
+  for (int64_t i = detail::global_index(); i < n4; i += detail::grid_stride()) {
+    const int64_t e = i * 4, row = e / C;  // row = b * S + t; C % 4 == 0, so the 4 stay in the row
+    const int c = static_cast<int>(e % C), t = static_cast<int>(row % S), b = static_cast<int>(row / S);
+    const float4 v = t < length_of(lengths, b, S) ? *reinterpret_cast<const float4*>(dq_acc + e)
+                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(dqkv + row * 3 * C + c);
+    dst[0] = __floats2bfloat162_rn(v.x, v.y);
+    dst[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+}
+
+// ---- the tensor-core kernels: sm_80 and later (bf16 wmma) ---------------------------------------------------------
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+
+constexpr int kVec = 8;  // bf16 per 16-byte global access
+constexpr float kLn2 = 0.6931471805599453f;
+
+using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major>;
+using FragAT = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::col_major>;  // A read transposed
+using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major>;
+using FragBT = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::col_major>;  // B read transposed
+using FragAcc = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+
+// Rows [row0, row0 + ROWS) of one head's HS columns of a bf16 matrix with row stride ld (elements) into the shared
+// tile dst [ROWS][ldd], 16 bytes per access; rows >= valid_rows are zero-filled without reading the source (padding
+// may hold anything: a masked key must still multiply its 0 weight by a finite value). The whole CTA takes part.
+template <int ROWS, int HS>
+__device__ __forceinline__ void load_tile(bf16* dst, int ldd, const bf16* src, int64_t ld, int row0, int valid_rows) {
+  constexpr int kPerRow = HS / kVec;
+  for (int c = threadIdx.x; c < ROWS * kPerRow; c += kThreads) {
+    const int r = c / kPerRow, col = (c % kPerRow) * kVec;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row0 + r < valid_rows) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * ld + col);
+    *reinterpret_cast<uint4*>(dst + r * ldd + col) = v;
+  }
+}
+
+// Rows [row0, row1) of one head's HS columns (row stride ld) set to 0; the whole CTA takes part.
+template <int HS>
+__device__ __forceinline__ void zero_rows(bf16* dst, int64_t ld, int row0, int row1) {
+  constexpr int kPerRow = HS / kVec;
+  for (int c = threadIdx.x; c < (row1 - row0) * kPerRow; c += kThreads)
+    *reinterpret_cast<uint4*>(dst + (row0 + c / kPerRow) * ld + (c % kPerRow) * kVec) = make_uint4(0, 0, 0, 0);
+}
+
+// 8 floats times `scale`, rounded to bf16 (round to nearest even), as one 16-byte pack.
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v, float scale) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i] * scale, v[2 * i + 1] * scale);
+  return u;
+}
+
+// The warp's 16 rows of an fp32 shared tile [16][ld] (rows r at row0 + r of dst, stride ld_dst), scaled by
+// row_scale[r] and rounded to bf16; a row scaled by 0 is written as exact zeros without reading it (padding); rows at
+// or past `rows_end` are not written.
+template <int HS>
+__device__ __forceinline__ void store_rows_bf16(bf16* dst, int64_t ld_dst, int row0, int rows_end, const float* tile,
+                                                int ld, const float* row_scale) {
+  const int lane = threadIdx.x % 32;
+  constexpr int kPerRow = HS / kVec;
+  for (int c = lane; c < kFrag * kPerRow; c += 32) {
+    const int r = c / kPerRow, col = (c % kPerRow) * kVec;
+    if (row0 + r < rows_end)
+      *reinterpret_cast<uint4*>(dst + (row0 + r) * ld_dst + col) =
+          row_scale[r] == 0.0f ? make_uint4(0, 0, 0, 0) : pack_bf16x8(tile + r * ld + col, row_scale[r]);
+  }
+}
+
+// ---- forward --------------------------------------------------------------------------------------------------------
+
+// A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile.
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
+                                   bool causal, float scale_log2) {
+  using L = ForwardSmem<HS>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
+  bf16* const k_s = reinterpret_cast<bf16*>(smem + L::kK);
+  bf16* const v_s = reinterpret_cast<bf16*>(smem + L::kV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* const s_w = reinterpret_cast<float*>(smem + L::kS) + warp * kFrag * L::kLdS;
+  bf16* const p_w = reinterpret_cast<bf16*>(smem + L::kP) + warp * kFrag * L::kLdP;
+  float* const o_w = reinterpret_cast<float*>(smem + L::kO) + warp * kFrag * L::kLdO;
+  float* const inv_w = reinterpret_cast<float*>(smem + L::kInv) + warp * kFrag;
+
+  const int h = blockIdx.y, b = blockIdx.z;
+  // Causal: the last query blocks see the most keys. Launched first, they leave the short ones to fill the tail.
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockQ;
+  const int len = length_of(lengths, b, S);
+  const int64_t ld = 3 * int64_t{C};
+  const bf16* const q_g = qkv + int64_t{b} * S * ld + h * HS;
+  const bf16* const k_g = q_g + C;
+  const bf16* const v_g = q_g + 2 * C;
+  bf16* const out_g = out + int64_t{b} * S * C + h * HS;
+  float* const lse_g = lse + (int64_t{b} * NH + h) * S;
+
+  // A block of padded queries: output 0 and lse -inf, nothing read.
+  if (q0 >= len) {
+    zero_rows<HS>(out_g, C, q0, min(q0 + kBlockQ, S));
+    for (int t = q0 + threadIdx.x; t < min(q0 + kBlockQ, S); t += kThreads) lse_g[t] = -INFINITY;
+    return;
+  }
+
+  // Step 0: the query block (padded rows zero-filled), the output accumulator zeroed.
+  load_tile<kBlockQ, HS>(q_s, L::kLdQkv, q_g, ld, q0, len);
+  for (int i = lane; i < kFrag * L::kLdO; i += 32) o_w[i] = 0.0f;
+  __syncthreads();
+  FragA q_frag[HS / kFrag];  // the warp's 16 query rows, for every key tile
+#pragma unroll
+  for (int k = 0; k < HS / kFrag; ++k)
+    wmma::load_matrix_sync(q_frag[k], q_s + warp * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
+
+  // The online softmax: a lane pair per row (lane / 2), each lane half the row's columns. Both lanes keep the row's
+  // running max m (of the scores in log2 units) and running sum l of exp2(score - m).
+  const int row = lane / 2, half = lane % 2;
+  const int t = q0 + warp * kFrag + row;
+  const int row_keys = t >= len ? 0 : (causal ? t + 1 : len);  // this row's valid keys: j < row_keys
+  float m = -INFINITY, l = 0.0f;
+  float* const s_row = s_w + row * L::kLdS;
+  bf16* const p_row = p_w + row * L::kLdP;
+  float* const o_row = o_w + row * L::kLdO;
+
+  // Keys past the block's last query are masked for every row when causal: those tiles are skipped.
+  const int kv_end = causal ? min(len, q0 + kBlockQ) : len;
+  for (int j0 = 0; j0 < kv_end; j0 += kBlockK) {
+    __syncthreads();  // every warp is done with the previous K, V tiles
+    load_tile<kBlockK, HS>(k_s, L::kLdQkv, k_g, ld, j0, len);
+    load_tile<kBlockK, HS>(v_s, L::kLdQkv, v_g, ld, j0, len);
+    __syncthreads();
+
+    // Step 1: raw scores Q K^T, the warp's 16 rows x the tile's 64 keys (K read as a column-major K^T).
+#pragma unroll
+    for (int n = 0; n < kBlockK / kFrag; ++n) {
+      FragAcc acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int k = 0; k < HS / kFrag; ++k) {
+        FragBT k_frag;
+        wmma::load_matrix_sync(k_frag, k_s + n * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
+        wmma::mma_sync(acc, q_frag[k], k_frag, acc);
+      }
+      wmma::store_matrix_sync(s_w + n * kFrag, acc, L::kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Step 2: masking and the online softmax update. Masked keys (j >= row_keys: padding, the causal future) are
+    // never compared nor exponentiated: their p is exactly 0.
+    float tile_max = -INFINITY;
+    for (int c = half; c < kBlockK; c += 2)
+      if (j0 + c < row_keys) tile_max = fmaxf(tile_max, s_row[c] * scale_log2);
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(detail::kFullMask, tile_max, 1));
+    const float m_new = fmaxf(m, tile_max);
+    // A row with no valid key yet (a padded query, or a causal row before its first key) keeps m = -inf; taking 0
+    // as the base then keeps exp2 away from -inf - -inf = NaN, and every p of the row is 0 anyway.
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = exp2f(m - base);  // rescales what was summed against the old max (0 while m was -inf)
+    float sum = 0.0f;
+    for (int c = half; c < kBlockK; c += 2) {
+      const float p = j0 + c < row_keys ? exp2f(s_row[c] * scale_log2 - base) : 0.0f;
+      p_row[c] = __float2bfloat16_rn(p);
+      sum += p;
+    }
+    sum += __shfl_xor_sync(detail::kFullMask, sum, 1);
+    l = l * alpha + sum;
+    m = m_new;
+    for (int d = half; d < HS; d += 2) o_row[d] *= alpha;
+    __syncwarp();
+
+    // Step 3: O += P V, the accumulator round-tripping through shared memory (its rows were rescaled there).
+    FragAcc o_frag[HS / kFrag];
+#pragma unroll
+    for (int n = 0; n < HS / kFrag; ++n)
+      wmma::load_matrix_sync(o_frag[n], o_w + n * kFrag, L::kLdO, wmma::mem_row_major);
+#pragma unroll
+    for (int k = 0; k < kBlockK / kFrag; ++k) {
+      FragA p_frag;
+      wmma::load_matrix_sync(p_frag, p_w + k * kFrag, L::kLdP);
+#pragma unroll
+      for (int n = 0; n < HS / kFrag; ++n) {
+        FragB v_frag;
+        wmma::load_matrix_sync(v_frag, v_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
+        wmma::mma_sync(o_frag[n], p_frag, v_frag, o_frag[n]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < HS / kFrag; ++n)
+      wmma::store_matrix_sync(o_w + n * kFrag, o_frag[n], L::kLdO, wmma::mem_row_major);
+    __syncwarp();
+  }
+
+  // Step 4: out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and
+  // -inf. l >= 1 on a valid row: its max term contributed exp2(0).
+  if (half == 0) {
+    inv_w[row] = t < len ? 1.0f / l : 0.0f;
+    if (t < S) lse_g[t] = t < len ? (m + log2f(l)) * kLn2 : -INFINITY;
+  }
+  __syncwarp();
+  store_rows_bf16<HS>(out_g, C, q0 + warp * kFrag, S, o_w, L::kLdO, inv_w);
+}
+
+// ---- backward -------------------------------------------------------------------------------------------------------
+
+// Adds 4 floats to global memory: one 16-byte atomic where the hardware has it (sm_90), else four.
+__device__ __forceinline__ void atomic_add4(float* dst, const float* v) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
+#else
+  for (int k = 0; k < 4; ++k) atomicAdd(dst + k, v[k]);
+#endif
+}
+
+// A CTA per (key block, head h, sequence b): 4 warps, each owning 16 keys of the block for dK and dV (accumulated in
+// fp32 fragments over every query block) and, in step 7, 16 queries of the current query block for dQ.
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
+                                    const float* dsum, const int32_t* lengths, int S, int C, int NH, bool causal,
+                                    float scale, float scale_log2) {
+  using L = BackwardSmem<HS>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* const k_s = reinterpret_cast<bf16*>(smem + L::kK);
+  bf16* const v_s = reinterpret_cast<bf16*>(smem + L::kV);
+  bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
+  bf16* const do_s = reinterpret_cast<bf16*>(smem + L::kDo);
+  float* const lse_s = reinterpret_cast<float*>(smem + L::kLse);
+  float* const d_s = reinterpret_cast<float*>(smem + L::kD);
+  bf16* const ds_s = reinterpret_cast<bf16*>(smem + L::kDs);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* const st_w = reinterpret_cast<float*>(smem + L::kSt) + warp * kFrag * L::kLdS;    // S^T, then P^T
+  float* const dpt_w = reinterpret_cast<float*>(smem + L::kDpt) + warp * kFrag * L::kLdS;  // dP^T
+  // dQ's rows (then dK's and dV's on the way out) reuse the space of S^T and dP^T: see the barrier before step 7.
+  float* const dq_w = reinterpret_cast<float*>(smem + L::kSt) + warp * kFrag * L::kLdDq;
+  bf16* const pt_w = reinterpret_cast<bf16*>(smem + L::kPt) + warp * kFrag * L::kLdP;
+  bf16* const ds_w = ds_s + warp * kFrag * L::kLdP;
+
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int j0 = blockIdx.x * kBlockK;  // causal: the first key blocks see the most queries, and launch first
+  const int len = length_of(lengths, b, S);
+  const int64_t ld = 3 * int64_t{C};
+  const bf16* const q_g = qkv + int64_t{b} * S * ld + h * HS;
+  const bf16* const k_g = q_g + C;
+  const bf16* const v_g = q_g + 2 * C;
+  const bf16* const do_g = dout + int64_t{b} * S * C + h * HS;
+  bf16* const dk_g = dqkv + int64_t{b} * S * ld + C + h * HS;
+  bf16* const dv_g = dk_g + C;
+  float* const dq_g = dq_acc + int64_t{b} * S * C + h * HS;
+  const float* const lse_g = lse + (int64_t{b} * NH + h) * S;
+  const float* const d_g = dsum + (int64_t{b} * NH + h) * S;
+
+  // A block of padded keys: dK = dV = 0, nothing read.
+  if (j0 >= len) {
+    zero_rows<HS>(dk_g, ld, j0, min(j0 + kBlockK, S));
+    zero_rows<HS>(dv_g, ld, j0, min(j0 + kBlockK, S));
+    return;
+  }
+
+  load_tile<kBlockK, HS>(k_s, L::kLdQkv, k_g, ld, j0, len);
+  load_tile<kBlockK, HS>(v_s, L::kLdQkv, v_g, ld, j0, len);
+  FragAcc dk_frag[HS / kFrag], dv_frag[HS / kFrag];
+#pragma unroll
+  for (int n = 0; n < HS / kFrag; ++n) {
+    wmma::fill_fragment(dk_frag[n], 0.0f);
+    wmma::fill_fragment(dv_frag[n], 0.0f);
+  }
+  const int key_row0 = warp * kFrag;  // the warp's keys within the block (rows of K, V, S^T, ...)
+
+  // Query blocks before the key block see none of its keys when causal: skipped.
+  for (int i0 = causal ? j0 : 0; i0 < len; i0 += kBlockQ) {
+    __syncthreads();  // every warp is done with the previous Q, dO, lse, D and dQ (which aliases S^T and dP^T)
+    load_tile<kBlockQ, HS>(q_s, L::kLdQkv, q_g, ld, i0, len);
+    load_tile<kBlockQ, HS>(do_s, L::kLdQkv, do_g, C, i0, len);
+    for (int r = threadIdx.x; r < kBlockQ; r += kThreads) {
+      const bool valid = i0 + r < len;
+      lse_s[r] = valid ? lse_g[i0 + r] * kLog2e : 0.0f;  // in log2 units, as the scores below
+      d_s[r] = valid ? d_g[i0 + r] : 0.0f;
+    }
+    __syncthreads();
+
+    // Step 1: S^T = K Q^T for the warp's 16 keys x the block's 64 queries (Q read as a column-major Q^T).
+    {
+      FragA k_frag[HS / kFrag];
+#pragma unroll
+      for (int k = 0; k < HS / kFrag; ++k)
+        wmma::load_matrix_sync(k_frag[k], k_s + key_row0 * L::kLdQkv + k * kFrag, L::kLdQkv);
+#pragma unroll
+      for (int n = 0; n < kBlockQ / kFrag; ++n) {
+        FragAcc acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < HS / kFrag; ++k) {
+          FragBT q_frag;
+          wmma::load_matrix_sync(q_frag, q_s + n * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
+          wmma::mma_sync(acc, k_frag[k], q_frag, acc);
+        }
+        wmma::store_matrix_sync(st_w + n * kFrag, acc, L::kLdS, wmma::mem_row_major);
+      }
+    }
+    __syncwarp();
+
+    // Step 2: P^T = exp2(scale log2(e) S^T - lse log2(e)) where (key j, query t) is valid, else exactly 0: fp32 in
+    // place for dS, and a bf16 copy for the dV product. Lanes run along a row (a query each): no bank conflicts.
+    for (int e = lane; e < kFrag * kBlockQ; e += 32) {
+      const int r = e / kBlockQ, c = e % kBlockQ;
+      const int j = j0 + key_row0 + r, t = i0 + c;
+      const bool valid = t < len && j < len && (!causal || j <= t);
+      const float p = valid ? exp2f(st_w[r * L::kLdS + c] * scale_log2 - lse_s[c]) : 0.0f;
+      st_w[r * L::kLdS + c] = p;
+      pt_w[r * L::kLdP + c] = __float2bfloat16_rn(p);
+    }
+    __syncwarp();
+
+    // Step 3: dV += P^T dO.
+#pragma unroll
+    for (int k = 0; k < kBlockQ / kFrag; ++k) {
+      FragA p_frag;
+      wmma::load_matrix_sync(p_frag, pt_w + k * kFrag, L::kLdP);
+#pragma unroll
+      for (int n = 0; n < HS / kFrag; ++n) {
+        FragB do_frag;
+        wmma::load_matrix_sync(do_frag, do_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
+        wmma::mma_sync(dv_frag[n], p_frag, do_frag, dv_frag[n]);
+      }
+    }
+
+    // Step 4: dP^T = V dO^T (dO read as a column-major dO^T).
+    {
+      FragA v_frag[HS / kFrag];
+#pragma unroll
+      for (int k = 0; k < HS / kFrag; ++k)
+        wmma::load_matrix_sync(v_frag[k], v_s + key_row0 * L::kLdQkv + k * kFrag, L::kLdQkv);
+#pragma unroll
+      for (int n = 0; n < kBlockQ / kFrag; ++n) {
+        FragAcc acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < HS / kFrag; ++k) {
+          FragBT do_frag;
+          wmma::load_matrix_sync(do_frag, do_s + n * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
+          wmma::mma_sync(acc, v_frag[k], do_frag, acc);
+        }
+        wmma::store_matrix_sync(dpt_w + n * kFrag, acc, L::kLdS, wmma::mem_row_major);
+      }
+    }
+    __syncwarp();
+
+    // Step 5: dS^T = scale P^T (dP^T - D), rounded to bf16 for the two products below; 0 wherever P is.
+    for (int e = lane; e < kFrag * kBlockQ; e += 32) {
+      const int r = e / kBlockQ, c = e % kBlockQ;
+      ds_w[r * L::kLdP + c] = __float2bfloat16_rn(scale * st_w[r * L::kLdS + c] * (dpt_w[r * L::kLdS + c] - d_s[c]));
+    }
+    __syncwarp();
+
+    // Step 6: dK += dS^T Q.
+#pragma unroll
+    for (int k = 0; k < kBlockQ / kFrag; ++k) {
+      FragA ds_frag;
+      wmma::load_matrix_sync(ds_frag, ds_w + k * kFrag, L::kLdP);
+#pragma unroll
+      for (int n = 0; n < HS / kFrag; ++n) {
+        FragB q_frag;
+        wmma::load_matrix_sync(q_frag, q_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
+        wmma::mma_sync(dk_frag[n], ds_frag, q_frag, dk_frag[n]);
+      }
+    }
+    // Every warp's dS^T rows are written, and every warp is done with S^T and dP^T, whose space dQ takes next.
+    __syncthreads();
+
+    // Step 7: this block's share of dQ, the warp's 16 queries: dQ = dS K over the CTA's 64 keys (dS read as a
+    // column-major view of dS^T), then added to the fp32 accumulator in global memory, valid rows only.
+    {
+      FragAT ds_frag[kBlockK / kFrag];
+#pragma unroll
+      for (int k = 0; k < kBlockK / kFrag; ++k)
+        wmma::load_matrix_sync(ds_frag[k], ds_s + k * kFrag * L::kLdP + warp * kFrag, L::kLdP);
+#pragma unroll
+      for (int n = 0; n < HS / kFrag; ++n) {
+        FragAcc acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < kBlockK / kFrag; ++k) {
+          FragB k_frag;
+          wmma::load_matrix_sync(k_frag, k_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
+          wmma::mma_sync(acc, ds_frag[k], k_frag, acc);
+        }
+        wmma::store_matrix_sync(dq_w + n * kFrag, acc, L::kLdDq, wmma::mem_row_major);
+      }
+    }
+    __syncwarp();
+    for (int e = lane; e < kFrag * HS / 4; e += 32) {
+      const int r = e / (HS / 4), col = (e % (HS / 4)) * 4;
+      const int t = i0 + warp * kFrag + r;
+      if (t < len) atomic_add4(dq_g + int64_t{t} * C + col, dq_w + r * L::kLdDq + col);
+    }
+  }
+
+  // Step 8: dK and dV out through the warp's own dQ space (no other warp touches it after its last step 7), rounded
+  // to bf16; rows of padded keys in the block get exact zeros.
+  float* const ones = lse_s + warp * kFrag;  // the per-row scale store_rows_bf16 takes: 1 on valid keys, else 0
+  __syncwarp();
+  if (lane < kFrag) ones[lane] = j0 + key_row0 + lane < len ? 1.0f : 0.0f;
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+    for (int n = 0; n < HS / kFrag; ++n)
+      wmma::store_matrix_sync(dq_w + n * kFrag, pass == 0 ? dk_frag[n] : dv_frag[n], L::kLdDq, wmma::mem_row_major);
+    __syncwarp();
+    store_rows_bf16<HS>(pass == 0 ? dk_g : dv_g, ld, j0 + key_row0, S, dq_w, L::kLdDq, ones);
+    __syncwarp();
+  }
+}
+
+#else  // an older architecture compiles stubs; the launchers refuse such a device before launching
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_forward_kernel(bf16*, float*, const bf16*, const int32_t*, int, int, int, bool, float) {
+  __trap();
+}
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_backward_kernel(bf16*, float*, const bf16*, const bf16*, const float*, const float*, const int32_t*,
+                                    int, int, int, bool, float, float) {
+  __trap();
+}
+
+#endif
+
+// ---- the launch sequence, written once ------------------------------------------------------------------------------
+//
+// Which kernels run, in which order, on which grid, block and dynamic shared memory, with which arguments: shared by
+// the launchers (flash_attention.cu, whose `launch` runs <<<>>> on a stream) and the CPU emulation (tests/emu, whose
+// `launch` runs the kernel's threads on the host), so that the emulation tests the launch arithmetic too.
+// launch(kernel, grid, block, dynamic_smem_bytes, args...). The caller has checked sizes and pointers; B * S > 0.
+
+template <int HS, typename Launch>
+void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
+                 int NH, bool causal) {
+  const dim3 grid((S + kBlockQ - 1) / kBlockQ, NH, B);
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
+  launch(flash_attention_forward_kernel<HS>, grid, dim3(kThreads), ForwardSmem<HS>::kBytes, out, lse, qkv, lengths, S,
+         C, NH, causal, scale_log2);
+}
+
+template <int HS, typename Launch>
+void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
+                  const float* dsum, const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
+  const dim3 grid((S + kBlockK - 1) / kBlockK, NH, B);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  launch(flash_attention_backward_kernel<HS>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv, dq_acc, dout, qkv,
+         lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
+}
+
+template <typename Launch>
+void flash_forward_launches(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B,
+                            int S, int C, int NH, bool causal) {
+  switch (C / NH) {
+    case 32:
+      return run_forward<32>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+    case 64:
+      return run_forward<64>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+    case 128:
+      return run_forward<128>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+  }
+  throw std::logic_error("flash_attention_forward: head size passed the check without a kernel");
+}
+
+// workspace: flash_attention_backward_workspace_floats(B, S, C, NH) floats, the dQ accumulator then D.
+template <typename Launch>
+void flash_backward_launches(Launch&& launch, bf16* dqkv, float* workspace, const bf16* dout, const bf16* qkv,
+                             const bf16* out, const float* lse, const int32_t* lengths, int B, int S, int C, int NH,
+                             bool causal) {
+  float* const dq_acc = workspace;                     // [B, S, C]
+  float* const dsum = workspace + int64_t{B} * S * C;  // [B, NH, S]
+  const int64_t rows = int64_t{B} * S * NH;
+  launch(flash_attention_backward_dot_kernel, dim3(detail::grid_size(rows, detail::kBlockSize / 32)),
+         dim3(detail::kBlockSize), size_t{0}, dsum, dq_acc, dout, out, lengths, S, C, NH, rows);
+  switch (C / NH) {
+    case 32:
+      run_backward<32>(launch, dqkv, dq_acc, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      break;
+    case 64:
+      run_backward<64>(launch, dqkv, dq_acc, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      break;
+    case 128:
+      run_backward<128>(launch, dqkv, dq_acc, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      break;
+    default:
+      throw std::logic_error("flash_attention_backward: head size passed the check without a kernel");
+  }
+  const int64_t n4 = int64_t{B} * S * C / 4;
+  launch(flash_attention_dq_kernel, dim3(detail::grid_size(n4)), dim3(detail::kBlockSize), size_t{0}, dqkv, dq_acc,
+         lengths, S, C, n4);
+}
+
+}  // namespace
+}  // namespace ddplab::cuda
