@@ -36,6 +36,7 @@
 #include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
 #include "model/attention_kind.h"
+#include "tests/gpu/flash_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -43,6 +44,10 @@ namespace {
 namespace cpu = ddplab::cpu;
 namespace cuda = ddplab::cuda;
 using bf16 = __nv_bfloat16;
+using ddplab::flash_test::expect_flash_matches;
+using ddplab::flash_test::FlashCase;
+using ddplab::flash_test::FlashShape;
+using ddplab::flash_test::make_flash_case;
 using ddplab::gpu_test::AllClose;
 using ddplab::gpu_test::bf16_from_bits;
 using ddplab::gpu_test::bits_of;
@@ -481,101 +486,23 @@ void attention_matches_cpu(cudaStream_t stream, cuda::GemmMath math, double rtol
 TEST_F(CudaKernels, AttentionFp32MatchesCpu) { attention_matches_cpu(stream_, cuda::GemmMath::kFp32, 1e-4, 1e-5); }
 TEST_F(CudaKernels, AttentionTf32MatchesCpu) { attention_matches_cpu(stream_, cuda::GemmMath::kTf32, 5e-3, 5e-3); }
 
-// The fused bf16 attention (flash_attention.h) against the CPU reference in double on the same bf16-rounded inputs,
-// padded rows of qkv and dout NaN on both sides (neither may read them), outputs poisoned first (every element must be
-// written) and guard tails checked. Causal and bidirectional; S of 1, 17, 64, 100, 130 and 200 (one block exactly,
-// less than one, several with a partial last one); head sizes 32, 64 and 128; one to four heads and sequences;
-// lengths padded, 0, 1 and full, and null (all S); and one case with amplitude 12, scores up to a few hundred, so
-// that the online softmax's running max moves across key blocks and exp must not overflow.
-//
-// Tolerances from bf16 rounding, u = 2^-8 (the spacing of bf16 near 1: round to nearest is within u/2):
-//   out = (P~ V) / l with P~ the probabilities rounded to bf16 (each within u/2), then rounded itself: the error is
-//   within u/2 sum_j p_j |v_j| + u/2 |out| <= u max|v|; checked at 2u of max|v| elementwise (the inputs are exact on
-//   both sides, the accumulations fp32 against double: negligible).
-//   dV = P~^T dO, dK = dS~^T Q, dQ = dS~ K with P~, dS~ rounded to bf16 and the results rounded: each term within u/2
-//   and the sum within u/2, but sums of terms of both signs (dS) cancel, and D = rowsum(dO O) uses the bf16 O; the
-//   bound relative to the result is then a multiple of u: checked at 4u normwise (||got - want|| / ||want|| per part)
-//   and at 8u of the part's largest |want| elementwise.
-//   lse: fp32 scores of exact bf16 products and fp32 exp2/log2, against double: 1e-4 absolute + 1e-5 relative.
-// A wrong mask, scale or block boundary, a lost dQ share or a missed rescale give errors of order 1. The test prints
-// the largest errors it sees, for a GPU run to tighten these bounds from.
-struct FlashShape {
-  int B, S, C, NH;
-  std::vector<int32_t> lengths;  // empty: null lengths (every sequence is S)
-  float amplitude = 1.0f;        // inputs uniform in [-amplitude, amplitude]
-};
+// The fused bf16 attention (flash_attention.h) against the CPU reference (flash_test_util.h: inputs, reference,
+// tolerances), outputs poisoned first and guard tails checked. Causal and bidirectional; S of 1, 17, 64, 100, 130 and
+// 200 (one block exactly, less than one, several with a partial last one); head sizes 32, 64 and 128; one to four
+// heads and sequences; lengths padded, 0, 1 and full, and null (all S); and one case with amplitude 12, scores up to a
+// few hundred, so that the online softmax's running max moves across key blocks and exp must not overflow.
+// tests/emu runs the same kernels, emulated on the CPU, against the same checks.
 const std::vector<FlashShape> kFlashShapes = {{1, 1, 64, 1, {1}},           {3, 17, 128, 2, {17, 5, 0}},
                                               {2, 64, 64, 1, {}},           {2, 100, 192, 3, {100, 63}},
                                               {2, 130, 128, 4, {130, 129}}, {4, 130, 256, 2, {65, 130, 1, 0}},
                                               {1, 200, 128, 2, {}, 12.0f},  {2, 200, 64, 2, {200, 127}}};
 
-// The row log-sum-exp of the scaled scores over valid keys, in double; -inf on padded rows (an empty sum). The CPU
-// reference keeps the probabilities instead.
-std::vector<double> reference_lse(const std::vector<double>& qkv, const std::vector<int32_t>& lengths, int B, int S,
-                                  int C, int NH, bool causal) {
-  const int hs = C / NH;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  std::vector<double> lse(int64_t{B} * NH * S, -std::numeric_limits<double>::infinity());
-  for (int b = 0; b < B; ++b) {
-    const int L = lengths.empty() ? S : std::clamp(lengths[b], 0, S);
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < L; ++t) {
-        const double* q = qkv.data() + (int64_t{b} * S + t) * 3 * C + h * hs;
-        std::vector<double> z;
-        for (int j = 0; j < (causal ? t + 1 : L); ++j) {
-          const double* k = qkv.data() + (int64_t{b} * S + j) * 3 * C + C + h * hs;
-          double dot = 0;
-          for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
-          z.push_back(dot * scale);
-        }
-        const double m = *std::max_element(z.begin(), z.end());
-        double sum = 0;
-        for (double v : z) sum += std::exp(v - m);
-        lse[(int64_t{b} * NH + h) * S + t] = m + std::log(sum);
-      }
-  }
-  return lse;
-}
-
-// The largest |got - want| over the largest |want|, and the normwise ||got - want|| / ||want||, over the elements
-// where `want` is finite (the padded rows' -inf of lse are checked apart).
-struct ErrorStats {
-  double max_abs = 0, max_want = 0, norm_err = 0, norm_want = 0;
-  void add(double got, double want) {
-    const double err = std::fabs(got - want);
-    max_abs = std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(max_abs, err);  // NaN: unwritten
-    max_want = std::max(max_want, std::fabs(want));
-    norm_err += (got - want) * (got - want);
-    norm_want += want * want;
-  }
-  double rel_to_max() const { return max_want > 0 ? max_abs / max_want : max_abs; }
-  double normwise() const { return norm_want > 0 ? std::sqrt(norm_err / norm_want) : std::sqrt(norm_err); }
-};
-
 void flash_attention_matches_cpu(cudaStream_t stream, const FlashShape& sh, bool causal) {
-  constexpr double u = 1.0 / 256;  // bf16's spacing near 1
-  const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH, hs = C / NH;
-  SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"NH", NH}, {"hs", hs}, {"causal", causal}}) + " amplitude " +
-               std::to_string(sh.amplitude));
-  const auto length = [&](int b) { return sh.lengths.empty() ? S : sh.lengths[b]; };
-  std::vector<float> qkv = round_bf16(random_vector(int64_t{B} * S * 3 * C, -sh.amplitude, sh.amplitude, 51 + S));
-  std::vector<float> dout = round_bf16(random_vector(int64_t{B} * S * C, -1, 1, 52 + S));
-  for (int b = 0; b < B; ++b)
-    for (int t = length(b); t < S; ++t) {
-      std::fill_n(qkv.begin() + (int64_t{b} * S + t) * 3 * C, 3 * C, kNaN);
-      std::fill_n(dout.begin() + (int64_t{b} * S + t) * C, C, kNaN);
-    }
-  const int32_t* cpu_lengths = sh.lengths.empty() ? nullptr : sh.lengths.data();
+  const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH;
+  SCOPED_TRACE(sh.describe(causal));
+  const FlashCase fc = make_flash_case(sh, causal);
 
-  // The reference, in double on the rounded inputs.
-  const std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
-  std::vector<double> out(int64_t{B} * S * C), att(int64_t{B} * NH * S * S), dqkv(qkv.size()), scratch(S * S);
-  cpu::attention_forward(out.data(), att.data(), qkv_d.data(), cpu_lengths, B, S, C, NH, causal);
-  cpu::attention_backward(dqkv.data(), scratch.data(), dout_d.data(), qkv_d.data(), att.data(), cpu_lengths, B, S, C,
-                          NH, causal);
-  const std::vector<double> lse = reference_lse(qkv_d, sh.lengths, B, S, C, NH, causal);
-
-  DeviceBuffer<bf16> d_qkv(to_bf16(qkv), stream), d_dout(to_bf16(dout), stream);
+  DeviceBuffer<bf16> d_qkv(to_bf16(fc.qkv), stream), d_dout(to_bf16(fc.dout), stream);
   DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream), d_dqkv(int64_t{B} * S * 3 * C, stream);
   DeviceArray d_lse(int64_t{B} * NH * S, stream),
       d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH), stream);
@@ -585,55 +512,7 @@ void flash_attention_matches_cpu(cudaStream_t stream, const FlashShape& sh, bool
   cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, B, S, C, NH, causal, stream);
   cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), lengths,
                                  B, S, C, NH, causal, stream);
-  const std::vector<float> got_out = to_f32(d_out.download()), got_lse = d_lse.download();
-  const std::vector<float> got_dqkv = to_f32(d_dqkv.download());
-
-  // Padded rows: exactly 0 (and lse -inf); valid rows into the error statistics.
-  double max_v = 0;  // the largest |v|: out's scale
-  ErrorStats e_out, e_lse, e_dq, e_dk, e_dv;
-  int64_t nonzero_padded = 0, bad_padded_lse = 0;
-  double lse_excess = 0;  // the largest |error| - (1e-4 + 1e-5 |want|) on lse
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < S; ++t) {
-      const int64_t row = int64_t{b} * S + t;
-      const bool valid = t < length(b);
-      for (int c = 0; c < C; ++c) {
-        const int64_t o = row * C + c, q = row * 3 * C + c;
-        if (valid) {
-          max_v = std::max(max_v, std::fabs(static_cast<double>(qkv[q + 2 * C])));
-          e_out.add(got_out[o], out[o]);
-          e_dq.add(got_dqkv[q], dqkv[q]);
-          e_dk.add(got_dqkv[q + C], dqkv[q + C]);
-          e_dv.add(got_dqkv[q + 2 * C], dqkv[q + 2 * C]);
-        } else {
-          nonzero_padded += got_out[o] != 0.0f;
-          for (int p = 0; p < 3; ++p) nonzero_padded += got_dqkv[q + p * C] != 0.0f;
-        }
-      }
-      for (int h = 0; h < NH; ++h) {
-        const int64_t i = (int64_t{b} * NH + h) * S + t;
-        if (valid) {
-          e_lse.add(got_lse[i], lse[i]);
-          lse_excess = std::max(lse_excess, std::fabs(got_lse[i] - lse[i]) - (1e-4 + 1e-5 * std::fabs(lse[i])));
-          if (std::isnan(got_lse[i])) lse_excess = kInf;
-        } else {
-          bad_padded_lse += !(std::isinf(got_lse[i]) && got_lse[i] < 0);
-        }
-      }
-    }
-  EXPECT_EQ(nonzero_padded, 0) << "padded rows of out and dqkv must be exactly 0";
-  EXPECT_EQ(bad_padded_lse, 0) << "padded rows' lse must be -inf";
-  EXPECT_LE(lse_excess, 0.0) << "lse: largest error " << e_lse.max_abs;
-  EXPECT_LE(e_out.max_abs, 2 * u * max_v) << "out";
-  for (auto [name, e] : {std::pair<const char*, const ErrorStats*>{"dq", &e_dq}, {"dk", &e_dk}, {"dv", &e_dv}}) {
-    EXPECT_LE(e->normwise(), 4 * u) << name;
-    EXPECT_LE(e->rel_to_max(), 8 * u) << name;
-  }
-  std::cout << "flash B=" << B << " S=" << S << " hs=" << hs << " NH=" << NH << (causal ? " causal" : " bidir")
-            << " amp=" << sh.amplitude << ": out " << e_out.max_abs / std::max(max_v, 1e-30) << " of max|v|, lse "
-            << e_lse.max_abs << "; normwise/of-max dq " << e_dq.normwise() << "/" << e_dq.rel_to_max() << " dk "
-            << e_dk.normwise() << "/" << e_dk.rel_to_max() << " dv " << e_dv.normwise() << "/" << e_dv.rel_to_max()
-            << "\n";
+  expect_flash_matches("flash", sh, causal, fc, to_f32(d_out.download()), d_lse.download(), to_f32(d_dqkv.download()));
 }
 
 TEST_F(CudaKernels, FlashAttentionMatchesCpu) {
