@@ -1,0 +1,422 @@
+// The CUDA device vocabulary of our kernels for the host compiler, so that g++ compiles a kernel's own source and runs
+// it on host threads: a CTA is blockDim.x std::threads (CTAs one after another), __syncthreads and __syncwarp are
+// barriers over the CTA's and the warp's threads, __shfl_xor_sync exchanges through a per-warp buffer, nvcuda::wmma
+// is emulated, and dynamic shared memory is one buffer the CTA's threads share. Made to check index arithmetic,
+// shared-memory layouts, masking, barriers and block skipping against a CPU reference without a GPU
+// (tests/emu/test_flash_attention_emu.cpp); it says nothing about timing, and little about the memory model.
+//
+// Include this first (before cuda_bf16.h's users and the kernels), from a g++ translation unit; never from nvcc.
+//
+// What it checks, failing loudly (a message on stderr, then abort) rather than computing something:
+//   - every barrier is reached by every thread of its CTA or warp: a thread that returns from the kernel while others
+//     wait at a barrier (or arrives after another returned) fails at once; a barrier still incomplete after
+//     kBarrierTimeout (threads waiting at different barriers) fails then, instead of hanging;
+//   - wmma: 16x16x16 only; ldm a multiple of 16 bytes (8 bf16, 4 floats) and at least 16; fragment pointers 32-byte
+//     aligned; a fragment inside the shared buffer lies within the launch's dynamic shared memory;
+//   - the launch: a 1-D block of whole warps, at most 1024 threads; dynamic shared memory within 227 KB (an H100's
+//     per-block opt-in maximum);
+//   - shared memory: poisoned (0xFF bytes: NaN as fp32 and as bf16) before each CTA, so that a read of anything the
+//     CTA did not write shows as NaN; the bytes past the launch's size are checked untouched after each CTA; under
+//     AddressSanitizer they are poisoned too, so any access past the end fails where it happens.
+//
+// The wmma model: each emulated thread holds the whole 16x16 tile in its fragment (our kernels never index fragment
+// elements, so no element layout is needed); load_matrix_sync reads the whole tile in every lane; mma_sync computes
+// in fp32 from the bf16 operands (exact products, summed in k order: not the tensor cores' order); store_matrix_sync
+// writes each element from one lane (element e from lane e % 32), without a barrier, as the hardware gives none: a
+// lane reading what another lane stored needs the kernel's __syncwarp, or it races (ThreadSanitizer reports it).
+#pragma once
+#ifdef __CUDACC__
+#error "tests/emu/cuda_emulation.h stands in for nvcc's device side: include it from host-compiled code only"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <vector_functions.h>  // make_uint4, make_float4
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define DDPLAB_EMU_ASAN 1
+#endif
+
+// cuda_runtime_api.h (crt/host_defines.h) already makes __global__, __device__, __host__, __shared__ empty for the
+// host compiler, __forceinline__ an always-inline and __align__(n) an aligned attribute; not __launch_bounds__.
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+
+namespace ddplab::emu {
+
+constexpr int kWarpSize = 32;
+constexpr size_t kSharedCapacity = 227 * 1024;  // an H100's / H200's opt-in dynamic shared memory per block
+constexpr auto kBarrierTimeout = std::chrono::seconds(20);
+
+[[noreturn]] inline void fail(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::fputs("CUDA emulation: ", stderr);
+  std::vfprintf(stderr, format, args);
+  std::fputs("\n", stderr);
+  va_end(args);
+  std::fflush(stderr);
+  std::abort();
+}
+
+// The dynamic shared memory: one buffer, defined by the test next to the kernels (DDPLAB_EMU_SHARED_MEMORY), shared
+// by the threads of the CTA that runs; `bytes` is the current launch's size.
+struct SharedMemory {
+  unsigned char* base = nullptr;
+  size_t capacity = 0;
+  size_t bytes = 0;
+};
+inline SharedMemory& shared_memory() {
+  static SharedMemory memory;
+  return memory;
+}
+inline bool register_shared_memory(unsigned char* base, size_t capacity) {
+  shared_memory() = SharedMemory{base, capacity, 0};
+  return true;
+}
+
+// Fails unless [p, p + bytes) lies within the launch's dynamic shared memory, when p points into the shared buffer
+// at all (a pointer elsewhere is global memory, not checked here).
+inline void check_shared(const void* p, size_t bytes, const char* what) {
+  const SharedMemory& sm = shared_memory();
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (sm.base == nullptr || c < sm.base || c >= sm.base + sm.capacity) return;
+  const size_t offset = static_cast<size_t>(c - sm.base);
+  if (offset + bytes > sm.bytes)
+    fail("%s: shared-memory access [%zu, %zu) past the launch's %zu bytes of dynamic shared memory", what, offset,
+         offset + bytes, sm.bytes);
+}
+
+// A barrier over n threads that fails instead of hanging: a thread leaving the kernel while others wait (or before
+// others arrive), or an incomplete barrier after kBarrierTimeout. `completion` runs in the last arriving thread
+// before any is released.
+class Barrier {
+ public:
+  explicit Barrier(int n, std::function<void()> completion = {}) : n_(n), completion_(std::move(completion)) {}
+
+  void arrive_and_wait(const char* what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (left_ > 0) not_reached(what);
+    const uint64_t generation = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      if (completion_) completion_();
+      lock.unlock();
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, kBarrierTimeout, [&] { return generation_ != generation; }))
+      fail(
+          "%s: %d of %d threads arrived within %lld s (CTA %u,%u,%u): threads wait at different barriers, or one is "
+          "never reached",
+          what, arrived_, n_, static_cast<long long>(kBarrierTimeout.count()), blockIdx_x(), blockIdx_y(),
+          blockIdx_z());
+  }
+
+  // The calling thread returned from the kernel.
+  void leave(const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++left_;
+    if (arrived_ > 0) not_reached(what);
+  }
+  // Between CTAs: every thread is back.
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    left_ = 0;
+  }
+
+ private:
+  [[noreturn]] void not_reached(const char* what) const {
+    fail(
+        "%s: %d of %d threads wait at it while %d returned from the kernel (CTA %u,%u,%u): a barrier not reached by "
+        "every thread",
+        what, arrived_, n_, left_, blockIdx_x(), blockIdx_y(), blockIdx_z());
+  }
+  static unsigned blockIdx_x();
+  static unsigned blockIdx_y();
+  static unsigned blockIdx_z();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int n_;
+  int arrived_ = 0, left_ = 0;
+  uint64_t generation_ = 0;
+  std::function<void()> completion_;
+};
+
+// What the threads of the running CTA share: its barriers and the warps' shuffle buffers.
+struct Cta {
+  explicit Cta(int threads) : block(threads), warps(threads / kWarpSize), shuffle(threads / kWarpSize) {
+    for (auto& w : warps) w = std::make_unique<Barrier>(kWarpSize);
+  }
+  Barrier block;
+  std::vector<std::unique_ptr<Barrier>> warps;
+  std::vector<std::array<uint64_t, kWarpSize>> shuffle;
+};
+
+inline thread_local Cta* t_cta = nullptr;
+
+inline Cta& this_cta() {
+  if (t_cta == nullptr) fail("a device function called outside emulate_launch");
+  return *t_cta;
+}
+
+}  // namespace ddplab::emu
+
+// The built-in variables, per emulated thread.
+inline thread_local uint3 threadIdx{0, 0, 0};
+inline thread_local uint3 blockIdx{0, 0, 0};
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
+namespace ddplab::emu {
+inline unsigned Barrier::blockIdx_x() { return ::blockIdx.x; }
+inline unsigned Barrier::blockIdx_y() { return ::blockIdx.y; }
+inline unsigned Barrier::blockIdx_z() { return ::blockIdx.z; }
+inline int lane_id() { return static_cast<int>(::threadIdx.x) % kWarpSize; }
+inline int warp_id() { return static_cast<int>(::threadIdx.x) / kWarpSize; }
+inline void require_full_mask(unsigned mask, const char* what) {
+  if (mask != 0xffffffffu) fail("%s: only the full warp mask is emulated (got 0x%08x)", what, mask);
+}
+}  // namespace ddplab::emu
+
+// ---- intrinsics ---------------------------------------------------------------------------------------------------
+
+inline void __syncthreads() { ddplab::emu::this_cta().block.arrive_and_wait("__syncthreads"); }
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ddplab::emu::require_full_mask(mask, "__syncwarp");
+  ddplab::emu::this_cta().warps[ddplab::emu::warp_id()]->arrive_and_wait("__syncwarp");
+}
+
+// Every lane writes its value, a warp barrier, every lane reads its partner's, a barrier again (so that no lane
+// overwrites its slot before its partner read it).
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = ddplab::emu::kWarpSize) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>, "a register-sized value");
+  ddplab::emu::require_full_mask(mask, "__shfl_xor_sync");
+  if (width != ddplab::emu::kWarpSize || lane_mask < 0 || lane_mask >= ddplab::emu::kWarpSize)
+    ddplab::emu::fail("__shfl_xor_sync: width %d, lane mask %d: only whole warps are emulated", width, lane_mask);
+  ddplab::emu::Cta& cta = ddplab::emu::this_cta();
+  const int warp = ddplab::emu::warp_id(), lane = ddplab::emu::lane_id();
+  auto& slots = cta.shuffle[warp];
+  uint64_t bits = 0;
+  std::memcpy(&bits, &var, sizeof(T));
+  slots[lane] = bits;
+  cta.warps[warp]->arrive_and_wait("__shfl_xor_sync");
+  bits = slots[lane ^ lane_mask];
+  cta.warps[warp]->arrive_and_wait("__shfl_xor_sync");
+  T out;
+  std::memcpy(&out, &bits, sizeof(T));
+  return out;
+}
+
+inline float atomicAdd(float* address, float value) {
+  return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
+}
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+[[noreturn]] inline void __trap() { ddplab::emu::fail("__trap"); }
+
+// ---- launch.cuh's device-side helpers (launch.cuh itself has <<<>>>, which g++ cannot parse): the same values -------
+
+namespace ddplab::cuda::detail {
+constexpr int kBlockSize = 256;
+constexpr int64_t kMaxGridSize = 65535;
+inline unsigned grid_size(int64_t n, int block = kBlockSize) {
+  return static_cast<unsigned>(std::min<int64_t>((n + block - 1) / block, kMaxGridSize));
+}
+inline int64_t global_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+}  // namespace ddplab::cuda::detail
+
+// ---- nvcuda::wmma: 16x16x16 fragments, each thread holding the whole tile ------------------------------------------
+
+namespace nvcuda::wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+// x: the tile in row-major order of the logical matrix (A: M x K, B: K x N, accumulator: M x N), all 16 x 16.
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+class fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulation has the 16x16x16 shape only");
+
+ public:
+  static constexpr int kRows = 16, kCols = 16;
+  T x[kRows * kCols];
+};
+
+namespace emu_detail {
+
+// wmma's preconditions on a fragment's memory: a 256-bit aligned pointer, ldm a multiple of 16 bytes and at least the
+// tile's 16 elements, and (in shared memory) the whole tile within the launch's dynamic shared memory.
+template <typename T>
+void check_access(const char* what, const T* p, unsigned ldm) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+    ddplab::emu::fail("%s: pointer %p is not 32-byte aligned", what, static_cast<const void*>(p));
+  if (ldm % (16 / sizeof(T)) != 0 || ldm < 16)
+    ddplab::emu::fail("%s: ldm %u must be a multiple of %zu elements (16 bytes) and at least 16", what, ldm,
+                      16 / sizeof(T));
+  ddplab::emu::check_shared(p, (15 * size_t{ldm} + 16) * sizeof(T), what);
+}
+
+// Element (r, c) of a tile stored at p with leading dimension ldm, row- or column-major.
+inline size_t offset(int r, int c, unsigned ldm, bool row_major) {
+  return row_major ? size_t(r) * ldm + size_t(c) : size_t(c) * ldm + size_t(r);
+}
+
+inline float to_float(float x) { return x; }
+inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+}  // namespace emu_detail
+
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>,
+                "matrix_a / matrix_b fragments carry their layout");
+  emu_detail::check_access("wmma::load_matrix_sync", p, ldm);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[emu_detail::offset(r, c, ldm, std::is_same_v<Layout, row_major>)];
+}
+
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
+                             layout_t layout) {
+  emu_detail::check_access("wmma::load_matrix_sync (accumulator)", p, ldm);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[emu_detail::offset(r, c, ldm, layout == mem_row_major)];
+}
+
+// Element e written by lane e % 32 only: the warp writes the tile once, and nothing orders it before other lanes'
+// reads but the kernel's own __syncwarp / __syncthreads.
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
+                              layout_t layout) {
+  emu_detail::check_access("wmma::store_matrix_sync", p, ldm);
+  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize)
+    p[emu_detail::offset(e / 16, e % 16, ldm, layout == mem_row_major)] = f.x[e];
+}
+
+template <typename T>
+void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, T value) {
+  for (float& x : f.x) x = static_cast<float>(value);
+}
+
+// d = a b + c in fp32 (d may be c).
+template <typename T, typename LayoutA, typename LayoutB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
+              const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
+  float fa[256], fb[256], acc[256];
+  for (int i = 0; i < 256; ++i) fa[i] = emu_detail::to_float(a.x[i]), fb[i] = emu_detail::to_float(b.x[i]);
+  std::memcpy(acc, c.x, sizeof(acc));
+  for (int m = 0; m < 16; ++m)
+    for (int k = 0; k < 16; ++k) {
+      const float am = fa[m * 16 + k];
+      for (int n = 0; n < 16; ++n) acc[m * 16 + n] += am * fb[k * 16 + n];
+    }
+  std::memcpy(d.x, acc, sizeof(acc));
+}
+
+}  // namespace nvcuda::wmma
+
+// ---- the launch -----------------------------------------------------------------------------------------------------
+
+// In the kernels' namespace, before they are defined: `extern __shared__ ... name[]` inside a kernel is, to g++, a
+// block-scope extern declaration, which names this variable (the innermost enclosing namespace's). E.g.
+//   namespace ddplab::cuda { namespace { DDPLAB_EMU_SHARED_MEMORY(smem) } }
+#define DDPLAB_EMU_SHARED_MEMORY(name)                             \
+  alignas(128) unsigned char name[::ddplab::emu::kSharedCapacity]; \
+  [[maybe_unused]] const bool name##_emulation_registered = ::ddplab::emu::register_shared_memory(name, sizeof(name));
+
+namespace ddplab::emu {
+
+// Runs kernel(args...) over the grid: CTAs one after another (x fastest), each on block.x threads, with smem_bytes of
+// dynamic shared memory. Returns when every CTA is done; fails (abort) on a broken precondition or barrier.
+template <typename Kernel, typename... Args>
+void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Args... args) {
+  const int threads = static_cast<int>(block.x);
+  if (block.y != 1 || block.z != 1 || threads <= 0 || threads % kWarpSize != 0 || threads > 1024)
+    fail("launch: block (%u,%u,%u): the emulation runs 1-D blocks of whole warps, at most 1024 threads", block.x,
+         block.y, block.z);
+  SharedMemory& sm = shared_memory();
+  if (smem_bytes > kSharedCapacity || (smem_bytes > 0 && (sm.base == nullptr || smem_bytes > sm.capacity)))
+    fail("launch: %zu bytes of dynamic shared memory: more than %zu, or no DDPLAB_EMU_SHARED_MEMORY buffer (%zu bytes)",
+         smem_bytes, kSharedCapacity, sm.capacity);
+  sm.bytes = smem_bytes;
+  const int64_t ctas = int64_t{grid.x} * grid.y * grid.z;
+  if (ctas == 0) return;
+
+  Cta cta(threads);
+  bool first = true;
+  // Between CTAs (every thread out of the kernel): the bytes past the launch's size still poison, the barriers' exits
+  // forgotten, the shared memory poisoned again for the next CTA.
+  const auto between_ctas = [&] {
+    if (sm.base != nullptr) {
+#ifdef DDPLAB_EMU_ASAN
+      ASAN_UNPOISON_MEMORY_REGION(sm.base, sm.capacity);
+#endif
+      if (!first)
+        for (size_t i = sm.bytes; i < sm.capacity; ++i)
+          if (sm.base[i] != 0xFF) fail("a kernel wrote shared-memory byte %zu, past its %zu bytes", i, sm.bytes);
+      std::memset(sm.base, 0xFF, sm.capacity);
+#ifdef DDPLAB_EMU_ASAN
+      ASAN_POISON_MEMORY_REGION(sm.base + sm.bytes, sm.capacity - sm.bytes);
+#endif
+    }
+    first = false;
+    cta.block.reset();
+    for (auto& w : cta.warps) w->reset();
+  };
+  Barrier between(threads, between_ctas);
+
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int tid = 0; tid < threads; ++tid)
+    pool.emplace_back([&, tid] {
+      ::threadIdx = uint3{static_cast<unsigned>(tid), 0, 0};
+      ::blockDim = block;
+      ::gridDim = grid;
+      t_cta = &cta;
+      for (int64_t c = 0; c < ctas; ++c) {
+        between.arrive_and_wait("the launch's barrier between CTAs");
+        ::blockIdx = uint3{static_cast<unsigned>(c % grid.x), static_cast<unsigned>(c / grid.x % grid.y),
+                           static_cast<unsigned>(c / grid.x / grid.y)};
+        kernel(args...);
+        cta.block.leave("__syncthreads");
+        cta.warps[tid / kWarpSize]->leave("__syncwarp / __shfl_xor_sync");
+      }
+      between.arrive_and_wait("the launch's barrier between CTAs");
+      t_cta = nullptr;
+    });
+  for (std::thread& t : pool) t.join();
+#ifdef DDPLAB_EMU_ASAN
+  if (sm.base != nullptr) ASAN_UNPOISON_MEMORY_REGION(sm.base, sm.capacity);
+#endif
+}
+
+}  // namespace ddplab::emu

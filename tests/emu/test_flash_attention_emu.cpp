@@ -1,0 +1,102 @@
+// The fused bf16 attention's kernels (kernels/cuda/flash_attention_kernels.cuh), their own source compiled by g++ and
+// run on host threads (cuda_emulation.h), against the CPU reference with the GPU test's checks (flash_test_util.h):
+// the index arithmetic, shared-memory layouts, masking, barriers and block skipping are tested on every machine, and
+// the launch sequence (grids, blocks, shared-memory sizes, the workspace's split) is the launchers' own.
+// What it cannot tell: timing, the tensor cores' rounding order, the sm_90 float4 atomics, memory-model subtleties.
+#include "tests/emu/cuda_emulation.h"
+
+// The kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
+namespace ddplab::cuda {
+namespace {
+DDPLAB_EMU_SHARED_MEMORY(smem)
+}  // namespace
+}  // namespace ddplab::cuda
+
+#include "kernels/cuda/flash_attention_kernels.cuh"
+
+// Then the rest.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "tests/gpu/flash_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace {
+
+namespace cuda = ddplab::cuda;
+using bf16 = __nv_bfloat16;
+using ddplab::flash_test::FlashCase;
+using ddplab::flash_test::FlashShape;
+using ddplab::gpu_test::kGuard;
+
+// The kernels' launch sequence's `launch`, emulated.
+constexpr auto kEmulated = [](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+  ddplab::emu::emulate_launch(grid, block, smem, kernel, args...);
+};
+
+// A host array of n elements plus a guard tail, all 0xFF bytes (NaN for fp32 and bf16) unless given values: every
+// output element must be written, and nothing past the end.
+template <typename T>
+class Poisoned {
+ public:
+  explicit Poisoned(int64_t n) : n_(n), v_(n + kGuard) { std::memset(static_cast<void*>(v_.data()), 0xFF, bytes()); }
+  explicit Poisoned(const std::vector<T>& values) : Poisoned(static_cast<int64_t>(values.size())) {
+    std::copy(values.begin(), values.end(), v_.begin());
+  }
+  T* get() { return v_.data(); }
+  std::vector<T> values() const {
+    const auto* raw = reinterpret_cast<const unsigned char*>(v_.data() + n_);
+    for (size_t i = 0; i < kGuard * sizeof(T); ++i)
+      if (raw[i] != 0xFF) {
+        ADD_FAILURE() << "a kernel wrote past the end of an array of " << n_;
+        break;
+      }
+    return std::vector<T>(v_.begin(), v_.begin() + n_);
+  }
+
+ private:
+  size_t bytes() const { return v_.size() * sizeof(T); }
+  int64_t n_;
+  std::vector<T> v_;
+};
+
+void emulated_flash_matches_cpu(const FlashShape& sh, bool causal) {
+  const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH;
+  SCOPED_TRACE(sh.describe(causal));
+  const FlashCase fc = ddplab::flash_test::make_flash_case(sh, causal);
+
+  Poisoned<bf16> qkv(ddplab::gpu_test::to_bf16(fc.qkv)), dout(ddplab::gpu_test::to_bf16(fc.dout));
+  Poisoned<bf16> out(int64_t{B} * S * C), dqkv(int64_t{B} * S * 3 * C);
+  Poisoned<float> lse(int64_t{B} * NH * S), workspace(int64_t{B} * S * C + int64_t{B} * NH * S);
+  Poisoned<int32_t> lengths(sh.lengths);
+  const int32_t* len = sh.lengths.empty() ? nullptr : lengths.get();
+  cuda::flash_forward_launches(kEmulated, out.get(), lse.get(), qkv.get(), len, B, S, C, NH, causal);
+  cuda::flash_backward_launches(kEmulated, dqkv.get(), workspace.get(), dout.get(), qkv.get(), out.get(), lse.get(),
+                                len, B, S, C, NH, causal);
+  ddplab::flash_test::expect_flash_matches("flash (emulated)", sh, causal, fc, ddplab::gpu_test::to_f32(out.values()),
+                                           lse.values(), ddplab::gpu_test::to_f32(dqkv.values()));
+}
+
+// S of 1, 17, 64, 100 and 130 (less than a block, one exactly, several with a partial last one); head sizes 32, 64
+// and 128; one to three heads and sequences; lengths padded, 0, 1 and full, and null (all S); scores of a few hundred
+// (amplitude 12) in one case. Small enough to run in seconds: every emulated thread does its warp's whole MMAs.
+const std::vector<FlashShape> kEmulatedShapes = {
+    {1, 1, 64, 1, {1}},          {3, 17, 96, 3, {17, 5, 0}},     {2, 64, 64, 1, {}},
+    {2, 100, 128, 1, {100, 63}}, {3, 130, 128, 2, {130, 1, 65}}, {2, 130, 64, 2, {0, 129}},
+    {1, 130, 128, 1, {}, 12.0f}};
+
+TEST(FlashAttentionEmulated, MatchesCpu) {
+  for (const FlashShape& sh : kEmulatedShapes)
+    for (bool causal : {false, true}) {
+      const auto start = std::chrono::steady_clock::now();
+      emulated_flash_matches_cpu(sh, causal);
+      std::cout << "  (" << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s)\n";
+    }
+}
+
+}  // namespace
