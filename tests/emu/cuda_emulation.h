@@ -19,11 +19,14 @@
 //     CTA did not write shows as NaN; the bytes past the launch's size are checked untouched after each CTA; under
 //     AddressSanitizer they are poisoned too, so any access past the end fails where it happens.
 //
-// The wmma model: each emulated thread holds the whole 16x16 tile in its fragment (our kernels never index fragment
-// elements, so no element layout is needed); load_matrix_sync reads the whole tile in every lane; mma_sync computes
-// in fp32 from the bf16 operands (exact products, summed in k order: not the tensor cores' order); store_matrix_sync
-// writes each element from one lane (element e from lane e % 32), without a barrier, as the hardware gives none: a
-// lane reading what another lane stored needs the kernel's __syncwarp, or it races (ThreadSanitizer reports it).
+// The wmma model: matrix_a and matrix_b fragments hold the whole 16x16 tile in every lane (load_matrix_sync reads all
+// of it in every lane); an accumulator is distributed, element e (row-major in the tile) owned by lane e % 32 (our
+// kernels never index fragment elements, so the hardware's own layout is not needed, only that one exists):
+// load_matrix_sync reads, mma_sync computes and store_matrix_sync writes a lane's own elements only, the rest being
+// NaN. So a warp writes a tile once, a lane reloading an accumulator it stored needs no barrier (as on the hardware,
+// whose load and store of a fragment type map elements to lanes alike), and nothing orders a store before other
+// lanes' reads but the kernel's own __syncwarp / __syncthreads: without it they race (ThreadSanitizer reports it).
+// mma_sync computes in fp32 from the bf16 operands: exact products, summed in k order, not the tensor cores' order.
 #pragma once
 #ifdef __CUDACC__
 #error "tests/emu/cuda_emulation.h stands in for nvcc's device side: include it from host-compiled code only"
@@ -33,6 +36,7 @@
 #include <cuda_runtime_api.h>
 #include <vector_functions.h>  // make_uint4, make_float4
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -44,6 +48,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -309,12 +315,11 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
                              layout_t layout) {
   emu_detail::check_access("wmma::load_matrix_sync (accumulator)", p, ldm);
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[emu_detail::offset(r, c, ldm, layout == mem_row_major)];
+  std::fill(std::begin(f.x), std::end(f.x), std::numeric_limits<float>::quiet_NaN());
+  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize)
+    f.x[e] = p[emu_detail::offset(e / 16, e % 16, ldm, layout == mem_row_major)];
 }
 
-// Element e written by lane e % 32 only: the warp writes the tile once, and nothing orders it before other lanes'
-// reads but the kernel's own __syncwarp / __syncthreads.
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
                               layout_t layout) {
   emu_detail::check_access("wmma::store_matrix_sync", p, ldm);
@@ -327,18 +332,18 @@ void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, T value) {
   for (float& x : f.x) x = static_cast<float>(value);
 }
 
-// d = a b + c in fp32 (d may be c).
+// d = a b + c in fp32 on the lane's own elements (d may be c).
 template <typename T, typename LayoutA, typename LayoutB>
 void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
               const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
-  float fa[256], fb[256], acc[256];
-  for (int i = 0; i < 256; ++i) fa[i] = emu_detail::to_float(a.x[i]), fb[i] = emu_detail::to_float(b.x[i]);
-  std::memcpy(acc, c.x, sizeof(acc));
-  for (int m = 0; m < 16; ++m)
-    for (int k = 0; k < 16; ++k) {
-      const float am = fa[m * 16 + k];
-      for (int n = 0; n < 16; ++n) acc[m * 16 + n] += am * fb[k * 16 + n];
-    }
+  float acc[256];
+  std::fill(std::begin(acc), std::end(acc), std::numeric_limits<float>::quiet_NaN());
+  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize) {
+    const int m = e / 16, n = e % 16;
+    float sum = c.x[e];
+    for (int k = 0; k < 16; ++k) sum += emu_detail::to_float(a.x[m * 16 + k]) * emu_detail::to_float(b.x[k * 16 + n]);
+    acc[e] = sum;
+  }
   std::memcpy(d.x, acc, sizeof(acc));
 }
 
