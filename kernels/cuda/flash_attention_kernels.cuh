@@ -331,6 +331,29 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward -------------------------------------------------------------------------------------------------------
 
+// dst [16][ld_dst] fp32 = A B^T for the warp: A its 16 rows [16][HS] (row-major), B a block's kBlockQ rows
+// [kBlockQ][HS] (both bf16, row stride ld), B^T read as a column-major matrix_b. Backward's S^T = K Q^T and
+// dP^T = V dO^T.
+template <int HS>
+__device__ __forceinline__ void warp_rows_times_tile_transposed(float* dst, int ld_dst, const bf16* a_rows,
+                                                                const bf16* b_tile, int ld) {
+  FragA a_frag[HS / kFrag];
+#pragma unroll
+  for (int k = 0; k < HS / kFrag; ++k) wmma::load_matrix_sync(a_frag[k], a_rows + k * kFrag, ld);
+#pragma unroll
+  for (int n = 0; n < kBlockQ / kFrag; ++n) {
+    FragAcc acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int k = 0; k < HS / kFrag; ++k) {
+      FragBT b_frag;
+      wmma::load_matrix_sync(b_frag, b_tile + n * kFrag * ld + k * kFrag, ld);
+      wmma::mma_sync(acc, a_frag[k], b_frag, acc);
+    }
+    wmma::store_matrix_sync(dst + n * kFrag, acc, ld_dst, wmma::mem_row_major);
+  }
+}
+
 // Adds 4 floats to global memory: one 16-byte atomic where the hardware has it (sm_90), else four.
 __device__ __forceinline__ void atomic_add4(float* dst, const float* v) {
 #if __CUDA_ARCH__ >= 900
@@ -407,25 +430,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
 
-    // Step 1: S^T = K Q^T for the warp's 16 keys x the block's 64 queries (Q read as a column-major Q^T).
-    {
-      FragA k_frag[HS / kFrag];
-#pragma unroll
-      for (int k = 0; k < HS / kFrag; ++k)
-        wmma::load_matrix_sync(k_frag[k], k_s + key_row0 * L::kLdQkv + k * kFrag, L::kLdQkv);
-#pragma unroll
-      for (int n = 0; n < kBlockQ / kFrag; ++n) {
-        FragAcc acc;
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int k = 0; k < HS / kFrag; ++k) {
-          FragBT q_frag;
-          wmma::load_matrix_sync(q_frag, q_s + n * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
-          wmma::mma_sync(acc, k_frag[k], q_frag, acc);
-        }
-        wmma::store_matrix_sync(st_w + n * kFrag, acc, L::kLdS, wmma::mem_row_major);
-      }
-    }
+    // Step 1: S^T = K Q^T for the warp's 16 keys x the block's 64 queries.
+    warp_rows_times_tile_transposed<HS>(st_w, L::kLdS, k_s + key_row0 * L::kLdQkv, q_s, L::kLdQkv);
     __syncwarp();
 
     // Step 2: P^T = exp2(scale log2(e) S^T - lse log2(e)) where (key j, query t) is valid, else exactly 0: fp32 in
@@ -453,25 +459,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
-    // Step 4: dP^T = V dO^T (dO read as a column-major dO^T).
-    {
-      FragA v_frag[HS / kFrag];
-#pragma unroll
-      for (int k = 0; k < HS / kFrag; ++k)
-        wmma::load_matrix_sync(v_frag[k], v_s + key_row0 * L::kLdQkv + k * kFrag, L::kLdQkv);
-#pragma unroll
-      for (int n = 0; n < kBlockQ / kFrag; ++n) {
-        FragAcc acc;
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int k = 0; k < HS / kFrag; ++k) {
-          FragBT do_frag;
-          wmma::load_matrix_sync(do_frag, do_s + n * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
-          wmma::mma_sync(acc, v_frag[k], do_frag, acc);
-        }
-        wmma::store_matrix_sync(dpt_w + n * kFrag, acc, L::kLdS, wmma::mem_row_major);
-      }
-    }
+    // Step 4: dP^T = V dO^T.
+    warp_rows_times_tile_transposed<HS>(dpt_w, L::kLdS, v_s + key_row0 * L::kLdQkv, do_s, L::kLdQkv);
     __syncwarp();
 
     // Step 5: dS^T = scale P^T (dP^T - D), rounded to bf16 for the two products below; 0 wherever P is.
