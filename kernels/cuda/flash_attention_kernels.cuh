@@ -196,6 +196,32 @@ __device__ __forceinline__ void store_rows_bf16(bf16* dst, int64_t ld_dst, int r
   }
 }
 
+// The warp's 16 rows [16][HS] of a bf16 tile (row stride ld) as matrix_a fragments, one per 16 columns.
+template <int HS>
+__device__ __forceinline__ void load_warp_rows(FragA (&a)[HS / kFrag], const bf16* rows, int ld) {
+#pragma unroll
+  for (int k = 0; k < HS / kFrag; ++k) wmma::load_matrix_sync(a[k], rows + k * kFrag, ld);
+}
+
+// dst [16][ld_dst] fp32 = A B^T for the warp: A its 16 rows (load_warp_rows), B the N rows [N][HS] of a bf16 tile (row
+// stride ld), B^T read as a column-major matrix_b. Forward's S = Q K^T; backward's S^T = K Q^T and dP^T = V dO^T.
+template <int HS, int N>
+__device__ __forceinline__ void warp_times_tile_transposed(float* dst, int ld_dst, const FragA (&a)[HS / kFrag],
+                                                           const bf16* b_tile, int ld) {
+#pragma unroll
+  for (int n = 0; n < N / kFrag; ++n) {
+    FragAcc acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int k = 0; k < HS / kFrag; ++k) {
+      FragBT b_frag;
+      wmma::load_matrix_sync(b_frag, b_tile + n * kFrag * ld + k * kFrag, ld);
+      wmma::mma_sync(acc, a[k], b_frag, acc);
+    }
+    wmma::store_matrix_sync(dst + n * kFrag, acc, ld_dst, wmma::mem_row_major);
+  }
+}
+
 // ---- forward --------------------------------------------------------------------------------------------------------
 
 // A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile.
@@ -237,9 +263,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = lane; i < kFrag * L::kLdO; i += 32) o_w[i] = 0.0f;
   __syncthreads();
   FragA q_frag[HS / kFrag];  // the warp's 16 query rows, for every key tile
-#pragma unroll
-  for (int k = 0; k < HS / kFrag; ++k)
-    wmma::load_matrix_sync(q_frag[k], q_s + warp * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
+  load_warp_rows<HS>(q_frag, q_s + warp * kFrag * L::kLdQkv, L::kLdQkv);
 
   // The online softmax: a lane pair per row (lane / 2), each lane half the row's columns. Both lanes keep the row's
   // running max m (of the scores in log2 units) and running sum l of exp2(score - m).
@@ -259,19 +283,8 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<kBlockK, HS>(v_s, L::kLdQkv, v_g, ld, j0, len);
     __syncthreads();
 
-    // Step 1: raw scores Q K^T, the warp's 16 rows x the tile's 64 keys (K read as a column-major K^T).
-#pragma unroll
-    for (int n = 0; n < kBlockK / kFrag; ++n) {
-      FragAcc acc;
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-      for (int k = 0; k < HS / kFrag; ++k) {
-        FragBT k_frag;
-        wmma::load_matrix_sync(k_frag, k_s + n * kFrag * L::kLdQkv + k * kFrag, L::kLdQkv);
-        wmma::mma_sync(acc, q_frag[k], k_frag, acc);
-      }
-      wmma::store_matrix_sync(s_w + n * kFrag, acc, L::kLdS, wmma::mem_row_major);
-    }
+    // Step 1: raw scores Q K^T, the warp's 16 rows x the tile's 64 keys.
+    warp_times_tile_transposed<HS, kBlockK>(s_w, L::kLdS, q_frag, k_s, L::kLdQkv);
     __syncwarp();
 
     // Step 2: masking and the online softmax update. Masked keys (j >= row_keys: padding, the causal future) are
@@ -330,29 +343,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- backward -------------------------------------------------------------------------------------------------------
-
-// dst [16][ld_dst] fp32 = A B^T for the warp: A its 16 rows [16][HS] (row-major), B a block's kBlockQ rows
-// [kBlockQ][HS] (both bf16, row stride ld), B^T read as a column-major matrix_b. Backward's S^T = K Q^T and
-// dP^T = V dO^T.
-template <int HS>
-__device__ __forceinline__ void warp_rows_times_tile_transposed(float* dst, int ld_dst, const bf16* a_rows,
-                                                                const bf16* b_tile, int ld) {
-  FragA a_frag[HS / kFrag];
-#pragma unroll
-  for (int k = 0; k < HS / kFrag; ++k) wmma::load_matrix_sync(a_frag[k], a_rows + k * kFrag, ld);
-#pragma unroll
-  for (int n = 0; n < kBlockQ / kFrag; ++n) {
-    FragAcc acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int k = 0; k < HS / kFrag; ++k) {
-      FragBT b_frag;
-      wmma::load_matrix_sync(b_frag, b_tile + n * kFrag * ld + k * kFrag, ld);
-      wmma::mma_sync(acc, a_frag[k], b_frag, acc);
-    }
-    wmma::store_matrix_sync(dst + n * kFrag, acc, ld_dst, wmma::mem_row_major);
-  }
-}
 
 // Adds 4 floats to global memory: one 16-byte atomic where the hardware has it (sm_90), else four.
 __device__ __forceinline__ void atomic_add4(float* dst, const float* v) {
@@ -431,7 +421,11 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     // Step 1: S^T = K Q^T for the warp's 16 keys x the block's 64 queries.
-    warp_rows_times_tile_transposed<HS>(st_w, L::kLdS, k_s + key_row0 * L::kLdQkv, q_s, L::kLdQkv);
+    {
+      FragA k_frag[HS / kFrag];
+      load_warp_rows<HS>(k_frag, k_s + key_row0 * L::kLdQkv, L::kLdQkv);
+      warp_times_tile_transposed<HS, kBlockQ>(st_w, L::kLdS, k_frag, q_s, L::kLdQkv);
+    }
     __syncwarp();
 
     // Step 2: P^T = exp2(scale log2(e) S^T - lse log2(e)) where (key j, query t) is valid, else exactly 0: fp32 in
@@ -460,7 +454,11 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     // Step 4: dP^T = V dO^T.
-    warp_rows_times_tile_transposed<HS>(dpt_w, L::kLdS, v_s + key_row0 * L::kLdQkv, do_s, L::kLdQkv);
+    {
+      FragA v_frag[HS / kFrag];
+      load_warp_rows<HS>(v_frag, v_s + key_row0 * L::kLdQkv, L::kLdQkv);
+      warp_times_tile_transposed<HS, kBlockQ>(dpt_w, L::kLdS, v_frag, do_s, L::kLdQkv);
+    }
     __syncwarp();
 
     // Step 5: dS^T = scale P^T (dP^T - D), rounded to bf16 for the two products below; 0 wherever P is.
