@@ -57,9 +57,9 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->capture_default_str();
   app->add_option("--attention", c.attention,
                   "--device cuda, transformer: unfused (fp32 kernels, S x S probabilities kept) | fused (flash "
-                  "attention in bf16: --precision bf16, heads of 32, 64 or 128). Default unfused: the fused kernels "
-                  "have not yet run on a GPU")
-      ->check(CLI::IsMember({"unfused", "fused"}))
+                  "attention in bf16: --precision bf16, heads of 32, 64 or 128) | auto (fused where it can run, "
+                  "else unfused)")
+      ->check(CLI::IsMember({"auto", "unfused", "fused"}))
       ->capture_default_str();
   app->add_option("--profile-steps", c.profile_steps,
                   "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)");
@@ -204,6 +204,13 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   });
 }
 
+std::string resolve_attention(const TrainConfig& c) {
+  if (c.attention != "auto") return c.attention;
+  if (c.device != "cuda" || c.model == "mlp" || c.precision != "bf16") return "unfused";
+  const TransformerConfig m = TransformerConfig::preset(c.model);
+  return fused_attention_supports_head_size(m.d_model / m.heads) ? "fused" : "unfused";
+}
+
 void validate(const TrainConfig& c) {
   auto at_least = [](const char* flag, long long value, long long min) {
     require(value >= min, std::string(flag) + " must be at least " + std::to_string(min) + " (got " +
@@ -301,7 +308,7 @@ void validate(const TrainConfig& c) {
           "--comm mpi has no " + c.comm_dtype + " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring");
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
-  require(c.attention == "unfused", "--attention " + c.attention + " needs --device cuda (the CPU has one attention)");
+  require(c.attention != "fused", "--attention fused needs --device cuda (the CPU has one attention)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");
   require(c.ring_link == "auto", "--ring-link needs --device cuda (the CPU ring runs over MPI or shared memory)");
   require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");

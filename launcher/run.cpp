@@ -238,14 +238,12 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
   } catch (const nlohmann::json::exception&) {
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
-  // Checkpoints from before --attention ran the only attention there was.
-  if (saved.is_object() && !saved.contains("attention")) saved["attention"] = "unfused";
   // clang-format off
   static const char* const kArithmetic[] = {
       "model", "head", "lengths", "min_len", "max_len", "outlier_prob", "batching", "max_tokens", "epoch_size",
       "input_dim", "hidden", "layers", "classes", "optimizer", "lr", "beta1", "beta2", "eps",
       "weight_decay", "momentum", "batch", "seed", "data_noise", "grad_accum", "comm", "comm_dtype", "bucket_mb",
-      "first_bucket_mb", "grad_slice_mb", "world_size", "device", "precision", "attention"};
+      "first_bucket_mb", "grad_slice_mb", "world_size", "device", "precision"};
   // clang-format on
   const nlohmann::json now = checkpoint_config(config, world_size);
   std::string differing;
@@ -479,6 +477,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   std::string error = config_disagreement(config, world);  // before anything a rank could decide on its own
   if (!error.empty()) throw UsageError(error);
   validate(config);
+  config.attention = resolve_attention(config);  // the run header, the run file and the model see the choice made
   require(config.fault == "none" || config.fault_rank < size,
           "--fault-rank " + std::to_string(config.fault_rank) + " is not a rank of this " + std::to_string(size) +
               "-rank job");

@@ -22,7 +22,7 @@ inline constexpr double kAutoGradSliceMb = -1;
 struct TrainConfig {
   std::string device = "cpu";       // cpu | cuda: one GPU per rank, NCCL all-reduce (docs/GPU.md)
   std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
-  std::string attention = "unfused";  // --device cuda, transformer: unfused | fused (bf16; model/attention_kind.h)
+  std::string attention = "auto";   // --device cuda, transformer: auto | unfused | fused (bf16; model/attention_kind.h)
   std::string profile_steps;        // --device cuda: "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
   std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)
   MlpConfig mlp;

@@ -104,7 +104,7 @@ for np in 1 2; do
   expect_error $np "--device cuda: --attention fused needs a transformer --model" \
     train "${small[@]}" --attention fused --precision bf16 "${cuda[@]}"
   expect_error $np "--attention fused needs --device cuda" train --model small --attention fused --steps 2
-  expect_error $np "--attention: flash not in {unfused,fused}" train "${small[@]}" --attention flash
+  expect_error $np "--attention: flash not in {auto,unfused,fused}" train "${small[@]}" --attention flash
 done
 # Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
 if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then
