@@ -204,13 +204,6 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   });
 }
 
-std::string resolve_attention(const TrainConfig& c) {
-  if (c.attention != "auto") return c.attention;
-  if (c.device != "cuda" || c.model == "mlp" || c.precision != "bf16") return "unfused";
-  const TransformerConfig m = TransformerConfig::preset(c.model);
-  return fused_attention_supports_head_size(m.d_model / m.heads) ? "fused" : "unfused";
-}
-
 void validate(const TrainConfig& c) {
   auto at_least = [](const char* flag, long long value, long long min) {
     require(value >= min, std::string(flag) + " must be at least " + std::to_string(min) + " (got " +

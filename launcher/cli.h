@@ -14,8 +14,4 @@ void add_train_flags(CLI::App* app, TrainConfig& config, FlagSet flags = FlagSet
 // Throws UsageError (record/errors.h) naming the first bad flag.
 void validate(const TrainConfig& config);
 
-// --attention auto as it runs: fused for a bf16 transformer on the GPU whose heads the fused kernels have (docs/GPU.md,
-// "Fused attention"), else unfused; an explicit choice as given (validate refuses what cannot run).
-std::string resolve_attention(const TrainConfig& config);
-
 }  // namespace ddplab

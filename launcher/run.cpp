@@ -365,9 +365,10 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
     std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s%s\n",
               config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(),
-              describe(comm_options(config).link).c_str(), trainer.buckets().size(),
-              trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
-              config.overlap ? "on" : "off", slices);
+              // comm_options knows the CPU's collectives only (not nccl); the GPU refuses --link anyway
+              (config.device == "cpu" ? describe(comm_options(config).link) : std::string("none")).c_str(),
+              trainer.buckets().size(), trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb,
+              config.first_bucket_mb, config.overlap ? "on" : "off", slices);
   std::fflush(stdout);
 }
 
@@ -477,7 +478,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   std::string error = config_disagreement(config, world);  // before anything a rank could decide on its own
   if (!error.empty()) throw UsageError(error);
   validate(config);
-  config.attention = resolve_attention(config);  // the run header, the run file and the model see the choice made
+  config.attention = resolved_attention(config);  // the run header, the run file and the model see the choice made
   require(config.fault == "none" || config.fault_rank < size,
           "--fault-rank " + std::to_string(config.fault_rank) + " is not a rank of this " + std::to_string(size) +
               "-rank job");

@@ -114,7 +114,8 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
  public:
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
       : CudaModelWorkload(TokenBatches::model_config(c), c.seed, parse_precision(c.precision),
-                          TokenBatches::max_tokens(c), TokenBatches::max_seq(c), compute, parse_attention(c.attention)),
+                          TokenBatches::max_tokens(c), TokenBatches::max_seq(c), compute,
+                          parse_attention(resolved_attention(c))),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),
         slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {

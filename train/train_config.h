@@ -4,15 +4,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
 #include "comm/communicator.h"
+#include "model/attention_kind.h"
 #include "model/mlp.h"
 #include "model/optimizer.h"
+#include "model/transformer.h"
 
 namespace ddplab {
 
@@ -103,6 +104,15 @@ inline double decimal(float x) {
   char text[32];
   std::snprintf(text, sizeof text, "%.7g", x);  // 7 significant digits round-trip any float
   return std::strtod(text, nullptr);
+}
+
+// --attention auto as it runs: fused for a bf16 transformer on the GPU whose heads the fused kernels have (docs/GPU.md,
+// "Fused attention"), else unfused; an explicit choice as given (validate refuses what cannot run).
+inline std::string resolved_attention(const TrainConfig& c) {
+  if (c.attention != "auto") return c.attention;
+  if (c.device != "cuda" || c.model == "mlp" || c.precision != "bf16") return "unfused";
+  const TransformerConfig m = TransformerConfig::preset(c.model);
+  return fused_attention_supports_head_size(m.d_model / m.heads) ? "fused" : "unfused";
 }
 
 // The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad name or value.

@@ -158,6 +158,11 @@ if [ "$stage" = 1 ]; then
     step "report of that run" train.log 30 'grep -A2 "per rank (steady" "$log" | tail -1' \
       "$build/launcher/ddplab" report "$work/train_ring_np4.h5"
   fi
+  # One GPU through `ddplab train` as a user runs it: --comm nccl (its header once threw: the CPU's collectives were
+  # asked for the link), gpt2-small in bf16 with the default --attention auto (fused; the header must say so).
+  step "train nccl gpt2 bf16 np1" train.log 90 'grep "attention\|mean step" "$log" | tail -2 | tr "\n" " "' \
+    "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
+    --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 12 --out "$work/train_nccl_gpt2.h5" --force
   # A rank that fails ends the whole job, at once, with its reason (the error path of CudaBackend's destructor).
   step "fault throw ring np2" train.log 60 'grep "error on rank 1" "$log" | tail -1' \
     bash -c 'said=$("$@" 2>&1); code=$?; echo "$said"; [ $code -ne 0 ] && grep -q "injected fault" <<<"$said"' _ \
