@@ -222,6 +222,24 @@ __device__ __forceinline__ void warp_times_tile_transposed(float* dst, int ld_ds
   }
 }
 
+// acc[n] += A B for the warp, n over HS / 16 column tiles: A its 16 rows [16][K] of a bf16 tile (row stride lda), B a
+// [K][HS] bf16 tile (row stride ldb). Forward's O += P V; backward's dV += P^T dO and dK += dS^T Q.
+template <int HS, int K>
+__device__ __forceinline__ void warp_accumulate_product(FragAcc (&acc)[HS / kFrag], const bf16* a_rows, int lda,
+                                                        const bf16* b_tile, int ldb) {
+#pragma unroll
+  for (int k = 0; k < K / kFrag; ++k) {
+    FragA a_frag;
+    wmma::load_matrix_sync(a_frag, a_rows + k * kFrag, lda);
+#pragma unroll
+    for (int n = 0; n < HS / kFrag; ++n) {
+      FragB b_frag;
+      wmma::load_matrix_sync(b_frag, b_tile + k * kFrag * ldb + n * kFrag, ldb);
+      wmma::mma_sync(acc[n], a_frag, b_frag, acc[n]);
+    }
+  }
+}
+
 // ---- forward --------------------------------------------------------------------------------------------------------
 
 // A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile.
@@ -315,17 +333,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int n = 0; n < HS / kFrag; ++n)
       wmma::load_matrix_sync(o_frag[n], o_w + n * kFrag, L::kLdO, wmma::mem_row_major);
-#pragma unroll
-    for (int k = 0; k < kBlockK / kFrag; ++k) {
-      FragA p_frag;
-      wmma::load_matrix_sync(p_frag, p_w + k * kFrag, L::kLdP);
-#pragma unroll
-      for (int n = 0; n < HS / kFrag; ++n) {
-        FragB v_frag;
-        wmma::load_matrix_sync(v_frag, v_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
-        wmma::mma_sync(o_frag[n], p_frag, v_frag, o_frag[n]);
-      }
-    }
+    warp_accumulate_product<HS, kBlockK>(o_frag, p_w, L::kLdP, v_s, L::kLdQkv);
 #pragma unroll
     for (int n = 0; n < HS / kFrag; ++n)
       wmma::store_matrix_sync(o_w + n * kFrag, o_frag[n], L::kLdO, wmma::mem_row_major);
@@ -441,17 +449,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
 
     // Step 3: dV += P^T dO.
-#pragma unroll
-    for (int k = 0; k < kBlockQ / kFrag; ++k) {
-      FragA p_frag;
-      wmma::load_matrix_sync(p_frag, pt_w + k * kFrag, L::kLdP);
-#pragma unroll
-      for (int n = 0; n < HS / kFrag; ++n) {
-        FragB do_frag;
-        wmma::load_matrix_sync(do_frag, do_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
-        wmma::mma_sync(dv_frag[n], p_frag, do_frag, dv_frag[n]);
-      }
-    }
+    warp_accumulate_product<HS, kBlockQ>(dv_frag, pt_w, L::kLdP, do_s, L::kLdQkv);
 
     // Step 4: dP^T = V dO^T.
     {
@@ -469,17 +467,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
 
     // Step 6: dK += dS^T Q.
-#pragma unroll
-    for (int k = 0; k < kBlockQ / kFrag; ++k) {
-      FragA ds_frag;
-      wmma::load_matrix_sync(ds_frag, ds_w + k * kFrag, L::kLdP);
-#pragma unroll
-      for (int n = 0; n < HS / kFrag; ++n) {
-        FragB q_frag;
-        wmma::load_matrix_sync(q_frag, q_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
-        wmma::mma_sync(dk_frag[n], ds_frag, q_frag, dk_frag[n]);
-      }
-    }
+    warp_accumulate_product<HS, kBlockQ>(dk_frag, ds_w, L::kLdP, q_s, L::kLdQkv);
     // Every warp's dS^T rows are written, and every warp is done with S^T and dP^T, whose space dQ takes next.
     __syncthreads();
 
