@@ -20,15 +20,19 @@ void require_aligned(const char* what, const char* name, const void* p) {
     throw std::invalid_argument(std::string(what) + ": " + name + " must be a non-null, 16-byte aligned pointer");
 }
 
-// bf16 wmma needs compute capability 8.0; an older device would trap inside the kernel instead.
+// bf16 wmma needs compute capability 8.0; an older device would trap inside the kernel instead. Asked once per thread
+// and device, not on every call: the models call this twice per layer and step.
 void require_bf16_tensor_cores(const char* what) {
+  thread_local int checked_device = -1;
   int device = 0, major = 0, minor = 0;
   cudaCheck(cudaGetDevice(&device));
+  if (device == checked_device) return;
   cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major < 8)
     throw std::runtime_error(std::string(what) + ": needs bf16 tensor cores (compute capability 8.0 or later); GPU " +
                              std::to_string(device) + " is " + std::to_string(major) + "." + std::to_string(minor));
+  checked_device = device;
 }
 
 // One kernel on `stream` (the `launch` of flash_attention_kernels.cuh's launch sequence). More than 48 KB of dynamic

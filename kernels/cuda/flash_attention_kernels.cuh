@@ -30,9 +30,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/common.cuh"
-#ifdef __CUDACC__
-#include "kernels/cuda/launch.cuh"  // kBlockSize, grid_size, global_index, grid_stride (the emulation's own copies)
-#endif
+#include "kernels/cuda/launch.cuh"  // kBlockSize, grid_size, global_index, grid_stride
 
 namespace ddplab::cuda {
 namespace {

@@ -1,4 +1,5 @@
-// Grid arithmetic and the elementwise loop shared by the launchers (nvcc only). Kernels use grid-stride loops over
+// Grid arithmetic and the elementwise loop shared by the launchers (nvcc; and g++ under tests/emu, without
+// launch_packed). Kernels use grid-stride loops over
 // int64 indices, so the grid is capped and any n >= 0 is covered, including n beyond 2^31.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -61,6 +62,7 @@ inline bool map_packs_fit(const Out* out, const In* in) {
   return all_aligned(alignof(Pack<Out, 4>), out) && all_aligned(alignof(Pack<In, 4>), in);
 }
 
+#ifdef __CUDACC__  // <<<>>> is nvcc's: the CPU emulation (tests/emu) includes the rest of this file with g++
 // Launches packed (a kernel's V = 4 instantiation of for_each_pack) where `aligned`, else scalar (its V = 1 one), over
 // n elements: one thread per pack or per element, grid_size capping the grid. The caller checks the launch.
 template <typename... Params, typename... Args>
@@ -71,5 +73,6 @@ void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(
   else
     scalar<<<grid_size(n), kBlockSize, 0, stream>>>(args...);
 }
+#endif
 
 }  // namespace ddplab::cuda::detail

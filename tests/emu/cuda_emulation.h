@@ -246,18 +246,6 @@ inline int max(int a, int b) { return a > b ? a : b; }
 
 [[noreturn]] inline void __trap() { ddplab::emu::fail("__trap"); }
 
-// ---- launch.cuh's device-side helpers (launch.cuh itself has <<<>>>, which g++ cannot parse): the same values -------
-
-namespace ddplab::cuda::detail {
-constexpr int kBlockSize = 256;
-constexpr int64_t kMaxGridSize = 65535;
-inline unsigned grid_size(int64_t n, int block = kBlockSize) {
-  return static_cast<unsigned>(std::min<int64_t>((n + block - 1) / block, kMaxGridSize));
-}
-inline int64_t global_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-}  // namespace ddplab::cuda::detail
-
 // ---- nvcuda::wmma: 16x16x16 fragments, each thread holding the whole tile ------------------------------------------
 
 namespace nvcuda::wmma {
