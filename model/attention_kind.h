@@ -26,4 +26,10 @@ inline bool fused_attention_supports_head_size(int head_size) {
 }
 inline const char* fused_attention_head_sizes() { return "32, 64 or 128"; }
 
+// --attention auto: the fused kernels where they can run (bf16 on the GPU, a head size they have), else unfused.
+inline AttentionKind auto_attention(bool bf16_on_gpu, int head_size) {
+  return bf16_on_gpu && fused_attention_supports_head_size(head_size) ? AttentionKind::kFused
+                                                                      : AttentionKind::kUnfused;
+}
+
 }  // namespace ddplab

@@ -110,9 +110,9 @@ inline double decimal(float x) {
 // "Fused attention"), else unfused; an explicit choice as given (validate refuses what cannot run).
 inline std::string resolved_attention(const TrainConfig& c) {
   if (c.attention != "auto") return c.attention;
-  if (c.device != "cuda" || c.model == "mlp" || c.precision != "bf16") return "unfused";
+  if (c.model == "mlp") return "unfused";
   const TransformerConfig m = TransformerConfig::preset(c.model);
-  return fused_attention_supports_head_size(m.d_model / m.heads) ? "fused" : "unfused";
+  return attention_name(auto_attention(c.device == "cuda" && c.precision == "bf16", m.d_model / m.heads));
 }
 
 // The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad name or value.

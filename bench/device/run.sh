@@ -4,9 +4,9 @@
 #   bench/device/run.sh 1   build (ninja, sm_90, the targets below), ctest -L gpu, the quick kernel benchmark,
 #                           allreduce_perf (NCCL at np 1; our ring at np 2 and 4 on the one GPU), a 20-step 4-rank
 #                           --comm ring training run and its report, a rank's injected failure ending the job
-#   bench/device/run.sh 2   build what it needs (nothing on a warm machine), the MLP and gpt2-small training steps in
-#                           fp32/tf32/bf16 beside PyTorch eager, the full kernel benchmark, compute-sanitizer (memcheck,
-#                           racecheck) over the GPU tests, ncu on the three heaviest kernels of the gpt2-small step
+#   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step with each attention and through
+#                           `ddplab train`, PyTorch eager, torch.compile and SDPA per backend on the same shapes, ncu
+#                           on the fused attention's kernels, the full kernel benchmark, ncu's ranking of the step
 # Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
 # deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
 # Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
@@ -92,7 +92,7 @@ if [ "$(printf '%s\n' 2.36 "$glibc" | sort -V | head -1)" != 2.36 ]; then
 fi
 . bench/device/env.sh .device/root
 
-if [ "$stage" = 1 ]; then  # what the build and the runs see, with the bundle's paths set
+if [ "$stage" != 3 ]; then  # what the build and the runs see, with the bundle's paths set
   {
     nvidia-smi -q || true
     for c in "uname -srm" "ldd --version" "nvcc --version" "cmake --version" "g++ --version" nproc \
@@ -105,13 +105,9 @@ if [ "$stage" = 1 ]; then  # what the build and the runs see, with the bundle's 
 fi
 
 # Stage 1 builds what ctest -L gpu and its runs need; stage 2 what it runs (on a warm machine: nothing new).
-if [ "$stage" = 1 ] || [ "$stage" = 3 ]; then
-  targets="ddplab allreduce_perf bench_cuda_kernels test_cuda_ops test_cuda_kernels test_mlp_cuda test_transformer_cuda
-           test_nccl_allreduce test_cuda_trainer test_ring_cuda"
-else
-  targets="bench_cuda_kernels bench_mlp_cuda bench_transformer_cuda test_cuda_ops test_cuda_kernels test_mlp_cuda
-           test_transformer_cuda"
-fi
+targets="ddplab allreduce_perf bench_cuda_kernels test_cuda_ops test_cuda_kernels test_mlp_cuda test_transformer_cuda
+         test_nccl_allreduce test_cuda_trainer test_ring_cuda"  # ctest -L gpu's tests, and the runs'
+[ "$stage" = 2 ] && targets+=" bench_mlp_cuda bench_transformer_cuda"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 # The python3 on the PATH (there, the one with numpy, h5py and PyTorch) runs the tests' Python checks.
@@ -170,65 +166,55 @@ if [ "$stage" = 1 ]; then
     --fault-rank 1 --fault-step 5 --out "$work/fault.h5" --force
 fi
 
-# ---- stage 2 --------------------------------------------------------------------------------------------------------
+# ---- stage 2: speed ------------------------------------------------------------------------------------------------
+# The bf16 gpt2-small step and what decides it, most wanted first (a deadline cuts from the end): the GPU tests, our
+# step with each attention, the trainer as a user runs it, the peers (PyTorch eager, SDPA alone per backend,
+# torch.compile), ncu on the fused attention's kernels, the kernel benchmark, ncu's ranking of the step's kernels.
 if [ "$stage" = 2 ]; then
-  # The models' steps, ours then PyTorch eager on the same shapes, all in models.log.
-  step "bench_transformer_cuda" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
-    "$build/bench/gpu/bench_transformer_cuda"
-  # The bf16 step again with the fused attention (docs/GPU.md, "Fused attention"; predictions in BENCHMARKS.md).
-  step "bench_transformer_cuda fused" models.log 60 'grep -E "^bf16" "$log" | tail -1' \
-    "$build/bench/gpu/bench_transformer_cuda" --precision bf16 --attention fused
-  step "bench_mlp_cuda" models.log 90 'grep -E "^bf16" "$log" | tail -1' \
-    "$build/bench/gpu/bench_mlp_cuda"
+  step "ctest -L gpu" ctest.log 120 \
+    'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
+    ctest --test-dir "$build" -L gpu --output-on-failure -j 8
+  bt=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --steps 20 --warmup 5)
+  step "step bf16 (auto: fused)" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
+    "${bt[@]}" --csv "$out/step_fused.csv"
+  # The real trainer (one rank, NCCL, the run file written): steady-state mean step beside the harness's median.
+  step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|mean step" "$log" | tr "\n" " "' \
+    "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
+    --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 40 --warmup-steps 10 \
+    --out "$work/train_gpt2_bf16.h5" --force
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then  # needs no build of ours
-    blocked="" step "torch_transformer_step" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
-      python3 bench/gpu/torch_transformer_step.py
-    blocked="" step "torch_mlp_step" models.log 90 'grep -E "^bf16" "$log" | tail -1' \
-      python3 bench/gpu/torch_mlp_step.py
+    blocked="" step "torch eager bf16" models.log 60 'grep -E "^bf16" "$log" | tail -1' \
+      python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --csv "$out/torch_eager.csv"
+    blocked="" step "torch SDPA per backend" models.log 40 'grep -E "^(flash|cudnn) " "$log" | tail -2 | paste -sd" "' \
+      python3 bench/gpu/torch_attention.py --csv "$out/torch_attention.csv"
   else
     skip "torch steps" "no PyTorch with CUDA in python3"
   fi
-  step "kernels (full)" kernels.log 150 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
-    "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
-
-  sanitizer=$(tool compute-sanitizer)
-  if [ -n "$sanitizer" ]; then
-    t=$build/tests/gpu
-    step "memcheck kernels" sanitizer.log 90 'grep -m1 "ERROR SUMMARY" "$log"' \
-      "$sanitizer" --tool memcheck --error-exitcode 3 "$t/test_cuda_kernels" --gtest_brief=1
-    step "memcheck ops" sanitizer.log 30 'grep "ERROR SUMMARY" "$log" | tail -1' \
-      "$sanitizer" --tool memcheck --error-exitcode 3 "$t/test_cuda_ops" --gtest_brief=1
-    step "memcheck models" sanitizer.log 90 'grep "ERROR SUMMARY" "$log" | tail -1' \
-      bash -c 'for t; do "'"$sanitizer"'" --tool memcheck --error-exitcode 3 "$t" --gtest_brief=1 \
-               --gtest_filter="*/fp32:*/bf16:*Device*" || exit; done' _ \
-      "$t/test_mlp_cuda" "$t/test_transformer_cuda"
-    # The kernels with shared memory: LayerNorm backward, the cross-entropy's block reductions, bias_backward, and the
-    # fused attention's tiles (its smallest test: two sequences, three blocks, causal).
-    step "racecheck kernels" sanitizer.log 90 'grep "RACECHECK SUMMARY\|ERROR SUMMARY" "$log" | tail -1' \
-      "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 "$t/test_cuda_kernels" \
-      --gtest_brief=1 \
-      --gtest_filter='*LayerNorm*:*SoftmaxCrossEntropy*:CudaKernels.GemmFp32MatchesCpu:*FlashAttentionIsDeterministic*'
-  else
-    skip "compute-sanitizer" "not found (PATH, /usr/local/cuda/bin)"
-  fi
-
   ncu=$(tool ncu)
   if [ -n "$ncu" ]; then
-    # One bf16 gpt2-small step: every launch's GPU time ranks the kernels, then the three heaviest in full.
+    # The fused attention's two kernels in full (never profiled before), one launch each, from the step as it runs.
     app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
-    step "ncu: rank the step" ncu.log 120 'grep -m1 "^top:" "$log"' \
-      bash -c '"$@" > "'"$work"'/launches.csv" && python3 bench/device/top_kernels.py "'"$work"'/launches.csv" 3' _ \
-      "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw --print-units base \
-      --print-kernel-base function "${app[@]}"
-    read -r -a top <<<"$(grep "^top:" "$out/ncu.log" 2>/dev/null | tail -1 | cut -d' ' -f2-)"
-    rm -f "$work"/ncu_*.ncu-rep
-    [ ${#top[@]} -gt 0 ] || skip "ncu: the heaviest kernels" "no ranking"
-    for i in "${!top[@]}"; do
-      step "ncu: ${top[$i]:0:22}" ncu.log 100 'grep -m1 "Duration" "$log"' \
-        bash -c '"$@" && "'"$ncu"'" --import "'"$work/ncu_$i"'.ncu-rep" --page details' _ \
-        "$ncu" --clock-control none --profile-from-start off --kernel-name "${top[$i]}" --launch-count 1 --set full --import-source yes \
-        -o "$work/ncu_$i" "${app[@]}"
+    for dir in forward backward; do
+      step "ncu: fused $dir" ncu.log 60 'grep -m1 "Duration" "$log"' \
+        bash -c '"$@" && "'"$ncu"'" --import "'"$work/ncu_flash_$dir"'.ncu-rep" --page details' _ \
+        "$ncu" --clock-control none --profile-from-start off --kernel-name "regex:flash_attention_${dir}_kernel" \
+        --launch-count 1 --set full --import-source yes -o "$work/ncu_flash_$dir" "${app[@]}"
     done
+  fi
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    blocked="" step "torch.compile bf16" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
+      python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --compile \
+      --csv "$out/torch_compile.csv"
+  fi
+  step "step bf16 unfused" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
+    "${bt[@]}" --attention unfused --csv "$out/step_unfused.csv"
+  step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
+    "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
+  if [ -n "$ncu" ]; then  # every launch of one step, ranked by GPU time
+    step "ncu: rank the step" ncu.log 90 'grep -m1 "^top:" "$log"' \
+      bash -c '"$@" > "'"$work"'/launches.csv" && python3 bench/device/top_kernels.py "'"$work"'/launches.csv" 12' _ \
+      "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw \
+      --print-units base --print-kernel-base function "${app[@]}"
     if ls "$work"/ncu_*.ncu-rep >/dev/null 2>&1; then  # the reports themselves, if they fit the 16 MiB a file
       (cd "$work" && tar -czf "$out/ncu-reports.tar.gz" ncu_*.ncu-rep)
       [ "$(stat -c %s "$out/ncu-reports.tar.gz")" -le $((15 << 20)) ] ||
@@ -237,6 +223,9 @@ if [ "$stage" = 2 ]; then
   else
     skip "ncu" "not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
   fi
+  # At most 8 files come back: everything but the table and the reports travels as one archive.
+  (cd "$out" && tar -czf logs.tgz --exclude=summary.txt --exclude=ncu-reports.tar.gz --exclude=logs.tgz ./* &&
+    find . -maxdepth 1 -type f ! -name summary.txt ! -name ncu-reports.tar.gz ! -name logs.tgz -delete)
 fi
 
 # ---- stage 3 --------------------------------------------------------------------------------------------------------

@@ -10,9 +10,9 @@
 // TFLOP/s (the H200 has the same tensor cores and clocks, so the same peak), whatever the precision.
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
-//                          [--precision fp32|tf32|bf16] [--attention unfused|fused] [--csv out.csv] [--profile]
-// --precision restricts the sweep to one; --attention fused (bf16 only: pass --precision bf16) runs the fused
-// attention (kernels/cuda/flash_attention.h) instead of the unfused one; --profile brackets the last step with
+//                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused] [--csv out.csv] [--profile]
+// --precision restricts the sweep to one; --attention auto (the default, as ddplab train's) runs the fused attention
+// (kernels/cuda/flash_attention.h) in bf16 and the unfused one otherwise; --profile brackets the last step with
 // cudaProfilerStart/Stop, to profile one step with nsys or ncu (bench/device/run.sh 2 ranks the step's kernels that
 // way). Needs a GPU; exits 2 with the reason without one.
 #include <cuda_runtime_api.h>
@@ -42,11 +42,12 @@ struct Options : ddplab::bench::StepFlags {
   Options() : StepFlags{10, 3, "", ""} {}
   int batch = 8, seq = 1024;
   std::string model = "gpt2-small";
-  std::string attention = "unfused";
+  std::string attention = "auto";
 };
 
 struct Result {
   Precision precision;
+  ddplab::AttentionKind attention;
   ddplab::bench::StepTimes t;
   double tokens_per_s, tflops, mfu;
 };
@@ -54,7 +55,10 @@ struct Result {
 Result run(const Options& opt, Precision precision, cudaStream_t s) {
   const ddplab::TransformerConfig config = ddplab::TransformerConfig::preset(opt.model);
   const int B = opt.batch, S = opt.seq;
-  ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, ddplab::parse_attention(opt.attention));
+  const ddplab::AttentionKind attention =
+      opt.attention == "auto" ? ddplab::auto_attention(precision == Precision::kBf16, config.d_model / config.heads)
+                              : ddplab::parse_attention(opt.attention);
+  ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, attention);
 
   std::mt19937 rng(7);
   std::vector<int32_t> tokens(int64_t{B} * S), labels(B);
@@ -63,7 +67,7 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   int32_t* d_tokens = upload(tokens, s);
   int32_t* d_labels = upload(labels, s);
   const auto forward = [&] { model.forward(d_tokens, nullptr, d_labels, B, S); };  // null lengths: all S long
-  Result r{precision, ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile), 0,
+  Result r{precision, attention, ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile), 0,
            0, 0};
   cudaCheck(cudaFree(d_tokens));
   cudaCheck(cudaFree(d_labels));
@@ -85,8 +89,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batch", opt.batch, "sequences per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--seq", opt.seq, "tokens per sequence")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--attention", opt.attention, "unfused | fused (bf16 only: with --precision bf16)")
-      ->check(CLI::IsMember({"unfused", "fused"}))
+  app.add_option("--attention", opt.attention, "auto (fused for bf16, else unfused) | unfused | fused (bf16 only)")
+      ->check(CLI::IsMember({"auto", "unfused", "fused"}))
       ->capture_default_str();
   if (const int code = ddplab::bench::parse_flags(app, argc, argv); code >= 0) return code;
   if (opt.attention == "fused" && opt.precision != "bf16") {
@@ -104,12 +108,13 @@ int main(int argc, char** argv) {
         "H100/H200 SXM)\n",
         opt.model.c_str(), config.layers, config.d_model, config.heads, config.vocab, opt.batch, opt.seq,
         opt.attention.c_str(), opt.steps, opt.warmup, config.flops_per_token(opt.seq), kPeakBf16DenseTflops);
-    std::printf("%-9s %9s %9s %9s %9s %10s %8s %6s\n", "precision", "step ms", "fwd ms", "bwd ms", "adamw ms",
+    std::printf("%-9s %-9s %9s %9s %9s %9s %10s %8s %6s\n", "precision", "attention", "step ms", "fwd ms", "bwd ms", "adamw ms",
                 "tokens/s", "TFLOP/s", "MFU");
     std::vector<Result> results;
     for (Precision p : opt.precisions()) {
       const Result r = run(opt, p, s);
-      std::printf("%-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%%\n", ddplab::precision_name(p), r.t.step_ms,
+      std::printf("%-9s %-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%%\n", ddplab::precision_name(p),
+                  ddplab::attention_name(r.attention), r.t.step_ms,
                   r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, 100 * r.mfu);
       results.push_back(r);
     }
@@ -122,7 +127,7 @@ int main(int argc, char** argv) {
                    "tflop_per_s,mfu\n");
       for (const Result& r : results)
         std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f\n", opt.model.c_str(),
-                     ddplab::precision_name(r.precision), opt.attention.c_str(), opt.batch, opt.seq, r.t.step_ms,
+                     ddplab::precision_name(r.precision), ddplab::attention_name(r.attention), opt.batch, opt.seq, r.t.step_ms,
                      r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu);
       std::fclose(f);
     }

@@ -10,10 +10,13 @@ Precision as ddplab's: fp32 (TF32 off), tf32 (allow_tf32 on matmuls), bf16 (auto
 the fp32 weights, made every forward; fp32 gradients and optimizer). Attention: --attention sdpa (default, PyTorch's
 fused scaled_dot_product_attention, what a PyTorch user runs) or manual (softmax(q k^T / sqrt(hs)) v with the S x S
 matrix stored, as ddplab's kernels do today). --ddp wraps the model in DistributedDataParallel at world size 1 (NCCL,
-one process), to show what the wrapper costs. AdamW is the fused single-kernel version by default.
+one process), to show what the wrapper costs. --compile runs the model through torch.compile (Inductor, Triton kernels:
+what a PyTorch user picks for speed); its compilation happens in the warm-up steps. AdamW is the fused single-kernel
+version by default.
 
   bench/gpu/torch_transformer_step.py [--steps 10] [--warmup 3] [--batch 8] [--seq 1024] [--precision P]
-                                      [--attention sdpa|manual] [--ddp] [--adamw fused|foreach] [--csv out.csv]
+                                      [--attention sdpa|manual] [--ddp] [--compile] [--adamw fused|foreach]
+                                      [--csv out.csv]
 """
 import argparse
 import math
@@ -87,6 +90,8 @@ def step_time_ms(precision, args):
     if args.ddp:
         model = nn.parallel.DistributedDataParallel(model)
     opt = util.adamw(model.parameters(), args)
+    if args.compile:
+        model = torch.compile(model)
     tokens = torch.randint(0, VOCAB, (args.batch, args.seq), device="cuda")
     ms = util.median_step_ms(lambda: model(tokens), opt, precision, args)
     tokens_per_s = args.batch * args.seq / (ms * 1e-3)
@@ -103,13 +108,15 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--attention", choices=["sdpa", "manual"], default="sdpa")
     ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel at world size 1")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (compiled in the warm-up)")
     args = ap.parse_args()
     if args.ddp:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
         torch.distributed.init_process_group("nccl", rank=0, world_size=1)
     util.print_device()
-    print(f"PyTorch eager{' + DDP (ws 1)' if args.ddp else ''}, gpt2-small, batch {args.batch} x {args.seq} tokens, "
+    mode = "torch.compile" if args.compile else "eager"
+    print(f"PyTorch {mode}{' + DDP (ws 1)' if args.ddp else ''}, gpt2-small, batch {args.batch} x {args.seq} tokens, "
           f"attention {args.attention}, AdamW ({args.adamw}); median of {args.steps} steps after {args.warmup} "
           f"warm-up; MFU against {PEAK_BF16_DENSE_TFLOPS:.0f} TFLOP/s (dense bf16)")
     print(f"{'precision':<9} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
@@ -118,12 +125,12 @@ def main():
         ms, tokens_per_s, tflops, params = step_time_ms(precision, args)
         mfu = tflops / PEAK_BF16_DENSE_TFLOPS
         print(f"{precision:<9} {ms:>9.3f} {tokens_per_s:>10.0f} {tflops:>8.1f} {100 * mfu:>5.1f}%")
-        rows.append(f"{precision},{args.batch},{args.seq},{args.attention},{int(args.ddp)},{ms:.6f},"
+        rows.append(f"{precision},{mode},{args.batch},{args.seq},{args.attention},{int(args.ddp)},{ms:.6f},"
                     f"{tokens_per_s:.1f},{tflops:.3f},{mfu:.5f}")
     print(f"({params / 1e6:.1f}M parameters)")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("precision,batch,seq,attention,ddp,step_ms,tokens_per_s,tflop_per_s,mfu\n" + "\n".join(rows) + "\n")
+            f.write("precision,mode,batch,seq,attention,ddp,step_ms,tokens_per_s,tflop_per_s,mfu\n" + "\n".join(rows) + "\n")
     if args.ddp:
         torch.distributed.destroy_process_group()
 
