@@ -23,14 +23,18 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
   refuse(c.ranks_per_node == 0, "--ranks-per-node (emulated nodes) is CPU only");
-  if (c.attention == "fused") {
-    refuse(c.model != "mlp", "--attention fused needs a transformer --model (the MLP has no attention)");
-    refuse(c.precision == "bf16",
-           "--attention fused needs --precision bf16 (its kernels are bf16; got --precision " + c.precision + ")");
+  if (c.attention == "fused" || c.attention == "cudnn") {
+    const std::string flag = "--attention " + c.attention;
+    refuse(c.model != "mlp", flag + " needs a transformer --model (the MLP has no attention)");
+    refuse(c.precision == "bf16", flag + " needs --precision bf16 (its kernels are bf16; got --precision " + c.precision +
+                                      ")");
     const TransformerConfig m = TransformerConfig::preset(c.model);
-    refuse(fused_attention_supports_head_size(m.d_model / m.heads),
-           "--attention fused has kernels for heads of " + std::string(fused_attention_head_sizes()) +
-               " dimensions; --model " + c.model + " has " + std::to_string(m.d_model / m.heads) + " (d_model " +
+    const int hs = m.d_model / m.heads;
+    const bool fused = c.attention == "fused";
+    refuse(fused ? fused_attention_supports_head_size(hs) : cudnn_attention_supports_head_size(hs),
+           flag + (fused ? " has kernels for heads of " + std::string(fused_attention_head_sizes())
+                         : std::string(" takes heads of a multiple of 8 up to 128")) +
+               " dimensions; --model " + c.model + " has " + std::to_string(hs) + " (d_model " +
                std::to_string(m.d_model) + " / " + std::to_string(m.heads) + " heads)");
   }
   try {
@@ -56,10 +60,10 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   app->add_option("--precision", c.precision, "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)")
       ->capture_default_str();
   app->add_option("--attention", c.attention,
-                  "--device cuda, transformer: unfused (fp32 kernels, S x S probabilities kept) | fused (flash "
-                  "attention in bf16: --precision bf16, heads of 32, 64 or 128) | auto (fused where it can run, "
-                  "else unfused)")
-      ->check(CLI::IsMember({"auto", "unfused", "fused"}))
+                  "--device cuda, transformer: unfused (fp32 kernels, S x S probabilities kept) | fused (our flash "
+                  "attention in bf16: --precision bf16, heads of 32, 64 or 128) | cudnn (cuDNN's fused attention, "
+                  "bf16) | auto (the fastest that can run: cudnn, else fused, else unfused)")
+      ->check(CLI::IsMember({"auto", "unfused", "fused", "cudnn"}))
       ->capture_default_str();
   app->add_option("--profile-steps", c.profile_steps,
                   "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)");
@@ -301,7 +305,8 @@ void validate(const TrainConfig& c) {
           "--comm mpi has no " + c.comm_dtype + " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring");
   if (c.device == "cuda") return validate_cuda(c);
   require(c.precision == "fp32", "--precision " + c.precision + " needs --device cuda (the CPU trains in fp32)");
-  require(c.attention != "fused", "--attention fused needs --device cuda (the CPU has one attention)");
+  require(c.attention == "auto" || c.attention == "unfused",
+          "--attention " + c.attention + " needs --device cuda (the CPU has one attention)");
   require(c.comm != "nccl", "--comm nccl needs --device cuda");
   require(c.ring_link == "auto", "--ring-link needs --device cuda (the CPU ring runs over MPI or shared memory)");
   require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");

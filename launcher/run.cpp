@@ -33,6 +33,7 @@
 #include "train/trainer.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "comm/nccl_allreduce.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/device.h"
 #endif
 
@@ -81,7 +82,10 @@ std::string blas_description() {
 
 std::string cuda_description() {
 #ifdef DDPLAB_HAVE_CUDA
-  return "built: " + cuda::describe(cuda::query_cuda());
+  std::string why;
+  const bool cudnn = cuda::cudnn_attention_available(&why);
+  return "built: " + cuda::describe(cuda::query_cuda()) +
+         (cudnn ? "; cuDNN attention available" : "; no cuDNN attention: " + why);
 #else
   return "not built (configure with nvcc present or -DDDPLAB_CUDA=ON)";
 #endif
@@ -315,6 +319,36 @@ void require_device(const TrainConfig& config, MPI_Comm comm) {
 
 namespace {
 
+// --attention as it runs, the same on every rank: auto takes cuDNN's only where its library loads on every rank;
+// an explicit cudnn where it does not is refused on every rank (exit 2) with the lowest failing rank's reason.
+std::string agreed_attention(const TrainConfig& config, MPI_Comm comm) {
+  const bool asks_cudnn = config.device == "cuda" && config.model != "mlp" &&
+                          (config.attention == "cudnn" || (config.attention == "auto" && config.precision == "bf16"));
+  if (!asks_cudnn) return resolved_attention(config, false);
+#ifdef DDPLAB_HAVE_CUDA
+  std::string mine;
+  cuda::cudnn_attention_available(&mine);
+#else
+  const std::string mine = "this ddplab was built without CUDA";
+#endif
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int failing = mine.empty() ? INT_MAX : rank;
+  int first = INT_MAX;
+  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX || config.attention == "auto") return resolved_attention(config, first == INT_MAX);
+  char reason[1024] = {};
+  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
+  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
+  throw UsageError("--attention cudnn: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) +
+                   reason);
+}
+
+}  // namespace
+
+namespace {
+
 // The run's metadata: what ran, where, with which build and libraries.
 RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, int64_t first_step, MPI_Comm world) {
   RunMetadata meta;
@@ -478,7 +512,6 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   std::string error = config_disagreement(config, world);  // before anything a rank could decide on its own
   if (!error.empty()) throw UsageError(error);
   validate(config);
-  config.attention = resolved_attention(config);  // the run header, the run file and the model see the choice made
   require(config.fault == "none" || config.fault_rank < size,
           "--fault-rank " + std::to_string(config.fault_rank) + " is not a rank of this " + std::to_string(size) +
               "-rank job");
@@ -488,6 +521,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
           "more ranks (" + std::to_string(size) + ") than sequences per epoch (--epoch-size " +
               std::to_string(config.epoch_size) + "): every rank needs at least one; raise --epoch-size");
   require_device(config, world);
+  config.attention = agreed_attention(config, world);  // the run header, the run file and the model see the choice made
   // The nodes: computed here for the checks and the run file as the Communicator computes them (comm/topology.h).
   Topology topology;
   try {

@@ -9,14 +9,25 @@ namespace ddplab {
 enum class AttentionKind {
   kUnfused,  // kernels/cuda/attention.h: fp32 data, cuBLAS batched GEMMs over S x S, att [B, NH, S, S] kept
   kFused,    // kernels/cuda/flash_attention.h: bf16, flash-attention-2 style, only the row log-sum-exp kept
+  kCudnn,    // kernels/cuda/cudnn_attention.h: cuDNN's fused attention, same contract; the library's upper bound
 };
 
-inline const char* attention_name(AttentionKind a) { return a == AttentionKind::kFused ? "fused" : "unfused"; }
+inline const char* attention_name(AttentionKind a) {
+  switch (a) {
+    case AttentionKind::kFused:
+      return "fused";
+    case AttentionKind::kCudnn:
+      return "cudnn";
+    case AttentionKind::kUnfused:
+      break;
+  }
+  return "unfused";
+}
 
 inline AttentionKind parse_attention(const std::string& name) {
-  for (AttentionKind a : {AttentionKind::kUnfused, AttentionKind::kFused})
+  for (AttentionKind a : {AttentionKind::kUnfused, AttentionKind::kFused, AttentionKind::kCudnn})
     if (name == attention_name(a)) return a;
-  throw std::invalid_argument("unknown attention '" + name + "' (expected unfused or fused)");
+  throw std::invalid_argument("unknown attention '" + name + "' (expected unfused, fused or cudnn)");
 }
 
 // The head sizes (d_model / heads) the fused kernels have an instantiation for: the same list as
@@ -26,8 +37,16 @@ inline bool fused_attention_supports_head_size(int head_size) {
 }
 inline const char* fused_attention_head_sizes() { return "32, 64 or 128"; }
 
-// --attention auto: the fused kernels where they can run (bf16 on the GPU, a head size they have), else unfused.
-inline AttentionKind auto_attention(bool bf16_on_gpu, int head_size) {
+// The head sizes cuDNN's fused attention takes: cuda::cudnn_attention_supports_head_size's rule.
+inline bool cudnn_attention_supports_head_size(int head_size) {
+  return head_size > 0 && head_size <= 128 && head_size % 8 == 0;
+}
+
+// --attention auto: the fastest attention that can run, by what was measured on an H200 (docs/BENCHMARKS.md):
+// cuDNN's where its library loads (bf16 on the GPU, a head size it takes), else our fused kernels (bf16 on the GPU, a
+// head size they have), else the unfused ones.
+inline AttentionKind auto_attention(bool bf16_on_gpu, int head_size, bool cudnn_available) {
+  if (bf16_on_gpu && cudnn_available && cudnn_attention_supports_head_size(head_size)) return AttentionKind::kCudnn;
   return bf16_on_gpu && fused_attention_supports_head_size(head_size) ? AttentionKind::kFused
                                                                       : AttentionKind::kUnfused;
 }

@@ -58,10 +58,14 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   if (max_seq > config_.max_len)
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
-  const bool fused = attention == AttentionKind::kFused;
-  if (fused && precision != Precision::kBf16)
-    throw std::invalid_argument(std::string("TransformerCuda: the fused attention is bf16 only (got precision ") +
-                                precision_name(precision) + ")");
+  const bool fused = attention == AttentionKind::kFused, with_cudnn = attention == AttentionKind::kCudnn;
+  if ((fused || with_cudnn) && precision != Precision::kBf16)
+    throw std::invalid_argument(std::string("TransformerCuda: the ") + attention_name(attention) +
+                                " attention is bf16 only (got precision " + precision_name(precision) + ")");
+  if (with_cudnn && !cuda::cudnn_attention_supports_head_size(config_.d_model / config_.heads))
+    throw std::invalid_argument("TransformerCuda: cuDNN's attention takes heads of a multiple of 8 up to 128 "
+                                "dimensions, not " + std::to_string(config_.d_model / config_.heads));
+  if (with_cudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>();
   if (fused && !cuda::flash_attention_supports_head_size(config_.d_model / config_.heads))
     throw std::invalid_argument("TransformerCuda: the fused attention has kernels for heads of " +
                                 std::string(fused_attention_head_sizes()) + " dimensions, not " +
@@ -87,8 +91,10 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   // outputs. The fused one needs only backward's dQ accumulator and D, which grow with B * S alone.
   const int rows_at_max_seq = static_cast<int>((max_tokens + max_seq - 1) / max_seq);
   const int64_t bf16_copies = is_bf16 ? max_tokens * d_model : 0;  // floats per [tokens, C] copy
+  // cuDNN's attention keeps its own workspace (cudnn_attention.h) and needs none here.
   const int64_t attention_floats =
-      fused
+      with_cudnn ? 0
+      : fused
           ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens), d_model, heads)
           : std::max(
                 cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 4 * bf16_copies,
@@ -111,7 +117,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     o.ln1_mean = layout.reserve(tokens * f32);
     o.ln1_rstd = layout.reserve(tokens * f32);
     o.qkv = layout.reserve(3 * tokens * C * act);
-    o.att = layout.reserve(NH * tokens * (fused ? 1 : max_seq) * f32);  // fused: the lse, not the probabilities
+    o.att = layout.reserve(NH * tokens * (fused || with_cudnn ? 1 : max_seq) * f32);  // fused: the lse, not P
     o.atty = layout.reserve(tokens * C * act);
     o.res_attn = layout.reserve(tokens * C * act);
     o.ln2 = layout.reserve(tokens * C * act);
@@ -269,6 +275,8 @@ void TransformerCuda::attention_forward(const BlockActs& a) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (attention_ == AttentionKind::kFused)
       return cuda::flash_attention_forward(out, att, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
+    if (attention_ == AttentionKind::kCudnn)
+      return cudnn_->forward(out, att, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
   }
   if constexpr (std::is_same_v<T, float>) {
     cuda::attention_forward(gemm_, out, att, scratch_, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
@@ -291,6 +299,8 @@ void TransformerCuda::attention_backward(T* dqkv, const T* dout, const BlockActs
     if (attention_ == AttentionKind::kFused)
       return cuda::flash_attention_backward(dqkv, scratch_, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH,
                                             config_.causal(), stream_);
+    if (attention_ == AttentionKind::kCudnn)
+      return cudnn_->backward(dqkv, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH, config_.causal(), stream_);
   }
   if constexpr (std::is_same_v<T, float>) {
     cuda::attention_backward(gemm_, dqkv, scratch_, dout, qkv, att, lengths_, B, S, C, NH, config_.causal(), stream_);

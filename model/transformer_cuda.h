@@ -21,16 +21,19 @@
 // Attention (model/attention_kind.h, --attention): kUnfused (the default) is fp32 in every mode (kernels/cuda/
 // attention.h; bf16 mode converts q, k, v to fp32 and the output back) with TF32 GEMMs in tf32 and bf16 modes, and
 // keeps att [B, heads, S, S] per layer for backward. kFused (bf16 only; heads of 32, 64 or 128) runs
-// kernels/cuda/flash_attention.h on the bf16 qkv in place and keeps only the row log-sum-exp [B, heads, S].
+// kernels/cuda/flash_attention.h on the bf16 qkv in place and keeps only the row log-sum-exp [B, heads, S]; kCudnn
+// (bf16 only; heads a multiple of 8 up to 128) runs cuDNN's through kernels/cuda/cudnn_attention.h, the same way.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "model/attention_kind.h"
 #include "model/cuda_common.h"
@@ -111,6 +114,7 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;     // registration indices (weight; bias is +1), as the CPU's
   std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "h<l> forward" / "h<l> backward"
   cuda::GemmContext gemm_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // kCudnn only
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
   cuda_model::DeviceMemory memory_;

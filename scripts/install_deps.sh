@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what ddplab needs on Debian 12, from Debian packages only. Quick and silent when all is present.
+# Installs what ddplab needs on Debian 12, from Debian packages. Quick and silent when all is present.
 # The CUDA toolkit is not a Debian package here: when /usr/local/cuda/bin/nvcc exists the CUDA engine is built
-# too, otherwise the CPU build goes on alone.
+# too, otherwise the CPU build goes on alone; with it, the cuDNN frontend's headers (PyPI, for --attention cudnn)
+# are fetched into .deps/, and a failed fetch only leaves that one path out of the build.
 set -euo pipefail
 
 packages=(build-essential cmake git openmpi-bin libopenmpi-dev libhdf5-dev libopenblas-dev libgtest-dev
@@ -12,7 +13,13 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+cudnn_frontend() {
+  [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  python3 "$(dirname "$0")/fetch_cudnn_frontend.py" ||
+    echo "install_deps: could not fetch the cuDNN frontend headers; building without --attention cudnn" >&2
+}
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; exit 0; }
 
 echo "install_deps: installing ${missing[*]}"
 sudo=""
@@ -21,3 +28,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install_deps: done"
+cudnn_frontend

@@ -8,6 +8,7 @@
 
 #include "data/synthetic.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 #include "train/token_batches.h"
 #include "model/cuda_common.h"
 #include "model/mlp_cuda.h"
@@ -115,7 +116,7 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
       : CudaModelWorkload(TokenBatches::model_config(c), c.seed, parse_precision(c.precision),
                           TokenBatches::max_tokens(c), TokenBatches::max_seq(c), compute,
-                          parse_attention(resolved_attention(c))),
+                          parse_attention(resolved_attention(c, cuda::cudnn_attention_available()))),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),
         slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {

@@ -23,7 +23,7 @@ inline constexpr double kAutoGradSliceMb = -1;
 struct TrainConfig {
   std::string device = "cpu";       // cpu | cuda: one GPU per rank, NCCL all-reduce (docs/GPU.md)
   std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
-  std::string attention = "auto";   // --device cuda, transformer: auto | unfused | fused (bf16; model/attention_kind.h)
+  std::string attention = "auto";   // --device cuda, transformer: auto | unfused | fused | cudnn (model/attention_kind.h)
   std::string profile_steps;        // --device cuda: "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
   std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)
   MlpConfig mlp;
@@ -106,13 +106,14 @@ inline double decimal(float x) {
   return std::strtod(text, nullptr);
 }
 
-// --attention auto as it runs: fused for a bf16 transformer on the GPU whose heads the fused kernels have (docs/GPU.md,
-// "Fused attention"), else unfused; an explicit choice as given (validate refuses what cannot run).
-inline std::string resolved_attention(const TrainConfig& c) {
+// --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank, else our fused kernels,
+// else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given (validate refuses what cannot run).
+inline std::string resolved_attention(const TrainConfig& c, bool cudnn_available) {
   if (c.attention != "auto") return c.attention;
   if (c.model == "mlp") return "unfused";
   const TransformerConfig m = TransformerConfig::preset(c.model);
-  return attention_name(auto_attention(c.device == "cuda" && c.precision == "bf16", m.d_model / m.heads));
+  return attention_name(
+      auto_attention(c.device == "cuda" && c.precision == "bf16", m.d_model / m.heads, cudnn_available));
 }
 
 // The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad name or value.

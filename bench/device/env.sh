@@ -28,6 +28,17 @@ if ! _any "$_cuda"/include/nccl.h /usr/include/nccl.h ||
     echo "env.sh: no NCCL beside CUDA ($_cuda) nor in python3's nvidia-nccl-cu13 wheel" >&2
   fi
 fi
+# cuDNN (--attention cudnn): cudnn.h beside CUDA's headers, else python3's nvidia-cudnn-cu13 wheel (nvidia/cudnn/
+# {include,lib}), named outright as NCCL's is. The frontend's headers travel in .deps/cudnn-frontend (carried).
+if ! _any "$_cuda"/include/cudnn.h /usr/include/cudnn.h /usr/include/x86_64-linux-gnu/cudnn.h; then
+  _cudnn=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  if [ -f "$_cudnn/include/cudnn.h" ] && [ -f "$_cudnn/lib/libcudnn.so.9" ]; then
+    DDPLAB_CMAKE_ARGS+=" -DCUDNN_INCLUDE_DIR=$_cudnn/include -DCUDNN_LIBRARY=$_cudnn/lib/libcudnn.so.9"
+    export LD_LIBRARY_PATH=$_cudnn/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  else
+    echo "env.sh: no cuDNN beside CUDA ($_cuda) nor in python3's nvidia-cudnn-cu13 wheel" >&2
+  fi
+fi
 export DDPLAB_CMAKE_ARGS
 
 # Libraries. The bundle's own (Open MPI, PMIx, HDF5, OpenBLAS) always; of the general-purpose ones in fallback/
@@ -62,5 +73,5 @@ export OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_mtl='^ofi' OMPI_MCA_bt
 # Shared memory between ranks without cross-memory attach (process_vm_readv), which sandboxes may refuse; the CUDA
 # path moves its data with NCCL, so only host-side MPI messages take the extra copy.
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
-unset _a _i _cuda _nccl _used _sys _f _n
+unset _a _i _cuda _nccl _cudnn _used _sys _f _n
 unset -f _any

@@ -4,7 +4,7 @@
 #   bench/device/run.sh 1   build (ninja, sm_90, the targets below), ctest -L gpu, the quick kernel benchmark,
 #                           allreduce_perf (NCCL at np 1; our ring at np 2 and 4 on the one GPU), a 20-step 4-rank
 #                           --comm ring training run and its report, a rank's injected failure ending the job
-#   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step with each attention and through
+#   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step (auto, fused) and through
 #                           `ddplab train`, PyTorch eager, torch.compile and SDPA per backend on the same shapes, ncu
 #                           on the fused attention's kernels, the full kernel benchmark, ncu's ranking of the step
 # Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
@@ -155,7 +155,7 @@ if [ "$stage" = 1 ]; then
       "$build/launcher/ddplab" report "$work/train_ring_np4.h5"
   fi
   # One GPU through `ddplab train` as a user runs it: --comm nccl (its header once threw: the CPU's collectives were
-  # asked for the link), gpt2-small in bf16 with the default --attention auto (fused; the header must say so).
+  # asked for the link), gpt2-small in bf16 with the default --attention auto (the header names what it chose).
   step "train nccl gpt2 bf16 np1" train.log 90 'grep "attention\|mean step" "$log" | tail -2 | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 12 --out "$work/train_nccl_gpt2.h5" --force
@@ -168,15 +168,17 @@ fi
 
 # ---- stage 2: speed ------------------------------------------------------------------------------------------------
 # The bf16 gpt2-small step and what decides it, most wanted first (a deadline cuts from the end): the GPU tests, our
-# step with each attention, the trainer as a user runs it, the peers (PyTorch eager, SDPA alone per backend,
-# torch.compile), ncu on the fused attention's kernels, the kernel benchmark, ncu's ranking of the step's kernels.
+# step with the default attention (cuDNN's where it loads) and with our fused one, the trainer as a user runs it, the
+# peers (PyTorch eager, SDPA alone per backend, torch.compile), ncu on our fused attention's kernels, the kernel
+# benchmark, ncu's ranking of the default step's kernels.
 if [ "$stage" = 2 ]; then
   step "ctest -L gpu" ctest.log 120 \
     'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
     ctest --test-dir "$build" -L gpu --output-on-failure -j 8
   bt=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --steps 20 --warmup 5)
-  step "step bf16 (auto: fused)" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
-    "${bt[@]}" --csv "$out/step_fused.csv"
+  step "step bf16 auto" models.log 40 'grep -E "^bf16" "$log" | tail -1' "${bt[@]}" --csv "$out/step_auto.csv"
+  step "step bf16 fused" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
+    "${bt[@]}" --attention fused --csv "$out/step_fused.csv"
   # The real trainer (one rank, NCCL, the run file written): steady-state mean step beside the harness's median.
   step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|mean step" "$log" | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
@@ -192,13 +194,14 @@ if [ "$stage" = 2 ]; then
   fi
   ncu=$(tool ncu)
   if [ -n "$ncu" ]; then
-    # The fused attention's two kernels in full (never profiled before), one launch each, from the step as it runs.
+    # Our fused attention's two kernels in full, one launch each, from the step they run in; the ranking below
+    # profiles the default step (cuDNN's attention where it loads).
     app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
     for dir in forward backward; do
       step "ncu: fused $dir" ncu.log 60 'grep -m1 "Duration" "$log"' \
         bash -c '"$@" && "'"$ncu"'" --import "'"$work/ncu_flash_$dir"'.ncu-rep" --page details' _ \
         "$ncu" --clock-control none --profile-from-start off --kernel-name "regex:flash_attention_${dir}_kernel" \
-        --launch-count 1 --set full --import-source yes -o "$work/ncu_flash_$dir" "${app[@]}"
+        --launch-count 1 --set full --import-source yes -o "$work/ncu_flash_$dir" "${app[@]}" --attention fused
     done
   fi
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
@@ -206,8 +209,6 @@ if [ "$stage" = 2 ]; then
       python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --compile \
       --csv "$out/torch_compile.csv"
   fi
-  step "step bf16 unfused" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
-    "${bt[@]}" --attention unfused --csv "$out/step_unfused.csv"
   step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
     "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
   if [ -n "$ncu" ]; then  # every launch of one step, ranked by GPU time

@@ -36,6 +36,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layernorm.h"
@@ -279,6 +280,18 @@ void bench_fused_attention(const Options& opt, cudaStream_t s, Arena& a, Report&
        median_ms(opt, s,
                  [&] { cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }),
        0, 2.5 * forward_flops});
+  // cuDNN's fused attention on the same buffers: the library bound ours is measured against.
+  if (std::string why; cuda::cudnn_attention_available(&why)) {
+    cuda::CudnnAttention cudnn;
+    rep.add({"attention", "cudnn_attention_forward (bf16, causal)", sh,
+             median_ms(opt, s, [&] { cudnn.forward(out, lse, qkv, nullptr, B, S, C, NH, true, s); }), 0,
+             forward_flops});
+    rep.add({"attention", "cudnn_attention_backward (bf16, causal)", sh,
+             median_ms(opt, s, [&] { cudnn.backward(dqkv, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }), 0,
+             2.5 * forward_flops});
+  } else {
+    std::printf("  cudnn_attention: skipped: %s\n", why.c_str());
+  }
 
   cuda::GemmContext ctx(cuda::GemmMath::kTf32);
   float *qkv32 = a.random_f32(3 * BSC), *out32 = a.alloc<float>(BSC), *dout32 = a.random_f32(BSC);

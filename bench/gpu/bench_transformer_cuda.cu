@@ -10,9 +10,9 @@
 // TFLOP/s (the H200 has the same tensor cores and clocks, so the same peak), whatever the precision.
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
-//                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused] [--csv out.csv] [--profile]
-// --precision restricts the sweep to one; --attention auto (the default, as ddplab train's) runs the fused attention
-// (kernels/cuda/flash_attention.h) in bf16 and the unfused one otherwise; --profile brackets the last step with
+//                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv] [--profile]
+// --precision restricts the sweep to one; --attention auto (the default, as ddplab train's) runs cuDNN's attention
+// where it loads, else our fused one (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise; --profile brackets the last step with
 // cudaProfilerStart/Stop, to profile one step with nsys or ncu (bench/device/run.sh 2 ranks the step's kernels that
 // way). Needs a GPU; exits 2 with the reason without one.
 #include <cuda_runtime_api.h>
@@ -27,6 +27,7 @@
 
 #include "bench/gpu/train_step_timing.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 #include "model/attention_kind.h"
 #include "model/precision.h"
 #include "model/transformer_cuda.h"
@@ -56,7 +57,8 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   const ddplab::TransformerConfig config = ddplab::TransformerConfig::preset(opt.model);
   const int B = opt.batch, S = opt.seq;
   const ddplab::AttentionKind attention =
-      opt.attention == "auto" ? ddplab::auto_attention(precision == Precision::kBf16, config.d_model / config.heads)
+      opt.attention == "auto" ? ddplab::auto_attention(precision == Precision::kBf16, config.d_model / config.heads,
+                                                     ddplab::cuda::cudnn_attention_available())
                               : ddplab::parse_attention(opt.attention);
   ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, attention);
 
@@ -89,12 +91,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batch", opt.batch, "sequences per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--seq", opt.seq, "tokens per sequence")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--attention", opt.attention, "auto (fused for bf16, else unfused) | unfused | fused (bf16 only)")
-      ->check(CLI::IsMember({"auto", "unfused", "fused"}))
+  app.add_option("--attention", opt.attention, "auto (as ddplab train's: cudnn, else fused for bf16, else unfused) | unfused | fused | cudnn (bf16 only)")
+      ->check(CLI::IsMember({"auto", "unfused", "fused", "cudnn"}))
       ->capture_default_str();
   if (const int code = ddplab::bench::parse_flags(app, argc, argv); code >= 0) return code;
-  if (opt.attention == "fused" && opt.precision != "bf16") {
-    std::fprintf(stderr, "bench_transformer_cuda: --attention fused needs --precision bf16 (its kernels are bf16)\n");
+  if ((opt.attention == "fused" || opt.attention == "cudnn") && opt.precision != "bf16") {
+    std::fprintf(stderr, "bench_transformer_cuda: --attention %s needs --precision bf16 (its kernels are bf16)\n",
+                 opt.attention.c_str());
     return 2;
   }
   if (!ddplab::bench::report_device("bench_transformer_cuda")) return 2;

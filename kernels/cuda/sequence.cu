@@ -54,6 +54,15 @@ __global__ void next_token_targets_kernel(int32_t* targets, const int32_t* token
   }
 }
 
+__global__ void zero_padded_rows_kernel(__nv_bfloat16* x, const int32_t* lengths, int B, int S, int width) {
+  const int64_t n = int64_t{B} * S * width;
+  for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
+    const int64_t row = i / width;  // b * S + t
+    const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
+    if (t >= length_of(lengths, b, S)) x[i] = __float2bfloat16(0.0f);
+  }
+}
+
 void check_sizes(const char* what, int B, int S, int C) {
   if (B < 0 || S < 0 || C <= 0)
     throw std::invalid_argument(std::string(what) + ": need B >= 0, S >= 0 and C > 0, got B=" + std::to_string(B) +
@@ -86,6 +95,14 @@ void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* 
   const int64_t n = int64_t{B} * S;
   if (n == 0) return;
   next_token_targets_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(targets, tokens, lengths, B, S);
+  cudaCheck(cudaGetLastError());
+}
+
+void zero_padded_rows(__nv_bfloat16* x, const int32_t* lengths, int B, int S, int width, cudaStream_t stream) {
+  check_sizes("zero_padded_rows", B, S, width);
+  const int64_t n = int64_t{B} * S * width;
+  if (n == 0 || lengths == nullptr) return;
+  zero_padded_rows_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(x, lengths, B, S, width);
   cudaCheck(cudaGetLastError());
 }
 

@@ -1,5 +1,5 @@
-// Ops that follow the sequences of a padded batch [B, S, ...] on the device: the classifier's mean pool and the
-// causal LM's next-token targets. CUDA twins of cpu::mean_pool_forward / mean_pool_backward / next_token_targets
+// Ops that follow the sequences of a padded batch [B, S, ...] on the device: the classifier's mean pool, the
+// causal LM's next-token targets, and zeroing padded rows. CUDA twins of cpu::mean_pool_forward / mean_pool_backward / next_token_targets
 // (kernels/cpu/transformer_ops.h), same arguments plus the stream, same padding rule: `lengths` (int32 [B], device
 // memory, each clamped to [0, S]; null = every sequence is S long) marks t >= lengths[b] as padding. Packed rows
 // (positions) are not supported here.
@@ -28,5 +28,9 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
 // OVERWRITTEN; tokens at padded positions are never read.
 void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B, int S,
                         cudaStream_t stream);
+
+// x[b,t,:] = 0 for every padded t (t >= len[b]); valid rows untouched. x [B, S, width] bf16. For outputs whose
+// padded rows a library leaves unspecified (cudnn_attention.h).
+void zero_padded_rows(__nv_bfloat16* x, const int32_t* lengths, int B, int S, int width, cudaStream_t stream);
 
 }  // namespace ddplab::cuda

@@ -104,7 +104,13 @@ for np in 1 2; do
   expect_error $np "--device cuda: --attention fused needs a transformer --model" \
     train "${small[@]}" --attention fused --precision bf16 "${cuda[@]}"
   expect_error $np "--attention fused needs --device cuda" train --model small --attention fused --steps 2
-  expect_error $np "--attention: flash not in {auto,unfused,fused}" train "${small[@]}" --attention flash
+  # cuDNN's: the same rules, its own head sizes.
+  expect_error $np "--device cuda: --attention cudnn needs --precision bf16 (its kernels are bf16; got --precision fp32)" \
+    train --model gpt2-small --head lm --attention cudnn "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --attention cudnn takes heads of a multiple of 8 up to 128 dimensions; --model tiny has 12" \
+    train --model tiny --attention cudnn --precision bf16 "${cuda[@]}" --steps 2
+  expect_error $np "--attention cudnn needs --device cuda" train --model small --attention cudnn --steps 2
+  expect_error $np "--attention: flash not in {auto,unfused,fused,cudnn}" train "${small[@]}" --attention flash
 done
 # Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
 if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then

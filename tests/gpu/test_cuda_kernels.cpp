@@ -30,6 +30,7 @@
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layernorm.h"
@@ -209,6 +210,37 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
   // dQ in fp32 [B, S, C], then D [B, NH, S].
   EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(2, 5, 128, 2), 2 * 5 * 128 + 2 * 2 * 5);
   EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(0, 5, 768, 12), 0);
+}
+
+// cuDNN's attention refuses bad sizes, head sizes it does not take, and bad pointers before anything touches the
+// device (as flash_attention.h's does); where it cannot run, availability says why in one line.
+TEST(CudaKernelsHost, CudnnAttentionChecksArgumentsBeforeTheDevice) {
+  cudaStream_t s = nullptr;
+  alignas(16) bf16 x[16];
+  alignas(16) float f[16];
+  cuda::CudnnAttention attention;
+  for (int hs = 1; hs <= 256; ++hs)
+    EXPECT_EQ(cuda::cudnn_attention_supports_head_size(hs), ddplab::cudnn_attention_supports_head_size(hs)) << hs;
+  for (int hs : {4, 12, 100, 136, 256}) {
+    EXPECT_FALSE(cuda::cudnn_attention_supports_head_size(hs));
+    EXPECT_THROW(attention.forward(x, f, x, nullptr, 2, 4, 2 * hs, 2, true, s), std::invalid_argument) << hs;
+    EXPECT_THROW(attention.backward(x, x, x, x, f, nullptr, 2, 4, 2 * hs, 2, true, s), std::invalid_argument) << hs;
+  }
+  EXPECT_THROW(attention.forward(x, f, x, nullptr, 2, 4, 130, 2, true, s), std::invalid_argument);  // C % NH
+  EXPECT_THROW(attention.forward(x, f, x, nullptr, -1, 4, 128, 2, true, s), std::invalid_argument);
+  std::string why;
+  if (cuda::cudnn_attention_available(&why)) {
+    EXPECT_TRUE(why.empty()) << why;
+    EXPECT_THROW(attention.forward(x + 1, f, x, nullptr, 2, 4, 128, 2, true, s), std::invalid_argument);
+    EXPECT_THROW(attention.forward(x, nullptr, x, nullptr, 2, 4, 128, 2, true, s), std::invalid_argument);
+    EXPECT_THROW(attention.backward(x, x + 1, x, x, f, nullptr, 2, 4, 128, 2, true, s), std::invalid_argument);
+  } else {
+    EXPECT_FALSE(why.empty());
+    EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+    std::cout << "cuDNN attention unavailable here: " << why << "\n";
+  }
+  EXPECT_NO_THROW(attention.forward(nullptr, nullptr, nullptr, nullptr, 0, 4, 128, 2, true, s));  // empty: nothing
+  EXPECT_EQ(attention.cached_graphs(), 0);
 }
 
 // ---- on the device ----------------------------------------------------------------------------------------------
@@ -548,6 +580,34 @@ TEST_F(CudaKernels, FlashAttentionIsDeterministicButForDq) {
       EXPECT_TRUE(BitwiseEqual(dkv, first_dkv)) << "dk, dv";
     }
   }
+}
+
+// cuDNN's fused attention (cudnn_attention.h) on the same shapes and checks as ours, but for two things its contract
+// leaves open: padded rows of qkv and dout hold finite values (cuDNN may read them), and padded rows' lse is not
+// checked. Skipped, with the reason, where cuDNN's attention is not built or its library does not load.
+TEST_F(CudaKernels, CudnnAttentionMatchesCpu) {
+  std::string why;
+  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+  cuda::CudnnAttention attention;
+  for (const FlashShape& sh : kFlashShapes)
+    for (bool causal : {false, true}) {
+      const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH;
+      SCOPED_TRACE(sh.describe(causal));
+      const FlashCase fc = make_flash_case(sh, causal, /*poison_padding=*/false);
+      DeviceBuffer<bf16> d_qkv(to_bf16(fc.qkv), stream_), d_dout(to_bf16(fc.dout), stream_);
+      DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream_), d_dqkv(int64_t{B} * S * 3 * C, stream_);
+      DeviceArray d_lse(int64_t{B} * NH * S, stream_);
+      std::unique_ptr<DeviceBuffer<int32_t>> d_lengths;
+      if (!sh.lengths.empty()) d_lengths = std::make_unique<DeviceBuffer<int32_t>>(sh.lengths, stream_);
+      const int32_t* lengths = d_lengths ? d_lengths->get() : nullptr;
+      attention.forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, B, S, C, NH, causal, stream_);
+      attention.backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), lengths, B, S, C, NH,
+                         causal, stream_);
+      expect_flash_matches("cudnn", sh, causal, fc, to_f32(d_out.download()), d_lse.download(),
+                           to_f32(d_dqkv.download()), /*padded_lse_defined=*/false);
+    }
+  // One graph per direction and problem (shape, causal, padded or not), built once.
+  EXPECT_EQ(attention.cached_graphs(), 2 * 2 * static_cast<int64_t>(kFlashShapes.size()));  // causal or not, fwd/bwd
 }
 
 // GEMMs. Errors are bounded relative to sum_k |a_ik b_kj| (absdot, from the CPU GEMM on absolute values), not to

@@ -301,18 +301,19 @@ Tolerance fused_tolerance() {
   return {2 * bf16.loss, 2 * bf16.grad_norm, 2 * bf16.grad_elem, 2 * bf16.train};
 }
 
-// The fused attention in the whole model, both heads, padded batches spanning two 64-row blocks, then a second,
-// smaller batch accumulated with a loss scale: loss and every gradient piece against the CPU model and against the
-// same bf16 model with the unfused attention (normwise per piece); then a 5-step AdamW curve against the CPU's.
-TEST_F(TransformerCudaDevice, FusedAttentionMatchesUnfusedAndCpu) {
+// A fused attention (ours or cuDNN's) in the whole model, both heads, padded batches spanning two 64-row blocks, then
+// a second, smaller batch accumulated with a loss scale: loss and every gradient piece against the CPU model and
+// against the same bf16 model with the unfused attention (normwise per piece); then a 5-step AdamW curve against the
+// CPU's.
+void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t stream_) {
   const Tolerance tol = fused_tolerance();
   for (const TransformerConfig& c : {fused_classifier(), fused_language_model()}) {
-    const std::string name = c.causal() ? "lm" : "classify";
+    const std::string name = std::string(ddplab::attention_name(kind)) + (c.causal() ? " lm" : " classify");
     SCOPED_TRACE(name);
     Transformer<float> cpu(c, kSeed);
-    TransformerCuda fused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream_, AttentionKind::kFused);
+    TransformerCuda fused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream_, kind);
     TransformerCuda unfused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream_);
-    EXPECT_EQ(fused.attention(), AttentionKind::kFused);
+    EXPECT_EQ(fused.attention(), kind);
     EXPECT_EQ(unfused.attention(), AttentionKind::kUnfused);
     gpu_test::split_and_zero_grads(unfused, cpu, 0);
     gpu_test::split_and_zero_grads(fused, cpu, 0);
@@ -343,7 +344,7 @@ TEST_F(TransformerCudaDevice, FusedAttentionMatchesUnfusedAndCpu) {
         EXPECT_LE(err, tol.grad_norm) << fused.parameters()[piece.param].name << " against the unfused model";
         worst_vs_unfused = std::max(worst_vs_unfused, err);
       }
-      std::cout << "fused " << name << ", batch " << s.B << "x" << s.S << ": loss error " << loss_error
+      std::cout << name << ", batch " << s.B << "x" << s.S << ": loss error " << loss_error
                 << " (vs unfused " << loss_vs_unfused << "), worst piece " << grad_error << " (vs unfused "
                 << worst_vs_unfused << ")\n";
     }
@@ -353,14 +354,25 @@ TEST_F(TransformerCudaDevice, FusedAttentionMatchesUnfusedAndCpu) {
     ddplab::OptimizerConfig opt;
     opt.lr = 3e-3f;
     Transformer<float> cpu(c, kSeed);
-    TransformerCuda gpu(c, kSeed, Precision::kBf16, 8 * 70, 70, stream_, AttentionKind::kFused);
+    TransformerCuda gpu(c, kSeed, Precision::kBf16, 8 * 70, 70, stream_, kind);
     const Batch b = random_batch(c, 8, 70, 99);
     DeviceBatch d(b, stream_);
     const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
         gpu, cpu, opt, 5, [&] { return forward(cpu, b); }, [&] { forward(gpu, d, b); });
-    gpu_test::expect_curves_close(curves, tol.train, c.causal() ? "fused lm" : "fused classify");
+    const std::string curve = std::string(ddplab::attention_name(kind)) + (c.causal() ? " lm" : " classify");
+    gpu_test::expect_curves_close(curves, tol.train, curve.c_str());
     EXPECT_LT(curves.gpu.back(), 0.9f * curves.gpu.front());
   }
+}
+
+TEST_F(TransformerCudaDevice, FusedAttentionMatchesUnfusedAndCpu) {
+  fused_attention_matches_unfused_and_cpu(AttentionKind::kFused, stream_);
+}
+
+TEST_F(TransformerCudaDevice, CudnnAttentionMatchesUnfusedAndCpu) {
+  std::string why;
+  if (!ddplab::cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+  fused_attention_matches_unfused_and_cpu(AttentionKind::kCudnn, stream_);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, TransformerCudaVsCpu,
