@@ -32,6 +32,8 @@
 #error "tests/emu/cuda_emulation.h stands in for nvcc's device side: include it from host-compiled code only"
 #endif
 
+#define DDPLAB_CUDA_EMULATION 1  // kernels/cuda/mma.cuh forwards its PTX primitives here
+
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <vector_functions.h>  // make_uint4, make_float4
@@ -47,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -170,17 +173,26 @@ class Barrier {
   std::function<void()> completion_;
 };
 
-// What the threads of the running CTA share: its barriers and the warps' shuffle buffers.
+// What a warp-collective operation (a shuffle, ldmatrix, mma.sync) passes between lanes: each lane's operands in
+// its slot. Two sets used in turn, so one barrier per operation suffices: a lane writing set p again (two operations
+// later) has passed the barrier of the operation in between, which every lane reaches only after reading set p.
+constexpr size_t kExchangeSlotBytes = 32;
+struct WarpExchange {
+  alignas(16) unsigned char slot[2][kWarpSize][kExchangeSlotBytes];
+};
+
+// What the threads of the running CTA share: its barriers and the warps' exchange buffers.
 struct Cta {
-  explicit Cta(int threads) : block(threads), warps(threads / kWarpSize), shuffle(threads / kWarpSize) {
+  explicit Cta(int threads) : block(threads), warps(threads / kWarpSize), exchange(threads / kWarpSize) {
     for (auto& w : warps) w = std::make_unique<Barrier>(kWarpSize);
   }
   Barrier block;
   std::vector<std::unique_ptr<Barrier>> warps;
-  std::vector<std::array<uint64_t, kWarpSize>> shuffle;
+  std::vector<WarpExchange> exchange;
 };
 
 inline thread_local Cta* t_cta = nullptr;
+inline thread_local unsigned t_exchanges = 0;  // the calling lane's warp-collective operations so far in its CTA
 
 inline Cta& this_cta() {
   if (t_cta == nullptr) fail("a device function called outside emulate_launch");
@@ -204,6 +216,20 @@ inline int warp_id() { return static_cast<int>(::threadIdx.x) / kWarpSize; }
 inline void require_full_mask(unsigned mask, const char* what) {
   if (mask != 0xffffffffu) fail("%s: only the full warp mask is emulated (got 0x%08x)", what, mask);
 }
+
+// A warp-collective step: every lane gives `mine`, and gets every lane's (index = lane) once all 32 have given theirs.
+template <typename T>
+std::array<T, kWarpSize> exchange_in_warp(const T& mine, const char* what) {
+  static_assert(sizeof(T) <= kExchangeSlotBytes && std::is_trivially_copyable_v<T>, "fits a lane's exchange slot");
+  Cta& cta = this_cta();
+  const int warp = warp_id();
+  auto& set = cta.exchange[warp].slot[t_exchanges++ % 2];
+  std::memcpy(set[lane_id()], &mine, sizeof(T));
+  cta.warps[warp]->arrive_and_wait(what);
+  std::array<T, kWarpSize> all;
+  for (int l = 0; l < kWarpSize; ++l) std::memcpy(&all[l], set[l], sizeof(T));
+  return all;
+}
 }  // namespace ddplab::emu
 
 // ---- intrinsics ---------------------------------------------------------------------------------------------------
@@ -215,26 +241,13 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ddplab::emu::this_cta().warps[ddplab::emu::warp_id()]->arrive_and_wait("__syncwarp");
 }
 
-// Every lane writes its value, a warp barrier, every lane reads its partner's, a barrier again (so that no lane
-// overwrites its slot before its partner read it).
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = ddplab::emu::kWarpSize) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>, "a register-sized value");
   ddplab::emu::require_full_mask(mask, "__shfl_xor_sync");
   if (width != ddplab::emu::kWarpSize || lane_mask < 0 || lane_mask >= ddplab::emu::kWarpSize)
     ddplab::emu::fail("__shfl_xor_sync: width %d, lane mask %d: only whole warps are emulated", width, lane_mask);
-  ddplab::emu::Cta& cta = ddplab::emu::this_cta();
-  const int warp = ddplab::emu::warp_id(), lane = ddplab::emu::lane_id();
-  auto& slots = cta.shuffle[warp];
-  uint64_t bits = 0;
-  std::memcpy(&bits, &var, sizeof(T));
-  slots[lane] = bits;
-  cta.warps[warp]->arrive_and_wait("__shfl_xor_sync");
-  bits = slots[lane ^ lane_mask];
-  cta.warps[warp]->arrive_and_wait("__shfl_xor_sync");
-  T out;
-  std::memcpy(&out, &bits, sizeof(T));
-  return out;
+  return ddplab::emu::exchange_in_warp(var, "__shfl_xor_sync")[ddplab::emu::lane_id() ^ lane_mask];
 }
 
 inline float atomicAdd(float* address, float value) {
@@ -337,6 +350,126 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix
 
 }  // namespace nvcuda::wmma
 
+// ---- PTX primitives (kernels/cuda/mma.cuh): mma.sync m16n8k16 bf16, ldmatrix x4, cp.async ---------------------------
+//
+// Lanes hold exactly the registers the PTX ISA gives them (layouts in kernels/cuda/mma.cuh); a warp-collective step
+// exchanges them (exchange_in_warp), so a fragment built or read with a wrong layout computes a wrong product.
+
+namespace ddplab::emu {
+
+inline float bf16_bits_to_float(uint16_t bits) {
+  const uint32_t u = uint32_t{bits} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline uint16_t half_of(uint32_t reg, int half) { return static_cast<uint16_t>(half == 0 ? reg & 0xffffu : reg >> 16); }
+
+// Where element `half` of register `reg` of `lane` sits in the product's tiles (the PTX ISA's m16n8k16 layouts).
+struct TileIndex {
+  int row, col;
+};
+inline TileIndex a_fragment_index(int lane, int reg, int half) {  // A 16x16 (m x k)
+  return {lane / 4 + 8 * (reg % 2), 2 * (lane % 4) + half + 8 * (reg / 2)};
+}
+inline TileIndex b_fragment_index(int lane, int reg, int half) {  // B 16x8 (k x n)
+  return {2 * (lane % 4) + half + 8 * reg, lane / 4};
+}
+inline TileIndex d_fragment_index(int lane, int i) {  // C, D 16x8 (m x n)
+  return {lane / 4 + 8 * (i / 2), 2 * (lane % 4) + i % 2};
+}
+
+// d += a b over the warp: the lanes' A and B registers gathered into the tiles, then each lane's own 4 elements of D,
+// exact products summed in fp32 in k order after the accumulator (the tensor cores' order and rounding may differ).
+inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Operands {
+    uint32_t a[4], b[2];
+  };
+  const auto all = exchange_in_warp(Operands{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, "mma.sync");
+  float A[16][16], B[16][8];
+  for (int l = 0; l < kWarpSize; ++l)
+    for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < 4; ++r) {
+        const TileIndex i = a_fragment_index(l, r, h);
+        A[i.row][i.col] = bf16_bits_to_float(half_of(all[l].a[r], h));
+      }
+      for (int r = 0; r < 2; ++r) {
+        const TileIndex i = b_fragment_index(l, r, h);
+        B[i.row][i.col] = bf16_bits_to_float(half_of(all[l].b[r], h));
+      }
+    }
+  const int lane = lane_id();
+  for (int e = 0; e < 4; ++e) {
+    const TileIndex i = d_fragment_index(lane, e);
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += A[i.row][k] * B[k][i.col];
+    d[e] = sum;
+  }
+}
+
+// Fails unless p (of `bytes`) is `alignment`-aligned and lies within the launch's dynamic shared memory.
+inline void require_shared(const void* p, size_t bytes, size_t alignment, const char* what) {
+  const SharedMemory& sm = shared_memory();
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (sm.base == nullptr || c < sm.base || c >= sm.base + sm.capacity)
+    fail("%s: %p is not a shared-memory address", what, p);
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+    fail("%s: shared-memory address %p is not %zu-byte aligned", what, p, alignment);
+  check_shared(p, bytes, what);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: matrix i's rows at the addresses of lanes 8i..8i+7.
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed) {
+  const char* what = transposed ? "ldmatrix .trans" : "ldmatrix";
+  require_shared(row, 16, 16, what);
+  const auto rows = exchange_in_warp(static_cast<const uint16_t*>(row), what);
+  const int lane = lane_id(), g = lane / 4, q = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const uint16_t lo = transposed ? rows[8 * i + 2 * q][g] : rows[8 * i + g][2 * q];
+    const uint16_t hi = transposed ? rows[8 * i + 2 * q + 1][g] : rows[8 * i + g][2 * q + 1];
+    r[i] = uint32_t{lo} | uint32_t{hi} << 16;
+  }
+}
+
+// cp.async: a copy is queued in the issuing thread's open group and lands (read from global, written to shared) only
+// when cp_async_wait retires its group, so a kernel that reads a tile before waiting for it reads the shared memory's
+// old contents (or its NaN poison), as the hardware may.
+struct AsyncCopy {
+  void* dst;
+  const void* src;  // null: 16 zero bytes
+};
+inline thread_local std::vector<AsyncCopy> t_open_group;
+inline thread_local std::deque<std::vector<AsyncCopy>> t_committed_groups;
+
+inline void cp_async_16(void* dst_shared, const void* src_global, bool from_src) {
+  require_shared(dst_shared, 16, 16, "cp.async (destination)");
+  if (from_src && reinterpret_cast<uintptr_t>(src_global) % 16 != 0)
+    fail("cp.async: global source %p is not 16-byte aligned", src_global);
+  t_open_group.push_back({dst_shared, from_src ? src_global : nullptr});
+}
+inline void cp_async_commit() {
+  t_committed_groups.push_back(std::move(t_open_group));
+  t_open_group.clear();
+}
+inline void cp_async_wait(int pending) {
+  while (static_cast<int>(t_committed_groups.size()) > pending) {
+    for (const AsyncCopy& c : t_committed_groups.front()) {
+      if (c.src != nullptr)
+        std::memcpy(c.dst, c.src, 16);
+      else
+        std::memset(c.dst, 0, 16);
+    }
+    t_committed_groups.pop_front();
+  }
+}
+// A thread leaving its CTA: copies never waited for are dropped (they could land anywhere in the next CTA's memory).
+inline void forget_async_copies() {
+  t_open_group.clear();
+  t_committed_groups.clear();
+}
+
+}  // namespace ddplab::emu
+
 // ---- the launch -----------------------------------------------------------------------------------------------------
 
 // In the kernels' namespace, before they are defined: `extern __shared__ ... name[]` inside a kernel is, to g++, a
@@ -399,7 +532,9 @@ void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Arg
         between.arrive_and_wait("the launch's barrier between CTAs");
         ::blockIdx = uint3{static_cast<unsigned>(c % grid.x), static_cast<unsigned>(c / grid.x % grid.y),
                            static_cast<unsigned>(c / grid.x / grid.y)};
+        t_exchanges = 0;
         kernel(args...);
+        forget_async_copies();
         cta.block.leave("__syncthreads");
         cta.warps[tid / kWarpSize]->leave("__syncwarp / __shfl_xor_sync");
       }
