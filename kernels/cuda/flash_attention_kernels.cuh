@@ -31,6 +31,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"  // kBlockSize, grid_size, global_index, grid_stride
+#include "kernels/cuda/mma.cuh"
 
 namespace ddplab::cuda {
 namespace {
@@ -52,21 +53,17 @@ static_assert(kBlockQ == kBlockK, "the causal block skipping below assumes squar
 
 constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 
-// Shared memory of the forward CTA, byte offsets. Q, K, V tiles [64][HS] bf16; per warp (16 rows each, stacked):
-// the scores [16][kBlockK] fp32, the probabilities [16][kBlockK] bf16, the output accumulator [16][HS] fp32 and the
-// rows' 1 / l for the epilogue.
+// Shared memory of the forward CTA, byte offsets: the query block, then two stages of the key and value tiles (the
+// next tile's copies land in one while the warps compute on the other), all [64][HS] bf16 with rows padded by 16
+// bytes, so that the 8 rows one ldmatrix reads fall in 8 different 16-byte bank groups.
 template <int HS>
 struct ForwardSmem {
-  static constexpr int kLdQkv = HS + kPadBf16, kLdS = kBlockK + kPadF32, kLdP = kBlockK + kPadBf16;
-  static constexpr int kLdO = HS + kPadF32;
+  static constexpr int kLd = HS + kPadBf16;
+  static constexpr size_t kTile = sizeof(bf16) * kBlockK * kLd;
   static constexpr size_t kQ = 0;
-  static constexpr size_t kK = kQ + align128(sizeof(bf16) * kBlockQ * kLdQkv);
-  static constexpr size_t kV = kK + align128(sizeof(bf16) * kBlockK * kLdQkv);
-  static constexpr size_t kS = kV + align128(sizeof(bf16) * kBlockK * kLdQkv);
-  static constexpr size_t kP = kS + align128(sizeof(float) * kBlockQ * kLdS);
-  static constexpr size_t kO = kP + align128(sizeof(bf16) * kBlockQ * kLdP);
-  static constexpr size_t kInv = kO + align128(sizeof(float) * kBlockQ * kLdO);
-  static constexpr size_t kBytes = kInv + align128(sizeof(float) * kBlockQ);
+  static constexpr size_t kStages = kQ + align128(sizeof(bf16) * kBlockQ * kLd);  // stage s: K at + 2 s kTile, V after
+  static constexpr size_t kBytes = kStages + 4 * kTile;
+  static_assert(kTile % 128 == 0, "every tile starts on a 128-byte boundary");
 };
 
 // Shared memory of the backward CTA, byte offsets. K, V (this CTA's keys), Q, dO (the current query block) [64][HS]
@@ -238,23 +235,127 @@ __device__ __forceinline__ void warp_accumulate_product(FragAcc (&acc)[HS / kFra
   }
 }
 
+// ---- mma.sync building blocks (kernels/cuda/mma.cuh has the fragment layouts) --------------------------------------
+
+// Rows [row0, row0 + ROWS) of one head's HS columns of a bf16 matrix with row stride ld (elements) into the shared
+// tile dst [ROWS][HS + kPadBf16] by cp.async, 16 bytes per copy; rows >= valid_rows are zero-filled without reading
+// the source (padding may hold anything: a masked key must still multiply its 0 weight by a finite value). The whole
+// CTA takes part; the copies land at the cp_async_wait that covers the group the caller commits them in.
+template <int ROWS, int HS>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int64_t ld, int row0, int valid_rows) {
+  constexpr int kPerRow = HS / kVec, kLd = HS + kPadBf16;
+  for (int c = threadIdx.x; c < ROWS * kPerRow; c += kThreads) {
+    const int r = c / kPerRow, col = (c % kPerRow) * kVec;
+    const bool valid = row0 + r < valid_rows;
+    ptx::cp_async_16(dst + r * kLd + col, valid ? src + int64_t{row0 + r} * ld + col : src, valid);
+  }
+}
+
+// The lane's row address for ldmatrix_x4 of a 16x16 block at (row0, col0) of a row-major bf16 tile (row stride ld),
+// the four 8x8 matrices ordered (rows lo, cols lo), (rows hi, cols lo), (rows lo, cols hi), (rows hi, cols hi).
+// Without .trans: the A fragment of the block (rows are m, cols k). With .trans, for a tile stored [k][n]: registers
+// 0-1 the B fragment of cols col0..col0+7, 2-3 of col0+8..col0+15.
+__device__ __forceinline__ const bf16* fragment_rows_lo_first(const bf16* tile, int ld, int row0, int col0) {
+  const int lane = threadIdx.x % 32, matrix = lane / 8;
+  return tile + (row0 + lane % 8 + 8 * (matrix % 2)) * ld + col0 + 8 * (matrix / 2);
+}
+
+// The same block with the matrices ordered (rows lo, cols lo), (rows lo, cols hi), (rows hi, cols lo), (rows hi, cols
+// hi): without .trans, for a tile stored [n][k] (the right operand of A B^T), registers 0-1 the B fragment of n rows
+// row0..row0+7 over k cols col0..col0+15, 2-3 of rows row0+8..row0+15.
+__device__ __forceinline__ const bf16* fragment_cols_lo_first(const bf16* tile, int ld, int row0, int col0) {
+  const int lane = threadIdx.x % 32, matrix = lane / 8;
+  return tile + (row0 + lane % 8 + 8 * (matrix / 2)) * ld + col0 + 8 * (matrix % 2);
+}
+
+// acc[n] += A B^T for the warp's 16 rows: a[k] the A fragments of A [16][KD] (KD = 16 per k step), B^T's right
+// operand the rows [N][KD] of a bf16 tile (row stride ld) from row b_row0. Forward's S = Q K^T; backward's S^T = K Q^T,
+// dP^T = V dO^T.
+template <int N, int KD>
+__device__ __forceinline__ void warp_product_transposed(float (&acc)[N / 8][4], const uint32_t (&a)[KD / 16][4],
+                                                        const bf16* b_tile, int ld, int b_row0) {
+#pragma unroll
+  for (int k = 0; k < KD / 16; ++k)
+#pragma unroll
+    for (int n = 0; n < N / 16; ++n) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4(b, fragment_cols_lo_first(b_tile, ld, b_row0 + n * 16, k * 16));
+      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      ptx::mma_bf16_16816(acc[2 * n], a[k], b_lo);
+      ptx::mma_bf16_16816(acc[2 * n + 1], a[k], b_hi);
+    }
+}
+
+// acc[n] += A B for the warp's 16 rows: a[k] the A fragments of A [16][K], B the rows [K][N] (from b_row0) of a
+// bf16 tile stored row-major (row stride ld), read transposed into B fragments. Forward's O += P V; backward's
+// dV += P^T dO, dK += dS^T Q, dQ = dS K.
+template <int N, int K>
+__device__ __forceinline__ void warp_product(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4],
+                                             const bf16* b_tile, int ld, int b_row0) {
+#pragma unroll
+  for (int k = 0; k < K / 16; ++k)
+#pragma unroll
+    for (int n = 0; n < N / 16; ++n) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4_trans(b, fragment_rows_lo_first(b_tile, ld, b_row0 + k * 16, n * 16));
+      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      ptx::mma_bf16_16816(acc[2 * n], a[k], b_lo);
+      ptx::mma_bf16_16816(acc[2 * n + 1], a[k], b_hi);
+    }
+}
+
+// The A fragments of the warp's 16 rows [16][K] of a bf16 tile (row stride ld) from row row0.
+template <int K>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[K / 16][4], const bf16* tile, int ld, int row0) {
+#pragma unroll
+  for (int k = 0; k < K / 16; ++k) ptx::ldmatrix_x4(a[k], fragment_rows_lo_first(tile, ld, row0, k * 16));
+}
+
+// An accumulator [16][K] (K / 8 D fragments) rounded to bf16 as the A fragments of the next product: D fragments 2k
+// and 2k + 1 are exactly A fragment k's halves (mma.cuh).
+template <int K>
+__device__ __forceinline__ void accumulator_to_a_fragments(uint32_t (&a)[K / 16][4], const float (&acc)[K / 8][4]) {
+#pragma unroll
+  for (int k = 0; k < K / 16; ++k) {
+    a[k][0] = ptx::pack_bf16x2(acc[2 * k][0], acc[2 * k][1]);
+    a[k][1] = ptx::pack_bf16x2(acc[2 * k][2], acc[2 * k][3]);
+    a[k][2] = ptx::pack_bf16x2(acc[2 * k + 1][0], acc[2 * k + 1][1]);
+    a[k][3] = ptx::pack_bf16x2(acc[2 * k + 1][2], acc[2 * k + 1][3]);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero_accumulator(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+}
+
+// The max and the sum over the 4 lanes of a quad, which hold one row's columns of a D fragment between them.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(detail::kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(detail::kFullMask, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(detail::kFullMask, x, 1);
+  return x + __shfl_xor_sync(detail::kFullMask, x, 2);
+}
+
 // ---- forward --------------------------------------------------------------------------------------------------------
 
-// A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile.
+// A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile. A lane
+// holds, as the mma fragments lay them out, two rows (g = lane / 4 and g + 8 of its warp's 16) and, of each 8-column
+// tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the quad.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
                                    bool causal, float scale_log2) {
   using L = ForwardSmem<HS>;
+  constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
-  bf16* const k_s = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* const v_s = reinterpret_cast<bf16*>(smem + L::kV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* const s_w = reinterpret_cast<float*>(smem + L::kS) + warp * kFrag * L::kLdS;
-  bf16* const p_w = reinterpret_cast<bf16*>(smem + L::kP) + warp * kFrag * L::kLdP;
-  float* const o_w = reinterpret_cast<float*>(smem + L::kO) + warp * kFrag * L::kLdO;
-  float* const inv_w = reinterpret_cast<float*>(smem + L::kInv) + warp * kFrag;
 
   const int h = blockIdx.y, b = blockIdx.z;
   // Causal: the last query blocks see the most keys. Launched first, they leave the short ones to fill the tail.
@@ -274,78 +375,106 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  // Step 0: the query block (padded rows zero-filled), the output accumulator zeroed.
-  load_tile<kBlockQ, HS>(q_s, L::kLdQkv, q_g, ld, q0, len);
-  for (int i = lane; i < kFrag * L::kLdO; i += 32) o_w[i] = 0.0f;
-  __syncthreads();
-  FragA q_frag[HS / kFrag];  // the warp's 16 query rows, for every key tile
-  load_warp_rows<HS>(q_frag, q_s + warp * kFrag * L::kLdQkv, L::kLdQkv);
-
-  // The online softmax: a lane pair per row (lane / 2), each lane half the row's columns. Both lanes keep the row's
-  // running max m (of the scores in log2 units) and running sum l of exp2(score - m).
-  const int row = lane / 2, half = lane % 2;
-  const int t = q0 + warp * kFrag + row;
-  const int row_keys = t >= len ? 0 : (causal ? t + 1 : len);  // this row's valid keys: j < row_keys
-  float m = -INFINITY, l = 0.0f;
-  float* const s_row = s_w + row * L::kLdS;
-  bf16* const p_row = p_w + row * L::kLdP;
-  float* const o_row = o_w + row * L::kLdO;
+  // The lane's two rows and their valid keys (j < keys); keys below warp_full_keys are valid for all 16 of the
+  // warp's rows, so a tile below it needs no mask.
+  const int warp_row0 = q0 + warp * kFrag;
+  const int row[2] = {warp_row0 + lane / 4, warp_row0 + lane / 4 + 8};
+  int keys[2];
+  for (int r = 0; r < 2; ++r) keys[r] = row[r] >= len ? 0 : (causal ? row[r] + 1 : len);
+  const int warp_full_keys = warp_row0 + kFrag > len ? 0 : (causal ? warp_row0 + 1 : len);
 
   // Keys past the block's last query are masked for every row when causal: those tiles are skipped.
   const int kv_end = causal ? min(len, q0 + kBlockQ) : len;
-  for (int j0 = 0; j0 < kv_end; j0 += kBlockK) {
-    __syncthreads();  // every warp is done with the previous K, V tiles
-    load_tile<kBlockK, HS>(k_s, L::kLdQkv, k_g, ld, j0, len);
-    load_tile<kBlockK, HS>(v_s, L::kLdQkv, v_g, ld, j0, len);
-    __syncthreads();
+  const int tiles = (kv_end + kBlockK - 1) / kBlockK;
+  const auto k_stage = [&](int tile) { return reinterpret_cast<bf16*>(smem + L::kStages + (tile % 2) * 2 * L::kTile); };
+  const auto v_stage = [&](int tile) { return k_stage(tile) + L::kTile / sizeof(bf16); };
 
-    // Step 1: raw scores Q K^T, the warp's 16 rows x the tile's 64 keys.
-    warp_times_tile_transposed<HS, kBlockK>(s_w, L::kLdS, q_frag, k_s, L::kLdQkv);
-    __syncwarp();
+  load_tile_async<kBlockQ, HS>(q_s, q_g, ld, q0, len);
+  load_tile_async<kBlockK, HS>(k_stage(0), k_g, ld, 0, len);
+  load_tile_async<kBlockK, HS>(v_stage(0), v_g, ld, 0, len);
+  ptx::cp_async_commit();
 
-    // Step 2: masking and the online softmax update. Masked keys (j >= row_keys: padding, the causal future) are
-    // never compared nor exponentiated: their p is exactly 0.
-    float tile_max = -INFINITY;
-    for (int c = half; c < kBlockK; c += 2)
-      if (j0 + c < row_keys) tile_max = fmaxf(tile_max, s_row[c] * scale_log2);
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(detail::kFullMask, tile_max, 1));
-    const float m_new = fmaxf(m, tile_max);
-    // A row with no valid key yet (a padded query, or a causal row before its first key) keeps m = -inf; taking 0
-    // as the base then keeps exp2 away from -inf - -inf = NaN, and every p of the row is 0 anyway.
-    const float base = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = exp2f(m - base);  // rescales what was summed against the old max (0 while m was -inf)
-    float sum = 0.0f;
-    for (int c = half; c < kBlockK; c += 2) {
-      const float p = j0 + c < row_keys ? exp2f(s_row[c] * scale_log2 - base) : 0.0f;
-      p_row[c] = __float2bfloat16_rn(p);
-      sum += p;
+  uint32_t q_frag[HS / kFrag][4];  // the warp's 16 query rows, for every key tile
+  float o[HS / 8][4];              // O, unnormalised
+  zero_accumulator(o);
+  // Per row: the running max m of the scores in log2 units (the quad's), and the lane's share of the running sum l of
+  // exp2(score - m) (summed over the quad at the end).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int j0 = tile * kBlockK;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // this tile's copies (every thread's) landed; every warp is done with the previous tile's stage
+    if (tile + 1 < tiles) {
+      load_tile_async<kBlockK, HS>(k_stage(tile + 1), k_g, ld, j0 + kBlockK, len);
+      load_tile_async<kBlockK, HS>(v_stage(tile + 1), v_g, ld, j0 + kBlockK, len);
     }
-    sum += __shfl_xor_sync(detail::kFullMask, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    for (int d = half; d < HS; d += 2) o_row[d] *= alpha;
-    __syncwarp();
+    ptx::cp_async_commit();
+    if (tile == 0) load_a_fragments<HS>(q_frag, q_s, kLd, warp * kFrag);
 
-    // Step 3: O += P V, the accumulator round-tripping through shared memory (its rows were rescaled there).
-    FragAcc o_frag[HS / kFrag];
+    // S = Q K^T for the warp's 16 rows x the tile's 64 keys, in registers.
+    float s[kBlockK / 8][4];
+    zero_accumulator(s);
+    warp_product_transposed<kBlockK, HS>(s, q_frag, k_stage(tile), kLd, 0);
+
+    // Scores in log2 units; masked keys (j >= keys: padding, the causal future) become -inf, so that their p is
+    // exactly 0 (exp2(-inf)).
+    const bool masked_tile = j0 + kBlockK > warp_full_keys;
 #pragma unroll
-    for (int n = 0; n < HS / kFrag; ++n)
-      wmma::load_matrix_sync(o_frag[n], o_w + n * kFrag, L::kLdO, wmma::mem_row_major);
-    warp_accumulate_product<HS, kBlockK>(o_frag, p_w, L::kLdP, v_s, L::kLdQkv);
+    for (int n = 0; n < kBlockK / 8; ++n)
 #pragma unroll
-    for (int n = 0; n < HS / kFrag; ++n)
-      wmma::store_matrix_sync(o_w + n * kFrag, o_frag[n], L::kLdO, wmma::mem_row_major);
-    __syncwarp();
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] *= scale_log2;
+        if (masked_tile && j0 + n * 8 + 2 * (lane % 4) + i % 2 >= keys[i / 2]) s[n][i] = -INFINITY;
+      }
+
+    // The online softmax update, per row: the new max over the quad, the old sums and O rescaled to it.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBlockK / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      const float m_new = fmaxf(m[r], quad_max(tile_max));
+      // A row with no valid key yet (a padded query) keeps m = -inf; taking 0 as the base then keeps exp2 away from
+      // -inf - -inf = NaN, and every p of the row is 0 anyway.
+      const float base = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m[r] - base);  // rescales what was summed against the old max (0 while m was -inf)
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kBlockK / 8; ++n) {
+        s[n][2 * r] = exp2f(s[n][2 * r] - base);
+        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V, P rounded to bf16 straight from the score registers.
+    uint32_t p_frag[kBlockK / kFrag][4];
+    accumulator_to_a_fragments<kBlockK>(p_frag, s);
+    warp_product<HS, kBlockK>(o, p_frag, v_stage(tile), kLd, 0);
   }
 
-  // Step 4: out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and
-  // -inf. l >= 1 on a valid row: its max term contributed exp2(0).
-  if (half == 0) {
-    inv_w[row] = t < len ? 1.0f / l : 0.0f;
-    if (t < S) lse_g[t] = t < len ? (m + log2f(l)) * kLn2 : -INFINITY;
+  // out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and -inf. l >= 1
+  // on a valid row: its max term contributed exp2(0).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float row_sum = quad_sum(l[r]);
+    if (row[r] >= S) continue;
+    const bool valid = row[r] < len;
+    const float inv = valid ? 1.0f / row_sum : 0.0f;
+    uint32_t* const dst = reinterpret_cast<uint32_t*>(out_g + int64_t{row[r]} * C + 2 * (lane % 4));
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n)
+      dst[n * 4] = valid ? ptx::pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv) : 0u;
+    if (lane % 4 == 0) lse_g[row[r]] = valid ? (m[r] + log2f(row_sum)) * kLn2 : -INFINITY;
   }
-  __syncwarp();
-  store_rows_bf16<HS>(out_g, C, q0 + warp * kFrag, S, o_w, L::kLdO, inv_w);
 }
 
 // ---- backward -------------------------------------------------------------------------------------------------------
