@@ -380,13 +380,15 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward -------------------------------------------------------------------------------------------------------
 
-// Adds two floats to global memory (8-byte aligned): one 8-byte atomic where the hardware has it (sm_90), else two.
-__device__ __forceinline__ void atomic_add2(float* dst, float x, float y) {
+// Adds 4 floats to global memory (16-byte aligned): one 16-byte atomic where the hardware has it (sm_90), else four.
+__device__ __forceinline__ void atomic_add4(float* dst, float x, float y, float z, float w) {
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(x, y, z, w));
 #else
   atomicAdd(dst, x);
   atomicAdd(dst + 1, y);
+  atomicAdd(dst + 2, z);
+  atomicAdd(dst + 3, w);
 #endif
 }
 
@@ -394,7 +396,7 @@ __device__ __forceinline__ void atomic_add2(float* dst, float x, float y) {
 // (g = lane / 4 and g + 8 of its warp's 16) as the rows of S^T, P^T, dP^T, dS^T (columns: the query block's queries) and
 // of its dK and dV accumulators, which stay in registers over every query block. dQ, whose sum runs over the keys of
 // all 4 warps, goes through shared memory: each warp stores its dS^T rows, then computes dQ = dS K for 16 of the block's
-// queries and adds it into the fp32 accumulator in global memory.
+// queries and adds it into the fp32 accumulator in global memory, 16 bytes per atomic.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
@@ -541,13 +543,23 @@ __global__ void __launch_bounds__(kThreads)
       float dq[HS / 8][4];
       zero_accumulator(dq);
       warp_product<HS, kBlockK>(dq, ds_frag, k_s, kLd, 0);
+      // Lanes 2p and 2p + 1 of a quad hold columns 4p..4p+3 of rows g and g + 8 between them: the even lane takes
+      // row g, the odd one row g + 8, each giving its partner the two values of the other row, so that every atomic
+      // adds 4 consecutive floats.
+      const bool odd = lane % 2 == 1;
+      const int t = i0 + warp * kFrag + lane / 4 + (odd ? 8 : 0);
+      float* const dst = dq_g + int64_t{t} * C + 4 * (lane % 4 / 2);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = i0 + warp * kFrag + lane / 4 + 8 * r;
-        if (t >= len) continue;
-#pragma unroll
-        for (int n = 0; n < HS / 8; ++n)
-          atomic_add2(dq_g + int64_t{t} * C + n * 8 + 2 * (lane % 4), dq[n][2 * r], dq[n][2 * r + 1]);
+      for (int n = 0; n < HS / 8; ++n) {
+        const float give0 = odd ? dq[n][0] : dq[n][2], give1 = odd ? dq[n][1] : dq[n][3];
+        const float got0 = __shfl_xor_sync(detail::kFullMask, give0, 1);
+        const float got1 = __shfl_xor_sync(detail::kFullMask, give1, 1);
+        if (t < len) {
+          if (odd)
+            atomic_add4(dst + n * 8, got0, got1, dq[n][2], dq[n][3]);
+          else
+            atomic_add4(dst + n * 8, dq[n][0], dq[n][1], got0, got1);
+        }
       }
     }
   }
