@@ -1,9 +1,11 @@
 // The CUDA device vocabulary of our kernels for the host compiler, so that g++ compiles a kernel's own source and runs
 // it on host threads: a CTA is blockDim.x std::threads (CTAs one after another), __syncthreads and __syncwarp are
-// barriers over the CTA's and the warp's threads, __shfl_xor_sync exchanges through a per-warp buffer, nvcuda::wmma
-// is emulated, and dynamic shared memory is one buffer the CTA's threads share. Made to check index arithmetic,
+// barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync, and the PTX primitives of
+// kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async) are emulated with the PTX ISA's register layouts, and
+// dynamic shared memory is one buffer the CTA's threads share. Made to check index arithmetic, fragment layouts,
 // shared-memory layouts, masking, barriers and block skipping against a CPU reference without a GPU
-// (tests/emu/test_flash_attention_emu.cpp); it says nothing about timing, and little about the memory model.
+// (tests/emu/test_flash_attention_emu.cpp, tests/emu/test_mma_emu.cpp); it says nothing about timing, and little
+// about the memory model.
 //
 // Include this first (before cuda_bf16.h's users and the kernels), from a g++ translation unit; never from nvcc.
 //
@@ -11,22 +13,21 @@
 //   - every barrier is reached by every thread of its CTA or warp: a thread that returns from the kernel while others
 //     wait at a barrier (or arrives after another returned) fails at once; a barrier still incomplete after
 //     kBarrierTimeout (threads waiting at different barriers) fails then, instead of hanging;
-//   - wmma: 16x16x16 only; ldm a multiple of 16 bytes (8 bf16, 4 floats) and at least 16; fragment pointers 32-byte
-//     aligned; a fragment inside the shared buffer lies within the launch's dynamic shared memory;
+//   - ldmatrix and cp.async: shared addresses 16-byte aligned and within the launch's dynamic shared memory, cp.async's
+//     global source 16-byte aligned;
 //   - the launch: a 1-D block of whole warps, at most 1024 threads; dynamic shared memory within 227 KB (an H100's
 //     per-block opt-in maximum);
 //   - shared memory: poisoned (0xFF bytes: NaN as fp32 and as bf16) before each CTA, so that a read of anything the
 //     CTA did not write shows as NaN; the bytes past the launch's size are checked untouched after each CTA; under
 //     AddressSanitizer they are poisoned too, so any access past the end fails where it happens.
 //
-// The wmma model: matrix_a and matrix_b fragments hold the whole 16x16 tile in every lane (load_matrix_sync reads all
-// of it in every lane); an accumulator is distributed, element e (row-major in the tile) owned by lane e % 32 (our
-// kernels never index fragment elements, so the hardware's own layout is not needed, only that one exists):
-// load_matrix_sync reads, mma_sync computes and store_matrix_sync writes a lane's own elements only, the rest being
-// NaN. So a warp writes a tile once, a lane reloading an accumulator it stored needs no barrier (as on the hardware,
-// whose load and store of a fragment type map elements to lanes alike), and nothing orders a store before other
-// lanes' reads but the kernel's own __syncwarp / __syncthreads: without it they race (ThreadSanitizer reports it).
-// mma_sync computes in fp32 from the bf16 operands: exact products, summed in k order, not the tensor cores' order.
+// The warp model: a warp-collective step writes each lane's operands (a shuffle's value, ldmatrix's row address,
+// mma.sync's A and B registers) to the warp's exchange buffer, waits at the warp's barrier, and computes the lane's
+// own result from every lane's operands: mma.sync rebuilds the A and B tiles from the registers by the ISA's element
+// tables and computes the lane's 4 accumulator elements (exact products summed in fp32 in k order after the
+// accumulator, not the tensor cores' order); ldmatrix reads the lane's elements at the other lanes' row addresses. So
+// a fragment built or consumed with another layout gives another product. cp.async copies land only when a
+// cp.async.wait_group retires their group: a tile read before its wait reads stale data or the poison.
 #pragma once
 #ifdef __CUDACC__
 #error "tests/emu/cuda_emulation.h stands in for nvcc's device side: include it from host-compiled code only"
@@ -51,8 +52,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <iterator>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -258,97 +257,6 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
 [[noreturn]] inline void __trap() { ddplab::emu::fail("__trap"); }
-
-// ---- nvcuda::wmma: 16x16x16 fragments, each thread holding the whole tile ------------------------------------------
-
-namespace nvcuda::wmma {
-
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-// x: the tile in row-major order of the logical matrix (A: M x K, B: K x N, accumulator: M x N), all 16 x 16.
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-class fragment {
-  static_assert(M == 16 && N == 16 && K == 16, "the emulation has the 16x16x16 shape only");
-
- public:
-  static constexpr int kRows = 16, kCols = 16;
-  T x[kRows * kCols];
-};
-
-namespace emu_detail {
-
-// wmma's preconditions on a fragment's memory: a 256-bit aligned pointer, ldm a multiple of 16 bytes and at least the
-// tile's 16 elements, and (in shared memory) the whole tile within the launch's dynamic shared memory.
-template <typename T>
-void check_access(const char* what, const T* p, unsigned ldm) {
-  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
-    ddplab::emu::fail("%s: pointer %p is not 32-byte aligned", what, static_cast<const void*>(p));
-  if (ldm % (16 / sizeof(T)) != 0 || ldm < 16)
-    ddplab::emu::fail("%s: ldm %u must be a multiple of %zu elements (16 bytes) and at least 16", what, ldm,
-                      16 / sizeof(T));
-  ddplab::emu::check_shared(p, (15 * size_t{ldm} + 16) * sizeof(T), what);
-}
-
-// Element (r, c) of a tile stored at p with leading dimension ldm, row- or column-major.
-inline size_t offset(int r, int c, unsigned ldm, bool row_major) {
-  return row_major ? size_t(r) * ldm + size_t(c) : size_t(c) * ldm + size_t(r);
-}
-
-inline float to_float(float x) { return x; }
-inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-}  // namespace emu_detail
-
-template <typename Use, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-  static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>,
-                "matrix_a / matrix_b fragments carry their layout");
-  emu_detail::check_access("wmma::load_matrix_sync", p, ldm);
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[emu_detail::offset(r, c, ldm, std::is_same_v<Layout, row_major>)];
-}
-
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
-                             layout_t layout) {
-  emu_detail::check_access("wmma::load_matrix_sync (accumulator)", p, ldm);
-  std::fill(std::begin(f.x), std::end(f.x), std::numeric_limits<float>::quiet_NaN());
-  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize)
-    f.x[e] = p[emu_detail::offset(e / 16, e % 16, ldm, layout == mem_row_major)];
-}
-
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
-                              layout_t layout) {
-  emu_detail::check_access("wmma::store_matrix_sync", p, ldm);
-  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize)
-    p[emu_detail::offset(e / 16, e % 16, ldm, layout == mem_row_major)] = f.x[e];
-}
-
-template <typename T>
-void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, T value) {
-  for (float& x : f.x) x = static_cast<float>(value);
-}
-
-// d = a b + c in fp32 on the lane's own elements (d may be c).
-template <typename T, typename LayoutA, typename LayoutB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
-              const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
-  float acc[256];
-  std::fill(std::begin(acc), std::end(acc), std::numeric_limits<float>::quiet_NaN());
-  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize) {
-    const int m = e / 16, n = e % 16;
-    float sum = c.x[e];
-    for (int k = 0; k < 16; ++k) sum += emu_detail::to_float(a.x[m * 16 + k]) * emu_detail::to_float(b.x[k * 16 + n]);
-    acc[e] = sum;
-  }
-  std::memcpy(d.x, acc, sizeof(acc));
-}
-
-}  // namespace nvcuda::wmma
 
 // ---- PTX primitives (kernels/cuda/mma.cuh): mma.sync m16n8k16 bf16, ldmatrix x4, cp.async ---------------------------
 //
