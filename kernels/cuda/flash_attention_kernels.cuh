@@ -397,8 +397,11 @@ __device__ __forceinline__ void atomic_add4(float* dst, float x, float y, float 
 // of its dK and dV accumulators, which stay in registers over every query block. dQ, whose sum runs over the keys of
 // all 4 warps, goes through shared memory: each warp stores its dS^T rows, then computes dQ = dS K for 16 of the block's
 // queries and adds it into the fp32 accumulator in global memory, 16 bytes per atomic.
+// At hs <= 64, 3 CTAs per SM: ptxas then fits 168 registers (228 unbounded, 2 CTAs) at the cost of one 4-byte spill,
+// and 12 warps per SM hide more latency than 8 (6% faster on an H200: docs/BENCHMARKS.md). At hs 128 the dK and dV
+// accumulators alone take 128 registers.
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     flash_attention_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
                                     const float* dsum, const int32_t* lengths, int S, int C, int NH, bool causal,
                                     float scale, float scale_log2) {
