@@ -20,8 +20,8 @@ void require_aligned(const char* what, const char* name, const void* p) {
     throw std::invalid_argument(std::string(what) + ": " + name + " must be a non-null, 16-byte aligned pointer");
 }
 
-// bf16 wmma needs compute capability 8.0; an older device would trap inside the kernel instead. Asked once per thread
-// and device, not on every call: the models call this twice per layer and step.
+// bf16 mma.sync, ldmatrix and cp.async need compute capability 8.0; an older device would trap inside the kernel
+// instead. Asked once per thread and device, not on every call: the models call this twice per layer and step.
 void require_bf16_tensor_cores(const char* what) {
   thread_local int checked_device = -1;
   int device = 0, major = 0, minor = 0;

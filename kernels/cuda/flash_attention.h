@@ -13,8 +13,8 @@
 // the lse, accumulates dK and dV in fp32 tensor-core fragments and adds its share of dQ into an fp32 workspace with
 // atomics, after a first kernel computed D_i = rowsum(dO_i * O_i); a last kernel rounds dQ into dqkv. Fully masked
 // blocks (the causal upper triangle, keys or queries beyond len) are skipped, so causal attention costs half the
-// FLOPs of the full square. The products run on bf16 tensor cores (nvcuda::wmma 16x16x16, fp32 accumulation):
-// sm_80 or later; the softmax and every accumulation are fp32.
+// FLOPs of the full square. The products run on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation, scores and
+// probabilities kept in registers): sm_80 or later; the softmax and every accumulation are fp32.
 //
 // Not deterministic: dQ sums the key blocks' shares in the order their atomics land (last-bit differences from run
 // to run), as embedding_backward's dwte does. Everything else is.

@@ -12,15 +12,13 @@
 // needs a whole row of P at once.) Exponentials are taken base 2, with log2(e) folded into the scale, which is what
 // exp2f computes natively; the lse is stored in natural log, as the CPU reference would compute it.
 //
-// Tensor cores through nvcuda::wmma: bf16 16x16x16 fragments, fp32 accumulators. An accumulator's element layout is
-// opaque, so every per-row step (softmax, masking, rescaling) works on a copy stored to shared memory with
-// store_matrix_sync. Shared-memory tiles have padded rows (the ldm of a bf16 fragment must be a multiple of 8
-// elements, of an fp32 one of 4: 16 bytes either way) and start on 128-byte boundaries (fragment pointers must be
+// Tensor cores through mma.sync m16n8k16 (kernels/cuda/mma.cuh): bf16 operands, fp32 accumulators whose element
+// layout the PTX ISA documents, so the per-row steps (masking, the online softmax, the rescaling of O, P and dS) work
+// on the accumulator registers where the products left them, and a product's result becomes the next product's left
+// operand without leaving registers. Tiles reach shared memory by cp.async (the next one while the current one is
+// used) and the tensor cores by ldmatrix; their rows are padded by 16 bytes, which keeps ldmatrix free of bank
+// conflicts. Only the backward's dS crosses between warps through shared memory (dQ sums over every warp's keys).
 #pragma once
-#ifdef __CUDACC__
-#include <mma.h>  // the emulation brings its own nvcuda::wmma
-#endif
-
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -31,20 +29,19 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"  // kBlockSize, grid_size, global_index, grid_stride
+#include "kernels/cuda/mma.cuh"
 
 namespace ddplab::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;  // per CTA, both directions
 constexpr int kThreads = kWarps * 32;
-constexpr int kFrag = 16;                // wmma tile: m = n = k = 16
+constexpr int kFrag = 16;                // rows of an A fragment: a warp's queries (forward) or keys (backward)
 constexpr int kBlockQ = kWarps * kFrag;  // queries per block: forward, 16 per warp; backward, one query block
 constexpr int kBlockK = kWarps * kFrag;  // keys per block: forward, one key tile; backward, 16 per warp
-constexpr int kPadBf16 = 8;              // row padding of bf16 tiles (elements): ldm % 8 == 0, and fewer bank clashes
-constexpr int kPadF32 = 4;               // row padding of fp32 tiles: ldm % 4 == 0
+constexpr int kPadBf16 = 8;              // row padding of bf16 tiles (elements): 16 bytes, for ldmatrix's banks
 constexpr float kLog2e = 1.4426950408889634f;
 // The causal mask makes the key range of a query block end at the block's last query: with equal block sizes the
 // diagonal block is the only partly masked one, and the first query block of a key block (backward) is its own.
@@ -52,44 +49,34 @@ static_assert(kBlockQ == kBlockK, "the causal block skipping below assumes squar
 
 constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 
-// Shared memory of the forward CTA, byte offsets. Q, K, V tiles [64][HS] bf16; per warp (16 rows each, stacked):
-// the scores [16][kBlockK] fp32, the probabilities [16][kBlockK] bf16, the output accumulator [16][HS] fp32 and the
-// rows' 1 / l for the epilogue.
+// Shared memory of the forward CTA, byte offsets: the query block, then two stages of the key and value tiles (the
+// next tile's copies land in one while the warps compute on the other), all [64][HS] bf16 with rows padded by 16
+// bytes, so that the 8 rows one ldmatrix reads fall in 8 different 16-byte bank groups.
 template <int HS>
 struct ForwardSmem {
-  static constexpr int kLdQkv = HS + kPadBf16, kLdS = kBlockK + kPadF32, kLdP = kBlockK + kPadBf16;
-  static constexpr int kLdO = HS + kPadF32;
+  static constexpr int kLd = HS + kPadBf16;
+  static constexpr size_t kTile = sizeof(bf16) * kBlockK * kLd;
   static constexpr size_t kQ = 0;
-  static constexpr size_t kK = kQ + align128(sizeof(bf16) * kBlockQ * kLdQkv);
-  static constexpr size_t kV = kK + align128(sizeof(bf16) * kBlockK * kLdQkv);
-  static constexpr size_t kS = kV + align128(sizeof(bf16) * kBlockK * kLdQkv);
-  static constexpr size_t kP = kS + align128(sizeof(float) * kBlockQ * kLdS);
-  static constexpr size_t kO = kP + align128(sizeof(bf16) * kBlockQ * kLdP);
-  static constexpr size_t kInv = kO + align128(sizeof(float) * kBlockQ * kLdO);
-  static constexpr size_t kBytes = kInv + align128(sizeof(float) * kBlockQ);
+  static constexpr size_t kStages = kQ + align128(sizeof(bf16) * kBlockQ * kLd);  // stage s: K at + 2 s kTile, V after
+  static constexpr size_t kBytes = kStages + 4 * kTile;
+  static_assert(kTile % 128 == 0, "every tile starts on a 128-byte boundary");
 };
 
-// Shared memory of the backward CTA, byte offsets. K, V (this CTA's keys), Q, dO (the current query block) [64][HS]
-// bf16; the query block's lse (times log2 e) and D; S^T (then P^T) and dP^T [kBlockK][kBlockQ] fp32, whose space (from
-// kSt, kScoreBytes long) the dQ block [kBlockQ][HS] fp32 reuses once both are consumed; P^T and dS^T [kBlockK][kBlockQ]
-// bf16 (the MMA operands).
+// Shared memory of the backward CTA, byte offsets: the CTA's K and V tiles; two stages (the next query block's copies
+// land in one while the warps compute on the other) of the query block's Q and dO tiles and its lse (times log2 e)
+// and D; dS^T [kBlockK][kBlockQ] bf16, through which the dQ product gathers every warp's keys. bf16 rows are padded
+// by 16 bytes, as the forward's.
 template <int HS>
 struct BackwardSmem {
-  static constexpr int kLdQkv = HS + kPadBf16, kLdS = kBlockQ + kPadF32, kLdP = kBlockQ + kPadBf16;
-  static constexpr int kLdDq = HS + kPadF32;
+  static constexpr int kLd = HS + kPadBf16, kLdDs = kBlockQ + kPadBf16;
+  static constexpr size_t kTile = sizeof(bf16) * kBlockK * kLd;
   static constexpr size_t kK = 0;
-  static constexpr size_t kV = kK + align128(sizeof(bf16) * kBlockK * kLdQkv);
-  static constexpr size_t kQ = kV + align128(sizeof(bf16) * kBlockK * kLdQkv);
-  static constexpr size_t kDo = kQ + align128(sizeof(bf16) * kBlockQ * kLdQkv);
-  static constexpr size_t kLse = kDo + align128(sizeof(bf16) * kBlockQ * kLdQkv);
-  static constexpr size_t kD = kLse + align128(sizeof(float) * kBlockQ);
-  static constexpr size_t kSt = kD + align128(sizeof(float) * kBlockQ);
-  static constexpr size_t kDpt = kSt + align128(sizeof(float) * kBlockK * kLdS);
-  static constexpr size_t kScoreBytes =
-      std::max(kDpt - kSt + align128(sizeof(float) * kBlockK * kLdS), align128(sizeof(float) * kBlockQ * kLdDq));
-  static constexpr size_t kPt = kSt + kScoreBytes;
-  static constexpr size_t kDs = kPt + align128(sizeof(bf16) * kBlockK * kLdP);
-  static constexpr size_t kBytes = kDs + align128(sizeof(bf16) * kBlockK * kLdP);
+  static constexpr size_t kV = kK + kTile;
+  static constexpr size_t kStage = 2 * kTile + align128(2 * sizeof(float) * kBlockQ);  // Q, dO, lse, D
+  static constexpr size_t kStages = kV + kTile;
+  static constexpr size_t kDs = kStages + 2 * kStage;
+  static constexpr size_t kBytes = kDs + align128(sizeof(bf16) * kBlockK * kLdDs);
+  static_assert(kTile % 128 == 0 && kBlockQ == kBlockK, "every tile starts on a 128-byte boundary; Q tiles are K's size");
 };
 
 __device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
@@ -134,32 +121,12 @@ __global__ void __launch_bounds__(detail::kBlockSize)
   }
 }
 
-// ---- the tensor-core kernels: sm_80 and later (bf16 wmma) ---------------------------------------------------------
+// ---- the tensor-core kernels: sm_80 and later (bf16 mma.sync) ------------------------------------------------------
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 
 constexpr int kVec = 8;  // bf16 per 16-byte global access
 constexpr float kLn2 = 0.6931471805599453f;
-
-using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major>;
-using FragAT = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::col_major>;  // A read transposed
-using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major>;
-using FragBT = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::col_major>;  // B read transposed
-using FragAcc = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
-
-// Rows [row0, row0 + ROWS) of one head's HS columns of a bf16 matrix with row stride ld (elements) into the shared
-// tile dst [ROWS][ldd], 16 bytes per access; rows >= valid_rows are zero-filled without reading the source (padding
-// may hold anything: a masked key must still multiply its 0 weight by a finite value). The whole CTA takes part.
-template <int ROWS, int HS>
-__device__ __forceinline__ void load_tile(bf16* dst, int ldd, const bf16* src, int64_t ld, int row0, int valid_rows) {
-  constexpr int kPerRow = HS / kVec;
-  for (int c = threadIdx.x; c < ROWS * kPerRow; c += kThreads) {
-    const int r = c / kPerRow, col = (c % kPerRow) * kVec;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < valid_rows) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * ld + col);
-    *reinterpret_cast<uint4*>(dst + r * ldd + col) = v;
-  }
-}
 
 // Rows [row0, row1) of one head's HS columns (row stride ld) set to 0; the whole CTA takes part.
 template <int HS>
@@ -169,92 +136,127 @@ __device__ __forceinline__ void zero_rows(bf16* dst, int64_t ld, int row0, int r
     *reinterpret_cast<uint4*>(dst + (row0 + c / kPerRow) * ld + (c % kPerRow) * kVec) = make_uint4(0, 0, 0, 0);
 }
 
-// 8 floats times `scale`, rounded to bf16 (round to nearest even), as one 16-byte pack.
-__device__ __forceinline__ uint4 pack_bf16x8(const float* v, float scale) {
-  uint4 u;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i] * scale, v[2 * i + 1] * scale);
-  return u;
-}
+// ---- mma.sync building blocks (kernels/cuda/mma.cuh has the fragment layouts) --------------------------------------
 
-// The warp's 16 rows of an fp32 shared tile [16][ld] (rows r at row0 + r of dst, stride ld_dst), scaled by
-// row_scale[r] and rounded to bf16; a row scaled by 0 is written as exact zeros without reading it (padding); rows at
-// or past `rows_end` are not written.
-template <int HS>
-__device__ __forceinline__ void store_rows_bf16(bf16* dst, int64_t ld_dst, int row0, int rows_end, const float* tile,
-                                                int ld, const float* row_scale) {
-  const int lane = threadIdx.x % 32;
-  constexpr int kPerRow = HS / kVec;
-  for (int c = lane; c < kFrag * kPerRow; c += 32) {
+// Rows [row0, row0 + ROWS) of one head's HS columns of a bf16 matrix with row stride ld (elements) into the shared
+// tile dst [ROWS][HS + kPadBf16] by cp.async, 16 bytes per copy; rows >= valid_rows are zero-filled without reading
+// the source (padding may hold anything: a masked key must still multiply its 0 weight by a finite value). The whole
+// CTA takes part; the copies land at the cp_async_wait that covers the group the caller commits them in.
+template <int ROWS, int HS>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int64_t ld, int row0, int valid_rows) {
+  constexpr int kPerRow = HS / kVec, kLd = HS + kPadBf16;
+  for (int c = threadIdx.x; c < ROWS * kPerRow; c += kThreads) {
     const int r = c / kPerRow, col = (c % kPerRow) * kVec;
-    if (row0 + r < rows_end)
-      *reinterpret_cast<uint4*>(dst + (row0 + r) * ld_dst + col) =
-          row_scale[r] == 0.0f ? make_uint4(0, 0, 0, 0) : pack_bf16x8(tile + r * ld + col, row_scale[r]);
+    const bool valid = row0 + r < valid_rows;
+    ptx::cp_async_16(dst + r * kLd + col, valid ? src + int64_t{row0 + r} * ld + col : src, valid);
   }
 }
 
-// The warp's 16 rows [16][HS] of a bf16 tile (row stride ld) as matrix_a fragments, one per 16 columns.
-template <int HS>
-__device__ __forceinline__ void load_warp_rows(FragA (&a)[HS / kFrag], const bf16* rows, int ld) {
-#pragma unroll
-  for (int k = 0; k < HS / kFrag; ++k) wmma::load_matrix_sync(a[k], rows + k * kFrag, ld);
+// The lane's row address for ldmatrix_x4 of a 16x16 block at (row0, col0) of a row-major bf16 tile (row stride ld),
+// the four 8x8 matrices ordered (rows lo, cols lo), (rows hi, cols lo), (rows lo, cols hi), (rows hi, cols hi).
+// Without .trans: the A fragment of the block (rows are m, cols k). With .trans, for a tile stored [k][n]: registers
+// 0-1 the B fragment of cols col0..col0+7, 2-3 of col0+8..col0+15.
+__device__ __forceinline__ const bf16* fragment_rows_lo_first(const bf16* tile, int ld, int row0, int col0) {
+  const int lane = threadIdx.x % 32, matrix = lane / 8;
+  return tile + (row0 + lane % 8 + 8 * (matrix % 2)) * ld + col0 + 8 * (matrix / 2);
 }
 
-// dst [16][ld_dst] fp32 = A B^T for the warp: A its 16 rows (load_warp_rows), B the N rows [N][HS] of a bf16 tile (row
-// stride ld), B^T read as a column-major matrix_b. Forward's S = Q K^T; backward's S^T = K Q^T and dP^T = V dO^T.
-template <int HS, int N>
-__device__ __forceinline__ void warp_times_tile_transposed(float* dst, int ld_dst, const FragA (&a)[HS / kFrag],
-                                                           const bf16* b_tile, int ld) {
+// The same block with the matrices ordered (rows lo, cols lo), (rows lo, cols hi), (rows hi, cols lo), (rows hi, cols
+// hi): without .trans, for a tile stored [n][k] (the right operand of A B^T), registers 0-1 the B fragment of n rows
+// row0..row0+7 over k cols col0..col0+15, 2-3 of rows row0+8..row0+15.
+__device__ __forceinline__ const bf16* fragment_cols_lo_first(const bf16* tile, int ld, int row0, int col0) {
+  const int lane = threadIdx.x % 32, matrix = lane / 8;
+  return tile + (row0 + lane % 8 + 8 * (matrix / 2)) * ld + col0 + 8 * (matrix % 2);
+}
+
+// acc[n] += A B^T for the warp's 16 rows: a[k] the A fragments of A [16][KD] (KD = 16 per k step), B^T's right
+// operand the rows [N][KD] of a bf16 tile (row stride ld) from row b_row0. Forward's S = Q K^T; backward's S^T = K Q^T,
+// dP^T = V dO^T.
+template <int N, int KD>
+__device__ __forceinline__ void warp_product_transposed(float (&acc)[N / 8][4], const uint32_t (&a)[KD / 16][4],
+                                                        const bf16* b_tile, int ld, int b_row0) {
 #pragma unroll
-  for (int n = 0; n < N / kFrag; ++n) {
-    FragAcc acc;
-    wmma::fill_fragment(acc, 0.0f);
+  for (int k = 0; k < KD / 16; ++k)
 #pragma unroll
-    for (int k = 0; k < HS / kFrag; ++k) {
-      FragBT b_frag;
-      wmma::load_matrix_sync(b_frag, b_tile + n * kFrag * ld + k * kFrag, ld);
-      wmma::mma_sync(acc, a[k], b_frag, acc);
+    for (int n = 0; n < N / 16; ++n) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4(b, fragment_cols_lo_first(b_tile, ld, b_row0 + n * 16, k * 16));
+      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      ptx::mma_bf16_16816(acc[2 * n], a[k], b_lo);
+      ptx::mma_bf16_16816(acc[2 * n + 1], a[k], b_hi);
     }
-    wmma::store_matrix_sync(dst + n * kFrag, acc, ld_dst, wmma::mem_row_major);
+}
+
+// acc[n] += A B for the warp's 16 rows: a[k] the A fragments of A [16][K], B the rows [K][N] (from b_row0) of a
+// bf16 tile stored row-major (row stride ld), read transposed into B fragments. Forward's O += P V; backward's
+// dV += P^T dO, dK += dS^T Q, dQ = dS K.
+template <int N, int K>
+__device__ __forceinline__ void warp_product(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4],
+                                             const bf16* b_tile, int ld, int b_row0) {
+#pragma unroll
+  for (int k = 0; k < K / 16; ++k)
+#pragma unroll
+    for (int n = 0; n < N / 16; ++n) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4_trans(b, fragment_rows_lo_first(b_tile, ld, b_row0 + k * 16, n * 16));
+      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+      ptx::mma_bf16_16816(acc[2 * n], a[k], b_lo);
+      ptx::mma_bf16_16816(acc[2 * n + 1], a[k], b_hi);
+    }
+}
+
+// The A fragments of the warp's 16 rows [16][K] of a bf16 tile (row stride ld) from row row0.
+template <int K>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[K / 16][4], const bf16* tile, int ld, int row0) {
+#pragma unroll
+  for (int k = 0; k < K / 16; ++k) ptx::ldmatrix_x4(a[k], fragment_rows_lo_first(tile, ld, row0, k * 16));
+}
+
+// An accumulator [16][K] (K / 8 D fragments) rounded to bf16 as the A fragments of the next product: D fragments 2k
+// and 2k + 1 are exactly A fragment k's halves (mma.cuh).
+template <int K>
+__device__ __forceinline__ void accumulator_to_a_fragments(uint32_t (&a)[K / 16][4], const float (&acc)[K / 8][4]) {
+#pragma unroll
+  for (int k = 0; k < K / 16; ++k) {
+    a[k][0] = ptx::pack_bf16x2(acc[2 * k][0], acc[2 * k][1]);
+    a[k][1] = ptx::pack_bf16x2(acc[2 * k][2], acc[2 * k][3]);
+    a[k][2] = ptx::pack_bf16x2(acc[2 * k + 1][0], acc[2 * k + 1][1]);
+    a[k][3] = ptx::pack_bf16x2(acc[2 * k + 1][2], acc[2 * k + 1][3]);
   }
 }
 
-// acc[n] += A B for the warp, n over HS / 16 column tiles: A its 16 rows [16][K] of a bf16 tile (row stride lda), B a
-// [K][HS] bf16 tile (row stride ldb). Forward's O += P V; backward's dV += P^T dO and dK += dS^T Q.
-template <int HS, int K>
-__device__ __forceinline__ void warp_accumulate_product(FragAcc (&acc)[HS / kFrag], const bf16* a_rows, int lda,
-                                                        const bf16* b_tile, int ldb) {
+template <int N>
+__device__ __forceinline__ void zero_accumulator(float (&acc)[N][4]) {
 #pragma unroll
-  for (int k = 0; k < K / kFrag; ++k) {
-    FragA a_frag;
-    wmma::load_matrix_sync(a_frag, a_rows + k * kFrag, lda);
+  for (int n = 0; n < N; ++n)
 #pragma unroll
-    for (int n = 0; n < HS / kFrag; ++n) {
-      FragB b_frag;
-      wmma::load_matrix_sync(b_frag, b_tile + k * kFrag * ldb + n * kFrag, ldb);
-      wmma::mma_sync(acc[n], a_frag, b_frag, acc[n]);
-    }
-  }
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+}
+
+// The max and the sum over the 4 lanes of a quad, which hold one row's columns of a D fragment between them.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(detail::kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(detail::kFullMask, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(detail::kFullMask, x, 1);
+  return x + __shfl_xor_sync(detail::kFullMask, x, 2);
 }
 
 // ---- forward --------------------------------------------------------------------------------------------------------
 
-// A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile.
+// A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile. A lane
+// holds, as the mma fragments lay them out, two rows (g = lane / 4 and g + 8 of its warp's 16) and, of each 8-column
+// tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the quad.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
                                    bool causal, float scale_log2) {
   using L = ForwardSmem<HS>;
+  constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
-  bf16* const k_s = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* const v_s = reinterpret_cast<bf16*>(smem + L::kV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* const s_w = reinterpret_cast<float*>(smem + L::kS) + warp * kFrag * L::kLdS;
-  bf16* const p_w = reinterpret_cast<bf16*>(smem + L::kP) + warp * kFrag * L::kLdP;
-  float* const o_w = reinterpret_cast<float*>(smem + L::kO) + warp * kFrag * L::kLdO;
-  float* const inv_w = reinterpret_cast<float*>(smem + L::kInv) + warp * kFrag;
 
   const int h = blockIdx.y, b = blockIdx.z;
   // Causal: the last query blocks see the most keys. Launched first, they leave the short ones to fill the tail.
@@ -274,114 +276,142 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  // Step 0: the query block (padded rows zero-filled), the output accumulator zeroed.
-  load_tile<kBlockQ, HS>(q_s, L::kLdQkv, q_g, ld, q0, len);
-  for (int i = lane; i < kFrag * L::kLdO; i += 32) o_w[i] = 0.0f;
-  __syncthreads();
-  FragA q_frag[HS / kFrag];  // the warp's 16 query rows, for every key tile
-  load_warp_rows<HS>(q_frag, q_s + warp * kFrag * L::kLdQkv, L::kLdQkv);
-
-  // The online softmax: a lane pair per row (lane / 2), each lane half the row's columns. Both lanes keep the row's
-  // running max m (of the scores in log2 units) and running sum l of exp2(score - m).
-  const int row = lane / 2, half = lane % 2;
-  const int t = q0 + warp * kFrag + row;
-  const int row_keys = t >= len ? 0 : (causal ? t + 1 : len);  // this row's valid keys: j < row_keys
-  float m = -INFINITY, l = 0.0f;
-  float* const s_row = s_w + row * L::kLdS;
-  bf16* const p_row = p_w + row * L::kLdP;
-  float* const o_row = o_w + row * L::kLdO;
+  // The lane's two rows and their valid keys (j < keys); keys below warp_full_keys are valid for all 16 of the
+  // warp's rows, so a tile below it needs no mask.
+  const int warp_row0 = q0 + warp * kFrag;
+  const int row[2] = {warp_row0 + lane / 4, warp_row0 + lane / 4 + 8};
+  int keys[2];
+  for (int r = 0; r < 2; ++r) keys[r] = row[r] >= len ? 0 : (causal ? row[r] + 1 : len);
+  const int warp_full_keys = warp_row0 + kFrag > len ? 0 : (causal ? warp_row0 + 1 : len);
 
   // Keys past the block's last query are masked for every row when causal: those tiles are skipped.
   const int kv_end = causal ? min(len, q0 + kBlockQ) : len;
-  for (int j0 = 0; j0 < kv_end; j0 += kBlockK) {
-    __syncthreads();  // every warp is done with the previous K, V tiles
-    load_tile<kBlockK, HS>(k_s, L::kLdQkv, k_g, ld, j0, len);
-    load_tile<kBlockK, HS>(v_s, L::kLdQkv, v_g, ld, j0, len);
-    __syncthreads();
+  const int tiles = (kv_end + kBlockK - 1) / kBlockK;
+  const auto k_stage = [&](int tile) { return reinterpret_cast<bf16*>(smem + L::kStages + (tile % 2) * 2 * L::kTile); };
+  const auto v_stage = [&](int tile) { return k_stage(tile) + L::kTile / sizeof(bf16); };
 
-    // Step 1: raw scores Q K^T, the warp's 16 rows x the tile's 64 keys.
-    warp_times_tile_transposed<HS, kBlockK>(s_w, L::kLdS, q_frag, k_s, L::kLdQkv);
-    __syncwarp();
+  load_tile_async<kBlockQ, HS>(q_s, q_g, ld, q0, len);
+  load_tile_async<kBlockK, HS>(k_stage(0), k_g, ld, 0, len);
+  load_tile_async<kBlockK, HS>(v_stage(0), v_g, ld, 0, len);
+  ptx::cp_async_commit();
 
-    // Step 2: masking and the online softmax update. Masked keys (j >= row_keys: padding, the causal future) are
-    // never compared nor exponentiated: their p is exactly 0.
-    float tile_max = -INFINITY;
-    for (int c = half; c < kBlockK; c += 2)
-      if (j0 + c < row_keys) tile_max = fmaxf(tile_max, s_row[c] * scale_log2);
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(detail::kFullMask, tile_max, 1));
-    const float m_new = fmaxf(m, tile_max);
-    // A row with no valid key yet (a padded query, or a causal row before its first key) keeps m = -inf; taking 0
-    // as the base then keeps exp2 away from -inf - -inf = NaN, and every p of the row is 0 anyway.
-    const float base = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = exp2f(m - base);  // rescales what was summed against the old max (0 while m was -inf)
-    float sum = 0.0f;
-    for (int c = half; c < kBlockK; c += 2) {
-      const float p = j0 + c < row_keys ? exp2f(s_row[c] * scale_log2 - base) : 0.0f;
-      p_row[c] = __float2bfloat16_rn(p);
-      sum += p;
+  uint32_t q_frag[HS / kFrag][4];  // the warp's 16 query rows, for every key tile
+  float o[HS / 8][4];              // O, unnormalised
+  zero_accumulator(o);
+  // Per row: the running max m of the scores in log2 units (the quad's), and the lane's share of the running sum l of
+  // exp2(score - m) (summed over the quad at the end).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int j0 = tile * kBlockK;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // this tile's copies (every thread's) landed; every warp is done with the previous tile's stage
+    if (tile + 1 < tiles) {
+      load_tile_async<kBlockK, HS>(k_stage(tile + 1), k_g, ld, j0 + kBlockK, len);
+      load_tile_async<kBlockK, HS>(v_stage(tile + 1), v_g, ld, j0 + kBlockK, len);
     }
-    sum += __shfl_xor_sync(detail::kFullMask, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    for (int d = half; d < HS; d += 2) o_row[d] *= alpha;
-    __syncwarp();
+    ptx::cp_async_commit();
+    if (tile == 0) load_a_fragments<HS>(q_frag, q_s, kLd, warp * kFrag);
 
-    // Step 3: O += P V, the accumulator round-tripping through shared memory (its rows were rescaled there).
-    FragAcc o_frag[HS / kFrag];
+    // S = Q K^T for the warp's 16 rows x the tile's 64 keys, in registers.
+    float s[kBlockK / 8][4];
+    zero_accumulator(s);
+    warp_product_transposed<kBlockK, HS>(s, q_frag, k_stage(tile), kLd, 0);
+
+    // Scores in log2 units; masked keys (j >= keys: padding, the causal future) become -inf, so that their p is
+    // exactly 0 (exp2(-inf)).
+    const bool masked_tile = j0 + kBlockK > warp_full_keys;
 #pragma unroll
-    for (int n = 0; n < HS / kFrag; ++n)
-      wmma::load_matrix_sync(o_frag[n], o_w + n * kFrag, L::kLdO, wmma::mem_row_major);
-    warp_accumulate_product<HS, kBlockK>(o_frag, p_w, L::kLdP, v_s, L::kLdQkv);
+    for (int n = 0; n < kBlockK / 8; ++n)
 #pragma unroll
-    for (int n = 0; n < HS / kFrag; ++n)
-      wmma::store_matrix_sync(o_w + n * kFrag, o_frag[n], L::kLdO, wmma::mem_row_major);
-    __syncwarp();
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] *= scale_log2;
+        if (masked_tile && j0 + n * 8 + 2 * (lane % 4) + i % 2 >= keys[i / 2]) s[n][i] = -INFINITY;
+      }
+
+    // The online softmax update, per row: the new max over the quad, the old sums and O rescaled to it.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBlockK / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      const float m_new = fmaxf(m[r], quad_max(tile_max));
+      // A row with no valid key yet (a padded query) keeps m = -inf; taking 0 as the base then keeps exp2 away from
+      // -inf - -inf = NaN, and every p of the row is 0 anyway.
+      const float base = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m[r] - base);  // rescales what was summed against the old max (0 while m was -inf)
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kBlockK / 8; ++n) {
+        s[n][2 * r] = exp2f(s[n][2 * r] - base);
+        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V, P rounded to bf16 straight from the score registers.
+    uint32_t p_frag[kBlockK / kFrag][4];
+    accumulator_to_a_fragments<kBlockK>(p_frag, s);
+    warp_product<HS, kBlockK>(o, p_frag, v_stage(tile), kLd, 0);
   }
 
-  // Step 4: out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and
-  // -inf. l >= 1 on a valid row: its max term contributed exp2(0).
-  if (half == 0) {
-    inv_w[row] = t < len ? 1.0f / l : 0.0f;
-    if (t < S) lse_g[t] = t < len ? (m + log2f(l)) * kLn2 : -INFINITY;
+  // out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and -inf. l >= 1
+  // on a valid row: its max term contributed exp2(0).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float row_sum = quad_sum(l[r]);
+    if (row[r] >= S) continue;
+    const bool valid = row[r] < len;
+    const float inv = valid ? 1.0f / row_sum : 0.0f;
+    uint32_t* const dst = reinterpret_cast<uint32_t*>(out_g + int64_t{row[r]} * C + 2 * (lane % 4));
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n)
+      dst[n * 4] = valid ? ptx::pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv) : 0u;
+    if (lane % 4 == 0) lse_g[row[r]] = valid ? (m[r] + log2f(row_sum)) * kLn2 : -INFINITY;
   }
-  __syncwarp();
-  store_rows_bf16<HS>(out_g, C, q0 + warp * kFrag, S, o_w, L::kLdO, inv_w);
 }
 
 // ---- backward -------------------------------------------------------------------------------------------------------
 
-// Adds 4 floats to global memory: one 16-byte atomic where the hardware has it (sm_90), else four.
-__device__ __forceinline__ void atomic_add4(float* dst, const float* v) {
+// Adds 4 floats to global memory (16-byte aligned): one 16-byte atomic where the hardware has it (sm_90), else four.
+__device__ __forceinline__ void atomic_add4(float* dst, float x, float y, float z, float w) {
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
+  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(x, y, z, w));
 #else
-  for (int k = 0; k < 4; ++k) atomicAdd(dst + k, v[k]);
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+  atomicAdd(dst + 2, z);
+  atomicAdd(dst + 3, w);
 #endif
 }
 
-// A CTA per (key block, head h, sequence b): 4 warps, each owning 16 keys of the block for dK and dV (accumulated in
-// fp32 fragments over every query block) and, in step 7, 16 queries of the current query block for dQ.
+// A CTA per (key block, head h, sequence b): 4 warps, each owning 16 keys of the block. A lane holds two keys
+// (g = lane / 4 and g + 8 of its warp's 16) as the rows of S^T, P^T, dP^T, dS^T (columns: the query block's queries) and
+// of its dK and dV accumulators, which stay in registers over every query block. dQ, whose sum runs over the keys of
+// all 4 warps, goes through shared memory: each warp stores its dS^T rows, then computes dQ = dS K for 16 of the block's
+// queries and adds it into the fp32 accumulator in global memory, 16 bytes per atomic.
+// At hs <= 64, 3 CTAs per SM: ptxas then fits 168 registers (228 unbounded, 2 CTAs) at the cost of one 4-byte spill,
+// and 12 warps per SM hide more latency than 8 (6% faster on an H200: docs/BENCHMARKS.md). At hs 128 the dK and dV
+// accumulators alone take 128 registers.
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     flash_attention_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
                                     const float* dsum, const int32_t* lengths, int S, int C, int NH, bool causal,
                                     float scale, float scale_log2) {
   using L = BackwardSmem<HS>;
+  constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* const k_s = reinterpret_cast<bf16*>(smem + L::kK);
   bf16* const v_s = reinterpret_cast<bf16*>(smem + L::kV);
-  bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
-  bf16* const do_s = reinterpret_cast<bf16*>(smem + L::kDo);
-  float* const lse_s = reinterpret_cast<float*>(smem + L::kLse);
-  float* const d_s = reinterpret_cast<float*>(smem + L::kD);
   bf16* const ds_s = reinterpret_cast<bf16*>(smem + L::kDs);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* const st_w = reinterpret_cast<float*>(smem + L::kSt) + warp * kFrag * L::kLdS;    // S^T, then P^T
-  float* const dpt_w = reinterpret_cast<float*>(smem + L::kDpt) + warp * kFrag * L::kLdS;  // dP^T
-  // dQ's rows (then dK's and dV's on the way out) reuse the space of S^T and dP^T: see the barrier before step 7.
-  float* const dq_w = reinterpret_cast<float*>(smem + L::kSt) + warp * kFrag * L::kLdDq;
-  bf16* const pt_w = reinterpret_cast<bf16*>(smem + L::kPt) + warp * kFrag * L::kLdP;
-  bf16* const ds_w = ds_s + warp * kFrag * L::kLdP;
 
   const int h = blockIdx.y, b = blockIdx.z;
   const int j0 = blockIdx.x * kBlockK;  // causal: the first key blocks see the most queries, and launch first
@@ -404,111 +434,151 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  load_tile<kBlockK, HS>(k_s, L::kLdQkv, k_g, ld, j0, len);
-  load_tile<kBlockK, HS>(v_s, L::kLdQkv, v_g, ld, j0, len);
-  FragAcc dk_frag[HS / kFrag], dv_frag[HS / kFrag];
-#pragma unroll
-  for (int n = 0; n < HS / kFrag; ++n) {
-    wmma::fill_fragment(dk_frag[n], 0.0f);
-    wmma::fill_fragment(dv_frag[n], 0.0f);
-  }
-  const int key_row0 = warp * kFrag;  // the warp's keys within the block (rows of K, V, S^T, ...)
-
   // Query blocks before the key block see none of its keys when causal: skipped.
-  for (int i0 = causal ? j0 : 0; i0 < len; i0 += kBlockQ) {
-    __syncthreads();  // every warp is done with the previous Q, dO, lse, D and dQ (which aliases S^T and dP^T)
-    load_tile<kBlockQ, HS>(q_s, L::kLdQkv, q_g, ld, i0, len);
-    load_tile<kBlockQ, HS>(do_s, L::kLdQkv, do_g, C, i0, len);
+  const int i_first = causal ? j0 : 0;
+  const int blocks = (len - i_first + kBlockQ - 1) / kBlockQ;
+  const auto q_stage = [&](int block) { return reinterpret_cast<bf16*>(smem + L::kStages + (block % 2) * L::kStage); };
+  const auto do_stage = [&](int block) { return q_stage(block) + L::kTile / sizeof(bf16); };
+  const auto lse_stage = [&](int block) {
+    return reinterpret_cast<float*>(smem + L::kStages + (block % 2) * L::kStage + 2 * L::kTile);
+  };
+  const auto d_stage = [&](int block) { return lse_stage(block) + kBlockQ; };
+  // The query block's tiles by cp.async, its lse (times log2 e: the scores' units below) and D by plain loads, 0 on
+  // padded queries; all in the block's stage, visible after the barrier that follows the wait for its copies.
+  const auto load_query_block = [&](int block) {
+    const int i0 = i_first + block * kBlockQ;
+    load_tile_async<kBlockQ, HS>(q_stage(block), q_g, ld, i0, len);
+    load_tile_async<kBlockQ, HS>(do_stage(block), do_g, C, i0, len);
     for (int r = threadIdx.x; r < kBlockQ; r += kThreads) {
       const bool valid = i0 + r < len;
-      lse_s[r] = valid ? lse_g[i0 + r] * kLog2e : 0.0f;  // in log2 units, as the scores below
-      d_s[r] = valid ? d_g[i0 + r] : 0.0f;
+      lse_stage(block)[r] = valid ? lse_g[i0 + r] * kLog2e : 0.0f;
+      d_stage(block)[r] = valid ? d_g[i0 + r] : 0.0f;
     }
+  };
+
+  load_tile_async<kBlockK, HS>(k_s, k_g, ld, j0, len);
+  load_tile_async<kBlockK, HS>(v_s, v_g, ld, j0, len);
+  load_query_block(0);
+  ptx::cp_async_commit();
+
+  float dk[HS / 8][4], dv[HS / 8][4];
+  zero_accumulator(dk);
+  zero_accumulator(dv);
+  const int key_row0 = warp * kFrag;  // the warp's keys within the block
+  const int key[2] = {j0 + key_row0 + lane / 4, j0 + key_row0 + lane / 4 + 8};
+
+  for (int block = 0; block < blocks; ++block) {
+    const int i0 = i_first + block * kBlockQ;
+    ptx::cp_async_wait<0>();
+    // This block's copies (every thread's) and its lse, D landed; every warp is done with the previous block's stage
+    // and with dS^T's shared tile (read by the previous block's dQ).
     __syncthreads();
+    if (block + 1 < blocks) load_query_block(block + 1);
+    ptx::cp_async_commit();
+    const bf16* const q_s = q_stage(block);
+    const bf16* const do_s = do_stage(block);
+    const float* const lse_s = lse_stage(block);
+    const float* const d_s = d_stage(block);
 
-    // Step 1: S^T = K Q^T for the warp's 16 keys x the block's 64 queries.
+    // S^T = K Q^T for the warp's 16 keys x the block's 64 queries, then P^T = exp2(scale log2(e) S^T - lse log2(e))
+    // where (key j, query t) is valid, else exactly 0 (a masked score is never exponentiated into the result).
+    float pt[kBlockQ / 8][4];
     {
-      FragA k_frag[HS / kFrag];
-      load_warp_rows<HS>(k_frag, k_s + key_row0 * L::kLdQkv, L::kLdQkv);
-      warp_times_tile_transposed<HS, kBlockQ>(st_w, L::kLdS, k_frag, q_s, L::kLdQkv);
+      uint32_t k_frag[HS / kFrag][4];
+      load_a_fragments<HS>(k_frag, k_s, kLd, key_row0);
+      zero_accumulator(pt);
+      warp_product_transposed<kBlockQ, HS>(pt, k_frag, q_s, kLd, 0);
     }
-    __syncwarp();
+    const bool masked_block = (causal && i0 < j0 + kBlockK) || i0 + kBlockQ > len || j0 + kBlockK > len;
+#pragma unroll
+    for (int n = 0; n < kBlockQ / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = n * 8 + 2 * (lane % 4) + i % 2, t = i0 + c, j = key[i / 2];
+        const bool valid = !masked_block || (t < len && j < len && (!causal || j <= t));
+        pt[n][i] = valid ? exp2f(pt[n][i] * scale_log2 - lse_s[c]) : 0.0f;
+      }
 
-    // Step 2: P^T = exp2(scale log2(e) S^T - lse log2(e)) where (key j, query t) is valid, else exactly 0: fp32 in
-    // place for dS, and a bf16 copy for the dV product. Lanes run along a row (a query each): no bank conflicts.
-    for (int e = lane; e < kFrag * kBlockQ; e += 32) {
-      const int r = e / kBlockQ, c = e % kBlockQ;
-      const int j = j0 + key_row0 + r, t = i0 + c;
-      const bool valid = t < len && j < len && (!causal || j <= t);
-      const float p = valid ? exp2f(st_w[r * L::kLdS + c] * scale_log2 - lse_s[c]) : 0.0f;
-      st_w[r * L::kLdS + c] = p;
-      pt_w[r * L::kLdP + c] = __float2bfloat16_rn(p);
-    }
-    __syncwarp();
-
-    // Step 3: dV += P^T dO.
-    warp_accumulate_product<HS, kBlockQ>(dv_frag, pt_w, L::kLdP, do_s, L::kLdQkv);
-
-    // Step 4: dP^T = V dO^T.
+    // dP^T = V dO^T.
+    float dpt[kBlockQ / 8][4];
     {
-      FragA v_frag[HS / kFrag];
-      load_warp_rows<HS>(v_frag, v_s + key_row0 * L::kLdQkv, L::kLdQkv);
-      warp_times_tile_transposed<HS, kBlockQ>(dpt_w, L::kLdS, v_frag, do_s, L::kLdQkv);
+      uint32_t v_frag[HS / kFrag][4];
+      load_a_fragments<HS>(v_frag, v_s, kLd, key_row0);
+      zero_accumulator(dpt);
+      warp_product_transposed<kBlockQ, HS>(dpt, v_frag, do_s, kLd, 0);
     }
-    __syncwarp();
 
-    // Step 5: dS^T = scale P^T (dP^T - D), rounded to bf16 for the two products below; 0 wherever P is.
-    for (int e = lane; e < kFrag * kBlockQ; e += 32) {
-      const int r = e / kBlockQ, c = e % kBlockQ;
-      ds_w[r * L::kLdP + c] = __float2bfloat16_rn(scale * st_w[r * L::kLdS + c] * (dpt_w[r * L::kLdS + c] - d_s[c]));
-    }
-    __syncwarp();
+    // dV += P^T dO, P^T rounded to bf16 straight from its registers.
+    uint32_t a_frag[kBlockQ / kFrag][4];
+    accumulator_to_a_fragments<kBlockQ>(a_frag, pt);
+    warp_product<HS, kBlockQ>(dv, a_frag, do_s, kLd, 0);
 
-    // Step 6: dK += dS^T Q.
-    warp_accumulate_product<HS, kBlockQ>(dk_frag, ds_w, L::kLdP, q_s, L::kLdQkv);
-    // Every warp's dS^T rows are written, and every warp is done with S^T and dP^T, whose space dQ takes next.
-    __syncthreads();
-
-    // Step 7: this block's share of dQ, the warp's 16 queries: dQ = dS K over the CTA's 64 keys (dS read as a
-    // column-major view of dS^T), then added to the fp32 accumulator in global memory, valid rows only.
+    // dS^T = scale P^T (dP^T - D), 0 wherever P is; rounded to bf16 for dK += dS^T Q and, through shared memory, dQ.
+#pragma unroll
+    for (int n = 0; n < kBlockQ / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dpt[n][i] = scale * pt[n][i] * (dpt[n][i] - d_s[n * 8 + 2 * (lane % 4) + i % 2]);
+    accumulator_to_a_fragments<kBlockQ>(a_frag, dpt);
+    warp_product<HS, kBlockQ>(dk, a_frag, q_s, kLd, 0);
     {
-      FragAT ds_frag[kBlockK / kFrag];
+      // The lane's A-fragment registers are its D-fragment elements: rows g, g + 8, columns 2q, 2q + 1 of each
+      // 8-query tile, 4 bytes each (a row stride of 72 bf16 puts a quad's 8 rows on 8 different bank quadruples).
+      const int row = key_row0 + lane / 4, col = 2 * (lane % 4);
 #pragma unroll
-      for (int k = 0; k < kBlockK / kFrag; ++k)
-        wmma::load_matrix_sync(ds_frag[k], ds_s + k * kFrag * L::kLdP + warp * kFrag, L::kLdP);
-#pragma unroll
-      for (int n = 0; n < HS / kFrag; ++n) {
-        FragAcc acc;
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int k = 0; k < kBlockK / kFrag; ++k) {
-          FragB k_frag;
-          wmma::load_matrix_sync(k_frag, k_s + k * kFrag * L::kLdQkv + n * kFrag, L::kLdQkv);
-          wmma::mma_sync(acc, ds_frag[k], k_frag, acc);
-        }
-        wmma::store_matrix_sync(dq_w + n * kFrag, acc, L::kLdDq, wmma::mem_row_major);
+      for (int k = 0; k < kBlockQ / kFrag; ++k) {
+        uint32_t* const lo = reinterpret_cast<uint32_t*>(ds_s + row * L::kLdDs + k * kFrag + col);
+        uint32_t* const hi = reinterpret_cast<uint32_t*>(ds_s + (row + 8) * L::kLdDs + k * kFrag + col);
+        lo[0] = a_frag[k][0];
+        hi[0] = a_frag[k][1];
+        lo[4] = a_frag[k][2];  // 8 columns on
+        hi[4] = a_frag[k][3];
       }
     }
-    __syncwarp();
-    for (int e = lane; e < kFrag * HS / 4; e += 32) {
-      const int r = e / (HS / 4), col = (e % (HS / 4)) * 4;
-      const int t = i0 + warp * kFrag + r;
-      if (t < len) atomic_add4(dq_g + int64_t{t} * C + col, dq_w + r * L::kLdDq + col);
+    __syncthreads();  // every warp's dS^T rows are in shared memory
+
+    // dQ = dS K for the warp's 16 queries of the block over the CTA's 64 keys: dS's A fragments read transposed out of
+    // dS^T [key][query], K [key][dim] as the right operand; then added to the fp32 accumulator, valid rows only.
+    {
+      uint32_t ds_frag[kBlockK / kFrag][4];
+#pragma unroll
+      for (int k = 0; k < kBlockK / kFrag; ++k)
+        ptx::ldmatrix_x4_trans(ds_frag[k], fragment_cols_lo_first(ds_s, L::kLdDs, k * kFrag, warp * kFrag));
+      float dq[HS / 8][4];
+      zero_accumulator(dq);
+      warp_product<HS, kBlockK>(dq, ds_frag, k_s, kLd, 0);
+      // Lanes 2p and 2p + 1 of a quad hold columns 4p..4p+3 of rows g and g + 8 between them: the even lane takes
+      // row g, the odd one row g + 8, each giving its partner the two values of the other row, so that every atomic
+      // adds 4 consecutive floats.
+      const bool odd = lane % 2 == 1;
+      const int t = i0 + warp * kFrag + lane / 4 + (odd ? 8 : 0);
+      float* const dst = dq_g + int64_t{t} * C + 4 * (lane % 4 / 2);
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n) {
+        const float give0 = odd ? dq[n][0] : dq[n][2], give1 = odd ? dq[n][1] : dq[n][3];
+        const float got0 = __shfl_xor_sync(detail::kFullMask, give0, 1);
+        const float got1 = __shfl_xor_sync(detail::kFullMask, give1, 1);
+        if (t < len) {
+          if (odd)
+            atomic_add4(dst + n * 8, got0, got1, dq[n][2], dq[n][3]);
+          else
+            atomic_add4(dst + n * 8, dq[n][0], dq[n][1], got0, got1);
+        }
+      }
     }
   }
 
-  // Step 8: dK and dV out through the warp's own dQ space (no other warp touches it after its last step 7), rounded
-  // to bf16; rows of padded keys in the block get exact zeros.
-  float* const ones = lse_s + warp * kFrag;  // the per-row scale store_rows_bf16 takes: 1 on valid keys, else 0
-  __syncwarp();
-  if (lane < kFrag) ones[lane] = j0 + key_row0 + lane < len ? 1.0f : 0.0f;
-  for (int pass = 0; pass < 2; ++pass) {
+  // dK and dV out, rounded to bf16 from the registers; rows of padded keys in the block get exact zeros.
 #pragma unroll
-    for (int n = 0; n < HS / kFrag; ++n)
-      wmma::store_matrix_sync(dq_w + n * kFrag, pass == 0 ? dk_frag[n] : dv_frag[n], L::kLdDq, wmma::mem_row_major);
-    __syncwarp();
-    store_rows_bf16<HS>(pass == 0 ? dk_g : dv_g, ld, j0 + key_row0, S, dq_w, L::kLdDq, ones);
-    __syncwarp();
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] >= S) continue;
+    const bool valid = key[r] < len;
+    uint32_t* const dk_row = reinterpret_cast<uint32_t*>(dk_g + int64_t{key[r]} * ld + 2 * (lane % 4));
+    uint32_t* const dv_row = reinterpret_cast<uint32_t*>(dv_g + int64_t{key[r]} * ld + 2 * (lane % 4));
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      dk_row[n * 4] = valid ? ptx::pack_bf16x2(dk[n][2 * r], dk[n][2 * r + 1]) : 0u;
+      dv_row[n * 4] = valid ? ptx::pack_bf16x2(dv[n][2 * r], dv[n][2 * r + 1]) : 0u;
+    }
   }
 }
 

@@ -1,9 +1,11 @@
 // The CUDA device vocabulary of our kernels for the host compiler, so that g++ compiles a kernel's own source and runs
 // it on host threads: a CTA is blockDim.x std::threads (CTAs one after another), __syncthreads and __syncwarp are
-// barriers over the CTA's and the warp's threads, __shfl_xor_sync exchanges through a per-warp buffer, nvcuda::wmma
-// is emulated, and dynamic shared memory is one buffer the CTA's threads share. Made to check index arithmetic,
+// barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync, and the PTX primitives of
+// kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async) are emulated with the PTX ISA's register layouts, and
+// dynamic shared memory is one buffer the CTA's threads share. Made to check index arithmetic, fragment layouts,
 // shared-memory layouts, masking, barriers and block skipping against a CPU reference without a GPU
-// (tests/emu/test_flash_attention_emu.cpp); it says nothing about timing, and little about the memory model.
+// (tests/emu/test_flash_attention_emu.cpp, tests/emu/test_mma_emu.cpp); it says nothing about timing, and little
+// about the memory model.
 //
 // Include this first (before cuda_bf16.h's users and the kernels), from a g++ translation unit; never from nvcc.
 //
@@ -11,26 +13,27 @@
 //   - every barrier is reached by every thread of its CTA or warp: a thread that returns from the kernel while others
 //     wait at a barrier (or arrives after another returned) fails at once; a barrier still incomplete after
 //     kBarrierTimeout (threads waiting at different barriers) fails then, instead of hanging;
-//   - wmma: 16x16x16 only; ldm a multiple of 16 bytes (8 bf16, 4 floats) and at least 16; fragment pointers 32-byte
-//     aligned; a fragment inside the shared buffer lies within the launch's dynamic shared memory;
+//   - ldmatrix and cp.async: shared addresses 16-byte aligned and within the launch's dynamic shared memory, cp.async's
+//     global source 16-byte aligned;
 //   - the launch: a 1-D block of whole warps, at most 1024 threads; dynamic shared memory within 227 KB (an H100's
 //     per-block opt-in maximum);
 //   - shared memory: poisoned (0xFF bytes: NaN as fp32 and as bf16) before each CTA, so that a read of anything the
 //     CTA did not write shows as NaN; the bytes past the launch's size are checked untouched after each CTA; under
 //     AddressSanitizer they are poisoned too, so any access past the end fails where it happens.
 //
-// The wmma model: matrix_a and matrix_b fragments hold the whole 16x16 tile in every lane (load_matrix_sync reads all
-// of it in every lane); an accumulator is distributed, element e (row-major in the tile) owned by lane e % 32 (our
-// kernels never index fragment elements, so the hardware's own layout is not needed, only that one exists):
-// load_matrix_sync reads, mma_sync computes and store_matrix_sync writes a lane's own elements only, the rest being
-// NaN. So a warp writes a tile once, a lane reloading an accumulator it stored needs no barrier (as on the hardware,
-// whose load and store of a fragment type map elements to lanes alike), and nothing orders a store before other
-// lanes' reads but the kernel's own __syncwarp / __syncthreads: without it they race (ThreadSanitizer reports it).
-// mma_sync computes in fp32 from the bf16 operands: exact products, summed in k order, not the tensor cores' order.
+// The warp model: a warp-collective step writes each lane's operands (a shuffle's value, ldmatrix's row address,
+// mma.sync's A and B registers) to the warp's exchange buffer, waits at the warp's barrier, and computes the lane's
+// own result from every lane's operands: mma.sync rebuilds the A and B tiles from the registers by the ISA's element
+// tables and computes the lane's 4 accumulator elements (exact products summed in fp32 in k order after the
+// accumulator, not the tensor cores' order); ldmatrix reads the lane's elements at the other lanes' row addresses. So
+// a fragment built or consumed with another layout gives another product. cp.async copies land only when a
+// cp.async.wait_group retires their group: a tile read before its wait reads stale data or the poison.
 #pragma once
 #ifdef __CUDACC__
 #error "tests/emu/cuda_emulation.h stands in for nvcc's device side: include it from host-compiled code only"
 #endif
+
+#define DDPLAB_CUDA_EMULATION 1  // kernels/cuda/mma.cuh forwards its PTX primitives here
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -47,9 +50,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
-#include <iterator>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -170,17 +172,26 @@ class Barrier {
   std::function<void()> completion_;
 };
 
-// What the threads of the running CTA share: its barriers and the warps' shuffle buffers.
+// What a warp-collective operation (a shuffle, ldmatrix, mma.sync) passes between lanes: each lane's operands in
+// its slot. Two sets used in turn, so one barrier per operation suffices: a lane writing set p again (two operations
+// later) has passed the barrier of the operation in between, which every lane reaches only after reading set p.
+constexpr size_t kExchangeSlotBytes = 32;
+struct WarpExchange {
+  alignas(16) unsigned char slot[2][kWarpSize][kExchangeSlotBytes];
+};
+
+// What the threads of the running CTA share: its barriers and the warps' exchange buffers.
 struct Cta {
-  explicit Cta(int threads) : block(threads), warps(threads / kWarpSize), shuffle(threads / kWarpSize) {
+  explicit Cta(int threads) : block(threads), warps(threads / kWarpSize), exchange(threads / kWarpSize) {
     for (auto& w : warps) w = std::make_unique<Barrier>(kWarpSize);
   }
   Barrier block;
   std::vector<std::unique_ptr<Barrier>> warps;
-  std::vector<std::array<uint64_t, kWarpSize>> shuffle;
+  std::vector<WarpExchange> exchange;
 };
 
 inline thread_local Cta* t_cta = nullptr;
+inline thread_local unsigned t_exchanges = 0;  // the calling lane's warp-collective operations so far in its CTA
 
 inline Cta& this_cta() {
   if (t_cta == nullptr) fail("a device function called outside emulate_launch");
@@ -204,6 +215,20 @@ inline int warp_id() { return static_cast<int>(::threadIdx.x) / kWarpSize; }
 inline void require_full_mask(unsigned mask, const char* what) {
   if (mask != 0xffffffffu) fail("%s: only the full warp mask is emulated (got 0x%08x)", what, mask);
 }
+
+// A warp-collective step: every lane gives `mine`, and gets every lane's (index = lane) once all 32 have given theirs.
+template <typename T>
+std::array<T, kWarpSize> exchange_in_warp(const T& mine, const char* what) {
+  static_assert(sizeof(T) <= kExchangeSlotBytes && std::is_trivially_copyable_v<T>, "fits a lane's exchange slot");
+  Cta& cta = this_cta();
+  const int warp = warp_id();
+  auto& set = cta.exchange[warp].slot[t_exchanges++ % 2];
+  std::memcpy(set[lane_id()], &mine, sizeof(T));
+  cta.warps[warp]->arrive_and_wait(what);
+  std::array<T, kWarpSize> all;
+  for (int l = 0; l < kWarpSize; ++l) std::memcpy(&all[l], set[l], sizeof(T));
+  return all;
+}
 }  // namespace ddplab::emu
 
 // ---- intrinsics ---------------------------------------------------------------------------------------------------
@@ -215,26 +240,13 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ddplab::emu::this_cta().warps[ddplab::emu::warp_id()]->arrive_and_wait("__syncwarp");
 }
 
-// Every lane writes its value, a warp barrier, every lane reads its partner's, a barrier again (so that no lane
-// overwrites its slot before its partner read it).
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = ddplab::emu::kWarpSize) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>, "a register-sized value");
   ddplab::emu::require_full_mask(mask, "__shfl_xor_sync");
   if (width != ddplab::emu::kWarpSize || lane_mask < 0 || lane_mask >= ddplab::emu::kWarpSize)
     ddplab::emu::fail("__shfl_xor_sync: width %d, lane mask %d: only whole warps are emulated", width, lane_mask);
-  ddplab::emu::Cta& cta = ddplab::emu::this_cta();
-  const int warp = ddplab::emu::warp_id(), lane = ddplab::emu::lane_id();
-  auto& slots = cta.shuffle[warp];
-  uint64_t bits = 0;
-  std::memcpy(&bits, &var, sizeof(T));
-  slots[lane] = bits;
-  cta.warps[warp]->arrive_and_wait("__shfl_xor_sync");
-  bits = slots[lane ^ lane_mask];
-  cta.warps[warp]->arrive_and_wait("__shfl_xor_sync");
-  T out;
-  std::memcpy(&out, &bits, sizeof(T));
-  return out;
+  return ddplab::emu::exchange_in_warp(var, "__shfl_xor_sync")[ddplab::emu::lane_id() ^ lane_mask];
 }
 
 inline float atomicAdd(float* address, float value) {
@@ -246,96 +258,125 @@ inline int max(int a, int b) { return a > b ? a : b; }
 
 [[noreturn]] inline void __trap() { ddplab::emu::fail("__trap"); }
 
-// ---- nvcuda::wmma: 16x16x16 fragments, each thread holding the whole tile ------------------------------------------
+// ---- PTX primitives (kernels/cuda/mma.cuh): mma.sync m16n8k16 bf16, ldmatrix x4, cp.async ---------------------------
+//
+// Lanes hold exactly the registers the PTX ISA gives them (layouts in kernels/cuda/mma.cuh); a warp-collective step
+// exchanges them (exchange_in_warp), so a fragment built or read with a wrong layout computes a wrong product.
 
-namespace nvcuda::wmma {
+namespace ddplab::emu {
 
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
+inline float bf16_bits_to_float(uint16_t bits) {
+  const uint32_t u = uint32_t{bits} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline uint16_t half_of(uint32_t reg, int half) { return static_cast<uint16_t>(half == 0 ? reg & 0xffffu : reg >> 16); }
 
-// x: the tile in row-major order of the logical matrix (A: M x K, B: K x N, accumulator: M x N), all 16 x 16.
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-class fragment {
-  static_assert(M == 16 && N == 16 && K == 16, "the emulation has the 16x16x16 shape only");
-
- public:
-  static constexpr int kRows = 16, kCols = 16;
-  T x[kRows * kCols];
+// Where element `half` of register `reg` of `lane` sits in the product's tiles (the PTX ISA's m16n8k16 layouts).
+struct TileIndex {
+  int row, col;
 };
-
-namespace emu_detail {
-
-// wmma's preconditions on a fragment's memory: a 256-bit aligned pointer, ldm a multiple of 16 bytes and at least the
-// tile's 16 elements, and (in shared memory) the whole tile within the launch's dynamic shared memory.
-template <typename T>
-void check_access(const char* what, const T* p, unsigned ldm) {
-  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
-    ddplab::emu::fail("%s: pointer %p is not 32-byte aligned", what, static_cast<const void*>(p));
-  if (ldm % (16 / sizeof(T)) != 0 || ldm < 16)
-    ddplab::emu::fail("%s: ldm %u must be a multiple of %zu elements (16 bytes) and at least 16", what, ldm,
-                      16 / sizeof(T));
-  ddplab::emu::check_shared(p, (15 * size_t{ldm} + 16) * sizeof(T), what);
+inline TileIndex a_fragment_index(int lane, int reg, int half) {  // A 16x16 (m x k)
+  return {lane / 4 + 8 * (reg % 2), 2 * (lane % 4) + half + 8 * (reg / 2)};
+}
+inline TileIndex b_fragment_index(int lane, int reg, int half) {  // B 16x8 (k x n)
+  return {2 * (lane % 4) + half + 8 * reg, lane / 4};
+}
+inline TileIndex d_fragment_index(int lane, int i) {  // C, D 16x8 (m x n)
+  return {lane / 4 + 8 * (i / 2), 2 * (lane % 4) + i % 2};
 }
 
-// Element (r, c) of a tile stored at p with leading dimension ldm, row- or column-major.
-inline size_t offset(int r, int c, unsigned ldm, bool row_major) {
-  return row_major ? size_t(r) * ldm + size_t(c) : size_t(c) * ldm + size_t(r);
-}
-
-inline float to_float(float x) { return x; }
-inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-}  // namespace emu_detail
-
-template <typename Use, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-  static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>,
-                "matrix_a / matrix_b fragments carry their layout");
-  emu_detail::check_access("wmma::load_matrix_sync", p, ldm);
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[emu_detail::offset(r, c, ldm, std::is_same_v<Layout, row_major>)];
-}
-
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
-                             layout_t layout) {
-  emu_detail::check_access("wmma::load_matrix_sync (accumulator)", p, ldm);
-  std::fill(std::begin(f.x), std::end(f.x), std::numeric_limits<float>::quiet_NaN());
-  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize)
-    f.x[e] = p[emu_detail::offset(e / 16, e % 16, ldm, layout == mem_row_major)];
-}
-
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
-                              layout_t layout) {
-  emu_detail::check_access("wmma::store_matrix_sync", p, ldm);
-  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize)
-    p[emu_detail::offset(e / 16, e % 16, ldm, layout == mem_row_major)] = f.x[e];
-}
-
-template <typename T>
-void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, T value) {
-  for (float& x : f.x) x = static_cast<float>(value);
-}
-
-// d = a b + c in fp32 on the lane's own elements (d may be c).
-template <typename T, typename LayoutA, typename LayoutB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
-              const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
-  float acc[256];
-  std::fill(std::begin(acc), std::end(acc), std::numeric_limits<float>::quiet_NaN());
-  for (int e = ddplab::emu::lane_id(); e < 256; e += ddplab::emu::kWarpSize) {
-    const int m = e / 16, n = e % 16;
-    float sum = c.x[e];
-    for (int k = 0; k < 16; ++k) sum += emu_detail::to_float(a.x[m * 16 + k]) * emu_detail::to_float(b.x[k * 16 + n]);
-    acc[e] = sum;
+// d += a b over the warp: the lanes' A and B registers gathered into the tiles, then each lane's own 4 elements of D,
+// exact products summed in fp32 in k order after the accumulator (the tensor cores' order and rounding may differ).
+inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Operands {
+    uint32_t a[4], b[2];
+  };
+  const auto all = exchange_in_warp(Operands{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, "mma.sync");
+  float A[16][16], B[16][8];
+  for (int l = 0; l < kWarpSize; ++l)
+    for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < 4; ++r) {
+        const TileIndex i = a_fragment_index(l, r, h);
+        A[i.row][i.col] = bf16_bits_to_float(half_of(all[l].a[r], h));
+      }
+      for (int r = 0; r < 2; ++r) {
+        const TileIndex i = b_fragment_index(l, r, h);
+        B[i.row][i.col] = bf16_bits_to_float(half_of(all[l].b[r], h));
+      }
+    }
+  const int lane = lane_id();
+  for (int e = 0; e < 4; ++e) {
+    const TileIndex i = d_fragment_index(lane, e);
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += A[i.row][k] * B[k][i.col];
+    d[e] = sum;
   }
-  std::memcpy(d.x, acc, sizeof(acc));
 }
 
-}  // namespace nvcuda::wmma
+// Fails unless p (of `bytes`) is `alignment`-aligned and lies within the launch's dynamic shared memory.
+inline void require_shared(const void* p, size_t bytes, size_t alignment, const char* what) {
+  const SharedMemory& sm = shared_memory();
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (sm.base == nullptr || c < sm.base || c >= sm.base + sm.capacity)
+    fail("%s: %p is not a shared-memory address", what, p);
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+    fail("%s: shared-memory address %p is not %zu-byte aligned", what, p, alignment);
+  check_shared(p, bytes, what);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: matrix i's rows at the addresses of lanes 8i..8i+7.
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed) {
+  const char* what = transposed ? "ldmatrix .trans" : "ldmatrix";
+  require_shared(row, 16, 16, what);
+  const auto rows = exchange_in_warp(static_cast<const uint16_t*>(row), what);
+  const int lane = lane_id(), g = lane / 4, q = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const uint16_t lo = transposed ? rows[8 * i + 2 * q][g] : rows[8 * i + g][2 * q];
+    const uint16_t hi = transposed ? rows[8 * i + 2 * q + 1][g] : rows[8 * i + g][2 * q + 1];
+    r[i] = uint32_t{lo} | uint32_t{hi} << 16;
+  }
+}
+
+// cp.async: a copy is queued in the issuing thread's open group and lands (read from global, written to shared) only
+// when cp_async_wait retires its group, so a kernel that reads a tile before waiting for it reads the shared memory's
+// old contents (or its NaN poison), as the hardware may.
+struct AsyncCopy {
+  void* dst;
+  const void* src;  // null: 16 zero bytes
+};
+inline thread_local std::vector<AsyncCopy> t_open_group;
+inline thread_local std::deque<std::vector<AsyncCopy>> t_committed_groups;
+
+inline void cp_async_16(void* dst_shared, const void* src_global, bool from_src) {
+  require_shared(dst_shared, 16, 16, "cp.async (destination)");
+  if (from_src && reinterpret_cast<uintptr_t>(src_global) % 16 != 0)
+    fail("cp.async: global source %p is not 16-byte aligned", src_global);
+  t_open_group.push_back({dst_shared, from_src ? src_global : nullptr});
+}
+inline void cp_async_commit() {
+  t_committed_groups.push_back(std::move(t_open_group));
+  t_open_group.clear();
+}
+inline void cp_async_wait(int pending) {
+  while (static_cast<int>(t_committed_groups.size()) > pending) {
+    for (const AsyncCopy& c : t_committed_groups.front()) {
+      if (c.src != nullptr)
+        std::memcpy(c.dst, c.src, 16);
+      else
+        std::memset(c.dst, 0, 16);
+    }
+    t_committed_groups.pop_front();
+  }
+}
+// A thread leaving its CTA: copies never waited for are dropped (they could land anywhere in the next CTA's memory).
+inline void forget_async_copies() {
+  t_open_group.clear();
+  t_committed_groups.clear();
+}
+
+}  // namespace ddplab::emu
 
 // ---- the launch -----------------------------------------------------------------------------------------------------
 
@@ -399,7 +440,9 @@ void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Arg
         between.arrive_and_wait("the launch's barrier between CTAs");
         ::blockIdx = uint3{static_cast<unsigned>(c % grid.x), static_cast<unsigned>(c / grid.x % grid.y),
                            static_cast<unsigned>(c / grid.x / grid.y)};
+        t_exchanges = 0;
         kernel(args...);
+        forget_async_copies();
         cta.block.leave("__syncthreads");
         cta.warps[tid / kWarpSize]->leave("__syncwarp / __shfl_xor_sync");
       }
