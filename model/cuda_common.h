@@ -2,6 +2,7 @@
 // buffers, the per-piece events and their announcement to the gradient-ready hook, the mean loss's asynchronous
 // read-back, NVTX ranges. Host code only.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -144,6 +145,18 @@ class DeviceParameters {
     return flat_params_;
   }
   float* flat_grads() { return flat_grads_; }  // device, fp32
+  // Write access for an optimizer step that also rewrites, in full, the bf16 copy a bf16 model's GEMMs read (null in
+  // fp32 and tf32 models), as adamw_update does with params_bf16: its next forward then keeps that copy instead of
+  // converting the masters again (a pass of 6 bytes per parameter). An update that does not write the copy takes
+  // flat_params().
+  struct UpdateTarget {
+    float* params;
+    __nv_bfloat16* params_bf16;
+  };
+  UpdateTarget params_for_update() {
+    if (weights_bf16_ == nullptr) master_weights_changed_ = true;
+    return {flat_params_, weights_bf16_};
+  }
   const float* flat_params() const { return flat_params_; }
   const float* flat_grads() const { return flat_grads_; }
 
@@ -152,6 +165,8 @@ class DeviceParameters {
   void set_grad_piece_elements(int64_t max_elements) {
     pieces_ = grad_pieces_in_backward_order(params_, max_elements);
     piece_events_.ensure(pieces_.size());
+    pieces_per_param_.assign(params_.size(), 0);
+    for (const GradPiece& g : pieces_) ++pieces_per_param_[g.param];
   }
   const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
   // Recorded on the stream by every backward once grad_pieces()[k] is final. Timing is enabled: the trainer reads a
@@ -181,6 +196,11 @@ class DeviceParameters {
     zero_grad();
   }
 
+  // Whether parameter k's gradient is handed over whole (one piece), not in row blocks: a Linear layer whose weight is
+  // one piece takes its bias gradient from the weight's GEMM (gemm.h, matmul_backward_weight_bias); in row blocks,
+  // the bias, first in the pieces' order, must be final before the weight's first block, so it is computed apart.
+  bool one_piece(int k) const { return pieces_per_param_.at(k) == 1; }
+
   // Whether flat_params() gave write access since the last call (a model's forward asks, bf16 models to remake
   // their bf16 weights: one pass over 6 bytes per parameter per optimizer step, not per micro-batch).
   bool master_weights_changed() { return std::exchange(master_weights_changed_, false); }
@@ -190,7 +210,9 @@ class DeviceParameters {
   int64_t flat_size_ = 0;
   float* flat_params_ = nullptr;
   float* flat_grads_ = nullptr;
+  __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 models: the flat parameters converted, same offsets
   std::vector<GradPiece> pieces_;
+  std::vector<int> pieces_per_param_;
   PieceEvents piece_events_;
   bool master_weights_changed_ = true;  // the initial upload
 };

@@ -7,7 +7,6 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/convert.h"
-#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/softmax_ce.h"
 
 namespace ddplab {
@@ -113,7 +112,8 @@ template <typename T>
 void MlpCuda::forward_layers(const float* inputs, const int32_t* targets, int B) {
   const T* x = nullptr;
   if constexpr (std::is_same_v<T, bf16>) {
-    // The whole flat buffer (weights and biases), once after every change of the master weights.
+    // The whole flat buffer (weights and biases), after a change of the master weights that did not rewrite the copy
+    // too (the initial upload, a checkpoint; AdamW writes it, params_for_update).
     if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
     cuda::f32_to_bf16(as<T>(inputs_bf16_), inputs, int64_t{B} * dims_[0], stream_);
     x = as<T>(inputs_bf16_);
@@ -158,22 +158,30 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
   for (int l = num_linear() - 1; l >= 0; --l) {
     NvtxRange range(nvtx_backward_[l].c_str());
     const Parameter<float>& w = params_[2 * l];
-    cuda::bias_backward<T>(params_[2 * l + 1].grad, dout, B, dims_[l + 1], stream_);
-    announce.ready(2 * l + 1);
-    // The weight gradient before the input gradient, block by block, so each block's communication can start while
-    // the rest of backward runs.
+    const Parameter<float>& b = params_[2 * l + 1];
     const T* x = l == 0 ? static_cast<const T*>(layer0_input_) : as<T>(out_[l - 1]);
-    while (const GradPiece* g = announce.next_of(2 * l)) {
-      const int first = static_cast<int>(g->first_row), rows = static_cast<int>(g->numel / dims_[l]);
-      cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows, stream_);
+    if (one_piece(2 * l)) {
+      cuda::matmul_backward_weight_bias<T>(gemm_, w.grad, b.grad, dout, x, B, dims_[l], dims_[l + 1], stream_);
+      announce.ready(2 * l + 1);
       announce.ready(2 * l);
+    } else {
+      // The weight gradient before the input gradient, block by block, so each block's communication can start while
+      // the rest of backward runs; the bias first, as its piece comes first.
+      cuda::bias_backward<T>(gemm_, b.grad, dout, B, dims_[l + 1], stream_);
+      announce.ready(2 * l + 1);
+      while (const GradPiece* g = announce.next_of(2 * l)) {
+        const int first = static_cast<int>(g->first_row), rows = static_cast<int>(g->numel / dims_[l]);
+        cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows,
+                                        stream_);
+        announce.ready(2 * l);
+      }
     }
     if (l > 0) {  // the network input needs no gradient
       // x, the GELU output, is dead once the weight-gradient GEMMs that read it are enqueued (same stream): its
-      // buffer takes the gradient, first w.r.t. the GELU output, then, in place, w.r.t. its input.
+      // buffer takes the gradient w.r.t. the GELU input, through the GELU by the GEMM's epilogue.
       T* dx = as<T>(out_[l - 1]);
-      cuda::matmul_backward_input<T>(gemm_, dx, dout, operand<T>(2 * l), B, dims_[l], dims_[l + 1], stream_);
-      cuda::gelu_backward(dx, as<T>(pre_gelu_[l - 1]), dx, int64_t{B} * dims_[l], stream_);
+      cuda::matmul_backward_input_dgelu<T>(gemm_, dx, dout, operand<T>(2 * l), as<T>(pre_gelu_[l - 1]), B, dims_[l],
+                                           dims_[l + 1], stream_);
       dout = dx;
     }
   }

@@ -86,7 +86,6 @@ class MlpCuda : public cuda_model::DeviceParameters {
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
   cuda_model::DeviceMemory memory_;
-  __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 only: the flat parameters converted, same offsets
   void* inputs_bf16_ = nullptr;            // bf16 only: the forward's inputs converted
   std::vector<void*> out_;                 // per Linear: GELU output (hidden) or logits, then dlogits (last)
   std::vector<void*> pre_gelu_;            // per hidden Linear: the GELU input, for its backward

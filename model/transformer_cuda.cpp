@@ -219,7 +219,8 @@ void TransformerCuda::forward_layers(float loss_scale) {
   const int64_t BTC = int64_t{BT} * C;
   if constexpr (std::is_same_v<T, bf16>) {
     // The whole flat buffer (weights and biases for the GEMMs; the embeddings and LayerNorm's parameters, read in
-    // fp32, stay unused), once after every change of the master weights.
+    // fp32, stay unused), after a change of the master weights that did not rewrite the copy too (the initial upload,
+    // a checkpoint; AdamW writes it, params_for_update).
     if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
   }
   T* x = as<T>(encoded_);
@@ -338,17 +339,29 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   T *dresid = as<T>(dresid_), *dsmall = as<T>(dsmall_), *dbig = as<T>(dbig_);
   const T* dlogits = as<T>(logits_);  // forward's fused cross-entropy left the gradient of the scaled loss here
 
-  // A Linear layer out = inp W^T + b: bias, then the weight's row blocks (each announced as soon as it is done,
-  // before the input gradient, which backward needs next but the communication does not).
-  const auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out) {
-    cuda::bias_backward<T>(params_[w + 1].grad, dout, N, out, stream_);
-    announce.all_of(w + 1);
-    while (const GradPiece* g = announce.next_of(w)) {
-      const int first = static_cast<int>(g->first_row), count = static_cast<int>(g->numel / in);
-      cuda::matmul_backward_weight<T>(gemm_, params_[w].grad, dout, inp, N, in, out, first, first + count, stream_);
-      announce.ready(w);
+  // A Linear layer out = inp W^T + b. A weight in one piece: its gradient and the bias's from one GEMM. In row blocks:
+  // the bias, then each block, announced as soon as it is done. Then the input gradient, which backward needs next but
+  // the communication does not; through the GELU that made inp when pre_gelu is given (the MLP's second Linear).
+  const auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out,
+                                   const T* pre_gelu = nullptr) {
+    if (one_piece(w)) {
+      cuda::matmul_backward_weight_bias<T>(gemm_, params_[w].grad, params_[w + 1].grad, dout, inp, N, in, out,
+                                           stream_);
+      announce.all_of(w + 1);
+      announce.all_of(w);
+    } else {
+      cuda::bias_backward<T>(gemm_, params_[w + 1].grad, dout, N, out, stream_);
+      announce.all_of(w + 1);
+      while (const GradPiece* g = announce.next_of(w)) {
+        const int first = static_cast<int>(g->first_row), count = static_cast<int>(g->numel / in);
+        cuda::matmul_backward_weight<T>(gemm_, params_[w].grad, dout, inp, N, in, out, first, first + count, stream_);
+        announce.ready(w);
+      }
     }
-    cuda::matmul_backward_input<T>(gemm_, dinp, dout, operand<T>(w), N, in, out, stream_);
+    if (pre_gelu)
+      cuda::matmul_backward_input_dgelu<T>(gemm_, dinp, dout, operand<T>(w), pre_gelu, N, in, out, stream_);
+    else
+      cuda::matmul_backward_input<T>(gemm_, dinp, dout, operand<T>(w), N, in, out, stream_);
   };
   // dresid is the residual stream's gradient: every LayerNorm on it adds its branch's share (dinp accumulates).
   const auto layernorm_backward = [&](int w, const T* dout, const T* inp, const float* mean, const float* rstd) {
@@ -376,8 +389,7 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
     const T* x_in = l > 0 ? as<T>(blocks_[l - 1].res_out) : as<T>(encoded_);
     const auto id = [&](int k) { return block_param(l, k); };
     // dresid = dL/d res_out: through the MLP branch ...
-    linear_backward(id(kFcprojW), dbig, dresid, as<T>(a.fch_gelu), BT, H, C);
-    cuda::gelu_backward(dbig, as<T>(a.fch), dbig, int64_t{BT} * H, stream_);
+    linear_backward(id(kFcprojW), dbig, dresid, as<T>(a.fch_gelu), BT, H, C, as<T>(a.fch));
     linear_backward(id(kFcW), dsmall, dbig, as<T>(a.ln2), BT, C, H);
     layernorm_backward(id(kLn2W), dsmall, as<T>(a.res_attn), a.ln2_mean, a.ln2_rstd);
     // ... now dL/d res_attn: through the attention branch.

@@ -118,7 +118,6 @@ class TransformerCuda : public cuda_model::DeviceParameters {
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
   cuda_model::DeviceMemory memory_;
-  __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 only: the flat parameters converted, same offsets
   void* encoded_ = nullptr;                // [tokens, C] the embeddings' output
   std::vector<BlockActs> blocks_;
   void *lnf_out_ = nullptr, *pooled_ = nullptr, *logits_ = nullptr;  // logits: then their gradient

@@ -231,8 +231,9 @@ void CudaBackend::finish_reduction() {
 
 void CudaBackend::optimizer_step() {
   const OptimizerConfig& o = config_.optimizer;
-  cuda::adamw_update(workload_->flat_params(), workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr, o.beta1,
-                     o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get());
+  const cuda_model::DeviceParameters::UpdateTarget target = workload_->params_for_update();
+  cuda::adamw_update(target.params, target.params_bf16, workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr,
+                     o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get());
 }
 
 void CudaBackend::synchronize() { cudaCheck(cudaStreamSynchronize(compute_.get())); }

@@ -52,6 +52,7 @@ class CudaModelWorkload : public CudaWorkload {
   int64_t flat_size() const override { return model_.flat_size(); }
   float* flat_params() override { return model_.flat_params(); }
   const float* flat_params() const override { return model_.flat_params(); }
+  cuda_model::DeviceParameters::UpdateTarget params_for_update() override { return model_.params_for_update(); }
   float* flat_grads() override { return model_.flat_grads(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }

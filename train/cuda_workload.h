@@ -12,9 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "model/cuda_common.h"  // DeviceParameters::UpdateTarget
+#include "model/mlp.h"          // Parameter, GradPiece, GradReadyHook
 #include "train/train_config.h"
 #include "train/workload.h"  // BatchStats
-#include "model/mlp.h"          // Parameter, GradPiece, GradReadyHook
 
 namespace ddplab {
 
@@ -28,6 +29,8 @@ class CudaWorkload {
   virtual int64_t flat_size() const = 0;  // of flat_params() and flat_grads(): parameters and alignment gaps
   virtual float* flat_params() = 0;  // write access: a bf16 model remakes its bf16 weights before the next forward
   virtual const float* flat_params() const = 0;
+  // For an optimizer that also rewrites a bf16 model's copy of the weights (model/cuda_common.h, params_for_update).
+  virtual cuda_model::DeviceParameters::UpdateTarget params_for_update() = 0;
   virtual float* flat_grads() = 0;
   virtual void set_grad_piece_elements(int64_t max_elements) = 0;
   virtual const std::vector<GradPiece>& grad_pieces() const = 0;

@@ -217,6 +217,15 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
   rep.add({"embedding", std::string("embedding_backward<") + tag + ">", esh,
            median_ms(opt, s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, d_tok, d_len, B, S, C, s); }),
            int64_t{B} * S * C * (2 * t + 8.0) + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
+
+  // The bias gradient (our two-pass kernel: the fallback of the weight GEMM's BGRADB epilogue, and the path of weights
+  // handed over in row blocks) over the block's widths and the LM head's: dout read once, dbias read and written.
+  cuda::GemmContext ctx;
+  float* dbias = a.random_f32(V);
+  for (int OC : {C, 3 * C, 4 * C, V})
+    rep.add({"bias_grad", std::string("bias_backward<") + tag + ">", dims({{"N", N}, {"OC", OC}}),
+             median_ms(opt, s, [&] { cuda::bias_backward<T>(ctx, dbias, logits, N, OC, s); }),
+             int64_t{N} * OC * t + 8.0 * OC, 0});
 }
 
 void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int64_t n) {
@@ -235,8 +244,14 @@ void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
            0});
   rep.add({"elementwise", "scale", sh, median_ms(opt, s, [&] { cuda::scale(y, 1.0f, n, s); }), 8.0 * n, 0});
   rep.add({"adamw", "adamw_update", sh,
-           median_ms(opt, s, [&] { cuda::adamw_update(x, g, m, v, n, 1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1000, s); }),
+           median_ms(opt, s,
+                     [&] { cuda::adamw_update(x, nullptr, g, m, v, n, 1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1000, s); }),
            28.0 * n, 0});
+  // With the bf16 copy a bf16 model's GEMMs read, written in the same pass (2 bytes more per parameter): what it
+  // replaces is adamw_update above plus f32_to_bf16 (6 bytes per parameter and a launch).
+  rep.add({"adamw", "adamw_update + bf16 copy", sh,
+           median_ms(opt, s, [&] { cuda::adamw_update(x, h, g, m, v, n, 1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1000, s); }),
+           30.0 * n, 0});
 }
 
 void bench_attention(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C, int NH) {
@@ -338,7 +353,7 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
     bias = a.random_f32(OC);
     out = a.alloc<float>(int64_t{B} * OC), pre = a.alloc<float>(int64_t{B} * OC), dinp = a.alloc<float>(int64_t{B} * C);
   }
-  float* dweight = a.random_f32(int64_t{OC} * C);
+  float *dweight = a.random_f32(int64_t{OC} * C), *dbias = a.random_f32(OC);
   const double flops = 2.0 * B * C * OC;
   const std::string sh = dims({{"B", B}, {"C", C}, {"OC", OC}});
   const std::string tag = std::string(" (") + mode + ")";
@@ -359,6 +374,35 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
     rep.add({"gemm", "matmul_backward_weight" + tag, sh,
              median_ms(opt, s, [&] { cuda::matmul_backward_weight<T>(ctx, dweight, d, i, B, C, OC, 0, OC, s); }), 0,
              flops});
+    // The backward epilogues beside what they replace, timed as the step runs them (TFLOP/s of the GEMM alone, so the
+    // epilogue's cost shows as a lower rate). Bias gradient: the weight GEMM, then bias_backward; or one call, which
+    // uses cuBLASLt's BGRADB where it has it (the row says which ran).
+    rep.add({"gemm", "matmul_backward_weight + bias_backward" + tag, sh, median_ms(opt, s, [&] {
+               cuda::matmul_backward_weight<T>(ctx, dweight, d, i, B, C, OC, 0, OC, s);
+               cuda::bias_backward<T>(ctx, dbias, d, B, OC, s);
+             }),
+             0, flops});
+    int64_t before = ctx.fallback_epilogues();
+    const double weight_bias_ms = median_ms(
+        opt, s, [&] { cuda::matmul_backward_weight_bias<T>(ctx, dweight, dbias, d, i, B, C, OC, s); });
+    rep.add({"gemm",
+             std::string("matmul_backward_weight_bias (") + mode +
+                 (ctx.fallback_epilogues() == before ? ", BGRADB)" : ", our kernel)"),
+             sh, weight_bias_ms, 0, flops});
+    // Input gradient through the GELU (the MLP's second Linear): the GEMM then gelu_backward, or the DGELU epilogue
+    // (pre_gelu: the forward's output buffer, [B, C] here as the layer's input).
+    rep.add({"gemm", "matmul_backward_input + gelu_backward" + tag, sh, median_ms(opt, s, [&] {
+               cuda::matmul_backward_input<T>(ctx, di, d, ww, B, C, OC, s);
+               cuda::gelu_backward(di, i, di, int64_t{B} * C, s);
+             }),
+             0, flops});
+    before = ctx.fallback_epilogues();
+    const double dgelu_ms =
+        median_ms(opt, s, [&] { cuda::matmul_backward_input_dgelu<T>(ctx, di, d, ww, i, B, C, OC, s); });
+    rep.add({"gemm",
+             std::string("matmul_backward_input_dgelu (") + mode +
+                 (ctx.fallback_epilogues() == before ? ", DGELU)" : ", our epilogue)"),
+             sh, dgelu_ms, 0, flops});
   };
   if (bf)
     wrap(static_cast<bf16*>(nullptr));

@@ -67,8 +67,9 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
     cudaCheck(cudaEventRecord(ev[4 * i + 1], s));
     model.backward();
     cudaCheck(cudaEventRecord(ev[4 * i + 2], s));
-    cuda::adamw_update(model.flat_params(), model.flat_grads(), moments, moments + n, n, adamw.lr, adamw.beta1,
-                       adamw.beta2, adamw.eps, adamw.weight_decay, i + 1, s);
+    const auto target = model.params_for_update();  // and the bf16 copy of a bf16 model, in the same pass
+    cuda::adamw_update(target.params, target.params_bf16, model.flat_grads(), moments, moments + n, n, adamw.lr,
+                       adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, i + 1, s);
     cudaCheck(cudaEventRecord(ev[4 * i + 3], s));
     if (profiled) cudaCheck(cudaProfilerStop());
   }

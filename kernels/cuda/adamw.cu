@@ -20,8 +20,10 @@ struct AdamwStep {
   }
 };
 
+// copy: null, or the bf16 words of the updated params (a uniform branch: every thread takes the same side).
 template <int V>
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, AdamwStep step) {
+__global__ void adamw_kernel(float* params, uint16_t* copy, const float* grads, float* m, float* v, int64_t n,
+                             AdamwStep step) {
   detail::for_each_pack<V>(
       n,
       [=](int64_t i) {
@@ -30,21 +32,31 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
         const detail::Pack<float, V> g = detail::load_pack<V>(grads + i);
         for (int k = 0; k < V; ++k) step(p.v[k], g.v[k], mi.v[k], vi.v[k]);
         detail::store_pack(params + i, p), detail::store_pack(m + i, mi), detail::store_pack(v + i, vi);
+        if (copy) {
+          detail::Pack<uint16_t, V> h;
+          for (int k = 0; k < V; ++k) h.v[k] = detail::f32_to_bf16_bits(p.v[k]);
+          detail::store_pack(copy + i, h);
+        }
       },
-      [=](int64_t i) { step(params[i], grads[i], m[i], v[i]); });
+      [=](int64_t i) {
+        step(params[i], grads[i], m[i], v[i]);
+        if (copy) copy[i] = detail::f32_to_bf16_bits(params[i]);
+      });
 }
 
 }  // namespace
 
-void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int t, cudaStream_t stream) {
+void adamw_update(float* params, __nv_bfloat16* params_bf16, const float* grads, float* m, float* v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t, cudaStream_t stream) {
   if (n <= 0) return;
   // In double on the host and rounded once, as the CPU reference does: 1 - beta2^t loses digits in float.
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
   const AdamwStep step{lr, beta1, beta2, eps, weight_decay, bc1, bc2};
-  detail::launch_packed(detail::all_aligned(16, params, grads, m, v), n, stream, adamw_kernel<4>, adamw_kernel<1>,
-                        params, grads, m, v, n, step);
+  // __nv_bfloat16 is 16 bits without padding (convert.h): its words are written as such.
+  uint16_t* const copy = reinterpret_cast<uint16_t*>(params_bf16);
+  const bool packed = detail::all_aligned(16, params, grads, m, v) && detail::all_aligned(8, copy);
+  detail::launch_packed(packed, n, stream, adamw_kernel<4>, adamw_kernel<1>, params, copy, grads, m, v, n, step);
   cudaCheck(cudaGetLastError());
 }
 

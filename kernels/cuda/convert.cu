@@ -13,14 +13,8 @@
 namespace ddplab::cuda {
 namespace {
 
-// comm/wire.h's f32_to_bf16, on the device: integer round to nearest even on the top 16 bits; NaN keeps its sign
-// and top payload bits and is made quiet (a payload in the low bits only would otherwise round to inf).
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float x) {
-  const uint32_t u = __float_as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t{h} << 16); }
+using detail::bf16_bits_to_f32;
+using detail::f32_to_bf16_bits;
 
 struct ToBf16Bits {
   __device__ uint16_t operator()(float x) const { return f32_to_bf16_bits(x); }

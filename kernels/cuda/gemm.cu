@@ -1,5 +1,6 @@
 // cuBLASLt wrapper (see gemm.h for the contracts): the context and its plan cache, the row-major -> column-major
-// mapping of the three Linear GEMMs, and two small kernels (the epilogue fallback and the bias gradient).
+// mapping of the three Linear GEMMs, the forward epilogue's fallback kernel, and the bias gradient's launcher (its
+// kernels are in bias_backward_kernels.cuh, which the CPU emulation runs too).
 //
 // cuBLAS is column-major, and a row-major [R, C] matrix is the column-major [C, R] matrix with the same ld. So with
 // X^T meaning "the same buffer read column-major":
@@ -7,7 +8,11 @@
 //   backward input   dinp^T[C,B]   = W^T[C,OC]   · dout^T[OC,B]          m=C  n=B  k=OC  A=W(N)   B=dout(N)
 //   backward weight  dW^T[C,rows] += inp^T[C,B] · (dout^T[rows,B])^T     m=C  n=rows k=B A=inp(N) B=dout(T)
 // and a bias over the columns of the row-major output is a bias over the rows of D, which is what cuBLASLt's BIAS
-// epilogue adds.
+// epilogue adds. Backward, the bias gradient sums dout over the batch rows: in the weight GEMM op(B) is dout's rows
+// [B, rows] (B = dout^T read transposed), so its sum over k, the batch, is a vector over D's columns: cuBLASLt's
+// BGRADB (BGRADA would sum op(A) = inp^T over k: the column sums of the layer's input, not wanted).
+// The input GEMM's D is dinp^T [C, B]; its DGELU epilogue multiplies D by gelu'(aux), aux = pre_gelu^T [C, B] with
+// ld C, the same layout as D.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -17,8 +22,10 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/bias_backward_kernels.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -48,29 +55,6 @@ __global__ void bias_gelu_epilogue_kernel(T* out, T* pre_gelu, const T* bias, in
   }
 }
 
-// dbias[o] += sum_b dout[b, o]. A block is 32 columns x 32 row groups: lane = column (a warp reads 128 contiguous
-// bytes of a row), warp g sums rows g, g + 32, ...; then warp 0 adds the 32 partial sums in order. Fixed order,
-// no atomics.
-constexpr int kBiasCols = 32, kBiasGroups = 32;
-template <typename T>
-__global__ void __launch_bounds__(kBiasCols* kBiasGroups)
-    bias_backward_kernel(float* dbias, const T* dout, int B, int OC) {
-  __shared__ float sums[kBiasGroups][kBiasCols + 1];  // +1: the transposed read below is bank-conflict free
-  const int lane = threadIdx.x % kBiasCols, group = threadIdx.x / kBiasCols;
-  const int o = blockIdx.x * kBiasCols + lane;
-  float s = 0.0f;
-  if (o < OC)
-    for (int64_t b = group; b < B; b += kBiasGroups) s += to_float(dout[b * OC + o]);
-  sums[group][lane] = s;
-  __syncthreads();
-  if (group == 0 && o < OC) {
-    float total = 0.0f;
-#pragma unroll 8
-    for (int g = 0; g < kBiasGroups; ++g) total += sums[g][lane];
-    dbias[o] += total;
-  }
-}
-
 // ---- cuBLASLt problems and plans --------------------------------------------------------------------------------
 
 // One cuBLASLt call in its own column-major terms: D[m,n] = op(A) op(B) + beta D, with an optional epilogue.
@@ -86,8 +70,8 @@ struct LtGemm {
   cudaDataType_t ab_type, d_type;
   float beta;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;   // D's type, length m (BIAS epilogues)
-  void* aux = nullptr;          // pre-GELU output, [m, n] with ld m (GELU_AUX epilogues)
+  const void* bias = nullptr;   // D's type: length m (BIAS: read), length n (BGRADB: written)
+  const void* aux = nullptr;    // the GELU input, [m, n] with ld m, D's type (GELU_AUX: written, DGELU: read)
 };
 
 // Largest power of two (at most 256) dividing the address: cuBLASLt's kernels are chosen per pointer alignment, so
@@ -276,7 +260,7 @@ void GemmContext::init() {
   cublasHandle_t blas = nullptr;
   void* ws = nullptr;
   try {
-    cudaCheck(cudaMalloc(&ws, std::max<size_t>(workspace_bytes_, 1)));
+    cudaCheck(cudaMalloc(&ws, bias_grad_offset() + sizeof(float) * kBiasGradFloats));
     cublasCheck(cublasCreate(&blas));
     cublasCheck(cublasLtCreate(&lt));
   } catch (...) {
@@ -295,6 +279,11 @@ cublasLtHandle_t GemmContext::lt_handle() {
 void* GemmContext::workspace() {
   init();
   return workspace_;
+}
+
+float* GemmContext::bias_grad_scratch() {
+  init();
+  return reinterpret_cast<float*>(static_cast<char*>(workspace_) + bias_grad_offset());
 }
 
 cublasHandle_t GemmContext::blas_handle(cudaStream_t stream) {
@@ -360,11 +349,68 @@ void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, con
 }
 
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int B, int OC, cudaStream_t stream) {
+void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const T* weight, const T* pre_gelu, int B,
+                                 int C, int OC, cudaStream_t stream) {
+  check_sizes("matmul_backward_input_dgelu", B, C, OC);
+  if (B == 0 || C == 0) return;
+  if (pre_gelu == nullptr) throw std::invalid_argument("matmul_backward_input_dgelu: pre_gelu must not be null");
+  if (OC == 0) {  // an empty product: 0 * gelu'(x) = 0
+    cudaCheck(cudaMemsetAsync(dinp, 0, sizeof(T) * B * C, stream));
+    return;
+  }
+  LtGemm g{CUBLAS_OP_N, CUBLAS_OP_N, C, B, OC, weight, C, dout, OC, dinp, C, kDataType<T>, kDataType<T>, 0.0f};
+  // As in forward: the heuristic is not told the aux pointer's alignment, and the aux ld (C) must be a multiple of 8.
+  if (C % 8 == 0 && alignment_of(pre_gelu) >= 16) {
+    g.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    g.aux = pre_gelu;
+    if (run_lt(ctx, g, stream)) {
+      ctx.count_epilogue(/*fused=*/true);
+      return;
+    }
+    g.aux = nullptr, g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  if (!run_lt(ctx, g, stream))
+    throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_input B=" + std::to_string(B) +
+                             " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+  ctx.count_epilogue(/*fused=*/false);
+  gelu_backward(dinp, pre_gelu, dinp, int64_t{B} * C, stream);
+}
+
+template <typename T>
+void matmul_backward_weight_bias(GemmContext& ctx, float* dweight, float* dbias, const T* dout, const T* inp, int B,
+                                 int C, int OC, cudaStream_t stream) {
+  check_sizes("matmul_backward_weight_bias", B, C, OC);
+  if (B == 0 || OC == 0) return;
+  if (dbias == nullptr) throw std::invalid_argument("matmul_backward_weight_bias: dbias must not be null");
+  if (C > 0 && OC <= GemmContext::kBiasGradFloats) {
+    float* const stored = ctx.bias_grad_scratch();
+    LtGemm g{CUBLAS_OP_N, CUBLAS_OP_T, C, OC, B, inp, C, dout, OC, dweight, C, kDataType<T>, CUDA_R_32F,
+             /*beta=*/1.0f};
+    g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    g.bias = stored;
+    if (run_lt(ctx, g, stream)) {
+      ctx.count_epilogue(/*fused=*/true);
+      bias_grad::bias_backward_reduce_kernel<<<detail::grid_size(OC), detail::kBlockSize, 0, stream>>>(dbias, stored,
+                                                                                                      1, OC);
+      cudaCheck(cudaGetLastError());
+      return;
+    }
+  }
+  ctx.count_epilogue(/*fused=*/false);
+  bias_backward<T>(ctx, dbias, dout, B, OC, stream);
+  matmul_backward_weight<T>(ctx, dweight, dout, inp, B, C, OC, 0, OC, stream);
+}
+
+template <typename T>
+void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream) {
   check_sizes("bias_backward", B, 0, OC);
   if (B == 0 || OC == 0) return;
-  bias_backward_kernel<T><<<(OC + kBiasCols - 1) / kBiasCols, kBiasCols * kBiasGroups, 0, stream>>>(dbias, dout, B, OC);
-  cudaCheck(cudaGetLastError());
+  const auto launch = [stream](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+    kernel<<<grid, block, smem, stream>>>(args...);
+    cudaCheck(cudaGetLastError());
+  };
+  bias_backward_launches(launch, dbias, static_cast<float*>(ctx.workspace()),
+                         static_cast<int64_t>(ctx.workspace_bytes() / sizeof(float)), dout, B, OC);
 }
 
 void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
@@ -387,7 +433,11 @@ void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, i
   template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);    \
   template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,    \
                                           cudaStream_t);                                                        \
-  template void bias_backward<T>(float*, const T*, int, int, cudaStream_t);
+  template void matmul_backward_input_dgelu<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int,   \
+                                               cudaStream_t);                                                   \
+  template void matmul_backward_weight_bias<T>(GemmContext&, float*, float*, const T*, const T*, int, int, int, \
+                                               cudaStream_t);                                                   \
+  template void bias_backward<T>(GemmContext&, float*, const T*, int, int, cudaStream_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)
 #undef DDPLAB_INSTANTIATE

@@ -1,6 +1,6 @@
 // The Linear layer's GEMMs through cuBLASLt, in the row-major conventions of kernels/cpu/ops.h: the CUDA twins of
-// cpu::matmul_forward (+ bias_forward, + gelu_forward), matmul_backward_input, matmul_backward_weight and
-// bias_backward. A weight is [OC, C] like PyTorch's; activations are [B, C] and [B, OC].
+// cpu::matmul_forward (+ bias_forward, + gelu_forward), matmul_backward_input (+ gelu_backward), matmul_backward_weight
+// and bias_backward. A weight is [OC, C] like PyTorch's; activations are [B, C] and [B, OC].
 //
 // Precision (data type from the pointers, compute mode from the context):
 //   T = float, GemmMath::kFp32   fp32 in, fp32 out, fp32 FMA (CUBLAS_COMPUTE_32F)
@@ -50,18 +50,24 @@ class GemmContext {
   cublasHandle_t blas_handle(cudaStream_t stream);
   void* workspace();
   int64_t cached_plans() const;  // for tests: distinct problems planned so far
-  // Forward calls with a bias or GELU so far: those cuBLASLt fused into the GEMM, and those that ran our epilogue
-  // kernel after it (unaligned bias/aux, an output width not a multiple of 8 with GELU, or no algorithm). The
-  // benchmark prints which it measured: a fallback costs a pass over the output.
+  // Calls with an epilogue so far (forward bias or bias+GELU, backward dGELU, a bias gradient beside the weight
+  // gradient): those cuBLASLt fused into the GEMM, and those that ran our kernel after it (unaligned bias/aux, a GELU
+  // width not a multiple of 8, or no algorithm). The benchmark and the tests print which ran: a fallback costs a pass
+  // over the GEMM's output (or input, for a bias gradient).
   int64_t fused_epilogues() const { return fused_epilogues_; }
   int64_t fallback_epilogues() const { return fallback_epilogues_; }
   void count_epilogue(bool fused) { ++(fused ? fused_epilogues_ : fallback_epilogues_); }
+  // Device scratch after cuBLASLt's workspace, never handed to cuBLASLt: where its BGRADB epilogue stores a bias
+  // gradient before our kernel adds it to the accumulated one (kBiasGradFloats floats).
+  static constexpr int64_t kBiasGradFloats = int64_t{1} << 18;  // a vocabulary of 256K columns
+  float* bias_grad_scratch();
 
   struct Plans;  // opaque: defined and used in gemm.cu only
   Plans& plans() { return *plans_; }
 
  private:
   void init();
+  size_t bias_grad_offset() const { return (workspace_bytes_ + 255) / 256 * 256; }
   GemmMath math_;
   size_t workspace_bytes_;
   cublasLtHandle_t lt_ = nullptr;
@@ -89,6 +95,15 @@ template <typename T>
 void matmul_backward_input(GemmContext& ctx, T* dinp, const T* dout, const T* weight, int B, int C, int OC,
                            cudaStream_t stream);
 
+// The same through the GELU that made the layer's input: dinp = (dout @ weight) * gelu'(pre_gelu), pre_gelu[B,C] being
+// what matmul_bias_gelu_forward kept (cpu::matmul_backward_input then cpu::gelu_backward). One GEMM with cuBLASLt's
+// DGELU epilogue (pre_gelu as its aux input; the product is multiplied in fp32 and rounded once) where it has one for
+// the shape and alignment (C a multiple of 8, pre_gelu 16-byte aligned), else the GEMM and gelu_backward (the product
+// rounded to T, then the result). OVERWRITES dinp; pre_gelu must not be null; dinp must not alias pre_gelu.
+template <typename T>
+void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const T* weight, const T* pre_gelu, int B,
+                                 int C, int OC, cudaStream_t stream);
+
 // dweight[r,:] += dout[:,r]^T @ inp[B,C] for rows r in [row_begin, row_end) of the [OC, C] weight gradient:
 // ACCUMULATES, in fp32 whatever T is. A row range lets a caller finish (and hand to communication) a block of rows
 // at a time, as with cpu::matmul_backward_weight. Requires 0 <= row_begin <= row_end <= OC.
@@ -96,9 +111,21 @@ template <typename T>
 void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, const T* inp, int B, int C, int OC,
                             int row_begin, int row_end, cudaStream_t stream);
 
-// dbias[OC] += sum over rows of dout[B,OC]: ACCUMULATES, fp32, deterministic (fixed summation order).
+// The whole weight's gradient and its bias's from one GEMM: dweight += dout^T @ inp as matmul_backward_weight over
+// [0, OC), and dbias[OC] += sum over rows of dout, both ACCUMULATED in fp32. The bias gradient comes from cuBLASLt's
+// BGRADB epilogue (B is dout^T, summed over k, the batch rows: a vector of D's columns, in D's type, fp32), which
+// stores it in ctx's bias_grad_scratch for our reduce kernel to add (the epilogue cannot accumulate); where cuBLASLt
+// has no such algorithm (or OC > kBiasGradFloats), the plain GEMM and bias_backward. Either way deterministic. A
+// caller that hands the weight to communication in row blocks calls bias_backward and matmul_backward_weight per
+// block instead, so that the bias, first in the gradient pieces' order, is final before the weight's first block.
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int B, int OC, cudaStream_t stream);
+void matmul_backward_weight_bias(GemmContext& ctx, float* dweight, float* dbias, const T* dout, const T* inp, int B,
+                                 int C, int OC, cudaStream_t stream);
+
+// dbias[OC] += sum over rows of dout[B,OC]: ACCUMULATES, fp32, deterministic (a fixed grid and summation order; see
+// bias_backward_kernels.cuh). Row blocks' partial sums go to ctx's workspace (stream-ordered with its GEMMs).
+template <typename T>
+void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream);
 
 // Row-major strided-batched C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C for `batch` matrices (A + i*stride_a, ...),
 // fp32 data and the context's math, through cublasGemmStridedBatchedEx: attention's per-head products.

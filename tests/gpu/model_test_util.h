@@ -165,7 +165,7 @@ struct LossCurves {
 };
 
 // `steps` AdamW steps on one batch, each model from zero gradients: the CPU Optimizer on the CPU model, the CUDA
-// adamw kernel on the GPU model. `cpu_forward()` returns the CPU model's loss; `gpu_forward()` runs the GPU model's.
+// adamw kernel on the GPU model, writing a bf16 model's weight copy as the trainer's does. `cpu_forward()` returns the CPU model's loss; `gpu_forward()` runs the GPU model's.
 template <class GpuModel, class CpuModel, class CpuForward, class GpuForward>
 LossCurves adamw_loss_curves(GpuModel& gpu, CpuModel& cpu, const OptimizerConfig& opt, int steps,
                              CpuForward cpu_forward, GpuForward gpu_forward) {
@@ -182,8 +182,9 @@ LossCurves adamw_loss_curves(GpuModel& gpu, CpuModel& cpu, const OptimizerConfig
     gpu.zero_grad();
     gpu_forward();
     gpu.backward();
-    cuda::adamw_update(gpu.flat_params(), gpu.flat_grads(), m.get(), v.get(), n, opt.lr, opt.beta1, opt.beta2, opt.eps,
-                       opt.weight_decay, t, gpu.stream());
+    const auto target = gpu.params_for_update();  // the bf16 model's copy too: its next forward reads that
+    cuda::adamw_update(target.params, target.params_bf16, gpu.flat_grads(), m.get(), v.get(), n, opt.lr, opt.beta1,
+                       opt.beta2, opt.eps, opt.weight_decay, t, gpu.stream());
     curves.gpu.push_back(gpu.loss());
   }
   return curves;

@@ -1,6 +1,6 @@
 // The transformer's and the MLP's CUDA kernel families against their CPU references (kernels/cpu/ops.h,
 // kernels/cpu/transformer_ops.h, comm/wire.h): LayerNorm, fused softmax cross-entropy, embedding, attention (and the
-// fused bf16 one), the cuBLASLt GEMMs, bf16 conversion and the gradient scale + finite check, the residual add, the
+// fused bf16 one), the cuBLASLt GEMMs and their epilogues (bias, GELU, dGELU, the bias gradient), bf16 conversion and the gradient scale + finite check, the residual add, the
 // mean pool and the next-token targets.
 //
 // CudaKernelsHost.* runs without a GPU (argument checks, zero-size calls, workspace sizes) and must pass anywhere.
@@ -20,6 +20,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -88,7 +89,9 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::matmul_backward_input<float>(ctx, nullptr, nullptr, nullptr, 4, 0, 4, s));
   EXPECT_NO_THROW(cuda::matmul_backward_weight<float>(ctx, nullptr, nullptr, nullptr, 0, 4, 4, 0, 4, s));
   EXPECT_NO_THROW(cuda::matmul_backward_weight<bf16>(ctx, nullptr, nullptr, nullptr, 4, 4, 4, 2, 2, s));
-  EXPECT_NO_THROW(cuda::bias_backward<float>(nullptr, nullptr, 0, 4, s));
+  EXPECT_NO_THROW(cuda::bias_backward<float>(ctx, nullptr, nullptr, 0, 4, s));
+  EXPECT_NO_THROW(cuda::matmul_backward_input_dgelu<bf16>(ctx, nullptr, nullptr, nullptr, nullptr, 0, 4, 4, s));
+  EXPECT_NO_THROW(cuda::matmul_backward_weight_bias<float>(ctx, nullptr, nullptr, nullptr, nullptr, 4, 4, 0, s));
   EXPECT_NO_THROW(cuda::gemm_strided_batched(ctx, false, true, 0, 4, 4, 1.0f, nullptr, 4, 0, nullptr, 4, 0, 0.0f,
                                              nullptr, 4, 0, 3, s));
   EXPECT_NO_THROW(cuda::f32_to_bf16(nullptr, nullptr, 0, s));
@@ -119,6 +122,9 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
   EXPECT_THROW(cuda::matmul_forward<float>(ctx, &f, &f, &f, &f, 4, -1, 4, s), std::invalid_argument);
   EXPECT_THROW(cuda::matmul_bias_gelu_forward<float>(ctx, &f, nullptr, &f, &f, &f, 4, 4, 4, s),
                std::invalid_argument);  // GELU needs somewhere to keep its input
+  EXPECT_THROW(cuda::matmul_backward_input_dgelu<float>(ctx, &f, &f, &f, nullptr, 4, 4, 4, s),
+               std::invalid_argument);  // dGELU needs the GELU's input
+  EXPECT_THROW(cuda::matmul_backward_weight_bias<float>(ctx, &f, nullptr, &f, &f, 4, 4, 4, s), std::invalid_argument);
   for (auto [begin, end] : {std::pair{-1, 2}, std::pair{3, 2}, std::pair{0, 5}})
     EXPECT_THROW(cuda::matmul_backward_weight<float>(ctx, &f, &f, &f, 4, 4, 4, begin, end, s), std::invalid_argument)
         << begin << ".." << end;
@@ -705,12 +711,65 @@ void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, doubl
     std::vector<float> dbias = random_vector(OC, -1, 1, 56);
     DeviceArray d_dbias(dbias, stream);
     cpu::bias_backward(dbias.data(), dout.data(), B, OC);
-    cuda::bias_backward<T>(d_dbias.get(), d_dout->get(), B, OC, stream);
+    cuda::bias_backward<T>(ctx, d_dbias.get(), d_dout->get(), B, OC, stream);
     EXPECT_TRUE(AllClose(d_dbias.download(), dbias, 1e-5, 1e-6 * B)) << "bias backward";
+
+    // The whole weight's gradient with its bias's from the same GEMM (cuBLASLt's BGRADB, or the GEMM and
+    // bias_backward): both accumulate, as above, and a second run from the same state gives the same bits.
+    {
+      const std::vector<float> dbias0 = random_vector(OC, -1, 1, 57);
+      std::vector<float> want_dbias = dbias0;
+      cpu::bias_backward(want_dbias.data(), dout.data(), B, OC);
+      std::vector<float> first_dw, first_db;
+      for (int run = 0; run < 2; ++run) {
+        DeviceArray d_dweight(dweight0, stream), d_db(dbias0, stream);
+        const int64_t fused = ctx.fused_epilogues();
+        cuda::matmul_backward_weight_bias<T>(ctx, d_dweight.get(), d_db.get(), d_dout->get(), d_inp->get(), B, C, OC,
+                                             stream);
+        const std::vector<float> dw = d_dweight.download(), db = d_db.download();
+        const char* how = ctx.fused_epilogues() > fused ? "BGRADB epilogue" : "our bias kernel";
+        EXPECT_TRUE(GemmClose(dw, dweight, dw_abs, tol, 0)) << "weight + bias: weight (" << how << ")";
+        EXPECT_TRUE(AllClose(db, want_dbias, 1e-5, 1e-6 * B)) << "weight + bias: bias (" << how << ")";
+        if (run == 0) {
+          first_dw = dw, first_db = db;
+          std::cout << (kBf16 ? "bf16" : "fp32/tf32") << " " << shape({{"B", B}, {"C", C}, {"OC", OC}})
+                    << ": bias gradient by the " << how << "\n";
+        } else {
+          EXPECT_TRUE(BitwiseEqual(dw, first_dw)) << "weight + bias, second run: weight";
+          EXPECT_TRUE(BitwiseEqual(db, first_db)) << "weight + bias, second run: bias";
+        }
+      }
+    }
+
+    // Backward input through the GELU (cuBLASLt's DGELU epilogue, or the GEMM and gelu_backward): pre_gelu within
+    // [-3, 3], where gelu' spans [-0.13, 1.13]. Bounded as forward + GELU: the GEMM's error times |gelu'| <= 1.2, the
+    // fallback's two roundings relative to |result| + |product|, and 5e-4 of |product| for gelu' computed another way
+    // (its zero near -0.75 makes a relative bound on the result alone too tight there).
+    {
+      const std::vector<float> pre = maybe_round(random_vector(int64_t{B} * C, -3, 3, 58 + C));
+      auto d_pre = upload(pre);
+      std::vector<float> want(int64_t{B} * C), scaled_abs = dinp_abs;
+      cpu::gelu_backward(want.data(), pre.data(), dinp.data(), static_cast<int64_t>(want.size()));
+      for (float& v : scaled_abs) v *= 1.2f;
+      std::vector<float> first;
+      for (int run = 0; run < 2; ++run) {
+        const int64_t fused = ctx.fused_epilogues();
+        cuda::matmul_backward_input_dgelu<T>(ctx, d_dinp.get(), d_dout->get(), d_weight->get(), d_pre->get(), B, C, OC,
+                                             stream);
+        const char* how = ctx.fused_epilogues() > fused ? "DGELU epilogue" : "gelu_backward";
+        const std::vector<float> got = download(d_dinp);
+        EXPECT_TRUE(GemmClose(got, want, scaled_abs, tol, out_rtol + 5e-4, dinp))
+            << "backward input + dGELU (" << how << ")";
+        if (run == 0)
+          first = got;
+        else
+          EXPECT_TRUE(BitwiseEqual(got, first)) << "backward input + dGELU, second run";
+      }
+    }
   }
   EXPECT_GT(ctx.cached_plans(), 0);
-  // Which path each bias/GELU forward took (the checks above hold for both): on the H200 this is how the first light
-  // saw that bf16 never fused.
+  // Which path each epilogue took (the checks above hold for both): on the H200 this is how the first light saw that
+  // bf16 never fused.
   std::cout << (kBf16 ? "bf16" : "fp32/tf32") << " GEMMs: " << ctx.fused_epilogues() << " epilogues fused by cuBLASLt, "
             << ctx.fallback_epilogues() << " ran our kernel\n";
 }
@@ -718,6 +777,50 @@ void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, doubl
 TEST_F(CudaKernels, GemmFp32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::GemmMath::kFp32, 1e-5, 0); }
 TEST_F(CudaKernels, GemmTf32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::GemmMath::kTf32, 2e-3, 0); }
 TEST_F(CudaKernels, GemmBf16MatchesCpu) { gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3); }
+
+// The bias gradient at the model's shapes, where it splits the rows into blocks (bias_backward_kernels.cuh): tall
+// (8192 x 768, the transformer's), wide (the LM head's, shrunk), a row count off the unrolled step, an unaligned dout
+// (scalar columns), and a context whose workspace holds one partial row (pass 1 adds to dbias itself). Each against
+// the CPU and bitwise against a second run: the replicas stay identical only if it is deterministic.
+template <typename T>
+void bias_backward_blocks_match_cpu(cudaStream_t stream) {
+  struct Case {
+    int B, OC, offset;
+    size_t workspace_bytes;
+  };
+  for (const Case& c : {Case{8192, 768, 0, cuda::GemmContext::kDefaultWorkspaceBytes},
+                        Case{4099, 3080, 0, cuda::GemmContext::kDefaultWorkspaceBytes},
+                        Case{97, 6288, 0, cuda::GemmContext::kDefaultWorkspaceBytes},
+                        Case{1000, 768, 1, cuda::GemmContext::kDefaultWorkspaceBytes},
+                        Case{1000, 768, 0, 768 * sizeof(float)}}) {
+    SCOPED_TRACE(shape({{"B", c.B}, {"OC", c.OC}, {"offset", c.offset}, {"workspace", int64_t(c.workspace_bytes)}}));
+    cuda::GemmContext ctx(cuda::GemmMath::kFp32, c.workspace_bytes);
+    std::vector<float> dout = random_vector(int64_t{c.B} * c.OC + c.offset, -1, 1, 91 + c.B);
+    if constexpr (std::is_same_v<T, bf16>) dout = round_bf16(dout);
+    std::unique_ptr<DeviceBuffer<T>> d_dout;
+    if constexpr (std::is_same_v<T, bf16>)
+      d_dout = std::make_unique<DeviceBuffer<T>>(to_bf16(dout), stream);
+    else
+      d_dout = std::make_unique<DeviceBuffer<T>>(dout, stream);
+    const std::vector<float> dbias0 = random_vector(c.OC, -1, 1, 92);
+    std::vector<float> want = dbias0;
+    cpu::bias_backward(want.data(), dout.data() + c.offset, c.B, c.OC);
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      DeviceArray d_dbias(dbias0, stream);
+      cuda::bias_backward<T>(ctx, d_dbias.get(), d_dout->get() + c.offset, c.B, c.OC, stream);
+      const std::vector<float> got = d_dbias.download();
+      EXPECT_TRUE(AllClose(got, want, 1e-5, 1e-6 * c.B));
+      if (run == 0)
+        first = got;
+      else
+        EXPECT_TRUE(BitwiseEqual(got, first)) << "second run";
+    }
+  }
+}
+
+TEST_F(CudaKernels, BiasBackwardFp32RowBlocksMatchCpuAndRepeat) { bias_backward_blocks_match_cpu<float>(stream_); }
+TEST_F(CudaKernels, BiasBackwardBf16RowBlocksMatchCpuAndRepeat) { bias_backward_blocks_match_cpu<bf16>(stream_); }
 
 // A parameter slice of a flat buffer is only 4-byte aligned: the fused epilogues must then fall back (or cope)
 // and still be right, and the same problem at another alignment is a separate plan.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
@@ -100,7 +101,8 @@ TEST(CudaLaunch, ZeroSizeLaunchesNothing) {
   EXPECT_NO_THROW(ddplab::cuda::bias_forward(nullptr, nullptr, 5, 0, nullptr));
   EXPECT_NO_THROW(ddplab::cuda::scale(static_cast<float*>(nullptr), 2.0f, 0, nullptr));
   EXPECT_NO_THROW(
-      ddplab::cuda::adamw_update(nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, nullptr));
+      ddplab::cuda::adamw_update(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,
+                                 nullptr));
 }
 
 // ---- kernels against the CPU reference: need a device ------------------------------------------------------------
@@ -203,6 +205,28 @@ TEST_F(CudaOps, AdamwMatchesCpuOverSteps) {
     std::vector<float> m = random_vector(n, -0.1f, 0.1f, 801 + n);
     std::vector<float> v = random_vector(n, 1e-4f, 1e-2f, 901 + n);
     DeviceArray d_params(params, stream_), d_m(m, stream_), d_v(v, stream_);
+    // The same update writing the bf16 copy: the fp32 state must be bitwise the one without, the copy bitwise the
+    // wire's conversion of the params (convert.h), at an aligned (packed) and an unaligned (scalar) copy.
+    for (int copy_offset : {0, 1}) {
+      SCOPED_TRACE("copy at offset " + std::to_string(copy_offset));
+      DeviceArray c_params(params, stream_), c_m(m, stream_), c_v(v, stream_);
+      DeviceBuffer<__nv_bfloat16> copy(n + copy_offset, stream_);
+      const std::vector<float> grads = random_vector(n, -1.0f, 1.0f, 1001 + n);
+      DeviceArray d_grads(grads, stream_), d_p(params, stream_), d_mm(m, stream_), d_vv(v, stream_);
+      ddplab::cuda::adamw_update(d_p.get(), nullptr, d_grads.get(), d_mm.get(), d_vv.get(), n, lr, beta1, beta2, eps,
+                                 weight_decay, 2, stream_);
+      ddplab::cuda::adamw_update(c_params.get(), copy.get() + copy_offset, d_grads.get(), c_m.get(), c_v.get(), n, lr,
+                                 beta1, beta2, eps, weight_decay, 2, stream_);
+      const std::vector<float> updated = c_params.download();
+      EXPECT_TRUE(ddplab::gpu_test::BitwiseEqual(updated, d_p.download())) << "params";
+      EXPECT_TRUE(ddplab::gpu_test::BitwiseEqual(c_m.download(), d_mm.download())) << "m";
+      EXPECT_TRUE(ddplab::gpu_test::BitwiseEqual(c_v.download(), d_vv.download())) << "v";
+      const std::vector<__nv_bfloat16> words = copy.download();
+      int64_t bad = 0;
+      for (int64_t i = 0; i < n; ++i)
+        bad += ddplab::gpu_test::bits_of(words[copy_offset + i]) != ddplab::wire::f32_to_bf16(updated[i]);
+      EXPECT_EQ(bad, 0) << "bf16 copy elements that are not the wire's conversion of the params";
+    }
     // Early steps, where bias correction matters most, then a late one; each side carries its own state.
     for (int t : {1, 2, 3, 1000}) {
       SCOPED_TRACE("t=" + std::to_string(t));
@@ -211,8 +235,8 @@ TEST_F(CudaOps, AdamwMatchesCpuOverSteps) {
       ddplab::cpu::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, weight_decay,
                                 t);
 
-      ddplab::cuda::adamw_update(d_params.get(), d_grads.get(), d_m.get(), d_v.get(), n, lr, beta1, beta2, eps,
-                                 weight_decay, t, stream_);
+      ddplab::cuda::adamw_update(d_params.get(), nullptr, d_grads.get(), d_m.get(), d_v.get(), n, lr, beta1, beta2,
+                                 eps, weight_decay, t, stream_);
       EXPECT_TRUE(AllClose(d_m.download(), m, kAdamwRtol, kAdamwAtol)) << "m";
       EXPECT_TRUE(AllClose(d_v.download(), v, kAdamwRtol, kAdamwAtol)) << "v";
       EXPECT_TRUE(AllClose(d_params.download(), params, kAdamwRtol, kAdamwAtol)) << "params";
