@@ -5,8 +5,8 @@
 #                           allreduce_perf (NCCL at np 1; our ring at np 2 and 4 on the one GPU), a 20-step 4-rank
 #                           --comm ring training run and its report, a rank's injected failure ending the job
 #   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step (auto, fused) and through
-#                           `ddplab train`, PyTorch eager, torch.compile and SDPA per backend on the same shapes, ncu
-#                           on the fused attention's kernels, the full kernel benchmark, ncu's ranking of the step
+#                           `ddplab train`, the full kernel benchmark, ncu's ranking of the step, PyTorch eager,
+#                           torch.compile and SDPA per backend on the same shapes, ncu on our fused attention
 # Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
 # deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
 # Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
@@ -169,8 +169,8 @@ fi
 # ---- stage 2: speed ------------------------------------------------------------------------------------------------
 # The bf16 gpt2-small step and what decides it, most wanted first (a deadline cuts from the end): the GPU tests, our
 # step with the default attention (cuDNN's where it loads) and with our fused one, the trainer as a user runs it, the
-# peers (PyTorch eager, SDPA alone per backend, torch.compile), ncu on our fused attention's kernels, the kernel
-# benchmark, ncu's ranking of the default step's kernels.
+# kernel benchmark, ncu's ranking of the default step's kernels, the peers (PyTorch eager, SDPA alone per backend,
+# torch.compile), ncu on our fused attention's kernels.
 if [ "$stage" = 2 ]; then
   step "ctest -L gpu" ctest.log 120 \
     'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
@@ -184,45 +184,44 @@ if [ "$stage" = 2 ]; then
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 40 --warmup-steps 10 \
     --out "$work/train_gpt2_bf16.h5" --force
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then  # needs no build of ours
+  # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
+  # every launch of one default step ranked by GPU time.
+  step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
+    "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
+  ncu=$(tool ncu)
+  app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
+  if [ -n "$ncu" ]; then
+    step "ncu: rank the step" ncu.log 90 'grep -m1 "^top:" "$log"' \
+      bash -c '"$@" > "'"$work"'/launches.csv" && python3 bench/device/top_kernels.py "'"$work"'/launches.csv" 12' _ \
+      "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw \
+      --print-units base --print-kernel-base function "${app[@]}"
+  else
+    skip "ncu" "not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
+  fi
+  # The peers on the same shapes (they need no build of ours), and our fused attention's kernels in full.
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     blocked="" step "torch eager bf16" models.log 60 'grep -E "^bf16" "$log" | tail -1' \
       python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --csv "$out/torch_eager.csv"
     blocked="" step "torch SDPA per backend" models.log 40 'grep -E "^(flash|cudnn) " "$log" | tail -2 | paste -sd" "' \
       python3 bench/gpu/torch_attention.py --csv "$out/torch_attention.csv"
+    blocked="" step "torch.compile bf16" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
+      python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --compile \
+      --csv "$out/torch_compile.csv"
   else
     skip "torch steps" "no PyTorch with CUDA in python3"
   fi
-  ncu=$(tool ncu)
   if [ -n "$ncu" ]; then
-    # Our fused attention's two kernels in full, one launch each, from the step they run in; the ranking below
-    # profiles the default step (cuDNN's attention where it loads).
-    app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
     for dir in forward backward; do
       step "ncu: fused $dir" ncu.log 60 'grep -m1 "Duration" "$log"' \
         bash -c '"$@" && "'"$ncu"'" --import "'"$work/ncu_flash_$dir"'.ncu-rep" --page details' _ \
         "$ncu" --clock-control none --profile-from-start off --kernel-name "regex:flash_attention_${dir}_kernel" \
         --launch-count 1 --set full --import-source yes -o "$work/ncu_flash_$dir" "${app[@]}" --attention fused
     done
-  fi
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    blocked="" step "torch.compile bf16" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
-      python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --compile \
-      --csv "$out/torch_compile.csv"
-  fi
-  step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
-    "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
-  if [ -n "$ncu" ]; then  # every launch of one step, ranked by GPU time
-    step "ncu: rank the step" ncu.log 90 'grep -m1 "^top:" "$log"' \
-      bash -c '"$@" > "'"$work"'/launches.csv" && python3 bench/device/top_kernels.py "'"$work"'/launches.csv" 12' _ \
-      "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw \
-      --print-units base --print-kernel-base function "${app[@]}"
     if ls "$work"/ncu_*.ncu-rep >/dev/null 2>&1; then  # the reports themselves, if they fit the 16 MiB a file
       (cd "$work" && tar -czf "$out/ncu-reports.tar.gz" ncu_*.ncu-rep)
       [ "$(stat -c %s "$out/ncu-reports.tar.gz")" -le $((15 << 20)) ] ||
         { rm "$out/ncu-reports.tar.gz"; echo "ncu reports over 15 MiB: left in $work" | tee -a "$summary"; }
     fi
-  else
-    skip "ncu" "not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
   fi
   # At most 8 files come back: everything but the table and the reports travels as one archive.
   (cd "$out" && tar -czf logs.tgz --exclude=summary.txt --exclude=ncu-reports.tar.gz --exclude=logs.tgz ./* &&

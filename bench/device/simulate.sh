@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rehearses the device call here (Debian 12, root, no GPU needed): copies what a call sends (tracked and untracked,
-# not ignored, files and .device/carry) to a fresh folder and runs the command there, inside an overlay of / in
+# not ignored, files, .device/carry and .deps/cudnn-frontend) to a fresh folder and runs the command there, inside an overlay of / in
 # which every file of the bundled packages and of their relatives that the device lacks (Open MPI, PMIx, HDF5, BLAS,
 # GoogleTest, CLI11, nlohmann-json, hwloc, libcurl, ...) is deleted. So CMake, the compilers and the dynamic linker
 # can only find the bundle's copies. The overlay lives in a private mount namespace: the system is not touched.
@@ -32,6 +32,7 @@ fi
 echo "$files" >"$S/hidden"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$S/repo"
 cp --parents -r .device/carry "$S/repo"
+[ -d .deps/cudnn-frontend ] && cp --parents -r .deps/cudnn-frontend "$S/repo"  # carried too (run's carry list)
 
 passed=$(env | grep '^DDPLAB_' || true)  # NAME=value lines, handed to the command's clean environment
 unshare -m bash -euo pipefail -c '
