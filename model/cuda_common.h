@@ -165,8 +165,6 @@ class DeviceParameters {
   void set_grad_piece_elements(int64_t max_elements) {
     pieces_ = grad_pieces_in_backward_order(params_, max_elements);
     piece_events_.ensure(pieces_.size());
-    pieces_per_param_.assign(params_.size(), 0);
-    for (const GradPiece& g : pieces_) ++pieces_per_param_[g.param];
   }
   const std::vector<GradPiece>& grad_pieces() const { return pieces_; }
   // Recorded on the stream by every backward once grad_pieces()[k] is final. Timing is enabled: the trainer reads a
@@ -196,11 +194,6 @@ class DeviceParameters {
     zero_grad();
   }
 
-  // Whether parameter k's gradient is handed over whole (one piece), not in row blocks: a Linear layer whose weight is
-  // one piece takes its bias gradient from the weight's GEMM (gemm.h, matmul_backward_weight_bias); in row blocks,
-  // the bias, first in the pieces' order, must be final before the weight's first block, so it is computed apart.
-  bool one_piece(int k) const { return pieces_per_param_.at(k) == 1; }
-
   // Whether flat_params() gave write access since the last call (a model's forward asks, bf16 models to remake
   // their bf16 weights: one pass over 6 bytes per parameter per optimizer step, not per micro-batch).
   bool master_weights_changed() { return std::exchange(master_weights_changed_, false); }
@@ -212,7 +205,6 @@ class DeviceParameters {
   float* flat_grads_ = nullptr;
   __nv_bfloat16* weights_bf16_ = nullptr;  // bf16 models: the flat parameters converted, same offsets
   std::vector<GradPiece> pieces_;
-  std::vector<int> pieces_per_param_;
   PieceEvents piece_events_;
   bool master_weights_changed_ = true;  // the initial upload
 };

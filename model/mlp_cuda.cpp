@@ -160,21 +160,15 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
     const Parameter<float>& w = params_[2 * l];
     const Parameter<float>& b = params_[2 * l + 1];
     const T* x = l == 0 ? static_cast<const T*>(layer0_input_) : as<T>(out_[l - 1]);
-    if (one_piece(2 * l)) {
-      cuda::matmul_backward_weight_bias<T>(gemm_, w.grad, b.grad, dout, x, B, dims_[l], dims_[l + 1], stream_);
-      announce.ready(2 * l + 1);
+    // The weight gradient before the input gradient, block by block, so each block's communication can start while
+    // the rest of backward runs; the bias first, as its piece comes first.
+    cuda::bias_backward<T>(gemm_, b.grad, dout, B, dims_[l + 1], stream_);
+    announce.ready(2 * l + 1);
+    while (const GradPiece* g = announce.next_of(2 * l)) {
+      const int first = static_cast<int>(g->first_row), rows = static_cast<int>(g->numel / dims_[l]);
+      cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows,
+                                      stream_);
       announce.ready(2 * l);
-    } else {
-      // The weight gradient before the input gradient, block by block, so each block's communication can start while
-      // the rest of backward runs; the bias first, as its piece comes first.
-      cuda::bias_backward<T>(gemm_, b.grad, dout, B, dims_[l + 1], stream_);
-      announce.ready(2 * l + 1);
-      while (const GradPiece* g = announce.next_of(2 * l)) {
-        const int first = static_cast<int>(g->first_row), rows = static_cast<int>(g->numel / dims_[l]);
-        cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows,
-                                        stream_);
-        announce.ready(2 * l);
-      }
     }
     if (l > 0) {  // the network input needs no gradient
       // x, the GELU output, is dead once the weight-gradient GEMMs that read it are enqueued (same stream): its

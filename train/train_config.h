@@ -106,14 +106,15 @@ inline double decimal(float x) {
   return std::strtod(text, nullptr);
 }
 
-// --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank, else our fused kernels,
-// else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given (validate refuses what cannot run).
+// --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank and no sequence is a
+// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given (validate refuses what cannot run).
 inline std::string resolved_attention(const TrainConfig& c, bool cudnn_available) {
   if (c.attention != "auto") return c.attention;
   if (c.model == "mlp") return "unfused";
   const TransformerConfig m = TransformerConfig::preset(c.model);
-  return attention_name(
-      auto_attention(c.device == "cuda" && c.precision == "bf16", m.d_model / m.heads, cudnn_available));
+  // cuDNN takes no single-token sequences: with --min-len 1 a batch could be one.
+  return attention_name(auto_attention(c.device == "cuda" && c.precision == "bf16", m.d_model / m.heads,
+                                       cudnn_available && c.min_len >= 2));
 }
 
 // The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad name or value.

@@ -218,8 +218,8 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
            median_ms(opt, s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, d_tok, d_len, B, S, C, s); }),
            int64_t{B} * S * C * (2 * t + 8.0) + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
 
-  // The bias gradient (our two-pass kernel: the fallback of the weight GEMM's BGRADB epilogue, and the path of weights
-  // handed over in row blocks) over the block's widths and the LM head's: dout read once, dbias read and written.
+  // The bias gradient (our two-pass kernel) over the block's widths and the LM head's: dout read once, dbias read and
+  // written.
   cuda::GemmContext ctx;
   float* dbias = a.random_f32(V);
   for (int OC : {C, 3 * C, 4 * C, V})
@@ -374,21 +374,13 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
     rep.add({"gemm", "matmul_backward_weight" + tag, sh,
              median_ms(opt, s, [&] { cuda::matmul_backward_weight<T>(ctx, dweight, d, i, B, C, OC, 0, OC, s); }), 0,
              flops});
-    // The backward epilogues beside what they replace, timed as the step runs them (TFLOP/s of the GEMM alone, so the
-    // epilogue's cost shows as a lower rate). Bias gradient: the weight GEMM, then bias_backward; or one call, which
-    // uses cuBLASLt's BGRADB where it has it (the row says which ran).
+    // The backward as the step runs it (TFLOP/s of the GEMM alone, so an epilogue's cost shows as a lower rate): the
+    // weight GEMM and the bias gradient (cuBLASLt's BGRADB epilogue in its place ran slower on an H200).
     rep.add({"gemm", "matmul_backward_weight + bias_backward" + tag, sh, median_ms(opt, s, [&] {
                cuda::matmul_backward_weight<T>(ctx, dweight, d, i, B, C, OC, 0, OC, s);
                cuda::bias_backward<T>(ctx, dbias, d, B, OC, s);
              }),
              0, flops});
-    int64_t before = ctx.fallback_epilogues();
-    const double weight_bias_ms = median_ms(
-        opt, s, [&] { cuda::matmul_backward_weight_bias<T>(ctx, dweight, dbias, d, i, B, C, OC, s); });
-    rep.add({"gemm",
-             std::string("matmul_backward_weight_bias (") + mode +
-                 (ctx.fallback_epilogues() == before ? ", BGRADB)" : ", our kernel)"),
-             sh, weight_bias_ms, 0, flops});
     // Input gradient through the GELU (the MLP's second Linear): the GEMM then gelu_backward, or the DGELU epilogue
     // (pre_gelu: the forward's output buffer, [B, C] here as the layer's input).
     rep.add({"gemm", "matmul_backward_input + gelu_backward" + tag, sh, median_ms(opt, s, [&] {
@@ -396,7 +388,7 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
                cuda::gelu_backward(di, i, di, int64_t{B} * C, s);
              }),
              0, flops});
-    before = ctx.fallback_epilogues();
+    const int64_t before = ctx.fallback_epilogues();
     const double dgelu_ms =
         median_ms(opt, s, [&] { cuda::matmul_backward_input_dgelu<T>(ctx, di, d, ww, i, B, C, OC, s); });
     rep.add({"gemm",

@@ -108,8 +108,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Pass 2 (and the add of cuBLASLt's stored bias gradient, parts == 1): dbias[o] += sum over p of partial[p, o], in p
-// order.
+// Pass 2: dbias[o] += sum over p of partial[p, o], in p order.
 __global__ void bias_backward_reduce_kernel(float* dbias, const float* partial, int parts, int OC) {
   for (int64_t o = detail::global_index(); o < OC; o += detail::grid_stride()) {
     float total = 0.0f;

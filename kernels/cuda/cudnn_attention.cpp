@@ -34,6 +34,9 @@ void check_problem(const char* what, int B, int S, int C, int NH) {
                             " NH=" + std::to_string(NH) + ")";
   if (B < 0 || S < 0 || C <= 0 || NH <= 0 || C % NH != 0)
     throw std::invalid_argument(std::string(what) + ": need B, S >= 0 and C > 0 divisible by NH > 0" + sizes);
+  if (S == 1)  // cuDNN's own refusal ("s_q = s_kv = 1 is not supported"), made before anything is built
+    throw std::invalid_argument(std::string(what) + ": cuDNN's attention takes no single-token sequences (S = 1)" +
+                                sizes);
   if (!cudnn_attention_supports_head_size(C / NH))
     throw std::invalid_argument(std::string(what) + ": head size C/NH = " + std::to_string(C / NH) +
                                 " is not one cuDNN's attention takes (a multiple of 8 up to 128)" + sizes);

@@ -40,7 +40,7 @@ class CudnnAttention {
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
   // out [B, S, C] and lse [B, NH, S] OVERWRITTEN. lengths: int32 [B] on the device, each in [0, S]; null: every
-  // sequence is S. Throws std::invalid_argument on bad sizes or pointers, std::runtime_error where cuDNN is
+  // sequence is S. S = 1 is refused: cuDNN takes no single-token problems. Throws std::invalid_argument on bad sizes or pointers, std::runtime_error where cuDNN is
   // unavailable or refuses the problem (with cuDNN's message).
   void forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int32_t* lengths, int B, int S, int C,
                int NH, bool causal, cudaStream_t stream);

@@ -8,9 +8,8 @@
 //   backward input   dinp^T[C,B]   = W^T[C,OC]   · dout^T[OC,B]          m=C  n=B  k=OC  A=W(N)   B=dout(N)
 //   backward weight  dW^T[C,rows] += inp^T[C,B] · (dout^T[rows,B])^T     m=C  n=rows k=B A=inp(N) B=dout(T)
 // and a bias over the columns of the row-major output is a bias over the rows of D, which is what cuBLASLt's BIAS
-// epilogue adds. Backward, the bias gradient sums dout over the batch rows: in the weight GEMM op(B) is dout's rows
-// [B, rows] (B = dout^T read transposed), so its sum over k, the batch, is a vector over D's columns: cuBLASLt's
-// BGRADB (BGRADA would sum op(A) = inp^T over k: the column sums of the layer's input, not wanted).
+// epilogue adds. The bias gradient is our kernel's (bias_backward): cuBLASLt's BGRADB epilogue on the weight GEMM
+// computes it too, but ran slower on an H200 than the GEMM and our kernel (docs/BENCHMARKS.md, "GPU, the final call").
 // The input GEMM's D is dinp^T [C, B]; its DGELU epilogue multiplies D by gelu'(aux), aux = pre_gelu^T [C, B] with
 // ld C, the same layout as D.
 #include <cublas_v2.h>
@@ -70,7 +69,7 @@ struct LtGemm {
   cudaDataType_t ab_type, d_type;
   float beta;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;   // D's type: length m (BIAS: read), length n (BGRADB: written)
+  const void* bias = nullptr;   // D's type, length m: the BIAS epilogue's
   const void* aux = nullptr;    // the GELU input, [m, n] with ld m, D's type (GELU_AUX: written, DGELU: read)
 };
 
@@ -260,7 +259,7 @@ void GemmContext::init() {
   cublasHandle_t blas = nullptr;
   void* ws = nullptr;
   try {
-    cudaCheck(cudaMalloc(&ws, bias_grad_offset() + sizeof(float) * kBiasGradFloats));
+    cudaCheck(cudaMalloc(&ws, std::max<size_t>(workspace_bytes_, 1)));
     cublasCheck(cublasCreate(&blas));
     cublasCheck(cublasLtCreate(&lt));
   } catch (...) {
@@ -279,11 +278,6 @@ cublasLtHandle_t GemmContext::lt_handle() {
 void* GemmContext::workspace() {
   init();
   return workspace_;
-}
-
-float* GemmContext::bias_grad_scratch() {
-  init();
-  return reinterpret_cast<float*>(static_cast<char*>(workspace_) + bias_grad_offset());
 }
 
 cublasHandle_t GemmContext::blas_handle(cudaStream_t stream) {
@@ -377,31 +371,6 @@ void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const
 }
 
 template <typename T>
-void matmul_backward_weight_bias(GemmContext& ctx, float* dweight, float* dbias, const T* dout, const T* inp, int B,
-                                 int C, int OC, cudaStream_t stream) {
-  check_sizes("matmul_backward_weight_bias", B, C, OC);
-  if (B == 0 || OC == 0) return;
-  if (dbias == nullptr) throw std::invalid_argument("matmul_backward_weight_bias: dbias must not be null");
-  if (C > 0 && OC <= GemmContext::kBiasGradFloats) {
-    float* const stored = ctx.bias_grad_scratch();
-    LtGemm g{CUBLAS_OP_N, CUBLAS_OP_T, C, OC, B, inp, C, dout, OC, dweight, C, kDataType<T>, CUDA_R_32F,
-             /*beta=*/1.0f};
-    g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-    g.bias = stored;
-    if (run_lt(ctx, g, stream)) {
-      ctx.count_epilogue(/*fused=*/true);
-      bias_grad::bias_backward_reduce_kernel<<<detail::grid_size(OC), detail::kBlockSize, 0, stream>>>(dbias, stored,
-                                                                                                      1, OC);
-      cudaCheck(cudaGetLastError());
-      return;
-    }
-  }
-  ctx.count_epilogue(/*fused=*/false);
-  bias_backward<T>(ctx, dbias, dout, B, OC, stream);
-  matmul_backward_weight<T>(ctx, dweight, dout, inp, B, C, OC, 0, OC, stream);
-}
-
-template <typename T>
 void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream) {
   check_sizes("bias_backward", B, 0, OC);
   if (B == 0 || OC == 0) return;
@@ -434,8 +403,6 @@ void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, i
   template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,    \
                                           cudaStream_t);                                                        \
   template void matmul_backward_input_dgelu<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int,   \
-                                               cudaStream_t);                                                   \
-  template void matmul_backward_weight_bias<T>(GemmContext&, float*, float*, const T*, const T*, int, int, int, \
                                                cudaStream_t);                                                   \
   template void bias_backward<T>(GemmContext&, float*, const T*, int, int, cudaStream_t);
 DDPLAB_INSTANTIATE(float)

@@ -57,17 +57,12 @@ class GemmContext {
   int64_t fused_epilogues() const { return fused_epilogues_; }
   int64_t fallback_epilogues() const { return fallback_epilogues_; }
   void count_epilogue(bool fused) { ++(fused ? fused_epilogues_ : fallback_epilogues_); }
-  // Device scratch after cuBLASLt's workspace, never handed to cuBLASLt: where its BGRADB epilogue stores a bias
-  // gradient before our kernel adds it to the accumulated one (kBiasGradFloats floats).
-  static constexpr int64_t kBiasGradFloats = int64_t{1} << 18;  // a vocabulary of 256K columns
-  float* bias_grad_scratch();
 
   struct Plans;  // opaque: defined and used in gemm.cu only
   Plans& plans() { return *plans_; }
 
  private:
   void init();
-  size_t bias_grad_offset() const { return (workspace_bytes_ + 255) / 256 * 256; }
   GemmMath math_;
   size_t workspace_bytes_;
   cublasLtHandle_t lt_ = nullptr;
@@ -110,17 +105,6 @@ void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const
 template <typename T>
 void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, const T* inp, int B, int C, int OC,
                             int row_begin, int row_end, cudaStream_t stream);
-
-// The whole weight's gradient and its bias's from one GEMM: dweight += dout^T @ inp as matmul_backward_weight over
-// [0, OC), and dbias[OC] += sum over rows of dout, both ACCUMULATED in fp32. The bias gradient comes from cuBLASLt's
-// BGRADB epilogue (B is dout^T, summed over k, the batch rows: a vector of D's columns, in D's type, fp32), which
-// stores it in ctx's bias_grad_scratch for our reduce kernel to add (the epilogue cannot accumulate); where cuBLASLt
-// has no such algorithm (or OC > kBiasGradFloats), the plain GEMM and bias_backward. Either way deterministic. A
-// caller that hands the weight to communication in row blocks calls bias_backward and matmul_backward_weight per
-// block instead, so that the bias, first in the gradient pieces' order, is final before the weight's first block.
-template <typename T>
-void matmul_backward_weight_bias(GemmContext& ctx, float* dweight, float* dbias, const T* dout, const T* inp, int B,
-                                 int C, int OC, cudaStream_t stream);
 
 // dbias[OC] += sum over rows of dout[B,OC]: ACCUMULATES, fp32, deterministic (a fixed grid and summation order; see
 // bias_backward_kernels.cuh). Row blocks' partial sums go to ctx's workspace (stream-ordered with its GEMMs).

@@ -109,6 +109,8 @@ for np in 1 2; do
     train --model gpt2-small --head lm --attention cudnn "${cuda[@]}" --steps 2
   expect_error $np "--device cuda: --attention cudnn takes heads of a multiple of 8 up to 128 dimensions; --model tiny has 12" \
     train --model tiny --attention cudnn --precision bf16 "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --attention cudnn needs --min-len 2 or more" \
+    train --model small --attention cudnn --precision bf16 --min-len 1 "${cuda[@]}" --steps 2
   expect_error $np "--attention cudnn needs --device cuda" train --model small --attention cudnn --steps 2
   expect_error $np "--attention: flash not in {auto,unfused,fused,cudnn}" train "${small[@]}" --attention flash
 done
