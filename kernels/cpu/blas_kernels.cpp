@@ -419,12 +419,14 @@ Rates probe_cores(const std::vector<std::string>& cores, int rounds) {
 
 Rates measure_alternatives() { return probe_cores(cores_to_probe(cpu_features(), kernels_in_use().core)); }
 
+int fma_flops_per_cycle(const CpuModel& cpu, const CpuFeatures& f) {
+  const bool zen4 = cpu.vendor == "AuthenticAMD" && cpu.family == 25 && f.avx512;
+  return f.avx512 && !zen4 ? 64 : f.avx2_fma ? 32 : 0;
+}
+
 std::optional<FmaPeak> fma_peak(const CpuModel& cpu, const CpuFeatures& f) {
   FmaPeak peak;
-  // Two FMA units on the cores seen (Xeons from Skylake-SP Gold up, Zen 2-5). AMD's family 25 with AVX-512 is Zen 4,
-  // which splits 512-bit work in 256-bit halves.
-  const bool zen4 = cpu.vendor == "AuthenticAMD" && cpu.family == 25;
-  peak.flops_per_cycle = f.avx512 && !zen4 ? 64 : f.avx2_fma ? 32 : 0;
+  peak.flops_per_cycle = fma_flops_per_cycle(cpu, f);
   if (peak.flops_per_cycle == 0) return std::nullopt;
   double mhz = 0;
   std::ifstream cpuinfo("/proc/cpuinfo");

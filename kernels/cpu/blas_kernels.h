@@ -113,8 +113,10 @@ Rates probe_cores(const std::vector<std::string>& cores, int rounds = 3);
 // `ddplab devices` and the benchmarks set their GEMM rates against (the kernels in use among them, measured alike).
 Rates measure_alternatives();
 
-// The core's fp32 FMA peak, estimated from its features and clock: flops per cycle (2 per FMA x lanes x 2 FMA
-// units; Zen 4 runs AVX-512 on 256-bit halves) x GHz (/proc/cpuinfo's cpu MHz, else cpuid leaf 0x16).
+// fp32 flops per cycle of one core's FMA units: 2 per FMA x lanes x 2 units (Xeons from Skylake-SP Gold up, Zen 2-5);
+// Zen 4 (AMD family 25 with AVX-512) splits 512-bit work in 256-bit halves. 0 below AVX2+FMA (no estimate).
+int fma_flops_per_cycle(const CpuModel& cpu, const CpuFeatures& features);
+// The core's fp32 FMA peak, estimated: fma_flops_per_cycle x GHz (/proc/cpuinfo's cpu MHz, else cpuid leaf 0x16).
 struct FmaPeak {
   double gflops = 0, ghz = 0;
   int flops_per_cycle = 0;

@@ -117,20 +117,14 @@ TEST(BlasKernels, CpuSignatures) {
   EXPECT_EQ(zen4.id(), "AuthenticAMD family 25 model 17 stepping 1");
 }
 
-TEST(BlasKernels, FmaPeakFromFeatures) {
-  // Whatever this host's clock, the flops per cycle follow the features.
-  const CpuModel intel{"GenuineIntel", 6, 207, 2}, zen4{"AuthenticAMD", 25, 17, 1};
-  if (const auto peak = fma_peak(intel, kAvx512Bf16)) {
-    EXPECT_EQ(peak->flops_per_cycle, 64);
-    EXPECT_DOUBLE_EQ(peak->gflops, 64 * peak->ghz);
-  }
-  if (const auto peak = fma_peak(zen4, kAvx512Bf16)) {
-    EXPECT_EQ(peak->flops_per_cycle, 32);
-  }
-  if (const auto peak = fma_peak(intel, kAvx2)) {
-    EXPECT_EQ(peak->flops_per_cycle, 32);
-  }
-  EXPECT_FALSE(fma_peak(intel, kSse));
+TEST(BlasKernels, FmaFlopsPerCycleFromFeatures) {
+  const CpuModel emerald{"GenuineIntel", 6, 207, 2}, zen4{"AuthenticAMD", 25, 17, 1}, zen5{"AuthenticAMD", 26, 2, 0};
+  EXPECT_EQ(fma_flops_per_cycle(emerald, kAvx512Bf16), 64);
+  EXPECT_EQ(fma_flops_per_cycle(zen5, kAvx512Bf16), 64);
+  EXPECT_EQ(fma_flops_per_cycle(zen4, kAvx512Bf16), 32);  // 512-bit work on 256-bit units
+  EXPECT_EQ(fma_flops_per_cycle(emerald, kAvx2), 32);     // a hypervisor that hides AVX-512
+  EXPECT_EQ(fma_flops_per_cycle(emerald, kSse), 0);
+  EXPECT_FALSE(fma_peak(emerald, kSse));
 }
 
 // Sets an environment variable for its lifetime.
