@@ -2,7 +2,8 @@
 // Runs the default MLP's step through the Trainer on one rank and one BLAS thread, with the optimizer's update after
 // backward and in backward (--optimizer-in-backward), and after each pair of steps the same eight GEMMs (forward 3,
 // weight gradients 3, input gradients 2: the first layer's input needs none) on buffers of the same shapes through
-// the same cpu:: calls. Prints medians of each, of their ratios, and the steps' parts.
+// the same cpu:: calls. Prints medians of each, of their ratios, and the steps' parts, and the GEMMs' rate against the
+// fastest of OpenBLAS's kernel families on this CPU, measured in the same run (a ratio alone hides slow kernels).
 //   bench_step [--steps 40] [--batch 128] [--grad-slice-mb auto] [--loader-threads 0]
 #include <cblas.h>
 #include <mpi.h>
@@ -14,6 +15,7 @@
 
 #include "bench/bench_cli.h"
 #include "bench/bench_util.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "kernels/cpu/ops.h"
 #include "train/clock.h"
 #include "train/trainer.h"
@@ -49,6 +51,11 @@ class GemmsAlone {
       cpu::matmul_forward(act_[l + 1].data(), act_[l].data(), w_[l].data(), batch_, dims_[l], dims_[l + 1]);
     return now_ms() - start;
   }
+  double flops() const {  // forward and weight gradients at every layer, input gradients above the first
+    double total = 0;
+    for (size_t l = 0; l + 1 < dims_.size(); ++l) total += 2.0 * batch_ * dims_[l] * dims_[l + 1] * (l > 0 ? 3 : 2);
+    return total;
+  }
   double backward_ms() {
     const double start = now_ms();
     for (int l = static_cast<int>(dims_.size()) - 2; l >= 0; --l) {
@@ -71,6 +78,7 @@ class GemmsAlone {
 }  // namespace
 
 int main(int argc, char** argv) {
+  blas::select_kernels(argc, argv);  // the kernels ddplab runs here (and this program is also the probe's child)
   int steps = 40, batch = 128;
   double grad_slice_mb = kAutoGradSliceMb;
   int loader_threads = 0;
@@ -131,12 +139,19 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread (OpenBLAS core %s), %d loader threads, medians of "
-      "%d\n",
+      "# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread, %d loader threads, medians of %d; OpenBLAS "
+      "kernels %s\n",
       config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes, batch,
-      openblas_get_corename(), loader_threads, steps);
-  std::printf("%-34s %9.3f ms  (forward %.3f, backward %.3f)\n", "GEMMs alone (same shapes, calls)",
-              median(gemm_forward_ms) + median(gemm_backward_ms), median(gemm_forward_ms), median(gemm_backward_ms));
+      loader_threads, steps, blas::kernels_in_use().describe().c_str());
+  const double gemm_ms = median(gemm_forward_ms) + median(gemm_backward_ms);
+  const double gemm_gflops = gemms.flops() / gemm_ms / 1e6;
+  std::printf("%-34s %9.3f ms  (forward %.3f, backward %.3f)  %.1f GFLOP/s", "GEMMs alone (same shapes, calls)",
+              gemm_ms, median(gemm_forward_ms), median(gemm_backward_ms), gemm_gflops);
+  const blas::Rates alternatives = blas::measure_alternatives();
+  if (const blas::CoreRate best = blas::fastest(alternatives); best.gflops > 0)
+    std::printf(", %.0f%% of the best kernels (%s GFLOP/s at one layer's shapes, each family in a child)",
+                100 * gemm_gflops / best.gflops, blas::list_rates(alternatives).c_str());
+  std::printf("\n");
   for (const Series& x : series) {
     std::printf("step, %-28s %9.3f ms  step / GEMMs %.3f (median of the triples' ratios; target <= 1.08)\n", x.name,
                 median(x.step_ms), median(x.ratio));

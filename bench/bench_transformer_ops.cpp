@@ -17,8 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
 #include "bench/bench_util.h"
+#include "kernels/cpu/blas_kernels.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/rng.h"
 #include "kernels/cpu/transformer_ops.h"
 #include "model/transformer.h"
@@ -160,6 +161,7 @@ void bench_model(int repeats, int B, int S) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  blas::select_kernels(argc, argv);  // the kernels ddplab runs here
   int repeats = 10, batch = 32, seq = 256;
   std::string shapes = "all";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -169,7 +171,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--seq")) seq = std::clamp(std::atoi(argv[i + 1]), 1, 256);
   }
   openblas_set_num_threads(1);
-  std::printf("# bench_transformer_ops: 1 BLAS thread, OpenBLAS core %s\n", openblas_get_corename());
+  std::printf("# bench_transformer_ops: 1 BLAS thread, OpenBLAS kernels %s\n",
+              blas::kernels_in_use().describe().c_str());
   std::printf("%-30s %-26s %12s %14s\n", "op", "shape", "time", "rate");
   if (shapes == "tiny" || shapes == "all") {
     bench_ops({"tiny", batch, seq, 48, 4, 96, 8192}, repeats);

@@ -6,8 +6,11 @@
 #      MPI in every run), how far apart the ranks' cores were before each size (a cache-line round trip), how fast
 #      they streamed memory just before it, rank 0's steal time over the ring's calls, and each slow run's per-rank
 #      diagnosis;
-#   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor);
-#   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08);
+#   2. the CPU ops against this core's memory floor (bench_cpu_ops; target: each pass >= 70% of the floor), the GEMMs
+#      against the fastest OpenBLAS kernel family this CPU runs, measured in the same run (target: the kernels in use
+#      >= 85% of it);
+#   3. the ws=1 step against its GEMMs alone (bench_step; target: <= 1.08), and the GEMMs' GFLOP/s against the best
+#      kernel family's;
 #   4. ws=2 against ws=1, one thread per rank, with the replicated and the sharded update (--zero-stage 1), and the
 #      replicated one on the ring alone, 3 rounds: throughput ratio (median of the rounds; target >= 1.8) and where
 #      each rank's time goes;
@@ -30,6 +33,8 @@ section() { echo; echo "== $1   ($(date +%T))"; }
 echo "# cpu_speed.sh $(date -u +%FT%TZ) on $(hostname)"
 echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(lscpu | grep -i '^NUMA node(s)' | tr -s ' ')"
 echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
+# The kernels every figure below ran on, and the GEMM rate against the CPU's best family and its FMA peak.
+"$build/launcher/ddplab" devices | sed -n -e 's/^  CPU /# CPU /p' -e 's/^        \(kernels\|GEMM\)/#   \1/p'
 
 section "1. ring vs MPI_Allreduce, np 2, 16-256 MiB, $runs runs (allreduce_perf --diag)"
 for ((i = 1; i <= runs; i++)); do
@@ -135,7 +140,7 @@ for i, what in [(i, "slow") for i in sorted(slow_runs)[:3]] + [(i, "fast") for i
 EOF
 
 section "2. CPU ops vs the memory floor, 1 thread (bench_cpu_ops)"
-"$build/bench/bench_cpu_ops" --repeats 50
+"$build/bench/bench_cpu_ops" --repeats 50 || echo "cpu_speed.sh: the kernels in use missed 85% of the best family's rate"
 
 section "3. ws=1 step vs its GEMMs alone, 1 thread (bench_step)"
 "$build/bench/bench_step" --steps 100

@@ -53,14 +53,15 @@ inline constexpr Knob kCommSpinUs{"DDPLAB_COMM_SPIN_US", "50",
                                   "us a waiting comm thread polls before it sleeps (<0: spin)", INT32_MIN, INT32_MAX};
 inline constexpr Knob kCommMaxSleepUs{"DDPLAB_COMM_MAX_SLEEP_US", "250", "longest sleep between polls, us, at least 1",
                                       1, INT32_MAX};
-// Read by main() before MPI starts (it may re-execute the program); checked with the rest once MPI is up.
+// Read by main() before MPI starts (it may run the program again with other OpenBLAS kernels); checked with the rest
+// once MPI is up.
 inline constexpr Knob kBlasAuto{"DDPLAB_BLAS_AUTO",
                                 "on",
-                                "off: keep OpenBLAS's kernel choice (no AVX-512 re-exec, docs/ARCHITECTURE.md); done: "
-                                "set by the re-exec itself",
+                                "off: keep OpenBLAS's own kernel family (no choice by CPU features and probe, "
+                                "docs/ARCHITECTURE.md)",
                                 0,
                                 -1,
-                                "on|off|done"};
+                                "on|off"};
 
 inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes,
                                          &kCommTransport,  &kLocalRegister,      &kDirectAllreduce,

@@ -10,16 +10,14 @@
 // every rank (every rank validates the same arguments, or learns rank 0's verdict, so none waits for another);
 // a failure during the run → the failing rank prints one line naming itself and aborts the whole job, so no
 // rank is left hanging.
-#include <cblas.h>
 #include <mpi.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +25,7 @@
 #include "comm/settings.h"
 #include "comm/watchdog.h"
 #include "git_commit.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
 #include "launcher/cli_errors.h"
 #include "launcher/predict_command.h"
@@ -39,24 +38,6 @@
 namespace ddplab {
 namespace {
 
-// OpenBLAS 0.3.21 (Debian 12) predates Zen 4/5 and runs its Haswell (AVX2) kernels on them; on a CPU with
-// AVX-512 its SkylakeX kernels are ~1.6x faster for our GEMMs (docs/BENCHMARKS.md). OpenBLAS picks its
-// kernels when the library is loaded, before main(), so the only way to choose them is the environment of a
-// fresh process image: re-exec once with OPENBLAS_CORETYPE set. This happens before MPI_Init, so mpirun does
-// not notice. An OPENBLAS_CORETYPE set by the user always wins; DDPLAB_BLAS_AUTO=off turns this off (any value but
-// "on" does; check_all refuses values it does not take, once MPI is up).
-void select_blas_kernels(char** argv) {
-  const char* automatic = std::getenv(settings::kBlasAuto.name);
-  if (std::getenv("OPENBLAS_CORETYPE") || (automatic && std::strcmp(automatic, "on") != 0)) return;
-  const std::string core = openblas_get_corename();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  if (!avx512 || (core != "Haswell" && core != "Zen")) return;
-  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-  setenv("DDPLAB_BLAS_AUTO", "done", 1);  // never loop
-  execv("/proc/self/exe", argv);           // returns only on failure: then keep the detected kernels
-}
-
 std::string version_line() { return std::string("ddplab ") + kVersion + " (commit " + DDPLAB_GIT_COMMIT + ")"; }
 
 int run_devices() {
@@ -64,7 +45,26 @@ int run_devices() {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;
   std::printf("%s\n", version_line().c_str());
-  std::printf("  BLAS  %s\n", blas_description().c_str());
+  const blas::CpuModel cpu = blas::cpu_model();
+  const blas::CpuFeatures features = blas::cpu_features();
+  const std::optional<blas::FmaPeak> peak = blas::fma_peak(cpu, features);
+  std::printf("  CPU   %s, %s", cpu.id().c_str(), blas::describe(features).c_str());
+  if (peak)
+    std::printf("; FMA peak %.0f GFLOP/s per core (estimate: %d flop/cycle x %.2f GHz)", peak->gflops,
+                peak->flops_per_cycle, peak->ghz);
+  std::printf("\n  BLAS  %s\n", blas_description().c_str());
+  std::printf("        kernels %s\n", blas::kernels_in_use().describe().c_str());
+  // Measured now, this process's kernels against every family the CPU could run instead (each in a child, the best
+  // of three rounds of 25 ms: this one gets as long).
+  const double gflops = blas::measure_gemm_gflops(75);
+  const blas::Rates alternatives = blas::measure_alternatives();
+  const blas::CoreRate best = blas::fastest(alternatives);
+  std::printf("        GEMM, a 1024 -> 1024 layer at batch 128 (forward + backward, 1 thread): %.1f GFLOP/s", gflops);
+  if (best.gflops > 0)
+    std::printf(", %.0f%% of the best kernels measured now (%s)", 100 * gflops / best.gflops,
+                blas::list_rates(alternatives).c_str());
+  if (peak) std::printf(", %.0f%% of the FMA peak", 100 * gflops / peak->gflops);
+  std::printf("\n");
   std::printf("  MPI   %s\n", mpi_library_version().c_str());
   std::printf("  HDF5  %s\n", hdf5_version().c_str());
   std::printf("  CUDA  %s\n", cuda_description().c_str());
@@ -109,7 +109,8 @@ void require_known_command(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace ddplab;
-  select_blas_kernels(argv);
+  // Before MPI_Init: it may run this program again with other OpenBLAS kernels (kernels/cpu/blas_kernels.h).
+  blas::select_kernels(argc, argv);
   init_mpi_multithreaded(&argc, &argv, "ddplab");  // exits 2, with the reason, below MPI_THREAD_MULTIPLE
   watchdog::name_thread("main thread");
   int rank = 0;

@@ -24,6 +24,7 @@
 #include "comm/transport.h"
 #include "comm/watchdog.h"
 #include "git_commit.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
@@ -111,6 +112,15 @@ std::vector<std::string> gather_hostnames(MPI_Comm comm) {
   int len = 0;
   MPI_Get_processor_name(mine, &len);
   return gather_strings(mine, comm);
+}
+
+// Rank 0's kernels and why, and each rank that runs another family (another CPU, or a host that measured otherwise).
+std::string blas_kernels_of_ranks(MPI_Comm comm) {
+  const std::vector<std::string> cores = gather_strings(blas::kernels_in_use().core, comm);
+  std::string text = blas::kernels_in_use().describe();
+  for (size_t r = 1; r < cores.size(); ++r)
+    if (cores[r] != cores[0]) text += "; rank " + std::to_string(r) + " runs " + cores[r];
+  return text;
 }
 
 // Each rank's GPU as its PCI bus id, for a GPU run (the trainer has made the rank's device current); empty otherwise.
@@ -361,6 +371,7 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   meta.mpi_library = mpi_library_version();
   meta.hdf5_version = hdf5_version();
   meta.blas = blas_description();
+  meta.blas_kernels = blas_kernels_of_ranks(world);
   meta.cuda = cuda_description();
   meta.device = config.device;
   MPI_Comm_size(world, &meta.world_size);
@@ -378,7 +389,8 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
 
 // The run's header on rank 0: model and data, ranks and batch, the communication setup.
 void print_run_header(const TrainConfig& config, const RunOptions& options, const Trainer& trainer, int world_size,
-                      int64_t first_step, const Topology& topology, const RankCores& rank_cores) {
+                      int64_t first_step, const Topology& topology, const RankCores& rank_cores,
+                      const std::string& blas_kernels) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
   std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
@@ -392,6 +404,7 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   if (rank_cores.lifted_from > 0)
     std::printf("  Open MPI's default binding (%d core%s) lifted: rank 0 may use %d (an explicit --bind-to keeps it)\n",
                 rank_cores.lifted_from, rank_cores.lifted_from == 1 ? "" : "s", rank_cores.cores);
+  std::printf("  BLAS kernels %s\n", blas_kernels.c_str());
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   char slices[64] = "";
@@ -584,7 +597,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
   for (const GradPiece& p : trainer->grad_pieces()) record.pieces.push_back({p.offset, p.numel});
   if (rank == 0 && !config.quiet) {
-    print_run_header(config, options, *trainer, size, first_step, topology, rank_cores);
+    print_run_header(config, options, *trainer, size, first_step, topology, rank_cores, record.meta.blas_kernels);
     if (const std::string note = oversubscription_note(record); !note.empty()) std::printf("  %s\n", note.c_str());
   }
 

@@ -27,6 +27,7 @@ const std::pair<const char*, std::string RunMetadata::*> kTextAttrs[] = {
     {"mpi_library", &RunMetadata::mpi_library},
     {"hdf5_version", &RunMetadata::hdf5_version},
     {"blas", &RunMetadata::blas},
+    {"blas_kernels", &RunMetadata::blas_kernels},
     {"cuda", &RunMetadata::cuda},
     {"device", &RunMetadata::device},
     {"transport", &RunMetadata::transport},

@@ -21,6 +21,9 @@ struct RunMetadata {
   std::string git_commit;
   std::string ddplab_version;
   std::string mpi_library, hdf5_version, blas, cuda;
+  // The OpenBLAS kernel family rank 0 ran and why (kernels/cpu/blas_kernels.h), and any rank that ran another; ""
+  // in older files.
+  std::string blas_kernels;
   std::string device = "cpu";  // where the steps ran: cpu | cuda
   std::string transport;       // what rank 0's gradient all-reduces travelled over ("shm", "mpi", "NCCL", ...)
   int world_size = 1;

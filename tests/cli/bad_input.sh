@@ -139,7 +139,7 @@ DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer
   train "${small[@]}" --out "$work/knob.h5"
 (cd "$work" && DDPLAB_COMM_TRANSPORT=foo expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2)
 # Read before MPI starts (the BLAS re-exec), and refused with the rest once it has.
-DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off or done, got '0'" \
+DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" \
   train "${small[@]}" --out "$work/knob.h5"
 
 # An existing result is never overwritten without --force, and is left exactly as it was.

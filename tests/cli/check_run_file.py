@@ -18,7 +18,7 @@ STEP_FIELDS = ["start_ms", "data_ms", "forward_ms", "backward_ms", "exposed_comm
 PHASES = ["data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "extra_comm_ms", "host_work_ms",
           "barrier_ms"]
 ATTRS = ["schema_version", "command", "config", "command_line", "start_time_utc", "git_commit", "ddplab_version",
-         "mpi_library", "hdf5_version", "blas", "cuda", "summary", "world_size", "num_steps"]
+         "mpi_library", "hdf5_version", "blas", "blas_kernels", "cuda", "summary", "world_size", "num_steps"]
 
 from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 

@@ -20,10 +20,10 @@ mpirun, ddplab = sys.argv[1], sys.argv[2]
 SMALL = ["--hidden", "32", "--input-dim", "16", "--classes", "10", "--batch", "4"]
 
 
-def run(np_ranks, *args, timeout=120):
+def run(np_ranks, *args, timeout=120, env=None):
     start = time.monotonic()
     proc = subprocess.run([mpirun, "-np", str(np_ranks), ddplab, *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else {**os.environ, **env})
     proc.seconds = time.monotonic() - start
     return proc
 
@@ -45,6 +45,25 @@ check(version.returncode == 0 and re.fullmatch(pattern, version.stdout.strip()) 
       f"--version prints the version and commit ({version.stdout.strip()!r})")
 devices = run(1, "devices")
 check(devices.stdout.splitlines()[:1] == [version.stdout.strip()], "devices starts with the same version line")
+
+# ---- the BLAS kernels: named with the reason, the user's OPENBLAS_CORETYPE and DDPLAB_BLAS_AUTO=off obeyed ----------
+def kernels_of(proc):
+    """devices' 'kernels <core> (<why>)' line and the core its BLAS line names ('core=<core>')."""
+    named = re.search(r"^ +kernels (\w+) \((.+)\)$", proc.stdout, re.M)
+    loaded = re.search(r"^  BLAS .* core=(\w+)$", proc.stdout, re.M)
+    return (named.group(1), named.group(2), loaded.group(1)) if named and loaded else (None, None, None)
+
+
+core, why, loaded = kernels_of(devices)
+check(core is not None and core == loaded and why, f"devices names the kernels OpenBLAS runs and why ({core}, {why})")
+gemm = re.search(r"^ +GEMM, .*: ([\d.]+) GFLOP/s", devices.stdout, re.M)
+check(gemm is not None and float(gemm.group(1)) > 0, "devices measures the GEMM rate of the kernels in use")
+core, why, loaded = kernels_of(run(1, "devices", env={"OPENBLAS_CORETYPE": "Haswell"}))
+check(core == loaded == "Haswell" and why == "OPENBLAS_CORETYPE=Haswell in the environment",
+      f"a user's OPENBLAS_CORETYPE wins ({core}, {why})")
+core, why, loaded = kernels_of(run(1, "devices", env={"DDPLAB_BLAS_AUTO": "off"}))
+check(core == loaded and why == "OpenBLAS's own pick; DDPLAB_BLAS_AUTO=off",
+      f"DDPLAB_BLAS_AUTO=off keeps OpenBLAS's pick ({core}, {why})")
 check(run(2, "--version").stdout.count("ddplab ") == 1, "--version on 2 ranks prints one line")
 
 # ---- a mistyped command ------------------------------------------------------------------------------------------

@@ -1,0 +1,445 @@
+#include "kernels/cpu/blas_kernels.h"
+
+#include <cblas.h>
+#include <cpuid.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/ops.h"
+
+extern char** environ;
+
+namespace ddplab::blas {
+namespace {
+
+// argv[1] of a probe child: the program measures its GEMMs, prints "<core> <GFLOP/s>" and exits (select_kernels).
+constexpr char kProbeArgument[] = "--openblas-kernel-probe";
+// Set for the program run again with the chosen OPENBLAS_CORETYPE: why it was chosen (and that it was ddplab, not
+// the user, who set the core).
+constexpr char kChosenVariable[] = "DDPLAB_BLAS_CHOSEN";
+
+const std::string kOwnPick = "OpenBLAS's own pick";
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+const CoreRate* find_rate(const Rates& rates, const std::string& core) {
+  for (const CoreRate& r : rates)
+    if (r.core == core) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string describe(const CpuFeatures& f) {
+  if (f.avx512 && f.avx512_bf16) return "AVX-512 + BF16";
+  if (f.avx512) return "AVX-512";
+  if (f.avx2_fma) return "AVX2+FMA";
+  return "below AVX2+FMA";
+}
+
+std::vector<std::string> candidate_cores(const CpuFeatures& f) {
+  std::vector<std::string> cores;
+  if (!f.avx2_fma) return cores;
+  cores = {"Haswell", "Zen"};  // OpenBLAS's Zen family is Haswell's kernels with AMD's cache blocking
+  if (f.avx512) cores.push_back("SkylakeX");
+  if (f.avx512 && f.avx512_bf16) cores.push_back("Cooperlake");
+  return cores;
+}
+
+std::vector<std::string> cores_to_probe(const CpuFeatures& f, const std::string& detected) {
+  std::vector<std::string> cores = candidate_cores(f);
+  if (!cores.empty() && !contains(cores, detected)) cores.push_back(detected);
+  return cores;
+}
+
+std::string core_without_probe(const CpuFeatures& f, const std::string& detected) {
+  if (!f.avx2_fma) return "";
+  const std::vector<std::string> best_set =
+      f.avx512 ? std::vector<std::string>{"SkylakeX", "Cooperlake"} : std::vector<std::string>{"Haswell", "Zen"};
+  return contains(best_set, detected) && contains(candidate_cores(f), detected) ? detected : best_set[0];
+}
+
+std::string choose_core(const std::vector<std::string>& candidates, const Rates& rates, const std::string& detected) {
+  const CoreRate* best = nullptr;
+  for (const CoreRate& r : rates)
+    if (contains(candidates, r.core) && r.gflops > 0 && (!best || r.gflops > best->gflops)) best = &r;
+  if (!best) return "";
+  const CoreRate* own = contains(candidates, detected) ? find_rate(rates, detected) : nullptr;
+  if (own && own->gflops >= (1 - kKeepDetectedWithin) * best->gflops) return detected;
+  return best->core;
+}
+
+std::string list_rates(const Rates& rates, const std::string& except) {
+  Rates listed;
+  for (const CoreRate& r : rates)
+    if (r.core != except) listed.push_back(r);
+  std::stable_sort(listed.begin(), listed.end(),
+                   [](const CoreRate& a, const CoreRate& b) { return a.gflops > b.gflops; });
+  std::string text;
+  for (const CoreRate& r : listed) {
+    char number[32];
+    std::snprintf(number, sizeof number, "%.0f", r.gflops);
+    text += (text.empty() ? "" : ", ") + r.core + " " + number;
+  }
+  return text;
+}
+
+CoreRate fastest(const Rates& rates) {
+  CoreRate best;
+  for (const CoreRate& r : rates)
+    if (r.gflops > best.gflops) best = r;
+  return best;
+}
+
+std::string describe_probe(const std::string& chosen, const Rates& rates, const std::string& detected) {
+  const CoreRate* mine = find_rate(rates, chosen);
+  char number[32];
+  std::snprintf(number, sizeof number, "%.0f", mine ? mine->gflops : 0.0);
+  const std::string others = list_rates(rates, chosen);
+  return std::string("probe: ") + number + " GFLOP/s" + (others.empty() ? "" : " vs " + others) + "; " +
+         (chosen == detected ? kOwnPick : "OpenBLAS detected " + detected);
+}
+
+std::string cache_dir() {
+  // XDG Base Directory: a relative XDG_CACHE_HOME is invalid and ignored.
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/') return std::string(xdg) + "/ddplab";
+  if (const char* home = std::getenv("HOME"); home && home[0]) return std::string(home) + "/.cache/ddplab";
+  return "";
+}
+
+std::string cache_file_name(const std::string& cpu_id, const CpuFeatures& f, const std::string& openblas_version) {
+  const char* isa = f.avx512 && f.avx512_bf16 ? "avx512bf16" : f.avx512 ? "avx512" : f.avx2_fma ? "avx2" : "sse";
+  std::string name = "openblas-kernels_" + cpu_id + "_" + isa + "_openblas-" + openblas_version;
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '-';
+  return name + ".json";
+}
+
+namespace {
+
+std::optional<Decision> read_decision(const std::string& path, const std::vector<std::string>& candidates) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("chosen") || !j["chosen"].is_string() || !j.contains("gflops") ||
+      !j["gflops"].is_object())
+    return std::nullopt;
+  Decision d;
+  d.chosen = j["chosen"].get<std::string>();
+  d.detected = j.value("detected", "");
+  for (const auto& [core, rate] : j["gflops"].items())
+    if (rate.is_number()) d.rates.push_back({core, rate.get<double>()});
+  if (!contains(candidates, d.chosen) || !find_rate(d.rates, d.chosen)) return std::nullopt;  // stale or damaged
+  return d;
+}
+
+// A temporary beside it, renamed into place: a reader sees the old file or the whole new one.
+bool write_decision(const std::string& path, const Decision& d) {
+  nlohmann::json rates = nlohmann::json::object();
+  for (const CoreRate& r : d.rates) rates[r.core] = std::round(r.gflops * 10) / 10;
+  const nlohmann::json j = {{"detected", d.detected}, {"chosen", d.chosen}, {"gflops", rates}};
+  const std::string temporary = path + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << j.dump(1) << "\n";
+    out.close();
+    if (!out) {
+      std::remove(temporary.c_str());
+      return false;
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) == 0) return true;
+  std::remove(temporary.c_str());
+  return false;
+}
+
+}  // namespace
+
+std::optional<Decision> cached_decision(const std::string& dir, const std::string& file,
+                                        const std::vector<std::string>& candidates, const std::string& detected,
+                                        const std::function<Rates()>& probe, std::string& error) {
+  if (dir.empty()) {
+    error = "no cache directory, neither XDG_CACHE_HOME nor HOME is set";
+    return std::nullopt;
+  }
+  const std::string path = dir + "/" + file;
+  if (auto d = read_decision(path, candidates)) return d;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    error = "cannot make " + dir + ": " + ec.message();
+    return std::nullopt;
+  }
+  const int lock = open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0) {
+    error = "cannot open " + path + ".lock: " + std::strerror(errno);
+    return std::nullopt;
+  }
+  int locked;
+  while ((locked = flock(lock, LOCK_EX)) != 0 && errno == EINTR) {
+  }
+  if (locked != 0) {
+    error = "cannot lock " + path + ".lock: " + std::strerror(errno);
+    close(lock);
+    return std::nullopt;
+  }
+  // Another process may have measured while this one waited for the lock.
+  std::optional<Decision> d = read_decision(path, candidates);
+  if (!d) {
+    Decision measured{detected, "", probe()};
+    measured.chosen = choose_core(candidates, measured.rates, detected);
+    if (measured.chosen.empty())
+      error = "no candidate family ran in the probe";
+    else if (!write_decision(path, measured))
+      error = "cannot write " + path;
+    else
+      d = measured;
+  }
+  close(lock);  // releases the lock
+  return d;
+}
+
+std::string CpuModel::id() const {
+  return vendor + " family " + std::to_string(family) + " model " + std::to_string(model) + " stepping " +
+         std::to_string(stepping);
+}
+
+CpuModel cpu_model() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return {};
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return {vendor};
+  return decode_cpu_signature(vendor, eax);
+}
+
+CpuModel decode_cpu_signature(const std::string& vendor, unsigned eax) {
+  // Intel's and AMD's manuals: the extended family and model fields count only for base families 6 and 15.
+  CpuModel m;
+  m.vendor = vendor;
+  const int base_family = (eax >> 8) & 0xf, base_model = (eax >> 4) & 0xf;
+  m.family = base_family == 15 ? base_family + ((eax >> 20) & 0xff) : base_family;
+  m.model = base_family == 6 || base_family == 15 ? base_model + (((eax >> 16) & 0xf) << 4) : base_model;
+  m.stepping = eax & 0xf;
+  return m;
+}
+
+CpuFeatures cpu_features() {
+  // libgcc's checks include the OS's support for the ymm and zmm state (XGETBV), which a bare cpuid bit does not.
+  CpuFeatures f;
+  f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  return f;
+}
+
+std::string openblas_version() {
+  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": the second word.
+  char name[64] = {}, version[64] = {};
+  if (std::sscanf(openblas_get_config(), "%63s %63s", name, version) != 2) return "unknown";
+  return version;
+}
+
+namespace {
+
+KernelsInUse& in_use() {
+  static KernelsInUse k{openblas_get_corename(), kOwnPick};
+  return k;
+}
+
+std::string ran_instead(const std::string& asked, const std::string& ran) {
+  return strcasecmp(asked.c_str(), ran.c_str()) == 0 ? "" : "; OpenBLAS ran " + ran + " instead of " + asked;
+}
+
+}  // namespace
+
+void select_kernels(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], kProbeArgument) == 0) {
+    const double gflops = measure_gemm_gflops();
+    std::printf("%s %.3f\n", openblas_get_corename(), gflops);
+    std::exit(0);
+  }
+  KernelsInUse& k = in_use();
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (const char* chosen = std::getenv(kChosenVariable); chosen && forced) {
+    k.why = chosen + ran_instead(forced, k.core);
+    unsetenv(kChosenVariable);  // not inherited by programs this one starts
+    return;
+  }
+  if (forced) {
+    k.why = std::string("OPENBLAS_CORETYPE=") + forced + " in the environment" + ran_instead(forced, k.core);
+    return;
+  }
+  if (const char* automatic = std::getenv("DDPLAB_BLAS_AUTO"); automatic && std::strcmp(automatic, "on") != 0) {
+    k.why = kOwnPick + "; DDPLAB_BLAS_AUTO=" + automatic;  // a value it does not take is refused once MPI is up
+    return;
+  }
+  const CpuFeatures features = cpu_features();
+  const std::string detected = k.core;
+  const std::vector<std::string> candidates = candidate_cores(features);
+  if (candidates.empty()) {
+    k.why = kOwnPick + "; the CPU is " + describe(features);
+    return;
+  }
+  std::string error, chosen;
+  const std::optional<Decision> decision = cached_decision(
+      cache_dir(), cache_file_name(cpu_model().id(), features, openblas_version()), candidates, detected,
+      [&] { return probe_cores(cores_to_probe(features, detected)); }, error);
+  if (decision) {
+    chosen = decision->chosen;
+    k.why = describe_probe(chosen, decision->rates, detected);
+  } else {
+    chosen = core_without_probe(features, detected);
+    k.why = (chosen == detected ? kOwnPick : "the family for " + describe(features)) + ", unmeasured: " + error +
+            (chosen == detected ? "" : "; OpenBLAS detected " + detected);
+  }
+  if (chosen == detected) return;
+  setenv("OPENBLAS_CORETYPE", chosen.c_str(), 1);
+  setenv(kChosenVariable, k.why.c_str(), 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: then the detected kernels stay
+  const std::string failure = std::strerror(errno);
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv(kChosenVariable);
+  k.why = kOwnPick + "; running again with " + chosen + " failed: " + failure;
+}
+
+const KernelsInUse& kernels_in_use() { return in_use(); }
+
+double measure_gemm_gflops(double budget_ms) {
+  constexpr int B = 128, C = 1024, OC = 1024;
+  std::vector<float> inp(size_t(B) * C), weight(size_t(OC) * C), dout(size_t(B) * OC);
+  std::vector<float> out(dout.size()), dinp(inp.size()), dweight(weight.size());
+  // Small values that stay normal (no denormal slow paths) however many times dweight accumulates.
+  for (size_t i = 0; i < weight.size(); ++i) weight[i] = float(int(i % 19) - 9) * 1e-2f;
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = float(int(i % 23) - 11) * 1e-2f;
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(int(i % 17) - 8) * 1e-3f;
+  const int threads = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  const auto layer = [&] {
+    cpu::matmul_forward(out.data(), inp.data(), weight.data(), B, C, OC);
+    cpu::matmul_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), B, C, OC);
+  };
+  using Clock = std::chrono::steady_clock;
+  layer();  // page faults, OpenBLAS's buffers
+  double best_ms = std::numeric_limits<double>::infinity();
+  const auto start = Clock::now();
+  for (int repeats = 0;
+       repeats < 3 || std::chrono::duration<double, std::milli>(Clock::now() - start).count() < budget_ms; ++repeats) {
+    const auto t = Clock::now();
+    layer();
+    best_ms = std::min(best_ms, std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+  }
+  openblas_set_num_threads(threads);
+  return 6.0 * B * C * OC / best_ms / 1e6;
+}
+
+namespace {
+
+// One probe child: this program with OPENBLAS_CORETYPE=core. Its rate, or nullopt if it failed or ran another core.
+std::optional<double> probe_in_child(const std::string& core) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("OPENBLAS_CORETYPE=", 0) != 0 && entry.rfind("OPENBLAS_NUM_THREADS=", 0) != 0) env.push_back(entry);
+  }
+  env.push_back("OPENBLAS_CORETYPE=" + core);
+  env.push_back("OPENBLAS_NUM_THREADS=1");  // no thread pool to start for a one-thread measurement
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", argument = kProbeArgument;
+  char* child_argv[] = {exe.data(), argument.data(), nullptr};
+
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return std::nullopt;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);  // a crash stays quiet
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, child_argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  std::string text;
+  char buffer[256];
+  for (ssize_t n; spawned == 0 && ((n = read(out[0], buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR));)
+    if (n > 0) text.append(buffer, n);
+  close(out[0]);
+  if (spawned != 0) return std::nullopt;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  char ran[64] = {};
+  double gflops = 0;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || std::sscanf(text.c_str(), "%63s %lf", ran, &gflops) != 2 ||
+      strcasecmp(ran, core.c_str()) != 0 || !(gflops > 0))
+    return std::nullopt;
+  return gflops;
+}
+
+}  // namespace
+
+Rates probe_cores(const std::vector<std::string>& cores, int rounds) {
+  Rates rates;
+  for (int round = 0; round < rounds; ++round) {  // in turn: a burst of load on the host hits one round, not one core
+    for (const std::string& core : cores) {
+      const std::optional<double> gflops = probe_in_child(core);
+      if (!gflops) continue;
+      CoreRate* r = nullptr;
+      for (CoreRate& x : rates)
+        if (x.core == core) r = &x;
+      if (!r) r = &rates.emplace_back(CoreRate{core, 0});
+      r->gflops = std::max(r->gflops, *gflops);
+    }
+  }
+  return rates;
+}
+
+Rates measure_alternatives() { return probe_cores(cores_to_probe(cpu_features(), kernels_in_use().core)); }
+
+int fma_flops_per_cycle(const CpuModel& cpu, const CpuFeatures& f) {
+  const bool zen4 = cpu.vendor == "AuthenticAMD" && cpu.family == 25 && f.avx512;
+  return f.avx512 && !zen4 ? 64 : f.avx2_fma ? 32 : 0;
+}
+
+std::optional<FmaPeak> fma_peak(const CpuModel& cpu, const CpuFeatures& f) {
+  FmaPeak peak;
+  peak.flops_per_cycle = fma_flops_per_cycle(cpu, f);
+  if (peak.flops_per_cycle == 0) return std::nullopt;
+  double mhz = 0;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; mhz == 0 && std::getline(cpuinfo, line);)
+    if (line.rfind("cpu MHz", 0) == 0 && line.find(':') != std::string::npos)
+      mhz = std::atof(line.c_str() + line.find(':') + 1);
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (mhz <= 0 && __get_cpuid_max(0, nullptr) >= 0x16 && __get_cpuid(0x16, &eax, &ebx, &ecx, &edx))
+    mhz = eax & 0xffff;  // the base frequency, MHz (Intel)
+  if (mhz <= 0) return std::nullopt;
+  peak.ghz = mhz / 1000;
+  peak.gflops = peak.flops_per_cycle * peak.ghz;
+  return peak;
+}
+
+}  // namespace ddplab::blas
