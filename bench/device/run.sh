@@ -252,11 +252,36 @@ if [ "$stage" = 3 ]; then
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --model gpt2-small \
     --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 \
     --out "$work/gpt2_bf16_np2.h5" --force
+  # compute-sanitizer over the GPU tests: memcheck everywhere, racecheck on the kernels with shared memory.
+  sanitizer=$(tool compute-sanitizer)
+  if [ -n "$sanitizer" ]; then
+    t=$build/tests/gpu
+    step "memcheck kernels" sanitizer.log 90 'grep -m1 "ERROR SUMMARY" "$log"' \
+      "$sanitizer" --tool memcheck --error-exitcode 3 "$t/test_cuda_kernels" --gtest_brief=1
+    step "memcheck ops" sanitizer.log 30 'grep "ERROR SUMMARY" "$log" | tail -1' \
+      "$sanitizer" --tool memcheck --error-exitcode 3 "$t/test_cuda_ops" --gtest_brief=1
+    step "memcheck models" sanitizer.log 90 'grep "ERROR SUMMARY" "$log" | tail -1' \
+      bash -c 'for t; do "'"$sanitizer"'" --tool memcheck --error-exitcode 3 "$t" --gtest_brief=1 \
+               --gtest_filter="*/fp32:*/bf16:*Device*" || exit; done' _ \
+      "$t/test_mlp_cuda" "$t/test_transformer_cuda"
+    # The kernels with shared memory: LayerNorm backward, the cross-entropy's block reductions, bias_backward, and the
+    # fused attention's tiles (its smallest test: two sequences, three blocks, causal).
+    step "racecheck kernels" sanitizer.log 90 'grep "RACECHECK SUMMARY\|ERROR SUMMARY" "$log" | tail -1' \
+      "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 "$t/test_cuda_kernels" \
+      --gtest_brief=1 \
+      --gtest_filter='*LayerNorm*:*SoftmaxCrossEntropy*:CudaKernels.GemmFp32MatchesCpu:*BiasBackward*:*FlashAttentionIsDeterministic*'
+  else
+    skip "compute-sanitizer" "not found (PATH, /usr/local/cuda/bin)"
+  fi
   ncu=$(tool ncu)
-  [ -n "$ncu" ] && step "ncu: softmax bwd, step 4" ncu.log 90 'grep -m1 "Duration" "$log"' \
-    "${mpirun[@]}" -np 1 "$ncu" --clock-control none --profile-from-start off --kernel-name attention_softmax_backward_kernel \
+  # Our fused attention's backward inside a steady-state training step (`ddplab train --profile-steps`), as a user
+  # profiles it.
+  [ -n "$ncu" ] && step "ncu: fused bwd, step 4" ncu.log 90 'grep -m1 "Duration" "$log"' \
+    "${mpirun[@]}" -np 1 "$ncu" --clock-control none --profile-from-start off \
+    --kernel-name regex:flash_attention_backward_kernel \
     --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-    "$build/launcher/ddplab" train --device cuda --model gpt2-small --precision bf16 --head lm --lengths fixed \
+    "$build/launcher/ddplab" train --device cuda --model gpt2-small --precision bf16 --attention fused --head lm \
+    --lengths fixed \
     --max-len 1024 --batch 8 --steps 6 --warmup-steps 2 --profile-steps 4:4 --out "$work/ncu_run.h5" --force
   (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 sweep_np4 suite_lab 2>/dev/null)
 fi
