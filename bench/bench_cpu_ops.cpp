@@ -3,7 +3,7 @@
 // Each rate is set against what this host does at best, measured in the same run: the GEMMs against the fastest of
 // OpenBLAS's kernel families the CPU can run (each in a child process, kernels/cpu/blas_kernels.h), the passes
 // against this core's memory floor (memcpy and y += x over buffers far larger than the caches, bytes read + written;
-// the better of the two; issue #18's target: at least 70%). A good ratio elsewhere can hide a slow core: on an
+// the better of the two; the target: at least 70%). A good ratio elsewhere can hide a slow core: on an
 // Emerald Rapids Xeon, OpenBLAS's own pick ran the GEMMs at a fifth of its best kernels'.
 // It checks that the kernels in use run within 15% of the best family's rate, and exits 1 when they do not.
 //   bench_cpu_ops [--batch 128] [--repeats 20] [--floor-mb 256]
