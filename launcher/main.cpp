@@ -6,6 +6,7 @@
 //   build/launcher/ddplab devices                      what this build and machine offer (BLAS, MPI, CUDA)
 //   build/launcher/ddplab --version                    version and git commit
 //
+// Every rank first checks that all ranks run the same subcommand of the same build (launcher/rank_agreement.h).
 // Error policy (the program's edge): bad input → one line "ddplab: error: ..." from rank 0 and exit code 2 on
 // every rank (every rank validates the same arguments, or learns rank 0's verdict, so none waits for another);
 // a failure during the run → the failing rank prints one line naming itself and aborts the whole job, so no
@@ -29,6 +30,7 @@
 #include "launcher/cli.h"
 #include "launcher/cli_errors.h"
 #include "launcher/predict_command.h"
+#include "launcher/rank_agreement.h"
 #include "launcher/report_commands.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
@@ -115,6 +117,14 @@ int main(int argc, char** argv) {
   watchdog::name_thread("main thread");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Before anything else collective: ranks running different subcommands or builds would enter different
+  // collectives and wait on each other forever; this one all-gather is the same in all of them.
+  if (const std::string differing = identity_disagreement(this_rank_identity(argc, argv), MPI_COMM_WORLD);
+      !differing.empty()) {
+    if (rank == 0) std::fprintf(stderr, "ddplab: error: %s\n", differing.c_str());
+    MPI_Finalize();
+    return 2;
+  }
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
 

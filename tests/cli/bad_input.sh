@@ -9,13 +9,13 @@ logs=$(mktemp -d)
 trap 'rm -rf "$work" "$logs"' EXIT
 failures=0 passed=0
 
-# expect_error NP "expected text" ARGS...
-expect_error() {
-  local np=$1 expected=$2
+# expect_refusal LABEL "expected text" MPIRUN_ARGS...
+expect_refusal() {
+  local label=$1 expected=$2
   shift 2
   local before after
   before=$(ls -A "$work" | sort)
-  timeout 60 "$mpirun" -np "$np" "$ddplab" "$@" >"$logs/stdout" 2>"$logs/stderr"
+  timeout 60 "$mpirun" "$@" >"$logs/stdout" 2>"$logs/stderr"
   local rc=$?
   after=$(ls -A "$work" | sort)
   # mpirun adds its own banner about the non-zero exit; our line is the one that starts with "ddplab:"
@@ -27,14 +27,21 @@ expect_error() {
   [ -z "$problem" ] && ! grep -q -- "$expected" "$logs/stderr" && problem="stderr lacks '$expected'"
   [ -z "$problem" ] && [ "$before" != "$after" ] && problem="files appeared: $(comm -13 <(echo "$before") <(echo "$after"))"
   if [ -n "$problem" ]; then
-    echo "FAIL (np=$np) ddplab $*: $problem"
+    echo "FAIL $label: $problem"
     sed 's/^/    stderr: /' "$logs/stderr" | head -5
     failures=$((failures + 1))
   else
-    echo "ok   (np=$np) ddplab $*  ->  $(grep '^ddplab:' "$logs/stderr")"
+    echo "ok   $label  ->  $(grep '^ddplab:' "$logs/stderr")"
     passed=$((passed + 1))
   fi
   rm -f "$logs/stdout" "$logs/stderr"
+}
+
+# expect_error NP "expected text" ARGS...: every one of NP ranks runs `ddplab ARGS...`.
+expect_error() {
+  local np=$1 expected=$2
+  shift 2
+  expect_refusal "(np=$np) ddplab $*" "$expected" -np "$np" "$ddplab" "$@"
 }
 
 small=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 2)
@@ -141,6 +148,20 @@ DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer
 # Read before MPI starts (the BLAS re-exec), and refused with the rest once it has.
 DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" \
   train "${small[@]}" --out "$work/knob.h5"
+
+# Ranks started with different subcommands (mpirun's MPMD form) would enter different collectives and wait forever:
+# every rank first compares what it runs, whatever that is (launcher/rank_agreement.h). A different build is
+# refused the same way; tests/unit/test_rank_agreement.cpp covers that line.
+host='[^)]*'
+(cd "$work" && expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab suite lab" \
+  "ranks disagree on the subcommand: rank 0 (host $host) runs train, rank 1 (host $host) runs suite\$" \
+  -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" suite lab --steps 2)
+(cd "$work" && expect_refusal "mpirun -np 1 ddplab sweep : -np 1 ddplab train" \
+  "ranks disagree on the subcommand: rank 0 (host $host) runs sweep, rank 1 (host $host) runs train\$" \
+  -np 1 "$ddplab" sweep --steps 2 : -np 1 "$ddplab" train "${small[@]}")
+(cd "$work" && expect_refusal "mpirun -np 1 ddplab --version : -np 1 ddplab train" \
+  "ranks disagree on the subcommand: rank 0 (host $host) runs --version, rank 1 (host $host) runs train\$" \
+  -np 1 "$ddplab" --version : -np 1 "$ddplab" train "${small[@]}")
 
 # An existing result is never overwritten without --force, and is left exactly as it was.
 echo "precious" >"$work/existing.h5"
