@@ -303,10 +303,27 @@ struct ArmedWatchdog {
   }
 };
 
+// Collective: "" when `mine` (this rank's reason it cannot go on, "" if it can) is empty on every rank, else the
+// lowest failing rank's reason, on every rank, prefixed "rank N: " in a job of several ranks. So every rank refuses
+// alike, rather than some failing inside a later collective while others wait there.
+std::string first_failing_reason(const std::string& mine, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int failing = mine.empty() ? INT_MAX : rank;
+  int first = INT_MAX;
+  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return "";
+  char reason[1024] = {};
+  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
+  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
+  return (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason;
+}
+
 }  // namespace
 
 // --device cuda needs a usable GPU and NCCL on every rank: otherwise every rank refuses (exit 2) with the reason of
-// the lowest failing rank, rather than some ranks failing inside NCCL's bootstrap while others wait there.
+// the lowest failing rank.
 void require_device(const TrainConfig& config, MPI_Comm comm) {
   if (config.device != "cuda") return;
 #ifdef DDPLAB_HAVE_CUDA
@@ -314,17 +331,8 @@ void require_device(const TrainConfig& config, MPI_Comm comm) {
 #else
   const std::string mine = "this ddplab was built without CUDA (configure with -DDDPLAB_CUDA=ON)";
 #endif
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int failing = mine.empty() ? INT_MAX : rank;
-  int first = INT_MAX;
-  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX) return;
-  char reason[1024] = {};
-  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
-  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
-  throw UsageError("--device cuda: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason);
+  if (const std::string reason = first_failing_reason(mine, comm); !reason.empty())
+    throw UsageError("--device cuda: " + reason);
 }
 
 namespace {
@@ -341,18 +349,9 @@ std::string agreed_attention(const TrainConfig& config, MPI_Comm comm) {
 #else
   const std::string mine = "this ddplab was built without CUDA";
 #endif
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int failing = mine.empty() ? INT_MAX : rank;
-  int first = INT_MAX;
-  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX || config.attention == "auto") return resolved_attention(config, first == INT_MAX);
-  char reason[1024] = {};
-  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
-  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
-  throw UsageError("--attention cudnn: " + (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) +
-                   reason);
+  const std::string reason = first_failing_reason(mine, comm);
+  if (reason.empty() || config.attention == "auto") return resolved_attention(config, reason.empty());
+  throw UsageError("--attention cudnn: " + reason);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/check.cuh"
@@ -178,8 +179,12 @@ std::shared_ptr<fe::graph::Graph> build_graph(cudnnHandle_t handle, const Proble
 }  // namespace
 
 struct CudnnAttention::Impl {
+  struct Built {
+    std::shared_ptr<fe::graph::Graph> graph;
+    int64_t workspace_bytes;
+  };
   cudnnHandle_t handle = nullptr;
-  std::map<Problem, std::shared_ptr<fe::graph::Graph>> graphs;
+  std::map<Problem, Built> graphs;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 
@@ -188,25 +193,30 @@ struct CudnnAttention::Impl {
     if (handle) fe::detail::destroy_handle(handle);
   }
 
+  // Per call: the stream, one map lookup and the execution; the library, handle, graph and workspace come once.
   void run(const Problem& p, std::unordered_map<int64_t, void*>& pack, cudaStream_t stream) {
-    if (const std::string& error = cudnn_load_error(); !error.empty())
-      throw std::runtime_error("cuDNN attention: " + error);
-    if (!handle && fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS)
-      throw std::runtime_error("cuDNN attention: cudnnCreate failed (no usable GPU, or a cuDNN built for another CUDA)");
+    if (!handle) {
+      if (const std::string& error = cudnn_load_error(); !error.empty())
+        throw std::runtime_error("cuDNN attention: " + error);
+      if (fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS)
+        throw std::runtime_error("cuDNN attention: cudnnCreate failed (no usable GPU, or a cuDNN built for another "
+                                 "CUDA)");
+    }
     if (fe::detail::set_stream(handle, stream) != CUDNN_STATUS_SUCCESS)
       throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
     auto it = graphs.find(p);
-    if (it == graphs.end()) it = graphs.emplace(p, build_graph(handle, p)).first;
-    fe::graph::Graph& g = *it->second;
-    int64_t bytes = 0;
-    check(g.get_workspace_size(bytes), "get_workspace_size", p);
-    if (bytes > workspace_bytes) {  // grows in the first steps only; a free waits for the work queued on it
+    if (it == graphs.end()) {
+      Built built{build_graph(handle, p), 0};
+      check(built.graph->get_workspace_size(built.workspace_bytes), "get_workspace_size", p);
+      it = graphs.emplace(p, std::move(built)).first;
+    }
+    if (it->second.workspace_bytes > workspace_bytes) {  // grows in the first steps only; the free waits for the GPU
       if (workspace) cudaCheck(cudaFree(workspace));
       workspace = nullptr;
-      cudaCheck(cudaMalloc(&workspace, static_cast<size_t>(bytes)));
-      workspace_bytes = bytes;
+      cudaCheck(cudaMalloc(&workspace, static_cast<size_t>(it->second.workspace_bytes)));
+      workspace_bytes = it->second.workspace_bytes;
     }
-    check(g.execute(handle, pack, workspace), "execute", p);
+    check(it->second.graph->execute(handle, pack, workspace), "execute", p);
   }
 };
 

@@ -305,14 +305,14 @@ Tolerance fused_tolerance() {
 // a second, smaller batch accumulated with a loss scale: loss and every gradient piece against the CPU model and
 // against the same bf16 model with the unfused attention (normwise per piece); then a 5-step AdamW curve against the
 // CPU's.
-void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t stream_) {
+void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t stream) {
   const Tolerance tol = fused_tolerance();
   for (const TransformerConfig& c : {fused_classifier(), fused_language_model()}) {
     const std::string name = std::string(ddplab::attention_name(kind)) + (c.causal() ? " lm" : " classify");
     SCOPED_TRACE(name);
     Transformer<float> cpu(c, kSeed);
-    TransformerCuda fused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream_, kind);
-    TransformerCuda unfused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream_);
+    TransformerCuda fused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream, kind);
+    TransformerCuda unfused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream);
     EXPECT_EQ(fused.attention(), kind);
     EXPECT_EQ(unfused.attention(), AttentionKind::kUnfused);
     gpu_test::split_and_zero_grads(unfused, cpu, 0);
@@ -324,7 +324,7 @@ void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t st
     for (const Step s : {Step{4, 70, 1.0f}, Step{3, 33, 0.7f}}) {
       SCOPED_TRACE("batch " + std::to_string(s.B) + " x " + std::to_string(s.S));
       const Batch b = random_batch(c, s.B, s.S, 23 + s.B);
-      DeviceBatch d(b, stream_);
+      DeviceBatch d(b, stream);
       forward(fused, d, b, s.loss_scale);
       fused.backward();
       forward(unfused, d, b, s.loss_scale);
@@ -336,8 +336,8 @@ void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t st
       EXPECT_LE(loss_error, tol.loss);
       EXPECT_LE(loss_vs_unfused, tol.loss);
       const double grad_error = gpu_test::expect_grads_close(fused, cpu, tol);
-      const std::vector<float> got = to_host(fused.flat_grads(), fused.flat_size(), stream_);
-      const std::vector<float> ref = to_host(unfused.flat_grads(), unfused.flat_size(), stream_);
+      const std::vector<float> got = to_host(fused.flat_grads(), fused.flat_size(), stream);
+      const std::vector<float> ref = to_host(unfused.flat_grads(), unfused.flat_size(), stream);
       double worst_vs_unfused = 0;
       for (const ddplab::GradPiece& piece : fused.grad_pieces()) {
         const double err = rel_l2_error(got.data() + piece.offset, ref.data() + piece.offset, piece.numel);
@@ -354,9 +354,9 @@ void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t st
     ddplab::OptimizerConfig opt;
     opt.lr = 3e-3f;
     Transformer<float> cpu(c, kSeed);
-    TransformerCuda gpu(c, kSeed, Precision::kBf16, 8 * 70, 70, stream_, kind);
+    TransformerCuda gpu(c, kSeed, Precision::kBf16, 8 * 70, 70, stream, kind);
     const Batch b = random_batch(c, 8, 70, 99);
-    DeviceBatch d(b, stream_);
+    DeviceBatch d(b, stream);
     const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
         gpu, cpu, opt, 5, [&] { return forward(cpu, b); }, [&] { forward(gpu, d, b); });
     const std::string curve = std::string(ddplab::attention_name(kind)) + (c.causal() ? " lm" : " classify");
