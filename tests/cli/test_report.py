@@ -121,11 +121,19 @@ def main():
         proc = run([ddplab, "report", busy])
         print(proc.stdout[proc.stdout.find("blame:"):])
         with h5py.File(busy, "r") as f:
-            counted = bool(np.all(f["steps"]["cpu_wait_ms"][:] >= 0))
+            first = json.loads(f.attrs["summary"])["first_steady_step"]
+            cpu_wait = f["steps"]["cpu_wait_ms"][:, first:]  # [rank, step]
+        counted = bool(np.all(cpu_wait >= 0))
+        # Rank 0 is the control: it has no busy thread, so its cpu wait is what the rest of the host took. When that
+        # is comparable to rank 1's, other work on the machine drowns the busy thread's share and no blame can name it.
+        control, beside_busy = (float(np.median(cpu_wait[r])) for r in (0, 1)) if counted else (0.0, 0.0)
         check("busy_threads 1 slow_rank 1" in proc.stdout, "the report's lab line names the busy threads")
         if not counted:
             print("skipped: the busy-threads run's blame (this kernel has no /proc/thread-self/schedstat: the cpu "
                   "wait is not counted)")
+        elif control >= 0.5 * beside_busy:
+            print(f"skipped: the busy-threads run's blame (the host is busy with other work: rank 0, with no busy "
+                  f"thread, waited {control:.2f} ms/step for its CPU, rank 1 beside the busy thread {beside_busy:.2f})")
         else:
             check("rank 1 sets the pace (CPU taken)" in proc.stdout and "cpu wait" in proc.stdout,
                   "busy-threads run: blame names rank 1, its CPU taken by the busy thread beside it")

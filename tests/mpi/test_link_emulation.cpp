@@ -1,5 +1,10 @@
-// Link emulation: messages arrive no earlier than the model says, all-reduces take the modelled time within
-// +-20%, and waiting sleeps instead of spinning (CPU time far below wall time).
+// Link emulation: messages arrive no earlier than the model says, all-reduces take the modelled time, and waiting
+// sleeps instead of spinning (CPU time far below wall time).
+//
+// The upper bounds hold on a busy machine too: what other work takes from the ranks is measured beside each timing
+// (the run queue delay of every rank's thread, comm/cpu_taken.h) and added to the bound, since a rank that waits for
+// its CPU delays the link's next event by that much. The lower bounds need no such care: load never makes a message
+// early.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/resource.h>
@@ -11,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/cpu_taken.h"
 #include "comm/link_emulation.h"
 #include "comm/transport.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -18,6 +24,23 @@
 namespace ddplab {
 namespace {
 
+
+// The time, in s, that the ranks' threads waited for a CPU between construction and `total()`: summed over the ranks,
+// because each rank's delay can hold up the others in turn. 0 where the kernel does not count it.
+class RunQueueDelay {
+ public:
+  RunQueueDelay() : start_(meter_.read()) {}
+  double total() const {
+    double mine = taken_between(start_, meter_.read()).cpu_wait_ms;
+    mine = std::max(mine, 0.0) * 1e-3;
+    MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return mine;
+  }
+
+ private:
+  CpuTakenMeter meter_;
+  CpuTaken start_;
+};
 
 double process_cpu_s() {
   rusage u;
@@ -35,6 +58,8 @@ TEST(LinkEmulation, MessagesArriveAtLatencyPlusSerialisation) {
   const double ser_s = bytes * 8 / 1e9, lat_s = 2e-3;
   std::vector<char> a(bytes, 1), b(bytes, 2);
   int64_t t0 = 0;
+  double first = 0, second = 0;
+  const RunQueueDelay delay;
   if (r == 0) {
     t0 = monotonic_ns();
     MPI_Send(&t0, 1, MPI_INT64_T, 1, 0, MPI_COMM_WORLD);
@@ -45,18 +70,29 @@ TEST(LinkEmulation, MessagesArriveAtLatencyPlusSerialisation) {
     MPI_Recv(&t0, 1, MPI_INT64_T, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     std::vector<char> got(bytes);
     t.recv(0, got.data(), bytes, 0);
-    const double first = (monotonic_ns() - t0) * 1e-9;
+    first = (monotonic_ns() - t0) * 1e-9;
     t.recv(0, got.data(), bytes, 0);
-    const double second = (monotonic_ns() - t0) * 1e-9;
-    // Lower bounds are the model (a message never arrives early); upper bounds only catch gross errors (a
-    // double delay, a serialised link) with room for a shared machine: timing is benchmarked, not asserted.
-    EXPECT_GE(first, lat_s + ser_s);
-    EXPECT_LE(first, 1.5 * (lat_s + ser_s) + 0.005);
-    EXPECT_GE(second, lat_s + 2 * ser_s);
-    EXPECT_LE(second, 1.5 * (lat_s + 2 * ser_s) + 0.005);
+    second = (monotonic_ns() - t0) * 1e-9;
     EXPECT_EQ(got[0], 2);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  // Lower bounds are the model: a message never arrives early.
+  if (r == 1) {
+    EXPECT_GE(first, lat_s + ser_s);
+    EXPECT_GE(second, lat_s + 2 * ser_s);
+  }
+  // Upper bounds only catch gross errors (a double delay, a serialised link); speed is benchmarked, not asserted.
+  // Being late is excused only by what the machine took from the ranks meanwhile, and then the test says so.
+  const double waited = delay.total();
+  const double over = r == 1 ? std::max(first - (1.5 * (lat_s + ser_s) + 0.005),
+                                        second - (1.5 * (lat_s + 2 * ser_s) + 0.005))
+                             : 0.0;
+  double worst_over = over;
+  MPI_Allreduce(MPI_IN_PLACE, &worst_over, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (worst_over > 0 && worst_over <= waited)
+    GTEST_SKIP() << "the upper bounds: a message came " << worst_over * 1e3 << " ms late, while the ranks waited "
+                 << waited * 1e3 << " ms for a CPU";
+  EXPECT_LE(worst_over, 0) << "first " << first << " s, second " << second << " s; the ranks waited " << waited
+                           << " s for a CPU";
 }
 
 // An all-reduce over an emulated 1 Gbit/s link takes the bandwidth-optimal ring's time, 2(n-1)(lat + bytes/n/bw),
@@ -81,30 +117,40 @@ TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
   comm.allreduce_sum(data.data(), count, 0);  // warm-up: scratch, page faults
   // A shared machine can only make a call slower (a rank loses its core for a while), never faster than the
   // link: every try must respect the model's lower bound, the best of three its upper bound.
-  double best = 1e9, best_cpu = 0;
+  // A try within the bound passes. One over it is excused only by what the machine took from the ranks during it
+  // (then the link's own delay cannot be told, and the test says so); anything more fails.
+  const double bound_s = 1.5 * model_s + 0.005;
+  double best_over = 1e9, best_waited = 0;
   float want = static_cast<float>(n);  // after the warm-up
-  for (int attempt = 1; attempt <= 3 && best > 1.2 * model_s; ++attempt) {
+  for (int attempt = 1; attempt <= 3 && best_over > 0; ++attempt) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double cpu0 = process_cpu_s();
+    const RunQueueDelay delay;
     const int64_t t0 = monotonic_ns();
     comm.allreduce_sum(data.data(), count, attempt);
     want *= static_cast<float>(n);
     double wall = (monotonic_ns() - t0) * 1e-9, cpu = process_cpu_s() - cpu0;
+    const double waited = delay.total();
     MPI_Allreduce(MPI_IN_PLACE, &wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &cpu, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (world_rank() == 0)
-      std::printf("[ link     ] %s/%s n=%d: wall %.1f ms, model %.1f ms, cpu %.1f ms\n", to_string(GetParam().impl),
-                  to_string(GetParam().wire), n, wall * 1e3, model_s * 1e3, cpu * 1e3);
+      std::printf("[ link     ] %s/%s n=%d: wall %.1f ms, model %.1f ms, cpu %.1f ms, waited for a CPU %.1f ms\n",
+                  to_string(GetParam().impl), to_string(GetParam().wire), n, wall * 1e3, model_s * 1e3, cpu * 1e3,
+                  waited * 1e3);
     EXPECT_GE(wall, 0.8 * model_s) << "model " << model_s << " s";
-    if (wall < best) {
-      best = wall;
-      best_cpu = cpu;
+    // MPI_Allreduce itself spins while it runs (at full speed, a few ms of the ~70 ms); the ring sleeps.
+    EXPECT_LE(cpu, 0.25 * wall) << "cpu " << cpu << " s of wall " << wall << " s (slowest rank)";
+    if (wall - bound_s - waited < best_over - best_waited) {
+      best_over = wall - bound_s;
+      best_waited = waited;
     }
   }
-  EXPECT_LE(best, 1.5 * model_s + 0.005) << "model " << model_s << " s";
-  // MPI_Allreduce itself spins while it runs (at full speed, a few ms of the ~70 ms); the ring sleeps.
-  EXPECT_LE(best_cpu, 0.25 * best) << "cpu " << best_cpu << " s of wall " << best << " s (slowest rank)";
   EXPECT_EQ(data[count - 1], want);
+  if (best_over > 0 && best_over <= best_waited)
+    GTEST_SKIP() << "the upper bound: the best try took " << best_over * 1e3 << " ms over its bound (1.5 × the model + 5 ms) of "
+                 << bound_s * 1e3 << " ms, while the ranks waited " << best_waited * 1e3 << " ms for a CPU";
+  EXPECT_LE(best_over, 0) << "the best try over the bound of " << bound_s << " s; the ranks waited " << best_waited
+                          << " s for a CPU";
 }
 
 INSTANTIATE_TEST_SUITE_P(Impls, LinkAllreduce,
