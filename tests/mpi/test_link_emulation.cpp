@@ -24,7 +24,6 @@
 namespace ddplab {
 namespace {
 
-
 // The time, in s, that the ranks' threads waited for a CPU between construction and `total()`: summed over the ranks,
 // because each rank's delay can hold up the others in turn. 0 where the kernel does not count it.
 class RunQueueDelay {
@@ -83,9 +82,8 @@ TEST(LinkEmulation, MessagesArriveAtLatencyPlusSerialisation) {
   // Upper bounds only catch gross errors (a double delay, a serialised link); speed is benchmarked, not asserted.
   // Being late is excused only by what the machine took from the ranks meanwhile, and then the test says so.
   const double waited = delay.total();
-  const double over = r == 1 ? std::max(first - (1.5 * (lat_s + ser_s) + 0.005),
-                                        second - (1.5 * (lat_s + 2 * ser_s) + 0.005))
-                             : 0.0;
+  const double over =
+      r == 1 ? std::max(first - (1.5 * (lat_s + ser_s) + 0.005), second - (1.5 * (lat_s + 2 * ser_s) + 0.005)) : 0.0;
   double worst_over = over;
   MPI_Allreduce(MPI_IN_PLACE, &worst_over, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (worst_over > 0 && worst_over <= waited)
@@ -147,8 +145,9 @@ TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
   }
   EXPECT_EQ(data[count - 1], want);
   if (best_over > 0 && best_over <= best_waited)
-    GTEST_SKIP() << "the upper bound: the best try took " << best_over * 1e3 << " ms over its bound (1.5 × the model + 5 ms) of "
-                 << bound_s * 1e3 << " ms, while the ranks waited " << best_waited * 1e3 << " ms for a CPU";
+    GTEST_SKIP() << "the upper bound: the best try took " << best_over * 1e3
+                 << " ms over its bound (1.5 × the model + 5 ms) of " << bound_s * 1e3 << " ms, while the ranks waited "
+                 << best_waited * 1e3 << " ms for a CPU";
   EXPECT_LE(best_over, 0) << "the best try over the bound of " << bound_s << " s; the ranks waited " << best_waited
                           << " s for a CPU";
 }
