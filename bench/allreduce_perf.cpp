@@ -719,7 +719,7 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
   return s.str();
 }
 
-// --diag: what one rank saw, to tell a slow run from a fast one (issue #18: the ring's bandwidth is bimodal).
+// --diag: what one rank saw, to tell a slow run from a fast one (the ring's bandwidth can be bimodal).
 struct RankDiagnosis {
   int cpu_at_start = -1;
   std::string affinity = cpu_list();
@@ -793,7 +793,7 @@ struct RankDiagnosis {
 
 // --diag: how far apart the ranks' cores are, as the round trip of one cache line between rank 0 and each other rank
 // of its node through a shared window. About 110 ns where two cores share an L3, about 500 where they do not: on a
-// Zen 5 VM (session 13) the hypervisor moved the two vCPUs between the two from minute to minute, and the ring's
+// Zen 5 VM the hypervisor moved the two vCPUs between the two from minute to minute, and the ring's
 // in-place busbw at 16 MiB followed (24-29 GB/s near, 11 far). Measured before each size, since it can change
 // within a run. Collective; rank 0 gets the median of its batches per peer (ns), the other ranks nothing. At most
 // 20 ms per peer (past that, one batch, shorter), for hosts with more ranks than cores.
@@ -910,8 +910,8 @@ void print_diagnosis(const RankDiagnosis& d, int rank, int n) {
 
 // --diag: how fast every rank streams memory just before each size, all at once as the all-reduce will: y += x over
 // two buffers each twice the last-level cache (bench::add_stream_ms), GB/s read + written. On a shared host this
-// moves with the other tenants' memory traffic, which the guest sees no other way: in session 17 it moved between
-// about 18 and 39 GB/s from size to size, and the direct all-reduce's busbw with it (docs/BENCHMARKS.md). About 30 ms
+// moves with the other tenants' memory traffic, which the guest sees no other way: on a Zen 4 VM it moved between
+// about 18 and 39 GB/s from size to size, and the direct all-reduce's busbw with it. About 30 ms
 // per size; it leaves the cache full of its own lines, which the size's warm-up calls (-w) replace.
 class MemoryStream {
  public:

@@ -1,4 +1,4 @@
-// The ws=1 training step against the GEMMs it cannot avoid (issue #18: the step within 8% of the GEMMs alone).
+// The ws=1 training step against the GEMMs it cannot avoid (the goal: the step within 8% of the GEMMs alone).
 // Runs the default MLP's step through the Trainer on one rank and one BLAS thread, with the optimizer's update after
 // backward and in backward (--optimizer-in-backward), and after each pair of steps the same eight GEMMs (forward 3,
 // weight gradients 3, input gradients 2: the first layer's input needs none) on buffers of the same shapes through

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #18's tables in one go, for a quiet machine (about 6 minutes on 2 cores; each part prints
-# when it starts):
+# The CPU speed goals' tables in one go (docs/BENCHMARKS.md, "CPU speed on each host kind"), for a quiet machine
+# (about 6 minutes on 2 cores; each part prints when it starts):
 #   1. the ring against MPI_Allreduce, 16-256 MiB at np 2, RUNS runs of allreduce_perf --diag: per size the ring's
 #      median, slowest/median and worst ring/MPI ratio over the runs (targets: slowest >= 0.8x median, ring >= 2x
 #      MPI in every run), how far apart the ranks' cores were before each size (a cache-line round trip), how fast

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""How well `ddplab predict` predicts (issue #16's benchmark, docs/PREDICT.md): for each model, world size and link,
-one `ddplab sweep --predict` predicts every bucket cap x overlap cell from one run at the default settings on that
-link, then measures every cell. Never fitted per cell.
+"""How well `ddplab predict` predicts (docs/PREDICT.md; results in docs/BENCHMARKS.md, "Prediction accuracy"): for
+each model, world size and link, one `ddplab sweep --predict` predicts every bucket cap x overlap cell from one run at
+the default settings on that link, then measures every cell. Never fitted per cell.
 
 Per (model, np, link) it reports the median and max |error| of the predicted step time against the measured one, and
 whether the cell the model recommends measured within 5% of the fastest measured cell (cells whose caps cut the same
@@ -57,7 +57,7 @@ MODELS = {
     "tiny": ["--model", "tiny", "--batch", "16", "--lengths", "fixed", "--max-len", "128"],
     "small": ["--model", "small", "--batch", "8", "--lengths", "fixed", "--max-len", "64"],
 }
-# The slowest rank's step (ms) at link none, and the gradient's size (MB), on the quiet 2-core Xeon of 2026-11-24
+# The slowest rank's step (ms) at link none, and the gradient's size (MB), on a quiet 2-core Xeon host
 # (np 4 is oversubscribed there: the ranks take turns on the cores): for --estimate and for how many steps a cell
 # needs to be measured for --min-measure-s.
 STEP_MS = {("mlp", 2): 18, ("mlp", 4): 43, ("tiny", 2): 5.7, ("tiny", 4): 12.3, ("small", 2): 24.5, ("small", 4): 56}

@@ -73,8 +73,9 @@ struct CudaRingConfig {
   RingLinkKind link = RingLinkKind::kAuto;
   // The largest chunk one step moves: the ring runs in rounds of ranks x this, and each staging buffer holds one.
   // Each step of the ipc and host links costs a fixed ~0.37 ms where the ranks share a GPU (its contexts take
-  // turns), whatever it moves: at 2 ranks on an H200 (2026-11-27) a 256 MiB all-reduce ran at 10.5 GB/s bus
-  // bandwidth in 4 MiB chunks and 107 GB/s in 64 MiB ones. So 64 MiB: a few staging buffers of that size per rank.
+  // turns), whatever it moves: at 2 ranks on an H200 a 256 MiB all-reduce ran at 10.5 GB/s bus bandwidth in 4 MiB
+  // chunks and 107 GB/s in 64 MiB ones (docs/BENCHMARKS.md, "GPU collectives and overlap"). So 64 MiB: a few staging
+  // buffers of that size per rank.
   size_t chunk_bytes = size_t{64} << 20;
 };
 

@@ -880,8 +880,8 @@ std::optional<bool> ShmTransport::direct_collective(Direct kind, const float* in
     }
     // Out of place, once every rank's output together outgrows the last-level cache, the sums go to memory with
     // non-temporal stores: no line of an output is read before it is overwritten (on Zen 4 out of place at 16-256
-    // MiB: +48% to +106%; at 4 MiB, where the outputs stay in the cache, they lost in 2 rounds of 3, and 2x on Zen 5:
-    // docs/BENCHMARKS.md, sessions 15 and 16).
+    // MiB: +48% to +106%; at 4 MiB, where the outputs stay in the cache, they lose: docs/COMM.md, "The direct
+    // all-reduce").
     // In place the lines were just read, and an ordinary store hits them in the cache.
     const bool stream = in != out && bytes * static_cast<size_t>(size_) >= last_level_cache_bytes();
     for (const RingChunk& c : ring_owned_chunks(count, size_, rank_, options))

@@ -1,8 +1,8 @@
 // Point-to-point transports beneath the collective algorithms.
 //
 // An algorithm (comm/ring_allreduce.*, comm/recursive_doubling.*) only ever calls send / recv / wait_sends on a
-// Transport, so the same ring runs over MPI host messages today and over NCCL p2p or CUDA IPC on the GPU later;
-// link emulation (comm/link_emulation.h) is a wrapper Transport that delays messages.
+// Transport, so the same ring runs over shared memory or MPI host messages here; on the GPU the same ring runs over
+// NCCL p2p, CUDA IPC or host staging through the links of comm/ring_device.h and comm/ring_cuda.h; link emulation (comm/link_emulation.h) is a wrapper Transport that delays messages.
 #pragma once
 #include <mpi.h>
 

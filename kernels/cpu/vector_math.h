@@ -13,8 +13,8 @@ namespace ddplab::cpu {
 
 // exp(x) in float: x = n ln2 + r with |r| <= ln2/2 (Cody–Waite split of ln2), e^r by a degree-5 polynomial
 // 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3) fitted for the least maximum relative error on that interval (1.05e-7,
-// about 1 ulp: below the degree-6 Taylor polynomial's 1.6e-7, with one multiply-add fewer; docs/BENCHMARKS.md,
-// session 13), 2^n built in the exponent bits.
+// about 1 ulp: below the degree-6 Taylor polynomial's 1.6e-7, with one multiply-add fewer),
+// 2^n built in the exponent bits.
 constexpr float kExpC5 = 0.00831265f, kExpC4 = 0.04189006f, kExpC3 = 0.16667113f, kExpC2 = 0.49999232f;
 // Inputs are clamped to [-87.3, 88.7], so the result is always a normal float: exp of a very negative
 // number is ~1e-38 instead of 0, which is harmless wherever it is added to something of order 1.

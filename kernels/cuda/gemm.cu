@@ -221,7 +221,7 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
   // a 4-byte offset (the models' parameters start on 64-byte boundaries since, parameters.h). Such a bias or aux
   // takes the fallback.
   // The bias has D's type (cublasLt.h, BIAS_DATA_TYPE's default), which is why it is a T: asked for an fp32 bias on
-  // bf16 D, the heuristic answered CUBLAS_STATUS_INVALID_VALUE (H200, cuBLAS 13.1, 2026-11-27).
+  // bf16 D, the heuristic answered CUBLAS_STATUS_INVALID_VALUE (cuBLAS 13.1).
   if (bias && alignment_of(bias) >= 16 && (!gelu || alignment_of(pre_gelu) >= 16)) {
     g.bias = bias;
     g.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;

@@ -26,7 +26,7 @@ __device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x)
 // array (load_pack, common.cuh), one(i) element i, for the n % V left over. With V == 1 it is the plain grid-stride
 // loop over one(i). The launchers take V = 4 where every float pointer is 16-byte aligned (all_aligned) and V = 1
 // otherwise. Why: on an H200 the float4 kernels moved 95-99% of the copy bandwidth and the same arithmetic one
-// float at a time 70-78% (docs/BENCHMARKS.md, "GPU first light").
+// float at a time 70-78%.
 template <int V, typename PackBody, typename OneBody>
 __device__ inline void for_each_pack(int64_t n, PackBody pack, OneBody one) {
   if constexpr (V == 1) {

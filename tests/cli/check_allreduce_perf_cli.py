@@ -163,7 +163,7 @@ def test_flags(perf, workdir):
         check(doc["stat"] == "median" and doc["aggregate"] is None, "--stat median recorded, -a as not applied")
         check_modes(doc, "--stat median", "median")
 
-    # -i: the step in bytes, as in nccl-tests (it used to pick implementations: "unknown implementation").
+    # -i: the step in bytes, as in nccl-tests, not a choice of implementations ("unknown implementation").
     p, doc, _ = run_ok(perf, workdir, "step", ["-b", "1M", "-e", "3M", "-i", "1M", "-w", "0", "-n", "1",
                                                "--impls", "ring"])
     if doc:

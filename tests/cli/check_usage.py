@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """What a user meets first: --version, a mistyped command, the help text, the flags suite and sweep offer, an
-output path checked before training, and settings that used to be accepted silently.
+output path checked before training, and settings that must not be accepted silently.
 
 usage: check_usage.py MPIRUN DDPLAB
 """

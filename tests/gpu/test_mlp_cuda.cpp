@@ -61,8 +61,8 @@ TEST(MlpCudaHost, PrecisionNamesRoundTrip) {
 
 // How far the GPU may be from the fp32 CPU model, which the mixed-precision modes approximate. Measured normwise per
 // gradient piece (a wrong block of rows cannot hide in a large weight) and elementwise against the parameter's
-// largest gradient (no outlier hides in the norm). Tightened from the errors the test printed on an H200 (2026-11-27;
-// worst over the shapes, piece sizes and batches), to about 3x those:
+// largest gradient (no outlier hides in the norm). Tightened from the errors the test printed on an H200 (worst over
+// the shapes, piece sizes and batches), to about 3x those:
 //   fp32: loss 1.0e-7, gradients 2.9e-6 normwise (summation order, GELU's tanh), the AdamW curve within 3e-6;
 //   tf32: loss 5.3e-5, gradients 7.6e-4 normwise (11-bit GEMM inputs), curve 3e-5;
 //   bf16: loss 5.1e-4, gradients 7.0e-3 normwise (8-bit activations), curve 2.4e-3.

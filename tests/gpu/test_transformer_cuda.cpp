@@ -119,7 +119,7 @@ TEST(TransformerCudaHost, RejectsFusedAttentionItCannotRun) {
 
 // How far the GPU may be from the fp32 CPU model, measured normwise per gradient piece (a wrong block of rows cannot
 // hide in a large weight) and elementwise against the parameter's largest gradient. Tightened from the errors this
-// test printed on an H200 (2026-11-27; worst over both heads, both piece sizes, both batches), to about 3x those:
+// test printed on an H200 (worst over both heads, both piece sizes, both batches), to about 3x those:
 //   fp32: loss 0, gradients 9.6e-7 normwise (summation order), the AdamW curve within 1e-6;
 //   tf32: loss 6.0e-6, gradients 8.9e-4 normwise (11-bit GEMM inputs, attention's GEMMs included), curve 9e-5;
 //   bf16: loss 4.0e-5, gradients 1.03e-2 normwise (8-bit activations, some twenty roundings on the way to the

@@ -7,7 +7,7 @@
 //
 // Tolerance: the two runs differ only in fp32 summation order — the mean over N*B rows in one GEMM versus N
 // per-rank means summed by the all-reduce and scaled by 1/N — so gradients agree to ~1e-7 relative. Measured
-// after 6 steps at np 2-4 (2026-11-21): SGD 1.5e-8, AdamW 7.5e-8 max absolute parameter difference. We allow
+// after 6 steps at np 2-4: SGD 1.5e-8, AdamW 7.5e-8 max absolute parameter difference. We allow
 // 1e-6 (SGD) and 1e-5 (AdamW, whose division by sqrt(v) amplifies differences of near-zero gradients), while
 // training moves parameters by ~1e-1 and ~6e-3: a wrong averaging or a lost shard fails by orders of magnitude.
 #include <gtest/gtest.h>
