@@ -19,7 +19,7 @@ inline std::string fmt(const char* format, ...) {
 // The unit of bucket caps (--bucket-mb) and of every size the analysis prints in "MiB".
 inline constexpr double kMiB = 1024.0 * 1024.0;
 
-// A time in ms, or `none` for a counter the kernel does not keep (-1; comm/cpu_taken.h): "1.25", "-".
+// A time in ms, or `none` for a counter the kernel does not keep (-1; runtime/cpu_taken.h): "1.25", "-".
 inline std::string counted_ms(double ms, const char* none) { return ms >= 0 ? fmt("%.2f", ms) : std::string(none); }
 
 // "1 step", "5 steps".

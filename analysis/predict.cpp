@@ -16,7 +16,7 @@
 namespace ddplab {
 namespace {
 
-// DDPLAB_COMM_SPIN_US of the runs that did not record it: the default then (comm/settings.h).
+// DDPLAB_COMM_SPIN_US of the runs that did not record it: the default then (runtime/settings.h).
 constexpr int kCommSpinUsOfOlderFiles = 50;
 
 struct Interval {

@@ -5,6 +5,7 @@
 
 #include "analysis/blame.h"
 #include "analysis/format.h"
+#include "comm/communicator.h"  // describe: the links as they act
 
 namespace ddplab {
 namespace {
@@ -82,7 +83,7 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   // The lab's columns only when they would not print as zeros.
   bool lab_cols = false;
   for (const StepRecord& m : s.ranks) lab_cols |= std::max({m.extra_comm_ms, m.host_work_ms, m.barrier_ms}) >= 0.005;
-  // What the host took (comm/cpu_taken.h), likewise: absent from older files, not counted by some kernels.
+  // What the host took (runtime/cpu_taken.h), likewise: absent from older files, not counted by some kernels.
   bool taken_cols = false;
   for (const StepRecord& m : s.ranks) taken_cols |= std::max(m.steal_ms, m.cpu_wait_ms) >= 0.005;
   std::fprintf(out, "  per rank (steady-state mean per step, ms):\n");

@@ -65,10 +65,10 @@
 
 #include "bench/bench_util.h"
 #include "comm/communicator.h"
-#include "comm/cpu_taken.h"
+#include "runtime/cpu_taken.h"
 #include "comm/hier_allreduce.h"
-#include "comm/mpi_init.h"
-#include "comm/settings.h"
+#include "runtime/mpi_init.h"
+#include "runtime/settings.h"
 #include "comm/shm_transport.h"
 #include "launcher/cli_errors.h"
 #include "record/files.h"
@@ -523,7 +523,7 @@ double percentile(std::vector<double> values, double p) {
 }
 
 // --diag: how long the hypervisor gave the CPUs this rank may run on (its one vCPU when bound) to someone else while
-// the guest had work for them (comm/cpu_taken.h), in ms since boot, in steps of USER_HZ (10 ms). A call that took
+// the guest had work for them (runtime/cpu_taken.h), in ms since boot, in steps of USER_HZ (10 ms). A call that took
 // several times its median while steal grew was stalled from outside: no setting of ours decides it. 0 where it is
 // not counted (bare metal, or a kernel without it).
 double steal_ms_now() {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "comm/watchdog.h"
+#include "runtime/watchdog.h"
 #include "kernels/cpu/ops.h"
 
 namespace {

@@ -12,11 +12,11 @@
 
 #include "comm/hier_allreduce.h"
 #include "comm/link_emulation.h"
-#include "comm/mpi_check.h"
+#include "runtime/mpi_check.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
-#include "comm/settings.h"
-#include "comm/watchdog.h"
+#include "runtime/settings.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab {
 
@@ -161,7 +161,7 @@ size_t small_allreduce_bytes(int n) {
 
 namespace {
 
-// The tuning knobs (comm/settings.h). Values are measured on the development machine, see docs/COMM.md.
+// The tuning knobs (runtime/settings.h). Values are measured on the development machine, see docs/COMM.md.
 size_t ring_slice_bytes() { return static_cast<size_t>(settings::integer(settings::kRingSliceBytes)); }
 size_t ring_slices_per_chunk() { return static_cast<size_t>(settings::integer(settings::kRingSlicesPerChunk)); }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/link_model.h"
 #include "comm/ring_allreduce.h"
 #include "comm/shm_transport.h"
 #include "comm/topology.h"
@@ -26,28 +27,6 @@ enum class WireDtype { kFp32, kBf16, kFp16 };
 WireDtype parse_wire_dtype(const std::string& name);  // "fp32" | "bf16" | "fp16"; throws std::invalid_argument
 const char* to_string(WireDtype dtype);
 
-// An emulated interconnect: each message is delayed by latency + bytes / bandwidth without burning CPU
-// (comm/link_emulation.h, docs/COMM.md). latency 0 and gbps 0: no emulation; gbps 0 alone: unlimited bandwidth.
-struct LinkModel {
-  std::string name = "none";
-  double latency_us = 0;
-  double gbps = 0;  // gigabits per second, as links are sold
-};
-// Presets: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4. A negative override keeps the preset's value.
-// Throws std::invalid_argument naming the bad preset or value.
-LinkModel parse_link(const std::string& preset, double latency_us_override = -1, double gbps_override = -1);
-bool link_emulated(const LinkModel& link);  // anything but "none" without overrides
-
-// A link model per class of hop (comm/link_emulation.h): between ranks of one node (intra), and across nodes
-// (inter: the sending node's NIC, shared by its ranks). One model converts to "every hop" (--link X).
-struct LinkClasses {
-  LinkModel intra, inter;
-  LinkClasses() = default;
-  LinkClasses(const LinkModel& every_hop) : intra(every_hop), inter(every_hop) {}  // NOLINT: --link X is every hop
-  bool per_class() const { return intra.name != inter.name || intra.latency_us != inter.latency_us ||
-                                  intra.gbps != inter.gbps; }
-  bool emulated() const { return link_emulated(intra) || link_emulated(inter); }
-};
 // "none", or the link as it acts, overrides applied: "10gbe (10 us, 10 Gbit/s)".
 std::string describe(const LinkModel& link);
 // describe() of the one link, or "intra none, inter 10gbe (10 us, 10 Gbit/s)".
@@ -60,7 +39,7 @@ LinkClasses parse_links(const std::string& spec, double latency_us_override = -1
 // (DDPLAB_SMALL_ALLREDUCE_BYTES, or the measured crossover).
 size_t small_allreduce_bytes(int ranks);
 
-// The ring's options as every Communicator sets them: slicing from comm/settings.h (measured defaults), and the
+// The ring's options as every Communicator sets them: slicing from runtime/settings.h (measured defaults), and the
 // wire format. The hierarchical all-reduce (comm/hier_allreduce.h) runs its rings with the same.
 RingOptions ring_options(WireDtype wire);
 

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "comm/mpi_check.h"
-#include "comm/worker_thread.h"
+#include "runtime/mpi_check.h"
+#include "runtime/worker_thread.h"
 
 namespace ddplab {
 

@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/mpi_check.h"
+#include "runtime/mpi_check.h"
 
 namespace ddplab {
 

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "comm/mpi_check.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/nvtx.h"
 

@@ -66,7 +66,7 @@ class NcclAllreduce final : public StreamAllreduce {
   // optimizer reads the gradients.
   void wait(cudaStream_t compute_stream) override;
   // The host waits for the comm stream; throws if NCCL reported an asynchronous error. Polls rather than blocking
-  // inside CUDA, so an error (a peer died) is seen while waiting, and the watchdog (comm/watchdog.h) names the wait
+  // inside CUDA, so an error (a peer died) is seen while waiting, and the watchdog (runtime/watchdog.h) names the wait
   // and, past --timeout-s, aborts the NCCL communicator before the job.
   void synchronize() override;
   // Throws NCCL's reason if the communicator reported an asynchronous error (a peer died, a network fault), and

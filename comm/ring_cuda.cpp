@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "comm/mpi_check.h"
+#include "runtime/mpi_check.h"
 #include "comm/nccl_allreduce.h"
-#include "comm/watchdog.h"
+#include "runtime/watchdog.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/nvtx.h"

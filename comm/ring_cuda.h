@@ -21,7 +21,7 @@
 #include "comm/ring_device.h"
 #include "comm/stream_allreduce.h"
 #include "comm/transport.h"
-#include "comm/worker_thread.h"
+#include "runtime/worker_thread.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
 

@@ -58,7 +58,7 @@ class RingLink {
 
 // A link through a staging buffer in the RECEIVER's memory that the sender writes directly (CUDA IPC: each rank
 // maps its next neighbour's staging buffer into its own address space; tests: an MPI shared-memory window).
-// Per exchange, with small MPI tokens between the neighbours (named watchdog waits, comm/watchdog.h):
+// Per exchange, with small MPI tokens between the neighbours (named watchdog waits, runtime/watchdog.h):
 //   1. finish my queue (my previous read of my staging is done), then tell prev "your write may start";
 //   2. wait for next's go, enqueue the copy send -> next's staging, finish it, tell next "it is there";
 //   3. wait for prev's "it is there", enqueue the copy my staging -> recv.

@@ -20,8 +20,8 @@
 #include <string>
 #include <utility>
 
-#include "comm/mpi_check.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 #include "kernels/cpu/ops.h"
 
 namespace ddplab {

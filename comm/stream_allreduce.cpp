@@ -8,8 +8,8 @@
 #include <string>
 #include <thread>
 
-#include "comm/mpi_check.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 

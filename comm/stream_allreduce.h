@@ -1,4 +1,4 @@
-// What the CUDA reducer (comm/reducer_cuda.h) needs from an all-reduce engine on the GPU, so that it runs over NCCL's
+// What the CUDA reducer (ddp/reducer_cuda.h) needs from an all-reduce engine on the GPU, so that it runs over NCCL's
 // collective (comm/nccl_allreduce.h) or our ring (comm/ring_cuda.h) alike: bucket all-reduces launched on a
 // dedicated communication stream, each after the compute stream has made the bucket's gradients final, with CUDA
 // events for the per-bucket timings, and the compute stream made to wait before the optimizer.
@@ -43,7 +43,7 @@ class StreamAllreduce {
   // compute_stream waits, on the device, for every all-reduce launched so far: call before the optimizer.
   virtual void wait(cudaStream_t compute_stream) = 0;
   // The host waits until every all-reduce launched so far has finished; throws what failed. A watchdog-named wait
-  // (comm/watchdog.h).
+  // (runtime/watchdog.h).
   virtual void synchronize() = 0;
   // A timing event from the engine's pool, recorded on `stream` now (the step's origin on the compute stream).
   virtual cudaEvent_t mark(cudaStream_t stream) = 0;

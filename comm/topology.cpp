@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include "comm/mpi_check.h"
-#include "comm/settings.h"
+#include "runtime/mpi_check.h"
+#include "runtime/settings.h"
 #include "comm/shm_transport.h"
 
 namespace ddplab {

@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "comm/mpi_check.h"
-#include "comm/settings.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_check.h"
+#include "runtime/settings.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab {
 

@@ -56,7 +56,7 @@ class Transport {
 struct PollPolicy {
   int spin_us = 0;
   int max_sleep_us = 1;
-  // DDPLAB_COMM_SPIN_US / DDPLAB_COMM_MAX_SLEEP_US, read once, or their defaults (comm/settings.h).
+  // DDPLAB_COMM_SPIN_US / DDPLAB_COMM_MAX_SLEEP_US, read once, or their defaults (runtime/settings.h).
   static PollPolicy from_env();
 };
 

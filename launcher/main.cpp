@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/mpi_init.h"
-#include "comm/settings.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_init.h"
+#include "runtime/settings.h"
+#include "runtime/watchdog.h"
 #include "git_commit.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"

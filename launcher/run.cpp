@@ -19,10 +19,10 @@
 #include <type_traits>
 
 #include "analysis/report.h"
-#include "comm/agreement.h"
+#include "runtime/agreement.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
-#include "comm/watchdog.h"
+#include "runtime/watchdog.h"
 #include "git_commit.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/reducer.h"
+#include "comm/link_model.h"
+#include "ddp/buckets.h"
 #include "record/step_record.h"
 
 namespace ddplab {
@@ -32,7 +33,7 @@ struct RunMetadata {
   std::vector<int> node_of_rank;       // by rank (comm/topology.h); empty in files from before nodes were recorded
   LinkClasses links;                   // the emulated links per class of hop (none: no emulation)
   int host_cores = 0;  // CPUs the ranks on rank 0's host could run on (their affinity masks' union); 0: not recorded
-  // How long a waiting comm thread polls before it sleeps (DDPLAB_COMM_SPIN_US, comm/settings.h; < 0: it spins),
+  // How long a waiting comm thread polls before it sleeps (DDPLAB_COMM_SPIN_US, runtime/settings.h; < 0: it spins),
   // microseconds; nullopt: not recorded (older files, which ran with the default, 50).
   std::optional<int> comm_spin_us;
   // What a comm thread's sched_yield cost when it lost its core to a compute thread, microseconds (start-up probe,

@@ -20,7 +20,7 @@ struct StepRecord {
   double step_ms = 0;         // the whole step
   double comm_ms = 0;         // sum over buckets of all-reduce time (start to end on the comm thread)
   double hidden_comm_ms = 0;  // comm time that overlapped backward
-  // What the host took from the rank during the step (comm/cpu_taken.h; -1: this kernel does not count it): the
+  // What the host took from the rank during the step (runtime/cpu_taken.h; -1: this kernel does not count it): the
   // hypervisor's steal on the CPUs the rank may use, and the compute thread's wait for a CPU of its own host.
   double steal_ms = 0;
   double cpu_wait_ms = 0;

@@ -12,7 +12,7 @@
 #include <optional>
 #include <utility>
 
-#include "comm/worker_thread.h"
+#include "runtime/worker_thread.h"
 #include "train/workload.h"  // BatchStats
 
 namespace ddplab {

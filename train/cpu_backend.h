@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/reducer.h"
-#include "comm/worker_thread.h"
+#include "ddp/reducer.h"
+#include "runtime/worker_thread.h"
 #include "model/optimizer.h"
 #include "train/step_backend.h"
 #include "train/train_config.h"

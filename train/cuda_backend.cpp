@@ -8,10 +8,10 @@
 #include <exception>
 #include <utility>
 
-#include "comm/mpi_check.h"
+#include "runtime/mpi_check.h"
 #include "comm/nccl_allreduce.h"
 #include "comm/ring_cuda.h"
-#include "comm/watchdog.h"
+#include "runtime/watchdog.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"

@@ -1,5 +1,5 @@
 // The step on the GPU (--device cuda): the model (the MLP or the transformer, behind train/cuda_workload.h) on a
-// compute stream, its gradient buckets all-reduced on a comm stream while backward runs (comm/reducer_cuda.h) by NCCL
+// compute stream, its gradient buckets all-reduced on a comm stream while backward runs (ddp/reducer_cuda.h) by NCCL
 // (one GPU per rank) or by our ring (--comm ring: NCCL p2p, CUDA IPC — ranks may share a GPU — or host-staged links,
 // comm/ring_cuda.h), AdamW on the device over the fp32 master weights, each step's batches staged while the step
 // before runs. Marks are events on the compute stream. Data, bucket layout, averaging and the step itself are the
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "comm/stream_allreduce.h"
-#include "comm/reducer_cuda.h"
+#include "ddp/reducer_cuda.h"
 #include "kernels/cuda/nvtx.h"
 #include "train/batch_prefetcher.h"
 #include "train/cuda_workload.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/reducer.h"
+#include "ddp/reducer.h"
 #include "model/optimizer.h"
 #include "model/parameters.h"
 #include "record/checkpoint.h"

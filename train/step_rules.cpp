@@ -7,8 +7,8 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/mpi_check.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 #include "train/stop_signals.h"
 
 namespace ddplab {

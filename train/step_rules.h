@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/reducer.h"
+#include "ddp/reducer.h"
 #include "record/step_record.h"
 #include "train/clock.h"
 #include "train/train_config.h"

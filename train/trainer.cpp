@@ -5,8 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "comm/mpi_check.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 #include "train/cpu_backend.h"
 #include "train/step_phases.h"
 #ifdef DDPLAB_HAVE_CUDA

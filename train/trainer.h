@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/cpu_taken.h"
+#include "runtime/cpu_taken.h"
 #include "record/checkpoint.h"
 #include "train/step_backend.h"
 #include "train/step_rules.h"

@@ -133,7 +133,7 @@ fi
 expect_error 2 "more ranks (2) than sequences per epoch (--epoch-size 1)" train --model tiny --epoch-size 1 --steps 2
 expect_error 2 "--predict needs --zero-stage 0" sweep --predict --zero-stage 1 --steps 2
 
-# A DDPLAB_* knob set to a value it does not take is bad input too (comm/settings.h), refused on every rank.
+# A DDPLAB_* knob set to a value it does not take is bad input too (runtime/settings.h), refused on every rank.
 for np in 1 2; do
   DDPLAB_COMM_TRANSPORT=foo expect_error $np "DDPLAB_COMM_TRANSPORT must be shm or mpi, got 'foo'" \
     train "${small[@]}" --out "$work/knob.h5"

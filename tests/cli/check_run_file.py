@@ -115,7 +115,7 @@ def main():
             phases = sum(d[k] for k in PHASES)
             check(np.allclose(phases, d["step_ms"], rtol=1e-6, atol=1e-3), "phases add up to step_ms")
             check(np.all(d["hidden_comm_ms"] <= d["comm_ms"] + 1e-9), "hidden comm <= comm")
-            # What the host took (comm/cpu_taken.h): ms, or -1 where this kernel does not count it. With more ranks
+            # What the host took (runtime/cpu_taken.h): ms, or -1 where this kernel does not count it. With more ranks
             # than cores, every rank's compute thread must have waited for a CPU.
             for k in ["steal_ms", "cpu_wait_ms"]:
                 taken = f["steps"][k][:]

@@ -74,7 +74,7 @@ void expect_phases_tile_the_step(const StepRecord& r) {
     if (f.kind != FieldKind::kPhase) continue;
     EXPECT_GE(r.*f.member, 0.0) << f.name;
   }
-  // What the host took from the launching thread (comm/cpu_taken.h): ms, or -1 where the kernel does not count it.
+  // What the host took from the launching thread (runtime/cpu_taken.h): ms, or -1 where the kernel does not count it.
   for (const double taken : {r.steal_ms, r.cpu_wait_ms}) EXPECT_TRUE(taken >= 0 || taken == -1) << taken;
 }
 

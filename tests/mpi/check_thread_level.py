@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The MPI thread-level check end to end (comm/mpi_init.h): a library that gives less than MPI_THREAD_MULTIPLE is
+"""The MPI thread-level check end to end (runtime/mpi_init.h): a library that gives less than MPI_THREAD_MULTIPLE is
 refused on every rank before any work, with exit code 2 and one line from rank 0 naming the level it gave; with
 MPI_THREAD_MULTIPLE the program goes on.
 

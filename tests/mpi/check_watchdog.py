@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The watchdog end to end (comm/watchdog.h): a wait that never ends aborts the job within the timeout, naming
+"""The watchdog end to end (runtime/watchdog.h): a wait that never ends aborts the job within the timeout, naming
 the wait, its peer, tag and step, after running the abort hooks; a long operation made of short waits does not.
 
 usage: check_watchdog.py MPIRUN WATCHDOG_PROBE

@@ -1,13 +1,13 @@
 // GoogleTest main for tests launched by mpirun: every rank runs every test; a failure on any rank makes that
 // rank exit non-zero, which makes mpirun (and so ctest) fail. Only rank 0 prints the test listing; other
 // ranks print only failures, prefixed by their rank. MPI starts at MPI_THREAD_MULTIPLE, as in the ddplab binary
-// (comm/mpi_init.h); a library that gives less ends the test with exit code 2 and the reason.
+// (runtime/mpi_init.h); a library that gives less ends the test with exit code 2 and the reason.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
 
-#include "comm/mpi_init.h"
+#include "runtime/mpi_init.h"
 
 namespace {
 

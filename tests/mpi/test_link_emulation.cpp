@@ -2,7 +2,7 @@
 // sleeps instead of spinning (CPU time far below wall time).
 //
 // The upper bounds hold on a busy machine too: what other work takes from the ranks is measured beside each timing
-// (the run queue delay of every rank's thread, comm/cpu_taken.h) and added to the bound, since a rank that waits for
+// (the run queue delay of every rank's thread, runtime/cpu_taken.h) and added to the bound, since a rank that waits for
 // its CPU delays the link's next event by that much. The lower bounds need no such care: load never makes a message
 // early.
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/cpu_taken.h"
+#include "runtime/cpu_taken.h"
 #include "comm/link_emulation.h"
 #include "comm/transport.h"
 #include "tests/mpi/mpi_test_util.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/reducer.h"
+#include "ddp/reducer.h"
 #include "train/trainer.h"
 #include "tests/mpi/mpi_test_util.h"
 

@@ -1,12 +1,12 @@
 // thread_level_probe LEVEL: starts MPI asking for LEVEL (single, funneled, serialized or multiple), standing for a
-// library that gives no more, then makes the start-up check of every ddplab program (comm/mpi_init.h). Passing it,
+// library that gives no more, then makes the start-up check of every ddplab program (runtime/mpi_init.h). Passing it,
 // one all-reduce and exit 0; tests/mpi/check_thread_level.py runs it.
 #include <mpi.h>
 
 #include <cstdio>
 #include <cstring>
 
-#include "comm/mpi_init.h"
+#include "runtime/mpi_init.h"
 
 int main(int argc, char** argv) {
   const char* names[] = {"single", "funneled", "serialized", "multiple"};

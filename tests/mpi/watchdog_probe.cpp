@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "comm/shm_transport.h"
-#include "comm/watchdog.h"
+#include "runtime/watchdog.h"
 
 namespace {
 

@@ -1,10 +1,10 @@
-// Bucket assignment (comm/reducer.h): ready order, caps, the closing bucket, contiguity in the flat buffer.
+// Bucket assignment (ddp/reducer.h): ready order, caps, the closing bucket, contiguity in the flat buffer.
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <vector>
 
-#include "comm/reducer.h"
+#include "ddp/reducer.h"
 #include "model/mlp.h"
 
 namespace ddplab {

@@ -1,4 +1,4 @@
-// What the host takes from a thread (comm/cpu_taken.h): the parsing against hand-made /proc text, and the live
+// What the host takes from a thread (runtime/cpu_taken.h): the parsing against hand-made /proc text, and the live
 // counter against a competitor made to share this thread's CPU.
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "comm/cpu_taken.h"
+#include "runtime/cpu_taken.h"
 
 namespace ddplab {
 namespace {

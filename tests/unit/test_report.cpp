@@ -20,6 +20,7 @@
 #include "analysis/report.h"
 #include "analysis/summary.h"
 #include "analysis/timeline.h"
+#include "comm/communicator.h"  // parse_links
 #include "record/hdf5.h"
 #include "record/run_file.h"
 

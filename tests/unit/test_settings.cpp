@@ -1,4 +1,4 @@
-// The DDPLAB_* knobs (comm/settings.h): the environment's value when set and valid, the default when unset or empty,
+// The DDPLAB_* knobs (runtime/settings.h): the environment's value when set and valid, the default when unset or empty,
 // a bad value refused with the variable named, and each knob read once, so a running job never sees it change.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/settings.h"
+#include "runtime/settings.h"
 
 namespace ddplab::settings {
 namespace {

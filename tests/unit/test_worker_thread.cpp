@@ -1,5 +1,5 @@
 // The job queue on a thread that the Reducer and the hierarchical all-reduce hand their work to
-// (comm/worker_thread.h): jobs run in submission order on one thread that is not the caller's, wait(t) returns only
+// (runtime/worker_thread.h): jobs run in submission order on one thread that is not the caller's, wait(t) returns only
 // once jobs 1..t are done, the first failure is rethrown on the waiting thread and stops all later jobs,
 // and destruction drops the jobs not yet started without waiting for them. A hang fails through CTest's timeout.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/worker_thread.h"
+#include "runtime/worker_thread.h"
 
 namespace ddplab {
 namespace {

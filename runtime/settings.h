@@ -75,7 +75,7 @@ std::string choice(const Knob& knob);
 // Every knob set in the environment, checked (and read): main() calls it on every rank before any work, so a bad
 // value is refused there, whichever knobs the command would have read and when.
 void check_all();
-// Collective: every knob but DDPLAB_BLAS_AUTO holds the same text on every rank of comm (comm/agreement.h). Each
+// Collective: every knob but DDPLAB_BLAS_AUTO holds the same text on every rank of comm (runtime/agreement.h). Each
 // rank reads its own environment, and ranks that differ could wait on each other in different algorithms or cut
 // buffers differently: refused instead, with BadSetting naming each knob that differs and two ranks' values.
 void check_same_on_every_rank(MPI_Comm comm);

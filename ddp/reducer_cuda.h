@@ -1,4 +1,4 @@
-// The Reducer on the GPU: the CPU Reducer's buckets (comm/reducer.h: assign_buckets, the cross-rank layout check),
+// The Reducer on the GPU: the CPU Reducer's buckets (ddp/reducer.h: assign_buckets, the cross-rank layout check),
 // all-reduced on a comm stream while backward runs on the compute stream, by NCCL (comm/nccl_allreduce.h) or by our
 // ring (comm/ring_cuda.h), both behind StreamAllreduce.
 //
@@ -24,7 +24,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/reducer.h"
+#include "ddp/reducer.h"
 #include "comm/stream_allreduce.h"
 
 namespace ddplab::cuda {

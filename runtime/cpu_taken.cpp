@@ -1,4 +1,4 @@
-#include "comm/cpu_taken.h"
+#include "runtime/cpu_taken.h"
 
 #include <fcntl.h>
 #include <sched.h>

@@ -1,5 +1,5 @@
 // CudaReducer: see reducer_cuda.h. Host code only: its one kernel is convert.h's launcher.
-#include "comm/reducer_cuda.h"
+#include "ddp/reducer_cuda.h"
 
 #include <algorithm>
 #include <stdexcept>

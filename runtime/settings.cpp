@@ -1,4 +1,4 @@
-#include "comm/settings.h"
+#include "runtime/settings.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/agreement.h"
+#include "runtime/agreement.h"
 
 namespace ddplab::settings {
 namespace {

@@ -1,4 +1,4 @@
-#include "comm/agreement.h"
+#include "runtime/agreement.h"
 
 #include <cstdint>
 

@@ -1,5 +1,5 @@
 // MPI start-up for every ddplab program that runs our communication threads: the ddplab binary, the MPI tests' main,
-// allreduce_perf. ddplab calls MPI from several threads at once — a reducer's comm thread (comm/reducer.h) or the
+// allreduce_perf. ddplab calls MPI from several threads at once — a reducer's comm thread (ddp/reducer.h) or the
 // GPU ring's (comm/ring_cuda.h) exchanges buckets while the main thread runs the step's agreement (MPI_Iallreduce),
 // and the watchdog's thread may call MPI_Abort — so it needs MPI_THREAD_MULTIPLE. Below that level concurrent calls
 // are undefined behaviour (mixed-up messages, hangs), never an error code, so a library that gives less is refused

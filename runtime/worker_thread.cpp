@@ -1,8 +1,8 @@
-#include "comm/worker_thread.h"
+#include "runtime/worker_thread.h"
 
 #include <utility>
 
-#include "comm/watchdog.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab {
 

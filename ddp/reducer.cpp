@@ -1,4 +1,4 @@
-#include "comm/reducer.h"
+#include "ddp/reducer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,8 +7,8 @@
 #include <ctime>
 #include <stdexcept>
 
-#include "comm/mpi_check.h"
-#include "comm/watchdog.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 #include "kernels/cpu/ops.h"
 
 namespace ddplab {
@@ -25,76 +25,7 @@ double thread_cpu_ms() {
   return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
 }
 
-// FNV-1a over the layout: equal on two ranks iff (with overwhelming probability) the layouts are equal.
-uint64_t layout_hash(const std::vector<Bucket>& buckets) {
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](int64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 1099511628211ULL;
-  };
-  for (const Bucket& b : buckets) {
-    mix(b.first_piece);
-    mix(b.last_piece);
-    mix(b.offset);
-    mix(b.count);
-  }
-  return h;
-}
-
 }  // namespace
-
-std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
-                                   double bucket_cap_bytes, double first_bucket_cap_bytes) {
-  const int n = static_cast<int>(numel.size());
-  if (offset.size() != numel.size()) throw std::invalid_argument("assign_buckets: numel and offset differ in size");
-  if (!(bucket_cap_bytes >= 0) || !(first_bucket_cap_bytes >= 0))
-    throw std::invalid_argument("assign_buckets: bucket caps must not be negative");
-  for (int k = 1; k < n; ++k)
-    if (offset[k] < offset[k - 1] + numel[k - 1])
-      throw std::invalid_argument("assign_buckets: gradient piece " + std::to_string(k) +
-                                  " does not lie after the previous one in the flat buffer");
-  if (n == 0) return {};
-  // The fp32 bytes of the slice from piece `first` to piece `last`, the gaps between them included.
-  const auto span = [&](int first, int last) {
-    return static_cast<double>(offset[last] + numel[last] - offset[first]) * sizeof(float);
-  };
-
-  // The closing bucket first: the last pieces to become ready, while they fit its cap (at least one).
-  int closing_first = n - 1;
-  while (closing_first > 0 && span(closing_first - 1, n - 1) <= first_bucket_cap_bytes) --closing_first;
-
-  // The rest in ready order, greedily up to the cap.
-  std::vector<Bucket> buckets;
-  for (int k = 0; k < closing_first;) {
-    Bucket b;
-    b.first_piece = k;
-    while (k + 1 < closing_first && span(b.first_piece, k + 1) <= bucket_cap_bytes) ++k;
-    b.last_piece = k++;
-    buckets.push_back(b);
-  }
-  buckets.push_back(Bucket{closing_first, n - 1, 0, 0});
-  for (Bucket& b : buckets) {
-    b.offset = offset[b.first_piece];
-    b.count = offset[b.last_piece] + numel[b.last_piece] - b.offset;
-  }
-  return buckets;
-}
-
-void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm) {
-  const uint64_t mine[2] = {layout_hash(buckets), ~layout_hash(buckets)};
-  uint64_t most[2];
-  mpiCheck(MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm));
-  if (most[0] == mine[0] && most[1] == mine[1]) return;
-  // Some rank differs: every rank sees it, every rank throws.
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  std::vector<int> counts(size);
-  const int nb = static_cast<int>(buckets.size());
-  mpiCheck(MPI_Allgather(&nb, 1, MPI_INT, counts.data(), 1, MPI_INT, comm));
-  std::string list;
-  for (int r = 0; r < size; ++r) list += (r ? ", " : "") + std::to_string(counts[r]);
-  throw std::runtime_error("gradient bucket layout differs across ranks (buckets per rank: " + list +
-                           "): every rank needs the same model, --bucket-mb, --first-bucket-mb and --grad-slice-mb");
-}
 
 Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
                  const std::vector<int64_t>& offset, float* flat_grads)
@@ -184,15 +115,6 @@ void Reducer::finish_alone(int piece) {
     last_finish_ticket_ = alone_finisher_->submit(std::move(finish));
   else
     finish();
-}
-
-void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    if (pending[b] != 0)
-      throw std::logic_error(std::string(who) + ": bucket " + std::to_string(b) + " (gradient pieces " +
-                             std::to_string(buckets[b].first_piece) + ".." + std::to_string(buckets[b].last_piece) +
-                             ") has gradients that were never marked ready");
-  }
 }
 
 void Reducer::wait_all() {

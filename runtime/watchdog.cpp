@@ -1,4 +1,4 @@
-#include "comm/watchdog.h"
+#include "runtime/watchdog.h"
 
 #include <mpi.h>
 #include <unistd.h>

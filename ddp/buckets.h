@@ -1,0 +1,51 @@
+// Gradient buckets: how the gradient pieces are cut into buckets, the check that every rank cut them alike, and when
+// things happened to each bucket in a step. What the reducers, the run file and the predictor share, apart from the
+// reducers themselves, so that record/ and analysis/ depend on the buckets and not on communication.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ddplab {
+
+// One bucket: the gradient pieces [first_piece, last_piece] (in ready order), which occupy the elements
+// [offset, offset + count) of the flat gradient buffer, with the alignment gaps between them (model/mlp.h: zeros).
+struct Bucket {
+  int first_piece = 0, last_piece = 0;
+  int64_t offset = 0, count = 0;
+  int num_pieces() const { return last_piece - first_piece + 1; }
+};
+
+// Buckets over gradient pieces given in the order backward finalises them (numel and flat-buffer offset of
+// each). Bucket 0 is the first to become ready; the last bucket, which closes backward, is filled first, from
+// the last piece backwards, up to first_bucket_cap_bytes. Caps count the fp32 bytes a bucket spans (pieces and the
+// gaps between them); a piece larger than a cap gets a bucket of its own. Pieces must lie in ascending order without
+// overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer, gaps included.
+std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
+                                   double bucket_cap_bytes, double first_bucket_cap_bytes);
+
+// Collective over comm: throws on every rank, naming each rank's bucket count, unless every rank has the same
+// layout (the all-reduces would otherwise pair unrelated buffers). Shared by the Reducer and the CudaReducer.
+void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm);
+
+// Before a step's buckets are awaited: every gradient piece must have been marked ready (pending[b] == 0), or
+// backward skipped a hook. Throws std::logic_error naming the first incomplete bucket; `who` names the reducer.
+void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who);
+
+// When things happened to one bucket in one step, in ms on the caller's time origin.
+struct BucketTimes {
+  double ready_ms = 0;       // its last gradient became final
+  double comm_start_ms = 0;  // the communication thread started its all-reduce
+  double comm_end_ms = 0;
+  // CPU time the communication thread spent on that all-reduce (CLOCK_THREAD_CPUTIME_ID): the cores it took from
+  // backward's threads when they ran beside it. 0 at world size 1 (no comm thread); < 0: not recorded (the CUDA
+  // reducer, files written before it was).
+  double comm_cpu_ms = kNotRecorded;
+  static constexpr double kNotRecorded = -1;
+  // --zero-stage 1: the parameters' all-gather after the update (comm_start/end_ms then time the reduce-scatter).
+  // Both 0 when there was none.
+  double gather_start_ms = 0, gather_end_ms = 0;
+};
+
+}  // namespace ddplab
