@@ -9,8 +9,10 @@
 // Every rank first checks that all ranks run the same subcommand of the same build (launcher/rank_agreement.h).
 // Error policy (the program's edge): bad input → one line "ddplab: error: ..." from rank 0 and exit code 2 on
 // every rank (every rank validates the same arguments, or learns rank 0's verdict, so none waits for another);
-// a failure during the run → the failing rank prints one line naming itself and aborts the whole job, so no
-// rank is left hanging.
+// a stop every rank reaches at the same step (a non-finite number, a signal, a result that could not be written)
+// → one line from rank 0 and exit code 4, 128 + the signal, or 5 on every rank, without an abort; any other failure
+// during the run → the failing rank prints one line naming itself and aborts the whole job, so no rank is left
+// hanging. The codes: docs/RELIABILITY.md.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>

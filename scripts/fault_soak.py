@@ -54,7 +54,13 @@ class Tmpfs:
         os.rmdir(self.path)
 
     def remount_read_only(self):
-        subprocess.run(["mount", "-o", "remount,ro", self.path], check=True, capture_output=True)
+        """Remounts it read-only; retried while the kernel refuses because a file is open for writing (a snapshot
+        being written): the fault then lands just after that write."""
+        deadline = time.monotonic() + 30
+        while subprocess.run(["mount", "-o", "remount,ro", self.path], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise OSError(f"cannot remount {self.path} read-only")
+            time.sleep(0.001)
 
 
 def mount_problem():
@@ -97,21 +103,23 @@ def run_job(mpirun, ddplab, np_ranks, kind, rng, folder, limit_s, tmpfs=None):
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np_ranks), ddplab, "train"] + SMALL + args
     start = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    if kind in ("sigterm", "disk-full", "unwritable") and wait_for(out + ".partial", start + limit_s):
-        time.sleep(rng.uniform(0, 0.5))
-        if kind == "sigterm":
-            p.send_signal(signal.SIGTERM)
-        elif kind == "disk-full":
-            fill(folder)
-        else:
-            tmpfs.remount_read_only()
     try:
+        if kind in ("sigterm", "disk-full", "unwritable") and wait_for(out + ".partial", start + limit_s):
+            time.sleep(rng.uniform(0, 0.5))
+            if kind == "sigterm":
+                p.send_signal(signal.SIGTERM)
+            elif kind == "disk-full":
+                fill(folder)
+            else:
+                tmpfs.remount_read_only()
         output, _ = p.communicate(timeout=max(1, limit_s - (time.monotonic() - start)))
         code = p.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        output, _ = p.communicate()
-        code = None
+        output, code = "", None
+    finally:
+        if p.poll() is None:  # the job outlived its limit, or injecting the fault failed: it goes with it
+            os.killpg(p.pid, signal.SIGKILL)
+            output += p.communicate()[0]
     return code, time.monotonic() - start, output
 
 
