@@ -634,11 +634,11 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   int64_t snapshot_steps = 0;  // in the last snapshot written
   // A result that cannot be written (disk full, quota, I/O error) stops the run after `step` on every rank, all of
   // which learned it from the write's broadcast: nothing further is written, and the last snapshot is kept.
-  const auto write_failed = [&](const std::string& error, int64_t step) {
+  const auto write_failed = [&](const std::string& reason, int64_t step) {
     const std::string kept = snapshot_steps == 0 ? "no snapshot was taken (--flush-every)"
                                                  : partial + " keeps steps " + std::to_string(first_step) + ".." +
                                                        std::to_string(first_step + snapshot_steps - 1);
-    return TrainingStopped(error + " (after step " + std::to_string(step) + "); " + kept, kExitWriteFailed);
+    return TrainingStopped(reason + " (after step " + std::to_string(step) + "); " + kept, kExitWriteFailed);
   };
   const auto save = [&](int64_t next_step) {
     timed_write([&] { error = save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world); });

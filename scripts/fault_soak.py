@@ -136,8 +136,14 @@ def check_files(ddplab, folder):
     return readable, broken
 
 
+def refuse(what):
+    print(f"fault_soak.py: error: {what}", file=sys.stderr)
+    sys.exit(2)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="fault_soak.py", description=__doc__.split("\n")[0])
+    parser.error = refuse  # one line, not argparse's usage block
     parser.add_argument("mpirun")
     parser.add_argument("ddplab")
     parser.add_argument("--jobs", type=int, default=100)
@@ -148,8 +154,7 @@ def parse_args(argv):
                      (f"{args.ddplab} is not an executable", os.access(args.ddplab, os.X_OK)),
                      (f"{args.mpirun} not found", shutil.which(args.mpirun) is not None)]:
         if not ok:
-            print(f"fault_soak.py: error: {what}", file=sys.stderr)
-            sys.exit(2)
+            refuse(what)
     return args
 
 
