@@ -9,8 +9,11 @@
 // Every rank first checks that all ranks run the same subcommand of the same build (launcher/rank_agreement.h).
 // Error policy (the program's edge): bad input → one line "ddplab: error: ..." from rank 0 and exit code 2 on
 // every rank (every rank validates the same arguments, or learns rank 0's verdict, so none waits for another);
-// a failure during the run → the failing rank prints one line naming itself and aborts the whole job, so no
-// rank is left hanging.
+// a stop every rank reaches at the same step (a non-finite number, a signal, a result that could not be written)
+// → one line from rank 0 and exit code 4, 128 + the signal, or 5 on every rank, without an abort; any other failure
+// during the run → the failing rank prints one line naming itself and aborts the whole job, so no rank is left
+// hanging. The codes: docs/RELIABILITY.md.
+#include <hdf5.h>
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -111,6 +114,9 @@ void require_known_command(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace ddplab;
+  // Before any other HDF5 call: HDF5 1.10 keeps a file whose close failed (its last flush met a full disk) open, and
+  // its exit handler then crashes closing it again; the process exits anyway, and the failure is already reported.
+  H5dont_atexit();
   // Before MPI_Init: it may run this program again with other OpenBLAS kernels (kernels/cpu/blas_kernels.h).
   blas::select_kernels(argc, argv);
   init_mpi_multithreaded(&argc, &argv, "ddplab");  // exits 2, with the reason, below MPI_THREAD_MULTIPLE

@@ -483,9 +483,10 @@ class RecordGatherer {
   std::vector<BucketTimes> my_buckets_;
 };
 
-// Rank 0 writes checkpoints (the replicas are identical); every rank learns whether that worked, and throws if not.
-void save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, int64_t next_step, bool replace,
-                                  MPI_Comm world) {
+// Rank 0 writes checkpoints (the replicas are identical); every rank learns whether that worked: returns rank 0's
+// error, "" if written.
+std::string save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, int64_t next_step, bool replace,
+                                         MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
@@ -505,8 +506,26 @@ void save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, i
       error = e.what();
     }
   }
-  error = broadcast_error(error, world);
-  if (!error.empty()) throw std::runtime_error(error);
+  return broadcast_error(error, world);
+}
+
+// Rank 0's check, before the first step, that the output's file systems have room for what the run will write:
+// its run file (twice while snapshots are taken: the last one is still there while the file is written) and its
+// checkpoint (twice where one replaces another: the old is kept until the new one is complete). "" if they have.
+std::string check_room_for_outputs(const TrainConfig& config, const Trainer& trainer, int world_size,
+                                   int64_t first_step) {
+  const int64_t steps = config.steps - first_step;
+  const bool snapshots = config.flush_every > 0 && config.flush_every < steps;
+  std::vector<std::pair<std::string, uint64_t>> files = {
+      {config.out, run_file_data_bytes(world_size, steps, trainer.buckets().size()) * (snapshots ? 2 : 1)}};
+  if (!config.checkpoint.empty()) {
+    int64_t params = 0;
+    for (const GradPiece& p : trainer.grad_pieces()) params = std::max(params, p.offset + p.numel);
+    const bool replaces = (config.checkpoint_every > 0 && config.checkpoint_every < steps) ||
+                          access(config.checkpoint.c_str(), F_OK) == 0;
+    files.push_back({config.checkpoint, checkpoint_data_bytes(params, config.optimizer) * (replaces ? 2 : 1)});
+  }
+  return check_free_space(files);
 }
 
 TrainingStopped stopped_by_signal(int signal, int step) {
@@ -586,6 +605,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   SummarizedRun result;
   const auto trainer = std::make_unique<Trainer>(config, world);
   const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer);
+  error = broadcast_error(rank == 0 ? check_room_for_outputs(config, *trainer, size, first_step) : "", world);
+  if (!error.empty()) throw UsageError(error);
   RunRecord& record = result.record;  // rank 0 fills in the records when it writes them
   record.meta = run_metadata(config, options, first_step, world);
   record.meta.transport = trainer->transport();
@@ -609,12 +630,22 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
     ++record.meta.file_writes;
     record.meta.file_writes_us += static_cast<int64_t>((now_ms() - start) * 1e3);
   };
+  const std::string partial = config.out + ".partial";
+  int64_t snapshot_steps = 0;  // in the last snapshot written
+  // A result that cannot be written (disk full, quota, I/O error) stops the run after `step` on every rank, all of
+  // which learned it from the write's broadcast: nothing further is written, and the last snapshot is kept.
+  const auto write_failed = [&](const std::string& reason, int64_t step) {
+    const std::string kept = snapshot_steps == 0 ? "no snapshot was taken (--flush-every)"
+                                                 : partial + " keeps steps " + std::to_string(first_step) + ".." +
+                                                       std::to_string(first_step + snapshot_steps - 1);
+    return TrainingStopped(reason + " (after step " + std::to_string(step) + "); " + kept, kExitWriteFailed);
+  };
   const auto save = [&](int64_t next_step) {
-    timed_write([&] { save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world); });
+    timed_write([&] { error = save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world); });
+    if (!error.empty()) throw write_failed(error, next_step - 1);
     checkpoint_written = true;
   };
   const StopSignals signals;
-  const std::string partial = config.out + ".partial";
   MPI_Barrier(world);  // common start: step start times of all ranks share one origin
   const double t0 = now_ms();
   // Progress, at most once a second: rank 0's steps since the last line, by the wall clock (checkpoint and snapshot
@@ -645,7 +676,8 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
       record.meta.stop_reason = "in progress: a snapshot after " + std::to_string(s + 1) + " of " +
                                 std::to_string(config.steps) + " steps (--flush-every)";
       timed_write([&] { error = gathered.write(partial, true, result.summary); });
-      if (!error.empty()) throw std::runtime_error(error);
+      if (!error.empty()) throw write_failed(error, s);
+      snapshot_steps = gathered.steps();
     }
     if (rank == 0 && !config.quiet && last.skipped > 0) {
       std::printf("  step %d skipped: %s (--skip-nonfinite: no update)\n", s, trainer->skipped_because().c_str());
@@ -678,7 +710,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
     if (error.empty()) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
     std::fflush(stdout);
   }
-  if (!error.empty()) throw std::runtime_error(error);
+  if (!error.empty()) throw write_failed(error, first_step + gathered.steps() - 1);
   if (stopped) throw *stopped;
   return result;
 }

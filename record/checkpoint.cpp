@@ -87,15 +87,6 @@ void write_contents(hid_t file, const std::vector<Parameter<float>>& params, con
     write_tensors(optimizer, groups[i], params, (i == 0 ? opt.first_moment() : opt.second_moment()).data());
 }
 
-// HDF5 does not fsync: without this a crash soon after the rename could leave an empty file under the real name.
-void sync_to_disk(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY);
-  const bool ok = fd >= 0 && fsync(fd) == 0;
-  const int error = errno;
-  if (fd >= 0) close(fd);
-  if (!ok) throw std::runtime_error("cannot sync " + path + " to disk: " + std::strerror(error));
-}
-
 // ---- loading ----------------------------------------------------------------------------------------------------
 
 // Refuses a group whose members are not exactly `expected`, naming the first one missing or unexpected.
@@ -231,6 +222,10 @@ void save_checkpoint(const std::string& path, bool force, const std::vector<Para
     throw std::runtime_error(prefix + e.what());
   }
   publish_file(tmp, path, force);
+}
+
+uint64_t checkpoint_data_bytes(int64_t params, const OptimizerConfig& optimizer) {
+  return static_cast<uint64_t>(params) * sizeof(float) * (1 + state_groups(optimizer).size());
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parameter<float>>& params, float* flat_params,

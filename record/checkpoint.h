@@ -29,6 +29,10 @@ struct CheckpointInfo {
 void save_checkpoint(const std::string& path, bool force, const std::vector<Parameter<float>>& params,
                      const float* flat_params, const Optimizer<float>& opt, const CheckpointInfo& info);
 
+// The bytes of tensor data in a checkpoint of `params` elements (the parameters and the optimizer's state): the least
+// its file takes, for the check that the disk has room before a run.
+uint64_t checkpoint_data_bytes(int64_t params, const OptimizerConfig& optimizer);
+
 // Reads `path` into flat_params and opt (replacing its state and step count) after checking everything against
 // `params` and opt's configuration: the same parameter names, shapes and float32 dtype, the same optimizer kind
 // and state, intact data (checksums). Any problem — a missing, truncated or corrupt file, a mismatch — throws

@@ -1,16 +1,21 @@
-// Writing a result so that it is all-or-nothing: check_output_path() before the work, then write
-// `temp_path_for(path)` and publish_file() it.
+// Writing a result so that it is all-or-nothing: check_output_path() and check_free_space() before the work, then
+// write `temp_path_for(path)`, sync_to_disk() and publish_file() it.
 #pragma once
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ddplab {
 
@@ -21,6 +26,12 @@ inline bool same_file(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   namespace fs = std::filesystem;
   return fs::weakly_canonical(fs::absolute(a)) == fs::weakly_canonical(fs::absolute(b));
+}
+
+// The folder a file is (to be) in.
+inline std::string folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
 // Empty when `path` can be written (it is not a folder, it does not exist unless `force`, and the temporary the
@@ -34,8 +45,7 @@ inline std::string check_output_path(const std::string& path, bool force) {
     if (S_ISDIR(st.st_mode)) return "output path " + path + " is a folder (name a file)";
     if (!force) return "output file " + path + " already exists (pass --force to overwrite)";
   }
-  const auto slash = path.find_last_of('/');
-  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string folder = folder_of(path);
   if (stat(folder.c_str(), &st) != 0) return "output folder " + folder + " does not exist";
   if (!S_ISDIR(st.st_mode)) return "output folder " + folder + " is not a folder";
   const std::string tmp = temp_path_for(path);
@@ -44,6 +54,47 @@ inline std::string check_output_path(const std::string& path, bool force) {
   close(fd);
   unlink(tmp.c_str());
   return "";
+}
+
+// "20.0 KiB", "3.1 MiB".
+inline std::string bytes_text(uint64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int u = 0;
+  while (value >= 1024 && u < 4) value /= 1024, ++u;
+  char text[32];
+  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.1f %s", value, units[u]);
+  return text;
+}
+
+// Empty when the file system of each file has room for the bytes it is to hold (files on one file system add
+// up), otherwise one line naming the file, what its file system must hold and what it has free. A folder that
+// cannot be looked at is skipped: check_output_path() names that problem.
+inline std::string check_free_space(const std::vector<std::pair<std::string, uint64_t>>& files) {
+  std::map<dev_t, uint64_t> needed;
+  for (const auto& [path, bytes] : files) {
+    const std::string folder = folder_of(path);
+    struct stat st;
+    struct statvfs fs;
+    if (stat(folder.c_str(), &st) != 0 || statvfs(folder.c_str(), &fs) != 0) continue;
+    const uint64_t need = needed[st.st_dev] += bytes;
+    const uint64_t free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    if (need > free)
+      return "not enough space for " + path + ": the run will write at least " + bytes_text(need) + " to " + folder +
+             ", which has " + bytes_text(free) + " free";
+  }
+  return "";
+}
+
+// Makes a written file durable before it is moved into place (HDF5 does not fsync): otherwise a crash soon after
+// the rename could leave an empty file under the real name, and an I/O error the kernel defers to writeback would
+// go unseen. Throws the operating system's reason.
+inline void sync_to_disk(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  const bool ok = fd >= 0 && fsync(fd) == 0;
+  const int error = errno;
+  if (fd >= 0) close(fd);
+  if (!ok) throw std::runtime_error(std::strerror(error));
 }
 
 // Moves a complete temporary into place. Without `force`, link() refuses to replace a file that appeared

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace ddplab {
@@ -18,6 +19,14 @@ hid_t utf8_string_type() {
 
 herr_t keep_innermost(unsigned n, const H5E_error2_t* error, void* out) {
   if (n == 0 && error->desc) *static_cast<std::string*>(out) = error->desc;
+  return 0;
+}
+
+// The first "errno = N" in the stack, innermost first: where a file driver's system call failed.
+herr_t find_errno(unsigned, const H5E_error2_t* error, void* out) {
+  const char* at = error->desc ? std::strstr(error->desc, "errno = ") : nullptr;
+  int& code = *static_cast<int*>(out);
+  if (at && code == 0) code = std::atoi(at + std::strlen("errno = "));
   return 0;
 }
 
@@ -150,6 +159,12 @@ void write_numbers(hid_t loc, const char* name, const std::vector<int64_t>& data
 }
 
 // ---- reading ----------------------------------------------------------------------------------------------------
+
+std::string hdf5_os_error() {
+  int code = 0;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, find_errno, &code);
+  return code > 0 ? std::strerror(code) : "";
+}
 
 std::string hdf5_reason() {
   std::string desc;

@@ -34,12 +34,18 @@ class H5Id {
   herr_t (*close_)(hid_t);
 };
 
-// ---- writing: every call goes through h5(), which turns a failure into an exception naming the call ----------
+// ---- writing: every call goes through h5(), which turns a failure into an exception: the operating system's
+// reason where HDF5 met one ("No space left on device"), else the call that failed ------------------------------
+
+// The operating system's reason behind the last HDF5 failure (HDF5 records the errno of a failed open, read or
+// write in its error stack), "" if the failure was not the system's.
+std::string hdf5_os_error();
 
 template <typename T>
 T h5(T result, const char* what) {
-  if (result < 0) throw std::runtime_error(std::string("HDF5: ") + what + " failed");
-  return result;
+  if (result >= 0) return result;
+  const std::string os = hdf5_os_error();
+  throw std::runtime_error(os.empty() ? std::string("HDF5: ") + what + " failed" : os);
 }
 
 hid_t create_group(hid_t loc, const char* name);

@@ -260,14 +260,24 @@ void write_run_file(const std::string& path, bool force, const RunRecord& run, c
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our exceptions carry the message; no HDF5 stack dumps
   const std::string tmp = temp_path_for(path);
   try {
-    H5Id file(h5(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), ("create " + tmp).c_str()), H5Fclose);
-    write_contents(file, run, summary_json);
-    h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
-  } catch (...) {
+    {
+      H5Id file(h5(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), ("create " + tmp).c_str()),
+                H5Fclose);
+      write_contents(file, run, summary_json);
+      h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
+    }
+    sync_to_disk(tmp);
+  } catch (const std::exception& e) {
     unlink(tmp.c_str());
-    throw;
+    throw std::runtime_error("cannot write " + path + ": " + e.what());
   }
   publish_file(tmp, path, force);
+}
+
+uint64_t run_file_data_bytes(int world_size, int64_t steps, size_t buckets) {
+  constexpr size_t kStepColumns = sizeof kStepFields / sizeof kStepFields[0];
+  constexpr size_t kBucketColumns = sizeof kBucketTimes / sizeof kBucketTimes[0];
+  return static_cast<uint64_t>(world_size) * steps * (kStepColumns + kBucketColumns * buckets) * sizeof(double);
 }
 
 RunRecord read_run_file(const std::string& path) {

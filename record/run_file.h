@@ -4,6 +4,7 @@
 #pragma once
 #include <H5Ipublic.h>
 
+#include <cstdint>
 #include <string>
 
 #include "record/run_record.h"
@@ -13,8 +14,14 @@ namespace ddplab {
 inline constexpr int kRunFileSchemaVersion = 3;
 
 // `summary_json` is stored as the `summary` attribute, for scripts; the reader does not return it (the summary
-// is recomputed from the records, which is what the stored one was computed from). Throws std::runtime_error.
+// is recomputed from the records, which is what the stored one was computed from). The file is synced to disk before
+// it is moved into place. Throws std::runtime_error, "cannot write PATH: <reason>" (the operating system's reason,
+// "No space left on device", where there is one), leaving nothing behind.
 void write_run_file(const std::string& path, bool force, const RunRecord& run, const std::string& summary_json);
+
+// The bytes of step and bucket records in the run file of `world_size` ranks x `steps` steps x `buckets` buckets:
+// the least the file takes, for the check that the disk has room before a run.
+uint64_t run_file_data_bytes(int world_size, int64_t steps, size_t buckets);
 
 // Throws std::runtime_error with one line, "cannot read run file PATH: <problem>", when the file is missing, not
 // HDF5, not a ddplab run file of this schema version, or has a dataset of the wrong shape. Everything is validated

@@ -18,13 +18,17 @@
 namespace ddplab {
 
 // A stop every rank reaches at the same step with the same message (a non-finite loss or gradient, diverged
-// replicas, a stop signal): the run file keeps what was measured, and the job ends without an abort, with
-// exit code 4 (or 128 + the signal).
+// replicas, a stop signal, a result that could not be written): the run file (or, when that is what failed, the
+// last snapshot) keeps what was measured, and the job ends without an abort, with exit code 4 (or 128 + the
+// signal, or kExitWriteFailed).
 class TrainingStopped : public std::runtime_error {
  public:
   explicit TrainingStopped(const std::string& what, int exit_code = 4) : std::runtime_error(what), exit_code(exit_code) {}
   int exit_code;
 };
+
+// A run file, snapshot or checkpoint could not be written (disk full, quota, I/O error, a read-only folder).
+inline constexpr int kExitWriteFailed = 5;
 
 // The step's agreement, one small non-blocking all-reduce on a communicator of its own: {a stop signal, 1 + the
 // highest rank with a non-finite loss}, both by MAX. Started after the last forward and finished after the

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,8 @@
 #include "kernels/cpu/rng.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
+#include "record/files.h"
+#include "record/hdf5.h"
 #include "model/mlp.h"
 #include "model/transformer.h"
 
@@ -392,6 +396,40 @@ TEST_F(Checkpoint, FailedSaveLeavesNothingBehind) {
   slash[0].name = "fc0/weight";
   EXPECT_CONTAINS(save(dir_ + "/c.h5", slash), "'fc0/weight'");
   EXPECT_TRUE(FilesInDir().empty());
+}
+
+// The check for room before a run counts a checkpoint's tensor bytes; they must not exceed the file's size (the
+// refusal is then certain), and a need beyond what the folder's file system has free is refused, naming the file.
+TEST_F(Checkpoint, DataBytesBoundTheFileFromBelowAndTheFreeSpaceIsChecked) {
+  Replica<Mlp<float>> r(SmallMlp(), 7, {});
+  const std::string path = dir_ + "/c.h5";
+  save_checkpoint(path, false, r.model.parameters(), r.model.flat_params(), r.opt, CheckpointInfo{});
+  const uint64_t data = checkpoint_data_bytes(r.model.flat_size(), r.opt.config());
+  EXPECT_EQ(data, 3 * sizeof(float) * r.model.flat_size());  // AdamW: the parameters and two moments
+  EXPECT_GE(fs::file_size(path), data);
+  EXPECT_EQ(check_free_space({{path, data}}), "");
+  EXPECT_CONTAINS(check_free_space({{path, UINT64_MAX / 4}}), "not enough space for " + path + ": ");
+  // Two files on one file system add up.
+  EXPECT_CONTAINS(check_free_space({{path, UINT64_MAX / 4}, {dir_ + "/d.h5", UINT64_MAX / 4}}), "not enough space");
+}
+
+// An HDF5 call that failed for a reason of the system's says that reason ("No space left on device" on a full disk),
+// not only which call failed.
+TEST_F(Checkpoint, Hdf5FailuresCarryTheSystemsReason) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string path = dir_ + "/no/such/folder/c.h5";
+  try {
+    h5(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create");
+    ADD_FAILURE() << "created " << path;
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), std::strerror(ENOENT));
+  }
+  try {
+    h5(H5Tset_size(H5T_NATIVE_INT, 0), "H5Tset_size");  // a refusal of HDF5's own: no system reason
+    ADD_FAILURE() << "H5Tset_size on a predefined type succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "HDF5: H5Tset_size failed");
+  }
 }
 
 }  // namespace

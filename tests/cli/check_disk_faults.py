@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""A disk that fills up, or turns read-only, under `ddplab train`: refused before the work when it clearly cannot
+hold the run; otherwise every rank stops at the step the write failed, with exit code 5 and one line naming the
+path and the system's reason, no abort, and the last complete snapshot (and checkpoint) kept readable.
+
+usage: check_disk_faults.py MPIRUN DDPLAB
+
+Each case runs on a small tmpfs of its own; where mounting one is not allowed (not root), the test is skipped
+(exit code 77) with the reason.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import h5py
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from fault_soak import Tmpfs, fill, mount_problem, wait_for  # the soak's tmpfs and filler, shared
+
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+SMALL = ["--input-dim", "16", "--hidden", "32", "--classes", "4", "--batch", "4", "--warmup-steps", "0", "--quiet"]
+
+
+def start(mpirun, ddplab, args, np_ranks=2):
+    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np_ranks), ddplab, "train"] + SMALL + args
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(p, limit_s=120):
+    out, _ = p.communicate(timeout=limit_s)
+    return p.returncode, out
+
+
+def report(ddplab, path):
+    p = subprocess.run([ddplab, "report", path], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def stopped_lines(out):
+    return [l for l in out.splitlines() if l.startswith("ddplab: stopped") or l.startswith("ddplab: error")]
+
+
+def leftovers(folder):
+    return [n for n in os.listdir(folder) if ".tmp." in n]
+
+
+def fault_mid_run(mpirun, ddplab, name, fault, extra, wait_name):
+    """Starts a long run on a 2 MiB tmpfs, injects `fault` once `wait_name` appears there; returns what is left."""
+    tmpfs = Tmpfs("2m")
+    with tmpfs as folder:
+        out = os.path.join(folder, "run.h5")
+        args = ["--steps", "1500", "--data-cost-ms", "1", "--out", out] + [a.replace("DIR", folder) for a in extra]
+        p = start(mpirun, ddplab, args)
+        began = wait_for(os.path.join(folder, wait_name), time.monotonic() + 60)
+        fill(folder) if fault == "fill" else tmpfs.remount_read_only()
+        code, text = finish(p)
+        lines = stopped_lines(text)
+        check(began and code == 5, f"{name}: exit code 5 (got {code}) {text[-400:] if code != 5 else ''}")
+        check(len(lines) == 1 and "MPI_ABORT" not in text, f"{name}: one line, no abort ({lines})")
+        yield folder, out, (lines or [""])[0]
+        check(not leftovers(folder), f"{name}: no temporary left ({leftovers(folder)})")
+
+
+def main():
+    mpirun, ddplab = sys.argv[1], sys.argv[2]
+    if problem := mount_problem():
+        print(f"skipped: {problem}")
+        return 77
+
+    # A run file that clearly cannot fit: refused before any work, one line with the path, the need and what is free.
+    with Tmpfs("20k") as folder:
+        out = os.path.join(folder, "run.h5")
+        code, text = finish(start(mpirun, ddplab, ["--steps", "200", "--out", out]))
+        lines = stopped_lines(text)
+        check(code == 2 and len(lines) == 1 and f"not enough space for {out}" in lines[0] and "20.0 KiB free" in
+              lines[0], f"too small a disk: exit 2, one line naming path, need and free space (code {code}, {lines})")
+        check(os.listdir(folder) == [], f"too small a disk: nothing written ({os.listdir(folder)})")
+
+    # The disk fills mid-run: the snapshot after it fails; the one before stays, and `ddplab report` reads it.
+    snapshots = ["--flush-every", "50"]
+    for folder, out, line in fault_mid_run(mpirun, ddplab, "disk full", "fill", snapshots, "run.h5.partial"):
+        check(f"cannot write {out}.partial: No space left on device" in line and f"{out}.partial keeps steps 0.." in
+              line, f"disk full: names the path and the reason ({line})")
+        kept = line.rsplit("keeps steps 0..", 1)[-1]
+        with h5py.File(out + ".partial", "r") as f:
+            steps = int(f.attrs["num_steps"])
+        check(report(ddplab, out + ".partial")[0] == 0 and kept.isdigit() and steps == int(kept) + 1 and
+              steps % 50 == 0, f"disk full: ddplab report reads the snapshot, with the steps the line says "
+              f"({steps}, 0..{kept})")
+        check(not os.path.exists(out), "disk full: no run file claims success")
+
+    # The folder turns read-only mid-run: the same stop, with the system's reason.
+    for folder, out, line in fault_mid_run(mpirun, ddplab, "read-only", "ro", snapshots, "run.h5.partial"):
+        check(f"cannot write {out}.partial: Read-only file system" in line,
+              f"read-only: names the path and the reason ({line})")
+        check(report(ddplab, out + ".partial")[0] == 0, "read-only: the snapshot reads")
+
+    # The disk fills between checkpoints: the next one fails, the one before is kept whole and resumes.
+    for folder, out, line in fault_mid_run(mpirun, ddplab, "checkpoint", "fill",
+                                           ["--flush-every", "0", "--checkpoint", "DIR/ck.h5", "--checkpoint-every",
+                                            "50"], "ck.h5"):
+        ck = os.path.join(folder, "ck.h5")
+        check(f"cannot save checkpoint {ck}: No space left on device" in line, f"checkpoint: names it ({line})")
+        resumed = os.path.join(os.path.dirname(folder), os.path.basename(folder) + "_resumed.h5")
+        code, text = finish(start(mpirun, ddplab, ["--steps", "1600", "--resume", ck, "--out", resumed,
+                                                    "--flush-every", "0"]))
+        check(code == 0, f"checkpoint: the one kept resumes (code {code}) {text[-300:] if code else ''}")
+        if os.path.exists(resumed):
+            os.unlink(resumed)
+
+    # The disk has room for the records but not the file: the final write fails; no snapshot was taken. HDF5 keeps
+    # the file whose close failed open, and its exit handler used to crash on it (every time at one rank).
+    for np_ranks in (1, 2):
+        with Tmpfs("12k") as folder:
+            out = os.path.join(folder, "run.h5")
+            code, text = finish(start(mpirun, ddplab, ["--steps", "10", "--flush-every", "0", "--out", out], np_ranks))
+            lines = stopped_lines(text)
+            check(code == 5 and len(lines) == 1 and f"cannot write {out}: No space left on device" in lines[0] and
+                  "no snapshot was taken" in lines[0] and "MPI_ABORT" not in text,
+                  f"final write, {np_ranks} rank(s): exit 5, one line naming path and reason (code {code}, {lines})")
+            check(os.listdir(folder) == [], f"final write: nothing half-written ({os.listdir(folder)})")
+
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
