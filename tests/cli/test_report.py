@@ -118,6 +118,10 @@ def main():
         print(proc.stdout[proc.stdout.find("blame:"):])
         check("rank 1 sets the pace (straggler input)" in proc.stdout and "communication-bound" not in proc.stdout,
               "straggler run: blame names rank 1's data loading, not communication")
+        # Rank 1 sleeps before its batch, so it is last to have every bucket ready, by about the sleep.
+        check("last to have a bucket ready: rank 1, bucket 0 in " in proc.stdout,
+              "straggler run: the report names rank 1 as last to have its buckets ready")
+        check("time use per rank" in proc.stdout, "report: the time-use table")
         proc = run([ddplab, "report", busy])
         print(proc.stdout[proc.stdout.find("blame:"):])
         with h5py.File(busy, "r") as f:
@@ -158,6 +162,15 @@ def main():
             check(all(f"    {b['text']}" in text for b in r["blame"]), "report --json: the blame lines of the text report")
             check(len(reports[1]["summary"]["ranks"]) == 2 and "hidden_fraction" in reports[1]["summary"]["ranks"][0],
                   "report --json: per-rank means with hidden_fraction")
+            use = r["summary"]["ranks"][0]["time_use"]
+            ranks = r["summary"]["ranks"]
+            # Idle time is the step less compute, split three ways; the straggler's sleep is rank 1's data wait.
+            check(all(abs(q["time_use"]["compute_ms"] + sum(q["time_use"]["idle"].values()) - q["step_ms"]) < 1e-6
+                      for q in ranks) and ranks[1]["time_use"]["idle"]["data_ms"] >= 10,
+                  f"report --json: compute + idle = step, rank 1 idle for data ({use})")
+            arrival = r["summary"]["bucket_arrival"]
+            check(len(arrival) >= 1 and arrival[0]["last_rank"] == 1 and arrival[0]["spread_ms"] >= 10,
+                  f"report --json: rank 1 last to have bucket 0 ready, 10+ ms after rank 0 ({arrival[:1]})")
 
         # ---- timeline ------------------------------------------------------------------------------------------
         trace = os.path.join(work, "a.trace.json")
