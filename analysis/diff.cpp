@@ -63,7 +63,8 @@ RunSamples samples_of(const RunRecord& run, const Get& get) {
   for (int s = run.first_steady_step(); s < run.steps; ++s) {
     on_pace.push_back(get(run.at(pace_rank(run, s), s)));
     double lo = 1e300, hi = -1e300;
-    for (int r = 0; r < run.world_size(); ++r) lo = std::min(lo, get(run.at(r, s))), hi = std::max(hi, get(run.at(r, s)));
+    for (int r = 0; r < run.world_size(); ++r)
+      lo = std::min(lo, get(run.at(r, s))), hi = std::max(hi, get(run.at(r, s)));
     rank_spreads.push_back(hi - lo);
   }
   return {sampled(on_pace), median(rank_spreads)};
@@ -115,7 +116,8 @@ std::string verdict(const RunDiff& d) {
   std::sort(moved.begin(), moved.end(),
             [](const MetricDiff* x, const MetricDiff* y) { return std::fabs(x->delta()) > std::fabs(y->delta()); });
   std::string phases;
-  for (size_t i = 0; i < moved.size() && i < 2; ++i) phases += (i ? ", " : "") + moved[i]->name + " " + ms_text(moved[i]->delta());
+  for (size_t i = 0; i < moved.size() && i < 2; ++i)
+    phases += (i ? ", " : "") + moved[i]->name + " " + ms_text(moved[i]->delta());
   const std::string config = changes_text(d.config);
   if (!step.beyond)
     return fmt("no difference beyond noise in the step (A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
@@ -126,9 +128,9 @@ std::string verdict(const RunDiff& d) {
   const double ratio = step.a.median > 0 ? step.b.median / step.a.median : 0;
   const std::string change = ratio >= 2 ? fmt("%.1fx slower", ratio)
                                         : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), ratio < 1 ? "faster" : "slower");
-  return "B is " + change + ": " +
-         (phases.empty() ? "no single phase beyond noise" : phases) + (config.empty() ? "" : " (" + config + ")") +
-         "; compute " + (compute.beyond ? ms_text(compute.delta()) : "unchanged");
+  return "B is " + change + ": " + (phases.empty() ? "no single phase beyond noise" : phases) +
+         (config.empty() ? "" : " (" + config + ")") + "; compute " +
+         (compute.beyond ? ms_text(compute.delta()) : "unchanged");
 }
 
 }  // namespace
@@ -152,7 +154,8 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
   for (MetricDiff& m : d.metrics) m.beyond = beyond_noise(m.a, m.b, d.floor_ms);
 
   d.same_buckets = a.buckets.size() == b.buckets.size();
-  for (size_t k = 0; k < a.buckets.size() && d.same_buckets; ++k) d.same_buckets = a.buckets[k].count == b.buckets[k].count;
+  for (size_t k = 0; k < a.buckets.size() && d.same_buckets; ++k)
+    d.same_buckets = a.buckets[k].count == b.buckets[k].count;
   for (size_t k = 0; k < std::max(a.buckets.size(), b.buckets.size()); ++k) {
     BucketDiff bd;
     if (k < a.buckets.size()) bd.bytes_a = a.buckets[k].bytes(), bd.a = bucket_comm(a, static_cast<int>(k));
@@ -166,7 +169,7 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
 
 void print_diff(std::FILE* out, const RunDiff& d) {
   std::fprintf(out, "== diff\n  A: %s\n  B: %s\n", d.path_a.c_str(), d.path_b.c_str());
-  std::fprintf(out, "  config: %s\n", d.config.empty() ? "the same" : "");
+  std::fprintf(out, "  config: %s\n", d.config.empty() ? "the same" : "what differs, A -> B");
   for (const ConfigChange& c : d.config)
     std::fprintf(out, "    %-22s %s -> %s\n", c.key.c_str(), value_text(c.a).c_str(), value_text(c.b).c_str());
   std::fprintf(out,
@@ -175,7 +178,8 @@ void print_diff(std::FILE* out, const RunDiff& d) {
   std::fprintf(out, "  %-17s %9s %8s %9s %8s %9s %8s %8s\n", "", "A", "spread", "B", "spread", "B - A", "ranks A",
                "ranks B");
   for (const MetricDiff& m : d.metrics) {
-    const bool quiet = std::max({std::fabs(m.a.median), std::fabs(m.b.median), m.rank_spread_a, m.rank_spread_b}) < 0.005;
+    const bool quiet =
+        std::max({std::fabs(m.a.median), std::fabs(m.b.median), m.rank_spread_a, m.rank_spread_b}) < 0.005;
     if (quiet && m.phase) continue;  // the lab's phases, switched off in both runs
     std::fprintf(out, "  %-17s %9.2f %8.2f %9.2f %8.2f %+9.2f%s %7.2f %8.2f\n", m.name.c_str(), m.a.median, m.a.spread,
                  m.b.median, m.b.spread, m.delta(), m.beyond ? "*" : " ", m.rank_spread_a, m.rank_spread_b);
@@ -184,8 +188,8 @@ void print_diff(std::FILE* out, const RunDiff& d) {
                d.floor_ms);
   std::fprintf(out, "  per bucket (all-reduce ms, median and spread over ranks and steady steps%s):\n",
                d.same_buckets ? "" : "; the runs cut their gradients differently, so buckets are not compared");
-  std::fprintf(out, "  %6s %12s %9s %8s %12s %9s %8s %9s\n", "bucket", "A bytes", "A", "spread", "B bytes", "B", "spread",
-               "B - A");
+  std::fprintf(out, "  %6s %12s %9s %8s %12s %9s %8s %9s\n", "bucket", "A bytes", "A", "spread", "B bytes", "B",
+               "spread", "B - A");
   for (size_t k = 0; k < d.buckets.size(); ++k) {
     const BucketDiff& b = d.buckets[k];
     const auto side = [](int64_t bytes, const Sampled& s) {
@@ -202,14 +206,16 @@ nlohmann::json to_json(const RunDiff& d) {
   nlohmann::json config = nlohmann::json::array(), metrics = nlohmann::json::array(), buckets = nlohmann::json::array();
   for (const ConfigChange& c : d.config) config.push_back({{"key", c.key}, {"a", c.a}, {"b", c.b}});
   for (const MetricDiff& m : d.metrics)
-    metrics.push_back({{"name", m.name},
-                       {"phase", m.phase},
-                       {"a", {{"median_ms", m.a.median}, {"spread_ms", m.a.spread}, {"rank_spread_ms", m.rank_spread_a}}},
-                       {"b", {{"median_ms", m.b.median}, {"spread_ms", m.b.spread}, {"rank_spread_ms", m.rank_spread_b}}},
-                       {"delta_ms", m.delta()},
-                       {"beyond_noise", m.beyond}});
+    metrics.push_back(
+        {{"name", m.name},
+         {"phase", m.phase},
+         {"a", {{"median_ms", m.a.median}, {"spread_ms", m.a.spread}, {"rank_spread_ms", m.rank_spread_a}}},
+         {"b", {{"median_ms", m.b.median}, {"spread_ms", m.b.spread}, {"rank_spread_ms", m.rank_spread_b}}},
+         {"delta_ms", m.delta()},
+         {"beyond_noise", m.beyond}});
   const auto side = [](int64_t bytes, const Sampled& s) {
-    return bytes ? nlohmann::json{{"bytes", bytes}, {"median_ms", s.median}, {"spread_ms", s.spread}} : nlohmann::json();
+    return bytes ? nlohmann::json{{"bytes", bytes}, {"median_ms", s.median}, {"spread_ms", s.spread}}
+                 : nlohmann::json();
   };
   for (size_t k = 0; k < d.buckets.size(); ++k)
     buckets.push_back({{"bucket", k},

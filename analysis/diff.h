@@ -25,9 +25,9 @@ inline constexpr double kNoiseFloorMs = 0.05;     // at least: the timer and the
 bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms);
 
 struct MetricDiff {
-  std::string name;         // "step", "exposed comm", ...
-  bool phase = false;       // a part of the step (the verdict names phases)
-  Sampled a, b;             // over steady steps
+  std::string name;                             // "step", "exposed comm", ...
+  bool phase = false;                           // a part of the step (the verdict names phases)
+  Sampled a, b;                                 // over steady steps
   double rank_spread_a = 0, rank_spread_b = 0;  // median over steady steps of (max - min) across ranks
   bool beyond = false;
   double delta() const { return b.median - a.median; }

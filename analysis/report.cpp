@@ -60,9 +60,10 @@ std::string arrival_line(const RunSummary& s) {
     if (s.arrivals[k].last_rank >= 0 && (!worst || s.arrivals[k].spread_ms > worst->spread_ms))
       worst = &s.arrivals[k], bucket = static_cast<int>(k);
   if (!worst) return "";
+  const std::string lead = s.world_size > 2 ? fmt("; %.2f ms after the next-latest", worst->lead_ms) : "";
   return fmt("last to have a bucket ready: rank %d, bucket %d in %d of %d steady steps, %.2f ms after the first rank "
-             "(median; %.2f ms after the next-latest)",
-             worst->last_rank, bucket, worst->last_steps, s.steady_steps(), worst->spread_ms, worst->lead_ms);
+             "(median%s)",
+             worst->last_rank, bucket, worst->last_steps, s.steady_steps(), worst->spread_ms, lead.c_str());
 }
 
 }  // namespace
@@ -240,7 +241,8 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
     const std::string pieces = fmt("%d..%d", b.first_piece, b.last_piece);
     std::fprintf(out, "  %6d %12lld %9s %8.2f %8.2f %8.2f %8.2f%s %5s %8s  %s\n", k, static_cast<long long>(b.bytes()),
                  pieces.c_str(), m.ready, m.begin, m.end, m.end - m.begin,
-                 sharded ? fmt(" %9.2f", m.gather_ms).c_str() : "", a.last_rank >= 0 ? fmt("%d", a.last_rank).c_str() : "-",
+                 sharded ? fmt(" %9.2f", m.gather_ms).c_str() : "",
+                 a.last_rank >= 0 ? fmt("%d", a.last_rank).c_str() : "-",
                  a.last_rank >= 0 ? fmt("%.2f", a.spread_ms).c_str() : "-", shorten(b.pieces, 60).c_str());
   }
   if (const std::string line = arrival_line(s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());

@@ -71,7 +71,10 @@ void add_report_commands(CLI::App& app) {
   };
   auto diff_args = std::make_shared<DiffArgs>();
   CLI::App* diff = app.add_subcommand("diff", "what changed between two runs, beyond the noise (docs/REPORTS.md)");
-  diff->add_option("files", diff_args->files, "run files A and B (HDF5)")->required()->expected(2)->type_name("FILE.h5");
+  diff->add_option("files", diff_args->files, "run files A and B (HDF5)")
+      ->required()
+      ->expected(2)
+      ->type_name("FILE.h5");
   diff->add_flag("--json", diff_args->json, "print the comparison as one JSON object instead");
   diff->callback([args = diff_args] {
     if (!is_rank0()) return;

@@ -49,7 +49,8 @@ def main():
         ]
         for args in trains:
             proc = run([mpirun, "-np", "2", ddplab, "train", *args], timeout=120)
-            check(proc.returncode == 0, f"ddplab train {' '.join(args[-4:])} (rc {proc.returncode}: {proc.stderr[:300]})")
+            check(proc.returncode == 0,
+                  f"ddplab train {' '.join(args[-4:])} (rc {proc.returncode}: {proc.stderr[:300]})")
         if failures:
             return
 
