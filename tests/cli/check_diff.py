@@ -32,10 +32,10 @@ def expect_usage_error(proc, expected, what):
 
 def main():
     mpirun, ddplab = sys.argv[1], sys.argv[2]
-    # The default MLP's 12 MiB of gradients: one 25 MiB bucket, whose all-reduce starts when backward is done, or
-    # three of at most 5 MiB, the first two reduced during backward. The emulated link makes the all-reduce long
-    # enough that the difference stands out of a shared host's noise.
-    model = ["--batch", "32", "--link", "10gbe", "--warmup-steps", "3", "--steps", "15", "--quiet"]
+    # The default MLP's 12 MiB of gradients: at 25 MiB two buckets (fc0.weight alone) that become ready as backward
+    # ends, at 5 MiB three, the first reduced during backward. The emulated link makes the all-reduce about as long
+    # as backward, so that the difference is a fair share of the step.
+    model = ["--link", "10gbe", "--warmup-steps", "3", "--steps", "15", "--quiet"]
     small = ["--hidden", "64", "--input-dim", "32", "--classes", "10", "--batch", "8", "--warmup-steps", "2",
              "--steps", "12", "--quiet"]
     with tempfile.TemporaryDirectory() as work:
