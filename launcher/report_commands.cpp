@@ -65,6 +65,27 @@ void add_report_commands(CLI::App& app) {
     std::fflush(stdout);
   });
 
+  struct TimelineArgs {
+    std::string file, out;
+    bool force = false;
+  };
+  auto args = std::make_shared<TimelineArgs>();
+  CLI::App* timeline = app.add_subcommand("timeline", "export a run to Chrome-trace JSON (Perfetto, chrome://tracing)");
+  timeline->add_option("file", args->file, "run file (HDF5)")->required()->type_name("FILE.h5");
+  timeline->add_option("-o,--out", args->out, "trace file; default FILE with .trace.json");
+  timeline->add_flag("--force", args->force, "overwrite an existing trace file");
+  timeline->callback([args] {
+    if (!is_rank0()) return;
+    const RunRecord run = read_input(args->file);
+    const std::string out = args->out.empty() ? default_timeline_path(args->file) : args->out;
+    const std::string problem = check_output_path(out, args->force);
+    if (!problem.empty()) throw UsageError(problem);
+    write_timeline(run, out, args->force);
+    std::printf("timeline: %s (%d ranks, %d steps; open in https://ui.perfetto.dev or chrome://tracing)\n", out.c_str(),
+                run.world_size(), run.steps);
+    std::fflush(stdout);
+  });
+
   struct DiffArgs {
     std::vector<std::string> files;
     bool json = false;
@@ -84,27 +105,6 @@ void add_report_commands(CLI::App& app) {
       std::printf("%s\n", to_json(d).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     else
       print_diff(stdout, d);
-    std::fflush(stdout);
-  });
-
-  struct TimelineArgs {
-    std::string file, out;
-    bool force = false;
-  };
-  auto args = std::make_shared<TimelineArgs>();
-  CLI::App* timeline = app.add_subcommand("timeline", "export a run to Chrome-trace JSON (Perfetto, chrome://tracing)");
-  timeline->add_option("file", args->file, "run file (HDF5)")->required()->type_name("FILE.h5");
-  timeline->add_option("-o,--out", args->out, "trace file; default FILE with .trace.json");
-  timeline->add_flag("--force", args->force, "overwrite an existing trace file");
-  timeline->callback([args] {
-    if (!is_rank0()) return;
-    const RunRecord run = read_input(args->file);
-    const std::string out = args->out.empty() ? default_timeline_path(args->file) : args->out;
-    const std::string problem = check_output_path(out, args->force);
-    if (!problem.empty()) throw UsageError(problem);
-    write_timeline(run, out, args->force);
-    std::printf("timeline: %s (%d ranks, %d steps; open in https://ui.perfetto.dev or chrome://tracing)\n", out.c_str(),
-                run.world_size(), run.steps);
     std::fflush(stdout);
   });
 }
