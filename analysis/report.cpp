@@ -78,11 +78,11 @@ void print_time_use(std::FILE* out, const RunSummary& s) {
   if (s.time_use.empty()) return;
   std::fprintf(out, "  time use per rank (steady-state mean per step, ms; overlap: computing while communicating / "
                     "communicating):\n");
-  std::fprintf(out, "  %4s %8s %8s %8s %7s %7s %9s %9s %9s\n", "rank", "compute", "comm", "overlap", "hidden%", "idle",
+  std::fprintf(out, "  %4s %9s %8s %8s %7s %7s %9s %9s %9s\n", "rank", "computing", "comm", "overlap", "hidden%", "idle",
                "for data", "for peers", "host work");
   for (size_t r = 0; r < s.time_use.size(); ++r) {
     const RankTimeUse& u = s.time_use[r];
-    std::fprintf(out, "  %4zu %8.2f %8.2f %8s %7s %7.2f %9.2f %9.2f %9.2f\n", r, u.compute_ms, u.comm_ms,
+    std::fprintf(out, "  %4zu %9.2f %8.2f %8s %7s %7.2f %9.2f %9.2f %9.2f\n", r, u.computing_ms, u.comm_ms,
                  hidden_text(u.overlap(), u.comm_ms).c_str(),
                  hidden_text(hidden_fraction(s.ranks[r]), s.ranks[r].comm_ms).c_str(), u.idle_ms(), u.idle_data_ms,
                  u.idle_peers_ms, u.idle_host_ms);

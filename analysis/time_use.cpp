@@ -66,12 +66,13 @@ std::vector<RankTimeUse> time_use(const RunRecord& run, int first_steady) {
       const std::vector<Interval> comm = comm_intervals(run, r, s);
       for (const Interval& i : comm) u.comm_ms += i.second - i.first;
       u.overlapped_ms += overlap_ms(comm, compute_intervals(x));
-      u.compute_ms += x.forward_ms + x.backward_ms + x.optimizer_ms;
+      u.computing_ms += x.forward_ms + x.backward_ms + x.optimizer_ms;
       u.idle_data_ms += x.data_ms;
       u.idle_peers_ms += x.exposed_comm_ms + x.extra_comm_ms + x.barrier_ms;
       u.idle_host_ms += x.host_work_ms + untimed_ms(x);
     }
-    for (double* v : {&u.comm_ms, &u.overlapped_ms, &u.compute_ms, &u.idle_data_ms, &u.idle_peers_ms, &u.idle_host_ms})
+    for (double* v :
+         {&u.comm_ms, &u.overlapped_ms, &u.computing_ms, &u.idle_data_ms, &u.idle_peers_ms, &u.idle_host_ms})
       *v /= counted;
   }
   return out;
@@ -107,7 +108,7 @@ nlohmann::json to_json(const RankTimeUse& u) {
   return {{"comm_ms", u.comm_ms},
           {"overlapped_ms", u.overlapped_ms},
           {"overlap", u.overlap()},
-          {"compute_ms", u.compute_ms},
+          {"computing_ms", u.computing_ms},
           {"idle", {{"data_ms", u.idle_data_ms}, {"peers_ms", u.idle_peers_ms}, {"host_ms", u.idle_host_ms}}}};
 }
 

@@ -13,7 +13,7 @@ namespace ddplab {
 struct RankTimeUse {
   double comm_ms = 0;        // the communication thread communicating: the union of its bucket intervals
   double overlapped_ms = 0;  // ... of which the compute thread computed (forward, backward or optimizer)
-  double compute_ms = 0;     // forward + backward + optimizer
+  double computing_ms = 0;   // forward + backward + optimizer
   double idle_data_ms = 0;   // waiting for data: the data phase
   double idle_peers_ms = 0;  // waiting for peers: exposed comm + extra all-reduce + barrier wait
   double idle_host_ms = 0;   // host work: the lab's host work + step time outside every recorded phase

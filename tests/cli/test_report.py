@@ -204,7 +204,7 @@ def main():
             use = r["summary"]["ranks"][0]["time_use"]
             ranks = r["summary"]["ranks"]
             # Idle time is the step less compute, split three ways; the straggler's sleep is rank 1's data wait.
-            check(all(abs(q["time_use"]["compute_ms"] + sum(q["time_use"]["idle"].values()) - q["step_ms"]) < 1e-6
+            check(all(abs(q["time_use"]["computing_ms"] + sum(q["time_use"]["idle"].values()) - q["step_ms"]) < 1e-6
                       for q in ranks) and ranks[1]["time_use"]["idle"]["data_ms"] >= 10,
                   f"report --json: compute + idle = step, rank 1 idle for data ({use})")
             check_time_use(straggler, r["summary"])

@@ -604,7 +604,7 @@ TEST(TimeUse, OverlapIsComputingWhileCommunicatingOverCommunicating) {
   // Rank 1: + 0.5 ms of all-gather, all of it beside the optimizer.
   EXPECT_NEAR(st.time_use[1].comm_ms, 4.5, 1e-9);
   EXPECT_NEAR(st.time_use[1].overlap(), 4.0 / 4.5, 1e-12);
-  EXPECT_NEAR(st.time_use[1].compute_ms, 3 + 7 + 1, 1e-9);
+  EXPECT_NEAR(st.time_use[1].computing_ms, 3 + 7 + 1, 1e-9);
   // No comm (one rank): no overlap to speak of.
   EXPECT_EQ(RankTimeUse{}.overlap(), 0.0);
 }
@@ -621,7 +621,7 @@ TEST(TimeUse, IdleTimeIsWaitingForDataForPeersAndHostWork) {
   EXPECT_NEAR(u.idle_peers_ms, 0.5 + 1 + 0.7, 1e-9);   // exposed comm + extra all-reduce + barrier
   EXPECT_NEAR(u.idle_host_ms, 2 + 0.4, 1e-9);          // host work + untimed
   // Compute and idle tile the step.
-  EXPECT_NEAR(u.compute_ms + u.idle_ms(), st.ranks[0].step_ms, 1e-9);
+  EXPECT_NEAR(u.computing_ms + u.idle_ms(), st.ranks[0].step_ms, 1e-9);
   EXPECT_NEAR(st.time_use[1].idle_ms(), 0.3 + 0.5, 1e-9);
   const nlohmann::json j = to_json(st)["ranks"][0]["time_use"];
   EXPECT_DOUBLE_EQ(j["idle"]["peers_ms"].get<double>(), u.idle_peers_ms);
