@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "analysis/format.h"
+#include "analysis/stats.h"
 
 namespace ddplab {
 namespace {
@@ -37,15 +38,6 @@ constexpr double kContentionShare = 0.20;
 // A step is a barrier episode when its barrier wait + host work (on the rank with most) exceeds kOutlierMinMs:
 // in other steps both are a couple of clock reads. (Relative to the largest episode it would be fragile: one
 // long wait on a loaded machine would hide the ordinary episodes.)
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  const double hi = v[mid];
-  if (v.size() % 2) return hi;
-  return 0.5 * (hi + *std::max_element(v.begin(), v.begin() + mid));
-}
 
 template <typename Get>
 double median_except(const std::vector<StepRecord>& ranks, int skip, Get get) {

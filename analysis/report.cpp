@@ -53,11 +53,41 @@ BucketMeans bucket_means(const RunRecord& run, const RunSummary& summary, int k)
   return m;
 }
 
+// The bucket whose ranks had it ready furthest apart, and the rank that was last: Horovod's straggler signal.
+std::string arrival_line(const RunSummary& s) {
+  const BucketArrival* worst = nullptr;
+  int bucket = 0;
+  for (size_t k = 0; k < s.arrivals.size(); ++k)
+    if (s.arrivals[k].last_rank >= 0 && (!worst || s.arrivals[k].spread_ms > worst->spread_ms))
+      worst = &s.arrivals[k], bucket = static_cast<int>(k);
+  if (!worst) return "";
+  const std::string lead = s.world_size > 2 ? fmt("; %.2f ms after the next-latest", worst->lead_ms) : "";
+  return fmt("last to have a bucket ready: rank %d, bucket %d in %d of %d steady steps, %.2f ms after the first rank "
+             "(median%s)",
+             worst->last_rank, bucket, worst->last_steps, s.steady_steps(), worst->spread_ms, lead.c_str());
+}
+
 }  // namespace
 
 // "93%", or "-" where there was no comm to hide (one rank): a 100% there would praise an overlap that never ran.
 std::string hidden_text(double fraction, double comm_ms) {
   return comm_ms > 0 ? fmt("%.0f%%", 100 * fraction) : "-";
+}
+
+// Per rank: comm-compute overlap (HTA's definition) beside hidden%, and the idle time by what the rank waited for.
+void print_time_use(std::FILE* out, const RunSummary& s) {
+  if (s.time_use.empty()) return;
+  std::fprintf(out, "  time use per rank (steady-state mean per step, ms; overlap: computing while communicating / "
+                    "communicating):\n");
+  std::fprintf(out, "  %4s %9s %8s %8s %7s %7s %9s %9s %9s\n", "rank", "computing", "comm", "overlap", "hidden%", "idle",
+               "for data", "for peers", "host work");
+  for (size_t r = 0; r < s.time_use.size(); ++r) {
+    const RankTimeUse& u = s.time_use[r];
+    std::fprintf(out, "  %4zu %9.2f %8.2f %8s %7s %7.2f %9.2f %9.2f %9.2f\n", r, u.computing_ms, u.comm_ms,
+                 hidden_text(u.overlap(), u.comm_ms).c_str(),
+                 hidden_text(hidden_fraction(s.ranks[r]), s.ranks[r].comm_ms).c_str(), u.idle_ms(), u.idle_data_ms,
+                 u.idle_peers_ms, u.idle_host_ms);
+  }
 }
 
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
@@ -203,16 +233,21 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                                    [](const BucketTimes& t) { return t.gather_end_ms > 0; });
   std::fprintf(out, "  per bucket (mean over ranks and steady steps, ms from step start; bucket 0 is ready first%s):\n",
                sharded ? "; comm: the reduce-scatter, gather: the parameters' all-gather" : "");
-  std::fprintf(out, "  %6s %12s %9s %8s %8s %8s %8s%s  %s\n", "bucket", "bytes", "pieces", "ready", "start", "end",
-               "comm_ms", sharded ? fmt(" %9s", "gather_ms").c_str() : "", "params");
+  std::fprintf(out, "  %6s %12s %9s %8s %8s %8s %8s%s %5s %8s  %s\n", "bucket", "bytes", "pieces", "ready", "start",
+               "end", "comm_ms", sharded ? fmt(" %9s", "gather_ms").c_str() : "", "last", "arrival", "params");
   for (int k = 0; k < static_cast<int>(rec.buckets.size()); ++k) {
     const BucketRecord& b = rec.buckets[k];
     const BucketMeans m = bucket_means(rec, s, k);
+    const BucketArrival& a = s.arrivals[k];
     const std::string pieces = fmt("%d..%d", b.first_piece, b.last_piece);
-    std::fprintf(out, "  %6d %12lld %9s %8.2f %8.2f %8.2f %8.2f%s  %s\n", k, static_cast<long long>(b.bytes()),
+    std::fprintf(out, "  %6d %12lld %9s %8.2f %8.2f %8.2f %8.2f%s %5s %8s  %s\n", k, static_cast<long long>(b.bytes()),
                  pieces.c_str(), m.ready, m.begin, m.end, m.end - m.begin,
-                 sharded ? fmt(" %9.2f", m.gather_ms).c_str() : "", shorten(b.pieces, 60).c_str());
+                 sharded ? fmt(" %9.2f", m.gather_ms).c_str() : "",
+                 a.last_rank >= 0 ? fmt("%d", a.last_rank).c_str() : "-",
+                 a.last_rank >= 0 ? fmt("%.2f", a.spread_ms).c_str() : "-", shorten(b.pieces, 60).c_str());
   }
+  if (const std::string line = arrival_line(s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());
+  print_time_use(out, s);
   std::fprintf(out, "  blame:\n");
   for (const std::string& line : blame(rec, s)) std::fprintf(out, "    %s\n", line.c_str());
 }

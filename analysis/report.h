@@ -12,6 +12,8 @@ namespace ddplab {
 
 // The steady-state summary: slowest rank, throughput, spread, loss, tokens, and the per-rank table.
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& summary);
+// Per rank: compute, comm, comm-compute overlap beside hidden%, and the idle time by what it waited for.
+void print_time_use(std::FILE* out, const RunSummary& summary);
 // One run: what it was (config, lab knobs, build, status), the summary, the per-bucket table and the blame.
 void print_report(std::FILE* out, const SummarizedRun& run);
 // "oversubscribed: 4 ranks x 1 BLAS thread on 2 cores; ..." for a run whose ranks took turns on rank 0's host's cores

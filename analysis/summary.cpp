@@ -13,7 +13,9 @@ RunSummary summarize(const RunRecord& run) {
   s.global_batch = run.global_batch();
   s.first_steady_step = run.first_steady_step();
   const int counted = s.steady_steps();
+  s.arrivals = bucket_arrivals(run, s.first_steady_step);  // one per bucket, steady steps or not
   if (counted <= 0) return s;
+  s.time_use = time_use(run, s.first_steady_step);
 
   s.ranks.resize(world);
   for (int r = 0; r < world; ++r) {
@@ -93,13 +95,17 @@ double mean_hidden_fraction(const RunSummary& s) {
 
 nlohmann::json to_json(const RunSummary& s) {
   nlohmann::json ranks = nlohmann::json::array();
-  for (const StepRecord& m : s.ranks) {
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const StepRecord& m = s.ranks[r];
     nlohmann::json rank;
     for (const StepField& f : kStepFields)
       if (f.kind != FieldKind::kInstant) rank[f.name] = m.*f.member;
     rank["hidden_fraction"] = hidden_fraction(m);
+    if (r < s.time_use.size()) rank["time_use"] = to_json(s.time_use[r]);
     ranks.push_back(rank);
   }
+  nlohmann::json arrivals = nlohmann::json::array();
+  for (const BucketArrival& a : s.arrivals) arrivals.push_back(to_json(a));
   return {{"world_size", s.world_size},
           {"steps", s.steps},
           {"first_steady_step", s.first_steady_step},
@@ -115,7 +121,8 @@ nlohmann::json to_json(const RunSummary& s) {
           {"padding_ratio", s.padding_ratio},
           {"mean_token_spread", s.mean_token_spread},
           {"skipped_steps", s.skipped_steps},
-          {"ranks", ranks}};
+          {"ranks", ranks},
+          {"bucket_arrival", arrivals}};
 }
 
 }  // namespace ddplab

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/time_use.h"
 #include "record/run_record.h"
 
 namespace ddplab {
@@ -31,6 +32,9 @@ struct RunSummary {
   // Per rank, the steady-state mean of every StepRecord field (start_ms, a point in time, stays zero); empty
   // when there are no steps.
   std::vector<StepRecord> ranks;
+  // Per rank: comm-compute overlap and idle time (analysis/time_use.h); per bucket: its arrival spread across ranks.
+  std::vector<RankTimeUse> time_use;
+  std::vector<BucketArrival> arrivals;
 
   int steady_steps() const { return steps - first_steady_step; }
   // "global batch 256", or "111.3 samples per step" where the batching fills a token budget.
@@ -54,7 +58,7 @@ StepRecord mean_over_ranks(const RunSummary& s);
 double mean_hidden_fraction(const RunSummary& s);
 
 // What the run file stores as `summary` (docs/RUN_FILE.md): every field above, and per rank every StepRecord
-// field but start_ms, plus hidden_fraction.
+// field but start_ms, plus hidden_fraction and time_use; and bucket_arrival.
 nlohmann::json to_json(const RunSummary& s);
 
 }  // namespace ddplab

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/diff.h"
 #include "analysis/report.h"
 #include "analysis/timeline.h"
 #include "record/errors.h"
@@ -82,6 +83,28 @@ void add_report_commands(CLI::App& app) {
     write_timeline(run, out, args->force);
     std::printf("timeline: %s (%d ranks, %d steps; open in https://ui.perfetto.dev or chrome://tracing)\n", out.c_str(),
                 run.world_size(), run.steps);
+    std::fflush(stdout);
+  });
+
+  struct DiffArgs {
+    std::vector<std::string> files;
+    bool json = false;
+  };
+  auto diff_args = std::make_shared<DiffArgs>();
+  CLI::App* diff = app.add_subcommand("diff", "what changed between two runs, beyond the noise (docs/REPORTS.md)");
+  diff->add_option("files", diff_args->files, "run files A and B (HDF5)")
+      ->required()
+      ->expected(2)
+      ->type_name("FILE.h5");
+  diff->add_flag("--json", diff_args->json, "print the comparison as one JSON object instead");
+  diff->callback([args = diff_args] {
+    if (!is_rank0()) return;
+    const RunRecord a = read_input(args->files[0]), b = read_input(args->files[1]);  // both readable first
+    const RunDiff d = diff_runs(a, b);
+    if (args->json)
+      std::printf("%s\n", to_json(d).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    else
+      print_diff(stdout, d);
     std::fflush(stdout);
   });
 }

@@ -4,6 +4,7 @@
 usage: test_report.py MPIRUN DDPLAB CHARTS_PY
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -64,6 +65,44 @@ def check_trace(trace_path, run_path):
           "every rank and step has its data/forward/backward/exposed comm wait/optimizer phases")
 
 
+def check_time_use(path, summary):
+    """The summary's overlap, idle time and bucket arrival, recomputed from the run file's datasets."""
+    with h5py.File(path, "r") as h:
+        steps = {name: h["steps"][name][:] for name in h["steps"]}
+        ready, begin, end = (h["buckets"][name][:] for name in ("ready_ms", "comm_start_ms", "comm_end_ms"))
+    first = summary["first_steady_step"]
+    phases = ["data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "extra_comm_ms",
+              "host_work_ms", "barrier_ms"]
+    for r, rank in enumerate(summary["ranks"]):
+        comm = overlapped = 0.0
+        for s in range(first, steps["step_ms"].shape[1]):
+            edges = steps["start_ms"][r, s] + np.concatenate([[0], np.cumsum([steps[p][r, s] for p in phases])])
+            compute = [(edges[1], edges[3]), (edges[4], edges[5])]  # forward + backward, optimizer
+            spans = sorted((b, e) for b, e in zip(begin[r, s], end[r, s]) if e > b)
+            merged = []
+            for b, e in spans:
+                if merged and b <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+                else:
+                    merged.append((b, e))
+            comm += sum(e - b for b, e in merged)
+            overlapped += sum(max(0.0, min(e, ce) - max(b, cb)) for b, e in merged for cb, ce in compute)
+        n = steps["step_ms"].shape[1] - first
+        use = rank["time_use"]
+        check(math.isclose(use["comm_ms"], comm / n, rel_tol=1e-9, abs_tol=1e-9) and
+              math.isclose(use["overlapped_ms"], overlapped / n, rel_tol=1e-9, abs_tol=1e-9),
+              f"rank {r}: comm and the comm-compute overlap, recomputed ({use['comm_ms']}, {use['overlapped_ms']})")
+        peers = np.mean([steps[p][r, first:] for p in ("exposed_comm_ms", "extra_comm_ms", "barrier_ms")], axis=0)
+        check(math.isclose(use["idle"]["data_ms"], np.mean(steps["data_ms"][r, first:]), rel_tol=1e-9) and
+              math.isclose(use["idle"]["peers_ms"], 3 * np.mean(peers), rel_tol=1e-9, abs_tol=1e-12),
+              f"rank {r}: idle for data and for peers, recomputed ({use['idle']})")
+    for k, a in enumerate(summary["bucket_arrival"]):
+        last = np.argmax(ready[:, first:, k], axis=0)
+        spread = np.median(ready[:, first:, k].max(axis=0) - ready[:, first:, k].min(axis=0))
+        check(a["last_rank"] == int(np.bincount(last).argmax()) and math.isclose(a["spread_ms"], spread, rel_tol=1e-9),
+              f"bucket {k}: the last rank and the arrival spread, recomputed ({a})")
+
+
 def main():
     mpirun, ddplab, charts = sys.argv[1], sys.argv[2], sys.argv[3]
     small = ["--hidden", "64", "--input-dim", "32", "--classes", "10", "--batch", "8", "--warmup-steps", "2", "--quiet"]
@@ -118,6 +157,10 @@ def main():
         print(proc.stdout[proc.stdout.find("blame:"):])
         check("rank 1 sets the pace (straggler input)" in proc.stdout and "communication-bound" not in proc.stdout,
               "straggler run: blame names rank 1's data loading, not communication")
+        # Rank 1 sleeps before its batch, so it is last to have every bucket ready, by about the sleep.
+        check("last to have a bucket ready: rank 1, bucket 0 in " in proc.stdout,
+              "straggler run: the report names rank 1 as last to have its buckets ready")
+        check("time use per rank" in proc.stdout, "report: the time-use table")
         proc = run([ddplab, "report", busy])
         print(proc.stdout[proc.stdout.find("blame:"):])
         with h5py.File(busy, "r") as f:
@@ -166,6 +209,16 @@ def main():
             check(all(f"    {b['text']}" in text for b in r["blame"]), "report --json: the blame lines of the text report")
             check(len(reports[1]["summary"]["ranks"]) == 2 and "hidden_fraction" in reports[1]["summary"]["ranks"][0],
                   "report --json: per-rank means with hidden_fraction")
+            use = r["summary"]["ranks"][0]["time_use"]
+            ranks = r["summary"]["ranks"]
+            # Idle time is the step less compute, split three ways; the straggler's sleep is rank 1's data wait.
+            check(all(abs(q["time_use"]["computing_ms"] + sum(q["time_use"]["idle"].values()) - q["step_ms"]) < 1e-6
+                      for q in ranks) and ranks[1]["time_use"]["idle"]["data_ms"] >= 10,
+                  f"report --json: compute + idle = step, rank 1 idle for data ({use})")
+            check_time_use(straggler, r["summary"])
+            arrival = r["summary"]["bucket_arrival"]
+            check(len(arrival) >= 1 and arrival[0]["last_rank"] == 1 and arrival[0]["spread_ms"] >= 10,
+                  f"report --json: rank 1 last to have bucket 0 ready, 10+ ms after rank 0 ({arrival[:1]})")
 
         # ---- timeline ------------------------------------------------------------------------------------------
         trace = os.path.join(work, "a.trace.json")

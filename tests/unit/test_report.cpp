@@ -6,6 +6,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,9 +17,11 @@
 #include <vector>
 
 #include "analysis/blame.h"
+#include "analysis/diff.h"
 #include "analysis/format.h"
 #include "analysis/report.h"
 #include "analysis/summary.h"
+#include "analysis/time_use.h"
 #include "analysis/timeline.h"
 #include "comm/communicator.h"  // parse_links
 #include "record/hdf5.h"
@@ -104,6 +107,18 @@ std::string all_text(const RunRecord& run) {
   return text;
 }
 
+// What `ddplab report` prints for the run.
+std::string report_text(const RunRecord& run) {
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  print_report(f, summarized(run));
+  std::fclose(f);
+  const std::string text(buf, len);
+  std::free(buf);
+  return text;
+}
+
 // ---- blame -------------------------------------------------------------------------------------------------------
 
 // Run files and checkpoints from before the config's keys followed the flags read with today's keys.
@@ -139,23 +154,13 @@ TEST(RunRecord, OversubscribedWhenRankZerosHostRunsMoreThreadsThanItHasCores) {
 
 // The report's config line says where a run's steps ran and in which precision, and the shared GPU under it.
 TEST(Report, AGpuRunNamesItsDevicePrecisionAndSharing) {
-  const auto report_of = [](const RunRecord& run) {
-    char* buf = nullptr;
-    size_t len = 0;
-    std::FILE* f = open_memstream(&buf, &len);
-    print_report(f, summarized(run));
-    std::fclose(f);
-    const std::string text(buf, len);
-    std::free(buf);
-    return text;
-  };
   RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
-  EXPECT_EQ(report_of(run).find("device cuda"), std::string::npos);  // a CPU run says nothing of it
+  EXPECT_EQ(report_text(run).find("device cuda"), std::string::npos);  // a CPU run says nothing of it
   run.meta.device = "cuda";
   run.config["precision"] = "bf16";
   run.meta.hostnames = {"vm", "vm"};
   run.meta.gpus = {"00000000:1B:00.0", "00000000:1B:00.0"};
-  const std::string text = report_of(run);
+  const std::string text = report_text(run);
   EXPECT_NE(text.find(", device cuda, precision bf16"), std::string::npos) << text;
   EXPECT_NE(text.find("oversubscribed: 2 ranks on one GPU;"), std::string::npos) << text;
 }
@@ -578,6 +583,167 @@ TEST(Summary, WarmUpIsClampedSoThatOneStepCounts) {
 
 // ---- timeline ----------------------------------------------------------------------------------------------------
 
+// ---- time use: overlap, idle time, bucket arrival ---------------------------------------------------------------
+
+// The synthetic run's comm: bucket 0 from mid-backward to its end, bucket 1 through the exposed wait. With a
+// --zero-stage 1 all-gather in the optimizer on rank 1, HTA's overlap counts it (the optimizer computes) where
+// hidden% (overlap with backward) does not.
+TEST(TimeUse, OverlapIsComputingWhileCommunicatingOverCommunicating) {
+  RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
+  for (int s = 0; s < kSteps; ++s) {
+    const StepRecord& x = run.at(1, s);
+    const double optimizer_start = x.start_ms + 0.3 + 3 + 7 + 0.5;
+    BucketTimes& b = run.bucket_times[(static_cast<size_t>(1) * kSteps + s) * 2 + 0];
+    b.gather_start_ms = optimizer_start + 0.25, b.gather_end_ms = optimizer_start + 0.75;  // inside the optimizer
+  }
+  const RunSummary st = summarize(run);
+  ASSERT_EQ(st.time_use.size(), 2u);
+  // Rank 0: comm [bwd + 3.5, bwd + 7.5) = 4 ms, of which backward's last 3.5 ms computed beside it.
+  EXPECT_NEAR(st.time_use[0].comm_ms, 4.0, 1e-9);
+  EXPECT_NEAR(st.time_use[0].overlapped_ms, 3.5, 1e-9);
+  EXPECT_NEAR(st.time_use[0].overlap(), 3.5 / 4.0, 1e-12);
+  // Rank 1: + 0.5 ms of all-gather, all of it beside the optimizer.
+  EXPECT_NEAR(st.time_use[1].comm_ms, 4.5, 1e-9);
+  EXPECT_NEAR(st.time_use[1].overlap(), 4.0 / 4.5, 1e-12);
+  EXPECT_NEAR(st.time_use[1].computing_ms, 3 + 7 + 1, 1e-9);
+  // No comm (one rank): no overlap to speak of.
+  EXPECT_EQ(RankTimeUse{}.overlap(), 0.0);
+}
+
+TEST(TimeUse, IdleTimeIsWaitingForDataForPeersAndHostWork) {
+  const RunRecord run = synthetic(2, [](int r, int) {
+    Phases p;
+    if (r == 0) p.extra = 1, p.host_work = 2, p.barrier = 0.7, p.untimed = 0.4;
+    return p;
+  });
+  const RunSummary st = summarize(run);
+  const RankTimeUse& u = st.time_use[0];
+  EXPECT_NEAR(u.idle_data_ms, 0.3, 1e-9);              // data
+  EXPECT_NEAR(u.idle_peers_ms, 0.5 + 1 + 0.7, 1e-9);   // exposed comm + extra all-reduce + barrier
+  EXPECT_NEAR(u.idle_host_ms, 2 + 0.4, 1e-9);          // host work + untimed
+  // Compute and idle tile the step.
+  EXPECT_NEAR(u.computing_ms + u.idle_ms(), st.ranks[0].step_ms, 1e-9);
+  EXPECT_NEAR(st.time_use[1].idle_ms(), 0.3 + 0.5, 1e-9);
+  const nlohmann::json j = to_json(st)["ranks"][0]["time_use"];
+  EXPECT_DOUBLE_EQ(j["idle"]["peers_ms"].get<double>(), u.idle_peers_ms);
+  EXPECT_DOUBLE_EQ(j["overlap"].get<double>(), u.overlap());
+}
+
+// Bucket 0: rank 1 ready 2 ms after rank 0 and rank 2 0.5 ms after, in steady steps 2..9; in steps 10 and 11 rank 2
+// is 3 ms late instead. Rank 1 is last in 8 of the 10 steady steps; median spread 2 ms; its lead over rank 2 1.5 ms.
+TEST(TimeUse, BucketArrivalNamesTheLastRankAndByHowMuch) {
+  RunRecord run = synthetic(3, [](int, int) { return Phases{}; });
+  for (int s = 0; s < kSteps; ++s) {
+    run.bucket_times[(static_cast<size_t>(1) * kSteps + s) * 2].ready_ms += s == 0 ? 50 : 2.0;  // warm-up: ignored
+    run.bucket_times[(static_cast<size_t>(2) * kSteps + s) * 2].ready_ms += s >= 10 ? 3.0 : 0.5;
+  }
+  const RunSummary st = summarize(run);
+  ASSERT_EQ(st.arrivals.size(), 2u);
+  EXPECT_EQ(st.arrivals[0].last_rank, 1);
+  EXPECT_EQ(st.arrivals[0].last_steps, 8);
+  EXPECT_NEAR(st.arrivals[0].spread_ms, 2.0, 1e-9);
+  EXPECT_NEAR(st.arrivals[0].lead_ms, 1.5, 1e-9);
+  EXPECT_NEAR(st.arrivals[1].spread_ms, 0.0, 1e-9);  // every rank at once
+  EXPECT_EQ(to_json(st)["bucket_arrival"][0]["last_rank"], 1);
+  const std::string text = report_text(run);
+  EXPECT_NE(text.find("last to have a bucket ready: rank 1, bucket 0 in 8 of 10 steady steps, 2.00 ms after the first "
+                      "rank (median; 1.50 ms after the next-latest)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("time use per rank"), std::string::npos);
+  // One rank: nobody to arrive after.
+  EXPECT_EQ(summarize(synthetic(1, [](int, int) { return Phases{}; })).arrivals[0].last_rank, -1);
+}
+
+// ---- diff -------------------------------------------------------------------------------------------------------
+
+TEST(Diff, MedianAndRobustSpreadIgnoreOneSlowStep) {
+  const Sampled s = sampled({1, 2, 3, 4, 100});  // deviations from 3: 2 1 0 1 97, their median 1
+  EXPECT_DOUBLE_EQ(s.median, 3.0);
+  EXPECT_DOUBLE_EQ(s.spread, 1.4826);
+  EXPECT_DOUBLE_EQ(sampled({5, 1, 3, 7}).median, 4.0);
+}
+
+TEST(Diff, BeyondNoiseIsKSpreadsCombinedAndAboveTheFloor) {
+  const Sampled a{10, 1};
+  const double combined = kNoiseSpreads * std::sqrt(2.0);
+  EXPECT_TRUE(beyond_noise(a, {10 + combined + 0.01, 1}, 0.05));
+  EXPECT_FALSE(beyond_noise(a, {10 + combined - 0.01, 1}, 0.05));
+  EXPECT_TRUE(beyond_noise(a, {10 - combined - 0.01, 1}, 0.05));  // either way
+  // No spread at all (a synthetic or very quiet run): the floor decides.
+  EXPECT_FALSE(beyond_noise({10, 0}, {10.04, 0}, 0.05));
+  EXPECT_TRUE(beyond_noise({10, 0}, {10.06, 0}, 0.05));
+}
+
+// Backward jitters 7.0 / 7.1 / 7.2 ms with the step (medians 7.1 over steady steps 2..11), so spreads are not zero.
+Phases jittered(int, int s) {
+  Phases p;
+  p.backward = 7 + 0.1 * (s % 3);
+  return p;
+}
+
+TEST(Diff, TheSameRunTwiceIsNoDifferenceBeyondNoise) {
+  const RunRecord a = synthetic(2, jittered);
+  const RunDiff d = diff_runs(a, a);
+  EXPECT_TRUE(d.config.empty());
+  EXPECT_TRUE(d.same_buckets);
+  EXPECT_EQ(d.verdict.rfind("no difference beyond noise in the step (A 11.90 ms, B 11.90 ms)", 0), 0u) << d.verdict;
+  for (const MetricDiff& m : d.metrics) EXPECT_FALSE(m.beyond) << m.name;
+}
+
+TEST(Diff, MoreExposedCommIsNamedWithTheSettingThatChanged) {
+  const RunRecord a = synthetic(2, jittered);
+  RunRecord b = synthetic(2, [](int r, int s) {
+    Phases p = jittered(r, s);
+    p.exposed = 5.5;
+    return p;
+  });
+  b.config["bucket_mb"] = 5.0;
+  const RunDiff d = diff_runs(a, b);
+  ASSERT_EQ(d.config.size(), 1u);
+  EXPECT_EQ(d.config[0].key, "bucket_mb");
+  // Step medians 11.9 -> 16.9 ms: 42% slower.
+  EXPECT_EQ(d.verdict, "B is 42% slower: exposed comm +5.0 ms (bucket_mb 25.0 -> 5.0); compute unchanged");
+  // Bucket 1 is what runs through the exposed wait: its all-reduce is 5 ms longer; bucket 0's is unchanged.
+  ASSERT_EQ(d.buckets.size(), 2u);
+  EXPECT_FALSE(d.buckets[0].beyond);
+  EXPECT_TRUE(d.buckets[1].beyond);
+  EXPECT_NEAR(d.buckets[1].b.median - d.buckets[1].a.median, 5.0, 1e-9);
+  const nlohmann::json j = to_json(d);
+  EXPECT_EQ(j["verdict"], d.verdict);
+  EXPECT_EQ(j["metrics"][0]["name"], "step");
+  EXPECT_TRUE(j["metrics"][0]["beyond_noise"].get<bool>());
+}
+
+// A straggler's extra data loading is the other rank's wait: the diff takes each step's phases on the rank the others
+// waited for, so it names the data loading, not the wait.
+TEST(Diff, AStragglerIsNamedByItsOwnWorkNotByTheOthersWait) {
+  const RunRecord a = synthetic(2, jittered);
+  RunRecord b = synthetic(2, [](int r, int s) {
+    Phases p = jittered(r, s);
+    if (r == 1) p.data += 20;
+    if (r == 0) p.exposed += 20;
+    return p;
+  });
+  b.config["straggler_ms"] = 20.0;
+  const RunDiff d = diff_runs(a, b);
+  EXPECT_EQ(d.verdict.rfind("B is 2.7x slower: data +20.0 ms (straggler_ms unset -> 20.0); compute unchanged", 0), 0u)
+      << d.verdict;
+  const MetricDiff& data = d.metrics[1];
+  EXPECT_EQ(data.name, "data");
+  EXPECT_NEAR(data.rank_spread_b, 20.0, 1e-9);
+}
+
+TEST(Diff, BucketsCutDifferentlyAreListedNotCompared) {
+  const RunRecord a = synthetic(2, jittered);
+  RunRecord b = a;
+  b.buckets[1].count = 400;  // another cut of the same gradients
+  const RunDiff d = diff_runs(a, b);
+  EXPECT_FALSE(d.same_buckets);
+  for (const BucketDiff& bucket : d.buckets) EXPECT_FALSE(bucket.beyond);
+  EXPECT_EQ(d.buckets[1].bytes_b, 1600);
+}
+
 TEST(Timeline, EveryRankHasBothTracksAndEventsLieInsideTheirStep) {
   RunRecord run = synthetic(3, [](int r, int s) {
     Phases p;
@@ -774,7 +940,8 @@ TEST_F(Reader, StoredSummaryIsTheSummaryOfWhatIsReadBack) {
   // 10th field, (11 + 100*4 + 11 + 100*5) / 2.
   EXPECT_EQ(stored["first_steady_step"], 1);
   EXPECT_DOUBLE_EQ(stored["ranks"][1]["step_ms"].get<double>(), 461.0);
-  EXPECT_EQ(stored["ranks"][1].size(), std::size(kStepFields));  // every field but start_ms, and hidden_fraction
+  // Every field but start_ms, and hidden_fraction and time_use.
+  EXPECT_EQ(stored["ranks"][1].size(), std::size(kStepFields) + 1);
   // And `ddplab report --json` prints that summary, with the blame.
   const nlohmann::json report = report_json(summarized(read_run_file(path)));
   EXPECT_EQ(report["summary"], in_memory);

@@ -1,0 +1,235 @@
+#include "analysis/diff.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "analysis/format.h"
+#include "analysis/stats.h"
+
+namespace ddplab {
+namespace {
+
+using Get = std::function<double(const StepRecord&)>;
+
+struct Metric {
+  const char* name;
+  bool phase;
+  Get get;
+};
+
+double member(const StepRecord& x, double StepRecord::*field) { return x.*field; }
+
+const std::vector<Metric>& metrics() {
+  using std::placeholders::_1;
+  static const std::vector<Metric> kMetrics = {
+      {"step", false, std::bind(member, _1, &StepRecord::step_ms)},
+      {"data", true, std::bind(member, _1, &StepRecord::data_ms)},
+      {"forward", true, std::bind(member, _1, &StepRecord::forward_ms)},
+      {"backward", true, std::bind(member, _1, &StepRecord::backward_ms)},
+      {"exposed comm", true, std::bind(member, _1, &StepRecord::exposed_comm_ms)},
+      {"optimizer", true, std::bind(member, _1, &StepRecord::optimizer_ms)},
+      {"extra all-reduce", true, std::bind(member, _1, &StepRecord::extra_comm_ms)},
+      {"host work", true, std::bind(member, _1, &StepRecord::host_work_ms)},
+      {"barrier wait", true, std::bind(member, _1, &StepRecord::barrier_ms)},
+      {"untimed", true, untimed_ms},
+      {"compute", false, [](const StepRecord& x) { return x.forward_ms + x.backward_ms; }},
+      {"comm thread busy", false, std::bind(member, _1, &StepRecord::comm_ms)},
+      {"hidden comm", false, std::bind(member, _1, &StepRecord::hidden_comm_ms)},
+  };
+  return kMetrics;
+}
+
+// The rank the others waited for in step s: the one that waited least (exposed comm, extra all-reduce, barrier).
+// Its phases are the step's critical path; another rank's exposed comm is partly that rank's lateness.
+int pace_rank(const RunRecord& run, int s) {
+  int best = 0;
+  double least = 1e300;
+  for (int r = 0; r < run.world_size(); ++r) {
+    const StepRecord& x = run.at(r, s);
+    const double wait = x.exposed_comm_ms + x.extra_comm_ms + x.barrier_ms;
+    if (wait < least) least = wait, best = r;
+  }
+  return best;
+}
+
+struct RunSamples {
+  Sampled on_pace;
+  double rank_spread = 0;
+};
+
+RunSamples samples_of(const RunRecord& run, const Get& get) {
+  std::vector<double> on_pace, rank_spreads;
+  for (int s = run.first_steady_step(); s < run.steps; ++s) {
+    on_pace.push_back(get(run.at(pace_rank(run, s), s)));
+    double lo = 1e300, hi = -1e300;
+    for (int r = 0; r < run.world_size(); ++r)
+      lo = std::min(lo, get(run.at(r, s))), hi = std::max(hi, get(run.at(r, s)));
+    rank_spreads.push_back(hi - lo);
+  }
+  return {sampled(on_pace), median(rank_spreads)};
+}
+
+Sampled bucket_comm(const RunRecord& run, int k) {
+  std::vector<double> ms;
+  for (int r = 0; r < run.world_size(); ++r)
+    for (int s = run.first_steady_step(); s < run.steps; ++s)
+      ms.push_back(run.bucket_at(r, s, k).comm_end_ms - run.bucket_at(r, s, k).comm_start_ms);
+  return sampled(ms);
+}
+
+std::vector<ConfigChange> config_changes(const RunRecord& a, const RunRecord& b) {
+  std::vector<ConfigChange> out;
+  if (a.world_size() != b.world_size()) out.push_back({"world_size", a.world_size(), b.world_size()});
+  nlohmann::json keys = nlohmann::json::object();  // the union, sorted
+  for (const nlohmann::json* c : {&a.config, &b.config})
+    if (c->is_object())
+      for (auto it = c->begin(); it != c->end(); ++it) keys[it.key()] = true;
+  for (auto it = keys.begin(); it != keys.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "out" || key == "force") continue;  // where the file went, not how the run ran
+    const nlohmann::json va = a.config.is_object() ? a.config.value(key, nlohmann::json()) : nlohmann::json();
+    const nlohmann::json vb = b.config.is_object() ? b.config.value(key, nlohmann::json()) : nlohmann::json();
+    if (va != vb) out.push_back({key, va, vb});
+  }
+  return out;
+}
+
+std::string value_text(const nlohmann::json& v) {
+  return v.is_null() ? "unset" : v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+std::string ms_text(double ms) { return std::fabs(ms) >= 1 ? fmt("%+.1f ms", ms) : fmt("%+.2f ms", ms); }
+
+std::string changes_text(const std::vector<ConfigChange>& changes) {
+  std::string text;
+  for (size_t i = 0; i < changes.size() && i < 3; ++i)
+    text += (i ? ", " : "") + changes[i].key + " " + value_text(changes[i].a) + " -> " + value_text(changes[i].b);
+  return changes.size() > 3 ? text + fmt(", and %zu more", changes.size() - 3) : text;
+}
+
+std::string verdict(const RunDiff& d) {
+  const MetricDiff& step = d.metrics.front();
+  std::vector<const MetricDiff*> moved;
+  for (const MetricDiff& m : d.metrics)
+    if (m.phase && m.beyond) moved.push_back(&m);
+  std::sort(moved.begin(), moved.end(),
+            [](const MetricDiff* x, const MetricDiff* y) { return std::fabs(x->delta()) > std::fabs(y->delta()); });
+  std::string phases;
+  for (size_t i = 0; i < moved.size() && i < 2; ++i)
+    phases += (i ? ", " : "") + moved[i]->name + " " + ms_text(moved[i]->delta());
+  const std::string config = changes_text(d.config);
+  if (!step.beyond)
+    return fmt("no difference beyond noise in the step (A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
+           (config.empty() ? "" : " with " + config) + (phases.empty() ? "" : "; phases moved within it: " + phases);
+  const MetricDiff& compute =
+      *std::find_if(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) { return m.name == "compute"; });
+  // A share of A's step, or for a step twice as long or more the ratio: "12% faster", "2.7x slower".
+  const double ratio = step.a.median > 0 ? step.b.median / step.a.median : 0;
+  const std::string change = ratio >= 2 ? fmt("%.1fx slower", ratio)
+                                        : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), ratio < 1 ? "faster" : "slower");
+  return "B is " + change + ": " + (phases.empty() ? "no single phase beyond noise" : phases) +
+         (config.empty() ? "" : " (" + config + ")") + "; compute " +
+         (compute.beyond ? ms_text(compute.delta()) : "unchanged");
+}
+
+}  // namespace
+
+Sampled sampled(const std::vector<double>& samples) { return {median(samples), robust_spread(samples)}; }
+
+bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms) {
+  const double difference = std::fabs(b.median - a.median);
+  return difference > kNoiseSpreads * std::hypot(a.spread, b.spread) && difference > floor_ms;
+}
+
+RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
+  RunDiff d;
+  d.path_a = a.path, d.path_b = b.path;
+  d.config = config_changes(a, b);
+  for (const Metric& m : metrics()) {
+    const RunSamples sa = samples_of(a, m.get), sb = samples_of(b, m.get);
+    d.metrics.push_back({m.name, m.phase, sa.on_pace, sb.on_pace, sa.rank_spread, sb.rank_spread, false});
+  }
+  d.floor_ms = std::max(kNoiseFloorMs, kNoiseFloorShare * std::max(d.metrics[0].a.median, d.metrics[0].b.median));
+  for (MetricDiff& m : d.metrics) m.beyond = beyond_noise(m.a, m.b, d.floor_ms);
+
+  d.same_buckets = a.buckets.size() == b.buckets.size();
+  for (size_t k = 0; k < a.buckets.size() && d.same_buckets; ++k)
+    d.same_buckets = a.buckets[k].count == b.buckets[k].count;
+  for (size_t k = 0; k < std::max(a.buckets.size(), b.buckets.size()); ++k) {
+    BucketDiff bd;
+    if (k < a.buckets.size()) bd.bytes_a = a.buckets[k].bytes(), bd.a = bucket_comm(a, static_cast<int>(k));
+    if (k < b.buckets.size()) bd.bytes_b = b.buckets[k].bytes(), bd.b = bucket_comm(b, static_cast<int>(k));
+    bd.beyond = d.same_buckets && beyond_noise(bd.a, bd.b, d.floor_ms);
+    d.buckets.push_back(bd);
+  }
+  d.verdict = verdict(d);
+  return d;
+}
+
+void print_diff(std::FILE* out, const RunDiff& d) {
+  std::fprintf(out, "== diff\n  A: %s\n  B: %s\n", d.path_a.c_str(), d.path_b.c_str());
+  std::fprintf(out, "  config: %s\n", d.config.empty() ? "the same" : "what differs, A -> B");
+  for (const ConfigChange& c : d.config)
+    std::fprintf(out, "    %-22s %s -> %s\n", c.key.c_str(), value_text(c.a).c_str(), value_text(c.b).c_str());
+  std::fprintf(out,
+               "  per step (steady state; each step's values on the rank the others waited for; median and robust "
+               "spread over steps, ms; ranks: median of max - min across ranks):\n");
+  std::fprintf(out, "  %-17s %9s %8s %9s %8s %9s %8s %8s\n", "", "A", "spread", "B", "spread", "B - A", "ranks A",
+               "ranks B");
+  for (const MetricDiff& m : d.metrics) {
+    const bool quiet =
+        std::max({std::fabs(m.a.median), std::fabs(m.b.median), m.rank_spread_a, m.rank_spread_b}) < 0.005;
+    if (quiet && m.phase) continue;  // the lab's phases, switched off in both runs
+    std::fprintf(out, "  %-17s %9.2f %8.2f %9.2f %8.2f %+9.2f%s %7.2f %8.2f\n", m.name.c_str(), m.a.median, m.a.spread,
+                 m.b.median, m.b.spread, m.delta(), m.beyond ? "*" : " ", m.rank_spread_a, m.rank_spread_b);
+  }
+  std::fprintf(out, "  (*: beyond noise: |B - A| > %g x sqrt(spread_A^2 + spread_B^2) and > %.2f ms)\n", kNoiseSpreads,
+               d.floor_ms);
+  std::fprintf(out, "  per bucket (all-reduce ms, median and spread over ranks and steady steps%s):\n",
+               d.same_buckets ? "" : "; the runs cut their gradients differently, so buckets are not compared");
+  std::fprintf(out, "  %6s %12s %9s %8s %12s %9s %8s %9s\n", "bucket", "A bytes", "A", "spread", "B bytes", "B",
+               "spread", "B - A");
+  for (size_t k = 0; k < d.buckets.size(); ++k) {
+    const BucketDiff& b = d.buckets[k];
+    const auto side = [](int64_t bytes, const Sampled& s) {
+      return bytes ? fmt("%12lld %9.2f %8.2f", static_cast<long long>(bytes), s.median, s.spread)
+                   : fmt("%12s %9s %8s", "-", "-", "-");
+    };
+    std::fprintf(out, "  %6zu %s %s %s\n", k, side(b.bytes_a, b.a).c_str(), side(b.bytes_b, b.b).c_str(),
+                 d.same_buckets ? fmt("%+9.2f%s", b.b.median - b.a.median, b.beyond ? "*" : "").c_str() : "");
+  }
+  std::fprintf(out, "  verdict: %s\n", d.verdict.c_str());
+}
+
+nlohmann::json to_json(const RunDiff& d) {
+  nlohmann::json config = nlohmann::json::array(), metrics = nlohmann::json::array(), buckets = nlohmann::json::array();
+  for (const ConfigChange& c : d.config) config.push_back({{"key", c.key}, {"a", c.a}, {"b", c.b}});
+  for (const MetricDiff& m : d.metrics)
+    metrics.push_back(
+        {{"name", m.name},
+         {"phase", m.phase},
+         {"a", {{"median_ms", m.a.median}, {"spread_ms", m.a.spread}, {"rank_spread_ms", m.rank_spread_a}}},
+         {"b", {{"median_ms", m.b.median}, {"spread_ms", m.b.spread}, {"rank_spread_ms", m.rank_spread_b}}},
+         {"delta_ms", m.delta()},
+         {"beyond_noise", m.beyond}});
+  const auto side = [](int64_t bytes, const Sampled& s) {
+    return bytes ? nlohmann::json{{"bytes", bytes}, {"median_ms", s.median}, {"spread_ms", s.spread}}
+                 : nlohmann::json();
+  };
+  for (size_t k = 0; k < d.buckets.size(); ++k)
+    buckets.push_back({{"bucket", k},
+                       {"a", side(d.buckets[k].bytes_a, d.buckets[k].a)},
+                       {"b", side(d.buckets[k].bytes_b, d.buckets[k].b)},
+                       {"beyond_noise", d.buckets[k].beyond}});
+  return {{"a", d.path_a},
+          {"b", d.path_b},
+          {"config_changes", config},
+          {"noise_rule", {{"spreads", kNoiseSpreads}, {"floor_ms", d.floor_ms}}},
+          {"metrics", metrics},
+          {"same_buckets", d.same_buckets},
+          {"buckets", buckets},
+          {"verdict", d.verdict}};
+}
+
+}  // namespace ddplab

@@ -1,0 +1,62 @@
+// `ddplab diff A.h5 B.h5`: what changed between two runs: the settings that differ, the step and each phase as a
+// median with its spread, each bucket's communication, which differences are beyond the noise, and one verdict line.
+// Pure: records in, a RunDiff out (docs/REPORTS.md, "ddplab diff").
+#pragma once
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "record/run_record.h"
+
+namespace ddplab {
+
+// A metric over one run's steady steps: the median and the robust spread (1.4826 x MAD) of its per-step samples.
+struct Sampled {
+  double median = 0, spread = 0;
+};
+Sampled sampled(const std::vector<double>& samples);
+
+// The noise rule: B's median differs from A's beyond the noise when |difference| > kNoiseSpreads x the combined
+// spread sqrt(spread_A^2 + spread_B^2), and more than floor_ms (what is too small to matter: a share of the step).
+inline constexpr double kNoiseSpreads = 3.0;
+inline constexpr double kNoiseFloorShare = 0.02;  // of the longer of the two median steps
+inline constexpr double kNoiseFloorMs = 0.05;     // at least: the timer and the scheduler
+bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms);
+
+struct MetricDiff {
+  std::string name;                             // "step", "exposed comm", ...
+  bool phase = false;                           // a part of the step (the verdict names phases)
+  Sampled a, b;                                 // over steady steps
+  double rank_spread_a = 0, rank_spread_b = 0;  // median over steady steps of (max - min) across ranks
+  bool beyond = false;
+  double delta() const { return b.median - a.median; }
+};
+
+struct ConfigChange {
+  std::string key;
+  nlohmann::json a, b;  // null where the run's config lacks the key
+};
+
+// One bucket's all-reduce time (comm end - comm start), over ranks and steady steps.
+struct BucketDiff {
+  int64_t bytes_a = 0, bytes_b = 0;  // 0: the run has no such bucket
+  Sampled a, b;
+  bool beyond = false;  // compared only where both runs cut the gradients into the same buckets
+};
+
+struct RunDiff {
+  std::string path_a, path_b;
+  std::vector<ConfigChange> config;
+  double floor_ms = 0;
+  std::vector<MetricDiff> metrics;  // the step first, then the phases, compute and the comm thread's time
+  bool same_buckets = false;
+  std::vector<BucketDiff> buckets;  // bucket by bucket, up to the larger count
+  std::string verdict;
+};
+
+RunDiff diff_runs(const RunRecord& a, const RunRecord& b);
+void print_diff(std::FILE* out, const RunDiff& d);
+nlohmann::json to_json(const RunDiff& d);
+
+}  // namespace ddplab

@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""`ddplab diff`, end to end on run files written by `ddplab train`: two runs of one setting differ by nothing beyond
+the noise, a bucket-size change is named as exposed communication, a straggler as its data loading; --json; bad input.
+
+usage: check_diff.py MPIRUN DDPLAB
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+
+
+def run(cmd, timeout=60):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def verdict(stdout):
+    lines = [line for line in stdout.splitlines() if line.strip().startswith("verdict: ")]
+    return lines[0].strip()[len("verdict: "):] if len(lines) == 1 else f"(no single verdict line in: {stdout[-500:]})"
+
+
+def expect_usage_error(proc, expected, what):
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("ddplab:")]
+    ok = proc.returncode == 2 and len(lines) == 1 and expected in lines[0] and proc.stdout == ""
+    check(ok, f"{what}: exit 2, one line with '{expected}', nothing on stdout (got {proc.returncode}: "
+              f"{proc.stderr.strip()[:300]})")
+
+
+def main():
+    mpirun, ddplab = sys.argv[1], sys.argv[2]
+    # The default MLP's 12 MiB of gradients: at 25 MiB two buckets (fc0.weight alone) that become ready as backward
+    # ends, at 5 MiB three, the first reduced during backward. The emulated link makes the all-reduce about as long
+    # as backward, so that the difference is a fair share of the step.
+    model = ["--link", "10gbe", "--warmup-steps", "3", "--steps", "15", "--quiet"]
+    small = ["--hidden", "64", "--input-dim", "32", "--classes", "10", "--batch", "8", "--warmup-steps", "2",
+             "--steps", "12", "--quiet"]
+    with tempfile.TemporaryDirectory() as work:
+        path = {name: os.path.join(work, name + ".h5") for name in ("same1", "same2", "b25", "b5", "plain", "strag")}
+        trains = [
+            [*model, "--bucket-mb", "25", "--out", path["b25"]],
+            [*model, "--bucket-mb", "5", "--out", path["b5"]],
+            [*small, "--out", path["same1"]],
+            [*small, "--out", path["same2"]],
+            [*small, "--straggler-ms", "10", "--slow-rank", "1", "--out", path["strag"]],
+        ]
+        for args in trains:
+            proc = run([mpirun, "-np", "2", ddplab, "train", *args], timeout=120)
+            check(proc.returncode == 0,
+                  f"ddplab train {' '.join(args[-4:])} (rc {proc.returncode}: {proc.stderr[:300]})")
+        if failures:
+            return
+
+        proc = run([ddplab, "diff", path["same1"], path["same2"]])
+        print(proc.stdout)
+        check(proc.returncode == 0, f"diff exits 0 ({proc.stderr.strip()[:300]})")
+        check("config: the same" in proc.stdout, "two runs of one setting: the same config (out left aside)")
+        check(verdict(proc.stdout).startswith("no difference beyond noise"),
+              f"two runs of one setting: no difference beyond noise ({verdict(proc.stdout)})")
+        proc = run([ddplab, "diff", path["same1"], path["same1"]])
+        check(proc.returncode == 0 and verdict(proc.stdout).startswith("no difference beyond noise"),
+              "the same file twice: no difference")
+
+        proc = run([mpirun, "-np", "2", ddplab, "diff", path["b25"], path["b5"]])
+        print(proc.stdout)
+        text = verdict(proc.stdout)
+        check(proc.stdout.count("verdict:") == 1, "diff under mpirun prints once")
+        check("bucket_mb 25.0 -> 5.0" in text, f"25 -> 5 MiB buckets: the verdict names the setting ({text})")
+        d = json.loads(run([ddplab, "diff", "--json", path["b25"], path["b5"]]).stdout)
+        step = d["metrics"][0]
+        # On a host busy with other work the step scatters by more than the bucket size's effect, and the honest
+        # verdict is "no difference beyond noise": the effect is only required where the runs are quiet.
+        noise = max(step[side]["spread_ms"] / step[side]["median_ms"] for side in ("a", "b"))
+        if noise > 0.05:
+            print(f"skipped: the exposed-comm verdict (this host scatters the step by {100 * noise:.0f}% of its "
+                  f"median, more than the bucket size's effect; the verdict says: {text})")
+        else:
+            check(text.startswith("B is ") and " faster: exposed comm -" in text,
+                  f"25 -> 5 MiB buckets: B is faster by its exposed communication ({text})")
+
+        proc = run([ddplab, "diff", path["same1"], path["strag"]])
+        print(proc.stdout)
+        text = verdict(proc.stdout)
+        check(text.startswith("B is ") and " slower: data +" in text and "straggler_ms 0.0 -> 10.0" in text,
+              f"a straggler: B is slower by its data loading, the straggler named ({text})")
+
+        # ---- --json ----------------------------------------------------------------------------------------------
+        proc = run([ddplab, "diff", "--json", path["b25"], path["b5"]])
+        try:
+            d = json.loads(proc.stdout)
+        except ValueError as e:
+            d = {}
+            check(False, f"diff --json prints one JSON document ({e}: {proc.stdout[:300]})")
+        if d:
+            text = verdict(run([ddplab, "diff", path["b25"], path["b5"]]).stdout)
+            check(d["verdict"] == text, "diff --json: the text's verdict")
+            check([c["key"] for c in d["config_changes"]] == ["bucket_mb"] and d["config_changes"][0]["a"] == 25,
+                  f"diff --json: the one setting that changed ({d['config_changes']})")
+            # The noise rule, recomputed from the medians and spreads the JSON gives, for every metric and bucket.
+            rule = d["noise_rule"]
+
+            def beyond(a, b):
+                diff = abs(b["median_ms"] - a["median_ms"])
+                return diff > rule["spreads"] * math.hypot(a["spread_ms"], b["spread_ms"]) and diff > rule["floor_ms"]
+
+            check(all(m["beyond_noise"] == beyond(m["a"], m["b"]) and
+                      abs(m["delta_ms"] - (m["b"]["median_ms"] - m["a"]["median_ms"])) < 1e-9 for m in d["metrics"]),
+                  "diff --json: each metric's difference and its call against the noise rule, recomputed")
+            check(d["metrics"][0]["name"] == "step" and rule["spreads"] == 3 and
+                  abs(rule["floor_ms"] - max(0.05, 0.02 * max(d["metrics"][0]["a"]["median_ms"],
+                                                              d["metrics"][0]["b"]["median_ms"]))) < 1e-9,
+                  f"diff --json: the step first, the floor 2% of the longer median step ({rule})")
+            check(not d["same_buckets"] and not any(b["beyond_noise"] for b in d["buckets"]) and
+                  d["buckets"][-1]["a"] is None,
+                  "diff --json: buckets cut differently (fewer at 25 MiB) are listed, not compared")
+
+        # ---- bad input -------------------------------------------------------------------------------------------
+        missing = os.path.join(work, "missing.h5")
+        expect_usage_error(run([ddplab, "diff", path["same1"], missing]), "cannot read run file", "a missing file")
+        not_run = os.path.join(work, "notes.h5")
+        with open(not_run, "w") as f:
+            f.write("not a run file\n")
+        expect_usage_error(run([ddplab, "diff", not_run, path["same1"]]), "cannot read run file", "not a run file")
+        proc = run([ddplab, "diff", path["same1"]])
+        check(proc.returncode == 2 and proc.stdout == "", f"one file: exit 2 ({proc.returncode}: {proc.stderr[:200]})")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(1 if failures else 0)
