@@ -1,5 +1,5 @@
-// `ddplab report FILE... [--json]` and `ddplab timeline FILE [-o OUT] [--force]`: the analysis (analysis/) of
-// run files read back from disk (docs/REPORTS.md).
+// `ddplab report FILE... [--json | --html OUT.html [--force]]` and `ddplab timeline FILE [-o OUT] [--force]`: the
+// analysis (analysis/) of run files read back from disk (docs/REPORTS.md).
 #pragma once
 #include <CLI/CLI.hpp>
 
