@@ -57,7 +57,8 @@ class Dom(HTMLParser):
 
 
 def browse(page, work, *flags):
-    """chromium --headless on a file; returns (stdout, its console lines)."""
+    """chromium --headless on a file with --dump-dom or --screenshot (without either it stays open); returns (stdout,
+    its console lines)."""
     profile = tempfile.mkdtemp(dir=work)  # a fresh profile: nothing from another run, nothing left in $HOME
     proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *flags,
@@ -92,7 +93,7 @@ def main():
         probe = os.path.join(work, "probe.html")
         with open(probe, "w") as f:
             f.write('<!DOCTYPE html><html><body><script>console.error("probe")</script></body></html>')
-        check(browse(probe, work)[1], "a console message is seen (the check can fail)")
+        check(browse(probe, work, "--dump-dom")[1], "a console message is seen (the check can fail)")
 
         out = os.path.join(work, "suite")
         proc = subprocess.run([mpirun, "-np", "2", ddplab, "suite", "lab", "--steps", "4", "--warmup-steps", "1",
