@@ -514,6 +514,11 @@ def main(argv):
     if len(argv) < 2 or not (paths or sweep_paths) or ("--report" in options and not page) or (page and not paths):
         raise BadInput(usage)
     out_dir = argv[1]
+    if page:  # beside this script; it needs jinja2, checked before any chart is drawn
+        try:
+            from report_page import write_page
+        except ImportError as e:
+            raise BadInput(f"--page needs {e.name} (Debian's python3-jinja2)") from None
     runs = [Run(p) for p in paths]  # all readable before anything is written
     sweeps = [read_sweep(p) for p in sweep_paths]
     suite_summary = apply_suite(runs, suite) if suite else None
@@ -548,7 +553,6 @@ def main(argv):
     if predicted:
         predicted_chart(predicted, out_dir, written)
     if page:
-        from report_page import write_page  # beside this script; needs jinja2 only when a page is asked for
         written.append(write_page(page, runs, out_dir, suite_summary, sweeps, reports))
     for path in written:
         print(path)
