@@ -83,11 +83,12 @@ RUN_HEADERS = ["run", "ws", "gbatch", "step_ms", "samples/s", "useful tok/s", "s
 def run_row(run):
     fwd_bwd = mean_over_ranks(run, "forward_ms") + mean_over_ranks(run, "backward_ms")
     tokens = run.useful_tokens_per_s if run.useful_tokens_per_s > 0 else None
+    hidden = mean_over_ranks(run, "hidden_fraction")
     return [run.stem, str(run.world) + ("*" if run.oversubscribed else ""), str(run.global_batch),
             fmt(run.step_ms), fmt(run.samples_per_s, ",.0f"), fmt(tokens, ",.0f"),
             fmt(float(run.summary["mean_spread_ms"])), fmt(mean_over_ranks(run, "data_ms")), fmt(fwd_bwd),
             fmt(mean_over_ranks(run, "optimizer_ms")), fmt(mean_over_ranks(run, "exposed_comm_ms")),
-            fmt(mean_over_ranks(run, "hidden_fraction") * 100, ".0f", "%"),
+            fmt(hidden * 100 if mean_over_ranks(run, "comm_ms") > 0 else None, ".0f", "%"),  # one rank: no comm
             fmt(float(run.summary["final_loss"]), ".4f")]
 
 
@@ -113,20 +114,21 @@ def suite_table(runs, suite):
 
 
 def sweep_table(sweep):
+    """One row per point, as `ddplab sweep` prints it (predicted and error with --predict)."""
     rows = []
     for p in sweep["points"]:
         ranks = p["summary"]["ranks"]
-
-        def mean(name):
-            return sum(float(r.get(name, 0)) for r in ranks) / len(ranks)
+        mean = {name: sum(float(r.get(name, 0)) for r in ranks) / len(ranks)
+                for name in ("backward_ms", "comm_ms", "hidden_comm_ms", "exposed_comm_ms")}
+        hidden = 100 * p["hidden_fraction"] if mean["comm_ms"] > 0 else None  # one rank: no comm to hide
         rows.append([fmt(p["bucket_mb"], "g"), p["overlap"], fmt(p["step_ms"]),
-                     fmt(float(p["summary"]["samples_per_s"]), ",.0f"), fmt(mean("backward_ms")), fmt(mean("comm_ms")),
-                     fmt(mean("hidden_comm_ms")), fmt(mean("exposed_comm_ms")), fmt(100 * p["hidden_fraction"], ".0f",
-                                                                                   "%"),
+                     fmt(float(p["summary"]["samples_per_s"]), ",.0f"), fmt(mean["backward_ms"]), fmt(mean["comm_ms"]),
+                     fmt(mean["hidden_comm_ms"]), fmt(mean["exposed_comm_ms"]), fmt(hidden, ".0f", "%"),
                      fmt(p.get("predicted_step_ms")), fmt(p.get("error_pct"), "+.1f", "%"),
                      os.path.basename(p["run_file"])])
-    return {"headers": ["bucket_mb", "overlap", "step_ms", "samples/s", "backward", "comm", "hidden", "exposed",
-                        "hidden%", "predicted", "error", "run file"], "rows": rows}
+    return without_empty_columns({"headers": ["bucket_mb", "overlap", "step_ms", "samples/s", "backward", "comm",
+                                              "hidden", "exposed", "hidden%", "predicted", "error", "run file"],
+                                  "rows": rows})
 
 
 def blame_of(runs, suite, reports):
