@@ -119,15 +119,15 @@ def main():
 
         # `report --html` on two of the suite's files; bad input refused before any work.
         files = [os.path.join(out, f"{c}.h5") for c in ("straggler", "weak_ws2")]
-        html = os.path.join(work, "two.html")
-        proc = subprocess.run([ddplab, "report", "--html", html, *files], capture_output=True, text=True, timeout=300)
-        check(proc.returncode == 0 and os.path.isfile(html), f"report --html writes the page ({proc.stderr[-300:]})")
-        if os.path.isfile(html):
-            dom = check_page(html, work, ["straggler", "weak_ws2"],
+        two = os.path.join(work, "two.html")
+        proc = subprocess.run([ddplab, "report", "--html", two, *files], capture_output=True, text=True, timeout=300)
+        check(proc.returncode == 0 and os.path.isfile(two), f"report --html writes the page ({proc.stderr[-300:]})")
+        if os.path.isfile(two):
+            dom = check_page(two, work, ["straggler", "weak_ws2"],
                              ["straggler_breakdown", "weak_ws2_breakdown"], "report --html page")
             check("rank 1 sets the pace" in dom or "rank 0 sets the pace" in dom, "report --html shows the blame")
             check(">n/a" in dom or "n/a:" in dom, "what does not apply reads n/a")
-        for args, reason in ((["--html", html], "already exists"),
+        for args, reason in ((["--html", two], "already exists"),
                              (["--html", os.path.join(work, "no", "p.html")], "does not exist"),
                              (["--html", os.path.join(work, "x.html"), "--json"], "excludes")):
             before = sorted(os.listdir(work))
