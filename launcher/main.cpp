@@ -32,6 +32,7 @@
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
 #include "launcher/cli_errors.h"
+#include "launcher/page.h"
 #include "launcher/predict_command.h"
 #include "launcher/rank_agreement.h"
 #include "launcher/report_commands.h"
@@ -169,7 +170,10 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       throw UsageError(parse_error_text(e, app));
     }
-    if (train->parsed()) run_training(config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
+    if (train->parsed()) {
+      const SummarizedRun run = run_training(config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
+      if (rank == 0) write_train_page(run, config.quiet);
+    }
     if (suite->parsed()) code = run_suite(suite_options, command_line);
     if (sweep->parsed()) code = run_sweep(sweep_options, command_line);
     if (devices->parsed()) code = run_devices();

@@ -4,12 +4,14 @@
 
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "analysis/diff.h"
 #include "analysis/report.h"
 #include "analysis/timeline.h"
+#include "launcher/page.h"
 #include "record/errors.h"
 #include "record/files.h"
 #include "record/run_file.h"
@@ -37,17 +39,32 @@ void add_report_commands(CLI::App& app) {
   struct ReportArgs {
     std::vector<std::string> files;
     bool json = false;
+    std::string html;
+    bool force = false;
   };
   auto report_args = std::make_shared<ReportArgs>();
   CLI::App* report = app.add_subcommand("report", "tables and slow-rank blame from run files (docs/REPORTS.md)");
   report->add_option("files", report_args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
   report->add_flag("--json", report_args->json,
                    "print a JSON array instead, one object per file: its summary and blame findings");
+  report->add_option("--html", report_args->html,
+                     "write the runs as one self-contained HTML page instead (setup, table, charts, blame)")
+      ->type_name("OUT.html")
+      ->excludes("--json");
+  report->add_flag("--force", report_args->force, "overwrite an existing --html page");
   report->callback([args = report_args] {
     if (!is_rank0()) return;
+    if (!args->html.empty()) {
+      if (const std::string problem = check_output_path(args->html, args->force); !problem.empty())
+        throw UsageError(problem);
+    }
     std::vector<SummarizedRun> runs;
     for (const std::string& path : args->files) runs.push_back(summarized(read_input(path)));  // all readable first
-    if (args->json) {
+    if (!args->html.empty()) {
+      if (const std::string error = write_run_page(runs, args->html); !error.empty())
+        throw std::runtime_error("cannot write the page " + args->html + ": " + error);
+      print_page_line(args->html, "");
+    } else if (args->json) {
       nlohmann::json all = nlohmann::json::array();
       for (const SummarizedRun& run : runs) all.push_back(report_json(run));
       // Strings come from the files as stored: bytes that are not UTF-8 become U+FFFD rather than an exception.

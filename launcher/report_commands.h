@@ -1,5 +1,6 @@
-// `ddplab report FILE... [--json]`, `ddplab diff A B [--json]` and `ddplab timeline FILE [-o OUT] [--force]`: the
-// analysis (analysis/) of run files read back from disk (docs/REPORTS.md).
+// `ddplab report FILE... [--json | --html OUT.html [--force]]`, `ddplab diff A B [--json]` and
+// `ddplab timeline FILE [-o OUT] [--force]`: the analysis (analysis/) of run files read back from disk
+// (docs/REPORTS.md).
 #pragma once
 #include <CLI/CLI.hpp>
 

@@ -1,10 +1,7 @@
 #include "launcher/suite.h"
 
-#include <fcntl.h>
 #include <mpi.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +21,7 @@
 #include "analysis/predict.h"
 #include "analysis/timeline.h"
 #include "launcher/cli.h"
+#include "launcher/page.h"
 #include "launcher/run.h"
 #include "record/errors.h"
 #include "record/files.h"
@@ -164,33 +162,22 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
   return buf;
 }
 
-// Charts of the given run files into dir/charts (scripts/charts.py with Debian's python3: h5py, matplotlib), its
-// output into dir/charts.log. Started from an argument list, not through a shell, so a path may hold any byte.
-// Charts are a convenience: without python3-matplotlib the suite says so and goes on.
-// `summary_args`: --suite SUMMARY.json (groups, oversubscription) or --sweep SUMMARY.json (predicted step times).
+// Charts of the given run files into dir/charts and the page, dir/report.html (scripts/charts.py with Debian's
+// python3: h5py, matplotlib, jinja2), its output into dir/charts.log. Charts and page are a convenience: without
+// them the suite says why and goes on.
+// `summary_args`: --suite SUMMARY.json (groups, oversubscription, blame) or --sweep SUMMARY.json (the prediction).
 void draw_charts(const std::string& dir, const std::vector<std::string>& files,
                  const std::vector<std::string>& summary_args) {
-  const std::string charts = dir + "/charts", log = dir + "/charts.log";
-  mkdir(charts.c_str(), 0755);
-  std::vector<std::string> args = {DDPLAB_PYTHON, std::string(DDPLAB_SOURCE_DIR) + "/scripts/charts.py", charts};
+  const std::string charts = dir + "/charts", log = dir + "/charts.log", page = dir + "/report.html";
+  std::vector<std::string> args = {charts, "--page", page};
   args.insert(args.end(), summary_args.begin(), summary_args.end());
   args.insert(args.end(), files.begin(), files.end());
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t output;
-  posix_spawn_file_actions_init(&output);
-  posix_spawn_file_actions_addopen(&output, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&output, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  int status = 0;
-  const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
-  posix_spawn_file_actions_destroy(&output);
-  if (started && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+  const std::string error = run_chart_script(args, log);
+  if (error.empty())
     std::printf("charts: %s/ (PNG and SVG; list in %s)\n", charts.c_str(), log.c_str());
-  } else {
-    std::printf("charts: not drawn (%s)\n", started ? ("see " + log).c_str() : ("cannot start " + args[0]).c_str());
-  }
+  else
+    std::printf("charts: not drawn (%s)\n", error.c_str());
+  print_page_line(page, error.empty() ? "" : "see " + log);
 }
 
 // The token-skew lab: the same transformer and length distribution, batched four ways (uniform lengths are the

@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """Charts of ddplab run files, as PNG and SVG (headless: matplotlib's Agg backend).
 
-usage: /usr/bin/python3 scripts/charts.py OUT_DIR [--suite SUMMARY.json] [--sweep SUMMARY.json ...] [FILE.h5 ...]
+usage: /usr/bin/python3 scripts/charts.py OUT_DIR [--suite SUMMARY.json] [--sweep SUMMARY.json ...]
+                                          [--page PAGE.html [--report REPORT.json]] [FILE.h5 ...]
 
 Per file:  <stem>_breakdown   where each rank's step goes (data / compute / backward with the all-reduce running
                               alongside it / exposed comm / optimizer, plus the lab's extra all-reduce, host work
                               and barrier wait when present)
            <stem>_step_times  step time of every step on every rank (warm-up shaded)
            <stem>_buckets     one step's backward and each bucket's ready, comm start and comm end, per rank: for
-                              a single file, or the suite's largest weak-scaling case
+                              a single file, the suite's largest weak-scaling case, or the sweep's best point
 Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
                               the suite groups its cases
            loss               the loss (mean over ranks) of every step, one line per file (bit-identical ones
@@ -23,6 +24,9 @@ the machine, not DDP).
 --sweep names the summary.json of a `ddplab sweep --predict` (repeatable: one per link, same model and ranks):
            predicted_vs_measured   step time over bucket size, predicted dashed and measured solid, one panel per
                                    link and one colour per overlap setting, the model's recommended point starred
+--page writes the run as one self-contained HTML page from these charts (scripts/report_page.py; Debian's
+python3-jinja2); --report names the output of `ddplab report --json` for these files, whose blame lines it shows
+(a suite's come from its summary.json).
 Steady-state figures (per-rank means, the slowest rank's step, samples/s, where the steady state starts) come from
 the run file's stored `summary`, the one ddplab computed; only the step-time chart reads the per-step datasets.
 Prints the path of every file it writes. Needs Debian's python3-h5py and python3-matplotlib (/usr/bin/python3).
@@ -81,6 +85,11 @@ class Run:
         self.world = int(f.attrs["world_size"])
         self.steps = int(f.attrs["num_steps"])
         self.config = json.loads(f.attrs["config"])
+        # The setup as recorded (machine, BLAS, MPI, CUDA, the command): the page's first section.
+        self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()
+                      if k not in ("config", "summary")}
+        self.hostnames = [h.decode() if isinstance(h, bytes) else str(h) for h in f["hostnames"][:]]
+        self.gpus = [g.decode() if isinstance(g, bytes) else str(g) for g in f["gpus"][:]] if "gpus" in f else []
         self.summary = json.loads(f.attrs["summary"])
         if len(self.summary["ranks"]) != self.world:
             raise BadInput(f"cannot read run file {path}: the summary has {len(self.summary['ranks'])} ranks, "
@@ -443,6 +452,16 @@ def scaling_chart(runs, kind, out_dir, written):
     save(fig, out_dir, f"{kind}_scaling", written)
 
 
+def best_of_sweep(runs, sweeps):
+    """The run of the sweep's best setting, whose buckets stand for the sweep's (none without a sweep summary)."""
+    for sweep in sweeps:
+        best = sweep.get("best", {})
+        for p in sweep["points"]:
+            if (p["bucket_mb"], p["overlap"]) == (best.get("bucket_mb"), best.get("overlap")):
+                return [r for r in runs if os.path.realpath(r.path) == os.path.realpath(p["run_file"])][:1]
+    return []
+
+
 def unique_names(runs):
     seen = {}
     names = []
@@ -452,41 +471,58 @@ def unique_names(runs):
     return names
 
 
-def apply_suite(runs, summary_path):
-    """Groups and oversubscription from the suite's summary.json, matched to the files by run file path."""
+def read_json(path, what):
     try:
-        with open(summary_path) as f:
-            cases = {os.path.realpath(c["run_file"]): c for c in json.load(f)["cases"]}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise BadInput(f"cannot read the {what} {path}: {e}") from None
+
+
+def apply_suite(runs, summary_path):
+    """Groups and oversubscription from the suite's summary.json, matched to the files by run file path; returns the
+    summary."""
+    summary = read_json(summary_path, "suite summary")
+    try:
+        cases = {os.path.realpath(c["run_file"]): c for c in summary["cases"]}
+    except (KeyError, TypeError) as e:
         raise BadInput(f"cannot read the suite summary {summary_path}: {e}") from None
     for r in runs:
         case = cases.get(os.path.realpath(r.path))
         if case:
             r.group = case.get("group")
             r.oversubscribed = bool(case.get("oversubscribed", False))
+    return summary
 
 
 def main(argv):
-    usage = "usage: charts.py OUT_DIR [--suite SUMMARY.json] [--sweep SUMMARY.json ...] [FILE.h5 ...]"
-    args, suite, sweep_paths, paths = argv[2:], None, [], []
+    usage = ("usage: charts.py OUT_DIR [--suite SUMMARY.json] [--sweep SUMMARY.json ...] "
+             "[--page PAGE.html [--report REPORT.json]] [FILE.h5 ...]")
+    args, options, sweep_paths, paths = argv[2:], {}, [], []
     while args:
-        if args[0] in ("--suite", "--sweep"):
-            if len(args) < 2 or (args[0] == "--suite" and suite):
+        if args[0] in ("--suite", "--sweep", "--page", "--report"):
+            if len(args) < 2 or args[0] in options:
                 raise BadInput(usage)
-            if args[0] == "--suite":
-                suite = args[1]
-            else:
+            if args[0] == "--sweep":
                 sweep_paths.append(args[1])
+            else:
+                options[args[0]] = args[1]
             args = args[2:]
         else:
             paths.append(args.pop(0))
-    if len(argv) < 2 or not (paths or sweep_paths):
+    suite, page = options.get("--suite"), options.get("--page")
+    if len(argv) < 2 or not (paths or sweep_paths) or ("--report" in options and not page) or (page and not paths):
         raise BadInput(usage)
     out_dir = argv[1]
+    if page:  # beside this script; it needs jinja2, checked before any chart is drawn
+        try:
+            from report_page import write_page
+        except ImportError as e:
+            raise BadInput(f"--page needs {e.name} (Debian's python3-jinja2)") from None
     runs = [Run(p) for p in paths]  # all readable before anything is written
     sweeps = [read_sweep(p) for p in sweep_paths]
-    if suite:
-        apply_suite(runs, suite)
+    suite_summary = apply_suite(runs, suite) if suite else None
+    reports = read_json(options["--report"], "report") if "--report" in options else None
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -498,7 +534,7 @@ def main(argv):
         breakdown_chart(run, out_dir, f"{name}_breakdown", written)
         step_times_chart(run, out_dir, f"{name}_step_times", written)
     weak = [r for r in runs if r.group == "weak"]
-    gantt = [max(weak, key=lambda r: r.world)] if weak else runs if len(runs) == 1 else []
+    gantt = [max(weak, key=lambda r: r.world)] if weak else runs if len(runs) == 1 else best_of_sweep(runs, sweeps)
     for run in gantt:
         buckets_chart(run, out_dir, f"{run.stem}_buckets", written)
     if len(runs) > 1:
@@ -516,6 +552,8 @@ def main(argv):
     predicted = [s for s in sweeps if s["points"] and all("predicted_step_ms" in p for p in s["points"])]
     if predicted:
         predicted_chart(predicted, out_dir, written)
+    if page:
+        written.append(write_page(page, runs, out_dir, suite_summary, sweeps, reports))
     for path in written:
         print(path)
 

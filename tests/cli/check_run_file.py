@@ -38,7 +38,10 @@ def main():
         check(proc.returncode == 0, f"ddplab train exits 0 (got {proc.returncode}: {proc.stderr.strip()[:300]})")
         check(f"run file: {path}" in proc.stdout, "summary names the run file")
         check("global throughput" in proc.stdout and "slowest rank" in proc.stdout, "summary printed on rank 0")
-        check(sorted(os.listdir(work)) == ["run.h5"], f"only the run file is left ({os.listdir(work)})")
+        page = os.path.join(work, "run.report.html")
+        check(f"page: {page}" in proc.stdout, "train names its page")
+        check(sorted(os.listdir(work)) == ["run.h5", "run.report.html"],
+              f"only the run file and its page are left ({os.listdir(work)})")
         if proc.returncode != 0:
             return
 

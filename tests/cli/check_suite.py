@@ -40,7 +40,8 @@ def main():
                      "input_threads4"] + (["zero_stage1"] if np_ranks > 1 else []))
         files = sorted(os.listdir(out))
         check(files == sorted([c + ".h5" for c in expected] +
-                              ["summary.csv", "summary.json", "charts", "charts.log", "straggler.trace.json"]),
+                              ["summary.csv", "summary.json", "charts", "charts.log", "report.html",
+                               "straggler.trace.json"]),
               f"files {files}")
         trace = json.load(open(os.path.join(out, "straggler.trace.json")))
         check({e["pid"] for e in trace["traceEvents"]} == set(range(np_ranks)), "the straggler timeline has every rank")

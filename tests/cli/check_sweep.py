@@ -30,7 +30,7 @@ with tempfile.TemporaryDirectory() as work:
     if proc.returncode == 0:
         names = sorted(os.listdir(out))
         want = sorted([f"bucket{b}_overlap_{o}.h5" for b in ["0", "0.01", "50", "100"] for o in ["on", "off"]] +
-                      ["summary.csv", "summary.json", "charts", "charts.log"])
+                      ["summary.csv", "summary.json", "charts", "charts.log", "report.html"])
         check(names == want, f"files {names}")
         s = json.load(open(os.path.join(out, "summary.json")))
         check(len(s["points"]) == 8, "8 grid points")

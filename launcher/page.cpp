@@ -1,0 +1,102 @@
+#include "launcher/page.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "analysis/report.h"
+
+namespace ddplab {
+namespace fs = std::filesystem;
+
+std::string scripts_dir() {
+  std::error_code error;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
+  if (error) return "";
+  // Installed: <prefix>/<bindir>/ddplab finds <prefix>/<datadir>/ddplab/scripts, wherever the prefix was moved.
+  const fs::path installed = (exe.parent_path() / DDPLAB_SCRIPTS_FROM_BIN).lexically_normal();
+  if (fs::is_regular_file(installed / "charts.py", error)) return installed.string();
+  // Run from its build tree: the scripts of the source it was built from (edits take effect without installing).
+  const std::string build = fs::weakly_canonical(DDPLAB_BINARY_DIR, error).string() + "/";
+  if (exe.string().rfind(build, 0) == 0) return std::string(DDPLAB_SOURCE_DIR) + "/scripts";
+  return "";
+}
+
+// The last line the script wrote (its one-line error), for the caller's message.
+std::string last_line(const std::string& log) {
+  std::ifstream in(log);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+// Started from an argument list, not through a shell, so a path may hold any byte.
+std::string run_chart_script(const std::vector<std::string>& script_args, const std::string& log) {
+  const std::string dir = scripts_dir();
+  if (dir.empty()) return "no scripts/charts.py beside this ddplab (install it with cmake --install)";
+  std::vector<std::string> args = {DDPLAB_PYTHON, dir + "/charts.py"};
+  args.insert(args.end(), script_args.begin(), script_args.end());
+  std::ofstream(log) << "# " << args[1] << "\n";  // which script drew them, for the reader and the install test
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t output;
+  posix_spawn_file_actions_init(&output);
+  posix_spawn_file_actions_addopen(&output, STDOUT_FILENO, log.c_str(), O_WRONLY | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&output, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = 0;
+  int status = 0;
+  const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
+  posix_spawn_file_actions_destroy(&output);
+  if (!started) return "cannot start " + args[0];
+  if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  const std::string why = last_line(log);
+  return why.empty() || why[0] == '#' ? "charts.py failed, see " + log : why;
+}
+
+std::string write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page) {
+  std::string pattern = (fs::temp_directory_path() / "ddplab_page.XXXXXX").string();
+  if (!mkdtemp(pattern.data())) return "cannot create a temporary folder for the charts";
+  const std::string work = pattern;
+  nlohmann::json reports = nlohmann::json::array();
+  std::vector<std::string> args = {work + "/charts", "--page", page, "--report", work + "/report.json"};
+  for (const SummarizedRun& run : runs) {
+    reports.push_back(report_json(run));
+    args.push_back(run.record.path);
+  }
+  std::ofstream(work + "/report.json") << reports.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string error = run_chart_script(args, work + "/charts.log");
+  std::error_code ignored;
+  if (error.empty()) fs::remove_all(work, ignored);  // on failure its log stays for the reader
+  return error;
+}
+
+std::string default_page_path(const std::string& run_file) {
+  const bool h5 = run_file.size() > 3 && run_file.compare(run_file.size() - 3, 3, ".h5") == 0;
+  return (h5 ? run_file.substr(0, run_file.size() - 3) : run_file) + ".report.html";
+}
+
+void print_page_line(const std::string& page, const std::string& error) {
+  if (error.empty())
+    std::printf("page: %s (one self-contained file: open it in a browser)\n", page.c_str());
+  else
+    std::printf("page: not written (%s)\n", error.c_str());
+  std::fflush(stdout);
+}
+
+void write_train_page(const SummarizedRun& run, bool quiet) {
+  const std::string page = default_page_path(run.record.path);
+  const std::string error = write_run_page({run}, page);
+  if (!quiet) print_page_line(page, error);
+}
+
+}  // namespace ddplab

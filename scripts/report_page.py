@@ -1,0 +1,222 @@
+"""The run as one page: a self-contained HTML file (charts embedded as SVG, no script, nothing fetched) from the run
+files, the suite's or sweep's summary.json, the blame lines and the charts that scripts/charts.py has just drawn.
+
+Called by charts.py (`--page PAGE.html`), which `ddplab suite`, `sweep`, `train` and `report --html` run. The page
+follows the order a reader asks in: the setup, the table, scaling against the ideal, one section per pathology
+(its charts and blame), the buckets of one step, the prediction and recommendation, the timeline. What does not
+apply reads "n/a" or "—", never 0. Rendered by Jinja2 (Debian's python3-jinja2) from report_page.html.j2 beside
+this file, autoescaped.
+"""
+import base64
+import json
+import os
+
+import jinja2
+
+NA = "—"  # a cell that does not apply (no reference case, no tokens, not predicted)
+PERFETTO = "https://ui.perfetto.dev"
+
+
+def fmt(value, spec=".2f", suffix=""):
+    """A number as the tables print it, or NA where the value does not apply (None)."""
+    return NA if value is None else f"{value:{spec}}{suffix}"
+
+
+def chart(charts, name, caption):
+    """One chart of the charts folder as an embedded SVG (None when it was not drawn)."""
+    path = os.path.join(charts, f"{name}.svg")
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        data = base64.b64encode(f.read()).decode("ascii")
+    return {"name": name, "caption": caption, "uri": f"data:image/svg+xml;base64,{data}"}
+
+
+def charts_of(charts, *named):
+    return [c for c in (chart(charts, name, caption) for name, caption in named) if c]
+
+
+def mean_over_ranks(run, name):
+    return float(run.mean(name).mean())
+
+
+def setup_rows(runs):
+    """Machine, CPU and BLAS kernels, GPU, MPI: as the first run file recorded them (the others of one launch ran on
+    the same machine; a differing value is listed too)."""
+    def values(key):
+        return list(dict.fromkeys(str(r.attrs.get(key, "")) for r in runs if r.attrs.get(key, "") != ""))
+
+    hosts = {}
+    for h in runs[0].hostnames:
+        hosts[h] = hosts.get(h, 0) + 1
+    gpus = sorted({g for r in runs for g in r.gpus if g})
+    rows = [("hosts", ", ".join(f"{h} ({n} rank{'s' if n > 1 else ''})" for h, n in hosts.items())),
+            ("cores on rank 0's host", ", ".join(values("host_cores")) or "n/a (not recorded)"),
+            ("BLAS", "; ".join(values("blas")) or "n/a"),
+            ("BLAS kernels", "; ".join(values("blas_kernels")) or "n/a (not recorded)"),
+            ("device", ", ".join(values("device")) or "cpu"),
+            ("GPUs", ", ".join(gpus) if gpus else "n/a (CPU run)"),
+            ("CUDA", "; ".join(values("cuda")) or "n/a"),
+            ("MPI", "; ".join(values("mpi_library")) or "n/a"),
+            ("transport", "; ".join(values("transport")) or "n/a (not recorded)"),
+            ("HDF5", ", ".join(values("hdf5_version")) or "n/a"),
+            ("ddplab", ", ".join(f"{v} ({c})" for v, c in zip(values("ddplab_version"), values("git_commit")))),
+            ("started (UTC)", values("start_time_utc")[0] if values("start_time_utc") else "n/a"),
+            ("command line", values("command_line")[0] if values("command_line") else "n/a")]
+    return rows
+
+
+def config_rows(runs):
+    """Every setting of the first run, and for a setting the runs differ in, each run's value."""
+    keys = sorted({k for r in runs for k in r.config} - {"out", "force"})
+    rows = []
+    for k in keys:
+        seen = list(dict.fromkeys(json.dumps(r.config.get(k)) for r in runs))
+        rows.append((k, seen[0] if len(seen) == 1 else "varies: " + ", ".join(seen)))
+    return rows
+
+
+RUN_HEADERS = ["run", "ws", "gbatch", "step_ms", "samples/s", "useful tok/s", "spread_ms", "data_ms", "comp_ms",
+               "optim_ms", "exposed_ms", "hidden%", "final loss"]
+
+
+def run_row(run):
+    fwd_bwd = mean_over_ranks(run, "forward_ms") + mean_over_ranks(run, "backward_ms")
+    tokens = run.useful_tokens_per_s if run.useful_tokens_per_s > 0 else None
+    hidden = mean_over_ranks(run, "hidden_fraction")
+    return [run.stem, str(run.world) + ("*" if run.oversubscribed else ""), str(run.global_batch),
+            fmt(run.step_ms), fmt(run.samples_per_s, ",.0f"), fmt(tokens, ",.0f"),
+            fmt(float(run.summary["mean_spread_ms"])), fmt(mean_over_ranks(run, "data_ms")), fmt(fwd_bwd),
+            fmt(mean_over_ranks(run, "optimizer_ms")), fmt(mean_over_ranks(run, "exposed_comm_ms")),
+            fmt(hidden * 100 if mean_over_ranks(run, "comm_ms") > 0 else None, ".0f", "%"),  # one rank: no comm
+            fmt(float(run.summary["final_loss"]), ".4f")]
+
+
+def without_empty_columns(table):
+    """A column that applies to no row (tokens/s of MLP runs) is left out rather than filled with dashes."""
+    keep = [i for i in range(len(table["headers"])) if any(row[i] != NA for row in table["rows"])]
+    return {"headers": [table["headers"][i] for i in keep], "rows": [[row[i] for i in keep] for row in table["rows"]]}
+
+
+def suite_table(runs, suite):
+    """The suite's table: each case's row with its group, and its efficiency and change against the baseline as the
+    suite computed them (null where they do not apply)."""
+    cases = {os.path.realpath(c["run_file"]): c for c in suite["cases"]}
+    rows = []
+    for r in runs:
+        c = cases.get(os.path.realpath(r.path), {})
+        eff, vs = c.get("efficiency"), c.get("vs_baseline")
+        row = run_row(r)
+        rows.append(row[:1] + [c.get("group") or NA] + row[1:5] +
+                    [fmt(eff, ".2f"), fmt(None if vs is None else 100 * vs, "+.0f", "%")] + row[5:])
+    headers = RUN_HEADERS[:1] + ["group"] + RUN_HEADERS[1:5] + ["efficiency", "vs_base"] + RUN_HEADERS[5:]
+    return without_empty_columns({"headers": headers, "rows": rows})
+
+
+def sweep_table(sweep):
+    """One row per point, as `ddplab sweep` prints it (predicted and error with --predict)."""
+    rows = []
+    for p in sweep["points"]:
+        ranks = p["summary"]["ranks"]
+        mean = {name: sum(float(r.get(name, 0)) for r in ranks) / len(ranks)
+                for name in ("backward_ms", "comm_ms", "hidden_comm_ms", "exposed_comm_ms")}
+        hidden = 100 * p["hidden_fraction"] if mean["comm_ms"] > 0 else None  # one rank: no comm to hide
+        rows.append([fmt(p["bucket_mb"], "g"), p["overlap"], fmt(p["step_ms"]),
+                     fmt(float(p["summary"]["samples_per_s"]), ",.0f"), fmt(mean["backward_ms"]), fmt(mean["comm_ms"]),
+                     fmt(mean["hidden_comm_ms"]), fmt(mean["exposed_comm_ms"]), fmt(hidden, ".0f", "%"),
+                     fmt(p.get("predicted_step_ms")), fmt(p.get("error_pct"), "+.1f", "%"),
+                     os.path.basename(p["run_file"])])
+    return without_empty_columns({"headers": ["bucket_mb", "overlap", "step_ms", "samples/s", "backward", "comm",
+                                              "hidden", "exposed", "hidden%", "predicted", "error", "run file"],
+                                  "rows": rows})
+
+
+def blame_of(runs, suite, reports):
+    """Blame lines per run file: the suite's (from its records in memory) or `ddplab report --json`'s."""
+    texts = {}
+    for c in (suite or {}).get("cases", []):
+        texts[os.path.realpath(c["run_file"])] = c.get("blame")
+    for rep in reports or []:
+        texts[os.path.realpath(rep["run_file"])] = [b["text"] for b in rep.get("blame", [])]
+    return {r.path: texts.get(os.path.realpath(r.path)) for r in runs}
+
+
+def case_section(run, charts, blame):
+    return {"name": run.stem, "group": run.group, "world": run.world,
+            "blame": blame,
+            "charts": charts_of(charts, (f"{run.stem}_breakdown", "where each rank's step goes"),
+                                (f"{run.stem}_step_times", "every step on every rank"))}
+
+
+def scaling_section(runs, charts, blame):
+    figures = charts_of(charts, ("weak_scaling", "weak scaling: the same batch per rank"),
+                        ("strong_scaling", "strong scaling: the same global batch"))
+    lines = [(r.stem, line) for r in runs if r.group in ("weak", "strong") for line in (blame[r.path] or [])]
+    return {"charts": figures, "blame": lines}
+
+
+def prediction_section(sweeps):
+    """The sweep's best measured setting, and with --predict the model's error and recommendation."""
+    out = []
+    for s in sweeps:
+        best = s.get("best", {})
+        entry = {"link": s.get("link", "n/a"), "best": best, "noise": s.get("noise_pct"),
+                 "not_told_apart": s.get("not_told_apart", []), "recommended": s.get("recommended"),
+                 "predicted_from": s.get("predicted_from"), "median": s.get("median_abs_error_pct"),
+                 "max": s.get("max_abs_error_pct")}
+        out.append(entry)
+    return out
+
+
+def timeline_section(runs, example):
+    """The Chrome-trace files beside the run files, or the command that writes one (for the run drawn as the buckets
+    of one step, else the straggler, else the first)."""
+    traces = []
+    for r in runs:
+        trace = r.path[:-3] + ".trace.json" if r.path.endswith(".h5") else r.path + ".trace.json"
+        if os.path.isfile(trace):
+            traces.append(os.path.basename(trace))
+    return {"traces": traces, "command": f"ddplab timeline {example}", "perfetto": PERFETTO}
+
+
+def write_page(path, runs, charts, suite=None, sweeps=(), reports=None):
+    """Renders the page for these runs (charts.Run objects) into path, whole or not at all."""
+    blame = blame_of(runs, suite, reports)
+    if suite:
+        title = f"ddplab suite {suite.get('suite', '')}: {len(runs)} cases on {suite.get('world_size')} ranks"
+        table = suite_table(runs, suite)
+        sections = [case_section(r, charts, blame[r.path]) for r in runs
+                    if r.group not in ("weak", "strong")]
+        scaling = scaling_section(runs, charts, blame)
+    elif sweeps:
+        s = sweeps[0]
+        title = f"ddplab sweep: bucket size x overlap, {len(s['points'])} points on {s.get('world_size')} ranks"
+        table = sweep_table(s)
+        sections = []
+        scaling = None
+    else:
+        title = (f"ddplab {runs[0].attrs.get('command', 'train')}: {runs[0].stem}" if len(runs) == 1 else
+                 f"ddplab report: {len(runs)} runs")
+        table = without_empty_columns({"headers": RUN_HEADERS, "rows": [run_row(r) for r in runs]})
+        sections = [case_section(r, charts, blame[r.path]) for r in runs]
+        scaling = scaling_section(runs, charts, blame) if any(
+            os.path.isfile(os.path.join(charts, f"{k}_scaling.svg")) for k in ("weak", "strong")) else None
+    overview = charts_of(charts, ("throughput", "throughput per case"), ("loss", "loss per case"),
+                         ("bucket_sweep", "step time and exposed comm over bucket size"))
+    drawn = [r for r in runs if chart(charts, f"{r.stem}_buckets", "") is not None]
+    gantt = [chart(charts, f"{r.stem}_buckets", "backward and each bucket's all-reduce, last step") for r in drawn]
+    # The timeline to open: the straggler's (the suite writes it), else the run drawn above, else the first.
+    timeline_run = ([r for r in runs if r.stem == "straggler"] + drawn + runs)[0]
+    predicted = charts_of(charts, ("predicted_vs_measured", "predicted against measured step time"))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
+                             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    text = env.get_template("report_page.html.j2").render(
+        title=title, setup=setup_rows(runs), config=config_rows(runs), table=table, overview=overview,
+        oversubscribed=any(r.oversubscribed for r in runs), scaling=scaling, sections=sections, gantt=gantt,
+        sweeps=prediction_section(sweeps), predicted=predicted, timeline=timeline_section(runs, timeline_run.path),
+        suite=suite, na=NA)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
