@@ -2,6 +2,7 @@
 // times, the combination over ranks), the check, the machine checks before any work, and the output (the
 // nccl-tests table, CSV, JSON). The implementations are impl.h's.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
