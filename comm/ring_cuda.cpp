@@ -232,4 +232,11 @@ void RingAllreduceCuda::allreduce_sum(const float* in, float* out, size_t count)
   memory_->synchronize();
 }
 
+void RingAllreduceCuda::enqueue_allreduce_sum(const float* in, float* out, size_t count) {
+  if (std::string(link_->name()) != "nccl")
+    throw std::logic_error(name_ + ": the host waits inside each exchange; only the nccl link queues without waiting");
+  wait_for_jobs("the GPU ring's comm thread to go idle");
+  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
+}
+
 }  // namespace ddplab::cuda

@@ -107,6 +107,9 @@ class RingAllreduceCuda final : public StreamAllreduce {
   // out = sum over ranks of in (out == in: in place) on the calling thread, and waits for it: for benchmarks and
   // tests, never while asynchronous all-reduces are in flight.
   void allreduce_sum(const float* in, float* out, size_t count);
+  // The same queued on the comm stream without waiting for it: what a CUDA graph captures (allreduce_perf -G). Over
+  // the nccl link only: the ipc and host links make the host wait inside each exchange (std::logic_error).
+  void enqueue_allreduce_sum(const float* in, float* out, size_t count);
 
  private:
   struct CudaFree {

@@ -2,8 +2,9 @@
 # The GPU pre-flight on a GPU machine (the `device` tool; bench/device/README.md has the calls), one stage per call,
 # each within 9 minutes of command time:
 #   bench/device/run.sh 1   build (ninja, sm_90, the targets below), ctest -L gpu, the quick kernel benchmark,
-#                           allreduce_perf (NCCL at np 1; our ring at np 2 and 4 on the one GPU), a 20-step 4-rank
-#                           --comm ring training run and its report, a rank's injected failure ending the job
+#                           allreduce_perf (NCCL at np 1, also with -G's CUDA graphs; our ring at np 2 and 4 on the
+#                           one GPU), a 20-step 4-rank --comm ring training run and its report, a rank's injected
+#                           failure ending the job
 #   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step (auto, fused) and through
 #                           `ddplab train`, the full kernel benchmark, ncu's ranking of the step, PyTorch eager,
 #                           torch.compile and SDPA per backend on the same shapes, ncu on our fused attention
@@ -135,6 +136,11 @@ if [ "$stage" = 1 ]; then
     "$build/bench/gpu/bench_cuda_kernels" --quick
   step "allreduce nccl np1" allreduce.log 90 'grep "Avg bus bandwidth" "$log" | tail -1' \
     "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl
+  # The plain launch beside -G's CUDA graphs (20 captured calls per launch): at small sizes the graph rows show the
+  # collective without the per-call launch and host wait.
+  step "allreduce graphs np1" allreduce.log 90 \
+    'grep -E "^[a-z-]*nccl[a-z-]* +8 " "$log" | awk "{print \$1, \$6 \" us\"}" | paste -sd" "' \
+    "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl,gpu-ring-nccl -G 20
   for np in 2 4; do  # our ring on device buffers, np ranks sharing the one GPU (NCCL refuses that)
     step "allreduce gpu-ring np$np" allreduce.log 120 \
       'grep "Avg bus bandwidth" "$log" | tail -2 | sed "s/# Avg bus bandwidth *: //" | paste -sd" "' \

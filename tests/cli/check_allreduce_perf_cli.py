@@ -3,7 +3,7 @@
 
 - rows arrive while the benchmark runs, not all at the end;
 - nccl-tests' flags: -i (step in bytes), -g/-t 1, -c, -d float, -o sum, -a 0..3 (checked against each rank's mean
-  in the JSON), -J; --impls picks implementations; --stat median;
+  in the JSON), -J, -G (refused for host implementations); --impls picks implementations; --stat median;
 - the type column is the wire's (bfloat16, half) in the table, the CSV and the JSON;
 - per-call times: min/p50/p99 in the JSON and CSV, i_min/i_p99 in the table, all agreeing;
 - #wrong 0 on exactly summable inputs, also over several check rounds (-c 3); -c 0 says N/A;
@@ -245,6 +245,8 @@ def test_bad_arguments(perf, workdir):
         (["-o", "max"], "-o max"),
         (["-a", "4"], "-a 4"),
         (["-R", "2"], "-R 2"),
+        (["-G", "-1"], "-G -1"),
+        (["-G", "4", "--impls", "ring"], "-G 4: --impls ring cannot be captured: it runs on the host"),
         (["--stat", "median", "-a", "3"], "-a"),
         (["--impls", "ring,foo"], "--impls foo"),
         (["--impls", "mpi-raw", "--link", "10gbe"], "--impls mpi-raw"),

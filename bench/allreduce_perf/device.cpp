@@ -1,0 +1,110 @@
+#include "bench/allreduce_perf/device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/nccl_allreduce.h"
+#include "kernels/cuda/check.cuh"
+
+namespace ddplab::perf {
+namespace {
+
+// -G: `iterations` calls captured into one CUDA graph on the collective's stream, launched as one, as nccl-tests' -G.
+// One graph is kept, for the last (in, out, count): a size's timed calls reuse it, the next one captures its own.
+class GraphedCollective {
+ public:
+  GraphedCollective(DeviceCollective d, int iterations) : d_(std::move(d)), iterations_(iterations) {}
+  ~GraphedCollective() { release(); }
+  GraphedCollective(const GraphedCollective&) = delete;
+  GraphedCollective& operator=(const GraphedCollective&) = delete;
+
+  void run(const float* in, float* out, size_t count) {
+    if (!exec_ || in != in_ || out != out_ || count != count_) capture(in, out, count);
+    cudaCheck(cudaGraphLaunch(exec_, d_.stream));
+    d_.wait();
+  }
+
+ private:
+  void capture(const float* in, float* out, size_t count) {
+    release();
+    d_.wait();  // nothing of an earlier call may land in the capture
+    // Thread-local: a CUDA call of another thread (a comm thread's) neither joins the capture nor invalidates it.
+    cudaCheck(cudaStreamBeginCapture(d_.stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      for (int i = 0; i < iterations_; ++i) d_.enqueue(in, out, count);
+    } catch (...) {
+      cudaStreamEndCapture(d_.stream, &graph);  // leave the stream usable for the error's unwinding
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    cudaCheck(cudaStreamEndCapture(d_.stream, &graph));
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    cudaCheck(instantiated);
+    in_ = in, out_ = out, count_ = count;
+  }
+  void release() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    exec_ = nullptr;
+  }
+
+  DeviceCollective d_;
+  int iterations_;
+  cudaGraphExec_t exec_ = nullptr;
+  const float* in_ = nullptr;
+  float* out_ = nullptr;
+  size_t count_ = 0;
+};
+
+Impl graph_impl(const ImplContext& c, const DeviceCollective& d) {
+  const int n = c.options.cuda_graph;
+  auto timed = std::make_shared<GraphedCollective>(d, n);
+  auto once = std::make_shared<GraphedCollective>(d, 1);  // the check: one captured collective, as the rows' calls
+  Impl impl;
+  impl.label = c.name + "-graph";
+  impl.run = [timed](const float* in, float* out, size_t count) { timed->run(in, out, count); };
+  impl.run_once = [once](const float* in, float* out, size_t count) { once->run(in, out, count); };
+  impl.calls_per_run = n;
+  impl.device_in = d.in;
+  impl.device_out = d.out;
+  impl.owner = std::make_shared<std::pair<decltype(timed), decltype(once)>>(timed, once);  // each holds d.owner
+  return impl;
+}
+
+}  // namespace
+
+std::string device_problem() { return cuda::NcclAllreduce::availability(); }
+
+std::vector<Impl> device_impls(const ImplContext& c, DeviceCollective d) {
+  if (!d.run)
+    d.run = [enqueue = d.enqueue, wait = d.wait](const float* in, float* out, size_t count) {
+      enqueue(in, out, count);
+      wait();
+    };
+  Impl plain;
+  plain.label = c.name;
+  plain.run = d.run;
+  plain.device_in = d.in;
+  plain.device_out = d.out;
+  plain.owner = d.owner;
+  if (c.options.cuda_graph == 0) return {plain};
+  return {plain, graph_impl(c, d)};
+}
+
+void copy_to_device(float* device, const float* host, size_t count) {
+  cudaCheck(cudaMemcpy(device, host, count * sizeof(float), cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before its DMA lands, and it runs on the legacy stream, which the
+  // comm streams (non-blocking) do not wait for: without this, an all-reduce read stale inputs (#wrong on an H200).
+  cudaCheck(cudaDeviceSynchronize());
+}
+
+void copy_to_host(float* host, const float* device, size_t count) {
+  cudaCheck(cudaMemcpy(host, device, count * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+}  // namespace ddplab::perf

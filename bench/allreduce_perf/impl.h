@@ -1,0 +1,77 @@
+// An all-reduce implementation as allreduce_perf's harness runs it. Each implementation's file (ring.cpp, mpi.cpp,
+// hier.cpp, nccl.cpp, gpu_ring.cpp, ...) only says how to set up and run its collective, as nccl-tests'
+// all_reduce.cu; impls.cpp is the table of them.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/allreduce_perf/options.h"
+#include "comm/communicator.h"
+
+namespace ddplab::perf {
+
+// One implementation under test, as the harness runs it: out = allreduce_sum(in) (in == out: in place). A GPU
+// implementation runs on device buffers of its own (device_in/out, max size): the harness copies inputs in and
+// results out, untimed.
+struct Impl {
+  std::string label;                // the row's name: the implementation's, "-graph" added for -G's rows
+  const char* wire_type = "float";  // the table's `type` column (nccl-tests' names): the spec's
+  std::function<void(const float* in, float* out, size_t count)> run;       // a timed call; returns when it is done
+  std::function<void(const float* in, float* out, size_t count)> run_once;  // the check's: one collective
+  int calls_per_run = 1;  // collectives per `run` (-G N: a graph of N), which the times are divided by
+  float* device_in = nullptr;
+  float* device_out = nullptr;
+  std::shared_ptr<void> owner;
+  float* in(float* host) const { return device_in ? device_in : host; }
+  float* out(float* host) const { return device_out ? device_out : host; }
+  // The host buffers' first `count` values where run reads them (in) and where it writes (out), and the result
+  // back into the host's buffer (in place: in). No-ops for an implementation on host buffers.
+  void load_in(const float* host, size_t count) const;
+  void load_out(const float* host, size_t count) const;
+  void fetch_result(float* host, bool in_place, size_t count) const;
+};
+
+// What an implementation is made from; making one is collective over MPI_COMM_WORLD.
+struct ImplContext {
+  std::string name;  // as in --impls
+  const Options& options;
+  size_t max_count;                      // the largest call's floats
+  std::vector<std::string>& transports;  // what each implementation's hops use, for the header (rank 0's)
+};
+
+// Every implementation allreduce_perf knows (impls.cpp): the type on its wire, whether it can run over an emulated
+// link, whether it needs the CUDA build, why -G cannot capture it (nullptr: it can), and its maker, which returns
+// the plain launch's Impl and, with -G, the CUDA graph's beside it.
+struct ImplSpec {
+  const char* name;
+  const char* wire_type;
+  bool emulates_link;
+  bool needs_cuda;
+  const char* capture_problem;
+  std::vector<Impl> (*make)(const ImplContext&);  // nullptr in a build without CUDA
+};
+const ImplSpec& impl_spec(const std::string& name);  // UsageError naming the known ones
+// Makes a checked name's implementations (collective), each with its label and its wire's type.
+std::vector<Impl> make_impls(const std::string& name, const Options& o, size_t max_count,
+                             std::vector<std::string>& transports);
+
+// The Communicator's all-reduce as an implementation (ring.cpp, mpi.cpp, hier.cpp): bad nodes for hier are refused
+// on every rank alike, as a UsageError.
+std::vector<Impl> communicator_impl(const ImplContext& c, const CommOptions& options);
+
+// The makers, one file each.
+std::vector<Impl> make_ring(const ImplContext& c);
+std::vector<Impl> make_ring_only(const ImplContext& c);
+std::vector<Impl> make_ring_bf16(const ImplContext& c);
+std::vector<Impl> make_ring_fp16(const ImplContext& c);
+std::vector<Impl> make_ring_sharded(const ImplContext& c);
+std::vector<Impl> make_mpi(const ImplContext& c);
+std::vector<Impl> make_mpi_raw(const ImplContext& c);
+std::vector<Impl> make_hier(const ImplContext& c);
+std::vector<Impl> make_nccl(const ImplContext& c);      // CUDA build only
+std::vector<Impl> make_gpu_ring(const ImplContext& c);  // CUDA build only; the link is the name's tail
+
+}  // namespace ddplab::perf

@@ -1,0 +1,189 @@
+// allreduce_perf: all-reduce bandwidth of every implementation in one run, after nccl-tests' all_reduce_perf (same
+// flags where they apply; docs/COMM.md, "allreduce_perf", lists them all).
+//
+//   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1] [-G N]
+//                               [--impls ring,mpi,mpi-raw,ring-bf16] [--link 10gbe] [--stat mean|median]
+//                               [--csv F] [-J F] [--ranks-per-node K] [--diag] [-R 0|1]
+//
+// The implementations are impls.cpp's table, one file each saying how to set up and run its collective; this
+// harness runs them alike. -R 1 (the default; nccl-tests' -R registers user buffers): the host buffers are
+// RegisteredBuffers, as the trainer's gradients are, so a shm hop reads the peer's buffer in place (single copy,
+// comm/shm_transport.h). The default measures what training gets; -R 0 measures ordinary memory, copied through the
+// FIFOs (a caller's vector). Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of float data. For every size and
+// implementation: -w warm-up calls, then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send
+// and receive buffers) and in place. time = each rank's mean per call, combined over ranks as -a says (nccl-tests: 0
+// rank 0, 1 average, 2 min, 3 max), or with --stat median the median call; algbw = size / time; busbw = algbw x
+// 2(n-1)/n, the per-link traffic of a bandwidth-optimal all-reduce, comparable across rank counts. Every call is
+// also timed on its own; a call's time is its slowest rank's (nccl-tests -I): min, p50 and p99 of those per size.
+// Implementations are interleaved per size so that drift of a shared machine hits all alike; each row is printed
+// when measured. -G N (nccl-tests' -G): beside each GPU implementation's row, one whose timed call launches a CUDA
+// graph of N captured calls, its times divided by N: the collective without the per-call launch and host wait.
+//
+// #wrong: after timing, each mode runs -c more times on fresh inputs and counts elements (summed over ranks) whose
+// bits differ from the expected sum. Inputs are small integers (at most 256/n), so every partial sum is exact in
+// fp32, bf16 and fp16 and any summation order must give exactly the expected bits.
+//
+// Bad arguments: one line naming the flag, exit code 2, before any work (output files are probed first).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/allreduce_perf/diag.h"
+#include "bench/allreduce_perf/harness.h"
+#include "runtime/mpi_init.h"
+#include "comm/shm_transport.h"
+#include "comm/topology.h"
+
+namespace ddplab::perf {
+namespace {
+
+// What every implementation runs on: the host's in and out buffers (device implementations copy from and to them,
+// untimed) and the inputs' generator.
+struct Buffers {
+  float* in;
+  float* out;
+  Inputs& inputs;
+};
+
+// Both modes of one implementation at one size, each timed, then checked -c times. Rank 0's row.
+Row measure(const Impl& impl, size_t bytes, const SizeDiagnosis& seen, const Buffers& b, const Options& o, int rank,
+            int n, RankDiagnosis& diagnosis) {
+  const size_t count = bytes / sizeof(float);
+  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
+  Row r{impl.label, impl.wire_type, bytes, count, {}, {}, seen.round_trip_ns, seen.stream_gbps};
+  for (Mode* m : {&r.oop, &r.ip}) {
+    const bool in_place = m == &r.ip;
+    b.inputs.rep = 0;
+    b.inputs.fill(b.in, count, rank);
+    impl.load_in(b.in, count);
+    const ShmWaitStats waits_before = shm_wait_stats();
+    const double stolen =
+        time_calls(impl, impl.in(b.in), in_place ? impl.in(b.in) : impl.out(b.out), count, o, rank, n, m);
+    diagnosis.add(impl.label, shm_wait_stats() - waits_before, stolen);
+    m->algbw = static_cast<double>(bytes) / (m->time_us * 1e-6) / 1e9;
+    m->busbw = m->algbw * bus_factor;
+    if (o.check_iters > 0) m->wrong = 0;
+    for (int c = 0; c < o.check_iters && m->wrong == 0; ++c) {
+      b.inputs.rep = c + 1;
+      m->wrong = count_wrong(impl, b.inputs, rank, b.in, b.out, count, in_place);
+    }
+  }
+  return r;
+}
+
+// Rank 0, after the table: the files, the check's verdict, each row label's average bus bandwidth. The exit code.
+int finish(const Options& o, int n, const Topology& topology, const std::vector<Impl>& impls,
+           const std::vector<Row>& rows) {
+  nlohmann::json avg_busbw;
+  long long total_wrong = 0;
+  for (const Impl& impl : impls) {
+    double sum = 0;
+    int k = 0;
+    for (const Row& r : rows)
+      if (r.impl == impl.label) sum += r.oop.busbw + r.ip.busbw, k += 2;
+    avg_busbw[impl.label] = k ? sum / k : 0.0;
+  }
+  for (const Row& r : rows) total_wrong += std::max(0LL, r.oop.wrong) + std::max(0LL, r.ip.wrong);
+  if (!o.csv_path.empty()) write_atomically(o.csv_path, results_csv(o, n, rows));
+  if (!o.json_path.empty()) write_atomically(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong));
+  if (o.check_iters > 0)
+    std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+  else
+    std::printf("# Out of bounds values : not checked (-c 0)\n");
+  for (const Impl& impl : impls)
+    std::printf("# Avg bus bandwidth    : %g (%s)\n", avg_busbw[impl.label].get<double>(), impl.label.c_str());
+  std::printf("#\n");
+  return total_wrong ? 1 : 0;
+}
+
+int run(const Options& o, const Topology& hosts, int rank, int n) {
+  RankDiagnosis diagnosis;
+  const size_t max_count = o.max_bytes / sizeof(float);
+  const Topology topology = detect_topology(MPI_COMM_WORLD, o.ranks_per_node);
+  std::vector<Impl> impls;
+  std::vector<std::string> transports;  // rank 0's
+  for (const std::string& name : o.impls)
+    for (Impl& impl : make_impls(name, o, max_count, transports)) impls.push_back(std::move(impl));
+  const int host_ranks = hosts.node_sizes()[hosts.node_of_rank[0]];  // on rank 0's host, which prints
+  if (rank == 0) print_header(o, n, topology, transports, host_ranks);
+
+  const size_t min_count = o.min_bytes / sizeof(float);
+  Inputs inputs{n};
+  // Collective; each is registered where the host's shm transports can use it (RegisteredBuffer).
+  const RegisteredBuffer in_memory(MPI_COMM_WORLD, max_count * sizeof(float), o.registered == 1);
+  const RegisteredBuffer out_memory(MPI_COMM_WORLD, max_count * sizeof(float), o.registered == 1);
+  const Buffers buffers{static_cast<float*>(in_memory.data()), static_cast<float*>(out_memory.data()), inputs};
+  inputs.fill(buffers.in, max_count, rank);  // touch every page before timing
+  std::fill(buffers.out, buffers.out + max_count, 0.0f);
+  // A first, untimed pass of every implementation (connections, scratch buffers, code paths warm), so that the
+  // first size measured is not the one that pays for it.
+  for (const Impl& impl : impls) {
+    impl.load_in(buffers.in, min_count);
+    for (int i = 0; i < 100; ++i) impl.run(impl.in(buffers.in), impl.in(buffers.in), min_count);
+  }
+  std::vector<Row> rows;
+  std::unique_ptr<CacheLineRoundTrip> round_trip;
+  std::unique_ptr<MemoryStream> stream;
+  if (o.diag) {
+    round_trip = std::make_unique<CacheLineRoundTrip>();
+    stream = std::make_unique<MemoryStream>();
+  }
+  for (const size_t bytes : o.sizes()) {
+    const SizeDiagnosis seen = diagnose_size(round_trip.get(), stream.get(), rank, n);
+    for (const Impl& impl : impls) {
+      rows.push_back(measure(impl, bytes, seen, buffers, o, rank, n, diagnosis));
+      if (rank == 0) print_row(rows.back());
+    }
+  }
+  if (round_trip) round_trip->free();
+  if (o.diag) print_diagnosis(diagnosis, rank, n);
+  return rank == 0 ? finish(o, n, topology, impls, rows) : 0;
+}
+
+}  // namespace
+}  // namespace ddplab::perf
+
+int main(int argc, char** argv) {
+  using namespace ddplab::perf;
+  ddplab::init_mpi_multithreaded(&argc, &argv, "allreduce_perf");  // the GPU ring runs a comm thread
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  Options options;
+  int code = 0;
+  try {
+    if (!parse_options(argc, argv, rank, n, options)) {
+      MPI_Finalize();
+      return 0;
+    }
+  } catch (const UsageError& e) {
+    // Every rank parsed the same command line and got here alike: no collective needed, none waits.
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s (see allreduce_perf --help)\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
+  const ddplab::Topology hosts = ddplab::detect_topology(MPI_COMM_WORLD, /*ranks_per_node=*/0);  // the hosts
+  if (!preflight(options, hosts, rank, n)) {
+    MPI_Finalize();
+    return 2;
+  }
+  try {
+    code = run(options, hosts, rank, n);
+  } catch (const UsageError& e) {  // raised alike on every rank before any work (communicator_impl)
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
+    MPI_Finalize();
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "allreduce_perf: rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);  // the program's edge: other ranks may be waiting in a collective
+  }
+  MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);  // rank 0 knows the verdict
+  MPI_Finalize();
+  return code;
+}

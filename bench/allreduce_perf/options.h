@@ -1,0 +1,47 @@
+// allreduce_perf's command line (nccl-tests' flags where they apply; docs/COMM.md, "allreduce_perf", lists them).
+#pragma once
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace ddplab::perf {
+
+// A bad command line: one line on stderr from rank 0, exit code 2 on every rank, no MPI_Abort.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// How each rank's mean per call becomes the reported time: nccl-tests' -a.
+enum class Aggregate { kRank0 = 0, kAverage = 1, kMin = 2, kMax = 3 };
+const char* describe(Aggregate a);
+const char* json_name(Aggregate a);
+
+struct Options {
+  size_t min_bytes = 0, max_bytes = 0;
+  size_t step_bytes = 0;  // -i: a fixed step; 0: multiply by `factor`
+  int factor = 2;
+  int warmup = 5, iters = 20;
+  int check_iters = 1;  // -c: 0 skips the check (#wrong N/A)
+  Aggregate aggregate = Aggregate::kAverage;
+  bool median = false;  // --stat median: time = p50 of the calls
+  std::vector<std::string> impls;
+  LinkClasses link;
+  std::string csv_path, json_path, command_line;
+  int ranks_per_node = 0;   // 0: the hosts are the nodes (comm/topology.h)
+  bool diag = false;        // --diag: what each rank saw (CPUs, waits, page placement) under the table
+  int registered = 1;       // -R: the host buffers registered with the shm transport (single copy)
+  double gpu_chunk_mb = 0;  // the GPU ring's chunk; 0: the trainer's (CudaRingConfig::chunk_bytes)
+  int cuda_graph = 0;       // -G: calls captured per CUDA graph, rows beside the plain launch's; 0: no graphs
+
+  bool emulated() const { return link.emulated(); }
+  std::vector<size_t> sizes() const;  // the sizes measured, in bytes, each rounded down to whole floats
+};
+
+// Parses and checks the command line; the same on every rank, no MPI but the knobs' agreement. Throws UsageError
+// naming the flag, or returns false after --help (printed by rank 0).
+bool parse_options(int argc, char** argv, int rank, int n, Options& o);
+
+}  // namespace ddplab::perf

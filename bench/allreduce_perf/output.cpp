@@ -1,0 +1,216 @@
+// The nccl-tests table, the CSV and the JSON; and what is checked of the machine before any work.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench/allreduce_perf/harness.h"
+#include "comm/shm_transport.h"
+#include "record/files.h"
+#ifdef DDPLAB_HAVE_CUDA
+#include "bench/allreduce_perf/device.h"
+#endif
+
+namespace ddplab::perf {
+namespace {
+
+// `value` in at most `width` characters, with as many of 2 decimals as fit (nccl-tests' columns).
+std::string fit(double value, int width) {
+  char s[64];
+  for (int decimals = 2; decimals >= 0; --decimals)
+    if (std::snprintf(s, sizeof s, "%*.*f", width, decimals, value) <= width) return s;
+  std::snprintf(s, sizeof s, "%*.1e", width, value);
+  return s;
+}
+
+constexpr const char* kRowFormat = "%-13s %12s %12s %8s %5s  %8s %6s %6s %6s %8s %8s  %8s %6s %6s %6s %8s %8s\n";
+
+}  // namespace
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char s[32];
+  std::snprintf(s, sizeof s, "%.*f %s", bytes == std::floor(bytes) ? 0 : 1, bytes, units[u]);
+  return s;
+}
+
+void print_header(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
+                  int host_ranks) {
+  char host[256] = "?";
+  gethostname(host, sizeof host);
+  const std::string step =
+      o.step_bytes ? "+" + human_bytes(static_cast<double>(o.step_bytes)) : "x" + std::to_string(o.factor);
+  std::printf("# ddplab allreduce_perf: %d ranks, host %s, %s, link %s\n", n, host, topology.describe().c_str(),
+              describe(o.link).c_str());
+  for (const std::string& t : transports) std::printf("# %s\n", t.c_str());
+  if (const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)); host_ranks > cores)
+    std::printf(
+        "# oversubscribed: %d ranks on this host's %ld cores take turns on them, so the times measure this "
+        "machine's sharing\n",
+        host_ranks, cores);
+  std::printf("# host buffers: %s\n",
+              o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
+                           : "not registered (-R 0): shm hops copy through the FIFOs, and no direct collectives");
+  const std::vector<size_t> sizes = o.sizes();  // the sizes run: the last is -e only where the steps land on it
+  std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
+              human_bytes(static_cast<double>(sizes.front())).c_str(),
+              human_bytes(static_cast<double>(sizes.back())).c_str(), step.c_str(), o.warmup, o.iters, o.check_iters);
+  std::printf("# time = %s; algbw = size / time; busbw = algbw x 2(n-1)/n; GB = 1e9 bytes\n",
+              o.median ? "p50 over calls" : describe(o.aggregate));
+  if (o.cuda_graph)
+    std::printf(
+        "# -G %d: a row <impl>-graph launches one CUDA graph of %d captured calls per timed call; its times "
+        "are per call\n",
+        o.cuda_graph, o.cuda_graph);
+  std::printf(
+      "# i_min, i_p99: per call, each call timed by its slowest rank. size, count: the float buffer's, whatever the\n"
+      "# wire; type: on the wire (a 16-bit wire moves half the bytes, so its busbw is the buffer's rate, not the "
+      "wire's)\n");
+  std::printf("#\n#%58s%-51s%s\n", "", "out-of-place", "in-place");
+  std::printf(kRowFormat, "# impl", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "i_min",
+              "i_p99", "time", "algbw", "busbw", "#wrong", "i_min", "i_p99");
+  std::printf(kRowFormat, "#", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)",
+              "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+  std::fflush(stdout);
+}
+
+void print_row(const Row& r) {
+  auto wrong = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
+  const Mode &a = r.oop, &b = r.ip;
+  std::printf(kRowFormat, r.impl.c_str(), std::to_string(r.bytes).c_str(), std::to_string(r.count).c_str(), r.type,
+              "sum", fit(a.time_us, 8).c_str(), fit(a.algbw, 6).c_str(), fit(a.busbw, 6).c_str(),
+              wrong(a.wrong).c_str(), fit(a.min_us, 8).c_str(), fit(a.p99_us, 8).c_str(), fit(b.time_us, 8).c_str(),
+              fit(b.algbw, 6).c_str(), fit(b.busbw, 6).c_str(), wrong(b.wrong).c_str(), fit(b.min_us, 8).c_str(),
+              fit(b.p99_us, 8).c_str());
+  std::fflush(stdout);  // a row as soon as it is measured
+}
+
+namespace {
+
+nlohmann::json mode_json(const Mode& m) {
+  return {{"time_us", m.time_us},
+          {"algbw_gbs", m.algbw},
+          {"busbw_gbs", m.busbw},
+          {"wrong", m.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.wrong)},
+          {"min_us", m.min_us},
+          {"p50_us", m.p50_us},
+          {"p99_us", m.p99_us},
+          {"times_us", m.calls_us},
+          {"rank_means_us", m.rank_means_us},
+          {"steal_ms", m.steal_ms}};
+}
+
+}  // namespace
+
+std::string results_json(const Options& o, int n, const Topology& topology, const std::vector<Row>& rows,
+                         const nlohmann::json& avg_busbw, long long total_wrong) {
+  nlohmann::json j;
+  j["args"] = o.command_line;
+  j["nranks"] = n;
+  const auto link_json = [](const LinkModel& l) {
+    return nlohmann::json{{"name", l.name}, {"latency_us", l.latency_us}, {"gbps", l.gbps}};
+  };
+  j["link"] = link_json(o.link.inter);  // the link across nodes: every hop's with one preset
+  j["links"] = {{"intra", link_json(o.link.intra)}, {"inter", link_json(o.link.inter)}};
+  j["node_of_rank"] = topology.node_of_rank;
+  j["warmup"] = o.warmup;
+  j["iters"] = o.iters;
+  j["check_iters"] = o.check_iters;
+  j["cuda_graph"] = o.cuda_graph;       // -G: calls per graph in the rows labelled <impl>-graph; 0: none
+  j["registered"] = o.registered == 1;  // -R
+  j["stat"] = o.median ? "median" : "mean";
+  j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(json_name(o.aggregate));  // -a
+  j["results"] = nlohmann::json::array();
+  for (const Row& r : rows)
+    j["results"].push_back({{"impl", r.impl},
+                            {"size_bytes", r.bytes},
+                            {"count", r.count},
+                            {"type", r.type},
+                            {"redop", "sum"},
+                            {"out_of_place", mode_json(r.oop)},
+                            {"in_place", mode_json(r.ip)},
+                            {"round_trip_ns", r.round_trip_ns},
+                            {"stream_gbps", r.stream_gbps}});
+  j["avg_busbw"] = avg_busbw;
+  j["wrong"] = total_wrong;
+  return j.dump(1) + "\n";
+}
+
+std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
+  std::ostringstream s;
+  s << "impl,nranks,link,size_bytes,count,type,redop";
+  for (const char* m : {"oop", "ip"})
+    for (const char* c : {"time_us", "algbw_gbs", "busbw_gbs", "wrong", "min_us", "p50_us", "p99_us"})
+      s << "," << m << "_" << c;
+  s << "\n";
+  char line[512];
+  for (const Row& r : rows) {
+    const std::string link = o.link.per_class() ? o.link.intra.name + "/" + o.link.inter.name : o.link.intra.name;
+    std::snprintf(line, sizeof line, "%s,%d,%s,%zu,%zu,%s,sum", r.impl.c_str(), n, link.c_str(), r.bytes, r.count,
+                  r.type);
+    s << line;
+    for (const Mode* m : {&r.oop, &r.ip}) {
+      const std::string wrong = m->wrong < 0 ? "" : std::to_string(m->wrong);
+      std::snprintf(line, sizeof line, ",%.3f,%.4f,%.4f,%s,%.3f,%.3f,%.3f", m->time_us, m->algbw, m->busbw,
+                    wrong.c_str(), m->min_us, m->p50_us, m->p99_us);
+      s << line;
+    }
+    s << "\n";
+  }
+  return s.str();
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = temp_path_for(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f) ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    const int error = errno;
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
+  }
+  publish_file(tmp, path, /*force=*/true);
+}
+
+bool preflight(const Options& o, const Topology& hosts, int rank, int n) {
+  std::string problem;
+  // A file that exists is replaced (as nccl-tests' output files are): only a folder or an unwritable place refuses.
+  const auto writable = [](const char* flag, const std::string& path) {
+    const std::string why = check_output_path(path, /*force=*/true);
+    return why.empty() ? why : std::string(flag) + " " + path + ": " + why;
+  };
+  if (rank == 0) problem = o.csv_path.empty() ? "" : writable("--csv", o.csv_path);
+  if (rank == 0 && problem.empty() && !o.json_path.empty()) problem = writable("-J", o.json_path);
+#ifdef DDPLAB_HAVE_CUDA
+  for (const std::string& name : o.impls)
+    if (problem.empty() && impl_spec(name).needs_cuda)
+      if (const std::string why = device_problem(); !why.empty()) problem = "--impls " + name + ": " + why;
+#endif
+  const int local_ranks = hosts.node_sizes()[hosts.node_of_rank[rank]];  // share this rank's memory
+  // In and out buffers per rank, and --diag's MemoryStream.
+  const double need =
+      (2.0 * static_cast<double>(o.max_bytes) + (o.diag ? 4.0 * static_cast<double>(last_level_cache_bytes()) : 0.0)) *
+      local_ranks;
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (problem.empty() && need > have)
+    problem = "-e: " + std::to_string(local_ranks) + " ranks here need 2 buffers of " +
+              human_bytes(static_cast<double>(o.max_bytes)) + " each" + (o.diag ? " and --diag's" : "") + ", " +
+              human_bytes(need) + "; this machine has " + human_bytes(have);
+  int first_bad = problem.empty() ? n : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (rank == first_bad) std::fprintf(stderr, "allreduce_perf: error: %s\n", problem.c_str());
+  return first_bad == n;
+}
+
+}  // namespace ddplab::perf
