@@ -186,12 +186,24 @@ std::unique_ptr<Transport> emulate_links(std::unique_ptr<Transport> t, const Top
 
 }  // namespace
 
+std::optional<wire::Format> wire_format(WireDtype dtype) {
+  switch (dtype) {
+    case WireDtype::kFp32:
+      return std::nullopt;
+    case WireDtype::kBf16:
+      return wire::Format::kBf16;
+    case WireDtype::kFp16:
+      return wire::Format::kFp16;
+  }
+  return std::nullopt;
+}
+
 RingOptions ring_options(WireDtype wire) {
   RingOptions ring;
   ring.slice_elems = ring_slice_bytes() / sizeof(float);
   ring.slices_per_chunk = ring_slices_per_chunk();
-  ring.wire16 = wire != WireDtype::kFp32;
-  ring.format = wire == WireDtype::kFp16 ? wire::Format::kFp16 : wire::Format::kBf16;
+  ring.wire16 = wire_format(wire).has_value();
+  ring.format = wire_format(wire).value_or(wire::Format::kBf16);
   return ring;
 }
 

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -44,6 +45,9 @@ class CudaStreamMemory final : public RingMemory {
       : stream_(stream), check_(std::move(check)) {}
   void copy(void* dst, const void* src, size_t bytes) override;
   void add(float* out, const float* a, const float* b, size_t count) override;
+  void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override;
+  void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) override;
+  void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) override;
   void synchronize() override;
 
  private:
@@ -76,6 +80,8 @@ struct CudaRingConfig {
   // turns), whatever it moves: at 2 ranks on an H200 (2026-11-27) a 256 MiB all-reduce ran at 10.5 GB/s bus
   // bandwidth in 4 MiB chunks and 107 GB/s in 64 MiB ones. So 64 MiB: a few staging buffers of that size per rank.
   size_t chunk_bytes = size_t{64} << 20;
+  // A 16-bit wire (--comm-dtype bf16 | fp16): the ring's WireRingPrimitives, the same chunks in half the bytes.
+  std::optional<wire::Format> wire;
 };
 
 class RingAllreduceCuda final : public StreamAllreduce {
@@ -115,6 +121,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
     void operator()(void* p) const { cudaFreeHost(p); }
   };
   void wait_for_jobs(const char* what);
+  const DeviceRingWire* wire() const { return wire_ ? &*wire_ : nullptr; }
   void open_ipc_link(MPI_Comm comm, size_t bytes);
 
   int rank_ = 0, size_ = 1, device_ = -1;
@@ -125,6 +132,8 @@ class RingAllreduceCuda final : public StreamAllreduce {
   std::unique_ptr<CudaStreamMemory> memory_;
   std::unique_ptr<MpiTransport> transport_;                  // ipc tokens / host-staged data
   std::unique_ptr<void, CudaFree> reduce_staging_;          // the primitives' incoming chunk
+  std::unique_ptr<void, CudaFree> wire_words_;              // 16-bit wire: its two chunk buffers, back to back
+  std::optional<DeviceRingWire> wire_;
   std::unique_ptr<void, CudaFree> ipc_staging_;             // ipc: mine, written by prev
   void* next_ipc_staging_ = nullptr;                        // ipc: next's, mapped here
   std::unique_ptr<void, CudaFreeHost> host_send_, host_recv_;  // host: pinned

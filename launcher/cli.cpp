@@ -19,7 +19,6 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.comm == "nccl" || c.comm == "ring",
          "reduces gradients with NCCL or our ring: pass --comm nccl or ring (got --comm " + c.comm + ")");
   refuse(c.comm == "ring" || c.ring_link == "auto", "--ring-link needs --comm ring");
-  refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
   refuse(c.ranks_per_node == 0, "--ranks-per-node (emulated nodes) is CPU only");

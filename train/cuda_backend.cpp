@@ -24,10 +24,13 @@ namespace ddplab {
 namespace {
 
 // --comm nccl: NCCL's collective; --comm ring: our ring over --ring-link.
+// --comm-dtype bf16 | fp16: gradients cross the wire in 16 bits, memory and the optimizer stay fp32.
 std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
-  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm);
-  return std::make_unique<cuda::RingAllreduceCuda>(comm,
-                                                   cuda::CudaRingConfig{cuda::parse_ring_link(config.ring_link)});
+  const std::optional<wire::Format> wire = wire_format(parse_wire_dtype(config.comm_dtype));
+  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm, wire);
+  cuda::CudaRingConfig ring{cuda::parse_ring_link(config.ring_link)};
+  ring.wire = wire;
+  return std::make_unique<cuda::RingAllreduceCuda>(comm, ring);
 }
 
 }  // namespace

@@ -99,7 +99,7 @@ for np in 1 2; do
     train --model tiny --head lm --batching pack "${cuda[@]}" --steps 2
   expect_error $np "--precision: unknown precision 'fp16'" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
-  expect_error $np "--device cuda: gradients travel in fp32" train "${small[@]}" "${cuda[@]}" --comm-dtype bf16
+  expect_error $np "unknown wire dtype 'int8' (expected fp32, bf16 or fp16)" train "${small[@]}" "${cuda[@]}" --comm-dtype int8
   expect_error $np "--device cuda: --link emulation is CPU only" train "${small[@]}" "${cuda[@]}" --link 10gbe
   # The fused attention: bf16 only, a transformer whose heads it has kernels for, on the GPU.
   expect_error $np "--device cuda: --attention fused needs --precision bf16 (its kernels are bf16; got --precision fp32)" \
