@@ -104,6 +104,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
   // Blocks the host until the comm thread has queued every job's work on the comm stream, then makes
   // compute_stream wait for it on the device.
   void wait(cudaStream_t compute_stream) override;
+  void flush() override { wait_for_jobs("the GPU ring's comm thread to queue every bucket"); }
   void synchronize() override;
   cudaEvent_t mark(cudaStream_t stream) override;
   void begin_step() override { events_.reset(); }

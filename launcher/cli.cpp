@@ -153,7 +153,8 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->type_name("N|auto");
   app->add_option("--optimizer-in-backward", c.optimizer_in_backward,
                   "update each bucket's parameters on a thread of their own as soon as backward is done with them: "
-                  "on | off | auto (on when the BLAS threads leave this rank a core idle; CPU only)")
+                  "on | off | auto (on when the BLAS threads leave this rank a core idle; with --device cuda, on "
+                  "updates bucket by bucket after backward, each behind its all-reduce, and auto is off)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   app->add_option("--zero-stage", c.zero_stage,
@@ -292,7 +293,6 @@ void validate(const TrainConfig& c) {
   require(!(c.optimizer_in_backward == "on" && c.skip_nonfinite),
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");
-  require(c.optimizer_in_backward != "on" || c.device == "cpu", "--optimizer-in-backward on needs --device cpu");
   require(c.zero_stage == 0 || c.zero_stage == 1,
           "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
   if (c.zero_stage == 1) {

@@ -77,8 +77,6 @@ for np in 1 2; do
   expect_error $np "--optimizer-in-backward: maybe not in {auto,on,off}" train "${small[@]}" --optimizer-in-backward maybe
   expect_error $np "--optimizer-in-backward on and --skip-nonfinite exclude each other" train "${small[@]}" \
     --optimizer-in-backward on --skip-nonfinite
-  expect_error $np "--optimizer-in-backward on needs --device cpu" train "${small[@]}" "${cuda[@]}" \
-    --optimizer-in-backward on
   expect_error $np "--zero-stage must be 0 or 1 (got 2)" train "${small[@]}" --zero-stage 2
   expect_error $np "--zero-stage 1 needs --comm ring" train "${small[@]}" --zero-stage 1 --comm mpi
   expect_error $np "--zero-stage 1 needs --comm-dtype fp32" train "${small[@]}" --zero-stage 1 --comm-dtype bf16
