@@ -40,6 +40,7 @@ void validate_cuda(const TrainConfig& c) {
   }
   try {
     parse_profile_steps(c.profile_steps);
+    parse_wire_dtype(c.comm_dtype);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }

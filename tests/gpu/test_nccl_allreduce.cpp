@@ -177,7 +177,11 @@ TEST_F(NcclAllreduceTest, SixteenBitWiresStayWithinTheirRoundingOfTheFp32Wire) {
   std::vector<std::vector<float>> all(ranks);
   for (int r = 0; r < ranks; ++r) all[r] = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 31u + r);
   float* d = upload_inputs(n);
-  cudaCheck(cudaMemcpy(d, all[comm_->rank()].data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  const auto put_inputs = [&] {  // on the compute stream, which the all-reduce is ordered after
+    cudaCheck(cudaMemcpyAsync(d, all[comm_->rank()].data(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
+    cudaCheck(cudaStreamSynchronize(compute_));
+  };
+  put_inputs();
   comm_->allreduce_async(d, n, /*average=*/false, compute_);
   comm_->wait(compute_);
   const std::vector<float> fp32 = download(d, n);
@@ -185,7 +189,7 @@ TEST_F(NcclAllreduceTest, SixteenBitWiresStayWithinTheirRoundingOfTheFp32Wire) {
     SCOPED_TRACE(f == ddplab::wire::Format::kBf16 ? "bf16" : "fp16");
     NcclAllreduce wire(MPI_COMM_WORLD, f);
     wire.begin_step();
-    cudaCheck(cudaMemcpy(d, all[comm_->rank()].data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    put_inputs();
     wire.allreduce_async(d, n, /*average=*/false, compute_);
     wire.wait(compute_);
     const std::vector<float> got = download(d, n);
