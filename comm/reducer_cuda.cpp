@@ -81,7 +81,6 @@ void CudaReducer::launch_all() {
   const int nb = static_cast<int>(buckets_.size());
   require_all_ready(pending_, buckets_, "CudaReducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
-  engine_.flush();
 }
 
 void CudaReducer::wait_all() {
@@ -89,7 +88,8 @@ void CudaReducer::wait_all() {
   engine_.wait(compute_);
 }
 
-void CudaReducer::wait_bucket(int bucket, cudaStream_t stream) const {
+void CudaReducer::wait_bucket(int bucket, cudaStream_t stream) {
+  engine_.wait_recorded(end_.at(bucket));  // a wait on an event not yet recorded would not wait
   cudaCheck(cudaStreamWaitEvent(stream, end_.at(bucket), 0));
 }
 

@@ -5,6 +5,7 @@
 #include <nccl.h>
 #include <nvtx3/nvToolsExtCudaRt.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -206,7 +207,7 @@ AllreduceEvents RingAllreduceCuda::allreduce_sum_async(float* data, size_t count
   ev.end = events_.get();
   cudaCheck(cudaEventRecord(ev.ready, compute_stream));
   // On the comm thread: the ipc and host links block it inside each exchange. A failure surfaces at the next wait.
-  comm_thread_->submit([this, data, count, tag, ev, epilogue] {
+  const uint64_t ticket = comm_thread_->submit([this, data, count, tag, ev, epilogue] {
     char name[48];
     std::snprintf(name, sizeof(name), "ring allreduce bucket %d", tag);
     const NvtxRange range(name);
@@ -216,7 +217,15 @@ AllreduceEvents RingAllreduceCuda::allreduce_sum_async(float* data, size_t count
     if (epilogue) epilogue(stream_);
     cudaCheck(cudaEventRecord(ev.end, stream_));
   });
+  tickets_.emplace_back(ev.end, ticket);
   return ev;
+}
+
+void RingAllreduceCuda::wait_recorded(cudaEvent_t end) {
+  const auto it = std::find_if(tickets_.begin(), tickets_.end(), [&](const auto& t) { return t.first == end; });
+  if (it == tickets_.end()) throw std::logic_error("ring on the GPU: wait_recorded of an event it did not hand out");
+  const watchdog::Wait wait("the GPU ring's comm thread to run a bucket's all-reduce");
+  comm_thread_->wait(it->second);
 }
 
 void RingAllreduceCuda::wait_for_jobs(const char* what) {

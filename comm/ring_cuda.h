@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/ring_device.h"
 #include "comm/stream_allreduce.h"
@@ -81,7 +82,7 @@ struct CudaRingConfig {
   // bandwidth in 4 MiB chunks and 107 GB/s in 64 MiB ones. So 64 MiB: a few staging buffers of that size per rank.
   size_t chunk_bytes = size_t{64} << 20;
   // A 16-bit wire (--comm-dtype bf16 | fp16): the ring's WireRingPrimitives, the same chunks in half the bytes.
-  std::optional<wire::Format> wire;
+  std::optional<wire::Format> wire = std::nullopt;
 };
 
 class RingAllreduceCuda final : public StreamAllreduce {
@@ -104,10 +105,13 @@ class RingAllreduceCuda final : public StreamAllreduce {
   // Blocks the host until the comm thread has queued every job's work on the comm stream, then makes
   // compute_stream wait for it on the device.
   void wait(cudaStream_t compute_stream) override;
-  void flush() override { wait_for_jobs("the GPU ring's comm thread to queue every bucket"); }
+  void wait_recorded(cudaEvent_t end) override;
   void synchronize() override;
   cudaEvent_t mark(cudaStream_t stream) override;
-  void begin_step() override { events_.reset(); }
+  void begin_step() override {
+    events_.reset();
+    tickets_.clear();
+  }
   bool idle() override;
 
   // out = sum over ranks of in (out == in: in place) on the calling thread, and waits for it: for benchmarks and
@@ -141,6 +145,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
   std::unique_ptr<RingLink> link_;
   EventPool events_;  // main thread only; the comm thread only records the events it is handed
   cudaEvent_t done_ = nullptr;
+  std::vector<std::pair<cudaEvent_t, uint64_t>> tickets_;  // this step's jobs: their end event, their comm thread ticket
   std::unique_ptr<WorkerThread> comm_thread_;  // started once the link is up; stopped first
 };
 
