@@ -219,6 +219,7 @@ namespace {
 // all-reduce ends, each rank's backward time beside comm, the sum of the all-reduces' durations.
 struct StepTimes {
   std::vector<double> backward_end, hidden;
+  std::vector<double> bucket_end;  // when each all-reduce ended
   double comm_end = 0, comm_total = 0;
 };
 
@@ -263,6 +264,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
       slowdown = backward_left > 0 ? host.backward_slowdown(c.cpu_ms, std::min(backward_left, stall) + c.alone_ms) : 0;
       left = c.alone_ms > 0 ? c.alone_ms : -1;
       comm_start = out.comm_end = t;
+      if (left < 0) out.bucket_end.push_back(t);
     }
     bool backward_runs = false;
     for (size_t r = 0; r < n; ++r) backward_runs = backward_runs || in_backward(r, t);
@@ -293,6 +295,7 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
       const double progress = (t + dt - from) * pace;
       if (left <= progress) {
         out.comm_end = from + left / pace;
+        out.bucket_end.push_back(out.comm_end);
         out.comm_total += out.comm_end - comm_start;
         left = -1;
       } else {
@@ -305,8 +308,18 @@ StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double
 
 }  // namespace
 
+// A rank's update after backward: all of it after the last all-reduce, or (update_share) each bucket's share as soon
+// as backward and that bucket's all-reduce are done, in bucket order. Returns when it ends.
+double update_end(double backward_end, double after_ms, const StepTimes& t, const std::vector<double>& update_share) {
+  if (update_share.empty()) return std::max(backward_end, t.comm_end) + after_ms;
+  double end = backward_end;
+  for (size_t b = 0; b < update_share.size(); ++b) end = std::max(end, t.bucket_end.at(b)) + after_ms * update_share[b];
+  return end;
+}
+
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
-                             const std::vector<BucketCost>& cost, bool overlap_on, const HostCores& host) {
+                             const std::vector<BucketCost>& cost, bool overlap_on, const HostCores& host,
+                             const std::vector<double>& update_share) {
   // A rank starts its next step when it finishes this one, so ranks that finish later (a longer optimizer) start
   // later. The steps are replayed in order, first to let the ranks' start offsets settle, then to measure.
   const size_t n = steps.at(0).size(), count = steps.size();
@@ -316,13 +329,14 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
   for (size_t i = 0; i < settle + count; ++i) {
     const std::vector<RankProfile>& ranks = steps[i % count];
     const StepTimes t = replay(ranks, offsets, buckets, cost, overlap_on, host);
-    for (size_t r = 0; r < n; ++r) end[r] = std::max(t.backward_end[r], t.comm_end) + ranks[r].after_ms;
+    for (size_t r = 0; r < n; ++r) end[r] = update_end(t.backward_end[r], ranks[r].after_ms, t, update_share);
     if (i >= settle) {
       comm += t.comm_total / count;
       for (size_t r = 0; r < n; ++r) {
         period[r] += (end[r] - offsets[r]) / count;
         backward[r] += (t.backward_end[r] - offsets[r] - ranks[r].before_ms) / count;
-        exposed[r] += std::max(0.0, t.comm_end - t.backward_end[r]) / count;
+        // What the all-reduces add to the step beyond backward and the update.
+        exposed[r] += std::max(0.0, end[r] - t.backward_end[r] - ranks[r].after_ms) / count;
         hidden[r] += t.hidden[r] / count;
       }
     }
@@ -335,7 +349,7 @@ SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps,
 
 SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::vector<Bucket>& buckets,
                             const std::vector<BucketCost>& cost, bool overlap_on, const HostCores& host) {
-  return simulate_steps({ranks}, buckets, cost, overlap_on, host);
+  return simulate_steps({ranks}, buckets, cost, overlap_on, host, {});
 }
 
 Calibration read_calibration(const std::string& path) {
@@ -441,8 +455,11 @@ PredictSetting measured_setting(const RunRecord& run) {
       parse_links(c.value("link", std::string("none")), c.value("link_latency_us", -1.0), c.value("link_gbps", -1.0));
   s.ranks = run.world_size();
   s.ranks_per_node = run.nodes() > 1 ? run.world_size() / run.nodes() : 0;  // older files: one node
-  s.impl = parse_allreduce_impl(c.value("comm", std::string("ring")));
+  const std::string comm = c.value("comm", std::string("ring"));
+  s.impl = comm == "nccl" ? AllreduceImpl::kRing : parse_allreduce_impl(comm);  // see build_model's note
   s.wire = parse_wire_dtype(c.value("comm_dtype", std::string("fp32")));
+  s.bucketed_update =
+      c.value("device", std::string("cpu")) == "cuda" && c.value("optimizer_in_backward", std::string("off")) == "on";
   return s;
 }
 
@@ -700,6 +717,11 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   if (std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) != static_cast<long>(node_sizes.size()))
     m.notes.push_back("the run's " + std::to_string(run.nodes()) + " nodes are of unequal size: modelled as " +
                       shape_text(m.measured));
+  if (run.config.value("comm", std::string("ring")) == "nccl")
+    m.notes.push_back(
+        "NCCL's all-reduce (--comm nccl) is modelled as the ring, its algorithm for buckets of MBs, on the link's "
+        "figures; NCCL's kernels beside backward take SMs from it, which the model leaves out (backward keeps its "
+        "pace)");
   if (run.config.value("optimizer_in_backward", std::string("off")) == "on")
     m.notes.push_back(
         "the run updated its parameters in backward (--optimizer-in-backward on): what is left of the update after "
@@ -841,10 +863,25 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   std::vector<std::vector<RankProfile>> steps;
   for (const std::vector<RankProfile>& measured_ranks : m.steps)
     steps.emplace_back(measured_ranks.begin(), measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
-  out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.host);
+  std::vector<double> update_share;
+  if (setting.bucketed_update) {
+    double total = 0;
+    for (const Bucket& b : buckets) total += static_cast<double>(b.count);
+    for (const Bucket& b : buckets) update_share.push_back(total > 0 ? b.count / total : 0.0);
+    if (!measured.bucketed_update)
+      out.extrapolated.push_back("update per bucket (the run updated after its last all-reduce)");
+  }
+  out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.host, update_share);
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;
+}
+
+double weak_scaling_efficiency(const StepModel& m, const Prediction& p) {
+  PredictSetting one = p.setting;
+  one.ranks = 1;
+  one.ranks_per_node = 0;
+  return predict(m, one).step.step_ms / p.step.step_ms;
 }
 
 Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetting& own, double tolerance) {
@@ -854,7 +891,7 @@ Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetti
   for (const Prediction& p : rows) fastest = std::min(fastest, p.step.step_ms);
   const auto is_own = [&](const PredictSetting& x) {
     return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
-           x.impl == own.impl && x.wire == own.wire;
+           x.impl == own.impl && x.wire == own.wire && x.bucketed_update == own.bucketed_update;
   };
   // Rank by: the own setting first, then fewer buckets, then faster; only rows within the tolerance take part.
   const auto better = [&](const Prediction& a, const Prediction& b) {

@@ -130,8 +130,12 @@ SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::ve
                             const std::vector<BucketCost>& cost, bool overlap, const HostCores& host = {});
 // The same over a sequence of steps (each with its own profiles, per rank), replayed in order with each rank
 // starting its next step when it finishes this one; means over the steps, of the rank with the longest mean step.
+// update_share: per bucket, its share of `after_ms`, run on each rank as soon as its backward and that bucket's
+// all-reduce are done, in bucket order (PredictSetting::bucketed_update); empty: all of it after the last all-reduce.
+// exposed_ms is then what the all-reduces add beyond backward and the update.
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
-                             const std::vector<BucketCost>& cost, bool overlap, const HostCores& host = {});
+                             const std::vector<BucketCost>& cost, bool overlap, const HostCores& host = {},
+                             const std::vector<double>& update_share = {});
 
 // Backward's slowdown beside an all-reduce (backward takes 1 + this times as long) with `ranks` ranks of `threads`
 // compute threads each on `cores` cores, whose comm threads spend `comm_cpu_share` of an all-reduce's time on a
@@ -152,6 +156,9 @@ struct PredictSetting {
   int ranks_per_node = 0;  // K: nodes of K consecutive ranks (comm/topology.h); 0: one node, whatever the ranks
   AllreduceImpl impl = AllreduceImpl::kRing;
   WireDtype wire = WireDtype::kFp32;
+  // The update bucket by bucket after backward, each as soon as its all-reduce is done, beside the closing buckets'
+  // all-reduces (--device cuda --optimizer-in-backward on); false: the whole update after the last all-reduce.
+  bool bucketed_update = false;
 
   int nodes() const { return ranks_per_node > 0 && ranks % ranks_per_node == 0 ? ranks / ranks_per_node : 1; }
   int ranks_on_a_node() const { return ranks / nodes(); }
@@ -208,6 +215,9 @@ struct Prediction {
   std::string comm_source;                // "run", "calibration" or "link model"; "+ link" on another link
 };
 Prediction predict(const StepModel& model, const PredictSetting& setting);
+// Weak scaling (each rank keeps its batch): the predicted step of one rank at p's setting over p's step; 1 is
+// perfect.
+double weak_scaling_efficiency(const StepModel& model, const Prediction& p);
 
 // The setting to recommend among the predictions for one link and world size. Predictions closer than
 // `tolerance` (a fraction of the fastest) cannot be ranked: `ranking_tolerance` is two standard errors of the

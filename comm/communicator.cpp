@@ -76,6 +76,12 @@ constexpr LinkPreset kLinkPresets[] = {
     {"100gbe-ib", 1.5, 100},   // InfiniBand EDR, 100 Gb/s; MPI-level one-way latency
     {"pcie4",     2.0, 252},   // PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 = 252 Gb/s per direction
     {"nvlink4",   1.0, 3600},  // H100 NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction
+    // What NCCL reaches over NVLink 4 on 8 x H100 (NVIDIA's published all_reduce_perf figures): ring bus bandwidth
+    // ~370 GB/s, small messages ~6-20 us, i.e. ~1 us per ring step at 8 GPUs (14 steps).
+    {"nvlink4-nccl", 1.0, 2960},
+    // A node of 8 GPUs with one 400 Gb/s NDR InfiniBand NIC each, as the model's one link per node (8 x 400 Gb/s):
+    // NCCL's rings cross nodes on all 8 NICs at once. ~4 us per step: NCCL's inter-node small-message latency.
+    {"ndr400-x8",    4.0, 3200},
 };
 // clang-format on
 
@@ -86,8 +92,9 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
   for (const LinkPreset& p : kLinkPresets)
     if (preset == p.name) found = &p;
   if (!found)
-    throw std::invalid_argument("unknown --link '" + preset +
-                                "' (expected none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4 or nvlink4)");
+    throw std::invalid_argument(
+        "unknown --link '" + preset +
+        "' (expected none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, nvlink4-nccl or ndr400-x8)");
   LinkModel link{found->name, found->latency_us, found->gbps};
   // Negative keeps the preset's value; NaN and infinity are refused (NaN < 0 is false, so it reaches the check).
   if (latency_us_override >= 0 || std::isnan(latency_us_override)) {
@@ -186,12 +193,24 @@ std::unique_ptr<Transport> emulate_links(std::unique_ptr<Transport> t, const Top
 
 }  // namespace
 
+std::optional<wire::Format> wire_format(WireDtype dtype) {
+  switch (dtype) {
+    case WireDtype::kFp32:
+      return std::nullopt;
+    case WireDtype::kBf16:
+      return wire::Format::kBf16;
+    case WireDtype::kFp16:
+      return wire::Format::kFp16;
+  }
+  return std::nullopt;
+}
+
 RingOptions ring_options(WireDtype wire) {
   RingOptions ring;
   ring.slice_elems = ring_slice_bytes() / sizeof(float);
   ring.slices_per_chunk = ring_slices_per_chunk();
-  ring.wire16 = wire != WireDtype::kFp32;
-  ring.format = wire == WireDtype::kFp16 ? wire::Format::kFp16 : wire::Format::kBf16;
+  ring.wire16 = wire_format(wire).has_value();
+  ring.format = wire_format(wire).value_or(wire::Format::kBf16);
   return ring;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ const char* to_string(AllreduceImpl impl);
 enum class WireDtype { kFp32, kBf16, kFp16 };
 WireDtype parse_wire_dtype(const std::string& name);  // "fp32" | "bf16" | "fp16"; throws std::invalid_argument
 const char* to_string(WireDtype dtype);
+// The 16-bit format of a wire; none for fp32.
+std::optional<wire::Format> wire_format(WireDtype dtype);
 
 // "none", or the link as it acts, overrides applied: "10gbe (10 us, 10 Gbit/s)".
 std::string describe(const LinkModel& link);

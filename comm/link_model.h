@@ -12,7 +12,8 @@ struct LinkModel {
   double latency_us = 0;
   double gbps = 0;  // gigabits per second, as links are sold
 };
-// Presets: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4. A negative override keeps the preset's value.
+// Presets: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, nvlink4-nccl, ndr400-x8 (the GPU's: NCCL's
+// figures). A negative override keeps the preset's value.
 // Throws std::invalid_argument naming the bad preset or value.
 LinkModel parse_link(const std::string& preset, double latency_us_override = -1, double gbps_override = -1);
 bool link_emulated(const LinkModel& link);  // anything but "none" without overrides

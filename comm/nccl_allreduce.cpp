@@ -14,6 +14,7 @@
 #include "runtime/watchdog.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/nvtx.h"
+#include "kernels/cuda/wire_cast.h"
 
 namespace ddplab::cuda {
 
@@ -44,7 +45,7 @@ std::string NcclAllreduce::availability() {
   return "";
 }
 
-NcclAllreduce::NcclAllreduce(MPI_Comm comm) {
+NcclAllreduce::NcclAllreduce(MPI_Comm comm, std::optional<wire::Format> wire) : wire_(wire) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &size_));
 
@@ -98,6 +99,8 @@ void NcclAllreduce::release(bool abort) noexcept {
   if (abort_hook_ >= 0) watchdog::remove_abort_hook(abort_hook_);
   abort_hook_ = -1;
   if (stream_ != nullptr && !abort) cudaStreamSynchronize(stream_);
+  if (wire_staging_ != nullptr) cudaFreeAsync(wire_staging_, stream_);
+  wire_staging_ = nullptr;
   if (comm_ != nullptr) abort ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
   comm_ = nullptr;
   if (done_ != nullptr) cudaEventDestroy(done_);
@@ -134,7 +137,17 @@ AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool a
   cudaCheck(cudaEventRecord(ev.start, stream_));
   if (count > 0) {
     try {
-      ncclCheck(ncclAllReduce(data, data, count, ncclFloat32, average ? ncclAvg : ncclSum, comm_, stream_));
+      const ncclRedOp_t op = average ? ncclAvg : ncclSum;
+      if (!wire_) {
+        ncclCheck(ncclAllReduce(data, data, count, ncclFloat32, op, comm_, stream_));
+      } else {
+        uint16_t* words = wire_staging(count);
+        const auto n = static_cast<int64_t>(count);
+        wire_encode(*wire_, words, data, n, stream_);
+        const ncclDataType_t type = *wire_ == wire::Format::kBf16 ? ncclBfloat16 : ncclFloat16;
+        ncclCheck(ncclAllReduce(words, words, count, type, op, comm_, stream_));
+        wire_decode(*wire_, data, words, n, stream_);
+      }
     } catch (...) {
       failed_ = true;
       throw;
@@ -144,6 +157,18 @@ AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool a
   cudaCheck(cudaEventRecord(ev.end, stream_));
   records_.push_back(AllreduceRecord{tag, count, average, ev});
   return ev;
+}
+
+uint16_t* NcclAllreduce::wire_staging(size_t count) {
+  if (count > wire_capacity_) {
+    // Freed and allocated in the comm stream's order: the calls queued before still use the old buffer.
+    if (wire_staging_ != nullptr) cudaCheck(cudaFreeAsync(wire_staging_, stream_));
+    void* p = nullptr;
+    cudaCheck(cudaMallocAsync(&p, count * sizeof(uint16_t), stream_));
+    wire_staging_ = static_cast<uint16_t*>(p);
+    wire_capacity_ = count;
+  }
+  return wire_staging_;
 }
 
 void NcclAllreduce::wait(cudaStream_t compute_stream) {

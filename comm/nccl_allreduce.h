@@ -13,10 +13,13 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/stream_allreduce.h"
+#include "comm/wire.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
 
@@ -35,7 +38,11 @@ class NcclAllreduce final : public StreamAllreduce {
   // Collective over `comm` (every rank must call): device = node-local rank % device count, then cudaSetDevice;
   // throws std::runtime_error on every rank if two ranks of a node would share a GPU, if no device is usable, or
   // if NCCL fails to bootstrap (ncclUniqueId from rank 0 via MPI_Bcast, then ncclCommInitRank).
-  explicit NcclAllreduce(MPI_Comm comm);
+  // wire: a 16-bit wire (--comm-dtype bf16 | fp16): each call casts data into a staging buffer of that format
+  // (kernels/cuda/wire_cast.h), all-reduces it as ncclBfloat16 / ncclFloat16 and casts the reduced words back into
+  // data, so memory stays fp32 and every rank decodes the same words to the same bits. The staging buffer grows to
+  // the largest call, stream-ordered on the comm stream.
+  explicit NcclAllreduce(MPI_Comm comm, std::optional<wire::Format> wire = std::nullopt);
   ~NcclAllreduce();  // ncclCommDestroy after the comm stream drains; ncclCommAbort if NCCL reported an error
   NcclAllreduce(const NcclAllreduce&) = delete;
   NcclAllreduce& operator=(const NcclAllreduce&) = delete;
@@ -93,6 +100,7 @@ class NcclAllreduce final : public StreamAllreduce {
 
  private:
   void release(bool abort) noexcept;
+  uint16_t* wire_staging(size_t count);  // at least count words, stream-ordered on the comm stream
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, device_ = -1;
   ncclComm* comm_ = nullptr;
@@ -100,6 +108,9 @@ class NcclAllreduce final : public StreamAllreduce {
   cudaEvent_t done_ = nullptr;     // re-recorded on the comm stream by wait(); timing disabled
   EventPool events_;
   std::vector<AllreduceRecord> records_;
+  std::optional<wire::Format> wire_;
+  uint16_t* wire_staging_ = nullptr;  // cudaMallocAsync'd on the comm stream
+  size_t wire_capacity_ = 0;          // words
   bool failed_ = false;  // an NCCL call failed: the destructor aborts instead of destroying
   int abort_hook_ = -1;   // the watchdog's ncclCommAbort of comm_
 };

@@ -5,6 +5,7 @@
 #include <nccl.h>
 #include <nvtx3/nvToolsExtCudaRt.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -16,6 +17,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/nvtx.h"
+#include "kernels/cuda/wire_cast.h"
 
 namespace ddplab::cuda {
 
@@ -43,6 +45,18 @@ void CudaStreamMemory::copy(void* dst, const void* src, size_t bytes) {
 
 void CudaStreamMemory::add(float* out, const float* a, const float* b, size_t count) {
   residual_forward<float>(out, a, b, static_cast<int64_t>(count), stream_);  // out = a + b
+}
+
+void CudaStreamMemory::encode(wire::Format f, uint16_t* dst, const float* src, size_t count) {
+  wire_encode(f, dst, src, static_cast<int64_t>(count), stream_);
+}
+
+void CudaStreamMemory::decode(wire::Format f, float* dst, const uint16_t* src, size_t count) {
+  wire_decode(f, dst, src, static_cast<int64_t>(count), stream_);
+}
+
+void CudaStreamMemory::add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) {
+  wire_add_encode(f, io, own, static_cast<int64_t>(count), stream_);
 }
 
 void CudaStreamMemory::synchronize() {
@@ -106,6 +120,13 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   void* p = nullptr;
   cudaCheck(cudaMalloc(&p, bytes));
   reduce_staging_.reset(p);
+  if (config.wire) {
+    const size_t words = bytes / sizeof(float);  // device_ring_max_chunk: the fp32 wire's chunking
+    cudaCheck(cudaMalloc(&p, 2 * words * sizeof(uint16_t)));
+    wire_words_.reset(p);
+    uint16_t* w = static_cast<uint16_t*>(p);
+    wire_ = DeviceRingWire{*config.wire, {w, w + words}};
+  }
 
   switch (link) {
     case RingLinkKind::kAuto:
@@ -186,17 +207,25 @@ AllreduceEvents RingAllreduceCuda::allreduce_sum_async(float* data, size_t count
   ev.end = events_.get();
   cudaCheck(cudaEventRecord(ev.ready, compute_stream));
   // On the comm thread: the ipc and host links block it inside each exchange. A failure surfaces at the next wait.
-  comm_thread_->submit([this, data, count, tag, ev, epilogue] {
+  const uint64_t ticket = comm_thread_->submit([this, data, count, tag, ev, epilogue] {
     char name[48];
     std::snprintf(name, sizeof(name), "ring allreduce bucket %d", tag);
     const NvtxRange range(name);
     cudaCheck(cudaStreamWaitEvent(stream_, ev.ready, 0));
     cudaCheck(cudaEventRecord(ev.start, stream_));
-    ring_allreduce_sum(data, data, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
+    ring_allreduce_sum(data, data, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()), wire());
     if (epilogue) epilogue(stream_);
     cudaCheck(cudaEventRecord(ev.end, stream_));
   });
+  tickets_.emplace_back(ev.end, ticket);
   return ev;
+}
+
+void RingAllreduceCuda::wait_recorded(cudaEvent_t end) {
+  const auto it = std::find_if(tickets_.begin(), tickets_.end(), [&](const auto& t) { return t.first == end; });
+  if (it == tickets_.end()) throw std::logic_error("ring on the GPU: wait_recorded of an event it did not hand out");
+  const watchdog::Wait wait("the GPU ring's comm thread to run a bucket's all-reduce");
+  comm_thread_->wait(it->second);
 }
 
 void RingAllreduceCuda::wait_for_jobs(const char* what) {
@@ -228,7 +257,7 @@ cudaEvent_t RingAllreduceCuda::mark(cudaStream_t stream) {
 
 void RingAllreduceCuda::allreduce_sum(const float* in, float* out, size_t count) {
   wait_for_jobs("the GPU ring's comm thread to go idle");
-  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
+  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()), wire());
   memory_->synchronize();
 }
 

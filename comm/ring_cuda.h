@@ -15,8 +15,10 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/ring_device.h"
 #include "comm/stream_allreduce.h"
@@ -44,6 +46,9 @@ class CudaStreamMemory final : public RingMemory {
       : stream_(stream), check_(std::move(check)) {}
   void copy(void* dst, const void* src, size_t bytes) override;
   void add(float* out, const float* a, const float* b, size_t count) override;
+  void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override;
+  void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) override;
+  void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) override;
   void synchronize() override;
 
  private:
@@ -77,6 +82,8 @@ struct CudaRingConfig {
   // chunks and 107 GB/s in 64 MiB ones (docs/BENCHMARKS.md, "GPU collectives and overlap"). So 64 MiB: a few staging
   // buffers of that size per rank.
   size_t chunk_bytes = size_t{64} << 20;
+  // A 16-bit wire (--comm-dtype bf16 | fp16): the ring's WireRingPrimitives, the same chunks in half the bytes.
+  std::optional<wire::Format> wire = std::nullopt;
 };
 
 class RingAllreduceCuda final : public StreamAllreduce {
@@ -99,9 +106,13 @@ class RingAllreduceCuda final : public StreamAllreduce {
   // Blocks the host until the comm thread has queued every job's work on the comm stream, then makes
   // compute_stream wait for it on the device.
   void wait(cudaStream_t compute_stream) override;
+  void wait_recorded(cudaEvent_t end) override;
   void synchronize() override;
   cudaEvent_t mark(cudaStream_t stream) override;
-  void begin_step() override { events_.reset(); }
+  void begin_step() override {
+    events_.reset();
+    tickets_.clear();
+  }
   bool idle() override;
 
   // out = sum over ranks of in (out == in: in place) on the calling thread, and waits for it: for benchmarks and
@@ -119,6 +130,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
     void operator()(void* p) const { cudaFreeHost(p); }
   };
   void wait_for_jobs(const char* what);
+  const DeviceRingWire* wire() const { return wire_ ? &*wire_ : nullptr; }
   void open_ipc_link(MPI_Comm comm, size_t bytes);
 
   int rank_ = 0, size_ = 1, device_ = -1;
@@ -129,12 +141,15 @@ class RingAllreduceCuda final : public StreamAllreduce {
   std::unique_ptr<CudaStreamMemory> memory_;
   std::unique_ptr<MpiTransport> transport_;                  // ipc tokens / host-staged data
   std::unique_ptr<void, CudaFree> reduce_staging_;          // the primitives' incoming chunk
+  std::unique_ptr<void, CudaFree> wire_words_;              // 16-bit wire: its two chunk buffers, back to back
+  std::optional<DeviceRingWire> wire_;
   std::unique_ptr<void, CudaFree> ipc_staging_;             // ipc: mine, written by prev
   void* next_ipc_staging_ = nullptr;                        // ipc: next's, mapped here
   std::unique_ptr<void, CudaFreeHost> host_send_, host_recv_;  // host: pinned
   std::unique_ptr<RingLink> link_;
   EventPool events_;  // main thread only; the comm thread only records the events it is handed
   cudaEvent_t done_ = nullptr;
+  std::vector<std::pair<cudaEvent_t, uint64_t>> tickets_;  // this step's jobs: their end event, their comm thread ticket
   std::unique_ptr<WorkerThread> comm_thread_;  // started once the link is up; stopped first
 };
 

@@ -17,6 +17,18 @@ void HostMemory::add(float* out, const float* a, const float* b, size_t count) {
   cpu::residual_forward(out, a, b, static_cast<int64_t>(count));  // the same out = a + b
 }
 
+void HostMemory::encode(wire::Format f, uint16_t* dst, const float* src, size_t count) {
+  wire::encode(f, dst, src, count);
+}
+
+void HostMemory::decode(wire::Format f, float* dst, const uint16_t* src, size_t count) {
+  wire::decode(f, dst, src, count);
+}
+
+void HostMemory::add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) {
+  for (size_t i = 0; i < count; ++i) io[i] = wire::to_wire(f, own[i] + wire::from_wire(f, io[i]));
+}
+
 namespace {
 
 void check_fits(const RingLink& link, size_t send_bytes, size_t recv_bytes) {
@@ -101,10 +113,44 @@ void LinkRingPrimitives::recv(RingChunk c) {
   outgoing_ = {};
 }
 
+uint16_t* WireRingPrimitives::exchange(size_t count) {
+  uint16_t* incoming = wire_[1 - outgoing_];
+  link_.exchange(wire_[outgoing_], outgoing_count_ * sizeof(uint16_t), incoming, count * sizeof(uint16_t));
+  outgoing_ = 1 - outgoing_;  // what came in goes out next (reduced, or as it is)
+  return incoming;
+}
+
+void WireRingPrimitives::send(RingChunk c) {
+  memory_.encode(format_, wire_[outgoing_], in_ + c.offset, c.count);
+  outgoing_count_ = c.count;
+}
+
+void WireRingPrimitives::recv_reduce_send(RingChunk c) {
+  memory_.add_encode(format_, exchange(c.count), in_ + c.offset, c.count);
+  outgoing_count_ = c.count;
+}
+
+void WireRingPrimitives::recv_reduce_copy_send(RingChunk c) {
+  uint16_t* sum = exchange(c.count);
+  memory_.add_encode(format_, sum, in_ + c.offset, c.count);
+  memory_.decode(format_, out_ + c.offset, sum, c.count);  // the owner keeps the rounded sum the others receive
+  outgoing_count_ = c.count;
+}
+
+void WireRingPrimitives::recv_copy_send(RingChunk c) {
+  memory_.decode(format_, out_ + c.offset, exchange(c.count), c.count);
+  outgoing_count_ = c.count;
+}
+
+void WireRingPrimitives::recv(RingChunk c) {
+  recv_copy_send(c);
+  outgoing_count_ = 0;  // the last step: nothing goes on
+}
+
 size_t device_ring_max_chunk(const RingLink& link) { return link.max_bytes() / sizeof(float); }
 
-void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
-                        float* staging) {
+void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
+                        const DeviceRingWire* wire) {
   const int n = link.size();
   if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
     if (in != out) memory.copy(out, in, count * sizeof(float));
@@ -112,8 +158,13 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& lin
   }
   const size_t max_chunk = device_ring_max_chunk(link);
   if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
+  const size_t round = std::min(count, max_chunk * n);
+  if (wire) {
+    WireRingPrimitives prims(link, memory, wire->format, in, out, wire->buffers);
+    return run_ring_schedule(prims, count, round, n, link.rank());
+  }
   LinkRingPrimitives prims(link, memory, in, out, staging);
-  run_ring_schedule(prims, count, std::min(count, max_chunk * n), n, link.rank());
+  run_ring_schedule(prims, count, round, n, link.rank());
 }
 
 }  // namespace ddplab

@@ -17,6 +17,7 @@
 
 #include "comm/ring_allreduce.h"
 #include "comm/transport.h"
+#include "comm/wire.h"
 
 namespace ddplab {
 
@@ -27,6 +28,13 @@ class RingMemory {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // out[i] = a[i] + b[i] for count floats; out may alias a. Enqueued.
   virtual void add(float* out, const float* a, const float* b, size_t count) = 0;
+  // The 16-bit wire's conversions, with comm/wire.h's rounding, enqueued:
+  //   encode      dst[i] = to16(src[i])
+  //   decode      dst[i] = to32(src[i])
+  //   add_encode  io[i] = to16(own[i] + to32(io[i]))   (a reduce-scatter hop: the sum in fp32, rounded once)
+  virtual void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) = 0;
+  virtual void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) = 0;
+  virtual void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) = 0;
   // The host waits until everything enqueued so far has run.
   virtual void synchronize() = 0;
 };
@@ -36,6 +44,9 @@ class HostMemory final : public RingMemory {
  public:
   void copy(void* dst, const void* src, size_t bytes) override;
   void add(float* out, const float* a, const float* b, size_t count) override;
+  void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override;
+  void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) override;
+  void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) override;
   void synchronize() override {}
 };
 
@@ -141,6 +152,42 @@ class LinkRingPrimitives {
   Outgoing outgoing_;
 };
 
+// The same primitives with 16-bit words on the wire (the host ring's wire16 arithmetic, comm/ring_allreduce.cpp):
+// the data stays fp32, each outgoing chunk is encoded into one of two wire buffers, and each incoming chunk lands in
+// the other, where it is reduced in place (own + incoming, in fp32, rounded once) and becomes the next outgoing
+// chunk. The owner of a finished chunk decodes its rounded sum, as every other rank decodes the same words, so all
+// ranks end bitwise identical.
+class WireRingPrimitives {
+ public:
+  // wire: two buffers of at least max_chunk 16-bit words in the link's memory.
+  WireRingPrimitives(RingLink& link, RingMemory& memory, wire::Format format, const float* in, float* out,
+                     uint16_t* const wire[2])
+      : link_(link), memory_(memory), format_(format), in_(in), out_(out), wire_{wire[0], wire[1]} {}
+  void send(RingChunk c);
+  void recv_reduce_send(RingChunk c);
+  void recv_reduce_copy_send(RingChunk c);
+  void recv_copy_send(RingChunk c);
+  void recv(RingChunk c);
+
+ private:
+  uint16_t* exchange(size_t count);  // sends the outgoing buffer, receives into the other one and returns it
+  RingLink& link_;
+  RingMemory& memory_;
+  wire::Format format_;
+  const float* in_;
+  float* out_;
+  uint16_t* wire_[2];
+  int outgoing_ = 0;  // which wire buffer goes out next
+  size_t outgoing_count_ = 0;
+};
+
+// A 16-bit wire for the device ring: its format and two buffers of device_ring_max_chunk(link) words each, in the
+// memory the link moves.
+struct DeviceRingWire {
+  wire::Format format = wire::Format::kBf16;
+  uint16_t* buffers[2] = {nullptr, nullptr};
+};
+
 // The largest chunk the device ring moves over `link`, in floats (what the staging passed to ring_allreduce_sum
 // must hold): rounds of n chunks of at most this many.
 size_t device_ring_max_chunk(const RingLink& link);
@@ -150,8 +197,10 @@ size_t device_ring_max_chunk(const RingLink& link);
 // last copies have run: memory.synchronize() waits for the result. Every rank calls it with the same count; each
 // element is summed in the host ring's order for the same chunking, then only copied, so every rank ends bitwise
 // identical (and equal to ring_allreduce_sum with slice_elems = device_ring_max_chunk, slices_per_chunk = 1).
-// staging: device_ring_max_chunk(link) floats in the memory the link moves.
-void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
-                        float* staging);
+// staging: device_ring_max_chunk(link) floats in the memory the link moves. With `wire` the chunks travel as 16-bit
+// words (the same chunking, half the bytes; staging goes unused) and the result equals the host ring's on that wire
+// for the same chunking.
+void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
+                        const DeviceRingWire* wire = nullptr);
 
 }  // namespace ddplab

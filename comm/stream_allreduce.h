@@ -42,6 +42,9 @@ class StreamAllreduce {
                                               const CommEpilogue& epilogue) = 0;
   // compute_stream waits, on the device, for every all-reduce launched so far: call before the optimizer.
   virtual void wait(cudaStream_t compute_stream) = 0;
+  // Blocks the host until the all-reduce whose end event is `end` has its events recorded on the comm stream (our
+  // ring's comm thread records them when it runs the job; NCCL at once), so that another stream may wait for it.
+  virtual void wait_recorded(cudaEvent_t end) { (void)end; }
   // The host waits until every all-reduce launched so far has finished; throws what failed. A watchdog-named wait
   // (runtime/watchdog.h).
   virtual void synchronize() = 0;

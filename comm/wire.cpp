@@ -7,37 +7,6 @@
 
 namespace ddplab::wire {
 
-uint16_t f32_to_fp16_scalar(float x) {
-  const uint32_t u = f32_bits(x);
-  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN stays NaN
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf (and inf)
-  const uint32_t e = a >> 23;
-  if (e < 113) {                                      // below 2^-14: an fp16 subnormal (in units of 2^-24) or zero
-    if (e < 102) return static_cast<uint16_t>(sign);  // below 2^-25: rounds to zero
-    const uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
-    uint32_t q = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;  // may carry into the smallest normal: still right
-    return static_cast<uint16_t>(sign | q);
-  }
-  const uint32_t r = a - (112u << 23);  // rebias the exponent from 127 to 15
-  uint32_t q = r >> 13;
-  const uint32_t rem = r & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
-}
-
-float fp16_to_f32_scalar(uint16_t h) {
-  const uint32_t sign = uint32_t{h & 0x8000u} << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) {
-    const float v = static_cast<float>(m) * (1.0f / 16777216.0f);  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
-  return bits_f32(sign | ((e + 112) << 23) | (m << 13));
-}
-
 namespace {
 
 #ifdef DDPLAB_WIRE_F16C

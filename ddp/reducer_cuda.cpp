@@ -77,11 +77,20 @@ void CudaReducer::launch(int b) {
   end_[b] = ev.end;  // after the check, as the CPU Reducer's comm_end
 }
 
-void CudaReducer::wait_all() {
+void CudaReducer::launch_all() {
   const int nb = static_cast<int>(buckets_.size());
   require_all_ready(pending_, buckets_, "CudaReducer");
   while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
+}
+
+void CudaReducer::wait_all() {
+  launch_all();
   engine_.wait(compute_);
+}
+
+void CudaReducer::wait_bucket(int bucket, cudaStream_t stream) {
+  engine_.wait_recorded(end_.at(bucket));  // a wait on an event not yet recorded would not wait
+  cudaCheck(cudaStreamWaitEvent(stream, end_.at(bucket), 0));
 }
 
 void CudaReducer::finish_step(double origin_ms) {

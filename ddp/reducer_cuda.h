@@ -53,6 +53,13 @@ class CudaReducer {
   // the ipc and host links, whose exchanges block that thread until each ring step's copies are done, that is until
   // the all-reduces are all but finished (RingAllreduceCuda::wait). Work the host must overlap with them goes first.
   void wait_all();
+  // The update bucket by bucket: launch_all() is wait_all() without the compute stream's wait for every bucket;
+  // then wait_bucket(b, stream) makes `stream` wait for bucket b's all-reduce and its check (our ring: once its comm
+  // thread has run that bucket's job, not the later ones), and nonfinite_flag(b) is its flag on the device (set by
+  // the check), for a kernel to read behind that wait.
+  void launch_all();
+  void wait_bucket(int bucket, cudaStream_t stream);
+  const int* nonfinite_flag(int bucket) const { return flags_.get() + bucket; }
   // The host waits for the comm stream (throws on a communication error), then resolves bucket_times() as origin_ms plus
   // the milliseconds since the origin event, and first_nonfinite_bucket().
   void finish_step(double origin_ms);

@@ -19,7 +19,6 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.comm == "nccl" || c.comm == "ring",
          "reduces gradients with NCCL or our ring: pass --comm nccl or ring (got --comm " + c.comm + ")");
   refuse(c.comm == "ring" || c.ring_link == "auto", "--ring-link needs --comm ring");
-  refuse(c.comm_dtype == "fp32", "gradients travel in fp32 (got --comm-dtype " + c.comm_dtype + ")");
   refuse(c.optimizer.kind == "adamw", "--optimizer " + c.optimizer.kind + " has no CUDA kernel yet (use adamw)");
   refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
   refuse(c.ranks_per_node == 0, "--ranks-per-node (emulated nodes) is CPU only");
@@ -41,6 +40,7 @@ void validate_cuda(const TrainConfig& c) {
   }
   try {
     parse_profile_steps(c.profile_steps);
+    parse_wire_dtype(c.comm_dtype);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -154,7 +154,8 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
       ->type_name("N|auto");
   app->add_option("--optimizer-in-backward", c.optimizer_in_backward,
                   "update each bucket's parameters on a thread of their own as soon as backward is done with them: "
-                  "on | off | auto (on when the BLAS threads leave this rank a core idle; CPU only)")
+                  "on | off | auto (on when the BLAS threads leave this rank a core idle; with --device cuda, on "
+                  "updates bucket by bucket after backward, each behind its all-reduce, and auto is off)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   app->add_option("--zero-stage", c.zero_stage,
@@ -293,7 +294,6 @@ void validate(const TrainConfig& c) {
   require(!(c.optimizer_in_backward == "on" && c.skip_nonfinite),
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");
-  require(c.optimizer_in_backward != "on" || c.device == "cpu", "--optimizer-in-backward on needs --device cpu");
   require(c.zero_stage == 0 || c.zero_stage == 1,
           "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
   if (c.zero_stage == 1) {

@@ -22,11 +22,12 @@ struct PredictArgs {
   std::string file, calibration, json;
   bool force = false;
   std::vector<double> bucket_mb, first_bucket_mb;
-  std::vector<std::string> overlap, link, comm, comm_dtype;
+  std::vector<std::string> overlap, link, comm, comm_dtype, update;
   std::vector<int> ranks, ranks_per_node;
 };
 
 std::string on_off(bool on) { return on ? "on" : "off"; }
+const char* update_name(const PredictSetting& s) { return s.bucketed_update ? "bucket" : "whole"; }
 // The table's column: "1", "2x2".
 std::string nodes_column(const PredictSetting& s) {
   return s.nodes() == 1 ? "1" : std::to_string(s.nodes()) + "x" + std::to_string(s.ranks_on_a_node());
@@ -46,6 +47,11 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   for (const std::string& o : a.overlap) {
     require(o == "on" || o == "off", "--overlap " + o + ": expected on or off");
     overlaps.push_back(o == "on");
+  }
+  std::vector<bool> bucketed;
+  for (const std::string& u : a.update) {
+    require(u == "whole" || u == "bucket", "--update " + u + ": expected whole or bucket");
+    bucketed.push_back(u == "bucket");
   }
   for (int k : a.ranks_per_node)
     require(k >= 1, "--ranks-per-node " + std::to_string(k) + ": a node has at least one rank");
@@ -72,32 +78,35 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   }
   // World sizes and nodes of K ranks: the run's K, or one node where the run had one (K 0).
   std::vector<std::pair<int, int>> shapes;  // ranks, ranks per node
+  // A world no larger than a node is one node (--ranks 2,4,8,16 --ranks-per-node 8: one node up to 8).
   for (int n : or_run(a.ranks, run.ranks))
     for (int k : or_run(a.ranks_per_node, run.ranks_per_node)) {
+      if (k >= n) k = 0;
       require(k == 0 || n % k == 0, "--ranks-per-node " + std::to_string(k) + " does not divide " + std::to_string(n) +
                                         " ranks" +
                                         (a.ranks_per_node.empty() ? " (the run's nodes; give --ranks-per-node)" : ""));
-      for (AllreduceImpl impl : or_run(impls, run.impl))
-        require(impl != AllreduceImpl::kHier || (k > 0 && n / k > 1),
-                "--comm hier needs more than one node, and all " + std::to_string(n) +
-                    " ranks are on one (--ranks-per-node " + std::to_string(k) + ")");
-      shapes.emplace_back(n, k);
+      if (std::find(shapes.begin(), shapes.end(), std::make_pair(n, k)) == shapes.end()) shapes.emplace_back(n, k);
     }
   std::vector<PredictSetting> out;
-  bool left_out = false;
+  bool no_wire = false, one_node = false;  // combinations left out
   for (const LinkClasses& link : or_run(links, run.link))
     for (const auto& [n, k] : shapes)
       for (AllreduceImpl impl : or_run(impls, run.impl))
         for (WireDtype wire : or_run(wires, run.wire))
           for (bool overlap : or_run(overlaps, run.overlap))
             for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
-              for (double cap : or_run(a.bucket_mb, run.bucket_mb)) {
-                const bool possible = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
-                if (possible) out.push_back({cap, first, overlap, link, n, k, impl, wire});
-                left_out = left_out || !possible;
-              }
-  require(!out.empty(), "--comm mpi has no 16-bit wire: no setting left to predict");
-  if (left_out) std::printf("note: --comm mpi has no 16-bit wire; those combinations are left out\n");
+              for (double cap : or_run(a.bucket_mb, run.bucket_mb))
+                for (bool per_bucket : or_run(bucketed, run.bucketed_update)) {
+                  const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
+                  const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
+                  if (wire_ok && nodes_ok) out.push_back({cap, first, overlap, link, n, k, impl, wire, per_bucket});
+                  no_wire = no_wire || !wire_ok;
+                  one_node = one_node || !nodes_ok;
+                }
+  require(!out.empty(), no_wire ? "--comm mpi has no 16-bit wire: no setting left to predict"
+                                : "--comm hier needs more than one node (give --ranks-per-node below the ranks)");
+  if (no_wire) std::printf("note: --comm mpi has no 16-bit wire; those combinations are left out\n");
+  if (one_node) std::printf("note: --comm hier needs more than one node; its one-node combinations are left out\n");
   return out;
 }
 
@@ -105,7 +114,7 @@ std::string setting_flags(const PredictSetting& s) {
   char text[256];
   std::snprintf(text, sizeof text, "--bucket-mb %g --first-bucket-mb %g --overlap %s --comm %s --comm-dtype %s",
                 s.bucket_mb, s.first_bucket_mb, on_off(s.overlap).c_str(), to_string(s.impl), to_string(s.wire));
-  return text;
+  return std::string(text) + (s.bucketed_update ? " --optimizer-in-backward on" : "");
 }
 
 // Why this row is the one to take, in one sentence.
@@ -132,7 +141,7 @@ std::string reason(const Prediction& best, const Prediction& own) {
   return sentence + text;
 }
 
-nlohmann::json row_json(const Prediction& p) {
+nlohmann::json row_json(const StepModel& m, const Prediction& p) {
   const SimulatedStep& s = p.step;
   return {{"link", link_spec(p.setting.link)},
           {"ranks", p.setting.ranks},
@@ -141,6 +150,7 @@ nlohmann::json row_json(const Prediction& p) {
           {"comm", to_string(p.setting.impl)},
           {"comm_dtype", to_string(p.setting.wire)},
           {"overlap", p.setting.overlap},
+          {"update", update_name(p.setting)},
           {"bucket_mb", p.setting.bucket_mb},
           {"first_bucket_mb", p.setting.first_bucket_mb},
           {"buckets", p.buckets},
@@ -152,6 +162,7 @@ nlohmann::json row_json(const Prediction& p) {
           {"exposed_comm_ms", s.exposed_ms},
           {"hidden_comm_ms", s.hidden_ms},
           {"hidden_pct", s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100.0},
+          {"weak_scaling_pct", 100 * weak_scaling_efficiency(m, p)},
           {"comm_source", p.comm_source},
           {"extrapolated", p.extrapolated}};
 }
@@ -226,19 +237,20 @@ void run_predict(const PredictArgs& a) {
   int link_width = 10;
   for (const PredictSetting& s : settings)
     link_width = std::max(link_width, static_cast<int>(link_spec(s.link).size()));
-  std::printf("\n%-*s %5s %-5s %-4s %-4s %-7s %9s %8s %7s %9s %11s %8s %8s %8s %7s\n", link_width, "link", "ranks",
-              "nodes", "comm", "wire", "overlap", "bucket_MiB", "first_MiB", "buckets", "step_ms",
-              tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden", "hidden%");
+  std::printf("\n%-*s %5s %-5s %-4s %-4s %-7s %-6s %9s %8s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width, "link",
+              "ranks", "nodes", "comm", "wire", "overlap", "update", "bucket_MiB", "first_MiB", "buckets", "step_ms",
+              tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden", "hidden%", "weak%");
   std::vector<Prediction> rows;
   for (const PredictSetting& s : settings) {
     rows.push_back(predict(model, s));
     const Prediction& p = rows.back();
     const SimulatedStep& x = p.step;
-    std::printf("%-*s %5d %-5s %-4s %-4s %-7s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %6.0f%%%s\n", link_width,
-                link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(), to_string(s.impl), to_string(s.wire),
-                on_off(s.overlap).c_str(), s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms,
-                tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
-                x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0, p.extrapolated.empty() ? "" : " *");
+    std::printf("%-*s %5d %-5s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %6.0f%% %4.0f%%%s\n",
+                link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(), to_string(s.impl),
+                to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets,
+                x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
+                x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0, 100 * weak_scaling_efficiency(model, p),
+                p.extrapolated.empty() ? "" : " *");
   }
   if (calibration) {
     // Where each implementation's all-reduce came from (Prediction::comm_source): the file stands in for the run's
@@ -317,10 +329,11 @@ void run_predict(const PredictArgs& a) {
 
   if (a.json.empty()) return;
   nlohmann::json rows_json = nlohmann::json::array();
-  for (const Prediction& p : rows) rows_json.push_back(row_json(p));
+  for (const Prediction& p : rows) rows_json.push_back(row_json(model, p));
   nlohmann::json j = {
       {"run", a.file},
-      {"measured", {{"step_ms", model.measured_step_ms}, {"error_pct", self_error}, {"predicted", row_json(self)}}},
+      {"measured",
+       {{"step_ms", model.measured_step_ms}, {"error_pct", self_error}, {"predicted", row_json(model, self)}}},
       {"model",
        {{"backward_slowdown", model.backward_slowdown},
         {"slowdown_source", model.slowdown_source},
@@ -355,7 +368,8 @@ void add_predict_command(CLI::App& app) {
       ->type_name("LIST");
   cmd->add_option(
          "--link", args->link,
-         "links for every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, as a list; or one link per "
+         "links for every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, nvlink4-nccl, ndr400-x8, as a "
+         "list; or one link per "
          "class of hop, intra=P,inter=P (repeat --link for several; default: the run's)")
       ->type_name("LIST");
   cmd->add_option("--ranks", args->ranks, "world sizes (default: the run's)")->delimiter(',')->type_name("LIST");
@@ -365,6 +379,12 @@ void add_predict_command(CLI::App& app) {
       ->type_name("LIST");
   cmd->add_option("--comm", args->comm, "ring, mpi, hier (default: the run's)")->delimiter(',')->type_name("LIST");
   cmd->add_option("--comm-dtype", args->comm_dtype, "fp32, bf16, fp16 (default: the run's)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option(
+         "--update", args->update,
+         "whole (after the last all-reduce), bucket (each bucket's as soon as it is reduced, beside the closing "
+         "all-reduce: --device cuda --optimizer-in-backward on), or both (default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--calibration", args->calibration, "allreduce_perf --csv or -J file: all-reduce times to use")

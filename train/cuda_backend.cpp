@@ -24,16 +24,21 @@ namespace ddplab {
 namespace {
 
 // --comm nccl: NCCL's collective; --comm ring: our ring over --ring-link.
+// --comm-dtype bf16 | fp16: gradients cross the wire in 16 bits, memory and the optimizer stay fp32.
 std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
-  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm);
-  return std::make_unique<cuda::RingAllreduceCuda>(comm,
-                                                   cuda::CudaRingConfig{cuda::parse_ring_link(config.ring_link)});
+  const std::optional<wire::Format> wire = wire_format(parse_wire_dtype(config.comm_dtype));
+  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm, wire);
+  cuda::CudaRingConfig ring{cuda::parse_ring_link(config.ring_link)};
+  ring.wire = wire;
+  return std::make_unique<cuda::RingAllreduceCuda>(comm, ring);
 }
 
 }  // namespace
 
 CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
-    : config_(config), profile_steps_(parse_profile_steps(config.profile_steps)) {
+    : config_(config),
+      profile_steps_(parse_profile_steps(config.profile_steps)),
+      bucketed_update_(config.optimizer_in_backward == "on") {
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   mpiCheck(MPI_Comm_size(comm, &world_));
@@ -223,17 +228,46 @@ void CudaBackend::backward(int micro, bool sync, const GradReadyHook& before_rea
   });
 }
 
-// The host waits for the buckets' finite flags: stopping or skipping is decided on the host.
+// The host waits for the buckets' finite flags: stopping or skipping is decided on the host. With the update bucket by
+// bucket, every bucket but the closing one is updated first, on the compute stream behind backward (which no longer
+// reads the parameters) and behind its own all-reduce, unless its own reduced gradients are not finite: a stop then
+// leaves the finite buckets updated, as the CPU's update in backward does (--skip-nonfinite is refused with it).
 void CudaBackend::finish_reduction() {
-  reducer_->wait_all();
+  if (!bucketed_update_) {
+    reducer_->wait_all();
+  } else {
+    reducer_->launch_all();
+    ++adam_steps_;
+    for (int b = 0; b + 1 < static_cast<int>(buckets().size()); ++b) {
+      reducer_->wait_bucket(b, compute_.get());
+      update_bucket(b, reducer_->nonfinite_flag(b));
+    }
+  }
   reducer_->finish_step(start_ms_);
 }
 
 void CudaBackend::optimizer_step() {
   const OptimizerConfig& o = config_.optimizer;
   const cuda_model::DeviceParameters::UpdateTarget target = workload_->params_for_update();
-  cuda::adamw_update(target.params, target.params_bf16, workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr,
-                     o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get());
+  if (!bucketed_update_) {
+    cuda::adamw_update(target.params, target.params_bf16, workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr,
+                       o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get());
+    return;
+  }
+  // The closing bucket, finite (the host checked): its all-reduce is done (finish_step waited for it).
+  const int last = static_cast<int>(buckets().size()) - 1;
+  reducer_->wait_bucket(last, compute_.get());
+  update_bucket(last, nullptr);
+}
+
+void CudaBackend::update_bucket(int b, const int* skip_if_set) {
+  const OptimizerConfig& o = config_.optimizer;
+  const cuda_model::DeviceParameters::UpdateTarget target = workload_->params_for_update();
+  const Bucket& bucket = buckets()[b];
+  const int64_t at = bucket.offset;
+  cuda::adamw_update(target.params + at, target.params_bf16 ? target.params_bf16 + at : nullptr,
+                     workload_->flat_grads() + at, m_ + at, v_ + at, bucket.count, o.lr, o.beta1, o.beta2, o.eps,
+                     o.weight_decay, adam_steps_, compute_.get(), skip_if_set);
 }
 
 void CudaBackend::synchronize() { cudaCheck(cudaStreamSynchronize(compute_.get())); }

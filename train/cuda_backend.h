@@ -73,6 +73,8 @@ class CudaBackend final : public StepBackend {
     void operator()(void* p) const { cudaFree(p); }
   };
   BatchStats stage(int64_t step);
+  // AdamW on bucket b's span of the flat buffers at the step's t, skipped on the device while skip_if_set is set.
+  void update_bucket(int b, const int* skip_if_set);
   std::vector<float> download(const float* device, int64_t n) const;
   void upload(float* device, const std::vector<float>& host);
 
@@ -94,6 +96,10 @@ class CudaBackend final : public StepBackend {
   std::unique_ptr<void, CudaFree> extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
   size_t extra_count_ = 0;
   int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
+  // --optimizer-in-backward on: the update bucket by bucket after backward, each behind its own all-reduce, so that
+  // the closing bucket's all-reduce (the tied embedding's, final only after the embedding backward) runs beside the
+  // update of all the others instead of before it.
+  bool bucketed_update_ = false;
   // Per staging slot of the workload (step s uses slot s % 2): the end of its copy to the device, on the copy stream.
   std::unique_ptr<CUevent_st, EventDestroy> copied_[CudaWorkload::kSlots];
   // NCCL's all-reduce or our ring (--comm), created first (its constructor selects this rank's device) and declared

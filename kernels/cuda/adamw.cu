@@ -23,7 +23,8 @@ struct AdamwStep {
 // copy: null, or the bf16 words of the updated params (a uniform branch: every thread takes the same side).
 template <int V>
 __global__ void adamw_kernel(float* params, uint16_t* copy, const float* grads, float* m, float* v, int64_t n,
-                             AdamwStep step) {
+                             AdamwStep step, const int* skip_if_set) {
+  if (skip_if_set && *skip_if_set) return;  // uniform: every thread reads the same flag, and no barrier follows
   detail::for_each_pack<V>(
       n,
       [=](int64_t i) {
@@ -47,7 +48,8 @@ __global__ void adamw_kernel(float* params, uint16_t* copy, const float* grads, 
 }  // namespace
 
 void adamw_update(float* params, __nv_bfloat16* params_bf16, const float* grads, float* m, float* v, int64_t n,
-                  float lr, float beta1, float beta2, float eps, float weight_decay, int t, cudaStream_t stream) {
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t, cudaStream_t stream,
+                  const int* skip_if_set) {
   if (n <= 0) return;
   // In double on the host and rounded once, as the CPU reference does: 1 - beta2^t loses digits in float.
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
@@ -56,7 +58,8 @@ void adamw_update(float* params, __nv_bfloat16* params_bf16, const float* grads,
   // __nv_bfloat16 is 16 bits without padding (convert.h): its words are written as such.
   uint16_t* const copy = reinterpret_cast<uint16_t*>(params_bf16);
   const bool packed = detail::all_aligned(16, params, grads, m, v) && detail::all_aligned(8, copy);
-  detail::launch_packed(packed, n, stream, adamw_kernel<4>, adamw_kernel<1>, params, copy, grads, m, v, n, step);
+  detail::launch_packed(packed, n, stream, adamw_kernel<4>, adamw_kernel<1>, params, copy, grads, m, v, n, step,
+                        skip_if_set);
   cudaCheck(cudaGetLastError());
 }
 

@@ -379,6 +379,60 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
   }
 }
 
+// --optimizer-in-backward on: the update bucket by bucket (each behind its own all-reduce, the closing bucket's last)
+// is the whole update, bit for bit on the MLP (AdamW is elementwise; only the order of the launches changes), on
+// every rank; on the transformer with its tied embedding closing backward, within the noise of dwte's atomics (the
+// equivalence tests' 1e-5). A NaN in one rank's first gradient stops every rank with that bucket not updated and the
+// other finite buckets but the closing one updated.
+TEST_F(CudaTrainerTest, TheUpdateBucketByBucketIsTheWholeUpdate) {
+  for (const char* model : {"mlp", "tiny"}) {
+    SCOPED_TRACE(model);
+    TrainConfig c = small_config();
+    const bool mlp = std::string(model) == "mlp";
+    if (!mlp) {
+      c.model = model;
+      c.head = "lm";
+      c.min_len = 4;
+      c.max_len = 24;
+      c.batch = 3;
+      c.epoch_size = 1000;
+      c.optimizer.eps = 1e-4f;  // as the transformer's equivalence test, for the same reason
+    }
+    std::vector<float> params[2];
+    for (int bucketed = 0; bucketed < 2; ++bucketed) {
+      c.optimizer_in_backward = bucketed ? "on" : "off";
+      Trainer trainer(c, MPI_COMM_WORLD);
+      for (int step = 0; step < c.steps; ++step) trainer.step(step, 0);
+      params[bucketed] = trainer.parameters();
+      EXPECT_TRUE(identical_across_ranks(params[bucketed]));
+    }
+    EXPECT_LE(max_abs_diff(params[1], params[0]), mlp ? 0.0 : 1e-5);
+  }
+  TrainConfig c = small_config();
+  c.optimizer_in_backward = "on";
+  c.fault = "nan";
+  c.fault_rank = world_size() - 1;
+  c.fault_step = 1;
+  Trainer trainer(c, MPI_COMM_WORLD);
+  trainer.step(0, 0);
+  const std::vector<float> before = trainer.parameters();
+  std::string stopped;
+  try {
+    trainer.step(1, 0);
+  } catch (const TrainingStopped& e) {
+    stopped = e.what();
+  }
+  EXPECT_NE(stopped.find("already applied"), std::string::npos) << stopped;
+  const std::vector<float> after = trainer.parameters();
+  const std::vector<Bucket>& buckets = trainer.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const bool changed =
+        !std::equal(after.begin() + buckets[b].offset, after.begin() + buckets[b].offset + buckets[b].count,
+                    before.begin() + buckets[b].offset);
+    EXPECT_EQ(changed, b > 0 && b + 1 < buckets.size()) << "bucket " << b;
+  }
+}
+
 // A NaN in one rank's gradient stops every rank before the update; with --skip-nonfinite every rank skips the
 // update instead and training goes on.
 TEST_F(CudaTrainerTest, NonFiniteGradientStopsOrSkipsOnEveryRank) {

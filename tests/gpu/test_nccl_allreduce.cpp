@@ -41,6 +41,7 @@ bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 using ddplab::gpu_test::allreduce_expected_sum;
 using ddplab::gpu_test::allreduce_input;
 using ddplab::gpu_test::BitwiseEqual;
+using ddplab::gpu_test::random_vector;
 
 std::string CaughtMessage(const std::function<void()>& f) {
   try {
@@ -164,6 +165,46 @@ TEST_F(NcclAllreduceTest, ExactSumsAndAverages) {
       EXPECT_GE(comm_->last_elapsed_ms(), 0.0f);
     }
   }
+}
+
+// --comm-dtype bf16 | fp16 with NCCL: cast to the wire, ncclBfloat16 / ncclFloat16, cast back. Against the fp32
+// wire on the same random inputs: NCCL rounds each input once and each of at most n - 1 partial sums once, so
+// |bf16 - fp32| <= (n + 1) u sum_r |x_r| (u = 2^-8 for bf16, 2^-11 for fp16; the fp32 sum's own error is far
+// below). Every rank decodes the same reduced words: the results agree bit for bit across ranks.
+TEST_F(NcclAllreduceTest, SixteenBitWiresStayWithinTheirRoundingOfTheFp32Wire) {
+  const size_t n = (size_t{1} << 20) + 3;
+  const int ranks = comm_->size();
+  std::vector<std::vector<float>> all(ranks);
+  for (int r = 0; r < ranks; ++r) all[r] = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 31u + r);
+  float* d = upload_inputs(n);
+  const auto put_inputs = [&] {  // on the compute stream, which the all-reduce is ordered after
+    cudaCheck(cudaMemcpyAsync(d, all[comm_->rank()].data(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
+    cudaCheck(cudaStreamSynchronize(compute_));
+  };
+  put_inputs();
+  comm_->allreduce_async(d, n, /*average=*/false, compute_);
+  comm_->wait(compute_);
+  const std::vector<float> fp32 = download(d, n);
+  for (ddplab::wire::Format f : {ddplab::wire::Format::kBf16, ddplab::wire::Format::kFp16}) {
+    SCOPED_TRACE(f == ddplab::wire::Format::kBf16 ? "bf16" : "fp16");
+    NcclAllreduce wire(MPI_COMM_WORLD, f);
+    wire.begin_step();
+    put_inputs();
+    wire.allreduce_async(d, n, /*average=*/false, compute_);
+    wire.wait(compute_);
+    const std::vector<float> got = download(d, n);
+    wire.synchronize();
+    const double u = f == ddplab::wire::Format::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    for (size_t i = 0; i < n; ++i) {
+      double magnitude = 0;
+      for (int r = 0; r < ranks; ++r) magnitude += std::fabs(all[r][i]);
+      ASSERT_LE(std::fabs(double{got[i]} - fp32[i]), (ranks + 1) * u * magnitude) << "element " << i;
+    }
+    std::vector<float> rank0 = got;
+    MPI_Bcast(rank0.data(), static_cast<int>(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    EXPECT_TRUE(BitwiseEqual(got, rank0)) << "ranks disagree";
+  }
+  cudaCheck(cudaFree(d));
 }
 
 // The all-reduce must start only after the compute stream made the gradients final, must not block the host, must

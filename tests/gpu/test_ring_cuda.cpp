@@ -160,6 +160,44 @@ TEST_P(RingCudaTest, AgreesWithNcclWithinRounding) {
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
 }
 
+// The 16-bit wires: our ring's words are the host ring's on that wire bit for bit (same chunking, comm/wire.h's
+// rounding on both sides), and the decoded sum stays within the rounding the wire explains of the exact sum: each of
+// the n - 1 hops rounds a partial sum once, so |error| <= n u sum_r |x_r| with u = 2^-8 (bf16) or 2^-11 (fp16).
+TEST_P(RingCudaTest, SixteenBitWiresMatchTheHostRingAndStayWithinTheirRounding) {
+  const size_t n = (size_t{1} << 20) + 5;
+  const int ranks = world_size();
+  std::vector<std::vector<float>> all(ranks);
+  for (int r = 0; r < ranks; ++r) all[r] = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 99u + r);
+  ring_.reset();  // one engine at a time on the device
+  for (ddplab::wire::Format f : {ddplab::wire::Format::kBf16, ddplab::wire::Format::kFp16}) {
+    SCOPED_TRACE(f == ddplab::wire::Format::kBf16 ? "bf16" : "fp16");
+    CudaRingConfig config{GetParam(), kChunkBytes};
+    config.wire = f;
+    RingAllreduceCuda ring(MPI_COMM_WORLD, config);
+    DeviceArray data(all[world_rank()], compute_);
+    ring.allreduce_sum(data.get(), data.get(), n);
+    const std::vector<float> got = data.download();
+
+    std::vector<float> want = all[world_rank()];
+    ddplab::MpiTransport transport(MPI_COMM_WORLD);
+    ddplab::RingScratch scratch;
+    ddplab::RingOptions options;
+    options.slice_elems = kChunkBytes / sizeof(float);
+    options.slices_per_chunk = 1;
+    options.wire16 = true;
+    options.format = f;
+    ddplab::ring_allreduce_sum(want.data(), n, transport, scratch, options);
+    EXPECT_TRUE(BitwiseEqual(got, want));
+
+    const double u = f == ddplab::wire::Format::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    for (size_t i = 0; i < n; ++i) {
+      double exact = 0, magnitude = 0;
+      for (int r = 0; r < ranks; ++r) exact += all[r][i], magnitude += std::fabs(all[r][i]);
+      ASSERT_LE(std::fabs(got[i] - exact), ranks * u * magnitude) << "element " << i;
+    }
+  }
+}
+
 // The reducer's path: queued behind compute, the epilogue on the comm stream after the sum, the compute stream held
 // by wait(), the events ordered; several buckets in a row.
 TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {

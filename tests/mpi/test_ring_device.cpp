@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -29,6 +30,15 @@ class DeferredMemory final : public RingMemory {
   }
   void add(float* out, const float* a, const float* b, size_t count) override {
     queue_.push_back([=] { host_.add(out, a, b, count); });
+  }
+  void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override {
+    queue_.push_back([=] { host_.encode(f, dst, src, count); });
+  }
+  void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) override {
+    queue_.push_back([=] { host_.decode(f, dst, src, count); });
+  }
+  void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) override {
+    queue_.push_back([=] { host_.add_encode(f, io, own, count); });
   }
   void synchronize() override {
     for (auto& op : queue_) op();
@@ -146,6 +156,39 @@ TEST_P(RingDeviceTest, RandomInputsMatchTheHostRingBitForBitOutOfPlace) {
   options.slices_per_chunk = 1;
   ring_allreduce_sum(expected.data(), c.count, transport, scratch, options);
   for (size_t i = 0; i < c.count; ++i) ASSERT_EQ(out[i], expected[i]) << "element " << i;
+}
+
+// The 16-bit wire: the host ring's wire16 arithmetic, so the same chunking gives the same bits; in place, the owner
+// keeps the rounded sum everyone else decodes.
+TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostRingBitForBit) {
+  const Case c = GetParam();
+  const int r = world_rank();
+  for (wire::Format format : {wire::Format::kBf16, wire::Format::kFp16}) {
+    DeferredMemory memory;
+    LinkUnderTest lut(c.kind, memory, c.max_chunk);
+    std::vector<uint16_t> a(device_ring_max_chunk(*lut.link)), b(a.size());
+    const DeviceRingWire wire{format, {a.data(), b.data()}};
+    std::vector<float> data = random_floats(c.count, 99u + r);
+    ring_allreduce_sum(data.data(), data.data(), c.count, *lut.link, memory, nullptr, &wire);
+    memory.synchronize();
+
+    std::vector<float> expected = random_floats(c.count, 99u + r);
+    MpiTransport transport(MPI_COMM_WORLD);
+    RingScratch scratch;
+    RingOptions options;
+    options.slice_elems = c.max_chunk;
+    options.slices_per_chunk = 1;
+    options.wire16 = true;
+    options.format = format;
+    ring_allreduce_sum(expected.data(), c.count, transport, scratch, options);
+    for (size_t i = 0; i < c.count; ++i)
+      ASSERT_EQ(wire::f32_bits(data[i]), wire::f32_bits(expected[i]))
+          << (format == wire::Format::kBf16 ? "bf16" : "fp16") << " element " << i;
+    // Every rank holds the same bits.
+    std::vector<float> rank0 = data;
+    MPI_Bcast(rank0.data(), static_cast<int>(c.count), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    EXPECT_EQ(rank0, data);
+  }
 }
 
 TEST_P(RingDeviceTest, RepeatedCallsReuseTheLink) {

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "analysis/predict.h"
+#include "tests/unit/synthetic_gpu_run.h"
 
 namespace ddplab {
 namespace {
@@ -596,6 +597,86 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   EXPECT_THROW(read_calibration(csv), std::runtime_error);
   std::remove(csv.c_str());
   EXPECT_THROW(read_calibration(csv), std::runtime_error);  // missing
+}
+
+// ---- a single-GPU run (tests/unit/synthetic_gpu_run.h) predicted on more GPUs ------------------------------------
+
+// The closing all-reduces replayed by hand: buckets in order, each when ready and when the one before is done.
+double exposed_by_hand(const StepModel& m, const PredictSetting& s, const HopCosts& costs) {
+  std::vector<int64_t> numel, offset;
+  for (const PieceRecord& p : m.pieces) numel.push_back(p.numel), offset.push_back(p.offset);
+  const std::vector<Bucket> buckets = assign_buckets(numel, offset, s.bucket_mb * kMiB, s.first_bucket_mb * kMiB);
+  const RankProfile& r = m.steps[0][0];
+  double comm_free = 0, total = 0, update = r.backward_ms;
+  for (const Bucket& b : buckets) total += static_cast<double>(b.count);
+  for (const Bucket& b : buckets) {
+    const double bytes = static_cast<double>(b.count) * sizeof(float);
+    const double alone = s.impl == AllreduceImpl::kHier
+                             ? hier_ms(bytes, s.ranks, s.nodes(), s.wire, costs)
+                             : ring_ms(bytes, s.ranks, s.nodes(), s.wire, small_allreduce_bytes(s.ranks), costs);
+    comm_free = std::max(r.piece_ready_ms[b.last_piece], comm_free) + alone;
+    // The bucketed update: this bucket's share of the update once backward and its all-reduce are done.
+    update = std::max(update, comm_free) + r.after_ms * static_cast<double>(b.count) / total;
+  }
+  if (s.bucketed_update) return update - r.backward_ms - r.after_ms;
+  return std::max(0.0, comm_free - r.backward_ms);
+}
+
+AlphaBeta preset_costs(const std::string& name) {
+  const LinkModel l = parse_link(name);
+  return {l.latency_us / 1000, 8 / (l.gbps * 1e9) * 1000};
+}
+
+TEST(Predict, AGpuRunPredictsMoreGpusOverNvlinkAndInfiniband) {
+  const RunRecord run = fake_runs::synthetic_gpu_run();
+  const StepModel model = build_model(run, std::nullopt);
+  EXPECT_EQ(model.measured.impl, AllreduceImpl::kRing);  // NCCL, modelled as the ring, and said so
+  EXPECT_TRUE(std::any_of(model.notes.begin(), model.notes.end(),
+                          [](const std::string& n) { return n.find("NCCL") != std::string::npos; }));
+  EXPECT_NEAR(predict(model, model.measured).step.step_ms, model.measured_step_ms, kTol);
+
+  // The closing bucket is wte alone (154.5 MB): final at backward's end, its all-reduce exposed whole.
+  EXPECT_EQ(run.buckets.back().count, 50304 * 768);
+  const HopCosts nvlink{preset_costs("nvlink4-nccl"), preset_costs("nvlink4-nccl")};
+  double previous_efficiency = 1;
+  for (int n : {2, 4, 8}) {
+    SCOPED_TRACE(std::to_string(n) + " GPUs");
+    PredictSetting s = model.measured;
+    s.ranks = n;
+    s.link = parse_links("nvlink4-nccl");
+    const Prediction p = predict(model, s);
+    EXPECT_EQ(p.comm_source, "link model");
+    EXPECT_FALSE(p.extrapolated.empty()) << "every cell beyond one GPU extrapolates";
+    EXPECT_NEAR(p.step.exposed_ms, exposed_by_hand(model, s, nvlink), kTol);
+    const double efficiency = weak_scaling_efficiency(model, p);
+    PredictSetting one = s;
+    one.ranks = 1;
+    EXPECT_NEAR(efficiency, predict(model, one).step.step_ms / p.step.step_ms, 1e-12);
+    EXPECT_LT(efficiency, previous_efficiency);  // the ring moves 2(n-1)/n of the buffer: more with every GPU
+    previous_efficiency = efficiency;
+
+    // The update bucket by bucket: the other buckets' share runs beside wte's all-reduce.
+    PredictSetting bucketed = s;
+    bucketed.bucketed_update = true;
+    const Prediction b = predict(model, bucketed);
+    EXPECT_NEAR(b.step.exposed_ms, exposed_by_hand(model, bucketed, nvlink), kTol);
+    EXPECT_LT(b.step.exposed_ms, p.step.exposed_ms);
+    EXPECT_NEAR(b.step.step_ms - b.step.exposed_ms, p.step.step_ms - p.step.exposed_ms, kTol);  // the rest as before
+  }
+
+  // 2 nodes x 8 over 400 Gb/s InfiniBand per GPU: flat (the NICs bound every step) and hierarchical.
+  const HopCosts cluster{preset_costs("nvlink4-nccl"), preset_costs("ndr400-x8")};
+  for (AllreduceImpl impl : {AllreduceImpl::kRing, AllreduceImpl::kHier}) {
+    SCOPED_TRACE(to_string(impl));
+    PredictSetting s = model.measured;
+    s.ranks = 16;
+    s.ranks_per_node = 8;
+    s.impl = impl;
+    s.link = parse_links("intra=nvlink4-nccl,inter=ndr400-x8");
+    const Prediction p = predict(model, s);
+    EXPECT_FALSE(p.extrapolated.empty());
+    EXPECT_NEAR(p.step.exposed_ms, exposed_by_hand(model, s, cluster), kTol);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,56 @@
+#!/usr/bin/python3
+"""`ddplab predict` on a single-GPU run file (tests/unit/synthetic_gpu_run.h, written by write_synthetic_gpu_run):
+2, 4 and 8 GPUs over NVLink and 2 nodes x 8 over InfiniBand, flat and hierarchical, in one call. Checks the grid
+(one node up to 8 ranks, hier only across nodes), every cell beyond one GPU marked as extrapolated, one recommendation
+per world size, the weak-scaling column against the JSON's own steps, and the closing bucket's exposed all-reduce
+growing with the GPUs.
+
+usage: check_predict_gpu.py WRITER DDPLAB
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+
+writer, ddplab = sys.argv[1], sys.argv[2]
+
+with tempfile.TemporaryDirectory() as work:
+    run, out = os.path.join(work, "gpu.h5"), os.path.join(work, "gpu.json")
+    check(subprocess.run([writer, run]).returncode == 0, "the synthetic GPU run file is written")
+    proc = subprocess.run([ddplab, "predict", run, "--ranks", "1,2,4,8,16", "--ranks-per-node", "8", "--link",
+                           "intra=nvlink4-nccl,inter=ndr400-x8", "--comm", "ring,hier", "--bucket-mb", "5,25,100", "--update", "whole,bucket",
+                           "--json", out], capture_output=True, text=True, timeout=120)
+    print(proc.stdout)
+    check(proc.returncode == 0, f"predict exits 0 ({proc.stderr.strip()[-300:]})")
+    check("NCCL's all-reduce (--comm nccl) is modelled as the ring" in proc.stdout, "the NCCL note is printed")
+    check("one-node combinations are left out" in proc.stdout, "hier on one node is left out, and said")
+    j = json.load(open(out))
+    rows = j["rows"]
+    shapes = sorted({(r["ranks"], r["nodes"], r["comm"]) for r in rows})
+    check(shapes == [(1, 1, "ring"), (2, 1, "ring"), (4, 1, "ring"), (8, 1, "ring"), (16, 2, "hier"),
+                     (16, 2, "ring")], f"the grid: one node up to 8 ranks, flat and hier across 2 nodes ({shapes})")
+    check(len(rows) == 6 * 3 * 2, f"every bucket cap and update for every shape ({len(rows)} rows)")
+    check(all(r["extrapolated"] for r in rows if r["ranks"] > 1), "every cell beyond one GPU is marked")
+    check(len(j["recommended"]) == 5, "one recommendation per world size")
+    one = {(r["bucket_mb"], r["update"]): r["step_ms"] for r in rows if r["ranks"] == 1}
+    for r in rows:
+        check(abs(r["weak_scaling_pct"] - 100 * one[r["bucket_mb"], r["update"]] / r["step_ms"]) < 1e-6,
+              f"weak scaling is one GPU's step over this one's ({r['ranks']} ranks, {r['bucket_mb']} MiB)")
+
+    def cell(n, update, comm="ring"):
+        return next(r for r in rows if r["ranks"] == n and r["bucket_mb"] == 25 and r["update"] == update
+                    and r["comm"] == comm)
+
+    exposed = [cell(n, "whole")["exposed_comm_ms"] for n in (2, 4, 8)]
+    check(exposed[0] < exposed[1] < exposed[2], f"the exposed all-reduce grows with the GPUs ({exposed})")
+    for n in (2, 4, 8, 16):
+        whole, bucket = cell(n, "whole"), cell(n, "bucket")
+        check(bucket["exposed_comm_ms"] < whole["exposed_comm_ms"] and bucket["step_ms"] < whole["step_ms"],
+              f"{n} GPUs: the update per bucket hides part of the closing all-reduce "
+              f"({whole['exposed_comm_ms']:.3f} -> {bucket['exposed_comm_ms']:.3f} ms)")
+        check(any(e.startswith("update per bucket") for e in bucket["extrapolated"]), "and is marked")
+
+sys.exit(1 if failures else 0)

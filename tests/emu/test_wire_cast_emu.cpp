@@ -1,0 +1,112 @@
+// The 16-bit wire's cast kernels (kernels/cuda/wire_cast_kernels.cuh), their own source compiled by g++ and run on
+// host threads (cuda_emulation.h), against the CPU wire (comm/wire.h: encode, decode, reduce_encode): every 16-bit
+// word, the fp32 values around each rounding boundary, the special values and random bits, through a grid smaller
+// than the data so that the grid-stride loop and its tail run. What it cannot tell: speed.
+// clang-format off
+#include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
+#include "kernels/cuda/wire_cast_kernels.cuh"
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "comm/wire.h"
+
+namespace {
+
+namespace wire = ddplab::wire;
+namespace wc = ddplab::cuda::wire_cast;
+using wire::Format;
+
+const dim3 kGrid(3), kBlock(64);
+
+const char* name(Format f) { return f == Format::kBf16 ? "bf16" : "fp16"; }
+
+// Every word of the format decoded, each neighbour one fp32 ulp either side and the midpoint to the next word (the
+// ties that round to even), the specials, and random fp32 bit patterns.
+std::vector<float> boundary_values(Format f) {
+  std::vector<float> v;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float x = wire::from_wire(f, static_cast<uint16_t>(h));
+    const uint32_t u = wire::f32_bits(x);
+    v.insert(v.end(), {x, wire::bits_f32(u + 1), wire::bits_f32(u - 1)});
+    const float next = wire::from_wire(f, static_cast<uint16_t>(h + 1));
+    v.push_back(x + (next - x) / 2);
+  }
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  v.insert(v.end(), {0.f, -0.f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), wire::bits_f32(0x7f800001u),
+                     wire::bits_f32(0xffc00123u), 65504.f, 65519.99f, 65520.f, 1e-8f, -3e-8f, 1e-45f});
+  std::mt19937 gen(17);
+  for (int i = 0; i < 100000; ++i) v.push_back(wire::bits_f32(gen()));
+  return v;
+}
+
+std::vector<uint16_t> emulated_encode(Format f, const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  const auto n = static_cast<int64_t>(x.size());
+  if (f == Format::kBf16)
+    ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::encode_kernel<Format::kBf16>, out.data(), x.data(), n);
+  else
+    ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::encode_kernel<Format::kFp16>, out.data(), x.data(), n);
+  return out;
+}
+
+TEST(WireCastEmulated, EncodeRoundsAsTheCpuWire) {
+  for (Format f : {Format::kBf16, Format::kFp16}) {
+    SCOPED_TRACE(name(f));
+    const std::vector<float> x = boundary_values(f);
+    std::vector<uint16_t> want(x.size());
+    wire::encode(f, want.data(), x.data(), x.size());
+    const std::vector<uint16_t> got = emulated_encode(f, x);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << "element " << i << " (fp32 bits 0x" << std::hex << wire::f32_bits(x[i]) << ")";
+  }
+}
+
+TEST(WireCastEmulated, DecodeIsTheCpuWiresOnEveryWord) {
+  std::vector<uint16_t> words(0x10000);
+  for (uint32_t h = 0; h < words.size(); ++h) words[h] = static_cast<uint16_t>(h);
+  const auto n = static_cast<int64_t>(words.size());
+  for (Format f : {Format::kBf16, Format::kFp16}) {
+    SCOPED_TRACE(name(f));
+    std::vector<float> want(words.size()), got(words.size(), -1.f);
+    wire::decode(f, want.data(), words.data(), words.size());
+    if (f == Format::kBf16)
+      ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::decode_kernel<Format::kBf16>, got.data(), words.data(), n);
+    else
+      ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::decode_kernel<Format::kFp16>, got.data(), words.data(), n);
+    for (size_t i = 0; i < words.size(); ++i)
+      ASSERT_EQ(wire::f32_bits(got[i]), wire::f32_bits(want[i])) << "word 0x" << std::hex << i;
+  }
+}
+
+// A reduce-scatter hop: the CPU ring's reduce_encode (acc += to32(in); out = to16(acc)) gives the words.
+TEST(WireCastEmulated, AddEncodeIsTheCpuRingsHop) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> dist(-4.f, 4.f);
+  for (Format f : {Format::kBf16, Format::kFp16}) {
+    SCOPED_TRACE(name(f));
+    for (size_t count : {size_t{0}, size_t{1}, size_t{191}, size_t{192}, size_t{50001}}) {
+      std::vector<float> own(count), incoming(count);
+      for (float& x : own) x = dist(gen);
+      for (float& x : incoming) x = dist(gen);
+      std::vector<uint16_t> in16(count), want(count);
+      wire::encode(f, in16.data(), incoming.data(), count);
+      std::vector<float> acc = own;
+      wire::reduce_encode(f, acc.data(), want.data(), in16.data(), count);
+      std::vector<uint16_t> got = in16;
+      const auto n = static_cast<int64_t>(count);
+      if (f == Format::kBf16)
+        ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::add_encode_kernel<Format::kBf16>, got.data(), own.data(), n);
+      else
+        ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::add_encode_kernel<Format::kFp16>, got.data(), own.data(), n);
+      ASSERT_EQ(got, want) << count << " elements";
+    }
+  }
+}
+
+}  // namespace
