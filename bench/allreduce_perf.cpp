@@ -135,9 +135,8 @@ const char* describe(Aggregate a) {
   }
   return "?";
 }
-const char* json_name(Aggregate a) {
-  const char* names[] = {"rank0", "avg", "min", "max"};
-  return names[static_cast<int>(a)];
+constexpr std::array<Named<Aggregate>, 4> choice_names(Aggregate) {
+  return {{{Aggregate::kRank0, "rank0"}, {Aggregate::kAverage, "avg"}, {Aggregate::kMin, "min"}, {Aggregate::kMax, "max"}}};
 }
 
 // Every implementation allreduce_perf knows: the type on its wire (the table's `type` column, nccl-tests' names),
@@ -678,7 +677,7 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["check_iters"] = o.check_iters;
   j["registered"] = o.registered == 1;  // -R
   j["stat"] = o.median ? "median" : "mean";
-  j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(json_name(o.aggregate));  // -a
+  j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(to_string(o.aggregate));  // -a
   j["results"] = nlohmann::json::array();
   for (const Row& r : rows)
     j["results"].push_back({{"impl", r.impl},

@@ -58,7 +58,7 @@ DeviceAllreduce make_nccl_allreduce(size_t max_count) {
 }
 
 DeviceAllreduce make_ring_cuda_allreduce(size_t max_count, const std::string& link, size_t chunk_bytes) {
-  cuda::CudaRingConfig config{cuda::parse_ring_link(link)};
+  cuda::CudaRingConfig config{parse_choice<RingLinkKind>(link, "--ring-link")};
   if (chunk_bytes > 0) config.chunk_bytes = chunk_bytes;
   auto buffers = std::make_shared<EngineBuffers<cuda::RingAllreduceCuda>>(max_count, config);
   cuda::RingAllreduceCuda* ring = &buffers->engine;

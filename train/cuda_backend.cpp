@@ -25,9 +25,8 @@ namespace {
 
 // --comm nccl: NCCL's collective; --comm ring: our ring over --ring-link.
 std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
-  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm);
-  return std::make_unique<cuda::RingAllreduceCuda>(comm,
-                                                   cuda::CudaRingConfig{cuda::parse_ring_link(config.ring_link)});
+  if (config.comm == AllreduceImpl::kNccl) return std::make_unique<cuda::NcclAllreduce>(comm);
+  return std::make_unique<cuda::RingAllreduceCuda>(comm, cuda::CudaRingConfig{config.ring_link});
 }
 
 }  // namespace
@@ -96,7 +95,8 @@ CudaBackend::~CudaBackend() {
 
 std::string CudaBackend::describe() const {
   return workload_->describe() + " on GPU " + std::to_string(engine_->device()) + " (" + cuda::query_cuda().name +
-         "), " + config_.precision + (config_.model == "mlp" ? "" : ", attention " + config_.attention) +
+         "), " + to_string(config_.precision) +
+         (config_.transformer() ? std::string(", attention ") + (config_.attention ? to_string(*config_.attention) : "auto") : std::string()) +
          ", all-reduce " + engine_->name();
 }
 
