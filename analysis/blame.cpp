@@ -6,6 +6,7 @@
 
 #include "analysis/format.h"
 #include "analysis/stats.h"
+#include "train/train_config.h"
 
 namespace ddplab {
 namespace {
@@ -222,14 +223,15 @@ std::string comm_hints(const RunRecord& run) {
                : std::string()) +
       fmt("try another bucket size (--bucket-mb, now %g: %s for %.1f MiB; compare sizes with "
           "ddplab predict %s)",
-          run.config.value("bucket_mb", 0.0), counted(static_cast<int>(run.buckets.size()), "bucket").c_str(),
+          config_from_json(run.config).bucket_mb, counted(static_cast<int>(run.buckets.size()), "bucket").c_str(),
           gradient_mb, run.path.empty() ? "RUN.h5" : run.path.c_str());
-  if (!run.config.value("overlap", true)) hints += ", --overlap on";
+  const TrainConfig config = config_from_json(run.config);
+  if (!config.overlap) hints += ", --overlap on";
   const bool across = !slow_inter_node_link(run).empty();
   hints += across ? ", a faster inter-node link" : ", a faster link";
-  if (across && run.config.value("comm", std::string("ring")) != "hier")
+  if (across && config.comm != AllreduceImpl::kHier)
     hints += ", --comm hier (less traffic per NIC)";
-  if (run.config.value("comm_dtype", std::string("fp32")) == "fp32")
+  if (config.comm_dtype == WireDtype::kFp32)
     hints += " or bf16 on the wire (--comm-dtype bf16)";
   return hints;
 }
@@ -252,37 +254,6 @@ std::string slow_inter_node_link(const RunRecord& run) {
              per_nic == 1 ? "" : "s");
 }
 
-const char* cause_name(Cause cause) {
-  switch (cause) {
-    case Cause::kStragglerInput:
-      return "straggler input";
-    case Cause::kSkewedCompute:
-      return "skewed compute";
-    case Cause::kSlowOptimizer:
-      return "slow optimizer";
-    case Cause::kWorkBeforeBarrier:
-      return "work before a barrier";
-    case Cause::kUntimedWork:
-      return "untimed work";
-    case Cause::kCpuTaken:
-      return "CPU taken";
-    case Cause::kCommBound:
-      return "communication-bound";
-    case Cause::kInputBound:
-      return "input-bound";
-    case Cause::kPaddingBound:
-      return "padding-bound";
-    case Cause::kCpuContention:
-      return "CPU contention";
-    case Cause::kNoisyHost:
-      return "noisy host";
-    case Cause::kBalanced:
-      return "balanced";
-    case Cause::kSingleRank:
-      return "single rank";
-  }
-  return "?";
-}
 
 std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
   const int world = static_cast<int>(st.ranks.size());
@@ -367,12 +338,12 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
   // 4. Every rank computing on padding (the rows of a batch are as long as its longest sequence): added after the
   // rest, so that a run with nothing else to blame still gets its breakdown first.
   if (st.padding_ratio >= kPaddingBoundShare) {
-    const std::string batching = run.config.value("batching", std::string("sample"));
+    const Batching batching = config_from_json(run.config).batching;
     out.push_back({Cause::kPaddingBound, -1,
                    fmt("padding-bound: %.0f%% of the tokens the ranks compute on are padding (%.0f useful of %.0f "
                        "tokens/s)",
                        100 * st.padding_ratio, st.useful_tokens_per_s, st.padded_tokens_per_s) +
-                       (batching == "sample" ? "; --batching bucket (lengths sorted within windows) or token (a "
+                       (batching == Batching::kSample ? "; --batching bucket (lengths sorted within windows) or token (a "
                                                "--max-tokens budget per batch) compute on less of it"
                                              : "")});
   }

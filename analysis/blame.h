@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "analysis/summary.h"
+#include "runtime/choices.h"
 
 namespace ddplab {
 
@@ -23,7 +24,21 @@ enum class Cause {
   kBalanced,           // nothing stands out
   kSingleRank,         // nothing to compare
 };
-const char* cause_name(Cause cause);
+constexpr std::array<Named<Cause>, 13> choice_names(Cause) {
+  return {{{Cause::kStragglerInput, "straggler input"},
+           {Cause::kSkewedCompute, "skewed compute"},
+           {Cause::kSlowOptimizer, "slow optimizer"},
+           {Cause::kWorkBeforeBarrier, "work before a barrier"},
+           {Cause::kUntimedWork, "untimed work"},
+           {Cause::kCpuTaken, "CPU taken"},
+           {Cause::kCommBound, "communication-bound"},
+           {Cause::kInputBound, "input-bound"},
+           {Cause::kPaddingBound, "padding-bound"},
+           {Cause::kCpuContention, "CPU contention"},
+           {Cause::kNoisyHost, "noisy host"},
+           {Cause::kBalanced, "balanced"},
+           {Cause::kSingleRank, "single rank"}}};
+}
 
 // Communication-bound: every rank waits for communication at least this share of the step (`ddplab predict` names
 // its predicted steps by the same rule).

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "analysis/summary.h"
+#include "train/train_config.h"
 
 namespace ddplab {
 namespace {
@@ -55,6 +56,8 @@ double allreduce_ms(double bytes, const PredictSetting& setting, double small_ma
       return mpi_ms(bytes, setting.ranks, setting.nodes(), costs);
     case AllreduceImpl::kHier:
       return hier_ms(bytes, setting.ranks, setting.nodes(), setting.wire, costs);
+    case AllreduceImpl::kNccl:  // no model: `ddplab predict` refuses a GPU run's setting (launcher/predict_command.cpp)
+      break;
   }
   return 0;
 }
@@ -446,20 +449,17 @@ namespace {
 
 // The run's own setting, from its config.
 PredictSetting measured_setting(const RunRecord& run) {
-  const nlohmann::json& c = run.config;
+  const TrainConfig c = config_from_json(run.config);
   PredictSetting s;
-  s.bucket_mb = c.value("bucket_mb", 25.0);
-  s.first_bucket_mb = c.value("first_bucket_mb", 1.0);
-  s.overlap = c.value("overlap", true);
-  s.link =
-      parse_links(c.value("link", std::string("none")), c.value("link_latency_us", -1.0), c.value("link_gbps", -1.0));
+  s.bucket_mb = c.bucket_mb;
+  s.first_bucket_mb = c.first_bucket_mb;
+  s.overlap = c.overlap;
+  s.link = parse_links(c.link, c.link_latency_us, c.link_gbps);
   s.ranks = run.world_size();
   s.ranks_per_node = run.nodes() > 1 ? run.world_size() / run.nodes() : 0;  // older files: one node
-  const std::string comm = c.value("comm", std::string("ring"));
-  s.impl = comm == "nccl" ? AllreduceImpl::kRing : parse_allreduce_impl(comm);  // see build_model's note
-  s.wire = parse_wire_dtype(c.value("comm_dtype", std::string("fp32")));
-  s.bucketed_update =
-      c.value("device", std::string("cpu")) == "cuda" && c.value("optimizer_in_backward", std::string("off")) == "on";
+  s.impl = c.comm == AllreduceImpl::kNccl ? AllreduceImpl::kRing : c.comm;  // see build_model's note
+  s.wire = c.comm_dtype;
+  s.bucketed_update = c.device == Device::kCuda && c.update_in_backward();
   return s;
 }
 
@@ -501,7 +501,7 @@ struct BackwardIntervals {
 BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<RankProfile>>& steps) {
   const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
   const int first = run.first_steady_step(), steady = run.steps - first;
-  const int micro = std::max(1, run.config.value("grad_accum", 1));
+  const int micro = std::max(1, config_from_json(run.config).grad_accum);
   BackwardIntervals out;
   const BackwardIntervals::PerInterval intervals(nb + 1);
   out.length.assign(steady, std::vector<BackwardIntervals::PerInterval>(world, intervals));
@@ -582,7 +582,7 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   const std::vector<std::string>& hosts = run.meta.hostnames;
   m.host.cores = run.meta.host_cores;
   m.host.ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
-  m.host.threads = std::max(1, run.config.value("threads", 1));
+  m.host.threads = std::max(1, config_from_json(run.config).blas_threads);
   if (run.meta.comm_lost_yield_us) m.host.lost_yield_ms = *run.meta.comm_lost_yield_us / 1000.0;
   // The CPU on the all-reduce's terms, like its time. From alike sizes the part per message step cannot be told
   // from the part per byte, and their noise went into the first: `small`'s 3.2 and 4 MB buckets at 4 ranks gave
@@ -697,7 +697,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   bool timed = false;
   for (const BucketTimes& t : run.bucket_times) timed = timed || t.ready_ms != 0 || t.comm_end_ms != 0;
   if (!timed || steady <= 0) throw std::invalid_argument(run.path + " has no bucket timings to predict from");
-  if (run.config.value("zero_stage", 0) == 1)
+  if (config_from_json(run.config).zero_stage == 1)
     throw std::invalid_argument(run.path +
                                 " sharded its update (--zero-stage 1): its buckets' times are "
                                 "reduce-scatters and all-gathers, and the model predicts all-reduces; predict from a "
@@ -717,12 +717,13 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   if (std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) != static_cast<long>(node_sizes.size()))
     m.notes.push_back("the run's " + std::to_string(run.nodes()) + " nodes are of unequal size: modelled as " +
                       shape_text(m.measured));
-  if (run.config.value("comm", std::string("ring")) == "nccl")
+  const TrainConfig config = config_from_json(run.config);
+  if (config.comm == AllreduceImpl::kNccl)
     m.notes.push_back(
         "NCCL's all-reduce (--comm nccl) is modelled as the ring, its algorithm for buckets of MBs, on the link's "
         "figures; NCCL's kernels beside backward take SMs from it, which the model leaves out (backward keeps its "
         "pace)");
-  if (run.config.value("optimizer_in_backward", std::string("off")) == "on")
+  if (config.update_in_backward())
     m.notes.push_back(
         "the run updated its parameters in backward (--optimizer-in-backward on): what is left of the update after "
         "backward is taken as measured for every setting, though other buckets would leave a different tail");

@@ -19,6 +19,7 @@
 #include "analysis/format.h"
 #include "comm/communicator.h"
 #include "record/run_record.h"
+#include "train/train_config.h"
 
 namespace ddplab {
 
@@ -149,7 +150,7 @@ std::string link_spec(const LinkClasses& links);
 
 // A configuration to predict.
 struct PredictSetting {
-  double bucket_mb = 25, first_bucket_mb = 1;
+  double bucket_mb = TrainConfig().bucket_mb, first_bucket_mb = TrainConfig().first_bucket_mb;
   bool overlap = true;
   LinkClasses link;  // per class of hop (one link: every hop)
   int ranks = 1;

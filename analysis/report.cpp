@@ -6,6 +6,7 @@
 #include "analysis/blame.h"
 #include "analysis/format.h"
 #include "comm/communicator.h"  // describe: the links as they act
+#include "train/train_config.h"
 
 namespace ddplab {
 namespace {
@@ -158,7 +159,7 @@ std::string oversubscription_note(const RunRecord& run) {
         sharing);
   const int ranks = run.oversubscribed_ranks();
   if (ranks == 0) return "";
-  const int threads = std::max(1, run.config.value("threads", 1));
+  const int threads = std::max(1, config_from_json(run.config).blas_threads);
   return fmt(
       "oversubscribed: %d ranks x %s on %d cores; the ranks take turns on the cores, so the times measure "
       "this machine's sharing, not data parallelism",
@@ -186,22 +187,22 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                meta.links.emulated() ? describe(meta.links).c_str() : config_text(c, "link").c_str(),
                config_text(c, "bucket_mb").c_str(), config_text(c, "overlap").c_str(),
                config_text(c, "grad_slice_mb").c_str(), config_text(c, "batch").c_str());
-  if (c.value("grad_accum", 1) > 1) std::fprintf(out, " x %d micro-batches", c.value("grad_accum", 1));
-  const std::string model = c.value("model", std::string("mlp"));
-  if (model == "mlp" && c.contains("hidden"))
+  const TrainConfig stored = config_from_json(c);
+  if (stored.grad_accum > 1) std::fprintf(out, " x %d micro-batches", stored.grad_accum);
+  if (!stored.transformer() && c.contains("hidden"))
     std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden").c_str(),
                  config_text(c, "layers").c_str(), config_text(c, "classes").c_str());
-  else if (model != "mlp")  // what tells sequence runs apart: the head and how batches are cut
-    std::fprintf(out, ", model %s (head %s, batching %s%s)", model.c_str(), config_text(c, "head").c_str(),
+  else if (stored.transformer())  // what tells sequence runs apart: the head and how batches are cut
+    std::fprintf(out, ", model %s (head %s, batching %s%s)", to_string(stored.model), config_text(c, "head").c_str(),
                  config_text(c, "batching").c_str(),
-                 c.value("batching", std::string()) == "token" || c.value("batching", std::string()) == "pack"
+                 stored.batching == Batching::kToken || stored.batching == Batching::kPack
                      ? (", max_tokens " + config_text(c, "max_tokens")).c_str()
                      : "");
   if (meta.device == "cuda") std::fprintf(out, ", device cuda, precision %s", config_text(c, "precision").c_str());
-  if (meta.device == "cuda" && model != "mlp" && c.contains("attention"))
+  if (meta.device == "cuda" && stored.transformer() && c.contains("attention"))
     std::fprintf(out, ", attention %s", config_text(c, "attention").c_str());
-  if (c.value("zero_stage", 0) > 0) std::fprintf(out, ", zero_stage %d", c.value("zero_stage", 0));
-  if (c.value("optimizer_in_backward", std::string("off")) == "on") std::fprintf(out, ", update in backward");
+  if (stored.zero_stage > 0) std::fprintf(out, ", zero_stage %d", stored.zero_stage);
+  if (stored.update_in_backward()) std::fprintf(out, ", update in backward");
   std::fprintf(out, "\n");
   if (const std::string note = oversubscription_note(rec); !note.empty()) std::fprintf(out, "  %s\n", note.c_str());
   if (rec.nodes() > 1) {
@@ -261,7 +262,7 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
     const std::vector<Finding> findings = diagnose(run.record, s);
     const Finding& f = headline(findings);
     const std::string verdict =
-        f.rank >= 0 ? fmt("%s (rank %d)", cause_name(f.cause), f.rank) : std::string(cause_name(f.cause));
+        f.rank >= 0 ? fmt("%s (rank %d)", to_string(f.cause), f.rank) : std::string(to_string(f.cause));
     const StepRecord mean = mean_over_ranks(s);
     std::fprintf(out, "  %-28s %5d %11.0f %9.2f %11.2f %7s  %s\n", shorten(stem(run.record.path), 28).c_str(),
                  run.record.world_size(), s.samples_per_s, s.slowest_step_ms, mean.exposed_comm_ms,
@@ -273,7 +274,7 @@ nlohmann::json report_json(const SummarizedRun& run) {
   const RunRecord& rec = run.record;
   nlohmann::json blame = nlohmann::json::array();
   for (const Finding& f : diagnose(rec, run.summary))
-    blame.push_back({{"cause", cause_name(f.cause)}, {"rank", f.rank}, {"text", f.text}});
+    blame.push_back({{"cause", to_string(f.cause)}, {"rank", f.rank}, {"text", f.text}});
   return {{"run_file", rec.path},
           {"command", rec.meta.command},
           {"world_size", rec.world_size()},

@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   Series series[2] = {Series("update after backward"), Series("update in backward")};
   std::vector<std::unique_ptr<Trainer>> trainers;
   for (int k = 0; k < 2; ++k) {
-    config.optimizer_in_backward = k == 0 ? "off" : "on";
+    config.optimizer_in_backward = k == 0 ? OnOff::kOff : OnOff::kOn;
     series[k].config = config;
     trainers.push_back(std::make_unique<Trainer>(config, MPI_COMM_SELF));
   }

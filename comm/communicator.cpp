@@ -20,44 +20,6 @@
 
 namespace ddplab {
 
-AllreduceImpl parse_allreduce_impl(const std::string& name) {
-  if (name == "ring") return AllreduceImpl::kRing;
-  if (name == "mpi") return AllreduceImpl::kMpi;
-  if (name == "hier") return AllreduceImpl::kHier;
-  throw std::invalid_argument("unknown --comm '" + name + "' (expected ring, mpi, hier, or nccl with --device cuda)");
-}
-
-const char* to_string(AllreduceImpl impl) {
-  switch (impl) {
-    case AllreduceImpl::kRing:
-      return "ring";
-    case AllreduceImpl::kMpi:
-      return "mpi";
-    case AllreduceImpl::kHier:
-      return "hier";
-  }
-  return "?";
-}
-
-WireDtype parse_wire_dtype(const std::string& name) {
-  if (name == "fp32") return WireDtype::kFp32;
-  if (name == "bf16") return WireDtype::kBf16;
-  if (name == "fp16") return WireDtype::kFp16;
-  throw std::invalid_argument("unknown wire dtype '" + name + "' (expected fp32, bf16 or fp16)");
-}
-
-const char* to_string(WireDtype dtype) {
-  switch (dtype) {
-    case WireDtype::kFp32:
-      return "fp32";
-    case WireDtype::kBf16:
-      return "bf16";
-    case WireDtype::kFp16:
-      return "fp16";
-  }
-  return "?";
-}
-
 namespace {
 
 // One-way latency of a small message and per-direction bandwidth in Gb/s as the link is sold. Sources and
@@ -221,6 +183,8 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
     : comm_(comm), options_(options), topology_(topology) {
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
   mpiCheck(MPI_Comm_size(comm_, &size_));
+  if (options_.impl == AllreduceImpl::kNccl)
+    throw std::invalid_argument("--comm nccl reduces GPU buffers (--device cuda), not a host Communicator's");
   if (options_.impl == AllreduceImpl::kMpi && options_.wire != WireDtype::kFp32)
     throw std::invalid_argument(std::string("--comm mpi has no ") + to_string(options_.wire) +
                                 " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring for a 16-bit wire");

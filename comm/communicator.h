@@ -14,21 +14,34 @@
 #include "comm/shm_transport.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
+#include "runtime/choices.h"
 
 namespace ddplab {
 
-// kHier: the hierarchical all-reduce (comm/hier_allreduce.h), for more than one node.
-enum class AllreduceImpl { kRing, kMpi, kHier };
-AllreduceImpl parse_allreduce_impl(const std::string& name);  // "ring" | "mpi" | "hier"; throws std::invalid_argument
-const char* to_string(AllreduceImpl impl);
+// kHier: the hierarchical all-reduce (comm/hier_allreduce.h), for more than one node. kNccl: NCCL's own, on GPU
+// buffers only (--device cuda, train/cuda_backend.cpp); a Communicator refuses it.
+enum class AllreduceImpl { kRing, kMpi, kHier, kNccl };
+constexpr std::array<Named<AllreduceImpl>, 4> choice_names(AllreduceImpl) {
+  return {{{AllreduceImpl::kRing, "ring"}, {AllreduceImpl::kMpi, "mpi"}, {AllreduceImpl::kHier, "hier"},
+           {AllreduceImpl::kNccl, "nccl"}}};
+}
 
 // What travels on the wire. Buffers are always fp32 in memory; bf16/fp16 halve the bytes sent, with the sums
 // accumulated in fp32 wherever the algorithm allows (docs/COMM.md: what is exact). --comm mpi refuses 16 bits.
 enum class WireDtype { kFp32, kBf16, kFp16 };
-WireDtype parse_wire_dtype(const std::string& name);  // "fp32" | "bf16" | "fp16"; throws std::invalid_argument
-const char* to_string(WireDtype dtype);
+constexpr std::array<Named<WireDtype>, 3> choice_names(WireDtype) {
+  return {{{WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"}, {WireDtype::kFp16, "fp16"}}};
+}
 // The 16-bit format of a wire; none for fp32.
 std::optional<wire::Format> wire_format(WireDtype dtype);
+
+// The link of our ring on GPU buffers (--device cuda --comm ring; comm/ring_cuda.h): NCCL p2p, CUDA IPC, or staged
+// through the host; auto takes the first that can connect.
+enum class RingLinkKind { kAuto, kNccl, kIpc, kHost };
+constexpr std::array<Named<RingLinkKind>, 4> choice_names(RingLinkKind) {
+  return {{{RingLinkKind::kAuto, "auto"}, {RingLinkKind::kNccl, "nccl"}, {RingLinkKind::kIpc, "ipc"},
+           {RingLinkKind::kHost, "host"}}};
+}
 
 // "none", or the link as it acts, overrides applied: "10gbe (10 us, 10 Gbit/s)".
 std::string describe(const LinkModel& link);

@@ -21,24 +21,6 @@
 
 namespace ddplab::cuda {
 
-RingLinkKind parse_ring_link(const std::string& name) {
-  if (name == "auto") return RingLinkKind::kAuto;
-  if (name == "nccl") return RingLinkKind::kNccl;
-  if (name == "ipc") return RingLinkKind::kIpc;
-  if (name == "host") return RingLinkKind::kHost;
-  throw std::invalid_argument("unknown ring link '" + name + "' (auto, nccl, ipc, host)");
-}
-
-const char* ring_link_name(RingLinkKind kind) {
-  switch (kind) {
-    case RingLinkKind::kAuto: return "auto";
-    case RingLinkKind::kNccl: return "nccl";
-    case RingLinkKind::kIpc: return "ipc";
-    case RingLinkKind::kHost: return "host";
-  }
-  return "?";
-}
-
 void CudaStreamMemory::copy(void* dst, const void* src, size_t bytes) {
   if (bytes) cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
@@ -107,7 +89,7 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
     nccl_ = std::make_unique<NcclAllreduce>(comm);  // one GPU per rank, checked on every rank
     device_ = nccl_->device();
   }
-  name_ = std::string("ring/") + ring_link_name(link);
+  name_ = std::string("ring/") + to_string(link);
 
   int least = 0, greatest = 0;
   cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "comm/ring_device.h"
 #include "comm/stream_allreduce.h"
 #include "comm/transport.h"
@@ -32,10 +33,7 @@ namespace ddplab::cuda {
 class NcclAllreduce;
 
 // kAuto: ipc when every rank is on one node (the only link that lets ranks share a GPU), nccl otherwise.
-enum class RingLinkKind { kAuto, kNccl, kIpc, kHost };
-// "auto" | "nccl" | "ipc" | "host"; std::invalid_argument naming the choices otherwise.
-RingLinkKind parse_ring_link(const std::string& name);
-const char* ring_link_name(RingLinkKind kind);
+using ddplab::RingLinkKind;  // comm/communicator.h: the names --ring-link takes
 
 // RingMemory on a CUDA stream: cudaMemcpyAsync and the add kernel are enqueued; synchronize() polls the stream
 // (a watchdog-named wait, so a stuck GPU is reported like a stuck peer), calling check() between polls: over the

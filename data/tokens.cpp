@@ -45,35 +45,6 @@ std::vector<std::vector<int64_t>> pack_into_rows(std::vector<int64_t> ids, const
 }
 }  // namespace
 
-LengthDist parse_length_dist(const std::string& name) {
-  if (name == "fixed") return LengthDist::kFixed;
-  if (name == "uniform") return LengthDist::kUniform;
-  if (name == "loguniform") return LengthDist::kLogUniform;
-  throw std::invalid_argument("unknown length distribution '" + name + "' (expected fixed, uniform or loguniform)");
-}
-
-Batching parse_batching(const std::string& name) {
-  if (name == "sample") return Batching::kSample;
-  if (name == "bucket") return Batching::kBucket;
-  if (name == "token") return Batching::kToken;
-  if (name == "pack") return Batching::kPack;
-  throw std::invalid_argument("unknown batching '" + name + "' (expected sample, bucket, token or pack)");
-}
-
-const char* to_string(Batching b) {
-  switch (b) {
-    case Batching::kSample:
-      return "sample";
-    case Batching::kBucket:
-      return "bucket";
-    case Batching::kToken:
-      return "token";
-    case Batching::kPack:
-      return "pack";
-  }
-  return "?";
-}
-
 SyntheticTokens::SyntheticTokens(const TokenDataConfig& c) : config_(c) {
   if (c.vocab < 2 || c.num_classes < 1 || c.min_len < 1 || c.max_len < c.min_len || c.epoch_size < 1)
     throw std::invalid_argument("token data: need vocab >= 2, classes >= 1, 1 <= min_len <= max_len, epoch_size >= 1");

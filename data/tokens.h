@@ -13,10 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "runtime/choices.h"
+
 namespace ddplab {
 
 enum class LengthDist { kFixed, kUniform, kLogUniform };
-LengthDist parse_length_dist(const std::string& name);  // fixed | uniform | loguniform
+constexpr std::array<Named<LengthDist>, 3> choice_names(LengthDist) {
+  return {{{LengthDist::kFixed, "fixed"}, {LengthDist::kUniform, "uniform"}, {LengthDist::kLogUniform, "loguniform"}}};
+}
 
 struct TokenDataConfig {
   int vocab = 8192;
@@ -47,8 +51,10 @@ enum class Batching {
   kToken,   // like bucket, but each rank's batch is packed up to a padded-token budget
   kPack,    // sequences concatenated into rows of max_len tokens (best-fit decreasing), a token budget of rows
 };
-Batching parse_batching(const std::string& name);  // sample | bucket | token | pack
-const char* to_string(Batching b);
+constexpr std::array<Named<Batching>, 4> choice_names(Batching) {
+  return {{{Batching::kSample, "sample"}, {Batching::kBucket, "bucket"}, {Batching::kToken, "token"},
+           {Batching::kPack, "pack"}}};
+}
 
 struct BatchingConfig {
   Batching strategy = Batching::kSample;

@@ -32,9 +32,11 @@
 namespace ddplab {
 
 struct ReducerConfig {
-  double bucket_mb = 25.0;       // cap per bucket in MiB; 0 = one bucket per parameter
-  double first_bucket_mb = 1.0;  // cap of the bucket that closes backward (holds parameter 0)
-  bool overlap = true;
+  // The caps and overlap come from the run's flags (--bucket-mb, --first-bucket-mb, --overlap:
+  // train/train_config.h, where their defaults are).
+  double bucket_mb;        // cap per bucket in MiB; 0 = one bucket per parameter
+  double first_bucket_mb;  // cap of the bucket that closes backward (holds parameter 0)
+  bool overlap;
   // --zero-stage 1, the sharded update (comm/ring_allreduce.h): each bucket is reduce-scattered instead of
   // all-reduced, so a rank holds the mean gradients only where it owns the elements (owned_chunks); it zeroes the
   // rest, updates its own, and all_gather() sends the new parameters round.

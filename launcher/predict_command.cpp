@@ -40,13 +40,15 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   };
   for (const auto* list : {&a.bucket_mb, &a.first_bucket_mb})
     for (double mb : *list)
-      require(std::isfinite(mb) && mb > 0, (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") +
-                                               nlohmann::json(mb).dump() + ": bucket sizes must be > 0 MiB");
+      require(std::isfinite(mb) && mb >= 0, (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") +
+                                                nlohmann::json(mb).dump() +
+                                                ": bucket sizes must not be negative (0: one bucket per parameter)");
   for (int n : a.ranks) require(n >= 1, "--ranks " + std::to_string(n) + ": a world has at least one rank");
   std::vector<bool> overlaps;
   for (const std::string& o : a.overlap) {
-    require(o == "on" || o == "off", "--overlap " + o + ": expected on or off");
-    overlaps.push_back(o == "on");
+    const std::optional<OnOff> on_off = find_choice<OnOff>(o);
+    require(on_off.has_value(), "--overlap " + o + ": expected on or off");
+    overlaps.push_back(on_off == OnOff::kOn);
   }
   std::vector<bool> bucketed;
   for (const std::string& u : a.update) {
@@ -71,8 +73,10 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
           pos = comma + 1;
         }
       }
-    for (const std::string& c : a.comm) impls.push_back(parse_allreduce_impl(c));
-    for (const std::string& d : a.comm_dtype) wires.push_back(parse_wire_dtype(d));
+    for (const std::string& c : a.comm) impls.push_back(parse_choice<AllreduceImpl>(c, "--comm"));
+    for (AllreduceImpl impl : impls)
+      require(impl != AllreduceImpl::kNccl, "--comm nccl: predict models the CPU collectives (ring, mpi, hier)");
+    for (const std::string& d : a.comm_dtype) wires.push_back(parse_choice<WireDtype>(d, "--comm-dtype"));
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }

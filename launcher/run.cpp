@@ -125,7 +125,7 @@ std::string blas_kernels_of_ranks(MPI_Comm comm) {
 
 // Each rank's GPU as its PCI bus id, for a GPU run (the trainer has made the rank's device current); empty otherwise.
 std::vector<std::string> gather_gpus(const TrainConfig& config, MPI_Comm comm) {
-  if (config.device != "cuda") return {};
+  if (config.device != Device::kCuda) return {};
 #ifdef DDPLAB_HAVE_CUDA
   return gather_strings(cuda::query_cuda().bus_id, comm);
 #else
@@ -222,11 +222,13 @@ void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, M
 
 // Ranks of one job must train the same thing: MPMD launches (`mpirun -np 2 ddplab train ... : -np 2 ddplab train
 // ...`) or a wrapper script can hand them different flags, which would pair unrelated buffers or hang later. Every
-// flag but the output path must agree; the message lists each differing field with a rank that differs.
+// knob but those that may differ by rank (kPerRank: the output path) must agree; the message lists each differing
+// field with a rank that differs.
 std::string config_disagreement(const TrainConfig& config, MPI_Comm comm) {
   nlohmann::json json = to_json(config);
-  json.erase("out");
-  json.erase("force");
+  visit_knobs(config, [&](const Knob& knob, const auto&) {
+    if (knob.key && (knob.traits & kPerRank)) json.erase(knob.key);
+  });
   std::vector<std::pair<std::string, std::string>> fields;
   for (const auto& [key, value] : json.items()) fields.emplace_back(key, value.dump());
   const std::string differing = disagreement(fields, comm);
@@ -252,16 +254,13 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
   } catch (const nlohmann::json::exception&) {
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
-  // clang-format off
-  static const char* const kArithmetic[] = {
-      "model", "head", "lengths", "min_len", "max_len", "outlier_prob", "batching", "max_tokens", "epoch_size",
-      "input_dim", "hidden", "layers", "classes", "optimizer", "lr", "beta1", "beta2", "eps",
-      "weight_decay", "momentum", "batch", "seed", "data_noise", "grad_accum", "comm", "comm_dtype", "bucket_mb",
-      "first_bucket_mb", "grad_slice_mb", "world_size", "device", "precision"};
-  // clang-format on
+  std::vector<const char*> arithmetic = {"world_size"};
+  visit_knobs(config, [&](const Knob& knob, const auto&) {
+    if (knob.key && (knob.traits & kMath)) arithmetic.push_back(knob.key);
+  });
   const nlohmann::json now = checkpoint_config(config, world_size);
   std::string differing;
-  for (const char* key : kArithmetic) {
+  for (const char* key : arithmetic) {
     const nlohmann::json then = saved.value(key, nlohmann::json());
     if (then != now[key])
       differing += std::string(differing.empty() ? "" : ", ") + key + " (checkpoint " + then.dump() + ", now " +
@@ -325,7 +324,7 @@ std::string first_failing_reason(const std::string& mine, MPI_Comm comm) {
 // --device cuda needs a usable GPU and NCCL on every rank: otherwise every rank refuses (exit 2) with the reason of
 // the lowest failing rank.
 void require_device(const TrainConfig& config, MPI_Comm comm) {
-  if (config.device != "cuda") return;
+  if (config.device != Device::kCuda) return;
 #ifdef DDPLAB_HAVE_CUDA
   const std::string mine = cuda::NcclAllreduce::availability();
 #else
@@ -337,12 +336,13 @@ void require_device(const TrainConfig& config, MPI_Comm comm) {
 
 namespace {
 
-// --attention as it runs, the same on every rank: auto takes cuDNN's only where its library loads on every rank;
-// an explicit cudnn where it does not is refused on every rank (exit 2) with the lowest failing rank's reason.
-std::string agreed_attention(const TrainConfig& config, MPI_Comm comm) {
-  const bool asks_cudnn = config.device == "cuda" && config.model != "mlp" &&
-                          (config.attention == "cudnn" || (config.attention == "auto" && config.precision == "bf16"));
-  if (!asks_cudnn) return resolved_attention(config, false);
+// Whether cuDNN's attention loads on every rank, where the run may take it: --attention auto takes it only then; an
+// explicit cudnn where it does not is refused on every rank (exit 2) with the lowest failing rank's reason.
+bool cudnn_on_every_rank(const TrainConfig& config, MPI_Comm comm) {
+  const bool asks_cudnn =
+      config.device == Device::kCuda && config.transformer() &&
+      (config.attention == AttentionKind::kCudnn || (!config.attention && config.precision == Precision::kBf16));
+  if (!asks_cudnn) return false;
 #ifdef DDPLAB_HAVE_CUDA
   std::string mine;
   cuda::cudnn_attention_available(&mine);
@@ -350,7 +350,7 @@ std::string agreed_attention(const TrainConfig& config, MPI_Comm comm) {
   const std::string mine = "this ddplab was built without CUDA";
 #endif
   const std::string reason = first_failing_reason(mine, comm);
-  if (reason.empty() || config.attention == "auto") return resolved_attention(config, reason.empty());
+  if (reason.empty() || !config.attention) return reason.empty();
   throw UsageError("--attention cudnn: " + reason);
 }
 
@@ -372,7 +372,7 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   meta.blas = blas_description();
   meta.blas_kernels = blas_kernels_of_ranks(world);
   meta.cuda = cuda_description();
-  meta.device = config.device;
+  meta.device = to_string(config.device);
   MPI_Comm_size(world, &meta.world_size);
   meta.hostnames = gather_hostnames(world);
   meta.gpus = gather_gpus(config, world);
@@ -380,7 +380,7 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   meta.comm_spin_us = PollPolicy::from_env().spin_us;
   // What backward beside an all-reduce costs its comm thread: measured here, with the ranks' compute threads
   // standing in for backward's (ddplab predict; docs/PREDICT.md).
-  if (config.device == "cpu" && meta.world_size > 1)
+  if (config.device == Device::kCpu && meta.world_size > 1)
     meta.comm_lost_yield_us =
         static_cast<int>(std::lround(1000 * measure_lost_yield_ms(world, std::max(1, config.blas_threads))));
   return meta;
@@ -394,8 +394,8 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
-              config.optimizer.kind.c_str(),
-              config.optimizer_in_backward == "on"       ? " (in backward)"
+              to_string(config.optimizer.kind),
+              config.update_in_backward()                ? " (in backward)"
               : config.zero_stage == 1 && world_size > 1 ? " (sharded across the ranks: ZeRO-1)"
               : config.zero_stage == 1                   ? " (ZeRO-1: one rank, nothing to shard)"
                                                          : "",
@@ -410,9 +410,9 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   if (config.grad_slice_mb > 0)
     std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s%s\n",
-              config.comm.c_str(), trainer.transport().c_str(), config.comm_dtype.c_str(),
+              to_string(config.comm), trainer.transport().c_str(), to_string(config.comm_dtype),
               // comm_options knows the CPU's collectives only (not nccl); the GPU refuses --link anyway
-              (config.device == "cpu" ? describe(comm_options(config).link) : std::string("none")).c_str(),
+              (config.device == Device::kCpu ? describe(comm_options(config).link) : std::string("none")).c_str(),
               trainer.buckets().size(), trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb,
               config.first_bucket_mb, config.overlap ? "on" : "off", slices);
   std::fflush(stdout);
@@ -535,49 +535,33 @@ TrainingStopped stopped_by_signal(int signal, int step) {
 
 }  // namespace
 
-SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions& options) {
+SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOptions& options) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  const ArmedWatchdog armed(config.timeout_s);
-  std::string error = config_disagreement(config, world);  // before anything a rank could decide on its own
+  const ArmedWatchdog armed(asked.timeout_s);
+  std::string error = config_disagreement(asked, world);  // before anything a rank could decide on its own
   if (!error.empty()) throw UsageError(error);
-  validate(config);
-  require(config.fault == "none" || config.fault_rank < size,
-          "--fault-rank " + std::to_string(config.fault_rank) + " is not a rank of this " + std::to_string(size) +
-              "-rank job");
-  require(config.slow_rank < size, "--slow-rank " + std::to_string(config.slow_rank) + " is not a rank of this " +
-                                        std::to_string(size) + "-rank job");
-  require(config.model == "mlp" || config.epoch_size >= size,
-          "more ranks (" + std::to_string(size) + ") than sequences per epoch (--epoch-size " +
-              std::to_string(config.epoch_size) + "): every rank needs at least one; raise --epoch-size");
-  require_device(config, world);
-  config.attention = agreed_attention(config, world);  // the run header, the run file and the model see the choice made
+  validate(asked);
+  validate_for_ranks(asked, size);
+  require_device(asked, world);
   // The nodes: computed here for the checks and the run file as the Communicator computes them (comm/topology.h).
   Topology topology;
   try {
-    topology = detect_topology(world, config.ranks_per_node);
+    topology = detect_topology(world, asked.ranks_per_node);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  require(config.comm != "hier" || topology.nodes() > 1,
+  require(asked.comm != AllreduceImpl::kHier || topology.nodes() > 1,
           "--comm hier needs more than one node, and all " + std::to_string(size) +
               " ranks are on one (emulate nodes with --ranks-per-node K)");
   const std::vector<int> node_sizes = topology.node_sizes();
-  require(config.comm != "hier" || std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) ==
+  require(asked.comm != AllreduceImpl::kHier || std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) ==
                                        static_cast<long>(node_sizes.size()),
           "--comm hier needs the same number of ranks on every node: " + topology.describe());
-  // --threads, --optimizer-in-backward and --grad-slice-mb auto: stored resolved. The update takes a core only where
-  // the BLAS threads leave one idle; --skip-nonfinite must see every gradient before anything is updated.
+  // Every "auto" resolved once, here: the run header, the run file and the model see the choices made.
   const RankCores rank_cores = cores_for_rank(world);
-  const int cores = rank_cores.cores;
-  if (config.blas_threads == 0) config.blas_threads = cores;
-  if (config.optimizer_in_backward == "auto")
-    config.optimizer_in_backward =
-        config.device == "cpu" && !config.skip_nonfinite && config.zero_stage == 0 && cores > config.blas_threads
-            ? "on"
-            : "off";
-  config.grad_slice_mb = resolved_grad_slice_mb(config);
+  TrainConfig config = resolved(asked, RunFacts{rank_cores.cores, cudnn_on_every_rank(asked, world)});
   openblas_set_num_threads(config.blas_threads);
 
   // The checkpoint a run resumed from may be saved over without --force (llm.c's and torchrun's habit).
@@ -611,7 +595,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   record.meta = run_metadata(config, options, first_step, world);
   record.meta.transport = trainer->transport();
   record.meta.node_of_rank = topology.node_of_rank;
-  if (config.device == "cpu") record.meta.links = comm_options(config).link;
+  if (config.device == Device::kCpu) record.meta.links = comm_options(config).link;
   record.config = to_json(config);
   for (const Bucket& b : trainer->buckets())
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
@@ -648,7 +632,7 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
   const StopSignals signals;
   MPI_Barrier(world);  // common start: step start times of all ranks share one origin
   const double t0 = now_ms();
-  // Progress, at most once a second: rank 0's steps since the last line, by the wall clock (checkpoint and snapshot
+  // Progress, at most once a second or every --log-every steps: rank 0's steps since the last line, by the wall clock (checkpoint and snapshot
   // writes included), its samples and tokens scaled to the ranks (exact for a fixed batch; an estimate where a
   // token budget varies them), and its own loss (the summary has everyone's).
   struct Interval {
@@ -684,7 +668,9 @@ SummarizedRun run_training(TrainConfig config, MPI_Comm world, const RunOptions&
       std::fflush(stdout);
     }
     ++interval.steps, interval.samples += last.samples, interval.tokens += last.useful_tokens;
-    if (rank == 0 && !config.quiet && more && now_ms() - interval.start_ms >= 1000) {
+    const bool log_due =
+        config.log_every > 0 ? (s + 1) % config.log_every == 0 : now_ms() - interval.start_ms >= 1000;
+    if (rank == 0 && !config.quiet && more && log_due) {
       const double now = now_ms();
       const double ms_per_step = (now - interval.start_ms) / interval.steps, seconds = (now - interval.start_ms) / 1e3;
       std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s", s + 1, config.steps, ms_per_step,

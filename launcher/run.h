@@ -23,7 +23,7 @@ struct RunOptions {
 // learns), trains, gathers every rank's records on rank 0, which writes the run file and prints the summary
 // unless config.quiet. Returns, on rank 0, the run's record (record.path: the run file) and its summary, the
 // ones the file holds; the other ranks' record has no steps. Throws std::runtime_error on failure, on every rank.
-SummarizedRun run_training(TrainConfig config, MPI_Comm comm, const RunOptions& options);
+SummarizedRun run_training(const TrainConfig& config, MPI_Comm comm, const RunOptions& options);
 
 // --device cuda: every rank of comm has a usable GPU (and the build has CUDA); otherwise every rank throws the same
 // UsageError naming the lowest failing rank's reason. Collective; nothing for --device cpu.

@@ -132,10 +132,10 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   }
   // The remedy for what the two cores lack at ws>1: each rank updates its share of the parameters (--zero-stage 1),
   // the same math as the baseline, bit for bit. Where it applies: the CPU ring on the fp32 wire, 2+ ranks.
-  if (world > 1 && clean.device == "cpu" && clean.comm == "ring" && clean.comm_dtype == "fp32") {
+  if (world > 1 && clean.device == Device::kCpu && clean.comm == AllreduceImpl::kRing && clean.comm_dtype == WireDtype::kFp32) {
     Case sharded{"zero_stage1", "update", world, clean};
     sharded.config.zero_stage = 1;
-    sharded.config.optimizer_in_backward = "off";
+    sharded.config.optimizer_in_backward = OnOff::kOff;
     cases.push_back(sharded);
   }
   return cases;
@@ -189,18 +189,18 @@ std::vector<Case> token_cases(const SuiteOptions& o, int world) {
   clean.rank0_work_ms = 0;
   clean.data_cost_ms = 0;
   clean.quiet = true;
-  if (clean.model == "mlp") clean.model = "tiny";
+  if (!clean.transformer()) clean.model = ModelKind::kTiny;
   if (!o.batch_given) clean.batch = 16;
   if (!o.max_tokens_given)  // ~ batch x mean length, and room for one longest sequence
     clean.max_tokens = std::max<int64_t>(static_cast<int64_t>(clean.batch) * 160, clean.max_len);
   std::vector<Case> cases;
   Case uniform{"uniform", "tokens", world, clean};
-  uniform.config.lengths = "fixed";
+  uniform.config.lengths = LengthDist::kFixed;
   uniform.config.max_len = 128;
-  uniform.config.batching = "sample";
+  uniform.config.batching = Batching::kSample;
   cases.push_back(uniform);
-  for (const char* batching : {"sample", "bucket", "token"}) {
-    Case c{std::string(batching == std::string("sample") ? "variable" : batching), "tokens", world, clean};
+  for (Batching batching : {Batching::kSample, Batching::kBucket, Batching::kToken}) {
+    Case c{batching == Batching::kSample ? "variable" : to_string(batching), "tokens", world, clean};
     c.config.batching = batching;
     cases.push_back(c);
   }
@@ -439,7 +439,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   // ws=4 case a quarter each, and the scaling cases would compare thread counts, not data parallelism.
   if (o.base.blas_threads == 0) o.base.blas_threads = 1;
   // Likewise the update stays after backward: in backward it would take ws=1's idle core, which no larger case has.
-  if (o.base.optimizer_in_backward == "auto") o.base.optimizer_in_backward = "off";
+  if (!o.base.optimizer_in_backward) o.base.optimizer_in_backward = OnOff::kOff;
   const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
   if (rank == 0) {
     std::printf("ddplab suite %s: %zu cases on %s, %s, %s per rank, results in %s/\n", o.name.c_str(), cases.size(),
@@ -855,7 +855,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   nlohmann::json summary = {
       {"sweep", "bucket_mb x overlap"},
-      {"model", o.base.model},
+      {"model", to_string(o.base.model)},
       {"world_size", size},
       {"link", o.base.link},
       {"steps", o.base.steps},

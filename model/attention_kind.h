@@ -1,8 +1,7 @@
 // Which attention the CUDA transformer runs (--attention). Plain C++ (no CUDA headers), so the command line can
 // check the option where CUDA is not built. What each does: docs/GPU.md, "Fused attention".
 #pragma once
-#include <stdexcept>
-#include <string>
+#include "runtime/choices.h"
 
 namespace ddplab {
 
@@ -12,22 +11,8 @@ enum class AttentionKind {
   kCudnn,    // kernels/cuda/cudnn_attention.h: cuDNN's fused attention, same contract; the library's upper bound
 };
 
-inline const char* attention_name(AttentionKind a) {
-  switch (a) {
-    case AttentionKind::kFused:
-      return "fused";
-    case AttentionKind::kCudnn:
-      return "cudnn";
-    case AttentionKind::kUnfused:
-      break;
-  }
-  return "unfused";
-}
-
-inline AttentionKind parse_attention(const std::string& name) {
-  for (AttentionKind a : {AttentionKind::kUnfused, AttentionKind::kFused, AttentionKind::kCudnn})
-    if (name == attention_name(a)) return a;
-  throw std::invalid_argument("unknown attention '" + name + "' (expected unfused, fused or cudnn)");
+constexpr std::array<Named<AttentionKind>, 3> choice_names(AttentionKind) {
+  return {{{AttentionKind::kUnfused, "unfused"}, {AttentionKind::kFused, "fused"}, {AttentionKind::kCudnn, "cudnn"}}};
 }
 
 // The head sizes (d_model / heads) the fused kernels have an instantiation for: the same list as

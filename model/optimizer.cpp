@@ -10,12 +10,9 @@ namespace ddplab {
 
 template <typename T>
 Optimizer<T>::Optimizer(const OptimizerConfig& config, int64_t flat_size) : config_(config), n_(flat_size) {
-  if (config.kind != "adamw" && config.kind != "sgd") {
-    throw std::invalid_argument("unknown optimizer '" + config.kind + "' (expected adamw or sgd)");
-  }
   if (flat_size < 0) throw std::invalid_argument("Optimizer: negative parameter count");
   // Zero state: AdamW's first step and SGD's first momentum step (buf = g) then match PyTorch.
-  if (config.kind == "adamw") {
+  if (config.kind == OptimizerKind::kAdamW) {
     m_.assign(n_, T(0));
     v_.assign(n_, T(0));
   } else if (config.momentum != 0.0f) {
@@ -30,7 +27,7 @@ void Optimizer<T>::update(T* params, const T* grads, int64_t offset, int64_t cou
   T* p = params + offset;
   const T* g = grads + offset;
   T* m = m_.empty() ? nullptr : m_.data() + offset;
-  if (config_.kind == "adamw") {
+  if (config_.kind == OptimizerKind::kAdamW) {
     cpu::adamw_update(p, g, m, v_.data() + offset, count, config_.lr, config_.beta1, config_.beta2, config_.eps,
                       config_.weight_decay, t_);
   } else {

@@ -4,10 +4,17 @@
 #include <string>
 #include <vector>
 
+#include "runtime/choices.h"
+
 namespace ddplab {
 
+enum class OptimizerKind { kAdamW, kSgd };
+constexpr std::array<Named<OptimizerKind>, 2> choice_names(OptimizerKind) {
+  return {{{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kSgd, "sgd"}}};
+}
+
 struct OptimizerConfig {
-  std::string kind = "adamw";  // "adamw" or "sgd"
+  OptimizerKind kind = OptimizerKind::kAdamW;
   float lr = 1e-3f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.01f;  // PyTorch's AdamW default; decoupled for AdamW, L2 for SGD

@@ -1,7 +1,6 @@
 // The numeric precision of a GPU training step (--precision). What is fp32 and what is bf16 in each: docs/GPU.md.
 #pragma once
-#include <stdexcept>
-#include <string>
+#include "runtime/choices.h"
 
 namespace ddplab {
 
@@ -12,22 +11,8 @@ enum class Precision {
           // parameters, gradients and optimizer state stay fp32
 };
 
-inline const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kTf32:
-      return "tf32";
-    case Precision::kBf16:
-      return "bf16";
-  }
-  return "?";
-}
-
-inline Precision parse_precision(const std::string& name) {
-  for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16})
-    if (name == precision_name(p)) return p;
-  throw std::invalid_argument("unknown precision '" + name + "' (expected fp32, tf32 or bf16)");
+constexpr std::array<Named<Precision>, 3> choice_names(Precision) {
+  return {{{Precision::kFp32, "fp32"}, {Precision::kTf32, "tf32"}, {Precision::kBf16, "bf16"}}};
 }
 
 }  // namespace ddplab

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "model/parameters.h"
+#include "runtime/choices.h"
 
 namespace ddplab {
 
@@ -45,6 +46,9 @@ struct TransformerConfig {
   // Throws std::invalid_argument for any other name.
   static TransformerConfig preset(const std::string& name);
 };
+constexpr std::array<Named<TransformerConfig::Head>, 2> choice_names(TransformerConfig::Head) {
+  return {{{TransformerConfig::Head::kClassify, "classify"}, {TransformerConfig::Head::kCausalLM, "lm"}}};
+}
 
 // A block's parameters in registration order: block l's parameter k has registration index
 // (index of h.0.ln1.weight) + kParams * l + k.

@@ -60,8 +60,8 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
                                 std::to_string(config_.max_len));
   const bool fused = attention == AttentionKind::kFused, with_cudnn = attention == AttentionKind::kCudnn;
   if ((fused || with_cudnn) && precision != Precision::kBf16)
-    throw std::invalid_argument(std::string("TransformerCuda: the ") + attention_name(attention) +
-                                " attention is bf16 only (got precision " + precision_name(precision) + ")");
+    throw std::invalid_argument(std::string("TransformerCuda: the ") + to_string(attention) +
+                                " attention is bf16 only (got precision " + to_string(precision) + ")");
   if (with_cudnn && !cuda::cudnn_attention_supports_head_size(config_.d_model / config_.heads))
     throw std::invalid_argument("TransformerCuda: cuDNN's attention takes heads of a multiple of 8 up to 128 "
                                 "dimensions, not " + std::to_string(config_.d_model / config_.heads));

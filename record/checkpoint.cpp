@@ -29,7 +29,7 @@ constexpr hsize_t kChunkElements = hsize_t{1} << 20;
 // The optimizer's state tensors, each a group under /optimizer: the first names first_moment(), the second
 // second_moment().
 std::vector<std::string> state_groups(const OptimizerConfig& config) {
-  if (config.kind == "adamw") return {"exp_avg", "exp_avg_sq"};
+  if (config.kind == OptimizerKind::kAdamW) return {"exp_avg", "exp_avg_sq"};
   if (config.momentum != 0.0f) return {"momentum"};
   return {};
 }
@@ -75,7 +75,7 @@ void write_contents(hid_t file, const std::vector<Parameter<float>>& params, con
   write_string_attr(file, "format", kFormat);
   write_int_attr(file, "format_version", kCheckpointFormatVersion);
   write_int_attr(file, "step", info.step);
-  write_string_attr(file, "optimizer", opt.config().kind);
+  write_string_attr(file, "optimizer", to_string(opt.config().kind));
   write_int_attr(file, "optimizer_steps", opt.steps_taken());
   write_string_attr(file, "config", info.config_json);
   write_string_attr(file, "git_commit", DDPLAB_GIT_COMMIT);
@@ -172,8 +172,8 @@ CheckpointInfo read_contents(hid_t file, const std::vector<Parameter<float>>& pa
     throw FileProblem("format version " + std::to_string(version) + ", this ddplab reads version " +
                       std::to_string(kCheckpointFormatVersion));
   const std::string kind = read_string_attr(file, "optimizer");
-  if (kind != opt.config().kind)
-    throw FileProblem("optimizer " + kind + " in the checkpoint, this run uses " + opt.config().kind);
+  if (kind != to_string(opt.config().kind))
+    throw FileProblem("optimizer " + kind + " in the checkpoint, this run uses " + to_string(opt.config().kind));
   CheckpointInfo info;
   info.step = read_int_attr(file, "step", 0, INT64_MAX);
   const int optimizer_steps = static_cast<int>(read_int_attr(file, "optimizer_steps", 0, INT_MAX));

@@ -28,7 +28,7 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
   reducer_ = std::make_unique<Reducer>(
       *comm_, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap, config.zero_stage == 1}, numel,
       offset, workload_->flat_grads());
-  if (config.optimizer_in_backward == "on") {
+  if (config.update_in_backward()) {
     update_gates_ = std::make_unique<std::atomic<int>[]>(workload_->grad_pieces().size());
     optimizer_thread_ = std::make_unique<WorkerThread>("optimizer thread");
     reducer_->set_on_reduced([this](int first_piece, int last_piece, bool finite) {

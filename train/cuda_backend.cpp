@@ -26,9 +26,9 @@ namespace {
 // --comm nccl: NCCL's collective; --comm ring: our ring over --ring-link.
 // --comm-dtype bf16 | fp16: gradients cross the wire in 16 bits, memory and the optimizer stay fp32.
 std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
-  const std::optional<wire::Format> wire = wire_format(parse_wire_dtype(config.comm_dtype));
-  if (config.comm == "nccl") return std::make_unique<cuda::NcclAllreduce>(comm, wire);
-  cuda::CudaRingConfig ring{cuda::parse_ring_link(config.ring_link)};
+  const std::optional<wire::Format> wire = wire_format(config.comm_dtype);
+  if (config.comm == AllreduceImpl::kNccl) return std::make_unique<cuda::NcclAllreduce>(comm, wire);
+  cuda::CudaRingConfig ring{config.ring_link};
   ring.wire = wire;
   return std::make_unique<cuda::RingAllreduceCuda>(comm, ring);
 }
@@ -38,7 +38,7 @@ std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& 
 CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
     : config_(config),
       profile_steps_(parse_profile_steps(config.profile_steps)),
-      bucketed_update_(config.optimizer_in_backward == "on") {
+      bucketed_update_(config.update_in_backward()) {
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   mpiCheck(MPI_Comm_size(comm, &world_));
@@ -101,7 +101,8 @@ CudaBackend::~CudaBackend() {
 
 std::string CudaBackend::describe() const {
   return workload_->describe() + " on GPU " + std::to_string(engine_->device()) + " (" + cuda::query_cuda().name +
-         "), " + config_.precision + (config_.model == "mlp" ? "" : ", attention " + config_.attention) +
+         "), " + to_string(config_.precision) +
+         (config_.transformer() ? std::string(", attention ") + (config_.attention ? to_string(*config_.attention) : "auto") : std::string()) +
          ", all-reduce " + engine_->name();
 }
 

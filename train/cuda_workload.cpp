@@ -70,7 +70,7 @@ class CudaModelWorkload : public CudaWorkload {
 class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
  public:
   MlpCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
-      : CudaModelWorkload(c.mlp, c.seed, parse_precision(c.precision), c.batch, compute),
+      : CudaModelWorkload(c.mlp, c.seed, c.precision, c.batch, compute),
         batch_(c.batch),
         data_(SyntheticConfig{c.mlp.input_dim, c.mlp.num_classes, c.seed, c.data_noise}),
         shard_{rank, world, c.batch * c.grad_accum},
@@ -115,9 +115,9 @@ class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
 class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> {
  public:
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
-      : CudaModelWorkload(TokenBatches::model_config(c), c.seed, parse_precision(c.precision),
+      : CudaModelWorkload(TokenBatches::model_config(c), c.seed, c.precision,
                           TokenBatches::max_tokens(c), TokenBatches::max_seq(c), compute,
-                          parse_attention(resolved_attention(c, cuda::cudnn_attention_available()))),
+                          resolved_attention(c, cuda::cudnn_attention_available())),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),
         slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {
@@ -175,7 +175,7 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
 
 std::unique_ptr<CudaWorkload> make_cuda_workload(const TrainConfig& config, int rank, int world_size,
                                                  cudaStream_t compute) {
-  if (config.model == "mlp") return std::make_unique<MlpCudaWorkload>(config, rank, world_size, compute);
+  if (!config.transformer()) return std::make_unique<MlpCudaWorkload>(config, rank, world_size, compute);
   return std::make_unique<TransformerCudaWorkload>(config, rank, world_size, compute);
 }
 

@@ -52,19 +52,19 @@ void add_comm_times(StepRecord& r, const std::vector<BucketTimes>& buckets, doub
 }
 
 void inject_fault_before(const TrainConfig& config, int rank, int step) {
-  if (config.fault == "none" || step != config.fault_step || rank != config.fault_rank) return;
-  std::fprintf(stderr, "ddplab: rank %d injects fault '%s' at step %d\n", rank, config.fault.c_str(), step);
+  if (config.fault == Fault::kNone || step != config.fault_step || rank != config.fault_rank) return;
+  std::fprintf(stderr, "ddplab: rank %d injects fault '%s' at step %d\n", rank, to_string(config.fault), step);
   std::fflush(stderr);
-  if (config.fault == "hang") for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  if (config.fault == "kill") std::raise(SIGKILL);
-  if (config.fault == "throw") throw std::runtime_error("injected fault (--fault throw) at step " + std::to_string(step));
+  if (config.fault == Fault::kHang) for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  if (config.fault == Fault::kKill) std::raise(SIGKILL);
+  if (config.fault == Fault::kThrow) throw std::runtime_error("injected fault (--fault throw) at step " + std::to_string(step));
 }
 
 bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step) {
   if (what.empty()) return false;
   if (!config.skip_nonfinite)
     throw TrainingStopped("non-finite " + what + " at step " + std::to_string(step) + "; stopped " +
-                          (config.optimizer_in_backward == "on"
+                          (config.update_in_backward()
                                ? "with the finite gradients already applied in backward (--optimizer-in-backward)"
                                : "before the update (--skip-nonfinite skips such steps instead)"));
   return true;

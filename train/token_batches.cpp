@@ -11,9 +11,9 @@ TokenDataConfig data_config(const TrainConfig& c, const TransformerConfig& model
   TokenDataConfig d;
   d.vocab = model.vocab;
   d.num_classes = model.num_classes;
-  d.min_len = c.lengths == "fixed" ? c.max_len : c.min_len;
+  d.min_len = c.lengths == LengthDist::kFixed ? c.max_len : c.min_len;
   d.max_len = c.max_len;
-  d.dist = parse_length_dist(c.lengths);
+  d.dist = c.lengths;
   d.outlier_prob = c.outlier_prob;
   d.epoch_size = c.epoch_size;
   d.seed = c.seed;
@@ -27,14 +27,12 @@ TokenBatches::TokenBatches(const TrainConfig& config, const TransformerConfig& m
       model_(model),
       rank_(rank),
       world_(world),
-      batching_(parse_batching(config.batching)),
+      batching_(config.batching),
       data_(data_config(config, model)) {}
 
 TransformerConfig TokenBatches::model_config(const TrainConfig& c) {
-  TransformerConfig m = TransformerConfig::preset(c.model);
-  if (c.head != "classify" && c.head != "lm")
-    throw std::invalid_argument("unknown --head '" + c.head + "' (expected classify or lm)");
-  m.head = c.head == "lm" ? TransformerConfig::Head::kCausalLM : TransformerConfig::Head::kClassify;
+  TransformerConfig m = TransformerConfig::preset(to_string(c.model));
+  m.head = c.head;
   m.max_len = std::max(m.max_len, c.max_len);
   return m;
 }
@@ -44,15 +42,15 @@ std::string TokenBatches::describe(int64_t num_parameters) const {
   std::snprintf(text, sizeof text,
                 "transformer %s (%s head, %d layers, d_model %d, %d heads, %.2fM params), lengths %s [%d, %d], "
                 "batching %s",
-                config_.model.c_str(), config_.head.c_str(), model_.layers, model_.d_model, model_.heads,
-                num_parameters / 1e6, config_.lengths.c_str(), config_.min_len, config_.max_len,
-                config_.batching.c_str());
+                to_string(config_.model), to_string(config_.head), model_.layers, model_.d_model, model_.heads,
+                num_parameters / 1e6, to_string(config_.lengths), config_.min_len, config_.max_len,
+                to_string(config_.batching));
   return text;
 }
 
 int64_t TokenBatches::max_tokens(const TrainConfig& config) {
   const int64_t max_len = config.max_len;
-  switch (parse_batching(config.batching)) {
+  switch (config.batching) {
     case Batching::kSample:
     case Batching::kBucket:
       return config.batch * max_len;

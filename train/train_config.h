@@ -1,93 +1,309 @@
-// Everything that defines a training run. Every field is a flag of `ddplab train` (launcher/cli.cpp) and is
-// stored, as JSON, in the run file's metadata.
+// Everything that defines a training run, one declaration per knob (flag, run-file key, meaning, check, "auto"):
+// the flags of `ddplab train` (launcher/cli.cpp), the run file's config, the ranks' agreement and the analyses'
+// reading of a stored config all come from visit_knobs.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "comm/communicator.h"
+#include "data/tokens.h"
 #include "model/attention_kind.h"
 #include "model/mlp.h"
 #include "model/optimizer.h"
+#include "model/precision.h"
 #include "model/transformer.h"
+#include "runtime/choices.h"
 
 namespace ddplab {
 
-// --grad-slice-mb auto, until resolved_grad_slice_mb() resolves it.
+// --grad-slice-mb auto, until resolved() resolves it.
 inline constexpr double kAutoGradSliceMb = -1;
 
+enum class Device { kCpu, kCuda };
+constexpr std::array<Named<Device>, 2> choice_names(Device) { return {{{Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}}}; }
+
+// --model: the MLP, or a transformer preset (TransformerConfig::preset).
+enum class ModelKind { kMlp, kTiny, kSmall, kGpt2Small };
+constexpr std::array<Named<ModelKind>, 4> choice_names(ModelKind) {
+  return {{{ModelKind::kMlp, "mlp"}, {ModelKind::kTiny, "tiny"}, {ModelKind::kSmall, "small"},
+           {ModelKind::kGpt2Small, "gpt2-small"}}};
+}
+
+enum class OnOff { kOff, kOn };
+constexpr std::array<Named<OnOff>, 2> choice_names(OnOff) { return {{{OnOff::kOff, "off"}, {OnOff::kOn, "on"}}}; }
+
+// --fault: what rank fault_rank does at step fault_step (train/step_rules.cpp).
+enum class Fault { kNone, kHang, kKill, kThrow, kNan, kDiverge };
+constexpr std::array<Named<Fault>, 6> choice_names(Fault) {
+  return {{{Fault::kNone, "none"}, {Fault::kHang, "hang"}, {Fault::kKill, "kill"}, {Fault::kThrow, "throw"},
+           {Fault::kNan, "nan"}, {Fault::kDiverge, "diverge"}}};
+}
+
+// A choice that also takes "auto": empty until the run resolves it (resolved()), and stored resolved.
+template <typename E>
+using AutoChoice = std::optional<E>;
+
+// Everything that defines a training run. Each field's flag, JSON key, meaning and check are declared once, in
+// visit_knobs below; its default is its initializer here.
 struct TrainConfig {
-  std::string device = "cpu";       // cpu | cuda: one GPU per rank, NCCL all-reduce (docs/GPU.md)
-  std::string precision = "fp32";   // --device cuda: fp32 | tf32 | bf16 (model/precision.h)
-  std::string attention = "auto";   // --device cuda, transformer: auto | unfused | fused | cudnn (model/attention_kind.h)
-  std::string profile_steps;        // --device cuda: "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
-  std::string model = "mlp";        // mlp | tiny | small | gpt2-small (transformer presets)
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;
+  AutoChoice<AttentionKind> attention;
+  std::string profile_steps;  // "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
+  ModelKind model = ModelKind::kMlp;
   MlpConfig mlp;
-  // Transformer workloads: the head and the token data.
-  std::string head = "classify";    // classify | lm
-  std::string lengths = "loguniform";  // sequence lengths: fixed | uniform | loguniform
+  TransformerConfig::Head head = TransformerConfig::Head::kClassify;
+  LengthDist lengths = LengthDist::kLogUniform;
   int min_len = 64, max_len = 256;
-  double outlier_prob = 0.08;       // share of sequences of length max_len
-  std::string batching = "sample";  // sample | bucket | token
-  int64_t max_tokens = 8192;        // token batching: padded tokens per rank per step
-  int64_t epoch_size = 65536;       // sequences per epoch
+  double outlier_prob = 0.08;
+  Batching batching = Batching::kSample;
+  int64_t max_tokens = 8192;
+  int64_t epoch_size = 65536;
   OptimizerConfig optimizer;
-  int batch = 128;          // samples per rank per micro-batch (global batch = batch * grad_accum * world size)
+  int batch = 128;
   int steps = 50;
-  int warmup_steps = 5;     // left out of the summary's steady-state means
-  uint64_t seed = 1234;     // model init and data
-  float data_noise = 1.0f;  // synthetic data: noise amplitude around the class prototypes
-  std::string comm = "ring";        // all-reduce implementation: ring | mpi | hier; nccl with --device cuda
-  std::string ring_link = "auto";   // --device cuda --comm ring: auto | nccl | ipc | host (comm/ring_cuda.h)
-  std::string comm_dtype = "fp32";  // on the wire: fp32 | bf16 | fp16
-  double bucket_mb = 25.0;          // gradient bucket cap (MiB); 0 = one bucket per parameter
-  double first_bucket_mb = 1.0;     // cap of the bucket that closes backward
-  bool overlap = true;              // all-reduce buckets while backward runs
-  // Weight gradients computed and announced in row blocks of this size (MiB); 0 = whole weights; auto (stored
-  // resolved): see resolved_grad_slice_mb.
+  int warmup_steps = 5;
+  uint64_t seed = 1234;
+  float data_noise = 1.0f;
+  AllreduceImpl comm = AllreduceImpl::kRing;
+  RingLinkKind ring_link = RingLinkKind::kAuto;
+  WireDtype comm_dtype = WireDtype::kFp32;
+  double bucket_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool overlap = true;
   double grad_slice_mb = kAutoGradSliceMb;
-  int grad_accum = 1;               // micro-batches per step; communication on the last only
-  std::string link = "none";        // emulated interconnect: a preset for every hop, or "intra=P,inter=P"
-  int ranks_per_node = 0;           // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
-  double link_latency_us = -1;      // overrides of the preset (negative: keep the preset's)
+  int grad_accum = 1;
+  std::string link = "none";
+  int ranks_per_node = 0;
+  double link_latency_us = -1;  // negative: the preset's
   double link_gbps = -1;
-  int blas_threads = 0;  // OpenBLAS threads per rank; 0: auto (launcher/run.h, cores_for_rank)
-  // The optimizer's update piece by piece on a thread of its own, while backward runs (train/cpu_backend.h):
-  // on | off | auto (on when this rank has a core its BLAS threads leave idle; stored resolved).
-  std::string optimizer_in_backward = "auto";
-  // ZeRO stage (llm.c's -z, DeepSpeed's stage): 0 = every rank updates every parameter; 1 = the update is sharded:
-  // gradients reduce-scattered, each rank updates the elements it owns, parameters all-gathered (CPU, --comm ring).
+  int blas_threads = 0;  // 0: auto (launcher/run.h, cores_for_rank)
+  AutoChoice<OnOff> optimizer_in_backward;
   int zero_stage = 0;
-  // Input pipeline.
-  double data_cost_ms = 0;  // host cost per sample (a sleep, like I/O latency)
-  int loader_threads = 0;   // 0: batches are produced in the training thread when needed
-  int prefetch = 2;         // batches produced ahead of use (with loader threads)
-  // Pathologies (the DDP lab): they change timing, never the math.
-  int slow_rank = 0;            // the straggler
-  double straggler_ms = 0;      // it sleeps this long before each batch fetch
-  int busy_threads = 0;         // it shares its compute thread's core with this many busy threads: a noisy neighbour
-  double extra_allreduce_mb = 0;  // an extra all-reduce of this size every step (e.g. metrics done badly)
-  double rank0_work_ms = 0;     // rank 0 works this long, then all ranks barrier, ...
-  int barrier_every = 1;        // ... every this many steps
-  // Reliability (docs/RELIABILITY.md).
-  double timeout_s = 300;       // watchdog: abort the job after this long without progress in any wait; 0 = off
-  int flush_every = 200;        // rank 0 snapshots the run so far into <out>.partial every this many steps; 0 = off
-  int check_sync = 0;           // compare parameter checksums across ranks every this many steps; 0 = off
-  bool skip_nonfinite = false;  // a non-finite loss or gradient skips the step instead of stopping the run
-  std::string checkpoint;       // save parameters + optimizer state here at the end (and every checkpoint_every)
-  int checkpoint_every = 0;     // steps; 0 = only at the end
-  std::string resume;           // start from this checkpoint, at its step
-  // Fault injection, to test the above: at step fault_step, rank fault_rank ...
-  std::string fault = "none";   // none | hang (sleeps forever) | kill (SIGKILL) | throw | nan (a gradient) | diverge
+  double data_cost_ms = 0;
+  int loader_threads = 0;
+  int prefetch = 2;
+  int slow_rank = 0;
+  double straggler_ms = 0;
+  int busy_threads = 0;
+  double extra_allreduce_mb = 0;
+  double rank0_work_ms = 0;
+  int barrier_every = 1;
+  double timeout_s = 300;
+  int flush_every = 200;
+  int check_sync = 0;
+  bool skip_nonfinite = false;
+  std::string checkpoint;
+  int checkpoint_every = 0;
+  std::string resume;
+  Fault fault = Fault::kNone;
   int fault_rank = 0, fault_step = 0;
-  std::string out;          // run file; empty = runs/train_np<N>_<time>.h5
-  bool force = false;       // overwrite an existing run file
+  std::string out;
+  bool force = false;
   bool quiet = false;
+  int log_every = 0;  // 0: at most once a second
+
+  bool transformer() const { return model != ModelKind::kMlp; }
+  bool update_in_backward() const { return optimizer_in_backward == OnOff::kOn; }
 };
+
+// Which commands offer a knob's flag, and what the knob is beside its value.
+enum KnobTraits : unsigned {
+  kNotInSuite = 1u << 0,  // `suite` runs cases of its own on 1..N ranks
+  kNotInSweep = 1u << 1,  // `sweep` takes it as a list of its own
+  kOneRun = kNotInSuite | kNotInSweep,  // about one run's files or its injected fault
+  kMath = 1u << 2,     // changes what a step computes: a resumed run must repeat it
+  kPerRank = 1u << 3,  // may differ between ranks (the output path, overwriting)
+  kOnOff = 1u << 4,    // a bool given as on | off (other bools are flags)
+  kPositive = 1u << 5,  // a number that must be above `min`, not just at least it
+  kBelowMax = 1u << 6,  // ... below `max`, not just at most it
+};
+
+// One knob of `ddplab train`: its flag (nullptr: none), its key in the run file's config (nullptr: not stored), what
+// it means (the flag's help), its check (numbers in [min, max]; choices: their names), and whether it takes "auto"
+// and as what value a number stores it until resolved.
+struct Knob {
+  const char* flag;
+  const char* key;
+  const char* help;
+  double min = -std::numeric_limits<double>::infinity(), max = std::numeric_limits<double>::infinity();
+  unsigned traits = 0;
+  const char* auto_text = nullptr;  // numbers: what "auto" means, for the help; the value is auto_value
+  double auto_value = 0;
+};
+
+inline constexpr double kNoMin = -std::numeric_limits<double>::infinity();
+inline constexpr double kNoMax = std::numeric_limits<double>::infinity();
+
+// Calls visit(knob, field) for every knob of c, in the order `ddplab train --help` lists them. Config is TrainConfig
+// or const TrainConfig.
+template <typename Config, typename Visit>
+void visit_knobs(Config& c, Visit&& visit) {
+  visit(Knob{"--batch", "batch", "samples per rank per micro-batch (global batch = batch x grad-accum x ranks)", 1,
+             kNoMax, kMath},
+        c.batch);
+  visit(Knob{"--steps", "steps", "training steps", 1}, c.steps);
+  visit(Knob{"--warmup-steps", "warmup_steps", "first steps left out of the summary (fewer than --steps)", 0},
+        c.warmup_steps);
+  visit(Knob{"--seed", "seed", "seed of model init and synthetic data", kNoMin, kNoMax, kMath}, c.seed);
+  visit(Knob{"--device", "device", "cpu | cuda (the GPU: --comm nccl, one GPU per rank, or --comm ring)", kNoMin, kNoMax,
+             kMath},
+        c.device);
+  visit(Knob{"--precision", "precision", "--device cuda: fp32 | tf32 | bf16 (GEMM math; master weights fp32)", kNoMin,
+             kNoMax, kMath},
+        c.precision);
+  visit(Knob{"--attention", "attention",
+             "--device cuda, transformer: unfused (fp32 kernels, S x S probabilities kept) | fused (our flash "
+             "attention in bf16: --precision bf16, heads of 32, 64 or 128) | cudnn (cuDNN's fused attention, "
+             "bf16) | auto (the fastest that can run: cudnn, else fused, else unfused)"},
+        c.attention);
+  visit(Knob{"--profile-steps", "profile_steps",
+             "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)"},
+        c.profile_steps);
+  visit(Knob{"--model", "model", "mlp, or a transformer preset: tiny | small | gpt2-small", kNoMin, kNoMax, kMath},
+        c.model);
+  visit(Knob{"--head", "head", "transformer head: classify (mean-pooled) | lm (next token)", kNoMin, kNoMax, kMath},
+        c.head);
+  visit(Knob{"--lengths", "lengths", "transformer data: sequence lengths fixed | uniform | loguniform", kNoMin, kNoMax,
+             kMath},
+        c.lengths);
+  visit(Knob{"--min-len", "min_len", "transformer data: shortest sequence", kNoMin, kNoMax, kMath}, c.min_len);
+  visit(Knob{"--max-len", "max_len", "transformer data: longest sequence (fixed: every sequence)", kNoMin, kNoMax,
+             kMath},
+        c.max_len);
+  visit(Knob{"--outlier-prob", "outlier_prob", "transformer data: share of sequences of length --max-len", 0, 1, kMath},
+        c.outlier_prob);
+  visit(Knob{"--batching", "batching",
+             "transformer data: sample (fixed count) | bucket (by length) | token (--max-tokens budget) | "
+             "pack (--head lm: sequences back to back in --max-tokens / --max-len rows)",
+             kNoMin, kNoMax, kMath},
+        c.batching);
+  visit(Knob{"--max-tokens", "max_tokens", "token and pack batching: padded tokens per rank per step", kNoMin, kNoMax,
+             kMath},
+        c.max_tokens);
+  visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch", kNoMin, kNoMax, kMath},
+        c.epoch_size);
+  visit(Knob{"--input-dim", "input_dim", "MLP input features", 1, kNoMax, kMath}, c.mlp.input_dim);
+  visit(Knob{"--hidden", "hidden", "MLP hidden width", 1, kNoMax, kMath}, c.mlp.hidden_dim);
+  visit(Knob{"--layers", "layers", "MLP hidden Linear+GELU blocks", 1, kNoMax, kMath}, c.mlp.num_hidden_layers);
+  visit(Knob{"--classes", "classes", "output classes", 2, kNoMax, kMath}, c.mlp.num_classes);
+  visit(Knob{"--optimizer", "optimizer", "adamw | sgd", kNoMin, kNoMax, kMath}, c.optimizer.kind);
+  visit(Knob{"--lr", "lr", "learning rate", 0, kNoMax, kMath | kPositive}, c.optimizer.lr);
+  visit(Knob{nullptr, "beta1", nullptr, kNoMin, kNoMax, kMath}, c.optimizer.beta1);
+  visit(Knob{nullptr, "beta2", nullptr, kNoMin, kNoMax, kMath}, c.optimizer.beta2);
+  visit(Knob{nullptr, "eps", nullptr, kNoMin, kNoMax, kMath}, c.optimizer.eps);
+  visit(Knob{"--weight-decay", "weight_decay", "weight decay (decoupled for AdamW)", 0, kNoMax, kMath},
+        c.optimizer.weight_decay);
+  visit(Knob{"--momentum", "momentum", "SGD momentum", 0, 1, kMath | kBelowMax}, c.optimizer.momentum);
+  visit(Knob{"--data-noise", "data_noise", "synthetic data noise around the class prototypes", 0, kNoMax, kMath},
+        c.data_noise);
+  visit(Knob{"--comm", "comm",
+             "gradient all-reduce: ring (ours; with every rank on one host, the direct all-reduce, the same "
+             "bits: DDPLAB_DIRECT_ALLREDUCE=0 keeps the ring) | mpi (MPI_Allreduce) | hier (ring within each "
+             "node, then across nodes; needs 2+ nodes) | nccl (--device cuda)",
+             kNoMin, kNoMax, kMath},
+        c.comm);
+  visit(Knob{"--comm-dtype", "comm_dtype", "gradients on the wire: fp32 | bf16 | fp16", kNoMin, kNoMax, kMath},
+        c.comm_dtype);
+  visit(Knob{"--ring-link", "ring_link",
+             "--device cuda --comm ring: auto | nccl | ipc (CUDA IPC; ranks may share a GPU) | host (staged)"},
+        c.ring_link);
+  visit(Knob{"--bucket-mb", "bucket_mb", "gradient bucket cap in MiB (0: one bucket per parameter)", 0, kNoMax,
+             kMath | kNotInSweep},
+        c.bucket_mb);
+  visit(Knob{"--overlap", "overlap", "all-reduce buckets while backward runs: on | off", kNoMin, kNoMax,
+             kOnOff | kNotInSweep},
+        c.overlap);
+  visit(Knob{"--first-bucket-mb", "first_bucket_mb", "cap of the bucket that closes backward, MiB", 0, kNoMax, kMath},
+        c.first_bucket_mb);
+  visit(Knob{"--grad-slice-mb", "grad_slice_mb",
+             "compute and announce weight gradients in row blocks of this size, MiB: N (0: whole weights) or "
+             "auto (1 with the update in backward, else 0)",
+             0, kNoMax, kMath, "MiB|auto", kAutoGradSliceMb},
+        c.grad_slice_mb);
+  visit(Knob{"--grad-accum", "grad_accum", "micro-batches per step, gradients communicated on the last", 1, kNoMax,
+             kMath},
+        c.grad_accum);
+  visit(Knob{"--link", "link",
+             "emulated interconnect, every hop: none | 1gbe | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4; or "
+             "per class of hop: intra=P,inter=P (within a node, per pair; across nodes, through the node's NIC, "
+             "shared by its ranks)"},
+        c.link);
+  visit(Knob{"--link-latency-us", "link_latency_us", "override the link's latency (us; a single --link preset)"},
+        c.link_latency_us);
+  visit(Knob{"--link-gbps", "link_gbps", "override the link's bandwidth (Gbit/s, positive; a single preset)"},
+        c.link_gbps);
+  visit(Knob{"--ranks-per-node", "ranks_per_node",
+             "emulate nodes of K consecutive ranks (K divides the ranks; 0: the hosts are the nodes); ranks "
+             "on different nodes talk MPI and take --link inter=",
+             0, kNoMax, kNotInSuite},
+        c.ranks_per_node);
+  visit(Knob{"--threads", "threads",
+             "OpenBLAS threads per rank: N, or auto (the cores this rank may use: its --bind-to binding, else "
+             "the host's cores / ranks on the host; Open MPI's default one-core binding is lifted)",
+             0, kNoMax, 0, "N|auto", 0},
+        c.blas_threads);
+  visit(Knob{"--optimizer-in-backward", "optimizer_in_backward",
+             "update each bucket's parameters on a thread of their own as soon as backward is done with them: "
+             "on | off | auto (on when the BLAS threads leave this rank a core idle; with --device cuda, on "
+             "updates bucket by bucket after backward, each behind its all-reduce, and auto is off)"},
+        c.optimizer_in_backward);
+  visit(Knob{"--zero-stage", "zero_stage",
+             "ZeRO stage: 0 (every rank updates every parameter) or 1 (the update sharded: gradients "
+             "reduce-scattered, each rank updates its share, parameters all-gathered; CPU, --comm ring)"},
+        c.zero_stage);
+  visit(Knob{"--data-cost-ms", "data_cost_ms", "input pipeline: host cost per sample, ms (a sleep)", 0}, c.data_cost_ms);
+  visit(Knob{"--loader-threads", "loader_threads", "input pipeline: worker threads (0: in the training loop)", 0},
+        c.loader_threads);
+  visit(Knob{"--prefetch", "prefetch", "input pipeline: batches prepared ahead (with loader threads)", 1}, c.prefetch);
+  visit(Knob{"--slow-rank", "slow_rank", "lab: the straggling rank", 0}, c.slow_rank);
+  visit(Knob{"--straggler-ms", "straggler_ms", "lab: the slow rank sleeps this long before each batch fetch", 0},
+        c.straggler_ms);
+  visit(Knob{"--busy-threads", "busy_threads",
+             "lab: a noisy neighbour: from the first step the slow rank's compute thread and this many busy "
+             "threads share the core it is on",
+             0, 64, kNotInSuite},
+        c.busy_threads);
+  visit(Knob{"--extra-allreduce-mb", "extra_allreduce_mb", "lab: an extra all-reduce of this size every step", 0},
+        c.extra_allreduce_mb);
+  visit(Knob{"--rank0-work-ms", "rank0_work_ms", "lab: rank 0 works this long, then every rank barriers", 0},
+        c.rank0_work_ms);
+  visit(Knob{"--barrier-every", "barrier_every", "lab: ... every this many steps", 1}, c.barrier_every);
+  visit(Knob{"--timeout-s", "timeout_s", "watchdog: abort the job after this long without progress (0: off)", 0},
+        c.timeout_s);
+  visit(Knob{"--flush-every", "flush_every", "write the run so far to <out>.partial every N steps (0: off)", 0},
+        c.flush_every);
+  visit(Knob{"--check-sync", "check_sync", "compare parameters across ranks every N steps (0: off)", 0}, c.check_sync);
+  visit(Knob{"--skip-nonfinite", "skip_nonfinite", "skip a step with a non-finite loss or gradient (default: stop)"},
+        c.skip_nonfinite);
+  visit(Knob{"--checkpoint", "checkpoint", "save parameters and optimizer state to this HDF5 file at the end", kNoMin,
+             kNoMax, kOneRun},
+        c.checkpoint);
+  visit(Knob{"--checkpoint-every", "checkpoint_every", "... and every N steps (0: only at the end)", 0, kNoMax,
+             kOneRun},
+        c.checkpoint_every);
+  visit(Knob{"--resume", "resume", "continue from this checkpoint, at its step (same settings)", kNoMin, kNoMax,
+             kOneRun},
+        c.resume);
+  visit(Knob{"--fault", "fault", "inject a fault: none | hang | kill | throw | nan | diverge", kNoMin, kNoMax, kOneRun},
+        c.fault);
+  visit(Knob{"--fault-rank", "fault_rank", "the rank that injects the fault", 0, kNoMax, kOneRun}, c.fault_rank);
+  visit(Knob{"--fault-step", "fault_step", "the step at which it does", 0, kNoMax, kOneRun}, c.fault_step);
+  visit(Knob{"--out", "out", "run file (HDF5); default runs/train_np<N>_<time>.h5", kNoMin, kNoMax,
+             kOneRun | kPerRank},
+        c.out);
+  visit(Knob{"--force", "force", nullptr, kNoMin, kNoMax, kPerRank}, c.force);
+  visit(Knob{"--quiet", nullptr, "print only errors"}, c.quiet);
+  visit(Knob{"--log-every", "log_every", "the progress line every N steps (0: at most once a second)", 0},
+        c.log_every);
+}
 
 // --profile-steps "A:B" as {A, B} (0 <= A <= B); {-1, -1} when empty. Throws std::invalid_argument.
 inline std::pair<int, int> parse_profile_steps(const std::string& text) {
@@ -107,104 +323,92 @@ inline double decimal(float x) {
 }
 
 // --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank and no sequence is a
-// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given (validate refuses what cannot run).
-inline std::string resolved_attention(const TrainConfig& c, bool cudnn_available) {
-  if (c.attention != "auto") return c.attention;
-  if (c.model == "mlp") return "unfused";
-  const TransformerConfig m = TransformerConfig::preset(c.model);
+// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given
+// (validate refuses what cannot run).
+inline AttentionKind resolved_attention(const TrainConfig& c, bool cudnn_available) {
+  if (c.attention) return *c.attention;
+  if (!c.transformer()) return AttentionKind::kUnfused;
+  const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
   // cuDNN takes no single-token sequences: with --min-len 1 a batch could be one.
-  return attention_name(auto_attention(c.device == "cuda" && c.precision == "bf16", m.d_model / m.heads,
-                                       cudnn_available && c.min_len >= 2));
+  return auto_attention(c.device == Device::kCuda && c.precision == Precision::kBf16, m.d_model / m.heads,
+                        cudnn_available && c.min_len >= 2);
 }
 
-// The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad name or value.
-// --grad-slice-mb auto: with the update in backward, 1 MiB row blocks. The update of the layer backward ends with
-// then follows its gradient block by block, and only its last block's is left after backward (docs/ARCHITECTURE.md,
-// "The update in backward"). Otherwise whole weights, as PyTorch's autograd produces them.
+// What the choices left to "auto" depend on, as this rank finds it (launcher/run.cpp gathers it, the same on every
+// rank where the ranks must agree).
+struct RunFacts {
+  int cores = 1;                  // the cores this rank may use (cores_for_rank)
+  bool cudnn_available = false;   // cuDNN's attention loads on every rank
+};
+
+// --grad-slice-mb as it runs: auto (see resolved) is 1 MiB with the update in backward, else 0 (whole weights).
 inline double resolved_grad_slice_mb(const TrainConfig& c) {
   if (c.grad_slice_mb != kAutoGradSliceMb) return c.grad_slice_mb;
-  return c.optimizer_in_backward == "on" ? 1.0 : 0.0;
+  return c.update_in_backward() ? 1.0 : 0.0;
 }
 
+// The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update
+// in backward takes a core only where the BLAS threads leave one idle, and never with --skip-nonfinite (which must
+// see every gradient before anything is updated) or ZeRO-1; --grad-slice-mb auto: with the update in backward, 1 MiB
+// row blocks. The update of the layer backward ends with then follows its gradient block by block, and only its last
+// block's is left after backward (docs/ARCHITECTURE.md, "The update in backward"). Otherwise whole weights, as
+// PyTorch's autograd produces them.
+inline TrainConfig resolved(TrainConfig c, const RunFacts& facts) {
+  if (c.blas_threads == 0) c.blas_threads = facts.cores;
+  if (!c.optimizer_in_backward)
+    c.optimizer_in_backward = c.device == Device::kCpu && !c.skip_nonfinite && c.zero_stage == 0 &&
+                                      facts.cores > c.blas_threads
+                                  ? OnOff::kOn
+                                  : OnOff::kOff;
+  c.grad_slice_mb = resolved_grad_slice_mb(c);
+  c.attention = resolved_attention(c, facts.cudnn_available);
+  return c;
+}
+
+// The communication options a TrainConfig asks for. Throws std::invalid_argument on a bad --link.
 inline CommOptions comm_options(const TrainConfig& c) {
   CommOptions o;
-  o.impl = parse_allreduce_impl(c.comm);
-  o.wire = parse_wire_dtype(c.comm_dtype);
+  o.impl = c.comm;
+  o.wire = c.comm_dtype;
   o.link = parse_links(c.link, c.link_latency_us, c.link_gbps);
   o.ranks_per_node = c.ranks_per_node;
   return o;
 }
 
+namespace knob_json {
+template <typename T>
+nlohmann::json stored(const T& value) { return value; }
+inline nlohmann::json stored(float value) { return decimal(value); }
+template <typename E>
+nlohmann::json stored(const AutoChoice<E>& value) { return value ? nlohmann::json(*value) : nlohmann::json("auto"); }
+template <typename T>
+void load(const nlohmann::json& j, T& value) { j.get_to(value); }
+template <typename E>
+void load(const nlohmann::json& j, AutoChoice<E>& value) {
+  const std::string name = j.get<std::string>();
+  value = name == "auto" ? AutoChoice<E>() : AutoChoice<E>(parse_choice<E>(name, "a stored choice"));
+}
+}  // namespace knob_json
+
 // The settings as a JSON object keyed by the flags' names (--min-len is min_len); the few with no flag (beta1, beta2,
 // eps) by their own. Files from before the keys followed the flags are read through upgrade_config_keys.
 inline nlohmann::json to_json(const TrainConfig& c) {
-  return {
-      {"device", c.device},
-      {"precision", c.precision},
-      {"attention", c.attention},
-      {"profile_steps", c.profile_steps},
-      {"model", c.model},
-      {"head", c.head},
-      {"lengths", c.lengths},
-      {"min_len", c.min_len},
-      {"max_len", c.max_len},
-      {"outlier_prob", c.outlier_prob},
-      {"batching", c.batching},
-      {"max_tokens", c.max_tokens},
-      {"epoch_size", c.epoch_size},
-      {"input_dim", c.mlp.input_dim},
-      {"hidden", c.mlp.hidden_dim},
-      {"layers", c.mlp.num_hidden_layers},
-      {"classes", c.mlp.num_classes},
-      {"optimizer", c.optimizer.kind},
-      {"lr", decimal(c.optimizer.lr)},
-      {"beta1", decimal(c.optimizer.beta1)},
-      {"beta2", decimal(c.optimizer.beta2)},
-      {"eps", decimal(c.optimizer.eps)},
-      {"weight_decay", decimal(c.optimizer.weight_decay)},
-      {"momentum", decimal(c.optimizer.momentum)},
-      {"batch", c.batch},
-      {"steps", c.steps},
-      {"warmup_steps", c.warmup_steps},
-      {"seed", c.seed},
-      {"data_noise", decimal(c.data_noise)},
-      {"comm", c.comm},
-      {"comm_dtype", c.comm_dtype},
-      {"ring_link", c.ring_link},
-      {"bucket_mb", c.bucket_mb},
-      {"first_bucket_mb", c.first_bucket_mb},
-      {"overlap", c.overlap},
-      {"grad_slice_mb", c.grad_slice_mb},
-      {"grad_accum", c.grad_accum},
-      {"link", c.link},
-      {"link_latency_us", c.link_latency_us},
-      {"link_gbps", c.link_gbps},
-      {"ranks_per_node", c.ranks_per_node},
-      {"data_cost_ms", c.data_cost_ms},
-      {"loader_threads", c.loader_threads},
-      {"prefetch", c.prefetch},
-      {"slow_rank", c.slow_rank},
-      {"straggler_ms", c.straggler_ms},
-      {"busy_threads", c.busy_threads},
-      {"extra_allreduce_mb", c.extra_allreduce_mb},
-      {"rank0_work_ms", c.rank0_work_ms},
-      {"barrier_every", c.barrier_every},
-      {"threads", c.blas_threads},
-      {"optimizer_in_backward", c.optimizer_in_backward},
-      {"zero_stage", c.zero_stage},
-      {"timeout_s", c.timeout_s},
-      {"flush_every", c.flush_every},
-      {"check_sync", c.check_sync},
-      {"skip_nonfinite", c.skip_nonfinite},
-      {"checkpoint", c.checkpoint},
-      {"checkpoint_every", c.checkpoint_every},
-      {"resume", c.resume},
-      {"fault", c.fault},
-      {"fault_rank", c.fault_rank},
-      {"fault_step", c.fault_step},
-      {"out", c.out},
-      {"force", c.force},
-  };
+  nlohmann::json j = nlohmann::json::object();
+  visit_knobs(c, [&](const Knob& knob, const auto& value) {
+    if (knob.key) j[knob.key] = knob_json::stored(value);
+  });
+  return j;
+}
+
+// A stored config (a run file's, a checkpoint's) as a TrainConfig: a key it lacks (an older file) keeps the default.
+// Throws nlohmann::json::exception or std::invalid_argument on a value of the wrong type or name.
+inline TrainConfig config_from_json(const nlohmann::json& j) {
+  TrainConfig c;
+  if (!j.is_object()) return c;
+  visit_knobs(c, [&](const Knob& knob, auto& value) {
+    if (knob.key && j.contains(knob.key) && !j.at(knob.key).is_null()) knob_json::load(j.at(knob.key), value);
+  });
+  return c;
 }
 
 }  // namespace ddplab

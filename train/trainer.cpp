@@ -18,10 +18,11 @@ namespace {
 
 std::unique_ptr<StepBackend> make_step_backend(const TrainConfig& config, MPI_Comm comm) {
 #ifdef DDPLAB_HAVE_CUDA
-  if (config.device == "cuda") return std::make_unique<CudaBackend>(config, comm);
+  if (config.device == Device::kCuda) return std::make_unique<CudaBackend>(config, comm);
 #endif
-  if (config.device != "cpu")
-    throw std::invalid_argument("--device " + config.device + ": this ddplab was built without CUDA");
+  if (config.device != Device::kCpu)
+    throw std::invalid_argument(std::string("--device ") + to_string(config.device) +
+                                ": this ddplab was built without CUDA");
   return std::make_unique<CpuBackend>(config, comm);
 }
 
@@ -92,7 +93,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
     forward_end.push_back(backend_->mark());
     backend_->backward(m, last, [&](int piece) {
       // --fault nan: the first gradient to become final gets a NaN before its bucket is reduced.
-      if (last && piece == 0 && config_.fault == "nan" && on_fault_rank) backend_->set_gradient_nan(piece);
+      if (last && piece == 0 && config_.fault == Fault::kNan && on_fault_rank) backend_->set_gradient_nan(piece);
     });
     backward_end.push_back(backend_->mark());
     // On the GPU this waits for this forward's loss only: backward is queued behind it, so the device keeps busy.
@@ -109,7 +110,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
   r.skipped = skip ? 1 : 0;
   if (skip) skipped_because_ = "non-finite " + nonfinite;
   if (!skip) backend_->optimizer_step();
-  if (config_.fault == "diverge" && on_fault_rank) backend_->add_to_first_parameter(1e-3f);
+  if (config_.fault == Fault::kDiverge && on_fault_rank) backend_->add_to_first_parameter(1e-3f);
   if (config_.check_sync > 0 && (step + 1) % config_.check_sync == 0)
     check_replicas_agree(backend_->host_parameters(), backend_->grad_pieces(),
                          [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(), step);

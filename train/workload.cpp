@@ -114,7 +114,7 @@ std::string grad_piece_name(const std::vector<Parameter<float>>& params, const G
 }
 
 std::unique_ptr<Workload> make_workload(const TrainConfig& config, int rank, int world_size) {
-  if (config.model == "mlp") return std::make_unique<MlpWorkload>(config, rank, world_size);
+  if (!config.transformer()) return std::make_unique<MlpWorkload>(config, rank, world_size);
   return std::make_unique<TransformerWorkload>(config, rank, world_size);
 }
 

@@ -11,7 +11,7 @@
 namespace ddplab::perf {
 
 std::vector<Impl> make_gpu_ring(const ImplContext& c) {
-  cuda::CudaRingConfig config{cuda::parse_ring_link(c.name.substr(std::string("gpu-ring-").size()))};
+  cuda::CudaRingConfig config{parse_choice<RingLinkKind>(c.name.substr(std::string("gpu-ring-").size()), "--impls")};
   const auto chunk_bytes = static_cast<size_t>(c.options.gpu_chunk_mb * (1 << 20));
   if (chunk_bytes > 0) config.chunk_bytes = chunk_bytes;
   auto buffers = std::make_shared<EngineBuffers<cuda::RingAllreduceCuda>>(c.max_count, config);

@@ -32,11 +32,6 @@ const char* describe(Aggregate a) {
   return "?";
 }
 
-const char* json_name(Aggregate a) {
-  const char* names[] = {"rank0", "avg", "min", "max"};
-  return names[static_cast<int>(a)];
-}
-
 std::vector<size_t> Options::sizes() const {
   std::vector<size_t> out;
   for (size_t b = min_bytes;; b = step_bytes ? b + step_bytes : b * static_cast<size_t>(factor)) {

@@ -16,8 +16,11 @@ struct UsageError : std::runtime_error {
 
 // How each rank's mean per call becomes the reported time: nccl-tests' -a.
 enum class Aggregate { kRank0 = 0, kAverage = 1, kMin = 2, kMax = 3 };
+constexpr std::array<Named<Aggregate>, 4> choice_names(Aggregate) {  // the JSON's names
+  return {{{Aggregate::kRank0, "rank0"}, {Aggregate::kAverage, "avg"}, {Aggregate::kMin, "min"},
+           {Aggregate::kMax, "max"}}};
+}
 const char* describe(Aggregate a);
-const char* json_name(Aggregate a);
 
 struct Options {
   size_t min_bytes = 0, max_bytes = 0;

@@ -129,7 +129,7 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["cuda_graph"] = o.cuda_graph;       // -G: calls per graph in the rows labelled <impl>-graph; 0: none
   j["registered"] = o.registered == 1;  // -R
   j["stat"] = o.median ? "median" : "mean";
-  j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(json_name(o.aggregate));  // -a
+  j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(to_string(o.aggregate));  // -a
   j["results"] = nlohmann::json::array();
   for (const Row& r : rows)
     j["results"].push_back({{"impl", r.impl},

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     for (Precision p : opt.precisions()) {
       for (int batch : opt.batches) {
         const Result r = run(opt, p, batch, s);
-        std::printf("%-9s %6d %9.4f %9.4f %9.4f %9.4f %8.1f\n", ddplab::precision_name(p), batch, r.t.step_ms,
+        std::printf("%-9s %6d %9.4f %9.4f %9.4f %9.4f %8.1f\n", ddplab::to_string(p), batch, r.t.step_ms,
                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops);
         results.push_back(r);
       }
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
       if (!f) throw std::runtime_error("cannot write " + opt.csv);
       std::fprintf(f, "precision,batch,step_ms,forward_ms,backward_ms,optimizer_ms,tflop_per_s\n");
       for (const Result& r : results)
-        std::fprintf(f, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f\n", ddplab::precision_name(r.precision), r.batch, r.t.step_ms,
+        std::fprintf(f, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f\n", ddplab::to_string(r.precision), r.batch, r.t.step_ms,
                      r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops);
       std::fclose(f);
     }

@@ -59,7 +59,7 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   const ddplab::AttentionKind attention =
       opt.attention == "auto" ? ddplab::auto_attention(precision == Precision::kBf16, config.d_model / config.heads,
                                                      ddplab::cuda::cudnn_attention_available())
-                              : ddplab::parse_attention(opt.attention);
+                              : ddplab::parse_choice<ddplab::AttentionKind>(opt.attention, "attention");
   ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, attention);
 
   std::mt19937 rng(7);
@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
     std::vector<Result> results;
     for (Precision p : opt.precisions()) {
       const Result r = run(opt, p, s);
-      std::printf("%-9s %-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%%\n", ddplab::precision_name(p),
-                  ddplab::attention_name(r.attention), r.t.step_ms,
+      std::printf("%-9s %-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%%\n", ddplab::to_string(p),
+                  ddplab::to_string(r.attention), r.t.step_ms,
                   r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, 100 * r.mfu);
       results.push_back(r);
     }
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
                    "tflop_per_s,mfu\n");
       for (const Result& r : results)
         std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f\n", opt.model.c_str(),
-                     ddplab::precision_name(r.precision), ddplab::attention_name(r.attention), opt.batch, opt.seq, r.t.step_ms,
+                     ddplab::to_string(r.precision), ddplab::to_string(r.attention), opt.batch, opt.seq, r.t.step_ms,
                      r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu);
       std::fclose(f);
     }

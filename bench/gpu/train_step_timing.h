@@ -102,7 +102,7 @@ struct StepFlags {
   bool profile = false;  // the last step between cudaProfilerStart and cudaProfilerStop
   std::vector<Precision> precisions() const {
     if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
-    return {parse_precision(precision)};
+    return {parse_choice<Precision>(precision, "precision")};
   }
 };
 inline void add_step_flags(CLI::App& app, StepFlags& flags) {

@@ -66,7 +66,7 @@ for np in 1 2; do
   expect_error $np "--checkpoint-every needs --checkpoint PATH" train "${small[@]}" --checkpoint-every 3
   expect_error $np "cannot load checkpoint $work/none.h5: No such file" train "${small[@]}" --resume "$work/none.h5"
   expect_error $np "output folder /etc/hostname is not a folder" train "${small[@]}" --checkpoint /etc/hostname/c.h5
-  expect_error $np "unknown --model 'bert'" train "${small[@]}" --model bert
+  expect_error $np "--model must be mlp, tiny, small or gpt2-small (got 'bert')" train "${small[@]}" --model bert
   expect_error $np "--profile-steps needs --device cuda" train "${small[@]}" --profile-steps 2:3
   expect_error $np "--profile-steps must be A:B" train "${small[@]}" --device cuda --comm nccl --profile-steps 3:2
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
@@ -74,7 +74,7 @@ for np in 1 2; do
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
   expect_error $np "--grad-slice-mb: must not be negative" train "${small[@]}" --grad-slice-mb -1
   expect_error $np "--grad-slice-mb = some" train "${small[@]}" --grad-slice-mb some
-  expect_error $np "--optimizer-in-backward: maybe not in {auto,on,off}" train "${small[@]}" --optimizer-in-backward maybe
+  expect_error $np "--optimizer-in-backward must be auto, off or on (got 'maybe')" train "${small[@]}" --optimizer-in-backward maybe
   expect_error $np "--optimizer-in-backward on and --skip-nonfinite exclude each other" train "${small[@]}" \
     --optimizer-in-backward on --skip-nonfinite
   expect_error $np "--zero-stage must be 0 or 1 (got 2)" train "${small[@]}" --zero-stage 2
@@ -92,10 +92,10 @@ for np in 1 2; do
   expect_error $np "--device cuda: reduces gradients with NCCL or our ring" train "${small[@]}" --device cuda --comm mpi
   expect_error $np "--device cuda: --ring-link needs --comm ring" train "${small[@]}" "${cuda[@]}" --ring-link ipc
   expect_error $np "--ring-link needs --device cuda" train "${small[@]}" --ring-link host
-  expect_error $np "--ring-link: tcp not in {auto,nccl,ipc,host}" train "${small[@]}" --ring-link tcp
+  expect_error $np "--ring-link must be auto, nccl, ipc or host (got 'tcp')" train "${small[@]}" --ring-link tcp
   expect_error $np "--device cuda: --batching pack needs attention within packed rows" \
     train --model tiny --head lm --batching pack "${cuda[@]}" --steps 2
-  expect_error $np "--precision: unknown precision 'fp16'" train "${small[@]}" "${cuda[@]}" --precision fp16
+  expect_error $np "--precision must be fp32, tf32 or bf16 (got 'fp16')" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
   expect_error $np "unknown wire dtype 'int8' (expected fp32, bf16 or fp16)" train "${small[@]}" "${cuda[@]}" --comm-dtype int8
   expect_error $np "--device cuda: --link emulation is CPU only" train "${small[@]}" "${cuda[@]}" --link 10gbe
@@ -117,7 +117,7 @@ for np in 1 2; do
   expect_error $np "--device cuda: --attention cudnn needs --min-len 2 or more" \
     train --model small --attention cudnn --precision bf16 --min-len 1 "${cuda[@]}" --steps 2
   expect_error $np "--attention cudnn needs --device cuda" train --model small --attention cudnn --steps 2
-  expect_error $np "--attention: flash not in {auto,unfused,fused,cudnn}" train "${small[@]}" --attention flash
+  expect_error $np "--attention must be auto, unfused, fused or cudnn (got 'flash')" train "${small[@]}" --attention flash
 done
 # Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
 if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then

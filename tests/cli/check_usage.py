@@ -125,7 +125,7 @@ for command in [["suite", "lab"], ["sweep"]]:
     check(offered == [] and re.search(r"^\s+--out-dir\b", text, re.M) is not None,
           f"{command[0]} --help offers none of the flags it would ignore ({offered})")
 proc = run(1, "train", *SMALL, "--comm", "pigeon")
-check(refused(proc, "expected ring, mpi, hier, or nccl with --device cuda"), "the --comm error lists nccl")
+check(refused(proc, "--comm must be ring, mpi, hier or nccl (got 'pigeon')"), "the --comm error lists nccl")
 
 with tempfile.TemporaryDirectory() as work:
     # ---- suite and sweep refuse the flags of a single run ---------------------------------------------------------

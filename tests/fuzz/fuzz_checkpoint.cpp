@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const hid_t file = ddplab::fuzz::open_image(data, size);
   if (file < 0) return 0;
   ddplab::OptimizerConfig sgd;
-  sgd.kind = "sgd";
+  sgd.kind = ddplab::OptimizerKind::kSgd;
   sgd.momentum = 0.9f;
   load_into_fresh_model(file, ddplab::OptimizerConfig{});
   load_into_fresh_model(file, sgd);

@@ -38,8 +38,8 @@ using gpu_test::device_count;
 
 TrainConfig small_config() {
   TrainConfig c;
-  c.device = "cuda";
-  c.comm = "nccl";
+  c.device = Device::kCuda;
+  c.comm = AllreduceImpl::kNccl;
   c.mlp = MlpConfig{24, 40, 2, 10};
   c.optimizer.lr = 1e-3f;
   c.batch = 5;  // odd on purpose: per-rank means of unequal-looking sums
@@ -168,12 +168,12 @@ void expect_matches_one_gpu_with_global_batch(const TrainConfig& config, const E
     TrainConfig global = config;
     global.batch = config.batch * config.grad_accum * world_size();
     global.grad_accum = 1;
-    global.ring_link = "host";  // one rank: nothing travels; no IPC buffers on MPI_COMM_SELF (--comm nccl ignores it)
+    global.ring_link = RingLinkKind::kHost;  // one rank: nothing travels; no IPC buffers on MPI_COMM_SELF (--comm nccl ignores it)
     Trainer single(global, MPI_COMM_SELF);
     TrainConfig on_cpu = global;
-    on_cpu.device = "cpu";
-    on_cpu.comm = "ring";
-    on_cpu.ring_link = "auto";
+    on_cpu.device = Device::kCpu;
+    on_cpu.comm = AllreduceImpl::kRing;
+    on_cpu.ring_link = RingLinkKind::kAuto;
     Trainer cpu(on_cpu, MPI_COMM_SELF);
     const bool one_rank_whole_batch = world_size() == 1 && config.grad_accum == 1;
     for (int step = 0; step < config.steps; ++step) {
@@ -203,8 +203,8 @@ TEST_P(CudaDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
   config.grad_accum = p.grad_accum;
   config.overlap = p.overlap;
   config.grad_slice_mb = p.grad_slice_mb;
-  config.comm = p.comm;
-  config.ring_link = p.ring_link;
+  config.comm = parse_choice<AllreduceImpl>(p.comm, "--comm");
+  config.ring_link = parse_choice<RingLinkKind>(p.ring_link, "--ring-link");
   expect_matches_one_gpu_with_global_batch(config, Equivalence{}, "mlp");
 }
 
@@ -235,8 +235,8 @@ class CudaTransformerDdpEquivalence : public CudaTrainerTest, public testing::Wi
 TEST_P(CudaTransformerDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
   const TokenCase p = GetParam();
   TrainConfig config = small_config();
-  config.model = "tiny";
-  config.head = p.head;
+  config.model = ModelKind::kTiny;
+  config.head = parse_choice<TransformerConfig::Head>(p.head, "--head");
   config.grad_accum = p.grad_accum;
   config.min_len = 4;
   config.max_len = 24;
@@ -356,7 +356,7 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
     TrainConfig c = small_config();
-    c.precision = precision;
+    c.precision = parse_choice<Precision>(precision, "--precision");
     const int stop = 3;
     std::vector<float> straight;
     {
@@ -385,13 +385,13 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
 // equivalence tests' 1e-5). A NaN in one rank's first gradient stops every rank with that bucket not updated and the
 // other finite buckets but the closing one updated.
 TEST_F(CudaTrainerTest, TheUpdateBucketByBucketIsTheWholeUpdate) {
-  for (const char* model : {"mlp", "tiny"}) {
-    SCOPED_TRACE(model);
+  for (const ModelKind model : {ModelKind::kMlp, ModelKind::kTiny}) {
+    SCOPED_TRACE(to_string(model));
     TrainConfig c = small_config();
-    const bool mlp = std::string(model) == "mlp";
+    const bool mlp = model == ModelKind::kMlp;
     if (!mlp) {
       c.model = model;
-      c.head = "lm";
+      c.head = TransformerConfig::Head::kCausalLM;
       c.min_len = 4;
       c.max_len = 24;
       c.batch = 3;
@@ -400,7 +400,7 @@ TEST_F(CudaTrainerTest, TheUpdateBucketByBucketIsTheWholeUpdate) {
     }
     std::vector<float> params[2];
     for (int bucketed = 0; bucketed < 2; ++bucketed) {
-      c.optimizer_in_backward = bucketed ? "on" : "off";
+      c.optimizer_in_backward = bucketed ? OnOff::kOn : OnOff::kOff;
       Trainer trainer(c, MPI_COMM_WORLD);
       for (int step = 0; step < c.steps; ++step) trainer.step(step, 0);
       params[bucketed] = trainer.parameters();
@@ -409,8 +409,8 @@ TEST_F(CudaTrainerTest, TheUpdateBucketByBucketIsTheWholeUpdate) {
     EXPECT_LE(max_abs_diff(params[1], params[0]), mlp ? 0.0 : 1e-5);
   }
   TrainConfig c = small_config();
-  c.optimizer_in_backward = "on";
-  c.fault = "nan";
+  c.optimizer_in_backward = OnOff::kOn;
+  c.fault = Fault::kNan;
   c.fault_rank = world_size() - 1;
   c.fault_step = 1;
   Trainer trainer(c, MPI_COMM_WORLD);
@@ -439,7 +439,7 @@ TEST_F(CudaTrainerTest, NonFiniteGradientStopsOrSkipsOnEveryRank) {
   for (bool skip : {false, true}) {
     SCOPED_TRACE(skip ? "skip" : "stop");
     TrainConfig c = small_config();
-    c.fault = "nan";
+    c.fault = Fault::kNan;
     c.fault_rank = world_size() - 1;
     c.fault_step = 1;
     c.skip_nonfinite = skip;

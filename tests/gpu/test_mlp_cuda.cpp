@@ -53,8 +53,8 @@ TEST(MlpCudaHost, RejectsBadArgumentsBeforeTouchingTheDevice) {
 
 TEST(MlpCudaHost, PrecisionNamesRoundTrip) {
   for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16})
-    EXPECT_EQ(ddplab::parse_precision(ddplab::precision_name(p)), p);
-  EXPECT_THROW(ddplab::parse_precision("fp16"), std::invalid_argument);
+    EXPECT_EQ(ddplab::parse_choice<ddplab::Precision>(ddplab::to_string(p), "precision"), p);
+  EXPECT_THROW(ddplab::parse_choice<ddplab::Precision>("fp16", "precision"), std::invalid_argument);
 }
 
 // ---- against the CPU model: need a device ------------------------------------------------------------------------
@@ -148,7 +148,7 @@ TEST_P(MlpCudaVsCpu, LossAndGradientsMatchCpu) {
         const double loss_error = std::fabs(gpu.loss() - want) / want;
         EXPECT_LE(loss_error, tol.loss);
         const double grad_error = gpu_test::expect_grads_close(gpu, cpu, tol);
-        std::cout << ddplab::precision_name(GetParam()) << " " << k.name << ", piece elements " << piece_elements
+        std::cout << ddplab::to_string(GetParam()) << " " << k.name << ", piece elements " << piece_elements
                   << ", batch " << batch << ": loss error " << loss_error << ", worst piece " << grad_error << "\n";
       }
     }
@@ -192,14 +192,14 @@ TEST_P(MlpCudaVsCpu, AdamwLossCurveTracksCpu) {
   const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
       gpu, cpu, ddplab::OptimizerConfig{}, 5, [&] { return cpu.forward(b.x.data(), b.y.data(), batch); },
       [&] { gpu.forward(d.x.get(), d.y.get(), batch); });
-  gpu_test::expect_curves_close(curves, tol.train, ddplab::precision_name(GetParam()));
+  gpu_test::expect_curves_close(curves, tol.train, ddplab::to_string(GetParam()));
   EXPECT_LT(curves.cpu.back(), curves.cpu.front() - 0.1f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, MlpCudaVsCpu,
                          ::testing::Values(Precision::kFp32, Precision::kTf32, Precision::kBf16),
                          [](const ::testing::TestParamInfo<Precision>& info) {
-                           return std::string(ddplab::precision_name(info.param));
+                           return std::string(ddplab::to_string(info.param));
                          });
 
 }  // namespace

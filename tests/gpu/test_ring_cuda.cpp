@@ -44,18 +44,18 @@ using ddplab::gpu_test::random_vector;
 // 64 KiB chunks: a 1M-float buffer takes several rounds at every world size, so round boundaries are exercised.
 constexpr size_t kChunkBytes = size_t{64} << 10;
 
-std::string link_label(RingLinkKind kind) { return ddplab::cuda::ring_link_name(kind); }
+std::string link_label(RingLinkKind kind) { return ddplab::to_string(kind); }
 
 // ---- host side: runs, and must pass, on every machine -------------------------------------------------------------
 
 TEST(RingCudaHost, LinkNamesRoundTripAndUnknownNamesListTheChoices) {
   for (RingLinkKind k : {RingLinkKind::kAuto, RingLinkKind::kNccl, RingLinkKind::kIpc, RingLinkKind::kHost})
-    EXPECT_EQ(ddplab::cuda::parse_ring_link(ddplab::cuda::ring_link_name(k)), k);
+    EXPECT_EQ(ddplab::parse_choice<RingLinkKind>(ddplab::to_string(k), "--ring-link"), k);
   try {
-    ddplab::cuda::parse_ring_link("shm");
+    ddplab::parse_choice<ddplab::RingLinkKind>("shm", "--ring-link");
     ADD_FAILURE() << "no throw";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("auto, nccl, ipc, host"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto, nccl, ipc or host"), std::string::npos) << e.what();
   }
 }
 

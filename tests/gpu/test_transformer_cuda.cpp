@@ -108,7 +108,7 @@ TEST(TransformerCudaHost, RejectsFusedAttentionItCannotRun) {
   for (Precision p : {Precision::kFp32, Precision::kTf32})
     EXPECT_THROW(TransformerCuda(fused_language_model(), kSeed, p, 64, 8, nullptr, AttentionKind::kFused),
                  std::invalid_argument)
-        << ddplab::precision_name(p);
+        << ddplab::to_string(p);
   for (const TransformerConfig& c : {classifier(), language_model(), TransformerConfig::preset("tiny")})
     EXPECT_THROW(TransformerCuda(c, kSeed, Precision::kBf16, 64, 8, nullptr, AttentionKind::kFused),
                  std::invalid_argument)
@@ -221,7 +221,7 @@ TEST_P(TransformerCudaVsCpu, LossAndGradientsMatchCpu) {
         const double loss_error = std::fabs(gpu.loss() - want) / want;
         EXPECT_LE(loss_error, tol.loss);
         const double grad_error = gpu_test::expect_grads_close(gpu, cpu, tol);
-        std::cout << ddplab::precision_name(GetParam()) << " " << name << ", piece elements " << piece_elements
+        std::cout << ddplab::to_string(GetParam()) << " " << name << ", piece elements " << piece_elements
                   << ", batch " << s.B << "x" << s.S << ": loss error " << loss_error << ", worst piece " << grad_error
                   << "\n";
       }
@@ -288,7 +288,7 @@ TEST_P(TransformerCudaVsCpu, AdamwLossCurveTracksCpu) {
     const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
         gpu, cpu, opt, 5, [&] { return forward(cpu, b); }, [&] { forward(gpu, d, b); });
     gpu_test::expect_curves_close(curves, tol.train,
-                                  std::string(ddplab::precision_name(GetParam())) + (c.causal() ? " lm" : " classify"));
+                                  std::string(ddplab::to_string(GetParam())) + (c.causal() ? " lm" : " classify"));
     EXPECT_LT(curves.gpu.back(), 0.9f * curves.gpu.front());
   }
 }
@@ -308,7 +308,7 @@ Tolerance fused_tolerance() {
 void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t stream) {
   const Tolerance tol = fused_tolerance();
   for (const TransformerConfig& c : {fused_classifier(), fused_language_model()}) {
-    const std::string name = std::string(ddplab::attention_name(kind)) + (c.causal() ? " lm" : " classify");
+    const std::string name = std::string(ddplab::to_string(kind)) + (c.causal() ? " lm" : " classify");
     SCOPED_TRACE(name);
     Transformer<float> cpu(c, kSeed);
     TransformerCuda fused(c, kSeed, Precision::kBf16, 4 * 70, 70, stream, kind);
@@ -359,7 +359,7 @@ void fused_attention_matches_unfused_and_cpu(AttentionKind kind, cudaStream_t st
     DeviceBatch d(b, stream);
     const gpu_test::LossCurves curves = gpu_test::adamw_loss_curves(
         gpu, cpu, opt, 5, [&] { return forward(cpu, b); }, [&] { forward(gpu, d, b); });
-    const std::string curve = std::string(ddplab::attention_name(kind)) + (c.causal() ? " lm" : " classify");
+    const std::string curve = std::string(ddplab::to_string(kind)) + (c.causal() ? " lm" : " classify");
     gpu_test::expect_curves_close(curves, tol.train, curve.c_str());
     EXPECT_LT(curves.gpu.back(), 0.9f * curves.gpu.front());
   }
@@ -378,7 +378,7 @@ TEST_F(TransformerCudaDevice, CudnnAttentionMatchesUnfusedAndCpu) {
 INSTANTIATE_TEST_SUITE_P(Precisions, TransformerCudaVsCpu,
                          ::testing::Values(Precision::kFp32, Precision::kTf32, Precision::kBf16),
                          [](const ::testing::TestParamInfo<Precision>& info) {
-                           return std::string(ddplab::precision_name(info.param));
+                           return std::string(ddplab::to_string(info.param));
                          });
 
 }  // namespace

@@ -375,20 +375,20 @@ TEST(MpiTransport, ErrorsThrowWithRankAndCall) {
 }
 
 TEST(ParseAllreduceImpl, NamesRoundTrip) {
-  for (AllreduceImpl impl : {AllreduceImpl::kRing, AllreduceImpl::kMpi})
-    EXPECT_EQ(parse_allreduce_impl(to_string(impl)), impl);
+  for (AllreduceImpl impl : {AllreduceImpl::kRing, AllreduceImpl::kMpi, AllreduceImpl::kHier, AllreduceImpl::kNccl})
+    EXPECT_EQ(parse_choice<AllreduceImpl>(to_string(impl), "--comm"), impl);
   EXPECT_STREQ(to_string(AllreduceImpl::kRing), "ring");
   EXPECT_STREQ(to_string(AllreduceImpl::kMpi), "mpi");
 }
 
 TEST(ParseAllreduceImpl, UnknownNamesThrowWithTheExpectedChoices) {
-  for (const char* bad : {"nccl", "", "Ring", "mpi "}) {
+  for (const char* bad : {"gloo", "", "Ring", "mpi "}) {
     try {
-      parse_allreduce_impl(bad);
+      parse_choice<AllreduceImpl>(bad, "--comm");
       ADD_FAILURE() << "'" << bad << "' was accepted";
     } catch (const std::invalid_argument& e) {
       EXPECT_EQ(std::string(e.what()),
-                "unknown --comm '" + std::string(bad) + "' (expected ring, mpi, hier, or nccl with --device cuda)");
+                "--comm must be ring, mpi, hier or nccl (got '" + std::string(bad) + "')");
     }
   }
 }

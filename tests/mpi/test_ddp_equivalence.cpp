@@ -27,12 +27,12 @@ namespace {
 TrainConfig small_config(const char* optimizer, const char* comm) {
   TrainConfig c;
   c.mlp = MlpConfig{24, 40, 2, 10};
-  c.optimizer.kind = optimizer;
+  c.optimizer.kind = parse_choice<OptimizerKind>(optimizer, "--optimizer");
   c.optimizer.lr = std::strcmp(optimizer, "sgd") == 0 ? 0.05f : 1e-3f;
   c.optimizer.momentum = std::strcmp(optimizer, "sgd") == 0 ? 0.9f : 0.0f;
   c.batch = 5;  // odd on purpose: per-rank means of unequal-looking sums
   c.steps = 6;
-  c.comm = comm;
+  c.comm = parse_choice<AllreduceImpl>(comm, "--comm");
   return c;
 }
 
@@ -124,9 +124,9 @@ class TransformerDdpEquivalence : public testing::TestWithParam<TokenCase> {};
 TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   const auto [head, batching, grad_accum] = GetParam();
   TrainConfig c;
-  c.model = "tiny";
-  c.head = head;
-  c.batching = batching;
+  c.model = ModelKind::kTiny;
+  c.head = parse_choice<TransformerConfig::Head>(head, "--head");
+  c.batching = parse_choice<Batching>(batching, "--batching");
   c.grad_accum = grad_accum;
   c.min_len = 4;
   c.max_len = 24;
@@ -137,9 +137,9 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   // sample/bucket: 3 full steps, then 3 sequences; pack (~2 sequences per row): the epoch ends within 2-4 steps.
   c.epoch_size = std::strcmp(batching, "pack") == 0 ? 8 * batches + 3 : 3 * c.batch * batches + 3;
   c.steps = 5;
-  c.optimizer.kind = "sgd";
+  c.optimizer.kind = OptimizerKind::kSgd;
   c.optimizer.lr = 0.1f;
-  c.comm = "ring";
+  c.comm = AllreduceImpl::kRing;
   TrainConfig global = c;
   global.batch = static_cast<int>(c.batch * batches);
   global.max_tokens = c.max_tokens * batches;
@@ -185,7 +185,7 @@ class OptimizerInBackward : public testing::TestWithParam<InBackwardCase> {};
 TEST_P(OptimizerInBackward, GivesTheParametersOfTheUpdateAfterBackwardBitwise) {
   const auto [model, grad_slice_mb, grad_accum, overlap] = GetParam();
   TrainConfig after;
-  after.model = model;
+  after.model = parse_choice<ModelKind>(model, "--model");
   after.mlp = MlpConfig{256, 512, 2, 10};  // GEMMs long enough for the optimizer thread to run beside them
   after.batch = 16;
   after.min_len = 4;
@@ -196,9 +196,9 @@ TEST_P(OptimizerInBackward, GivesTheParametersOfTheUpdateAfterBackwardBitwise) {
   after.grad_slice_mb = grad_slice_mb;
   after.grad_accum = grad_accum;
   after.overlap = overlap;
-  after.optimizer_in_backward = "off";
+  after.optimizer_in_backward = OnOff::kOff;
   TrainConfig inside = after;
-  inside.optimizer_in_backward = "on";
+  inside.optimizer_in_backward = OnOff::kOn;
   expect_the_same_training_bitwise(after, inside);
 }
 
@@ -230,8 +230,8 @@ class ShardedUpdate : public testing::TestWithParam<ShardedCase> {};
 TEST_P(ShardedUpdate, GivesTheParametersOfTheReplicatedUpdateBitwise) {
   const auto [model, optimizer, bucket_mb, grad_accum, overlap] = GetParam();
   TrainConfig replicated;
-  replicated.model = model;
-  replicated.optimizer.kind = optimizer;
+  replicated.model = parse_choice<ModelKind>(model, "--model");
+  replicated.optimizer.kind = parse_choice<OptimizerKind>(optimizer, "--optimizer");
   replicated.optimizer.momentum = std::strcmp(optimizer, "sgd") == 0 ? 0.9f : 0.0f;
   replicated.mlp = MlpConfig{64, 96, 2, 10};
   replicated.batch = 8;
@@ -242,7 +242,7 @@ TEST_P(ShardedUpdate, GivesTheParametersOfTheReplicatedUpdateBitwise) {
   replicated.first_bucket_mb = bucket_mb / 2;
   replicated.grad_accum = grad_accum;
   replicated.overlap = overlap;
-  replicated.optimizer_in_backward = "off";
+  replicated.optimizer_in_backward = OnOff::kOff;
   TrainConfig sharded = replicated;
   sharded.zero_stage = 1;
   expect_the_same_training_bitwise(replicated, sharded);

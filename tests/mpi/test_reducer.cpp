@@ -22,9 +22,9 @@ namespace {
 
 TrainConfig small_config(const char* comm = "ring") {
   TrainConfig c;
-  c.comm = comm;
+  c.comm = parse_choice<AllreduceImpl>(comm, "--comm");
   c.mlp = MlpConfig{24, 40, 3, 10};  // 8 parameters, 2.3k-6k bytes each
-  c.optimizer.kind = "sgd";
+  c.optimizer.kind = OptimizerKind::kSgd;
   c.optimizer.lr = 0.05f;
   c.optimizer.momentum = 0.9f;
   c.batch = 6;

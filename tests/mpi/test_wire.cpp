@@ -162,10 +162,10 @@ INSTANTIATE_TEST_SUITE_P(Wires, WireAllreduce,
 TEST(Wire, MpiRefusesA16BitWire) {
   EXPECT_THROW(Communicator(MPI_COMM_WORLD, CommOptions{AllreduceImpl::kMpi, WireDtype::kBf16, LinkModel{}}),
                std::invalid_argument);
-  EXPECT_EQ(parse_wire_dtype("bf16"), WireDtype::kBf16);
-  EXPECT_EQ(parse_wire_dtype("fp16"), WireDtype::kFp16);
-  EXPECT_EQ(parse_wire_dtype("fp32"), WireDtype::kFp32);
-  EXPECT_THROW(parse_wire_dtype("int8"), std::invalid_argument);
+  EXPECT_EQ(parse_choice<WireDtype>("bf16", "--comm-dtype"), WireDtype::kBf16);
+  EXPECT_EQ(parse_choice<WireDtype>("fp16", "--comm-dtype"), WireDtype::kFp16);
+  EXPECT_EQ(parse_choice<WireDtype>("fp32", "--comm-dtype"), WireDtype::kFp32);
+  EXPECT_THROW(parse_choice<WireDtype>("int8", "--comm-dtype"), std::invalid_argument);
 }
 
 }  // namespace

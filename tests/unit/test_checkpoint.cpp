@@ -40,7 +40,7 @@ MlpConfig SmallMlp(int hidden = 16, int layers = 2) {
 
 OptimizerConfig Sgd(float momentum) {
   OptimizerConfig c;
-  c.kind = "sgd";
+  c.kind = OptimizerKind::kSgd;
   c.lr = 0.05f;
   c.momentum = momentum;
   return c;

@@ -144,9 +144,9 @@ TEST(BatchPlan, SameOnEveryRankAndBadInputRefused) {
   ASSERT_EQ(p.num_steps(), q.num_steps());
   for (int64_t s = 0; s < p.num_steps(); ++s) EXPECT_EQ(p.rows(s, 0), q.rows(s, 0));
   EXPECT_THROW(BatchPlan(data, BatchingConfig{Batching::kSample, 0, 1, 1}, 2, 3), std::invalid_argument);
-  EXPECT_THROW(parse_batching("random"), std::invalid_argument);
-  EXPECT_EQ(parse_batching("pack"), Batching::kPack);
-  EXPECT_THROW(parse_length_dist("normal"), std::invalid_argument);
+  EXPECT_THROW(parse_choice<Batching>("random", "--batching"), std::invalid_argument);
+  EXPECT_EQ(parse_choice<Batching>("pack", "--batching"), Batching::kPack);
+  EXPECT_THROW(parse_choice<LengthDist>("normal", "--lengths"), std::invalid_argument);
 }
 
 }  // namespace
