@@ -97,7 +97,7 @@ for np in 1 2; do
     train --model tiny --head lm --batching pack "${cuda[@]}" --steps 2
   expect_error $np "--precision must be fp32, tf32 or bf16 (got 'fp16')" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
-  expect_error $np "unknown wire dtype 'int8' (expected fp32, bf16 or fp16)" train "${small[@]}" "${cuda[@]}" --comm-dtype int8
+  expect_error $np "--comm-dtype must be fp32, bf16 or fp16 (got 'int8')" train "${small[@]}" "${cuda[@]}" --comm-dtype int8
   expect_error $np "--device cuda: --link emulation is CPU only" train "${small[@]}" "${cuda[@]}" --link 10gbe
   # The fused attention: bf16 only, a transformer whose heads it has kernels for, on the GPU.
   expect_error $np "--device cuda: --attention fused needs --precision bf16 (its kernels are bf16; got --precision fp32)" \

@@ -1,5 +1,6 @@
-// GoogleTest main for tests launched by mpirun: every rank runs every test; a failure on any rank makes that
-// rank exit non-zero, which makes mpirun (and so ctest) fail. Only rank 0 prints the test listing; other
+// GoogleTest main for tests launched by mpirun: every rank runs every test; a failure on any rank makes every rank
+// exit non-zero, which makes mpirun (and so ctest) fail; a run where every test skipped exits 77, which ctest reports
+// as skipped (tests/gtest_exit_code.h). Only rank 0 prints the test listing; other
 // ranks print only failures, prefixed by their rank. MPI starts at MPI_THREAD_MULTIPLE, as in the ddplab binary
 // (runtime/mpi_init.h); a library that gives less ends the test with exit code 2 and the reason.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <cstdio>
 
 #include "runtime/mpi_init.h"
+#include "tests/gtest_exit_code.h"
 
 namespace {
 
@@ -43,5 +45,5 @@ int main(int argc, char** argv) {
   MPI_Allreduce(&local_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0 && any_failed && !local_failed) std::fprintf(stderr, "a test failed on another rank\n");
   MPI_Finalize();
-  return any_failed;
+  return ddplab::testing_exit::exit_code(any_failed != 0);
 }
