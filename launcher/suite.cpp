@@ -292,73 +292,115 @@ const CaseResult* find_case(const std::vector<CaseResult>& results, const std::s
   return nullptr;
 }
 
-// The suite's table against the references of the same launch (weak_ws1, strong_ws1, the baseline case), its CSV
-// and its JSON cases; returns whether the pathology, input and update cases left the loss identical to the baseline.
-bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results,
-                      nlohmann::json& json_cases) {
-  const CaseResult* weak1 = find_case(results, "weak_ws1");
-  const CaseResult* strong1 = find_case(results, "strong_ws1");
-  const CaseResult* baseline = find_case(results, o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform");
-  // A cell that does not apply (no reference case, a workload without tokens) is left empty in the CSV and null in
-  // the JSON: a 0 there would read as a measurement.
-  const bool lab = o.name == "lab";  // else the token suite
+// The references of one launch a case is measured against: weak_ws1, strong_ws1 and the baseline case (the lab's
+// weak case at the full world size, the token suite's uniform one). Null where the launch has none.
+struct CaseReferences {
+  const CaseResult* weak1;
+  const CaseResult* strong1;
+  const CaseResult* baseline;
+};
+
+CaseReferences case_references(const SuiteOptions& o, int size, const std::vector<CaseResult>& results) {
+  return {find_case(results, "weak_ws1"), find_case(results, "strong_ws1"),
+          find_case(results, o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform")};
+}
+
+// One case's figures as the table, the CSV and the JSON show them.
+struct CaseFigures {
+  StepRecord mean;  // over the ranks
+  double compute;   // forward + backward
+  double extra;     // lab work: extra all-reduces and host work
+  bool has_efficiency;
+  double efficiency;
+  bool has_vs_base;
+  double vs_base;
+  bool oversubscribed;
+};
+
+CaseFigures case_figures(const CaseResult& r, const CaseReferences& refs) {
+  const RunSummary& s = r.summary;
+  const CaseResult* ref = r.c.group == "weak" ? refs.weak1 : r.c.group == "strong" ? refs.strong1 : nullptr;
+  CaseFigures f;
+  f.mean = mean_over_ranks(s);
+  f.compute = f.mean.forward_ms + f.mean.backward_ms;
+  f.extra = f.mean.extra_comm_ms + f.mean.host_work_ms;
+  f.has_efficiency = ref && ref->summary.samples_per_s > 0;
+  f.efficiency = f.has_efficiency ? s.samples_per_s / (r.c.world_size * ref->summary.samples_per_s) : 0;
+  f.has_vs_base = refs.baseline && refs.baseline->summary.samples_per_s > 0;
+  f.vs_base = f.has_vs_base ? s.samples_per_s / refs.baseline->summary.samples_per_s - 1 : 0;
+  f.oversubscribed = r.oversubscribed_ranks > 0 || r.ranks_on_one_gpu > 0;
+  return f;
+}
+
+// Whether the pathology, input and update cases left the loss identical to the baseline.
+bool loss_matches_baseline(const std::vector<CaseResult>& results, const CaseResult* baseline) {
+  for (const CaseResult& r : results)
+    if ((r.c.group == "pathology" || r.c.group == "input" || r.c.group == "update") && baseline &&
+        r.summary.final_loss != baseline->summary.final_loss)
+      return false;
+  return true;
+}
+
+// The lab's columns; the token suite has no scaling reference (eff) and no lab work (extra): left out there.
+void print_case_header(bool lab) {
+  std::printf("\n%-16s %4s %6s %9s %10s%s %9s %8s %8s %8s %10s%s %8s\n", "case", "ws", "gbatch", "step_ms", "samples/s",
+              lab ? "    eff" : "", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms", lab ? " extra_ms" : "",
+              "vs_base");
+}
+
+void print_case_row(const CaseResult& r, const CaseFigures& f, bool lab) {
+  const RunSummary& s = r.summary;
+  char eff[16] = "", extra_cell[16] = "";
+  if (lab && f.has_efficiency)
+    std::snprintf(eff, sizeof eff, " %6.2f", f.efficiency);
+  else if (lab)
+    std::snprintf(eff, sizeof eff, " %6s", "-");
+  if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", f.extra + f.mean.barrier_ms);
+  std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9.2f %8.2f %8.2f %8.2f %10.2f%s %+7.0f%%\n", r.c.name.c_str(),
+              r.c.world_size, f.oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff,
+              s.mean_spread_ms, f.mean.data_ms, f.compute, f.mean.optimizer_ms, f.mean.exposed_comm_ms, extra_cell,
+              100 * f.vs_base);
+}
+
+const char* const kCaseCsvHeader =
+    "case,group,world_size,global_batch,oversubscribed,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
+    "mean_spread_ms,data_ms,compute_ms,optimizer_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
+    "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
+
+// A cell that does not apply (no reference case, a workload without tokens) is left empty in the CSV and null in
+// the JSON: a 0 there would read as a measurement.
+std::string case_csv_row(const CaseResult& r, const CaseFigures& f, bool lab) {
   const auto cell = [](bool applies, double value) {
     std::ostringstream text;
     if (applies) text << value;
     return text.str();
   };
-  std::string csv =
-      "case,group,world_size,global_batch,oversubscribed,slowest_rank,slowest_step_ms,samples_per_s,efficiency,"
-      "mean_spread_ms,data_ms,compute_ms,optimizer_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
-      "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
-  // The lab's columns; the token suite has no scaling reference (eff) and no lab work (extra): left out there.
-  std::printf("\n%-16s %4s %6s %9s %10s%s %9s %8s %8s %8s %10s%s %8s\n", "case", "ws", "gbatch", "step_ms", "samples/s",
-              lab ? "    eff" : "", "spread_ms", "data_ms", "comp_ms", "optim_ms", "exposed_ms", lab ? " extra_ms" : "",
-              "vs_base");
-  bool loss_identical = true;
-  for (const CaseResult& r : results) {
-    const RunSummary& s = r.summary;
-    const CaseResult* ref = r.c.group == "weak" ? weak1 : r.c.group == "strong" ? strong1 : nullptr;
-    const bool has_efficiency = ref && ref->summary.samples_per_s > 0;
-    const double efficiency = has_efficiency ? s.samples_per_s / (r.c.world_size * ref->summary.samples_per_s) : 0;
-    const bool has_vs_base = baseline && baseline->summary.samples_per_s > 0;
-    const double vs_base = has_vs_base ? s.samples_per_s / baseline->summary.samples_per_s - 1 : 0;
-    if ((r.c.group == "pathology" || r.c.group == "input" || r.c.group == "update") && baseline &&
-        s.final_loss != baseline->summary.final_loss)
-      loss_identical = false;
-    const StepRecord mean = mean_over_ranks(s);
-    const double compute = mean.forward_ms + mean.backward_ms;
-    const double extra = mean.extra_comm_ms + mean.host_work_ms;
-    const bool oversubscribed = r.oversubscribed_ranks > 0 || r.ranks_on_one_gpu > 0;
-    char eff[16] = "", extra_cell[16] = "";
-    if (lab && has_efficiency)
-      std::snprintf(eff, sizeof eff, " %6.2f", efficiency);
-    else if (lab)
-      std::snprintf(eff, sizeof eff, " %6s", "-");
-    if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", extra + mean.barrier_ms);
-    std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9.2f %8.2f %8.2f %8.2f %10.2f%s %+7.0f%%\n", r.c.name.c_str(),
-                r.c.world_size, oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff,
-                s.mean_spread_ms, mean.data_ms, compute, mean.optimizer_ms, mean.exposed_comm_ms, extra_cell,
-                100 * vs_base);
-    std::ostringstream row;
-    row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ','
-        << (oversubscribed ? 1 : 0) << ',' << s.slowest_rank << ',' << s.slowest_step_ms << ',' << s.samples_per_s
-        << ',' << cell(has_efficiency, efficiency) << ',' << s.mean_spread_ms << ',' << mean.data_ms << ',' << compute
-        << ',' << mean.optimizer_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms
-        << ',' << extra << ',' << mean.barrier_ms << ',' << cell(has_vs_base, vs_base) << ',' << s.final_loss << ','
-        << cell(!lab, s.useful_tokens_per_s) << ',' << cell(!lab, s.padded_tokens_per_s) << ','
-        << cell(!lab, s.padding_ratio) << ',' << cell(!lab, s.mean_token_spread) << ',' << r.path << '\n';
-    csv += row.str();
-    json_cases.push_back({{"case", r.c.name},
-                          {"group", r.c.group},
-                          {"world_size", r.c.world_size},
-                          {"efficiency", has_efficiency ? nlohmann::json(efficiency) : nlohmann::json()},
-                          {"oversubscribed", oversubscribed},
-                          {"vs_baseline", has_vs_base ? nlohmann::json(vs_base) : nlohmann::json()},
-                          {"run_file", r.path},
-                          {"summary", to_json(s)}});
-  }
-  write_text_file(o.out_dir + "/summary.csv", csv);
+  const RunSummary& s = r.summary;
+  const StepRecord& mean = f.mean;
+  std::ostringstream row;
+  row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ','
+      << (f.oversubscribed ? 1 : 0) << ',' << s.slowest_rank << ',' << s.slowest_step_ms << ',' << s.samples_per_s
+      << ',' << cell(f.has_efficiency, f.efficiency) << ',' << s.mean_spread_ms << ',' << mean.data_ms << ','
+      << f.compute << ',' << mean.optimizer_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ','
+      << mean.exposed_comm_ms << ',' << f.extra << ',' << mean.barrier_ms << ',' << cell(f.has_vs_base, f.vs_base)
+      << ',' << s.final_loss << ',' << cell(!lab, s.useful_tokens_per_s) << ',' << cell(!lab, s.padded_tokens_per_s)
+      << ',' << cell(!lab, s.padding_ratio) << ',' << cell(!lab, s.mean_token_spread) << ',' << r.path << '\n';
+  return row.str();
+}
+
+nlohmann::json case_json(const CaseResult& r, const CaseFigures& f) {
+  return {{"case", r.c.name},
+          {"group", r.c.group},
+          {"world_size", r.c.world_size},
+          {"efficiency", f.has_efficiency ? nlohmann::json(f.efficiency) : nlohmann::json()},
+          {"oversubscribed", f.oversubscribed},
+          {"vs_baseline", f.has_vs_base ? nlohmann::json(f.vs_base) : nlohmann::json()},
+          {"run_file", r.path},
+          {"summary", to_json(r.summary)}};
+}
+
+// The `*` of the table: ranks that took turns on the host's cores or on one GPU.
+void print_oversubscription_notes(int blas_threads, const std::vector<CaseResult>& results) {
   const auto most = std::max_element(results.begin(), results.end(), [](const CaseResult& a, const CaseResult& b) {
     return a.oversubscribed_ranks < b.oversubscribed_ranks;
   });
@@ -374,7 +416,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     std::printf(
         "\n* oversubscribed: up to %d ranks x %s on this host's %d cores; the ranks take turns on the cores, so "
         "the case's times measure this machine, not DDP%s\n",
-        most->oversubscribed_ranks, counted(o.base.blas_threads, "BLAS thread").c_str(), most->host_cores,
+        most->oversubscribed_ranks, counted(blas_threads, "BLAS thread").c_str(), most->host_cores,
         most_wait >= 0 ? fmt(" (each rank's compute thread waited %.1f-%.1f ms/step for a CPU in these cases)",
                              least_wait, most_wait)
                              .c_str()
@@ -387,32 +429,59 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
         "\n* oversubscribed: up to %d ranks on one GPU; they take turns on it (their kernels, and the ring's copies "
         "between them), so the case's times measure this machine, not DDP across GPUs\n",
         most_on_one_gpu);
+}
+
+void print_lab_legend(int size, bool loss_identical) {
+  std::printf(
+      "efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
+      "throughput change against weak_ws%d\n",
+      size);
+  std::printf(
+      "loss across the pathology, input and update cases: %s\n",
+      loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
+}
+
+// The token suite's own table: useful tokens/s against the uniform case.
+void print_token_table(const std::vector<CaseResult>& results, const CaseResult* baseline) {
+  std::printf("vs_base: samples/s against uniform (the token table below compares useful tokens/s)\n");
+  std::printf("\n%-16s %14s %14s %8s %11s %12s %9s\n", "case", "useful tok/s", "padded tok/s", "padding", "spread_ms",
+              "token_spread", "vs_unif");
+  for (const CaseResult& r : results) {
+    const RunSummary& s = r.summary;
+    const double vs = baseline && baseline->summary.useful_tokens_per_s > 0
+                          ? s.useful_tokens_per_s / baseline->summary.useful_tokens_per_s - 1
+                          : 0;
+    std::printf("%-16s %14.0f %14.0f %7.1f%% %11.2f %12.0f %+8.0f%%\n", r.c.name.c_str(), s.useful_tokens_per_s,
+                s.padded_tokens_per_s, 100 * s.padding_ratio, s.mean_spread_ms, s.mean_token_spread, 100 * vs);
+  }
+  std::printf("vs_unif: useful tokens/s against uniform 128-token sequences (the same sample count without skew)\n");
+}
+
+// The suite's table against the references of the same launch, its CSV and its JSON cases; returns whether the
+// pathology, input and update cases left the loss identical to the baseline.
+bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results,
+                      nlohmann::json& json_cases) {
+  const CaseReferences refs = case_references(o, size, results);
+  const bool lab = o.name == "lab";  // else the token suite
+  std::string csv = kCaseCsvHeader;
+  print_case_header(lab);
+  for (const CaseResult& r : results) {
+    const CaseFigures f = case_figures(r, refs);
+    print_case_row(r, f, lab);
+    csv += case_csv_row(r, f, lab);
+    json_cases.push_back(case_json(r, f));
+  }
+  write_text_file(o.out_dir + "/summary.csv", csv);
+  const bool loss_identical = loss_matches_baseline(results, refs.baseline);
+  print_oversubscription_notes(o.base.blas_threads, results);
   std::printf(
       "\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
       "exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
-  if (lab) {
-    std::printf(
-        "efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
-        "throughput change against weak_ws%d\n",
-        size);
-    std::printf(
-        "loss across the pathology, input and update cases: %s\n",
-        loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
-  } else {
-    std::printf("vs_base: samples/s against uniform (the token table below compares useful tokens/s)\n");
-    std::printf("\n%-16s %14s %14s %8s %11s %12s %9s\n", "case", "useful tok/s", "padded tok/s", "padding",
-                "spread_ms", "token_spread", "vs_unif");
-    for (const CaseResult& r : results) {
-      const RunSummary& s = r.summary;
-      const double vs = baseline && baseline->summary.useful_tokens_per_s > 0
-                            ? s.useful_tokens_per_s / baseline->summary.useful_tokens_per_s - 1
-                            : 0;
-      std::printf("%-16s %14.0f %14.0f %7.1f%% %11.2f %12.0f %+8.0f%%\n", r.c.name.c_str(), s.useful_tokens_per_s,
-                  s.padded_tokens_per_s, 100 * s.padding_ratio, s.mean_spread_ms, s.mean_token_spread, 100 * vs);
-    }
-    std::printf("vs_unif: useful tokens/s against uniform 128-token sequences (the same sample count without skew)\n");
-  }
+  if (lab)
+    print_lab_legend(size, loss_identical);
+  else
+    print_token_table(results, refs.baseline);
   return loss_identical;
 }
 
@@ -669,34 +738,32 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
             {"tolerance_pct", 100 * tolerance}}}};
 }
 
-}  // namespace
-
-int run_sweep(SweepOptions o, const std::string& command_line) {
+// Bad flags end the sweep before any run (exit 2).
+void validate_sweep(const SweepOptions& o) {
   validate(o.base);
-  for (const std::string& v : o.overlap) require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
+  for (const std::string& v : o.overlap)
+    require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
   for (double b : o.bucket_mb) require(b >= 0, "--bucket-mb values must not be negative");
   require(!o.bucket_mb.empty() && !o.overlap.empty(), "--bucket-mb and --overlap need at least one value each");
   require(o.repeats >= 1, "--repeats must be at least 1");
   require(!(o.predict && o.base.zero_stage == 1),
           "--predict needs --zero-stage 0 (the model predicts all-reduces, not the sharded update's collectives)");
-  MPI_Comm world = MPI_COMM_WORLD;
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
-  if (rank == 0) {
-    std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %s, link %s%s, %s%s, in %s/\n",
-                o.bucket_mb.size(), o.overlap.size(), counted(size, "rank").c_str(), o.base.link.c_str(),
-                o.base.zero_stage == 1 ? ", the update sharded (--zero-stage 1)" : "", steps_each(o.base).c_str(),
-                o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "",
-                o.out_dir.c_str());
-    print_few_steps_note(o.base);
-    if (o.predict)
-      std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point%s\n", o.base.bucket_mb,
-                  o.base.overlap ? "on" : "off", o.repeats > 1 ? " of its round" : "");
-    std::fflush(stdout);
-  }
-  // The points in table order (overlap, then cap).
+}
+
+void print_sweep_header(const SweepOptions& o, int size) {
+  std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %s, link %s%s, %s%s, in %s/\n",
+              o.bucket_mb.size(), o.overlap.size(), counted(size, "rank").c_str(), o.base.link.c_str(),
+              o.base.zero_stage == 1 ? ", the update sharded (--zero-stage 1)" : "", steps_each(o.base).c_str(),
+              o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "", o.out_dir.c_str());
+  print_few_steps_note(o.base);
+  if (o.predict)
+    std::printf("--predict: a first run at --bucket-mb %g --overlap %s predicts every point%s\n", o.base.bucket_mb,
+                o.base.overlap ? "on" : "off", o.repeats > 1 ? " of its round" : "");
+  std::fflush(stdout);
+}
+
+// The points in table order (overlap, then cap).
+std::vector<SweepPoint> grid_points(const SweepOptions& o) {
   std::vector<SweepPoint> points;
   for (const std::string& overlap : o.overlap)
     for (double bucket_mb : o.bucket_mb) {
@@ -705,50 +772,57 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       point.overlap = overlap;
       points.push_back(std::move(point));
     }
-  // Measured in another order: a cap's overlap settings back to back (the machine's drift over the minutes of a
-  // sweep, seen up to 7% in forward, which no setting touches, stays out of the on/off comparison), and round r
-  // measures every point once, every other round in reverse (each point's rounds spread evenly over the sweep).
-  // With --predict a round starts with its own run at the defaults, which predicts the round's points before any
-  // is measured.
+  return points;
+}
+
+// The points' indices in the order a round measures them: a cap's overlap settings back to back (the machine's
+// drift over the minutes of a sweep, seen up to 7% in forward, which no setting touches, stays out of the on/off
+// comparison). Every other round runs it in reverse (each point's rounds spread evenly over the sweep).
+std::vector<size_t> measuring_order(const SweepOptions& o) {
   std::vector<size_t> order;
   for (size_t cap = 0; cap < o.bucket_mb.size(); ++cap)
     for (size_t v = 0; v < o.overlap.size(); ++v) order.push_back(v * o.bucket_mb.size() + cap);
-  struct Measured {
-    RunSummary summary;
-    std::string path;
-  };
-  std::vector<std::vector<Measured>> repeats(points.size());
-  std::vector<PredictSource> sources;
-  for (int round = 0; round < o.repeats; ++round) {
-    if (o.predict) {
-      sources.push_back(run_predict_source(o, round, command_line, world));
-      if (const std::optional<StepModel>& model = sources.back().model)  // rank 0
-        for (SweepPoint& point : points) {
-          PredictSetting setting = model->measured;
-          setting.bucket_mb = point.bucket_mb;
-          setting.overlap = point.overlap == "on";
-          point.repeat_predicted.push_back(predict(*model, setting));
-        }
-    }
-    for (size_t k = 0; k < order.size(); ++k) {
-      SweepPoint& point = points[order[round % 2 ? order.size() - 1 - k : k]];
-      TrainConfig config = o.base;
-      config.bucket_mb = point.bucket_mb;
-      config.overlap = point.overlap == "on";
-      config.quiet = true;
-      char name[80];
-      if (o.repeats == 1)
-        std::snprintf(name, sizeof name, "bucket%g_overlap_%s", point.bucket_mb, point.overlap.c_str());
-      else
-        std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", point.bucket_mb, point.overlap.c_str(), round + 1);
-      config.out = o.out_dir + "/" + name + ".h5";
-      SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
-      point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
-      if (round == 0)  // a cap cuts the same buckets every round
-        for (const BucketRecord& b : r.record.buckets) point.buckets.emplace_back(b.first_piece, b.last_piece);
-      repeats[&point - points.data()].push_back({std::move(r.summary), r.record.path});
-    }
+  return order;
+}
+
+// --predict: every point of a round predicted by the round's model, before any of them is measured.
+void predict_points(const StepModel& model, std::vector<SweepPoint>& points) {
+  for (SweepPoint& point : points) {
+    PredictSetting setting = model.measured;
+    setting.bucket_mb = point.bucket_mb;
+    setting.overlap = point.overlap == "on";
+    point.repeat_predicted.push_back(predict(model, setting));
   }
+}
+
+// One repeat of one point.
+struct Measured {
+  RunSummary summary;
+  std::string path;
+};
+
+// Runs `point` once in round `round`: its step time and, in the first round, its buckets go to the point.
+Measured measure_point(const SweepOptions& o, SweepPoint& point, int round, const std::string& command_line,
+                       MPI_Comm world) {
+  TrainConfig config = o.base;
+  config.bucket_mb = point.bucket_mb;
+  config.overlap = point.overlap == "on";
+  config.quiet = true;
+  char name[80];
+  if (o.repeats == 1)
+    std::snprintf(name, sizeof name, "bucket%g_overlap_%s", point.bucket_mb, point.overlap.c_str());
+  else
+    std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", point.bucket_mb, point.overlap.c_str(), round + 1);
+  config.out = o.out_dir + "/" + name + ".h5";
+  SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
+  point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
+  if (round == 0)  // a cap cuts the same buckets every round
+    for (const BucketRecord& b : r.record.buckets) point.buckets.emplace_back(b.first_piece, b.last_piece);
+  return {std::move(r.summary), r.record.path};
+}
+
+// Each point's median repeat (for an even count the lower of the middle two) stands for it.
+void keep_median_runs(std::vector<SweepPoint>& points, std::vector<std::vector<Measured>>& repeats) {
   for (size_t i = 0; i < points.size(); ++i) {
     std::vector<Measured>& runs = repeats[i];
     std::sort(runs.begin(), runs.end(), [](const Measured& a, const Measured& b) {
@@ -758,7 +832,31 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     points[i].summary = std::move(median.summary);
     points[i].path = median.path;
   }
-  if (rank != 0) return 0;
+}
+
+// Every round over the grid (with --predict each starts with its own run at the defaults); returns the rounds'
+// prediction sources (empty without --predict).
+std::vector<PredictSource> measure_grid(const SweepOptions& o, std::vector<SweepPoint>& points,
+                                        const std::string& command_line, MPI_Comm world) {
+  const std::vector<size_t> order = measuring_order(o);
+  std::vector<std::vector<Measured>> repeats(points.size());
+  std::vector<PredictSource> sources;
+  for (int round = 0; round < o.repeats; ++round) {
+    if (o.predict) {
+      sources.push_back(run_predict_source(o, round, command_line, world));
+      if (const std::optional<StepModel>& model = sources.back().model) predict_points(*model, points);  // rank 0
+    }
+    for (size_t k = 0; k < order.size(); ++k) {
+      const size_t i = order[round % 2 ? order.size() - 1 - k : k];
+      repeats[i].push_back(measure_point(o, points[i], round, command_line, world));
+    }
+  }
+  keep_median_runs(points, repeats);
+  return sources;
+}
+
+// Points with the same buckets and overlap are one setting: their runs pooled into the setting's median and range.
+void pool_same_settings(std::vector<SweepPoint>& points) {
   for (SweepPoint& p : points) {
     std::vector<double> pooled;
     for (const SweepPoint& q : points)
@@ -770,55 +868,69 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     const auto [fastest, slowest] = std::minmax_element(pooled.begin(), pooled.end());
     p.setting_fastest_ms = *fastest, p.setting_slowest_ms = *slowest;
   }
+}
 
-  std::ostringstream csv;
-  csv << "bucket_mb,overlap,slowest_step_ms,samples_per_s,backward_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,"
-         "hidden_fraction,run_file,predicted_step_ms,error_pct\n";
-  nlohmann::json json_points = nlohmann::json::array();
+void print_point_table(const SweepOptions& o, const std::vector<SweepPoint>& points) {
   std::printf("\n%9s %7s %7s %9s %10s %9s %8s %8s %8s %7s%s\n", "bucket_mb", "overlap", "buckets", "step_ms",
               "samples/s", "backward", "comm", "hidden", "exposed", "hidden%", o.predict ? " predicted   error" : "");
-  const SweepPoint* best = &points.front();
   for (const SweepPoint& p : points) {
     const RunSummary& s = p.summary;
     const StepRecord mean = mean_over_ranks(s);
-    const double fraction = mean_hidden_fraction(s);
     std::printf("%9g %7s %7zu %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%%s\n", p.bucket_mb, p.overlap.c_str(),
                 p.buckets.size(), s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms,
-                mean.hidden_comm_ms, mean.exposed_comm_ms, 100 * fraction,
+                mean.hidden_comm_ms, mean.exposed_comm_ms, 100 * mean_hidden_fraction(s),
                 p.predicted() ? predicted_text(p).c_str() : "");
+  }
+}
+
+std::string sweep_csv(const std::vector<SweepPoint>& points) {
+  std::ostringstream csv;
+  csv << "bucket_mb,overlap,slowest_step_ms,samples_per_s,backward_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,"
+         "hidden_fraction,run_file,predicted_step_ms,error_pct\n";
+  for (const SweepPoint& p : points) {
+    const RunSummary& s = p.summary;
+    const StepRecord mean = mean_over_ranks(s);
     csv << p.bucket_mb << ',' << p.overlap << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ','
         << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ','
-        << fraction << ',' << p.path << ',';
+        << mean_hidden_fraction(s) << ',' << p.path << ',';
     if (p.predicted())
       csv << p.predicted()->step.step_ms << ',' << p.error_pct() << '\n';
     else
       csv << ",\n";
-    json_points.push_back({{"bucket_mb", p.bucket_mb},
-                           {"overlap", p.overlap},
-                           {"step_ms", s.slowest_step_ms},
-                           {"hidden_fraction", fraction},
-                           {"run_file", p.path},
-                           {"repeat_step_ms", p.repeat_step_ms},
-                           {"summary", to_json(s)}});
-    if (p.predicted()) {
-      std::vector<double> repeat_predicted, repeat_error;
-      for (size_t k = 0; k < p.repeat_predicted.size(); ++k) {
-        repeat_predicted.push_back(p.repeat_predicted[k].step.step_ms);
-        repeat_error.push_back(p.repeat_error_pct(k));
-      }
-      json_points.back()["repeat_predicted_step_ms"] = repeat_predicted;
-      json_points.back()["repeat_error_pct"] = repeat_error;
-      json_points.back()["predicted_step_ms"] = p.predicted()->step.step_ms;
-      json_points.back()["error_pct"] = p.error_pct();
-      json_points.back()["extrapolated"] = p.predicted()->extrapolated;
-    }
-    if (!p.same_buckets_as.empty()) {
-      json_points.back()["same_buckets_as"] = p.same_buckets_as;
-      json_points.back()["setting_step_ms"] = p.setting_step_ms;
-    }
-    if (p.setting_step_ms < best->setting_step_ms) best = &p;
   }
-  for (const SweepPoint& p : points) {  // each setting measured under several caps, once, at its first
+  return csv.str();
+}
+
+nlohmann::json point_json(const SweepPoint& p) {
+  nlohmann::json point = {{"bucket_mb", p.bucket_mb},
+                          {"overlap", p.overlap},
+                          {"step_ms", p.summary.slowest_step_ms},
+                          {"hidden_fraction", mean_hidden_fraction(p.summary)},
+                          {"run_file", p.path},
+                          {"repeat_step_ms", p.repeat_step_ms},
+                          {"summary", to_json(p.summary)}};
+  if (p.predicted()) {
+    std::vector<double> repeat_predicted, repeat_error;
+    for (size_t k = 0; k < p.repeat_predicted.size(); ++k) {
+      repeat_predicted.push_back(p.repeat_predicted[k].step.step_ms);
+      repeat_error.push_back(p.repeat_error_pct(k));
+    }
+    point["repeat_predicted_step_ms"] = repeat_predicted;
+    point["repeat_error_pct"] = repeat_error;
+    point["predicted_step_ms"] = p.predicted()->step.step_ms;
+    point["error_pct"] = p.error_pct();
+    point["extrapolated"] = p.predicted()->extrapolated;
+  }
+  if (!p.same_buckets_as.empty()) {
+    point["same_buckets_as"] = p.same_buckets_as;
+    point["setting_step_ms"] = p.setting_step_ms;
+  }
+  return point;
+}
+
+// Each setting measured under several caps, once, at its first.
+void print_shared_settings(const std::vector<SweepPoint>& points) {
+  for (const SweepPoint& p : points) {
     if (p.same_buckets_as.empty() || p.same_buckets_as.front() < p.bucket_mb) continue;
     std::ostringstream caps;
     caps << p.bucket_mb;
@@ -831,28 +943,58 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
         p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()), p.setting_fastest_ms, p.setting_slowest_ms,
         100 * (p.setting_slowest_ms / p.setting_fastest_ms - 1));
   }
-  std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step%s)\n", best->bucket_mb, best->overlap.c_str(),
-              best->setting_step_ms, best->same_buckets_as.empty() ? "" : ", its setting's runs under every cap");
-  // The machine's noise, where the sweep measured it (a setting run more than once: --repeats, or one setting under
-  // several caps): the widest spread of one setting's runs. Other settings that close to the best are not told
-  // apart from it by this sweep.
+}
+
+// The fastest setting (the first of equals, in table order).
+const SweepPoint& fastest_setting(const std::vector<SweepPoint>& points) {
+  return *std::min_element(points.begin(), points.end(), [](const SweepPoint& a, const SweepPoint& b) {
+    return a.setting_step_ms < b.setting_step_ms;
+  });
+}
+
+// The machine's noise, where the sweep measured it (a setting run more than once: --repeats, or one setting under
+// several caps): the widest spread of one setting's runs, as a fraction.
+double measured_noise(const std::vector<SweepPoint>& points) {
   double noise = 0;
   for (const SweepPoint& p : points)
     if (p.setting_fastest_ms > 0) noise = std::max(noise, p.setting_slowest_ms / p.setting_fastest_ms - 1);
-  std::vector<const SweepPoint*> tied;  // one point per setting (a setting measured under several caps, once)
+  return noise;
+}
+
+// Whether some setting ran more than once: otherwise the noise was not measured (null, not a noise of 0).
+bool noise_measured(const std::vector<SweepPoint>& points) {
+  return std::any_of(points.begin(), points.end(),
+                     [](const SweepPoint& p) { return p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()) > 1; });
+}
+
+// The other settings within the noise of the best: this sweep does not tell them apart from it. One point per
+// setting (a setting measured under several caps, once).
+std::vector<const SweepPoint*> not_told_apart(const std::vector<SweepPoint>& points, const SweepPoint& best,
+                                              double noise) {
+  std::vector<const SweepPoint*> tied;
   for (const SweepPoint& p : points) {
     const auto same_setting = [&p](const SweepPoint* q) { return q->overlap == p.overlap && q->buckets == p.buckets; };
-    if (noise > 0 && !same_setting(best) && std::none_of(tied.begin(), tied.end(), same_setting) &&
-        p.setting_step_ms <= best->setting_step_ms * (1 + noise))
+    if (noise > 0 && !same_setting(&best) && std::none_of(tied.begin(), tied.end(), same_setting) &&
+        p.setting_step_ms <= best.setting_step_ms * (1 + noise))
       tied.push_back(&p);
   }
-  if (!tied.empty()) {
-    std::printf("not told apart from it by this sweep (within the %.0f%% that one setting's runs spread here):\n",
-                100 * noise);
-    for (const SweepPoint* p : tied)
-      std::printf("  --bucket-mb %g --overlap %s (%.2f ms/step)\n", p->bucket_mb, p->overlap.c_str(),
-                  p->setting_step_ms);
-  }
+  return tied;
+}
+
+void print_best(const SweepPoint& best, double noise, const std::vector<const SweepPoint*>& tied) {
+  std::printf("\nbest: --bucket-mb %g --overlap %s (%.2f ms/step%s)\n", best.bucket_mb, best.overlap.c_str(),
+              best.setting_step_ms, best.same_buckets_as.empty() ? "" : ", its setting's runs under every cap");
+  if (tied.empty()) return;
+  std::printf("not told apart from it by this sweep (within the %.0f%% that one setting's runs spread here):\n",
+              100 * noise);
+  for (const SweepPoint* p : tied)
+    std::printf("  --bucket-mb %g --overlap %s (%.2f ms/step)\n", p->bucket_mb, p->overlap.c_str(), p->setting_step_ms);
+}
+
+nlohmann::json sweep_json(const SweepOptions& o, int size, const std::vector<SweepPoint>& points,
+                          const SweepPoint& best, double noise, const std::vector<const SweepPoint*>& tied) {
+  nlohmann::json json_points = nlohmann::json::array();
+  for (const SweepPoint& p : points) json_points.push_back(point_json(p));
   nlohmann::json summary = {
       {"sweep", "bucket_mb x overlap"},
       {"model", to_string(o.base.model)},
@@ -861,18 +1003,38 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
       {"steps", o.base.steps},
       {"repeats", o.repeats},
       {"points", json_points},
-      {"best", {{"bucket_mb", best->bucket_mb}, {"overlap", best->overlap}, {"step_ms", best->setting_step_ms}}}};
-  // Measured only where a setting ran more than once: otherwise null, not a noise of 0.
-  const bool noise_measured = std::any_of(points.begin(), points.end(), [](const SweepPoint& p) {
-    return p.repeat_step_ms.size() * (1 + p.same_buckets_as.size()) > 1;
-  });
-  summary["noise_pct"] = noise_measured ? nlohmann::json(100 * noise) : nlohmann::json();
+      {"best", {{"bucket_mb", best.bucket_mb}, {"overlap", best.overlap}, {"step_ms", best.setting_step_ms}}}};
+  summary["noise_pct"] = noise_measured(points) ? nlohmann::json(100 * noise) : nlohmann::json();
   summary["not_told_apart"] = nlohmann::json::array();
   for (const SweepPoint* p : tied)
     summary["not_told_apart"].push_back(
         {{"bucket_mb", p->bucket_mb}, {"overlap", p->overlap}, {"step_ms", p->setting_step_ms}});
-  if (o.predict) summary.update(print_prediction_summary(sources, points, *best));
-  write_text_file(o.out_dir + "/summary.csv", csv.str());
+  return summary;
+}
+
+}  // namespace
+
+int run_sweep(SweepOptions o, const std::string& command_line) {
+  validate_sweep(o);
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
+  if (rank == 0) print_sweep_header(o, size);
+  std::vector<SweepPoint> points = grid_points(o);
+  const std::vector<PredictSource> sources = measure_grid(o, points, command_line, world);
+  if (rank != 0) return 0;
+  pool_same_settings(points);
+  print_point_table(o, points);
+  print_shared_settings(points);
+  const SweepPoint& best = fastest_setting(points);
+  const double noise = measured_noise(points);
+  const std::vector<const SweepPoint*> tied = not_told_apart(points, best, noise);
+  print_best(best, noise, tied);
+  nlohmann::json summary = sweep_json(o, size, points, best, noise, tied);
+  if (o.predict) summary.update(print_prediction_summary(sources, points, best));
+  write_text_file(o.out_dir + "/summary.csv", sweep_csv(points));
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
   std::vector<std::string> files;
   for (const SweepPoint& p : points) files.push_back(p.path);
