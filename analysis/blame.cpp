@@ -255,66 +255,72 @@ std::string slow_inter_node_link(const RunRecord& run) {
 }
 
 
-std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
+namespace {
+
+// A barrier that every rank but one waits at, without the late rank's work showing in any phase.
+void find_work_before_barrier(const RunSummary& st, std::vector<Finding>& out) {
   const int world = static_cast<int>(st.ranks.size());
   const double pace = st.slowest_step_ms;
-  if (st.steady_steps() <= 0 || pace <= 0) return {{Cause::kBalanced, -1, "no steady-state steps to judge"}};
-  std::vector<Finding> out;
+  int late = 0;
+  for (int r = 1; r < world; ++r)
+    if (st.ranks[r].barrier_ms < st.ranks[late].barrier_ms) late = r;
+  const double others = median_except(st.ranks, late, [](const StepRecord& p) { return p.barrier_ms; });
+  if (others - st.ranks[late].barrier_ms > std::max(kOutlierMinMs, kOutlierMinShare * pace))
+    out.push_back({Cause::kWorkBeforeBarrier, late,
+                   fmt("rank %d sets the pace (work before a barrier): it arrives last at the barrier; the other "
+                       "ranks wait there %.2f ms/step (%.0f%% of the step)",
+                       late, others, 100 * others / pace)});
+}
 
-  // 1. One rank doing more of its own work than the others: it sets the pace, the others wait for it.
-  if (world >= 2) {
-    std::vector<Candidate> candidates;
-    for (const Component& c : kComponents) {
-      for (int r = 0; r < world; ++r) {
-        const double value = c.get(st.ranks[r]);
-        const double others = median_except(st.ranks, r, c.get);
-        const double excess = value - others;
-        if (excess > std::max(kOutlierMinMs, kOutlierMinShare * pace) && value >= c.ratio * others)
-          candidates.push_back({r, &c, value, others, excess});
-      }
-    }
-    std::sort(candidates.begin(), candidates.end(),
-              [](const Candidate& a, const Candidate& b) { return a.excess > b.excess; });
-    std::vector<int> named;
-    for (const Candidate& c : candidates) {
-      if (std::find(named.begin(), named.end(), c.rank) != named.end()) continue;
-      out.push_back(pace_finding(run, st, c, named.empty()));
-      named.push_back(c.rank);
-    }
-    // A barrier that every rank but one waits at, without the late rank's work showing in any phase.
-    if (named.empty()) {
-      int late = 0;
-      for (int r = 1; r < world; ++r)
-        if (st.ranks[r].barrier_ms < st.ranks[late].barrier_ms) late = r;
-      const double others = median_except(st.ranks, late, [](const StepRecord& p) { return p.barrier_ms; });
-      if (others - st.ranks[late].barrier_ms > std::max(kOutlierMinMs, kOutlierMinShare * pace))
-        out.push_back({Cause::kWorkBeforeBarrier, late,
-                       fmt("rank %d sets the pace (work before a barrier): it arrives last at the barrier; the other "
-                           "ranks wait there %.2f ms/step (%.0f%% of the step)",
-                           late, others, 100 * others / pace)});
+// One rank doing more of its own work than the others: it sets the pace, the others wait for it.
+void find_pace_setters(const RunRecord& run, const RunSummary& st, std::vector<Finding>& out) {
+  const int world = static_cast<int>(st.ranks.size());
+  const double pace = st.slowest_step_ms;
+  std::vector<Candidate> candidates;
+  for (const Component& c : kComponents) {
+    for (int r = 0; r < world; ++r) {
+      const double value = c.get(st.ranks[r]);
+      const double others = median_except(st.ranks, r, c.get);
+      const double excess = value - others;
+      if (excess > std::max(kOutlierMinMs, kOutlierMinShare * pace) && value >= c.ratio * others)
+        candidates.push_back({r, &c, value, others, excess});
     }
   }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.excess > b.excess; });
+  std::vector<int> named;
+  for (const Candidate& c : candidates) {
+    if (std::find(named.begin(), named.end(), c.rank) != named.end()) continue;
+    out.push_back(pace_finding(run, st, c, named.empty()));
+    named.push_back(c.rank);
+  }
+  if (named.empty()) find_work_before_barrier(st, out);
+}
 
-  // 2. Every rank, alike, waiting for communication.
+// Every rank, alike, waiting for communication.
+void find_comm_bound(const RunRecord& run, const RunSummary& st, std::vector<Finding>& out) {
+  const double pace = st.slowest_step_ms;
   const OverRanks waits = over_ranks(st.ranks, [](const StepRecord& p) { return p.exposed_comm_ms + p.extra_comm_ms; });
-  if (waits.least >= kCommBoundShare * pace && waits.least >= kAlikeRatio * waits.most) {
-    const double w = waits.median;
-    const double extra = over_ranks(st.ranks, [](const StepRecord& p) { return p.extra_comm_ms; }).median;
-    if (extra > over_ranks(st.ranks, [](const StepRecord& p) { return p.exposed_comm_ms; }).median) {
-      out.push_back({Cause::kCommBound, -1,
-                     fmt("communication-bound: every rank spends %.2f ms/step (%.0f%% of the step) in an extra "
-                         "all-reduce outside the gradient buckets; drop it, shrink it or run it less often",
-                         extra, 100 * extra / pace)});
-    } else {
-      const std::string link = slow_inter_node_link(run);
-      out.push_back({Cause::kCommBound, -1,
-                     fmt("communication-bound: every rank waits %.2f ms/step for the all-reduce (%.0f%% of the step)",
-                         w, 100 * w / pace) +
-                         (link.empty() ? "" : ", exposed comm on " + link) + "; " + comm_hints(run)});
-    }
+  if (waits.least < kCommBoundShare * pace || waits.least < kAlikeRatio * waits.most) return;
+  const double w = waits.median;
+  const double extra = over_ranks(st.ranks, [](const StepRecord& p) { return p.extra_comm_ms; }).median;
+  if (extra > over_ranks(st.ranks, [](const StepRecord& p) { return p.exposed_comm_ms; }).median) {
+    out.push_back({Cause::kCommBound, -1,
+                   fmt("communication-bound: every rank spends %.2f ms/step (%.0f%% of the step) in an extra "
+                       "all-reduce outside the gradient buckets; drop it, shrink it or run it less often",
+                       extra, 100 * extra / pace)});
+  } else {
+    const std::string link = slow_inter_node_link(run);
+    out.push_back({Cause::kCommBound, -1,
+                   fmt("communication-bound: every rank waits %.2f ms/step for the all-reduce (%.0f%% of the step)", w,
+                       100 * w / pace) +
+                       (link.empty() ? "" : ", exposed comm on " + link) + "; " + comm_hints(run)});
   }
+}
 
-  // 3. Every rank, alike, waiting for its input.
+// Every rank, alike, waiting for its input.
+void find_input_bound(const RunSummary& st, std::vector<Finding>& out) {
+  const double pace = st.slowest_step_ms;
   const OverRanks data = over_ranks(st.ranks, [](const StepRecord& p) { return p.data_ms; });
   if (data.least >= kInputBoundShare * pace && data.least >= kAlikeRatio * data.most) {
     out.push_back({Cause::kInputBound, -1,
@@ -322,37 +328,38 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
                        "--loader-threads and a deeper --prefetch get batches ready before they are needed",
                        data.median, 100 * data.median / pace)});
   }
+}
 
-  if (out.empty()) {
-    const StepRecord& p = st.ranks[st.slowest_rank];
-    if (world == 1) {
-      out.push_back({Cause::kSingleRank, -1,
-                     fmt("one rank, nobody to wait for: the step of %.2f ms is ", p.step_ms) + breakdown(p)});
-    } else {
-      out.push_back(
-          {Cause::kBalanced, -1,
-           fmt("no rank stands out (spread %.2f ms/step): the step of %.2f ms is ", st.mean_spread_ms, p.step_ms) +
-               breakdown(p)});
-    }
-  }
-  // 4. Every rank computing on padding (the rows of a batch are as long as its longest sequence): added after the
-  // rest, so that a run with nothing else to blame still gets its breakdown first.
-  if (st.padding_ratio >= kPaddingBoundShare) {
-    const Batching batching = config_from_json(run.config).batching;
-    out.push_back({Cause::kPaddingBound, -1,
-                   fmt("padding-bound: %.0f%% of the tokens the ranks compute on are padding (%.0f useful of %.0f "
-                       "tokens/s)",
-                       100 * st.padding_ratio, st.useful_tokens_per_s, st.padded_tokens_per_s) +
-                       (batching == Batching::kSample ? "; --batching bucket (lengths sorted within windows) or token (a "
-                                               "--max-tokens budget per batch) compute on less of it"
-                                             : "")});
-  }
+// Nothing to blame: the slowest rank's step, phase by phase.
+Finding step_breakdown(const RunSummary& st) {
+  const StepRecord& p = st.ranks[st.slowest_rank];
+  if (st.ranks.size() == 1)
+    return {Cause::kSingleRank, -1,
+            fmt("one rank, nobody to wait for: the step of %.2f ms is ", p.step_ms) + breakdown(p)};
+  return {Cause::kBalanced, -1,
+          fmt("no rank stands out (spread %.2f ms/step): the step of %.2f ms is ", st.mean_spread_ms, p.step_ms) +
+              breakdown(p)};
+}
 
-  // 5. The host taking every rank's CPUs: no rank stands out for it, every step is longer by it. After the rest too:
-  // it says why the figures above are larger than the job's own work, not what the job does.
-  // Likewise more threads than cores on the host: every rank's compute thread waiting for a CPU.
-  // (A counter the kernel does not keep is -1 on every rank: never a finding. Below kOutlierMinMs a share means
-  // nothing: a 0.05 ms step of a tiny model waits 0.02 ms for a CPU beside its own comm thread.)
+// Every rank computing on padding (the rows of a batch are as long as its longest sequence).
+void find_padding_bound(const RunRecord& run, const RunSummary& st, std::vector<Finding>& out) {
+  if (st.padding_ratio < kPaddingBoundShare) return;
+  const Batching batching = config_from_json(run.config).batching;
+  out.push_back({Cause::kPaddingBound, -1,
+                 fmt("padding-bound: %.0f%% of the tokens the ranks compute on are padding (%.0f useful of %.0f "
+                     "tokens/s)",
+                     100 * st.padding_ratio, st.useful_tokens_per_s, st.padded_tokens_per_s) +
+                     (batching == Batching::kSample ? "; --batching bucket (lengths sorted within windows) or token (a "
+                                                      "--max-tokens budget per batch) compute on less of it"
+                                                    : "")});
+}
+
+// The host taking every rank's CPUs: no rank stands out for it, every step is longer by it. Likewise more threads
+// than cores on the host: every rank's compute thread waiting for a CPU.
+// (A counter the kernel does not keep is -1 on every rank: never a finding. Below kOutlierMinMs a share means
+// nothing: a 0.05 ms step of a tiny model waits 0.02 ms for a CPU beside its own comm thread.)
+void find_busy_host(const RunSummary& st, std::vector<Finding>& out) {
+  const double pace = st.slowest_step_ms;
   const OverRanks wait = over_ranks(st.ranks, [](const StepRecord& p) { return p.cpu_wait_ms; });
   if (wait.least >= std::max(kOutlierMinMs, kContentionShare * pace))
     out.push_back({Cause::kCpuContention, -1,
@@ -367,6 +374,22 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
                        "the step; steal time): the step times include them; compare runs taken side by side on "
                        "this host, or run on dedicated cores",
                        steal.median, 100 * steal.median / pace)});
+}
+
+}  // namespace
+
+std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
+  if (st.steady_steps() <= 0 || st.slowest_step_ms <= 0)
+    return {{Cause::kBalanced, -1, "no steady-state steps to judge"}};
+  std::vector<Finding> out;
+  if (st.ranks.size() >= 2) find_pace_setters(run, st, out);
+  find_comm_bound(run, st, out);
+  find_input_bound(st, out);
+  if (out.empty()) out.push_back(step_breakdown(st));
+  // After the rest, so that a run with nothing else to blame still gets its breakdown first.
+  find_padding_bound(run, st, out);
+  // After the rest too: it says why the figures above are larger than the job's own work, not what the job does.
+  find_busy_host(st, out);
   return out;
 }
 

@@ -750,25 +750,28 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   return m;
 }
 
-Prediction predict(const StepModel& m, const PredictSetting& setting) {
-  Prediction out;
-  out.setting = setting;
-  std::vector<int64_t> numel, offset;
-  for (const PieceRecord& p : m.pieces) numel.push_back(p.numel), offset.push_back(p.offset);
-  const std::vector<Bucket> buckets =
-      assign_buckets(numel, offset, setting.bucket_mb * kMiB, setting.first_bucket_mb * kMiB);
-  out.buckets = static_cast<int>(buckets.size());
-  const int n = setting.ranks;
-  const PredictSetting& measured = m.measured;
+namespace {
 
-  // Where alpha and beta come from: the calibration file for this implementation, else the run's buckets; on
-  // another link, the link's latency and bandwidth, bounded below by the source's own when it ran on no link.
+// What a prediction's all-reduce times are taken from.
+struct CommSource {
+  AlphaBeta ab;
+  LinkModel link;                       // the link it was measured on
+  int ranks = 0;                        // 0: nothing measured, the link model alone
+  std::string name;                     // its implementation and wire
+  double min_bytes = 0, max_bytes = 0;  // the sizes it timed
+};
+
+// The calibration file for this implementation, else the run's buckets, else the link model alone. Says which in
+// out.comm_source.
+CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting, Prediction& out) {
+  const PredictSetting& measured = m.measured;
   const std::string name = impl_name(setting.impl, setting.wire);
   std::optional<AlphaBeta> ab;
-  LinkModel source_link = m.fitted_link;
-  int source_ranks = measured.ranks;
-  std::string source_name = impl_name(measured.impl, measured.wire);
-  double lo = m.measured_min_bucket, hi = m.measured_max_bucket;
+  CommSource src;
+  src.link = m.fitted_link;
+  src.ranks = measured.ranks;
+  src.name = impl_name(measured.impl, measured.wire);
+  src.min_bytes = m.measured_min_bucket, src.max_bytes = m.measured_max_bucket;
   if (m.calibration) {
     std::vector<AllreduceTerms> terms;
     std::vector<double> times;
@@ -777,14 +780,14 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
       if (p.impl == name) {
         terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, setting.wire, small));
         times.push_back(p.time_ms);
-        lo = terms.size() == 1 ? p.bytes : std::min(lo, p.bytes);
-        hi = terms.size() == 1 ? p.bytes : std::max(hi, p.bytes);
+        src.min_bytes = terms.size() == 1 ? p.bytes : std::min(src.min_bytes, p.bytes);
+        src.max_bytes = terms.size() == 1 ? p.bytes : std::max(src.max_bytes, p.bytes);
       }
     if (const std::optional<CommFit> fit = fit_comm(terms, times)) {
       ab = fit->alone;
-      source_link = m.calibration->link_model;
-      source_ranks = m.calibration->ranks;
-      source_name = name;
+      src.link = m.calibration->link_model;
+      src.ranks = m.calibration->ranks;
+      src.name = name;
       out.comm_source = "calibration";
     }
   }
@@ -794,85 +797,150 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   }
   if (!ab) {
     ab = AlphaBeta{};
-    source_link = LinkModel{};
-    source_ranks = 0;
+    src.link = LinkModel{};
+    src.ranks = 0;
     out.comm_source = "link model";
-    if (n > 1) out.extrapolated.push_back("no measured all-reduce: link model alone");
+    if (setting.ranks > 1) out.extrapolated.push_back("no measured all-reduce: link model alone");
   }
-  // Per class of hop: the source's alpha and beta where the class runs on the link they were measured on, else
-  // the link's own, bounded below by the source's when it ran on no emulated link. A class whose numbers come from
-  // the link model alone is an extrapolation where the implementation's time depends on it.
-  const int nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
-  const double small = static_cast<double>(small_allreduce_bytes(n));
+  src.ab = *ab;
+  return src;
+}
+
+struct HopChoice {
   HopCosts costs;
   bool link_model_only[2] = {false, false};  // intra, inter
+};
+
+// Per class of hop: the source's alpha and beta where the class runs on the link they were measured on, else
+// the link's own, bounded below by the source's when it ran on no emulated link.
+HopChoice choose_hop_costs(const StepModel& m, const PredictSetting& setting, const CommSource& src,
+                           const std::string& comm_source) {
+  const PredictSetting& measured = m.measured;
+  HopChoice out;
   // A hier run's fit took in its phases within the node: at the run's shape and intra link they add nothing.
-  const bool within_fitted = out.comm_source == "run" && measured.impl == AllreduceImpl::kHier &&
-                             setting.impl == AllreduceImpl::kHier && nodes == measured.nodes() &&
-                             per_node == measured.ranks_on_a_node() &&
+  const bool within_fitted = comm_source == "run" && measured.impl == AllreduceImpl::kHier &&
+                             setting.impl == AllreduceImpl::kHier && setting.nodes() == measured.nodes() &&
+                             setting.ranks_on_a_node() == measured.ranks_on_a_node() &&
                              same_link(setting.link.intra, measured.link.intra);
   for (int across = 0; across < 2; ++across) {
     const LinkModel& link = across ? setting.link.inter : setting.link.intra;
-    AlphaBeta& hop = across ? costs.inter : costs.intra;
+    AlphaBeta& hop = across ? out.costs.inter : out.costs.intra;
     if (!across && within_fitted) continue;
-    if (same_link(link, source_link)) {
-      hop = *ab;
+    if (same_link(link, src.link)) {
+      hop = src.ab;
       continue;
     }
-    const AlphaBeta own = emulated(source_link) ? AlphaBeta{} : *ab, model = link_alpha_beta(link);
+    const AlphaBeta own = emulated(src.link) ? AlphaBeta{} : src.ab, model = link_alpha_beta(link);
     hop = AlphaBeta{std::max(own.alpha_ms, model.alpha_ms), std::max(own.beta_ms_per_byte, model.beta_ms_per_byte)};
-    link_model_only[across] = true;
+    out.link_model_only[across] = true;
   }
+  return out;
+}
+
+struct BucketCosts {
   std::vector<BucketCost> cost;
-  bool outside = false, depends_on[2] = {nodes == 1 || setting.impl != AllreduceImpl::kHier || per_node > 1, nodes > 1};
+  bool outside = false;                 // a bucket beyond the sizes the source timed
+  bool depends_on[2] = {false, false};  // whether the time depends on the intra, inter class of hop
+};
+
+BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, const std::vector<Bucket>& buckets,
+                         const HopCosts& costs, const CommSource& src) {
+  const int n = setting.ranks, nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
+  const double small = static_cast<double>(small_allreduce_bytes(n));
+  BucketCosts out;
+  out.depends_on[0] = nodes == 1 || setting.impl != AllreduceImpl::kHier || per_node > 1;
+  out.depends_on[1] = nodes > 1;
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const double alone = allreduce_ms(bytes, setting, small, costs);
     const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes);
-    cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});
+    out.cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
-    outside = outside || (n > 1 && source_ranks > 0 && (bytes < lo * 0.9 || bytes > hi * 1.1));
+    out.outside =
+        out.outside || (n > 1 && src.ranks > 0 && (bytes < src.min_bytes * 0.9 || bytes > src.max_bytes * 1.1));
     if (nodes > 1 && setting.impl != AllreduceImpl::kHier) {  // the slower class sets each step's pace
       const AllreduceTerms flat = allreduce_terms(bytes, n, AllreduceImpl::kMpi, setting.wire, 0);
       const double within = costs.intra.ms(flat), between = costs.inter.ms(flat);
-      depends_on[0] = depends_on[0] && within >= between;
-      depends_on[1] = depends_on[1] && between >= within;
+      out.depends_on[0] = out.depends_on[0] && within >= between;
+      out.depends_on[1] = out.depends_on[1] && between >= within;
     }
   }
+  return out;
+}
+
+// Says in out.extrapolated where the prediction goes beyond what its source measured. A class of hop whose numbers
+// come from the link model alone is an extrapolation where the implementation's time depends on it.
+void note_extrapolations(const StepModel& m, const PredictSetting& setting, const CommSource& src,
+                         const HopChoice& hops, const BucketCosts& buckets, Prediction& out) {
+  const PredictSetting& measured = m.measured;
+  const int n = setting.ranks, nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
   for (int across = 0; across < 2; ++across) {
-    if (!link_model_only[across] || !depends_on[across] || n <= 1 || out.comm_source == "link model") continue;
+    if (!hops.link_model_only[across] || !buckets.depends_on[across] || n <= 1 || out.comm_source == "link model")
+      continue;
     const LinkModel& link = across ? setting.link.inter : setting.link.intra;
-    const std::string hops = nodes == 1 ? "link " : across ? "inter-node link " : "intra-node link ";
-    out.extrapolated.push_back(hops + link.name + (nodes == 1 ? "" : ": link model only") + " (measured " +
-                               source_link.name + ")" +
-                               (emulated(source_link) ? ": the transport under the emulated link is unmeasured" : ""));
+    const std::string which = nodes == 1 ? "link " : across ? "inter-node link " : "intra-node link ";
+    out.extrapolated.push_back(which + link.name + (nodes == 1 ? "" : ": link model only") + " (measured " +
+                               src.link.name + ")" +
+                               (emulated(src.link) ? ": the transport under the emulated link is unmeasured" : ""));
     if (out.comm_source.find(" + link") == std::string::npos) out.comm_source += " + link";
   }
-  if (source_ranks > 0 && n != source_ranks)
-    out.extrapolated.push_back(std::to_string(n) + " ranks (measured " + std::to_string(source_ranks) + ")");
-  if (source_ranks > 0 && n > 1 && (nodes != measured.nodes() || (nodes > 1 && per_node != measured.ranks_on_a_node())))
+  const std::string name = impl_name(setting.impl, setting.wire);
+  if (src.ranks > 0 && n != src.ranks)
+    out.extrapolated.push_back(std::to_string(n) + " ranks (measured " + std::to_string(src.ranks) + ")");
+  if (src.ranks > 0 && n > 1 && (nodes != measured.nodes() || (nodes > 1 && per_node != measured.ranks_on_a_node())))
     out.extrapolated.push_back(shape_text(setting) + " (measured " + shape_text(measured) + ")");
-  if (source_ranks > 0 && n > 1 && name != source_name)
-    out.extrapolated.push_back("comm " + name + " (measured " + source_name + ")");
+  if (src.ranks > 0 && n > 1 && name != src.name)
+    out.extrapolated.push_back("comm " + name + " (measured " + src.name + ")");
   if (setting.overlap && !measured.overlap)
     out.extrapolated.push_back("overlap on (the run had it off: no all-reduce timed beside backward)");
-  if (outside) out.extrapolated.push_back("bucket sizes outside the measured " + mb_text(lo) + " .. " + mb_text(hi));
+  if (buckets.outside)
+    out.extrapolated.push_back("bucket sizes outside the measured " + mb_text(src.min_bytes) + " .. " +
+                               mb_text(src.max_bytes));
+}
 
-  // n ranks: the measured ranks repeated (rank r behaves as measured rank r mod the measured world, so a slow
-  // rank stays). Copies wait for the same buckets as their originals, so only the distinct ones are replayed; the
-  // all-reduces cost what n ranks cost.
+// n ranks: the measured ranks repeated (rank r behaves as measured rank r mod the measured world, so a slow
+// rank stays). Copies wait for the same buckets as their originals, so only the distinct ones are replayed.
+std::vector<std::vector<RankProfile>> distinct_ranks(const StepModel& m, int n) {
   std::vector<std::vector<RankProfile>> steps;
   for (const std::vector<RankProfile>& measured_ranks : m.steps)
     steps.emplace_back(measured_ranks.begin(), measured_ranks.begin() + std::min<size_t>(n, measured_ranks.size()));
+  return steps;
+}
+
+// Each bucket's share of the parameters: the share of the update that follows its all-reduce.
+std::vector<double> update_shares(const std::vector<Bucket>& buckets) {
+  double total = 0;
+  for (const Bucket& b : buckets) total += static_cast<double>(b.count);
+  std::vector<double> share;
+  for (const Bucket& b : buckets) share.push_back(total > 0 ? b.count / total : 0.0);
+  return share;
+}
+
+}  // namespace
+
+Prediction predict(const StepModel& m, const PredictSetting& setting) {
+  Prediction out;
+  out.setting = setting;
+  std::vector<int64_t> numel, offset;
+  for (const PieceRecord& p : m.pieces) numel.push_back(p.numel), offset.push_back(p.offset);
+  const std::vector<Bucket> buckets =
+      assign_buckets(numel, offset, setting.bucket_mb * kMiB, setting.first_bucket_mb * kMiB);
+  out.buckets = static_cast<int>(buckets.size());
+
+  const CommSource src = choose_comm_source(m, setting, out);
+  const HopChoice hops = choose_hop_costs(m, setting, src, out.comm_source);
+  const BucketCosts costs = cost_buckets(m, setting, buckets, hops.costs, src);
+  note_extrapolations(m, setting, src, hops, costs, out);
+
   std::vector<double> update_share;
   if (setting.bucketed_update) {
-    double total = 0;
-    for (const Bucket& b : buckets) total += static_cast<double>(b.count);
-    for (const Bucket& b : buckets) update_share.push_back(total > 0 ? b.count / total : 0.0);
-    if (!measured.bucketed_update)
+    update_share = update_shares(buckets);
+    if (!m.measured.bucketed_update)
       out.extrapolated.push_back("update per bucket (the run updated after its last all-reduce)");
   }
-  out.step = simulate_steps(steps, buckets, cost, setting.overlap, m.host, update_share);
+  out.step =
+      simulate_steps(distinct_ranks(m, setting.ranks), buckets, costs.cost, setting.overlap, m.host, update_share);
+  const int n = setting.ranks;
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;
   return out;

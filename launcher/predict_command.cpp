@@ -190,28 +190,23 @@ void write_json_file(const std::string& path, bool force, const nlohmann::json& 
   publish_file(tmp, path, force);
 }
 
-void run_predict(const PredictArgs& a) {
-  // Everything is checked before anything is computed or written.
-  if (!a.json.empty()) {
-    const std::string problem = check_output_path(a.json, a.force);
-    if (!problem.empty()) throw UsageError(problem);
-  }
+// The model of the run in the file, with the calibration file's all-reduce times when one is given.
+StepModel load_model(const PredictArgs& a) {
   const RunRecord run = read_input(a.file);
   std::optional<Calibration> calibration;
-  StepModel model;
   try {
     if (!a.calibration.empty()) calibration = read_calibration(a.calibration);
-    model = build_model(run, calibration);
+    return build_model(run, calibration);
   } catch (const std::exception& e) {
     throw UsageError(e.what());
   }
-  const std::vector<PredictSetting> settings = settings_to_predict(a, model.measured);
+}
 
+// The run's own setting, what the model says of it, and what the model is built from.
+void print_model_summary(const std::string& file, const StepModel& model, const Prediction& self, double self_error) {
   const PredictSetting& own = model.measured;
-  const Prediction self = predict(model, own);
-  const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;
   std::printf("predict: %s: %d rank(s), %s, link %s, %s %s, buckets %g/%g MiB, overlap %s: measured %.2f ms/step\n",
-              a.file.c_str(), own.ranks, shape_text(own).c_str(), link_spec(own.link).c_str(), to_string(own.impl),
+              file.c_str(), own.ranks, shape_text(own).c_str(), link_spec(own.link).c_str(), to_string(own.impl),
               to_string(own.wire), own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(),
               model.measured_step_ms);
   std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
@@ -236,7 +231,10 @@ void run_predict(const PredictArgs& a) {
         "lost to compute costs (an older file), so an all-reduce beside backward stalls until backward ends\n",
         model.host.ranks, model.host.threads, model.host.cores);
   for (const std::string& note : model.notes) std::printf("  note: %s\n", note.c_str());
+}
 
+// Predicts every setting, printing the table row by row.
+std::vector<Prediction> print_prediction_table(const StepModel& model, const std::vector<PredictSetting>& settings) {
   const bool tokens = model.tokens_per_rank > 0;
   int link_width = 10;
   for (const PredictSetting& s : settings)
@@ -256,31 +254,36 @@ void run_predict(const PredictArgs& a) {
                 x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0, 100 * weak_scaling_efficiency(model, p),
                 p.extrapolated.empty() ? "" : " *");
   }
-  if (calibration) {
-    // Where each implementation's all-reduce came from (Prediction::comm_source): the file stands in for the run's
-    // fit only for what it measured at sizes that fit; the rest kept the run's fit, or the link model alone.
-    std::vector<std::string> sources;
-    for (const Prediction& p : rows) {
-      const std::string item = std::string(to_string(p.setting.impl)) + " " + to_string(p.setting.wire) + " from " +
-                               (p.comm_source == "calibration" ? "it" : "the " + p.comm_source);
-      if (std::find(sources.begin(), sources.end(), item) == sources.end()) sources.push_back(item);
-    }
-    std::string text;
-    for (const std::string& item : sources) text += (text.empty() ? "" : ", ") + item;
-    std::printf("calibration: %s (%d ranks, link %s): %s\n", calibration->path.c_str(), calibration->ranks,
-                calibration->link.c_str(), text.c_str());
-  }
-  if (const std::vector<std::string> footnotes = extrapolation_footnotes(rows); !footnotes.empty()) {
-    std::printf("* extrapolated beyond what was measured:\n");
-    for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
-  }
+  return rows;
+}
 
-  // The tunables are buckets, overlap, implementation and wire; the link and the world size are given. One
-  // recommendation for each link and world size.
-  nlohmann::json recommended = nlohmann::json::array();
-  // Per group, rows closer than the run's own noise are not ranked by the model (recommend, analysis/predict.h).
+// Where each implementation's all-reduce came from (Prediction::comm_source): the file stands in for the run's
+// fit only for what it measured at sizes that fit; the rest kept the run's fit, or the link model alone.
+void print_calibration_sources(const Calibration& calibration, const std::vector<Prediction>& rows) {
+  std::vector<std::string> sources;
+  for (const Prediction& p : rows) {
+    const std::string item = std::string(to_string(p.setting.impl)) + " " + to_string(p.setting.wire) + " from " +
+                             (p.comm_source == "calibration" ? "it" : "the " + p.comm_source);
+    if (std::find(sources.begin(), sources.end(), item) == sources.end()) sources.push_back(item);
+  }
+  std::string text;
+  for (const std::string& item : sources) text += (text.empty() ? "" : ", ") + item;
+  std::printf("calibration: %s (%d ranks, link %s): %s\n", calibration.path.c_str(), calibration.ranks,
+              calibration.link.c_str(), text.c_str());
+}
+
+void print_extrapolation_footnotes(const std::vector<Prediction>& rows) {
+  const std::vector<std::string> footnotes = extrapolation_footnotes(rows);
+  if (footnotes.empty()) return;
+  std::printf("* extrapolated beyond what was measured:\n");
+  for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
+}
+
+// The tunables are buckets, overlap, implementation and wire; the link and the world size are given. The rows'
+// indices per link and world size, groups in the order they first appear.
+std::vector<std::vector<size_t>> group_by_link_and_world(const std::vector<Prediction>& rows) {
   std::vector<std::string> group_names;
-  std::vector<std::vector<size_t>> groups;  // rows, per group
+  std::vector<std::vector<size_t>> groups;
   for (size_t i = 0; i < rows.size(); ++i) {
     const PredictSetting& s = rows[i].setting;
     const std::string group =
@@ -293,31 +296,45 @@ void run_predict(const PredictArgs& a) {
       groups[it - group_names.begin()].push_back(i);
     }
   }
+  return groups;
+}
+
+// Why row p is recommended over the run's own setting on p's link and world size, and how it was chosen.
+std::string recommendation_reason(const StepModel& model, const Prediction& p, const Recommendation& chosen,
+                                  double tolerance) {
+  PredictSetting baseline = model.measured;
+  baseline.link = p.setting.link;
+  baseline.ranks = p.setting.ranks;
+  baseline.ranks_per_node = p.setting.ranks_per_node;
+  std::string why = reason(p, predict(model, baseline));
+  if (chosen.within_noise > 0) {
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "; %d other setting(s) predicted within %.1f%% of the fastest (two standard errors of the run's "
+                  "step): too close to rank, so %s",
+                  chosen.within_noise, 100 * tolerance,
+                  chosen.own ? "the run's own setting" : "the fewest buckets among them");
+    why += text;
+  }
+  return why;
+}
+
+// One recommendation for each link and world size, printed; returned for the JSON file.
+nlohmann::json print_recommendations(const StepModel& model, const std::vector<Prediction>& rows) {
+  // Per group, rows closer than the run's own noise are not ranked by the model (recommend, analysis/predict.h).
   const double tolerance = ranking_tolerance(model);
   std::vector<std::pair<size_t, Recommendation>> best;  // row in `rows`, and how it was chosen
-  for (const std::vector<size_t>& group : groups) {
+  for (const std::vector<size_t>& group : group_by_link_and_world(rows)) {
     std::vector<Prediction> members;
     for (size_t i : group) members.push_back(rows[i]);
-    const Recommendation r = recommend(members, own, tolerance);
+    const Recommendation r = recommend(members, model.measured, tolerance);
     best.emplace_back(group[r.row], r);
   }
   std::printf("\n");
+  nlohmann::json recommended = nlohmann::json::array();
   for (const auto& [i, chosen] : best) {
     const Prediction& p = rows[i];
-    PredictSetting baseline = own;
-    baseline.link = p.setting.link;
-    baseline.ranks = p.setting.ranks;
-    baseline.ranks_per_node = p.setting.ranks_per_node;
-    std::string why = reason(p, predict(model, baseline));
-    if (chosen.within_noise > 0) {
-      char text[200];
-      std::snprintf(text, sizeof text,
-                    "; %d other setting(s) predicted within %.1f%% of the fastest (two standard errors of the run's "
-                    "step): too close to rank, so %s",
-                    chosen.within_noise, 100 * tolerance,
-                    chosen.own ? "the run's own setting" : "the fewest buckets among them");
-      why += text;
-    }
+    const std::string why = recommendation_reason(model, p, chosen, tolerance);
     std::printf("recommended (link %s, %d rank%s, %s): %s: %.2f ms/step%s\n  %s\n", link_spec(p.setting.link).c_str(),
                 p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape_text(p.setting).c_str(),
                 setting_flags(p.setting).c_str(), p.step.step_ms, p.extrapolated.empty() ? "" : " *", why.c_str());
@@ -329,11 +346,14 @@ void run_predict(const PredictArgs& a) {
                            {"tolerance_pct", 100 * tolerance},
                            {"reason", why}});
   }
-  std::fflush(stdout);
+  return recommended;
+}
 
-  if (a.json.empty()) return;
+void write_predictions_json(const PredictArgs& a, const StepModel& model, const Prediction& self, double self_error,
+                            const std::vector<Prediction>& rows, const nlohmann::json& recommended) {
   nlohmann::json rows_json = nlohmann::json::array();
   for (const Prediction& p : rows) rows_json.push_back(row_json(model, p));
+  const std::optional<Calibration>& calibration = model.calibration;
   nlohmann::json j = {
       {"run", a.file},
       {"measured",
@@ -352,6 +372,28 @@ void run_predict(const PredictArgs& a) {
     throw UsageError(e.what());
   }
   std::printf("predictions: %s\n", a.json.c_str());
+}
+
+void run_predict(const PredictArgs& a) {
+  // Everything is checked before anything is computed or written.
+  if (!a.json.empty()) {
+    const std::string problem = check_output_path(a.json, a.force);
+    if (!problem.empty()) throw UsageError(problem);
+  }
+  const StepModel model = load_model(a);
+  const std::vector<PredictSetting> settings = settings_to_predict(a, model.measured);
+
+  const Prediction self = predict(model, model.measured);
+  const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;
+  print_model_summary(a.file, model, self, self_error);
+  const std::vector<Prediction> rows = print_prediction_table(model, settings);
+  if (model.calibration) print_calibration_sources(*model.calibration, rows);
+  print_extrapolation_footnotes(rows);
+  const nlohmann::json recommended = print_recommendations(model, rows);
+  std::fflush(stdout);
+
+  if (a.json.empty()) return;
+  write_predictions_json(a, model, self, self_error, rows, recommended);
 }
 
 }  // namespace
