@@ -173,7 +173,7 @@ with tempfile.TemporaryDirectory() as work:
              ([run, "--first-bucket-mb=-1"], "bucket sizes must not be negative"),
              ([run, "--ranks", "0"], "at least one rank"),
              ([run, "--link", "intra=none,outer=1gbe"], "unknown link class 'outer'"),
-             ([run, "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide 2 ranks"),
+             ([run, "--ranks", "4", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide 4 ranks"),
              ([nodes_run, "--comm", "hier", "--ranks-per-node", "4"], "--comm hier needs more than one node")]
     for args, expected in cases:
         proc = predict(*args, "--json", out)
