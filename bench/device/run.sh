@@ -258,6 +258,18 @@ if [ "$stage" = 3 ]; then
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --model gpt2-small \
     --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 \
     --out "$work/gpt2_bf16_np2.h5" --force
+  # The closing bucket on a shared GPU (docs/BENCHMARKS.md, "Predictions for the next call"): the same run with a
+  # bf16 wire, then with each bucket's update behind its own all-reduce; and a peer killed mid-run.
+  gpt2_np2=("${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc
+            --model gpt2-small --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10
+            --warmup-steps 3 --force)
+  step "gpt2-small bf16 ring ipc np2, bf16 wire" train.log 60 'grep -m1 "mean step" "$log"' \
+    "${gpt2_np2[@]}" --comm-dtype bf16 --out "$work/gpt2_bf16_wire_np2.h5"
+  step "gpt2-small bf16 ring ipc np2, update by bucket" train.log 60 'grep -m1 "mean step" "$log"' \
+    "${gpt2_np2[@]}" --optimizer-in-backward on --out "$work/gpt2_bucketed_np2.h5"
+  step "dead peer ring ipc np2 (must fail in time)" train.log 40 'grep -m1 -iE "rank 1|dead|killed" "$log"' \
+    bash -c '! "$@"' dead_peer "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 40 \
+    --fault kill --fault-rank 1 --fault-step 10 --timeout-s 20 --out "$work/dead_peer_np2.h5" --force
   # compute-sanitizer over the GPU tests: memcheck everywhere, racecheck on the kernels with shared memory.
   sanitizer=$(tool compute-sanitizer)
   if [ -n "$sanitizer" ]; then
