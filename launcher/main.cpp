@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
     }
     if (train->parsed()) {
       const SummarizedRun run = run_training(config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
-      if (rank == 0) write_train_page(run, config.quiet);
+      if (rank == 0 && settings::choice(settings::kTrainPage) == "on") write_train_page(run, config.quiet);
     }
     if (suite->parsed()) code = run_suite(suite_options, command_line);
     if (sweep->parsed()) code = run_sweep(sweep_options, command_line);

@@ -63,9 +63,15 @@ inline constexpr Knob kBlasAuto{"DDPLAB_BLAS_AUTO",
                                 -1,
                                 "on|off"};
 
+// `ddplab train`'s page beside its run file costs seconds of matplotlib on rank 0 after the run: off for scripts that
+// train in a loop (and the test suite); `ddplab report --html` draws it later from the run file.
+inline constexpr Knob kTrainPage{"DDPLAB_TRAIN_PAGE", "on",
+                                 "off: ddplab train writes no <stem>.report.html beside its run file", 0, -1, "on|off"};
+
 inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes,
                                          &kCommTransport,  &kLocalRegister,      &kDirectAllreduce,
-                                         &kCommSpinUs,     &kCommMaxSleepUs,     &kBlasAuto};
+                                         &kCommSpinUs,     &kCommMaxSleepUs,     &kBlasAuto,
+                                         &kTrainPage};
 
 // The knob's value: the environment's, read once, or its default_text when it is unset or empty (`fallback`, for a
 // default computed by the caller). Throws BadSetting when it is set to what the knob does not take.

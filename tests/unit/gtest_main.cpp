@@ -5,5 +5,6 @@
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  return ddplab::testing_exit::exit_code(RUN_ALL_TESTS() != 0);
+  const bool failed = RUN_ALL_TESTS() != 0;
+  return ddplab::testing_exit::exit_code(failed, ddplab::testing_exit::any_skipped());
 }
