@@ -1,15 +1,25 @@
-// The exit code a GoogleTest binary gives ctest: 1 when a test failed; else 77 (ctest's SKIP_RETURN_CODE) when any
-// test skipped, as GPU tests do without a GPU; else 0. So a skip is never reported as a pass, and a failure never as
-// a skip. (ctest's skip-by-output regex is not used: it marks a test skipped whatever its exit code, so one skip hid
+// The exit code a GoogleTest binary gives ctest: 1 when a test failed; else 77 (ctest's SKIP_RETURN_CODE) when the
+// run skipped, else 0. A run skipped when every test that ran skipped; a GPU test (DDPLAB_TEST_ANY_SKIP=1, set by
+// tests/gpu) when any did, so that no GPU test is reported passed without a GPU. A failure is never reported as a
+// skip. (ctest's skip-by-output regex is not used: it marks a test skipped whatever its exit code, so one skip hid
 // another test's failure.)
 #pragma once
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
 
 namespace ddplab::testing_exit {
 
 inline constexpr int kSkipped = 77;
 
-inline bool any_skipped() { return ::testing::UnitTest::GetInstance()->skipped_test_count() > 0; }
+// Whether this process's run counts as skipped, by the rule above.
+inline bool skipped() {
+  const ::testing::UnitTest& u = *::testing::UnitTest::GetInstance();
+  const char* any = std::getenv("DDPLAB_TEST_ANY_SKIP");
+  if (any && std::strcmp(any, "1") == 0) return u.skipped_test_count() > 0;
+  return u.test_to_run_count() > 0 && u.skipped_test_count() == u.test_to_run_count();
+}
 
 inline int exit_code(bool failed, bool skipped) { return failed ? 1 : skipped ? kSkipped : 0; }
 

@@ -1,6 +1,6 @@
 // GoogleTest main for tests launched by mpirun: every rank runs every test; a failure on any rank makes every rank
-// exit non-zero, which makes mpirun (and so ctest) fail; otherwise a run where a test skipped exits 77, which ctest
-// reports as skipped (tests/gtest_exit_code.h). Only rank 0 prints the test listing; other
+// exit non-zero, which makes mpirun (and so ctest) fail; otherwise a run that skipped (tests/gtest_exit_code.h) exits
+// 77 on every rank, which ctest reports as skipped. Only rank 0 prints the test listing; other
 // ranks print only failures, prefixed by their rank. MPI starts at MPI_THREAD_MULTIPLE, as in the ddplab binary
 // (runtime/mpi_init.h); a library that gives less ends the test with exit code 2 and the reason.
 #include <gtest/gtest.h>
@@ -40,11 +40,12 @@ int main(int argc, char** argv) {
     listeners.Append(new FailuresOnly(rank));
   }
   const int local_failed = RUN_ALL_TESTS() != 0;
-  // Every rank learns whether any rank failed or skipped, so that every rank exits alike.
-  int local[2] = {local_failed, ddplab::testing_exit::any_skipped()}, any[2] = {0, 0};
+  // Every rank learns whether any rank failed, and whether every rank's run skipped, so that every rank exits alike.
+  int local[2] = {local_failed, !ddplab::testing_exit::skipped()}, any[2] = {0, 0};
   MPI_Allreduce(local, any, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   const int any_failed = any[0];
+  const bool all_skipped = any[1] == 0;
   if (rank == 0 && any_failed && !local_failed) std::fprintf(stderr, "a test failed on another rank\n");
   MPI_Finalize();
-  return ddplab::testing_exit::exit_code(any_failed != 0, any[1] != 0);
+  return ddplab::testing_exit::exit_code(any_failed != 0, all_skipped);
 }

@@ -6,5 +6,5 @@
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   const bool failed = RUN_ALL_TESTS() != 0;
-  return ddplab::testing_exit::exit_code(failed, ddplab::testing_exit::any_skipped());
+  return ddplab::testing_exit::exit_code(failed, ddplab::testing_exit::skipped());
 }
