@@ -31,7 +31,7 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
                  const std::vector<int64_t>& offset, float* flat_grads)
     : comm_(comm),
       config_(config),
-      buckets_(assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0)),
+      buckets_(assign_buckets(numel, offset, config)),
       bucket_of_piece_(numel.size()),
       piece_numel_(numel),
       piece_offset_(offset),

@@ -43,6 +43,12 @@ struct ReducerConfig {
   bool sharded = false;
 };
 
+// The buckets both reducers cut: assign_buckets at the config's caps in MiB.
+inline std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
+                                          const ReducerConfig& config) {
+  return assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0);
+}
+
 class Reducer {
  public:
   // Collective over comm: every rank must construct its Reducer with the same layout, which is checked (a

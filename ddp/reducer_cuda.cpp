@@ -15,7 +15,7 @@ CudaReducer::CudaReducer(StreamAllreduce& engine, MPI_Comm comm, const ReducerCo
                          cudaStream_t compute_stream)
     : engine_(engine),
       config_(config),
-      buckets_(assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0)),
+      buckets_(assign_buckets(numel, offset, config)),
       bucket_of_piece_(numel.size()),
       flat_grads_(flat_grads),
       compute_(compute_stream),
