@@ -12,6 +12,8 @@
 
 #include "comm/hier_allreduce.h"
 #include "comm/link_emulation.h"
+#include "comm/shm_direct.h"
+#include "comm/transport_table.h"
 #include "runtime/mpi_check.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
@@ -153,6 +155,19 @@ std::unique_ptr<Transport> emulate_links(std::unique_ptr<Transport> t, const Top
   return std::make_unique<LinkEmulatedTransport>(std::move(t), hops, nic);
 }
 
+// Where a description of hops (transport_table.h, hier's two of them joined by " + ") names shared memory as a kind of
+// hop: at the start of a part, as "shm" or "shm within node"; never a refusal's "shm: ...". npos when no peer is
+// reached through shared memory.
+size_t shm_hop_in(const std::string& description) {
+  for (size_t part = 0; part != std::string::npos;) {
+    if (description.compare(part, 3, "shm") == 0 && (part + 3 == description.size() || description[part + 3] == ' '))
+      return part;
+    part = description.find(" + ", part);
+    if (part != std::string::npos) part += 3;
+  }
+  return std::string::npos;
+}
+
 }  // namespace
 
 std::optional<wire::Format> wire_format(WireDtype dtype) {
@@ -203,6 +218,7 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   const bool emulated = options_.link.emulated();
   if (emulated && topology_.nodes() > 1 && link_emulated(options_.link.inter))
     nic_ = std::make_shared<SharedNic>(comm_, topology_.node_of_rank[rank_]);
+  ShmTransport* shm = nullptr;  // the ring's transport, when shared memory reaches every peer unemulated
   if (options_.impl == AllreduceImpl::kHier) {
     HierAllreduce::WrapTransport wrap;
     if (emulated)
@@ -212,22 +228,25 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
     hier_ = std::make_unique<HierAllreduce>(comm_, topology_.node_of_rank[rank_], wrap);
     transport_name_ = hier_->transport_name();
   } else {
-    transport_ = connect_transport(comm_, topology_, ring_, transport_name_);
-    if (emulated) transport_ = emulate_links(std::move(transport_), topology_, options_.link, nic_);
+    ConnectedTransport connected = connect_peers(comm_, topology_, ring_, /*say_where=*/topology_.nodes() > 1);
+    transport_ = std::move(connected.transport);
+    transport_name_ = connected.description;
+    if (emulated)
+      transport_ = emulate_links(std::move(transport_), topology_, options_.link, nic_);
+    else
+      shm = connected.shm;
   }
-  // describe_hops names every hop kind: "shm" appears exactly when some peer is reached through shared memory.
-  single_copy_ =
-      size_ > 1 && transport_name_.find("shm") != std::string::npos && settings::integer(settings::kLocalRegister) == 1;
-  if (single_copy_) transport_name_.insert(transport_name_.find("shm") + 3, " single-copy");
+  const size_t shm_hop = shm_hop_in(transport_name_);
+  single_copy_ = size_ > 1 && shm_hop != std::string::npos && settings::integer(settings::kLocalRegister) == 1;
+  if (single_copy_) transport_name_.insert(shm_hop + 3, " single-copy");
   if (emulated) transport_name_ += " + link emulation";
   // The direct all-reduce, where every rank can take it: ranks that disagreed (their DDPLAB_* settings differ) would
   // wait on boards and FIFOs, each for the other.
-  auto* shm = dynamic_cast<ShmTransport*>(transport_.get());  // null under link emulation, hier or the MPI transport
   int can_direct = options_.direct && single_copy_ && !ring_.wire16 && shm && shm->local_peers() == size_ - 1 &&
                    settings::integer(settings::kDirectAllreduce) == 1;
   mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &can_direct, 1, MPI_INT, MPI_MIN, comm_));
   if (can_direct) {
-    direct_ = shm;
+    direct_ = std::make_unique<DirectCollectives>(*shm);
     transport_name_ += " + direct collectives";
   }
 }
@@ -290,7 +309,7 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
       o.check_finite = check_finite;
       if (direct_) {  // the ring's result, bit for bit, where every rank's buffers are registered
         if (const std::optional<bool> finite =
-                direct_->direct_collective(ShmTransport::Direct::kAllreduce, in, out, count, o))
+                direct_->run(DirectCollectives::Kind::kAllreduce, in, out, count, o))
           return *finite;
       }
       return ring_allreduce_sum(in, out, count, *transport_, scratch_, o);
@@ -329,7 +348,7 @@ bool Communicator::reduce_scatter_gradients(float* data, size_t count, float sca
     o.check_finite = true;
     if (direct_) {  // the ring's owned sums, bit for bit, where every rank's buffer is registered
       if (const std::optional<bool> finite =
-              direct_->direct_collective(ShmTransport::Direct::kReduceScatter, data, data, count, o))
+              direct_->run(DirectCollectives::Kind::kReduceScatter, data, data, count, o))
         return *finite;
     }
     return ring_reduce_scatter_sum(data, count, *transport_, scratch_, o);
@@ -342,7 +361,7 @@ void Communicator::all_gather(float* data, size_t count, int tag) {
   guarded("all-gather", "all-gather", tag, [&] {
     RingOptions o = ring_;
     o.tag = tag;
-    if (direct_ && direct_->direct_collective(ShmTransport::Direct::kAllGather, data, data, count, o)) return;
+    if (direct_ && direct_->run(DirectCollectives::Kind::kAllGather, data, data, count, o)) return;
     ring_all_gather_owned(data, count, *transport_, scratch_, o);
   });
 }

@@ -11,7 +11,7 @@
 
 #include "comm/link_model.h"
 #include "comm/ring_allreduce.h"
-#include "comm/shm_transport.h"
+#include "comm/shm_segments.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
 #include "runtime/choices.h"
@@ -65,13 +65,14 @@ struct CommOptions {
   LinkClasses link;
   int ranks_per_node = 0;  // emulated nodes of K consecutive ranks; 0: the hosts (comm/topology.h)
   // --comm ring with every rank on one host, single copy, the fp32 wire and no link emulation: registered buffers
-  // above the recursive-doubling size take the direct collectives (ShmTransport::direct_collective: the all-reduce,
+  // above the recursive-doubling size take the direct collectives (comm/shm_direct.h: the all-reduce,
   // and the sharded update's reduce-scatter and all-gather) unless DDPLAB_DIRECT_ALLREDUCE is 0 or this is false
   // (allreduce_perf's ring-only).
   bool direct = true;
 };
 
 // Not thread-safe: one thread at a time calls into a Communicator (during a step, the Reducer's comm thread).
+class DirectCollectives;
 class HierAllreduce;
 class SharedNic;
 
@@ -161,7 +162,7 @@ class Communicator {
   std::string failed_;                    // set when an all-reduce threw: peers may have messages in flight
   std::string transport_name_;
   bool single_copy_ = false;
-  ShmTransport* direct_ = nullptr;  // transport_, when it takes the direct collectives
+  std::unique_ptr<DirectCollectives> direct_;  // over transport_, when it takes the direct collectives
 };
 
 }  // namespace ddplab

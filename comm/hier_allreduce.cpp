@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/transport_table.h"
 #include "runtime/mpi_check.h"
 #include "runtime/worker_thread.h"
 
@@ -28,10 +29,10 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
   const Topology group = topology_from_ids(group_ids);
   MPI_Comm group_comm;
   mpiCheck(MPI_Comm_split(comm, color, key, &group_comm));
-  std::unique_ptr<Transport> t = connect_transport(group_comm, group, RingOptions{}, name);  // FIFOs: default size
+  ConnectedTransport t = connect_peers(group_comm, group, RingOptions{}, /*say_where=*/true);  // FIFOs: default size
   mpiCheck(MPI_Comm_free(&group_comm));
-  name = describe_hops(group, *t, /*say_where=*/true);
-  return wrap ? wrap(std::move(t), group) : std::move(t);
+  name = t.description;
+  return wrap ? wrap(std::move(t.transport), group) : std::move(t.transport);
 }
 
 }  // namespace

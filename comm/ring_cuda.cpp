@@ -65,7 +65,86 @@ void agree(MPI_Comm comm, int rank, const std::string& local_error) {
   if (any) throw std::runtime_error("rank " + std::to_string(rank) + ": ring on the GPU: another rank failed");
 }
 
+// What the links decide by: the same facts on every rank, so every rank picks the same link.
+struct LinkQuery {
+  int ranks;
+  DeviceChoice choice;
+  std::string nccl_unavailable;  // NcclAllreduce::availability() on some rank; empty: usable everywhere
+};
+
 }  // namespace
+
+// The ring's links, tried in this order for --ring-link auto, as NCCL tries its transports per peer. The ring is one
+// cycle and every rank must pick the same link, so the choice is per ring rather than per peer: ipc, the fastest
+// where it can connect and the only one that lets ranks share a GPU; then nccl; then host, which always connects.
+struct RingAllreduceCuda::LinkEntry {
+  RingLinkKind kind;
+  // Empty when the link can connect this ring; else why not.
+  std::string (*cannot_connect)(const LinkQuery& q);
+  // Builds the link over `bytes` chunks; collective over comm.
+  void (RingAllreduceCuda::*setup)(MPI_Comm comm, size_t bytes);
+};
+
+const std::vector<RingAllreduceCuda::LinkEntry>& RingAllreduceCuda::link_table() {
+  static const std::vector<LinkEntry> table = {
+      {RingLinkKind::kIpc,
+       [](const LinkQuery& q) -> std::string {
+         if (q.choice.local_size == q.ranks) return "";
+         return "ranks on more than one node (" + std::to_string(q.choice.local_size) + " of " +
+                std::to_string(q.ranks) + " here), and CUDA IPC maps memory within one";
+       },
+       &RingAllreduceCuda::open_ipc_link},
+      {RingLinkKind::kNccl,
+       [](const LinkQuery& q) -> std::string {
+         if (!q.nccl_unavailable.empty()) return q.nccl_unavailable;
+         return q.choice.gpu_shared ? "ranks share a GPU, which NCCL refuses" : "";
+       },
+       &RingAllreduceCuda::open_nccl_link},
+      {RingLinkKind::kHost, [](const LinkQuery&) { return std::string(); }, &RingAllreduceCuda::open_host_link},
+  };
+  return table;
+}
+
+// The requested link, or for auto the first that can connect; what auto passed over is said in the name.
+const RingAllreduceCuda::LinkEntry& RingAllreduceCuda::choose_link(MPI_Comm comm, RingLinkKind wanted) {
+  LinkQuery q{size_, choose_device(comm, /*exclusive=*/false, "ring on the GPU"), ""};
+  device_ = q.choice.device;
+  const std::string unavailable = NcclAllreduce::availability();
+  int missing = unavailable.empty() ? 0 : 1, anywhere = 0;
+  mpiCheck(MPI_Allreduce(&missing, &anywhere, 1, MPI_INT, MPI_MAX, comm));
+  if (anywhere) q.nccl_unavailable = unavailable.empty() ? "NCCL unusable on another rank" : unavailable;
+  std::string passed_over;
+  for (const LinkEntry& entry : link_table()) {
+    if (wanted != RingLinkKind::kAuto && entry.kind != wanted) continue;
+    const std::string why = entry.cannot_connect(q);
+    if (why.empty()) {
+      name_ = std::string("ring/") + to_string(entry.kind) + (passed_over.empty() ? "" : " (" + passed_over + ")");
+      return entry;
+    }
+    if (wanted != RingLinkKind::kAuto)
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": ring on the GPU: the " + to_string(wanted) +
+                               " link cannot connect: " + why + " (--ring-link auto picks one that can)");
+    passed_over += (passed_over.empty() ? "" : "; ") + std::string(to_string(entry.kind)) + ": " + why;
+  }
+  throw std::logic_error("ring on the GPU: no link in the table connects (" + passed_over + ")");
+}
+
+void RingAllreduceCuda::open_nccl_link(MPI_Comm comm, size_t bytes) {
+  nccl_ = std::make_unique<NcclAllreduce>(comm);  // one GPU per rank, checked on every rank
+  device_ = nccl_->device();
+  link_ = std::make_unique<NcclP2pLink>(nccl_->nccl_comm(), rank_, size_, stream_, bytes);
+  memory_->set_check([nccl = nccl_.get()] { nccl->check_async_error(); });  // its kernels may wait on a dead peer
+}
+
+void RingAllreduceCuda::open_host_link(MPI_Comm comm, size_t bytes) {
+  transport_ = std::make_unique<MpiTransport>(comm);
+  void* p = nullptr;
+  cudaCheck(cudaMallocHost(&p, bytes));
+  host_send_.reset(p);
+  cudaCheck(cudaMallocHost(&p, bytes));
+  host_recv_.reset(p);
+  link_ = std::make_unique<HostStagedLink>(*memory_, *transport_, host_send_.get(), host_recv_.get(), bytes);
+}
 
 RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
@@ -73,32 +152,14 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   comm_ = comm;
   const size_t bytes = config.chunk_bytes / sizeof(float) * sizeof(float);
   if (bytes == 0) throw std::invalid_argument("ring on the GPU: chunk_bytes must hold at least one float");
-  RingLinkKind link = config.link;
-  if (link != RingLinkKind::kNccl) {
-    const DeviceChoice choice = choose_device(comm, /*exclusive=*/false, "ring on the GPU");
-    device_ = choice.device;
-    const bool one_node = choice.local_size == size_;  // the same answer on every rank
-    if (link == RingLinkKind::kAuto) link = one_node ? RingLinkKind::kIpc : RingLinkKind::kNccl;
-    if (link == RingLinkKind::kIpc)
-      agree(comm, rank_,
-            one_node ? ""
-                     : "the ipc link needs every rank on one node (" + std::to_string(size_) + " ranks, " +
-                           std::to_string(choice.local_size) + " here): use --ring-link nccl or host");
-  }
-  if (link == RingLinkKind::kNccl) {
-    nccl_ = std::make_unique<NcclAllreduce>(comm);  // one GPU per rank, checked on every rank
-    device_ = nccl_->device();
-  }
-  name_ = std::string("ring/") + to_string(link);
+  const LinkEntry& link = choose_link(comm, config.link);
 
   int least = 0, greatest = 0;
   cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaCheck(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));  // as NCCL's comm stream
   nvtxNameCudaStreamA(stream_, "ddplab comm (ring)");
   cudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-  std::function<void()> check;
-  if (nccl_) check = [nccl = nccl_.get()] { nccl->check_async_error(); };  // NCCL's kernels may wait on a dead peer
-  memory_ = std::make_unique<CudaStreamMemory>(stream_, std::move(check));
+  memory_ = std::make_unique<CudaStreamMemory>(stream_);
   void* p = nullptr;
   cudaCheck(cudaMalloc(&p, bytes));
   reduce_staging_.reset(p);
@@ -110,26 +171,7 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
     wire_ = DeviceRingWire{*config.wire, {w, w + words}};
   }
 
-  switch (link) {
-    case RingLinkKind::kAuto:
-      throw std::logic_error("ring on the GPU: the auto link was not resolved");
-    case RingLinkKind::kNccl:
-      link_ = std::make_unique<NcclP2pLink>(nccl_->nccl_comm(), rank_, size_, stream_, bytes);
-      break;
-    case RingLinkKind::kIpc:
-      transport_ = std::make_unique<MpiTransport>(comm);
-      open_ipc_link(comm, bytes);
-      link_ = std::make_unique<PeerStagingLink>(*memory_, *transport_, ipc_staging_.get(), next_ipc_staging_, bytes);
-      break;
-    case RingLinkKind::kHost:
-      transport_ = std::make_unique<MpiTransport>(comm);
-      cudaCheck(cudaMallocHost(&p, bytes));
-      host_send_.reset(p);
-      cudaCheck(cudaMallocHost(&p, bytes));
-      host_recv_.reset(p);
-      link_ = std::make_unique<HostStagedLink>(*memory_, *transport_, host_send_.get(), host_recv_.get(), bytes);
-      break;
-  }
+  (this->*link.setup)(comm, bytes);
   comm_thread_ = std::make_unique<WorkerThread>("GPU ring comm thread");
   comm_thread_->submit([this] { cudaCheck(cudaSetDevice(device_)); });  // a new thread starts on device 0
 }
@@ -137,6 +179,12 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
 // My staging buffer's handle goes to every rank; I map next's. cudaIpcOpenMemHandle works between processes on one
 // GPU as between GPUs of a node (peer access enabled lazily where there is a second GPU).
 void RingAllreduceCuda::open_ipc_link(MPI_Comm comm, size_t bytes) {
+  transport_ = std::make_unique<MpiTransport>(comm);
+  map_next_staging(comm, bytes);
+  link_ = std::make_unique<PeerStagingLink>(*memory_, *transport_, ipc_staging_.get(), next_ipc_staging_, bytes);
+}
+
+void RingAllreduceCuda::map_next_staging(MPI_Comm comm, size_t bytes) {
   void* p = nullptr;
   cudaCheck(cudaMalloc(&p, bytes));
   ipc_staging_.reset(p);

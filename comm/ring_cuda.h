@@ -32,7 +32,7 @@ namespace ddplab::cuda {
 
 class NcclAllreduce;
 
-// kAuto: ipc when every rank is on one node (the only link that lets ranks share a GPU), nccl otherwise.
+// kAuto: the first link of the table (ring_cuda.cpp: ipc, nccl, host) that can connect.
 using ddplab::RingLinkKind;  // comm/communicator.h: the names --ring-link takes
 
 // RingMemory on a CUDA stream: cudaMemcpyAsync and the add kernel are enqueued; synchronize() polls the stream
@@ -42,6 +42,7 @@ class CudaStreamMemory final : public RingMemory {
  public:
   explicit CudaStreamMemory(cudaStream_t stream, std::function<void()> check = nullptr)
       : stream_(stream), check_(std::move(check)) {}
+  void set_check(std::function<void()> check) { check_ = std::move(check); }
   void copy(void* dst, const void* src, size_t bytes) override;
   void add(float* out, const float* a, const float* b, size_t count) override;
   void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override;
@@ -94,7 +95,8 @@ class RingAllreduceCuda final : public StreamAllreduce {
   RingAllreduceCuda(const RingAllreduceCuda&) = delete;
   RingAllreduceCuda& operator=(const RingAllreduceCuda&) = delete;
 
-  const char* name() const override { return name_.c_str(); }  // "ring/ipc", ...
+  // "ring/ipc", ...; for --ring-link auto, with the links passed over and why: "ring/host (ipc: ...; nccl: ...)".
+  const char* name() const override { return name_.c_str(); }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int device() const override { return device_; }
@@ -129,7 +131,13 @@ class RingAllreduceCuda final : public StreamAllreduce {
   };
   void wait_for_jobs(const char* what);
   const DeviceRingWire* wire() const { return wire_ ? &*wire_ : nullptr; }
+  struct LinkEntry;
+  static const std::vector<LinkEntry>& link_table();
+  const LinkEntry& choose_link(MPI_Comm comm, RingLinkKind wanted);
   void open_ipc_link(MPI_Comm comm, size_t bytes);
+  void map_next_staging(MPI_Comm comm, size_t bytes);
+  void open_nccl_link(MPI_Comm comm, size_t bytes);
+  void open_host_link(MPI_Comm comm, size_t bytes);
 
   int rank_ = 0, size_ = 1, device_ = -1;
   std::string name_;

@@ -1,5 +1,5 @@
-// Shared-memory transport between ranks of one node (after NCCL's SHM transport), MPI for the others: the transport
-// is chosen per pair, so one ring mixes both (comm/topology.h says which ranks form a node).
+// Shared-memory transport between the ranks of one node that share a host (after NCCL's SHM transport). It reaches
+// those peers only; the transport table (comm/transport_table.h) routes each of the others to MPI.
 //
 // Why: Open MPI moves a message above its 4 KiB eager limit by rendezvous, which on this machine costs ~4 us per
 // message and copies with process_vm_readv at 4-10 GB/s (measured in docs/COMM.md), and a rendezvous message only
@@ -17,7 +17,7 @@
 // Waiting polls the counters: spin for PollPolicy::spin_us, then sleep with growing naps (no core burnt).
 //
 // Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
-// holding its board for the direct all-reduce (below) and its incoming FIFOs, everyone maps everyone's, and the names
+// holding its notice board for the direct collectives (comm/shm_direct.h) and its incoming FIFOs, everyone maps everyone's, and the names
 // are unlinked at once, so nothing is left in /dev/shm even if the job dies. Pages of FIFOs that are never used are
 // never touched (tmpfs allocates on write).
 //
@@ -27,7 +27,7 @@
 // buffer, then acknowledges by advancing the record counter it already publishes (slots_done). Such a send
 // completes at that acknowledgement, not when queued, so the Transport contract (the buffer stays untouched until
 // wait_sends retires the send) is exactly what keeps the data valid while the peer reads it. Per message: any other
-// send (unregistered memory, a peer that does not map the segment, <= 40 bytes) is copied through the FIFO as before.
+// send (unregistered memory, a peer that does not map the segment, <= 40 bytes) is copied through the FIFO.
 // Traffic per hop: the copy path writes the FIFO and reads it back (2 more passes over the data than single copy).
 #pragma once
 #include <mpi.h>
@@ -35,11 +35,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include "comm/ring_allreduce.h"
+#include "comm/shm_segments.h"
 #include "comm/transport.h"
 
 namespace ddplab {
@@ -67,50 +71,6 @@ struct ShmSendCounts {
 };
 ShmSendCounts shm_send_counts();
 
-// The last-level cache as this machine's cpu 0 sees it (sysfs; 32 MiB where it does not say). An out-of-place direct
-// all-reduce whose outputs together reach it stores with non-temporal stores (ShmTransport::direct_collective).
-size_t last_level_cache_bytes();
-
-// Direct collectives (ShmTransport::direct_collective) this process ran since it started, all kinds together, and
-// of those the ones that stored their outputs with non-temporal stores.
-uint64_t shm_direct_collectives();
-uint64_t shm_streamed_collectives();
-
-// Where the pages of every shared segment this process has mapped now lie: pages per NUMA node (move_pages), and the
-// pages not yet placed (never touched) or not answerable. One line, e.g. "1 NUMA node: 514 pages on node 0".
-std::string shm_page_placement();
-
-// Host memory in a shared segment that the ranks of this host map (see above): sends from it travel by reference.
-// Not copyable; the mappings go when it is destroyed, on every rank after the last all-reduce that uses it (a
-// reference to a segment a receiver no longer maps fails that receive with a message, never reads freed memory).
-class RegisteredBuffer {
- public:
-  RegisteredBuffer() = default;
-  // Collective over comm: each rank gets `bytes` of zeroed memory (sizes may differ between ranks). It is registered
-  // when `registered` is true on every rank of its host; otherwise (or after a failed shm_open/mmap, which every
-  // rank of the host agrees on and throws as std::runtime_error naming it) it is ordinary memory.
-  RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered);
-  ~RegisteredBuffer();
-  RegisteredBuffer(RegisteredBuffer&& other) noexcept;
-  RegisteredBuffer& operator=(RegisteredBuffer&& other) noexcept;
-
-  void* data() const { return base_; }
-  size_t bytes() const { return bytes_; }
-  bool registered() const { return segment_ != 0; }
-
- private:
-  void release() noexcept;
-  void* base_ = nullptr;
-  size_t bytes_ = 0, map_bytes_ = 0;
-  uint64_t segment_ = 0;  // this process's id of its segment; 0: ordinary memory
-  struct PeerMap {
-    uint64_t owner, segment;
-    void* base;
-    size_t map_bytes;
-  };
-  std::vector<PeerMap> peer_maps_;  // the host peers' segments of the same collective call
-};
-
 class ShmTransport final : public Transport {
  public:
   static constexpr size_t kDefaultFifoBytes = size_t{1} << 20;
@@ -132,35 +92,26 @@ class ShmTransport final : public Transport {
   void wait_sends(size_t keep_last = 0) override;
   bool progress() override;
 
-  // The direct collectives ("two-shot", after the one-node all-reduces of TensorRT-LLM and vLLM): collective over
-  // the transport, for ranks that all share one host (std::logic_error otherwise). Each rank works on the chunks the
-  // ring would have it own (ring_owned_chunks), reading and writing every rank's buffers where they lie:
-  //   kAllreduce      sums its chunks of every rank's `in`, in the ring's order, and stores the sums
-  //                   (x options.final_scale) into those chunks of every rank's `out` (in == out: in place);
-  //   kReduceScatter  the same sums, stored into its own `out` only (the other elements keep what they held);
-  //   kAllGather      copies its chunks of its own `in` into every other rank's `out` (in == out: data[i] = its
-  //                   owner's data[i]).
-  // The ring's result, bit for bit, with each value read once and written once per destination (why: docs/COMM.md,
-  // "The direct all-reduce on one host"). Two rendezvous through each rank's board: arrivals (the kind, tag, count
-  // and where the buffers lie; a mismatch throws as the ring does, and so does a message from a peer that is in
-  // another collective), then departures. Needs `in` and `out` in RegisteredBuffers that every rank maps; when some
-  // rank's are not, every rank returns nullopt having touched nothing (the caller runs the ring). Otherwise whether
-  // every sum is finite (options.check_finite; else true): every rank's sums for kAllreduce, this rank's own for
-  // kReduceScatter. options: tag, final_scale, check_finite, and the ring's cut (slice_elems, slices_per_chunk);
-  // fp32 only. Every rank must decide alike whether to call it (Communicator does).
-  enum class Direct : int32_t { kAllreduce, kReduceScatter, kAllGather };
-  std::optional<bool> direct_collective(Direct kind, const float* in, float* out, size_t count,
-                                        const RingOptions& options);
-
   int local_peers() const { return local_peers_; }  // peers reached through shared memory
   bool through_shm(int peer) const { return peer >= 0 && peer < size_ && to_[peer] != nullptr; }
 
- private:
- public:
-  struct Fifo;   // in shared memory (defined in the .cpp)
-  struct Board;  // the direct collectives' notices, at the start of each rank's segment
+  // For collectives built on the segments (comm/shm_direct.h):
+  //   board(r)         rank r's notice board, kBoardBytes at the start of its segment, written by r only (null for a
+  //                    rank not reached through shared memory);
+  //   process_of(r)    the process rank r runs in, to find its registered buffers (0 for such a rank);
+  //   wait_for(ready)  waits as the transport's own receives wait (PollPolicy), pushing its pending sends meanwhile;
+  //   message_waiting  the first peer whose next message has arrived and that message's tag: a peer in another
+  //                    operation;
+  //   abandon()        after a mismatch: the transport is done for, nothing touches the callers' buffers any more.
+  static constexpr size_t kBoardBytes = 128;
+  void* board(int rank) const { return boards_[rank]; }
+  uint64_t process_of(int rank) const { return process_of_[rank]; }
+  void wait_for(const std::function<bool()>& ready);
+  std::optional<std::pair<int, int>> message_waiting() const;
+  void abandon() { pending_.clear(); }
 
  private:
+  struct Fifo;  // in shared memory (defined in the .cpp)
   struct Outgoing {
     int peer;
     const char* buf;
@@ -177,16 +128,13 @@ class ShmTransport final : public Transport {
   void pushed(const Outgoing& m);  // marks its Started entry: complete, or waiting for the reader's acknowledgement
   template <typename Ready>
   void wait_until(Ready ready);
+  std::logic_error not_through_shm(const char* what, int peer) const;
 
   int rank_ = 0, size_ = 1, local_peers_ = 0;
   size_t fifo_bytes_ = 0;
   PollPolicy poll_;
-  std::unique_ptr<MpiTransport> remote_;     // ranks on other nodes
   std::vector<Fifo*> to_, from_;             // per world rank; null when remote (or self)
-  std::vector<Board*> boards_;               // per world rank; null when remote
-  uint64_t direct_calls_ = 0;
-  std::vector<const float*> direct_ins_, direct_sources_;  // direct_collective's, per rank (reused)
-  std::vector<float*> direct_outs_, direct_targets_;
+  std::vector<void*> boards_;                // per world rank; null when remote
   struct Peer {                              // this side's view of the two FIFOs with one peer
     uint64_t sent = 0, received = 0;         // messages so far (records carry their number)
     uint64_t tail_seen = 0, slots_seen = 0;  // the consumer counters of our FIFO to the peer, as last read
@@ -195,9 +143,8 @@ class ShmTransport final : public Transport {
   std::vector<uint64_t> process_of_;  // per rank reached through shared memory: its process, for references; else 0
   std::vector<void*> maps_;  // every mapped segment
   size_t map_bytes_ = 0;
-  // Sends in order of starting, shm and remote alike (remote ones are retired through remote_'s own count).
+  // Sends in order of starting.
   struct Started {
-    bool shm;
     bool complete;  // the whole message, or its reference, is in the FIFO
     int peer = -1;
     uint64_t acked_by = 0;  // by reference: done once the peer's slots_done reaches this record number
@@ -205,8 +152,7 @@ class ShmTransport final : public Transport {
   bool done(Started& s);  // complete, and acknowledged when it went by reference
   std::deque<Started> started_;
   uint64_t started_base_ = 0;     // sequence number of started_.front()
-  std::deque<Outgoing> pending_;  // shm sends not yet fully in their FIFO, oldest first
-  size_t remote_in_flight_ = 0;
+  std::deque<Outgoing> pending_;  // sends not yet fully in their FIFO, oldest first
 };
 
 }  // namespace ddplab

@@ -86,6 +86,10 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
   const int gathered = MPI_Allgather(bus_id, kBusIdLen, MPI_CHAR, all_ids.data(), kBusIdLen, MPI_CHAR, node);
   MPI_Comm_free(&node);
   mpiCheck(gathered);
+  int shared = 0;  // this GPU serves another rank of the node too
+  for (int r = 0; r < choice.local_size && error.empty(); ++r)
+    if (r != choice.local_rank && std::strncmp(&all_ids[static_cast<size_t>(r) * kBusIdLen], bus_id, kBusIdLen) == 0)
+      shared = 1;
   for (int r = 0; (exclusive || !sharing_refused.empty()) && r < choice.local_size && error.empty(); ++r) {
     if (r == choice.local_rank || std::strncmp(&all_ids[static_cast<size_t>(r) * kBusIdLen], bus_id, kBusIdLen) != 0)
       continue;
@@ -106,12 +110,13 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
   }
 
   // Every rank decides the same way whether to go on: one that threw alone would leave the rest in a collective.
-  const int mine = error.empty() ? 0 : 1;
-  int any = 0;
-  mpiCheck(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm));
+  const int mine[2] = {error.empty() ? 0 : 1, shared};
+  int any[2] = {0, 0};
+  mpiCheck(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, comm));
   const std::string prefix = "rank " + std::to_string(rank) + ": " + who + ": ";
-  if (mine) throw std::runtime_error(prefix + error);
-  if (any) throw std::runtime_error(prefix + "another rank failed");
+  if (mine[0]) throw std::runtime_error(prefix + error);
+  if (any[0]) throw std::runtime_error(prefix + "another rank failed");
+  choice.gpu_shared = any[1] != 0;
   return choice;
 }
 

@@ -89,6 +89,7 @@ struct DeviceChoice {
   int local_rank = 0;
   int local_size = 1;
   int device_count = 0;
+  bool gpu_shared = false;  // some GPU serves two ranks, on any node (the same on every rank)
 };
 DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who);
 

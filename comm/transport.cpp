@@ -105,13 +105,15 @@ double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples) {
   return total[1] > 0 ? total[0] / total[1] : 0;
 }
 
-int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy) {
+int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy,
+              const std::function<void()>& between_polls) {
   int done = 0;
   int err = MPI_Test(request, &done, status);
   if (err != MPI_SUCCESS || done) return err;
   if (policy.spin_us < 0) return MPI_Wait(request, status);
   const int64_t spin_until = now_ns() + int64_t{policy.spin_us} * 1000;
   while (now_ns() < spin_until) {
+    if (between_polls) between_polls();
     err = MPI_Test(request, &done, status);
     if (err != MPI_SUCCESS || done) return err;
   }
@@ -120,6 +122,7 @@ int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy
   for (;;) {
     const timespec ts{0, static_cast<long>(sleep_ns)};
     nanosleep(&ts, nullptr);
+    if (between_polls) between_polls();
     err = MPI_Test(request, &done, status);
     if (err != MPI_SUCCESS || done) return err;
     sleep_ns = std::min<int64_t>(2 * sleep_ns, int64_t{policy.max_sleep_us} * 1000);
@@ -184,7 +187,7 @@ void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
     mpiCheck(MPI_Irecv(p + offset, piece, MPI_BYTE, peer, MPI_ANY_TAG, comm_, &request));
     MPI_Status status;
     status.MPI_TAG = tag;  // stays ours unless MPI matched a message
-    const int err = poll_wait(&request, &status, poll_);
+    const int err = poll_wait(&request, &status, poll_, [this] { waiting(); });
     int err_class = MPI_SUCCESS;
     if (err != MPI_SUCCESS) MPI_Error_class(err, &err_class);
     if ((err == MPI_SUCCESS || err_class == MPI_ERR_TRUNCATE) && status.MPI_TAG != tag) {
@@ -247,7 +250,7 @@ void MpiTransport::wait_sends(size_t keep_last) {
   int first_err = MPI_SUCCESS;
   const watchdog::Wait wait("completion of sends");
   for (size_t i = 0; i < retire; ++i) {
-    const int err = poll_wait(&pending_sends_[i], MPI_STATUS_IGNORE, poll_);
+    const int err = poll_wait(&pending_sends_[i], MPI_STATUS_IGNORE, poll_, [this] { waiting(); });
     if (first_err == MPI_SUCCESS) first_err = err;
   }
   // Forget the requests even on failure: they must not be waited on again.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddplab {
@@ -47,6 +48,20 @@ class Transport {
   // progress thread: a rendezvous message moves only while both ends are inside MPI calls, so a rank that sleeps
   // (link emulation) calls this between naps.
   virtual bool progress() { return false; }
+
+  // Called between polls while this transport waits (for a message, room in a FIFO, a send's completion). The
+  // transport table (comm/transport_table.h) sets it to move the other transports' sends along: MPI moves a
+  // rendezvous message only while its sender is inside an MPI call, so a rank that waits on shared memory must keep
+  // its MPI sends moving, or the peer they go to may wait for them forever.
+  void set_while_waiting(std::function<void()> hook) { while_waiting_ = std::move(hook); }
+
+ protected:
+  void waiting() const {
+    if (while_waiting_) while_waiting_();
+  }
+
+ private:
+  std::function<void()> while_waiting_;
 };
 
 // How a transport waits for MPI requests. Open MPI's blocking calls busy-poll a core; in ddplab the all-reduce
@@ -67,8 +82,10 @@ struct PollPolicy {
 // the yields that lost the core, over all ranks; 0 when none did (a spare core).
 double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples = 16);
 
-// Waits for `request` per `policy`. Returns MPI_Wait's error code (status is filled either way).
-int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy);
+// Waits for `request` per `policy`, calling `between_polls` (if any) after each poll that found it pending, except
+// while spinning inside MPI_Wait (spin_us < 0). Returns MPI_Wait's error code (status is filled either way).
+int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy,
+              const std::function<void()>& between_polls = nullptr);
 
 // Host memory over MPI point-to-point (MPI_Isend / MPI_Irecv on MPI_ANY_TAG, then compare the tag) on a private
 // duplicate of the communicator, so its messages never match anyone else's.

@@ -132,7 +132,7 @@ class ParameterStore {
   // gradients zero instead and uses this only after a skipped step (train/cpu_backend.h).
   void discard_grad() { discard_pending_ = true; }
   // Moves the gradients (values included) into `storage`, flat_size() elements that the caller keeps alive for
-  // the store's life: memory the communication engine registered (comm/shm_transport.h: RegisteredBuffer).
+  // the store's life: memory the communication engine registered (comm/shm_segments.h: RegisteredBuffer).
   void place_grads(T* storage) {
     grads_end_ = std::copy(grads_, grads_end_, storage);
     grads_ = storage;

@@ -42,7 +42,7 @@ inline constexpr Knob kLocalRegister{"DDPLAB_LOCAL_REGISTER", "1",
                                      "1: gradient buffers registered with the shm transport (single copy); 0: copied",
                                      0, 1};
 // Whether ranks that all share one host all-reduce (and, for --zero-stage 1, reduce-scatter and all-gather)
-// registered fp32 buffers directly (ShmTransport::direct_collective) above the recursive-doubling size, instead of by
+// registered fp32 buffers directly (comm/shm_direct.h) above the recursive-doubling size, instead of by
 // the ring.
 inline constexpr Knob kDirectAllreduce{"DDPLAB_DIRECT_ALLREDUCE", "1",
                                        "1: ranks all on one host all-reduce registered buffers directly (two-shot; "

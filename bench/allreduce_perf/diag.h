@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "comm/shm_direct.h"
 #include "comm/shm_transport.h"
 
 namespace ddplab::perf {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench/allreduce_perf/harness.h"
+#include "comm/shm_direct.h"
 #include "comm/shm_transport.h"
 #include "record/files.h"
 #ifdef DDPLAB_HAVE_CUDA

@@ -79,7 +79,7 @@ def main():
                     if os.path.exists(auto_path):
                         os.unlink(auto_path)
 
-        # DDPLAB_COMM_TRANSPORT=mpi starts the transport table at mpi: the header and the file name it.
+        # DDPLAB_COMM_TRANSPORT=mpi turns the table's shm entry away: the header and the file name MPI, and why.
         mpi_path = os.path.join(work, "mpi.h5")
         env = dict(os.environ, DDPLAB_COMM_TRANSPORT="mpi")
         mpi_cmd = cmd[:cmd.index("--out") + 1] + [mpi_path]
@@ -87,7 +87,8 @@ def main():
         check(mpi.returncode == 0 and "comm ring over mpi (" in mpi.stdout, "DDPLAB_COMM_TRANSPORT=mpi: the ring over mpi")
         if mpi.returncode == 0:
             with h5py.File(mpi_path, "r") as f:
-                check(f.attrs.get("transport") == "mpi", f"transport attribute 'mpi' (got {f.attrs.get('transport')!r})")
+                want = "mpi (shm: DDPLAB_COMM_TRANSPORT=mpi)"
+                check(f.attrs.get("transport") == want, f"transport attribute {want!r} (got {f.attrs.get('transport')!r})")
             os.unlink(mpi_path)
 
         with h5py.File(path, "r") as f:

@@ -16,6 +16,7 @@
 #include "comm/communicator.h"
 #include "comm/link_emulation.h"
 #include "comm/ring_allreduce.h"
+#include "comm/shm_direct.h"
 #include "comm/shm_transport.h"
 #include "tests/mpi/allreduce_check.h"
 
@@ -116,7 +117,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RegisteredAllreduce,
                                   (std::get<1>(info.param) ? "_in_place" : "_out_of_place");
                          });
 
-// The direct all-reduce (ShmTransport::direct_collective): where every rank's buffers are registered, each rank sums
+// The direct all-reduce (comm/shm_direct.h): where every rank's buffers are registered, each rank sums
 // its chunks of every rank's buffer and stores them into every rank's output. Its result is the ring's bit for bit
 // (random inputs, whose sums round: the order of the additions shows), the input is untouched out of place, and
 // where some rank's buffer is ordinary memory every rank runs the ring instead.
