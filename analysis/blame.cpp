@@ -6,7 +6,7 @@
 
 #include "analysis/format.h"
 #include "analysis/stats.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 namespace {

@@ -12,7 +12,7 @@
 #include <stdexcept>
 
 #include "analysis/summary.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 namespace {

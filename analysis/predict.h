@@ -19,7 +19,7 @@
 #include "analysis/format.h"
 #include "comm/communicator.h"
 #include "record/run_record.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 

@@ -6,7 +6,7 @@
 #include "analysis/blame.h"
 #include "analysis/format.h"
 #include "comm/communicator.h"  // describe: the links as they act
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 namespace {

@@ -33,7 +33,7 @@ namespace ddplab {
 
 struct ReducerConfig {
   // The caps and overlap come from the run's flags (--bucket-mb, --first-bucket-mb, --overlap:
-  // train/train_config.h, where their defaults are).
+  // config/train_config.h, where their defaults are).
   double bucket_mb;        // cap per bucket in MiB; 0 = one bucket per parameter
   double first_bucket_mb;  // cap of the bucket that closes backward (holds parameter 0)
   bool overlap;

@@ -9,7 +9,7 @@
 
 #include "analysis/summary.h"
 #include "record/version.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 

@@ -29,7 +29,7 @@
 #include "runtime/worker_thread.h"
 #include "model/optimizer.h"
 #include "train/step_backend.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 #include "train/workload.h"
 
 namespace ddplab {

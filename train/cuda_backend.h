@@ -21,7 +21,7 @@
 #include "train/batch_prefetcher.h"
 #include "train/cuda_workload.h"
 #include "train/step_backend.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 

@@ -14,7 +14,7 @@
 
 #include "model/cuda_common.h"  // DeviceParameters::UpdateTarget
 #include "model/mlp.h"          // Parameter, GradPiece, GradReadyHook
-#include "train/train_config.h"
+#include "config/train_config.h"
 #include "train/workload.h"  // BatchStats
 
 namespace ddplab {

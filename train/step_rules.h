@@ -12,7 +12,7 @@
 #include "ddp/reducer.h"
 #include "record/step_record.h"
 #include "train/clock.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 #include "model/parameters.h"
 
 namespace ddplab {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "data/tokens.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 #include "train/batch_stats.h"
 #include "model/transformer.h"
 

@@ -16,7 +16,7 @@
 #include "record/checkpoint.h"
 #include "train/step_backend.h"
 #include "train/step_rules.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 

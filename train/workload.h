@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "train/batch_stats.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 #include "model/mlp.h"
 
 namespace ddplab {
