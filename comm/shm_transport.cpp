@@ -113,7 +113,6 @@ ShmSendCounts shm_send_counts() {
   return {sent_by_reference.load(std::memory_order_relaxed), sent_copied.load(std::memory_order_relaxed)};
 }
 
-
 ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, size_t fifo_bytes, PollPolicy poll)
     : fifo_bytes_(std::max<size_t>(round_up(fifo_bytes, kLine), 2 * kLine)), poll_(poll) {
   static_assert(sizeof(Fifo) == 3 * kLine, "three cache lines of counters, then the slots");
@@ -121,108 +120,121 @@ ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, 
   mpiCheck(MPI_Comm_size(comm, &size_));
   to_.assign(size_, nullptr);
   from_.assign(size_, nullptr);
+  boards_.assign(size_, nullptr);
   peers_.assign(size_, Peer{});
+  std::vector<int> world_of;  // per local rank: its rank in comm
+  MPI_Comm local = join_local_group(comm, node_of_rank, world_of);
+  try {
+    const size_t stride = sizeof(Fifo) + kSlots * sizeof(Record) + fifo_bytes_;
+    lay_out(map_segments(local, stride), world_of, stride);
+    fault_in_fifos(local);
+  } catch (...) {
+    MPI_Comm_free(&local);
+    throw;
+  }
+  MPI_Comm_free(&local);
+}
 
-  // The ranks of this host, then of them those on this rank's node (an emulated node may span hosts).
+// The ranks of this host, then of them those on this rank's node (an emulated node may span hosts), with the process
+// each runs in.
+MPI_Comm ShmTransport::join_local_group(MPI_Comm comm, const std::vector<int>& node_of_rank,
+                                        std::vector<int>& world_of) {
   MPI_Comm host, local;
   mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
   const int node = node_of_rank.empty() ? 0 : node_of_rank.at(rank_);
   mpiCheck(MPI_Comm_split(host, node, rank_, &local));
   mpiCheck(MPI_Comm_free(&host));
-  int lrank = 0, lsize = 1;
-  MPI_Comm_rank(local, &lrank);
+  int lsize = 1;
   MPI_Comm_size(local, &lsize);
-  std::vector<int> world_of(lsize);
+  world_of.assign(lsize, 0);
   MPI_Allgather(&rank_, 1, MPI_INT, world_of.data(), 1, MPI_INT, local);
   std::vector<uint64_t> process_of_local(lsize);
   const uint64_t me = shm_detail::this_process();
   MPI_Allgather(&me, 1, MPI_UINT64_T, process_of_local.data(), 1, MPI_UINT64_T, local);
   process_of_.assign(size_, 0);
   for (int l = 0; l < lsize; ++l) process_of_[world_of[l]] = process_of_local[l];
+  return local;
+}
 
+// Each local rank creates its segment (its board, then its incoming FIFOs) and maps everyone's. Every step that can
+// fail is agreed on by all local ranks, so either all use shared memory or all throw. Returns each local rank's
+// segment as mapped here.
+std::vector<char*> ShmTransport::map_segments(MPI_Comm local, size_t stride) {
+  int lrank = 0, lsize = 1;
+  MPI_Comm_rank(local, &lrank);
+  MPI_Comm_size(local, &lsize);
+  map_bytes_ = kBoardBytes + stride * lsize;
   // A name unique to this transport: local rank 0's pid and a per-process counter.
   static std::atomic<int> counter{0};
   long id[2] = {static_cast<long>(getpid()), counter++};
   MPI_Bcast(id, 2, MPI_LONG, 0, local);
-  auto name = [&](int l) {
+  const auto name = [&](int l) {
     return "/ddplab-" + std::to_string(getuid()) + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]) + "-" +
            std::to_string(l);
   };
-  const size_t stride = sizeof(Fifo) + kSlots * sizeof(Record) + fifo_bytes_;
-  map_bytes_ = kBoardBytes + stride * lsize;
-
-  // Every step that can fail is agreed on by all local ranks, so either all use shared memory or all throw.
   std::string error;
-  auto agree = [&](const std::string& what) {
+  const auto agree = [&](const std::string& what) {
     int ok = error.empty(), all = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local);
-    if (!all) {
-      for (void* m : maps_) munmap(m, map_bytes_);
-      maps_.clear();
-      shm_unlink(name(lrank).c_str());
-      MPI_Comm_free(&local);
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport: " + what + " failed" +
-                               (error.empty() ? " on another rank" : ": " + error));
-    }
+    if (all) return;
+    for (void* m : maps_) munmap(m, map_bytes_);
+    maps_.clear();
+    shm_unlink(name(lrank).c_str());
+    throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport: " + what + " failed" +
+                             (error.empty() ? " on another rank" : ": " + error));
   };
-  void* mine = MAP_FAILED;
-  const int fd = shm_open(name(lrank).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    error = "shm_open " + name(lrank) + ": " + errno_text();
-  } else {
-    if (ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) error = "ftruncate: " + errno_text();
-    if (error.empty()) mine = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (error.empty() && mine == MAP_FAILED) error = "mmap: " + errno_text();
-    close(fd);
-  }
-  if (mine != MAP_FAILED) maps_.push_back(mine);
-  agree("creating the segment");
-  std::vector<char*> base(lsize, nullptr);
-  base[lrank] = static_cast<char*>(mine);
-  for (int l = 0; l < lsize && error.empty(); ++l) {
-    if (l == lrank) continue;
-    const int pfd = shm_open(name(l).c_str(), O_RDWR, 0600);
-    if (pfd < 0) {
+  const auto map = [&](int l, int flags) -> char* {
+    const int fd = shm_open(name(l).c_str(), flags, 0600);
+    if (fd < 0) {
       error = "shm_open " + name(l) + ": " + errno_text();
-      break;
+      return nullptr;
     }
-    void* m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-    close(pfd);
-    if (m == MAP_FAILED) {
-      error = "mmap: " + errno_text();
-      break;
-    }
+    void* m = MAP_FAILED;
+    if ((flags & O_CREAT) && ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) error = "ftruncate: " + errno_text();
+    if (error.empty()) m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (error.empty() && m == MAP_FAILED) error = "mmap: " + errno_text();
+    close(fd);
+    if (m == MAP_FAILED) return nullptr;
     maps_.push_back(m);
-    base[l] = static_cast<char*>(m);
-  }
+    return static_cast<char*>(m);
+  };
+  std::vector<char*> base(lsize, nullptr);
+  base[lrank] = map(lrank, O_CREAT | O_EXCL | O_RDWR);
+  agree("creating the segment");
+  for (int l = 0; l < lsize && error.empty(); ++l)
+    if (l != lrank) base[l] = map(l, O_RDWR);
   agree("mapping the peers' segments");
   for (void* m : maps_) shm_detail::note_mapped(m, map_bytes_);
   shm_unlink(name(lrank).c_str());  // everyone has it mapped: the name can go, the memory stays while mapped
+  return base;
+}
 
-  // Segment of rank l holds l's board, then the FIFOs into l, one per local sender (by local rank).
-  boards_.assign(size_, nullptr);
-  for (int l = 0; l < lsize; ++l) {
+// Segment of local rank l holds l's board, then the FIFOs into l, one per local sender (by local rank).
+void ShmTransport::lay_out(const std::vector<char*>& base, const std::vector<int>& world_of, size_t stride) {
+  const int me = static_cast<int>(std::find(world_of.begin(), world_of.end(), rank_) - world_of.begin());
+  for (size_t l = 0; l < world_of.size(); ++l) {
     const int p = world_of[l];
     boards_[p] = base[l];
-    if (l == lrank) continue;
-    from_[p] = reinterpret_cast<Fifo*>(base[lrank] + kBoardBytes + l * stride);
-    to_[p] = reinterpret_cast<Fifo*>(base[l] + kBoardBytes + lrank * stride);
+    if (p == rank_) continue;
+    from_[p] = reinterpret_cast<Fifo*>(base[me] + kBoardBytes + l * stride);
+    to_[p] = reinterpret_cast<Fifo*>(base[l] + kBoardBytes + me * stride);
     ++local_peers_;
   }
-  // Fault the FIFOs in now: a first touch costs ~1 us per 4 KiB page on each side (tmpfs allocates on write,
-  // every process maps on first access), which would otherwise land on the first laps through each FIFO. The
-  // sender writes its outgoing FIFOs (allocating them), then the receiver reads its incoming ones. Up to 16 local
-  // ranks; beyond, FIFOs fault in as they are used (they are many, and most pairs never talk).
-  if (lsize <= 16) {
-    for (Fifo* f : to_)
-      if (f) std::memset(static_cast<void*>(f->slots()), 0, kSlots * sizeof(Record) + fifo_bytes_);
-    MPI_Barrier(local);
-    volatile char sink = 0;
-    for (Fifo* f : from_)
-      if (f)
-        for (size_t at = 0; at < fifo_bytes_; at += 4096) sink = sink + f->data()[at];
-  }
-  MPI_Comm_free(&local);
+}
+
+// Faults the FIFOs in now: a first touch costs ~1 us per 4 KiB page on each side (tmpfs allocates on write, every
+// process maps on first access), which would otherwise land on the first laps through each FIFO. The sender writes
+// its outgoing FIFOs (allocating them), then the receiver reads its incoming ones. Up to 16 local ranks; beyond,
+// FIFOs fault in as they are used (they are many, and most pairs never talk).
+void ShmTransport::fault_in_fifos(MPI_Comm local) {
+  if (local_peers_ + 1 > 16) return;
+  for (Fifo* f : to_)
+    if (f) std::memset(static_cast<void*>(f->slots()), 0, kSlots * sizeof(Record) + fifo_bytes_);
+  MPI_Barrier(local);
+  volatile char sink = 0;
+  for (Fifo* f : from_)
+    if (f)
+      for (size_t at = 0; at < fifo_bytes_; at += 4096) sink = sink + f->data()[at];
 }
 
 ShmTransport::~ShmTransport() {

@@ -129,6 +129,10 @@ class ShmTransport final : public Transport {
   template <typename Ready>
   void wait_until(Ready ready);
   std::logic_error not_through_shm(const char* what, int peer) const;
+  MPI_Comm join_local_group(MPI_Comm comm, const std::vector<int>& node_of_rank, std::vector<int>& world_of);
+  std::vector<char*> map_segments(MPI_Comm local, size_t stride);
+  void lay_out(const std::vector<char*>& base, const std::vector<int>& world_of, size_t stride);
+  void fault_in_fifos(MPI_Comm local);
 
   int rank_ = 0, size_ = 1, local_peers_ = 0;
   size_t fifo_bytes_ = 0;
