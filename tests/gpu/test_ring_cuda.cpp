@@ -232,6 +232,26 @@ TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {
   }
 }
 
+// The link table: auto takes the first link that connects the whole ring (ipc, every rank on one node) and so names
+// nothing it passed over; an explicit link that cannot connect is refused on every rank, with the reason.
+TEST(RingCudaLinks, AutoTakesIpcOnOneNodeAndAnNcclRingOnASharedGpuSaysWhyNot) {
+  if (device_count() == 0) GTEST_SKIP() << "no CUDA device: " << ddplab::gpu_test::cuda_info().reason;
+  if (const std::string refused = ddplab::gpu_test::gpu_sharing_refused(ranks_on_this_node()); !refused.empty())
+    GTEST_SKIP() << refused;
+  {
+    RingAllreduceCuda ring(MPI_COMM_WORLD, CudaRingConfig{RingLinkKind::kAuto, kChunkBytes});
+    EXPECT_STREQ(ring.name(), "ring/ipc");
+  }
+  if (ranks_on_this_node() <= device_count()) return;  // a GPU per rank: the nccl link connects (RingCudaTest)
+  std::string msg = "(nothing thrown)";
+  try {
+    RingAllreduceCuda ring(MPI_COMM_WORLD, CudaRingConfig{RingLinkKind::kNccl, kChunkBytes});
+  } catch (const std::runtime_error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("the nccl link cannot connect: ranks share a GPU"), std::string::npos) << msg;
+}
+
 INSTANTIATE_TEST_SUITE_P(Links, RingCudaTest,
                          ::testing::Values(RingLinkKind::kNccl, RingLinkKind::kIpc, RingLinkKind::kHost),
                          [](const auto& info) { return link_label(info.param); });
