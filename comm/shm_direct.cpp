@@ -117,7 +117,6 @@ size_t last_level_cache_bytes() {
   return bytes;
 }
 
-
 uint64_t shm_direct_collectives() { return direct_collectives.load(std::memory_order_relaxed); }
 uint64_t shm_streamed_collectives() { return streamed_collectives.load(std::memory_order_relaxed); }
 

@@ -42,7 +42,7 @@ struct PeerSegment {
   size_t bytes;
 };
 std::mutex registry_mutex;
-std::map<const char*, OwnSegment> own_segments;                       // by base address
+std::map<const char*, OwnSegment> own_segments;                      // by base address
 std::map<std::pair<uint64_t, uint64_t>, PeerSegment> peer_segments;  // by (owner process, segment id)
 
 std::string segment_name(long pid, uint64_t segment) {
@@ -161,8 +161,8 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
     base_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base_ == MAP_FAILED) {
       base_ = nullptr;
-      throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: mmap of " +
-                               std::to_string(bytes) + " bytes: " + errno_text());
+      throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: mmap of " + std::to_string(bytes) +
+                               " bytes: " + errno_text());
     }
     return;
   }

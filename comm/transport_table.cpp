@@ -24,8 +24,8 @@ std::string shm_cannot_connect(const PeerQuery& q, int from, int to) {
 
 std::unique_ptr<Transport> shm_setup(MPI_Comm comm, const PeerQuery& q) {
   // Room for a ring step's K slices plus one, so a step's sends go out at once (eagerly).
-  const size_t fifo = std::max(ShmTransport::kDefaultFifoBytes,
-                               (q.ring.slices_per_chunk + 1) * q.ring.slice_elems * sizeof(float));
+  const size_t fifo =
+      std::max(ShmTransport::kDefaultFifoBytes, (q.ring.slices_per_chunk + 1) * q.ring.slice_elems * sizeof(float));
   return std::make_unique<ShmTransport>(comm, q.topology.node_of_rank, fifo);
 }
 

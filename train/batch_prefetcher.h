@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "runtime/worker_thread.h"
-#include "train/workload.h"  // BatchStats
+#include "train/batch_stats.h"
 
 namespace ddplab {
 

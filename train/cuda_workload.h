@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "model/cuda_common.h"  // DeviceParameters::UpdateTarget
-#include "model/mlp.h"          // Parameter, GradPiece, GradReadyHook
+#include "model/parameters.h"   // Parameter, GradPiece, GradReadyHook
 #include "config/train_config.h"
-#include "train/workload.h"  // BatchStats
+#include "train/batch_stats.h"
 
 namespace ddplab {
 

@@ -84,8 +84,7 @@ TEST(TransportTable, ASetupThatFailsIsNamedAndTheNextEntryServes) {
       host_transport_table().back(),
   };
   const Topology topology = topology_from_ids(std::vector<int>(n, 0));
-  ConnectedTransport connected =
-      connect_peers(MPI_COMM_WORLD, topology, RingOptions{}, /*say_where=*/false, table);
+  ConnectedTransport connected = connect_peers(MPI_COMM_WORLD, topology, RingOptions{}, /*say_where=*/false, table);
   EXPECT_EQ(connected.description, "mpi (never: not for anyone; broken: setup failed: no room)");
   EXPECT_EQ(never_setups.load(), 0) << "an entry that connects no pair on any rank is never set up";
   exchange_with_every_peer(*connected.transport);
@@ -131,9 +130,15 @@ TEST(RoutedTransport, RetiresEachTransportsShareOfTheOldestSends) {
   routed.wait_sends(1);  // b's first and a's second retire: a keeps 0, b keeps 1
   routed.wait_sends(1);  // nothing older than the last one is left
   routed.wait_sends();
-  const std::vector<std::string> want = {"a send 1",         "b send 2",         "a send 1",
-                                         "b send 2",         "b recv 2",         "a wait_sends 1 of 2",
-                                         "a wait_sends 0 of 1", "b wait_sends 1 of 2", "b wait_sends 0 of 1"};
+  const std::vector<std::string> want = {"a send 1",
+                                         "b send 2",
+                                         "a send 1",
+                                         "b send 2",
+                                         "b recv 2",
+                                         "a wait_sends 1 of 2",
+                                         "a wait_sends 0 of 1",
+                                         "b wait_sends 1 of 2",
+                                         "b wait_sends 0 of 1"};
   EXPECT_EQ(log, want);
   EXPECT_THROW(routed.send(3, &x, sizeof x, 0), std::invalid_argument);
 }
