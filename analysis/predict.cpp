@@ -226,87 +226,127 @@ struct StepTimes {
   double comm_end = 0, comm_total = 0;
 };
 
+// The replay of one step on a clock of small time steps: each rank's backward, slowed while an all-reduce runs beside
+// it, and the all-reduces one at a time in bucket order, each stalled while a backward runs beside it.
+class StepReplay {
+ public:
+  StepReplay(const std::vector<RankProfile>& ranks, const std::vector<double>& offsets,
+             const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on,
+             const HostCores& host)
+      : ranks_(ranks), offsets_(offsets), buckets_(buckets), cost_(cost), overlap_on_(overlap_on), host_(host) {
+    out_.backward_end.assign(ranks.size(), -1.0);
+    out_.hidden.assign(ranks.size(), 0.0);
+    work_.assign(ranks.size(), 0.0);
+  }
+
+  StepTimes run() {
+    const size_t n = ranks_.size(), nb = buckets_.size();
+    double horizon = 0, comm_alone = 0;
+    for (size_t r = 0; r < n; ++r)
+      horizon = std::max(horizon, offsets_[r] + ranks_[r].before_ms + ranks_[r].backward_ms);
+    for (const BucketCost& c : cost_) comm_alone += c.alone_ms;
+    // Backward beside comm takes at most twice as long (HostCores::backward_slowdown), and comm stalls for it at most.
+    const double dt = std::max((2 * horizon + comm_alone) / 20000, 1e-9);
+    for (double t = 0;; t += dt) {
+      start_ready_allreduces(t);
+      bool backward_runs = false;
+      for (size_t r = 0; r < n; ++r) backward_runs = backward_runs || in_backward(r, t);
+      if (left_ < 0 && next_ == nb && t >= horizon && !backward_runs) break;
+      const bool comm_runs = left_ >= 0;
+      const double last_backward_end = advance_backward(t, dt, comm_runs);
+      if (comm_runs) advance_allreduce(t, dt, last_backward_end);
+    }
+    return out_;
+  }
+
+ private:
+  bool in_backward(size_t r, double t) const {
+    return t >= offsets_[r] + ranks_[r].before_ms && out_.backward_end[r] < 0;
+  }
+
+  bool ready(size_t j) const {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const double needed = overlap_on_ ? ranks_[r].piece_ready_ms.at(buckets_[j].last_piece) : ranks_[r].backward_ms;
+      if (out_.backward_end[r] < 0 && work_[r] < needed) return false;
+    }
+    return true;
+  }
+
+  // Starts the next all-reduces whose buckets every rank has ready, while none runs.
+  void start_ready_allreduces(double t) {
+    while (left_ < 0 && next_ < buckets_.size() && ready(next_)) {  // an all-reduce of nothing ends as it starts
+      const BucketCost& c = cost_[next_++];
+      double backward_left = 0;  // the most backward left on a rank, at its pace alone
+      for (size_t r = 0; r < ranks_.size(); ++r)
+        if (in_backward(r, t)) backward_left = std::max(backward_left, ranks_[r].backward_ms - work_[r]);
+      const double stall = backward_left > 0 ? host_.stall_beside_backward_ms(c.message_steps) : 0;
+      pace_beside_ = stall <= 0 ? 1 : std::isinf(stall) ? 0 : c.alone_ms / (c.alone_ms + stall);
+      // Its CPU spread over its time: its stalls and its time alone, or until backward ends and then alone.
+      slowdown_ =
+          backward_left > 0 ? host_.backward_slowdown(c.cpu_ms, std::min(backward_left, stall) + c.alone_ms) : 0;
+      left_ = c.alone_ms > 0 ? c.alone_ms : -1;
+      comm_start_ = out_.comm_end = t;
+      if (left_ < 0) out_.bucket_end.push_back(t);
+    }
+  }
+
+  // Every rank's backward over [t, t + dt); returns the latest backward end so far.
+  double advance_backward(double t, double dt, bool comm_runs) {
+    double last_backward_end = 0;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (in_backward(r, t)) {
+        const double pace = comm_runs ? 1 / (1 + slowdown_) : 1;
+        const double used = std::min(dt, (ranks_[r].backward_ms - work_[r]) / pace);
+        work_[r] += used * pace;
+        if (comm_runs) out_.hidden[r] += used;
+        if (used < dt || work_[r] >= ranks_[r].backward_ms) out_.backward_end[r] = t + used;
+      }
+      last_backward_end = std::max(last_backward_end, out_.backward_end[r]);
+    }
+    return last_backward_end;
+  }
+
+  // The running all-reduce's progress over [t, t + dt): stalled while a backward runs, at its pace alone after.
+  void advance_allreduce(double t, double dt, double last_backward_end) {
+    double from = t, pace = 1;
+    if (pace_beside_ < 1) {
+      bool beside = false;
+      for (size_t r = 0; r < ranks_.size(); ++r) beside = beside || in_backward(r, t + dt);
+      if (beside)
+        pace = pace_beside_;
+      else
+        from = last_backward_end, pace_beside_ = 1;
+    }
+    const double progress = (t + dt - from) * pace;
+    if (left_ <= progress) {
+      out_.comm_end = from + left_ / pace;
+      out_.bucket_end.push_back(out_.comm_end);
+      out_.comm_total += out_.comm_end - comm_start_;
+      left_ = -1;
+    } else {
+      left_ -= progress;
+    }
+  }
+
+  const std::vector<RankProfile>& ranks_;
+  const std::vector<double>& offsets_;
+  const std::vector<Bucket>& buckets_;
+  const std::vector<BucketCost>& cost_;
+  const bool overlap_on_;
+  const HostCores& host_;
+  StepTimes out_;
+  std::vector<double> work_;  // each rank's backward done, at its pace alone
+  size_t next_ = 0;           // the next bucket to start
+  double left_ = -1;          // ms left of the running all-reduce, once it runs at its pace alone; < 0: none runs
+  double pace_beside_ = 1;    // its pace while backward runs: its time alone over that plus its stalls
+  double slowdown_ = 0;       // backward's, beside it
+  double comm_start_ = 0;
+};
+
 StepTimes replay(const std::vector<RankProfile>& ranks, const std::vector<double>& offsets,
                  const std::vector<Bucket>& buckets, const std::vector<BucketCost>& cost, bool overlap_on,
                  const HostCores& host) {
-  const size_t n = ranks.size(), nb = buckets.size();
-  double horizon = 0, comm_alone = 0;
-  for (size_t r = 0; r < n; ++r) horizon = std::max(horizon, offsets[r] + ranks[r].before_ms + ranks[r].backward_ms);
-  for (const BucketCost& c : cost) comm_alone += c.alone_ms;
-  // Backward beside comm takes at most twice as long (HostCores::backward_slowdown), and comm stalls for it at most.
-  const double dt = std::max((2 * horizon + comm_alone) / 20000, 1e-9);
-
-  StepTimes out;
-  out.backward_end.assign(n, -1.0);
-  out.hidden.assign(n, 0.0);
-  std::vector<double> work(n, 0.0);
-  size_t next = 0;         // the next bucket to start
-  double left = -1;        // ms left of the running all-reduce, once it runs at its pace alone; < 0: none runs
-  double pace_beside = 1;  // its pace while backward runs: its time alone over that plus its stalls
-  double slowdown = 0;     // backward's, beside it
-  double comm_start = 0;
-  const auto in_backward = [&](size_t r, double t) {
-    return t >= offsets[r] + ranks[r].before_ms && out.backward_end[r] < 0;
-  };
-  const auto ready = [&](size_t j) {
-    for (size_t r = 0; r < n; ++r) {
-      const double needed = overlap_on ? ranks[r].piece_ready_ms.at(buckets[j].last_piece) : ranks[r].backward_ms;
-      if (out.backward_end[r] < 0 && work[r] < needed) return false;
-    }
-    return true;
-  };
-  for (double t = 0;; t += dt) {
-    while (left < 0 && next < nb && ready(next)) {  // an all-reduce of nothing ends as it starts
-      const BucketCost& c = cost[next++];
-      double backward_left = 0;  // the most backward left on a rank, at its pace alone
-      for (size_t r = 0; r < n; ++r)
-        if (in_backward(r, t)) backward_left = std::max(backward_left, ranks[r].backward_ms - work[r]);
-      const double stall = backward_left > 0 ? host.stall_beside_backward_ms(c.message_steps) : 0;
-      pace_beside = stall <= 0 ? 1 : std::isinf(stall) ? 0 : c.alone_ms / (c.alone_ms + stall);
-      // Its CPU spread over its time: its stalls and its time alone, or until backward ends and then alone.
-      slowdown = backward_left > 0 ? host.backward_slowdown(c.cpu_ms, std::min(backward_left, stall) + c.alone_ms) : 0;
-      left = c.alone_ms > 0 ? c.alone_ms : -1;
-      comm_start = out.comm_end = t;
-      if (left < 0) out.bucket_end.push_back(t);
-    }
-    bool backward_runs = false;
-    for (size_t r = 0; r < n; ++r) backward_runs = backward_runs || in_backward(r, t);
-    if (left < 0 && next == nb && t >= horizon && !backward_runs) break;
-    const bool comm_runs = left >= 0;
-    double last_backward_end = 0;
-    for (size_t r = 0; r < n; ++r) {
-      if (in_backward(r, t)) {
-        const double pace = comm_runs ? 1 / (1 + slowdown) : 1;
-        const double used = std::min(dt, (ranks[r].backward_ms - work[r]) / pace);
-        work[r] += used * pace;
-        if (comm_runs) out.hidden[r] += used;
-        if (used < dt || work[r] >= ranks[r].backward_ms) out.backward_end[r] = t + used;
-      }
-      last_backward_end = std::max(last_backward_end, out.backward_end[r]);
-    }
-    if (comm_runs) {
-      // The all-reduce's progress in this time step: stalled while a backward runs, at its pace alone after.
-      double from = t, pace = 1;
-      if (pace_beside < 1) {
-        bool beside = false;
-        for (size_t r = 0; r < n; ++r) beside = beside || in_backward(r, t + dt);
-        if (beside)
-          pace = pace_beside;
-        else
-          from = last_backward_end, pace_beside = 1;
-      }
-      const double progress = (t + dt - from) * pace;
-      if (left <= progress) {
-        out.comm_end = from + left / pace;
-        out.bucket_end.push_back(out.comm_end);
-        out.comm_total += out.comm_end - comm_start;
-        left = -1;
-      } else {
-        left -= progress;
-      }
-    }
-  }
-  return out;
+  return StepReplay(ranks, offsets, buckets, cost, overlap_on, host).run();
 }
 
 }  // namespace

@@ -166,20 +166,25 @@ std::string oversubscription_note(const RunRecord& run) {
       ranks, counted(threads, "BLAS thread").c_str(), run.meta.host_cores);
 }
 
-void print_report(std::FILE* out, const SummarizedRun& run) {
-  const RunRecord& rec = run.record;
-  const RunSummary& s = run.summary;
-  const RunMetadata& meta = rec.meta;
-  const nlohmann::json& c = rec.config;
+namespace {
+
+// "== <file>" and what ran: the command, ranks and hosts, steps, the steady state and the batch.
+void print_run_line(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
   const int world = rec.world_size();
   std::fprintf(out, "== %s\n", rec.path.c_str());
   // Steps as training counts them: a resumed run's file holds steps first_step.. of the run.
-  const int first = static_cast<int>(meta.first_step);
-  std::fprintf(out, "  %s on %d rank%s (%s), %s, steady state %d..%d, %s\n", known(meta.command), world,
+  const int first = static_cast<int>(rec.meta.first_step);
+  std::fprintf(out, "  %s on %d rank%s (%s), %s, steady state %d..%d, %s\n", known(rec.meta.command), world,
                world == 1 ? "" : "s", hosts_text(rec).c_str(),
                first > 0 ? fmt("steps %d..%d (resumed at %d)", first, first + rec.steps - 1, first).c_str()
                          : fmt("%d steps", rec.steps).c_str(),
                first + s.first_steady_step, first + rec.steps - 1, s.batch_text().c_str());
+}
+
+// The settings that tell runs apart: communication, buckets, batch, model, device, update.
+void print_config_line(std::FILE* out, const RunRecord& rec) {
+  const RunMetadata& meta = rec.meta;
+  const nlohmann::json& c = rec.config;
   std::fprintf(out,
                "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s, overlap %s, grad_slice_mb %s, batch %s",
                config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
@@ -204,14 +209,10 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   if (stored.zero_stage > 0) std::fprintf(out, ", zero_stage %d", stored.zero_stage);
   if (stored.update_in_backward()) std::fprintf(out, ", update in backward");
   std::fprintf(out, "\n");
-  if (const std::string note = oversubscription_note(rec); !note.empty()) std::fprintf(out, "  %s\n", note.c_str());
-  if (rec.nodes() > 1) {
-    std::string nodes;
-    for (int r = 0; r < world; ++r) nodes += fmt("%s%d", r ? "," : "", rec.node(r));
-    std::fprintf(out, "  topology: %d nodes (node of each rank %s), links %s\n", rec.nodes(), nodes.c_str(),
-                 describe(meta.links).c_str());
-  }
-  // The lab's knobs, only those switched on.
+}
+
+// The lab's knobs, only those switched on: " straggler_ms 5 slow_rank 1", or "" for none.
+std::string lab_text(const nlohmann::json& c) {
   std::string lab;
   bool slow_rank = false, barrier = false;  // knobs on that name a rank, or a period
   for (const std::string key :
@@ -224,11 +225,10 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   }
   if (slow_rank) lab += " slow_rank " + config_text(c, "slow_rank");
   if (barrier) lab += " barrier_every " + config_text(c, "barrier_every");
-  if (!lab.empty()) std::fprintf(out, "  lab:%s\n", lab.c_str());
-  std::fprintf(out, "  build: git %s, started %s\n", known(meta.git_commit), known(meta.start_time_utc));
-  if (!meta.stop_reason.empty()) std::fprintf(out, "  status: %s\n", meta.stop_reason.c_str());
-  print_summary(out, rec, s);
+  return lab;
+}
 
+void print_bucket_table(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
   // --zero-stage 1: start..end is each bucket's reduce-scatter in backward, gather_ms its all-gather after the update.
   const bool sharded = std::any_of(rec.bucket_times.begin(), rec.bucket_times.end(),
                                    [](const BucketTimes& t) { return t.gather_end_ms > 0; });
@@ -248,6 +248,27 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
                  a.last_rank >= 0 ? fmt("%.2f", a.spread_ms).c_str() : "-", shorten(b.pieces, 60).c_str());
   }
   if (const std::string line = arrival_line(s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());
+}
+
+}  // namespace
+
+void print_report(std::FILE* out, const SummarizedRun& run) {
+  const RunRecord& rec = run.record;
+  const RunSummary& s = run.summary;
+  print_run_line(out, rec, s);
+  print_config_line(out, rec);
+  if (const std::string note = oversubscription_note(rec); !note.empty()) std::fprintf(out, "  %s\n", note.c_str());
+  if (rec.nodes() > 1) {
+    std::string nodes;
+    for (int r = 0; r < rec.world_size(); ++r) nodes += fmt("%s%d", r ? "," : "", rec.node(r));
+    std::fprintf(out, "  topology: %d nodes (node of each rank %s), links %s\n", rec.nodes(), nodes.c_str(),
+                 describe(rec.meta.links).c_str());
+  }
+  if (const std::string lab = lab_text(rec.config); !lab.empty()) std::fprintf(out, "  lab:%s\n", lab.c_str());
+  std::fprintf(out, "  build: git %s, started %s\n", known(rec.meta.git_commit), known(rec.meta.start_time_utc));
+  if (!rec.meta.stop_reason.empty()) std::fprintf(out, "  status: %s\n", rec.meta.stop_reason.c_str());
+  print_summary(out, rec, s);
+  print_bucket_table(out, rec, s);
   print_time_use(out, s);
   std::fprintf(out, "  blame:\n");
   for (const std::string& line : blame(rec, s)) std::fprintf(out, "    %s\n", line.c_str());

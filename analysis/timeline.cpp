@@ -90,85 +90,101 @@ constexpr Phase kPhases[] = {
     {&StepRecord::barrier_ms, "barrier wait", When::kBarrierStep},
 };
 
+// Rank r as a process of two tracks, compute and communication; several nodes: a rank's node leads its name, and
+// the ranks of a node sort together.
+void add_rank_names(nlohmann::json& events, const RunRecord& run, int r) {
+  const std::string node = run.nodes() > 1 ? "node " + std::to_string(run.node(r)) + " / " : "";
+  events.push_back(
+      metadata("process_name", r, 0, {{"name", node + "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
+  events.push_back(metadata("process_sort_index", r, 0, {{"sort_index", run.node(r) * run.world_size() + r}}));
+  events.push_back(metadata("thread_name", r, kComputeTrack, {{"name", "compute"}}));
+  events.push_back(metadata("thread_sort_index", r, kComputeTrack, {{"sort_index", kComputeTrack}}));
+  events.push_back(metadata("thread_name", r, kCommTrack, {{"name", "communication"}}));
+  events.push_back(metadata("thread_sort_index", r, kCommTrack, {{"sort_index", kCommTrack}}));
+}
+
+// Rank r's step s on the compute track: the step, then its phases inside it.
+void add_step_events(nlohmann::json& events, const RunRecord& run, int r, int s) {
+  const StepRecord& step = run.at(r, s);
+  const int step_no = static_cast<int>(run.meta.first_step) + s;  // the training step (a resumed run's go on)
+  const double start = step.start_ms;
+  double t = start;
+  nlohmann::json phases = nlohmann::json::array();
+  for (const Phase& p : kPhases) {
+    const double ms = step.*p.field;
+    if (phase_runs(p.when, run.config, r, step_no))
+      phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", step_no}, {"ms", ms}}));
+    t += ms;
+  }
+  // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.
+  const double step_ms = std::max(step.step_ms, t - start);
+  events.push_back(complete("step " + std::to_string(step_no), "step", r, kComputeTrack, us(start), us(step_ms),
+                            {{"step", step_no},
+                             {"steady", s >= run.first_steady_step()},
+                             {"step_ms", step.step_ms},
+                             {"loss", step.loss},
+                             {"steal_ms", step.steal_ms},
+                             {"cpu_wait_ms", step.cpu_wait_ms}}));
+  for (auto& e : phases) events.push_back(std::move(e));
+}
+
+// Rank r's buckets in step s on the communication track: each one's all-reduce (or reduce-scatter and all-gather)
+// and the moment it was ready.
+void add_bucket_events(nlohmann::json& events, const RunRecord& run, int r, int s) {
+  const int step_no = static_cast<int>(run.meta.first_step) + s;
+  const double start = run.at(r, s).start_ms;
+  for (int k = 0; k < static_cast<int>(run.buckets.size()); ++k) {
+    const BucketRecord& b = run.buckets[k];
+    const BucketTimes& times = run.bucket_at(r, s, k);
+    const double ready = times.ready_ms, begin = times.comm_start_ms, end = times.comm_end_ms;
+    if (begin <= 0 && end <= 0) continue;  // never communicated (nothing recorded)
+    const std::string name = "bucket " + std::to_string(k);
+    // --zero-stage 1: the bar in backward is the gradients' reduce-scatter; the parameters' all-gather follows
+    // the update.
+    if (times.gather_end_ms > 0)
+      events.push_back(complete(name + " all-gather (" + size_text(b.bytes()) + ")", "all-gather", r, kCommTrack,
+                                us(times.gather_start_ms), us(times.gather_end_ms - times.gather_start_ms),
+                                {{"step", step_no},
+                                 {"bucket", k},
+                                 {"bytes", b.bytes()},
+                                 {"comm_ms", times.gather_end_ms - times.gather_start_ms}}));
+    const bool sharded = times.gather_end_ms > 0;
+    events.push_back(complete(name + (sharded ? " reduce-scatter (" : " (") + size_text(b.bytes()) + ")", "bucket", r,
+                              kCommTrack, us(begin), us(end - begin),
+                              {{"step", step_no},
+                               {"bucket", k},
+                               {"bytes", b.bytes()},
+                               {"pieces", b.pieces},
+                               {"ready_ms", ready - start},
+                               {"wait_after_ready_ms", begin - ready},
+                               {"comm_ms", end - begin}}));
+    events.push_back({{"ph", "i"},
+                      {"s", "t"},
+                      {"name", name + " ready"},
+                      {"cat", "ready"},
+                      {"pid", r},
+                      {"tid", kCommTrack},
+                      {"ts", us(ready)},
+                      {"args", {{"step", step_no}, {"bucket", k}}}});
+  }
+}
+
 }  // namespace
 
 nlohmann::json chrome_trace(const RunRecord& run) {
   nlohmann::json events = nlohmann::json::array();
-  const int first_steady = run.first_steady_step();
   for (int r = 0; r < run.world_size(); ++r) {
-    // Several nodes: a rank's node leads its name, and the ranks of a node sort together.
-    const std::string node = run.nodes() > 1 ? "node " + std::to_string(run.node(r)) + " / " : "";
-    events.push_back(
-        metadata("process_name", r, 0, {{"name", node + "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
-    events.push_back(metadata("process_sort_index", r, 0, {{"sort_index", run.node(r) * run.world_size() + r}}));
-    events.push_back(metadata("thread_name", r, kComputeTrack, {{"name", "compute"}}));
-    events.push_back(metadata("thread_sort_index", r, kComputeTrack, {{"sort_index", kComputeTrack}}));
-    events.push_back(metadata("thread_name", r, kCommTrack, {{"name", "communication"}}));
-    events.push_back(metadata("thread_sort_index", r, kCommTrack, {{"sort_index", kCommTrack}}));
+    add_rank_names(events, run, r);
     for (int s = 0; s < run.steps; ++s) {
-      const StepRecord& step = run.at(r, s);
-      const int step_no = static_cast<int>(run.meta.first_step) + s;  // the training step (a resumed run's go on)
-      const double start = step.start_ms;
-      double t = start;
-      nlohmann::json phases = nlohmann::json::array();
-      for (const Phase& p : kPhases) {
-        const double ms = step.*p.field;
-        if (phase_runs(p.when, run.config, r, step_no))
-          phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", step_no}, {"ms", ms}}));
-        t += ms;
-      }
-      // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.
-      const double step_ms = std::max(step.step_ms, t - start);
-      events.push_back(complete("step " + std::to_string(step_no), "step", r, kComputeTrack, us(start), us(step_ms),
-                                {{"step", step_no},
-                                 {"steady", s >= first_steady},
-                                 {"step_ms", step.step_ms},
-                                 {"loss", step.loss},
-                                 {"steal_ms", step.steal_ms},
-                                 {"cpu_wait_ms", step.cpu_wait_ms}}));
-      for (auto& e : phases) events.push_back(std::move(e));
-
-      for (int k = 0; k < static_cast<int>(run.buckets.size()); ++k) {
-        const BucketRecord& b = run.buckets[k];
-        const BucketTimes& times = run.bucket_at(r, s, k);
-        const double ready = times.ready_ms, begin = times.comm_start_ms, end = times.comm_end_ms;
-        if (begin <= 0 && end <= 0) continue;  // never communicated (nothing recorded)
-        const std::string name = "bucket " + std::to_string(k);
-        // --zero-stage 1: the bar in backward is the gradients' reduce-scatter; the parameters' all-gather follows
-        // the update.
-        if (times.gather_end_ms > 0)
-          events.push_back(complete(name + " all-gather (" + size_text(b.bytes()) + ")", "all-gather", r, kCommTrack,
-                                    us(times.gather_start_ms), us(times.gather_end_ms - times.gather_start_ms),
-                                    {{"step", step_no},
-                                     {"bucket", k},
-                                     {"bytes", b.bytes()},
-                                     {"comm_ms", times.gather_end_ms - times.gather_start_ms}}));
-        const bool sharded = times.gather_end_ms > 0;
-        events.push_back(complete(name + (sharded ? " reduce-scatter (" : " (") + size_text(b.bytes()) + ")", "bucket",
-                                  r, kCommTrack, us(begin), us(end - begin),
-                                  {{"step", step_no},
-                                   {"bucket", k},
-                                   {"bytes", b.bytes()},
-                                   {"pieces", b.pieces},
-                                   {"ready_ms", ready - start},
-                                   {"wait_after_ready_ms", begin - ready},
-                                   {"comm_ms", end - begin}}));
-        events.push_back({{"ph", "i"},
-                          {"s", "t"},
-                          {"name", name + " ready"},
-                          {"cat", "ready"},
-                          {"pid", r},
-                          {"tid", kCommTrack},
-                          {"ts", us(ready)},
-                          {"args", {{"step", step_no}, {"bucket", k}}}});
-      }
+      add_step_events(events, run, r, s);
+      add_bucket_events(events, run, r, s);
     }
   }
   nlohmann::json other = {{"run_file", run.path},
                           {"world_size", run.world_size()},
                           {"num_steps", run.steps},
                           {"first_step", run.meta.first_step},  // a resumed run's first: events carry training steps
-                          {"first_steady_step", first_steady},
+                          {"first_steady_step", run.first_steady_step()},
                           {"config", run.config},
                           {"clock",
                            "ranks leave an MPI_Barrier together at start, then read their own monotonic "

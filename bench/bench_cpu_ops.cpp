@@ -55,34 +55,9 @@ double measure_memory_floor(int mb, int repeats) {
   return std::max(2.0 * n * sizeof(float) / copy_ms, 3.0 * n * sizeof(float) / add_ms) / 1e6;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  blas::select_kernels(argc, argv);  // the kernels ddplab runs here (and this program is also the probe's child)
-  int B = 128, repeats = 20, floor_mb = 256;
-  CLI::App app{"the CPU ops at the default MLP's shapes against this core's memory floor"};
-  app.add_option("--batch", B, "rows per batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--repeats", repeats, "timed calls per op (median)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--floor-mb", floor_mb, "MiB per buffer of the floor's streams (far above the caches)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  if (const auto code = bench::parse_command_line(app, argc, argv, "bench_cpu_ops")) return *code;
-  openblas_set_num_threads(1);
-  const int C = 1024, OC = 1024, V = 1000;
-  const blas::KernelsInUse& kernels = blas::kernels_in_use();
-  std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS kernels %s, float kernels at %d lanes\n", B,
-              kernels.describe().c_str(), cpu::float_lanes());
-  const blas::Rates alternatives = blas::measure_alternatives();
-  best_gemm_gflops = blas::fastest(alternatives).gflops;
-  std::printf("# the kernel families, each in a child (one 1024 -> 1024 layer at batch 128, forward + backward): %s "
-              "GFLOP/s\n",
-              alternatives.empty() ? "none to choose from" : blas::list_rates(alternatives).c_str());
-  std::printf("%-32s %-22s %12s %14s\n", "op", "shape", "time", "rate");
-  floor_gbps = measure_memory_floor(floor_mb, repeats);
-  std::printf("%-32s %-22s %12s %9.1f GB/s\n", "memory floor", "", "", floor_gbps);
-
+// The layer's ops at batch B, C -> OC, and the softmax cross-entropy over V classes, each on what the ops before it
+// left in the buffers.
+void bench_layer_ops(int B, int C, int OC, int V, int repeats) {
   auto x = random_vector(size_t(B) * C, 1), w = random_vector(size_t(OC) * C, 2), out = random_vector(size_t(B) * OC, 3);
   auto dout = random_vector(size_t(B) * OC, 4), dx = random_vector(size_t(B) * C, 5), dw = random_vector(size_t(OC) * C, 6);
   auto bias = random_vector(OC, 7), dbias = random_vector(OC, 8);
@@ -132,10 +107,14 @@ int main(int argc, char** argv) {
           [&] { cpu::softmax_cross_entropy_backward(logits.data(), exps.data(), sums.data(), targets.data(), B, V); },
           repeats),
       8.0 * B * V, "GB/s");
+}
 
+// The passes over every parameter: the optimizers' updates, the gradient's scaling and finiteness check.
+void bench_parameter_passes(int repeats) {
   const int64_t n = 3'122'152;  // the default MLP's parameter count
   auto p = random_vector(n, 11), g = random_vector(n, 12), m = random_vector(n, 13), v = random_vector(n, 14);
   for (auto& e : v) e = e * e;
+  char shape[64];
   std::snprintf(shape, sizeof shape, "%lld params", static_cast<long long>(n));
   int t = 0;
   row("adamw_update", shape,
@@ -157,8 +136,10 @@ int main(int argc, char** argv) {
                 repeats),
       8.0 * n, "GB/s");
   if (!finite) std::printf("(all_finite found a NaN or Inf in the gradients: they are random normals)\n");
+}
 
-  // The check: the kernels in use against the best family, both as the children measured them.
+// The check: the kernels in use against the best family, both as the children measured them. Returns the exit code.
+int check_kernels_in_use(const blas::KernelsInUse& kernels, const blas::Rates& alternatives) {
   const blas::CoreRate best = blas::fastest(alternatives);
   for (const blas::CoreRate& r : alternatives) {
     if (r.core != kernels.core) continue;
@@ -170,4 +151,36 @@ int main(int argc, char** argv) {
   std::printf("kernels in use: %s, not among the families measured (%s)\n", kernels.core.c_str(),
               alternatives.empty() ? "none to choose from on this CPU" : "its probe failed");
   return alternatives.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  blas::select_kernels(argc, argv);  // the kernels ddplab runs here (and this program is also the probe's child)
+  int B = 128, repeats = 20, floor_mb = 256;
+  CLI::App app{"the CPU ops at the default MLP's shapes against this core's memory floor"};
+  app.add_option("--batch", B, "rows per batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--repeats", repeats, "timed calls per op (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--floor-mb", floor_mb, "MiB per buffer of the floor's streams (far above the caches)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  if (const auto code = bench::parse_command_line(app, argc, argv, "bench_cpu_ops")) return *code;
+  openblas_set_num_threads(1);
+  const int C = 1024, OC = 1024, V = 1000;
+  const blas::KernelsInUse& kernels = blas::kernels_in_use();
+  std::printf("# bench_cpu_ops: batch %d, 1 BLAS thread, OpenBLAS kernels %s, float kernels at %d lanes\n", B,
+              kernels.describe().c_str(), cpu::float_lanes());
+  const blas::Rates alternatives = blas::measure_alternatives();
+  best_gemm_gflops = blas::fastest(alternatives).gflops;
+  std::printf("# the kernel families, each in a child (one 1024 -> 1024 layer at batch 128, forward + backward): %s "
+              "GFLOP/s\n",
+              alternatives.empty() ? "none to choose from" : blas::list_rates(alternatives).c_str());
+  std::printf("%-32s %-22s %12s %14s\n", "op", "shape", "time", "rate");
+  floor_gbps = measure_memory_floor(floor_mb, repeats);
+  std::printf("%-32s %-22s %12s %9.1f GB/s\n", "memory floor", "", "", floor_gbps);
+  bench_layer_ops(B, C, OC, V, repeats);
+  bench_parameter_passes(repeats);
+  return check_kernels_in_use(kernels, alternatives);
 }

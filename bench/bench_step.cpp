@@ -75,6 +75,78 @@ class GemmsAlone {
   std::vector<float> dout_, dinp_;
 };
 
+// One variant of the step: its times, step by step after the first five.
+struct Series {
+  explicit Series(const char* n) : name(n) {}
+  void add(const StepRecord& r, double gemms_ms) {
+    step_ms.push_back(r.step_ms);
+    ratio.push_back(r.step_ms / gemms_ms);
+    data_ms.push_back(r.data_ms);
+    forward_ms.push_back(r.forward_ms);
+    backward_ms.push_back(r.backward_ms);
+    exposed_ms.push_back(r.exposed_comm_ms);
+    optimizer_ms.push_back(r.optimizer_ms);
+  }
+  const char* name;
+  TrainConfig config;
+  std::vector<double> step_ms, ratio, data_ms, forward_ms, backward_ms, exposed_ms, optimizer_ms;
+};
+
+struct GemmTimes {
+  std::vector<double> forward_ms, backward_ms;
+  double flops = 0;
+};
+
+// The step with the update after backward, the step with the update in backward (on the core the one BLAS thread
+// leaves idle: what --optimizer-in-backward auto picks here), then the GEMMs alone, in turn: on a shared machine all
+// three see the same moments of contention, and the ratios are taken within each triple.
+GemmTimes run_in_turn(TrainConfig config, Series (&series)[2]) {
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int k = 0; k < 2; ++k) {
+    config.optimizer_in_backward = k == 0 ? OnOff::kOff : OnOff::kOn;
+    series[k].config = config;
+    trainers.push_back(std::make_unique<Trainer>(config, MPI_COMM_SELF));
+  }
+  GemmTimes gemm;
+  GemmsAlone gemms(config.mlp, config.batch);
+  const double t0 = now_ms();
+  for (int s = 0; s < config.steps; ++s) {
+    const StepRecord r[2] = {trainers[0]->step(s, t0), trainers[1]->step(s, t0)};
+    const double f = gemms.forward_ms(), b = gemms.backward_ms();
+    if (s < 5) continue;  // first steps: page faults, BLAS buffers, the loader starting
+    gemm.forward_ms.push_back(f);
+    gemm.backward_ms.push_back(b);
+    for (int k = 0; k < 2; ++k) series[k].add(r[k], f + b);
+  }
+  gemm.flops = gemms.flops();
+  return gemm;
+}
+
+void print_results(const TrainConfig& config, int timed_steps, const GemmTimes& gemm, const Series (&series)[2]) {
+  std::printf(
+      "# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread, %d loader threads, medians of %d; OpenBLAS "
+      "kernels %s\n",
+      config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes, config.batch,
+      config.loader_threads, timed_steps, blas::kernels_in_use().describe().c_str());
+  const double gemm_ms = median(gemm.forward_ms) + median(gemm.backward_ms);
+  const double gemm_gflops = gemm.flops / gemm_ms / 1e6;
+  std::printf("%-34s %9.3f ms  (forward %.3f, backward %.3f)  %.1f GFLOP/s", "GEMMs alone (same shapes, calls)",
+              gemm_ms, median(gemm.forward_ms), median(gemm.backward_ms), gemm_gflops);
+  const blas::Rates alternatives = blas::measure_alternatives();
+  if (const blas::CoreRate best = blas::fastest(alternatives); best.gflops > 0)
+    std::printf(", %.0f%% of the best kernels (%s GFLOP/s at one layer's shapes, each family in a child)",
+                100 * gemm_gflops / best.gflops, blas::list_rates(alternatives).c_str());
+  std::printf("\n");
+  for (const Series& x : series) {
+    std::printf("step, %-28s %9.3f ms  step / GEMMs %.3f (median of the triples' ratios; target <= 1.08)\n", x.name,
+                median(x.step_ms), median(x.ratio));
+    std::printf("  --grad-slice-mb %g\n", resolved_grad_slice_mb(x.config));
+    std::printf("  parts (ms): data %.3f  forward %.3f  backward %.3f  exposed comm %.3f  optimizer %.3f\n",
+                median(x.data_ms), median(x.forward_ms), median(x.backward_ms), median(x.exposed_ms),
+                median(x.optimizer_ms));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,64 +174,9 @@ int main(int argc, char** argv) {
   config.grad_slice_mb = grad_slice_mb;
   config.loader_threads = loader_threads;
   config.steps = steps + 5;
-
-  // The step with the update after backward, the step with the update in backward (on the core the one BLAS
-  // thread leaves idle: what --optimizer-in-backward auto picks here), then the GEMMs alone, in turn: on a shared
-  // machine all three see the same moments of contention, and the ratios are taken within each triple.
-  struct Series {
-    explicit Series(const char* n) : name(n) {}
-    const char* name;
-    TrainConfig config;
-    std::vector<double> step_ms, ratio, data_ms, forward_ms, backward_ms, exposed_ms, optimizer_ms;
-  };
   Series series[2] = {Series("update after backward"), Series("update in backward")};
-  std::vector<std::unique_ptr<Trainer>> trainers;
-  for (int k = 0; k < 2; ++k) {
-    config.optimizer_in_backward = k == 0 ? OnOff::kOff : OnOff::kOn;
-    series[k].config = config;
-    trainers.push_back(std::make_unique<Trainer>(config, MPI_COMM_SELF));
-  }
-  std::vector<double> gemm_forward_ms, gemm_backward_ms;
-  GemmsAlone gemms(config.mlp, batch);
-  const double t0 = now_ms();
-  for (int s = 0; s < config.steps; ++s) {
-    const StepRecord r[2] = {trainers[0]->step(s, t0), trainers[1]->step(s, t0)};
-    const double f = gemms.forward_ms(), b = gemms.backward_ms();
-    if (s < 5) continue;  // first steps: page faults, BLAS buffers, the loader starting
-    gemm_forward_ms.push_back(f);
-    gemm_backward_ms.push_back(b);
-    for (int k = 0; k < 2; ++k) {
-      series[k].step_ms.push_back(r[k].step_ms);
-      series[k].ratio.push_back(r[k].step_ms / (f + b));
-      series[k].data_ms.push_back(r[k].data_ms);
-      series[k].forward_ms.push_back(r[k].forward_ms);
-      series[k].backward_ms.push_back(r[k].backward_ms);
-      series[k].exposed_ms.push_back(r[k].exposed_comm_ms);
-      series[k].optimizer_ms.push_back(r[k].optimizer_ms);
-    }
-  }
-  std::printf(
-      "# bench_step: MLP %d-%dx%d-%d, batch %d, ws=1, 1 BLAS thread, %d loader threads, medians of %d; OpenBLAS "
-      "kernels %s\n",
-      config.mlp.input_dim, config.mlp.hidden_dim, config.mlp.num_hidden_layers, config.mlp.num_classes, batch,
-      loader_threads, steps, blas::kernels_in_use().describe().c_str());
-  const double gemm_ms = median(gemm_forward_ms) + median(gemm_backward_ms);
-  const double gemm_gflops = gemms.flops() / gemm_ms / 1e6;
-  std::printf("%-34s %9.3f ms  (forward %.3f, backward %.3f)  %.1f GFLOP/s", "GEMMs alone (same shapes, calls)",
-              gemm_ms, median(gemm_forward_ms), median(gemm_backward_ms), gemm_gflops);
-  const blas::Rates alternatives = blas::measure_alternatives();
-  if (const blas::CoreRate best = blas::fastest(alternatives); best.gflops > 0)
-    std::printf(", %.0f%% of the best kernels (%s GFLOP/s at one layer's shapes, each family in a child)",
-                100 * gemm_gflops / best.gflops, blas::list_rates(alternatives).c_str());
-  std::printf("\n");
-  for (const Series& x : series) {
-    std::printf("step, %-28s %9.3f ms  step / GEMMs %.3f (median of the triples' ratios; target <= 1.08)\n", x.name,
-                median(x.step_ms), median(x.ratio));
-    std::printf("  --grad-slice-mb %g\n", resolved_grad_slice_mb(x.config));
-    std::printf("  parts (ms): data %.3f  forward %.3f  backward %.3f  exposed comm %.3f  optimizer %.3f\n",
-                median(x.data_ms), median(x.forward_ms), median(x.backward_ms), median(x.exposed_ms),
-                median(x.optimizer_ms));
-  }
+  const GemmTimes gemm = run_in_turn(config, series);
+  print_results(config, steps, gemm, series);
   MPI_Finalize();
   return 0;
 }

@@ -43,6 +43,56 @@ std::vector<std::vector<int64_t>> pack_into_rows(std::vector<int64_t> ids, const
   }
   return rows;
 }
+
+using StepIds = std::vector<std::vector<int64_t>>;  // a step's ids, [rank], one sequence per row
+
+// Steps of `global` sequences in `order`, each split evenly across the ranks.
+std::vector<StepIds> even_steps(const std::vector<int64_t>& order, int64_t global, int world) {
+  const int64_t n = static_cast<int64_t>(order.size());
+  std::vector<StepIds> steps;
+  for (int64_t k = 0; k < n; k += global) {
+    const std::vector<int64_t> chunk(order.begin() + k, order.begin() + std::min(n, k + global));
+    steps.push_back(split_even(chunk, world));
+  }
+  return steps;
+}
+
+// Similar lengths together: sorted by length within windows, so that the epoch stays shuffled overall.
+void sort_within_windows(std::vector<int64_t>& order, const SyntheticTokens& data, int64_t window) {
+  const int64_t n = static_cast<int64_t>(order.size());
+  for (int64_t k = 0; k < n; k += window) {
+    const auto begin = order.begin() + k, end = order.begin() + std::min(n, k + window);
+    std::stable_sort(begin, end, [&](int64_t a, int64_t b) { return data.length(a) < data.length(b); });
+  }
+}
+
+// Greedy packing: a rank batch takes sequences while count x longest stays within max_tokens (at least one).
+std::vector<StepIds> token_budget_steps(const std::vector<int64_t>& order, const SyntheticTokens& data,
+                                        int64_t max_tokens, int world) {
+  std::vector<std::vector<int64_t>> rank_batches;
+  std::vector<int64_t> current;
+  int longest = 0;
+  for (int64_t id : order) {
+    const int len = data.length(id);
+    const int64_t padded = static_cast<int64_t>(current.size() + 1) * std::max(longest, len);
+    if (!current.empty() && padded > max_tokens) {
+      rank_batches.push_back(std::move(current));
+      current.clear();
+      longest = 0;
+    }
+    current.push_back(id);
+    longest = std::max(longest, len);
+  }
+  if (!current.empty()) rank_batches.push_back(std::move(current));
+  std::vector<StepIds> steps;
+  for (size_t k = 0; k < rank_batches.size(); k += world) {
+    StepIds step(world);
+    for (int r = 0; r < world && k + r < rank_batches.size(); ++r) step[r] = std::move(rank_batches[k + r]);
+    steps.push_back(std::move(step));
+  }
+  return steps;
+}
+
 }  // namespace
 
 SyntheticTokens::SyntheticTokens(const TokenDataConfig& c) : config_(c) {
@@ -98,80 +148,47 @@ BatchPlan::BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, 
   if (config.strategy == Batching::kPack) {
     std::vector<std::vector<int64_t>> rows = pack_into_rows(order, data, data.config().max_len);
     std::shuffle(rows.begin(), rows.end(), rng);  // the same row order on every rank
-    const int64_t per_step = std::max<int64_t>(1, config.max_tokens / data.config().max_len) * world;
-    for (int64_t k = 0; k < static_cast<int64_t>(rows.size()); k += per_step) {
-      const int64_t m = std::min<int64_t>(per_step, rows.size() - k);  // rows of this step, split evenly
-      std::vector<RankBatch> step(world);
-      for (int r = 0; r < world; ++r) {
-        for (int64_t i = k + m * r / world; i < k + m * (r + 1) / world; ++i) {
-          step[r].ids.insert(step[r].ids.end(), rows[i].begin(), rows[i].end());
-          step[r].rows.push_back(static_cast<int>(rows[i].size()));
-        }
-      }
-      steps_.push_back(std::move(step));
-    }
+    add_packed_steps(rows, std::max<int64_t>(1, config.max_tokens / data.config().max_len) * world, world);
     return;
   }
-
   // The other strategies cut [step][rank] lists of ids, one sequence per row.
-  auto add_steps = [this](std::vector<std::vector<std::vector<int64_t>>>&& steps) {
-    for (auto& step : steps) {
-      std::vector<RankBatch> batches(step.size());
-      for (size_t r = 0; r < step.size(); ++r) {
-        batches[r].rows.assign(step[r].size(), 1);
-        batches[r].ids = std::move(step[r]);
-      }
-      steps_.push_back(std::move(batches));
-    }
-  };
   const int64_t global = static_cast<int64_t>(world) * config.batch;
   if (config.strategy == Batching::kSample) {
-    std::vector<std::vector<std::vector<int64_t>>> steps;
-    for (int64_t k = 0; k < n; k += global) {
-      const std::vector<int64_t> chunk(order.begin() + k, order.begin() + std::min(n, k + global));
-      steps.push_back(split_even(chunk, world));
-    }
-    add_steps(std::move(steps));
+    add_steps(even_steps(order, global, world));
     return;
   }
-
-  // Bucket and token: similar lengths together, sorting within windows so the epoch stays shuffled overall.
-  const int64_t window = global * config.window;
-  for (int64_t k = 0; k < n; k += window) {
-    const auto begin = order.begin() + k, end = order.begin() + std::min(n, k + window);
-    std::stable_sort(begin, end, [&](int64_t a, int64_t b) { return data.length(a) < data.length(b); });
-  }
-  std::vector<std::vector<std::vector<int64_t>>> steps;
-  if (config.strategy == Batching::kBucket) {
-    for (int64_t k = 0; k < n; k += global) {
-      const std::vector<int64_t> chunk(order.begin() + k, order.begin() + std::min(n, k + global));
-      steps.push_back(split_even(chunk, world));
-    }
-  } else {
-    // Greedy packing: a rank batch takes sequences while count x longest stays within the budget (at least one).
-    std::vector<std::vector<int64_t>> rank_batches;
-    std::vector<int64_t> current;
-    int longest = 0;
-    for (int64_t id : order) {
-      const int len = data.length(id);
-      const int64_t padded = static_cast<int64_t>(current.size() + 1) * std::max(longest, len);
-      if (!current.empty() && padded > config.max_tokens) {
-        rank_batches.push_back(std::move(current));
-        current.clear();
-        longest = 0;
-      }
-      current.push_back(id);
-      longest = std::max(longest, len);
-    }
-    if (!current.empty()) rank_batches.push_back(std::move(current));
-    for (size_t k = 0; k < rank_batches.size(); k += world) {
-      std::vector<std::vector<int64_t>> step(world);
-      for (int r = 0; r < world && k + r < rank_batches.size(); ++r) step[r] = std::move(rank_batches[k + r]);
-      steps.push_back(std::move(step));
-    }
-  }
+  sort_within_windows(order, data, global * config.window);
+  std::vector<StepIds> steps = config.strategy == Batching::kBucket
+                                   ? even_steps(order, global, world)
+                                   : token_budget_steps(order, data, config.max_tokens, world);
   std::shuffle(steps.begin(), steps.end(), rng);  // the same batch order on every rank
   add_steps(std::move(steps));
+}
+
+// Steps of `per_step` packed rows, split evenly across the ranks.
+void BatchPlan::add_packed_steps(const std::vector<std::vector<int64_t>>& rows, int64_t per_step, int world) {
+  for (int64_t k = 0; k < static_cast<int64_t>(rows.size()); k += per_step) {
+    const int64_t m = std::min<int64_t>(per_step, rows.size() - k);  // rows of this step, split evenly
+    std::vector<RankBatch> step(world);
+    for (int r = 0; r < world; ++r) {
+      for (int64_t i = k + m * r / world; i < k + m * (r + 1) / world; ++i) {
+        step[r].ids.insert(step[r].ids.end(), rows[i].begin(), rows[i].end());
+        step[r].rows.push_back(static_cast<int>(rows[i].size()));
+      }
+    }
+    steps_.push_back(std::move(step));
+  }
+}
+
+void BatchPlan::add_steps(std::vector<std::vector<std::vector<int64_t>>>&& steps) {
+  for (auto& step : steps) {
+    std::vector<RankBatch> batches(step.size());
+    for (size_t r = 0; r < step.size(); ++r) {
+      batches[r].rows.assign(step[r].size(), 1);
+      batches[r].ids = std::move(step[r]);
+    }
+    steps_.push_back(std::move(batches));
+  }
 }
 
 int64_t BatchPlan::useful_tokens(int64_t step, int rank) const {

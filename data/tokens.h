@@ -82,6 +82,8 @@ class BatchPlan {
     std::vector<int64_t> ids;
     std::vector<int> rows;
   };
+  void add_packed_steps(const std::vector<std::vector<int64_t>>& rows, int64_t per_step, int world);
+  void add_steps(std::vector<std::vector<std::vector<int64_t>>>&& steps);  // [step][rank] ids, a sequence per row
   const SyntheticTokens& data_;
   std::vector<std::vector<RankBatch>> steps_;  // [step][rank]
 };

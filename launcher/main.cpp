@@ -110,6 +110,64 @@ void require_known_command(const CLI::App& app, int argc, char** argv) {
                    "; commands: " + names);
 }
 
+// The commands and what their flags fill in (CLI11 keeps pointers to them: they stay where main made them).
+struct Commands {
+  TrainConfig config;
+  SuiteOptions suite_options;
+  SweepOptions sweep_options;
+  CLI::App* train = nullptr;
+  CLI::App* suite = nullptr;
+  CLI::App* sweep = nullptr;
+  CLI::App* devices = nullptr;
+};
+
+void add_commands(CLI::App& app, Commands& c) {
+  app.require_subcommand(1);
+  app.set_version_flag("--version", version_line(), "print the version and the git commit of this build");
+  c.train =
+      app.add_subcommand("train", "data-parallel training of an MLP or a transformer (--model) on synthetic data");
+  add_train_flags(c.train, c.config);
+  c.suite = add_suite_command(app, c.suite_options);
+  c.sweep = add_sweep_command(app, c.sweep_options);
+  c.devices = app.add_subcommand("devices", "show BLAS, MPI, HDF5 and CUDA as this build sees them");
+  add_report_commands(app);  // report, timeline: run on rank 0 from their own callbacks
+  add_predict_command(app);  // the same, for predict
+}
+
+// Parses the command line, then checks the DDPLAB_* settings. False once rank 0 printed the help or the version
+// asked for: nothing to run. Throws UsageError (the command line) or settings::BadSetting.
+bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv, int rank) {
+  try {
+    require_known_command(app, argc, argv);
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
+    return false;
+  } catch (const CLI::CallForVersion& e) {
+    if (rank == 0) std::printf("%s\n", e.what());
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(parse_error_text(e, app));
+  }
+  // Every DDPLAB_* knob in the environment, on every rank, before any work (`devices` lists them as they are).
+  if (!c.devices->parsed()) settings::check_all();
+  // Collective: only the commands that run collectives (report and the like run on rank 0 alone, in parse).
+  if (c.train->parsed() || c.suite->parsed() || c.sweep->parsed()) settings::check_same_on_every_rank(MPI_COMM_WORLD);
+  return true;
+}
+
+// The command parsed; returns the exit code.
+int run_command(const Commands& c, const std::string& command_line, int rank) {
+  if (c.train->parsed()) {
+    const SummarizedRun run = run_training(c.config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
+    if (rank == 0 && settings::choice(settings::kTrainPage) == "on") write_train_page(run, c.config.quiet);
+  }
+  if (c.suite->parsed()) return run_suite(c.suite_options, command_line);
+  if (c.sweep->parsed()) return run_sweep(c.sweep_options, command_line);
+  if (c.devices->parsed()) return run_devices();
+  return 0;
+}
+
 }  // namespace
 }  // namespace ddplab
 
@@ -136,47 +194,15 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
 
   CLI::App app{"ddplab: data-parallel training engine and performance lab"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", version_line(), "print the version and the git commit of this build");
-  TrainConfig config;
-  CLI::App* train =
-      app.add_subcommand("train", "data-parallel training of an MLP or a transformer (--model) on synthetic data");
-  add_train_flags(train, config);
-  SuiteOptions suite_options;
-  CLI::App* suite = add_suite_command(app, suite_options);
-  SweepOptions sweep_options;
-  CLI::App* sweep = add_sweep_command(app, sweep_options);
-  CLI::App* devices = app.add_subcommand("devices", "show BLAS, MPI, HDF5 and CUDA as this build sees them");
-  add_report_commands(app);  // report, timeline: run on rank 0 from their own callbacks
-  add_predict_command(app);  // the same, for predict
-
+  Commands commands;
+  add_commands(app, commands);
   int code = 0;
   try {
-    try {
-      require_known_command(app, argc, argv);
-      app.parse(argc, argv);
-      // Every DDPLAB_* knob in the environment, on every rank, before any work (`devices` lists them as they are).
-      if (!devices->parsed()) settings::check_all();
-      // Collective: only the commands that run collectives (report and the like run on rank 0 alone, in parse).
-      if (train->parsed() || suite->parsed() || sweep->parsed()) settings::check_same_on_every_rank(MPI_COMM_WORLD);
-    } catch (const CLI::CallForHelp&) {
-      if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
+    if (!parse_command_line(app, commands, argc, argv, rank)) {
       MPI_Finalize();
       return 0;
-    } catch (const CLI::CallForVersion& e) {
-      if (rank == 0) std::printf("%s\n", e.what());
-      MPI_Finalize();
-      return 0;
-    } catch (const CLI::ParseError& e) {
-      throw UsageError(parse_error_text(e, app));
     }
-    if (train->parsed()) {
-      const SummarizedRun run = run_training(config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
-      if (rank == 0 && settings::choice(settings::kTrainPage) == "on") write_train_page(run, config.quiet);
-    }
-    if (suite->parsed()) code = run_suite(suite_options, command_line);
-    if (sweep->parsed()) code = run_sweep(sweep_options, command_line);
-    if (devices->parsed()) code = run_devices();
+    code = run_command(commands, command_line, rank);
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
     MPI_Finalize();
@@ -190,7 +216,7 @@ int main(int argc, char** argv) {
     // suite or sweep, ranks outside the stopped case wait elsewhere, so the job is ended for them.
     if (rank == 0) std::fprintf(stderr, "ddplab: stopped: %s\n", e.what());
     std::fflush(stderr);
-    if (!train->parsed()) MPI_Abort(MPI_COMM_WORLD, e.exit_code);
+    if (!commands.train->parsed()) MPI_Abort(MPI_COMM_WORLD, e.exit_code);
     MPI_Finalize();
     return e.exit_code;
   } catch (const std::exception& e) {

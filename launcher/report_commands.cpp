@@ -35,53 +35,61 @@ RunRecord read_input(const std::string& path) {
   }
 }
 
-void add_report_commands(CLI::App& app) {
-  struct ReportArgs {
-    std::vector<std::string> files;
-    bool json = false;
-    std::string html;
-    bool force = false;
-  };
-  auto report_args = std::make_shared<ReportArgs>();
+namespace {
+
+struct ReportArgs {
+  std::vector<std::string> files;
+  bool json = false;
+  std::string html;
+  bool force = false;
+};
+
+// `report` on rank 0: every file read first, then one page (--html), one JSON array (--json), or the tables.
+void run_report(const ReportArgs& args) {
+  if (!is_rank0()) return;
+  if (!args.html.empty()) {
+    if (const std::string problem = check_output_path(args.html, args.force); !problem.empty())
+      throw UsageError(problem);
+  }
+  std::vector<SummarizedRun> runs;
+  for (const std::string& path : args.files) runs.push_back(summarized(read_input(path)));  // all readable first
+  if (!args.html.empty()) {
+    if (const std::string error = write_run_page(runs, args.html); !error.empty())
+      throw std::runtime_error("cannot write the page " + args.html + ": " + error);
+    print_page_line(args.html, "");
+  } else if (args.json) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const SummarizedRun& run : runs) all.push_back(report_json(run));
+    // Strings come from the files as stored: bytes that are not UTF-8 become U+FFFD rather than an exception.
+    std::printf("%s\n", all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (i) std::printf("\n");
+      print_report(stdout, runs[i]);
+    }
+    if (runs.size() > 1) {
+      std::printf("\n");
+      print_comparison(stdout, runs);
+    }
+  }
+  std::fflush(stdout);
+}
+
+void add_report_command(CLI::App& app) {
+  auto args = std::make_shared<ReportArgs>();
   CLI::App* report = app.add_subcommand("report", "tables and slow-rank blame from run files (docs/REPORTS.md)");
-  report->add_option("files", report_args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
-  report->add_flag("--json", report_args->json,
+  report->add_option("files", args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
+  report->add_flag("--json", args->json,
                    "print a JSON array instead, one object per file: its summary and blame findings");
-  report->add_option("--html", report_args->html,
+  report->add_option("--html", args->html,
                      "write the runs as one self-contained HTML page instead (setup, table, charts, blame)")
       ->type_name("OUT.html")
       ->excludes("--json");
-  report->add_flag("--force", report_args->force, "overwrite an existing --html page");
-  report->callback([args = report_args] {
-    if (!is_rank0()) return;
-    if (!args->html.empty()) {
-      if (const std::string problem = check_output_path(args->html, args->force); !problem.empty())
-        throw UsageError(problem);
-    }
-    std::vector<SummarizedRun> runs;
-    for (const std::string& path : args->files) runs.push_back(summarized(read_input(path)));  // all readable first
-    if (!args->html.empty()) {
-      if (const std::string error = write_run_page(runs, args->html); !error.empty())
-        throw std::runtime_error("cannot write the page " + args->html + ": " + error);
-      print_page_line(args->html, "");
-    } else if (args->json) {
-      nlohmann::json all = nlohmann::json::array();
-      for (const SummarizedRun& run : runs) all.push_back(report_json(run));
-      // Strings come from the files as stored: bytes that are not UTF-8 become U+FFFD rather than an exception.
-      std::printf("%s\n", all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    } else {
-      for (size_t i = 0; i < runs.size(); ++i) {
-        if (i) std::printf("\n");
-        print_report(stdout, runs[i]);
-      }
-      if (runs.size() > 1) {
-        std::printf("\n");
-        print_comparison(stdout, runs);
-      }
-    }
-    std::fflush(stdout);
-  });
+  report->add_flag("--force", args->force, "overwrite an existing --html page");
+  report->callback([args] { run_report(*args); });
+}
 
+void add_timeline_command(CLI::App& app) {
   struct TimelineArgs {
     std::string file, out;
     bool force = false;
@@ -102,19 +110,18 @@ void add_report_commands(CLI::App& app) {
                 run.world_size(), run.steps);
     std::fflush(stdout);
   });
+}
 
+void add_diff_command(CLI::App& app) {
   struct DiffArgs {
     std::vector<std::string> files;
     bool json = false;
   };
-  auto diff_args = std::make_shared<DiffArgs>();
+  auto args = std::make_shared<DiffArgs>();
   CLI::App* diff = app.add_subcommand("diff", "what changed between two runs, beyond the noise (docs/REPORTS.md)");
-  diff->add_option("files", diff_args->files, "run files A and B (HDF5)")
-      ->required()
-      ->expected(2)
-      ->type_name("FILE.h5");
-  diff->add_flag("--json", diff_args->json, "print the comparison as one JSON object instead");
-  diff->callback([args = diff_args] {
+  diff->add_option("files", args->files, "run files A and B (HDF5)")->required()->expected(2)->type_name("FILE.h5");
+  diff->add_flag("--json", args->json, "print the comparison as one JSON object instead");
+  diff->callback([args] {
     if (!is_rank0()) return;
     const RunRecord a = read_input(args->files[0]), b = read_input(args->files[1]);  // both readable first
     const RunDiff d = diff_runs(a, b);
@@ -124,6 +131,14 @@ void add_report_commands(CLI::App& app) {
       print_diff(stdout, d);
     std::fflush(stdout);
   });
+}
+
+}  // namespace
+
+void add_report_commands(CLI::App& app) {
+  add_report_command(app);
+  add_timeline_command(app);
+  add_diff_command(app);
 }
 
 }  // namespace ddplab

@@ -533,19 +533,19 @@ TrainingStopped stopped_by_signal(int signal, int step) {
   return TrainingStopped(std::string(name) + " received: stopped after step " + std::to_string(step), 128 + signal);
 }
 
-}  // namespace
-
-SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOptions& options) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  const ArmedWatchdog armed(asked.timeout_s);
-  std::string error = config_disagreement(asked, world);  // before anything a rank could decide on its own
+// The checks before any work, alike on every rank (UsageError): the ranks were given the same config, it holds for
+// this many ranks, and every rank has the device it asks for.
+void validate_run(const TrainConfig& asked, int world_size, MPI_Comm world) {
+  const std::string error = config_disagreement(asked, world);  // before anything a rank could decide on its own
   if (!error.empty()) throw UsageError(error);
   validate(asked);
-  validate_for_ranks(asked, size);
+  validate_for_ranks(asked, world_size);
   require_device(asked, world);
-  // The nodes: computed here for the checks and the run file as the Communicator computes them (comm/topology.h).
+}
+
+// The nodes: computed here for the checks and the run file as the Communicator computes them (comm/topology.h).
+// --comm hier needs several nodes with as many ranks on each (UsageError).
+Topology checked_topology(const TrainConfig& asked, int world_size, MPI_Comm world) {
   Topology topology;
   try {
     topology = detect_topology(world, asked.ranks_per_node);
@@ -553,151 +553,265 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
     throw UsageError(e.what());
   }
   require(asked.comm != AllreduceImpl::kHier || topology.nodes() > 1,
-          "--comm hier needs more than one node, and all " + std::to_string(size) +
+          "--comm hier needs more than one node, and all " + std::to_string(world_size) +
               " ranks are on one (emulate nodes with --ranks-per-node K)");
   const std::vector<int> node_sizes = topology.node_sizes();
-  require(asked.comm != AllreduceImpl::kHier || std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) ==
-                                       static_cast<long>(node_sizes.size()),
+  require(asked.comm != AllreduceImpl::kHier ||
+              std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) == static_cast<long>(node_sizes.size()),
           "--comm hier needs the same number of ranks on every node: " + topology.describe());
-  // Every "auto" resolved once, here: the run header, the run file and the model see the choices made.
-  const RankCores rank_cores = cores_for_rank(world);
-  TrainConfig config = resolved(asked, RunFacts{rank_cores.cores, cudnn_on_every_rank(asked, world)});
-  openblas_set_num_threads(config.blas_threads);
+  return topology;
+}
 
-  // The checkpoint a run resumed from may be saved over without --force (llm.c's and torchrun's habit).
-  const bool saves_over_resumed = same_file(config.checkpoint, config.resume);
-  // Rank 0 owns the run file: check it can be written before spending time on training. A runs/ folder made for
-  // it goes again if the run ends before writing anything there (a refused --resume, say): rmdir keeps a non-empty one.
-  struct RemoveIfStillEmpty {
-    const char* dir = nullptr;
-    ~RemoveIfStillEmpty() {
-      if (dir) rmdir(dir);
-    }
-  } made_runs_dir;
+// Rank 0's run file: --out, or a new one under runs/ named after the command. The other ranks write none.
+std::string run_file_path(const TrainConfig& asked, const RunOptions& options, int rank, int world_size) {
+  return rank == 0 && asked.out.empty() ? default_run_path(options.command, world_size) : asked.out;
+}
+
+// Every "auto" resolved once, here: the run header, the run file and the model see the choices made.
+TrainConfig resolved_for_run(const TrainConfig& asked, const std::string& run_file, const RankCores& rank_cores,
+                             MPI_Comm world) {
+  TrainConfig config = asked;
+  config.out = run_file;
+  return resolved(config, RunFacts{rank_cores.cores, cudnn_on_every_rank(asked, world)});
+}
+
+// A runs/ folder made for the default run file goes again if the run ends before writing anything there (a refused
+// --resume, say): rmdir keeps a non-empty one.
+class RunsDirIfMade {
+ public:
+  explicit RunsDirIfMade(bool make) : made_(make && mkdir("runs", 0755) == 0) {}
+  ~RunsDirIfMade() {
+    if (made_) rmdir("runs");
+  }
+  RunsDirIfMade(const RunsDirIfMade&) = delete;
+  RunsDirIfMade& operator=(const RunsDirIfMade&) = delete;
+
+ private:
+  bool made_;
+};
+
+// Rank 0 owns the run file: it checks that the run file and the checkpoint can be written before any time is spent
+// on training, and every rank learns the outcome (UsageError).
+void check_output_paths(const TrainConfig& config, bool saves_over_resumed, int rank, MPI_Comm world) {
+  std::string error;
   if (rank == 0) {
-    if (config.out.empty()) {
-      if (mkdir("runs", 0755) == 0) made_runs_dir.dir = "runs";
-      config.out = default_run_path(options.command, size);
-    }
     error = check_output_path(config.out, config.force);
     if (error.empty() && !config.checkpoint.empty())
       error = check_output_path(config.checkpoint, config.force || saves_over_resumed);
   }
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);
+}
 
-  SummarizedRun result;
-  const auto trainer = std::make_unique<Trainer>(config, world);
-  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer);
-  error = broadcast_error(rank == 0 ? check_room_for_outputs(config, *trainer, size, first_step) : "", world);
-  if (!error.empty()) throw UsageError(error);
-  RunRecord& record = result.record;  // rank 0 fills in the records when it writes them
+// The run as its run file describes it before the first step: metadata, config, buckets and gradient pieces.
+RunRecord run_description(const TrainConfig& config, const RunOptions& options, const Trainer& trainer,
+                          const Topology& topology, int64_t first_step, MPI_Comm world) {
+  RunRecord record;
   record.meta = run_metadata(config, options, first_step, world);
-  record.meta.transport = trainer->transport();
+  record.meta.transport = trainer.transport();
   record.meta.node_of_rank = topology.node_of_rank;
   if (config.device == Device::kCpu) record.meta.links = comm_options(config).link;
   record.config = to_json(config);
-  for (const Bucket& b : trainer->buckets())
-    record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(*trainer, b)});
-  for (const GradPiece& p : trainer->grad_pieces()) record.pieces.push_back({p.offset, p.numel});
-  if (rank == 0 && !config.quiet) {
-    print_run_header(config, options, *trainer, size, first_step, topology, rank_cores, record.meta.blas_kernels);
-    if (const std::string note = oversubscription_note(record); !note.empty()) std::printf("  %s\n", note.c_str());
+  for (const Bucket& b : trainer.buckets())
+    record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(trainer, b)});
+  for (const GradPiece& p : trainer.grad_pieces()) record.pieces.push_back({p.offset, p.numel});
+  return record;
+}
+
+// What a run writes between its steps: checkpoints and snapshots (--flush-every), each timed for the summary, since
+// no step records that wall time. A result that cannot be written (disk full, quota, I/O error) stops the run after
+// `step` on every rank, all of which learned it from the write's broadcast: nothing further is written, and the last
+// snapshot is kept.
+class RunWriter {
+ public:
+  RunWriter(const TrainConfig& config, Trainer& trainer, RecordGatherer& gathered, RunRecord& record,
+            int64_t first_step, bool saves_over_resumed, MPI_Comm world)
+      : config_(config),
+        trainer_(trainer),
+        gathered_(gathered),
+        record_(record),
+        world_(world),
+        first_step_(first_step),
+        checkpoint_written_(saves_over_resumed),
+        partial_(config.out + ".partial") {}
+
+  void checkpoint(int64_t next_step) {
+    const std::string error =
+        timed([&] { return save_checkpoint_collectively(trainer_, config_, next_step, checkpoint_written_, world_); });
+    if (!error.empty()) throw failed(error, next_step - 1);
+    checkpoint_written_ = true;
   }
 
-  RecordGatherer gathered(record, world);
-  bool checkpoint_written = saves_over_resumed;  // replacing the file is ours: we wrote it, or resumed from it
-  // Checkpoints and snapshots take wall time between steps, which no step records: counted for the summary.
-  const auto timed_write = [&](const auto& write) {
-    const double start = now_ms();
-    write();
-    ++record.meta.file_writes;
-    record.meta.file_writes_us += static_cast<int64_t>((now_ms() - start) * 1e3);
-  };
-  const std::string partial = config.out + ".partial";
-  int64_t snapshot_steps = 0;  // in the last snapshot written
-  // A result that cannot be written (disk full, quota, I/O error) stops the run after `step` on every rank, all of
-  // which learned it from the write's broadcast: nothing further is written, and the last snapshot is kept.
-  const auto write_failed = [&](const std::string& reason, int64_t step) {
-    const std::string kept = snapshot_steps == 0 ? "no snapshot was taken (--flush-every)"
-                                                 : partial + " keeps steps " + std::to_string(first_step) + ".." +
-                                                       std::to_string(first_step + snapshot_steps - 1);
+  void snapshot(int step, RunSummary& summary) {
+    record_.meta.stop_reason = "in progress: a snapshot after " + std::to_string(step + 1) + " of " +
+                               std::to_string(config_.steps) + " steps (--flush-every)";
+    const std::string error = timed([&] { return gathered_.write(partial_, true, summary); });
+    if (!error.empty()) throw failed(error, step);
+    snapshot_steps_ = gathered_.steps();
+  }
+
+  TrainingStopped failed(const std::string& reason, int64_t step) const {
+    const std::string kept = snapshot_steps_ == 0 ? "no snapshot was taken (--flush-every)"
+                                                  : partial_ + " keeps steps " + std::to_string(first_step_) + ".." +
+                                                        std::to_string(first_step_ + snapshot_steps_ - 1);
     return TrainingStopped(reason + " (after step " + std::to_string(step) + "); " + kept, kExitWriteFailed);
-  };
-  const auto save = [&](int64_t next_step) {
-    timed_write([&] { error = save_checkpoint_collectively(*trainer, config, next_step, checkpoint_written, world); });
-    if (!error.empty()) throw write_failed(error, next_step - 1);
-    checkpoint_written = true;
-  };
-  const StopSignals signals;
-  MPI_Barrier(world);  // common start: step start times of all ranks share one origin
-  const double t0 = now_ms();
-  // Progress, at most once a second or every --log-every steps: rank 0's steps since the last line, by the wall clock (checkpoint and snapshot
-  // writes included), its samples and tokens scaled to the ranks (exact for a fixed batch; an estimate where a
-  // token budget varies them), and its own loss (the summary has everyone's).
+  }
+
+  const std::string& partial() const { return partial_; }
+
+ private:
+  template <typename Write>
+  std::string timed(const Write& write) {
+    const double start = now_ms();
+    const std::string error = write();
+    ++record_.meta.file_writes;
+    record_.meta.file_writes_us += static_cast<int64_t>((now_ms() - start) * 1e3);
+    return error;
+  }
+
+  const TrainConfig& config_;
+  Trainer& trainer_;
+  RecordGatherer& gathered_;
+  RunRecord& record_;
+  MPI_Comm world_;
+  int64_t first_step_;
+  bool checkpoint_written_;  // replacing the file is ours: we wrote it, or resumed from it
+  std::string partial_;
+  int64_t snapshot_steps_ = 0;  // in the last snapshot written
+};
+
+// Progress, at most once a second or every --log-every steps: rank 0's steps since the last line, by the wall clock
+// (checkpoint and snapshot writes included), its samples and tokens scaled to the ranks (exact for a fixed batch; an
+// estimate where a token budget varies them), and its own loss (the summary has everyone's).
+class ProgressLine {
+ public:
+  ProgressLine(const TrainConfig& config, int world_size, double t0)
+      : config_(config), world_size_(world_size), t0_(t0), interval_{t0} {}
+
+  void step_done(int step, const StepRecord& last, bool print) {
+    ++interval_.steps, interval_.samples += last.samples, interval_.tokens += last.useful_tokens;
+    const bool due =
+        config_.log_every > 0 ? (step + 1) % config_.log_every == 0 : now_ms() - interval_.start_ms >= 1000;
+    if (!print || !due) return;
+    const double now = now_ms();
+    const double ms_per_step = (now - interval_.start_ms) / interval_.steps, seconds = (now - interval_.start_ms) / 1e3;
+    std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s", step + 1, config_.steps, ms_per_step,
+                interval_.samples * world_size_ / seconds);
+    if (interval_.tokens > 0) std::printf("  %.0f tokens/s", interval_.tokens * world_size_ / seconds);
+    std::printf("  loss %.4f (rank 0)  elapsed %.0f s, eta %.0f s\n", last.loss, (now - t0_) / 1e3,
+                (config_.steps - step - 1) * ms_per_step / 1e3);
+    std::fflush(stdout);
+    interval_ = Interval{now};
+  }
+
+ private:
   struct Interval {
     double start_ms = 0;
     int steps = 0;
     double samples = 0, tokens = 0;
-  } interval{t0};
-  std::unique_ptr<TrainingStopped> stopped;
+  };
+  const TrainConfig& config_;
+  int world_size_;
+  double t0_;
+  Interval interval_;
+};
+
+// Steps first_step.. up to --steps, each gathered for the run file and followed by the checkpoint, snapshot and
+// progress line due after it. Returns what stopped the run before its last step (alike on every rank), or nullptr.
+std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& config, int64_t first_step,
+                                           RecordGatherer& gathered, RunWriter& writer, RunSummary& summary,
+                                           MPI_Comm world) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  MPI_Barrier(world);  // common start: step start times of all ranks share one origin
+  const double t0 = now_ms();
+  ProgressLine progress(config, size, t0);
   for (int s = static_cast<int>(first_step); s < config.steps; ++s) {
     StepRecord last;
     try {
-      last = trainer->step(s, t0);
+      last = trainer.step(s, t0);
     } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
-      stopped = std::make_unique<TrainingStopped>(e);
-      break;
+      return std::make_unique<TrainingStopped>(e);
     }
-    gathered.add(last, trainer->bucket_times());
-    if (const int signal = trainer->stop_signal()) {
-      stopped = std::make_unique<TrainingStopped>(stopped_by_signal(signal, s));
-      break;
-    }
+    gathered.add(last, trainer.bucket_times());
+    if (const int signal = trainer.stop_signal())
+      return std::make_unique<TrainingStopped>(stopped_by_signal(signal, s));
     const bool more = s + 1 < config.steps;
-    if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && more) save(s + 1);
-    if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && more) {
-      record.meta.stop_reason = "in progress: a snapshot after " + std::to_string(s + 1) + " of " +
-                                std::to_string(config.steps) + " steps (--flush-every)";
-      timed_write([&] { error = gathered.write(partial, true, result.summary); });
-      if (!error.empty()) throw write_failed(error, s);
-      snapshot_steps = gathered.steps();
-    }
+    if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && more) writer.checkpoint(s + 1);
+    if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && more) writer.snapshot(s, summary);
     if (rank == 0 && !config.quiet && last.skipped > 0) {
-      std::printf("  step %d skipped: %s (--skip-nonfinite: no update)\n", s, trainer->skipped_because().c_str());
+      std::printf("  step %d skipped: %s (--skip-nonfinite: no update)\n", s, trainer.skipped_because().c_str());
       std::fflush(stdout);
     }
-    ++interval.steps, interval.samples += last.samples, interval.tokens += last.useful_tokens;
-    const bool log_due =
-        config.log_every > 0 ? (s + 1) % config.log_every == 0 : now_ms() - interval.start_ms >= 1000;
-    if (rank == 0 && !config.quiet && more && log_due) {
-      const double now = now_ms();
-      const double ms_per_step = (now - interval.start_ms) / interval.steps, seconds = (now - interval.start_ms) / 1e3;
-      std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s", s + 1, config.steps, ms_per_step,
-                  interval.samples * size / seconds);
-      if (interval.tokens > 0) std::printf("  %.0f tokens/s", interval.tokens * size / seconds);
-      std::printf("  loss %.4f (rank 0)  elapsed %.0f s, eta %.0f s\n", last.loss, (now - t0) / 1e3,
-                  (config.steps - s - 1) * ms_per_step / 1e3);
-      std::fflush(stdout);
-      interval = Interval{now};
-    }
+    progress.step_done(s, last, rank == 0 && !config.quiet && more);
+  }
+  return nullptr;
+}
+
+// Rank 0's last words on a run: its steady state, the summary, and the run file if it was written.
+void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool written, bool stopped) {
+  const RunRecord& record = result.record;
+  const int first = static_cast<int>(record.meta.first_step);  // a resumed run counts on from its checkpoint
+  std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
+              first + record.steps - 1, first + record.steps, result.summary.batch_text().c_str());
+  print_summary(stdout, record, result.summary);
+  if (written) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
+  std::fflush(stdout);
+}
+
+// After the steps: the last checkpoint, the run file, and rank 0's summary. A run stopped by a signal keeps its state
+// too (resume continues it); a stop for bad numbers does not. Throws the stop, or the failed write.
+void finish_run(const TrainConfig& config, const TrainingStopped* stopped, RecordGatherer& gathered, RunWriter& writer,
+                SummarizedRun& result, int64_t first_step, int rank) {
+  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128))
+    writer.checkpoint(first_step + gathered.steps());
+  result.record.meta.stop_reason = stopped ? stopped->what() : "";
+  const std::string error = gathered.write(config.out, config.force, result.summary);
+  if (rank == 0 && error.empty()) unlink(writer.partial().c_str());  // the complete file replaces the snapshot
+  if (rank == 0 && !config.quiet) print_run_end(config, result, error.empty(), stopped != nullptr);
+  if (!error.empty()) throw writer.failed(error, first_step + gathered.steps() - 1);
+  if (stopped) throw *stopped;
+}
+
+}  // namespace
+
+SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOptions& options) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  const ArmedWatchdog armed(asked.timeout_s);
+  validate_run(asked, size, world);
+  const Topology topology = checked_topology(asked, size, world);
+  const RankCores rank_cores = cores_for_rank(world);
+  const TrainConfig config = resolved_for_run(asked, run_file_path(asked, options, rank, size), rank_cores, world);
+  openblas_set_num_threads(config.blas_threads);
+
+  // The checkpoint a run resumed from may be saved over without --force (llm.c's and torchrun's habit).
+  const bool saves_over_resumed = same_file(config.checkpoint, config.resume);
+  const RunsDirIfMade runs_dir(rank == 0 && asked.out.empty());
+  check_output_paths(config, saves_over_resumed, rank, world);
+
+  SummarizedRun result;
+  const auto trainer = std::make_unique<Trainer>(config, world);
+  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer);
+  const std::string error =
+      broadcast_error(rank == 0 ? check_room_for_outputs(config, *trainer, size, first_step) : "", world);
+  if (!error.empty()) throw UsageError(error);
+  result.record = run_description(config, options, *trainer, topology, first_step, world);
+  if (rank == 0 && !config.quiet) {
+    print_run_header(config, options, *trainer, size, first_step, topology, rank_cores,
+                     result.record.meta.blas_kernels);
+    if (const std::string note = oversubscription_note(result.record); !note.empty())
+      std::printf("  %s\n", note.c_str());
   }
 
-  // A run stopped by a signal keeps its state too (resume continues it); a stop for bad numbers does not.
-  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128)) save(first_step + gathered.steps());
-  record.meta.stop_reason = stopped ? stopped->what() : "";
-  error = gathered.write(config.out, config.force, result.summary);
-  if (rank == 0 && error.empty()) unlink(partial.c_str());  // the complete file replaces the snapshot
-  if (rank == 0 && !config.quiet) {
-    const int first = static_cast<int>(record.meta.first_step);  // a resumed run counts on from its checkpoint
-    std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
-                first + record.steps - 1, first + record.steps, result.summary.batch_text().c_str());
-    print_summary(stdout, record, result.summary);
-    if (error.empty()) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
-    std::fflush(stdout);
-  }
-  if (!error.empty()) throw write_failed(error, first_step + gathered.steps() - 1);
-  if (stopped) throw *stopped;
+  RecordGatherer gathered(result.record, world);  // rank 0 fills in the records when it writes them
+  RunWriter writer(config, *trainer, gathered, result.record, first_step, saves_over_resumed, world);
+  const StopSignals signals;
+  const std::unique_ptr<TrainingStopped> stopped =
+      run_steps(*trainer, config, first_step, gathered, writer, result.summary, world);
+  finish_run(config, stopped.get(), gathered, writer, result, first_step, rank);
   return result;
 }
 

@@ -107,9 +107,41 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   acts_.resize(c.layers);
 }
 
+// Backward's side of the readiness contract (GradReadyHook): pieces are announced strictly in grad_pieces() order.
 template <typename T>
-T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
-                          const int32_t* positions) {
+class Transformer<T>::PieceAnnouncer {
+ public:
+  PieceAnnouncer(const std::vector<GradPiece>& pieces, const GradReadyHook& on_ready)
+      : pieces_(pieces), on_ready_(on_ready) {}
+
+  // The next piece if it belongs to `param` (a weight's row blocks are computed one by one), else null.
+  const GradPiece* next_of(int param) const {
+    return next_ < pieces_.size() && pieces_[next_].param == param ? &pieces_[next_] : nullptr;
+  }
+  // The next piece, which must belong to `param`, is final.
+  void ready(int param) {
+    if (!next_of(param)) throw std::logic_error("Transformer: gradient pieces out of order");
+    if (on_ready_) on_ready_(static_cast<int>(next_));
+    ++next_;
+  }
+  // Every piece of `param` is final (a parameter computed as a whole).
+  void all_of(int param) {
+    do {
+      ready(param);
+    } while (next_of(param));
+  }
+  bool done() const { return next_ == pieces_.size(); }
+
+ private:
+  const std::vector<GradPiece>& pieces_;
+  const GradReadyHook& on_ready_;
+  size_t next_ = 0;
+};
+
+template <typename T>
+std::vector<int32_t> Transformer<T>::checked_lengths(const int32_t* tokens, const int32_t* lengths,
+                                                     const int32_t* targets, int B, int S,
+                                                     const int32_t* positions) const {
   const TransformerConfig& c = config_;
   const bool classify = c.head == TransformerConfig::Head::kClassify;
   if (B < 0) throw std::invalid_argument("Transformer::forward: negative batch size " + std::to_string(B));
@@ -121,8 +153,6 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   if (classify && positions) {
     throw std::invalid_argument("Transformer::forward: packed rows (positions) need the causal LM head");
   }
-  const int64_t BS = static_cast<int64_t>(B) * S;
-  // Copy and validate everything first, so a bad batch throws before any state changes.
   std::vector<int32_t> checked(B, S);
   for (int b = 0; b < B; ++b) {
     if (lengths) checked[b] = lengths[b];
@@ -150,6 +180,15 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
                               std::to_string(b) + " outside [0, " + std::to_string(c.num_classes) + ")");
     }
   }
+  return checked;
+}
+
+template <typename T>
+void Transformer<T>::take_batch(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
+                                const int32_t* positions) {
+  // Copy and validate everything first, so a bad batch throws before any state changes.
+  std::vector<int32_t> checked = checked_lengths(tokens, lengths, targets, B, S, positions);
+  const int64_t BS = static_cast<int64_t>(B) * S;
   lengths_ = std::move(checked);
   tokens_.assign(tokens, tokens + BS);
   if (positions) {
@@ -157,7 +196,7 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   } else {
     positions_.clear();
   }
-  if (classify) {
+  if (config_.head == TransformerConfig::Head::kClassify) {
     targets_.assign(targets, targets + B);
   } else {
     targets_.resize(BS);  // next token inside the sequence; the last position of each has none
@@ -167,12 +206,16 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   batch_ = B;
   seq_ = S;
   loss_count_ = 0;
-  if (B == 0) return T(0);
+}
 
-  const int C = c.d_model, H = c.mlp_hidden, NH = c.heads, K = head_outputs();
-  const int BT = static_cast<int>(BS);
+template <typename T>
+void Transformer<T>::reserve_activations() {
+  const TransformerConfig& c = config_;
+  const bool classify = c.head == TransformerConfig::Head::kClassify;
+  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, NH = c.heads, K = head_outputs();
+  const int64_t BS = static_cast<int64_t>(B) * S;
   const int64_t BTC = BS * C;
-  const int rows = classify ? B : BT;  // rows of logits
+  const int rows = classify ? B : static_cast<int>(BS);  // rows of logits
   EnsureSize(encoded_, BTC);
   EnsureSize(tmp_, BTC);
   for (LayerActs& a : acts_) {
@@ -190,36 +233,50 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
   EnsureSize(logits_, static_cast<size_t>(rows) * K);
   EnsureSize(losses_, rows);
   EnsureSize(row_sums_, rows);
+}
 
+template <typename T>
+const T* Transformer<T>::block_forward(int l, const T* x) {
+  const TransformerConfig& c = config_;
+  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, NH = c.heads;
+  const int64_t BS = static_cast<int64_t>(B) * S;
+  const int BT = static_cast<int>(BS);
+  const int64_t BTC = BS * C;
   const int32_t* lens = lengths_.data();
   const int32_t* pos = positions_.empty() ? nullptr : positions_.data();
-  cpu::embedding_forward(encoded_.data(), tokens_.data(), lens, P(0).data, wpe_ >= 0 ? P(wpe_).data : nullptr, B, S, C,
-                         pos);
-  const T* x = encoded_.data();
-  for (int l = 0; l < c.layers; ++l) {
-    LayerActs& a = acts_[l];
-    auto W = [&](int k) { return P(block_param(l, k)).data; };
-    cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, W(kLn1W), W(kLn1B), BT, C);
-    cpu::matmul_forward(a.qkv.data(), a.ln1.data(), W(kQkvW), BT, C, 3 * C);
-    cpu::bias_forward(a.qkv.data(), W(kQkvB), BT, 3 * C);
-    cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), lens, B, S, C, NH, c.causal(), pos);
-    cpu::matmul_forward(tmp_.data(), a.atty.data(), W(kProjW), BT, C, C);
-    cpu::bias_forward(tmp_.data(), W(kProjB), BT, C);
-    cpu::residual_forward(a.res_attn.data(), x, tmp_.data(), BTC);
-    cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), W(kLn2W), W(kLn2B),
-                           BT, C);
-    cpu::matmul_forward(a.fch.data(), a.ln2.data(), W(kFcW), BT, C, H);
-    cpu::bias_forward(a.fch.data(), W(kFcB), BT, H);
-    cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BS * H);
-    cpu::matmul_forward(tmp_.data(), a.fch_gelu.data(), W(kFcprojW), BT, H, C);
-    cpu::bias_forward(tmp_.data(), W(kFcprojB), BT, C);
-    cpu::residual_forward(a.res_out.data(), a.res_attn.data(), tmp_.data(), BTC);
-    x = a.res_out.data();
-  }
+  LayerActs& a = acts_[l];
+  auto W = [&](int k) { return P(block_param(l, k)).data; };
+  // res_attn = x + proj(attn(ln1(x)))
+  cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, W(kLn1W), W(kLn1B), BT, C);
+  cpu::matmul_forward(a.qkv.data(), a.ln1.data(), W(kQkvW), BT, C, 3 * C);
+  cpu::bias_forward(a.qkv.data(), W(kQkvB), BT, 3 * C);
+  cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), lens, B, S, C, NH, c.causal(), pos);
+  cpu::matmul_forward(tmp_.data(), a.atty.data(), W(kProjW), BT, C, C);
+  cpu::bias_forward(tmp_.data(), W(kProjB), BT, C);
+  cpu::residual_forward(a.res_attn.data(), x, tmp_.data(), BTC);
+  // res_out = res_attn + fcproj(gelu(fc(ln2(res_attn))))
+  cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), W(kLn2W), W(kLn2B), BT,
+                         C);
+  cpu::matmul_forward(a.fch.data(), a.ln2.data(), W(kFcW), BT, C, H);
+  cpu::bias_forward(a.fch.data(), W(kFcB), BT, H);
+  cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BS * H);
+  cpu::matmul_forward(tmp_.data(), a.fch_gelu.data(), W(kFcprojW), BT, H, C);
+  cpu::bias_forward(tmp_.data(), W(kFcprojB), BT, C);
+  cpu::residual_forward(a.res_out.data(), a.res_attn.data(), tmp_.data(), BTC);
+  return a.res_out.data();
+}
+
+template <typename T>
+T Transformer<T>::head_forward(const T* x) {
+  const TransformerConfig& c = config_;
+  const bool classify = c.head == TransformerConfig::Head::kClassify;
+  const int B = batch_, S = seq_, C = c.d_model, K = head_outputs();
+  const int BT = B * S;
+  const int rows = classify ? B : BT;
   cpu::layernorm_forward(lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), x, P(lnf_).data, P(lnf_ + 1).data, BT, C);
   const T* features = lnf_out_.data();
   if (classify) {
-    cpu::mean_pool_forward(pooled_.data(), lnf_out_.data(), lens, B, S, C);
+    cpu::mean_pool_forward(pooled_.data(), lnf_out_.data(), lengths_.data(), B, S, C);
     features = pooled_.data();
   }
   cpu::matmul_forward(logits_.data(), features, P(head_).data, rows, C, K);
@@ -230,106 +287,139 @@ T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const i
 }
 
 template <typename T>
-void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
-  if (batch_ < 0) throw std::logic_error("Transformer::backward called before forward");
+T Transformer<T>::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
+                          const int32_t* positions) {
+  take_batch(tokens, lengths, targets, B, S, positions);
+  if (B == 0) return T(0);
+  reserve_activations();
+  cpu::embedding_forward(encoded_.data(), tokens_.data(), lengths_.data(), P(0).data,
+                         wpe_ >= 0 ? P(wpe_).data : nullptr, B, S, config_.d_model,
+                         positions_.empty() ? nullptr : positions_.data());
+  const T* x = encoded_.data();
+  for (int l = 0; l < config_.layers; ++l) x = block_forward(l, x);
+  return head_forward(x);
+}
+
+template <typename T>
+void Transformer<T>::reserve_gradients() {
   const TransformerConfig& c = config_;
-  const std::vector<GradPiece>& pieces = this->grad_pieces();
-  size_t piece = 0;  // pieces is in exactly the order this function finalises them
-  auto ready = [&](int param) {
-    if (piece >= pieces.size() || pieces[piece].param != param) {
-      throw std::logic_error("Transformer: gradient pieces out of order");
-    }
-    if (on_ready) on_ready(static_cast<int>(piece));
-    ++piece;
-  };
-  auto announce = [&](int param) {  // every piece of a parameter finalised as a whole
-    do {
-      ready(param);
-    } while (piece < pieces.size() && pieces[piece].param == param);
-  };
-  // discard_grad(): each gradient's first write below overwrites it (GEMMs with beta 0, bias and LayerNorm sums
-  // started from zero), so no pass zeroes the whole buffer first.
-  const bool accumulate = !this->take_discard();
-  if (batch_ == 0) {  // nothing to add: every gradient is final as it is (zero, when discarded)
-    if (!accumulate) this->zero_grad();
-    for (int p = static_cast<int>(this->parameters().size()) - 1; p >= 0; --p) announce(p);
-    return;
-  }
   const bool classify = c.head == TransformerConfig::Head::kClassify;
-  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, NH = c.heads, K = head_outputs();
+  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, K = head_outputs();
   const int BT = B * S;
-  const int64_t BTC = static_cast<int64_t>(BT) * C;
   const int rows = classify ? B : BT;
-  const int32_t* lens = lengths_.data();
-  const int32_t* pos = positions_.empty() ? nullptr : positions_.data();
-  EnsureSize(dresid_, BTC);
-  EnsureSize(dsmall_, BTC);
+  EnsureSize(dresid_, static_cast<int64_t>(BT) * C);
+  EnsureSize(dsmall_, static_cast<int64_t>(BT) * C);
   EnsureSize(dbig_, static_cast<size_t>(BT) * std::max(3 * C, H));
   EnsureSize(att_scratch_, static_cast<size_t>(S) * S);
   EnsureSize(dlogits_, static_cast<size_t>(rows) * K);
   if (classify) EnsureSize(dpooled_, static_cast<size_t>(B) * C);
+}
 
-  // A Linear layer out = inp W^T + b: bias, then the weight's row blocks (each announced as soon as it is done,
-  // before the input gradient, which backward needs next but the communication engine does not).
-  auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out) {
-    cpu::bias_backward(P(w + 1).grad, dout, N, out, accumulate);
-    announce(w + 1);
-    while (piece < pieces.size() && pieces[piece].param == w) {
-      const GradPiece& g = pieces[piece];
-      const int64_t first = g.first_row, count = g.numel / in;
-      cpu::matmul_backward_weight(P(w).grad, dout, inp, N, in, out, static_cast<int>(first),
-                                  static_cast<int>(first + count), accumulate);
-      ready(w);
-    }
-    cpu::matmul_backward_input(dinp, dout, P(w).data, N, in, out);
-  };
-  auto layernorm_backward = [&](int w, const T* dout, const T* inp, const T* mean, const T* rstd) {
-    cpu::layernorm_backward(dresid_.data(), P(w).grad, P(w + 1).grad, dout, inp, P(w).data, mean, rstd, BT, C,
-                            accumulate);
-    announce(w + 1);
-    announce(w);
-  };
+// A Linear layer out = inp W^T + b: bias, then the weight's row blocks (each announced as soon as it is done, before
+// the input gradient, which backward needs next but the communication engine does not).
+template <typename T>
+void Transformer<T>::linear_backward(PieceAnnouncer& announce, bool accumulate, int w, T* dinp, const T* dout,
+                                     const T* inp, int N, int in, int out) {
+  cpu::bias_backward(P(w + 1).grad, dout, N, out, accumulate);
+  announce.all_of(w + 1);
+  while (const GradPiece* g = announce.next_of(w)) {
+    const int64_t first = g->first_row, count = g->numel / in;
+    cpu::matmul_backward_weight(P(w).grad, dout, inp, N, in, out, static_cast<int>(first),
+                                static_cast<int>(first + count), accumulate);
+    announce.ready(w);
+  }
+  cpu::matmul_backward_input(dinp, dout, P(w).data, N, in, out);
+}
 
+// A LayerNorm on the residual stream: adds its branch's share to dresid_.
+template <typename T>
+void Transformer<T>::layernorm_backward(PieceAnnouncer& announce, bool accumulate, int w, const T* dout, const T* inp,
+                                        const T* mean, const T* rstd) {
+  cpu::layernorm_backward(dresid_.data(), P(w).grad, P(w + 1).grad, dout, inp, P(w).data, mean, rstd, batch_ * seq_,
+                          config_.d_model, accumulate);
+  announce.all_of(w + 1);
+  announce.all_of(w);
+}
+
+// The loss through the head (and the mean pool) to dsmall_ = dL/d lnf_out.
+template <typename T>
+void Transformer<T>::head_backward(PieceAnnouncer& announce, bool accumulate, T loss_scale) {
+  const bool classify = config_.head == TransformerConfig::Head::kClassify;
+  const int B = batch_, S = seq_, C = config_.d_model, K = head_outputs();
+  const int BT = B * S;
+  const int rows = classify ? B : BT;
   cpu::softmax_cross_entropy_backward(dlogits_.data(), logits_.data(), row_sums_.data(), targets_.data(), rows, K,
                                       loss_scale);
   if (classify) {
-    linear_backward(head_, dpooled_.data(), dlogits_.data(), pooled_.data(), B, C, K);
-    cpu::mean_pool_backward(dsmall_.data(), dpooled_.data(), lens, B, S, C);
+    linear_backward(announce, accumulate, head_, dpooled_.data(), dlogits_.data(), pooled_.data(), B, C, K);
+    cpu::mean_pool_backward(dsmall_.data(), dpooled_.data(), lengths_.data(), B, S, C);
   } else {
-    linear_backward(head_, dsmall_.data(), dlogits_.data(), lnf_out_.data(), BT, C, K);
+    linear_backward(announce, accumulate, head_, dsmall_.data(), dlogits_.data(), lnf_out_.data(), BT, C, K);
   }
-  // dresid_ is the gradient of the residual stream; every LayerNorm on it adds its branch's share.
-  std::fill(dresid_.begin(), dresid_.begin() + BTC, T(0));
-  const T* x_final = c.layers > 0 ? acts_.back().res_out.data() : encoded_.data();
-  layernorm_backward(lnf_, dsmall_.data(), x_final, lnf_mean_.data(), lnf_rstd_.data());
-  for (int l = c.layers - 1; l >= 0; --l) {
-    LayerActs& a = acts_[l];
-    const T* x_in = l > 0 ? acts_[l - 1].res_out.data() : encoded_.data();
-    auto id = [&](int k) { return block_param(l, k); };
-    // dresid_ = dL/d res_out: through the MLP branch ...
-    linear_backward(id(kFcprojW), dbig_.data(), dresid_.data(), a.fch_gelu.data(), BT, H, C);
-    cpu::gelu_backward(dbig_.data(), a.fch.data(), dbig_.data(), static_cast<int64_t>(BT) * H);
-    linear_backward(id(kFcW), dsmall_.data(), dbig_.data(), a.ln2.data(), BT, C, H);
-    layernorm_backward(id(kLn2W), dsmall_.data(), a.res_attn.data(), a.ln2_mean.data(), a.ln2_rstd.data());
-    // ... now dL/d res_attn: through the attention branch.
-    linear_backward(id(kProjW), dsmall_.data(), dresid_.data(), a.atty.data(), BT, C, C);
-    cpu::attention_backward(dbig_.data(), att_scratch_.data(), dsmall_.data(), a.qkv.data(), a.att.data(), lens, B, S,
-                            C, NH, c.causal(), pos);
-    linear_backward(id(kQkvW), dsmall_.data(), dbig_.data(), a.ln1.data(), BT, C, 3 * C);
-    layernorm_backward(id(kLn1W), dsmall_.data(), x_in, a.ln1_mean.data(), a.ln1_rstd.data());
-  }
-  // The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket. The
-  // scatter adds to the batch's rows only, so a discarded embedding gradient is zeroed first, the one pass left.
+}
+
+// Block l, with dresid_ = dL/d res_out on entry and dL/d x on return.
+template <typename T>
+void Transformer<T>::block_backward(PieceAnnouncer& announce, bool accumulate, int l) {
+  const TransformerConfig& c = config_;
+  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, NH = c.heads;
+  const int BT = B * S;
+  const int32_t* lens = lengths_.data();
+  const int32_t* pos = positions_.empty() ? nullptr : positions_.data();
+  LayerActs& a = acts_[l];
+  const T* x_in = l > 0 ? acts_[l - 1].res_out.data() : encoded_.data();
+  auto id = [&](int k) { return block_param(l, k); };
+  // dresid_ = dL/d res_out: through the MLP branch ...
+  linear_backward(announce, accumulate, id(kFcprojW), dbig_.data(), dresid_.data(), a.fch_gelu.data(), BT, H, C);
+  cpu::gelu_backward(dbig_.data(), a.fch.data(), dbig_.data(), static_cast<int64_t>(BT) * H);
+  linear_backward(announce, accumulate, id(kFcW), dsmall_.data(), dbig_.data(), a.ln2.data(), BT, C, H);
+  layernorm_backward(announce, accumulate, id(kLn2W), dsmall_.data(), a.res_attn.data(), a.ln2_mean.data(),
+                     a.ln2_rstd.data());
+  // ... now dL/d res_attn: through the attention branch.
+  linear_backward(announce, accumulate, id(kProjW), dsmall_.data(), dresid_.data(), a.atty.data(), BT, C, C);
+  cpu::attention_backward(dbig_.data(), att_scratch_.data(), dsmall_.data(), a.qkv.data(), a.att.data(), lens, B, S, C,
+                          NH, c.causal(), pos);
+  linear_backward(announce, accumulate, id(kQkvW), dsmall_.data(), dbig_.data(), a.ln1.data(), BT, C, 3 * C);
+  layernorm_backward(announce, accumulate, id(kLn1W), dsmall_.data(), x_in, a.ln1_mean.data(), a.ln1_rstd.data());
+}
+
+// The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket. The
+// scatter adds to the batch's rows only, so a discarded embedding gradient is zeroed first, the one pass left.
+template <typename T>
+void Transformer<T>::embedding_backward(PieceAnnouncer& announce, bool accumulate) {
   if (!accumulate) {
     for (int e : {0, wpe_}) {
       if (e >= 0) std::fill(P(e).grad, P(e).grad + P(e).numel, T(0));
     }
   }
-  cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(), lens, B, S, C,
-                          pos);
-  if (wpe_ >= 0) announce(wpe_);
-  announce(0);
-  if (piece != pieces.size()) throw std::logic_error("Transformer: not every gradient piece was announced");
+  cpu::embedding_backward(P(0).grad, wpe_ >= 0 ? P(wpe_).grad : nullptr, dresid_.data(), tokens_.data(),
+                          lengths_.data(), batch_, seq_, config_.d_model,
+                          positions_.empty() ? nullptr : positions_.data());
+  if (wpe_ >= 0) announce.all_of(wpe_);
+  announce.all_of(0);
+}
+
+template <typename T>
+void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
+  if (batch_ < 0) throw std::logic_error("Transformer::backward called before forward");
+  PieceAnnouncer announce(this->grad_pieces(), on_ready);
+  // discard_grad(): each gradient's first write below overwrites it (GEMMs with beta 0, bias and LayerNorm sums
+  // started from zero), so no pass zeroes the whole buffer first.
+  const bool accumulate = !this->take_discard();
+  if (batch_ == 0) {  // nothing to add: every gradient is final as it is (zero, when discarded)
+    if (!accumulate) this->zero_grad();
+    for (int p = static_cast<int>(this->parameters().size()) - 1; p >= 0; --p) announce.all_of(p);
+    return;
+  }
+  reserve_gradients();
+  head_backward(announce, accumulate, loss_scale);
+  // dresid_ is the gradient of the residual stream; every LayerNorm on it adds its branch's share.
+  std::fill(dresid_.begin(), dresid_.begin() + static_cast<int64_t>(batch_) * seq_ * config_.d_model, T(0));
+  const T* x_final = config_.layers > 0 ? acts_.back().res_out.data() : encoded_.data();
+  layernorm_backward(announce, accumulate, lnf_, dsmall_.data(), x_final, lnf_mean_.data(), lnf_rstd_.data());
+  for (int l = config_.layers - 1; l >= 0; --l) block_backward(announce, accumulate, l);
+  embedding_backward(announce, accumulate);
+  if (!announce.done()) throw std::logic_error("Transformer: not every gradient piece was announced");
 }
 
 double TransformerConfig::flops_per_token(int seq_len) const {

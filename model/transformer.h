@@ -100,6 +100,25 @@ class Transformer : public ParameterStore<T> {
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
   int head_outputs() const;
 
+  class PieceAnnouncer;  // backward's announcements to the GradReadyHook, in grad_pieces() order
+  // forward, in order: the batch checked and copied, the buffers grown, then embeddings, blocks, head and loss.
+  std::vector<int32_t> checked_lengths(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B,
+                                       int S, const int32_t* positions) const;
+  void take_batch(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
+                  const int32_t* positions);
+  void reserve_activations();
+  const T* block_forward(int layer, const T* x);  // returns the block's output, res_out
+  T head_forward(const T* x);                     // the mean loss
+  // backward, in order: the head, lnf, the blocks last to first, the embeddings.
+  void reserve_gradients();
+  void linear_backward(PieceAnnouncer& announce, bool accumulate, int w, T* dinp, const T* dout, const T* inp, int N,
+                       int in, int out);
+  void layernorm_backward(PieceAnnouncer& announce, bool accumulate, int w, const T* dout, const T* inp,
+                          const T* mean, const T* rstd);
+  void head_backward(PieceAnnouncer& announce, bool accumulate, T loss_scale);
+  void block_backward(PieceAnnouncer& announce, bool accumulate, int layer);
+  void embedding_backward(PieceAnnouncer& announce, bool accumulate);
+
   TransformerConfig config_;
   int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;  // registration indices (weight; bias is +1)
 

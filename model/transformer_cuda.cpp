@@ -36,7 +36,35 @@ int index_of(const std::vector<Parameter<float>>& params, const std::string& nam
   return -1;
 }
 
+// The attention asked for against the precision and the head size (std::invalid_argument).
+void check_attention(const TransformerConfig& config, Precision precision, AttentionKind attention) {
+  const bool fused = attention == AttentionKind::kFused, with_cudnn = attention == AttentionKind::kCudnn;
+  if ((fused || with_cudnn) && precision != Precision::kBf16)
+    throw std::invalid_argument(std::string("TransformerCuda: the ") + to_string(attention) +
+                                " attention is bf16 only (got precision " + to_string(precision) + ")");
+  if (with_cudnn && !cuda::cudnn_attention_supports_head_size(config.d_model / config.heads))
+    throw std::invalid_argument("TransformerCuda: cuDNN's attention takes heads of a multiple of 8 up to 128 "
+                                "dimensions, not " + std::to_string(config.d_model / config.heads));
+  if (fused && !cuda::flash_attention_supports_head_size(config.d_model / config.heads))
+    throw std::invalid_argument("TransformerCuda: the fused attention has kernels for heads of " +
+                                std::string(fused_attention_head_sizes()) + " dimensions, not " +
+                                std::to_string(config.d_model / config.heads) + " (d_model " +
+                                std::to_string(config.d_model) + " / " + std::to_string(config.heads) + " heads)");
+}
+
 }  // namespace
+
+// Where each buffer starts in memory_, in bytes, and the bytes of them all.
+struct TransformerCuda::BufferOffsets {
+  struct Block {
+    size_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res_out;
+  };
+  size_t params, grads, weights_bf16, activations, encoded;
+  std::vector<Block> blocks;
+  size_t lnf_out, lnf_mean, lnf_rstd, pooled, logits, lm_targets, dresid, dsmall, dbig, dpooled, scratch, losses,
+      mean_loss, num_valid;
+  size_t bytes;
+};
 
 TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision,
                                  int64_t max_tokens, int max_seq, cudaStream_t stream, AttentionKind attention)
@@ -58,19 +86,8 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   if (max_seq > config_.max_len)
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
-  const bool fused = attention == AttentionKind::kFused, with_cudnn = attention == AttentionKind::kCudnn;
-  if ((fused || with_cudnn) && precision != Precision::kBf16)
-    throw std::invalid_argument(std::string("TransformerCuda: the ") + to_string(attention) +
-                                " attention is bf16 only (got precision " + to_string(precision) + ")");
-  if (with_cudnn && !cuda::cudnn_attention_supports_head_size(config_.d_model / config_.heads))
-    throw std::invalid_argument("TransformerCuda: cuDNN's attention takes heads of a multiple of 8 up to 128 "
-                                "dimensions, not " + std::to_string(config_.d_model / config_.heads));
-  if (with_cudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>();
-  if (fused && !cuda::flash_attention_supports_head_size(config_.d_model / config_.heads))
-    throw std::invalid_argument("TransformerCuda: the fused attention has kernels for heads of " +
-                                std::string(fused_attention_head_sizes()) + " dimensions, not " +
-                                std::to_string(config_.d_model / config_.heads) + " (d_model " +
-                                std::to_string(config_.d_model) + " / " + std::to_string(config_.heads) + " heads)");
+  check_attention(config_, precision, attention);
+  if (attention == AttentionKind::kCudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>();
   take_layout(reference);
   wpe_ = index_of(params_, "wpe");
   lnf_ = index_of(params_, "lnf.weight");
@@ -81,43 +98,62 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     nvtx_backward_.push_back("h" + std::to_string(l) + " backward");
   }
 
-  const bool is_bf16 = precision == Precision::kBf16, classify = !config_.causal();
-  const size_t act = is_bf16 ? sizeof(bf16) : sizeof(float), f32 = sizeof(float);
-  const size_t tokens = static_cast<size_t>(max_tokens), C = config_.d_model, H = config_.mlp_hidden;
-  const size_t NH = config_.heads, K = head_outputs();
+  const BufferOffsets at = buffer_offsets();
+  void* base = nullptr;
+  cudaCheck(cudaMalloc(&base, at.bytes));
+  memory_.reset(base);
+  char* const bytes = static_cast<char*>(base);
+  point_into(bytes, at);
+  place_on_device(reinterpret_cast<float*>(bytes + at.params), reinterpret_cast<float*>(bytes + at.grads),
+                  reference.flat_params());
+  // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
+  // a gradient into NaN, which the tests see.
+  cudaCheck(cudaMemsetAsync(bytes + at.activations, 0xFF, at.bytes - at.activations, stream_));
+  cudaCheck(cudaStreamSynchronize(stream_));  // `reference` is freed on return
+  loss_host_.emplace();
+  set_grad_piece_elements(0);
+}
+
+int64_t TransformerCuda::scratch_floats() const {
+  const bool is_bf16 = precision_ == Precision::kBf16;
+  const bool fused = attention_ == AttentionKind::kFused, with_cudnn = attention_ == AttentionKind::kCudnn;
   const int d_model = config_.d_model, heads = config_.heads;
   // The unfused attention's workspace grows with B * S and S: B * S <= max_tokens rows of at most max_seq are within
   // that of ceil(max_tokens / max_seq) rows of max_seq. In bf16 it is followed by fp32 copies of its inputs and
   // outputs. The fused one needs only backward's dQ accumulator and D, which grow with B * S alone.
-  const int rows_at_max_seq = static_cast<int>((max_tokens + max_seq - 1) / max_seq);
-  const int64_t bf16_copies = is_bf16 ? max_tokens * d_model : 0;  // floats per [tokens, C] copy
+  const int rows_at_max_seq = static_cast<int>((max_tokens_ + max_seq_ - 1) / max_seq_);
+  const int64_t bf16_copies = is_bf16 ? max_tokens_ * d_model : 0;  // floats per [tokens, C] copy
   // cuDNN's attention keeps its own workspace (cudnn_attention.h) and needs none here.
   const int64_t attention_floats =
       with_cudnn ? 0
       : fused
-          ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens), d_model, heads)
+          ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens_), d_model, heads)
           : std::max(
-                cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 4 * bf16_copies,
-                cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq, d_model, heads) + 7 * bf16_copies);
-  const int64_t scratch_floats =
-      std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens), d_model));
+                cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) + 4 * bf16_copies,
+                cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) + 7 * bf16_copies);
+  return std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens_), d_model));
+}
 
+TransformerCuda::BufferOffsets TransformerCuda::buffer_offsets() const {
+  const bool is_bf16 = precision_ == Precision::kBf16, classify = !config_.causal();
+  const bool unfused = attention_ != AttentionKind::kFused && attention_ != AttentionKind::kCudnn;
+  const size_t act = is_bf16 ? sizeof(bf16) : sizeof(float), f32 = sizeof(float);
+  const size_t tokens = static_cast<size_t>(max_tokens_), C = config_.d_model, H = config_.mlp_hidden;
+  const size_t NH = config_.heads, K = head_outputs();
   cuda_model::BufferLayout layout;
-  const size_t at_params = layout.reserve(flat_size_ * f32), at_grads = layout.reserve(flat_size_ * f32);
-  const size_t at_weights_bf16 = is_bf16 ? layout.reserve(flat_size_ * sizeof(bf16)) : 0;
-  const size_t at_activations = layout.reserve(0);  // from here on: poisoned below
-  const size_t at_encoded = layout.reserve(tokens * C * act);
-  struct BlockOffsets {
-    size_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res_out;
-  };
-  std::vector<BlockOffsets> at_blocks;
+  BufferOffsets at;
+  at.params = layout.reserve(flat_size_ * f32);
+  at.grads = layout.reserve(flat_size_ * f32);
+  at.weights_bf16 = is_bf16 ? layout.reserve(flat_size_ * sizeof(bf16)) : 0;
+  at.activations = layout.reserve(0);  // from here on: poisoned by the constructor
+  at.encoded = layout.reserve(tokens * C * act);
   for (int l = 0; l < config_.layers; ++l) {
-    BlockOffsets o;
+    BufferOffsets::Block o;
     o.ln1 = layout.reserve(tokens * C * act);
     o.ln1_mean = layout.reserve(tokens * f32);
     o.ln1_rstd = layout.reserve(tokens * f32);
     o.qkv = layout.reserve(3 * tokens * C * act);
-    o.att = layout.reserve(NH * tokens * (fused || with_cudnn ? 1 : max_seq) * f32);  // fused: the lse, not P
+    o.att = layout.reserve(NH * tokens * (unfused ? max_seq_ : 1) * f32);  // fused: the lse, not P
     o.atty = layout.reserve(tokens * C * act);
     o.res_attn = layout.reserve(tokens * C * act);
     o.ln2 = layout.reserve(tokens * C * act);
@@ -126,56 +162,52 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     o.fch = layout.reserve(tokens * H * act);
     o.fch_gelu = layout.reserve(tokens * H * act);
     o.res_out = layout.reserve(tokens * C * act);
-    at_blocks.push_back(o);
+    at.blocks.push_back(o);
   }
-  const size_t at_lnf_out = layout.reserve(tokens * C * act), at_lnf_mean = layout.reserve(tokens * f32);
-  const size_t at_lnf_rstd = layout.reserve(tokens * f32);
-  const size_t at_pooled = classify ? layout.reserve(tokens * C * act) : 0;  // B <= max_tokens rows
-  const size_t at_logits = layout.reserve(tokens * K * act);                 // B or B * S rows
-  const size_t at_lm_targets = classify ? 0 : layout.reserve(tokens * sizeof(int32_t));
-  const size_t at_dresid = layout.reserve(tokens * C * act), at_dsmall = layout.reserve(tokens * C * act);
-  const size_t at_dbig = layout.reserve(tokens * std::max(3 * C, H) * act);
-  const size_t at_dpooled = classify ? layout.reserve(tokens * C * act) : 0;
-  const size_t at_scratch = layout.reserve(scratch_floats * f32);
-  const size_t at_losses = layout.reserve(tokens * f32), at_mean_loss = layout.reserve(f32);
-  const size_t at_num_valid = layout.reserve(sizeof(int));
+  at.lnf_out = layout.reserve(tokens * C * act);
+  at.lnf_mean = layout.reserve(tokens * f32);
+  at.lnf_rstd = layout.reserve(tokens * f32);
+  at.pooled = classify ? layout.reserve(tokens * C * act) : 0;  // B <= max_tokens rows
+  at.logits = layout.reserve(tokens * K * act);                 // B or B * S rows
+  at.lm_targets = classify ? 0 : layout.reserve(tokens * sizeof(int32_t));
+  at.dresid = layout.reserve(tokens * C * act);
+  at.dsmall = layout.reserve(tokens * C * act);
+  at.dbig = layout.reserve(tokens * std::max(3 * C, H) * act);
+  at.dpooled = classify ? layout.reserve(tokens * C * act) : 0;
+  at.scratch = layout.reserve(scratch_floats() * f32);
+  at.losses = layout.reserve(tokens * f32);
+  at.mean_loss = layout.reserve(f32);
+  at.num_valid = layout.reserve(sizeof(int));
+  at.bytes = layout.bytes();
+  return at;
+}
 
-  void* base = nullptr;
-  cudaCheck(cudaMalloc(&base, layout.bytes()));
-  memory_.reset(base);
-  char* const bytes = static_cast<char*>(base);
-  if (is_bf16) weights_bf16_ = reinterpret_cast<bf16*>(bytes + at_weights_bf16);
-  const auto floats = [bytes](size_t at) { return reinterpret_cast<float*>(bytes + at); };
-  encoded_ = bytes + at_encoded;
-  for (const BlockOffsets& o : at_blocks) {
+void TransformerCuda::point_into(char* bytes, const BufferOffsets& at) {
+  const auto floats = [bytes](size_t offset) { return reinterpret_cast<float*>(bytes + offset); };
+  if (precision_ == Precision::kBf16) weights_bf16_ = reinterpret_cast<bf16*>(bytes + at.weights_bf16);
+  encoded_ = bytes + at.encoded;
+  for (const BufferOffsets::Block& o : at.blocks) {
     blocks_.push_back(BlockActs{bytes + o.ln1, bytes + o.qkv, bytes + o.atty, bytes + o.res_attn, bytes + o.ln2,
                                 bytes + o.fch, bytes + o.fch_gelu, bytes + o.res_out, floats(o.ln1_mean),
                                 floats(o.ln1_rstd), floats(o.ln2_mean), floats(o.ln2_rstd), floats(o.att)});
   }
-  lnf_out_ = bytes + at_lnf_out;
-  lnf_mean_ = floats(at_lnf_mean);
-  lnf_rstd_ = floats(at_lnf_rstd);
-  if (classify) {
-    pooled_ = bytes + at_pooled;
-    dpooled_ = bytes + at_dpooled;
+  lnf_out_ = bytes + at.lnf_out;
+  lnf_mean_ = floats(at.lnf_mean);
+  lnf_rstd_ = floats(at.lnf_rstd);
+  if (!config_.causal()) {
+    pooled_ = bytes + at.pooled;
+    dpooled_ = bytes + at.dpooled;
   } else {
-    lm_targets_ = reinterpret_cast<int32_t*>(bytes + at_lm_targets);
+    lm_targets_ = reinterpret_cast<int32_t*>(bytes + at.lm_targets);
   }
-  logits_ = bytes + at_logits;
-  dresid_ = bytes + at_dresid;
-  dsmall_ = bytes + at_dsmall;
-  dbig_ = bytes + at_dbig;
-  scratch_ = floats(at_scratch);
-  losses_ = floats(at_losses);
-  mean_loss_ = floats(at_mean_loss);
-  num_valid_ = reinterpret_cast<int*>(bytes + at_num_valid);
-  place_on_device(floats(at_params), floats(at_grads), reference.flat_params());
-  // Activations start as NaN (0xFF bytes): a kernel that reads an element no earlier kernel wrote turns the loss or
-  // a gradient into NaN, which the tests see.
-  cudaCheck(cudaMemsetAsync(bytes + at_activations, 0xFF, layout.bytes() - at_activations, stream_));
-  cudaCheck(cudaStreamSynchronize(stream_));  // `reference` is freed on return
-  loss_host_.emplace();
-  set_grad_piece_elements(0);
+  logits_ = bytes + at.logits;
+  dresid_ = bytes + at.dresid;
+  dsmall_ = bytes + at.dsmall;
+  dbig_ = bytes + at.dbig;
+  scratch_ = floats(at.scratch);
+  losses_ = floats(at.losses);
+  mean_loss_ = floats(at.mean_loss);
+  num_valid_ = reinterpret_cast<int*>(bytes + at.num_valid);
 }
 
 int TransformerCuda::head_outputs() const { return config_.causal() ? config_.vocab : config_.num_classes; }

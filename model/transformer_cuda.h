@@ -91,6 +91,12 @@ class TransformerCuda : public cuda_model::DeviceParameters {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
     float* att;  // unfused: the probabilities [B, heads, S, S]; fused: the row log-sum-exp [B, heads, S]
   };
+  // The one device allocation: where each buffer lies (transformer_cuda.cpp), how large attention's and LayerNorm
+  // backward's scratch must be, and the members pointed into it.
+  struct BufferOffsets;
+  int64_t scratch_floats() const;
+  BufferOffsets buffer_offsets() const;
+  void point_into(char* bytes, const BufferOffsets& at);
   int head_outputs() const;
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
   // A parameter as the GEMMs read it: the fp32 master, or in bf16 its copy (weights and biases alike).
