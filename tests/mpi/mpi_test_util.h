@@ -2,6 +2,10 @@
 #pragma once
 #include <mpi.h>
 
+#include <algorithm>
+
+#include "runtime/cpu_taken.h"
+
 namespace ddplab {
 
 inline int world_rank() {
@@ -25,5 +29,23 @@ inline int ranks_on_this_node() {
   MPI_Comm_free(&node);
   return n;
 }
+
+// The time, in s, that the ranks' threads waited for a CPU between construction and `total()` (collective): summed
+// over the ranks, because each rank's delay can hold up the others in turn. 0 where the kernel does not count it.
+// Timing tests excuse lateness up to this, and say so.
+class RunQueueDelay {
+ public:
+  RunQueueDelay() : start_(meter_.read()) {}
+  double total() const {
+    double mine = taken_between(start_, meter_.read()).cpu_wait_ms;
+    mine = std::max(mine, 0.0) * 1e-3;
+    MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return mine;
+  }
+
+ private:
+  CpuTakenMeter meter_;
+  CpuTaken start_;
+};
 
 }  // namespace ddplab

@@ -24,23 +24,6 @@
 namespace ddplab {
 namespace {
 
-// The time, in s, that the ranks' threads waited for a CPU between construction and `total()`: summed over the ranks,
-// because each rank's delay can hold up the others in turn. 0 where the kernel does not count it.
-class RunQueueDelay {
- public:
-  RunQueueDelay() : start_(meter_.read()) {}
-  double total() const {
-    double mine = taken_between(start_, meter_.read()).cpu_wait_ms;
-    mine = std::max(mine, 0.0) * 1e-3;
-    MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    return mine;
-  }
-
- private:
-  CpuTakenMeter meter_;
-  CpuTaken start_;
-};
-
 double process_cpu_s() {
   rusage u;
   getrusage(RUSAGE_SELF, &u);

@@ -129,11 +129,20 @@ double cross_node_seconds(int senders, bool shared_nic) {
 // exact figure belongs in a benchmark); with a link per pair, two pairs take about as long as one.
 TEST(SharedNic, TwoPairsThroughOneNicTakeTwiceAsLong) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks (2 nodes x 2)";
+  const RunQueueDelay delay;
   const double one = cross_node_seconds(1, true), two = cross_node_seconds(2, true);
-  EXPECT_GT(two / one, 1.4) << "one pair " << one << " s, two pairs " << two << " s";
-  EXPECT_LT(two / one, 3.0) << "one pair " << one << " s, two pairs " << two << " s";
   const double own_links = cross_node_seconds(2, false);
-  EXPECT_LT(own_links / one, 1.4) << "per-pair links: two pairs " << own_links << " s, one pair " << one << " s";
+  const double waited = delay.total();
+  const std::string figures = "one pair " + std::to_string(one) + " s, two pairs " + std::to_string(two) +
+                              " s, two pairs on links of their own " + std::to_string(own_links) + " s";
+  // Each measurement is stretched by the ranks' own waits for a CPU, by a different amount. Once those add up to a
+  // tenth of a measurement, the ratios tell of the host's other work rather than of the NIC.
+  const bool within = two / one > 1.4 && two / one < 3.0 && own_links / one < 1.4;
+  if (!within && waited > 0.1 * one)
+    GTEST_SKIP() << "the ratios (" << figures << "): the ranks waited " << waited * 1e3 << " ms for a CPU meanwhile";
+  EXPECT_GT(two / one, 1.4) << figures << "; waited for a CPU " << waited << " s";
+  EXPECT_LT(two / one, 3.0) << figures << "; waited for a CPU " << waited << " s";
+  EXPECT_LT(own_links / one, 1.4) << figures << "; waited for a CPU " << waited << " s";
 }
 
 }  // namespace
