@@ -28,6 +28,7 @@
 #include "comm/ring_allreduce.h"
 #include "comm/shm_transport.h"
 #include "comm/transport.h"
+#include "runtime/cpu_taken.h"
 #include "tests/mpi/allreduce_check.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -406,8 +407,12 @@ TEST(ShmTransportDiagnosis, CountsAWaitAndItsTimeAndPlacesPages) {
   ShmTransport t(MPI_COMM_WORLD);
   if (t.local_peers() == 0) GTEST_SKIP() << "ranks on different hosts";
   const int rank = world_rank();
+  // From before the barrier: a receiver that leaves it late, waiting for a CPU, sees less of the sender's 30 ms.
+  const CpuTakenMeter meter;
+  const CpuTaken cpu_before = meter.read();
   MPI_Barrier(MPI_COMM_WORLD);
   float value = 1.0f;
+  std::string excused;
   if (rank == 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     t.send(0, &value, sizeof value, 7);
@@ -416,15 +421,23 @@ TEST(ShmTransportDiagnosis, CountsAWaitAndItsTimeAndPlacesPages) {
     const ShmWaitStats before = shm_wait_stats();
     t.recv(1, &value, sizeof value, 7);
     const ShmWaitStats w = shm_wait_stats() - before;
-    EXPECT_EQ(w.waits, 1u);
-    EXPECT_GE(w.wait_ns, 25'000'000u);  // the sender's 30 ms, less the barrier's exit skew
+    const double short_ms = 25.0 - static_cast<double>(w.wait_ns) * 1e-6;  // the sender's 30 ms, less the skew
+    const double cpu_wait_ms = taken_between(cpu_before, meter.read()).cpu_wait_ms;
+    if (short_ms > 0 && cpu_wait_ms >= short_ms) {
+      excused = "the wait was " + std::to_string(short_ms) + " ms short of 25 ms, and this rank waited " +
+                std::to_string(cpu_wait_ms) + " ms for a CPU meanwhile";
+    } else {
+      EXPECT_EQ(w.waits, 1u);
+      EXPECT_GE(w.wait_ns, 25'000'000u) << "this rank waited " << cpu_wait_ms << " ms for a CPU";
+      EXPECT_GE(w.spin_polls + w.yield_polls + w.sleeps, 1u);
+    }
     EXPECT_LE(w.sleep_ns, w.wait_ns);
-    EXPECT_GE(w.spin_polls + w.yield_polls + w.sleeps, 1u);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   const std::string placement = shm_page_placement();
   EXPECT_NE(placement.find("NUMA node"), std::string::npos) << placement;
   EXPECT_NE(placement.find("pages on node"), std::string::npos) << placement;
+  if (!excused.empty()) GTEST_SKIP() << "the wait's count and time: " << excused;
 }
 
 }  // namespace
