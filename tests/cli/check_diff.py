@@ -73,10 +73,12 @@ def main():
         step = d["metrics"][0]
         # On a host busy with other work the step scatters by more than the bucket size's effect, and the honest
         # verdict is "no difference beyond noise": the effect is only required where the runs are quiet.
-        noise = max(step[side]["spread_ms"] / step[side]["median_ms"] for side in ("a", "b"))
+        # The smallest difference diff can call beyond noise is its own rule's bound, k x sqrt(sA^2 + sB^2).
+        bound = d["noise_rule"]["spreads"] * math.hypot(step["a"]["spread_ms"], step["b"]["spread_ms"])
+        noise = bound / step["a"]["median_ms"]
         if noise > 0.05:
-            print(f"skipped: the exposed-comm verdict (this host scatters the step by {100 * noise:.0f}% of its "
-                  f"median, more than the bucket size's effect; the verdict says: {text})")
+            print(f"skipped: the exposed-comm verdict (on this host diff can only resolve differences above "
+                  f"{100 * noise:.0f}% of the step, more than the bucket size's effect; the verdict says: {text})")
         else:
             check(text.startswith("B is ") and " faster: exposed comm -" in text,
                   f"25 -> 5 MiB buckets: B is faster by its exposed communication ({text})")
