@@ -87,7 +87,10 @@ const std::vector<HostTransportEntry>& host_transport_table() {
 }
 
 RoutedTransport::RoutedTransport(std::vector<std::unique_ptr<Transport>> transports, std::vector<int> route)
-    : transports_(std::move(transports)), route_(std::move(route)) {
+    : transports_(std::move(transports)),
+      route_(std::move(route)),
+      keep_(transports_.size(), 0),
+      retires_(transports_.size(), 0) {
   for (size_t t = 0; t < transports_.size(); ++t) {
     if (!transports_[t]) continue;
     rank_ = transports_[t]->rank();
@@ -121,13 +124,14 @@ void RoutedTransport::recv_consume(int peer, size_t bytes, int tag, void* stagin
 
 void RoutedTransport::wait_sends(size_t keep_last) {
   if (started_.size() <= keep_last) return;
-  std::vector<size_t> keep(transports_.size(), 0);  // each transport's sends among the last keep_last
+  // The ring calls this every step: the counts live in members, sized once, so no step allocates.
+  std::fill(keep_.begin(), keep_.end(), 0);  // each transport's sends among the last keep_last
+  std::fill(retires_.begin(), retires_.end(), 0);
   const auto retire_end = started_.end() - static_cast<std::ptrdiff_t>(keep_last);
-  for (auto it = retire_end; it != started_.end(); ++it) ++keep[*it];
-  std::vector<bool> retires(transports_.size(), false);
-  for (auto it = started_.begin(); it != retire_end; ++it) retires[*it] = true;
+  for (auto it = retire_end; it != started_.end(); ++it) ++keep_[*it];
+  for (auto it = started_.begin(); it != retire_end; ++it) retires_[*it] = 1;
   for (size_t t = 0; t < transports_.size(); ++t)
-    if (retires[t]) transports_[t]->wait_sends(keep[t]);
+    if (retires_[t]) transports_[t]->wait_sends(keep_[t]);
   started_.erase(started_.begin(), retire_end);
 }
 
