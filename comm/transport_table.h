@@ -59,9 +59,9 @@ class RoutedTransport final : public Transport {
   Transport& to(int peer);
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<int> route_;
-  std::deque<int> started_;  // each send in flight, oldest first: the index of its transport
-  std::vector<size_t> keep_;     // wait_sends' scratch, per transport: its sends among the last keep_last
-  std::vector<char> retires_;    // and whether it retires any
+  std::deque<int> started_;    // each send in flight, oldest first: the index of its transport
+  std::vector<size_t> keep_;   // wait_sends' scratch, per transport: its sends among the last keep_last
+  std::vector<char> retires_;  // and whether it retires any
   int rank_ = 0, size_ = 1;
 };
 
