@@ -32,10 +32,12 @@ def expect_usage_error(proc, expected, what):
 
 def main():
     mpirun, ddplab = sys.argv[1], sys.argv[2]
-    # The default MLP's 12 MiB of gradients: at 25 MiB two buckets (fc0.weight alone) that become ready as backward
-    # ends, at 5 MiB three, the first reduced during backward. The emulated link makes the all-reduce about as long
-    # as backward, so that the difference is a fair share of the step.
-    model = ["--link", "10gbe", "--warmup-steps", "3", "--steps", "15", "--quiet"]
+    # Six hidden layers, 33 MiB of gradients, over an emulated 1 Gbit/s link that takes ~280 ms to carry them: the
+    # link is the bottleneck, so the step ends when the link has carried every bucket, and it ends earlier by as much
+    # as the link starts earlier. At 25 MiB the first bucket closes ~3/4 through backward; at 5 MiB after one
+    # layer, ~30 ms sooner here, which diff must name as exposed communication. The link sleeps rather than works,
+    # so the ranks' compute on two cores stays out of it.
+    model = ["--layers", "6", "--link", "1gbe", "--warmup-steps", "2", "--steps", "12", "--quiet"]
     small = ["--hidden", "64", "--input-dim", "32", "--classes", "10", "--batch", "8", "--warmup-steps", "2",
              "--steps", "12", "--quiet"]
     with tempfile.TemporaryDirectory() as work:
