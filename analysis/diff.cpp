@@ -124,9 +124,11 @@ std::string verdict(const RunDiff& d) {
            (config.empty() ? "" : " with " + config) + (phases.empty() ? "" : "; phases moved within it: " + phases);
   const MetricDiff& compute =
       *std::find_if(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) { return m.name == "compute"; });
-  // A share of A's step, or for a step twice as long or more the ratio: "12% faster", "2.7x slower".
+  // A share of A's step, or for a step twice as long or more the ratio: "12% faster", "2.7x slower", "250x slower"
+  // (a tenth of a ratio that large is no figure anyone reads).
   const double ratio = step.a.median > 0 ? step.b.median / step.a.median : 0;
-  const std::string change = ratio >= 2 ? fmt("%.1fx slower", ratio)
+  const std::string change = ratio >= 10  ? fmt("%.0fx slower", ratio)
+                             : ratio >= 2 ? fmt("%.1fx slower", ratio)
                                         : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), ratio < 1 ? "faster" : "slower");
   return "B is " + change + ": " + (phases.empty() ? "no single phase beyond noise" : phases) +
          (config.empty() ? "" : " (" + config + ")") + "; compute " +

@@ -4,9 +4,11 @@
 #   bad_input.sh MPIRUN DDPLAB
 set -uo pipefail
 mpirun=$1 ddplab=$2
-work=$(mktemp -d)   # where runs write: must stay as it was
-logs=$(mktemp -d)
-trap 'rm -rf "$work" "$logs"' EXIT
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+work=$tmp/work   # where runs write: must stay as it was
+logs=$tmp/logs
+mkdir "$work" "$logs"
 failures=0 passed=0
 
 # expect_refusal LABEL "expected text" MPIRUN_ARGS...
@@ -37,16 +39,22 @@ expect_refusal() {
   rm -f "$logs/stdout" "$logs/stderr"
 }
 
-# expect_error NP "expected text" ARGS...: every one of NP ranks runs `ddplab ARGS...`.
+# expect_error NP "expected text" ARGS...: every one of NP ranks runs `ddplab ARGS...`. Within a shard (below) only
+# every `shards`-th case runs, starting at case `shard`.
+shards=1 shard=0 case_index=0
 expect_error() {
   local np=$1 expected=$2
   shift 2
+  case_index=$((case_index + 1))
+  ((case_index % shards == shard)) || return 0
   expect_refusal "(np=$np) ddplab $*" "$expected" -np "$np" "$ddplab" "$@"
 }
 
 small=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 2)
 cuda=(--device cuda --comm nccl)
-for np in 1 2; do
+# Every refusal of a flag, at NP ranks.
+refusals_at() {
+  local np=$1
   expect_error $np "--no-such-flag" train --no-such-flag
   expect_error $np "--batch must be at least 1 (got 0)" train --batch 0
   expect_error $np "--steps must be at least 1 (got -3)" train --steps -3
@@ -118,6 +126,25 @@ for np in 1 2; do
     train --model small --attention cudnn --precision bf16 --min-len 1 "${cuda[@]}" --steps 2
   expect_error $np "--attention cudnn needs --device cuda" train --model small --attention cudnn --steps 2
   expect_error $np "--attention must be auto, unfused, fused or cudnn (got 'flash')" train "${small[@]}" --attention flash
+}
+
+# Four shards of the cases at one rank and four at two, side by side, each with its own folders and tallies: mpirun
+# waits ~2 s after a rank exits non-zero, so one case at a time would leave the cores idle for most of this test.
+for np in 1 2; do
+  for ((part = 0; part < 4; ++part)); do
+    (
+      shards=4 shard=$part work=$tmp/work$np.$part logs=$tmp/logs$np.$part failures=0 passed=0
+      mkdir "$work" "$logs"
+      refusals_at "$np"
+      echo "tally $passed $failures"
+    ) >"$tmp/refusals$np.$part.out" 2>&1 &
+  done
+done
+wait
+for out in "$tmp"/refusals*.out; do
+  grep -v "^tally " "$out"
+  read -r _ p f < <(grep "^tally " "$out" || echo "tally 0 1")  # no tally: the shard died
+  passed=$((passed + p)) failures=$((failures + f))
 done
 # Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
 if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then
