@@ -4,6 +4,9 @@
 #   bad_input.sh MPIRUN DDPLAB
 set -uo pipefail
 mpirun=$1 ddplab=$2
+# Every case ends every rank with exit code 2. Open MPI's mpirun then waits out its kill sequence, 2 s, before it
+# ends (odls_base_sigkill_timeout, 1 s per signal). That wait is mpirun's, not ddplab's: it is taken out.
+export OMPI_MCA_odls_base_sigkill_timeout=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 work=$tmp/work   # where runs write: must stay as it was
@@ -128,8 +131,8 @@ refusals_at() {
   expect_error $np "--attention must be auto, unfused, fused or cudnn (got 'flash')" train "${small[@]}" --attention flash
 }
 
-# Four shards of the cases at one rank and four at two, side by side, each with its own folders and tallies: mpirun
-# waits ~2 s after a rank exits non-zero, so one case at a time would leave the cores idle for most of this test.
+# Four shards of the cases at one rank and four at two, side by side, each with its own folders and tallies: a case
+# is mostly the start of a few processes, and one at a time would leave a core idle.
 for np in 1 2; do
   for ((part = 0; part < 4; ++part)); do
     (
