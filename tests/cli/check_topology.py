@@ -89,12 +89,13 @@ with tempfile.TemporaryDirectory() as work:
                   f"the timeline groups ranks by node ({[names[p] for p in order]})")
     if len(exposed) == 2:
         # ~19 ms more per step at 1gbe; asserted: at least twice, and 8 ms more (generous: the machine is shared).
+        link_adds_ms, asserted_ms = 19, 8
         # Where the ranks wait longer than that for a CPU in every step, or the run without a link already exposes
         # more comm than the link adds (every message waiting for its receiver's comm thread to get a CPU), the
         # host's other work, not the link, sets the exposed comm, and the check says so instead.
         figures = f"exposed comm {exposed['1gbe']:.1f} ms/step with inter 1gbe vs {exposed['none']:.1f} with none"
-        holds = exposed["1gbe"] > 2 * exposed["none"] and exposed["1gbe"] - exposed["none"] > 8
-        if not holds and (waited > 8 or exposed["none"] > 19):
+        holds = exposed["1gbe"] > 2 * exposed["none"] and exposed["1gbe"] - exposed["none"] > asserted_ms
+        if not holds and (waited > asserted_ms or exposed["none"] > link_adds_ms):
             print(f"skipped: the link's share ({figures}): the ranks waited {waited:.1f} ms per step for a CPU")
         else:
             check(holds, f"{figures}; the ranks waited {waited:.1f} ms per step for a CPU")

@@ -734,6 +734,23 @@ TEST(Diff, AStragglerIsNamedByItsOwnWorkNotByTheOthersWait) {
   EXPECT_NEAR(data.rank_spread_b, 20.0, 1e-9);
 }
 
+// From ten times as long the ratio is written whole: "167x slower", not "166.8x".
+TEST(Diff, ARatioOfTenOrMoreIsWrittenWhole) {
+  const RunRecord a = synthetic(2, jittered);
+  RunRecord b = synthetic(2, [](int r, int s) {
+    Phases p = jittered(r, s);
+    if (r == 1) p.data += 300;
+    if (r == 0) p.exposed += 300;
+    return p;
+  });
+  const RunDiff d = diff_runs(a, b);
+  const double ratio = d.metrics[0].b.median / d.metrics[0].a.median;
+  ASSERT_GE(ratio, 10);
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "B is %.0fx slower: data +300.0 ms", ratio);
+  EXPECT_EQ(d.verdict.rfind(expected, 0), 0u) << d.verdict;
+}
+
 TEST(Diff, BucketsCutDifferentlyAreListedNotCompared) {
   const RunRecord a = synthetic(2, jittered);
   RunRecord b = a;
