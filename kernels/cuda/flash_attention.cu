@@ -56,8 +56,9 @@ void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH) 
   if (!flash_attention_supports_head_size(C / NH))
     throw std::invalid_argument(std::string(what) + ": head size C/NH = " + std::to_string(C / NH) +
                                 " has no fused kernel (supported: 32, 64, 128)" + sizes);
-  if (B > 65535 || NH > 65535)
-    throw std::invalid_argument(std::string(what) + ": B and NH must be at most 65535 (a grid dimension each)" + sizes);
+  if (B > 65535 || (S + kBlockQ - 1) / kBlockQ > 65535)
+    throw std::invalid_argument(std::string(what) + ": B and S / " + std::to_string(kBlockQ) +
+                                " must be at most 65535 (a grid dimension each)" + sizes);
 }
 
 int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH) {

@@ -79,6 +79,16 @@ struct BackwardSmem {
   static_assert(kTile % 128 == 0 && kBlockQ == kBlockK, "every tile starts on a 128-byte boundary; Q tiles are K's size");
 };
 
+// The grid of the tensor-core kernels: a CTA per (block of `rows` queries or keys, head, sequence), the block
+// varying slowest. The hardware dispatches CTAs in the order of their linear index (x fastest), and causal CTAs differ
+// in length up to S / rows times: ordered this way, every head's longest CTAs start first and the shortest fill the
+// tail (longest first). With the block varying fastest, each head ran its CTAs from longest to shortest, the last
+// heads' longest CTAs started late and ran on while other SMs idled: 22% of the forward's SM cycles on an H200
+// (docs/BENCHMARKS.md; bench/gpu/flash_schedule_model.py models both orders).
+inline dim3 cta_grid(int B, int S, int NH, int rows) {
+  return dim3(static_cast<unsigned>(NH), static_cast<unsigned>(B), static_cast<unsigned>((S + rows - 1) / rows));
+}
+
 __device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
   return lengths ? min(max(lengths[b], 0), S) : S;
 }
@@ -142,13 +152,20 @@ __device__ __forceinline__ void zero_rows(bf16* dst, int64_t ld, int row0, int r
 // tile dst [ROWS][HS + kPadBf16] by cp.async, 16 bytes per copy; rows >= valid_rows are zero-filled without reading
 // the source (padding may hold anything: a masked key must still multiply its 0 weight by a finite value). The whole
 // CTA takes part; the copies land at the cp_async_wait that covers the group the caller commits them in.
+// A thread copies the same 16 columns of every kRowStep-th row, so its addresses are a base and a fixed step: the
+// loop unrolls to a compare, an add and a copy per 16 bytes (a loop over the tile's copies in thread order cost ~30
+// instructions each, a third of the forward's loop).
 template <int ROWS, int HS>
 __device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int64_t ld, int row0, int valid_rows) {
-  constexpr int kPerRow = HS / kVec, kLd = HS + kPadBf16;
-  for (int c = threadIdx.x; c < ROWS * kPerRow; c += kThreads) {
-    const int r = c / kPerRow, col = (c % kPerRow) * kVec;
-    const bool valid = row0 + r < valid_rows;
-    ptx::cp_async_16(dst + r * kLd + col, valid ? src + int64_t{row0 + r} * ld + col : src, valid);
+  constexpr int kPerRow = HS / kVec, kRowStep = kThreads / kPerRow, kLd = HS + kPadBf16;
+  static_assert(kThreads % kPerRow == 0 && ROWS % kRowStep == 0, "every thread copies whole steps of rows");
+  const int r = threadIdx.x / kPerRow, col = threadIdx.x % kPerRow * kVec;
+  bf16* const dst_r = dst + r * kLd + col;
+  const bf16* const src_r = src + (row0 + r) * ld + col;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const bool valid = row0 + r + i * kRowStep < valid_rows;
+    ptx::cp_async_16(dst_r + i * kRowStep * kLd, valid ? src_r + i * kRowStep * ld : src, valid);
   }
 }
 
@@ -258,9 +275,9 @@ __global__ void __launch_bounds__(kThreads)
   bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  const int h = blockIdx.y, b = blockIdx.z;
-  // Causal: the last query blocks see the most keys. Launched first, they leave the short ones to fill the tail.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockQ;
+  // Causal: the last query blocks see the most keys, so they come first (cta_grid).
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlockQ;
   const int len = length_of(lengths, b, S);
   const int64_t ld = 3 * int64_t{C};
   const bf16* const q_g = qkv + int64_t{b} * S * ld + h * HS;
@@ -413,8 +430,9 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
   bf16* const ds_s = reinterpret_cast<bf16*>(smem + L::kDs);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int j0 = blockIdx.x * kBlockK;  // causal: the first key blocks see the most queries, and launch first
+  // Causal: the first key blocks see the most queries, so they come first (cta_grid).
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int j0 = blockIdx.z * kBlockK;
   const int len = length_of(lengths, b, S);
   const int64_t ld = 3 * int64_t{C};
   const bf16* const q_g = qkv + int64_t{b} * S * ld + h * HS;
@@ -608,7 +626,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int HS, typename Launch>
 void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
                  int NH, bool causal) {
-  const dim3 grid((S + kBlockQ - 1) / kBlockQ, NH, B);
+  const dim3 grid = cta_grid(B, S, NH, kBlockQ);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   launch(flash_attention_forward_kernel<HS>, grid, dim3(kThreads), ForwardSmem<HS>::kBytes, out, lse, qkv, lengths, S,
          C, NH, causal, scale_log2);
@@ -617,7 +635,7 @@ void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const 
 template <int HS, typename Launch>
 void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
                   const float* dsum, const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
-  const dim3 grid((S + kBlockK - 1) / kBlockK, NH, B);
+  const dim3 grid = cta_grid(B, S, NH, kBlockK);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   launch(flash_attention_backward_kernel<HS>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv, dq_acc, dout, qkv,
          lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);

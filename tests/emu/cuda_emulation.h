@@ -397,6 +397,8 @@ void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Arg
   if (block.y != 1 || block.z != 1 || threads <= 0 || threads % kWarpSize != 0 || threads > 1024)
     fail("launch: block (%u,%u,%u): the emulation runs 1-D blocks of whole warps, at most 1024 threads", block.x,
          block.y, block.z);
+  if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u)
+    fail("launch: grid (%u,%u,%u): past the hardware's limits (2^31 - 1, 65535, 65535)", grid.x, grid.y, grid.z);
   SharedMemory& sm = shared_memory();
   if (smem_bytes > kSharedCapacity || (smem_bytes > 0 && (sm.base == nullptr || smem_bytes > sm.capacity)))
     fail("launch: %zu bytes of dynamic shared memory: more than %zu, or no DDPLAB_EMU_SHARED_MEMORY buffer (%zu bytes)",
