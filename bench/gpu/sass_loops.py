@@ -80,6 +80,13 @@ def main_loop(code):
     return best
 
 
+def skips(loop):
+    """(position in the loop, instructions jumped over) of each forward branch that lands inside the loop."""
+    at = {address: i for i, (address, _, _) in enumerate(loop)}
+    return [(i, at[target] - i - 1) for i, (address, _, target) in enumerate(loop)
+            if target is not None and target > address and target in at]
+
+
 def kind(op):
     base = op.split(".")[0]
     return KINDS.get(base) or ("integer" if base in INTEGER else "other")
@@ -103,6 +110,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("object", help="a CUDA object file or executable (sm_90 SASS)")
     ap.add_argument("--kernel", default="", help="only kernels whose name contains this")
+    ap.add_argument("--skips", action="store_true",
+                    help="also list the loop's forward branches and how many instructions each jumps over (an if "
+                         "not taken, a loop's exit): the trips that take one issue that many fewer")
     args = ap.parse_args()
     dump = subprocess.run([find_cuobjdump(), "-sass", args.object], capture_output=True, text=True)
     if dump.returncode != 0 or "Function : " not in dump.stdout:
@@ -114,13 +124,15 @@ def main():
         loop = main_loop(code)
         if args.kernel in name and loop:
             counts = collections.Counter(kind(op) for _, op, _ in loop)
-            rows.append((name, len(loop), counts))
+            rows.append((name, len(loop), counts, skips(loop)))
     if not rows:
         die(f"no kernel matching '{args.kernel}' with a tensor-core loop in {args.object}")
-    width = max(len(name) for name, _, _ in rows)
+    width = max(len(name) for name, *_ in rows)
     print(f"{'kernel':{width}s} {'loop':>5s} {'per mma':>7s} " + " ".join(f"{c:>9s}" for c in COLUMNS))
-    for name, total, counts in sorted(rows):
+    for name, total, counts, jumps in sorted(rows):
         print(f"{name:{width}s} {total:5d} {total / counts['mma']:7.2f} " + " ".join(f"{counts[c]:9d}" for c in COLUMNS))
+        if args.skips:
+            print(f"{'':{width}s} skips: " + ", ".join(f"{n} from +{at}" for at, n in jumps))
 
 
 if __name__ == "__main__":

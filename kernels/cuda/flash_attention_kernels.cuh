@@ -10,7 +10,7 @@
 //             dS = scale P * (dP - D)    dQ = dS K     dK = dS^T Q
 // (D_i = rowsum(P_i * dP_i), the softmax backward's dot product, rewritten through O = P V so that backward never
 // needs a whole row of P at once.) Exponentials are taken base 2, with log2(e) folded into the scale, which is what
-// exp2f computes natively; the lse is stored in natural log, as the CPU reference would compute it.
+// the special function unit computes (ptx::exp2_approx); the lse is stored in natural log, as the CPU reference would compute it.
 //
 // Tensor cores through mma.sync m16n8k16 (kernels/cuda/mma.cuh): bf16 operands, fp32 accumulators whose element
 // layout the PTX ISA documents, so the per-row steps (masking, the online softmax, the rescaling of O, P and dS) work
@@ -265,8 +265,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 // A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile. A lane
 // holds, as the mma fragments lay them out, two rows (g = lane / 4 and g + 8 of its warp's 16) and, of each 8-column
 // tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the quad.
+// At hs 64, 4 CTAs per SM (16 warps), the occupancy it was measured at: ptxas fits the 128 registers that allows
+// without spilling, and would take 135 unbounded, dropping to 3. Other head sizes are left to ptxas (0: no minimum).
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 0)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
                                    bool causal, float scale_log2) {
   using L = ForwardSmem<HS>;
@@ -335,33 +337,34 @@ __global__ void __launch_bounds__(kThreads)
     zero_accumulator(s);
     warp_product_transposed<kBlockK, HS>(s, q_frag, k_stage(tile), kLd, 0);
 
-    // Scores in log2 units; masked keys (j >= keys: padding, the causal future) become -inf, so that their p is
-    // exactly 0 (exp2(-inf)).
-    const bool masked_tile = j0 + kBlockK > warp_full_keys;
+    // Masked keys (j >= keys: padding, the causal future) become -inf, so that their p is exactly 0 (2^-inf). Only
+    // the tiles that reach past the warp's first query's keys hold any: the others skip the compares.
+    if (j0 + kBlockK > warp_full_keys) {
 #pragma unroll
-    for (int n = 0; n < kBlockK / 8; ++n)
+      for (int n = 0; n < kBlockK / 8; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] *= scale_log2;
-        if (masked_tile && j0 + n * 8 + 2 * (lane % 4) + i % 2 >= keys[i / 2]) s[n][i] = -INFINITY;
-      }
+        for (int i = 0; i < 4; ++i)
+          if (j0 + n * 8 + 2 * (lane % 4) + i % 2 >= keys[i / 2]) s[n][i] = -INFINITY;
+    }
 
-    // The online softmax update, per row: the new max over the quad, the old sums and O rescaled to it.
+    // The online softmax update, per row, in log2 units: the scores' new max over the quad (scaled after the max, which
+    // the positive scale leaves in place), the old sums and O rescaled to it, then p = 2^(s scale - m) in one fused
+    // multiply-add and one exponential per score.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
 #pragma unroll
       for (int n = 0; n < kBlockK / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      const float m_new = fmaxf(m[r], quad_max(tile_max));
+      const float m_new = fmaxf(m[r], quad_max(tile_max) * scale_log2);
       // A row with no valid key yet (a padded query) keeps m = -inf; taking 0 as the base then keeps exp2 away from
       // -inf - -inf = NaN, and every p of the row is 0 anyway.
       const float base = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2f(m[r] - base);  // rescales what was summed against the old max (0 while m was -inf)
+      const float alpha = ptx::exp2_approx(m[r] - base);  // rescales the old sums to the new max (0 while m was -inf)
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kBlockK / 8; ++n) {
-        s[n][2 * r] = exp2f(s[n][2 * r] - base);
-        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+        s[n][2 * r] = ptx::exp2_approx(fmaf(s[n][2 * r], scale_log2, -base));
+        s[n][2 * r + 1] = ptx::exp2_approx(fmaf(s[n][2 * r + 1], scale_log2, -base));
         sum += s[n][2 * r] + s[n][2 * r + 1];
       }
       l[r] = l[r] * alpha + sum;
@@ -379,8 +382,8 @@ __global__ void __launch_bounds__(kThreads)
     warp_product<HS, kBlockK>(o, p_frag, v_stage(tile), kLd, 0);
   }
 
-  // out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and -inf. l >= 1
-  // on a valid row: its max term contributed exp2(0).
+  // out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and -inf. l is
+  // about 1 or more on a valid row: its max term contributed 2^(a rounding error of the max).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float row_sum = quad_sum(l[r]);
@@ -499,7 +502,8 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     const float* const d_s = d_stage(block);
 
     // S^T = K Q^T for the warp's 16 keys x the block's 64 queries, then P^T = exp2(scale log2(e) S^T - lse log2(e))
-    // where (key j, query t) is valid, else exactly 0 (a masked score is never exponentiated into the result).
+    // where (key j, query t) is valid, else exactly 0: a masked score's exponential (of whatever it was: the causal
+    // future may overflow to inf) is overwritten, never summed. Only blocks on the diagonal or past a length hold any.
     float pt[kBlockQ / 8][4];
     {
       uint32_t k_frag[HS / kFrag][4];
@@ -507,15 +511,20 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
       zero_accumulator(pt);
       warp_product_transposed<kBlockQ, HS>(pt, k_frag, q_s, kLd, 0);
     }
-    const bool masked_block = (causal && i0 < j0 + kBlockK) || i0 + kBlockQ > len || j0 + kBlockK > len;
 #pragma unroll
     for (int n = 0; n < kBlockQ / 8; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = n * 8 + 2 * (lane % 4) + i % 2, t = i0 + c, j = key[i / 2];
-        const bool valid = !masked_block || (t < len && j < len && (!causal || j <= t));
-        pt[n][i] = valid ? exp2f(pt[n][i] * scale_log2 - lse_s[c]) : 0.0f;
-      }
+      for (int i = 0; i < 4; ++i)
+        pt[n][i] = ptx::exp2_approx(fmaf(pt[n][i], scale_log2, -lse_s[n * 8 + 2 * (lane % 4) + i % 2]));
+    if ((causal && i0 < j0 + kBlockK) || i0 + kBlockQ > len || j0 + kBlockK > len) {
+#pragma unroll
+      for (int n = 0; n < kBlockQ / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int t = i0 + n * 8 + 2 * (lane % 4) + i % 2, j = key[i / 2];
+          if (t >= len || j >= len || (causal && j > t)) pt[n][i] = 0.0f;
+        }
+    }
 
     // dP^T = V dO^T.
     float dpt[kBlockQ / 8][4];

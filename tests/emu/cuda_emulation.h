@@ -287,6 +287,13 @@ inline TileIndex d_fragment_index(int lane, int i) {  // C, D 16x8 (m x n)
   return {lane / 4 + 8 * (i / 2), 2 * (lane % 4) + i % 2};
 }
 
+// ex2.approx.ftz.f32: subnormal inputs and results flushed to +-0. Exact otherwise: the hardware's 2^-22 relative error
+// is far below the bf16 rounding that every use of it is followed by.
+inline float exp2_approx(float x) {
+  const auto flushed = [](float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; };
+  return flushed(std::exp2(flushed(x)));
+}
+
 // d += a b over the warp: the lanes' A and B registers gathered into the tiles, then each lane's own 4 elements of D,
 // exact products summed in fp32 in k order after the accumulator (the tensor cores' order and rounding may differ).
 inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {

@@ -1,8 +1,8 @@
 // The PTX primitives of kernels/cuda/mma.cuh as the CPU emulation runs them (tests/emu/cuda_emulation.h): mma.sync
 // m16n8k16 against a plain loop with fragments built from the PTX ISA's element tables (written out here from the ISA's
 // a_i / b_i / c_i formulas, independently of the emulation), ldmatrix with and without .trans against the registers
-// those tables give, the chain a kernel uses (D fragments rounded into the A fragments of the next product), and
-// cp.async's groups. A transposed or shifted layout anywhere fails these; the kernels' own test (test_flash_attention_emu)
+// those tables give, the chain a kernel uses (D fragments rounded into the A fragments of the next product),
+// cp.async's groups, and ex2.approx's edges. A transposed or shifted layout anywhere fails these; the kernels' own test (test_flash_attention_emu)
 // only sees layouts through whole attention results.
 #include "tests/emu/cuda_emulation.h"
 
@@ -14,6 +14,7 @@ DDPLAB_EMU_SHARED_MEMORY(smem)
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -230,6 +231,20 @@ TEST(MmaEmulated, CpAsyncLandsAtItsWait) {
     EXPECT_TRUE(std::isnan(seen[lane * 3 + 1])) << "a copy landed before its group was waited for";
     EXPECT_EQ(seen[lane * 3 + 2], 0.0f);
   }
+}
+
+// ex2.approx.ftz.f32 as the PTX ISA defines it at the edges the kernels rely on: 2^-inf is +0 (a masked score's weight),
+// a subnormal result or input is flushed to 0, and exact powers of two come out exact.
+TEST(MmaEmulated, Exp2ApproxFlushesSubnormals) {
+  EXPECT_EQ(ptx::exp2_approx(0.0f), 1.0f);
+  EXPECT_EQ(ptx::exp2_approx(3.0f), 8.0f);
+  EXPECT_EQ(ptx::exp2_approx(-126.0f), std::ldexp(1.0f, -126));  // the smallest normal float
+  EXPECT_EQ(ptx::exp2_approx(-127.0f), 0.0f);                     // subnormal: flushed
+  EXPECT_EQ(ptx::exp2_approx(std::ldexp(1.0f, -140)), 1.0f);      // a subnormal input counts as 0
+  const float masked = ptx::exp2_approx(-INFINITY);
+  EXPECT_EQ(masked, 0.0f);
+  EXPECT_FALSE(std::signbit(masked));
+  EXPECT_TRUE(std::isnan(ptx::exp2_approx(NAN)));
 }
 
 }  // namespace
