@@ -42,7 +42,7 @@ def schedule(costs, sms, slots):
 
 def orders(batch, heads, blocks, overhead):
     """The CTA costs in each dispatch order. Rank 0 is the longest causal block (forward: the last query block, which
-    reads every key tile; backward: the first key block, which every query block reads), and rank r has r fewer tiles."""
+    reads every key tile; backward: the first key block, which every query block reads); rank r has r fewer tiles."""
     cost = [overhead + blocks - rank for rank in range(blocks)]
     return {
         # the block in blockIdx.x: each (head, sequence) runs its blocks from the longest to the shortest

@@ -130,7 +130,8 @@ def main():
     width = max(len(name) for name, *_ in rows)
     print(f"{'kernel':{width}s} {'loop':>5s} {'per mma':>7s} " + " ".join(f"{c:>9s}" for c in COLUMNS))
     for name, total, counts, jumps in sorted(rows):
-        print(f"{name:{width}s} {total:5d} {total / counts['mma']:7.2f} " + " ".join(f"{counts[c]:9d}" for c in COLUMNS))
+        columns = " ".join(f"{counts[c]:9d}" for c in COLUMNS)
+        print(f"{name:{width}s} {total:5d} {total / counts['mma']:7.2f} {columns}")
         if args.skips:
             print(f"{'':{width}s} skips: " + ", ".join(f"{n} from +{at}" for at, n in jumps))
 

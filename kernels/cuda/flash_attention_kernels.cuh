@@ -10,7 +10,8 @@
 //             dS = scale P * (dP - D)    dQ = dS K     dK = dS^T Q
 // (D_i = rowsum(P_i * dP_i), the softmax backward's dot product, rewritten through O = P V so that backward never
 // needs a whole row of P at once.) Exponentials are taken base 2, with log2(e) folded into the scale, which is what
-// the special function unit computes (ptx::exp2_approx); the lse is stored in natural log, as the CPU reference would compute it.
+// the special function unit computes (ptx::exp2_approx); the lse is stored in natural log, as the CPU reference would
+// compute it.
 //
 // Tensor cores through mma.sync m16n8k16 (kernels/cuda/mma.cuh): bf16 operands, fp32 accumulators whose element
 // layout the PTX ISA documents, so the per-row steps (masking, the online softmax, the rescaling of O, P and dS) work

@@ -2,8 +2,8 @@
 // m16n8k16 against a plain loop with fragments built from the PTX ISA's element tables (written out here from the ISA's
 // a_i / b_i / c_i formulas, independently of the emulation), ldmatrix with and without .trans against the registers
 // those tables give, the chain a kernel uses (D fragments rounded into the A fragments of the next product),
-// cp.async's groups, and ex2.approx's edges. A transposed or shifted layout anywhere fails these; the kernels' own test (test_flash_attention_emu)
-// only sees layouts through whole attention results.
+// cp.async's groups, and ex2.approx's edges. A transposed or shifted layout anywhere fails these; the kernels' own
+// test (test_flash_attention_emu) only sees layouts through whole attention results.
 #include "tests/emu/cuda_emulation.h"
 
 namespace ddplab::cuda {
@@ -233,8 +233,8 @@ TEST(MmaEmulated, CpAsyncLandsAtItsWait) {
   }
 }
 
-// ex2.approx.ftz.f32 as the PTX ISA defines it at the edges the kernels rely on: 2^-inf is +0 (a masked score's weight),
-// a subnormal result or input is flushed to 0, and exact powers of two come out exact.
+// ex2.approx.ftz.f32 as the PTX ISA defines it at the edges the kernels rely on: 2^-inf is +0 (a masked score's
+// weight), a subnormal result or input is flushed to 0, and exact powers of two come out exact.
 TEST(MmaEmulated, Exp2ApproxFlushesSubnormals) {
   EXPECT_EQ(ptx::exp2_approx(0.0f), 1.0f);
   EXPECT_EQ(ptx::exp2_approx(3.0f), 8.0f);
