@@ -40,25 +40,34 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 4;  // per CTA, both directions
 constexpr int kThreads = kWarps * 32;
 constexpr int kFrag = 16;                // rows of an A fragment: a warp's queries (forward) or keys (backward)
-constexpr int kBlockQ = kWarps * kFrag;  // queries per block: forward, 16 per warp; backward, one query block
+constexpr int kBlockQ = kWarps * kFrag;  // queries per block of the backward: 16 per warp
 constexpr int kBlockK = kWarps * kFrag;  // keys per block: forward, one key tile; backward, 16 per warp
 constexpr int kPadBf16 = 8;              // row padding of bf16 tiles (elements): 16 bytes, for ldmatrix's banks
 constexpr float kLog2e = 1.4426950408889634f;
-// The causal mask makes the key range of a query block end at the block's last query: with equal block sizes the
-// diagonal block is the only partly masked one, and the first query block of a key block (backward) is its own.
-static_assert(kBlockQ == kBlockK, "the causal block skipping below assumes square blocks");
+// The causal mask makes the key range of a query block end at the block's last query. The backward's blocks are square,
+// so that the first query block a key block sees is its own, and the diagonal block the only partly masked one.
+static_assert(kBlockQ == kBlockK, "the backward's causal block skipping assumes square blocks");
 
 constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 
-// Shared memory of the forward CTA, byte offsets: the query block, then two stages of the key and value tiles (the
-// next tile's copies land in one while the warps compute on the other), all [64][HS] bf16 with rows padded by 16
-// bytes, so that the 8 rows one ldmatrix reads fall in 8 different 16-byte bank groups.
+// The forward's query fragments per warp: two at hs <= 64, so that each K or V fragment read by ldmatrix feeds two
+// mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take ~200 registers
+// (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment.
+template <int HS>
+constexpr int kForwardFrags = HS <= 64 ? 2 : 1;
+template <int HS>
+constexpr int kForwardBlockQ = kWarps * kForwardFrags<HS> * kFrag;  // queries per forward CTA: 128, or 64 at hs 128
+
+// Shared memory of the forward CTA, byte offsets: the query block [kForwardBlockQ][HS], then two stages of the key
+// and value tiles [64][HS] (the next tile's copies land in one while the warps compute on the other), bf16 with rows
+// padded by 16 bytes, so that the 8 rows one ldmatrix reads fall in 8 different 16-byte bank groups.
 template <int HS>
 struct ForwardSmem {
   static constexpr int kLd = HS + kPadBf16;
   static constexpr size_t kTile = sizeof(bf16) * kBlockK * kLd;
   static constexpr size_t kQ = 0;
-  static constexpr size_t kStages = kQ + align128(sizeof(bf16) * kBlockQ * kLd);  // stage s: K at + 2 s kTile, V after
+  // stage s: K at kStages + 2 s kTile, V after it
+  static constexpr size_t kStages = kQ + align128(sizeof(bf16) * kForwardBlockQ<HS> * kLd);
   static constexpr size_t kBytes = kStages + 4 * kTile;
   static_assert(kTile % 128 == 0, "every tile starts on a 128-byte boundary");
 };
@@ -187,11 +196,11 @@ __device__ __forceinline__ const bf16* fragment_cols_lo_first(const bf16* tile, 
   return tile + (row0 + lane % 8 + 8 * (matrix / 2)) * ld + col0 + 8 * (matrix % 2);
 }
 
-// acc[n] += A B^T for the warp's 16 rows: a[k] the A fragments of A [16][KD] (KD = 16 per k step), B^T's right
-// operand the rows [N][KD] of a bf16 tile (row stride ld) from row b_row0. Forward's S = Q K^T; backward's S^T = K Q^T,
-// dP^T = V dO^T.
-template <int N, int KD>
-__device__ __forceinline__ void warp_product_transposed(float (&acc)[N / 8][4], const uint32_t (&a)[KD / 16][4],
+// acc[f][n] += A_f B^T for F fragments of the warp's rows (16 each): a[f][k] the A fragments of A_f [16][KD] (KD = 16
+// per k step), B^T's right operand the rows [N][KD] of a bf16 tile (row stride ld) from row b_row0, each of its
+// fragments read once for all F. Forward's S = Q K^T; backward's S^T = K Q^T, dP^T = V dO^T (F = 1: pass &acc, &a).
+template <int F, int N, int KD>
+__device__ __forceinline__ void warp_product_transposed(float (*acc)[N / 8][4], const uint32_t (*a)[KD / 16][4],
                                                         const bf16* b_tile, int ld, int b_row0) {
 #pragma unroll
   for (int k = 0; k < KD / 16; ++k)
@@ -200,16 +209,19 @@ __device__ __forceinline__ void warp_product_transposed(float (&acc)[N / 8][4], 
       uint32_t b[4];
       ptx::ldmatrix_x4(b, fragment_cols_lo_first(b_tile, ld, b_row0 + n * 16, k * 16));
       const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-      ptx::mma_bf16_16816(acc[2 * n], a[k], b_lo);
-      ptx::mma_bf16_16816(acc[2 * n + 1], a[k], b_hi);
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        ptx::mma_bf16_16816(acc[f][2 * n], a[f][k], b_lo);
+        ptx::mma_bf16_16816(acc[f][2 * n + 1], a[f][k], b_hi);
+      }
     }
 }
 
-// acc[n] += A B for the warp's 16 rows: a[k] the A fragments of A [16][K], B the rows [K][N] (from b_row0) of a
-// bf16 tile stored row-major (row stride ld), read transposed into B fragments. Forward's O += P V; backward's
-// dV += P^T dO, dK += dS^T Q, dQ = dS K.
-template <int N, int K>
-__device__ __forceinline__ void warp_product(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4],
+// acc[f][n] += A_f B for F fragments of the warp's rows: a[f][k] the A fragments of A_f [16][K], B the rows [K][N]
+// (from b_row0) of a bf16 tile stored row-major (row stride ld), read transposed into B fragments, once for all F.
+// Forward's O += P V; backward's dV += P^T dO, dK += dS^T Q, dQ = dS K (F = 1).
+template <int F, int N, int K>
+__device__ __forceinline__ void warp_product(float (*acc)[N / 8][4], const uint32_t (*a)[K / 16][4],
                                              const bf16* b_tile, int ld, int b_row0) {
 #pragma unroll
   for (int k = 0; k < K / 16; ++k)
@@ -218,8 +230,11 @@ __device__ __forceinline__ void warp_product(float (&acc)[N / 8][4], const uint3
       uint32_t b[4];
       ptx::ldmatrix_x4_trans(b, fragment_rows_lo_first(b_tile, ld, b_row0 + k * 16, n * 16));
       const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-      ptx::mma_bf16_16816(acc[2 * n], a[k], b_lo);
-      ptx::mma_bf16_16816(acc[2 * n + 1], a[k], b_hi);
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        ptx::mma_bf16_16816(acc[f][2 * n], a[f][k], b_lo);
+        ptx::mma_bf16_16816(acc[f][2 * n + 1], a[f][k], b_hi);
+      }
     }
 }
 
@@ -263,24 +278,24 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // ---- forward --------------------------------------------------------------------------------------------------------
 
-// A CTA per (query block, head h, sequence b): 4 warps, each owning 16 query rows, share each key/value tile. A lane
-// holds, as the mma fragments lay them out, two rows (g = lane / 4 and g + 8 of its warp's 16) and, of each 8-column
+// A CTA per (query block, head h, sequence b): 4 warps, each owning F = kForwardFrags<HS> fragments of 16 query
+// rows, share each key/value tile; each K and V fragment a warp reads feeds its F fragments' products. A lane holds, as
+// the mma fragments lay them out, two rows of each fragment (g = lane / 4 and g + 8 of its 16) and, of each 8-column
 // tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the quad.
-// At hs 64, 4 CTAs per SM (16 warps), the occupancy it was measured at: ptxas fits the 128 registers that allows
-// without spilling, and would take 135 unbounded, dropping to 3. Other head sizes are left to ptxas (0: no minimum).
+// At hs 64, F = 2 and 2 CTAs per SM (8 warps, ~200 registers each: ptxas is told so that it never spills for a third).
 template <int HS>
-__global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 0)
+__global__ void __launch_bounds__(kThreads, kForwardFrags<HS> == 2 ? 2 : 0)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
                                    bool causal, float scale_log2) {
   using L = ForwardSmem<HS>;
-  constexpr int kLd = L::kLd;
+  constexpr int kLd = L::kLd, F = kForwardFrags<HS>, kRows = F * kFrag, kBlock = kForwardBlockQ<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // Causal: the last query blocks see the most keys, so they come first (cta_grid).
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlockQ;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlock;
   const int len = length_of(lengths, b, S);
   const int64_t ld = 3 * int64_t{C};
   const bf16* const q_g = qkv + int64_t{b} * S * ld + h * HS;
@@ -291,36 +306,46 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 0)
 
   // A block of padded queries: output 0 and lse -inf, nothing read.
   if (q0 >= len) {
-    zero_rows<HS>(out_g, C, q0, min(q0 + kBlockQ, S));
-    for (int t = q0 + threadIdx.x; t < min(q0 + kBlockQ, S); t += kThreads) lse_g[t] = -INFINITY;
+    zero_rows<HS>(out_g, C, q0, min(q0 + kBlock, S));
+    for (int t = q0 + threadIdx.x; t < min(q0 + kBlock, S); t += kThreads) lse_g[t] = -INFINITY;
     return;
   }
 
-  // The lane's two rows and their valid keys (j < keys); keys below warp_full_keys are valid for all 16 of the
-  // warp's rows, so a tile below it needs no mask.
-  const int warp_row0 = q0 + warp * kFrag;
-  const int row[2] = {warp_row0 + lane / 4, warp_row0 + lane / 4 + 8};
-  int keys[2];
-  for (int r = 0; r < 2; ++r) keys[r] = row[r] >= len ? 0 : (causal ? row[r] + 1 : len);
-  const int warp_full_keys = warp_row0 + kFrag > len ? 0 : (causal ? warp_row0 + 1 : len);
+  // The lane's rows (two per fragment) and their valid keys (j < keys). Keys below warp_full_keys are valid for every
+  // row of the warp, so a tile below it needs no mask; keys from warp_keys on are masked for every row of the warp,
+  // so the warp skips such a tile (causal: the diagonal's second tile for the block's first half of rows).
+  const int warp_row0 = q0 + warp * kRows;
+  int row[F][2], keys[F][2];
+#pragma unroll
+  for (int f = 0; f < F; ++f)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row[f][r] = warp_row0 + f * kFrag + lane / 4 + 8 * r;
+      keys[f][r] = row[f][r] >= len ? 0 : (causal ? row[f][r] + 1 : len);
+    }
+  const int warp_full_keys = warp_row0 + kRows > len ? 0 : (causal ? warp_row0 + 1 : len);
+  const int warp_keys = warp_row0 >= len ? 0 : (causal ? min(len, warp_row0 + kRows) : len);
 
   // Keys past the block's last query are masked for every row when causal: those tiles are skipped.
-  const int kv_end = causal ? min(len, q0 + kBlockQ) : len;
+  const int kv_end = causal ? min(len, q0 + kBlock) : len;
   const int tiles = (kv_end + kBlockK - 1) / kBlockK;
   const auto k_stage = [&](int tile) { return reinterpret_cast<bf16*>(smem + L::kStages + (tile % 2) * 2 * L::kTile); };
   const auto v_stage = [&](int tile) { return k_stage(tile) + L::kTile / sizeof(bf16); };
 
-  load_tile_async<kBlockQ, HS>(q_s, q_g, ld, q0, len);
+  load_tile_async<kBlock, HS>(q_s, q_g, ld, q0, len);
   load_tile_async<kBlockK, HS>(k_stage(0), k_g, ld, 0, len);
   load_tile_async<kBlockK, HS>(v_stage(0), v_g, ld, 0, len);
   ptx::cp_async_commit();
 
-  uint32_t q_frag[HS / kFrag][4];  // the warp's 16 query rows, for every key tile
-  float o[HS / 8][4];              // O, unnormalised
-  zero_accumulator(o);
+  uint32_t q_frag[F][HS / kFrag][4];  // the warp's query rows, for every key tile
+  float o[F][HS / 8][4];              // O, unnormalised
+#pragma unroll
+  for (int f = 0; f < F; ++f) zero_accumulator(o[f]);
   // Per row: the running max m of the scores in log2 units (the quad's), and the lane's share of the running sum l of
   // exp2(score - m) (summed over the quad at the end).
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float m[F][2], l[F][2];
+#pragma unroll
+  for (int f = 0; f < F; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.0f;
 
   for (int tile = 0; tile < tiles; ++tile) {
     const int j0 = tile * kBlockK;
@@ -331,72 +356,83 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 0)
       load_tile_async<kBlockK, HS>(v_stage(tile + 1), v_g, ld, j0 + kBlockK, len);
     }
     ptx::cp_async_commit();
-    if (tile == 0) load_a_fragments<HS>(q_frag, q_s, kLd, warp * kFrag);
+    if (tile == 0)
+#pragma unroll
+      for (int f = 0; f < F; ++f) load_a_fragments<HS>(q_frag[f], q_s, kLd, warp * kRows + f * kFrag);
+    if (j0 >= warp_keys) continue;  // every score of the warp's rows masked: nothing to add (the barrier is above)
 
-    // S = Q K^T for the warp's 16 rows x the tile's 64 keys, in registers.
-    float s[kBlockK / 8][4];
-    zero_accumulator(s);
-    warp_product_transposed<kBlockK, HS>(s, q_frag, k_stage(tile), kLd, 0);
+    // S = Q K^T for the warp's rows x the tile's 64 keys, in registers.
+    float s[F][kBlockK / 8][4];
+#pragma unroll
+    for (int f = 0; f < F; ++f) zero_accumulator(s[f]);
+    warp_product_transposed<F, kBlockK, HS>(s, q_frag, k_stage(tile), kLd, 0);
 
     // Masked keys (j >= keys: padding, the causal future) become -inf, so that their p is exactly 0 (2^-inf). Only
     // the tiles that reach past the warp's first query's keys hold any: the others skip the compares.
     if (j0 + kBlockK > warp_full_keys) {
 #pragma unroll
-      for (int n = 0; n < kBlockK / 8; ++n)
+      for (int f = 0; f < F; ++f)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (j0 + n * 8 + 2 * (lane % 4) + i % 2 >= keys[i / 2]) s[n][i] = -INFINITY;
+        for (int n = 0; n < kBlockK / 8; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (j0 + n * 8 + 2 * (lane % 4) + i % 2 >= keys[f][i / 2]) s[f][n][i] = -INFINITY;
     }
 
     // The online softmax update, per row, in log2 units: the scores' new max over the quad (scaled after the max, which
     // the positive scale leaves in place), the old sums and O rescaled to it, then p = 2^(s scale - m) in one fused
     // multiply-add and one exponential per score.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
+    for (int f = 0; f < F; ++f)
 #pragma unroll
-      for (int n = 0; n < kBlockK / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      const float m_new = fmaxf(m[r], quad_max(tile_max) * scale_log2);
-      // A row with no valid key yet (a padded query) keeps m = -inf; taking 0 as the base then keeps exp2 away from
-      // -inf - -inf = NaN, and every p of the row is 0 anyway.
-      const float base = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = ptx::exp2_approx(m[r] - base);  // rescales the old sums to the new max (0 while m was -inf)
-      float sum = 0.0f;
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < kBlockK / 8; ++n) {
-        s[n][2 * r] = ptx::exp2_approx(fmaf(s[n][2 * r], scale_log2, -base));
-        s[n][2 * r + 1] = ptx::exp2_approx(fmaf(s[n][2 * r + 1], scale_log2, -base));
-        sum += s[n][2 * r] + s[n][2 * r + 1];
+        for (int n = 0; n < kBlockK / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[f][n][2 * r], s[f][n][2 * r + 1]));
+        const float m_new = fmaxf(m[f][r], quad_max(tile_max) * scale_log2);
+        // A row with no valid key yet (a padded query) keeps m = -inf; taking 0 as the base then keeps exp2 away from
+        // -inf - -inf = NaN, and every p of the row is 0 anyway.
+        const float base = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = ptx::exp2_approx(m[f][r] - base);  // rescales the old sums to the new max (0 while -inf)
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kBlockK / 8; ++n) {
+          s[f][n][2 * r] = ptx::exp2_approx(fmaf(s[f][n][2 * r], scale_log2, -base));
+          s[f][n][2 * r + 1] = ptx::exp2_approx(fmaf(s[f][n][2 * r + 1], scale_log2, -base));
+          sum += s[f][n][2 * r] + s[f][n][2 * r + 1];
+        }
+        l[f][r] = l[f][r] * alpha + sum;
+        m[f][r] = m_new;
+#pragma unroll
+        for (int n = 0; n < HS / 8; ++n) {
+          o[f][n][2 * r] *= alpha;
+          o[f][n][2 * r + 1] *= alpha;
+        }
       }
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-#pragma unroll
-      for (int n = 0; n < HS / 8; ++n) {
-        o[n][2 * r] *= alpha;
-        o[n][2 * r + 1] *= alpha;
-      }
-    }
 
     // O += P V, P rounded to bf16 straight from the score registers.
-    uint32_t p_frag[kBlockK / kFrag][4];
-    accumulator_to_a_fragments<kBlockK>(p_frag, s);
-    warp_product<HS, kBlockK>(o, p_frag, v_stage(tile), kLd, 0);
+    uint32_t p_frag[F][kBlockK / kFrag][4];
+#pragma unroll
+    for (int f = 0; f < F; ++f) accumulator_to_a_fragments<kBlockK>(p_frag[f], s[f]);
+    warp_product<F, HS, kBlockK>(o, p_frag, v_stage(tile), kLd, 0);
   }
 
   // out = O / l and lse = ln(2^m l) = (m + log2 l) ln 2 on valid rows; padded rows get exact zeros and -inf. l is
   // about 1 or more on a valid row: its max term contributed 2^(a rounding error of the max).
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float row_sum = quad_sum(l[r]);
-    if (row[r] >= S) continue;
-    const bool valid = row[r] < len;
-    const float inv = valid ? 1.0f / row_sum : 0.0f;
-    uint32_t* const dst = reinterpret_cast<uint32_t*>(out_g + int64_t{row[r]} * C + 2 * (lane % 4));
+  for (int f = 0; f < F; ++f)
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n)
-      dst[n * 4] = valid ? ptx::pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv) : 0u;
-    if (lane % 4 == 0) lse_g[row[r]] = valid ? (m[r] + log2f(row_sum)) * kLn2 : -INFINITY;
-  }
+    for (int r = 0; r < 2; ++r) {
+      const float row_sum = quad_sum(l[f][r]);
+      if (row[f][r] >= S) continue;
+      const bool valid = row[f][r] < len;
+      const float inv = valid ? 1.0f / row_sum : 0.0f;
+      uint32_t* const dst = reinterpret_cast<uint32_t*>(out_g + int64_t{row[f][r]} * C + 2 * (lane % 4));
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n)
+        dst[n * 4] = valid ? ptx::pack_bf16x2(o[f][n][2 * r] * inv, o[f][n][2 * r + 1] * inv) : 0u;
+      if (lane % 4 == 0) lse_g[row[f][r]] = valid ? (m[f][r] + log2f(row_sum)) * kLn2 : -INFINITY;
+    }
 }
 
 // ---- backward -------------------------------------------------------------------------------------------------------
@@ -510,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
       uint32_t k_frag[HS / kFrag][4];
       load_a_fragments<HS>(k_frag, k_s, kLd, key_row0);
       zero_accumulator(pt);
-      warp_product_transposed<kBlockQ, HS>(pt, k_frag, q_s, kLd, 0);
+      warp_product_transposed<1, kBlockQ, HS>(&pt, &k_frag, q_s, kLd, 0);
     }
 #pragma unroll
     for (int n = 0; n < kBlockQ / 8; ++n)
@@ -533,13 +569,13 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
       uint32_t v_frag[HS / kFrag][4];
       load_a_fragments<HS>(v_frag, v_s, kLd, key_row0);
       zero_accumulator(dpt);
-      warp_product_transposed<kBlockQ, HS>(dpt, v_frag, do_s, kLd, 0);
+      warp_product_transposed<1, kBlockQ, HS>(&dpt, &v_frag, do_s, kLd, 0);
     }
 
     // dV += P^T dO, P^T rounded to bf16 straight from its registers.
     uint32_t a_frag[kBlockQ / kFrag][4];
     accumulator_to_a_fragments<kBlockQ>(a_frag, pt);
-    warp_product<HS, kBlockQ>(dv, a_frag, do_s, kLd, 0);
+    warp_product<1, HS, kBlockQ>(&dv, &a_frag, do_s, kLd, 0);
 
     // dS^T = scale P^T (dP^T - D), 0 wherever P is; rounded to bf16 for dK += dS^T Q and, through shared memory, dQ.
 #pragma unroll
@@ -547,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
 #pragma unroll
       for (int i = 0; i < 4; ++i) dpt[n][i] = scale * pt[n][i] * (dpt[n][i] - d_s[n * 8 + 2 * (lane % 4) + i % 2]);
     accumulator_to_a_fragments<kBlockQ>(a_frag, dpt);
-    warp_product<HS, kBlockQ>(dk, a_frag, q_s, kLd, 0);
+    warp_product<1, HS, kBlockQ>(&dk, &a_frag, q_s, kLd, 0);
     {
       // The lane's A-fragment registers are its D-fragment elements: rows g, g + 8, columns 2q, 2q + 1 of each
       // 8-query tile, 4 bytes each (a row stride of 72 bf16 puts a quad's 8 rows on 8 different bank quadruples).
@@ -573,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
         ptx::ldmatrix_x4_trans(ds_frag[k], fragment_cols_lo_first(ds_s, L::kLdDs, k * kFrag, warp * kFrag));
       float dq[HS / 8][4];
       zero_accumulator(dq);
-      warp_product<HS, kBlockK>(dq, ds_frag, k_s, kLd, 0);
+      warp_product<1, HS, kBlockK>(&dq, &ds_frag, k_s, kLd, 0);
       // Lanes 2p and 2p + 1 of a quad hold columns 4p..4p+3 of rows g and g + 8 between them: the even lane takes
       // row g, the odd one row g + 8, each giving its partner the two values of the other row, so that every atomic
       // adds 4 consecutive floats.
@@ -636,7 +672,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int HS, typename Launch>
 void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
                  int NH, bool causal) {
-  const dim3 grid = cta_grid(B, S, NH, kBlockQ);
+  const dim3 grid = cta_grid(B, S, NH, kForwardBlockQ<HS>);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   launch(flash_attention_forward_kernel<HS>, grid, dim3(kThreads), ForwardSmem<HS>::kBytes, out, lse, qkv, lengths, S,
          C, NH, causal, scale_log2);
