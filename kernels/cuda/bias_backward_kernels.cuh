@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -36,6 +37,12 @@ constexpr int kTargetBlocks = 1024;
 constexpr int kMinRows = 4 * kWarps;
 constexpr int kRowUnroll = 4;  // loads in flight per warp
 
+// How many row blocks, at most: pass 2 walks a column's partials one after another (ptxas keeps 16 loads in flight per
+// thread), pass 1 a row block 32 rows at a time (8 warps x kRowUnroll loads), each round a trip to memory. sqrt(B / 2)
+// row blocks balance the two walks: at gpt2-small's 8192 rows, 64 (4 rounds each). Filling the GPU with row blocks
+// alone made pass 2 walk 256 partials at OC 768, 16 rounds: 13 us on an H200 for 12.6 MB (docs/BENCHMARKS.md).
+inline int64_t balanced_row_blocks(int B) { return std::max<int64_t>(1, std::llround(std::sqrt(B / 2.0))); }
+
 struct Grid {
   int v;             // columns per lane
   int col_blocks;    // tiles of 32 v columns
@@ -51,7 +58,8 @@ inline Grid plan_grid(int B, int OC, int pack, bool packed, int64_t partial_capa
   g.v = packed ? pack : 1;
   const int cols = 32 * g.v;
   g.col_blocks = (OC + cols - 1) / cols;
-  int64_t rows = std::clamp<int64_t>(kTargetBlocks / g.col_blocks, 1, (B + kMinRows - 1) / kMinRows);
+  int64_t rows = std::clamp<int64_t>(kTargetBlocks / g.col_blocks, 1,
+                                     std::min<int64_t>((B + kMinRows - 1) / kMinRows, balanced_row_blocks(B)));
   if (rows > 1) rows = std::min<int64_t>(rows, partial_capacity / OC);
   rows = std::max<int64_t>(rows, 1);
   g.rows_per_block = static_cast<int>((B + rows - 1) / rows);

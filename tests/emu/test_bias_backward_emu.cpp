@@ -106,7 +106,9 @@ TEST(BiasBackwardEmulated, GridDependsOnShapeOnly) {
   using cuda::bias_grad::plan_grid;
   const auto g = plan_grid(8192, 768, 8, true, 1 << 20);
   EXPECT_EQ(g.col_blocks, 3);
-  EXPECT_GT(g.row_blocks, 100);  // the 768-wide layers fill the GPU
+  EXPECT_EQ(g.row_blocks, 64);  // sqrt(B / 2): pass 2 walks 64 partials, pass 1 rows of 128 (4 rounds each)
+  EXPECT_EQ(g.rows_per_block, 128);
+  EXPECT_EQ(plan_grid(8192, 50304, 8, true, 1 << 30).row_blocks, 5);  // the wide head: its column tiles fill the GPU
   EXPECT_LE(int64_t{g.row_blocks} * 768, 1 << 20);
   EXPECT_GE(int64_t{g.row_blocks} * g.rows_per_block, 8192);
   EXPECT_LT(int64_t{g.row_blocks - 1} * g.rows_per_block, 8192);  // no empty row block
