@@ -1,7 +1,9 @@
 // bench_cuda_kernels: every CUDA kernel family at training shapes, timed with CUDA events.
 //
 //   memory-bound kernels  achieved GB/s = bytes a minimal implementation must move / median time, next to the
-//                         device-to-device cudaMemcpy bandwidth (read + write) measured in the same run;
+//                         device-to-device cudaMemcpy bandwidth (read + write) measured in the same run: of 1 GiB
+//                         (the device's), and of the kernel's own bytes (what moving that much can reach: a 10 us
+//                         kernel pays its launch and ramp as a copy of its size does);
 //   attention             TFLOP/s of the unfused kernels (kernels/cuda/attention.h) and of the fused bf16 ones
 //                         (flash_attention.h) beside them on the same causal problem;
 //   GEMMs                 TFLOP/s through our wrapper (kernels/cuda/gemm.h) next to raw cuBLASLt (its first heuristic
@@ -24,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -118,20 +121,27 @@ double median_ms(const Options& opt, cudaStream_t stream, const std::function<vo
 struct Row {
   std::string group, name, shape;
   double ms, bytes, flops;  // bytes for memory-bound rows, flops for GEMMs (0 when not applicable)
+  double same_size_copy_gbs = 0;  // filled by Report::add
 };
 
+// Memory-bound rows are set beside two copies: the device's bandwidth (a 1 GiB copy) and a copy of the row's own bytes
+// (half read, half written), measured on first use per size; sizes past the 1 GiB copy take its bandwidth.
 class Report {
  public:
-  explicit Report(double copy_gbs) : copy_gbs_(copy_gbs) {}
+  using CopyMs = std::function<double(int64_t bytes)>;  // a device-to-device copy of `bytes` bytes, median ms
+  Report(CopyMs copy_ms, int64_t largest_copy)
+      : copy_ms_(std::move(copy_ms)), largest_copy_(largest_copy), copy_gbs_(copy_gbs_moving(2 * largest_copy)) {}
+  double copy_gbs() const { return copy_gbs_; }
   void add(Row r) {
+    if (r.bytes > 0) r.same_size_copy_gbs = copy_gbs_moving(r.bytes);
     print(r);
     rows_.push_back(std::move(r));
   }
   void print(const Row& r) const {
     if (r.bytes > 0) {
       const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
-      std::printf("  %-42s %-26s %9.4f ms %8.1f GB/s %5.0f%% of copy\n", r.name.c_str(), r.shape.c_str(), r.ms, gbs,
-                  100 * gbs / copy_gbs_);
+      std::printf("  %-42s %-26s %9.4f ms %8.1f GB/s %5.0f%% of copy %5.0f%% of its size's\n", r.name.c_str(),
+                  r.shape.c_str(), r.ms, gbs, 100 * gbs / copy_gbs_, 100 * gbs / r.same_size_copy_gbs);
     } else {
       std::printf("  %-42s %-26s %9.4f ms %8.1f TFLOP/s\n", r.name.c_str(), r.shape.c_str(), r.ms,
                   r.flops / (r.ms * 1e-3) / 1e12);
@@ -143,17 +153,29 @@ class Report {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
       return;
     }
-    std::fprintf(f, "group,kernel,shape,ms,bytes,gb_per_s,pct_of_copy,flops,tflop_per_s\n");
+    std::fprintf(f, "group,kernel,shape,ms,bytes,gb_per_s,pct_of_copy,pct_of_same_size_copy,flops,tflop_per_s\n");
     for (const Row& r : rows_) {
       const double gbs = r.bytes > 0 ? r.bytes / (r.ms * 1e-3) / 1e9 : 0;
       const double tf = r.flops > 0 ? r.flops / (r.ms * 1e-3) / 1e12 : 0;
-      std::fprintf(f, "%s,%s,\"%s\",%.6f,%.0f,%.2f,%.1f,%.0f,%.3f\n", r.group.c_str(), r.name.c_str(), r.shape.c_str(),
-                   r.ms, r.bytes, gbs, r.bytes > 0 ? 100 * gbs / copy_gbs_ : 0.0, r.flops, tf);
+      std::fprintf(f, "%s,%s,\"%s\",%.6f,%.0f,%.2f,%.1f,%.1f,%.0f,%.3f\n", r.group.c_str(), r.name.c_str(),
+                   r.shape.c_str(), r.ms, r.bytes, gbs, r.bytes > 0 ? 100 * gbs / copy_gbs_ : 0.0,
+                   r.bytes > 0 ? 100 * gbs / r.same_size_copy_gbs : 0.0, r.flops, tf);
     }
     std::fclose(f);
   }
 
  private:
+  // GB/s (read + write) of a copy moving `moved` bytes in all, rounded to whole 256-byte lines.
+  double copy_gbs_moving(double moved) {
+    const int64_t bytes = std::min<int64_t>(largest_copy_, (static_cast<int64_t>(moved / 2) + 255) / 256 * 256);
+    auto [at, added] = copy_ms_by_size_.try_emplace(bytes, 0.0);
+    if (added) at->second = copy_ms_(bytes);
+    return 2.0 * bytes / (at->second * 1e-3) / 1e9;
+  }
+
+  CopyMs copy_ms_;
+  int64_t largest_copy_;
+  std::map<int64_t, double> copy_ms_by_size_;
   double copy_gbs_;
   std::vector<Row> rows_;
 };
@@ -440,13 +462,14 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
            0, flops});
 }
 
-double copy_bandwidth_gbs(const Options& opt, cudaStream_t s, Arena& a, int64_t bytes) {
-  char* src = a.alloc<char>(bytes);
-  char* dst = a.alloc<char>(bytes);
-  cudaCheck(cudaMemset(src, 1, bytes));
-  const double ms =
-      median_ms(opt, s, [&] { cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
-  return 2.0 * bytes / (ms * 1e-3) / 1e9;  // read + write
+// Device-to-device copies of up to `largest` bytes between two buffers allocated once: the median ms of one of `bytes`.
+Report::CopyMs copy_timer(const Options& opt, cudaStream_t s, Arena& a, int64_t largest) {
+  char* src = a.alloc<char>(largest);
+  char* dst = a.alloc<char>(largest);
+  cudaCheck(cudaMemset(src, 1, largest));
+  return [&opt, s, src, dst](int64_t bytes) {
+    return median_ms(opt, s, [&] { cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+  };
 }
 
 }  // namespace
@@ -479,10 +502,12 @@ int main(int argc, char** argv) {
     cudaStream_t s;
     cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     Arena arena;
-    const double copy = copy_bandwidth_gbs(opt, s, arena, (int64_t{1} << 30) / q);
-    std::printf("cudaMemcpy device-to-device, %lld MiB: %.1f GB/s (read + write): the 100%% below\n",
-                static_cast<long long>(1024 / q), copy);
-    Report rep(copy);
+    const int64_t largest_copy = (int64_t{1} << 30) / q;
+    Report rep(copy_timer(opt, s, arena, largest_copy), largest_copy);
+    std::printf(
+        "cudaMemcpy device-to-device, %lld MiB: %.1f GB/s (read + write): \"of copy\" below; \"of its size's\": a "
+        "copy of the row's own bytes\n",
+        static_cast<long long>(1024 / q), rep.copy_gbs());
     const int N = 8 * 1024 / q, C = 768, V = 50304 / q;
     std::printf("\nrow-wise kernels (GPT-2-small shapes)\n");
     bench_rowwise<float>(opt, s, arena, rep, N, C, V, "fp32");
