@@ -4,7 +4,8 @@
 // is written), the fused row kernel, and the mean loss. The row kernel is a block per row: the vocabulary can be
 // 50k wide, and a block's threads stride over it coalesced, P elements (16 bytes) per access where V and the
 // pointers allow it, else one (rows of an odd V are not 16-byte aligned). Pass 1 keeps a running (max, sum of exp)
-// per thread, an online softmax, so the row is read once for both; pass 2 re-reads it (L2) to write dlogits.
+// per thread, an online softmax, so the row is read once for both; pass 2 re-reads it (L2) to write dlogits. That
+// re-read must find the row in L2, so the grid holds at most half the L2's worth of rows (rows_in_flight).
 // On an H200 the scalar version moved 33-45% of the copy bandwidth: one 2- or 4-byte load per element and a
 // branch per element kept it bound on issue, not on memory.
 #include <algorithm>
@@ -115,9 +116,20 @@ __global__ void __launch_bounds__(kReduceBlock)
 }
 
 // Enough threads that each handles a few dozen accesses at most, few enough that a small row does not leave most
-// of the block idle.
-int row_block_size(int accesses) {
-  return accesses <= 64 ? 32 : accesses <= 2048 ? 128 : accesses <= 16384 ? 256 : 1024;
+// of the block idle; a wide row takes 1024, so that the few blocks rows_in_flight allows keep many loads in flight.
+int row_block_size(int accesses) { return accesses <= 64 ? 32 : accesses <= 2048 ? 128 : 1024; }
+
+// Blocks in the grid, each walking rows blockIdx.x, + gridDim.x, ...: the rows being read at once, whose second pass
+// must still find them in L2. At most half the L2's worth, never fewer than the SMs. With a block per row and 8
+// blocks of 256 threads per SM, an H200 held 1056 rows of 100 KB (bf16, V 50304) in flight against its 50 MB L2 and
+// moved exactly 2/3 of the copy bandwidth: every logit came from memory twice. The grid changes no sum's order.
+int64_t rows_in_flight(int64_t N, int64_t row_bytes) {
+  int device = 0, l2_bytes = 0, sms = 0;
+  cudaCheck(cudaGetDevice(&device));
+  cudaCheck(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t fit = std::max<int64_t>(sms, int64_t{l2_bytes} / 2 / std::max<int64_t>(row_bytes, 1));
+  return std::min({N, fit, int64_t{detail::kMaxGridSize}});
 }
 
 }  // namespace
@@ -134,7 +146,7 @@ void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, in
   cross_entropy_count_valid_kernel<<<1, kReduceBlock, 0, stream>>>(num_valid, targets, N);
   cudaCheck(cudaGetLastError());
   if (N > 0) {
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, detail::kMaxGridSize));
+    const unsigned grid = static_cast<unsigned>(rows_in_flight(N, int64_t{V} * sizeof(T)));
     constexpr int P = 16 / sizeof(T);
     if (V % P == 0 && detail::all_aligned(16, logits, dlogits))
       softmax_cross_entropy_fused_kernel<T, P>
