@@ -117,6 +117,8 @@ step configure build.log 120 'grep -o "CUDA engine ON.*" "$log" | tail -1' \
   cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDDPLAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DDDPLAB_PYTHON="$(command -v python3)" $DDPLAB_CMAKE_ARGS
 [ "$rc" -eq 0 ] || blocked="configure failed"
+# The GPU's idle gaps need CUPTI, which the configure may not have found (bench/gpu/CMakeLists.txt).
+[ "$stage" = 2 ] && grep -qs "ddplab_gpu_trace" "$build/build.ninja" "$build/Makefile" && targets+=" ddplab_gpu_trace"
 # shellcheck disable=SC2086
 step build build.log 420 'echo "$(grep -c "warning:" "$log") warnings; $(grep -c "^\[" "$log") build steps"' \
   cmake --build "$build" -j "$(nproc)" --target $targets
@@ -190,6 +192,19 @@ if [ "$stage" = 2 ]; then
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 40 --warmup-steps 10 \
     --out "$work/train_gpt2_bf16.h5" --force
+  # Where that trainer leaves the GPU idle (1.10x the harness's step with cuDNN's attention; the machine has no nsys):
+  # CUPTI's record of steps 20-24 (libddplab_gpu_trace.so), the largest gaps named by the activities around them.
+  trace_lib=$(realpath -q "$build/bench/gpu/libddplab_gpu_trace.so")
+  if [ -n "$trace_lib" ] && [ -f "$trace_lib" ]; then
+    step "trainer's GPU idle gaps" models.log 60 'grep -m1 "^idle" "$log"' \
+      bash -c '"$@" && python3 bench/device/gpu_gaps.py "'"$work"'/gpu_trace.csv" 15 --steps 5' _ \
+      env DDPLAB_GPU_TRACE="$work/gpu_trace.csv" CUDA_INJECTION64_PATH="$trace_lib" \
+      "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
+      --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 30 --warmup-steps 10 --profile-steps 20:24 \
+      --out "$work/train_trace.h5" --force
+  else
+    skip "trainer's GPU idle gaps" "no libddplab_gpu_trace.so (CUPTI not found at configure)"
+  fi
   # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
   # every launch of one default step ranked by GPU time.
   step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Where the GPU sat idle in an nsys capture: its kernels and copies merged into busy time, the gaps between ranked.
+
+  nsys stats --report cuda_gpu_trace --format csv FILE.nsys-rep > trace.csv
+  bench/device/gpu_gaps.py trace.csv [TOP] [--steps N]
+
+Prints one line "idle X ms of Y ms (Z%), per step ..." and the TOP largest gaps, each with the activity that ended
+before it and the one that started after it: a gap behind a host wait (a stream synchronize, an MPI call) or a slow
+launch shows as the GPU idle between two names. With several streams, busy means any stream busy.
+"""
+import argparse
+import csv
+import sys
+
+
+def die(message):
+    print(f"gpu_gaps: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def activities(path):
+    """(start ns, end ns, name) of every kernel and copy, from nsys's CSV (lines before its header skipped)."""
+    with open(path, newline="") as f:
+        lines = f.read().splitlines()
+    header = next((i for i, line in enumerate(lines) if "Start" in line and "Duration" in line), None)
+    if header is None:
+        die(f"{path}: no CSV header with Start and Duration columns (nsys stats --report cuda_gpu_trace --format csv)")
+    rows = list(csv.DictReader(lines[header:]))
+    columns = rows[0].keys() if rows else []
+    start = next((c for c in columns if c.startswith("Start")), None)
+    duration = next((c for c in columns if c.startswith("Duration")), None)
+    name = next((c for c in columns if c.strip() == "Name"), None)
+    if not rows or not start or not duration or not name:
+        die(f"{path}: no activity rows")
+    return sorted((int(float(r[start])), int(float(r[start])) + int(float(r[duration])), r[name]) for r in rows)
+
+
+def gaps(acts):
+    """(busy ns, span ns, [(gap ns, name before, name after)])."""
+    busy, out = 0, []
+    end, before = acts[0][0], None
+    for start, finish, name in acts:
+        if start > end and before is not None:
+            out.append((start - end, before, name))
+        if finish > end:
+            busy += finish - max(start, end)
+            end, before = finish, name
+    return busy, end - acts[0][0], out
+
+
+def short(name, width=60):
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("top", nargs="?", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=1, help="steps in the capture, for the per-step figures")
+    args = ap.parse_args()
+    if args.top < 0 or args.steps < 1:
+        die("TOP must be >= 0 and --steps >= 1")
+    acts = activities(args.trace)
+    busy, span, found = gaps(acts)
+    idle = span - busy
+    print(f"idle {idle / 1e6:.3f} ms of {span / 1e6:.3f} ms ({100 * idle / max(span, 1):.1f}%), per step "
+          f"{idle / 1e6 / args.steps:.3f} of {span / 1e6 / args.steps:.3f} ms; {len(found)} gaps, "
+          f"{sum(g >= 10_000 for g, _, _ in found)} of 10 us or more")
+    for gap, before, after in sorted(found, reverse=True)[: args.top]:
+        print(f"  {gap / 1e3:9.1f} us  after {short(before)}  before {short(after)}")
+
+
+if __name__ == "__main__":
+    main()
