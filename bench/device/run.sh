@@ -195,7 +195,7 @@ if [ "$stage" = 2 ]; then
   # Where that trainer leaves the GPU idle (1.10x the harness's step with cuDNN's attention; the machine has no nsys):
   # CUPTI's record of steps 20-24 (libddplab_gpu_trace.so), the largest gaps named by the activities around them.
   trace_lib=$(realpath -q "$build/bench/gpu/libddplab_gpu_trace.so")
-  if [ -n "$trace_lib" ] && [ -f "$trace_lib" ]; then
+  if [ -n "$blocked" ] || [ -f "$trace_lib" ]; then  # blocked: step says why
     step "trainer's GPU idle gaps" models.log 60 'grep -m1 "^idle" "$log"' \
       bash -c '"$@" && python3 bench/device/gpu_gaps.py "'"$work"'/gpu_trace.csv" 15 --steps 5' _ \
       env DDPLAB_GPU_TRACE="$work/gpu_trace.csv" CUDA_INJECTION64_PATH="$trace_lib" \

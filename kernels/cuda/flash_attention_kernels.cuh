@@ -282,9 +282,9 @@ __device__ __forceinline__ float quad_sum(float x) {
 // rows, share each key/value tile; each K and V fragment a warp reads feeds its F fragments' products. A lane holds, as
 // the mma fragments lay them out, two rows of each fragment (g = lane / 4 and g + 8 of its 16) and, of each 8-column
 // tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the quad.
-// At hs 64, F = 2 and 2 CTAs per SM (8 warps, ~200 registers each: ptxas is told so that it never spills for a third).
+// At hs 64, F = 2: 241 registers, so 2 CTAs (8 warps) per SM, each warp with two independent chains of products.
 template <int HS>
-__global__ void __launch_bounds__(kThreads, kForwardFrags<HS> == 2 ? 2 : 0)
+__global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
                                    bool causal, float scale_log2) {
   using L = ForwardSmem<HS>;

@@ -1,0 +1,147 @@
+// LayerNorm's kernels (kernels/cuda/layernorm_kernels.cuh), their own source compiled by g++ and run on host threads
+// (cuda_emulation.h), against cpu::layernorm_forward / layernorm_backward with the GPU test's tolerances: the packed
+// (16-byte) and scalar paths, the backward's row subsets (several sets of rows per tile where a row has few column
+// groups, one where it has many), tiles past the block count (blocks walk several), the partials' fixed-order
+// reduction, through the launch sequences layernorm.cu runs. What it cannot tell: speed, and coalescing.
+#include "tests/emu/cuda_emulation.h"
+
+// The kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
+namespace ddplab::cuda {
+namespace {
+namespace layernorm {
+DDPLAB_EMU_SHARED_MEMORY(smem)
+}  // namespace layernorm
+}  // namespace
+}  // namespace ddplab::cuda
+
+#include "kernels/cuda/layernorm_kernels.cuh"
+
+// Then the rest.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/transformer_ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace {
+
+namespace cuda = ddplab::cuda;
+using bf16 = __nv_bfloat16;
+using ddplab::gpu_test::AllClose;
+using ddplab::gpu_test::BitwiseEqual;
+using ddplab::gpu_test::random_vector;
+
+constexpr auto kEmulated = [](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+  ddplab::emu::emulate_launch(grid, block, smem, kernel, args...);
+};
+
+struct Shape {
+  int N, C;
+  int offset;  // elements added to the parameter pointers: 1 misaligns them and forces the scalar path
+};
+
+// Rows of 768 (bf16: 96 groups of 8, two row subsets; fp32: 192 of 4, one), of 200 (fp32 5 subsets, bf16 10), of 96
+// (bf16: more subsets than a tile has rows), odd shapes (scalar), misaligned parameters (scalar), and 4105 rows:
+// 514 tiles over the 512 blocks, so two blocks walk a second tile.
+const std::vector<Shape> kShapes = {{1, 1, 0},   {7, 5, 0},    {33, 768, 0}, {33, 768, 1},
+                                    {70, 200, 0}, {19, 96, 0}, {4105, 8, 0}};
+
+template <typename T>
+std::vector<T> device_values(const std::vector<float>& x) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return ddplab::gpu_test::to_bf16(x);
+  else
+    return x;
+}
+template <typename T>
+std::vector<float> host_values(const std::vector<T>& x) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return ddplab::gpu_test::to_f32(x);
+  else
+    return x;
+}
+
+// The emulated backward's (dinp, dweight, dbias), from the given starting values (it accumulates into all three);
+// the partials start as NaN, so a partial the kernel did not write shows in the result.
+template <typename T>
+std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::vector<float>& dinp0,
+                                                  const std::vector<float>& dw0, const std::vector<float>& db0,
+                                                  const std::vector<T>& dout, const std::vector<T>& inp,
+                                                  const std::vector<float>& weight, const std::vector<float>& mean,
+                                                  const std::vector<float>& rstd) {
+  std::vector<T> dinp = device_values<T>(dinp0);
+  std::vector<float> dw = dw0, db = db0;
+  std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N) * 2 * sh.C,
+                             std::numeric_limits<float>::quiet_NaN());
+  cuda::layernorm_backward_launches(kEmulated, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
+                                    scratch.data(), dout.data(), inp.data(), weight.data() + sh.offset, mean.data(),
+                                    rstd.data(), sh.N, sh.C);
+  return {host_values<T>(dinp), dw, db};
+}
+
+template <typename T>
+void emulated_matches_cpu(const Shape& sh, double rtol, double atol) {
+  const int N = sh.N, C = sh.C;
+  SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " offset=" + std::to_string(sh.offset) +
+               (std::is_same_v<T, bf16> ? " bf16" : " fp32"));
+  // Mean 3 and spread 1: the two-pass variance matters.
+  std::vector<float> inp = random_vector(int64_t{N} * C, 2.0f, 4.0f, 11 + N);
+  std::vector<float> dout = random_vector(int64_t{N} * C, -1, 1, 14 + N);
+  std::vector<float> dinp0 = random_vector(int64_t{N} * C, -1, 1, 15 + N);
+  if constexpr (std::is_same_v<T, bf16>) {
+    inp = ddplab::gpu_test::round_bf16(inp);
+    dout = ddplab::gpu_test::round_bf16(dout);
+    dinp0 = ddplab::gpu_test::round_bf16(dinp0);
+  }
+  const std::vector<float> weight = random_vector(C + 1, 0.5f, 1.5f, 12 + C), bias = random_vector(C + 1, -1, 1, 13 + C);
+  const float* w = weight.data() + sh.offset;
+  const float* b = bias.data() + sh.offset;
+
+  std::vector<float> out(int64_t{N} * C), mean(N), rstd(N);
+  ddplab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w, b, N, C);
+  const std::vector<T> d_inp = device_values<T>(inp), d_dout = device_values<T>(dout);
+  std::vector<T> d_out(int64_t{N} * C);
+  std::vector<float> d_mean(N, std::numeric_limits<float>::quiet_NaN()), d_rstd(N, d_mean[0]);
+  cuda::layernorm_forward_launches(kEmulated, d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), w, b, N, C);
+  EXPECT_TRUE(AllClose(host_values<T>(d_out), out, rtol, atol)) << "out";
+  EXPECT_TRUE(AllClose(d_mean, mean, 1e-5, 1e-6)) << "mean";
+  EXPECT_TRUE(AllClose(d_rstd, rstd, 1e-5, 0)) << "rstd";
+
+  const std::vector<float> dw0 = random_vector(C + 1, -1, 1, 16), db0 = random_vector(C + 1, -1, 1, 17);
+  std::vector<float> dinp = dinp0, dw = dw0, db = db0;
+  ddplab::cpu::layernorm_backward(dinp.data(), dw.data() + sh.offset, db.data() + sh.offset, dout.data(), inp.data(),
+                                  w, mean.data(), rstd.data(), N, C);
+  // The emulated forward's own mean and rstd, as a training step would pass them.
+  const auto got = emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, d_mean, d_rstd);
+  EXPECT_TRUE(AllClose(got[0], dinp, rtol, atol)) << "dinp";
+  EXPECT_TRUE(AllClose(got[1], dw, rtol, atol * N)) << "dweight";
+  EXPECT_TRUE(AllClose(got[2], db, rtol, atol * N)) << "dbias";
+  const auto again = emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, d_mean, d_rstd);
+  EXPECT_TRUE(BitwiseEqual(again[1], got[1]) && BitwiseEqual(again[2], got[2])) << "a second run";
+}
+
+TEST(LayerNormEmulated, Fp32MatchesCpu) {
+  for (const Shape& sh : kShapes) emulated_matches_cpu<float>(sh, 1e-5, 1e-5);
+}
+
+TEST(LayerNormEmulated, Bf16MatchesCpu) {
+  for (const Shape& sh : kShapes) emulated_matches_cpu<bf16>(sh, 8e-3, 8e-3);
+}
+
+// The row subsets of the backward's second phase: as many as the block's threads allow over the row's column groups,
+// at least one.
+TEST(LayerNormEmulated, RowSubsetsFillTheBlock) {
+  using cuda::layernorm::backward_row_subsets;
+  EXPECT_EQ(backward_row_subsets(768, 8), 2);  // bf16 gpt2-small: 96 groups, 192 of 256 threads
+  EXPECT_EQ(backward_row_subsets(768, 4), 1);  // fp32: 192 groups
+  EXPECT_EQ(backward_row_subsets(768, 1), 1);  // scalar: 768 groups, threads walk several
+  EXPECT_EQ(backward_row_subsets(96, 8), 21);
+  EXPECT_EQ(backward_row_subsets(1, 1), 256);
+}
+
+}  // namespace
