@@ -46,7 +46,7 @@ unshare -m bash -euo pipefail -c '
   while IFS= read -r f; do [ -d "$M$f" ] || rm -f "$M$f"; done <"$S/hidden"   # files and links, not folders
   chroot "$M" ldconfig
   echo "simulate: hid $(wc -l <"$S/hidden") paths; running: $cmd"
-  mapfile -t vars <<<"$passed"
+  vars=() && [ -z "$passed" ] || mapfile -t vars <<<"$passed"  # none passed: no empty argument for env
   chroot "$M" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root OUT="$S/out" PYTHONPATH="$S/site" ${vars[@]+"${vars[@]}"} \
     bash -c "cd $S/repo && $cmd"
 ' _ "$S" "$cmd" "$passed"

@@ -51,7 +51,7 @@ static_assert(kBlockQ == kBlockK, "the backward's causal block skipping assumes 
 constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 
 // The forward's query fragments per warp: two at hs <= 64, so that each K or V fragment read by ldmatrix feeds two
-// mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take ~200 registers
+// mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take 241 registers at hs 64
 // (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment.
 template <int HS>
 constexpr int kForwardFrags = HS <= 64 ? 2 : 1;
