@@ -46,10 +46,8 @@ struct Shape {
 };
 
 // Rows of 768 (bf16: 96 groups of 8, two row subsets; fp32: 192 of 4, one), of 200 (fp32 5 subsets, bf16 10), of 96
-// (bf16: more subsets than a tile has rows), odd shapes (scalar), misaligned parameters (scalar), and 4105 rows:
-// 514 tiles over the 512 blocks, so two blocks walk a second tile.
-const std::vector<Shape> kShapes = {{1, 1, 0},   {7, 5, 0},    {33, 768, 0}, {33, 768, 1},
-                                    {70, 200, 0}, {19, 96, 0}, {4105, 8, 0}};
+// (bf16: more subsets than a tile has rows), odd shapes (scalar), misaligned parameters (scalar).
+const std::vector<Shape> kShapes = {{1, 1, 0}, {7, 5, 0}, {33, 768, 0}, {33, 768, 1}, {70, 200, 0}, {19, 96, 0}};
 
 template <typename T>
 std::vector<T> device_values(const std::vector<float>& x) {
@@ -82,6 +80,23 @@ std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::ve
                                     scratch.data(), dout.data(), inp.data(), weight.data() + sh.offset, mean.data(),
                                     rstd.data(), sh.N, sh.C);
   return {host_values<T>(dinp), dw, db};
+}
+
+// The backward from the CPU forward's mean and rstd against the CPU backward.
+template <typename T>
+void emulated_backward_matches_cpu(const Shape& sh, const std::vector<float>& inp, const std::vector<float>& dout,
+                                   const std::vector<float>& dinp0, const std::vector<float>& weight,
+                                   const std::vector<float>& mean, const std::vector<float>& rstd, double rtol,
+                                   double atol) {
+  const std::vector<float> dw0 = random_vector(sh.C + 1, -1, 1, 16), db0 = random_vector(sh.C + 1, -1, 1, 17);
+  std::vector<float> dinp = dinp0, dw = dw0, db = db0;
+  ddplab::cpu::layernorm_backward(dinp.data(), dw.data() + sh.offset, db.data() + sh.offset, dout.data(), inp.data(),
+                                  weight.data() + sh.offset, mean.data(), rstd.data(), sh.N, sh.C);
+  const auto got = emulated_backward<T>(sh, dinp0, dw0, db0, device_values<T>(dout), device_values<T>(inp), weight,
+                                        mean, rstd);
+  EXPECT_TRUE(AllClose(got[0], dinp, rtol, atol)) << "dinp";
+  EXPECT_TRUE(AllClose(got[1], dw, rtol, atol * sh.N)) << "dweight";
+  EXPECT_TRUE(AllClose(got[2], db, rtol, atol * sh.N)) << "dbias";
 }
 
 template <typename T>
@@ -131,6 +146,22 @@ TEST(LayerNormEmulated, Fp32MatchesCpu) {
 
 TEST(LayerNormEmulated, Bf16MatchesCpu) {
   for (const Shape& sh : kShapes) emulated_matches_cpu<bf16>(sh, 8e-3, 8e-3);
+}
+
+// 4105 rows: 514 tiles over the backward's 512 blocks, so two blocks carry their accumulators into a second tile
+// (narrow rows: each emulated block is 256 host threads).
+TEST(LayerNormEmulated, BackwardBlocksWalkSeveralTiles) {
+  const Shape sh{4105, 8, 0};
+  const std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
+  const std::vector<float> dout = random_vector(int64_t{sh.N} * sh.C, -1, 1, 2);
+  const std::vector<float> dinp0 = random_vector(int64_t{sh.N} * sh.C, -1, 1, 3);
+  const std::vector<float> weight = random_vector(sh.C, 0.5f, 1.5f, 4), bias = random_vector(sh.C, -1, 1, 5);
+  std::vector<float> out(inp.size()), mean(sh.N), rstd(sh.N);
+  ddplab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), sh.N,
+                                 sh.C);
+  const int tiles = (sh.N + cuda::layernorm::kWarps - 1) / cuda::layernorm::kWarps;
+  ASSERT_GT(tiles, cuda::layernorm::backward_blocks(sh.N));  // the block count's cap, 512
+  emulated_backward_matches_cpu<float>(sh, inp, dout, dinp0, weight, mean, rstd, 1e-5, 1e-5);
 }
 
 // The row subsets of the backward's second phase: as many as the block's threads allow over the row's column groups,
