@@ -464,4 +464,10 @@ void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Arg
 #endif
 }
 
+// The `launch` that a kernel header's launch sequence takes, launch(kernel, grid, block, smem_bytes, args...),
+// emulated: what the tests hand the launch sequences in place of layernorm.cu's or flash_attention.cu's <<<>>>.
+inline constexpr auto emulated_launch = [](auto kernel, dim3 grid, dim3 block, size_t smem_bytes, auto... args) {
+  emulate_launch(grid, block, smem_bytes, kernel, args...);
+};
+
 }  // namespace ddplab::emu

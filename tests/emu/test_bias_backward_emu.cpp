@@ -37,9 +37,7 @@ using ddplab::gpu_test::AllClose;
 using ddplab::gpu_test::BitwiseEqual;
 using ddplab::gpu_test::random_vector;
 
-constexpr auto kEmulated = [](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-  ddplab::emu::emulate_launch(grid, block, smem, kernel, args...);
-};
+using ddplab::emu::emulated_launch;
 
 struct Case {
   int B, OC;
@@ -62,7 +60,7 @@ std::vector<float> emulated_bias_backward(const Case& c, const std::vector<float
   std::vector<float> dbias = dbias0;
   std::vector<float> partial(static_cast<size_t>(c.capacity) + 1, std::numeric_limits<float>::quiet_NaN());
   // The vector's storage is at least 16-byte aligned (operator new), so offset 0 is a 16-byte boundary.
-  cuda::bias_backward_launches(kEmulated, dbias.data(), partial.data(), c.capacity, d.data() + c.offset, c.B, c.OC);
+  cuda::bias_backward_launches(emulated_launch, dbias.data(), partial.data(), c.capacity, d.data() + c.offset, c.B, c.OC);
   return dbias;
 }
 

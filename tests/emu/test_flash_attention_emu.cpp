@@ -36,10 +36,7 @@ using ddplab::flash_test::FlashCase;
 using ddplab::flash_test::FlashShape;
 using ddplab::gpu_test::kGuard;
 
-// The kernels' launch sequence's `launch`, emulated.
-constexpr auto kEmulated = [](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-  ddplab::emu::emulate_launch(grid, block, smem, kernel, args...);
-};
+using ddplab::emu::emulated_launch;
 
 // A host array of n elements plus a guard tail, all 0xFF bytes (NaN for fp32 and bf16) unless given values: every
 // output element must be written, and nothing past the end.
@@ -77,8 +74,8 @@ void emulated_flash_matches_cpu(const FlashShape& sh, bool causal) {
   Poisoned<float> lse(int64_t{B} * NH * S), workspace(int64_t{B} * S * C + int64_t{B} * NH * S);
   Poisoned<int32_t> lengths(sh.lengths);
   const int32_t* len = sh.lengths.empty() ? nullptr : lengths.get();
-  cuda::flash_forward_launches(kEmulated, out.get(), lse.get(), qkv.get(), len, B, S, C, NH, causal);
-  cuda::flash_backward_launches(kEmulated, dqkv.get(), workspace.get(), dout.get(), qkv.get(), out.get(), lse.get(),
+  cuda::flash_forward_launches(emulated_launch, out.get(), lse.get(), qkv.get(), len, B, S, C, NH, causal);
+  cuda::flash_backward_launches(emulated_launch, dqkv.get(), workspace.get(), dout.get(), qkv.get(), out.get(), lse.get(),
                                 len, B, S, C, NH, causal);
   ddplab::flash_test::expect_flash_matches("flash (emulated)", sh, causal, fc, ddplab::gpu_test::to_f32(out.values()),
                                            lse.values(), ddplab::gpu_test::to_f32(dqkv.values()));

@@ -36,9 +36,7 @@ using ddplab::gpu_test::AllClose;
 using ddplab::gpu_test::BitwiseEqual;
 using ddplab::gpu_test::random_vector;
 
-constexpr auto kEmulated = [](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-  ddplab::emu::emulate_launch(grid, block, smem, kernel, args...);
-};
+using ddplab::emu::emulated_launch;
 
 struct Shape {
   int N, C;
@@ -76,7 +74,7 @@ std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::ve
   std::vector<float> dw = dw0, db = db0;
   std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N) * 2 * sh.C,
                              std::numeric_limits<float>::quiet_NaN());
-  cuda::layernorm_backward_launches(kEmulated, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
+  cuda::layernorm_backward_launches(emulated_launch, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
                                     scratch.data(), dout.data(), inp.data(), weight.data() + sh.offset, mean.data(),
                                     rstd.data(), sh.N, sh.C);
   return {host_values<T>(dinp), dw, db};
@@ -122,7 +120,7 @@ void emulated_matches_cpu(const Shape& sh, double rtol, double atol) {
   const std::vector<T> d_inp = device_values<T>(inp), d_dout = device_values<T>(dout);
   std::vector<T> d_out(int64_t{N} * C);
   std::vector<float> d_mean(N, std::numeric_limits<float>::quiet_NaN()), d_rstd(N, d_mean[0]);
-  cuda::layernorm_forward_launches(kEmulated, d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), w, b, N, C);
+  cuda::layernorm_forward_launches(emulated_launch, d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), w, b, N, C);
   EXPECT_TRUE(AllClose(host_values<T>(d_out), out, rtol, atol)) << "out";
   EXPECT_TRUE(AllClose(d_mean, mean, 1e-5, 1e-6)) << "mean";
   EXPECT_TRUE(AllClose(d_rstd, rstd, 1e-5, 0)) << "rstd";

@@ -49,9 +49,7 @@ uint16_t bf16_bits(float x) {  // x must be exact in bf16 (the tests' values are
 }
 uint32_t pack_bits(float lo, float hi) { return uint32_t{bf16_bits(lo)} | uint32_t{bf16_bits(hi)} << 16; }
 
-constexpr auto kEmulated = [](auto kernel, dim3 grid, dim3 block, size_t smem_bytes, auto... args) {
-  ddplab::emu::emulate_launch(grid, block, smem_bytes, kernel, args...);
-};
+using ddplab::emu::emulated_launch;
 
 // d = a b + c for one warp with every fragment built from the ISA tables: a [16][16], b [16][8] (k x n), c and d
 // [16][8], row-major.
@@ -84,7 +82,7 @@ std::vector<float> test_values(int rows, int cols, int salt) {
 TEST(MmaEmulated, ProductFromIsaTablesMatchesLoop) {
   const std::vector<float> a = test_values(16, 16, 1), b = test_values(16, 8, 4), c = test_values(16, 8, 9);
   std::vector<float> d(16 * 8, -1.0f);
-  kEmulated(mma_from_tables_kernel, dim3(1), dim3(32), size_t{0}, d.data(), a.data(), b.data(), c.data());
+  emulated_launch(mma_from_tables_kernel, dim3(1), dim3(32), size_t{0}, d.data(), a.data(), b.data(), c.data());
   for (int m = 0; m < 16; ++m)
     for (int n = 0; n < 8; ++n) {
       float want = c[m * 8 + n];
@@ -114,7 +112,7 @@ TEST(MmaEmulated, LdmatrixGivesIsaFragments) {
   std::vector<uint16_t> tile(256);
   for (int e = 0; e < 256; ++e) tile[e] = static_cast<uint16_t>(e);  // the bits name the element: (row, col)
   std::vector<uint32_t> regs(32 * 4), regs_trans(32 * 4);
-  kEmulated(ldmatrix_kernel, dim3(1), dim3(32), size_t{16 * kLd * 2}, regs.data(), regs_trans.data(), tile.data());
+  emulated_launch(ldmatrix_kernel, dim3(1), dim3(32), size_t{16 * kLd * 2}, regs.data(), regs_trans.data(), tile.data());
   const auto element = [&](int row, int col) { return uint32_t{tile[row * 16 + col]}; };
   for (int lane = 0; lane < 32; ++lane) {
     // Without .trans: the tile as the A fragment of a row-major 16x16 operand.
@@ -190,7 +188,7 @@ TEST(MmaEmulated, ScoresStayInRegistersForTheNextProduct) {
   std::vector<uint16_t> qb(q.size()), kb(k.size()), vb(v.size());
   for (size_t i = 0; i < q.size(); ++i) qb[i] = bf16_bits(q[i]), kb[i] = bf16_bits(k[i]), vb[i] = bf16_bits(v[i]);
   std::vector<float> o(16 * kChainD, -1.0f);
-  kEmulated(attention_chain_kernel, dim3(1), dim3(32), size_t{3 * 16 * kChainLd * 2}, o.data(), qb.data(), kb.data(),
+  emulated_launch(attention_chain_kernel, dim3(1), dim3(32), size_t{3 * 16 * kChainLd * 2}, o.data(), qb.data(), kb.data(),
             vb.data());
   for (int i = 0; i < 16; ++i)
     for (int d = 0; d < kChainD; ++d) {
@@ -225,7 +223,7 @@ __global__ void cp_async_kernel(float* seen, const float* src) {
 TEST(MmaEmulated, CpAsyncLandsAtItsWait) {
   std::vector<float> src(128), seen(32 * 3);
   for (int i = 0; i < 128; ++i) src[i] = static_cast<float>(i);
-  kEmulated(cp_async_kernel, dim3(1), dim3(32), size_t{256 * 4}, seen.data(), src.data());
+  emulated_launch(cp_async_kernel, dim3(1), dim3(32), size_t{256 * 4}, seen.data(), src.data());
   for (int lane = 0; lane < 32; ++lane) {
     EXPECT_EQ(seen[lane * 3 + 0], 4 * lane + 3);
     EXPECT_TRUE(std::isnan(seen[lane * 3 + 1])) << "a copy landed before its group was waited for";
