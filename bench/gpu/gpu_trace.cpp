@@ -151,8 +151,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
     return 1;
   }
   CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
-  for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                  CUPTI_ACTIVITY_KIND_MEMSET})
+  for (CUpti_ActivityKind kind :
+       {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
     if (r == CUPTI_SUCCESS) r = cuptiActivityEnable(kind);
   CUpti_SubscriberHandle subscriber = nullptr;
   if (r == CUPTI_SUCCESS) r = cuptiSubscribe(&subscriber, on_runtime_call, nullptr);

@@ -60,7 +60,8 @@ std::vector<float> emulated_bias_backward(const Case& c, const std::vector<float
   std::vector<float> dbias = dbias0;
   std::vector<float> partial(static_cast<size_t>(c.capacity) + 1, std::numeric_limits<float>::quiet_NaN());
   // The vector's storage is at least 16-byte aligned (operator new), so offset 0 is a 16-byte boundary.
-  cuda::bias_backward_launches(emulated_launch, dbias.data(), partial.data(), c.capacity, d.data() + c.offset, c.B, c.OC);
+  cuda::bias_backward_launches(emulated_launch, dbias.data(), partial.data(), c.capacity, d.data() + c.offset, c.B,
+                               c.OC);
   return dbias;
 }
 

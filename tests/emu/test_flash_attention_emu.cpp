@@ -75,8 +75,8 @@ void emulated_flash_matches_cpu(const FlashShape& sh, bool causal) {
   Poisoned<int32_t> lengths(sh.lengths);
   const int32_t* len = sh.lengths.empty() ? nullptr : lengths.get();
   cuda::flash_forward_launches(emulated_launch, out.get(), lse.get(), qkv.get(), len, B, S, C, NH, causal);
-  cuda::flash_backward_launches(emulated_launch, dqkv.get(), workspace.get(), dout.get(), qkv.get(), out.get(), lse.get(),
-                                len, B, S, C, NH, causal);
+  cuda::flash_backward_launches(emulated_launch, dqkv.get(), workspace.get(), dout.get(), qkv.get(), out.get(),
+                                lse.get(), len, B, S, C, NH, causal);
   ddplab::flash_test::expect_flash_matches("flash (emulated)", sh, causal, fc, ddplab::gpu_test::to_f32(out.values()),
                                            lse.values(), ddplab::gpu_test::to_f32(dqkv.values()));
 }

@@ -90,8 +90,8 @@ void emulated_backward_matches_cpu(const Shape& sh, const std::vector<float>& in
   std::vector<float> dinp = dinp0, dw = dw0, db = db0;
   ddplab::cpu::layernorm_backward(dinp.data(), dw.data() + sh.offset, db.data() + sh.offset, dout.data(), inp.data(),
                                   weight.data() + sh.offset, mean.data(), rstd.data(), sh.N, sh.C);
-  const auto got = emulated_backward<T>(sh, dinp0, dw0, db0, device_values<T>(dout), device_values<T>(inp), weight,
-                                        mean, rstd);
+  const auto got =
+      emulated_backward<T>(sh, dinp0, dw0, db0, device_values<T>(dout), device_values<T>(inp), weight, mean, rstd);
   EXPECT_TRUE(AllClose(got[0], dinp, rtol, atol)) << "dinp";
   EXPECT_TRUE(AllClose(got[1], dw, rtol, atol * sh.N)) << "dweight";
   EXPECT_TRUE(AllClose(got[2], db, rtol, atol * sh.N)) << "dbias";
@@ -111,7 +111,8 @@ void emulated_matches_cpu(const Shape& sh, double rtol, double atol) {
     dout = ddplab::gpu_test::round_bf16(dout);
     dinp0 = ddplab::gpu_test::round_bf16(dinp0);
   }
-  const std::vector<float> weight = random_vector(C + 1, 0.5f, 1.5f, 12 + C), bias = random_vector(C + 1, -1, 1, 13 + C);
+  const std::vector<float> weight = random_vector(C + 1, 0.5f, 1.5f, 12 + C),
+                           bias = random_vector(C + 1, -1, 1, 13 + C);
   const float* w = weight.data() + sh.offset;
   const float* b = bias.data() + sh.offset;
 
@@ -120,15 +121,16 @@ void emulated_matches_cpu(const Shape& sh, double rtol, double atol) {
   const std::vector<T> d_inp = device_values<T>(inp), d_dout = device_values<T>(dout);
   std::vector<T> d_out(int64_t{N} * C);
   std::vector<float> d_mean(N, std::numeric_limits<float>::quiet_NaN()), d_rstd(N, d_mean[0]);
-  cuda::layernorm_forward_launches(emulated_launch, d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), w, b, N, C);
+  cuda::layernorm_forward_launches(emulated_launch, d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), w, b, N,
+                                   C);
   EXPECT_TRUE(AllClose(host_values<T>(d_out), out, rtol, atol)) << "out";
   EXPECT_TRUE(AllClose(d_mean, mean, 1e-5, 1e-6)) << "mean";
   EXPECT_TRUE(AllClose(d_rstd, rstd, 1e-5, 0)) << "rstd";
 
   const std::vector<float> dw0 = random_vector(C + 1, -1, 1, 16), db0 = random_vector(C + 1, -1, 1, 17);
   std::vector<float> dinp = dinp0, dw = dw0, db = db0;
-  ddplab::cpu::layernorm_backward(dinp.data(), dw.data() + sh.offset, db.data() + sh.offset, dout.data(), inp.data(),
-                                  w, mean.data(), rstd.data(), N, C);
+  ddplab::cpu::layernorm_backward(dinp.data(), dw.data() + sh.offset, db.data() + sh.offset, dout.data(), inp.data(), w,
+                                  mean.data(), rstd.data(), N, C);
   // The emulated forward's own mean and rstd, as a training step would pass them.
   const auto got = emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, d_mean, d_rstd);
   EXPECT_TRUE(AllClose(got[0], dinp, rtol, atol)) << "dinp";

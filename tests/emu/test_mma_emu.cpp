@@ -112,7 +112,8 @@ TEST(MmaEmulated, LdmatrixGivesIsaFragments) {
   std::vector<uint16_t> tile(256);
   for (int e = 0; e < 256; ++e) tile[e] = static_cast<uint16_t>(e);  // the bits name the element: (row, col)
   std::vector<uint32_t> regs(32 * 4), regs_trans(32 * 4);
-  emulated_launch(ldmatrix_kernel, dim3(1), dim3(32), size_t{16 * kLd * 2}, regs.data(), regs_trans.data(), tile.data());
+  emulated_launch(ldmatrix_kernel, dim3(1), dim3(32), size_t{16 * kLd * 2}, regs.data(), regs_trans.data(),
+                  tile.data());
   const auto element = [&](int row, int col) { return uint32_t{tile[row * 16 + col]}; };
   for (int lane = 0; lane < 32; ++lane) {
     // Without .trans: the tile as the A fragment of a row-major 16x16 operand.
@@ -188,8 +189,8 @@ TEST(MmaEmulated, ScoresStayInRegistersForTheNextProduct) {
   std::vector<uint16_t> qb(q.size()), kb(k.size()), vb(v.size());
   for (size_t i = 0; i < q.size(); ++i) qb[i] = bf16_bits(q[i]), kb[i] = bf16_bits(k[i]), vb[i] = bf16_bits(v[i]);
   std::vector<float> o(16 * kChainD, -1.0f);
-  emulated_launch(attention_chain_kernel, dim3(1), dim3(32), size_t{3 * 16 * kChainLd * 2}, o.data(), qb.data(), kb.data(),
-            vb.data());
+  emulated_launch(attention_chain_kernel, dim3(1), dim3(32), size_t{3 * 16 * kChainLd * 2}, o.data(), qb.data(),
+                  kb.data(), vb.data());
   for (int i = 0; i < 16; ++i)
     for (int d = 0; d < kChainD; ++d) {
       double want = 0;
@@ -237,8 +238,8 @@ TEST(MmaEmulated, Exp2ApproxFlushesSubnormals) {
   EXPECT_EQ(ptx::exp2_approx(0.0f), 1.0f);
   EXPECT_EQ(ptx::exp2_approx(3.0f), 8.0f);
   EXPECT_EQ(ptx::exp2_approx(-126.0f), std::ldexp(1.0f, -126));  // the smallest normal float
-  EXPECT_EQ(ptx::exp2_approx(-127.0f), 0.0f);                     // subnormal: flushed
-  EXPECT_EQ(ptx::exp2_approx(std::ldexp(1.0f, -140)), 1.0f);      // a subnormal input counts as 0
+  EXPECT_EQ(ptx::exp2_approx(-127.0f), 0.0f);                    // subnormal: flushed
+  EXPECT_EQ(ptx::exp2_approx(std::ldexp(1.0f, -140)), 1.0f);     // a subnormal input counts as 0
   const float masked = ptx::exp2_approx(-INFINITY);
   EXPECT_EQ(masked, 0.0f);
   EXPECT_FALSE(std::signbit(masked));

@@ -190,9 +190,9 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
     EXPECT_THROW(cuda::flash_attention_backward_workspace_floats(2, 4, 2 * hs, 2), std::invalid_argument) << hs;
   }
   // Bad sizes: negative, no heads, C not a multiple of NH, a batch or S's 64-row blocks beyond a grid dimension.
-  for (auto [B, S, C, NH] : {std::array{-1, 4, 128, 2}, std::array{2, -1, 128, 2}, std::array{2, 4, 128, 0},
-                             std::array{2, 4, 130, 2}, std::array{2, 4, 0, 2}, std::array{70000, 4, 128, 2},
-                             std::array{1, 64 * 65535 + 1, 128, 2}}) {
+  for (auto [B, S, C, NH] :
+       {std::array{-1, 4, 128, 2}, std::array{2, -1, 128, 2}, std::array{2, 4, 128, 0}, std::array{2, 4, 130, 2},
+        std::array{2, 4, 0, 2}, std::array{70000, 4, 128, 2}, std::array{1, 64 * 65535 + 1, 128, 2}}) {
     EXPECT_THROW(forward(x, f, x, B, S, C, NH), std::invalid_argument) << B << " " << S << " " << C << " " << NH;
     EXPECT_THROW(backward(x, f, x, f, B, S, C, NH), std::invalid_argument) << B << " " << S << " " << C << " " << NH;
   }
