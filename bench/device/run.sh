@@ -194,12 +194,13 @@ if [ "$stage" = 2 ]; then
     --out "$work/train_gpt2_bf16.h5" --force
   # Where that trainer leaves the GPU idle (1.10x the harness's step with cuDNN's attention; the machine has no nsys):
   # CUPTI's record of steps 20-24 (libddplab_gpu_trace.so), the largest gaps named by the activities around them.
+  # -x: the rank alone loads the tracer (an mpirun that touched CUDA would write its own, empty, trace over it).
   trace_lib=$(realpath -q "$build/bench/gpu/libddplab_gpu_trace.so")
   if [ -n "$blocked" ] || [ -f "$trace_lib" ]; then  # blocked: step says why
     step "trainer's GPU idle gaps" models.log 60 'grep -m1 "^idle" "$log"' \
       bash -c '"$@" && python3 bench/device/gpu_gaps.py "'"$work"'/gpu_trace.csv" 15 --steps 5' _ \
-      env DDPLAB_GPU_TRACE="$work/gpu_trace.csv" CUDA_INJECTION64_PATH="$trace_lib" \
-      "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
+      "${mpirun[@]}" -np 1 -x DDPLAB_GPU_TRACE="$work/gpu_trace.csv" -x CUDA_INJECTION64_PATH="$trace_lib" \
+      "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
       --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 30 --warmup-steps 10 --profile-steps 20:24 \
       --out "$work/train_trace.h5" --force
   else

@@ -6,6 +6,8 @@
 //   export DDPLAB_GPU_TRACE=trace.csv CUDA_INJECTION64_PATH=$PWD/build/bench/gpu/libddplab_gpu_trace.so
 //   build/launcher/ddplab train --device cuda ... --profile-steps 20:24
 //
+// Under mpirun, hand both to the ranks alone (-x NAME=VALUE): a trace is one process's, written at its exit.
+//
 // When the program calls cudaProfilerStart / cudaProfilerStop (ddplab's --profile-steps, which calls them with the
 // GPU idle), only what ran between the first start and the last stop is written.
 #include <cupti.h>

@@ -93,8 +93,8 @@ struct BackwardSmem {
 // varying slowest. The hardware dispatches CTAs in the order of their linear index (x fastest), and causal CTAs differ
 // in length up to S / rows times: ordered this way, every head's longest CTAs start first and the shortest fill the
 // tail (longest first). With the block varying fastest, each head ran its CTAs from longest to shortest, the last
-// heads' longest CTAs started late and ran on while other SMs idled: 22% of the forward's SM cycles on an H200
-// (docs/BENCHMARKS.md; bench/gpu/flash_schedule_model.py models both orders).
+// heads' longest CTAs started late and ran on while other SMs idled: ncu counted the SMs idle on 22% of the forward's
+// cycles on an H200, most of it this tail by bench/gpu/flash_schedule_model.py, which models both orders.
 inline dim3 cta_grid(int B, int S, int NH, int rows) {
   return dim3(static_cast<unsigned>(NH), static_cast<unsigned>(B), static_cast<unsigned>((S + rows - 1) / rows));
 }

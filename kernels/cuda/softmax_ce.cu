@@ -120,9 +120,10 @@ __global__ void __launch_bounds__(kReduceBlock)
 int row_block_size(int accesses) { return accesses <= 64 ? 32 : accesses <= 2048 ? 128 : 1024; }
 
 // Blocks in the grid, each walking rows blockIdx.x, + gridDim.x, ...: the rows being read at once, whose second pass
-// must still find them in L2. At most half the L2's worth, never fewer than the SMs. With a block per row and 8
-// blocks of 256 threads per SM, an H200 held 1056 rows of 100 KB (bf16, V 50304) in flight against its 50 MB L2 and
-// moved exactly 2/3 of the copy bandwidth: every logit came from memory twice. The grid changes no sum's order.
+// must still find them in L2. At most half the L2's worth, never fewer than the SMs. With a block per row, 8 blocks of
+// 256 threads fit an SM: up to 1056 rows of 100 KB (bf16, V 50304) in flight against an H200's 50 MB L2, and the
+// kernel moved exactly 2/3 of the copy bandwidth, as if every logit came from memory twice. The grid changes no sum's
+// order.
 int64_t rows_in_flight(int64_t N, int64_t row_bytes) {
   int device = 0, l2_bytes = 0, sms = 0;
   cudaCheck(cudaGetDevice(&device));
