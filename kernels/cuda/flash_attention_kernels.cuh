@@ -501,23 +501,33 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     return reinterpret_cast<float*>(smem + L::kStages + (block % 2) * L::kStage + 2 * L::kTile);
   };
   const auto d_stage = [&](int block) { return lse_stage(block) + kBlockQ; };
-  // The query block's tiles by cp.async, its lse (times log2 e: the scores' units below) and D by plain loads, 0 on
-  // padded queries; all in the block's stage, visible after the barrier that follows the wait for its copies.
-  const auto load_query_block = [&](int block) {
+  // A query block's tiles by cp.async into its stage. Its lse (times log2 e: the scores' units below) and D, 0 on
+  // padded queries, by plain loads into registers, a query per thread of the first kBlockQ, and stored into the stage
+  // a trip later: a store right after its load would hold the warp for the load's latency at every query block. All
+  // of it visible after the barrier that follows the wait for the copies.
+  static_assert(kThreads >= kBlockQ, "a thread per query of the block for its lse and D");
+  const auto load_query_tiles = [&](int block) {
     const int i0 = i_first + block * kBlockQ;
     load_tile_async<kBlockQ, HS>(q_stage(block), q_g, ld, i0, len);
     load_tile_async<kBlockQ, HS>(do_stage(block), do_g, C, i0, len);
-    for (int r = threadIdx.x; r < kBlockQ; r += kThreads) {
-      const bool valid = i0 + r < len;
-      lse_stage(block)[r] = valid ? lse_g[i0 + r] * kLog2e : 0.0f;
-      d_stage(block)[r] = valid ? d_g[i0 + r] : 0.0f;
-    }
+  };
+  struct RowStats {
+    float lse, d;
+  };
+  const auto read_row_stats = [&](int block) {
+    const int t = i_first + block * kBlockQ + static_cast<int>(threadIdx.x);
+    const bool valid = threadIdx.x < kBlockQ && t < len;
+    return RowStats{valid ? lse_g[t] * kLog2e : 0.0f, valid ? d_g[t] : 0.0f};
+  };
+  const auto store_row_stats = [&](int block, RowStats stats) {
+    if (threadIdx.x < kBlockQ) lse_stage(block)[threadIdx.x] = stats.lse, d_stage(block)[threadIdx.x] = stats.d;
   };
 
   load_tile_async<kBlockK, HS>(k_s, k_g, ld, j0, len);
   load_tile_async<kBlockK, HS>(v_s, v_g, ld, j0, len);
-  load_query_block(0);
+  load_query_tiles(0);
   ptx::cp_async_commit();
+  store_row_stats(0, read_row_stats(0));
 
   float dk[HS / 8][4], dv[HS / 8][4];
   zero_accumulator(dk);
@@ -531,7 +541,11 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     // This block's copies (every thread's) and its lse, D landed; every warp is done with the previous block's stage
     // and with dS^T's shared tile (read by the previous block's dQ).
     __syncthreads();
-    if (block + 1 < blocks) load_query_block(block + 1);
+    RowStats next_stats{};
+    if (block + 1 < blocks) {
+      load_query_tiles(block + 1);
+      next_stats = read_row_stats(block + 1);  // stored at the trip's end
+    }
     ptx::cp_async_commit();
     const bf16* const q_s = q_stage(block);
     const bf16* const do_s = do_stage(block);
@@ -629,6 +643,8 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
         }
       }
     }
+    // The next block's stage has had no reader since this trip's first barrier.
+    if (block + 1 < blocks) store_row_stats(block + 1, next_stats);
   }
 
   // dK and dV out, rounded to bf16 from the registers; rows of padded keys in the block get exact zeros.
