@@ -28,7 +28,7 @@ KINDS = {  # opcode (before the first dot) -> the column it counts in
     "F2FP": "cvt", "SHFL": "shfl", "BAR": "barrier", "BRA": "branch",
 }
 INTEGER = {"IMAD", "IADD3", "LEA", "SHF", "LOP3", "ISETP", "SEL", "MOV", "VIADD", "IABS", "PRMT", "UIADD3", "UMOV",
-           "ULEA", "UIMAD", "ULDC", "S2R", "S2UR", "R2UR", "CS2R", "P2R", "R2P", "PLOP3", "IMNMX", "LEA.HI"}
+           "ULEA", "UIMAD", "ULDC", "S2R", "S2UR", "R2UR", "CS2R", "P2R", "R2P", "PLOP3", "IMNMX"}
 COLUMNS = ["mma", "ldmatrix", "cp.async", "ld.shared", "st.shared", "mufu", "fp32", "cvt", "shfl", "integer",
            "barrier", "branch", "other"]
 

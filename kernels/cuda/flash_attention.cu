@@ -35,17 +35,6 @@ void require_bf16_tensor_cores(const char* what) {
   checked_device = device;
 }
 
-// One kernel on `stream` (the `launch` of flash_attention_kernels.cuh's launch sequence). More than 48 KB of dynamic
-// shared memory must be asked for, per kernel (and device): cheap enough per launch. A failed launch throws.
-auto launch_on(cudaStream_t stream) {
-  return [stream](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-    if (smem > 0)
-      cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<grid, block, smem, stream>>>(args...);
-    cudaCheck(cudaGetLastError());
-  };
-}
-
 }  // namespace
 
 void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH) {
@@ -75,7 +64,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32
   require_aligned(what, "qkv", qkv);
   if (lse == nullptr) throw std::invalid_argument(std::string(what) + ": lse is null");
   require_bf16_tensor_cores(what);
-  flash_forward_launches(launch_on(stream), out, lse, qkv, lengths, B, S, C, NH, causal);
+  flash_forward_launches(detail::launch_on(stream), out, lse, qkv, lengths, B, S, C, NH, causal);
 }
 
 void flash_attention_backward(bf16* dqkv, float* workspace, const bf16* dout, const bf16* qkv, const bf16* out,
@@ -91,7 +80,8 @@ void flash_attention_backward(bf16* dqkv, float* workspace, const bf16* dout, co
   require_aligned(what, "out", out);
   if (lse == nullptr) throw std::invalid_argument(std::string(what) + ": lse is null");
   require_bf16_tensor_cores(what);
-  flash_backward_launches(launch_on(stream), dqkv, workspace, dout, qkv, out, lse, lengths, B, S, C, NH, causal);
+  flash_backward_launches(detail::launch_on(stream), dqkv, workspace, dout, qkv, out, lse, lengths, B, S, C, NH,
+                          causal);
 }
 
 }  // namespace ddplab::cuda

@@ -374,11 +374,7 @@ template <typename T>
 void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream) {
   check_sizes("bias_backward", B, 0, OC);
   if (B == 0 || OC == 0) return;
-  const auto launch = [stream](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-    kernel<<<grid, block, smem, stream>>>(args...);
-    cudaCheck(cudaGetLastError());
-  };
-  bias_backward_launches(launch, dbias, static_cast<float*>(ctx.workspace()),
+  bias_backward_launches(detail::launch_on(stream), dbias, static_cast<float*>(ctx.workspace()),
                          static_cast<int64_t>(ctx.workspace_bytes() / sizeof(float)), dout, B, OC);
 }
 

@@ -8,6 +8,9 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#ifdef __CUDACC__
+#include "kernels/cuda/check.cuh"  // cudaCheck, for launch_on
+#endif
 
 namespace ddplab::cuda::detail {
 
@@ -72,6 +75,19 @@ void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(
     packed<<<grid_size(n / 4 + 1), kBlockSize, 0, stream>>>(args...);
   else
     scalar<<<grid_size(n), kBlockSize, 0, stream>>>(args...);
+}
+
+// The `launch` of a kernel header's launch sequence (flash_attention_kernels.cuh, layernorm_kernels.cuh,
+// bias_backward_kernels.cuh): one kernel on `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More
+// than 48 KB of dynamic shared memory must be asked for, per kernel and device: cheap enough per launch (and it fails
+// cleanly past the device's limit). A failed launch throws. The CPU emulation hands the same sequences its own.
+inline auto launch_on(cudaStream_t stream) {
+  return [stream](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
+    if (smem > 48 * 1024)
+      cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, block, smem, stream>>>(args...);
+    cudaCheck(cudaGetLastError());
+  };
 }
 #endif
 

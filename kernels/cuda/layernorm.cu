@@ -17,17 +17,6 @@ void check_sizes(const char* what, int N, int C) {
                                 " C=" + std::to_string(C));
 }
 
-// One kernel on `stream`; more than 48 KB of dynamic shared memory must be asked for (fails cleanly past the device's
-// limit). A failed launch throws.
-auto launch_on(cudaStream_t stream) {
-  return [stream](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-    if (smem > 48 * 1024)
-      cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<grid, block, smem, stream>>>(args...);
-    cudaCheck(cudaGetLastError());
-  };
-}
-
 }  // namespace
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -37,7 +26,7 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const flo
                        int C, cudaStream_t stream) {
   check_sizes("layernorm_forward", N, C);
   if (N == 0) return;
-  layernorm_forward_launches(launch_on(stream), out, mean, rstd, inp, weight, bias, N, C);
+  layernorm_forward_launches(detail::launch_on(stream), out, mean, rstd, inp, weight, bias, N, C);
 }
 
 int64_t layernorm_backward_scratch_floats(int N, int C) {
@@ -51,7 +40,8 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
   check_sizes("layernorm_backward", N, C);
   if (N == 0) return;
   if (scratch == nullptr) throw std::invalid_argument("layernorm_backward: scratch is null");
-  layernorm_backward_launches(launch_on(stream), dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C);
+  layernorm_backward_launches(detail::launch_on(stream), dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd,
+                              N, C);
 }
 
 #define DDPLAB_INSTANTIATE(T)                                                                                     \

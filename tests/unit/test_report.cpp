@@ -715,16 +715,21 @@ TEST(Diff, MoreExposedCommIsNamedWithTheSettingThatChanged) {
   EXPECT_TRUE(j["metrics"][0]["beyond_noise"].get<bool>());
 }
 
+// Two ranks, rank 1 loading each batch `ms` longer and rank 0 waiting as long for it in the all-reduce.
+RunRecord with_straggler(double ms) {
+  return synthetic(2, [ms](int r, int s) {
+    Phases p = jittered(r, s);
+    if (r == 1) p.data += ms;
+    if (r == 0) p.exposed += ms;
+    return p;
+  });
+}
+
 // A straggler's extra data loading is the other rank's wait: the diff takes each step's phases on the rank the others
 // waited for, so it names the data loading, not the wait.
 TEST(Diff, AStragglerIsNamedByItsOwnWorkNotByTheOthersWait) {
   const RunRecord a = synthetic(2, jittered);
-  RunRecord b = synthetic(2, [](int r, int s) {
-    Phases p = jittered(r, s);
-    if (r == 1) p.data += 20;
-    if (r == 0) p.exposed += 20;
-    return p;
-  });
+  RunRecord b = with_straggler(20);
   b.config["straggler_ms"] = 20.0;
   const RunDiff d = diff_runs(a, b);
   EXPECT_EQ(d.verdict.rfind("B is 2.7x slower: data +20.0 ms (straggler_ms unset -> 20.0); compute unchanged", 0), 0u)
@@ -736,14 +741,7 @@ TEST(Diff, AStragglerIsNamedByItsOwnWorkNotByTheOthersWait) {
 
 // From ten times as long the ratio is written whole: "167x slower", not "166.8x".
 TEST(Diff, ARatioOfTenOrMoreIsWrittenWhole) {
-  const RunRecord a = synthetic(2, jittered);
-  RunRecord b = synthetic(2, [](int r, int s) {
-    Phases p = jittered(r, s);
-    if (r == 1) p.data += 300;
-    if (r == 0) p.exposed += 300;
-    return p;
-  });
-  const RunDiff d = diff_runs(a, b);
+  const RunDiff d = diff_runs(synthetic(2, jittered), with_straggler(300));
   const double ratio = d.metrics[0].b.median / d.metrics[0].a.median;
   ASSERT_GE(ratio, 10);
   char expected[64];
