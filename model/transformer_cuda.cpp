@@ -11,7 +11,6 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/convert.h"
-#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/layernorm.h"
@@ -248,7 +247,6 @@ void TransformerCuda::forward_layers(float loss_scale) {
   const bool classify = !config_.causal();
   const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
   const int BT = B * S;
-  const int64_t BTC = int64_t{BT} * C;
   if constexpr (std::is_same_v<T, bf16>) {
     // The whole flat buffer (weights and biases for the GEMMs; the embeddings and LayerNorm's parameters, read in
     // fp32, stay unused), after a change of the master weights that did not rewrite the copy too (the initial upload,
@@ -267,14 +265,13 @@ void TransformerCuda::forward_layers(float loss_scale) {
     cuda::layernorm_forward<T>(as<T>(a.ln1), a.ln1_mean, a.ln1_rstd, x, p(kLn1W), p(kLn1B), BT, C, stream_);
     cuda::matmul_forward<T>(gemm_, qkv, as<T>(a.ln1), w(kQkvW), w(kQkvB), BT, C, 3 * C, stream_);
     attention_forward<T>(a);
-    // The projection is written where its residual sum goes, then x is added in place.
-    cuda::matmul_forward<T>(gemm_, res_attn, atty, w(kProjW), w(kProjB), BT, C, C, stream_);
-    cuda::residual_forward<T>(res_attn, x, res_attn, BTC, stream_);
+    // Each branch's last GEMM adds the residual stream in its epilogue.
+    cuda::matmul_residual_forward<T>(gemm_, res_attn, atty, w(kProjW), w(kProjB), x, BT, C, C, stream_);
     cuda::layernorm_forward<T>(as<T>(a.ln2), a.ln2_mean, a.ln2_rstd, res_attn, p(kLn2W), p(kLn2B), BT, C, stream_);
     cuda::matmul_bias_gelu_forward<T>(gemm_, as<T>(a.fch_gelu), as<T>(a.fch), as<T>(a.ln2), w(kFcW), w(kFcB), BT, C, H,
                                       stream_);
-    cuda::matmul_forward<T>(gemm_, res_out, as<T>(a.fch_gelu), w(kFcprojW), w(kFcprojB), BT, H, C, stream_);
-    cuda::residual_forward<T>(res_out, res_attn, res_out, BTC, stream_);
+    cuda::matmul_residual_forward<T>(gemm_, res_out, as<T>(a.fch_gelu), w(kFcprojW), w(kFcprojB), res_attn, BT, H, C,
+                                     stream_);
     x = res_out;
   }
   NvtxRange range("head forward");

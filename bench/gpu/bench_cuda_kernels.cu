@@ -210,6 +210,11 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
            median_ms(opt, s, [&] { cuda::layernorm_backward<T>(dx, dw, db, scratch, dy, x, w, mean, rstd, N, C, s); }),
            4.0 * N * C * t + 8.0 * N + 12.0 * C, 0});
 
+  // The residual sum as a pass of its own, in place (out = out + x): what matmul_residual_forward's epilogue replaces
+  // (see the GEMMs' rows), kept as the GPU ring's reduction.
+  rep.add({"elementwise", std::string("residual_forward<") + tag + ">", sh,
+           median_ms(opt, s, [&] { cuda::residual_forward<T>(y, x, y, int64_t{N} * C, s); }), 3.0 * N * C * t, 0});
+
   // Cross-entropy over the LM head's logits, dlogits written in place; 10% of the targets ignored.
   T* logits = act(int64_t{N} * V);
   std::vector<int32_t> tg(N);
@@ -391,6 +396,15 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
         median_ms(opt, s, [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b, B, C, OC, s); });
     const char* how = ctx.fallback_epilogues() == fallbacks ? ", fused" : ", our epilogue";
     rep.add({"gemm", std::string("matmul_bias_gelu_forward (") + mode + how + ")", sh, bias_gelu_ms, 0, flops});
+    // + bias + a residual read by the epilogue (dout stands in for it: [B, OC], random): against the plain forward,
+    // what adding the residual stream there costs instead of a pass of its own.
+    const int64_t before_residual = ctx.fallback_epilogues();
+    const double residual_ms =
+        median_ms(opt, s, [&] { cuda::matmul_residual_forward<T>(ctx, o, i, ww, b, d, B, C, OC, s); });
+    rep.add({"gemm",
+             std::string("matmul_residual_forward (") + mode +
+                 (ctx.fallback_epilogues() == before_residual ? ", fused" : ", our epilogue") + ")",
+             sh, residual_ms, 0, flops});
     rep.add({"gemm", "matmul_backward_input" + tag, sh,
              median_ms(opt, s, [&] { cuda::matmul_backward_input<T>(ctx, di, d, ww, B, C, OC, s); }), 0, flops});
     rep.add({"gemm", "matmul_backward_weight" + tag, sh,
@@ -522,6 +536,7 @@ int main(int argc, char** argv) {
     bench_fused_attention(opt, s, arena, rep, 8 / std::min(q, 8), 1024 / q, 768, 12);
     std::printf("\nGEMMs: wrapper vs raw cuBLASLt vs cublasGemmEx (TFLOP/s = 2 B C OC / time)\n");
     for (const char* mode : {"fp32", "tf32", "bf16"}) {
+      bench_gemm(opt, s, arena, rep, N, C, C, mode);          // attention projection
       bench_gemm(opt, s, arena, rep, N, C, 3 * C, mode);      // qkv
       bench_gemm(opt, s, arena, rep, N, C, 4 * C, mode);      // fc
       bench_gemm(opt, s, arena, rep, N, 4 * C, C, mode);      // fcproj

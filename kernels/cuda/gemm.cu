@@ -56,7 +56,8 @@ __global__ void bias_gelu_epilogue_kernel(T* out, T* pre_gelu, const T* bias, in
 
 // ---- cuBLASLt problems and plans --------------------------------------------------------------------------------
 
-// One cuBLASLt call in its own column-major terms: D[m,n] = op(A) op(B) + beta D, with an optional epilogue.
+// One cuBLASLt call in its own column-major terms: D[m,n] = op(A) op(B) + beta C, with an optional epilogue. C has
+// D's type and layout, and is D itself unless given (the forward's residual).
 struct LtGemm {
   cublasOperation_t ta, tb;
   int m, n, k;
@@ -71,6 +72,8 @@ struct LtGemm {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;   // D's type, length m: the BIAS epilogue's
   const void* aux = nullptr;    // the GELU input, [m, n] with ld m, D's type (GELU_AUX: written, DGELU: read)
+  const void* C = nullptr;      // beta's matrix where it is not D
+  const void* c() const { return C ? C : D; }
 };
 
 // Largest power of two (at most 256) dividing the address: cuBLASLt's kernels are chosen per pointer alignment, so
@@ -82,7 +85,7 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-using PlanKey = std::array<int64_t, 17>;
+using PlanKey = std::array<int64_t, 18>;
 
 template <typename T>
 void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
@@ -132,7 +135,7 @@ GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComp
   cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = ctx.workspace_bytes();
   cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t align[4] = {alignment_of(g.A), alignment_of(g.B), alignment_of(g.D), alignment_of(g.D)};
+  const uint32_t align[4] = {alignment_of(g.A), alignment_of(g.B), alignment_of(g.c()), alignment_of(g.D)};
   const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -163,7 +166,8 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   const int64_t bias_align = g.bias ? alignment_of(g.bias) : 0, aux_align = g.aux ? alignment_of(g.aux) : 0;
   // clang-format off
   const PlanKey key = {g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab_type, g.d_type, compute, g.epilogue,
-                       alignment_of(g.A), alignment_of(g.B), alignment_of(g.D), bias_align, aux_align};
+                       alignment_of(g.A), alignment_of(g.B), alignment_of(g.c()), alignment_of(g.D), bias_align,
+                       aux_align};
   // clang-format on
   auto& cache = ctx.plans().cache;
   auto it = cache.find(key);
@@ -174,7 +178,7 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const float alpha = 1.0f;
-  cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D, p.d, &p.algo,
+  cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.c(), p.d, g.D, p.d, &p.algo,
                              ctx.workspace(), ctx.workspace_bytes(), stream));
   return true;
 }
@@ -205,17 +209,22 @@ void launch_epilogue(GemmContext& ctx, T* out, T* pre_gelu, const T* bias, int B
   cudaCheck(cudaGetLastError());
 }
 
-// Forward with an optional bias or bias+GELU: fused when cuBLASLt has an algorithm, else plain GEMM + our kernel.
+// Forward with an optional bias or bias+GELU, and an optional residual added before them (cuBLASLt's beta C: the
+// epilogue reads it, no pass of its own): fused when cuBLASLt has an algorithm, else plain GEMM + our kernel.
 template <typename T>
-void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const T* bias, int B, int C, int OC,
-             bool gelu, cudaStream_t stream) {
+void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weight, const T* bias, const T* residual,
+             int B, int C, int OC, bool gelu, cudaStream_t stream) {
   if (B == 0 || OC == 0) return;
-  if (C == 0) {  // an empty sum: out = bias (or 0), through the epilogue
-    cudaCheck(cudaMemsetAsync(out, 0, sizeof(T) * B * OC, stream));
+  if (C == 0) {  // an empty sum: out = residual (or 0), + bias, through the epilogue
+    if (residual == nullptr)
+      cudaCheck(cudaMemsetAsync(out, 0, sizeof(T) * B * OC, stream));
+    else if (residual != out)
+      cudaCheck(cudaMemcpyAsync(out, residual, sizeof(T) * B * OC, cudaMemcpyDeviceToDevice, stream));
     if (bias || gelu) launch_epilogue(ctx, out, pre_gelu, bias, B, OC, gelu, stream);
     return;
   }
   LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, weight, C, inp, C, out, OC, kDataType<T>, kDataType<T>, 0.0f};
+  if (residual) g.beta = 1.0f, g.C = residual;
   // The heuristic's alignment preferences cover A, B, C and D only, not the bias or aux pointers: it may pick a
   // kernel that assumes 16-byte ones, which faults ("misaligned address", sticky) on a bias sliced from a buffer at
   // a 4-byte offset (the models' parameters start on 64-byte boundaries since, parameters.h). Such a bias or aux
@@ -296,7 +305,16 @@ template <typename T>
 void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias, int B, int C, int OC,
                     cudaStream_t stream) {
   check_sizes("matmul_forward", B, C, OC);
-  forward<T>(ctx, out, nullptr, inp, weight, bias, B, C, OC, /*gelu=*/false, stream);
+  forward<T>(ctx, out, nullptr, inp, weight, bias, /*residual=*/nullptr, B, C, OC, /*gelu=*/false, stream);
+}
+
+template <typename T>
+void matmul_residual_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias, const T* residual,
+                             int B, int C, int OC, cudaStream_t stream) {
+  check_sizes("matmul_residual_forward", B, C, OC);
+  if (B > 0 && OC > 0 && residual == nullptr)
+    throw std::invalid_argument("matmul_residual_forward: residual must not be null");
+  forward<T>(ctx, out, nullptr, inp, weight, bias, residual, B, C, OC, /*gelu=*/false, stream);
 }
 
 template <typename T>
@@ -305,7 +323,7 @@ void matmul_bias_gelu_forward(GemmContext& ctx, T* out, T* pre_gelu, const T* in
   check_sizes("matmul_bias_gelu_forward", B, C, OC);
   if (B > 0 && OC > 0 && (bias == nullptr || pre_gelu == nullptr))
     throw std::invalid_argument("matmul_bias_gelu_forward: bias and pre_gelu must not be null");
-  forward<T>(ctx, out, pre_gelu, inp, weight, bias, B, C, OC, /*gelu=*/true, stream);
+  forward<T>(ctx, out, pre_gelu, inp, weight, bias, /*residual=*/nullptr, B, C, OC, /*gelu=*/true, stream);
 }
 
 template <typename T>
@@ -393,6 +411,8 @@ void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, i
 
 #define DDPLAB_INSTANTIATE(T)                                                                                   \
   template void matmul_forward<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int, cudaStream_t); \
+  template void matmul_residual_forward<T>(GemmContext&, T*, const T*, const T*, const T*, const T*, int, int, int, \
+                                           cudaStream_t);                                                      \
   template void matmul_bias_gelu_forward<T>(GemmContext&, T*, T*, const T*, const T*, const T*, int, int, int,  \
                                             cudaStream_t);                                                      \
   template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);    \

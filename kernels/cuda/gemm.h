@@ -78,6 +78,13 @@ template <typename T>
 void matmul_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias, int B, int C, int OC,
                     cudaStream_t stream);
 
+// out[B,OC] = inp @ weight^T + bias + residual[B,OC]: a transformer block's branch ending in its residual sum. The
+// residual is cuBLASLt's C (beta 1), read by the GEMM's epilogue: the sum costs no pass over memory of its own, and
+// (bias fused too) bf16 rounds it once, not twice. bias may be null; residual may not, and may alias out.
+template <typename T>
+void matmul_residual_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias, const T* residual,
+                             int B, int C, int OC, cudaStream_t stream);
+
 // pre_gelu[B,OC] = inp @ weight^T + bias, out = gelu(pre_gelu) (tanh form, as cpu::gelu_forward), one GEMM with a
 // fused epilogue where cuBLASLt has one for the shape and alignment, else the GEMM and our epilogue kernel.
 // pre_gelu is what gelu_backward needs. Both OVERWRITTEN; bias must not be null.

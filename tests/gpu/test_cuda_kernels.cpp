@@ -91,6 +91,7 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::matmul_backward_weight<bf16>(ctx, nullptr, nullptr, nullptr, 4, 4, 4, 2, 2, s));
   EXPECT_NO_THROW(cuda::bias_backward<float>(ctx, nullptr, nullptr, 0, 4, s));
   EXPECT_NO_THROW(cuda::matmul_backward_input_dgelu<bf16>(ctx, nullptr, nullptr, nullptr, nullptr, 0, 4, 4, s));
+  EXPECT_NO_THROW(cuda::matmul_residual_forward<bf16>(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 4, 0, s));
   EXPECT_NO_THROW(cuda::gemm_strided_batched(ctx, false, true, 0, 4, 4, 1.0f, nullptr, 4, 0, nullptr, 4, 0, 0.0f,
                                              nullptr, 4, 0, 3, s));
   EXPECT_NO_THROW(cuda::f32_to_bf16(nullptr, nullptr, 0, s));
@@ -121,6 +122,7 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
   EXPECT_THROW(cuda::matmul_forward<float>(ctx, &f, &f, &f, &f, 4, -1, 4, s), std::invalid_argument);
   EXPECT_THROW(cuda::matmul_bias_gelu_forward<float>(ctx, &f, nullptr, &f, &f, &f, 4, 4, 4, s),
                std::invalid_argument);  // GELU needs somewhere to keep its input
+  EXPECT_THROW(cuda::matmul_residual_forward<float>(ctx, &f, &f, &f, &f, nullptr, 4, 4, 4, s), std::invalid_argument);
   EXPECT_THROW(cuda::matmul_backward_input_dgelu<float>(ctx, &f, &f, &f, nullptr, 4, 4, 4, s),
                std::invalid_argument);  // dGELU needs the GELU's input
   for (auto [begin, end] : {std::pair{-1, 2}, std::pair{3, 2}, std::pair{0, 5}})
@@ -687,6 +689,18 @@ void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, doubl
     EXPECT_TRUE(GemmClose(download(d_out), plain, absdot, tol, out_rtol)) << "forward";
     cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), d_bias->get(), B, C, OC, stream);
     EXPECT_TRUE(GemmClose(download(d_out), biased, absdot, tol, out_rtol, plain)) << "forward + bias";
+    // + bias + residual (the residual as cuBLASLt's C): into its own buffer, then in place over the residual
+    const std::vector<float> residual = maybe_round(random_vector(int64_t{B} * OC, -2, 2, 57 + OC));
+    std::vector<float> with_residual = biased, before_bias = plain;
+    for (size_t i = 0; i < residual.size(); ++i) with_residual[i] += residual[i], before_bias[i] += residual[i];
+    auto d_residual = upload(residual);
+    cuda::matmul_residual_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), d_bias->get(), d_residual->get(),
+                                     B, C, OC, stream);
+    EXPECT_TRUE(GemmClose(download(d_out), with_residual, absdot, tol, out_rtol, before_bias)) << "forward + residual";
+    cuda::matmul_residual_forward<T>(ctx, d_residual->get(), d_inp->get(), d_weight->get(), d_bias->get(),
+                                     d_residual->get(), B, C, OC, stream);
+    EXPECT_TRUE(GemmClose(download(*d_residual), with_residual, absdot, tol, out_rtol, before_bias))
+        << "forward + residual, in place";
     cuda::matmul_bias_gelu_forward<T>(ctx, d_out.get(), d_pre.get(), d_inp->get(), d_weight->get(), d_bias->get(), B, C,
                                       OC, stream);
     EXPECT_TRUE(GemmClose(download(d_pre), biased, absdot, tol, out_rtol, plain)) << "forward + bias + gelu: pre";
