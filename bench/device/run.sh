@@ -203,8 +203,14 @@ if [ "$stage" = 2 ]; then
       "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
       --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 30 --warmup-steps 10 --profile-steps 20:24 \
       --out "$work/train_trace.h5" --force
+    # The same for the harness's last step: its steps run back to back with the host ahead, so its idle is what the
+    # stream itself leaves (memsets, cross-stream waits, a host wait inside a library call), the trainer's floor.
+    step "harness's GPU idle gaps" models.log 30 'grep "^idle" "$log" | tail -1' \
+      bash -c 'env DDPLAB_GPU_TRACE="'"$work"'/harness_trace.csv" CUDA_INJECTION64_PATH="'"$trace_lib"'" "$@" &&
+        python3 bench/device/gpu_gaps.py "'"$work"'/harness_trace.csv" 10 --steps 1' _ \
+      "${bt[@]}" --profile
   else
-    skip "trainer's GPU idle gaps" "no libddplab_gpu_trace.so (CUPTI not found at configure)"
+    skip "GPU idle gaps" "no libddplab_gpu_trace.so (CUPTI not found at configure)"
   fi
   # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
   # every launch of one default step ranked by GPU time.
