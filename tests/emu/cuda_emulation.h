@@ -249,6 +249,13 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = ddplab::emu::
   return ddplab::emu::exchange_in_warp(var, "__shfl_xor_sync")[ddplab::emu::lane_id() ^ lane_mask];
 }
 
+inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
+  ddplab::emu::require_full_mask(mask, "__reduce_add_sync");
+  unsigned sum = 0;
+  for (unsigned v : ddplab::emu::exchange_in_warp(value, "__reduce_add_sync")) sum += v;
+  return sum;
+}
+
 inline float atomicAdd(float* address, float value) {
   return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
 }

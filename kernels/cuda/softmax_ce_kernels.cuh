@@ -1,0 +1,170 @@
+// The fused softmax cross-entropy's kernels and their launch sequence (softmax_ce.h has the contract). Included by
+// exactly one translation unit per program: softmax_ce.cu under nvcc, or the CPU emulation of tests/emu (g++,
+// cuda_emulation.h included first), which runs this very source on host threads. Hence everything here is in an
+// unnamed namespace.
+//
+// Three launches: count the valid rows (the gradient divides by their number, so it must be known before any row
+// is written), the fused row kernel, and the mean loss. The row kernel is a block per row: the vocabulary can be
+// 50k wide, and a block's threads stride over it coalesced, P elements (16 bytes) per access where V and the
+// pointers allow it, else one (rows of an odd V are not 16-byte aligned). Pass 1 keeps a running (max, sum of exp)
+// per thread, an online softmax, so the row is read once for both; pass 2 re-reads it (L2) to write dlogits. That
+// re-read must find the row in L2, so the grid holds at most half the L2's worth of rows (rows_in_flight).
+// On an H200 the scalar version moved 33-45% of the copy bandwidth: one 2- or 4-byte load per element and a
+// branch per element kept it bound on issue, not on memory.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"  // kMaxGridSize
+
+namespace ddplab::cuda {
+namespace {
+namespace softmax_ce {
+
+using detail::to_float;
+
+constexpr int kReduceBlock = 1024;  // one block for the count and the mean: N is at most a few 10^5 rows
+constexpr int kMaxRowBlock = 1024;  // the row kernel's widest block (row_block_size)
+constexpr size_t kScratchBytes = 32 * sizeof(double);  // each kernel's per-warp partials, in dynamic shared memory
+
+__global__ void __launch_bounds__(kReduceBlock)
+    cross_entropy_count_valid_kernel(int* num_valid, const int32_t* targets, int N) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned* warp_counts = reinterpret_cast<unsigned*>(smem);  // [32]
+  unsigned count = 0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) count += targets[n] >= 0;
+  count = __reduce_add_sync(detail::kFullMask, count);
+  if (threadIdx.x % 32 == 0) warp_counts[threadIdx.x / 32] = count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned total = 0;
+    for (int w = 0; w < kReduceBlock / 32; ++w) total += warp_counts[w];
+    *num_valid = static_cast<int>(total);
+  }
+}
+
+// P = 1: one element per access; P = 16 / sizeof(T): one Pack, V % P == 0 and the rows 16-byte aligned.
+template <typename T, int P>
+__global__ void __launch_bounds__(kMaxRowBlock)
+    softmax_cross_entropy_fused_kernel(T* dlogits, float* losses, const T* logits, const int32_t* targets,
+                                       const int* num_valid, int N, int V, float grad_scale) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* scratch = reinterpret_cast<float*>(smem);  // [32]
+  const int count = *num_valid;
+  const float weight = count > 0 ? grad_scale / static_cast<float>(count) : 0.0f;  // of each valid row's gradient
+  const int packs = V / P;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int target = targets[row];  // the same for the whole block: the branches below are block-uniform
+    T* d = dlogits ? dlogits + row * V : nullptr;
+    if (target < 0) {
+      if (threadIdx.x == 0) losses[row] = 0.0f;
+      if (d) {
+        detail::Pack<T, P> zeros;
+#pragma unroll
+        for (int k = 0; k < P; ++k) zeros.v[k] = detail::from_float<T>(0.0f);
+        for (int i = threadIdx.x; i < packs; i += blockDim.x) detail::store_pack<P>(d + int64_t{i} * P, zeros);
+      }
+      continue;
+    }
+    const T* z = logits + row * V;
+    // Read before any thread writes d (which may alias z): the reductions below are barriers.
+    const float z_target = threadIdx.x == 0 ? (target < V ? to_float(z[target]) : NAN) : 0.0f;
+    // One rescale of the running sum per pack, not per element: the pack's max first, then its exps against it.
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+      const detail::Pack<T, P> x = detail::load_pack<P>(z + int64_t{i} * P);
+      float pack_max = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < P; ++k) pack_max = fmaxf(pack_max, to_float(x.v[k]));  // fmaxf drops a NaN: the sum keeps it
+      const float m_new = fmaxf(m, pack_max);
+      if (m_new == -INFINITY) continue;  // all -inf so far: nothing to add (and exp(-inf - -inf) would be NaN)
+      s *= expf(m - m_new);              // m == -inf: s == 0, and 0 * 0
+#pragma unroll
+      for (int k = 0; k < P; ++k) s += expf(to_float(x.v[k]) - m_new);
+      m = m_new;
+    }
+    const float row_max = detail::block_max(m, scratch);
+    const float sum = detail::block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max), scratch);
+    if (threadIdx.x == 0) losses[row] = logf(sum) - (z_target - row_max);  // log-sum-exp: finite when p underflows
+    if (d) {
+      const float inv_sum = 1.0f / sum;
+      for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+        const detail::Pack<T, P> x = detail::load_pack<P>(z + int64_t{i} * P);
+        detail::Pack<T, P> g;
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+          const float p = expf(to_float(x.v[k]) - row_max) * inv_sum;
+          g.v[k] = detail::from_float<T>((p - (i * P + k == target ? 1.0f : 0.0f)) * weight);
+        }
+        detail::store_pack<P>(d + int64_t{i} * P, g);
+      }
+    }
+  }
+}
+
+// Mean over the valid rows, summed in double in a fixed order (the CPU reference accumulates in double too).
+__global__ void __launch_bounds__(kReduceBlock)
+    cross_entropy_mean_loss_kernel(float* mean_loss, const float* losses, const int* num_valid, int N) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  double* warp_sums = reinterpret_cast<double*>(smem);  // [32]
+  double s = 0.0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) s += losses[n];  // ignored rows hold 0
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(detail::kFullMask, s, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kReduceBlock / 32; ++w) total += warp_sums[w];
+    const int count = *num_valid;
+    *mean_loss = count > 0 ? static_cast<float>(total / count) : 0.0f;
+  }
+}
+
+// Enough threads that each handles a few dozen accesses at most, few enough that a small row does not leave most
+// of the block idle; a wide row takes 1024, so that the few blocks rows_in_flight allows keep many loads in flight.
+inline int row_block_size(int accesses) { return accesses <= 64 ? 32 : accesses <= 2048 ? 128 : kMaxRowBlock; }
+
+// Blocks in the grid, each walking rows blockIdx.x, + gridDim.x, ...: the rows being read at once, whose second pass
+// must still find them in L2. At most half the L2's worth, never fewer than the SMs. With a block per row, 8 blocks of
+// 256 threads fit an SM: up to 1056 rows of 100 KB (bf16, V 50304) in flight against an H200's 50 MB L2, and the
+// kernel moved exactly 2/3 of the copy bandwidth, as if every logit came from memory twice. The grid changes no sum's
+// order.
+inline int64_t rows_in_flight(int64_t N, int64_t row_bytes, int64_t l2_bytes, int sms) {
+  const int64_t fit = std::max<int64_t>(sms, l2_bytes / 2 / std::max<int64_t>(row_bytes, 1));
+  return std::min({N, fit, int64_t{detail::kMaxGridSize}});
+}
+
+// The three launches, through `launch(kernel, grid, block, smem_bytes, args...)`: detail::launch_on(stream) in
+// softmax_ce.cu, the emulation's in tests/emu. l2_bytes and sms: the device's (rows_in_flight). Arguments checked by
+// the caller.
+template <typename Launch, typename T>
+void softmax_cross_entropy_launches(Launch launch, T* dlogits, float* losses, float* mean_loss, int* num_valid,
+                                    const T* logits, const int32_t* targets, int N, int V, float grad_scale,
+                                    int64_t l2_bytes, int sms) {
+  // N == 0 still runs the two one-block kernels: they write the defined results (0 rows, mean 0).
+  launch(cross_entropy_count_valid_kernel, dim3(1), dim3(kReduceBlock), kScratchBytes, num_valid, targets, N);
+  if (N > 0) {
+    const dim3 grid(static_cast<unsigned>(rows_in_flight(N, int64_t{V} * sizeof(T), l2_bytes, sms)));
+    constexpr int P = 16 / sizeof(T);
+    if (V % P == 0 && detail::all_aligned(16, logits, dlogits))
+      launch(softmax_cross_entropy_fused_kernel<T, P>, grid, dim3(row_block_size(V / P)), kScratchBytes, dlogits,
+             losses, logits, targets, static_cast<const int*>(num_valid), N, V, grad_scale);
+    else
+      launch(softmax_cross_entropy_fused_kernel<T, 1>, grid, dim3(row_block_size(V)), kScratchBytes, dlogits, losses,
+             logits, targets, static_cast<const int*>(num_valid), N, V, grad_scale);
+  }
+  if (mean_loss != nullptr)
+    launch(cross_entropy_mean_loss_kernel, dim3(1), dim3(kReduceBlock), kScratchBytes, mean_loss,
+           static_cast<const float*>(losses), static_cast<const int*>(num_valid), N);
+}
+
+}  // namespace softmax_ce
+using softmax_ce::softmax_cross_entropy_launches;
+}  // namespace
+}  // namespace ddplab::cuda
