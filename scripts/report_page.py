@@ -46,8 +46,8 @@ def setup_rows(runs):
     def values(key):
         return list(dict.fromkeys(str(r.attrs.get(key, "")) for r in runs if r.attrs.get(key, "") != ""))
 
-    hosts = {}
-    for h in runs[0].hostnames:
+    hosts = {}  # of the run with the most ranks: a suite's first case may run on one of them
+    for h in max(runs, key=lambda r: len(r.hostnames)).hostnames:
         hosts[h] = hosts.get(h, 0) + 1
     gpus = sorted({g for r in runs for g in r.gpus if g})
     rows = [("hosts", ", ".join(f"{h} ({n} rank{'s' if n > 1 else ''})" for h, n in hosts.items())),

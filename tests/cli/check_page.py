@@ -10,6 +10,7 @@ import html
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,8 @@ def main():
         shown = [line for line in blame if html.escape(line, quote=False) in dom]  # as the DOM serializes text
         check(blame and shown == blame, f"the page shows every pathology's blame line ({len(shown)} of {len(blame)})")
         check("straggler.trace.json" in dom and "ui.perfetto.dev" in dom, "the page names the timeline and Perfetto")
+        host = socket.gethostname()
+        check(f"{host} (2 ranks)" in dom, f"the setup names the launch's host and ranks ({host} (2 ranks))")
 
         # `report --html` on two of the suite's files; bad input refused before any work.
         files = [os.path.join(out, f"{c}.h5") for c in ("straggler", "weak_ws2")]
