@@ -203,12 +203,18 @@ if [ "$stage" = 2 ]; then
       "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
       --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 30 --warmup-steps 10 --profile-steps 20:24 \
       --out "$work/train_trace.h5" --force
-    # The same for the harness's last step: its steps run back to back with the host ahead, so its idle is what the
-    # stream itself leaves (memsets, cross-stream waits, a host wait inside a library call), the trainer's floor.
+    # The same for the harness's 20 timed steps: they run back to back with the host ahead (the first after a
+    # synchronize), so their idle is what the stream itself leaves (memsets, a host wait inside a library call), the
+    # trainer's floor.
     step "harness's GPU idle gaps" models.log 30 'grep "^idle" "$log" | tail -1' \
       bash -c 'env DDPLAB_GPU_TRACE="'"$work"'/harness_trace.csv" CUDA_INJECTION64_PATH="'"$trace_lib"'" "$@" &&
-        python3 bench/device/gpu_gaps.py "'"$work"'/harness_trace.csv" 10 --steps 1' _ \
+        python3 bench/device/gpu_gaps.py "'"$work"'/harness_trace.csv" 10 --steps 20' _ \
       "${bt[@]}" --profile
+    # Then whether the trainer's longer step is that idle or slower kernels, and which: each kernel's time per step in
+    # the two traces.
+    step "trainer against harness" models.log 20 'grep "^busy per step" "$log" | tail -1' \
+      python3 bench/device/gpu_gaps.py "$work/gpu_trace.csv" 20 --steps 5 --against "$work/harness_trace.csv" \
+      --against-steps 20
   else
     skip "GPU idle gaps" "no libddplab_gpu_trace.so (CUPTI not found at configure)"
   fi

@@ -12,9 +12,9 @@
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
 //                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv] [--profile]
 // --precision restricts the sweep to one; --attention auto (the default, as ddplab train's) runs cuDNN's attention
-// where it loads, else our fused one (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise; --profile brackets the last step with
-// cudaProfilerStart/Stop, to profile one step with nsys or ncu (bench/device/run.sh 2 ranks the step's kernels that
-// way). Needs a GPU; exits 2 with the reason without one.
+// where it loads, else our fused one (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise; --profile brackets the timed
+// steps with cudaProfilerStart/Stop, to profile them with nsys, ncu or bench/gpu/gpu_trace.cpp (bench/device/run.sh 2
+// ranks one step's kernels that way, and traces 20). Needs a GPU; exits 2 with the reason without one.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

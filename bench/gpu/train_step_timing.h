@@ -46,8 +46,10 @@ T* upload(const std::vector<T>& host, cudaStream_t s) {
 }
 
 // `warmup` + `steps` training steps of `model` on stream `s`, AdamW (PyTorch's defaults) from zero moments;
-// `forward()` runs the model's forward on its batch. Throws if the last loss is not finite. profile: the last step
-// between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` (bench/device/run.sh 2).
+// `forward()` runs the model's forward on its batch. Throws if the last loss is not finite. profile: the timed steps
+// between cudaProfilerStart and cudaProfilerStop, each called with the stream idle (a synchronize first), for
+// `ncu --profile-from-start off` and a trace whose window is the host's time (bench/gpu/gpu_trace.cpp): without the
+// synchronize the host, steps ahead, would open and close the window on earlier steps' kernels.
 template <class Model, class Forward>
 StepTimes time_training_steps(Model& model, Forward forward, int warmup, int steps, cudaStream_t s,
                               bool profile = false) {
@@ -59,8 +61,10 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
   std::vector<cudaEvent_t> ev(4 * total + 1);  // step i: start, forward done, backward done, optimizer done
   for (cudaEvent_t& e : ev) cudaCheck(cudaEventCreate(&e));
   for (int i = 0; i < total; ++i) {
-    const bool profiled = profile && i == total - 1;
-    if (profiled) cudaCheck(cudaProfilerStart());
+    if (profile && i == warmup) {
+      cudaCheck(cudaStreamSynchronize(s));
+      cudaCheck(cudaProfilerStart());
+    }
     cudaCheck(cudaEventRecord(ev[4 * i], s));
     model.zero_grad();
     forward();
@@ -71,10 +75,10 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
     cuda::adamw_update(target.params, target.params_bf16, model.flat_grads(), moments, moments + n, n, adamw.lr,
                        adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, i + 1, s);
     cudaCheck(cudaEventRecord(ev[4 * i + 3], s));
-    if (profiled) cudaCheck(cudaProfilerStop());
   }
-  cudaCheck(cudaEventRecord(ev[4 * total], s));
+  cudaCheck(cudaEventRecord(ev[4 * total], s));  // the last step's end, before any synchronize
   cudaCheck(cudaEventSynchronize(ev[4 * total]));
+  if (profile) cudaCheck(cudaProfilerStop());
   const auto ms = [&](int a, int b) {
     float t = 0;
     cudaCheck(cudaEventElapsedTime(&t, ev[a], ev[b]));
@@ -99,7 +103,7 @@ struct StepFlags {
   int steps, warmup;
   std::string precision;  // "": fp32, tf32 and bf16
   std::string csv;
-  bool profile = false;  // the last step between cudaProfilerStart and cudaProfilerStop
+  bool profile = false;  // the timed steps between cudaProfilerStart and cudaProfilerStop
   std::vector<Precision> precisions() const {
     if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
     return {parse_choice<Precision>(precision, "precision")};
@@ -112,8 +116,8 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app.add_option("--csv", flags.csv, "also write the table to this CSV file");
   app.add_flag("--profile", flags.profile,
-               "only the last step between cudaProfilerStart/Stop (ncu --profile-from-start off, nsys "
-               "--capture-range=cudaProfilerApi)");
+               "only the timed steps between cudaProfilerStart/Stop, the stream idle at both (ncu "
+               "--profile-from-start off, nsys --capture-range=cudaProfilerApi)");
 }
 inline int parse_flags(CLI::App& app, int argc, char** argv) {
   try {

@@ -43,7 +43,27 @@ def main():
                   f"the largest gap first, with its neighbours: {lines[1]}")
             check('3.0 us  after nccl "allreduce"  before [CUDA memcpy' in lines[2],
                   f"the busy span's last activity before the next gap: {lines[2]}")
-        for bad, args in [("no header", ["/dev/null"]), ("a negative top", [path, "-1"])]:
+        # --against: the same trace, over 5 steps, against one of a single step in which "gemm, the first" took 800 ns
+        # longer and a kernel of 300 ns ran that this one lacks; busy differs by the 800 ns less the 300.
+        other = os.path.join(tmp, "other.csv")
+        with open(other, "w") as f:
+            f.write('"Start (ns)","Duration (ns)","Strm","Name"\n')
+            f.write('0,1600,7,"gemm, the first"\n3000,300,7,"only there"\n')
+        run = subprocess.run([sys.executable, script, path, "2", "--steps", "5", "--against", other],
+                             capture_output=True, text=True, timeout=30)
+        lines = run.stdout.splitlines()
+        check(run.returncode == 0 and len(lines) == 7, f"--against: exit 0, two more lines and two rows (got "
+              f"{run.returncode}: {run.stdout!r})")
+        if len(lines) == 7:
+            # Here, per step: busy 3500 / 5 = 700 ns, the gemm 800 / 5 = 160 ns; there: busy 1900, the gemm 1600.
+            check(lines[3].startswith("busy per step 0.001 ms against 0.002 ms in ") and "(-0.001)" in lines[3],
+                  f"busy per step, both: {lines[3]}")
+            check(lines[5].split()[:3] == ["0.2", "1.6", "-1.4"] and lines[5].endswith("gemm, the first"),
+                  f"the largest difference first: {lines[5]}")
+            check(lines[6].split()[:3] == ["0.0", "0.3", "-0.3"] and "0/1" in lines[6] and
+                  lines[6].endswith("only there"), f"a kernel that ran only there: {lines[6]}")
+        for bad, args in [("no header", ["/dev/null"]), ("a negative top", [path, "-1"]),
+                          ("no steps against", [path, "--against", other, "--against-steps", "0"])]:
             run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=30)
             check(run.returncode == 2 and run.stderr.startswith("gpu_gaps: ") and len(run.stderr.splitlines()) == 1,
                   f"{bad}: exit 2 and one line (got {run.returncode}: {run.stderr.strip()})")
