@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/bias_backward_kernels.cuh"
 #include "kernels/cuda/check.cuh"
@@ -85,7 +86,7 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-using PlanKey = std::array<int64_t, 18>;
+using PlanKey = std::array<int64_t, 19>;
 
 template <typename T>
 void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
@@ -141,19 +142,20 @@ GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComp
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])));
-  cublasLtMatmulHeuristicResult_t result{};
+  const int rank = ctx.heuristic_rank();
+  std::vector<cublasLtMatmulHeuristicResult_t> results(rank + 1);
   int found = 0;
   // "No algorithm" is an answer here (NOT_SUPPORTED or 0 results), not an error: the caller may fall back.
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), p.desc, p.a, p.b, p.d, p.d, pref,
+                                                               rank + 1, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   // An epilogue the library does not support for the types may also come back as INVALID_VALUE (an fp32 bias on
   // bf16 D did, H200, cuBLAS 13.1): that too leaves the caller's fallback, which is always correct.
   const bool unsupported = status == CUBLAS_STATUS_NOT_SUPPORTED ||
                            (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
   if (!unsupported) cublasCheck(status);
-  p.ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (p.ok) p.algo = result.algo;
+  p.ok = status == CUBLAS_STATUS_SUCCESS && found > rank;
+  if (p.ok) p.algo = results[rank].algo;
   return p;
 }
 
@@ -167,7 +169,7 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   // clang-format off
   const PlanKey key = {g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab_type, g.d_type, compute, g.epilogue,
                        alignment_of(g.A), alignment_of(g.B), alignment_of(g.c()), alignment_of(g.D), bias_align,
-                       aux_align};
+                       aux_align, ctx.heuristic_rank()};
   // clang-format on
   auto& cache = ctx.plans().cache;
   auto it = cache.find(key);

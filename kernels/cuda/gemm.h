@@ -54,6 +54,11 @@ class GemmContext {
   // gradient): those cuBLASLt fused into the GEMM, and those that ran our kernel after it (unaligned bias/aux, a GELU
   // width not a multiple of 8, or no algorithm). The benchmark and the tests print which ran: a fallback costs a pass
   // over the GEMM's output (or input, for a bias gradient).
+  // Which of cuBLASLt's heuristic answers new plans take: 0, its first (the default), or k, its (k+1)-th where it gives
+  // that many (else the plan has no algorithm: an epilogue falls back, a plain GEMM throws). For the benchmark, which
+  // times the other candidates against the heuristic's pick; the choice is part of a plan's key.
+  void set_heuristic_rank(int rank) { heuristic_rank_ = rank; }
+  int heuristic_rank() const { return heuristic_rank_; }
   int64_t fused_epilogues() const { return fused_epilogues_; }
   int64_t fallback_epilogues() const { return fallback_epilogues_; }
   void count_epilogue(bool fused) { ++(fused ? fused_epilogues_ : fallback_epilogues_); }
@@ -70,6 +75,7 @@ class GemmContext {
   void* workspace_ = nullptr;
   std::unique_ptr<Plans> plans_;
   int64_t fused_epilogues_ = 0, fallback_epilogues_ = 0;
+  int heuristic_rank_ = 0;
 };
 
 // out[B,OC] = inp[B,C] @ weight[OC,C]^T (+ bias[OC] broadcast over rows; bias may be null). OVERWRITES out. The bias

@@ -845,6 +845,32 @@ TEST_F(CudaKernels, GemmUnalignedOperandsAndPlanReuse) {
   EXPECT_LE(ctx.cached_plans(), 4);
 }
 
+// The heuristic's other candidates (the benchmark's "best of N"): each a plan of its own, each computing the same
+// product; past the last one the heuristic gives, the plain GEMM has no algorithm and says so.
+TEST_F(CudaKernels, GemmHeuristicCandidates) {
+  const int B = 64, C = 96, OC = 40;
+  cuda::GemmContext ctx;
+  const std::vector<float> inp = random_vector(int64_t{B} * C, -1, 1, 64), weight = random_vector(int64_t{OC} * C, -1, 1, 65);
+  std::vector<float> want(int64_t{B} * OC), absdot(int64_t{B} * OC);
+  cpu::matmul_forward(want.data(), inp.data(), weight.data(), B, C, OC);
+  cpu::matmul_forward(absdot.data(), abs_of(inp).data(), abs_of(weight).data(), B, C, OC);
+  DeviceArray d_inp(inp, stream_), d_weight(weight, stream_), d_out(int64_t{B} * OC, stream_);
+  int candidates = 0;
+  for (int k = 0; k < 64; ++k, ++candidates) {
+    ctx.set_heuristic_rank(k);
+    try {
+      cuda::matmul_forward<float>(ctx, d_out.get(), d_inp.get(), d_weight.get(), nullptr, B, C, OC, stream_);
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no algorithm"), std::string::npos) << e.what();
+      break;
+    }
+    EXPECT_TRUE(GemmClose(d_out.download(), want, absdot, 1e-5, 0)) << "candidate " << k;
+  }
+  EXPECT_GE(candidates, 1);
+  EXPECT_EQ(ctx.cached_plans(), std::min(candidates + 1, 64));  // one per candidate, and the one that had none
+  std::cout << candidates << " candidates for an fp32 GEMM of " << B << " x " << C << " -> " << OC << "\n";
+}
+
 // fp32 -> bf16 against comm/wire.h's conversion, bit for bit: every special class, ties in both directions,
 // subnormals, and random values over the whole exponent range; then every one of the 2^16 bf16 words back to
 // fp32 (exact). Each at an aligned (vector path) and an unaligned (scalar path) address, and at sizes with tails.
