@@ -34,6 +34,8 @@ namespace cuda = ddplab::cuda;
 using bf16 = __nv_bfloat16;
 using ddplab::gpu_test::AllClose;
 using ddplab::gpu_test::BitwiseEqual;
+using ddplab::gpu_test::device_values;
+using ddplab::gpu_test::host_values;
 using ddplab::gpu_test::random_vector;
 
 using ddplab::emu::emulated_launch;
@@ -46,21 +48,6 @@ struct Shape {
 // Rows of 768 (bf16: 96 groups of 8, two row subsets; fp32: 192 of 4, one), of 200 (fp32 5 subsets, bf16 10), of 96
 // (bf16: more subsets than a tile has rows), odd shapes (scalar), misaligned parameters (scalar).
 const std::vector<Shape> kShapes = {{1, 1, 0}, {7, 5, 0}, {33, 768, 0}, {33, 768, 1}, {70, 200, 0}, {19, 96, 0}};
-
-template <typename T>
-std::vector<T> device_values(const std::vector<float>& x) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return ddplab::gpu_test::to_bf16(x);
-  else
-    return x;
-}
-template <typename T>
-std::vector<float> host_values(const std::vector<T>& x) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return ddplab::gpu_test::to_f32(x);
-  else
-    return x;
-}
 
 // The emulated backward's (dinp, dweight, dbias), from the given starting values (it accumulates into all three);
 // the partials start as NaN, so a partial the kernel did not write shows in the result.

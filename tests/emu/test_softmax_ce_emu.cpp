@@ -37,6 +37,8 @@ namespace cpu = ddplab::cpu;
 using bf16 = __nv_bfloat16;
 using ddplab::emu::emulated_launch;
 using ddplab::gpu_test::AllClose;
+using ddplab::gpu_test::device_values;
+using ddplab::gpu_test::host_values;
 using ddplab::gpu_test::random_vector;
 
 // An H200's facts (the grid holds every row of these small batches), and a device of 2 SMs and no L2 (the grid holds
@@ -52,21 +54,6 @@ struct Case {
   double ignored;  // fraction of rows with target -1
   Device device;
 };
-
-template <typename T>
-std::vector<T> device_values(const std::vector<float>& x) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return ddplab::gpu_test::to_bf16(x);
-  else
-    return x;
-}
-template <typename T>
-std::vector<float> host_values(const std::vector<T>& x) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return ddplab::gpu_test::to_f32(x);
-  else
-    return x;
-}
 
 // fp32: expf against the CPU's exp and another summation order, 1e-5 relative (losses, mean) and 1e-6 absolute on
 // dlogits, which are O(1/num_valid); bf16: logits pre-rounded, dlogits rounded to bf16 (8e-3 relative).

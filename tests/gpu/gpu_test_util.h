@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/wire.h"
@@ -80,6 +81,21 @@ inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& x) {
 }
 // x rounded to bf16 and back: the values a bf16 kernel actually sees.
 inline std::vector<float> round_bf16(const std::vector<float>& x) { return to_f32(to_bf16(x)); }
+// x as a kernel of element type T (float or bf16) holds it, and back to floats.
+template <typename T>
+std::vector<T> device_values(const std::vector<float>& x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return to_bf16(x);
+  else
+    return x;
+}
+template <typename T>
+std::vector<float> host_values(const std::vector<T>& x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return to_f32(x);
+  else
+    return x;
+}
 
 // A device array of n elements of T plus the guard tail, all of it poison unless uploaded.
 template <typename T>
