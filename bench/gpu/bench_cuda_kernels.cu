@@ -463,8 +463,10 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
                  sh, best_ms, 0, flops});
     };
     best_candidate("matmul_forward", [&] { cuda::matmul_forward<T>(ctx, o, i, ww, b, B, C, OC, s); });
-    best_candidate("matmul_residual_forward", [&] { cuda::matmul_residual_forward<T>(ctx, o, i, ww, b, d, B, C, OC, s); });
-    best_candidate("matmul_bias_gelu_forward", [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b, B, C, OC, s); });
+    best_candidate("matmul_residual_forward",
+                   [&] { cuda::matmul_residual_forward<T>(ctx, o, i, ww, b, d, B, C, OC, s); });
+    best_candidate("matmul_bias_gelu_forward",
+                   [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b, B, C, OC, s); });
     best_candidate("matmul_backward_input", [&] { cuda::matmul_backward_input<T>(ctx, di, d, ww, B, C, OC, s); });
     best_candidate("matmul_backward_input_dgelu",
                    [&] { cuda::matmul_backward_input_dgelu<T>(ctx, di, d, ww, i, B, C, OC, s); });

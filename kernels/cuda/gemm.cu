@@ -180,8 +180,8 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const float alpha = 1.0f;
-  cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.c(), p.d, g.D, p.d, &p.algo,
-                             ctx.workspace(), ctx.workspace_bytes(), stream));
+  cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.c(), p.d, g.D, p.d,
+                             &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream));
   return true;
 }
 
@@ -411,17 +411,17 @@ void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, i
                                          batch, compute, CUBLAS_GEMM_DEFAULT));
 }
 
-#define DDPLAB_INSTANTIATE(T)                                                                                   \
-  template void matmul_forward<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int, cudaStream_t); \
+#define DDPLAB_INSTANTIATE(T)                                                                                       \
+  template void matmul_forward<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int, cudaStream_t);     \
   template void matmul_residual_forward<T>(GemmContext&, T*, const T*, const T*, const T*, const T*, int, int, int, \
-                                           cudaStream_t);                                                      \
-  template void matmul_bias_gelu_forward<T>(GemmContext&, T*, T*, const T*, const T*, const T*, int, int, int,  \
-                                            cudaStream_t);                                                      \
-  template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);    \
-  template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,    \
-                                          cudaStream_t);                                                        \
-  template void matmul_backward_input_dgelu<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int,   \
-                                               cudaStream_t);                                                   \
+                                           cudaStream_t);                                                           \
+  template void matmul_bias_gelu_forward<T>(GemmContext&, T*, T*, const T*, const T*, const T*, int, int, int,      \
+                                            cudaStream_t);                                                          \
+  template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);        \
+  template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,        \
+                                          cudaStream_t);                                                            \
+  template void matmul_backward_input_dgelu<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int,       \
+                                               cudaStream_t);                                                       \
   template void bias_backward<T>(GemmContext&, float*, const T*, int, int, cudaStream_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)

@@ -850,7 +850,8 @@ TEST_F(CudaKernels, GemmUnalignedOperandsAndPlanReuse) {
 TEST_F(CudaKernels, GemmHeuristicCandidates) {
   const int B = 64, C = 96, OC = 40;
   cuda::GemmContext ctx;
-  const std::vector<float> inp = random_vector(int64_t{B} * C, -1, 1, 64), weight = random_vector(int64_t{OC} * C, -1, 1, 65);
+  const std::vector<float> inp = random_vector(int64_t{B} * C, -1, 1, 64),
+                           weight = random_vector(int64_t{OC} * C, -1, 1, 65);
   std::vector<float> want(int64_t{B} * OC), absdot(int64_t{B} * OC);
   cpu::matmul_forward(want.data(), inp.data(), weight.data(), B, C, OC);
   cpu::matmul_forward(absdot.data(), abs_of(inp).data(), abs_of(weight).data(), B, C, OC);
