@@ -317,6 +317,12 @@ void bench_fused_attention(const Options& opt, cudaStream_t s, Arena& a, Report&
   const auto fused_forward = [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, B, S, C, NH, true, s); };
   rep.add(
       {"attention", "flash_attention_forward (bf16, causal)", sh, median_ms(opt, s, fused_forward), 0, forward_flops});
+  // The forward's other shape where the head size allows two: one query fragment per warp, 64-query CTAs.
+  if (C / NH <= 64)
+    rep.add({"attention", "flash_attention_forward (bf16, causal, 1 query fragment per warp)", sh,
+             median_ms(opt, s,
+                       [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, B, S, C, NH, true, s, 1); }),
+             0, forward_flops});
   rep.add(
       {"attention", "flash_attention_backward (bf16, causal)", sh,
        median_ms(opt, s,

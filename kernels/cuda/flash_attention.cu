@@ -56,15 +56,19 @@ int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH) {
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
-                             int NH, bool causal, cudaStream_t stream) {
+                             int NH, bool causal, cudaStream_t stream, int query_fragments) {
   const char* what = "flash_attention_forward";
   flash_attention_check_sizes(what, B, S, C, NH);
+  if (query_fragments < 0 || query_fragments > (C / NH <= 64 ? 2 : 1))
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(query_fragments) +
+                                " query fragments per warp at head size " + std::to_string(C / NH) +
+                                " (0 for the default; 1 or 2 at <= 64, 1 at 128)");
   if (int64_t{B} * S == 0) return;
   require_aligned(what, "out", out);
   require_aligned(what, "qkv", qkv);
   if (lse == nullptr) throw std::invalid_argument(std::string(what) + ": lse is null");
   require_bf16_tensor_cores(what);
-  flash_forward_launches(detail::launch_on(stream), out, lse, qkv, lengths, B, S, C, NH, causal);
+  flash_forward_launches(detail::launch_on(stream), out, lse, qkv, lengths, B, S, C, NH, causal, query_fragments);
 }
 
 void flash_attention_backward(bf16* dqkv, float* workspace, const bf16* dout, const bf16* qkv, const bf16* out,

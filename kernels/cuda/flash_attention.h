@@ -41,9 +41,10 @@ void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH);
 int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH);
 
 // out [B, S, C] and lse [B, NH, S] OVERWRITTEN. lengths: int32 [B] in device memory, each clamped to [0, S]; null:
-// every sequence is S. qkv and out 16-byte aligned.
+// every sequence is S. qkv and out 16-byte aligned. query_fragments: 16-row query fragments per warp, 0 for the
+// kernel's choice (two at head size <= 64, one at 128), or 1 or 2 (2 only at <= 64), for the benchmark to compare.
 void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int32_t* lengths, int B,
-                             int S, int C, int NH, bool causal, cudaStream_t stream);
+                             int S, int C, int NH, bool causal, cudaStream_t stream, int query_fragments = 0);
 
 // dqkv [B, S, 3C] OVERWRITTEN (0 on padded rows), from dout [B, S, C] and the forward's qkv, out and lse (same
 // lengths, causal). workspace: flash_attention_backward_workspace_floats(B, S, C, NH) floats, overwritten. dqkv, dout,

@@ -50,24 +50,25 @@ static_assert(kBlockQ == kBlockK, "the backward's causal block skipping assumes 
 
 constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 
-// The forward's query fragments per warp: two at hs <= 64, so that each K or V fragment read by ldmatrix feeds two
-// mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take 241 registers at hs 64
-// (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment.
+// The forward's query fragments per warp, by default: two at hs <= 64, so that each K or V fragment read by ldmatrix
+// feeds two mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take 241 registers
+// at hs 64 (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment. One at hs <= 64 is the launchers'
+// other choice (flash_forward_launches), for the benchmark to set the two side by side.
 template <int HS>
 constexpr int kForwardFrags = HS <= 64 ? 2 : 1;
-template <int HS>
-constexpr int kForwardBlockQ = kWarps * kForwardFrags<HS> * kFrag;  // queries per forward CTA: 128, or 64 at hs 128
+template <int F>
+constexpr int kForwardBlockQ = kWarps * F * kFrag;  // queries per forward CTA: 128 at two fragments, 64 at one
 
 // Shared memory of the forward CTA, byte offsets: the query block [kForwardBlockQ][HS], then two stages of the key
 // and value tiles [64][HS] (the next tile's copies land in one while the warps compute on the other), bf16 with rows
 // padded by 16 bytes, so that the 8 rows one ldmatrix reads fall in 8 different 16-byte bank groups.
-template <int HS>
+template <int HS, int F>
 struct ForwardSmem {
   static constexpr int kLd = HS + kPadBf16;
   static constexpr size_t kTile = sizeof(bf16) * kBlockK * kLd;
   static constexpr size_t kQ = 0;
   // stage s: K at kStages + 2 s kTile, V after it
-  static constexpr size_t kStages = kQ + align128(sizeof(bf16) * kForwardBlockQ<HS> * kLd);
+  static constexpr size_t kStages = kQ + align128(sizeof(bf16) * kForwardBlockQ<F> * kLd);
   static constexpr size_t kBytes = kStages + 4 * kTile;
   static_assert(kTile % 128 == 0, "every tile starts on a 128-byte boundary");
 };
@@ -278,17 +279,17 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // ---- forward --------------------------------------------------------------------------------------------------------
 
-// A CTA per (query block, head h, sequence b): 4 warps, each owning F = kForwardFrags<HS> fragments of 16 query
-// rows, share each key/value tile; each K and V fragment a warp reads feeds its F fragments' products. A lane holds, as
+// A CTA per (query block, head h, sequence b): 4 warps, each owning F fragments of 16 query rows (kForwardFrags<HS> by
+// default), share each key/value tile; each K and V fragment a warp reads feeds its F fragments' products. A lane holds, as
 // the mma fragments lay them out, two rows of each fragment (g = lane / 4 and g + 8 of its 16) and, of each 8-column
 // tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the quad.
 // At hs 64, F = 2: 241 registers, so 2 CTAs (8 warps) per SM, each warp with two independent chains of products.
-template <int HS>
+template <int HS, int F>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
                                    bool causal, float scale_log2) {
-  using L = ForwardSmem<HS>;
-  constexpr int kLd = L::kLd, F = kForwardFrags<HS>, kRows = F * kFrag, kBlock = kForwardBlockQ<HS>;
+  using L = ForwardSmem<HS, F>;
+  constexpr int kLd = L::kLd, kRows = F * kFrag, kBlock = kForwardBlockQ<F>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* const q_s = reinterpret_cast<bf16*>(smem + L::kQ);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -685,13 +686,23 @@ __global__ void __launch_bounds__(kThreads)
 // `launch` runs the kernel's threads on the host), so that the emulation tests the launch arithmetic too.
 // launch(kernel, grid, block, dynamic_smem_bytes, args...). The caller has checked sizes and pointers; B * S > 0.
 
-template <int HS, typename Launch>
+template <int HS, int F, typename Launch>
 void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
                  int NH, bool causal) {
-  const dim3 grid = cta_grid(B, S, NH, kForwardBlockQ<HS>);
+  const dim3 grid = cta_grid(B, S, NH, kForwardBlockQ<F>);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
-  launch(flash_attention_forward_kernel<HS>, grid, dim3(kThreads), ForwardSmem<HS>::kBytes, out, lse, qkv, lengths, S,
-         C, NH, causal, scale_log2);
+  launch(flash_attention_forward_kernel<HS, F>, grid, dim3(kThreads), ForwardSmem<HS, F>::kBytes, out, lse, qkv,
+         lengths, S, C, NH, causal, scale_log2);
+}
+
+// The forward with `fragments` query fragments per warp (0: kForwardFrags<HS>); two only at hs <= 64.
+template <int HS, typename Launch>
+void run_forward_fragments(Launch&& launch, int fragments, bf16* out, float* lse, const bf16* qkv,
+                           const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
+  if (fragments == 0) fragments = kForwardFrags<HS>;
+  if constexpr (HS <= 64)
+    if (fragments == 2) return run_forward<HS, 2>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+  return run_forward<HS, 1>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
 }
 
 template <int HS, typename Launch>
@@ -703,16 +714,18 @@ void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, const bf16* dout, 
          lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
 }
 
+// fragments: the query fragments per warp, 0 for kForwardFrags<HS>; 1 or 2 at hs <= 64, 1 at hs 128 (checked by the
+// caller: flash_attention_forward).
 template <typename Launch>
 void flash_forward_launches(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B,
-                            int S, int C, int NH, bool causal) {
+                            int S, int C, int NH, bool causal, int fragments = 0) {
   switch (C / NH) {
     case 32:
-      return run_forward<32>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+      return run_forward_fragments<32>(launch, fragments, out, lse, qkv, lengths, B, S, C, NH, causal);
     case 64:
-      return run_forward<64>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+      return run_forward_fragments<64>(launch, fragments, out, lse, qkv, lengths, B, S, C, NH, causal);
     case 128:
-      return run_forward<128>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+      return run_forward_fragments<128>(launch, fragments, out, lse, qkv, lengths, B, S, C, NH, causal);
   }
   throw std::logic_error("flash_attention_forward: head size passed the check without a kernel");
 }

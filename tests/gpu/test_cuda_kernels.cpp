@@ -175,6 +175,14 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
     EXPECT_NO_THROW(forward(nullptr, nullptr, nullptr, 0, 4, 2 * hs, 2)) << hs;
     EXPECT_NO_THROW(backward(nullptr, nullptr, nullptr, nullptr, 2, 0, 2 * hs, 2)) << hs;
   }
+  // The forward's query fragments per warp: 0 (the kernel's choice), 1, or 2 at head sizes <= 64 only.
+  for (auto [hs, fragments] : {std::pair{64, 0}, {64, 1}, {64, 2}, {32, 2}, {128, 0}, {128, 1}})
+    EXPECT_NO_THROW(cuda::flash_attention_forward(nullptr, nullptr, nullptr, len, 0, 4, 2 * hs, 2, true, s, fragments))
+        << hs << " " << fragments;
+  for (auto [hs, fragments] : {std::pair{64, -1}, {64, 3}, {128, 2}})
+    EXPECT_THROW(cuda::flash_attention_forward(nullptr, nullptr, nullptr, len, 0, 4, 2 * hs, 2, true, s, fragments),
+                 std::invalid_argument)
+        << hs << " " << fragments;
   // A head size without a kernel is refused even for an empty problem, and the message names it. The model's list
   // (model/attention_kind.h, which the command line checks without CUDA) is the kernels'.
   for (int hs = 1; hs <= 256; ++hs)
