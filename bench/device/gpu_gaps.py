@@ -26,8 +26,11 @@ def die(message):
 
 def activities(path):
     """(start ns, end ns, name) of every kernel and copy, from nsys's CSV (lines before its header skipped)."""
-    with open(path, newline="") as f:
-        lines = f.read().splitlines()
+    try:
+        with open(path, newline="") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        die(f"{path}: {e.strerror}")
     header = next((i for i, line in enumerate(lines) if "Start" in line and "Duration" in line), None)
     if header is None:
         die(f"{path}: no CSV header with Start and Duration columns (nsys stats --report cuda_gpu_trace --format csv)")

@@ -63,7 +63,8 @@ def main():
             check(lines[6].split()[:3] == ["0.0", "0.3", "-0.3"] and "0/1" in lines[6] and
                   lines[6].endswith("only there"), f"a kernel that ran only there: {lines[6]}")
         for bad, args in [("no header", ["/dev/null"]), ("a negative top", [path, "-1"]),
-                          ("no steps against", [path, "--against", other, "--against-steps", "0"])]:
+                          ("no steps against", [path, "--against", other, "--against-steps", "0"]),
+                          ("a missing trace", [path, "--against", os.path.join(tmp, "missing.csv")])]:
             run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=30)
             check(run.returncode == 2 and run.stderr.startswith("gpu_gaps: ") and len(run.stderr.splitlines()) == 1,
                   f"{bad}: exit 2 and one line (got {run.returncode}: {run.stderr.strip()})")
