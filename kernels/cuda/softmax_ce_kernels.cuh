@@ -4,8 +4,8 @@
 // unnamed namespace.
 //
 // Three launches: count the valid rows (the gradient divides by their number, so it must be known before any row
-// is written), the fused row kernel, and the mean loss. The row kernel is a block per row: the vocabulary can be
-// 50k wide, and a block's threads stride over it coalesced, P elements (16 bytes) per access where V and the
+// is written), the fused row kernel, and the mean loss. In the row kernel a row is a block's at a time (blocks walk
+// the rows): the vocabulary can be 50k wide, and a block's threads stride over it coalesced, P elements (16 bytes) per access where V and the
 // pointers allow it, else one (rows of an odd V are not 16-byte aligned). Pass 1 keeps a running (max, sum of exp)
 // per thread, an online softmax, so the row is read once for both; pass 2 re-reads it (L2) to write dlogits. That
 // re-read must find the row in L2, so the grid holds at most half the L2's worth of rows (rows_in_flight).
