@@ -61,6 +61,9 @@ core, why, loaded = kernels_of(devices)
 check(core is not None and core == loaded and why, f"devices names the kernels OpenBLAS runs and why ({core}, {why})")
 gemm = re.search(r"^ +GEMM, .*: ([\d.]+) GFLOP/s", devices.stdout, re.M)
 check(gemm is not None and float(gemm.group(1)) > 0, "devices measures the GEMM rate of the kernels in use")
+alike = re.search(r"^ +GEMM, .*; measured alike, (\w+) (\d+)% of the best \(", devices.stdout, re.M)
+check(alike is not None and alike.group(1) == core and 0 < int(alike.group(2)) <= 100,
+      f"devices sets the kernels in use against the best family, measured alike ({alike and alike.group(0).strip()})")
 core, why, loaded = kernels_of(run(1, "devices", env={"OPENBLAS_CORETYPE": "Haswell"}))
 check(core == loaded == "Haswell" and why == "OPENBLAS_CORETYPE=Haswell in the environment",
       f"a user's OPENBLAS_CORETYPE wins ({core}, {why})")
