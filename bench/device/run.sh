@@ -6,7 +6,8 @@
 #                           one GPU), a 20-step 4-rank --comm ring training run and its report, a rank's injected
 #                           failure ending the job
 #   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step (auto, fused) and through
-#                           `ddplab train`, the full kernel benchmark, ncu's ranking of the step, PyTorch eager,
+#                           `ddplab train`, the GPU's idle in the trainer's steps and the harness's, the step as one
+#                           CUDA graph, the full kernel benchmark, ncu's ranking of the step, PyTorch eager,
 #                           torch.compile and SDPA per backend on the same shapes, ncu on our fused attention
 # Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
 # deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
@@ -218,6 +219,10 @@ if [ "$stage" = 2 ]; then
   else
     skip "GPU idle gaps" "no libddplab_gpu_trace.so (CUPTI not found at configure)"
   fi
+  # The same step captured once as a CUDA graph and replayed: what the host's launches cost it, beside the stream's.
+  # A process of its own, so that a library that refuses the capture cannot cost the rows above.
+  step "step bf16 auto as a graph" models.log 40 'grep "as one CUDA graph" "$log" | tail -1' \
+    "${bt[@]}" --graph --csv "$out/step_graph.csv"
   # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
   # every launch of one default step ranked by GPU time.
   step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \

@@ -55,7 +55,7 @@ Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
   int32_t* d_y = upload(y, s);
   const auto forward = [&] { model.forward(d_x, d_y, batch); };
   Result r{precision, batch,
-           ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile), 0};
+           ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile, opt.graph), 0};
   cudaCheck(cudaFree(d_x));
   cudaCheck(cudaFree(d_y));
   r.tflops = 6.0 * n * batch / (r.t.step_ms * 1e-3) / 1e12;
@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
         const Result r = run(opt, p, batch, s);
         std::printf("%-9s %6d %9.4f %9.4f %9.4f %9.4f %8.1f\n", ddplab::to_string(p), batch, r.t.step_ms,
                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops);
+        ddplab::bench::print_graph_line(r.t);
         results.push_back(r);
       }
     }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,9 +26,12 @@
 
 namespace ddplab::bench {
 
-// Medians over the timed steps, in ms.
+// Medians over the timed steps, in ms. graph_step_ms: the same step replayed as one CUDA graph (--graph), NaN where
+// not asked or not captured (graph_error says why).
 struct StepTimes {
   double step_ms, forward_ms, backward_ms, optimizer_ms;
+  double graph_step_ms = std::numeric_limits<double>::quiet_NaN();
+  std::string graph_error;
 };
 
 inline double median(std::vector<double> v) {
@@ -45,17 +49,77 @@ T* upload(const std::vector<T>& host, cudaStream_t s) {
   return d;
 }
 
+// enqueue() captured on `s` into a CUDA graph, launched once (the upload), then `launches` times back to back, each
+// launch's time from its event to the next one's into `ms`. "" on success, else why the capture or the graph failed
+// (a library call that cannot be captured); the stream is usable either way.
+template <class Enqueue>
+std::string replay_as_graph(cudaStream_t s, int launches, Enqueue enqueue, std::vector<double>& ms) {
+  cudaCheck(cudaStreamSynchronize(s));
+  // Relaxed: a library's host calls during the capture (a handle's stream, a function attribute) are not refused.
+  if (const cudaError_t begun = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed); begun != cudaSuccess)
+    return std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(begun);
+  std::string error;
+  try {
+    enqueue();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+  if (error.empty() && ended != cudaSuccess) error = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+  cudaGraphExec_t exec = nullptr;
+  if (error.empty())
+    if (const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0); made != cudaSuccess)
+      error = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(made);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a failed capture's error is not sticky: clear it
+  if (!error.empty()) return error;
+  std::vector<cudaEvent_t> ev(launches + 1);
+  for (cudaEvent_t& e : ev) cudaCheck(cudaEventCreate(&e));
+  cudaCheck(cudaGraphLaunch(exec, s));
+  for (int i = 0; i < launches; ++i) {
+    cudaCheck(cudaEventRecord(ev[i], s));
+    cudaCheck(cudaGraphLaunch(exec, s));
+  }
+  cudaCheck(cudaEventRecord(ev[launches], s));
+  cudaCheck(cudaEventSynchronize(ev[launches]));
+  for (int i = 0; i < launches; ++i) {
+    float t = 0;
+    cudaCheck(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
+    ms.push_back(t);
+  }
+  for (cudaEvent_t e : ev) cudaCheck(cudaEventDestroy(e));
+  cudaCheck(cudaGraphExecDestroy(exec));
+  return "";
+}
+
 // `warmup` + `steps` training steps of `model` on stream `s`, AdamW (PyTorch's defaults) from zero moments;
 // `forward()` runs the model's forward on its batch. Throws if the last loss is not finite. profile: the timed steps
 // between cudaProfilerStart and cudaProfilerStop, each called with the stream idle (a synchronize first), for
 // `ncu --profile-from-start off` and a trace whose window is the host's time (bench/gpu/gpu_trace.cpp): without the
 // synchronize the host, steps ahead, would open and close the window on earlier steps' kernels.
+//
+// graph: then the step captured once into a CUDA graph (after the timed steps: every plan made, every workspace
+// grown) and replayed `steps` times, each launch between two events: the step without the host's launches, whose
+// cost is the difference. One more step on the stream afterwards re-records what the capture held (the loss's event).
 template <class Model, class Forward>
 StepTimes time_training_steps(Model& model, Forward forward, int warmup, int steps, cudaStream_t s,
-                              bool profile = false) {
+                              bool profile = false, bool graph = false) {
   const OptimizerConfig adamw;
   const int64_t n = model.flat_size();
   float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
+  // One step, the t-th update; mark(k) after its k-th phase (1 forward, 2 backward, 3 the update).
+  const auto enqueue_step = [&](int t, const auto& mark) {
+    model.zero_grad();
+    forward();
+    mark(1);
+    model.backward();
+    mark(2);
+    const auto target = model.params_for_update();  // and the bf16 copy of a bf16 model, in the same pass
+    cuda::adamw_update(target.params, target.params_bf16, model.flat_grads(), moments, moments + n, n, adamw.lr,
+                       adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, t, s);
+    mark(3);
+  };
 
   const int total = warmup + steps;
   std::vector<cudaEvent_t> ev(4 * total + 1);  // step i: start, forward done, backward done, optimizer done
@@ -66,15 +130,7 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
       cudaCheck(cudaProfilerStart());
     }
     cudaCheck(cudaEventRecord(ev[4 * i], s));
-    model.zero_grad();
-    forward();
-    cudaCheck(cudaEventRecord(ev[4 * i + 1], s));
-    model.backward();
-    cudaCheck(cudaEventRecord(ev[4 * i + 2], s));
-    const auto target = model.params_for_update();  // and the bf16 copy of a bf16 model, in the same pass
-    cuda::adamw_update(target.params, target.params_bf16, model.flat_grads(), moments, moments + n, n, adamw.lr,
-                       adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, i + 1, s);
-    cudaCheck(cudaEventRecord(ev[4 * i + 3], s));
+    enqueue_step(i + 1, [&](int phase) { cudaCheck(cudaEventRecord(ev[4 * i + phase], s)); });
   }
   cudaCheck(cudaEventRecord(ev[4 * total], s));  // the last step's end, before any synchronize
   cudaCheck(cudaEventSynchronize(ev[4 * total]));
@@ -91,10 +147,26 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
     bwd.push_back(ms(4 * i + 1, 4 * i + 2));
     optim.push_back(ms(4 * i + 2, 4 * i + 3));
   }
+  StepTimes times{median(step), median(fwd), median(bwd), median(optim), std::numeric_limits<double>::quiet_NaN(), ""};
+  if (graph) {
+    std::vector<double> replayed;
+    times.graph_error = replay_as_graph(s, steps, [&] { enqueue_step(total + 1, [](int) {}); }, replayed);
+    if (times.graph_error.empty()) times.graph_step_ms = median(replayed);
+    enqueue_step(total + 1, [](int) {});
+  }
   if (!std::isfinite(model.loss())) throw std::runtime_error("non-finite loss");
   for (cudaEvent_t e : ev) cudaCheck(cudaEventDestroy(e));
   cudaCheck(cudaFree(moments));
-  return {median(step), median(fwd), median(bwd), median(optim)};
+  return times;
+}
+
+// The line under a step's row with --graph: the step as one CUDA graph beside the stream's, or why it was not captured.
+inline void print_graph_line(const StepTimes& t) {
+  if (!t.graph_error.empty())
+    std::printf("  as one CUDA graph: not captured: %s\n", t.graph_error.c_str());
+  else if (std::isfinite(t.graph_step_ms))
+    std::printf("  as one CUDA graph: %.3f ms per step against the stream's %.3f: the host's launches cost %+.3f ms\n",
+                t.graph_step_ms, t.step_ms, t.step_ms - t.graph_step_ms);
 }
 
 // The flags both model benchmarks take (steps, warm-up, one precision instead of all three, a CSV file), on a
@@ -104,6 +176,7 @@ struct StepFlags {
   std::string precision;  // "": fp32, tf32 and bf16
   std::string csv;
   bool profile = false;  // the timed steps between cudaProfilerStart and cudaProfilerStop
+  bool graph = false;    // also the step as one CUDA graph
   std::vector<Precision> precisions() const {
     if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
     return {parse_choice<Precision>(precision, "precision")};
@@ -115,6 +188,8 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
   app.add_option("--precision", flags.precision, "one of fp32, tf32, bf16 (default: all three)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app.add_option("--csv", flags.csv, "also write the table to this CSV file");
+  app.add_flag("--graph", flags.graph,
+               "also replay the step captured as one CUDA graph: what the host's launches cost it");
   app.add_flag("--profile", flags.profile,
                "only the timed steps between cudaProfilerStart/Stop, the stream idle at both (ncu "
                "--profile-from-start off, nsys --capture-range=cudaProfilerApi)");
