@@ -141,11 +141,10 @@ void bench_parameter_passes(int repeats) {
 // The check: the kernels in use against the best family, both as the children measured them. Returns the exit code.
 int check_kernels_in_use(const blas::KernelsInUse& kernels, const blas::Rates& alternatives) {
   const blas::CoreRate best = blas::fastest(alternatives);
-  for (const blas::CoreRate& r : alternatives) {
-    if (r.core != kernels.core) continue;
-    const bool met = r.gflops >= 0.85 * best.gflops;
-    std::printf("kernels in use: %s %.1f GFLOP/s, %.0f%% of the best (%s %.1f; target >= 85%%): %s\n", r.core.c_str(),
-                r.gflops, 100 * r.gflops / best.gflops, best.core.c_str(), best.gflops, met ? "met" : "MISSED");
+  if (const blas::CoreRate* r = blas::find_rate(alternatives, kernels.core)) {
+    const bool met = r->gflops >= 0.85 * best.gflops;
+    std::printf("kernels in use: %s %.1f GFLOP/s, %.0f%% of the best (%s %.1f; target >= 85%%): %s\n", r->core.c_str(),
+                r->gflops, 100 * r->gflops / best.gflops, best.core.c_str(), best.gflops, met ? "met" : "MISSED");
     return met ? 0 : 1;
   }
   std::printf("kernels in use: %s, not among the families measured (%s)\n", kernels.core.c_str(),

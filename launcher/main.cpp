@@ -67,14 +67,12 @@ int run_devices() {
   const double gflops = blas::measure_gemm_gflops(75);
   const blas::Rates alternatives = blas::measure_alternatives();
   const blas::CoreRate best = blas::fastest(alternatives);
-  double in_use_alike = 0;
-  for (const blas::CoreRate& r : alternatives)
-    if (r.core == blas::kernels_in_use().core) in_use_alike = r.gflops;
+  const blas::CoreRate* in_use = blas::find_rate(alternatives, blas::kernels_in_use().core);
   std::printf("        GEMM, a 1024 -> 1024 layer at batch 128 (forward + backward, 1 thread): %.1f GFLOP/s", gflops);
   if (peak) std::printf(", %.0f%% of the FMA peak", 100 * gflops / peak->gflops);
-  if (best.gflops > 0 && in_use_alike > 0)
-    std::printf("; measured alike, %s %.0f%% of the best (%s)", blas::kernels_in_use().core.c_str(),
-                100 * in_use_alike / best.gflops, blas::list_rates(alternatives).c_str());
+  if (best.gflops > 0 && in_use)
+    std::printf("; measured alike, %s %.0f%% of the best (%s)", in_use->core.c_str(), 100 * in_use->gflops / best.gflops,
+                blas::list_rates(alternatives).c_str());
   std::printf("\n");
   std::printf("  MPI   %s\n", mpi_library_version().c_str());
   std::printf("  HDF5  %s\n", hdf5_version().c_str());

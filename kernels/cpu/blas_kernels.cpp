@@ -41,12 +41,6 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-const CoreRate* find_rate(const Rates& rates, const std::string& core) {
-  for (const CoreRate& r : rates)
-    if (r.core == core) return &r;
-  return nullptr;
-}
-
 }  // namespace
 
 std::string describe(const CpuFeatures& f) {
@@ -101,6 +95,12 @@ std::string list_rates(const Rates& rates, const std::string& except) {
     text += (text.empty() ? "" : ", ") + r.core + " " + number;
   }
   return text;
+}
+
+const CoreRate* find_rate(const Rates& rates, const std::string& core) {
+  for (const CoreRate& r : rates)
+    if (r.core == core) return &r;
+  return nullptr;
 }
 
 CoreRate fastest(const Rates& rates) {

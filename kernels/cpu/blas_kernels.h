@@ -55,6 +55,8 @@ std::string describe_probe(const std::string& chosen, const Rates& rates, const 
 std::string list_rates(const Rates& rates, const std::string& except = "");
 // The fastest; a zero rate with no core when there is none.
 CoreRate fastest(const Rates& rates);
+// core's rate; null where it was not measured.
+const CoreRate* find_rate(const Rates& rates, const std::string& core);
 
 // ---- the cache ----
 

@@ -59,10 +59,10 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32
                              int NH, bool causal, cudaStream_t stream, int query_fragments) {
   const char* what = "flash_attention_forward";
   flash_attention_check_sizes(what, B, S, C, NH);
-  if (query_fragments < 0 || query_fragments > (C / NH <= 64 ? 2 : 1))
+  if (query_fragments < 0 || query_fragments > max_forward_frags(C / NH))
     throw std::invalid_argument(std::string(what) + ": " + std::to_string(query_fragments) +
-                                " query fragments per warp at head size " + std::to_string(C / NH) +
-                                " (0 for the default; 1 or 2 at <= 64, 1 at 128)");
+                                " query fragments per warp at head size " + std::to_string(C / NH) + " (0 for the "
+                                "default, else 1 to " + std::to_string(max_forward_frags(C / NH)) + ")");
   if (int64_t{B} * S == 0) return;
   require_aligned(what, "out", out);
   require_aligned(what, "qkv", qkv);

@@ -54,8 +54,9 @@ constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 // feeds two mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take 241 registers
 // at hs 64 (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment. One at hs <= 64 is the launchers'
 // other choice (flash_forward_launches), for the benchmark to set the two side by side.
+constexpr int max_forward_frags(int hs) { return hs <= 64 ? 2 : 1; }
 template <int HS>
-constexpr int kForwardFrags = HS <= 64 ? 2 : 1;
+constexpr int kForwardFrags = max_forward_frags(HS);
 template <int F>
 constexpr int kForwardBlockQ = kWarps * F * kFrag;  // queries per forward CTA: 128 at two fragments, 64 at one
 
@@ -695,12 +696,12 @@ void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const 
          lengths, S, C, NH, causal, scale_log2);
 }
 
-// The forward with `fragments` query fragments per warp (0: kForwardFrags<HS>); two only at hs <= 64.
+// The forward with `fragments` query fragments per warp (0: kForwardFrags<HS>), at most max_forward_frags(HS).
 template <int HS, typename Launch>
 void run_forward_fragments(Launch&& launch, int fragments, bf16* out, float* lse, const bf16* qkv,
                            const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
   if (fragments == 0) fragments = kForwardFrags<HS>;
-  if constexpr (HS <= 64)
+  if constexpr (max_forward_frags(HS) >= 2)
     if (fragments == 2) return run_forward<HS, 2>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
   return run_forward<HS, 1>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
 }
@@ -714,7 +715,7 @@ void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, const bf16* dout, 
          lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
 }
 
-// fragments: the query fragments per warp, 0 for kForwardFrags<HS>; 1 or 2 at hs <= 64, 1 at hs 128 (checked by the
+// fragments: the query fragments per warp, 0 for kForwardFrags<HS>, else 1 to max_forward_frags(HS) (checked by the
 // caller: flash_attention_forward).
 template <typename Launch>
 void flash_forward_launches(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B,

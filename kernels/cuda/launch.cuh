@@ -77,8 +77,8 @@ void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(
     scalar<<<grid_size(n), kBlockSize, 0, stream>>>(args...);
 }
 
-// The `launch` of a kernel header's launch sequence (flash_attention_kernels.cuh, layernorm_kernels.cuh,
-// bias_backward_kernels.cuh): one kernel on `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More
+// The `launch` of a kernel header's launch sequence (the *_kernels.cuh that the CPU emulation runs too): one kernel on
+// `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More
 // than 48 KB of dynamic shared memory must be asked for, per kernel and device: cheap enough per launch (and it fails
 // cleanly past the device's limit). A failed launch throws. The CPU emulation hands the same sequences its own.
 inline auto launch_on(cudaStream_t stream) {

@@ -106,6 +106,9 @@ TEST(BlasKernels, TheWhy) {
   EXPECT_EQ(list_rates(rates), "SkylakeX 104, Haswell 88, Cooperlake 68, Prescott 21");
   EXPECT_EQ(fastest(rates).core, "SkylakeX");
   EXPECT_EQ(fastest({}).core, "");
+  ASSERT_NE(find_rate(rates, "Haswell"), nullptr);
+  EXPECT_EQ(find_rate(rates, "Haswell")->gflops, 88.4);
+  EXPECT_EQ(find_rate(rates, "Zen"), nullptr);
 }
 
 TEST(BlasKernels, CpuSignatures) {
