@@ -78,9 +78,9 @@ void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(
 }
 
 // The `launch` of a kernel header's launch sequence (the *_kernels.cuh that the CPU emulation runs too): one kernel on
-// `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More
-// than 48 KB of dynamic shared memory must be asked for, per kernel and device: cheap enough per launch (and it fails
-// cleanly past the device's limit). A failed launch throws. The CPU emulation hands the same sequences its own.
+// `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More than 48 KB of dynamic shared memory must be
+// asked for, per kernel and device: cheap enough per launch (and it fails cleanly past the device's limit). A failed
+// launch throws. The CPU emulation hands the same sequences its own.
 inline auto launch_on(cudaStream_t stream) {
   return [stream](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
     if (smem > 48 * 1024)
