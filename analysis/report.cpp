@@ -174,8 +174,13 @@ void print_run_line(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
   std::fprintf(out, "== %s\n", rec.path.c_str());
   // Steps as training counts them: a resumed run's file holds steps first_step.. of the run.
   const int first = static_cast<int>(rec.meta.first_step);
-  std::fprintf(out, "  %s on %d rank%s (%s), %s, steady state %d..%d, %s\n", known(rec.meta.command), world,
-               world == 1 ? "" : "s", hosts_text(rec).c_str(),
+  std::fprintf(out, "  %s on %d rank%s (%s), ", known(rec.meta.command), world, world == 1 ? "" : "s",
+               hosts_text(rec).c_str());
+  if (rec.steps == 0) {
+    std::fprintf(out, "no step completed%s\n", first > 0 ? fmt(" (resumed at %d)", first).c_str() : "");
+    return;
+  }
+  std::fprintf(out, "%s, steady state %d..%d, %s\n",
                first > 0 ? fmt("steps %d..%d (resumed at %d)", first, first + rec.steps - 1, first).c_str()
                          : fmt("%d steps", rec.steps).c_str(),
                first + s.first_steady_step, first + rec.steps - 1, s.batch_text().c_str());
@@ -267,6 +272,7 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   if (const std::string lab = lab_text(rec.config); !lab.empty()) std::fprintf(out, "  lab:%s\n", lab.c_str());
   std::fprintf(out, "  build: git %s, started %s\n", known(rec.meta.git_commit), known(rec.meta.start_time_utc));
   if (!rec.meta.stop_reason.empty()) std::fprintf(out, "  status: %s\n", rec.meta.stop_reason.c_str());
+  if (rec.steps == 0) return;  // the lines above are all there is: what ran, and why it stopped
   print_summary(out, rec, s);
   print_bucket_table(out, rec, s);
   print_time_use(out, s);
@@ -280,6 +286,11 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
                "hidden%", "blame");
   for (const SummarizedRun& run : runs) {
     const RunSummary& s = run.summary;
+    if (run.record.steps == 0) {
+      std::fprintf(out, "  %-28s %5d  no step completed\n", shorten(stem(run.record.path), 28).c_str(),
+                   run.record.world_size());
+      continue;
+    }
     const std::vector<Finding> findings = diagnose(run.record, s);
     const Finding& f = headline(findings);
     const std::string verdict =
@@ -294,8 +305,9 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
 nlohmann::json report_json(const SummarizedRun& run) {
   const RunRecord& rec = run.record;
   nlohmann::json blame = nlohmann::json::array();
-  for (const Finding& f : diagnose(rec, run.summary))
-    blame.push_back({{"cause", to_string(f.cause)}, {"rank", f.rank}, {"text", f.text}});
+  if (rec.steps > 0)
+    for (const Finding& f : diagnose(rec, run.summary))
+      blame.push_back({{"cause", to_string(f.cause)}, {"rank", f.rank}, {"text", f.text}});
   return {{"run_file", rec.path},
           {"command", rec.meta.command},
           {"world_size", rec.world_size()},
@@ -305,7 +317,7 @@ nlohmann::json report_json(const SummarizedRun& run) {
           {"hostnames", rec.meta.hostnames},
           {"gpus", rec.meta.gpus},
           {"config", rec.config},
-          {"summary", to_json(run.summary)},
+          {"summary", rec.steps > 0 ? to_json(run.summary) : nlohmann::json()},  // null: no step to summarize
           {"blame", blame}};
 }
 

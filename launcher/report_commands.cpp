@@ -27,12 +27,17 @@ bool is_rank0() {
   return rank == 0;
 }
 
-RunRecord read_input(const std::string& path) {
+RunRecord read_input(const std::string& path, EmptyRun empty) {
+  RunRecord run;
   try {
-    return read_run_file(path);
+    run = read_run_file(path);
   } catch (const std::runtime_error& e) {
     throw UsageError(e.what());
   }
+  if (run.steps == 0 && empty == EmptyRun::kRefused)
+    throw UsageError("run file " + path + " holds no completed step" +
+                     (run.meta.stop_reason.empty() ? std::string() : ": " + run.meta.stop_reason));
+  return run;
 }
 
 namespace {
@@ -52,7 +57,9 @@ void run_report(const ReportArgs& args) {
       throw UsageError(problem);
   }
   std::vector<SummarizedRun> runs;
-  for (const std::string& path : args.files) runs.push_back(summarized(read_input(path)));  // all readable first
+  // All readable first. The tables say of a run stopped in its first step why; the page needs steps.
+  const EmptyRun empty = args.html.empty() ? EmptyRun::kAllowed : EmptyRun::kRefused;
+  for (const std::string& path : args.files) runs.push_back(summarized(read_input(path, empty)));
   if (!args.html.empty()) {
     if (const std::string error = write_run_page(runs, args.html); !error.empty())
       throw std::runtime_error("cannot write the page " + args.html + ": " + error);

@@ -753,9 +753,13 @@ std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& 
 void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool written, bool stopped) {
   const RunRecord& record = result.record;
   const int first = static_cast<int>(record.meta.first_step);  // a resumed run counts on from its checkpoint
-  std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
-              first + record.steps - 1, first + record.steps, result.summary.batch_text().c_str());
-  print_summary(stdout, record, result.summary);
+  if (record.steps == 0) {
+    std::printf("no step completed: nothing to summarize\n");
+  } else {
+    std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
+                first + record.steps - 1, first + record.steps, result.summary.batch_text().c_str());
+    print_summary(stdout, record, result.summary);
+  }
   if (written) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
   std::fflush(stdout);
 }

@@ -217,7 +217,7 @@ void read_contents(hid_t file, RunRecord& run) {
                       std::to_string(kRunFileSchemaVersion));
   RunMetadata& meta = run.meta;
   meta.world_size = static_cast<int>(read_int_attr(file, "world_size", 1, 1 << 20));
-  run.steps = static_cast<int>(read_int_attr(file, "num_steps", 1, 1 << 30));
+  run.steps = static_cast<int>(read_int_attr(file, "num_steps", 0, 1 << 30));  // 0: stopped in its first step
   for (const auto& [name, member] : kTextAttrs)
     if (has_attr(file, name)) meta.*member = read_string_attr(file, name);
   if (has_attr(file, "first_step")) meta.first_step = read_int_attr(file, "first_step", 0);

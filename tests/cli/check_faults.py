@@ -81,6 +81,19 @@ def main():
         check("non-finite gradient fc2.bias at step 4" in j.out, "nan: names the tensor and the step")
         n, reason, loss, _ = steps_in(out("nan.h5"))
         check(n == 4 and "non-finite" in reason and np.isfinite(loss).all(), f"nan: run file keeps steps 0-3 ({n})")
+        # Stopped in its first step: the run file holds no step but says why; `report` reads it and says so, and
+        # the analyses that need steps refuse it in one line.
+        j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "0",
+                                    "--out", out("nan_first.h5")]).run()
+        n, reason, _, _ = steps_in(out("nan_first.h5"))
+        check(j.code == 4 and n == 0 and "at step 0" in reason, f"nan at step 0: a run file of no step ({j.code}, {n})")
+        r = subprocess.run([ddplab, "report", out("nan_first.h5")], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0 and "no step completed" in r.stdout and "status: non-finite gradient" in r.stdout,
+              f"nan at step 0: report says no step completed, and why ({r.returncode}: {r.stdout[-300:]}{r.stderr})")
+        r = subprocess.run([ddplab, "diff", out("nan_first.h5"), out("nan.h5")], capture_output=True, text=True,
+                           timeout=60)
+        check(r.returncode == 2 and "holds no completed step: non-finite" in r.stderr and r.stderr.count("\n") == 1,
+              f"nan at step 0: diff refuses in one line ({r.returncode}: {r.stderr})")
         # The same with the update in backward: the step still stops there, and says the finite gradients were applied.
         j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "4",
                                     "--optimizer-in-backward", "on", "--out", out("nan_in_backward.h5")]).run()
