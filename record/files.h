@@ -97,13 +97,37 @@ inline void sync_to_disk(const std::string& path) {
   if (!ok) throw std::runtime_error(std::strerror(error));
 }
 
-// Moves a complete temporary into place. Without `force`, link() refuses to replace a file that appeared
-// meanwhile; with it, rename() replaces atomically. On failure the temporary is removed and this throws.
+// Makes the names in `folder` durable: a rename or link is an update of the folder, which fsync of the file does not
+// cover. Best effort: some file systems refuse fsync on a folder (EINVAL), and the file's own data is synced already.
+inline void sync_folder(const std::string& folder) {
+  const int fd = open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  fsync(fd);
+  close(fd);
+}
+
+// Moves a complete temporary into place. Without `force`, link() refuses to replace a file that appeared meanwhile;
+// where the file system has no hard links (FAT, some FUSE and network mounts), rename() does it once the name is seen
+// to be free. With `force`, rename() replaces atomically. On failure the complete temporary is kept and the error
+// names it: a finished run is never thrown away for want of a name.
 inline void publish_file(const std::string& tmp, const std::string& path, bool force) {
-  const bool ok = force ? std::rename(tmp.c_str(), path.c_str()) == 0 : link(tmp.c_str(), path.c_str()) == 0;
-  const int error = errno;
-  unlink(tmp.c_str());  // after link(): the temporary name; after a failed rename(): the leftover
-  if (!ok) throw std::runtime_error("cannot create " + path + ": " + std::strerror(error));
+  const auto renamed = [&] { return std::rename(tmp.c_str(), path.c_str()) == 0; };
+  bool ok = force ? renamed() : link(tmp.c_str(), path.c_str()) == 0;
+  int error = errno;
+  if (!ok && !force && (error == EPERM || error == EOPNOTSUPP || error == ENOSYS || error == EMLINK)) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 && errno == ENOENT) {
+      ok = renamed();
+      error = ok ? 0 : errno;
+    } else {
+      error = EEXIST;
+    }
+  }
+  if (!ok)
+    throw std::runtime_error("cannot create " + path + ": " + std::strerror(error) + "; the complete file is kept as " +
+                             tmp);
+  unlink(tmp.c_str());  // after link(): the temporary name; after rename(): nothing (ENOENT)
+  sync_folder(folder_of(path));
 }
 
 }  // namespace ddplab

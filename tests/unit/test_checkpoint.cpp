@@ -398,6 +398,35 @@ TEST_F(Checkpoint, FailedSaveLeavesNothingBehind) {
   EXPECT_TRUE(FilesInDir().empty());
 }
 
+// A complete file whose name is taken by the time it is published (another job wrote it meanwhile): the error names
+// where the complete file is kept, and the other file is left as it was. A free name, or --force, takes it.
+TEST_F(Checkpoint, APublishThatFailsKeepsTheCompleteFile) {
+  const std::string path = dir_ + "/r.h5", tmp = temp_path_for(path);
+  const auto text = [](const std::string& file) {
+    const std::vector<char> bytes = Bytes(file);
+    return std::string(bytes.begin(), bytes.end());
+  };
+  WriteBytes(tmp, "done", 4);
+  WriteBytes(path, "other", 5);
+  try {
+    publish_file(tmp, path, /*force=*/false);
+    ADD_FAILURE() << "published over " << path;
+  } catch (const std::runtime_error& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "cannot create " + path + ": " + std::strerror(EEXIST));
+    EXPECT_CONTAINS(std::string(e.what()), "the complete file is kept as " + tmp);
+  }
+  EXPECT_EQ(text(tmp), "done");
+  EXPECT_EQ(text(path), "other");
+  publish_file(tmp, path, /*force=*/true);
+  EXPECT_EQ(text(path), "done");
+  WriteBytes(tmp, "next", 4);
+  publish_file(tmp, dir_ + "/s.h5", /*force=*/false);
+  EXPECT_EQ(text(dir_ + "/s.h5"), "next");
+  std::vector<std::string> files = FilesInDir();
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"r.h5", "s.h5"}));
+}
+
 // The check for room before a run counts a checkpoint's tensor bytes; they must not exceed the file's size (the
 // refusal is then certain), and a need beyond what the folder's file system has free is refused, naming the file.
 TEST_F(Checkpoint, DataBytesBoundTheFileFromBelowAndTheFreeSpaceIsChecked) {
