@@ -66,8 +66,10 @@ step() {
           rm -f "$part")
   if [ "$rc" -ne 0 ]; then
     { echo "--- the last lines of ${log##*/}:"; tail -n 15 "$log"; } | sed 's/^/    /'
-    # Without the detail it looks for, the row says why the step failed: its first line naming an error.
+    # Without the detail it looks for, the row says why the step failed: its first line naming an error, else its
+    # first line of output (a tool's own one-line refusal: "gpu_gaps: ...: No such file or directory").
     [ -n "$said" ] || said=$(tail -n +"$from" "$log" | grep -m1 -iE "error|fail|needs a GPU|no CUDA device|abort")
+    [ -n "$said" ] || said=$(tail -n +"$from" "$log" | grep -m1 -v "^$")
   fi
   row "$name" "$result" $((SECONDS - t0)) "${said:0:150}"
 }
