@@ -139,21 +139,41 @@ void add_commands(CLI::App& app, Commands& c) {
 
 // Parses the command line, then checks the DDPLAB_* settings. False once rank 0 printed the help or the version
 // asked for: nothing to run. Throws UsageError (the command line) or settings::BadSetting.
+//
+// Each rank parses its own command line and environment, and an MPMD launch or an environment set per host can make
+// one rank refuse what another accepts. The ranks agree first (collectives every rank reaches, whatever it parsed):
+// the lowest failing rank's reason goes to every rank, and all refuse together with exit code 2, rather than some
+// waiting forever in a later collective for ranks that have left.
 bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv, int rank) {
+  std::string usage, setting;
+  int runs = 1;
   try {
     require_known_command(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
-    return false;
+    runs = 0;
   } catch (const CLI::CallForVersion& e) {
     if (rank == 0) std::printf("%s\n", e.what());
-    return false;
+    runs = 0;
   } catch (const CLI::ParseError& e) {
-    throw UsageError(parse_error_text(e, app));
+    usage = parse_error_text(e, app);
+  } catch (const UsageError& e) {
+    usage = e.what();
   }
   // Every DDPLAB_* knob in the environment, on every rank, before any work (`devices` lists them as they are).
-  if (!c.devices->parsed()) settings::check_all();
+  if (runs && usage.empty() && !c.devices->parsed()) {
+    try {
+      settings::check_all();
+    } catch (const settings::BadSetting& e) {
+      setting = e.what();
+    }
+  }
+  if (const std::string why = first_failing_reason(usage, MPI_COMM_WORLD); !why.empty()) throw UsageError(why);
+  if (const std::string why = first_failing_reason(setting, MPI_COMM_WORLD); !why.empty())
+    throw settings::BadSetting(why);
+  MPI_Allreduce(MPI_IN_PLACE, &runs, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!runs) return false;
   // Collective: only the commands that run collectives (report and the like run on rank 0 alone, in parse).
   if (c.train->parsed() || c.suite->parsed() || c.sweep->parsed()) settings::check_same_on_every_rank(MPI_COMM_WORLD);
   return true;

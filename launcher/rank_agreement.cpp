@@ -1,6 +1,8 @@
 #include "launcher/rank_agreement.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -112,6 +114,20 @@ std::string identity_disagreement(const RankIdentity& mine, MPI_Comm comm) {
   ranks.reserve(size);
   for (const WireIdentity& w : all) ranks.push_back({take(w.command), take(w.version), take(w.commit), take(w.host)});
   return rank_identity_disagreement(ranks);
+}
+
+std::string first_failing_reason(const std::string& mine, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int failing = mine.empty() ? INT_MAX : rank;
+  int first = INT_MAX;
+  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return "";
+  char reason[1024] = {};
+  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
+  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
+  return (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason;
 }
 
 }  // namespace ddplab

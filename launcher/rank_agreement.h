@@ -32,4 +32,9 @@ std::string rank_identity_disagreement(const std::vector<RankIdentity>& ranks);
 // rank_identity_disagreement of every rank's identity. Fields longer than their slot are cut to fit.
 std::string identity_disagreement(const RankIdentity& mine, MPI_Comm comm);
 
+// Collective over `comm`: "" when `mine` (this rank's reason it cannot go on, "" if it can) is empty on every rank,
+// else the lowest failing rank's reason, on every rank, prefixed "rank N: " in a job of several ranks. So every rank
+// refuses alike, rather than some failing inside a later collective while others wait there.
+std::string first_failing_reason(const std::string& mine, MPI_Comm comm);
+
 }  // namespace ddplab

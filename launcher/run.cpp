@@ -26,6 +26,7 @@
 #include "git_commit.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
+#include "launcher/rank_agreement.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
 #include "record/files.h"
@@ -302,22 +303,6 @@ struct ArmedWatchdog {
   }
 };
 
-// Collective: "" when `mine` (this rank's reason it cannot go on, "" if it can) is empty on every rank, else the
-// lowest failing rank's reason, on every rank, prefixed "rank N: " in a job of several ranks. So every rank refuses
-// alike, rather than some failing inside a later collective while others wait there.
-std::string first_failing_reason(const std::string& mine, MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int failing = mine.empty() ? INT_MAX : rank;
-  int first = INT_MAX;
-  MPI_Allreduce(&failing, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX) return "";
-  char reason[1024] = {};
-  std::snprintf(reason, sizeof reason, "%s", mine.c_str());
-  MPI_Bcast(reason, sizeof reason, MPI_CHAR, first, comm);
-  return (size > 1 ? "rank " + std::to_string(first) + ": " : std::string()) + reason;
-}
 
 }  // namespace
 

@@ -190,6 +190,14 @@ host='[^)]*'
 (cd "$work" && expect_refusal "mpirun -np 1 ddplab --version : -np 1 ddplab train" \
   "ranks disagree on the subcommand: rank 0 (host $host) runs --version, rank 1 (host $host) runs train\$" \
   -np 1 "$ddplab" --version : -np 1 "$ddplab" train "${small[@]}")
+# The same subcommand, but one rank alone refuses its command line or its environment (an MPMD launch, a knob set on
+# one host): every rank refuses with that rank's reason, none waits for the one that left.
+(cd "$work" && expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
+  "rank 1: unknown option --no-such-flag" \
+  -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --no-such-flag)
+(cd "$work" && expect_refusal "mpirun -np 1 ddplab train : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana ddplab train" \
+  "rank 1: DDPLAB_COMM_MAX_SLEEP_US must be an integer" \
+  -np 1 "$ddplab" train "${small[@]}" : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana "$ddplab" train "${small[@]}")
 
 # An existing result is never overwritten without --force, and is left exactly as it was.
 echo "precious" >"$work/existing.h5"
