@@ -27,6 +27,7 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Without apt-utils (a minimal image) debconf says on stderr that it delays configuration: noise, not a problem.
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" 2> >(grep -v '^debconf: delaying' >&2) >/dev/null
 echo "install_deps: done"
 cudnn_frontend
