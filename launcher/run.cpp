@@ -271,15 +271,24 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
                                  differing + "; a resumed run must repeat the original's settings");
 }
 
-// Every rank loads the checkpoint (so a bad file is refused on all alike) and learns the step to start at. The
-// settings are compared first: another model's checkpoint would otherwise fail on a tensor's shape.
-int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& runner) {
-  if (const std::string saved = checkpoint_config_json(config.resume); !saved.empty())
-    require_same_settings(config, world_size, saved);
-  const CheckpointInfo info = runner.read_checkpoint(config.resume);  // it read the same config to load
-  require(info.step < config.steps, "checkpoint " + config.resume + " is at step " + std::to_string(info.step) +
-                                        ", and --steps " + std::to_string(config.steps) + " leaves nothing to run");
-  return info.step;
+// Every rank loads the checkpoint and learns the step to start at. The settings are compared first: another model's
+// checkpoint would otherwise fail on a tensor's shape. Collective: the file may read differently on different ranks
+// (a node-local path that exists on rank 0's node only), so the ranks agree, and all refuse with the lowest failing
+// rank's reason.
+int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& runner, MPI_Comm world) {
+  std::string problem;
+  int64_t step = 0;
+  try {
+    if (const std::string saved = checkpoint_config_json(config.resume); !saved.empty())
+      require_same_settings(config, world_size, saved);
+    step = runner.read_checkpoint(config.resume).step;  // it read the same config to load
+    require(step < config.steps, "checkpoint " + config.resume + " is at step " + std::to_string(step) +
+                                     ", and --steps " + std::to_string(config.steps) + " leaves nothing to run");
+  } catch (const UsageError& e) {
+    problem = e.what();
+  }
+  if (const std::string why = first_failing_reason(problem, world); !why.empty()) throw UsageError(why);
+  return step;
 }
 
 // "fc2.bias,fc2.weight,fc1.bias" — or "fc1.weight[0:256]" for a block of rows of a weight.
@@ -783,7 +792,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
 
   SummarizedRun result;
   const auto trainer = std::make_unique<Trainer>(config, world);
-  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer);
+  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer, world);
   const std::string error =
       broadcast_error(rank == 0 ? check_room_for_outputs(config, *trainer, size, first_step) : "", world);
   if (!error.empty()) throw UsageError(error);
