@@ -295,7 +295,7 @@ void RingAllreduceCuda::enqueue_allreduce_sum(const float* in, float* out, size_
   if (std::string(link_->name()) != "nccl")
     throw std::logic_error(name_ + ": the host waits inside each exchange; only the nccl link queues without waiting");
   wait_for_jobs("the GPU ring's comm thread to go idle");
-  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()));
+  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()), wire());
 }
 
 }  // namespace ddplab::cuda

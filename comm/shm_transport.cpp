@@ -349,15 +349,14 @@ void ShmTransport::wait_until(Ready ready) {
     count(counters.yield_polls);
     if (step()) return;
   }
-  int64_t nap = 1000;
+  int64_t nap_ns = 1000;
   for (;;) {
-    const timespec ts{0, static_cast<long>(nap)};
     const int64_t asleep = now_ns();
-    nanosleep(&ts, nullptr);
+    ddplab::nap(nap_ns);
     count(counters.sleeps);
     count(counters.sleep_ns, static_cast<uint64_t>(now_ns() - asleep));
     if (step()) return;
-    nap = std::min<int64_t>(2 * nap, int64_t{poll_.max_sleep_us} * 1000);
+    nap_ns = std::min<int64_t>(2 * nap_ns, int64_t{poll_.max_sleep_us} * 1000);
   }
 }
 

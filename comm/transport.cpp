@@ -105,6 +105,11 @@ double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples) {
   return total[1] > 0 ? total[0] / total[1] : 0;
 }
 
+void nap(int64_t ns) {
+  const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  nanosleep(&ts, nullptr);
+}
+
 int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy,
               const std::function<void()>& between_polls) {
   int done = 0;
@@ -120,8 +125,7 @@ int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy
   tighten_timer_slack_once();
   int64_t sleep_ns = 1000;
   for (;;) {
-    const timespec ts{0, static_cast<long>(sleep_ns)};
-    nanosleep(&ts, nullptr);
+    nap(sleep_ns);
     if (between_polls) between_polls();
     err = MPI_Test(request, &done, status);
     if (err != MPI_SUCCESS || done) return err;

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <stdexcept>
@@ -74,6 +75,10 @@ struct PollPolicy {
   // DDPLAB_COMM_SPIN_US / DDPLAB_COMM_MAX_SLEEP_US, read once, or their defaults (runtime/settings.h).
   static PollPolicy from_env();
 };
+
+// Sleeps `ns` nanoseconds, seconds included: nanosleep refuses a tv_nsec of 10^9 or more at once, which would turn a
+// wait with a DDPLAB_COMM_MAX_SLEEP_US of a second or more into a busy poll.
+void nap(int64_t ns);
 
 // What a sched_yield() costs a thread when compute threads hold every core: the shm transport's waits yield between
 // polls, and a yield that hands the core to a compute thread returns after that thread's time slice (a few ms, not

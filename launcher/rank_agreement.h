@@ -33,8 +33,9 @@ std::string rank_identity_disagreement(const std::vector<RankIdentity>& ranks);
 std::string identity_disagreement(const RankIdentity& mine, MPI_Comm comm);
 
 // Collective over `comm`: "" when `mine` (this rank's reason it cannot go on, "" if it can) is empty on every rank,
-// else the lowest failing rank's reason, on every rank, prefixed "rank N: " in a job of several ranks. So every rank
-// refuses alike, rather than some failing inside a later collective while others wait there.
+// else the lowest failing rank's reason, on every rank, prefixed "rank N: " when some rank did not fail (where all
+// did, the reason is usually the same everywhere: a setting given to the whole job). So every rank refuses alike,
+// rather than some failing inside a later collective while others wait there.
 std::string first_failing_reason(const std::string& mine, MPI_Comm comm);
 
 }  // namespace ddplab

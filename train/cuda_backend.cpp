@@ -273,9 +273,13 @@ void CudaBackend::update_bucket(int b, const int* skip_if_set) {
 
 void CudaBackend::synchronize() { cudaCheck(cudaStreamSynchronize(compute_.get())); }
 
+// Called from backward's hook, after the piece's ready event was recorded and before the reducer is told: the event is
+// recorded again behind the NaN, or the piece's all-reduce could read the gradient before the NaN lands (and the NaN
+// would then land in this rank's reduced gradients only).
 void CudaBackend::set_gradient_nan(int piece) {
   float* gradient = workload_->flat_grads() + workload_->grad_pieces()[piece].offset;
   cudaCheck(cudaMemsetAsync(gradient, 0xFF, sizeof(float), compute_.get()));  // all ones: a NaN
+  cudaCheck(cudaEventRecord(workload_->piece_ready_event(piece), compute_.get()));
 }
 
 void CudaBackend::add_to_first_parameter(float delta) {

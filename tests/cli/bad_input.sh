@@ -180,7 +180,7 @@ DDPLAB_RING_SLICE_BYTES=-5 expect_error 2 "DDPLAB_RING_SLICE_BYTES must be an in
 # suite's cases run on parts of the job (a refusal on some ranks only would leave the others waiting).
 DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer in \[0, 1\], got '7'" \
   train "${small[@]}" --out "$work/knob.h5"
-(cd "$work" && DDPLAB_COMM_TRANSPORT=foo expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2)
+DDPLAB_COMM_TRANSPORT=foo in_work expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2
 # Read before MPI starts (the BLAS re-exec), and refused with the rest once it has.
 DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" \
   train "${small[@]}" --out "$work/knob.h5"

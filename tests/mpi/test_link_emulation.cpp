@@ -164,6 +164,14 @@ TEST(Progress, WaitingForALatePeerSleeps) {
   }
 }
 
+// A nap past a second (DDPLAB_COMM_MAX_SLEEP_US of 10^6 or more) carries the seconds: nanosleep refuses a tv_nsec of
+// 10^9 or more and returns at once, which turned such waits into busy polls.
+TEST(Progress, ANapOfOverASecondSleepsThatLong) {
+  const int64_t t0 = monotonic_ns();
+  nap(1'100'000'000);
+  EXPECT_GE(monotonic_ns() - t0, 1'100'000'000);
+}
+
 TEST(ParseLink, PresetsAndOverrides) {
   const LinkModel l = parse_link("10gbe");
   EXPECT_EQ(l.name, "10gbe");
