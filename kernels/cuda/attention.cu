@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kBlock)
     float m = -INFINITY, s = 0.0f;
     for (int j = lane; j < n; j += 32) detail::online_softmax_update(m, s, r[j]);
     const float row_max = detail::warp_max(m);
-    const float sum = detail::warp_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max));
+    const float sum = detail::warp_sum(m == -INFINITY ? s : s * expf(m - row_max));  // s: 0, or a NaN
     const float inv = n > 0 ? 1.0f / sum : 0.0f;  // sum >= 1 when n > 0: the max term is exp(0)
     for (int j = lane; j < S; j += 32) r[j] = j < n ? expf(r[j] - row_max) * inv : 0.0f;
   }

@@ -62,12 +62,13 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 
 // Online softmax: (m, s) is the running max and sum of exp(x - m) over what a thread has seen, so one pass over a
 // row gives both. While everything seen is -inf, nothing is added (exp(-inf - -inf) would be NaN); a NaN x lands in
-// the else branch and poisons s, so it shows in the result.
+// the else branch and poisons s (exp(NaN) even while m is -inf), so it shows in the result: a thread's share of the
+// row's sum is s * exp(m - row max), or s itself (0, or NaN) where m is still -inf.
 __device__ __forceinline__ void online_softmax_update(float& m, float& s, float x) {
   if (x > m) {
-    s = s * expf(m - x) + 1.0f;  // m == -inf: s == 0, and 0 * 0 + 1
+    s = s * expf(m - x) + 1.0f;  // m == -inf: s == 0, and 0 * 0 + 1 (s NaN stays NaN)
     m = x;
-  } else if (m != -INFINITY) {
+  } else if (m != -INFINITY || isnan(x)) {
     s += expf(x - m);
   }
 }

@@ -82,14 +82,19 @@ __global__ void __launch_bounds__(kMaxRowBlock)
 #pragma unroll
       for (int k = 0; k < P; ++k) pack_max = fmaxf(pack_max, to_float(x.v[k]));  // fmaxf drops a NaN: the sum keeps it
       const float m_new = fmaxf(m, pack_max);
-      if (m_new == -INFINITY) continue;  // all -inf so far: nothing to add (and exp(-inf - -inf) would be NaN)
-      s *= expf(m - m_new);              // m == -inf: s == 0, and 0 * 0
+      if (m_new == -INFINITY) {  // all -inf (or NaN) so far: nothing to add, as exp(-inf - -inf) would be NaN ...
+#pragma unroll
+        for (int k = 0; k < P; ++k)
+          if (isnan(to_float(x.v[k]))) s = NAN;  // ... but a NaN, which fmaxf dropped: it must still reach the loss
+        continue;
+      }
+      s *= expf(m - m_new);  // m == -inf: s == 0 (or NaN, kept), and 0 * 0
 #pragma unroll
       for (int k = 0; k < P; ++k) s += expf(to_float(x.v[k]) - m_new);
       m = m_new;
     }
     const float row_max = detail::block_max(m, scratch);
-    const float sum = detail::block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max), scratch);
+    const float sum = detail::block_sum(m == -INFINITY ? s : s * expf(m - row_max), scratch);  // s: 0, or a NaN
     if (threadIdx.x == 0) losses[row] = logf(sum) - (z_target - row_max);  // log-sum-exp: finite when p underflows
     if (d) {
       const float inv_sum = 1.0f / sum;

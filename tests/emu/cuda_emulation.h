@@ -69,6 +69,9 @@
 #define __launch_bounds__(...)
 #endif
 
+// CUDA's device math declares isnan for float in the global namespace, as C's math.h does; <cmath> puts it in std.
+using std::isnan;
+
 namespace ddplab::emu {
 
 constexpr int kWarpSize = 32;

@@ -146,6 +146,36 @@ TEST(SoftmaxCrossEntropyEmu, MaskedLogits) {
   EXPECT_TRUE(AllClose(got, dlogits, 1e-5, 1e-6)) << "dlogits";
 }
 
+// A NaN logit reaches its row's loss (and so the mean), as on the CPU, even where it is the first thing its thread
+// sees among -inf (packed: the NaN's pack has no finite element; scalar: the NaN is a thread's first element, then
+// finite ones): there the running max is still -inf and fmaxf drops the NaN. The other row is untouched.
+TEST(SoftmaxCrossEntropyEmu, ANaNLogitReachesTheLoss) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const int V : {256, 257}) {  // fp32: packs of 4, then scalar
+    SCOPED_TRACE("V=" + std::to_string(V));
+    const int N = 2;
+    std::vector<float> logits = random_vector(int64_t{N} * V, -3, 3, 5);
+    if (V % 4 == 0) {
+      for (int k = 0; k < 4; ++k) logits[k] = -inf;  // the first thread's first pack: -inf and a NaN
+      logits[1] = nan;
+    } else {
+      logits[0] = nan;  // the first thread's first element; its next ones are finite
+    }
+    const std::vector<int32_t> targets = {7, 9};
+    std::vector<float> exps(int64_t{N} * V), sums(N), losses(N);
+    cpu::softmax_cross_entropy_forward(exps.data(), sums.data(), losses.data(), logits.data(), targets.data(), N, V);
+    ASSERT_TRUE(std::isnan(losses[0])) << "the CPU reference propagates the NaN";
+    std::vector<float> got_losses(N), got_mean(1);
+    std::vector<int> count(1);
+    cuda::softmax_cross_entropy_launches(emulated_launch, static_cast<float*>(nullptr), got_losses.data(),
+                                         got_mean.data(), count.data(), logits.data(), targets.data(), N, V, 1.0f,
+                                         kH200.l2_bytes, kH200.sms);
+    EXPECT_TRUE(std::isnan(got_losses[0])) << got_losses[0];
+    EXPECT_TRUE(std::isnan(got_mean[0])) << got_mean[0];
+    EXPECT_TRUE(AllClose({got_losses[1]}, {losses[1]}, 1e-5, 1e-6));
+  }
+}
+
 // A target past the vocabulary is a caller's bug: its row's loss is NaN (visible), and nothing is read outside the row.
 TEST(SoftmaxCrossEntropyEmu, ATargetPastTheVocabularyGivesNaN) {
   const int N = 2, V = 64;
