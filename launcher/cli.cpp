@@ -45,11 +45,15 @@ void validate_cuda(const TrainConfig& c) {
     refuse(fused || c.min_len >= 2, "--attention cudnn needs --min-len 2 or more (cuDNN takes no single-token "
                                     "sequences; got --min-len " + std::to_string(c.min_len) + ")");
   }
+  std::pair<int, int> profiled;
   try {
-    parse_profile_steps(c.profile_steps);
+    profiled = parse_profile_steps(c.profile_steps);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  // Otherwise the profiler would never stop (or never start), and the capture would hold the run's end or nothing.
+  require(profiled.second < c.steps, "--profile-steps " + c.profile_steps + " goes past the run's last step, " +
+                                         std::to_string(c.steps - 1) + " (--steps " + std::to_string(c.steps) + ")");
 }
 
 // The flag's value as the error names it: "0", "-1", "0.5".

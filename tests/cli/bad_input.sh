@@ -88,6 +88,7 @@ refusals_at() {
   expect_error $np "--model must be mlp, tiny, small or gpt2-small (got 'bert')" train "${small[@]}" --model bert
   expect_error $np "--profile-steps needs --device cuda" train "${small[@]}" --profile-steps 2:3
   expect_error $np "--profile-steps must be A:B" train "${small[@]}" --device cuda --comm nccl --profile-steps 3:2
+  expect_error $np "--profile-steps 1:5 goes past the run's last step, 1 (--steps 2)" train "${small[@]}" --device cuda --comm nccl --profile-steps 1:5
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
   expect_error $np "--precision bf16 needs --device cuda" train "${small[@]}" --precision bf16
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
