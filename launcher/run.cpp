@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 
@@ -614,8 +615,9 @@ RunRecord run_description(const TrainConfig& config, const RunOptions& options, 
 
 // What a run writes between its steps: checkpoints and snapshots (--flush-every), each timed for the summary, since
 // no step records that wall time. A result that cannot be written (disk full, quota, I/O error) stops the run after
-// `step` on every rank, all of which learned it from the write's broadcast: nothing further is written, and the last
-// snapshot is kept.
+// `step` on every rank, all of which learned it from the write's broadcast. A snapshot that fails writes nothing
+// further, and the last snapshot is kept; a checkpoint that fails still leaves the run file (finish_run), which may
+// well be on another disk: the measurements are not lost with the checkpoint.
 class RunWriter {
  public:
   RunWriter(const TrainConfig& config, Trainer& trainer, RecordGatherer& gathered, RunRecord& record,
@@ -629,10 +631,12 @@ class RunWriter {
         checkpoint_written_(saves_over_resumed),
         partial_(config.out + ".partial") {}
 
+  // Throws the stop (exit code 5) on a failure: the run file is still to be written.
   void checkpoint(int64_t next_step) {
     const std::string error =
         timed([&] { return save_checkpoint_collectively(trainer_, config_, next_step, checkpoint_written_, world_); });
-    if (!error.empty()) throw failed(error, next_step - 1);
+    if (!error.empty())
+      throw TrainingStopped(error + " (after step " + std::to_string(next_step - 1) + ")", kExitWriteFailed);
     checkpoint_written_ = true;
   }
 
@@ -732,7 +736,11 @@ std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& 
     if (const int signal = trainer.stop_signal())
       return std::make_unique<TrainingStopped>(stopped_by_signal(signal, s));
     const bool more = s + 1 < config.steps;
-    if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && more) writer.checkpoint(s + 1);
+    try {
+      if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && more) writer.checkpoint(s + 1);
+    } catch (const TrainingStopped& e) {  // every rank: the run file keeps the steps so far
+      return std::make_unique<TrainingStopped>(e);
+    }
     if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && more) writer.snapshot(s, summary);
     if (rank == 0 && !config.quiet && last.skipped > 0) {
       std::printf("  step %d skipped: %s (--skip-nonfinite: no update)\n", s, trainer.skipped_because().c_str());
@@ -762,14 +770,27 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
 // too (resume continues it); a stop for bad numbers does not. Throws the stop, or the failed write.
 void finish_run(const TrainConfig& config, const TrainingStopped* stopped, RecordGatherer& gathered, RunWriter& writer,
                 SummarizedRun& result, int64_t first_step, int rank) {
-  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128))
-    writer.checkpoint(first_step + gathered.steps());
-  result.record.meta.stop_reason = stopped ? stopped->what() : "";
+  std::optional<TrainingStopped> checkpoint_failed;
+  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128)) {
+    try {
+      writer.checkpoint(first_step + gathered.steps());
+    } catch (const TrainingStopped& e) {
+      checkpoint_failed = e;
+    }
+  }
+  const TrainingStopped* stop = checkpoint_failed ? &*checkpoint_failed : stopped;
+  result.record.meta.stop_reason = stop ? stop->what() : "";
   const std::string error = gathered.write(config.out, config.force, result.summary);
   if (rank == 0 && error.empty()) unlink(writer.partial().c_str());  // the complete file replaces the snapshot
-  if (rank == 0 && !config.quiet) print_run_end(config, result, error.empty(), stopped != nullptr);
-  if (!error.empty()) throw writer.failed(error, first_step + gathered.steps() - 1);
-  if (stopped) throw *stopped;
+  if (rank == 0 && !config.quiet) print_run_end(config, result, error.empty(), stop != nullptr);
+  if (!error.empty()) {
+    const TrainingStopped lost = writer.failed(error, first_step + gathered.steps() - 1);
+    // A checkpoint that failed first is the stop to name; the run file's failure (often the same full disk) follows.
+    if (stop && stop->exit_code == kExitWriteFailed)
+      throw TrainingStopped(std::string(stop->what()) + "; " + lost.what(), kExitWriteFailed);
+    throw lost;
+  }
+  if (stop) throw *stop;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ Each case runs on a small tmpfs of its own; where mounting one is not allowed (n
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import h5py
@@ -108,6 +109,25 @@ def main():
         check(code == 0, f"checkpoint: the one kept resumes (code {code}) {text[-300:] if code else ''}")
         if os.path.exists(resumed):
             os.unlink(resumed)
+
+    # The checkpoint's disk fills while the run file's has room: the run stops at the checkpoint that failed (exit
+    # 5, one line naming it), and the run file keeps every step before it.
+    with tempfile.TemporaryDirectory() as elsewhere, Tmpfs("2m") as folder:
+        out, ck = os.path.join(elsewhere, "run.h5"), os.path.join(folder, "ck.h5")
+        p = start(mpirun, ddplab, ["--steps", "1500", "--data-cost-ms", "1", "--out", out, "--flush-every", "0",
+                                   "--checkpoint", ck, "--checkpoint-every", "50"])
+        began = wait_for(ck, time.monotonic() + 60)
+        fill(folder)
+        code, text = finish(p)
+        lines = stopped_lines(text)
+        check(began and code == 5 and len(lines) == 1 and f"cannot save checkpoint {ck}: No space left on device" in
+              lines[0], f"checkpoint's disk full: exit 5, one line naming it (code {code}, {lines})")
+        steps, reason = -1, ""
+        if os.path.exists(out):
+            with h5py.File(out, "r") as f:
+                steps, reason = int(f.attrs["num_steps"]), str(f.attrs["stop_reason"])
+        check(steps >= 100 and steps % 50 == 0 and "cannot save checkpoint" in reason,
+              f"checkpoint's disk full: the run file keeps the steps before it, and why ({steps}, {reason!r})")
 
     # The disk has room for the records but not the file: the final write fails; no snapshot was taken. HDF5 keeps
     # the file whose close failed open, and its exit handler used to crash on it (every time at one rank).
