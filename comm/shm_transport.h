@@ -14,7 +14,8 @@
 // consumer's counters only when the room it last saw is used up. A payload larger than the free space streams
 // through in pieces: the sender copies what fits and keeps the rest pending, pushed on by its later calls
 // (progress, recv, wait_sends) — so a rank that waits for anything keeps pushing.
-// Waiting polls the counters: spin for PollPolicy::spin_us, then sleep with growing naps (no core burnt).
+// Waiting polls the counters: a few us of PAUSE spinning, then sched_yield polls until PollPolicy::spin_us, then
+// sleeps with growing naps (no core burnt); ShmWaitStats counts each phase.
 //
 // Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
 // holding its notice board for the direct collectives (comm/shm_direct.h) and its incoming FIFOs, everyone maps everyone's, and the names

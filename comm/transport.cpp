@@ -236,7 +236,7 @@ void MpiTransport::settle_sends_before_throwing() noexcept {
 
 bool MpiTransport::progress() {
   if (pending_sends_.empty()) return false;
-  int done = 0;  // completed requests become MPI_REQUEST_NULL, which wait_sends then passes at once
+  int done = 0;  // MPI_Testall frees the requests only when all are complete (then so do we); else it leaves them
   mpiCheck(MPI_Testall(static_cast<int>(pending_sends_.size()), pending_sends_.data(), &done, MPI_STATUSES_IGNORE));
   if (done) {
     pending_sends_.clear();

@@ -52,7 +52,7 @@ inline std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, con
 class Reducer {
  public:
   // Collective over comm: every rank must construct its Reducer with the same layout, which is checked (a
-  // mismatch throws on every rank, naming the first differing bucket).
+  // mismatch throws on every rank, naming each rank's bucket count: check_same_layout).
   // numel/offset: the gradient pieces in ready order (see assign_buckets).
   Reducer(Communicator& comm, const ReducerConfig& config, const std::vector<int64_t>& numel,
           const std::vector<int64_t>& offset, float* flat_grads);

@@ -72,8 +72,9 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
       attention_(attention),
       max_tokens_(max_tokens),
       max_seq_(max_seq),
-      // TF32 in bf16 mode too: the only fp32 GEMMs there are attention's, whose q, k and v come from bf16 (exact in
-      // TF32); the Linear layers' bf16 GEMMs accumulate in fp32 whatever the math.
+      // TF32 in bf16 mode too: the only fp32 GEMMs there are the unfused attention's. Those on q, k, v and dout take
+      // bf16 values (exact in TF32); those on the fp32 softmax and its gradient round them to TF32, well within the
+      // bf16 step's error. The Linear layers' bf16 GEMMs accumulate in fp32 whatever the math.
       gemm_(precision == Precision::kFp32 ? cuda::GemmMath::kFp32 : cuda::GemmMath::kTf32) {
   if (max_tokens < 1 || max_tokens > INT_MAX || max_seq < 1)
     throw std::invalid_argument("TransformerCuda: max_tokens must be in [1, 2^31) and max_seq positive, got " +

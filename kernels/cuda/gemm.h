@@ -50,10 +50,9 @@ class GemmContext {
   cublasHandle_t blas_handle(cudaStream_t stream);
   void* workspace();
   int64_t cached_plans() const;  // for tests: distinct problems planned so far
-  // Calls with an epilogue so far (forward bias or bias+GELU, backward dGELU, a bias gradient beside the weight
-  // gradient): those cuBLASLt fused into the GEMM, and those that ran our kernel after it (unaligned bias/aux, a GELU
-  // width not a multiple of 8, or no algorithm). The benchmark and the tests print which ran: a fallback costs a pass
-  // over the GEMM's output (or input, for a bias gradient).
+  // Calls with an epilogue so far (forward bias or bias+GELU, backward dGELU): those cuBLASLt fused into the GEMM,
+  // and those that ran our kernel after it (unaligned bias/aux, a GELU width not a multiple of 8, or no algorithm).
+  // The benchmark and the tests print which ran: a fallback costs a pass over the GEMM's output.
   // Which of cuBLASLt's heuristic answers new plans take: 0, its first (the default), or k, its (k+1)-th where it gives
   // that many (else the plan has no algorithm: an epilogue falls back, a plain GEMM throws). For the benchmark, which
   // times the other candidates against the heuristic's pick; the choice is part of a plan's key.
