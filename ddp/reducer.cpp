@@ -107,7 +107,10 @@ void Reducer::finish_alone(int piece) {
   // and checked in one pass while backward's last writes are in cache. A NaN still stops the step.
   auto finish = [this, piece, scale = local_scale_ * grad_scale_] {
     const bool finite = cpu::scale_and_check_finite(flat_grads_ + piece_offset_[piece], scale, piece_numel_[piece]);
-    if (!finite) nonfinite_[bucket_of_piece_[piece]] = 1;
+    if (!finite) {
+      const std::lock_guard<std::mutex> lock(nonfinite_mutex_);
+      nonfinite_[bucket_of_piece_[piece]] = 1;
+    }
     if (on_reduced_) on_reduced_(piece, piece, finite);
   };
   // The last piece on the caller's thread: backward is over, and a hand-off would only add a wake-up to the step.

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -131,6 +132,9 @@ class Reducer {
   std::vector<BucketTimes> times_;
   // Per bucket, written by the thread that finishes it (the comm thread or the finisher) before its job counts done.
   std::vector<int> nonfinite_;  // int: MPI_MAX is defined for it (sharded: agreed across ranks)
+  // At one rank the closing bucket's last piece is finished on the caller's thread while the finisher may still
+  // finish its others: their writes of the bucket's flag (the rare non-finite path) take this.
+  std::mutex nonfinite_mutex_;
   ReducedHook on_reduced_;
   WorkerThread* alone_finisher_ = nullptr;
   uint64_t last_finish_ticket_ = 0;  // this step's last job on alone_finisher_
