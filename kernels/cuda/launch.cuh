@@ -18,8 +18,10 @@ constexpr int kBlockSize = 256;
 // Enough blocks to fill an H100/H200 many times over (132 SMs x 8 resident blocks of 256); more only adds tails.
 constexpr int64_t kMaxGridSize = 65535;
 
-inline unsigned grid_size(int64_t n, int block = kBlockSize) {
-  return static_cast<unsigned>(std::min<int64_t>((n + block - 1) / block, kMaxGridSize));
+// Blocks for n items, items_per_block each: threads for a thread per item (the default), or rows per block where a
+// warp owns a row (LayerNorm, the softmaxes, the embedding); capped, the kernels' loops stride over the rest.
+inline unsigned grid_size(int64_t n, int items_per_block = kBlockSize) {
+  return static_cast<unsigned>(std::min<int64_t>((n + items_per_block - 1) / items_per_block, kMaxGridSize));
 }
 
 __device__ inline int64_t global_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
