@@ -22,6 +22,11 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using cuda_model::NvtxRange;
+
+// The unfused attention in bf16 runs on fp32 copies placed after its workspace, each [tokens, C] floats: forward's
+// qkv (3) and out (1), backward's dout (1), qkv (3) and dqkv (3). The workspace's size and the carve-ups both count
+// them here.
+constexpr int kForwardFp32Copies = 3 + 1, kBackwardFp32Copies = 1 + 3 + 3;
 using namespace transformer_block;  // NOLINT: the block's parameter names
 
 template <typename T>
@@ -129,8 +134,10 @@ int64_t TransformerCuda::scratch_floats() const {
       : fused
           ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens_), d_model, heads)
           : std::max(
-                cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) + 4 * bf16_copies,
-                cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) + 7 * bf16_copies);
+                cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
+                    kForwardFp32Copies * bf16_copies,
+                cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
+                    kBackwardFp32Copies * bf16_copies);
   return std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens_), d_model));
 }
 
@@ -313,7 +320,7 @@ void TransformerCuda::attention_forward(const BlockActs& a) {
     cuda::attention_forward(gemm_, out, att, scratch_, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
   } else {
     const int64_t BTC = int64_t{B} * S * C;
-    float* qkv32 = scratch_ + cuda::attention_forward_workspace_floats(B, S, C, NH);
+    float* qkv32 = scratch_ + cuda::attention_forward_workspace_floats(B, S, C, NH);  // kForwardFp32Copies of BTC
     float* out32 = qkv32 + 3 * BTC;
     cuda::bf16_to_f32(qkv32, qkv, 3 * BTC, stream_);
     cuda::attention_forward(gemm_, out32, att, scratch_, qkv32, lengths_, B, S, C, NH, config_.causal(), stream_);
@@ -337,7 +344,7 @@ void TransformerCuda::attention_backward(T* dqkv, const T* dout, const BlockActs
     cuda::attention_backward(gemm_, dqkv, scratch_, dout, qkv, att, lengths_, B, S, C, NH, config_.causal(), stream_);
   } else {
     const int64_t BTC = int64_t{B} * S * C;
-    float* dout32 = scratch_ + cuda::attention_backward_workspace_floats(B, S, C, NH);
+    float* dout32 = scratch_ + cuda::attention_backward_workspace_floats(B, S, C, NH);  // kBackwardFp32Copies of BTC
     float* qkv32 = dout32 + BTC;
     float* dqkv32 = qkv32 + 3 * BTC;
     cuda::bf16_to_f32(dout32, dout, BTC, stream_);
