@@ -337,8 +337,9 @@ inline AttentionKind resolved_attention(const TrainConfig& c, bool cudnn_availab
 // What the choices left to "auto" depend on, as this rank finds it (launcher/run.cpp gathers it, the same on every
 // rank where the ranks must agree).
 struct RunFacts {
-  int cores = 1;                  // the cores this rank may use (cores_for_rank)
-  bool cudnn_available = false;   // cuDNN's attention loads on every rank
+  int cores = 1;                       // the cores this rank may use (cores_for_rank): its own BLAS threads
+  bool spare_core_every_rank = false;  // every rank has a core its BLAS threads leave idle
+  bool cudnn_available = false;        // cuDNN's attention loads on every rank
 };
 
 // --grad-slice-mb as it runs: auto (see resolved) is 1 MiB with the update in backward, else 0 (whole weights).
@@ -348,7 +349,8 @@ inline double resolved_grad_slice_mb(const TrainConfig& c) {
 }
 
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update
-// in backward takes a core only where the BLAS threads leave one idle, and never with --skip-nonfinite (which must
+// in backward takes a core only where the BLAS threads leave one idle on every rank (it slices the gradients, and the
+// ranks' buckets must match even where a host's cores split unevenly among its ranks), and never with --skip-nonfinite (which must
 // see every gradient before anything is updated) or ZeRO-1; --grad-slice-mb auto: with the update in backward, 1 MiB
 // row blocks. The update of the layer backward ends with then follows its gradient block by block, and only its last
 // block's is left after backward (docs/ARCHITECTURE.md, "The update in backward"). Otherwise whole weights, as
@@ -357,7 +359,7 @@ inline TrainConfig resolved(TrainConfig c, const RunFacts& facts) {
   if (c.blas_threads == 0) c.blas_threads = facts.cores;
   if (!c.optimizer_in_backward)
     c.optimizer_in_backward = c.device == Device::kCpu && !c.skip_nonfinite && c.zero_stage == 0 &&
-                                      facts.cores > c.blas_threads
+                                      facts.spare_core_every_rank
                                   ? OnOff::kOn
                                   : OnOff::kOff;
   c.grad_slice_mb = resolved_grad_slice_mb(c);

@@ -285,6 +285,9 @@ int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Traine
     step = runner.read_checkpoint(config.resume).step;  // it read the same config to load
     require(step < config.steps, "checkpoint " + config.resume + " is at step " + std::to_string(step) +
                                      ", and --steps " + std::to_string(config.steps) + " leaves nothing to run");
+    require(config.fault == Fault::kNone || config.fault_step >= step,
+            "--fault-step " + std::to_string(config.fault_step) + " comes before step " + std::to_string(step) +
+                ", where this run resumes from " + config.resume + ": the fault would never happen");
   } catch (const UsageError& e) {
     problem = e.what();
   }
@@ -567,7 +570,10 @@ TrainConfig resolved_for_run(const TrainConfig& asked, const std::string& run_fi
                              MPI_Comm world) {
   TrainConfig config = asked;
   config.out = run_file;
-  return resolved(config, RunFacts{rank_cores.cores, cudnn_on_every_rank(asked, world)});
+  const int threads = asked.blas_threads > 0 ? asked.blas_threads : rank_cores.cores;
+  int spare_core_every_rank = rank_cores.cores > threads ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &spare_core_every_rank, 1, MPI_INT, MPI_MIN, world);
+  return resolved(config, RunFacts{rank_cores.cores, spare_core_every_rank == 1, cudnn_on_every_rank(asked, world)});
 }
 
 // A runs/ folder made for the default run file goes again if the run ends before writing anything there (a refused

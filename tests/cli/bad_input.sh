@@ -217,6 +217,9 @@ if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --checkpoint
     "rank 1: cannot load checkpoint ck.h5: No such file or directory" \
     -np 1 -wdir "$work/node_a" "$ddplab" train "${longer[@]}" --resume ck.h5 : \
     -np 1 -wdir "$work/node_b" "$ddplab" train "${longer[@]}" --resume ck.h5
+  # A fault at a step the resumed run never reaches.
+  expect_error 2 "--fault-step 1 comes before step 2, where this run resumes" \
+    train "${longer[@]}" --resume "$work/node_a/ck.h5" --fault nan --fault-step 1 --out "$work/node_a/fault.h5"
 else
   echo "FAIL could not write the checkpoint the resume case needs"; failures=$((failures + 1))
 fi
