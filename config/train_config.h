@@ -350,18 +350,17 @@ inline double resolved_grad_slice_mb(const TrainConfig& c) {
 
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update
 // in backward takes a core only where the BLAS threads leave one idle on every rank (it slices the gradients, and the
-// ranks' buckets must match even where a host's cores split unevenly among its ranks), and never with --skip-nonfinite (which must
-// see every gradient before anything is updated) or ZeRO-1; --grad-slice-mb auto: with the update in backward, 1 MiB
-// row blocks. The update of the layer backward ends with then follows its gradient block by block, and only its last
-// block's is left after backward (docs/ARCHITECTURE.md, "The update in backward"). Otherwise whole weights, as
-// PyTorch's autograd produces them.
+// ranks' buckets must match even where a host's cores split unevenly among its ranks), and never with --skip-nonfinite
+// (which must see every gradient before anything is updated) or ZeRO-1; --grad-slice-mb auto: with the update in
+// backward, 1 MiB row blocks. The update of the layer backward ends with then follows its gradient block by block, and
+// only its last block's is left after backward (docs/ARCHITECTURE.md, "The update in backward"). Otherwise whole
+// weights, as PyTorch's autograd produces them.
 inline TrainConfig resolved(TrainConfig c, const RunFacts& facts) {
   if (c.blas_threads == 0) c.blas_threads = facts.cores;
   if (!c.optimizer_in_backward)
-    c.optimizer_in_backward = c.device == Device::kCpu && !c.skip_nonfinite && c.zero_stage == 0 &&
-                                      facts.spare_core_every_rank
-                                  ? OnOff::kOn
-                                  : OnOff::kOff;
+    c.optimizer_in_backward =
+        c.device == Device::kCpu && !c.skip_nonfinite && c.zero_stage == 0 && facts.spare_core_every_rank ? OnOff::kOn
+                                                                                                          : OnOff::kOff;
   c.grad_slice_mb = resolved_grad_slice_mb(c);
   c.attention = resolved_attention(c, facts.cudnn_available);
   return c;

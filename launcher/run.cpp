@@ -20,10 +20,8 @@
 #include <type_traits>
 
 #include "analysis/report.h"
-#include "runtime/agreement.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
-#include "runtime/watchdog.h"
 #include "git_commit.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
@@ -32,6 +30,8 @@
 #include "record/errors.h"
 #include "record/files.h"
 #include "record/run_file.h"
+#include "runtime/agreement.h"
+#include "runtime/watchdog.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
 #ifdef DDPLAB_HAVE_CUDA
@@ -315,7 +315,6 @@ struct ArmedWatchdog {
     watchdog::set_step(-1);
   }
 };
-
 
 }  // namespace
 

@@ -131,13 +131,11 @@ int64_t TransformerCuda::scratch_floats() const {
   // cuDNN's attention keeps its own workspace (cudnn_attention.h) and needs none here.
   const int64_t attention_floats =
       with_cudnn ? 0
-      : fused
-          ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens_), d_model, heads)
-          : std::max(
-                cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
-                    kForwardFp32Copies * bf16_copies,
-                cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
-                    kBackwardFp32Copies * bf16_copies);
+      : fused    ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens_), d_model, heads)
+                 : std::max(cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
+                                kForwardFp32Copies * bf16_copies,
+                            cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
+                                kBackwardFp32Copies * bf16_copies);
   return std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens_), d_model));
 }
 
