@@ -21,9 +21,7 @@ namespace {
 constexpr int kBlock = 256;
 constexpr int kWarps = kBlock / 32;
 
-__device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
-  return lengths ? min(max(lengths[b], 0), S) : S;
-}
+using detail::length_of;
 
 // Keys [0, n) are valid for query t of a sequence of length L; n == 0 for a padded query.
 __device__ __forceinline__ int valid_keys(int t, int L, bool causal) { return t >= L ? 0 : (causal ? t + 1 : L); }

@@ -10,6 +10,12 @@ namespace ddplab::cuda::detail {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// Sequence b's length, clamped to [0, S] as the CPU reference clamps it (transformer_ops.cpp); S when there are no
+// lengths (every sequence full).
+__device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
+  return lengths ? min(max(lengths[b], 0), S) : S;
+}
+
 // Every kernel computes in fp32; T is only the storage type of activations (float or __nv_bfloat16).
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

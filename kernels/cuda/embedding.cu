@@ -21,9 +21,7 @@ using detail::to_float;
 constexpr int kBlock = 256;
 constexpr int kWarps = kBlock / 32;
 
-__device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
-  return lengths ? min(max(lengths[b], 0), S) : S;  // clamped as the CPU reference does
-}
+using detail::length_of;
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)

@@ -101,9 +101,7 @@ inline dim3 cta_grid(int B, int S, int NH, int rows) {
   return dim3(static_cast<unsigned>(NH), static_cast<unsigned>(B), static_cast<unsigned>((S + rows - 1) / rows));
 }
 
-__device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
-  return lengths ? min(max(lengths[b], 0), S) : S;
-}
+using detail::length_of;
 
 // ---- any architecture: the backward's first and last kernels ------------------------------------------------------
 

@@ -14,9 +14,7 @@ namespace {
 using detail::from_float;
 using detail::to_float;
 
-__device__ __forceinline__ int length_of(const int32_t* lengths, int b, int S) {
-  return lengths ? min(max(lengths[b], 0), S) : S;  // clamped as the CPU reference does
-}
+using detail::length_of;
 
 // A thread per (b, c), columns across threads (coalesced), sequences across blockIdx.y: each thread walks its column
 // down the sequence's valid rows in order, as the CPU does, so fp32 sums are bitwise equal.
