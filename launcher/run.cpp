@@ -779,8 +779,8 @@ void finish_run(const TrainConfig& config, const TrainingStopped* stopped, Recor
   if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128)) {
     try {
       writer.checkpoint(first_step + gathered.steps());
-    } catch (const TrainingStopped& e) {
-      checkpoint_failed = e;
+    } catch (const TrainingStopped& e) {  // after a signal's stop, both are named: the write failure's code wins
+      checkpoint_failed = stopped ? TrainingStopped(std::string(stopped->what()) + "; " + e.what(), e.exit_code) : e;
     }
   }
   const TrainingStopped* stop = checkpoint_failed ? &*checkpoint_failed : stopped;
