@@ -352,7 +352,7 @@ void ShmTransport::wait_until(Ready ready) {
   int64_t nap_ns = 1000;
   for (;;) {
     const int64_t asleep = now_ns();
-    ddplab::nap(nap_ns);
+    nap(nap_ns);
     count(counters.sleeps);
     count(counters.sleep_ns, static_cast<uint64_t>(now_ns() - asleep));
     if (step()) return;

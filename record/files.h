@@ -116,11 +116,13 @@ inline void publish_file(const std::string& tmp, const std::string& path, bool f
   int error = errno;
   if (!ok && !force && (error == EPERM || error == EOPNOTSUPP || error == ENOSYS || error == EMLINK)) {
     struct stat st;
-    if (stat(path.c_str(), &st) != 0 && errno == ENOENT) {
+    if (stat(path.c_str(), &st) == 0) {
+      error = EEXIST;
+    } else if (errno != ENOENT) {
+      error = errno;  // the name cannot be looked at: its reason, not a guess
+    } else {
       ok = renamed();
       error = ok ? 0 : errno;
-    } else {
-      error = EEXIST;
     }
   }
   if (!ok)

@@ -48,7 +48,8 @@ class StepBackend {
   virtual void start_gradients(int micro_batches) = 0;
   virtual void forward(int micro) = 0;
   // sync: the last micro-batch (the reducer all-reduces its buckets; before it, PyTorch's no_sync). before_ready(k)
-  // runs just before piece k is handed to the reducer (the --fault nan hook).
+  // runs just before piece k is handed to the reducer (the --fault nan hook); device work it has the backend enqueue
+  // must be ordered before that piece's all-reduce (CudaBackend::set_gradient_nan records the piece's event again).
   virtual void backward(int micro, bool sync, const GradReadyHook& before_ready) = 0;
   virtual double loss(int micro) = 0;  // the micro-batch's mean loss (on the GPU: waits for its forward)
   // Waits for the gradients' all-reduces (on the GPU: for the buckets' finite flags; the stream goes on).
