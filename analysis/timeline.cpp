@@ -169,6 +169,13 @@ void add_bucket_events(nlohmann::json& events, const RunRecord& run, int r, int 
   }
 }
 
+// How the ranks' times share one axis, and how closely (RUN_FILE.md, "Clock alignment").
+std::string clock_note(const RunMetadata& meta) {
+  if (!meta.clock_alignment_us) return "each rank reads its own monotonic clock from a common start (alignment not recorded)";
+  return "each rank reads its own monotonic clock from a time zero found by round trips to rank 0 (ranks aligned within " +
+         std::to_string(*meta.clock_alignment_us) + " us)";
+}
+
 }  // namespace
 
 nlohmann::json chrome_trace(const RunRecord& run) {
@@ -186,9 +193,7 @@ nlohmann::json chrome_trace(const RunRecord& run) {
                           {"first_step", run.meta.first_step},  // a resumed run's first: events carry training steps
                           {"first_steady_step", run.first_steady_step()},
                           {"config", run.config},
-                          {"clock",
-                           "ranks leave an MPI_Barrier together at start, then read their own monotonic "
-                           "clock (alignment good to tens of microseconds on one host)"},
+                          {"clock", clock_note(run.meta)},
                           {"git_commit", run.meta.git_commit},
                           {"start_time_utc", run.meta.start_time_utc},
                           {"command_line", run.meta.command_line}};

@@ -32,6 +32,7 @@
 #include "record/run_file.h"
 #include "runtime/agreement.h"
 #include "runtime/watchdog.h"
+#include "train/clock.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
 #ifdef DDPLAB_HAVE_CUDA
@@ -723,12 +724,11 @@ class ProgressLine {
 // progress line due after it. Returns what stopped the run before its last step (alike on every rank), or nullptr.
 std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& config, int64_t first_step,
                                            RecordGatherer& gathered, RunWriter& writer, RunSummary& summary,
-                                           MPI_Comm world) {
+                                           double t0, MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  MPI_Barrier(world);  // common start: step start times of all ranks share one origin
-  const double t0 = now_ms();
+  MPI_Barrier(world);  // the ranks start their first step together
   ProgressLine progress(config, size, t0);
   for (int s = static_cast<int>(first_step); s < config.steps; ++s) {
     StepRecord last;
@@ -833,8 +833,10 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   RecordGatherer gathered(result.record, world);  // rank 0 fills in the records when it writes them
   RunWriter writer(config, *trainer, gathered, result.record, first_step, saves_over_resumed, world);
   const StopSignals signals;
+  const ClockOrigin clock = common_clock_origin(world);  // the time zero of every rank's step and bucket times
+  if (size > 1) result.record.meta.clock_alignment_us = static_cast<int64_t>(std::ceil(1000 * clock.uncertainty_ms));
   const std::unique_ptr<TrainingStopped> stopped =
-      run_steps(*trainer, config, first_step, gathered, writer, result.summary, world);
+      run_steps(*trainer, config, first_step, gathered, writer, result.summary, clock.origin_ms, world);
   finish_run(config, stopped.get(), gathered, writer, result, first_step, rank);
   return result;
 }

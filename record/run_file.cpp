@@ -114,6 +114,7 @@ void write_contents(hid_t file, const RunRecord& run, const std::string& summary
   write_int_attr(file, "host_cores", meta.host_cores);
   if (meta.comm_spin_us) write_int_attr(file, "comm_spin_us", *meta.comm_spin_us);
   if (meta.comm_lost_yield_us) write_int_attr(file, "comm_lost_yield_us", *meta.comm_lost_yield_us);
+  if (meta.clock_alignment_us) write_int_attr(file, "clock_alignment_us", *meta.clock_alignment_us);
   write_int_attr(file, "file_writes", meta.file_writes);
   write_int_attr(file, "file_writes_us", meta.file_writes_us);
 
@@ -226,6 +227,7 @@ void read_contents(hid_t file, RunRecord& run) {
     meta.comm_spin_us = static_cast<int>(read_int_attr(file, "comm_spin_us", INT_MIN, INT_MAX));
   if (has_attr(file, "comm_lost_yield_us"))
     meta.comm_lost_yield_us = static_cast<int>(read_int_attr(file, "comm_lost_yield_us", 0, INT_MAX));
+  if (has_attr(file, "clock_alignment_us")) meta.clock_alignment_us = read_int_attr(file, "clock_alignment_us", 0);
   if (has_attr(file, "file_writes"))
     meta.file_writes = static_cast<int>(read_int_attr(file, "file_writes", 0, INT_MAX));
   if (has_attr(file, "file_writes_us")) meta.file_writes_us = read_int_attr(file, "file_writes_us", 0);
