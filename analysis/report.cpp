@@ -1,6 +1,7 @@
 #include "analysis/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "analysis/blame.h"
@@ -94,9 +95,13 @@ void print_time_use(std::FILE* out, const RunSummary& s) {
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   std::fprintf(out, "  slowest rank        %d (mean step %.2f ms)\n", s.slowest_rank, s.slowest_step_ms);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
-  std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
-               s.mean_spread_ms);
-  std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
+  if (run.world_size() > 1)
+    std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
+                 s.mean_spread_ms);
+  if (std::isfinite(s.final_loss))
+    std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
+  else
+    std::fprintf(out, "  final loss          not finite (%s)\n", std::isnan(s.final_loss) ? "nan" : "inf");
   if (s.skipped_steps > 0)
     std::fprintf(out,
                  "  skipped steps       %d, the first at step %d (--skip-nonfinite: a non-finite loss or "

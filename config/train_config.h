@@ -402,12 +402,22 @@ inline nlohmann::json to_json(const TrainConfig& c) {
 }
 
 // A stored config (a run file's, a checkpoint's) as a TrainConfig: a key it lacks (an older file) keeps the default.
-// Throws nlohmann::json::exception or std::invalid_argument on a value of the wrong type or name.
+// Throws std::invalid_argument on a value of the wrong type or name, naming its key.
 inline TrainConfig config_from_json(const nlohmann::json& j) {
   TrainConfig c;
   if (!j.is_object()) return c;
   visit_knobs(c, [&](const Knob& knob, auto& value) {
-    if (knob.key && j.contains(knob.key) && !j.at(knob.key).is_null()) knob_json::load(j.at(knob.key), value);
+    if (!knob.key || !j.contains(knob.key) || j.at(knob.key).is_null()) return;
+    try {
+      knob_json::load(j.at(knob.key), value);
+    } catch (const nlohmann::json::exception& e) {  // "[json.exception.type_error.302] type must be ..."
+      const std::string what = e.what();
+      const size_t id_end = what.find("] ");
+      throw std::invalid_argument(std::string(knob.key) + ": " +
+                                  (id_end == std::string::npos ? what : what.substr(id_end + 2)));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(knob.key) + ": " + e.what());
+    }
   });
   return c;
 }

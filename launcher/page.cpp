@@ -40,9 +40,9 @@ std::string last_line(const std::string& log) {
 }
 
 // Started from an argument list, not through a shell, so a path may hold any byte.
-std::string run_chart_script(const std::vector<std::string>& script_args, const std::string& log) {
+ChartFailure run_chart_script(const std::vector<std::string>& script_args, const std::string& log) {
   const std::string dir = scripts_dir();
-  if (dir.empty()) return "no scripts/charts.py beside this ddplab (install it with cmake --install)";
+  if (dir.empty()) return {"no scripts/charts.py beside this ddplab (install it with cmake --install)"};
   std::vector<std::string> args = {DDPLAB_PYTHON, dir + "/charts.py"};
   args.insert(args.end(), script_args.begin(), script_args.end());
   std::ofstream(log) << "# " << args[1] << "\n";  // which script drew them, for the reader and the install test
@@ -57,15 +57,17 @@ std::string run_chart_script(const std::vector<std::string>& script_args, const 
   int status = 0;
   const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
   posix_spawn_file_actions_destroy(&output);
-  if (!started) return "cannot start " + args[0];
-  if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  if (!started) return {"cannot start " + args[0]};
+  const bool exited = waitpid(pid, &status, 0) == pid && WIFEXITED(status);
+  if (exited && WEXITSTATUS(status) == 0) return {};
   const std::string why = last_line(log);
-  return why.empty() || why[0] == '#' ? "charts.py failed, see " + log : why;
+  if (exited && WEXITSTATUS(status) == 2 && !why.empty() && why[0] != '#') return {why, /*refused_input=*/true};
+  return {(why.empty() || why[0] == '#' ? "charts.py failed" : why) + "; its log: " + log};
 }
 
-std::string write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page) {
+ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page) {
   std::string pattern = (fs::temp_directory_path() / "ddplab_page.XXXXXX").string();
-  if (!mkdtemp(pattern.data())) return "cannot create a temporary folder for the charts";
+  if (!mkdtemp(pattern.data())) return {"cannot create a temporary folder for the charts"};
   const std::string work = pattern;
   nlohmann::json reports = nlohmann::json::array();
   std::vector<std::string> args = {work + "/charts", "--page", page, "--report", work + "/report.json"};
@@ -74,10 +76,10 @@ std::string write_run_page(const std::vector<SummarizedRun>& runs, const std::st
     args.push_back(run.record.path);
   }
   std::ofstream(work + "/report.json") << reports.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  const std::string error = run_chart_script(args, work + "/charts.log");
+  const ChartFailure failure = run_chart_script(args, work + "/charts.log");
   std::error_code ignored;
-  if (error.empty()) fs::remove_all(work, ignored);  // on failure its log stays for the reader
-  return error;
+  if (!failure || failure.refused_input) fs::remove_all(work, ignored);  // else its log stays, named, for the reader
+  return failure;
 }
 
 std::string default_page_path(const std::string& run_file) {
@@ -95,8 +97,8 @@ void print_page_line(const std::string& page, const std::string& error) {
 
 void write_train_page(const SummarizedRun& run, bool quiet) {
   const std::string page = default_page_path(run.record.path);
-  const std::string error = write_run_page({run}, page);
-  if (!quiet) print_page_line(page, error);
+  const ChartFailure failure = write_run_page({run}, page);
+  if (!quiet) print_page_line(page, failure.why);
 }
 
 }  // namespace ddplab

@@ -12,13 +12,21 @@ namespace ddplab {
 // The folder the helper scripts are run from, or "" when there is none (an installed ddplab without its share/).
 std::string scripts_dir();
 
+// Why charts.py drew nothing: its one line, and whether that line was its refusal of the run files (its exit code 2)
+// rather than a failure of its own.
+struct ChartFailure {
+  std::string why;  // "" when it succeeded
+  bool refused_input = false;
+  explicit operator bool() const { return !why.empty(); }
+};
+
 // Runs charts.py with these arguments (after OUT_DIR: --suite/--sweep/--page/--report and the run files), its
-// output into log. Returns "" when it succeeded, else why not in a few words.
-std::string run_chart_script(const std::vector<std::string>& args, const std::string& log);
+// output into log.
+ChartFailure run_chart_script(const std::vector<std::string>& args, const std::string& log);
 
 // The page of these runs alone (`train`, `report --html`): their charts drawn into a temporary folder that is
-// removed after, their blame from `report --json`. Returns "" when written, else why not.
-std::string write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page);
+// removed after, their blame from `report --json`. A failure of the script's own keeps the folder, and names its log.
+ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page);
 
 // `<stem>.report.html` beside a run file.
 std::string default_page_path(const std::string& run_file);

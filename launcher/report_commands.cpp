@@ -11,6 +11,7 @@
 #include "analysis/diff.h"
 #include "analysis/report.h"
 #include "analysis/timeline.h"
+#include "config/train_config.h"
 #include "launcher/page.h"
 #include "record/errors.h"
 #include "record/files.h"
@@ -33,6 +34,11 @@ RunRecord read_input(const std::string& path, EmptyRun empty) {
     run = read_run_file(path);
   } catch (const std::runtime_error& e) {
     throw UsageError(e.what());
+  }
+  try {  // the analyses read the config as the trainer's settings: each stored value must be one
+    (void)config_from_json(run.config);
+  } catch (const std::exception& e) {
+    throw UsageError("cannot read run file " + path + ": config " + e.what());
   }
   if (run.steps == 0 && empty == EmptyRun::kRefused)
     throw UsageError("run file " + path + " holds no completed step" +
@@ -61,8 +67,11 @@ void run_report(const ReportArgs& args) {
   const EmptyRun empty = args.html.empty() ? EmptyRun::kAllowed : EmptyRun::kRefused;
   for (const std::string& path : args.files) runs.push_back(summarized(read_input(path, empty)));
   if (!args.html.empty()) {
-    if (const std::string error = write_run_page(runs, args.html); !error.empty())
-      throw std::runtime_error("cannot write the page " + args.html + ": " + error);
+    if (const ChartFailure failure = write_run_page(runs, args.html)) {
+      const std::string what = "cannot write the page " + args.html + ": " + failure.why;
+      if (failure.refused_input) throw UsageError(what);
+      throw std::runtime_error(what);
+    }
     print_page_line(args.html, "");
   } else if (args.json) {
     nlohmann::json all = nlohmann::json::array();

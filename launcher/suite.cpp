@@ -172,12 +172,12 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
   std::vector<std::string> args = {charts, "--page", page};
   args.insert(args.end(), summary_args.begin(), summary_args.end());
   args.insert(args.end(), files.begin(), files.end());
-  const std::string error = run_chart_script(args, log);
-  if (error.empty())
+  const ChartFailure failure = run_chart_script(args, log);
+  if (!failure)
     std::printf("charts: %s/ (PNG and SVG; list in %s)\n", charts.c_str(), log.c_str());
   else
-    std::printf("charts: not drawn (%s)\n", error.c_str());
-  print_page_line(page, error.empty() ? "" : "see " + log);
+    std::printf("charts: not drawn (%s)\n", failure.why.c_str());
+  print_page_line(page, failure ? "see " + log : "");
 }
 
 // The token-skew lab: the same transformer and length distribution, batched four ways (uniform lengths are the
@@ -356,10 +356,12 @@ void print_case_row(const CaseResult& r, const CaseFigures& f, bool lab) {
   else if (lab)
     std::snprintf(eff, sizeof eff, " %6s", "-");
   if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", f.extra + f.mean.barrier_ms);
-  std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9.2f %8.2f %8.2f %8.2f %10.2f%s %+7.0f%%\n", r.c.name.c_str(),
+  // One rank has no peers: no spread across ranks, no all-reduce to expose.
+  const bool peers = r.c.world_size > 1;
+  std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9s %8.2f %8.2f %8.2f %10s%s %+7.0f%%\n", r.c.name.c_str(),
               r.c.world_size, f.oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff,
-              s.mean_spread_ms, f.mean.data_ms, f.compute, f.mean.optimizer_ms, f.mean.exposed_comm_ms, extra_cell,
-              100 * f.vs_base);
+              peers ? fmt("%.2f", s.mean_spread_ms).c_str() : "-", f.mean.data_ms, f.compute, f.mean.optimizer_ms,
+              peers ? fmt("%.2f", f.mean.exposed_comm_ms).c_str() : "-", extra_cell, 100 * f.vs_base);
 }
 
 const char* const kCaseCsvHeader =
@@ -367,7 +369,7 @@ const char* const kCaseCsvHeader =
     "mean_spread_ms,data_ms,compute_ms,optimizer_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
     "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
 
-// A cell that does not apply (no reference case, a workload without tokens) is left empty in the CSV and null in
+// A cell that does not apply (no reference case, a workload without tokens, communication at one rank) is left empty in the CSV and null in
 // the JSON: a 0 there would read as a measurement.
 std::string case_csv_row(const CaseResult& r, const CaseFigures& f, bool lab) {
   const auto cell = [](bool applies, double value) {
@@ -377,12 +379,13 @@ std::string case_csv_row(const CaseResult& r, const CaseFigures& f, bool lab) {
   };
   const RunSummary& s = r.summary;
   const StepRecord& mean = f.mean;
+  const bool peers = r.c.world_size > 1;  // one rank: no spread across ranks, no all-reduce
   std::ostringstream row;
   row << r.c.name << ',' << r.c.group << ',' << r.c.world_size << ',' << s.global_batch << ','
       << (f.oversubscribed ? 1 : 0) << ',' << s.slowest_rank << ',' << s.slowest_step_ms << ',' << s.samples_per_s
-      << ',' << cell(f.has_efficiency, f.efficiency) << ',' << s.mean_spread_ms << ',' << mean.data_ms << ','
-      << f.compute << ',' << mean.optimizer_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ','
-      << mean.exposed_comm_ms << ',' << f.extra << ',' << mean.barrier_ms << ',' << cell(f.has_vs_base, f.vs_base)
+      << ',' << cell(f.has_efficiency, f.efficiency) << ',' << cell(peers, s.mean_spread_ms) << ',' << mean.data_ms
+      << ',' << f.compute << ',' << mean.optimizer_ms << ',' << cell(peers, mean.comm_ms) << ','
+      << cell(peers, mean.hidden_comm_ms) << ',' << cell(peers, mean.exposed_comm_ms) << ',' << f.extra << ',' << mean.barrier_ms << ',' << cell(f.has_vs_base, f.vs_base)
       << ',' << s.final_loss << ',' << cell(!lab, s.useful_tokens_per_s) << ',' << cell(!lab, s.padded_tokens_per_s)
       << ',' << cell(!lab, s.padding_ratio) << ',' << cell(!lab, s.mean_token_spread) << ',' << r.path << '\n';
   return row.str();

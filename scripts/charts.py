@@ -61,7 +61,7 @@ class Run:
 
     def __init__(self, path):
         self.path = path
-        self.stem = os.path.basename(path)[:-3] if path.endswith(".h5") else os.path.basename(path)
+        self.stem = os.path.basename(path)[:-3] if path.endswith(".h5") else os.path.basename(path)  # name_uniquely
         if not os.path.isfile(path):
             raise BadInput(f"cannot read run file {path}: no such file")
         try:
@@ -84,6 +84,7 @@ class Run:
                            f"version {SCHEMA_VERSION}")
         self.world = int(f.attrs["world_size"])
         self.steps = int(f.attrs["num_steps"])
+        self.first_step = int(f.attrs.get("first_step", 0))  # a resumed run's records start at its checkpoint's step
         self.config = json.loads(f.attrs["config"])
         # The setup as recorded (machine, BLAS, MPI, CUDA, the command): the page's first section.
         self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()
@@ -119,8 +120,10 @@ class Run:
                            f"expected [{self.world}, {self.steps}]")
 
     def mean(self, name):
-        """Steady-state mean per rank, as the summary stores it (0 for a field the file predates)."""
-        return np.array([float(rank.get(name, 0.0)) for rank in self.summary["ranks"]])
+        """Steady-state mean per rank, as the summary stores it (0 for a field the file predates; NaN for a mean that
+        is not finite, which JSON stores as null)."""
+        return np.array([np.nan if rank.get(name, 0.0) is None else float(rank.get(name, 0.0))
+                         for rank in self.summary["ranks"]])
 
     def experiment(self, *ignore):
         """The config without the keys that a sweep varies (and the incidental ones)."""
@@ -177,11 +180,11 @@ def breakdown_chart(run, out_dir, name, written):
 
 def step_times_chart(run, out_dir, name, written):
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = np.arange(run.steps)
+    steps = run.first_step + np.arange(run.steps)
     for r in range(run.world):
         ax.plot(steps, run.step_times[r], marker=".", linewidth=1, label=f"rank {r}")
     if run.first_steady > 0:
-        ax.axvspan(-0.5, run.first_steady - 0.5, color="0.9", label="warm-up")
+        ax.axvspan(run.first_step - 0.5, run.first_step + run.first_steady - 0.5, color="0.9", label="warm-up")
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("step time (ms)")
@@ -241,14 +244,14 @@ def loss_chart(runs, out_dir, written):
     for r in runs:
         loss = r.loss.mean(axis=0)
         for g in groups:
-            if g[0].shape == loss.shape and np.array_equal(g[0], loss):
-                g[1].append(r.stem)
+            if g[0] == r.first_step and g[1].shape == loss.shape and np.array_equal(g[1], loss, equal_nan=True):
+                g[2].append(r.stem)
                 break
         else:
-            groups.append((loss, [r.stem]))
-    for i, (loss, names) in enumerate(groups):
+            groups.append((r.first_step, loss, [r.stem]))
+    for i, (first_step, loss, names) in enumerate(groups):
         label = names[0] if len(names) == 1 else f"{', '.join(names)} (identical)"
-        ax.plot(np.arange(len(loss)), loss, marker=".", linewidth=1, label=textwrap.fill(label, 60),
+        ax.plot(first_step + np.arange(len(loss)), loss, marker=".", linewidth=1, label=textwrap.fill(label, 60),
                 color=palette(i % 20))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -293,7 +296,7 @@ def buckets_chart(run, out_dir, name, written):
     ax.set_yticks([v for r in range(run.world) for v in (2 * r, 2 * r + 1)],
                   [t for r in range(run.world) for t in (f"rank {r} compute", f"rank {r} comm")])
     ax.invert_yaxis()
-    ax.set_xlabel(f"ms since the start of step {s}")
+    ax.set_xlabel(f"ms since the start of step {run.first_step + s}")
     handles = [Patch(color="#8fb0d9", label="forward"), Patch(color="#4c72b0", label="backward")]
     if run.sharded:
         handles.append(Patch(color="#bbbbbb", label="optimizer (update of the owned share)"))
@@ -306,7 +309,8 @@ def buckets_chart(run, out_dir, name, written):
     handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     each = "reduce-scatter and all-gather" if run.sharded else what
-    ax.set_title(f"{run.stem}: backward and each bucket's {each}, step {s} ({ranks_text(run.world)})", fontsize=10)
+    ax.set_title(f"{run.stem}: backward and each bucket's {each}, step {run.first_step + s} "
+                 f"({ranks_text(run.world)})", fontsize=10)
     save(fig, out_dir, name, written)
 
 
@@ -462,13 +466,14 @@ def best_of_sweep(runs, sweeps):
     return []
 
 
-def unique_names(runs):
+def name_uniquely(runs):
+    """Runs of one name (a.h5 and other/a.h5) become a, a_2, ...: each name keys its charts, its page section and its
+    table row."""
     seen = {}
-    names = []
     for r in runs:
         seen[r.stem] = seen.get(r.stem, 0) + 1
-        names.append(r.stem if seen[r.stem] == 1 else f"{r.stem}_{seen[r.stem]}")
-    return names
+        if seen[r.stem] > 1:
+            r.stem = f"{r.stem}_{seen[r.stem]}"
 
 
 def read_json(path, what):
@@ -520,6 +525,7 @@ def main(argv):
         except ImportError as e:
             raise BadInput(f"--page needs {e.name} (Debian's python3-jinja2)") from None
     runs = [Run(p) for p in paths]  # all readable before anything is written
+    name_uniquely(runs)
     sweeps = [read_sweep(p) for p in sweep_paths]
     suite_summary = apply_suite(runs, suite) if suite else None
     reports = read_json(options["--report"], "report") if "--report" in options else None
@@ -530,9 +536,9 @@ def main(argv):
     if not os.access(out_dir, os.W_OK):
         raise BadInput(f"output folder {out_dir} is not writable")
     written = []
-    for run, name in zip(runs, unique_names(runs)):
-        breakdown_chart(run, out_dir, f"{name}_breakdown", written)
-        step_times_chart(run, out_dir, f"{name}_step_times", written)
+    for run in runs:
+        breakdown_chart(run, out_dir, f"{run.stem}_breakdown", written)
+        step_times_chart(run, out_dir, f"{run.stem}_step_times", written)
     weak = [r for r in runs if r.group == "weak"]
     gantt = [max(weak, key=lambda r: r.world)] if weak else runs if len(runs) == 1 else best_of_sweep(runs, sweeps)
     for run in gantt:

@@ -80,16 +80,23 @@ RUN_HEADERS = ["run", "ws", "gbatch", "step_ms", "samples/s", "useful tok/s", "s
                "optim_ms", "exposed_ms", "hidden%", "final loss"]
 
 
+def loss_text(loss):
+    """The summary stores a loss that is not finite as null (JSON has no NaN)."""
+    return "not finite" if loss is None else fmt(float(loss), ".4f")
+
+
 def run_row(run):
     fwd_bwd = mean_over_ranks(run, "forward_ms") + mean_over_ranks(run, "backward_ms")
     tokens = run.useful_tokens_per_s if run.useful_tokens_per_s > 0 else None
     hidden = mean_over_ranks(run, "hidden_fraction")
+    peers = run.world > 1  # one rank: no spread across ranks, no all-reduce to expose or hide
     return [run.stem, str(run.world) + ("*" if run.oversubscribed else ""), str(run.global_batch),
             fmt(run.step_ms), fmt(run.samples_per_s, ",.0f"), fmt(tokens, ",.0f"),
-            fmt(float(run.summary["mean_spread_ms"])), fmt(mean_over_ranks(run, "data_ms")), fmt(fwd_bwd),
-            fmt(mean_over_ranks(run, "optimizer_ms")), fmt(mean_over_ranks(run, "exposed_comm_ms")),
-            fmt(hidden * 100 if mean_over_ranks(run, "comm_ms") > 0 else None, ".0f", "%"),  # one rank: no comm
-            fmt(float(run.summary["final_loss"]), ".4f")]
+            fmt(float(run.summary["mean_spread_ms"]) if peers else None), fmt(mean_over_ranks(run, "data_ms")),
+            fmt(fwd_bwd), fmt(mean_over_ranks(run, "optimizer_ms")),
+            fmt(mean_over_ranks(run, "exposed_comm_ms") if peers else None),
+            fmt(hidden * 100 if peers and mean_over_ranks(run, "comm_ms") > 0 else None, ".0f", "%"),
+            loss_text(run.summary["final_loss"])]
 
 
 def without_empty_columns(table):

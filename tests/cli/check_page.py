@@ -130,6 +130,25 @@ def main():
                              ["straggler_breakdown", "weak_ws2_breakdown"], "report --html page")
             check("rank 1 sets the pace" in dom or "rank 0 sets the pace" in dom, "report --html shows the blame")
             check(">n/a" in dom or "n/a:" in dom, "what does not apply reads n/a")
+        # Two runs of one name each keep their own charts; a loss that went non-finite reads so, and the page is
+        # still written.
+        nan_run = os.path.join(work, "other", "straggler.h5")
+        os.makedirs(os.path.dirname(nan_run))
+        proc = subprocess.run([ddplab, "train", "--steps", "4", "--warmup-steps", "1", "--input-dim", "16", "--hidden",
+                               "16", "--classes", "4", "--batch", "4", "--optimizer", "sgd", "--lr", "1e30",
+                               "--skip-nonfinite", "--out", nan_run], capture_output=True, text=True, timeout=300)
+        check(proc.returncode == 0 and "final loss          not finite (nan)" in proc.stdout,
+              f"a run whose loss is NaN says so ({proc.returncode}: {proc.stdout[-300:]}{proc.stderr[-300:]})")
+        same = os.path.join(work, "same_name.html")
+        proc = subprocess.run([ddplab, "report", "--html", same, files[0], nan_run], capture_output=True, text=True,
+                              timeout=300)
+        check(proc.returncode == 0, f"report --html of a NaN run writes the page ({proc.stderr[-300:]})")
+        if os.path.isfile(same):
+            dom = check_page(same, work, ["straggler", "straggler_2"],
+                             ["straggler_breakdown", "straggler_2_breakdown"], "page of two runs of one name")
+            check("not finite" in dom, "the NaN run's final loss reads 'not finite'")
+            svgs = [v for k, v in Dom(dom).charts.items() if k.startswith("straggler")]
+            check(len(set(svgs)) == len(svgs), "runs of one name show their own charts")
         for args, reason in ((["--html", two], "already exists"),
                              (["--html", os.path.join(work, "no", "p.html")], "does not exist"),
                              (["--html", os.path.join(work, "x.html"), "--json"], "excludes")):

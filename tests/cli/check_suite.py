@@ -97,6 +97,9 @@ def main():
               "summary.csv: efficiency only where a case has a reference (empty, not 0, elsewhere)")
         check(all(row["useful_tokens_per_s"] == "" for row in rows.values()),
               "summary.csv: the MLP cases leave the token columns empty")
+        peerless = ("mean_spread_ms", "comm_ms", "hidden_comm_ms", "exposed_comm_ms")
+        check(all(all((row[k] == "") == (row["world_size"] == "1") for k in peerless) for row in rows.values()),
+              "summary.csv: spread and communication empty at one rank only")
         check(all(row["oversubscribed"] == str(int(c["oversubscribed"])) for row, c in
                   zip(rows.values(), summary["cases"])), "summary.csv and summary.json agree on oversubscription")
         by_case = {c["case"]: c for c in summary["cases"]}

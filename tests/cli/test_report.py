@@ -6,6 +6,7 @@ usage: test_report.py MPIRUN DDPLAB CHARTS_PY
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -233,6 +234,17 @@ def main():
             check(open(trace).read() == before, "the existing trace is left as it was")
             proc = run([ddplab, "timeline", a, "--force"])
             check(proc.returncode == 0, "timeline --force overwrites")
+        # A stored setting of the wrong type: every reader refuses the file in one line that names the key.
+        bad = os.path.join(work, "bad_config.h5")
+        shutil.copyfile(a, bad)
+        with h5py.File(bad, "r+") as h:
+            config = json.loads(h.attrs["config"])
+            config["bucket_mb"] = "big"
+            h.attrs["config"] = json.dumps(config)
+        for cmd in (["report", bad], ["report", "--json", bad], ["predict", bad], ["timeline", bad],
+                    ["diff", a, bad]):
+            expect_usage_error(run([ddplab, *cmd]), f"cannot read run file {bad}: config bucket_mb: type must be",
+                               f"{cmd[0]} of a file whose bucket_mb is a string")
         # --zero-stage 1 (every bucket of this small model on the ring, so all are sharded): the report's per-bucket
         # table gains the all-gather's time; the timeline names each bucket's reduce-scatter and draws its all-gather
         # inside the step, after backward.
