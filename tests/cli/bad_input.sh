@@ -20,7 +20,8 @@ expect_refusal() {
   shift 2
   local before after
   before=$(ls -A "$work" | sort)
-  timeout 60 "$mpirun" "$@" >"$logs/stdout" 2>"$logs/stderr"
+  # In $work, where a run's default outputs (runs/...) would land: only there can "no file written" be seen.
+  (cd "$work" && timeout 60 "$mpirun" "$@") >"$logs/stdout" 2>"$logs/stderr"
   local rc=$?
   after=$(ls -A "$work" | sort)
   # mpirun adds its own banner about the non-zero exit; our line is the one that starts with "ddplab:"
@@ -40,14 +41,6 @@ expect_refusal() {
     passed=$((passed + 1))
   fi
   rm -f "$logs/stdout" "$logs/stderr"
-}
-
-# Runs a check in $work (a run's default outputs land there), in this shell: a subshell would lose its count.
-in_work() {
-  local here=$PWD
-  cd "$work" || return
-  "$@"
-  cd "$here" || return
 }
 
 # expect_error NP "expected text" ARGS...: every one of NP ranks runs `ddplab ARGS...`. Within a shard (below) only
@@ -181,7 +174,7 @@ DDPLAB_RING_SLICE_BYTES=-5 expect_error 2 "DDPLAB_RING_SLICE_BYTES must be an in
 # suite's cases run on parts of the job (a refusal on some ranks only would leave the others waiting).
 DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer in \[0, 1\], got '7'" \
   train "${small[@]}" --out "$work/knob.h5"
-DDPLAB_COMM_TRANSPORT=foo in_work expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2
+DDPLAB_COMM_TRANSPORT=foo expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2
 # Read before MPI starts (the BLAS re-exec), and refused with the rest once it has.
 DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" \
   train "${small[@]}" --out "$work/knob.h5"
@@ -190,21 +183,21 @@ DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" 
 # every rank first compares what it runs, whatever that is (launcher/rank_agreement.h). A different build is
 # refused the same way; tests/unit/test_rank_agreement.cpp covers that line.
 host='[^)]*'
-in_work expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab suite lab" \
+expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab suite lab" \
   "ranks disagree on the subcommand: rank 0 (host $host) runs train, rank 1 (host $host) runs suite\$" \
   -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" suite lab --steps 2
-in_work expect_refusal "mpirun -np 1 ddplab sweep : -np 1 ddplab train" \
+expect_refusal "mpirun -np 1 ddplab sweep : -np 1 ddplab train" \
   "ranks disagree on the subcommand: rank 0 (host $host) runs sweep, rank 1 (host $host) runs train\$" \
   -np 1 "$ddplab" sweep --steps 2 : -np 1 "$ddplab" train "${small[@]}"
-in_work expect_refusal "mpirun -np 1 ddplab --version : -np 1 ddplab train" \
+expect_refusal "mpirun -np 1 ddplab --version : -np 1 ddplab train" \
   "ranks disagree on the subcommand: rank 0 (host $host) runs --version, rank 1 (host $host) runs train\$" \
   -np 1 "$ddplab" --version : -np 1 "$ddplab" train "${small[@]}"
 # The same subcommand, but one rank alone refuses its command line or its environment (an MPMD launch, a knob set on
 # one host): every rank refuses with that rank's reason, none waits for the one that left.
-in_work expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
+expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
   "rank 1: unknown option --no-such-flag" \
   -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --no-such-flag
-in_work expect_refusal "mpirun -np 1 ddplab train : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana ddplab train" \
+expect_refusal "mpirun -np 1 ddplab train : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana ddplab train" \
   "rank 1: DDPLAB_COMM_MAX_SLEEP_US must be an integer" \
   -np 1 "$ddplab" train "${small[@]}" : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana "$ddplab" train "${small[@]}"
 # A checkpoint on one node's disk only (a node-local path): the rank that cannot read it names it, and every rank
@@ -213,7 +206,7 @@ mkdir -p "$work/node_a" "$work/node_b"
 longer=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 4)  # on from the checkpoint's step 2
 if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --checkpoint "$work/node_a/ck.h5" \
   --out "$work/node_a/first.h5" >/dev/null 2>&1; then
-  in_work expect_refusal "mpirun -np 2 ddplab train --resume ck.h5, the file on rank 0's node only" \
+  expect_refusal "mpirun -np 2 ddplab train --resume ck.h5, the file on rank 0's node only" \
     "rank 1: cannot load checkpoint ck.h5: No such file or directory" \
     -np 1 -wdir "$work/node_a" "$ddplab" train "${longer[@]}" --resume ck.h5 : \
     -np 1 -wdir "$work/node_b" "$ddplab" train "${longer[@]}" --resume ck.h5
