@@ -13,11 +13,16 @@ namespace ddplab::testing_exit {
 
 inline constexpr int kSkipped = 77;
 
+// Whether one skip makes the run a skip (DDPLAB_TEST_ANY_SKIP=1), rather than every test's.
+inline bool any_skip_counts() {
+  const char* any = std::getenv("DDPLAB_TEST_ANY_SKIP");
+  return any && std::strcmp(any, "1") == 0;
+}
+
 // Whether this process's run counts as skipped, by the rule above.
 inline bool skipped() {
   const ::testing::UnitTest& u = *::testing::UnitTest::GetInstance();
-  const char* any = std::getenv("DDPLAB_TEST_ANY_SKIP");
-  if (any && std::strcmp(any, "1") == 0) return u.skipped_test_count() > 0;
+  if (any_skip_counts()) return u.skipped_test_count() > 0;
   return u.test_to_run_count() > 0 && u.skipped_test_count() == u.test_to_run_count();
 }
 

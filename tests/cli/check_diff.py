@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, exit_code, failures, skip  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 def run(cmd, timeout=60):
@@ -79,7 +79,7 @@ def main():
         bound = d["noise_rule"]["spreads"] * math.hypot(step["a"]["spread_ms"], step["b"]["spread_ms"])
         noise = bound / step["a"]["median_ms"]
         if noise > 0.05:
-            print(f"skipped: the exposed-comm verdict (on this host diff can only resolve differences above "
+            skip(f"the exposed-comm verdict (on this host diff can only resolve differences above "
                   f"{100 * noise:.0f}% of the step, more than the bucket size's effect; the verdict says: {text})")
         else:
             check(text.startswith("B is ") and " faster: exposed comm -" in text,
@@ -134,4 +134,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    sys.exit(1 if failures else 0)
+    sys.exit(exit_code())

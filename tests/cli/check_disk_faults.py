@@ -19,7 +19,7 @@ import h5py
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from fault_soak import Tmpfs, fill, mount_problem, wait_for  # the soak's tmpfs and filler, shared
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, exit_code, failures, skip  # tests/cli/checks.py: the assertion every CLI test shares
 SMALL = ["--input-dim", "16", "--hidden", "32", "--classes", "4", "--batch", "4", "--warmup-steps", "0", "--quiet"]
 
 
@@ -66,8 +66,8 @@ def fault_mid_run(mpirun, ddplab, name, fault, extra, wait_name):
 def main():
     mpirun, ddplab = sys.argv[1], sys.argv[2]
     if problem := mount_problem():
-        print(f"skipped: {problem}")
-        return 77
+        skip(problem)
+        return exit_code()
 
     # A run file that clearly cannot fit: refused before any work, one line with the path, the need and what is free.
     with Tmpfs("20k") as folder:
@@ -142,7 +142,7 @@ def main():
             check(os.listdir(folder) == [], f"final write: nothing half-written ({os.listdir(folder)})")
 
     print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import tempfile
 import h5py
 import numpy as np
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, exit_code, failures, skip, skips  # tests/cli/checks.py: every CLI test's assertion
 
 
 def run(cmd, timeout=60):
@@ -173,10 +173,10 @@ def main():
         control, beside_busy = (float(np.median(cpu_wait[r])) for r in (0, 1)) if counted else (0.0, 0.0)
         check("busy_threads 1 slow_rank 1" in proc.stdout, "the report's lab line names the busy threads")
         if not counted:
-            print("skipped: the busy-threads run's blame (this kernel has no /proc/thread-self/schedstat: the cpu "
+            skip("the busy-threads run's blame (this kernel has no /proc/thread-self/schedstat: the cpu "
                   "wait is not counted)")
         elif control >= 0.5 * beside_busy:
-            print(f"skipped: the busy-threads run's blame (the host is busy with other work: rank 0, with no busy "
+            skip(f"the busy-threads run's blame (the host is busy with other work: rank 0, with no busy "
                   f"thread, waited {control:.2f} ms/step for its CPU, rank 1 beside the busy thread {beside_busy:.2f})")
         else:
             check("rank 1 sets the pace (CPU taken)" in proc.stdout and "cpu wait" in proc.stdout,
@@ -343,5 +343,6 @@ if __name__ == "__main__":
     main()
     if failures:
         print(f"{len(failures)} check(s) failed:", *failures, sep="\n  ")
-        sys.exit(1)
-    print("all checks passed")
+    else:
+        print("all checks passed" + (f", {len(skips)} skipped" if skips else ""))
+    sys.exit(exit_code())

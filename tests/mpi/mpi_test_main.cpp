@@ -40,12 +40,14 @@ int main(int argc, char** argv) {
     listeners.Append(new FailuresOnly(rank));
   }
   const int local_failed = RUN_ALL_TESTS() != 0;
-  // Every rank learns whether any rank failed, and whether every rank's run skipped, so that every rank exits alike.
-  int local[2] = {local_failed, !ddplab::testing_exit::skipped()}, any[2] = {0, 0};
-  MPI_Allreduce(local, any, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  const int any_failed = any[0];
-  const bool all_skipped = any[1] == 0;
+  // Every rank learns whether any rank failed, and whether any and every rank's run skipped, so that every rank exits
+  // alike: the job skipped where one rank's skip counts (DDPLAB_TEST_ANY_SKIP=1), else only where every rank's run did.
+  const int local_skipped = ddplab::testing_exit::skipped();
+  int local[3] = {local_failed, local_skipped, !local_skipped}, most[3] = {0, 0, 0};
+  MPI_Allreduce(local, most, 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const bool any_failed = most[0] != 0, any_skipped = most[1] != 0, all_skipped = most[2] == 0;
   if (rank == 0 && any_failed && !local_failed) std::fprintf(stderr, "a test failed on another rank\n");
   MPI_Finalize();
-  return ddplab::testing_exit::exit_code(any_failed != 0, all_skipped);
+  return ddplab::testing_exit::exit_code(any_failed,
+                                         ddplab::testing_exit::any_skip_counts() ? any_skipped : all_skipped);
 }
