@@ -291,12 +291,14 @@ void bench_attention(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
   for (int b = 0; b < B; ++b) len[b] = S - b * S / (2 * B);  // lengths from S down to ~S/2
   int32_t* d_len = a.ints(len);
   const std::string sh = dims({{"B", B}, {"S", S}, {"C", C}, {"NH", NH}});
-  const double qk_av = 2.0 * 2 * B * int64_t{S} * S * C;  // Q K^T and att V over all heads, full S x S
-  rep.add({"attention", "attention_forward (tf32, causal)", sh,
+  // Q K^T and att V over all heads and the full S x S, though the lengths run from S down to S/2: the rate of the
+  // GEMMs as launched, not of the problem (bench_fused_attention's "all S" rows are that).
+  const double qk_av = 2.0 * 2 * B * int64_t{S} * S * C;
+  rep.add({"attention", "attention_forward (tf32, causal, lengths S..S/2, full-square FLOPs)", sh,
            median_ms(opt, s, [&] { cuda::attention_forward(ctx, out, att, ws, qkv, d_len, B, S, C, NH, true, s); }), 0,
            qk_av});
   rep.add(
-      {"attention", "attention_backward (tf32, causal)", sh,
+      {"attention", "attention_backward (tf32, causal, lengths S..S/2, full-square FLOPs)", sh,
        median_ms(opt, s, [&] { cuda::attention_backward(ctx, dqkv, ws, dout, qkv, att, d_len, B, S, C, NH, true, s); }),
        0, 2 * qk_av});
 }

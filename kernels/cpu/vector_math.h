@@ -16,13 +16,16 @@ namespace ddplab::cpu {
 // about 1 ulp: below the degree-6 Taylor polynomial's 1.6e-7, with one multiply-add fewer),
 // 2^n built in the exponent bits.
 constexpr float kExpC5 = 0.00831265f, kExpC4 = 0.04189006f, kExpC3 = 0.16667113f, kExpC2 = 0.49999232f;
-// Inputs are clamped to [-87.3, 88.7], so the result is always a normal float: exp of a very negative
-// number is ~1e-38 instead of 0, which is harmless wherever it is added to something of order 1.
+// Inputs are clamped to [-87.3, kExpFastMax], so the result is always a normal float: exp of a very negative
+// number is ~1e-38 instead of 0, which is harmless wherever it is added to something of order 1. Above the clamp
+// n would round to 128, whose 2^n has the exponent bits of inf.
+constexpr float kExpFastMax = 88.37f;  // n = 127, e^x = 2.4e38
 inline float exp_fast(float x) {
   x = x < -87.3f ? -87.3f : x;
-  x = x > 88.7f ? 88.7f : x;
+  x = x > kExpFastMax ? kExpFastMax : x;
   // Round to nearest by adding and subtracting 1.5 * 2^23: plain arithmetic, so it vectorises.
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float rounded = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 + n: n in the low mantissa bits
+  const float n = rounded - 12582912.0f;
   float r = std::fma(n, -0.693145751953125f, x);  // ln2 high part: n * it is exact
   r = std::fma(n, -1.428606765330187e-06f, r);     // ln2 low part
   float p = kExpC5;
@@ -31,7 +34,11 @@ inline float exp_fast(float x) {
   p = std::fma(p, r, kExpC2);
   p = std::fma(p, r, 1.0f);
   p = std::fma(p, r, 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // 2^n from the bits of the rounding sum, as the vector form does: no float-to-int conversion, which a NaN would
+  // make undefined (the NaN stays in p).
+  uint32_t bits;
+  std::memcpy(&bits, &rounded, sizeof bits);
+  bits = (bits << 23) + (127u << 23);  // the sum's exponent bits shift out
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
@@ -133,7 +140,7 @@ inline V exp_fast_nonpositive(V x) {
 }
 template <typename V, typename = decltype(max_keeping_nan(V{}, V{}))>
 inline V exp_fast(V x) {
-  return exp_fast_nonpositive(min_keeping_nan(V{} + 88.7f, x));
+  return exp_fast_nonpositive(min_keeping_nan(V{} + kExpFastMax, x));
 }
 
 // Double stays on libm: it is the precision of the finite-difference references, not of training.
