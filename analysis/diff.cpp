@@ -120,7 +120,7 @@ std::string verdict(const RunDiff& d) {
     phases += (i ? ", " : "") + moved[i]->name + " " + ms_text(moved[i]->delta());
   const std::string config = changes_text(d.config);
   if (!step.beyond)
-    return fmt("no difference beyond noise in the step (A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
+    return fmt("no difference beyond noise in the step (median A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
            (config.empty() ? "" : " with " + config) + (phases.empty() ? "" : "; phases moved within it: " + phases);
   const MetricDiff& compute =
       *std::find_if(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) { return m.name == "compute"; });

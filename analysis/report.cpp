@@ -185,10 +185,14 @@ void print_run_line(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
     std::fprintf(out, "no step completed%s\n", first > 0 ? fmt(" (resumed at %d)", first).c_str() : "");
     return;
   }
-  std::fprintf(out, "%s, steady state %d..%d, %s\n",
+  const std::string steady =
+      rec.reached_steady_state()
+          ? fmt("steady state %d..%d", first + s.first_steady_step, first + rec.steps - 1)
+          : fmt("no steady state (stopped within the warm-up: figures from step %d)", first + rec.steps - 1);
+  std::fprintf(out, "%s, %s, %s\n",
                first > 0 ? fmt("steps %d..%d (resumed at %d)", first, first + rec.steps - 1, first).c_str()
                          : fmt("%d steps", rec.steps).c_str(),
-               first + s.first_steady_step, first + rec.steps - 1, s.batch_text().c_str());
+               steady.c_str(), s.batch_text().c_str());
 }
 
 // The settings that tell runs apart: communication, buckets, batch, model, device, update.

@@ -121,6 +121,7 @@ nlohmann::json to_json(const RunSummary& s) {
           {"padding_ratio", s.padding_ratio},
           {"mean_token_spread", s.mean_token_spread},
           {"skipped_steps", s.skipped_steps},
+          {"first_skipped_step", s.skipped_steps > 0 ? nlohmann::json(s.first_skipped_step) : nlohmann::json()},
           {"ranks", ranks},
           {"bucket_arrival", arrivals}};
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "analysis/blame.h"
+#include "analysis/format.h"
 #include "analysis/predict.h"
 #include "launcher/report_commands.h"
 #include "record/errors.h"
@@ -41,8 +42,8 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   for (const auto* list : {&a.bucket_mb, &a.first_bucket_mb})
     for (double mb : *list)
       require(std::isfinite(mb) && mb >= 0, (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") +
-                                                nlohmann::json(mb).dump() +
-                                                ": bucket sizes must not be negative (0: one bucket per parameter)");
+                                                fmt("%g", mb) +
+                                                ": a bucket size is a finite number >= 0 (0: one bucket per parameter)");
   for (int n : a.ranks) require(n >= 1, "--ranks " + std::to_string(n) + ": a world has at least one rank");
   std::vector<bool> overlaps;
   for (const std::string& o : a.overlap) {
@@ -403,10 +404,11 @@ void add_predict_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "predict", "predicted step time for other bucket sizes, overlap, links and world sizes (docs/PREDICT.md)");
   cmd->add_option("file", args->file, "a run file (HDF5) to model from")->required()->type_name("RUN.h5");
-  cmd->add_option("--bucket-mb", args->bucket_mb, "bucket caps in MiB, > 0 (default: the run's)")
+  cmd->add_option("--bucket-mb", args->bucket_mb,
+                  "bucket caps in MiB, >= 0 (0: one bucket per parameter; default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");
-  cmd->add_option("--first-bucket-mb", args->first_bucket_mb, "caps of the bucket that closes backward, MiB, > 0")
+  cmd->add_option("--first-bucket-mb", args->first_bucket_mb, "caps of the bucket that closes backward, MiB, >= 0")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--overlap", args->overlap, "on, off or on,off (default: the run's)")
@@ -430,7 +432,7 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option(
          "--update", args->update,
          "whole (after the last all-reduce), bucket (each bucket's as soon as it is reduced, beside the closing "
-         "all-reduce: --device cuda --optimizer-in-backward on), or both (default: the run's)")
+         "all-reduce: --device cuda --optimizer-in-backward on), or whole,bucket for both (default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--calibration", args->calibration, "allreduce_perf --csv or -J file: all-reduce times to use")

@@ -763,8 +763,13 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
   if (record.steps == 0) {
     std::printf("no step completed: nothing to summarize\n");
   } else {
-    std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
-                first + record.steps - 1, first + record.steps, result.summary.batch_text().c_str());
+    const int last = first + record.steps - 1;
+    if (record.reached_steady_state())
+      std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
+                  last, last + 1, result.summary.batch_text().c_str());
+    else
+      std::printf("no steady state: stopped within the warm-up, figures from step %d, %s\n", last,
+                  result.summary.batch_text().c_str());
     print_summary(stdout, record, result.summary);
   }
   if (written) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");

@@ -84,6 +84,14 @@ def main():
         check("non-finite gradient fc2.bias at step 4" in j.out, "nan: names the tensor and the step")
         n, reason, loss, _ = steps_in(out("nan.h5"))
         check(n == 4 and "non-finite" in reason and np.isfinite(loss).all(), f"nan: run file keeps steps 0-3 ({n})")
+        # Stopped within the warm-up (5 steps by default): the figures are the last step's, and train and report
+        # both say so.
+        t = subprocess.run([ddplab, "train", *SMALL[:8], "--steps", "10", "--fault", "nan", "--fault-step", "3",
+                            "--out", out("nan_warmup.h5")], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([ddplab, "report", out("nan_warmup.h5")], capture_output=True, text=True, timeout=60)
+        check("no steady state: stopped within the warm-up, figures from step 2" in t.stdout and
+              "no steady state (stopped within the warm-up: figures from step 2)" in r.stdout,
+              f"nan within the warm-up: said by train and report ({t.stdout[-300:]}{r.stdout[:300]})")
         # Stopped in its first step: the run file holds no step but says why; `report` reads it and says so, and
         # the analyses that need steps refuse it in one line.
         j = Job(mpirun, ddplab, 2, ["--steps", "10", "--fault", "nan", "--fault-rank", "1", "--fault-step", "0",

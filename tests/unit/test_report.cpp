@@ -687,7 +687,7 @@ TEST(Diff, TheSameRunTwiceIsNoDifferenceBeyondNoise) {
   const RunDiff d = diff_runs(a, a);
   EXPECT_TRUE(d.config.empty());
   EXPECT_TRUE(d.same_buckets);
-  EXPECT_EQ(d.verdict.rfind("no difference beyond noise in the step (A 11.90 ms, B 11.90 ms)", 0), 0u) << d.verdict;
+  EXPECT_EQ(d.verdict.rfind("no difference beyond noise in the step (median A 11.90 ms, B 11.90 ms)", 0), 0u) << d.verdict;
   for (const MetricDiff& m : d.metrics) EXPECT_FALSE(m.beyond) << m.name;
 }
 
