@@ -128,7 +128,9 @@ std::string reason(const Prediction& best, const Prediction& own) {
   const double hidden_pct = s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100;
   char text[512];
   // Named as `ddplab report`'s blame names a run (analysis/blame.h): comm-bound from a fifth of the step exposed.
-  if (s.exposed_ms > 0.05 * s.step_ms)
+  if (best.setting.ranks == 1)
+    std::snprintf(text, sizeof text, "compute-bound: one rank, no all-reduce");
+  else if (s.exposed_ms > 0.05 * s.step_ms)
     std::snprintf(text, sizeof text,
                   "%s: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce, %.2f ms (%.0f%% of the step) "
                   "stays exposed",
@@ -166,7 +168,7 @@ nlohmann::json row_json(const StepModel& m, const Prediction& p) {
           {"comm_ms", s.comm_ms},
           {"exposed_comm_ms", s.exposed_ms},
           {"hidden_comm_ms", s.hidden_ms},
-          {"hidden_pct", s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100.0},
+          {"hidden_pct", s.comm_ms > 0 ? nlohmann::json(100 * s.hidden_ms / s.comm_ms) : nlohmann::json()},
           {"weak_scaling_pct", 100 * weak_scaling_efficiency(m, p)},
           {"comm_source", p.comm_source},
           {"extrapolated", p.extrapolated}};
@@ -248,12 +250,12 @@ std::vector<Prediction> print_prediction_table(const StepModel& model, const std
     rows.push_back(predict(model, s));
     const Prediction& p = rows.back();
     const SimulatedStep& x = p.step;
-    std::printf("%-*s %5d %-5s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %6.0f%% %4.0f%%%s\n",
+    std::printf("%-*s %5d %-5s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
                 link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(), to_string(s.impl),
                 to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets,
                 x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
-                x.comm_ms > 0 ? 100 * x.hidden_ms / x.comm_ms : 100.0, 100 * weak_scaling_efficiency(model, p),
-                p.extrapolated.empty() ? "" : " *");
+                x.comm_ms > 0 ? fmt("%.0f%%", 100 * x.hidden_ms / x.comm_ms).c_str() : "-",  // one rank: nothing to hide
+                100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
   return rows;
 }
@@ -383,6 +385,13 @@ void run_predict(const PredictArgs& a) {
   }
   const StepModel model = load_model(a);
   const std::vector<PredictSetting> settings = settings_to_predict(a, model.measured);
+  // Without a measured all-reduce the link model alone times communication, and an unemulated link has none.
+  if (!model.comm_fit && !model.calibration)
+    for (const PredictSetting& s : settings)
+      if (s.ranks > 1 && !s.link.emulated())
+        throw UsageError("--ranks " + std::to_string(s.ranks) + " over link " + link_spec(s.link) + ": " + a.file +
+                         " measured no all-reduce (one rank), so nothing times the communication; give --link (e.g. "
+                         "10gbe) or --calibration FILE (allreduce_perf --csv on this host)");
 
   const Prediction self = predict(model, model.measured);
   const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;

@@ -118,6 +118,13 @@ with tempfile.TemporaryDirectory() as work:
     proc = predict(single, "--ranks", "2", "--link", "10gbe")
     check(proc.returncode == 0 and "no measured comm" in proc.stdout and "link model alone" in proc.stdout,
           f"a single-rank run is predicted from the link model, and says so ({proc.stderr.strip()[-200:]})")
+    proc = predict(single, "--ranks", "2", "--link", "none")
+    check(proc.returncode == 2 and "measured no all-reduce (one rank), so nothing times the communication" in
+          proc.stderr, f"... but not over a link with no cost at all ({proc.returncode}: {proc.stderr.strip()[-200:]})")
+    proc = predict(single, "--ranks", "1", "--link", "none", "--json", os.path.join(work, "single.json"))
+    rows = json.load(open(os.path.join(work, "single.json")))["rows"] if proc.returncode == 0 else [{}]
+    check("compute-bound: one rank, no all-reduce" in proc.stdout and rows[0].get("hidden_pct", 0) is None,
+          f"at one rank nothing is hidden or exposed, and says so ({proc.stdout[-200:]})")
 
     # Two emulated nodes of two ranks, a 1 Gb/s link between them and none within: predicted at its own setting
     # within the same bound, and as hier (two link classes in one --link, a list of presets in another).
