@@ -85,14 +85,14 @@ void bench_ops(const Shape& s, int repeats) {
        [&] { cpu::matmul_forward(qkv.data(), x.data(), wqkv.data(), BT, C, 3 * C); });
 
   qkv = random_vector(3 * BTC, 11);
-  std::vector<float> att(size_t(B) * NH * S * S), scratch(size_t(S) * S), dqkv(3 * BTC);
+  std::vector<float> att(size_t(B) * NH * S * S), dqkv(3 * BTC);
   std::snprintf(buf, sizeof buf, "B%d S%d C%d NH%d", B, S, C, NH);
   const double att_flops = 4.0 * B * double(S) * S * C;  // QK^T and PV, the full square as computed
   for (bool causal : {false, true}) {
     time(causal ? "attention_forward (causal)" : "attention_forward", buf, att_flops, "GFLOP/s",
          [&] { cpu::attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), B, S, C, NH, causal); });
     time(causal ? "attention_backward (causal)" : "attention_backward", buf, 2 * att_flops, "GFLOP/s", [&] {
-      cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), lengths.data(), B, S, C,
+      cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), B, S, C,
                               NH, causal);
     });
   }

@@ -310,7 +310,6 @@ void Transformer<T>::reserve_gradients() {
   EnsureSize(dresid_, static_cast<int64_t>(BT) * C);
   EnsureSize(dsmall_, static_cast<int64_t>(BT) * C);
   EnsureSize(dbig_, static_cast<size_t>(BT) * std::max(3 * C, H));
-  EnsureSize(att_scratch_, static_cast<size_t>(S) * S);
   EnsureSize(dlogits_, static_cast<size_t>(rows) * K);
   if (classify) EnsureSize(dpooled_, static_cast<size_t>(B) * C);
 }
@@ -377,7 +376,7 @@ void Transformer<T>::block_backward(PieceAnnouncer& announce, bool accumulate, i
                      a.ln2_rstd.data());
   // ... now dL/d res_attn: through the attention branch.
   linear_backward(announce, accumulate, id(kProjW), dsmall_.data(), dresid_.data(), a.atty.data(), BT, C, C);
-  cpu::attention_backward(dbig_.data(), att_scratch_.data(), dsmall_.data(), a.qkv.data(), a.att.data(), lens, B, S, C,
+  cpu::attention_backward(dbig_.data(), dsmall_.data(), a.qkv.data(), a.att.data(), lens, B, S, C,
                           NH, c.causal(), pos);
   linear_backward(announce, accumulate, id(kQkvW), dsmall_.data(), dbig_.data(), a.ln1.data(), BT, C, 3 * C);
   layernorm_backward(announce, accumulate, id(kLn1W), dsmall_.data(), x_in, a.ln1_mean.data(), a.ln1_rstd.data());

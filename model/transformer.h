@@ -129,7 +129,7 @@ class Transformer : public ParameterStore<T> {
   std::vector<int32_t> positions_;                   // [B*S] when packed, else empty
   std::vector<T> encoded_, lnf_out_, lnf_mean_, lnf_rstd_, pooled_, logits_, losses_, row_sums_;  // logits_: the exps
   std::vector<LayerActs> acts_;
-  std::vector<T> tmp_, dresid_, dbig_, dsmall_, dpooled_, dlogits_, att_scratch_;
+  std::vector<T> tmp_, dresid_, dbig_, dsmall_, dpooled_, dlogits_;
 };
 
 }  // namespace ddplab

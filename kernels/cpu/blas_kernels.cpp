@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <cpuid.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
 #include <strings.h>
 #include <sys/file.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -382,15 +384,32 @@ std::optional<double> probe_in_child(const std::string& core) {
   const int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, child_argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
+  // A child that hangs must not hold up the rank, nor every rank of the host behind the probe's lock: past the
+  // deadline it is killed and counts as failed. It takes well under a second.
+  constexpr int kProbeDeadlineMs = 30000;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kProbeDeadlineMs);
   std::string text;
+  bool timed_out = false;
   char buffer[256];
-  for (ssize_t n; spawned == 0 && ((n = read(out[0], buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR));)
-    if (n > 0) text.append(buffer, n);
+  while (spawned == 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd ready{out[0], POLLIN, 0};
+    const int polled = left.count() > 0 ? poll(&ready, 1, static_cast<int>(left.count())) : 0;
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled == 0) timed_out = true;
+    if (polled <= 0) break;
+    const ssize_t n = read(out[0], buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // its end of the pipe closed: it exited
+    text.append(buffer, n);
+  }
   close(out[0]);
   if (spawned != 0) return std::nullopt;
+  if (timed_out) kill(pid, SIGKILL);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  if (timed_out) return std::nullopt;
   char ran[64] = {};
   double gflops = 0;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || std::sscanf(text.c_str(), "%63s %lf", ran, &gflops) != 2 ||

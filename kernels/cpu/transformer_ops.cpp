@@ -407,7 +407,7 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int
 // padded to whole vectors), then the dQ tile. Pass 2, blocks of 2W keys: dK and dV as key-vectorised tiles over the
 // queries that see them (t >= the block's first key when causal; the zeros above the diagonal come from dZ and att).
 template <typename T>
-void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
                         int S, int C, int NH, bool causal, const int32_t* positions) {
   constexpr int NR = 2 * Simd<T>::W;
   const int hs = C / NH, C3 = 3 * C, kq = pair_lanes<T>(hs);
@@ -420,7 +420,6 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
   T* sc = scratch_buffer<T>(3, static_cast<int64_t>(kMR) * Sp);   // one block's dP
   T* dzb = scratch_buffer<T>(4, static_cast<int64_t>(S) * ldz);   // dZ, rows padded to whole vectors
   T* ptail = scratch_buffer<T>(5, static_cast<int64_t>(S) * NR);  // att's last key columns when S % 2W != 0
-  (void)scratch;  // dZ lives in dzb: its rows are padded to whole vectors, which S*S need not allow
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
     const T* qkv_b = qkv + static_cast<int64_t>(b) * S * C3;
@@ -533,7 +532,7 @@ void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* 
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                             \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, bool);  \
   template void attention_forward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, bool, const int32_t*);     \
-  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool, \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const int32_t*, int, int, int, int, bool, \
                                       const int32_t*);                                                                \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                 \
   template void mean_pool_forward<T>(T*, const T*, const int32_t*, int, int, int);                                    \

@@ -52,11 +52,11 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 template <typename T>
 void attention_forward(T* out, T* att, const T* qkv, const int32_t* lengths, int B, int S, int C, int NH, bool causal,
                        const int32_t* positions = nullptr);
-// dqkv [B, S, 3C] = gradient (OVERWRITTEN; 0 on padded rows). Reads dout only on valid rows. scratch (S*S elements)
-// is no longer used: the kernels keep their packed copies in per-thread buffers (transformer_ops.cpp); it stays in
-// the signature for callers that allocate it. Both directions are register-tiled for small heads (docs/TRANSFORMER.md).
+// dqkv [B, S, 3C] = gradient (OVERWRITTEN; 0 on padded rows). Reads dout only on valid rows. The kernels keep their
+// packed copies in per-thread buffers (transformer_ops.cpp). Both directions are register-tiled for small heads
+// (docs/TRANSFORMER.md).
 template <typename T>
-void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, const int32_t* lengths, int B,
                         int S, int C, int NH, bool causal, const int32_t* positions = nullptr);
 
 // out[n] = a[n] + b[n] (the residual connection; its backward is the identity on both branches).

@@ -111,11 +111,11 @@ inline FlashCase make_flash_case(const FlashShape& sh, bool causal, bool poison_
       std::fill_n(fc.dout.begin() + (int64_t{b} * S + t) * C, C, kNaN);
     }
   const std::vector<double> qkv_d(fc.qkv.begin(), fc.qkv.end()), dout_d(fc.dout.begin(), fc.dout.end());
-  std::vector<double> att(int64_t{B} * NH * S * S), scratch(int64_t{S} * S);
+  std::vector<double> att(int64_t{B} * NH * S * S);
   fc.out.resize(int64_t{B} * S * C);
   fc.dqkv.resize(fc.qkv.size());
   cpu::attention_forward(fc.out.data(), att.data(), qkv_d.data(), sh.lengths_or_null(), B, S, C, NH, causal);
-  cpu::attention_backward(fc.dqkv.data(), scratch.data(), dout_d.data(), qkv_d.data(), att.data(), sh.lengths_or_null(),
+  cpu::attention_backward(fc.dqkv.data(), dout_d.data(), qkv_d.data(), att.data(), sh.lengths_or_null(),
                           B, S, C, NH, causal);
   fc.lse = reference_lse(qkv_d, sh.lengths, B, S, C, NH, causal);
   return fc;

@@ -506,9 +506,9 @@ void attention_matches_cpu(cudaStream_t stream, cuda::GemmMath math, double rtol
           std::fill_n(qkv.begin() + (int64_t{b} * S + t) * 3 * C, 3 * C, kNaN);
           std::fill_n(dout.begin() + (int64_t{b} * S + t) * C, C, kNaN);
         }
-      std::vector<float> out(int64_t{B} * S * C), att(int64_t{B} * NH * S * S), dqkv(qkv.size()), scratch(S * S);
+      std::vector<float> out(int64_t{B} * S * C), att(int64_t{B} * NH * S * S), dqkv(qkv.size());
       cpu::attention_forward(out.data(), att.data(), qkv.data(), sh.lengths.data(), B, S, C, NH, causal);
-      cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), sh.lengths.data(), B, S,
+      cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), sh.lengths.data(), B, S,
                               C, NH, causal);
 
       DeviceArray d_qkv(qkv, stream), d_dout(dout, stream);

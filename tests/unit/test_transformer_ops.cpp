@@ -208,8 +208,8 @@ void CheckAttention(const int32_t* lengths, bool causal, uint64_t seed, const in
       }
     }
   }
-  std::vector<double> dqkv(qkv.size(), -99.0), scratch(kS * kS);
-  attention_backward(dqkv.data(), scratch.data(), w.data(), qkv.data(), att.data(), lengths, kB, kS, kC, kNH, causal,
+  std::vector<double> dqkv(qkv.size(), -99.0);
+  attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), lengths, kB, kS, kC, kNH, causal,
                      positions);
   const int nonzero = ExpectGradNear(dqkv, NumericGrad(qkv, loss), "dqkv");
   EXPECT_GT(nonzero, static_cast<int>(qkv.size()) / 3);
@@ -236,15 +236,15 @@ TEST(Attention, BidirectionalPackedMatchesNaiveAndFiniteDifferences) {
 TEST(Attention, PaddedQueryRowsPassNoGradient) {
   const auto qkv = RandomNormal(kB * kS * 3 * kC, 40);
   auto dout = RandomNormal(kB * kS * kC, 41);
-  std::vector<double> out(kB * kS * kC), att(kB * kNH * kS * kS), scratch(kS * kS);
+  std::vector<double> out(kB * kS * kC), att(kB * kNH * kS * kS);
   std::vector<double> d1(qkv.size()), d2(qkv.size());
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
-  attention_backward(d1.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+  attention_backward(d1.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
                      true);
   for (int b = 0; b < kB; ++b) {
     for (int i = kLengths[b] * kC; i < kS * kC; ++i) dout[b * kS * kC + i] = std::numeric_limits<double>::quiet_NaN();
   }
-  attention_backward(d2.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+  attention_backward(d2.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
                      true);
   EXPECT_EQ(d1, d2);
 }
@@ -253,10 +253,10 @@ TEST(Attention, PaddedQueryRowsPassNoGradient) {
 TEST(Attention, FloatStaysFiniteWithHugeScoresAndEmptySequences) {
   std::vector<float> qkv(kB * kS * 3 * kC);
   for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(300.0 * normal(50, i));
-  std::vector<float> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size()), scratch(kS * kS);
+  std::vector<float> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size());
   std::vector<float> dout(out.size(), 1.0f);
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
-  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
                      true);
   for (float x : out) ASSERT_TRUE(std::isfinite(x));
   for (float x : att) ASSERT_TRUE(std::isfinite(x));
@@ -350,10 +350,9 @@ TEST(Attention, FloatTiledKernelsMatchNaiveDoubleOnRandomShapesWithPadding) {
       for (double& x : dout) x = static_cast<float>(x);
       const auto ref = NaiveAttentionWithBackward(qkv, dout, lengths, k.B, k.S, k.C, k.NH, causal);
       std::vector<float> qkv_f(qkv.begin(), qkv.end()), dout_f(dout.begin(), dout.end());
-      std::vector<float> out(ref.out.size(), -99.f), att(ref.att.size(), -99.f), dqkv(qkv.size(), -99.f),
-          scratch(size_t(k.S) * k.S);
+      std::vector<float> out(ref.out.size(), -99.f), att(ref.att.size(), -99.f), dqkv(qkv.size(), -99.f);
       attention_forward(out.data(), att.data(), qkv_f.data(), lengths.data(), k.B, k.S, k.C, k.NH, causal);
-      attention_backward(dqkv.data(), scratch.data(), dout_f.data(), qkv_f.data(), att.data(), lengths.data(), k.B,
+      attention_backward(dqkv.data(), dout_f.data(), qkv_f.data(), att.data(), lengths.data(), k.B,
                          k.S, k.C, k.NH, causal);
       for (size_t i = 0; i < att.size(); ++i) {
         if (ref.att[i] == 0.0) {
@@ -427,8 +426,7 @@ TEST(Attention, FloatPackedRowsEqualTheirSequencesAlone) {
       std::vector<float> out(dout.size(), -99.f), att(size_t(k.B) * k.NH * S * S, -99.f), dqkv(qkv.size(), -99.f);
       attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), k.B, S, k.C, k.NH, causal,
                         positions.data());
-      float* const no_scratch = nullptr;  // attention_backward no longer uses it
-      attention_backward(dqkv.data(), no_scratch, dout.data(), qkv.data(), att.data(), lengths.data(), k.B, S, k.C,
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), k.B, S, k.C,
                          k.NH, causal, positions.data());
       int64_t in_blocks = 0, nonzero = 0;
       for (int b = 0; b < k.B; ++b) {
@@ -438,7 +436,7 @@ TEST(Attention, FloatPackedRowsEqualTheirSequencesAlone) {
               d1(dout.begin() + row0 * k.C, dout.begin() + (row0 + len) * k.C);
           std::vector<float> out1(d1.size()), att1(size_t(k.NH) * len * len), dqkv1(q1.size());
           attention_forward(out1.data(), att1.data(), q1.data(), nullptr, 1, len, k.C, k.NH, causal);
-          attention_backward(dqkv1.data(), no_scratch, d1.data(), q1.data(), att1.data(), nullptr, 1, len, k.C, k.NH,
+          attention_backward(dqkv1.data(), d1.data(), q1.data(), att1.data(), nullptr, 1, len, k.C, k.NH,
                              causal);
           ASSERT_TRUE(std::equal(out1.begin(), out1.end(), out.begin() + row0 * k.C)) << "out of (" << b << ", " << s0
                                                                                       << ")";
@@ -549,14 +547,14 @@ TEST(FloatVsDouble, TransformerOpsAgree) {
   auto to_float = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
   const auto qkv = round(RandomNormal(kB * kS * 3 * kC, 80)), dout = round(RandomNormal(kB * kS * kC, 81));
   const auto qkv_f = to_float(qkv), dout_f = to_float(dout);
-  std::vector<double> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size()), scratch(kS * kS);
-  std::vector<float> out_f(out.size()), att_f(att.size()), dqkv_f(qkv.size()), scratch_f(kS * kS);
+  std::vector<double> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size());
+  std::vector<float> out_f(out.size()), att_f(att.size()), dqkv_f(qkv.size());
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
   attention_forward(out_f.data(), att_f.data(), qkv_f.data(), kLengths.data(), kB, kS, kC, kNH, true);
   ExpectFloatAgrees(out_f, out, 1e-5, "attention out");
-  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
                      true);
-  attention_backward(dqkv_f.data(), scratch_f.data(), dout_f.data(), qkv_f.data(), att_f.data(), kLengths.data(), kB,
+  attention_backward(dqkv_f.data(), dout_f.data(), qkv_f.data(), att_f.data(), kLengths.data(), kB,
                      kS, kC, kNH, true);
   ExpectFloatAgrees(dqkv_f, dqkv, 1e-5, "attention dqkv");
 
