@@ -1,6 +1,7 @@
 // Optimizer<T>: dispatch by kind, step counting, and agreement with the CPU update ops it wraps.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -24,6 +25,32 @@ TEST(Optimizer, AdamWMatchesOpOverSeveralSteps) {
     EXPECT_EQ(opt.steps_taken(), t);
   }
   EXPECT_EQ(p, ref);
+}
+
+// The update against AdamW as PyTorch documents it (decoupled decay p *= 1 - lr wd, then the bias-corrected moments),
+// written out here step by step in double: 20 steps, so a bias correction that ignored t, or a decay that was not
+// decoupled, would show.
+TEST(Optimizer, AdamWFollowsTheTextbookRecurrence) {
+  OptimizerConfig c;
+  c.lr = 0.01f;
+  c.weight_decay = 0.1f;
+  constexpr int n = 4;
+  std::vector<double> p = {0.5, -1.5, 2.0, 0.0}, ref = p, m(n, 0.0), v(n, 0.0);
+  Optimizer<double> opt(c, n);
+  for (int t = 1; t <= 20; ++t) {
+    std::vector<double> g(n);
+    for (int i = 0; i < n; ++i) g[i] = std::sin(0.7 * t + i) * (i + 1);
+    opt.step(p.data(), g.data());
+    const double lr = c.lr, wd = c.weight_decay, b1 = c.beta1, b2 = c.beta2, eps = c.eps;
+    for (int i = 0; i < n; ++i) {
+      ref[i] *= 1 - lr * wd;
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      const double m_hat = m[i] / (1 - std::pow(b1, t)), v_hat = v[i] / (1 - std::pow(b2, t));
+      ref[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+    for (int i = 0; i < n; ++i) EXPECT_NEAR(p[i], ref[i], 1e-12 * (1 + std::fabs(ref[i]))) << "step " << t << ", " << i;
+  }
 }
 
 TEST(Optimizer, SgdWithMomentumMatchesOp) {
