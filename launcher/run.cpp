@@ -824,6 +824,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   SummarizedRun result;
   const auto trainer = std::make_unique<Trainer>(config, world);
   const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer, world);
+  trainer->check_replicas_start_alike();
   const std::string error =
       broadcast_error(rank == 0 ? check_room_for_outputs(config, *trainer, size, first_step) : "", world);
   if (!error.empty()) throw UsageError(error);

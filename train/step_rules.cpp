@@ -98,6 +98,10 @@ void check_replicas_agree(const float* params, const std::vector<GradPiece>& pie
   // Registration order (pieces are in reverse): the first parameter of the model that differs.
   for (size_t k = pieces.size(); k-- > 0;) {
     if (most[2 * k] == mine[2 * k] && most[2 * k + 1] == mine[2 * k + 1]) continue;
+    if (step < 0)
+      throw TrainingStopped("replicas differ before the first step: parameter " + piece_name(pieces[k]) +
+                            " is not the same on every rank; each rank builds its replica from --seed (or reads "
+                            "--resume's checkpoint), so the ranks' math libraries must give the same bits");
     throw TrainingStopped("replicas diverged at step " + std::to_string(step) + ": parameter " +
                           piece_name(pieces[k]) + " differs across ranks (--check-sync); every rank must apply the " +
                           "same update");

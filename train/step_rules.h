@@ -62,7 +62,7 @@ void inject_fault_before(const TrainConfig& config, int rank, int step);
 bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step);
 // --check-sync: every replica must hold the same parameters, bit for bit. Collective over comm: compares one
 // fingerprint per gradient piece's slice of `params` (host memory, the flat layout) and throws TrainingStopped on
-// every rank naming the first parameter, in registration order, that differs.
+// every rank naming the first parameter, in registration order, that differs. step < 0: before the first step.
 void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
                           const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step);
 // The buckets' communication time (with --zero-stage 1 their all-gathers too) into r.comm_ms, and the part of it

@@ -64,6 +64,12 @@ std::vector<float> Trainer::parameters() {
   return std::vector<float>(p, p + backend_->flat_size());
 }
 
+void Trainer::check_replicas_start_alike() {
+  if (world_ == 1) return;
+  check_replicas_agree(backend_->host_parameters(), backend_->grad_pieces(),
+                       [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(), -1);
+}
+
 StepRecord Trainer::step(int step, double t0_ms) {
   StepRecord r;
   watchdog::set_step(step);

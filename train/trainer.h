@@ -29,8 +29,12 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Runs step `step` (0-based) and returns its timings; times are measured from `t0_ms` (a steady-clock reading
-  // every rank took right after a barrier). Throws TrainingStopped on every rank when the step's loss or gradients
+  // Collective: throws TrainingStopped on every rank unless the replicas start from the same parameters, bit for
+  // bit. Each rank initialises its own replica from the seed, or reads the checkpoint (PyTorch DDP broadcasts rank
+  // 0's instead); a host whose math library rounds otherwise would train a different model from the first step.
+  void check_replicas_start_alike();
+  // Runs step `step` (0-based) and returns its timings; times are measured from `t0_ms` (the run's time zero on
+  // this rank's clock: common_clock_origin, train/clock.h). Throws TrainingStopped on every rank when the step's loss or gradients
   // are not finite (unless --skip-nonfinite: the step then skips its update and says so in StepRecord::skipped)
   // and when --check-sync finds the replicas diverged.
   StepRecord step(int step, double t0_ms);

@@ -43,7 +43,7 @@ def steps_in(path):
 
 
 def main():
-    mpirun, ddplab = sys.argv[1], sys.argv[2]
+    mpirun, ddplab, perturbed_cos = sys.argv[1], sys.argv[2], sys.argv[3]
     with tempfile.TemporaryDirectory() as work:
         out = lambda name: os.path.join(work, name)
 
@@ -137,6 +137,19 @@ def main():
                                     "--check-sync", "3", "--out", out("div.h5")]).run()
         check(j.code == 4 and "replicas diverged at step 2: parameter fc0.weight" in j.out,
               f"diverge: named at the first check (code {j.code})")
+
+        # Replicas that start apart (one rank's libm rounds otherwise, through LD_PRELOAD): stopped before the first
+        # step, naming the first parameter; the same launch without it trains.
+        tiny = ["--model", "tiny", "--steps", "2", "--quiet"]
+        for perturbed, want in ((True, 4), (False, 0)):
+            preload = ["-x", f"LD_PRELOAD={perturbed_cos}"] if perturbed else []
+            cmd = [mpirun, "--bind-to", "none", "-np", "1", ddplab, "train", *tiny, "--out", out("apart.h5"), ":",
+                   "-np", "1", *preload, ddplab, "train", *tiny, "--out", out("apart.h5")]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            said = "replicas differ before the first step: parameter wte is not the same on every rank" in p.stderr
+            check(p.returncode == want and said == perturbed and os.path.exists(out("apart.h5")) != perturbed,
+                  f"replicas {'apart' if perturbed else 'alike'} at the start: exit {want}"
+                  f"{', wte named, no run file' if perturbed else ''} (code {p.returncode}: {p.stderr.strip()[-300:]})")
 
         # Ranks started with different settings (an MPMD launch): refused before training, each field named.
         cmd = [mpirun, "--bind-to", "none", "-np", "1", ddplab, "train"] + SMALL + ["--steps", "3", "--out", out("mpmd.h5"),
