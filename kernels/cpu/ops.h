@@ -15,7 +15,8 @@ namespace ddplab::cpu {
 
 // How many float lanes the kernels with two widths (GELU; the softmax's max and exp passes, the attention's exp among
 // them) run on: 16 where sixteen_lanes_available() (twice the work per instruction; on Zen 5 GELU ran twice
-// as fast, the softmax 1.6x), else 8. Either width gives the same bits, so replicas on different CPUs stay identical.
+// as fast, the softmax 1.6x), else 8. Either width gives the same bits, so a run's figures do not depend on the width
+// (replicas stay identical anyway: every rank applies the same all-reduced gradients).
 // set_float_lanes picks one (8, or 16 where available) for tests and benchmarks; it throws std::invalid_argument
 // otherwise.
 int float_lanes();
