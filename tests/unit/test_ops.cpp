@@ -381,6 +381,37 @@ TEST(FloatVsDouble, ForwardOpsAgree) {
   EXPECT_NEAR(mean_f, mean_d, 1e-5 * (1 + std::abs(mean_d)));
 }
 
+// The cross-entropy's float lanes (the vector max and exp passes and their tails) against double, at vocabulary sizes
+// around the lane widths and at the MLP's 1000 classes, with logits of order 1 and around 1e4 (the shift by the
+// row's max is what keeps them finite). Float inputs, so only the arithmetic differs: the shifted logit z rounds to
+// float (|z| up to ~20 here: ~1e-6 relative in exp z), exp_fast adds ~1 ulp, a row's sum of V terms a few more.
+TEST(FloatVsDouble, CrossEntropyAgreesAtEveryWidth) {
+  constexpr int N = 3;
+  for (int V : {1, 7, 8, 9, 15, 16, 17, 33, 1000}) {
+    for (double offset : {0.0, 1e4}) {
+      std::vector<double> logits = RandomNormal(N * V, 40 + V, 3.0);
+      for (double& x : logits) x = static_cast<float>(x + offset);
+      std::vector<int32_t> targets(N);
+      for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(hash64(41, n) % V);
+      std::vector<double> exps_d(N * V), sums_d(N), loss_d(N), dlogits_d(N * V);
+      std::vector<float> exps_f(N * V), sums_f(N), loss_f(N), dlogits_f(N * V);
+      const auto logits_f = ToFloat(logits);
+      softmax_cross_entropy_forward(exps_d.data(), sums_d.data(), loss_d.data(), logits.data(), targets.data(), N, V);
+      softmax_cross_entropy_forward(exps_f.data(), sums_f.data(), loss_f.data(), logits_f.data(), targets.data(), N,
+                                    V);
+      softmax_cross_entropy_backward(dlogits_d.data(), exps_d.data(), sums_d.data(), targets.data(), N, V);
+      softmax_cross_entropy_backward(dlogits_f.data(), exps_f.data(), sums_f.data(), targets.data(), N, V);
+      SCOPED_TRACE("V " + std::to_string(V) + ", logits around " + std::to_string(offset));
+      for (int i = 0; i < N * V; ++i) EXPECT_NEAR(exps_f[i], exps_d[i], 2e-6 * exps_d[i]) << "exps[" << i << "]";
+      for (int n = 0; n < N; ++n) {
+        EXPECT_NEAR(sums_f[n], sums_d[n], 3e-6 * sums_d[n]) << "row sum " << n;
+        EXPECT_NEAR(loss_f[n], loss_d[n], 4e-6 * (1 + loss_d[n])) << "loss " << n;
+      }
+      for (int i = 0; i < N * V; ++i) EXPECT_NEAR(dlogits_f[i], dlogits_d[i], 4e-6 / N) << "dlogits[" << i << "]";
+    }
+  }
+}
+
 TEST(AdamW, FirstStepMovesEachParamByLrTimesSignOfGrad) {
   // At t=1 from zero moments, m_hat = g and v_hat = g^2, so the step is lr * g / (|g| + eps): about lr*sign(g)
   // whatever the magnitude of g.

@@ -546,8 +546,10 @@ TEST(Transformer, FloatGradientsAgreeWithDouble) {
     mf.backward();
     double scale = 0;
     for (int64_t i = 0; i < md.flat_size(); ++i) scale = std::max(scale, std::abs(md.flat_grads()[i]));
+    // Measured ~5e-7 (LM head) and ~1e-7 (classify) of the largest gradient; the bound leaves room for other BLAS
+    // kernel families and lane widths, and is still far below what a wrong term would add.
     for (int64_t i = 0; i < md.flat_size(); ++i) {
-      EXPECT_NEAR(mf.flat_grads()[i], md.flat_grads()[i], 1e-4 * scale) << i;
+      EXPECT_NEAR(mf.flat_grads()[i], md.flat_grads()[i], 1e-5 * scale) << i;
     }
   }
 }
