@@ -73,7 +73,7 @@ class BatchPlan {
   const std::vector<int64_t>& batch(int64_t step, int rank) const { return steps_.at(step).at(rank).ids; }
   // How many of those sequences each row holds, in order: all 1 except when packing.
   const std::vector<int>& rows(int64_t step, int rank) const { return steps_.at(step).at(rank).rows; }
-  // Useful (real) tokens of every rank at a step: what the loss averages over, globally.
+  // Useful (real) tokens of every rank at a step (the next-token loss averages over one fewer per sequence).
   int64_t useful_tokens(int64_t step, int rank) const;
   int64_t padded_tokens(int64_t step, int rank) const;  // rows x longest row: what the model computes on
 

@@ -65,40 +65,16 @@ class PieceEvents {
   std::vector<Event> events_;
 };
 
-// Backward's side of the readiness contract (GradReadyHook): pieces are announced strictly in grad_pieces() order,
-// each with its event recorded on the stream behind the kernels that finalised it, then the hook called. The host
-// never waits: the hook may make another stream wait on the event.
-class PieceAnnouncer {
- public:
-  PieceAnnouncer(const std::vector<GradPiece>& pieces, const PieceEvents& events, cudaStream_t stream,
-                 const GradReadyHook& on_ready)
-      : pieces_(pieces), events_(events), stream_(stream), on_ready_(on_ready) {}
-
-  // The next piece if it belongs to `param` (a weight's row blocks are computed one by one), else null.
-  const GradPiece* next_of(int param) const {
-    return next_ < pieces_.size() && pieces_[next_].param == param ? &pieces_[next_] : nullptr;
-  }
-  // The next piece, which must belong to `param`, is final.
-  void ready(int param) {
-    if (!next_of(param)) throw std::logic_error("gradient pieces announced out of order");
-    cudaCheck(cudaEventRecord(events_.at(static_cast<int>(next_)), stream_));
-    if (on_ready_) on_ready_(static_cast<int>(next_));
-    ++next_;
-  }
-  // Every piece of `param` is final (a parameter computed as a whole).
-  void all_of(int param) {
-    do ready(param);
-    while (next_of(param));
-  }
-  bool done() const { return next_ == pieces_.size(); }
-
- private:
-  const std::vector<GradPiece>& pieces_;
-  const PieceEvents& events_;
-  cudaStream_t stream_;
-  const GradReadyHook& on_ready_;
-  size_t next_ = 0;
-};
+// Backward's announcements on the GPU (PieceAnnouncer, model/parameters.h): each piece's event recorded on the stream
+// behind the kernels that finalised it, then the hook called. The host never waits: the hook may make another stream
+// wait on the event. `events` and `on_ready` must outlive the announcer.
+inline PieceAnnouncer device_piece_announcer(const std::vector<GradPiece>& pieces, const PieceEvents& events,
+                                             cudaStream_t stream, const GradReadyHook& on_ready) {
+  return PieceAnnouncer(pieces, [&events, stream, &on_ready](int piece) {
+    cudaCheck(cudaEventRecord(events.at(piece), stream));
+    if (on_ready) on_ready(piece);
+  });
+}
 
 // The mean loss of the last forward, copied to pinned host memory behind it on the stream: wait() waits for that
 // copy only, not for later work. NaN before the first copy.

@@ -118,28 +118,21 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
   cpu::softmax_cross_entropy_backward(dout, pre_[num_linear - 1].data(), row_sums_.data(), targets_, B,
                                       config_.num_classes);
   const bool accumulate = !this->take_discard();  // each gradient element is written once below
-  const std::vector<GradPiece>& pieces = this->grad_pieces();
   std::vector<Parameter<T>>& params = this->parameters();
-  size_t piece = 0;  // pieces is in exactly the order this loop finalises them
-  auto ready = [&](int param) {
-    if (pieces.at(piece).param != param) throw std::logic_error("Mlp: gradient pieces out of order");
-    if (on_ready) on_ready(static_cast<int>(piece));
-    ++piece;
-  };
+  PieceAnnouncer announce(this->grad_pieces(), on_ready);
   for (int l = num_linear - 1; l >= 0; --l) {
     Parameter<T>& w = params[2 * l];
     Parameter<T>& b = params[2 * l + 1];
     cpu::bias_backward(b.grad, dout, B, dims[l + 1], accumulate);
-    ready(2 * l + 1);
+    announce.ready(2 * l + 1);
     // The weight gradient first, block by block, so each block can be communicated while the rest of backward
     // (including this layer's input gradient) runs.
     const T* x = l == 0 ? inputs_ : post_[l - 1].data();
-    while (piece < pieces.size() && pieces[piece].param == 2 * l) {
-      const GradPiece& g = pieces[piece];
-      const int64_t rows = g.numel / dims[l];
-      cpu::matmul_backward_weight(w.grad, dout, x, B, dims[l], dims[l + 1], static_cast<int>(g.first_row),
-                                  static_cast<int>(g.first_row + rows), accumulate);
-      ready(2 * l);
+    while (const GradPiece* g = announce.next_of(2 * l)) {
+      const int64_t rows = g->numel / dims[l];
+      cpu::matmul_backward_weight(w.grad, dout, x, B, dims[l], dims[l + 1], static_cast<int>(g->first_row),
+                                  static_cast<int>(g->first_row + rows), accumulate);
+      announce.ready(2 * l);
     }
     if (l > 0) {  // the network input needs no gradient
       cpu::matmul_backward_input(dnext, dout, w.data, B, dims[l], dims[l + 1]);

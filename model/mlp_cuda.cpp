@@ -153,7 +153,7 @@ void MlpCuda::backward(const GradReadyHook& on_ready) {
 template <typename T>
 void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
   const int B = batch_;
-  cuda_model::PieceAnnouncer announce(pieces_, piece_events_, stream_, on_ready);
+  PieceAnnouncer announce = cuda_model::device_piece_announcer(pieces_, piece_events_, stream_, on_ready);
   const T* dout = as<T>(out_.back());  // dlogits, written by forward
   for (int l = num_linear() - 1; l >= 0; --l) {
     NvtxRange range(nvtx_backward_[l].c_str());

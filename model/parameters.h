@@ -47,6 +47,36 @@ struct GradPiece {
 // once it has announced a piece of it.
 using GradReadyHook = std::function<void(int piece)>;
 
+// Backward's side of that contract, for every model: announces the pieces strictly in grad_pieces() order, each
+// through `announce` (the hook, or on the GPU the piece's event recorded and then the hook), and refuses any other.
+class PieceAnnouncer {
+ public:
+  PieceAnnouncer(const std::vector<GradPiece>& pieces, GradReadyHook announce)
+      : pieces_(pieces), announce_(std::move(announce)) {}
+
+  // The next piece if it belongs to `param` (a weight's row blocks are computed one by one), else null.
+  const GradPiece* next_of(int param) const {
+    return next_ < pieces_.size() && pieces_[next_].param == param ? &pieces_[next_] : nullptr;
+  }
+  // The next piece, which must belong to `param`, is final.
+  void ready(int param) {
+    if (!next_of(param)) throw std::logic_error("gradient pieces announced out of order");
+    if (announce_) announce_(static_cast<int>(next_));
+    ++next_;
+  }
+  // Every piece of `param` is final (a parameter computed as a whole).
+  void all_of(int param) {
+    do ready(param);
+    while (next_of(param));
+  }
+  bool done() const { return next_ == pieces_.size(); }
+
+ private:
+  const std::vector<GradPiece>& pieces_;
+  GradReadyHook announce_;
+  size_t next_ = 0;
+};
+
 // Every parameter starts on a 64-byte boundary of the flat buffers (16 floats): cuBLASLt's tensor-core kernels need
 // 16-byte-aligned operands (otherwise it picks slower kernels, and a fused bias epilogue can fault), and the bf16
 // copies of the weights at the same element offsets stay 32-byte aligned. Back to back, GPT-2's head (50257 x 769

@@ -107,37 +107,6 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   acts_.resize(c.layers);
 }
 
-// Backward's side of the readiness contract (GradReadyHook): pieces are announced strictly in grad_pieces() order.
-template <typename T>
-class Transformer<T>::PieceAnnouncer {
- public:
-  PieceAnnouncer(const std::vector<GradPiece>& pieces, const GradReadyHook& on_ready)
-      : pieces_(pieces), on_ready_(on_ready) {}
-
-  // The next piece if it belongs to `param` (a weight's row blocks are computed one by one), else null.
-  const GradPiece* next_of(int param) const {
-    return next_ < pieces_.size() && pieces_[next_].param == param ? &pieces_[next_] : nullptr;
-  }
-  // The next piece, which must belong to `param`, is final.
-  void ready(int param) {
-    if (!next_of(param)) throw std::logic_error("Transformer: gradient pieces out of order");
-    if (on_ready_) on_ready_(static_cast<int>(next_));
-    ++next_;
-  }
-  // Every piece of `param` is final (a parameter computed as a whole).
-  void all_of(int param) {
-    do {
-      ready(param);
-    } while (next_of(param));
-  }
-  bool done() const { return next_ == pieces_.size(); }
-
- private:
-  const std::vector<GradPiece>& pieces_;
-  const GradReadyHook& on_ready_;
-  size_t next_ = 0;
-};
-
 template <typename T>
 std::vector<int32_t> Transformer<T>::checked_lengths(const int32_t* tokens, const int32_t* lengths,
                                                      const int32_t* targets, int B, int S,

@@ -37,6 +37,9 @@ struct TransformerConfig {
   Head head = Head::kClassify;
 
   bool causal() const { return head == Head::kCausalLM; }
+  // The loss terms one sequence of `length` tokens adds (Transformer::loss_count): what a planner weighs batches by
+  // before any forward.
+  int64_t loss_terms(int64_t length) const { return causal() ? length - 1 : 1; }
   // Forward FLOPs per token of a batch of sequences of length seq_len: 2 per weight of every Linear in the blocks,
   // 4 * seq_len * d_model per block for the attention scores and weighted sum (the full square, PaLM's convention),
   // and the head (LM: 2 d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens).
@@ -100,7 +103,6 @@ class Transformer : public ParameterStore<T> {
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
   int head_outputs() const;
 
-  class PieceAnnouncer;  // backward's announcements to the GradReadyHook, in grad_pieces() order
   // forward, in order: the batch checked and copied, the buffers grown, then embeddings, blocks, head and loss.
   std::vector<int32_t> checked_lengths(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B,
                                        int S, const int32_t* positions) const;

@@ -370,7 +370,7 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   const bool classify = !config_.causal();
   const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
   const int BT = B * S;
-  cuda_model::PieceAnnouncer announce(pieces_, piece_events_, stream_, on_ready);
+  PieceAnnouncer announce = cuda_model::device_piece_announcer(pieces_, piece_events_, stream_, on_ready);
   T *dresid = as<T>(dresid_), *dsmall = as<T>(dsmall_), *dbig = as<T>(dbig_);
   const T* dlogits = as<T>(logits_);  // forward's fused cross-entropy left the gradient of the scaled loss here
 

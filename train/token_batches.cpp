@@ -116,7 +116,7 @@ void TokenBatches::begin_step(int64_t step) {
   plan_step_ = step - plan_first_step_;
   auto terms = [&](int slot) {
     int64_t n = 0;
-    for (int64_t id : plan_->batch(plan_step_, slot)) n += model_.causal() ? data_.length(id) - 1 : 1;
+    for (int64_t id : plan_->batch(plan_step_, slot)) n += model_.loss_terms(data_.length(id));
     return n;
   };
   int64_t mine = 0, global = 0;

@@ -1,60 +1,20 @@
-// AdamW kernel first, launcher last (see adamw.h for the contract).
-#include <cmath>
-
+// AdamW's launcher (kernel: adamw_kernels.cuh; contract: adamw.h).
 #include "kernels/cuda/adamw.h"
+#include "kernels/cuda/adamw_kernels.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace ddplab::cuda {
-namespace {
 
-// One parameter's step. Divides by the bias corrections rather than multiplying by their inverses, as the CPU
-// reference does, so the two agree to rounding.
-struct AdamwStep {
-  float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
-  __device__ void operator()(float& p, float g, float& m, float& v) const {
-    m = beta1 * m + (1.0f - beta1) * g;
-    v = beta2 * v + (1.0f - beta2) * g * g;
-    p = p - lr * ((m / bc1) / (sqrtf(v / bc2) + eps) + weight_decay * p);
-  }
-};
-
-// copy: null, or the bf16 words of the updated params (a uniform branch: every thread takes the same side).
-template <int V>
-__global__ void adamw_kernel(float* params, uint16_t* copy, const float* grads, float* m, float* v, int64_t n,
-                             AdamwStep step, const int* skip_if_set) {
-  if (skip_if_set && *skip_if_set) return;  // uniform: every thread reads the same flag, and no barrier follows
-  detail::for_each_pack<V>(
-      n,
-      [=](int64_t i) {
-        detail::Pack<float, V> p = detail::load_pack<V>(params + i), mi = detail::load_pack<V>(m + i),
-                               vi = detail::load_pack<V>(v + i);
-        const detail::Pack<float, V> g = detail::load_pack<V>(grads + i);
-        for (int k = 0; k < V; ++k) step(p.v[k], g.v[k], mi.v[k], vi.v[k]);
-        detail::store_pack(params + i, p), detail::store_pack(m + i, mi), detail::store_pack(v + i, vi);
-        if (copy) {
-          detail::Pack<uint16_t, V> h;
-          for (int k = 0; k < V; ++k) h.v[k] = detail::f32_to_bf16_bits(p.v[k]);
-          detail::store_pack(copy + i, h);
-        }
-      },
-      [=](int64_t i) {
-        step(params[i], grads[i], m[i], v[i]);
-        if (copy) copy[i] = detail::f32_to_bf16_bits(params[i]);
-      });
-}
-
-}  // namespace
+using adamw::adamw_kernel;
+using adamw::AdamwStep;
 
 void adamw_update(float* params, __nv_bfloat16* params_bf16, const float* grads, float* m, float* v, int64_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay, int t, cudaStream_t stream,
                   const int* skip_if_set) {
   if (n <= 0) return;
-  // In double on the host and rounded once, as the CPU reference does: 1 - beta2^t loses digits in float.
-  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
-  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
-  const AdamwStep step{lr, beta1, beta2, eps, weight_decay, bc1, bc2};
+  const AdamwStep step = adamw::adamw_step(lr, beta1, beta2, eps, weight_decay, t);
   // __nv_bfloat16 is 16 bits without padding (convert.h): its words are written as such.
   uint16_t* const copy = reinterpret_cast<uint16_t*>(params_bf16);
   const bool packed = detail::all_aligned(16, params, grads, m, v) && detail::all_aligned(8, copy);

@@ -30,19 +30,6 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-// comm/wire.h's f32_to_bf16, on the device: integer round to nearest even on the top 16 bits; NaN keeps its sign
-// and top payload bits and is made quiet (a payload in the low bits only would otherwise round to inf). Shared by
-// convert.cu and the optimizer, which writes the bf16 copy of the weights, so both give the same bits. (nvcc only: the
-// CPU emulation of tests/emu has no __float_as_uint, and runs no kernel that converts.)
-#ifdef __CUDACC__
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float x) {
-  const uint32_t u = __float_as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t{h} << 16); }
-#endif
-
 // N consecutive elements moved as one access: 16 bytes for 4 floats or 8 bf16 (one LDG.128/STG.128 per thread),
 // 32 bytes (two accesses) for the fp32 parameters read beside 8 bf16 activations.
 template <typename T, int N>

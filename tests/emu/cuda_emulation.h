@@ -1,6 +1,6 @@
 // The CUDA device vocabulary of our kernels for the host compiler, so that g++ compiles a kernel's own source and runs
 // it on host threads: a CTA is blockDim.x std::threads (CTAs one after another), __syncthreads and __syncwarp are
-// barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync, and the PTX primitives of
+// barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync, __any_sync, and the PTX primitives of
 // kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async) are emulated with the PTX ISA's register layouts, and
 // dynamic shared memory is one buffer the CTA's threads share. Made to check index arithmetic, fragment layouts,
 // shared-memory layouts, masking, barriers and block skipping against a CPU reference without a GPU
@@ -69,7 +69,9 @@
 #define __launch_bounds__(...)
 #endif
 
-// CUDA's device math declares isnan for float in the global namespace, as C's math.h does; <cmath> puts it in std.
+// CUDA's device math declares isnan and isfinite for float in the global namespace, as C's math.h does; <cmath> puts
+// them in std.
+using std::isfinite;
 using std::isnan;
 
 namespace ddplab::emu {
@@ -250,6 +252,13 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = ddplab::emu::
   if (width != ddplab::emu::kWarpSize || lane_mask < 0 || lane_mask >= ddplab::emu::kWarpSize)
     ddplab::emu::fail("__shfl_xor_sync: width %d, lane mask %d: only whole warps are emulated", width, lane_mask);
   return ddplab::emu::exchange_in_warp(var, "__shfl_xor_sync")[ddplab::emu::lane_id() ^ lane_mask];
+}
+
+inline bool __any_sync(unsigned mask, bool predicate) {
+  ddplab::emu::require_full_mask(mask, "__any_sync");
+  bool any = false;
+  for (bool p : ddplab::emu::exchange_in_warp(predicate, "__any_sync")) any |= p;
+  return any;
 }
 
 inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {

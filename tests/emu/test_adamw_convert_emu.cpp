@@ -1,0 +1,163 @@
+// The update's and the gradient check's kernels (kernels/cuda/adamw_kernels.cuh, convert_kernels.cuh), their own
+// source compiled by g++ and run on host threads (cuda_emulation.h), against the CPU: cpu::adamw_update over several
+// steps (and the bf16 copy against the CPU wire's bf16 rounding, the skip flag leaving everything as it was), the
+// gradients' scale-and-check (every non-finite value found wherever it lies, the warp vote included), and the bf16
+// conversions. Each through its packed (4 per thread) and scalar instantiations, on a grid smaller than the data and
+// a count that leaves a tail. What it cannot tell: speed.
+// clang-format off
+#include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
+#include "kernels/cuda/adamw_kernels.cuh"
+#include "kernels/cuda/convert_kernels.cuh"
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/wire.h"
+#include "kernels/cpu/ops.h"
+
+namespace {
+
+namespace cuda = ddplab::cuda;
+using ddplab::emu::emulate_launch;
+
+const dim3 kGrid(3), kBlock(64);  // 192 threads: every kernel's grid-stride loop goes round several times
+constexpr int64_t kN = 1031;      // 257 packs of 4 and a tail of 3
+
+std::vector<float> normal_values(int64_t n, uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+float ulp(float x) { return std::nextafter(std::fabs(x), std::numeric_limits<float>::infinity()) - std::fabs(x); }
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// The packed kernel where `packed`, else the scalar one, as the launchers pick (both cover any n).
+template <typename Packed, typename Scalar, typename... Args>
+void launch(bool packed, Packed packed_kernel, Scalar scalar_kernel, Args... args) {
+  if (packed)
+    emulate_launch(kGrid, kBlock, 0, packed_kernel, args...);
+  else
+    emulate_launch(kGrid, kBlock, 0, scalar_kernel, args...);
+}
+
+TEST(AdamwEmulated, FollowsTheCpuUpdateOverSeveralSteps) {
+  const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+  for (bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packed" : "scalar");
+    std::vector<float> p = normal_values(kN, 1, 1.0f), m(kN, 0.0f), v(kN, 0.0f);
+    std::vector<float> p_cpu = p, m_cpu = m, v_cpu = v;
+    std::vector<uint16_t> copy(kN, 0);
+    for (int t = 1; t <= 5; ++t) {
+      const std::vector<float> g = normal_values(kN, 10 + t, t == 3 ? 1e3f : 0.1f);  // one step of large gradients
+      const cuda::adamw::AdamwStep step = cuda::adamw::adamw_step(lr, beta1, beta2, eps, wd, t);
+      launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
+             m.data(), v.data(), kN, step, static_cast<const int*>(nullptr));
+      ddplab::cpu::adamw_update(p_cpu.data(), g.data(), m_cpu.data(), v_cpu.data(), kN, lr, beta1, beta2, eps, wd, t);
+      for (int64_t i = 0; i < kN; ++i) {
+        // The moments are the same recurrence; the step differs from the CPU's folded constants by rounding, and
+        // rounds into p: a few ulps of p, where a wrong term would move it by a share of lr (1e-3).
+        ASSERT_NEAR(m[i], m_cpu[i], 1e-6f * std::fabs(m_cpu[i]) + 1e-30f) << "m[" << i << "], step " << t;
+        ASSERT_NEAR(v[i], v_cpu[i], 1e-6f * std::fabs(v_cpu[i]) + 1e-30f) << "v[" << i << "], step " << t;
+        ASSERT_NEAR(p[i], p_cpu[i], 4 * ulp(p_cpu[i])) << "p[" << i << "], step " << t;
+        ASSERT_EQ(copy[i], ddplab::wire::to_wire(ddplab::wire::Format::kBf16, p[i]))
+            << "the bf16 copy of p[" << i << "], step " << t;
+      }
+    }
+  }
+}
+
+TEST(AdamwEmulated, ASetSkipFlagLeavesEverythingAsItWas) {
+  for (bool packed : {true, false}) {
+    std::vector<float> p = normal_values(kN, 2, 1.0f), m = normal_values(kN, 3, 0.1f), v(kN, 0.5f);
+    const std::vector<float> g = normal_values(kN, 4, 1.0f), p0 = p, m0 = m, v0 = v;
+    std::vector<uint16_t> copy(kN, 0x1234);
+    const int skip = 1;
+    launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
+           m.data(), v.data(), kN, cuda::adamw::adamw_step(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1), &skip);
+    EXPECT_EQ(p, p0);
+    EXPECT_EQ(m, m0);
+    EXPECT_EQ(v, v0);
+    EXPECT_EQ(copy, std::vector<uint16_t>(kN, 0x1234));
+  }
+}
+
+// Scaled exactly (by a power of two) and bit for bit as x * s; the flag set exactly when a scaled value is not finite:
+// a NaN or an inf at the first element, inside a pack, at the last pack and in the tail, and a finite value the scale
+// overflows.
+TEST(ScaleAndCheckFiniteEmulated, ScalesAndFindsEveryNonFiniteValue) {
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x0 = normal_values(kN, 5, 10.0f);
+  struct Case {
+    int64_t at;
+    float value, scale;
+    bool flagged;
+  };
+  const std::vector<Case> cases = {{-1, 0, 0.5f, false},   {0, kNan, 0.5f, true},      {6, kInf, 0.5f, true},
+                                   {1026, -kInf, 0.5f, true}, {kN - 1, kNan, 0.5f, true}, {kN - 3, 3e38f, 4.0f, true},
+                                   {-1, 0, 4.0f, false}};
+  for (bool packed : {true, false}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(packed ? "packed" : "scalar") + ", value at " + std::to_string(c.at));
+      std::vector<float> x = x0;
+      if (c.at >= 0) x[c.at] = c.value;
+      const std::vector<float> before = x;
+      int flag = 0;
+      launch(packed, cuda::convert::scale_and_check_finite_kernel<4>, cuda::convert::scale_and_check_finite_kernel<1>,
+             x.data(), c.scale, kN, &flag);
+      EXPECT_EQ(flag, c.flagged ? 1 : 0);
+      for (int64_t i = 0; i < kN; ++i) {
+        const float want = before[i] * c.scale;
+        if (std::isnan(want))
+          EXPECT_TRUE(std::isnan(x[i])) << i;
+        else
+          EXPECT_EQ(bits(x[i]), bits(want)) << i;
+      }
+    }
+  }
+}
+
+// fp32 -> bf16 words as the CPU wire rounds them (to nearest, ties to even; NaN stays NaN), and back exactly.
+TEST(Bf16ConversionEmulated, RoundsAsTheCpuWireAndWidensExactly) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = normal_values(kN, 6, 100.0f);
+  const float specials[] = {0.0f, -0.0f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), 1e-40f, 3.4e38f,
+                            1.00390625f /* a tie: 1 + 2^-8 */, 1.01171875f /* the next tie up */};
+  for (size_t k = 0; k < std::size(specials); ++k) x[kN - 1 - k] = specials[k];  // in the tail and the last packs
+  using ddplab::wire::Format;
+  for (bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packed" : "scalar");
+    std::vector<uint16_t> words(kN, 0);
+    launch(packed, cuda::convert::f32_to_bf16_kernel<4>, cuda::convert::f32_to_bf16_kernel<1>, words.data(), x.data(),
+           kN);
+    std::vector<float> back(kN, -1.0f);
+    launch(packed, cuda::convert::bf16_to_f32_kernel<4>, cuda::convert::bf16_to_f32_kernel<1>, back.data(),
+           words.data(), kN);
+    for (int64_t i = 0; i < kN; ++i) {
+      const uint16_t want = ddplab::wire::to_wire(Format::kBf16, x[i]);
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(back[i])) << i;
+        continue;
+      }
+      EXPECT_EQ(words[i], want) << i << ": " << x[i];
+      EXPECT_EQ(bits(back[i]), bits(ddplab::wire::from_wire(Format::kBf16, want))) << i;
+    }
+  }
+}
+
+}  // namespace
