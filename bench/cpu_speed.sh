@@ -140,15 +140,9 @@ for i, what in [(i, "slow") for i in sorted(slow_runs)[:3]] + [(i, "fast") for i
 EOF
 
 section "2. CPU ops vs the memory floor, 1 thread (bench_cpu_ops)"
-# Exit 1: the kernels in use missed 85% of the best family's rate, a finding to report; anything else is a failure.
-rc=0
-"$build/bench/bench_cpu_ops" --repeats 50 || rc=$?
-if [ "$rc" -eq 1 ]; then
-  echo "cpu_speed.sh: the kernels in use missed 85% of the best family's rate"
-elif [ "$rc" -ne 0 ]; then
-  echo "cpu_speed.sh: bench_cpu_ops failed (exit $rc)" >&2
-  exit "$rc"
-fi
+# Exit 1 is a finding the program prints (the kernels in use MISSED 85% of the best family's rate); any other
+# failure stops the script.
+"$build/bench/bench_cpu_ops" --repeats 50 || [ $? -eq 1 ]
 
 section "3. ws=1 step vs its GEMMs alone, 1 thread (bench_step)"
 "$build/bench/bench_step" --steps 100

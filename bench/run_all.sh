@@ -6,15 +6,9 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== CPU ops at the default MLP's shapes"
-# Exit 1: the kernels in use missed 85% of the best family's rate, a finding to report; anything else is a failure.
-rc=0
-"$build/bench/bench_cpu_ops" --repeats 30 || rc=$?
-if [ "$rc" -eq 1 ]; then
-  echo "run_all.sh: the kernels in use missed 85% of the best family's rate"
-elif [ "$rc" -ne 0 ]; then
-  echo "run_all.sh: bench_cpu_ops failed (exit $rc)" >&2
-  exit "$rc"
-fi
+# Exit 1 is a finding the program prints (the kernels in use MISSED 85% of the best family's rate); any other
+# failure stops the script.
+"$build/bench/bench_cpu_ops" --repeats 30 || [ $? -eq 1 ]
 echo "== all-reduce, 2 ranks (nccl-tests columns)"
 scripts/mpirun.sh -np 2 "$build/bench/allreduce_perf" -b 8 -e 256M -f 4 -w 5 -n 20 -a 3  # -a 3: as recorded
 echo "== training throughput, ws = 1, 2, 4"
