@@ -31,10 +31,15 @@ class SyntheticClassification {
 
 // DistributedSampler-like sharding of a sample stream: at step s the global batch is the samples
 // [s*G, (s+1)*G) with G = world_size * batch, and rank r takes the r-th slice of `batch` of them.
+// With gradient accumulation `batch` is the rank's whole step (micro-batches x their size), and micro-batch u of it
+// is the u-th run of micro_batch samples within that slice (on the GPU: rows u * micro_batch.. of the staged step).
 struct ShardedBatches {
   int rank = 0, world_size = 1, batch = 1;
   int64_t first_sample(int64_t step) const {
     return (step * world_size + rank) * static_cast<int64_t>(batch);
+  }
+  int64_t first_sample(int64_t step, int micro, int micro_batch) const {
+    return first_sample(step) + static_cast<int64_t>(micro) * micro_batch;
   }
 };
 

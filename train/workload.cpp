@@ -59,7 +59,7 @@ class MlpWorkload final : public ModelWorkload<Mlp<float>> {
           data_, LoaderConfig{config_.batch, config_.data_cost_ms, config_.loader_threads, config_.prefetch},
           [this, k, j0 = j](int64_t i) {
             const int64_t m = j0 + i;
-            return shard_.first_sample(m / k) + (m % k) * int64_t{config_.batch};
+            return shard_.first_sample(m / k, static_cast<int>(m % k), config_.batch);
           });
       next_micro_batch_ = j;
     }

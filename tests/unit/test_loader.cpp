@@ -1,14 +1,18 @@
 // The input pipeline (data/loader.h): with or without worker threads and prefetching, it hands out exactly the
-// batches a direct fill produces, in order, and a batch stays intact until the next one is asked for.
+// batches a direct fill produces, in order, and a batch stays intact until the next one is asked for. And the MLP's
+// sharding (data/synthetic.h): the ranks' micro-batches cover the sample stream exactly once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "data/loader.h"
+#include "data/synthetic.h"
 
 namespace ddplab {
 namespace {
@@ -54,6 +58,36 @@ TEST(BatchLoader, WorkersProduceAheadOfTheConsumer) {
   EXPECT_EQ(started.wait_for(std::chrono::seconds(60)), std::future_status::ready)
       << "no worker started batch 1 while the consumer held batch 0";
   loader.next(&x, &y);
+}
+
+// Every (step, rank, micro-batch) takes its own run of samples, and together they are [0, steps x global batch):
+// nothing duplicated, nothing dropped, whatever the ranks and micro-batches; and step s's global batch is the same
+// samples a one-rank run of the same global batch takes at step s.
+TEST(ShardedBatches, MicroBatchesCoverTheStreamOnce) {
+  constexpr int kSteps = 7;
+  for (int world : {1, 2, 3, 4}) {
+    for (int micro_batches : {1, 2, 3}) {
+      for (int micro_batch : {1, 5}) {
+        SCOPED_TRACE(std::to_string(world) + " ranks x " + std::to_string(micro_batches) + " micro-batches of " +
+                     std::to_string(micro_batch));
+        const int64_t global = int64_t{world} * micro_batches * micro_batch;
+        std::vector<int> taken(kSteps * global, 0);
+        for (int rank = 0; rank < world; ++rank) {
+          const ShardedBatches shard{rank, world, micro_batches * micro_batch};
+          for (int64_t step = 0; step < kSteps; ++step)
+            for (int u = 0; u < micro_batches; ++u) {
+              const int64_t first = shard.first_sample(step, u, micro_batch);
+              for (int64_t i = first; i < first + micro_batch; ++i) {
+                ASSERT_GE(i, step * global) << "step " << step << " reaches into the step before";
+                ASSERT_LT(i, (step + 1) * global) << "step " << step << " reaches into the next";
+                ++taken[i];
+              }
+            }
+        }
+        EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), static_cast<long>(taken.size()));
+      }
+    }
+  }
 }
 
 }  // namespace
