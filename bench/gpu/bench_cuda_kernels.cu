@@ -43,7 +43,9 @@
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
+#include "kernels/cuda/wire_cast.h"
 
 namespace {
 
@@ -279,6 +281,45 @@ void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
   rep.add({"adamw", "adamw_update + bf16 copy", sh,
            median_ms(opt, s, [&] { cuda::adamw_update(x, h, g, m, v, n, 1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1000, s); }),
            30.0 * n, 0});
+  // The 16-bit wire's casts, as the GPU ring's links run them with --comm-dtype bf16 or fp16: encode and decode move
+  // 6 bytes an element, add_encode (the reduce-scatter's step) reads both and writes the words back, 8.
+  uint16_t* words = a.alloc<uint16_t>(n);
+  for (ddplab::wire::Format f : {ddplab::wire::Format::kBf16, ddplab::wire::Format::kFp16}) {
+    const std::string name = f == ddplab::wire::Format::kBf16 ? " bf16" : " fp16";
+    rep.add({"wire_cast", "wire_encode" + name, sh, median_ms(opt, s, [&] { cuda::wire_encode(f, words, x, n, s); }),
+             6.0 * n, 0});
+    rep.add({"wire_cast", "wire_decode" + name, sh, median_ms(opt, s, [&] { cuda::wire_decode(f, y, words, n, s); }),
+             6.0 * n, 0});
+    rep.add({"wire_cast", "wire_add_encode" + name, sh,
+             median_ms(opt, s, [&] { cuda::wire_add_encode(f, words, x, n, s); }), 8.0 * n, 0});
+  }
+}
+
+// The small per-sequence kernels of the transformer's heads and the MLP's bias: the classify head's mean pool over
+// lengths from S down to S/2 (bytes: the valid rows read or written, plus the pooled rows), the LM head's targets,
+// and the bias added over a batch (out read and written, the bias read).
+void bench_sequence(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C) {
+  std::vector<int32_t> len(B);
+  int64_t valid = 0;
+  for (int b = 0; b < B; ++b) valid += len[b] = S - b * S / (2 * B);
+  int32_t* d_len = a.ints(len);
+  float *x = a.random_f32(int64_t{B} * S * C), *pooled = a.random_f32(int64_t{B} * C);
+  const std::string sh = dims({{"B", B}, {"S", S}, {"C", C}});
+  rep.add({"sequence", "mean_pool_forward (lengths S..S/2)", sh,
+           median_ms(opt, s, [&] { cuda::mean_pool_forward<float>(pooled, x, d_len, B, S, C, s); }),
+           4.0 * (valid + B) * C, 0});
+  rep.add({"sequence", "mean_pool_backward (lengths S..S/2)", sh,
+           median_ms(opt, s, [&] { cuda::mean_pool_backward<float>(x, pooled, d_len, B, S, C, s); }),
+           4.0 * (int64_t{B} * S + B) * C, 0});  // every row written: the padded ones as zeros
+  std::vector<int32_t> tokens(int64_t{B} * S, 7);
+  int32_t *d_tokens = a.ints(tokens), *targets = a.alloc<int32_t>(int64_t{B} * S);
+  rep.add({"sequence", "next_token_targets (lengths S..S/2)", dims({{"B", B}, {"S", S}}),
+           median_ms(opt, s, [&] { cuda::next_token_targets(targets, d_tokens, d_len, B, S, s); }),
+           4.0 * valid + 4.0 * B * S, 0});
+  const int N = 128, OC = 1024;  // the default MLP's hidden layer
+  float *out = a.random_f32(int64_t{N} * OC), *bias = a.random_f32(OC);
+  rep.add({"elementwise", "bias_forward", dims({{"N", N}, {"OC", OC}}),
+           median_ms(opt, s, [&] { cuda::bias_forward(out, bias, N, OC, s); }), 8.0 * N * OC + 4.0 * OC, 0});
 }
 
 void bench_attention(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C, int NH) {
@@ -577,6 +618,8 @@ int main(int argc, char** argv) {
     bench_rowwise<bf16>(opt, s, arena, rep, N, C, V, "bf16");
     std::printf("\nstreaming kernels (a 124M-parameter buffer)\n");
     bench_streaming(opt, s, arena, rep, int64_t{124} * 1000 * 1000 / q);
+    std::printf("\nper-sequence kernels and the bias\n");
+    bench_sequence(opt, s, arena, rep, 8 / std::min(q, 8), 1024 / q, 768);
     std::printf("\nattention (simple: cuBLAS batched GEMMs + masked softmax)\n");
     bench_attention(opt, s, arena, rep, 8 / std::min(q, 8), 1024 / q, 768, 12);
     std::printf(
