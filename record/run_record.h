@@ -96,8 +96,12 @@ struct RunRecord {
   }
   // Where the steady state starts: the config's warmup_steps, clamped so that at least one step counts.
   int first_steady_step() const { return ddplab::first_steady_step(steps, config.value("warmup_steps", 0)); }
-  // Whether a step past the warm-up completed; if not, the figures come from the last warm-up step.
-  bool reached_steady_state() const { return steps > config.value("warmup_steps", 0); }
+  // Whether a step past the warm-up completed, the warm-up as the run planned it (shrunk to fit a short run); if not,
+  // the run stopped early and its figures come from the last warm-up step.
+  bool reached_steady_state() const {
+    const int planned = static_cast<int>(config.value("steps", static_cast<int64_t>(steps)) - meta.first_step);
+    return steps > ddplab::first_steady_step(planned, config.value("warmup_steps", 0));
+  }
   // Rank 0's host ran more CPU threads than it has cores (its ranks x BLAS threads > host_cores): the ranks took
   // turns on the cores, and every time measures that sharing, not data parallelism. The ranks on that host, or 0
   // when it was not oversubscribed (or a GPU run, or not recorded).
