@@ -1,4 +1,4 @@
-// Sequence kernels first, launchers last (see sequence.h for the contracts).
+// The sequence kernels' launchers (kernels: sequence_kernels.cuh; contracts: sequence.h).
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -7,59 +7,15 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sequence.h"
+#include "kernels/cuda/sequence_kernels.cuh"
 
 namespace ddplab::cuda {
 namespace {
 
-using detail::from_float;
-using detail::to_float;
-
-using detail::length_of;
-
-// A thread per (b, c), columns across threads (coalesced), sequences across blockIdx.y: each thread walks its column
-// down the sequence's valid rows in order, as the CPU does, so fp32 sums are bitwise equal.
-template <typename T>
-__global__ void mean_pool_forward_kernel(T* out, const T* inp, const int32_t* lengths, int B, int S, int C) {
-  for (int b = blockIdx.y; b < B; b += gridDim.y) {
-    const int L = length_of(lengths, b, S);
-    const float inv = L > 0 ? 1.0f / static_cast<float>(L) : 0.0f;
-    for (int64_t c = detail::global_index(); c < C; c += detail::grid_stride()) {
-      float sum = 0.0f;
-      for (int t = 0; t < L; ++t) sum += to_float(inp[(int64_t{b} * S + t) * C + c]);
-      out[int64_t{b} * C + c] = from_float<T>(sum * inv);
-    }
-  }
-}
-
-template <typename T>
-__global__ void mean_pool_backward_kernel(T* dinp, const T* dout, const int32_t* lengths, int B, int S, int C) {
-  const int64_t n = int64_t{B} * S * C;
-  for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
-    const int64_t row = i / C;
-    const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
-    const int L = length_of(lengths, b, S);
-    const float inv = L > 0 ? 1.0f / static_cast<float>(L) : 0.0f;  // as the CPU: dout * (1 / L)
-    dinp[i] = from_float<T>(t < L ? to_float(dout[int64_t{b} * C + i % C]) * inv : 0.0f);
-  }
-}
-
-__global__ void next_token_targets_kernel(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B,
-                                          int S) {
-  const int64_t n = int64_t{B} * S;
-  for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
-    const int b = static_cast<int>(i / S), t = static_cast<int>(i % S);
-    targets[i] = t + 1 < length_of(lengths, b, S) ? tokens[i + 1] : -1;
-  }
-}
-
-__global__ void zero_padded_rows_kernel(__nv_bfloat16* x, const int32_t* lengths, int B, int S, int width) {
-  const int64_t n = int64_t{B} * S * width;
-  for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
-    const int64_t row = i / width;  // b * S + t
-    const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
-    if (t >= length_of(lengths, b, S)) x[i] = __float2bfloat16(0.0f);
-  }
-}
+using sequence::mean_pool_backward_kernel;
+using sequence::mean_pool_forward_kernel;
+using sequence::next_token_targets_kernel;
+using sequence::zero_padded_rows_kernel;
 
 void check_sizes(const char* what, int B, int S, int C) {
   if (B < 0 || S < 0 || C <= 0)
