@@ -1,0 +1,134 @@
+// The elementwise kernels (kernels/cuda/elementwise_kernels.cuh), their own source compiled by g++ and run on host
+// threads (cuda_emulation.h), against the CPU: GELU and its gradient against the double reference (fp32 and bf16
+// activations), the bias added over a batch, the residual sum and the scale bit for bit. Packed (4 per thread) and
+// scalar instantiations, grids smaller than the data, counts that leave a tail. What it cannot tell: speed.
+// clang-format off
+#include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
+#include "kernels/cuda/elementwise_kernels.cuh"
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/wire.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/transformer_ops.h"
+
+namespace {
+
+namespace ew = ddplab::cuda::elementwise;
+using ddplab::emu::emulate_launch;
+using ddplab::wire::Format;
+using bf16 = __nv_bfloat16;
+
+const dim3 kGrid(3), kBlock(64);
+constexpr int64_t kN = 1031;  // 257 packs of 4 and a tail of 3
+
+// Spread over GELU's whole range: the flat negative tail, the bend around 0, the linear positive side.
+std::vector<float> values(int64_t n, uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+uint16_t bits(bf16 x) {
+  uint16_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+float round_bf16(float x) { return ddplab::wire::from_wire(Format::kBf16, ddplab::wire::to_wire(Format::kBf16, x)); }
+
+// tanhf against the double reference's tanh: a few fp32 ulps of the result, plus the cancellation near GELU's zero
+// crossing (x about -0.75 for the gradient), bounded by an absolute term.
+void expect_near_reference(const std::vector<float>& got, const std::vector<double>& want, double rel, double abs,
+                           const char* what) {
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], rel * std::fabs(want[i]) + abs) << what << "[" << i << "]";
+}
+
+TEST(ElementwiseEmulated, GeluAndItsGradientFollowTheDoubleReference) {
+  const std::vector<float> x = values(kN, 1, 3.0f), dout = values(kN, 2, 1.0f);
+  const std::vector<double> xd(x.begin(), x.end()), doutd(dout.begin(), dout.end());
+  std::vector<double> want(kN), dwant(kN);
+  ddplab::cpu::gelu_forward(want.data(), xd.data(), kN);
+  ddplab::cpu::gelu_backward(dwant.data(), xd.data(), doutd.data(), kN);
+  for (bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packed" : "scalar");
+    std::vector<float> out(kN, -1.0f);
+    if (packed)
+      emulate_launch(kGrid, kBlock, 0, ew::gelu_forward_kernel<4>, out.data(), x.data(), kN);
+    else
+      emulate_launch(kGrid, kBlock, 0, ew::gelu_forward_kernel<1>, out.data(), x.data(), kN);
+    expect_near_reference(out, want, 4e-7, 1e-7, "gelu");
+  }
+  std::vector<float> dinp(kN, -1.0f);
+  emulate_launch(kGrid, kBlock, 0, ew::gelu_backward_kernel<float>, dinp.data(), x.data(), dout.data(), kN);
+  expect_near_reference(dinp, dwant, 1e-6, 1e-6, "dgelu");
+}
+
+// bf16 activations: read widened, computed in fp32, rounded once: within a bf16 rounding of the reference on the
+// same (bf16) values.
+TEST(ElementwiseEmulated, GeluGradientInBf16RoundsOnce) {
+  std::vector<float> x = values(kN, 3, 3.0f), dout = values(kN, 4, 1.0f);
+  for (float& v : x) v = round_bf16(v);
+  for (float& v : dout) v = round_bf16(v);
+  std::vector<bf16> x16(kN), dout16(kN), dinp16(kN);
+  for (int64_t i = 0; i < kN; ++i) x16[i] = __float2bfloat16_rn(x[i]), dout16[i] = __float2bfloat16_rn(dout[i]);
+  const std::vector<double> xd(x.begin(), x.end()), doutd(dout.begin(), dout.end());
+  std::vector<double> dwant(kN);
+  ddplab::cpu::gelu_backward(dwant.data(), xd.data(), doutd.data(), kN);
+  emulate_launch(kGrid, kBlock, 0, ew::gelu_backward_kernel<bf16>, dinp16.data(), x16.data(), dout16.data(), kN);
+  for (int64_t i = 0; i < kN; ++i)
+    ASSERT_NEAR(__bfloat162float(dinp16[i]), dwant[i], std::ldexp(std::fabs(dwant[i]), -8) + 1e-6) << i;
+}
+
+// out[row, :] += bias, every row once, over a grid of fewer rows (blockIdx.y) and columns than the data.
+TEST(ElementwiseEmulated, BiasForwardAddsTheBiasToEveryRowOnce) {
+  constexpr int B = 7, OC = 70;
+  const std::vector<float> start = values(int64_t{B} * OC, 5, 1.0f), bias = values(OC, 6, 1.0f);
+  std::vector<float> out = start, want = start;
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_forward_kernel, out.data(), bias.data(), B, OC);
+  ddplab::cpu::bias_forward(want.data(), bias.data(), B, OC);
+  for (int i = 0; i < B * OC; ++i) EXPECT_EQ(bits(out[i]), bits(want[i])) << i;
+}
+
+TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
+  const std::vector<float> a = values(kN, 7, 1.0f), b = values(kN, 8, 1.0f);
+  std::vector<float> sum(kN), want(kN);
+  emulate_launch(kGrid, kBlock, 0, ew::residual_forward_kernel<float>, sum.data(), a.data(), b.data(), kN);
+  ddplab::cpu::residual_forward(want.data(), a.data(), b.data(), kN);
+  for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(bits(sum[i]), bits(want[i])) << i;
+
+  std::vector<bf16> a16(kN), b16(kN), sum16(kN);
+  for (int64_t i = 0; i < kN; ++i) a16[i] = __float2bfloat16_rn(a[i]), b16[i] = __float2bfloat16_rn(b[i]);
+  emulate_launch(kGrid, kBlock, 0, ew::residual_forward_kernel<bf16>, sum16.data(), a16.data(), b16.data(), kN);
+  for (int64_t i = 0; i < kN; ++i)
+    EXPECT_EQ(bits(sum16[i]),
+              ddplab::wire::to_wire(Format::kBf16, __bfloat162float(a16[i]) + __bfloat162float(b16[i])))
+        << i;
+
+  for (bool packed : {true, false}) {
+    std::vector<float> y = a;
+    if (packed)
+      emulate_launch(kGrid, kBlock, 0, ew::scale_kernel<4>, y.data(), 0.37f, kN);
+    else
+      emulate_launch(kGrid, kBlock, 0, ew::scale_kernel<1>, y.data(), 0.37f, kN);
+    for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(bits(y[i]), bits(a[i] * 0.37f)) << (packed ? "packed " : "scalar ") << i;
+  }
+}
+
+}  // namespace
