@@ -1,0 +1,122 @@
+// The embedding kernels (kernels/cuda/embedding_kernels.cuh), their own source compiled by g++ and run on host
+// threads (cuda_emulation.h), against the CPU (kernels/cpu/transformer_ops.h): the forward's token and position rows
+// (padded rows zero, fp32 and bf16), and the backward's scatter into dwte (atomics: tokens repeat, so rows collide)
+// and its per-position sum into dwpe, both accumulating. The gradients are exactly summable (multiples of 2^-6 of
+// small size), so any order of the atomics gives the CPU's bits. Packed (16-byte) and scalar paths, grids smaller
+// than the rows. What it cannot tell: speed, and the hardware's vector atomics (sm_90), which the host build leaves
+// out.
+// clang-format off
+#include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
+#include "kernels/cuda/embedding_kernels.cuh"
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/wire.h"
+#include "kernels/cpu/transformer_ops.h"
+
+namespace {
+
+namespace emb = ddplab::cuda::embedding;
+using ddplab::emu::emulate_launch;
+using ddplab::wire::Format;
+using bf16 = __nv_bfloat16;
+
+constexpr int kB = 5, kS = 9, kVocab = 4;  // few tokens: rows share them, so the dwte atomics collide
+const std::vector<int32_t> kLengths = {9, 0, 1, 6, 9};
+const dim3 kGrid(2), kBlock(emb::kBlock);  // 16 warps for 45 rows: each warp takes several
+
+std::vector<float> multiples(int64_t n, uint32_t seed) {  // k / 64 for k in [-64, 64]: sums of these are exact
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> k(-64, 64);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(k(gen)) / 64;
+  return v;
+}
+
+std::vector<int32_t> tokens() {
+  std::vector<int32_t> t(kB * kS);
+  for (int i = 0; i < kB * kS; ++i) t[i] = (i * 7 + 3) % kVocab;
+  return t;
+}
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+uint16_t bits(bf16 x) {
+  uint16_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// C = 72 takes the 16-byte path (V = 4 for fp32, 8 for bf16), C = 70 the scalar one.
+class EmbeddingEmulated : public ::testing::TestWithParam<int> {};
+
+TEST_P(EmbeddingEmulated, ForwardIsTheCpus) {
+  const int C = GetParam();
+  const std::vector<int32_t> tok = tokens();
+  const std::vector<float> wte = multiples(int64_t{kVocab} * C, 1), wpe = multiples(int64_t{kS} * C, 2);
+  std::vector<float> want(int64_t{kB} * kS * C);
+  ddplab::cpu::embedding_forward(want.data(), tok.data(), kLengths.data(), wte.data(), wpe.data(), kB, kS, C);
+
+  std::vector<float> out(want.size(), -1.0f);
+  constexpr int V = emb::kVec<float>;
+  if (C % V == 0)
+    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<float, V>, out.data(), tok.data(), kLengths.data(),
+                   wte.data(), wpe.data(), kB, kS, C);
+  else
+    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<float, 1>, out.data(), tok.data(), kLengths.data(),
+                   wte.data(), wpe.data(), kB, kS, C);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(bits(out[i]), bits(want[i])) << i;
+
+  std::vector<bf16> out16(want.size());
+  constexpr int V16 = emb::kVec<bf16>;
+  if (C % V16 == 0)
+    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<bf16, V16>, out16.data(), tok.data(),
+                   kLengths.data(), wte.data(), wpe.data(), kB, kS, C);
+  else
+    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<bf16, 1>, out16.data(), tok.data(),
+                   kLengths.data(), wte.data(), wpe.data(), kB, kS, C);
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(bits(out16[i]), ddplab::wire::to_wire(Format::kBf16, want[i])) << i;
+}
+
+TEST_P(EmbeddingEmulated, BackwardAccumulatesTheCpusGradients) {
+  const int C = GetParam();
+  const std::vector<int32_t> tok = tokens();
+  const std::vector<float> dout = multiples(int64_t{kB} * kS * C, 3);
+  const std::vector<float> dwte0 = multiples(int64_t{kVocab} * C, 4), dwpe0 = multiples(int64_t{kS} * C, 5);
+  std::vector<float> dwte_want = dwte0, dwpe_want = dwpe0;
+  ddplab::cpu::embedding_backward(dwte_want.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB, kS,
+                                  C);
+  std::vector<float> dwte = dwte0, dwpe = dwpe0;
+  constexpr int V = emb::kVec<float>;
+  const bool vec = C % V == 0;
+  const int v = vec ? V : 1;
+  const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions a row
+  if (vec) {
+    emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, V>, dwte.data(), dout.data(), tok.data(),
+                   kLengths.data(), kB, kS, C);
+    emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, V>, dwpe.data(), dout.data(),
+                   kLengths.data(), kB, kS, C);
+  } else {
+    emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, 1>, dwte.data(), dout.data(), tok.data(),
+                   kLengths.data(), kB, kS, C);
+    emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, 1>, dwpe.data(), dout.data(),
+                   kLengths.data(), kB, kS, C);
+  }
+  for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
+  for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
+}
+
+INSTANTIATE_TEST_SUITE_P(PackedAndScalar, EmbeddingEmulated, ::testing::Values(72, 70));
+
+}  // namespace
