@@ -9,6 +9,7 @@
 #include "kernels/cuda/adamw_kernels.cuh"
 #include "kernels/cuda/convert_kernels.cuh"
 // clang-format on
+#include "tests/emu/emu_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -25,27 +26,16 @@
 
 namespace {
 
+using ddplab::emu_test::bits;
+using ddplab::emu_test::normal_values;
+
 namespace cuda = ddplab::cuda;
 using ddplab::emu::emulate_launch;
 
 const dim3 kGrid(3), kBlock(64);  // 192 threads: every kernel's grid-stride loop goes round several times
 constexpr int64_t kN = 1031;      // 257 packs of 4 and a tail of 3
 
-std::vector<float> normal_values(int64_t n, uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
 float ulp(float x) { return std::nextafter(std::fabs(x), std::numeric_limits<float>::infinity()) - std::fabs(x); }
-
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
 
 // The packed kernel where `packed`, else the scalar one, as the launchers pick (both cover any n).
 template <typename Packed, typename Scalar, typename... Args>

@@ -6,6 +6,7 @@
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/elementwise_kernels.cuh"
 // clang-format on
+#include "tests/emu/emu_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -21,6 +22,9 @@
 
 namespace {
 
+using ddplab::emu_test::bits;
+using ddplab::emu_test::normal_values;
+
 namespace ew = ddplab::cuda::elementwise;
 using ddplab::emu::emulate_launch;
 using ddplab::wire::Format;
@@ -28,27 +32,6 @@ using bf16 = __nv_bfloat16;
 
 const dim3 kGrid(3), kBlock(64);
 constexpr int64_t kN = 1031;  // 257 packs of 4 and a tail of 3
-
-// Spread over GELU's whole range: the flat negative tail, the bend around 0, the linear positive side.
-std::vector<float> values(int64_t n, uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-uint16_t bits(bf16 x) {
-  uint16_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
 
 float round_bf16(float x) { return ddplab::wire::from_wire(Format::kBf16, ddplab::wire::to_wire(Format::kBf16, x)); }
 
@@ -61,7 +44,7 @@ void expect_near_reference(const std::vector<float>& got, const std::vector<doub
 }
 
 TEST(ElementwiseEmulated, GeluAndItsGradientFollowTheDoubleReference) {
-  const std::vector<float> x = values(kN, 1, 3.0f), dout = values(kN, 2, 1.0f);
+  const std::vector<float> x = normal_values(kN, 1, 3.0f), dout = normal_values(kN, 2, 1.0f);
   const std::vector<double> xd(x.begin(), x.end()), doutd(dout.begin(), dout.end());
   std::vector<double> want(kN), dwant(kN);
   ddplab::cpu::gelu_forward(want.data(), xd.data(), kN);
@@ -83,7 +66,7 @@ TEST(ElementwiseEmulated, GeluAndItsGradientFollowTheDoubleReference) {
 // bf16 activations: read widened, computed in fp32, rounded once: within a bf16 rounding of the reference on the
 // same (bf16) values.
 TEST(ElementwiseEmulated, GeluGradientInBf16RoundsOnce) {
-  std::vector<float> x = values(kN, 3, 3.0f), dout = values(kN, 4, 1.0f);
+  std::vector<float> x = normal_values(kN, 3, 3.0f), dout = normal_values(kN, 4, 1.0f);
   for (float& v : x) v = round_bf16(v);
   for (float& v : dout) v = round_bf16(v);
   std::vector<bf16> x16(kN), dout16(kN), dinp16(kN);
@@ -99,7 +82,7 @@ TEST(ElementwiseEmulated, GeluGradientInBf16RoundsOnce) {
 // out[row, :] += bias, every row once, over a grid of fewer rows (blockIdx.y) and columns than the data.
 TEST(ElementwiseEmulated, BiasForwardAddsTheBiasToEveryRowOnce) {
   constexpr int B = 7, OC = 70;
-  const std::vector<float> start = values(int64_t{B} * OC, 5, 1.0f), bias = values(OC, 6, 1.0f);
+  const std::vector<float> start = normal_values(int64_t{B} * OC, 5, 1.0f), bias = normal_values(OC, 6, 1.0f);
   std::vector<float> out = start, want = start;
   emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_forward_kernel, out.data(), bias.data(), B, OC);
   ddplab::cpu::bias_forward(want.data(), bias.data(), B, OC);
@@ -107,7 +90,7 @@ TEST(ElementwiseEmulated, BiasForwardAddsTheBiasToEveryRowOnce) {
 }
 
 TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
-  const std::vector<float> a = values(kN, 7, 1.0f), b = values(kN, 8, 1.0f);
+  const std::vector<float> a = normal_values(kN, 7, 1.0f), b = normal_values(kN, 8, 1.0f);
   std::vector<float> sum(kN), want(kN);
   emulate_launch(kGrid, kBlock, 0, ew::residual_forward_kernel<float>, sum.data(), a.data(), b.data(), kN);
   ddplab::cpu::residual_forward(want.data(), a.data(), b.data(), kN);

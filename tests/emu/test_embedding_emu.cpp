@@ -9,6 +9,7 @@
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/embedding_kernels.cuh"
 // clang-format on
+#include "tests/emu/emu_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -21,6 +22,8 @@
 #include "kernels/cpu/transformer_ops.h"
 
 namespace {
+
+using ddplab::emu_test::bits;
 
 namespace emb = ddplab::cuda::embedding;
 using ddplab::emu::emulate_launch;
@@ -43,18 +46,6 @@ std::vector<int32_t> tokens() {
   std::vector<int32_t> t(kB * kS);
   for (int i = 0; i < kB * kS; ++i) t[i] = (i * 7 + 3) % kVocab;
   return t;
-}
-
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-uint16_t bits(bf16 x) {
-  uint16_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
 }
 
 // C = 72 takes the 16-byte path (V = 4 for fp32, 8 for bf16), C = 70 the scalar one.

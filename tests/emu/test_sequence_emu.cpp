@@ -7,6 +7,7 @@
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/sequence_kernels.cuh"
 // clang-format on
+#include "tests/emu/emu_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -20,6 +21,9 @@
 
 namespace {
 
+using ddplab::emu_test::bits;
+using ddplab::emu_test::normal_values;
+
 namespace seq = ddplab::cuda::sequence;
 using ddplab::emu::emulate_launch;
 using bf16 = __nv_bfloat16;
@@ -28,32 +32,12 @@ constexpr int kB = 6, kS = 9, kC = 70;  // C not a multiple of the block: the co
 const std::vector<int32_t> kLengths = {0, 1, 4, 9, 2, 9};
 const dim3 kBlock(32);
 
-std::vector<float> values(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-uint16_t bits(bf16 x) {
-  uint16_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
 // The lengths as the kernels take them: the list, or null (every sequence S long).
 const int32_t* lengths_or_null(bool given) { return given ? kLengths.data() : nullptr; }
 
 // Same order of additions as the CPU (each column walked down its valid rows): the fp32 pool is bit for bit the CPU's.
 TEST(SequenceEmulated, MeanPoolIsTheCpusBitForBit) {
-  const std::vector<float> x = values(int64_t{kB} * kS * kC, 1), dout = values(int64_t{kB} * kC, 2);
+  const std::vector<float> x = normal_values(int64_t{kB} * kS * kC, 1), dout = normal_values(int64_t{kB} * kC, 2);
   for (bool given : {true, false}) {
     SCOPED_TRACE(given ? "with lengths" : "every sequence S long");
     const int32_t* lengths = lengths_or_null(given);
@@ -75,7 +59,7 @@ TEST(SequenceEmulated, MeanPoolIsTheCpusBitForBit) {
 // even, as the CPU wire rounds.
 TEST(SequenceEmulated, MeanPoolInBf16RoundsTheFp32Result) {
   using ddplab::wire::Format;
-  std::vector<float> x = values(int64_t{kB} * kS * kC, 3), dout = values(int64_t{kB} * kC, 4);
+  std::vector<float> x = normal_values(int64_t{kB} * kS * kC, 3), dout = normal_values(int64_t{kB} * kC, 4);
   for (float& v : x) v = ddplab::wire::from_wire(Format::kBf16, ddplab::wire::to_wire(Format::kBf16, v));
   for (float& v : dout) v = ddplab::wire::from_wire(Format::kBf16, ddplab::wire::to_wire(Format::kBf16, v));
   std::vector<bf16> x16(x.size()), dout16(dout.size());
@@ -114,7 +98,7 @@ TEST(SequenceEmulated, NextTokenTargetsAreTheCpus) {
 
 // Every row past its sequence's length zeroed, every valid row left as it was, bit for bit.
 TEST(SequenceEmulated, ZeroPaddedRowsTouchesOnlyThePadding) {
-  const std::vector<float> x = values(int64_t{kB} * kS * kC, 5);
+  const std::vector<float> x = normal_values(int64_t{kB} * kS * kC, 5);
   std::vector<bf16> x16(x.size());
   for (size_t i = 0; i < x.size(); ++i) x16[i] = __float2bfloat16_rn(x[i] == 0.0f ? 1.0f : x[i]);  // none zero before
   const std::vector<bf16> before = x16;
