@@ -171,9 +171,10 @@ void add_bucket_events(nlohmann::json& events, const RunRecord& run, int r, int 
 
 // How the ranks' times share one axis, and how closely (RUN_FILE.md, "Clock alignment").
 std::string clock_note(const RunMetadata& meta) {
+  if (meta.world_size == 1) return "one rank: its own monotonic clock";
   if (!meta.clock_alignment_us) return "each rank reads its own monotonic clock from a common start (alignment not recorded)";
-  return "each rank reads its own monotonic clock from a time zero found by round trips to rank 0 (ranks aligned within " +
-         std::to_string(*meta.clock_alignment_us) + " us)";
+  return "each rank reads its own monotonic clock from a time zero found by round trips to rank 0 (each within " +
+         std::to_string(*meta.clock_alignment_us) + " us of rank 0's)";
 }
 
 }  // namespace

@@ -369,8 +369,9 @@ const char* const kCaseCsvHeader =
     "mean_spread_ms,data_ms,compute_ms,optimizer_ms,comm_ms,hidden_comm_ms,exposed_comm_ms,extra_ms,barrier_ms,"
     "vs_baseline,final_loss,useful_tokens_per_s,padded_tokens_per_s,padding_ratio,mean_token_spread,run_file\n";
 
-// A cell that does not apply (no reference case, a workload without tokens, communication at one rank) is left empty in the CSV and null in
-// the JSON: a 0 there would read as a measurement.
+// A cell that does not apply (no reference case, a workload without tokens; at one rank, spread and communication) is
+// left empty in the CSV, and the case's own figures are null in the JSON: a 0 there would read as a measurement. (The
+// JSON's summary is the run file's, as stored.)
 std::string case_csv_row(const CaseResult& r, const CaseFigures& f, bool lab) {
   const auto cell = [](bool applies, double value) {
     std::ostringstream text;

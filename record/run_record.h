@@ -40,8 +40,9 @@ struct RunMetadata {
   // measure_lost_yield_ms in comm/transport.h; 0: none was lost); nullopt: not measured (GPU and one-rank runs, older
   // files).
   std::optional<int> comm_lost_yield_us;
-  // How far apart the ranks' time zeros may be, microseconds: the largest over ranks of half its fastest round trip
-  // to rank 0 (common_clock_origin, train/clock.h); nullopt: one rank, or a file from before it was measured.
+  // How far any rank's time zero may be from rank 0's, microseconds: the largest over ranks of half its fastest round
+  // trip to rank 0 (common_clock_origin, train/clock.h); two other ranks may be twice that apart. nullopt: one rank,
+  // or a file from before it was measured.
   std::optional<int64_t> clock_alignment_us;
   int64_t first_step = 0;              // the step the records start at (a resumed run's checkpoint step)
   // Checkpoints and snapshots (--checkpoint, --flush-every) written during the run, and the wall time they took on

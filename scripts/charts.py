@@ -469,11 +469,14 @@ def best_of_sweep(runs, sweeps):
 def name_uniquely(runs):
     """Runs of one name (a.h5 and other/a.h5) become a, a_2, ...: each name keys its charts, its page section and its
     table row."""
-    seen = {}
+    taken = set()
     for r in runs:
-        seen[r.stem] = seen.get(r.stem, 0) + 1
-        if seen[r.stem] > 1:
-            r.stem = f"{r.stem}_{seen[r.stem]}"
+        name, k = r.stem, 1
+        while name in taken:  # a.h5, other/a.h5 and a_2.h5 become a, a_2 and a_2_2
+            k += 1
+            name = f"{r.stem}_{k}"
+        r.stem = name
+        taken.add(name)
 
 
 def read_json(path, what):

@@ -21,7 +21,7 @@ inline void sleep_ms(double ms) {
 // One instant on every rank's own clock: the run's time zero.
 struct ClockOrigin {
   double origin_ms = 0;     // this rank's now_ms() at rank 0's time zero
-  double uncertainty_ms = 0;  // the largest error of any rank's origin: half its fastest round trip to rank 0
+  double uncertainty_ms = 0;  // the largest error of any rank's origin against rank 0's: half its fastest round trip
 };
 
 // Collective over comm. Rank 0 reads its clock once; every other rank finds that instant on its own clock from a few

@@ -85,7 +85,8 @@ uint64_t fingerprint(const float* x, int64_t n) {
 
 // One fingerprint per gradient piece's slice of the parameters (same layout as the gradients).
 void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
-                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step) {
+                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step,
+                          const std::string& start_cause) {
   std::vector<uint64_t> mine(2 * pieces.size()), most(mine.size());
   for (size_t k = 0; k < pieces.size(); ++k) {
     mine[2 * k] = fingerprint(params + pieces[k].offset, pieces[k].numel);
@@ -100,8 +101,7 @@ void check_replicas_agree(const float* params, const std::vector<GradPiece>& pie
     if (most[2 * k] == mine[2 * k] && most[2 * k + 1] == mine[2 * k + 1]) continue;
     if (step < 0)
       throw TrainingStopped("replicas differ before the first step: parameter " + piece_name(pieces[k]) +
-                            " is not the same on every rank; each rank builds its replica from --seed (or reads "
-                            "--resume's checkpoint), so the ranks' math libraries must give the same bits");
+                            " is not the same on every rank; " + start_cause);
     throw TrainingStopped("replicas diverged at step " + std::to_string(step) + ": parameter " +
                           piece_name(pieces[k]) + " differs across ranks (--check-sync); every rank must apply the " +
                           "same update");

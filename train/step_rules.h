@@ -62,9 +62,11 @@ void inject_fault_before(const TrainConfig& config, int rank, int step);
 bool skip_nonfinite_step(const TrainConfig& config, const std::string& what, int step);
 // --check-sync: every replica must hold the same parameters, bit for bit. Collective over comm: compares one
 // fingerprint per gradient piece's slice of `params` (host memory, the flat layout) and throws TrainingStopped on
-// every rank naming the first parameter, in registration order, that differs. step < 0: before the first step.
+// every rank naming the first parameter, in registration order, that differs. step < 0: before the first step, the
+// message then ending with start_cause (where the replicas came from).
 void check_replicas_agree(const float* params, const std::vector<GradPiece>& pieces,
-                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step);
+                          const std::function<std::string(const GradPiece&)>& piece_name, MPI_Comm comm, int step,
+                          const std::string& start_cause = "");
 // The buckets' communication time (with --zero-stage 1 their all-gathers too) into r.comm_ms, and the part of it
 // that overlapped backward [from, to] (ms on the buckets' time origin) into r.hidden_comm_ms.
 void add_comm_times(StepRecord& r, const std::vector<BucketTimes>& buckets, double backward_from_ms,

@@ -66,8 +66,13 @@ std::vector<float> Trainer::parameters() {
 
 void Trainer::check_replicas_start_alike() {
   if (world_ == 1) return;
+  const std::string cause = config_.resume.empty()
+                                ? "each rank builds its replica from --seed, so the ranks' math libraries must give "
+                                  "the same bits"
+                                : "the ranks read different checkpoints (--resume " + config_.resume +
+                                      ": a node-local path holding another run's file on some node?)";
   check_replicas_agree(backend_->host_parameters(), backend_->grad_pieces(),
-                       [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(), -1);
+                       [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(), -1, cause);
 }
 
 StepRecord Trainer::step(int step, double t0_ms) {

@@ -41,7 +41,7 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64
 
 // Columns across threads (coalesced), rows across blockIdx.y: each thread loads its bias once and no index needs
 // a 64-bit division.
-__global__ void bias_forward_kernel(float* out, const float* bias, int B, int OC) {
+static __global__ void bias_forward_kernel(float* out, const float* bias, int B, int OC) {
   for (int64_t o = global_index(); o < OC; o += grid_stride()) {
     const float b = bias[o];
     for (int64_t row = blockIdx.y; row < B; row += gridDim.y) out[row * OC + o] += b;

@@ -42,7 +42,7 @@ __global__ void mean_pool_backward_kernel(T* dinp, const T* dout, const int32_t*
   }
 }
 
-__global__ void next_token_targets_kernel(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B,
+static __global__ void next_token_targets_kernel(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B,
                                           int S) {
   const int64_t n = int64_t{B} * S;
   for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
@@ -51,7 +51,7 @@ __global__ void next_token_targets_kernel(int32_t* targets, const int32_t* token
   }
 }
 
-__global__ void zero_padded_rows_kernel(__nv_bfloat16* x, const int32_t* lengths, int B, int S, int width) {
+static __global__ void zero_padded_rows_kernel(__nv_bfloat16* x, const int32_t* lengths, int B, int S, int width) {
   const int64_t n = int64_t{B} * S * width;
   for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
     const int64_t row = i / width;  // b * S + t

@@ -122,7 +122,8 @@ TEST(ScaleAndCheckFiniteEmulated, ScalesAndFindsEveryNonFiniteValue) {
   }
 }
 
-// fp32 -> bf16 words as the CPU wire rounds them (to nearest, ties to even; NaN stays NaN), and back exactly.
+// fp32 -> bf16 words rounded to nearest, ties to even, as CUDA's own __float2bfloat16_rn (its host implementation: a
+// reference independent of comm/wire.h, which the kernels call); NaN stays NaN; and back exactly.
 TEST(Bf16ConversionEmulated, RoundsAsTheCpuWireAndWidensExactly) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   std::vector<float> x = normal_values(kN, 6, 100.0f);
@@ -139,7 +140,7 @@ TEST(Bf16ConversionEmulated, RoundsAsTheCpuWireAndWidensExactly) {
     launch(packed, cuda::convert::bf16_to_f32_kernel<4>, cuda::convert::bf16_to_f32_kernel<1>, back.data(),
            words.data(), kN);
     for (int64_t i = 0; i < kN; ++i) {
-      const uint16_t want = ddplab::wire::to_wire(Format::kBf16, x[i]);
+      const uint16_t want = bits(__float2bfloat16_rn(x[i]));
       if (std::isnan(x[i])) {
         EXPECT_TRUE(std::isnan(back[i])) << i;
         continue;

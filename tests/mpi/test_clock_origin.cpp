@@ -40,7 +40,9 @@ TEST(ClockOrigin, ALateRankZeroStillGivesItsOwnInstant) {
   if (world_rank() == 0) sleep_ms(30);
   const ClockOrigin clock = common_clock_origin(MPI_COMM_WORLD);
   expect_origins_agree(clock);
-  if (world_rank() == 0) EXPECT_GE(clock.origin_ms - before, 30.0);
+  if (world_rank() == 0) {
+    EXPECT_GE(clock.origin_ms - before, 30.0);
+  }
 }
 
 TEST(ClockOrigin, OneRoundTripIsEnough) { expect_origins_agree(common_clock_origin(MPI_COMM_WORLD, 1)); }
