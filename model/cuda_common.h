@@ -70,10 +70,8 @@ class PieceEvents {
 // wait on the event. `events` and `on_ready` must outlive the announcer.
 inline PieceAnnouncer device_piece_announcer(const std::vector<GradPiece>& pieces, const PieceEvents& events,
                                              cudaStream_t stream, const GradReadyHook& on_ready) {
-  return PieceAnnouncer(pieces, [&events, stream, &on_ready](int piece) {
-    cudaCheck(cudaEventRecord(events.at(piece), stream));
-    if (on_ready) on_ready(piece);
-  });
+  return PieceAnnouncer(pieces, on_ready,
+                        [&events, stream](int piece) { cudaCheck(cudaEventRecord(events.at(piece), stream)); });
 }
 
 // The mean loss of the last forward, copied to pinned host memory behind it on the stream: wait() waits for that

@@ -47,12 +47,14 @@ struct GradPiece {
 // once it has announced a piece of it.
 using GradReadyHook = std::function<void(int piece)>;
 
-// Backward's side of that contract, for every model: announces the pieces strictly in grad_pieces() order, each
-// through `announce` (the hook, or on the GPU the piece's event recorded and then the hook), and refuses any other.
+// Backward's side of that contract, for every model: announces the pieces strictly in grad_pieces() order, each to
+// `before` (on the GPU: the piece's event recorded) and then the hook, and refuses any other. Both by reference or
+// small: no allocation per backward.
 class PieceAnnouncer {
  public:
-  PieceAnnouncer(const std::vector<GradPiece>& pieces, GradReadyHook announce)
-      : pieces_(pieces), announce_(std::move(announce)) {}
+  PieceAnnouncer(const std::vector<GradPiece>& pieces, const GradReadyHook& on_ready,
+                 std::function<void(int piece)> before = nullptr)
+      : pieces_(pieces), on_ready_(on_ready), before_(std::move(before)) {}
 
   // The next piece if it belongs to `param` (a weight's row blocks are computed one by one), else null.
   const GradPiece* next_of(int param) const {
@@ -61,7 +63,8 @@ class PieceAnnouncer {
   // The next piece, which must belong to `param`, is final.
   void ready(int param) {
     if (!next_of(param)) throw std::logic_error("gradient pieces announced out of order");
-    if (announce_) announce_(static_cast<int>(next_));
+    if (before_) before_(static_cast<int>(next_));
+    if (on_ready_) on_ready_(static_cast<int>(next_));
     ++next_;
   }
   // Every piece of `param` is final (a parameter computed as a whole).
@@ -73,7 +76,8 @@ class PieceAnnouncer {
 
  private:
   const std::vector<GradPiece>& pieces_;
-  GradReadyHook announce_;
+  const GradReadyHook& on_ready_;
+  std::function<void(int piece)> before_;  // two words of captures: held in place, not on the heap
   size_t next_ = 0;
 };
 
