@@ -1,5 +1,5 @@
-// The elementwise kernels (launchers and contracts: elementwise.h). Included by elementwise.cu and, compiled by g++,
-// by tests/emu/test_elementwise_emu.cpp.
+// The elementwise kernels (launchers and contracts: elementwise.h; the GEMM's fallback epilogue: gemm.h). Included
+// by elementwise.cu, gemm.cu and, compiled by g++, by tests/emu/test_elementwise_emu.cpp.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -45,6 +45,26 @@ static __global__ void bias_forward_kernel(float* out, const float* bias, int B,
   for (int64_t o = global_index(); o < OC; o += grid_stride()) {
     const float b = bias[o];
     for (int64_t row = blockIdx.y; row < B; row += gridDim.y) out[row * OC + o] += b;
+  }
+}
+
+// cuBLASLt's forward epilogue where it has none for the problem (gemm.cu): v = out + bias; then pre = v,
+// out = gelu(v) (kGelu) or out = v. Columns across threads (coalesced, one bias load per thread), rows across
+// blockIdx.y; T is the activation type, the arithmetic fp32.
+template <typename T, bool kGelu>
+__global__ void bias_gelu_epilogue_kernel(T* out, T* pre_gelu, const T* bias, int B, int OC) {
+  for (int64_t o = global_index(); o < OC; o += grid_stride()) {
+    const float b = bias ? detail::to_float(bias[o]) : 0.0f;
+    for (int64_t row = blockIdx.y; row < B; row += gridDim.y) {
+      const int64_t i = row * OC + o;
+      const float v = detail::to_float(out[i]) + b;
+      if constexpr (kGelu) {
+        pre_gelu[i] = detail::from_float<T>(v);
+        out[i] = detail::from_float<T>(detail::gelu_tanh(v));
+      } else {
+        out[i] = detail::from_float<T>(v);
+      }
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // cuBLASLt wrapper (see gemm.h for the contracts): the context and its plan cache, the row-major -> column-major
-// mapping of the three Linear GEMMs, the forward epilogue's fallback kernel, and the bias gradient's launcher (its
-// kernels are in bias_backward_kernels.cuh, which the CPU emulation runs too).
+// mapping of the three Linear GEMMs, and the launchers of the forward epilogue's fallback and of the bias gradient
+// (their kernels are in elementwise_kernels.cuh and bias_backward_kernels.cuh, which the CPU emulation runs too).
 //
 // cuBLAS is column-major, and a row-major [R, C] matrix is the column-major [C, R] matrix with the same ld. So with
 // X^T meaning "the same buffer read column-major":
@@ -26,34 +26,12 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace ddplab::cuda {
 namespace {
-
-using detail::to_float;
-
-// ---- kernels ----------------------------------------------------------------------------------------------------
-
-// The epilogue when cuBLASLt has none for the problem: v = out + bias; then pre = v, out = gelu(v) (kGelu) or
-// out = v. Columns across threads (coalesced, one bias load per thread), rows across blockIdx.y.
-template <typename T, bool kGelu>
-__global__ void bias_gelu_epilogue_kernel(T* out, T* pre_gelu, const T* bias, int B, int OC) {
-  for (int64_t o = detail::global_index(); o < OC; o += detail::grid_stride()) {
-    const float b = bias ? to_float(bias[o]) : 0.0f;
-    for (int64_t row = blockIdx.y; row < B; row += gridDim.y) {
-      const int64_t i = row * OC + o;
-      const float v = to_float(out[i]) + b;
-      if constexpr (kGelu) {
-        pre_gelu[i] = detail::from_float<T>(v);
-        out[i] = detail::from_float<T>(detail::gelu_tanh(v));
-      } else {
-        out[i] = detail::from_float<T>(v);
-      }
-    }
-  }
-}
 
 // ---- cuBLASLt problems and plans --------------------------------------------------------------------------------
 
@@ -203,10 +181,10 @@ void launch_epilogue(GemmContext& ctx, T* out, T* pre_gelu, const T* bias, int B
   const unsigned grid_x = detail::grid_size(OC);
   const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
   if (gelu)
-    bias_gelu_epilogue_kernel<T, true>
+    elementwise::bias_gelu_epilogue_kernel<T, true>
         <<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, pre_gelu, bias, B, OC);
   else
-    bias_gelu_epilogue_kernel<T, false>
+    elementwise::bias_gelu_epilogue_kernel<T, false>
         <<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, pre_gelu, bias, B, OC);
   cudaCheck(cudaGetLastError());
 }

@@ -1,13 +1,12 @@
 // The elementwise kernels (kernels/cuda/elementwise_kernels.cuh), their own source compiled by g++ and run on host
 // threads (cuda_emulation.h), against the CPU: GELU and its gradient against the double reference (fp32 and bf16
-// activations), the bias added over a batch, the residual sum and the scale bit for bit. Packed (4 per thread) and
-// scalar instantiations, grids smaller than the data, counts that leave a tail. What it cannot tell: speed.
+// activations), the bias added over a batch, the residual sum and the scale bit for bit, and the GEMMs' fallback
+// epilogue (bias, then GELU). Packed (4 per thread) and scalar instantiations, grids smaller than the data, counts
+// that leave a tail. What it cannot tell: speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/elementwise_kernels.cuh"
 // clang-format on
-#include "tests/emu/emu_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +18,7 @@
 #include "comm/wire.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/transformer_ops.h"
+#include "tests/emu/emu_test_util.h"
 
 namespace {
 
@@ -89,6 +89,48 @@ TEST(ElementwiseEmulated, BiasForwardAddsTheBiasToEveryRowOnce) {
   for (int i = 0; i < B * OC; ++i) EXPECT_EQ(bits(out[i]), bits(want[i])) << i;
 }
 
+// cuBLASLt's fallback epilogue: out = gelu(out + bias) with pre = out + bias kept (kGelu), or out = out + bias; the
+// sum bit for bit as the CPU's bias_forward, GELU within the fp32 tolerance of the double reference (bf16: rounded
+// once). No bias (nullptr) adds nothing. Columns and rows both over a grid smaller than the data.
+TEST(ElementwiseEmulated, GemmEpilogueAddsTheBiasThenGelu) {
+  constexpr int B = 7, OC = 70;
+  const std::vector<float> start = normal_values(int64_t{B} * OC, 9, 2.0f), bias = normal_values(OC, 10, 1.0f);
+  std::vector<float> sum = start;
+  ddplab::cpu::bias_forward(sum.data(), bias.data(), B, OC);
+  const std::vector<double> sumd(sum.begin(), sum.end());
+  std::vector<double> want(sumd.size());
+  ddplab::cpu::gelu_forward(want.data(), sumd.data(), static_cast<int64_t>(want.size()));
+
+  std::vector<float> out = start, pre(start.size(), -1.0f);
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, true>, out.data(), pre.data(),
+                 bias.data(), B, OC);
+  for (int i = 0; i < B * OC; ++i) ASSERT_EQ(bits(pre[i]), bits(sum[i])) << "pre_gelu " << i;
+  expect_near_reference(out, want, 4e-7, 1e-7, "gelu(out + bias)");
+
+  std::vector<float> plain = start;
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, false>, plain.data(),
+                 static_cast<float*>(nullptr), bias.data(), B, OC);
+  for (int i = 0; i < B * OC; ++i) ASSERT_EQ(bits(plain[i]), bits(sum[i])) << "out + bias " << i;
+  std::vector<float> unbiased = start;
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, false>, unbiased.data(),
+                 static_cast<float*>(nullptr), static_cast<const float*>(nullptr), B, OC);
+  for (int i = 0; i < B * OC; ++i) ASSERT_EQ(bits(unbiased[i]), bits(start[i])) << "no bias " << i;
+
+  std::vector<bf16> out16(start.size()), pre16(start.size()), bias16(OC);
+  for (size_t i = 0; i < start.size(); ++i) out16[i] = __float2bfloat16_rn(start[i]);
+  for (int o = 0; o < OC; ++o) bias16[o] = __float2bfloat16_rn(bias[o]);
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<bf16, true>, out16.data(), pre16.data(),
+                 bias16.data(), B, OC);
+  for (int i = 0; i < B * OC; ++i) {
+    const float v = __bfloat162float(__float2bfloat16_rn(start[i])) + __bfloat162float(bias16[i % OC]);
+    ASSERT_EQ(bits(pre16[i]), ddplab::wire::to_wire(Format::kBf16, v)) << "bf16 pre_gelu " << i;
+    double g;
+    const double vd = v;
+    ddplab::cpu::gelu_forward(&g, &vd, 1);
+    ASSERT_NEAR(__bfloat162float(out16[i]), g, std::ldexp(std::fabs(g), -8) + 1e-6) << "bf16 gelu " << i;
+  }
+}
+
 TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
   const std::vector<float> a = normal_values(kN, 7, 1.0f), b = normal_values(kN, 8, 1.0f);
   std::vector<float> sum(kN), want(kN);
@@ -100,8 +142,7 @@ TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
   for (int64_t i = 0; i < kN; ++i) a16[i] = __float2bfloat16_rn(a[i]), b16[i] = __float2bfloat16_rn(b[i]);
   emulate_launch(kGrid, kBlock, 0, ew::residual_forward_kernel<bf16>, sum16.data(), a16.data(), b16.data(), kN);
   for (int64_t i = 0; i < kN; ++i)
-    EXPECT_EQ(bits(sum16[i]),
-              ddplab::wire::to_wire(Format::kBf16, __bfloat162float(a16[i]) + __bfloat162float(b16[i])))
+    EXPECT_EQ(bits(sum16[i]), ddplab::wire::to_wire(Format::kBf16, __bfloat162float(a16[i]) + __bfloat162float(b16[i])))
         << i;
 
   for (bool packed : {true, false}) {
