@@ -117,13 +117,12 @@ TEST(LayerNorm, ForwardNormalisesAndBackwardMatchesFiniteDifferences) {
 }
 
 // The softmax's 8-lane exp_fast is the scalar one lane for lane, bit for bit: over the clamps, around 0, and on
-// inf and NaN (which must stay NaN: masks and the non-finite checks rely on it). Every other input gives a positive
-// finite float, accurate up to the upper clamp.
+// inf and NaN (which must stay NaN: masks and the non-finite checks rely on it). Every other input gives a normal
+// float whose reciprocal is normal too (GELU divides by 1 + exp), accurate up to the upper clamp.
 TEST(ExpFast, EightLanesEqualTheScalarVersionBitForBit) {
-  std::vector<float> x = {0.0f, -0.0f, 1e-30f, -1e-30f, 88.3f, kExpFastMax, 88.38f, 88.7f, 88.8f, -87.3f, -87.4f,
-                          1e30f, -1e30f,
-                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN()};
+  constexpr float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {0.0f,  -0.0f, 1e-30f,      -1e-30f, 87.2f, kExpFastMax, 87.4f, 88.3f, 88.38f,
+                          88.7f, 88.8f, kExpFastMin, -87.4f,  1e30f, -1e30f,      kInf,  -kInf, kNaN};
   for (int i = 0; i < 4000; ++i) x.push_back(-100.0f + 0.05f * i + 1e-3f * static_cast<float>(normal(60, i)));
   while (x.size() % 8) x.push_back(0.5f);
   for (size_t i = 0; i < x.size(); i += 8) {
@@ -136,7 +135,8 @@ TEST(ExpFast, EightLanesEqualTheScalarVersionBitForBit) {
         EXPECT_TRUE(std::isnan(e[l]) && std::isnan(scalar)) << x[i + l];
       } else {
         EXPECT_EQ(std::memcmp(&e[l], &scalar, sizeof scalar), 0) << x[i + l] << ": " << e[l] << " vs " << scalar;
-        EXPECT_TRUE(std::isfinite(scalar) && scalar > 0) << "exp_fast(" << x[i + l] << ") = " << scalar;
+        EXPECT_TRUE(std::isnormal(scalar) && scalar > 0) << "exp_fast(" << x[i + l] << ") = " << scalar;
+        EXPECT_TRUE(std::isnormal(1.0f / (1.0f + scalar))) << "1 / (1 + exp_fast(" << x[i + l] << "))";
       }
       if (x[i + l] > -87.0f && x[i + l] <= kExpFastMax) {
         const double ref = std::exp(double(x[i + l]));
@@ -209,8 +209,7 @@ void CheckAttention(const int32_t* lengths, bool causal, uint64_t seed, const in
     }
   }
   std::vector<double> dqkv(qkv.size(), -99.0);
-  attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), lengths, kB, kS, kC, kNH, causal,
-                     positions);
+  attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), lengths, kB, kS, kC, kNH, causal, positions);
   const int nonzero = ExpectGradNear(dqkv, NumericGrad(qkv, loss), "dqkv");
   EXPECT_GT(nonzero, static_cast<int>(qkv.size()) / 3);
   for (int b = 0; b < kB; ++b) {
@@ -239,13 +238,11 @@ TEST(Attention, PaddedQueryRowsPassNoGradient) {
   std::vector<double> out(kB * kS * kC), att(kB * kNH * kS * kS);
   std::vector<double> d1(qkv.size()), d2(qkv.size());
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
-  attention_backward(d1.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
-                     true);
+  attention_backward(d1.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH, true);
   for (int b = 0; b < kB; ++b) {
     for (int i = kLengths[b] * kC; i < kS * kC; ++i) dout[b * kS * kC + i] = std::numeric_limits<double>::quiet_NaN();
   }
-  attention_backward(d2.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
-                     true);
+  attention_backward(d2.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH, true);
   EXPECT_EQ(d1, d2);
 }
 
@@ -256,8 +253,7 @@ TEST(Attention, FloatStaysFiniteWithHugeScoresAndEmptySequences) {
   std::vector<float> out(kB * kS * kC), att(kB * kNH * kS * kS), dqkv(qkv.size());
   std::vector<float> dout(out.size(), 1.0f);
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
-                     true);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH, true);
   for (float x : out) ASSERT_TRUE(std::isfinite(x));
   for (float x : att) ASSERT_TRUE(std::isfinite(x));
   for (float x : dqkv) ASSERT_TRUE(std::isfinite(x));
@@ -352,8 +348,8 @@ TEST(Attention, FloatTiledKernelsMatchNaiveDoubleOnRandomShapesWithPadding) {
       std::vector<float> qkv_f(qkv.begin(), qkv.end()), dout_f(dout.begin(), dout.end());
       std::vector<float> out(ref.out.size(), -99.f), att(ref.att.size(), -99.f), dqkv(qkv.size(), -99.f);
       attention_forward(out.data(), att.data(), qkv_f.data(), lengths.data(), k.B, k.S, k.C, k.NH, causal);
-      attention_backward(dqkv.data(), dout_f.data(), qkv_f.data(), att.data(), lengths.data(), k.B,
-                         k.S, k.C, k.NH, causal);
+      attention_backward(dqkv.data(), dout_f.data(), qkv_f.data(), att.data(), lengths.data(), k.B, k.S, k.C, k.NH,
+                         causal);
       for (size_t i = 0; i < att.size(); ++i) {
         if (ref.att[i] == 0.0) {
           ASSERT_EQ(att[i], 0.0f) << "att[" << i << "] is masked or padding";
@@ -426,8 +422,8 @@ TEST(Attention, FloatPackedRowsEqualTheirSequencesAlone) {
       std::vector<float> out(dout.size(), -99.f), att(size_t(k.B) * k.NH * S * S, -99.f), dqkv(qkv.size(), -99.f);
       attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), k.B, S, k.C, k.NH, causal,
                         positions.data());
-      attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), k.B, S, k.C,
-                         k.NH, causal, positions.data());
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), k.B, S, k.C, k.NH, causal,
+                         positions.data());
       int64_t in_blocks = 0, nonzero = 0;
       for (int b = 0; b < k.B; ++b) {
         for (const auto& [s0, len] : seqs[b]) {
@@ -436,12 +432,11 @@ TEST(Attention, FloatPackedRowsEqualTheirSequencesAlone) {
               d1(dout.begin() + row0 * k.C, dout.begin() + (row0 + len) * k.C);
           std::vector<float> out1(d1.size()), att1(size_t(k.NH) * len * len), dqkv1(q1.size());
           attention_forward(out1.data(), att1.data(), q1.data(), nullptr, 1, len, k.C, k.NH, causal);
-          attention_backward(dqkv1.data(), d1.data(), q1.data(), att1.data(), nullptr, 1, len, k.C, k.NH,
-                             causal);
-          ASSERT_TRUE(std::equal(out1.begin(), out1.end(), out.begin() + row0 * k.C)) << "out of (" << b << ", " << s0
-                                                                                      << ")";
-          ASSERT_TRUE(std::equal(dqkv1.begin(), dqkv1.end(), dqkv.begin() + row0 * C3)) << "dqkv of (" << b << ", "
-                                                                                        << s0 << ")";
+          attention_backward(dqkv1.data(), d1.data(), q1.data(), att1.data(), nullptr, 1, len, k.C, k.NH, causal);
+          ASSERT_TRUE(std::equal(out1.begin(), out1.end(), out.begin() + row0 * k.C))
+              << "out of (" << b << ", " << s0 << ")";
+          ASSERT_TRUE(std::equal(dqkv1.begin(), dqkv1.end(), dqkv.begin() + row0 * C3))
+              << "dqkv of (" << b << ", " << s0 << ")";
           for (int h = 0; h < k.NH; ++h) {
             for (int t = 0; t < len; ++t) {
               for (int j = 0; j < len; ++j) {
@@ -552,10 +547,8 @@ TEST(FloatVsDouble, TransformerOpsAgree) {
   attention_forward(out.data(), att.data(), qkv.data(), kLengths.data(), kB, kS, kC, kNH, true);
   attention_forward(out_f.data(), att_f.data(), qkv_f.data(), kLengths.data(), kB, kS, kC, kNH, true);
   ExpectFloatAgrees(out_f, out, 1e-5, "attention out");
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH,
-                     true);
-  attention_backward(dqkv_f.data(), dout_f.data(), qkv_f.data(), att_f.data(), kLengths.data(), kB,
-                     kS, kC, kNH, true);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), kLengths.data(), kB, kS, kC, kNH, true);
+  attention_backward(dqkv_f.data(), dout_f.data(), qkv_f.data(), att_f.data(), kLengths.data(), kB, kS, kC, kNH, true);
   ExpectFloatAgrees(dqkv_f, dqkv, 1e-5, "attention dqkv");
 
   constexpr int N = kB * kS;
