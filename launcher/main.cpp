@@ -55,9 +55,13 @@ int run_devices() {
   const blas::CpuFeatures features = blas::cpu_features();
   const std::optional<blas::FmaPeak> peak = blas::fma_peak(cpu, features);
   std::printf("  CPU   %s, %s", cpu.id().c_str(), blas::describe(features).c_str());
-  if (peak)
-    std::printf("; FMA peak %.0f GFLOP/s per core (estimate: %d flop/cycle x %.2f GHz)", peak->gflops,
+  if (peak) {
+    std::printf("; FMA peak %.0f GFLOP/s per core (estimate: %d flop/cycle x %.2f GHz", peak->gflops,
                 peak->flops_per_cycle, peak->ghz);
+    if (peak->measured && peak->reported_ghz > 0)
+      std::printf(", the clock measured now; the OS reports %.2f", peak->reported_ghz);
+    std::printf(")");
+  }
   std::printf("\n  BLAS  %s\n", blas_description().c_str());
   std::printf("        kernels %s\n", blas::kernels_in_use().describe().c_str());
   // Measured now: this process's rate (75 ms), then every family the CPU could run, the one in use among them, each

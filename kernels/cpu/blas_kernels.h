@@ -118,9 +118,15 @@ Rates measure_alternatives();
 // fp32 flops per cycle of one core's FMA units: 2 per FMA x lanes x 2 units (Xeons from Skylake-SP Gold up, Zen 2-5);
 // Zen 4 (AMD family 25 with AVX-512) splits 512-bit work in 256-bit halves. 0 below AVX2+FMA (no estimate).
 int fma_flops_per_cycle(const CpuModel& cpu, const CpuFeatures& features);
-// The core's fp32 FMA peak, estimated: fma_flops_per_cycle x GHz (/proc/cpuinfo's cpu MHz, else cpuid leaf 0x16).
+// The clock this core runs at now, GHz, measured over a chain of dependent adds (one per cycle): turbo included,
+// which the nominal clock a guest's /proc/cpuinfo reports leaves out. nullopt where it cannot be measured (not x86).
+std::optional<double> measure_core_ghz();
+// The core's fp32 FMA peak, estimated: fma_flops_per_cycle x the clock, measured where it can be, else the one the
+// OS reports (/proc/cpuinfo's cpu MHz, else cpuid leaf 0x16).
 struct FmaPeak {
   double gflops = 0, ghz = 0;
+  double reported_ghz = 0;  // what the OS reports, 0 if nothing
+  bool measured = false;    // ghz is measure_core_ghz's
   int flops_per_cycle = 0;
 };
 std::optional<FmaPeak> fma_peak(const CpuModel& cpu, const CpuFeatures& features);

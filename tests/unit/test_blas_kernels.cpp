@@ -130,6 +130,26 @@ TEST(BlasKernels, FmaFlopsPerCycleFromFeatures) {
   EXPECT_FALSE(fma_peak(emerald, kSse));
 }
 
+// The clock from the chain of dependent adds: within what any x86 core of the last 20 years runs at (a wrong count
+// of adds, or of seconds, reads off by a factor of 16 or 1000), and the peak is the flops per cycle at that clock.
+TEST(BlasKernels, FmaPeakAtTheMeasuredClock) {
+#if defined(__x86_64__)
+  const std::optional<double> ghz = measure_core_ghz();
+  ASSERT_TRUE(ghz);
+  EXPECT_GT(*ghz, 0.8);
+  EXPECT_LT(*ghz, 7.0);
+  const CpuModel zen4{"AuthenticAMD", 25, 17, 1};
+  const std::optional<FmaPeak> peak = fma_peak(zen4, kAvx512Bf16);
+  ASSERT_TRUE(peak);
+  EXPECT_TRUE(peak->measured);
+  EXPECT_EQ(peak->flops_per_cycle, 32);
+  EXPECT_DOUBLE_EQ(peak->gflops, 32 * peak->ghz);
+  EXPECT_GT(peak->ghz, 0.8);
+#else
+  GTEST_SKIP() << "the clock is measured on x86-64 only";
+#endif
+}
+
 // Sets an environment variable for its lifetime.
 class ScopedVariable {
  public:
