@@ -23,6 +23,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "kernels/cpu/ops.h"
 
@@ -360,7 +361,7 @@ double measure_gemm_gflops(double budget_ms) {
 namespace {
 
 // One probe child: this program with OPENBLAS_CORETYPE=core. Its rate, or nullopt if it failed or ran another core.
-std::optional<double> probe_in_child(const std::string& core) {
+std::optional<double> probe_in_child(const std::string& core, int deadline_ms) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string entry = *e;
@@ -386,8 +387,7 @@ std::optional<double> probe_in_child(const std::string& core) {
   close(out[1]);
   // A child that hangs must not hold up the rank, nor every rank of the host behind the probe's lock: past the
   // deadline it is killed and counts as failed. It takes well under a second.
-  constexpr int kProbeDeadlineMs = 30000;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kProbeDeadlineMs);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline_ms);
   std::string text;
   bool timed_out = false;
   char buffer[256];
@@ -406,9 +406,21 @@ std::optional<double> probe_in_child(const std::string& core) {
   }
   close(out[0]);
   if (spawned != 0) return std::nullopt;
-  if (timed_out) kill(pid, SIGKILL);
+  // Its output closed is not its exit (it can hang in an exit handler): the wait keeps the deadline too.
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  bool killed = false;
+  for (;;) {
+    if (timed_out && !killed) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+    const pid_t waited = waitpid(pid, &status, killed ? 0 : WNOHANG);
+    if (waited == pid) break;
+    if (waited < 0 && errno != EINTR) return std::nullopt;
+    if (waited == 0) {  // still running
+      timed_out = std::chrono::steady_clock::now() >= deadline;
+      if (!timed_out) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   if (timed_out) return std::nullopt;
   char ran[64] = {};
@@ -421,11 +433,11 @@ std::optional<double> probe_in_child(const std::string& core) {
 
 }  // namespace
 
-Rates probe_cores(const std::vector<std::string>& cores, int rounds) {
+Rates probe_cores(const std::vector<std::string>& cores, int rounds, int deadline_ms) {
   Rates rates;
   for (int round = 0; round < rounds; ++round) {  // in turn: a burst of load on the host hits one round, not one core
     for (const std::string& core : cores) {
-      const std::optional<double> gflops = probe_in_child(core);
+      const std::optional<double> gflops = probe_in_child(core, deadline_ms);
       if (!gflops) continue;
       CoreRate* r = nullptr;
       for (CoreRate& x : rates)

@@ -108,8 +108,8 @@ const KernelsInUse& kernels_in_use();
 double measure_gemm_gflops(double budget_ms = 25);
 // The same measured for each core in a child process of this program (which must call select_kernels first) with
 // OPENBLAS_CORETYPE set, `rounds` times in turn, the best of each core's. A core whose child fails (an illegal
-// instruction) or runs another core than asked is left out.
-Rates probe_cores(const std::vector<std::string>& cores, int rounds = 3);
+// instruction), runs another core than asked, or has not exited by deadline_ms (it is killed) is left out.
+Rates probe_cores(const std::vector<std::string>& cores, int rounds = 3, int deadline_ms = 30000);
 
 // Every family cores_to_probe names for this CPU and the kernels in use, each measured now in a child: the yardstick
 // `ddplab devices` and the benchmarks set their GEMM rates against (the kernels in use among them, measured alike).

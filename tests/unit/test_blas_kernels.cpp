@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +25,25 @@ const CpuFeatures kAvx512{true, true, false};
 const CpuFeatures kAvx512Bf16{true, true, true};
 
 using Names = std::vector<std::string>;
+
+// The test binary run as a probe child (probe_cores runs /proc/self/exe --openblas-kernel-probe) while the test sets
+// DDPLAB_TEST_PROBE_HANGS: before gtest's main, it hangs with nothing written ("silent"), or writes an answer, closes
+// its output and hangs ("after_output", a hang in an exit handler).
+const bool kHangingProbeChild = [] {
+  const char* how = std::getenv("DDPLAB_TEST_PROBE_HANGS");
+  std::ifstream cmdline("/proc/self/cmdline");
+  std::string program, argument;
+  if (!how || !std::getline(cmdline, program, '\0') || !std::getline(cmdline, argument, '\0') ||
+      argument != "--openblas-kernel-probe")
+    return false;
+  if (std::string(how) == "after_output") {
+    std::printf("%s 50.0\n", std::getenv("OPENBLAS_CORETYPE"));
+    std::fflush(stdout);
+    close(STDOUT_FILENO);
+  }
+  pause();
+  std::_Exit(0);
+}();
 
 struct PlanCase {
   const char* host;
@@ -168,6 +189,17 @@ class ScopedVariable {
   const char* name_;
   std::optional<std::string> old_;
 };
+
+// A probe child that never exits, silent or after its answer, is killed at the deadline and left out: the probe
+// holds every rank of the host behind its lock. The bound on the time is a hang guard, far above the deadline.
+TEST(BlasKernels, AProbeChildThatHangsIsKilledAtTheDeadline) {
+  for (const char* how : {"silent", "after_output"}) {
+    ScopedVariable hang("DDPLAB_TEST_PROBE_HANGS", how);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(probe_cores({"Haswell"}, 1, /*deadline_ms=*/300).empty()) << how;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << how;
+  }
+}
 
 TEST(BlasKernels, CacheDirectoryAndFileNames) {
   {
