@@ -527,6 +527,23 @@ TEST(MeanPool, MatchesDefinitionAndBackwardMatchesFiniteDifferences) {
   for (int t = kLengths[1]; t < kS; ++t) EXPECT_EQ(dinp[(kS + t) * kC], 0.0);
 }
 
+// The causal LM's targets, worked by hand from the definition: each token's target is the next token of its own
+// sequence, -1 at a sequence's last token, on padding, and (packed) where the next token starts a new sequence.
+TEST(NextTokenTargets, NextTokenOfTheSameSequenceElseNone) {
+  constexpr int B = 2, S = 5;
+  const std::vector<int32_t> tokens = {10, 11, 12, 13, 14, 20, 21, 22, 23, 24};
+  const std::vector<int32_t> lengths = {5, 3};
+  std::vector<int32_t> targets(B * S, 99);
+  next_token_targets(targets.data(), tokens.data(), lengths.data(), B, S);
+  EXPECT_EQ(targets, (std::vector<int32_t>{11, 12, 13, 14, -1, 21, 22, -1, -1, -1}));
+  next_token_targets(targets.data(), tokens.data(), nullptr, B, S);  // no lengths: every row full
+  EXPECT_EQ(targets, (std::vector<int32_t>{11, 12, 13, 14, -1, 21, 22, 23, 24, -1}));
+  // Row 0 packs [10 11] and [12 13 14]; row 1 holds one sequence of 3, then padding.
+  const std::vector<int32_t> positions = {0, 1, 0, 1, 2, 0, 1, 2, 0, 0};
+  next_token_targets(targets.data(), tokens.data(), lengths.data(), B, S, positions.data());
+  EXPECT_EQ(targets, (std::vector<int32_t>{11, -1, 13, 14, -1, 21, 22, -1, -1, -1}));
+}
+
 TEST(Residual, AddsElementwise) {
   const std::vector<double> a = {1, 2, 3}, b = {10, 20, 30};
   std::vector<double> out(3);
