@@ -2,7 +2,7 @@
 """What a user meets first: --version, a mistyped command, the help text, the flags suite and sweep offer, an
 output path checked before training, and settings that must not be accepted silently.
 
-usage: check_usage.py MPIRUN DDPLAB
+usage: check_usage.py MPIRUN DDPLAB OLD_OPENBLAS_SHIM
 """
 import os
 import re
@@ -16,7 +16,7 @@ import h5py
 from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
-mpirun, ddplab = sys.argv[1], sys.argv[2]
+mpirun, ddplab, old_openblas = sys.argv[1], sys.argv[2], sys.argv[3]
 # Most cases here end every rank with exit code 2. Open MPI's mpirun then waits out its kill sequence, 2 s, before
 # it ends (odls_base_sigkill_timeout, 1 s per signal). That wait is mpirun's, not ddplab's: it is taken out.
 os.environ["OMPI_MCA_odls_base_sigkill_timeout"] = "0"
@@ -70,6 +70,19 @@ check(core == loaded == "Haswell" and why == "OPENBLAS_CORETYPE=Haswell in the e
 core, why, loaded = kernels_of(run(1, "devices", env={"DDPLAB_BLAS_AUTO": "off"}))
 check(core == loaded and why == "OpenBLAS's own pick; DDPLAB_BLAS_AUTO=off",
       f"DDPLAB_BLAS_AUTO=off keeps OpenBLAS's pick ({core}, {why})")
+# An OpenBLAS older than the CPU names a family below it (Debian's 0.3.21 names an Emerald Rapids Xeon Prescott): the
+# shim makes it do so here. ddplab measures the families of the CPU's own instruction set and runs the fastest; a
+# fresh cache, so that the probe runs.
+flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split())
+if {"avx2", "fma"} <= flags:
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run(1, "devices", env={"LD_PRELOAD": old_openblas, "XDG_CACHE_HOME": cache})
+    core, why, loaded = kernels_of(proc)
+    check(proc.returncode == 0 and core in {"Haswell", "Zen", "SkylakeX", "Cooperlake"} and core == loaded and
+          why.startswith("probe: ") and why.endswith("; OpenBLAS detected Prescott"),
+          f"an OpenBLAS that names Prescott on an AVX2 CPU: ddplab probes and runs a family of the CPU's ({core}, {why})")
+else:
+    print("skip: an OpenBLAS that names Prescott: this CPU has no AVX2+FMA, so nothing above OpenBLAS's pick to run")
 check(run(2, "--version").stdout.count("ddplab ") == 1, "--version on 2 ranks prints one line")
 
 # ---- a mistyped command ------------------------------------------------------------------------------------------
