@@ -25,6 +25,8 @@ namespace ddplab {
 
 // --grad-slice-mb auto, until resolved() resolves it.
 inline constexpr double kAutoGradSliceMb = -1;
+// --link-latency-us and --link-gbps left at the --link preset's value (parse_links: negative keeps the preset's).
+inline constexpr double kPresetLinkValue = -1;
 
 enum class Device { kCpu, kCuda };
 constexpr std::array<Named<Device>, 2> choice_names(Device) { return {{{Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}}}; }
@@ -82,8 +84,8 @@ struct TrainConfig {
   int grad_accum = 1;
   std::string link = "none";
   int ranks_per_node = 0;
-  double link_latency_us = -1;  // negative: the preset's
-  double link_gbps = -1;
+  double link_latency_us = kPresetLinkValue;  // the --link preset's
+  double link_gbps = kPresetLinkValue;
   int blas_threads = 0;  // 0: auto (launcher/run.h, cores_for_rank)
   AutoChoice<OnOff> optimizer_in_backward;
   int zero_stage = 0;
@@ -236,9 +238,13 @@ void visit_knobs(Config& c, Visit&& visit) {
              "per class of hop: intra=P,inter=P (within a node, per pair; across nodes, through the node's NIC, "
              "shared by its ranks)"},
         c.link);
-  visit(Knob{"--link-latency-us", "link_latency_us", "override the link's latency (us; a single --link preset)"},
+  visit(Knob{"--link-latency-us", "link_latency_us",
+             "the link's latency, us: N or auto (the --link preset's; N needs a single preset)", 0, kNoMax, 0,
+             "US|auto", kPresetLinkValue},
         c.link_latency_us);
-  visit(Knob{"--link-gbps", "link_gbps", "override the link's bandwidth (Gbit/s, positive; a single preset)"},
+  visit(Knob{"--link-gbps", "link_gbps",
+             "the link's bandwidth, Gbit/s: N, positive, or auto (the --link preset's; N needs a single preset)", 0,
+             kNoMax, kPositive, "GBIT/S|auto", kPresetLinkValue},
         c.link_gbps);
   visit(Knob{"--ranks-per-node", "ranks_per_node",
              "emulate nodes of K consecutive ranks (K divides the ranks; 0: the hosts are the nodes); ranks "

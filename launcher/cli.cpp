@@ -1,5 +1,6 @@
 #include "launcher/cli.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -75,6 +76,7 @@ void check_range(const Knob& knob, T value) {
     const double v = static_cast<double>(value);
     if (!knob.flag || (knob.auto_text && v == knob.auto_value)) return;
     const std::string flag = knob.flag, got = " (got " + value_text(value) + ")";
+    require(std::isfinite(v), flag + " must be a finite number" + got);
     if (knob.traits & kPositive) require(v > knob.min, flag + " must be positive" + got);
     require(v >= knob.min, std::is_integral_v<T> || knob.min != 0
                                ? flag + " must be at least " + value_text(static_cast<T>(knob.min)) + got

@@ -536,8 +536,16 @@ TrainingStopped stopped_by_signal(int signal, int step) {
 void validate_run(const TrainConfig& asked, int world_size, MPI_Comm world) {
   const std::string error = config_disagreement(asked, world);  // before anything a rank could decide on its own
   if (!error.empty()) throw UsageError(error);
-  validate(asked);
-  validate_for_ranks(asked, world_size);
+  // The checks read each rank's own --out too (against --checkpoint and --resume): a rank that refused alone would
+  // leave the others waiting in the next collective, so every rank refuses with the lowest refusing rank's reason.
+  std::string mine;
+  try {
+    validate(asked);
+    validate_for_ranks(asked, world_size);
+  } catch (const UsageError& e) {
+    mine = e.what();
+  }
+  if (const std::string reason = first_failing_reason(mine, world); !reason.empty()) throw UsageError(reason);
   require_device(asked, world);
 }
 

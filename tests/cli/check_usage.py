@@ -170,6 +170,17 @@ with tempfile.TemporaryDirectory() as work:
                   f"np={np_ranks} train {' '.join(args)}: refused before training in {proc.seconds:.2f} s "
                   f"(mpirun included), nothing left ({our_lines(proc.stderr)})")
 
+    # A check that reads one rank's own --out (against --checkpoint) refuses on every rank: that rank alone would
+    # leave the others waiting in the next collective.
+    ck = os.path.join(work, "ck.h5")
+    ranks = [["-np", "1", ddplab, "train", *long_run, "--checkpoint", ck, "--out", out] for out in
+             (os.path.join(work, "a.h5"), ck)]
+    start = time.monotonic()
+    proc = subprocess.run([mpirun, *ranks[0], ":", *ranks[1]], capture_output=True, text=True, timeout=60)
+    check(refused(proc, "rank 1: --out and --checkpoint name the same file") and os.listdir(work) == [],
+          f"rank 1's --out is its --checkpoint: every rank refuses, in {time.monotonic() - start:.2f} s "
+          f"({our_lines(proc.stderr)})")
+
     # ---- settings that were accepted silently ---------------------------------------------------------------------
     for np_ranks in [1, 2]:
         proc = run(np_ranks, "train", *SMALL, "--steps", "2", "--slow-rank", "5", "--straggler-ms", "10")
