@@ -254,7 +254,7 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--threads", "threads",
              "OpenBLAS threads per rank: N, or auto (the cores this rank may use: its --bind-to binding, else "
              "the host's cores / ranks on the host; Open MPI's default one-core binding is lifted)",
-             0, kNoMax, 0, "N|auto", 0},
+             1, kNoMax, 0, "N|auto", 0},
         c.blas_threads);
   visit(Knob{"--optimizer-in-backward", "optimizer_in_backward",
              "update each bucket's parameters on a thread of their own as soon as backward is done with them: "

@@ -143,16 +143,24 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
   } else if constexpr (std::is_arithmetic_v<T>) {
     CLI::Option* option = app->add_option(flag, value, help);
     if (!knob.auto_text) return option->capture_default_str();
-    // "auto", or a number not below the knob's minimum (checked here: the auto value itself is out of range).
+    // "auto" (replaced by the knob's stand-in value), or a finite number not below the knob's minimum, checked here:
+    // the stand-in itself is out of range, and typed as a number it would pass for auto. One validator for both, with
+    // no description: the help would show the stand-in ("{auto->-1}").
     const double min = knob.min;
+    const std::string stand_in = value_text(static_cast<T>(knob.auto_value));
+    const std::string below = min == 0 ? "must not be negative" : "must be at least " + value_text(static_cast<T>(min));
     return option
-        ->check(CLI::Validator(
-            [min](std::string& text) {
-              return text == "auto" || std::strtod(text.c_str(), nullptr) >= min ? std::string()
-                                                                                 : std::string("must not be negative");
+        ->transform(CLI::Validator(
+            [min, stand_in, below](std::string& text) {
+              if (text == "auto") {
+                text = stand_in;
+                return std::string();
+              }
+              const double v = std::strtod(text.c_str(), nullptr);
+              if (std::isnan(v) || std::isinf(v)) return std::string("must be a finite number or auto");
+              return v >= min ? std::string() : below;
             },
-            "", "NOT_NEGATIVE"))
-        ->transform(CLI::Transformer(std::map<std::string, T>{{"auto", static_cast<T>(knob.auto_value)}}))
+            "", "AUTO_OR_AT_LEAST_MIN"))
         ->default_str("auto")
         ->type_name(knob.auto_text);
   } else {

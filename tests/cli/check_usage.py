@@ -211,5 +211,18 @@ with tempfile.TemporaryDirectory() as work:
           f"report names the emulated link as the header does ({report.stdout[:300]})")
     os.unlink(out)
 
+    # ---- numbers a flag cannot mean: infinite, not a number, below an auto knob's range -----------------------------
+    for args, text in [(["--lr", "inf"], "--lr must be a finite number (got inf)"),
+                       (["--straggler-ms", "inf"], "--straggler-ms must be a finite number (got inf)"),
+                       (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must not be negative"),
+                       (["--link", "10gbe", "--link-latency-us", "-2"], "--link-latency-us: must not be negative"),
+                       (["--link", "10gbe", "--link-gbps", "nan"], "--link-gbps: must be a finite number or auto"),
+                       (["--threads", "0"], "--threads: must be at least 1")]:
+        proc = run(1, "train", *SMALL, "--steps", "2", *args, "--out", out)
+        check(refused(proc, text) and not os.path.exists(out), f"train {' '.join(args)} refused ({our_lines(proc.stderr)})")
+    helped = run(1, "train", "--help").stdout
+    check("{auto->" not in helped and "--threads N|auto=auto" in helped,
+          "an auto knob's help shows auto, not its stand-in value")
+
 print(f"usage checks: {len(failures)} failed")
 sys.exit(1 if failures else 0)
