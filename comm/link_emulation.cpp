@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/shm_segments.h"
 #include "runtime/mpi_check.h"
 
 namespace ddplab {
@@ -55,12 +56,12 @@ bool all_agree(MPI_Comm group, const std::string& error) {
 
 // Opens (or creates, zeroed) the segment `name` and maps it into `*segment`; returns what failed, or "".
 std::string map_segment(const std::string& name, bool create, void** segment) {
-  const int fd = shm_open(name.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
-  if (fd < 0) return "shm_open " + name + ": " + std::strerror(errno);
   std::string error;
-  if (create && ftruncate(fd, kNicSegmentBytes) != 0) error = std::string("ftruncate: ") + std::strerror(errno);
-  void* m = error.empty() ? mmap(nullptr, kNicSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  if (error.empty() && m == MAP_FAILED) error = std::string("mmap: ") + std::strerror(errno);
+  const int fd = create ? shm_detail::create_segment(name, kNicSegmentBytes, /*allocate=*/true, error)
+                        : shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return create ? error : "shm_open " + name + ": " + std::strerror(errno);
+  void* m = mmap(nullptr, kNicSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) error = std::string("mmap: ") + std::strerror(errno);
   close(fd);
   if (m != MAP_FAILED) *segment = m;
   return error;
@@ -78,11 +79,10 @@ SharedNic::SharedNic(MPI_Comm comm, int node) {
   mpiCheck(MPI_Comm_free(&host));
   mpiCheck(MPI_Comm_rank(group, &group_rank));
   mpiCheck(MPI_Comm_size(group, &ranks_));
-  static std::atomic<int> counter{0};
-  long id[2] = {static_cast<long>(getpid()), counter++};
-  mpiCheck(MPI_Bcast(id, 2, MPI_LONG, 0, group));
-  const std::string name = "/ddplab-nic-" + std::to_string(getuid()) + "-" + std::to_string(id[0]) + "-" +
-                           std::to_string(id[1]);
+  static std::atomic<uint64_t> counter{0};
+  uint64_t id[2] = {shm_detail::this_process(), counter++};
+  mpiCheck(MPI_Bcast(id, 2, MPI_UINT64_T, 0, group));
+  const std::string name = shm_detail::segment_name("nic", id[0], id[1]);
   std::string error;
   if (group_rank == 0) error = map_segment(name, /*create=*/true, &segment_);  // ftruncate zeroes: the clock is 0
   bool ok = all_agree(group, error);

@@ -45,10 +45,6 @@ std::mutex registry_mutex;
 std::map<const char*, OwnSegment> own_segments;                      // by base address
 std::map<std::pair<uint64_t, uint64_t>, PeerSegment> peer_segments;  // by (owner process, segment id)
 
-std::string segment_name(long pid, uint64_t segment) {
-  return "/ddplab-" + std::to_string(getuid()) + "-" + std::to_string(pid) + "-registered-" + std::to_string(segment);
-}
-
 int numa_nodes() {
   int nodes = 0;
   for (int node = 0; node < 4096; ++node) {
@@ -75,6 +71,31 @@ uint64_t this_process() {
     return v;
   }();
   return id;
+}
+
+std::string segment_name(const char* kind, uint64_t process, uint64_t n) {
+  return "/ddplab-" + std::to_string(getuid()) + "-" + kind + "-" + std::to_string(process) + "-" + std::to_string(n);
+}
+
+int create_segment(const std::string& name, size_t bytes, bool allocate, std::string& error) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    error = "shm_open " + name + ": " + errno_text();
+    return -1;
+  }
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    error = "ftruncate: " + errno_text();
+  } else if (allocate) {
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (rc != 0)
+      error = "no room in /dev/shm for " + std::to_string(bytes) + " bytes (posix_fallocate: " + std::strerror(rc) +
+              "): free or enlarge it (docker run --shm-size), or set DDPLAB_LOCAL_REGISTER=0 and "
+              "DDPLAB_COMM_TRANSPORT=mpi";
+  }
+  if (error.empty()) return fd;
+  close(fd);
+  shm_unlink(name.c_str());
+  return -1;
 }
 
 // A send of [buf, buf + bytes) to `reader` may go by reference: fills `ref` when the range lies in one of this
@@ -168,44 +189,42 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
   }
   static std::atomic<uint64_t> next_segment{1};
   const uint64_t segment = next_segment++;
-  const std::string mine = segment_name(getpid(), segment);
+  const std::string mine = shm_detail::segment_name("registered", shm_detail::this_process(), segment);
   // As in ShmTransport's setup: every step that can fail is agreed on by the host's ranks, so all register or all
   // throw; the name is unlinked once every peer has mapped the segment.
   std::string error;
+  bool created = false;  // the name is ours to unlink
   auto agree = [&](const std::string& what) {
     int ok = error.empty(), everyone = 0;
     MPI_Allreduce(&ok, &everyone, 1, MPI_INT, MPI_MIN, host);
     if (everyone) return;
-    shm_unlink(mine.c_str());
+    if (created) shm_unlink(mine.c_str());
     MPI_Comm_free(&host);
     release();
     throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: " + what + " failed" +
                              (error.empty() ? " on another rank" : ": " + error));
   };
-  const int fd = shm_open(mine.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    error = "shm_open " + mine + ": " + errno_text();
-  } else {
-    if (ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) error = "ftruncate: " + errno_text();
-    // Populated now, by the owner: its pages are allocated where it runs, and no first touch lands in a step.
-    void* m = error.empty() ? mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
-                            : MAP_FAILED;
-    if (error.empty() && m == MAP_FAILED) error = "mmap: " + errno_text();
+  // Allocated and mapped now, by the owner: its pages are placed where it runs, and no first touch lands in a step.
+  const int fd = shm_detail::create_segment(mine, map_bytes_, /*allocate=*/true, error);
+  if (fd >= 0) {
+    created = true;
+    void* m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED) error = "mmap: " + errno_text();
     if (m != MAP_FAILED) base_ = m;
     close(fd);
   }
   agree("creating a segment of " + std::to_string(map_bytes_) + " bytes");
-  // Every rank of the host: {process, pid, segment, bytes}.
-  const uint64_t me[4] = {this_process(), static_cast<uint64_t>(getpid()), segment, map_bytes_};
-  std::vector<uint64_t> all_of(4 * static_cast<size_t>(host_size));
-  MPI_Allgather(me, 4, MPI_UINT64_T, all_of.data(), 4, MPI_UINT64_T, host);
+  // Every rank of the host: {process, segment, bytes}.
+  const uint64_t me[3] = {this_process(), segment, map_bytes_};
+  std::vector<uint64_t> all_of(3 * static_cast<size_t>(host_size));
+  MPI_Allgather(me, 3, MPI_UINT64_T, all_of.data(), 3, MPI_UINT64_T, host);
   std::vector<uint64_t> readers;
   for (int h = 0; h < host_size; ++h) {
-    const uint64_t* peer = &all_of[4 * static_cast<size_t>(h)];
+    const uint64_t* peer = &all_of[3 * static_cast<size_t>(h)];
     if (peer[0] == this_process()) continue;
     readers.push_back(peer[0]);
     if (!error.empty()) continue;
-    const std::string name = segment_name(static_cast<long>(peer[1]), peer[2]);
+    const std::string name = shm_detail::segment_name("registered", peer[0], peer[1]);
     const int pfd = shm_open(name.c_str(), O_RDWR, 0600);
     if (pfd < 0) {
       error = "shm_open " + name + ": " + errno_text();
@@ -213,12 +232,12 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
     }
     // Writable: the direct collectives store each rank's chunks into its peers' outputs
     // (comm/shm_direct.h).
-    void* m = mmap(nullptr, peer[3], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
+    void* m = mmap(nullptr, peer[2], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
     close(pfd);
     if (m == MAP_FAILED)
       error = "mmap of " + name + ": " + errno_text();
     else
-      peer_maps_.push_back({peer[0], peer[2], m, peer[3]});
+      peer_maps_.push_back({peer[0], peer[1], m, peer[2]});
   }
   agree("mapping the peers' segments");
   shm_unlink(mine.c_str());

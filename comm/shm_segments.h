@@ -56,6 +56,14 @@ struct Reference {
 
 // Names this process to its host peers in references.
 uint64_t this_process();
+// A segment's name in /dev/shm: /ddplab-<uid>-<kind>-<process>-<n>, `process` a this_process() id, so that a name is
+// unique without relying on pids (which containers repeat: a stale segment of another container's process with this
+// pid would otherwise refuse the name).
+std::string segment_name(const char* kind, uint64_t process, uint64_t n);
+// Creates segment `name` (exclusively) of `bytes` and returns its descriptor, or -1 with `error` set and nothing left
+// in /dev/shm. With `allocate`, its memory is allocated now (posix_fallocate), so that a /dev/shm too small for it
+// is this error, not a SIGBUS at the first write into a page tmpfs cannot give.
+int create_segment(const std::string& name, size_t bytes, bool allocate, std::string& error);
 // A send of [buf, buf + bytes) to process `reader` may go by reference: fills `ref` when the range lies in one of
 // this process's registered segments and `reader` maps it.
 bool find_reference(const void* buf, size_t bytes, uint64_t reader, Reference& ref);

@@ -164,45 +164,46 @@ std::vector<char*> ShmTransport::map_segments(MPI_Comm local, size_t stride) {
   MPI_Comm_rank(local, &lrank);
   MPI_Comm_size(local, &lsize);
   map_bytes_ = kBoardBytes + stride * lsize;
-  // A name unique to this transport: local rank 0's pid and a per-process counter.
-  static std::atomic<int> counter{0};
-  long id[2] = {static_cast<long>(getpid()), counter++};
-  MPI_Bcast(id, 2, MPI_LONG, 0, local);
-  const auto name = [&](int l) {
-    return "/ddplab-" + std::to_string(getuid()) + "-" + std::to_string(id[0]) + "-" + std::to_string(id[1]) + "-" +
-           std::to_string(l);
-  };
+  // A name unique to this transport: local rank 0's process and a per-process counter, then the local rank.
+  static std::atomic<uint64_t> counter{0};
+  uint64_t id[2] = {shm_detail::this_process(), counter++};
+  MPI_Bcast(id, 2, MPI_UINT64_T, 0, local);
+  const auto name = [&](int l) { return shm_detail::segment_name("fifos", id[0], id[1]) + "-" + std::to_string(l); };
   std::string error;
+  bool created = false;  // this rank's name is ours to unlink
   const auto agree = [&](const std::string& what) {
     int ok = error.empty(), all = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local);
     if (all) return;
     for (void* m : maps_) munmap(m, map_bytes_);
     maps_.clear();
-    shm_unlink(name(lrank).c_str());
+    if (created) shm_unlink(name(lrank).c_str());
     throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport: " + what + " failed" +
                              (error.empty() ? " on another rank" : ": " + error));
   };
-  const auto map = [&](int l, int flags) -> char* {
-    const int fd = shm_open(name(l).c_str(), flags, 0600);
+  // Created, its memory allocated now where fault_in_fifos would touch it all anyway (up to 16 local ranks): a
+  // /dev/shm too small is then this step's agreed failure (and the fallback to MPI), not a SIGBUS in the first write.
+  const bool allocate = lsize <= kFaultInRanks;
+  const auto map = [&](int l, bool create) -> char* {
+    const int fd = create ? shm_detail::create_segment(name(l), map_bytes_, allocate, error)
+                          : shm_open(name(l).c_str(), O_RDWR, 0600);
     if (fd < 0) {
-      error = "shm_open " + name(l) + ": " + errno_text();
+      if (!create) error = "shm_open " + name(l) + ": " + errno_text();
       return nullptr;
     }
-    void* m = MAP_FAILED;
-    if ((flags & O_CREAT) && ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) error = "ftruncate: " + errno_text();
-    if (error.empty()) m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (error.empty() && m == MAP_FAILED) error = "mmap: " + errno_text();
+    created = created || create;
+    void* m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) error = "mmap: " + errno_text();
     close(fd);
     if (m == MAP_FAILED) return nullptr;
     maps_.push_back(m);
     return static_cast<char*>(m);
   };
   std::vector<char*> base(lsize, nullptr);
-  base[lrank] = map(lrank, O_CREAT | O_EXCL | O_RDWR);
+  base[lrank] = map(lrank, /*create=*/true);
   agree("creating the segment");
   for (int l = 0; l < lsize && error.empty(); ++l)
-    if (l != lrank) base[l] = map(l, O_RDWR);
+    if (l != lrank) base[l] = map(l, /*create=*/false);
   agree("mapping the peers' segments");
   for (void* m : maps_) shm_detail::note_mapped(m, map_bytes_);
   shm_unlink(name(lrank).c_str());  // everyone has it mapped: the name can go, the memory stays while mapped
@@ -224,10 +225,10 @@ void ShmTransport::lay_out(const std::vector<char*>& base, const std::vector<int
 
 // Faults the FIFOs in now: a first touch costs ~1 us per 4 KiB page on each side (tmpfs allocates on write, every
 // process maps on first access), which would otherwise land on the first laps through each FIFO. The sender writes
-// its outgoing FIFOs (allocating them), then the receiver reads its incoming ones. Up to 16 local ranks; beyond,
-// FIFOs fault in as they are used (they are many, and most pairs never talk).
+// its outgoing FIFOs, then the receiver reads its incoming ones. Up to kFaultInRanks local ranks; beyond, FIFOs
+// fault in as they are used.
 void ShmTransport::fault_in_fifos(MPI_Comm local) {
-  if (local_peers_ + 1 > 16) return;
+  if (local_peers_ + 1 > kFaultInRanks) return;
   for (Fifo* f : to_)
     if (f) std::memset(static_cast<void*>(f->slots()), 0, kSlots * sizeof(Record) + fifo_bytes_);
   MPI_Barrier(local);

@@ -105,6 +105,9 @@ class ShmTransport final : public Transport {
   //                    operation;
   //   abandon()        after a mismatch: the transport is done for, nothing touches the callers' buffers any more.
   static constexpr size_t kBoardBytes = 128;
+  // Up to this many local ranks, the FIFOs are allocated and faulted in at setup; beyond, they are many, most pairs
+  // never talk, and they fault in as they are used.
+  static constexpr int kFaultInRanks = 16;
   void* board(int rank) const { return boards_[rank]; }
   uint64_t process_of(int rank) const { return process_of_[rank]; }
   void wait_for(const std::function<bool()>& ready);

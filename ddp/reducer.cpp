@@ -7,9 +7,9 @@
 #include <ctime>
 #include <stdexcept>
 
+#include "kernels/cpu/ops.h"
 #include "runtime/mpi_check.h"
 #include "runtime/watchdog.h"
-#include "kernels/cpu/ops.h"
 
 namespace ddplab {
 namespace {
@@ -43,16 +43,18 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
 
   check_same_layout(buckets_, comm.mpi_comm());
+  // A tag per bucket, and with the sharded update a second for its all-gather: checked here, not at the first step.
+  const size_t tags = (config_.sharded ? 2 : 1) * buckets_.size();
+  if (tags > static_cast<size_t>(Communicator::kMaxTag) + 1)
+    throw std::invalid_argument(std::to_string(buckets_.size()) + " gradient buckets need " + std::to_string(tags) +
+                                " tags" + (config_.sharded ? " (two each for the sharded update)" : "") +
+                                ", more than the " + std::to_string(Communicator::kMaxTag + 1) +
+                                " the all-reduce has: raise --bucket-mb");
   if (config_.sharded) {
     for (const Bucket& b : buckets_) {
       owned_.push_back(comm.owned_chunks(static_cast<size_t>(b.count)));
       for (RingChunk& c : owned_.back()) c.offset += static_cast<size_t>(b.offset);
     }
-    // The all-gathers' tags follow the buckets' own.
-    if (2 * buckets_.size() - 1 > static_cast<size_t>(Communicator::kMaxTag))
-      throw std::invalid_argument("the sharded update takes two tags per gradient bucket, and " +
-                                  std::to_string(buckets_.size()) + " buckets need more than " +
-                                  std::to_string(Communicator::kMaxTag + 1) + ": raise --bucket-mb");
     if (comm.size() > 1) mpiCheck(MPI_Comm_dup(comm.mpi_comm(), &verdicts_));
   }
   // One rank has no peer: nothing to all-reduce, so no thread to hand buckets to (launch() finishes them).
@@ -81,7 +83,8 @@ void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) 
 void Reducer::mark_ready(int piece) {
   if (!sync_) return;
   const int b = bucket_of_piece_.at(piece);
-  if (pending_[b] <= 0) throw std::logic_error("Reducer: gradient piece " + std::to_string(piece) + " marked ready twice");
+  if (pending_[b] <= 0)
+    throw std::logic_error("Reducer: gradient piece " + std::to_string(piece) + " marked ready twice");
   if (!comm_thread_ && config_.overlap) finish_alone(piece);
   if (--pending_[b] > 0) return;
   times_[b].ready_ms = now_ms() - origin_ms_;
@@ -130,7 +133,7 @@ void Reducer::wait_all() {
   }
   const watchdog::Wait wait(config_.sharded ? "the gradient buckets' reduce-scatters (--zero-stage 1)"
                                             : "the gradient buckets' all-reduces");
-  comm_thread_->wait_all();  // rethrows the comm thread's error; the program's edge aborts the job
+  comm_thread_->wait_all();        // rethrows the comm thread's error; the program's edge aborts the job
   if (verdicts_ != MPI_COMM_NULL)  // sharded: each rank checked the elements it owns; agree on every bucket's verdict
     mpiCheck(MPI_Allreduce(MPI_IN_PLACE, nonfinite_.data(), nb, MPI_INT, MPI_MAX, verdicts_));
 }

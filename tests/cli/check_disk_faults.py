@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """A disk that fills up, or turns read-only, under `ddplab train`: refused before the work when it clearly cannot
 hold the run; otherwise every rank stops at the step the write failed, with exit code 5 and one line naming the
-path and the system's reason, no abort, and the last complete snapshot (and checkpoint) kept readable.
+path and the system's reason, no abort, and the last complete snapshot (and checkpoint) kept readable. And a
+/dev/shm too small for the shared-memory transport and the registered gradients.
 
 usage: check_disk_faults.py MPIRUN DDPLAB
 
@@ -140,6 +141,31 @@ def main():
                   "no snapshot was taken" in lines[0] and "MPI_ABORT" not in text,
                   f"final write, {np_ranks} rank(s): exit 5, one line naming path and reason (code {code}, {lines})")
             check(os.listdir(folder) == [], f"final write: nothing half-written ({os.listdir(folder)})")
+
+    # A /dev/shm too small for the shared-memory segments (64 MiB: Docker's default), in a mount namespace of the
+    # test's own: never a SIGBUS at the first write into a page tmpfs could not give. The ring's FIFOs (8 ranks) fall
+    # back to MPI, every rank agreeing; the gradients' registered buffer (2 ranks, 50 MB each) stops the job with a
+    # line naming /dev/shm and the way out.
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "run.h5")
+
+        def small_shm(np_ranks, model):
+            return subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64M tmpfs /dev/shm && exec "$@"',
+                                   "sh", mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", "2",
+                                   "--warmup-steps", "1", *model, "--out", out], capture_output=True, text=True,
+                                  timeout=300)
+        fifos = small_shm(8, ["--hidden", "64", "--batch", "8"])
+        check(fifos.returncode == 0 and "comm ring over mpi" in fifos.stdout and "no room in /dev/shm" in fifos.stderr,
+              f"/dev/shm too small for the FIFOs: the ring falls back to MPI (code {fifos.returncode}, "
+              f"{fifos.stderr[-300:]})")
+        if os.path.exists(out):
+            os.unlink(out)
+        grads = small_shm(2, ["--hidden", "2048", "--layers", "3", "--batch", "8"])
+        text = grads.stdout + grads.stderr
+        check(grads.returncode == 1 and "RegisteredBuffer" in text and "no room in /dev/shm" in text and
+              "DDPLAB_LOCAL_REGISTER=0" in text and "Bus error" not in text and "signal 7" not in text,
+              f"/dev/shm too small for the gradients: one error naming it, no SIGBUS (code {grads.returncode}, "
+              f"{text[-300:]})")
 
     print(f"{len(failures)} failure(s)")
     return exit_code()
