@@ -78,6 +78,18 @@ Sampled bucket_comm(const RunRecord& run, int k) {
   return sampled(ms);
 }
 
+// Settings that say where files go, what is printed, or when to give up, not how a step runs; and a fault's rank and
+// step where neither run injects one. A change in them is no cause of a difference in time.
+bool changes_no_step(const std::string& key, const RunRecord& a, const RunRecord& b) {
+  static const char* const kOutputs[] = {"out", "force", "checkpoint", "resume", "log_every", "timeout_s"};
+  for (const char* k : kOutputs)
+    if (key == k) return true;
+  const auto no_fault = [](const RunRecord& r) {
+    return !r.config.is_object() || r.config.value("fault", "none") == "none";
+  };
+  return (key == "fault_rank" || key == "fault_step") && no_fault(a) && no_fault(b);
+}
+
 std::vector<ConfigChange> config_changes(const RunRecord& a, const RunRecord& b) {
   std::vector<ConfigChange> out;
   if (a.world_size() != b.world_size()) out.push_back({"world_size", a.world_size(), b.world_size()});
@@ -87,7 +99,7 @@ std::vector<ConfigChange> config_changes(const RunRecord& a, const RunRecord& b)
       for (auto it = c->begin(); it != c->end(); ++it) keys[it.key()] = true;
   for (auto it = keys.begin(); it != keys.end(); ++it) {
     const std::string& key = it.key();
-    if (key == "out" || key == "force") continue;  // where the file went, not how the run ran
+    if (changes_no_step(key, a, b)) continue;
     const nlohmann::json va = a.config.is_object() ? a.config.value(key, nlohmann::json()) : nlohmann::json();
     const nlohmann::json vb = b.config.is_object() ? b.config.value(key, nlohmann::json()) : nlohmann::json();
     if (va != vb) out.push_back({key, va, vb});
@@ -127,9 +139,10 @@ std::string verdict(const RunDiff& d) {
   // A share of A's step, or for a step twice as long or more the ratio: "12% faster", "2.7x slower", "250x slower"
   // (a tenth of a ratio that large is no figure anyone reads).
   const double ratio = step.a.median > 0 ? step.b.median / step.a.median : 0;
-  const std::string change = ratio >= 10  ? fmt("%.0fx slower", ratio)
-                             : ratio >= 2 ? fmt("%.1fx slower", ratio)
-                                        : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), ratio < 1 ? "faster" : "slower");
+  const std::string change = ratio >= 10 ? fmt("%.0fx slower", ratio)
+                             : ratio >= 2
+                                 ? fmt("%.1fx slower", ratio)
+                                 : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), ratio < 1 ? "faster" : "slower");
   return "B is " + change + ": " + (phases.empty() ? "no single phase beyond noise" : phases) +
          (config.empty() ? "" : " (" + config + ")") + "; compute " +
          (compute.beyond ? ms_text(compute.delta()) : "unchanged");

@@ -306,7 +306,8 @@ void visit_knobs(Config& c, Visit&& visit) {
              kOneRun | kPerRank},
         c.out);
   visit(Knob{"--force", "force", nullptr, kNoMin, kNoMax, kPerRank}, c.force);
-  visit(Knob{"--quiet", nullptr, "print only errors"}, c.quiet);
+  // One run's: suite and sweep exist to print their tables.
+  visit(Knob{"--quiet", nullptr, "print only errors", kNoMin, kNoMax, kOneRun}, c.quiet);
   visit(Knob{"--log-every", "log_every", "the progress line every N steps (0: at most once a second)", 0},
         c.log_every);
 }

@@ -25,9 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/mpi_init.h"
-#include "runtime/settings.h"
-#include "runtime/watchdog.h"
 #include "git_commit.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
@@ -39,6 +36,9 @@
 #include "launcher/run.h"
 #include "launcher/suite.h"
 #include "record/errors.h"
+#include "runtime/mpi_init.h"
+#include "runtime/settings.h"
+#include "runtime/watchdog.h"
 #include "train/trainer.h"
 
 namespace ddplab {
@@ -75,8 +75,8 @@ int run_devices() {
   std::printf("        GEMM, a 1024 -> 1024 layer at batch 128 (forward + backward, 1 thread): %.1f GFLOP/s", gflops);
   if (peak) std::printf(", %.0f%% of the FMA peak", 100 * gflops / peak->gflops);
   if (best.gflops > 0 && in_use)
-    std::printf("; measured alike, %s %.0f%% of the best (%s)", in_use->core.c_str(), 100 * in_use->gflops / best.gflops,
-                blas::list_rates(alternatives).c_str());
+    std::printf("; measured alike, %s %.0f%% of the best (%s)", in_use->core.c_str(),
+                100 * in_use->gflops / best.gflops, blas::list_rates(alternatives).c_str());
   std::printf("\n");
   std::printf("  MPI   %s\n", mpi_library_version().c_str());
   std::printf("  HDF5  %s\n", hdf5_version().c_str());
@@ -94,7 +94,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     for (size_t j = 1; j <= b.size(); ++j) {
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
   return d[a.size()][b.size()];
@@ -186,8 +187,9 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
 // The command parsed; returns the exit code.
 int run_command(const Commands& c, const std::string& command_line, int rank) {
   if (c.train->parsed()) {
-    const SummarizedRun run = run_training(c.config, MPI_COMM_WORLD, RunOptions{"train", command_line, ""});
-    if (rank == 0 && settings::choice(settings::kTrainPage) == "on") write_train_page(run, c.config.quiet);
+    const bool page = settings::choice(settings::kTrainPage) == "on";
+    const SummarizedRun run = run_training(c.config, MPI_COMM_WORLD, RunOptions{"train", command_line, "", page});
+    if (rank == 0 && page) write_train_page(run, c.config.quiet);
   }
   if (c.suite->parsed()) return run_suite(c.suite_options, command_line);
   if (c.sweep->parsed()) return run_sweep(c.sweep_options, command_line);

@@ -41,9 +41,9 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   };
   for (const auto* list : {&a.bucket_mb, &a.first_bucket_mb})
     for (double mb : *list)
-      require(std::isfinite(mb) && mb >= 0, (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") +
-                                                fmt("%g", mb) +
-                                                ": a bucket size is a finite number >= 0 (0: one bucket per parameter)");
+      require(std::isfinite(mb) && mb >= 0,
+              (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") + fmt("%g", mb) +
+                  ": a bucket size is a finite number >= 0 (0: one bucket per parameter)");
   for (int n : a.ranks) require(n >= 1, "--ranks " + std::to_string(n) + ": a world has at least one rank");
   std::vector<bool> overlaps;
   for (const std::string& o : a.overlap) {
@@ -250,12 +250,13 @@ std::vector<Prediction> print_prediction_table(const StepModel& model, const std
     rows.push_back(predict(model, s));
     const Prediction& p = rows.back();
     const SimulatedStep& x = p.step;
-    std::printf("%-*s %5d %-5s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
-                link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(), to_string(s.impl),
-                to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets,
-                x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
-                x.comm_ms > 0 ? fmt("%.0f%%", 100 * x.hidden_ms / x.comm_ms).c_str() : "-",  // one rank: nothing to hide
-                100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
+    std::printf(
+        "%-*s %5d %-5s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n", link_width,
+        link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(), to_string(s.impl), to_string(s.wire),
+        on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms,
+        tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
+        x.comm_ms > 0 ? fmt("%.0f%%", 100 * x.hidden_ms / x.comm_ms).c_str() : "-",  // one rank: nothing to hide
+        100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
   return rows;
 }
@@ -380,7 +381,7 @@ void write_predictions_json(const PredictArgs& a, const StepModel& model, const 
 void run_predict(const PredictArgs& a) {
   // Everything is checked before anything is computed or written.
   if (!a.json.empty()) {
-    const std::string problem = check_output_path(a.json, a.force);
+    const std::string problem = check_output_path(a.json, a.force, {a.file, a.calibration});
     if (!problem.empty()) throw UsageError(problem);
   }
   const StepModel model = load_model(a);

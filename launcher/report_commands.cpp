@@ -59,7 +59,7 @@ struct ReportArgs {
 void run_report(const ReportArgs& args) {
   if (!is_rank0()) return;
   if (!args.html.empty()) {
-    if (const std::string problem = check_output_path(args.html, args.force); !problem.empty())
+    if (const std::string problem = check_output_path(args.html, args.force, args.files); !problem.empty())
       throw UsageError(problem);
   }
   std::vector<SummarizedRun> runs;
@@ -97,8 +97,9 @@ void add_report_command(CLI::App& app) {
   report->add_option("files", args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
   report->add_flag("--json", args->json,
                    "print a JSON array instead, one object per file: its summary and blame findings");
-  report->add_option("--html", args->html,
-                     "write the runs as one self-contained HTML page instead (setup, table, charts, blame)")
+  report
+      ->add_option("--html", args->html,
+                   "write the runs as one self-contained HTML page instead (setup, table, charts, blame)")
       ->type_name("OUT.html")
       ->excludes("--json");
   report->add_flag("--force", args->force, "overwrite an existing --html page");
@@ -119,7 +120,7 @@ void add_timeline_command(CLI::App& app) {
     if (!is_rank0()) return;
     const RunRecord run = read_input(args->file);
     const std::string out = args->out.empty() ? default_timeline_path(args->file) : args->out;
-    const std::string problem = check_output_path(out, args->force);
+    const std::string problem = check_output_path(out, args->force, {args->file});
     if (!problem.empty()) throw UsageError(problem);
     write_timeline(run, out, args->force);
     std::printf("timeline: %s (%d ranks, %d steps; open in https://ui.perfetto.dev or chrome://tracing)\n", out.c_str(),

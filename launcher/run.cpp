@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -25,12 +26,14 @@
 #include "git_commit.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
+#include "launcher/page.h"
 #include "launcher/rank_agreement.h"
 #include "record/checkpoint.h"
 #include "record/errors.h"
 #include "record/files.h"
 #include "record/run_file.h"
 #include "runtime/agreement.h"
+#include "runtime/mpi_check.h"
 #include "runtime/watchdog.h"
 #include "train/clock.h"
 #include "train/stop_signals.h"
@@ -80,9 +83,7 @@ std::string hdf5_version() {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
 }
 
-std::string blas_description() {
-  return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
-}
+std::string blas_description() { return std::string(openblas_get_config()) + " core=" + openblas_get_corename(); }
 
 std::string cuda_description() {
 #ifdef DDPLAB_HAVE_CUDA
@@ -219,8 +220,16 @@ namespace {
 template <typename Record>
 void gather_to_root(const std::vector<Record>& mine, std::vector<Record>& all, MPI_Comm comm) {
   static_assert(std::is_trivially_copyable_v<Record>);
-  const int bytes = static_cast<int>(sizeof(Record) * mine.size());
-  MPI_Gather(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, 0, comm);
+  // Counted in records, not bytes: a long run without snapshots passes 2^31 bytes of records (13M steps of
+  // StepRecord) long before 2^31 records.
+  if (mine.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    throw std::runtime_error("more than 2^31 records to gather at once: take snapshots (--flush-every)");
+  MPI_Datatype record;
+  mpiCheck(MPI_Type_contiguous(static_cast<int>(sizeof(Record)), MPI_BYTE, &record));
+  mpiCheck(MPI_Type_commit(&record));
+  const int count = static_cast<int>(mine.size());
+  mpiCheck(MPI_Gather(mine.data(), count, record, all.data(), count, record, 0, comm));
+  mpiCheck(MPI_Type_free(&record));
 }
 
 // Ranks of one job must train the same thing: MPMD launches (`mpirun -np 2 ddplab train ... : -np 2 ddplab train
@@ -257,6 +266,7 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
   } catch (const nlohmann::json::exception&) {
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
+  require(saved.is_object(), "cannot resume from " + config.resume + ": its config attribute is not a JSON object");
   std::vector<const char*> arithmetic = {"world_size"};
   visit_knobs(config, [&](const Knob& knob, const auto&) {
     if (knob.key && (knob.traits & kMath)) arithmetic.push_back(knob.key);
@@ -330,6 +340,18 @@ void require_device(const TrainConfig& config, MPI_Comm comm) {
 #endif
   if (const std::string reason = first_failing_reason(mine, comm); !reason.empty())
     throw UsageError("--device cuda: " + reason);
+}
+
+namespace {
+void validate_run(const TrainConfig& asked, int world_size, MPI_Comm world);
+Topology checked_topology(const TrainConfig& asked, int world_size, MPI_Comm world);
+}  // namespace
+
+void validate_launch(const TrainConfig& config, MPI_Comm world) {
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  validate_run(config, size, world);
+  checked_topology(config, size, world);
 }
 
 namespace {
@@ -599,14 +621,30 @@ class RunsDirIfMade {
   bool made_;
 };
 
-// Rank 0 owns the run file: it checks that the run file and the checkpoint can be written before any time is spent
-// on training, and every rank learns the outcome (UsageError).
-void check_output_paths(const TrainConfig& config, bool saves_over_resumed, int rank, MPI_Comm world) {
+// The run file's snapshot while --flush-every writes one: the complete run file replaces it at the end.
+std::string snapshot_path(const std::string& run_file) { return run_file + ".partial"; }
+
+// Rank 0 owns the run file: it checks that the run file, the checkpoint, and the files beside the run file (the
+// snapshot, train's page) can be written before any time is spent on training, and every rank learns the outcome
+// (UsageError). An existing snapshot or page is another run's (a crashed run's snapshot may be all that is left of
+// it): replaced only with --force, as the run file is.
+void check_output_paths(const TrainConfig& config, bool saves_over_resumed, bool writes_page, int rank,
+                        MPI_Comm world) {
   std::string error;
   if (rank == 0) {
     error = check_output_path(config.out, config.force);
     if (error.empty() && !config.checkpoint.empty())
       error = check_output_path(config.checkpoint, config.force || saves_over_resumed);
+    const std::string snapshot = snapshot_path(config.out);
+    if (error.empty() && config.flush_every > 0 && config.flush_every < config.steps)
+      error = check_output_path(snapshot, config.force);
+    if (error.empty() && same_file(config.checkpoint, snapshot))
+      error = "--checkpoint " + config.checkpoint + " is the snapshot of --out " + config.out +
+              ", which the run file replaces at the end: the checkpoint needs a file of its own";
+    if (error.empty() && writes_page) {
+      error = check_output_path(default_page_path(config.out), config.force);
+      if (!error.empty()) error += "; it is the page train writes beside its run file (DDPLAB_TRAIN_PAGE=off: none)";
+    }
   }
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);
@@ -643,7 +681,7 @@ class RunWriter {
         world_(world),
         first_step_(first_step),
         checkpoint_written_(saves_over_resumed),
-        partial_(config.out + ".partial") {}
+        partial_(snapshot_path(config.out)) {}
 
   // Throws the stop (exit code 5) on a failure: the run file is still to be written.
   void checkpoint(int64_t next_step) {
@@ -662,14 +700,15 @@ class RunWriter {
     snapshot_steps_ = gathered_.steps();
   }
 
+  // The snapshot this run wrote, if it wrote one: what the complete run file replaces.
+  std::string written_snapshot() const { return snapshot_steps_ > 0 ? partial_ : ""; }
+
   TrainingStopped failed(const std::string& reason, int64_t step) const {
     const std::string kept = snapshot_steps_ == 0 ? "no snapshot was taken (--flush-every)"
                                                   : partial_ + " keeps steps " + std::to_string(first_step_) + ".." +
                                                         std::to_string(first_step_ + snapshot_steps_ - 1);
     return TrainingStopped(reason + " (after step " + std::to_string(step) + "); " + kept, kExitWriteFailed);
   }
-
-  const std::string& partial() const { return partial_; }
 
  private:
   template <typename Write>
@@ -731,8 +770,8 @@ class ProgressLine {
 // Steps first_step.. up to --steps, each gathered for the run file and followed by the checkpoint, snapshot and
 // progress line due after it. Returns what stopped the run before its last step (alike on every rank), or nullptr.
 std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& config, int64_t first_step,
-                                           RecordGatherer& gathered, RunWriter& writer, RunSummary& summary,
-                                           double t0, MPI_Comm world) {
+                                           RecordGatherer& gathered, RunWriter& writer, RunSummary& summary, double t0,
+                                           MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
@@ -799,7 +838,8 @@ void finish_run(const TrainConfig& config, const TrainingStopped* stopped, Recor
   const TrainingStopped* stop = checkpoint_failed ? &*checkpoint_failed : stopped;
   result.record.meta.stop_reason = stop ? stop->what() : "";
   const std::string error = gathered.write(config.out, config.force, result.summary);
-  if (rank == 0 && error.empty()) unlink(writer.partial().c_str());  // the complete file replaces the snapshot
+  if (rank == 0 && error.empty() && !writer.written_snapshot().empty())
+    unlink(writer.written_snapshot().c_str());  // the complete file replaces the snapshot
   if (rank == 0 && !config.quiet) print_run_end(config, result, error.empty(), stop != nullptr);
   if (!error.empty()) {
     const TrainingStopped lost = writer.failed(error, first_step + gathered.steps() - 1);
@@ -827,7 +867,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   // The checkpoint a run resumed from may be saved over without --force (llm.c's and torchrun's habit).
   const bool saves_over_resumed = same_file(config.checkpoint, config.resume);
   const RunsDirIfMade runs_dir(rank == 0 && asked.out.empty());
-  check_output_paths(config, saves_over_resumed, rank, world);
+  check_output_paths(config, saves_over_resumed, options.writes_page, rank, world);
 
   SummarizedRun result;
   const auto trainer = std::make_unique<Trainer>(config, world);

@@ -8,15 +8,16 @@
 #include <vector>
 
 #include "analysis/summary.h"
-#include "record/version.h"
 #include "config/train_config.h"
+#include "record/version.h"
 
 namespace ddplab {
 
 struct RunOptions {
   std::string command = "train";  // stored in the run file; names the default output file
   std::string command_line;
-  std::string label;              // printed above the run's header (suite case name)
+  std::string label;         // printed above the run's header (suite case name)
+  bool writes_page = false;  // a page follows beside the run file (train's): its path is checked with the others
 };
 
 // Collective over comm. Validates the config (UsageError), checks the output path (rank 0 decides, every rank
@@ -24,6 +25,11 @@ struct RunOptions {
 // unless config.quiet. Returns, on rank 0, the run's record (record.path: the run file) and its summary, the
 // ones the file holds; the other ranks' record has no steps. Throws std::runtime_error on failure, on every rank.
 SummarizedRun run_training(const TrainConfig& config, MPI_Comm comm, const RunOptions& options);
+
+// The checks run_training makes before any work, for a launch of every rank of `world` (UsageError, alike on every
+// rank): the ranks' agreement on the config, its ranges, the ranks it names, the nodes --comm hier needs, the
+// device. For suite and sweep, before their results folder is made. Collective.
+void validate_launch(const TrainConfig& config, MPI_Comm world);
 
 // --device cuda: every rank of comm has a usable GPU (and the build has CUDA); otherwise every rank throws the same
 // UsageError naming the lowest failing rank's reason. Collective; nothing for --device cpu.

@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -97,7 +99,7 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   clean.rank0_work_ms = 0;
   clean.data_cost_ms = 0;
   clean.loader_threads = 0;
-  clean.slow_rank = 0;  // the straggler case's own: it may not be a rank of the smaller scaling cases
+  clean.slow_rank = 0;   // the straggler case's own: it may not be a rank of the smaller scaling cases
   clean.zero_stage = 0;  // the sharded update's case below is the one that turns it on
   clean.quiet = true;
   const int batch = o.base.batch;
@@ -132,7 +134,8 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   }
   // The remedy for what the two cores lack at ws>1: each rank updates its share of the parameters (--zero-stage 1),
   // the same math as the baseline, bit for bit. Where it applies: the CPU ring on the fp32 wire, 2+ ranks.
-  if (world > 1 && clean.device == Device::kCpu && clean.comm == AllreduceImpl::kRing && clean.comm_dtype == WireDtype::kFp32) {
+  if (world > 1 && clean.device == Device::kCpu && clean.comm == AllreduceImpl::kRing &&
+      clean.comm_dtype == WireDtype::kFp32) {
     Case sharded{"zero_stage1", "update", world, clean};
     sharded.config.zero_stage = 1;
     sharded.config.optimizer_in_backward = OnOff::kOff;
@@ -219,8 +222,9 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   o.base.data_cost_ms = 0.2;
   suite->add_option("name", o.name, "which suite: lab | tokens")->capture_default_str();
   add_train_flags(suite, o.base, FlagSet::kSuite);
-  suite->add_option("--out-dir", o.out_dir, "folder for the case run files and the summary (default "
-                                            "runs/suite_<name>_<time>)");
+  suite->add_option("--out-dir", o.out_dir,
+                    "folder for the case run files and the summary (default "
+                    "runs/suite_<name>_<time>)");
   suite->add_flag("--full", o.full, "100 steps per case instead of 20");
   suite->callback([&o, suite] {
     o.steps_given = suite->count("--steps") > 0;
@@ -235,13 +239,20 @@ namespace {
 // Whole or not at all (record/files.h): a reader never sees half a summary.
 void write_text_file(const std::string& path, const std::string& text) {
   const std::string tmp = temp_path_for(path);
-  std::ofstream(tmp) << text;
+  std::ofstream file(tmp);
+  file << text;
+  file.close();
+  if (!file) {  // a full disk shows here, not as a truncated summary in place of the last one
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": writing " + tmp + " failed: " + std::strerror(errno));
+  }
+  sync_to_disk(tmp);
   publish_file(tmp, path, /*force=*/true);
 }
 
 // Every case in turn, each on the first world_size ranks (the others wait without spinning). Results on rank 0.
-std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>& cases, const std::string& command_line,
-                                  MPI_Comm world) {
+std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>& cases,
+                                  const std::string& command_line, MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
@@ -386,9 +397,10 @@ std::string case_csv_row(const CaseResult& r, const CaseFigures& f, bool lab) {
       << (f.oversubscribed ? 1 : 0) << ',' << s.slowest_rank << ',' << s.slowest_step_ms << ',' << s.samples_per_s
       << ',' << cell(f.has_efficiency, f.efficiency) << ',' << cell(peers, s.mean_spread_ms) << ',' << mean.data_ms
       << ',' << f.compute << ',' << mean.optimizer_ms << ',' << cell(peers, mean.comm_ms) << ','
-      << cell(peers, mean.hidden_comm_ms) << ',' << cell(peers, mean.exposed_comm_ms) << ',' << f.extra << ',' << mean.barrier_ms << ',' << cell(f.has_vs_base, f.vs_base)
-      << ',' << s.final_loss << ',' << cell(!lab, s.useful_tokens_per_s) << ',' << cell(!lab, s.padded_tokens_per_s)
-      << ',' << cell(!lab, s.padding_ratio) << ',' << cell(!lab, s.mean_token_spread) << ',' << r.path << '\n';
+      << cell(peers, mean.hidden_comm_ms) << ',' << cell(peers, mean.exposed_comm_ms) << ',' << f.extra << ','
+      << mean.barrier_ms << ',' << cell(f.has_vs_base, f.vs_base) << ',' << s.final_loss << ','
+      << cell(!lab, s.useful_tokens_per_s) << ',' << cell(!lab, s.padded_tokens_per_s) << ','
+      << cell(!lab, s.padding_ratio) << ',' << cell(!lab, s.mean_token_spread) << ',' << r.path << '\n';
   return row.str();
 }
 
@@ -504,8 +516,10 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   MPI_Comm_size(world, &size);
   require(o.base.slow_rank < size, "--slow-rank " + std::to_string(o.base.slow_rank) + " is not a rank of this " +
                                        std::to_string(size) + "-rank launch");
-
-  require_device(o.base, world);  // before any case: a case on a subset of the ranks cannot refuse for all
+  require(o.base.comm != AllreduceImpl::kHier,
+          "--comm hier needs more than one node, which the suite's one-rank cases never have");
+  // Before any case, as for the largest: a case on a subset of the ranks cannot refuse for all.
+  validate_launch(o.base, world);
   o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
 
   // One BLAS thread per rank unless --threads says otherwise: with auto, a ws=1 case would take every core and the
@@ -749,6 +763,17 @@ void validate_sweep(const SweepOptions& o) {
     require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
   for (double b : o.bucket_mb) require(b >= 0, "--bucket-mb values must not be negative");
   require(!o.bucket_mb.empty() && !o.overlap.empty(), "--bucket-mb and --overlap need at least one value each");
+  // A point's run file is named by its values as %g prints them (bucket1_overlap_on.h5): each must print apart.
+  std::set<std::string> printed;
+  for (double b : o.bucket_mb) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", b);
+    require(printed.insert(text).second, "--bucket-mb lists " + std::string(text) +
+                                             " twice (or two values that print alike): each point needs a run file "
+                                             "of its own");
+  }
+  for (const std::string& v : o.overlap)
+    require(std::count(o.overlap.begin(), o.overlap.end(), v) == 1, "--overlap lists " + v + " twice");
   require(o.repeats >= 1, "--repeats must be at least 1");
   require(!(o.predict && o.base.zero_stage == 1),
           "--predict needs --zero-stage 0 (the model predicts all-reduces, not the sharded update's collectives)");
@@ -1024,6 +1049,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
+  validate_launch(o.base, world);  // what every point's run would refuse, before the folder is made
   o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   if (rank == 0) print_sweep_header(o, size);
   std::vector<SweepPoint> points = grid_points(o);

@@ -56,6 +56,14 @@ inline std::string check_output_path(const std::string& path, bool force) {
   return "";
 }
 
+// check_output_path, and the output is none of the files the command reads: --force replaces an output, never an
+// input.
+inline std::string check_output_path(const std::string& path, bool force, const std::vector<std::string>& inputs) {
+  for (const std::string& input : inputs)
+    if (same_file(path, input)) return "output " + path + " is " + input + ", which this command reads: name another";
+  return check_output_path(path, force);
+}
+
 // "20.0 KiB", "3.1 MiB".
 inline std::string bytes_text(uint64_t bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};

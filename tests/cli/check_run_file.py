@@ -59,6 +59,7 @@ def main():
                     threads = json.loads(f.attrs["config"])["threads"]
                     check(threads == cores, f"--threads auto stored as {cores} (got {threads})")
                 os.unlink(auto_path)
+                os.unlink(os.path.join(work, "auto.report.html"))  # an existing page is replaced only with --force
             # Under mpirun: Open MPI binds a job of 1 or 2 ranks to one core each unless told otherwise. --threads
             # auto lifts that default (a lone rank gets every core, as under torchrun); an explicit --bind-to core
             # is kept.
@@ -76,8 +77,9 @@ def main():
                           f"--threads auto under {what}: {threads} BLAS thread(s) in the header")
                     check(("Open MPI's default binding (" in mpi_auto.stdout) == lifted,
                           f"under {what} the header {'says' if lifted else 'does not say'} the binding was lifted")
-                    if os.path.exists(auto_path):
-                        os.unlink(auto_path)
+                    for name in ("auto.h5", "auto.report.html"):
+                        if os.path.exists(os.path.join(work, name)):
+                            os.unlink(os.path.join(work, name))
 
         # DDPLAB_COMM_TRANSPORT=mpi turns the table's shm entry away: the header and the file name MPI, and why.
         mpi_path = os.path.join(work, "mpi.h5")

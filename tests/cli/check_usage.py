@@ -155,6 +155,30 @@ with tempfile.TemporaryDirectory() as work:
             check(refused(proc, flag) and os.listdir(work) == [],
                   f"{command[0]} {flag} is refused, nothing written ({our_lines(proc.stderr)})")
 
+    # ---- what a suite's or a sweep's runs would refuse is refused before its folder is made, before the first case ----
+    folder = os.path.join(work, "many")
+    for np_ranks, command, args, text in [
+            (2, ["sweep"], ["--slow-rank", "5", "--straggler-ms", "1"], "--slow-rank 5 is not a rank of this 2-rank job"),
+            (1, ["sweep"], ["--bucket-mb", "1,1.0000001"], "--bucket-mb lists 1 twice"),
+            (1, ["sweep"], ["--overlap", "on,on"], "--overlap lists on twice"),
+            (2, ["suite", "lab"], ["--comm", "hier"], "--comm hier needs more than one node"),
+            (2, ["suite", "lab"], ["--model", "tiny", "--epoch-size", "1"], "more ranks (2) than sequences per epoch"),
+            (1, ["suite", "lab"], ["--quiet"], "--quiet")]:
+        proc = run(np_ranks, *command, "--steps", "2", *args, "--out-dir", folder)
+        check(refused(proc, text) and os.listdir(work) == [],
+              f"np={np_ranks} {command[0]} {' '.join(args)}: refused, nothing written ({our_lines(proc.stderr)})")
+
+    # ---- --force replaces an output, never the file a command reads ------------------------------------------------
+    read = os.path.join(work, "read.h5")
+    check(run(1, "train", *SMALL, "--steps", "3", "--out", read).returncode == 0, "a run file to read")
+    for args in (["timeline", read, "-o", read], ["predict", read, "--json", read], ["report", read, "--html", read]):
+        proc = subprocess.run([ddplab, *args, "--force"], capture_output=True, text=True, timeout=60)
+        with open(read, "rb") as f:
+            hdf5 = f.read(8) == b"\x89HDF\r\n\x1a\n"
+        check(refused(proc, f"output {read} is {read}, which this command reads") and hdf5,
+              f"{args[0]} with its output on its input, --force: refused, the run file intact ({our_lines(proc.stderr)})")
+    os.unlink(read)
+
     # ---- the output path, checked before the first step -------------------------------------------------------------
     # A run long enough that a check after training would time out: the refusal must come before it.
     long_run = [*SMALL, "--steps", "1000000"]
@@ -169,6 +193,30 @@ with tempfile.TemporaryDirectory() as work:
             check(refused(proc, text) and os.listdir(work) == [],
                   f"np={np_ranks} train {' '.join(args)}: refused before training in {proc.seconds:.2f} s "
                   f"(mpirun included), nothing left ({our_lines(proc.stderr)})")
+
+    # ---- the files beside the run file: a snapshot (--flush-every) and train's page are replaced only with --force ----
+    # A crashed run's snapshot may be all that is left of it; the page may be an earlier run's.
+    snap_out = os.path.join(work, "s.h5")
+    with open(snap_out + ".partial", "w") as f:
+        f.write("an earlier run's snapshot")
+    proc = run(1, "train", *long_run, "--flush-every", "2", "--out", snap_out, timeout=60)
+    check(refused(proc, f"output file {snap_out}.partial already exists (pass --force to overwrite)") and
+          sorted(os.listdir(work)) == ["s.h5.partial"], f"an existing snapshot is not replaced ({our_lines(proc.stderr)})")
+    proc = run(1, "train", *SMALL, "--steps", "3", "--out", snap_out)  # no snapshot taken: the file is not ours
+    check(proc.returncode == 0 and open(snap_out + ".partial").read() == "an earlier run's snapshot",
+          "a run without snapshots leaves an existing .partial as it was")
+    for name in os.listdir(work):
+        os.unlink(os.path.join(work, name))
+    proc = run(1, "train", *long_run, "--checkpoint", snap_out + ".partial", "--out", snap_out, timeout=60)
+    check(refused(proc, "is the snapshot of --out") and os.listdir(work) == [],
+          f"--checkpoint naming the run file's snapshot is refused ({our_lines(proc.stderr)})")
+    page = os.path.join(work, "s.report.html")
+    with open(page, "w") as f:
+        f.write("an earlier page")
+    proc = run(1, "train", *long_run, "--out", snap_out, timeout=60, env={"DDPLAB_TRAIN_PAGE": "on"})
+    check(refused(proc, f"output file {page} already exists (pass --force to overwrite); it is the page") and
+          os.listdir(work) == ["s.report.html"], f"an existing page is not replaced ({our_lines(proc.stderr)})")
+    os.unlink(page)
 
     # A check that reads one rank's own --out (against --checkpoint) refuses on every rank: that rank alone would
     # leave the others waiting in the next collective.
