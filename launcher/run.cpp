@@ -596,10 +596,31 @@ std::string run_file_path(const TrainConfig& asked, const RunOptions& options, i
 }
 
 // Every "auto" resolved once, here: the run header, the run file and the model see the choices made.
+// A resumed run repeats the checkpoint's arithmetic: --grad-slice-mb left at auto takes the value the checkpoint ran
+// with, where this host would resolve it otherwise (a spare core there and not here turns auto's 1 MiB into whole
+// weights, and the resume would be refused for a setting the user never gave). A checkpoint that cannot be read
+// leaves auto as it is: resume_from_checkpoint refuses it, on every rank alike.
+void take_checkpoints_autos(TrainConfig& config) {
+  if (config.resume.empty() || config.grad_slice_mb != kAutoGradSliceMb) return;
+  try {
+    nlohmann::json saved = nlohmann::json::parse(checkpoint_config_json(config.resume));
+    upgrade_config_keys(saved);
+    if (saved.is_object() && saved.contains("grad_slice_mb") && saved["grad_slice_mb"].is_number() &&
+        saved["grad_slice_mb"].get<double>() >= 0)
+      config.grad_slice_mb = saved["grad_slice_mb"].get<double>();
+  } catch (const std::exception&) {
+  }
+}
+
 TrainConfig resolved_for_run(const TrainConfig& asked, const std::string& run_file, const RankCores& rank_cores,
                              MPI_Comm world) {
   TrainConfig config = asked;
   config.out = run_file;
+  take_checkpoints_autos(config);
+  // Alike on every rank, or not at all: a rank that cannot read the checkpoint keeps auto, and so do the others.
+  double slice[2] = {config.grad_slice_mb, -config.grad_slice_mb};
+  MPI_Allreduce(MPI_IN_PLACE, slice, 2, MPI_DOUBLE, MPI_MIN, world);
+  if (slice[0] != -slice[1]) config.grad_slice_mb = asked.grad_slice_mb;
   const int threads = asked.blas_threads > 0 ? asked.blas_threads : rank_cores.cores;
   int spare_core_every_rank = rank_cores.cores > threads ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &spare_core_every_rank, 1, MPI_INT, MPI_MIN, world);

@@ -4,6 +4,7 @@ output path checked before training, and settings that must not be accepted sile
 
 usage: check_usage.py MPIRUN DDPLAB OLD_OPENBLAS_SHIM
 """
+import json
 import os
 import re
 import subprocess
@@ -80,7 +81,8 @@ if {"avx2", "fma"} <= flags:
     core, why, loaded = kernels_of(proc)
     check(proc.returncode == 0 and core in {"Haswell", "Zen", "SkylakeX", "Cooperlake"} and core == loaded and
           why.startswith("probe: ") and why.endswith("; OpenBLAS detected Prescott"),
-          f"an OpenBLAS that names Prescott on an AVX2 CPU: ddplab probes and runs a family of the CPU's ({core}, {why})")
+          f"an OpenBLAS that names Prescott on an AVX2 CPU: ddplab probes and runs a family of the CPU's ({core}, "
+          f"{why}; loaded {loaded}, exit {proc.returncode} {proc.stderr[-300:]})")
 else:
     print("skip: an OpenBLAS that names Prescott: this CPU has no AVX2+FMA, so nothing above OpenBLAS's pick to run")
 check(run(2, "--version").stdout.count("ddplab ") == 1, "--version on 2 ranks prints one line")
@@ -258,6 +260,25 @@ with tempfile.TemporaryDirectory() as work:
     check("link custom (5 us, unlimited bandwidth)" in report.stdout,
           f"report names the emulated link as the header does ({report.stdout[:300]})")
     os.unlink(out)
+
+    # ---- a resume on a host that resolves auto otherwise: the checkpoint's value, not a refusal ----------------------
+    # Unbound, a lone rank with one BLAS thread has a spare core: the update runs in backward and --grad-slice-mb
+    # auto is 1 MiB. Bound to one core it has none, and auto alone would be whole weights, another arithmetic.
+    if (os.cpu_count() or 1) >= 2:
+        ck, first, second = (os.path.join(work, n) for n in ("auto_ck.h5", "first.h5", "second.h5"))
+        proc = run(1, "train", *SMALL, "--threads", "1", "--steps", "4", "--checkpoint", ck, "--out", first)
+        saved = json.loads(h5py.File(ck, "r").attrs["config"]).get("grad_slice_mb") if proc.returncode == 0 else None
+        resumed = subprocess.run([mpirun, "--bind-to", "core", "-np", "1", ddplab, "train", *SMALL, "--threads", "1",
+                                  "--steps", "8", "--resume", ck, "--out", second], capture_output=True, text=True,
+                                 timeout=120)
+        stored = json.loads(h5py.File(second, "r").attrs["config"]).get("grad_slice_mb") \
+            if resumed.returncode == 0 else None
+        check(saved == 1 and resumed.returncode == 0 and stored == 1,
+              f"resumed bound to one core, --grad-slice-mb auto takes the checkpoint's {saved} (stored {stored}; "
+              f"{our_lines(resumed.stderr)})")
+        for path in (ck, first, second):
+            if os.path.exists(path):
+                os.unlink(path)
 
     # ---- numbers a flag cannot mean: infinite, not a number, below an auto knob's range -----------------------------
     for args, text in [(["--lr", "inf"], "--lr must be a finite number (got inf)"),
