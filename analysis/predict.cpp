@@ -745,6 +745,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
 
   StepModel m;
   m.measured = measured_setting(run);
+  m.on_gpu = config_from_json(run.config).device == Device::kCuda;
   const LinkClasses& links = m.measured.link;
   const bool across =
       m.measured.nodes() > 1 && (m.measured.impl == AllreduceImpl::kHier || !slower(links.intra, links.inter));

@@ -184,6 +184,7 @@ Calibration read_calibration(const std::string& path);
 // What the model took from the run: the inputs of simulate_step and the cost of an all-reduce.
 struct StepModel {
   PredictSetting measured;                      // the run's own setting
+  bool on_gpu = false;                          // the run trained on the GPU (--device cuda)
   double measured_step_ms = 0;                  // its slowest rank's mean steady step
   double step_noise = 0;  // that mean's standard error, as a fraction of it: how well the run pinned its own step
   std::vector<PieceRecord> pieces;              // the layout buckets are cut from

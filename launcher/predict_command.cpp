@@ -386,6 +386,14 @@ void run_predict(const PredictArgs& a) {
   }
   const StepModel model = load_model(a);
   const std::vector<PredictSetting> settings = settings_to_predict(a, model.measured);
+  // MPI_Allreduce over a GPU run's buckets is no setting to recommend: the model's MPI is the host's, and train
+  // refuses it on the GPU. (hier stays: the flat ring against a two-level one across nodes is what a GPU cluster's
+  // prediction compares.)
+  if (model.on_gpu)
+    for (const PredictSetting& s : settings)
+      require(s.impl != AllreduceImpl::kMpi, "--comm mpi: " + a.file +
+                                                 " trained on the GPU (--device cuda), where train takes --comm nccl "
+                                                 "or ring (predict models them as the ring; hier across nodes)");
   // Without a measured all-reduce the link model alone times communication, and an unemulated link has none.
   if (!model.comm_fit && !model.calibration)
     for (const PredictSetting& s : settings)

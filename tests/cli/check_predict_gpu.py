@@ -27,6 +27,10 @@ with tempfile.TemporaryDirectory() as work:
     check(proc.returncode == 0, f"predict exits 0 ({proc.stderr.strip()[-300:]})")
     check("NCCL's all-reduce (--comm nccl) is modelled as the ring" in proc.stdout, "the NCCL note is printed")
     check("one-node combinations are left out" in proc.stdout, "hier on one node is left out, and said")
+    mpi = subprocess.run([ddplab, "predict", run, "--ranks", "2", "--comm", "mpi"], capture_output=True, text=True,
+                         timeout=60)
+    check(mpi.returncode == 2 and "trained on the GPU (--device cuda), where train takes --comm nccl or ring" in
+          mpi.stderr, f"--comm mpi on a GPU run: refused, one line ({mpi.stderr.strip()[-300:]})")
     j = json.load(open(out))
     rows = j["rows"]
     shapes = sorted({(r["ranks"], r["nodes"], r["comm"]) for r in rows})
