@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -252,7 +253,13 @@ int main(int argc, char** argv) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;
     MPI_Get_processor_name(host, &len);
-    std::fprintf(stderr, "ddplab: error on rank %d (%s): %s\n", rank, host, e.what());
+    // std::bad_alloc says only its name: say what ran out, and which flags size it.
+    const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+    std::fprintf(stderr, "ddplab: error on rank %d (%s): %s%s\n", rank, host,
+                 memory ? "out of memory: the run needs more than this host gives (a smaller --batch, --hidden, "
+                          "--layers, --model, --max-len, --epoch-size or --extra-allreduce-mb; "
+                        : "",
+                 memory ? (std::string(e.what()) + ")").c_str() : e.what());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);  // takes every other rank down with us: nobody waits forever
     return 1;

@@ -289,6 +289,9 @@ with tempfile.TemporaryDirectory() as work:
                        (["--threads", "0"], "--threads: must be at least 1")]:
         proc = run(1, "train", *SMALL, "--steps", "2", *args, "--out", out)
         check(refused(proc, text) and not os.path.exists(out), f"train {' '.join(args)} refused ({our_lines(proc.stderr)})")
+    proc = run(1, "train", *SMALL, "--steps", "2", "--extra-allreduce-mb", "1e9", "--out", out)  # a petabyte
+    check(proc.returncode != 0 and "out of memory: the run needs more than this host gives" in proc.stderr and
+          "--extra-allreduce-mb" in proc.stderr, f"an allocation past the host's memory names it ({our_lines(proc.stderr)})")
     helped = run(1, "train", "--help").stdout
     check("{auto->" not in helped and "--threads N|auto=auto" in helped,
           "an auto knob's help shows auto, not its stand-in value")
