@@ -21,8 +21,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
