@@ -36,9 +36,10 @@
 
 #include "bench/allreduce_perf/diag.h"
 #include "bench/allreduce_perf/harness.h"
-#include "runtime/mpi_init.h"
 #include "comm/shm_transport.h"
 #include "comm/topology.h"
+#include "runtime/mpi_init.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab::perf {
 namespace {
@@ -173,6 +174,8 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
+  // A peer that hangs or died ends the job with the wait it left open, as in train, instead of waiting forever.
+  ddplab::watchdog::arm(options.timeout_s);
   try {
     code = run(options, hosts, rank, n);
   } catch (const UsageError& e) {  // raised alike on every rank before any work (communicator_impl)
@@ -184,6 +187,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);  // the program's edge: other ranks may be waiting in a collective
   }
   MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);  // rank 0 knows the verdict
+  ddplab::watchdog::disarm();
   MPI_Finalize();
   return code;
 }

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bench/allreduce_perf/impl.h"
-#include "runtime/settings.h"
 #include "launcher/cli_errors.h"
+#include "runtime/settings.h"
 
 namespace ddplab::perf {
 
@@ -119,6 +119,15 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
                "memory stream rate; under the table per rank its CPUs (start, end, affinity), context switches, "
                "shared-memory waits and its CPUs' steal time per implementation, direct collectives, the shared "
                "segments' NUMA placement");
+  app.add_option("--timeout-s", o.timeout_s,
+                 "watchdog: end the job after this long without progress, naming what each rank waits for (0: off)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            const double v = std::strtod(text.c_str(), nullptr);
+            return std::isfinite(v) && v >= 0 ? std::string() : std::string("must be a number of seconds, 0 or more");
+          },
+          "", "SECONDS"))
+      ->capture_default_str();
   app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
   app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
 }

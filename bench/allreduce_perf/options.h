@@ -17,8 +17,8 @@ struct UsageError : std::runtime_error {
 // How each rank's mean per call becomes the reported time: nccl-tests' -a.
 enum class Aggregate { kRank0 = 0, kAverage = 1, kMin = 2, kMax = 3 };
 constexpr std::array<Named<Aggregate>, 4> choice_names(Aggregate) {  // the JSON's names
-  return {{{Aggregate::kRank0, "rank0"}, {Aggregate::kAverage, "avg"}, {Aggregate::kMin, "min"},
-           {Aggregate::kMax, "max"}}};
+  return {
+      {{Aggregate::kRank0, "rank0"}, {Aggregate::kAverage, "avg"}, {Aggregate::kMin, "min"}, {Aggregate::kMax, "max"}}};
 }
 const char* describe(Aggregate a);
 
@@ -35,6 +35,7 @@ struct Options {
   std::string csv_path, json_path, command_line;
   int ranks_per_node = 0;   // 0: the hosts are the nodes (comm/topology.h)
   bool diag = false;        // --diag: what each rank saw (CPUs, waits, page placement) under the table
+  double timeout_s = 300;   // --timeout-s: the watchdog ends the job after this long without progress (0: off)
   int registered = 1;       // -R: the host buffers registered with the shm transport (single copy)
   double gpu_chunk_mb = 0;  // the GPU ring's chunk; 0: the trainer's (CudaRingConfig::chunk_bytes)
   int cuda_graph = 0;       // -G: calls captured per CUDA graph, rows beside the plain launch's; 0: no graphs

@@ -8,6 +8,7 @@
 - per-call times: min/p50/p99 in the JSON and CSV, i_min/i_p99 in the table, all agreeing;
 - #wrong 0 on exactly summable inputs, also over several check rounds (-c 3); -c 0 says N/A;
 - bad arguments: exit 2, one line naming the flag, no MPI_ABORT banner, before any work, no file touched;
+- a rank that stops mid-run: the watchdog ends the job (--timeout-s), exit 3;
 - output files written whole (no temporaries left), an existing one replaced;
 - scripts/allreduce_chart.py: a PNG from the JSON and from the CSV, one-line refusals of bad input.
 
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,6 +97,39 @@ def test_rows_arrive_while_running(perf):
         first, last = arrivals[0][0], arrivals[-1][0]
         check(last - first > 0.5 and end - first > 0.5,
               f"rows are printed as measured: first row at {first:.2f} s, last at {last:.2f} s, exit at {end:.2f} s")
+
+
+def test_watchdog_ends_a_hang(perf, workdir):
+    # A rank that stops (SIGSTOP: as hung as a process gets) mid-run: the others' watchdog ends the job after
+    # --timeout-s, naming the wait it left open, instead of waiting forever.
+    marker = os.path.join(workdir, "hang.json")
+    args = ["-b", "16M", "-e", "16M", "-w", "1", "-n", "100000", "-c", "0", "--impls", "ring", "--timeout-s", "3",
+            "--json", marker]
+    start = time.monotonic()
+    p = subprocess.Popen(perf.cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    ranks = []
+    for pid in os.listdir("/proc"):
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+            cmdline = open(f"/proc/{pid}/cmdline").read()
+        except OSError:
+            continue
+        if pid.isdigit() and exe == os.path.basename(perf.exe) and marker in cmdline:
+            ranks.append(int(pid))
+    if ranks:
+        os.kill(min(ranks), signal.SIGSTOP)
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        for pid in ranks:  # whatever happened, nothing is left stopped
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    took = time.monotonic() - start
+    check(len(ranks) == 2 and p.returncode == 3 and "watchdog: no progress for" in err and took < 40,
+          f"a stopped rank: the watchdog ends the job, exit 3, in {took:.1f} s ({len(ranks)} ranks; {err[-300:]})")
 
 
 def check_modes(doc, what, aggregate):
@@ -315,6 +350,7 @@ def main():
     perf = Perf(mpirun, exe)
     with tempfile.TemporaryDirectory() as d:
         test_rows_arrive_while_running(perf)
+        test_watchdog_ends_a_hang(perf, d)
         os.mkdir(os.path.join(d, "runs"))
         os.mkdir(os.path.join(d, "refused"))
         test_flags(perf, os.path.join(d, "runs"))
