@@ -12,11 +12,11 @@
 
 #include "comm/hier_allreduce.h"
 #include "comm/link_emulation.h"
+#include "comm/recursive_doubling.h"
+#include "comm/ring_allreduce.h"
 #include "comm/shm_direct.h"
 #include "comm/transport_table.h"
 #include "runtime/mpi_check.h"
-#include "comm/recursive_doubling.h"
-#include "comm/ring_allreduce.h"
 #include "runtime/settings.h"
 #include "runtime/watchdog.h"
 
@@ -251,8 +251,20 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   }
 }
 
-RegisteredBuffer Communicator::allocate_registered(size_t bytes) const {
-  return RegisteredBuffer(comm_, bytes, single_copy_);
+RegisteredBuffer Communicator::allocate_registered(size_t bytes) {
+  if (single_copy_) {
+    try {
+      return RegisteredBuffer(comm_, bytes, true);
+    } catch (const std::runtime_error& e) {  // thrown by every rank of the host alike (RegisteredBuffer agrees)
+      std::fprintf(stderr, "ddplab: %s; the buffers go by copy instead\n", e.what());
+      single_copy_ = false;  // and the buffers after it too: all by copy, or the host's ranks could differ
+      for (const std::string gone : {" single-copy", " + direct collectives"})
+        if (const size_t at = transport_name_.find(gone); at != std::string::npos)
+          transport_name_.erase(at, gone.size());
+      transport_name_ += " (copies: registering the buffers failed)";
+    }
+  }
+  return RegisteredBuffer(comm_, bytes, false);
 }
 
 Communicator::~Communicator() {
@@ -308,8 +320,7 @@ bool Communicator::allreduce(const float* in, float* out, size_t count, int tag,
       o.final_scale = scale;
       o.check_finite = check_finite;
       if (direct_) {  // the ring's result, bit for bit, where every rank's buffers are registered
-        if (const std::optional<bool> finite =
-                direct_->run(DirectCollectives::Kind::kAllreduce, in, out, count, o))
+        if (const std::optional<bool> finite = direct_->run(DirectCollectives::Kind::kAllreduce, in, out, count, o))
           return *finite;
       }
       return ring_allreduce_sum(in, out, count, *transport_, scratch_, o);

@@ -22,7 +22,9 @@ namespace ddplab {
 // buffers only (--device cuda, train/cuda_backend.cpp); a Communicator refuses it.
 enum class AllreduceImpl { kRing, kMpi, kHier, kNccl };
 constexpr std::array<Named<AllreduceImpl>, 4> choice_names(AllreduceImpl) {
-  return {{{AllreduceImpl::kRing, "ring"}, {AllreduceImpl::kMpi, "mpi"}, {AllreduceImpl::kHier, "hier"},
+  return {{{AllreduceImpl::kRing, "ring"},
+           {AllreduceImpl::kMpi, "mpi"},
+           {AllreduceImpl::kHier, "hier"},
            {AllreduceImpl::kNccl, "nccl"}}};
 }
 
@@ -39,7 +41,9 @@ std::optional<wire::Format> wire_format(WireDtype dtype);
 // through the host; auto takes the first that can connect.
 enum class RingLinkKind { kAuto, kNccl, kIpc, kHost };
 constexpr std::array<Named<RingLinkKind>, 4> choice_names(RingLinkKind) {
-  return {{{RingLinkKind::kAuto, "auto"}, {RingLinkKind::kNccl, "nccl"}, {RingLinkKind::kIpc, "ipc"},
+  return {{{RingLinkKind::kAuto, "auto"},
+           {RingLinkKind::kNccl, "nccl"},
+           {RingLinkKind::kIpc, "ipc"},
            {RingLinkKind::kHost, "host"}}};
 }
 
@@ -102,9 +106,11 @@ class Communicator {
   // " + direct collectives".
   bool direct() const { return direct_ != nullptr; }
   // Collective over the communicator: `bytes` of zeroed host memory for buffers this rank all-reduces (the flat
-  // gradients), registered with the shm transport when single_copy(), ordinary memory otherwise. It must outlive
-  // the all-reduces that use it on every rank.
-  RegisteredBuffer allocate_registered(size_t bytes) const;
+  // gradients), registered with the shm transport when single_copy(), ordinary memory otherwise. Registration that
+  // fails (a /dev/shm too small: the host's ranks agree on it) falls back to ordinary memory for this buffer and the
+  // ones after it (single_copy() turns false), said on stderr and in transport_name(): they go by copy, and the direct
+  // collectives pass them to the ring. It must outlive the all-reduces that use it on every rank.
+  RegisteredBuffer allocate_registered(size_t bytes);
 
   static constexpr int kMaxTag = 32767;  // the tag bound every MPI guarantees
   // data[i] = sum over ranks of data[i], in place. Same result on every rank, bit for bit. `tag` (0 .. kMaxTag;
