@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -19,7 +20,15 @@
 
 namespace ddplab {
 
-inline std::string temp_path_for(const std::string& path) { return path + ".tmp." + std::to_string(getpid()); }
+// The temporary beside `path` that a whole-or-nothing write goes through: the pid and a random part, so that the
+// stale temporary of an earlier process with this pid (containers repeat pids) never takes the name. Each call
+// gives another name, of the same length.
+inline std::string temp_path_for(const std::string& path) {
+  static thread_local std::mt19937_64 random_bits{std::random_device{}()};
+  char part[17];
+  std::snprintf(part, sizeof part, "%016llx", static_cast<unsigned long long>(random_bits()));
+  return path + ".tmp." + std::to_string(getpid()) + "-" + part;
+}
 
 // Two paths that name one file, whether or not it exists yet ("r.h5", "./r.h5", "x/../r.h5"); false if either is empty.
 inline bool same_file(const std::string& a, const std::string& b) {
