@@ -89,8 +89,7 @@ int create_segment(const std::string& name, size_t bytes, bool allocate, std::st
     const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
     if (rc != 0)
       error = "no room in /dev/shm for " + std::to_string(bytes) + " bytes (posix_fallocate: " + std::strerror(rc) +
-              "): free or enlarge it (docker run --shm-size), or set DDPLAB_LOCAL_REGISTER=0 and "
-              "DDPLAB_COMM_TRANSPORT=mpi";
+              "): free or enlarge it (docker run --shm-size)";
   }
   if (error.empty()) return fd;
   close(fd);

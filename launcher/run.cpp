@@ -343,18 +343,6 @@ void require_device(const TrainConfig& config, MPI_Comm comm) {
 }
 
 namespace {
-void validate_run(const TrainConfig& asked, int world_size, MPI_Comm world);
-Topology checked_topology(const TrainConfig& asked, int world_size, MPI_Comm world);
-}  // namespace
-
-void validate_launch(const TrainConfig& config, MPI_Comm world) {
-  int size = 1;
-  MPI_Comm_size(world, &size);
-  validate_run(config, size, world);
-  checked_topology(config, size, world);
-}
-
-namespace {
 
 // Whether cuDNN's attention loads on every rank, where the run may take it: --attention auto takes it only then; an
 // explicit cudnn where it does not is refused on every rank (exit 2) with the lowest failing rank's reason.
@@ -590,12 +578,22 @@ Topology checked_topology(const TrainConfig& asked, int world_size, MPI_Comm wor
   return topology;
 }
 
+}  // namespace
+
+void validate_launch(const TrainConfig& config, MPI_Comm world) {
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  validate_run(config, size, world);
+  checked_topology(config, size, world);
+}
+
+namespace {
+
 // Rank 0's run file: --out, or a new one under runs/ named after the command. The other ranks write none.
 std::string run_file_path(const TrainConfig& asked, const RunOptions& options, int rank, int world_size) {
   return rank == 0 && asked.out.empty() ? default_run_path(options.command, world_size) : asked.out;
 }
 
-// Every "auto" resolved once, here: the run header, the run file and the model see the choices made.
 // A resumed run repeats the checkpoint's arithmetic: --grad-slice-mb left at auto takes the value the checkpoint ran
 // with, where this host would resolve it otherwise (a spare core there and not here turns auto's 1 MiB into whole
 // weights, and the resume would be refused for a setting the user never gave). A checkpoint that cannot be read
@@ -612,6 +610,7 @@ void take_checkpoints_autos(TrainConfig& config) {
   }
 }
 
+// Every "auto" resolved once, here: the run header, the run file and the model see the choices made.
 TrainConfig resolved_for_run(const TrainConfig& asked, const std::string& run_file, const RankCores& rank_cores,
                              MPI_Comm world) {
   TrainConfig config = asked;

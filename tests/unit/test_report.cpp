@@ -715,6 +715,26 @@ TEST(Diff, MoreExposedCommIsNamedWithTheSettingThatChanged) {
   EXPECT_TRUE(j["metrics"][0]["beyond_noise"].get<bool>());
 }
 
+// Where files went, what was printed, and a fault's step where neither run injects one are no cause of a time
+// difference: only the setting that changes a step is named. A fault's step where one run injects it is.
+TEST(Diff, SettingsThatChangeNoStepAreNotNamed) {
+  const RunRecord a = synthetic(2, jittered);
+  RunRecord b = a;
+  b.config["checkpoint"] = "ck.h5";
+  b.config["resume"] = "old.h5";
+  b.config["log_every"] = 5;
+  b.config["fault_step"] = 3;
+  b.config["bucket_mb"] = 5.0;
+  RunDiff d = diff_runs(a, b);
+  ASSERT_EQ(d.config.size(), 1u);
+  EXPECT_EQ(d.config[0].key, "bucket_mb");
+  b.config["fault"] = "hang";
+  d = diff_runs(a, b);
+  std::vector<std::string> keys;
+  for (const ConfigChange& c : d.config) keys.push_back(c.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"bucket_mb", "fault", "fault_step"}));
+}
+
 // Two ranks, rank 1 loading each batch `ms` longer and rank 0 waiting as long for it in the all-reduce.
 RunRecord with_straggler(double ms) {
   return synthetic(2, [ms](int r, int s) {
