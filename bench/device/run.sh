@@ -14,7 +14,8 @@
 # Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
 # Knobs: DDPLAB_DEADLINE_S (540: the stage's budget, from the start of the script), DDPLAB_BUILD (build-device),
 # DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh),
-# DDPLAB_RING_MAX (256M: the largest size of stage 1's GPU ring runs).
+# DDPLAB_RING_MAX (256M: the largest size of stage 1's GPU ring runs), DDPLAB_ONLY (a regular expression: run only
+# the steps whose names match, and the build).
 # shellcheck disable=SC2016,SC2030,SC2031  # DETAIL: a snippet in single quotes, evaluated after the step, with
 # its own $log in a subshell
 set -uo pipefail  # no -e: a failed step is a row of the table, not the end of the call
@@ -45,6 +46,11 @@ step() {
   shift 4
   rc=125
   [ -z "$blocked" ] || { skip "$name" "$blocked" && return; }
+  # DDPLAB_ONLY (a regular expression on the step names) spends a short call on the steps it names, and the build.
+  if [ -n "${DDPLAB_ONLY:-}" ] && [ "$name" != configure ] && [ "$name" != build ] && ! [[ $name =~ $DDPLAB_ONLY ]]
+  then
+    skip "$name" "not in DDPLAB_ONLY" && return
+  fi
   if [ "$left" -lt 15 ]; then
     skip "$name" "no time left before the stage's deadline"
     failed=1 && return
@@ -99,7 +105,8 @@ fi
 if [ "$stage" != 3 ]; then  # what the build and the runs see, with the bundle's paths set
   {
     nvidia-smi -q || true
-    for c in "uname -srm" "ldd --version" "nvcc --version" "cmake --version" "g++ --version" nproc \
+    for c in "uname -srm" "lscpu | grep -E '^(Model name|CPU family|Model):'" "ldd --version" "nvcc --version" \
+             "cmake --version" "g++ --version" nproc \
              "python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'"; do
       echo "\$ $c"; eval "$c" 2>&1 | head -4
     done
