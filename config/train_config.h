@@ -227,7 +227,7 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.first_bucket_mb);
   visit(Knob{"--grad-slice-mb", "grad_slice_mb",
              "compute and announce weight gradients in row blocks of this size, MiB: N (0: whole weights) or "
-             "auto (1 with the update in backward, else 0)",
+             "auto (1 with the update in backward on the CPU, else 0)",
              0, kNoMax, kMath, "MiB|auto", kAutoGradSliceMb},
         c.grad_slice_mb);
   visit(Knob{"--grad-accum", "grad_accum", "micro-batches per step, gradients communicated on the last", 1, kNoMax,
@@ -349,19 +349,21 @@ struct RunFacts {
   bool cudnn_available = false;        // cuDNN's attention loads on every rank
 };
 
-// --grad-slice-mb as it runs: auto (see resolved) is 1 MiB with the update in backward, else 0 (whole weights).
+// --grad-slice-mb as it runs: auto (see resolved) is 1 MiB with the update in backward on the CPU, else 0 (whole
+// weights). Not on the GPU: 1 MiB row blocks cut gpt2-small's weight gradients into ~750 small GEMMs, and its
+// backward took 63.8 ms instead of 25.3 (2 ranks sharing an H200, docs/BENCHMARKS.md).
 inline double resolved_grad_slice_mb(const TrainConfig& c) {
   if (c.grad_slice_mb != kAutoGradSliceMb) return c.grad_slice_mb;
-  return c.update_in_backward() ? 1.0 : 0.0;
+  return c.update_in_backward() && c.device == Device::kCpu ? 1.0 : 0.0;
 }
 
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update
 // in backward takes a core only where the BLAS threads leave one idle on every rank (it slices the gradients, and the
 // ranks' buckets must match even where a host's cores split unevenly among its ranks), and never with --skip-nonfinite
 // (which must see every gradient before anything is updated) or ZeRO-1; --grad-slice-mb auto: with the update in
-// backward, 1 MiB row blocks. The update of the layer backward ends with then follows its gradient block by block, and
-// only its last block's is left after backward (docs/ARCHITECTURE.md, "The update in backward"). Otherwise whole
-// weights, as PyTorch's autograd produces them.
+// backward on the CPU, 1 MiB row blocks. The update of the layer backward ends with then follows its gradient block
+// by block, and only its last block's is left after backward (docs/ARCHITECTURE.md, "The update in backward").
+// Otherwise whole weights, as PyTorch's autograd produces them.
 inline TrainConfig resolved(TrainConfig c, const RunFacts& facts) {
   if (c.blas_threads == 0) c.blas_threads = facts.cores;
   if (!c.optimizer_in_backward)

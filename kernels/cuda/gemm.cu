@@ -49,9 +49,9 @@ struct LtGemm {
   cudaDataType_t ab_type, d_type;
   float beta;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;   // D's type, length m: the BIAS epilogue's
-  const void* aux = nullptr;    // the GELU input, [m, n] with ld m, D's type (GELU_AUX: written, DGELU: read)
-  const void* C = nullptr;      // beta's matrix where it is not D
+  const void* bias = nullptr;  // D's type, length m: the BIAS epilogue's
+  const void* aux = nullptr;   // the GELU input, [m, n] with ld m, D's type (GELU_AUX: written, DGELU: read)
+  const void* C = nullptr;     // beta's matrix where it is not D
   const void* c() const { return C ? C : D; }
 };
 
@@ -294,6 +294,8 @@ void matmul_residual_forward(GemmContext& ctx, T* out, const T* inp, const T* we
   check_sizes("matmul_residual_forward", B, C, OC);
   if (B > 0 && OC > 0 && residual == nullptr)
     throw std::invalid_argument("matmul_residual_forward: residual must not be null");
+  if (B > 0 && OC > 0 && residual == out)
+    throw std::invalid_argument("matmul_residual_forward: out must not be the residual (gemm.h)");
   forward<T>(ctx, out, nullptr, inp, weight, bias, residual, B, C, OC, /*gelu=*/false, stream);
 }
 

@@ -56,7 +56,9 @@ void zero_padded_rows(__nv_bfloat16* x, const int32_t* lengths, int B, int S, in
   check_sizes("zero_padded_rows", B, S, width);
   const int64_t n = int64_t{B} * S * width;
   if (n == 0 || lengths == nullptr) return;
-  zero_padded_rows_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(x, lengths, B, S, width);
+  constexpr int kRowsPerBlock = detail::kBlockSize / 32;  // a warp per row
+  zero_padded_rows_kernel<<<detail::grid_size(int64_t{B} * S, kRowsPerBlock), detail::kBlockSize, 0, stream>>>(
+      x, lengths, B, S, width);
   cudaCheck(cudaGetLastError());
 }
 

@@ -43,7 +43,7 @@ __global__ void mean_pool_backward_kernel(T* dinp, const T* dout, const int32_t*
 }
 
 static __global__ void next_token_targets_kernel(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B,
-                                          int S) {
+                                                 int S) {
   const int64_t n = int64_t{B} * S;
   for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
     const int b = static_cast<int>(i / S), t = static_cast<int>(i % S);
@@ -51,12 +51,16 @@ static __global__ void next_token_targets_kernel(int32_t* targets, const int32_t
   }
 }
 
+// A warp per row: the row's length is read once, and a row within its sequence (every row, for full-length
+// sequences) costs one comparison. A thread per element spent ~49 us on gpt2-small's 8 x 1024 x 768 output with
+// nothing to zero: two 64-bit divisions per element (H200).
 static __global__ void zero_padded_rows_kernel(__nv_bfloat16* x, const int32_t* lengths, int B, int S, int width) {
-  const int64_t n = int64_t{B} * S * width;
-  for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
-    const int64_t row = i / width;  // b * S + t
+  const int64_t rows = int64_t{B} * S;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int64_t row = detail::global_index() / 32; row < rows; row += detail::grid_stride() / 32) {
     const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
-    if (t >= length_of(lengths, b, S)) x[i] = __float2bfloat16(0.0f);
+    if (t < length_of(lengths, b, S)) continue;
+    for (int c = lane; c < width; c += 32) x[row * width + c] = __float2bfloat16(0.0f);
   }
 }
 

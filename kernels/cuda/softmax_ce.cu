@@ -1,4 +1,4 @@
-// Fused softmax cross-entropy (see softmax_ce.h for the contract): the argument checks and the device's facts; the
+// Fused softmax cross-entropy (see softmax_ce.h for the contract): the argument checks; the
 // kernels and their launch sequence are softmax_ce_kernels.cuh's.
 #include <stdexcept>
 #include <string>
@@ -18,12 +18,8 @@ void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, in
                                 " V=" + std::to_string(V));
   if (num_valid == nullptr || (N > 0 && losses == nullptr))
     throw std::invalid_argument("softmax_cross_entropy_fused: num_valid and losses must not be null");
-  int device = 0, l2_bytes = 0, sms = 0;
-  cudaCheck(cudaGetDevice(&device));
-  cudaCheck(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   softmax_cross_entropy_launches(detail::launch_on(stream), dlogits, losses, mean_loss, num_valid, logits, targets, N,
-                                 V, grad_scale, l2_bytes, sms);
+                                 V, grad_scale, detail::kMaxGridSize);
 }
 
 template void softmax_cross_entropy_fused<float>(float*, float*, float*, int*, const float*, const int32_t*, int, int,

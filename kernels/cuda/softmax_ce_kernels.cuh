@@ -5,12 +5,11 @@
 //
 // Three launches: count the valid rows (the gradient divides by their number, so it must be known before any row
 // is written), the fused row kernel, and the mean loss. In the row kernel a row is a block's at a time (blocks walk
-// the rows): the vocabulary can be 50k wide, and a block's threads stride over it coalesced, P elements (16 bytes) per access where V and the
-// pointers allow it, else one (rows of an odd V are not 16-byte aligned). Pass 1 keeps a running (max, sum of exp)
-// per thread, an online softmax, so the row is read once for both; pass 2 re-reads it (L2) to write dlogits. That
-// re-read must find the row in L2, so the grid holds at most half the L2's worth of rows (rows_in_flight).
-// On an H200 the scalar version moved 33-45% of the copy bandwidth: one 2- or 4-byte load per element and a
-// branch per element kept it bound on issue, not on memory.
+// the rows): the vocabulary can be 50k wide, and a block's threads stride over it coalesced, P elements (16 bytes)
+// per access where V and the pointers allow it, else one (rows of an odd V are not 16-byte aligned). Pass 1 keeps a
+// running (max, sum of exp) per thread, an online softmax, so the row is read once for both; pass 2 re-reads it to
+// write dlogits. On an H200 the scalar version moved 33-45% of the copy bandwidth: one 2- or 4-byte load per element
+// and a branch per element kept it bound on issue, not on memory.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -132,30 +131,24 @@ __global__ void __launch_bounds__(kReduceBlock)
 }
 
 // Enough threads that each handles a few dozen accesses at most, few enough that a small row does not leave most
-// of the block idle; a wide row takes 1024, so that the few blocks rows_in_flight allows keep many loads in flight.
-inline int row_block_size(int accesses) { return accesses <= 64 ? 32 : accesses <= 2048 ? 128 : kMaxRowBlock; }
-
-// Blocks in the grid, each walking rows blockIdx.x, + gridDim.x, ...: the rows being read at once, whose second pass
-// must still find them in L2. At most half the L2's worth, never fewer than the SMs. With a block per row, 8 blocks of
-// 256 threads fit an SM: up to 1056 rows of 100 KB (bf16, V 50304) in flight against an H200's 50 MB L2, and the
-// kernel moved exactly 2/3 of the copy bandwidth, as if every logit came from memory twice. The grid changes no sum's
-// order.
-inline int64_t rows_in_flight(int64_t N, int64_t row_bytes, int64_t l2_bytes, int sms) {
-  const int64_t fit = std::max<int64_t>(sms, l2_bytes / 2 / std::max<int64_t>(row_bytes, 1));
-  return std::min({N, fit, int64_t{detail::kMaxGridSize}});
+// of the block idle.
+inline int row_block_size(int accesses) {
+  return accesses <= 64 ? 32 : accesses <= 2048 ? 128 : accesses <= 16384 ? 256 : kMaxRowBlock;
 }
 
 // The three launches, through `launch(kernel, grid, block, smem_bytes, args...)`: detail::launch_on(stream) in
-// softmax_ce.cu, the emulation's in tests/emu. l2_bytes and sms: the device's (rows_in_flight). Arguments checked by
-// the caller.
+// softmax_ce.cu, the emulation's in tests/emu. A block per row, up to max_blocks (the grid's limit; the emulation
+// sets fewer, so that blocks walk rows). Fewer blocks, to keep the rows of pass 2's re-read in L2 (half the L2's
+// worth: 251 blocks of 1024 threads for gpt2-small's bf16 logits), made it slower on an H200: 0.712 ms against
+// 0.588, fp32 1.289 against 1.157 (bench/results/2026-11-29-h200-speed/kernels.log). Arguments checked by the caller.
 template <typename Launch, typename T>
 void softmax_cross_entropy_launches(Launch launch, T* dlogits, float* losses, float* mean_loss, int* num_valid,
                                     const T* logits, const int32_t* targets, int N, int V, float grad_scale,
-                                    int64_t l2_bytes, int sms) {
+                                    int64_t max_blocks) {
   // N == 0 still runs the two one-block kernels: they write the defined results (0 rows, mean 0).
   launch(cross_entropy_count_valid_kernel, dim3(1), dim3(kReduceBlock), kScratchBytes, num_valid, targets, N);
   if (N > 0) {
-    const dim3 grid(static_cast<unsigned>(rows_in_flight(N, int64_t{V} * sizeof(T), l2_bytes, sms)));
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(N, max_blocks)));
     constexpr int P = 16 / sizeof(T);
     if (V % P == 0 && detail::all_aligned(16, logits, dlogits))
       launch(softmax_cross_entropy_fused_kernel<T, P>, grid, dim3(row_block_size(V / P)), kScratchBytes, dlogits,

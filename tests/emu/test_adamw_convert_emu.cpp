@@ -87,20 +87,24 @@ TEST(AdamwEmulated, ASetSkipFlagLeavesEverythingAsItWas) {
   }
 }
 
-// Scaled exactly (by a power of two) and bit for bit as x * s; the flag set exactly when a scaled value is not finite:
-// a NaN or an inf at the first element, inside a pack, at the last pack and in the tail, and a finite value the scale
-// overflows.
+// Scaled exactly (by a power of two) and bit for bit as x * s, and with s == 1 left unwritten; the flag set exactly
+// when a scaled value is not finite: a NaN or an inf at the first element, inside a pack, at the last pack and in the
+// tail, and a finite value the scale overflows.
 TEST(ScaleAndCheckFiniteEmulated, ScalesAndFindsEveryNonFiniteValue) {
   constexpr float kNan = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  // x * 1 would quiet it: with a scale of 1 its bits unchanged say that nothing was written back.
+  const float kSignalingNan = std::numeric_limits<float>::signaling_NaN();
   const std::vector<float> x0 = normal_values(kN, 5, 10.0f);
   struct Case {
     int64_t at;
     float value, scale;
     bool flagged;
   };
-  const std::vector<Case> cases = {{-1, 0, 0.5f, false},   {0, kNan, 0.5f, true},      {6, kInf, 0.5f, true},
-                                   {1026, -kInf, 0.5f, true}, {kN - 1, kNan, 0.5f, true}, {kN - 3, 3e38f, 4.0f, true},
-                                   {-1, 0, 4.0f, false}};
+  const std::vector<Case> cases = {{-1, 0, 0.5f, false},           {0, kNan, 0.5f, true},
+                                   {6, kInf, 0.5f, true},          {1026, -kInf, 0.5f, true},
+                                   {kN - 1, kNan, 0.5f, true},     {kN - 3, 3e38f, 4.0f, true},
+                                   {-1, 0, 4.0f, false},           {-1, 0, 1.0f, false},
+                                   {6, kSignalingNan, 1.0f, true}, {kN - 1, kSignalingNan, 1.0f, true}};
   for (bool packed : {true, false}) {
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(packed ? "packed" : "scalar") + ", value at " + std::to_string(c.at));
@@ -113,7 +117,9 @@ TEST(ScaleAndCheckFiniteEmulated, ScalesAndFindsEveryNonFiniteValue) {
       EXPECT_EQ(flag, c.flagged ? 1 : 0);
       for (int64_t i = 0; i < kN; ++i) {
         const float want = before[i] * c.scale;
-        if (std::isnan(want))
+        if (c.scale == 1.0f)
+          EXPECT_EQ(bits(x[i]), bits(before[i])) << i;
+        else if (std::isnan(want))
           EXPECT_TRUE(std::isnan(x[i])) << i;
         else
           EXPECT_EQ(bits(x[i]), bits(want)) << i;

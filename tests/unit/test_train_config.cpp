@@ -1,0 +1,52 @@
+// The choices a run leaves to "auto" (config/train_config.h, resolved): the update in backward and the weight
+// gradients' row blocks, per device and per host.
+#include <gtest/gtest.h>
+
+#include "config/train_config.h"
+
+namespace ddplab {
+namespace {
+
+RunFacts host_with_a_spare_core() {
+  RunFacts facts;
+  facts.cores = 1;
+  facts.spare_core_every_rank = true;
+  return facts;
+}
+
+// On the CPU, with a core left idle by the BLAS threads, the update runs in backward and follows each weight's
+// gradient in 1 MiB row blocks; without one, neither.
+TEST(ResolvedConfig, CpuUpdateInBackwardTakesRowBlocksWhereACoreIsSpare) {
+  TrainConfig spare = resolved(TrainConfig{}, host_with_a_spare_core());
+  EXPECT_TRUE(spare.update_in_backward());
+  EXPECT_EQ(spare.grad_slice_mb, 1.0);
+  TrainConfig full = resolved(TrainConfig{}, RunFacts{});
+  EXPECT_FALSE(full.update_in_backward());
+  EXPECT_EQ(full.grad_slice_mb, 0.0);
+}
+
+// On the GPU the update in backward is asked for, never chosen, and keeps whole weights: row blocks there are many
+// small GEMMs.
+TEST(ResolvedConfig, GpuUpdateInBackwardKeepsWholeWeights) {
+  TrainConfig c;
+  c.device = Device::kCuda;
+  EXPECT_FALSE(resolved(c, host_with_a_spare_core()).update_in_backward());
+  c.optimizer_in_backward = OnOff::kOn;
+  const TrainConfig r = resolved(c, host_with_a_spare_core());
+  EXPECT_TRUE(r.update_in_backward());
+  EXPECT_EQ(r.grad_slice_mb, 0.0);
+}
+
+// A size the user gave is kept, on either device.
+TEST(ResolvedConfig, AGivenSliceSizeIsKept) {
+  for (Device device : {Device::kCpu, Device::kCuda}) {
+    TrainConfig c;
+    c.device = device;
+    c.optimizer_in_backward = OnOff::kOn;
+    c.grad_slice_mb = 4;
+    EXPECT_EQ(resolved(c, RunFacts{}).grad_slice_mb, 4.0);
+  }
+}
+
+}  // namespace
+}  // namespace ddplab
