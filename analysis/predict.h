@@ -91,10 +91,12 @@ struct HostCores {
   // What a comm thread's sched_yield cost when it lost the core to a compute thread (the run's start-up probe,
   // measure_lost_yield_ms; 0: none lost, a spare core); nullopt: not measured (older files).
   std::optional<double> lost_yield_ms;
+  int ranks_per_gpu = 0;  // ranks taking turns on one GPU (RunRecord::ranks_sharing_a_gpu); 0: a GPU each, or CPUs
   bool full() const { return cores > 0 && ranks * threads >= cores; }
   // How long an all-reduce of so many message steps stalls beside backward: its comm thread, polling for a late
   // peer, yields its core between polls, and a yield lost to backward's thread returns after that thread's time
-  // slice; once per message step. Not measured, on a full host: until backward ends (infinity).
+  // slice; once per message step. Not measured, on a full host: until backward ends (infinity). Ranks taking turns
+  // on one GPU: until backward ends too.
   double stall_beside_backward_ms(double message_steps) const;
   // Backward beside an all-reduce whose comm thread spends cpu_ms on a core over wall_ms: (1 + this) x as long.
   double backward_slowdown(double cpu_ms, double wall_ms) const;

@@ -223,7 +223,12 @@ void print_model_summary(const std::string& file, const StepModel& model, const 
         alone.alpha_ms * 1000, alone.beta_ms_per_byte * kMiB, model.fitted_hops.c_str(),
         model.fitted_link.name.c_str());
   }
-  if (model.host.lost_yield_ms)
+  if (model.host.ranks_per_gpu > 1)
+    std::printf(
+        "  beside backward: %d ranks take turns on one GPU, and an all-reduce between them waits for backward's end "
+        "(as measured on an H200)\n",
+        model.host.ranks_per_gpu);
+  else if (model.host.lost_yield_ms)
     std::printf(
         "  beside backward: an all-reduce stalls %.2f ms per message step (its comm thread's yield lost to a compute "
         "thread, measured at the run's start)\n",

@@ -271,6 +271,8 @@ if [ "$stage" = 2 ]; then
         { rm "$out/ncu-reports.tar.gz"; echo "ncu reports over 15 MiB: left in $work" | tee -a "$summary"; }
     fi
   fi
+  # The trainer's np 1 run file: what `ddplab predict` models more GPUs from (docs/PREDICT.md).
+  [ -f "$work/train_gpt2_bf16.h5" ] && cp "$work/train_gpt2_bf16.h5" "$out/"
   # At most 8 files come back: everything but the table and the reports travels as one archive.
   (cd "$out" && tar -czf logs.tgz --exclude=summary.txt --exclude=ncu-reports.tar.gz --exclude=logs.tgz ./* &&
     find . -maxdepth 1 -type f ! -name summary.txt ! -name ncu-reports.tar.gz ! -name logs.tgz -delete)
@@ -343,7 +345,8 @@ if [ "$stage" = 3 ]; then
     "$build/launcher/ddplab" train --device cuda --model gpt2-small --precision bf16 --attention fused --head lm \
     --lengths fixed \
     --max-len 1024 --batch 8 --steps 6 --warmup-steps 2 --profile-steps 4:4 --out "$work/ncu_run.h5" --force
-  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 sweep_np4 suite_lab 2>/dev/null)
+  # The partial file a killed run leaves (<out>.partial) comes back too: it must hold the steps before the kill.
+  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 ./*.partial sweep_np4 suite_lab 2>/dev/null)
 fi
 
 echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"

@@ -456,6 +456,35 @@ TEST(Predict, AloneFromTheAllreducesAfterBackwardAndTheWaitReplayedOnAFullHost) 
   EXPECT_LT(predict(stalls, stalls.measured).step.step_ms, model.measured_step_ms - 1);
 }
 
+// Ranks taking turns on one GPU: their all-reduce, started beside backward, waits for backward's end (as on a full
+// host whose yields were not measured); with a GPU each it runs at once.
+TEST(Predict, AllreduceBetweenRanksSharingAGpuWaitsForBackward) {
+  const auto b = buckets(0, 0);
+  HostCores shared;
+  shared.ranks_per_gpu = 2;
+  const SimulatedStep waits = simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true, shared);
+  EXPECT_NEAR(waits.comm_ms, (10 - 2.5) + 4 * 0.1, kTol);
+  EXPECT_NEAR(waits.step_ms, 2 + 10 + 4 * 0.1 + 3, kTol);
+  EXPECT_NEAR(simulate_step({profile(), profile()}, b, same_cost(4, 0.1), true, HostCores{}).step_ms, 2 + 10 + 0.1 + 3,
+              kTol);
+
+  // From a GPU run's file (no comm CPU times, no cores): the same bus id on both ranks of a host is what says so.
+  // Its all-reduces waited for backward's end, and the replay does too; on two GPUs it would hide them.
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  RunRecord run = synthetic_run(ab, 4, 0, {1000, 1 << 20, 1000, 1 << 20}, /*full_host=*/true);
+  run.meta.host_cores = 0;
+  for (BucketTimes& t : run.bucket_times) t.comm_cpu_ms = -1;
+  run.meta.gpus = {"0000:19:00.0", "0000:19:00.0"};
+  const StepModel model = build_model(run, std::nullopt);
+  EXPECT_EQ(model.host.ranks_per_gpu, 2);
+  EXPECT_FALSE(model.host.full());
+  EXPECT_NEAR(predict(model, model.measured).step.step_ms, model.measured_step_ms, kTol);
+  run.meta.gpus = {"0000:19:00.0", "0000:3b:00.0"};
+  const StepModel two_gpus = build_model(run, std::nullopt);
+  EXPECT_EQ(two_gpus.host.ranks_per_gpu, 0);
+  EXPECT_LT(predict(two_gpus, two_gpus.measured).step.step_ms, model.measured_step_ms - 1);
+}
+
 // Fair shares of the cores: compute gets what the comm threads' measured CPU leaves.
 TEST(Predict, BackwardSlowdownFromTheCommThreadsCpuShare) {
   // 2 ranks x 1 thread on 2 cores, comm threads on a core all the time: compute keeps nothing of its cores by
