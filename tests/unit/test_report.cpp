@@ -391,6 +391,9 @@ TEST(Blame, UniformExposedCommIsCommunicationBound) {
   ASSERT_EQ(on_one_gpu.size(), 1u) << all_text(shared);
   EXPECT_NE(on_one_gpu[0].text.find("give each rank a GPU of its own (4 ranks share one here"), std::string::npos)
       << on_one_gpu[0].text;
+  // There the fixed cost per bucket is what to cut; a 16-bit wire measured slower (its casts).
+  EXPECT_NE(on_one_gpu[0].text.find("fewer, larger buckets"), std::string::npos) << on_one_gpu[0].text;
+  EXPECT_EQ(on_one_gpu[0].text.find("--comm-dtype bf16"), std::string::npos) << on_one_gpu[0].text;
 }
 
 // Over 2 nodes with a slow inter-node link the same wait is named as the link's; with the link as fast as the
