@@ -311,6 +311,9 @@ if [ "$stage" = 3 ]; then
     "${gpt2_np2[@]}" --comm-dtype bf16 --out "$work/gpt2_bf16_wire_np2.h5"
   step "gpt2-small bf16 ring ipc np2, update by bucket" train.log 60 'grep -m1 "mean step" "$log"' \
     "${gpt2_np2[@]}" --optimizer-in-backward on --out "$work/gpt2_bucketed_np2.h5"
+  # What `ddplab predict` recommends from the 25 MiB run on a shared GPU: fewer buckets, each paying the switches.
+  step "gpt2-small bf16 ring ipc np2, 100 MiB buckets" train.log 60 'grep -m1 "mean step" "$log"' \
+    "${gpt2_np2[@]}" --bucket-mb 100 --out "$work/gpt2_100mb_np2.h5"
   step "dead peer ring ipc np2 (must fail in time)" train.log 40 'grep -m1 -iE "rank 1|dead|killed" "$log"' \
     bash -c '! "$@"' dead_peer "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 40 \
     --fault kill --fault-rank 1 --fault-step 10 --timeout-s 20 --out "$work/dead_peer_np2.h5" --force
