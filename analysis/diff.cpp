@@ -78,12 +78,15 @@ Sampled bucket_comm(const RunRecord& run, int k) {
   return sampled(ms);
 }
 
-// Settings that say where files go, what is printed, or when to give up, not how a step runs; and a fault's rank and
-// step where neither run injects one. A change in them is no cause of a difference in time.
+// Settings that say where files go, what is printed, or when to give up, not how a step runs; a fault's rank and
+// step where neither run injects one; and --ring-link where both runs travelled over the same link (auto resolves
+// at run time to the first link that works, and the run file names the one it took). A change in them is no cause
+// of a difference in time.
 bool changes_no_step(const std::string& key, const RunRecord& a, const RunRecord& b) {
   static const char* const kOutputs[] = {"out", "force", "checkpoint", "resume", "log_every", "timeout_s"};
   for (const char* k : kOutputs)
     if (key == k) return true;
+  if (key == "ring_link") return !a.meta.transport.empty() && a.meta.transport == b.meta.transport;
   const auto no_fault = [](const RunRecord& r) {
     return !r.config.is_object() || r.config.value("fault", "none") == "none";
   };

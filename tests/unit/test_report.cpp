@@ -738,6 +738,21 @@ TEST(Diff, SettingsThatChangeNoStepAreNotNamed) {
   EXPECT_EQ(keys, (std::vector<std::string>{"bucket_mb", "fault", "fault_step"}));
 }
 
+// --ring-link auto against the link it resolved to is the same run; against another link it is a change.
+TEST(Diff, ARingLinkIsTheOneEachRunTravelledOver) {
+  RunRecord a = synthetic(2, jittered);
+  a.config["ring_link"] = "auto";
+  a.meta.transport = "ring/ipc";
+  RunRecord b = a;
+  b.config["ring_link"] = "ipc";
+  EXPECT_TRUE(diff_runs(a, b).config.empty());
+  b.meta.transport = "ring/host";
+  b.config["ring_link"] = "host";
+  const RunDiff d = diff_runs(a, b);
+  ASSERT_EQ(d.config.size(), 1u);
+  EXPECT_EQ(d.config[0].key, "ring_link");
+}
+
 // Two ranks, rank 1 loading each batch `ms` longer and rank 0 waiting as long for it in the all-reduce.
 RunRecord with_straggler(double ms) {
   return synthetic(2, [ms](int r, int s) {
