@@ -222,12 +222,16 @@ std::string comm_hints(const RunRecord& run) {
   // Ranks sharing one GPU take turns on it: on an H200 each ring step cost ~0.4 ms at 2 ranks whatever it moved, and
   // an all-reduce beside backward waited for backward's end. There fewer buckets help, a 16-bit wire does not (2
   // ranks of gpt2-small: 58.96 ms per step against 57.19 with fp32, the casts costing more than the bytes saved).
-  if (const int sharing = run.ranks_sharing_a_gpu())
-    return fmt(
-        "give each rank a GPU of its own (%d ranks share one here, and every ring step waits for the GPU to "
-        "switch between them); else fewer, larger buckets, each paying those switches whatever it moves (%s; "
-        "%s)",
-        sharing, buckets.c_str(), predict.c_str());
+  if (const int sharing = run.ranks_sharing_a_gpu()) {
+    std::string hints =
+        fmt("give each rank a GPU of its own (%d ranks share one here, and every ring step waits for the GPU to switch "
+            "between them)",
+            sharing);
+    if (run.buckets.size() > 1)
+      hints += fmt("; else fewer, larger buckets, each paying those switches whatever it moves (%s; %s)",
+                   buckets.c_str(), predict.c_str());
+    return hints;
+  }
   std::string hints = fmt("try another bucket size (%s; %s)", buckets.c_str(), predict.c_str());
   if (!config.overlap) hints += ", --overlap on";
   const bool across = !slow_inter_node_link(run).empty();

@@ -877,7 +877,10 @@ HopChoice choose_hop_costs(const StepModel& m, const PredictSetting& setting, co
       hop = src.ab;
       continue;
     }
-    const AlphaBeta own = emulated(src.link) ? AlphaBeta{} : src.ab, model = link_alpha_beta(link);
+    // The source's own costs bound another link's from below where they are the transport's, not where they are an
+    // emulated link's or, from ranks sharing a GPU, the GPU's switches between them (another link is other GPUs).
+    const bool own_transport = !emulated(src.link) && m.host.ranks_per_gpu <= 1;
+    const AlphaBeta own = own_transport ? src.ab : AlphaBeta{}, model = link_alpha_beta(link);
     hop = AlphaBeta{std::max(own.alpha_ms, model.alpha_ms), std::max(own.beta_ms_per_byte, model.beta_ms_per_byte)};
     out.link_model_only[across] = true;
   }
@@ -985,8 +988,14 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
     if (!m.measured.bucketed_update)
       out.extrapolated.push_back("update per bucket (the run updated after its last all-reduce)");
   }
-  out.step =
-      simulate_steps(distinct_ranks(m, setting.ranks), buckets, costs.cost, setting.overlap, m.host, update_share);
+  // The run's ranks shared a GPU: on the run's own link they still do; another link is other GPUs, one per rank.
+  HostCores host = m.host;
+  if (host.ranks_per_gpu > 1 &&
+      !(same_link(setting.link.intra, m.measured.link.intra) && same_link(setting.link.inter, m.measured.link.inter))) {
+    host.ranks_per_gpu = 0;
+    out.extrapolated.push_back("a GPU per rank on another link (the run's ranks shared one; compute as measured)");
+  }
+  out.step = simulate_steps(distinct_ranks(m, setting.ranks), buckets, costs.cost, setting.overlap, host, update_share);
   const int n = setting.ranks;
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;

@@ -26,6 +26,8 @@ out=${OUT:-$PWD/.device/out}
 build=${DDPLAB_BUILD:-build-device}
 deadline=$((SECONDS + ${DDPLAB_DEADLINE_S:-540}))
 work=$build/device-work  # what must not travel back: run files, profiles
+# A warm machine keeps the last call's: emptied, so that no file of an earlier call comes back as this one's.
+rm -rf "$work"
 mkdir -p "$out" "$work"
 summary=$out/summary.txt
 failed=0
@@ -167,7 +169,7 @@ if [ "$stage" = 1 ]; then
     "${mpirun[@]}" -np 4 "$build/launcher/ddplab" train --device cuda --comm ring --steps 20 \
     --out "$work/train_ring_np4.h5" --force
   if [ "$rc" -ne 0 ] && [ -z "$blocked" ]; then
-    skip "report of that run" "the run failed"
+    skip "report of that run" "$([ "$rc" = 125 ] && echo "the run did not run" || echo "the run failed")"
   else
     step "report of that run" train.log 30 'grep -A2 "per rank (steady" "$log" | tail -1' \
       "$build/launcher/ddplab" report "$work/train_ring_np4.h5"
@@ -316,7 +318,7 @@ if [ "$stage" = 3 ]; then
     "${gpt2_np2[@]}" --bucket-mb 100 --out "$work/gpt2_100mb_np2.h5"
   step "dead peer ring ipc np2 (must fail in time)" train.log 40 'grep -m1 -iE "rank 1|dead|killed" "$log"' \
     bash -c '! "$@"' dead_peer "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 40 \
-    --fault kill --fault-rank 1 --fault-step 10 --timeout-s 20 --out "$work/dead_peer_np2.h5" --force
+    --fault kill --fault-rank 1 --fault-step 10 --timeout-s 20 --flush-every 5 --out "$work/dead_peer_np2.h5" --force
   # compute-sanitizer over the GPU tests: memcheck everywhere, racecheck on the kernels with shared memory.
   sanitizer=$(tool compute-sanitizer)
   if [ -n "$sanitizer" ]; then

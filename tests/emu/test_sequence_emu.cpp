@@ -47,11 +47,16 @@ TEST(SequenceEmulated, MeanPoolIsTheCpusBitForBit) {
     ddplab::cpu::mean_pool_forward(want.data(), x.data(), lengths, kB, kS, kC);
     for (int i = 0; i < kB * kC; ++i) EXPECT_EQ(bits(out[i]), bits(want[i])) << "out[" << i << "]";
 
-    std::vector<float> dinp(x.size(), -1.0f), dwant(x.size(), -2.0f);
-    emulate_launch(dim3(5), kBlock, 0, seq::mean_pool_backward_kernel<float>, dinp.data(), dout.data(), lengths, kB,
-                   kS, kC);
+    std::vector<float> dwant(x.size(), -2.0f);
     ddplab::cpu::mean_pool_backward(dwant.data(), dout.data(), lengths, kB, kS, kC);
-    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(bits(dinp[i]), bits(dwant[i])) << "dinp[" << i << "]";
+    // A warp per row: one warp per block, and the launcher's 8 per block.
+    for (const dim3 block : {kBlock, dim3(256)}) {
+      std::vector<float> dinp(x.size(), -1.0f);
+      emulate_launch(dim3(5), block, 0, seq::mean_pool_backward_kernel<float>, dinp.data(), dout.data(), lengths, kB,
+                     kS, kC);
+      for (size_t i = 0; i < x.size(); ++i)
+        EXPECT_EQ(bits(dinp[i]), bits(dwant[i])) << "dinp[" << i << "], block " << block.x;
+    }
   }
 }
 
@@ -102,13 +107,17 @@ TEST(SequenceEmulated, ZeroPaddedRowsTouchesOnlyThePadding) {
   std::vector<bf16> x16(x.size());
   for (size_t i = 0; i < x.size(); ++i) x16[i] = __float2bfloat16_rn(x[i] == 0.0f ? 1.0f : x[i]);  // none zero before
   const std::vector<bf16> before = x16;
-  emulate_launch(dim3(3), kBlock, 0, seq::zero_padded_rows_kernel, x16.data(), kLengths.data(), kB, kS, kC);
-  for (int b = 0; b < kB; ++b)
-    for (int t = 0; t < kS; ++t)
-      for (int c = 0; c < kC; ++c) {
-        const int64_t i = (int64_t{b} * kS + t) * kC + c;
-        EXPECT_EQ(bits(x16[i]), t < kLengths[b] ? bits(before[i]) : uint16_t{0}) << "b " << b << " t " << t;
-      }
+  for (const dim3 block : {kBlock, dim3(256)}) {  // a warp per row: one warp per block, and the launcher's 8
+    std::vector<bf16> y = before;
+    emulate_launch(dim3(3), block, 0, seq::zero_padded_rows_kernel, y.data(), kLengths.data(), kB, kS, kC);
+    for (int b = 0; b < kB; ++b)
+      for (int t = 0; t < kS; ++t)
+        for (int c = 0; c < kC; ++c) {
+          const int64_t i = (int64_t{b} * kS + t) * kC + c;
+          EXPECT_EQ(bits(y[i]), t < kLengths[b] ? bits(before[i]) : uint16_t{0})
+              << "b " << b << " t " << t << ", block " << block.x;
+        }
+  }
 }
 
 }  // namespace

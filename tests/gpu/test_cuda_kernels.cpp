@@ -373,8 +373,8 @@ void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
     int N, V;
     double ignored;  // fraction of rows with target -1
   };
-  // 600 rows of 50304: gpt2-small's vocabulary over more rows than the SMs hold blocks at once (the emulation has the
-  // blocks walking rows: test_softmax_ce_emu).
+  // 600 rows of 50304: gpt2-small's vocabulary, a block per row (blocks walking rows, which the grid's limit brings
+  // only beyond 65535 rows, run in the emulation: test_softmax_ce_emu).
   for (const Shape sh : {Shape{1, 1, 0}, Shape{5, 7, 0.3}, Shape{64, 1000, 0.25}, Shape{37, 50257, 0.1},
                          Shape{600, 50304, 0.1}, Shape{6, 33, 1.0}}) {
     const int N = sh.N, V = sh.V;

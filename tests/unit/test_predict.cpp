@@ -479,6 +479,14 @@ TEST(Predict, AllreduceBetweenRanksSharingAGpuWaitsForBackward) {
   EXPECT_EQ(model.host.ranks_per_gpu, 2);
   EXPECT_FALSE(model.host.full());
   EXPECT_NEAR(predict(model, model.measured).step.step_ms, model.measured_step_ms, kTol);
+  // On another link the ranks are on GPUs of their own: no wait, the run's per-step cost (the GPU's switches) no
+  // floor for the link's, and the row says so.
+  PredictSetting nvlink = model.measured;
+  nvlink.link = parse_links("nvlink4-nccl");
+  const Prediction own_gpus = predict(model, nvlink);
+  EXPECT_LT(own_gpus.step.step_ms, model.measured_step_ms - 1);
+  EXPECT_TRUE(std::any_of(own_gpus.extrapolated.begin(), own_gpus.extrapolated.end(),
+                          [](const std::string& e) { return e.find("a GPU per rank") != std::string::npos; }));
   run.meta.gpus = {"0000:19:00.0", "0000:3b:00.0"};
   const StepModel two_gpus = build_model(run, std::nullopt);
   EXPECT_EQ(two_gpus.host.ranks_per_gpu, 0);

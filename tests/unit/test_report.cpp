@@ -394,6 +394,12 @@ TEST(Blame, UniformExposedCommIsCommunicationBound) {
   // There the fixed cost per bucket is what to cut; a 16-bit wire measured slower (its casts).
   EXPECT_NE(on_one_gpu[0].text.find("fewer, larger buckets"), std::string::npos) << on_one_gpu[0].text;
   EXPECT_EQ(on_one_gpu[0].text.find("--comm-dtype bf16"), std::string::npos) << on_one_gpu[0].text;
+  // With one bucket there is nothing to merge.
+  RunRecord one_bucket = shared;
+  one_bucket.buckets.resize(1);
+  const std::vector<Finding> single = diagnose(one_bucket);
+  ASSERT_EQ(single.size(), 1u) << all_text(one_bucket);
+  EXPECT_EQ(single[0].text.find("larger buckets"), std::string::npos) << single[0].text;
 }
 
 // Over 2 nodes with a slow inter-node link the same wait is named as the link's; with the link as fast as the
