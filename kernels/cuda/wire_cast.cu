@@ -10,13 +10,17 @@
 namespace ddplab::cuda {
 namespace {
 
-// One launch of the format's instance of a kernel over n elements.
+// One launch of the format's instance of a kernel over n elements, 4 per access where `packs` (map_packs_fit).
 template <typename... Params, typename... Args>
-void launch(const char* what, wire::Format f, int64_t n, cudaStream_t stream, void (*bf16)(Params...),
+void launch(const char* what, wire::Format f, int64_t n, bool packs, cudaStream_t stream,
+            void (*bf16_packed)(Params...), void (*bf16)(Params...), void (*fp16_packed)(Params...),
             void (*fp16)(Params...), Args... args) {
   if (n < 0) throw std::invalid_argument(std::string(what) + ": negative n " + std::to_string(n));
   if (n == 0) return;
-  (f == wire::Format::kBf16 ? bf16 : fp16)<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(args..., n);
+  if (f == wire::Format::kBf16)
+    detail::launch_packed(packs, n, stream, bf16_packed, bf16, args..., n);
+  else
+    detail::launch_packed(packs, n, stream, fp16_packed, fp16, args..., n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -25,18 +29,22 @@ using wire::Format;
 }  // namespace
 
 void wire_encode(wire::Format f, uint16_t* dst, const float* src, int64_t n, cudaStream_t stream) {
-  launch("wire_encode", f, n, stream, wire_cast::encode_kernel<Format::kBf16>, wire_cast::encode_kernel<Format::kFp16>,
-         dst, src);
+  using wire_cast::encode_kernel;
+  launch("wire_encode", f, n, detail::map_packs_fit(dst, src), stream, encode_kernel<Format::kBf16, 4>,
+         encode_kernel<Format::kBf16, 1>, encode_kernel<Format::kFp16, 4>, encode_kernel<Format::kFp16, 1>, dst, src);
 }
 
 void wire_decode(wire::Format f, float* dst, const uint16_t* src, int64_t n, cudaStream_t stream) {
-  launch("wire_decode", f, n, stream, wire_cast::decode_kernel<Format::kBf16>, wire_cast::decode_kernel<Format::kFp16>,
-         dst, src);
+  using wire_cast::decode_kernel;
+  launch("wire_decode", f, n, detail::map_packs_fit(dst, src), stream, decode_kernel<Format::kBf16, 4>,
+         decode_kernel<Format::kBf16, 1>, decode_kernel<Format::kFp16, 4>, decode_kernel<Format::kFp16, 1>, dst, src);
 }
 
 void wire_add_encode(wire::Format f, uint16_t* io, const float* own, int64_t n, cudaStream_t stream) {
-  launch("wire_add_encode", f, n, stream, wire_cast::add_encode_kernel<Format::kBf16>,
-         wire_cast::add_encode_kernel<Format::kFp16>, io, own);
+  using wire_cast::add_encode_kernel;
+  launch("wire_add_encode", f, n, detail::map_packs_fit(io, own), stream, add_encode_kernel<Format::kBf16, 4>,
+         add_encode_kernel<Format::kBf16, 1>, add_encode_kernel<Format::kFp16, 4>, add_encode_kernel<Format::kFp16, 1>,
+         io, own);
 }
 
 }  // namespace ddplab::cuda

@@ -1,7 +1,8 @@
 // The 16-bit wire's cast kernels (kernels/cuda/wire_cast_kernels.cuh), their own source compiled by g++ and run on
 // host threads (cuda_emulation.h), against the CPU wire (comm/wire.h: encode, decode, reduce_encode): every 16-bit
 // word, the fp32 values around each rounding boundary, the special values and random bits, through a grid smaller
-// than the data so that the grid-stride loop and its tail run. What it cannot tell: speed.
+// than the data so that the grid-stride loop and its tail run; each kernel packed (4 elements per access) and scalar.
+// What it cannot tell: speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/wire_cast_kernels.cuh"
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "comm/wire.h"
@@ -45,68 +47,82 @@ std::vector<float> boundary_values(Format f) {
   return v;
 }
 
-std::vector<uint16_t> emulated_encode(Format f, const std::vector<float>& x) {
+// Each kernel as the launcher runs it: 4 elements per access (packed) or 1.
+const char* name(bool packed) { return packed ? "packed" : "scalar"; }
+
+std::vector<uint16_t> emulated_encode(Format f, bool packed, const std::vector<float>& x) {
   std::vector<uint16_t> out(x.size());
   const auto n = static_cast<int64_t>(x.size());
+  const auto run = [&](auto kernel) { ddplab::emu::emulate_launch(kGrid, kBlock, 0, kernel, out.data(), x.data(), n); };
   if (f == Format::kBf16)
-    ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::encode_kernel<Format::kBf16>, out.data(), x.data(), n);
+    packed ? run(wc::encode_kernel<Format::kBf16, 4>) : run(wc::encode_kernel<Format::kBf16, 1>);
   else
-    ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::encode_kernel<Format::kFp16>, out.data(), x.data(), n);
+    packed ? run(wc::encode_kernel<Format::kFp16, 4>) : run(wc::encode_kernel<Format::kFp16, 1>);
   return out;
 }
 
 TEST(WireCastEmulated, EncodeRoundsAsTheCpuWire) {
-  for (Format f : {Format::kBf16, Format::kFp16}) {
-    SCOPED_TRACE(name(f));
-    const std::vector<float> x = boundary_values(f);
-    std::vector<uint16_t> want(x.size());
-    wire::encode(f, want.data(), x.data(), x.size());
-    const std::vector<uint16_t> got = emulated_encode(f, x);
-    for (size_t i = 0; i < x.size(); ++i)
-      ASSERT_EQ(got[i], want[i]) << "element " << i << " (fp32 bits 0x" << std::hex << wire::f32_bits(x[i]) << ")";
-  }
+  for (Format f : {Format::kBf16, Format::kFp16})
+    for (bool packed : {true, false}) {
+      SCOPED_TRACE(std::string(name(f)) + ", " + name(packed));
+      const std::vector<float> x = boundary_values(f);
+      std::vector<uint16_t> want(x.size());
+      wire::encode(f, want.data(), x.data(), x.size());
+      const std::vector<uint16_t> got = emulated_encode(f, packed, x);
+      for (size_t i = 0; i < x.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << "element " << i << " (fp32 bits 0x" << std::hex << wire::f32_bits(x[i]) << ")";
+    }
 }
 
+// Every word, then one more (word 0 again): a count that is no multiple of the packs, so the tail runs.
 TEST(WireCastEmulated, DecodeIsTheCpuWiresOnEveryWord) {
-  std::vector<uint16_t> words(0x10000);
+  std::vector<uint16_t> words(0x10001);
   for (uint32_t h = 0; h < words.size(); ++h) words[h] = static_cast<uint16_t>(h);
   const auto n = static_cast<int64_t>(words.size());
-  for (Format f : {Format::kBf16, Format::kFp16}) {
-    SCOPED_TRACE(name(f));
-    std::vector<float> want(words.size()), got(words.size(), -1.f);
-    wire::decode(f, want.data(), words.data(), words.size());
-    if (f == Format::kBf16)
-      ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::decode_kernel<Format::kBf16>, got.data(), words.data(), n);
-    else
-      ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::decode_kernel<Format::kFp16>, got.data(), words.data(), n);
-    for (size_t i = 0; i < words.size(); ++i)
-      ASSERT_EQ(wire::f32_bits(got[i]), wire::f32_bits(want[i])) << "word 0x" << std::hex << i;
-  }
+  for (Format f : {Format::kBf16, Format::kFp16})
+    for (bool packed : {true, false}) {
+      SCOPED_TRACE(std::string(name(f)) + ", " + name(packed));
+      std::vector<float> want(words.size()), got(words.size(), -1.f);
+      wire::decode(f, want.data(), words.data(), words.size());
+      const auto run = [&](auto kernel) {
+        ddplab::emu::emulate_launch(kGrid, kBlock, 0, kernel, got.data(), words.data(), n);
+      };
+      if (f == Format::kBf16)
+        packed ? run(wc::decode_kernel<Format::kBf16, 4>) : run(wc::decode_kernel<Format::kBf16, 1>);
+      else
+        packed ? run(wc::decode_kernel<Format::kFp16, 4>) : run(wc::decode_kernel<Format::kFp16, 1>);
+      for (size_t i = 0; i < words.size(); ++i)
+        ASSERT_EQ(wire::f32_bits(got[i]), wire::f32_bits(want[i])) << "word 0x" << std::hex << i;
+    }
 }
 
 // A reduce-scatter hop: the CPU ring's reduce_encode (acc += to32(in); out = to16(acc)) gives the words.
 TEST(WireCastEmulated, AddEncodeIsTheCpuRingsHop) {
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> dist(-4.f, 4.f);
-  for (Format f : {Format::kBf16, Format::kFp16}) {
-    SCOPED_TRACE(name(f));
-    for (size_t count : {size_t{0}, size_t{1}, size_t{191}, size_t{192}, size_t{50001}}) {
-      std::vector<float> own(count), incoming(count);
-      for (float& x : own) x = dist(gen);
-      for (float& x : incoming) x = dist(gen);
-      std::vector<uint16_t> in16(count), want(count);
-      wire::encode(f, in16.data(), incoming.data(), count);
-      std::vector<float> acc = own;
-      wire::reduce_encode(f, acc.data(), want.data(), in16.data(), count);
-      std::vector<uint16_t> got = in16;
-      const auto n = static_cast<int64_t>(count);
-      if (f == Format::kBf16)
-        ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::add_encode_kernel<Format::kBf16>, got.data(), own.data(), n);
-      else
-        ddplab::emu::emulate_launch(kGrid, kBlock, 0, wc::add_encode_kernel<Format::kFp16>, got.data(), own.data(), n);
-      ASSERT_EQ(got, want) << count << " elements";
+  for (Format f : {Format::kBf16, Format::kFp16})
+    for (bool packed : {true, false}) {
+      SCOPED_TRACE(std::string(name(f)) + ", " + name(packed));
+      for (size_t count : {size_t{0}, size_t{1}, size_t{191}, size_t{192}, size_t{50001}}) {
+        std::vector<float> own(count), incoming(count);
+        for (float& x : own) x = dist(gen);
+        for (float& x : incoming) x = dist(gen);
+        std::vector<uint16_t> in16(count), want(count);
+        wire::encode(f, in16.data(), incoming.data(), count);
+        std::vector<float> acc = own;
+        wire::reduce_encode(f, acc.data(), want.data(), in16.data(), count);
+        std::vector<uint16_t> got = in16;
+        const auto n = static_cast<int64_t>(count);
+        const auto run = [&](auto kernel) {
+          ddplab::emu::emulate_launch(kGrid, kBlock, 0, kernel, got.data(), own.data(), n);
+        };
+        if (f == Format::kBf16)
+          packed ? run(wc::add_encode_kernel<Format::kBf16, 4>) : run(wc::add_encode_kernel<Format::kBf16, 1>);
+        else
+          packed ? run(wc::add_encode_kernel<Format::kFp16, 4>) : run(wc::add_encode_kernel<Format::kFp16, 1>);
+        ASSERT_EQ(got, want) << count << " elements";
+      }
     }
-  }
 }
 
 }  // namespace
