@@ -306,9 +306,9 @@ if [ "$stage" = 3 ]; then
     --out "$work/gpt2_bf16_np2.h5" --force
   # The closing bucket on a shared GPU (docs/BENCHMARKS.md, "Predictions for the next call"): the same run with a
   # bf16 wire, then with each bucket's update behind its own all-reduce; and a peer killed mid-run.
-  gpt2_np2=("${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc
-            --model gpt2-small --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10
-            --warmup-steps 3 --force)
+  gpt2_ipc=("$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --model gpt2-small
+            --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 --force)
+  gpt2_np2=("${mpirun[@]}" -np 2 "${gpt2_ipc[@]}")
   step "gpt2-small bf16 ring ipc np2, bf16 wire" train.log 60 'grep -m1 "mean step" "$log"' \
     "${gpt2_np2[@]}" --comm-dtype bf16 --out "$work/gpt2_bf16_wire_np2.h5"
   step "gpt2-small bf16 ring ipc np2, update by bucket" train.log 60 'grep -m1 "mean step" "$log"' \
@@ -316,6 +316,9 @@ if [ "$stage" = 3 ]; then
   # What `ddplab predict` recommends from the 25 MiB run on a shared GPU: fewer buckets, each paying the switches.
   step "gpt2-small bf16 ring ipc np2, 100 MiB buckets" train.log 60 'grep -m1 "mean step" "$log"' \
     "${gpt2_np2[@]}" --bucket-mb 100 --out "$work/gpt2_100mb_np2.h5"
+  # Four ranks on the GPU: with np 1's and np 2's runs, what sharing costs the compute and each all-reduce.
+  step "gpt2-small bf16 ring ipc np4" train.log 90 'grep -m1 "mean step" "$log"' \
+    "${mpirun[@]}" -np 4 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np4.h5"
   step "dead peer ring ipc np2 (must fail in time)" train.log 40 'grep -m1 -iE "rank 1|dead|killed" "$log"' \
     bash -c '! "$@"' dead_peer "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 40 \
     --fault kill --fault-rank 1 --fault-step 10 --timeout-s 20 --flush-every 5 --out "$work/dead_peer_np2.h5" --force
