@@ -296,8 +296,8 @@ void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
 }
 
 // The small per-sequence kernels of the transformer's heads and the MLP's bias: the classify head's mean pool over
-// lengths from S down to S/2 (bytes: the valid rows read or written, plus the pooled rows), the LM head's targets,
-// and the bias added over a batch (out read and written, the bias read).
+// lengths from S down to S/2 (bytes: the valid rows read or written, plus the pooled rows), the padded rows' zeroing,
+// the LM head's targets, and the bias added over a batch (out read and written, the bias read).
 void bench_sequence(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C) {
   std::vector<int32_t> len(B);
   int64_t valid = 0;
@@ -311,6 +311,15 @@ void bench_sequence(const Options& opt, cudaStream_t s, Arena& a, Report& rep, i
   rep.add({"sequence", "mean_pool_backward (lengths S..S/2)", sh,
            median_ms(opt, s, [&] { cuda::mean_pool_backward<float>(x, pooled, d_len, B, S, C, s); }),
            4.0 * (int64_t{B} * S + B) * C, 0});  // every row written: the padded ones as zeros
+  // The attention's padded rows zeroed (cuDNN's output, bf16): the bytes of the padded rows, and with every row full
+  // the lengths alone (a row's check each).
+  bf16* rows = a.alloc<bf16>(int64_t{B} * S * C);
+  rep.add({"sequence", "zero_padded_rows (bf16, lengths S..S/2)", sh,
+           median_ms(opt, s, [&] { cuda::zero_padded_rows(rows, d_len, B, S, C, s); }),
+           2.0 * (int64_t{B} * S - valid) * C + 4.0 * B, 0});
+  int32_t* d_full = a.ints(std::vector<int32_t>(B, S));
+  rep.add({"sequence", "zero_padded_rows (bf16, every row full)", sh,
+           median_ms(opt, s, [&] { cuda::zero_padded_rows(rows, d_full, B, S, C, s); }), 4.0 * B, 0});
   std::vector<int32_t> tokens(int64_t{B} * S, 7);
   int32_t *d_tokens = a.ints(tokens), *targets = a.alloc<int32_t>(int64_t{B} * S);
   rep.add({"sequence", "next_token_targets (lengths S..S/2)", dims({{"B", B}, {"S", S}}),
