@@ -156,8 +156,8 @@ std::unique_ptr<Transport> emulate_links(std::unique_ptr<Transport> t, const Top
 }
 
 // Where a description of hops (transport_table.h, hier's two of them joined by " + ") names shared memory as a kind of
-// hop: at the start of a part, as "shm" or "shm within node"; never a refusal's "shm: ...". npos when no peer is
-// reached through shared memory.
+// hop: at the start of a part, as "shm" or "shm within node"; never a refusal's "shm: ...". Where "single-copy" goes
+// in the text; whether the hop is there at all the transports say (ConnectedTransport::shm_hop).
 size_t shm_hop_in(const std::string& description) {
   for (size_t part = 0; part != std::string::npos;) {
     if (description.compare(part, 3, "shm") == 0 && (part + 3 == description.size() || description[part + 3] == ' '))
@@ -219,6 +219,7 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   if (emulated && topology_.nodes() > 1 && link_emulated(options_.link.inter))
     nic_ = std::make_shared<SharedNic>(comm_, topology_.node_of_rank[rank_]);
   ShmTransport* shm = nullptr;  // the ring's transport, when shared memory reaches every peer unemulated
+  bool shm_hop = false;         // shared memory reaches some peer
   if (options_.impl == AllreduceImpl::kHier) {
     HierAllreduce::WrapTransport wrap;
     if (emulated)
@@ -227,18 +228,20 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
       };
     hier_ = std::make_unique<HierAllreduce>(comm_, topology_.node_of_rank[rank_], wrap);
     transport_name_ = hier_->transport_name();
+    shm_hop = hier_->shm_hop();
   } else {
     ConnectedTransport connected = connect_peers(comm_, topology_, ring_, /*say_where=*/topology_.nodes() > 1);
     transport_ = std::move(connected.transport);
     transport_name_ = connected.description;
+    shm_hop = connected.shm_hop;
     if (emulated)
       transport_ = emulate_links(std::move(transport_), topology_, options_.link, nic_);
     else
       shm = connected.shm;
   }
-  const size_t shm_hop = shm_hop_in(transport_name_);
-  single_copy_ = size_ > 1 && shm_hop != std::string::npos && settings::integer(settings::kLocalRegister) == 1;
-  if (single_copy_) transport_name_.insert(shm_hop + 3, " single-copy");
+  single_copy_ = size_ > 1 && shm_hop && settings::integer(settings::kLocalRegister) == 1;
+  if (const size_t at = shm_hop_in(transport_name_); single_copy_ && at != std::string::npos)
+    transport_name_.insert(at + 3, " single-copy");
   if (emulated) transport_name_ += " + link emulation";
   // The direct all-reduce, where every rank can take it: ranks that disagreed (their DDPLAB_* settings differ) would
   // wait on boards and FIFOs, each for the other.

@@ -18,8 +18,9 @@ namespace {
 
 // The group of comm's ranks with the same color, over the transport its topology calls for (within a node shared
 // memory, across nodes MPI), wrapped as the caller asks. `ids`: the group's node of each rank of comm (by rank).
+// `name`: what its hops use; `shm_hop`: whether shared memory reaches one of its peers.
 std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, const std::vector<int>& ids,
-                                           const HierAllreduce::WrapTransport& wrap, std::string& name) {
+                                           const HierAllreduce::WrapTransport& wrap, std::string& name, bool& shm_hop) {
   int n = 1;
   mpiCheck(MPI_Comm_size(comm, &n));
   std::vector<int> colors(n), group_ids;
@@ -32,6 +33,7 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
   ConnectedTransport t = connect_peers(group_comm, group, RingOptions{}, /*say_where=*/true);  // FIFOs: default size
   mpiCheck(MPI_Comm_free(&group_comm));
   name = t.description;
+  shm_hop = t.shm_hop;
   return wrap ? wrap(std::move(t.transport), group) : std::move(t.transport);
 }
 
@@ -61,8 +63,11 @@ HierAllreduce::HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap)
                                 std::to_string(sizes.size()) + " nodes have " + list + " ranks");
   }
   std::string intra_name, inter_name;
-  intra_ = split_transport(comm, node, rank, node_of, wrap, intra_name);
-  cross_ = std::make_unique<CrossNode>(split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name));
+  bool inter_shm = false;
+  intra_ = split_transport(comm, node, rank, node_of, wrap, intra_name, shm_hop_);
+  cross_ =
+      std::make_unique<CrossNode>(split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name, inter_shm));
+  shm_hop_ = shm_hop_ || inter_shm;
   const bool both = local_size() > 1 && nodes() > 1;
   transport_name_ = both ? intra_name + " + " + inter_name : local_size() > 1 ? intra_name : inter_name;
 }

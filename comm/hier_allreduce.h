@@ -35,6 +35,8 @@ class HierAllreduce {
   int local_rank() const { return intra_->rank(); }
   // What each group's hops use: "shm within node (1 peer) + mpi across nodes (1 peer)".
   const std::string& transport_name() const { return transport_name_; }
+  // Shared memory reaches one of this rank's peers in either group (its buffers can be registered: single copy).
+  bool shm_hop() const { return shm_hop_; }
 
   // out[i] = sum over the ranks of comm of in[i] (out == in: in place). Every rank calls it with the same count
   // and options and ends bitwise identical to the others. options as for ring_allreduce_sum (both groups use them;
@@ -51,6 +53,7 @@ class HierAllreduce {
   RingScratch intra_scratch_;
   std::unique_ptr<CrossNode> cross_;
   std::string transport_name_;
+  bool shm_hop_ = false;
 };
 
 }  // namespace ddplab

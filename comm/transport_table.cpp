@@ -188,6 +188,8 @@ ConnectedTransport connect_peers(MPI_Comm comm, const Topology& topology, const 
 
   ConnectedTransport connected;
   connected.description = describe(table, topology, rank, route, refused, say_where);
+  for (int p = 0; p < size; ++p)
+    connected.shm_hop |= p != rank && dynamic_cast<ShmTransport*>(transports[route[p]].get()) != nullptr;
   const bool one_entry = std::count(route.begin(), route.end(), route[0]) == size;
   const bool nothing_else =
       std::count_if(transports.begin(), transports.end(), [](const auto& t) { return t != nullptr; }) == 1;

@@ -72,6 +72,7 @@ struct ConnectedTransport {
   // ("shm within node (3 peers)").
   std::string description;
   ShmTransport* shm = nullptr;  // `transport`, when shared memory reaches every peer (the direct collectives)
+  bool shm_hop = false;         // shared memory reaches some peer (its buffers can be registered: single copy)
 };
 
 // Collective over comm: every rank's peers routed through the table (tests pass their own).
