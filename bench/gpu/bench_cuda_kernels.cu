@@ -225,12 +225,17 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
   float *losses = a.alloc<float>(N), *mean_loss = a.alloc<float>(1);
   int* count = a.alloc<int>(1);
   // Each call overwrites the logits with dlogits, whose softmax is as cheap to compute: same work every rep.
-  rep.add({"softmax_ce", std::string("softmax_cross_entropy_fused<") + tag + ">", dims({{"N", N}, {"V", V}}),
-           median_ms(opt, s,
-                     [&] {
-                       cuda::softmax_cross_entropy_fused<T>(logits, losses, mean_loss, count, logits, targets, N, V, 1.0f, s);
-                     }),
-           2.0 * N * V * t + 12.0 * N, 0});
+  // Each row kernel: streamed (the default) and staged in shared memory (where the row fits; else streamed again).
+  for (cuda::CrossEntropyRows rows : {cuda::CrossEntropyRows::kStreamed, cuda::CrossEntropyRows::kStaged}) {
+    const std::string how = rows == cuda::CrossEntropyRows::kStreamed ? "" : " (rows staged)";
+    rep.add({"softmax_ce", std::string("softmax_cross_entropy_fused<") + tag + ">" + how, dims({{"N", N}, {"V", V}}),
+             median_ms(opt, s,
+                       [&] {
+                         cuda::softmax_cross_entropy_fused<T>(logits, losses, mean_loss, count, logits, targets, N, V,
+                                                              1.0f, s, rows);
+                       }),
+             2.0 * N * V * t + 12.0 * N, 0});
+  }
 
   // Embedding: B sequences of S = 1024 tokens, all full length (the most work).
   const int S = std::min(N, 1024), B = N / S;

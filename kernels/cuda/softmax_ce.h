@@ -15,6 +15,11 @@
 
 namespace ddplab::cuda {
 
+// How the row kernel reads a row: twice from memory (streamed: any width), or once, staged in shared memory where the
+// row fits a block's (bf16 rows to ~113K, fp32 to ~56K on an H100/H200; wider rows, and rows that do not take 16-byte
+// packs, are streamed).
+enum class CrossEntropyRows { kStreamed, kStaged };
+
 // For the N rows of logits [N, V]:
 //   losses[n]    = logsumexp(logits[n, :]) - logits[n, targets[n]] on valid rows, 0 on ignored rows;
 //   dlogits[n,:] = grad_scale x (softmax(logits[n, :]) - onehot(targets[n])) / num_valid on valid rows, 0 on
@@ -26,6 +31,7 @@ namespace ddplab::cuda {
 // A target >= V is a caller bug; its row's loss is NaN (visible) rather than a read out of bounds.
 template <typename T>
 void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, int* num_valid, const T* logits,
-                                 const int32_t* targets, int N, int V, float grad_scale, cudaStream_t stream);
+                                 const int32_t* targets, int N, int V, float grad_scale, cudaStream_t stream,
+                                 CrossEntropyRows rows = CrossEntropyRows::kStreamed);
 
 }  // namespace ddplab::cuda

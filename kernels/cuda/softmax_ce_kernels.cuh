@@ -19,7 +19,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/launch.cuh"  // kMaxGridSize
+#include "kernels/cuda/launch.cuh"    // kMaxGridSize
+#include "kernels/cuda/softmax_ce.h"  // CrossEntropyRows
 
 namespace ddplab::cuda {
 namespace {
@@ -28,7 +29,7 @@ namespace softmax_ce {
 using detail::to_float;
 
 constexpr int kReduceBlock = 1024;  // one block for the count and the mean: N is at most a few 10^5 rows
-constexpr int kMaxRowBlock = 1024;  // the row kernel's widest block (row_block_size)
+constexpr int kMaxRowBlock = 1024;  // the streamed row kernel's widest block (row_block_size)
 constexpr size_t kScratchBytes = 32 * sizeof(double);  // each kernel's per-warp partials, in dynamic shared memory
 
 __global__ void __launch_bounds__(kReduceBlock)
@@ -47,7 +48,63 @@ __global__ void __launch_bounds__(kReduceBlock)
   }
 }
 
-// P = 1: one element per access; P = 16 / sizeof(T): one Pack, V % P == 0 and the rows 16-byte aligned.
+// The pieces both row kernels share. P = 1: one element per access; P = 16 / sizeof(T): one Pack, V % P == 0 and
+// the rows 16-byte aligned.
+
+// An ignored row (target < 0): loss 0, and a zero gradient where one is asked for.
+template <typename T, int P>
+__device__ __forceinline__ void ignore_row(T* d, float* loss, int packs) {
+  if (threadIdx.x == 0) *loss = 0.0f;
+  if (!d) return;
+  detail::Pack<T, P> zeros;
+#pragma unroll
+  for (int k = 0; k < P; ++k) zeros.v[k] = detail::from_float<T>(0.0f);
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) detail::store_pack<P>(d + int64_t{i} * P, zeros);
+}
+
+// One pack into the thread's running (max m, sum of exp s against m): one rescale of the sum per pack, not per
+// element, the pack's max first and then its exps against it.
+template <typename T, int P>
+__device__ __forceinline__ void add_pack(const detail::Pack<T, P>& x, float& m, float& s) {
+  float pack_max = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < P; ++k) pack_max = fmaxf(pack_max, to_float(x.v[k]));  // fmaxf drops a NaN: the sum keeps it
+  const float m_new = fmaxf(m, pack_max);
+  if (m_new == -INFINITY) {  // all -inf (or NaN) so far: nothing to add, as exp(-inf - -inf) would be NaN ...
+#pragma unroll
+    for (int k = 0; k < P; ++k)
+      if (isnan(to_float(x.v[k]))) s = NAN;  // ... but a NaN, which fmaxf dropped: it must still reach the loss
+    return;
+  }
+  s *= expf(m - m_new);  // m == -inf: s == 0 (or NaN, kept), and 0 * 0
+#pragma unroll
+  for (int k = 0; k < P; ++k) s += expf(to_float(x.v[k]) - m_new);
+  m = m_new;
+}
+
+// The gradient of the pack whose first element is column `first`: (p - onehot) x weight.
+template <typename T, int P>
+__device__ __forceinline__ detail::Pack<T, P> gradient_pack(const detail::Pack<T, P>& x, int first, int target,
+                                                            float row_max, float inv_sum, float weight) {
+  detail::Pack<T, P> g;
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const float p = expf(to_float(x.v[k]) - row_max) * inv_sum;
+    g.v[k] = detail::from_float<T>((p - (first + k == target ? 1.0f : 0.0f)) * weight);
+  }
+  return g;
+}
+
+// The block's (row max, sum of exp against it) from each thread's running pair, and the row's loss (log-sum-exp:
+// finite when p underflows). Barriers: every thread of the block calls it.
+__device__ __forceinline__ float2 finish_row(float m, float s, float z_target, float* loss, float* scratch) {
+  const float row_max = detail::block_max(m, scratch);
+  const float sum = detail::block_sum(m == -INFINITY ? s : s * expf(m - row_max), scratch);  // s: 0, or a NaN
+  if (threadIdx.x == 0) *loss = logf(sum) - (z_target - row_max);
+  return make_float2(row_max, sum);
+}
+
+// Streamed: pass 1 reads the row for (max, sum), pass 2 reads it again to write dlogits. Any row width.
 template <typename T, int P>
 __global__ void __launch_bounds__(kMaxRowBlock)
     softmax_cross_entropy_fused_kernel(T* dlogits, float* losses, const T* logits, const int32_t* targets,
@@ -61,53 +118,73 @@ __global__ void __launch_bounds__(kMaxRowBlock)
     const int target = targets[row];  // the same for the whole block: the branches below are block-uniform
     T* d = dlogits ? dlogits + row * V : nullptr;
     if (target < 0) {
-      if (threadIdx.x == 0) losses[row] = 0.0f;
-      if (d) {
-        detail::Pack<T, P> zeros;
-#pragma unroll
-        for (int k = 0; k < P; ++k) zeros.v[k] = detail::from_float<T>(0.0f);
-        for (int i = threadIdx.x; i < packs; i += blockDim.x) detail::store_pack<P>(d + int64_t{i} * P, zeros);
-      }
+      ignore_row<T, P>(d, losses + row, packs);
       continue;
     }
     const T* z = logits + row * V;
     // Read before any thread writes d (which may alias z): the reductions below are barriers.
     const float z_target = threadIdx.x == 0 ? (target < V ? to_float(z[target]) : NAN) : 0.0f;
-    // One rescale of the running sum per pack, not per element: the pack's max first, then its exps against it.
     float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < packs; i += blockDim.x) {
-      const detail::Pack<T, P> x = detail::load_pack<P>(z + int64_t{i} * P);
-      float pack_max = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < P; ++k) pack_max = fmaxf(pack_max, to_float(x.v[k]));  // fmaxf drops a NaN: the sum keeps it
-      const float m_new = fmaxf(m, pack_max);
-      if (m_new == -INFINITY) {  // all -inf (or NaN) so far: nothing to add, as exp(-inf - -inf) would be NaN ...
-#pragma unroll
-        for (int k = 0; k < P; ++k)
-          if (isnan(to_float(x.v[k]))) s = NAN;  // ... but a NaN, which fmaxf dropped: it must still reach the loss
-        continue;
-      }
-      s *= expf(m - m_new);  // m == -inf: s == 0 (or NaN, kept), and 0 * 0
-#pragma unroll
-      for (int k = 0; k < P; ++k) s += expf(to_float(x.v[k]) - m_new);
-      m = m_new;
-    }
-    const float row_max = detail::block_max(m, scratch);
-    const float sum = detail::block_sum(m == -INFINITY ? s : s * expf(m - row_max), scratch);  // s: 0, or a NaN
-    if (threadIdx.x == 0) losses[row] = logf(sum) - (z_target - row_max);  // log-sum-exp: finite when p underflows
+    for (int i = threadIdx.x; i < packs; i += blockDim.x)
+      add_pack<T, P>(detail::load_pack<P>(z + int64_t{i} * P), m, s);
+    const float2 max_sum = finish_row(m, s, z_target, losses + row, scratch);
     if (d) {
-      const float inv_sum = 1.0f / sum;
-      for (int i = threadIdx.x; i < packs; i += blockDim.x) {
-        const detail::Pack<T, P> x = detail::load_pack<P>(z + int64_t{i} * P);
-        detail::Pack<T, P> g;
-#pragma unroll
-        for (int k = 0; k < P; ++k) {
-          const float p = expf(to_float(x.v[k]) - row_max) * inv_sum;
-          g.v[k] = detail::from_float<T>((p - (i * P + k == target ? 1.0f : 0.0f)) * weight);
-        }
-        detail::store_pack<P>(d + int64_t{i} * P, g);
-      }
+      const float inv_sum = 1.0f / max_sum.y;
+      for (int i = threadIdx.x; i < packs; i += blockDim.x)
+        detail::store_pack<P>(d + int64_t{i} * P, gradient_pack<T, P>(detail::load_pack<P>(z + int64_t{i} * P), i * P,
+                                                                      target, max_sum.x, inv_sum, weight));
     }
+  }
+}
+
+// Staged: pass 1 keeps the row in shared memory as it reads it, kLoadsInFlight packs a thread at a time, and pass 2
+// takes it from there, so the logits cross memory twice (read, dlogits written), not three times. The streamed
+// kernel at gpt2-small's shapes moved all three trips at the copy's rate (0.588 ms in bf16 on an H200: 98% of copy
+// for three trips, 66% for the two counted). Rows of at most the block's shared memory (staged_bytes); a thread's
+// packs are the streamed kernel's at the same block size, in the same order, so are its sums.
+constexpr int kStagedRowBlock = 512;
+constexpr int kLoadsInFlight = 4;
+template <typename T, int P>
+__global__ void __launch_bounds__(kStagedRowBlock)
+    softmax_cross_entropy_staged_kernel(T* dlogits, float* losses, const T* logits, const int32_t* targets,
+                                        const int* num_valid, int N, int V, float grad_scale) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* scratch = reinterpret_cast<float*>(smem);                                           // [32]
+  detail::Pack<T, P>* staged = reinterpret_cast<detail::Pack<T, P>*>(smem + kScratchBytes);  // [V / P]: the row
+  const int count = *num_valid;
+  const float weight = count > 0 ? grad_scale / static_cast<float>(count) : 0.0f;
+  const int packs = V / P;
+  const int stride = static_cast<int>(blockDim.x);
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int target = targets[row];
+    T* d = dlogits ? dlogits + row * V : nullptr;
+    if (target < 0) {
+      ignore_row<T, P>(d, losses + row, packs);
+      continue;
+    }
+    const T* z = logits + row * V;
+    const float z_target = threadIdx.x == 0 ? (target < V ? to_float(z[target]) : NAN) : 0.0f;
+    float m = -INFINITY, s = 0.0f;
+    for (int base = static_cast<int>(threadIdx.x); base < packs; base += kLoadsInFlight * stride) {
+      detail::Pack<T, P> x[kLoadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u)
+        if (base + u * stride < packs) x[u] = detail::load_pack<P>(z + int64_t{base + u * stride} * P);
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u)
+        if (base + u * stride < packs) {
+          staged[base + u * stride] = x[u];
+          add_pack<T, P>(x[u], m, s);
+        }
+    }
+    const float2 max_sum = finish_row(m, s, z_target, losses + row, scratch);  // barriers: the row staged
+    if (d) {
+      const float inv_sum = 1.0f / max_sum.y;
+      for (int i = static_cast<int>(threadIdx.x); i < packs; i += stride)
+        detail::store_pack<P>(d + int64_t{i} * P,
+                              gradient_pack<T, P>(staged[i], i * P, target, max_sum.x, inv_sum, weight));
+    }
+    __syncthreads();  // the next row's stage overwrites this one
   }
 }
 
@@ -136,21 +213,38 @@ inline int row_block_size(int accesses) {
   return accesses <= 64 ? 32 : accesses <= 2048 ? 128 : accesses <= 16384 ? 256 : kMaxRowBlock;
 }
 
+// The staged kernel's threads for a row of `packs`: kLoadsInFlight packs a thread at a time, whole warps, at most
+// kStagedRowBlock. Its shared memory: the scratch and the row.
+inline int staged_block_size(int packs) {
+  const int threads = (packs + kLoadsInFlight - 1) / kLoadsInFlight;
+  return std::min(kStagedRowBlock, std::max(32, (threads + 31) / 32 * 32));
+}
+inline size_t staged_bytes(int V, size_t element_bytes) {
+  return kScratchBytes + static_cast<size_t>(V) * element_bytes;
+}
+
 // The three launches, through `launch(kernel, grid, block, smem_bytes, args...)`: detail::launch_on(stream) in
 // softmax_ce.cu, the emulation's in tests/emu. A block per row, up to max_blocks (the grid's limit; the emulation
-// sets fewer, so that blocks walk rows). Fewer blocks, to keep the rows of pass 2's re-read in L2 (half the L2's
-// worth: 251 blocks of 1024 threads for gpt2-small's bf16 logits), made it slower on an H200: 0.712 ms against
-// 0.588, fp32 1.289 against 1.157 (bench/results/2026-11-29-h200-speed/kernels.log). Arguments checked by the caller.
+// sets fewer, so that blocks walk rows); `rows` picks the row kernel (staged only where the row fits max_block_smem,
+// the device's shared memory a block, and takes 16-byte packs).
+// Fewer blocks, to keep the rows of pass 2's re-read in L2 (half the L2's worth: 251 blocks of 1024 threads for
+// gpt2-small's bf16 logits), made it slower on an H200: 0.712 ms against 0.588, fp32 1.289 against 1.157
+// (bench/results/2026-11-29-h200-speed/kernels.log). Arguments checked by the caller.
 template <typename Launch, typename T>
 void softmax_cross_entropy_launches(Launch launch, T* dlogits, float* losses, float* mean_loss, int* num_valid,
                                     const T* logits, const int32_t* targets, int N, int V, float grad_scale,
-                                    int64_t max_blocks) {
+                                    CrossEntropyRows rows, int64_t max_blocks, size_t max_block_smem) {
   // N == 0 still runs the two one-block kernels: they write the defined results (0 rows, mean 0).
   launch(cross_entropy_count_valid_kernel, dim3(1), dim3(kReduceBlock), kScratchBytes, num_valid, targets, N);
   if (N > 0) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(N, max_blocks)));
     constexpr int P = 16 / sizeof(T);
-    if (V % P == 0 && detail::all_aligned(16, logits, dlogits))
+    const bool packed = V % P == 0 && detail::all_aligned(16, logits, dlogits);
+    if (packed && rows == CrossEntropyRows::kStaged && staged_bytes(V, sizeof(T)) <= max_block_smem)
+      launch(softmax_cross_entropy_staged_kernel<T, P>, grid, dim3(staged_block_size(V / P)),
+             staged_bytes(V, sizeof(T)), dlogits, losses, logits, targets, static_cast<const int*>(num_valid), N, V,
+             grad_scale);
+    else if (packed)
       launch(softmax_cross_entropy_fused_kernel<T, P>, grid, dim3(row_block_size(V / P)), kScratchBytes, dlogits,
              losses, logits, targets, static_cast<const int*>(num_valid), N, V, grad_scale);
     else

@@ -43,6 +43,8 @@ using ddplab::gpu_test::random_vector;
 
 // The grid's limit: a block for every row of these small batches, or 2 blocks that walk the rows.
 constexpr int64_t kEveryRow = 65535, kTwoBlocks = 2;
+// The shared memory a block may take on an H100/H200 (opt-in): every staged row of these cases fits.
+constexpr size_t kBlockSmem = 227 * 1024;
 
 struct Case {
   int N, V;
@@ -78,27 +80,29 @@ void emulated_matches_cpu(const Case& c) {
   std::vector<Variant> variants = {{"dlogits over the logits", true, false, 1.0f},
                                    {"separate dlogits, scale 0.7", false, false, 0.7f}};
   if (V % 2 == 1) variants.push_back({"forward only", false, true, 1.0f});  // each path once is enough
-  for (const Variant& v : variants) {
-    SCOPED_TRACE(v.what);
-    std::vector<T> x = device_values<T>(logits), d(v.alias || v.forward_only ? 0 : int64_t{N} * V);
-    T* dl = v.forward_only ? nullptr : v.alias ? x.data() : d.data();
-    // NaN where the kernels must write: a value they leave shows.
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    std::vector<float> got_losses(N, nan), got_mean(1, nan);
-    std::vector<int> count(1, -1);
-    cuda::softmax_cross_entropy_launches(emulated_launch, dl, got_losses.data(), got_mean.data(), count.data(),
-                                         static_cast<const T*>(x.data()), targets.data(), N, V, v.scale, c.max_blocks);
-    EXPECT_EQ(count[0], num_valid);
-    EXPECT_TRUE(AllClose(got_losses, losses, 1e-5, 1e-6)) << "losses";
-    EXPECT_TRUE(AllClose(got_mean, {mean}, 1e-5, 1e-7)) << "mean";
-    if (v.forward_only) {
-      EXPECT_TRUE(AllClose(host_values<T>(x), logits, 0, 0)) << "logits must be left alone";
-      continue;
+  for (const Variant& v : variants)
+    for (cuda::CrossEntropyRows rows : {cuda::CrossEntropyRows::kStreamed, cuda::CrossEntropyRows::kStaged}) {
+      SCOPED_TRACE(std::string(v.what) + (rows == cuda::CrossEntropyRows::kStreamed ? ", streamed" : ", staged"));
+      std::vector<T> x = device_values<T>(logits), d(v.alias || v.forward_only ? 0 : int64_t{N} * V);
+      T* dl = v.forward_only ? nullptr : v.alias ? x.data() : d.data();
+      // NaN where the kernels must write: a value they leave shows.
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> got_losses(N, nan), got_mean(1, nan);
+      std::vector<int> count(1, -1);
+      cuda::softmax_cross_entropy_launches(emulated_launch, dl, got_losses.data(), got_mean.data(), count.data(),
+                                           static_cast<const T*>(x.data()), targets.data(), N, V, v.scale, rows,
+                                           c.max_blocks, kBlockSmem);
+      EXPECT_EQ(count[0], num_valid);
+      EXPECT_TRUE(AllClose(got_losses, losses, 1e-5, 1e-6)) << "losses";
+      EXPECT_TRUE(AllClose(got_mean, {mean}, 1e-5, 1e-7)) << "mean";
+      if (v.forward_only) {
+        EXPECT_TRUE(AllClose(host_values<T>(x), logits, 0, 0)) << "logits must be left alone";
+        continue;
+      }
+      std::vector<float> want = dlogits;
+      for (float& g : want) g *= v.scale;
+      EXPECT_TRUE(AllClose(host_values<T>(v.alias ? x : d), want, grad_rtol, 1e-6)) << "dlogits";
     }
-    std::vector<float> want = dlogits;
-    for (float& g : want) g *= v.scale;
-    EXPECT_TRUE(AllClose(host_values<T>(v.alias ? x : d), want, grad_rtol, 1e-6)) << "dlogits";
-  }
 }
 
 // Row widths for each block size (row_block_size: up to 64 accesses 32 threads, up to 2048 128, up to 16384 256,
@@ -133,7 +137,8 @@ TEST(SoftmaxCrossEntropyEmu, MaskedLogits) {
   std::vector<float> got(int64_t{N} * V), got_losses(N), got_mean(1);
   std::vector<int> count(1);
   cuda::softmax_cross_entropy_launches(emulated_launch, got.data(), got_losses.data(), got_mean.data(), count.data(),
-                                       logits.data(), targets.data(), N, V, 1.0f, kEveryRow);
+                                       logits.data(), targets.data(), N, V, 1.0f, cuda::CrossEntropyRows::kStreamed,
+                                       kEveryRow, kBlockSmem);
   EXPECT_TRUE(AllClose(got_losses, losses, 1e-5, 1e-6)) << "losses";
   EXPECT_TRUE(AllClose(got_mean, {mean}, 1e-5, 1e-7)) << "mean";
   EXPECT_TRUE(AllClose(got, dlogits, 1e-5, 1e-6)) << "dlogits";
@@ -162,7 +167,7 @@ TEST(SoftmaxCrossEntropyEmu, ANaNLogitReachesTheLoss) {
     std::vector<int> count(1);
     cuda::softmax_cross_entropy_launches(emulated_launch, static_cast<float*>(nullptr), got_losses.data(),
                                          got_mean.data(), count.data(), logits.data(), targets.data(), N, V, 1.0f,
-                                         kEveryRow);
+                                         cuda::CrossEntropyRows::kStreamed, kEveryRow, kBlockSmem);
     EXPECT_TRUE(std::isnan(got_losses[0])) << got_losses[0];
     EXPECT_TRUE(std::isnan(got_mean[0])) << got_mean[0];
     EXPECT_TRUE(AllClose({got_losses[1]}, {losses[1]}, 1e-5, 1e-6));
@@ -177,7 +182,8 @@ TEST(SoftmaxCrossEntropyEmu, ATargetPastTheVocabularyGivesNaN) {
   std::vector<float> losses(N), mean(1);
   std::vector<int> count(1);
   cuda::softmax_cross_entropy_launches(emulated_launch, static_cast<float*>(nullptr), losses.data(), mean.data(),
-                                       count.data(), logits.data(), targets.data(), N, V, 1.0f, kEveryRow);
+                                       count.data(), logits.data(), targets.data(), N, V, 1.0f,
+                                       cuda::CrossEntropyRows::kStreamed, kEveryRow, kBlockSmem);
   EXPECT_TRUE(std::isfinite(losses[0]));
   EXPECT_TRUE(std::isnan(losses[1]));
 }

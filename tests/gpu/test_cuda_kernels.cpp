@@ -390,33 +390,35 @@ void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
                                                           targets.data(), N, V, &num_valid);
     cpu::softmax_cross_entropy_backward(dlogits.data(), exps.data(), sums.data(), targets.data(), N, V);
 
-    for (const auto& [alias, scale] : {std::pair{false, 1.0f}, {true, 1.0f}, {false, 0.7f}}) {
-      // dlogits written over the logits, as a training step does; a micro-batch's weight on the gradient
-      SCOPED_TRACE(std::string(alias ? "dlogits aliases logits" : "separate dlogits") + ", scale " +
-                   std::to_string(scale));
-      std::unique_ptr<DeviceBuffer<T>> d_logits, d_dlogits;
-      if constexpr (std::is_same_v<T, bf16>)
-        d_logits = std::make_unique<DeviceBuffer<T>>(to_bf16(logits), stream);
-      else
-        d_logits = std::make_unique<DeviceBuffer<T>>(logits, stream);
-      if (!alias) d_dlogits = std::make_unique<DeviceBuffer<T>>(int64_t{N} * V, stream);
-      T* dl = alias ? d_logits->get() : d_dlogits->get();
-      DeviceBuffer<int32_t> d_targets(targets, stream), d_count(1, stream);
-      DeviceArray d_losses(N, stream), d_mean(1, stream);
-      cuda::softmax_cross_entropy_fused<T>(dl, d_losses.get(), d_mean.get(), d_count.get(), d_logits->get(),
-                                           d_targets.get(), N, V, scale, stream);
-      EXPECT_EQ(d_count.download()[0], num_valid);
-      EXPECT_TRUE(AllClose(d_losses.download(), losses, 1e-5, 1e-6)) << "losses";
-      EXPECT_TRUE(AllClose(d_mean.download(), {mean}, 1e-5, 1e-7)) << "mean";
-      std::vector<float> got;
-      if constexpr (std::is_same_v<T, bf16>)
-        got = to_f32((alias ? *d_logits : *d_dlogits).download());
-      else
-        got = (alias ? *d_logits : *d_dlogits).download();
-      std::vector<float> want = dlogits;
-      for (float& g : want) g *= scale;
-      EXPECT_TRUE(AllClose(got, want, grad_rtol, 1e-6)) << "dlogits";
-    }
+    for (const auto& [alias, scale] : {std::pair{false, 1.0f}, {true, 1.0f}, {false, 0.7f}})
+      for (cuda::CrossEntropyRows rows : {cuda::CrossEntropyRows::kStreamed, cuda::CrossEntropyRows::kStaged}) {
+        // dlogits written over the logits, as a training step does; a micro-batch's weight on the gradient; each row
+        // kernel (staged where the row fits the block's shared memory: every row here but fp32's 50257 and 50304)
+        SCOPED_TRACE(std::string(alias ? "dlogits aliases logits" : "separate dlogits") + ", scale " +
+                     std::to_string(scale) + (rows == cuda::CrossEntropyRows::kStreamed ? ", streamed" : ", staged"));
+        std::unique_ptr<DeviceBuffer<T>> d_logits, d_dlogits;
+        if constexpr (std::is_same_v<T, bf16>)
+          d_logits = std::make_unique<DeviceBuffer<T>>(to_bf16(logits), stream);
+        else
+          d_logits = std::make_unique<DeviceBuffer<T>>(logits, stream);
+        if (!alias) d_dlogits = std::make_unique<DeviceBuffer<T>>(int64_t{N} * V, stream);
+        T* dl = alias ? d_logits->get() : d_dlogits->get();
+        DeviceBuffer<int32_t> d_targets(targets, stream), d_count(1, stream);
+        DeviceArray d_losses(N, stream), d_mean(1, stream);
+        cuda::softmax_cross_entropy_fused<T>(dl, d_losses.get(), d_mean.get(), d_count.get(), d_logits->get(),
+                                             d_targets.get(), N, V, scale, stream, rows);
+        EXPECT_EQ(d_count.download()[0], num_valid);
+        EXPECT_TRUE(AllClose(d_losses.download(), losses, 1e-5, 1e-6)) << "losses";
+        EXPECT_TRUE(AllClose(d_mean.download(), {mean}, 1e-5, 1e-7)) << "mean";
+        std::vector<float> got;
+        if constexpr (std::is_same_v<T, bf16>)
+          got = to_f32((alias ? *d_logits : *d_dlogits).download());
+        else
+          got = (alias ? *d_logits : *d_dlogits).download();
+        std::vector<float> want = dlogits;
+        for (float& g : want) g *= scale;
+        EXPECT_TRUE(AllClose(got, want, grad_rtol, 1e-6)) << "dlogits";
+      }
   }
 }
 
