@@ -82,6 +82,9 @@ void emulated_matches_cpu(const Case& c) {
   if (V % 2 == 1) variants.push_back({"forward only", false, true, 1.0f});  // each path once is enough
   for (const Variant& v : variants)
     for (cuda::CrossEntropyRows rows : {cuda::CrossEntropyRows::kStreamed, cuda::CrossEntropyRows::kStaged}) {
+      // The staged kernel shares the gradient's arithmetic with the streamed one: over the logits (a training step's
+      // way) and forward only are enough for it.
+      if (rows == cuda::CrossEntropyRows::kStaged && !v.alias && !v.forward_only) continue;
       SCOPED_TRACE(std::string(v.what) + (rows == cuda::CrossEntropyRows::kStreamed ? ", streamed" : ", staged"));
       std::vector<T> x = device_values<T>(logits), d(v.alias || v.forward_only ? 0 : int64_t{N} * V);
       T* dl = v.forward_only ? nullptr : v.alias ? x.data() : d.data();
