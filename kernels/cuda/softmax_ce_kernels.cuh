@@ -104,16 +104,26 @@ __device__ __forceinline__ float2 finish_row(float m, float s, float z_target, f
   return make_float2(row_max, sum);
 }
 
-// Streamed: pass 1 reads the row for (max, sum), pass 2 reads it again to write dlogits. Any row width.
-template <typename T, int P>
+// The row kernel: a block per row at a time (blocks walk the rows), pass 1 the row's (max, sum of exp) and its loss,
+// pass 2 dlogits.
+// - Streamed (kStaged false): pass 2 reads the row again. Any row width.
+// - Staged: pass 1 keeps the row in shared memory as it reads it, kLoadsInFlight packs a thread at a time, and pass 2
+//   takes it from there, so the logits cross memory twice (read, dlogits written), not three times. The streamed
+//   kernel at gpt2-small's shapes moved all three trips at the copy's rate (0.588 ms in bf16 on an H200: 98% of copy
+//   for three trips, 66% for the two counted). Rows of at most the block's shared memory (staged_bytes).
+// A thread's packs, and so its sums, are the same in both at the same block size.
+constexpr int kLoadsInFlight = 4;
+template <typename T, int P, bool kStaged>
 __global__ void __launch_bounds__(kMaxRowBlock)
     softmax_cross_entropy_fused_kernel(T* dlogits, float* losses, const T* logits, const int32_t* targets,
                                        const int* num_valid, int N, int V, float grad_scale) {
   extern __shared__ __align__(16) unsigned char smem[];
-  float* scratch = reinterpret_cast<float*>(smem);  // [32]
+  float* scratch = reinterpret_cast<float*>(smem);                                           // [32]
+  detail::Pack<T, P>* staged = reinterpret_cast<detail::Pack<T, P>*>(smem + kScratchBytes);  // [V / P] if kStaged
   const int count = *num_valid;
   const float weight = count > 0 ? grad_scale / static_cast<float>(count) : 0.0f;  // of each valid row's gradient
   const int packs = V / P;
+  const int stride = static_cast<int>(blockDim.x);
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const int target = targets[row];  // the same for the whole block: the branches below are block-uniform
     T* d = dlogits ? dlogits + row * V : nullptr;
@@ -125,66 +135,32 @@ __global__ void __launch_bounds__(kMaxRowBlock)
     // Read before any thread writes d (which may alias z): the reductions below are barriers.
     const float z_target = threadIdx.x == 0 ? (target < V ? to_float(z[target]) : NAN) : 0.0f;
     float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < packs; i += blockDim.x)
-      add_pack<T, P>(detail::load_pack<P>(z + int64_t{i} * P), m, s);
-    const float2 max_sum = finish_row(m, s, z_target, losses + row, scratch);
-    if (d) {
-      const float inv_sum = 1.0f / max_sum.y;
-      for (int i = threadIdx.x; i < packs; i += blockDim.x)
-        detail::store_pack<P>(d + int64_t{i} * P, gradient_pack<T, P>(detail::load_pack<P>(z + int64_t{i} * P), i * P,
-                                                                      target, max_sum.x, inv_sum, weight));
-    }
-  }
-}
-
-// Staged: pass 1 keeps the row in shared memory as it reads it, kLoadsInFlight packs a thread at a time, and pass 2
-// takes it from there, so the logits cross memory twice (read, dlogits written), not three times. The streamed
-// kernel at gpt2-small's shapes moved all three trips at the copy's rate (0.588 ms in bf16 on an H200: 98% of copy
-// for three trips, 66% for the two counted). Rows of at most the block's shared memory (staged_bytes); a thread's
-// packs are the streamed kernel's at the same block size, in the same order, so are its sums.
-constexpr int kStagedRowBlock = 512;
-constexpr int kLoadsInFlight = 4;
-template <typename T, int P>
-__global__ void __launch_bounds__(kStagedRowBlock)
-    softmax_cross_entropy_staged_kernel(T* dlogits, float* losses, const T* logits, const int32_t* targets,
-                                        const int* num_valid, int N, int V, float grad_scale) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* scratch = reinterpret_cast<float*>(smem);                                           // [32]
-  detail::Pack<T, P>* staged = reinterpret_cast<detail::Pack<T, P>*>(smem + kScratchBytes);  // [V / P]: the row
-  const int count = *num_valid;
-  const float weight = count > 0 ? grad_scale / static_cast<float>(count) : 0.0f;
-  const int packs = V / P;
-  const int stride = static_cast<int>(blockDim.x);
-  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    const int target = targets[row];
-    T* d = dlogits ? dlogits + row * V : nullptr;
-    if (target < 0) {
-      ignore_row<T, P>(d, losses + row, packs);
-      continue;
-    }
-    const T* z = logits + row * V;
-    const float z_target = threadIdx.x == 0 ? (target < V ? to_float(z[target]) : NAN) : 0.0f;
-    float m = -INFINITY, s = 0.0f;
-    for (int base = static_cast<int>(threadIdx.x); base < packs; base += kLoadsInFlight * stride) {
-      detail::Pack<T, P> x[kLoadsInFlight];
+    if constexpr (kStaged) {
+      for (int base = static_cast<int>(threadIdx.x); base < packs; base += kLoadsInFlight * stride) {
+        detail::Pack<T, P> x[kLoadsInFlight];
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u)
-        if (base + u * stride < packs) x[u] = detail::load_pack<P>(z + int64_t{base + u * stride} * P);
+        for (int u = 0; u < kLoadsInFlight; ++u)
+          if (base + u * stride < packs) x[u] = detail::load_pack<P>(z + int64_t{base + u * stride} * P);
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u)
-        if (base + u * stride < packs) {
-          staged[base + u * stride] = x[u];
-          add_pack<T, P>(x[u], m, s);
-        }
-    }
-    const float2 max_sum = finish_row(m, s, z_target, losses + row, scratch);  // barriers: the row staged
-    if (d) {
-      const float inv_sum = 1.0f / max_sum.y;
+        for (int u = 0; u < kLoadsInFlight; ++u)
+          if (base + u * stride < packs) {
+            staged[base + u * stride] = x[u];
+            add_pack<T, P>(x[u], m, s);
+          }
+      }
+    } else {
       for (int i = static_cast<int>(threadIdx.x); i < packs; i += stride)
-        detail::store_pack<P>(d + int64_t{i} * P,
-                              gradient_pack<T, P>(staged[i], i * P, target, max_sum.x, inv_sum, weight));
+        add_pack<T, P>(detail::load_pack<P>(z + int64_t{i} * P), m, s);
     }
-    __syncthreads();  // the next row's stage overwrites this one
+    const float2 max_sum = finish_row(m, s, z_target, losses + row, scratch);  // barriers: the row staged, if so
+    if (d) {
+      const float inv_sum = 1.0f / max_sum.y;
+      for (int i = static_cast<int>(threadIdx.x); i < packs; i += stride) {
+        const detail::Pack<T, P> x = kStaged ? staged[i] : detail::load_pack<P>(z + int64_t{i} * P);
+        detail::store_pack<P>(d + int64_t{i} * P, gradient_pack<T, P>(x, i * P, target, max_sum.x, inv_sum, weight));
+      }
+    }
+    if constexpr (kStaged) __syncthreads();  // the next row's stage overwrites this one
   }
 }
 
@@ -214,7 +190,8 @@ inline int row_block_size(int accesses) {
 }
 
 // The staged kernel's threads for a row of `packs`: kLoadsInFlight packs a thread at a time, whole warps, at most
-// kStagedRowBlock. Its shared memory: the scratch and the row.
+// 512 (2 blocks of gpt2-small's 100.6 KB bf16 rows an SM). Its shared memory: the scratch and the row.
+constexpr int kStagedRowBlock = 512;
 inline int staged_block_size(int packs) {
   const int threads = (packs + kLoadsInFlight - 1) / kLoadsInFlight;
   return std::min(kStagedRowBlock, std::max(32, (threads + 31) / 32 * 32));
@@ -241,15 +218,15 @@ void softmax_cross_entropy_launches(Launch launch, T* dlogits, float* losses, fl
     constexpr int P = 16 / sizeof(T);
     const bool packed = V % P == 0 && detail::all_aligned(16, logits, dlogits);
     if (packed && rows == CrossEntropyRows::kStaged && staged_bytes(V, sizeof(T)) <= max_block_smem)
-      launch(softmax_cross_entropy_staged_kernel<T, P>, grid, dim3(staged_block_size(V / P)),
+      launch(softmax_cross_entropy_fused_kernel<T, P, true>, grid, dim3(staged_block_size(V / P)),
              staged_bytes(V, sizeof(T)), dlogits, losses, logits, targets, static_cast<const int*>(num_valid), N, V,
              grad_scale);
     else if (packed)
-      launch(softmax_cross_entropy_fused_kernel<T, P>, grid, dim3(row_block_size(V / P)), kScratchBytes, dlogits,
+      launch(softmax_cross_entropy_fused_kernel<T, P, false>, grid, dim3(row_block_size(V / P)), kScratchBytes, dlogits,
              losses, logits, targets, static_cast<const int*>(num_valid), N, V, grad_scale);
     else
-      launch(softmax_cross_entropy_fused_kernel<T, 1>, grid, dim3(row_block_size(V)), kScratchBytes, dlogits, losses,
-             logits, targets, static_cast<const int*>(num_valid), N, V, grad_scale);
+      launch(softmax_cross_entropy_fused_kernel<T, 1, false>, grid, dim3(row_block_size(V)), kScratchBytes, dlogits,
+             losses, logits, targets, static_cast<const int*>(num_valid), N, V, grad_scale);
   }
   if (mean_loss != nullptr)
     launch(cross_entropy_mean_loss_kernel, dim3(1), dim3(kReduceBlock), kScratchBytes, mean_loss,
