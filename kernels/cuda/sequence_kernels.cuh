@@ -24,6 +24,9 @@ __global__ void mean_pool_forward_kernel(T* out, const T* inp, const int32_t* le
     const float inv = L > 0 ? 1.0f / static_cast<float>(L) : 0.0f;
     for (int64_t c = detail::global_index(); c < C; c += detail::grid_stride()) {
       float sum = 0.0f;
+      // Unrolled, so that a thread has several rows' loads in flight (the adds stay in order): B x C threads are few
+      // (6144 at gpt2-small's shapes, ~1.5 warps an SM), and one load at a time moved 15% of copy on an H200.
+#pragma unroll 8
       for (int t = 0; t < L; ++t) sum += to_float(inp[(int64_t{b} * S + t) * C + c]);
       out[int64_t{b} * C + c] = from_float<T>(sum * inv);
     }
