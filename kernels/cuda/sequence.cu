@@ -23,6 +23,9 @@ void check_sizes(const char* what, int B, int S, int C) {
                                 " S=" + std::to_string(S) + " C=" + std::to_string(C));
 }
 
+// The kernels that give a warp each row of [B, S, width]: its rows per block of kBlockSize threads.
+constexpr int kRowsPerBlock = detail::kBlockSize / 32;
+
 }  // namespace
 
 template <typename T>
@@ -39,7 +42,6 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
   check_sizes("mean_pool_backward", B, S, C);
   const int64_t n = int64_t{B} * S * C;
   if (n == 0) return;
-  constexpr int kRowsPerBlock = detail::kBlockSize / 32;  // a warp per row
   mean_pool_backward_kernel<T><<<detail::grid_size(int64_t{B} * S, kRowsPerBlock), detail::kBlockSize, 0, stream>>>(
       dinp, dout, lengths, B, S, C);
   cudaCheck(cudaGetLastError());
@@ -58,7 +60,6 @@ void zero_padded_rows(__nv_bfloat16* x, const int32_t* lengths, int B, int S, in
   check_sizes("zero_padded_rows", B, S, width);
   const int64_t n = int64_t{B} * S * width;
   if (n == 0 || lengths == nullptr) return;
-  constexpr int kRowsPerBlock = detail::kBlockSize / 32;  // a warp per row
   zero_padded_rows_kernel<<<detail::grid_size(int64_t{B} * S, kRowsPerBlock), detail::kBlockSize, 0, stream>>>(
       x, lengths, B, S, width);
   cudaCheck(cudaGetLastError());

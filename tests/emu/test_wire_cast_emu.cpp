@@ -50,14 +50,19 @@ std::vector<float> boundary_values(Format f) {
 // Each kernel as the launcher runs it: 4 elements per access (packed) or 1.
 const char* name(bool packed) { return packed ? "packed" : "scalar"; }
 
+// The format's and the access width's instance of a kernel, run over n elements (as wire_cast.cu's launch picks).
+template <typename... Params, typename... Args>
+void emulate(Format f, bool packed, void (*bf16_packed)(Params...), void (*bf16)(Params...),
+             void (*fp16_packed)(Params...), void (*fp16)(Params...), Args... args) {
+  const auto kernel = f == Format::kBf16 ? (packed ? bf16_packed : bf16) : (packed ? fp16_packed : fp16);
+  ddplab::emu::emulate_launch(kGrid, kBlock, 0, kernel, args...);
+}
+
 std::vector<uint16_t> emulated_encode(Format f, bool packed, const std::vector<float>& x) {
   std::vector<uint16_t> out(x.size());
-  const auto n = static_cast<int64_t>(x.size());
-  const auto run = [&](auto kernel) { ddplab::emu::emulate_launch(kGrid, kBlock, 0, kernel, out.data(), x.data(), n); };
-  if (f == Format::kBf16)
-    packed ? run(wc::encode_kernel<Format::kBf16, 4>) : run(wc::encode_kernel<Format::kBf16, 1>);
-  else
-    packed ? run(wc::encode_kernel<Format::kFp16, 4>) : run(wc::encode_kernel<Format::kFp16, 1>);
+  emulate(f, packed, wc::encode_kernel<Format::kBf16, 4>, wc::encode_kernel<Format::kBf16, 1>,
+          wc::encode_kernel<Format::kFp16, 4>, wc::encode_kernel<Format::kFp16, 1>, out.data(), x.data(),
+          static_cast<int64_t>(x.size()));
   return out;
 }
 
@@ -84,13 +89,8 @@ TEST(WireCastEmulated, DecodeIsTheCpuWiresOnEveryWord) {
       SCOPED_TRACE(std::string(name(f)) + ", " + name(packed));
       std::vector<float> want(words.size()), got(words.size(), -1.f);
       wire::decode(f, want.data(), words.data(), words.size());
-      const auto run = [&](auto kernel) {
-        ddplab::emu::emulate_launch(kGrid, kBlock, 0, kernel, got.data(), words.data(), n);
-      };
-      if (f == Format::kBf16)
-        packed ? run(wc::decode_kernel<Format::kBf16, 4>) : run(wc::decode_kernel<Format::kBf16, 1>);
-      else
-        packed ? run(wc::decode_kernel<Format::kFp16, 4>) : run(wc::decode_kernel<Format::kFp16, 1>);
+      emulate(f, packed, wc::decode_kernel<Format::kBf16, 4>, wc::decode_kernel<Format::kBf16, 1>,
+              wc::decode_kernel<Format::kFp16, 4>, wc::decode_kernel<Format::kFp16, 1>, got.data(), words.data(), n);
       for (size_t i = 0; i < words.size(); ++i)
         ASSERT_EQ(wire::f32_bits(got[i]), wire::f32_bits(want[i])) << "word 0x" << std::hex << i;
     }
@@ -112,14 +112,9 @@ TEST(WireCastEmulated, AddEncodeIsTheCpuRingsHop) {
         std::vector<float> acc = own;
         wire::reduce_encode(f, acc.data(), want.data(), in16.data(), count);
         std::vector<uint16_t> got = in16;
-        const auto n = static_cast<int64_t>(count);
-        const auto run = [&](auto kernel) {
-          ddplab::emu::emulate_launch(kGrid, kBlock, 0, kernel, got.data(), own.data(), n);
-        };
-        if (f == Format::kBf16)
-          packed ? run(wc::add_encode_kernel<Format::kBf16, 4>) : run(wc::add_encode_kernel<Format::kBf16, 1>);
-        else
-          packed ? run(wc::add_encode_kernel<Format::kFp16, 4>) : run(wc::add_encode_kernel<Format::kFp16, 1>);
+        emulate(f, packed, wc::add_encode_kernel<Format::kBf16, 4>, wc::add_encode_kernel<Format::kBf16, 1>,
+                wc::add_encode_kernel<Format::kFp16, 4>, wc::add_encode_kernel<Format::kFp16, 1>, got.data(),
+                own.data(), static_cast<int64_t>(count));
         ASSERT_EQ(got, want) << count << " elements";
       }
     }
