@@ -31,7 +31,7 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const flo
 
 int64_t layernorm_backward_scratch_floats(int N, int C) {
   check_sizes("layernorm_backward_scratch_floats", N, C);
-  return int64_t{layernorm::backward_blocks(N)} * 2 * C;
+  return int64_t{layernorm::backward_blocks(N, C)} * 2 * C;
 }
 
 template <typename T>

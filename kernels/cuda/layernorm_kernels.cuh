@@ -3,9 +3,10 @@
 // which runs this very source on host threads. Hence everything here is in an unnamed namespace.
 //
 // Both directions are memory-bound: forward reads a row and writes it once, backward reads dout, inp and dinp and
-// writes dinp. A warp owns a row (forward, and the row reductions of backward), so its reductions are shuffles
-// with no block barrier, and each lane moves 16 bytes per access (Pack) when the row and the pointers allow it.
-// The second and third passes over a row hit L1: 8 rows of 768 fp32 per block are 24 KiB.
+// writes dinp. A warp owns a row in both, so its reductions are shuffles with no block barrier; each lane moves 16
+// bytes per access (Pack) when the row and the pointers allow it, and keeps its first kHeldPacks packs of each row in
+// registers (HeldRow): a row of up to 1024 bf16 or 512 fp32 is read from memory once, all of its loads issued before
+// its first reduction. Wider rows read their remaining columns again (L1).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -26,33 +27,103 @@ using detail::store_pack;
 using detail::to_float;
 
 constexpr float kEps = 1e-5f;  // as the CPU reference's kLayerNormEps
-constexpr int kBlock = 256;    // 8 warps: 8 rows per block in flight
+constexpr int kBlock = 256;    // the forward's 8 warps, and the backward's most
 constexpr int kWarps = kBlock / 32;
-// Backward: at most this many blocks, each summing its rows' parameter gradients into one partial. A constant, not
-// a multiple of the SM count, so the summation order (and so the bits) is the same on every device. 512 blocks of
-// 8 warps keep ~4 blocks on each of an H100's 132 SMs.
-constexpr int kBwdMaxBlocks = 512;
+// Packs of each row a lane holds in registers: 4 x 16 bytes per tensor (the backward holds three tensors' worth, 48
+// registers). The scalar path holds 4 elements.
+constexpr int kHeldPacks = 4;
 
 // 16-byte accesses when every row and every pointer allows them (rows start at multiples of C elements).
 template <typename T>
 constexpr int kVec = 16 / sizeof(T);
 
-inline int backward_blocks(int N) {
-  return static_cast<int>(std::min<int64_t>((int64_t{N} + kWarps - 1) / kWarps, kBwdMaxBlocks));
+// A lane's packs of a row: pack i starts at column (i * 32 + lane) * V. f(i, c) is called for each in order, with i
+// the held pack's index for the first kHeldPacks and kHeldPacks for the rest (which HeldRow::at reads again).
+template <int V, typename F>
+__device__ __forceinline__ void for_each_lane_pack(int C, int lane, F&& f) {
+#pragma unroll
+  for (int i = 0; i < kHeldPacks; ++i) {
+    const int c = (i * 32 + lane) * V;
+    if (c < C) f(i, c);
+  }
+  for (int c = (kHeldPacks * 32 + lane) * V; c < C; c += 32 * V) f(kHeldPacks, c);
 }
 
-// Phase 2 of the backward (below) walks a tile's columns in groups of V, and its rows in `subsets` interleaved sets,
-// so that a row of few groups still occupies the block: bf16 rows of 768 are 96 groups of 8, which left 160 of the
-// 256 threads idle with one set; two sets put 192 to work. At least one set; one when the groups outnumber the threads.
-__host__ __device__ inline int backward_row_subsets(int C, int V) {
-  const int subsets = kBlock / ((C + V - 1) / V);
-  return subsets > 1 ? subsets : 1;
+// One tensor's row as a lane sees it: its held packs loaded once (all of them issued together), the rest on demand.
+template <typename T, int V>
+struct HeldRow {
+  const T* row;
+#ifdef __CUDA_ARCH__
+  Pack<T, V> held[kHeldPacks];  // not zeroed: zeros past the row's end made bf16's backward spill
+#else
+  Pack<T, V> held[kHeldPacks] = {};  // g++ (the CPU emulation) cannot see that packs past the row's end go unread
+#endif
+
+  __device__ __forceinline__ HeldRow(const T* row_, int C, int lane) : row(row_) {
+#pragma unroll
+    for (int i = 0; i < kHeldPacks; ++i) {
+      const int c = (i * 32 + lane) * V;
+      if (c < C) held[i] = load_pack<V>(row + c);
+    }
+  }
+  // The pack at column c, pack index i (as for_each_lane_pack passes them; i is a constant after unrolling, so
+  // `held` stays in registers).
+  __device__ __forceinline__ Pack<T, V> at(int i, int c) const {
+    return i < kHeldPacks ? held[i] : load_pack<V>(row + c);
+  }
+  // From here on, nvcc treats the held registers as new values (no instruction is emitted): a later pass converts
+  // them again instead of keeping an earlier pass's fp32 conversions alive across the row's reductions. For bf16 rows
+  // that is twice the registers: the backward took 170 (one block an SM) instead of 126, the forward 80 instead of 64.
+  __device__ __forceinline__ void recompute_from_here() {
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(Pack<T, V>) % 4 == 0) {  // the packed paths (the scalar one holds 4 elements)
+#pragma unroll
+      for (int i = 0; i < kHeldPacks; ++i) {
+        unsigned* words = reinterpret_cast<unsigned*>(&held[i]);
+#pragma unroll
+        for (int k = 0; k < int(sizeof(Pack<T, V>) / 4); ++k) asm volatile("" : "+r"(words[k]));
+      }
+    }
+#endif
+  }
+};
+
+// ---- the backward's shape -------------------------------------------------------------------------------------
+//
+// A warp sums its rows' dweight and dbias terms into its own accumulator in shared memory (2C floats); at the end the
+// block adds its warps' accumulators in warp order into its partial, and a second kernel adds the partials in block
+// order. Every order depends on (N, C) alone: the same bits on every run and every device.
+
+// Shared memory for the warps' accumulators up to which a block has all 8 warps (C <= 768); wider rows get fewer
+// warps a block, so that no block asks for more than the default 48 KB until rows pass 6144.
+constexpr int64_t kBwdAccBytes = 48 * 1024;
+// At most this many warps in the grid: 256 blocks of 8 at C 768, two per SM of an H100's 132 in one wave, each
+// warp walking N / 2048 rows (4 at gpt2-small's 8192).
+constexpr int kBwdMaxWarps = 2048;
+
+__host__ __device__ inline int backward_warps(int C) {
+  const int64_t w = kBwdAccBytes / (int64_t{2} * C * int64_t{sizeof(float)});
+  return static_cast<int>(w < 1 ? 1 : w > kWarps ? kWarps : w);
 }
 
-// The backward's dynamic shared memory: the subsets' dweight / dbias accumulators [subsets][2C], then the tile's row
-// statistics [kWarps][4].
-inline size_t backward_smem_bytes(int C, int V) {
-  return sizeof(float) * (size_t{2} * C * backward_row_subsets(C, V) + kWarps * 4);
+inline int backward_blocks(int N, int C) {
+  const int warps = backward_warps(C);
+  return static_cast<int>(std::min<int64_t>((int64_t{N} + warps - 1) / warps, kBwdMaxWarps / warps));
+}
+
+inline size_t backward_smem_bytes(int C) { return sizeof(float) * 2 * size_t(C) * backward_warps(C); }
+
+// Where column c's sum sits in a warp's accumulator (a permutation of [0, C), for dweight; dbias's lies C further).
+// A lane updates its pack's V sums as float4s; laid out plainly, bf16's packs of 8 would put consecutive lanes'
+// float4s 32 bytes apart (two-way bank conflicts). Here the j-th float4 of every pack lies in one run: a warp's
+// float4 accesses are consecutive. Needs C % V == 0, as the packed path does.
+template <int V>
+__host__ __device__ inline int acc_index(int C, int c) {
+  if constexpr (V < 4) {
+    return c;
+  } else {
+    return (c % V / 4 * (C / V) + c / V) * 4 + c % 4;
+  }
 }
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
@@ -63,33 +134,35 @@ __global__ void __launch_bounds__(kBlock)
                              int N, int C) {
   const int lane = threadIdx.x % 32;
   for (int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; row < N; row += int64_t{gridDim.x} * kWarps) {
-    const T* x = inp + row * C;
+    HeldRow<T, V> x(inp + row * C, C, lane);
     float sum = 0.0f;
-    for (int c = lane * V; c < C; c += 32 * V) {
-      const Pack<T, V> p = load_pack<V>(x + c);
+    for_each_lane_pack<V>(C, lane, [&](int i, int c) {
+      const Pack<T, V> p = x.at(i, c);
 #pragma unroll
       for (int k = 0; k < V; ++k) sum += to_float(p.v[k]);
-    }
+    });
     const float m = detail::warp_sum(sum) / C;
-    float var = 0.0f;  // second pass over the row (L1): no cancellation when |mean| >> std
-    for (int c = lane * V; c < C; c += 32 * V) {
-      const Pack<T, V> p = load_pack<V>(x + c);
+    x.recompute_from_here();
+    float var = 0.0f;  // a second pass over the row: no cancellation when |mean| >> std
+    for_each_lane_pack<V>(C, lane, [&](int i, int c) {
+      const Pack<T, V> p = x.at(i, c);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float d = to_float(p.v[k]) - m;
         var += d * d;
       }
-    }
+    });
     const float s = 1.0f / sqrtf(detail::warp_sum(var) / C + kEps);  // IEEE sqrt and division, as the CPU
+    x.recompute_from_here();
     T* o = out + row * C;
-    for (int c = lane * V; c < C; c += 32 * V) {
-      const Pack<T, V> p = load_pack<V>(x + c);
+    for_each_lane_pack<V>(C, lane, [&](int i, int c) {
+      const Pack<T, V> p = x.at(i, c);
       const Pack<float, V> w = load_pack<V>(weight + c), b = load_pack<V>(bias + c);
       Pack<T, V> r;
 #pragma unroll
       for (int k = 0; k < V; ++k) r.v[k] = detail::from_float<T>((to_float(p.v[k]) - m) * s * w.v[k] + b.v[k]);
       store_pack<V>(o + c, r);
-    }
+    });
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = s;
@@ -97,94 +170,76 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// One block walks tiles of kWarps rows (tile = blockIdx.x, += gridDim.x). Per tile:
-//   1. warp w reduces row w of the tile: mean(g) and mean(g xhat), g = weight * dout (dx's two row constants);
-//   2. the block walks the columns, thread-parallel (coalesced across the row): thread t owns V columns of group
-//      t % G (G groups; with one subset, groups t, t + kBlock, ...) and walks the tile's rows of its subset t / G in
-//      order: dinp += ..., and dweight / dbias terms into its subset's accumulator.
-// Phase 2 re-reads the rows phase 1 just read (L1/L2). Each accumulator element (shared memory) has exactly one owner,
-// which adds to it in row order, and at the end the block adds its subsets' accumulators in subset order into
-// partial[blockIdx.x]: no atomics, and the partial is the same on every run.
+// Warp w of block b walks rows b * warps + w, += the grid's warps. Per row, with g = weight * dout and
+// xhat = (inp - mean) * rstd: the warp reduces mean(g) and mean(g xhat) (dx's two row constants), then each lane, over
+// its own packs, adds dx = rstd (g - mean(g) - xhat mean(g xhat)) into dinp and the row's xhat * dout and dout into
+// the warp's accumulator. A lane owns the same columns in every row, so it alone touches its accumulator elements.
+// Dynamic shared memory: the warps' accumulators [warps][2C] (dweight, then dbias), in acc_index's order.
+// Two blocks an SM (128 registers; 96 KB of accumulators at C 768): 18 KB of loads in flight a block.
 template <typename T, int V>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, 2)
     layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const float* weight,
                               const float* mean, const float* rstd, int N, int C) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int subsets = backward_row_subsets(C, V), groups = (C + V - 1) / V;
-  float* const acc = reinterpret_cast<float*>(smem);  // [subsets][2C]: dweight, then dbias
-  // Per row of the tile: mean, rstd, mean(g), mean(g xhat).
-  float(*const stats)[4] = reinterpret_cast<float(*)[4]>(acc + int64_t{2} * C * subsets);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // This thread's share of phase 2: its subset (idle past the last), first column and column stride.
-  const int subset = subsets == 1 ? 0 : static_cast<int>(threadIdx.x) / groups;
-  const int col0 = (subsets == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % groups) * V;
-  const int col_step = subsets == 1 ? kBlock * V : C;  // with several subsets, one group per thread
-  float* const dw_acc = acc + int64_t{2} * C * subset;
+  constexpr int W = V < 4 ? V : 4;  // floats per accumulator access
+  const int warps = static_cast<int>(blockDim.x) / 32, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* const acc = reinterpret_cast<float*>(smem);
+  float* const dw_acc = acc + int64_t{2} * C * warp;
   float* const db_acc = dw_acc + C;
-  if (subset < subsets)
-    for (int c = col0; c < C; c += col_step) {  // the owner zeroes its own elements: no barrier needed
+  for_each_lane_pack<V>(C, lane, [&](int, int c) {  // the owner zeroes its own elements: no barrier needed
 #pragma unroll
-      for (int k = 0; k < V; ++k) dw_acc[c + k] = db_acc[c + k] = 0.0f;
+    for (int j = 0; j < V; j += W) {
+      store_pack<W>(dw_acc + acc_index<V>(C, c + j), Pack<float, W>{});
+      store_pack<W>(db_acc + acc_index<V>(C, c + j), Pack<float, W>{});
     }
-  for (int64_t row0 = int64_t{blockIdx.x} * kWarps; row0 < N; row0 += int64_t{gridDim.x} * kWarps) {
-    const int64_t row = row0 + warp;
-    if (row < N) {
-      const T* x = inp + row * C;
-      const T* d = dout + row * C;
-      const float m = mean[row], s = rstd[row];
-      float g_sum = 0.0f, gx_sum = 0.0f;
-      for (int c = lane * V; c < C; c += 32 * V) {
-        const Pack<T, V> xp = load_pack<V>(x + c), dp = load_pack<V>(d + c);
-        const Pack<float, V> w = load_pack<V>(weight + c);
+  });
+  for (int64_t row = int64_t{blockIdx.x} * warps + warp; row < N; row += int64_t{gridDim.x} * warps) {
+    HeldRow<T, V> x(inp + row * C, C, lane), d(dout + row * C, C, lane);
+    const HeldRow<T, V> dx(dinp + row * C, C, lane);
+    const float m = mean[row], s = rstd[row];
+    float g_sum = 0.0f, gx_sum = 0.0f;
+    for_each_lane_pack<V>(C, lane, [&](int i, int c) {
+      const Pack<T, V> xp = x.at(i, c), dp = d.at(i, c);
+      const Pack<float, V> w = load_pack<V>(weight + c);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float g = w.v[k] * to_float(dp.v[k]);
-          g_sum += g;
-          gx_sum += g * (to_float(xp.v[k]) - m) * s;
+      for (int k = 0; k < V; ++k) {
+        const float g = w.v[k] * to_float(dp.v[k]);
+        g_sum += g;
+        gx_sum += g * (to_float(xp.v[k]) - m) * s;
+      }
+    });
+    const float g_mean = detail::warp_sum(g_sum) / C, gx_mean = detail::warp_sum(gx_sum) / C;
+    x.recompute_from_here();
+    d.recompute_from_here();
+    for_each_lane_pack<V>(C, lane, [&](int i, int c) {
+      const Pack<T, V> xp = x.at(i, c), dp = d.at(i, c);
+      const Pack<float, V> w = load_pack<V>(weight + c);
+      Pack<T, V> out = dx.at(i, c);
+#pragma unroll
+      for (int j = 0; j < V; j += W) {
+        Pack<float, W> dw = load_pack<W>(dw_acc + acc_index<V>(C, c + j));
+        Pack<float, W> db = load_pack<W>(db_acc + acc_index<V>(C, c + j));
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          const float xhat = (to_float(xp.v[j + k]) - m) * s, dk = to_float(dp.v[j + k]);
+          out.v[j + k] =
+              detail::from_float<T>(to_float(out.v[j + k]) + s * (w.v[j + k] * dk - g_mean - xhat * gx_mean));
+          dw.v[k] += xhat * dk;
+          db.v[k] += dk;
         }
+        store_pack<W>(dw_acc + acc_index<V>(C, c + j), dw);
+        store_pack<W>(db_acc + acc_index<V>(C, c + j), db);
       }
-      g_sum = detail::warp_sum(g_sum);
-      gx_sum = detail::warp_sum(gx_sum);
-      if (lane == 0) {
-        stats[warp][0] = m;
-        stats[warp][1] = s;
-        stats[warp][2] = g_sum / C;
-        stats[warp][3] = gx_sum / C;
-      }
-    }
-    __syncthreads();
-    const int rows = static_cast<int>(min(int64_t{kWarps}, N - row0));
-    if (subset < subsets)
-      for (int c = col0; c < C; c += col_step) {
-        const Pack<float, V> w = load_pack<V>(weight + c);
-        float dw[V], db[V];
-#pragma unroll
-        for (int k = 0; k < V; ++k) dw[k] = dw_acc[c + k], db[k] = db_acc[c + k];
-        for (int r = subset; r < rows; r += subsets) {
-          const int64_t off = (row0 + r) * C + c;
-          const float m = stats[r][0], s = stats[r][1], g_mean = stats[r][2], gx_mean = stats[r][3];
-          const Pack<T, V> xp = load_pack<V>(inp + off), dp = load_pack<V>(dout + off);
-          Pack<T, V> dx = load_pack<V>(dinp + off);
-#pragma unroll
-          for (int k = 0; k < V; ++k) {
-            const float xhat = (to_float(xp.v[k]) - m) * s, dk = to_float(dp.v[k]);
-            dx.v[k] = detail::from_float<T>(to_float(dx.v[k]) + s * (w.v[k] * dk - g_mean - xhat * gx_mean));
-            dw[k] += xhat * dk;
-            db[k] += dk;
-          }
-          store_pack<V>(dinp + off, dx);
-        }
-#pragma unroll
-        for (int k = 0; k < V; ++k) dw_acc[c + k] = dw[k], db_acc[c + k] = db[k];
-      }
-    __syncthreads();  // stats is rewritten by the next tile
+      store_pack<V>(dinp + row * C + c, out);
+    });
   }
-  // The subsets' accumulators, added in subset order, once every owner's last write is done.
+  // The warps' accumulators, added in warp order, once every owner's last write is done.
   __syncthreads();
-  float* out = partial + int64_t{blockIdx.x} * 2 * C;
-  for (int c = threadIdx.x; c < 2 * C; c += kBlock) {
-    float total = acc[c];
-    for (int s = 1; s < subsets; ++s) total += acc[int64_t{2} * C * s + c];
+  float* const out = partial + int64_t{blockIdx.x} * 2 * C;
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    const int64_t at = c < C ? acc_index<V>(C, c) : C + acc_index<V>(C, c - C);
+    float total = acc[at];
+    for (int w = 1; w < warps; ++w) total += acc[int64_t{2} * C * w + at];
     out[c] = total;
   }
 }
@@ -235,21 +290,22 @@ void layernorm_forward_launches(Launch&& launch, T* out, float* mean, float* rst
     launch(layernorm_forward_kernel<T, 1>, grid, dim3(kBlock), size_t{0}, out, mean, rstd, inp, weight, bias, N, C);
 }
 
-// scratch: backward_blocks(N) * 2C floats, the blocks' partials.
+// scratch: backward_blocks(N, C) * 2C floats, the blocks' partials.
 template <typename Launch, typename T>
 void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float* dbias, float* scratch, const T* dout,
                                  const T* inp, const float* weight, const float* mean, const float* rstd, int N,
                                  int C) {
   using namespace layernorm;
-  const int blocks = backward_blocks(N);
+  const int blocks = backward_blocks(N, C);
+  const dim3 block(32 * backward_warps(C));
   constexpr int V = kVec<T>;
   const bool vec = C % V == 0 && detail::all_aligned(16, dinp, dout, inp) && detail::all_aligned(V * 4, weight);
   if (vec)
-    launch(layernorm_backward_kernel<T, V>, dim3(blocks), dim3(kBlock), backward_smem_bytes(C, V), dinp, scratch, dout,
-           inp, weight, mean, rstd, N, C);
+    launch(layernorm_backward_kernel<T, V>, dim3(blocks), block, backward_smem_bytes(C), dinp, scratch, dout, inp,
+           weight, mean, rstd, N, C);
   else
-    launch(layernorm_backward_kernel<T, 1>, dim3(blocks), dim3(kBlock), backward_smem_bytes(C, 1), dinp, scratch, dout,
-           inp, weight, mean, rstd, N, C);
+    launch(layernorm_backward_kernel<T, 1>, dim3(blocks), block, backward_smem_bytes(C), dinp, scratch, dout, inp,
+           weight, mean, rstd, N, C);
   launch(layernorm_backward_reduce_kernel, dim3((2 * C + 31) / 32), dim3(kBlock), sizeof(float) * kWarps * 32, dweight,
          dbias, static_cast<const float*>(scratch), blocks, C);
 }

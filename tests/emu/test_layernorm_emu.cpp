@@ -1,8 +1,9 @@
 // LayerNorm's kernels (kernels/cuda/layernorm_kernels.cuh), their own source compiled by g++ and run on host threads
 // (cuda_emulation.h), against cpu::layernorm_forward / layernorm_backward with the GPU test's tolerances: the packed
-// (16-byte) and scalar paths, the backward's row subsets (several sets of rows per tile where a row has few column
-// groups, one where it has many), tiles past the block count (blocks walk several), the partials' fixed-order
-// reduction, through the launch sequences layernorm.cu runs. What it cannot tell: speed, and coalescing.
+// (16-byte) and scalar paths, rows held whole in registers and rows wider than that (their last columns read again),
+// the backward's warps a block by row width, rows past the grid's warps (warps walk several), the accumulators'
+// layout and the partials' fixed-order reduction, through the launch sequences layernorm.cu runs. What it cannot
+// tell: speed, and coalescing.
 #include "tests/emu/cuda_emulation.h"
 
 // The kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
@@ -45,9 +46,11 @@ struct Shape {
   int offset;  // elements added to the parameter pointers: 1 misaligns them and forces the scalar path
 };
 
-// Rows of 768 (bf16: 96 groups of 8, two row subsets; fp32: 192 of 4, one), of 200 (fp32 5 subsets, bf16 10), of 96
-// (bf16: more subsets than a tile has rows), odd shapes (scalar), misaligned parameters (scalar).
-const std::vector<Shape> kShapes = {{1, 1, 0}, {7, 5, 0}, {33, 768, 0}, {33, 768, 1}, {70, 200, 0}, {19, 96, 0}};
+// Rows of 768 (bf16: held whole, 8 warps a backward block; fp32: 512 columns held, 256 read again), of 1280 (bf16:
+// 256 read again; 4 warps a block), of 200 and 96 (fewer packs than a lane holds), odd shapes (scalar: 128 columns
+// held), misaligned parameters (scalar).
+const std::vector<Shape> kShapes = {{1, 1, 0},    {7, 5, 0},    {33, 768, 0}, {33, 768, 1},
+                                    {9, 1280, 0}, {70, 200, 0}, {19, 96, 0}};
 
 // The emulated backward's (dinp, dweight, dbias), from the given starting values (it accumulates into all three);
 // the partials start as NaN, so a partial the kernel did not write shows in the result.
@@ -59,7 +62,7 @@ std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::ve
                                                   const std::vector<float>& rstd) {
   std::vector<T> dinp = device_values<T>(dinp0);
   std::vector<float> dw = dw0, db = db0;
-  std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N) * 2 * sh.C,
+  std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N, sh.C) * 2 * sh.C,
                              std::numeric_limits<float>::quiet_NaN());
   cuda::layernorm_backward_launches(emulated_launch, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
                                     scratch.data(), dout.data(), inp.data(), weight.data() + sh.offset, mean.data(),
@@ -135,9 +138,9 @@ TEST(LayerNormEmulated, Bf16MatchesCpu) {
   for (const Shape& sh : kShapes) emulated_matches_cpu<bf16>(sh, 8e-3, 8e-3);
 }
 
-// 4105 rows: 514 tiles over the backward's 512 blocks, so two blocks carry their accumulators into a second tile
+// 4105 rows of 8: more rows than the grid has warps (2048), so warps carry their accumulators over several rows
 // (narrow rows: each emulated block is 256 host threads).
-TEST(LayerNormEmulated, BackwardBlocksWalkSeveralTiles) {
+TEST(LayerNormEmulated, BackwardWarpsWalkSeveralRows) {
   const Shape sh{4105, 8, 0};
   const std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
   const std::vector<float> dout = random_vector(int64_t{sh.N} * sh.C, -1, 1, 2);
@@ -146,20 +149,51 @@ TEST(LayerNormEmulated, BackwardBlocksWalkSeveralTiles) {
   std::vector<float> out(inp.size()), mean(sh.N), rstd(sh.N);
   ddplab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), sh.N,
                                  sh.C);
-  const int tiles = (sh.N + cuda::layernorm::kWarps - 1) / cuda::layernorm::kWarps;
-  ASSERT_GT(tiles, cuda::layernorm::backward_blocks(sh.N));  // the block count's cap, 512
+  const int64_t grid_warps =
+      int64_t{cuda::layernorm::backward_blocks(sh.N, sh.C)} * cuda::layernorm::backward_warps(sh.C);
+  ASSERT_GT(sh.N, 2 * grid_warps);
   emulated_backward_matches_cpu<float>(sh, inp, dout, dinp0, weight, mean, rstd, 1e-5, 1e-5);
 }
 
-// The row subsets of the backward's second phase: as many as the block's threads allow over the row's column groups,
-// at least one.
-TEST(LayerNormEmulated, RowSubsetsFillTheBlock) {
-  using cuda::layernorm::backward_row_subsets;
-  EXPECT_EQ(backward_row_subsets(768, 8), 2);  // bf16 gpt2-small: 96 groups, 192 of 256 threads
-  EXPECT_EQ(backward_row_subsets(768, 4), 1);  // fp32: 192 groups
-  EXPECT_EQ(backward_row_subsets(768, 1), 1);  // scalar: 768 groups, threads walk several
-  EXPECT_EQ(backward_row_subsets(96, 8), 21);
-  EXPECT_EQ(backward_row_subsets(1, 1), 256);
+// The backward's warps a block: 8 while their accumulators (2C floats each) fit the default 48 KB, fewer for wider
+// rows, at least one; and the grid within its 2048 warps.
+TEST(LayerNormEmulated, BackwardWarpsFitTheSharedMemory) {
+  using cuda::layernorm::backward_blocks;
+  using cuda::layernorm::backward_smem_bytes;
+  using cuda::layernorm::backward_warps;
+  EXPECT_EQ(backward_warps(768), 8);  // gpt2-small: 48 KB
+  EXPECT_EQ(backward_warps(1024), 6);
+  EXPECT_EQ(backward_warps(1600), 3);
+  EXPECT_EQ(backward_warps(6144), 1);
+  EXPECT_EQ(backward_warps(8192), 1);  // 64 KB: past the default, asked for at launch
+  EXPECT_EQ(backward_warps(1), 8);
+  for (const int C : {1, 96, 768, 1024, 1600, 6144}) EXPECT_LE(backward_smem_bytes(C), size_t{48 * 1024}) << C;
+  EXPECT_EQ(backward_blocks(8192, 768), 256);  // 4 rows a warp
+  EXPECT_EQ(backward_blocks(33, 768), 5);      // a warp a row
+  EXPECT_EQ(backward_blocks(8192, 1600), 682);
+}
+
+// The accumulators' layout is a permutation of the row's columns that puts the same float4 of consecutive packs next
+// to each other (conflict-free across a warp).
+TEST(LayerNormEmulated, AccumulatorLayoutIsAPermutation) {
+  using cuda::layernorm::acc_index;
+  const auto check = [](int C, auto index) {
+    std::vector<int> seen(C, 0);
+    for (int c = 0; c < C; ++c) {
+      const int at = index(C, c);
+      ASSERT_TRUE(at >= 0 && at < C) << "C=" << C << " c=" << c;
+      ++seen[at];
+    }
+    for (int at = 0; at < C; ++at) EXPECT_EQ(seen[at], 1) << "C=" << C << " slot " << at;
+  };
+  for (const int C : {8, 96, 200, 768, 1280}) {
+    check(C, [](int n, int c) { return acc_index<8>(n, c); });
+    check(C, [](int n, int c) { return acc_index<4>(n, c); });
+    check(C, [](int n, int c) { return acc_index<1>(n, c); });
+  }
+  EXPECT_EQ(acc_index<8>(768, 8), 4);    // pack 1's first float4 right after pack 0's
+  EXPECT_EQ(acc_index<8>(768, 4), 384);  // pack 0's second float4: the second run
+  EXPECT_EQ(acc_index<4>(768, 5), 5);    // fp32: a pack is one float4, laid out plainly
 }
 
 }  // namespace
