@@ -93,8 +93,12 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   }
   lnf_ = add("lnf.weight", {C}, -1);
   add("lnf.bias", {C}, 0);
-  head_ = add("head.weight", {head_outputs(), C}, 0.02);
-  add("head.bias", {head_outputs()}, 0);
+  if (c.tied_head()) {
+    head_ = 0;
+  } else {
+    head_ = add("head.weight", {head_outputs(), C}, 0.02);
+    add("head.bias", {head_outputs()}, 0);
+  }
 
   this->lay_out();
   for (size_t i = 0; i < this->parameters().size(); ++i) {
@@ -249,7 +253,7 @@ T Transformer<T>::head_forward(const T* x) {
     features = pooled_.data();
   }
   cpu::matmul_forward(logits_.data(), features, P(head_).data, rows, C, K);
-  cpu::bias_forward(logits_.data(), P(head_ + 1).data, rows, K);
+  if (!c.tied_head()) cpu::bias_forward(logits_.data(), P(head_ + 1).data, rows, K);
   // The softmax's exps in place of the logits: for the LM head this is the largest buffer by far.
   return cpu::softmax_cross_entropy_forward(logits_.data(), row_sums_.data(), losses_.data(), logits_.data(),
                                             targets_.data(), rows, K, &loss_count_);
@@ -322,7 +326,10 @@ void Transformer<T>::head_backward(PieceAnnouncer& announce, bool accumulate, T 
     linear_backward(announce, accumulate, head_, dpooled_.data(), dlogits_.data(), pooled_.data(), B, C, K);
     cpu::mean_pool_backward(dsmall_.data(), dpooled_.data(), lengths_.data(), B, S, C);
   } else {
-    linear_backward(announce, accumulate, head_, dsmall_.data(), dlogits_.data(), lnf_out_.data(), BT, C, K);
+    // The tied head: its weight gradient is wte's first share (overwriting it where the gradient is discarded); the
+    // embedding backward adds the rest and announces wte.
+    cpu::matmul_backward_weight(P(head_).grad, dlogits_.data(), lnf_out_.data(), BT, C, K, 0, K, accumulate);
+    cpu::matmul_backward_input(dsmall_.data(), dlogits_.data(), P(head_).data, BT, C, K);
   }
 }
 
@@ -352,11 +359,12 @@ void Transformer<T>::block_backward(PieceAnnouncer& announce, bool accumulate, i
 }
 
 // The embeddings are final only now (and wte is the largest tensor): the communication engine's last bucket. The
-// scatter adds to the batch's rows only, so a discarded embedding gradient is zeroed first, the one pass left.
+// scatter adds to the batch's rows only, so a discarded embedding gradient is zeroed first, the one pass left; wte's
+// is not where the tied head has written it.
 template <typename T>
 void Transformer<T>::embedding_backward(PieceAnnouncer& announce, bool accumulate) {
   if (!accumulate) {
-    for (int e : {0, wpe_}) {
+    for (int e : {config_.tied_head() ? -1 : 0, wpe_}) {
       if (e >= 0) std::fill(P(e).grad, P(e).grad + P(e).numel, T(0));
     }
   }

@@ -3,8 +3,8 @@
 //
 //   tokens [B, S] → wte[token] (+ wpe[t]) → L × { x += proj(attn(ln1(x)));  x += fcproj(gelu(fc(ln2(x)))) } → lnf
 //     kClassify: mean-pool over the true length → Linear(d_model → num_classes) → cross-entropy, mean over B
-//     kCausalLM: Linear(d_model → vocab) per position → next-token cross-entropy, mean over positions with a next
-//                token inside the sequence
+//     kCausalLM: logits = x wte^T per position (the head tied to the embedding, as GPT-2's) → next-token
+//                cross-entropy, mean over positions with a next token inside the sequence
 //
 // Variable lengths: sequence b occupies positions [0, lengths[b]) of its row of S; the rest is padding and has no
 // effect at all (tokens there are never read; padded keys are masked, padded rows pass no gradient). Attention is
@@ -37,6 +37,9 @@ struct TransformerConfig {
   Head head = Head::kClassify;
 
   bool causal() const { return head == Head::kCausalLM; }
+  // The LM head's weight is wte itself, as GPT-2's and llm.c's: no parameters of its own (and no bias), and wte's
+  // gradient holds both uses. The classifier's head is a Linear of its own.
+  bool tied_head() const { return causal(); }
   // The loss terms one sequence of `length` tokens adds (Transformer::loss_count): what a planner weighs batches by
   // before any forward.
   int64_t loss_terms(int64_t length) const { return causal() ? length - 1 : 1; }
@@ -69,9 +72,10 @@ class Transformer : public ParameterStore<T> {
   Transformer(const TransformerConfig& config, uint64_t seed);
 
   const TransformerConfig& config() const { return config_; }
-  // parameters() in registration (forward) order: wte, wpe (if learned_pos), per block h.<l>.{ln1.weight, ln1.bias, qkv.weight,
-  // qkv.bias, proj.weight, proj.bias, ln2.weight, ln2.bias, fc.weight, fc.bias, fcproj.weight, fcproj.bias},
-  // lnf.weight, lnf.bias, head.weight, head.bias. Linear weights are [out, in].
+  // parameters() in registration (forward) order: wte, wpe (if learned_pos), per block h.<l>.{ln1.weight, ln1.bias,
+  // qkv.weight, qkv.bias, proj.weight, proj.bias, ln2.weight, ln2.bias, fc.weight, fc.bias, fcproj.weight,
+  // fcproj.bias}, lnf.weight, lnf.bias, then the classifier's head.weight, head.bias (the LM head is wte). Linear
+  // weights are [out, in].
 
   // tokens [B, S] (S <= max_len); lengths [B] in [1, S], or null for all S; tokens at t < lengths[b] in [0, vocab),
   // tokens at padded positions are ignored. targets: kClassify, [B] classes in [0, num_classes); kCausalLM,
@@ -84,9 +88,9 @@ class Transformer : public ParameterStore<T> {
             const int32_t* positions = nullptr);
   // Backward of loss_scale x the last forward's mean loss; ACCUMULATES into the gradients (zero_grad() or
   // discard_grad() first unless accumulating) and may be called again for the same forward. Calls on_ready(k) for
-  // grad_pieces()[k] in order, as soon as that piece is final: head, lnf, blocks last to first, and the embeddings
-  // (wpe, wte) at the very end. loss_scale weighs this batch within a larger loss (micro-batches of unequal loss
-  // counts).
+  // grad_pieces()[k] in order, as soon as that piece is final: the classifier's head, lnf, blocks last to first, and
+  // the embeddings (wpe, wte) at the very end (the tied LM head's share of wte's gradient is added first). loss_scale
+  // weighs this batch within a larger loss (micro-batches of unequal loss counts).
   void backward(const GradReadyHook& on_ready = nullptr, T loss_scale = 1);
 
   // How many terms the last loss averaged: B for kClassify, the positions with a next token for kCausalLM. A DDP
@@ -122,7 +126,8 @@ class Transformer : public ParameterStore<T> {
   void embedding_backward(PieceAnnouncer& announce, bool accumulate);
 
   TransformerConfig config_;
-  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;  // registration indices (weight; bias is +1)
+  // Registration indices (a weight's bias is +1). head_: the classifier's head.weight, or wte (0) where tied.
+  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;
 
   // The last forward (grow-only buffers: a step no larger than before allocates nothing).
   int batch_ = -1, seq_ = 0;  // -1: no forward yet

@@ -96,7 +96,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   take_layout(reference);
   wpe_ = index_of(params_, "wpe");
   lnf_ = index_of(params_, "lnf.weight");
-  head_ = index_of(params_, "head.weight");
+  head_ = config_.tied_head() ? 0 : index_of(params_, "head.weight");  // the LM head is wte, as the CPU's
   block_base_ = lnf_ - kParams * config_.layers;
   for (int l = 0; l < config_.layers; ++l) {
     nvtx_forward_.push_back("h" + std::to_string(l) + " forward");
@@ -294,7 +294,8 @@ void TransformerCuda::forward_layers(float loss_scale) {
     cuda::next_token_targets(lm_targets_, tokens_, lengths_, B, S, stream_);
   }
   T* logits = as<T>(logits_);
-  cuda::matmul_forward<T>(gemm_, logits, features, operand<T>(head_), operand<T>(head_ + 1), rows, C, K, stream_);
+  cuda::matmul_forward<T>(gemm_, logits, features, operand<T>(head_),
+                          config_.tied_head() ? nullptr : operand<T>(head_ + 1), rows, C, K, stream_);
   // The loss and the gradient of loss_scale x the mean loss in one pass, over the logits: backward needs only that.
   cuda::softmax_cross_entropy_fused<T>(logits, losses_, mean_loss_, num_valid_, logits, targets_, rows, K, loss_scale,
                                        stream_);
@@ -405,7 +406,10 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
       linear_backward(head_, as<T>(dpooled_), dlogits, as<T>(pooled_), B, C, K);
       cuda::mean_pool_backward<T>(dsmall, as<T>(dpooled_), lengths_, B, S, C, stream_);
     } else {
-      linear_backward(head_, dsmall, dlogits, as<T>(lnf_out_), BT, C, K);
+      // The tied head: its weight gradient is wte's first share; the embedding backward adds the rest and announces
+      // wte.
+      cuda::matmul_backward_weight<T>(gemm_, params_[head_].grad, dlogits, as<T>(lnf_out_), BT, C, K, 0, K, stream_);
+      cuda::matmul_backward_input<T>(gemm_, dsmall, dlogits, operand<T>(head_), BT, C, K, stream_);
     }
     cudaCheck(cudaMemsetAsync(dresid, 0, sizeof(T) * BT * C, stream_));
     const T* x_final = config_.layers > 0 ? as<T>(blocks_.back().res_out) : as<T>(encoded_);

@@ -117,7 +117,9 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   AttentionKind attention_;
   int64_t max_tokens_;
   int max_seq_;
-  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;     // registration indices (weight; bias is +1), as the CPU's
+  // Registration indices, as the CPU's (a weight's bias is +1). head_: the classifier's head.weight, or wte (0) where
+  // tied.
+  int wpe_ = -1, block_base_ = 0, lnf_ = 0, head_ = 0;
   std::vector<std::string> nvtx_forward_, nvtx_backward_;  // "h<l> forward" / "h<l> backward"
   cuda::GemmContext gemm_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // kCudnn only

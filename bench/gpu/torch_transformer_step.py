@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch eager on what bench_transformer_cuda measures: the gpt2-small preset (GPT-2 124M's shapes, pre-LN, tanh
-GELU, learned positions, an untied LM head with bias: 163M parameters), batch 8 x 1024 tokens, next-token
+GELU, learned positions, the LM head tied to wte: 124.5M parameters, as GPT-2's), batch 8 x 1024 tokens, next-token
 cross-entropy, AdamW (lr 1e-3, weight decay 0.01); one training step timed the same way (steps back to back, an event
 at every step boundary, median over --steps after --warmup). TFLOP/s counts ddplab's FLOPs (3 x
 TransformerConfig::flops_per_token x tokens / step); MFU is against 989 TFLOP/s, the dense bf16 peak of an H100 SXM
@@ -70,7 +70,8 @@ class Gpt2Small(nn.Module):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(VOCAB, D_MODEL), nn.Embedding(MAX_LEN, D_MODEL)
         self.blocks = nn.ModuleList(Block(attention) for _ in range(LAYERS))
-        self.lnf, self.head = nn.LayerNorm(D_MODEL), nn.Linear(D_MODEL, VOCAB)
+        self.lnf, self.head = nn.LayerNorm(D_MODEL), nn.Linear(D_MODEL, VOCAB, bias=False)
+        self.head.weight = self.wte.weight  # tied, as GPT-2's and ddplab's
 
     def forward(self, tokens):
         x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))

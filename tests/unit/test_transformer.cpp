@@ -265,6 +265,22 @@ TEST(Transformer, ParametersInForwardOrderStoredInReverse) {
   EXPECT_EQ(without.num_parameters(), model.num_parameters() - 7 * C);
 }
 
+// The LM head is wte (as GPT-2's): the parameters end with lnf, the classifier's head (classes x C + classes) fewer;
+// gpt2-small's shapes then count GPT-2 124M's parameters. (The finite differences check wte's two shares.)
+TEST(Transformer, CausalLmHeadIsTiedToWte) {
+  const TransformerConfig c = TestConfig(Head::kCausalLM), classify = TestConfig(Head::kClassify);
+  ASSERT_TRUE(c.tied_head());
+  ASSERT_FALSE(classify.tied_head());
+  Transformer<double> lm(c, 1), classifier(classify, 1);
+  EXPECT_EQ(lm.parameters().back().name, "lnf.bias");
+  EXPECT_EQ(lm.num_parameters(), classifier.num_parameters() - (3 * 8 + 3));
+  // GPT-2 124M's count at the vocabulary padded to 50304, as llm.c reports it.
+  const TransformerConfig gpt2 = TransformerConfig::preset("gpt2-small");
+  const int64_t C = gpt2.d_model, H = gpt2.mlp_hidden;
+  const int64_t block = 4 * C + 3 * C * C + 3 * C + C * C + C + H * C + H + C * H + C;
+  EXPECT_EQ(int64_t{gpt2.vocab} * C + int64_t{gpt2.max_len} * C + gpt2.layers * block + 2 * C, 124475904);
+}
+
 // The hook contract (ready_hook_check.h), and every piece carries gradient, except rows of tokens and positions
 // the batch does not use.
 void CheckReadyHook(Transformer<double>& model, const Batch& batch) {
