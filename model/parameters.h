@@ -83,9 +83,10 @@ class PieceAnnouncer {
 
 // Every parameter starts on a 64-byte boundary of the flat buffers (16 floats): cuBLASLt's tensor-core kernels need
 // 16-byte-aligned operands (otherwise it picks slower kernels, and a fused bias epilogue can fault), and the bf16
-// copies of the weights at the same element offsets stay 32-byte aligned. Back to back, GPT-2's head (50257 x 769
-// floats) would leave every block parameter after it 4-byte aligned. The gaps hold zeros in both buffers: no
-// gradient is written there, so they stay 0 through the all-reduce (buckets span them) and the optimizer.
+// copies of the weights at the same element offsets stay 32-byte aligned. Back to back, a head of GPT-2's vocabulary
+// with a bias (50257 x 769 floats) would leave every block parameter after it 4-byte aligned. The gaps hold zeros in
+// both buffers: no gradient is written there, so they stay 0 through the all-reduce (buckets span them) and the
+// optimizer.
 inline constexpr int64_t kParameterAlignment = 16;  // elements
 
 // Lays the parameters out in one flat parameter and one flat gradient buffer in REVERSE registration order (the

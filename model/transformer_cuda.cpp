@@ -254,9 +254,9 @@ void TransformerCuda::forward_layers(float loss_scale) {
   const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
   const int BT = B * S;
   if constexpr (std::is_same_v<T, bf16>) {
-    // The whole flat buffer (weights and biases for the GEMMs; the embeddings and LayerNorm's parameters, read in
-    // fp32, stay unused), after a change of the master weights that did not rewrite the copy too (the initial upload,
-    // a checkpoint; AdamW writes it, params_for_update).
+    // The whole flat buffer (weights and biases for the GEMMs, wte for the tied LM head; wpe and LayerNorm's
+    // parameters, read in fp32, stay unused), after a change of the master weights that did not rewrite the copy too
+    // (the initial upload, a checkpoint; AdamW writes it, params_for_update).
     if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
   }
   T* x = as<T>(encoded_);

@@ -76,7 +76,7 @@ struct HeldRow {
   // that is twice the registers: the backward took 170 (one block an SM) instead of 126, the forward 80 instead of 64.
   __device__ __forceinline__ void recompute_from_here() {
 #ifdef __CUDA_ARCH__
-    if constexpr (sizeof(Pack<T, V>) % 4 == 0) {  // the packed paths (the scalar one holds 4 elements)
+    if constexpr (sizeof(Pack<T, V>) % 4 == 0) {  // all but bf16's scalar path (2-byte packs)
 #pragma unroll
       for (int i = 0; i < kHeldPacks; ++i) {
         unsigned* words = reinterpret_cast<unsigned*>(&held[i]);
@@ -95,7 +95,9 @@ struct HeldRow {
 // order. Every order depends on (N, C) alone: the same bits on every run and every device.
 
 // Shared memory for the warps' accumulators up to which a block has all 8 warps (C <= 768); wider rows get fewer
-// warps a block, so that no block asks for more than the default 48 KB until rows pass 6144.
+// warps a block, so that no block asks for more than the default 48 KB until rows pass 6144. Past that a block is one
+// warp and asks for more (2C floats); such rows are not what this kernel is shaped for: few warps an SM, and a
+// partial of 2C floats for each of up to 2048 blocks.
 constexpr int64_t kBwdAccBytes = 48 * 1024;
 // At most this many warps in the grid: 256 blocks of 8 at C 768, two per SM of an H100's 132 in one wave, each
 // warp walking N / 2048 rows (4 at gpt2-small's 8192).

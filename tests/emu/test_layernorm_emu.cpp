@@ -46,11 +46,11 @@ struct Shape {
   int offset;  // elements added to the parameter pointers: 1 misaligns them and forces the scalar path
 };
 
-// Rows of 768 (bf16: held whole, 8 warps a backward block; fp32: 512 columns held, 256 read again), of 1280 (bf16:
-// 256 read again; 4 warps a block), of 200 and 96 (fewer packs than a lane holds), odd shapes (scalar: 128 columns
-// held), misaligned parameters (scalar).
-const std::vector<Shape> kShapes = {{1, 1, 0},    {7, 5, 0},    {33, 768, 0}, {33, 768, 1},
-                                    {9, 1280, 0}, {70, 200, 0}, {19, 96, 0}};
+// Rows of 768 (bf16: held whole, 8 warps a backward block; fp32: 512 columns held, 256 read again), of 1280 and 1600
+// (bf16: 256 and 576 read again; 4 and 3 warps a block), of 8192 (one warp a block, 64 KB of shared memory), of 200
+// and 96 (fewer packs than a lane holds), odd shapes (scalar: 128 columns held), misaligned parameters (scalar).
+const std::vector<Shape> kShapes = {{1, 1, 0},     {7, 5, 0},    {33, 768, 0}, {33, 768, 1}, {9, 1280, 0},
+                                    {10, 1600, 1}, {3, 8192, 0}, {70, 200, 0}, {19, 96, 0}};
 
 // The emulated backward's (dinp, dweight, dbias), from the given starting values (it accumulates into all three);
 // the partials start as NaN, so a partial the kernel did not write shows in the result.

@@ -275,9 +275,11 @@ struct LnShape {
   int N, C;
   int offset;  // elements added to the parameter pointers: 1 misaligns them and forces the scalar path
 };
-const std::vector<LnShape> kLnShapes = {
-    {1, 1, 0},    {7, 5, 0},      {33, 768, 0},
-    {33, 768, 1}, {1031, 200, 0}, {5000, 64, 0}};  // 5000 rows: 625 tiles > 512 blocks, tiles wrap
+// 5000 rows of 64: more rows than the backward's 2048 warps, which walk several. 1600: 3 warps a backward block, the
+// columns past the 1024 (bf16) or 512 (fp32) a lane holds read again. 8192: one warp a block and 64 KB of shared
+// memory, asked for past the default 48.
+const std::vector<LnShape> kLnShapes = {{1, 1, 0},      {7, 5, 0},     {33, 768, 0},  {33, 768, 1},
+                                        {1031, 200, 0}, {5000, 64, 0}, {40, 1600, 0}, {5, 8192, 0}};
 
 template <typename T>
 void layernorm_matches_cpu(cudaStream_t stream, double rtol, double atol) {
