@@ -144,7 +144,14 @@ class DeviceParameters {
   // Recorded on the stream by every backward once grad_pieces()[k] is final. Timing is enabled: the trainer reads a
   // bucket's ready time from its last piece's event after the step.
   cudaEvent_t piece_ready_event(int k) const { return piece_events_.at(k); }
-  void zero_grad() { cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_)); }
+  void zero_grad() {
+    discard_pending_ = false;
+    cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_));
+  }
+  // As the CPU model's: the next backward writes every gradient over instead of adding to it (GEMMs with beta 0, the
+  // bias and LayerNorm sums written, the embeddings' rows zeroed where a scatter adds to them), so no pass zeroes the
+  // whole buffer first: zero_grad writes 0.5 GB a step for gpt2-small. The alignment gaps, never written, stay 0.
+  void discard_grad() { discard_pending_ = true; }
 
  protected:
   explicit DeviceParameters(cudaStream_t stream) : stream_(stream) {}
@@ -171,6 +178,8 @@ class DeviceParameters {
   // Whether flat_params() gave write access since the last call (a model's forward asks, bf16 models to remake
   // their bf16 weights: one pass over 6 bytes per parameter per optimizer step, not per micro-batch).
   bool master_weights_changed() { return std::exchange(master_weights_changed_, false); }
+  // For backward, once per call: true when it must write the gradients over (discard_grad() since the last backward).
+  bool take_discard() { return std::exchange(discard_pending_, false); }
 
   cudaStream_t stream_;
   std::vector<Parameter<float>> params_;
@@ -181,6 +190,7 @@ class DeviceParameters {
   std::vector<GradPiece> pieces_;
   PieceEvents piece_events_;
   bool master_weights_changed_ = true;  // the initial upload
+  bool discard_pending_ = false;
 };
 
 }  // namespace ddplab::cuda_model

@@ -155,6 +155,7 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
   const int B = batch_;
   PieceAnnouncer announce = cuda_model::device_piece_announcer(pieces_, piece_events_, stream_, on_ready);
   const T* dout = as<T>(out_.back());  // dlogits, written by forward
+  const bool accumulate = !take_discard();  // each gradient element is written once below
   for (int l = num_linear() - 1; l >= 0; --l) {
     NvtxRange range(nvtx_backward_[l].c_str());
     const Parameter<float>& w = params_[2 * l];
@@ -162,12 +163,12 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
     const T* x = l == 0 ? static_cast<const T*>(layer0_input_) : as<T>(out_[l - 1]);
     // The weight gradient before the input gradient, block by block, so each block's communication can start while
     // the rest of backward runs; the bias first, as its piece comes first.
-    cuda::bias_backward<T>(gemm_, b.grad, dout, B, dims_[l + 1], stream_);
+    cuda::bias_backward<T>(gemm_, b.grad, dout, B, dims_[l + 1], stream_, accumulate);
     announce.ready(2 * l + 1);
     while (const GradPiece* g = announce.next_of(2 * l)) {
       const int first = static_cast<int>(g->first_row), rows = static_cast<int>(g->numel / dims_[l]);
-      cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows,
-                                      stream_);
+      cuda::matmul_backward_weight<T>(gemm_, w.grad, dout, x, B, dims_[l], dims_[l + 1], first, first + rows, stream_,
+                                      accumulate);
       announce.ready(2 * l);
     }
     if (l > 0) {  // the network input needs no gradient

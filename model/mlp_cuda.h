@@ -43,7 +43,8 @@ class MlpCuda : public cuda_model::DeviceParameters {
   const MlpConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   int max_batch() const { return max_batch_; }
-  // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), stream(): DeviceParameters.
+  // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), discard_grad(), stream():
+  // DeviceParameters.
 
   // inputs [batch, input_dim] fp32 and targets [batch] in [0, num_classes), device memory, 0 <= batch <= max_batch.
   // Enqueues the layers, the fused softmax cross-entropy (which also writes the gradient of the mean loss for
@@ -59,10 +60,10 @@ class MlpCuda : public cuda_model::DeviceParameters {
   // first forward.
   float loss() const;
 
-  // Backward of the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients (zero_grad() first unless
-  // accumulating). For each piece in grad_pieces() order: enqueue its kernels, record piece_ready_event(k), call
-  // on_ready(k). Once per forward: the hidden activations' buffers take their gradients (std::logic_error on a
-  // second call).
+  // Backward of the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients (zero_grad() or
+  // discard_grad() first unless accumulating). For each piece in grad_pieces() order: enqueue its kernels, record
+  // piece_ready_event(k), call on_ready(k). Once per forward: the hidden activations' buffers take their gradients
+  // (std::logic_error on a second call).
   void backward(const GradReadyHook& on_ready = nullptr);
   // Forward FLOPs per sample of the GEMMs (2 * in * out per Linear), as Mlp::gemm_flops_per_sample.
   int64_t gemm_flops_per_sample() const;

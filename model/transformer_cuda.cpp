@@ -374,17 +374,21 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   PieceAnnouncer announce = cuda_model::device_piece_announcer(pieces_, piece_events_, stream_, on_ready);
   T *dresid = as<T>(dresid_), *dsmall = as<T>(dsmall_), *dbig = as<T>(dbig_);
   const T* dlogits = as<T>(logits_);  // forward's fused cross-entropy left the gradient of the scaled loss here
+  // discard_grad(): each gradient's first write below goes over it (GEMMs with beta 0, bias and LayerNorm sums
+  // written), and the embeddings' scatter targets are zeroed first, so no pass zeroes the whole buffer.
+  const bool accumulate = !take_discard();
 
   // A Linear layer out = inp W^T + b: the bias gradient (our kernel: faster on an H200 than cuBLASLt's BGRADB
   // epilogue, docs/GPU.md), then the weight's, block by block, each announced as soon as it is done. Then the input gradient, which backward needs next but
   // the communication does not; through the GELU that made inp when pre_gelu is given (the MLP's second Linear).
   const auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out,
                                    const T* pre_gelu = nullptr) {
-    cuda::bias_backward<T>(gemm_, params_[w + 1].grad, dout, N, out, stream_);
+    cuda::bias_backward<T>(gemm_, params_[w + 1].grad, dout, N, out, stream_, accumulate);
     announce.all_of(w + 1);
     while (const GradPiece* g = announce.next_of(w)) {
       const int first = static_cast<int>(g->first_row), count = static_cast<int>(g->numel / in);
-      cuda::matmul_backward_weight<T>(gemm_, params_[w].grad, dout, inp, N, in, out, first, first + count, stream_);
+      cuda::matmul_backward_weight<T>(gemm_, params_[w].grad, dout, inp, N, in, out, first, first + count, stream_,
+                                      accumulate);
       announce.ready(w);
     }
     if (pre_gelu)
@@ -395,7 +399,7 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   // dresid is the residual stream's gradient: every LayerNorm on it adds its branch's share (dinp accumulates).
   const auto layernorm_backward = [&](int w, const T* dout, const T* inp, const float* mean, const float* rstd) {
     cuda::layernorm_backward<T>(dresid, params_[w].grad, params_[w + 1].grad, scratch_, dout, inp, params_[w].data,
-                                mean, rstd, BT, C, stream_);
+                                mean, rstd, BT, C, stream_, accumulate);
     announce.all_of(w + 1);
     announce.all_of(w);
   };
@@ -406,9 +410,10 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
       linear_backward(head_, as<T>(dpooled_), dlogits, as<T>(pooled_), B, C, K);
       cuda::mean_pool_backward<T>(dsmall, as<T>(dpooled_), lengths_, B, S, C, stream_);
     } else {
-      // The tied head: its weight gradient is wte's first share; the embedding backward adds the rest and announces
-      // wte.
-      cuda::matmul_backward_weight<T>(gemm_, params_[head_].grad, dlogits, as<T>(lnf_out_), BT, C, K, 0, K, stream_);
+      // The tied head: its weight gradient is wte's first share (written over it where discarded); the embedding
+      // backward adds the rest and announces wte.
+      cuda::matmul_backward_weight<T>(gemm_, params_[head_].grad, dlogits, as<T>(lnf_out_), BT, C, K, 0, K, stream_,
+                                      accumulate);
       cuda::matmul_backward_input<T>(gemm_, dsmall, dlogits, operand<T>(head_), BT, C, K, stream_);
     }
     cudaCheck(cudaMemsetAsync(dresid, 0, sizeof(T) * BT * C, stream_));
@@ -430,7 +435,12 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
     linear_backward(id(kQkvW), dsmall, dbig, as<T>(a.ln1), BT, C, 3 * C);
     layernorm_backward(id(kLn1W), dsmall, x_in, a.ln1_mean, a.ln1_rstd);
   }
-  // The embeddings are final only now (and wte is the largest tensor): the communication's last bucket.
+  // The embeddings are final only now (and wte is the largest tensor): the communication's last bucket. Their
+  // scatter adds to the batch's rows only: a discarded gradient is zeroed first (wte's not where the tied head wrote
+  // it).
+  if (!accumulate)
+    for (const int e : {config_.tied_head() ? -1 : 0, wpe_})
+      if (e >= 0) cudaCheck(cudaMemsetAsync(params_[e].grad, 0, params_[e].numel * sizeof(float), stream_));
   cuda::embedding_backward<T>(params_[0].grad, wpe_ >= 0 ? params_[wpe_].grad : nullptr, dresid, tokens_, lengths_, B,
                               S, C, stream_);
   if (wpe_ >= 0) announce.all_of(wpe_);

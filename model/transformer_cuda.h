@@ -59,7 +59,8 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   AttentionKind attention() const { return attention_; }
   int64_t max_tokens() const { return max_tokens_; }
   int max_seq() const { return max_seq_; }
-  // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), stream(): DeviceParameters.
+  // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), discard_grad(), stream():
+  // DeviceParameters.
 
   // Device memory, as Transformer::forward: tokens [B, S], lengths [B] in [1, S] (null: all S), targets: kClassify
   // [B] classes in [0, num_classes), kCausalLM ignored (may be null; the targets are the next tokens, made on the
@@ -79,8 +80,8 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   float loss() const;
 
   // Backward of loss_scale x the last forward's mean loss (the scale given to forward). ACCUMULATES (+=) into the
-  // fp32 gradients (zero_grad() first unless accumulating). For each piece in grad_pieces() order: enqueue its
-  // kernels, record piece_ready_event(k), call on_ready(k). Once per forward (a second call throws
+  // fp32 gradients (zero_grad() or discard_grad() first unless accumulating). For each piece in grad_pieces() order:
+  // enqueue its kernels, record piece_ready_event(k), call on_ready(k). Once per forward (a second call throws
   // std::logic_error): the gradient of the logits is consumed.
   void backward(const GradReadyHook& on_ready = nullptr);
 

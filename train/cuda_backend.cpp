@@ -218,7 +218,7 @@ BatchStats CudaBackend::load(int64_t step, int micro) {
 
 void CudaBackend::start_gradients(int micro_batches) {
   reducer_->begin_step(marks_.front(), 1.0f / static_cast<float>(world_ * micro_batches));
-  workload_->zero_grad();
+  workload_->discard_grad();
 }
 
 void CudaBackend::backward(int micro, bool sync, const GradReadyHook& before_ready) {

@@ -57,7 +57,7 @@ class CudaModelWorkload : public CudaWorkload {
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
   cudaEvent_t piece_ready_event(int piece) const override { return model_.piece_ready_event(piece); }
-  void zero_grad() override { model_.zero_grad(); }
+  void discard_grad() override { model_.discard_grad(); }
 
  protected:
   template <typename... Args>

@@ -35,7 +35,7 @@ class CudaWorkload {
   virtual void set_grad_piece_elements(int64_t max_elements) = 0;
   virtual const std::vector<GradPiece>& grad_pieces() const = 0;
   virtual cudaEvent_t piece_ready_event(int piece) const = 0;
-  virtual void zero_grad() = 0;
+  virtual void discard_grad() = 0;           // the next backward writes the gradients over (model/cuda_common.h)
   virtual std::string describe() const = 0;  // the model and its data, one line
 
   // Fills `slot` with step `step`'s micro-batches in pinned host memory and queues their copy to the device on

@@ -1,4 +1,4 @@
-// bench_mlp_cuda: the training step of MlpCuda (zero_grad + forward + backward + AdamW) on the default MLP
+// bench_mlp_cuda: the training step of MlpCuda (forward + backward + AdamW) on the default MLP
 // 1024-1024x2-1000 at batch 128, 512 and 2048 in fp32, tf32 and bf16, timed as bench/gpu/train_step_timing.h says:
 // each figure is the median over --steps steps after --warmup.
 // TFLOP/s counts the conventional 6 * parameters * batch per step (forward 2PB, backward 4PB), the figure PyTorch
@@ -66,7 +66,7 @@ Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
 
 int main(int argc, char** argv) {
   Options opt;
-  CLI::App app{"MlpCuda's training step (zero_grad + forward + backward + AdamW) on the default MLP"};
+  CLI::App app{"MlpCuda's training step (forward + backward + AdamW) on the default MLP"};
   ddplab::bench::add_step_flags(app, opt);
   int one_batch = 0;
   app.add_option("--batch", one_batch, "one batch size (default: 128, 512 and 2048)")->check(CLI::Range(1, 1 << 20));

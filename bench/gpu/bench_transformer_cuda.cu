@@ -1,4 +1,4 @@
-// bench_transformer_cuda: the training step of TransformerCuda (zero_grad + forward + backward + AdamW) on the
+// bench_transformer_cuda: the training step of TransformerCuda (forward + backward + AdamW) on the
 // gpt2-small preset (GPT-2 124M's shapes plus an untied LM head with bias: 163M parameters, docs/TRANSFORMER.md),
 // full-length sequences of 1024 tokens, batch 8, in fp32, tf32 and bf16.
 //
@@ -10,12 +10,14 @@
 // TFLOP/s (the H200 has the same tensor cores and clocks, so the same peak), whatever the precision.
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
-//                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv] [--profile]
+//                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv]
+//                          [--profile]
 //                          [--graph]
 // --precision restricts the sweep to one; --attention auto (the default, as ddplab train's) runs cuDNN's attention
-// where it loads, else our fused one (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise; --profile brackets the timed
-// steps with cudaProfilerStart/Stop, to profile them with nsys, ncu or bench/gpu/gpu_trace.cpp (bench/device/run.sh 2
-// ranks one step's kernels that way, and traces 20). Needs a GPU; exits 2 with the reason without one.
+// where it loads, else our fused one (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise;
+// --profile brackets the timed steps with cudaProfilerStart/Stop, to profile them with nsys, ncu or
+// bench/gpu/gpu_trace.cpp (bench/device/run.sh 2 ranks one step's kernels that way, and traces 20). Needs a GPU; exits
+// 2 with the reason without one.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -87,7 +89,7 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
 
 int main(int argc, char** argv) {
   Options opt;
-  CLI::App app{"TransformerCuda's training step (zero_grad + forward + backward + AdamW): tokens/s, TFLOP/s, MFU"};
+  CLI::App app{"TransformerCuda's training step (forward + backward + AdamW): tokens/s, TFLOP/s, MFU"};
   ddplab::bench::add_step_flags(app, opt);
   app.add_option("--model", opt.model, "transformer preset")
       ->check(CLI::IsMember({"tiny", "small", "gpt2-small"}))

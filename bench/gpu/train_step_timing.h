@@ -1,5 +1,6 @@
-// Shared by the GPU model benchmarks (bench_mlp_cuda, bench_transformer_cuda): a model's training step (zero_grad +
-// forward + backward + AdamW) timed with events, and the command line's checks they have in common.
+// Shared by the GPU model benchmarks (bench_mlp_cuda, bench_transformer_cuda): a model's training step (the gradients
+// discarded, forward + backward + AdamW, as the trainer runs it) timed with events, and the command line's checks they
+// have in common.
 //
 // Steps run back to back, as in training (the host enqueues ahead; nothing syncs between steps), with an event at
 // every phase boundary. A step's time runs from its first event to the next step's, so GPU time lost waiting for the
@@ -110,7 +111,7 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
   float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
   // One step, the t-th update; mark(k) after its k-th phase (1 forward, 2 backward, 3 the update).
   const auto enqueue_step = [&](int t, const auto& mark) {
-    model.zero_grad();
+    model.discard_grad();  // backward writes the gradients over: no pass zeroes them
     forward();
     mark(1);
     model.backward();

@@ -2,14 +2,15 @@
 // one translation unit per program: gemm.cu under nvcc, or the CPU emulation of tests/emu (g++, cuda_emulation.h
 // included first), which runs this very source on host threads. Hence everything here is in an unnamed namespace.
 //
-// dbias[o] += sum_b dout[b, o] is a column reduction of a tall matrix (8192 rows of 768 columns in gpt2-small): one
-// block per 32 columns, as before, gave the 768-wide layers 24 blocks on 132 SMs (1.28 ms for the step's 49 bias
-// gradients on an H200, against ~0.4 ms to read dout once). So the rows are split too:
+// dbias[o] += sum_b dout[b, o] (or =, where the gradient is discarded) is a column reduction of a tall matrix (8192
+// rows of 768 columns in gpt2-small): one block per 32 columns, as before, gave the 768-wide layers 24 blocks on 132
+// SMs (1.28 ms for the step's 49 bias gradients on an H200, against ~0.4 ms to read dout once). So the rows are split
+// too:
 //   pass 1  block (x, y) sums the columns of tile x over row block y: lane l of every warp owns V adjacent columns
 //           (16-byte loads: 8 bf16 or 4 floats), warp w takes rows w, w + 8, ... of the row block, and the 8 warps'
 //           sums are added in warp order through shared memory; the block writes its partial row, or, when there is
-//           only one row block, adds it to dbias directly;
-//   pass 2  one thread per column adds the row blocks' partials in row-block order to dbias.
+//           only one row block, adds it to dbias (or writes it there) directly;
+//   pass 2  one thread per column adds the row blocks' partials in row-block order, to dbias or over it.
 // Deterministic: the grid depends on B, OC, V and the partials' capacity only (not on the device), and every sum runs
 // in a fixed order, so two runs give the same bits (the replicas' contract).
 #pragma once
@@ -68,10 +69,12 @@ inline Grid plan_grid(int B, int OC, int pack, bool packed, int64_t partial_capa
   return g;
 }
 
-// Pass 1. out: dbias (accumulate, one row block) or the partials [row_blocks, OC] (overwritten).
+// Pass 1. out: dbias (direct: one row block; added to it, or written over it) or the partials [row_blocks, OC]
+// (written).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    bias_backward_partial_kernel(float* out, const T* dout, int B, int OC, int rows_per_block, bool accumulate) {
+    bias_backward_partial_kernel(float* out, const T* dout, int B, int OC, int rows_per_block, bool direct,
+                                 bool accumulate) {
   extern __shared__ __align__(16) unsigned char smem[];
   float* const sums = reinterpret_cast<float*>(smem);  // [kWarps][32 V]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -109,29 +112,29 @@ __global__ void __launch_bounds__(kThreads)
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += sums[w * 32 * V + c];
-    if (accumulate)
-      out[o] += total;
-    else
+    if (!direct)
       out[int64_t{blockIdx.y} * OC + o] = total;
+    else
+      out[o] = accumulate ? out[o] + total : total;
   }
 }
 
-// Pass 2: dbias[o] += sum over p of partial[p, o], in p order.
-__global__ void bias_backward_reduce_kernel(float* dbias, const float* partial, int parts, int OC) {
+// Pass 2: dbias[o] += (or =) the sum over p of partial[p, o], in p order.
+__global__ void bias_backward_reduce_kernel(float* dbias, const float* partial, int parts, int OC, bool accumulate) {
   for (int64_t o = detail::global_index(); o < OC; o += detail::grid_stride()) {
     float total = 0.0f;
     for (int p = 0; p < parts; ++p) total += partial[int64_t{p} * OC + o];
-    dbias[o] += total;
+    dbias[o] = accumulate ? dbias[o] + total : total;
   }
 }
 
 }  // namespace bias_grad
 
 // The launch sequence, for gemm.cu's launcher and the emulation alike: launch(kernel, grid, block, smem, args...).
-// partial has room for partial_capacity floats. B > 0, OC > 0.
+// partial has room for partial_capacity floats. B > 0, OC > 0. accumulate: dbias += the sums, else dbias = them.
 template <typename Launch, typename T>
 void bias_backward_launches(Launch launch, float* dbias, float* partial, int64_t partial_capacity, const T* dout, int B,
-                            int OC) {
+                            int OC, bool accumulate) {
   using namespace bias_grad;
   constexpr int kPack = 16 / sizeof(T);
   const bool packed = OC % kPack == 0 && detail::all_aligned(16, dout);
@@ -141,13 +144,13 @@ void bias_backward_launches(Launch launch, float* dbias, float* partial, int64_t
   const dim3 grid(g.col_blocks, g.row_blocks);
   if (packed)
     launch(bias_backward_partial_kernel<T, kPack>, grid, dim3(kThreads), g.smem_bytes, out, dout, B, OC,
-           g.rows_per_block, direct);
+           g.rows_per_block, direct, accumulate);
   else
     launch(bias_backward_partial_kernel<T, 1>, grid, dim3(kThreads), g.smem_bytes, out, dout, B, OC, g.rows_per_block,
-           direct);
+           direct, accumulate);
   if (!direct)
     launch(bias_backward_reduce_kernel, dim3(detail::grid_size(OC)), dim3(detail::kBlockSize), size_t{0}, dbias,
-           static_cast<const float*>(partial), g.row_blocks, OC);
+           static_cast<const float*>(partial), g.row_blocks, OC, accumulate);
 }
 
 }  // namespace

@@ -325,18 +325,33 @@ void matmul_backward_input(GemmContext& ctx, T* dinp, const T* dout, const T* we
 
 template <typename T>
 void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, const T* inp, int B, int C, int OC,
-                            int row_begin, int row_end, cudaStream_t stream) {
+                            int row_begin, int row_end, cudaStream_t stream, bool accumulate) {
   check_sizes("matmul_backward_weight", B, C, OC);
   if (row_begin < 0 || row_begin > row_end || row_end > OC)
     throw std::invalid_argument("matmul_backward_weight: rows [" + std::to_string(row_begin) + ", " +
                                 std::to_string(row_end) + ") not within [0, " + std::to_string(OC) + ")");
   const int rows = row_end - row_begin;
-  if (B == 0 || C == 0 || rows == 0) return;
-  const T* dout_rows = dout + row_begin;  // rows [row_begin, row_end) of dout^T: same ld, shifted start
+  if (C == 0 || rows == 0) return;
   float* dweight_rows = dweight + int64_t{row_begin} * C;
-  const LtGemm g{CUBLAS_OP_N,  CUBLAS_OP_T,  C, rows,         B,          inp, C, dout_rows,
-                 OC,           dweight_rows, C, kDataType<T>, CUDA_R_32F,
-                 /*beta=*/1.0f};
+  if (B == 0) {  // an empty sum
+    if (!accumulate) cudaCheck(cudaMemsetAsync(dweight_rows, 0, sizeof(float) * rows * C, stream));
+    return;
+  }
+  const T* dout_rows = dout + row_begin;  // rows [row_begin, row_end) of dout^T: same ld, shifted start
+  const LtGemm g{CUBLAS_OP_N,
+                 CUBLAS_OP_T,
+                 C,
+                 rows,
+                 B,
+                 inp,
+                 C,
+                 dout_rows,
+                 OC,
+                 dweight_rows,
+                 C,
+                 kDataType<T>,
+                 CUDA_R_32F,
+                 /*beta=*/accumulate ? 1.0f : 0.0f};
   if (!run_lt(ctx, g, stream))
     throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_weight B=" + std::to_string(B) +
                              " C=" + std::to_string(C) + " rows=" + std::to_string(rows));
@@ -371,11 +386,15 @@ void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const
 }
 
 template <typename T>
-void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream) {
+void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream, bool accumulate) {
   check_sizes("bias_backward", B, 0, OC);
-  if (B == 0 || OC == 0) return;
+  if (OC == 0) return;
+  if (B == 0) {  // an empty sum
+    if (!accumulate) cudaCheck(cudaMemsetAsync(dbias, 0, sizeof(float) * OC, stream));
+    return;
+  }
   bias_backward_launches(detail::launch_on(stream), dbias, static_cast<float*>(ctx.workspace()),
-                         static_cast<int64_t>(ctx.workspace_bytes() / sizeof(float)), dout, B, OC);
+                         static_cast<int64_t>(ctx.workspace_bytes() / sizeof(float)), dout, B, OC, accumulate);
 }
 
 void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
@@ -399,10 +418,10 @@ void gemm_strided_batched(GemmContext& ctx, bool trans_a, bool trans_b, int M, i
                                             cudaStream_t);                                                          \
   template void matmul_backward_input<T>(GemmContext&, T*, const T*, const T*, int, int, int, cudaStream_t);        \
   template void matmul_backward_weight<T>(GemmContext&, float*, const T*, const T*, int, int, int, int, int,        \
-                                          cudaStream_t);                                                            \
+                                          cudaStream_t, bool);                                                      \
   template void matmul_backward_input_dgelu<T>(GemmContext&, T*, const T*, const T*, const T*, int, int, int,       \
                                                cudaStream_t);                                                       \
-  template void bias_backward<T>(GemmContext&, float*, const T*, int, int, cudaStream_t);
+  template void bias_backward<T>(GemmContext&, float*, const T*, int, int, cudaStream_t, bool);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)
 #undef DDPLAB_INSTANTIATE

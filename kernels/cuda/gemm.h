@@ -114,16 +114,19 @@ void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const
                                  int C, int OC, cudaStream_t stream);
 
 // dweight[r,:] += dout[:,r]^T @ inp[B,C] for rows r in [row_begin, row_end) of the [OC, C] weight gradient:
-// ACCUMULATES, in fp32 whatever T is. A row range lets a caller finish (and hand to communication) a block of rows
-// at a time, as with cpu::matmul_backward_weight. Requires 0 <= row_begin <= row_end <= OC.
+// ACCUMULATES (accumulate = false: = instead, a discarded gradient's first write), in fp32 whatever T is. A row range
+// lets a caller finish (and hand to communication) a block of rows at a time, as with cpu::matmul_backward_weight.
+// Requires 0 <= row_begin <= row_end <= OC.
 template <typename T>
 void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, const T* inp, int B, int C, int OC,
-                            int row_begin, int row_end, cudaStream_t stream);
+                            int row_begin, int row_end, cudaStream_t stream, bool accumulate = true);
 
-// dbias[OC] += sum over rows of dout[B,OC]: ACCUMULATES, fp32, deterministic (a fixed grid and summation order; see
-// bias_backward_kernels.cuh). Row blocks' partial sums go to ctx's workspace (stream-ordered with its GEMMs).
+// dbias[OC] += sum over rows of dout[B,OC]: ACCUMULATES (accumulate = false: =), fp32, deterministic (a fixed grid and
+// summation order; see bias_backward_kernels.cuh). Row blocks' partial sums go to ctx's workspace (stream-ordered
+// with its GEMMs).
 template <typename T>
-void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream);
+void bias_backward(GemmContext& ctx, float* dbias, const T* dout, int B, int OC, cudaStream_t stream,
+                   bool accumulate = true);
 
 // Row-major strided-batched C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C for `batch` matrices (A + i*stride_a, ...),
 // fp32 data and the context's math, through cublasGemmStridedBatchedEx: attention's per-head products.

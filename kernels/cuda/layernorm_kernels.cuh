@@ -246,12 +246,14 @@ __global__ void __launch_bounds__(kBlock, 2)
   }
 }
 
-// dweight[c] += sum_b partial[b][c], dbias[c] += sum_b partial[b][C + c], for 32 of the 2C columns per block.
+// dweight[c] += sum_b partial[b][c], dbias[c] += sum_b partial[b][C + c] (or =, accumulate false), for 32 of the 2C
+// columns per block.
 // Warp g sums blocks g, g + 8, ... (coalesced: a warp reads 32 consecutive floats of one partial), then warp 0 adds
 // the 8 sums in order: a fixed order, and 8x the parallelism of one thread per column. Dynamic shared memory:
 // the warps' sums [kWarps][32].
 __global__ void __launch_bounds__(kBlock)
-    layernorm_backward_reduce_kernel(float* dweight, float* dbias, const float* partial, int blocks, int C) {
+    layernorm_backward_reduce_kernel(float* dweight, float* dbias, const float* partial, int blocks, int C,
+                                     bool accumulate) {
   extern __shared__ __align__(16) unsigned char smem[];
   float(*const sums)[32] = reinterpret_cast<float(*)[32]>(smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -266,10 +268,8 @@ __global__ void __launch_bounds__(kBlock)
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += sums[w][lane];
-    if (col < C)
-      dweight[col] += total;
-    else
-      dbias[col - C] += total;
+    float* const out = col < C ? dweight + col : dbias + (col - C);
+    *out = accumulate ? *out + total : total;
   }
 }
 
@@ -292,11 +292,11 @@ void layernorm_forward_launches(Launch&& launch, T* out, float* mean, float* rst
     launch(layernorm_forward_kernel<T, 1>, grid, dim3(kBlock), size_t{0}, out, mean, rstd, inp, weight, bias, N, C);
 }
 
-// scratch: backward_blocks(N, C) * 2C floats, the blocks' partials.
+// scratch: backward_blocks(N, C) * 2C floats, the blocks' partials. accumulate: dweight and dbias += the sums, else =.
 template <typename Launch, typename T>
 void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float* dbias, float* scratch, const T* dout,
-                                 const T* inp, const float* weight, const float* mean, const float* rstd, int N,
-                                 int C) {
+                                 const T* inp, const float* weight, const float* mean, const float* rstd, int N, int C,
+                                 bool accumulate) {
   using namespace layernorm;
   const int blocks = backward_blocks(N, C);
   const dim3 block(32 * backward_warps(C));
@@ -309,7 +309,7 @@ void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float
     launch(layernorm_backward_kernel<T, 1>, dim3(blocks), block, backward_smem_bytes(C), dinp, scratch, dout, inp,
            weight, mean, rstd, N, C);
   launch(layernorm_backward_reduce_kernel, dim3((2 * C + 31) / 32), dim3(kBlock), sizeof(float) * kWarps * 32, dweight,
-         dbias, static_cast<const float*>(scratch), blocks, C);
+         dbias, static_cast<const float*>(scratch), blocks, C, accumulate);
 }
 
 }  // namespace

@@ -45,11 +45,11 @@ struct Case {
   int offset;        // elements dout starts past a 16-byte boundary: 0 packed (when OC allows), else scalar
 };
 
-// dbias (from random values: it accumulates) after the emulated launches; the partials start as NaN, so a partial
-// that pass 1 did not write shows in the result.
+// dbias (from dbias0: it accumulates, or is written over) after the emulated launches; the partials start as NaN,
+// so a partial that pass 1 did not write shows in the result.
 template <typename T>
 std::vector<float> emulated_bias_backward(const Case& c, const std::vector<float>& dbias0,
-                                          const std::vector<float>& dout) {
+                                          const std::vector<float>& dout, bool accumulate = true) {
   std::vector<T> d(dout.size() + c.offset + 8);
   for (size_t i = 0; i < dout.size(); ++i) {
     if constexpr (std::is_same_v<T, bf16>)
@@ -61,7 +61,7 @@ std::vector<float> emulated_bias_backward(const Case& c, const std::vector<float
   std::vector<float> partial(static_cast<size_t>(c.capacity) + 1, std::numeric_limits<float>::quiet_NaN());
   // The vector's storage is at least 16-byte aligned (operator new), so offset 0 is a 16-byte boundary.
   cuda::bias_backward_launches(emulated_launch, dbias.data(), partial.data(), c.capacity, d.data() + c.offset, c.B,
-                               c.OC);
+                               c.OC, accumulate);
   return dbias;
 }
 
@@ -77,6 +77,12 @@ void emulated_matches_cpu(const Case& c) {
   const std::vector<float> got = emulated_bias_backward<T>(c, dbias0, dout);
   EXPECT_TRUE(AllClose(got, want, 1e-5, 1e-6 * c.B));
   EXPECT_TRUE(BitwiseEqual(emulated_bias_backward<T>(c, dbias0, dout), got)) << "a second run";
+  // Written over (a discarded gradient): NaN before, the sums alone after.
+  std::vector<float> fresh(c.OC, 0.0f);
+  ddplab::cpu::bias_backward(fresh.data(), dout.data(), c.B, c.OC, /*accumulate=*/false);
+  const std::vector<float> nan(c.OC, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(AllClose(emulated_bias_backward<T>(c, nan, dout, /*accumulate=*/false), fresh, 1e-5, 1e-6 * c.B))
+      << "written over";
 }
 
 // Row blocks of the full kTargetBlocks split (capacity ample) and of a capacity-bound one; one row block (adds to

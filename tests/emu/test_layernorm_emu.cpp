@@ -59,14 +59,14 @@ std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::ve
                                                   const std::vector<float>& dw0, const std::vector<float>& db0,
                                                   const std::vector<T>& dout, const std::vector<T>& inp,
                                                   const std::vector<float>& weight, const std::vector<float>& mean,
-                                                  const std::vector<float>& rstd) {
+                                                  const std::vector<float>& rstd, bool accumulate = true) {
   std::vector<T> dinp = device_values<T>(dinp0);
   std::vector<float> dw = dw0, db = db0;
   std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N, sh.C) * 2 * sh.C,
                              std::numeric_limits<float>::quiet_NaN());
   cuda::layernorm_backward_launches(emulated_launch, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
                                     scratch.data(), dout.data(), inp.data(), weight.data() + sh.offset, mean.data(),
-                                    rstd.data(), sh.N, sh.C);
+                                    rstd.data(), sh.N, sh.C, accumulate);
   return {host_values<T>(dinp), dw, db};
 }
 
@@ -128,6 +128,19 @@ void emulated_matches_cpu(const Shape& sh, double rtol, double atol) {
   EXPECT_TRUE(AllClose(got[2], db, rtol, atol * N)) << "dbias";
   const auto again = emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, d_mean, d_rstd);
   EXPECT_TRUE(BitwiseEqual(again[1], got[1]) && BitwiseEqual(again[2], got[2])) << "a second run";
+
+  // Written over (a discarded gradient): NaN before, this batch's sums alone after; dinp still accumulates.
+  std::vector<float> dinp_over = dinp0, dw_over(C + 1), db_over(C + 1);
+  ddplab::cpu::layernorm_backward(dinp_over.data(), dw_over.data() + sh.offset, db_over.data() + sh.offset, dout.data(),
+                                  inp.data(), w, mean.data(), rstd.data(), N, C, /*accumulate=*/false);
+  const std::vector<float> nan(C + 1, std::numeric_limits<float>::quiet_NaN());
+  const auto over = emulated_backward<T>(sh, dinp0, nan, nan, d_dout, d_inp, weight, d_mean, d_rstd, false);
+  EXPECT_TRUE(AllClose(over[0], dinp_over, rtol, atol)) << "dinp, written over";
+  const auto params = [&](const std::vector<float>& v) {
+    return std::vector<float>(v.begin() + sh.offset, v.begin() + sh.offset + C);
+  };
+  EXPECT_TRUE(AllClose(params(over[1]), params(dw_over), rtol, atol * N)) << "dweight, written over";
+  EXPECT_TRUE(AllClose(params(over[2]), params(db_over), rtol, atol * N)) << "dbias, written over";
 }
 
 TEST(LayerNormEmulated, Fp32MatchesCpu) {

@@ -65,13 +65,17 @@ void expect_same_init(const GpuModel& gpu, const CpuModel& cpu, cudaStream_t str
 }
 
 // Both models' gradients split into pieces of `piece_elements` (0: one per parameter) and zeroed, the GPU's after
-// poisoning them, so that an element the GPU's backward leaves unwritten shows as NaN.
+// poisoning them, so that an element the GPU's backward leaves unwritten shows as NaN. discard: the GPU's left poisoned
+// and discarded instead (discard_grad), so its next backward must write every gradient over.
 template <class GpuModel, class CpuModel>
-void split_and_zero_grads(GpuModel& gpu, CpuModel& cpu, int64_t piece_elements) {
+void split_and_zero_grads(GpuModel& gpu, CpuModel& cpu, int64_t piece_elements, bool discard = false) {
   cpu.set_grad_piece_elements(piece_elements);
   gpu.set_grad_piece_elements(piece_elements);
   cudaCheck(cudaMemsetAsync(gpu.flat_grads(), 0xFF, gpu.flat_size() * sizeof(float), gpu.stream()));
-  gpu.zero_grad();
+  if (discard)
+    gpu.discard_grad();
+  else
+    gpu.zero_grad();
   cpu.zero_grad();
 }
 

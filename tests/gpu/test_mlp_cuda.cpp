@@ -120,7 +120,8 @@ TEST_F(MlpCudaDevice, MisuseThrows) {
 
 // Loss and gradients on a batch, then accumulation of a second, smaller batch (no zero_grad), which also catches
 // reads of the first batch's stale rows. Every config runs with one piece per parameter and with its weights in row
-// blocks whose last one is shorter.
+// blocks whose last one is shorter, the latter also with the first backward writing over poisoned, discarded
+// gradients (discard_grad, as the trainer runs it).
 TEST_P(MlpCudaVsCpu, LossAndGradientsMatchCpu) {
   const Tolerance tol = tolerance(GetParam());
   struct Case {
@@ -132,11 +133,13 @@ TEST_P(MlpCudaVsCpu, LossAndGradientsMatchCpu) {
   // Odd sizes: no dimension a multiple of 8 (cuBLASLt's fused GELU epilogue is skipped).
   for (const Case& k : {Case{"default", kDefault, 128, 300000}, Case{"odd", MlpConfig{45, 67, 3, 13}, 37, 1000},
                         Case{"no hidden layer", MlpConfig{33, 1, 0, 10}, 5, 100}}) {
-    for (int64_t piece_elements : {int64_t{0}, k.piece_elements}) {
-      SCOPED_TRACE(std::string(k.name) + ", piece elements " + std::to_string(piece_elements));
+    for (const auto& [piece_elements, discard] :
+         {std::pair{int64_t{0}, false}, std::pair{k.piece_elements, false}, std::pair{k.piece_elements, true}}) {
+      SCOPED_TRACE(std::string(k.name) + ", piece elements " + std::to_string(piece_elements) +
+                   (discard ? ", discarded" : ""));
       Mlp<float> cpu(k.config, kSeed);
       MlpCuda gpu(k.config, kSeed, GetParam(), k.batch + 3, stream_);
-      gpu_test::split_and_zero_grads(gpu, cpu, piece_elements);
+      gpu_test::split_and_zero_grads(gpu, cpu, piece_elements, discard);
       for (int batch : {k.batch, k.batch / 2 + 1}) {
         SCOPED_TRACE("batch " + std::to_string(batch));
         const Batch b = random_batch(k.config, batch, 17 + batch);

@@ -196,16 +196,18 @@ TEST_F(TransformerCudaDevice, MisuseThrows) {
 
 // Loss and gradients on a padded batch, then a second, smaller batch accumulated (no zero_grad) with a loss scale,
 // which also catches reads of the first batch's stale rows. Each model with one piece per parameter and with its
-// weights in row blocks whose last one is shorter.
+// weights in row blocks whose last one is shorter; the first backward after zero_grad, and after discard_grad over
+// poisoned gradients (every gradient written over, as the trainer runs it).
 TEST_P(TransformerCudaVsCpu, LossAndGradientsMatchCpu) {
   const Tolerance tol = tolerance(GetParam());
   for (const TransformerConfig& c : {classifier(), language_model()}) {
-    for (int64_t piece_elements : {int64_t{0}, int64_t{1000}}) {
+    for (const auto& [piece_elements, discard] :
+         {std::pair{int64_t{0}, false}, std::pair{int64_t{1000}, false}, std::pair{int64_t{1000}, true}}) {
       const std::string name = c.causal() ? "lm" : "classify";
-      SCOPED_TRACE(name + ", piece elements " + std::to_string(piece_elements));
+      SCOPED_TRACE(name + ", piece elements " + std::to_string(piece_elements) + (discard ? ", discarded" : ""));
       Transformer<float> cpu(c, kSeed);
       TransformerCuda gpu(c, kSeed, GetParam(), 6 * 20, 20, stream_);
-      gpu_test::split_and_zero_grads(gpu, cpu, piece_elements);
+      gpu_test::split_and_zero_grads(gpu, cpu, piece_elements, discard);
       struct Step {
         int B, S;
         float loss_scale;
