@@ -149,7 +149,7 @@ class DeviceParameters {
     cudaCheck(cudaMemsetAsync(flat_grads_, 0, flat_size_ * sizeof(float), stream_));
   }
   // As the CPU model's: the next backward writes every gradient over instead of adding to it (GEMMs with beta 0, the
-  // bias and LayerNorm sums written, the embeddings' rows zeroed where a scatter adds to them), so no pass zeroes the
+  // bias and LayerNorm sums written, the embeddings zeroed where a scatter adds to them), so no pass zeroes the
   // whole buffer first: zero_grad writes 0.5 GB a step for gpt2-small. The alignment gaps, never written, stay 0.
   void discard_grad() { discard_pending_ = true; }
 

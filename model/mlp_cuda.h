@@ -60,10 +60,10 @@ class MlpCuda : public cuda_model::DeviceParameters {
   // first forward.
   float loss() const;
 
-  // Backward of the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients (zero_grad() or
-  // discard_grad() first unless accumulating). For each piece in grad_pieces() order: enqueue its kernels, record
-  // piece_ready_event(k), call on_ready(k). Once per forward: the hidden activations' buffers take their gradients
-  // (std::logic_error on a second call).
+  // Backward of the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients, or writes them over after
+  // discard_grad() (zero_grad() or discard_grad() first unless accumulating). For each piece in grad_pieces() order:
+  // enqueue its kernels, record piece_ready_event(k), call on_ready(k). Once per forward: the hidden activations'
+  // buffers take their gradients (std::logic_error on a second call).
   void backward(const GradReadyHook& on_ready = nullptr);
   // Forward FLOPs per sample of the GEMMs (2 * in * out per Linear), as Mlp::gemm_flops_per_sample.
   int64_t gemm_flops_per_sample() const;

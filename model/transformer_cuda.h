@@ -80,7 +80,8 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   float loss() const;
 
   // Backward of loss_scale x the last forward's mean loss (the scale given to forward). ACCUMULATES (+=) into the
-  // fp32 gradients (zero_grad() or discard_grad() first unless accumulating). For each piece in grad_pieces() order:
+  // fp32 gradients, or writes them over after discard_grad() (zero_grad() or discard_grad() first unless
+  // accumulating). For each piece in grad_pieces() order:
   // enqueue its kernels, record piece_ready_event(k), call on_ready(k). Once per forward (a second call throws
   // std::logic_error): the gradient of the logits is consumed.
   void backward(const GradReadyHook& on_ready = nullptr);

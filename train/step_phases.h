@@ -31,7 +31,7 @@ inline void set_step_phases(StepRecord& r, const StepClock& c, double t0_ms) {
   double previous = 0;
   for (size_t m = 0; m < c.backward_end.size(); ++m) {
     r.data_ms += c.data_end[m] - previous;
-    r.forward_ms += c.forward_end[m] - c.data_end[m];  // zero_grad counts in the first forward
+    r.forward_ms += c.forward_end[m] - c.data_end[m];  // start_gradients counts in the first forward
     r.backward_ms += c.backward_end[m] - c.forward_end[m];
     previous = c.backward_end[m];
   }

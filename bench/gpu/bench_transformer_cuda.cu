@@ -1,5 +1,5 @@
 // bench_transformer_cuda: the training step of TransformerCuda (forward + backward + AdamW) on the
-// gpt2-small preset (GPT-2 124M's shapes plus an untied LM head with bias: 163M parameters, docs/TRANSFORMER.md),
+// gpt2-small preset (GPT-2 124M, the LM head tied to wte: 124.5M parameters, docs/TRANSFORMER.md),
 // full-length sequences of 1024 tokens, batch 8, in fp32, tf32 and bf16.
 //
 // Timed as bench/gpu/train_step_timing.h says: each figure is the median over --steps steps after --warmup. Reported

@@ -1,6 +1,7 @@
 // Shared by the GPU model tests (test_mlp_cuda, test_transformer_cuda): a GPU model checked against its fp32 CPU
 // twin. The templates take any pair with the models' common interface (flat_params, flat_grads, num_parameters,
-// parameters, grad_pieces, zero_grad, backward; on the GPU side also stream, loss and piece_ready_event); what
+// parameters, grad_pieces, zero_grad, backward; on the GPU side also discard_grad, stream, loss and
+// piece_ready_event); what
 // differs between the models (their batches, their forward calls) comes in as a callable.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -65,18 +66,31 @@ void expect_same_init(const GpuModel& gpu, const CpuModel& cpu, cudaStream_t str
 }
 
 // Both models' gradients split into pieces of `piece_elements` (0: one per parameter) and zeroed, the GPU's after
-// poisoning them, so that an element the GPU's backward leaves unwritten shows as NaN. discard: the GPU's left poisoned
-// and discarded instead (discard_grad), so its next backward must write every gradient over.
+// poisoning them, so that an element the GPU's backward leaves unwritten shows as NaN. discard: the GPU's pieces
+// poisoned again and discarded (discard_grad), so its next backward must write every gradient over; the alignment
+// gaps between them stay zero, as a model keeps them (expect_gaps_zero).
 template <class GpuModel, class CpuModel>
 void split_and_zero_grads(GpuModel& gpu, CpuModel& cpu, int64_t piece_elements, bool discard = false) {
   cpu.set_grad_piece_elements(piece_elements);
   gpu.set_grad_piece_elements(piece_elements);
   cudaCheck(cudaMemsetAsync(gpu.flat_grads(), 0xFF, gpu.flat_size() * sizeof(float), gpu.stream()));
-  if (discard)
-    gpu.discard_grad();
-  else
-    gpu.zero_grad();
+  gpu.zero_grad();
   cpu.zero_grad();
+  if (discard) {
+    for (const GradPiece& g : gpu.grad_pieces())
+      cudaCheck(cudaMemsetAsync(gpu.flat_grads() + g.offset, 0xFF, g.numel * sizeof(float), gpu.stream()));
+    gpu.discard_grad();
+  }
+}
+
+// The gradient buffer outside every piece (the alignment gaps) is all zeros: nothing writes there.
+template <class GpuModel>
+void expect_gaps_zero(const GpuModel& gpu) {
+  std::vector<float> grads = to_host(gpu.flat_grads(), gpu.flat_size(), gpu.stream());
+  for (const GradPiece& g : gpu.grad_pieces())
+    std::fill(grads.begin() + g.offset, grads.begin() + g.offset + g.numel, 0.0f);
+  const auto nonzero = std::find_if(grads.begin(), grads.end(), [](float v) { return v != 0.0f; });
+  EXPECT_TRUE(nonzero == grads.end()) << "gap element " << (nonzero - grads.begin()) << " is " << *nonzero;
 }
 
 // Checks every piece normwise (a wrong block of rows cannot hide in a large weight) and every parameter elementwise

@@ -4,7 +4,8 @@
 //
 // MlpCudaHost.* runs without a GPU (argument checks before the device is touched, precision names) and must pass
 // anywhere; the rest needs a device and skips with the reason otherwise. The model poisons its own activations
-// (NaN) at construction, and the gradients are poisoned before zero_grad(), so an unwritten element shows as NaN.
+// (NaN) at construction, and the gradients are poisoned before zero_grad() or discard_grad(), so an unwritten element
+// shows as NaN.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -151,6 +152,7 @@ TEST_P(MlpCudaVsCpu, LossAndGradientsMatchCpu) {
         const double loss_error = std::fabs(gpu.loss() - want) / want;
         EXPECT_LE(loss_error, tol.loss);
         const double grad_error = gpu_test::expect_grads_close(gpu, cpu, tol);
+        gpu_test::expect_gaps_zero(gpu);
         std::cout << ddplab::to_string(GetParam()) << " " << k.name << ", piece elements " << piece_elements
                   << ", batch " << batch << ": loss error " << loss_error << ", worst piece " << grad_error << "\n";
       }

@@ -6,7 +6,8 @@
 //
 // TransformerCudaHost.* runs without a GPU (argument checks before the device is touched) and must pass anywhere;
 // the rest needs a device and skips with the reason otherwise. The model poisons its activations (NaN) at
-// construction, the gradients are poisoned before zero_grad(), and padded positions hold tokens far out of range, so
+// construction, the gradients are poisoned before zero_grad() or discard_grad(), and padded positions hold tokens far
+// out of range, so
 // an unwritten element or a read of padding shows as NaN or as an error.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -223,6 +224,7 @@ TEST_P(TransformerCudaVsCpu, LossAndGradientsMatchCpu) {
         const double loss_error = std::fabs(gpu.loss() - want) / want;
         EXPECT_LE(loss_error, tol.loss);
         const double grad_error = gpu_test::expect_grads_close(gpu, cpu, tol);
+        gpu_test::expect_gaps_zero(gpu);
         std::cout << ddplab::to_string(GetParam()) << " " << name << ", piece elements " << piece_elements
                   << ", batch " << s.B << "x" << s.S << ": loss error " << loss_error << ", worst piece " << grad_error
                   << "\n";
@@ -273,6 +275,21 @@ TEST_P(TransformerCudaVsCpu, EmptyBatchAnnouncesEveryPieceAndAddsNothing) {
   EXPECT_EQ(calls, static_cast<int>(gpu.grad_pieces().size()));
   EXPECT_EQ(gpu.loss(), 0.0f);
   EXPECT_TRUE(BitwiseEqual(to_host(gpu.flat_grads(), gpu.flat_size(), stream_), before));
+}
+
+// An empty batch after discard_grad (a rank's last micro-batch of an epoch may be empty): every gradient is written
+// over with zeros, the poisoned values gone, whichever head.
+TEST_P(TransformerCudaVsCpu, EmptyBatchAfterDiscardGivesZeros) {
+  for (const TransformerConfig& c : {classifier(), language_model()}) {
+    SCOPED_TRACE(c.causal() ? "lm" : "classify");
+    Transformer<float> cpu(c, kSeed);
+    TransformerCuda gpu(c, kSeed, GetParam(), 32, 16, stream_);
+    gpu_test::split_and_zero_grads(gpu, cpu, 1000, /*discard=*/true);
+    gpu.forward(nullptr, nullptr, nullptr, 0, 0);
+    gpu.backward();
+    EXPECT_TRUE(
+        BitwiseEqual(to_host(gpu.flat_grads(), gpu.flat_size(), stream_), std::vector<float>(gpu.flat_size(), 0.0f)));
+  }
 }
 
 // Five AdamW steps on one batch (the CUDA adamw kernel against the CPU Optimizer): the GPU's loss curve follows the
