@@ -40,8 +40,8 @@ int64_t now_ns() {
   return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
 
-// Linux rounds a thread's sleeps up by its timer slack, 50 us by default: a "1 us" poll would sleep 50. One
-// microsecond is plenty for polling; it only affects the thread that waits for messages (once per thread).
+}  // namespace
+
 void tighten_timer_slack_once() {
   thread_local bool done = false;
   if (!done) {
@@ -49,8 +49,6 @@ void tighten_timer_slack_once() {
     done = true;
   }
 }
-
-}  // namespace
 
 PollPolicy PollPolicy::from_env() {
   static const PollPolicy policy = [] {

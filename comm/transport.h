@@ -80,6 +80,11 @@ struct PollPolicy {
 // wait with a DDPLAB_COMM_MAX_SLEEP_US of a second or more into a busy poll.
 void nap(int64_t ns);
 
+// Linux rounds a thread's sleeps up by its timer slack, 50 us by default: a "1 us" poll would sleep 50. Sets the
+// calling thread's to 1 us, once per thread, for a thread that naps between polls (poll_wait's, the GPU stream
+// waits').
+void tighten_timer_slack_once();
+
 // What a sched_yield() costs a thread when compute threads hold every core: the shm transport's waits yield between
 // polls, and a yield that hands the core to a compute thread returns after that thread's time slice (a few ms, not
 // the us the poll meant; docs/PREDICT.md). Collective: every rank spins `compute_threads` threads, standing in for
