@@ -93,8 +93,9 @@ void CudaReducer::wait_bucket(int bucket, cudaStream_t stream) {
   cudaCheck(cudaStreamWaitEvent(stream, end_.at(bucket), 0));
 }
 
-void CudaReducer::finish_step(double origin_ms) {
-  engine_.synchronize();
+void CudaReducer::finish_step() { engine_.synchronize(); }
+
+void CudaReducer::resolve_bucket_times(double origin_ms) {
   const auto at = [&](cudaEvent_t e) { return origin_ms + elapsed_ms(origin_, e); };
   for (size_t b = 0; b < buckets_.size(); ++b) times_[b] = BucketTimes{at(ready_[b]), at(start_[b]), at(end_[b])};
 }

@@ -11,9 +11,9 @@
 //     the scale is free there; it folds in the micro-batch count, which ncclAvg cannot; and it is the CPU
 //     Reducer's arithmetic (sum, then one multiply), so both paths round alike.
 //   - wait_all makes the compute stream wait for the comm stream (on the device); the flags' copy to pinned host
-//     memory rides behind the last bucket; finish_step, after the step, is the host's wait for the comm stream
-//     (watchdog-named), then resolves the timings from CUDA events and reads the flags. (Our ring's ipc and host
-//     links also hold the host in wait_all: see there.)
+//     memory rides behind the last bucket; finish_step, after backward, is the host's wait for the comm stream
+//     (watchdog-named), then the flags are read; the timings are resolved from CUDA events once the update is queued
+//     (resolve_bucket_times). (Our ring's ipc and host links also hold the host in wait_all: see there.)
 //
 // Not thread-safe; the current device must be the engine's. Plain C++ (no kernels of its own).
 #pragma once
@@ -60,9 +60,11 @@ class CudaReducer {
   void launch_all();
   void wait_bucket(int bucket, cudaStream_t stream);
   const int* nonfinite_flag(int bucket) const { return flags_.get() + bucket; }
-  // The host waits for the comm stream (throws on a communication error), then resolves bucket_times() as origin_ms plus
-  // the milliseconds since the origin event, and first_nonfinite_bucket().
-  void finish_step(double origin_ms);
+  // The host waits for the comm stream (throws on a communication error): first_nonfinite_bucket() is then known.
+  void finish_step();
+  // After finish_step: bucket_times() as origin_ms plus the milliseconds since the origin event. Apart from the wait,
+  // as the update need not wait for it: ~60 event queries, tens of us the GPU would sit idle before AdamW.
+  void resolve_bucket_times(double origin_ms);
   const std::vector<BucketTimes>& bucket_times() const { return times_; }
   // After finish_step: the first bucket whose reduced gradients hold a NaN or Inf, or -1. Every rank reduces to
   // the same values, so every rank gets the same answer.

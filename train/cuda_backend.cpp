@@ -194,6 +194,7 @@ double CudaBackend::begin_step(int64_t step, double t0_ms) {
 }
 
 void CudaBackend::end_step(int64_t step) {
+  reducer_->resolve_bucket_times(start_ms_);
   step_range_.reset();
   if (step == profile_steps_.second) cudaCheck(cudaProfilerStop());
 }
@@ -244,7 +245,7 @@ void CudaBackend::finish_reduction() {
       update_bucket(b, reducer_->nonfinite_flag(b));
     }
   }
-  reducer_->finish_step(start_ms_);
+  reducer_->finish_step();
 }
 
 void CudaBackend::optimizer_step() {
