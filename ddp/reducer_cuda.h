@@ -63,7 +63,7 @@ class CudaReducer {
   // The host waits for the comm stream (throws on a communication error): first_nonfinite_bucket() is then known.
   void finish_step();
   // After finish_step: bucket_times() as origin_ms plus the milliseconds since the origin event. Apart from the wait,
-  // as the update need not wait for it: ~60 event queries, tens of us the GPU would sit idle before AdamW.
+  // so that the caller queues the update first (~60 event queries: tens of us the GPU would otherwise sit idle).
   void resolve_bucket_times(double origin_ms);
   const std::vector<BucketTimes>& bucket_times() const { return times_; }
   // After finish_step: the first bucket whose reduced gradients hold a NaN or Inf, or -1. Every rank reduces to

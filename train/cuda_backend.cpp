@@ -193,8 +193,12 @@ double CudaBackend::begin_step(int64_t step, double t0_ms) {
   return t0_ms + start_ms_;
 }
 
+void CudaBackend::resolve_bucket_times() {
+  if (std::exchange(bucket_times_pending_, false)) reducer_->resolve_bucket_times(start_ms_);
+}
+
 void CudaBackend::end_step(int64_t step) {
-  reducer_->resolve_bucket_times(start_ms_);
+  resolve_bucket_times();  // if no synchronize came first
   step_range_.reset();
   if (step == profile_steps_.second) cudaCheck(cudaProfilerStop());
 }
@@ -246,6 +250,7 @@ void CudaBackend::finish_reduction() {
     }
   }
   reducer_->finish_step();
+  bucket_times_pending_ = true;
 }
 
 void CudaBackend::optimizer_step() {
@@ -272,7 +277,11 @@ void CudaBackend::update_bucket(int b, const int* skip_if_set) {
                      o.weight_decay, adam_steps_, compute_.get(), skip_if_set);
 }
 
-void CudaBackend::synchronize() { cudaCheck(cudaStreamSynchronize(compute_.get())); }
+// The host's bookkeeping on the step first, while the GPU runs what is queued (the update).
+void CudaBackend::synchronize() {
+  resolve_bucket_times();
+  cudaCheck(cudaStreamSynchronize(compute_.get()));
+}
 
 // Called from backward's hook, after the piece's ready event was recorded and before the reducer is told: the event is
 // recorded again behind the NaN, or the piece's all-reduce could read the gradient before the NaN lands (and the NaN

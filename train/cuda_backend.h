@@ -85,6 +85,9 @@ class CudaBackend final : public StepBackend {
   // valid until the next step; the first is the origin), the host copy of the parameters (--check-sync).
   int slot_ = 0;
   double start_ms_ = 0;
+  // The buckets' timings wait to be resolved (event queries): after the update is queued, while the GPU runs it.
+  bool bucket_times_pending_ = false;
+  void resolve_bucket_times();
   std::vector<cudaEvent_t> marks_;
   std::optional<cuda::NvtxRange> step_range_;
   std::vector<float> host_params_;
