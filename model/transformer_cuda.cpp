@@ -379,11 +379,13 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   const bool accumulate = !take_discard();
 
   // A Linear layer out = inp W^T + b: the bias gradient (our kernel: faster on an H200 than cuBLASLt's BGRADB
-  // epilogue, docs/GPU.md), then the weight's, block by block, each announced as soon as it is done. Then the input gradient, which backward needs next but
-  // the communication does not; through the GELU that made inp when pre_gelu is given (the MLP's second Linear).
+  // epilogue, docs/GPU.md), then the weight's, block by block, each announced as soon as it is done. Then the input
+  // gradient, which backward needs next but the communication does not; through the GELU that made inp when pre_gelu is
+  // given (the MLP's second Linear). bias_summed: the LayerNorm backward that wrote dout summed the bias gradient
+  // already (below).
   const auto linear_backward = [&](int w, T* dinp, const T* dout, const T* inp, int N, int in, int out,
-                                   const T* pre_gelu = nullptr) {
-    cuda::bias_backward<T>(gemm_, params_[w + 1].grad, dout, N, out, stream_, accumulate);
+                                   const T* pre_gelu = nullptr, bool bias_summed = false) {
+    if (!bias_summed) cuda::bias_backward<T>(gemm_, params_[w + 1].grad, dout, N, out, stream_, accumulate);
     announce.all_of(w + 1);
     while (const GradPiece* g = announce.next_of(w)) {
       const int first = static_cast<int>(g->first_row), count = static_cast<int>(g->numel / in);
@@ -396,10 +398,15 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
     else
       cuda::matmul_backward_input<T>(gemm_, dinp, dout, operand<T>(w), N, in, out, stream_);
   };
-  // dresid is the residual stream's gradient: every LayerNorm on it adds its branch's share (dinp accumulates).
-  const auto layernorm_backward = [&](int w, const T* dout, const T* inp, const float* mean, const float* rstd) {
+  // dresid is the residual stream's gradient: every LayerNorm on it adds its branch's share (dinp accumulates). What it
+  // holds then is also the output gradient of the Linear backward meets next (fcproj after lnf and ln1, proj after
+  // ln2), whose bias gradient, its column sums, the LayerNorm's backward adds up in the same pass: next_bias, that
+  // bias's index (-1: none, below the first block).
+  const auto layernorm_backward = [&](int w, const T* dout, const T* inp, const float* mean, const float* rstd,
+                                      int next_bias) {
     cuda::layernorm_backward<T>(dresid, params_[w].grad, params_[w + 1].grad, scratch_, dout, inp, params_[w].data,
-                                mean, rstd, BT, C, stream_, accumulate);
+                                mean, rstd, BT, C, stream_, accumulate,
+                                next_bias >= 0 ? params_[next_bias].grad : nullptr);
     announce.all_of(w + 1);
     announce.all_of(w);
   };
@@ -418,7 +425,8 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
     }
     cudaCheck(cudaMemsetAsync(dresid, 0, sizeof(T) * BT * C, stream_));
     const T* x_final = config_.layers > 0 ? as<T>(blocks_.back().res_out) : as<T>(encoded_);
-    layernorm_backward(lnf_, dsmall, x_final, lnf_mean_, lnf_rstd_);
+    layernorm_backward(lnf_, dsmall, x_final, lnf_mean_, lnf_rstd_,
+                       config_.layers > 0 ? block_param(config_.layers - 1, kFcprojB) : -1);
   }
   for (int l = config_.layers - 1; l >= 0; --l) {
     NvtxRange range(nvtx_backward_[l].c_str());
@@ -426,14 +434,14 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
     const T* x_in = l > 0 ? as<T>(blocks_[l - 1].res_out) : as<T>(encoded_);
     const auto id = [&](int k) { return block_param(l, k); };
     // dresid = dL/d res_out: through the MLP branch ...
-    linear_backward(id(kFcprojW), dbig, dresid, as<T>(a.fch_gelu), BT, H, C, as<T>(a.fch));
+    linear_backward(id(kFcprojW), dbig, dresid, as<T>(a.fch_gelu), BT, H, C, as<T>(a.fch), /*bias_summed=*/true);
     linear_backward(id(kFcW), dsmall, dbig, as<T>(a.ln2), BT, C, H);
-    layernorm_backward(id(kLn2W), dsmall, as<T>(a.res_attn), a.ln2_mean, a.ln2_rstd);
+    layernorm_backward(id(kLn2W), dsmall, as<T>(a.res_attn), a.ln2_mean, a.ln2_rstd, id(kProjB));
     // ... now dL/d res_attn: through the attention branch.
-    linear_backward(id(kProjW), dsmall, dresid, as<T>(a.atty), BT, C, C);
+    linear_backward(id(kProjW), dsmall, dresid, as<T>(a.atty), BT, C, C, nullptr, /*bias_summed=*/true);
     attention_backward<T>(dbig, dsmall, a);
     linear_backward(id(kQkvW), dsmall, dbig, as<T>(a.ln1), BT, C, 3 * C);
-    layernorm_backward(id(kLn1W), dsmall, x_in, a.ln1_mean, a.ln1_rstd);
+    layernorm_backward(id(kLn1W), dsmall, x_in, a.ln1_mean, a.ln1_rstd, l > 0 ? block_param(l - 1, kFcprojB) : -1);
   }
   // The embeddings are final only now (and wte is the largest tensor): the communication's last bucket. Their
   // scatter adds to the batch's rows only: a discarded gradient is zeroed first (wte's not where the tied head wrote

@@ -31,31 +31,30 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const flo
 
 int64_t layernorm_backward_scratch_floats(int N, int C) {
   check_sizes("layernorm_backward_scratch_floats", N, C);
-  return int64_t{layernorm::backward_blocks(N, C)} * 2 * C;
+  return int64_t{layernorm::backward_blocks(N, C)} * layernorm::kMaxSums * C;
 }
 
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, const T* dout, const T* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
-                        bool accumulate) {
+                        bool accumulate, float* dinp_columns) {
   check_sizes("layernorm_backward", N, C);
   if (N == 0) {  // empty sums
-    if (!accumulate) {
-      cudaCheck(cudaMemsetAsync(dweight, 0, sizeof(float) * C, stream));
-      cudaCheck(cudaMemsetAsync(dbias, 0, sizeof(float) * C, stream));
-    }
+    if (!accumulate)
+      for (float* sums : {dweight, dbias, dinp_columns})
+        if (sums) cudaCheck(cudaMemsetAsync(sums, 0, sizeof(float) * C, stream));
     return;
   }
   if (scratch == nullptr) throw std::invalid_argument("layernorm_backward: scratch is null");
-  layernorm_backward_launches(detail::launch_on(stream), dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd,
-                              N, C, accumulate);
+  layernorm_backward_launches(detail::launch_on(stream), dinp, dweight, dbias, dinp_columns, scratch, dout, inp, weight,
+                              mean, rstd, N, C, accumulate);
 }
 
 #define DDPLAB_INSTANTIATE(T)                                                                                     \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const float*, const float*, int, int,          \
                                      cudaStream_t);                                                               \
   template void layernorm_backward<T>(T*, float*, float*, float*, const T*, const T*, const float*, const float*, \
-                                      const float*, int, int, cudaStream_t, bool);
+                                      const float*, int, int, cudaStream_t, bool, float*);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)
 #undef DDPLAB_INSTANTIATE

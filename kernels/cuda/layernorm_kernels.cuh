@@ -90,21 +90,25 @@ struct HeldRow {
 
 // ---- the backward's shape -------------------------------------------------------------------------------------
 //
-// A warp sums its rows' dweight and dbias terms into its own accumulator in shared memory (2C floats); at the end the
-// block adds its warps' accumulators in warp order into its partial, and a second kernel adds the partials in block
-// order. Every order depends on (N, C) alone: the same bits on every run and every device.
+// A warp sums its rows' dweight and dbias terms into its own accumulator in shared memory, C floats per sum; where
+// asked, a third sum: the columns of dinp as written, which is the bias gradient of the Linear whose output the
+// residual stream's gradient is too (the block's proj after ln2, the block below's fcproj after ln1 and lnf), so that
+// no pass reads dinp again for it. At the end the block adds its warps' accumulators in warp order into its partial,
+// and a second kernel adds the partials in block order. Every order depends on (N, C, sums) alone: the same bits on
+// every run and every device.
+constexpr int kMaxSums = 3;
 
-// Shared memory for the warps' accumulators up to which a block has all 8 warps (C <= 768); wider rows get fewer
-// warps a block, so that no block asks for more than the default 48 KB until rows pass 6144. Past that a block is one
-// warp and asks for more (2C floats); such rows are not what this kernel is shaped for: few warps an SM, and a
-// partial of 2C floats for each of up to 2048 blocks.
-constexpr int64_t kBwdAccBytes = 48 * 1024;
+// Shared memory per sum for the warps' accumulators up to which a block has all 8 warps (C <= 768); wider rows get
+// fewer warps a block, so that no block asks for more than 48 KB (72 with the third sum) until rows pass 6144. Past
+// that a block is one warp and asks for more; such rows are not what this kernel is shaped for: few warps an SM, and
+// a partial of up to 3C floats for each of up to 2048 blocks.
+constexpr int64_t kBwdAccBytesPerSum = 24 * 1024;
 // At most this many warps in the grid: 256 blocks of 8 at C 768, two per SM of an H100's 132 in one wave, each
 // warp walking N / 2048 rows (4 at gpt2-small's 8192).
 constexpr int kBwdMaxWarps = 2048;
 
 __host__ __device__ inline int backward_warps(int C) {
-  const int64_t w = kBwdAccBytes / (int64_t{2} * C * int64_t{sizeof(float)});
+  const int64_t w = kBwdAccBytesPerSum / (C * int64_t{sizeof(float)});
   return static_cast<int>(w < 1 ? 1 : w > kWarps ? kWarps : w);
 }
 
@@ -113,9 +117,10 @@ inline int backward_blocks(int N, int C) {
   return static_cast<int>(std::min<int64_t>((int64_t{N} + warps - 1) / warps, kBwdMaxWarps / warps));
 }
 
-inline size_t backward_smem_bytes(int C) { return sizeof(float) * 2 * size_t(C) * backward_warps(C); }
+inline size_t backward_smem_bytes(int C, int sums) { return sizeof(float) * sums * size_t(C) * backward_warps(C); }
 
-// Where column c's sum sits in a warp's accumulator (a permutation of [0, C), for dweight; dbias's lies C further).
+// Where column c's sum sits in a warp's accumulator (a permutation of [0, C), for dweight; dbias's lies C further,
+// dinp's column sums 2C).
 // A lane updates its pack's V sums as float4s; laid out plainly, bf16's packs of 8 would put consecutive lanes'
 // float4s 32 bytes apart (two-way bank conflicts). Here the j-th float4 of every pack lies in one run: a warp's
 // float4 accesses are consecutive. Needs C % V == 0, as the packed path does.
@@ -175,25 +180,25 @@ __global__ void __launch_bounds__(kBlock)
 // Warp w of block b walks rows b * warps + w, += the grid's warps. Per row, with g = weight * dout and
 // xhat = (inp - mean) * rstd: the warp reduces mean(g) and mean(g xhat) (dx's two row constants), then each lane, over
 // its own packs, adds dx = rstd (g - mean(g) - xhat mean(g xhat)) into dinp and the row's xhat * dout and dout into
-// the warp's accumulator. A lane owns the same columns in every row, so it alone touches its accumulator elements.
-// Dynamic shared memory: the warps' accumulators [warps][2C] (dweight, then dbias), in acc_index's order.
-// Two blocks an SM (128 registers; 96 KB of accumulators at C 768): 18 KB of loads in flight a block.
+// the warp's accumulator (with sums == 3 also dinp's new values). A lane owns the same columns in every row, so it
+// alone touches its accumulator elements. Dynamic shared memory: the warps' accumulators [warps][sums][C] (dweight,
+// dbias, dinp's column sums), each in acc_index's order. Two blocks an SM (128 registers; 96 or 144 KB of
+// accumulators at C 768): 18 KB of loads in flight a block.
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock, 2)
     layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const float* weight,
-                              const float* mean, const float* rstd, int N, int C) {
+                              const float* mean, const float* rstd, int N, int C, int sums) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int W = V < 4 ? V : 4;  // floats per accumulator access
   const int warps = static_cast<int>(blockDim.x) / 32, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* const acc = reinterpret_cast<float*>(smem);
-  float* const dw_acc = acc + int64_t{2} * C * warp;
+  float* const dw_acc = acc + int64_t{sums} * C * warp;
   float* const db_acc = dw_acc + C;
+  float* const dx_acc = sums > 2 ? db_acc + C : nullptr;
   for_each_lane_pack<V>(C, lane, [&](int, int c) {  // the owner zeroes its own elements: no barrier needed
 #pragma unroll
-    for (int j = 0; j < V; j += W) {
-      store_pack<W>(dw_acc + acc_index<V>(C, c + j), Pack<float, W>{});
-      store_pack<W>(db_acc + acc_index<V>(C, c + j), Pack<float, W>{});
-    }
+    for (int j = 0; j < V; j += W)
+      for (int k = 0; k < sums; ++k) store_pack<W>(dw_acc + int64_t{k} * C + acc_index<V>(C, c + j), Pack<float, W>{});
   });
   for (int64_t row = int64_t{blockIdx.x} * warps + warp; row < N; row += int64_t{gridDim.x} * warps) {
     HeldRow<T, V> x(inp + row * C, C, lane), d(dout + row * C, C, lane);
@@ -231,44 +236,50 @@ __global__ void __launch_bounds__(kBlock, 2)
         }
         store_pack<W>(dw_acc + acc_index<V>(C, c + j), dw);
         store_pack<W>(db_acc + acc_index<V>(C, c + j), db);
+        if (dx_acc) {  // the values as stored (rounded to T), as a pass over dinp would read them
+          Pack<float, W> dc = load_pack<W>(dx_acc + acc_index<V>(C, c + j));
+#pragma unroll
+          for (int k = 0; k < W; ++k) dc.v[k] += to_float(out.v[j + k]);
+          store_pack<W>(dx_acc + acc_index<V>(C, c + j), dc);
+        }
       }
       store_pack<V>(dinp + row * C + c, out);
     });
   }
   // The warps' accumulators, added in warp order, once every owner's last write is done.
   __syncthreads();
-  float* const out = partial + int64_t{blockIdx.x} * 2 * C;
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-    const int64_t at = c < C ? acc_index<V>(C, c) : C + acc_index<V>(C, c - C);
+  float* const out = partial + int64_t{blockIdx.x} * sums * C;
+  for (int c = threadIdx.x; c < sums * C; c += blockDim.x) {
+    const int64_t at = int64_t{c / C} * C + acc_index<V>(C, c % C);
     float total = acc[at];
-    for (int w = 1; w < warps; ++w) total += acc[int64_t{2} * C * w + at];
+    for (int w = 1; w < warps; ++w) total += acc[int64_t{sums} * C * w + at];
     out[c] = total;
   }
 }
 
-// dweight[c] += sum_b partial[b][c], dbias[c] += sum_b partial[b][C + c] (or =, accumulate false), for 32 of the 2C
-// columns per block.
+// dweight[c] += sum_b partial[b][c], dbias[c] += sum_b partial[b][C + c], and with sums == 3 dcolumns[c] +=
+// sum_b partial[b][2C + c] (or =, accumulate false), for 32 of the sums x C columns per block.
 // Warp g sums blocks g, g + 8, ... (coalesced: a warp reads 32 consecutive floats of one partial), then warp 0 adds
 // the 8 sums in order: a fixed order, and 8x the parallelism of one thread per column. Dynamic shared memory:
 // the warps' sums [kWarps][32].
 __global__ void __launch_bounds__(kBlock)
-    layernorm_backward_reduce_kernel(float* dweight, float* dbias, const float* partial, int blocks, int C,
-                                     bool accumulate) {
+    layernorm_backward_reduce_kernel(float* dweight, float* dbias, float* dcolumns, const float* partial, int blocks,
+                                     int C, int sums, bool accumulate) {
   extern __shared__ __align__(16) unsigned char smem[];
-  float(*const sums)[32] = reinterpret_cast<float(*)[32]>(smem);
+  float(*const warp_sums)[32] = reinterpret_cast<float(*)[32]>(smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int col = blockIdx.x * 32 + lane;  // in [0, 2C)
+  const int col = blockIdx.x * 32 + lane;  // in [0, sums C)
   float s = 0.0f;
-  if (col < 2 * C) {
-    for (int b = warp; b < blocks; b += kWarps) s += partial[int64_t{b} * 2 * C + col];
+  if (col < sums * C) {
+    for (int b = warp; b < blocks; b += kWarps) s += partial[int64_t{b} * sums * C + col];
   }
-  sums[warp][lane] = s;
+  warp_sums[warp][lane] = s;
   __syncthreads();
-  if (warp == 0 && col < 2 * C) {
+  if (warp == 0 && col < sums * C) {
     float total = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += sums[w][lane];
-    float* const out = col < C ? dweight + col : dbias + (col - C);
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[w][lane];
+    float* const out = (col < C ? dweight : col < 2 * C ? dbias : dcolumns) + col % C;
     *out = accumulate ? *out + total : total;
   }
 }
@@ -292,24 +303,26 @@ void layernorm_forward_launches(Launch&& launch, T* out, float* mean, float* rst
     launch(layernorm_forward_kernel<T, 1>, grid, dim3(kBlock), size_t{0}, out, mean, rstd, inp, weight, bias, N, C);
 }
 
-// scratch: backward_blocks(N, C) * 2C floats, the blocks' partials. accumulate: dweight and dbias += the sums, else =.
+// scratch: backward_blocks(N, C) * kMaxSums * C floats, the blocks' partials. dcolumns (may be null): the column sums
+// of dinp as written. accumulate: dweight, dbias and dcolumns += the sums, else =.
 template <typename Launch, typename T>
-void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float* dbias, float* scratch, const T* dout,
-                                 const T* inp, const float* weight, const float* mean, const float* rstd, int N, int C,
-                                 bool accumulate) {
+void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float* dbias, float* dcolumns,
+                                 float* scratch, const T* dout, const T* inp, const float* weight, const float* mean,
+                                 const float* rstd, int N, int C, bool accumulate) {
   using namespace layernorm;
-  const int blocks = backward_blocks(N, C);
+  const int blocks = backward_blocks(N, C), sums = dcolumns ? 3 : 2;
   const dim3 block(32 * backward_warps(C));
+  const size_t smem = backward_smem_bytes(C, sums);
   constexpr int V = kVec<T>;
   const bool vec = C % V == 0 && detail::all_aligned(16, dinp, dout, inp) && detail::all_aligned(V * 4, weight);
   if (vec)
-    launch(layernorm_backward_kernel<T, V>, dim3(blocks), block, backward_smem_bytes(C), dinp, scratch, dout, inp,
-           weight, mean, rstd, N, C);
+    launch(layernorm_backward_kernel<T, V>, dim3(blocks), block, smem, dinp, scratch, dout, inp, weight, mean, rstd, N,
+           C, sums);
   else
-    launch(layernorm_backward_kernel<T, 1>, dim3(blocks), block, backward_smem_bytes(C), dinp, scratch, dout, inp,
-           weight, mean, rstd, N, C);
-  launch(layernorm_backward_reduce_kernel, dim3((2 * C + 31) / 32), dim3(kBlock), sizeof(float) * kWarps * 32, dweight,
-         dbias, static_cast<const float*>(scratch), blocks, C, accumulate);
+    launch(layernorm_backward_kernel<T, 1>, dim3(blocks), block, smem, dinp, scratch, dout, inp, weight, mean, rstd, N,
+           C, sums);
+  launch(layernorm_backward_reduce_kernel, dim3((sums * C + 31) / 32), dim3(kBlock), sizeof(float) * kWarps * 32,
+         dweight, dbias, dcolumns, static_cast<const float*>(scratch), blocks, C, sums, accumulate);
 }
 
 }  // namespace

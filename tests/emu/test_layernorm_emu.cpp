@@ -26,6 +26,7 @@ DDPLAB_EMU_SHARED_MEMORY(smem)
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/ops.h"  // bias_backward
 #include "kernels/cpu/transformer_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -52,22 +53,24 @@ struct Shape {
 const std::vector<Shape> kShapes = {{1, 1, 0},     {7, 5, 0},    {33, 768, 0}, {33, 768, 1}, {9, 1280, 0},
                                     {10, 1600, 1}, {3, 8192, 0}, {70, 200, 0}, {19, 96, 0}};
 
-// The emulated backward's (dinp, dweight, dbias), from the given starting values (it accumulates into all three);
-// the partials start as NaN, so a partial the kernel did not write shows in the result.
+// The emulated backward's (dinp, dweight, dbias[, dinp's column sums]), from the given starting values (it
+// accumulates into all of them); the partials start as NaN, so a partial the kernel did not write shows in the result.
+// dcol0 empty: no column sums asked for.
 template <typename T>
 std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::vector<float>& dinp0,
                                                   const std::vector<float>& dw0, const std::vector<float>& db0,
                                                   const std::vector<T>& dout, const std::vector<T>& inp,
                                                   const std::vector<float>& weight, const std::vector<float>& mean,
-                                                  const std::vector<float>& rstd, bool accumulate = true) {
+                                                  const std::vector<float>& rstd, bool accumulate = true,
+                                                  const std::vector<float>& dcol0 = {}) {
   std::vector<T> dinp = device_values<T>(dinp0);
-  std::vector<float> dw = dw0, db = db0;
-  std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N, sh.C) * 2 * sh.C,
+  std::vector<float> dw = dw0, db = db0, dcol = dcol0;
+  std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N, sh.C) * cuda::layernorm::kMaxSums * sh.C,
                              std::numeric_limits<float>::quiet_NaN());
   cuda::layernorm_backward_launches(emulated_launch, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
-                                    scratch.data(), dout.data(), inp.data(), weight.data() + sh.offset, mean.data(),
-                                    rstd.data(), sh.N, sh.C, accumulate);
-  return {host_values<T>(dinp), dw, db};
+                                    dcol.empty() ? nullptr : dcol.data(), scratch.data(), dout.data(), inp.data(),
+                                    weight.data() + sh.offset, mean.data(), rstd.data(), sh.N, sh.C, accumulate);
+  return {host_values<T>(dinp), dw, db, dcol};
 }
 
 // The backward from the CPU forward's mean and rstd against the CPU backward.
@@ -141,6 +144,23 @@ void emulated_matches_cpu(const Shape& sh, double rtol, double atol) {
   };
   EXPECT_TRUE(AllClose(params(over[1]), params(dw_over), rtol, atol * N)) << "dweight, written over";
   EXPECT_TRUE(AllClose(params(over[2]), params(db_over), rtol, atol * N)) << "dbias, written over";
+
+  // dinp's column sums in the same pass: cpu::bias_backward over the dinp it wrote (rounded to T), added and written
+  // over; the other outputs as without them.
+  const std::vector<float> dcol0 = random_vector(C, -1, 1, 18);
+  for (const bool accumulate : {true, false}) {
+    SCOPED_TRACE(accumulate ? "column sums added" : "column sums written over");
+    const std::vector<float> start = accumulate ? dcol0 : nan;
+    const auto cols = emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, d_mean, d_rstd, accumulate,
+                                           std::vector<float>(start.begin(), start.begin() + C));
+    std::vector<float> want_cols = accumulate ? dcol0 : std::vector<float>(C, 0.0f);
+    ddplab::cpu::bias_backward(want_cols.data(), cols[0].data(), N, C);
+    EXPECT_TRUE(AllClose(cols[3], want_cols, rtol, atol * N)) << "dinp's column sums";
+    EXPECT_TRUE(BitwiseEqual(cols[0], got[0])) << "dinp, with the column sums";
+    if (accumulate) {
+      EXPECT_TRUE(BitwiseEqual(cols[1], got[1]) && BitwiseEqual(cols[2], got[2])) << "dweight, dbias";
+    }
+  }
 }
 
 TEST(LayerNormEmulated, Fp32MatchesCpu) {
@@ -180,7 +200,10 @@ TEST(LayerNormEmulated, BackwardWarpsFitTheSharedMemory) {
   EXPECT_EQ(backward_warps(6144), 1);
   EXPECT_EQ(backward_warps(8192), 1);  // 64 KB: past the default, asked for at launch
   EXPECT_EQ(backward_warps(1), 8);
-  for (const int C : {1, 96, 768, 1024, 1600, 6144}) EXPECT_LE(backward_smem_bytes(C), size_t{48 * 1024}) << C;
+  for (const int C : {1, 96, 768, 1024, 1600, 6144}) {
+    EXPECT_LE(backward_smem_bytes(C, 2), size_t{48 * 1024}) << C;
+    EXPECT_LE(backward_smem_bytes(C, 3), size_t{72 * 1024}) << C;  // with dinp's column sums
+  }
   EXPECT_EQ(backward_blocks(8192, 768), 256);  // 4 rows a warp
   EXPECT_EQ(backward_blocks(33, 768), 5);      // a warp a row
   EXPECT_EQ(backward_blocks(8192, 1600), 682);

@@ -141,9 +141,10 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
 
 TEST(CudaKernelsHost, WorkspaceSizes) {
   EXPECT_EQ(cuda::layernorm_backward_scratch_floats(0, 768), 0);
-  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(1, 768), 2 * 768);              // one block
-  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(17, 5), 3 * 2 * 5);             // 8 rows per block
-  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(1 << 20, 768), 256 * 2 * 768);  // capped: 2048 warps
+  // Three sums a column (dweight, dbias, dinp's columns) per block.
+  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(1, 768), 3 * 768);              // one block
+  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(17, 5), 3 * 3 * 5);             // 8 rows per block
+  EXPECT_EQ(cuda::layernorm_backward_scratch_floats(1 << 20, 768), 256 * 3 * 768);  // capped: 2048 warps
   EXPECT_EQ(cuda::attention_forward_workspace_floats(2, 5, 12, 3), 4 * 2 * 5 * 12);
   EXPECT_EQ(cuda::attention_backward_workspace_floats(2, 5, 12, 3), 7 * 2 * 5 * 12 + 2 * 3 * 5 * 5);
 }
