@@ -211,6 +211,14 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
   rep.add({"layernorm", std::string("layernorm_backward<") + tag + ">", sh,
            median_ms(opt, s, [&] { cuda::layernorm_backward<T>(dx, dw, db, scratch, dy, x, w, mean, rstd, N, C, s); }),
            4.0 * N * C * t + 8.0 * N + 12.0 * C, 0});
+  // With dinp's column sums in the same pass (the transformer's proj and fcproj bias gradients): what it saves is a
+  // bias_backward over dinp (the bias_grad rows at OC = C).
+  float* dcols = a.random_f32(C);
+  rep.add(
+      {"layernorm", std::string("layernorm_backward<") + tag + "> + dinp's column sums", sh,
+       median_ms(opt, s,
+                 [&] { cuda::layernorm_backward<T>(dx, dw, db, scratch, dy, x, w, mean, rstd, N, C, s, true, dcols); }),
+       4.0 * N * C * t + 8.0 * N + 16.0 * C, 0});
 
   // The residual sum as a pass of its own, in place (out = out + x): what matmul_residual_forward's epilogue replaces
   // (see the GEMMs' rows), kept as the GPU ring's reduction.

@@ -22,9 +22,9 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const flo
 int64_t layernorm_backward_scratch_floats(int N, int C);
 
 // dinp += dL/dinp (ACCUMULATES, as the CPU reference: the residual stream's gradient), dweight += sum_n dout * xhat,
-// dbias += sum_n dout (accumulate = false: = instead, for dweight and dbias only, as the CPU's). dinp_columns, where
-// not null: += (or =) sum_n of dinp's new values, i.e. cpu::bias_backward over dinp after the call, in the same pass:
-// the bias gradient of a Linear whose output gradient the residual stream's is. Deterministic: the
+// dbias += sum_n dout (accumulate = false: = instead, for dweight, dbias and dinp_columns, not dinp, as the CPU's).
+// dinp_columns, where not null: += (or =) sum_n of dinp's new values, i.e. cpu::bias_backward over dinp after the call,
+// in the same pass: the bias gradient of a Linear whose output gradient the residual stream's is. Deterministic: the
 // parameter gradients are summed in a fixed order that depends only on (N, C) and whether the operands allow 16-byte
 // accesses, never on timing (per-block partials in `scratch`, then a fixed-order reduction; no atomics).
 template <typename T>

@@ -88,6 +88,13 @@ void emulated_backward_matches_cpu(const Shape& sh, const std::vector<float>& in
   EXPECT_TRUE(AllClose(got[0], dinp, rtol, atol)) << "dinp";
   EXPECT_TRUE(AllClose(got[1], dw, rtol, atol * sh.N)) << "dweight";
   EXPECT_TRUE(AllClose(got[2], db, rtol, atol * sh.N)) << "dbias";
+  // With dinp's column sums: cpu::bias_backward over the dinp written.
+  const std::vector<float> dcol0 = random_vector(sh.C, -1, 1, 18);
+  const auto cols = emulated_backward<T>(sh, dinp0, dw0, db0, device_values<T>(dout), device_values<T>(inp), weight,
+                                         mean, rstd, /*accumulate=*/true, dcol0);
+  std::vector<float> want_cols = dcol0;
+  ddplab::cpu::bias_backward(want_cols.data(), cols[0].data(), sh.N, sh.C);
+  EXPECT_TRUE(AllClose(cols[3], want_cols, rtol, atol * sh.N)) << "dinp's column sums";
 }
 
 template <typename T>
@@ -157,9 +164,9 @@ void emulated_matches_cpu(const Shape& sh, double rtol, double atol) {
     ddplab::cpu::bias_backward(want_cols.data(), cols[0].data(), N, C);
     EXPECT_TRUE(AllClose(cols[3], want_cols, rtol, atol * N)) << "dinp's column sums";
     EXPECT_TRUE(BitwiseEqual(cols[0], got[0])) << "dinp, with the column sums";
-    if (accumulate) {
-      EXPECT_TRUE(BitwiseEqual(cols[1], got[1]) && BitwiseEqual(cols[2], got[2])) << "dweight, dbias";
-    }
+    EXPECT_TRUE(BitwiseEqual(params(cols[1]), params(accumulate ? got[1] : over[1])) &&
+                BitwiseEqual(params(cols[2]), params(accumulate ? got[2] : over[2])))
+        << "dweight, dbias";
   }
 }
 
@@ -171,8 +178,8 @@ TEST(LayerNormEmulated, Bf16MatchesCpu) {
   for (const Shape& sh : kShapes) emulated_matches_cpu<bf16>(sh, 8e-3, 8e-3);
 }
 
-// 4105 rows of 8: more rows than the grid has warps (2048), so warps carry their accumulators over several rows
-// (narrow rows: each emulated block is 256 host threads).
+// 4105 rows of 8: more rows than the grid has warps (2048), so warps carry their accumulators, dinp's column sums
+// among them, over several rows (narrow rows: each emulated block is 256 host threads).
 TEST(LayerNormEmulated, BackwardWarpsWalkSeveralRows) {
   const Shape sh{4105, 8, 0};
   const std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
@@ -188,8 +195,8 @@ TEST(LayerNormEmulated, BackwardWarpsWalkSeveralRows) {
   emulated_backward_matches_cpu<float>(sh, inp, dout, dinp0, weight, mean, rstd, 1e-5, 1e-5);
 }
 
-// The backward's warps a block: 8 while their accumulators (2C floats each) fit the default 48 KB, fewer for wider
-// rows, at least one; and the grid within its 2048 warps.
+// The backward's warps a block: 8 while their accumulators (C floats per sum, 2 or 3 sums) fit 48 KB (72 with the
+// third sum), fewer for wider rows, at least one; and the grid within its 2048 warps.
 TEST(LayerNormEmulated, BackwardWarpsFitTheSharedMemory) {
   using cuda::layernorm::backward_blocks;
   using cuda::layernorm::backward_smem_bytes;
@@ -198,7 +205,7 @@ TEST(LayerNormEmulated, BackwardWarpsFitTheSharedMemory) {
   EXPECT_EQ(backward_warps(1024), 6);
   EXPECT_EQ(backward_warps(1600), 3);
   EXPECT_EQ(backward_warps(6144), 1);
-  EXPECT_EQ(backward_warps(8192), 1);  // 64 KB: past the default, asked for at launch
+  EXPECT_EQ(backward_warps(8192), 1);  // 64 KB (96 with three sums): past the default, asked for at launch
   EXPECT_EQ(backward_warps(1), 8);
   for (const int C : {1, 96, 768, 1024, 1600, 6144}) {
     EXPECT_LE(backward_smem_bytes(C, 2), size_t{48 * 1024}) << C;

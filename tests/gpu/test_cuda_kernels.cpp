@@ -327,13 +327,19 @@ void layernorm_matches_cpu(cudaStream_t stream, double rtol, double atol) {
     DeviceArray d_scratch(cuda::layernorm_backward_scratch_floats(N, C), stream);
     cpu::layernorm_backward(dinp.data(), dweight.data() + sh.offset, dbias.data() + sh.offset, dout.data(), inp.data(),
                             w, mean.data(), rstd.data(), N, C);
-    // The device's own mean and rstd, as a training step would pass them.
+    // The device's own mean and rstd, as a training step would pass them; and dinp's column sums in the same pass
+    // (three sums a column: more than 48 KB of shared memory a block at C 768).
+    std::vector<float> dcols = random_vector(C, -1, 1, 18);
+    DeviceArray d_dcols(dcols, stream);
     cuda::layernorm_backward<T>(d_dinp->get(), d_dweight.get() + sh.offset, d_dbias.get() + sh.offset, d_scratch.get(),
                                 d_dout->get(), d_inp->get(), d_weight.get() + sh.offset, d_mean.get(), d_rstd.get(), N,
-                                C, stream);
-    EXPECT_TRUE(AllClose(download(*d_dinp), dinp, rtol, atol)) << "dinp";
+                                C, stream, /*accumulate=*/true, d_dcols.get());
+    const std::vector<float> got_dinp = download(*d_dinp);
+    EXPECT_TRUE(AllClose(got_dinp, dinp, rtol, atol)) << "dinp";
     EXPECT_TRUE(AllClose(d_dweight.download(), dweight, rtol, atol * N)) << "dweight";
     EXPECT_TRUE(AllClose(d_dbias.download(), dbias, rtol, atol * N)) << "dbias";
+    cpu::bias_backward(dcols.data(), got_dinp.data(), N, C);  // over the dinp the device wrote
+    EXPECT_TRUE(AllClose(d_dcols.download(), dcols, rtol, atol * N)) << "dinp's column sums";
   }
 }
 
