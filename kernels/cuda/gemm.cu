@@ -338,20 +338,9 @@ void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, con
     return;
   }
   const T* dout_rows = dout + row_begin;  // rows [row_begin, row_end) of dout^T: same ld, shifted start
-  const LtGemm g{CUBLAS_OP_N,
-                 CUBLAS_OP_T,
-                 C,
-                 rows,
-                 B,
-                 inp,
-                 C,
-                 dout_rows,
-                 OC,
-                 dweight_rows,
-                 C,
-                 kDataType<T>,
-                 CUDA_R_32F,
-                 /*beta=*/accumulate ? 1.0f : 0.0f};
+  const float beta = accumulate ? 1.0f : 0.0f;  // 0: cuBLASLt does not read C (a discarded gradient's NaN stays out)
+  const LtGemm g{CUBLAS_OP_N, CUBLAS_OP_T,  C, rows,         B,          inp, C, dout_rows,
+                 OC,          dweight_rows, C, kDataType<T>, CUDA_R_32F, beta};
   if (!run_lt(ctx, g, stream))
     throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_weight B=" + std::to_string(B) +
                              " C=" + std::to_string(C) + " rows=" + std::to_string(rows));
