@@ -6,7 +6,6 @@
 #include <poll.h>
 #include <spawn.h>
 #include <strings.h>
-#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,13 +18,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "kernels/cpu/ops.h"
+#include "runtime/host_cache.h"
 
 extern char** environ;
 
@@ -122,27 +121,14 @@ std::string describe_probe(const std::string& chosen, const Rates& rates, const 
          (chosen == detected ? kOwnPick : "OpenBLAS detected " + detected);
 }
 
-std::string cache_dir() {
-  // XDG Base Directory: a relative XDG_CACHE_HOME is invalid and ignored.
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/') return std::string(xdg) + "/ddplab";
-  if (const char* home = std::getenv("HOME"); home && home[0]) return std::string(home) + "/.cache/ddplab";
-  return "";
-}
-
 std::string cache_file_name(const std::string& cpu_id, const CpuFeatures& f, const std::string& openblas_version) {
   const char* isa = f.avx512 && f.avx512_bf16 ? "avx512bf16" : f.avx512 ? "avx512" : f.avx2_fma ? "avx2" : "sse";
-  std::string name = "openblas-kernels_" + cpu_id + "_" + isa + "_openblas-" + openblas_version;
-  for (char& c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '-';
-  return name + ".json";
+  return host_cache::file_name("openblas-kernels_" + cpu_id + "_" + isa + "_openblas-" + openblas_version) + ".json";
 }
 
 namespace {
 
-std::optional<Decision> read_decision(const std::string& path, const std::vector<std::string>& candidates) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+std::optional<Decision> read_decision(const nlohmann::json& j, const std::vector<std::string>& candidates) {
   if (!j.is_object() || !j.contains("chosen") || !j["chosen"].is_string() || !j.contains("gflops") ||
       !j["gflops"].is_object())
     return std::nullopt;
@@ -155,24 +141,10 @@ std::optional<Decision> read_decision(const std::string& path, const std::vector
   return d;
 }
 
-// A temporary beside it, renamed into place: a reader sees the old file or the whole new one.
-bool write_decision(const std::string& path, const Decision& d) {
+nlohmann::json to_json(const Decision& d) {
   nlohmann::json rates = nlohmann::json::object();
   for (const CoreRate& r : d.rates) rates[r.core] = std::round(r.gflops * 10) / 10;
-  const nlohmann::json j = {{"detected", d.detected}, {"chosen", d.chosen}, {"gflops", rates}};
-  const std::string temporary = path + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << j.dump(1) << "\n";
-    out.close();
-    if (!out) {
-      std::remove(temporary.c_str());
-      return false;
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) == 0) return true;
-  std::remove(temporary.c_str());
-  return false;
+  return {{"detected", d.detected}, {"chosen", d.chosen}, {"gflops", rates}};
 }
 
 }  // namespace
@@ -180,44 +152,22 @@ bool write_decision(const std::string& path, const Decision& d) {
 std::optional<Decision> cached_decision(const std::string& dir, const std::string& file,
                                         const std::vector<std::string>& candidates, const std::string& detected,
                                         const std::function<Rates()>& probe, std::string& error) {
-  if (dir.empty()) {
-    error = "no cache directory, neither XDG_CACHE_HOME nor HOME is set";
-    return std::nullopt;
-  }
-  const std::string path = dir + "/" + file;
-  if (auto d = read_decision(path, candidates)) return d;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    error = "cannot make " + dir + ": " + ec.message();
-    return std::nullopt;
-  }
-  const int lock = open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0) {
-    error = "cannot open " + path + ".lock: " + std::strerror(errno);
-    return std::nullopt;
-  }
-  int locked;
-  while ((locked = flock(lock, LOCK_EX)) != 0 && errno == EINTR) {
-  }
-  if (locked != 0) {
-    error = "cannot lock " + path + ".lock: " + std::strerror(errno);
-    close(lock);
-    return std::nullopt;
-  }
-  // Another process may have measured while this one waited for the lock.
-  std::optional<Decision> d = read_decision(path, candidates);
-  if (!d) {
+  if (!dir.empty())
+    if (auto d = read_decision(host_cache::read(dir + "/" + file), candidates)) return d;
+  // The probe runs under the file's lock: ranks probing at once on shared cores would skew each other's rates.
+  std::optional<Decision> d;
+  const auto measure = [&](const nlohmann::json& current) -> std::optional<nlohmann::json> {
+    if ((d = read_decision(current, candidates))) return std::nullopt;  // measured while this process waited
     Decision measured{detected, "", probe()};
     measured.chosen = choose_core(candidates, measured.rates, detected);
-    if (measured.chosen.empty())
+    if (measured.chosen.empty()) {
       error = "no candidate family ran in the probe";
-    else if (!write_decision(path, measured))
-      error = "cannot write " + path;
-    else
-      d = measured;
-  }
-  close(lock);  // releases the lock
+      return std::nullopt;
+    }
+    d = measured;
+    return to_json(measured);
+  };
+  if (!host_cache::update(dir, file, measure, error)) return std::nullopt;
   return d;
 }
 
@@ -308,7 +258,7 @@ void select_kernels(int argc, char** argv) {
   }
   std::string error, chosen;
   const std::optional<Decision> decision = cached_decision(
-      cache_dir(), cache_file_name(cpu_model().id(), features, openblas_version()), candidates, detected,
+      host_cache::directory(), cache_file_name(cpu_model().id(), features, openblas_version()), candidates, detected,
       [&] { return probe_cores(cores_to_probe(features, detected)); }, error);
   if (decision) {
     chosen = decision->chosen;

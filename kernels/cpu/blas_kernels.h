@@ -64,14 +64,12 @@ struct Decision {
   std::string detected, chosen;  // OpenBLAS's own pick; the family to run
   Rates rates;                   // what the probe measured, GFLOP/s
 };
-// $XDG_CACHE_HOME/ddplab (an absolute XDG_CACHE_HOME; else $HOME/.cache/ddplab); "" without either.
-std::string cache_dir();
 // One file name per CPU model (vendor, family, model, stepping), feature set and OpenBLAS version.
 std::string cache_file_name(const std::string& cpu_id, const CpuFeatures& features,
                             const std::string& openblas_version);
-// The decision in dir/file where it is there and chose a candidate; otherwise, holding dir/file's lock, measured by
-// probe() and written (a temporary renamed into place): processes that start together on a host measure once and all
-// read that one decision. nullopt with `error` set when dir cannot be made or locked, or no candidate could be
+// The decision in dir/file (dir: host_cache::directory()) where it is there and chose a candidate; otherwise, holding
+// the file's lock, measured by probe() and written: processes that start together on a host measure once and all read
+// that one decision. nullopt with `error` set when dir cannot be made or locked, or no candidate could be
 // measured.
 std::optional<Decision> cached_decision(const std::string& dir, const std::string& file,
                                         const std::vector<std::string>& candidates, const std::string& detected,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas_kernels.h"
+#include "tests/unit/scoped_variable.h"
 
 using namespace ddplab::blas;
 
@@ -171,25 +172,6 @@ TEST(BlasKernels, FmaPeakAtTheMeasuredClock) {
 #endif
 }
 
-// Sets an environment variable for its lifetime.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedVariable() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // A probe child that never exits, silent or after its answer, is killed at the deadline and left out: the probe
 // holds every rank of the host behind its lock. The bound on the time is a hang guard, far above the deadline.
 TEST(BlasKernels, AProbeChildThatHangsIsKilledAtTheDeadline) {
@@ -201,16 +183,7 @@ TEST(BlasKernels, AProbeChildThatHangsIsKilledAtTheDeadline) {
   }
 }
 
-TEST(BlasKernels, CacheDirectoryAndFileNames) {
-  {
-    const ScopedVariable xdg("XDG_CACHE_HOME", "/somewhere/cache");
-    EXPECT_EQ(cache_dir(), "/somewhere/cache/ddplab");
-  }
-  {
-    const ScopedVariable xdg("XDG_CACHE_HOME", "relative/cache");  // invalid under the XDG spec: HOME's default
-    const ScopedVariable home("HOME", "/home/someone");
-    EXPECT_EQ(cache_dir(), "/home/someone/.cache/ddplab");
-  }
+TEST(BlasKernels, CacheFileNames) {
   const std::string cpu = "GenuineIntel family 6 model 207 stepping 2";
   EXPECT_EQ(cache_file_name(cpu, kAvx512Bf16, "0.3.21"),
             "openblas-kernels_GenuineIntel-family-6-model-207-stepping-2_avx512bf16_openblas-0.3.21.json");
