@@ -41,6 +41,13 @@ constexpr std::array<Named<ModelKind>, 4> choice_names(ModelKind) {
 enum class OnOff { kOff, kOn };
 constexpr std::array<Named<OnOff>, 2> choice_names(OnOff) { return {{{OnOff::kOff, "off"}, {OnOff::kOn, "on"}}}; }
 
+// --gemm-algo: cuBLASLt's first heuristic answer for each GEMM, or the fastest of its first few, timed once per host
+// (kernels/cuda/gemm.h, set_timed_algos).
+enum class GemmAlgo { kHeuristic, kTimed };
+constexpr std::array<Named<GemmAlgo>, 2> choice_names(GemmAlgo) {
+  return {{{GemmAlgo::kHeuristic, "heuristic"}, {GemmAlgo::kTimed, "timed"}}};
+}
+
 // --fault: what rank fault_rank does at step fault_step (train/step_rules.cpp).
 enum class Fault { kNone, kHang, kKill, kThrow, kNan, kDiverge };
 constexpr std::array<Named<Fault>, 6> choice_names(Fault) {
@@ -58,6 +65,7 @@ struct TrainConfig {
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
   AutoChoice<AttentionKind> attention;
+  GemmAlgo gemm_algo = GemmAlgo::kTimed;
   std::string profile_steps;  // "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
   ModelKind model = ModelKind::kMlp;
   MlpConfig mlp;
@@ -166,6 +174,11 @@ void visit_knobs(Config& c, Visit&& visit) {
              "attention in bf16: --precision bf16, heads of 32, 64 or 128) | cudnn (cuDNN's fused attention, "
              "bf16) | auto (the fastest that can run: cudnn, else fused, else unfused)"},
         c.attention);
+  visit(Knob{"--gemm-algo", "gemm_algo",
+             "--device cuda: each GEMM's cuBLASLt algorithm: heuristic (the library's first answer) | timed (the "
+             "fastest of its first 8, timed once per GPU model and kept in $XDG_CACHE_HOME/ddplab)",
+             kNoMin, kNoMax, kMath},
+        c.gemm_algo);
   visit(Knob{"--profile-steps", "profile_steps",
              "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)"},
         c.profile_steps);

@@ -67,6 +67,9 @@ class MlpCuda : public cuda_model::DeviceParameters {
   void backward(const GradReadyHook& on_ready = nullptr);
   // Forward FLOPs per sample of the GEMMs (2 * in * out per Linear), as Mlp::gemm_flops_per_sample.
   int64_t gemm_flops_per_sample() const;
+  // The GEMMs' context: how they pick cuBLASLt's algorithms (set_timed_algos), what they planned.
+  cuda::GemmContext& gemm() { return gemm_; }
+  const cuda::GemmContext& gemm() const { return gemm_; }
 
  private:
   int num_linear() const { return static_cast<int>(dims_.size()) - 1; }

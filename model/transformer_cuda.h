@@ -57,6 +57,9 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   const TransformerConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   AttentionKind attention() const { return attention_; }
+  // The GEMMs' context: how they pick cuBLASLt's algorithms (set_timed_algos), what they planned.
+  cuda::GemmContext& gemm() { return gemm_; }
+  const cuda::GemmContext& gemm() const { return gemm_; }
   int64_t max_tokens() const { return max_tokens_; }
   int max_seq() const { return max_seq_; }
   // parameters(), the flat buffers, grad_pieces() and their events, zero_grad(), discard_grad(), stream():

@@ -9,6 +9,7 @@
 #include "data/synthetic.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/gemm_algo_table.h"
 #include "model/cuda_common.h"
 #include "model/mlp_cuda.h"
 #include "model/precision.h"
@@ -61,7 +62,9 @@ class CudaModelWorkload : public CudaWorkload {
 
  protected:
   template <typename... Args>
-  explicit CudaModelWorkload(Args&&... model_args) : model_(std::forward<Args>(model_args)...) {}
+  explicit CudaModelWorkload(GemmAlgo gemm_algo, Args&&... model_args) : model_(std::forward<Args>(model_args)...) {
+    model_.gemm().set_timed_algos(gemm_algo == GemmAlgo::kTimed, cuda::GemmAlgoTable::default_dir());
+  }
   Model model_;
 };
 
@@ -70,7 +73,7 @@ class CudaModelWorkload : public CudaWorkload {
 class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
  public:
   MlpCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
-      : CudaModelWorkload(c.mlp, c.seed, c.precision, c.batch, compute),
+      : CudaModelWorkload(c.gemm_algo, c.mlp, c.seed, c.precision, c.batch, compute),
         batch_(c.batch),
         data_(SyntheticConfig{c.mlp.input_dim, c.mlp.num_classes, c.seed, c.data_noise}),
         shard_{rank, world, c.batch * c.grad_accum},
@@ -115,7 +118,7 @@ class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
 class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> {
  public:
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
-      : CudaModelWorkload(TokenBatches::model_config(c), c.seed, c.precision, TokenBatches::max_tokens(c),
+      : CudaModelWorkload(c.gemm_algo, TokenBatches::model_config(c), c.seed, c.precision, TokenBatches::max_tokens(c),
                           TokenBatches::max_seq(c), compute, resolved_attention(c, cuda::cudnn_attention_available())),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),

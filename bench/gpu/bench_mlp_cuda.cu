@@ -6,7 +6,9 @@
 // batch (11%) less.
 //
 //   bench_mlp_cuda [--steps 50] [--warmup 10] [--batch N] [--precision fp32|tf32|bf16] [--csv out.csv]
-// --batch and --precision restrict the sweep to one value (e.g. to profile one configuration with nsys or ncu).
+//                  [--profile] [--graph] [--gemm-algo timed|heuristic]
+// --batch and --precision restrict the sweep to one value (e.g. to profile one configuration with nsys or ncu);
+// --gemm-algo as ddplab train's (bench/gpu/train_step_timing.h).
 // Needs a GPU; exits 2 with the reason without one.
 #include <cuda_runtime_api.h>
 
@@ -54,8 +56,7 @@ Result run(const Options& opt, Precision precision, int batch, cudaStream_t s) {
   float* d_x = upload(x, s);
   int32_t* d_y = upload(y, s);
   const auto forward = [&] { model.forward(d_x, d_y, batch); };
-  Result r{precision, batch,
-           ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile, opt.graph), 0};
+  Result r{precision, batch, ddplab::bench::time_training_steps(model, forward, opt, s), 0};
   cudaCheck(cudaFree(d_x));
   cudaCheck(cudaFree(d_y));
   r.tflops = 6.0 * n * batch / (r.t.step_ms * 1e-3) / 1e12;
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
         const Result r = run(opt, p, batch, s);
         std::printf("%-9s %6d %9.4f %9.4f %9.4f %9.4f %8.1f\n", ddplab::to_string(p), batch, r.t.step_ms,
                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops);
-        ddplab::bench::print_graph_line(r.t);
+        ddplab::bench::print_step_notes(r.t);
         results.push_back(r);
       }
     }
@@ -95,10 +96,10 @@ int main(int argc, char** argv) {
     if (!opt.csv.empty()) {
       FILE* f = std::fopen(opt.csv.c_str(), "w");
       if (!f) throw std::runtime_error("cannot write " + opt.csv);
-      std::fprintf(f, "precision,batch,step_ms,forward_ms,backward_ms,optimizer_ms,tflop_per_s\n");
+      std::fprintf(f, "precision,batch,step_ms,forward_ms,backward_ms,optimizer_ms,tflop_per_s,gemm_algo\n");
       for (const Result& r : results)
-        std::fprintf(f, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f\n", ddplab::to_string(r.precision), r.batch, r.t.step_ms,
-                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops);
+        std::fprintf(f, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f,%s\n", ddplab::to_string(r.precision), r.batch, r.t.step_ms,
+                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops, opt.gemm_algo.c_str());
       std::fclose(f);
     }
   } catch (const std::exception& e) {

@@ -11,10 +11,11 @@
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
 //                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv]
-//                          [--profile]
-//                          [--graph]
-// --precision restricts the sweep to one; --attention auto (the default, as ddplab train's) runs cuDNN's attention
-// where it loads, else our fused one (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise;
+//                          [--profile] [--graph] [--gemm-algo timed|heuristic]
+// --precision restricts the sweep to one; --gemm-algo timed (the default, as ddplab train's) runs each GEMM with the
+// fastest of cuBLASLt's first 8 answers, timed in the warm-up where the host's cache does not have it yet; --attention
+// auto (the default, as ddplab train's) runs cuDNN's attention where it loads, else our fused one
+// (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise;
 // --profile brackets the timed steps with cudaProfilerStart/Stop, to profile them with nsys, ncu or
 // bench/gpu/gpu_trace.cpp (bench/device/run.sh 2 ranks one step's kernels that way, and traces 20). Needs a GPU; exits
 // 2 with the reason without one.
@@ -73,9 +74,7 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   int32_t* d_tokens = upload(tokens, s);
   int32_t* d_labels = upload(labels, s);
   const auto forward = [&] { model.forward(d_tokens, nullptr, d_labels, B, S); };  // null lengths: all S long
-  Result r{precision, attention,
-           ddplab::bench::time_training_steps(model, forward, opt.warmup, opt.steps, s, opt.profile, opt.graph), 0, 0,
-           0};
+  Result r{precision, attention, ddplab::bench::time_training_steps(model, forward, opt, s), 0, 0, 0};
   cudaCheck(cudaFree(d_tokens));
   cudaCheck(cudaFree(d_labels));
   const double tokens_per_step = static_cast<double>(B) * S;
@@ -124,7 +123,7 @@ int main(int argc, char** argv) {
       std::printf("%-9s %-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%%\n", ddplab::to_string(p),
                   ddplab::to_string(r.attention), r.t.step_ms,
                   r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, 100 * r.mfu);
-      ddplab::bench::print_graph_line(r.t);
+      ddplab::bench::print_step_notes(r.t);
       results.push_back(r);
     }
     cudaCheck(cudaStreamDestroy(s));
@@ -133,12 +132,13 @@ int main(int argc, char** argv) {
       if (!f) throw std::runtime_error("cannot write " + opt.csv);
       std::fprintf(f,
                    "model,precision,attention,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,"
-                   "tflop_per_s,mfu,graph_step_ms\n");
+                   "tflop_per_s,mfu,graph_step_ms,gemm_algo\n");
       for (const Result& r : results)
-        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s\n", opt.model.c_str(),
+        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s\n", opt.model.c_str(),
                      ddplab::to_string(r.precision), ddplab::to_string(r.attention), opt.batch, opt.seq, r.t.step_ms,
                      r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu,
-                     std::isfinite(r.t.graph_step_ms) ? std::to_string(r.t.graph_step_ms).c_str() : "");
+                     std::isfinite(r.t.graph_step_ms) ? std::to_string(r.t.graph_step_ms).c_str() : "",
+                     opt.gemm_algo.c_str());
       std::fclose(f);
     }
   } catch (const std::exception& e) {

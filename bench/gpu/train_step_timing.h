@@ -22,6 +22,8 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_algo_table.h"
 #include "model/optimizer.h"
 #include "model/precision.h"
 
@@ -33,7 +35,16 @@ struct StepTimes {
   double step_ms, forward_ms, backward_ms, optimizer_ms;
   double graph_step_ms = std::numeric_limits<double>::quiet_NaN();
   std::string graph_error;
+  std::string gemm_algos;  // how the GEMMs picked their algorithms (describe_gemm_algos)
 };
+
+// "timed: 14 GEMM problems timed now, 0 read from <table>" or "heuristic: cuBLASLt's first answer".
+inline std::string describe_gemm_algos(const cuda::GemmContext& g) {
+  if (!g.timed_algos()) return "heuristic: cuBLASLt's first answer for each GEMM";
+  const std::string table = g.algo_table_path().empty() ? "nowhere (no cache directory)" : g.algo_table_path();
+  return "timed: " + std::to_string(g.timed_plans()) + " GEMM problems timed now, " + std::to_string(g.table_plans()) +
+         " read from " + table;
+}
 
 inline double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -94,19 +105,36 @@ std::string replay_as_graph(cudaStream_t s, int launches, Enqueue enqueue, std::
   return "";
 }
 
-// `warmup` + `steps` training steps of `model` on stream `s`, AdamW (PyTorch's defaults) from zero moments;
-// `forward()` runs the model's forward on its batch. Throws if the last loss is not finite. profile: the timed steps
-// between cudaProfilerStart and cudaProfilerStop, each called with the stream idle (a synchronize first), for
-// `ncu --profile-from-start off` and a trace whose window is the host's time (bench/gpu/gpu_trace.cpp): without the
-// synchronize the host, steps ahead, would open and close the window on earlier steps' kernels.
+// The flags both model benchmarks take (steps, warm-up, one precision instead of all three, a CSV file), on a
+// CLI11 app that adds its own. Parses; returns -1 to go on, else the exit code: 0 after --help, 2 on a bad flag.
+struct StepFlags {
+  int steps, warmup;
+  std::string precision;  // "": fp32, tf32 and bf16
+  std::string csv;
+  bool profile = false;             // the timed steps between cudaProfilerStart and cudaProfilerStop
+  bool graph = false;               // also the step as one CUDA graph
+  std::string gemm_algo = "timed";  // as ddplab train's --gemm-algo
+  std::vector<Precision> precisions() const {
+    if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
+    return {parse_choice<Precision>(precision, "precision")};
+  }
+};
+// flags.warmup + flags.steps training steps of `model` on stream `s`, AdamW (PyTorch's defaults) from zero moments,
+// its GEMMs picking their algorithms as flags.gemm_algo says; `forward()` runs the model's forward on its batch. Throws
+// if the last loss is not finite. profile: the timed steps between cudaProfilerStart and cudaProfilerStop, each called
+// with the stream idle (a synchronize first), for `ncu --profile-from-start off` and a trace whose window is the host's
+// time (bench/gpu/gpu_trace.cpp): without the synchronize the host, steps ahead, would open and close the window on
+// earlier steps' kernels.
 //
 // graph: then the step captured once into a CUDA graph (after the timed steps: every plan made, every workspace
 // grown) and replayed `steps` times, each launch between two events: the step without the host's launches, whose
 // cost is the difference. One more step on the stream afterwards re-records what the capture held (the loss's event).
 template <class Model, class Forward>
-StepTimes time_training_steps(Model& model, Forward forward, int warmup, int steps, cudaStream_t s,
-                              bool profile = false, bool graph = false) {
+StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& flags, cudaStream_t s) {
+  const int warmup = flags.warmup, steps = flags.steps;
+  const bool profile = flags.profile, graph = flags.graph;
   const OptimizerConfig adamw;
+  model.gemm().set_timed_algos(flags.gemm_algo == "timed", cuda::GemmAlgoTable::default_dir());
   const int64_t n = model.flat_size();
   float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
   // One step, the t-th update; mark(k) after its k-th phase (1 forward, 2 backward, 3 the update).
@@ -148,7 +176,13 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
     bwd.push_back(ms(4 * i + 1, 4 * i + 2));
     optim.push_back(ms(4 * i + 2, 4 * i + 3));
   }
-  StepTimes times{median(step), median(fwd), median(bwd), median(optim), std::numeric_limits<double>::quiet_NaN(), ""};
+  StepTimes times{median(step),
+                  median(fwd),
+                  median(bwd),
+                  median(optim),
+                  std::numeric_limits<double>::quiet_NaN(),
+                  "",
+                  describe_gemm_algos(model.gemm())};
   if (graph) {
     std::vector<double> replayed;
     times.graph_error = replay_as_graph(s, steps, [&] { enqueue_step(total + 1, [](int) {}); }, replayed);
@@ -161,8 +195,10 @@ StepTimes time_training_steps(Model& model, Forward forward, int warmup, int ste
   return times;
 }
 
-// The line under a step's row with --graph: the step as one CUDA graph beside the stream's, or why it was not captured.
-inline void print_graph_line(const StepTimes& t) {
+// The lines under a step's row: how its GEMMs picked their algorithms, and with --graph the step as one CUDA graph
+// beside the stream's, or why it was not captured.
+inline void print_step_notes(const StepTimes& t) {
+  std::printf("  GEMM algorithms: %s\n", t.gemm_algos.c_str());
   if (!t.graph_error.empty())
     std::printf("  as one CUDA graph: not captured: %s\n", t.graph_error.c_str());
   else if (std::isfinite(t.graph_step_ms))
@@ -170,19 +206,6 @@ inline void print_graph_line(const StepTimes& t) {
                 t.graph_step_ms, t.step_ms, t.step_ms - t.graph_step_ms);
 }
 
-// The flags both model benchmarks take (steps, warm-up, one precision instead of all three, a CSV file), on a
-// CLI11 app that adds its own. Parses; returns -1 to go on, else the exit code: 0 after --help, 2 on a bad flag.
-struct StepFlags {
-  int steps, warmup;
-  std::string precision;  // "": fp32, tf32 and bf16
-  std::string csv;
-  bool profile = false;  // the timed steps between cudaProfilerStart and cudaProfilerStop
-  bool graph = false;    // also the step as one CUDA graph
-  std::vector<Precision> precisions() const {
-    if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
-    return {parse_choice<Precision>(precision, "precision")};
-  }
-};
 inline void add_step_flags(CLI::App& app, StepFlags& flags) {
   app.add_option("--steps", flags.steps, "timed steps")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--warmup", flags.warmup, "steps before timing")->check(CLI::Range(0, 1 << 20))->capture_default_str();
@@ -191,6 +214,11 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
   app.add_option("--csv", flags.csv, "also write the table to this CSV file");
   app.add_flag("--graph", flags.graph,
                "also replay the step captured as one CUDA graph: what the host's launches cost it");
+  app.add_option("--gemm-algo", flags.gemm_algo,
+                 "heuristic (cuBLASLt's first answer) | timed (the fastest of its first 8, kept in the host's cache), "
+                 "as ddplab train's")
+      ->check(CLI::IsMember({"heuristic", "timed"}))
+      ->capture_default_str();
   app.add_flag("--profile", flags.profile,
                "only the timed steps between cudaProfilerStart/Stop, the stream idle at both (ncu "
                "--profile-from-start off, nsys --capture-range=cudaProfilerApi)");

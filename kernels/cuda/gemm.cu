@@ -16,6 +16,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdio>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -28,6 +31,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_algo_table.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace ddplab::cuda {
@@ -81,6 +85,8 @@ struct GemmContext::Plans {
     bool ok = false;  // the heuristic found an algorithm
   };
   std::map<PlanKey, Plan> cache;
+  std::unique_ptr<GemmAlgoTable> table;  // made by the first timed plan, for the device current then
+  bool table_warned = false;             // that the table could not be written
 
   ~Plans() {
     for (auto& [key, p] : cache) {
@@ -94,8 +100,143 @@ struct GemmContext::Plans {
 
 namespace {
 
-GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComputeType_t compute) {
-  GemmContext::Plans::Plan p;
+using Plan = GemmContext::Plans::Plan;
+
+// The heuristic's first `count` answers for the plan's problem: fewer where it has fewer, none where it has no
+// algorithm. "No algorithm" is an answer here (NOT_SUPPORTED or 0 results), not an error: the caller may fall back.
+std::vector<cublasLtMatmulAlgo_t> heuristic_answers(GemmContext& ctx, const Plan& p, const LtGemm& g, int count) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = ctx.workspace_bytes();
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t align[4] = {alignment_of(g.A), alignment_of(g.B), alignment_of(g.c()), alignment_of(g.D)};
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(count);
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), p.desc, p.a, p.b, p.d, p.d, pref, count, results.data(), &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // An epilogue the library does not support for the types may also come back as INVALID_VALUE (an fp32 bias on
+  // bf16 D did, H200, cuBLAS 13.1): that too leaves the caller's fallback, which is always correct.
+  const bool unsupported = status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                           (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
+  if (!unsupported) cublasCheck(status);
+  std::vector<cublasLtMatmulAlgo_t> answers;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    for (int i = 0; i < found; ++i) answers.push_back(results[i].algo);
+  return answers;
+}
+
+// Each answer's time in µs on g's own operands (+inf for one that does not run): a call each to warm up, then rounds
+// over all of them, interleaved so that a clock ramping up meanwhile favours none; an answer's time is its best
+// round's. A call that adds to D (beta 1 with C = D: an accumulated gradient) is timed on a scratch D, so that only
+// the real call that follows writes D.
+std::vector<double> time_answers(GemmContext& ctx, const LtGemm& g, const Plan& p,
+                                 const std::vector<cublasLtMatmulAlgo_t>& answers, cudaStream_t stream) {
+  constexpr int kRounds = 3, kCallsPerRound = 3;
+  const int n = static_cast<int>(answers.size());
+  std::vector<double> us(n, std::numeric_limits<double>::infinity());
+  void* d = g.D;
+  const void* c = g.c();
+  void* scratch = nullptr;
+  if (g.beta != 0.0f && g.C == nullptr) {
+    const size_t bytes = size_t(g.ldd) * g.n * (g.d_type == CUDA_R_32F ? sizeof(float) : sizeof(__nv_bfloat16));
+    if (cudaMallocAsync(&scratch, bytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();  // no room to time it: the caller takes the heuristic's first
+      return us;
+    }
+    d = scratch, c = scratch;
+  }
+  const float alpha = 1.0f;
+  const auto call = [&](int i) {
+    return cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, c, p.d, d, p.d, &answers[i],
+                          ctx.workspace(), ctx.workspace_bytes(), stream) == CUBLAS_STATUS_SUCCESS;
+  };
+  std::vector<char> runs(n);
+  for (int i = 0; i < n; ++i) runs[i] = call(i);
+  std::vector<cudaEvent_t> events(2 * kRounds * n);
+  for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
+  for (int round = 0; round < kRounds; ++round)
+    for (int i = 0; i < n; ++i) {
+      if (!runs[i]) continue;
+      cudaEvent_t* pair = &events[2 * (round * n + i)];
+      cudaCheck(cudaEventRecord(pair[0], stream));
+      for (int k = 0; k < kCallsPerRound && runs[i]; ++k) runs[i] = call(i);
+      cudaCheck(cudaEventRecord(pair[1], stream));
+    }
+  cudaCheck(cudaStreamSynchronize(stream));
+  for (int round = 0; round < kRounds; ++round)
+    for (int i = 0; i < n; ++i) {
+      float ms = 0;
+      if (runs[i] &&
+          cudaEventElapsedTime(&ms, events[2 * (round * n + i)], events[2 * (round * n + i) + 1]) == cudaSuccess)
+        us[i] = std::min(us[i], 1e3 * ms / kCallsPerRound);
+    }
+  for (int i = 0; i < n; ++i)
+    if (!runs[i]) us[i] = std::numeric_limits<double>::infinity();
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  if (scratch) cudaCheck(cudaFreeAsync(scratch, stream));
+  return us;
+}
+
+// The problem as the table names it: everything in the plan's key but the candidate rank, and the workspace, which
+// bounds the heuristic's answers.
+std::string problem_name(const PlanKey& key, size_t workspace_bytes) {
+  std::string name;
+  for (size_t i = 0; i + 1 < key.size(); ++i) name += std::to_string(key[i]) + ",";
+  return name + "ws" + std::to_string(workspace_bytes);
+}
+
+GemmAlgoTable& algo_table(GemmContext& ctx) {
+  std::unique_ptr<GemmAlgoTable>& table = ctx.plans().table;
+  if (!table) {
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    table = std::make_unique<GemmAlgoTable>(
+        ctx.algo_table_dir(), GemmAlgoTable::file_name(prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                                                       static_cast<long>(cublasLtGetVersion())));
+  }
+  return *table;
+}
+
+// Which of the heuristic's answers a timed plan runs: the table's, else the fastest as timed now (and recorded).
+int timed_rank(GemmContext& ctx, const LtGemm& g, const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& answers,
+               const PlanKey& key, cudaStream_t stream) {
+  const int candidates = static_cast<int>(answers.size());
+  if (candidates == 1) return 0;
+  GemmAlgoTable& table = algo_table(ctx);
+  const std::string problem = problem_name(key, ctx.workspace_bytes());
+  if (const std::optional<int> rank = table.find(problem, candidates)) {
+    ctx.count_algo_choice(/*timed=*/false);
+    return *rank;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return 0;  // nothing can be timed inside a capture
+  }
+  const std::vector<double> us = time_answers(ctx, g, p, answers, stream);
+  const int fastest = static_cast<int>(std::min_element(us.begin(), us.end()) - us.begin());
+  if (!std::isfinite(us[fastest])) return 0;  // none timed: the first answer, whose own call says what fails
+  std::string error;
+  const int rank = table.record(problem, fastest, us, candidates, error);
+  if (!error.empty() && !ctx.plans().table_warned) {
+    std::fprintf(stderr, "ddplab: cuBLASLt's timed algorithms are kept in this process only: %s\n", error.c_str());
+    ctx.plans().table_warned = true;
+  }
+  ctx.count_algo_choice(/*timed=*/true);
+  return rank;
+}
+
+Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComputeType_t compute, const PlanKey& key,
+               cudaStream_t stream) {
+  Plan p;
   cublasCheck(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, g.ta);
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, g.tb);
@@ -109,31 +250,13 @@ GemmContext::Plans::Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComp
   cublasCheck(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
   cublasCheck(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
   cublasCheck(cublasLtMatrixLayoutCreate(&p.d, g.d_type, g.m, g.n, g.ldd));
-
-  cublasLtMatmulPreference_t pref = nullptr;
-  cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = ctx.workspace_bytes();
-  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t align[4] = {alignment_of(g.A), alignment_of(g.B), alignment_of(g.c()), alignment_of(g.D)};
-  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i)
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])));
+  const bool timed = ctx.timed_algos() && ctx.heuristic_rank() == 0;
   const int rank = ctx.heuristic_rank();
-  std::vector<cublasLtMatmulHeuristicResult_t> results(rank + 1);
-  int found = 0;
-  // "No algorithm" is an answer here (NOT_SUPPORTED or 0 results), not an error: the caller may fall back.
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), p.desc, p.a, p.b, p.d, p.d, pref,
-                                                               rank + 1, results.data(), &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  // An epilogue the library does not support for the types may also come back as INVALID_VALUE (an fp32 bias on
-  // bf16 D did, H200, cuBLAS 13.1): that too leaves the caller's fallback, which is always correct.
-  const bool unsupported = status == CUBLAS_STATUS_NOT_SUPPORTED ||
-                           (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
-  if (!unsupported) cublasCheck(status);
-  p.ok = status == CUBLAS_STATUS_SUCCESS && found > rank;
-  if (p.ok) p.algo = results[rank].algo;
+  const std::vector<cublasLtMatmulAlgo_t> answers =
+      heuristic_answers(ctx, p, g, timed ? GemmContext::kTimedCandidates : rank + 1);
+  if (answers.empty() || (!timed && static_cast<int>(answers.size()) <= rank)) return p;
+  p.ok = true;
+  p.algo = answers[timed ? timed_rank(ctx, g, p, answers, key, stream) : rank];
   return p;
 }
 
@@ -147,12 +270,12 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   // clang-format off
   const PlanKey key = {g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab_type, g.d_type, compute, g.epilogue,
                        alignment_of(g.A), alignment_of(g.B), alignment_of(g.c()), alignment_of(g.D), bias_align,
-                       aux_align, ctx.heuristic_rank()};
+                       aux_align, ctx.timed_algos() && ctx.heuristic_rank() == 0 ? -1 : ctx.heuristic_rank()};
   // clang-format on
   auto& cache = ctx.plans().cache;
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make_plan(ctx, g, compute)).first;
-  const GemmContext::Plans::Plan& p = it->second;
+  if (it == cache.end()) it = cache.emplace(key, make_plan(ctx, g, compute, key, stream)).first;
+  const Plan& p = it->second;
   if (!p.ok) return false;
   // The plan was made for pointers of this alignment; the pointers themselves change from call to call.
   if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
@@ -278,6 +401,14 @@ cublasHandle_t GemmContext::blas_handle(cudaStream_t stream) {
 }
 
 int64_t GemmContext::cached_plans() const { return static_cast<int64_t>(plans_->cache.size()); }
+
+void GemmContext::set_timed_algos(bool on, std::string table_dir) {
+  timed_algos_ = on;
+  if (table_dir != algo_table_dir_) plans_->table.reset();  // the next timed plan opens the new one
+  algo_table_dir_ = std::move(table_dir);
+}
+
+std::string GemmContext::algo_table_path() const { return plans_->table ? plans_->table->path() : ""; }
 
 // ---- launchers --------------------------------------------------------------------------------------------------
 

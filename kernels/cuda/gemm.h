@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace ddplab::cuda {
 
@@ -50,14 +51,30 @@ class GemmContext {
   cublasHandle_t blas_handle(cudaStream_t stream);
   void* workspace();
   int64_t cached_plans() const;  // for tests: distinct problems planned so far
+  // Which of cuBLASLt's heuristic answers new plans take: 0, its first (the default), or k, its (k+1)-th where it gives
+  // that many (else the plan has no algorithm: an epilogue falls back, a plain GEMM throws). For the benchmark, which
+  // times the other candidates against the heuristic's pick; the choice is part of a plan's key, and a rank above 0
+  // overrides timed algorithms (below).
+  void set_heuristic_rank(int rank) { heuristic_rank_ = rank; }
+  int heuristic_rank() const { return heuristic_rank_; }
+  // How new plans pick cuBLASLt's algorithm: the heuristic's first answer (off, the default), or (on) the fastest of
+  // its first kTimedCandidates, timed once on the call's own operands, as PyTorch's TunableOp does. At gpt2-small's
+  // shapes on an H200 another candidate ran up to 14% faster than the first (docs/BENCHMARKS.md). The answers are
+  // kept per GPU model and cuBLASLt version in table_dir (gemm_algo_table.h; the host's cache, or "" for this context
+  // alone), so later contexts and runs on the host read them instead of timing again, and compute alike. A plan made
+  // while `stream` is being captured into a graph cannot time: it reads the table, else takes the first answer.
+  static constexpr int kTimedCandidates = 8;
+  void set_timed_algos(bool on, std::string table_dir);
+  bool timed_algos() const { return timed_algos_; }
+  const std::string& algo_table_dir() const { return algo_table_dir_; }
+  std::string algo_table_path() const;  // "" until a plan was timed or read, or where nothing is kept
+  // Plans whose algorithm this context timed, and those it read from the table.
+  int64_t timed_plans() const { return timed_plans_; }
+  int64_t table_plans() const { return table_plans_; }
+  void count_algo_choice(bool timed) { ++(timed ? timed_plans_ : table_plans_); }
   // Calls with an epilogue so far (forward bias or bias+GELU, backward dGELU): those cuBLASLt fused into the GEMM,
   // and those that ran our kernel after it (unaligned bias/aux, a GELU width not a multiple of 8, or no algorithm).
   // The benchmark and the tests print which ran: a fallback costs a pass over the GEMM's output.
-  // Which of cuBLASLt's heuristic answers new plans take: 0, its first (the default), or k, its (k+1)-th where it gives
-  // that many (else the plan has no algorithm: an epilogue falls back, a plain GEMM throws). For the benchmark, which
-  // times the other candidates against the heuristic's pick; the choice is part of a plan's key.
-  void set_heuristic_rank(int rank) { heuristic_rank_ = rank; }
-  int heuristic_rank() const { return heuristic_rank_; }
   int64_t fused_epilogues() const { return fused_epilogues_; }
   int64_t fallback_epilogues() const { return fallback_epilogues_; }
   void count_epilogue(bool fused) { ++(fused ? fused_epilogues_ : fallback_epilogues_); }
@@ -75,6 +92,9 @@ class GemmContext {
   std::unique_ptr<Plans> plans_;
   int64_t fused_epilogues_ = 0, fallback_epilogues_ = 0;
   int heuristic_rank_ = 0;
+  bool timed_algos_ = false;
+  std::string algo_table_dir_;
+  int64_t timed_plans_ = 0, table_plans_ = 0;
 };
 
 // out[B,OC] = inp[B,C] @ weight[OC,C]^T (+ bias[OC] broadcast over rows; bias may be null). OVERWRITES out. The bias

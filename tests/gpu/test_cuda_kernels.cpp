@@ -9,12 +9,15 @@
 // 32, unaligned pointers that force the scalar paths), and tolerances chosen per precision (stated at each test).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -29,11 +32,12 @@
 #include "kernels/cpu/transformer_ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
-#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_algo_table.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
@@ -147,6 +151,48 @@ TEST(CudaKernelsHost, WorkspaceSizes) {
   EXPECT_EQ(cuda::layernorm_backward_scratch_floats(1 << 20, 768), 256 * 3 * 768);  // capped: 2048 warps
   EXPECT_EQ(cuda::attention_forward_workspace_floats(2, 5, 12, 3), 4 * 2 * 5 * 12);
   EXPECT_EQ(cuda::attention_backward_workspace_floats(2, 5, 12, 3), 7 * 2 * 5 * 12 + 2 * 3 * 5 * 5);
+}
+
+// The table of timed GEMM algorithms (gemm_algo_table.h), host code: the first process to record a problem decides it
+// for every process after, each table sees the others' problems, a rank the heuristic no longer gives is none, and
+// without a place to write the choice stays in the process.
+TEST(CudaKernelsHost, GemmAlgoTableKeepsTheFirstAnswer) {
+  EXPECT_EQ(cuda::GemmAlgoTable::file_name("NVIDIA H200", 9, 0, 132, 130100),
+            "cublaslt-algos_NVIDIA-H200_sm90_132sms_cublasLt-130100.json");
+  const std::string dir = testing::TempDir() + "gemm_algo_table_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const std::string file = "algos.json";
+  std::string error;
+  cuda::GemmAlgoTable first(dir, file), second(dir, file);
+  EXPECT_FALSE(first.find("p", 8));
+  EXPECT_EQ(first.record("p", 3, {50, 49, 48, 40, 47, 46, 45, 44}, 8, error), 3);
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(second.find("p", 8), 3);
+  EXPECT_EQ(second.record("p", 5, {50, 49, 48, 41, 47, 39, 45, 44}, 8, error), 3) << "timed first elsewhere";
+  EXPECT_EQ(second.record("q", 1, {9, 8}, 2, error), 1);
+  EXPECT_FALSE(first.find("q", 2)) << "read once, not on every find";
+  EXPECT_EQ(first.record("r", 0, {1, 2}, 2, error), 0);
+  EXPECT_EQ(first.find("q", 2), 1) << "what others recorded, learnt when recording";
+  EXPECT_EQ(cuda::GemmAlgoTable(dir, file).find("q", 2), 1);
+  EXPECT_FALSE(cuda::GemmAlgoTable(dir, file).find("p", 3)) << "the heuristic gives 3 answers now: rank 3 is none";
+  EXPECT_EQ(cuda::GemmAlgoTable(dir, file).record("p", 0, {7, 8, 9}, 3, error), 0) << "an unusable rank is replaced";
+  EXPECT_EQ(cuda::GemmAlgoTable(dir, file).find("p", 3), 0);
+
+  std::ofstream(dir + "/damaged.json") << R"({"p": {"rank": "three"}, "q": {"rank": -1}, "r": 4})";
+  cuda::GemmAlgoTable damaged(dir, "damaged.json");
+  EXPECT_FALSE(damaged.find("p", 8));
+  EXPECT_FALSE(damaged.find("q", 8));
+  EXPECT_FALSE(damaged.find("r", 8));
+
+  cuda::GemmAlgoTable nowhere("", file);
+  EXPECT_EQ(nowhere.record("p", 6, {}, 8, error), 6);
+  EXPECT_EQ(nowhere.find("p", 8), 6);
+  std::ofstream(dir + "/a-file") << "";
+  cuda::GemmAlgoTable unwritable(dir + "/a-file/under", file);
+  EXPECT_EQ(unwritable.record("p", 2, {}, 8, error), 2);
+  EXPECT_NE(error.find("cannot make"), std::string::npos) << error;
+  EXPECT_EQ(unwritable.find("p", 8), 2);
+  std::filesystem::remove_all(dir);
 }
 
 // Without a device the first real use of a context fails with CUDA's reason, not a crash.
@@ -674,10 +720,14 @@ std::vector<float> abs_of(std::vector<float> x) {
   return x;
 }
 
+// timed_table: the context times its algorithms (GemmContext::set_timed_algos) with its table there; "" the
+// heuristic's first. Returns the context's (timed, read from the table) plan counts.
 template <typename T>
-void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, double out_rtol) {
+std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, double out_rtol,
+                                            const std::string& timed_table = "") {
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   cuda::GemmContext ctx(math);
+  if (!timed_table.empty()) ctx.set_timed_algos(true, timed_table);
   auto upload = [&](const std::vector<float>& x) {
     if constexpr (kBf16)
       return std::make_unique<DeviceBuffer<T>>(to_bf16(x), stream);
@@ -783,11 +833,31 @@ void gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, doubl
   // fused epilogue from the fallback.
   std::cout << (kBf16 ? "bf16" : "fp32/tf32") << " GEMMs: " << ctx.fused_epilogues() << " epilogues fused by cuBLASLt, "
             << ctx.fallback_epilogues() << " ran our kernel\n";
+  return {ctx.timed_plans(), ctx.table_plans()};
 }
 
 TEST_F(CudaKernels, GemmFp32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::GemmMath::kFp32, 1e-5, 0); }
 TEST_F(CudaKernels, GemmTf32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::GemmMath::kTf32, 2e-3, 0); }
 TEST_F(CudaKernels, GemmBf16MatchesCpu) { gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3); }
+
+// Timed algorithms (GemmContext::set_timed_algos): every GEMM as right as the heuristic's first, the accumulating
+// weight gradient included (timed on a scratch D: timed in place, its ~30 calls would have added to dweight0 as
+// many times); the table written by the first context, and a second context reading every answer from it instead of
+// timing again.
+TEST_F(CudaKernels, GemmTimedAlgorithmsMatchCpuAndAreKept) {
+  const std::string table = testing::TempDir() + "gemm_algos_" + std::to_string(getpid());
+  std::filesystem::remove_all(table);
+  const auto [timed, read] = gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3, table);
+  EXPECT_GT(timed, 0);
+  EXPECT_EQ(read, 0);
+  const auto [timed_again, read_again] = gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3, table);
+  EXPECT_EQ(timed_again, 0);
+  EXPECT_EQ(read_again, timed);
+  gemms_match_cpu<float>(stream_, cuda::GemmMath::kFp32, 1e-5, 0, table);
+  gemms_match_cpu<float>(stream_, cuda::GemmMath::kTf32, 2e-3, 0, table);
+  std::cout << timed << " bf16 GEMM problems timed, then read from the table\n";
+  std::filesystem::remove_all(table);
+}
 
 // The bias gradient at the model's shapes, where it splits the rows into blocks (bias_backward_kernels.cuh): tall
 // (8192 x 768, the transformer's), wide (the LM head's, shrunk), a row count off the unrolled step, an unaligned dout
