@@ -176,8 +176,7 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.attention);
   visit(Knob{"--gemm-algo", "gemm_algo",
              "--device cuda: each GEMM's cuBLASLt algorithm: heuristic (the library's first answer) | timed (the "
-             "fastest of its first 8, timed once per GPU model and kept in $XDG_CACHE_HOME/ddplab)",
-             kNoMin, kNoMax, kMath},
+             "fastest of its first 8, timed once per GPU model and kept in $XDG_CACHE_HOME/ddplab)"},
         c.gemm_algo);
   visit(Knob{"--profile-steps", "profile_steps",
              "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)"},

@@ -839,6 +839,7 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
                   result.summary.batch_text().c_str());
     print_summary(stdout, record, result.summary);
   }
+  if (!record.meta.gemm_algorithms.empty()) std::printf("GEMM algorithms %s\n", record.meta.gemm_algorithms.c_str());
   if (written) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
   std::fflush(stdout);
 }
@@ -911,6 +912,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   if (size > 1) result.record.meta.clock_alignment_us = static_cast<int64_t>(std::ceil(1000 * clock.uncertainty_ms));
   const std::unique_ptr<TrainingStopped> stopped =
       run_steps(*trainer, config, first_step, gathered, writer, result.summary, clock.origin_ms, world);
+  result.record.meta.gemm_algorithms = trainer->gemm_algorithms();
   finish_run(config, stopped.get(), gathered, writer, result, first_step, rank);
   return result;
 }

@@ -28,6 +28,7 @@ const std::pair<const char*, std::string RunMetadata::*> kTextAttrs[] = {
     {"hdf5_version", &RunMetadata::hdf5_version},
     {"blas", &RunMetadata::blas},
     {"blas_kernels", &RunMetadata::blas_kernels},
+    {"gemm_algorithms", &RunMetadata::gemm_algorithms},
     {"cuda", &RunMetadata::cuda},
     {"device", &RunMetadata::device},
     {"transport", &RunMetadata::transport},

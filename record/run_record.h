@@ -25,6 +25,9 @@ struct RunMetadata {
   // The OpenBLAS kernel family rank 0 ran and why (kernels/cpu/blas_kernels.h), and any rank that ran another; ""
   // in older files.
   std::string blas_kernels;
+  // --device cuda: how rank 0's GEMMs picked cuBLASLt's algorithms, as the run ended ("timed: 38 GEMM problems timed
+  // now, 0 read from <table>"); "" on the CPU and in older files.
+  std::string gemm_algorithms;
   std::string device = "cpu";  // where the steps ran: cpu | cuda
   std::string transport;       // what rank 0's gradient all-reduces travelled over ("shm", "mpi", "NCCL", ...)
   int world_size = 1;

@@ -15,6 +15,16 @@
 namespace ddplab::host_cache {
 namespace {
 
+struct LockFile {
+  explicit LockFile(const std::string& path) : fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {}
+  ~LockFile() {
+    if (fd >= 0) close(fd);
+  }
+  LockFile(const LockFile&) = delete;
+  LockFile& operator=(const LockFile&) = delete;
+  const int fd;
+};
+
 bool write_atomically(const std::string& path, const nlohmann::json& j) {
   const std::string temporary = path + ".tmp" + std::to_string(getpid());
   {
@@ -65,26 +75,23 @@ bool update(const std::string& dir, const std::string& file, const Change& chang
     return false;
   }
   const std::string path = dir + "/" + file;
-  const int lock = open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0) {
+  const LockFile lock(path + ".lock");  // closed, and so released, however this returns (an exception of change too)
+  if (lock.fd < 0) {
     error = "cannot open " + path + ".lock: " + std::strerror(errno);
     return false;
   }
   int locked;
-  while ((locked = flock(lock, LOCK_EX)) != 0 && errno == EINTR) {
+  while ((locked = flock(lock.fd, LOCK_EX)) != 0 && errno == EINTR) {
   }
   if (locked != 0) {
     error = "cannot lock " + path + ".lock: " + std::strerror(errno);
-    close(lock);
     return false;
   }
-  bool ok = true;
   if (const std::optional<nlohmann::json> next = change(read(path)); next && !write_atomically(path, *next)) {
     error = "cannot write " + path;
-    ok = false;
+    return false;
   }
-  close(lock);  // releases the lock
-  return ok;
+  return true;
 }
 
 }  // namespace ddplab::host_cache

@@ -39,6 +39,7 @@ class CudaBackend final : public StepBackend {
   const std::vector<BucketTimes>& bucket_times() const override { return reducer_->bucket_times(); }
   std::string describe() const override;
   std::string transport() const override { return engine_->name(); }
+  std::string gemm_algorithms() const override { return workload_->gemm_algorithms(); }
 
   double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override;

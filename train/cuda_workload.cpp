@@ -59,6 +59,7 @@ class CudaModelWorkload : public CudaWorkload {
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
   cudaEvent_t piece_ready_event(int piece) const override { return model_.piece_ready_event(piece); }
   void discard_grad() override { model_.discard_grad(); }
+  std::string gemm_algorithms() const override { return model_.gemm().describe_algos(); }
 
  protected:
   template <typename... Args>

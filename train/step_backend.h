@@ -34,6 +34,8 @@ class StepBackend {
   virtual std::string describe() const = 0;  // one line for the run header
   // What the gradients' all-reduces travel over on this rank ("shm", "mpi", "NCCL", "ring over CUDA IPC", ...).
   virtual std::string transport() const = 0;
+  // How the GEMMs picked their cuBLASLt algorithms (GemmContext::describe_algos); "" on the CPU.
+  virtual std::string gemm_algorithms() const { return ""; }
 
   // ---- one step ---------------------------------------------------------------------------------------------------
   // The step's timing origin; t0_ms is the run's clock zero (bucket times are reported on it). Returns the host

@@ -200,7 +200,7 @@ if [ "$stage" = 2 ]; then
   # answers in the host's cache, which every later process reads; then the same step on the heuristic's first answers.
   step "step bf16 auto" models.log 40 'grep -E "^bf16|GEMM algorithms" "$log" | tail -2 | paste -sd" "' \
     "${bt[@]}" --csv "$out/step_auto.csv"
-  step "step bf16 auto, heuristic GEMMs" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
+  step "step bf16 heuristic GEMM" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --gemm-algo heuristic --csv "$out/step_heuristic.csv"
   step "step bf16 fused" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --attention fused --csv "$out/step_fused.csv"

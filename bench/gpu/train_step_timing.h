@@ -35,16 +35,8 @@ struct StepTimes {
   double step_ms, forward_ms, backward_ms, optimizer_ms;
   double graph_step_ms = std::numeric_limits<double>::quiet_NaN();
   std::string graph_error;
-  std::string gemm_algos;  // how the GEMMs picked their algorithms (describe_gemm_algos)
+  std::string gemm_algos;  // how the GEMMs picked their algorithms (GemmContext::describe_algos)
 };
-
-// "timed: 14 GEMM problems timed now, 0 read from <table>" or "heuristic: cuBLASLt's first answer".
-inline std::string describe_gemm_algos(const cuda::GemmContext& g) {
-  if (!g.timed_algos()) return "heuristic: cuBLASLt's first answer for each GEMM";
-  const std::string table = g.algo_table_path().empty() ? "nowhere (no cache directory)" : g.algo_table_path();
-  return "timed: " + std::to_string(g.timed_plans()) + " GEMM problems timed now, " + std::to_string(g.table_plans()) +
-         " read from " + table;
-}
 
 inline double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -182,7 +174,7 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
                   median(optim),
                   std::numeric_limits<double>::quiet_NaN(),
                   "",
-                  describe_gemm_algos(model.gemm())};
+                  model.gemm().describe_algos()};
   if (graph) {
     std::vector<double> replayed;
     times.graph_error = replay_as_graph(s, steps, [&] { enqueue_step(total + 1, [](int) {}); }, replayed);

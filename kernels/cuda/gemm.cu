@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -83,6 +84,9 @@ struct GemmContext::Plans {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool ok = false;  // the heuristic found an algorithm
+    // A timed plan made during a graph capture, which cannot time: it runs the heuristic's first answer until a call
+    // outside a capture times these (the descriptors stay, so a captured graph keeps what it captured).
+    std::vector<cublasLtMatmulAlgo_t> untimed;
   };
   std::map<PlanKey, Plan> cache;
   std::unique_ptr<GemmAlgoTable> table;  // made by the first timed plan, for the device current then
@@ -127,29 +131,59 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_answers(GemmContext& ctx, const Plan
   if (!unsupported) cublasCheck(status);
   std::vector<cublasLtMatmulAlgo_t> answers;
   if (status == CUBLAS_STATUS_SUCCESS)
-    for (int i = 0; i < found; ++i) answers.push_back(results[i].algo);
+    for (int i = 0; i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) answers.push_back(results[i].algo);
   return answers;
 }
 
+// Holds the stream for `ns` of the GPU's clock, so that the calls queued behind it run back to back: timed, they are
+// the kernels' pace, not the host's pace of launching them (a small GEMM runs faster than cuBLASLt's host call).
+__global__ void hold_stream_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+// What timing borrows, given back however it ends.
+struct TimingResources {
+  explicit TimingResources(size_t events, cudaStream_t s) : stream(s), events(events) {
+    for (cudaEvent_t& e : this->events) cudaCheck(cudaEventCreate(&e));
+  }
+  ~TimingResources() {
+    for (cudaEvent_t e : events)
+      if (e) cudaEventDestroy(e);
+    if (scratch) cudaFreeAsync(scratch, stream);
+  }
+  TimingResources(const TimingResources&) = delete;
+  TimingResources& operator=(const TimingResources&) = delete;
+  cudaStream_t stream;
+  std::vector<cudaEvent_t> events;
+  void* scratch = nullptr;
+};
+
 // Each answer's time in µs on g's own operands (+inf for one that does not run): a call each to warm up, then rounds
-// over all of them, interleaved so that a clock ramping up meanwhile favours none; an answer's time is its best
-// round's. A call that adds to D (beta 1 with C = D: an accumulated gradient) is timed on a scratch D, so that only
-// the real call that follows writes D.
+// over all of them, interleaved so that a clock ramping up meanwhile favours none, each round queued behind a hold of
+// the stream; an answer's time is its best round's. A call that adds to D (beta 1 with C = D: an accumulated gradient)
+// is timed on a scratch D, so that only the real call that follows writes D.
 std::vector<double> time_answers(GemmContext& ctx, const LtGemm& g, const Plan& p,
                                  const std::vector<cublasLtMatmulAlgo_t>& answers, cudaStream_t stream) {
   constexpr int kRounds = 3, kCallsPerRound = 3;
+  constexpr uint64_t kHoldNs = 500'000;  // ~10x what the host takes to queue a round of 8 answers
   const int n = static_cast<int>(answers.size());
   std::vector<double> us(n, std::numeric_limits<double>::infinity());
+  TimingResources borrowed(2 * kRounds * n, stream);
   void* d = g.D;
   const void* c = g.c();
-  void* scratch = nullptr;
   if (g.beta != 0.0f && g.C == nullptr) {
     const size_t bytes = size_t(g.ldd) * g.n * (g.d_type == CUDA_R_32F ? sizeof(float) : sizeof(__nv_bfloat16));
-    if (cudaMallocAsync(&scratch, bytes, stream) != cudaSuccess) {
+    if (cudaMallocAsync(&borrowed.scratch, bytes, stream) != cudaSuccess) {
       (void)cudaGetLastError();  // no room to time it: the caller takes the heuristic's first
+      borrowed.scratch = nullptr;
       return us;
     }
-    d = scratch, c = scratch;
+    d = borrowed.scratch, c = borrowed.scratch;
   }
   const float alpha = 1.0f;
   const auto call = [&](int i) {
@@ -158,28 +192,26 @@ std::vector<double> time_answers(GemmContext& ctx, const LtGemm& g, const Plan& 
   };
   std::vector<char> runs(n);
   for (int i = 0; i < n; ++i) runs[i] = call(i);
-  std::vector<cudaEvent_t> events(2 * kRounds * n);
-  for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
-  for (int round = 0; round < kRounds; ++round)
+  const auto pair = [&](int round, int i) { return &borrowed.events[2 * (round * n + i)]; };
+  for (int round = 0; round < kRounds; ++round) {
+    hold_stream_kernel<<<1, 1, 0, stream>>>(kHoldNs);
+    cudaCheck(cudaGetLastError());
     for (int i = 0; i < n; ++i) {
       if (!runs[i]) continue;
-      cudaEvent_t* pair = &events[2 * (round * n + i)];
-      cudaCheck(cudaEventRecord(pair[0], stream));
+      cudaCheck(cudaEventRecord(pair(round, i)[0], stream));
       for (int k = 0; k < kCallsPerRound && runs[i]; ++k) runs[i] = call(i);
-      cudaCheck(cudaEventRecord(pair[1], stream));
+      cudaCheck(cudaEventRecord(pair(round, i)[1], stream));
     }
+  }
   cudaCheck(cudaStreamSynchronize(stream));
-  for (int round = 0; round < kRounds; ++round)
-    for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < n; ++i) {
+    if (!runs[i]) continue;  // failed in some round: never run it
+    for (int round = 0; round < kRounds; ++round) {
       float ms = 0;
-      if (runs[i] &&
-          cudaEventElapsedTime(&ms, events[2 * (round * n + i)], events[2 * (round * n + i) + 1]) == cudaSuccess)
-        us[i] = std::min(us[i], 1e3 * ms / kCallsPerRound);
+      cudaCheck(cudaEventElapsedTime(&ms, pair(round, i)[0], pair(round, i)[1]));
+      us[i] = std::min(us[i], 1e3 * ms / kCallsPerRound);
     }
-  for (int i = 0; i < n; ++i)
-    if (!runs[i]) us[i] = std::numeric_limits<double>::infinity();
-  for (cudaEvent_t e : events) cudaEventDestroy(e);
-  if (scratch) cudaCheck(cudaFreeAsync(scratch, stream));
+  }
   return us;
 }
 
@@ -205,9 +237,20 @@ GemmAlgoTable& algo_table(GemmContext& ctx) {
   return *table;
 }
 
-// Which of the heuristic's answers a timed plan runs: the table's, else the fastest as timed now (and recorded).
-int timed_rank(GemmContext& ctx, const LtGemm& g, const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& answers,
-               const PlanKey& key, cudaStream_t stream) {
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess) return capture != cudaStreamCaptureStatusNone;
+  (void)cudaGetLastError();
+  return true;  // the stream cannot be asked, as while another stream captures in global mode: do not sync it
+}
+
+// Which of the heuristic's answers a timed plan runs: the table's, else the fastest as timed now (and recorded);
+// nullopt while `stream` is being captured into a graph, where nothing can be timed. Another answer replaces the
+// heuristic's first only where it ran kMinGain faster: less is within what timings of one kernel vary by.
+std::optional<int> timed_rank(GemmContext& ctx, const LtGemm& g, const Plan& p,
+                              const std::vector<cublasLtMatmulAlgo_t>& answers, const PlanKey& key,
+                              cudaStream_t stream) {
+  constexpr double kMinGain = 0.03;
   const int candidates = static_cast<int>(answers.size());
   if (candidates == 1) return 0;
   GemmAlgoTable& table = algo_table(ctx);
@@ -216,14 +259,11 @@ int timed_rank(GemmContext& ctx, const LtGemm& g, const Plan& p, const std::vect
     ctx.count_algo_choice(/*timed=*/false);
     return *rank;
   }
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError();
-    return 0;  // nothing can be timed inside a capture
-  }
+  if (capturing(stream)) return std::nullopt;
   const std::vector<double> us = time_answers(ctx, g, p, answers, stream);
-  const int fastest = static_cast<int>(std::min_element(us.begin(), us.end()) - us.begin());
+  int fastest = static_cast<int>(std::min_element(us.begin(), us.end()) - us.begin());
   if (!std::isfinite(us[fastest])) return 0;  // none timed: the first answer, whose own call says what fails
+  if (us[fastest] > (1 - kMinGain) * us[0]) fastest = 0;
   std::string error;
   const int rank = table.record(problem, fastest, us, candidates, error);
   if (!error.empty() && !ctx.plans().table_warned) {
@@ -256,7 +296,9 @@ Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComputeType_t compute, c
       heuristic_answers(ctx, p, g, timed ? GemmContext::kTimedCandidates : rank + 1);
   if (answers.empty() || (!timed && static_cast<int>(answers.size()) <= rank)) return p;
   p.ok = true;
-  p.algo = answers[timed ? timed_rank(ctx, g, p, answers, key, stream) : rank];
+  const std::optional<int> chosen = timed ? timed_rank(ctx, g, p, answers, key, stream) : rank;
+  p.algo = answers[chosen.value_or(0)];
+  if (!chosen) p.untimed = answers;
   return p;
 }
 
@@ -275,8 +317,13 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   auto& cache = ctx.plans().cache;
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_plan(ctx, g, compute, key, stream)).first;
-  const Plan& p = it->second;
+  Plan& p = it->second;
   if (!p.ok) return false;
+  if (!p.untimed.empty() && !capturing(stream))
+    if (const std::optional<int> chosen = timed_rank(ctx, g, p, p.untimed, key, stream)) {
+      p.algo = p.untimed[*chosen];
+      p.untimed.clear();
+    }
   // The plan was made for pointers of this alignment; the pointers themselves change from call to call.
   if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
@@ -409,6 +456,13 @@ void GemmContext::set_timed_algos(bool on, std::string table_dir) {
 }
 
 std::string GemmContext::algo_table_path() const { return plans_->table ? plans_->table->path() : ""; }
+
+std::string GemmContext::describe_algos() const {
+  if (!timed_algos_) return "heuristic: cuBLASLt's first answer for each GEMM";
+  const std::string table = algo_table_path().empty() ? "nowhere (no cache directory)" : algo_table_path();
+  return "timed: " + std::to_string(timed_plans_) + " GEMM problems timed now, " + std::to_string(table_plans_) +
+         " read from " + table;
+}
 
 // ---- launchers --------------------------------------------------------------------------------------------------
 

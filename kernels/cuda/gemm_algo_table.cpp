@@ -1,6 +1,8 @@
 #include "kernels/cuda/gemm_algo_table.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "runtime/host_cache.h"
@@ -13,8 +15,10 @@ std::map<std::string, int> ranks_in(const nlohmann::json& file) {
   std::map<std::string, int> ranks;
   if (!file.is_object()) return ranks;
   for (const auto& [problem, entry] : file.items())
-    if (entry.is_object() && entry.contains("rank") && entry["rank"].is_number_integer() && entry["rank"] >= 0)
-      ranks[problem] = entry["rank"].get<int>();
+    if (entry.is_object() && entry.contains("rank") && entry["rank"].is_number_integer()) {
+      const int64_t rank = entry["rank"].get<int64_t>();
+      if (rank >= 0 && rank <= std::numeric_limits<int>::max()) ranks[problem] = static_cast<int>(rank);
+    }
   return ranks;
 }
 

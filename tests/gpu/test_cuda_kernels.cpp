@@ -720,14 +720,26 @@ std::vector<float> abs_of(std::vector<float> x) {
   return x;
 }
 
+// What a context did in gemms_match_cpu: its plans timed and read from the table, those of the accumulating weight
+// gradient among the timed, and every output it produced, in order.
+struct GemmRun {
+  int64_t timed = 0, read = 0, weight_timed = 0;
+  std::vector<float> outputs;
+};
+
 // timed_table: the context times its algorithms (GemmContext::set_timed_algos) with its table there; "" the
-// heuristic's first. Returns the context's (timed, read from the table) plan counts.
+// heuristic's first.
 template <typename T>
-std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, double out_rtol,
-                                            const std::string& timed_table = "") {
+GemmRun gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, double out_rtol,
+                        const std::string& timed_table = "") {
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   cuda::GemmContext ctx(math);
   if (!timed_table.empty()) ctx.set_timed_algos(true, timed_table);
+  GemmRun run;
+  const auto keep = [&run](std::vector<float> x) {
+    run.outputs.insert(run.outputs.end(), x.begin(), x.end());
+    return x;
+  };
   auto upload = [&](const std::vector<float>& x) {
     if constexpr (kBf16)
       return std::make_unique<DeviceBuffer<T>>(to_bf16(x), stream);
@@ -759,9 +771,9 @@ std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath 
     cpu::gelu_forward(gelu.data(), biased.data(), static_cast<int64_t>(gelu.size()));
     DeviceBuffer<T> d_out(int64_t{B} * OC, stream), d_pre(int64_t{B} * OC, stream);
     cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), nullptr, B, C, OC, stream);
-    EXPECT_TRUE(GemmClose(download(d_out), plain, absdot, tol, out_rtol)) << "forward";
+    EXPECT_TRUE(GemmClose(keep(download(d_out)), plain, absdot, tol, out_rtol)) << "forward";
     cuda::matmul_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), d_bias->get(), B, C, OC, stream);
-    EXPECT_TRUE(GemmClose(download(d_out), biased, absdot, tol, out_rtol, plain)) << "forward + bias";
+    EXPECT_TRUE(GemmClose(keep(download(d_out)), biased, absdot, tol, out_rtol, plain)) << "forward + bias";
     // + bias + residual (the residual as cuBLASLt's C), into a buffer of its own (in place is refused: gemm.h)
     const std::vector<float> residual = maybe_round(random_vector(int64_t{B} * OC, -2, 2, 57 + OC));
     std::vector<float> with_residual = biased, before_bias = plain;
@@ -769,11 +781,13 @@ std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath 
     auto d_residual = upload(residual);
     cuda::matmul_residual_forward<T>(ctx, d_out.get(), d_inp->get(), d_weight->get(), d_bias->get(), d_residual->get(),
                                      B, C, OC, stream);
-    EXPECT_TRUE(GemmClose(download(d_out), with_residual, absdot, tol, out_rtol, before_bias)) << "forward + residual";
+    EXPECT_TRUE(GemmClose(keep(download(d_out)), with_residual, absdot, tol, out_rtol, before_bias))
+        << "forward + residual";
     cuda::matmul_bias_gelu_forward<T>(ctx, d_out.get(), d_pre.get(), d_inp->get(), d_weight->get(), d_bias->get(), B, C,
                                       OC, stream);
-    EXPECT_TRUE(GemmClose(download(d_pre), biased, absdot, tol, out_rtol, plain)) << "forward + bias + gelu: pre";
-    EXPECT_TRUE(GemmClose(download(d_out), gelu, absdot, tol, out_rtol + 5e-4, plain)) << "forward + bias + gelu: out";
+    EXPECT_TRUE(GemmClose(keep(download(d_pre)), biased, absdot, tol, out_rtol, plain)) << "forward + bias + gelu: pre";
+    EXPECT_TRUE(GemmClose(keep(download(d_out)), gelu, absdot, tol, out_rtol + 5e-4, plain))
+        << "forward + bias + gelu: out";
 
     // backward input (overwrites)
     std::vector<float> dinp(int64_t{B} * C), dinp_abs(int64_t{B} * C);
@@ -781,7 +795,7 @@ std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath 
     cpu::matmul_backward_input(dinp_abs.data(), abs_of(dout).data(), abs_of(weight).data(), B, C, OC);
     DeviceBuffer<T> d_dinp(int64_t{B} * C, stream);
     cuda::matmul_backward_input<T>(ctx, d_dinp.get(), d_dout->get(), d_weight->get(), B, C, OC, stream);
-    EXPECT_TRUE(GemmClose(download(d_dinp), dinp, dinp_abs, tol, out_rtol)) << "backward input";
+    EXPECT_TRUE(GemmClose(keep(download(d_dinp)), dinp, dinp_abs, tol, out_rtol)) << "backward input";
 
     // backward weight (accumulates in fp32), whole and as two row blocks; bias gradient (accumulates)
     const std::vector<float> dweight0 = random_vector(int64_t{OC} * C, -1, 1, 55);
@@ -789,13 +803,15 @@ std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath 
     cpu::matmul_backward_weight(dweight.data(), dout.data(), inp.data(), B, C, OC, 0, OC);
     cpu::matmul_backward_weight(dw_abs.data(), abs_of(dout).data(), abs_of(inp).data(), B, C, OC, 0, OC);
     for (float& v : dw_abs) v += 1.0f;  // the initial values, |dweight0| <= 1, are part of the sum
+    const int64_t timed_before_weights = ctx.timed_plans();
     for (int split : {OC, OC / 2}) {
       SCOPED_TRACE("row blocks [0, " + std::to_string(split) + "), [" + std::to_string(split) + ", OC)");
       DeviceArray d_dweight(dweight0, stream);
       cuda::matmul_backward_weight<T>(ctx, d_dweight.get(), d_dout->get(), d_inp->get(), B, C, OC, 0, split, stream);
       cuda::matmul_backward_weight<T>(ctx, d_dweight.get(), d_dout->get(), d_inp->get(), B, C, OC, split, OC, stream);
-      EXPECT_TRUE(GemmClose(d_dweight.download(), dweight, dw_abs, tol, 0)) << "backward weight";
+      EXPECT_TRUE(GemmClose(keep(d_dweight.download()), dweight, dw_abs, tol, 0)) << "backward weight";
     }
+    run.weight_timed += ctx.timed_plans() - timed_before_weights;
     std::vector<float> dbias = random_vector(OC, -1, 1, 56);
     DeviceArray d_dbias(dbias, stream);
     cpu::bias_backward(dbias.data(), dout.data(), B, OC);
@@ -818,7 +834,7 @@ std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath 
         cuda::matmul_backward_input_dgelu<T>(ctx, d_dinp.get(), d_dout->get(), d_weight->get(), d_pre->get(), B, C, OC,
                                              stream);
         const char* how = ctx.fused_epilogues() > fused ? "DGELU epilogue" : "gelu_backward";
-        const std::vector<float> got = download(d_dinp);
+        const std::vector<float> got = keep(download(d_dinp));
         EXPECT_TRUE(GemmClose(got, want, scaled_abs, tol, out_rtol + 5e-4, dinp))
             << "backward input + dGELU (" << how << ")";
         if (run == 0)
@@ -833,7 +849,8 @@ std::pair<int64_t, int64_t> gemms_match_cpu(cudaStream_t stream, cuda::GemmMath 
   // fused epilogue from the fallback.
   std::cout << (kBf16 ? "bf16" : "fp32/tf32") << " GEMMs: " << ctx.fused_epilogues() << " epilogues fused by cuBLASLt, "
             << ctx.fallback_epilogues() << " ran our kernel\n";
-  return {ctx.timed_plans(), ctx.table_plans()};
+  run.timed = ctx.timed_plans(), run.read = ctx.table_plans();
+  return run;
 }
 
 TEST_F(CudaKernels, GemmFp32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::GemmMath::kFp32, 1e-5, 0); }
@@ -841,21 +858,24 @@ TEST_F(CudaKernels, GemmTf32MatchesCpu) { gemms_match_cpu<float>(stream_, cuda::
 TEST_F(CudaKernels, GemmBf16MatchesCpu) { gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3); }
 
 // Timed algorithms (GemmContext::set_timed_algos): every GEMM as right as the heuristic's first, the accumulating
-// weight gradient included (timed on a scratch D: timed in place, its ~30 calls would have added to dweight0 as
-// many times); the table written by the first context, and a second context reading every answer from it instead of
-// timing again.
+// weight gradient included (timed on a scratch D: timed in place, its ~30 calls would have added to dweight0 as many
+// times); the table written by the first context, and a second context reading every answer from it instead of
+// timing again, and computing bit for bit what the first did (cuBLASLt's split-K reductions are ordered).
 TEST_F(CudaKernels, GemmTimedAlgorithmsMatchCpuAndAreKept) {
   const std::string table = testing::TempDir() + "gemm_algos_" + std::to_string(getpid());
   std::filesystem::remove_all(table);
-  const auto [timed, read] = gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3, table);
-  EXPECT_GT(timed, 0);
-  EXPECT_EQ(read, 0);
-  const auto [timed_again, read_again] = gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3, table);
-  EXPECT_EQ(timed_again, 0);
-  EXPECT_EQ(read_again, timed);
+  const GemmRun first = gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3, table);
+  EXPECT_GT(first.timed, 0);
+  EXPECT_GT(first.weight_timed, 0) << "no accumulating weight gradient was timed: the scratch D went unchecked";
+  EXPECT_EQ(first.read, 0);
+  const GemmRun second = gemms_match_cpu<bf16>(stream_, cuda::GemmMath::kFp32, 1e-5, 4e-3, table);
+  EXPECT_EQ(second.timed, 0);
+  EXPECT_EQ(second.read, first.timed);
+  EXPECT_TRUE(BitwiseEqual(second.outputs, first.outputs));
   gemms_match_cpu<float>(stream_, cuda::GemmMath::kFp32, 1e-5, 0, table);
   gemms_match_cpu<float>(stream_, cuda::GemmMath::kTf32, 2e-3, 0, table);
-  std::cout << timed << " bf16 GEMM problems timed, then read from the table\n";
+  std::cout << first.timed << " bf16 GEMM problems timed (" << first.weight_timed
+            << " of the weight gradient), then read from the table\n";
   std::filesystem::remove_all(table);
 }
 
