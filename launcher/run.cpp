@@ -839,7 +839,7 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
                   result.summary.batch_text().c_str());
     print_summary(stdout, record, result.summary);
   }
-  if (!record.meta.gemm_algorithms.empty()) std::printf("GEMM algorithms %s\n", record.meta.gemm_algorithms.c_str());
+  if (!record.meta.gemm_algorithms.empty()) std::printf("GEMM algorithms: %s\n", record.meta.gemm_algorithms.c_str());
   if (written) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
   std::fflush(stdout);
 }

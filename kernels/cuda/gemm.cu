@@ -460,7 +460,7 @@ std::string GemmContext::algo_table_path() const { return plans_->table ? plans_
 std::string GemmContext::describe_algos() const {
   if (!timed_algos_) return "heuristic: cuBLASLt's first answer for each GEMM";
   const std::string table = algo_table_path().empty() ? "nowhere (no cache directory)" : algo_table_path();
-  return "timed: " + std::to_string(timed_plans_) + " GEMM problems timed now, " + std::to_string(table_plans_) +
+  return "timed: " + std::to_string(timed_plans_) + " problems timed now, " + std::to_string(table_plans_) +
          " read from " + table;
 }
 

@@ -72,7 +72,7 @@ class GemmContext {
   int64_t timed_plans() const { return timed_plans_; }
   int64_t table_plans() const { return table_plans_; }
   void count_algo_choice(bool timed) { ++(timed ? timed_plans_ : table_plans_); }
-  // "timed: 14 GEMM problems timed now, 26 read from <table>" or "heuristic: cuBLASLt's first answer for each GEMM".
+  // "timed: 14 problems timed now, 26 read from <table>" or "heuristic: cuBLASLt's first answer for each GEMM".
   std::string describe_algos() const;
   // Calls with an epilogue so far (forward bias or bias+GELU, backward dGELU): those cuBLASLt fused into the GEMM,
   // and those that ran our kernel after it (unaligned bias/aux, a GELU width not a multiple of 8, or no algorithm).
