@@ -319,14 +319,14 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   if (it == cache.end()) it = cache.emplace(key, make_plan(ctx, g, compute, key, stream)).first;
   Plan& p = it->second;
   if (!p.ok) return false;
-  if (!p.untimed.empty() && !capturing(stream))
+  // The plan was made for pointers of this alignment; the pointers themselves change from call to call.
+  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+  if (!p.untimed.empty() && !capturing(stream))  // timed on this call's operands, as a new plan is
     if (const std::optional<int> chosen = timed_rank(ctx, g, p, p.untimed, key, stream)) {
       p.algo = p.untimed[*chosen];
       p.untimed.clear();
     }
-  // The plan was made for pointers of this alignment; the pointers themselves change from call to call.
-  if (g.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-  if (g.aux) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const float alpha = 1.0f;
   cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.c(), p.d, g.D, p.d,
                              &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream));
