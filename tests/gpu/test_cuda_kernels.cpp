@@ -981,6 +981,42 @@ TEST_F(CudaKernels, GemmHeuristicCandidates) {
   std::cout << candidates << " candidates for an fp32 GEMM of " << B << " x " << C << " -> " << OC << "\n";
 }
 
+// A timed plan first made inside a graph capture cannot time: the graph runs the heuristic's first answer (the same
+// bits as a heuristic context's), and the first call outside a capture times it and runs the answer from then on.
+TEST_F(CudaKernels, GemmTimedPlanMadeInACaptureIsTimedAfter) {
+  const int B = 512, C = 256, OC = 384;
+  const std::string table = testing::TempDir() + "gemm_algos_capture_" + std::to_string(getpid());
+  std::filesystem::remove_all(table);
+  const std::vector<float> inp = random_vector(int64_t{B} * C, -1, 1, 66),
+                           weight = random_vector(int64_t{OC} * C, -1, 1, 67);
+  std::vector<float> want(int64_t{B} * OC), absdot(int64_t{B} * OC);
+  cpu::matmul_forward(want.data(), round_bf16(inp).data(), round_bf16(weight).data(), B, C, OC);
+  cpu::matmul_forward(absdot.data(), abs_of(inp).data(), abs_of(weight).data(), B, C, OC);
+  DeviceBuffer<bf16> d_inp(to_bf16(inp), stream_), d_weight(to_bf16(weight), stream_), d_out(int64_t{B} * OC, stream_);
+  cuda::GemmContext heuristic;
+  cuda::matmul_forward<bf16>(heuristic, d_out.get(), d_inp.get(), d_weight.get(), nullptr, B, C, OC, stream_);
+  const std::vector<float> first_answer = to_f32(d_out.download());
+
+  cuda::GemmContext timed;
+  timed.set_timed_algos(true, table);
+  cudaGraph_t graph = nullptr;
+  cudaCheck(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  cuda::matmul_forward<bf16>(timed, d_out.get(), d_inp.get(), d_weight.get(), nullptr, B, C, OC, stream_);
+  cudaCheck(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+  cudaCheck(cudaMemsetAsync(d_out.get(), 0, sizeof(bf16) * B * OC, stream_));
+  cudaCheck(cudaGraphLaunch(exec, stream_));
+  EXPECT_TRUE(BitwiseEqual(to_f32(d_out.download()), first_answer)) << "the graph runs the heuristic's first";
+  EXPECT_EQ(timed.timed_plans(), 0);
+  cuda::matmul_forward<bf16>(timed, d_out.get(), d_inp.get(), d_weight.get(), nullptr, B, C, OC, stream_);
+  EXPECT_EQ(timed.timed_plans(), 1) << "timed at the first call outside the capture";
+  EXPECT_TRUE(GemmClose(to_f32(d_out.download()), want, absdot, 1e-5, 4e-3));
+  cudaCheck(cudaGraphExecDestroy(exec));
+  cudaCheck(cudaGraphDestroy(graph));
+  std::filesystem::remove_all(table);
+}
+
 // fp32 -> bf16 against comm/wire.h's conversion, bit for bit: every special class, ties in both directions,
 // subnormals, and random values over the whole exponent range; then every one of the 2^16 bf16 words back to
 // fp32 (exact). Each at an aligned (vector path) and an unaligned (scalar path) address, and at sizes with tails.
