@@ -505,7 +505,7 @@ PredictSetting measured_setting(const RunRecord& run) {
   s.impl = c.comm == AllreduceImpl::kNccl ? AllreduceImpl::kRing : c.comm;  // see build_model's note
   s.wire = c.comm_dtype;
   s.bucketed_update = c.device == Device::kCuda && c.update_in_backward();
-  return s;
+  return s;  // ranks_per_gpu: the run's own (nullopt), as predict() resolves it
 }
 
 // Each run bucket's first and last piece in the layout the model cuts buckets from.
@@ -737,6 +737,26 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
 
 }  // namespace
 
+namespace {
+
+// The GPU all-reduce an allreduce_perf file measured (nccl or gpu-ring-*), which stands for a GPU run's: NCCL's or
+// our ring's on device buffers, modelled as the ring. Exactly one: two would be two different models.
+std::string gpu_allreduce_in(const Calibration& calibration) {
+  std::vector<std::string> gpu;
+  for (const Calibration::Point& p : calibration.points)
+    if ((p.impl == "nccl" || p.impl.rfind("gpu-", 0) == 0) && std::find(gpu.begin(), gpu.end(), p.impl) == gpu.end())
+      gpu.push_back(p.impl);
+  if (gpu.size() == 1) return gpu[0];
+  std::string names;
+  for (const std::string& g : gpu) names += (names.empty() ? "" : ", ") + g;
+  throw std::invalid_argument(calibration.path + ": " +
+                              (gpu.empty() ? "no GPU all-reduce (nccl, gpu-ring-*) to model a GPU run's from"
+                                           : "several GPU all-reduces (" + names +
+                                                 "); a GPU run's is one: give a file of one (allreduce_perf --impls)"));
+}
+
+}  // namespace
+
 StepModel build_model(const RunRecord& run, std::optional<Calibration> calibration) {
   const int world = run.world_size(), first = run.first_steady_step(), steady = run.steps - first;
   bool timed = false;
@@ -774,6 +794,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
         "the run updated its parameters in backward (--optimizer-in-backward on): what is left of the update after "
         "backward is taken as measured for every setting, though other buckets would leave a different tail");
   m.calibration = std::move(calibration);
+  if (m.on_gpu && m.calibration) m.calibration_gpu_impl = gpu_allreduce_in(*m.calibration);
   const RunSummary summary = summarize(run);
   m.measured_step_ms = summary.slowest_step_ms;
   if (steady > 1 && m.measured_step_ms > 0) {
@@ -812,7 +833,9 @@ struct CommSource {
 // out.comm_source.
 CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting, Prediction& out) {
   const PredictSetting& measured = m.measured;
-  const std::string name = impl_name(setting.impl, setting.wire);
+  // A GPU run's calibration is of the GPU's all-reduce, on fp32 buffers whatever the wire.
+  const std::string name = m.on_gpu ? m.calibration_gpu_impl : impl_name(setting.impl, setting.wire);
+  const WireDtype calibrated_wire = m.on_gpu ? WireDtype::kFp32 : setting.wire;
   std::optional<AlphaBeta> ab;
   CommSource src;
   src.link = m.fitted_link;
@@ -825,7 +848,7 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
     const double small = static_cast<double>(small_allreduce_bytes(m.calibration->ranks));
     for (const Calibration::Point& p : m.calibration->points)
       if (p.impl == name) {
-        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, setting.wire, small));
+        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small));
         times.push_back(p.time_ms);
         src.min_bytes = terms.size() == 1 ? p.bytes : std::min(src.min_bytes, p.bytes);
         src.max_bytes = terms.size() == 1 ? p.bytes : std::max(src.max_bytes, p.bytes);
@@ -957,6 +980,20 @@ std::vector<std::vector<RankProfile>> distinct_ranks(const StepModel& m, int n) 
   return steps;
 }
 
+// r with every phase `factor` times as long: its kernels on a GPU shared by more (or fewer) ranks.
+RankProfile with_compute_scaled(RankProfile r, double factor) {
+  r.before_ms *= factor;
+  r.backward_ms *= factor;
+  for (double& t : r.piece_ready_ms) t *= factor;
+  r.after_ms *= factor;
+  return r;
+}
+
+// "2", "2/3": how many times as long.
+std::string fmt_ratio(int num, int den) {
+  return den == 1 ? std::to_string(num) : std::to_string(num) + "/" + std::to_string(den);
+}
+
 // Each bucket's share of the parameters: the share of the update that follows its all-reduce.
 std::vector<double> update_shares(const std::vector<Bucket>& buckets) {
   double total = 0;
@@ -988,14 +1025,28 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
     if (!m.measured.bucketed_update)
       out.extrapolated.push_back("update per bucket (the run updated after its last all-reduce)");
   }
-  // The run's ranks shared a GPU: on the run's own link they still do; another link is other GPUs, one per rank.
+  // Ranks taking turns on one GPU: each one's kernels wait for the others', so its compute takes `turns` times as long
+  // as alone, the run's own sharing divided out first (two ranks on an H200: forward 1.88x and backward 2.28x of one
+  // rank's, backward with the all-reduces' kernels beside it). Left to the run, they still share on the run's own
+  // link; another link joins GPUs, one per rank.
+  const int run_turns = std::max(1, m.host.ranks_per_gpu);
+  const bool own_link =
+      same_link(setting.link.intra, m.measured.link.intra) && same_link(setting.link.inter, m.measured.link.inter);
+  const int turns = std::clamp(setting.ranks_per_gpu.value_or(own_link ? run_turns : 1), 1, setting.ranks);
+  out.setting.ranks_per_gpu = turns;
   HostCores host = m.host;
-  if (host.ranks_per_gpu > 1 &&
-      !(same_link(setting.link.intra, m.measured.link.intra) && same_link(setting.link.inter, m.measured.link.inter))) {
-    host.ranks_per_gpu = 0;
-    out.extrapolated.push_back("a GPU per rank on another link (the run's ranks shared one; compute as measured)");
+  host.ranks_per_gpu = turns > 1 ? turns : 0;
+  std::vector<std::vector<RankProfile>> profiles = distinct_ranks(m, setting.ranks);
+  if (turns != run_turns) {
+    for (std::vector<RankProfile>& ranks : profiles)
+      for (RankProfile& r : ranks) r = with_compute_scaled(r, static_cast<double>(turns) / run_turns);
+    out.extrapolated.push_back(
+        turns == 1 ? "a GPU per rank (the run's " + std::to_string(run_turns) +
+                         " ranks took turns on one: their compute / " + std::to_string(run_turns) + ")"
+                   : std::to_string(turns) + " ranks taking turns on a GPU (the run's: " + std::to_string(run_turns) +
+                         "): compute x " + fmt_ratio(turns, run_turns));
   }
-  out.step = simulate_steps(distinct_ranks(m, setting.ranks), buckets, costs.cost, setting.overlap, host, update_share);
+  out.step = simulate_steps(profiles, buckets, costs.cost, setting.overlap, host, update_share);
   const int n = setting.ranks;
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;
   out.tokens_per_s = m.tokens_per_rank * n / out.step.step_ms * 1000;

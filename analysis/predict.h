@@ -162,6 +162,10 @@ struct PredictSetting {
   // The update bucket by bucket after backward, each as soon as its all-reduce is done, beside the closing buckets'
   // all-reduces (--device cuda --optimizer-in-backward on); false: the whole update after the last all-reduce.
   bool bucketed_update = false;
+  // GPU runs: ranks taking turns on one GPU (their kernels run between each other's, so each one's compute takes that
+  // many times as long, and their all-reduces wait for backward's end), at most the world; 1: a GPU each. nullopt:
+  // the run's own on the run's link, a GPU each on another. predict() resolves it (Prediction::setting).
+  std::optional<int> ranks_per_gpu;
 
   int nodes() const { return ranks_per_node > 0 && ranks % ranks_per_node == 0 ? ranks / ranks_per_node : 1; }
   int ranks_on_a_node() const { return ranks / nodes(); }
@@ -203,6 +207,7 @@ struct StepModel {
   std::string fitted_hops;  // which: "every hop", "the inter-node hops", "the intra-node hops"
   double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
   std::optional<Calibration> calibration;
+  std::string calibration_gpu_impl;  // a GPU run's: the calibration's GPU all-reduce that stands for its own
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
   std::vector<std::string> notes;                    // what the output must say about the model's sources
 };
@@ -211,7 +216,7 @@ struct StepModel {
 StepModel build_model(const RunRecord& run, std::optional<Calibration> calibration);
 
 struct Prediction {
-  PredictSetting setting;
+  PredictSetting setting;  // ranks_per_gpu resolved
   int buckets = 0;
   SimulatedStep step;
   double samples_per_s = 0, tokens_per_s = 0;

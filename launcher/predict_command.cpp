@@ -24,7 +24,7 @@ struct PredictArgs {
   bool force = false;
   std::vector<double> bucket_mb, first_bucket_mb;
   std::vector<std::string> overlap, link, comm, comm_dtype, update;
-  std::vector<int> ranks, ranks_per_node;
+  std::vector<int> ranks, ranks_per_node, ranks_per_gpu;
 };
 
 std::string on_off(bool on) { return on ? "on" : "off"; }
@@ -58,6 +58,11 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   }
   for (int k : a.ranks_per_node)
     require(k >= 1, "--ranks-per-node " + std::to_string(k) + ": a node has at least one rank");
+  std::vector<std::optional<int>> sharing;  // nullopt: the run's own
+  for (int g : a.ranks_per_gpu) {
+    require(g >= 1, "--ranks-per-gpu " + std::to_string(g) + ": a GPU has at least one rank");
+    sharing.push_back(g);
+  }
   std::vector<LinkClasses> links;
   std::vector<AllreduceImpl> impls;
   std::vector<WireDtype> wires;
@@ -92,6 +97,15 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
                                         (a.ranks_per_node.empty() ? " (the run's nodes; give --ranks-per-node)" : ""));
       if (std::find(shapes.begin(), shapes.end(), std::make_pair(n, k)) == shapes.end()) shapes.emplace_back(n, k);
     }
+  // At most the world shares a GPU: --ranks 1,2 --ranks-per-gpu 1,2 is one row at one rank.
+  const auto sharing_at = [&](int n) {
+    std::vector<std::optional<int>> at;
+    for (const std::optional<int>& g : or_run(sharing, run.ranks_per_gpu)) {
+      const std::optional<int> clamped = g ? std::optional<int>(std::min(*g, n)) : g;
+      if (std::find(at.begin(), at.end(), clamped) == at.end()) at.push_back(clamped);
+    }
+    return at;
+  };
   std::vector<PredictSetting> out;
   bool no_wire = false, one_node = false;  // combinations left out
   for (const LinkClasses& link : or_run(links, run.link))
@@ -101,13 +115,15 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
           for (bool overlap : or_run(overlaps, run.overlap))
             for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
               for (double cap : or_run(a.bucket_mb, run.bucket_mb))
-                for (bool per_bucket : or_run(bucketed, run.bucketed_update)) {
-                  const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
-                  const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
-                  if (wire_ok && nodes_ok) out.push_back({cap, first, overlap, link, n, k, impl, wire, per_bucket});
-                  no_wire = no_wire || !wire_ok;
-                  one_node = one_node || !nodes_ok;
-                }
+                for (bool per_bucket : or_run(bucketed, run.bucketed_update))
+                  for (std::optional<int> per_gpu : sharing_at(n)) {
+                    const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
+                    const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
+                    if (wire_ok && nodes_ok)
+                      out.push_back({cap, first, overlap, link, n, k, impl, wire, per_bucket, per_gpu});
+                    no_wire = no_wire || !wire_ok;
+                    one_node = one_node || !nodes_ok;
+                  }
   require(!out.empty(), no_wire ? "--comm mpi has no 16-bit wire: no setting left to predict"
                                 : "--comm hier needs more than one node (give --ranks-per-node below the ranks)");
   if (no_wire) std::printf("note: --comm mpi has no 16-bit wire; those combinations are left out\n");
@@ -154,6 +170,7 @@ nlohmann::json row_json(const StepModel& m, const Prediction& p) {
           {"ranks", p.setting.ranks},
           {"ranks_per_node", p.setting.ranks_on_a_node()},
           {"nodes", p.setting.nodes()},
+          {"ranks_per_gpu", p.setting.ranks_per_gpu.value_or(1)},
           {"comm", to_string(p.setting.impl)},
           {"comm_dtype", to_string(p.setting.wire)},
           {"overlap", p.setting.overlap},
@@ -247,19 +264,23 @@ std::vector<Prediction> print_prediction_table(const StepModel& model, const std
   int link_width = 10;
   for (const PredictSetting& s : settings)
     link_width = std::max(link_width, static_cast<int>(link_spec(s.link).size()));
-  std::printf("\n%-*s %5s %-5s %-4s %-4s %-7s %-6s %9s %8s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width, "link",
-              "ranks", "nodes", "comm", "wire", "overlap", "update", "bucket_MiB", "first_MiB", "buckets", "step_ms",
-              tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden", "hidden%", "weak%");
+  // A GPU run's rows say how many ranks take turns on each GPU.
+  const auto per_gpu = [&](const char* text) { return model.on_gpu ? fmt(" %7s", text) : std::string(); };
+  std::printf("\n%-*s %5s %-5s%s %-4s %-4s %-7s %-6s %9s %8s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width, "link",
+              "ranks", "nodes", per_gpu("per_gpu").c_str(), "comm", "wire", "overlap", "update", "bucket_MiB",
+              "first_MiB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden",
+              "hidden%", "weak%");
   std::vector<Prediction> rows;
   for (const PredictSetting& s : settings) {
     rows.push_back(predict(model, s));
     const Prediction& p = rows.back();
     const SimulatedStep& x = p.step;
     std::printf(
-        "%-*s %5d %-5s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n", link_width,
-        link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(), to_string(s.impl), to_string(s.wire),
-        on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets, x.step_ms,
-        tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
+        "%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n", link_width,
+        link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(),
+        per_gpu(std::to_string(p.setting.ranks_per_gpu.value_or(1)).c_str()).c_str(), to_string(s.impl),
+        to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets,
+        x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
         x.comm_ms > 0 ? fmt("%.0f%%", 100 * x.hidden_ms / x.comm_ms).c_str() : "-",  // one rank: nothing to hide
         100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
@@ -295,8 +316,8 @@ std::vector<std::vector<size_t>> group_by_link_and_world(const std::vector<Predi
   std::vector<std::vector<size_t>> groups;
   for (size_t i = 0; i < rows.size(); ++i) {
     const PredictSetting& s = rows[i].setting;
-    const std::string group =
-        link_spec(s.link) + "|" + std::to_string(s.ranks) + "|" + std::to_string(s.ranks_on_a_node());
+    const std::string group = link_spec(s.link) + "|" + std::to_string(s.ranks) + "|" +
+                              std::to_string(s.ranks_on_a_node()) + "|" + std::to_string(s.ranks_per_gpu.value_or(1));
     const auto it = std::find(group_names.begin(), group_names.end(), group);
     if (it == group_names.end()) {
       group_names.push_back(group);
@@ -315,6 +336,7 @@ std::string recommendation_reason(const StepModel& model, const Prediction& p, c
   baseline.link = p.setting.link;
   baseline.ranks = p.setting.ranks;
   baseline.ranks_per_node = p.setting.ranks_per_node;
+  baseline.ranks_per_gpu = p.setting.ranks_per_gpu;
   std::string why = reason(p, predict(model, baseline));
   if (chosen.within_noise > 0) {
     char text[200];
@@ -344,9 +366,11 @@ nlohmann::json print_recommendations(const StepModel& model, const std::vector<P
   for (const auto& [i, chosen] : best) {
     const Prediction& p = rows[i];
     const std::string why = recommendation_reason(model, p, chosen, tolerance);
+    const int per_gpu = p.setting.ranks_per_gpu.value_or(1);
+    const std::string shape = shape_text(p.setting) + (per_gpu > 1 ? fmt(", %d a GPU", per_gpu) : "");
     std::printf("recommended (link %s, %d rank%s, %s): %s: %.2f ms/step%s\n  %s\n", link_spec(p.setting.link).c_str(),
-                p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape_text(p.setting).c_str(),
-                setting_flags(p.setting).c_str(), p.step.step_ms, p.extrapolated.empty() ? "" : " *", why.c_str());
+                p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape.c_str(), setting_flags(p.setting).c_str(),
+                p.step.step_ms, p.extrapolated.empty() ? "" : " *", why.c_str());
     recommended.push_back({{"link", link_spec(p.setting.link)},
                            {"ranks", p.setting.ranks},
                            {"ranks_per_node", p.setting.ranks_on_a_node()},
@@ -394,6 +418,8 @@ void run_predict(const PredictArgs& a) {
   // MPI_Allreduce over a GPU run's buckets is no setting to recommend: the model's MPI is the host's, and train
   // refuses it on the GPU. (hier stays: the flat ring against a two-level one across nodes is what a GPU cluster's
   // prediction compares.)
+  require(model.on_gpu || a.ranks_per_gpu.empty(),
+          "--ranks-per-gpu: " + a.file + " trained on the CPU, where ranks share no GPU");
   if (model.on_gpu)
     for (const PredictSetting& s : settings)
       require(s.impl != AllreduceImpl::kMpi, "--comm mpi: " + a.file +
@@ -446,6 +472,11 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option("--ranks", args->ranks, "world sizes (default: the run's)")->delimiter(',')->type_name("LIST");
   cmd->add_option("--ranks-per-node", args->ranks_per_node,
                   "nodes of K consecutive ranks, each K dividing every world size (default: the run's nodes)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--ranks-per-gpu", args->ranks_per_gpu,
+                  "GPU runs: ranks taking turns on one GPU, at most the world (each one's compute that many times as "
+                  "long, its all-reduces after backward); default: the run's on its own link, else 1")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--comm", args->comm, "ring, mpi, hier (default: the run's)")->delimiter(',')->type_name("LIST");

@@ -298,8 +298,13 @@ if [ "$stage" = 3 ]; then
   for mb in 4 64; do  # each exchange's fixed cost on a GPU shared by the ranks is paid once per chunk
     step "gpu-ring-ipc np2 chunk $mb" allreduce.log 45 'grep "Avg bus bandwidth" "$log" | tail -1' \
       "${mpirun[@]}" -np 2 "$build/bench/allreduce_perf" -b 1M -e 256M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
-      --gpu-chunk-mb $mb
+      --gpu-chunk-mb $mb -J "$work/ipc_np2_chunk$mb.json"
   done
+  # The 4 ranks' all-reduce on the shared GPU: with the one above, what `ddplab predict --ranks-per-gpu` times the
+  # shared runs' all-reduces with (below).
+  step "gpu-ring-ipc np4" allreduce.log 45 'grep "Avg bus bandwidth" "$log" | tail -1' \
+    "${mpirun[@]}" -np 4 "$build/bench/allreduce_perf" -b 1M -e 256M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
+    -J "$work/ipc_np4.json"
   step "sweep ring np4" train.log 90 'grep -m1 -i "best" "$log"' \
     "${ddplab[@]}" sweep --device cuda --comm ring --steps 12 --warmup-steps 4 --out-dir "$work/sweep_np4" --force
   # What `make demo` runs on a GPU machine: the lab's cases, 4 ranks sharing the GPU over the ring's ipc link.
@@ -314,6 +319,9 @@ if [ "$stage" = 3 ]; then
   gpt2_ipc=("$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --model gpt2-small
             --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 --force)
   gpt2_np2=("${mpirun[@]}" -np 2 "${gpt2_ipc[@]}")
+  # One rank alone on the GPU: what `ddplab predict --ranks-per-gpu` predicts the 2- and 4-rank runs from.
+  step "gpt2-small bf16 ring ipc np1" train.log 40 'grep -m1 "mean step" "$log"' \
+    "${mpirun[@]}" -np 1 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np1.h5"
   step "gpt2-small bf16 ring ipc np2, bf16 wire" train.log 60 'grep -m1 "mean step" "$log"' \
     "${gpt2_np2[@]}" --comm-dtype bf16 --out "$work/gpt2_bf16_wire_np2.h5"
   step "gpt2-small bf16 ring ipc np2, update by bucket" train.log 60 'grep -m1 "mean step" "$log"' \
@@ -324,6 +332,14 @@ if [ "$stage" = 3 ]; then
   # Four ranks on the GPU: with np 1's and np 2's runs, what sharing costs the compute and each all-reduce.
   step "gpt2-small bf16 ring ipc np4" train.log 90 'grep -m1 "mean step" "$log"' \
     "${mpirun[@]}" -np 4 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np4.h5"
+  # Those runs predicted from the one-rank run and the all-reduces measured above (docs/PREDICT.md, "Ranks sharing one
+  # GPU"); the measured runs' steps are in train.log beside them.
+  for n in 2 4; do
+    cal="$work/ipc_np$n.json"
+    [ "$n" = 2 ] && cal="$work/ipc_np2_chunk64.json"
+    step "predict np$n on the GPU from np1" train.log 20 'grep -m1 -E "^none +'"$n"' " "$log"' \
+      "$build/launcher/ddplab" predict "$work/gpt2_bf16_np1.h5" --ranks $n --ranks-per-gpu $n --calibration "$cal"
+  done
   step "dead peer ring ipc np2 (must fail in time)" train.log 40 'grep -m1 -iE "rank 1|dead|killed" "$log"' \
     bash -c '! "$@"' dead_peer "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 40 \
     --fault kill --fault-rank 1 --fault-step 10 --timeout-s 20 --flush-every 5 --out "$work/dead_peer_np2.h5" --force
@@ -359,7 +375,7 @@ if [ "$stage" = 3 ]; then
     --lengths fixed \
     --max-len 1024 --batch 8 --steps 6 --warmup-steps 2 --profile-steps 4:4 --out "$work/ncu_run.h5" --force
   # The partial file a killed run leaves (<out>.partial) comes back too: it must hold the steps before the kill.
-  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 ./*.partial sweep_np4 suite_lab 2>/dev/null)
+  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 ./*.partial ./*.json sweep_np4 suite_lab 2>/dev/null)
 fi
 
 echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"

@@ -182,6 +182,8 @@ with tempfile.TemporaryDirectory() as work:
              ([run, "--ranks", "0"], "at least one rank"),
              ([run, "--link", "intra=none,outer=1gbe"], "unknown link class 'outer'"),
              ([run, "--ranks", "4", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide 4 ranks"),
+             ([run, "--ranks-per-gpu", "2"], "trained on the CPU, where ranks share no GPU"),
+             ([run, "--ranks-per-gpu", "0"], "--ranks-per-gpu 0: a GPU has at least one rank"),
              ([nodes_run, "--comm", "hier", "--ranks-per-node", "4"], "--comm hier needs more than one node")]
     for args, expected in cases:
         proc = predict(*args, "--json", out)

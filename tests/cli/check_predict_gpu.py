@@ -57,4 +57,33 @@ with tempfile.TemporaryDirectory() as work:
               f"({whole['exposed_comm_ms']:.3f} -> {bucket['exposed_comm_ms']:.3f} ms)")
         check(any(e.startswith("update per bucket") for e in bucket["extrapolated"]), "and is marked")
 
+    # Ranks taking turns on the one GPU, from the one-GPU run and an allreduce_perf file of the GPU's ring between
+    # ranks sharing it (made up here: 0.37 ms per message step, 100 GB/s): each rank's compute twice as long, the
+    # all-reduces after backward, every row marked.
+    ipc = os.path.join(work, "ipc_np2.json")
+    results = [{"impl": "gpu-ring-ipc", "size_bytes": b, "out_of_place": {"time_us": 1000 * (2 * 0.37 + b / 1e8)}}
+               for b in (1 << 20, 1 << 24, 1 << 28)]
+    json.dump({"nranks": 2, "link": {"name": "none"}, "results": results}, open(ipc, "w"))
+    shared_json = os.path.join(work, "shared.json")
+    proc = subprocess.run([ddplab, "predict", run, "--ranks", "2", "--ranks-per-gpu", "1,2", "--calibration", ipc,
+                           "--json", shared_json], capture_output=True, text=True, timeout=60)
+    print(proc.stdout)
+    check(proc.returncode == 0, f"predict with --ranks-per-gpu exits 0 ({proc.stderr.strip()[-300:]})")
+    check("per_gpu" in proc.stdout, "the table has a ranks-per-GPU column for a GPU run")
+    rows = {r["ranks_per_gpu"]: r for r in json.load(open(shared_json))["rows"]}
+    check(sorted(rows) == [1, 2], f"a row per sharing ({sorted(rows)})")
+    one_gpu_step = one[25, "whole"]
+    check(rows[2]["step_ms"] > 2 * (one_gpu_step - 0.1), f"two ranks on one GPU: over twice one GPU's step "
+          f"({rows[2]['step_ms']:.2f} against {one_gpu_step:.2f} ms)")
+    check(rows[2]["hidden_comm_ms"] >= 0 and rows[2]["exposed_comm_ms"] > rows[1]["exposed_comm_ms"],
+          "sharing, the all-reduces wait for backward's end")
+    check(any("2 ranks taking turns on a GPU" in e for e in rows[2]["extrapolated"]), "and the row says so")
+    several = os.path.join(work, "several.json")
+    json.dump({"nranks": 2, "link": {"name": "none"},
+               "results": results + [dict(results[0], impl="nccl")]}, open(several, "w"))
+    proc = subprocess.run([ddplab, "predict", run, "--ranks", "2", "--calibration", several], capture_output=True,
+                          text=True, timeout=60)
+    check(proc.returncode == 2 and "several GPU all-reduces (gpu-ring-ipc, nccl)" in proc.stderr,
+          f"a calibration of two GPU all-reduces: refused, one line ({proc.stderr.strip()[-300:]})")
+
 sys.exit(1 if failures else 0)

@@ -716,5 +716,61 @@ TEST(Predict, AGpuRunPredictsMoreGpusOverNvlinkAndInfiniband) {
   }
 }
 
+// One GPU's run, predicted for ranks taking turns on that GPU: each rank's compute `turns` times as long (its kernels
+// wait for the others'), its all-reduces after backward, timed by the calibration's GPU all-reduce (allreduce_perf
+// --impls gpu-ring-ipc on the shared GPU).
+TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
+  const RunRecord run = fake_runs::synthetic_gpu_run();
+  const AlphaBeta shared{0.37, 1.0 / 1e8};  // per message step, per byte (100 GB/s): ranks switching on one H200
+  Calibration cal;
+  cal.path = "ipc_np2.json";
+  cal.link = "none";
+  cal.ranks = 2;
+  const double small = static_cast<double>(small_allreduce_bytes(2));
+  for (double mib : {1, 4, 16, 64, 256}) {
+    const AllreduceTerms t = allreduce_terms(mib * kMiB, 2, AllreduceImpl::kRing, WireDtype::kFp32, small);
+    cal.points.push_back(
+        {"gpu-ring-ipc", mib * kMiB, shared.alpha_ms * t.message_steps + shared.beta_ms_per_byte * t.bytes});
+  }
+  const StepModel model = build_model(run, cal);
+  EXPECT_EQ(model.calibration_gpu_impl, "gpu-ring-ipc");
+  const RankProfile& one = model.steps[0][0];
+  const double compute = one.before_ms + one.backward_ms + one.after_ms;
+  for (const auto& [ranks, per_gpu] : {std::pair{2, 2}, {4, 4}, {4, 2}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks, " + std::to_string(per_gpu) + " a GPU");
+    PredictSetting s = model.measured;
+    s.ranks = ranks;
+    s.ranks_per_gpu = per_gpu;
+    const Prediction p = predict(model, s);
+    EXPECT_EQ(p.comm_source, "calibration");
+    EXPECT_EQ(p.setting.ranks_per_gpu, per_gpu);
+    EXPECT_TRUE(std::any_of(p.extrapolated.begin(), p.extrapolated.end(), [&](const std::string& e) {
+      return e.find(std::to_string(per_gpu) + " ranks taking turns on a GPU") != std::string::npos;
+    }));
+    std::vector<int64_t> numel, offset;
+    for (const PieceRecord& piece : model.pieces) numel.push_back(piece.numel), offset.push_back(piece.offset);
+    double comm = 0;
+    for (const Bucket& b : assign_buckets(numel, offset, s.bucket_mb * kMiB, s.first_bucket_mb * kMiB))
+      comm += ring_ms(static_cast<double>(b.count) * sizeof(float), ranks, 1, WireDtype::kFp32,
+                      static_cast<double>(small_allreduce_bytes(ranks)), HopCosts{shared, shared});
+    // Every all-reduce after backward, one after another (those taken up beside it wait there): the replay's time
+    // step is 1/20000 of the step.
+    const double want = per_gpu * compute + comm;
+    EXPECT_NEAR(p.step.step_ms, want, 1e-3 * want);
+    EXPECT_NEAR(p.step.exposed_ms, comm, 1e-3 * want);
+  }
+  // More turns than ranks: the world is what shares.
+  PredictSetting alone = model.measured;
+  alone.ranks_per_gpu = 4;
+  EXPECT_EQ(predict(model, alone).setting.ranks_per_gpu, 1);
+  EXPECT_NEAR(predict(model, alone).step.step_ms, model.measured_step_ms, kTol);
+
+  // The calibration must be of one GPU all-reduce: a host ring's, or two of the GPU's, model nothing of this run.
+  cal.points.push_back({"nccl", kMiB, 0.02});
+  EXPECT_THROW(build_model(run, cal), std::invalid_argument);
+  for (Calibration::Point& point : cal.points) point.impl = "ring";
+  EXPECT_THROW(build_model(run, cal), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace ddplab
