@@ -739,12 +739,17 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
 
 namespace {
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // The GPU all-reduce an allreduce_perf file measured (nccl or gpu-ring-*), which stands for a GPU run's: NCCL's or
 // our ring's on device buffers, modelled as the ring. Exactly one: two would be two different models.
 std::string gpu_allreduce_in(const Calibration& calibration) {
   std::vector<std::string> gpu;
   for (const Calibration::Point& p : calibration.points)
-    if ((p.impl == "nccl" || p.impl.rfind("gpu-", 0) == 0) && std::find(gpu.begin(), gpu.end(), p.impl) == gpu.end())
+    if ((p.impl == "nccl" || p.impl.rfind("gpu-", 0) == 0) && !ends_with(p.impl, "-graph") &&  // -G: the same again
+        std::find(gpu.begin(), gpu.end(), p.impl) == gpu.end())
       gpu.push_back(p.impl);
   if (gpu.size() == 1) return gpu[0];
   std::string names;
@@ -857,7 +862,7 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
       ab = fit->alone;
       src.link = m.calibration->link_model;
       src.ranks = m.calibration->ranks;
-      src.name = name;
+      src.name = m.on_gpu ? impl_name(AllreduceImpl::kRing, WireDtype::kFp32) : name;  // the GPU's stands for the ring
       out.comm_source = "calibration";
     }
   }
@@ -1032,7 +1037,9 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   const int run_turns = std::max(1, m.host.ranks_per_gpu);
   const bool own_link =
       same_link(setting.link.intra, m.measured.link.intra) && same_link(setting.link.inter, m.measured.link.inter);
-  const int turns = std::clamp(setting.ranks_per_gpu.value_or(own_link ? run_turns : 1), 1, setting.ranks);
+  const int run_default = own_link ? run_turns : 1;
+  const int turns =
+      std::clamp(m.on_gpu ? setting.ranks_per_gpu.value_or(run_default) : run_default, 1, setting.ranks_on_a_node());
   out.setting.ranks_per_gpu = turns;
   HostCores host = m.host;
   host.ranks_per_gpu = turns > 1 ? turns : 0;

@@ -97,11 +97,11 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
                                         (a.ranks_per_node.empty() ? " (the run's nodes; give --ranks-per-node)" : ""));
       if (std::find(shapes.begin(), shapes.end(), std::make_pair(n, k)) == shapes.end()) shapes.emplace_back(n, k);
     }
-  // At most the world shares a GPU: --ranks 1,2 --ranks-per-gpu 1,2 is one row at one rank.
-  const auto sharing_at = [&](int n) {
+  // At most a node's ranks share a GPU: --ranks 1,2 --ranks-per-gpu 1,2 is one row at one rank.
+  const auto sharing_at = [&](int n, int k) {
     std::vector<std::optional<int>> at;
     for (const std::optional<int>& g : or_run(sharing, run.ranks_per_gpu)) {
-      const std::optional<int> clamped = g ? std::optional<int>(std::min(*g, n)) : g;
+      const std::optional<int> clamped = g ? std::optional<int>(std::min(*g, k > 0 ? k : n)) : g;
       if (std::find(at.begin(), at.end(), clamped) == at.end()) at.push_back(clamped);
     }
     return at;
@@ -116,7 +116,7 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
             for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
               for (double cap : or_run(a.bucket_mb, run.bucket_mb))
                 for (bool per_bucket : or_run(bucketed, run.bucketed_update))
-                  for (std::optional<int> per_gpu : sharing_at(n)) {
+                  for (std::optional<int> per_gpu : sharing_at(n, k)) {
                     const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
                     const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
                     if (wire_ok && nodes_ok)
@@ -366,13 +366,14 @@ nlohmann::json print_recommendations(const StepModel& model, const std::vector<P
   for (const auto& [i, chosen] : best) {
     const Prediction& p = rows[i];
     const std::string why = recommendation_reason(model, p, chosen, tolerance);
-    const int per_gpu = p.setting.ranks_per_gpu.value_or(1);
+    const int per_gpu = p.setting.ranks_per_gpu.value_or(1);  // resolved by predict()
     const std::string shape = shape_text(p.setting) + (per_gpu > 1 ? fmt(", %d a GPU", per_gpu) : "");
     std::printf("recommended (link %s, %d rank%s, %s): %s: %.2f ms/step%s\n  %s\n", link_spec(p.setting.link).c_str(),
                 p.setting.ranks, p.setting.ranks == 1 ? "" : "s", shape.c_str(), setting_flags(p.setting).c_str(),
                 p.step.step_ms, p.extrapolated.empty() ? "" : " *", why.c_str());
     recommended.push_back({{"link", link_spec(p.setting.link)},
                            {"ranks", p.setting.ranks},
+                           {"ranks_per_gpu", per_gpu},
                            {"ranks_per_node", p.setting.ranks_on_a_node()},
                            {"row", i},
                            {"within_noise", chosen.within_noise},
@@ -431,7 +432,8 @@ void run_predict(const PredictArgs& a) {
       if (s.ranks > 1 && !s.link.emulated())
         throw UsageError("--ranks " + std::to_string(s.ranks) + " over link " + link_spec(s.link) + ": " + a.file +
                          " measured no all-reduce (one rank), so nothing times the communication; give --link (e.g. "
-                         "10gbe) or --calibration FILE (allreduce_perf --csv on this host)");
+                         "10gbe) or --calibration FILE (allreduce_perf --csv on this host; for a GPU run, of the "
+                         "GPU's all-reduce: --impls gpu-ring-ipc -J FILE, say)");
 
   const Prediction self = predict(model, model.measured);
   const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;

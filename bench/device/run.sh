@@ -295,6 +295,7 @@ if [ "$stage" = 3 ]; then
   ddplab=("${mpirun[@]}" -np 4 "$build/launcher/ddplab")
   step "check-sync ring np4" train.log 60 'grep -m1 "mean step" "$log"' \
     "${ddplab[@]}" train --device cuda --comm ring --steps 20 --check-sync 1 --out "$work/check_sync_np4.h5" --force
+  rm -f "$work"/ipc_*.json  # a failed step below must leave no earlier call's file for predict to read
   for mb in 4 64; do  # each exchange's fixed cost on a GPU shared by the ranks is paid once per chunk
     step "gpu-ring-ipc np2 chunk $mb" allreduce.log 45 'grep "Avg bus bandwidth" "$log" | tail -1' \
       "${mpirun[@]}" -np 2 "$build/bench/allreduce_perf" -b 1M -e 256M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
@@ -332,8 +333,8 @@ if [ "$stage" = 3 ]; then
   # Four ranks on the GPU: with np 1's and np 2's runs, what sharing costs the compute and each all-reduce.
   step "gpt2-small bf16 ring ipc np4" train.log 90 'grep -m1 "mean step" "$log"' \
     "${mpirun[@]}" -np 4 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np4.h5"
-  # Those runs predicted from the one-rank run and the all-reduces measured above (docs/PREDICT.md, "Ranks sharing one
-  # GPU"); the measured runs' steps are in train.log beside them.
+  # Those runs predicted from the one-rank run and the all-reduces measured above (docs/PREDICT.md, "Another number of
+  # ranks on the GPU"); the measured runs' steps are in train.log beside them.
   for n in 2 4; do
     cal="$work/ipc_np$n.json"
     [ "$n" = 2 ] && cal="$work/ipc_np2_chunk64.json"

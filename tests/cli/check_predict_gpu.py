@@ -70,13 +70,14 @@ with tempfile.TemporaryDirectory() as work:
     print(proc.stdout)
     check(proc.returncode == 0, f"predict with --ranks-per-gpu exits 0 ({proc.stderr.strip()[-300:]})")
     check("per_gpu" in proc.stdout, "the table has a ranks-per-GPU column for a GPU run")
-    rows = {r["ranks_per_gpu"]: r for r in json.load(open(shared_json))["rows"]}
+    shared = json.load(open(shared_json))
+    rows = {r["ranks_per_gpu"]: r for r in shared["rows"]}
+    check(sorted(r["ranks_per_gpu"] for r in shared["recommended"]) == [1, 2], "a recommendation per sharing, named")
     check(sorted(rows) == [1, 2], f"a row per sharing ({sorted(rows)})")
     one_gpu_step = one[25, "whole"]
     check(rows[2]["step_ms"] > 2 * (one_gpu_step - 0.1), f"two ranks on one GPU: over twice one GPU's step "
           f"({rows[2]['step_ms']:.2f} against {one_gpu_step:.2f} ms)")
-    check(rows[2]["hidden_comm_ms"] >= 0 and rows[2]["exposed_comm_ms"] > rows[1]["exposed_comm_ms"],
-          "sharing, the all-reduces wait for backward's end")
+    check(rows[2]["exposed_comm_ms"] > rows[1]["exposed_comm_ms"], "sharing, the all-reduces wait for backward's end")
     check(any("2 ranks taking turns on a GPU" in e for e in rows[2]["extrapolated"]), "and the row says so")
     several = os.path.join(work, "several.json")
     json.dump({"nranks": 2, "link": {"name": "none"},

@@ -487,6 +487,19 @@ TEST(Predict, AllreduceBetweenRanksSharingAGpuWaitsForBackward) {
   EXPECT_LT(own_gpus.step.step_ms, model.measured_step_ms - 1);
   EXPECT_TRUE(std::any_of(own_gpus.extrapolated.begin(), own_gpus.extrapolated.end(),
                           [](const std::string& e) { return e.find("a GPU per rank") != std::string::npos; }));
+  // There each rank's compute is the shared run's over 2, its gradients' ready times too: every bucket is ready
+  // within the halved backward, and over NVLink only the closing one's all-reduce (1000 elements) shows.
+  const RankProfile& shared_rank = model.steps[0][0];
+  EXPECT_NEAR(own_gpus.step.backward_ms, shared_rank.backward_ms / 2, kTol);
+  EXPECT_NEAR(own_gpus.step.step_ms,
+              (shared_rank.before_ms + shared_rank.backward_ms + shared_rank.after_ms) / 2 + own_gpus.step.exposed_ms,
+              kTol);
+  EXPECT_LT(own_gpus.step.exposed_ms, 0.1);
+  // Over 10 GbE the buckets' all-reduces take milliseconds: those ready early in the halved backward run beside it.
+  PredictSetting ten = nvlink;
+  ten.link = parse_links("10gbe");
+  const Prediction slow = predict(model, ten);
+  EXPECT_GT(slow.step.hidden_ms, 0.25 * slow.step.comm_ms);  // had the ready times kept the run's, none would
   run.meta.gpus = {"0000:19:00.0", "0000:3b:00.0"};
   const StepModel two_gpus = build_model(run, std::nullopt);
   EXPECT_EQ(two_gpus.host.ranks_per_gpu, 0);
@@ -758,6 +771,19 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
     const double want = per_gpu * compute + comm;
     EXPECT_NEAR(p.step.step_ms, want, 1e-3 * want);
     EXPECT_NEAR(p.step.exposed_ms, comm, 1e-3 * want);
+  }
+  // A 16-bit wire moves half the bytes of the fp32 buffers the calibration timed.
+  PredictSetting bf16 = model.measured;
+  bf16.ranks = 2, bf16.ranks_per_gpu = 2, bf16.wire = WireDtype::kBf16;
+  {
+    std::vector<int64_t> numel, offset;
+    for (const PieceRecord& piece : model.pieces) numel.push_back(piece.numel), offset.push_back(piece.offset);
+    double comm = 0;
+    for (const Bucket& b : assign_buckets(numel, offset, bf16.bucket_mb * kMiB, bf16.first_bucket_mb * kMiB))
+      comm += ring_ms(static_cast<double>(b.count) * sizeof(float), 2, 1, WireDtype::kBf16,
+                      static_cast<double>(small_allreduce_bytes(2)), HopCosts{shared, shared});
+    const Prediction p = predict(model, bf16);
+    EXPECT_NEAR(p.step.exposed_ms, comm, 1e-3 * p.step.step_ms);
   }
   // More turns than ranks: the world is what shares.
   PredictSetting alone = model.measured;
