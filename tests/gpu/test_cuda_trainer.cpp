@@ -363,6 +363,9 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
       Trainer trainer(c, MPI_COMM_WORLD);
       for (int step = 0; step < c.steps; ++step) trainer.step(step, 0);
       straight = trainer.parameters();
+      // --gemm-algo timed (the default): the GEMMs' algorithms timed, or read from the host's cache, which the runs
+      // below read back: that is what keeps them bit for bit.
+      EXPECT_EQ(trainer.gemm_algorithms().rfind("timed: ", 0), 0u) << trainer.gemm_algorithms();
     }
     const std::string path =
         testing::TempDir() + "resume_" + precision + "_rank" + std::to_string(world_rank()) + ".h5";
