@@ -82,6 +82,8 @@ int run_devices() {
   std::printf("  MPI   %s\n", mpi_library_version().c_str());
   std::printf("  HDF5  %s\n", hdf5_version().c_str());
   std::printf("  CUDA  %s\n", cuda_description().c_str());
+  if (const std::string gemm = gemm_algorithms_description(); !gemm.empty())
+    std::printf("        GEMM algorithms: %s\n", gemm.c_str());
   std::printf("  settings (DDPLAB_* in the environment, read once per run):\n");
   for (const std::string& line : settings::describe()) std::printf("    %s\n", line.c_str());
   return 0;

@@ -42,6 +42,8 @@
 #include "comm/nccl_allreduce.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_algo_table.h"
 #endif
 
 namespace ddplab {
@@ -93,6 +95,17 @@ std::string cuda_description() {
          (cudnn ? "; cuDNN attention available" : "; no cuDNN attention: " + why);
 #else
   return "not built (configure with nvcc present or -DDDPLAB_CUDA=ON)";
+#endif
+}
+
+std::string gemm_algorithms_description() {
+#ifdef DDPLAB_HAVE_CUDA
+  if (!cuda::query_cuda().available) return "";
+  cuda::GemmAlgoTable table(cuda::GemmAlgoTable::default_dir(), cuda::gemm_algo_table_file());
+  if (table.path().empty()) return "timed ones kept nowhere (neither XDG_CACHE_HOME nor HOME is set)";
+  return std::to_string(table.recorded_in_file()) + " problems timed on this GPU model so far, in " + table.path();
+#else
+  return "";
 #endif
 }
 

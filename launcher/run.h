@@ -41,6 +41,9 @@ std::string blas_description();
 std::string mpi_library_version();
 std::string hdf5_version();
 std::string cuda_description();
+// The GPU's table of timed GEMM algorithms (--gemm-algo timed): how many problems it holds, and where; "" without a
+// usable GPU.
+std::string gemm_algorithms_description();
 // The cores this rank may use (--threads auto, and --optimizer-in-backward auto's spare core). A rank bound to some
 // cores (mpirun --bind-to core) gets those; an unbound one its share of the host's cores (cores / ranks on this
 // host), at least 1. Open MPI's own default binding, narrower than that share, is lifted first (run.cpp), whatever

@@ -225,15 +225,7 @@ std::string problem_name(const PlanKey& key, size_t workspace_bytes) {
 
 GemmAlgoTable& algo_table(GemmContext& ctx) {
   std::unique_ptr<GemmAlgoTable>& table = ctx.plans().table;
-  if (!table) {
-    int device = 0;
-    cudaCheck(cudaGetDevice(&device));
-    cudaDeviceProp prop{};
-    cudaCheck(cudaGetDeviceProperties(&prop, device));
-    table = std::make_unique<GemmAlgoTable>(
-        ctx.algo_table_dir(), GemmAlgoTable::file_name(prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-                                                       static_cast<long>(cublasLtGetVersion())));
-  }
+  if (!table) table = std::make_unique<GemmAlgoTable>(ctx.algo_table_dir(), gemm_algo_table_file());
   return *table;
 }
 
@@ -462,6 +454,15 @@ std::string GemmContext::describe_algos() const {
   const std::string table = algo_table_path().empty() ? "nowhere (no cache directory)" : algo_table_path();
   return "timed: " + std::to_string(timed_plans_) + " problems timed now, " + std::to_string(table_plans_) +
          " read from " + table;
+}
+
+std::string gemm_algo_table_file() {
+  int device = 0;
+  cudaCheck(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  cudaCheck(cudaGetDeviceProperties(&prop, device));
+  return GemmAlgoTable::file_name(prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                                  static_cast<long>(cublasLtGetVersion()));
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------------

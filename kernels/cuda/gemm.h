@@ -99,6 +99,10 @@ class GemmContext {
   int64_t timed_plans_ = 0, table_plans_ = 0;
 };
 
+// The name of the current device's table of timed algorithms (GemmAlgoTable::file_name: its model, SM count and
+// cuBLASLt's version). Throws std::runtime_error without a usable device.
+std::string gemm_algo_table_file();
+
 // out[B,OC] = inp[B,C] @ weight[OC,C]^T (+ bias[OC] broadcast over rows; bias may be null). OVERWRITES out. The bias
 // is a T, as cuBLASLt's epilogue wants it (the type of D): the models pass their bf16 copy of it in bf16.
 template <typename T>

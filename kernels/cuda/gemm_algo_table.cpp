@@ -36,6 +36,11 @@ std::string GemmAlgoTable::file_name(const std::string& gpu, int sm_major, int s
          ".json";
 }
 
+int64_t GemmAlgoTable::recorded_in_file() {
+  load();
+  return recorded();
+}
+
 void GemmAlgoTable::load() {
   if (loaded_) return;
   loaded_ = true;

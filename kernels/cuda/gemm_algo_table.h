@@ -34,6 +34,7 @@ class GemmAlgoTable {
 
   const std::string& path() const { return path_; }
   int64_t recorded() const { return static_cast<int64_t>(ranks_.size()); }  // problems known to this table
+  int64_t recorded_in_file();  // problems the file holds (read now if not yet)
 
  private:
   void load();
