@@ -139,6 +139,10 @@ mpirun=(mpirun --bind-to none --oversubscribe)
 
 # ---- stage 1 --------------------------------------------------------------------------------------------------------
 if [ "$stage" = 1 ]; then
+  # What the machine is, as a user sees it first: the CPU's kernels, the GPU, and its table of timed GEMM algorithms
+  # (the problems stage 2 timed, where stage 1 runs on the same machine after it).
+  step "ddplab devices" train.log 30 'grep -m1 "GEMM algorithms" "$log" || grep -m1 "CUDA" "$log"' \
+    "${mpirun[@]}" -np 1 "$build/launcher/ddplab" devices
   # In parallel (one GPU, 16 cores): the tests are small, and a test that hangs holds one slot, not the stage.
   step "ctest -L gpu" ctest.log 200 \
     'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
