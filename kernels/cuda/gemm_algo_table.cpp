@@ -57,8 +57,6 @@ std::optional<int> GemmAlgoTable::find(const std::string& problem, int candidate
 int GemmAlgoTable::record(const std::string& problem, int rank, const std::vector<double>& us, int candidates,
                           std::string& error) {
   load();
-  ranks_[problem] = rank;
-  if (path_.empty()) return rank;
   int chosen = rank;
   const auto add_unless_known = [&](const nlohmann::json& current) -> std::optional<nlohmann::json> {
     const std::map<std::string, int> known = ranks_in(current);
@@ -73,7 +71,8 @@ int GemmAlgoTable::record(const std::string& problem, int rank, const std::vecto
     next[problem] = {{"rank", rank}, {"us", times}};
     return next;
   };
-  host_cache::update(dir_, file_, add_unless_known, error);  // on failure, `error` says why and `rank` stays chosen
+  // Nowhere to keep it, or a failed write (`error` says why): the choice stays in this table.
+  if (!path_.empty()) host_cache::update(dir_, file_, add_unless_known, error);
   ranks_[problem] = chosen;
   return chosen;
 }
