@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "analysis/format.h"
 #include "analysis/summary.h"
 #include "config/train_config.h"
 
@@ -994,11 +995,6 @@ RankProfile with_compute_scaled(RankProfile r, double factor) {
   return r;
 }
 
-// "2", "2/3": how many times as long.
-std::string fmt_ratio(int num, int den) {
-  return den == 1 ? std::to_string(num) : std::to_string(num) + "/" + std::to_string(den);
-}
-
 // Each bucket's share of the parameters: the share of the update that follows its all-reduce.
 std::vector<double> update_shares(const std::vector<Bucket>& buckets) {
   double total = 0;
@@ -1048,10 +1044,10 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
     for (std::vector<RankProfile>& ranks : profiles)
       for (RankProfile& r : ranks) r = with_compute_scaled(r, static_cast<double>(turns) / run_turns);
     out.extrapolated.push_back(
-        turns == 1 ? "a GPU per rank (the run's " + std::to_string(run_turns) +
-                         " ranks took turns on one: their compute / " + std::to_string(run_turns) + ")"
-                   : std::to_string(turns) + " ranks taking turns on a GPU (the run's: " + std::to_string(run_turns) +
-                         "): compute x " + fmt_ratio(turns, run_turns));
+        turns == 1
+            ? fmt("a GPU per rank (the run's %d ranks took turns on one: their compute / %d)", run_turns, run_turns)
+            : fmt("%d ranks taking turns on a GPU (the run's: %d): compute x %d", turns, run_turns, turns) +
+                  (run_turns > 1 ? fmt("/%d", run_turns) : ""));
   }
   out.step = simulate_steps(profiles, buckets, costs.cost, setting.overlap, host, update_share);
   const int n = setting.ranks;

@@ -103,7 +103,7 @@ std::string gemm_algorithms_description() {
   if (!cuda::query_cuda().available) return "";
   cuda::GemmAlgoTable table(cuda::GemmAlgoTable::default_dir(), cuda::gemm_algo_table_file());
   if (table.path().empty()) return "timed ones kept nowhere (neither XDG_CACHE_HOME nor HOME is set)";
-  return std::to_string(table.recorded_in_file()) + " problems timed on this GPU model so far, in " + table.path();
+  return std::to_string(table.recorded()) + " problems timed on this GPU model so far, in " + table.path();
 #else
   return "";
 #endif

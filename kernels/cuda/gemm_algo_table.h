@@ -33,8 +33,7 @@ class GemmAlgoTable {
   int record(const std::string& problem, int rank, const std::vector<double>& us, int candidates, std::string& error);
 
   const std::string& path() const { return path_; }
-  int64_t recorded() const { return static_cast<int64_t>(ranks_.size()); }  // problems known to this table
-  int64_t recorded_in_file();  // problems the file holds (read now if not yet)
+  int64_t recorded();  // problems this table knows: the file's (read now if not yet) and this process's
 
  private:
   void load();
