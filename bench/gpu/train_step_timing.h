@@ -97,8 +97,8 @@ std::string replay_as_graph(cudaStream_t s, int launches, Enqueue enqueue, std::
   return "";
 }
 
-// The flags both model benchmarks take (steps, warm-up, one precision instead of all three, a CSV file), on a
-// CLI11 app that adds its own. Parses; returns -1 to go on, else the exit code: 0 after --help, 2 on a bad flag.
+// The flags both model benchmarks take (steps, warm-up, one precision instead of all three, a CSV file, the profile
+// and graph modes, the GEMMs' algorithms); add_step_flags declares them on a CLI11 app that adds its own.
 struct StepFlags {
   int steps, warmup;
   std::string precision;  // "": fp32, tf32 and bf16
@@ -215,6 +215,7 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
                "only the timed steps between cudaProfilerStart/Stop, the stream idle at both (ncu "
                "--profile-from-start off, nsys --capture-range=cudaProfilerApi)");
 }
+// Parses; returns -1 to go on, else the exit code: 0 after --help, 2 on a bad flag.
 inline int parse_flags(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
