@@ -66,7 +66,7 @@ struct TransformerCuda::BufferOffsets {
   size_t params, grads, weights_bf16, activations, encoded;
   std::vector<Block> blocks;
   size_t lnf_out, lnf_mean, lnf_rstd, pooled, logits, lm_targets, dresid, dsmall, dbig, dpooled, scratch, losses,
-      mean_loss, num_valid;
+      mean_loss, num_valid, rows_by_token, rows_by_token_bytes;
   size_t bytes;
 };
 
@@ -183,6 +183,8 @@ TransformerCuda::BufferOffsets TransformerCuda::buffer_offsets() const {
   at.losses = layout.reserve(tokens * f32);
   at.mean_loss = layout.reserve(f32);
   at.num_valid = layout.reserve(sizeof(int));
+  at.rows_by_token_bytes = cuda::rows_by_token_workspace_bytes(max_tokens_, config_.vocab);
+  at.rows_by_token = layout.reserve(at.rows_by_token_bytes);
   at.bytes = layout.bytes();
   return at;
 }
@@ -213,6 +215,8 @@ void TransformerCuda::point_into(char* bytes, const BufferOffsets& at) {
   losses_ = floats(at.losses);
   mean_loss_ = floats(at.mean_loss);
   num_valid_ = reinterpret_cast<int*>(bytes + at.num_valid);
+  rows_by_token_workspace_ = bytes + at.rows_by_token;
+  rows_by_token_workspace_bytes_ = at.rows_by_token_bytes;
 }
 
 int TransformerCuda::head_outputs() const { return config_.causal() ? config_.vocab : config_.num_classes; }
@@ -262,6 +266,10 @@ void TransformerCuda::forward_layers(float loss_scale) {
   T* x = as<T>(encoded_);
   cuda::embedding_forward<T>(x, tokens_, lengths_, params_[0].data, wpe_ >= 0 ? params_[wpe_].data : nullptr, B, S, C,
                              stream_);
+  // For backward's dwte, here rather than there: backward closes with the embedding's gradient, whose all-reduce is
+  // the step's last, and the sort is off that path.
+  rows_by_token_ = cuda::sort_rows_by_token(rows_by_token_workspace_, rows_by_token_workspace_bytes_, tokens_, lengths_,
+                                            B, S, config_.vocab, stream_);
   for (int l = 0; l < config_.layers; ++l) {
     NvtxRange range(nvtx_forward_[l].c_str());
     const BlockActs& a = blocks_[l];
@@ -449,8 +457,8 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   if (!accumulate)
     for (const int e : {config_.tied_head() ? -1 : 0, wpe_})
       if (e >= 0) cudaCheck(cudaMemsetAsync(params_[e].grad, 0, params_[e].numel * sizeof(float), stream_));
-  cuda::embedding_backward<T>(params_[0].grad, wpe_ >= 0 ? params_[wpe_].grad : nullptr, dresid, tokens_, lengths_, B,
-                              S, C, stream_);
+  cuda::embedding_backward<T>(params_[0].grad, wpe_ >= 0 ? params_[wpe_].grad : nullptr, dresid, rows_by_token_,
+                              lengths_, B, S, C, stream_);
   if (wpe_ >= 0) announce.all_of(wpe_);
   announce.all_of(0);
   if (!announce.done()) throw std::logic_error("TransformerCuda: not every gradient piece was announced");

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "model/attention_kind.h"
 #include "model/cuda_common.h"
@@ -141,11 +142,14 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   float* losses_ = nullptr;   // per row of logits
   float* mean_loss_ = nullptr;
   int* num_valid_ = nullptr;
+  void* rows_by_token_workspace_ = nullptr;  // the batch's rows sorted by token, for a deterministic dwte
+  size_t rows_by_token_workspace_bytes_ = 0;
   std::optional<cuda_model::LossReadback> loss_host_;  // made once the arguments are checked (it touches the device)
 
   // Set by forward for backward: the batch (-1: no backward pending) and its inputs.
   int batch_ = -1, seq_ = 0;
   const int32_t *tokens_ = nullptr, *lengths_ = nullptr, *targets_ = nullptr;
+  cuda::RowsByToken rows_by_token_;
 };
 
 }  // namespace ddplab

@@ -245,20 +245,46 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
              2.0 * N * V * t + 12.0 * N, 0});
   }
 
-  // Embedding: B sequences of S = 1024 tokens, all full length (the most work).
+  // Embedding: B sequences of S = 1024 tokens, all full length (the most work). dwte from the rows sorted by token:
+  // every token distinct (one row each), and tokens as skewed as text's (Zipf's law, s = 1: the most common token is
+  // 1 / H(V) of them, 8.8% at V 50304 — about twice GPT-2's most common on web text — whose rows one warp walks).
   const int S = std::min(N, 1024), B = N / S;
-  std::vector<int32_t> tok(int64_t{B} * S), len(B, S);
-  for (int64_t i = 0; i < int64_t{B} * S; ++i) tok[i] = static_cast<int32_t>((i * 7919) % V);
-  int32_t *d_tok = a.ints(tok), *d_len = a.ints(len);
+  const int64_t rows = int64_t{B} * S;
+  std::vector<int32_t> distinct(rows), zipf(rows), len(B, S);
+  for (int64_t i = 0; i < rows; ++i) distinct[i] = static_cast<int32_t>((i * 7919) % V);  // 7919 is prime to V
+  {
+    std::vector<double> cdf(V);
+    double sum = 0;
+    for (int k = 0; k < V; ++k) cdf[k] = sum += 1.0 / (k + 1);
+    std::mt19937 gen(7);
+    std::uniform_real_distribution<double> u(0, sum);
+    for (int32_t& token : zipf)
+      token = static_cast<int32_t>(std::lower_bound(cdf.begin(), cdf.end() - 1, u(gen)) - cdf.begin());
+  }
+  int32_t* d_len = a.ints(len);
   float *wte = a.random_f32(int64_t{V} * C), *wpe = a.random_f32(int64_t{S} * C);
   float *dwte = a.random_f32(int64_t{V} * C), *dwpe = a.random_f32(int64_t{S} * C);
+  const size_t sort_bytes = cuda::rows_by_token_workspace_bytes(rows, V);
+  void* sort_space = a.alloc<char>(static_cast<int64_t>(sort_bytes));
   const std::string esh = dims({{"B", B}, {"S", S}, {"C", C}});
-  rep.add({"embedding", std::string("embedding_forward<") + tag + ">", esh,
-           median_ms(opt, s, [&] { cuda::embedding_forward<T>(y, d_tok, d_len, wte, wpe, B, S, C, s); }),
-           int64_t{B} * S * C * (8.0 + t), 0});  // wte rows + wpe rows (L2-resident after the first b) + out
-  rep.add({"embedding", std::string("embedding_backward<") + tag + ">", esh,
-           median_ms(opt, s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, d_tok, d_len, B, S, C, s); }),
-           int64_t{B} * S * C * (2 * t + 8.0) + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
+  for (const auto& [tokens, which] : {std::pair{&distinct, ""}, std::pair{&zipf, ", Zipf tokens"}}) {
+    int32_t* d_tok = a.ints(*tokens);
+    if (tokens == &distinct)
+      rep.add({"embedding", std::string("embedding_forward<") + tag + ">", esh,
+               median_ms(opt, s, [&] { cuda::embedding_forward<T>(y, d_tok, d_len, wte, wpe, B, S, C, s); }),
+               rows * C * (8.0 + t), 0});  // wte rows + wpe rows (L2-resident after the first b) + out
+    cuda::RowsByToken sorted;
+    rep.add({"embedding", std::string("sort_rows_by_token") + which, dims({{"B", B}, {"S", S}, {"V", V}}),
+             median_ms(opt, s,
+                       [&] { sorted = cuda::sort_rows_by_token(sort_space, sort_bytes, d_tok, d_len, B, S, V, s); }),
+             0, 0});
+    std::vector<int32_t> unique = *tokens;
+    std::sort(unique.begin(), unique.end());
+    const int64_t tokens_seen = std::unique(unique.begin(), unique.end()) - unique.begin();
+    rep.add({"embedding", std::string("embedding_backward<") + tag + ">" + which, esh,
+             median_ms(opt, s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, sorted, d_len, B, S, C, s); }),
+             rows * C * 2.0 * t + tokens_seen * C * 8.0 + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
+  }
 
   // The bias gradient (our two-pass kernel) over the block's widths and the LM head's: dout read once, dbias read and
   // written.

@@ -1,5 +1,7 @@
 // The embedding launchers (kernels: embedding_kernels.cuh; contracts: embedding.h).
 #include <algorithm>
+#include <climits>
+#include <cub/device/device_radix_sort.cuh>
 #include <stdexcept>
 #include <string>
 
@@ -18,11 +20,35 @@ using embedding::embedding_forward_kernel;
 using embedding::kBlock;
 using embedding::kVec;
 using embedding::kWarps;
+using embedding::token_keys_kernel;
 
 void check_sizes(const char* what, int B, int S, int C) {
   if (B < 0 || S < 0 || C <= 0)
     throw std::invalid_argument(std::string(what) + ": need B >= 0, S >= 0 and C > 0, got B=" + std::to_string(B) +
                                 " S=" + std::to_string(S) + " C=" + std::to_string(C));
+}
+
+// The sort's keys hold a token or the padding's key, vocab: the radix sort looks at only the bits that can be set.
+int key_bits(int vocab) {
+  int bits = 1;
+  while ((int64_t{1} << bits) <= vocab) ++bits;
+  return bits;
+}
+
+constexpr size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+size_t cub_temporary_bytes(int rows, int vocab) {
+  size_t bytes = 0;
+  cub::DoubleBuffer<uint32_t> keys;
+  cub::DoubleBuffer<int32_t> values;
+  cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, values, rows, 0, key_bits(vocab)));
+  return bytes;
+}
+
+void check_rows_and_vocab(const char* what, int64_t rows, int vocab) {
+  if (rows < 0 || rows > INT_MAX || vocab <= 0 || vocab == INT_MAX)
+    throw std::invalid_argument(std::string(what) + ": need 0 <= rows <= INT_MAX and 0 < vocab < INT_MAX, got rows=" +
+                                std::to_string(rows) + " vocab=" + std::to_string(vocab));
 }
 
 }  // namespace
@@ -42,22 +68,71 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
   cudaCheck(cudaGetLastError());
 }
 
+// The workspace: two arrays each of keys and rows (CUB's double buffer: the sort ends in one of the two), then CUB's
+// temporary storage.
+size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab) {
+  check_rows_and_vocab("rows_by_token_workspace_bytes", max_rows, vocab);
+  const size_t array = aligned(static_cast<size_t>(max_rows) * sizeof(uint32_t));
+  return 4 * array + aligned(cub_temporary_bytes(static_cast<int>(max_rows), vocab));
+}
+
+RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const int32_t* tokens, const int32_t* lengths,
+                               int B, int S, int vocab, cudaStream_t stream) {
+  check_sizes("sort_rows_by_token", B, S, 1);
+  const int64_t n = int64_t{B} * S;
+  check_rows_and_vocab("sort_rows_by_token", n, vocab);
+  RowsByToken sorted;
+  sorted.count = n;
+  sorted.vocab = vocab;
+  if (n == 0) return sorted;
+  const size_t array = aligned(static_cast<size_t>(n) * sizeof(uint32_t));
+  size_t temporary_bytes = cub_temporary_bytes(static_cast<int>(n), vocab);
+  if (workspace_bytes < 4 * array + temporary_bytes || !detail::all_aligned(256, workspace))
+    throw std::invalid_argument("sort_rows_by_token: the workspace must be 256-byte aligned and hold " +
+                                std::to_string(4 * array + temporary_bytes) + " bytes for " + std::to_string(n) +
+                                " rows, got " + std::to_string(workspace_bytes));
+  char* at = static_cast<char*>(workspace);
+  const auto take = [&at, array]() {
+    void* p = at;
+    at += array;
+    return p;
+  };
+  cub::DoubleBuffer<uint32_t> keys(static_cast<uint32_t*>(take()), static_cast<uint32_t*>(take()));
+  cub::DoubleBuffer<int32_t> rows(static_cast<int32_t*>(take()), static_cast<int32_t*>(take()));
+  token_keys_kernel<<<detail::grid_size(n), kBlock, 0, stream>>>(keys.Current(), rows.Current(), tokens, lengths, B, S,
+                                                                 static_cast<uint32_t>(vocab));
+  cudaCheck(cudaGetLastError());
+  // Stable (an LSD radix sort): each token's rows stay in row order, the order the CPU adds them in.
+  cudaCheck(cub::DeviceRadixSort::SortPairs(at, temporary_bytes, keys, rows, static_cast<int>(n), 0, key_bits(vocab),
+                                            stream));
+  sorted.tokens = keys.Current();
+  sorted.rows = rows.Current();
+  return sorted;
+}
+
 template <typename T>
-void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, const int32_t* lengths, int B,
-                        int S, int C, cudaStream_t stream) {
+void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByToken& rows_by_token,
+                        const int32_t* lengths, int B, int S, int C, cudaStream_t stream) {
   check_sizes("embedding_backward", B, S, C);
   const int64_t rows = int64_t{B} * S;
+  if (rows_by_token.count != rows)
+    throw std::invalid_argument("embedding_backward: rows_by_token holds " + std::to_string(rows_by_token.count) +
+                                " rows, the batch " + std::to_string(rows));
   if (rows == 0) return;
   constexpr int V = kVec<T>;
   const bool vec = C % V == 0 && detail::all_aligned(16, dout) && detail::all_aligned(V * 4, dwte, dwpe);
-  const unsigned grid = detail::grid_size(rows, kWarps);
+  const int v = vec ? V : 1;
+  const int64_t warps = rows * ((C + 32 * v - 1) / (32 * v));  // a warp per (sorted row, 32 * v columns)
+  const unsigned grid = detail::grid_size(warps, kWarps);
+  const auto padded = static_cast<uint32_t>(rows_by_token.vocab);
   if (vec)
-    embedding_backward_wte_kernel<T, V><<<grid, kBlock, 0, stream>>>(dwte, dout, tokens, lengths, B, S, C);
+    embedding_backward_wte_kernel<T, V>
+        <<<grid, kBlock, 0, stream>>>(dwte, dout, rows_by_token.tokens, rows_by_token.rows, rows, C, padded);
   else
-    embedding_backward_wte_kernel<T, 1><<<grid, kBlock, 0, stream>>>(dwte, dout, tokens, lengths, B, S, C);
+    embedding_backward_wte_kernel<T, 1>
+        <<<grid, kBlock, 0, stream>>>(dwte, dout, rows_by_token.tokens, rows_by_token.rows, rows, C, padded);
   cudaCheck(cudaGetLastError());
   if (dwpe != nullptr) {
-    const int v = vec ? V : 1;
     const dim3 wpe_grid(static_cast<unsigned>((C / v + kBlock - 1) / kBlock),
                         static_cast<unsigned>(std::min(S, 65535)));
     if (vec)
@@ -71,7 +146,7 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* 
 #define DDPLAB_INSTANTIATE(T)                                                                                       \
   template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const float*, const float*, int, int, int, \
                                      cudaStream_t);                                                                 \
-  template void embedding_backward<T>(float*, float*, const T*, const int32_t*, const int32_t*, int, int, int,      \
+  template void embedding_backward<T>(float*, float*, const T*, const RowsByToken&, const int32_t*, int, int, int,  \
                                       cudaStream_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)

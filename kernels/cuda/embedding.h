@@ -17,13 +17,32 @@ template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const float* wte, const float* wpe, int B,
                        int S, int C, cudaStream_t stream);
 
-// dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:] for t < len[b] (dwpe may be null); ACCUMULATES.
-//   dwpe: deterministic and, for fp32 dout, bitwise equal to the CPU: one thread per (t, c) sums over b in order.
-//   dwte: atomics (fp32 atomicAdd, 16-byte vector atomics on sm_90). A token that occurs more than once in the batch
-//         is summed in an order that can change from run to run, so its row may differ in the last bits. (A
-//         deterministic dwte needs the rows grouped by token, i.e. a sort; not done here.)
+// The batch's valid rows grouped by token, each token's rows in row order: a stable radix sort of the tokens (CUB's),
+// padded rows keyed `vocab` and sorted last. What makes dwte deterministic: embedding_backward sums each token's rows
+// in this order, without atomics. Points into the workspace it was made in.
+struct RowsByToken {
+  const uint32_t* tokens = nullptr;  // [rows] ascending; padded rows hold vocab
+  const int32_t* rows = nullptr;     // [rows] the (b * S + t) row each came from
+  int64_t count = 0;                 // B * S
+  int vocab = 0;
+};
+
+// Device bytes sort_rows_by_token needs for up to max_rows rows (B * S) of a vocab-token table: the keys and rows
+// before and after the sort, and CUB's temporary storage.
+size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab);
+
+// Enqueues the sort of tokens [B, S] (valid rows' tokens in [0, vocab), padding as embedding_forward's) on stream, into
+// workspace (256-byte aligned, at least rows_by_token_workspace_bytes(B * S, vocab)). The result is valid once the
+// stream reaches it, until the workspace is written again.
+RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const int32_t* tokens, const int32_t* lengths,
+                               int B, int S, int vocab, cudaStream_t stream);
+
+// dwte[token,:] += dout[b,t,:] over rows_by_token's rows, and dwpe[t,:] += dout[b,t,:] for t < len[b] (dwpe may be
+// null); ACCUMULATES. Both deterministic and, for fp32 dout, bitwise equal to the CPU, which adds the rows in row
+// order: dwte a warp per token's run of rows (adding them in row order), dwpe one thread per (t, c) over b in order.
+// rows_by_token must be this batch's (B * S rows of a table of its vocab rows).
 template <typename T>
-void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, const int32_t* lengths, int B,
-                        int S, int C, cudaStream_t stream);
+void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByToken& rows_by_token,
+                        const int32_t* lengths, int B, int S, int C, cudaStream_t stream);
 
 }  // namespace ddplab::cuda

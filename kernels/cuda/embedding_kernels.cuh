@@ -1,7 +1,7 @@
-// The embedding kernels (launchers and contracts: embedding.h). Forward and the dwte scatter are a warp per (b, t)
-// row: the row's token and length are read once, by every lane (a broadcast), and the lanes stride over the C columns
-// with 16-byte accesses when the row and the tables allow. Included by embedding.cu and, compiled by g++, by
-// tests/emu/test_embedding_emu.cpp.
+// The embedding kernels (launchers and contracts: embedding.h). Forward is a warp per (b, t) row: the row's token and
+// length are read once, by every lane (a broadcast), and the lanes stride over the C columns with 16-byte accesses
+// when the row and the tables allow. dwte is summed from the rows sorted by token, a warp per token's run. Included by
+// embedding.cu and, compiled by g++, by tests/emu/test_embedding_emu.cpp.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -51,42 +51,62 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// dst[0, V) += v[0, V) atomically per element; 16-byte vector atomics where the hardware has them (sm_90).
-template <int V>
-__device__ __forceinline__ void atomic_add_pack(float* dst, const float (&v)[V]) {
-#if __CUDA_ARCH__ >= 900
-  constexpr bool kVector = V % 4 == 0;
-#else
-  constexpr bool kVector = false;
-#endif
-  if constexpr (kVector) {
-#pragma unroll
-    for (int k = 0; k < V; k += 4)
-      atomicAdd(reinterpret_cast<float4*>(dst + k), make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]));
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) atomicAdd(dst + k, v[k]);
+// The batch's rows as sort keys: a valid row's token, a padded row `padded` (past every token, so that a stable sort
+// puts the padding last and keeps each token's rows in row order), and the row itself as the sort's value.
+__global__ void __launch_bounds__(kBlock) token_keys_kernel(uint32_t* keys, int32_t* rows, const int32_t* tokens,
+                                                            const int32_t* lengths, int B, int S, uint32_t padded) {
+  const int64_t n = int64_t{B} * S;
+  for (int64_t row = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; row < n; row += int64_t{gridDim.x} * blockDim.x) {
+    const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
+    keys[row] = t < length_of(lengths, b, S) ? static_cast<uint32_t>(tokens[row]) : padded;
+    rows[row] = static_cast<int32_t>(row);
   }
 }
 
+// Rows of a token whose dout loads are in flight at once: a token repeated hundreds of times in a batch (a common word)
+// is one warp's serial walk, and its length is what the walk's latency multiplies.
+constexpr int kRowsInFlight = 8;
+
+// dwte from the rows sorted by token (keys ascending, rows in row order within a key): a warp per (sorted position,
+// 32 * V columns); the warp at the first position of a token's run adds the run's rows, in row order, to the token's
+// row of dwte, starting from its value. So each element is summed by one thread in the CPU's order: deterministic,
+// no atomics, bitwise the CPU's for fp32 dout. The other warps of a run, and the padding's, return at once.
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)
-    embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* tokens, const int32_t* lengths, int B,
-                                  int S, int C) {
+    embedding_backward_wte_kernel(float* dwte, const T* dout, const uint32_t* keys, const int32_t* rows, int64_t n,
+                                  int C, uint32_t padded) {
   const int lane = threadIdx.x % 32;
-  const int64_t rows = int64_t{B} * S;
-  for (int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; row < rows; row += int64_t{gridDim.x} * kWarps) {
-    const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
-    if (t >= length_of(lengths, b, S)) continue;
-    float* e = dwte + int64_t{tokens[row]} * C;
-    const T* d = dout + row * C;
-    for (int c = lane * V; c < C; c += 32 * V) {
-      const Pack<T, V> dv = load_pack<V>(d + c);
-      float v[V];
+  const int slices = (C + 32 * V - 1) / (32 * V);
+  const int64_t work = n * slices;
+  for (int64_t w = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; w < work; w += int64_t{gridDim.x} * kWarps) {
+    const int64_t first = w / slices;
+    const uint32_t token = keys[first];
+    if (token >= padded || (first > 0 && keys[first - 1] == token)) continue;
+    const int c = static_cast<int>(w % slices) * 32 * V + lane * V;
+    if (c >= C) continue;
+    float* e = dwte + int64_t{token} * C + c;
+    Pack<float, V> acc = load_pack<V>(e);
+    for (int64_t at = first;; at += kRowsInFlight) {
+      bool same[kRowsInFlight];
+      int32_t row[kRowsInFlight];
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[k] = to_float(dv.v[k]);
-      atomic_add_pack<V>(e + c, v);
+      for (int k = 0; k < kRowsInFlight; ++k) {
+        same[k] = at + k < n && keys[at + k] == token;
+        row[k] = same[k] ? rows[at + k] : 0;
+      }
+      Pack<T, V> d[kRowsInFlight] = {};
+#pragma unroll
+      for (int k = 0; k < kRowsInFlight; ++k)
+        if (same[k]) d[k] = load_pack<V>(dout + int64_t{row[k]} * C + c);
+#pragma unroll
+      for (int k = 0; k < kRowsInFlight; ++k)
+        if (same[k]) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc.v[j] += to_float(d[k].v[j]);
+        }
+      if (!same[kRowsInFlight - 1]) break;  // sorted: the run ended in this group
     }
+    detail::store_pack<V>(e, acc);
   }
 }
 

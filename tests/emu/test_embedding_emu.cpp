@@ -1,18 +1,17 @@
 // The embedding kernels (kernels/cuda/embedding_kernels.cuh), their own source compiled by g++ and run on host
 // threads (cuda_emulation.h), against the CPU (kernels/cpu/transformer_ops.h): the forward's token and position rows
-// (padded rows zero, fp32 and bf16), and the backward's scatter into dwte (atomics: tokens repeat, so rows collide)
-// and its per-position sum into dwpe, both accumulating. The gradients are exactly summable (multiples of 2^-6 of
-// small size), so any order of the atomics gives the CPU's bits. Packed (16-byte) and scalar paths, grids smaller
-// than the rows. What it cannot tell: speed, and the hardware's vector atomics (sm_90), which the host build leaves
-// out.
+// (padded rows zero, fp32 and bf16), and the backward's dwte from the rows sorted by token and its per-position sum
+// into dwpe, both accumulating, bit for bit the CPU's on values whose sums round (so the order of the adds shows):
+// the sort's keys (padding last), runs of a token longer than the rows a warp loads at once, ending inside a group of
+// them and at its end. CUB's sort, which sort_rows_by_token runs between the two kernels, is a stable sort on the
+// host here. Packed (16-byte) and scalar paths, grids smaller than the rows. What it cannot tell: speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/embedding_kernels.cuh"
 // clang-format on
-#include "tests/emu/emu_test_util.h"
-
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -20,6 +19,7 @@
 
 #include "comm/wire.h"
 #include "kernels/cpu/transformer_ops.h"
+#include "tests/emu/emu_test_util.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ using ddplab::emu::emulate_launch;
 using ddplab::wire::Format;
 using bf16 = __nv_bfloat16;
 
-constexpr int kB = 5, kS = 9, kVocab = 4;  // few tokens: rows share them, so the dwte atomics collide
+constexpr int kB = 5, kS = 9, kVocab = 4;  // few tokens: each one's rows are a run of several
 const std::vector<int32_t> kLengths = {9, 0, 1, 6, 9};
 const dim3 kGrid(2), kBlock(emb::kBlock);  // 16 warps for 45 rows: each warp takes several
 
@@ -46,6 +46,47 @@ std::vector<int32_t> tokens() {
   std::vector<int32_t> t(kB * kS);
   for (int i = 0; i < kB * kS; ++i) t[i] = (i * 7 + 3) % kVocab;
   return t;
+}
+
+// The 25 valid rows as runs of 8 (one group of kRowsInFlight), 16 (two), and 1 of tokens 2, 0, 3; token 1 unused; the
+// padding's tokens out of range (never read).
+std::vector<int32_t> runs() {
+  static_assert(emb::kRowsInFlight == 8);
+  std::vector<int32_t> t(kB * kS, 1 << 30);
+  int valid = 0;
+  for (int b = 0; b < kB; ++b)
+    for (int s = 0; s < kLengths[b]; ++s, ++valid) t[b * kS + s] = valid < 8 ? 2 : valid < 24 ? 0 : 3;
+  return t;
+}
+
+// The rows sorted by token as sort_rows_by_token leaves them: the keys made by its kernel, then a stable sort.
+struct Sorted {
+  std::vector<uint32_t> keys;
+  std::vector<int32_t> rows;
+};
+Sorted sort_rows(const std::vector<int32_t>& tok) {
+  const int64_t n = int64_t{kB} * kS;
+  std::vector<uint32_t> keys(n);
+  std::vector<int32_t> rows(n);
+  emulate_launch(dim3(1), kBlock, 0, emb::token_keys_kernel, keys.data(), rows.data(), tok.data(), kLengths.data(), kB,
+                 kS, uint32_t{kVocab});
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+  Sorted sorted;
+  for (int64_t i : order) {
+    sorted.keys.push_back(keys[i]);
+    sorted.rows.push_back(rows[i]);
+  }
+  return sorted;
+}
+
+std::vector<float> uniform(int64_t n, uint32_t seed) {  // sums of these round: a change of order shows
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(gen);
+  return v;
 }
 
 // C = 72 takes the 16-byte path (V = 4 for fp32, 8 for bf16), C = 70 the scalar one.
@@ -80,32 +121,48 @@ TEST_P(EmbeddingEmulated, ForwardIsTheCpus) {
     ASSERT_EQ(bits(out16[i]), ddplab::wire::to_wire(Format::kBf16, want[i])) << i;
 }
 
+TEST_P(EmbeddingEmulated, SortKeysPutThePaddingLast) {
+  const std::vector<int32_t> tok = runs();
+  const Sorted sorted = sort_rows(tok);
+  for (int64_t i = 0; i < int64_t{kB} * kS; ++i) {
+    const int32_t row = sorted.rows[i];
+    const bool valid = row % kS < kLengths[row / kS];
+    EXPECT_EQ(sorted.keys[i], valid ? static_cast<uint32_t>(tok[row]) : uint32_t{kVocab}) << i;
+    if (i > 0 && sorted.keys[i] == sorted.keys[i - 1]) {
+      EXPECT_LT(sorted.rows[i - 1], row) << i;
+    }
+  }
+}
+
 TEST_P(EmbeddingEmulated, BackwardAccumulatesTheCpusGradients) {
   const int C = GetParam();
-  const std::vector<int32_t> tok = tokens();
-  const std::vector<float> dout = multiples(int64_t{kB} * kS * C, 3);
-  const std::vector<float> dwte0 = multiples(int64_t{kVocab} * C, 4), dwpe0 = multiples(int64_t{kS} * C, 5);
-  std::vector<float> dwte_want = dwte0, dwpe_want = dwpe0;
-  ddplab::cpu::embedding_backward(dwte_want.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB, kS,
-                                  C);
-  std::vector<float> dwte = dwte0, dwpe = dwpe0;
-  constexpr int V = emb::kVec<float>;
-  const bool vec = C % V == 0;
-  const int v = vec ? V : 1;
-  const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions a row
-  if (vec) {
-    emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, V>, dwte.data(), dout.data(), tok.data(),
-                   kLengths.data(), kB, kS, C);
-    emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, V>, dwpe.data(), dout.data(),
-                   kLengths.data(), kB, kS, C);
-  } else {
-    emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, 1>, dwte.data(), dout.data(), tok.data(),
-                   kLengths.data(), kB, kS, C);
-    emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, 1>, dwpe.data(), dout.data(),
-                   kLengths.data(), kB, kS, C);
+  for (const std::vector<int32_t>& tok : {tokens(), runs()}) {
+    const Sorted sorted = sort_rows(tok);
+    const std::vector<float> dout = uniform(int64_t{kB} * kS * C, 3);
+    const std::vector<float> dwte0 = uniform(int64_t{kVocab} * C, 4), dwpe0 = uniform(int64_t{kS} * C, 5);
+    std::vector<float> dwte_want = dwte0, dwpe_want = dwpe0;
+    ddplab::cpu::embedding_backward(dwte_want.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB,
+                                    kS, C);
+    std::vector<float> dwte = dwte0, dwpe = dwpe0;
+    constexpr int V = emb::kVec<float>;
+    const bool vec = C % V == 0;
+    const int v = vec ? V : 1;
+    const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions a row
+    const int64_t n = int64_t{kB} * kS;
+    if (vec) {
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, V>, dwte.data(), dout.data(),
+                     sorted.keys.data(), sorted.rows.data(), n, C, uint32_t{kVocab});
+      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, V>, dwpe.data(), dout.data(),
+                     kLengths.data(), kB, kS, C);
+    } else {
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, 1>, dwte.data(), dout.data(),
+                     sorted.keys.data(), sorted.rows.data(), n, C, uint32_t{kVocab});
+      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, 1>, dwpe.data(), dout.data(),
+                     kLengths.data(), kB, kS, C);
+    }
+    for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
+    for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
   }
-  for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
-  for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
 }
 
 INSTANTIATE_TEST_SUITE_P(PackedAndScalar, EmbeddingEmulated, ::testing::Values(72, 70));

@@ -84,7 +84,8 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::layernorm_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                                  nullptr, 0, 8, s));
   EXPECT_NO_THROW(cuda::embedding_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 5, 8, s));
-  EXPECT_NO_THROW(cuda::embedding_backward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, 3, 0, 8, s));
+  EXPECT_NO_THROW(cuda::sort_rows_by_token(nullptr, 0, nullptr, nullptr, 3, 0, 10, s));
+  EXPECT_NO_THROW(cuda::embedding_backward<float>(nullptr, nullptr, nullptr, cuda::RowsByToken{}, nullptr, 3, 0, 8, s));
   EXPECT_NO_THROW(cuda::attention_forward(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 8, 2, true, s));
   EXPECT_NO_THROW(
       cuda::attention_backward(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 2, 0, 8, 2, false, s));
@@ -120,6 +121,10 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
   EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, &i, &f, &i, 4, 0, 1.0f, s), std::invalid_argument);
   EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, nullptr, &f, &i, 4, 4, 1.0f, s), std::invalid_argument);
   EXPECT_THROW(cuda::embedding_forward<float>(&f, &i, &i, &f, &f, 2, 2, 0, s), std::invalid_argument);
+  EXPECT_THROW(cuda::sort_rows_by_token(&f, 4, &i, &i, 2, 2, 0, s), std::invalid_argument);  // no vocabulary
+  cuda::RowsByToken three_rows;                                                              // another batch's
+  three_rows.count = 3;
+  EXPECT_THROW(cuda::embedding_backward<float>(&f, &f, &f, three_rows, &i, 2, 2, 4, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, &f, &f, &i, 2, 4, 10, 3, true, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, nullptr, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_backward(ctx, &f, nullptr, &f, &f, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
@@ -497,16 +502,19 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyForwardOnlyLargeLogits) {
   EXPECT_TRUE(AllClose(d_logits.download(), logits, 0, 0)) << "logits must be left alone";
 }
 
-// Embedding. Forward is one fp32 add per element on both sides (bitwise); dwpe sums in the CPU's order
-// (bitwise); dwte uses atomics, so repeated tokens may sum in another order: 1e-6 relative and absolute.
-// Padded positions hold tokens far out of range, which must never be read.
+// Embedding. Forward is one fp32 add per element on both sides (bitwise); dwpe and dwte sum in the CPU's order
+// (bitwise), dwte through the rows sorted by token (CUB's radix sort), from fp32 dout and from bf16 dout against the
+// CPU on its values. Padded positions hold tokens far out of range, which must never be read. The last shapes: three
+// tokens over 8192 rows (runs of ~2700 rows one warp walks), and gpt2-small's vocabulary with a workspace made for
+// more rows than the batch has.
 TEST_F(CudaKernels, EmbeddingMatchesCpu) {
   struct Shape {
     int B, S, C, V;
     bool wpe;
   };
-  for (const Shape sh : {Shape{1, 1, 1, 1, true}, Shape{3, 5, 7, 11, true}, Shape{4, 33, 64, 5, true},
-                         Shape{4, 33, 64, 50, false}, Shape{2, 130, 768, 1000, true}}) {
+  for (const Shape sh :
+       {Shape{1, 1, 1, 1, true}, Shape{3, 5, 7, 11, true}, Shape{4, 33, 64, 5, true}, Shape{4, 33, 64, 50, false},
+        Shape{2, 130, 768, 1000, true}, Shape{8, 1024, 768, 3, true}, Shape{3, 1000, 768, 50304, true}}) {
     const int B = sh.B, S = sh.S, C = sh.C, V = sh.V;
     SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"V", V}, {"wpe", sh.wpe}}));
     std::vector<int32_t> lengths(B);
@@ -531,15 +539,32 @@ TEST_F(CudaKernels, EmbeddingMatchesCpu) {
                                   sh.wpe ? d_wpe.get() : nullptr, B, S, C, stream_);
     EXPECT_TRUE(BitwiseEqual(to_f32(d_out16.download()), round_bf16(out))) << "bf16 out";
 
+    const size_t sort_bytes = cuda::rows_by_token_workspace_bytes(int64_t{B} * S + 100, V);
+    DeviceBuffer<char> sort_space(static_cast<int64_t>(sort_bytes), stream_);
+    const cuda::RowsByToken sorted =
+        cuda::sort_rows_by_token(sort_space.get(), sort_bytes, d_tokens.get(), d_lengths.get(), B, S, V, stream_);
     const std::vector<float> dout = random_vector(int64_t{B} * S * C, -1, 1, 34);
-    std::vector<float> dwte = random_vector(int64_t{V} * C, -1, 1, 35), dwpe = random_vector(int64_t{S} * C, -1, 1, 36);
-    DeviceArray d_dout(dout, stream_), d_dwte(dwte, stream_), d_dwpe(dwpe, stream_);
-    cpu::embedding_backward(dwte.data(), sh.wpe ? dwpe.data() : nullptr, dout.data(), tokens.data(), lengths.data(), B,
-                            S, C);
-    cuda::embedding_backward<float>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), d_tokens.get(),
-                                    d_lengths.get(), B, S, C, stream_);
-    EXPECT_TRUE(AllClose(d_dwte.download(), dwte, 1e-6, 1e-6)) << "dwte";
-    EXPECT_TRUE(BitwiseEqual(d_dwpe.download(), dwpe)) << "dwpe";
+    const std::vector<float> dwte0 = random_vector(int64_t{V} * C, -1, 1, 35),
+                             dwpe0 = random_vector(int64_t{S} * C, -1, 1, 36);
+    for (const bool bf16_dout : {false, true}) {
+      SCOPED_TRACE(bf16_dout ? "bf16 dout" : "fp32 dout");
+      const std::vector<float> d = bf16_dout ? round_bf16(dout) : dout;
+      std::vector<float> dwte = dwte0, dwpe = dwpe0;
+      DeviceArray d_dwte(dwte, stream_), d_dwpe(dwpe, stream_);
+      cpu::embedding_backward(dwte.data(), sh.wpe ? dwpe.data() : nullptr, d.data(), tokens.data(), lengths.data(), B,
+                              S, C);
+      if (bf16_dout) {
+        DeviceBuffer<bf16> d_dout(to_bf16(dout), stream_);
+        cuda::embedding_backward<bf16>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), sorted,
+                                       d_lengths.get(), B, S, C, stream_);
+      } else {
+        DeviceArray d_dout(dout, stream_);
+        cuda::embedding_backward<float>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), sorted,
+                                        d_lengths.get(), B, S, C, stream_);
+      }
+      EXPECT_TRUE(BitwiseEqual(d_dwte.download(), dwte)) << "dwte";
+      EXPECT_TRUE(BitwiseEqual(d_dwpe.download(), dwpe)) << "dwpe";
+    }
   }
 }
 
