@@ -37,12 +37,21 @@ int key_bits(int vocab) {
 
 constexpr size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-size_t cub_temporary_bytes(int rows, int vocab) {
-  size_t bytes = 0;
+// The workspace of a sort of `rows` rows: two arrays each of keys and rows (CUB's double buffer: the sort ends in one
+// of the two), then CUB's temporary storage.
+struct SortLayout {
+  size_t array = 0;      // bytes of each of the four arrays
+  size_t temporary = 0;  // CUB's
+  size_t bytes() const { return 4 * array + aligned(temporary); }
+};
+
+SortLayout sort_layout(int rows, int vocab) {
+  SortLayout layout;
+  layout.array = aligned(static_cast<size_t>(rows) * sizeof(uint32_t));
   cub::DoubleBuffer<uint32_t> keys;
   cub::DoubleBuffer<int32_t> values;
-  cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, values, rows, 0, key_bits(vocab)));
-  return bytes;
+  cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, layout.temporary, keys, values, rows, 0, key_bits(vocab)));
+  return layout;
 }
 
 void check_rows_and_vocab(const char* what, int64_t rows, int vocab) {
@@ -68,12 +77,9 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
   cudaCheck(cudaGetLastError());
 }
 
-// The workspace: two arrays each of keys and rows (CUB's double buffer: the sort ends in one of the two), then CUB's
-// temporary storage.
 size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab) {
   check_rows_and_vocab("rows_by_token_workspace_bytes", max_rows, vocab);
-  const size_t array = aligned(static_cast<size_t>(max_rows) * sizeof(uint32_t));
-  return 4 * array + aligned(cub_temporary_bytes(static_cast<int>(max_rows), vocab));
+  return sort_layout(static_cast<int>(max_rows), vocab).bytes();
 }
 
 RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const int32_t* tokens, const int32_t* lengths,
@@ -85,16 +91,15 @@ RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const in
   sorted.count = n;
   sorted.vocab = vocab;
   if (n == 0) return sorted;
-  const size_t array = aligned(static_cast<size_t>(n) * sizeof(uint32_t));
-  size_t temporary_bytes = cub_temporary_bytes(static_cast<int>(n), vocab);
-  if (workspace_bytes < 4 * array + temporary_bytes || !detail::all_aligned(256, workspace))
+  SortLayout layout = sort_layout(static_cast<int>(n), vocab);
+  if (workspace_bytes < layout.bytes() || !detail::all_aligned(256, workspace))
     throw std::invalid_argument("sort_rows_by_token: the workspace must be 256-byte aligned and hold " +
-                                std::to_string(4 * array + temporary_bytes) + " bytes for " + std::to_string(n) +
-                                " rows, got " + std::to_string(workspace_bytes));
+                                std::to_string(layout.bytes()) + " bytes for " + std::to_string(n) + " rows, got " +
+                                std::to_string(workspace_bytes));
   char* at = static_cast<char*>(workspace);
-  const auto take = [&at, array]() {
+  const auto take = [&at, &layout]() {
     void* p = at;
-    at += array;
+    at += layout.array;
     return p;
   };
   cub::DoubleBuffer<uint32_t> keys(static_cast<uint32_t*>(take()), static_cast<uint32_t*>(take()));
@@ -103,7 +108,7 @@ RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const in
                                                                  static_cast<uint32_t>(vocab));
   cudaCheck(cudaGetLastError());
   // Stable (an LSD radix sort): each token's rows stay in row order, the order the CPU adds them in.
-  cudaCheck(cub::DeviceRadixSort::SortPairs(at, temporary_bytes, keys, rows, static_cast<int>(n), 0, key_bits(vocab),
+  cudaCheck(cub::DeviceRadixSort::SortPairs(at, layout.temporary, keys, rows, static_cast<int>(n), 0, key_bits(vocab),
                                             stream));
   sorted.tokens = keys.Current();
   sorted.rows = rows.Current();

@@ -52,13 +52,16 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // The batch's rows as sort keys: a valid row's token, a padded row `padded` (past every token, so that a stable sort
-// puts the padding last and keeps each token's rows in row order), and the row itself as the sort's value.
+// puts the padding last and keeps each token's rows in row order), and the row itself as the sort's value. A token
+// out of [0, padded) breaks the contract; it is keyed as padding, so that every key stays within the bits the sort
+// looks at and the runs stay whole.
 __global__ void __launch_bounds__(kBlock) token_keys_kernel(uint32_t* keys, int32_t* rows, const int32_t* tokens,
                                                             const int32_t* lengths, int B, int S, uint32_t padded) {
   const int64_t n = int64_t{B} * S;
   for (int64_t row = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; row < n; row += int64_t{gridDim.x} * blockDim.x) {
     const int b = static_cast<int>(row / S), t = static_cast<int>(row % S);
-    keys[row] = t < length_of(lengths, b, S) ? static_cast<uint32_t>(tokens[row]) : padded;
+    const uint32_t token = t < length_of(lengths, b, S) ? static_cast<uint32_t>(tokens[row]) : padded;
+    keys[row] = token < padded ? token : padded;
     rows[row] = static_cast<int32_t>(row);
   }
 }
@@ -90,9 +93,10 @@ __global__ void __launch_bounds__(kBlock)
       bool same[kRowsInFlight];
       int32_t row[kRowsInFlight];
 #pragma unroll
-      for (int k = 0; k < kRowsInFlight; ++k) {
-        same[k] = at + k < n && keys[at + k] == token;
-        row[k] = same[k] ? rows[at + k] : 0;
+      for (int k = 0; k < kRowsInFlight; ++k) {  // the keys and the rows loaded together: one trip, then dout's
+        const int64_t i = at + k < n ? at + k : n - 1;
+        same[k] = at + k < n && keys[i] == token;
+        row[k] = rows[i];
       }
       Pack<T, V> d[kRowsInFlight] = {};
 #pragma unroll

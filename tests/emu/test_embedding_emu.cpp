@@ -24,6 +24,7 @@
 namespace {
 
 using ddplab::emu_test::bits;
+using ddplab::emu_test::DeviceLikeVector;
 
 namespace emb = ddplab::cuda::embedding;
 using ddplab::emu::emulate_launch;
@@ -121,48 +122,70 @@ TEST_P(EmbeddingEmulated, ForwardIsTheCpus) {
     ASSERT_EQ(bits(out16[i]), ddplab::wire::to_wire(Format::kBf16, want[i])) << i;
 }
 
-TEST_P(EmbeddingEmulated, SortKeysPutThePaddingLast) {
-  const std::vector<int32_t> tok = runs();
+// The keys: a valid row's token, the padding's and a token out of range (a broken contract) keyed past the
+// vocabulary, so that each token's rows stay one run.
+TEST(EmbeddingSortKeys, PutThePaddingLastAndKeepEachTokensRowsInOrder) {
+  std::vector<int32_t> tok = runs();
+  tok[2] = -1;  // a valid row's, out of range
   const Sorted sorted = sort_rows(tok);
   for (int64_t i = 0; i < int64_t{kB} * kS; ++i) {
     const int32_t row = sorted.rows[i];
-    const bool valid = row % kS < kLengths[row / kS];
-    EXPECT_EQ(sorted.keys[i], valid ? static_cast<uint32_t>(tok[row]) : uint32_t{kVocab}) << i;
-    if (i > 0 && sorted.keys[i] == sorted.keys[i - 1]) {
-      EXPECT_LT(sorted.rows[i - 1], row) << i;
+    const bool keyed = row % kS < kLengths[row / kS] && tok[row] >= 0;
+    EXPECT_EQ(sorted.keys[i], keyed ? static_cast<uint32_t>(tok[row]) : uint32_t{kVocab}) << i;
+    if (i > 0) {
+      EXPECT_LE(sorted.keys[i - 1], sorted.keys[i]) << i;
+      if (sorted.keys[i] == sorted.keys[i - 1]) {
+        EXPECT_LT(sorted.rows[i - 1], row) << i;
+      }
     }
   }
 }
 
-TEST_P(EmbeddingEmulated, BackwardAccumulatesTheCpusGradients) {
-  const int C = GetParam();
+// fp32 dout, then bf16 dout against the CPU on its values (the 16-byte path: 8 bf16 a lane and 32 bytes of dwte).
+template <typename T>
+void expect_backward_is_the_cpus(int C) {
   for (const std::vector<int32_t>& tok : {tokens(), runs()}) {
     const Sorted sorted = sort_rows(tok);
-    const std::vector<float> dout = uniform(int64_t{kB} * kS * C, 3);
+    std::vector<float> dout = uniform(int64_t{kB} * kS * C, 3);
+    std::vector<T> dout_t(dout.size());
+    for (size_t i = 0; i < dout.size(); ++i) {
+      dout_t[i] = T(dout[i]);
+      dout[i] = static_cast<float>(dout_t[i]);
+    }
     const std::vector<float> dwte0 = uniform(int64_t{kVocab} * C, 4), dwpe0 = uniform(int64_t{kS} * C, 5);
     std::vector<float> dwte_want = dwte0, dwpe_want = dwpe0;
     ddplab::cpu::embedding_backward(dwte_want.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB,
                                     kS, C);
-    std::vector<float> dwte = dwte0, dwpe = dwpe0;
-    constexpr int V = emb::kVec<float>;
+    DeviceLikeVector<float> dwte(dwte0.begin(), dwte0.end()), dwpe(dwpe0.begin(), dwpe0.end());
+    constexpr int V = emb::kVec<T>;
     const bool vec = C % V == 0;
     const int v = vec ? V : 1;
     const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions a row
     const int64_t n = int64_t{kB} * kS;
     if (vec) {
-      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, V>, dwte.data(), dout.data(),
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, V>, dwte.data(), dout_t.data(),
                      sorted.keys.data(), sorted.rows.data(), n, C, uint32_t{kVocab});
-      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, V>, dwpe.data(), dout.data(),
+      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
                      kLengths.data(), kB, kS, C);
     } else {
-      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<float, 1>, dwte.data(), dout.data(),
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, 1>, dwte.data(), dout_t.data(),
                      sorted.keys.data(), sorted.rows.data(), n, C, uint32_t{kVocab});
-      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<float, 1>, dwpe.data(), dout.data(),
+      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
                      kLengths.data(), kB, kS, C);
     }
     for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
     for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
   }
+}
+
+TEST_P(EmbeddingEmulated, BackwardAccumulatesTheCpusGradients) {
+  SCOPED_TRACE("fp32 dout");
+  expect_backward_is_the_cpus<float>(GetParam());
+}
+
+TEST_P(EmbeddingEmulated, BackwardFromBf16AccumulatesTheCpusGradients) {
+  SCOPED_TRACE("bf16 dout");
+  expect_backward_is_the_cpus<bf16>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(PackedAndScalar, EmbeddingEmulated, ::testing::Values(72, 70));
