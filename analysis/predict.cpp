@@ -522,7 +522,6 @@ std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
   m.pieces = run.pieces;
   for (int b = 0; b < nb; ++b) spans[b] = {run.buckets[b].first_piece, run.buckets[b].last_piece};
   if (!m.pieces.empty()) return spans;
-  m.pieces_from_buckets = true;
   int64_t offset = 0;
   for (int b = 0; b < nb; ++b) {
     m.pieces.push_back({offset, run.buckets[b].count});
@@ -636,17 +635,10 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   // beside backward made backward 2x as long and the step 10-20% slow. Then the part per step is the polling: a
   // comm thread whose peer is late (beside backward, the peer waits for a core) polls for the run's spin time
   // before it sleeps, once per message step; the rest is per byte.
-  const bool separable = per_step_cost_separable(terms);
   const int spin_us = run.meta.comm_spin_us.value_or(kCommSpinUsOfOlderFiles);
-  const double poll_ms_per_step = separable ? 0 : std::max(0, spin_us) / 1000.0;
-  std::vector<std::vector<double>> rows;
-  for (size_t i = 0; i < terms.size(); ++i) {
-    rows.push_back(separable ? std::vector<double>{terms[i].message_steps, terms[i].bytes}
-                             : std::vector<double>{terms[i].bytes});
-    if (!separable) cpu_ms[i] -= poll_ms_per_step * terms[i].message_steps;
-  }
-  const std::vector<double> fit = nonnegative_least_squares(rows, cpu_ms);
-  m.comm_cpu = separable ? AlphaBeta{fit[0], fit[1]} : AlphaBeta{poll_ms_per_step, fit[0]};
+  const CommFit fit = *fit_comm(terms, cpu_ms, std::max(0, spin_us) / 1000.0);  // the polls where not separable
+  m.comm_cpu = fit.alone;
+  const bool separable = !fit.latency_from_link;
   for (int b = 0; b < nb; ++b) slowdown[b] = m.host.backward_slowdown(cpu[b], wall[b]);
   const bool beside = pooled_wall[1] > 0;
   m.backward_slowdown = m.host.backward_slowdown(pooled_cpu[beside], pooled_wall[beside]);

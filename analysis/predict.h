@@ -194,7 +194,6 @@ struct StepModel {
   double measured_step_ms = 0;                  // its slowest rank's mean steady step
   double step_noise = 0;  // that mean's standard error, as a fraction of it: how well the run pinned its own step
   std::vector<PieceRecord> pieces;              // the layout buckets are cut from
-  bool pieces_from_buckets = false;             // the file had no piece layout: its buckets stand in as pieces
   std::vector<std::vector<RankProfile>> steps;  // per steady step, per rank
   // Backward beside an all-reduce: the comm thread's CPU per all-reduce (on its terms; nullopt: not recorded) on
   // the cores of rank 0's host.

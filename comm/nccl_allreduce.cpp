@@ -61,7 +61,6 @@ NcclAllreduce::NcclAllreduce(MPI_Comm comm, std::optional<wire::Format> wire) : 
   agree(availability());
   const DeviceChoice choice = choose_device(comm, /*exclusive=*/true, "NcclAllreduce");
   device_ = choice.device;
-  local_rank_ = choice.local_rank;
 
   Bootstrap boot;
   if (rank_ == 0) boot.ok = ncclGetUniqueId(&boot.id) == ncclSuccess;

@@ -50,7 +50,6 @@ class NcclAllreduce final : public StreamAllreduce {
   const char* name() const override { return "nccl"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  int local_rank() const { return local_rank_; }
   int device() const override { return device_; }
   cudaStream_t stream() const override { return stream_; }  // the comm stream, named "ddplab comm" in NVTX
   ncclComm* nccl_comm() const { return comm_; }    // an ncclComm_t, e.g. for NCCL send/recv transports
@@ -102,7 +101,7 @@ class NcclAllreduce final : public StreamAllreduce {
   void release(bool abort) noexcept;
   uint16_t* wire_staging(size_t count);  // at least count words, stream-ordered on the comm stream
 
-  int rank_ = 0, size_ = 1, local_rank_ = 0, device_ = -1;
+  int rank_ = 0, size_ = 1, device_ = -1;
   ncclComm* comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;     // re-recorded on the comm stream by wait(); timing disabled

@@ -24,6 +24,7 @@
 #include "comm/ring_device.h"
 #include "comm/stream_allreduce.h"
 #include "comm/transport.h"
+#include "kernels/cuda/owned.h"
 #include "runtime/worker_thread.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
@@ -123,12 +124,6 @@ class RingAllreduceCuda final : public StreamAllreduce {
   void enqueue_allreduce_sum(const float* in, float* out, size_t count);
 
  private:
-  struct CudaFree {
-    void operator()(void* p) const { cudaFree(p); }
-  };
-  struct CudaFreeHost {
-    void operator()(void* p) const { cudaFreeHost(p); }
-  };
   void wait_for_jobs(const char* what);
   const DeviceRingWire* wire() const { return wire_ ? &*wire_ : nullptr; }
   struct LinkEntry;
@@ -146,12 +141,12 @@ class RingAllreduceCuda final : public StreamAllreduce {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CudaStreamMemory> memory_;
   std::unique_ptr<MpiTransport> transport_;                  // ipc tokens / host-staged data
-  std::unique_ptr<void, CudaFree> reduce_staging_;          // the primitives' incoming chunk
-  std::unique_ptr<void, CudaFree> wire_words_;              // 16-bit wire: its two chunk buffers, back to back
+  cuda::DeviceMemory reduce_staging_;                        // the primitives' incoming chunk
+  cuda::DeviceMemory wire_words_;                            // 16-bit wire: its two chunk buffers, back to back
   std::optional<DeviceRingWire> wire_;
-  std::unique_ptr<void, CudaFree> ipc_staging_;             // ipc: mine, written by prev
+  cuda::DeviceMemory ipc_staging_;                          // ipc: mine, written by prev
   void* next_ipc_staging_ = nullptr;                        // ipc: next's, mapped here
-  std::unique_ptr<void, CudaFreeHost> host_send_, host_recv_;  // host: pinned
+  std::unique_ptr<void, cuda::CudaFreeHost> host_send_, host_recv_;  // host: pinned
   std::unique_ptr<RingLink> link_;
   EventPool events_;  // main thread only; the comm thread only records the events it is handed
   cudaEvent_t done_ = nullptr;

@@ -116,7 +116,6 @@ class MpiTransport final : public Transport {
   void recv(int peer, void* buf, size_t bytes, int tag) override;
   void wait_sends(size_t keep_last = 0) override;
   bool progress() override;
-  int tag_ub() const { return tag_ub_; }  // the largest tag MPI allows (>= 32767)
 
  private:
   void check_tag(int tag) const;

@@ -24,8 +24,9 @@
 #include <memory>
 #include <vector>
 
-#include "ddp/reducer.h"
 #include "comm/stream_allreduce.h"
+#include "ddp/reducer.h"
+#include "kernels/cuda/owned.h"
 
 namespace ddplab::cuda {
 
@@ -71,12 +72,6 @@ class CudaReducer {
   int first_nonfinite_bucket() const;
 
  private:
-  struct CudaFree {
-    void operator()(int* p) const { cudaFree(p); }
-  };
-  struct CudaFreeHost {
-    void operator()(int* p) const { cudaFreeHost(p); }
-  };
   void launch(int bucket);
 
   StreamAllreduce& engine_;
@@ -85,8 +80,8 @@ class CudaReducer {
   std::vector<int> bucket_of_piece_;
   float* flat_grads_;
   cudaStream_t compute_;
-  std::unique_ptr<int, CudaFree> flags_;           // per bucket, device: set by scale_and_check_finite
-  std::unique_ptr<int, CudaFreeHost> flags_host_;  // pinned: copied on the comm stream behind the last bucket
+  std::unique_ptr<int, cuda::CudaFree> flags_;           // per bucket, device: set by scale_and_check_finite
+  std::unique_ptr<int, cuda::CudaFreeHost> flags_host_;  // pinned: copied on the comm stream behind the last bucket
 
   bool sync_ = true;
   float grad_scale_ = 1;

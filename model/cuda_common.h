@@ -15,26 +15,12 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/nvtx.h"
+#include "kernels/cuda/owned.h"
 #include "model/mlp.h"  // GradPiece, GradReadyHook
 
 namespace ddplab::cuda_model {
 
 using cuda::NvtxRange;  // kernels/cuda/nvtx.h
-
-struct EventDestroy {
-  void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
-};
-using Event = std::unique_ptr<CUevent_st, EventDestroy>;
-inline Event make_event(unsigned flags) {
-  cudaEvent_t e = nullptr;
-  cudaCheck(cudaEventCreateWithFlags(&e, flags));
-  return Event(e);
-}
-
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DeviceMemory = std::unique_ptr<void, CudaFree>;
 
 // Byte offsets of the buffers of one allocation. Each starts on a 256-byte boundary, as if it had its own
 // cudaMalloc: cuBLASLt picks kernels by operand alignment, and the vectorised kernels want 16 bytes.
@@ -57,12 +43,12 @@ class BufferLayout {
 class PieceEvents {
  public:
   void ensure(size_t pieces) {
-    while (events_.size() < pieces) events_.push_back(make_event(cudaEventDefault));
+    while (events_.size() < pieces) events_.push_back(cuda::make_event(cudaEventDefault));
   }
   cudaEvent_t at(int k) const { return events_.at(k).get(); }
 
  private:
-  std::vector<Event> events_;
+  std::vector<cuda::Event> events_;
 };
 
 // Backward's announcements on the GPU (PieceAnnouncer, model/parameters.h): each piece's event recorded on the stream
@@ -78,7 +64,7 @@ inline PieceAnnouncer device_piece_announcer(const std::vector<GradPiece>& piece
 // copy only, not for later work. NaN before the first copy.
 class LossReadback {
  public:
-  LossReadback() : done_(make_event(cudaEventDisableTiming)) {  // only ever waited on
+  LossReadback() : done_(cuda::make_event(cudaEventDisableTiming)) {  // only ever waited on
     float* host = nullptr;
     cudaCheck(cudaMallocHost(&host, sizeof(float)));
     host_.reset(host);
@@ -94,11 +80,8 @@ class LossReadback {
   }
 
  private:
-  struct CudaFreeHost {
-    void operator()(float* p) const { cudaFreeHost(p); }
-  };
-  std::unique_ptr<float, CudaFreeHost> host_;
-  Event done_;
+  std::unique_ptr<float, cuda::CudaFreeHost> host_;
+  cuda::Event done_;
 };
 
 // What MlpCuda and TransformerCuda share: their parameters in the CPU model's flat layout (names, shapes, offsets and

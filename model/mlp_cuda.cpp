@@ -182,10 +182,4 @@ void MlpCuda::backward_layers(const GradReadyHook& on_ready) {
   }
 }
 
-int64_t MlpCuda::gemm_flops_per_sample() const {
-  int64_t flops = 0;
-  for (int l = 0; l < num_linear(); ++l) flops += 2 * static_cast<int64_t>(dims_[l]) * dims_[l + 1];
-  return flops;
-}
-
 }  // namespace ddplab

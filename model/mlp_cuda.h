@@ -54,10 +54,8 @@ class MlpCuda : public cuda_model::DeviceParameters {
   // would need a sync): one >= num_classes makes its row's loss, hence the mean, NaN; a negative one marks a padding
   // row, left out of the mean and the gradient (the fused kernel's rule).
   void forward(const float* inputs, const int32_t* targets, int batch);
-  // The mean loss of the last forward, fp32, on the device: for a consumer on the stream that needs no host copy.
-  const float* loss_device() const { return mean_loss_; }
-  // The same on the host: WAITS for that forward's loss copy (not for later work on the stream). NaN before the
-  // first forward.
+  // The mean loss of the last forward, fp32, on the host: WAITS for that forward's loss copy (not for later work on the
+  // stream). NaN before the first forward.
   float loss() const;
 
   // Backward of the last forward's mean loss. ACCUMULATES (+=) into the fp32 gradients, or writes them over after
@@ -65,8 +63,6 @@ class MlpCuda : public cuda_model::DeviceParameters {
   // enqueue its kernels, record piece_ready_event(k), call on_ready(k). Once per forward: the hidden activations'
   // buffers take their gradients (std::logic_error on a second call).
   void backward(const GradReadyHook& on_ready = nullptr);
-  // Forward FLOPs per sample of the GEMMs (2 * in * out per Linear), as Mlp::gemm_flops_per_sample.
-  int64_t gemm_flops_per_sample() const;
   // The GEMMs' context: how they pick cuBLASLt's algorithms (set_timed_algos), what they planned.
   cuda::GemmContext& gemm() { return gemm_; }
   const cuda::GemmContext& gemm() const { return gemm_; }
@@ -89,7 +85,7 @@ class MlpCuda : public cuda_model::DeviceParameters {
   cuda::GemmContext gemm_;
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
-  cuda_model::DeviceMemory memory_;
+  cuda::DeviceMemory memory_;
   void* inputs_bf16_ = nullptr;            // bf16 only: the forward's inputs converted
   std::vector<void*> out_;                 // per Linear: GELU output (hidden) or logits, then dlogits (last)
   std::vector<void*> pre_gelu_;            // per hidden Linear: the GELU input, for its backward

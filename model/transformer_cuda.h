@@ -77,10 +77,8 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   // target >= num_classes makes the loss NaN.
   void forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
                float loss_scale = 1.0f);
-  // The mean loss of the last forward, fp32, on the device (0 for an empty batch).
-  const float* loss_device() const { return mean_loss_; }
-  // The same on the host: WAITS for that forward's loss copy (not for later work on the stream). NaN before the
-  // first forward.
+  // The mean loss of the last forward, fp32 (0 for an empty batch), on the host: WAITS for that forward's loss copy
+  // (not for later work on the stream). NaN before the first forward.
   float loss() const;
 
   // Backward of loss_scale x the last forward's mean loss (the scale given to forward). ACCUMULATES (+=) into the
@@ -131,7 +129,7 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // kCudnn only
 
   // One device allocation holds everything below; activations are float or __nv_bfloat16 by precision.
-  cuda_model::DeviceMemory memory_;
+  cuda::DeviceMemory memory_;
   void* encoded_ = nullptr;                // [tokens, C] the embeddings' output
   std::vector<BlockActs> blocks_;
   void *lnf_out_ = nullptr, *pooled_ = nullptr, *logits_ = nullptr;  // logits: then their gradient

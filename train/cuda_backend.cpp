@@ -74,11 +74,7 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
     extra_buffer_.reset(memory);
     cudaCheck(cudaMemsetAsync(memory, 0, extra_count_ * sizeof(float), compute_.get()));
   }
-  for (auto& copied : copied_) {
-    cudaEvent_t e = nullptr;
-    cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));  // only ever waited on
-    copied.reset(e);
-  }
+  for (cuda::Event& copied : copied_) copied = cuda::make_event(cudaEventDisableTiming);  // only ever waited on
   cudaCheck(cudaStreamSynchronize(compute_.get()));
   prefetcher_ = std::make_unique<BatchPrefetcher>([this](int64_t step) { return stage(step); }, config.steps);
 }

@@ -16,12 +16,13 @@
 #include <vector>
 
 #include "comm/stream_allreduce.h"
+#include "config/train_config.h"
 #include "ddp/reducer_cuda.h"
 #include "kernels/cuda/nvtx.h"
+#include "kernels/cuda/owned.h"
 #include "train/batch_prefetcher.h"
 #include "train/cuda_workload.h"
 #include "train/step_backend.h"
-#include "config/train_config.h"
 
 namespace ddplab {
 
@@ -64,15 +65,6 @@ class CudaBackend final : public StepBackend {
   CheckpointInfo read_checkpoint(const std::string& path) override;
 
  private:
-  struct StreamDestroy {
-    void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
-  };
-  struct EventDestroy {
-    void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
-  };
-  struct CudaFree {
-    void operator()(void* p) const { cudaFree(p); }
-  };
   BatchStats stage(int64_t step);
   // AdamW on bucket b's span of the flat buffers at the step's t, skipped on the device while skip_if_set is set.
   void update_bucket(int b, const int* skip_if_set);
@@ -92,12 +84,12 @@ class CudaBackend final : public StepBackend {
   std::vector<cudaEvent_t> marks_;
   std::optional<cuda::NvtxRange> step_range_;
   std::vector<float> host_params_;
-  std::unique_ptr<CUstream_st, StreamDestroy> compute_, copy_;
+  cuda::Stream compute_, copy_;
   std::unique_ptr<CudaWorkload> workload_;
   std::unique_ptr<cuda::CudaReducer> reducer_;
-  std::unique_ptr<void, CudaFree> moments_;  // AdamW's m and v
+  cuda::DeviceMemory moments_;  // AdamW's m and v
   float *m_ = nullptr, *v_ = nullptr;
-  std::unique_ptr<void, CudaFree> extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
+  cuda::DeviceMemory extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
   size_t extra_count_ = 0;
   int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
   // --optimizer-in-backward on: the update bucket by bucket after backward, each behind its own all-reduce, so that
@@ -105,7 +97,7 @@ class CudaBackend final : public StepBackend {
   // update of all the others instead of before it.
   bool bucketed_update_ = false;
   // Per staging slot of the workload (step s uses slot s % 2): the end of its copy to the device, on the copy stream.
-  std::unique_ptr<CUevent_st, EventDestroy> copied_[CudaWorkload::kSlots];
+  cuda::Event copied_[CudaWorkload::kSlots];
   // NCCL's all-reduce or our ring (--comm), created first (its constructor selects this rank's device) and declared
   // late, so that it is destroyed early: its comm thread and stream stop before the gradients, the reducer's flags
   // and the events they write go.

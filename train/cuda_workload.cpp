@@ -37,12 +37,9 @@ class StagingSlots {
   }
 
  private:
-  struct CudaFreeHost {
-    void operator()(void* p) const { cudaFreeHost(p); }
-  };
   size_t bytes_;
-  cuda_model::DeviceMemory device_;
-  std::unique_ptr<void, CudaFreeHost> host_;
+  cuda::DeviceMemory device_;
+  std::unique_ptr<void, cuda::CudaFreeHost> host_;
 };
 
 // What every workload answers from its model alone (MlpCuda and TransformerCuda share these calls).

@@ -307,7 +307,6 @@ void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
   rep.add({"convert", "bf16_to_f32", sh, median_ms(opt, s, [&] { cuda::bf16_to_f32(y, h, n, s); }), 6.0 * n, 0});
   rep.add({"convert", "scale_and_check_finite", sh,
            median_ms(opt, s, [&] { cuda::scale_and_check_finite(y, 1.0f, n, flag, s); }), 8.0 * n, 0});
-  rep.add({"elementwise", "gelu_forward", sh, median_ms(opt, s, [&] { cuda::gelu_forward(y, x, n, s); }), 8.0 * n, 0});
   rep.add({"elementwise", "gelu_backward", sh, median_ms(opt, s, [&] { cuda::gelu_backward(y, x, g, n, s); }), 12.0 * n,
            0});
   rep.add({"elementwise", "scale", sh, median_ms(opt, s, [&] { cuda::scale(y, 1.0f, n, s); }), 8.0 * n, 0});
@@ -364,10 +363,6 @@ void bench_sequence(const Options& opt, cudaStream_t s, Arena& a, Report& rep, i
   rep.add({"sequence", "next_token_targets (lengths S..S/2)", dims({{"B", B}, {"S", S}}),
            median_ms(opt, s, [&] { cuda::next_token_targets(targets, d_tokens, d_len, B, S, s); }),
            4.0 * valid + 4.0 * B * S, 0});
-  const int N = 128, OC = 1024;  // the default MLP's hidden layer
-  float *out = a.random_f32(int64_t{N} * OC), *bias = a.random_f32(OC);
-  rep.add({"elementwise", "bias_forward", dims({{"N", N}, {"OC", OC}}),
-           median_ms(opt, s, [&] { cuda::bias_forward(out, bias, N, OC, s); }), 8.0 * N * OC + 4.0 * OC, 0});
 }
 
 void bench_attention(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C, int NH) {

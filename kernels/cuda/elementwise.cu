@@ -1,6 +1,4 @@
 // The elementwise launchers (kernels: elementwise_kernels.cuh; contracts: elementwise.h).
-#include <algorithm>
-
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.h"
@@ -10,9 +8,7 @@
 namespace ddplab::cuda {
 namespace {
 
-using elementwise::bias_forward_kernel;
 using elementwise::gelu_backward_kernel;
-using elementwise::gelu_forward_kernel;
 using elementwise::residual_forward_kernel;
 using elementwise::scale_kernel;
 
@@ -26,13 +22,6 @@ void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaS
 
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  detail::launch_packed(detail::map_packs_fit(out, inp), n, stream, gelu_forward_kernel<4>, gelu_forward_kernel<1>, out,
-                        inp, n);
-  cudaCheck(cudaGetLastError());
-}
-
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream) {
   launch_gelu_backward(dinp, inp, dout, n, stream);
 }
@@ -40,16 +29,6 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, 
 void gelu_backward(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const __nv_bfloat16* dout, int64_t n,
                    cudaStream_t stream) {
   launch_gelu_backward(dinp, inp, dout, n, stream);
-}
-
-void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t stream) {
-  if (B <= 0 || OC <= 0) return;
-  // About kTargetBlocks blocks in all, whatever the shape; rows beyond gridDim.y (at most 65535) wrap in the kernel.
-  constexpr int64_t kTargetBlocks = 4096;
-  const unsigned grid_x = detail::grid_size(OC);
-  const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
-  bias_forward_kernel<<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, bias, B, OC);
-  cudaCheck(cudaGetLastError());
 }
 
 template <typename T>

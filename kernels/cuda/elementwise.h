@@ -1,6 +1,7 @@
 // Elementwise ops on the device: the CUDA twins of kernels/cpu/ops.h, same names and argument order (outputs, inputs,
 // sizes), plus the stream they are enqueued on. fp32, and bf16 where a bf16 step needs them (GELU backward, the
-// residual add); bf16 variants compute in fp32 and round the result once.
+// residual add); bf16 variants compute in fp32 and round the result once. The forward's bias and GELU are the GEMM's
+// epilogue (gemm.h).
 // Asynchronous: they return once the kernel is launched, and throw std::runtime_error if the launch fails. n == 0
 // launches nothing. Plain C++ may include this header; the kernels live in elementwise.cu.
 #pragma once
@@ -11,16 +12,11 @@
 
 namespace ddplab::cuda {
 
-// GELU, tanh approximation, the same formula as cpu::gelu_forward. out may alias inp.
-void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream);
 // dinp = dout * gelu'(inp), OVERWRITTEN (an activation gradient), as cpu::gelu_backward. dinp may alias inp or dout.
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream);
 // The same on bf16 activations: fp32 arithmetic, the result rounded to bf16 once.
 void gelu_backward(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const __nv_bfloat16* dout, int64_t n,
                    cudaStream_t stream);
-
-// out[B,OC] += bias[OC] (in place, broadcast over rows)
-void bias_forward(float* out, const float* bias, int B, int OC, cudaStream_t stream);
 
 // out = a + b: the transformer's residual connection (cpu::residual_forward) and the GPU ring all-reduce's reduction
 // (comm/ring_cuda.h). out may alias a or b.

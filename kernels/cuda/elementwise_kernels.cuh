@@ -18,15 +18,6 @@ using detail::kSqrt2OverPi;
 // Rounded to float exactly as the CPU reference's T(3 * kGeluCubic).
 constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
 
-struct Gelu {
-  __device__ float operator()(float x) const { return detail::gelu_tanh(x); }
-};
-
-template <int V>
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
-  detail::map_elements<V>(out, inp, n, Gelu{});
-}
-
 // T is the activation type (float or __nv_bfloat16); the arithmetic is fp32 either way.
 template <typename T>
 __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
@@ -36,15 +27,6 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64
     const float sech2 = 1.0f - th * th;
     const float du_dx = kSqrt2OverPi * (1.0f + kGeluCubic3 * x * x);
     dinp[i] = detail::from_float<T>(detail::to_float(dout[i]) * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx));
-  }
-}
-
-// Columns across threads (coalesced), rows across blockIdx.y: each thread loads its bias once and no index needs
-// a 64-bit division.
-static __global__ void bias_forward_kernel(float* out, const float* bias, int B, int OC) {
-  for (int64_t o = global_index(); o < OC; o += grid_stride()) {
-    const float b = bias[o];
-    for (int64_t row = blockIdx.y; row < B; row += gridDim.y) out[row * OC + o] += b;
   }
 }
 

@@ -339,7 +339,8 @@ template <typename T>
 void launch_epilogue(GemmContext& ctx, T* out, T* pre_gelu, const T* bias, int B, int OC, bool gelu,
                      cudaStream_t stream) {
   ctx.count_epilogue(/*fused=*/false);
-  constexpr int64_t kTargetBlocks = 4096;  // as bias_forward: about this many blocks whatever the shape
+  // About kTargetBlocks blocks in all, whatever the shape; rows beyond gridDim.y (at most 65535) wrap in the kernel.
+  constexpr int64_t kTargetBlocks = 4096;
   const unsigned grid_x = detail::grid_size(OC);
   const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
   if (gelu)

@@ -43,7 +43,6 @@ class GemmContext {
   GemmContext& operator=(const GemmContext&) = delete;
 
   GemmMath math() const { return math_; }
-  void set_math(GemmMath math) { math_ = math; }  // applies to fp32 GEMMs from the next call on
   size_t workspace_bytes() const { return workspace_bytes_; }
   // Created on first call (throws std::runtime_error without a usable device).
   cublasLtHandle_t lt_handle();
