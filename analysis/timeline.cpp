@@ -1,12 +1,7 @@
 #include "analysis/timeline.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <stdexcept>
 
 #include "record/files.h"
@@ -211,19 +206,7 @@ std::string default_timeline_path(const std::string& run_path) {
 void write_timeline(const RunRecord& run, const std::string& path, bool force) {
   // Strings come from the run file as stored (hostnames, attributes): bytes that are not UTF-8 become U+FFFD
   // instead of a json::type_error that would end `ddplab timeline` as an internal error.
-  const std::string text = chrome_trace(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  const std::string tmp = temp_path_for(path);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-    out << text << '\n';
-    out.flush();
-    if (!out) {
-      unlink(tmp.c_str());
-      throw std::runtime_error("cannot write " + tmp);
-    }
-  }
-  publish_file(tmp, path, force);
+  write_text_file(path, chrome_trace(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", force);
 }
 
 }  // namespace ddplab

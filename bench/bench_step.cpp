@@ -24,11 +24,6 @@ using namespace ddplab;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 // The MLP's GEMMs, shape for shape and call for call as model/mlp.cpp makes them (one piece per weight), on buffers
 // of their own. The weight gradients accumulate, which OpenBLAS does without a zeroing pass: what is timed is the
 // GEMMs' own work. (They grow step by step, by small values: no overflow, no denormals in 10^5 steps.)

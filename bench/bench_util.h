@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <utility>
 #include <vector>
 
+#include "analysis/stats.h"
 #include "kernels/cpu/rng.h"
 
 namespace ddplab::bench {
@@ -18,8 +20,7 @@ inline double median_ms(const std::function<void()>& fn, int repeats) {
     fn();
     t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
+  return ddplab::median(std::move(t));
 }
 
 // y += x over the two buffers (x and y read, y written: 3 streams), median ms of `repeats`. Over buffers far larger

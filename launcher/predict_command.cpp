@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -198,16 +197,7 @@ nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
 }
 
 void write_json_file(const std::string& path, bool force, const nlohmann::json& j) {
-  const std::string tmp = temp_path_for(path);
-  {
-    std::ofstream out(tmp);
-    out << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("cannot write " + tmp);
-    }
-  }
-  publish_file(tmp, path, force);
+  write_text_file(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", force);
 }
 
 // The model of the run in the file, with the calibration file's all-reduce times when one is given.

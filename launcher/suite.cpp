@@ -236,20 +236,6 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
 
 namespace {
 
-// Whole or not at all (record/files.h): a reader never sees half a summary.
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = temp_path_for(path);
-  std::ofstream file(tmp);
-  file << text;
-  file.close();
-  if (!file) {  // a full disk shows here, not as a truncated summary in place of the last one
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": writing " + tmp + " failed: " + std::strerror(errno));
-  }
-  sync_to_disk(tmp);
-  publish_file(tmp, path, /*force=*/true);
-}
-
 // Every case in turn, each on the first world_size ranks (the others wait without spinning). Results on rank 0.
 std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>& cases,
                                   const std::string& command_line, MPI_Comm world) {
@@ -487,7 +473,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     csv += case_csv_row(r, f, lab);
     json_cases.push_back(case_json(r, f));
   }
-  write_text_file(o.out_dir + "/summary.csv", csv);
+  write_text_file(o.out_dir + "/summary.csv", csv, /*force=*/true);
   const bool loss_identical = loss_matches_baseline(results, refs.baseline);
   print_oversubscription_notes(o.base.blas_threads, results);
   std::printf(
@@ -568,7 +554,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                                   {"host_cores", host_cores},
                                   {"loss_identical", loss_identical},
                                   {"cases", json_cases}};
-  write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
+  write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n", /*force=*/true);
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   if (const CaseResult* straggler = find_case(results, "straggler")) {
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
@@ -1064,8 +1050,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   print_best(best, noise, tied);
   nlohmann::json summary = sweep_json(o, size, points, best, noise, tied);
   if (o.predict) summary.update(print_prediction_summary(sources, points, best));
-  write_text_file(o.out_dir + "/summary.csv", sweep_csv(points));
-  write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n");
+  write_text_file(o.out_dir + "/summary.csv", sweep_csv(points), /*force=*/true);
+  write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n", /*force=*/true);
   std::vector<std::string> files;
   for (const SweepPoint& p : points) files.push_back(p.path);
   draw_charts(o.out_dir, files, {"--sweep", o.out_dir + "/summary.json"});

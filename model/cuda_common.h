@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,12 @@
 namespace ddplab::cuda_model {
 
 using cuda::NvtxRange;  // kernels/cuda/nvtx.h
+
+// A buffer of the models' one allocation as the activation type of the precision in use.
+template <typename T>
+T* as(void* p) {
+  return static_cast<T*>(p);
+}
 
 // Byte offsets of the buffers of one allocation. Each starts on a 256-byte boundary, as if it had its own
 // cudaMalloc: cuBLASLt picks kernels by operand alignment, and the vectorised kernels want 16 bytes.
@@ -156,6 +163,15 @@ class DeviceParameters {
     }
     cudaCheck(cudaMemcpyAsync(flat_params_, host_values, flat_size_ * sizeof(float), cudaMemcpyHostToDevice, stream_));
     zero_grad();
+  }
+
+  // A parameter as the GEMMs read it: the fp32 master, or in a bf16 model its bf16 copy (weights and biases alike).
+  template <typename T>
+  const T* operand(int param) const {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      return weights_bf16_ + params_[param].offset;
+    else
+      return params_[param].data;
   }
 
   // Whether flat_params() gave write access since the last call (a model's forward asks, bf16 models to remake

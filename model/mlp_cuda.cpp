@@ -13,12 +13,8 @@ namespace ddplab {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using cuda_model::as;
 using cuda_model::NvtxRange;
-
-template <typename T>
-T* as(void* p) {
-  return static_cast<T*>(p);
-}
 
 }  // namespace
 
@@ -85,14 +81,6 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
 }
 
 MlpCuda::~MlpCuda() = default;
-
-template <typename T>
-const T* MlpCuda::operand(int param) const {
-  if constexpr (std::is_same_v<T, bf16>)
-    return weights_bf16_ + params_[param].offset;
-  else
-    return params_[param].data;
-}
 
 void MlpCuda::forward(const float* inputs, const int32_t* targets, int batch) {
   if (batch < 0 || batch > max_batch_)

@@ -73,9 +73,6 @@ class MlpCuda : public cuda_model::DeviceParameters {
   void forward_layers(const float* inputs, const int32_t* targets, int batch);
   template <typename T>
   void backward_layers(const GradReadyHook& on_ready);
-  // A parameter as the GEMMs read it: the fp32 master, or in bf16 its copy (weights and biases alike).
-  template <typename T>
-  const T* operand(int param) const;
 
   MlpConfig config_;
   Precision precision_;

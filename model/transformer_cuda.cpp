@@ -21,6 +21,7 @@ namespace ddplab {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using cuda_model::as;
 using cuda_model::NvtxRange;
 
 // The unfused attention in bf16 runs on fp32 copies placed after its workspace, each [tokens, C] floats: forward's
@@ -28,11 +29,6 @@ using cuda_model::NvtxRange;
 // them here.
 constexpr int kForwardFp32Copies = 3 + 1, kBackwardFp32Copies = 1 + 3 + 3;
 using namespace transformer_block;  // NOLINT: the block's parameter names
-
-template <typename T>
-T* as(void* p) {
-  return static_cast<T*>(p);
-}
 
 int index_of(const std::vector<Parameter<float>>& params, const std::string& name) {
   for (size_t i = 0; i < params.size(); ++i)
@@ -220,14 +216,6 @@ void TransformerCuda::point_into(char* bytes, const BufferOffsets& at) {
 }
 
 int TransformerCuda::head_outputs() const { return config_.causal() ? config_.vocab : config_.num_classes; }
-
-template <typename T>
-const T* TransformerCuda::operand(int param) const {
-  if constexpr (std::is_same_v<T, bf16>)
-    return weights_bf16_ + params_[param].offset;
-  else
-    return params_[param].data;
-}
 
 void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
                               float loss_scale) {

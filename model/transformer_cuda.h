@@ -103,9 +103,6 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   void point_into(char* bytes, const BufferOffsets& at);
   int head_outputs() const;
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
-  // A parameter as the GEMMs read it: the fp32 master, or in bf16 its copy (weights and biases alike).
-  template <typename T>
-  const T* operand(int param) const;
   template <typename T>
   void forward_layers(float loss_scale);
   template <typename T>

@@ -149,4 +149,20 @@ inline void publish_file(const std::string& tmp, const std::string& path, bool f
   sync_folder(folder_of(path));
 }
 
+// A text file written whole or not at all, by the steps above: a reader never sees half of it, and a full disk
+// throws here, naming the path, with whatever stood under the name left as it was.
+inline void write_text_file(const std::string& path, const std::string& text, bool force) {
+  const std::string tmp = temp_path_for(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    const int error = errno;
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
+  }
+  sync_to_disk(tmp);
+  publish_file(tmp, path, force);
+}
+
 }  // namespace ddplab

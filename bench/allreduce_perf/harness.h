@@ -69,8 +69,6 @@ void print_row(const Row& r);  // as soon as it is measured
 std::string results_json(const Options& o, int n, const Topology& topology, const std::vector<Row>& rows,
                          const nlohmann::json& avg_busbw, long long total_wrong);
 std::string results_csv(const Options& o, int n, const std::vector<Row>& rows);
-// Written whole or not at all: a temporary beside `path` (record/files.h), renamed over it once complete.
-void write_atomically(const std::string& path, const std::string& text);
 // Checks that need the machine: rank 0's output files, the GPU, every rank's memory. Collective. The lowest rank
 // that finds a problem prints it; every rank then returns false.
 bool preflight(const Options& o, const Topology& hosts, int rank, int n);

@@ -38,6 +38,7 @@
 #include "bench/allreduce_perf/harness.h"
 #include "comm/shm_transport.h"
 #include "comm/topology.h"
+#include "record/files.h"
 #include "runtime/mpi_init.h"
 #include "runtime/watchdog.h"
 
@@ -91,8 +92,10 @@ int finish(const Options& o, int n, const Topology& topology, const std::vector<
     avg_busbw[impl.label] = k ? sum / k : 0.0;
   }
   for (const Row& r : rows) total_wrong += std::max(0LL, r.oop.wrong) + std::max(0LL, r.ip.wrong);
-  if (!o.csv_path.empty()) write_atomically(o.csv_path, results_csv(o, n, rows));
-  if (!o.json_path.empty()) write_atomically(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong));
+  // Whole or not at all (record/files.h).
+  if (!o.csv_path.empty()) write_text_file(o.csv_path, results_csv(o, n, rows), /*force=*/true);
+  if (!o.json_path.empty())
+    write_text_file(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong), /*force=*/true);
   if (o.check_iters > 0)
     std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   else

@@ -171,19 +171,6 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
   return s.str();
 }
 
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = temp_path_for(path);
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (f) ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    const int error = errno;
-    unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
-  }
-  publish_file(tmp, path, /*force=*/true);
-}
-
 bool preflight(const Options& o, const Topology& hosts, int rank, int n) {
   std::string problem;
   // A file that exists is replaced (as nccl-tests' output files are): only a folder or an unwritable place refuses.

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "analysis/stats.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.cuh"
@@ -116,8 +117,7 @@ double median_ms(const Options& opt, cudaStream_t stream, const std::function<vo
   }
   cudaCheck(cudaEventDestroy(start));
   cudaCheck(cudaEventDestroy(stop));
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
+  return ddplab::median(std::move(t));
 }
 
 struct Row {
@@ -524,15 +524,14 @@ void bench_gemm(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B
                  (ctx.fallback_epilogues() == before ? ", DGELU)" : ", our epilogue)"),
              sh, dgelu_ms, 0, flops});
     if (!bf) return;
-    // The heuristic's first answer (every row above) against the best of its first kMaxCandidates, each timed alike
-    // (bias and epilogues as the step calls them): what a plan that timed them would win, per call. The row names how
-    // many ran, the winner (#0: the heuristic's pick) and #0's time; the candidates end at the first the heuristic does
-    // not give (or that would fall back to our epilogue).
-    constexpr int kMaxCandidates = 8;
+    // The heuristic's first answer (every row above) against the best of the first kTimedCandidates (those a timed
+    // context tries), each timed alike (bias and epilogues as the step calls them): what a plan that timed them would
+    // win, per call. The row names how many ran, the winner (#0: the heuristic's pick) and #0's time; the candidates
+    // end at the first the heuristic does not give (or that would fall back to our epilogue).
     const auto best_candidate = [&](const char* name, const std::function<void()>& gemm) {
       double best_ms = 0, first_ms = 0;
       int best = -1, ran = 0;
-      for (int k = 0; k < kMaxCandidates; ++k, ++ran) {
+      for (int k = 0; k < cuda::GemmContext::kTimedCandidates; ++k, ++ran) {
         ctx.set_heuristic_rank(k);
         const int64_t fallbacks = ctx.fallback_epilogues();
         double ms = 0;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/stats.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
@@ -37,11 +38,6 @@ struct StepTimes {
   std::string graph_error;
   std::string gemm_algos;  // how the GEMMs picked their algorithms (GemmContext::describe_algos)
 };
-
-inline double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
 
 // On the stream the model runs on (a non-blocking one: cudaMemcpy's legacy stream would not order it).
 template <typename T>
