@@ -3,18 +3,17 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <nvtx3/nvToolsExtCudaRt.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
-#include "runtime/mpi_check.h"
-#include "runtime/watchdog.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/nvtx.h"
 #include "kernels/cuda/wire_cast.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab::cuda {
 
@@ -35,30 +34,14 @@ std::string NcclAllreduce::availability() {
   int version = 0;
   if (ncclGetVersion(&version) != ncclSuccess || version < kMinNcclVersion)
     return "NCCL " + std::to_string(version) + " is older than 2.10 (no ncclAvg)";
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear it: a later, unrelated check must not report it again
-    return std::string("no CUDA device: ") + cudaGetErrorString(err);
-  }
-  if (count == 0) return "no CUDA device: cudaGetDeviceCount found 0 devices";
-  return "";
+  return missing_cuda_device();
 }
 
 NcclAllreduce::NcclAllreduce(MPI_Comm comm, std::optional<wire::Format> wire) : wire_(wire) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &size_));
 
-  // Every rank decides the same way whether to go on: one that threw alone would leave the rest in a collective.
-  const auto agree = [&](const std::string& local_error) {
-    const int mine = local_error.empty() ? 0 : 1;
-    int any = 0;
-    mpiCheck(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm));
-    if (mine) throw std::runtime_error("rank " + std::to_string(rank_) + ": NcclAllreduce: " + local_error);
-    if (any) throw std::runtime_error("rank " + std::to_string(rank_) + ": NcclAllreduce: another rank failed");
-  };
-
-  agree(availability());
+  agree_or_throw(comm, "NcclAllreduce", availability());
   const DeviceChoice choice = choose_device(comm, /*exclusive=*/true, "NcclAllreduce");
   device_ = choice.device;
 
@@ -73,12 +56,7 @@ NcclAllreduce::NcclAllreduce(MPI_Comm comm, std::optional<wire::Format> wire) : 
     comm_ = nccl;
     // A watchdog abort must not leave NCCL kernels spinning on the GPU for a dead peer.
     abort_hook_ = watchdog::add_abort_hook([](void* comm) { ncclCommAbort(static_cast<ncclComm_t>(comm)); }, comm_);
-    // Highest priority: the block scheduler prefers the comm kernels whenever backward's kernels leave room,
-    // so a bucket's all-reduce runs beside compute instead of queueing behind it.
-    int least = 0, greatest = 0;
-    cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    cudaCheck(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-    nvtxNameCudaStreamA(stream_, "ddplab comm");
+    stream_ = create_comm_stream("ddplab comm");
     cudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   } catch (...) {
     failed_ = true;  // NCCL ranks may be half-connected: abort, never a destroy that waits for peers

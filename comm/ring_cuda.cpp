@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <nvtx3/nvToolsExtCudaRt.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -11,13 +10,13 @@
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/mpi_check.h"
 #include "comm/nccl_allreduce.h"
-#include "runtime/watchdog.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/nvtx.h"
 #include "kernels/cuda/wire_cast.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab::cuda {
 
@@ -55,15 +54,6 @@ void NcclP2pLink::exchange(const void* send, size_t send_bytes, void* recv, size
 }
 
 namespace {
-
-// Every rank learns whether any failed, so all throw together instead of some waiting in a later collective.
-void agree(MPI_Comm comm, int rank, const std::string& local_error) {
-  const int mine = local_error.empty() ? 0 : 1;
-  int any = 0;
-  mpiCheck(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm));
-  if (mine) throw std::runtime_error("rank " + std::to_string(rank) + ": ring on the GPU: " + local_error);
-  if (any) throw std::runtime_error("rank " + std::to_string(rank) + ": ring on the GPU: another rank failed");
-}
 
 // What the links decide by: the same facts on every rank, so every rank picks the same link.
 struct LinkQuery {
@@ -154,10 +144,7 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   if (bytes == 0) throw std::invalid_argument("ring on the GPU: chunk_bytes must hold at least one float");
   const LinkEntry& link = choose_link(comm, config.link);
 
-  int least = 0, greatest = 0;
-  cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  cudaCheck(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));  // as NCCL's comm stream
-  nvtxNameCudaStreamA(stream_, "ddplab comm (ring)");
+  stream_ = create_comm_stream("ddplab comm (ring)");
   cudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   memory_ = std::make_unique<CudaStreamMemory>(stream_);
   void* p = nullptr;
@@ -194,7 +181,7 @@ void RingAllreduceCuda::map_next_staging(MPI_Comm comm, size_t bytes) {
   if (err != cudaSuccess) error = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(err);
   std::vector<cudaIpcMemHandle_t> all(size_);
   mpiCheck(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, comm));
-  agree(comm, rank_, error);
+  agree_or_throw(comm, "ring on the GPU", error);
   if (size_ == 1) {
     next_ipc_staging_ = p;  // the ring never exchanges with one rank; a process cannot open its own handle
     return;
@@ -206,7 +193,7 @@ void RingAllreduceCuda::map_next_staging(MPI_Comm comm, size_t bytes) {
     error = "cudaIpcOpenMemHandle of rank " + std::to_string((rank_ + 1) % size_) + "'s buffer: " +
             cudaGetErrorString(err);
   }
-  agree(comm, rank_, error);
+  agree_or_throw(comm, "ring on the GPU", error);
 }
 
 RingAllreduceCuda::~RingAllreduceCuda() {

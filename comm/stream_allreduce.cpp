@@ -1,5 +1,8 @@
-// EventPool, elapsed_ms, wait_for_stream and choose_device: see stream_allreduce.h. Host code only.
+// EventPool, elapsed_ms, wait_for_stream, agree_or_throw, the comm stream and choose_device: see stream_allreduce.h.
+// Host code only.
 #include "comm/stream_allreduce.h"
+
+#include <nvtx3/nvToolsExtCudaRt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -58,6 +61,36 @@ namespace {
 constexpr int kBusIdLen = 32;  // the gather's fixed width: pci_bus_id's ids are 16 characters
 }  // namespace
 
+void agree_or_throw(MPI_Comm comm, const std::string& who, const std::string& local_error) {
+  int rank = 0;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  const int mine = local_error.empty() ? 0 : 1;
+  int any = 0;
+  mpiCheck(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm));
+  const std::string prefix = "rank " + std::to_string(rank) + ": " + who + ": ";
+  if (mine) throw std::runtime_error(prefix + local_error);
+  if (any) throw std::runtime_error(prefix + "another rank failed");
+}
+
+std::string missing_cuda_device() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: a later, unrelated check must not report it again
+    return std::string("no CUDA device: ") + cudaGetErrorString(err);
+  }
+  return count == 0 ? "no CUDA device: cudaGetDeviceCount found 0 devices" : "";
+}
+
+cudaStream_t create_comm_stream(const char* name) {
+  int least = 0, greatest = 0;
+  cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t stream = nullptr;
+  cudaCheck(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+  nvtxNameCudaStreamA(stream, name);
+  return stream;
+}
+
 DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
@@ -69,15 +102,10 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
 
   // Nothing here creates a context (cudaSetDevice does, since CUDA 12): which GPU, its bus id and compute mode are
   // read first, so that ranks which may not share a GPU are refused with the reason, not a failed context creation.
-  std::string error, sharing_refused;
+  std::string error = missing_cuda_device(), sharing_refused;
   char bus_id[kBusIdLen] = {};
-  cudaError_t err = cudaGetDeviceCount(&choice.device_count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear it: a later, unrelated check must not report it again
-    error = std::string("no CUDA device: ") + cudaGetErrorString(err);
-  } else if (choice.device_count == 0) {
-    error = "no CUDA device: cudaGetDeviceCount found 0 devices";
-  } else {
+  if (error.empty()) {
+    cudaCheck(cudaGetDeviceCount(&choice.device_count));
     choice.device = choice.local_rank % choice.device_count;
     const std::string id = pci_bus_id(choice.device);
     if (id.empty())
@@ -110,7 +138,7 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
       error += sharing_refused + ": run at most one rank per GPU, or switch it to the Default compute mode " +
                "(nvidia-smi -c DEFAULT)";
   }
-  if (error.empty() && (err = cudaSetDevice(choice.device)) != cudaSuccess) {
+  if (cudaError_t err; error.empty() && (err = cudaSetDevice(choice.device)) != cudaSuccess) {
     cudaGetLastError();
     error = "device " + std::to_string(choice.device) + ": " + cudaGetErrorString(err);
   }

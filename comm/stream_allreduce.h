@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace ddplab::cuda {
@@ -80,6 +81,18 @@ float elapsed_ms(cudaEvent_t from, cudaEvent_t to);
 // between polls. Spins for the first 200 us, then sleeps between polls: in the device VM a 20 us sleep lasted ~80
 // us, which was the whole time of a small all-reduce (NCCL np 1, 8 bytes: 82 us per call vs 1.6 us in place).
 void wait_for_stream(cudaStream_t stream, const char* what, const std::function<void()>& between_polls = nullptr);
+
+// Every rank of comm learns whether any failed, so that all throw together instead of some waiting in a later
+// collective: throws "rank R: <who>: <local_error>" on a rank that failed, "...: another rank failed" on the others.
+void agree_or_throw(MPI_Comm comm, const std::string& who, const std::string& local_error);
+
+// "" where the CUDA runtime sees a device, else "no CUDA device: " and its reason (the runtime's error is cleared).
+std::string missing_cuda_device();
+
+// A communication stream: non-blocking, of the highest priority, so that the block scheduler prefers its kernels
+// whenever compute's leave room and an all-reduce runs beside backward instead of queueing behind it; named for
+// NVTX timelines.
+cudaStream_t create_comm_stream(const char* name);
 
 // This rank's GPU: node-local rank modulo the node's device count, made current (cudaSetDevice). Collective over
 // comm; throws on every rank if any rank has no usable device, or, with exclusive, if two ranks of a node would share
