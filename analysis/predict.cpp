@@ -69,12 +69,15 @@ std::string mb_text(double bytes) {
   return s.str();
 }
 
+// An fp32 buffer's bytes as they cross the wire: half of them in 16 bits.
+double wire_bytes_of(double bytes, WireDtype wire) { return wire == WireDtype::kFp32 ? bytes : bytes / 2; }
+
 }  // namespace
 
 AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
                                int nodes) {
   if (ranks <= 1 || bytes <= 0) return {};
-  const double n = ranks, wire_bytes = wire == WireDtype::kFp32 ? bytes : bytes / 2;
+  const double n = ranks, wire_bytes = wire_bytes_of(bytes, wire);
   if (impl == AllreduceImpl::kHier) {
     const double across = std::max(nodes, 1);
     return {2 * (across - 1), 2 * (across - 1) / across * wire_bytes};
@@ -96,7 +99,7 @@ double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_
   // Recursive doubling: exchanges at distance 1, 2, 4, ... < p stay within a node while shorter than K, then every
   // rank of the node sends across at once; the ranks beyond p fold in and out across nodes (p > n/2 >= K).
   const int per_node = ranks / nodes;
-  const double message = wire == WireDtype::kFp32 ? bytes : bytes / 2;
+  const double message = wire_bytes_of(bytes, wire);
   int p = 1;
   while (p * 2 <= ranks) p *= 2;
   double ms = 0;
@@ -113,7 +116,7 @@ double mpi_ms(double bytes, int ranks, int nodes, const HopCosts& costs) {
 
 double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCosts& costs) {
   if (ranks <= 1 || bytes <= 0) return 0;
-  const double per_node = ranks / std::max(nodes, 1), wire_bytes = wire == WireDtype::kFp32 ? bytes : bytes / 2;
+  const double per_node = ranks / std::max(nodes, 1), wire_bytes = wire_bytes_of(bytes, wire);
   const AllreduceTerms within{2 * (per_node - 1), 2 * (per_node - 1) / per_node * wire_bytes};  // both halves
   const double node_ms = costs.intra.ms(within);
   const double across_ms = costs.inter.ms(allreduce_terms(bytes, ranks, AllreduceImpl::kHier, wire, 0, nodes));

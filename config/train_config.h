@@ -361,6 +361,9 @@ struct RunFacts {
   bool cudnn_available = false;        // cuDNN's attention loads on every rank
 };
 
+// A size in MiB (--grad-slice-mb, --extra-allreduce-mb) as a count of fp32 elements.
+inline int64_t floats_in_mb(double mb) { return static_cast<int64_t>(mb * 1048576.0 / sizeof(float)); }
+
 // --grad-slice-mb as it runs: auto (see resolved) is 1 MiB with the update in backward on the CPU, else 0 (whole
 // weights). Not on the GPU: 1 MiB row blocks cut gpt2-small's weight gradients into ~750 small GEMMs, and its
 // backward took 63.8 ms instead of 25.3 (2 ranks sharing an H200, docs/BENCHMARKS.md).

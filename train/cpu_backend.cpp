@@ -12,14 +12,13 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
       comm_(std::make_unique<Communicator>(comm, comm_options(config))),
       workload_(make_workload(config, comm_->rank(), comm_->size())),
       optimizer_(config.optimizer, workload_->flat_size()) {
-  world_ = comm_->size();
   grads_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
   workload_->place_grads(static_cast<float*>(grads_memory_.data()));
   if (config.zero_stage == 1) {
     params_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
     workload_->place_params(static_cast<float*>(params_memory_.data()));
   }
-  workload_->set_grad_piece_elements(static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
+  workload_->set_grad_piece_elements(floats_in_mb(resolved_grad_slice_mb(config)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);
@@ -39,7 +38,7 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
   }
   if (config.extra_allreduce_mb > 0) {
     extra_comm_ = std::make_unique<Communicator>(comm, comm_->options());
-    extra_buffer_.assign(static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float)), 0.0f);
+    extra_buffer_.assign(static_cast<size_t>(floats_in_mb(config.extra_allreduce_mb)), 0.0f);
   }
 }
 
@@ -58,11 +57,8 @@ int CpuBackend::mark() {
   return static_cast<int>(marks_.size()) - 1;
 }
 
-void CpuBackend::start_gradients(int micro_batches) {
-  // Each micro-batch's loss is a mean over its rows, and the micro-batches' gradients add up: the global mean needs
-  // 1/(world * micro-batches), and this rank's share of the loss terms (workload.h).
-  reducer_->begin_step(t0_ms_, 1.0f / static_cast<float>(world_ * micro_batches),
-                       static_cast<float>(workload_->weight()));
+void CpuBackend::start_gradients(float grad_scale) {
+  reducer_->begin_step(t0_ms_, grad_scale, static_cast<float>(workload_->weight()));
   // The last update left the gradients zero, and backward adds to them; after a skipped step they hold its values.
   if (!std::exchange(grads_are_zero_, false)) workload_->discard_grad();
   if (optimizer_thread_) {

@@ -50,7 +50,7 @@ class CpuBackend final : public StepBackend {
 
   double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override { return workload_->load(step, micro); }
-  void start_gradients(int micro_batches) override;
+  void start_gradients(float grad_scale) override;
   void forward(int micro) override;
   void backward(int micro, bool sync, const GradReadyHook& before_ready) override;
   double loss(int micro) override { return losses_.at(micro); }
@@ -86,7 +86,6 @@ class CpuBackend final : public StepBackend {
   int last_piece() const { return static_cast<int>(workload_->grad_pieces().size()) - 1; }
 
   TrainConfig config_;
-  int world_ = 1;
   std::unique_ptr<Communicator> comm_;  // the Reducer's
   RegisteredBuffer grads_memory_;        // the workload's flat gradients: host peers read them in place
   RegisteredBuffer params_memory_;       // --zero-stage 1: its flat parameters, all-gathered the same way

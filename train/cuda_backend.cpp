@@ -50,7 +50,7 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
   copy_.reset(stream);
 
   workload_ = make_cuda_workload(config, rank, world_, compute_.get());
-  workload_->set_grad_piece_elements(static_cast<int64_t>(resolved_grad_slice_mb(config) * 1048576.0 / sizeof(float)));
+  workload_->set_grad_piece_elements(floats_in_mb(resolved_grad_slice_mb(config)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);
@@ -68,7 +68,7 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
   m_ = static_cast<float*>(memory);
   v_ = reinterpret_cast<float*>(static_cast<char*>(memory) + moment);
   cudaCheck(cudaMemsetAsync(memory, 0, 2 * moment, compute_.get()));
-  extra_count_ = static_cast<size_t>(config.extra_allreduce_mb * 1048576.0 / sizeof(float));
+  extra_count_ = static_cast<size_t>(floats_in_mb(config.extra_allreduce_mb));
   if (extra_count_ > 0) {
     cudaCheck(cudaMalloc(&memory, extra_count_ * sizeof(float)));
     extra_buffer_.reset(memory);
@@ -217,8 +217,8 @@ BatchStats CudaBackend::load(int64_t step, int micro) {
   return batch;
 }
 
-void CudaBackend::start_gradients(int micro_batches) {
-  reducer_->begin_step(marks_.front(), 1.0f / static_cast<float>(world_ * micro_batches));
+void CudaBackend::start_gradients(float grad_scale) {
+  reducer_->begin_step(marks_.front(), grad_scale);
   workload_->discard_grad();
 }
 

@@ -44,7 +44,7 @@ class CudaBackend final : public StepBackend {
 
   double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override;
-  void start_gradients(int micro_batches) override;
+  void start_gradients(float grad_scale) override;
   void forward(int micro) override { workload_->forward(slot_, micro); }
   void backward(int micro, bool sync, const GradReadyHook& before_ready) override;
   double loss(int) override { return workload_->loss(); }

@@ -45,9 +45,9 @@ class StepBackend {
   // once reports them with micro 0).
   virtual BatchStats load(int64_t step, int micro) = 0;
   // Before the first forward of a step: reset the gradients (on the CPU the last update left them zero, and a
-  // skipped step's are discarded; on the GPU they are discarded every step) and arm the reducer, which averages over
-  // world x micro_batches and weighs this rank by its share of the loss terms (workload.h).
-  virtual void start_gradients(int micro_batches) = 0;
+  // skipped step's are discarded; on the GPU they are discarded every step) and arm the reducer, which multiplies the
+  // summed gradients by grad_scale and weighs this rank by its share of the loss terms (workload.h).
+  virtual void start_gradients(float grad_scale) = 0;
   virtual void forward(int micro) = 0;
   // sync: the last micro-batch (the reducer all-reduces its buckets; before it, PyTorch's no_sync). before_ready(k)
   // runs just before piece k is handed to the reducer (the --fault nan hook); device work it has the backend enqueue

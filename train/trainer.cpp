@@ -99,7 +99,9 @@ StepRecord Trainer::step(int step, double t0_ms) {
     r.padded_tokens += batch.padded_tokens;
     r.max_len = std::max(r.max_len, batch.max_len);
     data_end.push_back(backend_->mark());
-    if (m == 0) backend_->start_gradients(micro_batches);  // counted in forward
+    // Each micro-batch's loss is a mean over its rows, and the micro-batches' gradients add up: the global mean needs
+    // 1/(world x micro-batches). Counted in forward.
+    if (m == 0) backend_->start_gradients(1.0f / static_cast<float>(world_ * micro_batches));
     backend_->forward(m);
     forward_end.push_back(backend_->mark());
     backend_->backward(m, last, [&](int piece) {
