@@ -282,7 +282,7 @@ Plan make_plan(GemmContext& ctx, const LtGemm& g, cublasComputeType_t compute, c
   cublasCheck(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
   cublasCheck(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
   cublasCheck(cublasLtMatrixLayoutCreate(&p.d, g.d_type, g.m, g.n, g.ldd));
-  const bool timed = ctx.timed_algos() && ctx.heuristic_rank() == 0;
+  const bool timed = key.back() < 0;  // the key's last entry (run_lt): the rank asked for, or -1 to time the answers
   const int rank = ctx.heuristic_rank();
   const std::vector<cublasLtMatmulAlgo_t> answers =
       heuristic_answers(ctx, p, g, timed ? GemmContext::kTimedCandidates : rank + 1);
@@ -323,6 +323,14 @@ bool run_lt(GemmContext& ctx, const LtGemm& g, cudaStream_t stream) {
   cublasCheck(cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.c(), p.d, g.D, p.d,
                              &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream));
   return true;
+}
+
+// run_lt where nothing falls back: no algorithm is an error, named by the call and its shape.
+void run_lt_or_throw(GemmContext& ctx, const LtGemm& g, cudaStream_t stream, const char* call, int B, int C,
+                     const char* n_name, int n) {
+  if (!run_lt(ctx, g, stream))
+    throw std::runtime_error(std::string("cuBLASLt: no algorithm for ") + call + " B=" + std::to_string(B) +
+                             " C=" + std::to_string(C) + " " + n_name + "=" + std::to_string(n));
 }
 
 template <typename T>
@@ -385,9 +393,7 @@ void forward(GemmContext& ctx, T* out, T* pre_gelu, const T* inp, const T* weigh
     }
     g.bias = nullptr, g.aux = nullptr, g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   }
-  if (!run_lt(ctx, g, stream))
-    throw std::runtime_error("cuBLASLt: no algorithm for matmul_forward B=" + std::to_string(B) +
-                             " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+  run_lt_or_throw(ctx, g, stream, "matmul_forward", B, C, "OC", OC);
   if (bias || gelu) launch_epilogue(ctx, out, pre_gelu, bias, B, OC, gelu, stream);
 }
 
@@ -505,9 +511,7 @@ void matmul_backward_input(GemmContext& ctx, T* dinp, const T* dout, const T* we
     return;
   }
   const LtGemm g{CUBLAS_OP_N, CUBLAS_OP_N, C, B, OC, weight, C, dout, OC, dinp, C, kDataType<T>, kDataType<T>, 0.0f};
-  if (!run_lt(ctx, g, stream))
-    throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_input B=" + std::to_string(B) +
-                             " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+  run_lt_or_throw(ctx, g, stream, "matmul_backward_input", B, C, "OC", OC);
 }
 
 template <typename T>
@@ -528,9 +532,7 @@ void matmul_backward_weight(GemmContext& ctx, float* dweight, const T* dout, con
   const float beta = accumulate ? 1.0f : 0.0f;  // 0: cuBLASLt does not read C (a discarded gradient's NaN stays out)
   const LtGemm g{CUBLAS_OP_N, CUBLAS_OP_T,  C, rows,         B,          inp, C, dout_rows,
                  OC,          dweight_rows, C, kDataType<T>, CUDA_R_32F, beta};
-  if (!run_lt(ctx, g, stream))
-    throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_weight B=" + std::to_string(B) +
-                             " C=" + std::to_string(C) + " rows=" + std::to_string(rows));
+  run_lt_or_throw(ctx, g, stream, "matmul_backward_weight", B, C, "rows", rows);
 }
 
 template <typename T>
@@ -554,9 +556,7 @@ void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const
     }
     g.aux = nullptr, g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   }
-  if (!run_lt(ctx, g, stream))
-    throw std::runtime_error("cuBLASLt: no algorithm for matmul_backward_input B=" + std::to_string(B) +
-                             " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+  run_lt_or_throw(ctx, g, stream, "matmul_backward_input_dgelu", B, C, "OC", OC);
   ctx.count_epilogue(/*fused=*/false);
   gelu_backward(dinp, pre_gelu, dinp, int64_t{B} * C, stream);
 }
