@@ -33,6 +33,8 @@
 #include <vector>
 
 #include "analysis/stats.h"
+#include "bench/bench_cli.h"
+#include "bench/gpu/train_step_timing.h"  // report_device
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.cuh"
@@ -632,17 +634,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--csv", opt.csv, "also write the results to this CSV file");
   app.add_flag("--quick", opt.quick, "every shape 8x smaller (a smoke test)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  const cuda::CudaInfo info = cuda::query_cuda();
-  std::printf("device: %s\n", cuda::describe(info).c_str());
-  if (!info.available) {
-    std::fprintf(stderr, "bench_cuda_kernels: needs a GPU: %s\n", info.reason.c_str());
-    return 2;
-  }
+  if (const auto code = ddplab::bench::parse_command_line(app, argc, argv, "bench_cuda_kernels")) return *code;
+  if (!ddplab::bench::report_device("bench_cuda_kernels")) return 2;
   try {
     const int q = opt.quick ? 8 : 1;
     cudaStream_t s;

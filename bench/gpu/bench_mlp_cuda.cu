@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "bench/gpu/train_step_timing.h"
 #include "kernels/cuda/check.cuh"
 #include "model/mlp_cuda.h"
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
   ddplab::bench::add_step_flags(app, opt);
   int one_batch = 0;
   app.add_option("--batch", one_batch, "one batch size (default: 128, 512 and 2048)")->check(CLI::Range(1, 1 << 20));
-  if (const int code = ddplab::bench::parse_flags(app, argc, argv); code >= 0) return code;
+  if (const auto code = ddplab::bench::parse_command_line(app, argc, argv, "bench_mlp_cuda")) return *code;
   if (one_batch > 0) opt.batches = {one_batch};
   if (!ddplab::bench::report_device("bench_mlp_cuda")) return 2;
   try {

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "bench/gpu/train_step_timing.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cudnn_attention.h"
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
   app.add_option("--attention", opt.attention, "auto (as ddplab train's: cudnn, else fused for bf16, else unfused) | unfused | fused | cudnn (bf16 only)")
       ->check(CLI::IsMember({"auto", "unfused", "fused", "cudnn"}))
       ->capture_default_str();
-  if (const int code = ddplab::bench::parse_flags(app, argc, argv); code >= 0) return code;
+  if (const auto code = ddplab::bench::parse_command_line(app, argc, argv, "bench_transformer_cuda")) return *code;
   if ((opt.attention == "fused" || opt.attention == "cudnn") && opt.precision != "bf16") {
     std::fprintf(stderr, "bench_transformer_cuda: --attention %s needs --precision bf16 (its kernels are bf16)\n",
                  opt.attention.c_str());

@@ -211,17 +211,6 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
                "only the timed steps between cudaProfilerStart/Stop, the stream idle at both (ncu "
                "--profile-from-start off, nsys --capture-range=cudaProfilerApi)");
 }
-// Parses; returns -1 to go on, else the exit code: 0 after --help, 2 on a bad flag.
-inline int parse_flags(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-    return -1;
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);  // prints the help or the error
-    return code == 0 ? 0 : 2;
-  }
-}
-
 // Prints the device line every benchmark starts with; false, with the reason on stderr, where there is no GPU.
 inline bool report_device(const char* bench) {
   const cuda::CudaInfo info = cuda::query_cuda();
