@@ -49,6 +49,18 @@ TrainConfig small_config() {
   return c;
 }
 
+// The tiny transformer (head size 12: the unfused attention) on short sequences of varying length.
+TrainConfig small_transformer(TransformerConfig::Head head) {
+  TrainConfig c = small_config();
+  c.model = ModelKind::kTiny;
+  c.head = head;
+  c.min_len = 4;
+  c.max_len = 24;
+  c.batch = 3;
+  c.epoch_size = 1000;
+  return c;
+}
+
 // Rank 0's parameters equal every rank's, bit for bit.
 bool identical_across_ranks(const std::vector<float>& mine) {
   std::vector<float> root = mine;
@@ -234,15 +246,9 @@ class CudaTransformerDdpEquivalence : public CudaTrainerTest, public testing::Wi
 
 TEST_P(CudaTransformerDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
   const TokenCase p = GetParam();
-  TrainConfig config = small_config();
-  config.model = ModelKind::kTiny;
-  config.head = parse_choice<TransformerConfig::Head>(p.head, "--head");
+  TrainConfig config = small_transformer(parse_choice<TransformerConfig::Head>(p.head, "--head"));
   config.grad_accum = p.grad_accum;
-  config.min_len = 4;
-  config.max_len = 24;
   config.outlier_prob = 0.2;
-  config.batch = 3;
-  config.epoch_size = 1000;
   // AdamW turns a gradient that is 0 in exact arithmetic but rounding noise in practice (the key bias's: softmax
   // ignores a shift common to all scores) into a step of up to ~lr / 10 with the noise's sign, which differs between
   // the two runs. An eps far above that noise (~1e-8) keeps such steps negligible and the others (gradients ~1e-3)
@@ -356,16 +362,8 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
   for (const auto& [model, precision] : {std::pair{ModelKind::kMlp, "fp32"}, std::pair{ModelKind::kMlp, "bf16"},
                                          std::pair{ModelKind::kTiny, "fp32"}, std::pair{ModelKind::kTiny, "bf16"}}) {
     SCOPED_TRACE(to_string(model) + std::string(" ") + precision);
-    TrainConfig c = small_config();
+    TrainConfig c = model == ModelKind::kMlp ? small_config() : small_transformer(TransformerConfig::Head::kCausalLM);
     c.precision = parse_choice<Precision>(precision, "--precision");
-    if (model == ModelKind::kTiny) {
-      c.model = model;
-      c.head = TransformerConfig::Head::kCausalLM;
-      c.min_len = 4;
-      c.max_len = 24;
-      c.batch = 3;
-      c.epoch_size = 1000;
-    }
     const int stop = 3;
     std::vector<float> straight;
     {
@@ -398,17 +396,7 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
 TEST_F(CudaTrainerTest, TheUpdateBucketByBucketIsTheWholeUpdate) {
   for (const ModelKind model : {ModelKind::kMlp, ModelKind::kTiny}) {
     SCOPED_TRACE(to_string(model));
-    TrainConfig c = small_config();
-    const bool mlp = model == ModelKind::kMlp;
-    if (!mlp) {
-      c.model = model;
-      c.head = TransformerConfig::Head::kCausalLM;
-      c.min_len = 4;
-      c.max_len = 24;
-      c.batch = 3;
-      c.epoch_size = 1000;
-      c.optimizer.eps = 1e-4f;  // as the transformer's equivalence test, for the same reason
-    }
+    TrainConfig c = model == ModelKind::kMlp ? small_config() : small_transformer(TransformerConfig::Head::kCausalLM);
     std::vector<float> params[2];
     for (int bucketed = 0; bucketed < 2; ++bucketed) {
       c.optimizer_in_backward = bucketed ? OnOff::kOn : OnOff::kOff;
