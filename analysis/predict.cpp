@@ -639,7 +639,8 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   // comm thread whose peer is late (beside backward, the peer waits for a core) polls for the run's spin time
   // before it sleeps, once per message step; the rest is per byte.
   const int spin_us = run.meta.comm_spin_us.value_or(kCommSpinUsOfOlderFiles);
-  const CommFit fit = *fit_comm(terms, cpu_ms, std::max(0, spin_us) / 1000.0);  // the polls where not separable
+  // With the polls as the part per message step where the sizes cannot separate it: always a fit.
+  const CommFit fit = fit_comm(terms, cpu_ms, std::max(0, spin_us) / 1000.0).value();
   m.comm_cpu = fit.alone;
   const bool separable = !fit.latency_from_link;
   for (int b = 0; b < nb; ++b) slowdown[b] = m.host.backward_slowdown(cpu[b], wall[b]);

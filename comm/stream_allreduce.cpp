@@ -72,14 +72,15 @@ void agree_or_throw(MPI_Comm comm, const std::string& who, const std::string& lo
   if (any) throw std::runtime_error(prefix + "another rank failed");
 }
 
-std::string missing_cuda_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
+std::string missing_cuda_device(int* count) {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (count) *count = err == cudaSuccess ? devices : 0;
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it: a later, unrelated check must not report it again
     return std::string("no CUDA device: ") + cudaGetErrorString(err);
   }
-  return count == 0 ? "no CUDA device: cudaGetDeviceCount found 0 devices" : "";
+  return devices == 0 ? "no CUDA device: cudaGetDeviceCount found 0 devices" : "";
 }
 
 cudaStream_t create_comm_stream(const char* name) {
@@ -102,10 +103,9 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
 
   // Nothing here creates a context (cudaSetDevice does, since CUDA 12): which GPU, its bus id and compute mode are
   // read first, so that ranks which may not share a GPU are refused with the reason, not a failed context creation.
-  std::string error = missing_cuda_device(), sharing_refused;
+  std::string error = missing_cuda_device(&choice.device_count), sharing_refused;
   char bus_id[kBusIdLen] = {};
   if (error.empty()) {
-    cudaCheck(cudaGetDeviceCount(&choice.device_count));
     choice.device = choice.local_rank % choice.device_count;
     const std::string id = pci_bus_id(choice.device);
     if (id.empty())

@@ -86,8 +86,9 @@ void wait_for_stream(cudaStream_t stream, const char* what, const std::function<
 // collective: throws "rank R: <who>: <local_error>" on a rank that failed, "...: another rank failed" on the others.
 void agree_or_throw(MPI_Comm comm, const std::string& who, const std::string& local_error);
 
-// "" where the CUDA runtime sees a device, else "no CUDA device: " and its reason (the runtime's error is cleared).
-std::string missing_cuda_device();
+// "" where the CUDA runtime sees a device, else "no CUDA device: " and its reason (the runtime's error is cleared);
+// count (if given) gets the number of devices it sees.
+std::string missing_cuda_device(int* count = nullptr);
 
 // A communication stream: non-blocking, of the highest priority, so that the block scheduler prefers its kernels
 // whenever compute's leave room and an all-reduce runs beside backward instead of queueing behind it; named for

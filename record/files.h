@@ -161,7 +161,12 @@ inline void write_text_file(const std::string& path, const std::string& text, bo
     unlink(tmp.c_str());
     throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
   }
-  sync_to_disk(tmp);
+  try {
+    sync_to_disk(tmp);
+  } catch (const std::exception& e) {
+    unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + e.what());
+  }
   publish_file(tmp, path, force);
 }
 

@@ -34,7 +34,7 @@
 
 #include "analysis/stats.h"
 #include "bench/bench_cli.h"
-#include "bench/gpu/train_step_timing.h"  // report_device
+#include "bench/gpu/bench_device.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.cuh"
@@ -335,9 +335,8 @@ void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
   }
 }
 
-// The small per-sequence kernels of the transformer's heads and the MLP's bias: the classify head's mean pool over
-// lengths from S down to S/2 (bytes: the valid rows read or written, plus the pooled rows), the padded rows' zeroing,
-// the LM head's targets, and the bias added over a batch (out read and written, the bias read).
+// The small per-sequence kernels of the transformer's heads: the classify head's mean pool over lengths from S down to
+// S/2 (bytes: the valid rows read or written, plus the pooled rows), the padded rows' zeroing, the LM head's targets.
 void bench_sequence(const Options& opt, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C) {
   std::vector<int32_t> len(B);
   int64_t valid = 0;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "analysis/stats.h"
+#include "bench/gpu/bench_device.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
@@ -211,13 +212,4 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
                "only the timed steps between cudaProfilerStart/Stop, the stream idle at both (ncu "
                "--profile-from-start off, nsys --capture-range=cudaProfilerApi)");
 }
-// Prints the device line every benchmark starts with; false, with the reason on stderr, where there is no GPU.
-inline bool report_device(const char* bench) {
-  const cuda::CudaInfo info = cuda::query_cuda();
-  std::printf("device: %s\n", cuda::describe(info).c_str());
-  if (info.available) return true;
-  std::fprintf(stderr, "%s: needs a GPU: %s\n", bench, info.reason.c_str());
-  return false;
-}
-
 }  // namespace ddplab::bench

@@ -448,6 +448,12 @@ cublasHandle_t GemmContext::blas_handle(cudaStream_t stream) {
 
 int64_t GemmContext::cached_plans() const { return static_cast<int64_t>(plans_->cache.size()); }
 
+void GemmContext::set_heuristic_rank(int rank) {
+  if (rank < 0)
+    throw std::invalid_argument("GemmContext::set_heuristic_rank: need rank >= 0, got " + std::to_string(rank));
+  heuristic_rank_ = rank;
+}
+
 void GemmContext::set_timed_algos(bool on, std::string table_dir) {
   timed_algos_ = on;
   if (table_dir != algo_table_dir_) plans_->table.reset();  // the next timed plan opens the new one

@@ -54,7 +54,7 @@ class GemmContext {
   // that many (else the plan has no algorithm: an epilogue falls back, a plain GEMM throws). For the benchmark, which
   // times the other candidates against the heuristic's pick; the choice is part of a plan's key, and a rank above 0
   // overrides timed algorithms (below).
-  void set_heuristic_rank(int rank) { heuristic_rank_ = rank; }
+  void set_heuristic_rank(int rank);  // rank >= 0, else std::invalid_argument
   int heuristic_rank() const { return heuristic_rank_; }
   // How new plans pick cuBLASLt's algorithm: the heuristic's first answer (off, the default), or (on) the fastest of
   // its first kTimedCandidates, timed once on the call's own operands, as PyTorch's TunableOp does. At gpt2-small's
