@@ -496,9 +496,8 @@ double HostCores::backward_slowdown(double cpu_ms, double wall_ms) const {
 
 namespace {
 
-// The run's own setting, from its config.
-PredictSetting measured_setting(const RunRecord& run) {
-  const TrainConfig c = config_from_json(run.config);
+// The run's own setting, from its config (c: the run's, parsed).
+PredictSetting measured_setting(const RunRecord& run, const TrainConfig& c) {
   PredictSetting s;
   s.bucket_mb = c.bucket_mb;
   s.first_bucket_mb = c.first_bucket_mb;
@@ -546,10 +545,11 @@ struct BackwardIntervals {
   std::vector<std::vector<Interval>> backward;              // [rank][step], absolute
 };
 
-BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<RankProfile>>& steps) {
+BackwardIntervals cut_backward(const RunRecord& run, const TrainConfig& config,
+                               std::vector<std::vector<RankProfile>>& steps) {
   const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
   const int first = run.first_steady_step(), steady = run.steps - first;
-  const int micro = std::max(1, config_from_json(run.config).grad_accum);
+  const int micro = std::max(1, config.grad_accum);
   BackwardIntervals out;
   const BackwardIntervals::PerInterval intervals(nb + 1);
   out.length.assign(steady, std::vector<BackwardIntervals::PerInterval>(world, intervals));
@@ -594,7 +594,8 @@ BackwardIntervals cut_backward(const RunRecord& run, std::vector<std::vector<Ran
 // of rank 0's host (docs/PREDICT.md). Returned, per run bucket: the slowdown its own all-reduces caused, from their
 // share of a core (CPU over wall time, pooled over steady steps and ranks), to be taken out of the run's backward.
 // Kept for other settings: the CPU an all-reduce costs, fitted on its terms, and the host's cores, ranks, threads.
-std::vector<double> measure_backward_slowdown(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
+std::vector<double> measure_backward_slowdown(const RunRecord& run, const TrainConfig& config,
+                                              const BackwardIntervals& t, StepModel& m) {
   const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
   std::vector<double> slowdown(nb, 0.0);
   if (world <= 1) {
@@ -630,7 +631,7 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const Backwa
   const std::vector<std::string>& hosts = run.meta.hostnames;
   m.host.cores = run.meta.host_cores;
   m.host.ranks = hosts.empty() ? world : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
-  m.host.threads = std::max(1, config_from_json(run.config).blas_threads);
+  m.host.threads = std::max(1, config.blas_threads);
   if (run.meta.comm_lost_yield_us) m.host.lost_yield_ms = *run.meta.comm_lost_yield_us / 1000.0;
   // The CPU on the all-reduce's terms, like its time. From alike sizes the part per message step cannot be told
   // from the part per byte, and their noise went into the first: `small`'s 3.2 and 4 MB buckets at 4 ranks gave
@@ -764,15 +765,16 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   bool timed = false;
   for (const BucketTimes& t : run.bucket_times) timed = timed || t.ready_ms != 0 || t.comm_end_ms != 0;
   if (!timed || steady <= 0) throw std::invalid_argument(run.path + " has no bucket timings to predict from");
-  if (config_from_json(run.config).zero_stage == 1)
+  const TrainConfig config = config_from_json(run.config);
+  if (config.zero_stage == 1)
     throw std::invalid_argument(run.path +
                                 " sharded its update (--zero-stage 1): its buckets' times are "
                                 "reduce-scatters and all-gathers, and the model predicts all-reduces; predict from a "
                                 "--zero-stage 0 run");
 
   StepModel m;
-  m.measured = measured_setting(run);
-  m.on_gpu = config_from_json(run.config).device == Device::kCuda;
+  m.measured = measured_setting(run, config);
+  m.on_gpu = config.device == Device::kCuda;
   const LinkClasses& links = m.measured.link;
   const bool across =
       m.measured.nodes() > 1 && (m.measured.impl == AllreduceImpl::kHier || !slower(links.intra, links.inter));
@@ -785,7 +787,6 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   if (std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) != static_cast<long>(node_sizes.size()))
     m.notes.push_back("the run's " + std::to_string(run.nodes()) + " nodes are of unequal size: modelled as " +
                       shape_text(m.measured));
-  const TrainConfig config = config_from_json(run.config);
   if (config.comm == AllreduceImpl::kNccl)
     m.notes.push_back(
         "NCCL's all-reduce (--comm nccl) is modelled as the ring, its algorithm for buckets of MBs, on the link's "
@@ -806,9 +807,9 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
     m.step_noise = std::sqrt(squares / (steady - 1) / steady) / m.measured_step_ms;
   }
   const std::vector<BucketSpan> spans = piece_layout(run, m);
-  const BackwardIntervals intervals = cut_backward(run, m.steps);
+  const BackwardIntervals intervals = cut_backward(run, config, m.steps);
   m.host.ranks_per_gpu = run.ranks_sharing_a_gpu();
-  const std::vector<double> run_slowdown = measure_backward_slowdown(run, intervals, m);
+  const std::vector<double> run_slowdown = measure_backward_slowdown(run, config, intervals, m);
   place_piece_ready_times(intervals, spans, run_slowdown, m);
   fit_run_allreduce(run, intervals, m);
 
