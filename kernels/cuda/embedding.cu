@@ -37,22 +37,9 @@ int key_bits(int vocab) {
 
 constexpr size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The workspace of a sort of `rows` rows: two arrays each of keys and rows (CUB's double buffer: the sort ends in one
-// of the two), then CUB's temporary storage.
-struct SortLayout {
-  size_t array = 0;      // bytes of each of the four arrays
-  size_t temporary = 0;  // CUB's
-  size_t bytes() const { return 4 * array + aligned(temporary); }
-};
-
-SortLayout sort_layout(int rows, int vocab) {
-  SortLayout layout;
-  layout.array = aligned(static_cast<size_t>(rows) * sizeof(uint32_t));
-  cub::DoubleBuffer<uint32_t> keys;
-  cub::DoubleBuffer<int32_t> values;
-  cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, layout.temporary, keys, values, rows, 0, key_bits(vocab)));
-  return layout;
-}
+// Bytes of each of the workspace's four arrays for `rows` rows: keys and rows, twice each (CUB's double buffer: the
+// sort ends in one of the two). CUB's temporary storage follows them.
+size_t array_bytes(int64_t rows) { return aligned(static_cast<size_t>(rows) * sizeof(uint32_t)); }
 
 void check_rows_and_vocab(const char* what, int64_t rows, int vocab) {
   if (rows < 0 || rows > INT_MAX || vocab <= 0 || vocab == INT_MAX)
@@ -79,7 +66,12 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
 
 size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab) {
   check_rows_and_vocab("rows_by_token_workspace_bytes", max_rows, vocab);
-  return sort_layout(static_cast<int>(max_rows), vocab).bytes();
+  size_t temporary = 0;  // CUB's, asked of it once here rather than at every sort
+  cub::DoubleBuffer<uint32_t> keys;
+  cub::DoubleBuffer<int32_t> values;
+  cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, temporary, keys, values, static_cast<int>(max_rows), 0,
+                                            key_bits(vocab)));
+  return 4 * array_bytes(max_rows) + aligned(temporary);
 }
 
 RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const int32_t* tokens, const int32_t* lengths,
@@ -91,15 +83,16 @@ RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const in
   sorted.count = n;
   sorted.vocab = vocab;
   if (n == 0) return sorted;
-  SortLayout layout = sort_layout(static_cast<int>(n), vocab);
-  if (workspace_bytes < layout.bytes() || !detail::all_aligned(256, workspace))
+  const size_t array = array_bytes(n);
+  if (workspace_bytes < 4 * array || !detail::all_aligned(256, workspace))
     throw std::invalid_argument("sort_rows_by_token: the workspace must be 256-byte aligned and hold " +
-                                std::to_string(layout.bytes()) + " bytes for " + std::to_string(n) + " rows, got " +
+                                std::to_string(4 * array) + " bytes of arrays for " + std::to_string(n) +
+                                " rows and CUB's storage (rows_by_token_workspace_bytes), got " +
                                 std::to_string(workspace_bytes));
   char* at = static_cast<char*>(workspace);
-  const auto take = [&at, &layout]() {
+  const auto take = [&at, array]() {
     void* p = at;
-    at += layout.array;
+    at += array;
     return p;
   };
   cub::DoubleBuffer<uint32_t> keys(static_cast<uint32_t*>(take()), static_cast<uint32_t*>(take()));
@@ -107,9 +100,11 @@ RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const in
   token_keys_kernel<<<detail::grid_size(n), kBlock, 0, stream>>>(keys.Current(), rows.Current(), tokens, lengths, B, S,
                                                                  static_cast<uint32_t>(vocab));
   cudaCheck(cudaGetLastError());
-  // Stable (an LSD radix sort): each token's rows stay in row order, the order the CPU adds them in.
-  cudaCheck(cub::DeviceRadixSort::SortPairs(at, layout.temporary, keys, rows, static_cast<int>(n), 0, key_bits(vocab),
-                                            stream));
+  // Stable (an LSD radix sort): each token's rows stay in row order, the order the CPU adds them in. CUB is handed
+  // the rest of the workspace and checks it holds its storage (cudaErrorInvalidValue where it does not).
+  size_t temporary = workspace_bytes - 4 * array;
+  cudaCheck(
+      cub::DeviceRadixSort::SortPairs(at, temporary, keys, rows, static_cast<int>(n), 0, key_bits(vocab), stream));
   sorted.tokens = keys.Current();
   sorted.rows = rows.Current();
   return sorted;

@@ -32,8 +32,9 @@ struct RowsByToken {
 size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab);
 
 // Enqueues the sort of tokens [B, S] (valid rows' tokens in [0, vocab), padding as embedding_forward's) on stream, into
-// workspace (256-byte aligned, at least rows_by_token_workspace_bytes(B * S, vocab)). The result is valid once the
-// stream reaches it, until the workspace is written again.
+// workspace (256-byte aligned, at least rows_by_token_workspace_bytes(B * S, vocab): std::invalid_argument where it
+// cannot hold the arrays, std::runtime_error from CUB where not its storage). The result is valid once the stream
+// reaches it, until the workspace is written again. Host work per call: launches only, no size query.
 RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const int32_t* tokens, const int32_t* lengths,
                                int B, int S, int vocab, cudaStream_t stream);
 
