@@ -100,7 +100,10 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   const auto sharing_at = [&](int n, int k) {
     std::vector<std::optional<int>> at;
     for (const std::optional<int>& g : or_run(sharing, run.ranks_per_gpu)) {
-      const std::optional<int> clamped = g ? std::optional<int>(std::min(*g, k > 0 ? k : n)) : g;
+      PredictSetting shape;  // as predict() clamps it: at most a node's ranks share a GPU
+      shape.ranks = n;
+      shape.ranks_per_node = k;
+      const std::optional<int> clamped = g ? std::optional<int>(std::min(*g, shape.ranks_on_a_node())) : g;
       if (std::find(at.begin(), at.end(), clamped) == at.end()) at.push_back(clamped);
     }
     return at;
@@ -194,10 +197,6 @@ nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
   if (!fit) return nullptr;
   return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMiB}}},
           {"latency_from_link", fit->latency_from_link}};
-}
-
-void write_json_file(const std::string& path, bool force, const nlohmann::json& j) {
-  write_text_file(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", force);
 }
 
 // The model of the run in the file, with the calibration file's all-reduce times when one is given.
@@ -391,7 +390,7 @@ void write_predictions_json(const PredictArgs& a, const StepModel& model, const 
       {"rows", rows_json},
       {"recommended", recommended}};
   try {
-    write_json_file(a.json, a.force, j);
+    write_text_file(a.json, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", a.force);
   } catch (const std::runtime_error& e) {
     throw UsageError(e.what());
   }

@@ -749,6 +749,23 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   EXPECT_EQ(model.calibration_gpu_impl, "gpu-ring-ipc");
   const RankProfile& one = model.steps[0][0];
   const double compute = one.before_ms + one.backward_ms + one.after_ms;
+  // A setting's buckets, in bytes of fp32 gradients.
+  const auto bucket_bytes = [&](const PredictSetting& s) {
+    std::vector<int64_t> numel, offset;
+    for (const PieceRecord& piece : model.pieces) numel.push_back(piece.numel), offset.push_back(piece.offset);
+    std::vector<double> bytes;
+    for (const Bucket& b : assign_buckets(numel, offset, s.bucket_mb * kMiB, s.first_bucket_mb * kMiB))
+      bytes.push_back(static_cast<double>(b.count) * sizeof(float));
+    return bytes;
+  };
+  // Their all-reduces, one after another, at the calibration's alpha and beta.
+  const auto comm_ms = [&](const PredictSetting& s) {
+    double comm = 0;
+    for (double bytes : bucket_bytes(s))
+      comm += ring_ms(bytes, s.ranks, 1, s.wire, static_cast<double>(small_allreduce_bytes(s.ranks)),
+                      HopCosts{shared, shared});
+    return comm;
+  };
   for (const auto& [ranks, per_gpu] : {std::pair{2, 2}, {4, 4}, {4, 2}}) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks, " + std::to_string(per_gpu) + " a GPU");
     PredictSetting s = model.measured;
@@ -760,31 +777,26 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
     EXPECT_TRUE(std::any_of(p.extrapolated.begin(), p.extrapolated.end(), [&](const std::string& e) {
       return e.find(std::to_string(per_gpu) + " ranks taking turns on a GPU") != std::string::npos;
     }));
-    std::vector<int64_t> numel, offset;
-    for (const PieceRecord& piece : model.pieces) numel.push_back(piece.numel), offset.push_back(piece.offset);
-    double comm = 0;
-    for (const Bucket& b : assign_buckets(numel, offset, s.bucket_mb * kMiB, s.first_bucket_mb * kMiB))
-      comm += ring_ms(static_cast<double>(b.count) * sizeof(float), ranks, 1, WireDtype::kFp32,
-                      static_cast<double>(small_allreduce_bytes(ranks)), HopCosts{shared, shared});
+    const double comm = comm_ms(s);
     // Every all-reduce after backward, one after another (those taken up beside it wait there): the replay's time
     // step is 1/20000 of the step.
     const double want = per_gpu * compute + comm;
     EXPECT_NEAR(p.step.step_ms, want, 1e-3 * want);
     EXPECT_NEAR(p.step.exposed_ms, comm, 1e-3 * want);
   }
-  // A 16-bit wire moves half the bytes of the fp32 buffers the calibration timed.
+  // A 16-bit wire moves half the bytes of the fp32 buffers the calibration timed: the same message steps (their
+  // alpha), half the time per byte.
   PredictSetting bf16 = model.measured;
   bf16.ranks = 2, bf16.ranks_per_gpu = 2, bf16.wire = WireDtype::kBf16;
-  {
-    std::vector<int64_t> numel, offset;
-    for (const PieceRecord& piece : model.pieces) numel.push_back(piece.numel), offset.push_back(piece.offset);
-    double comm = 0;
-    for (const Bucket& b : assign_buckets(numel, offset, bf16.bucket_mb * kMiB, bf16.first_bucket_mb * kMiB))
-      comm += ring_ms(static_cast<double>(b.count) * sizeof(float), 2, 1, WireDtype::kBf16,
-                      static_cast<double>(small_allreduce_bytes(2)), HopCosts{shared, shared});
-    const Prediction p = predict(model, bf16);
-    EXPECT_NEAR(p.step.exposed_ms, comm, 1e-3 * p.step.step_ms);
-  }
+  PredictSetting fp32 = bf16;
+  fp32.wire = WireDtype::kFp32;
+  double steps_ms = 0;
+  for (double bytes : bucket_bytes(bf16))
+    steps_ms +=
+        shared.alpha_ms * allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps;
+  const Prediction p16 = predict(model, bf16), p32 = predict(model, fp32);
+  EXPECT_NEAR(p16.step.exposed_ms - steps_ms, 0.5 * (p32.step.exposed_ms - steps_ms), 1e-3 * p16.step.step_ms);
+  EXPECT_NEAR(p16.step.exposed_ms, comm_ms(bf16), 1e-3 * p16.step.step_ms);
   // More turns than ranks: the world is what shares.
   PredictSetting alone = model.measured;
   alone.ranks_per_gpu = 4;
