@@ -65,6 +65,7 @@ struct TrainConfig {
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
   AutoChoice<AttentionKind> attention;
+  bool deterministic = false;
   GemmAlgo gemm_algo = GemmAlgo::kTimed;
   std::string profile_steps;  // "A:B" = the profiler captures steps A..B (docs/GPU.md); "" = all
   ModelKind model = ModelKind::kMlp;
@@ -174,6 +175,12 @@ void visit_knobs(Config& c, Visit&& visit) {
              "attention in bf16: --precision bf16, heads of 32, 64 or 128) | cudnn (cuDNN's fused attention, "
              "bf16) | auto (the fastest that can run: cudnn, else fused, else unfused)"},
         c.attention);
+  visit(Knob{"--deterministic", "deterministic",
+             "the same bits from the same inputs, as torch.use_deterministic_algorithms: on | off (--device cuda: "
+             "cuDNN's deterministic attention backward; our fused attention, whose dQ adds with atomics, refused "
+             "and never auto; the CPU is deterministic either way)",
+             kNoMin, kNoMax, kOnOff | kMath},
+        c.deterministic);
   visit(Knob{"--gemm-algo", "gemm_algo",
              "--device cuda: each GEMM's cuBLASLt algorithm: heuristic (the library's first answer) | timed (the "
              "fastest of its first 8, timed once per GPU model and kept in $XDG_CACHE_HOME/ddplab)"},
@@ -342,15 +349,15 @@ inline double decimal(float x) {
 }
 
 // --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank and no sequence is a
-// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given
-// (validate refuses what cannot run).
+// single token, else our fused kernels unless --deterministic on, else unfused; docs/GPU.md, "Fused attention"); an
+// explicit choice as given (validate refuses what cannot run).
 inline AttentionKind resolved_attention(const TrainConfig& c, bool cudnn_available) {
   if (c.attention) return *c.attention;
   if (!c.transformer()) return AttentionKind::kUnfused;
   const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
   // cuDNN takes no single-token sequences: with --min-len 1 a batch could be one.
   return auto_attention(c.device == Device::kCuda && c.precision == Precision::kBf16, m.d_model / m.heads,
-                        cudnn_available && c.min_len >= 2);
+                        cudnn_available && c.min_len >= 2, c.deterministic);
 }
 
 // What the choices left to "auto" depend on, as this rank finds it (launcher/run.cpp gathers it, the same on every

@@ -45,6 +45,9 @@ void validate_cuda(const TrainConfig& c) {
                std::to_string(m.d_model) + " / " + std::to_string(m.heads) + " heads)");
     refuse(fused || c.min_len >= 2, "--attention cudnn needs --min-len 2 or more (cuDNN takes no single-token "
                                     "sequences; got --min-len " + std::to_string(c.min_len) + ")");
+    refuse(!fused || !c.deterministic,
+           "--deterministic on refuses --attention fused: its backward adds dQ with "
+           "float atomics, in whatever order they land (use cudnn, unfused or auto)");
   }
   std::pair<int, int> profiled;
   try {

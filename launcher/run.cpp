@@ -285,9 +285,11 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
     if (knob.key && (knob.traits & kMath)) arithmetic.push_back(knob.key);
   });
   const nlohmann::json now = checkpoint_config(config, world_size);
+  // A key the checkpoint lacks came after it was written: it ran as that knob's default (config_from_json's rule).
+  const nlohmann::json defaults = to_json(TrainConfig{});
   std::string differing;
   for (const char* key : arithmetic) {
-    const nlohmann::json then = saved.value(key, nlohmann::json());
+    const nlohmann::json then = saved.value(key, defaults.value(key, nlohmann::json()));
     if (then != now[key])
       differing += std::string(differing.empty() ? "" : ", ") + key + " (checkpoint " + then.dump() + ", now " +
                    now[key].dump() + ")";

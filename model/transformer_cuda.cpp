@@ -37,8 +37,13 @@ int index_of(const std::vector<Parameter<float>>& params, const std::string& nam
 }
 
 // The attention asked for against the precision and the head size (std::invalid_argument).
-void check_attention(const TransformerConfig& config, Precision precision, AttentionKind attention) {
+void check_attention(const TransformerConfig& config, Precision precision, AttentionKind attention,
+                     bool deterministic) {
   const bool fused = attention == AttentionKind::kFused, with_cudnn = attention == AttentionKind::kCudnn;
+  if (fused && deterministic)
+    throw std::invalid_argument(
+        "TransformerCuda: the fused attention is not deterministic (its backward adds dQ "
+        "with float atomics)");
   if ((fused || with_cudnn) && precision != Precision::kBf16)
     throw std::invalid_argument(std::string("TransformerCuda: the ") + to_string(attention) +
                                 " attention is bf16 only (got precision " + to_string(precision) + ")");
@@ -67,7 +72,8 @@ struct TransformerCuda::BufferOffsets {
 };
 
 TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision,
-                                 int64_t max_tokens, int max_seq, cudaStream_t stream, AttentionKind attention)
+                                 int64_t max_tokens, int max_seq, cudaStream_t stream, AttentionKind attention,
+                                 bool deterministic)
     : DeviceParameters(stream),
       precision_(precision),
       attention_(attention),
@@ -87,8 +93,8 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   if (max_seq > config_.max_len)
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
-  check_attention(config_, precision, attention);
-  if (attention == AttentionKind::kCudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>();
+  check_attention(config_, precision, attention, deterministic);
+  if (attention == AttentionKind::kCudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>(deterministic);
   take_layout(reference);
   wpe_ = index_of(params_, "wpe");
   lnf_ = index_of(params_, "lnf.weight");

@@ -49,9 +49,10 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   // allocated once: a step allocates nothing. The unfused attention keeps B * heads * S^2 floats per layer, bounded
   // by heads * max_tokens * max_seq; the fused one B * heads * S (the lse). A bad config or capacity, or the fused
   // attention outside bf16 or with an unsupported head size, throws std::invalid_argument before the device is
-  // touched; a CUDA failure, std::runtime_error.
+  // touched; a CUDA failure, std::runtime_error. deterministic (--deterministic on): cuDNN's attention runs its
+  // deterministic backward, and the fused attention (dQ by atomics) is refused.
   TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision, int64_t max_tokens, int max_seq,
-                  cudaStream_t stream, AttentionKind attention = AttentionKind::kUnfused);
+                  cudaStream_t stream, AttentionKind attention = AttentionKind::kUnfused, bool deterministic = false);
   TransformerCuda(const TransformerCuda&) = delete;
   TransformerCuda& operator=(const TransformerCuda&) = delete;
 

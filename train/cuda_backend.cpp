@@ -96,9 +96,11 @@ CudaBackend::~CudaBackend() {
 }
 
 std::string CudaBackend::describe() const {
+  const std::string attention =
+      config_.transformer() ? std::string(", attention ") + (config_.attention ? to_string(*config_.attention) : "auto")
+                            : std::string();
   return workload_->describe() + " on GPU " + std::to_string(engine_->device()) + " (" + cuda::query_cuda().name +
-         "), " + to_string(config_.precision) +
-         (config_.transformer() ? std::string(", attention ") + (config_.attention ? to_string(*config_.attention) : "auto") : std::string()) +
+         "), " + to_string(config_.precision) + attention + (config_.deterministic ? ", deterministic" : "") +
          ", all-reduce " + engine_->name();
 }
 

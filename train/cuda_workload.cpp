@@ -117,7 +117,8 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
  public:
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
       : CudaModelWorkload(c.gemm_algo, TokenBatches::model_config(c), c.seed, c.precision, TokenBatches::max_tokens(c),
-                          TokenBatches::max_seq(c), compute, resolved_attention(c, cuda::cudnn_attention_available())),
+                          TokenBatches::max_seq(c), compute, resolved_attention(c, cuda::cudnn_attention_available()),
+                          c.deterministic),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),
         slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {

@@ -11,11 +11,13 @@
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
 //                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv]
-//                          [--profile] [--graph] [--gemm-algo timed|heuristic]
+//                          [--profile] [--graph] [--gemm-algo timed|heuristic] [--deterministic]
 // --precision restricts the sweep to one; --gemm-algo timed (the default, as ddplab train's) runs each GEMM with the
 // fastest of cuBLASLt's first 8 answers, timed in the warm-up where the host's cache does not have it yet; --attention
 // auto (the default, as ddplab train's) runs cuDNN's attention where it loads, else our fused one
-// (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise;
+// (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise; --deterministic runs as ddplab train's
+// --deterministic on (cuDNN's deterministic backward; auto never takes our fused attention): the price of the same
+// bits every step;
 // --profile brackets the timed steps with cudaProfilerStart/Stop, to profile them with nsys, ncu or
 // bench/gpu/gpu_trace.cpp (bench/device/run.sh 2 ranks one step's kernels that way, and traces 20). Needs a GPU; exits
 // 2 with the reason without one.
@@ -50,6 +52,7 @@ struct Options : ddplab::bench::StepFlags {
   int batch = 8, seq = 1024;
   std::string model = "gpt2-small";
   std::string attention = "auto";
+  bool deterministic = false;
 };
 
 struct Result {
@@ -64,9 +67,9 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   const int B = opt.batch, S = opt.seq;
   const ddplab::AttentionKind attention =
       opt.attention == "auto" ? ddplab::auto_attention(precision == Precision::kBf16, config.d_model / config.heads,
-                                                     ddplab::cuda::cudnn_attention_available())
+                                                       ddplab::cuda::cudnn_attention_available(), opt.deterministic)
                               : ddplab::parse_choice<ddplab::AttentionKind>(opt.attention, "attention");
-  ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, attention);
+  ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, attention, opt.deterministic);
 
   std::mt19937 rng(7);
   std::vector<int32_t> tokens(int64_t{B} * S), labels(B);
@@ -99,10 +102,17 @@ int main(int argc, char** argv) {
   app.add_option("--attention", opt.attention, "auto (as ddplab train's: cudnn, else fused for bf16, else unfused) | unfused | fused | cudnn (bf16 only)")
       ->check(CLI::IsMember({"auto", "unfused", "fused", "cudnn"}))
       ->capture_default_str();
+  app.add_flag("--deterministic", opt.deterministic,
+               "as ddplab train's --deterministic on: cuDNN's deterministic attention backward, never our fused one");
   if (const auto code = ddplab::bench::parse_command_line(app, argc, argv, "bench_transformer_cuda")) return *code;
   if ((opt.attention == "fused" || opt.attention == "cudnn") && opt.precision != "bf16") {
     std::fprintf(stderr, "bench_transformer_cuda: --attention %s needs --precision bf16 (its kernels are bf16)\n",
                  opt.attention.c_str());
+    return 2;
+  }
+  if (opt.attention == "fused" && opt.deterministic) {
+    std::fprintf(stderr,
+                 "bench_transformer_cuda: --deterministic refuses --attention fused (its dQ adds with atomics)\n");
     return 2;
   }
   if (!ddplab::bench::report_device("bench_transformer_cuda")) return 2;
@@ -111,11 +121,13 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const ddplab::TransformerConfig config = ddplab::TransformerConfig::preset(opt.model);
     std::printf(
-        "transformer %s (%d layers, d_model %d, %d heads, vocab %d), batch %d x %d tokens, %s attention, AdamW; median "
+        "transformer %s (%d layers, d_model %d, %d heads, vocab %d), batch %d x %d tokens, %s attention%s, AdamW; "
+        "median "
         "of %d steps after %d warm-up\nTFLOP/s = 3 x %.4g FLOP/token x tokens/s; MFU against %.0f TFLOP/s (dense bf16, "
         "H100/H200 SXM)\n",
         opt.model.c_str(), config.layers, config.d_model, config.heads, config.vocab, opt.batch, opt.seq,
-        opt.attention.c_str(), opt.steps, opt.warmup, config.flops_per_token(opt.seq), kPeakBf16DenseTflops);
+        opt.attention.c_str(), opt.deterministic ? " (deterministic)" : "", opt.steps, opt.warmup,
+        config.flops_per_token(opt.seq), kPeakBf16DenseTflops);
     std::printf("%-9s %-9s %9s %9s %9s %9s %10s %8s %6s\n", "precision", "attention", "step ms", "fwd ms", "bwd ms", "adamw ms",
                 "tokens/s", "TFLOP/s", "MFU");
     std::vector<Result> results;
@@ -133,13 +145,13 @@ int main(int argc, char** argv) {
       if (!f) throw std::runtime_error("cannot write " + opt.csv);
       std::fprintf(f,
                    "model,precision,attention,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,"
-                   "tflop_per_s,mfu,graph_step_ms,gemm_algo\n");
+                   "tflop_per_s,mfu,graph_step_ms,gemm_algo,deterministic\n");
       for (const Result& r : results)
-        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s\n", opt.model.c_str(),
+        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s,%d\n", opt.model.c_str(),
                      ddplab::to_string(r.precision), ddplab::to_string(r.attention), opt.batch, opt.seq, r.t.step_ms,
                      r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu,
                      std::isfinite(r.t.graph_step_ms) ? std::to_string(r.t.graph_step_ms).c_str() : "",
-                     opt.gemm_algo.c_str());
+                     opt.gemm_algo.c_str(), opt.deterministic ? 1 : 0);
       std::fclose(f);
     }
   } catch (const std::exception& e) {

@@ -115,7 +115,7 @@ void mark_output(const TensorPtr& t, Uid uid, std::vector<int64_t> dims, std::ve
   t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides);
 }
 
-std::shared_ptr<fe::graph::Graph> build_graph(cudnnHandle_t handle, const Problem& p) {
+std::shared_ptr<fe::graph::Graph> build_graph(cudnnHandle_t handle, const Problem& p, bool deterministic_backward) {
   const int hs = p.C / p.NH;
   const int64_t qkv_row = 3 * int64_t{p.C}, row = p.C;
   const auto dims = head_major_dims(p.B, p.NH, p.S, hs);
@@ -160,7 +160,10 @@ std::shared_ptr<fe::graph::Graph> build_graph(cudnnHandle_t handle, const Proble
                                .set_dim(stats_dims)
                                .set_stride(stats_strides)
                                .set_data_type(fe::DataType_t::FLOAT));
-    auto options = fe::graph::SDPA_backward_attributes().set_name("attention_backward").set_attn_scale(scale);
+    auto options = fe::graph::SDPA_backward_attributes()
+                       .set_name("attention_backward")
+                       .set_attn_scale(scale)
+                       .set_deterministic_algorithm(deterministic_backward);
     if (p.causal) options.set_causal_mask(true);
     if (p.padded) options.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
@@ -183,6 +186,8 @@ struct CudnnAttention::Impl {
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace_bytes;
   };
+  explicit Impl(bool deterministic) : deterministic_backward(deterministic) {}
+  bool deterministic_backward;
   cudnnHandle_t handle = nullptr;
   std::map<Problem, Built> graphs;
   void* workspace = nullptr;
@@ -206,7 +211,7 @@ struct CudnnAttention::Impl {
       throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
     auto it = graphs.find(p);
     if (it == graphs.end()) {
-      Built built{build_graph(handle, p), 0};
+      Built built{build_graph(handle, p, deterministic_backward), 0};
       check(built.graph->get_workspace_size(built.workspace_bytes), "get_workspace_size", p);
       it = graphs.emplace(p, std::move(built)).first;
     }
@@ -235,9 +240,10 @@ bool cudnn_attention_available(std::string* why) {
   return error.empty();
 }
 
-CudnnAttention::CudnnAttention() : impl_(std::make_unique<Impl>()) {}
+CudnnAttention::CudnnAttention(bool deterministic_backward) : impl_(std::make_unique<Impl>(deterministic_backward)) {}
 CudnnAttention::~CudnnAttention() = default;
 int64_t CudnnAttention::cached_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
+bool CudnnAttention::deterministic_backward() const { return impl_->deterministic_backward; }
 
 void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int32_t* lengths, int B,
                              int S, int C, int NH, bool causal, cudaStream_t stream) {
@@ -289,7 +295,9 @@ void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, co
 
 #else  // built without cuDNN: everything refuses with the reason
 
-struct CudnnAttention::Impl {};
+struct CudnnAttention::Impl {
+  bool deterministic_backward;
+};
 
 bool cudnn_attention_available(std::string* why) {
   if (why)
@@ -298,9 +306,11 @@ bool cudnn_attention_available(std::string* why) {
   return false;
 }
 
-CudnnAttention::CudnnAttention() : impl_(std::make_unique<Impl>()) {}
+CudnnAttention::CudnnAttention(bool deterministic_backward)
+    : impl_(std::make_unique<Impl>(Impl{deterministic_backward})) {}
 CudnnAttention::~CudnnAttention() = default;
 int64_t CudnnAttention::cached_graphs() const { return 0; }
+bool CudnnAttention::deterministic_backward() const { return impl_->deterministic_backward; }
 
 void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, const int32_t*, int B, int S, int C, int NH,
                              bool, cudaStream_t) {

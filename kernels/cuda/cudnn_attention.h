@@ -14,6 +14,10 @@
 // Graphs (one per direction and problem: B, S, C, NH, causal, padded) are built on first use and cached; a build
 // takes tens of milliseconds, so a run with few distinct shapes pays it in its first steps only. Not thread-safe:
 // one object per stream.
+//
+// The forward is deterministic. The backward by default is not promised to be (cuDNN may add dQ with atomics); an
+// object made with deterministic_backward asks cuDNN for its deterministic algorithm, which on Hopper writes dS to a
+// workspace of B * NH * S^2 bf16 and computes dQ from it as a GEMM (more memory traffic, the same bits every call).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -34,7 +38,8 @@ constexpr bool cudnn_attention_supports_head_size(int hs) { return hs > 0 && hs 
 
 class CudnnAttention {
  public:
-  CudnnAttention();  // touches nothing: the handle, library and graphs come on first use
+  // Touches nothing: the handle, library and graphs come on first use.
+  explicit CudnnAttention(bool deterministic_backward = false);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -52,6 +57,7 @@ class CudnnAttention {
                 cudaStream_t stream);
 
   int64_t cached_graphs() const;  // for tests: distinct problems built so far
+  bool deterministic_backward() const;
 
   struct Impl;  // cudnn_attention.cpp only
 

@@ -285,6 +285,22 @@ def main():
                   and (name != "another model" or "settings differ from the checkpoint's: layers (" in lines[0]),
                   f"resume refuses {name}: exit 2, one line, nothing written ({lines[:1]})")
 
+        # A checkpoint from before a knob existed lacks its key: it ran as the knob's default, so it resumes with
+        # the default and refuses another value, naming the knob.
+        with open(out("ck.h5"), "rb") as f, open(out("old.ck.h5"), "wb") as g:
+            g.write(f.read())
+        with h5py.File(out("old.ck.h5"), "r+") as f:
+            config = json.loads(f.attrs["config"])
+            del config["deterministic"]
+            f.attrs["config"] = json.dumps(config)
+        j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("old_resumed.h5"), "--resume", out("old.ck.h5")]).run()
+        check(j.code == 0, f"a checkpoint without a later knob's key resumes with its default (code {j.code}) "
+                           f"{j.out[-300:] if j.code else ''}")
+        j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5"), "--resume", out("old.ck.h5"),
+                                    "--deterministic", "on"]).run()
+        check(j.code == 2 and "deterministic (checkpoint false, now true)" in j.out,
+              f"... and refuses another value of it, naming it (code {j.code}) {j.out[-300:]}")
+
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

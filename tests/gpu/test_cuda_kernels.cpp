@@ -687,12 +687,12 @@ TEST_F(CudaKernels, FlashAttentionIsDeterministicButForDq) {
 }
 
 // cuDNN's fused attention (cudnn_attention.h) on the same shapes and checks as ours but S = 1 (which cuDNN refuses),
-// and for two things its contract leaves open: padded rows of qkv and dout hold finite values (cuDNN may read them), and padded rows' lse is not
-// checked. Skipped, with the reason, where cuDNN's attention is not built or its library does not load.
-TEST_F(CudaKernels, CudnnAttentionMatchesCpu) {
-  std::string why;
-  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
-  cuda::CudnnAttention attention;
+// and for two things its contract leaves open: padded rows of qkv and dout hold finite values (cuDNN may read them),
+// and padded rows' lse is not checked. With its default backward and with its deterministic one (--deterministic on).
+// Skipped, with the reason, where cuDNN's attention is not built or its library does not load.
+void cudnn_attention_matches_cpu(cudaStream_t stream, bool deterministic) {
+  cuda::CudnnAttention attention(deterministic);
+  EXPECT_EQ(attention.deterministic_backward(), deterministic);
   int64_t problems = 0;
   for (const FlashShape& sh : kFlashShapes)
     for (bool causal : {false, true}) {
@@ -701,20 +701,61 @@ TEST_F(CudaKernels, CudnnAttentionMatchesCpu) {
       problems += 2;         // a forward and a backward graph
       SCOPED_TRACE(sh.describe(causal));
       const FlashCase fc = make_flash_case(sh, causal, /*poison_padding=*/false);
-      DeviceBuffer<bf16> d_qkv(to_bf16(fc.qkv), stream_), d_dout(to_bf16(fc.dout), stream_);
-      DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream_), d_dqkv(int64_t{B} * S * 3 * C, stream_);
-      DeviceArray d_lse(int64_t{B} * NH * S, stream_);
+      DeviceBuffer<bf16> d_qkv(to_bf16(fc.qkv), stream), d_dout(to_bf16(fc.dout), stream);
+      DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream), d_dqkv(int64_t{B} * S * 3 * C, stream);
+      DeviceArray d_lse(int64_t{B} * NH * S, stream);
       std::unique_ptr<DeviceBuffer<int32_t>> d_lengths;
-      if (!sh.lengths.empty()) d_lengths = std::make_unique<DeviceBuffer<int32_t>>(sh.lengths, stream_);
+      if (!sh.lengths.empty()) d_lengths = std::make_unique<DeviceBuffer<int32_t>>(sh.lengths, stream);
       const int32_t* lengths = d_lengths ? d_lengths->get() : nullptr;
-      attention.forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, B, S, C, NH, causal, stream_);
+      attention.forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, B, S, C, NH, causal, stream);
       attention.backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), lengths, B, S, C, NH,
-                         causal, stream_);
-      expect_flash_matches("cudnn", sh, causal, fc, to_f32(d_out.download()), d_lse.download(),
-                           to_f32(d_dqkv.download()), /*padded_lse_defined=*/false);
+                         causal, stream);
+      expect_flash_matches(deterministic ? "cudnn deterministic" : "cudnn", sh, causal, fc, to_f32(d_out.download()),
+                           d_lse.download(), to_f32(d_dqkv.download()), /*padded_lse_defined=*/false);
     }
   // One graph per direction and problem (shape, causal, padded or not), built once.
   EXPECT_EQ(attention.cached_graphs(), problems);
+}
+
+TEST_F(CudaKernels, CudnnAttentionMatchesCpu) {
+  std::string why;
+  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+  cudnn_attention_matches_cpu(stream_, /*deterministic=*/false);
+}
+
+TEST_F(CudaKernels, CudnnDeterministicAttentionMatchesCpu) {
+  std::string why;
+  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+  cudnn_attention_matches_cpu(stream_, /*deterministic=*/true);
+}
+
+// --deterministic on's promise at the kernel: cuDNN's deterministic backward gives the same dQ, dK and dV bit for bit
+// on every call, at gpt2-small's head size, with many key tiles per query (where a dQ added by atomics would vary),
+// padded and causal. Five backwards from one forward.
+TEST_F(CudaKernels, CudnnDeterministicAttentionRepeatsBitForBit) {
+  std::string why;
+  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+  const int B = 2, S = 640, C = 256, NH = 4;
+  const std::vector<int32_t> lengths = {640, 411};
+  cuda::CudnnAttention attention(/*deterministic_backward=*/true);
+  DeviceBuffer<bf16> d_qkv(to_bf16(random_vector(int64_t{B} * S * 3 * C, -2, 2, 71)), stream_);
+  DeviceBuffer<bf16> d_dout(to_bf16(random_vector(int64_t{B} * S * C, -1, 1, 72)), stream_);
+  DeviceBuffer<int32_t> d_lengths(lengths, stream_);
+  DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream_), d_dqkv(int64_t{B} * S * 3 * C, stream_);
+  DeviceArray d_lse(int64_t{B} * NH * S, stream_);
+  attention.forward(d_out.get(), d_lse.get(), d_qkv.get(), d_lengths.get(), B, S, C, NH, true, stream_);
+  std::vector<bf16> first;
+  for (int run = 0; run < 5; ++run) {
+    attention.backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), d_lengths.get(), B, S, C, NH,
+                       true, stream_);
+    const std::vector<bf16> dqkv = d_dqkv.download();
+    if (run == 0) {
+      first = dqkv;
+      continue;
+    }
+    SCOPED_TRACE("backward " + std::to_string(run));
+    EXPECT_TRUE(BitwiseEqual(to_f32(dqkv), to_f32(first))) << "dq, dk, dv";
+  }
 }
 
 // GEMMs. Errors are bounded relative to sum_k |a_ik b_kj| (absdot, from the CPU GEMM on absolute values), not to

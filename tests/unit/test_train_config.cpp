@@ -1,5 +1,5 @@
-// The choices a run leaves to "auto" (config/train_config.h, resolved): the update in backward and the weight
-// gradients' row blocks, per device and per host.
+// The choices a run leaves to "auto" (config/train_config.h, resolved): the update in backward, the weight gradients'
+// row blocks and the attention, per device and per host.
 #include <gtest/gtest.h>
 
 #include "config/train_config.h"
@@ -46,6 +46,39 @@ TEST(ResolvedConfig, AGivenSliceSizeIsKept) {
     c.grad_slice_mb = 4;
     EXPECT_EQ(resolved(c, RunFacts{}).grad_slice_mb, 4.0);
   }
+}
+
+// --attention auto on the GPU in bf16: cuDNN's where it loads on every rank and no sequence is one token, else our
+// fused kernels, else unfused; with --deterministic on never our fused kernels (their dQ adds with atomics). fp32
+// and tf32 and the CPU: unfused. A choice given is kept.
+TEST(ResolvedConfig, AutoAttentionTakesTheFastestThatCanRunAndNeverFusedWhenDeterministic) {
+  TrainConfig c;
+  c.model = ModelKind::kGpt2Small;  // heads of 64: every attention has them
+  c.head = TransformerConfig::Head::kCausalLM;
+  c.device = Device::kCuda;
+  c.precision = Precision::kBf16;
+  RunFacts with_cudnn;
+  with_cudnn.cudnn_available = true;
+  EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kCudnn);
+  EXPECT_EQ(resolved(c, RunFacts{}).attention, AttentionKind::kFused);
+  c.min_len = 1;
+  EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kFused) << "cuDNN takes no single-token sequence";
+  c.deterministic = true;
+  EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kUnfused);
+  EXPECT_EQ(resolved(c, RunFacts{}).attention, AttentionKind::kUnfused);
+  c.min_len = 64;
+  EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kCudnn);
+  c.deterministic = false;
+  for (Precision p : {Precision::kFp32, Precision::kTf32}) {
+    c.precision = p;
+    EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kUnfused) << to_string(p);
+  }
+  c.precision = Precision::kBf16;
+  c.attention = AttentionKind::kUnfused;
+  EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kUnfused);
+  TrainConfig cpu;
+  cpu.model = ModelKind::kGpt2Small;
+  EXPECT_EQ(resolved(cpu, with_cudnn).attention, AttentionKind::kUnfused);
 }
 
 }  // namespace
