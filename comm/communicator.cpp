@@ -170,14 +170,14 @@ size_t shm_hop_in(const std::string& description) {
 
 }  // namespace
 
-std::optional<wire::Format> wire_format(WireDtype dtype) {
+std::optional<float16::Format> wire_format(WireDtype dtype) {
   switch (dtype) {
     case WireDtype::kFp32:
       return std::nullopt;
     case WireDtype::kBf16:
-      return wire::Format::kBf16;
+      return float16::Format::kBf16;
     case WireDtype::kFp16:
-      return wire::Format::kFp16;
+      return float16::Format::kFp16;
   }
   return std::nullopt;
 }
@@ -187,7 +187,7 @@ RingOptions ring_options(WireDtype wire) {
   ring.slice_elems = ring_slice_bytes() / sizeof(float);
   ring.slices_per_chunk = ring_slices_per_chunk();
   ring.wire16 = wire_format(wire).has_value();
-  ring.format = wire_format(wire).value_or(wire::Format::kBf16);
+  ring.format = wire_format(wire).value_or(float16::Format::kBf16);
   return ring;
 }
 

@@ -35,7 +35,7 @@ constexpr std::array<Named<WireDtype>, 3> choice_names(WireDtype) {
   return {{{WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"}, {WireDtype::kFp16, "fp16"}}};
 }
 // The 16-bit format of a wire; none for fp32.
-std::optional<wire::Format> wire_format(WireDtype dtype);
+std::optional<float16::Format> wire_format(WireDtype dtype);
 
 // The link of our ring on GPU buffers (--device cuda --comm ring; comm/ring_cuda.h): NCCL p2p, CUDA IPC, or staged
 // through the host; auto takes the first that can connect.

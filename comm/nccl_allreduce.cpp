@@ -37,7 +37,7 @@ std::string NcclAllreduce::availability() {
   return missing_cuda_device();
 }
 
-NcclAllreduce::NcclAllreduce(MPI_Comm comm, std::optional<wire::Format> wire) : wire_(wire) {
+NcclAllreduce::NcclAllreduce(MPI_Comm comm, std::optional<float16::Format> wire) : wire_(wire) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &size_));
 
@@ -121,7 +121,7 @@ AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool a
         uint16_t* words = wire_staging(count);
         const auto n = static_cast<int64_t>(count);
         wire_encode(*wire_, words, data, n, stream_);
-        const ncclDataType_t type = *wire_ == wire::Format::kBf16 ? ncclBfloat16 : ncclFloat16;
+        const ncclDataType_t type = *wire_ == float16::Format::kBf16 ? ncclBfloat16 : ncclFloat16;
         ncclCheck(ncclAllReduce(words, words, count, type, op, comm_, stream_));
         wire_decode(*wire_, data, words, n, stream_);
       }

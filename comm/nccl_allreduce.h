@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "comm/stream_allreduce.h"
-#include "comm/wire.h"
+#include "kernels/float16.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
 
@@ -42,7 +42,7 @@ class NcclAllreduce final : public StreamAllreduce {
   // (kernels/cuda/wire_cast.h), all-reduces it as ncclBfloat16 / ncclFloat16 and casts the reduced words back into
   // data, so memory stays fp32 and every rank decodes the same words to the same bits. The staging buffer grows to
   // the largest call, stream-ordered on the comm stream.
-  explicit NcclAllreduce(MPI_Comm comm, std::optional<wire::Format> wire = std::nullopt);
+  explicit NcclAllreduce(MPI_Comm comm, std::optional<float16::Format> wire = std::nullopt);
   ~NcclAllreduce();  // ncclCommDestroy after the comm stream drains; ncclCommAbort if NCCL reported an error
   NcclAllreduce(const NcclAllreduce&) = delete;
   NcclAllreduce& operator=(const NcclAllreduce&) = delete;
@@ -107,7 +107,7 @@ class NcclAllreduce final : public StreamAllreduce {
   cudaEvent_t done_ = nullptr;     // re-recorded on the comm stream by wait(); timing disabled
   EventPool events_;
   std::vector<AllreduceRecord> records_;
-  std::optional<wire::Format> wire_;
+  std::optional<float16::Format> wire_;
   uint16_t* wire_staging_ = nullptr;  // cudaMallocAsync'd on the comm stream
   size_t wire_capacity_ = 0;          // words
   bool failed_ = false;  // an NCCL call failed: the destructor aborts instead of destroying

@@ -1,5 +1,7 @@
 #include "comm/recursive_doubling.h"
 
+#include "comm/wire.h"
+
 namespace ddplab {
 
 namespace {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
 
 namespace ddplab {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm/transport.h"
-#include "comm/wire.h"
+#include "kernels/float16.h"
 
 namespace ddplab {
 
@@ -35,7 +35,7 @@ struct RingOptions {
   // complete ring (NCCL's loop over chunks), which bounds the chunk a step moves and keeps it in cache.
   size_t slices_per_chunk = 4;
   bool wire16 = false;  // bf16/fp16 on the wire (format below), fp32 otherwise
-  wire::Format format = wire::Format::kBf16;
+  float16::Format format = float16::Format::kBf16;
   int tag = 0;  // carried by every message (see TagMismatch)
   // The finished sums' epilogue (the gradients' mean and NaN check; NCCL's ncclAvg is done the same way), fp32 wire
   // and sums the ring finishes (the flat ring, the sharded update's reduce-scatter; never hier's partial sums). The

@@ -28,15 +28,15 @@ void CudaStreamMemory::add(float* out, const float* a, const float* b, size_t co
   residual_forward<float>(out, a, b, static_cast<int64_t>(count), stream_);  // out = a + b
 }
 
-void CudaStreamMemory::encode(wire::Format f, uint16_t* dst, const float* src, size_t count) {
+void CudaStreamMemory::encode(float16::Format f, uint16_t* dst, const float* src, size_t count) {
   wire_encode(f, dst, src, static_cast<int64_t>(count), stream_);
 }
 
-void CudaStreamMemory::decode(wire::Format f, float* dst, const uint16_t* src, size_t count) {
+void CudaStreamMemory::decode(float16::Format f, float* dst, const uint16_t* src, size_t count) {
   wire_decode(f, dst, src, static_cast<int64_t>(count), stream_);
 }
 
-void CudaStreamMemory::add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) {
+void CudaStreamMemory::add_encode(float16::Format f, uint16_t* io, const float* own, size_t count) {
   wire_add_encode(f, io, own, static_cast<int64_t>(count), stream_);
 }
 

@@ -46,9 +46,9 @@ class CudaStreamMemory final : public RingMemory {
   void set_check(std::function<void()> check) { check_ = std::move(check); }
   void copy(void* dst, const void* src, size_t bytes) override;
   void add(float* out, const float* a, const float* b, size_t count) override;
-  void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override;
-  void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) override;
-  void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) override;
+  void encode(float16::Format f, uint16_t* dst, const float* src, size_t count) override;
+  void decode(float16::Format f, float* dst, const uint16_t* src, size_t count) override;
+  void add_encode(float16::Format f, uint16_t* io, const float* own, size_t count) override;
   void synchronize() override;
 
  private:
@@ -83,7 +83,7 @@ struct CudaRingConfig {
   // buffers of that size per rank.
   size_t chunk_bytes = size_t{64} << 20;
   // A 16-bit wire (--comm-dtype bf16 | fp16): the ring's WireRingPrimitives, the same chunks in half the bytes.
-  std::optional<wire::Format> wire = std::nullopt;
+  std::optional<float16::Format> wire = std::nullopt;
 };
 
 class RingAllreduceCuda final : public StreamAllreduce {

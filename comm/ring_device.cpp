@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/wire.h"
 #include "kernels/cpu/transformer_ops.h"
 
 namespace ddplab {
@@ -17,16 +18,16 @@ void HostMemory::add(float* out, const float* a, const float* b, size_t count) {
   cpu::residual_forward(out, a, b, static_cast<int64_t>(count));  // the same out = a + b
 }
 
-void HostMemory::encode(wire::Format f, uint16_t* dst, const float* src, size_t count) {
+void HostMemory::encode(float16::Format f, uint16_t* dst, const float* src, size_t count) {
   wire::encode(f, dst, src, count);
 }
 
-void HostMemory::decode(wire::Format f, float* dst, const uint16_t* src, size_t count) {
+void HostMemory::decode(float16::Format f, float* dst, const uint16_t* src, size_t count) {
   wire::decode(f, dst, src, count);
 }
 
-void HostMemory::add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) {
-  for (size_t i = 0; i < count; ++i) io[i] = wire::to_wire(f, own[i] + wire::from_wire(f, io[i]));
+void HostMemory::add_encode(float16::Format f, uint16_t* io, const float* own, size_t count) {
+  for (size_t i = 0; i < count; ++i) io[i] = float16::from_f32(f, own[i] + float16::to_f32(f, io[i]));
 }
 
 namespace {

@@ -17,7 +17,7 @@
 
 #include "comm/ring_allreduce.h"
 #include "comm/transport.h"
-#include "comm/wire.h"
+#include "kernels/float16.h"
 
 namespace ddplab {
 
@@ -28,13 +28,13 @@ class RingMemory {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // out[i] = a[i] + b[i] for count floats; out may alias a. Enqueued.
   virtual void add(float* out, const float* a, const float* b, size_t count) = 0;
-  // The 16-bit wire's conversions, with comm/wire.h's rounding, enqueued:
+  // The 16-bit wire's conversions, with kernels/float16.h's rounding, enqueued:
   //   encode      dst[i] = to16(src[i])
   //   decode      dst[i] = to32(src[i])
   //   add_encode  io[i] = to16(own[i] + to32(io[i]))   (a reduce-scatter hop: the sum in fp32, rounded once)
-  virtual void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) = 0;
-  virtual void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) = 0;
-  virtual void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) = 0;
+  virtual void encode(float16::Format f, uint16_t* dst, const float* src, size_t count) = 0;
+  virtual void decode(float16::Format f, float* dst, const uint16_t* src, size_t count) = 0;
+  virtual void add_encode(float16::Format f, uint16_t* io, const float* own, size_t count) = 0;
   // The host waits until everything enqueued so far has run.
   virtual void synchronize() = 0;
 };
@@ -44,9 +44,9 @@ class HostMemory final : public RingMemory {
  public:
   void copy(void* dst, const void* src, size_t bytes) override;
   void add(float* out, const float* a, const float* b, size_t count) override;
-  void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override;
-  void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) override;
-  void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) override;
+  void encode(float16::Format f, uint16_t* dst, const float* src, size_t count) override;
+  void decode(float16::Format f, float* dst, const uint16_t* src, size_t count) override;
+  void add_encode(float16::Format f, uint16_t* io, const float* own, size_t count) override;
   void synchronize() override {}
 };
 
@@ -160,7 +160,7 @@ class LinkRingPrimitives {
 class WireRingPrimitives {
  public:
   // wire: two buffers of at least max_chunk 16-bit words in the link's memory.
-  WireRingPrimitives(RingLink& link, RingMemory& memory, wire::Format format, const float* in, float* out,
+  WireRingPrimitives(RingLink& link, RingMemory& memory, float16::Format format, const float* in, float* out,
                      uint16_t* const wire[2])
       : link_(link), memory_(memory), format_(format), in_(in), out_(out), wire_{wire[0], wire[1]} {}
   void send(RingChunk c);
@@ -173,7 +173,7 @@ class WireRingPrimitives {
   uint16_t* exchange(size_t count);  // sends the outgoing buffer, receives into the other one and returns it
   RingLink& link_;
   RingMemory& memory_;
-  wire::Format format_;
+  float16::Format format_;
   const float* in_;
   float* out_;
   uint16_t* wire_[2];
@@ -184,7 +184,7 @@ class WireRingPrimitives {
 // A 16-bit wire for the device ring: its format and two buffers of device_ring_max_chunk(link) words each, in the
 // memory the link moves.
 struct DeviceRingWire {
-  wire::Format format = wire::Format::kBf16;
+  float16::Format format = float16::Format::kBf16;
   uint16_t* buffers[2] = {nullptr, nullptr};
 };
 

@@ -7,27 +7,23 @@
 
 namespace ddplab::wire {
 
+using float16::Format;
+
 namespace {
 
 #ifdef DDPLAB_WIRE_F16C
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 #endif
 
-// One loop per operation and format; the 16-bit conversions inline into each, so the compiler vectorises bf16
-// (plain integer arithmetic) and F16C does fp16 eight at a time.
+// One loop per operation and format; the 16-bit conversions inline into each (F is a constant), so the compiler
+// vectorises bf16 (plain integer arithmetic) and F16C does fp16 eight at a time.
 template <Format F>
 inline uint16_t to16(float x) {
-  if constexpr (F == Format::kBf16)
-    return f32_to_bf16(x);
-  else
-    return f32_to_fp16_scalar(x);
+  return float16::from_f32(F, x);
 }
 template <Format F>
 inline float to32(uint16_t h) {
-  if constexpr (F == Format::kBf16)
-    return bf16_to_f32(h);
-  else
-    return fp16_to_f32_scalar(h);
+  return float16::to_f32(F, h);
 }
 
 template <Format F>

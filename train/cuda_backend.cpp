@@ -26,7 +26,7 @@ namespace {
 // --comm nccl: NCCL's collective; --comm ring: our ring over --ring-link.
 // --comm-dtype bf16 | fp16: gradients cross the wire in 16 bits, memory and the optimizer stay fp32.
 std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& config, MPI_Comm comm) {
-  const std::optional<wire::Format> wire = wire_format(config.comm_dtype);
+  const std::optional<float16::Format> wire = wire_format(config.comm_dtype);
   if (config.comm == AllreduceImpl::kNccl) return std::make_unique<cuda::NcclAllreduce>(comm, wire);
   cuda::CudaRingConfig ring{config.ring_link};
   ring.wire = wire;

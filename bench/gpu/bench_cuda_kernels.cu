@@ -324,8 +324,8 @@ void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
   // The 16-bit wire's casts, as the GPU ring's links run them with --comm-dtype bf16 or fp16: encode and decode move
   // 6 bytes an element, add_encode (the reduce-scatter's step) reads both and writes the words back, 8.
   uint16_t* words = a.alloc<uint16_t>(n);
-  for (ddplab::wire::Format f : {ddplab::wire::Format::kBf16, ddplab::wire::Format::kFp16}) {
-    const std::string name = f == ddplab::wire::Format::kBf16 ? " bf16" : " fp16";
+  for (ddplab::float16::Format f : {ddplab::float16::Format::kBf16, ddplab::float16::Format::kFp16}) {
+    const std::string name = f == ddplab::float16::Format::kBf16 ? " bf16" : " fp16";
     rep.add({"wire_cast", "wire_encode" + name, sh, median_ms(opt, s, [&] { cuda::wire_encode(f, words, x, n, s); }),
              6.0 * n, 0});
     rep.add({"wire_cast", "wire_decode" + name, sh, median_ms(opt, s, [&] { cuda::wire_decode(f, y, words, n, s); }),

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "comm/wire.h"  // the bf16 copy rounds as the CPU wire and convert.cu do
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/float16.h"  // the bf16 copy rounds as the CPU wire and convert.cu do
 
 namespace ddplab::cuda::adamw {
 
@@ -44,13 +44,13 @@ __global__ void adamw_kernel(float* params, uint16_t* copy, const float* grads, 
         detail::store_pack(params + i, p), detail::store_pack(m + i, mi), detail::store_pack(v + i, vi);
         if (copy) {
           detail::Pack<uint16_t, V> h;
-          for (int k = 0; k < V; ++k) h.v[k] = wire::f32_to_bf16(p.v[k]);
+          for (int k = 0; k < V; ++k) h.v[k] = float16::f32_to_bf16(p.v[k]);
           detail::store_pack(copy + i, h);
         }
       },
       [=](int64_t i) {
         step(params[i], grads[i], m[i], v[i]);
-        if (copy) copy[i] = wire::f32_to_bf16(params[i]);
+        if (copy) copy[i] = float16::f32_to_bf16(params[i]);
       });
 }
 

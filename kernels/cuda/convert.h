@@ -1,6 +1,6 @@
 // Precision conversion and gradient checks on the device.
 //
-// fp32 <-> bf16 is bit for bit the CPU wire format's conversion (comm/wire.h: f32_to_bf16 rounds to nearest even,
+// fp32 <-> bf16 is bit for bit the CPU wire format's conversion (kernels/float16.h: f32_to_bf16 rounds to nearest even,
 // NaN stays a quiet NaN with its sign and top payload bits; bf16_to_f32 is exact), so a buffer converted on the GPU
 // and one converted on the host carry the same 16-bit words. (CUDA's __float2bfloat16_rn rounds the same way but
 // returns a canonical NaN, hence our own integer version.) Buffers typed uint16_t, as the wire's, may be passed

@@ -5,18 +5,19 @@
 #pragma once
 #include <cstdint>
 
-#include "comm/wire.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/float16.h"
 
 namespace ddplab::cuda::convert {
 
-// comm/wire.h's bf16 rounding, the CPU's own, on the device: the optimizer's bf16 copy of the weights rounds alike.
+// kernels/float16.h's bf16 rounding, the CPU's own, on the device: the optimizer's bf16 copy of the weights rounds
+// alike.
 struct ToBf16Bits {
-  __device__ uint16_t operator()(float x) const { return wire::f32_to_bf16(x); }
+  __device__ uint16_t operator()(float x) const { return float16::f32_to_bf16(x); }
 };
 struct FromBf16Bits {
-  __device__ float operator()(uint16_t h) const { return wire::bf16_to_f32(h); }
+  __device__ float operator()(uint16_t h) const { return float16::bf16_to_f32(h); }
 };
 
 template <int V>

@@ -9,8 +9,6 @@
 #include "kernels/cuda/adamw_kernels.cuh"
 #include "kernels/cuda/convert_kernels.cuh"
 // clang-format on
-#include "tests/emu/emu_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,8 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/float16.h"
+#include "tests/emu/emu_test_util.h"
 
 namespace {
 
@@ -65,7 +64,7 @@ TEST(AdamwEmulated, FollowsTheCpuUpdateOverSeveralSteps) {
         ASSERT_NEAR(m[i], m_cpu[i], 1e-6f * std::fabs(m_cpu[i]) + 1e-30f) << "m[" << i << "], step " << t;
         ASSERT_NEAR(v[i], v_cpu[i], 1e-6f * std::fabs(v_cpu[i]) + 1e-30f) << "v[" << i << "], step " << t;
         ASSERT_NEAR(p[i], p_cpu[i], 4 * ulp(p_cpu[i])) << "p[" << i << "], step " << t;
-        ASSERT_EQ(copy[i], ddplab::wire::to_wire(ddplab::wire::Format::kBf16, p[i]))
+        ASSERT_EQ(copy[i], ddplab::float16::from_f32(ddplab::float16::Format::kBf16, p[i]))
             << "the bf16 copy of p[" << i << "], step " << t;
       }
     }
@@ -129,14 +128,14 @@ TEST(ScaleAndCheckFiniteEmulated, ScalesAndFindsEveryNonFiniteValue) {
 }
 
 // fp32 -> bf16 words rounded to nearest, ties to even, as CUDA's own __float2bfloat16_rn (its host implementation: a
-// reference independent of comm/wire.h, which the kernels call); NaN stays NaN; and back exactly.
+// reference independent of kernels/float16.h, which the kernels call); NaN stays NaN; and back exactly.
 TEST(Bf16ConversionEmulated, RoundsAsTheCpuWireAndWidensExactly) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   std::vector<float> x = normal_values(kN, 6, 100.0f);
   const float specials[] = {0.0f, -0.0f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), 1e-40f, 3.4e38f,
                             1.00390625f /* a tie: 1 + 2^-8 */, 1.01171875f /* the next tie up */};
   for (size_t k = 0; k < std::size(specials); ++k) x[kN - 1 - k] = specials[k];  // in the tail and the last packs
-  using ddplab::wire::Format;
+  using ddplab::float16::Format;
   for (bool packed : {true, false}) {
     SCOPED_TRACE(packed ? "packed" : "scalar");
     std::vector<uint16_t> words(kN, 0);
@@ -152,7 +151,7 @@ TEST(Bf16ConversionEmulated, RoundsAsTheCpuWireAndWidensExactly) {
         continue;
       }
       EXPECT_EQ(words[i], want) << i << ": " << x[i];
-      EXPECT_EQ(bits(back[i]), bits(ddplab::wire::from_wire(Format::kBf16, want))) << i;
+      EXPECT_EQ(bits(back[i]), bits(ddplab::float16::to_f32(Format::kBf16, want))) << i;
     }
   }
 }

@@ -25,8 +25,8 @@ DDPLAB_EMU_SHARED_MEMORY(smem)
 #include <type_traits>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/float16.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -53,7 +53,7 @@ std::vector<float> emulated_bias_backward(const Case& c, const std::vector<float
   std::vector<T> d(dout.size() + c.offset + 8);
   for (size_t i = 0; i < dout.size(); ++i) {
     if constexpr (std::is_same_v<T, bf16>)
-      d[c.offset + i] = ddplab::gpu_test::bf16_from_bits(ddplab::wire::f32_to_bf16(dout[i]));
+      d[c.offset + i] = ddplab::gpu_test::bf16_from_bits(ddplab::float16::f32_to_bf16(dout[i]));
     else
       d[c.offset + i] = dout[i];
   }

@@ -15,9 +15,9 @@
 #include <random>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/transformer_ops.h"
+#include "kernels/float16.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace {
@@ -27,13 +27,15 @@ using ddplab::emu_test::normal_values;
 
 namespace ew = ddplab::cuda::elementwise;
 using ddplab::emu::emulate_launch;
-using ddplab::wire::Format;
+using ddplab::float16::Format;
 using bf16 = __nv_bfloat16;
 
 const dim3 kGrid(3), kBlock(64);
 constexpr int64_t kN = 1031;  // 257 packs of 4 and a tail of 3
 
-float round_bf16(float x) { return ddplab::wire::from_wire(Format::kBf16, ddplab::wire::to_wire(Format::kBf16, x)); }
+float round_bf16(float x) {
+  return ddplab::float16::to_f32(Format::kBf16, ddplab::float16::from_f32(Format::kBf16, x));
+}
 
 // tanhf against the double reference's tanh: a few fp32 ulps of the result, plus the cancellation near GELU's zero
 // crossing (x about -0.75 for the gradient), bounded by an absolute term.
@@ -103,7 +105,7 @@ TEST(ElementwiseEmulated, GemmEpilogueAddsTheBiasThenGelu) {
                  bias16.data(), B, OC);
   for (int i = 0; i < B * OC; ++i) {
     const float v = __bfloat162float(__float2bfloat16_rn(start[i])) + __bfloat162float(bias16[i % OC]);
-    ASSERT_EQ(bits(pre16[i]), ddplab::wire::to_wire(Format::kBf16, v)) << "bf16 pre_gelu " << i;
+    ASSERT_EQ(bits(pre16[i]), ddplab::float16::from_f32(Format::kBf16, v)) << "bf16 pre_gelu " << i;
     double g;
     const double vd = v;
     ddplab::cpu::gelu_forward(&g, &vd, 1);
@@ -122,7 +124,8 @@ TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
   for (int64_t i = 0; i < kN; ++i) a16[i] = __float2bfloat16_rn(a[i]), b16[i] = __float2bfloat16_rn(b[i]);
   emulate_launch(kGrid, kBlock, 0, ew::residual_forward_kernel<bf16>, sum16.data(), a16.data(), b16.data(), kN);
   for (int64_t i = 0; i < kN; ++i)
-    EXPECT_EQ(bits(sum16[i]), ddplab::wire::to_wire(Format::kBf16, __bfloat162float(a16[i]) + __bfloat162float(b16[i])))
+    EXPECT_EQ(bits(sum16[i]),
+              ddplab::float16::from_f32(Format::kBf16, __bfloat162float(a16[i]) + __bfloat162float(b16[i])))
         << i;
 
   for (bool packed : {true, false}) {

@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cpu/transformer_ops.h"
+#include "kernels/float16.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace {
@@ -28,7 +28,7 @@ using ddplab::emu_test::DeviceLikeVector;
 
 namespace emb = ddplab::cuda::embedding;
 using ddplab::emu::emulate_launch;
-using ddplab::wire::Format;
+using ddplab::float16::Format;
 using bf16 = __nv_bfloat16;
 
 constexpr int kB = 5, kS = 9, kVocab = 4;  // few tokens: each one's rows are a run of several
@@ -119,7 +119,7 @@ TEST_P(EmbeddingEmulated, ForwardIsTheCpus) {
     emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<bf16, 1>, out16.data(), tok.data(),
                    kLengths.data(), wte.data(), wpe.data(), kB, kS, C);
   for (size_t i = 0; i < want.size(); ++i)
-    ASSERT_EQ(bits(out16[i]), ddplab::wire::to_wire(Format::kBf16, want[i])) << i;
+    ASSERT_EQ(bits(out16[i]), ddplab::float16::from_f32(Format::kBf16, want[i])) << i;
 }
 
 // The keys: a valid row's token, the padding's and a token out of range (a broken contract) keyed past the

@@ -7,8 +7,6 @@
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/sequence_kernels.cuh"
 // clang-format on
-#include "tests/emu/emu_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -16,8 +14,9 @@
 #include <random>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cpu/transformer_ops.h"
+#include "kernels/float16.h"
+#include "tests/emu/emu_test_util.h"
 
 namespace {
 
@@ -63,10 +62,10 @@ TEST(SequenceEmulated, MeanPoolIsTheCpusBitForBit) {
 // bf16 activations: the fp32 arithmetic of the CPU's float pool on the same (widened) values, rounded once to nearest
 // even, as the CPU wire rounds.
 TEST(SequenceEmulated, MeanPoolInBf16RoundsTheFp32Result) {
-  using ddplab::wire::Format;
+  using ddplab::float16::Format;
   std::vector<float> x = normal_values(int64_t{kB} * kS * kC, 3), dout = normal_values(int64_t{kB} * kC, 4);
-  for (float& v : x) v = ddplab::wire::from_wire(Format::kBf16, ddplab::wire::to_wire(Format::kBf16, v));
-  for (float& v : dout) v = ddplab::wire::from_wire(Format::kBf16, ddplab::wire::to_wire(Format::kBf16, v));
+  for (float& v : x) v = ddplab::float16::to_f32(Format::kBf16, ddplab::float16::from_f32(Format::kBf16, v));
+  for (float& v : dout) v = ddplab::float16::to_f32(Format::kBf16, ddplab::float16::from_f32(Format::kBf16, v));
   std::vector<bf16> x16(x.size()), dout16(dout.size());
   for (size_t i = 0; i < x.size(); ++i) x16[i] = __float2bfloat16_rn(x[i]);
   for (size_t i = 0; i < dout.size(); ++i) dout16[i] = __float2bfloat16_rn(dout[i]);
@@ -77,7 +76,7 @@ TEST(SequenceEmulated, MeanPoolInBf16RoundsTheFp32Result) {
                  kB, kS, kC);
   ddplab::cpu::mean_pool_forward(want.data(), x.data(), kLengths.data(), kB, kS, kC);
   for (int i = 0; i < kB * kC; ++i)
-    EXPECT_EQ(bits(out[i]), ddplab::wire::to_wire(Format::kBf16, want[i])) << "out[" << i << "]";
+    EXPECT_EQ(bits(out[i]), ddplab::float16::from_f32(Format::kBf16, want[i])) << "out[" << i << "]";
 
   std::vector<bf16> dinp(x.size());
   std::vector<float> dwant(x.size());
@@ -85,7 +84,7 @@ TEST(SequenceEmulated, MeanPoolInBf16RoundsTheFp32Result) {
                  kLengths.data(), kB, kS, kC);
   ddplab::cpu::mean_pool_backward(dwant.data(), dout.data(), kLengths.data(), kB, kS, kC);
   for (size_t i = 0; i < x.size(); ++i)
-    EXPECT_EQ(bits(dinp[i]), ddplab::wire::to_wire(Format::kBf16, dwant[i])) << "dinp[" << i << "]";
+    EXPECT_EQ(bits(dinp[i]), ddplab::float16::from_f32(Format::kBf16, dwant[i])) << "dinp[" << i << "]";
 }
 
 TEST(SequenceEmulated, NextTokenTargetsAreTheCpus) {

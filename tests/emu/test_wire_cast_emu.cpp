@@ -20,9 +20,10 @@
 
 namespace {
 
+namespace float16 = ddplab::float16;
 namespace wire = ddplab::wire;
 namespace wc = ddplab::cuda::wire_cast;
-using wire::Format;
+using float16::Format;
 
 const dim3 kGrid(3), kBlock(64);
 
@@ -33,17 +34,17 @@ const char* name(Format f) { return f == Format::kBf16 ? "bf16" : "fp16"; }
 std::vector<float> boundary_values(Format f) {
   std::vector<float> v;
   for (uint32_t h = 0; h < 0x10000u; ++h) {
-    const float x = wire::from_wire(f, static_cast<uint16_t>(h));
-    const uint32_t u = wire::f32_bits(x);
-    v.insert(v.end(), {x, wire::bits_f32(u + 1), wire::bits_f32(u - 1)});
-    const float next = wire::from_wire(f, static_cast<uint16_t>(h + 1));
+    const float x = float16::to_f32(f, static_cast<uint16_t>(h));
+    const uint32_t u = float16::f32_bits(x);
+    v.insert(v.end(), {x, float16::bits_f32(u + 1), float16::bits_f32(u - 1)});
+    const float next = float16::to_f32(f, static_cast<uint16_t>(h + 1));
     v.push_back(x + (next - x) / 2);
   }
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  v.insert(v.end(), {0.f, -0.f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), wire::bits_f32(0x7f800001u),
-                     wire::bits_f32(0xffc00123u), 65504.f, 65519.99f, 65520.f, 1e-8f, -3e-8f, 1e-45f});
+  v.insert(v.end(), {0.f, -0.f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), float16::bits_f32(0x7f800001u),
+                     float16::bits_f32(0xffc00123u), 65504.f, 65519.99f, 65520.f, 1e-8f, -3e-8f, 1e-45f});
   std::mt19937 gen(17);
-  for (int i = 0; i < 100000; ++i) v.push_back(wire::bits_f32(gen()));
+  for (int i = 0; i < 100000; ++i) v.push_back(float16::bits_f32(gen()));
   return v;
 }
 
@@ -75,7 +76,7 @@ TEST(WireCastEmulated, EncodeRoundsAsTheCpuWire) {
       wire::encode(f, want.data(), x.data(), x.size());
       const std::vector<uint16_t> got = emulated_encode(f, packed, x);
       for (size_t i = 0; i < x.size(); ++i)
-        ASSERT_EQ(got[i], want[i]) << "element " << i << " (fp32 bits 0x" << std::hex << wire::f32_bits(x[i]) << ")";
+        ASSERT_EQ(got[i], want[i]) << "element " << i << " (fp32 bits 0x" << std::hex << float16::f32_bits(x[i]) << ")";
     }
 }
 
@@ -92,7 +93,7 @@ TEST(WireCastEmulated, DecodeIsTheCpuWiresOnEveryWord) {
       emulate(f, packed, wc::decode_kernel<Format::kBf16, 4>, wc::decode_kernel<Format::kBf16, 1>,
               wc::decode_kernel<Format::kFp16, 4>, wc::decode_kernel<Format::kFp16, 1>, got.data(), words.data(), n);
       for (size_t i = 0; i < words.size(); ++i)
-        ASSERT_EQ(wire::f32_bits(got[i]), wire::f32_bits(want[i])) << "word 0x" << std::hex << i;
+        ASSERT_EQ(float16::f32_bits(got[i]), float16::f32_bits(want[i])) << "word 0x" << std::hex << i;
     }
 }
 

@@ -18,9 +18,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
+#include "kernels/float16.h"
 
 namespace ddplab::gpu_test {
 
@@ -71,12 +71,12 @@ inline uint16_t bits_of(__nv_bfloat16 x) { return static_cast<__nv_bfloat16_raw>
 // bf16 on the host through the wire's conversion (round to nearest even), the reference of convert.h.
 inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
   std::vector<__nv_bfloat16> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_from_bits(wire::f32_to_bf16(x[i]));
+  for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_from_bits(float16::f32_to_bf16(x[i]));
   return out;
 }
 inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& x) {
   std::vector<float> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = wire::bf16_to_f32(bits_of(x[i]));
+  for (size_t i = 0; i < x.size(); ++i) out[i] = float16::bf16_to_f32(bits_of(x[i]));
   return out;
 }
 // x rounded to bf16 and back: the values a bf16 kernel actually sees.

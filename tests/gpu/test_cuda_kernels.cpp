@@ -1,7 +1,7 @@
 // The transformer's and the MLP's CUDA kernel families against their CPU references (kernels/cpu/ops.h,
-// kernels/cpu/transformer_ops.h, comm/wire.h): LayerNorm, fused softmax cross-entropy, embedding, attention (and the
-// fused bf16 one), the cuBLASLt GEMMs and their epilogues (bias, GELU, dGELU, the bias gradient), bf16 conversion and the gradient scale + finite check, the residual add, the
-// mean pool and the next-token targets.
+// kernels/cpu/transformer_ops.h, kernels/float16.h): LayerNorm, fused softmax cross-entropy, embedding, attention (and
+// the fused bf16 one), the cuBLASLt GEMMs and their epilogues (bias, GELU, dGELU, the bias gradient), bf16 conversion
+// and the gradient scale + finite check, the residual add, the mean pool and the next-token targets.
 //
 // CudaKernelsHost.* runs without a GPU (argument checks, zero-size calls, workspace sizes) and must pass anywhere.
 // CudaKernels.* needs a device and skips with the reason otherwise. Each runs on fresh random inputs, with
@@ -27,7 +27,6 @@
 #include <utility>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/transformer_ops.h"
 #include "kernels/cuda/attention.h"
@@ -41,6 +40,7 @@
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
+#include "kernels/float16.h"
 #include "model/attention_kind.h"
 #include "tests/gpu/flash_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -1083,7 +1083,7 @@ TEST_F(CudaKernels, GemmTimedPlanMadeInACaptureIsTimedAfter) {
   std::filesystem::remove_all(table);
 }
 
-// fp32 -> bf16 against comm/wire.h's conversion, bit for bit: every special class, ties in both directions,
+// fp32 -> bf16 against kernels/float16.h's conversion, bit for bit: every special class, ties in both directions,
 // subnormals, and random values over the whole exponent range; then every one of the 2^16 bf16 words back to
 // fp32 (exact). Each at an aligned (vector path) and an unaligned (scalar path) address, and at sizes with tails.
 TEST_F(CudaKernels, Bf16ConversionIsTheWiresBitForBit) {
@@ -1091,11 +1091,11 @@ TEST_F(CudaKernels, Bf16ConversionIsTheWiresBitForBit) {
                           -kNaN, 1e-45f, -1e-45f, 1.17549435e-38f, 3.4028235e38f, -3.4028235e38f, 65504.0f};
   for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x7f800001u, 0xffc00001u, 0x7fbfffffu,
                         0x00008000u, 0x00018000u, 0x807fffffu})  // ties to even (down, up), NaN payloads, subnormals
-    x.push_back(ddplab::wire::bits_f32(bits));
+    x.push_back(ddplab::float16::bits_f32(bits));
   const std::vector<float> u = random_vector(100003, 0, 1, 71);
   for (size_t i = 0; i < u.size(); ++i)  // random sign, exponent and mantissa bits
     x.push_back(
-        ddplab::wire::bits_f32(static_cast<uint32_t>(u[i] * 4294967295.0) ^ static_cast<uint32_t>(i * 2654435761u)));
+        ddplab::float16::bits_f32(static_cast<uint32_t>(u[i] * 4294967295.0) ^ static_cast<uint32_t>(i * 2654435761u)));
   for (int64_t n : {int64_t{1}, int64_t{5}, static_cast<int64_t>(x.size())}) {
     for (int off : {0, 1}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " offset " + std::to_string(off));
@@ -1108,10 +1108,10 @@ TEST_F(CudaKernels, Bf16ConversionIsTheWiresBitForBit) {
       int64_t bad = 0;
       for (int64_t i = 0; i < n; ++i) {
         const uint16_t h = bits_of(got[off + i]);
-        const uint16_t want = ddplab::wire::f32_to_bf16(x[i]);
+        const uint16_t want = ddplab::float16::f32_to_bf16(x[i]);
         if (h != want && bad++ < 5)
-          ADD_FAILURE() << "element " << i << " bits 0x" << std::hex << ddplab::wire::f32_bits(x[i]) << ": got 0x" << h
-                        << " want 0x" << want;
+          ADD_FAILURE() << "element " << i << " bits 0x" << std::hex << ddplab::float16::f32_bits(x[i]) << ": got 0x"
+                        << h << " want 0x" << want;
       }
       EXPECT_EQ(bad, 0);
     }
@@ -1126,7 +1126,7 @@ TEST_F(CudaKernels, Bf16ConversionIsTheWiresBitForBit) {
     cuda::bf16_to_f32(d_dst.get() + off, d_src.get() + off, 1 << 16, stream_);
     std::vector<float> got = d_dst.download(), want(1 << 16);
     got.erase(got.begin(), got.begin() + off);
-    for (uint32_t h = 0; h < (1u << 16); ++h) want[h] = ddplab::wire::bf16_to_f32(static_cast<uint16_t>(h));
+    for (uint32_t h = 0; h < (1u << 16); ++h) want[h] = ddplab::float16::bf16_to_f32(static_cast<uint16_t>(h));
     EXPECT_TRUE(BitwiseEqual(got, want)) << "offset " << off;
   }
 }

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/float16.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -191,7 +191,7 @@ TEST_F(CudaOps, AdamwMatchesCpuOverSteps) {
       const std::vector<__nv_bfloat16> words = copy.download();
       int64_t bad = 0;
       for (int64_t i = 0; i < n; ++i)
-        bad += ddplab::gpu_test::bits_of(words[copy_offset + i]) != ddplab::wire::f32_to_bf16(updated[i]);
+        bad += ddplab::gpu_test::bits_of(words[copy_offset + i]) != ddplab::float16::f32_to_bf16(updated[i]);
       EXPECT_EQ(bad, 0) << "bf16 copy elements that are not the wire's conversion of the params";
     }
     // Early steps, where bias correction matters most, then a late one; each side carries its own state.

@@ -185,8 +185,8 @@ TEST_F(NcclAllreduceTest, SixteenBitWiresStayWithinTheirRoundingOfTheFp32Wire) {
   comm_->allreduce_async(d, n, /*average=*/false, compute_);
   comm_->wait(compute_);
   const std::vector<float> fp32 = download(d, n);
-  for (ddplab::wire::Format f : {ddplab::wire::Format::kBf16, ddplab::wire::Format::kFp16}) {
-    SCOPED_TRACE(f == ddplab::wire::Format::kBf16 ? "bf16" : "fp16");
+  for (ddplab::float16::Format f : {ddplab::float16::Format::kBf16, ddplab::float16::Format::kFp16}) {
+    SCOPED_TRACE(f == ddplab::float16::Format::kBf16 ? "bf16" : "fp16");
     NcclAllreduce wire(MPI_COMM_WORLD, f);
     wire.begin_step();
     put_inputs();
@@ -194,7 +194,7 @@ TEST_F(NcclAllreduceTest, SixteenBitWiresStayWithinTheirRoundingOfTheFp32Wire) {
     wire.wait(compute_);
     const std::vector<float> got = download(d, n);
     wire.synchronize();
-    const double u = f == ddplab::wire::Format::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    const double u = f == ddplab::float16::Format::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
     for (size_t i = 0; i < n; ++i) {
       double magnitude = 0;
       for (int r = 0; r < ranks; ++r) magnitude += std::fabs(all[r][i]);

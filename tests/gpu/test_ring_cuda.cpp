@@ -169,8 +169,8 @@ TEST_P(RingCudaTest, SixteenBitWiresMatchTheHostRingAndStayWithinTheirRounding) 
   std::vector<std::vector<float>> all(ranks);
   for (int r = 0; r < ranks; ++r) all[r] = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 99u + r);
   ring_.reset();  // one engine at a time on the device
-  for (ddplab::wire::Format f : {ddplab::wire::Format::kBf16, ddplab::wire::Format::kFp16}) {
-    SCOPED_TRACE(f == ddplab::wire::Format::kBf16 ? "bf16" : "fp16");
+  for (ddplab::float16::Format f : {ddplab::float16::Format::kBf16, ddplab::float16::Format::kFp16}) {
+    SCOPED_TRACE(f == ddplab::float16::Format::kBf16 ? "bf16" : "fp16");
     CudaRingConfig config{GetParam(), kChunkBytes};
     config.wire = f;
     RingAllreduceCuda ring(MPI_COMM_WORLD, config);
@@ -189,7 +189,7 @@ TEST_P(RingCudaTest, SixteenBitWiresMatchTheHostRingAndStayWithinTheirRounding) 
     ddplab::ring_allreduce_sum(want.data(), n, transport, scratch, options);
     EXPECT_TRUE(BitwiseEqual(got, want));
 
-    const double u = f == ddplab::wire::Format::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    const double u = f == ddplab::float16::Format::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
     for (size_t i = 0; i < n; ++i) {
       double exact = 0, magnitude = 0;
       for (int r = 0; r < ranks; ++r) exact += all[r][i], magnitude += std::fabs(all[r][i]);

@@ -247,19 +247,19 @@ struct AlgoCase {
   size_t slice_elems;
   size_t slices_per_chunk;
   bool wire16;
-  wire::Format format;
+  float16::Format format;
 };
 void PrintTo(const AlgoCase& c, std::ostream* os) { *os << c.name; }
 const AlgoCase kAlgos[] = {
-    {"ring", false, 0, 1, false, wire::Format::kBf16},
-    {"ring_sliced", false, 1000, 4, false, wire::Format::kBf16},
-    {"ring_sliced_tiny", false, 7, 3, false, wire::Format::kBf16},  // uneven slices, empty ones for tiny counts
-    {"ring_sliced_bf16", false, 1000, 4, true, wire::Format::kBf16},
-    {"ring_sliced_tiny_fp16", false, 7, 3, true, wire::Format::kFp16},
-    {"ring_fp16", false, 0, 1, true, wire::Format::kFp16},
-    {"recursive_doubling", true, 0, 1, false, wire::Format::kBf16},
-    {"recursive_doubling_bf16", true, 0, 1, true, wire::Format::kBf16},
-    {"recursive_doubling_fp16", true, 0, 1, true, wire::Format::kFp16},
+    {"ring", false, 0, 1, false, float16::Format::kBf16},
+    {"ring_sliced", false, 1000, 4, false, float16::Format::kBf16},
+    {"ring_sliced_tiny", false, 7, 3, false, float16::Format::kBf16},  // uneven slices, empty ones for tiny counts
+    {"ring_sliced_bf16", false, 1000, 4, true, float16::Format::kBf16},
+    {"ring_sliced_tiny_fp16", false, 7, 3, true, float16::Format::kFp16},
+    {"ring_fp16", false, 0, 1, true, float16::Format::kFp16},
+    {"recursive_doubling", true, 0, 1, false, float16::Format::kBf16},
+    {"recursive_doubling_bf16", true, 0, 1, true, float16::Format::kBf16},
+    {"recursive_doubling_fp16", true, 0, 1, true, float16::Format::kFp16},
 };
 
 // The transports beneath: MPI, shared memory with a roomy FIFO, and shared memory with a FIFO far smaller than

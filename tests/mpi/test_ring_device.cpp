@@ -31,13 +31,13 @@ class DeferredMemory final : public RingMemory {
   void add(float* out, const float* a, const float* b, size_t count) override {
     queue_.push_back([=] { host_.add(out, a, b, count); });
   }
-  void encode(wire::Format f, uint16_t* dst, const float* src, size_t count) override {
+  void encode(float16::Format f, uint16_t* dst, const float* src, size_t count) override {
     queue_.push_back([=] { host_.encode(f, dst, src, count); });
   }
-  void decode(wire::Format f, float* dst, const uint16_t* src, size_t count) override {
+  void decode(float16::Format f, float* dst, const uint16_t* src, size_t count) override {
     queue_.push_back([=] { host_.decode(f, dst, src, count); });
   }
-  void add_encode(wire::Format f, uint16_t* io, const float* own, size_t count) override {
+  void add_encode(float16::Format f, uint16_t* io, const float* own, size_t count) override {
     queue_.push_back([=] { host_.add_encode(f, io, own, count); });
   }
   void synchronize() override {
@@ -163,7 +163,7 @@ TEST_P(RingDeviceTest, RandomInputsMatchTheHostRingBitForBitOutOfPlace) {
 TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostRingBitForBit) {
   const Case c = GetParam();
   const int r = world_rank();
-  for (wire::Format format : {wire::Format::kBf16, wire::Format::kFp16}) {
+  for (float16::Format format : {float16::Format::kBf16, float16::Format::kFp16}) {
     DeferredMemory memory;
     LinkUnderTest lut(c.kind, memory, c.max_chunk);
     std::vector<uint16_t> a(device_ring_max_chunk(*lut.link)), b(a.size());
@@ -182,8 +182,8 @@ TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostRingBitForBit) {
     options.format = format;
     ring_allreduce_sum(expected.data(), c.count, transport, scratch, options);
     for (size_t i = 0; i < c.count; ++i)
-      ASSERT_EQ(wire::f32_bits(data[i]), wire::f32_bits(expected[i]))
-          << (format == wire::Format::kBf16 ? "bf16" : "fp16") << " element " << i;
+      ASSERT_EQ(float16::f32_bits(data[i]), float16::f32_bits(expected[i]))
+          << (format == float16::Format::kBf16 ? "bf16" : "fp16") << " element " << i;
     // Every rank holds the same bits.
     std::vector<float> rank0 = data;
     MPI_Bcast(rank0.data(), static_cast<int>(c.count), MPI_FLOAT, 0, MPI_COMM_WORLD);

@@ -18,8 +18,7 @@
 namespace ddplab {
 namespace {
 
-using wire::Format;
-
+using float16::Format;
 
 // Every 16-bit word: decode is exact (the fp32 has the same value), and encode(decode(h)) == h for non-NaN.
 TEST(Wire, EveryWordRoundTrips) {
@@ -31,18 +30,18 @@ TEST(Wire, EveryWordRoundTrips) {
     wire::encode(f, back.data(), dec.data(), dec.size());
     size_t wrong = 0;
     for (int h = 0; h < 65536; ++h) {
-      const float scalar = f == Format::kBf16 ? wire::bf16_to_f32(all[h]) : wire::fp16_to_f32_scalar(all[h]);
+      const float scalar = f == Format::kBf16 ? float16::bf16_to_f32(all[h]) : float16::fp16_to_f32_scalar(all[h]);
       const bool nan = std::isnan(scalar);
       if (nan != std::isnan(dec[h]) || (!nan && (scalar != dec[h] || back[h] != all[h]))) ++wrong;
-      if (nan && !std::isnan(f == Format::kBf16 ? wire::bf16_to_f32(back[h]) : wire::fp16_to_f32_scalar(back[h])))
+      if (nan && !std::isnan(f == Format::kBf16 ? float16::bf16_to_f32(back[h]) : float16::fp16_to_f32_scalar(back[h])))
         ++wrong;
     }
     EXPECT_EQ(wrong, 0u) << (f == Format::kBf16 ? "bf16" : "fp16");
   }
-  EXPECT_EQ(wire::fp16_to_f32_scalar(0x3c00), 1.0f);
-  EXPECT_EQ(wire::fp16_to_f32_scalar(0x7bff), 65504.0f);
-  EXPECT_EQ(wire::fp16_to_f32_scalar(0x0001), std::ldexp(1.0f, -24));
-  EXPECT_EQ(wire::bf16_to_f32(0x3f80), 1.0f);
+  EXPECT_EQ(float16::fp16_to_f32_scalar(0x3c00), 1.0f);
+  EXPECT_EQ(float16::fp16_to_f32_scalar(0x7bff), 65504.0f);
+  EXPECT_EQ(float16::fp16_to_f32_scalar(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(float16::bf16_to_f32(0x3f80), 1.0f);
 }
 
 // Round to nearest, ties to even, overflow to inf, underflow through subnormals — scalar and vector paths agree.
@@ -76,16 +75,16 @@ TEST(Wire, EncodeRoundsToNearestEvenOnBothPaths) {
     wire::encode(f, vec.data(), x.data(), x.size());
     size_t wrong = 0;
     for (size_t i = 0; i < x.size(); ++i) {
-      const uint16_t s = f == Format::kBf16 ? wire::f32_to_bf16(x[i]) : wire::f32_to_fp16_scalar(x[i]);
+      const uint16_t s = f == Format::kBf16 ? float16::f32_to_bf16(x[i]) : float16::f32_to_fp16_scalar(x[i]);
       // Reference: the nearest representable value, ties to the even word, from double arithmetic.
       const double v = x[i];
-      const float lo = f == Format::kBf16 ? wire::bf16_to_f32(s) : wire::fp16_to_f32_scalar(s);
+      const float lo = f == Format::kBf16 ? float16::bf16_to_f32(s) : float16::fp16_to_f32_scalar(s);
       bool ok = s == vec[i];
       if (std::isfinite(lo)) {
         // no other word is closer: neighbours one word up and down
         for (int d : {-1, 1}) {
           const uint16_t nb = static_cast<uint16_t>(s + d);
-          const float other = f == Format::kBf16 ? wire::bf16_to_f32(nb) : wire::fp16_to_f32_scalar(nb);
+          const float other = f == Format::kBf16 ? float16::bf16_to_f32(nb) : float16::fp16_to_f32_scalar(nb);
           if (std::isnan(other) || (s & 0x7fff) == 0) continue;
           const double dl = std::fabs(v - lo), dn = std::fabs(v - other);
           if (dn < dl || (dn == dl && (s & 1))) ok = false;
@@ -97,11 +96,11 @@ TEST(Wire, EncodeRoundsToNearestEvenOnBothPaths) {
     }
     EXPECT_EQ(wrong, 0u) << (f == Format::kBf16 ? "bf16" : "fp16");
   }
-  EXPECT_EQ(wire::f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
-  EXPECT_EQ(wire::f32_to_fp16_scalar(65520.0f), 0x7c00);
-  EXPECT_EQ(wire::f32_to_fp16_scalar(65519.0f), 0x7bff);
-  EXPECT_EQ(wire::f32_to_fp16_scalar(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
-  EXPECT_EQ(wire::f32_to_fp16_scalar(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(float16::f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(float16::f32_to_fp16_scalar(65520.0f), 0x7c00);
+  EXPECT_EQ(float16::f32_to_fp16_scalar(65519.0f), 0x7bff);
+  EXPECT_EQ(float16::f32_to_fp16_scalar(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
+  EXPECT_EQ(float16::f32_to_fp16_scalar(std::ldexp(1.5f, -25)), 0x0001);
 }
 
 // All-reduce with a 16-bit wire on positive inputs: each addend and each partial sum is rounded once on its way
@@ -145,8 +144,8 @@ TEST_P(WireAllreduce, WithinTheErrorBoundAndBitwiseEqualAcrossRanks) {
   // the result is a value of the wire format (every rank keeps the rounded sum)
   size_t off_grid = 0;
   for (float v : x) {
-    const uint16_t h = dtype == WireDtype::kBf16 ? wire::f32_to_bf16(v) : wire::f32_to_fp16_scalar(v);
-    off_grid += (dtype == WireDtype::kBf16 ? wire::bf16_to_f32(h) : wire::fp16_to_f32_scalar(h)) != v;
+    const uint16_t h = dtype == WireDtype::kBf16 ? float16::f32_to_bf16(v) : float16::f32_to_fp16_scalar(v);
+    off_grid += (dtype == WireDtype::kBf16 ? float16::bf16_to_f32(h) : float16::fp16_to_f32_scalar(h)) != v;
   }
   EXPECT_EQ(off_grid, 0u);
 }
