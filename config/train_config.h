@@ -177,8 +177,8 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.attention);
   visit(Knob{"--deterministic", "deterministic",
              "the same bits from the same inputs, as torch.use_deterministic_algorithms: on | off (--device cuda: "
-             "cuDNN's deterministic attention backward; our fused attention, whose dQ adds with atomics, refused "
-             "and never auto; the CPU is deterministic either way)",
+             "the fused attentions' dQ summed in a fixed order, not by atomics: cuDNN's deterministic backward, "
+             "ours from per-key-block shares; the CPU is deterministic either way)",
              kNoMin, kNoMax, kOnOff | kMath},
         c.deterministic);
   visit(Knob{"--gemm-algo", "gemm_algo",
@@ -349,7 +349,7 @@ inline double decimal(float x) {
 }
 
 // --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank and no sequence is a
-// single token, else our fused kernels unless --deterministic on, else unfused; docs/GPU.md, "Fused attention"); an
+// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an
 // explicit choice as given (validate refuses what cannot run).
 inline AttentionKind resolved_attention(const TrainConfig& c, bool cudnn_available) {
   if (c.attention) return *c.attention;
@@ -357,7 +357,7 @@ inline AttentionKind resolved_attention(const TrainConfig& c, bool cudnn_availab
   const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
   // cuDNN takes no single-token sequences: with --min-len 1 a batch could be one.
   return auto_attention(c.device == Device::kCuda && c.precision == Precision::kBf16, m.d_model / m.heads,
-                        cudnn_available && c.min_len >= 2, c.deterministic);
+                        cudnn_available && c.min_len >= 2);
 }
 
 // What the choices left to "auto" depend on, as this rank finds it (launcher/run.cpp gathers it, the same on every

@@ -29,12 +29,10 @@ inline bool cudnn_attention_supports_head_size(int head_size) {
 
 // --attention auto: the fastest attention that can run, by what was measured on an H200 (docs/BENCHMARKS.md):
 // cuDNN's where its library loads (bf16 on the GPU, a head size it takes), else our fused kernels (bf16 on the GPU, a
-// head size they have, and no --deterministic on: their backward adds dQ with float atomics in whatever order they
-// land), else the unfused ones.
-inline AttentionKind auto_attention(bool bf16_on_gpu, int head_size, bool cudnn_available, bool deterministic) {
+// head size they have), else the unfused ones. --deterministic on changes none of it: each runs deterministically then.
+inline AttentionKind auto_attention(bool bf16_on_gpu, int head_size, bool cudnn_available) {
   if (bf16_on_gpu && cudnn_available && cudnn_attention_supports_head_size(head_size)) return AttentionKind::kCudnn;
-  return bf16_on_gpu && fused_attention_supports_head_size(head_size) && !deterministic ? AttentionKind::kFused
-                                                                                        : AttentionKind::kUnfused;
+  return bf16_on_gpu && fused_attention_supports_head_size(head_size) ? AttentionKind::kFused : AttentionKind::kUnfused;
 }
 
 }  // namespace ddplab

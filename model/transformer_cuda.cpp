@@ -37,13 +37,8 @@ int index_of(const std::vector<Parameter<float>>& params, const std::string& nam
 }
 
 // The attention asked for against the precision and the head size (std::invalid_argument).
-void check_attention(const TransformerConfig& config, Precision precision, AttentionKind attention,
-                     bool deterministic) {
+void check_attention(const TransformerConfig& config, Precision precision, AttentionKind attention) {
   const bool fused = attention == AttentionKind::kFused, with_cudnn = attention == AttentionKind::kCudnn;
-  if (fused && deterministic)
-    throw std::invalid_argument(
-        "TransformerCuda: the fused attention is not deterministic (its backward adds dQ "
-        "with float atomics)");
   if ((fused || with_cudnn) && precision != Precision::kBf16)
     throw std::invalid_argument(std::string("TransformerCuda: the ") + to_string(attention) +
                                 " attention is bf16 only (got precision " + to_string(precision) + ")");
@@ -77,6 +72,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     : DeviceParameters(stream),
       precision_(precision),
       attention_(attention),
+      deterministic_(deterministic),
       max_tokens_(max_tokens),
       max_seq_(max_seq),
       // TF32 in bf16 mode too: the only fp32 GEMMs there are the unfused attention's. Those on q, k, v and dout take
@@ -93,7 +89,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   if (max_seq > config_.max_len)
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
-  check_attention(config_, precision, attention, deterministic);
+  check_attention(config_, precision, attention);
   if (attention == AttentionKind::kCudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>(deterministic);
   take_layout(reference);
   wpe_ = index_of(params_, "wpe");
@@ -127,17 +123,19 @@ int64_t TransformerCuda::scratch_floats() const {
   const int d_model = config_.d_model, heads = config_.heads;
   // The unfused attention's workspace grows with B * S and S: B * S <= max_tokens rows of at most max_seq are within
   // that of ceil(max_tokens / max_seq) rows of max_seq. In bf16 it is followed by fp32 copies of its inputs and
-  // outputs. The fused one needs only backward's dQ accumulator and D, which grow with B * S alone.
+  // outputs. The fused one needs only backward's dQ accumulator and D, which grow with B * S alone; deterministic, a
+  // dQ share per key block of S, so the same bound as the unfused one's.
   const int rows_at_max_seq = static_cast<int>((max_tokens_ + max_seq_ - 1) / max_seq_);
   const int64_t bf16_copies = is_bf16 ? max_tokens_ * d_model : 0;  // floats per [tokens, C] copy
   // cuDNN's attention keeps its own workspace (cudnn_attention.h) and needs none here.
   const int64_t attention_floats =
       with_cudnn ? 0
-      : fused    ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens_), d_model, heads)
-                 : std::max(cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
-                                kForwardFp32Copies * bf16_copies,
-                            cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
-                                kBackwardFp32Copies * bf16_copies);
+      : fused
+          ? cuda::flash_attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads, deterministic_)
+          : std::max(cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
+                         kForwardFp32Copies * bf16_copies,
+                     cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
+                         kBackwardFp32Copies * bf16_copies);
   return std::max(attention_floats, cuda::layernorm_backward_scratch_floats(static_cast<int>(max_tokens_), d_model));
 }
 
@@ -337,7 +335,7 @@ void TransformerCuda::attention_backward(T* dqkv, const T* dout, const BlockActs
   if constexpr (std::is_same_v<T, bf16>) {
     if (attention_ == AttentionKind::kFused)
       return cuda::flash_attention_backward(dqkv, scratch_, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH,
-                                            config_.causal(), stream_);
+                                            config_.causal(), stream_, deterministic_);
     if (attention_ == AttentionKind::kCudnn)
       return cudnn_->backward(dqkv, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH, config_.causal(), stream_);
   }

@@ -49,8 +49,8 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   // allocated once: a step allocates nothing. The unfused attention keeps B * heads * S^2 floats per layer, bounded
   // by heads * max_tokens * max_seq; the fused one B * heads * S (the lse). A bad config or capacity, or the fused
   // attention outside bf16 or with an unsupported head size, throws std::invalid_argument before the device is
-  // touched; a CUDA failure, std::runtime_error. deterministic (--deterministic on): cuDNN's attention runs its
-  // deterministic backward, and the fused attention (dQ by atomics) is refused.
+  // touched; a CUDA failure, std::runtime_error. deterministic (--deterministic on): the fused attentions' backwards
+  // sum dQ in a fixed order (cuDNN's deterministic algorithm; ours from per-key-block shares) instead of by atomics.
   TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision, int64_t max_tokens, int max_seq,
                   cudaStream_t stream, AttentionKind attention = AttentionKind::kUnfused, bool deterministic = false);
   TransformerCuda(const TransformerCuda&) = delete;
@@ -59,6 +59,7 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   const TransformerConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   AttentionKind attention() const { return attention_; }
+  bool deterministic() const { return deterministic_; }
   // The GEMMs' context: how they pick cuBLASLt's algorithms (set_timed_algos), what they planned.
   cuda::GemmContext& gemm() { return gemm_; }
   const cuda::GemmContext& gemm() const { return gemm_; }
@@ -117,6 +118,7 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   TransformerConfig config_;
   Precision precision_;
   AttentionKind attention_;
+  bool deterministic_;
   int64_t max_tokens_;
   int max_seq_;
   // Registration indices, as the CPU's (a weight's bias is +1). head_: the classifier's head.weight, or wte (0) where

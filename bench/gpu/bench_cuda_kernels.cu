@@ -400,7 +400,7 @@ void bench_fused_attention(const Options& opt, cudaStream_t s, Arena& a, Report&
   bf16 *qkv = a.random_bf16(3 * BSC), *out = a.alloc<bf16>(BSC), *dout = a.random_bf16(BSC);
   bf16* dqkv = a.alloc<bf16>(3 * BSC);
   float* lse = a.alloc<float>(int64_t{B} * NH * S);
-  float* ws = a.alloc<float>(cuda::flash_attention_backward_workspace_floats(B, S, C, NH));
+  float* ws = a.alloc<float>(cuda::flash_attention_backward_workspace_floats(B, S, C, NH, /*deterministic=*/true));
   const auto fused_forward = [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, B, S, C, NH, true, s); };
   rep.add(
       {"attention", "flash_attention_forward (bf16, causal)", sh, median_ms(opt, s, fused_forward), 0, forward_flops});
@@ -415,6 +415,14 @@ void bench_fused_attention(const Options& opt, cudaStream_t s, Arena& a, Report&
        median_ms(opt, s,
                  [&] { cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }),
        0, 2.5 * forward_flops});
+  // --deterministic on's backward: dQ from per-key-block shares summed in order (the workspace above is its size).
+  rep.add({"attention", "flash_attention_backward (bf16, causal, deterministic dQ)", sh,
+           median_ms(opt, s,
+                     [&] {
+                       cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s,
+                                                      /*deterministic=*/true);
+                     }),
+           0, 2.5 * forward_flops});
   // cuDNN's fused attention on the same buffers: the library bound ours is measured against.
   if (std::string why; cuda::cudnn_attention_available(&why)) {
     cuda::CudnnAttention cudnn;
@@ -424,6 +432,11 @@ void bench_fused_attention(const Options& opt, cudaStream_t s, Arena& a, Report&
     rep.add({"attention", "cudnn_attention_backward (bf16, causal)", sh,
              median_ms(opt, s, [&] { cudnn.backward(dqkv, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }), 0,
              2.5 * forward_flops});
+    cuda::CudnnAttention deterministic(/*deterministic_backward=*/true);
+    rep.add(
+        {"attention", "cudnn_attention_backward (bf16, causal, deterministic)", sh,
+         median_ms(opt, s, [&] { deterministic.backward(dqkv, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }),
+         0, 2.5 * forward_flops});
   } else {
     std::printf("  cudnn_attention: skipped: %s\n", why.c_str());
   }

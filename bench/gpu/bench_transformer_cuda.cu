@@ -16,8 +16,7 @@
 // fastest of cuBLASLt's first 8 answers, timed in the warm-up where the host's cache does not have it yet; --attention
 // auto (the default, as ddplab train's) runs cuDNN's attention where it loads, else our fused one
 // (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise; --deterministic runs as ddplab train's
-// --deterministic on (cuDNN's deterministic backward; auto never takes our fused attention): the price of the same
-// bits every step;
+// --deterministic on (the fused attentions' dQ summed in a fixed order): the price of the same bits every step;
 // --profile brackets the timed steps with cudaProfilerStart/Stop, to profile them with nsys, ncu or
 // bench/gpu/gpu_trace.cpp (bench/device/run.sh 2 ranks one step's kernels that way, and traces 20). Needs a GPU; exits
 // 2 with the reason without one.
@@ -67,7 +66,7 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   const int B = opt.batch, S = opt.seq;
   const ddplab::AttentionKind attention =
       opt.attention == "auto" ? ddplab::auto_attention(precision == Precision::kBf16, config.d_model / config.heads,
-                                                       ddplab::cuda::cudnn_attention_available(), opt.deterministic)
+                                                       ddplab::cuda::cudnn_attention_available())
                               : ddplab::parse_choice<ddplab::AttentionKind>(opt.attention, "attention");
   ddplab::TransformerCuda model(config, 1, precision, int64_t{B} * S, S, s, attention, opt.deterministic);
 
@@ -102,17 +101,13 @@ int main(int argc, char** argv) {
   app.add_option("--attention", opt.attention, "auto (as ddplab train's: cudnn, else fused for bf16, else unfused) | unfused | fused | cudnn (bf16 only)")
       ->check(CLI::IsMember({"auto", "unfused", "fused", "cudnn"}))
       ->capture_default_str();
-  app.add_flag("--deterministic", opt.deterministic,
-               "as ddplab train's --deterministic on: cuDNN's deterministic attention backward, never our fused one");
+  app.add_flag(
+      "--deterministic", opt.deterministic,
+      "as ddplab train's --deterministic on: the fused attentions' dQ summed in a fixed order, not by atomics");
   if (const auto code = ddplab::bench::parse_command_line(app, argc, argv, "bench_transformer_cuda")) return *code;
   if ((opt.attention == "fused" || opt.attention == "cudnn") && opt.precision != "bf16") {
     std::fprintf(stderr, "bench_transformer_cuda: --attention %s needs --precision bf16 (its kernels are bf16)\n",
                  opt.attention.c_str());
-    return 2;
-  }
-  if (opt.attention == "fused" && opt.deterministic) {
-    std::fprintf(stderr,
-                 "bench_transformer_cuda: --deterministic refuses --attention fused (its dQ adds with atomics)\n");
     return 2;
   }
   if (!ddplab::bench::report_device("bench_transformer_cuda")) return 2;

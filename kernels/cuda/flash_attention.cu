@@ -50,9 +50,9 @@ void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH) 
                                 " must be at most 65535 (a grid dimension each)" + sizes);
 }
 
-int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH) {
+int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH, bool deterministic) {
   flash_attention_check_sizes("flash_attention_backward_workspace_floats", B, S, C, NH);
-  return int64_t{B} * S * C + int64_t{B} * NH * S;
+  return (deterministic ? key_blocks(S) : 1) * int64_t{B} * S * C + int64_t{B} * NH * S;
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
@@ -73,7 +73,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32
 
 void flash_attention_backward(bf16* dqkv, float* workspace, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, const int32_t* lengths, int B, int S, int C, int NH, bool causal,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, bool deterministic) {
   const char* what = "flash_attention_backward";
   flash_attention_check_sizes(what, B, S, C, NH);
   if (int64_t{B} * S == 0) return;
@@ -84,8 +84,8 @@ void flash_attention_backward(bf16* dqkv, float* workspace, const bf16* dout, co
   require_aligned(what, "out", out);
   if (lse == nullptr) throw std::invalid_argument(std::string(what) + ": lse is null");
   require_bf16_tensor_cores(what);
-  flash_backward_launches(detail::launch_on(stream), dqkv, workspace, dout, qkv, out, lse, lengths, B, S, C, NH,
-                          causal);
+  flash_backward_launches(detail::launch_on(stream), dqkv, workspace, dout, qkv, out, lse, lengths, B, S, C, NH, causal,
+                          deterministic);
 }
 
 }  // namespace ddplab::cuda

@@ -11,13 +11,17 @@
 // blocks a causal mask leaves, keeping an online softmax (running max and sum per row) and the output in fp32;
 // backward, a CTA per (64-key block, head, sequence) walks the query blocks that see it, recomputes P from Q, K and
 // the lse, accumulates dK and dV in fp32 tensor-core fragments and adds its share of dQ into an fp32 workspace with
-// atomics, after a first kernel computed D_i = rowsum(dO_i * O_i); a last kernel rounds dQ into dqkv. Fully masked
+// atomics, after a first kernel computed D_i = rowsum(dO_i * O_i); a last kernel rounds dQ into dqkv. Deterministic
+// (--deterministic on), each key block stores its share of dQ instead, and the last kernel sums the shares in
+// key-block order. Fully masked
 // blocks (the causal upper triangle, keys or queries beyond len) are skipped, so causal attention costs half the
 // FLOPs of the full square. The products run on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation, scores and
 // probabilities kept in registers): sm_80 or later; the softmax and every accumulation are fp32.
 //
-// Not deterministic: dQ sums the key blocks' shares in the order their atomics land (last-bit differences from run
-// to run), as embedding_backward's dwte does. Everything else is.
+// By default not deterministic: dQ sums the key blocks' shares in the order their atomics land (last-bit differences
+// from run to run). Everything else is. The deterministic backward sums them in a fixed order, at the price of a
+// workspace of ceil(S / 64) dQ shares (403 MB at gpt2-small's 8 x 1024 tokens, against 25 MB) and their memory
+// traffic, about half of it written and read once (the causal triangle).
 //
 // Head sizes 32, 64 and 128 (a kernel instantiation each); another throws std::invalid_argument on the host before
 // anything is touched, as do bad sizes, null or misaligned (16-byte) pointers. B*S == 0 launches nothing.
@@ -37,8 +41,9 @@ constexpr bool flash_attention_supports_head_size(int hs) { return hs == 32 || h
 // size C / NH is supported, and B and the blocks of S (64 rows each) fit a grid dimension (65535). Touches nothing.
 void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH);
 
-// Floats of workspace the backward needs: B*S*C (dQ accumulated in fp32) + B*NH*S (D = rowsum(dO * O)).
-int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH);
+// Floats of workspace the backward needs: B*S*C (dQ accumulated in fp32; deterministic: ceil(S / 64) such shares) +
+// B*NH*S (D = rowsum(dO * O)).
+int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH, bool deterministic = false);
 
 // out [B, S, C] and lse [B, NH, S] OVERWRITTEN. lengths: int32 [B] in device memory, each clamped to [0, S]; null:
 // every sequence is S. qkv and out 16-byte aligned. query_fragments: 16-row query fragments per warp, 0 for the
@@ -47,10 +52,11 @@ void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16
                              int S, int C, int NH, bool causal, cudaStream_t stream, int query_fragments = 0);
 
 // dqkv [B, S, 3C] OVERWRITTEN (0 on padded rows), from dout [B, S, C] and the forward's qkv, out and lse (same
-// lengths, causal). workspace: flash_attention_backward_workspace_floats(B, S, C, NH) floats, overwritten. dqkv, dout,
-// qkv, out and workspace 16-byte aligned.
+// lengths, causal). workspace: flash_attention_backward_workspace_floats(B, S, C, NH, deterministic) floats,
+// overwritten. dqkv, dout, qkv, out and workspace 16-byte aligned. deterministic: the same bits on every call.
 void flash_attention_backward(__nv_bfloat16* dqkv, float* workspace, const __nv_bfloat16* dout,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
-                              const int32_t* lengths, int B, int S, int C, int NH, bool causal, cudaStream_t stream);
+                              const int32_t* lengths, int B, int S, int C, int NH, bool causal, cudaStream_t stream,
+                              bool deterministic = false);
 
 }  // namespace ddplab::cuda

@@ -106,7 +106,8 @@ using detail::length_of;
 // ---- any architecture: the backward's first and last kernels ------------------------------------------------------
 
 // D_i = rowsum(dO_i * O_i) in fp32 for every (b, t, h) row (0 on padded rows, whose dO and O are not read), and the
-// row's fp32 dQ accumulator zeroed. A warp per row.
+// row's fp32 dQ accumulator zeroed where the backward adds into it (dq_acc null: it writes its key blocks' shares
+// instead). A warp per row.
 __global__ void __launch_bounds__(detail::kBlockSize)
     flash_attention_backward_dot_kernel(float* dsum, float* dq_acc, const bf16* dout, const bf16* out,
                                         const int32_t* lengths, int S, int C, int NH, int64_t rows) {
@@ -121,20 +122,33 @@ __global__ void __launch_bounds__(detail::kBlockSize)
     float dot = 0.0f;
     if (t < length_of(lengths, b, S))
       for (int d = lane; d < hs; d += 32) dot += __bfloat162float(dout[at + d]) * __bfloat162float(out[at + d]);
-    for (int d = lane; d < hs; d += 32) dq_acc[at + d] = 0.0f;
+    if (dq_acc)
+      for (int d = lane; d < hs; d += 32) dq_acc[at + d] = 0.0f;
     dot = detail::warp_sum(dot);
     if (lane == 0) dsum[(int64_t{b} * NH + h) * S + t] = dot;
   }
 }
 
-// dqkv's q part = the fp32 dQ rounded to bf16, 0 on padded rows (not read); 4 elements per thread and step.
+// dqkv's q part = the fp32 dQ rounded to bf16, 0 on padded rows (not read); 4 elements per thread and step. dq_acc
+// holds dQ itself (share_stride 0: the backward added every key block's share into it), or each key block's share of
+// it, share_stride floats apart (the deterministic backward): summed here in key-block order, from block 0 to the
+// last that query t sees (its own when causal, the last valid one otherwise), which are the shares the backward wrote.
 __global__ void __launch_bounds__(detail::kBlockSize)
-    flash_attention_dq_kernel(bf16* dqkv, const float* dq_acc, const int32_t* lengths, int S, int C, int64_t n4) {
+    flash_attention_dq_kernel(bf16* dqkv, const float* dq_acc, const int32_t* lengths, int S, int C, bool causal,
+                              int64_t share_stride, int64_t n4) {
   for (int64_t i = detail::global_index(); i < n4; i += detail::grid_stride()) {
     const int64_t e = i * 4, row = e / C;  // row = b * S + t; C % 4 == 0, so the 4 stay in the row
     const int c = static_cast<int>(e % C), t = static_cast<int>(row % S), b = static_cast<int>(row / S);
-    const float4 v = t < length_of(lengths, b, S) ? *reinterpret_cast<const float4*>(dq_acc + e)
-                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int len = length_of(lengths, b, S);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t < len) {
+      v = *reinterpret_cast<const float4*>(dq_acc + e);
+      const int seen = share_stride == 0 ? 1 : causal ? t / kBlockK + 1 : (len + kBlockK - 1) / kBlockK;
+      for (int k = 1; k < seen; ++k) {
+        const float4 w = *reinterpret_cast<const float4*>(dq_acc + k * share_stride + e);
+        v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+      }
+    }
     __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(dqkv + row * 3 * C + c);
     dst[0] = __floats2bfloat162_rn(v.x, v.y);
     dst[1] = __floats2bfloat162_rn(v.z, v.w);
@@ -450,18 +464,19 @@ __device__ __forceinline__ void atomic_add4(float* dst, float x, float y, float 
 }
 
 // A CTA per (key block, head h, sequence b): 4 warps, each owning 16 keys of the block. A lane holds two keys
-// (g = lane / 4 and g + 8 of its warp's 16) as the rows of S^T, P^T, dP^T, dS^T (columns: the query block's queries) and
-// of its dK and dV accumulators, which stay in registers over every query block. dQ, whose sum runs over the keys of
-// all 4 warps, goes through shared memory: each warp stores its dS^T rows, then computes dQ = dS K for 16 of the block's
-// queries and adds it into the fp32 accumulator in global memory, 16 bytes per atomic.
-// At hs <= 64, 3 CTAs per SM: ptxas then fits 168 registers (228 unbounded, 2 CTAs) at the cost of one 4-byte spill,
-// and 12 warps per SM hide more latency than 8 (6% faster on an H200: docs/BENCHMARKS.md). At hs 128 the dK and dV
-// accumulators alone take 128 registers.
-template <int HS>
+// (g = lane / 4 and g + 8 of its warp's 16) as the rows of S^T, P^T, dP^T, dS^T (columns: the query block's queries)
+// and of its dK and dV accumulators, which stay in registers over every query block. dQ, whose sum runs over the keys
+// of all 4 warps, goes through shared memory: each warp stores its dS^T rows, then computes dQ = dS K for 16 of the
+// block's queries and adds it into the fp32 accumulator in global memory, 16 bytes per atomic; or, kShares
+// (deterministic), stores it as this key block's share, dq_acc + blockIdx.z * share_stride, which
+// flash_attention_dq_kernel sums in key-block order. At hs <= 64, 3 CTAs per SM: ptxas then fits 168 registers (228
+// unbounded, 2 CTAs) at the cost of one 4-byte spill, and 12 warps per SM hide more latency than 8 (6% faster on an
+// H200: docs/BENCHMARKS.md). At hs 128 the dK and dV accumulators alone take 128 registers.
+template <int HS, bool kShares>
 __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
-    flash_attention_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
-                                    const float* dsum, const int32_t* lengths, int S, int C, int NH, bool causal,
-                                    float scale, float scale_log2) {
+    flash_attention_backward_kernel(bf16* dqkv, float* dq_acc, int64_t share_stride, const bf16* dout, const bf16* qkv,
+                                    const float* lse, const float* dsum, const int32_t* lengths, int S, int C, int NH,
+                                    bool causal, float scale, float scale_log2) {
   using L = BackwardSmem<HS>;
   constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -481,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
   const bf16* const do_g = dout + int64_t{b} * S * C + h * HS;
   bf16* const dk_g = dqkv + int64_t{b} * S * ld + C + h * HS;
   bf16* const dv_g = dk_g + C;
-  float* const dq_g = dq_acc + int64_t{b} * S * C + h * HS;
+  float* const dq_g = dq_acc + (kShares ? blockIdx.z * share_stride : 0) + int64_t{b} * S * C + h * HS;
   const float* const lse_g = lse + (int64_t{b} * NH + h) * S;
   const float* const d_g = dsum + (int64_t{b} * NH + h) * S;
 
@@ -626,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
       warp_product<1, HS, kBlockK>(&dq, &ds_frag, k_s, kLd, 0);
       // Lanes 2p and 2p + 1 of a quad hold columns 4p..4p+3 of rows g and g + 8 between them: the even lane takes
       // row g, the odd one row g + 8, each giving its partner the two values of the other row, so that every atomic
-      // adds 4 consecutive floats.
+      // (or store) moves 4 consecutive floats.
       const bool odd = lane % 2 == 1;
       const int t = i0 + warp * kFrag + lane / 4 + (odd ? 8 : 0);
       float* const dst = dq_g + int64_t{t} * C + 4 * (lane % 4 / 2);
@@ -636,10 +651,12 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
         const float got0 = __shfl_xor_sync(detail::kFullMask, give0, 1);
         const float got1 = __shfl_xor_sync(detail::kFullMask, give1, 1);
         if (t < len) {
-          if (odd)
-            atomic_add4(dst + n * 8, got0, got1, dq[n][2], dq[n][3]);
+          const float4 four =
+              odd ? make_float4(got0, got1, dq[n][2], dq[n][3]) : make_float4(dq[n][0], dq[n][1], got0, got1);
+          if constexpr (kShares)
+            *reinterpret_cast<float4*>(dst + n * 8) = four;
           else
-            atomic_add4(dst + n * 8, dq[n][0], dq[n][1], got0, got1);
+            atomic_add4(dst + n * 8, four.x, four.y, four.z, four.w);
         }
       }
     }
@@ -669,10 +686,10 @@ __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(bf16*, float*, const bf16*, const int32_t*, int, int, int, bool, float) {
   __trap();
 }
-template <int HS>
+template <int HS, bool kShares>
 __global__ void __launch_bounds__(kThreads)
-    flash_attention_backward_kernel(bf16*, float*, const bf16*, const bf16*, const float*, const float*, const int32_t*,
-                                    int, int, int, bool, float, float) {
+    flash_attention_backward_kernel(bf16*, float*, int64_t, const bf16*, const bf16*, const float*, const float*,
+                                    const int32_t*, int, int, int, bool, float, float) {
   __trap();
 }
 
@@ -705,13 +722,20 @@ void run_forward_fragments(Launch&& launch, int fragments, bf16* out, float* lse
 }
 
 template <int HS, typename Launch>
-void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv, const float* lse,
-                  const float* dsum, const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
+void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, int64_t share_stride, const bf16* dout, const bf16* qkv,
+                  const float* lse, const float* dsum, const int32_t* lengths, int B, int S, int C, int NH,
+                  bool causal) {
   const dim3 grid = cta_grid(B, S, NH, kBlockK);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  launch(flash_attention_backward_kernel<HS>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv, dq_acc, dout, qkv,
-         lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
+  if (share_stride > 0)
+    return launch(flash_attention_backward_kernel<HS, true>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv,
+                  dq_acc, share_stride, dout, qkv, lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
+  launch(flash_attention_backward_kernel<HS, false>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv, dq_acc,
+         share_stride, dout, qkv, lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
 }
+
+// The key blocks of a sequence of S tokens: the deterministic backward's dQ shares.
+constexpr int key_blocks(int S) { return (S + kBlockK - 1) / kBlockK; }
 
 // fragments: the query fragments per warp, 0 for kForwardFrags<HS>, else 1 to max_forward_frags(HS) (checked by the
 // caller: flash_attention_forward).
@@ -729,32 +753,36 @@ void flash_forward_launches(Launch&& launch, bf16* out, float* lse, const bf16* 
   throw std::logic_error("flash_attention_forward: head size passed the check without a kernel");
 }
 
-// workspace: flash_attention_backward_workspace_floats(B, S, C, NH) floats, the dQ accumulator then D.
+// workspace: flash_attention_backward_workspace_floats(B, S, C, NH, deterministic) floats: the dQ accumulator [B, S,
+// C] (deterministic: a [B, S, C] share per key block, key_blocks(S) of them), then D [B, NH, S].
 template <typename Launch>
 void flash_backward_launches(Launch&& launch, bf16* dqkv, float* workspace, const bf16* dout, const bf16* qkv,
                              const bf16* out, const float* lse, const int32_t* lengths, int B, int S, int C, int NH,
-                             bool causal) {
-  float* const dq_acc = workspace;                     // [B, S, C]
-  float* const dsum = workspace + int64_t{B} * S * C;  // [B, NH, S]
+                             bool causal, bool deterministic = false) {
+  const int64_t dq_floats = int64_t{B} * S * C;
+  const int64_t share_stride = deterministic ? dq_floats : 0;
+  float* const dq_acc = workspace;
+  float* const dsum = workspace + (deterministic ? key_blocks(S) : 1) * dq_floats;  // [B, NH, S]
   const int64_t rows = int64_t{B} * S * NH;
   launch(flash_attention_backward_dot_kernel, dim3(detail::grid_size(rows, detail::kBlockSize / 32)),
-         dim3(detail::kBlockSize), size_t{0}, dsum, dq_acc, dout, out, lengths, S, C, NH, rows);
+         dim3(detail::kBlockSize), size_t{0}, dsum, deterministic ? nullptr : dq_acc, dout, out, lengths, S, C, NH,
+         rows);
   switch (C / NH) {
     case 32:
-      run_backward<32>(launch, dqkv, dq_acc, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      run_backward<32>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
       break;
     case 64:
-      run_backward<64>(launch, dqkv, dq_acc, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      run_backward<64>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
       break;
     case 128:
-      run_backward<128>(launch, dqkv, dq_acc, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      run_backward<128>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
       break;
     default:
       throw std::logic_error("flash_attention_backward: head size passed the check without a kernel");
   }
-  const int64_t n4 = int64_t{B} * S * C / 4;
+  const int64_t n4 = dq_floats / 4;
   launch(flash_attention_dq_kernel, dim3(detail::grid_size(n4)), dim3(detail::kBlockSize), size_t{0}, dqkv, dq_acc,
-         lengths, S, C, n4);
+         lengths, S, C, causal, share_stride, n4);
 }
 
 }  // namespace

@@ -122,8 +122,6 @@ refusals_at() {
   expect_error $np "--device cuda: --attention fused needs a transformer --model" \
     train "${small[@]}" --attention fused --precision bf16 "${cuda[@]}"
   expect_error $np "--attention fused needs --device cuda" train --model small --attention fused --steps 2
-  expect_error $np "--device cuda: --deterministic on refuses --attention fused: its backward adds dQ with float atomics" \
-    train --model small --attention fused --precision bf16 --deterministic on "${cuda[@]}" --steps 2
   expect_error $np "--deterministic must be off or on (got 'yes')" train "${small[@]}" --deterministic yes
   # cuDNN's: the same rules, its own head sizes.
   expect_error $np "--device cuda: --attention cudnn needs --precision bf16 (its kernels are bf16; got --precision fp32)" \

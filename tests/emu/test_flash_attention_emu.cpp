@@ -64,20 +64,25 @@ class Poisoned {
   std::vector<T> v_;
 };
 
-// fragments: the forward's query fragments per warp (0: the kernel's default).
-void emulated_flash_matches_cpu(const FlashShape& sh, bool causal, int fragments = 0) {
+// fragments: the forward's query fragments per warp (0: the kernel's default). deterministic: the backward's dQ as
+// key-block shares summed in order; its workspace, as every array here, starts as NaN, so a share the sum reads but
+// the backward did not write fails the check.
+void emulated_flash_matches_cpu(const FlashShape& sh, bool causal, int fragments = 0, bool deterministic = false) {
   const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH;
-  SCOPED_TRACE(sh.describe(causal) + (fragments ? ", " + std::to_string(fragments) + " query fragment(s) per warp" : ""));
+  SCOPED_TRACE(sh.describe(causal) +
+               (fragments ? ", " + std::to_string(fragments) + " query fragment(s) per warp" : "") +
+               (deterministic ? ", deterministic dQ" : ""));
   const FlashCase fc = ddplab::flash_test::make_flash_case(sh, causal);
 
   Poisoned<bf16> qkv(ddplab::gpu_test::to_bf16(fc.qkv)), dout(ddplab::gpu_test::to_bf16(fc.dout));
   Poisoned<bf16> out(int64_t{B} * S * C), dqkv(int64_t{B} * S * 3 * C);
-  Poisoned<float> lse(int64_t{B} * NH * S), workspace(int64_t{B} * S * C + int64_t{B} * NH * S);
+  const int64_t dq_shares = deterministic ? cuda::key_blocks(S) : 1;
+  Poisoned<float> lse(int64_t{B} * NH * S), workspace(dq_shares * B * S * C + int64_t{B} * NH * S);
   Poisoned<int32_t> lengths(sh.lengths);
   const int32_t* len = sh.lengths.empty() ? nullptr : lengths.get();
   cuda::flash_forward_launches(emulated_launch, out.get(), lse.get(), qkv.get(), len, B, S, C, NH, causal, fragments);
   cuda::flash_backward_launches(emulated_launch, dqkv.get(), workspace.get(), dout.get(), qkv.get(), out.get(),
-                                lse.get(), len, B, S, C, NH, causal);
+                                lse.get(), len, B, S, C, NH, causal, deterministic);
   ddplab::flash_test::expect_flash_matches("flash (emulated)", sh, causal, fc, ddplab::gpu_test::to_f32(out.values()),
                                            lse.values(), ddplab::gpu_test::to_f32(dqkv.values()));
 }
@@ -105,6 +110,15 @@ TEST(FlashAttentionEmulated, MatchesCpu) {
 // (the last partial), padded lengths.
 TEST(FlashAttentionEmulated, OneQueryFragmentPerWarpMatchesCpu) {
   for (bool causal : {false, true}) emulated_flash_matches_cpu({2, 130, 128, 2, {130, 65}}, causal, 1);
+}
+
+// The deterministic backward (--deterministic on): dQ from its key blocks' shares, summed in key-block order, where
+// there are several key blocks (S 130: three, the last partial), padded lengths (a sequence of 0, one ending inside
+// the second block, one full) and none, at head sizes 64, 32 and 128.
+TEST(FlashAttentionEmulated, DeterministicDqMatchesCpu) {
+  for (const FlashShape& sh :
+       {FlashShape{3, 130, 128, 2, {130, 1, 65}}, FlashShape{2, 130, 64, 2, {0, 129}}, FlashShape{1, 130, 128, 1, {}}})
+    for (bool causal : {false, true}) emulated_flash_matches_cpu(sh, causal, 0, /*deterministic=*/true);
 }
 
 }  // namespace

@@ -633,55 +633,70 @@ const std::vector<FlashShape> kFlashShapes = {{1, 1, 64, 1, {1}},           {3, 
                                               {2, 130, 128, 4, {130, 129}}, {4, 130, 256, 2, {65, 130, 1, 0}},
                                               {1, 200, 128, 2, {}, 12.0f},  {2, 200, 64, 2, {200, 127}}};
 
-void flash_attention_matches_cpu(cudaStream_t stream, const FlashShape& sh, bool causal) {
+void flash_attention_matches_cpu(cudaStream_t stream, const FlashShape& sh, bool causal, bool deterministic) {
   const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH;
-  SCOPED_TRACE(sh.describe(causal));
+  SCOPED_TRACE(sh.describe(causal) + (deterministic ? ", deterministic dQ" : ""));
   const FlashCase fc = make_flash_case(sh, causal);
 
   DeviceBuffer<bf16> d_qkv(to_bf16(fc.qkv), stream), d_dout(to_bf16(fc.dout), stream);
   DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream), d_dqkv(int64_t{B} * S * 3 * C, stream);
   DeviceArray d_lse(int64_t{B} * NH * S, stream),
-      d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH), stream);
+      d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH, deterministic), stream);
   std::unique_ptr<DeviceBuffer<int32_t>> d_lengths;
   if (!sh.lengths.empty()) d_lengths = std::make_unique<DeviceBuffer<int32_t>>(sh.lengths, stream);
   const int32_t* lengths = d_lengths ? d_lengths->get() : nullptr;
   cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, B, S, C, NH, causal, stream);
   cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), lengths,
-                                 B, S, C, NH, causal, stream);
+                                 B, S, C, NH, causal, stream, deterministic);
   expect_flash_matches("flash", sh, causal, fc, to_f32(d_out.download()), d_lse.download(), to_f32(d_dqkv.download()));
 }
 
 TEST_F(CudaKernels, FlashAttentionMatchesCpu) {
   for (const FlashShape& sh : kFlashShapes)
-    for (bool causal : {false, true}) flash_attention_matches_cpu(stream_, sh, causal);
+    for (bool causal : {false, true}) flash_attention_matches_cpu(stream_, sh, causal, /*deterministic=*/false);
 }
 
-// The same inputs twice give the same out, lse, dK and dV bit for bit; not dQ, whose key blocks' shares are added with
-// atomics in whatever order they land (flash_attention.h).
-TEST_F(CudaKernels, FlashAttentionIsDeterministicButForDq) {
-  const int B = 2, S = 150, C = 128, NH = 2;
-  const std::vector<int32_t> lengths = {150, 77};
+// The deterministic backward (--deterministic on: dQ from per-key-block shares summed in order) on the same cases.
+TEST_F(CudaKernels, FlashAttentionDeterministicMatchesCpu) {
+  for (const FlashShape& sh : kFlashShapes)
+    for (bool causal : {false, true}) flash_attention_matches_cpu(stream_, sh, causal, /*deterministic=*/true);
+}
+
+// The same inputs twice give the same out, lse, dK and dV bit for bit; dQ too with the deterministic backward, not
+// with the default one, whose key blocks' shares are added with atomics in whatever order they land
+// (flash_attention.h). gpt2-small's head size, many key blocks.
+TEST_F(CudaKernels, FlashAttentionIsDeterministicButForTheDefaultDq) {
+  const int B = 2, S = 640, C = 256, NH = 4;
+  const std::vector<int32_t> lengths = {640, 411};
   DeviceBuffer<bf16> d_qkv(to_bf16(random_vector(int64_t{B} * S * 3 * C, -2, 2, 61)), stream_);
   DeviceBuffer<bf16> d_dout(to_bf16(random_vector(int64_t{B} * S * C, -1, 1, 62)), stream_);
   DeviceBuffer<int32_t> d_lengths(lengths, stream_);
-  std::vector<float> first_out, first_lse, first_dkv;
-  for (int run = 0; run < 2; ++run) {
-    DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream_), d_dqkv(int64_t{B} * S * 3 * C, stream_);
-    DeviceArray d_lse(int64_t{B} * NH * S, stream_),
-        d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH), stream_);
-    cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), d_lengths.get(), B, S, C, NH, true, stream_);
-    cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
-                                   d_lengths.get(), B, S, C, NH, true, stream_);
-    const std::vector<float> out = to_f32(d_out.download()), lse = d_lse.download(), dqkv = to_f32(d_dqkv.download());
-    std::vector<float> dkv;
-    for (int64_t row = 0; row < int64_t{B} * S; ++row)
-      dkv.insert(dkv.end(), dqkv.begin() + row * 3 * C + C, dqkv.begin() + (row + 1) * 3 * C);
-    if (run == 0) {
-      first_out = out, first_lse = lse, first_dkv = dkv;
-    } else {
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic dQ" : "dQ by atomics");
+    std::vector<float> first_out, first_lse, first_dkv, first_dq;
+    for (int run = 0; run < 3; ++run) {
+      DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream_), d_dqkv(int64_t{B} * S * 3 * C, stream_);
+      DeviceArray d_lse(int64_t{B} * NH * S, stream_),
+          d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH, deterministic), stream_);
+      cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), d_lengths.get(), B, S, C, NH, true, stream_);
+      cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                                     d_lengths.get(), B, S, C, NH, true, stream_, deterministic);
+      const std::vector<float> out = to_f32(d_out.download()), lse = d_lse.download(), dqkv = to_f32(d_dqkv.download());
+      std::vector<float> dq, dkv;
+      for (int64_t row = 0; row < int64_t{B} * S; ++row) {
+        dq.insert(dq.end(), dqkv.begin() + row * 3 * C, dqkv.begin() + row * 3 * C + C);
+        dkv.insert(dkv.end(), dqkv.begin() + row * 3 * C + C, dqkv.begin() + (row + 1) * 3 * C);
+      }
+      if (run == 0) {
+        first_out = out, first_lse = lse, first_dkv = dkv, first_dq = dq;
+        continue;
+      }
       EXPECT_TRUE(BitwiseEqual(out, first_out)) << "out";
       EXPECT_TRUE(BitwiseEqual(lse, first_lse)) << "lse";
       EXPECT_TRUE(BitwiseEqual(dkv, first_dkv)) << "dk, dv";
+      if (deterministic) {
+        EXPECT_TRUE(BitwiseEqual(dq, first_dq)) << "dq";
+      }
     }
   }
 }

@@ -394,18 +394,26 @@ TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
   }
 }
 
-// --deterministic on with cuDNN's attention (the small preset's heads of 32, which cuDNN takes): its backward's
-// deterministic algorithm, so a resumed run continues bit for bit there too. Skipped, with the reason, where cuDNN's
-// attention does not load.
-TEST_F(CudaTrainerTest, ResumedRunWithDeterministicCudnnAttentionContinuesBitForBit) {
-  std::string why;
-  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+// --deterministic on with the fused attentions (the small preset's heads of 32, which both take): their backwards sum
+// dQ in a fixed order, so a resumed run continues bit for bit there too. cuDNN's is skipped, with the reason, where
+// its attention does not load.
+TrainConfig deterministic_small_lm(AttentionKind attention) {
   TrainConfig c = small_transformer(TransformerConfig::Head::kCausalLM);
   c.model = ModelKind::kSmall;
   c.precision = Precision::kBf16;
-  c.attention = AttentionKind::kCudnn;
+  c.attention = attention;
   c.deterministic = true;
-  expect_resumed_run_continues_bit_for_bit(c, "small_bf16_cudnn");
+  return c;
+}
+
+TEST_F(CudaTrainerTest, ResumedRunWithDeterministicFusedAttentionContinuesBitForBit) {
+  expect_resumed_run_continues_bit_for_bit(deterministic_small_lm(AttentionKind::kFused), "small_bf16_fused");
+}
+
+TEST_F(CudaTrainerTest, ResumedRunWithDeterministicCudnnAttentionContinuesBitForBit) {
+  std::string why;
+  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+  expect_resumed_run_continues_bit_for_bit(deterministic_small_lm(AttentionKind::kCudnn), "small_bf16_cudnn");
 }
 
 // --optimizer-in-backward on: the update bucket by bucket (each behind its own all-reduce, the closing bucket's last)

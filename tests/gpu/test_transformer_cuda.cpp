@@ -114,10 +114,6 @@ TEST(TransformerCudaHost, RejectsFusedAttentionItCannotRun) {
     EXPECT_THROW(TransformerCuda(c, kSeed, Precision::kBf16, 64, 8, nullptr, AttentionKind::kFused),
                  std::invalid_argument)
         << "heads of " << c.d_model / c.heads;
-  // --deterministic on: the fused attention's dQ adds with atomics, so it is refused even where it could run.
-  EXPECT_THROW(TransformerCuda(fused_language_model(), kSeed, Precision::kBf16, 64, 8, nullptr, AttentionKind::kFused,
-                               /*deterministic=*/true),
-               std::invalid_argument);
 }
 
 // ---- against the CPU model: need a device ------------------------------------------------------------------------

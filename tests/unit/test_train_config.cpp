@@ -49,9 +49,9 @@ TEST(ResolvedConfig, AGivenSliceSizeIsKept) {
 }
 
 // --attention auto on the GPU in bf16: cuDNN's where it loads on every rank and no sequence is one token, else our
-// fused kernels, else unfused; with --deterministic on never our fused kernels (their dQ adds with atomics). fp32
-// and tf32 and the CPU: unfused. A choice given is kept.
-TEST(ResolvedConfig, AutoAttentionTakesTheFastestThatCanRunAndNeverFusedWhenDeterministic) {
+// fused kernels, else unfused, with --deterministic on or off (each then runs its deterministic backward). fp32 and
+// tf32 and the CPU: unfused. A choice given is kept.
+TEST(ResolvedConfig, AutoAttentionTakesTheFastestThatCanRun) {
   TrainConfig c;
   c.model = ModelKind::kGpt2Small;  // heads of 64: every attention has them
   c.head = TransformerConfig::Head::kCausalLM;
@@ -64,8 +64,7 @@ TEST(ResolvedConfig, AutoAttentionTakesTheFastestThatCanRunAndNeverFusedWhenDete
   c.min_len = 1;
   EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kFused) << "cuDNN takes no single-token sequence";
   c.deterministic = true;
-  EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kUnfused);
-  EXPECT_EQ(resolved(c, RunFacts{}).attention, AttentionKind::kUnfused);
+  EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kFused);
   c.min_len = 64;
   EXPECT_EQ(resolved(c, with_cudnn).attention, AttentionKind::kCudnn);
   c.deterministic = false;
