@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "analysis/format.h"
@@ -151,6 +152,37 @@ std::string verdict(const RunDiff& d) {
          (compute.beyond ? ms_text(compute.delta()) : "unchanged");
 }
 
+LossDiff loss_diff(const RunRecord& a, const RunRecord& b) {
+  LossDiff d;
+  d.first = std::max(a.meta.first_step, b.meta.first_step);
+  const int64_t end = std::min(a.meta.first_step + a.steps, b.meta.first_step + b.steps);
+  if (a.world_size() != b.world_size() || end <= d.first) return d;
+  d.compared = true;
+  d.count = end - d.first;
+  for (int64_t step = d.first; step < end; ++step)
+    for (int r = 0; r < a.world_size(); ++r) {
+      const double x = a.at(r, static_cast<int>(step - a.meta.first_step)).loss;
+      const double y = b.at(r, static_cast<int>(step - b.meta.first_step)).loss;
+      if (std::memcmp(&x, &y, sizeof x) == 0) continue;  // the same bits (a NaN too)
+      if (d.first_difference < 0) d.first_difference = step, d.rank = r, d.a = x, d.b = y;
+      const double relative = std::isnan(x) != std::isnan(y) ? INFINITY
+                              : x == y                       ? 0.0  // +0 and -0, or two NaNs of other payloads
+                                                             : std::fabs(y - x) / std::max(std::fabs(x), std::fabs(y));
+      d.max_relative = std::max(d.max_relative, relative);
+    }
+  return d;
+}
+
+std::string loss_text(const LossDiff& d) {
+  if (!d.compared) return "not compared (the runs have no step in common, or a different number of ranks)";
+  const std::string steps =
+      fmt("steps %lld..%lld", static_cast<long long>(d.first), static_cast<long long>(d.first + d.count - 1));
+  if (d.first_difference < 0) return "bit for bit the same on every rank, " + steps;
+  return fmt("differ from step %lld (rank %d: A %.9g, B %.9g); largest relative difference %.2g over ",
+             static_cast<long long>(d.first_difference), d.rank, d.a, d.b, d.max_relative) +
+         steps;
+}
+
 }  // namespace
 
 Sampled sampled(const std::vector<double>& samples) { return {median(samples), robust_spread(samples)}; }
@@ -182,6 +214,7 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
     d.buckets.push_back(bd);
   }
   d.verdict = verdict(d);
+  d.loss = loss_diff(a, b);
   return d;
 }
 
@@ -217,6 +250,7 @@ void print_diff(std::FILE* out, const RunDiff& d) {
     std::fprintf(out, "  %6zu %s %s %s\n", k, side(b.bytes_a, b.a).c_str(), side(b.bytes_b, b.b).c_str(),
                  d.same_buckets ? fmt("%+9.2f%s", b.b.median - b.a.median, b.beyond ? "*" : "").c_str() : "");
   }
+  std::fprintf(out, "  loss: %s\n", loss_text(d.loss).c_str());
   std::fprintf(out, "  verdict: %s\n", d.verdict.c_str());
 }
 
@@ -247,7 +281,18 @@ nlohmann::json to_json(const RunDiff& d) {
           {"metrics", metrics},
           {"same_buckets", d.same_buckets},
           {"buckets", buckets},
-          {"verdict", d.verdict}};
+          {"verdict", d.verdict},
+          {"loss",
+           {{"compared", d.loss.compared},
+            {"first_step", d.loss.first},
+            {"steps", d.loss.count},
+            {"bit_for_bit", d.loss.compared && d.loss.first_difference < 0},
+            {"first_difference", d.loss.first_difference < 0 ? nlohmann::json()
+                                                             : nlohmann::json{{"step", d.loss.first_difference},
+                                                                              {"rank", d.loss.rank},
+                                                                              {"a", d.loss.a},
+                                                                              {"b", d.loss.b}}},
+            {"max_relative", d.loss.max_relative}}}};
 }
 
 }  // namespace ddplab

@@ -1,5 +1,6 @@
 // `ddplab diff A.h5 B.h5`: what changed between two runs: the settings that differ, the step and each phase as a
-// median with its spread, each bucket's communication, which differences are beyond the noise, and one verdict line.
+// median with its spread, each bucket's communication, which differences are beyond the noise, one verdict line,
+// and whether the two computed the same losses, bit for bit.
 // Pure: records in, a RunDiff out (docs/REPORTS.md, "ddplab diff").
 #pragma once
 #include <cstdio>
@@ -45,6 +46,19 @@ struct BucketDiff {
   bool beyond = false;  // compared only where both runs cut the gradients into the same buckets
 };
 
+// Every rank's loss, step by step, over the steps both runs recorded (by step number: a resumed run's start at its
+// checkpoint's step), compared bit for bit: whether the two runs computed alike (--deterministic on, a resume, a
+// change of what only moves time: bucket size, overlap, a straggler), and if not, from which step on.
+struct LossDiff {
+  bool compared = false;          // false: the world sizes differ (each rank's loss is over its own shard), or no
+                                  // step is common to both
+  int64_t first = 0, count = 0;   // the common steps: [first, first + count)
+  int64_t first_difference = -1;  // the first common step at which some rank's loss differs; -1: none
+  int rank = 0;                   // that step's first rank that differs
+  double a = 0, b = 0;            // its losses there
+  double max_relative = 0;  // over the common steps and ranks: |b - a| / max(|a|, |b|) (NaN against a number: inf)
+};
+
 struct RunDiff {
   std::string path_a, path_b;
   std::vector<ConfigChange> config;
@@ -53,6 +67,7 @@ struct RunDiff {
   bool same_buckets = false;
   std::vector<BucketDiff> buckets;  // bucket by bucket, up to the larger count
   std::string verdict;
+  LossDiff loss;
 };
 
 RunDiff diff_runs(const RunRecord& a, const RunRecord& b);

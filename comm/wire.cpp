@@ -15,17 +15,8 @@ namespace {
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 #endif
 
-// One loop per operation and format; the 16-bit conversions inline into each (F is a constant), so the compiler
+// One loop per operation and format (F a constant, so float16's conversion inlines to its one branch): the compiler
 // vectorises bf16 (plain integer arithmetic) and F16C does fp16 eight at a time.
-template <Format F>
-inline uint16_t to16(float x) {
-  return float16::from_f32(F, x);
-}
-template <Format F>
-inline float to32(uint16_t h) {
-  return float16::to_f32(F, h);
-}
-
 template <Format F>
 void encode_t(uint16_t* dst, const float* src, size_t n) {
   size_t i = 0;
@@ -34,7 +25,7 @@ void encode_t(uint16_t* dst, const float* src, size_t n) {
     for (; i + 8 <= n; i += 8)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRound));
 #endif
-  for (; i < n; ++i) dst[i] = to16<F>(src[i]);
+  for (; i < n; ++i) dst[i] = float16::from_f32(F, src[i]);
 }
 
 template <Format F>
@@ -45,7 +36,7 @@ void decode_t(float* dst, const uint16_t* src, size_t n) {
     for (; i + 8 <= n; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
-  for (; i < n; ++i) dst[i] = to32<F>(src[i]);
+  for (; i < n; ++i) dst[i] = float16::to_f32(F, src[i]);
 }
 
 template <Format F>
@@ -61,8 +52,8 @@ void reduce_encode_t(float* acc, uint16_t* out, const uint16_t* in, size_t n) {
     }
 #endif
   for (; i < n; ++i) {
-    acc[i] += to32<F>(in[i]);
-    out[i] = to16<F>(acc[i]);
+    acc[i] += float16::to_f32(F, in[i]);
+    out[i] = float16::from_f32(F, acc[i]);
   }
 }
 
@@ -80,8 +71,8 @@ void reduce_round_t(float* acc, uint16_t* out, const uint16_t* in, size_t n) {
     }
 #endif
   for (; i < n; ++i) {
-    out[i] = to16<F>(acc[i] + to32<F>(in[i]));
-    acc[i] = to32<F>(out[i]);
+    out[i] = float16::from_f32(F, acc[i] + float16::to_f32(F, in[i]));
+    acc[i] = float16::to_f32(F, out[i]);
   }
 }
 

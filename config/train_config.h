@@ -349,8 +349,8 @@ inline double decimal(float x) {
 }
 
 // --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank and no sequence is a
-// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an
-// explicit choice as given (validate refuses what cannot run).
+// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given
+// (validate refuses what cannot run).
 inline AttentionKind resolved_attention(const TrainConfig& c, bool cudnn_available) {
   if (c.attention) return *c.attention;
   if (!c.transformer()) return AttentionKind::kUnfused;

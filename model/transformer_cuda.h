@@ -59,7 +59,6 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   const TransformerConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   AttentionKind attention() const { return attention_; }
-  bool deterministic() const { return deterministic_; }
   // The GEMMs' context: how they pick cuBLASLt's algorithms (set_timed_algos), what they planned.
   cuda::GemmContext& gemm() { return gemm_; }
   const cuda::GemmContext& gemm() const { return gemm_; }

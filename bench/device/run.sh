@@ -208,9 +208,12 @@ if [ "$stage" = 2 ]; then
     "${bt[@]}" --gemm-algo heuristic --csv "$out/step_heuristic.csv"
   step "step bf16 fused" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --attention fused --csv "$out/step_fused.csv"
-  # The price of --deterministic on: cuDNN's deterministic attention backward (dQ from a dS workspace, no atomics).
+  # The price of --deterministic on: cuDNN's deterministic attention backward (dQ from a dS workspace, no atomics),
+  # and ours (dQ from per-key-block shares).
   step "step bf16 deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --deterministic --csv "$out/step_deterministic.csv"
+  step "step bf16 fused deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
+    "${bt[@]}" --attention fused --deterministic --csv "$out/step_fused_deterministic.csv"
   # The real trainer (one rank, NCCL, the run file written): steady-state mean step beside the harness's median.
   step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|mean step" "$log" | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \

@@ -243,7 +243,6 @@ bool cudnn_attention_available(std::string* why) {
 CudnnAttention::CudnnAttention(bool deterministic_backward) : impl_(std::make_unique<Impl>(deterministic_backward)) {}
 CudnnAttention::~CudnnAttention() = default;
 int64_t CudnnAttention::cached_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
-bool CudnnAttention::deterministic_backward() const { return impl_->deterministic_backward; }
 
 void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int32_t* lengths, int B,
                              int S, int C, int NH, bool causal, cudaStream_t stream) {
@@ -310,7 +309,6 @@ CudnnAttention::CudnnAttention(bool deterministic_backward)
     : impl_(std::make_unique<Impl>(Impl{deterministic_backward})) {}
 CudnnAttention::~CudnnAttention() = default;
 int64_t CudnnAttention::cached_graphs() const { return 0; }
-bool CudnnAttention::deterministic_backward() const { return impl_->deterministic_backward; }
 
 void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, const int32_t*, int B, int S, int C, int NH,
                              bool, cudaStream_t) {

@@ -57,7 +57,6 @@ class CudnnAttention {
                 cudaStream_t stream);
 
   int64_t cached_graphs() const;  // for tests: distinct problems built so far
-  bool deterministic_backward() const;
 
   struct Impl;  // cudnn_attention.cpp only
 

@@ -13,10 +13,10 @@
 // the lse, accumulates dK and dV in fp32 tensor-core fragments and adds its share of dQ into an fp32 workspace with
 // atomics, after a first kernel computed D_i = rowsum(dO_i * O_i); a last kernel rounds dQ into dqkv. Deterministic
 // (--deterministic on), each key block stores its share of dQ instead, and the last kernel sums the shares in
-// key-block order. Fully masked
-// blocks (the causal upper triangle, keys or queries beyond len) are skipped, so causal attention costs half the
-// FLOPs of the full square. The products run on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation, scores and
-// probabilities kept in registers): sm_80 or later; the softmax and every accumulation are fp32.
+// key-block order. Fully masked blocks (the causal upper triangle, keys or queries beyond len) are skipped, so causal
+// attention costs half the FLOPs of the full square. The products run on bf16 tensor cores (mma.sync m16n8k16, fp32
+// accumulation, scores and probabilities kept in registers): sm_80 or later; the softmax and every accumulation are
+// fp32.
 //
 // By default not deterministic: dQ sums the key blocks' shares in the order their atomics land (last-bit differences
 // from run to run). Everything else is. The deterministic backward sums them in a fixed order, at the price of a

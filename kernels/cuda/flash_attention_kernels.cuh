@@ -50,6 +50,10 @@ static_assert(kBlockQ == kBlockK, "the backward's causal block skipping assumes 
 
 constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 
+// The key blocks of a sequence of S tokens (`len` valid keys: those the backward runs): the deterministic backward's
+// dQ shares.
+__host__ __device__ constexpr int key_blocks(int S) { return (S + kBlockK - 1) / kBlockK; }
+
 // The forward's query fragments per warp, by default: two at hs <= 64, so that each K or V fragment read by ldmatrix
 // feeds two mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take 241 registers
 // at hs 64 (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment. One at hs <= 64 is the launchers'
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(detail::kBlockSize)
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (t < len) {
       v = *reinterpret_cast<const float4*>(dq_acc + e);
-      const int seen = share_stride == 0 ? 1 : causal ? t / kBlockK + 1 : (len + kBlockK - 1) / kBlockK;
+      const int seen = share_stride == 0 ? 1 : causal ? t / kBlockK + 1 : key_blocks(len);
       for (int k = 1; k < seen; ++k) {
         const float4 w = *reinterpret_cast<const float4*>(dq_acc + k * share_stride + e);
         v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
@@ -733,9 +737,6 @@ void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, int64_t share_stri
   launch(flash_attention_backward_kernel<HS, false>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv, dq_acc,
          share_stride, dout, qkv, lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
 }
-
-// The key blocks of a sequence of S tokens: the deterministic backward's dQ shares.
-constexpr int key_blocks(int S) { return (S + kBlockK - 1) / kBlockK; }
 
 // fragments: the query fragments per warp, 0 for kForwardFrags<HS>, else 1 to max_forward_frags(HS) (checked by the
 // caller: flash_attention_forward).

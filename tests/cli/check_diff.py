@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """`ddplab diff`, end to end on run files written by `ddplab train`: two runs of one setting differ by nothing beyond
-the noise, a bucket-size change is named as exposed communication, a straggler as its data loading; --json; bad input.
+the noise, a bucket-size change is named as exposed communication, a straggler as its data loading; the losses the
+same bit for bit where only time changed, and named from the first step where another learning rate moves them;
+--json; bad input.
 
 usage: check_diff.py MPIRUN DDPLAB
 """
@@ -41,13 +43,14 @@ def main():
     small = ["--hidden", "64", "--input-dim", "32", "--classes", "10", "--batch", "8", "--warmup-steps", "2",
              "--steps", "12", "--quiet"]
     with tempfile.TemporaryDirectory() as work:
-        path = {name: os.path.join(work, name + ".h5") for name in ("same1", "same2", "b25", "b5", "plain", "strag")}
+        path = {name: os.path.join(work, name + ".h5") for name in ("same1", "same2", "b25", "b5", "strag", "lr")}
         trains = [
             [*model, "--bucket-mb", "25", "--out", path["b25"]],
             [*model, "--bucket-mb", "5", "--out", path["b5"]],
             [*small, "--out", path["same1"]],
             [*small, "--out", path["same2"]],
             [*small, "--straggler-ms", "10", "--slow-rank", "1", "--out", path["strag"]],
+            [*small, "--lr", "0.01", "--out", path["lr"]],
         ]
         for args in trains:
             proc = run([mpirun, "-np", "2", ddplab, "train", *args], timeout=120)
@@ -62,9 +65,17 @@ def main():
         check("config: the same" in proc.stdout, "two runs of one setting: the same config (out left aside)")
         check(verdict(proc.stdout).startswith("no difference beyond noise"),
               f"two runs of one setting: no difference beyond noise ({verdict(proc.stdout)})")
+        check("  loss: bit for bit the same on every rank, steps 0..11\n" in proc.stdout,
+              "two runs of one setting: the same losses, bit for bit")
         proc = run([ddplab, "diff", path["same1"], path["same1"]])
         check(proc.returncode == 0 and verdict(proc.stdout).startswith("no difference beyond noise"),
               "the same file twice: no difference")
+        # The first step runs before any update, so another learning rate moves the losses from step 1 on.
+        proc = run([ddplab, "diff", path["same1"], path["lr"]])
+        line = [l for l in proc.stdout.splitlines() if l.startswith("  loss: ")]
+        check(len(line) == 1 and line[0].startswith("  loss: differ from step 1 (rank 0: A ") and
+              line[0].endswith(" over steps 0..11"),
+              f"another learning rate: the losses differ from step 1 on ({line})")
 
         proc = run([mpirun, "-np", "2", ddplab, "diff", path["b25"], path["b5"]])
         print(proc.stdout)
@@ -90,6 +101,8 @@ def main():
         text = verdict(proc.stdout)
         check(text.startswith("B is ") and " slower: data +" in text and "straggler_ms 0.0 -> 10.0" in text,
               f"a straggler: B is slower by its data loading, the straggler named ({text})")
+        check("  loss: bit for bit the same on every rank" in proc.stdout,
+              "a straggler moves time, not the losses: bit for bit the same")
 
         # ---- --json ----------------------------------------------------------------------------------------------
         proc = run([ddplab, "diff", "--json", path["b25"], path["b5"]])
@@ -120,6 +133,10 @@ def main():
             check(not d["same_buckets"] and not any(b["beyond_noise"] for b in d["buckets"]) and
                   d["buckets"][-1]["a"] is None,
                   "diff --json: buckets cut differently (fewer at 25 MiB) are listed, not compared")
+            # Two ranks add their gradients in either order alike, whatever the buckets: the same losses.
+            check(d["loss"]["compared"] and d["loss"]["bit_for_bit"] and d["loss"]["steps"] == 12 and
+                  d["loss"]["first_difference"] is None,
+                  f"diff --json: another bucket size, the same losses bit for bit ({d['loss']})")
 
         # ---- bad input -------------------------------------------------------------------------------------------
         missing = os.path.join(work, "missing.h5")

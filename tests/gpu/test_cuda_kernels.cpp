@@ -280,6 +280,9 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
   // dQ in fp32 [B, S, C], then D [B, NH, S].
   EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(2, 5, 128, 2), 2 * 5 * 128 + 2 * 2 * 5);
   EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(0, 5, 768, 12), 0);
+  // Deterministic: a dQ share per 64-key block (130 keys: 3).
+  EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(2, 130, 128, 2, true), 3 * 2 * 130 * 128 + 2 * 2 * 130);
+  EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(2, 64, 128, 2, true), 2 * 64 * 128 + 2 * 2 * 64);
 }
 
 // cuDNN's attention refuses bad sizes, head sizes it does not take, and bad pointers before anything touches the
@@ -707,7 +710,6 @@ TEST_F(CudaKernels, FlashAttentionIsDeterministicButForTheDefaultDq) {
 // Skipped, with the reason, where cuDNN's attention is not built or its library does not load.
 void cudnn_attention_matches_cpu(cudaStream_t stream, bool deterministic) {
   cuda::CudnnAttention attention(deterministic);
-  EXPECT_EQ(attention.deterministic_backward(), deterministic);
   int64_t problems = 0;
   for (const FlashShape& sh : kFlashShapes)
     for (bool causal : {false, true}) {

@@ -698,6 +698,54 @@ TEST(Diff, TheSameRunTwiceIsNoDifferenceBeyondNoise) {
   EXPECT_TRUE(d.same_buckets);
   EXPECT_EQ(d.verdict.rfind("no difference beyond noise in the step (median A 11.90 ms, B 11.90 ms)", 0), 0u) << d.verdict;
   for (const MetricDiff& m : d.metrics) EXPECT_FALSE(m.beyond) << m.name;
+  EXPECT_TRUE(d.loss.compared);
+  EXPECT_EQ(d.loss.first_difference, -1);
+  EXPECT_EQ(d.loss.first, 0);
+  EXPECT_EQ(d.loss.count, kSteps);
+}
+
+// The losses compared bit for bit, rank by rank: the first step where any rank's differs (here one ulp on rank 1 at
+// step 5), and the largest relative difference over the steps (1e-3 on rank 0 at step 8).
+TEST(Diff, LossesThatDifferAreNamedFromTheirFirstStep) {
+  const RunRecord a = synthetic(2, jittered);
+  RunRecord b = a;
+  double& ulp_off = b.records[static_cast<size_t>(1) * kSteps + 5].loss;
+  ulp_off = std::nextafter(ulp_off, 10.0);
+  b.records[8].loss *= 1.001;
+  const RunDiff d = diff_runs(a, b);
+  ASSERT_TRUE(d.loss.compared);
+  EXPECT_EQ(d.loss.first_difference, 5);
+  EXPECT_EQ(d.loss.rank, 1);
+  EXPECT_EQ(d.loss.a, a.at(1, 5).loss);
+  EXPECT_EQ(d.loss.b, ulp_off);
+  EXPECT_NEAR(d.loss.max_relative, 0.001 / 1.001, 1e-12);
+  // A NaN against a number is an infinite difference; NaN against NaN, the same bits, none.
+  b = a;
+  b.records[3].loss = NAN;
+  EXPECT_EQ(diff_runs(a, b).loss.max_relative, INFINITY);
+  EXPECT_EQ(diff_runs(b, b).loss.first_difference, -1);
+}
+
+// A run resumed from a checkpoint at step 4 is compared with the uninterrupted one on the steps both recorded, by step
+// number; runs of different world sizes (each rank's loss is over its own shard) are not compared.
+TEST(Diff, AResumedRunIsComparedOnTheStepsBothRecorded) {
+  const RunRecord a = synthetic(2, jittered);
+  RunRecord resumed = a;
+  resumed.meta.first_step = 4;
+  resumed.steps = kSteps - 4;
+  resumed.records.clear();
+  for (int r = 0; r < 2; ++r)
+    for (int step = 4; step < kSteps; ++step) resumed.records.push_back(a.at(r, step));
+  resumed.bucket_times.resize(static_cast<size_t>(2) * resumed.steps * 2);
+  LossDiff d = diff_runs(a, resumed).loss;
+  EXPECT_TRUE(d.compared);
+  EXPECT_EQ(d.first, 4);
+  EXPECT_EQ(d.count, kSteps - 4);
+  EXPECT_EQ(d.first_difference, -1);
+  resumed.records[3].loss += 1;  // rank 0, step 7
+  d = diff_runs(a, resumed).loss;
+  EXPECT_EQ(d.first_difference, 7);
+  EXPECT_FALSE(diff_runs(a, synthetic(4, jittered)).loss.compared);
 }
 
 TEST(Diff, MoreExposedCommIsNamedWithTheSettingThatChanged) {
