@@ -179,7 +179,7 @@ void visit_knobs(Config& c, Visit&& visit) {
              "the same bits from the same inputs, as torch.use_deterministic_algorithms: on | off (--device cuda: "
              "the fused attentions' dQ summed in a fixed order, not by atomics: cuDNN's deterministic backward, "
              "ours from per-key-block shares; the CPU is deterministic either way)",
-             kNoMin, kNoMax, kOnOff | kMath},
+             kNoMin, kNoMax, kOnOff},
         c.deterministic);
   visit(Knob{"--gemm-algo", "gemm_algo",
              "--device cuda: each GEMM's cuBLASLt algorithm: heuristic (the library's first answer) | timed (the "
