@@ -156,7 +156,18 @@ LossDiff loss_diff(const RunRecord& a, const RunRecord& b) {
   LossDiff d;
   d.first = std::max(a.meta.first_step, b.meta.first_step);
   const int64_t end = std::min(a.meta.first_step + a.steps, b.meta.first_step + b.steps);
-  if (a.world_size() != b.world_size() || end <= d.first) return d;
+  if (a.world_size() != b.world_size()) {
+    d.not_compared =
+        fmt("A ran %d ranks, B %d: each rank's loss is over its own shard", a.world_size(), b.world_size());
+    return d;
+  }
+  if (end <= d.first) {
+    d.not_compared =
+        fmt("no step in common (A steps %lld..%lld, B %lld..%lld)", static_cast<long long>(a.meta.first_step),
+            static_cast<long long>(a.meta.first_step + a.steps - 1), static_cast<long long>(b.meta.first_step),
+            static_cast<long long>(b.meta.first_step + b.steps - 1));
+    return d;
+  }
   d.compared = true;
   d.count = end - d.first;
   for (int64_t step = d.first; step < end; ++step)
@@ -174,7 +185,7 @@ LossDiff loss_diff(const RunRecord& a, const RunRecord& b) {
 }
 
 std::string loss_text(const LossDiff& d) {
-  if (!d.compared) return "not compared (the runs have no step in common, or a different number of ranks)";
+  if (!d.compared) return "not compared: " + d.not_compared;
   const std::string steps =
       fmt("steps %lld..%lld", static_cast<long long>(d.first), static_cast<long long>(d.first + d.count - 1));
   if (d.first_difference < 0) return "bit for bit the same on every rank, " + steps;
@@ -284,6 +295,7 @@ nlohmann::json to_json(const RunDiff& d) {
           {"verdict", d.verdict},
           {"loss",
            {{"compared", d.loss.compared},
+            {"not_compared", d.loss.compared ? nlohmann::json() : nlohmann::json(d.loss.not_compared)},
             {"first_step", d.loss.first},
             {"steps", d.loss.count},
             {"bit_for_bit", d.loss.compared && d.loss.first_difference < 0},

@@ -50,8 +50,9 @@ struct BucketDiff {
 // checkpoint's step), compared bit for bit: whether the two runs computed alike (--deterministic on, a resume, a
 // change of what only moves time: bucket size, overlap, a straggler), and if not, from which step on.
 struct LossDiff {
-  bool compared = false;          // false: the world sizes differ (each rank's loss is over its own shard), or no
-                                  // step is common to both
+  bool compared = false;
+  std::string not_compared;  // why not: the world sizes differ (each rank's loss is over its own shard), or no step
+                             // is common to both
   int64_t first = 0, count = 0;   // the common steps: [first, first + count)
   int64_t first_difference = -1;  // the first common step at which some rank's loss differs; -1: none
   int rank = 0;                   // that step's first rank that differs

@@ -745,7 +745,13 @@ TEST(Diff, AResumedRunIsComparedOnTheStepsBothRecorded) {
   resumed.records[3].loss += 1;  // rank 0, step 7
   d = diff_runs(a, resumed).loss;
   EXPECT_EQ(d.first_difference, 7);
-  EXPECT_FALSE(diff_runs(a, synthetic(4, jittered)).loss.compared);
+  d = diff_runs(a, synthetic(4, jittered)).loss;
+  EXPECT_FALSE(d.compared);
+  EXPECT_EQ(d.not_compared, "A ran 2 ranks, B 4: each rank's loss is over its own shard");
+  resumed.meta.first_step = kSteps;  // starts where A ends
+  d = diff_runs(a, resumed).loss;
+  EXPECT_FALSE(d.compared);
+  EXPECT_EQ(d.not_compared, "no step in common (A steps 0..11, B 12..19)");
 }
 
 TEST(Diff, MoreExposedCommIsNamedWithTheSettingThatChanged) {
