@@ -114,10 +114,10 @@ TEST(FlashAttentionEmulated, OneQueryFragmentPerWarpMatchesCpu) {
 
 // The deterministic backward (--deterministic on): dQ from its key blocks' shares, summed in key-block order, where
 // there are several key blocks (S 130: three, the last partial), padded lengths (a sequence of 0, one ending inside
-// the second block, one full) and none, at head sizes 64, 32 and 128.
+// the second block, one full, ones ending on a block's edge) and none, at head sizes 64, 32 and 128.
 TEST(FlashAttentionEmulated, DeterministicDqMatchesCpu) {
-  for (const FlashShape& sh :
-       {FlashShape{3, 130, 128, 2, {130, 1, 65}}, FlashShape{2, 130, 64, 2, {0, 129}}, FlashShape{1, 130, 128, 1, {}}})
+  for (const FlashShape& sh : {FlashShape{3, 130, 128, 2, {130, 1, 65}}, FlashShape{2, 130, 64, 2, {0, 129}},
+                               FlashShape{2, 130, 64, 2, {128, 64}}, FlashShape{1, 130, 128, 1, {}}})
     for (bool causal : {false, true}) emulated_flash_matches_cpu(sh, causal, 0, /*deterministic=*/true);
 }
 
