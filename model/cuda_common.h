@@ -1,6 +1,6 @@
 // What the GPU models (model/mlp_cuda.h, model/transformer_cuda.h) share: one device allocation carved into aligned
-// buffers, the per-piece events and their announcement to the gradient-ready hook, the mean loss's asynchronous
-// read-back, NVTX ranges. Host code only.
+// buffers (and, where the GPU lacks the room, an error that says what took it), the per-piece events and their
+// announcement to the gradient-ready hook, the mean loss's asynchronous read-back, NVTX ranges. Host code only.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -44,6 +46,33 @@ class BufferLayout {
   static constexpr size_t kAlign = 256;
   size_t end_ = 0;
 };
+
+// The model's one device allocation, `bytes` of which `weights` hold the parameters, their gradients and their bf16
+// copy, `scratch` the workspaces, and the rest the activations of `batch` (e.g. "8192 tokens"). Where the GPU lacks
+// the room it throws std::runtime_error naming the model, what it needed against what was free, and each part, instead
+// of cudaMalloc's bare "out of memory": the activations and the scratch grow with the batch, and a user can shrink it.
+inline cuda::DeviceMemory allocate_model_memory(const char* model, size_t bytes, size_t weights, size_t scratch,
+                                                const std::string& batch) {
+  void* base = nullptr;
+  const cudaError_t status = cudaMalloc(&base, bytes);
+  if (status == cudaSuccess) return cuda::DeviceMemory(base);
+  if (status != cudaErrorMemoryAllocation) cudaCheck(status);
+  cudaGetLastError();  // the failed allocation must not surface at the next launch
+  size_t free = 0, total = 0;
+  int device = 0;
+  cudaCheck(cudaMemGetInfo(&free, &total));
+  cudaCheck(cudaGetDevice(&device));
+  const auto gb = [](size_t b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f GB", static_cast<double>(b) / 1e9);
+    return std::string(text);
+  };
+  throw std::runtime_error(std::string(model) + ": needs " + gb(bytes) + " of GPU memory; GPU " +
+                           std::to_string(device) + " has " + gb(free) + " free of " + gb(total) +
+                           " (parameters, gradients and their bf16 copy " + gb(weights) + ", activations for " + batch +
+                           " " + gb(bytes - weights - scratch) + (scratch ? ", workspaces " + gb(scratch) : "") +
+                           "): a step of fewer " + batch.substr(batch.find(' ') + 1) + " needs less");
+}
 
 // One event per gradient piece, recorded by backward after the piece's last kernel. Timing is enabled: a trainer
 // reads a bucket's ready time from its last piece's event after the step.

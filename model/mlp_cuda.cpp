@@ -56,10 +56,9 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   const size_t at_num_valid = layout.reserve(sizeof(int));
 
   const size_t end = layout.bytes();
-  void* base = nullptr;
-  cudaCheck(cudaMalloc(&base, end));
-  memory_.reset(base);
-  char* const bytes = static_cast<char*>(base);
+  memory_ =
+      cuda_model::allocate_model_memory("MlpCuda", end, at_activations, 0, std::to_string(max_batch) + " samples");
+  char* const bytes = static_cast<char*>(memory_.get());
   if (is_bf16) {
     weights_bf16_ = reinterpret_cast<bf16*>(bytes + at_weights_bf16);
     inputs_bf16_ = bytes + at_inputs_bf16;

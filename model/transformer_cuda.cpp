@@ -102,10 +102,9 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   }
 
   const BufferOffsets at = buffer_offsets();
-  void* base = nullptr;
-  cudaCheck(cudaMalloc(&base, at.bytes));
-  memory_.reset(base);
-  char* const bytes = static_cast<char*>(base);
+  memory_ = cuda_model::allocate_model_memory("TransformerCuda", at.bytes, at.activations, at.losses - at.scratch,
+                                              std::to_string(max_tokens_) + " tokens");
+  char* const bytes = static_cast<char*>(memory_.get());
   point_into(bytes, at);
   place_on_device(reinterpret_cast<float*>(bytes + at.params), reinterpret_cast<float*>(bytes + at.grads),
                   reference.flat_params());

@@ -109,6 +109,20 @@ TEST_F(MlpCudaDevice, InitIsTheCpuModelsBitForBit) {
   }
 }
 
+// A batch the GPU has no room for (2^28 samples of the default MLP: terabytes) is one error that names the model,
+// what it needed against what was free, and what shrinks it.
+TEST_F(MlpCudaDevice, ABatchTooLargeForTheGpuSaysWhatTookTheMemory) {
+  std::string what;
+  try {
+    MlpCuda gpu(kDefault, kSeed, Precision::kFp32, 1 << 28, stream_);
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  for (const char* part : {"MlpCuda: needs ", " GB of GPU memory; GPU ", "activations for 268435456 samples ",
+                           "a step of fewer samples needs less"})
+    EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+}
+
 TEST_F(MlpCudaDevice, MisuseThrows) {
   MlpCuda gpu(MlpConfig{8, 8, 1, 4}, kSeed, Precision::kFp32, 4, stream_);
   EXPECT_THROW(gpu.backward(), std::logic_error);

@@ -181,6 +181,21 @@ TEST_F(TransformerCudaDevice, InitIsTheCpuModelsBitForBit) {
   }
 }
 
+// A batch the GPU has no room for (2^30 tokens: terabytes of activations) is one error that names the model, what it
+// needed against what was free, each part and what shrinks it; the device stays usable.
+TEST_F(TransformerCudaDevice, ABatchTooLargeForTheGpuSaysWhatTookTheMemory) {
+  std::string what;
+  try {
+    TransformerCuda gpu(classifier(), kSeed, Precision::kFp32, int64_t{1} << 30, 10, stream_);
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  for (const char* part : {"TransformerCuda: needs ", " GB of GPU memory; GPU ", " free of ",
+                           "activations for 1073741824 tokens ", "workspaces ", "a step of fewer tokens needs less"})
+    EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+  EXPECT_NO_THROW(TransformerCuda(classifier(), kSeed, Precision::kFp32, 40, 10, stream_));
+}
+
 TEST_F(TransformerCudaDevice, MisuseThrows) {
   const TransformerConfig c = classifier();
   TransformerCuda gpu(c, kSeed, Precision::kFp32, 40, 10, stream_);
