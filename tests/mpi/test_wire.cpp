@@ -30,11 +30,10 @@ TEST(Wire, EveryWordRoundTrips) {
     wire::encode(f, back.data(), dec.data(), dec.size());
     size_t wrong = 0;
     for (int h = 0; h < 65536; ++h) {
-      const float scalar = f == Format::kBf16 ? float16::bf16_to_f32(all[h]) : float16::fp16_to_f32_scalar(all[h]);
+      const float scalar = float16::to_f32(f, all[h]);
       const bool nan = std::isnan(scalar);
       if (nan != std::isnan(dec[h]) || (!nan && (scalar != dec[h] || back[h] != all[h]))) ++wrong;
-      if (nan && !std::isnan(f == Format::kBf16 ? float16::bf16_to_f32(back[h]) : float16::fp16_to_f32_scalar(back[h])))
-        ++wrong;
+      if (nan && !std::isnan(float16::to_f32(f, back[h]))) ++wrong;
     }
     EXPECT_EQ(wrong, 0u) << (f == Format::kBf16 ? "bf16" : "fp16");
   }
@@ -75,16 +74,16 @@ TEST(Wire, EncodeRoundsToNearestEvenOnBothPaths) {
     wire::encode(f, vec.data(), x.data(), x.size());
     size_t wrong = 0;
     for (size_t i = 0; i < x.size(); ++i) {
-      const uint16_t s = f == Format::kBf16 ? float16::f32_to_bf16(x[i]) : float16::f32_to_fp16_scalar(x[i]);
+      const uint16_t s = float16::from_f32(f, x[i]);
       // Reference: the nearest representable value, ties to the even word, from double arithmetic.
       const double v = x[i];
-      const float lo = f == Format::kBf16 ? float16::bf16_to_f32(s) : float16::fp16_to_f32_scalar(s);
+      const float lo = float16::to_f32(f, s);
       bool ok = s == vec[i];
       if (std::isfinite(lo)) {
         // no other word is closer: neighbours one word up and down
         for (int d : {-1, 1}) {
           const uint16_t nb = static_cast<uint16_t>(s + d);
-          const float other = f == Format::kBf16 ? float16::bf16_to_f32(nb) : float16::fp16_to_f32_scalar(nb);
+          const float other = float16::to_f32(f, nb);
           if (std::isnan(other) || (s & 0x7fff) == 0) continue;
           const double dl = std::fabs(v - lo), dn = std::fabs(v - other);
           if (dn < dl || (dn == dl && (s & 1))) ok = false;
@@ -144,8 +143,8 @@ TEST_P(WireAllreduce, WithinTheErrorBoundAndBitwiseEqualAcrossRanks) {
   // the result is a value of the wire format (every rank keeps the rounded sum)
   size_t off_grid = 0;
   for (float v : x) {
-    const uint16_t h = dtype == WireDtype::kBf16 ? float16::f32_to_bf16(v) : float16::f32_to_fp16_scalar(v);
-    off_grid += (dtype == WireDtype::kBf16 ? float16::bf16_to_f32(h) : float16::fp16_to_f32_scalar(h)) != v;
+    const Format f = *wire_format(dtype);
+    off_grid += float16::to_f32(f, float16::from_f32(f, v)) != v;
   }
   EXPECT_EQ(off_grid, 0u);
 }
