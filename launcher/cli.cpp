@@ -43,10 +43,8 @@ void validate_cuda(const TrainConfig& c) {
                          : std::string(" takes heads of a multiple of 8 up to 128")) +
                " dimensions; --model " + to_string(c.model) + " has " + std::to_string(hs) + " (d_model " +
                std::to_string(m.d_model) + " / " + std::to_string(m.heads) + " heads)");
-    refuse(fused || c.min_len >= 2,
-           "--attention cudnn needs --min-len 2 or more (cuDNN takes no single-token "
-           "sequences; got --min-len " +
-               std::to_string(c.min_len) + ")");
+    refuse(fused || c.min_len >= 2, "--attention cudnn needs --min-len 2 or more (cuDNN takes no single-token "
+                                    "sequences; got --min-len " + std::to_string(c.min_len) + ")");
   }
   std::pair<int, int> profiled;
   try {

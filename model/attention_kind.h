@@ -32,7 +32,8 @@ inline bool cudnn_attention_supports_head_size(int head_size) {
 // head size they have), else the unfused ones. --deterministic on changes none of it: each runs deterministically then.
 inline AttentionKind auto_attention(bool bf16_on_gpu, int head_size, bool cudnn_available) {
   if (bf16_on_gpu && cudnn_available && cudnn_attention_supports_head_size(head_size)) return AttentionKind::kCudnn;
-  return bf16_on_gpu && fused_attention_supports_head_size(head_size) ? AttentionKind::kFused : AttentionKind::kUnfused;
+  return bf16_on_gpu && fused_attention_supports_head_size(head_size) ? AttentionKind::kFused
+                                                                      : AttentionKind::kUnfused;
 }
 
 }  // namespace ddplab

@@ -50,8 +50,8 @@ static_assert(kBlockQ == kBlockK, "the backward's causal block skipping assumes 
 
 constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 
-// The key blocks of a sequence of S tokens (`len` valid keys: those the backward runs): the deterministic backward's
-// dQ shares.
+// The 64-key blocks of S keys: the deterministic backward keeps a dQ share per block of S; a sequence of len valid
+// keys has key_blocks(len) blocks that run.
 __host__ __device__ constexpr int key_blocks(int S) { return (S + kBlockK - 1) / kBlockK; }
 
 // The forward's query fragments per warp, by default: two at hs <= 64, so that each K or V fragment read by ldmatrix
