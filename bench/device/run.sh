@@ -212,7 +212,7 @@ if [ "$stage" = 2 ]; then
   # and ours (dQ from per-key-block shares).
   step "step bf16 deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --deterministic --csv "$out/step_deterministic.csv"
-  step "step bf16 fused deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
+  step "step fused deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --attention fused --deterministic --csv "$out/step_fused_deterministic.csv"
   # The real trainer (one rank, NCCL, the run file written): steady-state mean step beside the harness's median.
   step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|mean step" "$log" | tr "\n" " "' \
