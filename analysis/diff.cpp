@@ -152,15 +152,23 @@ std::string verdict(const RunDiff& d) {
          (compute.beyond ? ms_text(compute.delta()) : "unchanged");
 }
 
+// Whether every rank's shard held as many samples and tokens as every other's in steps [first, end): then the mean of
+// the ranks' losses is the global loss, whatever the world size.
+bool equal_shards(const RunRecord& run, int64_t first, int64_t end) {
+  for (int64_t step = first; step < end; ++step) {
+    const StepRecord& zero = run.at(0, static_cast<int>(step - run.meta.first_step));
+    for (int r = 1; r < run.world_size(); ++r) {
+      const StepRecord& x = run.at(r, static_cast<int>(step - run.meta.first_step));
+      if (x.samples != zero.samples || x.useful_tokens != zero.useful_tokens) return false;
+    }
+  }
+  return true;
+}
+
 LossDiff loss_diff(const RunRecord& a, const RunRecord& b) {
   LossDiff d;
   d.first = std::max(a.meta.first_step, b.meta.first_step);
   const int64_t end = std::min(a.meta.first_step + a.steps, b.meta.first_step + b.steps);
-  if (a.world_size() != b.world_size()) {
-    d.not_compared =
-        fmt("A ran %d ranks, B %d: each rank's loss is over its own shard", a.world_size(), b.world_size());
-    return d;
-  }
   if (end <= d.first) {
     d.not_compared =
         fmt("no step in common (A steps %lld..%lld, B %lld..%lld)", static_cast<long long>(a.meta.first_step),
@@ -168,12 +176,27 @@ LossDiff loss_diff(const RunRecord& a, const RunRecord& b) {
             static_cast<long long>(b.meta.first_step + b.steps - 1));
     return d;
   }
+  d.rank_means = a.world_size() != b.world_size();
+  if (d.rank_means && !(equal_shards(a, d.first, end) && equal_shards(b, d.first, end))) {
+    d.not_compared =
+        fmt("A ran %d rank%s, B %d, and some rank's shard held another number of samples or tokens: "
+            "each rank's loss is over its own shard",
+            a.world_size(), a.world_size() == 1 ? "" : "s", b.world_size());
+    return d;
+  }
   d.compared = true;
   d.count = end - d.first;
+  // The loss of rank r at step s, or with rank -1 the mean over ranks, summed in rank order.
+  const auto loss = [](const RunRecord& run, int r, int64_t step) {
+    const int s = static_cast<int>(step - run.meta.first_step);
+    if (r >= 0) return run.at(r, s).loss;
+    double sum = 0;
+    for (int q = 0; q < run.world_size(); ++q) sum += run.at(q, s).loss;
+    return sum / run.world_size();
+  };
   for (int64_t step = d.first; step < end; ++step)
-    for (int r = 0; r < a.world_size(); ++r) {
-      const double x = a.at(r, static_cast<int>(step - a.meta.first_step)).loss;
-      const double y = b.at(r, static_cast<int>(step - b.meta.first_step)).loss;
+    for (int r = d.rank_means ? -1 : 0; r < (d.rank_means ? 0 : a.world_size()); ++r) {
+      const double x = loss(a, r, step), y = loss(b, r, step);
       if (std::memcmp(&x, &y, sizeof x) == 0) continue;  // the same bits (a NaN too)
       if (d.first_difference < 0) d.first_difference = step, d.rank = r, d.a = x, d.b = y;
       const double relative = std::isnan(x) != std::isnan(y) ? INFINITY
@@ -188,10 +211,12 @@ std::string loss_text(const LossDiff& d) {
   if (!d.compared) return "not compared: " + d.not_compared;
   const std::string steps =
       fmt("steps %lld..%lld", static_cast<long long>(d.first), static_cast<long long>(d.first + d.count - 1));
-  if (d.first_difference < 0) return "bit for bit the same on every rank, " + steps;
-  return fmt("differ from step %lld (rank %d: A %.9g, B %.9g); largest relative difference %.2g over ",
-             static_cast<long long>(d.first_difference), d.rank, d.a, d.b, d.max_relative) +
-         steps;
+  const std::string which = d.rank_means ? "the mean over ranks (the runs' world sizes differ)" : "every rank";
+  if (d.first_difference < 0) return "bit for bit the same on " + which + ", " + steps;
+  const std::string where = d.rank_means ? std::string("the mean") : fmt("rank %d", d.rank);
+  return fmt("differ from step %lld (%s: A %.9g, B %.9g); largest relative difference %.2g over ",
+             static_cast<long long>(d.first_difference), where.c_str(), d.a, d.b, d.max_relative) +
+         steps + (d.rank_means ? ", on the mean over ranks (the runs' world sizes differ)" : "");
 }
 
 }  // namespace
@@ -296,6 +321,7 @@ nlohmann::json to_json(const RunDiff& d) {
           {"loss",
            {{"compared", d.loss.compared},
             {"not_compared", d.loss.compared ? nlohmann::json() : nlohmann::json(d.loss.not_compared)},
+            {"rank_means", d.loss.rank_means},
             {"first_step", d.loss.first},
             {"steps", d.loss.count},
             {"bit_for_bit", d.loss.compared && d.loss.first_difference < 0},

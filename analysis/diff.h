@@ -48,11 +48,14 @@ struct BucketDiff {
 
 // Every rank's loss, step by step, over the steps both runs recorded (by step number: a resumed run's start at its
 // checkpoint's step), compared bit for bit: whether the two runs computed alike (--deterministic on, a resume, a
-// change of what only moves time: bucket size, overlap, a straggler), and if not, from which step on.
+// change of what only moves time: bucket size, overlap, a straggler), and if not, from which step on. Runs of
+// different world sizes are compared on the mean over ranks, where that is the global loss (every rank's shard of
+// every step as many samples and tokens): one rank against N with the same global batch, DDP's equivalence.
 struct LossDiff {
   bool compared = false;
-  std::string not_compared;  // why not: the world sizes differ (each rank's loss is over its own shard), or no step
-                             // is common to both
+  bool rank_means = false;        // compared the mean over ranks (the world sizes differ); rank below is then -1
+  std::string not_compared;       // why not: no step is common to both, or the world sizes differ and some rank's shard
+                                  // was of another size (its loss then weighs differently in the global one)
   int64_t first = 0, count = 0;   // the common steps: [first, first + count)
   int64_t first_difference = -1;  // the first common step at which some rank's loss differs; -1: none
   int rank = 0;                   // that step's first rank that differs

@@ -43,7 +43,8 @@ def main():
     small = ["--hidden", "64", "--input-dim", "32", "--classes", "10", "--batch", "8", "--warmup-steps", "2",
              "--steps", "12", "--quiet"]
     with tempfile.TemporaryDirectory() as work:
-        path = {name: os.path.join(work, name + ".h5") for name in ("same1", "same2", "b25", "b5", "strag", "lr")}
+        path = {name: os.path.join(work, name + ".h5")
+                for name in ("same1", "same2", "b25", "b5", "strag", "lr", "one_rank")}
         trains = [
             [*model, "--bucket-mb", "25", "--out", path["b25"]],
             [*model, "--bucket-mb", "5", "--out", path["b5"]],
@@ -52,6 +53,11 @@ def main():
             [*small, "--straggler-ms", "10", "--slow-rank", "1", "--out", path["strag"]],
             [*small, "--lr", "0.01", "--out", path["lr"]],
         ]
+        # One rank with the two ranks' global batch (the small model's --batch 8, twice).
+        one_rank = [*small, "--out", path["one_rank"]]
+        one_rank[one_rank.index("--batch") + 1] = "16"
+        proc = run([mpirun, "-np", "1", ddplab, "train", *one_rank], timeout=120)
+        check(proc.returncode == 0, f"ddplab train at one rank, --batch 16 (rc {proc.returncode}: {proc.stderr[:300]})")
         for args in trains:
             proc = run([mpirun, "-np", "2", ddplab, "train", *args], timeout=120)
             check(proc.returncode == 0,
@@ -103,6 +109,12 @@ def main():
               f"a straggler: B is slower by its data loading, the straggler named ({text})")
         check("  loss: bit for bit the same on every rank" in proc.stdout,
               "a straggler moves time, not the losses: bit for bit the same")
+
+        # DDP's equivalence from the run files: two ranks of 8 against one rank of 16, the same global batch, compared
+        # on the mean over ranks; the sums' order differs, so within float rounding (accumulated over 12 steps).
+        d = json.loads(run([ddplab, "diff", "--json", path["one_rank"], path["same1"]]).stdout)["loss"]
+        check(d["compared"] and d["rank_means"] and d["steps"] == 12 and d["max_relative"] < 1e-5,
+              f"one rank against two with the same global batch: the mean losses within rounding ({d})")
 
         # ---- --json ----------------------------------------------------------------------------------------------
         proc = run([ddplab, "diff", "--json", path["b25"], path["b5"]])

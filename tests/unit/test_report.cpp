@@ -745,13 +745,37 @@ TEST(Diff, AResumedRunIsComparedOnTheStepsBothRecorded) {
   resumed.records[3].loss += 1;  // rank 0, step 7
   d = diff_runs(a, resumed).loss;
   EXPECT_EQ(d.first_difference, 7);
-  d = diff_runs(a, synthetic(4, jittered)).loss;
-  EXPECT_FALSE(d.compared);
-  EXPECT_EQ(d.not_compared, "A ran 2 ranks, B 4: each rank's loss is over its own shard");
   resumed.meta.first_step = kSteps;  // starts where A ends
   d = diff_runs(a, resumed).loss;
   EXPECT_FALSE(d.compared);
   EXPECT_EQ(d.not_compared, "no step in common (A steps 0..11, B 12..19)");
+}
+
+// Runs of different world sizes: compared on the mean over ranks, the global loss where every rank's shard holds as
+// many samples and tokens (one rank against two with the same global batch); not compared where a shard differs.
+TEST(Diff, RunsOfOtherWorldSizesAreComparedOnTheMeanOverRanks) {
+  RunRecord two = synthetic(2, jittered), one = synthetic(1, jittered);
+  for (int s = 0; s < kSteps; ++s) {
+    two.records[s].loss = 2.0 + 0.5 / (s + 1);                          // rank 0
+    two.records[kSteps + s].loss = 2.0 - 0.5 / (s + 1);                 // rank 1
+    one.records[s].loss = (two.at(0, s).loss + two.at(1, s).loss) / 2;  // their mean, in rank order
+    for (RunRecord* run : {&two, &one})
+      for (int r = 0; r < run->world_size(); ++r) run->records[static_cast<size_t>(r) * kSteps + s].samples = 32;
+  }
+  LossDiff d = diff_runs(one, two).loss;
+  ASSERT_TRUE(d.compared) << d.not_compared;
+  EXPECT_TRUE(d.rank_means);
+  EXPECT_EQ(d.first_difference, -1);
+  one.records[6].loss *= 1 + 1e-6;
+  d = diff_runs(one, two).loss;
+  EXPECT_EQ(d.first_difference, 6);
+  EXPECT_EQ(d.rank, -1);
+  EXPECT_NEAR(d.max_relative, 1e-6, 1e-9);
+  two.records[kSteps + 3].samples = 31;  // rank 1's shard of step 3 is smaller: the mean is no longer the global loss
+  d = diff_runs(one, two).loss;
+  EXPECT_FALSE(d.compared);
+  EXPECT_NE(d.not_compared.find("A ran 1 rank, B 2, and some rank's shard held another number"), std::string::npos)
+      << d.not_compared;
 }
 
 TEST(Diff, MoreExposedCommIsNamedWithTheSettingThatChanged) {
