@@ -165,7 +165,21 @@ bool equal_shards(const RunRecord& run, int64_t first, int64_t end) {
   return true;
 }
 
-LossDiff loss_diff(const RunRecord& a, const RunRecord& b) {
+std::string loss_text(const LossDiff& d) {
+  if (!d.compared) return "not compared: " + d.not_compared;
+  const std::string steps =
+      fmt("steps %lld..%lld", static_cast<long long>(d.first), static_cast<long long>(d.first + d.count - 1));
+  const std::string which = d.rank_means ? "the mean over ranks (the runs' world sizes differ)" : "every rank";
+  if (d.first_difference < 0) return "bit for bit the same on " + which + ", " + steps;
+  const std::string where = d.rank_means ? std::string("the mean") : fmt("rank %d", d.rank);
+  return fmt("differ from step %lld (%s: A %.9g, B %.9g); largest relative difference %.2g over ",
+             static_cast<long long>(d.first_difference), where.c_str(), d.a, d.b, d.max_relative) +
+         steps + (d.rank_means ? ", on the mean over ranks (the runs' world sizes differ)" : "");
+}
+
+}  // namespace
+
+LossDiff compare_losses(const RunRecord& a, const RunRecord& b) {
   LossDiff d;
   d.first = std::max(a.meta.first_step, b.meta.first_step);
   const int64_t end = std::min(a.meta.first_step + a.steps, b.meta.first_step + b.steps);
@@ -207,20 +221,6 @@ LossDiff loss_diff(const RunRecord& a, const RunRecord& b) {
   return d;
 }
 
-std::string loss_text(const LossDiff& d) {
-  if (!d.compared) return "not compared: " + d.not_compared;
-  const std::string steps =
-      fmt("steps %lld..%lld", static_cast<long long>(d.first), static_cast<long long>(d.first + d.count - 1));
-  const std::string which = d.rank_means ? "the mean over ranks (the runs' world sizes differ)" : "every rank";
-  if (d.first_difference < 0) return "bit for bit the same on " + which + ", " + steps;
-  const std::string where = d.rank_means ? std::string("the mean") : fmt("rank %d", d.rank);
-  return fmt("differ from step %lld (%s: A %.9g, B %.9g); largest relative difference %.2g over ",
-             static_cast<long long>(d.first_difference), where.c_str(), d.a, d.b, d.max_relative) +
-         steps + (d.rank_means ? ", on the mean over ranks (the runs' world sizes differ)" : "");
-}
-
-}  // namespace
-
 Sampled sampled(const std::vector<double>& samples) { return {median(samples), robust_spread(samples)}; }
 
 bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms) {
@@ -250,7 +250,7 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
     d.buckets.push_back(bd);
   }
   d.verdict = verdict(d);
-  d.loss = loss_diff(a, b);
+  d.loss = compare_losses(a, b);
   return d;
 }
 

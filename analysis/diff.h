@@ -75,6 +75,8 @@ struct RunDiff {
 };
 
 RunDiff diff_runs(const RunRecord& a, const RunRecord& b);
+// The losses alone (RunDiff::loss): what the lab suite asks of its cases against their baseline.
+LossDiff compare_losses(const RunRecord& a, const RunRecord& b);
 void print_diff(std::FILE* out, const RunDiff& d);
 nlohmann::json to_json(const RunDiff& d);
 

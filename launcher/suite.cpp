@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "analysis/blame.h"
+#include "analysis/diff.h"
 #include "analysis/format.h"
 #include "analysis/predict.h"
 #include "analysis/timeline.h"
@@ -53,7 +54,16 @@ struct CaseResult {
   // A GPU case's ranks of one host on one GPU (RunRecord::ranks_sharing_a_gpu): they took turns on it, which the
   // table's `*` says too.
   int ranks_on_one_gpu = 0;
+  // The pathology, input and update cases: their losses against the baseline case's, step by step and bit for bit
+  // (compare_losses, as `ddplab diff` does): they change timing, not math.
+  std::optional<LossDiff> loss_vs_baseline;
 };
+
+// The case the lab's others are measured against: its weak case at the full world size (the token suite's uniform
+// one).
+std::string baseline_case(const SuiteOptions& o, int size) {
+  return o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform";
+}
 
 // "300 steps each (5 warm-up, 295 measured)": the warm-up as the run files will clamp it (a default longer than the
 // run leaves one step to measure).
@@ -243,6 +253,7 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
   std::vector<CaseResult> results;
+  std::optional<RunRecord> baseline;  // rank 0: the baseline case's records, once it has run
   for (const Case& c : cases) {
     const double start = MPI_Wtime();
     MPI_Comm sub;
@@ -266,14 +277,12 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
     }
     wait_quietly(world);
     if (rank == 0) {
-      results.push_back({c,
-                         r.summary,
-                         r.record.path,
-                         {},
-                         r.record.oversubscribed_ranks(),
-                         r.record.meta.host_cores,
-                         r.record.ranks_sharing_a_gpu()});
-      if (c.world_size >= 2) results.back().blame = diagnose(r.record, r.summary);
+      const bool same_math = c.group == "pathology" || c.group == "input" || c.group == "update";
+      results.push_back({c, r.summary, r.record.path,
+                         c.world_size >= 2 ? diagnose(r.record, r.summary) : std::vector<Finding>{},
+                         r.record.oversubscribed_ranks(), r.record.meta.host_cores, r.record.ranks_sharing_a_gpu(),
+                         baseline && same_math ? std::optional(compare_losses(*baseline, r.record)) : std::nullopt});
+      if (c.name == baseline_case(o, size)) baseline = r.record;
       if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
                   r.summary.slowest_step_ms, r.summary.samples_per_s, MPI_Wtime() - start);
@@ -298,8 +307,7 @@ struct CaseReferences {
 };
 
 CaseReferences case_references(const SuiteOptions& o, int size, const std::vector<CaseResult>& results) {
-  return {find_case(results, "weak_ws1"), find_case(results, "strong_ws1"),
-          find_case(results, o.name == "lab" ? "weak_ws" + std::to_string(size) : "uniform")};
+  return {find_case(results, "weak_ws1"), find_case(results, "strong_ws1"), find_case(results, baseline_case(o, size))};
 }
 
 // One case's figures as the table, the CSV and the JSON show them.
@@ -329,13 +337,17 @@ CaseFigures case_figures(const CaseResult& r, const CaseReferences& refs) {
   return f;
 }
 
-// Whether the pathology, input and update cases left the loss identical to the baseline.
-bool loss_matches_baseline(const std::vector<CaseResult>& results, const CaseResult* baseline) {
-  for (const CaseResult& r : results)
-    if ((r.c.group == "pathology" || r.c.group == "input" || r.c.group == "update") && baseline &&
-        r.summary.final_loss != baseline->summary.final_loss)
-      return false;
-  return true;
+// "" where the pathology, input and update cases left every loss of every step identical to the baseline's, else the
+// cases that did not, each with the step it first differs at.
+std::string losses_off_baseline(const std::vector<CaseResult>& results) {
+  std::string off;
+  for (const CaseResult& r : results) {
+    if (!r.loss_vs_baseline || (r.loss_vs_baseline->compared && r.loss_vs_baseline->first_difference < 0)) continue;
+    off += (off.empty() ? "" : ", ") + r.c.name +
+           (r.loss_vs_baseline->compared ? " from step " + std::to_string(r.loss_vs_baseline->first_difference)
+                                         : " (not compared: " + r.loss_vs_baseline->not_compared + ")");
+  }
+  return off;
 }
 
 // The lab's columns; the token suite has no scaling reference (eff) and no lab work (extra): left out there.
@@ -433,14 +445,14 @@ void print_oversubscription_notes(int blas_threads, const std::vector<CaseResult
         most_on_one_gpu);
 }
 
-void print_lab_legend(int size, bool loss_identical) {
+void print_lab_legend(int size, const std::string& losses_off) {
   std::printf(
       "efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
       "throughput change against weak_ws%d\n",
       size);
-  std::printf(
-      "loss across the pathology, input and update cases: %s\n",
-      loss_identical ? "identical to the baseline (they change timing, not math)" : "DIFFERS from the baseline");
+  std::printf("loss across the pathology, input and update cases: %s\n",
+              losses_off.empty() ? "identical to the baseline at every step (they change timing, not math)"
+                                 : ("DIFFERS from the baseline: " + losses_off).c_str());
 }
 
 // The token suite's own table: useful tokens/s against the uniform case.
@@ -474,17 +486,17 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     json_cases.push_back(case_json(r, f));
   }
   write_text_file(o.out_dir + "/summary.csv", csv, /*force=*/true);
-  const bool loss_identical = loss_matches_baseline(results, refs.baseline);
+  const std::string losses_off = losses_off_baseline(results);
   print_oversubscription_notes(o.base.blas_threads, results);
   std::printf(
       "\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
       "exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
   if (lab)
-    print_lab_legend(size, loss_identical);
+    print_lab_legend(size, losses_off);
   else
     print_token_table(results, refs.baseline);
-  return loss_identical;
+  return losses_off.empty();
 }
 
 }  // namespace
