@@ -166,7 +166,7 @@ bool equal_shards(const RunRecord& run, int64_t first, int64_t end) {
 }
 
 std::string loss_text(const LossDiff& d) {
-  if (!d.compared) return "not compared: " + d.not_compared;
+  if (!d.compared()) return "not compared: " + d.not_compared;
   const std::string steps =
       fmt("steps %lld..%lld", static_cast<long long>(d.first), static_cast<long long>(d.first + d.count - 1));
   const std::string which = d.rank_means ? "the mean over ranks (the runs' world sizes differ)" : "every rank";
@@ -198,7 +198,7 @@ LossDiff compare_losses(const RunRecord& a, const RunRecord& b) {
             a.world_size(), a.world_size() == 1 ? "" : "s", b.world_size());
     return d;
   }
-  d.compared = true;
+  d.not_compared.clear();
   d.count = end - d.first;
   // The loss of rank r at step s, or with rank -1 the mean over ranks, summed in rank order.
   const auto loss = [](const RunRecord& run, int r, int64_t step) {
@@ -319,12 +319,12 @@ nlohmann::json to_json(const RunDiff& d) {
           {"buckets", buckets},
           {"verdict", d.verdict},
           {"loss",
-           {{"compared", d.loss.compared},
-            {"not_compared", d.loss.compared ? nlohmann::json() : nlohmann::json(d.loss.not_compared)},
+           {{"compared", d.loss.compared()},
+            {"not_compared", d.loss.compared() ? nlohmann::json() : nlohmann::json(d.loss.not_compared)},
             {"rank_means", d.loss.rank_means},
             {"first_step", d.loss.first},
             {"steps", d.loss.count},
-            {"bit_for_bit", d.loss.compared && d.loss.first_difference < 0},
+            {"bit_for_bit", d.loss.compared() && d.loss.first_difference < 0},
             {"first_difference", d.loss.first_difference < 0 ? nlohmann::json()
                                                              : nlohmann::json{{"step", d.loss.first_difference},
                                                                               {"rank", d.loss.rank},

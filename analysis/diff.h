@@ -52,10 +52,11 @@ struct BucketDiff {
 // different world sizes are compared on the mean over ranks, where that is the global loss (every rank's shard of
 // every step as many samples and tokens): one rank against N with the same global batch, DDP's equivalence.
 struct LossDiff {
-  bool compared = false;
+  bool compared() const { return not_compared.empty(); }
   bool rank_means = false;        // compared the mean over ranks (the world sizes differ); rank below is then -1
-  std::string not_compared;       // why not: no step is common to both, or the world sizes differ and some rank's shard
-                                  // was of another size (its loss then weighs differently in the global one)
+  // Why not ("": compared): no step is common to both, or the world sizes differ and some rank's shard was of another
+  // size (its loss then weighs differently in the global one).
+  std::string not_compared = "not yet";
   int64_t first = 0, count = 0;   // the common steps: [first, first + count)
   int64_t first_difference = -1;  // the first common step at which some rank's loss differs; -1: none
   int rank = 0;                   // that step's first rank that differs

@@ -282,11 +282,11 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
                          c.world_size >= 2 ? diagnose(r.record, r.summary) : std::vector<Finding>{},
                          r.record.oversubscribed_ranks(), r.record.meta.host_cores, r.record.ranks_sharing_a_gpu(),
                          baseline && same_math ? std::optional(compare_losses(*baseline, r.record)) : std::nullopt});
-      if (c.name == baseline_case(o, size)) baseline = r.record;
       if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
                   r.summary.slowest_step_ms, r.summary.samples_per_s, MPI_Wtime() - start);
       std::fflush(stdout);
+      if (c.name == baseline_case(o, size)) baseline = std::move(r.record);  // the one case's records kept
     }
   }
   return results;
@@ -342,10 +342,10 @@ CaseFigures case_figures(const CaseResult& r, const CaseReferences& refs) {
 std::string losses_off_baseline(const std::vector<CaseResult>& results) {
   std::string off;
   for (const CaseResult& r : results) {
-    if (!r.loss_vs_baseline || (r.loss_vs_baseline->compared && r.loss_vs_baseline->first_difference < 0)) continue;
+    if (!r.loss_vs_baseline || (r.loss_vs_baseline->compared() && r.loss_vs_baseline->first_difference < 0)) continue;
     off += (off.empty() ? "" : ", ") + r.c.name +
-           (r.loss_vs_baseline->compared ? " from step " + std::to_string(r.loss_vs_baseline->first_difference)
-                                         : " (not compared: " + r.loss_vs_baseline->not_compared + ")");
+           (r.loss_vs_baseline->compared() ? " from step " + std::to_string(r.loss_vs_baseline->first_difference)
+                                           : " (not compared: " + r.loss_vs_baseline->not_compared + ")");
   }
   return off;
 }

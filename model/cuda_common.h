@@ -48,11 +48,12 @@ class BufferLayout {
 };
 
 // The model's one device allocation, `bytes` of which `weights` hold the parameters, their gradients and their bf16
-// copy, `scratch` the workspaces, and the rest the activations of `batch` (e.g. "8192 tokens"). Where the GPU lacks
-// the room it throws std::runtime_error naming the model, what it needed against what was free, and each part, instead
-// of cudaMalloc's bare "out of memory": the activations and the scratch grow with the batch, and a user can shrink it.
+// copy, `scratch` the workspaces, and the rest the activations of `rows` `unit` (e.g. 8192 "tokens"). Where the GPU
+// lacks the room it throws std::runtime_error naming the model, what it needed against what was free, and each part,
+// instead of cudaMalloc's bare "out of memory": the activations and the scratch grow with the batch, and a user can
+// shrink it.
 inline cuda::DeviceMemory allocate_model_memory(const char* model, size_t bytes, size_t weights, size_t scratch,
-                                                const std::string& batch) {
+                                                int64_t rows, const char* unit) {
   void* base = nullptr;
   const cudaError_t status = cudaMalloc(&base, bytes);
   if (status == cudaSuccess) return cuda::DeviceMemory(base);
@@ -67,11 +68,11 @@ inline cuda::DeviceMemory allocate_model_memory(const char* model, size_t bytes,
     std::snprintf(text, sizeof text, "%.2f GB", static_cast<double>(b) / 1e9);
     return std::string(text);
   };
-  throw std::runtime_error(std::string(model) + ": needs " + gb(bytes) + " of GPU memory; GPU " +
-                           std::to_string(device) + " has " + gb(free) + " free of " + gb(total) +
-                           " (parameters, gradients and their bf16 copy " + gb(weights) + ", activations for " + batch +
-                           " " + gb(bytes - weights - scratch) + (scratch ? ", workspaces " + gb(scratch) : "") +
-                           "): a step of fewer " + batch.substr(batch.find(' ') + 1) + " needs less");
+  throw std::runtime_error(
+      std::string(model) + ": needs " + gb(bytes) + " of GPU memory; GPU " + std::to_string(device) + " has " +
+      gb(free) + " free of " + gb(total) + " (parameters, gradients and their bf16 copy " + gb(weights) +
+      ", activations for " + std::to_string(rows) + " " + unit + " " + gb(bytes - weights - scratch) +
+      (scratch ? ", workspaces " + gb(scratch) : "") + "): a step of fewer " + unit + " needs less");
 }
 
 // One event per gradient piece, recorded by backward after the piece's last kernel. Timing is enabled: a trainer

@@ -56,8 +56,7 @@ MlpCuda::MlpCuda(const MlpConfig& config, uint64_t seed, Precision precision, in
   const size_t at_num_valid = layout.reserve(sizeof(int));
 
   const size_t end = layout.bytes();
-  memory_ =
-      cuda_model::allocate_model_memory("MlpCuda", end, at_activations, 0, std::to_string(max_batch) + " samples");
+  memory_ = cuda_model::allocate_model_memory("MlpCuda", end, at_activations, 0, max_batch, "samples");
   char* const bytes = static_cast<char*>(memory_.get());
   if (is_bf16) {
     weights_bf16_ = reinterpret_cast<bf16*>(bytes + at_weights_bf16);

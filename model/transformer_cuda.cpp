@@ -103,7 +103,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
 
   const BufferOffsets at = buffer_offsets();
   memory_ = cuda_model::allocate_model_memory("TransformerCuda", at.bytes, at.activations, at.losses - at.scratch,
-                                              std::to_string(max_tokens_) + " tokens");
+                                              max_tokens_, "tokens");
   char* const bytes = static_cast<char*>(memory_.get());
   point_into(bytes, at);
   place_on_device(reinterpret_cast<float*>(bytes + at.params), reinterpret_cast<float*>(bytes + at.grads),

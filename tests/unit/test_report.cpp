@@ -698,7 +698,7 @@ TEST(Diff, TheSameRunTwiceIsNoDifferenceBeyondNoise) {
   EXPECT_TRUE(d.same_buckets);
   EXPECT_EQ(d.verdict.rfind("no difference beyond noise in the step (median A 11.90 ms, B 11.90 ms)", 0), 0u) << d.verdict;
   for (const MetricDiff& m : d.metrics) EXPECT_FALSE(m.beyond) << m.name;
-  EXPECT_TRUE(d.loss.compared);
+  EXPECT_TRUE(d.loss.compared());
   EXPECT_EQ(d.loss.first_difference, -1);
   EXPECT_EQ(d.loss.first, 0);
   EXPECT_EQ(d.loss.count, kSteps);
@@ -713,7 +713,7 @@ TEST(Diff, LossesThatDifferAreNamedFromTheirFirstStep) {
   ulp_off = std::nextafter(ulp_off, 10.0);
   b.records[8].loss *= 1.001;
   const RunDiff d = diff_runs(a, b);
-  ASSERT_TRUE(d.loss.compared);
+  ASSERT_TRUE(d.loss.compared());
   EXPECT_EQ(d.loss.first_difference, 5);
   EXPECT_EQ(d.loss.rank, 1);
   EXPECT_EQ(d.loss.a, a.at(1, 5).loss);
@@ -738,7 +738,7 @@ TEST(Diff, AResumedRunIsComparedOnTheStepsBothRecorded) {
     for (int step = 4; step < kSteps; ++step) resumed.records.push_back(a.at(r, step));
   resumed.bucket_times.resize(static_cast<size_t>(2) * resumed.steps * 2);
   LossDiff d = diff_runs(a, resumed).loss;
-  EXPECT_TRUE(d.compared);
+  EXPECT_TRUE(d.compared());
   EXPECT_EQ(d.first, 4);
   EXPECT_EQ(d.count, kSteps - 4);
   EXPECT_EQ(d.first_difference, -1);
@@ -747,7 +747,7 @@ TEST(Diff, AResumedRunIsComparedOnTheStepsBothRecorded) {
   EXPECT_EQ(d.first_difference, 7);
   resumed.meta.first_step = kSteps;  // starts where A ends
   d = diff_runs(a, resumed).loss;
-  EXPECT_FALSE(d.compared);
+  EXPECT_FALSE(d.compared());
   EXPECT_EQ(d.not_compared, "no step in common (A steps 0..11, B 12..19)");
 }
 
@@ -763,7 +763,7 @@ TEST(Diff, RunsOfOtherWorldSizesAreComparedOnTheMeanOverRanks) {
       for (int r = 0; r < run->world_size(); ++r) run->records[static_cast<size_t>(r) * kSteps + s].samples = 32;
   }
   LossDiff d = diff_runs(one, two).loss;
-  ASSERT_TRUE(d.compared) << d.not_compared;
+  ASSERT_TRUE(d.compared()) << d.not_compared;
   EXPECT_TRUE(d.rank_means);
   EXPECT_EQ(d.first_difference, -1);
   one.records[6].loss *= 1 + 1e-6;
@@ -773,7 +773,7 @@ TEST(Diff, RunsOfOtherWorldSizesAreComparedOnTheMeanOverRanks) {
   EXPECT_NEAR(d.max_relative, 1e-6, 1e-9);
   two.records[kSteps + 3].samples = 31;  // rank 1's shard of step 3 is smaller: the mean is no longer the global loss
   d = diff_runs(one, two).loss;
-  EXPECT_FALSE(d.compared);
+  EXPECT_FALSE(d.compared());
   EXPECT_NE(d.not_compared.find("A ran 1 rank, B 2, and some rank's shard held another number"), std::string::npos)
       << d.not_compared;
 }
