@@ -53,6 +53,11 @@ RunSummary summarize(const RunRecord& run) {
     if (run.at(0, t).skipped > 0) {
       if (s.skipped_steps++ == 0) s.first_skipped_step = static_cast<int>(run.meta.first_step) + t;
     }
+  s.grad_clip = run.config.value("grad_clip", 0.0);
+  if (s.grad_clip > 0) {
+    for (int t = 0; t < steps; ++t) s.clipped_steps += run.at(0, t).grad_norm > s.grad_clip;
+    s.final_grad_norm = run.at(0, steps - 1).grad_norm;
+  }
   if (s.slowest_step_ms > 0) {
     s.useful_tokens_per_s = useful / counted / (s.slowest_step_ms / 1e3);
     s.padded_tokens_per_s = padded / counted / (s.slowest_step_ms / 1e3);
@@ -122,6 +127,9 @@ nlohmann::json to_json(const RunSummary& s) {
           {"mean_token_spread", s.mean_token_spread},
           {"skipped_steps", s.skipped_steps},
           {"first_skipped_step", s.skipped_steps > 0 ? nlohmann::json(s.first_skipped_step) : nlohmann::json()},
+          {"grad_clip", s.grad_clip},
+          {"clipped_steps", s.clipped_steps},
+          {"final_grad_norm", s.final_grad_norm},
           {"ranks", ranks},
           {"bucket_arrival", arrivals}};
 }

@@ -109,7 +109,7 @@ void bench_layer_ops(int B, int C, int OC, int V, int repeats) {
       8.0 * B * V, "GB/s");
 }
 
-// The passes over every parameter: the optimizers' updates, the gradient's scaling and finiteness check.
+// The passes over every parameter: the optimizers' updates, the gradient's scaling, norm and finiteness check.
 void bench_parameter_passes(int repeats) {
   const int64_t n = 3'122'152;  // the default MLP's parameter count
   auto p = random_vector(n, 11), g = random_vector(n, 12), m = random_vector(n, 13), v = random_vector(n, 14);
@@ -125,6 +125,10 @@ void bench_parameter_passes(int repeats) {
       median_ms([&] { cpu::sgd_update(p.data(), g.data(), m.data(), n, 1e-3f, 0.9f, 0.0f); }, repeats), 4.0 * n * 5,
       "GB/s");
   row("scale", shape, median_ms([&] { cpu::scale(g.data(), 0.5f, n); }, repeats), 8.0 * n, "GB/s");
+  double squares = 0;  // kept, so the sum is not optimised away
+  row("sum_of_squares (--grad-clip)", shape, median_ms([&] { squares += cpu::sum_of_squares(g.data(), n); }, repeats),
+      4.0 * n, "GB/s");
+  if (!(squares > 0)) std::printf("(sum_of_squares gave %g for random normals)\n", squares);
   bool finite = true;  // kept, so the check is not optimised away
   row("all_finite", shape, median_ms([&] { finite = finite && cpu::all_finite(g.data(), n); }, repeats), 4.0 * n,
       "GB/s");

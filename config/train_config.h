@@ -223,6 +223,11 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--weight-decay", "weight_decay", "weight decay (decoupled for AdamW)", 0, kNoMax, kMath},
         c.optimizer.weight_decay);
   visit(Knob{"--momentum", "momentum", "SGD momentum", 0, 1, kMath | kBelowMax}, c.optimizer.momentum);
+  visit(Knob{"--grad-clip", "grad_clip",
+             "clip the all-reduced gradients' global L2 norm to this before the update, as PyTorch's "
+             "clip_grad_norm_ (llm.c: 1.0); 0: off",
+             0, kNoMax, kMath},
+        c.optimizer.grad_clip);
   visit(Knob{"--data-noise", "data_noise", "synthetic data noise around the class prototypes", 0, kNoMax, kMath},
         c.data_noise);
   visit(Knob{"--comm", "comm",
@@ -382,16 +387,19 @@ inline double resolved_grad_slice_mb(const TrainConfig& c) {
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update
 // in backward takes a core only where the BLAS threads leave one idle on every rank (it slices the gradients, and the
 // ranks' buckets must match even where a host's cores split unevenly among its ranks), and never with --skip-nonfinite
-// (which must see every gradient before anything is updated) or ZeRO-1; --grad-slice-mb auto: with the update in
-// backward on the CPU, 1 MiB row blocks. The update of the layer backward ends with then follows its gradient block
-// by block, and only its last block's is left after backward (docs/ARCHITECTURE.md, "The update in backward").
+// or --grad-clip (both must see every gradient before anything is updated) or ZeRO-1; --grad-slice-mb auto: with the
+// update in backward on the CPU, 1 MiB row blocks. The update of the layer backward ends with then follows its gradient
+// block by block, and only its last block's is left after backward (docs/ARCHITECTURE.md, "The update in backward").
 // Otherwise whole weights, as PyTorch's autograd produces them.
 inline TrainConfig resolved(TrainConfig c, const RunFacts& facts) {
   if (c.blas_threads == 0) c.blas_threads = facts.cores;
-  if (!c.optimizer_in_backward)
+  if (!c.optimizer_in_backward) {
+    const bool needs_every_gradient_first = c.skip_nonfinite || c.optimizer.clips();
     c.optimizer_in_backward =
-        c.device == Device::kCpu && !c.skip_nonfinite && c.zero_stage == 0 && facts.spare_core_every_rank ? OnOff::kOn
-                                                                                                          : OnOff::kOff;
+        c.device == Device::kCpu && !needs_every_gradient_first && c.zero_stage == 0 && facts.spare_core_every_rank
+            ? OnOff::kOn
+            : OnOff::kOff;
+  }
   c.grad_slice_mb = resolved_grad_slice_mb(c);
   c.attention = resolved_attention(c, facts.cudnn_available);
   return c;

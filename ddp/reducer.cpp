@@ -175,6 +175,24 @@ int Reducer::first_nonfinite_piece() {
   return found == INT_MAX ? -1 : found;
 }
 
+double Reducer::sum_of_squares() const {
+  double mine = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    if (!config_.sharded) {
+      mine += cpu::sum_of_squares(flat_grads_ + bucket.offset, bucket.count);
+    } else if (comm_.sharded(static_cast<size_t>(bucket.count)) || comm_.rank() == 0) {
+      for (const RingChunk& c : owned_[b]) mine += cpu::sum_of_squares(flat_grads_ + c.offset, c.count);
+    }
+  }
+  if (verdicts_ == MPI_COMM_NULL) return mine;
+  std::vector<double> each(comm_.size());
+  mpiCheck(MPI_Allgather(&mine, 1, MPI_DOUBLE, each.data(), 1, MPI_DOUBLE, verdicts_));
+  double sum = 0;
+  for (double rank_sum : each) sum += rank_sum;
+  return sum;
+}
+
 int Reducer::first_nonfinite_bucket() const {
   const auto it = std::find(nonfinite_.begin(), nonfinite_.end(), 1);
   return it == nonfinite_.end() ? -1 : static_cast<int>(it - nonfinite_.begin());

@@ -108,6 +108,11 @@ class Reducer {
   // reduces to the same values, so every rank gets the same answer (sharded, each checks what it owns, and wait_all
   // agrees on the verdicts in one small all-reduce).
   int first_nonfinite_bucket() const;
+  // After wait_all, collective when sharded: the sum of squares of the reduced gradients (--grad-clip's norm, squared),
+  // the same bits on every rank. Replicated, each rank sums every bucket; sharded, each rank sums what it alone holds
+  // (its owned chunks of the sharded buckets, and on rank 0 the buckets too small to shard, which every rank holds
+  // whole), and the ranks' sums are added in rank order.
+  double sum_of_squares() const;
 
  private:
   void launch(int bucket);

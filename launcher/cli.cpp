@@ -231,6 +231,9 @@ void validate(const TrainConfig& c) {
   require(!(c.update_in_backward() && c.skip_nonfinite),
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");
+  require(!(c.update_in_backward() && c.optimizer.clips()),
+          "--optimizer-in-backward on and --grad-clip exclude each other: clipping needs the norm of every gradient "
+          "before any bucket is updated");
   require(c.zero_stage == 0 || c.zero_stage == 1,
           "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
   if (c.zero_stage == 1) {

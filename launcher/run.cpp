@@ -414,7 +414,10 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
                       int64_t first_step, const Topology& topology, const RankCores& rank_cores,
                       const std::string& blas_kernels) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
-  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s, %d steps, %d BLAS thread%s per rank\n",
+  char clipping[64] = "";
+  if (config.optimizer.clips())
+    std::snprintf(clipping, sizeof clipping, ", gradient norm clipped at %g", config.optimizer.grad_clip);
+  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s%s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
               to_string(config.optimizer.kind),
@@ -422,7 +425,7 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
               : config.zero_stage == 1 && world_size > 1 ? " (sharded across the ranks: ZeRO-1)"
               : config.zero_stage == 1                   ? " (ZeRO-1: one rank, nothing to shard)"
                                                          : "",
-              config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
+              clipping, config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
   if (rank_cores.lifted_from > 0)
     std::printf("  Open MPI's default binding (%d core%s) lifted: rank 0 may use %d (an explicit --bind-to keeps it)\n",
                 rank_cores.lifted_from, rank_cores.lifted_from == 1 ? "" : "s", rank_cores.cores);
@@ -784,8 +787,9 @@ class ProgressLine {
     std::printf("  step %d/%d  %.2f ms/step  %.0f samples/s", step + 1, config_.steps, ms_per_step,
                 interval_.samples * world_size_ / seconds);
     if (interval_.tokens > 0) std::printf("  %.0f tokens/s", interval_.tokens * world_size_ / seconds);
-    std::printf("  loss %.4f (rank 0)  elapsed %.0f s, eta %.0f s\n", last.loss, (now - t0_) / 1e3,
-                (config_.steps - step - 1) * ms_per_step / 1e3);
+    std::printf("  loss %.4f (rank 0)", last.loss);
+    if (config_.optimizer.clips()) std::printf("  grad norm %.3f", last.grad_norm);
+    std::printf("  elapsed %.0f s, eta %.0f s\n", (now - t0_) / 1e3, (config_.steps - step - 1) * ms_per_step / 1e3);
     std::fflush(stdout);
     interval_ = Interval{now};
   }

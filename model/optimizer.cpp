@@ -29,9 +29,9 @@ void Optimizer<T>::update(T* params, const T* grads, int64_t offset, int64_t cou
   T* m = m_.empty() ? nullptr : m_.data() + offset;
   if (config_.kind == OptimizerKind::kAdamW) {
     cpu::adamw_update(p, g, m, v_.data() + offset, count, config_.lr, config_.beta1, config_.beta2, config_.eps,
-                      config_.weight_decay, t_);
+                      config_.weight_decay, t_, grad_scale_);
   } else {
-    cpu::sgd_update(p, g, m, count, config_.lr, config_.momentum, config_.weight_decay);
+    cpu::sgd_update(p, g, m, count, config_.lr, config_.momentum, config_.weight_decay, grad_scale_);
   }
 }
 

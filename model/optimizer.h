@@ -19,6 +19,9 @@ struct OptimizerConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.01f;  // PyTorch's AdamW default; decoupled for AdamW, L2 for SGD
   float momentum = 0.0f;       // SGD only
+  // The cap of the reduced gradients' global L2 norm (kernels/grad_clip.h); 0: no clipping, PyTorch's default.
+  float grad_clip = 0.0f;
+  bool clips() const { return grad_clip > 0; }
 };
 
 template <typename T>
@@ -33,7 +36,11 @@ class Optimizer {
   // The same update in parts (--optimizer-in-backward: piece by piece as backward releases them): begin_step()
   // once, then update() over disjoint slices [offset, offset + count) that together cover the buffer, in any order,
   // one call at a time. The element-wise rule makes the parts bitwise equal to step().
-  void begin_step() { ++t_; }
+  // grad_scale: the step's updates read every gradient times it (gradient clipping's factor, kernels/grad_clip.h).
+  void begin_step(T grad_scale = 1) {
+    ++t_;
+    grad_scale_ = grad_scale;
+  }
   void update(T* params, const T* grads, int64_t offset, int64_t count);
   // update(), leaving the slice's gradients zero for the next backward to add to: a weight-gradient GEMM told to
   // overwrite its output (beta 0) has OpenBLAS zero that output first, a pass of its own on backward's critical path
@@ -56,6 +63,7 @@ class Optimizer {
   OptimizerConfig config_;
   int64_t n_;
   int t_ = 0;
+  T grad_scale_ = 1;      // this step's
   std::vector<T> m_, v_;  // AdamW moments, or SGD momentum buffer in m_
 };
 

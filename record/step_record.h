@@ -31,6 +31,8 @@ struct StepRecord {
   double padded_tokens = 0;  // rows x longest row (a sequence, or several packed): what was computed on
   double max_len = 0;        // the longest sequence
   double skipped = 0;        // 1: a non-finite loss or gradient, update skipped (--skip-nonfinite)
+  // With --grad-clip: the all-reduced gradients' global L2 norm before clipping (the same on every rank); else 0.
+  double grad_norm = 0;
 };
 
 // What a field is, for the code that treats fields alike: the run file (dataset type and units), the summary
@@ -39,7 +41,7 @@ enum class FieldKind {
   kInstant,  // a point on the run's clock (start_ms): no mean
   kPhase,    // a part of the step; the phases, in the order the step runs them, add up to step_ms
   kTime,     // another duration, ms
-  kValue,    // a real number (the loss)
+  kValue,    // a real number (the loss, the gradients' norm)
   kCount,    // a whole number of samples, tokens or steps
 };
 
@@ -73,6 +75,7 @@ inline constexpr StepField kStepFields[] = {
     {"padded_tokens", &StepRecord::padded_tokens, FieldKind::kCount, "tokens"},
     {"max_len", &StepRecord::max_len, FieldKind::kCount, "tokens"},
     {"skipped", &StepRecord::skipped, FieldKind::kCount, "steps"},
+    {"grad_norm", &StepRecord::grad_norm, FieldKind::kValue, "L2 norm"},
 };
 
 // The phases add up to step_ms: each trainer reads one clock at every boundary between two of them (up to rounding).

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "kernels/grad_clip.h"
 #include "train/clock.h"
 
 namespace ddplab {
@@ -112,11 +113,18 @@ void CpuBackend::update_piece(int piece) {
   optimizer_.update_and_zero_grads(workload_->flat_params(), workload_->flat_grads(), g.offset, g.numel);
 }
 
+// --grad-clip: the factor of this step's update (refused with the update in backward, which cannot wait for the norm).
+float CpuBackend::clip_scale_of_step() {
+  if (!config_.optimizer.clips()) return 1.0f;
+  grad_norm_ = std::sqrt(reducer_->sum_of_squares());
+  return clip_scale(grad_norm_, config_.optimizer.grad_clip);
+}
+
 void CpuBackend::optimizer_step() {
   grads_are_zero_ = true;  // once this returns: every piece was updated (the alignment gaps are always zero)
   if (config_.zero_stage == 1) return sharded_optimizer_step();
   if (!optimizer_thread_) {
-    optimizer_.begin_step();
+    optimizer_.begin_step(clip_scale_of_step());
     return optimizer_.update_and_zero_grads(workload_->flat_params(), workload_->flat_grads(), 0,
                                             workload_->flat_size());
   }
@@ -132,7 +140,7 @@ void CpuBackend::optimizer_step() {
 // Each bucket's owned elements updated, then its parameters handed to the comm thread to gather, which runs beside
 // the next bucket's update. The gradients are all zero after it: the Reducer zeroed what this rank does not own.
 void CpuBackend::sharded_optimizer_step() {
-  optimizer_.begin_step();
+  optimizer_.begin_step(clip_scale_of_step());
   float* params = workload_->flat_params();
   for (int b = 0; b < static_cast<int>(reducer_->buckets().size()); ++b) {
     for (const RingChunk& c : reducer_->owned_chunks(b))

@@ -57,6 +57,7 @@ class CpuBackend final : public StepBackend {
   void finish_reduction() override { reducer_->wait_all(); }
   std::string first_nonfinite_gradient() override;
   void optimizer_step() override;
+  double grad_norm() const override { return grad_norm_; }
   void synchronize() override {
     if (optimizer_thread_) optimizer_thread_->wait_all();
   }
@@ -83,6 +84,7 @@ class CpuBackend final : public StepBackend {
   bool claim_update(int piece);
   void update_piece(int piece);
   void sharded_optimizer_step();
+  float clip_scale_of_step();
   int last_piece() const { return static_cast<int>(workload_->grad_pieces().size()) - 1; }
 
   TrainConfig config_;
@@ -103,6 +105,7 @@ class CpuBackend final : public StepBackend {
   // after an update; false after a skipped step, whose gradients stay.
   bool grads_are_zero_ = true;
   int released_pieces_ = 0;
+  double grad_norm_ = 0;                            // the last update's (--grad-clip)
   std::unique_ptr<WorkerThread> optimizer_thread_;  // before reducer_: its comm thread, which submits, stops first
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<Communicator> extra_comm_;  // its own communicator: never interleaves with the Reducer's

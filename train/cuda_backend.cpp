@@ -68,6 +68,15 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
   m_ = static_cast<float*>(memory);
   v_ = reinterpret_cast<float*>(static_cast<char*>(memory) + moment);
   cudaCheck(cudaMemsetAsync(memory, 0, 2 * moment, compute_.get()));
+  if (config.optimizer.clips()) {
+    const size_t workspace = (cuda::grad_norm_workspace_bytes() + 255) / 256 * 256;
+    cudaCheck(cudaMalloc(&memory, workspace + sizeof(cuda::ClippedNorm)));
+    norm_memory_.reset(memory);
+    clipped_norm_ = reinterpret_cast<cuda::ClippedNorm*>(static_cast<char*>(memory) + workspace);
+    cudaCheck(cudaMallocHost(&memory, sizeof(cuda::ClippedNorm)));
+    clipped_norm_host_.reset(static_cast<cuda::ClippedNorm*>(memory));
+    *clipped_norm_host_ = cuda::ClippedNorm{0.0, 1.0f};
+  }
   extra_count_ = static_cast<size_t>(floats_in_mb(config.extra_allreduce_mb));
   if (extra_count_ > 0) {
     cudaCheck(cudaMalloc(&memory, extra_count_ * sizeof(float)));
@@ -255,8 +264,16 @@ void CudaBackend::optimizer_step() {
   const OptimizerConfig& o = config_.optimizer;
   const cuda_model::DeviceParameters::UpdateTarget target = workload_->params_for_update();
   if (!bucketed_update_) {
+    // --grad-clip: the norm and its factor on the device, read by the update, so that the host need not wait for them.
+    if (clipped_norm_) {
+      cuda::grad_norm(workload_->flat_grads(), workload_->flat_size(), o.grad_clip, clipped_norm_, norm_memory_.get(),
+                      compute_.get());
+      cudaCheck(cudaMemcpyAsync(clipped_norm_host_.get(), clipped_norm_, sizeof(cuda::ClippedNorm),
+                                cudaMemcpyDeviceToHost, compute_.get()));
+    }
     cuda::adamw_update(target.params, target.params_bf16, workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr,
-                       o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get());
+                       o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get(), nullptr,
+                       clipped_norm_ ? &clipped_norm_->scale : nullptr);
     return;
   }
   // The closing bucket, finite (the host checked): its all-reduce is done (finish_step waited for it).

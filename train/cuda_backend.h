@@ -18,6 +18,7 @@
 #include "comm/stream_allreduce.h"
 #include "config/train_config.h"
 #include "ddp/reducer_cuda.h"
+#include "kernels/cuda/adamw.h"
 #include "kernels/cuda/nvtx.h"
 #include "kernels/cuda/owned.h"
 #include "train/batch_prefetcher.h"
@@ -51,6 +52,7 @@ class CudaBackend final : public StepBackend {
   void finish_reduction() override;
   std::string first_nonfinite_gradient() override;
   void optimizer_step() override;
+  double grad_norm() const override { return clipped_norm_host_ ? clipped_norm_host_->norm : 0.0; }
   void synchronize() override;
   void end_step(int64_t step) override;
 
@@ -92,6 +94,11 @@ class CudaBackend final : public StepBackend {
   cuda::DeviceMemory extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
   size_t extra_count_ = 0;
   int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
+  // --grad-clip: the norm and clip factor (device, after the norm's workspace), and their pinned host copy, queued
+  // behind the update and read after synchronize().
+  cuda::DeviceMemory norm_memory_;
+  cuda::ClippedNorm* clipped_norm_ = nullptr;
+  std::unique_ptr<cuda::ClippedNorm, cuda::CudaFreeHost> clipped_norm_host_;
   // --optimizer-in-backward on: the update bucket by bucket after backward, each behind its own all-reduce, so that
   // the closing bucket's all-reduce (the tied embedding's, final only after the embedding backward) runs beside the
   // update of all the others instead of before it.

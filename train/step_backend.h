@@ -58,7 +58,11 @@ class StepBackend {
   virtual void finish_reduction() = 0;
   // The first gradient piece of the reduced gradients holding a NaN or Inf, as "gradient fc1.bias"; "" if none.
   virtual std::string first_nonfinite_gradient() = 0;
+  // The update; with --grad-clip it first takes the reduced gradients' global L2 norm (collective with ZeRO-1) and
+  // clips them by it (kernels/grad_clip.h).
   virtual void optimizer_step() = 0;
+  // That norm, after synchronize() (0 without --grad-clip).
+  virtual double grad_norm() const = 0;
   virtual void synchronize() = 0;  // the device's work of the step is complete: marks can be resolved
   virtual void end_step(int64_t /*step*/) {}  // the step's host work is done too (profiling ranges close)
 

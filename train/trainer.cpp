@@ -129,6 +129,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
                          [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(), step);
   backend_->synchronize();  // the update's end: the step's marks can be resolved
   clock.optimized = now_ms();
+  if (!skip) r.grad_norm = backend_->grad_norm();
   // The lab's other pathologies: an all-reduce nobody needs (--extra-allreduce-mb), and rank 0's host work before a
   // barrier the others wait in (--rank0-work-ms).
   if (config_.extra_allreduce_mb > 0) backend_->extra_allreduce();

@@ -321,6 +321,19 @@ void bench_streaming(const Options& opt, cudaStream_t s, Arena& a, Report& rep, 
   rep.add({"adamw", "adamw_update + bf16 copy", sh,
            median_ms(opt, s, [&] { cuda::adamw_update(x, h, g, m, v, n, 1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1000, s); }),
            30.0 * n, 0});
+  // --grad-clip's cost: the norm reads the gradients once (two launches, one wave of a fixed grid), and the update
+  // reads the factor from the device (a load per thread, no more bytes).
+  auto* norm = a.alloc<cuda::ClippedNorm>(1);
+  void* norm_workspace = a.alloc<unsigned char>(cuda::grad_norm_workspace_bytes());
+  rep.add({"adamw", "grad_norm", sh, median_ms(opt, s, [&] { cuda::grad_norm(g, n, 1.0f, norm, norm_workspace, s); }),
+           4.0 * n, 0});
+  rep.add({"adamw", "adamw_update + bf16 copy, clipped", sh,
+           median_ms(opt, s,
+                     [&] {
+                       cuda::adamw_update(x, h, g, m, v, n, 1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1000, s, nullptr,
+                                          &norm->scale);
+                     }),
+           30.0 * n, 0});
   // The 16-bit wire's casts, as the GPU ring's links run them with --comm-dtype bf16 or fp16: encode and decode move
   // 6 bytes an element, add_encode (the reduce-scatter's step) reads both and writes the words back, 8.
   uint16_t* words = a.alloc<uint16_t>(n);

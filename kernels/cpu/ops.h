@@ -69,13 +69,21 @@ template <typename T>
 void softmax_cross_entropy_backward(T* dlogits, const T* exps, const T* row_sums, const int32_t* targets, int N, int V,
                                     T scale = 1);
 
-// AdamW (decoupled weight decay, bias-corrected), step t counts from 1.
+// AdamW (decoupled weight decay, bias-corrected), step t counts from 1. The update reads each gradient as
+// grads[i] * grad_scale (gradient clipping's factor, kernels/grad_clip.h; 1 leaves every bit as it was).
 template <typename T>
 void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, float lr, float beta1, float beta2, float eps,
-                  float weight_decay, int t);
-// SGD with optional momentum (PyTorch semantics: buf = momentum*buf + g; p -= lr*buf) and weight decay.
+                  float weight_decay, int t, T grad_scale = 1);
+// SGD with optional momentum (PyTorch semantics: buf = momentum*buf + g; p -= lr*buf) and weight decay; the gradient
+// read as grads[i] * grad_scale, as adamw_update's.
 template <typename T>
-void sgd_update(T* params, const T* grads, T* momentum_buf, int64_t n, float lr, float momentum, float weight_decay);
+void sgd_update(T* params, const T* grads, T* momentum_buf, int64_t n, float lr, float momentum, float weight_decay,
+                T grad_scale = 1);
+
+// The sum of x[i]^2 in double (no float overflow or loss of small terms), in an order fixed by n alone: 32 running
+// sums over i mod 32, then added in lane order, then the n % 32 tail. The same buffer gives the same bits on every
+// rank, and ranks that sum the same reduced gradients get the same gradient norm.
+double sum_of_squares(const float* x, int64_t n);
 
 // y *= alpha
 template <typename T>

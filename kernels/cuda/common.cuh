@@ -66,18 +66,22 @@ __device__ __forceinline__ void online_softmax_update(float& m, float& s, float 
   }
 }
 
-// Reductions over a warp and over a block with a binary op (Sum or Max below), every thread getting the result.
+// Reductions over a warp and over a block with a binary op (Sum or Max below), every thread getting the result. Sum
+// also adds doubles (the gradients' norm).
 struct Sum {
   static constexpr float kIdentity = 0.0f;
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct Max {
   static constexpr float kIdentity = -INFINITY;
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-template <typename Op>
-__device__ __forceinline__ float warp_reduce(float x) {
+template <typename Op, typename T>
+__device__ __forceinline__ T warp_reduce(T x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = Op{}(x, __shfl_xor_sync(kFullMask, x, o));
   return x;
@@ -86,14 +90,14 @@ __device__ __forceinline__ float warp_sum(float x) { return warp_reduce<Sum>(x);
 __device__ __forceinline__ float warp_max(float x) { return warp_reduce<Max>(x); }
 
 // Over the block (blockDim.x a multiple of 32, at most 1024). The order is fixed by the launch shape, so the result
-// is reproducible. `shared` holds 32 floats; the trailing barrier lets the caller reuse it at once.
-template <typename Op>
-__device__ __forceinline__ float block_reduce(float x, float* shared) {
+// is reproducible. `shared` holds 32 values; the trailing barrier lets the caller reuse it at once.
+template <typename Op, typename T>
+__device__ __forceinline__ T block_reduce(T x, T* shared) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   x = warp_reduce<Op>(x);
   if (lane == 0) shared[warp] = x;
   __syncthreads();
-  x = lane < warps ? shared[lane] : Op::kIdentity;
+  x = lane < warps ? shared[lane] : static_cast<T>(Op::kIdentity);
   x = warp_reduce<Op>(x);
   __syncthreads();
   return x;

@@ -90,6 +90,9 @@ refusals_at() {
   expect_error $np "--optimizer-in-backward must be auto, off or on (got 'maybe')" train "${small[@]}" --optimizer-in-backward maybe
   expect_error $np "--optimizer-in-backward on and --skip-nonfinite exclude each other" train "${small[@]}" \
     --optimizer-in-backward on --skip-nonfinite
+  expect_error $np "--optimizer-in-backward on and --grad-clip exclude each other" train "${small[@]}" \
+    --optimizer-in-backward on --grad-clip 1
+  expect_error $np "--grad-clip must not be negative (got -0.5)" train "${small[@]}" --grad-clip -0.5
   expect_error $np "--zero-stage must be 0 or 1 (got 2)" train "${small[@]}" --zero-stage 2
   expect_error $np "--zero-stage 1 needs --comm ring" train "${small[@]}" --zero-stage 1 --comm mpi
   expect_error $np "--zero-stage 1 needs --comm-dtype fp32" train "${small[@]}" --zero-stage 1 --comm-dtype bf16

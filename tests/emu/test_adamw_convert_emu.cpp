@@ -6,11 +6,16 @@
 // a count that leaves a tail. What it cannot tell: speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
+// The norm kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
+namespace ddplab::cuda::adamw {
+DDPLAB_EMU_SHARED_MEMORY(smem)
+}  // namespace ddplab::cuda::adamw
 #include "kernels/cuda/adamw_kernels.cuh"
 #include "kernels/cuda/convert_kernels.cuh"
 // clang-format on
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -56,7 +61,7 @@ TEST(AdamwEmulated, FollowsTheCpuUpdateOverSeveralSteps) {
       const std::vector<float> g = normal_values(kN, 10 + t, t == 3 ? 1e3f : 0.1f);  // one step of large gradients
       const cuda::adamw::AdamwStep step = cuda::adamw::adamw_step(lr, beta1, beta2, eps, wd, t);
       launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
-             m.data(), v.data(), kN, step, static_cast<const int*>(nullptr));
+             m.data(), v.data(), kN, step, static_cast<const int*>(nullptr), static_cast<const float*>(nullptr));
       ddplab::cpu::adamw_update(p_cpu.data(), g.data(), m_cpu.data(), v_cpu.data(), kN, lr, beta1, beta2, eps, wd, t);
       for (int64_t i = 0; i < kN; ++i) {
         // The moments are the same recurrence; the step differs from the CPU's folded constants by rounding, and
@@ -78,12 +83,135 @@ TEST(AdamwEmulated, ASetSkipFlagLeavesEverythingAsItWas) {
     std::vector<uint16_t> copy(kN, 0x1234);
     const int skip = 1;
     launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
-           m.data(), v.data(), kN, cuda::adamw::adamw_step(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1), &skip);
+           m.data(), v.data(), kN, cuda::adamw::adamw_step(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1), &skip,
+           static_cast<const float*>(nullptr));
     EXPECT_EQ(p, p0);
     EXPECT_EQ(m, m0);
     EXPECT_EQ(v, v0);
     EXPECT_EQ(copy, std::vector<uint16_t>(kN, 0x1234));
   }
+}
+
+// Gradient clipping's factor, read from device memory: the update of gradients g with factor s is, bit for bit, the
+// update of the gradients g * s (the factor applied once, to the gradient only), and the CPU's with the same factor.
+TEST(AdamwEmulated, AGradScaleUpdatesAsTheScaledGradients) {
+  const float scale = 0.3712f;
+  for (bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packed" : "scalar");
+    const std::vector<float> p0 = normal_values(kN, 7, 1.0f), g = normal_values(kN, 8, 2.0f);
+    std::vector<float> g_scaled(kN);
+    for (int64_t i = 0; i < kN; ++i) g_scaled[i] = g[i] * scale;
+    std::vector<float> p = p0, m(kN, 0.0f), v(kN, 0.0f), p_want = p0, m_want = m, v_want = v;
+    std::vector<uint16_t> copy(kN, 0), copy_want(kN, 0);
+    std::vector<float> p_cpu = p0, m_cpu = m, v_cpu = v;
+    for (int t = 1; t <= 3; ++t) {
+      const cuda::adamw::AdamwStep step = cuda::adamw::adamw_step(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, t);
+      launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
+             m.data(), v.data(), kN, step, static_cast<const int*>(nullptr), &scale);
+      launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p_want.data(), copy_want.data(),
+             g_scaled.data(), m_want.data(), v_want.data(), kN, step, static_cast<const int*>(nullptr),
+             static_cast<const float*>(nullptr));
+      ddplab::cpu::adamw_update(p_cpu.data(), g.data(), m_cpu.data(), v_cpu.data(), kN, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                                0.01f, t, scale);
+      for (int64_t i = 0; i < kN; ++i) {
+        ASSERT_EQ(bits(p[i]), bits(p_want[i])) << "p[" << i << "], step " << t;
+        ASSERT_EQ(bits(m[i]), bits(m_want[i])) << "m[" << i << "], step " << t;
+        ASSERT_EQ(bits(v[i]), bits(v_want[i])) << "v[" << i << "], step " << t;
+        ASSERT_EQ(copy[i], copy_want[i]) << "copy[" << i << "], step " << t;
+        ASSERT_NEAR(p[i], p_cpu[i], 4 * ulp(p_cpu[i])) << "p[" << i << "] against the CPU, step " << t;
+      }
+    }
+  }
+}
+
+// grad_norm's two passes, the kernels' own source: pass 1 on `blocks` blocks of kNormThreads (the launcher's
+// norm_blocks(n), or another count: the kernels cover any grid), then pass 2 on one block.
+cuda::ClippedNorm emulated_grad_norm(const float* x, int64_t n, float max_norm, bool packed, int blocks) {
+  constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> partials(blocks, kNan);  // a block that wrote no partial poisons the sum
+  const dim3 grid(blocks), block(cuda::adamw::kNormThreads);
+  if (packed)
+    emulate_launch(grid, block, cuda::adamw::kNormSharedBytes, cuda::adamw::sum_of_squares_kernel<4>, x, n,
+                   partials.data());
+  else
+    emulate_launch(grid, block, cuda::adamw::kNormSharedBytes, cuda::adamw::sum_of_squares_kernel<1>, x, n,
+                   partials.data());
+  cuda::ClippedNorm out{kNan, -1.0f};
+  emulate_launch(dim3(1), block, cuda::adamw::kNormSharedBytes, cuda::adamw::finish_norm_kernel,
+                 static_cast<const double*>(partials.data()), blocks, max_norm, &out);
+  return out;
+}
+
+// n values, placed one float past a 16-byte boundary where not `packed`: the scalar kernel's case, which the launcher
+// takes for such an address.
+struct Placed {
+  std::vector<float> memory;
+  const float* x;
+};
+Placed placed(const std::vector<float>& values, bool packed) {
+  Placed p{std::vector<float>(values.size() + 4), nullptr};
+  const size_t at = packed ? 0 : 1;
+  std::copy(values.begin(), values.end(), p.memory.begin() + at);
+  p.x = p.memory.data() + at;
+  return p;
+}
+
+// Squares that add up exactly in double (multiples of 1/64, far below 2^53 / 64 in all), so that any order gives the
+// exact sum and the norm must be its square root to the bit: over counts that leave a pack's tail, fill a block or
+// stride round the grid many times, on the launcher's grid and on 3 blocks, packed and scalar.
+TEST(GradNormEmulated, IsTheExactNormOfExactlySummableGradients) {
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{1023}, kN, int64_t{20011}})
+    for (bool packed : {true, false}) {
+      std::mt19937 gen(static_cast<uint32_t>(n));
+      std::vector<float> values(n);
+      double sum = 0;
+      for (float& x : values) {
+        x = static_cast<float>(static_cast<int>(gen() % 129) - 64) / 8.0f;
+        sum += static_cast<double>(x) * x;
+      }
+      const Placed p = placed(values, packed);
+      for (int blocks : {cuda::adamw::norm_blocks(n), 3}) {
+        SCOPED_TRACE("n " + std::to_string(n) + (packed ? ", packed" : ", scalar") + ", " + std::to_string(blocks) +
+                     " blocks");
+        const cuda::ClippedNorm got = emulated_grad_norm(p.x, n, 0.0f, packed, blocks);
+        EXPECT_EQ(got.norm, std::sqrt(sum));
+        EXPECT_EQ(got.scale, 1.0f) << "no clipping without a cap";
+      }
+    }
+}
+
+// Gradients as training makes them, against a long double sum; gradients whose squares overflow a float (the sum is
+// kept in double); no gradients at all; and the clip factor, kernels/grad_clip.h's (the CPU's).
+TEST(GradNormEmulated, SumsInDoubleAndGivesTheClipFactor) {
+  for (bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packed" : "scalar");
+    std::vector<float> values = normal_values(kN, 9, 0.01f);
+    values[5] = 3e30f, values[kN - 2] = -2e30f;  // squared: 9e60 and 4e60, far past a float's 3.4e38
+    long double sum = 0;
+    for (float x : values) sum += static_cast<long double>(x) * x;
+    const double want = static_cast<double>(std::sqrt(sum));
+    const Placed p = placed(values, packed);
+    const cuda::ClippedNorm got = emulated_grad_norm(p.x, kN, 1.0f, packed, cuda::adamw::norm_blocks(kN));
+    EXPECT_NEAR(got.norm, want, 1e-15 * want);
+    EXPECT_EQ(got.scale, ddplab::clip_scale(got.norm, 1.0f));
+    EXPECT_LT(got.scale, 1e-30f) << "a cap of 1 on a norm of ~3.6e30";
+
+    const Placed q = placed(normal_values(kN, 10, 1e-3f), packed);
+    const cuda::ClippedNorm unclipped = emulated_grad_norm(q.x, kN, 10.0f, packed, cuda::adamw::norm_blocks(kN));
+    EXPECT_GT(unclipped.norm, 0.0);
+    EXPECT_EQ(unclipped.scale, 1.0f) << "a norm under the cap is left as it is";
+  }
+  const cuda::ClippedNorm nothing = emulated_grad_norm(nullptr, 0, 1.0f, true, cuda::adamw::norm_blocks(0));
+  EXPECT_EQ(nothing.norm, 0.0);
+  EXPECT_EQ(nothing.scale, 1.0f);
+}
+
+// The grid is fixed by the count alone, up to the cap: never by the GPU it runs on.
+TEST(GradNormEmulated, TheGridDependsOnTheCountAlone) {
+  EXPECT_EQ(cuda::adamw::norm_blocks(0), 1);
+  EXPECT_EQ(cuda::adamw::norm_blocks(1024), 1);
+  EXPECT_EQ(cuda::adamw::norm_blocks(1025), 2);
+  EXPECT_EQ(cuda::adamw::norm_blocks(int64_t{1} << 40), cuda::adamw::kMaxNormBlocks);
 }
 
 // Scaled exactly (by a power of two) and bit for bit as x * s, and with s == 1 left unwritten; the flag set exactly

@@ -20,6 +20,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/float16.h"
+#include "kernels/grad_clip.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -208,6 +209,61 @@ TEST_F(CudaOps, AdamwMatchesCpuOverSteps) {
       EXPECT_TRUE(AllClose(d_v.download(), v, kAdamwRtol, kAdamwAtol)) << "v";
       EXPECT_TRUE(AllClose(d_params.download(), params, kAdamwRtol, kAdamwAtol)) << "params";
     }
+  }
+}
+
+// The gradients' norm (--grad-clip) against the CPU's double sum: random gradients to 1e-13, exactly summable ones
+// (multiples of 1/8: every order gives the exact sum) to the bit, at a 16-byte-aligned and an unaligned address (the
+// packed and the scalar kernel), and every call the same bits (the grid is fixed by n, not by timing). The clip factor
+// is kernels/grad_clip.h's of that norm. Then AdamW reading the factor from the device updates as on the gradients
+// scaled by it, bit for bit.
+TEST_F(CudaOps, GradNormMatchesCpuAndRepeatsBitForBit) {
+  DeviceBuffer<unsigned char> workspace(ddplab::cuda::grad_norm_workspace_bytes(), stream_);
+  DeviceBuffer<ddplab::cuda::ClippedNorm> out(1, stream_);
+  const auto norm_of = [&](const float* x, int64_t n, float cap) {
+    ddplab::cuda::grad_norm(x, n, cap, out.get(), workspace.get(), stream_);
+    return out.download()[0];
+  };
+  for (int64_t n : kSizes) {
+    for (int offset : {0, 1}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + ", offset " + std::to_string(offset));
+      std::vector<float> grads = random_vector(n + offset, -1.0f, 1.0f, 1101 + n);
+      DeviceArray d_grads(grads, stream_);
+      const std::vector<float> mine(grads.begin() + offset, grads.end());
+      const double want = std::sqrt(ddplab::cpu::sum_of_squares(mine.data(), n));
+      const ddplab::cuda::ClippedNorm got = norm_of(d_grads.get() + offset, n, 0.5f);
+      EXPECT_NEAR(got.norm, want, 1e-13 * want);
+      EXPECT_EQ(got.scale, ddplab::clip_scale(got.norm, 0.5f));
+      for (int repeat = 0; repeat < 3; ++repeat) {
+        const ddplab::cuda::ClippedNorm again = norm_of(d_grads.get() + offset, n, 0.5f);
+        EXPECT_EQ(again.norm, got.norm) << "call " << repeat;
+      }
+      std::vector<float> exact(n + offset);
+      double exact_sum = 0;
+      for (int64_t i = 0; i < n + offset; ++i) {
+        exact[i] = static_cast<float>(static_cast<int>(i % 129) - 64) / 8.0f;
+        if (i >= offset) exact_sum += static_cast<double>(exact[i]) * exact[i];
+      }
+      DeviceArray d_exact(exact, stream_);
+      EXPECT_EQ(norm_of(d_exact.get() + offset, n, 0.0f).norm, std::sqrt(exact_sum));
+    }
+    // AdamW with the factor on the device against AdamW on the scaled gradients.
+    const std::vector<float> params = random_vector(n, -1.0f, 1.0f, 1201 + n),
+                             grads = random_vector(n, -3, 3, 1301 + n);
+    DeviceArray d_grads(grads, stream_);
+    const ddplab::cuda::ClippedNorm norm = norm_of(d_grads.get(), n, 0.25f);
+    ASSERT_LT(norm.scale, 1.0f);
+    std::vector<float> scaled = grads;
+    for (float& g : scaled) g *= norm.scale;
+    DeviceArray d_scaled(scaled, stream_), p1(params, stream_), p2(params, stream_);
+    DeviceArray m1(std::vector<float>(n, 0.0f), stream_), v1(std::vector<float>(n, 0.0f), stream_);
+    DeviceArray m2(std::vector<float>(n, 0.0f), stream_), v2(std::vector<float>(n, 0.0f), stream_);
+    ddplab::cuda::adamw_update(p1.get(), nullptr, d_grads.get(), m1.get(), v1.get(), n, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                               0.01f, 1, stream_, nullptr, &out.get()->scale);
+    ddplab::cuda::adamw_update(p2.get(), nullptr, d_scaled.get(), m2.get(), v2.get(), n, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                               0.01f, 1, stream_);
+    EXPECT_TRUE(ddplab::gpu_test::BitwiseEqual(p1.download(), p2.download())) << "params";
+    EXPECT_TRUE(ddplab::gpu_test::BitwiseEqual(v1.download(), v2.download())) << "v";
   }
 }
 

@@ -221,6 +221,43 @@ TEST_P(CudaDdpEquivalence, MatchesOneGpuWithTheGlobalBatch) {
   expect_matches_one_gpu_with_global_batch(config, Equivalence{}, "mlp");
 }
 
+// --grad-clip on the GPU: every rank takes the same norm of the reduced gradients, bit for bit; one GPU with the global
+// batch takes it too (to the summation order's rounding), and the CPU Trainer (to the GEMMs' order); the clipped run
+// trains the model of the single GPU as the unclipped ones do (the factor is read by the update on the device).
+TEST_F(CudaTrainerTest, ClipsByTheNormThatOneGpuAndTheCpuTake) {
+  TrainConfig config = small_config();
+  config.optimizer.grad_clip = 0.05f;
+  std::vector<double> norms;
+  {
+    Trainer ddp(config, MPI_COMM_WORLD);
+    for (int step = 0; step < config.steps; ++step) {
+      norms.push_back(ddp.step(step, 0).grad_norm);
+      double root = norms.back();
+      MPI_Bcast(&root, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+      EXPECT_EQ(norms.back(), root) << "every rank takes the same norm, step " << step;
+    }
+  }
+  if (world_rank() == 0) {
+    TrainConfig global = config;
+    global.batch = config.batch * world_size();
+    Trainer single(global, MPI_COMM_SELF);
+    TrainConfig on_cpu = global;
+    on_cpu.device = Device::kCpu;
+    on_cpu.comm = AllreduceImpl::kRing;
+    Trainer cpu(on_cpu, MPI_COMM_SELF);
+    for (int step = 0; step < config.steps; ++step) {
+      const double single_norm = single.step(step, 0).grad_norm, cpu_norm = cpu.step(step, 0).grad_norm;
+      EXPECT_GT(cpu_norm, 2 * config.optimizer.grad_clip) << "step " << step << " must clip";
+      EXPECT_NEAR(norms[step], single_norm, 1e-5 * single_norm) << "step " << step;
+      EXPECT_NEAR(single_norm, cpu_norm, 1e-3 * cpu_norm) << "step " << step << " against the CPU";
+      std::printf("  step %d: gradient norm %.6g (GPU, %d ranks), %.6g (one GPU), %.6g (CPU)\n", step, norms[step],
+                  world_size(), single_norm, cpu_norm);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_matches_one_gpu_with_global_batch(config, Equivalence{}, "mlp, --grad-clip 0.05");
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDdpEquivalence,
                          testing::Values(Case{1, true, 0.0}, Case{2, true, 0.0}, Case{1, false, 0.002},
                                          Case{1, true, 0.0, "ring", "ipc"}, Case{2, true, 0.002, "ring", "ipc"},

@@ -248,6 +248,100 @@ TEST_P(ShardedUpdate, GivesTheParametersOfTheReplicatedUpdateBitwise) {
   expect_the_same_training_bitwise(replicated, sharded);
 }
 
+// --grad-clip: the norm is that of the all-reduced (mean) gradients, which every rank holds alike. Against references
+// that share none of its code:
+// - the arithmetic: with SGD (no momentum, no decay) a step moves the parameters by -lr g, so the unclipped step
+//   gives g; the clipped step must record |g| as its norm and move by -lr g cap / (|g| + 1e-6);
+// - DDP's equivalence: N ranks clip as one rank with the global batch (a norm taken over a rank's own gradients, or
+//   before the all-reduce, would clip by another factor and fail it by far more than rounding);
+// - the sharded update (--zero-stage 1), where each rank sums the squares of the elements it owns and the ranks' sums
+//   are added: the same norm (to rounding), the same parameters on every rank, bit for bit.
+TrainConfig clipped_config(const char* model, double bucket_mb, float grad_clip) {
+  TrainConfig c;
+  c.model = parse_choice<ModelKind>(model, "--model");
+  c.mlp = MlpConfig{24, 40, 2, 10};
+  c.min_len = 4;
+  c.max_len = 24;
+  c.batch = 5;
+  c.steps = 4;
+  c.optimizer.kind = OptimizerKind::kSgd;
+  c.optimizer.lr = 0.1f;
+  c.optimizer.weight_decay = 0.0f;
+  c.optimizer.grad_clip = grad_clip;
+  c.bucket_mb = bucket_mb;
+  c.first_bucket_mb = bucket_mb / 2;
+  c.optimizer_in_backward = OnOff::kOff;
+  return c;
+}
+
+double l2_distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return std::sqrt(sum);
+}
+
+class GradClip : public testing::TestWithParam<const char*> {};
+
+TEST_P(GradClip, ScalesTheStepByCapOverTheNormOfTheReducedGradients) {
+  const TrainConfig unclipped = clipped_config(GetParam(), 0.002, 0.0f);
+  Trainer free_step(unclipped, MPI_COMM_WORLD);
+  const std::vector<float> init = free_step.parameters();
+  EXPECT_EQ(free_step.step(0, 0).grad_norm, 0.0) << "no norm is taken without --grad-clip";
+  const std::vector<float> after_free = free_step.parameters();
+  const double norm = l2_distance(after_free, init) / unclipped.optimizer.lr;  // |g|, from the step it made
+  for (const float cap : {static_cast<float>(norm / 4), static_cast<float>(norm * 2)}) {
+    TrainConfig clipped = unclipped;
+    clipped.optimizer.grad_clip = cap;
+    Trainer clipped_step(clipped, MPI_COMM_WORLD);
+    const StepRecord r = clipped_step.step(0, 0);
+    EXPECT_NEAR(r.grad_norm, norm, 1e-5 * norm);
+    const std::vector<float> after = clipped_step.parameters();
+    const double scale = std::min(1.0, cap / (norm + 1e-6));
+    for (size_t i = 0; i < init.size(); ++i)
+      ASSERT_NEAR(after[i] - init[i], (after_free[i] - init[i]) * scale, 1e-6 * norm * unclipped.optimizer.lr)
+          << "parameter element " << i << ", cap " << cap << " (norm " << norm << ")";
+  }
+}
+
+TEST_P(GradClip, MatchesOneRankWithTheGlobalBatch) {
+  const TrainConfig c = clipped_config(GetParam(), 0.002, 0.05f);
+  TrainConfig global = c;
+  global.batch = c.batch * world_size();
+  Trainer ddp(c, MPI_COMM_WORLD), single(global, MPI_COMM_SELF);
+  for (int step = 0; step < c.steps; ++step) {
+    const double ddp_norm = ddp.step(step, 0).grad_norm, single_norm = single.step(step, 0).grad_norm;
+    EXPECT_GT(single_norm, 2 * c.optimizer.grad_clip) << "step " << step << " must clip";
+    EXPECT_NEAR(ddp_norm, single_norm, 1e-5 * single_norm) << "step " << step;
+    double root = ddp_norm;
+    MPI_Bcast(&root, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    EXPECT_EQ(ddp_norm, root) << "every rank takes the same norm, step " << step;
+  }
+  const std::vector<float> a = ddp.parameters(), b = single.parameters();
+  ASSERT_TRUE(identical_across_ranks(a.data(), static_cast<int64_t>(a.size())));
+  double max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::abs(double(a[i]) - b[i]));
+  EXPECT_LE(max_diff, 1e-6);
+}
+
+TEST_P(GradClip, ShardedTakesTheNormOfTheReplicatedUpdate) {
+  const TrainConfig replicated = clipped_config(GetParam(), 0.002, 0.05f);
+  TrainConfig sharded = replicated;
+  sharded.zero_stage = 1;
+  Trainer a(replicated, MPI_COMM_WORLD), b(sharded, MPI_COMM_WORLD);
+  for (int step = 0; step < replicated.steps; ++step) {
+    const double norm_a = a.step(step, 0).grad_norm, norm_b = b.step(step, 0).grad_norm;
+    EXPECT_GT(norm_a, replicated.optimizer.grad_clip) << "step " << step << " must clip";
+    EXPECT_NEAR(norm_b, norm_a, 1e-12 * norm_a) << "step " << step;
+    const std::vector<float> pa = a.parameters(), pb = b.parameters();
+    ASSERT_TRUE(identical_across_ranks(pb.data(), static_cast<int64_t>(pb.size()))) << "step " << step;
+    for (size_t i = 0; i < pa.size(); ++i)
+      ASSERT_NEAR(pb[i], pa[i], 1e-7 * (1 + std::abs(pa[i]))) << "element " << i << ", step " << step;
+  }
+}
+
+// Small buckets: the norm spans many buckets, and with ZeRO-1 both sharded ones and ones too small to shard.
+INSTANTIATE_TEST_SUITE_P(Models, GradClip, testing::Values("mlp", "tiny"));
+
 INSTANTIATE_TEST_SUITE_P(ModelsBucketsAccumulationOverlap, ShardedUpdate,
                          testing::Values(ShardedCase{"mlp", "adamw", 25, 1, true},
                                          ShardedCase{"mlp", "adamw", 0.02, 1, true},

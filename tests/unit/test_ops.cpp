@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/rng.h"
+#include "kernels/grad_clip.h"
 #include "tests/unit/fd_check.h"
 
 namespace ddplab::cpu {
@@ -465,6 +466,61 @@ TEST(Sgd, PlainStepWithoutMomentumIgnoresBuffer) {
   sgd_update<double>(p.data(), g, nullptr, 2, 0.5f, 0.0f, 0.0f);  // no momentum: the buffer is never touched
   EXPECT_DOUBLE_EQ(p[0], 0.75);
   EXPECT_DOUBLE_EQ(p[1], -2.125);
+}
+
+// Gradient clipping's factor, read in the update: a step on gradients g with factor s is the step on the gradients
+// g * s. Bit for bit for AdamW (g * s is rounded before any other use); for SGD within an ulp, as the compiler may fuse
+// g * s + wd * p into one FMA, which rounds once where the pre-scaled gradients were rounded first.
+TEST(GradScale, TheUpdateReadsTheScaledGradients) {
+  const std::vector<float> g = {0.5f, -3.0f, 1e-3f, 7.25f, -0.1f, 2.0f, 1e4f, -6e-5f, 0.3f};
+  const int64_t n = static_cast<int64_t>(g.size());
+  for (float s : {0.37f, 1.0f}) {
+    std::vector<float> scaled(g);
+    for (float& x : scaled) x *= s;
+    std::vector<float> p(n, 0.25f), m(n, 0.0f), v(n, 0.0f), p2 = p, m2 = m, v2 = v;
+    for (int t = 1; t <= 3; ++t) {
+      adamw_update(p.data(), g.data(), m.data(), v.data(), n, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, t, s);
+      adamw_update(p2.data(), scaled.data(), m2.data(), v2.data(), n, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, t);
+    }
+    EXPECT_EQ(p, p2) << "AdamW, scale " << s;
+    EXPECT_EQ(v, v2) << "AdamW, scale " << s;
+    std::vector<float> q(n, 0.25f), buf(n, 0.0f), q2 = q, buf2 = buf;
+    for (int t = 1; t <= 3; ++t) {
+      sgd_update(q.data(), g.data(), buf.data(), n, 0.1f, 0.9f, 0.01f, s);
+      sgd_update(q2.data(), scaled.data(), buf2.data(), n, 0.1f, 0.9f, 0.01f);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(q[i], q2[i], 2e-7 * std::fabs(q2[i])) << "SGD, scale " << s << ", " << i;
+  }
+}
+
+// PyTorch's clip_grad_norm_ factor: max_norm / (norm + 1e-6), at most 1.
+TEST(ClipScale, IsPyTorchsFactor) {
+  EXPECT_EQ(clip_scale(10.0, 1.0f), static_cast<float>(1.0 / (10.0 + 1e-6)));
+  EXPECT_EQ(clip_scale(4.0, 2.0f), static_cast<float>(2.0 / (4.0 + 1e-6)));
+  EXPECT_LT(clip_scale(1.0, 1.0f), 1.0f) << "a norm at the cap is scaled by 1 / (1 + 1e-6), as PyTorch does";
+  EXPECT_EQ(clip_scale(0.5, 1.0f), 1.0f);
+  EXPECT_EQ(clip_scale(0.0, 1.0f), 1.0f);
+  EXPECT_EQ(clip_scale(std::nan(""), 1.0f), 1.0f) << "a NaN norm (a step stopped before its update) scales nothing";
+}
+
+// sum_of_squares against a long double sum over counts around its 32 lanes, with terms that
+// overflow a float when squared (it sums in double); exactly summable terms give the exact sum.
+TEST(SumOfSquares, IsTheSumInDouble) {
+  for (int64_t n : {0, 1, 31, 32, 33, 63, 64, 65, 1001}) {
+    std::vector<float> x(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(std::sin(0.37 * i) * (i % 5 == 0 ? 1e25 : 1.0));
+    long double want = 0;
+    for (float v : x) want += static_cast<long double>(v) * v;
+    EXPECT_NEAR(sum_of_squares(x.data(), n), static_cast<double>(want), 1e-15 * static_cast<double>(want)) << n;
+    std::vector<float> exact(n);
+    double exact_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      exact[i] = static_cast<float>(i % 17) - 8.0f;
+      exact_sum += static_cast<double>(exact[i]) * exact[i];
+    }
+    EXPECT_EQ(sum_of_squares(exact.data(), n), exact_sum) << n;
+  }
 }
 
 TEST(Scale, MultipliesInPlace) {

@@ -53,6 +53,26 @@ TEST(Optimizer, AdamWFollowsTheTextbookRecurrence) {
   }
 }
 
+// A step's gradient scale (gradient clipping's factor) holds for every update of that step, sliced or whole, and for
+// that step only: the next begin_step() without one reads the gradients as they are.
+TEST(Optimizer, AStepsGradScaleHoldsForThatStepOnly) {
+  OptimizerConfig c;
+  constexpr int n = 6;
+  const std::vector<float> g = {0.5f, -1.0f, 0.25f, 2.0f, -0.125f, 3.0f};
+  std::vector<float> p(n, 0.1f), ref = p, m(n, 0.0f), v(n, 0.0f);
+  Optimizer<float> opt(c, n);
+  opt.begin_step(0.25f);
+  opt.update(p.data(), g.data(), 0, 2);
+  opt.update(p.data(), g.data(), 2, n - 2);
+  cpu::adamw_update(ref.data(), g.data(), m.data(), v.data(), n, c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, 1,
+                    0.25f);
+  EXPECT_EQ(p, ref);
+  opt.begin_step();
+  opt.update(p.data(), g.data(), 0, n);
+  cpu::adamw_update(ref.data(), g.data(), m.data(), v.data(), n, c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, 2);
+  EXPECT_EQ(p, ref);
+}
+
 TEST(Optimizer, SgdWithMomentumMatchesOp) {
   OptimizerConfig c;
   c.kind = OptimizerKind::kSgd;

@@ -25,6 +25,20 @@ TEST(ResolvedConfig, CpuUpdateInBackwardTakesRowBlocksWhereACoreIsSpare) {
   EXPECT_EQ(full.grad_slice_mb, 0.0);
 }
 
+// What must see every gradient before any update, --skip-nonfinite and --grad-clip, keeps auto's update after backward,
+// core to spare or not (and whole weights with it); ZeRO-1 too.
+TEST(ResolvedConfig, NoUpdateInBackwardWhereTheStepNeedsEveryGradientFirst) {
+  TrainConfig skip, clip, sharded;
+  skip.skip_nonfinite = true;
+  clip.optimizer.grad_clip = 1.0f;
+  sharded.zero_stage = 1;
+  for (const TrainConfig& c : {skip, clip, sharded}) {
+    const TrainConfig r = resolved(c, host_with_a_spare_core());
+    EXPECT_FALSE(r.update_in_backward());
+    EXPECT_EQ(r.grad_slice_mb, 0.0);
+  }
+}
+
 // On the GPU the update in backward is asked for, never chosen, and keeps whole weights: row blocks there are many
 // small GEMMs.
 TEST(ResolvedConfig, GpuUpdateInBackwardKeepsWholeWeights) {
