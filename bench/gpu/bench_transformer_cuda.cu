@@ -11,12 +11,13 @@
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
 //                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv]
-//                          [--profile] [--graph] [--gemm-algo timed|heuristic] [--deterministic]
+//                          [--profile] [--graph] [--gemm-algo timed|heuristic] [--deterministic] [--grad-clip F]
 // --precision restricts the sweep to one; --gemm-algo timed (the default, as ddplab train's) runs each GEMM with the
 // fastest of cuBLASLt's first 8 answers, timed in the warm-up where the host's cache does not have it yet; --attention
 // auto (the default, as ddplab train's) runs cuDNN's attention where it loads, else our fused one
 // (kernels/cuda/flash_attention.h), in bf16, and the unfused one otherwise; --deterministic runs as ddplab train's
 // --deterministic on (the fused attentions' dQ summed in a fixed order): the price of the same bits every step;
+// --grad-clip F takes the gradients' norm before each update, as ddplab train's --grad-clip and llm.c's step do;
 // --profile brackets the timed steps with cudaProfilerStart/Stop, to profile them with nsys, ncu or
 // bench/gpu/gpu_trace.cpp (bench/device/run.sh 2 ranks one step's kernels that way, and traces 20). Needs a GPU; exits
 // 2 with the reason without one.
@@ -116,12 +117,13 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const ddplab::TransformerConfig config = ddplab::TransformerConfig::preset(opt.model);
     std::printf(
-        "transformer %s (%d layers, d_model %d, %d heads, vocab %d), batch %d x %d tokens, %s attention%s, AdamW; "
+        "transformer %s (%d layers, d_model %d, %d heads, vocab %d), batch %d x %d tokens, %s attention%s, AdamW%s; "
         "median "
         "of %d steps after %d warm-up\nTFLOP/s = 3 x %.4g FLOP/token x tokens/s; MFU against %.0f TFLOP/s (dense bf16, "
         "H100/H200 SXM)\n",
         opt.model.c_str(), config.layers, config.d_model, config.heads, config.vocab, opt.batch, opt.seq,
-        opt.attention.c_str(), opt.deterministic ? " (deterministic)" : "", opt.steps, opt.warmup,
+        opt.attention.c_str(), opt.deterministic ? " (deterministic)" : "",
+        opt.grad_clip > 0 ? " after the gradients' norm (--grad-clip)" : "", opt.steps, opt.warmup,
         config.flops_per_token(opt.seq), kPeakBf16DenseTflops);
     std::printf("%-9s %-9s %9s %9s %9s %9s %10s %8s %6s\n", "precision", "attention", "step ms", "fwd ms", "bwd ms", "adamw ms",
                 "tokens/s", "TFLOP/s", "MFU");
@@ -140,13 +142,13 @@ int main(int argc, char** argv) {
       if (!f) throw std::runtime_error("cannot write " + opt.csv);
       std::fprintf(f,
                    "model,precision,attention,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,"
-                   "tflop_per_s,mfu,graph_step_ms,gemm_algo,deterministic\n");
+                   "tflop_per_s,mfu,graph_step_ms,gemm_algo,deterministic,grad_clip\n");
       for (const Result& r : results)
-        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s,%d\n", opt.model.c_str(),
+        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s,%d,%g\n", opt.model.c_str(),
                      ddplab::to_string(r.precision), ddplab::to_string(r.attention), opt.batch, opt.seq, r.t.step_ms,
                      r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu,
                      std::isfinite(r.t.graph_step_ms) ? std::to_string(r.t.graph_step_ms).c_str() : "",
-                     opt.gemm_algo.c_str(), opt.deterministic ? 1 : 0);
+                     opt.gemm_algo.c_str(), opt.deterministic ? 1 : 0, opt.grad_clip);
       std::fclose(f);
     }
   } catch (const std::exception& e) {

@@ -103,6 +103,7 @@ struct StepFlags {
   bool profile = false;             // the timed steps between cudaProfilerStart and cudaProfilerStop
   bool graph = false;               // also the step as one CUDA graph
   std::string gemm_algo = "timed";  // as ddplab train's --gemm-algo
+  float grad_clip = 0;              // as ddplab train's --grad-clip: the norm first, its factor read by the update
   std::vector<Precision> precisions() const {
     if (precision.empty()) return {Precision::kFp32, Precision::kTf32, Precision::kBf16};
     return {parse_choice<Precision>(precision, "precision")};
@@ -126,6 +127,11 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
   model.gemm().set_timed_algos(flags.gemm_algo == "timed", cuda::GemmAlgoTable::default_dir());
   const int64_t n = model.flat_size();
   float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
+  // --grad-clip: the norm's workspace, then the norm and its factor (cudaMalloc's alignment holds for both).
+  const size_t norm_at = (cuda::grad_norm_workspace_bytes() + 255) / 256 * 256;
+  void* norm_memory = nullptr;
+  if (flags.grad_clip > 0) cudaCheck(cudaMalloc(&norm_memory, norm_at + sizeof(cuda::ClippedNorm)));
+  auto* clipped = reinterpret_cast<cuda::ClippedNorm*>(static_cast<char*>(norm_memory) + norm_at);
   // One step, the t-th update; mark(k) after its k-th phase (1 forward, 2 backward, 3 the update).
   const auto enqueue_step = [&](int t, const auto& mark) {
     model.discard_grad();  // backward writes the gradients over: no pass zeroes them
@@ -134,8 +140,10 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
     model.backward();
     mark(2);
     const auto target = model.params_for_update();  // and the bf16 copy of a bf16 model, in the same pass
+    if (norm_memory) cuda::grad_norm(model.flat_grads(), n, flags.grad_clip, clipped, norm_memory, s);
     cuda::adamw_update(target.params, target.params_bf16, model.flat_grads(), moments, moments + n, n, adamw.lr,
-                       adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, t, s);
+                       adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, t, s, nullptr,
+                       norm_memory ? &clipped->scale : nullptr);
     mark(3);
   };
 
@@ -181,6 +189,7 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
   if (!std::isfinite(model.loss())) throw std::runtime_error("non-finite loss");
   for (cudaEvent_t e : ev) cudaCheck(cudaEventDestroy(e));
   cudaCheck(cudaFree(moments));
+  cudaCheck(cudaFree(norm_memory));
   return times;
 }
 
@@ -207,6 +216,11 @@ inline void add_step_flags(CLI::App& app, StepFlags& flags) {
                  "heuristic (cuBLASLt's first answer) | timed (the fastest of its first 8, kept in the host's cache), "
                  "as ddplab train's")
       ->check(CLI::IsMember({"heuristic", "timed"}))
+      ->capture_default_str();
+  app.add_option("--grad-clip", flags.grad_clip,
+                 "as ddplab train's: the gradients' global norm before each update, the update clipping by it "
+                 "(llm.c's step takes it; 0: off)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--profile", flags.profile,
                "only the timed steps between cudaProfilerStart/Stop, the stream idle at both (ncu "
