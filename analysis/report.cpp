@@ -103,7 +103,7 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   else
     std::fprintf(out, "  final loss          not finite (%s)\n", std::isnan(s.final_loss) ? "nan" : "inf");
   if (s.grad_clip > 0)
-    std::fprintf(out, "  gradient norm       %.4g at the last step; clipped to %g in %d of %d steps (--grad-clip)\n",
+    std::fprintf(out, "  gradient norm       %.4g at the last update; clipped to %g in %d of %d steps (--grad-clip)\n",
                  s.final_grad_norm, s.grad_clip, s.clipped_steps, s.steps);
   if (s.skipped_steps > 0)
     std::fprintf(out,

@@ -55,8 +55,11 @@ RunSummary summarize(const RunRecord& run) {
     }
   s.grad_clip = run.config.value("grad_clip", 0.0);
   if (s.grad_clip > 0) {
-    for (int t = 0; t < steps; ++t) s.clipped_steps += run.at(0, t).grad_norm > s.grad_clip;
-    s.final_grad_norm = run.at(0, steps - 1).grad_norm;
+    for (int t = 0; t < steps; ++t) {
+      const StepRecord& step = run.at(0, t);
+      s.clipped_steps += step.grad_norm > s.grad_clip;
+      if (step.skipped == 0) s.final_grad_norm = step.grad_norm;  // a skipped step took no norm
+    }
   }
   if (s.slowest_step_ms > 0) {
     s.useful_tokens_per_s = useful / counted / (s.slowest_step_ms / 1e3);

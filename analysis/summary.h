@@ -30,7 +30,7 @@ struct RunSummary {
   // first of them (-1: none).
   int skipped_steps = 0, first_skipped_step = -1;
   // --grad-clip (grad_clip > 0): the cap, the steps whose gradient norm exceeded it (whole run; every rank takes the
-  // same norm), and the last step's norm.
+  // same norm), and the norm of the last step that was not skipped.
   double grad_clip = 0;
   int clipped_steps = 0;
   double final_grad_norm = 0;

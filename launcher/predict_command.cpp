@@ -202,6 +202,10 @@ nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
 // The model of the run in the file, with the calibration file's all-reduce times when one is given.
 StepModel load_model(const PredictArgs& a) {
   const RunRecord run = read_input(a.file);
+  const float grad_clip = run.config.value("grad_clip", 0.0f);
+  require(grad_clip <= 0 || std::find(a.update.begin(), a.update.end(), "bucket") == a.update.end(),
+          "--update bucket: " + a.file + " clips its gradients (--grad-clip " + fmt("%g", grad_clip) +
+              "), whose norm needs every bucket reduced before any update");
   std::optional<Calibration> calibration;
   try {
     if (!a.calibration.empty()) calibration = read_calibration(a.calibration);

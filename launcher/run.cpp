@@ -788,7 +788,7 @@ class ProgressLine {
                 interval_.samples * world_size_ / seconds);
     if (interval_.tokens > 0) std::printf("  %.0f tokens/s", interval_.tokens * world_size_ / seconds);
     std::printf("  loss %.4f (rank 0)", last.loss);
-    if (config_.optimizer.clips()) std::printf("  grad norm %.3f", last.grad_norm);
+    if (config_.optimizer.clips()) std::printf("  grad norm %.4g", last.grad_norm);
     std::printf("  elapsed %.0f s, eta %.0f s\n", (now - t0_) / 1e3, (config_.steps - step - 1) * ms_per_step / 1e3);
     std::fflush(stdout);
     interval_ = Interval{now};

@@ -6,17 +6,18 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <stdexcept>
 #include <utility>
 
-#include "runtime/mpi_check.h"
 #include "comm/nccl_allreduce.h"
 #include "comm/ring_cuda.h"
-#include "runtime/watchdog.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/nvtx.h"
+#include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 #include "train/clock.h"
 
 namespace ddplab {
@@ -39,6 +40,10 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
     : config_(config),
       profile_steps_(parse_profile_steps(config.profile_steps)),
       bucketed_update_(config.update_in_backward()) {
+  // The CLI refuses it (launcher/cli.cpp); a Trainer built from a config directly would otherwise train unclipped.
+  if (bucketed_update_ && config.optimizer.clips())
+    throw std::invalid_argument(
+        "--grad-clip needs every bucket reduced before the update: not with the update bucket by bucket");
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   mpiCheck(MPI_Comm_size(comm, &world_));
@@ -101,6 +106,8 @@ CudaBackend::~CudaBackend() {
     workload_.release();
     moments_.release();
     extra_buffer_.release();
+    norm_memory_.release();  // the norm's kernels and its copy to the host may still be queued
+    clipped_norm_host_.release();
   }
 }
 

@@ -130,8 +130,11 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
   // --grad-clip: the norm's workspace, then the norm and its factor (cudaMalloc's alignment holds for both).
   const size_t norm_at = (cuda::grad_norm_workspace_bytes() + 255) / 256 * 256;
   void* norm_memory = nullptr;
-  if (flags.grad_clip > 0) cudaCheck(cudaMalloc(&norm_memory, norm_at + sizeof(cuda::ClippedNorm)));
-  auto* clipped = reinterpret_cast<cuda::ClippedNorm*>(static_cast<char*>(norm_memory) + norm_at);
+  cuda::ClippedNorm* clipped = nullptr;
+  if (flags.grad_clip > 0) {
+    cudaCheck(cudaMalloc(&norm_memory, norm_at + sizeof(cuda::ClippedNorm)));
+    clipped = reinterpret_cast<cuda::ClippedNorm*>(static_cast<char*>(norm_memory) + norm_at);
+  }
   // One step, the t-th update; mark(k) after its k-th phase (1 forward, 2 backward, 3 the update).
   const auto enqueue_step = [&](int t, const auto& mark) {
     model.discard_grad();  // backward writes the gradients over: no pass zeroes them
@@ -140,10 +143,10 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
     model.backward();
     mark(2);
     const auto target = model.params_for_update();  // and the bf16 copy of a bf16 model, in the same pass
-    if (norm_memory) cuda::grad_norm(model.flat_grads(), n, flags.grad_clip, clipped, norm_memory, s);
+    if (clipped) cuda::grad_norm(model.flat_grads(), n, flags.grad_clip, clipped, norm_memory, s);
     cuda::adamw_update(target.params, target.params_bf16, model.flat_grads(), moments, moments + n, n, adamw.lr,
                        adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, t, s, nullptr,
-                       norm_memory ? &clipped->scale : nullptr);
+                       clipped ? &clipped->scale : nullptr);
     mark(3);
   };
 

@@ -238,8 +238,11 @@ void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, float lr, fl
 template <typename T>
 void sgd_update(T* params, const T* grads, T* momentum_buf, int64_t n, float lr, float momentum, float weight_decay,
                 T grad_scale) {
+  // Without a scale, the expression of before: the compiler may fuse g * s + wd * p into an FMA that rounds wd * p
+  // first, which g + wd * p need not (its FMA rounds once), so a scale of 1 would change SGD's bits.
+  const bool scaled = grad_scale != T(1);
   for (int64_t i = 0; i < n; ++i) {
-    T g = grads[i] * grad_scale + T(weight_decay) * params[i];
+    T g = (scaled ? grads[i] * grad_scale : grads[i]) + T(weight_decay) * params[i];
     if (momentum != 0.0f) g = momentum_buf[i] = T(momentum) * momentum_buf[i] + g;
     params[i] -= T(lr) * g;
   }
@@ -268,8 +271,8 @@ bool scale_and_check_finite(T* y, T alpha, int64_t n) {
 }
 
 double sum_of_squares(const float* x, int64_t n) {
-  // 8 vectors of 4 doubles: enough independent adds to hide the adder's latency (8 lanes took 0.43 ms over the
-  // default MLP's 3.1M gradients on a Zen 4 host, 32 lanes 0.21 ms, 64 no less: bench_cpu_ops)
+  // 8 vectors of 4 doubles: enough independent adds to hide the adder's latency (docs/BENCHMARKS.md, "Gradient
+  // clipping on the CPU": 8 lanes ran half as fast)
   constexpr int kLanes = 32;
   double lanes[kLanes] = {};
   int64_t i = 0;

@@ -30,8 +30,9 @@ void adamw_update(float* params, __nv_bfloat16* params_bf16, const float* grads,
                   const int* skip_if_set = nullptr, const float* grad_scale = nullptr);
 
 // The L2 norm of x[0, n) and the clip factor min(1, max_norm / (norm + 1e-6)) (1 for max_norm 0) into *out: two
-// kernels, summing the squares in double in an order fixed by n alone, so the same gradients give the same bits on
-// any GPU (n == 0 too: a norm of 0). workspace: grad_norm_workspace_bytes() of device memory, 8-byte aligned.
+// kernels, summing the squares in double in an order fixed by n and x's 16-byte alignment alone (the packed or the
+// scalar kernel), so the same gradients at the same address give the same bits on any GPU (n == 0: a norm of 0).
+// workspace: grad_norm_workspace_bytes() of device memory, 8-byte aligned.
 size_t grad_norm_workspace_bytes();
 void grad_norm(const float* x, int64_t n, float max_norm, ClippedNorm* out, void* workspace, cudaStream_t stream);
 

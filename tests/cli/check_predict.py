@@ -95,6 +95,16 @@ with tempfile.TemporaryDirectory() as work:
     check(all(r["step_ms"] >= faster_link[(r["bucket_mb"], r["overlap"], r["ranks"])] - 1e-9
               for r in rows if r["link"] == "10gbe"), "a faster link never predicts a slower step")
 
+    # A run that clipped its gradients (--grad-clip) cannot be predicted with the update bucket by bucket, which
+    # train refuses with clipping: one line, exit 2, before any work.
+    clipped = os.path.join(work, "clipped.h5")
+    proc = subprocess.run([ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--grad-clip", "1", "--quiet",
+                           "--out", clipped], capture_output=True, text=True, timeout=120)
+    check(proc.returncode == 0, f"a clipped run trains ({proc.stderr.strip()[-300:]})")
+    proc = predict(clipped, "--update", "bucket")
+    check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--update bucket" in proc.stderr
+          and "--grad-clip 1" in proc.stderr and not proc.stdout, f"--update bucket on it refused ({proc.stderr!r})")
+
     # A calibration file from allreduce_perf stands in for the run's own fit for the implementations it measured
     # (here the ring alone), and says so; the mpi rows keep the run's.
     perf = os.path.join(os.path.dirname(os.path.dirname(ddplab)), "bench", "allreduce_perf")

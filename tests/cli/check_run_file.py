@@ -93,7 +93,31 @@ def main():
                 check(f.attrs.get("transport") == want, f"transport attribute {want!r} (got {f.attrs.get('transport')!r})")
             os.unlink(mpi_path)
 
+        # --grad-clip: the header says the cap; each step's norm is in the file, the same on every rank, and the
+        # summary counts the steps it clipped; the progress line shows it. Without it the norms are 0.
+        clip_path = os.path.join(work, "clip.h5")
+        clip = subprocess.run(cmd[:cmd.index("--out")] + ["--grad-clip", "0.05", "--log-every", "4", "--out", clip_path],
+                              capture_output=True, text=True, timeout=120)
+        check(clip.returncode == 0 and "gradient norm clipped at 0.05" in clip.stdout and "grad norm " in clip.stdout,
+              f"--grad-clip 0.05: the header and progress lines say it ({clip.stderr.strip()[:200]})")
+        if clip.returncode == 0:
+            with h5py.File(clip_path, "r") as f:
+                norms = f["steps"]["grad_norm"][:]
+                summary = json.loads(f.attrs["summary"])
+                check(norms.shape == (np_ranks, steps) and f["steps"]["grad_norm"].attrs.get("units") == "L2 norm",
+                      f"steps/grad_norm: shape {norms.shape}, units 'L2 norm'")
+                check(np.all(norms > 0) and np.all(norms == norms[0]), f"every rank the same positive norm ({norms})")
+                clipped = int(np.sum(norms[0] > 0.05))
+                check(summary["grad_clip"] == 0.05 and summary["clipped_steps"] == clipped
+                      and summary["final_grad_norm"] == norms[0, -1],
+                      f"summary: cap 0.05, {clipped} clipped steps, the last norm (got {summary['grad_clip']}, "
+                      f"{summary['clipped_steps']}, {summary['final_grad_norm']})")
+                check(f"clipped to 0.05 in {clipped} of {steps} steps" in clip.stdout, "the summary line counts them")
+            for name in ("clip.h5", "clip.report.html"):
+                os.unlink(os.path.join(work, name))
+
         with h5py.File(path, "r") as f:
+            check(np.all(f["steps"]["grad_norm"][:] == 0), "no norm taken without --grad-clip")
             for a in ATTRS:
                 check(a in f.attrs, f"attribute {a}")
             check(f.attrs["schema_version"] == 3, "schema_version 3")
