@@ -228,6 +228,17 @@ void visit_knobs(Config& c, Visit&& visit) {
              "clip_grad_norm_ (llm.c: 1.0); 0: off",
              0, kNoMax, kMath},
         c.optimizer.grad_clip);
+  visit(Knob{"--lr-schedule", "lr_schedule",
+             "the learning rate after the warm-up: constant | cosine (decays towards --lr x --lr-final by the last "
+             "step, as llm.c's)",
+             kNoMin, kNoMax, kMath},
+        c.optimizer.lr_schedule);
+  visit(Knob{"--lr-warmup", "lr_warmup", "steps of linear learning-rate warm-up, (step + 1) / N of --lr", 0, kNoMax,
+             kMath},
+        c.optimizer.lr_warmup);
+  visit(Knob{"--lr-final", "lr_final", "--lr-schedule cosine: the learning rate it decays towards, a fraction of --lr",
+             0, 1, kMath},
+        c.optimizer.lr_final);
   visit(Knob{"--data-noise", "data_noise", "synthetic data noise around the class prototypes", 0, kNoMax, kMath},
         c.data_noise);
   visit(Knob{"--comm", "comm",

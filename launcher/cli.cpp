@@ -231,6 +231,9 @@ void validate(const TrainConfig& c) {
   require(!(c.update_in_backward() && c.skip_nonfinite),
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");
+  require(c.optimizer.lr_schedule == LrSchedule::kCosine || c.optimizer.lr_final == 0,
+          "--lr-final needs --lr-schedule cosine (it is where the decay ends; got --lr-schedule " +
+              std::string(to_string(c.optimizer.lr_schedule)) + ")");
   require(!(c.update_in_backward() && c.optimizer.clips()),
           "--optimizer-in-backward on and --grad-clip exclude each other: clipping needs the norm of every gradient "
           "before any bucket is updated");

@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "analysis/format.h"
 #include "analysis/report.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
@@ -409,23 +410,35 @@ RunMetadata run_metadata(const TrainConfig& config, const RunOptions& options, i
   return meta;
 }
 
+// The update, for the header: the optimizer and where it runs, and the learning rate's schedule and the clipping
+// where they are not the defaults ("adamw, lr 0.0006 over 10 warm-up steps, then cosine to 6e-05, gradient norm
+// clipped at 1").
+std::string describe_update(const TrainConfig& config, int world_size) {
+  const OptimizerConfig& o = config.optimizer;
+  std::string text = to_string(o.kind);
+  if (config.update_in_backward())
+    text += " (in backward)";
+  else if (config.zero_stage == 1)
+    text += world_size > 1 ? " (sharded across the ranks: ZeRO-1)" : " (ZeRO-1: one rank, nothing to shard)";
+  if (o.lr_varies()) {
+    text += fmt(", lr %g", o.lr);
+    if (o.lr_warmup > 0) text += fmt(" over %d warm-up steps", o.lr_warmup);
+    if (o.lr_schedule == LrSchedule::kCosine) text += fmt(", then cosine to %g", o.lr * o.lr_final);
+  }
+  if (o.clips()) text += fmt(", gradient norm clipped at %g", o.grad_clip);
+  return text;
+}
+
 // The run's header on rank 0: model and data, ranks and batch, the communication setup.
 void print_run_header(const TrainConfig& config, const RunOptions& options, const Trainer& trainer, int world_size,
                       int64_t first_step, const Topology& topology, const RankCores& rank_cores,
                       const std::string& blas_kernels) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
-  char clipping[64] = "";
-  if (config.optimizer.clips())
-    std::snprintf(clipping, sizeof clipping, ", gradient norm clipped at %g", config.optimizer.grad_clip);
-  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s%s%s, %d steps, %d BLAS thread%s per rank\n",
+  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps, %d BLAS thread%s per rank\n",
               options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
-              to_string(config.optimizer.kind),
-              config.update_in_backward()                ? " (in backward)"
-              : config.zero_stage == 1 && world_size > 1 ? " (sharded across the ranks: ZeRO-1)"
-              : config.zero_stage == 1                   ? " (ZeRO-1: one rank, nothing to shard)"
-                                                         : "",
-              clipping, config.steps, config.blas_threads, config.blas_threads == 1 ? "" : "s");
+              describe_update(config, world_size).c_str(), config.steps, config.blas_threads,
+              config.blas_threads == 1 ? "" : "s");
   if (rank_cores.lifted_from > 0)
     std::printf("  Open MPI's default binding (%d core%s) lifted: rank 0 may use %d (an explicit --bind-to keeps it)\n",
                 rank_cores.lifted_from, rank_cores.lifted_from == 1 ? "" : "s", rank_cores.cores);
@@ -788,6 +801,7 @@ class ProgressLine {
                 interval_.samples * world_size_ / seconds);
     if (interval_.tokens > 0) std::printf("  %.0f tokens/s", interval_.tokens * world_size_ / seconds);
     std::printf("  loss %.4f (rank 0)", last.loss);
+    if (config_.optimizer.lr_varies()) std::printf("  lr %.3g", last.lr);
     if (config_.optimizer.clips()) std::printf("  grad norm %.4g", last.grad_norm);
     std::printf("  elapsed %.0f s, eta %.0f s\n", (now - t0_) / 1e3, (config_.steps - step - 1) * ms_per_step / 1e3);
     std::fflush(stdout);

@@ -1,6 +1,7 @@
 #include "model/optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 
@@ -8,8 +9,18 @@
 
 namespace ddplab {
 
+float learning_rate(const OptimizerConfig& c, int64_t step, int64_t steps) {
+  if (step < c.lr_warmup) return static_cast<float>(static_cast<double>(c.lr) * (step + 1) / c.lr_warmup);
+  if (c.lr_schedule == LrSchedule::kConstant) return c.lr;
+  const double decay = static_cast<double>(step - c.lr_warmup) / std::max<int64_t>(steps - c.lr_warmup, 1);
+  const double lr_min = static_cast<double>(c.lr) * c.lr_final;
+  constexpr double kPi = 3.14159265358979323846;
+  return static_cast<float>(lr_min + (c.lr - lr_min) * 0.5 * (1 + std::cos(kPi * std::min(decay, 1.0))));
+}
+
 template <typename T>
-Optimizer<T>::Optimizer(const OptimizerConfig& config, int64_t flat_size) : config_(config), n_(flat_size) {
+Optimizer<T>::Optimizer(const OptimizerConfig& config, int64_t flat_size)
+    : config_(config), n_(flat_size), lr_(config.lr) {
   if (flat_size < 0) throw std::invalid_argument("Optimizer: negative parameter count");
   // Zero state: AdamW's first step and SGD's first momentum step (buf = g) then match PyTorch.
   if (config.kind == OptimizerKind::kAdamW) {
@@ -28,10 +39,10 @@ void Optimizer<T>::update(T* params, const T* grads, int64_t offset, int64_t cou
   const T* g = grads + offset;
   T* m = m_.empty() ? nullptr : m_.data() + offset;
   if (config_.kind == OptimizerKind::kAdamW) {
-    cpu::adamw_update(p, g, m, v_.data() + offset, count, config_.lr, config_.beta1, config_.beta2, config_.eps,
+    cpu::adamw_update(p, g, m, v_.data() + offset, count, lr_, config_.beta1, config_.beta2, config_.eps,
                       config_.weight_decay, t_, grad_scale_);
   } else {
-    cpu::sgd_update(p, g, m, count, config_.lr, config_.momentum, config_.weight_decay, grad_scale_);
+    cpu::sgd_update(p, g, m, count, lr_, config_.momentum, config_.weight_decay, grad_scale_);
   }
 }
 

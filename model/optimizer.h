@@ -13,6 +13,12 @@ constexpr std::array<Named<OptimizerKind>, 2> choice_names(OptimizerKind) {
   return {{{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kSgd, "sgd"}}};
 }
 
+// How the learning rate moves over the run after its warm-up (learning_rate below).
+enum class LrSchedule { kConstant, kCosine };
+constexpr std::array<Named<LrSchedule>, 2> choice_names(LrSchedule) {
+  return {{{LrSchedule::kConstant, "constant"}, {LrSchedule::kCosine, "cosine"}}};
+}
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
   float lr = 1e-3f;
@@ -22,7 +28,19 @@ struct OptimizerConfig {
   // The cap of the reduced gradients' global L2 norm (kernels/grad_clip.h); 0: no clipping, PyTorch's default.
   float grad_clip = 0.0f;
   bool clips() const { return grad_clip > 0; }
+  // The learning rate's schedule: lr_warmup steps of linear warm-up, then lr_schedule; cosine decays towards
+  // lr x lr_final.
+  LrSchedule lr_schedule = LrSchedule::kConstant;
+  int lr_warmup = 0;
+  float lr_final = 0.0f;
+  bool lr_varies() const { return lr_schedule != LrSchedule::kConstant || lr_warmup > 0; }
 };
+
+// The learning rate of step `step` (0-based) in a run of `steps`, as llm.c schedules it: lr x (step + 1) / lr_warmup
+// over the first lr_warmup steps; then lr, or with cosine lr_min + (lr - lr_min) (1 + cos(pi d)) / 2, where
+// lr_min = lr x lr_final and d = (step - lr_warmup) / (steps - lr_warmup) goes from 0 towards 1 over the rest of the
+// run. A function of the step alone: a resumed run continues the schedule where it stopped.
+float learning_rate(const OptimizerConfig& config, int64_t step, int64_t steps);
 
 template <typename T>
 class Optimizer {
@@ -47,6 +65,9 @@ class Optimizer {
   // (train/cpu_backend.h). Zeroed block by block right after the update reads them, while they are in cache.
   void update_and_zero_grads(T* params, T* grads, int64_t offset, int64_t count);
   int steps_taken() const { return t_; }
+  // The learning rate of the updates from now on (PyTorch's param_group["lr"], which its schedulers set); starts at
+  // the config's lr.
+  void set_lr(float lr) { lr_ = lr; }
   const OptimizerConfig& config() const { return config_; }
 
   // The state a checkpoint saves (record/checkpoint.h), flat like the parameters: AdamW's first and second
@@ -63,6 +84,7 @@ class Optimizer {
   OptimizerConfig config_;
   int64_t n_;
   int t_ = 0;
+  float lr_;
   T grad_scale_ = 1;      // this step's
   std::vector<T> m_, v_;  // AdamW moments, or SGD momentum buffer in m_
 };

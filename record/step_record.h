@@ -33,6 +33,7 @@ struct StepRecord {
   double skipped = 0;        // 1: a non-finite loss or gradient, update skipped (--skip-nonfinite)
   // With --grad-clip: the all-reduced gradients' global L2 norm before clipping (the same on every rank); else 0.
   double grad_norm = 0;
+  double lr = 0;  // the step's learning rate (--lr, or where --lr-schedule and --lr-warmup have taken it)
 };
 
 // What a field is, for the code that treats fields alike: the run file (dataset type and units), the summary
@@ -76,6 +77,7 @@ inline constexpr StepField kStepFields[] = {
     {"max_len", &StepRecord::max_len, FieldKind::kCount, "tokens"},
     {"skipped", &StepRecord::skipped, FieldKind::kCount, "steps"},
     {"grad_norm", &StepRecord::grad_norm, FieldKind::kValue, "L2 norm"},
+    {"lr", &StepRecord::lr, FieldKind::kValue, "learning rate"},
 };
 
 // The phases add up to step_ms: each trainer reads one clock at every boundary between two of them (up to rounding).

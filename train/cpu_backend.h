@@ -50,6 +50,7 @@ class CpuBackend final : public StepBackend {
 
   double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override { return workload_->load(step, micro); }
+  void set_learning_rate(float lr) override { optimizer_.set_lr(lr); }
   void start_gradients(float grad_scale) override;
   void forward(int micro) override;
   void backward(int micro, bool sync, const GradReadyHook& before_ready) override;

@@ -278,7 +278,7 @@ void CudaBackend::optimizer_step() {
       cudaCheck(cudaMemcpyAsync(clipped_norm_host_.get(), clipped_norm_, sizeof(cuda::ClippedNorm),
                                 cudaMemcpyDeviceToHost, compute_.get()));
     }
-    cuda::adamw_update(target.params, target.params_bf16, workload_->flat_grads(), m_, v_, workload_->flat_size(), o.lr,
+    cuda::adamw_update(target.params, target.params_bf16, workload_->flat_grads(), m_, v_, workload_->flat_size(), lr_,
                        o.beta1, o.beta2, o.eps, o.weight_decay, ++adam_steps_, compute_.get(), nullptr,
                        clipped_norm_ ? &clipped_norm_->scale : nullptr);
     return;
@@ -295,7 +295,7 @@ void CudaBackend::update_bucket(int b, const int* skip_if_set) {
   const Bucket& bucket = buckets()[b];
   const int64_t at = bucket.offset;
   cuda::adamw_update(target.params + at, target.params_bf16 ? target.params_bf16 + at : nullptr,
-                     workload_->flat_grads() + at, m_ + at, v_ + at, bucket.count, o.lr, o.beta1, o.beta2, o.eps,
+                     workload_->flat_grads() + at, m_ + at, v_ + at, bucket.count, lr_, o.beta1, o.beta2, o.eps,
                      o.weight_decay, adam_steps_, compute_.get(), skip_if_set);
 }
 

@@ -45,6 +45,7 @@ class CudaBackend final : public StepBackend {
 
   double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override;
+  void set_learning_rate(float lr) override { lr_ = lr; }
   void start_gradients(float grad_scale) override;
   void forward(int micro) override { workload_->forward(slot_, micro); }
   void backward(int micro, bool sync, const GradReadyHook& before_ready) override;
@@ -94,6 +95,7 @@ class CudaBackend final : public StepBackend {
   cuda::DeviceMemory extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
   size_t extra_count_ = 0;
   int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
+  float lr_ = 0;        // this step's (set_learning_rate)
   // --grad-clip: the norm and clip factor (device, after the norm's workspace), and their pinned host copy, queued
   // behind the update and read after synchronize().
   cuda::DeviceMemory norm_memory_;

@@ -4,9 +4,10 @@
 //   CpuBackend  (train/cpu_backend.h)   the model on the host, the Reducer on its comm thread, OpenBLAS
 //   CudaBackend (train/cuda_backend.h)  the model on a compute stream, the CudaReducer on a comm stream, AdamW on the
 //                                       device, batches staged one step ahead
-// The Trainer calls, per step: begin_step, then per micro-batch load, [start_gradients], forward, backward, loss;
-// then finish_reduction, first_nonfinite_gradient, optimizer_step, synchronize. Marks between the calls time the
-// phases: on the CPU a host clock reading, on the GPU an event on the compute stream, resolved after synchronize().
+// The Trainer calls, per step: set_learning_rate, begin_step, then per micro-batch load, [start_gradients], forward,
+// backward, loss; then finish_reduction, first_nonfinite_gradient, optimizer_step, synchronize. Marks between the calls
+// time the phases: on the CPU a host clock reading, on the GPU an event on the compute stream, resolved after
+// synchronize().
 #pragma once
 #include <cstdint>
 #include <string>
@@ -44,6 +45,8 @@ class StepBackend {
   // The data phase of micro-batch `micro`: what the rank's batch holds (a backend that stages a step's batches at
   // once reports them with micro 0).
   virtual BatchStats load(int64_t step, int micro) = 0;
+  // The learning rate of this step's update, before it starts (learning_rate, model/optimizer.h).
+  virtual void set_learning_rate(float lr) = 0;
   // Before the first forward of a step: reset the gradients (on the CPU the last update left them zero, and a
   // skipped step's are discarded; on the GPU they are discarded every step) and arm the reducer, which multiplies the
   // summed gradients by grad_scale and weighs this rank by its share of the loss terms (workload.h).

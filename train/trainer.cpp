@@ -84,6 +84,8 @@ StepRecord Trainer::step(int step, double t0_ms) {
   StepClock clock;
   if (rank_ == config_.slow_rank && config_.busy_threads > 0 && busy_.empty()) start_busy_threads();
   const CpuTaken taken_at_start = cpu_meter_.read();  // outside the step's time, as the one at its end
+  r.lr = learning_rate(config_.optimizer, step, config_.steps);
+  backend_->set_learning_rate(static_cast<float>(r.lr));
   // One reading for the step's start and its marks' origin: two (a start, then the origin a moment later) put the
   // phases' sums a moment before the bucket times, and a preemption between them made that milliseconds.
   clock.start = backend_->begin_step(step, t0_ms);

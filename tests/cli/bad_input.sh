@@ -93,6 +93,11 @@ refusals_at() {
   expect_error $np "--optimizer-in-backward on and --grad-clip exclude each other" train "${small[@]}" \
     --optimizer-in-backward on --grad-clip 1
   expect_error $np "--grad-clip must not be negative (got -0.5)" train "${small[@]}" --grad-clip -0.5
+  expect_error $np "--lr-final needs --lr-schedule cosine (it is where the decay ends; got --lr-schedule constant)" \
+    train "${small[@]}" --lr-final 0.1
+  expect_error $np "--lr-schedule must be constant or cosine (got 'linear')" train "${small[@]}" --lr-schedule linear
+  expect_error $np "--lr-final must be at most 1 (got 2)" train "${small[@]}" --lr-schedule cosine --lr-final 2
+  expect_error $np "--lr-warmup must be at least 0 (got -3)" train "${small[@]}" --lr-warmup -3
   expect_error $np "--zero-stage must be 0 or 1 (got 2)" train "${small[@]}" --zero-stage 2
   expect_error $np "--zero-stage 1 needs --comm ring" train "${small[@]}" --zero-stage 1 --comm mpi
   expect_error $np "--zero-stage 1 needs --comm-dtype fp32" train "${small[@]}" --zero-stage 1 --comm-dtype bf16

@@ -96,7 +96,8 @@ def main():
         # --grad-clip: the header says the cap; each step's norm is in the file, the same on every rank, and the
         # summary counts the steps it clipped; the progress line shows it. Without it the norms are 0.
         clip_path = os.path.join(work, "clip.h5")
-        clip = subprocess.run(cmd[:cmd.index("--out")] + ["--grad-clip", "0.05", "--log-every", "4", "--out", clip_path],
+        clip = subprocess.run(cmd[:cmd.index("--out")] + ["--grad-clip", "0.05", "--log-every", "4", "--lr-warmup", "2",
+                                                          "--lr-schedule", "cosine", "--out", clip_path],
                               capture_output=True, text=True, timeout=120)
         check(clip.returncode == 0 and "gradient norm clipped at 0.05" in clip.stdout and "grad norm " in clip.stdout,
               f"--grad-clip 0.05: the header and progress lines say it ({clip.stderr.strip()[:200]})")
@@ -113,11 +114,20 @@ def main():
                       f"summary: cap 0.05, {clipped} clipped steps, the last norm (got {summary['grad_clip']}, "
                       f"{summary['clipped_steps']}, {summary['final_grad_norm']})")
                 check(f"clipped to 0.05 in {clipped} of {steps} steps" in clip.stdout, "the summary line counts them")
+                # --lr-warmup 2 --lr-schedule cosine over --lr 1e-3: llm.c's schedule, step by step, on every rank.
+                lr = f["steps"]["lr"][:]
+                want = [1e-3 * (s + 1) / 2 if s < 2 else 1e-3 * 0.5 * (1 + math.cos(math.pi * (s - 2) / (steps - 2)))
+                        for s in range(steps)]
+                check(np.allclose(lr, [want] * np_ranks, rtol=1e-6, atol=0),
+                      f"steps/lr follows the schedule ({lr[0]} against {want})")
+                check(", lr 0.001 over 2 warm-up steps, then cosine to 0" in clip.stdout and "  lr 0.0" in clip.stdout,
+                      "the header says the schedule, the progress line the rate")
             for name in ("clip.h5", "clip.report.html"):
                 os.unlink(os.path.join(work, name))
 
         with h5py.File(path, "r") as f:
             check(np.all(f["steps"]["grad_norm"][:] == 0), "no norm taken without --grad-clip")
+            check(np.all(f["steps"]["lr"][:] == np.float32(1e-3)), "no schedule: every step at --lr")
             for a in ATTRS:
                 check(a in f.attrs, f"attribute {a}")
             check(f.attrs["schema_version"] == 3, "schema_version 3")

@@ -73,6 +73,37 @@ TEST(Optimizer, AStepsGradScaleHoldsForThatStepOnly) {
   EXPECT_EQ(p, ref);
 }
 
+// The schedule against llm.c's get_learning_rate written out here in double: the warm-up's ramp to --lr, then --lr
+// (constant) or the cosine from --lr down towards --lr x --lr-final, never below it; a warm-up longer than the run.
+TEST(LearningRate, FollowsTheWarmupThenTheSchedule) {
+  OptimizerConfig c;
+  c.lr = 6e-4f;
+  c.lr_warmup = 10;
+  c.lr_final = 0.1f;
+  const int steps = 100;
+  for (LrSchedule schedule : {LrSchedule::kConstant, LrSchedule::kCosine}) {
+    c.lr_schedule = schedule;
+    for (int step = 0; step < steps; ++step) {
+      const double lr = c.lr, lr_min = lr * double(c.lr_final);
+      double want = lr;
+      if (step < c.lr_warmup)
+        want = lr * (step + 1) / c.lr_warmup;
+      else if (schedule == LrSchedule::kCosine)
+        want = lr_min + (lr - lr_min) * 0.5 * (1 + std::cos(M_PI * (step - c.lr_warmup) / (steps - c.lr_warmup)));
+      EXPECT_NEAR(learning_rate(c, step, steps), want, 1e-7 * want) << to_string(schedule) << ", step " << step;
+    }
+  }
+  EXPECT_EQ(learning_rate(c, 9, steps), c.lr) << "the warm-up ends at --lr";
+  EXPECT_EQ(learning_rate(c, 10, steps), c.lr) << "the decay starts from --lr";
+  EXPECT_NEAR(learning_rate(c, 55, steps), 0.55 * c.lr, 1e-6 * c.lr) << "halfway down: the mean of lr and lr_min";
+  EXPECT_GT(learning_rate(c, steps - 1, steps), c.lr * c.lr_final) << "the last step above lr_min, as llm.c's";
+  EXPECT_EQ(learning_rate(c, 5 * steps, steps), c.lr * c.lr_final) << "past the run (a longer resume): lr_min";
+  c.lr_warmup = 2 * steps;
+  EXPECT_NEAR(learning_rate(c, steps - 1, steps), c.lr / 2, 1e-7 * c.lr) << "a warm-up longer than the run";
+  OptimizerConfig plain;
+  for (int step : {0, 1, 49}) EXPECT_EQ(learning_rate(plain, step, 50), plain.lr) << "no schedule: --lr, exactly";
+}
+
 TEST(Optimizer, SgdWithMomentumMatchesOp) {
   OptimizerConfig c;
   c.kind = OptimizerKind::kSgd;
