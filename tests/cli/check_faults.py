@@ -170,11 +170,13 @@ def main():
               f"{p.stderr[-300:]}")
 
         # SIGTERM to the ranks (what a batch scheduler sends): they stop at a step boundary, write the run file and
-        # a checkpoint, exit 128+15; the checkpoint resumes to the same losses as an uninterrupted run.
-        full = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("full.h5")]).run()
+        # a checkpoint, exit 128+15; the checkpoint resumes to the same losses as an uninterrupted run. On a learning
+        # rate schedule, clipped: the resumed steps take the schedule up at their step, with nothing saved for it.
+        schedule = ["--lr-warmup", "5", "--lr-schedule", "cosine", "--lr-final", "0.1", "--grad-clip", "0.5"]
+        full = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("full.h5")] + schedule).run()
         check(full.code == 0, "uninterrupted reference run")
         args = ["--steps", "40", "--data-cost-ms", "10", "--flush-every", "5", "--out", out("sig.h5"),
-                "--checkpoint", out("ck.h5")]
+                "--checkpoint", out("ck.h5")] + schedule
         job = Job(mpirun, ddplab, 2, args)
         p = subprocess.Popen(job.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job.env)
         deadline = time.monotonic() + 60
@@ -187,7 +189,8 @@ def main():
             n, reason, loss, _ = steps_in(out("sig.h5"))
             check(0 < n < 40 and reason.startswith("SIGTERM"), f"SIGTERM: run file with the {n} steps done")
             _, _, full_loss, _ = steps_in(out("full.h5"))
-            j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("resumed.h5"), "--resume", out("ck.h5")]).run()
+            j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("resumed.h5"), "--resume", out("ck.h5")] +
+                    schedule).run()
             check(j.code == 0, f"resume after SIGTERM runs (code {j.code}) {j.out[-300:] if j.code else ''}")
             if j.code == 0:
                 with h5py.File(out("resumed.h5"), "r") as f:
@@ -279,7 +282,7 @@ def main():
             if name == "truncated":
                 with open(out("ck.h5"), "rb") as f, open(out("trunc.h5"), "wb") as g:
                     g.write(f.read(4096))
-            j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5")] + extra).run()
+            j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5")] + schedule + extra).run()
             lines = [l for l in j.out.splitlines() if l.startswith("ddplab: error")]
             check(j.code == 2 and len(lines) == 1 and "checkpoint" in lines[0] and not os.path.exists(out("refused.h5"))
                   and (name != "another model" or "settings differ from the checkpoint's: layers (" in lines[0]),
@@ -293,11 +296,12 @@ def main():
             config = json.loads(f.attrs["config"])
             del config["grad_accum"]
             f.attrs["config"] = json.dumps(config)
-        j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("old_resumed.h5"), "--resume", out("old.ck.h5")]).run()
+        j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("old_resumed.h5"), "--resume", out("old.ck.h5")] +
+                schedule).run()
         check(j.code == 0, f"a checkpoint without a later knob's key resumes with its default (code {j.code}) "
                            f"{j.out[-300:] if j.code else ''}")
         j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5"), "--resume", out("old.ck.h5"),
-                                    "--grad-accum", "2"]).run()
+                                    "--grad-accum", "2"] + schedule).run()
         check(j.code == 2 and "grad_accum (checkpoint 1, now 2)" in j.out,
               f"... and refuses another value of it, naming it (code {j.code}) {j.out[-300:]}")
 
