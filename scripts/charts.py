@@ -10,6 +10,8 @@ Per file:  <stem>_breakdown   where each rank's step goes (data / compute / back
            <stem>_step_times  step time of every step on every rank (warm-up shaded)
            <stem>_buckets     one step's backward and each bucket's ready, comm start and comm end, per rank: for
                               a single file, the suite's largest weak-scaling case, or the sweep's best point
+One or more: update     the learning rate and the gradient norm (against --grad-clip's cap) per step, for the
+                        files whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip)
 Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
                               the suite groups its cases
            loss               the loss (mean over ranks) of every step, one line per file (bit-identical ones
@@ -105,6 +107,9 @@ class Run:
         self.phases = {name: f[f"steps/{name}"][:].astype(float)
                        for name in ("data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms")}
         self.loss = f["steps/loss"][:].astype(float)
+        # The step's learning rate and gradient norm (--lr-schedule, --grad-clip; absent in older files: none).
+        self.lr = f["steps/lr"][0].astype(float) if "steps/lr" in f else None
+        self.grad_norm = f["steps/grad_norm"][0].astype(float) if "steps/grad_norm" in f else None
         self.bucket_bytes = f["buckets/bytes"][:].astype(int)
         self.bucket_times = {name: f[f"buckets/{name}"][:].astype(float)
                              for name in ("ready_ms", "comm_start_ms", "comm_end_ms")}
@@ -259,6 +264,43 @@ def loss_chart(runs, out_dir, written):
     ax.set_title("loss per case")
     ax.legend(fontsize=7, ncol=2)
     save(fig, out_dir, "loss", written)
+
+
+def update_chart(runs, out_dir, written):
+    """Each run's learning rate (left) and gradient norm with its clipping cap (right), step by step: drawn for the
+    runs whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip), else not at all."""
+    shown = [r for r in runs if r.config.get("grad_clip", 0) > 0 or
+             (r.lr is not None and len(r.lr) and np.ptp(r.lr) > 0)]
+    if not shown:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    norm_ax = ax.twinx() if any(r.config.get("grad_clip", 0) > 0 for r in shown) else None
+    palette = plt.get_cmap("tab10")
+    for i, r in enumerate(shown):
+        steps = r.first_step + np.arange(r.steps)
+        ax.plot(steps, r.lr, linewidth=1.5, color=palette(i % 10), label=f"{r.stem}: learning rate")
+        cap = r.config.get("grad_clip", 0)
+        if cap > 0 and r.grad_norm is not None:
+            taken = r.grad_norm > 0  # a skipped step takes no norm
+            norm_ax.plot(steps[taken], r.grad_norm[taken], linestyle=":", marker=".", linewidth=1, color=palette(i % 10),
+                         label=f"{r.stem}: gradient norm")
+            norm_ax.axhline(cap, linestyle="--", linewidth=1, color=palette(i % 10), alpha=0.6,
+                            label=f"{r.stem}: --grad-clip {cap:g} (above it, clipped)")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("learning rate")
+    ax.set_ylim(bottom=0)
+    handles, labels = ax.get_legend_handles_labels()
+    if norm_ax is not None:
+        norm_ax.set_ylabel("gradient norm (all-reduced, before clipping)")
+        norm_ax.set_ylim(bottom=0)
+        more = norm_ax.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.set_title("the update: learning rate and gradient norm per step")
+    # Below the axes: two curves on two scales leave no corner of the plot free for it.
+    ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    fig.tight_layout()
+    save(fig, out_dir, "update", written)
 
 
 def buckets_chart(run, out_dir, name, written):
@@ -546,6 +588,7 @@ def main(argv):
     gantt = [max(weak, key=lambda r: r.world)] if weak else runs if len(runs) == 1 else best_of_sweep(runs, sweeps)
     for run in gantt:
         buckets_chart(run, out_dir, f"{run.stem}_buckets", written)
+    update_chart(runs, out_dir, written)
     if len(runs) > 1:
         throughput_chart(runs, out_dir, written)
         loss_chart(runs, out_dir, written)

@@ -334,6 +334,19 @@ def main():
             png = os.path.join(out_dir, f"{stem}.png")
             with open(png, "rb") if os.path.isfile(png) else open(os.devnull, "rb") as f:
                 check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{stem}.png is a PNG")
+        check(not os.path.exists(os.path.join(out_dir, "update.png")),
+              "no update chart where no run schedules its learning rate or clips")
+        # A run on a schedule, clipped: its learning rate and gradient norm per step.
+        clipped = os.path.join(work, "clipped.h5")
+        proc = run([ddplab, "train", "--steps", "6", "--warmup-steps", "1", "--input-dim", "64", "--hidden", "64",
+                    "--classes", "10", "--batch", "8", "--lr-warmup", "2", "--lr-schedule", "cosine", "--grad-clip",
+                    "0.1", "--quiet", "--out", clipped])
+        check(proc.returncode == 0, f"a clipped run on a schedule trains ({proc.stderr.strip()[-200:]})")
+        update_dir = os.path.join(work, "update_charts")
+        proc = run([sys.executable, charts, update_dir, clipped], timeout=120)
+        png = os.path.join(update_dir, "update.png")
+        check(proc.returncode == 0 and os.path.isfile(png) and os.path.getsize(png) > 1000 and png in proc.stdout,
+              f"charts.py draws the update chart for it ({proc.stderr.strip()[-200:]})")
         proc = run([sys.executable, charts, out_dir, text])
         check(proc.returncode == 2 and len(error_lines(proc.stderr, "charts.py:")) == 1,
               f"charts.py on a bad file: exit 2, one line ({proc.returncode}: {proc.stderr.strip()[:200]})")
