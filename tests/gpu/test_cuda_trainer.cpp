@@ -28,6 +28,7 @@
 #include "launcher/run.h"
 #include "record/errors.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/mpi/lr_schedule_check.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "train/trainer.h"
 
@@ -258,28 +259,8 @@ TEST_F(CudaTrainerTest, ClipsByTheNormThatOneGpuAndTheCpuTake) {
   expect_matches_one_gpu_with_global_batch(config, Equivalence{}, "mlp, --grad-clip 0.05");
 }
 
-// --lr-schedule and --lr-warmup reach AdamW on the device: step k of a scheduled run, from the same start, updates as
-// a run at the constant learning rate of step k, bit for bit, and its record carries that rate.
-TEST_F(CudaTrainerTest, TheLrScheduleReachesTheUpdate) {
-  TrainConfig scheduled = small_config();
-  scheduled.optimizer.lr = 1e-2f;
-  scheduled.optimizer.lr_warmup = 3;
-  scheduled.optimizer.lr_schedule = LrSchedule::kCosine;
-  scheduled.optimizer.lr_final = 0.1f;
-  scheduled.steps = 10;
-  for (int step : {0, 2, 5, 9}) {
-    const float lr = learning_rate(scheduled.optimizer, step, scheduled.steps);
-    TrainConfig constant = scheduled;
-    constant.optimizer.lr = lr;
-    constant.optimizer.lr_warmup = 0;
-    constant.optimizer.lr_schedule = LrSchedule::kConstant;
-    constant.optimizer.lr_final = 0;
-    Trainer a(scheduled, MPI_COMM_WORLD), b(constant, MPI_COMM_WORLD);
-    EXPECT_EQ(a.step(step, 0).lr, lr) << "step " << step;
-    b.step(step, 0);
-    EXPECT_EQ(a.parameters(), b.parameters()) << "step " << step << " at lr " << lr;
-  }
-}
+// --lr-schedule and --lr-warmup reach AdamW on the device (the learning rate of each launch).
+TEST_F(CudaTrainerTest, TheLrScheduleReachesTheUpdate) { expect_the_schedule_reaches_the_update(small_config()); }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDdpEquivalence,
                          testing::Values(Case{1, true, 0.0}, Case{2, true, 0.0}, Case{1, false, 0.002},

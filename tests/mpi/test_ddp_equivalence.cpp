@@ -17,8 +17,9 @@
 #include <cstring>
 #include <vector>
 
-#include "train/trainer.h"
+#include "tests/mpi/lr_schedule_check.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "train/trainer.h"
 
 namespace ddplab {
 namespace {
@@ -343,36 +344,17 @@ TEST_P(GradClip, ShardedTakesTheNormOfTheReplicatedUpdate) {
   }
 }
 
-// --lr-schedule and --lr-warmup reach the update: step k of a scheduled run, from the same start, updates as a run at
-// the constant learning rate of step k, bit for bit, however the CPU updates (after backward, in backward, sharded),
-// and its record carries that rate. (The rates themselves: LearningRate in test_optimizer.cpp.)
+// --lr-schedule and --lr-warmup reach the update however the CPU updates: after backward, in backward, sharded
+// (tests/mpi/lr_schedule_check.h; the rates themselves: LearningRate in test_optimizer.cpp).
 class LrScheduleReachesTheUpdate : public testing::TestWithParam<const char*> {};
 
 TEST_P(LrScheduleReachesTheUpdate, AsAConstantRateOfThatStep) {
-  TrainConfig scheduled = clipped_config("mlp", 0.002, 0.0f);
-  scheduled.optimizer.kind = OptimizerKind::kAdamW;
-  scheduled.optimizer.lr = 1e-2f;
-  scheduled.optimizer.lr_warmup = 3;
-  scheduled.optimizer.lr_schedule = LrSchedule::kCosine;
-  scheduled.optimizer.lr_final = 0.1f;
-  scheduled.steps = 10;
+  TrainConfig config = clipped_config("mlp", 0.002, 0.0f);
+  config.optimizer.kind = OptimizerKind::kAdamW;
   const std::string update = GetParam();
-  if (update == "in_backward") scheduled.optimizer_in_backward = OnOff::kOn;
-  if (update == "sharded") scheduled.zero_stage = 1;
-  for (int step : {0, 2, 5, 9}) {
-    const float lr = learning_rate(scheduled.optimizer, step, scheduled.steps);
-    TrainConfig constant = scheduled;
-    constant.optimizer.lr = lr;
-    constant.optimizer.lr_warmup = 0;
-    constant.optimizer.lr_schedule = LrSchedule::kConstant;
-    constant.optimizer.lr_final = 0;
-    Trainer a(scheduled, MPI_COMM_WORLD), b(constant, MPI_COMM_WORLD);
-    const std::vector<float> init = a.parameters();
-    EXPECT_EQ(a.step(step, 0).lr, lr) << "step " << step;
-    EXPECT_EQ(b.step(step, 0).lr, lr) << "step " << step;
-    ASSERT_EQ(a.parameters(), b.parameters()) << "step " << step << " at lr " << lr;
-    EXPECT_NE(a.parameters(), init);
-  }
+  if (update == "in_backward") config.optimizer_in_backward = OnOff::kOn;
+  if (update == "sharded") config.zero_stage = 1;
+  expect_the_schedule_reaches_the_update(config);
 }
 
 INSTANTIATE_TEST_SUITE_P(Updates, LrScheduleReachesTheUpdate,
