@@ -44,6 +44,7 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
   if (bucketed_update_ && config.optimizer.clips())
     throw std::invalid_argument(
         "--grad-clip needs every bucket reduced before the update: not with the update bucket by bucket");
+  lr_ = config.optimizer.lr;  // until the Trainer sets a step's
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   mpiCheck(MPI_Comm_size(comm, &world_));
