@@ -22,7 +22,7 @@ RunSummary summarize(const RunRecord& run) {
     StepRecord& m = s.ranks[r];
     for (int t = s.first_steady_step; t < steps; ++t)
       for (const StepField& f : kStepFields)
-        if (f.kind != FieldKind::kInstant) m.*f.member += run.at(r, t).*f.member;
+        if (averaged(f.kind)) m.*f.member += run.at(r, t).*f.member;
     // Sum, then divide: equal whole counts average to themselves exactly (128, not 127.99999999999999).
     for (const StepField& f : kStepFields) m.*f.member /= counted;
     if (m.step_ms > s.slowest_step_ms) {
@@ -107,7 +107,7 @@ nlohmann::json to_json(const RunSummary& s) {
     const StepRecord& m = s.ranks[r];
     nlohmann::json rank;
     for (const StepField& f : kStepFields)
-      if (f.kind != FieldKind::kInstant) rank[f.name] = m.*f.member;
+      if (averaged(f.kind)) rank[f.name] = m.*f.member;
     rank["hidden_fraction"] = hidden_fraction(m);
     if (r < s.time_use.size()) rank["time_use"] = to_json(s.time_use[r]);
     ranks.push_back(rank);

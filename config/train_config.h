@@ -229,8 +229,8 @@ void visit_knobs(Config& c, Visit&& visit) {
              0, kNoMax, kMath},
         c.optimizer.grad_clip);
   visit(Knob{"--lr-schedule", "lr_schedule",
-             "the learning rate after the warm-up: constant | cosine (decays towards --lr x --lr-final by the last "
-             "step, as llm.c's)",
+             "the learning rate after the warm-up: constant | cosine (decays over the rest of --steps towards "
+             "--lr x --lr-final, as llm.c's; a resume must repeat --steps)",
              kNoMin, kNoMax, kMath},
         c.optimizer.lr_schedule);
   visit(Knob{"--lr-warmup", "lr_warmup", "steps of linear learning-rate warm-up, (step + 1) / N of --lr", 0, kNoMax,

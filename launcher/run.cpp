@@ -285,6 +285,8 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
   visit_knobs(config, [&](const Knob& knob, const auto&) {
     if (knob.key && (knob.traits & kMath)) arithmetic.push_back(knob.key);
   });
+  // A cosine decays over the run's --steps: another length would give the resumed steps another learning rate.
+  if (config.optimizer.lr_schedule == LrSchedule::kCosine) arithmetic.push_back("steps");
   const nlohmann::json now = checkpoint_config(config, world_size);
   // A key the checkpoint lacks came after it was written: it ran as that knob's default (config_from_json's rule).
   const nlohmann::json defaults = to_json(TrainConfig{});

@@ -39,7 +39,8 @@ struct OptimizerConfig {
 // The learning rate of step `step` (0-based) in a run of `steps`, as llm.c schedules it: lr x (step + 1) / lr_warmup
 // over the first lr_warmup steps; then lr, or with cosine lr_min + (lr - lr_min) (1 + cos(pi d)) / 2, where
 // lr_min = lr x lr_final and d = (step - lr_warmup) / (steps - lr_warmup) goes from 0 towards 1 over the rest of the
-// run. A function of the step alone: a resumed run continues the schedule where it stopped.
+// run. A function of the step and the run's length alone: a resumed run that repeats --steps (launcher/run.cpp
+// requires it of a cosine) continues the schedule where it stopped.
 float learning_rate(const OptimizerConfig& config, int64_t step, int64_t steps);
 
 template <typename T>

@@ -43,6 +43,7 @@ enum class FieldKind {
   kPhase,    // a part of the step; the phases, in the order the step runs them, add up to step_ms
   kTime,     // another duration, ms
   kValue,    // a real number (the loss, the gradients' norm)
+  kSetting,  // what the run set for the step (the learning rate): no mean
   kCount,    // a whole number of samples, tokens or steps
 };
 
@@ -77,8 +78,11 @@ inline constexpr StepField kStepFields[] = {
     {"max_len", &StepRecord::max_len, FieldKind::kCount, "tokens"},
     {"skipped", &StepRecord::skipped, FieldKind::kCount, "steps"},
     {"grad_norm", &StepRecord::grad_norm, FieldKind::kValue, "L2 norm"},
-    {"lr", &StepRecord::lr, FieldKind::kValue, "learning rate"},
+    {"lr", &StepRecord::lr, FieldKind::kSetting, "learning rate"},
 };
+
+// Whether the summary averages the field over the steady steps: not a point in time, nor a setting.
+inline bool averaged(FieldKind kind) { return kind != FieldKind::kInstant && kind != FieldKind::kSetting; }
 
 // The phases add up to step_ms: each trainer reads one clock at every boundary between two of them (up to rounding).
 inline double sum_of_phases(const StepRecord& r) {

@@ -142,6 +142,12 @@ def ranks_text(n):
 OVERSUBSCRIBED = "oversubscribed: the ranks took turns on the cores (or one GPU): this measures the machine, not DDP"
 
 
+# The charts over all the files, drawn or not by what the files hold. The page shows the charts its folder has, so
+# an earlier call's (the same --out-dir over other files) that this call does not draw is removed first.
+OVERVIEW_CHARTS = ("throughput", "loss", "update", "bucket_sweep", "predicted_vs_measured", "weak_scaling",
+                   "strong_scaling")
+
+
 def save(fig, out_dir, name, written):
     for ext in ("png", "svg"):
         path = os.path.join(out_dir, f"{name}.{ext}")
@@ -266,39 +272,68 @@ def loss_chart(runs, out_dir, written):
     save(fig, out_dir, "loss", written)
 
 
+def same_series_groups(series, rtol):
+    """(first step, values, names) triples grouped where the values agree to rtol (0: bit for bit): [first step,
+    values, names, exact], exact saying whether every member is bit for bit the first's."""
+    groups = []
+    for first_step, values, name in series:
+        for g in groups:
+            if g[0] == first_step and g[1].shape == values.shape and np.allclose(g[1], values, rtol=rtol, atol=0,
+                                                                                   equal_nan=True):
+                g[2].append(name)
+                g[3] = g[3] and np.array_equal(g[1], values, equal_nan=True)
+                break
+        else:
+            groups.append([first_step, values, [name], True])
+    return groups
+
+
+def group_name(names, exact):
+    if len(names) == 1:
+        return names[0]
+    return (f"{len(names)} runs" if len(names) > 3 else ", ".join(names)) + (" (identical)" if exact else
+                                                                             " (the same to 6 digits)")
+
+
 def update_chart(runs, out_dir, written):
-    """Each run's learning rate (left) and gradient norm with its clipping cap (right), step by step: drawn for the
-    runs whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip), else not at all."""
-    shown = [r for r in runs if r.config.get("grad_clip", 0) > 0 or
-             (r.lr is not None and len(r.lr) and np.ptp(r.lr) > 0)]
-    if not shown:
+    """The learning rate (left axis) and the gradient norm against its clipping cap (right axis), step by step, for
+    the runs whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip); nothing when none does. Runs
+    whose series agree share a line: a suite's cases differ in timing, not math (the rates bit for bit; the norms
+    of other summation orders, ZeRO-1's or another world size's, to rounding)."""
+    rates = same_series_groups([(r.first_step, r.lr, r.stem) for r in runs
+                                if r.lr is not None and len(r.lr) > 0 and np.ptp(r.lr) > 0], 0)
+    clipped = [r for r in runs if r.config.get("grad_clip", 0) > 0 and r.grad_norm is not None]
+    norms = same_series_groups([(r.first_step, r.grad_norm, r.stem) for r in clipped], 1e-6)
+    if not rates and not norms:
         return
     fig, ax = plt.subplots(figsize=(7, 4.6))
-    norm_ax = ax.twinx() if any(r.config.get("grad_clip", 0) > 0 for r in shown) else None
-    palette = plt.get_cmap("tab10")
-    for i, r in enumerate(shown):
-        steps = r.first_step + np.arange(r.steps)
-        ax.plot(steps, r.lr, linewidth=1.5, color=palette(i % 10), label=f"{r.stem}: learning rate")
-        cap = r.config.get("grad_clip", 0)
-        if cap > 0 and r.grad_norm is not None:
-            taken = r.grad_norm > 0  # a skipped step takes no norm
-            norm_ax.plot(steps[taken], r.grad_norm[taken], linestyle=":", marker=".", linewidth=1, color=palette(i % 10),
-                         label=f"{r.stem}: gradient norm")
-            norm_ax.axhline(cap, linestyle="--", linewidth=1, color=palette(i % 10), alpha=0.6,
-                            label=f"{r.stem}: --grad-clip {cap:g} (above it, clipped)")
+    norm_ax = (ax.twinx() if rates else ax) if norms else None  # the rate on the left where it varies
+    for i, (first_step, values, names, exact) in enumerate(rates):
+        ax.plot(first_step + np.arange(len(values)), values, linewidth=1.5, color=plt.get_cmap("tab10")(i % 10),
+                label=f"learning rate: {group_name(names, exact)}")
+    for i, (first_step, values, names, exact) in enumerate(norms):
+        taken = values > 0  # a skipped step takes no norm
+        norm_ax.plot((first_step + np.arange(len(values)))[taken], values[taken], linestyle=":", marker=".",
+                     linewidth=1, color=plt.get_cmap("Dark2")(i % 8), label=f"gradient norm: {group_name(names, exact)}")
+    for cap in sorted({r.config["grad_clip"] for r in clipped}):
+        norm_ax.axhline(cap, linestyle="--", linewidth=1, color="0.45", label=f"--grad-clip {cap:g}: above it, clipped")
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("learning rate")
     ax.set_ylim(bottom=0)
+    if rates:
+        ax.set_ylabel("learning rate")
     handles, labels = ax.get_legend_handles_labels()
     if norm_ax is not None:
         norm_ax.set_ylabel("gradient norm (all-reduced, before clipping)")
         norm_ax.set_ylim(bottom=0)
-        more = norm_ax.get_legend_handles_labels()
-        handles, labels = handles + more[0], labels + more[1]
-    ax.set_title("the update: learning rate and gradient norm per step")
+        if norm_ax is not ax:
+            more = norm_ax.get_legend_handles_labels()
+            handles, labels = handles + more[0], labels + more[1]
+    ax.set_title("the update: " + " and ".join(["learning rate"] * bool(rates) + ["gradient norm"] * bool(norms)) +
+                 " per step")
     # Below the axes: two curves on two scales leave no corner of the plot free for it.
-    ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    ax.legend(handles, [textwrap.shorten(label, 70) for label in labels], fontsize=7, loc="upper center",
+              bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.tight_layout()
     save(fig, out_dir, "update", written)
 
@@ -580,6 +615,11 @@ def main(argv):
         raise BadInput(f"cannot create output folder {out_dir}: {e.strerror}") from None
     if not os.access(out_dir, os.W_OK):
         raise BadInput(f"output folder {out_dir} is not writable")
+    for name in OVERVIEW_CHARTS:
+        for ext in ("png", "svg"):
+            stale = os.path.join(out_dir, f"{name}.{ext}")
+            if os.path.exists(stale):
+                os.unlink(stale)
     written = []
     for run in runs:
         breakdown_chart(run, out_dir, f"{run.stem}_breakdown", written)

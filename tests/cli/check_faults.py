@@ -278,14 +278,18 @@ def main():
                             ("truncated", ["--resume", out("trunc.h5")]),
                             ("not a checkpoint", ["--resume", out("full.h5")]),
                             # Another shape of model: named by its settings, not by the first tensor that differs.
-                            ("another model", ["--resume", out("ck.h5"), "--layers", "3"])]:
+                            ("another model", ["--resume", out("ck.h5"), "--layers", "3"]),
+                            # A cosine decays over --steps: another run length, another learning rate at each step.
+                            ("another length of its cosine", ["--resume", out("ck.h5"), "--steps", "50"])]:
             if name == "truncated":
                 with open(out("ck.h5"), "rb") as f, open(out("trunc.h5"), "wb") as g:
                     g.write(f.read(4096))
-            j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5")] + schedule + extra).run()
+            steps = [] if "--steps" in extra else ["--steps", "40"]
+            j = Job(mpirun, ddplab, 2, steps + ["--out", out("refused.h5")] + schedule + extra).run()
             lines = [l for l in j.out.splitlines() if l.startswith("ddplab: error")]
             check(j.code == 2 and len(lines) == 1 and "checkpoint" in lines[0] and not os.path.exists(out("refused.h5"))
-                  and (name != "another model" or "settings differ from the checkpoint's: layers (" in lines[0]),
+                  and (name != "another model" or "settings differ from the checkpoint's: layers (" in lines[0])
+                  and (name != "another length of its cosine" or "steps (checkpoint 40, now 50)" in lines[0]),
                   f"resume refuses {name}: exit 2, one line, nothing written ({lines[:1]})")
 
         # A checkpoint from before a knob existed lacks its key: it ran as the knob's default, so it resumes with

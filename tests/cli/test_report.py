@@ -347,6 +347,17 @@ def main():
         png = os.path.join(update_dir, "update.png")
         check(proc.returncode == 0 and os.path.isfile(png) and os.path.getsize(png) > 1000 and png in proc.stdout,
               f"charts.py draws the update chart for it ({proc.stderr.strip()[-200:]})")
+        # A clipped file from before steps/lr: its norms alone. Then the same folder over files with neither: the
+        # page shows the folder's charts, so the earlier update chart must not stay behind.
+        older = os.path.join(work, "older.h5")
+        shutil.copy(clipped, older)
+        with h5py.File(older, "r+") as f:
+            del f["steps/lr"]
+        proc = run([sys.executable, charts, update_dir, older], timeout=120)
+        check(proc.returncode == 0 and os.path.isfile(png),
+              f"the update chart of a clipped file without steps/lr ({proc.stderr.strip()[-200:]})")
+        proc = run([sys.executable, charts, update_dir, a], timeout=120)
+        check(proc.returncode == 0 and not os.path.exists(png), "an earlier call's update chart is removed")
         proc = run([sys.executable, charts, out_dir, text])
         check(proc.returncode == 2 and len(error_lines(proc.stderr, "charts.py:")) == 1,
               f"charts.py on a bad file: exit 2, one line ({proc.returncode}: {proc.stderr.strip()[:200]})")

@@ -259,8 +259,14 @@ TEST_F(CudaTrainerTest, ClipsByTheNormThatOneGpuAndTheCpuTake) {
   expect_matches_one_gpu_with_global_batch(config, Equivalence{}, "mlp, --grad-clip 0.05");
 }
 
-// --lr-schedule and --lr-warmup reach AdamW on the device (the learning rate of each launch).
-TEST_F(CudaTrainerTest, TheLrScheduleReachesTheUpdate) { expect_the_schedule_reaches_the_update(small_config()); }
+// --lr-schedule and --lr-warmup reach AdamW on the device: the whole update's launch, and each bucket's in the update
+// bucket by bucket.
+TEST_F(CudaTrainerTest, TheLrScheduleReachesTheUpdate) {
+  expect_the_schedule_reaches_the_update(small_config());
+  TrainConfig bucketed = small_config();
+  bucketed.optimizer_in_backward = OnOff::kOn;
+  expect_the_schedule_reaches_the_update(bucketed);
+}
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDdpEquivalence,
                          testing::Values(Case{1, true, 0.0}, Case{2, true, 0.0}, Case{1, false, 0.002},

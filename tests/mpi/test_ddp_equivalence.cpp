@@ -355,6 +355,18 @@ TEST_P(LrScheduleReachesTheUpdate, AsAConstantRateOfThatStep) {
   if (update == "in_backward") config.optimizer_in_backward = OnOff::kOn;
   if (update == "sharded") config.zero_stage = 1;
   expect_the_schedule_reaches_the_update(config);
+  // And step after step in one run: the same parameters as the update after backward on the same schedule.
+  if (update == "after_backward") return;
+  TrainConfig reference = clipped_config("mlp", 0.002, 0.0f);
+  reference.optimizer.kind = OptimizerKind::kAdamW;
+  reference.optimizer.lr_warmup = 3;
+  reference.optimizer.lr_schedule = LrSchedule::kCosine;
+  reference.optimizer.lr_final = 0.1f;
+  reference.steps = 10;
+  TrainConfig tested = reference;
+  tested.optimizer_in_backward = config.optimizer_in_backward;
+  tested.zero_stage = config.zero_stage;
+  expect_the_same_training_bitwise(reference, tested);
 }
 
 INSTANTIATE_TEST_SUITE_P(Updates, LrScheduleReachesTheUpdate,

@@ -97,7 +97,7 @@ TEST(LearningRate, FollowsTheWarmupThenTheSchedule) {
   EXPECT_EQ(learning_rate(c, 10, steps), c.lr) << "the decay starts from --lr";
   EXPECT_NEAR(learning_rate(c, 55, steps), 0.55 * c.lr, 1e-6 * c.lr) << "halfway down: the mean of lr and lr_min";
   EXPECT_GT(learning_rate(c, steps - 1, steps), c.lr * c.lr_final) << "the last step above lr_min, as llm.c's";
-  EXPECT_EQ(learning_rate(c, 5 * steps, steps), c.lr * c.lr_final) << "past the run (a longer resume): lr_min";
+  EXPECT_EQ(learning_rate(c, 5 * steps, steps), c.lr * c.lr_final) << "past the last step: held at lr_min";
   c.lr_warmup = 2 * steps;
   EXPECT_NEAR(learning_rate(c, steps - 1, steps), c.lr / 2, 1e-7 * c.lr) << "a warm-up longer than the run";
   OptimizerConfig plain;
