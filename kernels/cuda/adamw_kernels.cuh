@@ -60,9 +60,9 @@ __global__ void adamw_kernel(float* params, uint16_t* copy, const float* grads, 
 
 // The norm in two passes, each in an order fixed by n (and the launcher's packed or scalar kernel, by x's alignment),
 // not by the GPU's size: every GPU, every run, sums the same gradients to the same bits, so replicas that clip by it
-// stay identical. Pass 1: norm_blocks(n) blocks of
-// kNormThreads threads, each thread summing the squares of its grid-stride share in double, each block its threads'
-// sums into partials[block]. Pass 2: one block adds the partials, and writes the norm and the clip factor.
+// stay identical. Pass 1: norm_blocks(n) blocks of kNormThreads threads, each thread summing the squares of its
+// grid-stride share in double, each block its threads' sums into partials[block]. Pass 2: one block adds the
+// partials, and writes the norm and the clip factor.
 constexpr int kNormThreads = 256;
 // An H100 or H200 holds 8 blocks of 256 threads on each of its 132 SMs, 1056 in all: the cap is one wave there. The
 // cap, not the GPU, fixes the grid.
