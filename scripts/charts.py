@@ -10,8 +10,8 @@ Per file:  <stem>_breakdown   where each rank's step goes (data / compute / back
            <stem>_step_times  step time of every step on every rank (warm-up shaded)
            <stem>_buckets     one step's backward and each bucket's ready, comm start and comm end, per rank: for
                               a single file, the suite's largest weak-scaling case, or the sweep's best point
-One or more: update     the learning rate and the gradient norm (against --grad-clip's cap) per step, for the
-                        files whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip)
+Any:       update             the learning rate and the gradient norm (against --grad-clip's cap) per step, for
+                              the files whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip)
 Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
                               the suite groups its cases
            loss               the loss (mean over ranks) of every step, one line per file (bit-identical ones
