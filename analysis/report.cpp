@@ -198,7 +198,8 @@ void print_run_line(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
                steady.c_str(), s.batch_text().c_str());
 }
 
-// The settings that tell runs apart: communication, buckets, batch, model, device, update.
+// The settings that tell runs apart: communication, buckets, batch, model, device, update (where it runs, the
+// learning rate's schedule and the clipping, where set).
 void print_config_line(std::FILE* out, const RunRecord& rec) {
   const RunMetadata& meta = rec.meta;
   const nlohmann::json& c = rec.config;
@@ -225,6 +226,11 @@ void print_config_line(std::FILE* out, const RunRecord& rec) {
     std::fprintf(out, ", attention %s", config_text(c, "attention").c_str());
   if (stored.zero_stage > 0) std::fprintf(out, ", zero_stage %d", stored.zero_stage);
   if (stored.update_in_backward()) std::fprintf(out, ", update in backward");
+  const OptimizerConfig& o = stored.optimizer;
+  if (o.lr_warmup > 0) std::fprintf(out, ", lr_warmup %d", o.lr_warmup);
+  if (o.lr_schedule != LrSchedule::kConstant)
+    std::fprintf(out, ", lr_schedule %s (lr_final %g)", to_string(o.lr_schedule), o.lr_final);
+  if (o.clips()) std::fprintf(out, ", grad_clip %g", o.grad_clip);
   std::fprintf(out, "\n");
 }
 

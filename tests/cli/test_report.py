@@ -342,6 +342,10 @@ def main():
                     "--classes", "10", "--batch", "8", "--lr-warmup", "2", "--lr-schedule", "cosine", "--grad-clip",
                     "0.1", "--quiet", "--out", clipped])
         check(proc.returncode == 0, f"a clipped run on a schedule trains ({proc.stderr.strip()[-200:]})")
+        text = run([ddplab, "report", clipped]).stdout
+        check(", lr_warmup 2, lr_schedule cosine (lr_final 0), grad_clip 0.1\n" in text and
+              "  gradient norm       " in text and "clipped to 0.1 in " in text,
+              f"report names the schedule and the clipping, and counts the clipped steps ({text[:600]})")
         update_dir = os.path.join(work, "update_charts")
         proc = run([sys.executable, charts, update_dir, clipped], timeout=120)
         png = os.path.join(update_dir, "update.png")
