@@ -424,8 +424,11 @@ std::string describe_update(const TrainConfig& config, int world_size) {
     text += world_size > 1 ? " (sharded across the ranks: ZeRO-1)" : " (ZeRO-1: one rank, nothing to shard)";
   if (o.lr_varies()) {
     text += fmt(", lr %g", o.lr);
-    if (o.lr_warmup > 0) text += fmt(" over %d warm-up steps", o.lr_warmup);
-    if (o.lr_schedule == LrSchedule::kCosine) text += fmt(", then cosine to %g", o.lr * o.lr_final);
+    if (o.lr_warmup > 0) text += fmt(" over %d warm-up step%s", o.lr_warmup, o.lr_warmup == 1 ? "" : "s");
+    if (o.lr_warmup >= config.steps)  // what the run reaches, not what it never gets to
+      text += fmt(" (longer than the run: it ends at %g)", learning_rate(o, config.steps - 1, config.steps));
+    else if (o.lr_schedule == LrSchedule::kCosine && o.lr_final < 1)
+      text += fmt(", then cosine to %g", o.lr * o.lr_final);
   }
   if (o.clips()) text += fmt(", gradient norm clipped at %g", o.grad_clip);
   return text;

@@ -125,6 +125,18 @@ def main():
                       f"the header says the schedule, the progress line the rate ({printed.strip()!r})")
             for name in ("clip.h5", "clip.report.html"):
                 os.unlink(os.path.join(work, name))
+        # A warm-up longer than the run: the header says where the rate ends, not a cosine the run never reaches.
+        long_path = os.path.join(work, "long.h5")
+        long = subprocess.run(cmd[cmd.index(ddplab):cmd.index("--out")] + ["--lr-warmup", str(steps + 2),
+                                                                           "--lr-schedule", "cosine", "--out", long_path],
+                              capture_output=True, text=True, timeout=120)
+        ends = f"{1e-3 * steps / (steps + 2):g}"
+        check(long.returncode == 0 and f"over {steps + 2} warm-up steps (longer than the run: it ends at {ends})"
+              in long.stdout and "cosine" not in long.stdout.splitlines()[0],
+              f"a warm-up longer than the run: the header says where the rate ends ({long.stdout[:300]!r})")
+        for name in ("long.h5", "long.report.html"):
+            if os.path.exists(os.path.join(work, name)):
+                os.unlink(os.path.join(work, name))
 
         with h5py.File(path, "r") as f:
             check(np.all(f["steps"]["grad_norm"][:] == 0), "no norm taken without --grad-clip")
