@@ -53,11 +53,10 @@ RunSummary summarize(const RunRecord& run) {
     if (run.at(0, t).skipped > 0) {
       if (s.skipped_steps++ == 0) s.first_skipped_step = static_cast<int>(run.meta.first_step) + t;
     }
-  s.grad_clip = run.config.value("grad_clip", 0.0);
-  if (s.grad_clip > 0) {
+  if (const double cap = run.config.value("grad_clip", 0.0); cap > 0) {
     for (int t = 0; t < steps; ++t) {
       const StepRecord& step = run.at(0, t);
-      s.clipped_steps += step.grad_norm > s.grad_clip;
+      s.clipped_steps += step.grad_norm > cap;
       if (step.skipped == 0) s.final_grad_norm = step.grad_norm;  // a skipped step took no norm
     }
   }
@@ -130,7 +129,6 @@ nlohmann::json to_json(const RunSummary& s) {
           {"mean_token_spread", s.mean_token_spread},
           {"skipped_steps", s.skipped_steps},
           {"first_skipped_step", s.skipped_steps > 0 ? nlohmann::json(s.first_skipped_step) : nlohmann::json()},
-          {"grad_clip", s.grad_clip},
           {"clipped_steps", s.clipped_steps},
           {"final_grad_norm", s.final_grad_norm},
           {"ranks", ranks},

@@ -29,9 +29,8 @@ struct RunSummary {
   // Steps whose update --skip-nonfinite skipped, over the whole run (warm-up included; every rank agrees), and the
   // first of them (-1: none).
   int skipped_steps = 0, first_skipped_step = -1;
-  // --grad-clip (grad_clip > 0): the cap, the steps whose gradient norm exceeded it (whole run; every rank takes the
-  // same norm), and the norm of the last step that was not skipped.
-  double grad_clip = 0;
+  // --grad-clip (the config's grad_clip > 0): the steps whose gradient norm exceeded the cap (whole run; every rank
+  // takes the same norm), and the norm of the last step that was not skipped.
   int clipped_steps = 0;
   double final_grad_norm = 0;
   // Per rank, the steady-state mean of every StepRecord field (start_ms, a point in time, stays zero); empty

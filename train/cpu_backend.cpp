@@ -1,7 +1,6 @@
 #include "train/cpu_backend.h"
 
 #include <cmath>
-#include <stdexcept>
 #include <utility>
 
 #include "kernels/grad_clip.h"
@@ -20,10 +19,6 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
     params_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
     workload_->place_params(static_cast<float*>(params_memory_.data()));
   }
-  // The CLI refuses it (launcher/cli.cpp); a Trainer built from a config directly would otherwise train unclipped.
-  if (config.update_in_backward() && config.optimizer.clips())
-    throw std::invalid_argument(
-        "--grad-clip needs every gradient reduced before the update: not with the update in backward");
   workload_->set_grad_piece_elements(floats_in_mb(resolved_grad_slice_mb(config)));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {

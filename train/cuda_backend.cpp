@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
-#include <stdexcept>
 #include <utility>
 
 #include "comm/nccl_allreduce.h"
@@ -40,10 +39,6 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
     : config_(config),
       profile_steps_(parse_profile_steps(config.profile_steps)),
       bucketed_update_(config.update_in_backward()) {
-  // The CLI refuses it (launcher/cli.cpp); a Trainer built from a config directly would otherwise train unclipped.
-  if (bucketed_update_ && config.optimizer.clips())
-    throw std::invalid_argument(
-        "--grad-clip needs every bucket reduced before the update: not with the update bucket by bucket");
   lr_ = config.optimizer.lr;  // until the Trainer sets a step's
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
@@ -66,19 +61,24 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
       *engine_, comm, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap}, numel, offset,
       workload_->flat_grads(), compute_.get());
 
-  // AdamW's moments in one allocation, the second on a 256-byte boundary (as if cudaMalloc'd: vector loads).
-  const size_t moment = (workload_->flat_size() * sizeof(float) + 255) / 256 * 256;
+  // The update's state in one allocation, each buffer on a 256-byte boundary as the models' (vector loads): AdamW's
+  // moments, and with --grad-clip the norm's workspace and result.
+  cuda_model::BufferLayout layout;
+  const size_t moment_bytes = workload_->flat_size() * sizeof(float);
+  const size_t at_m = layout.reserve(moment_bytes), at_v = layout.reserve(moment_bytes);
+  const bool clips = config.optimizer.clips();
+  const size_t at_workspace = clips ? layout.reserve(cuda::grad_norm_workspace_bytes()) : 0;
+  const size_t at_norm = clips ? layout.reserve(sizeof(cuda::ClippedNorm)) : 0;
   void* memory = nullptr;
-  cudaCheck(cudaMalloc(&memory, 2 * moment));
-  moments_.reset(memory);
-  m_ = static_cast<float*>(memory);
-  v_ = reinterpret_cast<float*>(static_cast<char*>(memory) + moment);
-  cudaCheck(cudaMemsetAsync(memory, 0, 2 * moment, compute_.get()));
-  if (config.optimizer.clips()) {
-    const size_t workspace = (cuda::grad_norm_workspace_bytes() + 255) / 256 * 256;
-    cudaCheck(cudaMalloc(&memory, workspace + sizeof(cuda::ClippedNorm)));
-    norm_memory_.reset(memory);
-    clipped_norm_ = reinterpret_cast<cuda::ClippedNorm*>(static_cast<char*>(memory) + workspace);
+  cudaCheck(cudaMalloc(&memory, layout.bytes()));
+  update_memory_.reset(memory);
+  char* const bytes = static_cast<char*>(memory);
+  m_ = reinterpret_cast<float*>(bytes + at_m);
+  v_ = reinterpret_cast<float*>(bytes + at_v);
+  cudaCheck(cudaMemsetAsync(memory, 0, layout.bytes(), compute_.get()));
+  if (clips) {
+    norm_workspace_ = bytes + at_workspace;
+    clipped_norm_ = reinterpret_cast<cuda::ClippedNorm*>(bytes + at_norm);
     cudaCheck(cudaMallocHost(&memory, sizeof(cuda::ClippedNorm)));
     clipped_norm_host_.reset(static_cast<cuda::ClippedNorm*>(memory));
     *clipped_norm_host_ = cuda::ClippedNorm{0.0, 1.0f};
@@ -105,10 +105,9 @@ CudaBackend::~CudaBackend() {
     engine_.release();
     reducer_.release();
     workload_.release();
-    moments_.release();
+    update_memory_.release();  // the norm's kernels and AdamW may still be queued
     extra_buffer_.release();
-    norm_memory_.release();  // the norm's kernels and its copy to the host may still be queued
-    clipped_norm_host_.release();
+    clipped_norm_host_.release();  // its copy from the device may still be queued
   }
 }
 
@@ -274,7 +273,7 @@ void CudaBackend::optimizer_step() {
   if (!bucketed_update_) {
     // --grad-clip: the norm and its factor on the device, read by the update, so that the host need not wait for them.
     if (clipped_norm_) {
-      cuda::grad_norm(workload_->flat_grads(), workload_->flat_size(), o.grad_clip, clipped_norm_, norm_memory_.get(),
+      cuda::grad_norm(workload_->flat_grads(), workload_->flat_size(), o.grad_clip, clipped_norm_, norm_workspace_,
                       compute_.get());
       cudaCheck(cudaMemcpyAsync(clipped_norm_host_.get(), clipped_norm_, sizeof(cuda::ClippedNorm),
                                 cudaMemcpyDeviceToHost, compute_.get()));

@@ -90,17 +90,17 @@ class CudaBackend final : public StepBackend {
   cuda::Stream compute_, copy_;
   std::unique_ptr<CudaWorkload> workload_;
   std::unique_ptr<cuda::CudaReducer> reducer_;
-  cuda::DeviceMemory moments_;  // AdamW's m and v
+  // AdamW's m and v, and with --grad-clip the norm's workspace and the norm with its clip factor, in one allocation;
+  // the norm's pinned host copy is queued behind the update and read after synchronize().
+  cuda::DeviceMemory update_memory_;
   float *m_ = nullptr, *v_ = nullptr;
+  void* norm_workspace_ = nullptr;
+  cuda::ClippedNorm* clipped_norm_ = nullptr;
+  std::unique_ptr<cuda::ClippedNorm, cuda::CudaFreeHost> clipped_norm_host_;
   cuda::DeviceMemory extra_buffer_;  // --extra-allreduce-mb: all-reduced after every update
   size_t extra_count_ = 0;
   int adam_steps_ = 0;  // updates made (a skipped step makes none), AdamW's t
   float lr_ = 0;        // this step's (set_learning_rate)
-  // --grad-clip: the norm and clip factor (device, after the norm's workspace), and their pinned host copy, queued
-  // behind the update and read after synchronize().
-  cuda::DeviceMemory norm_memory_;
-  cuda::ClippedNorm* clipped_norm_ = nullptr;
-  std::unique_ptr<cuda::ClippedNorm, cuda::CudaFreeHost> clipped_norm_host_;
   // --optimizer-in-backward on: the update bucket by bucket after backward, each behind its own all-reduce, so that
   // the closing bucket's all-reduce (the tied embedding's, final only after the embedding backward) runs beside the
   // update of all the others instead of before it.

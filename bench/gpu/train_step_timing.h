@@ -127,13 +127,12 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
   model.gemm().set_timed_algos(flags.gemm_algo == "timed", cuda::GemmAlgoTable::default_dir());
   const int64_t n = model.flat_size();
   float* moments = upload(std::vector<float>(2 * n, 0.0f), s);  // AdamW's m and v
-  // --grad-clip: the norm's workspace, then the norm and its factor (cudaMalloc's alignment holds for both).
-  const size_t norm_at = (cuda::grad_norm_workspace_bytes() + 255) / 256 * 256;
-  void* norm_memory = nullptr;
+  // --grad-clip: the norm's workspace, and the norm with its factor.
+  void* norm_workspace = nullptr;
   cuda::ClippedNorm* clipped = nullptr;
   if (flags.grad_clip > 0) {
-    cudaCheck(cudaMalloc(&norm_memory, norm_at + sizeof(cuda::ClippedNorm)));
-    clipped = reinterpret_cast<cuda::ClippedNorm*>(static_cast<char*>(norm_memory) + norm_at);
+    cudaCheck(cudaMalloc(&norm_workspace, cuda::grad_norm_workspace_bytes()));
+    cudaCheck(cudaMalloc(&clipped, sizeof(cuda::ClippedNorm)));
   }
   // One step, the t-th update; mark(k) after its k-th phase (1 forward, 2 backward, 3 the update).
   const auto enqueue_step = [&](int t, const auto& mark) {
@@ -143,7 +142,7 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
     model.backward();
     mark(2);
     const auto target = model.params_for_update();  // and the bf16 copy of a bf16 model, in the same pass
-    if (clipped) cuda::grad_norm(model.flat_grads(), n, flags.grad_clip, clipped, norm_memory, s);
+    if (clipped) cuda::grad_norm(model.flat_grads(), n, flags.grad_clip, clipped, norm_workspace, s);
     cuda::adamw_update(target.params, target.params_bf16, model.flat_grads(), moments, moments + n, n, adamw.lr,
                        adamw.beta1, adamw.beta2, adamw.eps, adamw.weight_decay, t, s, nullptr,
                        clipped ? &clipped->scale : nullptr);
@@ -192,7 +191,8 @@ StepTimes time_training_steps(Model& model, Forward forward, const StepFlags& fl
   if (!std::isfinite(model.loss())) throw std::runtime_error("non-finite loss");
   for (cudaEvent_t e : ev) cudaCheck(cudaEventDestroy(e));
   cudaCheck(cudaFree(moments));
-  cudaCheck(cudaFree(norm_memory));
+  cudaCheck(cudaFree(norm_workspace));
+  cudaCheck(cudaFree(clipped));
   return times;
 }
 

@@ -109,10 +109,9 @@ def main():
                       f"steps/grad_norm: shape {norms.shape}, units 'L2 norm'")
                 check(np.all(norms > 0) and np.all(norms == norms[0]), f"every rank the same positive norm ({norms})")
                 clipped = int(np.sum(norms[0] > 0.05))
-                check(summary["grad_clip"] == 0.05 and summary["clipped_steps"] == clipped
-                      and summary["final_grad_norm"] == norms[0, -1],
-                      f"summary: cap 0.05, {clipped} clipped steps, the last norm (got {summary['grad_clip']}, "
-                      f"{summary['clipped_steps']}, {summary['final_grad_norm']})")
+                check(summary["clipped_steps"] == clipped and summary["final_grad_norm"] == norms[0, -1],
+                      f"summary: {clipped} clipped steps, the last norm (got {summary['clipped_steps']}, "
+                      f"{summary['final_grad_norm']})")
                 check(f"clipped to 0.05 in {clipped} of {steps} steps" in clip.stdout, "the summary line counts them")
                 # --lr-warmup 2 --lr-schedule cosine over --lr 1e-3: llm.c's schedule, step by step, on every rank.
                 lr = f["steps"]["lr"][:]

@@ -27,7 +27,7 @@ inline void expect_the_schedule_reaches_the_update(TrainConfig scheduled) {
     Trainer a(scheduled, MPI_COMM_WORLD), b(constant, MPI_COMM_WORLD);
     const std::vector<float> init = a.parameters();
     EXPECT_EQ(a.step(step, 0).lr, lr) << "step " << step;
-    EXPECT_EQ(b.step(step, 0).lr, lr) << "step " << step;
+    b.step(step, 0);
     const std::vector<float> after = a.parameters();
     EXPECT_EQ(after, b.parameters()) << "step " << step << " at lr " << lr;
     EXPECT_NE(after, init) << "step " << step << " must move the parameters";

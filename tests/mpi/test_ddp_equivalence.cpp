@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "tests/mpi/lr_schedule_check.h"
@@ -371,6 +372,14 @@ TEST_P(LrScheduleReachesTheUpdate, AsAConstantRateOfThatStep) {
 
 INSTANTIATE_TEST_SUITE_P(Updates, LrScheduleReachesTheUpdate,
                          testing::Values("after_backward", "in_backward", "sharded"));
+
+// The update in backward cannot wait for the norm: a Trainer built from such a config directly (the CLI refuses it
+// earlier) refuses it on every rank rather than train unclipped.
+TEST(GradClipRefused, WithTheUpdateInBackward) {
+  TrainConfig c = clipped_config("mlp", 0.002, 0.05f);
+  c.optimizer_in_backward = OnOff::kOn;
+  EXPECT_THROW(Trainer(c, MPI_COMM_WORLD), std::invalid_argument);
+}
 
 // Small buckets: the norm spans many buckets. With ZeRO-1, the tiny transformer's embeddings are sharded and its other
 // buckets too small to shard (the MLP's all are); test_ddp_equivalence_sharded_small_rounds shards every bucket.
