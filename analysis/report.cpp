@@ -216,11 +216,13 @@ void print_config_line(std::FILE* out, const RunRecord& rec) {
     std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden").c_str(),
                  config_text(c, "layers").c_str(), config_text(c, "classes").c_str());
   else if (stored.transformer())  // what tells sequence runs apart: the head and how batches are cut
-    std::fprintf(out, ", model %s (head %s, batching %s%s)", to_string(stored.model), config_text(c, "head").c_str(),
-                 config_text(c, "batching").c_str(),
-                 stored.batching == Batching::kToken || stored.batching == Batching::kPack
-                     ? (", max_tokens " + config_text(c, "max_tokens")).c_str()
-                     : "");
+    std::fprintf(
+        out, ", model %s (head %s, %sbatching %s%s)", to_string(stored.model), config_text(c, "head").c_str(),
+        stored.data.empty() ? "" : ("data " + stored.data + ", max_len " + config_text(c, "max_len") + ", ").c_str(),
+        config_text(c, "batching").c_str(),
+        stored.batching == Batching::kToken || stored.batching == Batching::kPack
+            ? (", max_tokens " + config_text(c, "max_tokens")).c_str()
+            : "");
   if (meta.device == "cuda") std::fprintf(out, ", device cuda, precision %s", config_text(c, "precision").c_str());
   if (meta.device == "cuda" && stored.transformer() && c.contains("attention"))
     std::fprintf(out, ", attention %s", config_text(c, "attention").c_str());

@@ -71,6 +71,7 @@ struct TrainConfig {
   ModelKind model = ModelKind::kMlp;
   MlpConfig mlp;
   TransformerConfig::Head head = TransformerConfig::Head::kClassify;
+  std::string data;  // token shards (data/token_files.h); empty: synthetic sequences
   LengthDist lengths = LengthDist::kLogUniform;
   int min_len = 64, max_len = 256;
   double outlier_prob = 0.08;
@@ -192,6 +193,12 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.model);
   visit(Knob{"--head", "head", "transformer head: classify (mean-pooled) | lm (next token)", kNoMin, kNoMax, kMath},
         c.head);
+  visit(Knob{"--data", "data",
+             "transformer --head lm: train on token shards in llm.c's format (a file or a quoted glob of .bin "
+             "files: a 1024-byte header, then uint16 tokens), read in windows of --max-len tokens; empty: "
+             "synthetic sequences",
+             kNoMin, kNoMax, kMath | kNotInSuite},
+        c.data);
   visit(Knob{"--lengths", "lengths", "transformer data: sequence lengths fixed | uniform | loguniform", kNoMin, kNoMax,
              kMath},
         c.lengths);

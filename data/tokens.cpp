@@ -22,7 +22,7 @@ std::vector<std::vector<int64_t>> split_even(const std::vector<int64_t>& ids, in
 
 // Best-fit decreasing: the longest sequence first, each into the fullest row that still has room for it, or else a
 // new row. The short sequences fill the long ones' gaps, so rows come out nearly full, and no sequence is cut.
-std::vector<std::vector<int64_t>> pack_into_rows(std::vector<int64_t> ids, const SyntheticTokens& data, int row_len) {
+std::vector<std::vector<int64_t>> pack_into_rows(std::vector<int64_t> ids, const TokenSource& data, int row_len) {
   std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return data.length(a) > data.length(b); });
   std::vector<std::vector<int64_t>> rows;
   std::multimap<int, size_t> open;  // room left -> row, for the rows that can still take the shortest sequence
@@ -39,7 +39,7 @@ std::vector<std::vector<int64_t>> pack_into_rows(std::vector<int64_t> ids, const
     }
     rows[row].push_back(id);
     room -= len;
-    if (room >= data.config().min_len) open.emplace(room, row);
+    if (room >= data.min_len()) open.emplace(room, row);
   }
   return rows;
 }
@@ -58,7 +58,7 @@ std::vector<StepIds> even_steps(const std::vector<int64_t>& order, int64_t globa
 }
 
 // Similar lengths together: sorted by length within windows, so that the epoch stays shuffled overall.
-void sort_within_windows(std::vector<int64_t>& order, const SyntheticTokens& data, int64_t window) {
+void sort_within_windows(std::vector<int64_t>& order, const TokenSource& data, int64_t window) {
   const int64_t n = static_cast<int64_t>(order.size());
   for (int64_t k = 0; k < n; k += window) {
     const auto begin = order.begin() + k, end = order.begin() + std::min(n, k + window);
@@ -67,8 +67,8 @@ void sort_within_windows(std::vector<int64_t>& order, const SyntheticTokens& dat
 }
 
 // Greedy packing: a rank batch takes sequences while count x longest stays within max_tokens (at least one).
-std::vector<StepIds> token_budget_steps(const std::vector<int64_t>& order, const SyntheticTokens& data,
-                                        int64_t max_tokens, int world) {
+std::vector<StepIds> token_budget_steps(const std::vector<int64_t>& order, const TokenSource& data, int64_t max_tokens,
+                                        int world) {
   std::vector<std::vector<int64_t>> rank_batches;
   std::vector<int64_t> current;
   int longest = 0;
@@ -135,20 +135,26 @@ void SyntheticTokens::fill(int32_t* tokens, int64_t i) const {
   }
 }
 
-BatchPlan::BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, int world, uint64_t epoch_seed)
+std::string SyntheticTokens::describe() const {
+  if (config_.dist == LengthDist::kFixed) return "lengths fixed " + std::to_string(config_.max_len);
+  return std::string("lengths ") + to_string(config_.dist) + " [" + std::to_string(config_.min_len) + ", " +
+         std::to_string(config_.max_len) + "]";
+}
+
+BatchPlan::BatchPlan(const TokenSource& data, const BatchingConfig& config, int world, uint64_t epoch_seed)
     : data_(data) {
   if (world < 1 || config.batch < 1 || config.max_tokens < 1 || config.window < 1)
     throw std::invalid_argument("batch plan: world, batch, max_tokens and window must be positive");
-  const int64_t n = data.config().epoch_size;
+  const int64_t n = data.sequences();
   std::vector<int64_t> order(n);
   for (int64_t i = 0; i < n; ++i) order[i] = i;
   std::mt19937_64 rng(epoch_seed);  // the same sequence on every rank: the plan is never communicated
   std::shuffle(order.begin(), order.end(), rng);
 
   if (config.strategy == Batching::kPack) {
-    std::vector<std::vector<int64_t>> rows = pack_into_rows(order, data, data.config().max_len);
+    std::vector<std::vector<int64_t>> rows = pack_into_rows(order, data, data.max_len());
     std::shuffle(rows.begin(), rows.end(), rng);  // the same row order on every rank
-    add_packed_steps(rows, std::max<int64_t>(1, config.max_tokens / data.config().max_len) * world, world);
+    add_packed_steps(rows, std::max<int64_t>(1, config.max_tokens / data.max_len()) * world, world);
     return;
   }
   // The other strategies cut [step][rank] lists of ids, one sequence per row.

@@ -32,14 +32,33 @@ struct TokenDataConfig {
   uint64_t seed = 1234;
 };
 
-class SyntheticTokens {
+// Where the transformer's sequences come from: one epoch of them, each a pure function of its index, so that every
+// rank reads any sequence of the plan alike without communicating. Synthetic sequences (below) or token shards
+// (data/token_files.h).
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int64_t sequences() const = 0;  // per epoch
+  virtual int min_len() const = 0;        // the shortest and longest sequence
+  virtual int max_len() const = 0;
+  virtual int length(int64_t i) const = 0;
+  virtual int32_t label(int64_t i) const = 0;  // the classify head's target
+  // tokens[0 .. length(i)) of sequence i.
+  virtual void fill(int32_t* tokens, int64_t i) const = 0;
+  virtual std::string describe() const = 0;  // for the run header: "lengths loguniform [64, 256]"
+};
+
+class SyntheticTokens : public TokenSource {
  public:
   explicit SyntheticTokens(const TokenDataConfig& config);
   const TokenDataConfig& config() const { return config_; }
-  int length(int64_t i) const;
-  int32_t label(int64_t i) const;
-  // tokens[0 .. length(i)) of sequence i.
-  void fill(int32_t* tokens, int64_t i) const;
+  int64_t sequences() const override { return config_.epoch_size; }
+  int min_len() const override { return config_.min_len; }
+  int max_len() const override { return config_.max_len; }
+  int length(int64_t i) const override;
+  int32_t label(int64_t i) const override;
+  void fill(int32_t* tokens, int64_t i) const override;
+  std::string describe() const override;
 
  private:
   TokenDataConfig config_;
@@ -67,7 +86,7 @@ struct BatchingConfig {
 // One epoch cut into steps for `world_size` ranks.
 class BatchPlan {
  public:
-  BatchPlan(const SyntheticTokens& data, const BatchingConfig& config, int world_size, uint64_t epoch_seed);
+  BatchPlan(const TokenSource& data, const BatchingConfig& config, int world_size, uint64_t epoch_seed);
   int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
   // Sequence ids of rank r at step s, row by row.
   const std::vector<int64_t>& batch(int64_t step, int rank) const { return steps_.at(step).at(rank).ids; }
@@ -84,7 +103,7 @@ class BatchPlan {
   };
   void add_packed_steps(const std::vector<std::vector<int64_t>>& rows, int64_t per_step, int world);
   void add_steps(std::vector<std::vector<std::vector<int64_t>>>&& steps);  // [step][rank] ids, a sequence per row
-  const SyntheticTokens& data_;
+  const TokenSource& data_;
   std::vector<std::vector<RankBatch>> steps_;  // [step][rank]
 };
 

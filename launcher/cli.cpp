@@ -1,11 +1,15 @@
 #include "launcher/cli.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <type_traits>
+#include <vector>
 
+#include "data/token_files.h"
 #include "data/tokens.h"
 #include "model/attention_kind.h"
 #include "model/precision.h"
@@ -172,10 +176,15 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
 
 void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   CLI::Option* warmup = nullptr;
+  std::vector<CLI::Option*> synthetic;  // the flags that shape synthetic sequences, which --data replaces
+  const std::array<const void*, 4> synthetic_knobs{&c.lengths, &c.min_len, &c.outlier_prob, &c.epoch_size};
   visit_knobs(c, [&](const Knob& knob, auto& value) {
     if (!offered(knob, flags)) return;
     CLI::Option* option = add_knob_flag(app, knob, value);
-    if (static_cast<const void*>(&value) == &c.warmup_steps) warmup = option;
+    const void* field = &value;
+    if (field == &c.warmup_steps) warmup = option;
+    if (std::find(synthetic_knobs.begin(), synthetic_knobs.end(), field) != synthetic_knobs.end())
+      synthetic.push_back(option);
   });
   // --force's meaning depends on the command: one run's file, or the folder of many.
   if (CLI::Option* force = app->get_option_no_throw("--force"))
@@ -183,10 +192,20 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
                                                 : "reuse an existing --out-dir, overwriting its files");
   // A --warmup-steps that leaves no step to measure cannot be what was meant: refused. The default (5) is not a
   // request, so a shorter run keeps its last step (RunRecord::first_steady_step), as its "steady state" line says.
-  app->parse_complete_callback([&c, warmup] {
+  app->parse_complete_callback([&c, warmup, synthetic] {
     require(warmup->count() == 0 || c.warmup_steps < c.steps,
             "--warmup-steps " + std::to_string(c.warmup_steps) + " leaves none of the " + std::to_string(c.steps) +
                 " steps (--steps) to measure: it must be smaller");
+    if (c.data.empty()) return;
+    for (const CLI::Option* option : synthetic)
+      require(option->count() == 0, option->get_name() +
+                                        " shapes synthetic sequences, and --data reads its shards in "
+                                        "windows of --max-len tokens instead: leave it out");
+    // What the run file then says of them: every sequence a window of --max-len, the epoch the shards' windows (0).
+    c.lengths = LengthDist::kFixed;
+    c.min_len = c.max_len;
+    c.outlier_prob = 0;
+    c.epoch_size = 0;
   });
 }
 
@@ -201,6 +220,8 @@ void at_least(const char* flag, long long value, long long min) {
 void validate_tokens(const TrainConfig& c) {
   require(c.batching != Batching::kPack || c.head == Head::kCausalLM,
           "--batching pack needs --head lm (the classifier pools one sequence per row)");
+  require(c.data.empty() || c.head == Head::kCausalLM,
+          "--data needs --head lm (token shards hold no class labels for the classify head)");
   at_least("--min-len", c.min_len, c.head == Head::kCausalLM ? 2 : 1);
   at_least("--max-len", c.max_len, c.min_len);
   at_least("--max-tokens", c.max_tokens, 1);
@@ -208,13 +229,34 @@ void validate_tokens(const TrainConfig& c) {
   require(c.max_tokens >= c.max_len || (c.batching != Batching::kToken && c.batching != Batching::kPack),
           "--max-tokens " + std::to_string(c.max_tokens) + " is below --max-len " + std::to_string(c.max_len) +
               ": a batch of one longest sequence would exceed it (--batching " + to_string(c.batching) + ")");
-  at_least("--epoch-size", c.epoch_size, 1);
+  if (c.data.empty()) at_least("--epoch-size", c.epoch_size, 1);
+}
+
+// --data's shards, opened as the run will read them: each one llm.c's format, a window for every rank, and every
+// token inside the model's vocabulary (one pass over the tokens).
+void validate_token_shards(const TrainConfig& c, int ranks) {
+  try {
+    const TokenFiles shards(c.data, c.max_len);
+    const int64_t windows = shards.sequences();
+    require(windows >= ranks, "--data " + c.data + ": " + std::to_string(windows) +
+                                  (windows == 1 ? " window of " : " windows of ") + std::to_string(c.max_len) +
+                                  " tokens, fewer than the " + std::to_string(ranks) +
+                                  " ranks; lower --max-len or add tokens");
+    const int vocab = TransformerConfig::preset(to_string(c.model)).vocab;
+    const std::string outside = shards.first_token_outside(vocab);
+    require(outside.empty(), "--data " + outside + ", outside --model " + to_string(c.model) + "'s vocabulary of " +
+                                 std::to_string(vocab) + " tokens");
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--data " + std::string(e.what()));
+  }
 }
 
 }  // namespace
 
 void validate(const TrainConfig& c) {
   visit_knobs(c, [](const Knob& knob, const auto& value) { check_range(knob, value); });
+  require(c.data.empty() || c.transformer(),
+          "--data needs a transformer --model (the MLP trains on synthetic features)");
   if (c.transformer()) validate_tokens(c);
   // parse_link takes 0 as "unlimited", which a named link would then only pretend to be.
   require(c.link_gbps != 0, "--link-gbps must be positive (got 0); for no bandwidth limit, leave it out with --link none");
@@ -272,6 +314,7 @@ void validate_for_ranks(const TrainConfig& c, int ranks) {
   const std::string job = " is not a rank of this " + std::to_string(ranks) + "-rank job";
   require(c.fault == Fault::kNone || c.fault_rank < ranks, "--fault-rank " + std::to_string(c.fault_rank) + job);
   require(c.slow_rank < ranks, "--slow-rank " + std::to_string(c.slow_rank) + job);
+  if (c.transformer() && !c.data.empty()) return validate_token_shards(c, ranks);
   require(!c.transformer() || c.epoch_size >= ranks,
           "more ranks (" + std::to_string(ranks) + ") than sequences per epoch (--epoch-size " +
               std::to_string(c.epoch_size) + "): every rank needs at least one; raise --epoch-size");

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "data/token_files.h"
+
 namespace ddplab {
 namespace {
 
@@ -28,7 +30,8 @@ TokenBatches::TokenBatches(const TrainConfig& config, const TransformerConfig& m
       rank_(rank),
       world_(world),
       batching_(config.batching),
-      data_(data_config(config, model)) {}
+      data_(config.data.empty() ? std::unique_ptr<TokenSource>(new SyntheticTokens(data_config(config, model)))
+                                : std::unique_ptr<TokenSource>(new TokenFiles(config.data, config.max_len))) {}
 
 TransformerConfig TokenBatches::model_config(const TrainConfig& c) {
   TransformerConfig m = TransformerConfig::preset(to_string(c.model));
@@ -38,14 +41,11 @@ TransformerConfig TokenBatches::model_config(const TrainConfig& c) {
 }
 
 std::string TokenBatches::describe(int64_t num_parameters) const {
-  char text[200];
-  std::snprintf(text, sizeof text,
-                "transformer %s (%s head, %d layers, d_model %d, %d heads, %.2fM params), lengths %s [%d, %d], "
-                "batching %s",
+  char model[120];
+  std::snprintf(model, sizeof model, "transformer %s (%s head, %d layers, d_model %d, %d heads, %.2fM params)",
                 to_string(config_.model), to_string(config_.head), model_.layers, model_.d_model, model_.heads,
-                num_parameters / 1e6, to_string(config_.lengths), config_.min_len, config_.max_len,
-                to_string(config_.batching));
-  return text;
+                num_parameters / 1e6);
+  return std::string(model) + ", " + data_->describe() + ", batching " + to_string(config_.batching);
 }
 
 int64_t TokenBatches::max_tokens(const TrainConfig& config) {
@@ -71,7 +71,7 @@ BatchStats TokenBatches::load(int64_t step, int micro) {
   seq_ = 1;
   for (size_t b = 0, next = 0; b < rows.size(); ++b) {
     int row = 0;
-    for (int k = 0; k < rows[b]; ++k) row += data_.length(ids[next++]);
+    for (int k = 0; k < rows[b]; ++k) row += data_->length(ids[next++]);
     seq_ = std::max(seq_, row);
   }
   tokens_.assign(static_cast<size_t>(rows_) * seq_, 0);
@@ -82,10 +82,10 @@ BatchStats TokenBatches::load(int64_t step, int micro) {
   for (size_t b = 0, next = 0; b < rows.size(); ++b) {
     for (int k = 0; k < rows[b]; ++k) {  // the row's sequences back to back, each from position 0
       const int64_t id = ids[next++];
-      const int len = data_.length(id), at = static_cast<int>(b) * seq_ + lengths_[b];
-      data_.fill(tokens_.data() + at, id);
+      const int len = data_->length(id), at = static_cast<int>(b) * seq_ + lengths_[b];
+      data_->fill(tokens_.data() + at, id);
       for (int t = 0; t < len && !positions_.empty(); ++t) positions_[at + t] = t;
-      labels_.push_back(data_.label(id));
+      labels_.push_back(data_->label(id));
       lengths_[b] += len;
       stats.max_len = std::max(stats.max_len, static_cast<double>(len));
     }
@@ -108,7 +108,7 @@ void TokenBatches::begin_step(int64_t step) {
   while (!plan_ || step - plan_first_step_ >= plan_->num_steps()) {
     const int64_t first = plan_ ? plan_first_step_ + plan_->num_steps() : 0;
     const BatchingConfig batching{batching_, config_.batch, config_.max_tokens, 64};
-    plan_ = std::make_unique<BatchPlan>(data_, batching, world_ * micro_batches,
+    plan_ = std::make_unique<BatchPlan>(*data_, batching, world_ * micro_batches,
                                         config_.seed + 7919 * static_cast<uint64_t>(epoch_++));
     plan_first_step_ = first;
   }
@@ -116,7 +116,7 @@ void TokenBatches::begin_step(int64_t step) {
   plan_step_ = step - plan_first_step_;
   auto terms = [&](int slot) {
     int64_t n = 0;
-    for (int64_t id : plan_->batch(plan_step_, slot)) n += model_.loss_terms(data_.length(id));
+    for (int64_t id : plan_->batch(plan_step_, slot)) n += model_.loss_terms(data_->length(id));
     return n;
   };
   int64_t mine = 0, global = 0;

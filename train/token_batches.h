@@ -56,7 +56,7 @@ class TokenBatches {
   TransformerConfig model_;
   int rank_, world_;
   Batching batching_;
-  SyntheticTokens data_;
+  std::unique_ptr<TokenSource> data_;  // --data's shards, or synthetic sequences
   std::unique_ptr<BatchPlan> plan_;
   int64_t plan_first_step_ = 0, plan_step_ = 0, step_ = -1;
   int epoch_ = 0;

@@ -55,6 +55,22 @@ expect_error() {
 }
 
 small=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 2)
+# Token shards for --data (llm.c's format): a good one of 20 tokens (1 window of 16), one with a token past tiny's
+# vocabulary of 8192, one cut short, one of another format.
+token_dir=$tmp/token_shards
+mkdir "$token_dir"
+python3 - "$token_dir" <<'PY'
+import struct, sys
+d = sys.argv[1]
+def shard(name, tokens, count=None, magic=20240520):
+    header = struct.pack("<256i", magic, 1, len(tokens) if count is None else count, *([0] * 253))
+    open(f"{d}/{name}", "wb").write(header + struct.pack(f"<{len(tokens)}H", *tokens))
+shard("good.bin", list(range(20)))
+shard("vocab.bin", [5] * 40 + [9000] + [5] * 40)
+shard("cut.bin", list(range(31)), count=64)
+shard("other.bin", list(range(31)), magic=20240801)
+PY
+lm=(train --model tiny --head lm --max-len 16 --batch 1 --steps 2)
 cuda=(--device cuda --comm nccl)
 # Every refusal of a flag, at NP ranks.
 refusals_at() {
@@ -69,6 +85,19 @@ refusals_at() {
   expect_error $np "--batching pack needs --head lm" train --model tiny --batching pack --steps 2
   expect_error $np "--max-tokens 100 is below --max-len 256" train --model tiny --batching token --max-tokens 100 --steps 2
   expect_error $np "--max-tokens 100 is below --max-len 256" suite tokens --max-tokens 100 --steps 2
+  expect_error $np "--data $token_dir/none[*].bin: no such file" "${lm[@]}" --data "$token_dir/none*.bin"
+  expect_error $np "--data $token_dir/vocab.bin: token 9000 at index 40, outside --model tiny's vocabulary of 8192" \
+    "${lm[@]}" --data "$token_dir/vocab.bin"
+  expect_error $np "--data $token_dir/cut.bin: the header counts 64 tokens, the file holds 31" "${lm[@]}" --data "$token_dir/cut.bin"
+  expect_error $np "--data $token_dir/other.bin: not a token shard (magic 20240801" "${lm[@]}" --data "$token_dir/other.bin"
+  expect_error $np "--data $token_dir/good.bin: no shard holds a window of --max-len 32 tokens (20 tokens in all)" \
+    train --model tiny --head lm --max-len 32 --steps 2 --data "$token_dir/good.bin"
+  expect_error $np "--data needs --head lm" train --model tiny --data "$token_dir/good.bin" --steps 2
+  expect_error $np "--data needs a transformer --model" train "${small[@]}" --data "$token_dir/good.bin"
+  expect_error $np "--min-len shapes synthetic sequences" "${lm[@]}" --data "$token_dir/good.bin" --min-len 4
+  expect_error $np "--epoch-size shapes synthetic sequences" "${lm[@]}" --data "$token_dir/good.bin" --epoch-size 9
+  [ "$np" -gt 1 ] && expect_error $np "--data $token_dir/good.bin: 1 window of 16 tokens, fewer than the $np ranks" \
+    "${lm[@]}" --data "$token_dir/good.bin"
   expect_error $np "--layers must be at least 1 (got 0)" train "${small[@]}" --layers 0
   expect_error $np "--busy-threads must be at least 0 (got -1)" train "${small[@]}" --busy-threads -1
   expect_error $np "must not be negative" train "${small[@]}" --bucket-mb -1

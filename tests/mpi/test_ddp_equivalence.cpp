@@ -15,11 +15,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tests/mpi/lr_schedule_check.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/unit/token_shards.h"
 #include "train/trainer.h"
 
 namespace ddplab {
@@ -108,6 +112,37 @@ TEST_P(DdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
     std::printf("  max |ddp - single| = %.3g (tol %.3g), max |trained - init| = %.3g\n", max_diff, tol, moved);
 }
 
+// N ranks train `c` as one rank trains it with their global batch (the same samples every step, parameters within
+// fp32 summation order) and stay identical; the run crosses the end of an epoch of `epoch_sequences`.
+void expect_ranks_train_as_one_rank_with_the_global_batch(const TrainConfig& c, int64_t epoch_sequences) {
+  const int64_t batches = int64_t{world_size()} * c.grad_accum;
+  TrainConfig global = c;
+  global.batch = static_cast<int>(c.batch * batches);
+  global.max_tokens = c.max_tokens * batches;
+  global.grad_accum = 1;
+  Trainer ddp(c, MPI_COMM_WORLD), single(global, MPI_COMM_SELF);
+  double samples = 0;
+  for (int step = 0; step < c.steps; ++step) {
+    const double mine = ddp.step(step, 0).samples;
+    double all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(all, single.step(step, 0).samples) << "step " << step;
+    samples += all;
+  }
+  EXPECT_GT(samples, static_cast<double>(epoch_sequences)) << "the run must cross the end of the epoch";
+  const std::vector<float> a = ddp.parameters(), b = single.parameters();
+  const int64_t n = static_cast<int64_t>(a.size());
+  ASSERT_TRUE(identical_across_ranks(a.data(), n));
+  double max_diff = 0, moved = 0;
+  const std::vector<float> init = Trainer(global, MPI_COMM_SELF).parameters();
+  for (int64_t i = 0; i < n; ++i) {
+    max_diff = std::max(max_diff, std::abs(double(a[i]) - b[i]));
+    moved = std::max(moved, std::abs(double(b[i]) - init[i]));
+  }
+  EXPECT_LE(max_diff, 1e-6);
+  EXPECT_GT(moved, 1e-4);
+}
+
 // Variable-length batches: ranks hold different numbers of sequences and tokens at each step, and each rank's
 // gradient is weighted by its share of the global loss terms (train/workload.h), so N ranks still train the
 // model of one rank with the global batch. The plans give the single rank exactly the union of the ranks'
@@ -142,31 +177,76 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   c.optimizer.kind = OptimizerKind::kSgd;
   c.optimizer.lr = 0.1f;
   c.comm = AllreduceImpl::kRing;
-  TrainConfig global = c;
-  global.batch = static_cast<int>(c.batch * batches);
-  global.max_tokens = c.max_tokens * batches;
-  global.grad_accum = 1;
-  Trainer ddp(c, MPI_COMM_WORLD), single(global, MPI_COMM_SELF);
-  double samples = 0;
-  for (int step = 0; step < c.steps; ++step) {
-    const double mine = ddp.step(step, 0).samples;
-    double all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    EXPECT_EQ(all, single.step(step, 0).samples) << "step " << step;
-    samples += all;
+  expect_ranks_train_as_one_rank_with_the_global_batch(c, c.epoch_size);
+}
+
+// A folder of files for every rank of the job (on one host): rank 0 makes it and writes the files into it before
+// any rank reads them, and removes it once every rank is done.
+class SharedTempDir {
+ public:
+  explicit SharedTempDir(const std::function<void(const std::string&)>& write) {
+    char path[64] = "/tmp/test_ddp_tokens_XXXXXX";
+    if (world_rank() == 0) {
+      if (!mkdtemp(path)) throw std::runtime_error("mkdtemp failed");
+      write(path);
+    }
+    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);  // after the writes
+    path_ = path;
   }
-  EXPECT_GT(samples, static_cast<double>(c.epoch_size)) << "the run must cross the end of the epoch";
-  const std::vector<float> a = ddp.parameters(), b = single.parameters();
-  const int64_t n = static_cast<int64_t>(a.size());
-  ASSERT_TRUE(identical_across_ranks(a.data(), n));
-  double max_diff = 0, moved = 0;
-  const std::vector<float> init = Trainer(global, MPI_COMM_SELF).parameters();
-  for (int64_t i = 0; i < n; ++i) {
-    max_diff = std::max(max_diff, std::abs(double(a[i]) - b[i]));
-    moved = std::max(moved, std::abs(double(b[i]) - init[i]));
+  ~SharedTempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::filesystem::remove_all(path_);
   }
-  EXPECT_LE(max_diff, 1e-6);
-  EXPECT_GT(moved, 1e-4);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Token shards (--data) through the same plans: two shards of unlike lengths, so that the windows of one step come
+// from both, and an epoch of 31 windows that ends inside the run.
+TEST(TokenShardsDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
+  const SharedTempDir dir([](const std::string& path) {
+    write_token_shard(path + "/shard_0.bin", counting_tokens(15 * 23 + 1, 0, 300));  // 23 windows of 16 tokens
+    write_token_shard(path + "/shard_1.bin", counting_tokens(15 * 8 + 9, 7, 300));   // 8, and 8 tokens left over
+  });
+  TrainConfig c;
+  c.model = ModelKind::kTiny;
+  c.head = TransformerConfig::Head::kCausalLM;
+  c.data = dir.path() + "/shard_*.bin";
+  c.lengths = LengthDist::kFixed;
+  c.max_len = c.min_len = 16;
+  c.batch = 4;
+  c.grad_accum = 2;
+  c.steps = 5;
+  c.optimizer.kind = OptimizerKind::kSgd;
+  c.optimizer.lr = 0.1f;
+  expect_ranks_train_as_one_rank_with_the_global_batch(c, 23 + 8);
+}
+
+// A shard whose next token always follows from the one before (a cycle of 13 ids): from the uniform guess over the
+// vocabulary, ln 8192 = 9.0, the loss must fall to near 0, which only the shard's own order of tokens allows.
+TEST(TokenShardsDdpEquivalence, TheModelLearnsTheShardsText) {
+  const SharedTempDir dir([](const std::string& path) {
+    std::vector<uint16_t> cycle(4000);
+    for (size_t k = 0; k < cycle.size(); ++k) cycle[k] = static_cast<uint16_t>(500 + 37 * (k % 13));
+    write_token_shard(path + "/cycle.bin", cycle);
+  });
+  TrainConfig c;
+  c.model = ModelKind::kTiny;
+  c.head = TransformerConfig::Head::kCausalLM;
+  c.data = dir.path() + "/cycle.bin";
+  c.lengths = LengthDist::kFixed;
+  c.max_len = c.min_len = 32;
+  c.batch = 12 / world_size();  // the same global batch, and so the same training, at np 1-4
+  c.steps = 80;
+  c.optimizer.lr = 1e-2f;
+  Trainer trainer(c, MPI_COMM_WORLD);
+  const double first = trainer.step(0, 0).loss;
+  double last = first;
+  for (int step = 1; step < c.steps; ++step) last = trainer.step(step, 0).loss;
+  EXPECT_NEAR(first, std::log(8192.0), 0.5);
+  EXPECT_LT(last, 0.3) << "from " << first;  // 0.10 at np 1 (2.4 at step 20, 0.40 at step 60)
 }
 
 // --optimizer-in-backward updates each bucket while backward still runs, as soon as backward no longer reads its

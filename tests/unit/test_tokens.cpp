@@ -1,13 +1,18 @@
 // Token data and batching (data/tokens.h): deterministic sequences with the requested lengths, and batch plans
 // that cover every sequence of an epoch exactly once, respect the token budget, group similar lengths, and pack
-// rows nearly full.
+// rows nearly full; token shards in llm.c's format read as windows (data/token_files.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "data/tokens.h"
+#include "tests/unit/token_shards.h"
 
 namespace ddplab {
 namespace {
@@ -147,6 +152,95 @@ TEST(BatchPlan, SameOnEveryRankAndBadInputRefused) {
   EXPECT_THROW(parse_choice<Batching>("random", "--batching"), std::invalid_argument);
   EXPECT_EQ(parse_choice<Batching>("pack", "--batching"), Batching::kPack);
   EXPECT_THROW(parse_choice<LengthDist>("normal", "--lengths"), std::invalid_argument);
+}
+
+// Token shards in llm.c's format (data/token_files.h).
+class TokenShards : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/test_token_files_XXXXXX";
+    dir_ = mkdtemp(pattern);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string dir_;
+};
+
+// Windows of 5 tokens, each starting on the last token of the one before, in the shards' name order, never across
+// two shards: every (token, next token) pair of a shard is the pair of exactly one window.
+TEST_F(TokenShards, WindowsOverlapByOneTokenAndStayInTheirShard) {
+  write_token_shard(path("b_001.bin"), counting_tokens(10, 1000));  // (10 - 1) / 4 = 2 windows, 1 token left
+  write_token_shard(path("b_000.bin"), counting_tokens(13));        // 3 windows
+  write_token_shard(path("b_002.bin"), counting_tokens(4, 2000));   // none: shorter than a window
+  const TokenFiles files(path("b_*.bin"), 5);
+  EXPECT_EQ(files.shards(), 3);
+  EXPECT_EQ(files.tokens(), 27);
+  ASSERT_EQ(files.sequences(), 5);
+  EXPECT_EQ(files.length(4), 5);
+  EXPECT_EQ(files.min_len(), 5);
+  const std::vector<std::vector<int32_t>> expected = {{0, 1, 2, 3, 4},
+                                                      {4, 5, 6, 7, 8},
+                                                      {8, 9, 10, 11, 12},
+                                                      {1000, 1001, 1002, 1003, 1004},
+                                                      {1004, 1005, 1006, 1007, 1008}};
+  for (int64_t i = 0; i < 5; ++i) {
+    std::vector<int32_t> window(5, -1);
+    files.fill(window.data(), i);
+    EXPECT_EQ(window, expected[i]) << "window " << i;
+  }
+  EXPECT_THROW(files.fill(std::vector<int32_t>(5).data(), 5), std::out_of_range);
+  EXPECT_EQ(files.describe(), "data " + path("b_*.bin") + " (2.7e-05M tokens in 3 shards, 5 windows of 5)");
+  // A batch plan over them covers each window once an epoch, as it does synthetic sequences.
+  const BatchPlan plan(files, BatchingConfig{Batching::kSample, 2, 4096, 16}, 2, 7);
+  expect_exact_cover(plan, 2, files.sequences());
+}
+
+TEST_F(TokenShards, TheFirstTokenOutsideTheVocabularyIsNamed) {
+  std::vector<uint16_t> tokens = counting_tokens(100);
+  tokens[77] = 50304;
+  write_token_shard(path("a.bin"), tokens);
+  const TokenFiles files(path("a.bin"), 8);
+  EXPECT_EQ(files.first_token_outside(50304), path("a.bin") + ": token 50304 at index 77");
+  EXPECT_EQ(files.first_token_outside(50305), "");
+}
+
+// Each refusal names the shard and what is wrong, before any window is read.
+TEST_F(TokenShards, DamagedOrForeignFilesAreRefusedByName) {
+  const auto refusal = [&](const std::string& pattern, int window = 4) {
+    try {
+      TokenFiles files(pattern, window);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal(path("none_*.bin")), path("none_*.bin") + ": no such file");
+  write_token_shard(path("truncated.bin"), counting_tokens(100), 101);
+  EXPECT_EQ(refusal(path("truncated.bin")), path("truncated.bin") +
+                                                ": the header counts 101 tokens, the file holds 100 "
+                                                "(1224 bytes): truncated or not a token shard");
+  write_token_shard(path("magic.bin"), counting_tokens(100), -1, 20240801);
+  EXPECT_EQ(refusal(path("magic.bin")),
+            path("magic.bin") + ": not a token shard (magic 20240801, llm.c's is 20240520)");
+  write_token_shard(path("version.bin"), counting_tokens(100), -1, kTokenShardMagic, 7);
+  EXPECT_EQ(refusal(path("version.bin")),
+            path("version.bin") + ": token shard version 7, only version 1 (uint16 tokens, GPT-2's) is read");
+  std::FILE* text = std::fopen(path("text.bin").c_str(), "wb");
+  std::fputs("hello", text);
+  std::fclose(text);
+  EXPECT_EQ(refusal(path("text.bin")),
+            path("text.bin") + ": not a token shard (5 bytes, shorter than llm.c's 1024-byte header)");
+  write_token_shard(path("short.bin"), counting_tokens(3));
+  EXPECT_EQ(refusal(path("short.bin")), path("short.bin") +
+                                            ": no shard holds a window of --max-len 4 tokens (3 tokens "
+                                            "in all); lower --max-len");
+  EXPECT_EQ(refusal(path("short.bin"), 3), "accepted");
+  // One damaged shard among good ones refuses the set.
+  write_token_shard(path("set_0.bin"), counting_tokens(100));
+  write_token_shard(path("set_1.bin"), counting_tokens(100), 99);
+  EXPECT_EQ(refusal(path("set_*.bin")), path("set_1.bin") +
+                                            ": the header counts 99 tokens, the file holds 100 "
+                                            "(1224 bytes): truncated or not a token shard");
 }
 
 }  // namespace
