@@ -1,6 +1,7 @@
 #include "analysis/summary.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace ddplab {
@@ -60,6 +61,11 @@ RunSummary summarize(const RunRecord& run) {
       if (step.skipped == 0) s.final_grad_norm = step.grad_norm;  // a skipped step took no norm
     }
   }
+  for (int t = 0; t < steps; ++t)
+    if (!std::isnan(run.at(0, t).val_loss)) {
+      s.final_val_loss = run.at(0, t).val_loss;
+      s.final_val_step = static_cast<int>(run.meta.first_step) + t;
+    }
   if (s.slowest_step_ms > 0) {
     s.useful_tokens_per_s = useful / counted / (s.slowest_step_ms / 1e3);
     s.padded_tokens_per_s = padded / counted / (s.slowest_step_ms / 1e3);
@@ -131,6 +137,8 @@ nlohmann::json to_json(const RunSummary& s) {
           {"first_skipped_step", s.skipped_steps > 0 ? nlohmann::json(s.first_skipped_step) : nlohmann::json()},
           {"clipped_steps", s.clipped_steps},
           {"final_grad_norm", s.final_grad_norm},
+          {"final_val_loss", s.final_val_step >= 0 ? nlohmann::json(s.final_val_loss) : nlohmann::json()},
+          {"final_val_step", s.final_val_step >= 0 ? nlohmann::json(s.final_val_step) : nlohmann::json()},
           {"ranks", ranks},
           {"bucket_arrival", arrivals}};
 }

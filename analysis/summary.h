@@ -2,6 +2,7 @@
 // RunRecord — the trainer's in memory, or one read back from a run file — for the run file's `summary`
 // attribute, `ddplab report`, the suite's tables and blame, and (through the attribute) the charts.
 #pragma once
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ struct RunSummary {
   // takes the same norm), and the norm of the last step that was not skipped.
   int clipped_steps = 0;
   double final_grad_norm = 0;
+  // --val-data: the last validation loss and its step; NaN and -1 where the run never validated.
+  double final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  int final_val_step = -1;
   // Per rank, the steady-state mean of every StepRecord field (start_ms, a point in time, stays zero); empty
   // when there are no steps.
   std::vector<StepRecord> ranks;

@@ -72,6 +72,9 @@ struct TrainConfig {
   MlpConfig mlp;
   TransformerConfig::Head head = TransformerConfig::Head::kClassify;
   std::string data;  // token shards (data/token_files.h); empty: synthetic sequences
+  std::string val_data;     // token shards of the validation loss; empty: none
+  int val_every = 0;        // steps between validations (0: after the last step only)
+  int64_t val_windows = 0;  // windows of val_data per validation (0: all)
   LengthDist lengths = LengthDist::kLogUniform;
   int min_len = 64, max_len = 256;
   double outlier_prob = 0.08;
@@ -199,6 +202,18 @@ void visit_knobs(Config& c, Visit&& visit) {
              "synthetic sequences",
              kNoMin, kNoMax, kMath | kNotInSuite},
         c.data);
+  visit(Knob{"--val-data", "val_data",
+             "transformer --head lm: the validation loss, on token shards in --data's format (llm.c's val "
+             "shard), the mean over every rank's share of them; empty: none",
+             kNoMin, kNoMax, kNotInSuite},
+        c.val_data);
+  visit(Knob{"--val-every", "val_every",
+             "--val-data: validate every N steps and after the last (0: after the last only)", 0, kNoMax, kNotInSuite},
+        c.val_every);
+  visit(Knob{"--val-windows", "val_windows",
+             "--val-data: the first N windows of --max-len tokens, split across the ranks (0: all)", 0, kNoMax,
+             kNotInSuite},
+        c.val_windows);
   visit(Knob{"--lengths", "lengths", "transformer data: sequence lengths fixed | uniform | loguniform", kNoMin, kNoMax,
              kMath},
         c.lengths);

@@ -222,6 +222,8 @@ void validate_tokens(const TrainConfig& c) {
           "--batching pack needs --head lm (the classifier pools one sequence per row)");
   require(c.data.empty() || c.head == Head::kCausalLM,
           "--data needs --head lm (token shards hold no class labels for the classify head)");
+  require(c.val_data.empty() || c.head == Head::kCausalLM,
+          "--val-data needs --head lm (token shards hold no class labels for the classify head)");
   at_least("--min-len", c.min_len, c.head == Head::kCausalLM ? 2 : 1);
   at_least("--max-len", c.max_len, c.min_len);
   at_least("--max-tokens", c.max_tokens, 1);
@@ -232,22 +234,22 @@ void validate_tokens(const TrainConfig& c) {
   if (c.data.empty()) at_least("--epoch-size", c.epoch_size, 1);
 }
 
-// --data's shards, opened as the run will read them: each one llm.c's format, a window for every rank, and every
-// token inside the model's vocabulary (one pass over the tokens).
-void validate_token_shards(const TrainConfig& c, int ranks) {
+// The shards of --data or --val-data (flag), opened as the run will read them: each one llm.c's format, and every
+// token inside the model's vocabulary (one pass over the tokens); --data's hold a window for every rank.
+void validate_token_shards(const TrainConfig& c, const std::string& flag, const std::string& pattern, int ranks) {
   try {
-    const TokenFiles shards(c.data, c.max_len);
+    const TokenFiles shards(pattern, c.max_len);
     const int64_t windows = shards.sequences();
-    require(windows >= ranks, "--data " + c.data + ": " + std::to_string(windows) +
-                                  (windows == 1 ? " window of " : " windows of ") + std::to_string(c.max_len) +
-                                  " tokens, fewer than the " + std::to_string(ranks) +
-                                  " ranks; lower --max-len or add tokens");
+    require(flag == "--val-data" || windows >= ranks,
+            flag + " " + pattern + ": " + std::to_string(windows) + (windows == 1 ? " window of " : " windows of ") +
+                std::to_string(c.max_len) + " tokens, fewer than the " + std::to_string(ranks) +
+                " ranks; lower --max-len or add tokens");
     const int vocab = TransformerConfig::preset(to_string(c.model)).vocab;
     const std::string outside = shards.first_token_outside(vocab);
-    require(outside.empty(), "--data " + outside + ", outside --model " + to_string(c.model) + "'s vocabulary of " +
+    require(outside.empty(), flag + " " + outside + ", outside --model " + to_string(c.model) + "'s vocabulary of " +
                                  std::to_string(vocab) + " tokens");
   } catch (const std::invalid_argument& e) {
-    throw UsageError("--data " + std::string(e.what()));
+    throw UsageError(flag + " " + e.what());
   }
 }
 
@@ -257,6 +259,9 @@ void validate(const TrainConfig& c) {
   visit_knobs(c, [](const Knob& knob, const auto& value) { check_range(knob, value); });
   require(c.data.empty() || c.transformer(),
           "--data needs a transformer --model (the MLP trains on synthetic features)");
+  require(c.val_data.empty() || c.transformer(), "--val-data needs a transformer --model (the MLP has no token loss)");
+  require(!c.val_data.empty() || (c.val_every == 0 && c.val_windows == 0),
+          std::string(c.val_every != 0 ? "--val-every" : "--val-windows") + " needs --val-data");
   if (c.transformer()) validate_tokens(c);
   // parse_link takes 0 as "unlimited", which a named link would then only pretend to be.
   require(c.link_gbps != 0, "--link-gbps must be positive (got 0); for no bandwidth limit, leave it out with --link none");
@@ -314,7 +319,8 @@ void validate_for_ranks(const TrainConfig& c, int ranks) {
   const std::string job = " is not a rank of this " + std::to_string(ranks) + "-rank job";
   require(c.fault == Fault::kNone || c.fault_rank < ranks, "--fault-rank " + std::to_string(c.fault_rank) + job);
   require(c.slow_rank < ranks, "--slow-rank " + std::to_string(c.slow_rank) + job);
-  if (c.transformer() && !c.data.empty()) return validate_token_shards(c, ranks);
+  if (c.transformer() && !c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks);
+  if (c.transformer() && !c.data.empty()) return validate_token_shards(c, "--data", c.data, ranks);
   require(!c.transformer() || c.epoch_size >= ranks,
           "more ranks (" + std::to_string(ranks) + ") than sequences per epoch (--epoch-size " +
               std::to_string(c.epoch_size) + "): every rank needs at least one; raise --epoch-size");

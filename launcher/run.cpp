@@ -450,6 +450,11 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   std::printf("  BLAS kernels %s\n", blas_kernels.c_str());
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
+  if (const ValidationSet* v = trainer.validation())
+    std::printf("  validation loss on %s, %s\n", v->describe().c_str(),
+                config.val_every > 0
+                    ? ("every " + std::to_string(config.val_every) + " steps and after the last").c_str()
+                    : "after the last step");
   char slices[64] = "";
   if (config.grad_slice_mb > 0)
     std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
@@ -798,7 +803,8 @@ class ProgressLine {
   void step_done(int step, const StepRecord& last, bool print) {
     ++interval_.steps, interval_.samples += last.samples, interval_.tokens += last.useful_tokens;
     const bool due =
-        config_.log_every > 0 ? (step + 1) % config_.log_every == 0 : now_ms() - interval_.start_ms >= 1000;
+        !std::isnan(last.val_loss) ||  // a validation is always shown
+        (config_.log_every > 0 ? (step + 1) % config_.log_every == 0 : now_ms() - interval_.start_ms >= 1000);
     if (!print || !due) return;
     const double now = now_ms();
     const double ms_per_step = (now - interval_.start_ms) / interval_.steps, seconds = (now - interval_.start_ms) / 1e3;
@@ -808,6 +814,7 @@ class ProgressLine {
     std::printf("  loss %.4f (rank 0)", last.loss);
     if (config_.optimizer.lr_varies()) std::printf("  lr %.3g", last.lr);
     if (config_.optimizer.clips()) std::printf("  grad norm %.4g", last.grad_norm);
+    if (!std::isnan(last.val_loss)) std::printf("  val loss %.4f", last.val_loss);
     std::printf("  elapsed %.0f s, eta %.0f s\n", (now - t0_) / 1e3, (config_.steps - step - 1) * ms_per_step / 1e3);
     std::fflush(stdout);
     interval_ = Interval{now};
@@ -842,6 +849,7 @@ std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& 
     } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
       return std::make_unique<TrainingStopped>(e);
     }
+    if (trainer.validates_after(s)) last.val_loss = trainer.validation_loss();
     gathered.add(last, trainer.bucket_times());
     if (const int signal = trainer.stop_signal())
       return std::make_unique<TrainingStopped>(stopped_by_signal(signal, s));

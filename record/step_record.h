@@ -1,5 +1,6 @@
 // One rank's timings of one training step; the unit of everything the run file stores per step.
 #pragma once
+#include <limits>
 
 namespace ddplab {
 
@@ -34,6 +35,9 @@ struct StepRecord {
   // With --grad-clip: the all-reduced gradients' global L2 norm before clipping (the same on every rank); else 0.
   double grad_norm = 0;
   double lr = 0;  // the step's learning rate (--lr, or where --lr-schedule and --lr-warmup have taken it)
+  // With --val-data, on the steps after which the run validated: the validation loss of the parameters this step's
+  // update left (the same on every rank); NaN on the other steps.
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
 };
 
 // What a field is, for the code that treats fields alike: the run file (dataset type and units), the summary
@@ -44,6 +48,7 @@ enum class FieldKind {
   kTime,     // another duration, ms
   kValue,    // a real number (the loss, the gradients' norm)
   kSetting,  // what the run set for the step (the learning rate): no mean
+  kSampled,  // measured after some steps only, NaN after the others (the validation loss): no mean
   kCount,    // a whole number of samples, tokens or steps
 };
 
@@ -79,10 +84,13 @@ inline constexpr StepField kStepFields[] = {
     {"skipped", &StepRecord::skipped, FieldKind::kCount, "steps"},
     {"grad_norm", &StepRecord::grad_norm, FieldKind::kValue, "L2 norm"},
     {"lr", &StepRecord::lr, FieldKind::kSetting, "learning rate"},
+    {"val_loss", &StepRecord::val_loss, FieldKind::kSampled, "nats per token"},
 };
 
-// Whether the summary averages the field over the steady steps: not a point in time, nor a setting.
-inline bool averaged(FieldKind kind) { return kind != FieldKind::kInstant && kind != FieldKind::kSetting; }
+// Whether the summary averages the field over the steady steps: not a point in time, a setting, or a sample.
+inline bool averaged(FieldKind kind) {
+  return kind != FieldKind::kInstant && kind != FieldKind::kSetting && kind != FieldKind::kSampled;
+}
 
 // The phases add up to step_ms: each trainer reads one clock at every boundary between two of them (up to rounding).
 inline double sum_of_phases(const StepRecord& r) {

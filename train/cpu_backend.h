@@ -55,6 +55,7 @@ class CpuBackend final : public StepBackend {
   void forward(int micro) override;
   void backward(int micro, bool sync, const GradReadyHook& before_ready) override;
   double loss(int micro) override { return losses_.at(micro); }
+  double evaluate(const int32_t* tokens, int rows, int seq) override { return workload_->evaluate(tokens, rows, seq); }
   void finish_reduction() override { reducer_->wait_all(); }
   std::string first_nonfinite_gradient() override;
   void optimizer_step() override;

@@ -50,6 +50,7 @@ class CudaBackend final : public StepBackend {
   void forward(int micro) override { workload_->forward(slot_, micro); }
   void backward(int micro, bool sync, const GradReadyHook& before_ready) override;
   double loss(int) override { return workload_->loss(); }
+  double evaluate(const int32_t* tokens, int rows, int seq) override { return workload_->evaluate(tokens, rows, seq); }
   void finish_reduction() override;
   std::string first_nonfinite_gradient() override;
   void optimizer_step() override;

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 
 #include "data/synthetic.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/gemm_algo_table.h"
+#include "kernels/cuda/owned.h"
 #include "model/cuda_common.h"
 #include "model/mlp_cuda.h"
 #include "model/precision.h"
@@ -97,6 +99,9 @@ class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
   }
   void backward(int, int, const GradReadyHook& on_ready) override { model_.backward(on_ready); }
   double loss() const override { return model_.loss(); }
+  double evaluate(const int32_t*, int, int) override {
+    throw std::logic_error("the MLP has no validation pass (--val-data is the transformer's)");
+  }
 
  private:
   // A slot: the step's inputs [rows, input_dim], then its targets [rows].
@@ -159,6 +164,20 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   }
   void backward(int, int, const GradReadyHook& on_ready) override { model_.backward(on_ready); }
   double loss() const override { return loss_scale_ * model_.loss(); }
+  // Its own device buffer: the staging slots hold the next step's batch, whose copy may be in flight. A pageable
+  // copy on the compute stream: the host's tokens may be reused once it returns, and the forward runs after it.
+  double evaluate(const int32_t* tokens, int rows, int seq) override {
+    const size_t bytes = static_cast<size_t>(rows) * seq * sizeof(int32_t);
+    if (!eval_tokens_) {
+      void* memory = nullptr;
+      cudaCheck(cudaMalloc(&memory, static_cast<size_t>(capacity_) * sizeof(int32_t)));
+      eval_tokens_.reset(memory);
+    }
+    int32_t* device = static_cast<int32_t*>(eval_tokens_.get());
+    cudaCheck(cudaMemcpyAsync(device, tokens, bytes, cudaMemcpyHostToDevice, model_.stream()));
+    model_.forward(device, nullptr, nullptr, rows, seq);
+    return model_.loss();
+  }
 
  private:
   struct MicroBatch {
@@ -175,7 +194,8 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   int64_t capacity_;  // tokens (and rows) of the largest micro-batch
   StagingSlots slots_;
   std::vector<MicroBatch> micro_[kSlots];
-  double loss_scale_ = 1;  // of the last forward's micro-batch
+  double loss_scale_ = 1;           // of the last forward's micro-batch
+  cuda::DeviceMemory eval_tokens_;  // capacity_ tokens, from the first evaluate()
 };
 
 }  // namespace

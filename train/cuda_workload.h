@@ -49,6 +49,8 @@ class CudaWorkload {
   // gradient of the global mean loss.
   virtual void forward(int slot, int micro) = 0;
   virtual void backward(int slot, int micro, const GradReadyHook& on_ready) = 0;
+  // StepBackend::evaluate: the tokens copied to the device on the compute stream, the forward, its loss (waits).
+  virtual double evaluate(const int32_t* tokens, int rows, int seq) = 0;
   // The last forward's loss as the CPU workload's forward() returns it; waits for that loss only.
   virtual double loss() const = 0;
 };

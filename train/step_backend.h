@@ -57,6 +57,9 @@ class StepBackend {
   // must be ordered before that piece's all-reduce (CudaBackend::set_gradient_nan records the piece's event again).
   virtual void backward(int micro, bool sync, const GradReadyHook& before_ready) = 0;
   virtual double loss(int micro) = 0;  // the micro-batch's mean loss (on the GPU: waits for its forward)
+  // The validation pass, between steps: the mean loss of the model as it stands over `rows` full rows of `seq`
+  // tokens (host memory; rows x seq within what a training micro-batch may hold), with no gradient and no update.
+  virtual double evaluate(const int32_t* tokens, int rows, int seq) = 0;
   // Waits for the gradients' all-reduces (on the GPU: for the buckets' finite flags; the stream goes on).
   virtual void finish_reduction() = 0;
   // The first gradient piece of the reduced gradients holding a NaN or Inf, as "gradient fc1.bias"; "" if none.

@@ -9,6 +9,7 @@
 #include "runtime/watchdog.h"
 #include "train/cpu_backend.h"
 #include "train/step_phases.h"
+#include "train/token_batches.h"
 #ifdef DDPLAB_HAVE_CUDA
 #include "train/cuda_backend.h"
 #endif
@@ -34,9 +35,27 @@ std::unique_ptr<StepBackend> make_step_backend(const TrainConfig& config, MPI_Co
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& config, MPI_Comm comm)
-    : config_(config), agreement_(comm), backend_(make_step_backend(config, comm)) {
+    : config_(config), agreement_(comm), backend_(make_step_backend(config, comm)), comm_(comm) {
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &world_));
+  if (!config.val_data.empty()) validation_ = std::make_unique<ValidationSet>(config, rank_, world_);
+}
+
+double Trainer::validation_loss() {
+  if (!validation_) throw std::logic_error("Trainer::validation_loss: the run has no --val-data");
+  const int64_t terms_per_row = TokenBatches::model_config(config_).loss_terms(validation_->seq());
+  double sums[2] = {0, 0};  // this rank's loss summed over its terms, and their count
+  for (int k = 0; k < validation_->batches(); ++k) {
+    validation_->load(k);
+    const double terms = static_cast<double>(validation_->rows()) * terms_per_row;
+    sums[0] += backend_->evaluate(validation_->tokens().data(), validation_->rows(), validation_->seq()) * terms;
+    sums[1] += terms;
+  }
+  {
+    const watchdog::Wait wait("MPI_Allreduce of the validation loss");
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, comm_));
+  }
+  return sums[0] / sums[1];
 }
 
 // The lab's noisy neighbour (--busy-threads): work that is not the job's on the slow rank's core. Pinned, the compute

@@ -12,11 +12,12 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/cpu_taken.h"
+#include "config/train_config.h"
 #include "record/checkpoint.h"
+#include "runtime/cpu_taken.h"
 #include "train/step_backend.h"
 #include "train/step_rules.h"
-#include "config/train_config.h"
+#include "train/validation.h"
 
 namespace ddplab {
 
@@ -61,6 +62,16 @@ class Trainer {
   }
   CheckpointInfo read_checkpoint(const std::string& path) { return backend_->read_checkpoint(path); }
 
+  // Collective (--val-data): the mean loss of the model as it stands over every validation window's terms, each rank
+  // evaluating its share; the same on every rank.
+  double validation_loss();
+  bool validates() const { return validation_ != nullptr; }
+  const ValidationSet* validation() const { return validation_.get(); }
+  // --val-data: whether the run validates after step `step` (every --val-every steps, and after the last).
+  bool validates_after(int step) const {
+    return validates() && ((config_.val_every > 0 && (step + 1) % config_.val_every == 0) || step + 1 == config_.steps);
+  }
+
   // The flat parameters (the CPU model's layout), copied to the host.
   std::vector<float> parameters();
   StepBackend& backend() { return *backend_; }
@@ -71,6 +82,8 @@ class Trainer {
   int rank_ = 0, world_ = 1;
   StepAgreement agreement_;  // the per-step stop/finite agreement, and --check-sync's communicator
   std::unique_ptr<StepBackend> backend_;
+  MPI_Comm comm_;
+  std::unique_ptr<ValidationSet> validation_;  // --val-data
   CpuTakenMeter cpu_meter_;  // made on the thread that runs the steps: what the host takes from it, per step
   // --busy-threads on the slow rank: threads that spin on its compute thread's core until the trainer ends.
   void start_busy_threads();

@@ -69,6 +69,9 @@ class MlpWorkload final : public ModelWorkload<Mlp<float>> {
   }
   double forward() override { return model_.forward(inputs_, targets_, config_.batch); }
   void backward(const GradReadyHook& on_ready) override { model_.backward(on_ready); }
+  double evaluate(const int32_t*, int, int) override {
+    throw std::logic_error("the MLP has no validation pass (--val-data is the transformer's)");
+  }
 
  private:
   TrainConfig config_;
@@ -98,6 +101,9 @@ class TransformerWorkload final : public ModelWorkload<Transformer<float>> {
   }
   void backward(const GradReadyHook& on_ready) override {
     model_.backward(on_ready, static_cast<float>(batches_.micro_scale()));
+  }
+  double evaluate(const int32_t* tokens, int rows, int seq) override {
+    return model_.forward(tokens, nullptr, nullptr, rows, seq);
   }
 
  private:

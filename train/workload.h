@@ -44,6 +44,8 @@ class Workload {
   // micro-batches is the rank's mean over its terms.
   virtual double forward() = 0;
   virtual void backward(const GradReadyHook& on_ready) = 0;
+  // StepBackend::evaluate (--val-data: the transformer's LM head only).
+  virtual double evaluate(const int32_t* tokens, int rows, int seq) = 0;
 };
 
 // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.

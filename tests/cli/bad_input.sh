@@ -96,6 +96,13 @@ refusals_at() {
   expect_error $np "--data needs a transformer --model" train "${small[@]}" --data "$token_dir/good.bin"
   expect_error $np "--min-len shapes synthetic sequences" "${lm[@]}" --data "$token_dir/good.bin" --min-len 4
   expect_error $np "--epoch-size shapes synthetic sequences" "${lm[@]}" --data "$token_dir/good.bin" --epoch-size 9
+  expect_error $np "--val-data $token_dir/vocab.bin: token 9000 at index 40, outside --model tiny's vocabulary" \
+    "${lm[@]}" --min-len 2 --val-data "$token_dir/vocab.bin"
+  expect_error $np "--val-data $token_dir/cut.bin: the header counts 64 tokens" "${lm[@]}" --min-len 2 --val-data "$token_dir/cut.bin"
+  expect_error $np "--val-data needs --head lm" train --model tiny --val-data "$token_dir/good.bin" --steps 2
+  expect_error $np "--val-data needs a transformer --model" train "${small[@]}" --val-data "$token_dir/good.bin"
+  expect_error $np "--val-every needs --val-data" "${lm[@]}" --val-every 5
+  expect_error $np "--val-windows needs --val-data" "${lm[@]}" --val-windows 5
   [ "$np" -gt 1 ] && expect_error $np "--data $token_dir/good.bin: 1 window of 16 tokens, fewer than the $np ranks" \
     "${lm[@]}" --data "$token_dir/good.bin"
   expect_error $np "--layers must be at least 1 (got 0)" train "${small[@]}" --layers 0

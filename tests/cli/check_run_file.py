@@ -23,6 +23,53 @@ ATTRS = ["schema_version", "command", "config", "command_line", "start_time_utc"
 from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
+def check_token_shards(mpirun, ddplab, np_ranks, work):
+    """--data and --val-data: byte-level shards written by scripts/text_to_tokens.py, the transformer trained on one
+    and validated on the other every 3 of 8 steps and after the last; the file, the header and the lines say so."""
+    text = os.path.join(work, "text.txt")
+    line = "The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n"
+    with open(text, "w") as f:
+        f.write(line * 60)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "text_to_tokens.py")
+    train, val = os.path.join(work, "train.bin"), os.path.join(work, "val.bin")
+    made = subprocess.run([sys.executable, script, text, "--out", train, "--val-out", val, "--val-share", "0.25"],
+                          capture_output=True, text=True, timeout=60)
+    check(made.returncode == 0, f"text_to_tokens.py writes the shards ({made.stderr.strip()[:200]})")
+    with open(train, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype="<i4")
+        tokens = np.frombuffer(f.read(), dtype="<u2")
+    size = 60 * len(line)
+    check(header[0] == 20240520 and header[1] == 1 and header[2] == len(tokens) == size - int(size * 0.25),
+          f"llm.c's header: magic, version 1, the count: the first 3/4 of the bytes ({header[:3]})")
+    check(bytes(tokens[:9].astype(np.uint8)) == b"The quick", "one token per byte of the text")
+    path = os.path.join(work, "tokens.h5")
+    steps = 8
+    run = subprocess.run([mpirun, "-np", str(np_ranks), ddplab, "train", "--model", "tiny", "--head", "lm", "--data",
+                          train, "--val-data", val, "--val-every", "3", "--max-len", "32", "--batch", "4", "--steps",
+                          str(steps), "--warmup-steps", "2", "--out", path], capture_output=True, text=True, timeout=120)
+    check(run.returncode == 0, f"train --data --val-data ({run.stderr.strip()[:300]})")
+    if run.returncode != 0:
+        return
+    check(f"data {train} (" in run.stdout and f"validation loss on data {val} (" in run.stdout
+          and "every 3 steps and after the last" in run.stdout, f"the header names both ({run.stdout[:400]!r})")
+    check(run.stdout.count("  val loss ") == 2, "the progress line after steps 3 and 6 shows the validation loss")
+    with h5py.File(path, "r") as f:
+        val_loss = f["steps"]["val_loss"][:]
+        summary = json.loads(f.attrs["summary"])
+        config = json.loads(f.attrs["config"])
+    validated = [s for s in range(steps) if not np.isnan(val_loss[0, s])]
+    check(validated == [2, 5, 7], f"steps/val_loss after steps 2, 5 and 7 only, NaN elsewhere ({val_loss[0]})")
+    check(np.array_equal(val_loss, val_loss[[0] * np_ranks], equal_nan=True), "the same on every rank")
+    check(np.all(val_loss[0, validated] > 0) and val_loss[0, 7] < math.log(8192),
+          f"positive, and below the uniform guess by the end ({val_loss[0, validated]})")
+    check(summary["final_val_loss"] == val_loss[0, 7] and summary["final_val_step"] == 7,
+          f"summary: the last validation ({summary['final_val_loss']}, step {summary['final_val_step']})")
+    check(f"validation loss     {val_loss[0, 7]:.4f} after step 7 (--val-data)" in run.stdout, "the summary line")
+    check(config["data"] == train and config["val_data"] == val and config["lengths"] == "fixed"
+          and config["min_len"] == 32 and config["epoch_size"] == 0,
+          f"config: the shards, and the synthetic knobs as --data sets them ({config})")
+
+
 def main():
     mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
     steps, batch = 8, 16
@@ -137,8 +184,11 @@ def main():
             if os.path.exists(os.path.join(work, name)):
                 os.unlink(os.path.join(work, name))
 
+        check_token_shards(mpirun, ddplab, np_ranks, work)
+
         with h5py.File(path, "r") as f:
             check(np.all(f["steps"]["grad_norm"][:] == 0), "no norm taken without --grad-clip")
+            check(np.all(np.isnan(f["steps"]["val_loss"][:])), "no validation loss without --val-data")
             check(np.all(f["steps"]["lr"][:] == np.float32(1e-3)), "no schedule: every step at --lr")
             for a in ATTRS:
                 check(a in f.attrs, f"attribute {a}")

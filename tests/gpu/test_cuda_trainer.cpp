@@ -30,6 +30,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/mpi/lr_schedule_check.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/unit/token_shards.h"
 #include "train/trainer.h"
 
 namespace ddplab {
@@ -257,6 +258,39 @@ TEST_F(CudaTrainerTest, ClipsByTheNormThatOneGpuAndTheCpuTake) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   expect_matches_one_gpu_with_global_batch(config, Equivalence{}, "mlp, --grad-clip 0.05");
+}
+
+// --val-data on the GPU: the loss over the validation windows is the CPU Trainer's (to the GEMMs' order), the same on
+// every rank, and validating between steps leaves training as it was, bit for bit (the pass has its own device buffer;
+// the staged next batch and the model's state are untouched).
+TEST_F(CudaTrainerTest, ValidatesAsTheCpuTrainerDoesWithoutDisturbingTraining) {
+  const SharedTempDir dir([](const std::string& path) {
+    write_token_shard(path + "/val.bin", counting_tokens(23 * 11 + 1, 5, 4000));  // 11 windows of 24 tokens
+  });
+  TrainConfig config = small_transformer(TransformerConfig::Head::kCausalLM);
+  config.steps = 3;
+  TrainConfig validated = config;
+  validated.val_data = dir.path() + "/val.bin";
+  Trainer plain(config, MPI_COMM_WORLD), checked(validated, MPI_COMM_WORLD);
+  const double at_start = checked.validation_loss();
+  double root = at_start;
+  MPI_Bcast(&root, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(at_start, root) << "every rank the same";
+  for (int step = 0; step < config.steps; ++step) {
+    EXPECT_EQ(plain.step(step, 0).loss, checked.step(step, 0).loss) << "step " << step;
+    EXPECT_GT(std::abs(checked.validation_loss() - at_start), 0.0) << "the model moved by step " << step;
+  }
+  EXPECT_EQ(plain.parameters(), checked.parameters()) << "validating between steps changed training";
+  if (world_rank() == 0) {
+    TrainConfig on_cpu = validated;
+    on_cpu.device = Device::kCpu;
+    on_cpu.comm = AllreduceImpl::kRing;
+    Trainer cpu(on_cpu, MPI_COMM_SELF);
+    const double cpu_loss = cpu.validation_loss();
+    EXPECT_NEAR(at_start, cpu_loss, 1e-3 * cpu_loss);
+    std::printf("  validation loss at the start: %.7g (GPU, %d ranks), %.7g (CPU)\n", at_start, world_size(), cpu_loss);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // --lr-schedule and --lr-warmup reach AdamW on the device: the whole update's launch, and each bucket's in the update

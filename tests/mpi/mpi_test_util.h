@@ -3,6 +3,10 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
 
 #include "runtime/cpu_taken.h"
 
@@ -19,6 +23,29 @@ inline int world_size() {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   return n;
 }
+
+// A folder of files for every rank of the job (on one host): rank 0 makes it and writes the files into it before
+// any rank reads them, and removes it once every rank is done.
+class SharedTempDir {
+ public:
+  explicit SharedTempDir(const std::function<void(const std::string&)>& write) {
+    char path[64] = "/tmp/ddplab_test_XXXXXX";
+    if (world_rank() == 0) {
+      if (!mkdtemp(path)) throw std::runtime_error("mkdtemp failed");
+      write(path);
+    }
+    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);  // after the writes
+    path_ = path;
+  }
+  ~SharedTempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::filesystem::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 // Ranks of this job on this node (the GPU tests compare it with the node's device count).
 inline int ranks_on_this_node() {

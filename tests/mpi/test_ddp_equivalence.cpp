@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,6 +23,7 @@
 #include "tests/mpi/lr_schedule_check.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/unit/token_shards.h"
+#include "train/token_batches.h"
 #include "train/trainer.h"
 
 namespace ddplab {
@@ -180,29 +180,6 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   expect_ranks_train_as_one_rank_with_the_global_batch(c, c.epoch_size);
 }
 
-// A folder of files for every rank of the job (on one host): rank 0 makes it and writes the files into it before
-// any rank reads them, and removes it once every rank is done.
-class SharedTempDir {
- public:
-  explicit SharedTempDir(const std::function<void(const std::string&)>& write) {
-    char path[64] = "/tmp/test_ddp_tokens_XXXXXX";
-    if (world_rank() == 0) {
-      if (!mkdtemp(path)) throw std::runtime_error("mkdtemp failed");
-      write(path);
-    }
-    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);  // after the writes
-    path_ = path;
-  }
-  ~SharedTempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0) std::filesystem::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // Token shards (--data) through the same plans: two shards of unlike lengths, so that the windows of one step come
 // from both, and an epoch of 31 windows that ends inside the run.
 TEST(TokenShardsDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
@@ -241,12 +218,60 @@ TEST(TokenShardsDdpEquivalence, TheModelLearnsTheShardsText) {
   c.batch = 12 / world_size();  // the same global batch, and so the same training, at np 1-4
   c.steps = 80;
   c.optimizer.lr = 1e-2f;
+  c.val_data = c.data;  // validated on its own windows: the training loss's twin
   Trainer trainer(c, MPI_COMM_WORLD);
   const double first = trainer.step(0, 0).loss;
   double last = first;
   for (int step = 1; step < c.steps; ++step) last = trainer.step(step, 0).loss;
   EXPECT_NEAR(first, std::log(8192.0), 0.5);
   EXPECT_LT(last, 0.3) << "from " << first;  // 0.10 at np 1 (2.4 at step 20, 0.40 at step 60)
+  EXPECT_LT(trainer.validation_loss(), 0.3);
+}
+
+// The validation loss (--val-data) is the mean over every window's loss terms, whatever the world size and however
+// the windows fall into ranks and batches: the ranks' share of 13 windows (a batch of 2 rows per rank) against one
+// model that evaluates each window alone, in double. The same value on every rank, and the model left as it was.
+TEST(ValidationLoss, IsTheMeanOverEveryWindowAtAnyWorldSize) {
+  const SharedTempDir dir([](const std::string& path) {
+    write_token_shard(path + "/val.bin", counting_tokens(9 * 13 + 5, 3, 5000));  // 13 windows of 10 tokens
+  });
+  TrainConfig c;
+  c.model = ModelKind::kTiny;
+  c.head = TransformerConfig::Head::kCausalLM;
+  c.data = c.val_data = dir.path() + "/val.bin";
+  c.lengths = LengthDist::kFixed;
+  c.max_len = c.min_len = 10;
+  c.batch = 2;
+  c.steps = 1;
+  Trainer trainer(c, MPI_COMM_WORLD);
+  const std::vector<float> before = trainer.parameters();
+  const double loss = trainer.validation_loss();
+  EXPECT_EQ(trainer.parameters(), before);
+  double root = loss;
+  MPI_Bcast(&root, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(loss, root) << "every rank the same";
+
+  Transformer<float> model(TokenBatches::model_config(c), c.seed);  // the replicas' initial parameters
+  const TokenFiles windows(c.val_data, c.max_len);
+  ASSERT_EQ(windows.sequences(), 13);
+  double sum = 0;
+  std::vector<int32_t> tokens(10);
+  for (int64_t i = 0; i < windows.sequences(); ++i) {
+    windows.fill(tokens.data(), i);
+    sum += model.forward(tokens.data(), nullptr, nullptr, 1, 10);  // 9 terms each
+  }
+  EXPECT_NEAR(loss, sum / 13, 1e-6 * loss);
+  EXPECT_GT(loss, 8.0);  // untrained: about ln 8192 = 9.0
+
+  TrainConfig first_five = c;  // --val-windows: a prefix of the windows
+  first_five.val_windows = 5;
+  Trainer prefix(first_five, MPI_COMM_WORLD);
+  double sum5 = 0;
+  for (int64_t i = 0; i < 5; ++i) {
+    windows.fill(tokens.data(), i);
+    sum5 += model.forward(tokens.data(), nullptr, nullptr, 1, 10);
+  }
+  EXPECT_NEAR(prefix.validation_loss(), sum5 / 5, 1e-6 * loss);
 }
 
 // --optimizer-in-backward updates each bucket while backward still runs, as soon as backward no longer reads its
