@@ -33,7 +33,9 @@ TransformerConfig TransformerConfig::preset(const std::string& name) {
   }
   if (name == "gpt2-small") {
     // GPT-2's 50257 rounded up to a multiple of 64 (llm.c's 50304): the logits' rows and the head's GEMM stay
-    // 256-byte aligned. The tokens are synthetic, so the extra ids are ordinary tokens and need no masking.
+    // 256-byte aligned. The extra ids are ordinary classes of the softmax: synthetic tokens use them, and GPT-2's
+    // (--data) never have them as targets, so training drives their probability down (llm.c instead leaves them out
+    // of its softmax: its first losses are a little lower, ln 50257 against ln 50304).
     c.vocab = 50304;
     c.d_model = 768;
     c.heads = 12;

@@ -15,7 +15,8 @@ Any:       update             the learning rate and the gradient norm (against -
 Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
                               the suite groups its cases
            loss               the loss (mean over ranks) of every step, one line per file (bit-identical ones
-                              share a line)
+                              share a line), and the validation loss (--val-data) where a file has one: drawn
+                              for a single file too when it has one
            bucket_sweep       step time and exposed comm over bucket size, one line per overlap setting, when the
                               files differ only in bucket_mb/overlap
            weak_scaling,      samples/s and efficiency over world size against the ideal line: from the suite's
@@ -110,6 +111,9 @@ class Run:
         # The step's learning rate and gradient norm (--lr-schedule, --grad-clip; absent in older files: none).
         self.lr = f["steps/lr"][0].astype(float) if "steps/lr" in f else None
         self.grad_norm = f["steps/grad_norm"][0].astype(float) if "steps/grad_norm" in f else None
+        # --val-data: the validation loss after the steps that took one, NaN after the others (absent: none).
+        val = f["steps/val_loss"][0].astype(float) if "steps/val_loss" in f else None
+        self.val_loss = val if val is not None and np.isfinite(val).any() else None
         self.bucket_bytes = f["buckets/bytes"][:].astype(int)
         self.bucket_times = {name: f[f"buckets/{name}"][:].astype(float)
                              for name in ("ready_ms", "comm_start_ms", "comm_end_ms")}
@@ -255,19 +259,24 @@ def loss_chart(runs, out_dir, written):
     for r in runs:
         loss = r.loss.mean(axis=0)
         for g in groups:
-            if g[0] == r.first_step and g[1].shape == loss.shape and np.array_equal(g[1], loss, equal_nan=True):
+            if (g[0] == r.first_step and g[1].shape == loss.shape and np.array_equal(g[1], loss, equal_nan=True)
+                    and (g[3] is None) == (r.val_loss is None)):
                 g[2].append(r.stem)
                 break
         else:
-            groups.append((r.first_step, loss, [r.stem]))
-    for i, (first_step, loss, names) in enumerate(groups):
+            groups.append((r.first_step, loss, [r.stem], r.val_loss))
+    for i, (first_step, loss, names, val_loss) in enumerate(groups):
         label = names[0] if len(names) == 1 else f"{', '.join(names)} (identical)"
-        ax.plot(first_step + np.arange(len(loss)), loss, marker=".", linewidth=1, label=textwrap.fill(label, 60),
-                color=palette(i % 20))
+        steps = first_step + np.arange(len(loss))
+        ax.plot(steps, loss, marker=".", linewidth=1, label=textwrap.fill(label, 60), color=palette(i % 20))
+        if val_loss is not None:  # after the steps that validated; the same on every rank
+            taken = np.isfinite(val_loss)
+            ax.plot(steps[taken], val_loss[taken], marker="o", linestyle="--", linewidth=1.5, color=palette(i % 20),
+                    label=textwrap.fill(f"{names[0]}: validation loss (--val-data)", 60))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("loss (mean over ranks: the global batch's)")
-    ax.set_title("loss per case")
+    ax.set_title("loss per case" if len(runs) > 1 else "loss per step")
     ax.legend(fontsize=7, ncol=2)
     save(fig, out_dir, "loss", written)
 
@@ -629,9 +638,10 @@ def main(argv):
     for run in gantt:
         buckets_chart(run, out_dir, f"{run.stem}_buckets", written)
     update_chart(runs, out_dir, written)
+    if len(runs) > 1 or any(r.val_loss is not None for r in runs):
+        loss_chart(runs, out_dir, written)
     if len(runs) > 1:
         throughput_chart(runs, out_dir, written)
-        loss_chart(runs, out_dir, written)
         if is_bucket_sweep(runs):
             bucket_sweep_chart(runs, out_dir, written)
         for kind in ("weak", "strong"):

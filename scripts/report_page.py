@@ -208,7 +208,7 @@ def write_page(path, runs, charts, suite=None, sweeps=(), reports=None):
         sections = [case_section(r, charts, blame[r.path]) for r in runs]
         scaling = scaling_section(runs, charts, blame) if any(
             os.path.isfile(os.path.join(charts, f"{k}_scaling.svg")) for k in ("weak", "strong")) else None
-    overview = charts_of(charts, ("throughput", "throughput per case"), ("loss", "loss per case"),
+    overview = charts_of(charts, ("throughput", "throughput per case"), ("loss", "the loss per step (dashed: the validation loss, where a run has one)"),
                          ("update", "the learning rate and the gradient norm per step"),
                          ("bucket_sweep", "step time and exposed comm over bucket size"))
     drawn = [r for r in runs if chart(charts, f"{r.stem}_buckets", "") is not None]

@@ -1078,12 +1078,17 @@ TEST_F(Reader, StoredSummaryIsTheSummaryOfWhatIsReadBack) {
   // 10th field, (11 + 100*4 + 11 + 100*5) / 2.
   EXPECT_EQ(stored["first_steady_step"], 1);
   EXPECT_DOUBLE_EQ(stored["ranks"][1]["step_ms"].get<double>(), 461.0);
-  // Every field averaged (not start_ms, a point in time, nor lr, a setting), and hidden_fraction and time_use.
+  // Every field averaged (not start_ms, a point in time, nor lr, a setting, nor val_loss, a sample of some steps), and
+  // hidden_fraction and time_use.
   const size_t averaged_fields = std::count_if(std::begin(kStepFields), std::end(kStepFields),
                                                [](const StepField& f) { return averaged(f.kind); });
-  EXPECT_EQ(averaged_fields, std::size(kStepFields) - 2);
+  EXPECT_EQ(averaged_fields, std::size(kStepFields) - 3);
   EXPECT_EQ(stored["ranks"][1].size(), averaged_fields + 2);
   EXPECT_FALSE(stored["ranks"][1].contains("lr")) << "a setting has no mean";
+  EXPECT_FALSE(stored["ranks"][1].contains("val_loss")) << "a sample of some steps has no mean";
+  // The last validation, rank 0's: every step of this file took one, the last is step 4 + 2.
+  EXPECT_EQ(stored["final_val_step"], 6);
+  EXPECT_EQ(stored["final_val_loss"].get<double>(), written.at(0, 2).val_loss);
   // And `ddplab report --json` prints that summary, with the blame.
   const nlohmann::json report = report_json(summarized(read_run_file(path)));
   EXPECT_EQ(report["summary"], in_memory);
