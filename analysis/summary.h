@@ -45,7 +45,7 @@ struct RunSummary {
   std::vector<BucketArrival> arrivals;
 
   int steady_steps() const { return steps - first_steady_step; }
-  // "global batch 256", or "111.3 samples per step" where the batching fills a token budget.
+  // "global batch 256", or "111.3 samples per step" where steps differ: a token budget, or an epoch that ends short.
   std::string batch_text() const;
 };
 

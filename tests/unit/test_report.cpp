@@ -578,7 +578,7 @@ TEST(Summary, SamplesPerSecondFromTheSamplesTheRanksRecorded) {
   recorded /= kSteps - 2;
   EXPECT_NEAR(st.samples_per_step, recorded, 1e-12);
   EXPECT_NEAR(st.samples_per_s, recorded / 0.0118, 1e-6);
-  EXPECT_EQ(st.batch_text(), "22.0 samples per step (a token budget per batch)");
+  EXPECT_EQ(st.batch_text(), "22.0 samples per step (a mean: a token budget, or an epoch's short last step)");
   // Files that recorded no samples count the global batch.
   EXPECT_EQ(summarize(synthetic(2, [](int, int) { return Phases{}; })).batch_text(), "global batch 64");
 }
