@@ -180,6 +180,18 @@ TEST_P(TransformerDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
   expect_ranks_train_as_one_rank_with_the_global_batch(c, c.epoch_size);
 }
 
+// The tiny transformer's LM head on the token shards `data` (--data), in windows of `window` tokens, as the command
+// line sets it up.
+TrainConfig tiny_lm_on_shards(const std::string& data, int window) {
+  TrainConfig c;
+  c.model = ModelKind::kTiny;
+  c.head = TransformerConfig::Head::kCausalLM;
+  c.data = data;
+  c.lengths = LengthDist::kFixed;
+  c.max_len = c.min_len = window;
+  return c;
+}
+
 // Token shards (--data) through the same plans: two shards of unlike lengths, so that the windows of one step come
 // from both, and an epoch of 31 windows that ends inside the run.
 TEST(TokenShardsDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
@@ -187,12 +199,7 @@ TEST(TokenShardsDdpEquivalence, MatchesOneRankWithTheGlobalBatch) {
     write_token_shard(path + "/shard_0.bin", counting_tokens(15 * 23 + 1, 0, 300));  // 23 windows of 16 tokens
     write_token_shard(path + "/shard_1.bin", counting_tokens(15 * 8 + 9, 7, 300));   // 8, and 8 tokens left over
   });
-  TrainConfig c;
-  c.model = ModelKind::kTiny;
-  c.head = TransformerConfig::Head::kCausalLM;
-  c.data = dir.path() + "/shard_*.bin";
-  c.lengths = LengthDist::kFixed;
-  c.max_len = c.min_len = 16;
+  TrainConfig c = tiny_lm_on_shards(dir.path() + "/shard_*.bin", 16);
   c.batch = 4;
   c.grad_accum = 2;
   c.steps = 5;
@@ -209,12 +216,7 @@ TEST(TokenShardsDdpEquivalence, TheModelLearnsTheShardsText) {
     for (size_t k = 0; k < cycle.size(); ++k) cycle[k] = static_cast<uint16_t>(500 + 37 * (k % 13));
     write_token_shard(path + "/cycle.bin", cycle);
   });
-  TrainConfig c;
-  c.model = ModelKind::kTiny;
-  c.head = TransformerConfig::Head::kCausalLM;
-  c.data = dir.path() + "/cycle.bin";
-  c.lengths = LengthDist::kFixed;
-  c.max_len = c.min_len = 32;
+  TrainConfig c = tiny_lm_on_shards(dir.path() + "/cycle.bin", 32);
   c.batch = 12 / world_size();  // the same global batch, and so the same training, at np 1-4
   c.steps = 80;
   c.optimizer.lr = 1e-2f;
@@ -235,12 +237,8 @@ TEST(ValidationLoss, IsTheMeanOverEveryWindowAtAnyWorldSize) {
   const SharedTempDir dir([](const std::string& path) {
     write_token_shard(path + "/val.bin", counting_tokens(9 * 13 + 5, 3, 5000));  // 13 windows of 10 tokens
   });
-  TrainConfig c;
-  c.model = ModelKind::kTiny;
-  c.head = TransformerConfig::Head::kCausalLM;
-  c.data = c.val_data = dir.path() + "/val.bin";
-  c.lengths = LengthDist::kFixed;
-  c.max_len = c.min_len = 10;
+  TrainConfig c = tiny_lm_on_shards(dir.path() + "/val.bin", 10);
+  c.val_data = c.data;
   c.batch = 2;
   c.steps = 1;
   Trainer trainer(c, MPI_COMM_WORLD);
