@@ -102,8 +102,10 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
     std::fprintf(out, "  final loss          %.4f\n", s.final_loss);
   else
     std::fprintf(out, "  final loss          not finite (%s)\n", std::isnan(s.final_loss) ? "nan" : "inf");
-  if (s.final_val_step >= 0)
+  if (s.final_val_step >= 0 && std::isfinite(s.final_val_loss))
     std::fprintf(out, "  validation loss     %.4f after step %d (--val-data)\n", s.final_val_loss, s.final_val_step);
+  else if (s.final_val_step >= 0)
+    std::fprintf(out, "  validation loss     not finite after step %d (--val-data)\n", s.final_val_step);
   if (const double cap = run.config.value("grad_clip", 0.0); cap > 0)
     std::fprintf(out, "  gradient norm       %.4g at the last update; clipped to %g in %d of %d steps (--grad-clip)\n",
                  s.final_grad_norm, cap, s.clipped_steps, s.steps);

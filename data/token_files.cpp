@@ -20,6 +20,11 @@ std::vector<std::string> matching_paths(const std::string& pattern) {
   const int status = glob(pattern.c_str(), GLOB_NOSORT, nullptr, &found);  // sorted below, by name
   std::vector<std::string> paths(found.gl_pathv, found.gl_pathv + (status == 0 ? found.gl_pathc : 0));
   globfree(&found);
+  if (status == GLOB_ABORTED || status == GLOB_NOSPACE)
+    throw std::invalid_argument(pattern + ": cannot list the files it matches (" +
+                                (status == GLOB_ABORTED ? std::string("a folder cannot be read") : "out of memory") +
+                                ")");
+  if (paths.empty() && access(pattern.c_str(), F_OK) == 0) paths.push_back(pattern);  // a name with [ * ? in it
   std::sort(paths.begin(), paths.end());
   return paths;
 }
@@ -40,9 +45,12 @@ TokenFiles::TokenFiles(const std::string& pattern, int window) : pattern_(patter
       const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) throw std::invalid_argument(path + ": " + std::strerror(errno));
       struct stat st {};
-      fstat(fd, &st);
+      if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        throw std::invalid_argument(path + ": not a regular file");
+      }
       const int64_t bytes = st.st_size;
-      if (!S_ISREG(st.st_mode) || bytes < kTokenShardHeaderBytes) {
+      if (bytes < kTokenShardHeaderBytes) {
         close(fd);
         throw std::invalid_argument(path + ": not a token shard (" + std::to_string(bytes) +
                                     " bytes, shorter than llm.c's 1024-byte header)");
@@ -102,8 +110,9 @@ int64_t TokenFiles::tokens() const {
   return n;
 }
 
-std::string TokenFiles::first_token_outside(int vocab) const {
-  for (const Shard& s : shards_) {
+std::string TokenFiles::first_token_outside(int vocab, int part, int parts) const {
+  for (size_t k = part; k < shards_.size(); k += parts) {
+    const Shard& s = shards_[k];
     const uint16_t* end = s.tokens + s.count;
     const uint16_t* at = std::find_if(s.tokens, end, [vocab](uint16_t t) { return t >= vocab; });
     if (at != end) return s.path + ": token " + std::to_string(*at) + " at index " + std::to_string(at - s.tokens);

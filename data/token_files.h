@@ -9,8 +9,8 @@
 // (token, next token) of a shard is a loss term of exactly one window per epoch, as in llm.c's batches (whose rows of
 // T inputs read T + 1 tokens). No window spans two shards.
 //
-// The shards are memory-mapped read-only: opening a set of many gigabytes costs nothing until its windows are read,
-// and the ranks on one host share its pages.
+// The shards are memory-mapped read-only: opening a set of many gigabytes reads only their headers, and the ranks on
+// one host share the pages. (The command line reads every token once before a run, the ranks sharing the shards.)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -42,9 +42,9 @@ class TokenFiles : public TokenSource {
 
   int64_t tokens() const;  // in all shards
   int shards() const { return static_cast<int>(shards_.size()); }
-  // "" if every token id is below `vocab`, else where the first one is not: "<shard>: token 50310 at index 17".
-  // Reads every token (memory speed once the pages are in).
-  std::string first_token_outside(int vocab) const;
+  // "" if every token id of shards part, part + parts, ... is below `vocab`, else where the first one is not:
+  // "<shard>: token 50310 at index 17". Reads those shards' every token (N processes with parts N share the reading).
+  std::string first_token_outside(int vocab, int part = 0, int parts = 1) const;
   // "data <pattern> (1.2M tokens in 2 shards, 1172 windows of 1024)".
   std::string describe() const override;
 

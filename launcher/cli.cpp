@@ -224,6 +224,7 @@ void validate_tokens(const TrainConfig& c) {
           "--data needs --head lm (token shards hold no class labels for the classify head)");
   require(c.val_data.empty() || c.head == Head::kCausalLM,
           "--val-data needs --head lm (token shards hold no class labels for the classify head)");
+  if (!c.data.empty()) at_least("--max-len", c.max_len, 2);  // a window: a token and its next
   at_least("--min-len", c.min_len, c.head == Head::kCausalLM ? 2 : 1);
   at_least("--max-len", c.max_len, c.min_len);
   at_least("--max-tokens", c.max_tokens, 1);
@@ -234,9 +235,11 @@ void validate_tokens(const TrainConfig& c) {
   if (c.data.empty()) at_least("--epoch-size", c.epoch_size, 1);
 }
 
-// The shards of --data or --val-data (flag), opened as the run will read them: each one llm.c's format, and every
-// token inside the model's vocabulary (one pass over the tokens); --data's hold a window for every rank.
-void validate_token_shards(const TrainConfig& c, const std::string& flag, const std::string& pattern, int ranks) {
+// The shards of --data or --val-data (flag), opened as the run will read them: each one llm.c's format, every token
+// inside the model's vocabulary (rank `rank` reads shards rank, rank + ranks, ...: one pass over the tokens in all),
+// and --data's hold a window for every rank.
+void validate_token_shards(const TrainConfig& c, const std::string& flag, const std::string& pattern, int ranks,
+                           int rank) {
   try {
     const TokenFiles shards(pattern, c.max_len);
     const int64_t windows = shards.sequences();
@@ -245,7 +248,7 @@ void validate_token_shards(const TrainConfig& c, const std::string& flag, const 
                 std::to_string(c.max_len) + " tokens, fewer than the " + std::to_string(ranks) +
                 " ranks; lower --max-len or add tokens");
     const int vocab = TransformerConfig::preset(to_string(c.model)).vocab;
-    const std::string outside = shards.first_token_outside(vocab);
+    const std::string outside = shards.first_token_outside(vocab, rank, ranks);
     require(outside.empty(), flag + " " + outside + ", outside --model " + to_string(c.model) + "'s vocabulary of " +
                                  std::to_string(vocab) + " tokens");
   } catch (const std::invalid_argument& e) {
@@ -315,15 +318,18 @@ void validate(const TrainConfig& c) {
   }
 }
 
-void validate_for_ranks(const TrainConfig& c, int ranks) {
+void validate_for_ranks(const TrainConfig& c, int ranks, int rank) {
   const std::string job = " is not a rank of this " + std::to_string(ranks) + "-rank job";
   require(c.fault == Fault::kNone || c.fault_rank < ranks, "--fault-rank " + std::to_string(c.fault_rank) + job);
   require(c.slow_rank < ranks, "--slow-rank " + std::to_string(c.slow_rank) + job);
-  if (c.transformer() && !c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks);
-  if (c.transformer() && !c.data.empty()) return validate_token_shards(c, "--data", c.data, ranks);
-  require(!c.transformer() || c.epoch_size >= ranks,
-          "more ranks (" + std::to_string(ranks) + ") than sequences per epoch (--epoch-size " +
-              std::to_string(c.epoch_size) + "): every rank needs at least one; raise --epoch-size");
+  if (!c.transformer()) return;
+  if (!c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks, rank);
+  if (!c.data.empty())
+    validate_token_shards(c, "--data", c.data, ranks, rank);
+  else
+    require(c.epoch_size >= ranks, "more ranks (" + std::to_string(ranks) +
+                                       ") than sequences per epoch (--epoch-size " + std::to_string(c.epoch_size) +
+                                       "): every rank needs at least one; raise --epoch-size");
 }
 
 }  // namespace ddplab

@@ -14,7 +14,9 @@ void add_train_flags(CLI::App* app, TrainConfig& config, FlagSet flags = FlagSet
 // Throws UsageError (record/errors.h) naming the first bad flag: each knob's own check (config/train_config.h), then
 // the rules between knobs.
 void validate(const TrainConfig& config);
-// What a job of `ranks` ranks adds: the ranks a flag names exist, each rank gets a sequence. Throws UsageError.
-void validate_for_ranks(const TrainConfig& config, int ranks);
+// What a job of `ranks` ranks adds: the ranks a flag names exist, each rank gets a sequence, and --data's and
+// --val-data's tokens fit the model, rank `rank` reading its share of the shards (the caller agrees the ranks'
+// verdicts). Throws UsageError.
+void validate_for_ranks(const TrainConfig& config, int ranks, int rank = 0);
 
 }  // namespace ddplab

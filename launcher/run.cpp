@@ -592,7 +592,9 @@ void validate_run(const TrainConfig& asked, int world_size, MPI_Comm world) {
   std::string mine;
   try {
     validate(asked);
-    validate_for_ranks(asked, world_size);
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    validate_for_ranks(asked, world_size, rank);
   } catch (const UsageError& e) {
     mine = e.what();
   }
@@ -793,12 +795,15 @@ class RunWriter {
 };
 
 // Progress, at most once a second or every --log-every steps: rank 0's steps since the last line, by the wall clock
-// (checkpoint and snapshot writes included), its samples and tokens scaled to the ranks (exact for a fixed batch; an
-// estimate where a token budget varies them), and its own loss (the summary has everyone's).
+// (checkpoint and snapshot writes included, validation passes not), its samples and tokens scaled to the ranks (exact
+// for a fixed batch; an estimate where a token budget varies them), and its own loss (the summary has everyone's).
 class ProgressLine {
  public:
   ProgressLine(const TrainConfig& config, int world_size, double t0)
       : config_(config), world_size_(world_size), t0_(t0), interval_{t0} {}
+
+  // Time between steps that is no step's (a validation pass): left out of the ms per step, kept in the elapsed time.
+  void leave_out(double ms) { interval_.start_ms += ms; }
 
   void step_done(int step, const StepRecord& last, bool print) {
     ++interval_.steps, interval_.samples += last.samples, interval_.tokens += last.useful_tokens;
@@ -849,7 +854,11 @@ std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& 
     } catch (const TrainingStopped& e) {  // every rank, at this step: keep the steps before it
       return std::make_unique<TrainingStopped>(e);
     }
-    if (trainer.validates_after(s)) last.val_loss = trainer.validation_loss();
+    if (trainer.validates_after(s)) {
+      const double start = now_ms();
+      last.val_loss = trainer.validation_loss();
+      progress.leave_out(now_ms() - start);
+    }
     gathered.add(last, trainer.bucket_times());
     if (const int signal = trainer.stop_signal())
       return std::make_unique<TrainingStopped>(stopped_by_signal(signal, s));

@@ -36,7 +36,7 @@ struct StepRecord {
   double grad_norm = 0;
   double lr = 0;  // the step's learning rate (--lr, or where --lr-schedule and --lr-warmup have taken it)
   // With --val-data, on the steps after which the run validated: the validation loss of the parameters this step's
-  // update left (the same on every rank); NaN on the other steps.
+  // update left (the same on every rank; +inf where it was not finite); NaN on the other steps.
   double val_loss = std::numeric_limits<double>::quiet_NaN();
 };
 

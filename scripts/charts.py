@@ -260,7 +260,8 @@ def loss_chart(runs, out_dir, written):
         loss = r.loss.mean(axis=0)
         for g in groups:
             if (g[0] == r.first_step and g[1].shape == loss.shape and np.array_equal(g[1], loss, equal_nan=True)
-                    and (g[3] is None) == (r.val_loss is None)):
+                    and (g[3] is None) == (r.val_loss is None)
+                    and (g[3] is None or np.array_equal(g[3], r.val_loss, equal_nan=True))):
                 g[2].append(r.stem)
                 break
         else:

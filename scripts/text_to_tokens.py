@@ -12,8 +12,8 @@ With --val-out, the last --val-share of the bytes go to a second shard instead. 
 beside it and renamed into place: a failed run leaves no half-written shard.
 """
 import argparse
-import array
 import os
+import struct
 import sys
 
 MAGIC, VERSION = 20240520, 1
@@ -23,17 +23,14 @@ def write_shard(path, data):
     """data: bytes, one token each."""
     if len(data) >= 2**31:
         sys.exit(f"text_to_tokens: {path}: {len(data)} tokens, more than a shard's int32 count holds")
-    header = array.array("i", [0] * 256)
-    header[0], header[1], header[2] = MAGIC, VERSION, len(data)
-    tokens = array.array("H", list(data))
-    if sys.byteorder != "little":
-        header.byteswap()
-        tokens.byteswap()
+    header = struct.pack("<256i", MAGIC, VERSION, len(data), *([0] * 253))
+    tokens = bytearray(2 * len(data))  # little-endian uint16: the byte, then 0 (twice the text's memory, no more)
+    tokens[0::2] = data
     temp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(temp, "wb") as f:
-            header.tofile(f)
-            tokens.tofile(f)
+            f.write(header)
+            f.write(tokens)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
@@ -60,8 +57,8 @@ def main():
                 data += f.read()
         except OSError as e:
             sys.exit(f"text_to_tokens: {name}: {e.strerror}")
-    if not data:
-        sys.exit("text_to_tokens: the inputs hold no bytes")
+    if len(data) < (2 if args.val_out else 1):
+        sys.exit(f"text_to_tokens: the inputs hold {len(data)} bytes, too few for the shards asked for")
     if args.val_out:
         cut = len(data) - max(1, int(len(data) * args.val_share))
         write_shard(args.out, bytes(data[:cut]))

@@ -128,6 +128,11 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
         capacity_(TokenBatches::max_tokens(c)),
         slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {
     for (auto& m : micro_) m.resize(c.grad_accum);
+    if (!c.val_data.empty()) {  // made with the rest: an out-of-memory comes before the first step, not hours in
+      void* memory = nullptr;
+      cudaCheck(cudaMalloc(&memory, static_cast<size_t>(capacity_) * sizeof(int32_t)));
+      eval_tokens_.reset(memory);
+    }
   }
 
   std::string describe() const override { return batches_.describe(model_.num_parameters()); }
@@ -167,12 +172,8 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   // Its own device buffer: the staging slots hold the next step's batch, whose copy may be in flight. A pageable
   // copy on the compute stream: the host's tokens may be reused once it returns, and the forward runs after it.
   double evaluate(const int32_t* tokens, int rows, int seq) override {
+    if (!eval_tokens_) throw std::logic_error("TransformerCudaWorkload::evaluate: the run has no --val-data");
     const size_t bytes = static_cast<size_t>(rows) * seq * sizeof(int32_t);
-    if (!eval_tokens_) {
-      void* memory = nullptr;
-      cudaCheck(cudaMalloc(&memory, static_cast<size_t>(capacity_) * sizeof(int32_t)));
-      eval_tokens_.reset(memory);
-    }
     int32_t* device = static_cast<int32_t*>(eval_tokens_.get());
     cudaCheck(cudaMemcpyAsync(device, tokens, bytes, cudaMemcpyHostToDevice, model_.stream()));
     model_.forward(device, nullptr, nullptr, rows, seq);
@@ -195,7 +196,7 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   StagingSlots slots_;
   std::vector<MicroBatch> micro_[kSlots];
   double loss_scale_ = 1;           // of the last forward's micro-batch
-  cuda::DeviceMemory eval_tokens_;  // capacity_ tokens, from the first evaluate()
+  cuda::DeviceMemory eval_tokens_;  // --val-data: capacity_ tokens
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "runtime/mpi_check.h"
@@ -55,7 +56,9 @@ double Trainer::validation_loss() {
     const watchdog::Wait wait("MPI_Allreduce of the validation loss");
     mpiCheck(MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, comm_));
   }
-  return sums[0] / sums[1];
+  // NaN marks the steps that took no validation (StepRecord::val_loss), so a loss that is not finite reads as +inf.
+  const double loss = sums[0] / sums[1];
+  return std::isfinite(loss) ? loss : std::numeric_limits<double>::infinity();
 }
 
 // The lab's noisy neighbour (--busy-threads): work that is not the job's on the slow rank's core. Pinned, the compute

@@ -63,7 +63,7 @@ class Trainer {
   CheckpointInfo read_checkpoint(const std::string& path) { return backend_->read_checkpoint(path); }
 
   // Collective (--val-data): the mean loss of the model as it stands over every validation window's terms, each rank
-  // evaluating its share; the same on every rank.
+  // evaluating its share; the same on every rank; +inf where it is not finite.
   double validation_loss();
   bool validates() const { return validation_ != nullptr; }
   const ValidationSet* validation() const { return validation_.get(); }

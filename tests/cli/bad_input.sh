@@ -92,6 +92,9 @@ refusals_at() {
   expect_error $np "--data $token_dir/other.bin: not a token shard (magic 20240801" "${lm[@]}" --data "$token_dir/other.bin"
   expect_error $np "--data $token_dir/good.bin: no shard holds a window of --max-len 32 tokens (20 tokens in all)" \
     train --model tiny --head lm --max-len 32 --steps 2 --data "$token_dir/good.bin"
+  expect_error $np "--data $token_dir: not a regular file" "${lm[@]}" --data "$token_dir"
+  expect_error $np "--max-len must be at least 2 (got 1)" train --model tiny --head lm --max-len 1 --steps 2 \
+    --data "$token_dir/good.bin"
   expect_error $np "--data needs --head lm" train --model tiny --data "$token_dir/good.bin" --steps 2
   expect_error $np "--data needs a transformer --model" train "${small[@]}" --data "$token_dir/good.bin"
   expect_error $np "--min-len shapes synthetic sequences" "${lm[@]}" --data "$token_dir/good.bin" --min-len 4

@@ -31,10 +31,15 @@ class SharedTempDir {
   explicit SharedTempDir(const std::function<void(const std::string&)>& write) {
     char path[64] = "/tmp/ddplab_test_XXXXXX";
     if (world_rank() == 0) {
-      if (!mkdtemp(path)) throw std::runtime_error("mkdtemp failed");
-      write(path);
+      try {
+        if (!mkdtemp(path)) throw std::runtime_error("mkdtemp failed");
+        write(path);
+      } catch (const std::exception&) {
+        path[0] = '\0';  // told to every rank below, so that none waits for rank 0
+      }
     }
     MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);  // after the writes
+    if (path[0] == '\0') throw std::runtime_error("rank 0 could not make the test's folder and files");
     path_ = path;
   }
   ~SharedTempDir() {

@@ -270,6 +270,12 @@ TEST(ValidationLoss, IsTheMeanOverEveryWindowAtAnyWorldSize) {
     sum5 += model.forward(tokens.data(), nullptr, nullptr, 1, 10);
   }
   EXPECT_NEAR(prefix.validation_loss(), sum5 / 5, 1e-6 * loss);
+
+  TrainConfig first_one = c;  // every rank but rank 0 without a window: they still meet in the sum
+  first_one.val_windows = 1;
+  Trainer single_window(first_one, MPI_COMM_WORLD);
+  windows.fill(tokens.data(), 0);
+  EXPECT_NEAR(single_window.validation_loss(), model.forward(tokens.data(), nullptr, nullptr, 1, 10), 1e-6 * loss);
 }
 
 // --optimizer-in-backward updates each bucket while backward still runs, as soon as backward no longer reads its
