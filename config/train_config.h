@@ -72,6 +72,7 @@ struct TrainConfig {
   MlpConfig mlp;
   TransformerConfig::Head head = TransformerConfig::Head::kClassify;
   std::string data;  // token shards (data/token_files.h); empty: synthetic sequences
+  std::string data_shards;  // what --data held when the run began (TokenFiles::fingerprint), filled for the run
   std::string val_data;     // token shards of the validation loss; empty: none
   int val_every = 0;        // steps between validations (0: after the last step only)
   int64_t val_windows = 0;  // windows of val_data per validation (0: all)
@@ -200,8 +201,10 @@ void visit_knobs(Config& c, Visit&& visit) {
              "transformer --head lm: train on token shards in llm.c's format (a file or a quoted glob of .bin "
              "files: a 1024-byte header, then uint16 tokens), read in windows of --max-len tokens; empty: "
              "synthetic sequences",
-             kNoMin, kNoMax, kMath | kNotInSuite},
+             kNoMin, kNoMax, kNotInSuite},
         c.data);
+  // The shards themselves, not the path they were named by: a resume may name them from another folder.
+  visit(Knob{nullptr, "data_shards", nullptr, kNoMin, kNoMax, kMath}, c.data_shards);
   visit(Knob{"--val-data", "val_data",
              "transformer --head lm: the validation loss, on token shards in --data's format (llm.c's val "
              "shard), the mean over every rank's share of them; empty: none",

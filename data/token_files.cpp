@@ -120,6 +120,22 @@ std::string TokenFiles::first_token_outside(int vocab, int part, int parts) cons
   return "";
 }
 
+std::string TokenFiles::fingerprint() const {
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits: the same on every host and build
+  const auto add = [&hash](const void* bytes, size_t n) {
+    for (size_t i = 0; i < n; ++i) hash = (hash ^ static_cast<const unsigned char*>(bytes)[i]) * 0x100000001b3ull;
+  };
+  for (const Shard& s : shards_) {
+    const std::string name = s.path.substr(s.path.find_last_of('/') + 1);  // npos + 1 = 0: no folder
+    add(name.data(), name.size() + 1);
+    add(&s.count, sizeof s.count);
+  }
+  char text[96];
+  std::snprintf(text, sizeof text, "%lld windows of %d in %d shard%s, %016llx", static_cast<long long>(windows_),
+                window_, shards(), shards() == 1 ? "" : "s", static_cast<unsigned long long>(hash));
+  return text;
+}
+
 std::string TokenFiles::describe() const {
   char text[160];
   std::snprintf(text, sizeof text, " (%.4gM tokens in %d shard%s, %lld windows of %d)", tokens() / 1e6, shards(),

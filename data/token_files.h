@@ -47,6 +47,10 @@ class TokenFiles : public TokenSource {
   std::string first_token_outside(int vocab, int part = 0, int parts = 1) const;
   // "data <pattern> (1.2M tokens in 2 shards, 1172 windows of 1024)".
   std::string describe() const override;
+  // What a resumed run must read again, wherever the shards now lie: "1172 windows of 1024 in 2 shards, 9f0c..."
+  // (the windows, and a hash of the shards' file names and token counts, in order). Shards rewritten with the same
+  // names and counts are not told apart: that would need every token read again.
+  std::string fingerprint() const;
 
  private:
   struct Shard {

@@ -24,6 +24,7 @@
 #include "analysis/report.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
+#include "data/token_files.h"
 #include "git_commit.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "launcher/cli.h"
@@ -663,6 +664,13 @@ TrainConfig resolved_for_run(const TrainConfig& asked, const std::string& run_fi
   double slice[2] = {config.grad_slice_mb, -config.grad_slice_mb};
   MPI_Allreduce(MPI_IN_PLACE, slice, 2, MPI_DOUBLE, MPI_MIN, world);
   if (slice[0] != -slice[1]) config.grad_slice_mb = asked.grad_slice_mb;
+  if (config.transformer() && !config.data.empty()) {  // opened and checked by validate_run: headers only here
+    try {
+      config.data_shards = TokenFiles(config.data, config.max_len).fingerprint();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--data " + std::string(e.what()));
+    }
+  }
   const int threads = asked.blas_threads > 0 ? asked.blas_threads : rank_cores.cores;
   int spare_core_every_rank = rank_cores.cores > threads ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &spare_core_every_rank, 1, MPI_INT, MPI_MIN, world);

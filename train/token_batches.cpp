@@ -22,6 +22,12 @@ TokenDataConfig data_config(const TrainConfig& c, const TransformerConfig& model
   return d;
 }
 
+// --data's shards in windows of --max-len tokens, or synthetic sequences.
+std::unique_ptr<TokenSource> token_source(const TrainConfig& c, const TransformerConfig& model) {
+  if (!c.data.empty()) return std::make_unique<TokenFiles>(c.data, c.max_len);
+  return std::make_unique<SyntheticTokens>(data_config(c, model));
+}
+
 }  // namespace
 
 TokenBatches::TokenBatches(const TrainConfig& config, const TransformerConfig& model, int rank, int world)
@@ -30,8 +36,7 @@ TokenBatches::TokenBatches(const TrainConfig& config, const TransformerConfig& m
       rank_(rank),
       world_(world),
       batching_(config.batching),
-      data_(config.data.empty() ? std::unique_ptr<TokenSource>(new SyntheticTokens(data_config(config, model)))
-                                : std::unique_ptr<TokenSource>(new TokenFiles(config.data, config.max_len))) {}
+      data_(token_source(config, model)) {}
 
 TransformerConfig TokenBatches::model_config(const TrainConfig& c) {
   TransformerConfig m = TransformerConfig::preset(to_string(c.model));

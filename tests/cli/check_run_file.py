@@ -6,6 +6,7 @@ usage: check_run_file.py MPIRUN DDPLAB NP
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -66,8 +67,36 @@ def check_token_shards(mpirun, ddplab, np_ranks, work):
           f"summary: the last validation ({summary['final_val_loss']}, step {summary['final_val_step']})")
     check(f"validation loss     {val_loss[0, 7]:.4f} after step 7 (--val-data)" in run.stdout, "the summary line")
     check(config["data"] == train and config["val_data"] == val and config["lengths"] == "fixed"
-          and config["min_len"] == 32 and config["epoch_size"] == 0,
-          f"config: the shards, and the synthetic knobs as --data sets them ({config})")
+          and config["min_len"] == 32 and config["epoch_size"] == 0 and config["data_shards"].startswith("124 windows of 32 in 1 shard,"),
+          f"config: the shards and their fingerprint, and the synthetic knobs as --data sets them ({config})")
+
+    # A resume reads the same shards, wherever they now lie; a shard of another length is refused by its fingerprint.
+    base = [mpirun, "-np", str(np_ranks), ddplab, "train", "--model", "tiny", "--head", "lm", "--max-len", "32",
+            "--batch", "4", "--quiet"]
+    checkpoint = os.path.join(work, "tokens_ck.h5")
+    first = subprocess.run(base + ["--data", train, "--steps", "3", "--checkpoint", checkpoint, "--out",
+                                   os.path.join(work, "first.h5")], capture_output=True, text=True, timeout=120)
+    os.makedirs(os.path.join(work, "moved"))
+    moved, longer = os.path.join(work, "moved", "train.bin"), os.path.join(work, "longer.bin")
+    with open(train, "rb") as f:
+        shard = f.read()
+    with open(moved, "wb") as f:
+        f.write(shard)
+    with open(longer, "wb") as f:  # one token more, the header's count with it
+        f.write(struct.pack("<i", 20240520) + struct.pack("<i", 1) + struct.pack("<i", len(tokens) + 1) + shard[12:]
+                + b"\x41\x00")
+    resumed = subprocess.run(base + ["--data", moved, "--steps", "5", "--resume", checkpoint, "--out",
+                                     os.path.join(work, "resumed.h5")], capture_output=True, text=True, timeout=120)
+    check(first.returncode == 0 and resumed.returncode == 0,
+          f"a resume names the same shards from another folder ({first.stderr.strip()[:200]} {resumed.stderr.strip()[:200]})")
+    other = subprocess.run(base + ["--data", os.path.join(work, "longer.bin"), "--steps", "5", "--resume", checkpoint,
+                                   "--out", os.path.join(work, "other.h5")], capture_output=True, text=True, timeout=120)
+    check(other.returncode == 2 and "settings differ from the checkpoint's: data_shards (checkpoint \"124 windows"
+          in other.stderr and not os.path.exists(os.path.join(work, "other.h5")),
+          f"a shard of another length is refused by its fingerprint ({other.stderr.strip()[:300]})")
+    for name in ("first.h5", "first.report.html", "resumed.h5", "resumed.report.html", "tokens_ck.h5"):
+        if os.path.exists(os.path.join(work, name)):
+            os.unlink(os.path.join(work, name))
 
 
 def main():

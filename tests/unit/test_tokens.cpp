@@ -195,6 +195,26 @@ TEST_F(TokenShards, WindowsOverlapByOneTokenAndStayInTheirShard) {
   expect_exact_cover(plan, 2, files.sequences());
 }
 
+// A resumed run compares the shards by their fingerprint: the same files from another folder match; a shard added, or
+// one of another length, does not.
+TEST_F(TokenShards, TheFingerprintFollowsTheShardsNotTheirFolder) {
+  std::filesystem::create_directory(path("here"));
+  std::filesystem::create_directory(path("there"));
+  for (const char* folder : {"here", "there"}) {
+    write_token_shard(path(folder) + "/s_0.bin", counting_tokens(100));
+    write_token_shard(path(folder) + "/s_1.bin", counting_tokens(50, 9));
+  }
+  const std::string fingerprint = TokenFiles(path("here/s_*.bin"), 8).fingerprint();
+  EXPECT_EQ(fingerprint.substr(0, 27), "21 windows of 8 in 2 shards");  // 99 / 7 + 49 / 7
+  EXPECT_EQ(TokenFiles(path("there/s_*.bin"), 8).fingerprint(), fingerprint);
+  EXPECT_NE(TokenFiles(path("here/s_*.bin"), 9).fingerprint(), fingerprint) << "another window";
+  write_token_shard(path("there/s_1.bin"), counting_tokens(51, 9));
+  EXPECT_NE(TokenFiles(path("there/s_*.bin"), 8).fingerprint(), fingerprint)
+      << "a shard one token longer (as many windows)";
+  write_token_shard(path("here/s_2.bin"), counting_tokens(3));
+  EXPECT_NE(TokenFiles(path("here/s_*.bin"), 8).fingerprint(), fingerprint) << "a shard more, with no window";
+}
+
 TEST_F(TokenShards, TheFirstTokenOutsideTheVocabularyIsNamed) {
   std::vector<uint16_t> tokens = counting_tokens(100);
   tokens[77] = 50304;
