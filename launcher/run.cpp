@@ -670,6 +670,15 @@ TrainConfig resolved_for_run(const TrainConfig& asked, const std::string& run_fi
     } catch (const std::invalid_argument& e) {
       throw UsageError("--data " + std::string(e.what()));
     }
+    // Every rank reads the plan's windows from its own copy of the shards: a node holding other files would train on
+    // other windows, silently. Rank 0's fingerprint is the run's.
+    char root[128] = {};
+    config.data_shards.copy(root, sizeof root - 1);
+    MPI_Bcast(root, sizeof root, MPI_CHAR, 0, world);
+    const std::string mine = config.data_shards == root ? ""
+                                                        : "--data " + config.data + ": other shards than rank 0's (" +
+                                                              config.data_shards + ", against " + root + ")";
+    if (const std::string reason = first_failing_reason(mine, world); !reason.empty()) throw UsageError(reason);
   }
   const int threads = asked.blas_threads > 0 ? asked.blas_threads : rank_cores.cores;
   int spare_core_every_rank = rank_cores.cores > threads ? 1 : 0;

@@ -69,6 +69,10 @@ shard("good.bin", list(range(20)))
 shard("vocab.bin", [5] * 40 + [9000] + [5] * 40)
 shard("cut.bin", list(range(31)), count=64)
 shard("other.bin", list(range(31)), magic=20240801)
+import os
+for node, n in (("node_a", 40), ("node_b", 41)):  # two windows of 16 each, one token apart
+    os.mkdir(f"{d}/{node}")
+    shard(f"{node}/same_name.bin", list(range(n)))
 PY
 lm=(train --model tiny --head lm --max-len 16 --batch 1 --steps 2)
 cuda=(--device cuda --comm nccl)
@@ -248,6 +252,11 @@ expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
 expect_refusal "mpirun -np 1 ddplab train : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana ddplab train" \
   "rank 1: DDPLAB_COMM_MAX_SLEEP_US must be an integer" \
   -np 1 "$ddplab" train "${small[@]}" : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana "$ddplab" train "${small[@]}"
+# Token shards that differ between nodes under one name: the rank whose copy differs from rank 0's names both.
+expect_refusal "mpirun -np 2 ddplab train --data same_name.bin, another copy on rank 1's node" \
+  "rank 1: --data same_name.bin: other shards than rank 0's (2 windows of 16 in 1 shard, [0-9a-f]*, against 2 windows" \
+  -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data same_name.bin : \
+  -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data same_name.bin
 # A checkpoint on one node's disk only (a node-local path): the rank that cannot read it names it, and every rank
 # refuses.
 mkdir -p "$work/node_a" "$work/node_b"
