@@ -65,11 +65,10 @@ class Trainer {
   // Collective (--val-data): the mean loss of the model as it stands over every validation window's terms, each rank
   // evaluating its share; the same on every rank; +inf where it is not finite.
   double validation_loss();
-  bool validates() const { return validation_ != nullptr; }
-  const ValidationSet* validation() const { return validation_.get(); }
+  const ValidationSet* validation() const { return validation_.get(); }  // null without --val-data
   // --val-data: whether the run validates after step `step` (every --val-every steps, and after the last).
   bool validates_after(int step) const {
-    return validates() && ((config_.val_every > 0 && (step + 1) % config_.val_every == 0) || step + 1 == config_.steps);
+    return validation_ && ((config_.val_every > 0 && (step + 1) % config_.val_every == 0) || step + 1 == config_.steps);
   }
 
   // The flat parameters (the CPU model's layout), copied to the host.

@@ -23,7 +23,6 @@ class ValidationSet {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int rows() const { return rows_; }
   int seq() const { return files_.max_len(); }
-  int64_t windows() const { return windows_; }  // over all ranks
   // "data val.bin (0.03M tokens in 1 shard, 238 windows of 128)[, the first 50]": the run header's words.
   std::string describe() const;
 
