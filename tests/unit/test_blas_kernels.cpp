@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/blas_kernels.h"
 #include "tests/unit/scoped_variable.h"
+#include "tests/unit/temp_dir.h"
 
 using namespace ddplab::blas;
 
@@ -192,14 +193,8 @@ TEST(BlasKernels, CacheFileNames) {
   EXPECT_NE(cache_file_name(cpu, kAvx2, "0.3.26"), cache_file_name(cpu, kAvx2, "0.3.21"));
 }
 
-class Cache : public ::testing::Test {
+class Cache : public ddplab::TempDirTest {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/test_blas_kernels_XXXXXX";
-    dir_ = mkdtemp(pattern);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
   const std::string file_ = "cpu.json";
   const Names candidates_ = candidate_cores(kAvx512);
 };

@@ -9,6 +9,7 @@
 
 #include "runtime/host_cache.h"
 #include "tests/unit/scoped_variable.h"
+#include "tests/unit/temp_dir.h"
 
 namespace ddplab::host_cache {
 namespace {
@@ -26,15 +27,9 @@ TEST(HostCache, DirectoryFollowsXdg) {
   EXPECT_EQ(file_name("NVIDIA H200 (132 SMs)/x_1.2"), "NVIDIA-H200--132-SMs--x_1.2");
 }
 
-class HostCacheFile : public ::testing::Test {
+class HostCacheFile : public ddplab::TempDirTest {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/test_host_cache_XXXXXX";
-    dir_ = mkdtemp(pattern);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string path() const { return dir_ + "/made/here/" + file_; }
-  std::string dir_;
   const std::string file_ = "answers.json";
 };
 

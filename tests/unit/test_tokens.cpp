@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/tokens.h"
+#include "tests/unit/temp_dir.h"
 #include "tests/unit/token_shards.h"
 
 namespace ddplab {
@@ -155,16 +156,7 @@ TEST(BatchPlan, SameOnEveryRankAndBadInputRefused) {
 }
 
 // Token shards in llm.c's format (data/token_files.h).
-class TokenShards : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/test_token_files_XXXXXX";
-    dir_ = mkdtemp(pattern);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string dir_;
-};
+using TokenShards = TempDirTest;
 
 // Windows of 5 tokens, each starting on the last token of the one before, in the shards' name order, never across
 // two shards: every (token, next token) pair of a shard is the pair of exactly one window.
