@@ -16,7 +16,8 @@ using elementwise::scale_kernel;
 template <typename T>
 void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  gelu_backward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(dinp, inp, dout, n);
+  detail::launch_packed(detail::all_aligned(alignof(detail::Pack<T, 4>), dinp, inp, dout), n, stream,
+                        gelu_backward_kernel<T, 4>, gelu_backward_kernel<T, 1>, dinp, inp, dout, n);
   cudaCheck(cudaGetLastError());
 }
 
@@ -34,7 +35,8 @@ void gelu_backward(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const __nv_bfl
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  residual_forward_kernel<T><<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(out, a, b, n);
+  detail::launch_packed(detail::all_aligned(alignof(detail::Pack<T, 4>), out, a, b), n, stream,
+                        residual_forward_kernel<T, 4>, residual_forward_kernel<T, 1>, out, a, b, n);
   cudaCheck(cudaGetLastError());
 }
 template void residual_forward<float>(float*, const float*, const float*, int64_t, cudaStream_t);

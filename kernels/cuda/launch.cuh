@@ -61,6 +61,22 @@ __device__ inline void map_elements(Out* out, const In* in, int64_t n, Op op) {
       [=](int64_t i) { out[i] = op(in[i]); });
 }
 
+// out[i] = op(a[i], b[i]) for n elements (out may be a or b), V per access: map_elements with two inputs.
+template <int V, typename A, typename B, typename Out, typename Op>
+__device__ inline void zip_elements(Out* out, const A* a, const B* b, int64_t n, Op op) {
+  for_each_pack<V>(
+      n,
+      [=](int64_t i) {
+        const Pack<A, V> x = load_pack<V>(a + i);
+        const Pack<B, V> y = load_pack<V>(b + i);
+        Pack<Out, V> z;
+#pragma unroll
+        for (int k = 0; k < V; ++k) z.v[k] = op(x.v[k], y.v[k]);
+        store_pack(out + i, z);
+      },
+      [=](int64_t i) { out[i] = op(a[i], b[i]); });
+}
+
 // Whether out and in both take map_elements' packs of 4.
 template <typename In, typename Out>
 inline bool map_packs_fit(const Out* out, const In* in) {

@@ -50,9 +50,12 @@ TEST(ElementwiseEmulated, GeluGradientFollowsTheDoubleReference) {
   const std::vector<double> xd(x.begin(), x.end()), doutd(dout.begin(), dout.end());
   std::vector<double> dwant(kN);
   ddplab::cpu::gelu_backward(dwant.data(), xd.data(), doutd.data(), kN);
-  std::vector<float> dinp(kN, -1.0f);
-  emulate_launch(kGrid, kBlock, 0, ew::gelu_backward_kernel<float>, dinp.data(), x.data(), dout.data(), kN);
-  expect_near_reference(dinp, dwant, 1e-6, 1e-6, "dgelu");
+  for (bool packed : {true, false}) {
+    std::vector<float> dinp(kN, -1.0f);
+    emulate_launch(kGrid, kBlock, 0, packed ? ew::gelu_backward_kernel<float, 4> : ew::gelu_backward_kernel<float, 1>,
+                   dinp.data(), x.data(), dout.data(), kN);
+    expect_near_reference(dinp, dwant, 1e-6, 1e-6, packed ? "packed dgelu" : "dgelu");
+  }
 }
 
 // bf16 activations: read widened, computed in fp32, rounded once: within a bf16 rounding of the reference on the
@@ -66,9 +69,13 @@ TEST(ElementwiseEmulated, GeluGradientInBf16RoundsOnce) {
   const std::vector<double> xd(x.begin(), x.end()), doutd(dout.begin(), dout.end());
   std::vector<double> dwant(kN);
   ddplab::cpu::gelu_backward(dwant.data(), xd.data(), doutd.data(), kN);
-  emulate_launch(kGrid, kBlock, 0, ew::gelu_backward_kernel<bf16>, dinp16.data(), x16.data(), dout16.data(), kN);
-  for (int64_t i = 0; i < kN; ++i)
-    ASSERT_NEAR(__bfloat162float(dinp16[i]), dwant[i], std::ldexp(std::fabs(dwant[i]), -8) + 1e-6) << i;
+  for (bool packed : {true, false}) {
+    emulate_launch(kGrid, kBlock, 0, packed ? ew::gelu_backward_kernel<bf16, 4> : ew::gelu_backward_kernel<bf16, 1>,
+                   dinp16.data(), x16.data(), dout16.data(), kN);
+    for (int64_t i = 0; i < kN; ++i)
+      ASSERT_NEAR(__bfloat162float(dinp16[i]), dwant[i], std::ldexp(std::fabs(dwant[i]), -8) + 1e-6)
+          << (packed ? "packed " : "") << i;
+  }
 }
 
 // cuBLASLt's fallback epilogue: out = gelu(out + bias) with pre = out + bias kept (kGelu), or out = out + bias; the
@@ -115,18 +122,26 @@ TEST(ElementwiseEmulated, GemmEpilogueAddsTheBiasThenGelu) {
 
 TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
   const std::vector<float> a = normal_values(kN, 7, 1.0f), b = normal_values(kN, 8, 1.0f);
-  std::vector<float> sum(kN), want(kN);
-  emulate_launch(kGrid, kBlock, 0, ew::residual_forward_kernel<float>, sum.data(), a.data(), b.data(), kN);
+  std::vector<float> want(kN);
   ddplab::cpu::residual_forward(want.data(), a.data(), b.data(), kN);
-  for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(bits(sum[i]), bits(want[i])) << i;
-
-  std::vector<bf16> a16(kN), b16(kN), sum16(kN);
+  std::vector<bf16> a16(kN), b16(kN);
   for (int64_t i = 0; i < kN; ++i) a16[i] = __float2bfloat16_rn(a[i]), b16[i] = __float2bfloat16_rn(b[i]);
-  emulate_launch(kGrid, kBlock, 0, ew::residual_forward_kernel<bf16>, sum16.data(), a16.data(), b16.data(), kN);
-  for (int64_t i = 0; i < kN; ++i)
-    EXPECT_EQ(bits(sum16[i]),
-              ddplab::float16::from_f32(Format::kBf16, __bfloat162float(a16[i]) + __bfloat162float(b16[i])))
-        << i;
+  for (bool packed : {true, false}) {
+    std::vector<float> sum(kN);
+    emulate_launch(kGrid, kBlock, 0,
+                   packed ? ew::residual_forward_kernel<float, 4> : ew::residual_forward_kernel<float, 1>, sum.data(),
+                   a.data(), b.data(), kN);
+    for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(bits(sum[i]), bits(want[i])) << (packed ? "packed " : "") << i;
+
+    std::vector<bf16> sum16 = b16;  // in place, out = a + out, as the ring's reduction and the benchmark run it
+    emulate_launch(kGrid, kBlock, 0,
+                   packed ? ew::residual_forward_kernel<bf16, 4> : ew::residual_forward_kernel<bf16, 1>, sum16.data(),
+                   a16.data(), sum16.data(), kN);
+    for (int64_t i = 0; i < kN; ++i)
+      EXPECT_EQ(bits(sum16[i]),
+                ddplab::float16::from_f32(Format::kBf16, __bfloat162float(a16[i]) + __bfloat162float(b16[i])))
+          << (packed ? "packed " : "") << i;
+  }
 
   for (bool packed : {true, false}) {
     std::vector<float> y = a;
