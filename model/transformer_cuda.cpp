@@ -183,7 +183,7 @@ TransformerCuda::BufferOffsets TransformerCuda::buffer_offsets() const {
   at.losses = layout.reserve(tokens * f32);
   at.mean_loss = layout.reserve(f32);
   at.num_valid = layout.reserve(sizeof(int));
-  at.rows_by_token_bytes = cuda::rows_by_token_workspace_bytes(max_tokens_, config_.vocab);
+  at.rows_by_token_bytes = cuda::rows_by_token_workspace_bytes(max_tokens_, config_.vocab, config_.d_model);
   at.rows_by_token = layout.reserve(at.rows_by_token_bytes);
   at.bytes = layout.bytes();
   return at;
@@ -261,7 +261,7 @@ void TransformerCuda::forward_layers(float loss_scale) {
   // For backward's dwte, here rather than there: backward closes with the embedding's gradient, whose all-reduce is
   // the step's last, and the sort is off that path.
   rows_by_token_ = cuda::sort_rows_by_token(rows_by_token_workspace_, rows_by_token_workspace_bytes_, tokens_, lengths_,
-                                            B, S, config_.vocab, stream_);
+                                            B, S, config_.vocab, C, stream_);
   for (int l = 0; l < config_.layers; ++l) {
     NvtxRange range(nvtx_forward_[l].c_str());
     const BlockActs& a = blocks_[l];

@@ -266,7 +266,7 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
   int32_t* d_len = a.ints(len);
   float *wte = a.random_f32(int64_t{V} * C), *wpe = a.random_f32(int64_t{S} * C);
   float *dwte = a.random_f32(int64_t{V} * C), *dwpe = a.random_f32(int64_t{S} * C);
-  const size_t sort_bytes = cuda::rows_by_token_workspace_bytes(rows, V);
+  const size_t sort_bytes = cuda::rows_by_token_workspace_bytes(rows, V, C);
   void* sort_space = a.alloc<char>(static_cast<int64_t>(sort_bytes));
   const std::string esh = dims({{"B", B}, {"S", S}, {"C", C}});
   for (const auto& [tokens, which] : {std::pair{&distinct, ""}, std::pair{&zipf, ", Zipf tokens"}}) {
@@ -278,7 +278,7 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
     cuda::RowsByToken sorted;
     rep.add({"embedding", std::string("sort_rows_by_token") + which, dims({{"B", B}, {"S", S}, {"V", V}}),
              median_ms(opt, s,
-                       [&] { sorted = cuda::sort_rows_by_token(sort_space, sort_bytes, d_tok, d_len, B, S, V, s); }),
+                       [&] { sorted = cuda::sort_rows_by_token(sort_space, sort_bytes, d_tok, d_len, B, S, V, C, s); }),
              0, 0});
     std::vector<int32_t> unique = *tokens;
     std::sort(unique.begin(), unique.end());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "kernels/cpu/softmax_row.h"
@@ -60,6 +61,26 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 #pragma omp simd
         for (int c = 0; c < C; ++c) p[c] += d[c];
       }
+    }
+  }
+}
+
+void embedding_backward_wte_in_pieces(float* dwte, const float* dout, const int32_t* tokens, const int32_t* lengths,
+                                      int B, int S, int C, int piece_rows) {
+  std::map<int32_t, std::vector<int64_t>> rows_of;  // each token's valid rows, in row order
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < length_of(lengths, b, S); ++t)
+      rows_of[tokens[int64_t{b} * S + t]].push_back(int64_t{b} * S + t);
+  std::vector<float> piece(C);
+  for (const auto& [token, rows] : rows_of) {
+    float* e = dwte + int64_t{token} * C;
+    for (size_t first = 0; first < rows.size(); first += piece_rows) {
+      float* sum = first == 0 ? e : piece.data();
+      if (first > 0) std::fill(piece.begin(), piece.end(), 0.0f);
+      for (size_t k = first; k < std::min(rows.size(), first + piece_rows); ++k)
+        for (int c = 0; c < C; ++c) sum[c] += dout[rows[k] * C + c];
+      if (first > 0)
+        for (int c = 0; c < C; ++c) e[c] += piece[c];
     }
   }
 }

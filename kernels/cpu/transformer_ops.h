@@ -32,6 +32,11 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* lengths, int B, int S,
                         int C, const int32_t* positions = nullptr);
+// dwte as the GPU sums it (cuda::embedding_backward): each token's valid rows in row order, cut into pieces of
+// piece_rows rows; the first piece added onto dwte row by row, each later piece summed from zero, then added onto dwte
+// in order. With no token on more than piece_rows rows, embedding_backward's dwte bit for bit.
+void embedding_backward_wte_in_pieces(float* dwte, const float* dout, const int32_t* tokens, const int32_t* lengths,
+                                      int B, int S, int C, int piece_rows);
 
 // out[n,:] = (inp[n,:] - mean) * rstd * weight + bias over N rows of C, rstd = 1/sqrt(var + 1e-5) (biased var).
 // Saves mean[N] and rstd[N] for backward.

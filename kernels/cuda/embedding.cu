@@ -14,6 +14,7 @@
 namespace ddplab::cuda {
 namespace {
 
+using embedding::embedding_backward_long_runs_kernel;
 using embedding::embedding_backward_wpe_kernel;
 using embedding::embedding_backward_wte_kernel;
 using embedding::embedding_forward_kernel;
@@ -38,8 +39,12 @@ int key_bits(int vocab) {
 constexpr size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Bytes of each of the workspace's four arrays for `rows` rows: keys and rows, twice each (CUB's double buffer: the
-// sort ends in one of the two). CUB's temporary storage follows them.
+// sort ends in one of the two). The long runs' sums follow them, then CUB's temporary storage.
 size_t array_bytes(int64_t rows) { return aligned(static_cast<size_t>(rows) * sizeof(uint32_t)); }
+// A later piece of a run starts at most once in any kEmbeddingPieceRows sorted positions: a row of sums for each.
+size_t run_sums_bytes(int64_t rows, int width) {
+  return aligned(static_cast<size_t>((rows + kEmbeddingPieceRows - 1) / kEmbeddingPieceRows) * width * sizeof(float));
+}
 
 void check_rows_and_vocab(const char* what, int64_t rows, int vocab) {
   if (rows < 0 || rows > INT_MAX || vocab <= 0 || vocab == INT_MAX)
@@ -64,31 +69,33 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
   cudaCheck(cudaGetLastError());
 }
 
-size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab) {
+size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab, int width) {
   check_rows_and_vocab("rows_by_token_workspace_bytes", max_rows, vocab);
+  check_sizes("rows_by_token_workspace_bytes", 0, 0, width);
   size_t temporary = 0;  // CUB's, asked of it once here rather than at every sort
   cub::DoubleBuffer<uint32_t> keys;
   cub::DoubleBuffer<int32_t> values;
   cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, temporary, keys, values, static_cast<int>(max_rows), 0,
                                             key_bits(vocab)));
-  return 4 * array_bytes(max_rows) + aligned(temporary);
+  return 4 * array_bytes(max_rows) + run_sums_bytes(max_rows, width) + aligned(temporary);
 }
 
 RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const int32_t* tokens, const int32_t* lengths,
-                               int B, int S, int vocab, cudaStream_t stream) {
-  check_sizes("sort_rows_by_token", B, S, 1);
+                               int B, int S, int vocab, int width, cudaStream_t stream) {
+  check_sizes("sort_rows_by_token", B, S, width);
   const int64_t n = int64_t{B} * S;
   check_rows_and_vocab("sort_rows_by_token", n, vocab);
   RowsByToken sorted;
   sorted.count = n;
   sorted.vocab = vocab;
+  sorted.width = width;
   if (n == 0) return sorted;
-  const size_t array = array_bytes(n);
-  if (workspace_bytes < 4 * array || !detail::all_aligned(256, workspace))
-    throw std::invalid_argument("sort_rows_by_token: the workspace must be 256-byte aligned and hold " +
-                                std::to_string(4 * array) + " bytes of arrays for " + std::to_string(n) +
-                                " rows and CUB's storage (rows_by_token_workspace_bytes), got " +
-                                std::to_string(workspace_bytes));
+  const size_t array = array_bytes(n), sums = run_sums_bytes(n, width);
+  if (workspace_bytes < 4 * array + sums || !detail::all_aligned(256, workspace))
+    throw std::invalid_argument(
+        "sort_rows_by_token: the workspace must be 256-byte aligned and hold " + std::to_string(4 * array + sums) +
+        " bytes of arrays for " + std::to_string(n) + " rows of width " + std::to_string(width) +
+        " and CUB's storage (rows_by_token_workspace_bytes), got " + std::to_string(workspace_bytes));
   char* at = static_cast<char*>(workspace);
   const auto take = [&at, array]() {
     void* p = at;
@@ -97,12 +104,14 @@ RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const in
   };
   cub::DoubleBuffer<uint32_t> keys(static_cast<uint32_t*>(take()), static_cast<uint32_t*>(take()));
   cub::DoubleBuffer<int32_t> rows(static_cast<int32_t*>(take()), static_cast<int32_t*>(take()));
+  sorted.run_sums = reinterpret_cast<float*>(at);
+  at += sums;
   token_keys_kernel<<<detail::grid_size(n), kBlock, 0, stream>>>(keys.Current(), rows.Current(), tokens, lengths, B, S,
                                                                  static_cast<uint32_t>(vocab));
   cudaCheck(cudaGetLastError());
   // Stable (an LSD radix sort): each token's rows stay in row order, the order the CPU adds them in. CUB is handed
   // the rest of the workspace and checks it holds its storage (cudaErrorInvalidValue where it does not).
-  size_t temporary = workspace_bytes - 4 * array;
+  size_t temporary = workspace_bytes - 4 * array - sums;
   cudaCheck(
       cub::DeviceRadixSort::SortPairs(at, temporary, keys, rows, static_cast<int>(n), 0, key_bits(vocab), stream));
   sorted.tokens = keys.Current();
@@ -115,9 +124,10 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByTok
                         const int32_t* lengths, int B, int S, int C, cudaStream_t stream) {
   check_sizes("embedding_backward", B, S, C);
   const int64_t rows = int64_t{B} * S;
-  if (rows_by_token.count != rows)
+  if (rows_by_token.count != rows || (rows > 0 && rows_by_token.width != C))
     throw std::invalid_argument("embedding_backward: rows_by_token holds " + std::to_string(rows_by_token.count) +
-                                " rows, the batch " + std::to_string(rows));
+                                " rows of width " + std::to_string(rows_by_token.width) + ", the batch " +
+                                std::to_string(rows) + " of " + std::to_string(C));
   if (rows == 0) return;
   constexpr int V = kVec<T>;
   const bool vec = C % V == 0 && detail::all_aligned(16, dout) && detail::all_aligned(V * 4, dwte, dwpe);
@@ -125,12 +135,20 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByTok
   const int64_t warps = rows * ((C + 32 * v - 1) / (32 * v));  // a warp per (sorted row, 32 * v columns)
   const unsigned grid = detail::grid_size(warps, kWarps);
   const auto padded = static_cast<uint32_t>(rows_by_token.vocab);
-  if (vec)
+  const RowsByToken& r = rows_by_token;
+  if (vec) {
     embedding_backward_wte_kernel<T, V>
-        <<<grid, kBlock, 0, stream>>>(dwte, dout, rows_by_token.tokens, rows_by_token.rows, rows, C, padded);
-  else
+        <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, dout, r.tokens, r.rows, rows, C, padded, kEmbeddingPieceRows);
+    cudaCheck(cudaGetLastError());
+    embedding_backward_long_runs_kernel<V>
+        <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, r.tokens, rows, C, padded, kEmbeddingPieceRows);
+  } else {
     embedding_backward_wte_kernel<T, 1>
-        <<<grid, kBlock, 0, stream>>>(dwte, dout, rows_by_token.tokens, rows_by_token.rows, rows, C, padded);
+        <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, dout, r.tokens, r.rows, rows, C, padded, kEmbeddingPieceRows);
+    cudaCheck(cudaGetLastError());
+    embedding_backward_long_runs_kernel<1>
+        <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, r.tokens, rows, C, padded, kEmbeddingPieceRows);
+  }
   cudaCheck(cudaGetLastError());
   if (dwpe != nullptr) {
     const dim3 wpe_grid(static_cast<unsigned>((C / v + kBlock - 1) / kBlock),

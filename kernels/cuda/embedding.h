@@ -23,25 +23,32 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
 struct RowsByToken {
   const uint32_t* tokens = nullptr;  // [rows] ascending; padded rows hold vocab
   const int32_t* rows = nullptr;     // [rows] the (b * S + t) row each came from
+  float* run_sums = nullptr;         // [rows / kEmbeddingPieceRows, width]: embedding_backward's sums of long runs
   int64_t count = 0;                 // B * S
-  int vocab = 0;
+  int vocab = 0, width = 0;          // width: C, the embedding's
 };
 
-// Device bytes sort_rows_by_token needs for up to max_rows rows (B * S) of a vocab-token table: the keys and rows
-// before and after the sort, and CUB's temporary storage.
-size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab);
+// embedding_backward sums each token's run of sorted rows in pieces of this many rows, a warp each: a common token's
+// run is then not one warp's serial walk. A run of up to this many rows is summed in the CPU's order.
+inline constexpr int kEmbeddingPieceRows = 64;
+
+// Device bytes sort_rows_by_token needs for up to max_rows rows (B * S) of a vocab-token table of `width` columns:
+// the keys and rows before and after the sort, the long runs' sums, and CUB's temporary storage.
+size_t rows_by_token_workspace_bytes(int64_t max_rows, int vocab, int width);
 
 // Enqueues the sort of tokens [B, S] (valid rows' tokens in [0, vocab), padding as embedding_forward's) on stream, into
-// workspace (256-byte aligned, at least rows_by_token_workspace_bytes(B * S, vocab): std::invalid_argument where it
-// cannot hold the arrays, std::runtime_error from CUB where not its storage). The result is valid once the stream
+// workspace (256-byte aligned, at least rows_by_token_workspace_bytes(B * S, vocab, width): std::invalid_argument where
+// it cannot hold the arrays, std::runtime_error from CUB where not its storage). The result is valid once the stream
 // reaches it, until the workspace is written again. Host work per call: launches only, no size query.
 RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const int32_t* tokens, const int32_t* lengths,
-                               int B, int S, int vocab, cudaStream_t stream);
+                               int B, int S, int vocab, int width, cudaStream_t stream);
 
 // dwte[token,:] += dout[b,t,:] over rows_by_token's rows, and dwpe[t,:] += dout[b,t,:] for t < len[b] (dwpe may be
-// null); ACCUMULATES. Both deterministic and, for fp32 dout, bitwise equal to the CPU, which adds the rows in row
-// order: dwte a warp per token's run of rows (adding them in row order), dwpe one thread per (t, c) over b in order.
-// rows_by_token must be this batch's (B * S rows of a table of its vocab rows).
+// null); ACCUMULATES. Both deterministic. dwpe: one thread per (t, c) over b in order, bitwise the CPU's for fp32
+// dout. dwte: each token's run of rows in pieces of kEmbeddingPieceRows, a warp each adding its piece's rows in row
+// order, the first piece onto dwte, later ones from zero and then onto dwte in run order
+// (cpu::embedding_backward_wte_in_pieces): bitwise the CPU's for fp32 dout where no token has more rows than a piece.
+// rows_by_token must be this batch's (B * S rows of a table of its vocab rows and C columns).
 template <typename T>
 void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByToken& rows_by_token,
                         const int32_t* lengths, int B, int S, int C, cudaStream_t stream);

@@ -1,7 +1,7 @@
 // The embedding kernels (launchers and contracts: embedding.h). Forward is a warp per (b, t) row: the row's token and
 // length are read once, by every lane (a broadcast), and the lanes stride over the C columns with 16-byte accesses
-// when the row and the tables allow. dwte is summed from the rows sorted by token, a warp per token's run. Included by
-// embedding.cu and, compiled by g++, by tests/emu/test_embedding_emu.cpp.
+// when the row and the tables allow. dwte is summed from the rows sorted by token, a warp per piece of a token's run.
+// Included by embedding.cu and, compiled by g++, by tests/emu/test_embedding_emu.cpp.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -66,36 +66,54 @@ __global__ void __launch_bounds__(kBlock) token_keys_kernel(uint32_t* keys, int3
   }
 }
 
-// Rows of a token whose dout loads are in flight at once: a token repeated hundreds of times in a batch (a common word)
-// is one warp's serial walk, and its length is what the walk's latency multiplies.
+// Rows of a token whose dout loads are in flight at once: a warp adds its rows kRowsInFlight at a time.
 constexpr int kRowsInFlight = 8;
 
+// Which piece of its token's run sorted position p begins: runs are cut into pieces of `piece_rows` rows from their
+// first, and a warp sums each piece. -1 where p begins none. A run of up to piece_rows rows is one piece. keys[p] is
+// `token`; the loop looks back a piece at a time, so it costs the run's length over piece_rows loads at most (cached:
+// the keys are 4 bytes a row).
+__device__ __forceinline__ int64_t run_piece(const uint32_t* keys, int64_t p, uint32_t token, int piece_rows) {
+  for (int64_t s = p, piece = 0;; s -= piece_rows, ++piece) {
+    if (s == 0 || keys[s - 1] != token) return piece;                // s is the run's first row
+    if (s < piece_rows || keys[s - piece_rows] != token) return -1;  // it starts less than a piece before s
+  }
+}
+
 // dwte from the rows sorted by token (keys ascending, rows in row order within a key): a warp per (sorted position,
-// 32 * V columns); the warp at the first position of a token's run adds the run's rows, in row order, to the token's
-// row of dwte, starting from its value. So each element is summed by one thread in the CPU's order: deterministic,
-// no atomics, bitwise the CPU's for fp32 dout. The other warps of a run, and the padding's, return at once.
+// 32 * V columns); the warp at the first position of a piece of a token's run (run_piece) adds the piece's rows in row
+// order: the first piece to the token's row of dwte, starting from its value; a later piece into its own row of
+// `run_sums` (indexed by its position / piece_rows: at most one later piece starts within any piece_rows positions),
+// from zero, which embedding_backward_long_runs_kernel then adds to dwte in run order. So a run of up to piece_rows
+// rows is summed by one thread in the CPU's order, bitwise the CPU's for fp32 dout; a longer one in a fixed order
+// (cpu::embedding_backward_wte_in_pieces). Deterministic, no atomics. Why pieces: a warp's walk is a chain of
+// dependent loads, and text's most common token fills ~5-9% of a batch's rows: a walk of 720 of gpt2-small's 8192
+// rows held the kernel at 82 us on an H200 against 28 with every token distinct. The other warps return at once.
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)
-    embedding_backward_wte_kernel(float* dwte, const T* dout, const uint32_t* keys, const int32_t* rows, int64_t n,
-                                  int C, uint32_t padded) {
+    embedding_backward_wte_kernel(float* dwte, float* run_sums, const T* dout, const uint32_t* keys,
+                                  const int32_t* rows, int64_t n, int C, uint32_t padded, int piece_rows) {
   const int lane = threadIdx.x % 32;
   const int slices = (C + 32 * V - 1) / (32 * V);
   const int64_t work = n * slices;
   for (int64_t w = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; w < work; w += int64_t{gridDim.x} * kWarps) {
     const int64_t first = w / slices;
     const uint32_t token = keys[first];
-    if (token >= padded || (first > 0 && keys[first - 1] == token)) continue;
+    if (token >= padded) continue;
+    const int64_t piece = run_piece(keys, first, token, piece_rows);
+    if (piece < 0) continue;
     const int c = static_cast<int>(w % slices) * 32 * V + lane * V;
     if (c >= C) continue;
-    float* e = dwte + int64_t{token} * C + c;
-    Pack<float, V> acc = load_pack<V>(e);
+    float* const out = piece == 0 ? dwte + int64_t{token} * C + c : run_sums + first / piece_rows * C + c;
+    Pack<float, V> acc = piece == 0 ? load_pack<V>(out) : Pack<float, V>{};
+    const int64_t end = first + piece_rows < n ? first + piece_rows : n;
     for (int64_t at = first;; at += kRowsInFlight) {
       bool same[kRowsInFlight];
       int32_t row[kRowsInFlight];
 #pragma unroll
       for (int k = 0; k < kRowsInFlight; ++k) {  // the keys and the rows loaded together: one trip, then dout's
-        const int64_t i = at + k < n ? at + k : n - 1;
-        same[k] = at + k < n && keys[i] == token;
+        const int64_t i = at + k < end ? at + k : end - 1;
+        same[k] = at + k < end && keys[i] == token;
         row[k] = rows[i];
       }
       Pack<T, V> d[kRowsInFlight] = {};
@@ -108,7 +126,35 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
           for (int j = 0; j < V; ++j) acc.v[j] += to_float(d[k].v[j]);
         }
-      if (!same[kRowsInFlight - 1]) break;  // sorted: the run ended in this group
+      if (!same[kRowsInFlight - 1]) break;  // sorted: the piece ended in this group
+    }
+    detail::store_pack<V>(out, acc);
+  }
+}
+
+// The runs longer than a piece: a warp per (sorted position, 32 * V columns) as above, the one at a long run's first
+// position adding its later pieces' sums (run_sums) to the token's row of dwte, in run order. After
+// embedding_backward_wte_kernel, on the same stream.
+template <int V>
+__global__ void __launch_bounds__(kBlock)
+    embedding_backward_long_runs_kernel(float* dwte, const float* run_sums, const uint32_t* keys, int64_t n, int C,
+                                        uint32_t padded, int piece_rows) {
+  const int lane = threadIdx.x % 32;
+  const int slices = (C + 32 * V - 1) / (32 * V);
+  const int64_t work = n * slices;
+  for (int64_t w = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; w < work; w += int64_t{gridDim.x} * kWarps) {
+    const int64_t first = w / slices;
+    const uint32_t token = keys[first];
+    if (token >= padded || (first > 0 && keys[first - 1] == token)) continue;    // padding, or not a run's first row
+    if (first + piece_rows >= n || keys[first + piece_rows] != token) continue;  // one piece: already in dwte
+    const int c = static_cast<int>(w % slices) * 32 * V + lane * V;
+    if (c >= C) continue;
+    float* const e = dwte + int64_t{token} * C + c;
+    Pack<float, V> acc = load_pack<V>(e);
+    for (int64_t at = first + piece_rows; at < n && keys[at] == token; at += piece_rows) {
+      const Pack<float, V> part = load_pack<V>(run_sums + at / piece_rows * C + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc.v[j] += part.v[j];
     }
     detail::store_pack<V>(e, acc);
   }

@@ -3,8 +3,10 @@
 // (padded rows zero, fp32 and bf16), and the backward's dwte from the rows sorted by token and its per-position sum
 // into dwpe, both accumulating, bit for bit the CPU's on values whose sums round (so the order of the adds shows):
 // the sort's keys (padding last), runs of a token longer than the rows a warp loads at once, ending inside a group of
-// them and at its end. CUB's sort, which sort_rows_by_token runs between the two kernels, is a stable sort on the
-// host here. Packed (16-byte) and scalar paths, grids smaller than the rows. What it cannot tell: speed.
+// them and at its end; and runs longer than a piece (cut smaller here than the launcher's, so that these few rows make
+// them) bit for bit cpu::embedding_backward_wte_in_pieces, ending inside a piece and at its end. CUB's sort, which
+// sort_rows_by_token runs between the two kernels, is a stable sort on the host here. Packed (16-byte) and scalar
+// paths, grids smaller than the rows. What it cannot tell: speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/embedding_kernels.cuh"
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/transformer_ops.h"
+#include "kernels/cuda/embedding.h"  // kEmbeddingPieceRows
 #include "kernels/float16.h"
 #include "tests/emu/emu_test_util.h"
 
@@ -57,6 +60,14 @@ std::vector<int32_t> runs() {
   int valid = 0;
   for (int b = 0; b < kB; ++b)
     for (int s = 0; s < kLengths[b]; ++s, ++valid) t[b * kS + s] = valid < 8 ? 2 : valid < 24 ? 0 : 3;
+  return t;
+}
+
+// Every valid row one token's: one run of 25 rows (three pieces of 8 and one row, or a piece of 16 and one of 9).
+std::vector<int32_t> one_run() {
+  std::vector<int32_t> t(kB * kS, 1 << 30);
+  for (int b = 0; b < kB; ++b)
+    for (int s = 0; s < kLengths[b]; ++s) t[b * kS + s] = 1;
   return t;
 }
 
@@ -141,40 +152,76 @@ TEST(EmbeddingSortKeys, PutThePaddingLastAndKeepEachTokensRowsInOrder) {
   }
 }
 
-// fp32 dout, then bf16 dout against the CPU on its values (the 16-byte path: 8 bf16 a lane and 32 bytes of dwte).
+// Which piece of its run each sorted position begins: runs of 1 to 25 rows, pieces of 1 to 8 rows.
+TEST(EmbeddingRunPieces, AreCutFromEachRunsFirstRow) {
+  std::vector<uint32_t> keys;  // token i's run is the i-th length's
+  std::vector<int64_t> run_start;
+  uint32_t token = 0;
+  for (const int length : {1, 7, 8, 9, 16, 17, 25, 3}) {
+    for (int k = 0; k < length; ++k) {
+      run_start.push_back(static_cast<int64_t>(keys.size()) - k);
+      keys.push_back(token);
+    }
+    ++token;
+  }
+  for (const int piece_rows : {1, 2, 3, 8})
+    for (int64_t p = 0; p < static_cast<int64_t>(keys.size()); ++p) {
+      const int64_t into = p - run_start[p];
+      EXPECT_EQ(emb::run_piece(keys.data(), p, keys[p], piece_rows), into % piece_rows == 0 ? into / piece_rows : -1)
+          << "position " << p << ", pieces of " << piece_rows;
+    }
+}
+
+// fp32 dout, then bf16 dout against the CPU on its values (the 16-byte path: 8 bf16 a lane and 32 bytes of dwte): dwpe
+// the CPU's, dwte its order in pieces, which for pieces longer than every run is the CPU's own.
 template <typename T>
 void expect_backward_is_the_cpus(int C) {
-  for (const std::vector<int32_t>& tok : {tokens(), runs()}) {
+  const int64_t n = int64_t{kB} * kS;
+  for (const std::vector<int32_t>& tok : {tokens(), runs(), one_run()}) {
     const Sorted sorted = sort_rows(tok);
-    std::vector<float> dout = uniform(int64_t{kB} * kS * C, 3);
+    std::vector<float> dout = uniform(n * C, 3);
     std::vector<T> dout_t(dout.size());
     for (size_t i = 0; i < dout.size(); ++i) {
       dout_t[i] = T(dout[i]);
       dout[i] = static_cast<float>(dout_t[i]);
     }
     const std::vector<float> dwte0 = uniform(int64_t{kVocab} * C, 4), dwpe0 = uniform(int64_t{kS} * C, 5);
-    std::vector<float> dwte_want = dwte0, dwpe_want = dwpe0;
-    ddplab::cpu::embedding_backward(dwte_want.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB,
-                                    kS, C);
-    DeviceLikeVector<float> dwte(dwte0.begin(), dwte0.end()), dwpe(dwpe0.begin(), dwpe0.end());
-    constexpr int V = emb::kVec<T>;
-    const bool vec = C % V == 0;
-    const int v = vec ? V : 1;
-    const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions a row
-    const int64_t n = int64_t{kB} * kS;
-    if (vec) {
-      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, V>, dwte.data(), dout_t.data(),
-                     sorted.keys.data(), sorted.rows.data(), n, C, uint32_t{kVocab});
-      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
-                     kLengths.data(), kB, kS, C);
-    } else {
-      emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, 1>, dwte.data(), dout_t.data(),
-                     sorted.keys.data(), sorted.rows.data(), n, C, uint32_t{kVocab});
-      emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
-                     kLengths.data(), kB, kS, C);
+    std::vector<float> dwte_cpu = dwte0, dwpe_want = dwpe0;
+    ddplab::cpu::embedding_backward(dwte_cpu.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB, kS,
+                                    C);
+    for (const int piece_rows : {8, 16, ddplab::cuda::kEmbeddingPieceRows}) {
+      SCOPED_TRACE("pieces of " + std::to_string(piece_rows) + " rows");
+      std::vector<float> dwte_want = dwte0;
+      ddplab::cpu::embedding_backward_wte_in_pieces(dwte_want.data(), dout.data(), tok.data(), kLengths.data(), kB, kS,
+                                                    C, piece_rows);
+      if (piece_rows >= 25) {  // every run fits a piece
+        for (size_t i = 0; i < dwte_want.size(); ++i) ASSERT_EQ(bits(dwte_want[i]), bits(dwte_cpu[i])) << i;
+      }
+      DeviceLikeVector<float> dwte(dwte0.begin(), dwte0.end()), dwpe(dwpe0.begin(), dwpe0.end());
+      DeviceLikeVector<float> run_sums((n + piece_rows - 1) / piece_rows * C, NAN);  // unwritten sums must go unread
+      constexpr int V = emb::kVec<T>;
+      const bool vec = C % V == 0;
+      const int v = vec ? V : 1;
+      const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions
+      const uint32_t padded = kVocab;
+      if (vec) {
+        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, V>, dwte.data(), run_sums.data(),
+                       dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
+        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<V>, dwte.data(),
+                       static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
+        emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
+                       kLengths.data(), kB, kS, C);
+      } else {
+        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, 1>, dwte.data(), run_sums.data(),
+                       dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
+        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<1>, dwte.data(),
+                       static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
+        emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
+                       kLengths.data(), kB, kS, C);
+      }
+      for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
+      for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
     }
-    for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
-    for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
   }
 }
 

@@ -84,7 +84,7 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::layernorm_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                                  nullptr, 0, 8, s));
   EXPECT_NO_THROW(cuda::embedding_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 5, 8, s));
-  EXPECT_NO_THROW(cuda::sort_rows_by_token(nullptr, 0, nullptr, nullptr, 3, 0, 10, s));
+  EXPECT_NO_THROW(cuda::sort_rows_by_token(nullptr, 0, nullptr, nullptr, 3, 0, 10, 8, s));
   EXPECT_NO_THROW(cuda::embedding_backward<float>(nullptr, nullptr, nullptr, cuda::RowsByToken{}, nullptr, 3, 0, 8, s));
   EXPECT_NO_THROW(cuda::attention_forward(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 8, 2, true, s));
   EXPECT_NO_THROW(
@@ -121,10 +121,16 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
   EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, &i, &f, &i, 4, 0, 1.0f, s), std::invalid_argument);
   EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, nullptr, &f, &i, 4, 4, 1.0f, s), std::invalid_argument);
   EXPECT_THROW(cuda::embedding_forward<float>(&f, &i, &i, &f, &f, 2, 2, 0, s), std::invalid_argument);
-  EXPECT_THROW(cuda::sort_rows_by_token(&f, 4, &i, &i, 2, 2, 0, s), std::invalid_argument);  // no vocabulary
-  cuda::RowsByToken three_rows;                                                              // another batch's
+  EXPECT_THROW(cuda::sort_rows_by_token(&f, 4, &i, &i, 2, 2, 0, 4, s), std::invalid_argument);  // no vocabulary
+  EXPECT_THROW(cuda::sort_rows_by_token(&f, 4, &i, &i, 2, 2, 5, 0, s), std::invalid_argument);  // no width
+  cuda::RowsByToken three_rows;                                                                 // another batch's
   three_rows.count = 3;
+  three_rows.width = 4;
   EXPECT_THROW(cuda::embedding_backward<float>(&f, &f, &f, three_rows, &i, 2, 2, 4, s), std::invalid_argument);
+  cuda::RowsByToken narrower;  // this batch's rows, sorted for a narrower table (too few run sums)
+  narrower.count = 4;
+  narrower.width = 2;
+  EXPECT_THROW(cuda::embedding_backward<float>(&f, &f, &f, narrower, &i, 2, 2, 4, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, &f, &f, &i, 2, 4, 10, 3, true, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, nullptr, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_backward(ctx, &f, nullptr, &f, &f, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
@@ -505,11 +511,12 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyForwardOnlyLargeLogits) {
   EXPECT_TRUE(AllClose(d_logits.download(), logits, 0, 0)) << "logits must be left alone";
 }
 
-// Embedding. Forward is one fp32 add per element on both sides (bitwise); dwpe and dwte sum in the CPU's order
-// (bitwise), dwte through the rows sorted by token (CUB's radix sort), from fp32 dout and from bf16 dout against the
-// CPU on its values. Padded positions hold tokens far out of range, which must never be read. The last shapes: one
-// token over the 1171 valid rows of 8 × 1024 (one run, one warp's walk of 147 groups), and gpt2-small's vocabulary
-// with a workspace made for more rows than the batch has.
+// Embedding. Forward is one fp32 add per element on both sides (bitwise); dwpe sums in the CPU's order (bitwise), dwte
+// through the rows sorted by token (CUB's radix sort) in the order of cpu::embedding_backward_wte_in_pieces (bitwise:
+// the CPU's own where no token has more rows than a piece), from fp32 dout and from bf16 dout against the CPU on its
+// values. Padded positions hold tokens far out of range, which must never be read. The last shapes: one token over the
+// 1171 valid rows of 8 × 1024 (one run of 19 pieces), and gpt2-small's vocabulary with a workspace made for more rows
+// than the batch has.
 TEST_F(CudaKernels, EmbeddingMatchesCpu) {
   struct Shape {
     int B, S, C, V;
@@ -542,10 +549,10 @@ TEST_F(CudaKernels, EmbeddingMatchesCpu) {
                                   sh.wpe ? d_wpe.get() : nullptr, B, S, C, stream_);
     EXPECT_TRUE(BitwiseEqual(to_f32(d_out16.download()), round_bf16(out))) << "bf16 out";
 
-    const size_t sort_bytes = cuda::rows_by_token_workspace_bytes(int64_t{B} * S + 100, V);
+    const size_t sort_bytes = cuda::rows_by_token_workspace_bytes(int64_t{B} * S + 100, V, C);
     DeviceBuffer<char> sort_space(static_cast<int64_t>(sort_bytes), stream_);
     const cuda::RowsByToken sorted =
-        cuda::sort_rows_by_token(sort_space.get(), sort_bytes, d_tokens.get(), d_lengths.get(), B, S, V, stream_);
+        cuda::sort_rows_by_token(sort_space.get(), sort_bytes, d_tokens.get(), d_lengths.get(), B, S, V, C, stream_);
     const std::vector<float> dout = random_vector(int64_t{B} * S * C, -1, 1, 34);
     const std::vector<float> dwte0 = random_vector(int64_t{V} * C, -1, 1, 35),
                              dwpe0 = random_vector(int64_t{S} * C, -1, 1, 36);
@@ -554,8 +561,11 @@ TEST_F(CudaKernels, EmbeddingMatchesCpu) {
       const std::vector<float> d = bf16_dout ? round_bf16(dout) : dout;
       std::vector<float> dwte = dwte0, dwpe = dwpe0;
       DeviceArray d_dwte(dwte, stream_), d_dwpe(dwpe, stream_);
-      cpu::embedding_backward(dwte.data(), sh.wpe ? dwpe.data() : nullptr, d.data(), tokens.data(), lengths.data(), B,
-                              S, C);
+      cpu::embedding_backward_wte_in_pieces(dwte.data(), d.data(), tokens.data(), lengths.data(), B, S, C,
+                                            cuda::kEmbeddingPieceRows);
+      std::vector<float> dwte_in_row_order = dwte0;  // the CPU's dwte, for dwpe beside it
+      cpu::embedding_backward(dwte_in_row_order.data(), sh.wpe ? dwpe.data() : nullptr, d.data(), tokens.data(),
+                              lengths.data(), B, S, C);
       if (bf16_dout) {
         DeviceBuffer<bf16> d_dout(to_bf16(dout), stream_);
         cuda::embedding_backward<bf16>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), sorted,
