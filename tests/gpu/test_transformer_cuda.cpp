@@ -268,7 +268,7 @@ TEST_P(TransformerCudaVsCpu, HookOrderAndPieceEvents) {
 
     const gpu_test::HookCopies seen = gpu_test::copy_pieces_from_hook(gpu, [&] { forward(gpu, d, b); });
     EXPECT_EQ(seen.calls, gpu_test::piece_order(gpu.grad_pieces().size()));
-    // Bitwise, wte too (its rows summed in the CPU's order, embedding.h): a copy that ran early would see zeros or a
+    // Bitwise, wte too (its rows summed in a fixed order, embedding.h): a copy that ran early would see zeros or a
     // partial sum.
     EXPECT_TRUE(BitwiseEqual(seen.grads, want));
   }
