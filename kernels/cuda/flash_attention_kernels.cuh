@@ -43,7 +43,7 @@ constexpr int kFrag = 16;                // rows of an A fragment: a warp's quer
 constexpr int kBlockQ = kWarps * kFrag;  // queries per block of the backward: 16 per warp
 constexpr int kBlockK = kWarps * kFrag;  // keys per block: forward, one key tile; backward, 16 per warp
 constexpr int kPadBf16 = 8;              // row padding of bf16 tiles (elements): 16 bytes, for ldmatrix's banks
-constexpr float kLog2e = 1.4426950408889634f;
+using ptx::kLog2e;
 // The causal mask makes the key range of a query block end at the block's last query. The backward's blocks are square,
 // so that the first query block a key block sees is its own, and the diagonal block the only partly masked one.
 static_assert(kBlockQ == kBlockK, "the backward's causal block skipping assumes square blocks");

@@ -29,6 +29,9 @@
 
 namespace ddplab::cuda::ptx {
 
+// e^x = 2^(x log2 e): the exponentials of a softmax as exp2_approx of one FMA from each input.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // Two floats rounded to bf16 (round to nearest even) in one register, `lo` in the lower half: an A or B fragment
 // register.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

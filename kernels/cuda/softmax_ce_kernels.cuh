@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"    // kMaxGridSize
+#include "kernels/cuda/mma.cuh"       // exp2_approx
 #include "kernels/cuda/softmax_ce.h"  // CrossEntropyRows
 
 namespace ddplab::cuda {
@@ -27,6 +28,13 @@ namespace {
 namespace softmax_ce {
 
 using detail::to_float;
+using ptx::exp2_approx;
+// e^(x - max) as 2^((x - max) log2 e) by the special function unit (ptx::exp2_approx): 3 instructions an exponential
+// instead of expf's ~8. Two passes of expf's held the staged kernel to 70% of a copy's bandwidth on an H200, its
+// instructions rather than its bytes the bound (the streamed kernel's third trip over the logits hid them). x - max
+// first, not one FMA of x log2 e - max log2 e: then the row's largest terms are exact (the max's is 1, so a one-logit
+// row's loss is 0, not the FMA's ~1e-7), and the error, ~6e-8 |x - max|, is largest where the term is smallest.
+using ptx::kLog2e;
 
 constexpr int kReduceBlock = 1024;  // one block for the count and the mean: N is at most a few 10^5 rows
 constexpr int kMaxRowBlock = 1024;  // the streamed row kernel's widest block (row_block_size)
@@ -76,9 +84,9 @@ __device__ __forceinline__ void add_pack(const detail::Pack<T, P>& x, float& m, 
       if (isnan(to_float(x.v[k]))) s = NAN;  // ... but a NaN, which fmaxf dropped: it must still reach the loss
     return;
   }
-  s *= expf(m - m_new);  // m == -inf: s == 0 (or NaN, kept), and 0 * 0
+  s *= exp2_approx((m - m_new) * kLog2e);  // m == -inf: s == 0 (or NaN, kept), and 0 * 0
 #pragma unroll
-  for (int k = 0; k < P; ++k) s += expf(to_float(x.v[k]) - m_new);
+  for (int k = 0; k < P; ++k) s += exp2_approx((to_float(x.v[k]) - m_new) * kLog2e);
   m = m_new;
 }
 
@@ -89,7 +97,7 @@ __device__ __forceinline__ detail::Pack<T, P> gradient_pack(const detail::Pack<T
   detail::Pack<T, P> g;
 #pragma unroll
   for (int k = 0; k < P; ++k) {
-    const float p = expf(to_float(x.v[k]) - row_max) * inv_sum;
+    const float p = exp2_approx((to_float(x.v[k]) - row_max) * kLog2e) * inv_sum;
     g.v[k] = detail::from_float<T>((p - (first + k == target ? 1.0f : 0.0f)) * weight);
   }
   return g;
@@ -99,7 +107,8 @@ __device__ __forceinline__ detail::Pack<T, P> gradient_pack(const detail::Pack<T
 // finite when p underflows). Barriers: every thread of the block calls it.
 __device__ __forceinline__ float2 finish_row(float m, float s, float z_target, float* loss, float* scratch) {
   const float row_max = detail::block_max(m, scratch);
-  const float sum = detail::block_sum(m == -INFINITY ? s : s * expf(m - row_max), scratch);  // s: 0, or a NaN
+  const float share = m == -INFINITY ? s : s * exp2_approx((m - row_max) * kLog2e);  // s: 0, or a NaN
+  const float sum = detail::block_sum(share, scratch);
   if (threadIdx.x == 0) *loss = logf(sum) - (z_target - row_max);
   return make_float2(row_max, sum);
 }
