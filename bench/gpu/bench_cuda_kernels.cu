@@ -235,7 +235,7 @@ void bench_rowwise(const Options& opt, cudaStream_t s, Arena& a, Report& rep, in
   float *losses = a.alloc<float>(N), *mean_loss = a.alloc<float>(1);
   int* count = a.alloc<int>(1);
   // Each call overwrites the logits with dlogits, whose softmax is as cheap to compute: same work every rep.
-  // Each row kernel: streamed (the default) and staged in shared memory (where the row fits; else streamed again).
+  // Each row kernel: staged in shared memory (the default, where the row fits; else streamed) and streamed.
   for (cuda::CrossEntropyRows rows : {cuda::CrossEntropyRows::kStreamed, cuda::CrossEntropyRows::kStaged}) {
     const std::string how = rows == cuda::CrossEntropyRows::kStreamed ? "" : " (rows staged)";
     rep.add({"softmax_ce", std::string("softmax_cross_entropy_fused<") + tag + ">" + how, dims({{"N", N}, {"V", V}}),

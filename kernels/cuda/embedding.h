@@ -23,7 +23,7 @@ void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, co
 struct RowsByToken {
   const uint32_t* tokens = nullptr;  // [rows] ascending; padded rows hold vocab
   const int32_t* rows = nullptr;     // [rows] the (b * S + t) row each came from
-  float* run_sums = nullptr;         // [rows / kEmbeddingPieceRows, width]: embedding_backward's sums of long runs
+  float* run_sums = nullptr;         // [ceil(rows / kEmbeddingPieceRows), width]: embedding_backward's long runs' sums
   int64_t count = 0;                 // B * S
   int vocab = 0, width = 0;          // width: C, the embedding's
 };

@@ -52,7 +52,7 @@ struct Case {
   int64_t max_blocks;
 };
 
-// fp32: expf against the CPU's exp and another summation order, 1e-5 relative (losses, mean) and 1e-6 absolute on
+// fp32: 2^((x - max) log2 e) (exp2_approx, exact here) against the CPU's exp and another summation order, 1e-5 relative (losses, mean) and 1e-6 absolute on
 // dlogits, which are O(1/num_valid); bf16: logits pre-rounded, dlogits rounded to bf16 (8e-3 relative).
 template <typename T>
 void emulated_matches_cpu(const Case& c) {

@@ -433,8 +433,9 @@ TEST_F(CudaKernels, LayerNormBackwardIsDeterministic) {
 }
 
 // Fused softmax cross-entropy against cpu::softmax_cross_entropy_forward + backward (dlogits times the gradient's
-// scale, 1 and 0.7, which the kernel folds in). fp32: expf vs the CPU's exp_fast, both ~1 ulp, and another summation
-// order: 1e-5 relative (losses, mean) and 1e-6 absolute on dlogits, which are O(1/num_valid). bf16: logits
+// scale, 1 and 0.7, which the kernel folds in). fp32: the special function unit's 2^x of (x - max) log2 e (~2e-7
+// relative a term) vs the CPU's exp_fast, and another summation order: 1e-5 relative (losses, mean) and 1e-6 absolute
+// on dlogits, which are O(1/num_valid). bf16: logits
 // pre-rounded; dlogits rounded to bf16: 8e-3 relative.
 template <typename T>
 void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
@@ -462,7 +463,8 @@ void cross_entropy_matches_cpu(cudaStream_t stream, double grad_rtol) {
     for (const auto& [alias, scale] : {std::pair{false, 1.0f}, {true, 1.0f}, {false, 0.7f}})
       for (cuda::CrossEntropyRows rows : {cuda::CrossEntropyRows::kStreamed, cuda::CrossEntropyRows::kStaged}) {
         // dlogits written over the logits, as a training step does; a micro-batch's weight on the gradient; each row
-        // kernel (staged where the row fits the block's shared memory: every row here but fp32's 50257 and 50304)
+        // kernel (staged where the row takes 16-byte packs and fits the block's shared memory: here the widths that
+        // are multiples of 8, 50304 among them in both precisions; the others streamed)
         SCOPED_TRACE(std::string(alias ? "dlogits aliases logits" : "separate dlogits") + ", scale " +
                      std::to_string(scale) + (rows == cuda::CrossEntropyRows::kStreamed ? ", streamed" : ", staged"));
         std::unique_ptr<DeviceBuffer<T>> d_logits, d_dlogits;

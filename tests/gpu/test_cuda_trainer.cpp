@@ -463,7 +463,7 @@ void expect_resumed_run_continues_bit_for_bit(const TrainConfig& c, const std::s
   std::remove(path.c_str());
 }
 
-// The MLP and the tiny transformer (its tied embedding's dwte summed in the CPU's order; the unfused attention, as its
+// The MLP and the tiny transformer (its tied embedding's dwte summed in a fixed order; the unfused attention, as its
 // head size 12 takes).
 TEST_F(CudaTrainerTest, ResumedRunContinuesBitForBit) {
   for (const auto& [model, precision] : {std::pair{ModelKind::kMlp, "fp32"}, std::pair{ModelKind::kMlp, "bf16"},
