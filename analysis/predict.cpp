@@ -48,11 +48,12 @@ bool slower(const LinkModel& a, const LinkModel& b) {
   return x.beta_ms_per_byte != y.beta_ms_per_byte ? x.beta_ms_per_byte > y.beta_ms_per_byte : x.alpha_ms > y.alpha_ms;
 }
 
-// One bucket's all-reduce under `setting`, with each class of hop's alpha and beta.
-double allreduce_ms(double bytes, const PredictSetting& setting, double small_max_bytes, const HopCosts& costs) {
+// One bucket's all-reduce under `setting`, with each class of hop's alpha and beta (chunk_bytes: allreduce_terms').
+double allreduce_ms(double bytes, const PredictSetting& setting, double small_max_bytes, const HopCosts& costs,
+                    double chunk_bytes) {
   switch (setting.impl) {
     case AllreduceImpl::kRing:
-      return ring_ms(bytes, setting.ranks, setting.nodes(), setting.wire, small_max_bytes, costs);
+      return ring_ms(bytes, setting.ranks, setting.nodes(), setting.wire, small_max_bytes, costs, chunk_bytes);
     case AllreduceImpl::kMpi:
       return mpi_ms(bytes, setting.ranks, setting.nodes(), costs);
     case AllreduceImpl::kHier:
@@ -75,7 +76,7 @@ double wire_bytes_of(double bytes, WireDtype wire) { return wire == WireDtype::k
 }  // namespace
 
 AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
-                               int nodes) {
+                               int nodes, double chunk_bytes) {
   if (ranks <= 1 || bytes <= 0) return {};
   const double n = ranks, wire_bytes = wire_bytes_of(bytes, wire);
   if (impl == AllreduceImpl::kHier) {
@@ -88,11 +89,14 @@ AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, Wire
     const double steps = log2p + ((1 << log2p) < ranks ? 2 : 0);
     return {steps, steps * wire_bytes};
   }
-  return {2 * (n - 1), 2 * (n - 1) / n * wire_bytes};
+  const double rounds = impl == AllreduceImpl::kRing && chunk_bytes > 0 ? std::ceil(bytes / (n * chunk_bytes)) : 1;
+  return {2 * (n - 1) * rounds, 2 * (n - 1) / n * wire_bytes};
 }
 
-double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs) {
-  const AllreduceTerms flat = allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small_max_bytes);
+double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs,
+               double chunk_bytes) {
+  const AllreduceTerms flat =
+      allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small_max_bytes, 1, chunk_bytes);
   if (nodes <= 1) return costs.intra.ms(flat);
   if (bytes > small_max_bytes)
     return std::max(costs.intra.ms(flat), costs.inter.ms({flat.message_steps, flat.bytes * kRingStreamsPerNic}));
@@ -415,6 +419,7 @@ Calibration read_calibration(const std::string& path) {
     try {
       const nlohmann::json j = nlohmann::json::parse(s);
       cal.ranks = j.at("nranks").get<int>();
+      cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", kGpuRingChunkBytes / kMiB) * kMiB;
       const nlohmann::json& link = j.at("link");
       cal.link = link.at("name").get<std::string>();
       cal.link_model = parse_link(cal.link, link.value("latency_us", -1.0), link.value("gbps", -1.0));
@@ -718,7 +723,8 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       bool beside = false;
       for (int r = 0; r < world; ++r)
         beside = beside || (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end);
-      terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes()));
+      terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes(),
+                                      m.ring_chunk_bytes));
       times.push_back(std::max(0.0, comm.end - comm.begin));
       if (!beside) alone_terms.push_back(terms.back()), alone_times.push_back(times.back());
     }
@@ -775,6 +781,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   StepModel m;
   m.measured = measured_setting(run, config);
   m.on_gpu = config.device == Device::kCuda;
+  if (m.on_gpu && config.comm == AllreduceImpl::kRing) m.ring_chunk_bytes = kGpuRingChunkBytes;
   const LinkClasses& links = m.measured.link;
   const bool across =
       m.measured.nodes() > 1 && (m.measured.impl == AllreduceImpl::kHier || !slower(links.intra, links.inter));
@@ -826,6 +833,7 @@ namespace {
 // What a prediction's all-reduce times are taken from.
 struct CommSource {
   AlphaBeta ab;
+  double chunk_bytes = 0;               // the GPU ring's rounds (allreduce_terms), of the all-reduce measured
   LinkModel link;                       // the link it was measured on
   int ranks = 0;                        // 0: nothing measured, the link model alone
   std::string name;                     // its implementation and wire
@@ -845,13 +853,15 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
   src.ranks = measured.ranks;
   src.name = impl_name(measured.impl, measured.wire);
   src.min_bytes = m.measured_min_bucket, src.max_bytes = m.measured_max_bucket;
+  src.chunk_bytes = m.ring_chunk_bytes;
   if (m.calibration) {
     std::vector<AllreduceTerms> terms;
     std::vector<double> times;
     const double small = static_cast<double>(small_allreduce_bytes(m.calibration->ranks));
+    const double chunk = name.rfind("gpu-ring-", 0) == 0 ? m.calibration->gpu_chunk_bytes : 0;
     for (const Calibration::Point& p : m.calibration->points)
       if (p.impl == name) {
-        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small));
+        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small, 1, chunk));
         times.push_back(p.time_ms);
         src.min_bytes = terms.size() == 1 ? p.bytes : std::min(src.min_bytes, p.bytes);
         src.max_bytes = terms.size() == 1 ? p.bytes : std::max(src.max_bytes, p.bytes);
@@ -861,6 +871,7 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
       src.link = m.calibration->link_model;
       src.ranks = m.calibration->ranks;
       src.name = m.on_gpu ? impl_name(AllreduceImpl::kRing, WireDtype::kFp32) : name;  // the GPU's stands for the ring
+      src.chunk_bytes = chunk;
       out.comm_source = "calibration";
     }
   }
@@ -928,8 +939,8 @@ BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, cons
   out.depends_on[1] = nodes > 1;
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
-    const double alone = allreduce_ms(bytes, setting, small, costs);
-    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes);
+    const double alone = allreduce_ms(bytes, setting, small, costs, src.chunk_bytes);
+    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes);
     out.cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     out.outside =

@@ -31,11 +31,13 @@ struct AllreduceTerms {
 // `bytes`: the fp32 buffer. The ring: 2(n-1) steps moving 2(n-1)/n of the buffer; recursive doubling (ring
 // implementation, buffers up to small_max_bytes): log2 p exchanges of the whole buffer, plus 2 to fold in and
 // out ranks beyond the power of two p. --comm mpi is modelled as the ring (as its link emulation is). A 16-bit
-// wire halves the bytes. One rank: nothing. --comm hier on N nodes of K (K > 1): its cross-node phase as the NIC
-// sees it, 2(N-1) steps, 2(N-1)/N of the buffer (K shards of 1/K); the phases within the node are in hier_ms.
-// These are the terms a run's timed buckets are fitted on: for ring and mpi every hop's, for hier the inter link's.
+// wire halves the bytes. chunk_bytes > 0: the ring on GPU buffers, which runs in rounds of ranks x chunk_bytes of the
+// fp32 buffer (comm/ring_cuda.h), each a whole ring: 2(n-1) steps a round. One rank: nothing. --comm hier on N nodes of
+// K (K > 1): its cross-node phase as the NIC sees it, 2(N-1) steps, 2(N-1)/N of the buffer (K shards of 1/K); the
+// phases within the node are in hier_ms. These are the terms a run's timed buckets are fitted on: for ring and mpi
+// every hop's, for hier the inter link's.
 AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
-                               int nodes = 1);
+                               int nodes = 1, double chunk_bytes = 0);
 
 struct AlphaBeta {
   double alpha_ms = 0;  // per message step
@@ -60,7 +62,8 @@ inline constexpr int kRingStreamsPerNic = 1;
 //   hier  reduce-scatter within the node (intra), the shards' ring across the nodes (inter, the node's K shards
 //         sharing its NIC), all-gather within the node (intra), pipelined by rounds: the longer of the node's
 //         phases and the crossing, plus the shorter over the number of rounds
-double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs);
+double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs,
+               double chunk_bytes = 0);
 double mpi_ms(double bytes, int ranks, int nodes, const HopCosts& costs);
 double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCosts& costs);
 
@@ -178,6 +181,7 @@ struct Calibration {
   std::string path, link;  // link: the preset's name as the file gives it
   LinkModel link_model;
   int ranks = 0;
+  double gpu_chunk_bytes = kGpuRingChunkBytes;  // its gpu-ring-* rows' chunk (files without it: the trainer's)
   struct Point {
     std::string impl;
     double bytes = 0, time_ms = 0;
@@ -207,6 +211,7 @@ struct StepModel {
   double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
   std::optional<Calibration> calibration;
   std::string calibration_gpu_impl;  // a GPU run's: the calibration's GPU all-reduce that stands for its own
+  double ring_chunk_bytes = 0;       // a GPU run over our ring: its rounds' chunk (allreduce_terms); 0: NCCL, the CPU
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
   std::vector<std::string> notes;                    // what the output must say about the model's sources
 };

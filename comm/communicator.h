@@ -59,6 +59,11 @@ LinkClasses parse_links(const std::string& spec, double latency_us_override = -1
 // (DDPLAB_SMALL_ALLREDUCE_BYTES, or the measured crossover).
 size_t small_allreduce_bytes(int ranks);
 
+// The ring on GPU buffers (comm/ring_cuda.h) all-reduces in rounds of ranks x this many bytes of fp32 words, each a
+// whole ring of 2(n-1) steps (its default chunk, CudaRingConfig::chunk_bytes; here, where the CPU-only predictor reads
+// it too).
+inline constexpr size_t kGpuRingChunkBytes = size_t{64} << 20;
+
 // The ring's options as every Communicator sets them: slicing from runtime/settings.h (measured defaults), and the
 // wire format. The hierarchical all-reduce (comm/hier_allreduce.h) runs its rings with the same.
 RingOptions ring_options(WireDtype wire);

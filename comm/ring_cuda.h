@@ -81,7 +81,7 @@ struct CudaRingConfig {
   // turns), whatever it moves: at 2 ranks on an H200 a 256 MiB all-reduce ran at 10.5 GB/s bus bandwidth in 4 MiB
   // chunks and 107 GB/s in 64 MiB ones (docs/BENCHMARKS.md, "GPU collectives and overlap"). So 64 MiB: a few staging
   // buffers of that size per rank.
-  size_t chunk_bytes = size_t{64} << 20;
+  size_t chunk_bytes = kGpuRingChunkBytes;
   // A 16-bit wire (--comm-dtype bf16 | fp16): the ring's WireRingPrimitives, the same chunks in half the bytes.
   std::optional<float16::Format> wire = std::nullopt;
 };

@@ -127,6 +127,8 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["check_iters"] = o.check_iters;
   j["cuda_graph"] = o.cuda_graph;       // -G: calls per graph in the rows labelled <impl>-graph; 0: none
   j["registered"] = o.registered == 1;  // -R
+  // The gpu-ring-* rows' chunk (--gpu-chunk-mb, or the trainer's): `ddplab predict` counts their rounds from it.
+  j["gpu_chunk_mb"] = o.gpu_chunk_mb > 0 ? o.gpu_chunk_mb : static_cast<double>(kGpuRingChunkBytes) / (1 << 20);
   j["stat"] = o.median ? "median" : "mean";
   j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(to_string(o.aggregate));  // -a
   j["results"] = nlohmann::json::array();

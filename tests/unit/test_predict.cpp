@@ -188,6 +188,19 @@ TEST(Predict, AllreduceTerms) {
   // --comm mpi: the ring's cost at every size. One rank: nothing.
   EXPECT_DOUBLE_EQ(allreduce_terms(small, 2, AllreduceImpl::kMpi, WireDtype::kFp32, small).message_steps, 2);
   EXPECT_DOUBLE_EQ(allreduce_terms(mib, 1, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps, 0);
+  // The ring on GPU buffers: rounds of ranks x its chunk of the fp32 buffer, a whole ring each; the bytes unchanged.
+  const double chunk = 64 * mib;
+  const auto gpu_ring = [&](double bytes, int ranks, WireDtype wire) {
+    return allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small, 1, chunk);
+  };
+  EXPECT_DOUBLE_EQ(gpu_ring(128 * mib, 2, WireDtype::kFp32).message_steps, 2);
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).message_steps, 4);  // wte at 2 ranks: 2 rounds
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).bytes, 154.5e6);
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16).message_steps, 4);  // a round is of fp32 words
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 4, WireDtype::kFp32).message_steps, 6);
+  EXPECT_DOUBLE_EQ(gpu_ring(257 * mib, 4, WireDtype::kFp32).message_steps, 12);
+  EXPECT_DOUBLE_EQ(allreduce_terms(257 * mib, 4, AllreduceImpl::kMpi, WireDtype::kFp32, small, 1, chunk).message_steps,
+                   6);  // only our GPU ring has rounds
 }
 
 // Per class of hop, at 2 nodes x 2 ranks (docs/PREDICT.md: per-hop terms). A link-bound inter-node link (bandwidth
@@ -640,6 +653,15 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   EXPECT_EQ(cal.link, "none");
   ASSERT_EQ(cal.points.size(), 2u);
   EXPECT_DOUBLE_EQ(cal.points[1].time_ms, 0.15);
+  EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // a CSV names no chunk: the trainer's
+  const std::string json = csv + ".json";
+  for (const char* chunk : {"", ", \"gpu_chunk_mb\": 4"}) {
+    std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}" << chunk
+                        << ", \"results\": [{\"impl\": \"gpu-ring-ipc\", \"size_bytes\": 1048576, "
+                           "\"out_of_place\": {\"time_us\": 800}}]}";
+    EXPECT_DOUBLE_EQ(read_calibration(json).gpu_chunk_bytes, *chunk ? 4 * kMiB : kGpuRingChunkBytes) << chunk;
+  }
+  std::remove(json.c_str());
   {
     std::ofstream out(csv);
     out << "not,a,calibration\n1,2,3\n";
@@ -740,8 +762,9 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   cal.link = "none";
   cal.ranks = 2;
   const double small = static_cast<double>(small_allreduce_bytes(2));
-  for (double mib : {1, 4, 16, 64, 256}) {
-    const AllreduceTerms t = allreduce_terms(mib * kMiB, 2, AllreduceImpl::kRing, WireDtype::kFp32, small);
+  const double chunk = kGpuRingChunkBytes;  // the file names none: the trainer's
+  for (double mib : {1, 4, 16, 64, 256}) {  // 256 MiB: two rounds of 2 x 64 MiB
+    const AllreduceTerms t = allreduce_terms(mib * kMiB, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, chunk);
     cal.points.push_back(
         {"gpu-ring-ipc", mib * kMiB, shared.alpha_ms * t.message_steps + shared.beta_ms_per_byte * t.bytes});
   }
@@ -763,7 +786,7 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
     double comm = 0;
     for (double bytes : bucket_bytes(s))
       comm += ring_ms(bytes, s.ranks, 1, s.wire, static_cast<double>(small_allreduce_bytes(s.ranks)),
-                      HopCosts{shared, shared});
+                      HopCosts{shared, shared}, chunk);
     return comm;
   };
   for (const auto& [ranks, per_gpu] : {std::pair{2, 2}, {4, 4}, {4, 2}}) {
@@ -792,8 +815,8 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   fp32.wire = WireDtype::kFp32;
   double steps_ms = 0;
   for (double bytes : bucket_bytes(bf16))
-    steps_ms +=
-        shared.alpha_ms * allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps;
+    steps_ms += shared.alpha_ms *
+                allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, chunk).message_steps;
   const Prediction p16 = predict(model, bf16), p32 = predict(model, fp32);
   EXPECT_NEAR(p16.step.exposed_ms - steps_ms, 0.5 * (p32.step.exposed_ms - steps_ms), 1e-3 * p16.step.step_ms);
   EXPECT_NEAR(p16.step.exposed_ms, comm_ms(bf16), 1e-3 * p16.step.step_ms);
