@@ -7,7 +7,8 @@
 #                           failure ending the job
 #   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step (auto, fused) and through
 #                           `ddplab train`, the GPU's idle in the trainer's steps and the harness's, the step as one
-#                           CUDA graph, the full kernel benchmark, ncu's ranking of the step, PyTorch eager,
+#                           CUDA graph, the host CPU's default MLP step (ddplab's BLAS kernels and OpenBLAS's
+#                           own), the full kernel benchmark, ncu's ranking of the step, PyTorch eager,
 #                           torch.compile and SDPA per backend on the same shapes, ncu on our fused attention
 # Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
 # deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
@@ -249,6 +250,15 @@ if [ "$stage" = 2 ]; then
   # A process of its own, so that a library that refuses the capture cannot cost the rows above.
   step "step bf16 auto as a graph" models.log 40 'grep "as one CUDA graph" "$log" | tail -1' \
     "${bt[@]}" --graph --csv "$out/step_graph.csv"
+  # The host's CPU, for the CPU side's speed (docs/BENCHMARKS.md, "CPU speed on each host kind"): the H200 machines
+  # seen so far are Intel Xeons, family 6 model 207, on which OpenBLAS names Prescott. The default MLP on one BLAS
+  # thread with the kernels ddplab chooses (the header says which and why), then with OpenBLAS's own pick.
+  step "cpu: devices" cpu.log 30 'grep -m1 "kernels" "$log"' "${mpirun[@]}" -np 1 "$build/launcher/ddplab" devices
+  for auto in on off; do
+    step "cpu: MLP --threads 1, BLAS auto $auto" cpu.log 40 'grep -A2 "per rank (steady" "$log" | tail -1' \
+      "${mpirun[@]}" -np 1 -x DDPLAB_BLAS_AUTO=$auto "$build/launcher/ddplab" train --threads 1 --steps 30 \
+      --warmup-steps 10 --out "$work/cpu_mlp_blas_$auto.h5" --force
+  done
   # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
   # every launch of one default step ranked by GPU time.
   step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
