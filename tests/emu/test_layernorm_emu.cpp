@@ -62,14 +62,15 @@ std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::ve
                                                   const std::vector<T>& dout, const std::vector<T>& inp,
                                                   const std::vector<float>& weight, const std::vector<float>& mean,
                                                   const std::vector<float>& rstd, bool accumulate = true,
-                                                  const std::vector<float>& dcol0 = {}) {
+                                                  const std::vector<float>& dcol0 = {}, bool staging = true) {
   std::vector<T> dinp = device_values<T>(dinp0);
   std::vector<float> dw = dw0, db = db0, dcol = dcol0;
   std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N, sh.C) * cuda::layernorm::kMaxSums * sh.C,
                              std::numeric_limits<float>::quiet_NaN());
   cuda::layernorm_backward_launches(emulated_launch, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
                                     dcol.empty() ? nullptr : dcol.data(), scratch.data(), dout.data(), inp.data(),
-                                    weight.data() + sh.offset, mean.data(), rstd.data(), sh.N, sh.C, accumulate);
+                                    weight.data() + sh.offset, mean.data(), rstd.data(), sh.N, sh.C, accumulate,
+                                    staging);
   return {host_values<T>(dinp), dw, db, dcol};
 }
 
@@ -193,6 +194,40 @@ TEST(LayerNormEmulated, BackwardWarpsWalkSeveralRows) {
       int64_t{cuda::layernorm::backward_blocks(sh.N, sh.C)} * cuda::layernorm::backward_warps(sh.C);
   ASSERT_GT(sh.N, 2 * grid_warps);
   emulated_backward_matches_cpu<float>(sh, inp, dout, dinp0, weight, mean, rstd, 1e-5, 1e-5);
+}
+
+// The staged backward (each warp's next row copied into shared memory while it computes this one) against the unstaged
+// one, bit for bit: the same arithmetic on the same values, whichever memory they came from. Rows held whole in
+// registers, one a warp and several (4105 rows of 8: 2 or 3 a warp), with and without dinp's column sums; the copies
+// land only when waited for (cuda_emulation.h), so a row read before its wait shows.
+TEST(LayerNormEmulated, StagedBackwardIsTheUnstagedOne) {
+  const auto check = [](auto zero, const Shape& sh) {
+    using T = decltype(zero);
+    SCOPED_TRACE("N=" + std::to_string(sh.N) + " C=" + std::to_string(sh.C) +
+                 (std::is_same_v<T, bf16> ? " bf16" : " fp32"));
+    std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
+    std::vector<float> out(inp.size()), mean(sh.N), rstd(sh.N);
+    const std::vector<float> weight = random_vector(sh.C + 1, 0.5f, 1.5f, 4), bias = random_vector(sh.C, -1, 1, 5);
+    ddplab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), sh.N,
+                                   sh.C);
+    const std::vector<T> d_inp = device_values<T>(inp),
+                         d_dout = device_values<T>(random_vector(int64_t{sh.N} * sh.C, -1, 1, 2));
+    const std::vector<float> dinp0 = random_vector(int64_t{sh.N} * sh.C, -1, 1, 3);
+    const std::vector<float> dw0 = random_vector(sh.C + 1, -1, 1, 6), db0 = random_vector(sh.C + 1, -1, 1, 7);
+    for (const bool columns : {false, true}) {
+      const std::vector<float> dcol0 = columns ? random_vector(sh.C, -1, 1, 8) : std::vector<float>{};
+      const auto staged =
+          emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, mean, rstd, true, dcol0, true);
+      const auto unstaged =
+          emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, mean, rstd, true, dcol0, false);
+      for (size_t k = 0; k < staged.size(); ++k)
+        EXPECT_TRUE(BitwiseEqual(staged[k], unstaged[k])) << "output " << k << (columns ? ", column sums" : "");
+    }
+  };
+  for (const Shape& sh : {Shape{4105, 8, 0}, Shape{33, 768, 0}, Shape{70, 200, 0}}) {
+    check(float{}, sh);
+    check(bf16{}, sh);
+  }
 }
 
 // The backward's warps a block: 8 while their accumulators (C floats per sum, 2 or 3 sums) fit 48 KB (72 with the
