@@ -80,6 +80,17 @@ __device__ __forceinline__ int64_t run_piece(const uint32_t* keys, int64_t p, ui
   }
 }
 
+// The backward's work items: a warp per (sorted position, 32 * V columns), f(position, this lane's first column), which
+// may lie past C (the lane then has nothing to do).
+template <int V, typename F>
+__device__ __forceinline__ void for_each_position_and_columns(int64_t n, int C, F&& f) {
+  const int lane = threadIdx.x % 32;
+  const int slices = (C + 32 * V - 1) / (32 * V);
+  const int64_t work = n * slices;
+  for (int64_t w = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; w < work; w += int64_t{gridDim.x} * kWarps)
+    f(w / slices, static_cast<int>(w % slices) * 32 * V + lane * V);
+}
+
 // dwte from the rows sorted by token (keys ascending, rows in row order within a key): a warp per (sorted position,
 // 32 * V columns); the warp at the first position of a piece of a token's run (run_piece) adds the piece's rows in row
 // order: the first piece to the token's row of dwte, starting from its value; a later piece into its own row of
@@ -93,17 +104,11 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)
     embedding_backward_wte_kernel(float* dwte, float* run_sums, const T* dout, const uint32_t* keys,
                                   const int32_t* rows, int64_t n, int C, uint32_t padded, int piece_rows) {
-  const int lane = threadIdx.x % 32;
-  const int slices = (C + 32 * V - 1) / (32 * V);
-  const int64_t work = n * slices;
-  for (int64_t w = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; w < work; w += int64_t{gridDim.x} * kWarps) {
-    const int64_t first = w / slices;
+  for_each_position_and_columns<V>(n, C, [&](int64_t first, int c) {
     const uint32_t token = keys[first];
-    if (token >= padded) continue;
+    if (token >= padded) return;
     const int64_t piece = run_piece(keys, first, token, piece_rows);
-    if (piece < 0) continue;
-    const int c = static_cast<int>(w % slices) * 32 * V + lane * V;
-    if (c >= C) continue;
+    if (piece < 0 || c >= C) return;
     float* const out = piece == 0 ? dwte + int64_t{token} * C + c : run_sums + first / piece_rows * C + c;
     Pack<float, V> acc = piece == 0 ? load_pack<V>(out) : Pack<float, V>{};
     const int64_t end = first + piece_rows < n ? first + piece_rows : n;
@@ -129,7 +134,7 @@ __global__ void __launch_bounds__(kBlock)
       if (!same[kRowsInFlight - 1]) break;  // sorted: the piece ended in this group
     }
     detail::store_pack<V>(out, acc);
-  }
+  });
 }
 
 // The runs longer than a piece: a warp per (sorted position, 32 * V columns) as above, the one at a long run's first
@@ -139,16 +144,11 @@ template <int V>
 __global__ void __launch_bounds__(kBlock)
     embedding_backward_long_runs_kernel(float* dwte, const float* run_sums, const uint32_t* keys, int64_t n, int C,
                                         uint32_t padded, int piece_rows) {
-  const int lane = threadIdx.x % 32;
-  const int slices = (C + 32 * V - 1) / (32 * V);
-  const int64_t work = n * slices;
-  for (int64_t w = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; w < work; w += int64_t{gridDim.x} * kWarps) {
-    const int64_t first = w / slices;
+  for_each_position_and_columns<V>(n, C, [&](int64_t first, int c) {
     const uint32_t token = keys[first];
-    if (token >= padded || (first > 0 && keys[first - 1] == token)) continue;    // padding, or not a run's first row
-    if (first + piece_rows >= n || keys[first + piece_rows] != token) continue;  // one piece: already in dwte
-    const int c = static_cast<int>(w % slices) * 32 * V + lane * V;
-    if (c >= C) continue;
+    if (token >= padded || (first > 0 && keys[first - 1] == token)) return;    // padding, or not a run's first row
+    if (first + piece_rows >= n || keys[first + piece_rows] != token) return;  // one piece: already in dwte
+    if (c >= C) return;
     float* const e = dwte + int64_t{token} * C + c;
     Pack<float, V> acc = load_pack<V>(e);
     for (int64_t at = first + piece_rows; at < n && keys[at] == token; at += piece_rows) {
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kBlock)
       for (int j = 0; j < V; ++j) acc.v[j] += part.v[j];
     }
     detail::store_pack<V>(e, acc);
-  }
+  });
 }
 
 // One thread per (t, V columns): threads of a block cover consecutive columns of one position (coalesced for each
