@@ -261,7 +261,8 @@ if [ "$stage" = 2 ]; then
   done
   # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
   # every launch of one default step ranked by GPU time.
-  step "kernels (full)" kernels.log 120 'grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"' \
+  step "kernels (full)" kernels.log 120 \
+    'echo "$(grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"); $(grep -m1 -o "memory-bound rows at.*: [0-9]*" "$log")"' \
     "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
   ncu=$(tool ncu)
   app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
