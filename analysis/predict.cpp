@@ -403,6 +403,20 @@ SimulatedStep simulate_step(const std::vector<RankProfile>& ranks, const std::ve
   return simulate_steps({ranks}, buckets, cost, overlap_on, host, {});
 }
 
+namespace {
+
+// The GPU ring's chunk an allreduce_perf command line asked for (--gpu-chunk-mb X; 0 or none: the trainer's), in MiB:
+// what files written before allreduce_perf recorded `gpu_chunk_mb` say of it.
+double chunk_mb_in_args(const std::string& args) {
+  std::istringstream words(args);
+  double mb = 0;
+  for (std::string word; words >> word;)
+    if (word == "--gpu-chunk-mb" && !(words >> mb)) mb = 0;
+  return mb > 0 ? mb : kGpuRingChunkBytes / kMiB;
+}
+
+}  // namespace
+
 Calibration read_calibration(const std::string& path) {
   const auto fail = [&](const std::string& why) {
     return std::runtime_error("cannot read calibration " + path + ": " + why);
@@ -419,7 +433,7 @@ Calibration read_calibration(const std::string& path) {
     try {
       const nlohmann::json j = nlohmann::json::parse(s);
       cal.ranks = j.at("nranks").get<int>();
-      cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", kGpuRingChunkBytes / kMiB) * kMiB;
+      cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
       const nlohmann::json& link = j.at("link");
       cal.link = link.at("name").get<std::string>();
       cal.link_model = parse_link(cal.link, link.value("latency_us", -1.0), link.value("gbps", -1.0));
@@ -871,7 +885,8 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
       src.link = m.calibration->link_model;
       src.ranks = m.calibration->ranks;
       src.name = m.on_gpu ? impl_name(AllreduceImpl::kRing, WireDtype::kFp32) : name;  // the GPU's stands for the ring
-      src.chunk_bytes = chunk;
+      // Fitted per exchange, the calibration's rounds at its own chunk tell what the trainer's ring pays at its own.
+      src.chunk_bytes = chunk > 0 ? kGpuRingChunkBytes : 0;
       out.comm_source = "calibration";
     }
   }

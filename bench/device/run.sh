@@ -262,7 +262,7 @@ if [ "$stage" = 2 ]; then
   # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
   # every launch of one default step ranked by GPU time.
   step "kernels (full)" kernels.log 120 \
-    'echo "$(grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log"); $(grep -m1 -o "memory-bound rows at.*: [0-9]*" "$log")"' \
+    'c=$(grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log") && echo "$c; $(grep -m1 -o "memory-bound rows at[^:]*: [0-9]*" "$log")"' \
     "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
   ncu=$(tool ncu)
   app=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --warmup 2 --steps 1 --profile)
@@ -356,11 +356,13 @@ if [ "$stage" = 3 ]; then
     "${mpirun[@]}" -np 4 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np4.h5"
   # Those runs predicted from the one-rank run and the all-reduces measured above (docs/PREDICT.md, "Another number of
   # ranks on the GPU"); the measured runs' steps are in train.log beside them.
-  for n in 2 4; do
-    cal="$work/ipc_np$n.json"
-    [ "$n" = 2 ] && cal="$work/ipc_np2_chunk64.json"
-    step "predict np$n on the GPU from np1" train.log 20 'grep -m1 -E "^none +'"$n"' " "$log"' \
-      "$build/launcher/ddplab" predict "$work/gpt2_bf16_np1.h5" --ranks $n --ranks-per-gpu $n --calibration "$cal"
+  # At 2 ranks from both chunks' calibrations: the 4 MiB one times many exchanges a size (docs/PREDICT.md), and the
+  # settings the 2-rank runs above tried.
+  for cal in "$work/ipc_np2_chunk64.json" "$work/ipc_np2_chunk4.json" "$work/ipc_np4.json"; do
+    n=2 && [ "${cal##*/}" = ipc_np4.json ] && n=4
+    step "predict np$n on the GPU from np1, ${cal##*/}" train.log 20 'grep -m1 -E "^none +'"$n"' " "$log"' \
+      "$build/launcher/ddplab" predict "$work/gpt2_bf16_np1.h5" --ranks $n --ranks-per-gpu $n --calibration "$cal" \
+      --bucket-mb 25,100 --comm-dtype fp32,bf16 --update whole,bucket
   done
   step "dead peer ring ipc np2 (must fail in time)" train.log 40 'grep -m1 -iE "rank 1|dead|killed" "$log"' \
     bash -c '! "$@"' dead_peer "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 40 \

@@ -655,7 +655,9 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   EXPECT_DOUBLE_EQ(cal.points[1].time_ms, 0.15);
   EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // a CSV names no chunk: the trainer's
   const std::string json = csv + ".json";
-  for (const char* chunk : {"", ", \"gpu_chunk_mb\": 4"}) {
+  // The chunk as the file names it, or as its command line asked for it (files from before the field), else the
+  // trainer's.
+  for (const char* chunk : {"", ", \"gpu_chunk_mb\": 4", ", \"args\": \"allreduce_perf --gpu-chunk-mb 4 -J f.json\""}) {
     std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}" << chunk
                         << ", \"results\": [{\"impl\": \"gpu-ring-ipc\", \"size_bytes\": 1048576, "
                            "\"out_of_place\": {\"time_us\": 800}}]}";
@@ -820,6 +822,22 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   const Prediction p16 = predict(model, bf16), p32 = predict(model, fp32);
   EXPECT_NEAR(p16.step.exposed_ms - steps_ms, 0.5 * (p32.step.exposed_ms - steps_ms), 1e-3 * p16.step.step_ms);
   EXPECT_NEAR(p16.step.exposed_ms, comm_ms(bf16), 1e-3 * p16.step.step_ms);
+  // A calibration timed at another chunk (allreduce_perf --gpu-chunk-mb 4: 2 x 4 MiB rounds, 20 of them at 154.5 MB)
+  // fits the same cost per exchange, and the prediction is of the trainer's ring, in its own 64 MiB rounds.
+  Calibration small_chunks = cal;
+  small_chunks.gpu_chunk_bytes = 4 * kMiB;
+  small_chunks.points.clear();
+  for (double mib : {1, 4, 16, 64, 256}) {
+    const AllreduceTerms t =
+        allreduce_terms(mib * kMiB, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, small_chunks.gpu_chunk_bytes);
+    small_chunks.points.push_back(
+        {"gpu-ring-ipc", mib * kMiB, shared.alpha_ms * t.message_steps + shared.beta_ms_per_byte * t.bytes});
+  }
+  PredictSetting two = model.measured;
+  two.ranks = 2, two.ranks_per_gpu = 2;
+  EXPECT_NEAR(predict(build_model(run, small_chunks), two).step.step_ms, predict(model, two).step.step_ms,
+              1e-6 * predict(model, two).step.step_ms);
+
   // More turns than ranks: the world is what shares.
   PredictSetting alone = model.measured;
   alone.ranks_per_gpu = 4;
