@@ -17,6 +17,14 @@ void check_sizes(const char* what, int N, int C) {
                                 " C=" + std::to_string(C));
 }
 
+// The staged backward copies rows with cp.async, compute capability 8.0's: older GPUs run the unstaged one.
+bool device_copies_asynchronously() {
+  int device = 0, major = 0;
+  cudaCheck(cudaGetDevice(&device));
+  cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 8;
+}
+
 }  // namespace
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -47,7 +55,7 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
   }
   if (scratch == nullptr) throw std::invalid_argument("layernorm_backward: scratch is null");
   layernorm_backward_launches(detail::launch_on(stream), dinp, dweight, dbias, dinp_columns, scratch, dout, inp, weight,
-                              mean, rstd, N, C, accumulate);
+                              mean, rstd, N, C, accumulate, device_copies_asynchronously());
 }
 
 #define DDPLAB_INSTANTIATE(T)                                                                                     \

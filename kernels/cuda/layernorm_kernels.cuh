@@ -335,7 +335,8 @@ void layernorm_forward_launches(Launch&& launch, T* out, float* mean, float* rst
 
 // scratch: backward_blocks(N, C) * kMaxSums * C floats, the blocks' partials. dcolumns (may be null): the column sums
 // of dinp as written. accumulate: dweight, dbias and dcolumns += the sums, else =.
-// staging: the staged kernel where it applies (the tests turn it off to compare the two).
+// staging: the staged kernel where it applies (the tests turn it off to compare the two; GPUs older than sm_80 have no
+// cp.async).
 template <typename Launch, typename T>
 void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float* dbias, float* dcolumns,
                                  float* scratch, const T* dout, const T* inp, const float* weight, const float* mean,

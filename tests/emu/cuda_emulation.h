@@ -368,7 +368,22 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed) {
 
 // cp.async: a copy is queued in the issuing thread's open group and lands (read from global, written to shared) only
 // when cp_async_wait retires its group, so a kernel that reads a tile before waiting for it reads the shared memory's
-// old contents (or its NaN poison), as the hardware may.
+// old contents (or its NaN poison), as the hardware may. The hardware may also land it at once: with
+// CpAsyncLanding::kAtIssue every copy lands as it is issued, so a kernel that overwrites a tile it still has to read
+// (a copy issued too early) reads the new contents. A test runs a kernel both ways.
+enum class CpAsyncLanding { kAtWait, kAtIssue };
+inline std::atomic<CpAsyncLanding> g_cp_async_landing{CpAsyncLanding::kAtWait};
+// While it lives, copies land as `landing` says (the threads of the launches it spans read it).
+class CpAsyncLandingScope {
+ public:
+  explicit CpAsyncLandingScope(CpAsyncLanding landing) : before_(g_cp_async_landing.exchange(landing)) {}
+  ~CpAsyncLandingScope() { g_cp_async_landing = before_; }
+  CpAsyncLandingScope(const CpAsyncLandingScope&) = delete;
+  CpAsyncLandingScope& operator=(const CpAsyncLandingScope&) = delete;
+
+ private:
+  CpAsyncLanding before_;
+};
 struct AsyncCopy {
   void* dst;
   const void* src;  // null: 16 zero bytes
@@ -380,6 +395,13 @@ inline void cp_async_16(void* dst_shared, const void* src_global, bool from_src)
   require_shared(dst_shared, 16, 16, "cp.async (destination)");
   if (from_src && reinterpret_cast<uintptr_t>(src_global) % 16 != 0)
     fail("cp.async: global source %p is not 16-byte aligned", src_global);
+  if (g_cp_async_landing == CpAsyncLanding::kAtIssue) {
+    if (from_src)
+      std::memcpy(dst_shared, src_global, 16);
+    else
+      std::memset(dst_shared, 0, 16);
+    return;
+  }
   t_open_group.push_back({dst_shared, from_src ? src_global : nullptr});
 }
 inline void cp_async_commit() {
