@@ -176,7 +176,7 @@ if [ "$stage" = 1 ]; then
   if [ "$rc" -ne 0 ] && [ -z "$blocked" ]; then
     skip "report of that run" "$([ "$rc" = 125 ] && echo "the run did not run" || echo "the run failed")"
   else
-    step "report of that run" train.log 30 'grep -A2 "per rank (steady" "$log" | tail -1' \
+    step "report of that run" train.log 30 'grep -A2 "^  per rank (steady" "$log" | tail -1' \
       "$build/launcher/ddplab" report "$work/train_ring_np4.h5"
   fi
   # One GPU through `ddplab train` as a user runs it: --comm nccl (its header once threw: the CPU's collectives were
@@ -255,7 +255,7 @@ if [ "$stage" = 2 ]; then
   # thread with the kernels ddplab chooses (the header says which and why), then with OpenBLAS's own pick.
   step "cpu: devices" cpu.log 30 'grep -m1 "kernels" "$log"' "${mpirun[@]}" -np 1 "$build/launcher/ddplab" devices
   for auto in on off; do
-    step "cpu: MLP --threads 1, BLAS auto $auto" cpu.log 40 'grep -A2 "per rank (steady" "$log" | tail -1' \
+    step "cpu: MLP --threads 1, BLAS auto $auto" cpu.log 40 'grep -A2 "^  per rank (steady" "$log" | tail -1' \
       "${mpirun[@]}" -np 1 -x DDPLAB_BLAS_AUTO=$auto "$build/launcher/ddplab" train --threads 1 --steps 30 \
       --warmup-steps 10 --out "$work/cpu_mlp_blas_$auto.h5" --force
   done
