@@ -552,8 +552,11 @@ void matmul_backward_input_dgelu(GemmContext& ctx, T* dinp, const T* dout, const
     return;
   }
   LtGemm g{CUBLAS_OP_N, CUBLAS_OP_N, C, B, OC, weight, C, dout, OC, dinp, C, kDataType<T>, kDataType<T>, 0.0f};
+  // The epilogue in bf16 only: on an H200 it beat the GEMM and our gelu_backward there (gpt2-small's 3072 -> 768:
+  // 0.086 against 0.146 ms) and lost in fp32 (1.011 against 0.920) and tf32 (0.325 against 0.231), the GELU pass then
+  // one float at a time (bench/results/2026-11-30-h200-speed/kernels.log).
   // As in forward: the heuristic is not told the aux pointer's alignment, and the aux ld (C) must be a multiple of 8.
-  if (C % 8 == 0 && alignment_of(pre_gelu) >= 16) {
+  if (std::is_same_v<T, __nv_bfloat16> && C % 8 == 0 && alignment_of(pre_gelu) >= 16) {
     g.epilogue = CUBLASLT_EPILOGUE_DGELU;
     g.aux = pre_gelu;
     if (run_lt(ctx, g, stream)) {
