@@ -54,8 +54,8 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
     return;
   }
   if (scratch == nullptr) throw std::invalid_argument("layernorm_backward: scratch is null");
-  layernorm_backward_launches(detail::launch_on(stream), dinp, dweight, dbias, dinp_columns, scratch, dout, inp, weight,
-                              mean, rstd, N, C, accumulate, device_copies_asynchronously());
+  layernorm_backward_launches(detail::launch_on(stream, /*max_shared=*/true), dinp, dweight, dbias, dinp_columns,
+                              scratch, dout, inp, weight, mean, rstd, N, C, accumulate, device_copies_asynchronously());
 }
 
 #define DDPLAB_INSTANTIATE(T)                                                                                     \

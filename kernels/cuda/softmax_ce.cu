@@ -24,8 +24,9 @@ void softmax_cross_entropy_fused(T* dlogits, float* losses, float* mean_loss, in
     cudaCheck(cudaGetDevice(&device));
     cudaCheck(cudaDeviceGetAttribute(&max_block_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   }
-  softmax_cross_entropy_launches(detail::launch_on(stream), dlogits, losses, mean_loss, num_valid, logits, targets, N,
-                                 V, grad_scale, rows, detail::kMaxGridSize, static_cast<size_t>(max_block_smem));
+  softmax_cross_entropy_launches(detail::launch_on(stream, /*max_shared=*/rows == CrossEntropyRows::kStaged), dlogits,
+                                 losses, mean_loss, num_valid, logits, targets, N, V, grad_scale, rows,
+                                 detail::kMaxGridSize, static_cast<size_t>(max_block_smem));
 }
 
 template void softmax_cross_entropy_fused<float>(float*, float*, float*, int*, const float*, const int32_t*, int, int,
