@@ -293,6 +293,10 @@ if [ "$stage" = 2 ]; then
         "$ncu" --clock-control none --profile-from-start off --kernel-name "regex:flash_attention_${dir}_kernel" \
         --launch-count 1 --set full --import-source yes -o "$work/ncu_flash_$dir" "${app[@]}" --attention fused
     done
+    # The staged LayerNorm backward's occupancy: sized for two blocks an SM (docs/BENCHMARKS.md, its prediction).
+    step "ncu: layernorm backward" ncu.log 30 'grep -m1 -E "Achieved Occupancy|Block Limit Shared Mem" "$log"' \
+      "$ncu" --clock-control none --profile-from-start off --kernel-name regex:layernorm_backward_kernel \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats "${app[@]}"
     if ls "$work"/ncu_*.ncu-rep >/dev/null 2>&1; then  # the reports themselves, if they fit the 16 MiB a file
       (cd "$work" && tar -czf "$out/ncu-reports.tar.gz" ncu_*.ncu-rep)
       [ "$(stat -c %s "$out/ncu-reports.tar.gz")" -le $((15 << 20)) ] ||
