@@ -362,9 +362,10 @@ if [ "$stage" = 3 ]; then
   # ranks on the GPU"); the measured runs' steps are in train.log beside them.
   # At 2 ranks from both chunks' calibrations: the 4 MiB one times many exchanges a size (docs/PREDICT.md), and the
   # settings the 2-rank runs above tried.
-  for cal in "$work/ipc_np2_chunk64.json" "$work/ipc_np2_chunk4.json" "$work/ipc_np4.json"; do
-    n=2 && [ "${cal##*/}" = ipc_np4.json ] && n=4
-    step "predict np$n on the GPU from np1, ${cal##*/}" train.log 20 'grep -m1 -E "^none +'"$n"' " "$log"' \
+  for file in ipc_np2_chunk64 ipc_np2_chunk4 ipc_np4; do
+    cal="$work/$file.json" n=2 && [ "$file" = ipc_np4 ] && n=4
+    chunk=${file#ipc_np?} && chunk=${chunk#_}
+    step "predict np$n from np1${chunk:+ $chunk}" train.log 20 'grep -m1 -E "^none +'"$n"' " "$log"' \
       "$build/launcher/ddplab" predict "$work/gpt2_bf16_np1.h5" --ranks $n --ranks-per-gpu $n --calibration "$cal" \
       --bucket-mb 25,100 --comm-dtype fp32,bf16 --update whole,bucket
   done
