@@ -126,6 +126,7 @@ struct Row {
   std::string group, name, shape;
   double ms, bytes, flops;  // bytes for memory-bound rows, flops for GEMMs (0 when not applicable)
   double same_size_copy_gbs = 0;  // filled by Report::add
+  double gbs() const { return bytes / (ms * 1e-3) / 1e9; }  // memory-bound rows: bytes moved per second
 };
 
 // Memory-bound rows are set beside two copies: the device's bandwidth (a 1 GiB copy) and a copy of the row's own bytes
@@ -143,7 +144,7 @@ class Report {
   }
   void print(const Row& r) const {
     if (r.bytes > 0) {
-      const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
+      const double gbs = r.gbs();
       std::printf("  %-42s %-26s %9.4f ms %8.1f GB/s %5.0f%% of copy %5.0f%% of its size's\n", r.name.c_str(),
                   r.shape.c_str(), r.ms, gbs, 100 * gbs / copy_gbs_, 100 * gbs / r.same_size_copy_gbs);
     } else {
@@ -158,7 +159,7 @@ class Report {
     std::string missed;
     for (const Row& r : rows_) {
       if (r.bytes < (1 << 20)) continue;
-      const double of_size = r.bytes / (r.ms * 1e-3) / 1e9 / r.same_size_copy_gbs;
+      const double of_size = r.gbs() / r.same_size_copy_gbs;
       if (of_size >= goal) {
         ++met;
       } else {
@@ -178,7 +179,7 @@ class Report {
     }
     std::fprintf(f, "group,kernel,shape,ms,bytes,gb_per_s,pct_of_copy,pct_of_same_size_copy,flops,tflop_per_s\n");
     for (const Row& r : rows_) {
-      const double gbs = r.bytes > 0 ? r.bytes / (r.ms * 1e-3) / 1e9 : 0;
+      const double gbs = r.bytes > 0 ? r.gbs() : 0;
       const double tf = r.flops > 0 ? r.flops / (r.ms * 1e-3) / 1e12 : 0;
       std::fprintf(f, "%s,%s,\"%s\",%.6f,%.0f,%.2f,%.1f,%.1f,%.0f,%.3f\n", r.group.c_str(), r.name.c_str(),
                    r.shape.c_str(), r.ms, r.bytes, gbs, r.bytes > 0 ? 100 * gbs / copy_gbs_ : 0.0,

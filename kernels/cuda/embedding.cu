@@ -4,6 +4,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
@@ -136,20 +137,18 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByTok
   const unsigned grid = detail::grid_size(warps, kWarps);
   const auto padded = static_cast<uint32_t>(rows_by_token.vocab);
   const RowsByToken& r = rows_by_token;
-  if (vec) {
-    embedding_backward_wte_kernel<T, V>
+  const auto pieces_then_long_runs = [&](auto v) {  // v: the pack width, as a std::integral_constant
+    embedding_backward_wte_kernel<T, v()>
         <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, dout, r.tokens, r.rows, rows, C, padded, kEmbeddingPieceRows);
     cudaCheck(cudaGetLastError());
-    embedding_backward_long_runs_kernel<V>
+    embedding_backward_long_runs_kernel<v()>
         <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, r.tokens, rows, C, padded, kEmbeddingPieceRows);
-  } else {
-    embedding_backward_wte_kernel<T, 1>
-        <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, dout, r.tokens, r.rows, rows, C, padded, kEmbeddingPieceRows);
     cudaCheck(cudaGetLastError());
-    embedding_backward_long_runs_kernel<1>
-        <<<grid, kBlock, 0, stream>>>(dwte, r.run_sums, r.tokens, rows, C, padded, kEmbeddingPieceRows);
-  }
-  cudaCheck(cudaGetLastError());
+  };
+  if (vec)
+    pieces_then_long_runs(std::integral_constant<int, V>{});
+  else
+    pieces_then_long_runs(std::integral_constant<int, 1>{});
   if (dwpe != nullptr) {
     const dim3 wpe_grid(static_cast<unsigned>((C / v + kBlock - 1) / kBlock),
                         static_cast<unsigned>(std::min(S, 65535)));

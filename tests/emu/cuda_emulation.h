@@ -388,6 +388,13 @@ struct AsyncCopy {
   void* dst;
   const void* src;  // null: 16 zero bytes
 };
+// The copy landing: 16 bytes from the source, or 16 zero bytes.
+inline void land(const AsyncCopy& c) {
+  if (c.src != nullptr)
+    std::memcpy(c.dst, c.src, 16);
+  else
+    std::memset(c.dst, 0, 16);
+}
 inline thread_local std::vector<AsyncCopy> t_open_group;
 inline thread_local std::deque<std::vector<AsyncCopy>> t_committed_groups;
 
@@ -395,14 +402,11 @@ inline void cp_async_16(void* dst_shared, const void* src_global, bool from_src)
   require_shared(dst_shared, 16, 16, "cp.async (destination)");
   if (from_src && reinterpret_cast<uintptr_t>(src_global) % 16 != 0)
     fail("cp.async: global source %p is not 16-byte aligned", src_global);
-  if (g_cp_async_landing == CpAsyncLanding::kAtIssue) {
-    if (from_src)
-      std::memcpy(dst_shared, src_global, 16);
-    else
-      std::memset(dst_shared, 0, 16);
-    return;
-  }
-  t_open_group.push_back({dst_shared, from_src ? src_global : nullptr});
+  const AsyncCopy copy{dst_shared, from_src ? src_global : nullptr};
+  if (g_cp_async_landing == CpAsyncLanding::kAtIssue)
+    land(copy);
+  else
+    t_open_group.push_back(copy);
 }
 inline void cp_async_commit() {
   t_committed_groups.push_back(std::move(t_open_group));
@@ -410,12 +414,7 @@ inline void cp_async_commit() {
 }
 inline void cp_async_wait(int pending) {
   while (static_cast<int>(t_committed_groups.size()) > pending) {
-    for (const AsyncCopy& c : t_committed_groups.front()) {
-      if (c.src != nullptr)
-        std::memcpy(c.dst, c.src, 16);
-      else
-        std::memset(c.dst, 0, 16);
-    }
+    for (const AsyncCopy& c : t_committed_groups.front()) land(c);
     t_committed_groups.pop_front();
   }
 }
