@@ -76,7 +76,7 @@ double wire_bytes_of(double bytes, WireDtype wire) { return wire == WireDtype::k
 }  // namespace
 
 AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
-                               int nodes, double chunk_bytes) {
+                               int nodes, double chunk_bytes, bool pair_exchange) {
   if (ranks <= 1 || bytes <= 0) return {};
   const double n = ranks, wire_bytes = wire_bytes_of(bytes, wire);
   if (impl == AllreduceImpl::kHier) {
@@ -89,7 +89,9 @@ AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, Wire
     const double steps = log2p + ((1 << log2p) < ranks ? 2 : 0);
     return {steps, steps * wire_bytes};
   }
-  const double rounds = impl == AllreduceImpl::kRing && chunk_bytes > 0 ? std::ceil(bytes / (n * chunk_bytes)) : 1;
+  const bool gpu_ring = impl == AllreduceImpl::kRing && chunk_bytes > 0;
+  if (gpu_ring && ranks == 2 && pair_exchange) return {std::ceil(bytes / chunk_bytes), wire_bytes};
+  const double rounds = gpu_ring ? std::ceil(bytes / (n * chunk_bytes)) : 1;
   return {2 * (n - 1) * rounds, 2 * (n - 1) / n * wire_bytes};
 }
 
@@ -434,6 +436,7 @@ Calibration read_calibration(const std::string& path) {
       const nlohmann::json j = nlohmann::json::parse(s);
       cal.ranks = j.at("nranks").get<int>();
       cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
+      cal.gpu_pair_exchange = j.value("gpu_pair_exchange", false);
       const nlohmann::json& link = j.at("link");
       cal.link = link.at("name").get<std::string>();
       cal.link_model = parse_link(cal.link, link.value("latency_us", -1.0), link.value("gbps", -1.0));
@@ -875,7 +878,8 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
     const double chunk = name.rfind("gpu-ring-", 0) == 0 ? m.calibration->gpu_chunk_bytes : 0;
     for (const Calibration::Point& p : m.calibration->points)
       if (p.impl == name) {
-        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small, 1, chunk));
+        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small, 1, chunk,
+                                        m.calibration->gpu_pair_exchange));
         times.push_back(p.time_ms);
         src.min_bytes = terms.size() == 1 ? p.bytes : std::min(src.min_bytes, p.bytes);
         src.max_bytes = terms.size() == 1 ? p.bytes : std::max(src.max_bytes, p.bytes);

@@ -76,7 +76,8 @@ class NcclP2pLink final : public RingLink {
 
 struct CudaRingConfig {
   RingLinkKind link = RingLinkKind::kAuto;
-  // The largest chunk one step moves: the ring runs in rounds of ranks x this, and each staging buffer holds one.
+  // The largest chunk one step moves: the ring runs in rounds of ranks x this (two ranks: of this, one exchange
+  // each, comm/ring_device.h), and each staging buffer holds one.
   // Each step of the ipc and host links costs a fixed ~0.37 ms where the ranks share a GPU (its contexts take
   // turns), whatever it moves: at 2 ranks on an H200 a 256 MiB all-reduce ran at 10.5 GB/s bus bandwidth in 4 MiB
   // chunks and 107 GB/s in 64 MiB ones (docs/BENCHMARKS.md, "GPU collectives and overlap"). So 64 MiB: a few staging

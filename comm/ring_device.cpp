@@ -150,6 +150,34 @@ void WireRingPrimitives::recv(RingChunk c) {
 
 size_t device_ring_max_chunk(const RingLink& link) { return link.max_bytes() / sizeof(float); }
 
+namespace {
+
+// Two ranks: next and prev are the same peer, so each round of up to max_chunk elements is one exchange of the whole
+// round, and each rank adds the peer's operand to its own: a + b on one, b + a on the other, the same bits (IEEE
+// addition commutes). This is recursive doubling at p = 2 (comm/recursive_doubling.h), its arithmetic too: on a
+// 16-bit wire both operands are rounded to it before they are added, and the sum after.
+void pair_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
+                        const DeviceRingWire* wire, size_t max_chunk) {
+  for (size_t begin = 0; begin < count; begin += max_chunk) {
+    const size_t n = std::min(max_chunk, count - begin);
+    const float* mine = in + begin;
+    float* sum = out + begin;
+    if (!wire) {
+      link.exchange(mine, n * sizeof(float), staging, n * sizeof(float));
+      memory.add(sum, mine, staging, n);
+      continue;
+    }
+    uint16_t *outgoing = wire->buffers[0], *incoming = wire->buffers[1];
+    memory.encode(wire->format, outgoing, mine, n);
+    memory.decode(wire->format, sum, outgoing, n);  // my operand as the peer receives it
+    link.exchange(outgoing, n * sizeof(uint16_t), incoming, n * sizeof(uint16_t));
+    memory.add_encode(wire->format, incoming, sum, n);
+    memory.decode(wire->format, sum, incoming, n);
+  }
+}
+
+}  // namespace
+
 void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
                         const DeviceRingWire* wire) {
   const int n = link.size();
@@ -159,6 +187,7 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& lin
   }
   const size_t max_chunk = device_ring_max_chunk(link);
   if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
+  if (n == 2) return pair_allreduce_sum(in, out, count, link, memory, staging, wire, max_chunk);
   const size_t round = std::min(count, max_chunk * n);
   if (wire) {
     WireRingPrimitives prims(link, memory, wire->format, in, out, wire->buffers);

@@ -1,6 +1,7 @@
 // The ring all-reduce on buffers that live where the host cannot simply read them (GPU memory): the same schedule as
-// the host ring (run_ring_schedule in comm/ring_allreduce.h), driven by primitives that only ENQUEUE work — a copy,
-// an add, one exchange with the neighbours per step — and never touch the data themselves.
+// the host ring (run_ring_schedule in comm/ring_allreduce.h; two ranks: one exchange a round, see ring_allreduce_sum),
+// driven by primitives that only ENQUEUE work — a copy, an add, one exchange with the neighbours per step — and never
+// touch the data themselves.
 //
 // Three interfaces keep the ring, the transports and the memory apart:
 //   RingMemory  enqueues copies and adds on the memory's own queue (a CUDA stream; on the host, runs them at once)
@@ -200,6 +201,10 @@ size_t device_ring_max_chunk(const RingLink& link);
 // staging: device_ring_max_chunk(link) floats in the memory the link moves. With `wire` the chunks travel as 16-bit
 // words (the same chunking, half the bytes; staging goes unused) and the result equals the host ring's on that wire
 // for the same chunking.
+// Two ranks exchange whole rounds of device_ring_max_chunk elements instead, one exchange a round where the ring
+// takes two of half of it: the same bytes, half the exchanges, which is what an exchange costs where ranks share a
+// GPU (a fixed ~0.37 ms: comm/ring_cuda.h). Both ranks add the same two operands, so they end bitwise identical and
+// equal to recursive_doubling_allreduce_sum (comm/recursive_doubling.h), on either wire.
 void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
                         const DeviceRingWire* wire = nullptr);
 

@@ -129,6 +129,7 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["registered"] = o.registered == 1;  // -R
   // The gpu-ring-* rows' chunk (--gpu-chunk-mb, or the trainer's): `ddplab predict` counts their rounds from it.
   j["gpu_chunk_mb"] = o.gpu_chunk_mb > 0 ? o.gpu_chunk_mb : static_cast<double>(kGpuRingChunkBytes) / (1 << 20);
+  j["gpu_pair_exchange"] = true;  // two ranks: one exchange a round (comm/ring_device.h); ddplab predict reads it
   j["stat"] = o.median ? "median" : "mean";
   j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(to_string(o.aggregate));  // -a
   j["results"] = nlohmann::json::array();

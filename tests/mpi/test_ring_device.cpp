@@ -1,19 +1,23 @@
 // The device ring (comm/ring_device.h) on host memory: the schedule, the primitives and the links' protocols are the
 // code the GPU runs, with the CUDA stream replaced by a RingMemory that runs each queued operation only when the
 // host synchronizes (so a missing wait in a link reads stale data and breaks the sums), and CUDA IPC's mapped
-// neighbour buffer replaced by an MPI shared-memory window. References: exactly summable inputs, and the host ring
-// (same chunking, hence the same summation order) bit for bit.
+// neighbour buffer replaced by an MPI shared-memory window. References: exactly summable inputs, and the host
+// all-reduce of the same arithmetic bit for bit: the host ring with the same chunking (the same summation order),
+// and at two ranks recursive doubling (one exchange of the whole round, both operands on the wire).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
 #include "comm/ring_device.h"
 #include "comm/transport.h"
@@ -114,6 +118,38 @@ void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
 class RingDeviceTest : public testing::TestWithParam<Case> {};
 
+// What the device all-reduce must equal bit for bit, computed in place by the host's own all-reduce: the ring with
+// the device ring's chunking, or at two ranks recursive doubling (elementwise, so its chunking does not matter).
+void host_reference(std::vector<float>& data, size_t max_chunk, std::optional<float16::Format> wire) {
+  MpiTransport transport(MPI_COMM_WORLD);
+  RingScratch scratch;
+  RingOptions options;
+  options.slice_elems = max_chunk;
+  options.slices_per_chunk = 1;
+  options.wire16 = wire.has_value();
+  if (wire) options.format = *wire;
+  if (world_size() == 2) return recursive_doubling_allreduce_sum(data.data(), data.size(), transport, scratch, options);
+  ring_allreduce_sum(data.data(), data.size(), transport, scratch, options);
+}
+
+// Counts a link's exchanges: what an exchange costs where ranks share a GPU is a fixed time.
+class CountingLink final : public RingLink {
+ public:
+  explicit CountingLink(RingLink& link) : link_(link) {}
+  int rank() const override { return link_.rank(); }
+  int size() const override { return link_.size(); }
+  size_t max_bytes() const override { return link_.max_bytes(); }
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+    ++exchanges;
+    link_.exchange(send, send_bytes, recv, recv_bytes);
+  }
+  const char* name() const override { return link_.name(); }
+  int exchanges = 0;
+
+ private:
+  RingLink& link_;
+};
+
 std::vector<float> random_floats(size_t count, unsigned seed) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
@@ -147,19 +183,13 @@ TEST_P(RingDeviceTest, RandomInputsMatchTheHostRingBitForBitOutOfPlace) {
   memory.synchronize();
   EXPECT_EQ(in, random_floats(c.count, 1234u + r)) << "the input was written";
 
-  // The host ring with the same chunking forms every sum in the same order.
   std::vector<float> expected = in;
-  MpiTransport transport(MPI_COMM_WORLD);
-  RingScratch scratch;
-  RingOptions options;
-  options.slice_elems = c.max_chunk;
-  options.slices_per_chunk = 1;
-  ring_allreduce_sum(expected.data(), c.count, transport, scratch, options);
+  host_reference(expected, c.max_chunk, std::nullopt);
   for (size_t i = 0; i < c.count; ++i) ASSERT_EQ(out[i], expected[i]) << "element " << i;
 }
 
-// The 16-bit wire: the host ring's wire16 arithmetic, so the same chunking gives the same bits; in place, the owner
-// keeps the rounded sum everyone else decodes.
+// The 16-bit wire: the host's wire16 arithmetic, so the same chunking gives the same bits; in place, the owner
+// keeps the rounded sum everyone else decodes (at two ranks, both compute it).
 TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostRingBitForBit) {
   const Case c = GetParam();
   const int r = world_rank();
@@ -173,17 +203,12 @@ TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostRingBitForBit) {
     memory.synchronize();
 
     std::vector<float> expected = random_floats(c.count, 99u + r);
-    MpiTransport transport(MPI_COMM_WORLD);
-    RingScratch scratch;
-    RingOptions options;
-    options.slice_elems = c.max_chunk;
-    options.slices_per_chunk = 1;
-    options.wire16 = true;
-    options.format = format;
-    ring_allreduce_sum(expected.data(), c.count, transport, scratch, options);
-    for (size_t i = 0; i < c.count; ++i)
-      ASSERT_EQ(float16::f32_bits(data[i]), float16::f32_bits(expected[i]))
-          << (format == float16::Format::kBf16 ? "bf16" : "fp16") << " element " << i;
+    host_reference(expected, c.max_chunk, format);
+    // The first difference, not an ASSERT: a rank that returned here would leave the others in the collectives below.
+    size_t i = 0;
+    while (i < c.count && float16::f32_bits(data[i]) == float16::f32_bits(expected[i])) ++i;
+    EXPECT_EQ(i, c.count) << (format == float16::Format::kBf16 ? "bf16" : "fp16") << ": element " << i
+                          << " differs from the host's";
     // Every rank holds the same bits.
     std::vector<float> rank0 = data;
     MPI_Bcast(rank0.data(), static_cast<int>(c.count), MPI_FLOAT, 0, MPI_COMM_WORLD);
@@ -201,7 +226,30 @@ TEST_P(RingDeviceTest, RepeatedCallsReuseTheLink) {
     std::fill(data.begin(), data.end(), static_cast<float>(call));
     ring_allreduce_sum(data.data(), data.data(), c.count, *lut.link, memory, staging.data());
     memory.synchronize();
-    for (size_t i = 0; i < c.count; ++i) ASSERT_EQ(data[i], static_cast<float>(call * n)) << "call " << call;
+    EXPECT_EQ(std::count(data.begin(), data.end(), static_cast<float>(call * n)), static_cast<long>(c.count))
+        << "call " << call;
+  }
+}
+
+// The ring's 2(n-1) exchanges a round of n chunks; two ranks one a round of one chunk, half the ring's count for a
+// buffer that fits one round. Either wire.
+TEST_P(RingDeviceTest, ExchangesPerRound) {
+  const Case c = GetParam();
+  const size_t n = static_cast<size_t>(world_size());
+  DeferredMemory memory;
+  LinkUnderTest lut(c.kind, memory, c.max_chunk);
+  CountingLink link(*lut.link);
+  std::vector<float> data(c.count, 1.f), staging(c.max_chunk);
+  std::vector<uint16_t> a(c.max_chunk), b(c.max_chunk);
+  const DeviceRingWire wire{float16::Format::kBf16, {a.data(), b.data()}};
+  for (const DeviceRingWire* w : {static_cast<const DeviceRingWire*>(nullptr), &wire}) {
+    link.exchanges = 0;
+    ring_allreduce_sum(data.data(), data.data(), c.count, link, memory, staging.data(), w);
+    memory.synchronize();
+    const size_t expected = n == 1 || c.count == 0 ? 0
+                            : n == 2               ? (c.count + c.max_chunk - 1) / c.max_chunk
+                                     : 2 * (n - 1) * ((c.count + n * c.max_chunk - 1) / (n * c.max_chunk));
+    EXPECT_EQ(static_cast<size_t>(link.exchanges), expected) << (w ? "bf16 wire" : "fp32");
   }
 }
 

@@ -189,15 +189,22 @@ TEST(Predict, AllreduceTerms) {
   EXPECT_DOUBLE_EQ(allreduce_terms(small, 2, AllreduceImpl::kMpi, WireDtype::kFp32, small).message_steps, 2);
   EXPECT_DOUBLE_EQ(allreduce_terms(mib, 1, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps, 0);
   // The ring on GPU buffers: rounds of ranks x its chunk of the fp32 buffer, a whole ring each; the bytes unchanged.
+  // Two ranks: rounds of one chunk, one exchange each (the ring's two before gpu_pair_exchange).
   const double chunk = 64 * mib;
-  const auto gpu_ring = [&](double bytes, int ranks, WireDtype wire) {
-    return allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small, 1, chunk);
+  const auto gpu_ring = [&](double bytes, int ranks, WireDtype wire, bool pair_exchange = true) {
+    return allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small, 1, chunk, pair_exchange);
   };
+  EXPECT_DOUBLE_EQ(gpu_ring(20 * mib, 2, WireDtype::kFp32).message_steps, 1);
+  EXPECT_DOUBLE_EQ(gpu_ring(20 * mib, 2, WireDtype::kFp32, false).message_steps, 2);
   EXPECT_DOUBLE_EQ(gpu_ring(128 * mib, 2, WireDtype::kFp32).message_steps, 2);
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).message_steps, 4);  // wte at 2 ranks: 2 rounds
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).message_steps, 3);         // wte at 2 ranks: 3 rounds
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32, false).message_steps, 4);  // 2 rounds of 2 exchanges
   EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).bytes, 154.5e6);
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16).message_steps, 4);  // a round is of fp32 words
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32, false).bytes, 154.5e6);
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16).message_steps, 3);  // a round is of fp32 words
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16).bytes, 154.5e6 / 2);
   EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 4, WireDtype::kFp32).message_steps, 6);
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 4, WireDtype::kFp32, false).message_steps, 6);  // only two ranks pair
   EXPECT_DOUBLE_EQ(gpu_ring(257 * mib, 4, WireDtype::kFp32).message_steps, 12);
   EXPECT_DOUBLE_EQ(allreduce_terms(257 * mib, 4, AllreduceImpl::kMpi, WireDtype::kFp32, small, 1, chunk).message_steps,
                    6);  // only our GPU ring has rounds
@@ -654,6 +661,7 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   ASSERT_EQ(cal.points.size(), 2u);
   EXPECT_DOUBLE_EQ(cal.points[1].time_ms, 0.15);
   EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // a CSV names no chunk: the trainer's
+  EXPECT_TRUE(cal.gpu_pair_exchange);                         // nor a schedule: the current one
   const std::string json = csv + ".json";
   // The chunk as the file names it, or as its command line asked for it (files from before the field), else the
   // trainer's.
@@ -662,6 +670,13 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
                         << ", \"results\": [{\"impl\": \"gpu-ring-ipc\", \"size_bytes\": 1048576, "
                            "\"out_of_place\": {\"time_us\": 800}}]}";
     EXPECT_DOUBLE_EQ(read_calibration(json).gpu_chunk_bytes, *chunk ? 4 * kMiB : kGpuRingChunkBytes) << chunk;
+  }
+  // The two-rank schedule as the file names it; a file without the field timed the ring's two exchanges a round.
+  for (const char* field : {"", ", \"gpu_pair_exchange\": true"}) {
+    std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}" << field
+                        << ", \"results\": [{\"impl\": \"gpu-ring-ipc\", \"size_bytes\": 1048576, "
+                           "\"out_of_place\": {\"time_us\": 800}}]}";
+    EXPECT_EQ(read_calibration(json).gpu_pair_exchange, *field != 0) << field;
   }
   std::remove(json.c_str());
   {
@@ -836,6 +851,19 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   PredictSetting two = model.measured;
   two.ranks = 2, two.ranks_per_gpu = 2;
   EXPECT_NEAR(predict(build_model(run, small_chunks), two).step.step_ms, predict(model, two).step.step_ms,
+              1e-6 * predict(model, two).step.step_ms);
+  // A calibration of the ring's two exchanges a round (a file written before the pair exchange) fits the same cost
+  // per exchange too, and predicts the pair exchange's rounds.
+  Calibration ring_schedule = cal;
+  ring_schedule.gpu_pair_exchange = false;
+  ring_schedule.points.clear();
+  for (double mib : {1, 4, 16, 64, 256}) {
+    const AllreduceTerms t =
+        allreduce_terms(mib * kMiB, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, chunk, false);
+    ring_schedule.points.push_back(
+        {"gpu-ring-ipc", mib * kMiB, shared.alpha_ms * t.message_steps + shared.beta_ms_per_byte * t.bytes});
+  }
+  EXPECT_NEAR(predict(build_model(run, ring_schedule), two).step.step_ms, predict(model, two).step.step_ms,
               1e-6 * predict(model, two).step.step_ms);
 
   // More turns than ranks: the world is what shares.
