@@ -257,6 +257,37 @@ std::string lab_text(const nlohmann::json& c) {
   return lab;
 }
 
+// What the exposed wait after backward was spent on, mean over ranks and steady steps: finishing the buckets before
+// the closing one (a backlog, which fewer or cheaper all-reduces shorten), the closing bucket alone (final only when
+// backward ends: its size, or the update beside it), and the rest (the host's wait and the update's launch).
+std::string exposed_split_line(const RunRecord& rec, const RunSummary& s) {
+  const int nb = static_cast<int>(rec.buckets.size());
+  if (rec.world_size() < 2 || nb == 0 || s.steady_steps() <= 0) return "";
+  double exposed = 0, backlog = 0, closing = 0, unfinished = 0;
+  const double n = static_cast<double>(rec.world_size()) * s.steady_steps();
+  for (int r = 0; r < rec.world_size(); ++r)
+    for (int step = s.first_steady_step; step < rec.steps; ++step) {
+      const StepRecord& x = rec.at(r, step);
+      const double backward_end = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms;
+      double before_closing = backward_end;  // when the buckets before the closing one were all done
+      for (int b = 0; b + 1 < nb; ++b) {
+        const double end = rec.bucket_at(r, step, b).comm_end_ms;
+        before_closing = std::max(before_closing, end);
+        unfinished += (end > backward_end) / n;
+      }
+      exposed += x.exposed_comm_ms / n;
+      backlog += (before_closing - backward_end) / n;
+      closing += std::max(0.0, rec.bucket_at(r, step, nb - 1).comm_end_ms - before_closing) / n;
+    }
+  if (exposed <= 0) return "";
+  const std::string before = nb > 1 ? fmt("%.2f finishing buckets 0..%d (%.1f of the %d still running when backward "
+                                          "ended), ",
+                                          backlog, nb - 2, unfinished, nb - 1)
+                                    : "";
+  return fmt("exposed %.2f ms a step: %s%.2f the closing bucket (%d) alone, %.2f the rest", exposed, before.c_str(),
+             closing, nb - 1, std::max(0.0, exposed - backlog - closing));
+}
+
 void print_bucket_table(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
   // --zero-stage 1: start..end is each bucket's reduce-scatter in backward, gather_ms its all-gather after the update.
   const bool sharded = std::any_of(rec.bucket_times.begin(), rec.bucket_times.end(),
@@ -276,6 +307,7 @@ void print_bucket_table(std::FILE* out, const RunRecord& rec, const RunSummary& 
                  a.last_rank >= 0 ? fmt("%d", a.last_rank).c_str() : "-",
                  a.last_rank >= 0 ? fmt("%.2f", a.spread_ms).c_str() : "-", shorten(b.pieces, 60).c_str());
   }
+  if (const std::string line = exposed_split_line(rec, s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());
   if (const std::string line = arrival_line(s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());
 }
 

@@ -665,6 +665,32 @@ TEST(TimeUse, BucketArrivalNamesTheLastRankAndByHowMuch) {
   EXPECT_EQ(summarize(synthetic(1, [](int, int) { return Phases{}; })).arrivals[0].last_rank, -1);
 }
 
+// The exposed wait cut into the buckets still finishing when backward ended, the closing bucket alone, and the rest.
+TEST(Report, ExposedCommIsSplitIntoTheBacklogAndTheClosingBucket) {
+  RunRecord run = synthetic(2, [](int, int) {
+    Phases p;
+    p.exposed = 6;
+    return p;
+  });
+  // Bucket 0 still runs 3 ms past backward's end; bucket 1 then runs 2 ms alone; 1 ms of the wait is neither.
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < kSteps; ++s) {
+      const StepRecord& x = run.records[static_cast<size_t>(r) * kSteps + s];
+      const double backward_end = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms;
+      BucketTimes* b = &run.bucket_times[(static_cast<size_t>(r) * kSteps + s) * 2];
+      b[0].comm_end_ms = backward_end + 3;
+      b[1].comm_start_ms = b[0].comm_end_ms;
+      b[1].comm_end_ms = backward_end + 5;
+    }
+  const std::string text = report_text(run);
+  EXPECT_NE(text.find("exposed 6.00 ms a step: 3.00 finishing buckets 0..0 (1.0 of the 1 still running when backward "
+                      "ended), 2.00 the closing bucket (1) alone, 1.00 the rest"),
+            std::string::npos)
+      << text;
+  // One rank exposes nothing to split.
+  EXPECT_EQ(report_text(synthetic(1, [](int, int) { return Phases{}; })).find("a step: "), std::string::npos);
+}
+
 // ---- diff -------------------------------------------------------------------------------------------------------
 
 TEST(Diff, MedianAndRobustSpreadIgnoreOneSlowStep) {
