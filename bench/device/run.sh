@@ -355,6 +355,9 @@ if [ "$stage" = 3 ]; then
   # What `ddplab predict` recommends from the 25 MiB run on a shared GPU: fewer buckets, each paying the switches.
   step "gpt2-small bf16 ring ipc np2, 100 MiB buckets" train.log 60 'grep -m1 "mean step" "$log"' \
     "${gpt2_np2[@]}" --bucket-mb 100 --out "$work/gpt2_100mb_np2.h5"
+  # The 2-rank run's exposed wait, split: the buckets still finishing when backward ended, wte's own all-reduce.
+  step "gpt2-small bf16 ring np2: exposed split" train.log 20 'grep -m1 "a step: " "$log"' \
+    "$build/launcher/ddplab" report "$work/gpt2_bf16_np2.h5"
   # Four ranks on the GPU: with np 1's and np 2's runs, what sharing costs the compute and each all-reduce.
   step "gpt2-small bf16 ring ipc np4" train.log 90 'grep -m1 "mean step" "$log"' \
     "${mpirun[@]}" -np 4 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np4.h5"
