@@ -48,12 +48,19 @@ bool slower(const LinkModel& a, const LinkModel& b) {
   return x.beta_ms_per_byte != y.beta_ms_per_byte ? x.beta_ms_per_byte > y.beta_ms_per_byte : x.alpha_ms > y.alpha_ms;
 }
 
+// Whether our GPU ring all-reduces `bytes` by recursive doubling at this setting (comm/communicator.h). chunk_bytes 0
+// (not our GPU ring): never.
+bool doubles_at(const PredictSetting& s, double bytes, double chunk_bytes) {
+  return gpu_ring_doubles(s.ranks, s.ranks_per_gpu > 1, bytes, chunk_bytes);
+}
+
 // One bucket's all-reduce under `setting`, with each class of hop's alpha and beta (chunk_bytes: allreduce_terms').
 double allreduce_ms(double bytes, const PredictSetting& setting, double small_max_bytes, const HopCosts& costs,
                     double chunk_bytes) {
   switch (setting.impl) {
     case AllreduceImpl::kRing:
-      return ring_ms(bytes, setting.ranks, setting.nodes(), setting.wire, small_max_bytes, costs, chunk_bytes);
+      return ring_ms(bytes, setting.ranks, setting.nodes(), setting.wire, small_max_bytes, costs, chunk_bytes,
+                     doubles_at(setting, bytes, chunk_bytes));
     case AllreduceImpl::kMpi:
       return mpi_ms(bytes, setting.ranks, setting.nodes(), costs);
     case AllreduceImpl::kHier:
@@ -76,7 +83,7 @@ double wire_bytes_of(double bytes, WireDtype wire) { return wire == WireDtype::k
 }  // namespace
 
 AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
-                               int nodes, double chunk_bytes, bool pair_exchange) {
+                               int nodes, double chunk_bytes, bool doubling) {
   if (ranks <= 1 || bytes <= 0) return {};
   const double n = ranks, wire_bytes = wire_bytes_of(bytes, wire);
   if (impl == AllreduceImpl::kHier) {
@@ -90,15 +97,20 @@ AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, Wire
     return {steps, steps * wire_bytes};
   }
   const bool gpu_ring = impl == AllreduceImpl::kRing && chunk_bytes > 0;
-  if (gpu_ring && ranks == 2 && pair_exchange) return {std::ceil(bytes / chunk_bytes), wire_bytes};
+  if (gpu_ring && doubling) {
+    int log2p = 0;
+    while ((2 << log2p) <= ranks) ++log2p;
+    const double steps = log2p + ((1 << log2p) < ranks ? 2 : 0);  // a round's, as the small buffers' above
+    return {steps * std::ceil(bytes / chunk_bytes), steps * wire_bytes};
+  }
   const double rounds = gpu_ring ? std::ceil(bytes / (n * chunk_bytes)) : 1;
   return {2 * (n - 1) * rounds, 2 * (n - 1) / n * wire_bytes};
 }
 
 double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs,
-               double chunk_bytes) {
+               double chunk_bytes, bool doubling) {
   const AllreduceTerms flat =
-      allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small_max_bytes, 1, chunk_bytes);
+      allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small_max_bytes, 1, chunk_bytes, doubling);
   if (nodes <= 1) return costs.intra.ms(flat);
   if (bytes > small_max_bytes)
     return std::max(costs.intra.ms(flat), costs.inter.ms({flat.message_steps, flat.bytes * kRingStreamsPerNic}));
@@ -436,13 +448,13 @@ Calibration read_calibration(const std::string& path) {
       const nlohmann::json j = nlohmann::json::parse(s);
       cal.ranks = j.at("nranks").get<int>();
       cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
-      cal.gpu_pair_exchange = j.value("gpu_pair_exchange", false);
       const nlohmann::json& link = j.at("link");
       cal.link = link.at("name").get<std::string>();
       cal.link_model = parse_link(cal.link, link.value("latency_us", -1.0), link.value("gbps", -1.0));
       for (const nlohmann::json& r : j.at("results"))
         cal.points.push_back({r.at("impl").get<std::string>(), r.at("size_bytes").get<double>(),
-                              r.at("out_of_place").at("time_us").get<double>() / 1000});
+                              r.at("out_of_place").at("time_us").get<double>() / 1000,
+                              r.value("algorithm", std::string()) == "recursive doubling"});
     } catch (const nlohmann::json::exception& e) {
       throw fail(std::string("not allreduce_perf JSON (") + e.what() + ")");
     } catch (const std::invalid_argument& e) {
@@ -741,7 +753,7 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       for (int r = 0; r < world; ++r)
         beside = beside || (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end);
       terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes(),
-                                      m.ring_chunk_bytes));
+                                      m.ring_chunk_bytes, doubles_at(m.measured, bytes, m.ring_chunk_bytes)));
       times.push_back(std::max(0.0, comm.end - comm.begin));
       if (!beside) alone_terms.push_back(terms.back()), alone_times.push_back(times.back());
     }
@@ -878,8 +890,8 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
     const double chunk = name.rfind("gpu-ring-", 0) == 0 ? m.calibration->gpu_chunk_bytes : 0;
     for (const Calibration::Point& p : m.calibration->points)
       if (p.impl == name) {
-        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small, 1, chunk,
-                                        m.calibration->gpu_pair_exchange));
+        terms.push_back(
+            allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small, 1, chunk, p.doubling));
         times.push_back(p.time_ms);
         src.min_bytes = terms.size() == 1 ? p.bytes : std::min(src.min_bytes, p.bytes);
         src.max_bytes = terms.size() == 1 ? p.bytes : std::max(src.max_bytes, p.bytes);
@@ -959,7 +971,8 @@ BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, cons
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const double alone = allreduce_ms(bytes, setting, small, costs, src.chunk_bytes);
-    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes);
+    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes,
+                                                 doubles_at(setting, bytes, src.chunk_bytes));
     out.cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     out.outside =

@@ -32,14 +32,14 @@ struct AllreduceTerms {
 // implementation, buffers up to small_max_bytes): log2 p exchanges of the whole buffer, plus 2 to fold in and
 // out ranks beyond the power of two p. --comm mpi is modelled as the ring (as its link emulation is). A 16-bit
 // wire halves the bytes. chunk_bytes > 0: the ring on GPU buffers, which runs in rounds of ranks x chunk_bytes of the
-// fp32 buffer (comm/ring_cuda.h), each a whole ring: 2(n-1) steps a round; at two ranks with pair_exchange, rounds of
-// chunk_bytes, one exchange of the whole round each (comm/ring_device.h; calibration files written before it: not).
-// One rank: nothing. --comm hier on N nodes of
+// fp32 buffer (comm/ring_cuda.h), each a whole ring: 2(n-1) steps a round; with `doubling` (gpu_ring_doubles,
+// comm/communicator.h), rounds of chunk_bytes, each recursive doubling's steps over the whole round. One rank:
+// nothing. --comm hier on N nodes of
 // K (K > 1): its cross-node phase as the NIC sees it, 2(N-1) steps, 2(N-1)/N of the buffer (K shards of 1/K); the
 // phases within the node are in hier_ms. These are the terms a run's timed buckets are fitted on: for ring and mpi
 // every hop's, for hier the inter link's.
 AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, WireDtype wire, double small_max_bytes,
-                               int nodes = 1, double chunk_bytes = 0, bool pair_exchange = true);
+                               int nodes = 1, double chunk_bytes = 0, bool doubling = false);
 
 struct AlphaBeta {
   double alpha_ms = 0;  // per message step
@@ -65,7 +65,7 @@ inline constexpr int kRingStreamsPerNic = 1;
 //         sharing its NIC), all-gather within the node (intra), pipelined by rounds: the longer of the node's
 //         phases and the crossing, plus the shorter over the number of rounds
 double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_max_bytes, const HopCosts& costs,
-               double chunk_bytes = 0);
+               double chunk_bytes = 0, bool doubling = false);
 double mpi_ms(double bytes, int ranks, int nodes, const HopCosts& costs);
 double hier_ms(double bytes, int ranks, int nodes, WireDtype wire, const HopCosts& costs);
 
@@ -184,12 +184,10 @@ struct Calibration {
   LinkModel link_model;
   int ranks = 0;
   double gpu_chunk_bytes = kGpuRingChunkBytes;  // its gpu-ring-* rows' chunk (files without it: the trainer's)
-  // Its gpu-ring-* rows timed two ranks at one exchange a round (allreduce_terms). JSON files without the field
-  // timed the ring's two; a CSV says nothing and is taken as current.
-  bool gpu_pair_exchange = true;
   struct Point {
     std::string impl;
     double bytes = 0, time_ms = 0;
+    bool doubling = false;  // our GPU ring ran recursive doubling (-J's `algorithm`; not said, and CSVs: the ring)
   };
   std::vector<Point> points;
 };

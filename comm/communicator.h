@@ -3,6 +3,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -63,6 +64,24 @@ size_t small_allreduce_bytes(int ranks);
 // whole ring of 2(n-1) steps (its default chunk, CudaRingConfig::chunk_bytes; here, where the CPU-only predictor reads
 // it too).
 inline constexpr size_t kGpuRingChunkBytes = size_t{64} << 20;
+// Recursive doubling's exchanges a round (comm/recursive_doubling.h): log2 p, +2 for the ranks beyond the power of two
+// p that fold in and out.
+inline int doubling_steps(int ranks) {
+  int log2p = 0;
+  while ((2 << log2p) <= ranks) ++log2p;
+  return log2p + ((1 << log2p) < ranks ? 2 : 0);
+}
+// Whether --comm ring on GPU buffers all-reduces `bytes` (fp32) by recursive doubling (doubling_allreduce_sum,
+// comm/ring_device.h; rounds of one chunk) instead of the ring (rounds of ranks chunks): where it takes fewer
+// exchanges, at two ranks (the ring's bytes in fewer exchanges) and wherever ranks share a GPU, where each exchange
+// costs a fixed ~0.37 ms (2 ranks) to ~1.1 ms (4) whatever it moves. Between GPUs of their own, beyond two ranks,
+// the ring's fewer bytes win. The same on every rank. Here, where the CPU-only predictor reads it too.
+inline bool gpu_ring_doubles(int ranks, bool ranks_share_a_gpu, double bytes, double chunk_bytes) {
+  if (ranks < 2 || !(ranks == 2 || ranks_share_a_gpu) || chunk_bytes <= 0) return false;
+  const double doubling = doubling_steps(ranks) * std::ceil(bytes / chunk_bytes);
+  const double ring = 2.0 * (ranks - 1) * std::ceil(bytes / (ranks * chunk_bytes));
+  return doubling < ring;
+}
 
 // The ring's options as every Communicator sets them: slicing from runtime/settings.h (measured defaults), and the
 // wire format. The hierarchical all-reduce (comm/hier_allreduce.h) runs its rings with the same.

@@ -44,12 +44,11 @@ void CudaStreamMemory::synchronize() {
   wait_for_stream(stream_, "the ring's copies and adds on the comm stream", check_);
 }
 
-void NcclP2pLink::exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+void NcclP2pLink::send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) {
   // One group: both directions progress together, so no rank's send waits for a receive that is queued behind it.
   ncclCheck(ncclGroupStart());
-  if (send_bytes) ncclCheck(ncclSend(send, send_bytes, ncclUint8, next, comm_, stream_));
-  if (recv_bytes) ncclCheck(ncclRecv(recv, recv_bytes, ncclUint8, prev, comm_, stream_));
+  if (send_bytes) ncclCheck(ncclSend(send, send_bytes, ncclUint8, to, comm_, stream_));
+  if (recv_bytes) ncclCheck(ncclRecv(recv, recv_bytes, ncclUint8, from, comm_, stream_));
   ncclCheck(ncclGroupEnd());
 }
 
@@ -99,6 +98,7 @@ const std::vector<RingAllreduceCuda::LinkEntry>& RingAllreduceCuda::link_table()
 const RingAllreduceCuda::LinkEntry& RingAllreduceCuda::choose_link(MPI_Comm comm, RingLinkKind wanted) {
   LinkQuery q{size_, choose_device(comm, /*exclusive=*/false, "ring on the GPU"), ""};
   device_ = q.choice.device;
+  ranks_share_a_gpu_ = q.choice.gpu_shared;
   const std::string unavailable = NcclAllreduce::availability();
   int missing = unavailable.empty() ? 0 : 1, anywhere = 0;
   mpiCheck(MPI_Allreduce(&missing, &anywhere, 1, MPI_INT, MPI_MAX, comm));
@@ -142,6 +142,7 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   comm_ = comm;
   const size_t bytes = config.chunk_bytes / sizeof(float) * sizeof(float);
   if (bytes == 0) throw std::invalid_argument("ring on the GPU: chunk_bytes must hold at least one float");
+  chunk_bytes_ = bytes;
   const LinkEntry& link = choose_link(comm, config.link);
 
   stream_ = create_comm_stream("ddplab comm (ring)");
@@ -163,15 +164,16 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   comm_thread_->submit([this] { cudaCheck(cudaSetDevice(device_)); });  // a new thread starts on device 0
 }
 
-// My staging buffer's handle goes to every rank; I map next's. cudaIpcOpenMemHandle works between processes on one
-// GPU as between GPUs of a node (peer access enabled lazily where there is a second GPU).
+// My staging buffer's handle goes to every rank; I map every other rank's (recursive doubling sends beyond next).
+// cudaIpcOpenMemHandle works between processes on one GPU as between GPUs of a node (peer access enabled lazily
+// where there is a second GPU).
 void RingAllreduceCuda::open_ipc_link(MPI_Comm comm, size_t bytes) {
   transport_ = std::make_unique<MpiTransport>(comm);
-  map_next_staging(comm, bytes);
-  link_ = std::make_unique<PeerStagingLink>(*memory_, *transport_, ipc_staging_.get(), next_ipc_staging_, bytes);
+  map_peer_staging(comm, bytes);
+  link_ = std::make_unique<PeerStagingLink>(*memory_, *transport_, ipc_staging_.get(), peer_ipc_staging_, bytes);
 }
 
-void RingAllreduceCuda::map_next_staging(MPI_Comm comm, size_t bytes) {
+void RingAllreduceCuda::map_peer_staging(MPI_Comm comm, size_t bytes) {
   void* p = nullptr;
   cudaCheck(cudaMalloc(&p, bytes));
   ipc_staging_.reset(p);
@@ -182,16 +184,15 @@ void RingAllreduceCuda::map_next_staging(MPI_Comm comm, size_t bytes) {
   std::vector<cudaIpcMemHandle_t> all(size_);
   mpiCheck(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, comm));
   agree_or_throw(comm, "ring on the GPU", error);
-  if (size_ == 1) {
-    next_ipc_staging_ = p;  // the ring never exchanges with one rank; a process cannot open its own handle
-    return;
-  }
-  err = cudaIpcOpenMemHandle(&next_ipc_staging_, all[(rank_ + 1) % size_], cudaIpcMemLazyEnablePeerAccess);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    next_ipc_staging_ = nullptr;
-    error = "cudaIpcOpenMemHandle of rank " + std::to_string((rank_ + 1) % size_) + "'s buffer: " +
-            cudaGetErrorString(err);
+  peer_ipc_staging_.assign(size_, nullptr);  // a process cannot open its own handle, and never sends to itself
+  for (int k = 0; k < size_ && error.empty(); ++k) {
+    if (k == rank_) continue;
+    err = cudaIpcOpenMemHandle(&peer_ipc_staging_[k], all[k], cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      peer_ipc_staging_[k] = nullptr;
+      error = "cudaIpcOpenMemHandle of rank " + std::to_string(k) + "'s buffer: " + cudaGetErrorString(err);
+    }
   }
   agree_or_throw(comm, "ring on the GPU", error);
 }
@@ -200,10 +201,11 @@ RingAllreduceCuda::~RingAllreduceCuda() {
   const bool failed = comm_thread_ && comm_thread_->failed();
   comm_thread_.reset();  // the running job finishes; those not started are dropped
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  // Unmap next's buffer before anyone frees theirs; only when all went well, since a barrier with a dead peer would
-  // wait forever (a failed job ends the process anyway).
-  if (next_ipc_staging_ != nullptr && next_ipc_staging_ != ipc_staging_.get()) {
-    cudaIpcCloseMemHandle(next_ipc_staging_);
+  // Unmap the others' buffers before anyone frees theirs; only when all went well, since a barrier with a dead peer
+  // would wait forever (a failed job ends the process anyway).
+  if (std::any_of(peer_ipc_staging_.begin(), peer_ipc_staging_.end(), [](void* q) { return q != nullptr; })) {
+    for (void* q : peer_ipc_staging_)
+      if (q != nullptr) cudaIpcCloseMemHandle(q);
     if (!failed && std::uncaught_exceptions() == 0 && transport_) {
       const watchdog::Wait wait("the ring's IPC buffers to be unmapped on every rank");
       MPI_Barrier(comm_);
@@ -230,7 +232,7 @@ AllreduceEvents RingAllreduceCuda::allreduce_sum_async(float* data, size_t count
     const NvtxRange range(name);
     cudaCheck(cudaStreamWaitEvent(stream_, ev.ready, 0));
     cudaCheck(cudaEventRecord(ev.start, stream_));
-    ring_allreduce_sum(data, data, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()), wire());
+    run(data, data, count);
     if (epilogue) epilogue(stream_);
     cudaCheck(cudaEventRecord(ev.end, stream_));
   });
@@ -272,9 +274,15 @@ cudaEvent_t RingAllreduceCuda::mark(cudaStream_t stream) {
   return e;
 }
 
+void RingAllreduceCuda::run(const float* in, float* out, size_t count) {
+  float* staging = static_cast<float*>(reduce_staging_.get());
+  if (doubles(count)) return doubling_allreduce_sum(in, out, count, *link_, *memory_, staging, wire());
+  ring_allreduce_sum(in, out, count, *link_, *memory_, staging, wire());
+}
+
 void RingAllreduceCuda::allreduce_sum(const float* in, float* out, size_t count) {
   wait_for_jobs("the GPU ring's comm thread to go idle");
-  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()), wire());
+  run(in, out, count);
   memory_->synchronize();
 }
 
@@ -282,7 +290,7 @@ void RingAllreduceCuda::enqueue_allreduce_sum(const float* in, float* out, size_
   if (std::string(link_->name()) != "nccl")
     throw std::logic_error(name_ + ": the host waits inside each exchange; only the nccl link queues without waiting");
   wait_for_jobs("the GPU ring's comm thread to go idle");
-  ring_allreduce_sum(in, out, count, *link_, *memory_, static_cast<float*>(reduce_staging_.get()), wire());
+  run(in, out, count);
 }
 
 }  // namespace ddplab::cuda

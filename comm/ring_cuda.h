@@ -1,9 +1,10 @@
 // Our ring all-reduce on GPU buffers (--device cuda --comm ring): the device ring of comm/ring_device.h — the host
-// ring's schedule, one exchange per step, the reduction in our own kernel (kernels/cuda/elementwise.h: residual_forward) — on a
-// CUDA stream, over one of three links:
+// ring's schedule, one exchange per step, the reduction in our own kernel (kernels/cuda/elementwise.h:
+// residual_forward) — on a CUDA stream, or its recursive doubling where exchanges are what costs (doubles() below),
+// over one of three links:
 //   nccl  ncclSend/ncclRecv in a group per step. Never blocks the host; one GPU per rank (NCCL's rule).
-//   ipc   CUDA IPC: each rank writes into its next neighbour's staging buffer, mapped with cudaIpcOpenMemHandle,
-//         with MPI tokens between the neighbours (PeerStagingLink). Every rank on one node; ranks may SHARE a GPU,
+//   ipc   CUDA IPC: each rank writes into the receiver's staging buffer, mapped with cudaIpcOpenMemHandle, with
+//         MPI tokens between the pair (PeerStagingLink). Every rank on one node; ranks may SHARE a GPU,
 //         which NCCL refuses, so `mpirun -np 4` trains on a one-GPU machine.
 //   host  device -> pinned host -> MPI -> device (HostStagedLink): the last fallback, any placement.
 // The ipc and host links block the host inside each exchange, so RingAllreduceCuda runs the ring on a comm thread of
@@ -64,7 +65,7 @@ class NcclP2pLink final : public RingLink {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   size_t max_bytes() const override { return max_bytes_; }
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override;
+  void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
   const char* name() const override { return "nccl"; }
 
  private:
@@ -76,8 +77,8 @@ class NcclP2pLink final : public RingLink {
 
 struct CudaRingConfig {
   RingLinkKind link = RingLinkKind::kAuto;
-  // The largest chunk one step moves: the ring runs in rounds of ranks x this (two ranks: of this, one exchange
-  // each, comm/ring_device.h), and each staging buffer holds one.
+  // The largest chunk one step moves: the ring runs in rounds of ranks x this (recursive doubling: of this), and each
+  // staging buffer holds one.
   // Each step of the ipc and host links costs a fixed ~0.37 ms where the ranks share a GPU (its contexts take
   // turns), whatever it moves: at 2 ranks on an H200 a 256 MiB all-reduce ran at 10.5 GB/s bus bandwidth in 4 MiB
   // chunks and 107 GB/s in 64 MiB ones (docs/BENCHMARKS.md, "GPU collectives and overlap"). So 64 MiB: a few staging
@@ -99,6 +100,13 @@ class RingAllreduceCuda final : public StreamAllreduce {
 
   // "ring/ipc", ...; for --ring-link auto, with the links passed over and why: "ring/host (ipc: ...; nccl: ...)".
   const char* name() const override { return name_.c_str(); }
+  // Whether `count` floats are all-reduced by recursive doubling (doubling_allreduce_sum, comm/ring_device.h) rather
+  // than the ring: where it takes fewer exchanges at two ranks or with ranks sharing a GPU (gpu_ring_doubles,
+  // comm/communicator.h). The same on every rank.
+  bool doubles(size_t count) const {
+    return gpu_ring_doubles(size_, ranks_share_a_gpu_, static_cast<double>(count * sizeof(float)),
+                            static_cast<double>(chunk_bytes_));
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int device() const override { return device_; }
@@ -131,11 +139,14 @@ class RingAllreduceCuda final : public StreamAllreduce {
   static const std::vector<LinkEntry>& link_table();
   const LinkEntry& choose_link(MPI_Comm comm, RingLinkKind wanted);
   void open_ipc_link(MPI_Comm comm, size_t bytes);
-  void map_next_staging(MPI_Comm comm, size_t bytes);
+  void map_peer_staging(MPI_Comm comm, size_t bytes);
+  void run(const float* in, float* out, size_t count);  // the chosen algorithm, enqueued on the comm stream
   void open_nccl_link(MPI_Comm comm, size_t bytes);
   void open_host_link(MPI_Comm comm, size_t bytes);
 
   int rank_ = 0, size_ = 1, device_ = -1;
+  bool ranks_share_a_gpu_ = false;
+  size_t chunk_bytes_ = 0;
   std::string name_;
   MPI_Comm comm_ = MPI_COMM_NULL;        // the caller's; must outlive this object (the IPC teardown's barrier)
   std::unique_ptr<NcclAllreduce> nccl_;  // the nccl link's communicator (and device choice)
@@ -145,8 +156,8 @@ class RingAllreduceCuda final : public StreamAllreduce {
   cuda::DeviceMemory reduce_staging_;                        // the primitives' incoming chunk
   cuda::DeviceMemory wire_words_;                            // 16-bit wire: its two chunk buffers, back to back
   std::optional<DeviceRingWire> wire_;
-  cuda::DeviceMemory ipc_staging_;                          // ipc: mine, written by prev
-  void* next_ipc_staging_ = nullptr;                        // ipc: next's, mapped here
+  cuda::DeviceMemory ipc_staging_;       // ipc: mine, written by the rank sending to me
+  std::vector<void*> peer_ipc_staging_;  // ipc: every other rank's, mapped here (mine: null)
   std::unique_ptr<void, cuda::CudaFreeHost> host_send_, host_recv_;  // host: pinned
   std::unique_ptr<RingLink> link_;
   EventPool events_;  // main thread only; the comm thread only records the events it is handed

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "comm/wire.h"
 #include "kernels/cpu/transformer_ops.h"
@@ -41,32 +42,31 @@ void check_fits(const RingLink& link, size_t send_bytes, size_t recv_bytes) {
 
 }  // namespace
 
-PeerStagingLink::PeerStagingLink(RingMemory& memory, Transport& tokens, void* my_staging, void* next_staging,
-                                 size_t staging_bytes, int tag)
+PeerStagingLink::PeerStagingLink(RingMemory& memory, Transport& tokens, void* my_staging,
+                                 std::vector<void*> peer_staging, size_t staging_bytes, int tag)
     : memory_(memory),
       tokens_(tokens),
       my_staging_(my_staging),
-      next_staging_(next_staging),
+      peer_staging_(std::move(peer_staging)),
       staging_bytes_(staging_bytes),
       tag_(tag) {}
 
-void PeerStagingLink::exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+void PeerStagingLink::send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) {
   check_fits(*this, send_bytes, recv_bytes);
-  const int n = size(), next = (rank() + 1) % n, prev = (rank() - 1 + n) % n;
   const int go_tag = 2 * tag_, there_tag = 2 * tag_ + 1;
-  // A pair's sizes match (send_bytes here is next's recv_bytes), so both ends skip the same tokens.
+  // A pair's sizes match (send_bytes here is to's recv_bytes), so both ends skip the same tokens.
   if (recv_bytes) {
     memory_.synchronize();  // the last copy out of my staging has run
-    tokens_.send(prev, &go_, sizeof(go_), go_tag);
+    tokens_.send(from, &go_, sizeof(go_), go_tag);
   }
   if (send_bytes) {
-    tokens_.recv(next, &incoming_, sizeof(incoming_), go_tag);
-    memory_.copy(next_staging_, send, send_bytes);
-    memory_.synchronize();  // the data is in next's memory before next is told so
-    tokens_.send(next, &there_, sizeof(there_), there_tag);
+    tokens_.recv(to, &incoming_, sizeof(incoming_), go_tag);
+    memory_.copy(peer_staging_.at(to), send, send_bytes);
+    memory_.synchronize();  // the data is in to's memory before `to` is told so
+    tokens_.send(to, &there_, sizeof(there_), there_tag);
   }
   if (recv_bytes) {
-    tokens_.recv(prev, &incoming_, sizeof(incoming_), there_tag);
+    tokens_.recv(from, &incoming_, sizeof(incoming_), there_tag);
     memory_.copy(recv, my_staging_, recv_bytes);
   }
   tokens_.wait_sends();  // the token buffers are reused by the next exchange
@@ -81,15 +81,14 @@ HostStagedLink::HostStagedLink(RingMemory& memory, Transport& transport, void* h
       host_bytes_(host_bytes),
       tag_(tag) {}
 
-void HostStagedLink::exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+void HostStagedLink::send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) {
   check_fits(*this, send_bytes, recv_bytes);
-  const int n = size(), next = (rank() + 1) % n, prev = (rank() - 1 + n) % n;
   memory_.copy(host_send_, send, send_bytes);
   // One wait covers the copy just queued and the last exchange's copy out of host_recv_, which is about to be
   // overwritten.
   memory_.synchronize();
-  if (send_bytes) transport_.send(next, host_send_, send_bytes, tag_);
-  if (recv_bytes) transport_.recv(prev, host_recv_, recv_bytes, tag_);
+  if (send_bytes) transport_.send(to, host_send_, send_bytes, tag_);
+  if (recv_bytes) transport_.recv(from, host_recv_, recv_bytes, tag_);
   transport_.wait_sends();
   memory_.copy(recv, host_recv_, recv_bytes);
 }
@@ -152,29 +151,58 @@ size_t device_ring_max_chunk(const RingLink& link) { return link.max_bytes() / s
 
 namespace {
 
-// Two ranks: next and prev are the same peer, so each round of up to max_chunk elements is one exchange of the whole
-// round, and each rank adds the peer's operand to its own: a + b on one, b + a on the other, the same bits (IEEE
-// addition commutes). This is recursive doubling at p = 2 (comm/recursive_doubling.h), its arithmetic too: on a
-// 16-bit wire both operands are rounded to it before they are added, and the sum after.
-void pair_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
-                        const DeviceRingWire* wire, size_t max_chunk) {
-  for (size_t begin = 0; begin < count; begin += max_chunk) {
-    const size_t n = std::min(max_chunk, count - begin);
-    const float* mine = in + begin;
-    float* sum = out + begin;
-    if (!wire) {
-      link.exchange(mine, n * sizeof(float), staging, n * sizeof(float));
-      memory.add(sum, mine, staging, n);
-      continue;
+// Recursive doubling's steps on one round of the data, `sum` (out), on the device: the host's Exchanger
+// (comm/recursive_doubling.cpp) as enqueued work. On a 16-bit wire `sum` holds values the wire represents exactly
+// (own() rounds them), so what a rank adds is what its partner receives.
+class DoublingRound {
+ public:
+  DoublingRound(RingLink& link, RingMemory& memory, float* staging, const DeviceRingWire* wire, float* sum, size_t n)
+      : link_(link), memory_(memory), staging_(staging), wire_(wire), sum_(sum), n_(n) {}
+  // sum = this rank's operand (rounded to the wire).
+  void own(const float* mine) {
+    if (!wire_) {
+      if (mine != sum_) memory_.copy(sum_, mine, n_ * sizeof(float));
+      return;
     }
-    uint16_t *outgoing = wire->buffers[0], *incoming = wire->buffers[1];
-    memory.encode(wire->format, outgoing, mine, n);
-    memory.decode(wire->format, sum, outgoing, n);  // my operand as the peer receives it
-    link.exchange(outgoing, n * sizeof(uint16_t), incoming, n * sizeof(uint16_t));
-    memory.add_encode(wire->format, incoming, sum, n);
-    memory.decode(wire->format, sum, incoming, n);
+    memory_.encode(wire_->format, outgoing(), mine, n_);
+    memory_.decode(wire_->format, sum_, outgoing(), n_);
   }
-}
+  // sum = sum + partner's sum (rounded to the wire): the two partners add the same two operands.
+  void exchange_add(int partner) { send_recv_add(partner, partner); }
+  // The fold in and out: send hands this rank's sum to `to`; recv_add adds from's sum to this rank's.
+  void send(int to) { send_recv_add(to, -1); }
+  void recv_add(int from) { send_recv_add(-1, from); }
+  // sum = from's sum.
+  void recv_copy(int from) {
+    if (!wire_) return link_.send_recv(-1, nullptr, 0, from, sum_, n_ * sizeof(float));
+    link_.send_recv(-1, nullptr, 0, from, incoming(), n_ * sizeof(uint16_t));
+    memory_.decode(wire_->format, sum_, incoming(), n_);
+  }
+
+ private:
+  void send_recv_add(int to, int from) {
+    const size_t sent = to >= 0 ? n_ : 0, received = from >= 0 ? n_ : 0;
+    if (!wire_) {
+      link_.send_recv(to, sum_, sent * sizeof(float), from, staging_, received * sizeof(float));
+      if (received) memory_.add(sum_, sum_, staging_, n_);
+      return;
+    }
+    if (sent) memory_.encode(wire_->format, outgoing(), sum_, n_);  // exact: sum is already rounded
+    link_.send_recv(to, outgoing(), sent * sizeof(uint16_t), from, incoming(), received * sizeof(uint16_t));
+    if (!received) return;
+    memory_.add_encode(wire_->format, incoming(), sum_, n_);  // to16(sum + to32(incoming)), rounded once
+    memory_.decode(wire_->format, sum_, incoming(), n_);
+  }
+  uint16_t* outgoing() const { return wire_->buffers[0]; }
+  uint16_t* incoming() const { return wire_->buffers[1]; }
+
+  RingLink& link_;
+  RingMemory& memory_;
+  float* staging_;
+  const DeviceRingWire* wire_;
+  float* sum_;
+  size_t n_;
+};
 
 }  // namespace
 
@@ -187,7 +215,6 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& lin
   }
   const size_t max_chunk = device_ring_max_chunk(link);
   if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
-  if (n == 2) return pair_allreduce_sum(in, out, count, link, memory, staging, wire, max_chunk);
   const size_t round = std::min(count, max_chunk * n);
   if (wire) {
     WireRingPrimitives prims(link, memory, wire->format, in, out, wire->buffers);
@@ -195,6 +222,35 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& lin
   }
   LinkRingPrimitives prims(link, memory, in, out, staging);
   run_ring_schedule(prims, count, round, n, link.rank());
+}
+
+void doubling_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
+                            float* staging, const DeviceRingWire* wire) {
+  const int n = link.size(), r = link.rank();
+  if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
+    if (in != out) memory.copy(out, in, count * sizeof(float));
+    return;
+  }
+  const size_t max_chunk = device_ring_max_chunk(link);
+  if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
+  int p = 1;
+  while (2 * p <= n) p *= 2;
+  const int extra = n - p;  // of each pair (2i, 2i+1), i < extra, the even rank hands its data over and sits out
+  const bool folded = r < 2 * extra;
+  const int v = folded ? r / 2 : r - extra;  // rank among the p that take part
+  const auto real_rank = [&](int w) { return w < extra ? 2 * w + 1 : w + extra; };
+  for (size_t begin = 0; begin < count; begin += max_chunk) {
+    DoublingRound round(link, memory, staging, wire, out + begin, std::min(max_chunk, count - begin));
+    round.own(in + begin);
+    if (folded && r % 2 == 0) {
+      round.send(r + 1);
+      round.recv_copy(r + 1);
+      continue;
+    }
+    if (folded) round.recv_add(r - 1);
+    for (int mask = 1; mask < p; mask <<= 1) round.exchange_add(real_rank(v ^ mask));
+    if (folded) round.send(r - 1);
+  }
 }
 
 }  // namespace ddplab

@@ -1,7 +1,7 @@
 // The ring all-reduce on buffers that live where the host cannot simply read them (GPU memory): the same schedule as
-// the host ring (run_ring_schedule in comm/ring_allreduce.h; two ranks: one exchange a round, see ring_allreduce_sum),
-// driven by primitives that only ENQUEUE work — a copy, an add, one exchange with the neighbours per step — and never
-// touch the data themselves.
+// the host ring (run_ring_schedule in comm/ring_allreduce.h), driven by primitives that only ENQUEUE work — a copy,
+// an add, one exchange with the neighbours per step — and never touch the data themselves. Beside it, recursive
+// doubling on the same links (doubling_allreduce_sum): fewer exchanges, for where an exchange costs a fixed time.
 //
 // Three interfaces keep the ring, the transports and the memory apart:
 //   RingMemory  enqueues copies and adds on the memory's own queue (a CUDA stream; on the host, runs them at once)
@@ -15,6 +15,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "comm/ring_allreduce.h"
 #include "comm/transport.h"
@@ -51,51 +52,58 @@ class HostMemory final : public RingMemory {
   void synchronize() override {}
 };
 
-// One step of the ring. Every rank calls exchange the same number of times; call k of a rank sends to next what
-// call k of next receives, so the byte counts of a pair always match.
+// One exchange between ranks: a ring step, or a recursive-doubling step with a partner. Every rank calls send_recv
+// the same number of times; call k of a rank sends to `to` what call k of `to` receives from it, so the byte counts
+// of a pair always match.
 class RingLink {
  public:
   virtual ~RingLink() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The largest message (bytes) exchange accepts; the ring sizes its rounds to fit.
+  // The largest message (bytes) an exchange accepts; the ring sizes its rounds to fit.
   virtual size_t max_bytes() const = 0;
-  // Sends send[0, send_bytes) to next = (rank+1) % size and receives prev's message of recv_bytes into recv, in the
+  // Sends send[0, send_bytes) to rank `to` and receives the message of rank `from`, recv_bytes long, into recv, in the
   // order of the memory's queue: work enqueued before may still be writing `send` (the link waits for it), work
-  // enqueued after sees `recv` filled. `send` must not change until work enqueued after this call runs. Either
-  // size may be 0 (a chunk of an array shorter than the ring).
-  virtual void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) = 0;
+  // enqueued after sees `recv` filled. `send` must not change until work enqueued after this call runs. Either size
+  // may be 0, and its rank is then not used: a chunk of an array shorter than the ring, a rank that only sends.
+  virtual void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) = 0;
+  // A ring step: to next = (rank+1) % size, from prev.
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+    send_recv((rank() + 1) % size(), send, send_bytes, (rank() + size() - 1) % size(), recv, recv_bytes);
+  }
   virtual const char* name() const = 0;
 };
 
 // A link through a staging buffer in the RECEIVER's memory that the sender writes directly (CUDA IPC: each rank
-// maps its next neighbour's staging buffer into its own address space; tests: an MPI shared-memory window).
-// Per exchange, with small MPI tokens between the neighbours (named watchdog waits, runtime/watchdog.h):
-//   1. finish my queue (my previous read of my staging is done), then tell prev "your write may start";
-//   2. wait for next's go, enqueue the copy send -> next's staging, finish it, tell next "it is there";
-//   3. wait for prev's "it is there", enqueue the copy my staging -> recv.
-// Step 1's token goes out before step 2 waits, so no rank waits for one that waits for it. Each wait is short
-// (one chunk's copy), and the host blocks inside exchange: a caller that must not block runs the ring on a thread
-// of its own (the CUDA reducer's comm thread). Staging costs one extra on-device copy per step (recv could be
-// the staging itself; measure before trading that for a more intricate protocol).
+// maps the other ranks' staging buffers into its own address space; tests: an MPI shared-memory window).
+// Per exchange, with small MPI tokens between the pair (named watchdog waits, runtime/watchdog.h):
+//   1. finish my queue (my previous read of my staging is done), then tell `from` "your write may start";
+//   2. wait for `to`'s go, enqueue the copy send -> to's staging, finish it, tell `to` "it is there";
+//   3. wait for `from`'s "it is there", enqueue the copy my staging -> recv.
+// Step 1's token goes out before step 2 waits, so no rank waits for one that waits for it. Each rank's staging has
+// one writer per exchange (its `from`). Each wait is short (one chunk's copy), and the host blocks inside the
+// exchange: a caller that must not block runs the ring on a thread of its own (the CUDA reducer's comm thread).
+// Staging costs one extra on-device copy per step (recv could be the staging itself; measure before trading that
+// for a more intricate protocol).
 class PeerStagingLink final : public RingLink {
  public:
-  // my_staging: this rank's buffer that prev writes into; next_staging: next's, mapped here. Both staging_bytes
-  // long. tokens: a Transport between the same ranks, in the same order (its rank() and size() are the ring's).
-  // tag: the exchange's token tags are 2*tag and 2*tag + 1, so a protocol slip is a TagMismatch, not a wrong sum.
-  PeerStagingLink(RingMemory& memory, Transport& tokens, void* my_staging, void* next_staging, size_t staging_bytes,
-                  int tag = 0);
+  // my_staging: this rank's buffer that the others write into; peer_staging[k]: rank k's, mapped here (may be null
+  // for a rank never sent to). All staging_bytes long. tokens: a Transport between the same ranks, in the same order
+  // (its rank() and size() are the link's). tag: the exchange's token tags are 2*tag and 2*tag + 1, so a protocol
+  // slip is a TagMismatch, not a wrong sum.
+  PeerStagingLink(RingMemory& memory, Transport& tokens, void* my_staging, std::vector<void*> peer_staging,
+                  size_t staging_bytes, int tag = 0);
   int rank() const override { return tokens_.rank(); }
   int size() const override { return tokens_.size(); }
   size_t max_bytes() const override { return staging_bytes_; }
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override;
+  void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
   const char* name() const override { return "peer staging"; }
 
  private:
   RingMemory& memory_;
   Transport& tokens_;
   void* my_staging_;
-  void* next_staging_;
+  std::vector<void*> peer_staging_;
   size_t staging_bytes_;
   int tag_;
   int32_t go_ = 0, there_ = 0, incoming_ = 0;  // token buffers: they must outlive the non-blocking sends
@@ -110,7 +118,7 @@ class HostStagedLink final : public RingLink {
   int rank() const override { return transport_.rank(); }
   int size() const override { return transport_.size(); }
   size_t max_bytes() const override { return host_bytes_; }
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override;
+  void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
   const char* name() const override { return "host staged"; }
 
  private:
@@ -201,11 +209,17 @@ size_t device_ring_max_chunk(const RingLink& link);
 // staging: device_ring_max_chunk(link) floats in the memory the link moves. With `wire` the chunks travel as 16-bit
 // words (the same chunking, half the bytes; staging goes unused) and the result equals the host ring's on that wire
 // for the same chunking.
-// Two ranks exchange whole rounds of device_ring_max_chunk elements instead, one exchange a round where the ring
-// takes two of half of it: the same bytes, half the exchanges, which is what an exchange costs where ranks share a
-// GPU (a fixed ~0.37 ms: comm/ring_cuda.h). Both ranks add the same two operands, so they end bitwise identical and
-// equal to recursive_doubling_allreduce_sum (comm/recursive_doubling.h), on either wire.
 void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
                         const DeviceRingWire* wire = nullptr);
+
+// The same contract by recursive doubling (comm/recursive_doubling.h, MPICH's scheme, ranks beyond the power of two
+// p folded in and out), in rounds of device_ring_max_chunk elements: each round log2 p exchanges of the whole round
+// (+2 for a folded rank) where the ring takes 2(n-1) of 1/n of n chunks. Where an exchange costs a fixed time
+// whatever it moves (ranks sharing a GPU take turns on it: comm/ring_cuda.h), that is 1 exchange instead of 2 at
+// two ranks and 2 instead of 6 at four, for log2 p / (2(n-1)/n) times the bytes (the same at two ranks). The two
+// partners of an exchange add the same two operands, so every rank ends bitwise identical and equal to
+// recursive_doubling_allreduce_sum on the host, on either wire.
+void doubling_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
+                            float* staging, const DeviceRingWire* wire = nullptr);
 
 }  // namespace ddplab

@@ -25,7 +25,12 @@ std::vector<Impl> make_gpu_ring(const ImplContext& c) {
     d.enqueue = [ring](const float* in, float* out, size_t count) { ring->enqueue_allreduce_sum(in, out, count); };
   d.wait = [ring] { ring->synchronize(); };
   d.owner = buffers;
-  return device_impls(c, d);
+  const auto algorithm = [ring](size_t count) { return ring->doubles(count) ? "recursive doubling" : "ring"; };
+  c.transports.push_back(c.name + " over " + ring->name() + ": " +
+                         (ring->doubles(1) ? "recursive doubling where it takes fewer exchanges" : "the ring"));
+  std::vector<Impl> impls = device_impls(c, d);
+  for (Impl& impl : impls) impl.algorithm = algorithm;
+  return impls;
 }
 
 }  // namespace ddplab::perf

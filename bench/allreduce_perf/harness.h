@@ -46,6 +46,7 @@ struct Mode {
 struct Row {
   std::string impl;  // the Impl's label
   const char* type;  // on the wire
+  const char* algorithm;  // the Impl's (nullptr: not said)
   size_t bytes = 0, count = 0;
   Mode oop, ip;
   std::vector<double> round_trip_ns;  // --diag: rank 0's cache-line round trip to each other rank of its node

@@ -19,6 +19,8 @@ namespace ddplab::perf {
 struct Impl {
   std::string label;                // the row's name: the implementation's, "-graph" added for -G's rows
   const char* wire_type = "float";  // the table's `type` column (nccl-tests' names): the spec's
+  // Our GPU ring's algorithm at a call's count, "ring" or "recursive doubling" (-J's rows; predict reads it).
+  std::function<const char*(size_t count)> algorithm;
   std::function<void(const float* in, float* out, size_t count)> run;       // a timed call; returns when it is done
   std::function<void(const float* in, float* out, size_t count)> run_once;  // the check's: one collective
   int calls_per_run = 1;  // collectives per `run` (-G N: a graph of N), which the times are divided by

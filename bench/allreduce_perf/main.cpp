@@ -58,7 +58,8 @@ Row measure(const Impl& impl, size_t bytes, const SizeDiagnosis& seen, const Buf
             int n, RankDiagnosis& diagnosis) {
   const size_t count = bytes / sizeof(float);
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
-  Row r{impl.label, impl.wire_type, bytes, count, {}, {}, seen.round_trip_ns, seen.stream_gbps};
+  Row r{impl.label,         impl.wire_type,  impl.algorithm ? impl.algorithm(count) : nullptr, bytes, count, {}, {},
+        seen.round_trip_ns, seen.stream_gbps};
   for (Mode* m : {&r.oop, &r.ip}) {
     const bool in_place = m == &r.ip;
     b.inputs.rep = 0;

@@ -129,11 +129,10 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["registered"] = o.registered == 1;  // -R
   // The gpu-ring-* rows' chunk (--gpu-chunk-mb, or the trainer's): `ddplab predict` counts their rounds from it.
   j["gpu_chunk_mb"] = o.gpu_chunk_mb > 0 ? o.gpu_chunk_mb : static_cast<double>(kGpuRingChunkBytes) / (1 << 20);
-  j["gpu_pair_exchange"] = true;  // two ranks: one exchange a round (comm/ring_device.h); ddplab predict reads it
   j["stat"] = o.median ? "median" : "mean";
   j["aggregate"] = o.median ? nlohmann::json(nullptr) : nlohmann::json(to_string(o.aggregate));  // -a
   j["results"] = nlohmann::json::array();
-  for (const Row& r : rows)
+  for (const Row& r : rows) {
     j["results"].push_back({{"impl", r.impl},
                             {"size_bytes", r.bytes},
                             {"count", r.count},
@@ -143,6 +142,8 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
                             {"in_place", mode_json(r.ip)},
                             {"round_trip_ns", r.round_trip_ns},
                             {"stream_gbps", r.stream_gbps}});
+    if (r.algorithm) j["results"].back()["algorithm"] = r.algorithm;
+  }
   j["avg_busbw"] = avg_busbw;
   j["wrong"] = total_wrong;
   return j.dump(1) + "\n";

@@ -124,10 +124,10 @@ TEST_P(RingCudaTest, ExactSumsInPlaceAndOutOfPlace) {
 }
 
 // What the GPU ring must equal bit for bit, computed in place by the host: the host ring, which shares its schedule
-// (with the same chunking every element is summed in the same order), or at two ranks recursive doubling, whose one
-// exchange of the whole buffer the GPU ring makes then (comm/ring_device.h). The add kernel is one fp32 add, like
-// the host loop.
-void host_allreduce(std::vector<float>& data, std::optional<ddplab::float16::Format> wire) {
+// (with the same chunking every element is summed in the same order), or the host's recursive doubling where the
+// GPU ring doubles (at two ranks, and where ranks share a GPU: comm/ring_device.h). The add kernel is one fp32 add,
+// like the host loop.
+void host_allreduce(std::vector<float>& data, std::optional<ddplab::float16::Format> wire, bool doubling) {
   ddplab::MpiTransport transport(MPI_COMM_WORLD);
   ddplab::RingScratch scratch;
   ddplab::RingOptions options;
@@ -135,8 +135,7 @@ void host_allreduce(std::vector<float>& data, std::optional<ddplab::float16::For
   options.slices_per_chunk = 1;
   options.wire16 = wire.has_value();
   if (wire) options.format = *wire;
-  if (world_size() == 2)
-    return ddplab::recursive_doubling_allreduce_sum(data.data(), data.size(), transport, scratch, options);
+  if (doubling) return ddplab::recursive_doubling_allreduce_sum(data.data(), data.size(), transport, scratch, options);
   ddplab::ring_allreduce_sum(data.data(), data.size(), transport, scratch, options);
 }
 
@@ -147,7 +146,7 @@ TEST_P(RingCudaTest, RandomInputsMatchTheHostBitForBit) {
   ring_->allreduce_sum(data.get(), data.get(), n);
 
   std::vector<float> want = inputs;
-  host_allreduce(want, std::nullopt);
+  host_allreduce(want, std::nullopt, ring_->doubles(n));
   EXPECT_TRUE(BitwiseEqual(data.download(), want));
 }
 
@@ -174,8 +173,9 @@ TEST_P(RingCudaTest, AgreesWithNcclWithinRounding) {
 
 // The 16-bit wires: our ring's words are the host's on that wire bit for bit (host_allreduce, comm/wire.h's
 // rounding on both sides), and the decoded sum stays within the rounding the wire explains of the exact sum: each of
-// the n - 1 hops rounds a partial sum once, so |error| <= n u sum_r |x_r| with u = 2^-8 (bf16) or 2^-11 (fp16); at
-// two ranks both operands are rounded and then their sum, (2u + u^2) sum_r |x_r|.
+// the ring's n - 1 hops rounds a partial sum once, so |error| <= n u sum_r |x_r| with u = 2^-8 (bf16) or 2^-11
+// (fp16); recursive doubling rounds every operand and then each of its log2 n sums, (log2 n + 1) u sum_r |x_r| to
+// first order (+ 0.05 u for the products of roundings).
 TEST_P(RingCudaTest, SixteenBitWiresMatchTheHostAndStayWithinTheirRounding) {
   const size_t n = (size_t{1} << 20) + 5;
   const int ranks = world_size();
@@ -192,11 +192,11 @@ TEST_P(RingCudaTest, SixteenBitWiresMatchTheHostAndStayWithinTheirRounding) {
     const std::vector<float> got = data.download();
 
     std::vector<float> want = all[world_rank()];
-    host_allreduce(want, f);
+    host_allreduce(want, f, ring.doubles(n));
     EXPECT_TRUE(BitwiseEqual(got, want));
 
     const double u = f == ddplab::float16::Format::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-    const double roundings = ranks == 2 ? 2 * u + u * u : ranks * u;
+    const double roundings = ring.doubles(n) ? (std::log2(ranks) + 1.05) * u : ranks * u;
     for (size_t i = 0; i < n; ++i) {
       double exact = 0, magnitude = 0;
       for (int r = 0; r < ranks; ++r) exact += all[r][i], magnitude += std::fabs(all[r][i]);

@@ -1,9 +1,9 @@
 // The device ring (comm/ring_device.h) on host memory: the schedule, the primitives and the links' protocols are the
 // code the GPU runs, with the CUDA stream replaced by a RingMemory that runs each queued operation only when the
 // host synchronizes (so a missing wait in a link reads stale data and breaks the sums), and CUDA IPC's mapped
-// neighbour buffer replaced by an MPI shared-memory window. References: exactly summable inputs, and the host
-// all-reduce of the same arithmetic bit for bit: the host ring with the same chunking (the same summation order),
-// and at two ranks recursive doubling (one exchange of the whole round, both operands on the wire).
+// neighbours' buffers replaced by an MPI shared-memory window. Both algorithms on the links: the ring and recursive
+// doubling. References: exactly summable inputs, and the host's all-reduce of the same arithmetic bit for bit: the
+// host ring with the same chunking (the same summation order), and the host's recursive doubling.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -15,6 +15,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/recursive_doubling.h"
@@ -54,8 +55,8 @@ class DeferredMemory final : public RingMemory {
   std::vector<std::function<void()>> queue_;
 };
 
-// The staging buffers of every rank of the node in one MPI shared-memory window: each rank gets its own and a
-// pointer to next's, as cudaIpcOpenMemHandle gives on the GPU.
+// The staging buffers of every rank of the node in one MPI shared-memory window: each rank gets its own and pointers
+// to the others', as cudaIpcOpenMemHandle gives on the GPU.
 class SharedStaging {
  public:
   explicit SharedStaging(size_t bytes) {
@@ -65,22 +66,26 @@ class SharedStaging {
     MPI_Comm_rank(node_, &r);
     if (n != world_size()) throw std::runtime_error("the peer-staging test needs every rank on one node");
     MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, node_, &mine_, &win_);
-    MPI_Aint size = 0;
-    int disp = 1;
-    MPI_Win_shared_query(win_, (r + 1) % n, &size, &disp, &next_);
+    for (int k = 0; k < n; ++k) {
+      MPI_Aint size = 0;
+      int disp = 1;
+      void* base = nullptr;
+      MPI_Win_shared_query(win_, k, &size, &disp, &base);
+      all_.push_back(k == r ? nullptr : base);
+    }
   }
   ~SharedStaging() {
     MPI_Win_free(&win_);
     MPI_Comm_free(&node_);
   }
   void* mine() const { return mine_; }
-  void* next() const { return next_; }
+  const std::vector<void*>& peers() const { return all_; }
 
  private:
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   void* mine_ = nullptr;
-  void* next_ = nullptr;
+  std::vector<void*> all_;  // every rank's, mine null
 };
 
 enum class LinkKind { kPeerStaging, kHostStaged };
@@ -91,7 +96,7 @@ struct LinkUnderTest {
     const size_t bytes = max_floats * sizeof(float);
     if (kind == LinkKind::kPeerStaging) {
       shared = std::make_unique<SharedStaging>(bytes);
-      link = std::make_unique<PeerStagingLink>(memory, tokens, shared->mine(), shared->next(), bytes, /*tag=*/3);
+      link = std::make_unique<PeerStagingLink>(memory, tokens, shared->mine(), shared->peers(), bytes, /*tag=*/3);
     } else {
       host_send.resize(max_floats);
       host_recv.resize(max_floats);
@@ -104,31 +109,43 @@ struct LinkUnderTest {
   std::unique_ptr<RingLink> link;
 };
 
+enum class Algorithm { kRing, kDoubling };
+
 struct Case {
+  Algorithm algorithm;
   LinkKind kind;
   size_t count;
   size_t max_chunk;  // floats per link message: small values force many rounds
 };
 
 std::string case_name(const Case& c) {
-  return std::string(c.kind == LinkKind::kPeerStaging ? "PeerStaging" : "HostStaged") + "_count" +
-         std::to_string(c.count) + "_chunk" + std::to_string(c.max_chunk);
+  return std::string(c.algorithm == Algorithm::kRing ? "Ring" : "Doubling") +
+         (c.kind == LinkKind::kPeerStaging ? "PeerStaging" : "HostStaged") + "_count" + std::to_string(c.count) +
+         "_chunk" + std::to_string(c.max_chunk);
+}
+
+// The device all-reduce under test.
+void device_allreduce(const Case& c, const float* in, float* out, RingLink& link, RingMemory& memory, float* staging,
+                      const DeviceRingWire* wire = nullptr) {
+  if (c.algorithm == Algorithm::kRing) return ring_allreduce_sum(in, out, c.count, link, memory, staging, wire);
+  doubling_allreduce_sum(in, out, c.count, link, memory, staging, wire);
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
 class RingDeviceTest : public testing::TestWithParam<Case> {};
 
-// What the device all-reduce must equal bit for bit, computed in place by the host's own all-reduce: the ring with
-// the device ring's chunking, or at two ranks recursive doubling (elementwise, so its chunking does not matter).
-void host_reference(std::vector<float>& data, size_t max_chunk, std::optional<float16::Format> wire) {
+// What the device all-reduce must equal bit for bit, computed in place by the host's own: the ring with the device
+// ring's chunking, or recursive doubling (elementwise, so its chunking does not matter).
+void host_reference(const Case& c, std::vector<float>& data, std::optional<float16::Format> wire) {
   MpiTransport transport(MPI_COMM_WORLD);
   RingScratch scratch;
   RingOptions options;
-  options.slice_elems = max_chunk;
+  options.slice_elems = c.max_chunk;
   options.slices_per_chunk = 1;
   options.wire16 = wire.has_value();
   if (wire) options.format = *wire;
-  if (world_size() == 2) return recursive_doubling_allreduce_sum(data.data(), data.size(), transport, scratch, options);
+  if (c.algorithm == Algorithm::kDoubling)
+    return recursive_doubling_allreduce_sum(data.data(), data.size(), transport, scratch, options);
   ring_allreduce_sum(data.data(), data.size(), transport, scratch, options);
 }
 
@@ -139,9 +156,9 @@ class CountingLink final : public RingLink {
   int rank() const override { return link_.rank(); }
   int size() const override { return link_.size(); }
   size_t max_bytes() const override { return link_.max_bytes(); }
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+  void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override {
     ++exchanges;
-    link_.exchange(send, send_bytes, recv, recv_bytes);
+    link_.send_recv(to, send, send_bytes, from, recv, recv_bytes);
   }
   const char* name() const override { return link_.name(); }
   int exchanges = 0;
@@ -166,31 +183,31 @@ TEST_P(RingDeviceTest, ExactInputsSumExactlyInPlace) {
   std::vector<float> data(c.count), staging(device_ring_max_chunk(*lut.link));
   // Small integers: every partial sum is exact, whatever the order.
   for (size_t i = 0; i < c.count; ++i) data[i] = static_cast<float>((i % 97) + 100 * r);
-  ring_allreduce_sum(data.data(), data.data(), c.count, *lut.link, memory, staging.data());
+  device_allreduce(c, data.data(), data.data(), *lut.link, memory, staging.data());
   memory.synchronize();
   for (size_t i = 0; i < c.count; ++i)
     ASSERT_EQ(data[i], static_cast<float>(n * (i % 97) + 100 * n * (n - 1) / 2)) << "element " << i;
 }
 
-TEST_P(RingDeviceTest, RandomInputsMatchTheHostRingBitForBitOutOfPlace) {
+TEST_P(RingDeviceTest, RandomInputsMatchTheHostBitForBitOutOfPlace) {
   const Case c = GetParam();
   const int r = world_rank();
   DeferredMemory memory;
   LinkUnderTest lut(c.kind, memory, c.max_chunk);
   const std::vector<float> in = random_floats(c.count, 1234u + r);
   std::vector<float> out(c.count, -7.f), staging(device_ring_max_chunk(*lut.link));
-  ring_allreduce_sum(in.data(), out.data(), c.count, *lut.link, memory, staging.data());
+  device_allreduce(c, in.data(), out.data(), *lut.link, memory, staging.data());
   memory.synchronize();
   EXPECT_EQ(in, random_floats(c.count, 1234u + r)) << "the input was written";
 
   std::vector<float> expected = in;
-  host_reference(expected, c.max_chunk, std::nullopt);
+  host_reference(c, expected, std::nullopt);
   for (size_t i = 0; i < c.count; ++i) ASSERT_EQ(out[i], expected[i]) << "element " << i;
 }
 
 // The 16-bit wire: the host's wire16 arithmetic, so the same chunking gives the same bits; in place, the owner
 // keeps the rounded sum everyone else decodes (at two ranks, both compute it).
-TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostRingBitForBit) {
+TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostBitForBit) {
   const Case c = GetParam();
   const int r = world_rank();
   for (float16::Format format : {float16::Format::kBf16, float16::Format::kFp16}) {
@@ -199,11 +216,11 @@ TEST_P(RingDeviceTest, SixteenBitWireMatchesTheHostRingBitForBit) {
     std::vector<uint16_t> a(device_ring_max_chunk(*lut.link)), b(a.size());
     const DeviceRingWire wire{format, {a.data(), b.data()}};
     std::vector<float> data = random_floats(c.count, 99u + r);
-    ring_allreduce_sum(data.data(), data.data(), c.count, *lut.link, memory, nullptr, &wire);
+    device_allreduce(c, data.data(), data.data(), *lut.link, memory, nullptr, &wire);
     memory.synchronize();
 
     std::vector<float> expected = random_floats(c.count, 99u + r);
-    host_reference(expected, c.max_chunk, format);
+    host_reference(c, expected, format);
     // The first difference, not an ASSERT: a rank that returned here would leave the others in the collectives below.
     size_t i = 0;
     while (i < c.count && float16::f32_bits(data[i]) == float16::f32_bits(expected[i])) ++i;
@@ -224,41 +241,48 @@ TEST_P(RingDeviceTest, RepeatedCallsReuseTheLink) {
   std::vector<float> data(c.count), staging(device_ring_max_chunk(*lut.link));
   for (int call = 1; call <= 3; ++call) {
     std::fill(data.begin(), data.end(), static_cast<float>(call));
-    ring_allreduce_sum(data.data(), data.data(), c.count, *lut.link, memory, staging.data());
+    device_allreduce(c, data.data(), data.data(), *lut.link, memory, staging.data());
     memory.synchronize();
     EXPECT_EQ(std::count(data.begin(), data.end(), static_cast<float>(call * n)), static_cast<long>(c.count))
         << "call " << call;
   }
 }
 
-// The ring's 2(n-1) exchanges a round of n chunks; two ranks one a round of one chunk, half the ring's count for a
-// buffer that fits one round. Either wire.
+// Each rank's exchanges: the ring's 2(n-1) a round of n chunks; recursive doubling's log2 p a round of one chunk, +2
+// on a rank that folds another in (p the largest power of two <= n), and 2 on the rank folded out. Either wire.
 TEST_P(RingDeviceTest, ExchangesPerRound) {
   const Case c = GetParam();
-  const size_t n = static_cast<size_t>(world_size());
+  const int n = world_size(), r = world_rank();
   DeferredMemory memory;
   LinkUnderTest lut(c.kind, memory, c.max_chunk);
   CountingLink link(*lut.link);
   std::vector<float> data(c.count, 1.f), staging(c.max_chunk);
   std::vector<uint16_t> a(c.max_chunk), b(c.max_chunk);
   const DeviceRingWire wire{float16::Format::kBf16, {a.data(), b.data()}};
+  int log2p = 0;
+  while ((2 << log2p) <= n) ++log2p;
+  const int extra = n - (1 << log2p);
+  const size_t per_round = c.algorithm == Algorithm::kRing ? 2 * (n - 1)
+                           : r >= 2 * extra                ? log2p
+                           : r % 2 == 0                    ? 2
+                                                           : log2p + 2;
+  const size_t round = c.algorithm == Algorithm::kRing ? n * c.max_chunk : c.max_chunk;
+  const size_t expected = n == 1 ? 0 : per_round * ((c.count + round - 1) / round);
   for (const DeviceRingWire* w : {static_cast<const DeviceRingWire*>(nullptr), &wire}) {
     link.exchanges = 0;
-    ring_allreduce_sum(data.data(), data.data(), c.count, link, memory, staging.data(), w);
+    device_allreduce(c, data.data(), data.data(), link, memory, staging.data(), w);
     memory.synchronize();
-    const size_t expected = n == 1 || c.count == 0 ? 0
-                            : n == 2               ? (c.count + c.max_chunk - 1) / c.max_chunk
-                                     : 2 * (n - 1) * ((c.count + n * c.max_chunk - 1) / (n * c.max_chunk));
     EXPECT_EQ(static_cast<size_t>(link.exchanges), expected) << (w ? "bf16 wire" : "fp32");
   }
 }
 
 std::vector<Case> cases() {
   std::vector<Case> all;
-  for (LinkKind kind : {LinkKind::kPeerStaging, LinkKind::kHostStaged})
-    for (Case c : {Case{kind, 0, 16}, Case{kind, 1, 16}, Case{kind, 3, 16}, Case{kind, 1000, 4096},
-                   Case{kind, 1000, 7}, Case{kind, 100003, 1024}})
-      all.push_back(c);
+  for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kDoubling})
+    for (LinkKind kind : {LinkKind::kPeerStaging, LinkKind::kHostStaged})
+      for (auto [count, chunk] :
+           {std::pair<size_t, size_t>{0, 16}, {1, 16}, {3, 16}, {1000, 4096}, {1000, 7}, {100003, 1024}})
+        all.push_back({algorithm, kind, count, chunk});
   return all;
 }
 

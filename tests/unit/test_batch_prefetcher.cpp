@@ -68,7 +68,7 @@ class BlockedUntilStagedLink final : public RingLink {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   size_t max_bytes() const override { return 256; }
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+  void send_recv(int, const void* send, size_t send_bytes, int, void* recv, size_t recv_bytes) override {
     if (!waited_) staged_while_blocked_ = next_step_ < 0 || log_.wait_staged(next_step_, 2s);
     waited_ = true;
     ASSERT_EQ(send_bytes, recv_bytes);

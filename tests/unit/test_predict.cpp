@@ -189,25 +189,49 @@ TEST(Predict, AllreduceTerms) {
   EXPECT_DOUBLE_EQ(allreduce_terms(small, 2, AllreduceImpl::kMpi, WireDtype::kFp32, small).message_steps, 2);
   EXPECT_DOUBLE_EQ(allreduce_terms(mib, 1, AllreduceImpl::kRing, WireDtype::kFp32, small).message_steps, 0);
   // The ring on GPU buffers: rounds of ranks x its chunk of the fp32 buffer, a whole ring each; the bytes unchanged.
-  // Two ranks: rounds of one chunk, one exchange each (the ring's two before gpu_pair_exchange).
   const double chunk = 64 * mib;
-  const auto gpu_ring = [&](double bytes, int ranks, WireDtype wire, bool pair_exchange = true) {
-    return allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small, 1, chunk, pair_exchange);
+  const auto gpu_ring = [&](double bytes, int ranks, WireDtype wire, bool doubling = false) {
+    return allreduce_terms(bytes, ranks, AllreduceImpl::kRing, wire, small, 1, chunk, doubling);
   };
-  EXPECT_DOUBLE_EQ(gpu_ring(20 * mib, 2, WireDtype::kFp32).message_steps, 1);
-  EXPECT_DOUBLE_EQ(gpu_ring(20 * mib, 2, WireDtype::kFp32, false).message_steps, 2);
   EXPECT_DOUBLE_EQ(gpu_ring(128 * mib, 2, WireDtype::kFp32).message_steps, 2);
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).message_steps, 3);         // wte at 2 ranks: 3 rounds
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32, false).message_steps, 4);  // 2 rounds of 2 exchanges
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).message_steps, 4);  // wte at 2 ranks: 2 rounds
   EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32).bytes, 154.5e6);
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32, false).bytes, 154.5e6);
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16).message_steps, 3);  // a round is of fp32 words
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16).bytes, 154.5e6 / 2);
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16).message_steps, 4);  // a round is of fp32 words
   EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 4, WireDtype::kFp32).message_steps, 6);
-  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 4, WireDtype::kFp32, false).message_steps, 6);  // only two ranks pair
+  // Its recursive doubling: rounds of one chunk, log2 p exchanges of the whole round each (+2 beyond p).
+  EXPECT_DOUBLE_EQ(gpu_ring(20 * mib, 2, WireDtype::kFp32, true).message_steps, 1);
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32, true).message_steps, 3);  // wte: 3 rounds, not 4 steps
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kFp32, true).bytes, 154.5e6);
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 2, WireDtype::kBf16, true).bytes, 154.5e6 / 2);
+  EXPECT_DOUBLE_EQ(gpu_ring(20 * mib, 4, WireDtype::kFp32, true).message_steps, 2);  // the ring: 6
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 4, WireDtype::kFp32, true).message_steps, 6);   // 3 rounds of 2
+  EXPECT_DOUBLE_EQ(gpu_ring(154.5e6, 4, WireDtype::kFp32, true).bytes, 2 * 154.5e6);
+  EXPECT_DOUBLE_EQ(gpu_ring(20 * mib, 3, WireDtype::kFp32, true).message_steps, 3);  // folded in and out
+  EXPECT_DOUBLE_EQ(
+      allreduce_terms(20 * mib, 4, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, 0, true).message_steps,
+      6);  // only the GPU ring's rounds double
   EXPECT_DOUBLE_EQ(gpu_ring(257 * mib, 4, WireDtype::kFp32).message_steps, 12);
   EXPECT_DOUBLE_EQ(allreduce_terms(257 * mib, 4, AllreduceImpl::kMpi, WireDtype::kFp32, small, 1, chunk).message_steps,
                    6);  // only our GPU ring has rounds
+}
+
+// Our GPU ring doubles where recursive doubling takes fewer exchanges than the ring: at two ranks, or ranks sharing
+// a GPU; rounds of one 64 MiB chunk against the ring's n.
+TEST(Predict, TheGpuRingDoublesWhereItTakesFewerExchanges) {
+  const double mib = 1 << 20, chunk = 64 * mib;
+  EXPECT_EQ(doubling_steps(2), 1);
+  EXPECT_EQ(doubling_steps(4), 2);
+  EXPECT_EQ(doubling_steps(3), 3);                             // one step, and the fold in and out
+  EXPECT_TRUE(gpu_ring_doubles(2, false, 25 * mib, chunk));    // 1 exchange against 2, GPUs of their own too
+  EXPECT_TRUE(gpu_ring_doubles(2, false, 154.5e6, chunk));     // 3 against 4
+  EXPECT_FALSE(gpu_ring_doubles(2, false, 128 * mib, chunk));  // 2 against 2: the ring, on a tie
+  EXPECT_FALSE(gpu_ring_doubles(4, false, 25 * mib, chunk));   // GPUs of their own: the ring's bytes
+  EXPECT_TRUE(gpu_ring_doubles(4, true, 25 * mib, chunk));     // 2 against 6
+  EXPECT_TRUE(gpu_ring_doubles(4, true, 104e6, chunk));        // 4 against 6
+  EXPECT_FALSE(gpu_ring_doubles(4, true, 154.5e6, chunk));     // 6 against 6
+  EXPECT_TRUE(gpu_ring_doubles(3, true, 25 * mib, chunk));     // 3 against 4
+  EXPECT_FALSE(gpu_ring_doubles(1, true, 25 * mib, chunk));
+  EXPECT_FALSE(gpu_ring_doubles(2, true, 25 * mib, 0));  // no chunk: not our GPU ring
 }
 
 // Per class of hop, at 2 nodes x 2 ranks (docs/PREDICT.md: per-hop terms). A link-bound inter-node link (bandwidth
@@ -661,7 +685,7 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   ASSERT_EQ(cal.points.size(), 2u);
   EXPECT_DOUBLE_EQ(cal.points[1].time_ms, 0.15);
   EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // a CSV names no chunk: the trainer's
-  EXPECT_TRUE(cal.gpu_pair_exchange);                         // nor a schedule: the current one
+  EXPECT_FALSE(cal.points[0].doubling);                       // nor an algorithm: the ring
   const std::string json = csv + ".json";
   // The chunk as the file names it, or as its command line asked for it (files from before the field), else the
   // trainer's.
@@ -671,12 +695,13 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
                            "\"out_of_place\": {\"time_us\": 800}}]}";
     EXPECT_DOUBLE_EQ(read_calibration(json).gpu_chunk_bytes, *chunk ? 4 * kMiB : kGpuRingChunkBytes) << chunk;
   }
-  // The two-rank schedule as the file names it; a file without the field timed the ring's two exchanges a round.
-  for (const char* field : {"", ", \"gpu_pair_exchange\": true"}) {
-    std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}" << field
-                        << ", \"results\": [{\"impl\": \"gpu-ring-ipc\", \"size_bytes\": 1048576, "
-                           "\"out_of_place\": {\"time_us\": 800}}]}";
-    EXPECT_EQ(read_calibration(json).gpu_pair_exchange, *field != 0) << field;
+  // Each row's algorithm as the file names it; a row without one ran the ring.
+  for (const char* field : {"", ", \"algorithm\": \"ring\"", ", \"algorithm\": \"recursive doubling\""}) {
+    std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}, \"results\": [{\"impl\": "
+                           "\"gpu-ring-ipc\", \"size_bytes\": 1048576, \"out_of_place\": {\"time_us\": 800}"
+                        << field << "}]}";
+    EXPECT_EQ(read_calibration(json).points.at(0).doubling, std::string(field).find("doubling") != std::string::npos)
+        << field;
   }
   std::remove(json.c_str());
   {
@@ -803,7 +828,7 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
     double comm = 0;
     for (double bytes : bucket_bytes(s))
       comm += ring_ms(bytes, s.ranks, 1, s.wire, static_cast<double>(small_allreduce_bytes(s.ranks)),
-                      HopCosts{shared, shared}, chunk);
+                      HopCosts{shared, shared}, chunk, gpu_ring_doubles(s.ranks, true, bytes, chunk));
     return comm;
   };
   for (const auto& [ranks, per_gpu] : {std::pair{2, 2}, {4, 4}, {4, 2}}) {
@@ -832,8 +857,9 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   fp32.wire = WireDtype::kFp32;
   double steps_ms = 0;
   for (double bytes : bucket_bytes(bf16))
-    steps_ms += shared.alpha_ms *
-                allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, chunk).message_steps;
+    steps_ms += shared.alpha_ms * allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, chunk,
+                                                  gpu_ring_doubles(2, true, bytes, chunk))
+                                      .message_steps;
   const Prediction p16 = predict(model, bf16), p32 = predict(model, fp32);
   EXPECT_NEAR(p16.step.exposed_ms - steps_ms, 0.5 * (p32.step.exposed_ms - steps_ms), 1e-3 * p16.step.step_ms);
   EXPECT_NEAR(p16.step.exposed_ms, comm_ms(bf16), 1e-3 * p16.step.step_ms);
@@ -852,18 +878,17 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   two.ranks = 2, two.ranks_per_gpu = 2;
   EXPECT_NEAR(predict(build_model(run, small_chunks), two).step.step_ms, predict(model, two).step.step_ms,
               1e-6 * predict(model, two).step.step_ms);
-  // A calibration of the ring's two exchanges a round (a file written before the pair exchange) fits the same cost
-  // per exchange too, and predicts the pair exchange's rounds.
-  Calibration ring_schedule = cal;
-  ring_schedule.gpu_pair_exchange = false;
-  ring_schedule.points.clear();
+  // A calibration whose rows ran recursive doubling (-J's `algorithm`) fits the same cost per exchange from its
+  // own exchanges, and predicts the same.
+  Calibration doubled = cal;
+  doubled.points.clear();
   for (double mib : {1, 4, 16, 64, 256}) {
     const AllreduceTerms t =
-        allreduce_terms(mib * kMiB, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, chunk, false);
-    ring_schedule.points.push_back(
-        {"gpu-ring-ipc", mib * kMiB, shared.alpha_ms * t.message_steps + shared.beta_ms_per_byte * t.bytes});
+        allreduce_terms(mib * kMiB, 2, AllreduceImpl::kRing, WireDtype::kFp32, small, 1, chunk, true);
+    doubled.points.push_back(
+        {"gpu-ring-ipc", mib * kMiB, shared.alpha_ms * t.message_steps + shared.beta_ms_per_byte * t.bytes, true});
   }
-  EXPECT_NEAR(predict(build_model(run, ring_schedule), two).step.step_ms, predict(model, two).step.step_ms,
+  EXPECT_NEAR(predict(build_model(run, doubled), two).step.step_ms, predict(model, two).step.step_ms,
               1e-6 * predict(model, two).step.step_ms);
 
   // More turns than ranks: the world is what shares.
