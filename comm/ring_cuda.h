@@ -98,7 +98,8 @@ class RingAllreduceCuda final : public StreamAllreduce {
   RingAllreduceCuda(const RingAllreduceCuda&) = delete;
   RingAllreduceCuda& operator=(const RingAllreduceCuda&) = delete;
 
-  // "ring/ipc", ...; for --ring-link auto, with the links passed over and why: "ring/host (ipc: ...; nccl: ...)".
+  // "ring/ipc", ...; for --ring-link auto, with the links passed over and why: "ring/host (ipc: ...; nccl: ...)";
+  // " + recursive doubling" where some buffers take it (doubles()).
   const char* name() const override { return name_.c_str(); }
   // Whether `count` floats are all-reduced by recursive doubling (doubling_allreduce_sum, comm/ring_device.h) rather
   // than the ring: where it takes fewer exchanges at two ranks or with ranks sharing a GPU (gpu_ring_doubles,

@@ -26,8 +26,7 @@ std::vector<Impl> make_gpu_ring(const ImplContext& c) {
   d.wait = [ring] { ring->synchronize(); };
   d.owner = buffers;
   const auto algorithm = [ring](size_t count) { return ring->doubles(count) ? "recursive doubling" : "ring"; };
-  c.transports.push_back(c.name + " over " + ring->name() + ": " +
-                         (ring->doubles(1) ? "recursive doubling where it takes fewer exchanges" : "the ring"));
+  c.transports.push_back(c.name + " over " + ring->name());
   std::vector<Impl> impls = device_impls(c, d);
   for (Impl& impl : impls) impl.algorithm = algorithm;
   return impls;
