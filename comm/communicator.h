@@ -71,13 +71,17 @@ inline int doubling_steps(int ranks) {
   while ((2 << log2p) <= ranks) ++log2p;
   return log2p + ((1 << log2p) < ranks ? 2 : 0);
 }
-// Whether --comm ring on GPU buffers all-reduces `bytes` (fp32) by recursive doubling (doubling_allreduce_sum,
-// comm/ring_device.h; rounds of one chunk) instead of the ring (rounds of ranks chunks): where it takes fewer
-// exchanges, at two ranks (the ring's bytes in fewer exchanges) and wherever ranks share a GPU, where each exchange
-// costs a fixed ~0.37 ms (2 ranks) to ~1.1 ms (4) whatever it moves. Between GPUs of their own, beyond two ranks,
-// the ring's fewer bytes win. The same on every rank. Here, where the CPU-only predictor reads it too.
+// Whether --comm ring on GPU buffers may all-reduce by recursive doubling (doubling_allreduce_sum, comm/ring_device.h)
+// instead of the ring: at two ranks, where it moves the ring's bytes, and wherever ranks share a GPU, where each
+// exchange costs a fixed ~0.37 ms (2 ranks) to ~1.1 ms (4) whatever it moves. Between GPUs of their own, beyond two
+// ranks, the ring's fewer bytes win.
+inline bool gpu_ring_may_double(int ranks, bool ranks_share_a_gpu) {
+  return ranks == 2 || (ranks > 2 && ranks_share_a_gpu);
+}
+// Whether it all-reduces `bytes` (fp32) so: where it may, and where its rounds of one chunk take fewer exchanges than
+// the ring's rounds of ranks chunks. The same on every rank. Here, where the CPU-only predictor reads it too.
 inline bool gpu_ring_doubles(int ranks, bool ranks_share_a_gpu, double bytes, double chunk_bytes) {
-  if (ranks < 2 || !(ranks == 2 || ranks_share_a_gpu) || chunk_bytes <= 0) return false;
+  if (!gpu_ring_may_double(ranks, ranks_share_a_gpu) || chunk_bytes <= 0) return false;
   const double doubling = doubling_steps(ranks) * std::ceil(bytes / chunk_bytes);
   const double ring = 2.0 * (ranks - 1) * std::ceil(bytes / (ranks * chunk_bytes));
   return doubling < ring;

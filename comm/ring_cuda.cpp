@@ -109,7 +109,7 @@ const RingAllreduceCuda::LinkEntry& RingAllreduceCuda::choose_link(MPI_Comm comm
     const std::string why = entry.cannot_connect(q);
     if (why.empty()) {
       name_ = std::string("ring/") + to_string(entry.kind) + (passed_over.empty() ? "" : " (" + passed_over + ")");
-      if (size_ == 2 || (size_ > 2 && ranks_share_a_gpu_)) name_ += " + recursive doubling";  // doubles(): for some
+      if (gpu_ring_may_double(size_, ranks_share_a_gpu_)) name_ += " + recursive doubling";
       return entry;
     }
     if (wanted != RingLinkKind::kAuto)
