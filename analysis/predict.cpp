@@ -48,19 +48,13 @@ bool slower(const LinkModel& a, const LinkModel& b) {
   return x.beta_ms_per_byte != y.beta_ms_per_byte ? x.beta_ms_per_byte > y.beta_ms_per_byte : x.alpha_ms > y.alpha_ms;
 }
 
-// Whether our GPU ring all-reduces `bytes` by recursive doubling at this setting (comm/communicator.h). chunk_bytes 0
-// (not our GPU ring): never.
-bool doubles_at(const PredictSetting& s, double bytes, double chunk_bytes) {
-  return gpu_ring_doubles(s.ranks, s.ranks_per_gpu > 1, bytes, chunk_bytes);
-}
-
 // One bucket's all-reduce under `setting`, with each class of hop's alpha and beta (chunk_bytes: allreduce_terms').
 double allreduce_ms(double bytes, const PredictSetting& setting, double small_max_bytes, const HopCosts& costs,
-                    double chunk_bytes) {
+                    double chunk_bytes, bool doubling) {
   switch (setting.impl) {
     case AllreduceImpl::kRing:
       return ring_ms(bytes, setting.ranks, setting.nodes(), setting.wire, small_max_bytes, costs, chunk_bytes,
-                     doubles_at(setting, bytes, chunk_bytes));
+                     doubling);
     case AllreduceImpl::kMpi:
       return mpi_ms(bytes, setting.ranks, setting.nodes(), costs);
     case AllreduceImpl::kHier:
@@ -724,6 +718,16 @@ void place_piece_ready_times(const BackwardIntervals& t, const std::vector<Bucke
     }
 }
 
+// Whether our GPU ring all-reduces `bytes` by recursive doubling at `ranks` ranks, `turns` of them on a GPU
+// (gpu_ring_doubles; chunk_bytes 0, not our GPU ring: never): as the trainer does now, except at the run's own world
+// and sharing where the run ran the ring throughout (its transport names no doubling), so that the model replays
+// the run as it ran.
+bool doubles(const StepModel& m, int ranks, int turns, double bytes, double chunk_bytes) {
+  const bool as_run = ranks == m.measured.ranks && turns == std::max(1, m.host.ranks_per_gpu);
+  if (as_run && !m.measured_doubling) return false;
+  return gpu_ring_doubles(ranks, turns > 1, bytes, chunk_bytes);
+}
+
 // The all-reduce's cost from the run's buckets, per step: from the last rank joining to the last rank done (the
 // next bucket waits for every rank's comm thread).
 void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepModel& m) {
@@ -753,7 +757,8 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       for (int r = 0; r < world; ++r)
         beside = beside || (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end);
       terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes(),
-                                      m.ring_chunk_bytes, doubles_at(m.measured, bytes, m.ring_chunk_bytes)));
+                                      m.ring_chunk_bytes,
+                                      doubles(m, world, std::max(1, m.host.ranks_per_gpu), bytes, m.ring_chunk_bytes)));
       times.push_back(std::max(0.0, comm.end - comm.begin));
       if (!beside) alone_terms.push_back(terms.back()), alone_times.push_back(times.back());
     }
@@ -811,6 +816,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   m.measured = measured_setting(run, config);
   m.on_gpu = config.device == Device::kCuda;
   if (m.on_gpu && config.comm == AllreduceImpl::kRing) m.ring_chunk_bytes = kGpuRingChunkBytes;
+  m.measured_doubling = m.ring_chunk_bytes > 0 && run.meta.transport.find(kGpuRingDoublingName) != std::string::npos;
   const LinkClasses& links = m.measured.link;
   const bool across =
       m.measured.nodes() > 1 && (m.measured.impl == AllreduceImpl::kHier || !slower(links.intra, links.inter));
@@ -961,8 +967,8 @@ struct BucketCosts {
   bool depends_on[2] = {false, false};  // whether the time depends on the intra, inter class of hop
 };
 
-BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, const std::vector<Bucket>& buckets,
-                         const HopCosts& costs, const CommSource& src) {
+BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, int turns,
+                         const std::vector<Bucket>& buckets, const HopCosts& costs, const CommSource& src) {
   const int n = setting.ranks, nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
   const double small = static_cast<double>(small_allreduce_bytes(n));
   BucketCosts out;
@@ -970,9 +976,10 @@ BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, cons
   out.depends_on[1] = nodes > 1;
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
-    const double alone = allreduce_ms(bytes, setting, small, costs, src.chunk_bytes);
-    const AllreduceTerms terms = allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes,
-                                                 doubles_at(setting, bytes, src.chunk_bytes));
+    const bool doubling = doubles(m, n, turns, bytes, src.chunk_bytes);
+    const double alone = allreduce_ms(bytes, setting, small, costs, src.chunk_bytes, doubling);
+    const AllreduceTerms terms =
+        allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes, doubling);
     out.cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});
     // Beyond the timed sizes by more than 10% (a 4000-byte bias is not beyond a 4096-byte measurement).
     out.outside =
@@ -1046,6 +1053,15 @@ std::vector<double> update_shares(const std::vector<Bucket>& buckets) {
 
 }  // namespace
 
+// Ranks taking turns on one GPU at `setting`: as asked, else the run's own on its own link, one on another link (it
+// joins GPUs, one per rank); at most a node's ranks.
+int ranks_taking_turns(const StepModel& m, const PredictSetting& setting) {
+  const bool own_link =
+      same_link(setting.link.intra, m.measured.link.intra) && same_link(setting.link.inter, m.measured.link.inter);
+  const int run_default = own_link ? std::max(1, m.host.ranks_per_gpu) : 1;
+  return std::clamp(m.on_gpu ? setting.ranks_per_gpu.value_or(run_default) : run_default, 1, setting.ranks_on_a_node());
+}
+
 Prediction predict(const StepModel& m, const PredictSetting& setting) {
   Prediction out;
   out.setting = setting;
@@ -1057,7 +1073,8 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
 
   const CommSource src = choose_comm_source(m, setting, out);
   const HopChoice hops = choose_hop_costs(m, setting, src, out.comm_source);
-  const BucketCosts costs = cost_buckets(m, setting, buckets, hops.costs, src);
+  const int turns = ranks_taking_turns(m, setting);
+  const BucketCosts costs = cost_buckets(m, setting, turns, buckets, hops.costs, src);
   note_extrapolations(m, setting, src, hops, costs, out);
 
   std::vector<double> update_share;
@@ -1071,11 +1088,6 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   // rank's, backward with the all-reduces' kernels beside it). Left to the run, they still share on the run's own
   // link; another link joins GPUs, one per rank.
   const int run_turns = std::max(1, m.host.ranks_per_gpu);
-  const bool own_link =
-      same_link(setting.link.intra, m.measured.link.intra) && same_link(setting.link.inter, m.measured.link.inter);
-  const int run_default = own_link ? run_turns : 1;
-  const int turns =
-      std::clamp(m.on_gpu ? setting.ranks_per_gpu.value_or(run_default) : run_default, 1, setting.ranks_on_a_node());
   out.setting.ranks_per_gpu = turns;
   HostCores host = m.host;
   host.ranks_per_gpu = turns > 1 ? turns : 0;

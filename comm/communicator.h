@@ -78,6 +78,9 @@ inline int doubling_steps(int ranks) {
 inline bool gpu_ring_may_double(int ranks, bool ranks_share_a_gpu) {
   return ranks == 2 || (ranks > 2 && ranks_share_a_gpu);
 }
+// What the engine's name (the run file's transport) ends with where it may: "ring/ipc + recursive doubling". Run
+// files whose transport does not say so ran the ring throughout.
+inline constexpr const char* kGpuRingDoublingName = " + recursive doubling";
 // Whether it all-reduces `bytes` (fp32) so: where it may, and where its rounds of one chunk take fewer exchanges than
 // the ring's rounds of ranks chunks. The same on every rank. Here, where the CPU-only predictor reads it too.
 inline bool gpu_ring_doubles(int ranks, bool ranks_share_a_gpu, double bytes, double chunk_bytes) {

@@ -109,7 +109,7 @@ const RingAllreduceCuda::LinkEntry& RingAllreduceCuda::choose_link(MPI_Comm comm
     const std::string why = entry.cannot_connect(q);
     if (why.empty()) {
       name_ = std::string("ring/") + to_string(entry.kind) + (passed_over.empty() ? "" : " (" + passed_over + ")");
-      if (gpu_ring_may_double(size_, ranks_share_a_gpu_)) name_ += " + recursive doubling";
+      if (gpu_ring_may_double(size_, ranks_share_a_gpu_)) name_ += kGpuRingDoublingName;
       return entry;
     }
     if (wanted != RingLinkKind::kAuto)

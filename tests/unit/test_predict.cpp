@@ -793,6 +793,60 @@ TEST(Predict, AGpuRunPredictsMoreGpusOverNvlinkAndInfiniband) {
   }
 }
 
+// Two ranks that shared a GPU over our ring, each bucket's all-reduce after backward at alpha per exchange and beta per
+// byte, its exchanges those of the ring or of recursive doubling (`doubled`: as the trainer runs them now, and as
+// the engine's name then says in the run file's transport).
+RunRecord two_ranks_on_one_gpu(bool doubled, const AlphaBeta& cost) {
+  const RunRecord one = fake_runs::synthetic_gpu_run();
+  RunRecord run = one;
+  run.meta.world_size = 2;
+  run.meta.hostnames = {"gpu-node", "gpu-node"};
+  run.meta.gpus = {"0000:1b:00.0", "0000:1b:00.0"};
+  run.meta.transport = std::string("ring/ipc") + (doubled ? kGpuRingDoublingName : "");
+  run.config["comm"] = "ring";
+  const int nb = static_cast<int>(run.buckets.size());
+  run.records.clear();
+  run.bucket_times.clear();
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < run.steps; ++s) {
+      StepRecord x = one.at(0, s);
+      const double backward_end = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms;
+      double free = backward_end;  // ranks sharing a GPU: the all-reduces wait for backward's end
+      for (int b = 0; b < nb; ++b) {
+        BucketTimes t = one.bucket_at(0, s, b);
+        const double bytes = static_cast<double>(run.buckets[b].bytes());
+        const bool doubling = doubled && gpu_ring_doubles(2, true, bytes, kGpuRingChunkBytes);
+        t.comm_start_ms = std::max(t.ready_ms, free);
+        t.comm_end_ms = free =
+            t.comm_start_ms + cost.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, 0, 1,
+                                                      kGpuRingChunkBytes, doubling));
+        run.bucket_times.push_back(t);
+      }
+      x.exposed_comm_ms = free - backward_end;
+      x.step_ms = x.data_ms + x.forward_ms + x.backward_ms + x.exposed_comm_ms + x.optimizer_ms;
+      run.records.push_back(x);
+    }
+  return run;
+}
+
+// The run's own all-reduces are fitted by the exchanges it made: a run whose transport names no doubling ran the
+// ring throughout (files from before recursive doubling), one that names it doubled where the rule says.
+TEST(Predict, ARunsAllReducesAreFittedByTheAlgorithmItsTransportNames) {
+  const AlphaBeta shared{0.4, 1.0 / 2e8};  // 0.4 ms an exchange, 200 GB/s
+  for (bool doubled : {false, true}) {
+    SCOPED_TRACE(doubled ? "recursive doubling" : "the ring");
+    const RunRecord run = two_ranks_on_one_gpu(doubled, shared);
+    ASSERT_EQ(run.ranks_sharing_a_gpu(), 2);
+    const StepModel m = build_model(run, std::nullopt);
+    EXPECT_EQ(m.measured_doubling, doubled);
+    ASSERT_TRUE(m.comm_fit.has_value());
+    EXPECT_NEAR(m.comm_fit->alone.alpha_ms, shared.alpha_ms, 1e-3 * shared.alpha_ms);
+    EXPECT_NEAR(m.comm_fit->alone.beta_ms_per_byte, shared.beta_ms_per_byte, 1e-3 * shared.beta_ms_per_byte);
+    // And replayed as it ran.
+    EXPECT_NEAR(predict(m, m.measured).step.step_ms, m.measured_step_ms, 0.01 * m.measured_step_ms);
+  }
+}
+
 // One GPU's run, predicted for ranks taking turns on that GPU: each rank's compute `turns` times as long (its kernels
 // wait for the others'), its all-reduces after backward, timed by the calibration's GPU all-reduce (allreduce_perf
 // --impls gpu-ring-ipc on the shared GPU).
