@@ -830,7 +830,7 @@ RunRecord two_ranks_on_one_gpu(bool doubled, const AlphaBeta& cost) {
 }
 
 // The run's own all-reduces are fitted by the exchanges it made: a run whose transport names no doubling ran the
-// ring throughout (files from before recursive doubling), one that names it doubled where the rule says.
+// ring throughout, one that names it doubled where the rule says.
 TEST(Predict, ARunsAllReducesAreFittedByTheAlgorithmItsTransportNames) {
   const AlphaBeta shared{0.4, 1.0 / 2e8};  // 0.4 ms an exchange, 200 GB/s
   for (bool doubled : {false, true}) {
