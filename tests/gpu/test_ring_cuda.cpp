@@ -139,15 +139,19 @@ void host_allreduce(std::vector<float>& data, std::optional<ddplab::float16::For
   ddplab::ring_allreduce_sum(data.data(), data.size(), transport, scratch, options);
 }
 
+// Two sizes: at 2 ranks the large one doubles and the small one (a tie) goes round the ring; at 4 ranks sharing the
+// GPU the small one (two chunks at most) doubles and the large one goes round the ring.
 TEST_P(RingCudaTest, RandomInputsMatchTheHostBitForBit) {
-  const size_t n = (size_t{1} << 20) + 5;
-  const std::vector<float> inputs = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 4242u + world_rank());
-  DeviceArray data(inputs, compute_);
-  ring_->allreduce_sum(data.get(), data.get(), n);
+  for (size_t n : {(size_t{1} << 20) + 5, size_t{20005}}) {
+    SCOPED_TRACE("count " + std::to_string(n) + (ring_->doubles(n) ? ", recursive doubling" : ", the ring"));
+    const std::vector<float> inputs = random_vector(static_cast<int64_t>(n), -1.0f, 1.0f, 4242u + world_rank());
+    DeviceArray data(inputs, compute_);
+    ring_->allreduce_sum(data.get(), data.get(), n);
 
-  std::vector<float> want = inputs;
-  host_allreduce(want, std::nullopt, ring_->doubles(n));
-  EXPECT_TRUE(BitwiseEqual(data.download(), want));
+    std::vector<float> want = inputs;
+    host_allreduce(want, std::nullopt, ring_->doubles(n));
+    EXPECT_TRUE(BitwiseEqual(data.download(), want));
+  }
 }
 
 // Against NCCL's all-reduce on the same random inputs: equal within the rounding of a different summation order
