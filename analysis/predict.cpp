@@ -85,16 +85,12 @@ AllreduceTerms allreduce_terms(double bytes, int ranks, AllreduceImpl impl, Wire
     return {2 * (across - 1), 2 * (across - 1) / across * wire_bytes};
   }
   if (impl == AllreduceImpl::kRing && bytes <= small_max_bytes) {
-    int log2p = 0;
-    while ((2 << log2p) <= ranks) ++log2p;
-    const double steps = log2p + ((1 << log2p) < ranks ? 2 : 0);
+    const double steps = doubling_steps(ranks);
     return {steps, steps * wire_bytes};
   }
   const bool gpu_ring = impl == AllreduceImpl::kRing && chunk_bytes > 0;
   if (gpu_ring && doubling) {
-    int log2p = 0;
-    while ((2 << log2p) <= ranks) ++log2p;
-    const double steps = log2p + ((1 << log2p) < ranks ? 2 : 0);  // a round's, as the small buffers' above
+    const double steps = doubling_steps(ranks);  // a round's
     return {steps * std::ceil(bytes / chunk_bytes), steps * wire_bytes};
   }
   const double rounds = gpu_ring ? std::ceil(bytes / (n * chunk_bytes)) : 1;
@@ -723,7 +719,7 @@ void place_piece_ready_times(const BackwardIntervals& t, const std::vector<Bucke
 // and sharing where the run ran the ring throughout (its transport names no doubling), so that the model replays
 // the run as it ran.
 bool doubles(const StepModel& m, int ranks, int turns, double bytes, double chunk_bytes) {
-  const bool as_run = ranks == m.measured.ranks && turns == std::max(1, m.host.ranks_per_gpu);
+  const bool as_run = ranks == m.measured.ranks && turns == m.run_turns();
   if (as_run && !m.measured_doubling) return false;
   return gpu_ring_doubles(ranks, turns > 1, bytes, chunk_bytes);
 }
@@ -757,8 +753,7 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       for (int r = 0; r < world; ++r)
         beside = beside || (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end);
       terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes(),
-                                      m.ring_chunk_bytes,
-                                      doubles(m, world, std::max(1, m.host.ranks_per_gpu), bytes, m.ring_chunk_bytes)));
+                                      m.ring_chunk_bytes, doubles(m, world, m.run_turns(), bytes, m.ring_chunk_bytes)));
       times.push_back(std::max(0.0, comm.end - comm.begin));
       if (!beside) alone_terms.push_back(terms.back()), alone_times.push_back(times.back());
     }
@@ -1058,7 +1053,7 @@ std::vector<double> update_shares(const std::vector<Bucket>& buckets) {
 int ranks_taking_turns(const StepModel& m, const PredictSetting& setting) {
   const bool own_link =
       same_link(setting.link.intra, m.measured.link.intra) && same_link(setting.link.inter, m.measured.link.inter);
-  const int run_default = own_link ? std::max(1, m.host.ranks_per_gpu) : 1;
+  const int run_default = own_link ? m.run_turns() : 1;
   return std::clamp(m.on_gpu ? setting.ranks_per_gpu.value_or(run_default) : run_default, 1, setting.ranks_on_a_node());
 }
 
@@ -1087,7 +1082,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   // as alone, the run's own sharing divided out first (two ranks on an H200: forward 1.88x and backward 2.28x of one
   // rank's, backward with the all-reduces' kernels beside it). Left to the run, they still share on the run's own
   // link; another link joins GPUs, one per rank.
-  const int run_turns = std::max(1, m.host.ranks_per_gpu);
+  const int run_turns = m.run_turns();
   out.setting.ranks_per_gpu = turns;
   HostCores host = m.host;
   host.ranks_per_gpu = turns > 1 ? turns : 0;

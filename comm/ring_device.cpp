@@ -204,17 +204,25 @@ class DoublingRound {
   size_t n_;
 };
 
+// Either algorithm's start: with one rank or nothing to sum (every rank has the same count, so all skip together)
+// out = in and 0; else the largest chunk the link moves, in floats.
+size_t exchanged_chunk(const float* in, float* out, size_t count, const RingLink& link, RingMemory& memory) {
+  if (link.size() == 1 || count == 0) {
+    if (in != out) memory.copy(out, in, count * sizeof(float));
+    return 0;
+  }
+  const size_t max_chunk = device_ring_max_chunk(link);
+  if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
+  return max_chunk;
+}
+
 }  // namespace
 
 void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory, float* staging,
                         const DeviceRingWire* wire) {
   const int n = link.size();
-  if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
-    if (in != out) memory.copy(out, in, count * sizeof(float));
-    return;
-  }
-  const size_t max_chunk = device_ring_max_chunk(link);
-  if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
+  const size_t max_chunk = exchanged_chunk(in, out, count, link, memory);
+  if (max_chunk == 0) return;
   const size_t round = std::min(count, max_chunk * n);
   if (wire) {
     WireRingPrimitives prims(link, memory, wire->format, in, out, wire->buffers);
@@ -227,12 +235,8 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& lin
 void doubling_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
                             float* staging, const DeviceRingWire* wire) {
   const int n = link.size(), r = link.rank();
-  if (n == 1 || count == 0) {  // every rank has the same count, so all skip together
-    if (in != out) memory.copy(out, in, count * sizeof(float));
-    return;
-  }
-  const size_t max_chunk = device_ring_max_chunk(link);
-  if (max_chunk == 0) throw std::invalid_argument(std::string(link.name()) + " link: buffer smaller than one float");
+  const size_t max_chunk = exchanged_chunk(in, out, count, link, memory);
+  if (max_chunk == 0) return;
   int p = 1;
   while (2 * p <= n) p *= 2;
   const int extra = n - p;  // of each pair (2i, 2i+1), i < extra, the even rank hands its data over and sits out
