@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vector_math.h"
+#include "kernels/mean_pool.h"
 
 namespace ddplab::cpu {
 namespace {
@@ -503,14 +504,20 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
 
 template <typename T>
 void mean_pool_forward(T* out, const T* inp, const int32_t* lengths, int B, int S, int C) {
+  std::vector<T> part(static_cast<size_t>(C));
   for (int b = 0; b < B; ++b) {
     const int L = length_of(lengths, b, S);
     T* o = out + static_cast<int64_t>(b) * C;
     zero(o, C);
-    for (int t = 0; t < L; ++t) {
-      const T* x = inp + (static_cast<int64_t>(b) * S + t) * C;
+    for (int p = 0; p < mean_pool::kParts; ++p) {  // in the GPU's order (kernels/mean_pool.h)
+      zero(part.data(), C);
+      for (int t = mean_pool::part_begin(L, p); t < mean_pool::part_begin(L, p + 1); ++t) {
+        const T* x = inp + (static_cast<int64_t>(b) * S + t) * C;
 #pragma omp simd
-      for (int c = 0; c < C; ++c) o[c] += x[c];
+        for (int c = 0; c < C; ++c) part[c] += x[c];
+      }
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] += part[c];
     }
     const T inv = L > 0 ? T(1) / T(L) : T(0);
 #pragma omp simd

@@ -73,7 +73,8 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n);
 void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B, int S,
                         const int32_t* positions = nullptr);
 
-// out[b,:] = mean over t < len[b] of inp[b,t,:] (0 for a zero-length sequence). inp [B, S, C], out [B, C].
+// out[b,:] = mean over t < len[b] of inp[b,t,:] (0 for a zero-length sequence), the rows added in the order of
+// kernels/mean_pool.h. inp [B, S, C], out [B, C].
 template <typename T>
 void mean_pool_forward(T* out, const T* inp, const int32_t* lengths, int B, int S, int C);
 // dinp[b,t,:] = dout[b,:] / len[b] for t < len[b], 0 for padded t (OVERWRITTEN).

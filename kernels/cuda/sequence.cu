@@ -32,8 +32,10 @@ template <typename T>
 void mean_pool_forward(T* out, const T* inp, const int32_t* lengths, int B, int S, int C, cudaStream_t stream) {
   check_sizes("mean_pool_forward", B, S, C);
   if (B == 0) return;
-  const dim3 grid(detail::grid_size(C), static_cast<unsigned>(std::min(B, 65535)));
-  mean_pool_forward_kernel<T><<<grid, detail::kBlockSize, 0, stream>>>(out, inp, lengths, B, S, C);
+  // 32 columns a block and a warp for each part of the sequence (kernels/mean_pool.h).
+  const dim3 grid(detail::grid_size(C, 32), static_cast<unsigned>(std::min(B, 65535)));
+  mean_pool_forward_kernel<T>
+      <<<grid, 32 * mean_pool::kParts, sequence::mean_pool_smem_bytes, stream>>>(out, inp, lengths, B, S, C);
   cudaCheck(cudaGetLastError());
 }
 
@@ -42,8 +44,13 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
   check_sizes("mean_pool_backward", B, S, C);
   const int64_t n = int64_t{B} * S * C;
   if (n == 0) return;
-  mean_pool_backward_kernel<T><<<detail::grid_size(int64_t{B} * S, kRowsPerBlock), detail::kBlockSize, 0, stream>>>(
-      dinp, dout, lengths, B, S, C);
+  constexpr int kPack = 16 / sizeof(T);  // elements in a 16-byte access
+  const bool packed = C % kPack == 0 && detail::all_aligned(16, dinp, dout);
+  const unsigned grid = detail::grid_size(int64_t{B} * S, kRowsPerBlock);
+  if (packed)
+    mean_pool_backward_kernel<T, kPack><<<grid, detail::kBlockSize, 0, stream>>>(dinp, dout, lengths, B, S, C);
+  else
+    mean_pool_backward_kernel<T, 1><<<grid, detail::kBlockSize, 0, stream>>>(dinp, dout, lengths, B, S, C);
   cudaCheck(cudaGetLastError());
 }
 

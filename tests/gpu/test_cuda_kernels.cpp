@@ -1213,9 +1213,9 @@ TEST_F(CudaKernels, ResidualMatchesCpu) {
   }
 }
 
-// Mean pool: the same additions in the same order and one multiply, so fp32 is bitwise the CPU's; bf16 inputs are
-// pre-rounded and the fp32 result is rounded once (bitwise too). Lengths full, partial, 1 and 0; padded rows of the
-// input are NaN (never read) and padded rows of dinp must come out exactly 0.
+// Mean pool: the same additions in the same order (kernels/mean_pool.h) and one multiply, so fp32 is bitwise the CPU's;
+// bf16 inputs are pre-rounded and the fp32 result is rounded once (bitwise too). Lengths full, partial, 1 and 0; padded
+// rows of the input are NaN (never read) and padded rows of dinp must come out exactly 0.
 template <typename T>
 void mean_pool_matches_cpu(cudaStream_t stream) {
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
