@@ -372,9 +372,20 @@ if [ "$stage" = 3 ]; then
       "$build/launcher/ddplab" predict "$work/gpt2_bf16_np1.h5" --ranks $n --ranks-per-gpu $n --calibration "$cal" \
       --bucket-mb 25,100 --comm-dtype fp32,bf16 --update whole,bucket
   done
-  step "dead peer ring ipc np2 (must fail in time)" train.log 40 'grep -m1 -iE "rank 1|dead|killed" "$log"' \
-    bash -c '! "$@"' dead_peer "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 40 \
-    --fault kill --fault-rank 1 --fault-step 10 --timeout-s 20 --flush-every 5 --out "$work/dead_peer_np2.h5" --force
+  # A rank killed (SIGKILL) at step 10 of 2 and of 4 sharing the GPU: the job ends in seconds naming it, and the
+  # snapshot taken at step 10 (--flush-every 5) is left for `ddplab report` to read.
+  for n in 2 4; do
+    victim=$((n - 1))
+    # The step passes only where the job failed for the kill: mpirun's line naming the victim's signal.
+    step "dead peer ring ipc np$n (must fail in time)" train.log 40 'grep -m1 "exited on signal" "$log"' \
+      bash -c 'log=$("$@" 2>&1); rc=$?; echo "$log"
+               [ $rc -ne 0 ] && grep -q "rank '"$victim"' .*exited on signal" <<<"$log"' \
+      dead_peer "${mpirun[@]}" -np $n "$build/launcher/ddplab" train --device cuda --comm ring \
+      --ring-link ipc --steps 40 --fault kill --fault-rank $victim --fault-step 10 --timeout-s 20 --flush-every 5 \
+      --out "$work/dead_peer_np$n.h5" --force
+    step "dead peer np$n: the snapshot left" train.log 20 'grep -m1 "status:" "$log"' \
+      "$build/launcher/ddplab" report "$work/dead_peer_np$n.h5.partial"
+  done
   # compute-sanitizer over the GPU tests: memcheck everywhere, racecheck on the kernels with shared memory.
   sanitizer=$(tool compute-sanitizer)
   if [ -n "$sanitizer" ]; then
