@@ -90,9 +90,9 @@ struct CudaRingConfig {
 
 class RingAllreduceCuda final : public StreamAllreduce {
  public:
-  // Collective over comm (which must outlive it): picks this rank's GPU (shared allowed except for the nccl link), creates the comm stream
-  // and the link's buffers (ipc: exchanges the memory handles over MPI and maps next's buffer). Throws on every rank
-  // if any rank fails, e.g. ipc with ranks on several nodes.
+  // Collective over comm (which must outlive it): picks this rank's GPU (shared allowed except for the nccl link),
+  // creates the comm stream and the link's buffers (ipc: exchanges the memory handles over MPI and maps every other
+  // rank's). Throws on every rank if any rank fails, e.g. ipc with ranks on several nodes.
   RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config);
   ~RingAllreduceCuda() override;
   RingAllreduceCuda(const RingAllreduceCuda&) = delete;

@@ -27,23 +27,27 @@
 namespace ddplab {
 namespace {
 
-// A stream stand-in: copies and adds wait in a queue until synchronize(), the way a GPU runs them "later".
+// A stream stand-in: copies and adds wait in a queue until synchronize(), the way a GPU runs them "later". A GPU may
+// also run them sooner, at any moment after they are queued: with a seed, each new operation runs the queue so far
+// (in order) one time in three, so that a link that queues a write before the peer allows it, or relies on a read
+// not having run yet, breaks the sums too.
 class DeferredMemory final : public RingMemory {
  public:
+  explicit DeferredMemory(unsigned early_seed = 0) : early_(early_seed), gen_(early_seed) {}
   void copy(void* dst, const void* src, size_t bytes) override {
-    queue_.push_back([=] { host_.copy(dst, src, bytes); });
+    queue([=] { host_.copy(dst, src, bytes); });
   }
   void add(float* out, const float* a, const float* b, size_t count) override {
-    queue_.push_back([=] { host_.add(out, a, b, count); });
+    queue([=] { host_.add(out, a, b, count); });
   }
   void encode(float16::Format f, uint16_t* dst, const float* src, size_t count) override {
-    queue_.push_back([=] { host_.encode(f, dst, src, count); });
+    queue([=] { host_.encode(f, dst, src, count); });
   }
   void decode(float16::Format f, float* dst, const uint16_t* src, size_t count) override {
-    queue_.push_back([=] { host_.decode(f, dst, src, count); });
+    queue([=] { host_.decode(f, dst, src, count); });
   }
   void add_encode(float16::Format f, uint16_t* io, const float* own, size_t count) override {
-    queue_.push_back([=] { host_.add_encode(f, io, own, count); });
+    queue([=] { host_.add_encode(f, io, own, count); });
   }
   void synchronize() override {
     for (auto& op : queue_) op();
@@ -51,8 +55,14 @@ class DeferredMemory final : public RingMemory {
   }
 
  private:
+  void queue(std::function<void()> op) {
+    queue_.push_back(std::move(op));
+    if (early_ != 0 && gen_() % 3 == 0) synchronize();
+  }
   HostMemory host_;
   std::vector<std::function<void()>> queue_;
+  unsigned early_;
+  std::mt19937 gen_;
 };
 
 // The staging buffers of every rank of the node in one MPI shared-memory window: each rank gets its own and pointers
@@ -189,20 +199,28 @@ TEST_P(RingDeviceTest, ExactInputsSumExactlyInPlace) {
     ASSERT_EQ(data[i], static_cast<float>(n * (i % 97) + 100 * n * (n - 1) / 2)) << "element " << i;
 }
 
+// With the queue run only at synchronize(), and also at random moments before (DeferredMemory).
 TEST_P(RingDeviceTest, RandomInputsMatchTheHostBitForBitOutOfPlace) {
   const Case c = GetParam();
   const int r = world_rank();
-  DeferredMemory memory;
-  LinkUnderTest lut(c.kind, memory, c.max_chunk);
-  const std::vector<float> in = random_floats(c.count, 1234u + r);
-  std::vector<float> out(c.count, -7.f), staging(device_ring_max_chunk(*lut.link));
-  device_allreduce(c, in.data(), out.data(), *lut.link, memory, staging.data());
-  memory.synchronize();
-  EXPECT_EQ(in, random_floats(c.count, 1234u + r)) << "the input was written";
+  for (const unsigned early_seed : {0u, 77u + r}) {
+    SCOPED_TRACE(early_seed == 0 ? "queued work runs at synchronize()" : "queued work also runs at random moments");
+    DeferredMemory memory(early_seed);
+    LinkUnderTest lut(c.kind, memory, c.max_chunk);
+    const std::vector<float> in = random_floats(c.count, 1234u + r);
+    std::vector<float> out(c.count, -7.f), staging(device_ring_max_chunk(*lut.link));
+    device_allreduce(c, in.data(), out.data(), *lut.link, memory, staging.data());
+    memory.synchronize();
+    EXPECT_EQ(in, random_floats(c.count, 1234u + r)) << "the input was written";
 
-  std::vector<float> expected = in;
-  host_reference(c, expected, std::nullopt);
-  for (size_t i = 0; i < c.count; ++i) ASSERT_EQ(out[i], expected[i]) << "element " << i;
+    std::vector<float> expected = in;
+    host_reference(c, expected, std::nullopt);
+    // The first difference, not an ASSERT: a rank that returned here would leave the others in the collectives of
+    // the next loop.
+    size_t i = 0;
+    while (i < c.count && float16::f32_bits(out[i]) == float16::f32_bits(expected[i])) ++i;
+    EXPECT_EQ(i, c.count) << "element " << i << " differs from the host's";
+  }
 }
 
 // The 16-bit wire: the host's wire16 arithmetic, so the same chunking gives the same bits; in place, the owner
