@@ -184,11 +184,17 @@ if [ "$stage" = 1 ]; then
   step "train nccl gpt2 bf16 np1" train.log 90 'grep "attention\|mean step" "$log" | tail -2 | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 12 --out "$work/train_nccl_gpt2.h5" --force
+  # The default MLP on one GPU through NCCL: what `ddplab predict` models the MLP on 2, 4 and 8 GPUs from.
+  step "train nccl mlp np1" train.log 40 'grep "mean step" "$log" | tail -1' \
+    "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --steps 30 --warmup-steps 10 \
+    --out "$work/train_nccl_mlp.h5" --force
   # A rank that fails ends the whole job, at once, with its reason (the error path of CudaBackend's destructor).
   step "fault throw ring np2" train.log 60 'grep "error on rank 1" "$log" | tail -1' \
     bash -c 'said=$("$@" 2>&1); code=$?; echo "$said"; [ $code -ne 0 ] && grep -q "injected fault" <<<"$said"' _ \
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --steps 20 --fault throw \
     --fault-rank 1 --fault-step 5 --out "$work/fault.h5" --force
+  # The stage's run files, for `ddplab report` and `ddplab predict`.
+  (cd "$work" && tar -czf "$out/runs.tgz" ./train_*.h5 2>/dev/null)
 fi
 
 # ---- stage 2: speed ------------------------------------------------------------------------------------------------
