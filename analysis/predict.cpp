@@ -714,14 +714,14 @@ void place_piece_ready_times(const BackwardIntervals& t, const std::vector<Bucke
     }
 }
 
-// Whether our GPU ring all-reduces `bytes` by recursive doubling at `ranks` ranks, `turns` of them on a GPU
-// (gpu_ring_doubles; chunk_bytes 0, not our GPU ring: never): as the trainer does now, except at the run's own world
-// and sharing where the run ran the ring throughout (its transport names no doubling), so that the model replays
-// the run as it ran.
-bool doubles(const StepModel& m, int ranks, int turns, double bytes, double chunk_bytes) {
+// Whether our GPU ring all-reduces `bytes` by recursive doubling at `ranks` ranks, `turns` of them on a GPU, over
+// `link` (gpu_ring_doubles; chunk_bytes 0, not our GPU ring: never): as the trainer does now, where an emulated link
+// times each exchange by its bytes even on a shared GPU, except at the run's own world and sharing where the run ran
+// the ring throughout (its transport names no doubling), so that the model replays the run as it ran.
+bool doubles(const StepModel& m, int ranks, int turns, const LinkClasses& link, double bytes, double chunk_bytes) {
   const bool as_run = ranks == m.measured.ranks && turns == m.run_turns();
   if (as_run && !m.measured_doubling) return false;
-  return gpu_ring_doubles(ranks, turns > 1, bytes, chunk_bytes);
+  return gpu_ring_doubles(ranks, turns > 1 && !link.emulated(), bytes, chunk_bytes);
 }
 
 // The all-reduce's cost from the run's buckets, per step: from the last rank joining to the last rank done (the
@@ -753,7 +753,8 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
       for (int r = 0; r < world; ++r)
         beside = beside || (t.backward[r][s].begin <= comm.begin && comm.begin < t.backward[r][s].end);
       terms.push_back(allreduce_terms(bytes, world, m.measured.impl, m.measured.wire, small, m.measured.nodes(),
-                                      m.ring_chunk_bytes, doubles(m, world, m.run_turns(), bytes, m.ring_chunk_bytes)));
+                                      m.ring_chunk_bytes,
+                                      doubles(m, world, m.run_turns(), m.measured.link, bytes, m.ring_chunk_bytes)));
       times.push_back(std::max(0.0, comm.end - comm.begin));
       if (!beside) alone_terms.push_back(terms.back()), alone_times.push_back(times.back());
     }
@@ -971,7 +972,7 @@ BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, int 
   out.depends_on[1] = nodes > 1;
   for (const Bucket& b : buckets) {
     const double bytes = static_cast<double>(b.count) * sizeof(float);
-    const bool doubling = doubles(m, n, turns, bytes, src.chunk_bytes);
+    const bool doubling = doubles(m, n, turns, setting.link, bytes, src.chunk_bytes);
     const double alone = allreduce_ms(bytes, setting, small, costs, src.chunk_bytes, doubling);
     const AllreduceTerms terms =
         allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes, doubling);

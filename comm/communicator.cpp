@@ -144,8 +144,8 @@ namespace {
 
 // Each hop's link class from the topology (of the transport's communicator): within a node the intra link, per
 // pair; across nodes the inter link, through this node's NIC.
-std::unique_ptr<Transport> emulate_links(std::unique_ptr<Transport> t, const Topology& topology,
-                                         const LinkClasses& links, const std::shared_ptr<SharedNic>& nic) {
+std::unique_ptr<LinkEmulatedTransport> emulate_links(std::unique_ptr<Transport> t, const Topology& topology,
+                                                     const LinkClasses& links, const std::shared_ptr<SharedNic>& nic) {
   std::vector<HopLink> hops;
   for (int p = 0; p < t->size(); ++p) {
     const bool across = !topology.same_node(t->rank(), p);
@@ -169,6 +169,17 @@ size_t shm_hop_in(const std::string& description) {
 }
 
 }  // namespace
+
+std::unique_ptr<LinkEmulatedTransport> emulated_link_clock(MPI_Comm comm, const LinkClasses& links,
+                                                           int ranks_per_node) {
+  const Topology topology = detect_topology(comm, ranks_per_node);
+  int rank = 0;
+  mpiCheck(MPI_Comm_rank(comm, &rank));
+  std::shared_ptr<SharedNic> nic;
+  if (topology.nodes() > 1 && link_emulated(links.inter))
+    nic = std::make_shared<SharedNic>(comm, topology.node_of_rank[rank]);
+  return emulate_links(std::make_unique<MpiTransport>(comm), topology, links, nic);
+}
 
 std::optional<float16::Format> wire_format(WireDtype dtype) {
   switch (dtype) {

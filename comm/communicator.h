@@ -74,7 +74,8 @@ inline int doubling_steps(int ranks) {
 // Whether --comm ring on GPU buffers may all-reduce by recursive doubling (doubling_allreduce_sum, comm/ring_device.h)
 // instead of the ring: at two ranks, where it moves the ring's bytes, and wherever ranks share a GPU, where each
 // exchange costs a fixed ~0.37 ms (2 ranks) to ~1.1 ms (4) whatever it moves. Between GPUs of their own, beyond two
-// ranks, the ring's fewer bytes win.
+// ranks, the ring's fewer bytes win, and so they do on a shared GPU under an emulated link (--link), which times each
+// exchange by its bytes: callers pass ranks_share_a_gpu false there.
 inline bool gpu_ring_may_double(int ranks, bool ranks_share_a_gpu) {
   return ranks == 2 || (ranks > 2 && ranks_share_a_gpu);
 }
@@ -109,7 +110,14 @@ struct CommOptions {
 // Not thread-safe: one thread at a time calls into a Communicator (during a step, the Reducer's comm thread).
 class DirectCollectives;
 class HierAllreduce;
+class LinkEmulatedTransport;
 class SharedNic;
+
+// The emulated links (--link) between the ranks of comm as the host ring's transport has them: each hop's class from
+// the nodes (detect_topology: intra per pair, inter through the node's NIC), over an MPI transport of their own.
+// Collective. For a link that moves its data another way and only needs each message's arrival: the GPU ring's
+// (LinkEmulatedRingLink, comm/ring_device.h).
+std::unique_ptr<LinkEmulatedTransport> emulated_link_clock(MPI_Comm comm, const LinkClasses& links, int ranks_per_node);
 
 class Communicator {
  public:

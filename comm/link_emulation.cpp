@@ -139,11 +139,15 @@ int64_t LinkEmulatedTransport::serialisation_ns(int peer, size_t bytes) const {
 }
 
 void LinkEmulatedTransport::send(int peer, const void* buf, size_t bytes, int tag) {
+  send_as(peer, buf, bytes, bytes, tag);
+}
+
+void LinkEmulatedTransport::send_as(int peer, const void* buf, size_t bytes, size_t link_bytes, int tag) {
   if (peer < 0 || peer >= size())
     throw std::invalid_argument("rank " + std::to_string(rank()) + ": LinkEmulatedTransport::send to rank " +
                                 std::to_string(peer) + " of " + std::to_string(size()));
   Hop& hop = hops_[peer];
-  const int64_t now = monotonic_ns(), busy = serialisation_ns(peer, bytes);
+  const int64_t now = monotonic_ns(), busy = serialisation_ns(peer, link_bytes);
   int64_t sent_by = 0;  // when the last byte has left
   if (hop.through_nic) {
     sent_by = nic_->reserve(now, busy);

@@ -75,6 +75,9 @@ class LinkEmulatedTransport final : public Transport {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   void send(int peer, const void* buf, size_t bytes, int tag) override;
+  // send(), timed on the link as a message of link_bytes: for a payload that moves another way (GPU memory over a
+  // device link, comm/ring_device.h's LinkEmulatedRingLink), a message of no bytes that carries only its arrival.
+  void send_as(int peer, const void* buf, size_t bytes, size_t link_bytes, int tag);
   void recv(int peer, void* buf, size_t bytes, int tag) override;
   void recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) override;
   void wait_sends(size_t keep_last = 0) override;

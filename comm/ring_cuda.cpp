@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "comm/link_emulation.h"
 #include "comm/nccl_allreduce.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/elementwise.h"
@@ -109,7 +110,6 @@ const RingAllreduceCuda::LinkEntry& RingAllreduceCuda::choose_link(MPI_Comm comm
     const std::string why = entry.cannot_connect(q);
     if (why.empty()) {
       name_ = std::string("ring/") + to_string(entry.kind) + (passed_over.empty() ? "" : " (" + passed_over + ")");
-      if (gpu_ring_may_double(size_, ranks_share_a_gpu_)) name_ += kGpuRingDoublingName;
       return entry;
     }
     if (wanted != RingLinkKind::kAuto)
@@ -145,6 +145,10 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   if (bytes == 0) throw std::invalid_argument("ring on the GPU: chunk_bytes must hold at least one float");
   chunk_bytes_ = bytes;
   const LinkEntry& link = choose_link(comm, config.link);
+  const bool emulated = config.links.emulated();
+  exchanges_cost_a_fixed_time_ = ranks_share_a_gpu_ && !emulated;
+  if (gpu_ring_may_double(size_, exchanges_cost_a_fixed_time_)) name_ += kGpuRingDoublingName;
+  if (emulated) name_ += " + link emulation";
 
   stream_ = create_comm_stream("ddplab comm (ring)");
   cudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
@@ -161,6 +165,9 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   }
 
   (this->*link.setup)(comm, bytes);
+  if (emulated)
+    link_ = std::make_unique<LinkEmulatedRingLink>(std::move(link_),
+                                                   emulated_link_clock(comm, config.links, config.ranks_per_node));
   comm_thread_ = std::make_unique<WorkerThread>("GPU ring comm thread");
   comm_thread_->submit([this] { cudaCheck(cudaSetDevice(device_)); });  // a new thread starts on device 0
 }

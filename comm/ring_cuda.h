@@ -86,6 +86,10 @@ struct CudaRingConfig {
   size_t chunk_bytes = kGpuRingChunkBytes;
   // A 16-bit wire (--comm-dtype bf16 | fp16): the ring's WireRingPrimitives, the same chunks in half the bytes.
   std::optional<float16::Format> wire = std::nullopt;
+  // --link: every exchange also takes as long as it would on these links (LinkEmulatedRingLink, comm/ring_device.h),
+  // each hop's class from the nodes: hosts, or emulated nodes of ranks_per_node consecutive ranks (0: hosts).
+  LinkClasses links{};
+  int ranks_per_node = 0;
 };
 
 class RingAllreduceCuda final : public StreamAllreduce {
@@ -99,13 +103,13 @@ class RingAllreduceCuda final : public StreamAllreduce {
   RingAllreduceCuda& operator=(const RingAllreduceCuda&) = delete;
 
   // "ring/ipc", ...; for --ring-link auto, with the links passed over and why: "ring/host (ipc: ...; nccl: ...)";
-  // " + recursive doubling" where some buffers take it (doubles()).
+  // " + recursive doubling" where some buffers take it (doubles()), " + link emulation" under --link.
   const char* name() const override { return name_.c_str(); }
   // Whether `count` floats are all-reduced by recursive doubling (doubling_allreduce_sum, comm/ring_device.h) rather
-  // than the ring: where it takes fewer exchanges at two ranks or with ranks sharing a GPU (gpu_ring_doubles,
-  // comm/communicator.h). The same on every rank.
+  // than the ring: where it takes fewer exchanges at two ranks or with ranks sharing a GPU, unless an emulated link
+  // times the exchanges by their bytes (gpu_ring_doubles, comm/communicator.h). The same on every rank.
   bool doubles(size_t count) const {
-    return gpu_ring_doubles(size_, ranks_share_a_gpu_, static_cast<double>(count * sizeof(float)),
+    return gpu_ring_doubles(size_, exchanges_cost_a_fixed_time_, static_cast<double>(count * sizeof(float)),
                             static_cast<double>(chunk_bytes_));
   }
   int rank() const override { return rank_; }
@@ -147,6 +151,7 @@ class RingAllreduceCuda final : public StreamAllreduce {
 
   int rank_ = 0, size_ = 1, device_ = -1;
   bool ranks_share_a_gpu_ = false;
+  bool exchanges_cost_a_fixed_time_ = false;  // ranks share a GPU, and no emulated link times the exchanges
   size_t chunk_bytes_ = 0;
   std::string name_;
   MPI_Comm comm_ = MPI_COMM_NULL;        // the caller's; must outlive this object (the IPC teardown's barrier)

@@ -72,6 +72,21 @@ void PeerStagingLink::send_recv(int to, const void* send, size_t send_bytes, int
   tokens_.wait_sends();  // the token buffers are reused by the next exchange
 }
 
+LinkEmulatedRingLink::LinkEmulatedRingLink(std::unique_ptr<RingLink> inner,
+                                           std::unique_ptr<LinkEmulatedTransport> timing, int tag)
+    : inner_(std::move(inner)), timing_(std::move(timing)), tag_(tag) {
+  if (timing_->rank() != inner_->rank() || timing_->size() != inner_->size())
+    throw std::invalid_argument("LinkEmulatedRingLink: the timing transport must join the link's ranks, in its order");
+}
+
+void LinkEmulatedRingLink::send_recv(int to, const void* send, size_t send_bytes, int from, void* recv,
+                                     size_t recv_bytes) {
+  if (send_bytes) timing_->send_as(to, nullptr, 0, send_bytes, tag_);
+  inner_->send_recv(to, send, send_bytes, from, recv, recv_bytes);
+  if (recv_bytes) timing_->recv(from, nullptr, 0, tag_);  // sleeps until the message's arrival on the emulated link
+  timing_->wait_sends();
+}
+
 HostStagedLink::HostStagedLink(RingMemory& memory, Transport& transport, void* host_send, void* host_recv,
                                size_t host_bytes, int tag)
     : memory_(memory),

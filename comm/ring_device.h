@@ -15,8 +15,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "comm/link_emulation.h"
 #include "comm/ring_allreduce.h"
 #include "comm/transport.h"
 #include "kernels/float16.h"
@@ -127,6 +129,26 @@ class HostStagedLink final : public RingLink {
   void* host_send_;
   void* host_recv_;
   size_t host_bytes_;
+  int tag_;
+};
+
+// Link emulation (--link, comm/link_emulation.h) on a device link: the data moves over `inner` at its own speed,
+// and each message's arrival time on the emulated link travels beside it over `timing` (a LinkEmulatedTransport
+// between the same ranks, in the same order) as a message of no bytes timed as the data's. The exchange returns only
+// once the incoming message has arrived, so nothing queued after it reads the data sooner. As on the host, the
+// emulation only adds delay: a link faster than the real one runs at the real one's speed.
+class LinkEmulatedRingLink final : public RingLink {
+ public:
+  LinkEmulatedRingLink(std::unique_ptr<RingLink> inner, std::unique_ptr<LinkEmulatedTransport> timing, int tag = 0);
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  size_t max_bytes() const override { return inner_->max_bytes(); }
+  void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
+  const char* name() const override { return inner_->name(); }
+
+ private:
+  std::unique_ptr<RingLink> inner_;
+  std::unique_ptr<LinkEmulatedTransport> timing_;
   int tag_;
 };
 

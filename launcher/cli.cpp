@@ -32,8 +32,16 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.comm == AllreduceImpl::kRing || c.ring_link == RingLinkKind::kAuto, "--ring-link needs --comm ring");
   refuse(c.optimizer.kind == OptimizerKind::kAdamW,
          "--optimizer " + std::string(to_string(c.optimizer.kind)) + " has no CUDA kernel yet (use adamw)");
-  refuse(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0, "--link emulation is CPU only");
-  refuse(c.ranks_per_node == 0, "--ranks-per-node (emulated nodes) is CPU only");
+  const bool emulated = !(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0);
+  refuse(!emulated || c.comm == AllreduceImpl::kRing,
+         "--link emulates the links of our ring (--comm ring); NCCL's transfers are its own");
+  refuse(c.ranks_per_node == 0 || c.comm == AllreduceImpl::kRing,
+         "--ranks-per-node (emulated nodes) needs --comm ring, whose --link it shapes");
+  try {
+    comm_options(c);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   if (c.attention == AttentionKind::kFused || c.attention == AttentionKind::kCudnn) {
     const bool fused = c.attention == AttentionKind::kFused;
     const std::string flag = "--attention " + std::string(to_string(*c.attention));

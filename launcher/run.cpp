@@ -461,10 +461,9 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
     std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s%s\n",
               to_string(config.comm), trainer.transport().c_str(), to_string(config.comm_dtype),
-              // comm_options knows the CPU's collectives only (not nccl); the GPU refuses --link anyway
-              (config.device == Device::kCpu ? describe(comm_options(config).link) : std::string("none")).c_str(),
-              trainer.buckets().size(), trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb,
-              config.first_bucket_mb, config.overlap ? "on" : "off", slices);
+              describe(comm_options(config).link).c_str(), trainer.buckets().size(),
+              trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
+              config.overlap ? "on" : "off", slices);
   std::fflush(stdout);
 }
 
@@ -737,7 +736,7 @@ RunRecord run_description(const TrainConfig& config, const RunOptions& options, 
   record.meta = run_metadata(config, options, first_step, world);
   record.meta.transport = trainer.transport();
   record.meta.node_of_rank = topology.node_of_rank;
-  if (config.device == Device::kCpu) record.meta.links = comm_options(config).link;
+  record.meta.links = comm_options(config).link;
   record.config = to_json(config);
   for (const Bucket& b : trainer.buckets())
     record.buckets.push_back({b.first_piece, b.last_piece, b.count, bucket_contents(trainer, b)});

@@ -30,6 +30,9 @@ std::unique_ptr<cuda::StreamAllreduce> make_stream_allreduce(const TrainConfig& 
   if (config.comm == AllreduceImpl::kNccl) return std::make_unique<cuda::NcclAllreduce>(comm, wire);
   cuda::CudaRingConfig ring{config.ring_link};
   ring.wire = wire;
+  const CommOptions comm_config = comm_options(config);
+  ring.links = comm_config.link;
+  ring.ranks_per_node = comm_config.ranks_per_node;
   return std::make_unique<cuda::RingAllreduceCuda>(comm, ring);
 }
 

@@ -33,9 +33,9 @@ constexpr ImplSpec kImpls[] = {
     {"hier", "float", true, false, kOnHost, make_hier},
     {"mpi-raw", "float", false, false, kOnHost, make_mpi_raw},
     {"nccl", "float", false, true, nullptr, DDPLAB_GPU_MAKER(make_nccl)},
-    {"gpu-ring-nccl", "float", false, true, nullptr, DDPLAB_GPU_MAKER(make_gpu_ring)},
-    {"gpu-ring-ipc", "float", false, true, kBlocksHost, DDPLAB_GPU_MAKER(make_gpu_ring)},
-    {"gpu-ring-host", "float", false, true, kBlocksHost, DDPLAB_GPU_MAKER(make_gpu_ring)},
+    {"gpu-ring-nccl", "float", true, true, nullptr, DDPLAB_GPU_MAKER(make_gpu_ring)},
+    {"gpu-ring-ipc", "float", true, true, kBlocksHost, DDPLAB_GPU_MAKER(make_gpu_ring)},
+    {"gpu-ring-host", "float", true, true, kBlocksHost, DDPLAB_GPU_MAKER(make_gpu_ring)},
 };
 
 }  // namespace

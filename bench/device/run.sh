@@ -378,6 +378,20 @@ if [ "$stage" = 3 ]; then
       "$build/launcher/ddplab" predict "$work/gpt2_bf16_np1.h5" --ranks $n --ranks-per-gpu $n --calibration "$cal" \
       --bucket-mb 25,100 --comm-dtype fp32,bf16 --update whole,bucket
   done
+  # An emulated link on the GPU ring (--link): the default MLP alone on the GPU, then 2 and 4 ranks sharing it over an
+  # emulated 10 GbE, each predicted from the one-rank run; and 2 ranks' sweep, every point predicted from its first.
+  mlp_ipc=("$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 30 --warmup-steps 10 --force)
+  step "mlp ring ipc np1" train.log 30 'grep -m1 "mean step" "$log"' \
+    "${mpirun[@]}" -np 1 "${mlp_ipc[@]}" --out "$work/mlp_np1.h5"
+  for n in 2 4; do
+    step "mlp ring ipc np$n, 10gbe" train.log 40 'grep -m1 "mean step" "$log"' \
+      "${mpirun[@]}" -np $n "${mlp_ipc[@]}" --link 10gbe --out "$work/mlp_10gbe_np$n.h5"
+    step "predict mlp np$n 10gbe from np1" train.log 20 'grep -m1 -E "^10gbe +'"$n"' " "$log"' \
+      "$build/launcher/ddplab" predict "$work/mlp_np1.h5" --ranks $n --ranks-per-gpu $n --link 10gbe
+  done
+  step "sweep mlp ring np2 10gbe --predict" train.log 90 'grep -m1 "^|error|" "$log"' \
+    "${mpirun[@]}" -np 2 "$build/launcher/ddplab" sweep --device cuda --comm ring --ring-link ipc --link 10gbe \
+    --predict --bucket-mb 1,5,25 --overlap on,off --steps 12 --warmup-steps 4 --out-dir "$work/sweep_10gbe_np2" --force
   # A rank killed (SIGKILL) at step 10 of 2 and of 4 sharing the GPU: the job ends in seconds naming it, and the
   # snapshot taken at step 10 (--flush-every 5) is left for `ddplab report` to read.
   for n in 2 4; do
@@ -424,7 +438,7 @@ if [ "$stage" = 3 ]; then
     --lengths fixed \
     --max-len 1024 --batch 8 --steps 6 --warmup-steps 2 --profile-steps 4:4 --out "$work/ncu_run.h5" --force
   # The partial file a killed run leaves (<out>.partial) comes back too: it must hold the steps before the kill.
-  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 ./*.partial ./*.json sweep_np4 suite_lab 2>/dev/null)
+  (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 ./*.partial ./*.json sweep_np4 sweep_10gbe_np2 suite_lab 2>/dev/null)
 fi
 
 echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"

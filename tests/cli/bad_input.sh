@@ -162,7 +162,11 @@ refusals_at() {
   expect_error $np "--precision must be fp32, tf32 or bf16 (got 'fp16')" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
   expect_error $np "--comm-dtype must be fp32, bf16 or fp16 (got 'int8')" train "${small[@]}" "${cuda[@]}" --comm-dtype int8
-  expect_error $np "--device cuda: --link emulation is CPU only" train "${small[@]}" "${cuda[@]}" --link 10gbe
+  expect_error $np "--device cuda: --link emulates the links of our ring (--comm ring); NCCL's transfers are its own" \
+    train "${small[@]}" --device cuda --comm nccl --link 10gbe
+  expect_error $np "--device cuda: --ranks-per-node (emulated nodes) needs --comm ring" \
+    train "${small[@]}" --device cuda --comm nccl --ranks-per-node 1
+  expect_error $np "unknown --link 'bogus'" train "${small[@]}" --device cuda --comm ring --link bogus
   # The fused attention: bf16 only, a transformer whose heads it has kernels for, on the GPU.
   expect_error $np "--device cuda: --attention fused needs --precision bf16 (its kernels are bf16; got --precision fp32)" \
     train --model gpt2-small --head lm --attention fused "${cuda[@]}" --steps 2

@@ -278,6 +278,26 @@ TEST(RingCudaLinks, AutoTakesIpcOnOneNodeAndAnNcclRingOnASharedGpuSaysWhyNot) {
   EXPECT_NE(msg.find("the nccl link cannot connect: ranks share a GPU"), std::string::npos) << msg;
 }
 
+// --link on the GPU ring: the same sums bit for bit (the emulation only delays each exchange; comm/ring_device.h),
+// the engine's name says so, and ranks sharing the GPU keep to the ring beyond two ranks, as the emulated link
+// times each exchange by its bytes.
+TEST_P(RingCudaTest, AnEmulatedLinkKeepsTheSumsAndSaysSo) {
+  const int n_ranks = world_size(), rank = world_rank();
+  CudaRingConfig config{GetParam(), kChunkBytes};
+  config.links = ddplab::parse_links("10gbe");
+  ring_.reset();  // one engine at a time on the device
+  RingAllreduceCuda ring(MPI_COMM_WORLD, config);
+  const std::string name = ring.name();
+  EXPECT_NE(name.find(" + link emulation"), std::string::npos) << name;
+  EXPECT_EQ(name.find("recursive doubling") != std::string::npos, n_ranks == 2) << name;
+  for (size_t n : {size_t{1000}, size_t{20005}}) {
+    SCOPED_TRACE("count " + std::to_string(n));
+    DeviceArray data(allreduce_inputs(n, rank), compute_);
+    ring.allreduce_sum(data.get(), data.get(), n);
+    EXPECT_TRUE(BitwiseEqual(data.download(), allreduce_expected_sum(n, n_ranks)));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Links, RingCudaTest,
                          ::testing::Values(RingLinkKind::kNccl, RingLinkKind::kIpc, RingLinkKind::kHost),
                          [](const auto& info) { return link_label(info.param); });

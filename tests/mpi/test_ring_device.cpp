@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/link_emulation.h"
 #include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
 #include "comm/ring_device.h"
@@ -168,10 +169,11 @@ class CountingLink final : public RingLink {
   size_t max_bytes() const override { return link_.max_bytes(); }
   void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override {
     ++exchanges;
+    if (recv_bytes) ++receives;
     link_.send_recv(to, send, send_bytes, from, recv, recv_bytes);
   }
   const char* name() const override { return link_.name(); }
-  int exchanges = 0;
+  int exchanges = 0, receives = 0;
 
  private:
   RingLink& link_;
@@ -306,6 +308,43 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Links, RingDeviceTest, testing::ValuesIn(cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+// --link on a device link: each exchange's data arrives no sooner than the emulated link delivers it, so a whole
+// all-reduce takes at least its exchanges' chain of latencies and serialisations (a lower bound only: load only
+// makes it longer), and the sums are the unemulated ones bit for bit. Both algorithms, on the ipc link's protocol.
+TEST(RingDevice, AnEmulatedLinkDelaysEachExchangeAndKeepsTheBits) {
+  const int n = world_size(), r = world_rank();
+  if (n == 1) GTEST_SKIP() << "one rank exchanges nothing";
+  constexpr double kLatencyUs = 2000, kGbps = 1;  // 2 ms, and 1 ms for each 125 KB
+  constexpr size_t kChunk = 4096;                 // floats: 16 KiB a message, 0.131 ms at 1 Gbit/s
+  const size_t count = 3 * kChunk + 5;
+  for (Algorithm algorithm : {Algorithm::kRing, Algorithm::kDoubling}) {
+    const Case c{algorithm, LinkKind::kPeerStaging, count, kChunk};
+    SCOPED_TRACE(case_name(c));
+    DeferredMemory memory(5u + r);
+    LinkUnderTest lut(c.kind, memory, kChunk);
+    auto timing =
+        std::make_unique<LinkEmulatedTransport>(std::make_unique<MpiTransport>(MPI_COMM_WORLD), kLatencyUs, kGbps);
+    LinkEmulatedRingLink emulated(std::move(lut.link), std::move(timing), /*tag=*/5);
+    CountingLink link(emulated);
+    std::vector<float> data = random_floats(count, 31u + r), staging(kChunk);
+    const int64_t start = monotonic_ns();  // before the barrier: before any rank sends
+    MPI_Barrier(MPI_COMM_WORLD);
+    device_allreduce(c, data.data(), data.data(), link, memory, staging.data());
+    memory.synchronize();
+    const double elapsed_us = (monotonic_ns() - start) / 1e3;
+
+    std::vector<float> expected = random_floats(count, 31u + r);
+    host_reference(c, expected, std::nullopt);
+    size_t i = 0;
+    while (i < count && float16::f32_bits(data[i]) == float16::f32_bits(expected[i])) ++i;
+    EXPECT_EQ(i, count) << "element " << i << " differs from the unemulated sum";
+    // Each message a rank receives arrives a latency after it was sent, and most were sent only after an earlier one
+    // to their sender had arrived: half a latency a message received is a bound that holds for either algorithm
+    // (~0.5 ms in all without the emulation).
+    EXPECT_GE(elapsed_us, link.receives * kLatencyUs / 2) << link.receives << " messages received";
+  }
+}
 
 TEST(RingDevice, AMessageLargerThanTheLinkBufferIsRefused) {
   HostMemory memory;

@@ -847,6 +847,22 @@ TEST(Predict, ARunsAllReducesAreFittedByTheAlgorithmItsTransportNames) {
   }
 }
 
+// Under an emulated link (--link) the GPU ring's exchanges cost their bytes, shared GPU or not, so at 4 ranks it
+// keeps to the ring, whose bytes are fewer: the same all-reduce time whether the 4 ranks share a GPU or have one each
+// (overlap off, so that no all-reduce stalls beside backward). Recursive doubling there would move 2 buffers a rank
+// where the ring moves 1.5.
+TEST(Predict, AnEmulatedLinkKeepsRanksSharingAGpuOnTheRing) {
+  const StepModel m = build_model(two_ranks_on_one_gpu(true, AlphaBeta{0.4, 1.0 / 2e8}), std::nullopt);
+  PredictSetting setting = m.measured;
+  setting.ranks = 4;
+  setting.link = parse_links("10gbe");
+  setting.overlap = false;
+  setting.ranks_per_gpu = 4;
+  const double shared = predict(m, setting).step.comm_ms;
+  setting.ranks_per_gpu = 1;
+  EXPECT_NEAR(shared, predict(m, setting).step.comm_ms, 1e-9 * shared);
+}
+
 // One GPU's run, predicted for ranks taking turns on that GPU: each rank's compute `turns` times as long (its kernels
 // wait for the others'), its all-reduces after backward, timed by the calibration's GPU all-reduce (allreduce_perf
 // --impls gpu-ring-ipc on the shared GPU).
