@@ -13,9 +13,8 @@
 #include <stdexcept>
 
 namespace ddplab {
-namespace {
 
-std::vector<std::string> matching_paths(const std::string& pattern) {
+std::vector<std::string> token_shard_paths(const std::string& pattern) {
   glob_t found{};
   const int status = glob(pattern.c_str(), GLOB_NOSORT, nullptr, &found);  // sorted below, by name
   std::vector<std::string> paths(found.gl_pathv, found.gl_pathv + (status == 0 ? found.gl_pathc : 0));
@@ -29,6 +28,8 @@ std::vector<std::string> matching_paths(const std::string& pattern) {
   return paths;
 }
 
+namespace {
+
 // Windows of `window` tokens in `count`, each starting on the previous one's last token.
 int64_t windows_in(int64_t count, int window) { return count < window ? 0 : (count - 1) / (window - 1); }
 
@@ -36,7 +37,7 @@ int64_t windows_in(int64_t count, int window) { return count < window ? 0 : (cou
 
 TokenFiles::TokenFiles(const std::string& pattern, int window) : pattern_(pattern), window_(window) {
   if (window < 2) throw std::invalid_argument("token shards: a window needs at least 2 tokens (a token and its next)");
-  const std::vector<std::string> paths = matching_paths(pattern);
+  const std::vector<std::string> paths = token_shard_paths(pattern);
   if (paths.empty()) throw std::invalid_argument(pattern + ": no such file");
   try {
     for (const std::string& path : paths) {

@@ -24,6 +24,10 @@ inline constexpr int32_t kTokenShardMagic = 20240520;
 inline constexpr int32_t kTokenShardVersion = 1;  // uint16 tokens
 inline constexpr int64_t kTokenShardHeaderBytes = 256 * 4;
 
+// The files a --data or --val-data pattern names (a file, or a glob), sorted by name; none: empty. Throws
+// std::invalid_argument when a folder it must list cannot be read.
+std::vector<std::string> token_shard_paths(const std::string& pattern);
+
 class TokenFiles : public TokenSource {
  public:
   // Throws std::invalid_argument naming the shard and what is wrong with it: no file matches, a header that is not

@@ -286,6 +286,20 @@ void validate(const TrainConfig& c) {
                                                "): the run file and the checkpoint need a file each");
   require(!same_file(c.out, c.resume), "--out and --resume name the same file (" + c.out +
                                            "): the run file would replace the checkpoint it resumes from");
+  // --force replaces an output, never an input: the token shards the run reads.
+  for (const auto& [flag, pattern] : {std::pair{"--data", c.data}, std::pair{"--val-data", c.val_data}}) {
+    if (pattern.empty()) continue;
+    std::vector<std::string> shards;
+    try {
+      shards = token_shard_paths(pattern);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string(flag) + " " + e.what());
+    }
+    for (const std::string& shard : shards)
+      for (const auto& [output, path] : {std::pair{"--out", c.out}, std::pair{"--checkpoint", c.checkpoint}})
+        require(!same_file(path, shard), std::string(output) + " " + path + " is a token shard of " + flag +
+                                             ", which the run reads: name another file");
+  }
   require(!(c.update_in_backward() && c.skip_nonfinite),
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");

@@ -561,16 +561,22 @@ std::string save_checkpoint_collectively(Trainer& trainer, const TrainConfig& co
 // Rank 0's check, before the first step, that the output's file systems have room for what the run will write:
 // its run file (twice while snapshots are taken: the last one is still there while the file is written) and its
 // checkpoint (twice where one replaces another: the old is kept until the new one is complete). "" if they have.
+// Whether a file written after every `every` steps (counted from step 0, as run_steps does: after step s where
+// (s + 1) % every == 0 and a step follows) is written at all by a run of steps first_step..steps-1.
+bool writes_between(int64_t every, int64_t first_step, int64_t steps) {
+  return every > 0 && (first_step / every + 1) * every <= steps - 1;
+}
+
 std::string check_room_for_outputs(const TrainConfig& config, const Trainer& trainer, int world_size,
                                    int64_t first_step) {
   const int64_t steps = config.steps - first_step;
-  const bool snapshots = config.flush_every > 0 && config.flush_every < steps;
+  const bool snapshots = writes_between(config.flush_every, first_step, config.steps);
   std::vector<std::pair<std::string, uint64_t>> files = {
       {config.out, run_file_data_bytes(world_size, steps, trainer.buckets().size()) * (snapshots ? 2 : 1)}};
   if (!config.checkpoint.empty()) {
     int64_t params = 0;
     for (const GradPiece& p : trainer.grad_pieces()) params = std::max(params, p.offset + p.numel);
-    const bool replaces = (config.checkpoint_every > 0 && config.checkpoint_every < steps) ||
+    const bool replaces = writes_between(config.checkpoint_every, first_step, config.steps) ||
                           access(config.checkpoint.c_str(), F_OK) == 0;
     files.push_back({config.checkpoint, checkpoint_data_bytes(params, config.optimizer) * (replaces ? 2 : 1)});
   }
@@ -715,7 +721,9 @@ void check_output_paths(const TrainConfig& config, bool saves_over_resumed, bool
     if (error.empty() && !config.checkpoint.empty())
       error = check_output_path(config.checkpoint, config.force || saves_over_resumed);
     const std::string snapshot = snapshot_path(config.out);
-    if (error.empty() && config.flush_every > 0 && config.flush_every < config.steps)
+    // Checked as for a run from step 0: a resumed run's first step is not read yet, so this may refuse an old
+    // snapshot that a short resumed run would leave alone.
+    if (error.empty() && writes_between(config.flush_every, 0, config.steps))
       error = check_output_path(snapshot, config.force);
     if (error.empty() && same_file(config.checkpoint, snapshot))
       error = "--checkpoint " + config.checkpoint + " is the snapshot of --out " + config.out +

@@ -31,10 +31,19 @@ inline std::string temp_path_for(const std::string& path) {
 }
 
 // Two paths that name one file, whether or not it exists yet ("r.h5", "./r.h5", "x/../r.h5"); false if either is empty.
+// A path the file system cannot resolve (a loop of symbolic links, a name too long) is compared as written, made
+// absolute and normal: the check that writes or reads it then says what is wrong with it.
 inline bool same_file(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   namespace fs = std::filesystem;
-  return fs::weakly_canonical(fs::absolute(a)) == fs::weakly_canonical(fs::absolute(b));
+  const auto resolved = [](const std::string& path) {
+    std::error_code error;
+    const fs::path absolute = fs::absolute(path, error);
+    if (error) return fs::path(path).lexically_normal();
+    fs::path canonical = fs::weakly_canonical(absolute, error);
+    return error ? absolute.lexically_normal() : canonical;
+  };
+  return resolved(a) == resolved(b);
 }
 
 // The folder a file is (to be) in.
@@ -50,12 +59,17 @@ inline std::string folder_of(const std::string& path) {
 inline std::string check_output_path(const std::string& path, bool force) {
   if (path.empty()) return "output path is empty";
   struct stat st;
-  if (stat(path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return "output path " + path + " is a folder (name a file)";
-    if (!force) return "output file " + path + " already exists (pass --force to overwrite)";
+  // lstat: a symbolic link to nothing is a name already taken (the writer's link() would refuse it after the run).
+  if (lstat(path.c_str(), &st) == 0) {
+    const bool link = S_ISLNK(st.st_mode), to_something = !link || stat(path.c_str(), &st) == 0;
+    if (to_something && S_ISDIR(st.st_mode)) return "output path " + path + " is a folder (name a file)";
+    if (!force)
+      return "output file " + path + " already exists" +
+             (to_something ? "" : std::string(", a symbolic link to a missing file")) + " (pass --force to overwrite)";
   }
   const std::string folder = folder_of(path);
-  if (stat(folder.c_str(), &st) != 0) return "output folder " + folder + " does not exist";
+  if (stat(folder.c_str(), &st) != 0)
+    return "output folder " + folder + (errno == ENOENT ? " does not exist" : std::string(": ") + std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) return "output folder " + folder + " is not a folder";
   const std::string tmp = temp_path_for(path);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);

@@ -287,6 +287,18 @@ done
 if [ "$(cat "$work/existing.h5")" != "precious" ]; then
   echo "FAIL existing file was modified"; failures=$((failures + 1))
 fi
+# A name the file system cannot resolve, a link to nothing, or an input: refused before the run, not after it.
+ln -s loop "$work/loop"
+ln -s "$tmp/nowhere/target.h5" "$work/dangling.h5"
+for np in 1 2; do
+  expect_error $np "output folder $work/loop: Too many levels of symbolic links" \
+    train "${small[@]}" --out "$work/loop/r.h5" --checkpoint "$work/ck.h5"
+  expect_error $np "output file $work/dangling.h5 already exists, a symbolic link to a missing file" \
+    train "${small[@]}" --out "$work/dangling.h5"
+  expect_error $np "--out $token_dir/good.bin is a token shard of --data, which the run reads" \
+    "${lm[@]}" --data "$token_dir/good.bin" --out "$token_dir/good.bin" --force
+done
+rm "$work/loop" "$work/dangling.h5"
 # With --force the run replaces it with a real run file.
 if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --force --out "$work/existing.h5" &&
    [ "$(head -c 8 "$work/existing.h5" | od -An -c | tr -d ' ')" = "211HDF\r\n032\n" ]; then
