@@ -118,6 +118,7 @@ ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, 
   static_assert(sizeof(Fifo) == 3 * kLine, "three cache lines of counters, then the slots");
   mpiCheck(MPI_Comm_rank(comm, &rank_));
   mpiCheck(MPI_Comm_size(comm, &size_));
+  name_ranks_as_in_world(comm);
   to_.assign(size_, nullptr);
   from_.assign(size_, nullptr);
   boards_.assign(size_, nullptr);
@@ -178,7 +179,7 @@ std::vector<char*> ShmTransport::map_segments(MPI_Comm local, size_t stride) {
     for (void* m : maps_) munmap(m, map_bytes_);
     maps_.clear();
     if (created) shm_unlink(name(lrank).c_str());
-    throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport: " + what + " failed" +
+    throw std::runtime_error("rank " + std::to_string(named(rank_)) + ": ShmTransport: " + what + " failed" +
                              (error.empty() ? " on another rank" : ": " + error));
   };
   // Created, its memory allocated now where fault_in_fifos would touch it all anyway (up to 16 local ranks): a
@@ -398,7 +399,7 @@ bool ShmTransport::done(Started& s) {
 
 void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* /*staging*/, const Consume& consume) {
   if (!through_shm(peer)) throw not_through_shm("recv from", peer);
-  const watchdog::Wait wait("recv from", peer, tag);
+  const watchdog::Wait wait("recv from", named(peer), tag);
   Fifo* f = from_[peer];
   Peer& me = peers_[peer];
   const uint64_t seq = me.received + 1;
@@ -406,12 +407,12 @@ void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* /*staging
   wait_until([&] { return __atomic_load_n(&rec.seq, __ATOMIC_ACQUIRE) == seq; });
   if (rec.tag != tag) {
     pending_.clear();  // this transport is done for (see TagMismatch); nothing may touch the caller's buffers now
-    throw TagMismatch(rank_, peer, tag, rec.tag);
+    throw TagMismatch(named(rank_), named(peer), tag, rec.tag);
   }
   if (rec.bytes != bytes) {
     pending_.clear();
-    throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport::recv from rank " +
-                             std::to_string(peer) + " (tag " + std::to_string(tag) + ") expected " +
+    throw std::runtime_error("rank " + std::to_string(named(rank_)) + ": ShmTransport::recv from rank " +
+                             std::to_string(named(peer)) + " (tag " + std::to_string(tag) + ") expected " +
                              std::to_string(bytes) + " bytes, got " + std::to_string(rec.bytes));
   }
   me.received = seq;
@@ -421,8 +422,8 @@ void ShmTransport::recv_consume(int peer, size_t bytes, int tag, void* /*staging
     const char* data = shm_detail::resolve(ref, bytes);
     if (!data) {
       pending_.clear();
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": ShmTransport::recv from rank " +
-                               std::to_string(peer) + " (tag " + std::to_string(tag) +
+      throw std::runtime_error("rank " + std::to_string(named(rank_)) + ": ShmTransport::recv from rank " +
+                               std::to_string(named(peer)) + " (tag " + std::to_string(tag) +
                                "): the message lies in a registered buffer this rank does not map (freed here?)");
     }
     if (bytes) consume(data, 0, bytes);
@@ -479,8 +480,9 @@ std::optional<std::pair<int, int>> ShmTransport::message_waiting() const {
 }
 
 std::logic_error ShmTransport::not_through_shm(const char* what, int peer) const {
-  return std::logic_error("rank " + std::to_string(rank_) + ": ShmTransport: " + what + " rank " +
-                          std::to_string(peer) + ", which it does not reach (the transport table routes it elsewhere)");
+  return std::logic_error("rank " + std::to_string(named(rank_)) + ": ShmTransport: " + what + " rank " +
+                          std::to_string(named(peer)) +
+                          ", which it does not reach (the transport table routes it elsewhere)");
 }
 
 }  // namespace ddplab

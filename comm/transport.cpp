@@ -137,6 +137,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, size_t max_message_bytes, PollPolicy p
     throw std::invalid_argument("MpiTransport: max_message_bytes must be in [1, INT_MAX], got " +
                                 std::to_string(max_message_bytes));
   mpiCheck(MPI_Comm_dup(comm, &comm_));
+  name_ranks_as_in_world(comm_);
   // Errors on our own communicator come back as codes (and so as exceptions) instead of aborting the job.
   mpiCheck(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
@@ -155,9 +156,25 @@ MpiTransport::~MpiTransport() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+void Transport::name_ranks_as_in_world(MPI_Comm comm) {
+  int n = 0;
+  mpiCheck(MPI_Comm_size(comm, &n));
+  MPI_Group group, world;
+  mpiCheck(MPI_Comm_group(comm, &group));
+  mpiCheck(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> ranks(n);
+  for (int r = 0; r < n; ++r) ranks[r] = r;
+  world_rank_.assign(n, MPI_UNDEFINED);
+  mpiCheck(MPI_Group_translate_ranks(group, n, ranks.data(), world, world_rank_.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  for (int r = 0; r < n; ++r)
+    if (world_rank_[r] == MPI_UNDEFINED) world_rank_[r] = r;  // not a world communicator's: its own numbers
+}
+
 void MpiTransport::check_tag(int tag) const {
   if (tag < 0 || tag > tag_ub_)
-    throw std::invalid_argument("rank " + std::to_string(rank_) + ": MpiTransport: tag " + std::to_string(tag) +
+    throw std::invalid_argument("rank " + std::to_string(named(rank_)) + ": MpiTransport: tag " + std::to_string(tag) +
                                 " outside MPI's range [0, " + std::to_string(tag_ub_) + "]");
 }
 
@@ -178,7 +195,7 @@ void MpiTransport::send(int peer, const void* buf, size_t bytes, int tag) {
 
 void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
   check_tag(tag);
-  const watchdog::Wait wait("recv from", peer, tag);
+  const watchdog::Wait wait("recv from", named(peer), tag);
   char* p = static_cast<char*>(buf);
   size_t offset = 0;
   do {
@@ -194,11 +211,11 @@ void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
     if (err != MPI_SUCCESS) MPI_Error_class(err, &err_class);
     if ((err == MPI_SUCCESS || err_class == MPI_ERR_TRUNCATE) && status.MPI_TAG != tag) {
       settle_sends_before_throwing();
-      throw TagMismatch(rank_, peer, tag, status.MPI_TAG);
+      throw TagMismatch(named(rank_), named(peer), tag, status.MPI_TAG);
     }
     // A different size means the peer's algorithm disagrees with ours about sizes: fail loudly, not silently.
-    const std::string size_error = "rank " + std::to_string(rank_) + ": MpiTransport::recv from rank " +
-                                   std::to_string(peer) + " (tag " + std::to_string(tag) + ") expected " +
+    const std::string size_error = "rank " + std::to_string(named(rank_)) + ": MpiTransport::recv from rank " +
+                                   std::to_string(named(peer)) + " (tag " + std::to_string(tag) + ") expected " +
                                    std::to_string(piece) + " bytes, got ";
     if (err != MPI_SUCCESS) settle_sends_before_throwing();
     if (err_class == MPI_ERR_TRUNCATE) throw std::runtime_error(size_error + "more");

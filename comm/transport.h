@@ -60,9 +60,14 @@ class Transport {
   void waiting() const {
     if (while_waiting_) while_waiting_();
   }
+  // A rank of this transport as messages and the watchdog name it: its rank in MPI_COMM_WORLD, which the user
+  // sees, also where the transport joins a subgroup (hier's groups within and across nodes).
+  int named(int rank) const { return world_rank_.empty() ? rank : world_rank_.at(rank); }
+  void name_ranks_as_in_world(MPI_Comm comm);
 
  private:
   std::function<void()> while_waiting_;
+  std::vector<int> world_rank_;  // of each rank of the transport's communicator; empty: the same
 };
 
 // How a transport waits for MPI requests. Open MPI's blocking calls busy-poll a core; in ddplab the all-reduce

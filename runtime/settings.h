@@ -26,11 +26,12 @@ struct Knob {
 };
 
 // The ring's pipeline: bytes of fp32 per slice (one message per chunk per round; 0 = no slicing), and slices per
-// chunk (the depth of one step; the ring runs in rounds of n x this x slice).
+// chunk (the depth of one step; the ring runs in rounds of n x this x slice). Bounded so that a round's element
+// count cannot wrap around size_t at any rank count.
 inline constexpr Knob kRingSliceBytes{"DDPLAB_RING_SLICE_BYTES", "262144",
-                                      "bytes of fp32 per ring slice (0: no slicing)", 0, int64_t{1} << 40};
+                                      "bytes of fp32 per ring slice (0: no slicing)", 0, int64_t{1} << 30};
 inline constexpr Knob kRingSlicesPerChunk{"DDPLAB_RING_SLICES_PER_CHUNK", "4", "ring slices per chunk, at least 1", 1,
-                                          1 << 20};
+                                          1024};
 // Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring.
 inline constexpr Knob kSmallAllreduceBytes{"DDPLAB_SMALL_ALLREDUCE_BYTES", "16384 at 2 ranks, 32768 beyond",
                                            "largest buffer for recursive doubling, bytes (0: always the ring)", 0,

@@ -61,6 +61,21 @@ TEST(OrderCheck, RingRefusesWhenEveryPredecessorRunsAnotherTag) {
   }
 }
 
+// Hier runs its rings over groups (within a node, across nodes) of their own numbering: the message still names
+// the peer by its world rank, the rank a user sees. 2 emulated nodes of 2: each rank hears first from its node's
+// other rank.
+TEST(OrderCheck, HierNamesThePeerByItsWorldRank) {
+  const int r = world_rank(), n = world_size();
+  if (n != 4) GTEST_SKIP() << "2 nodes of 2 ranks";
+  CommOptions options;
+  options.impl = AllreduceImpl::kHier;
+  options.ranks_per_node = 2;
+  Communicator comm(MPI_COMM_WORLD, options);
+  const std::string what = message_of(comm, size_t{1} << 20, /*tag=*/r);
+  EXPECT_TRUE(starts_with(what, expected(r, r, r ^ 1, r ^ 1))) << what;
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST(OrderCheck, TwoRanksRunningTwoBucketsInOppositeOrdersBothThrow) {
   const int r = world_rank(), n = world_size();
   if (n != 2) GTEST_SKIP() << "the two-rank case";
