@@ -61,8 +61,11 @@ class Transport {
     if (while_waiting_) while_waiting_();
   }
   // A rank of this transport as messages and the watchdog name it: its rank in MPI_COMM_WORLD, which the user
-  // sees, also where the transport joins a subgroup (hier's groups within and across nodes).
-  int named(int rank) const { return world_rank_.empty() ? rank : world_rank_.at(rank); }
+  // sees, also where the transport joins a subgroup (hier's groups within and across nodes). A rank outside the
+  // communicator is named as given: the call with it fails with MPI's own error.
+  int named(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < world_rank_.size() ? world_rank_[rank] : rank;
+  }
   void name_ranks_as_in_world(MPI_Comm comm);
 
  private:
