@@ -142,6 +142,18 @@ def main():
                   f"final write, {np_ranks} rank(s): exit 5, one line naming path and reason (code {code}, {lines})")
             check(os.listdir(folder) == [], f"final write: nothing half-written ({os.listdir(folder)})")
 
+    # The page beside a run file (scripts/report_page.py) on a full disk: an error, and nothing left behind.
+    from report_page import write_whole
+    with Tmpfs("12k") as folder:
+        page = os.path.join(folder, "run.report.html")
+        try:
+            write_whole(page, "x" * (64 << 10))
+            raised = ""
+        except OSError as e:
+            raised = str(e)
+        check("No space left on device" in raised and os.listdir(folder) == [],
+              f"page on a full disk: the error, and no page or temporary left ({raised!r}, {os.listdir(folder)})")
+
     # A /dev/shm too small for the shared-memory segments (64 MiB: Docker's default), in a mount namespace of the
     # test's own: never a SIGBUS at the first write into a page tmpfs could not give. The ring's FIFOs (8 ranks) fall
     # back to MPI, every rank agreeing; the gradients' registered buffer (2 ranks, 50 MB each) falls back to ordinary
