@@ -457,9 +457,9 @@ void ShmTransport::recv(int peer, void* buf, size_t bytes, int tag) {
 }
 
 void ShmTransport::wait_sends(size_t keep_last) {
-  const watchdog::Wait wait("completion of sends");
   while (started_.size() > keep_last) {
     Started& oldest = started_.front();
+    const watchdog::Wait wait("completion of a send to", named(oldest.peer));
     wait_until([&] { return done(oldest); });
     started_.pop_front();
     ++started_base_;

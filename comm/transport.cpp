@@ -190,7 +190,7 @@ void MpiTransport::send(int peer, const void* buf, size_t bytes, int tag) {
     pending_sends_.push_back(request);
     offset += piece;
   } while (offset < bytes);
-  requests_per_send_.push_back((bytes + max_message_bytes_ - 1) / max_message_bytes_ + (bytes == 0));
+  sends_.push_back({(bytes + max_message_bytes_ - 1) / max_message_bytes_ + (bytes == 0), peer});
 }
 
 void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
@@ -246,7 +246,7 @@ void MpiTransport::settle_sends_before_throwing() noexcept {
     if (r != MPI_REQUEST_NULL && !done) MPI_Request_free(&r);
   }
   pending_sends_.clear();
-  requests_per_send_.clear();
+  sends_.clear();
 }
 
 bool MpiTransport::progress() {
@@ -255,25 +255,24 @@ bool MpiTransport::progress() {
   mpiCheck(MPI_Testall(static_cast<int>(pending_sends_.size()), pending_sends_.data(), &done, MPI_STATUSES_IGNORE));
   if (done) {
     pending_sends_.clear();
-    requests_per_send_.clear();
+    sends_.clear();
   }
   return !done;
 }
 
 void MpiTransport::wait_sends(size_t keep_last) {
-  size_t retire = 0;  // requests of the oldest sends, all but the last keep_last sends
-  while (requests_per_send_.size() > keep_last) {
-    retire += requests_per_send_.front();
-    requests_per_send_.pop_front();
-  }
+  size_t retired = 0;  // requests of the oldest sends, all but the last keep_last sends
   int first_err = MPI_SUCCESS;
-  const watchdog::Wait wait("completion of sends");
-  for (size_t i = 0; i < retire; ++i) {
-    const int err = poll_wait(&pending_sends_[i], MPI_STATUS_IGNORE, poll_, [this] { waiting(); });
-    if (first_err == MPI_SUCCESS) first_err = err;
+  while (sends_.size() > keep_last) {
+    const watchdog::Wait wait("completion of a send to", named(sends_.front().peer));
+    for (size_t i = 0; i < sends_.front().requests; ++i, ++retired) {
+      const int err = poll_wait(&pending_sends_[retired], MPI_STATUS_IGNORE, poll_, [this] { waiting(); });
+      if (first_err == MPI_SUCCESS) first_err = err;
+    }
+    sends_.pop_front();
   }
   // Forget the requests even on failure: they must not be waited on again.
-  pending_sends_.erase(pending_sends_.begin(), pending_sends_.begin() + static_cast<std::ptrdiff_t>(retire));
+  pending_sends_.erase(pending_sends_.begin(), pending_sends_.begin() + static_cast<std::ptrdiff_t>(retired));
   if (first_err != MPI_SUCCESS) comm_detail::throw_mpi_error(first_err, "MPI_Wait", __FILE__, __LINE__);
 }
 

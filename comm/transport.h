@@ -134,7 +134,11 @@ class MpiTransport final : public Transport {
   size_t max_message_bytes_ = kMaxMessageBytes;
   PollPolicy poll_;
   std::vector<MPI_Request> pending_sends_;  // oldest first
-  std::deque<size_t> requests_per_send_;    // a message larger than max_message_bytes_ takes several requests
+  struct Sent {
+    size_t requests;  // a message larger than max_message_bytes_ takes several
+    int peer;
+  };
+  std::deque<Sent> sends_;  // in flight, oldest first: their requests are pending_sends_, in the same order
 };
 
 }  // namespace ddplab

@@ -38,8 +38,8 @@ def main():
                            text=True, timeout=120)
         out = p.stdout + p.stderr
         check(p.returncode == 3 and os.path.exists(marker), f"unread: the watchdog ends the job (code {p.returncode})")
-        check("rank 0: watchdog: no progress for" in out and "waiting for completion of sends" in out,
-              "unread: names the rank and the wait for the send's completion")
+        check("rank 0: watchdog: no progress for" in out and "waiting for completion of a send to rank 1" in out,
+              "unread: names the rank, the wait for the send's completion and the peer that does not read it")
     p = subprocess.run([mpirun, "--bind-to", "none", "-np", "1", probe, "busy"], capture_output=True, text=True,
                        timeout=120)
     check(p.returncode == 0 and "watchdog" not in p.stderr,
