@@ -198,7 +198,12 @@ void check_impls(const Typed& t, Options& o) {
       throw UsageError("-G " + std::to_string(o.cuda_graph) + ": --impls " + name +
                        " cannot be captured: " + spec.capture_problem);
     if (o.emulated() && !spec.emulates_link)
-      throw UsageError("--impls " + name + ": cannot emulate a link (--link " + t.link + "; ring, mpi, hier can)");
+      throw UsageError("--impls " + name + ": cannot emulate a link (--link " + t.link +
+                       "; ring, mpi, hier and gpu-ring-* can)");
+    // The emulated link delays each exchange on the host, which a CUDA graph's replay leaves out.
+    if (o.emulated() && o.cuda_graph && spec.needs_cuda)
+      throw UsageError("-G " + std::to_string(o.cuda_graph) + " with --link " + t.link + ": --impls " + name +
+                       " waits for the emulated link on the host, which a CUDA graph cannot capture");
     o.impls.push_back(name);
     pos = comma + 1;
   }

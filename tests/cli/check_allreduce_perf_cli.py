@@ -319,6 +319,14 @@ def test_bad_arguments(perf, workdir):
                                 ours[0].startswith(("allreduce_perf: error: --impls nccl: no CUDA device",
                                                     "allreduce_perf: error: --impls nccl: needs a build with CUDA"))),
           f"--impls nccl without a usable GPU: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
+    # -G with an emulated link on our GPU ring: the link waits on the host, which a graph's replay leaves out.
+    p = perf.run(["-G", "2", "--impls", "gpu-ring-nccl", "--link", "10gbe", "--csv", old], np=1, timeout=30)
+    ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+    check(p.returncode == 2 and len(ours) == 1 and not p.stdout.strip() and
+          ours[0].startswith(("allreduce_perf: error: -G 2 with --link 10gbe: --impls gpu-ring-nccl waits for the "
+                              "emulated link on the host", "allreduce_perf: error: --impls gpu-ring-nccl: needs a build "
+                              "with CUDA")),
+          f"-G with --link on the GPU ring: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
     with open(old) as f:
         kept = f.read() == "an earlier result\n"
     check(kept and sorted(os.listdir(workdir)) == before, "refused runs touch no file (an existing --csv is kept)")
