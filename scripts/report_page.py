@@ -13,6 +13,8 @@ import os
 
 import jinja2
 
+from whole_file import write_whole
+
 NA = "—"  # a cell that does not apply (no reference case, no tokens, not predicted)
 PERFETTO = "https://ui.perfetto.dev"
 
@@ -223,21 +225,5 @@ def write_page(path, runs, charts, suite=None, sweeps=(), reports=None):
         oversubscribed=any(r.oversubscribed for r in runs), scaling=scaling, sections=sections, gantt=gantt,
         sweeps=prediction_section(sweeps), predicted=predicted, timeline=timeline_section(runs, timeline_run.path),
         suite=suite, na=NA)
-    write_whole(path, text)
+    write_whole(path, text)  # a full disk leaves neither a half page under its name nor the temporary beside it
     return path
-
-
-def write_whole(path, text):
-    """Writes text to path whole or not at all: a full disk leaves neither a half page under its name nor the
-    temporary beside it; synced before it takes the name."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise

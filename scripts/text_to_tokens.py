@@ -16,6 +16,9 @@ import os
 import struct
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from whole_file import write_whole  # noqa: E402 (beside this script)
+
 MAGIC, VERSION = 20240520, 1
 
 
@@ -26,18 +29,7 @@ def write_shard(path, data):
     header = struct.pack("<256i", MAGIC, VERSION, len(data), *([0] * 253))
     tokens = bytearray(2 * len(data))  # little-endian uint16: the byte, then 0 (twice the text's memory, no more)
     tokens[0::2] = data
-    temp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(temp, "wb") as f:
-            f.write(header)
-            f.write(tokens)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    write_whole(path, header, bytes(tokens))
     print(f"{path}: {len(data)} tokens")
 
 

@@ -142,8 +142,9 @@ def main():
                   f"final write, {np_ranks} rank(s): exit 5, one line naming path and reason (code {code}, {lines})")
             check(os.listdir(folder) == [], f"final write: nothing half-written ({os.listdir(folder)})")
 
-    # The page beside a run file (scripts/report_page.py) on a full disk: an error, and nothing left behind.
-    from report_page import write_whole
+    # The page beside a run file (scripts/report_page.py, and the token shards of text_to_tokens.py) on a full disk:
+    # an error, and nothing left behind.
+    from whole_file import write_whole
     with Tmpfs("12k") as folder:
         page = os.path.join(folder, "run.report.html")
         try:
