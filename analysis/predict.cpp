@@ -1047,8 +1047,6 @@ std::vector<double> update_shares(const std::vector<Bucket>& buckets) {
   return share;
 }
 
-}  // namespace
-
 // Ranks taking turns on one GPU at `setting`: as asked, else the run's own on its own link, one on another link (it
 // joins GPUs, one per rank); at most a node's ranks.
 int ranks_taking_turns(const StepModel& m, const PredictSetting& setting) {
@@ -1057,6 +1055,8 @@ int ranks_taking_turns(const StepModel& m, const PredictSetting& setting) {
   const int run_default = own_link ? m.run_turns() : 1;
   return std::clamp(m.on_gpu ? setting.ranks_per_gpu.value_or(run_default) : run_default, 1, setting.ranks_on_a_node());
 }
+
+}  // namespace
 
 Prediction predict(const StepModel& m, const PredictSetting& setting) {
   Prediction out;

@@ -32,16 +32,10 @@ void validate_cuda(const TrainConfig& c) {
   refuse(c.comm == AllreduceImpl::kRing || c.ring_link == RingLinkKind::kAuto, "--ring-link needs --comm ring");
   refuse(c.optimizer.kind == OptimizerKind::kAdamW,
          "--optimizer " + std::string(to_string(c.optimizer.kind)) + " has no CUDA kernel yet (use adamw)");
-  const bool emulated = !(c.link == "none" && c.link_latency_us < 0 && c.link_gbps < 0);
-  refuse(!emulated || c.comm == AllreduceImpl::kRing,
+  refuse(!comm_options(c).link.emulated() || c.comm == AllreduceImpl::kRing,
          "--link emulates the links of our ring (--comm ring); NCCL's transfers are its own");
   refuse(c.ranks_per_node == 0 || c.comm == AllreduceImpl::kRing,
          "--ranks-per-node (emulated nodes) needs --comm ring, whose --link it shapes");
-  try {
-    comm_options(c);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
   if (c.attention == AttentionKind::kFused || c.attention == AttentionKind::kCudnn) {
     const bool fused = c.attention == AttentionKind::kFused;
     const std::string flag = "--attention " + std::string(to_string(*c.attention));
@@ -286,20 +280,6 @@ void validate(const TrainConfig& c) {
                                                "): the run file and the checkpoint need a file each");
   require(!same_file(c.out, c.resume), "--out and --resume name the same file (" + c.out +
                                            "): the run file would replace the checkpoint it resumes from");
-  // --force replaces an output, never an input: the token shards the run reads.
-  for (const auto& [flag, pattern] : {std::pair{"--data", c.data}, std::pair{"--val-data", c.val_data}}) {
-    if (pattern.empty()) continue;
-    std::vector<std::string> shards;
-    try {
-      shards = token_shard_paths(pattern);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string(flag) + " " + e.what());
-    }
-    for (const std::string& shard : shards)
-      for (const auto& [output, path] : {std::pair{"--out", c.out}, std::pair{"--checkpoint", c.checkpoint}})
-        require(!same_file(path, shard), std::string(output) + " " + path + " is a token shard of " + flag +
-                                             ", which the run reads: name another file");
-  }
   require(!(c.update_in_backward() && c.skip_nonfinite),
           "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
           "bucket is updated");
@@ -323,6 +303,11 @@ void validate(const TrainConfig& c) {
   require(c.comm != AllreduceImpl::kMpi || c.comm_dtype == WireDtype::kFp32,
           "--comm mpi has no " + std::string(to_string(c.comm_dtype)) +
               " wire (MPI_Allreduce sums fp32 buffers as fp32); use --comm ring");
+  try {
+    comm_options(c);  // --link on either device
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   if (c.device == Device::kCuda) return validate_cuda(c);
   require(c.precision == Precision::kFp32,
           "--precision " + std::string(to_string(c.precision)) + " needs --device cuda (the CPU trains in fp32)");
@@ -333,11 +318,6 @@ void validate(const TrainConfig& c) {
   require(c.ring_link == RingLinkKind::kAuto,
           "--ring-link needs --device cuda (the CPU ring runs over MPI or shared memory)");
   require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");
-  try {
-    comm_options(c);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
 }
 
 void validate_for_ranks(const TrainConfig& c, int ranks, int rank) {

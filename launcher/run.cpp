@@ -717,9 +717,18 @@ void check_output_paths(const TrainConfig& config, bool saves_over_resumed, bool
                         MPI_Comm world) {
   std::string error;
   if (rank == 0) {
-    error = check_output_path(config.out, config.force);
+    // --force replaces an output, never an input: the token shards the run reads (validate opened them already).
+    std::vector<std::string> inputs;
+    try {
+      for (const std::string& pattern : {config.data, config.val_data})
+        if (!pattern.empty())
+          for (const std::string& shard : token_shard_paths(pattern)) inputs.push_back(shard);
+    } catch (const std::invalid_argument& e) {
+      error = e.what();  // every rank learns it below
+    }
+    if (error.empty()) error = check_output_path(config.out, config.force, inputs);
     if (error.empty() && !config.checkpoint.empty())
-      error = check_output_path(config.checkpoint, config.force || saves_over_resumed);
+      error = check_output_path(config.checkpoint, config.force || saves_over_resumed, inputs);
     const std::string snapshot = snapshot_path(config.out);
     // Checked as for a run from step 0: a resumed run's first step is not read yet, so this may refuse an old
     // snapshot that a short resumed run would leave alone.

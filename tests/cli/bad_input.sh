@@ -295,8 +295,9 @@ for np in 1 2; do
     train "${small[@]}" --out "$work/loop/r.h5" --checkpoint "$work/ck.h5"
   expect_error $np "output file $work/dangling.h5 already exists, a symbolic link to a missing file" \
     train "${small[@]}" --out "$work/dangling.h5"
-  expect_error $np "--out $token_dir/good.bin is a token shard of --data, which the run reads" \
-    "${lm[@]}" --data "$token_dir/good.bin" --out "$token_dir/good.bin" --force
+  input=$token_dir/node_a/same_name.bin  # a window for each of 2 ranks
+  expect_error $np "output $input is $input, which this command reads" \
+    "${lm[@]}" --data "$input" --out "$input" --force
 done
 rm "$work/loop" "$work/dangling.h5"
 # With --force the run replaces it with a real run file.
