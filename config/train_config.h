@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "data/tokens.h"
@@ -465,6 +466,20 @@ void load(const nlohmann::json& j, AutoChoice<E>& value) {
   value = name == "auto" ? AutoChoice<E>() : AutoChoice<E>(parse_choice<E>(name, "a stored choice"));
 }
 }  // namespace knob_json
+
+// The run-file keys whose values a run resumed from a checkpoint must repeat, because they change what a step computes:
+// the knobs marked kMath and the world size; with a cosine schedule --steps (it decays over the run's length); on the
+// GPU the attention and --deterministic (its kernels and the order of dQ's sums change the bits; the CPU has one of
+// each). The rest (overlap, links, the lab's knobs, paths) only moves time.
+inline std::vector<std::string> keys_a_resume_repeats(const TrainConfig& c) {
+  std::vector<std::string> keys = {"world_size"};
+  visit_knobs(c, [&](const Knob& knob, const auto&) {
+    if (knob.key && (knob.traits & kMath)) keys.push_back(knob.key);
+  });
+  if (c.optimizer.lr_schedule == LrSchedule::kCosine) keys.push_back("steps");
+  if (c.device == Device::kCuda) keys.insert(keys.end(), {"attention", "deterministic"});
+  return keys;
+}
 
 // The settings as a JSON object keyed by the flags' names (--min-len is min_len); the few with no flag (beta1, beta2,
 // eps) by their own. Files from before the keys followed the flags are read through upgrade_config_keys.

@@ -271,8 +271,8 @@ nlohmann::json checkpoint_config(const TrainConfig& config, int world_size) {
   return j;
 }
 
-// A resumed run must repeat the settings that change what a step computes (the rest: overlap, link, lab knobs, paths
-// only move time); one line lists every one that differs.
+// A resumed run must repeat the settings that change what a step computes (keys_a_resume_repeats); one line lists
+// every one that differs.
 void require_same_settings(const TrainConfig& config, int world_size, const std::string& config_json) {
   nlohmann::json saved;
   try {
@@ -282,17 +282,11 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
   require(saved.is_object(), "cannot resume from " + config.resume + ": its config attribute is not a JSON object");
-  std::vector<const char*> arithmetic = {"world_size"};
-  visit_knobs(config, [&](const Knob& knob, const auto&) {
-    if (knob.key && (knob.traits & kMath)) arithmetic.push_back(knob.key);
-  });
-  // A cosine decays over the run's --steps: another length would give the resumed steps another learning rate.
-  if (config.optimizer.lr_schedule == LrSchedule::kCosine) arithmetic.push_back("steps");
   const nlohmann::json now = checkpoint_config(config, world_size);
   // A key the checkpoint lacks came after it was written: it ran as that knob's default (config_from_json's rule).
   const nlohmann::json defaults = to_json(TrainConfig{});
   std::string differing;
-  for (const char* key : arithmetic) {
+  for (const std::string& key : keys_a_resume_repeats(config)) {
     const nlohmann::json then = saved.value(key, defaults.value(key, nlohmann::json()));
     if (then != now[key])
       differing += std::string(differing.empty() ? "" : ", ") + key + " (checkpoint " + then.dump() + ", now " +

@@ -2,6 +2,8 @@
 // row blocks and the attention, per device and per host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "config/train_config.h"
 
 namespace ddplab {
@@ -92,6 +94,33 @@ TEST(ResolvedConfig, AutoAttentionTakesTheFastestThatCanRun) {
   TrainConfig cpu;
   cpu.model = ModelKind::kGpt2Small;
   EXPECT_EQ(resolved(cpu, with_cudnn).attention, AttentionKind::kUnfused);
+}
+
+// What a resumed run must repeat: what changes a step's arithmetic, each a key the run file's config has (a misspelt
+// key would compare null with null and pass anything); on the GPU the attention and the order of dQ's sums too; what
+// only moves time, never (the bucket size does change the sums: a ring's chunks are cut per bucket).
+TEST(ResumeSettings, RepeatWhatChangesTheArithmeticAndNothingElse) {
+  const auto has = [](const std::vector<std::string>& keys, const std::string& key) {
+    return std::find(keys.begin(), keys.end(), key) != keys.end();
+  };
+  TrainConfig cpu;
+  const nlohmann::json stored = to_json(cpu);
+  const std::vector<std::string> on_cpu = keys_a_resume_repeats(cpu);
+  for (const char* key : {"world_size", "seed", "device", "precision", "model", "lr"})
+    EXPECT_TRUE(has(on_cpu, key)) << key;
+  for (const char* key : {"attention", "deterministic", "steps", "overlap", "link", "straggler_ms", "out"})
+    EXPECT_FALSE(has(on_cpu, key)) << key;
+  for (const std::string& key : on_cpu) EXPECT_TRUE(key == "world_size" || stored.contains(key)) << key;
+
+  TrainConfig gpu = cpu;
+  gpu.device = Device::kCuda;
+  gpu.optimizer.lr_schedule = LrSchedule::kCosine;
+  const std::vector<std::string> on_gpu = keys_a_resume_repeats(gpu);
+  for (const char* key : {"attention", "deterministic", "steps"}) {
+    EXPECT_TRUE(has(on_gpu, key)) << key;
+    EXPECT_TRUE(stored.contains(key)) << key;
+  }
+  EXPECT_FALSE(has(on_gpu, "overlap"));
 }
 
 }  // namespace
