@@ -141,8 +141,25 @@ std::string shape_text(const PredictSetting& s) {
   return s.nodes() == 1 ? "1 node" : std::to_string(s.nodes()) + " nodes x " + std::to_string(s.ranks_on_a_node());
 }
 
+namespace {
+
+// A preset's name, or where --link-latency-us or --link-gbps changed it, the link's own figures beside the name: two
+// links of one name are two links.
+std::string link_name(const LinkModel& link) {
+  LinkModel preset;
+  try {
+    preset = parse_link(link.name);
+  } catch (const std::invalid_argument&) {
+    return describe(link);
+  }
+  return preset.latency_us == link.latency_us && preset.gbps == link.gbps ? link.name : describe(link);
+}
+
+}  // namespace
+
 std::string link_spec(const LinkClasses& links) {
-  return links.per_class() ? "intra=" + links.intra.name + ",inter=" + links.inter.name : links.intra.name;
+  return links.per_class() ? "intra=" + link_name(links.intra) + ",inter=" + link_name(links.inter)
+                           : link_name(links.intra);
 }
 
 std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& rows,
@@ -855,6 +872,8 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   for (int r = 0; r < world; ++r)
     for (int s = first; s < run.steps; ++s) samples += run.at(r, s).samples, tokens += run.at(r, s).useful_tokens;
   m.samples_per_rank = samples / (static_cast<double>(world) * steady);
+  // Files from before the steps recorded their samples: each rank's batch, as the summary takes it.
+  if (m.samples_per_rank <= 0) m.samples_per_rank = static_cast<double>(run.global_batch()) / world;
   m.tokens_per_rank = tokens / (static_cast<double>(world) * steady);
   return m;
 }
@@ -898,8 +917,14 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
         src.min_bytes = terms.size() == 1 ? p.bytes : std::min(src.min_bytes, p.bytes);
         src.max_bytes = terms.size() == 1 ? p.bytes : std::max(src.max_bytes, p.bytes);
       }
-    if (const std::optional<CommFit> fit = fit_comm(terms, times)) {
+    // One size, or sizes too alike to tell latency from bandwidth: the latency is the calibration's link's, as the
+    // run's own fit takes it.
+    const std::optional<CommFit> fit =
+        terms.empty() ? std::nullopt : fit_comm(terms, times, link_alpha_beta(m.calibration->link_model).alpha_ms);
+    if (fit) {
       ab = fit->alone;
+      if (fit->latency_from_link)
+        out.extrapolated.push_back("latency from the calibration's link (its sizes too alike to fit)");
       src.link = m.calibration->link_model;
       src.ranks = m.calibration->ranks;
       src.name = m.on_gpu ? impl_name(AllreduceImpl::kRing, WireDtype::kFp32) : name;  // the GPU's stands for the ring
@@ -1001,8 +1026,8 @@ void note_extrapolations(const StepModel& m, const PredictSetting& setting, cons
       continue;
     const LinkModel& link = across ? setting.link.inter : setting.link.intra;
     const std::string which = nodes == 1 ? "link " : across ? "inter-node link " : "intra-node link ";
-    out.extrapolated.push_back(which + link.name + (nodes == 1 ? "" : ": link model only") + " (measured " +
-                               src.link.name + ")" +
+    out.extrapolated.push_back(which + link_name(link) + (nodes == 1 ? "" : ": link model only") + " (measured " +
+                               link_name(src.link) + ")" +
                                (emulated(src.link) ? ": the transport under the emulated link is unmeasured" : ""));
     if (out.comm_source.find(" + link") == std::string::npos) out.comm_source += " + link";
   }

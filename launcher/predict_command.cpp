@@ -33,8 +33,10 @@ std::string nodes_column(const PredictSetting& s) {
   return s.nodes() == 1 ? "1" : std::to_string(s.nodes()) + "x" + std::to_string(s.ranks_on_a_node());
 }
 
-// Every combination of the lists, each list defaulting to the run's own value; validated before any work.
-std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const PredictSetting& run) {
+// Every combination of the lists, each list defaulting to the run's own value; validated before any work. notes: what
+// was left out, for the caller to print once every other check has passed (a refused command prints one line).
+std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const PredictSetting& run,
+                                                std::vector<std::string>& notes) {
   const auto or_run = [](const auto& list, const auto& own) {
     return list.empty() ? std::vector<std::decay_t<decltype(own)>>{own} : list;
   };
@@ -128,8 +130,8 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
                   }
   require(!out.empty(), no_wire ? "--comm mpi has no 16-bit wire: no setting left to predict"
                                 : "--comm hier needs more than one node (give --ranks-per-node below the ranks)");
-  if (no_wire) std::printf("note: --comm mpi has no 16-bit wire; those combinations are left out\n");
-  if (one_node) std::printf("note: --comm hier needs more than one node; its one-node combinations are left out\n");
+  if (no_wire) notes.push_back("--comm mpi has no 16-bit wire; those combinations are left out");
+  if (one_node) notes.push_back("--comm hier needs more than one node; its one-node combinations are left out");
   return out;
 }
 
@@ -252,21 +254,19 @@ void print_model_summary(const std::string& file, const StepModel& model, const 
 }
 
 // Predicts every setting, printing the table row by row.
-std::vector<Prediction> print_prediction_table(const StepModel& model, const std::vector<PredictSetting>& settings) {
+void print_prediction_table(const StepModel& model, const std::vector<Prediction>& rows) {
   const bool tokens = model.tokens_per_rank > 0;
   int link_width = 10;
-  for (const PredictSetting& s : settings)
-    link_width = std::max(link_width, static_cast<int>(link_spec(s.link).size()));
+  for (const Prediction& p : rows)
+    link_width = std::max(link_width, static_cast<int>(link_spec(p.setting.link).size()));
   // A GPU run's rows say how many ranks take turns on each GPU.
   const auto per_gpu = [&](const char* text) { return model.on_gpu ? fmt(" %7s", text) : std::string(); };
   std::printf("\n%-*s %5s %-5s%s %-4s %-4s %-7s %-6s %9s %8s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width, "link",
               "ranks", "nodes", per_gpu("per_gpu").c_str(), "comm", "wire", "overlap", "update", "bucket_MiB",
               "first_MiB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden",
               "hidden%", "weak%");
-  std::vector<Prediction> rows;
-  for (const PredictSetting& s : settings) {
-    rows.push_back(predict(model, s));
-    const Prediction& p = rows.back();
+  for (const Prediction& p : rows) {
+    const PredictSetting& s = p.setting;
     const SimulatedStep& x = p.step;
     std::printf(
         "%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n", link_width,
@@ -277,7 +277,6 @@ std::vector<Prediction> print_prediction_table(const StepModel& model, const std
         x.comm_ms > 0 ? fmt("%.0f%%", 100 * x.hidden_ms / x.comm_ms).c_str() : "-",  // one rank: nothing to hide
         100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
-  return rows;
 }
 
 // Where each implementation's all-reduce came from (Prediction::comm_source): the file stands in for the run's
@@ -408,7 +407,8 @@ void run_predict(const PredictArgs& a) {
     if (!problem.empty()) throw UsageError(problem);
   }
   const StepModel model = load_model(a);
-  const std::vector<PredictSetting> settings = settings_to_predict(a, model.measured);
+  std::vector<std::string> notes;
+  const std::vector<PredictSetting> settings = settings_to_predict(a, model.measured, notes);
   // MPI_Allreduce over a GPU run's buckets is no setting to recommend: the model's MPI is the host's, and train
   // refuses it on the GPU. (hier stays: the flat ring against a two-level one across nodes is what a GPU cluster's
   // prediction compares.)
@@ -419,19 +419,26 @@ void run_predict(const PredictArgs& a) {
       require(s.impl != AllreduceImpl::kMpi, "--comm mpi: " + a.file +
                                                  " trained on the GPU (--device cuda), where train takes --comm nccl "
                                                  "or ring (predict models them as the ring; hier across nodes)");
-  // Without a measured all-reduce the link model alone times communication, and an unemulated link has none.
-  if (!model.comm_fit && !model.calibration)
-    for (const PredictSetting& s : settings)
-      if (s.ranks > 1 && !s.link.emulated())
-        throw UsageError("--ranks " + std::to_string(s.ranks) + " over link " + link_spec(s.link) + ": " + a.file +
-                         " measured no all-reduce (one rank), so nothing times the communication; give --link (e.g. "
-                         "10gbe) or --calibration FILE (allreduce_perf --csv on this host; for a GPU run, of the "
-                         "GPU's all-reduce: --impls gpu-ring-ipc -J FILE, say)");
+  std::vector<Prediction> rows;
+  for (const PredictSetting& s : settings) rows.push_back(predict(model, s));
+  // Where neither the run nor the calibration measured the setting's all-reduce, the link model alone times it, and
+  // an unemulated link has none: such a row would read as free communication.
+  for (const Prediction& p : rows)
+    if (p.setting.ranks > 1 && p.comm_source == "link model" && !p.setting.link.emulated())
+      throw UsageError(
+          "--ranks " + std::to_string(p.setting.ranks) + " --comm " + to_string(p.setting.impl) + " over link " +
+          link_spec(p.setting.link) + ": " +
+          (model.calibration ? model.calibration->path + " times no " + to_string(p.setting.impl) + " all-reduce and " +
+                                   a.file + " measured none of its own"
+                             : a.file + " measured no all-reduce (one rank)") +
+          ", so nothing times the communication; give --link (e.g. 10gbe) or --calibration FILE (allreduce_perf "
+          "--csv on this host; for a GPU run, of the GPU's all-reduce: --impls gpu-ring-ipc -J FILE, say)");
+  for (const std::string& note : notes) std::printf("note: %s\n", note.c_str());
 
   const Prediction self = predict(model, model.measured);
   const double self_error = 100 * (self.step.step_ms - model.measured_step_ms) / model.measured_step_ms;
   print_model_summary(a.file, model, self, self_error);
-  const std::vector<Prediction> rows = print_prediction_table(model, settings);
+  print_prediction_table(model, rows);
   if (model.calibration) print_calibration_sources(*model.calibration, rows);
   print_extrapolation_footnotes(rows);
   const nlohmann::json recommended = print_recommendations(model, rows);
