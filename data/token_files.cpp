@@ -1,6 +1,7 @@
 #include "data/token_files.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -10,13 +11,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 namespace ddplab {
 
 std::vector<std::string> token_shard_paths(const std::string& pattern) {
   glob_t found{};
-  const int status = glob(pattern.c_str(), GLOB_NOSORT, nullptr, &found);  // sorted below, by name
+  // GLOB_ERR: a folder that cannot be read is an error, not a silent gap in the shards.
+  const int status = glob(pattern.c_str(), GLOB_NOSORT | GLOB_ERR, nullptr, &found);  // sorted below, by name
   std::vector<std::string> paths(found.gl_pathv, found.gl_pathv + (status == 0 ? found.gl_pathc : 0));
   globfree(&found);
   if (status == GLOB_ABORTED || status == GLOB_NOSPACE)
@@ -26,6 +29,16 @@ std::vector<std::string> token_shard_paths(const std::string& pattern) {
   if (paths.empty() && access(pattern.c_str(), F_OK) == 0) paths.push_back(pattern);  // a name with [ * ? in it
   std::sort(paths.begin(), paths.end());
   return paths;
+}
+
+bool token_pattern_matches(const std::string& pattern, const std::string& path) {
+  if (pattern.empty() || path.empty()) return false;
+  const auto absolute = [](const std::string& p) {
+    std::error_code error;
+    const std::filesystem::path a = std::filesystem::absolute(p, error);
+    return (error ? std::filesystem::path(p) : a).lexically_normal().string();
+  };
+  return fnmatch(absolute(pattern).c_str(), absolute(path).c_str(), FNM_PATHNAME | FNM_PERIOD) == 0;
 }
 
 namespace {

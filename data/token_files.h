@@ -27,6 +27,9 @@ inline constexpr int64_t kTokenShardHeaderBytes = 256 * 4;
 // The files a --data or --val-data pattern names (a file, or a glob), sorted by name; none: empty. Throws
 // std::invalid_argument when a folder it must list cannot be read.
 std::vector<std::string> token_shard_paths(const std::string& pattern);
+// Whether a file at `path`, once written, would be one that `pattern` names (both taken from the working folder):
+// what a run writes must not become a shard of the next run's --data.
+bool token_pattern_matches(const std::string& pattern, const std::string& path);
 
 class TokenFiles : public TokenSource {
  public:

@@ -237,6 +237,12 @@ void validate_tokens(const TrainConfig& c) {
   if (c.data.empty()) at_least("--epoch-size", c.epoch_size, 1);
 }
 
+// What a step's sequences are dealt to: every rank's every micro-batch, each of which needs one at least.
+std::string slots_text(const TrainConfig& c, int ranks) {
+  return std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
+         (c.grad_accum > 1 ? " x " + std::to_string(c.grad_accum) + " micro-batches (--grad-accum)" : "");
+}
+
 // The shards of --data or --val-data (flag), opened as the run will read them: each one llm.c's format, every token
 // inside the model's vocabulary (rank `rank` reads shards rank, rank + ranks, ...: one pass over the tokens in all),
 // and --data's hold a window for every rank.
@@ -245,10 +251,10 @@ void validate_token_shards(const TrainConfig& c, const std::string& flag, const 
   try {
     const TokenFiles shards(pattern, c.max_len);
     const int64_t windows = shards.sequences();
-    require(flag == "--val-data" || windows >= ranks,
+    require(flag == "--val-data" || windows >= int64_t{ranks} * c.grad_accum,
             flag + " " + pattern + ": " + std::to_string(windows) + (windows == 1 ? " window of " : " windows of ") +
-                std::to_string(c.max_len) + " tokens, fewer than the " + std::to_string(ranks) +
-                " ranks; lower --max-len or add tokens");
+                std::to_string(c.max_len) + " tokens, fewer than the " + slots_text(c, ranks) +
+                "; lower --max-len or add tokens");
     const int vocab = TransformerConfig::preset(to_string(c.model)).vocab;
     const std::string outside = shards.first_token_outside(vocab, rank, ranks);
     require(outside.empty(), flag + " " + outside + ", outside --model " + to_string(c.model) + "'s vocabulary of " +
@@ -329,9 +335,9 @@ void validate_for_ranks(const TrainConfig& c, int ranks, int rank) {
   if (!c.data.empty())
     validate_token_shards(c, "--data", c.data, ranks, rank);
   else
-    require(c.epoch_size >= ranks, "more ranks (" + std::to_string(ranks) +
-                                       ") than sequences per epoch (--epoch-size " + std::to_string(c.epoch_size) +
-                                       "): every rank needs at least one; raise --epoch-size");
+    require(c.epoch_size >= int64_t{ranks} * c.grad_accum,
+            "fewer sequences per epoch (--epoch-size " + std::to_string(c.epoch_size) + ") than the " +
+                slots_text(c, ranks) + ": each needs at least one; raise --epoch-size");
 }
 
 }  // namespace ddplab

@@ -663,21 +663,28 @@ TrainConfig resolved_for_run(const TrainConfig& asked, const std::string& run_fi
   double slice[2] = {config.grad_slice_mb, -config.grad_slice_mb};
   MPI_Allreduce(MPI_IN_PLACE, slice, 2, MPI_DOUBLE, MPI_MIN, world);
   if (slice[0] != -slice[1]) config.grad_slice_mb = asked.grad_slice_mb;
-  if (config.transformer() && !config.data.empty()) {  // opened and checked by validate_run: headers only here
+  // Every rank reads the plan's windows (and the validation's) from its own copy of the shards: a node holding other
+  // files would train or validate on other windows, silently. Rank 0's fingerprint is the run's. (Opened and checked
+  // by validate_run: headers only here.)
+  for (const auto& [flag, pattern] :
+       {std::pair<std::string, std::string>{"--data", config.data}, {"--val-data", config.val_data}}) {
+    if (!config.transformer() || pattern.empty()) continue;
+    std::string fingerprint, problem;
     try {
-      config.data_shards = TokenFiles(config.data, config.max_len).fingerprint();
+      fingerprint = TokenFiles(pattern, config.max_len).fingerprint();
     } catch (const std::invalid_argument& e) {
-      throw UsageError("--data " + std::string(e.what()));
+      problem = flag + " " + e.what();
     }
-    // Every rank reads the plan's windows from its own copy of the shards: a node holding other files would train on
-    // other windows, silently. Rank 0's fingerprint is the run's.
+    // A rank that cannot open them says so on every rank before any rank waits for rank 0's fingerprint.
+    if (const std::string reason = first_failing_reason(problem, world); !reason.empty()) throw UsageError(reason);
     char root[128] = {};
-    config.data_shards.copy(root, sizeof root - 1);
+    fingerprint.copy(root, sizeof root - 1);
     MPI_Bcast(root, sizeof root, MPI_CHAR, 0, world);
-    const std::string mine = config.data_shards == root ? ""
-                                                        : "--data " + config.data + ": other shards than rank 0's (" +
-                                                              config.data_shards + ", against " + root + ")";
+    const std::string mine = fingerprint == root ? ""
+                                                 : flag + " " + pattern + ": other shards than rank 0's (" +
+                                                       fingerprint + ", against " + root + ")";
     if (const std::string reason = first_failing_reason(mine, world); !reason.empty()) throw UsageError(reason);
+    if (flag == "--data") config.data_shards = fingerprint;
   }
   const int threads = asked.blas_threads > 0 ? asked.blas_threads : rank_cores.cores;
   int spare_core_every_rank = rank_cores.cores > threads ? 1 : 0;
@@ -711,28 +718,41 @@ void check_output_paths(const TrainConfig& config, bool saves_over_resumed, bool
                         MPI_Comm world) {
   std::string error;
   if (rank == 0) {
-    // --force replaces an output, never an input: the token shards the run reads (validate opened them already).
-    std::vector<std::string> inputs;
+    // --force replaces an output, never an input: the token shards the run reads (validate opened them already), and
+    // the checkpoint it resumes from, unless that is the checkpoint it saves over.
+    std::vector<std::string> shards;
     try {
       for (const std::string& pattern : {config.data, config.val_data})
         if (!pattern.empty())
-          for (const std::string& shard : token_shard_paths(pattern)) inputs.push_back(shard);
+          for (const std::string& shard : token_shard_paths(pattern)) shards.push_back(shard);
     } catch (const std::invalid_argument& e) {
       error = e.what();  // every rank learns it below
     }
-    if (error.empty()) error = check_output_path(config.out, config.force, inputs);
-    if (error.empty() && !config.checkpoint.empty())
-      error = check_output_path(config.checkpoint, config.force || saves_over_resumed, inputs);
-    const std::string snapshot = snapshot_path(config.out);
+    std::vector<std::string> inputs = shards;
+    if (!config.resume.empty()) inputs.push_back(config.resume);
+    // An output the shard patterns would match is read as a shard by the next run of the same command (a resume).
+    const auto check = [&](const std::string& path, bool force, const std::vector<std::string>& reads) {
+      if (!error.empty()) return;
+      error = check_output_path(path, force, reads);
+      for (const std::string& pattern : {config.data, config.val_data})
+        if (error.empty() && token_pattern_matches(pattern, path))
+          error = "output " + path + " matches the token shards' pattern " + pattern +
+                  ", so the next run of this command (a resume) would read it as a shard: name another";
+    };
+    check(config.out, config.force, inputs);
+    if (!config.checkpoint.empty()) check(config.checkpoint, config.force || saves_over_resumed, shards);
+    const std::string snapshot = snapshot_path(config.out), page = default_page_path(config.out);
     // Checked as for a run from step 0: a resumed run's first step is not read yet, so this may refuse an old
     // snapshot that a short resumed run would leave alone.
-    if (error.empty() && writes_between(config.flush_every, 0, config.steps))
-      error = check_output_path(snapshot, config.force);
+    if (writes_between(config.flush_every, 0, config.steps)) check(snapshot, config.force, inputs);
     if (error.empty() && same_file(config.checkpoint, snapshot))
       error = "--checkpoint " + config.checkpoint + " is the snapshot of --out " + config.out +
               ", which the run file replaces at the end: the checkpoint needs a file of its own";
+    if (error.empty() && writes_page && same_file(config.checkpoint, page))
+      error = "--checkpoint " + config.checkpoint + " is the page train writes beside --out " + config.out +
+              ": the checkpoint needs a file of its own";
     if (error.empty() && writes_page) {
-      error = check_output_path(default_page_path(config.out), config.force);
+      check(page, config.force, inputs);
       if (!error.empty()) error += "; it is the page train writes beside its run file (DDPLAB_TRAIN_PAGE=off: none)";
     }
   }

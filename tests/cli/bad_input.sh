@@ -216,7 +216,10 @@ if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|bu
 else
   echo "skip --device cuda without a GPU: this machine has one"
 fi
-expect_error 2 "more ranks (2) than sequences per epoch (--epoch-size 1)" train --model tiny --epoch-size 1 --steps 2
+expect_error 2 "fewer sequences per epoch (--epoch-size 1) than the 2 ranks:" train --model tiny --epoch-size 1 --steps 2
+# Every rank's every micro-batch needs a sequence: 3 for 2 ranks x 2 micro-batches left rank 0's first empty.
+expect_error 2 "fewer sequences per epoch (--epoch-size 3) than the 2 ranks x 2 micro-batches (--grad-accum)" \
+  train --model tiny --epoch-size 3 --grad-accum 2 --steps 2
 expect_error 2 "--predict needs --zero-stage 0" sweep --predict --zero-stage 1 --steps 2
 
 # A DDPLAB_* knob set to a value it does not take is bad input too (runtime/settings.h), refused on every rank.
@@ -261,6 +264,11 @@ expect_refusal "mpirun -np 2 ddplab train --data same_name.bin, another copy on 
   "rank 1: --data same_name.bin: other shards than rank 0's (2 windows of 16 in 1 shard, [0-9a-f]*, against 2 windows" \
   -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data same_name.bin : \
   -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data same_name.bin
+# The validation's shards too: each rank would validate on its own copy, and the ranks' losses would part.
+expect_refusal "mpirun -np 2 ddplab train --val-data same_name.bin, another copy on rank 1's node" \
+  "rank 1: --val-data same_name.bin: other shards than rank 0's" \
+  -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin : \
+  -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin
 # A checkpoint on one node's disk only (a node-local path): the rank that cannot read it names it, and every rank
 # refuses.
 mkdir -p "$work/node_a" "$work/node_b"
@@ -298,6 +306,9 @@ for np in 1 2; do
   input=$token_dir/node_a/same_name.bin  # a window for each of 2 ranks
   expect_error $np "output $input is $input, which this command reads" \
     "${lm[@]}" --data "$input" --out "$input" --force
+  # An output the shards' pattern matches would be read as a shard by the same command's resume.
+  expect_error $np "output $token_dir/node_a/run.bin matches the token shards' pattern $token_dir/node_a/\\*\\.bin, so" \
+    "${lm[@]}" --data "$token_dir/node_a/*.bin" --out "$token_dir/node_a/run.bin"
 done
 rm "$work/loop" "$work/dangling.h5"
 # With --force the run replaces it with a real run file.

@@ -164,7 +164,7 @@ with tempfile.TemporaryDirectory() as work:
             (1, ["sweep"], ["--bucket-mb", "1,1.0000001"], "--bucket-mb lists 1 twice"),
             (1, ["sweep"], ["--overlap", "on,on"], "--overlap lists on twice"),
             (2, ["suite", "lab"], ["--comm", "hier"], "--comm hier needs more than one node"),
-            (2, ["suite", "lab"], ["--model", "tiny", "--epoch-size", "1"], "more ranks (2) than sequences per epoch"),
+            (2, ["suite", "lab"], ["--model", "tiny", "--epoch-size", "1"], "fewer sequences per epoch (--epoch-size 1) than the 2 ranks"),
             (1, ["suite", "lab"], ["--quiet"], "--quiet")]:
         proc = run(np_ranks, *command, "--steps", "2", *args, "--out-dir", folder)
         check(refused(proc, text) and os.listdir(work) == [],
@@ -219,6 +219,10 @@ with tempfile.TemporaryDirectory() as work:
     check(refused(proc, f"output file {page} already exists (pass --force to overwrite); it is the page") and
           os.listdir(work) == ["s.report.html"], f"an existing page is not replaced ({our_lines(proc.stderr)})")
     os.unlink(page)
+    proc = run(1, "train", *long_run, "--checkpoint", page, "--out", snap_out, timeout=60,
+               env={"DDPLAB_TRAIN_PAGE": "on"})
+    check(refused(proc, f"--checkpoint {page} is the page train writes beside --out {snap_out}") and
+          os.listdir(work) == [], f"--checkpoint naming train's page is refused ({our_lines(proc.stderr)})")
 
     # A check that reads one rank's own --out (against --checkpoint) refuses on every rank: that rank alone would
     # leave the others waiting in the next collective.
