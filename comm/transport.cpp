@@ -113,7 +113,14 @@ int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy
   int done = 0;
   int err = MPI_Test(request, &done, status);
   if (err != MPI_SUCCESS || done) return err;
-  if (policy.spin_us < 0) return MPI_Wait(request, status);
+  if (policy.spin_us < 0) {
+    if (!between_polls) return MPI_Wait(request, status);
+    for (;;) {  // spins as MPI_Wait does, with the hook between polls
+      between_polls();
+      err = MPI_Test(request, &done, status);
+      if (err != MPI_SUCCESS || done) return err;
+    }
+  }
   const int64_t spin_until = now_ns() + int64_t{policy.spin_us} * 1000;
   while (now_ns() < spin_until) {
     if (between_polls) between_polls();
@@ -206,7 +213,15 @@ void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
     mpiCheck(MPI_Irecv(p + offset, piece, MPI_BYTE, peer, MPI_ANY_TAG, comm_, &request));
     MPI_Status status;
     status.MPI_TAG = tag;  // stays ours unless MPI matched a message
-    const int err = poll_wait(&request, &status, poll_, [this] { waiting(); });
+    int err = MPI_SUCCESS;
+    try {
+      err = poll_wait(&request, &status, poll_, [this] { waiting(); });
+    } catch (...) {  // the hook ended the wait: the caller's buffer may go as the exception unwinds
+      MPI_Cancel(&request);
+      MPI_Wait(&request, MPI_STATUS_IGNORE);  // on a cancelled request it returns whatever the peer does
+      settle_sends_before_throwing();
+      throw;
+    }
     int err_class = MPI_SUCCESS;
     if (err != MPI_SUCCESS) MPI_Error_class(err, &err_class);
     if ((err == MPI_SUCCESS || err_class == MPI_ERR_TRUNCATE) && status.MPI_TAG != tag) {
@@ -266,7 +281,13 @@ void MpiTransport::wait_sends(size_t keep_last) {
   while (sends_.size() > keep_last) {
     const watchdog::Wait wait("completion of a send to", named(sends_.front().peer));
     for (size_t i = 0; i < sends_.front().requests; ++i, ++retired) {
-      const int err = poll_wait(&pending_sends_[retired], MPI_STATUS_IGNORE, poll_, [this] { waiting(); });
+      int err = MPI_SUCCESS;
+      try {
+        err = poll_wait(&pending_sends_[retired], MPI_STATUS_IGNORE, poll_, [this] { waiting(); });
+      } catch (...) {  // the hook ended the wait
+        settle_sends_before_throwing();
+        throw;
+      }
       if (first_err == MPI_SUCCESS) first_err = err;
     }
     sends_.pop_front();

@@ -53,7 +53,9 @@ class Transport {
   // Called between polls while this transport waits (for a message, room in a FIFO, a send's completion). The
   // transport table (comm/transport_table.h) sets it to move the other transports' sends along: MPI moves a
   // rendezvous message only while its sender is inside an MPI call, so a rank that waits on shared memory must keep
-  // its MPI sends moving, or the peer they go to may wait for them forever.
+  // its MPI sends moving, or the peer they go to may wait for them forever. A hook may throw to end the wait (an
+  // owner that gives up on the peers): the exception leaves the call, and MpiTransport first cancels the receive it
+  // waited for, so that no message lands in the caller's buffer after it, and settles its sends as before any throw.
   void set_while_waiting(std::function<void()> hook) { while_waiting_ = std::move(hook); }
 
  protected:
@@ -100,8 +102,9 @@ void tighten_timer_slack_once();
 // the yields that lost the core, over all ranks; 0 when none did (a spare core).
 double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples = 16);
 
-// Waits for `request` per `policy`, calling `between_polls` (if any) after each poll that found it pending, except
-// while spinning inside MPI_Wait (spin_us < 0). Returns MPI_Wait's error code (status is filled either way).
+// Waits for `request` per `policy`, calling `between_polls` (if any) after each poll that found it pending (also
+// when spinning, spin_us < 0: on MPI_Test then, on MPI_Wait only without it). Returns MPI_Wait's error code (status
+// is filled either way). An exception from between_polls leaves the request pending.
 int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy,
               const std::function<void()>& between_polls = nullptr);
 

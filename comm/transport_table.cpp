@@ -96,6 +96,7 @@ RoutedTransport::RoutedTransport(std::vector<std::unique_ptr<Transport>> transpo
     rank_ = transports_[t]->rank();
     size_ = transports_[t]->size();
     transports_[t]->set_while_waiting([this, t] {
+      waiting();  // this transport's own hook, as set by its owner
       for (size_t other = 0; other < transports_.size(); ++other)
         if (other != t && transports_[other]) transports_[other]->progress();
     });

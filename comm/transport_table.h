@@ -43,7 +43,7 @@ const std::vector<HostTransportEntry>& host_transport_table();
 // Several transports behind one, each peer reached through its own (`route`, by rank; the entries of `transports`
 // may be null where no peer uses them). Sends complete in the order they were started across all of them, as the
 // Transport contract says: wait_sends asks each for its share of the last keep_last. While one waits it moves the
-// others' sends along (Transport::set_while_waiting).
+// others' sends along and calls the hook set on this transport (Transport::set_while_waiting).
 class RoutedTransport final : public Transport {
  public:
   RoutedTransport(std::vector<std::unique_ptr<Transport>> transports, std::vector<int> route);
