@@ -1,6 +1,7 @@
 #include "comm/hier_allreduce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <stdexcept>
@@ -18,9 +19,11 @@ namespace {
 
 // The group of comm's ranks with the same color, over the transport its topology calls for (within a node shared
 // memory, across nodes MPI), wrapped as the caller asks. `ids`: the group's node of each rank of comm (by rank).
-// `name`: what its hops use; `shm_hop`: whether shared memory reaches one of its peers.
+// `name`: what its hops use; `shm_hop`: whether shared memory reaches one of its peers. `while_waiting` (if any) is
+// set on the transport as connected, beneath the wrapper, where the waits poll (Transport::set_while_waiting).
 std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, const std::vector<int>& ids,
-                                           const HierAllreduce::WrapTransport& wrap, std::string& name, bool& shm_hop) {
+                                           const HierAllreduce::WrapTransport& wrap, std::string& name, bool& shm_hop,
+                                           std::function<void()> while_waiting = nullptr) {
   int n = 1;
   mpiCheck(MPI_Comm_size(comm, &n));
   std::vector<int> colors(n), group_ids;
@@ -34,6 +37,7 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
   mpiCheck(MPI_Comm_free(&group_comm));
   name = t.description;
   shm_hop = t.shm_hop;
+  if (while_waiting) t.transport->set_while_waiting(std::move(while_waiting));
   return wrap ? wrap(std::move(t.transport), group) : std::move(t.transport);
 }
 
@@ -41,11 +45,12 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
 
 // The group across nodes and the thread that all-reduces the shards over it, in the order started. Only that
 // thread uses the group's transport while the pipeline runs, so the Transport contract (one caller at a time) holds.
-// One object, so that an owner unwinding mid-pipeline can leave all of it to a job that may never return.
 struct HierAllreduce::CrossNode {
-  explicit CrossNode(std::unique_ptr<Transport> g) : group(std::move(g)) {}
   std::unique_ptr<Transport> group;
   RingScratch scratch;
+  // Set when the node's phases fail mid-pipeline: the group's waits then throw (its hook), so that the shard
+  // crossing the nodes lets go of the caller's buffer without waiting for peers that may never answer.
+  std::atomic<bool> stop{false};
   WorkerThread worker{"cross-node thread"};  // last: stops before what its jobs use goes
 };
 
@@ -65,21 +70,19 @@ HierAllreduce::HierAllreduce(MPI_Comm comm, int node, const WrapTransport& wrap)
   std::string intra_name, inter_name;
   bool inter_shm = false;
   intra_ = split_transport(comm, node, rank, node_of, wrap, intra_name, shm_hop_);
-  cross_ =
-      std::make_unique<CrossNode>(split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name, inter_shm));
+  cross_ = std::make_unique<CrossNode>();
+  cross_->group =
+      split_transport(comm, intra_->rank(), rank, node_of, wrap, inter_name, inter_shm, [&stop = cross_->stop] {
+        if (stop.load(std::memory_order_relaxed))
+          throw std::runtime_error("cross-node all-reduce stopped: the node's phases failed");
+      });
   shm_hop_ = shm_hop_ || inter_shm;
   const bool both = local_size() > 1 && nodes() > 1;
   transport_name_ = both ? intra_name + " + " + inter_name : local_size() > 1 ? intra_name : inter_name;
 }
 
-HierAllreduce::~HierAllreduce() {
-  // A worker still inside a cross-node all-reduce (an error unwound this thread mid-pipeline) may wait on a peer
-  // that is gone: leave it and what it touches allocated rather than join it; the program's edge aborts MPI.
-  if (cross_ && !cross_->worker.idle()) {
-    cross_.release()->worker.abandon();
-    intra_.release();
-  }
-}
+// The cross-node thread is idle whenever allreduce_sum has returned or thrown: joined at once.
+HierAllreduce::~HierAllreduce() = default;
 
 int HierAllreduce::nodes() const { return cross_->group->size(); }
 
@@ -110,18 +113,30 @@ void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, con
     ring_all_gather<RingSeam::kApart>(prims, crossing.front().round);
     crossing.pop_front();
   };
-  for (size_t begin = 0; begin < count; begin += plan.round) {
-    const RingRound round{begin, std::min(plan.round, count - begin), local, local_rank()};
-    ring_reduce_scatter<RingSeam::kApart>(prims, round);
-    const RingChunk shard = round.owned();
-    CrossNode& cross = *cross_;
-    float* data = out + shard.offset;
-    crossing.push_back({round, cross.worker.submit([&cross, data, n = shard.count, options] {
-                          ring_allreduce_sum(data, data, n, *cross.group, cross.scratch, options);
-                        })});
-    if (crossing.size() == 2) gather_oldest();  // the previous shard is (nearly) back: gather it while this one crosses
+  try {
+    for (size_t begin = 0; begin < count; begin += plan.round) {
+      const RingRound round{begin, std::min(plan.round, count - begin), local, local_rank()};
+      ring_reduce_scatter<RingSeam::kApart>(prims, round);
+      const RingChunk shard = round.owned();
+      CrossNode& cross = *cross_;
+      float* data = out + shard.offset;
+      crossing.push_back({round, cross.worker.submit([&cross, data, n = shard.count, options] {
+                            ring_allreduce_sum(data, data, n, *cross.group, cross.scratch, options);
+                          })});
+      if (crossing.size() == 2) gather_oldest();  // the previous shard is (nearly) back: gather it while this crosses
+    }
+    while (!crossing.empty()) gather_oldest();
+  } catch (...) {
+    // A shard crossing the nodes lies in `out`, its receives posted there: `out` may be freed as this exception
+    // unwinds (the trainer's gradients), so the crossing is stopped and waited for first. Bounded: its wait ends at
+    // the next poll (the hook), and MpiTransport cancels that wait's receive and settles its sends as it throws.
+    cross_->stop = true;
+    try {
+      cross_->worker.wait_all();
+    } catch (...) {  // the stop, or the crossing's own failure: this thread's is the one to report
+    }
+    throw;
   }
-  while (!crossing.empty()) gather_oldest();
 }
 
 }  // namespace ddplab

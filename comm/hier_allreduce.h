@@ -43,7 +43,8 @@ class HierAllreduce {
   // a 16-bit wire rounds each finished sum once more, as the flat ring's last hop does).
   // Pipelined by rounds: while a round's shard crosses the nodes (on a worker thread, over the inter-node group's
   // transport), this thread reduce-scatters the next round and all-gathers the previous one within the node, so
-  // the slow link is never idle waiting for the node's phases (docs/COMM.md: hier).
+  // the slow link is never idle waiting for the node's phases (docs/COMM.md: hier). When it throws, nothing works on
+  // `out` any more (a shard still crossing the nodes is stopped and waited for) and this object is done for.
   void allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options);
 
  private:

@@ -9,7 +9,6 @@ namespace ddplab {
 WorkerThread::WorkerThread(const char* name) : thread_([this, name] { run(name); }) {}
 
 WorkerThread::~WorkerThread() {
-  if (!thread_.joinable()) return;  // abandoned
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -53,10 +52,6 @@ bool WorkerThread::idle() {
 bool WorkerThread::failed() {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_ != nullptr;
-}
-
-void WorkerThread::abandon() {
-  if (thread_.joinable()) thread_.detach();
 }
 
 void WorkerThread::run(const char* name) {

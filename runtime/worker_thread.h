@@ -40,9 +40,6 @@ class WorkerThread {
   bool idle();
   // A job has failed (the next wait rethrows its exception).
   bool failed();
-  // Lets the thread run on, never to be joined: for an owner unwinding while a job may wait forever on a peer
-  // that is gone. The owner must then leak this object and whatever its jobs touch (the program's edge aborts).
-  void abandon();
 
  private:
   void run(const char* name);

@@ -1,17 +1,22 @@
 // Multi-rank tests of the hierarchical all-reduce (comm/hier_allreduce.h) over emulated node splits: exact sums,
 // agreement with MPI_Allreduce, bitwise equality on every rank, the bytes each group carries, and the refusal of
-// nodes of unequal size. ctest runs it with mpirun -np 1..4 (at np 4: 1x4, 2x2, 4x1, interleaved 2x2, 3+1).
+// nodes of unequal size, and a failure within a node that leaves nothing writing into the caller's buffer. ctest runs
+// it with mpirun -np 1..4 (at np 4: 1x4, 2x2, 4x1, interleaved 2x2, 3+1).
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/mman.h>
 
+#include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -161,6 +166,127 @@ INSTANTIATE_TEST_SUITE_P(Splits, HierTest, testing::Combine(testing::ValuesIn(kN
                          [](const testing::TestParamInfo<HierTest::ParamType>& info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
                          });
+
+// One of hier's groups as the test below sees it: before each send and receive it calls `before` with the call's
+// kind and its number (from 1), and it counts the calls still inside the transport.
+class ObservedTransport final : public Transport {
+ public:
+  enum Call { kSend, kRecv };
+  ObservedTransport(std::unique_ptr<Transport> inner, std::function<void(Call, int nth)> before)
+      : inner_(std::move(inner)), before_(std::move(before)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void send(int peer, const void* buf, size_t bytes, int tag) override {
+    Inside in(inside_);
+    before_(kSend, ++sends_);
+    inner_->send(peer, buf, bytes, tag);
+  }
+  void recv(int peer, void* buf, size_t bytes, int tag) override {
+    Inside in(inside_);
+    before_(kRecv, ++recvs_);
+    inner_->recv(peer, buf, bytes, tag);
+  }
+  void recv_consume(int peer, size_t bytes, int tag, void* staging, const Consume& consume) override {
+    Inside in(inside_);
+    before_(kRecv, ++recvs_);
+    inner_->recv_consume(peer, bytes, tag, staging, consume);
+  }
+  void wait_sends(size_t keep_last) override {
+    Inside in(inside_);
+    inner_->wait_sends(keep_last);
+  }
+  bool progress() override {
+    Inside in(inside_);
+    return inner_->progress();
+  }
+  int inside() const { return inside_.load(); }
+
+ private:
+  struct Inside {
+    explicit Inside(std::atomic<int>& n) : n(n) { ++n; }
+    ~Inside() { --n; }
+    std::atomic<int>& n;
+  };
+  std::unique_ptr<Transport> inner_;
+  std::function<void(Call, int)> before_;
+  int sends_ = 0, recvs_ = 0;
+  std::atomic<int> inside_{0};
+};
+
+class HierFailureTest : public testing::TestWithParam<NodeSplit> {};
+
+// The ranks of each node disagree on the count (64 and 48 elements: one round alike, then 32 and 16), so the node's
+// reduce-scatter of round 1 throws on every rank while round 0's shard crosses the nodes on the cross-node thread,
+// inside its all-gather: a receive into the caller's buffer is posted there. The first node's crossing waits for
+// its peer's message, which the other node sends only once the first node has taken the buffer's pages away (as the
+// trainer's unwinding unmaps its gradients). So a receive still posted into the buffer, or a thread still working on
+// it, after allreduce_sum threw, faults; and the other node's crossing is still inside allreduce_sum, waiting for
+// that message, when its own node's phase throws.
+TEST_P(HierFailureTest, AFailureWithinANodeLeavesNothingWritingIntoTheBufferOnceItThrows) {
+  const int rank = world_rank(), n = world_size();
+  std::vector<int> mine, others;  // the ranks of this node and of the other, in order
+  for (int r = 0; r < n; ++r) (GetParam().node(r, n) == GetParam().node(rank, n) ? mine : others).push_back(r);
+  if (mine.size() != 2 || others.size() != 2) GTEST_SKIP() << "two nodes of two ranks";
+  const bool first_node = mine[0] == 0;
+  const int local = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  const int peer = others[local];  // across the nodes, in the cross-node group
+  MPI_Comm gate;                   // the other node's crossing waits on it for the first node's buffer to go
+  MPI_Comm_dup(MPI_COMM_WORLD, &gate);
+  constexpr int kBufferGone = 0, kReturned = 1;
+
+  std::atomic<bool> crossing_in_all_gather{false};
+  ObservedTransport* cross = nullptr;
+  const auto observe = [&](std::unique_ptr<Transport> t, const Topology& group) -> std::unique_ptr<Transport> {
+    const bool across = group.nodes() > 1;
+    auto observed = std::make_unique<ObservedTransport>(std::move(t), [&, across](ObservedTransport::Call c, int nth) {
+      // Across the nodes (a ring of two): send, receive and reduce, send the sum, receive the peer's sum.
+      if (across && first_node && c == ObservedTransport::kRecv && nth == 2) crossing_in_all_gather = true;
+      if (across && !first_node && c == ObservedTransport::kSend && nth == 2)
+        MPI_Recv(nullptr, 0, MPI_BYTE, peer, kBufferGone, gate, MPI_STATUS_IGNORE);
+      // Within the node, round 1 starts with a send: only once the crossing of round 0 receives into the buffer.
+      if (!across && first_node && c == ObservedTransport::kSend && nth == 2)
+        while (!crossing_in_all_gather) std::this_thread::yield();
+    });
+    if (across) cross = observed.get();
+    return observed;
+  };
+  HierAllreduce hier(MPI_COMM_WORLD, GetParam().node(rank, n), observe);
+  ASSERT_EQ(hier.local_size(), 2);
+  ASSERT_NE(cross, nullptr);
+
+  const size_t bytes = 4096, count = local == 0 ? 64 : 48;
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(memory, MAP_FAILED);
+  float* data = static_cast<float*>(memory);
+  std::fill(data, data + count, 1.0f);
+  RingOptions o;
+  o.slice_elems = 16;  // rounds of 32 elements
+  o.slices_per_chunk = 1;
+  std::string error;
+  try {
+    hier.allreduce_sum(data, data, count, o);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("expected"), std::string::npos) << "the node's size mismatch, got: " << error;
+  EXPECT_EQ(cross->inside(), 0) << "the cross-node all-reduce is still inside its transport";
+  // The pages go, but their addresses stay reserved: a late write faults rather than land in a later mapping.
+  ASSERT_EQ(mprotect(memory, bytes, PROT_NONE), 0);
+  if (first_node) {
+    MPI_Send(nullptr, 0, MPI_BYTE, peer, kBufferGone, gate);
+    // The peer's crossing sends its sum before its allreduce_sum returns, and messages between a pair keep their
+    // order: by this message's arrival, a receive left posted into the buffer has met the sum.
+    MPI_Recv(nullptr, 0, MPI_BYTE, peer, kReturned, gate, MPI_STATUS_IGNORE);
+  } else {
+    MPI_Send(nullptr, 0, MPI_BYTE, peer, kReturned, gate);
+  }
+  MPI_Comm_free(&gate);
+  MPI_Barrier(MPI_COMM_WORLD);
+  munmap(memory, bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, HierFailureTest, testing::ValuesIn(kNodeSplits),
+                         [](const testing::TestParamInfo<NodeSplit>& info) { return std::string(info.param.name); });
 
 TEST(Topology, TheHostIsOneNodeAndEmulatedNodesAreConsecutiveRanks) {
   // Every rank of a ctest run is on this host: one node.
