@@ -36,6 +36,20 @@ def check_token_shards(mpirun, ddplab, np_ranks, work):
     made = subprocess.run([sys.executable, script, text, "--out", train, "--val-out", val, "--val-share", "0.25"],
                           capture_output=True, text=True, timeout=60)
     check(made.returncode == 0, f"text_to_tokens.py writes the shards ({made.stderr.strip()[:200]})")
+    # Bad input: one line, exit 2, and every file as it was.
+    before = {name: open(os.path.join(work, name), "rb").read() for name in os.listdir(work)}
+    for args, expected in [(["--out", train], f"output file {train} already exists (pass --force to overwrite)"),
+                           (["--out", text, "--force"], f"output {text} is {text}, which this command reads"),
+                           (["--out", os.path.join(work, "a.bin"), "--val-out", os.path.join(work, "a.bin")],
+                            "--out and --val-out name the same file"),
+                           (["--out", os.path.join(work, "nowhere", "a.bin")], "output folder"),
+                           (["--out", os.path.join(work, "a.bin"), "--val-out", os.path.join(work, "b.bin"),
+                             "--val-share", "1.5"], "--val-share must be between 0 and 1")]:
+        bad = subprocess.run([sys.executable, script, text, *args], capture_output=True, text=True, timeout=60)
+        check(bad.returncode == 2 and bad.stderr.count("\n") == 1 and expected in bad.stderr and
+              {name: open(os.path.join(work, name), "rb").read() for name in os.listdir(work)} == before,
+              f"text_to_tokens.py {' '.join(args[:2])}...: exit 2, one line naming '{expected}', nothing written "
+              f"({bad.returncode}: {bad.stderr.strip()[-200:]})")
     with open(train, "rb") as f:
         header = np.frombuffer(f.read(1024), dtype="<i4")
         tokens = np.frombuffer(f.read(), dtype="<u2")
