@@ -1141,9 +1141,11 @@ Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetti
   if (rows.empty()) return out;
   double fastest = rows[0].step.step_ms;
   for (const Prediction& p : rows) fastest = std::min(fastest, p.step.step_ms);
+  // The run's own setting on its own link, ranks and nodes: the one row that replays a measurement.
   const auto is_own = [&](const PredictSetting& x) {
     return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
-           x.impl == own.impl && x.wire == own.wire && x.bucketed_update == own.bucketed_update;
+           x.impl == own.impl && x.wire == own.wire && x.bucketed_update == own.bucketed_update &&
+           x.ranks == own.ranks && x.nodes() == own.nodes() && link_spec(x.link) == link_spec(own.link);
   };
   // Rank by: the own setting first, then fewer buckets, then faster; only rows within the tolerance take part.
   const auto better = [&](const Prediction& a, const Prediction& b) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 
 #include "kernels/cuda/check.cuh"
@@ -69,7 +70,9 @@ NcclAllreduce::~NcclAllreduce() {
   // An asynchronous NCCL error (a peer died, a network fault) leaves the communicator unusable: abort it.
   ncclResult_t async = ncclSuccess;
   if (comm_ != nullptr && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess) failed_ = true;
-  release(failed_);
+  // So does this rank's own error on its way to the program's edge: its peers may be waiting for its next bucket,
+  // and a destroy (which finalizes with them) would then wait for peers that never get there.
+  release(failed_ || std::uncaught_exceptions() > 0);
 }
 
 void NcclAllreduce::release(bool abort) noexcept {

@@ -48,8 +48,13 @@ void CudaStreamMemory::synchronize() {
 void NcclP2pLink::send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) {
   // One group: both directions progress together, so no rank's send waits for a receive that is queued behind it.
   ncclCheck(ncclGroupStart());
-  if (send_bytes) ncclCheck(ncclSend(send, send_bytes, ncclUint8, to, comm_, stream_));
-  if (recv_bytes) ncclCheck(ncclRecv(recv, recv_bytes, ncclUint8, from, comm_, stream_));
+  try {
+    if (send_bytes) ncclCheck(ncclSend(send, send_bytes, ncclUint8, to, comm_, stream_));
+    if (recv_bytes) ncclCheck(ncclRecv(recv, recv_bytes, ncclUint8, from, comm_, stream_));
+  } catch (...) {
+    ncclGroupEnd();  // the group is per thread: left open, it would swallow this thread's later NCCL calls
+    throw;
+  }
   ncclCheck(ncclGroupEnd());
 }
 

@@ -123,15 +123,15 @@ int64_t TransformerCuda::scratch_floats() const {
   // The unfused attention's workspace grows with B * S and S: B * S <= max_tokens rows of at most max_seq are within
   // that of ceil(max_tokens / max_seq) rows of max_seq. In bf16 it is followed by fp32 copies of its inputs and
   // outputs. The fused one needs only backward's dQ accumulator and D, which grow with B * S alone; deterministic, a
-  // dQ share per key block of S as well: one max_seq row's workspace times the rows, as the unfused one's bound.
+  // dQ share per key block of S as well: either way one max_seq row's workspace times the rows, as the unfused one's
+  // bound (sized by rows, not as one sequence of every token, which the kernels' grid could not launch).
   const int rows_at_max_seq = static_cast<int>((max_tokens_ + max_seq_ - 1) / max_seq_);
   const int64_t bf16_copies = is_bf16 ? max_tokens_ * d_model : 0;  // floats per [tokens, C] copy
   // cuDNN's attention keeps its own workspace (cudnn_attention.h) and needs none here.
   const int64_t attention_floats =
       with_cudnn ? 0
-      : fused && deterministic_
-          ? rows_at_max_seq * cuda::flash_attention_backward_workspace_floats(1, max_seq_, d_model, heads, true)
-      : fused ? cuda::flash_attention_backward_workspace_floats(1, static_cast<int>(max_tokens_), d_model, heads)
+      : fused    ? rows_at_max_seq *
+                    cuda::flash_attention_backward_workspace_floats(1, max_seq_, d_model, heads, deterministic_)
               : std::max(cuda::attention_forward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +
                              kForwardFp32Copies * bf16_copies,
                          cuda::attention_backward_workspace_floats(rows_at_max_seq, max_seq_, d_model, heads) +

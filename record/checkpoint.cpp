@@ -215,6 +215,7 @@ void save_checkpoint(const std::string& path, bool force, const std::vector<Para
                 H5Fclose);
       write_contents(file, params, flat_params, opt, info);
       h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
+      h5(H5Fclose(file.release()), "close");  // its failure too: the file is published only once whole
     }
     sync_to_disk(tmp);
   } catch (const std::exception& e) {

@@ -268,6 +268,7 @@ void write_run_file(const std::string& path, bool force, const RunRecord& run, c
                 H5Fclose);
       write_contents(file, run, summary_json);
       h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush");
+      h5(H5Fclose(file.release()), "close");  // its failure too: the file is published only once whole
     }
     sync_to_disk(tmp);
   } catch (const std::exception& e) {
