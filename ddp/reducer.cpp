@@ -171,7 +171,10 @@ int Reducer::first_nonfinite_piece() {
       if (from < to && !cpu::all_finite(flat_grads_ + from, to - from)) found = k;
     }
   }
-  if (verdicts_ != MPI_COMM_NULL) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &found, 1, MPI_INT, MPI_MIN, verdicts_));
+  if (verdicts_ != MPI_COMM_NULL) {
+    const watchdog::Wait wait("the ranks' first non-finite gradient (sharded update)");
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &found, 1, MPI_INT, MPI_MIN, verdicts_));
+  }
   return found == INT_MAX ? -1 : found;
 }
 
@@ -187,7 +190,10 @@ double Reducer::sum_of_squares() const {
   }
   if (verdicts_ == MPI_COMM_NULL) return mine;
   std::vector<double> each(comm_.size());
-  mpiCheck(MPI_Allgather(&mine, 1, MPI_DOUBLE, each.data(), 1, MPI_DOUBLE, verdicts_));
+  {
+    const watchdog::Wait wait("the ranks' sums of squares of their gradient shares (sharded update)");
+    mpiCheck(MPI_Allgather(&mine, 1, MPI_DOUBLE, each.data(), 1, MPI_DOUBLE, verdicts_));
+  }
   double sum = 0;
   for (double rank_sum : each) sum += rank_sum;
   return sum;
