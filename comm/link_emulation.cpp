@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,12 +29,7 @@ int64_t monotonic_ns() {
 }
 
 void sleep_until_ns(int64_t t_ns) {
-  // The default 50 us timer slack would make every emulated message up to 50 us late.
-  thread_local bool slack_set = false;
-  if (!slack_set) {
-    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    slack_set = true;
-  }
+  tighten_timer_slack_once();  // the default 50 us slack would make every emulated message up to 50 us late
   const timespec ts{static_cast<time_t>(t_ns / 1'000'000'000), static_cast<long>(t_ns % 1'000'000'000)};
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
   }
