@@ -173,7 +173,7 @@ DirectCollectives::Arrivals DirectCollectives::gather_arrivals(Kind kind, const 
     const Board::Arrival& theirs = board(p).arrival;
     std::optional<std::pair<int, int>> message;  // from a peer already in another operation: its sender and tag
     {
-      const watchdog::Wait wait("direct collective: the arrival of", p, tag);
+      const watchdog::Wait wait("direct collective: the arrival of", shm_.named(p), tag);
       shm_.wait_for([&] {
         if (__atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) == calls_) return true;
         message = shm_.message_waiting();
@@ -182,17 +182,18 @@ DirectCollectives::Arrivals DirectCollectives::gather_arrivals(Kind kind, const 
     }
     if (message) {
       shm_.abandon();  // as on any mismatch: the transport is done for
-      throw TagMismatch(rank_, message->first, tag, message->second);
+      throw TagMismatch(shm_.named(rank_), shm_.named(message->first), tag, message->second);
     }
-    if (theirs.tag != tag) throw TagMismatch(rank_, p, tag, theirs.tag);
+    if (theirs.tag != tag) throw TagMismatch(shm_.named(rank_), shm_.named(p), tag, theirs.tag);
     if (theirs.kind != static_cast<int32_t>(kind))
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": collective mismatch on tag " + std::to_string(tag) +
-                               ": this rank runs " + name_of(kind) + ", rank " + std::to_string(p) + " runs " +
-                               name_of(static_cast<Kind>(theirs.kind)));
+      throw std::runtime_error("rank " + std::to_string(shm_.named(rank_)) + ": collective mismatch on tag " +
+                               std::to_string(tag) + ": this rank runs " + name_of(kind) + ", rank " +
+                               std::to_string(shm_.named(p)) + " runs " + name_of(static_cast<Kind>(theirs.kind)));
     if (theirs.count != count)
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": " + name_of(kind) + " size mismatch on tag " +
-                               std::to_string(tag) + ": this rank has " + std::to_string(count) + " elements, rank " +
-                               std::to_string(p) + " has " + std::to_string(theirs.count));
+      throw std::runtime_error("rank " + std::to_string(shm_.named(rank_)) + ": " + name_of(kind) +
+                               " size mismatch on tag " + std::to_string(tag) + ": this rank has " +
+                               std::to_string(count) + " elements, rank " + std::to_string(shm_.named(p)) + " has " +
+                               std::to_string(theirs.count));
     seen.everyone_registered = seen.everyone_registered && theirs.registered;
     if (!seen.everyone_registered) continue;
     if (p == rank_) {
@@ -249,14 +250,14 @@ bool DirectCollectives::depart(Kind kind, uint64_t nonfinite, int unmapped, int 
   for (int p = 0; p < size_; ++p) {
     const Board::Departure& theirs = board(p).departure;
     {
-      const watchdog::Wait wait("direct collective: the departure of", p, tag);
+      const watchdog::Wait wait("direct collective: the departure of", shm_.named(p), tag);
       shm_.wait_for([&] { return __atomic_load_n(&theirs.call, __ATOMIC_ACQUIRE) >= calls_; });
     }
     if (kind == Kind::kAllreduce && p != rank_) nonfinite += theirs.nonfinite;  // their sums are in our output too
     if (theirs.unmapped && failure.empty())
-      failure = "rank " + std::to_string(rank_) + ": direct " + name_of(kind) + ": rank " + std::to_string(p) +
-                " does not map the registered segment of rank " + std::to_string(theirs.unmapped - 1) +
-                "'s buffers (freed there?)";
+      failure = "rank " + std::to_string(shm_.named(rank_)) + ": direct " + name_of(kind) + ": rank " +
+                std::to_string(shm_.named(p)) + " does not map the registered segment of rank " +
+                std::to_string(theirs.unmapped - 1) + "'s buffers (freed there?)";
   }
   if (!failure.empty()) throw std::runtime_error(failure);
   return nonfinite == 0;

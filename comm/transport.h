@@ -57,16 +57,16 @@ class Transport {
   // owner that gives up on the peers): the exception leaves the call, and MpiTransport first cancels the receive it
   // waited for, so that no message lands in the caller's buffer after it, and settles its sends as before any throw.
   void set_while_waiting(std::function<void()> hook) { while_waiting_ = std::move(hook); }
+  // A rank of this transport as messages and the watchdog name it: its rank in MPI_COMM_WORLD, which the user
+  // sees, also where the transport joins a subgroup (hier's groups within and across nodes, the lab's smaller world
+  // sizes). A rank outside the communicator is named as given: the call with it fails with MPI's own error.
+  int named(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < world_rank_.size() ? world_rank_[rank] : rank;
+  }
 
  protected:
   void waiting() const {
     if (while_waiting_) while_waiting_();
-  }
-  // A rank of this transport as messages and the watchdog name it: its rank in MPI_COMM_WORLD, which the user
-  // sees, also where the transport joins a subgroup (hier's groups within and across nodes). A rank outside the
-  // communicator is named as given: the call with it fails with MPI's own error.
-  int named(int rank) const {
-    return rank >= 0 && static_cast<size_t>(rank) < world_rank_.size() ? world_rank_[rank] : rank;
   }
   void name_ranks_as_in_world(MPI_Comm comm);
 

@@ -232,6 +232,38 @@ TEST(RegisteredAllreduceDirect, RefusesASizeMismatchOnEveryRank) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Over a sub-communicator (the lab's smaller world sizes), the direct collectives name ranks as the user sees them,
+// by their ranks in MPI_COMM_WORLD: here world ranks n-1, ..., 1 are the sub-communicator's 0, ..., n-2.
+TEST(RegisteredAllreduceDirect, NamesRanksByTheirWorldRanksOnASubCommunicator) {
+  const int rank = world_rank(), n = world_size();
+  if (n < 3) GTEST_SKIP() << "a sub-communicator of 2+ ranks numbered unlike the world needs 3 ranks";
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? MPI_UNDEFINED : 0, -rank, &sub);
+  if (sub != MPI_COMM_NULL) {
+    Communicator direct(sub, CommOptions{});
+    if (direct.direct()) {
+      const size_t count = rank == 1 ? 100'016 : 100'000;
+      RegisteredBuffer memory = direct.allocate_registered(count * sizeof(float));
+      float* data = static_cast<float*>(memory.data());
+      std::fill(data, data + count, 1.0f);
+      std::string what;
+      try {
+        direct.allreduce_sum(data, count, /*tag=*/7);
+      } catch (const std::runtime_error& e) {
+        what = e.what();
+      }
+      EXPECT_EQ(what.rfind("rank " + std::to_string(rank) + ": all-reduce size mismatch on tag 7", 0), 0u) << what;
+      if (rank != 1) {
+        EXPECT_NE(what.find(", rank 1 has 100016"), std::string::npos) << what;
+      }
+    } else {
+      std::printf("[ skipped  ] rank %d: no direct collectives on this host, nothing to check\n", rank);
+    }
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // The sharded update's collectives on the direct path (--zero-stage 1): the reduce-scatter leaves each rank's owned
 // elements holding the ring's sums bit for bit (random inputs: the order of the additions shows), the all-gather then
 // gives every rank the ring all-reduce's buffer, and a buffer that some rank holds in ordinary memory (the optimizer's
