@@ -150,8 +150,9 @@ ConnectedTransport connect_peers(MPI_Comm comm, const Topology& topology, const 
   mpiCheck(MPI_Comm_size(comm, &size));
   const std::vector<int> hosts = host_of_rank(comm);
   const PeerQuery q{topology, hosts, ring};
-  // Every rank, itself included: with no peer at all it still needs a transport, the one a peer of its host would
-  // take.
+  // Every peer; the rank itself only when it has none (it still needs a transport, the one a peer of its host would
+  // take). With peers it goes the way of one of them: routed on its own, it would set up a transport (a shared-memory
+  // segment) that no peer uses.
   std::vector<int> route(size, -1);
   std::vector<std::string> refused(size);  // per rank: why the entries before its route did not connect
   std::vector<std::unique_ptr<Transport>> transports(table.size());
@@ -161,7 +162,7 @@ ConnectedTransport connect_peers(MPI_Comm comm, const Topology& topology, const 
   for (size_t e = 0; e < table.size(); ++e) {
     std::vector<int> mine;
     for (int p = 0; p < size; ++p) {
-      if (route[p] >= 0) continue;
+      if (route[p] >= 0 || (p == rank && size > 1)) continue;
       const std::string why = table[e].cannot_connect(q, rank, p);
       if (why.empty())
         mine.push_back(p);
@@ -182,6 +183,7 @@ ConnectedTransport connect_peers(MPI_Comm comm, const Topology& topology, const 
     }
     for (int p : mine) route[p] = static_cast<int>(e);
   }
+  if (size > 1) route[rank] = route[(rank + 1) % size];
   for (int p = 0; p < size; ++p)
     if (route[p] < 0)
       throw std::runtime_error("rank " + std::to_string(rank) + ": no transport reaches rank " + std::to_string(p) +

@@ -59,6 +59,20 @@ TEST(TransportTable, EachPeerTakesTheFirstEntryThatConnects) {
   exchange_with_every_peer(*connected.transport);
 }
 
+// Every rank on a node of its own: no peer is on shared memory, so no rank sets it up for itself alone (a segment in
+// /dev/shm, and a progress() of it at every poll of MPI); MPI serves every peer, as the one transport.
+TEST(TransportTable, NoSharedMemoryWhereNoPeerSharesTheNode) {
+  const int n = world_size();
+  if (n < 2) GTEST_SKIP() << "needs peers";
+  std::vector<int> ids(n);
+  for (int r = 0; r < n; ++r) ids[r] = r;
+  ConnectedTransport connected = connect_peers(MPI_COMM_WORLD, topology_from_ids(ids), RingOptions{}, true);
+  EXPECT_EQ(connected.description, "mpi across nodes (" + std::to_string(n - 1) + (n == 2 ? " peer)" : " peers)"));
+  EXPECT_NE(dynamic_cast<MpiTransport*>(connected.transport.get()), nullptr)
+      << "MPI alone, not beside a shared-memory transport that no peer uses";
+  exchange_with_every_peer(*connected.transport);
+}
+
 TEST(TransportTable, OneNodeTakesSharedMemoryAloneOrSaysWhyNot) {
   const int n = world_size();
   const Topology topology = topology_from_ids(std::vector<int>(n, 0));
