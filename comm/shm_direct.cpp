@@ -257,7 +257,7 @@ bool DirectCollectives::depart(Kind kind, uint64_t nonfinite, int unmapped, int 
     if (theirs.unmapped && failure.empty())
       failure = "rank " + std::to_string(shm_.named(rank_)) + ": direct " + name_of(kind) + ": rank " +
                 std::to_string(shm_.named(p)) + " does not map the registered segment of rank " +
-                std::to_string(theirs.unmapped - 1) + "'s buffers (freed there?)";
+                std::to_string(shm_.named(theirs.unmapped - 1)) + "'s buffers (freed there?)";
   }
   if (!failure.empty()) throw std::runtime_error(failure);
   return nonfinite == 0;
