@@ -133,14 +133,14 @@ struct TrainConfig {
 
 // Which commands offer a knob's flag, and what the knob is beside its value.
 enum KnobTraits : unsigned {
-  kNotInSuite = 1u << 0,  // `suite` runs cases of its own on 1..N ranks
-  kNotInSweep = 1u << 1,  // `sweep` takes it as a list of its own
-  kOneRun = kNotInSuite | kNotInSweep,  // about one run's files or its injected fault
-  kMath = 1u << 2,     // changes what a step computes: a resumed run must repeat it
-  kPerRank = 1u << 3,  // may differ between ranks (the output path, overwriting)
-  kOnOff = 1u << 4,    // a bool given as on | off (other bools are flags)
-  kPositive = 1u << 5,  // a number that must be above `min`, not just at least it
-  kBelowMax = 1u << 6,  // ... below `max`, not just at most it
+  kNotInSuite = 1u << 0,                // `suite` runs cases of its own on 1..N ranks
+  kNotInSweep = 1u << 1,                // `sweep` takes it as a list of its own
+  kOneRun = kNotInSuite | kNotInSweep,  // about one run's files, its injected fault or its progress lines
+  kMath = 1u << 2,                      // changes what a step computes: a resumed run must repeat it
+  kPerRank = 1u << 3,                   // may differ between ranks (the output path, overwriting)
+  kOnOff = 1u << 4,                     // a bool given as on | off (other bools are flags)
+  kPositive = 1u << 5,                  // a number that must be above `min`, not just at least it
+  kBelowMax = 1u << 6,                  // ... below `max`, not just at most it
 };
 
 // One knob of `ddplab train`: its flag (nullptr: none), its key in the run file's config (nullptr: not stored), what
@@ -367,9 +367,10 @@ void visit_knobs(Config& c, Visit&& visit) {
              kOneRun | kPerRank},
         c.out);
   visit(Knob{"--force", "force", nullptr, kNoMin, kNoMax, kPerRank}, c.force);
-  // One run's: suite and sweep exist to print their tables.
+  // One run's: suite and sweep print their tables, not their runs' progress lines.
   visit(Knob{"--quiet", nullptr, "print only errors", kNoMin, kNoMax, kOneRun}, c.quiet);
-  visit(Knob{"--log-every", "log_every", "the progress line every N steps (0: at most once a second)", 0},
+  visit(Knob{"--log-every", "log_every", "the progress line every N steps (0: at most once a second)", 0, kNoMax,
+             kOneRun},
         c.log_every);
 }
 

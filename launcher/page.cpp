@@ -62,7 +62,7 @@ ChartFailure run_chart_script(const std::vector<std::string>& script_args, const
   if (exited && WEXITSTATUS(status) == 0) return {};
   const std::string why = last_line(log);
   if (exited && WEXITSTATUS(status) == 2 && !why.empty() && why[0] != '#') return {why, /*refused_input=*/true};
-  return {(why.empty() || why[0] == '#' ? "charts.py failed" : why) + "; its log: " + log};
+  return {(why.empty() || why[0] == '#' ? "charts.py failed" : why) + "; its log: " + log, false, log};
 }
 
 ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page) {
@@ -78,7 +78,7 @@ ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::s
   std::ofstream(work + "/report.json") << reports.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   const ChartFailure failure = run_chart_script(args, work + "/charts.log");
   std::error_code ignored;
-  if (!failure || failure.refused_input) fs::remove_all(work, ignored);  // else its log stays, named, for the reader
+  if (failure.log.empty()) fs::remove_all(work, ignored);  // else its log stays, named, for the reader
   return failure;
 }
 

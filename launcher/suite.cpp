@@ -190,7 +190,7 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
     std::printf("charts: %s/ (PNG and SVG; list in %s)\n", charts.c_str(), log.c_str());
   else
     std::printf("charts: not drawn (%s)\n", failure.why.c_str());
-  print_page_line(page, failure ? "see " + log : "");
+  print_page_line(page, failure ? "charts.py writes it: see the line above" : "");
 }
 
 // The token-skew lab: the same transformer and length distribution, batched four ways (uniform lengths are the
@@ -240,6 +240,8 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
     o.steps_given = suite->count("--steps") > 0;
     o.batch_given = suite->count("--batch") > 0;
     o.max_tokens_given = suite->count("--max-tokens") > 0;
+    for (const CLI::Option* option : suite->get_options())
+      if (option->count() > 0) o.given_flags.push_back(option->get_name());
   });
   return suite;
 }
@@ -314,7 +316,7 @@ CaseReferences case_references(const SuiteOptions& o, int size, const std::vecto
 struct CaseFigures {
   StepRecord mean;  // over the ranks
   double compute;   // forward + backward
-  double extra;     // lab work: extra all-reduces and host work
+  double extra;     // lab work: extra all-reduces, host work and the barrier waits after it
   bool has_efficiency;
   double efficiency;
   bool has_vs_base;
@@ -328,7 +330,7 @@ CaseFigures case_figures(const CaseResult& r, const CaseReferences& refs) {
   CaseFigures f;
   f.mean = mean_over_ranks(s);
   f.compute = f.mean.forward_ms + f.mean.backward_ms;
-  f.extra = f.mean.extra_comm_ms + f.mean.host_work_ms;
+  f.extra = f.mean.extra_comm_ms + f.mean.host_work_ms + f.mean.barrier_ms;
   f.has_efficiency = ref && ref->summary.samples_per_s > 0;
   f.efficiency = f.has_efficiency ? s.samples_per_s / (r.c.world_size * ref->summary.samples_per_s) : 0;
   f.has_vs_base = refs.baseline && refs.baseline->summary.samples_per_s > 0;
@@ -364,7 +366,7 @@ void print_case_row(const CaseResult& r, const CaseFigures& f, bool lab) {
     std::snprintf(eff, sizeof eff, " %6.2f", f.efficiency);
   else if (lab)
     std::snprintf(eff, sizeof eff, " %6s", "-");
-  if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", f.extra + f.mean.barrier_ms);
+  if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", f.extra);
   // One rank has no peers: no spread across ranks, no all-reduce to expose.
   const bool peers = r.c.world_size > 1;
   std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9s %8.2f %8.2f %8.2f %10s%s %+7.0f%%\n", r.c.name.c_str(),
@@ -501,8 +503,41 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
 
 }  // namespace
 
+namespace {
+
+// The flags whose value a suite's cases set themselves: given, they would change nothing, so they are refused.
+struct CaseOwnedFlag {
+  const char* suite;
+  const char* flag;
+  const char* why;
+};
+constexpr CaseOwnedFlag kCaseOwnedFlags[] = {
+    {"lab", "--loader-threads", "its input cases run 0, 2 and 4 loader threads"},
+    {"lab", "--zero-stage", "its zero_stage1 case shards the update, every other case keeps stage 0"},
+    {"tokens", "--batching", "its cases run sample, bucket and token batching"},
+    {"tokens", "--straggler-ms", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--slow-rank", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--extra-allreduce-mb", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--rank0-work-ms", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--barrier-every", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--data-cost-ms", "it runs no lab pathology: suite lab does"},
+};
+
+void refuse_case_owned_flags(const SuiteOptions& o) {
+  for (const CaseOwnedFlag& owned : kCaseOwnedFlags)
+    require(o.name != owned.suite ||
+                std::find(o.given_flags.begin(), o.given_flags.end(), owned.flag) == o.given_flags.end(),
+            std::string(owned.flag) + " is not a flag of suite " + o.name + ": " + owned.why);
+  require(o.name != "tokens" || o.base.transformer() ||
+              std::find(o.given_flags.begin(), o.given_flags.end(), "--model") == o.given_flags.end(),
+          "suite tokens trains a transformer: --model tiny, small or gpt2-small");
+}
+
+}  // namespace
+
 int run_suite(SuiteOptions o, const std::string& command_line) {
   require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
+  refuse_case_owned_flags(o);
   if (o.full && !o.steps_given) o.base.steps = 100;
   validate(o.base);
   require(o.name != "tokens" || !o.max_tokens_given || o.base.max_tokens >= o.base.max_len,
@@ -955,10 +990,12 @@ nlohmann::json point_json(const SweepPoint& p) {
   return point;
 }
 
-// Each setting measured under several caps, once, at its first.
+// Each setting measured under several caps, once, at its smallest cap.
 void print_shared_settings(const std::vector<SweepPoint>& points) {
   for (const SweepPoint& p : points) {
-    if (p.same_buckets_as.empty() || p.same_buckets_as.front() < p.bucket_mb) continue;
+    if (p.same_buckets_as.empty() ||
+        *std::min_element(p.same_buckets_as.begin(), p.same_buckets_as.end()) < p.bucket_mb)
+      continue;
     std::ostringstream caps;
     caps << p.bucket_mb;
     for (double cap : p.same_buckets_as) caps << ", " << cap;

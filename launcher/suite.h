@@ -19,6 +19,7 @@ struct SuiteOptions {
   std::string out_dir;    // default runs/suite_<name>_<time>
   bool full = false;      // 100 steps instead of 20
   bool steps_given = false, batch_given = false, max_tokens_given = false;
+  std::vector<std::string> given_flags;  // the flags on the command line, as `--name`
 };
 
 // `ddplab sweep`: the bucket size x overlap grid, every point a `ddplab train` run on all ranks. With --predict, a

@@ -53,6 +53,55 @@ def main():
         text = open(page).read() if os.path.isfile(page) else ""
         check(text.count('<tr class="case">') == len([n for n in os.listdir(out) if n.endswith(".h5")]),
               "the page has a row per case")
+        check_chart_failures(mpirun, prefix, run_dir)
+
+
+def check_chart_failures(mpirun, prefix, run_dir):
+    """Where charts.py fails, refuses or is missing, a run says why in one line, names a log only where one was
+    written, and leaves no temporary folder but the one holding that log."""
+    script = os.path.join(prefix, "share", "ddplab", "scripts", "charts.py")
+    tmp = os.path.join(run_dir, "tmp")
+    os.makedirs(tmp)
+
+    def train(name):
+        return subprocess.run([mpirun, "-np", "1", os.path.join(prefix, "bin", "ddplab"), "train", "--steps", "2",
+                               "--warmup-steps", "1", "--input-dim", "8", "--hidden", "8", "--classes", "2",
+                               "--batch", "2", "--out", name + ".h5"], cwd=run_dir, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "TMPDIR": tmp, "DDPLAB_TRAIN_PAGE": "on"})
+
+    def page_line(proc):
+        return next((line for line in proc.stdout.splitlines() if line.startswith("page: ")), "")
+
+    with open(script, "w") as f:
+        f.write("import sys\nprint('drawing went wrong')\nsys.exit(1)\n")
+    proc = train("fails")
+    kept = os.listdir(tmp)
+    log = os.path.join(tmp, kept[0], "charts.log") if len(kept) == 1 else ""
+    check(proc.returncode == 0 and page_line(proc) == f"page: not written (drawing went wrong; its log: {log})" and
+          "drawing went wrong" in (open(log).read() if os.path.isfile(log) else ""),
+          f"a failure of charts.py's own names its log, which is kept ({page_line(proc)!r}, {kept})")
+    for name in kept:
+        shutil.rmtree(os.path.join(tmp, name))
+
+    with open(script, "w") as f:
+        f.write("import sys\nprint('fails.h5: not a run file')\nsys.exit(2)\n")
+    proc = train("refused")
+    check(page_line(proc) == "page: not written (fails.h5: not a run file)" and os.listdir(tmp) == [],
+          f"a refusal is its one line, and no folder is left ({page_line(proc)!r}, {os.listdir(tmp)})")
+
+    os.remove(script)
+    proc = train("unscripted")
+    check(page_line(proc).startswith("page: not written (no scripts/charts.py beside this ddplab") and
+          os.listdir(tmp) == [], f"without the scripts: why, and no folder left ({page_line(proc)!r}, {os.listdir(tmp)})")
+    proc = subprocess.run([mpirun, "-np", "1", os.path.join(prefix, "bin", "ddplab"), "suite", "lab", "--steps", "2",
+                           "--warmup-steps", "1", "--input-dim", "8", "--hidden", "8", "--classes", "2", "--batch", "2",
+                           "--straggler-ms", "1", "--extra-allreduce-mb", "0.01", "--rank0-work-ms", "1",
+                           "--data-cost-ms", "0.1", "--out-dir", "unscripted_suite"],
+                          cwd=run_dir, capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": tmp})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("charts: ", "page: "))]
+    check(proc.returncode == 0 and len(lines) == 2 and lines[0].startswith("charts: not drawn (no scripts/charts.py") and
+          "charts.log" not in lines[1] and not os.path.exists(os.path.join(run_dir, "unscripted_suite", "charts.log")),
+          f"the suite without the scripts says why, and names no log it never wrote ({lines})")
 
 
 if __name__ == "__main__":

@@ -102,6 +102,16 @@ def main():
               "summary.csv: spread and communication empty at one rank only")
         check(all(row["oversubscribed"] == str(int(c["oversubscribed"])) for row, c in
                   zip(rows.values(), summary["cases"])), "summary.csv and summary.json agree on oversubscription")
+        # The table's extra_ms is the CSV's: the lab's work, its extra all-reduces and the barrier waits after it.
+        table_lines = proc.stdout[proc.stdout.find("\ncase "):].split("\n\n")[0].splitlines()[2:]
+        table = {line.split()[0]: line.split() for line in table_lines}
+        for case, row in rows.items():
+            with h5py.File(row["run_file"]) as f:
+                lab_work = np.mean(sum(steady(f, k) for k in ("extra_comm_ms", "host_work_ms", "barrier_ms")))
+            check(abs(float(row["extra_ms"]) - lab_work) <= 1e-5 * lab_work + 1e-9 and  # the CSV's 6 digits
+                  float(table[case][-2]) == round(float(row["extra_ms"]), 2),
+                  f"{case}: extra_ms in the table ({table[case][-2]}) = the CSV's ({row['extra_ms']}) = the run "
+                  f"file's extra all-reduce + host work + barrier ({lab_work:.4f})")
         by_case = {c["case"]: c for c in summary["cases"]}
         check(abs(by_case["weak_ws1"]["efficiency"] - 1) < 1e-12, "weak_ws1 efficiency is 1 by definition")
 

@@ -21,7 +21,7 @@ from checks import check, failures  # tests/cli/checks.py: the assertion every C
 mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], sys.argv[3]
 with tempfile.TemporaryDirectory() as work:
     out = os.path.join(work, "it's a \"sweep\" $(touch pwned)")
-    cmd = [mpirun, "-np", np_ranks, ddplab, "sweep", "--bucket-mb", "0,0.01,50,100", "--overlap", "on,off",
+    cmd = [mpirun, "-np", np_ranks, ddplab, "sweep", "--bucket-mb", "0,0.01,100,25,50", "--overlap", "on,off",
            "--first-bucket-mb", "0", "--steps", "5", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64",
            "--classes", "10", "--batch", "8", "--link", "10gbe", "--out-dir", out]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -29,31 +29,34 @@ with tempfile.TemporaryDirectory() as work:
     check(proc.returncode == 0, f"sweep exits 0 ({proc.returncode}: {proc.stderr.strip()[-300:]})")
     if proc.returncode == 0:
         names = sorted(os.listdir(out))
-        want = sorted([f"bucket{b}_overlap_{o}.h5" for b in ["0", "0.01", "50", "100"] for o in ["on", "off"]] +
+        want = sorted([f"bucket{b}_overlap_{o}.h5" for b in ["0", "0.01", "100", "25", "50"] for o in ["on", "off"]] +
                       ["summary.csv", "summary.json", "charts", "charts.log", "report.html"])
         check(names == want, f"files {names}")
         s = json.load(open(os.path.join(out, "summary.json")))
-        check(len(s["points"]) == 8, "8 grid points")
+        check(len(s["points"]) == 10, "10 grid points")
         for p in s["points"]:
             if p["overlap"] == "off":
                 check(all(r["hidden_comm_ms"] == 0 for r in p["summary"]["ranks"]), f"{p['bucket_mb']}/off hides nothing")
-        # The model's 11 KB of gradients: 50 and 100 MB cut the same one bucket, one setting under two names, so
+        # The model's 11 KB of gradients: 100, 25 and 50 MB cut the same buckets, one setting under three names, so
         # their runs are pooled and ranked together.
         by_cell = {(p["bucket_mb"], p["overlap"]): p for p in s["points"]}
         for o in ["on", "off"]:
-            a, b = by_cell[(50, o)], by_cell[(100, o)]
-            pooled = sorted(a["repeat_step_ms"] + b["repeat_step_ms"])
-            check(a["same_buckets_as"] == [100] and b["same_buckets_as"] == [50] and
-                  a["setting_step_ms"] == b["setting_step_ms"] == sum(pooled) / 2,
-                  f"50 and 100 MB ({o}) are one setting, its two runs' median: {a.get('setting_step_ms')}")
+            a, b, c = by_cell[(100, o)], by_cell[(25, o)], by_cell[(50, o)]
+            pooled = sorted(a["repeat_step_ms"] + b["repeat_step_ms"] + c["repeat_step_ms"])
+            check(a["same_buckets_as"] == [25, 50] and b["same_buckets_as"] == [100, 50] and
+                  c["same_buckets_as"] == [100, 25] and
+                  a["setting_step_ms"] == b["setting_step_ms"] == c["setting_step_ms"] == pooled[1],
+                  f"100, 25 and 50 MB ({o}) are one setting, its three runs' median: {a.get('setting_step_ms')}")
+            check(proc.stdout.count(f"MiB, overlap {o}: the same") == 1,
+                  f"the table names that setting once, at its smallest cap ({o})")
             check("same_buckets_as" not in by_cell[(0, o)], f"0 MB ({o}), a bucket per piece, is a setting of its own")
         setting_ms = {k: p.get("setting_step_ms", p["step_ms"]) for k, p in by_cell.items()}
         fastest = min(setting_ms.values())
         check(s["best"]["step_ms"] == fastest and setting_ms[(s["best"]["bucket_mb"], s["best"]["overlap"])] == fastest,
               f"best is the fastest setting: {s['best']}")
-        check("50, 100 MiB, overlap on: the same 2 bucket(s), one setting" in proc.stdout,
+        check("25, 100, 50 MiB, overlap on: the same 2 bucket(s), one setting" in proc.stdout,
               "the table says which caps are one setting")
-        runs = [m for k, p in by_cell.items() if k[0] in (50, 100) and k[1] == "on" for m in p["repeat_step_ms"]]
+        runs = [m for k, p in by_cell.items() if k[0] in (25, 50, 100) and k[1] == "on" for m in p["repeat_step_ms"]]
         spread = f"{min(runs):.2f}-{max(runs):.2f}, {100 * (max(runs) / min(runs) - 1):.0f}% apart: the machine's noise"
         check(spread in proc.stdout, f"and how far apart that setting's runs measured ({spread})")
         check("best: --bucket-mb" in proc.stdout, "best setting printed")

@@ -165,7 +165,15 @@ with tempfile.TemporaryDirectory() as work:
             (1, ["sweep"], ["--overlap", "on,on"], "--overlap lists on twice"),
             (2, ["suite", "lab"], ["--comm", "hier"], "--comm hier needs more than one node"),
             (2, ["suite", "lab"], ["--model", "tiny", "--epoch-size", "1"], "fewer sequences per epoch (--epoch-size 1) than the 2 ranks"),
-            (1, ["suite", "lab"], ["--quiet"], "--quiet")]:
+            (1, ["suite", "lab"], ["--quiet"], "--quiet"),
+            (1, ["suite", "lab"], ["--log-every", "2"], "--log-every"),
+            (1, ["sweep"], ["--log-every", "2"], "--log-every"),
+            (1, ["suite", "lab"], ["--loader-threads", "2"],
+             "--loader-threads is not a flag of suite lab: its input cases run 0, 2 and 4 loader threads"),
+            (1, ["suite", "lab"], ["--zero-stage", "1", "--comm", "mpi"], "--zero-stage is not a flag of suite lab"),
+            (1, ["suite", "tokens"], ["--batching", "token"], "--batching is not a flag of suite tokens"),
+            (1, ["suite", "tokens"], ["--straggler-ms", "5"], "--straggler-ms is not a flag of suite tokens"),
+            (1, ["suite", "tokens"], ["--model", "mlp"], "suite tokens trains a transformer")]:
         proc = run(np_ranks, *command, "--steps", "2", *args, "--out-dir", folder)
         check(refused(proc, text) and os.listdir(work) == [],
               f"np={np_ranks} {command[0]} {' '.join(args)}: refused, nothing written ({our_lines(proc.stderr)})")
