@@ -153,7 +153,7 @@ std::string verdict(const RunDiff& d) {
 }
 
 // Whether every rank's shard held as many samples and tokens as every other's in steps [first, end): then the mean of
-// the ranks' losses is the global loss, whatever the world size.
+// the ranks' losses is the global loss, whatever the world size (for files that do not hold the ranks' loss terms).
 bool equal_shards(const RunRecord& run, int64_t first, int64_t end) {
   for (int64_t step = first; step < end; ++step) {
     const StepRecord& zero = run.at(0, static_cast<int>(step - run.meta.first_step));
@@ -169,12 +169,12 @@ std::string loss_text(const LossDiff& d) {
   if (!d.compared()) return "not compared: " + d.not_compared;
   const std::string steps =
       fmt("steps %lld..%lld", static_cast<long long>(d.first), static_cast<long long>(d.first + d.count - 1));
-  const std::string which = d.rank_means ? "the mean over ranks (the runs' world sizes differ)" : "every rank";
+  const std::string which = d.rank_means ? "the global-batch loss (the runs' world sizes differ)" : "every rank";
   if (d.first_difference < 0) return "bit for bit the same on " + which + ", " + steps;
-  const std::string where = d.rank_means ? std::string("the mean") : fmt("rank %d", d.rank);
+  const std::string where = d.rank_means ? std::string("global") : fmt("rank %d", d.rank);
   return fmt("differ from step %lld (%s: A %.9g, B %.9g); largest relative difference %.2g over ",
              static_cast<long long>(d.first_difference), where.c_str(), d.a, d.b, d.max_relative) +
-         steps + (d.rank_means ? ", on the mean over ranks (the runs' world sizes differ)" : "");
+         steps + (d.rank_means ? ", on the global-batch loss (the runs' world sizes differ)" : "");
 }
 
 }  // namespace
@@ -191,22 +191,22 @@ LossDiff compare_losses(const RunRecord& a, const RunRecord& b) {
     return d;
   }
   d.rank_means = a.world_size() != b.world_size();
-  if (d.rank_means && !(equal_shards(a, d.first, end) && equal_shards(b, d.first, end))) {
+  const auto global_loss_known = [&](const RunRecord& run) {
+    return run.weighs_losses() || equal_shards(run, d.first, end);
+  };
+  if (d.rank_means && !(global_loss_known(a) && global_loss_known(b))) {
     d.not_compared =
         fmt("A ran %d rank%s, B %d, and some rank's shard held another number of samples or tokens: "
-            "each rank's loss is over its own shard",
+            "each rank's loss is over its own shard, and a file without the ranks' loss terms cannot weigh them",
             a.world_size(), a.world_size() == 1 ? "" : "s", b.world_size());
     return d;
   }
   d.not_compared.clear();
   d.count = end - d.first;
-  // The loss of rank r at step s, or with rank -1 the mean over ranks, summed in rank order.
+  // The loss of rank r at step s, or with rank -1 the loss on the global batch.
   const auto loss = [](const RunRecord& run, int r, int64_t step) {
     const int s = static_cast<int>(step - run.meta.first_step);
-    if (r >= 0) return run.at(r, s).loss;
-    double sum = 0;
-    for (int q = 0; q < run.world_size(); ++q) sum += run.at(q, s).loss;
-    return sum / run.world_size();
+    return r >= 0 ? run.at(r, s).loss : run.global_loss(s);
   };
   for (int64_t step = d.first; step < end; ++step)
     for (int r = d.rank_means ? -1 : 0; r < (d.rank_means ? 0 : a.world_size()); ++r) {

@@ -49,13 +49,14 @@ struct BucketDiff {
 // Every rank's loss, step by step, over the steps both runs recorded (by step number: a resumed run's start at its
 // checkpoint's step), compared bit for bit: whether the two runs computed alike (--deterministic on, a resume, a
 // change of what only moves time: bucket size, overlap, a straggler), and if not, from which step on. Runs of
-// different world sizes are compared on the mean over ranks, where that is the global loss (every rank's shard of
-// every step as many samples and tokens): one rank against N with the same global batch, DDP's equivalence.
+// different world sizes are compared on the global-batch loss (RunRecord::global_loss; in files without the ranks'
+// loss terms, where every rank's shard held as many samples and tokens): one rank against N with the same global
+// batch, DDP's equivalence.
 struct LossDiff {
   bool compared() const { return not_compared.empty(); }
-  bool rank_means = false;        // compared the mean over ranks (the world sizes differ); rank below is then -1
-  // Why not ("": compared): no step is common to both, or the world sizes differ and some rank's shard was of another
-  // size (its loss then weighs differently in the global one).
+  bool rank_means = false;  // compared the global-batch loss (the world sizes differ); rank below is then -1
+  // Why not ("": compared): no step is common to both, or the world sizes differ, some rank's shard was of another
+  // size and a file does not hold the ranks' loss terms to weigh them by.
   std::string not_compared = "not yet";
   int64_t first = 0, count = 0;   // the common steps: [first, first + count)
   int64_t first_difference = -1;  // the first common step at which some rank's loss differs; -1: none

@@ -49,7 +49,7 @@ RunSummary summarize(const RunRecord& run) {
     s.mean_spread_ms += (hi - lo) / counted;
     s.mean_token_spread += (hi_tokens - lo_tokens) / counted;
   }
-  for (int r = 0; r < world; ++r) s.final_loss += run.at(r, steps - 1).loss / world;
+  s.final_loss = run.global_loss(steps - 1);
   for (int t = 0; t < steps; ++t)
     if (run.at(0, t).skipped > 0) {
       if (s.skipped_steps++ == 0) s.first_skipped_step = static_cast<int>(run.meta.first_step) + t;

@@ -22,7 +22,7 @@ struct RunSummary {
   double samples_per_step = 0;
   double samples_per_s = 0;    // samples_per_step / slowest rank's mean step
   double mean_spread_ms = 0;   // mean over steady steps of (max - min) step time across ranks
-  double final_loss = 0;       // mean over ranks of the last step's loss (= loss on the global batch)
+  double final_loss = 0;       // the last step's loss on the global batch (RunRecord::global_loss)
   // Token workloads (zero for the MLP): global tokens per step over the slowest rank's mean step.
   double useful_tokens_per_s = 0, padded_tokens_per_s = 0;
   double padding_ratio = 0;      // 1 - useful / padded, over the steady steps and all ranks

@@ -17,7 +17,7 @@ std::string scripts_dir();
 struct ChartFailure {
   std::string why;  // "" when it succeeded
   bool refused_input = false;
-  std::string log;
+  std::string log = {};
   explicit operator bool() const { return !why.empty(); }
 };
 

@@ -127,6 +127,24 @@ struct RunRecord {
     }
     return most > 1 ? most : 0;
   }
+  // The loss on the global batch at step index t: each rank's mean weighted by the terms it is a mean over. Files
+  // without loss_terms (read as 0): the mean over ranks, which is that where every rank holds as many terms.
+  double global_loss(int t) const {
+    double weighted = 0, terms = 0, mean = 0;
+    for (int r = 0; r < world_size(); ++r) {
+      weighted += at(r, t).loss * at(r, t).loss_terms;
+      terms += at(r, t).loss_terms;
+      mean += at(r, t).loss / world_size();
+    }
+    return terms > 0 ? weighted / terms : mean;
+  }
+  // Whether every step holds its ranks' loss_terms (files before the field: none), and so global_loss weighs them.
+  bool weighs_losses() const {
+    for (int t = 0; t < steps; ++t)
+      for (int r = 0; r < world_size(); ++r)
+        if (at(r, t).loss_terms <= 0) return false;
+    return steps > 0;
+  }
   // Samples per step over all ranks: batch x grad_accum x world_size.
   int global_batch() const { return config.value("batch", 0) * config.value("grad_accum", 1) * world_size(); }
 };

@@ -25,12 +25,15 @@ struct StepRecord {
   // hypervisor's steal on the CPUs the rank may use, and the compute thread's wait for a CPU of its own host.
   double steal_ms = 0;
   double cpu_wait_ms = 0;
-  double loss = 0;            // this rank's mean loss on its own shard (mean over micro-batches)
+  double loss = 0;  // this rank's mean loss on its own shard: the mean over its loss_terms
   // What the rank's batch held (summed over micro-batches; max_len: the longest).
   double samples = 0;
   double useful_tokens = 0;  // real tokens (transformer workloads; 0 for the MLP)
   double padded_tokens = 0;  // rows x longest row (a sequence, or several packed): what was computed on
   double max_len = 0;        // the longest sequence
+  // What the rank's loss is a mean over: samples (MLP, classify head), predicted next tokens (lm head). Ranks may
+  // hold different counts (variable lengths, a token budget): the global loss weighs each rank's by its count.
+  double loss_terms = 0;
   double skipped = 0;        // 1: a non-finite loss or gradient, update skipped (--skip-nonfinite)
   // With --grad-clip: the all-reduced gradients' global L2 norm before clipping (the same on every rank); else 0.
   double grad_norm = 0;
@@ -81,6 +84,7 @@ inline constexpr StepField kStepFields[] = {
     {"useful_tokens", &StepRecord::useful_tokens, FieldKind::kCount, "tokens"},
     {"padded_tokens", &StepRecord::padded_tokens, FieldKind::kCount, "tokens"},
     {"max_len", &StepRecord::max_len, FieldKind::kCount, "tokens"},
+    {"loss_terms", &StepRecord::loss_terms, FieldKind::kCount, "terms"},
     {"skipped", &StepRecord::skipped, FieldKind::kCount, "steps"},
     {"grad_norm", &StepRecord::grad_norm, FieldKind::kValue, "L2 norm"},
     {"lr", &StepRecord::lr, FieldKind::kSetting, "learning rate"},

@@ -90,7 +90,7 @@ class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
   BatchStats stage(int slot, int64_t step, cudaStream_t copy) override {
     data_.fill(x(slots_.host(slot)), y(slots_.host(slot)), shard_.first_sample(step), shard_.batch);
     slots_.copy(slot, copy);
-    return BatchStats{static_cast<double>(shard_.batch), 0, 0, 0};
+    return BatchStats{static_cast<double>(shard_.batch), 0, 0, 0, static_cast<double>(shard_.batch)};
   }
   void forward(int slot, int micro) override {
     const int64_t first_row = int64_t{micro} * batch_;
@@ -144,6 +144,7 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
       step_stats.useful_tokens += s.useful_tokens;
       step_stats.padded_tokens += s.padded_tokens;
       step_stats.max_len = std::max(step_stats.max_len, s.max_len);
+      step_stats.loss_terms += s.loss_terms;
       int32_t* region = inputs(slots_.host(slot), m);
       std::copy(batches_.tokens().begin(), batches_.tokens().end(), region);
       std::copy(batches_.lengths().begin(), batches_.lengths().end(), region + capacity_);

@@ -93,6 +93,7 @@ BatchStats TokenBatches::load(int64_t step, int micro) {
       labels_.push_back(data_->label(id));
       lengths_[b] += len;
       stats.max_len = std::max(stats.max_len, static_cast<double>(len));
+      stats.loss_terms += static_cast<double>(model_.loss_terms(len));
     }
     stats.useful_tokens += lengths_[b];
   }

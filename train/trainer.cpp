@@ -127,6 +127,7 @@ StepRecord Trainer::step(int step, double t0_ms) {
     r.useful_tokens += batch.useful_tokens;
     r.padded_tokens += batch.padded_tokens;
     r.max_len = std::max(r.max_len, batch.max_len);
+    r.loss_terms += batch.loss_terms;
     data_end.push_back(backend_->mark());
     // Each micro-batch's loss is a mean over its rows, and the micro-batches' gradients add up: the global mean needs
     // 1/(world x micro-batches). Counted in forward.

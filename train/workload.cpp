@@ -65,7 +65,7 @@ class MlpWorkload final : public ModelWorkload<Mlp<float>> {
     }
     if (j != next_micro_batch_++) throw std::logic_error("MlpWorkload: micro-batches must be loaded in sequence");
     loader_->next(&inputs_, &targets_);
-    return BatchStats{static_cast<double>(config_.batch), 0, 0, 0};
+    return BatchStats{static_cast<double>(config_.batch), 0, 0, 0, static_cast<double>(config_.batch)};
   }
   double forward() override { return model_.forward(inputs_, targets_, config_.batch); }
   void backward(const GradReadyHook& on_ready) override { model_.backward(on_ready); }

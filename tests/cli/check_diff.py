@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 
+import h5py
+
 from checks import check, exit_code, failures, skip  # tests/cli/checks.py: the assertion every CLI test shares
 
 
@@ -118,6 +120,29 @@ def main():
         d = json.loads(run([ddplab, "diff", "--json", path["one_rank"], path["same1"]]).stdout)["loss"]
         check(d["compared"] and d["rank_means"] and d["steps"] == 12 and d["max_relative"] < 1e-5,
               f"one rank against two with the same global batch: the mean losses within rounding ({d})")
+
+        # The same on variable-length sequences, where the ranks' shards hold different numbers of predicted tokens:
+        # one rank of two micro-batches against two ranks of one (the same batches), on the global-batch loss, each
+        # rank's loss weighted by its terms.
+        lm = {"one": os.path.join(work, "lm_one.h5"), "two": os.path.join(work, "lm_two.h5")}
+        lm_args = ["--model", "tiny", "--head", "lm", "--lengths", "uniform", "--min-len", "4", "--max-len", "48",
+                   "--batch", "3", "--steps", "5", "--warmup-steps", "1", "--quiet"]
+        for ranks, accum, out in ((1, "2", lm["one"]), (2, "1", lm["two"])):
+            proc = run([mpirun, "-np", str(ranks), ddplab, "train", *lm_args, "--grad-accum", accum, "--out", out],
+                       timeout=120)
+            check(proc.returncode == 0, f"lm run at {ranks} rank(s) (rc {proc.returncode}: {proc.stderr[:300]})")
+        if os.path.exists(lm["one"]) and os.path.exists(lm["two"]):
+            d = json.loads(run([ddplab, "diff", "--json", lm["one"], lm["two"]]).stdout)["loss"]
+            check(d["compared"] and d["rank_means"] and d["steps"] == 5 and d["max_relative"] < 1e-5,
+                  f"variable lengths, one rank against two: the global-batch losses within rounding ({d})")
+            with h5py.File(lm["two"]) as f:
+                loss, terms = f["steps/loss"][:, -1], f["steps/loss_terms"][:, -1]
+                final = json.loads(f.attrs["summary"])["final_loss"]
+            weighted = float((loss * terms).sum() / terms.sum())
+            check(terms[0] != terms[1] and math.isclose(final, weighted, rel_tol=1e-12) and
+                  not math.isclose(final, float(loss.mean()), rel_tol=1e-6),
+                  f"final_loss weighs the ranks by their loss terms {terms.tolist()}: {final} = {weighted}, "
+                  f"not the plain mean {loss.mean()}")
 
         # ---- --json ----------------------------------------------------------------------------------------------
         proc = run([ddplab, "diff", "--json", path["b25"], path["b5"]])

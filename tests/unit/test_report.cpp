@@ -778,9 +778,10 @@ TEST(Diff, AResumedRunIsComparedOnTheStepsBothRecorded) {
   EXPECT_EQ(d.not_compared, "no step in common (A steps 0..11, B 12..19)");
 }
 
-// Runs of different world sizes: compared on the mean over ranks, the global loss where every rank's shard holds as
-// many samples and tokens (one rank against two with the same global batch); not compared where a shard differs.
-TEST(Diff, RunsOfOtherWorldSizesAreComparedOnTheMeanOverRanks) {
+// Runs of different world sizes, in files without the ranks' loss terms: compared on the mean over ranks, the global
+// loss where every rank's shard holds as many samples and tokens (one rank against two with the same global batch);
+// not compared where a shard differs.
+TEST(Diff, RunsOfOtherWorldSizesWithoutLossTermsAreComparedOnTheMeanOverRanks) {
   RunRecord two = synthetic(2, jittered), one = synthetic(1, jittered);
   for (int s = 0; s < kSteps; ++s) {
     two.records[s].loss = 2.0 + 0.5 / (s + 1);                          // rank 0
@@ -803,6 +804,32 @@ TEST(Diff, RunsOfOtherWorldSizesAreComparedOnTheMeanOverRanks) {
   EXPECT_FALSE(d.compared());
   EXPECT_NE(d.not_compared.find("A ran 1 rank, B 2, and some rank's shard held another number"), std::string::npos)
       << d.not_compared;
+}
+
+// Ranks holding different numbers of loss terms (variable lengths): the global-batch loss weighs each rank's mean by
+// its terms, in the summary and in diff, which then compares one rank with two even though their shards differ.
+TEST(Diff, RunsOfOtherWorldSizesAreComparedOnTheLossWeightedByEachRanksTerms) {
+  RunRecord two = synthetic(2, jittered), one = synthetic(1, jittered);
+  for (int s = 0; s < kSteps; ++s) {
+    StepRecord& rank0 = two.records[s];
+    StepRecord& rank1 = two.records[kSteps + s];
+    rank0.loss = 2.0 + 0.5 / (s + 1), rank0.loss_terms = 21, rank0.samples = 3;
+    rank1.loss = 1.0 - 0.5 / (s + 2), rank1.loss_terms = 2, rank1.samples = 1;
+    one.records[s].loss = (21 * rank0.loss + 2 * rank1.loss) / 23;
+    one.records[s].loss_terms = 23, one.records[s].samples = 4;
+  }
+  const double last0 = two.at(0, kSteps - 1).loss, last1 = two.at(1, kSteps - 1).loss;
+  EXPECT_DOUBLE_EQ(summarize(two).final_loss, (21 * last0 + 2 * last1) / 23);
+  EXPECT_GT(std::fabs(summarize(two).final_loss - (last0 + last1) / 2), 0.1) << "not the plain mean over ranks";
+  LossDiff d = diff_runs(one, two).loss;
+  ASSERT_TRUE(d.compared()) << d.not_compared;
+  EXPECT_TRUE(d.rank_means);
+  EXPECT_LT(d.max_relative, 1e-15);
+  one.records[6].loss *= 1 + 1e-6;
+  d = diff_runs(one, two).loss;
+  EXPECT_EQ(d.first_difference, 6);
+  EXPECT_EQ(d.rank, -1);
+  EXPECT_NEAR(d.max_relative, 1e-6, 1e-9);
 }
 
 TEST(Diff, MoreExposedCommIsNamedWithTheSettingThatChanged) {
