@@ -1,6 +1,7 @@
 #include "analysis/timeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -9,10 +10,17 @@
 namespace ddplab {
 namespace {
 
-constexpr int kComputeTrack = 0;
-constexpr int kCommTrack = 1;
+// Perfetto keeps pid 0 and tid 0 for the kernel's idle task: rank r is process r + 1, its tracks threads 1 and 2.
+constexpr int kComputeTrack = 1;
+constexpr int kCommTrack = 2;
+int process_of(int rank) { return rank + 1; }
 
-double us(double ms) { return ms * 1e3; }
+// Every boundary is rounded once to whole nanoseconds, and an event's duration is the difference of its two
+// boundaries: viewers read ts and dur as separate numbers and truncate each to ns, so a phase rounded on its own
+// could end a nanosecond past its step (or past the next phase's start) and be dropped as a malformed slice.
+int64_t ns(double ms) { return std::llround(ms * 1e6); }
+// Microseconds half a nanosecond above: truncated to ns, it reads back as that very nanosecond (or duration).
+double us(int64_t ns) { return (static_cast<double>(ns) + 0.5) / 1e3; }
 
 std::string size_text(int64_t bytes) {
   char buf[32];
@@ -30,15 +38,17 @@ nlohmann::json metadata(const char* name, int pid, int tid, nlohmann::json args)
   return {{"ph", "M"}, {"name", name}, {"pid", pid}, {"tid", tid}, {"args", std::move(args)}};
 }
 
-nlohmann::json complete(const std::string& name, const char* cat, int pid, int tid, double ts_us, double dur_us,
+// An event from begin to end, ms on the run's axis.
+nlohmann::json complete(const std::string& name, const char* cat, int rank, int tid, double begin_ms, double end_ms,
                         nlohmann::json args) {
+  const int64_t begin = ns(begin_ms), end = std::max(ns(end_ms), begin);
   return {{"ph", "X"},
           {"name", name},
           {"cat", cat},
-          {"pid", pid},
+          {"pid", process_of(rank)},
           {"tid", tid},
-          {"ts", ts_us},
-          {"dur", std::max(dur_us, 0.0)},
+          {"ts", us(begin)},
+          {"dur", us(end - begin)},
           {"args", std::move(args)}};
 }
 
@@ -89,13 +99,14 @@ constexpr Phase kPhases[] = {
 // the ranks of a node sort together.
 void add_rank_names(nlohmann::json& events, const RunRecord& run, int r) {
   const std::string node = run.nodes() > 1 ? "node " + std::to_string(run.node(r)) + " / " : "";
+  const int pid = process_of(r);
   events.push_back(
-      metadata("process_name", r, 0, {{"name", node + "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
-  events.push_back(metadata("process_sort_index", r, 0, {{"sort_index", run.node(r) * run.world_size() + r}}));
-  events.push_back(metadata("thread_name", r, kComputeTrack, {{"name", "compute"}}));
-  events.push_back(metadata("thread_sort_index", r, kComputeTrack, {{"sort_index", kComputeTrack}}));
-  events.push_back(metadata("thread_name", r, kCommTrack, {{"name", "communication"}}));
-  events.push_back(metadata("thread_sort_index", r, kCommTrack, {{"sort_index", kCommTrack}}));
+      metadata("process_name", pid, 0, {{"name", node + "rank " + std::to_string(r) + " (" + run.host(r) + ")"}}));
+  events.push_back(metadata("process_sort_index", pid, 0, {{"sort_index", run.node(r) * run.world_size() + r}}));
+  events.push_back(metadata("thread_name", pid, kComputeTrack, {{"name", "compute"}}));
+  events.push_back(metadata("thread_sort_index", pid, kComputeTrack, {{"sort_index", kComputeTrack}}));
+  events.push_back(metadata("thread_name", pid, kCommTrack, {{"name", "communication"}}));
+  events.push_back(metadata("thread_sort_index", pid, kCommTrack, {{"sort_index", kCommTrack}}));
 }
 
 // Rank r's step s on the compute track: the step, then its phases inside it.
@@ -108,12 +119,12 @@ void add_step_events(nlohmann::json& events, const RunRecord& run, int r, int s)
   for (const Phase& p : kPhases) {
     const double ms = step.*p.field;
     if (phase_runs(p.when, run.config, r, step_no))
-      phases.push_back(complete(p.name, "phase", r, kComputeTrack, us(t), us(ms), {{"step", step_no}, {"ms", ms}}));
+      phases.push_back(complete(p.name, "phase", r, kComputeTrack, t, t + ms, {{"step", step_no}, {"ms", ms}}));
     t += ms;
   }
   // The enclosing step event must contain its phases, or viewers mis-nest them: cover rounding.
-  const double step_ms = std::max(step.step_ms, t - start);
-  events.push_back(complete("step " + std::to_string(step_no), "step", r, kComputeTrack, us(start), us(step_ms),
+  const double end = std::max(start + step.step_ms, t);
+  events.push_back(complete("step " + std::to_string(step_no), "step", r, kComputeTrack, start, end,
                             {{"step", step_no},
                              {"steady", s >= run.first_steady_step()},
                              {"step_ms", step.step_ms},
@@ -138,28 +149,30 @@ void add_bucket_events(nlohmann::json& events, const RunRecord& run, int r, int 
     // the update.
     if (times.gather_end_ms > 0)
       events.push_back(complete(name + " all-gather (" + size_text(b.bytes()) + ")", "all-gather", r, kCommTrack,
-                                us(times.gather_start_ms), us(times.gather_end_ms - times.gather_start_ms),
+                                times.gather_start_ms, times.gather_end_ms,
                                 {{"step", step_no},
                                  {"bucket", k},
                                  {"bytes", b.bytes()},
                                  {"comm_ms", times.gather_end_ms - times.gather_start_ms}}));
     const bool sharded = times.gather_end_ms > 0;
-    events.push_back(complete(name + (sharded ? " reduce-scatter (" : " (") + size_text(b.bytes()) + ")", "bucket", r,
-                              kCommTrack, us(begin), us(end - begin),
-                              {{"step", step_no},
-                               {"bucket", k},
-                               {"bytes", b.bytes()},
-                               {"pieces", b.pieces},
-                               {"ready_ms", ready - start},
-                               {"wait_after_ready_ms", begin - ready},
-                               {"comm_ms", end - begin}}));
+    // One rank has no peer to reduce with: its buckets only become ready.
+    if (run.world_size() > 1)
+      events.push_back(complete(name + (sharded ? " reduce-scatter (" : " (") + size_text(b.bytes()) + ")", "bucket", r,
+                                kCommTrack, begin, end,
+                                {{"step", step_no},
+                                 {"bucket", k},
+                                 {"bytes", b.bytes()},
+                                 {"pieces", b.pieces},
+                                 {"ready_ms", ready - start},
+                                 {"wait_after_ready_ms", begin - ready},
+                                 {"comm_ms", end - begin}}));
     events.push_back({{"ph", "i"},
                       {"s", "t"},
                       {"name", name + " ready"},
                       {"cat", "ready"},
-                      {"pid", r},
+                      {"pid", process_of(r)},
                       {"tid", kCommTrack},
-                      {"ts", us(ready)},
+                      {"ts", us(ns(ready))},
                       {"args", {{"step", step_no}, {"bucket", k}}}});
   }
 }

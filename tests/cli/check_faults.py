@@ -205,7 +205,7 @@ def main():
                 subprocess.run([ddplab, "timeline", out("resumed.h5"), "-o", trace_path], capture_output=True,
                                timeout=60)
                 steps = [e["args"]["step"] for e in json.load(open(trace_path))["traceEvents"]
-                         if e.get("cat") == "step" and e["pid"] == 0] if os.path.exists(trace_path) else []
+                         if e.get("cat") == "step" and e["pid"] == 1] if os.path.exists(trace_path) else []
                 check(f"steps {n}..39 (resumed at {n})" in report and steps == list(range(n, 40)),
                       f"resume: report and timeline number the steps {n}..39 ({report[:200]}, {steps[:2]}...)")
         else:

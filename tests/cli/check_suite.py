@@ -44,7 +44,8 @@ def main():
                                "straggler.trace.json"]),
               f"files {files}")
         trace = json.load(open(os.path.join(out, "straggler.trace.json")))
-        check({e["pid"] for e in trace["traceEvents"]} == set(range(np_ranks)), "the straggler timeline has every rank")
+        check({e["pid"] for e in trace["traceEvents"]} == set(range(1, np_ranks + 1)),
+              "the straggler timeline has every rank (pid rank + 1)")
         check(os.path.getsize(os.path.join(out, "charts", "straggler_breakdown.png")) > 0, "charts are drawn")
         drawn = set(os.listdir(os.path.join(out, "charts")))
         for chart in ["throughput", "loss", "weak_scaling", "strong_scaling", f"weak_ws{np_ranks}_buckets"]:
