@@ -23,7 +23,9 @@ Several:   throughput         samples/s per file (useful tokens/s when every fil
            strong_scaling     weak/strong cases, or when the files differ only in world size (and per-rank batch)
 --suite names the summary.json of `ddplab suite` that lists these files: their groups, and whether a case had
 more ranks x BLAS threads than the host has cores, or ranks sharing one GPU (oversubscribed: its efficiency measures
-the machine, not DDP).
+the machine, not DDP). A case's file is its run_file as written, relative to the summary's folder, or the file of
+that name beside the summary (the folder copied or moved); files of which none is a case are refused. The same for
+--sweep and its points.
 --sweep names the summary.json of a `ddplab sweep --predict` (repeatable: one per link, same model and ranks):
            predicted_vs_measured   step time over bucket size, predicted dashed and measured solid, one panel per
                                    link and one colour per overlap setting, the model's recommended point starred
@@ -122,7 +124,8 @@ class Run:
         if self.sharded:
             for name in ("gather_start_ms", "gather_end_ms"):
                 self.bucket_times[name] = f[f"buckets/{name}"][:].astype(float)
-        self.group = None  # the suite's group of this case (--suite)
+        self.suite_case = None  # this run's case in the suite's summary.json (--suite)
+        self.group = None  # the suite's group of this case
         self.oversubscribed = False
         if self.step_times.shape != (self.world, self.steps):
             raise BadInput(f"cannot read run file {path}: steps/step_ms has shape {list(self.step_times.shape)}, "
@@ -545,12 +548,28 @@ def scaling_chart(runs, kind, out_dir, written):
 
 def best_of_sweep(runs, sweeps):
     """The run of the sweep's best setting, whose buckets stand for the sweep's (none without a sweep summary)."""
-    for sweep in sweeps:
+    for path, sweep in sweeps:
         best = sweep.get("best", {})
-        for p in sweep["points"]:
-            if (p["bucket_mb"], p["overlap"]) == (best.get("bucket_mb"), best.get("overlap")):
-                return [r for r in runs if os.path.realpath(r.path) == os.path.realpath(p["run_file"])][:1]
+        setting = (best.get("bucket_mb"), best.get("overlap"))
+        point_of = entries_by_run(runs, sweep["points"], path)
+        best_runs = [r for r in runs if point_of[r.path] and
+                     (point_of[r.path]["bucket_mb"], point_of[r.path]["overlap"]) == setting]
+        if best_runs:
+            return best_runs[:1]
     return []
+
+
+def entries_by_run(runs, entries, summary_path):
+    """Each run's entry in a suite's or sweep's summary.json (a case, a point; None where it has none), by run file.
+    The summary holds each path as the suite was given it, often relative to the folder it ran in: a path is taken
+    as written, then relative to the summary's folder, then as the file of that name beside the summary (a results
+    folder looked at from elsewhere, moved or copied)."""
+    folder = os.path.dirname(os.path.abspath(summary_path))
+    index = {}
+    for where in (lambda p: p, lambda p: os.path.join(folder, p), lambda p: os.path.join(folder, os.path.basename(p))):
+        for entry in entries:
+            index.setdefault(os.path.realpath(where(entry["run_file"])), entry)
+    return {r.path: index.get(os.path.realpath(r.path)) for r in runs}
 
 
 def name_uniquely(runs):
@@ -575,19 +594,33 @@ def read_json(path, what):
 
 
 def apply_suite(runs, summary_path):
-    """Groups and oversubscription from the suite's summary.json, matched to the files by run file path; returns the
-    summary."""
+    """Each run's case of the suite's summary.json (its group, its blame), matched by run file; returns the summary.
+    Files of which none is a case are refused: their page would silently lose the suite's groups, scaling and blame."""
     summary = read_json(summary_path, "suite summary")
     try:
-        cases = {os.path.realpath(c["run_file"]): c for c in summary["cases"]}
+        case_of = entries_by_run(runs, summary["cases"], summary_path)
     except (KeyError, TypeError) as e:
         raise BadInput(f"cannot read the suite summary {summary_path}: {e}") from None
+    if not any(case_of.values()):
+        raise BadInput(f"--suite {summary_path}: none of the run files is one of its cases (each case's run_file "
+                       f"looked for as written, relative to the summary's folder and beside the summary)")
     for r in runs:
-        case = cases.get(os.path.realpath(r.path))
-        if case:
-            r.group = case.get("group")
-            r.oversubscribed = bool(case.get("oversubscribed", False))
+        r.suite_case = case_of[r.path]
+        if r.suite_case:
+            r.group = r.suite_case.get("group")
+            r.oversubscribed = bool(r.suite_case.get("oversubscribed", False))
     return summary
+
+
+def check_sweep_files(runs, sweeps):
+    """Run files given with --sweep must include its points: else the page would silently lack the best point's
+    buckets."""
+    if not (runs and sweeps):
+        return
+    if not any(p for path, sweep in sweeps for p in entries_by_run(runs, sweep["points"], path).values()):
+        raise BadInput(f"--sweep {', '.join(path for path, _ in sweeps)}: none of the run files is one of its points "
+                       f"(each point's run_file looked for as written, relative to the summary's folder and beside "
+                       f"the summary)")
 
 
 def main(argv):
@@ -616,7 +649,8 @@ def main(argv):
             raise BadInput(f"--page needs {e.name} (Debian's python3-jinja2)") from None
     runs = [Run(p) for p in paths]  # all readable before anything is written
     name_uniquely(runs)
-    sweeps = [read_sweep(p) for p in sweep_paths]
+    sweeps = [(p, read_sweep(p)) for p in sweep_paths]
+    check_sweep_files(runs, sweeps)
     suite_summary = apply_suite(runs, suite) if suite else None
     reports = read_json(options["--report"], "report") if "--report" in options else None
     try:
@@ -652,11 +686,11 @@ def main(argv):
         kind = scaling_kind(runs)
         if kind:
             scaling_chart(runs, kind, out_dir, written)
-    predicted = [s for s in sweeps if s["points"] and all("predicted_step_ms" in p for p in s["points"])]
+    predicted = [s for _, s in sweeps if s["points"] and all("predicted_step_ms" in p for p in s["points"])]
     if predicted:
         predicted_chart(predicted, out_dir, written)
     if page:
-        written.append(write_page(page, runs, out_dir, suite_summary, sweeps, reports))
+        written.append(write_page(page, runs, out_dir, suite_summary, [s for _, s in sweeps], reports))
     for path in written:
         print(path)
 

@@ -107,13 +107,12 @@ def without_empty_columns(table):
     return {"headers": [table["headers"][i] for i in keep], "rows": [[row[i] for i in keep] for row in table["rows"]]}
 
 
-def suite_table(runs, suite):
+def suite_table(runs):
     """The suite's table: each case's row with its group, and its efficiency and change against the baseline as the
     suite computed them (null where they do not apply)."""
-    cases = {os.path.realpath(c["run_file"]): c for c in suite["cases"]}
     rows = []
     for r in runs:
-        c = cases.get(os.path.realpath(r.path), {})
+        c = r.suite_case or {}
         eff, vs = c.get("efficiency"), c.get("vs_baseline")
         row = run_row(r)
         rows.append(row[:1] + [c.get("group") or NA] + row[1:5] +
@@ -140,14 +139,10 @@ def sweep_table(sweep):
                                   "rows": rows})
 
 
-def blame_of(runs, suite, reports):
+def blame_of(runs, reports):
     """Blame lines per run file: the suite's (from its records in memory) or `ddplab report --json`'s."""
-    texts = {}
-    for c in (suite or {}).get("cases", []):
-        texts[os.path.realpath(c["run_file"])] = c.get("blame")
-    for rep in reports or []:
-        texts[os.path.realpath(rep["run_file"])] = [b["text"] for b in rep.get("blame", [])]
-    return {r.path: texts.get(os.path.realpath(r.path)) for r in runs}
+    texts = {os.path.realpath(rep["run_file"]): [b["text"] for b in rep.get("blame", [])] for rep in reports or []}
+    return {r.path: r.suite_case.get("blame") if r.suite_case else texts.get(os.path.realpath(r.path)) for r in runs}
 
 
 def case_section(run, charts, blame):
@@ -190,10 +185,10 @@ def timeline_section(runs, example):
 
 def write_page(path, runs, charts, suite=None, sweeps=(), reports=None):
     """Renders the page for these runs (charts.Run objects) into path, whole or not at all."""
-    blame = blame_of(runs, suite, reports)
+    blame = blame_of(runs, reports)
     if suite:
         title = f"ddplab suite {suite.get('suite', '')}: {len(runs)} cases on {suite.get('world_size')} ranks"
-        table = suite_table(runs, suite)
+        table = suite_table(runs)
         sections = [case_section(r, charts, blame[r.path]) for r in runs
                     if r.group not in ("weak", "strong")]
         scaling = scaling_section(runs, charts, blame)

@@ -6,6 +6,7 @@ usage: check_suite.py MPIRUN DDPLAB NP
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,21 @@ def main():
         for chart in ["throughput", "loss", "weak_scaling", "strong_scaling", f"weak_ws{np_ranks}_buckets"]:
             check(f"{chart}.png" in drawn and os.path.getsize(os.path.join(out, "charts", f"{chart}.png")) > 1000,
                   f"the suite draws {chart}.png")
+        # The results folder copied elsewhere: its summary's paths lead to the original files, so the copies are
+        # matched as the files beside the summary (the largest weak case's buckets are the suite's), and files that
+        # are no case of it are refused rather than drawn without the suite.
+        copy = os.path.join(work, "copied")
+        shutil.copytree(out, copy)
+        shutil.copy(os.path.join(copy, "straggler.h5"), os.path.join(copy, "renamed.h5"))
+        charts_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "charts.py")
+        redraw = [sys.executable, charts_py, "again", "--suite", "summary.json"]
+        proc = subprocess.run(redraw + [f"weak_ws{np_ranks}.h5", "straggler.h5"], cwd=copy, capture_output=True,
+                              text=True, timeout=120)
+        check(proc.returncode == 0 and os.path.join("again", f"weak_ws{np_ranks}_buckets.png") in proc.stdout,
+              f"charts.py --suite in a copy of the folder finds the cases beside the summary ({proc.stderr[-300:]})")
+        proc = subprocess.run(redraw + ["renamed.h5"], cwd=copy, capture_output=True, text=True, timeout=120)
+        check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and "none of the run files" in proc.stderr,
+              f"charts.py --suite with no case of it: exit 2, one line ({proc.returncode}: {proc.stderr.strip()})")
         suite_summary = json.load(open(os.path.join(out, "summary.json")))
         cores = suite_summary.get("host_cores")
         usable = len(os.sched_getaffinity(0))

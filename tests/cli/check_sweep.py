@@ -11,6 +11,7 @@ usage: check_sweep.py MPIRUN DDPLAB NP
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,23 @@ with tempfile.TemporaryDirectory() as work:
         charts = os.listdir(os.path.join(out, "charts"))
         check("bucket_sweep.png" in charts and os.path.getsize(os.path.join(out, "charts", "bucket_sweep.png")) > 0,
               f"the bucket-sweep chart is drawn ({sorted(charts)[:4]}...)")
+        # The folder copied elsewhere: its summary's paths lead to the original files, so the copies are matched as
+        # the files beside the summary (the best point's buckets are drawn), and files that are no point of it are
+        # refused rather than drawn without the sweep.
+        copy = os.path.join(work, "copied")
+        shutil.copytree(out, copy)
+        best = next(os.path.basename(p["run_file"]) for p in s["points"]
+                    if (p["bucket_mb"], p["overlap"]) == (s["best"]["bucket_mb"], s["best"]["overlap"]))
+        other = next(os.path.basename(p["run_file"]) for p in s["points"] if os.path.basename(p["run_file"]) != best)
+        shutil.copy(os.path.join(copy, best), os.path.join(copy, "renamed.h5"))
+        charts_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "charts.py")
+        redraw = [sys.executable, charts_py, "again", "--sweep", "summary.json"]
+        proc = subprocess.run(redraw + [best, other], cwd=copy, capture_output=True, text=True, timeout=120)
+        check(proc.returncode == 0 and os.path.join("again", best[:-3] + "_buckets.png") in proc.stdout,
+              f"charts.py --sweep in a copy of the folder finds the points beside the summary ({proc.stderr[-300:]})")
+        proc = subprocess.run(redraw + ["renamed.h5"], cwd=copy, capture_output=True, text=True, timeout=120)
+        check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and "none of the run files" in proc.stderr,
+              f"charts.py --sweep with no point of it: exit 2, one line ({proc.returncode}: {proc.stderr.strip()})")
         check(not os.path.exists("pwned") and not os.path.exists(os.path.join(work, "pwned")),
               "nothing in the folder's name was run")
         check(all("predicted_step_ms" not in p for p in s["points"]) and "predicted_from" not in s,
