@@ -149,8 +149,9 @@ def ranks_text(n):
 OVERSUBSCRIBED = "oversubscribed: the ranks took turns on the cores (or one GPU): this measures the machine, not DDP"
 
 
-# The charts over all the files, drawn or not by what the files hold. The page shows the charts its folder has, so
-# an earlier call's (the same --out-dir over other files) that this call does not draw is removed first.
+# The charts over all the files, drawn or not by what the files hold: an earlier call's (the same --out-dir over other
+# files) that this call does not draw is removed first, not left to read as these files'. (The page embeds only the
+# charts this call draws.)
 OVERVIEW_CHARTS = ("throughput", "loss", "update", "bucket_sweep", "predicted_vs_measured", "weak_scaling",
                    "strong_scaling")
 
@@ -690,7 +691,7 @@ def main(argv):
     if predicted:
         predicted_chart(predicted, out_dir, written)
     if page:
-        written.append(write_page(page, runs, out_dir, suite_summary, [s for _, s in sweeps], reports))
+        written.append(write_page(page, runs, written, suite_summary, [s for _, s in sweeps], reports))
     for path in written:
         print(path)
 

@@ -24,18 +24,19 @@ def fmt(value, spec=".2f", suffix=""):
     return NA if value is None else f"{value:{spec}}{suffix}"
 
 
-def chart(charts, name, caption):
-    """One chart of the charts folder as an embedded SVG (None when it was not drawn)."""
-    path = os.path.join(charts, f"{name}.svg")
-    if not os.path.isfile(path):
+def chart(drawn, name, caption):
+    """One chart that this call drew as an embedded SVG (None when it was not drawn: one an earlier call left in the
+    folder is of other files, or of these before they changed)."""
+    path = drawn.get(name)
+    if path is None:
         return None
     with open(path, "rb") as f:
         data = base64.b64encode(f.read()).decode("ascii")
     return {"name": name, "caption": caption, "uri": f"data:image/svg+xml;base64,{data}"}
 
 
-def charts_of(charts, *named):
-    return [c for c in (chart(charts, name, caption) for name, caption in named) if c]
+def charts_of(drawn, *named):
+    return [c for c in (chart(drawn, name, caption) for name, caption in named) if c]
 
 
 def mean_over_ranks(run, name):
@@ -145,15 +146,15 @@ def blame_of(runs, reports):
     return {r.path: r.suite_case.get("blame") if r.suite_case else texts.get(os.path.realpath(r.path)) for r in runs}
 
 
-def case_section(run, charts, blame):
+def case_section(run, drawn, blame):
     return {"name": run.stem, "group": run.group, "world": run.world,
             "blame": blame,
-            "charts": charts_of(charts, (f"{run.stem}_breakdown", "where each rank's step goes"),
+            "charts": charts_of(drawn, (f"{run.stem}_breakdown", "where each rank's step goes"),
                                 (f"{run.stem}_step_times", "every step on every rank"))}
 
 
-def scaling_section(runs, charts, blame):
-    figures = charts_of(charts, ("weak_scaling", "weak scaling: the same batch per rank"),
+def scaling_section(runs, drawn, blame):
+    figures = charts_of(drawn, ("weak_scaling", "weak scaling: the same batch per rank"),
                         ("strong_scaling", "strong scaling: the same global batch"))
     lines = [(r.stem, line) for r in runs if r.group in ("weak", "strong") for line in (blame[r.path] or [])]
     return {"charts": figures, "blame": lines}
@@ -183,15 +184,17 @@ def timeline_section(runs, example):
     return {"traces": traces, "command": f"ddplab timeline {example}", "perfetto": PERFETTO}
 
 
-def write_page(path, runs, charts, suite=None, sweeps=(), reports=None):
-    """Renders the page for these runs (charts.Run objects) into path, whole or not at all."""
+def write_page(path, runs, written, suite=None, sweeps=(), reports=None):
+    """Renders the page for these runs (charts.Run objects) and the charts this call wrote (their paths) into path,
+    whole or not at all."""
+    drawn = {os.path.basename(p)[:-len(".svg")]: p for p in written if p.endswith(".svg")}
     blame = blame_of(runs, reports)
     if suite:
         title = f"ddplab suite {suite.get('suite', '')}: {len(runs)} cases on {suite.get('world_size')} ranks"
         table = suite_table(runs)
-        sections = [case_section(r, charts, blame[r.path]) for r in runs
+        sections = [case_section(r, drawn, blame[r.path]) for r in runs
                     if r.group not in ("weak", "strong")]
-        scaling = scaling_section(runs, charts, blame)
+        scaling = scaling_section(runs, drawn, blame)
     elif sweeps:
         s = sweeps[0]
         title = f"ddplab sweep: bucket size x overlap, {len(s['points'])} points on {s.get('world_size')} ranks"
@@ -202,17 +205,16 @@ def write_page(path, runs, charts, suite=None, sweeps=(), reports=None):
         title = (f"ddplab {runs[0].attrs.get('command', 'train')}: {runs[0].stem}" if len(runs) == 1 else
                  f"ddplab report: {len(runs)} runs")
         table = without_empty_columns({"headers": RUN_HEADERS, "rows": [run_row(r) for r in runs]})
-        sections = [case_section(r, charts, blame[r.path]) for r in runs]
-        scaling = scaling_section(runs, charts, blame) if any(
-            os.path.isfile(os.path.join(charts, f"{k}_scaling.svg")) for k in ("weak", "strong")) else None
-    overview = charts_of(charts, ("throughput", "throughput per case"), ("loss", "the loss per step (dashed: the validation loss, where a run has one)"),
+        sections = [case_section(r, drawn, blame[r.path]) for r in runs]
+        scaling = scaling_section(runs, drawn, blame) if any(f"{k}_scaling" in drawn for k in ("weak", "strong")) else None
+    overview = charts_of(drawn, ("throughput", "throughput per case"), ("loss", "the loss per step (dashed: the validation loss, where a run has one)"),
                          ("update", "the learning rate and the gradient norm per step"),
                          ("bucket_sweep", "step time and exposed comm over bucket size"))
-    drawn = [r for r in runs if chart(charts, f"{r.stem}_buckets", "") is not None]
-    gantt = [chart(charts, f"{r.stem}_buckets", "backward and each bucket's all-reduce, last step") for r in drawn]
+    bucket_runs = [r for r in runs if f"{r.stem}_buckets" in drawn]
+    gantt = [chart(drawn, f"{r.stem}_buckets", "backward and each bucket's all-reduce, last step") for r in bucket_runs]
     # The timeline to open: the straggler's (the suite writes it), else the run drawn above, else the first.
-    timeline_run = ([r for r in runs if r.stem == "straggler"] + drawn + runs)[0]
-    predicted = charts_of(charts, ("predicted_vs_measured", "predicted against measured step time"))
+    timeline_run = ([r for r in runs if r.stem == "straggler"] + bucket_runs + runs)[0]
+    predicted = charts_of(drawn, ("predicted_vs_measured", "predicted against measured step time"))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
                              autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     text = env.get_template("report_page.html.j2").render(

@@ -342,6 +342,13 @@ def main():
                 check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{stem}.png is a PNG")
         check(not os.path.exists(os.path.join(out_dir, "update.png")),
               "no update chart where no run schedules its learning rate or clips")
+        # The page embeds this call's charts only: a's buckets, drawn into the same folder by an earlier call on a
+        # alone, are not the pair's (two files outside a suite or sweep get no bucket chart).
+        run([sys.executable, charts, out_dir, a], timeout=120)
+        pair_page = os.path.join(work, "pair.html")
+        proc = run([sys.executable, charts, out_dir, "--page", pair_page, a, b], timeout=120)
+        check(proc.returncode == 0 and os.path.isfile(pair_page) and 'alt="a_buckets"' not in open(pair_page).read(),
+              f"the page leaves out a chart an earlier call left in the folder ({proc.stderr.strip()[-200:]})")
         # A run on a schedule, clipped: its learning rate and gradient norm per step.
         clipped = os.path.join(work, "clipped.h5")
         proc = run([ddplab, "train", "--steps", "6", "--warmup-steps", "1", "--input-dim", "64", "--hidden", "64",
