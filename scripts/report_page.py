@@ -108,17 +108,24 @@ def without_empty_columns(table):
     return {"headers": [table["headers"][i] for i in keep], "rows": [[row[i] for i in keep] for row in table["rows"]]}
 
 
-def suite_table(runs):
+def suite_table(runs, suite):
     """The suite's table: each case's row with its group, and its efficiency and change against the baseline as the
-    suite computed them (null where they do not apply)."""
+    suite computed them (null where they do not apply). The token suite's cases also compare by useful tokens/s
+    against its uniform case (vs_unif), as its terminal table does: samples/s favours the case that packs fewer tokens
+    into its samples."""
+    uniform = next((c.get("summary", {}).get("useful_tokens_per_s") for c in suite["cases"]
+                    if suite.get("suite") == "tokens" and c.get("case") == "uniform"), None)
     rows = []
     for r in runs:
         c = r.suite_case or {}
         eff, vs = c.get("efficiency"), c.get("vs_baseline")
+        vs_uniform = r.useful_tokens_per_s / uniform - 1 if uniform else None
         row = run_row(r)
         rows.append(row[:1] + [c.get("group") or NA] + row[1:5] +
-                    [fmt(eff, ".2f"), fmt(None if vs is None else 100 * vs, "+.0f", "%")] + row[5:])
-    headers = RUN_HEADERS[:1] + ["group"] + RUN_HEADERS[1:5] + ["efficiency", "vs_base"] + RUN_HEADERS[5:]
+                    [fmt(eff, ".2f"), fmt(None if vs is None else 100 * vs, "+.0f", "%")] + row[5:6] +
+                    [fmt(None if vs_uniform is None else 100 * vs_uniform, "+.0f", "%")] + row[6:])
+    headers = (RUN_HEADERS[:1] + ["group"] + RUN_HEADERS[1:5] + ["efficiency", "vs_base"] + RUN_HEADERS[5:6] +
+               ["vs_unif"] + RUN_HEADERS[6:])
     return without_empty_columns({"headers": headers, "rows": rows})
 
 
@@ -191,7 +198,7 @@ def write_page(path, runs, written, suite=None, sweeps=(), reports=None):
     blame = blame_of(runs, reports)
     if suite:
         title = f"ddplab suite {suite.get('suite', '')}: {len(runs)} cases on {suite.get('world_size')} ranks"
-        table = suite_table(runs)
+        table = suite_table(runs, suite)
         sections = [case_section(r, drawn, blame[r.path]) for r in runs
                     if r.group not in ("weak", "strong")]
         scaling = scaling_section(runs, drawn, blame)

@@ -107,6 +107,7 @@ def main():
                 check(case.get("blame") == [b["text"] for b in report["blame"]],
                       f"{case['case']}: the suite's blame (from memory) = report's (from the file)")
         check(summary["loss_identical"], "pathologies leave the loss identical")
+        check("identical to the baseline" in open(os.path.join(out, "report.html")).read(), "and the page says so")
         lines = open(os.path.join(out, "summary.csv")).read().strip().split("\n")
         check(len(lines) == len(expected) + 1, "summary.csv: header + one row per case")
         rows = {row["case"]: row for row in csv.DictReader(lines)}

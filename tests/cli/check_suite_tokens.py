@@ -34,6 +34,10 @@ with tempfile.TemporaryDirectory() as work:
         check(cases["bucket"]["padding_ratio"] < cases["variable"]["padding_ratio"] / 2, "bucketing removes padding")
         check(cases["bucket"]["mean_token_spread"] < cases["variable"]["mean_token_spread"],
               "bucketing evens out tokens across ranks")
+        page_path = os.path.join(out, "report.html")
+        page = open(page_path).read() if os.path.isfile(page_path) else ""
+        check("<th>vs_unif</th>" in page and "identical to the baseline" not in page,
+              "the page compares useful tokens/s against uniform, and makes no claim of the lab's about the loss")
         with h5py.File(os.path.join(out, "token.h5")) as f:
             padded = f["steps/padded_tokens"][:]
             check(np.all(padded[f["steps/samples"][:] > 1] <= 96), "token budget respected in every rank batch")
