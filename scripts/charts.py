@@ -14,9 +14,10 @@ Any:       update             the learning rate and the gradient norm (against -
                               the files whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip)
 Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
                               the suite groups its cases
-           loss               the loss (mean over ranks) of every step, one line per file (bit-identical ones
-                              share a line), and the validation loss (--val-data) where a file has one: drawn
-                              for a single file too when it has one
+           loss               the loss (mean over ranks) of every step, one line per file (ones that agree to 6
+                              digits share a line; each line its own dash and marker, so close ones stay apart),
+                              and the validation loss (--val-data) where a file has one: drawn for a single file
+                              too when it has one
            bucket_sweep       step time and exposed comm over bucket size, one line per overlap setting, when the
                               files differ only in bucket_mb/overlap
            weak_scaling,      samples/s and efficiency over world size against the ideal line: from the suite's
@@ -254,30 +255,31 @@ def throughput_chart(runs, out_dir, written):
     save(fig, out_dir, "throughput", written)
 
 
+# Each line of the loss chart its own dash and marker as well as its colour: lines of runs that agree closely (another
+# world size's summation order) lie on one another, and the one drawn last would hide the others.
+LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "P")]
+
+
+def loss_series(run):
+    """The run's loss per step (the mean over ranks) above its validation loss (NaN after the steps that took none)."""
+    return np.vstack([run.loss.mean(axis=0), np.full(run.steps, np.nan) if run.val_loss is None else run.val_loss])
+
+
 def loss_chart(runs, out_dir, written):
     fig, ax = plt.subplots(figsize=(7, 4))
-    palette = plt.get_cmap("tab20")  # distinct colours for a whole suite (12 cases)
-    # Runs whose losses are bit for bit the same (the lab's pathologies change timing, not math) are one line, named
-    # after all of them: drawn one by one, only the last would show.
-    groups = []
-    for r in runs:
-        loss = r.loss.mean(axis=0)
-        for g in groups:
-            if (g[0] == r.first_step and g[1].shape == loss.shape and np.array_equal(g[1], loss, equal_nan=True)
-                    and (g[3] is None) == (r.val_loss is None)
-                    and (g[3] is None or np.array_equal(g[3], r.val_loss, equal_nan=True))):
-                g[2].append(r.stem)
-                break
-        else:
-            groups.append((r.first_step, loss, [r.stem], r.val_loss))
-    for i, (first_step, loss, names, val_loss) in enumerate(groups):
-        label = names[0] if len(names) == 1 else f"{', '.join(names)} (identical)"
+    # Runs whose losses (and validation losses) agree to 6 digits are one line, named after all of them: the lab's
+    # pathologies change timing, not math, and DDP's world sizes of one global batch differ by rounding alone.
+    groups = same_series_groups([(r.first_step, loss_series(r), r.stem) for r in runs], 1e-6)
+    palette = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    for i, (first_step, (loss, val_loss), names, exact) in enumerate(groups):
         steps = first_step + np.arange(len(loss))
-        ax.plot(steps, loss, marker=".", linewidth=1, label=textwrap.fill(label, 60), color=palette(i % 20))
-        if val_loss is not None:  # after the steps that validated; the same on every rank
-            taken = np.isfinite(val_loss)
-            ax.plot(steps[taken], val_loss[taken], marker="o", linestyle="--", linewidth=1.5, color=palette(i % 20),
-                    label=textwrap.fill(f"{names[0]}: validation loss (--val-data)", 60))
+        color, (dashes, marker) = palette(i % palette.N), LINE_STYLES[i % len(LINE_STYLES)]
+        ax.plot(steps, loss, linestyle=dashes, marker=marker, markersize=3.5, linewidth=1.2, color=color,
+                label=textwrap.fill(group_name(names, exact, most_named=len(names)), 60))
+        taken = np.isfinite(val_loss)  # after the steps that validated (--val-data); the same on every rank
+        if taken.any():
+            ax.plot(steps[taken], val_loss[taken], linestyle=dashes, marker="o", markersize=7, markerfacecolor="none",
+                    linewidth=0.8, color=color, label=textwrap.fill(f"{names[0]}: validation loss (--val-data)", 60))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("loss (mean over ranks: the global batch's)")
@@ -302,11 +304,11 @@ def same_series_groups(series, rtol):
     return groups
 
 
-def group_name(names, exact):
+def group_name(names, exact, most_named=3):
     if len(names) == 1:
         return names[0]
-    return (f"{len(names)} runs" if len(names) > 3 else ", ".join(names)) + (" (identical)" if exact else
-                                                                             " (the same to 6 digits)")
+    return (f"{len(names)} runs" if len(names) > most_named else ", ".join(names)) + (" (identical)" if exact else
+                                                                                      " (the same to 6 digits)")
 
 
 def update_chart(runs, out_dir, written):

@@ -214,7 +214,7 @@ def write_page(path, runs, written, suite=None, sweeps=(), reports=None):
         table = without_empty_columns({"headers": RUN_HEADERS, "rows": [run_row(r) for r in runs]})
         sections = [case_section(r, drawn, blame[r.path]) for r in runs]
         scaling = scaling_section(runs, drawn, blame) if any(f"{k}_scaling" in drawn for k in ("weak", "strong")) else None
-    overview = charts_of(drawn, ("throughput", "throughput per case"), ("loss", "the loss per step (dashed: the validation loss, where a run has one)"),
+    overview = charts_of(drawn, ("throughput", "throughput per case"), ("loss", "the loss per step (hollow circles: the validation loss, where a run has one)"),
                          ("update", "the learning rate and the gradient norm per step"),
                          ("bucket_sweep", "step time and exposed comm over bucket size"))
     bucket_runs = [r for r in runs if f"{r.stem}_buckets" in drawn]

@@ -67,6 +67,11 @@ def main():
         proc = subprocess.run(redraw + ["renamed.h5"], cwd=copy, capture_output=True, text=True, timeout=120)
         check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and "none of the run files" in proc.stderr,
               f"charts.py --suite with no case of it: exit 2, one line ({proc.returncode}: {proc.stderr.strip()})")
+        # strong_ws1 trains the global batch on one rank: its losses are the others' up to the summation order, so
+        # it shares their line rather than lying hidden under it (matplotlib's SVG keeps each text as a comment).
+        loss_svg = open(os.path.join(out, "charts", "loss.svg")).read()
+        check("<!-- strong_ws1 -->" not in loss_svg, "the loss chart draws strong_ws1 on the line of the cases it "
+              "agrees with to rounding")
         suite_summary = json.load(open(os.path.join(out, "summary.json")))
         cores = suite_summary.get("host_cores")
         usable = len(os.sched_getaffinity(0))
