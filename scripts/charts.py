@@ -166,8 +166,12 @@ def save(fig, out_dir, name, written):
 
 
 def size_text(nbytes):
-    """Bytes in the unit the flags use (--bucket-mb is MiB): 7.9 MiB, or 512 KiB below one MiB."""
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
+    """Bytes in the largest unit that fits (--bucket-mb is MiB): 7.9 MiB, 512 KiB, 1.5 KiB, 400 B."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            value = nbytes / (1 << shift)
+            return (f"{value:.1f}".rstrip("0").rstrip(".") if value < 10 else f"{value:.0f}") + f" {unit}"
+    return f"{nbytes} B"
 
 
 def breakdown_chart(run, out_dir, name, written):
@@ -360,10 +364,11 @@ def buckets_chart(run, out_dir, name, written):
     each bucket's reduce-scatter, then, hatched, its all-gather after the update, which the row above then shows."""
     s = run.steps - 1
     nb = len(run.bucket_bytes)
-    tab10 = plt.get_cmap("tab10")
+    shades = plt.get_cmap("YlOrRd")
 
-    def colors(k):
-        return tab10((k + 1) % 10)  # tab10's first blue is backward's
+    def colors(k):  # light to dark in ready order, however many buckets: none of the phases' blues and greys
+        return shades(0.35 + 0.6 * k / max(nb - 1, 1))
+    communicated = set()
     fig, ax = plt.subplots(figsize=(9, 1.0 + 1.1 * run.world))
     for r in range(run.world):
         y_compute, y_comm = 2 * r, 2 * r + 1  # rank 0 on top (the axis is inverted)
@@ -384,7 +389,9 @@ def buckets_chart(run, out_dir, name, written):
             if begin <= 0 and end <= 0:
                 continue  # never communicated (nothing recorded)
             ready, begin, end = ready - t0, begin - t0, end - t0
-            ax.broken_barh([(begin, end - begin)], (y_comm - 0.35, 0.7), color=colors(k), alpha=0.85)
+            communicated.add(k)
+            ax.broken_barh([(begin, end - begin)], (y_comm - 0.35, 0.7), facecolor=colors(k), edgecolor="white",
+                           linewidth=0.5)
             ax.plot([ready, ready], [y_comm - 0.45, y_comm + 0.45], color="black", linewidth=1)
     ax.set_yticks([v for r in range(run.world) for v in (2 * r, 2 * r + 1)],
                   [t for r in range(run.world) for t in (f"rank {r} compute", f"rank {r} comm")])
@@ -394,17 +401,30 @@ def buckets_chart(run, out_dir, name, written):
     if run.sharded:
         handles.append(Patch(color="#bbbbbb", label="optimizer (update of the owned share)"))
     what = "reduce-scatter" if run.sharded else "all-reduce"
-    handles += [Patch(color=colors(k), label=f"bucket {k} {what} ({size_text(run.bucket_bytes[k])})")
-                for k in range(min(nb, 10))]
+    handles += bucket_legend(sorted(communicated), run.bucket_bytes, colors, what)
     if run.sharded:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="////",
                              label="its all-gather of the parameters"))
-    handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
+    if communicated:  # a tick only where a bucket was communicated
+        handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     each = "reduce-scatter and all-gather" if run.sharded else what
     ax.set_title(f"{run.stem}: backward and each bucket's {each}, step {run.first_step + s} "
                  f"({ranks_text(run.world)})", fontsize=10)
     save(fig, out_dir, name, written)
+
+
+def bucket_legend(buckets, sizes, colors, what, most_listed=10):
+    """A legend entry per bucket drawn; past most_listed, the first and the last, and one line for those between."""
+    def entry(k):
+        return Patch(color=colors(k), label=f"bucket {k} {what} ({size_text(sizes[k])})")
+    if len(buckets) <= most_listed:
+        return [entry(k) for k in buckets]
+    between = [sizes[k] for k in buckets[1:-1]]
+    return [entry(buckets[0]),
+            Patch(color="none", label=f"... {len(between)} more, darker in ready order "
+                                      f"({size_text(min(between))} to {size_text(max(between))})"),
+            entry(buckets[-1])]
 
 
 def is_bucket_sweep(runs):

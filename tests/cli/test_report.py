@@ -342,6 +342,21 @@ def main():
                 check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{stem}.png is a PNG")
         check(not os.path.exists(os.path.join(out_dir, "update.png")),
               "no update chart where no run schedules its learning rate or clips")
+        # A bucket under 1 KiB (a bucket per parameter: the first is the last layer's 40-byte bias) is sized in
+        # bytes (matplotlib's SVG keeps each text as a comment).
+        per_param = os.path.join(work, "per_param.h5")
+        proc = run([ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64",
+                    "--classes", "10", "--batch", "8", "--bucket-mb", "0", "--first-bucket-mb", "0", "--quiet",
+                    "--out", per_param])
+        check(proc.returncode == 0, f"a run with a bucket per parameter trains ({proc.stderr.strip()[-200:]})")
+        if proc.returncode == 0:
+            run([sys.executable, charts, out_dir, per_param], timeout=120)
+            with h5py.File(per_param, "r") as f:
+                first_bucket = int(f["buckets/bytes"][0])
+            svg_path = os.path.join(out_dir, "per_param_buckets.svg")
+            svg = open(svg_path).read() if os.path.isfile(svg_path) else ""
+            check(first_bucket < 1024 and f"<!-- bucket 0 all-reduce ({first_bucket} B) -->" in svg,
+                  f"the bucket chart sizes a {first_bucket}-byte bucket in bytes")
         # The page embeds this call's charts only: a's buckets, drawn into the same folder by an earlier call on a
         # alone, are not the pair's (two files outside a suite or sweep get no bucket chart).
         run([sys.executable, charts, out_dir, a], timeout=120)
