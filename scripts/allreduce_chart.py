@@ -4,9 +4,11 @@
 usage: /usr/bin/python3 scripts/allreduce_chart.py RESULTS.json|RESULTS.csv [MORE ...] [-o OUT.png]
                                                    [--mode out-of-place|in-place]
 
-The line is busbw from the table's time column; the shaded band around it spans the per-call times, from the
-fastest call (top) to the p99 call (bottom). Several files: one line per implementation and file (labelled by
-rank count when the files differ in it, else by file name). Default output: <first input's stem>_busbw.png beside
+The line is busbw at the median call and the shaded band around it spans the fastest call (top) to the p99 call
+(bottom): one statistic, each call timed by its slowest rank. (The table's busbw column is from each rank's mean
+call, combined over the ranks by -a: a rank's mean can beat every call's slowest rank, and so lie outside the band.)
+Several files: one line per implementation and file (labelled by rank count when the files differ in it, else by
+file name). Default output: <first input's stem>_busbw.png beside
 it; the format follows the extension (png, svg, pdf). Prints the path it writes. Needs Debian's python3-matplotlib.
 Bad input: one line "allreduce_chart.py: error: ..." on stderr, exit code 2, nothing written.
 """
@@ -37,15 +39,15 @@ class Parser(argparse.ArgumentParser):
 
 
 class Series:
-    """One implementation in one file: sizes (bytes) with busbw (GB/s) at the reported, fastest and p99 time."""
+    """One implementation in one file: sizes (bytes) with busbw (GB/s) at the median, fastest and p99 call."""
 
     def __init__(self, impl, nranks, link, path):
         self.impl, self.nranks, self.link, self.path = impl, nranks, link, path
-        self.points = []  # (size, busbw, busbw at the fastest call, busbw at the p99 call)
+        self.points = []  # (size, busbw at the median call, at the fastest call, at the p99 call)
 
-    def add(self, size, busbw, min_us, p99_us):
+    def add(self, size, p50_us, min_us, p99_us):
         factor = 2 * (self.nranks - 1) / self.nranks
-        self.points.append((size, busbw, size / min_us / 1e3 * factor, size / p99_us / 1e3 * factor))
+        self.points.append((size, *(size / us / 1e3 * factor for us in (p50_us, min_us, p99_us))))
 
 
 def read_results(path, mode):
@@ -59,19 +61,19 @@ def read_results(path, mode):
             if path.endswith(".json"):
                 doc = json.load(f)
                 nranks, link = int(doc["nranks"]), doc["link"]["name"]
-                rows = [(r["impl"], r["size_bytes"], r[key]["busbw_gbs"], r[key]["min_us"], r[key]["p99_us"])
+                rows = [(r["impl"], r["size_bytes"], r[key]["p50_us"], r[key]["min_us"], r[key]["p99_us"])
                         for r in doc["results"]]
             elif path.endswith(".csv"):
                 table = list(csv.DictReader(f))
                 nranks = int(table[0]["nranks"]) if table else 0
                 link = table[0]["link"] if table else ""
-                rows = [(r["impl"], r["size_bytes"], r[f"{prefix}_busbw_gbs"], r[f"{prefix}_min_us"],
+                rows = [(r["impl"], r["size_bytes"], r[f"{prefix}_p50_us"], r[f"{prefix}_min_us"],
                          r[f"{prefix}_p99_us"]) for r in table]
             else:
                 raise BadInput(f"cannot read {path}: expected allreduce_perf's .json or .csv")
-            for impl, size, busbw, min_us, p99_us in rows:
+            for impl, size, p50_us, min_us, p99_us in rows:
                 s = series.setdefault(impl, Series(impl, nranks, link, path))
-                s.add(int(size), float(busbw), float(min_us), float(p99_us))
+                s.add(int(size), float(p50_us), float(min_us), float(p99_us))
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
         raise BadInput(f"cannot read {path}: not allreduce_perf output ({type(e).__name__}: {e})") from None
     if not series:
@@ -131,7 +133,8 @@ def chart(all_series, mode, out):
     nranks = sorted({s.nranks for s in all_series})
     links = sorted({s.link for s in all_series})
     ax.set_title(f"all-reduce busbw, {mode}, {'/'.join(map(str, nranks))} ranks, link {'/'.join(links)}\n"
-                 "band: fastest call to p99 call", fontsize=10)
+                 "line: the median call; band: the fastest to the p99 call (each call timed by its slowest rank)",
+                 fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     tmp = f"{out}.tmp.{os.getpid()}"
     try:

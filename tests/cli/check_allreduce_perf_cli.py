@@ -15,6 +15,7 @@
 usage: check_allreduce_perf_cli.py MPIRUN ALLREDUCE_PERF ALLREDUCE_CHART_PY
 """
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -340,6 +341,25 @@ def test_chart(chart_py, workdir):
                            capture_output=True, text=True, timeout=120)
         check(p.returncode == 0 and is_png(out) and p.stdout.strip() == out,
               f"allreduce_chart.py {src}: a PNG at {out} (got {p.returncode}: {p.stderr.strip()[-200:]})")
+    # The line and its band are one statistic (per call, each timed by its slowest rank): a table whose ranks' mean
+    # call beat every call's slowest rank (as ranks taking turns on cores measure) still draws its line inside.
+    with open(os.path.join(workdir, "nccl_flags.json")) as f:
+        doc = json.load(f)
+    factor = 2 * (doc["nranks"] - 1) / doc["nranks"]
+    for row in doc["results"]:
+        cell = row["out_of_place"]
+        cell["time_us"] = cell["min_us"] / 2
+        cell["algbw_gbs"] = row["size_bytes"] / cell["time_us"] / 1e3
+        cell["busbw_gbs"] = cell["algbw_gbs"] * factor
+    fast_means = os.path.join(workdir, "fast_means.json")
+    with open(fast_means, "w") as f:
+        json.dump(doc, f)
+    spec = importlib.util.spec_from_file_location("allreduce_chart", chart_py)
+    chart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chart)
+    points = [p for s in chart.read_results(fast_means, "out-of-place") for p in s.points]
+    outside = [(size, line) for size, line, fastest, p99 in points if not p99 <= line <= fastest]
+    check(points and not outside, f"allreduce_chart.py: every point of the line lies in its band ({outside[:3]})")
     bad = os.path.join(workdir, "bad.json")
     with open(bad, "w") as f:
         f.write('{"nranks": 2}')
