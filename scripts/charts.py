@@ -106,31 +106,38 @@ class Run:
         self.step_ms = float(self.summary["slowest_step_ms"])  # the slowest rank's mean step: it sets the pace
         self.samples_per_s = float(self.summary["samples_per_s"])
         self.useful_tokens_per_s = float(self.summary.get("useful_tokens_per_s", 0))  # 0: no tokens (the MLP)
-        self.step_times = f["steps/step_ms"][:].astype(float)
-        self.start = f["steps/start_ms"][:].astype(float)
-        self.phases = {name: f[f"steps/{name}"][:].astype(float)
+
+        def dataset(name, *shape):
+            """A dataset of the shape the schema gives it, as float64: a cut one would chart other steps, or fail."""
+            if f[name].shape != shape:
+                raise BadInput(f"cannot read run file {path}: {name} has shape {list(f[name].shape)}, expected "
+                               f"{list(shape)}")
+            return f[name][:].astype(float)
+
+        per_step = (self.world, self.steps)
+        self.step_times = dataset("steps/step_ms", *per_step)
+        self.start = dataset("steps/start_ms", *per_step)
+        self.phases = {name: dataset(f"steps/{name}", *per_step)
                        for name in ("data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms")}
-        self.loss = f["steps/loss"][:].astype(float)
+        self.loss = dataset("steps/loss", *per_step)
         # The step's learning rate and gradient norm (--lr-schedule, --grad-clip; absent in older files: none).
-        self.lr = f["steps/lr"][0].astype(float) if "steps/lr" in f else None
-        self.grad_norm = f["steps/grad_norm"][0].astype(float) if "steps/grad_norm" in f else None
+        self.lr = dataset("steps/lr", *per_step)[0] if "steps/lr" in f else None
+        self.grad_norm = dataset("steps/grad_norm", *per_step)[0] if "steps/grad_norm" in f else None
         # --val-data: the validation loss after the steps that took one, NaN after the others (absent: none).
-        val = f["steps/val_loss"][0].astype(float) if "steps/val_loss" in f else None
+        val = dataset("steps/val_loss", *per_step)[0] if "steps/val_loss" in f else None
         self.val_loss = val if val is not None and np.isfinite(val).any() else None
-        self.bucket_bytes = f["buckets/bytes"][:].astype(int)
-        self.bucket_times = {name: f[f"buckets/{name}"][:].astype(float)
+        self.bucket_bytes = dataset("buckets/bytes", len(f["buckets/bytes"])).astype(int)
+        per_bucket = (*per_step, len(self.bucket_bytes))
+        self.bucket_times = {name: dataset(f"buckets/{name}", *per_bucket)
                              for name in ("ready_ms", "comm_start_ms", "comm_end_ms")}
         # --zero-stage 1: each bucket's all-gather of the updated parameters (absent in older files: none)
-        self.sharded = "buckets/gather_end_ms" in f and bool((f["buckets/gather_end_ms"][:] > 0).any())
+        self.sharded = "buckets/gather_end_ms" in f and bool((dataset("buckets/gather_end_ms", *per_bucket) > 0).any())
         if self.sharded:
             for name in ("gather_start_ms", "gather_end_ms"):
-                self.bucket_times[name] = f[f"buckets/{name}"][:].astype(float)
+                self.bucket_times[name] = dataset(f"buckets/{name}", *per_bucket)
         self.suite_case = None  # this run's case in the suite's summary.json (--suite)
         self.group = None  # the suite's group of this case
         self.oversubscribed = False
-        if self.step_times.shape != (self.world, self.steps):
-            raise BadInput(f"cannot read run file {path}: steps/step_ms has shape {list(self.step_times.shape)}, "
-                           f"expected [{self.world}, {self.steps}]")
 
     def mean(self, name):
         """Steady-state mean per rank, as the summary stores it (0 for a field the file predates; NaN for a mean that
@@ -459,12 +466,13 @@ LINK_ORDER = ["none", "100gbe-ib", "25gbe", "10gbe"]  # fastest first, as a read
 
 
 def read_sweep(path):
-    try:
-        with open(path) as f:
-            sweep = json.load(f)
-        sweep["points"], sweep["link"], sweep["world_size"]  # noqa: B018 (present, or KeyError)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise BadInput(f"cannot read the sweep summary {path}: {e}") from None
+    sweep = read_json(path, "sweep summary")
+    checked(sweep, SWEEP_SHAPE, f"the sweep summary {path}")
+    if "predicted_from" in sweep or any("predicted_step_ms" in p for p in sweep["points"]):
+        checked(sweep, PREDICTION_SHAPE, f"the sweep summary {path}")
+        rec = sweep["recommended"]
+        if not any((p["bucket_mb"], p["overlap"]) == (rec["bucket_mb"], rec["overlap"]) for p in sweep["points"]):
+            raise BadInput(f"cannot read the sweep summary {path}: recommended is none of its points")
     return sweep
 
 
@@ -616,14 +624,66 @@ def read_json(path, what):
         raise BadInput(f"cannot read the {what} {path}: {e}") from None
 
 
+# What charts.py and the page read of each JSON input (written by ddplab sweep, suite and report --json), checked
+# whole when it is read, so that a malformed file is refused by name rather than met halfway through the drawing. A
+# shape is a type or a tuple of them, {key: shape} ("key?": optional), or [shape], a list of such.
+NUMBER = (int, float)
+SETTING = {"bucket_mb": NUMBER, "overlap": str, "step_ms": NUMBER}
+SWEEP_SHAPE = {"points": [{**SETTING, "run_file": str, "hidden_fraction": NUMBER, "predicted_step_ms?": NUMBER,
+                           "error_pct?": NUMBER, "summary": {"samples_per_s": NUMBER, "ranks": [dict]}}],
+               "link": str, "world_size": int, "best": SETTING, "noise_pct?": (*NUMBER, type(None)),
+               "not_told_apart?": [SETTING]}
+# sweep --predict: the model's error over the points, its recommendation and the runs it predicted from.
+PREDICTION_SHAPE = {"median_abs_error_pct": NUMBER, "max_abs_error_pct": NUMBER,
+                    "recommended": {**SETTING, "predicted_step_ms": NUMBER, "vs_best_measured_pct": NUMBER},
+                    "predicted_from": {**SETTING, "run_file": str, "rounds?": [{"step_ms": NUMBER}]}}
+SUITE_SHAPE = {"cases": [{"run_file": str, "case?": str, "group?": str, "oversubscribed?": bool, "blame?": [str],
+                          "efficiency?": (*NUMBER, type(None)), "vs_baseline?": (*NUMBER, type(None)),
+                          "summary?": {"useful_tokens_per_s?": NUMBER}}],
+               "suite?": str, "world_size?": int, "loss_identical?": bool}
+REPORT_SHAPE = [{"run_file": str, "blame?": [{"text": str}]}]
+JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+              bool: "true or false", type(None): "null"}
+
+
+def checked(value, shape, what):
+    """Refuses (BadInput, naming what and where in it) a JSON value that does not have the shape."""
+    def mismatch(value, shape, where):
+        if isinstance(shape, dict):
+            if not isinstance(value, dict):
+                return f"{where or 'the file'} is not {JSON_NAMES[dict]}"
+            for key, inner in shape.items():
+                name = key.rstrip("?")
+                inside = f"{where}.{name}" if where else name
+                if name in value:
+                    wrong = mismatch(value[name], inner, inside)
+                    if wrong:
+                        return wrong
+                elif not key.endswith("?"):
+                    return f"{inside} is missing"
+            return None
+        if isinstance(shape, list):
+            if not isinstance(value, list):
+                return f"{where or 'the file'} is not {JSON_NAMES[list]}"
+            return next(filter(None, (mismatch(item, shape[0], f"{where}[{i}]") for i, item in enumerate(value))),
+                        None)
+        kinds = shape if isinstance(shape, tuple) else (shape,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = [JSON_NAMES[k] for k in kinds if not (k is int and float in kinds)]  # a number may be whole
+            return f"{where or 'the file'} is not {' or '.join(names)}"
+        return None
+
+    wrong = mismatch(value, shape, "")
+    if wrong:
+        raise BadInput(f"cannot read {what}: {wrong}")
+    return value
+
+
 def apply_suite(runs, summary_path):
     """Each run's case of the suite's summary.json (its group, its blame), matched by run file; returns the summary.
     Files of which none is a case are refused: their page would silently lose the suite's groups, scaling and blame."""
-    summary = read_json(summary_path, "suite summary")
-    try:
-        case_of = entries_by_run(runs, summary["cases"], summary_path)
-    except (KeyError, TypeError) as e:
-        raise BadInput(f"cannot read the suite summary {summary_path}: {e}") from None
+    summary = checked(read_json(summary_path, "suite summary"), SUITE_SHAPE, f"the suite summary {summary_path}")
+    case_of = entries_by_run(runs, summary["cases"], summary_path)
     if not any(case_of.values()):
         raise BadInput(f"--suite {summary_path}: none of the run files is one of its cases (each case's run_file "
                        f"looked for as written, relative to the summary's folder and beside the summary)")
@@ -644,6 +704,20 @@ def check_sweep_files(runs, sweeps):
         raise BadInput(f"--sweep {', '.join(path for path, _ in sweeps)}: none of the run files is one of its points "
                        f"(each point's run_file looked for as written, relative to the summary's folder and beside "
                        f"the summary)")
+
+
+def check_page_path(page, out_dir):
+    """The page's folder exists (or is OUT_DIR, made before the charts) and takes files, and the page is no folder:
+    checked before any chart is drawn."""
+    folder = os.path.dirname(os.path.abspath(page))
+    if os.path.isdir(page):
+        raise BadInput(f"--page {page} is a folder")
+    if folder == os.path.abspath(out_dir) and not os.path.exists(folder):
+        return
+    if not os.path.isdir(folder):
+        raise BadInput(f"--page {page}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise BadInput(f"--page {page}: folder {folder} is not writable")
 
 
 def main(argv):
@@ -670,12 +744,14 @@ def main(argv):
             from report_page import write_page
         except ImportError as e:
             raise BadInput(f"--page needs {e.name} (Debian's python3-jinja2)") from None
+        check_page_path(page, out_dir)
     runs = [Run(p) for p in paths]  # all readable before anything is written
     name_uniquely(runs)
     sweeps = [(p, read_sweep(p)) for p in sweep_paths]
     check_sweep_files(runs, sweeps)
     suite_summary = apply_suite(runs, suite) if suite else None
-    reports = read_json(options["--report"], "report") if "--report" in options else None
+    reports = checked(read_json(options["--report"], "report"), REPORT_SHAPE, f"the report {options['--report']}") \
+        if "--report" in options else None
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -713,7 +789,10 @@ def main(argv):
     if predicted:
         predicted_chart(predicted, out_dir, written)
     if page:
-        written.append(write_page(page, runs, written, suite_summary, [s for _, s in sweeps], reports))
+        try:
+            written.append(write_page(page, runs, written, suite_summary, [s for _, s in sweeps], reports))
+        except OSError as e:  # the disk filled up, or the folder went away, while the charts were drawn
+            raise BadInput(f"cannot write the page {page}: {e.strerror}") from None
     for path in written:
         print(path)
 

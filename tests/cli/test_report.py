@@ -393,6 +393,28 @@ def main():
         proc = run([sys.executable, charts, out_dir, text])
         check(proc.returncode == 2 and len(error_lines(proc.stderr, "charts.py:")) == 1,
               f"charts.py on a bad file: exit 2, one line ({proc.returncode}: {proc.stderr.strip()[:200]})")
+        # A dataset cut short, a page into a missing folder, a report or sweep summary of another shape: one line
+        # naming the problem, exit 2, before anything is written.
+        cut = os.path.join(work, "cut_loss.h5")
+        shutil.copy(a, cut)
+        with h5py.File(cut, "r+") as f:
+            loss = f["steps/loss"][:, :3]
+            del f["steps/loss"]
+            f["steps/loss"] = loss
+        not_a_list, no_points = os.path.join(work, "not_a_list.json"), os.path.join(work, "no_points.json")
+        with open(not_a_list, "w") as f:
+            json.dump("a string", f)
+        with open(no_points, "w") as f:
+            json.dump({"points": 5, "link": "none", "world_size": 2}, f)
+        refused_dir = os.path.join(work, "refused")
+        for args, problem in (([cut], "steps/loss has shape [2, 3], expected [2, 6]"),
+                              (["--page", os.path.join(work, "no", "p.html"), a], "does not exist"),
+                              (["--page", os.path.join(work, "p.html"), "--report", not_a_list, a], "is not a list"),
+                              (["--sweep", no_points], "points is not a list")):
+            proc = run([sys.executable, charts, refused_dir, *args], timeout=120)
+            check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and problem in proc.stderr and
+                  not os.path.exists(refused_dir), f"charts.py {os.path.basename(args[-1])}: exit 2, one line with "
+                  f"'{problem}', nothing written ({proc.returncode}: {proc.stderr.strip()[-300:]})")
 
 
 if __name__ == "__main__":
