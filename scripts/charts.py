@@ -22,11 +22,11 @@ Several:   throughput         samples/s per file (useful tokens/s when every fil
                               files differ only in bucket_mb/overlap
            weak_scaling,      samples/s and efficiency over world size against the ideal line: from the suite's
            strong_scaling     weak/strong cases, or when the files differ only in world size (and per-rank batch)
---suite names the summary.json of `ddplab suite` that lists these files: their groups, and whether a case had
-more ranks x BLAS threads than the host has cores, or ranks sharing one GPU (oversubscribed: its efficiency measures
-the machine, not DDP). A case's file is its run_file as written, relative to the summary's folder, or the file of
-that name beside the summary (the folder copied or moved); files of which none is a case are refused. The same for
---sweep and its points.
+--suite names the summary.json of `ddplab suite` that lists these files: their groups and blame. A case's file is
+its run_file as written, relative to the summary's folder, or the file of that name beside the summary (the folder
+copied or moved); files of which none is a case are refused. The same for --sweep and its points.
+A run whose ranks took turns (more ranks x BLAS threads than its host's cores, or ranks sharing one GPU, as `ddplab
+report` says) is marked oversubscribed wherever it is drawn: its times measure the machine, not DDP.
 --sweep names the summary.json of a `ddplab sweep --predict` (repeatable: one per link, same model and ranks):
            predicted_vs_measured   step time over bucket size, predicted dashed and measured solid, one panel per
                                    link and one colour per overlap setting, the model's recommended point starred
@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import textwrap
+from collections import Counter
 
 import matplotlib
 
@@ -137,7 +138,18 @@ class Run:
                 self.bucket_times[name] = dataset(f"buckets/{name}", *per_bucket)
         self.suite_case = None  # this run's case in the suite's summary.json (--suite)
         self.group = None  # the suite's group of this case
-        self.oversubscribed = False
+        self.oversubscribed = self._took_turns(int(f.attrs.get("host_cores", 0)))
+
+    def _took_turns(self, host_cores):
+        """Whether the ranks took turns, so that the times measure the machine, not DDP: more ranks x BLAS threads on
+        rank 0's host than it has cores (0: not recorded), or ranks of one host on one GPU. What `ddplab report` and
+        the suite decide (RunRecord::oversubscribed_ranks and ranks_sharing_a_gpu)."""
+        threads = max(1, int(self.config.get("threads", self.config.get("blas_threads", 1))))  # older files' key
+        on_first_host = self.hostnames.count(self.hostnames[0]) if self.hostnames else 0
+        if self.attrs.get("device", "cpu") == "cpu" and host_cores > 0 and on_first_host * threads > host_cores:
+            return True
+        sharing = Counter((host, gpu) for host, gpu in zip(self.hostnames, self.gpus) if gpu)
+        return len(self.gpus) == len(self.hostnames) and any(n > 1 for n in sharing.values())
 
     def mean(self, name):
         """Steady-state mean per rank, as the summary stores it (0 for a field the file predates; NaN for a mean that
@@ -637,7 +649,7 @@ SWEEP_SHAPE = {"points": [{**SETTING, "run_file": str, "hidden_fraction": NUMBER
 PREDICTION_SHAPE = {"median_abs_error_pct": NUMBER, "max_abs_error_pct": NUMBER,
                     "recommended": {**SETTING, "predicted_step_ms": NUMBER, "vs_best_measured_pct": NUMBER},
                     "predicted_from": {**SETTING, "run_file": str, "rounds?": [{"step_ms": NUMBER}]}}
-SUITE_SHAPE = {"cases": [{"run_file": str, "case?": str, "group?": str, "oversubscribed?": bool, "blame?": [str],
+SUITE_SHAPE = {"cases": [{"run_file": str, "case?": str, "group?": str, "blame?": [str],
                           "efficiency?": (*NUMBER, type(None)), "vs_baseline?": (*NUMBER, type(None)),
                           "summary?": {"useful_tokens_per_s?": NUMBER}}],
                "suite?": str, "world_size?": int, "loss_identical?": bool}
@@ -691,7 +703,6 @@ def apply_suite(runs, summary_path):
         r.suite_case = case_of[r.path]
         if r.suite_case:
             r.group = r.suite_case.get("group")
-            r.oversubscribed = bool(r.suite_case.get("oversubscribed", False))
     return summary
 
 

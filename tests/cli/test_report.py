@@ -393,6 +393,18 @@ def main():
         proc = run([sys.executable, charts, out_dir, text])
         check(proc.returncode == 2 and len(error_lines(proc.stderr, "charts.py:")) == 1,
               f"charts.py on a bad file: exit 2, one line ({proc.returncode}: {proc.stderr.strip()[:200]})")
+        # Outside a suite too, a run whose ranks took turns on the cores is marked so, as `ddplab report` marks it.
+        crowded = os.path.join(work, "crowded.h5")
+        shutil.copy(a, crowded)
+        with h5py.File(crowded, "r+") as f:
+            f.attrs["host_cores"] = 1  # its 2 ranks on one core
+        crowded_page = os.path.join(work, "crowded.html")
+        proc = run([sys.executable, charts, os.path.join(work, "crowded_charts"), "--page", crowded_page, crowded],
+                   timeout=120)
+        page_text = open(crowded_page).read() if os.path.isfile(crowded_page) else ""
+        check(proc.returncode == 0 and "<td>2*</td>" in page_text and "*: oversubscribed" in page_text and
+              "oversubscribed" in run([ddplab, "report", crowded]).stdout,
+              f"a run on fewer cores than its ranks is marked oversubscribed on its page ({proc.stderr[-200:]})")
         # A dataset cut short, a page into a missing folder, a report or sweep summary of another shape: one line
         # naming the problem, exit 2, before anything is written.
         cut = os.path.join(work, "cut_loss.h5")
