@@ -96,6 +96,11 @@ class Run:
         # The setup as recorded (machine, BLAS, MPI, CUDA, the command): the page's first section.
         self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()
                       if k not in ("config", "summary")}
+        # Why the run stopped early, or that the file is a snapshot of one in progress ("": it completed).
+        self.stop_reason = str(self.attrs.get("stop_reason", ""))
+        if self.steps == 0:  # no step to draw, and a summary of no rank
+            raise BadInput(f"run file {path} holds no completed step" +
+                           (f": {self.stop_reason}" if self.stop_reason else ""))
         self.hostnames = [h.decode() if isinstance(h, bytes) else str(h) for h in f["hostnames"][:]]
         self.gpus = [g.decode() if isinstance(g, bytes) else str(g) for g in f["gpus"][:]] if "gpus" in f else []
         self.summary = json.loads(f.attrs["summary"])

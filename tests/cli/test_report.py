@@ -405,14 +405,19 @@ def main():
         check(proc.returncode == 0 and "<td>2*</td>" in page_text and "*: oversubscribed" in page_text and
               "oversubscribed" in run([ddplab, "report", crowded]).stdout,
               f"a run on fewer cores than its ranks is marked oversubscribed on its page ({proc.stderr[-200:]})")
-        # A dataset cut short, a page into a missing folder, a report or sweep summary of another shape: one line
-        # naming the problem, exit 2, before anything is written.
+        # A dataset cut short, a run with no step, a page into a missing folder, a report or sweep summary of another
+        # shape: one line naming the problem, exit 2, before anything is written.
         cut = os.path.join(work, "cut_loss.h5")
         shutil.copy(a, cut)
         with h5py.File(cut, "r+") as f:
             loss = f["steps/loss"][:, :3]
             del f["steps/loss"]
             f["steps/loss"] = loss
+        no_step = os.path.join(work, "no_step.h5")  # as a run stopped before its first step leaves it
+        shutil.copy(a, no_step)
+        with h5py.File(no_step, "r+") as f:
+            f.attrs["num_steps"] = 0
+            f.attrs["stop_reason"] = "non-finite gradient fc2.bias at step 0"
         not_a_list, no_points = os.path.join(work, "not_a_list.json"), os.path.join(work, "no_points.json")
         with open(not_a_list, "w") as f:
             json.dump("a string", f)
@@ -420,6 +425,7 @@ def main():
             json.dump({"points": 5, "link": "none", "world_size": 2}, f)
         refused_dir = os.path.join(work, "refused")
         for args, problem in (([cut], "steps/loss has shape [2, 3], expected [2, 6]"),
+                              ([no_step], "holds no completed step: non-finite gradient fc2.bias at step 0"),
                               (["--page", os.path.join(work, "no", "p.html"), a], "does not exist"),
                               (["--page", os.path.join(work, "p.html"), "--report", not_a_list, a], "is not a list"),
                               (["--sweep", no_points], "points is not a list")):
