@@ -53,7 +53,8 @@ def setup_rows(runs):
     for h in max(runs, key=lambda r: len(r.hostnames)).hostnames:
         hosts[h] = hosts.get(h, 0) + 1
     gpus = sorted({g for r in runs for g in r.gpus if g})
-    rows = [("hosts", ", ".join(f"{h} ({n} rank{'s' if n > 1 else ''})" for h, n in hosts.items())),
+    rows = [("status", status_text(runs)),
+            ("hosts", ", ".join(f"{h} ({n} rank{'s' if n > 1 else ''})" for h, n in hosts.items())),
             ("cores on rank 0's host", ", ".join(values("host_cores")) or "n/a (not recorded)"),
             ("BLAS", "; ".join(values("blas")) or "n/a"),
             ("BLAS kernels", "; ".join(values("blas_kernels")) or "n/a (not recorded)"),
@@ -69,6 +70,32 @@ def setup_rows(runs):
     return rows
 
 
+def status_lines(run):
+    """How the run went, as `ddplab report` says it: why it stopped early (or that the file is a snapshot of a run in
+    progress) and which steps the file holds, the steps it skipped, how often it clipped."""
+    lines = [run.stop_reason] if run.stop_reason else []
+    planned, last = int(run.config.get("steps", 0)), run.first_step + run.steps - 1
+    if last + 1 < planned:
+        lines.append(f"steps {run.first_step}-{last} of {planned} recorded: every figure here is of those")
+    summary = run.summary
+    if summary.get("skipped_steps", 0) > 0:
+        skipped = summary["skipped_steps"]
+        lines.append(f"{skipped} step{'s' if skipped > 1 else ''} skipped, the first at step "
+                     f"{summary['first_skipped_step']} (--skip-nonfinite: a non-finite loss or gradient, no update)")
+    if run.config.get("grad_clip", 0) > 0:
+        lines.append(f"clipped to {run.config['grad_clip']:g} in {summary.get('clipped_steps', 0)} of "
+                     f"{summary['steps']} steps (--grad-clip)")
+    return lines
+
+
+def status_text(runs):
+    """The setup's status row: each run's status lines (named when there are several), or that every run completed."""
+    if len(runs) == 1:
+        return status_lines(runs[0]) or ["complete"]
+    return [f"{r.stem}: {'; '.join(lines)}" for r in runs for lines in [status_lines(r)] if lines] or \
+        ["every run complete"]
+
+
 def config_rows(runs):
     """Every setting of the first run, and for a setting the runs differ in, each run's value."""
     keys = sorted({k for r in runs for k in r.config} - {"out", "force"})
@@ -80,12 +107,18 @@ def config_rows(runs):
 
 
 RUN_HEADERS = ["run", "ws", "gbatch", "step_ms", "samples/s", "useful tok/s", "spread_ms", "data_ms", "comp_ms",
-               "optim_ms", "exposed_ms", "hidden%", "final loss"]
+               "optim_ms", "exposed_ms", "hidden%", "final loss", "val loss"]
 
 
 def loss_text(loss):
     """The summary stores a loss that is not finite as null (JSON has no NaN)."""
     return "not finite" if loss is None else fmt(float(loss), ".4f")
+
+
+def val_loss_text(summary):
+    """The last validation loss (--val-data) and the step after which it was taken; NA without one."""
+    step = summary.get("final_val_step")
+    return NA if step is None else f"{loss_text(summary.get('final_val_loss'))} (step {step})"
 
 
 def run_row(run):
@@ -99,7 +132,7 @@ def run_row(run):
             fmt(fwd_bwd), fmt(mean_over_ranks(run, "optimizer_ms")),
             fmt(mean_over_ranks(run, "exposed_comm_ms") if peers else None),
             fmt(hidden * 100 if peers and mean_over_ranks(run, "comm_ms") > 0 else None, ".0f", "%"),
-            loss_text(run.summary["final_loss"])]
+            loss_text(run.summary["final_loss"]), val_loss_text(run.summary)]
 
 
 def without_empty_columns(table):
@@ -228,6 +261,6 @@ def write_page(path, runs, written, suite=None, sweeps=(), reports=None):
         title=title, setup=setup_rows(runs), config=config_rows(runs), table=table, overview=overview,
         oversubscribed=any(r.oversubscribed for r in runs), scaling=scaling, sections=sections, gantt=gantt,
         sweeps=prediction_section(sweeps), predicted=predicted, timeline=timeline_section(runs, timeline_run.path),
-        suite=suite, na=NA)
+        suite=suite, stopped=[(r.stem, r.stop_reason) for r in runs if r.stop_reason], na=NA)
     write_whole(path, text)  # a full disk leaves neither a half page under its name nor the temporary beside it
     return path

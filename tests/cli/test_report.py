@@ -405,6 +405,17 @@ def main():
         check(proc.returncode == 0 and "<td>2*</td>" in page_text and "*: oversubscribed" in page_text and
               "oversubscribed" in run([ddplab, "report", crowded]).stdout,
               f"a run on fewer cores than its ranks is marked oversubscribed on its page ({proc.stderr[-200:]})")
+        # A run stopped early says so on its page, as `ddplab report` says it.
+        stopped = os.path.join(work, "stopped.h5")
+        shutil.copy(a, stopped)
+        with h5py.File(stopped, "r+") as f:
+            f.attrs["stop_reason"] = "SIGTERM received: stopped after step 5"
+        stopped_page = os.path.join(work, "stopped.html")
+        proc = run([sys.executable, charts, os.path.join(work, "stopped_charts"), "--page", stopped_page, stopped],
+                   timeout=120)
+        page_text = open(stopped_page).read() if os.path.isfile(stopped_page) else ""
+        check(proc.returncode == 0 and "stopped did not complete</b>: SIGTERM received: stopped after step 5" in
+              page_text, f"the page of a run stopped early says why ({proc.stderr[-200:]})")
         # A dataset cut short, a run with no step, a page into a missing folder, a report or sweep summary of another
         # shape: one line naming the problem, exit 2, before anything is written.
         cut = os.path.join(work, "cut_loss.h5")
