@@ -370,10 +370,10 @@ def main():
                     "--classes", "10", "--batch", "8", "--lr-warmup", "2", "--lr-schedule", "cosine", "--grad-clip",
                     "0.1", "--quiet", "--out", clipped])
         check(proc.returncode == 0, f"a clipped run on a schedule trains ({proc.stderr.strip()[-200:]})")
-        text = run([ddplab, "report", clipped]).stdout
-        check(", lr_warmup 2, lr_schedule cosine (lr_final 0), grad_clip 0.1\n" in text and
-              "  gradient norm       " in text and "clipped to 0.1 in " in text,
-              f"report names the schedule and the clipping, and counts the clipped steps ({text[:600]})")
+        clipped_report = run([ddplab, "report", clipped]).stdout
+        check(", lr_warmup 2, lr_schedule cosine (lr_final 0), grad_clip 0.1\n" in clipped_report and
+              "  gradient norm       " in clipped_report and "clipped to 0.1 in " in clipped_report,
+              f"report names the schedule and the clipping, and counts the clipped steps ({clipped_report[:600]})")
         update_dir = os.path.join(work, "update_charts")
         proc = run([sys.executable, charts, update_dir, clipped], timeout=120)
         png = os.path.join(update_dir, "update.png")
@@ -442,8 +442,8 @@ def main():
                               (["--sweep", no_points], "points is not a list")):
             proc = run([sys.executable, charts, refused_dir, *args], timeout=120)
             check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and problem in proc.stderr and
-                  not os.path.exists(refused_dir), f"charts.py {os.path.basename(args[-1])}: exit 2, one line with "
-                  f"'{problem}', nothing written ({proc.returncode}: {proc.stderr.strip()[-300:]})")
+                  not os.path.exists(refused_dir), f"charts.py {' '.join(map(os.path.basename, args))}: exit 2, "
+                  f"one line with '{problem}', nothing written ({proc.returncode}: {proc.stderr.strip()[-300:]})")
 
 
 if __name__ == "__main__":
