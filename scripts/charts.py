@@ -14,7 +14,7 @@ Any:       update             the learning rate and the gradient norm (against -
                               the files whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip)
 Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
                               the suite groups its cases
-           loss               the loss (mean over ranks) of every step, one line per file (ones that agree to 6
+           loss               the global-batch loss of every step, one line per file (ones that agree to 6
                               digits share a line; each line its own dash and marker, so close ones stay apart),
                               and the validation loss (--val-data) where a file has one: drawn for a single file
                               too when it has one
@@ -125,7 +125,13 @@ class Run:
         self.start = dataset("steps/start_ms", *per_step)
         self.phases = {name: dataset(f"steps/{name}", *per_step)
                        for name in ("data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms")}
-        self.loss = dataset("steps/loss", *per_step)
+        # The loss on the global batch: each rank's mean weighted by the terms it is a mean over (steps/loss_terms;
+        # older files lack it, and their mean over ranks is that where every rank held as many terms), as
+        # RunRecord::global_loss computes it for the summary's final_loss.
+        loss = dataset("steps/loss", *per_step)
+        terms = dataset("steps/loss_terms", *per_step) if "steps/loss_terms" in f else np.zeros(per_step)
+        total = terms.sum(axis=0)
+        self.loss = np.where(total > 0, (loss * terms).sum(axis=0) / np.where(total > 0, total, 1), loss.mean(axis=0))
         # The step's learning rate and gradient norm (--lr-schedule, --grad-clip; absent in older files: none).
         self.lr = dataset("steps/lr", *per_step)[0] if "steps/lr" in f else None
         self.grad_norm = dataset("steps/grad_norm", *per_step)[0] if "steps/grad_norm" in f else None
@@ -289,8 +295,8 @@ LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 
 
 
 def loss_series(run):
-    """The run's loss per step (the mean over ranks) above its validation loss (NaN after the steps that took none)."""
-    return np.vstack([run.loss.mean(axis=0), np.full(run.steps, np.nan) if run.val_loss is None else run.val_loss])
+    """The run's global-batch loss per step above its validation loss (NaN after the steps that took none)."""
+    return np.vstack([run.loss, np.full(run.steps, np.nan) if run.val_loss is None else run.val_loss])
 
 
 def loss_chart(runs, out_dir, written):
@@ -310,7 +316,7 @@ def loss_chart(runs, out_dir, written):
                     linewidth=0.8, color=color, label=textwrap.fill(f"{names[0]}: validation loss (--val-data)", 60))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("loss (mean over ranks: the global batch's)")
+    ax.set_ylabel("loss on the global batch")
     ax.set_title("loss per case" if len(runs) > 1 else "loss per step")
     ax.legend(fontsize=7, ncol=2)
     save(fig, out_dir, "loss", written)
