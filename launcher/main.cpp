@@ -188,11 +188,10 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
 }
 
 // The command parsed; returns the exit code.
-int run_command(const Commands& c, const std::string& command_line, int rank) {
+int run_command(const Commands& c, const std::string& command_line) {
   if (c.train->parsed()) {
     const bool page = settings::choice(settings::kTrainPage) == "on";
-    const SummarizedRun run = run_training(c.config, MPI_COMM_WORLD, RunOptions{"train", command_line, "", page});
-    if (rank == 0 && page) write_train_page(run, c.config.quiet);
+    run_training(c.config, MPI_COMM_WORLD, RunOptions{"train", command_line, "", page});
   }
   if (c.suite->parsed()) return run_suite(c.suite_options, command_line);
   if (c.sweep->parsed()) return run_sweep(c.sweep_options, command_line);
@@ -234,7 +233,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
-    code = run_command(commands, command_line, rank);
+    code = run_command(commands, command_line);
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
     MPI_Finalize();

@@ -949,7 +949,7 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
 // After the steps: the last checkpoint, the run file, and rank 0's summary. A run stopped by a signal keeps its state
 // too (resume continues it); a stop for bad numbers does not. Throws the stop, or the failed write.
 void finish_run(const TrainConfig& config, const TrainingStopped* stopped, RecordGatherer& gathered, RunWriter& writer,
-                SummarizedRun& result, int64_t first_step, int rank) {
+                SummarizedRun& result, int64_t first_step, bool writes_page, int rank) {
   std::optional<TrainingStopped> checkpoint_failed;
   if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128)) {
     try {
@@ -971,6 +971,9 @@ void finish_run(const TrainConfig& config, const TrainingStopped* stopped, Recor
       throw TrainingStopped(std::string(stop->what()) + "; " + lost.what(), kExitWriteFailed);
     throw lost;
   }
+  // A stopped run's page too: the one beside the file it replaced would describe another run (the page says the
+  // run stopped, and why).
+  if (rank == 0 && writes_page) write_train_page(result, config.quiet);
   if (stop) throw *stop;
 }
 
@@ -1015,7 +1018,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   const std::unique_ptr<TrainingStopped> stopped =
       run_steps(*trainer, config, first_step, gathered, writer, result.summary, clock.origin_ms, world);
   result.record.meta.gemm_algorithms = trainer->gemm_algorithms();
-  finish_run(config, stopped.get(), gathered, writer, result, first_step, rank);
+  finish_run(config, stopped.get(), gathered, writer, result, first_step, options.writes_page, rank);
   return result;
 }
 

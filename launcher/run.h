@@ -17,13 +17,14 @@ struct RunOptions {
   std::string command = "train";  // stored in the run file; names the default output file
   std::string command_line;
   std::string label;         // printed above the run's header (suite case name)
-  bool writes_page = false;  // a page follows beside the run file (train's): its path is checked with the others
+  bool writes_page = false;  // rank 0 writes the page beside the run file (train's), a stopped run's too
 };
 
 // Collective over comm. Validates the config (UsageError), checks the output path (rank 0 decides, every rank
 // learns), trains, gathers every rank's records on rank 0, which writes the run file and prints the summary
-// unless config.quiet. Returns, on rank 0, the run's record (record.path: the run file) and its summary, the
-// ones the file holds; the other ranks' record has no steps. Throws std::runtime_error on failure, on every rank.
+// unless config.quiet, and the page when options.writes_page. Returns, on rank 0, the run's record (record.path: the
+// run file) and its summary, the ones the file holds; the other ranks' record has no steps. Throws std::runtime_error
+// on failure, on every rank.
 SummarizedRun run_training(const TrainConfig& config, MPI_Comm comm, const RunOptions& options);
 
 // The checks run_training makes before any work, for a launch of every rank of `world` (UsageError, alike on every

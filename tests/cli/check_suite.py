@@ -60,13 +60,14 @@ def main():
         shutil.copy(os.path.join(copy, "straggler.h5"), os.path.join(copy, "renamed.h5"))
         charts_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "charts.py")
         redraw = [sys.executable, charts_py, "again", "--suite", "summary.json"]
-        proc = subprocess.run(redraw + [f"weak_ws{np_ranks}.h5", "straggler.h5"], cwd=copy, capture_output=True,
-                              text=True, timeout=120)
-        check(proc.returncode == 0 and os.path.join("again", f"weak_ws{np_ranks}_buckets.png") in proc.stdout,
-              f"charts.py --suite in a copy of the folder finds the cases beside the summary ({proc.stderr[-300:]})")
-        proc = subprocess.run(redraw + ["renamed.h5"], cwd=copy, capture_output=True, text=True, timeout=120)
-        check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and "none of the run files" in proc.stderr,
-              f"charts.py --suite with no case of it: exit 2, one line ({proc.returncode}: {proc.stderr.strip()})")
+        drawn = subprocess.run(redraw + [f"weak_ws{np_ranks}.h5", "straggler.h5"], cwd=copy, capture_output=True,
+                               text=True, timeout=120)
+        check(drawn.returncode == 0 and os.path.join("again", f"weak_ws{np_ranks}_buckets.png") in drawn.stdout,
+              f"charts.py --suite in a copy of the folder finds the cases beside the summary ({drawn.stderr[-300:]})")
+        refused = subprocess.run(redraw + ["renamed.h5"], cwd=copy, capture_output=True, text=True, timeout=120)
+        check(refused.returncode == 2 and refused.stderr.count("\n") == 1 and "none of the run files" in refused.stderr,
+              f"charts.py --suite with no case of it: exit 2, one line ({refused.returncode}: "
+              f"{refused.stderr.strip()})")
         # strong_ws1 trains the global batch on one rank: its losses are the others' up to the summation order, so
         # it shares their line rather than lying hidden under it (matplotlib's SVG keeps each text as a comment).
         loss_svg = open(os.path.join(out, "charts", "loss.svg")).read()

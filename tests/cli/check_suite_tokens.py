@@ -28,6 +28,7 @@ with tempfile.TemporaryDirectory() as work:
         s = json.load(open(os.path.join(out, "summary.json")))
         cases = {c["case"]: c["summary"] for c in s["cases"]}
         check(list(cases) == ["uniform", "variable", "bucket", "token"], f"the four cases ({list(cases)})")
+        check("loss_identical" not in s, "the token suite makes no claim about the lab's cases' losses")
         check(cases["uniform"]["padding_ratio"] == 0, "uniform lengths: no padding")
         check(cases["variable"]["padding_ratio"] > 0.2, f"variable lengths with fixed count: padding "
               f"{cases['variable']['padding_ratio']:.2f}")

@@ -231,6 +231,17 @@ with tempfile.TemporaryDirectory() as work:
                env={"DDPLAB_TRAIN_PAGE": "on"})
     check(refused(proc, f"--checkpoint {page} is the page train writes beside --out {snap_out}") and
           os.listdir(work) == [], f"--checkpoint naming train's page is refused ({our_lines(proc.stderr)})")
+    # A run that stops early writes its page too, saying so: the page of the run its file replaced would remain.
+    check(run(1, "train", *SMALL, "--steps", "4", "--out", snap_out, env={"DDPLAB_TRAIN_PAGE": "on"}).returncode == 0
+          and os.path.isfile(page), "a complete run's page")
+    proc = run(1, "train", *SMALL, "--steps", "6", "--fault", "nan", "--fault-step", "2", "--out", snap_out,
+               "--force", env={"DDPLAB_TRAIN_PAGE": "on"})
+    text = open(page).read() if os.path.isfile(page) else ""
+    check(proc.returncode != 0 and f"page: {page}" in proc.stdout and "did not complete</b>" in text,
+          f"a stopped run replaces the page beside its run file with its own (rc {proc.returncode}, "
+          f"{[line for line in proc.stdout.splitlines() if line.startswith('page')]})")
+    for name in os.listdir(work):
+        os.unlink(os.path.join(work, name))
 
     # A check that reads one rank's own --out (against --checkpoint) refuses on every rank: that rank alone would
     # leave the others waiting in the next collective.
