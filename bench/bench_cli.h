@@ -4,8 +4,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <optional>
+#include <string>
 
 #include "launcher/cli_errors.h"
+#include "record/files.h"
 
 namespace ddplab::bench {
 
@@ -21,6 +23,25 @@ inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** arg
     return 2;
   }
   return std::nullopt;
+}
+
+// 2 after one line naming why `path` (given with `flag`) cannot be written, or nothing: go on. Checked before the
+// work, so that a bad --csv costs no GPU time; an existing file is replaced.
+inline std::optional<int> refuse_output(const char* flag, const std::string& path, const char* program) {
+  if (path.empty()) return std::nullopt;
+  const std::string why = check_output_path(path, /*force=*/true);
+  if (why.empty()) return std::nullopt;
+  std::fprintf(stderr, "%s: %s %s: %s\n", program, flag, path.c_str(), why.c_str());
+  return 2;
+}
+
+// One CSV field (RFC 4180): quoted, its quotes doubled, where it holds a comma, a quote or a line break (kernel
+// names do: "flash_attention_forward (bf16, causal)").
+inline std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (const char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
 }
 
 }  // namespace ddplab::bench

@@ -171,21 +171,20 @@ class Report {
     std::printf("\nmemory-bound rows at >= %.0f%% of a copy of their own bytes: %d; under it:%s\n", 100 * goal, met,
                 missed.empty() ? " none" : missed.c_str());
   }
+  // Whole or not at all (record/files.h); main checked the path before the run.
   void write_csv(const std::string& path) const {
-    FILE* f = std::fopen(path.c_str(), "w");
-    if (!f) {
-      std::fprintf(stderr, "cannot write %s\n", path.c_str());
-      return;
-    }
-    std::fprintf(f, "group,kernel,shape,ms,bytes,gb_per_s,pct_of_copy,pct_of_same_size_copy,flops,tflop_per_s\n");
+    using ddplab::bench::csv_field;
+    std::string text = "group,kernel,shape,ms,bytes,gb_per_s,pct_of_copy,pct_of_same_size_copy,flops,tflop_per_s\n";
+    char numbers[256];
     for (const Row& r : rows_) {
       const double gbs = r.bytes > 0 ? r.gbs() : 0;
       const double tf = r.flops > 0 ? r.flops / (r.ms * 1e-3) / 1e12 : 0;
-      std::fprintf(f, "%s,%s,\"%s\",%.6f,%.0f,%.2f,%.1f,%.1f,%.0f,%.3f\n", r.group.c_str(), r.name.c_str(),
-                   r.shape.c_str(), r.ms, r.bytes, gbs, r.bytes > 0 ? 100 * gbs / copy_gbs_ : 0.0,
-                   r.bytes > 0 ? 100 * gbs / r.same_size_copy_gbs : 0.0, r.flops, tf);
+      std::snprintf(numbers, sizeof numbers, ",%.6f,%.0f,%.2f,%.1f,%.1f,%.0f,%.3f\n", r.ms, r.bytes, gbs,
+                    r.bytes > 0 ? 100 * gbs / copy_gbs_ : 0.0, r.bytes > 0 ? 100 * gbs / r.same_size_copy_gbs : 0.0,
+                    r.flops, tf);
+      text += csv_field(r.group) + "," + csv_field(r.name) + "," + csv_field(r.shape) + numbers;
     }
-    std::fclose(f);
+    ddplab::write_text_file(path, text, /*force=*/true);
   }
 
  private:
@@ -688,6 +687,7 @@ int main(int argc, char** argv) {
   app.add_option("--csv", opt.csv, "also write the results to this CSV file");
   app.add_flag("--quick", opt.quick, "every shape 8x smaller (a smoke test)");
   if (const auto code = ddplab::bench::parse_command_line(app, argc, argv, "bench_cuda_kernels")) return *code;
+  if (const auto code = ddplab::bench::refuse_output("--csv", opt.csv, "bench_cuda_kernels")) return *code;
   if (!ddplab::bench::report_device("bench_cuda_kernels")) return 2;
   try {
     const int q = opt.quick ? 8 : 1;

@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", one_batch, "one batch size (default: 128, 512 and 2048)")->check(CLI::Range(1, 1 << 20));
   if (const auto code = ddplab::bench::parse_command_line(app, argc, argv, "bench_mlp_cuda")) return *code;
   if (one_batch > 0) opt.batches = {one_batch};
+  if (const auto code = ddplab::bench::refuse_output("--csv", opt.csv, "bench_mlp_cuda")) return *code;
   if (!ddplab::bench::report_device("bench_mlp_cuda")) return 2;
   try {
     cudaStream_t s;
@@ -94,14 +95,15 @@ int main(int argc, char** argv) {
       }
     }
     cudaCheck(cudaStreamDestroy(s));
-    if (!opt.csv.empty()) {
-      FILE* f = std::fopen(opt.csv.c_str(), "w");
-      if (!f) throw std::runtime_error("cannot write " + opt.csv);
-      std::fprintf(f, "precision,batch,step_ms,forward_ms,backward_ms,optimizer_ms,tflop_per_s,gemm_algo\n");
-      for (const Result& r : results)
-        std::fprintf(f, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f,%s\n", ddplab::to_string(r.precision), r.batch, r.t.step_ms,
-                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops, opt.gemm_algo.c_str());
-      std::fclose(f);
+    if (!opt.csv.empty()) {  // whole or not at all (record/files.h), its path checked before the run
+      std::string text = "precision,batch,step_ms,forward_ms,backward_ms,optimizer_ms,tflop_per_s,gemm_algo\n";
+      char line[256];
+      for (const Result& r : results) {
+        std::snprintf(line, sizeof line, "%s,%d,%.6f,%.6f,%.6f,%.6f,%.3f,%s\n", ddplab::to_string(r.precision), r.batch,
+                      r.t.step_ms, r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tflops, opt.gemm_algo.c_str());
+        text += line;
+      }
+      ddplab::write_text_file(opt.csv, text, /*force=*/true);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_mlp_cuda: %s\n", e.what());

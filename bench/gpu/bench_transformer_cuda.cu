@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
                  opt.attention.c_str());
     return 2;
   }
+  if (const auto code = ddplab::bench::refuse_output("--csv", opt.csv, "bench_transformer_cuda")) return *code;
   if (!ddplab::bench::report_device("bench_transformer_cuda")) return 2;
   try {
     cudaStream_t s;
@@ -137,19 +138,20 @@ int main(int argc, char** argv) {
       results.push_back(r);
     }
     cudaCheck(cudaStreamDestroy(s));
-    if (!opt.csv.empty()) {
-      FILE* f = std::fopen(opt.csv.c_str(), "w");
-      if (!f) throw std::runtime_error("cannot write " + opt.csv);
-      std::fprintf(f,
-                   "model,precision,attention,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,"
-                   "tflop_per_s,mfu,graph_step_ms,gemm_algo,deterministic,grad_clip\n");
-      for (const Result& r : results)
-        std::fprintf(f, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s,%d,%g\n", opt.model.c_str(),
-                     ddplab::to_string(r.precision), ddplab::to_string(r.attention), opt.batch, opt.seq, r.t.step_ms,
-                     r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, r.mfu,
-                     std::isfinite(r.t.graph_step_ms) ? std::to_string(r.t.graph_step_ms).c_str() : "",
-                     opt.gemm_algo.c_str(), opt.deterministic ? 1 : 0, opt.grad_clip);
-      std::fclose(f);
+    if (!opt.csv.empty()) {  // whole or not at all (record/files.h), its path checked before the run
+      std::string text =
+          "model,precision,attention,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,tflop_per_s,"
+          "mfu,graph_step_ms,gemm_algo,deterministic,grad_clip\n";
+      char line[512];
+      for (const Result& r : results) {
+        std::snprintf(line, sizeof line, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s,%d,%g\n",
+                      opt.model.c_str(), ddplab::to_string(r.precision), ddplab::to_string(r.attention), opt.batch,
+                      opt.seq, r.t.step_ms, r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops,
+                      r.mfu, std::isfinite(r.t.graph_step_ms) ? std::to_string(r.t.graph_step_ms).c_str() : "",
+                      opt.gemm_algo.c_str(), opt.deterministic ? 1 : 0, opt.grad_clip);
+        text += line;
+      }
+      ddplab::write_text_file(opt.csv, text, /*force=*/true);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_transformer_cuda: %s\n", e.what());
