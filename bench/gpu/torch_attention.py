@@ -8,11 +8,16 @@ bench_cuda_kernels does: forward 2 * 2 * B * H * (S^2 / 2) * hs, backward 2.5x t
   bench/gpu/torch_attention.py [--batch 8] [--heads 12] [--seq 1024] [--head-size 64] [--csv out.csv]
 """
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import torch_bench_util as util  # noqa: E402
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -40,6 +45,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--csv")
     args = ap.parse_args()
+    util.refuse_unwritable(args.csv)
     B, H, S, hs = args.batch, args.heads, args.seq, args.head_size
     C = H * hs
     forward_flops = 2.0 * 2 * B * H * (S * S / 2) * hs

@@ -1,7 +1,11 @@
 """Shared by torch_mlp_step.py and torch_transformer_step.py: the command line they have in common, the optimizer,
 and a training step timed as ddplab's GPU benchmarks time theirs (bench/gpu/train_step_timing.h): steps back to back,
-an event at every step boundary, the median over the timed steps after the warm-up ones."""
+an event at every step boundary, the median over the timed steps after the warm-up ones; and, with
+torch_attention.py, the --csv file's check before any GPU work."""
+import os
 import statistics
+import sys
+import tempfile
 
 import torch
 
@@ -13,6 +17,21 @@ def add_common_args(ap, steps, warmup):
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], help="one precision instead of all three")
     ap.add_argument("--adamw", choices=["fused", "foreach"], default="fused")
     ap.add_argument("--csv")
+
+
+def refuse_unwritable(path):
+    """Exits 2 with one line where the --csv file cannot be written: found before the GPU's work, not after it."""
+    if not path:
+        return
+    try:
+        if os.path.isdir(path):
+            raise OSError(0, "a folder (name a file)")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise OSError(0, "not writable")
+        tempfile.TemporaryFile(dir=os.path.dirname(path) or ".").close()  # the folder exists and takes a file
+    except OSError as e:
+        print(f"{os.path.basename(sys.argv[0])}: --csv {path}: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
 
 
 def precisions(args):

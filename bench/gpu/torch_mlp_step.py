@@ -43,6 +43,7 @@ def main():
     util.add_common_args(ap, steps=50, warmup=10)
     ap.add_argument("--batch", type=int, help="one batch size instead of 128, 512, 2048")
     args = ap.parse_args()
+    util.refuse_unwritable(args.csv)
     util.print_device()
     print(f"PyTorch eager, MLP 1024-1024x2-1000, AdamW ({args.adamw}); median of {args.steps} steps after "
           f"{args.warmup} warm-up; TFLOP/s = 6 * params * batch / step")

@@ -111,6 +111,7 @@ def main():
     ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel at world size 1")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (compiled in the warm-up)")
     args = ap.parse_args()
+    util.refuse_unwritable(args.csv)
     if args.ddp:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
