@@ -16,13 +16,26 @@
 # Knobs: DDPLAB_DEADLINE_S (540: the stage's budget, from the start of the script), DDPLAB_BUILD (build-device),
 # DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh),
 # DDPLAB_RING_MAX (256M: the largest size of stage 1's GPU ring runs), DDPLAB_ONLY (a regular expression: run only
-# the steps whose names match, and the build).
+# the steps whose names match, and the build). Each is checked first: a bad value is one line and exit 2.
 # shellcheck disable=SC2016,SC2030,SC2031  # DETAIL: a snippet in single quotes, evaluated after the step, with
 # its own $log in a subshell
 set -uo pipefail  # no -e: a failed step is a row of the table, not the end of the call
 cd "$(dirname "$0")/../.." || exit 2
 stage=${1:-}
 [ "$stage" = 1 ] || [ "$stage" = 2 ] || [ "$stage" = 3 ] || { echo "usage: bench/device/run.sh 1|2|3" >&2; exit 2; }
+# The knobs, checked before anything runs: a bad value is this one line, not an arithmetic error or an unbound
+# variable halfway through the call, on device time.
+refuse() { echo "bench/device/run.sh: $1" >&2; exit 2; }
+[[ ${DDPLAB_DEADLINE_S:-540} =~ ^[1-9][0-9]{0,4}$ ]] ||
+  refuse "DDPLAB_DEADLINE_S=$DDPLAB_DEADLINE_S: expected whole seconds, 1 to 99999"
+[[ ${DDPLAB_CAP_SCALE:-1} =~ ^[1-9][0-9]?$ ]] ||
+  refuse "DDPLAB_CAP_SCALE=$DDPLAB_CAP_SCALE: expected a whole number, 1 to 99 (it multiplies every step's cap)"
+[[ ${DDPLAB_RING_MAX:-256M} =~ ^[1-9][0-9]*[KMGkmg]?$ ]] ||
+  refuse "DDPLAB_RING_MAX=$DDPLAB_RING_MAX: expected a size as allreduce_perf's -e takes it (32M: bytes, K, M or G)"
+if [ -n "${DDPLAB_ONLY:-}" ]; then
+  [[ x =~ $DDPLAB_ONLY ]]
+  [ $? -ne 2 ] || refuse "DDPLAB_ONLY=$DDPLAB_ONLY: not a regular expression (POSIX extended, as bash's =~ reads it)"
+fi
 out=${OUT:-$PWD/.device/out}
 build=${DDPLAB_BUILD:-build-device}
 deadline=$((SECONDS + ${DDPLAB_DEADLINE_S:-540}))
@@ -93,10 +106,19 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --for
 echo "ddplab device stage $stage: ${gpu:-no GPU found}; $(nproc) cores; logs in $out" | tee -a "$summary"
 row step result s detail
 
-# The bundle travels packed (.device/carry); unpack it once per machine.
+# The bundle travels packed (.device/carry); unpack it once per machine. Without it every step would fail at
+# configure (no MPI, HDF5 or GTest): the call stops here, saying so. A failed unpack leaves no .device/root, so
+# that the next call on this machine unpacks again.
 tarball=.device/carry/ddplab-deps.tar.gz
 if [ ! -d .device/root ] || [ "$tarball" -nt .device/root ]; then
-  rm -rf .device/root && mkdir -p .device/root && tar -C .device/root -xzf "$tarball" && touch .device/root
+  [ -f "$tarball" ] || { row bundle FAILED 0 "no $tarball: the call must carry .device/carry"; exit 1; }
+  rm -rf .device/root && mkdir -p .device/root
+  if ! said=$(tar -C .device/root -xzf "$tarball" 2>&1); then
+    rm -rf .device/root
+    row bundle FAILED 0 "unpacking $tarball: $(grep -m1 . <<<"$said")"
+    exit 1
+  fi
+  touch .device/root
 fi
 glibc=$(ldd --version | head -1 | awk '{print $NF}')  # Debian 12's binaries need 2.36 or newer
 if [ "$(printf '%s\n' 2.36 "$glibc" | sort -V | head -1)" != 2.36 ]; then
