@@ -3,8 +3,8 @@
 # each within 9 minutes of command time:
 #   bench/device/run.sh 1   build (ninja, sm_90, the targets below), ctest -L gpu, the quick kernel benchmark,
 #                           allreduce_perf (NCCL at np 1, also with -G's CUDA graphs; our ring at np 2 and 4 on the
-#                           one GPU), a 20-step 4-rank --comm ring training run and its report, a rank's injected
-#                           failure ending the job
+#                           one GPU, over the ipc link to 256 MiB and the host link to 8 MiB), a 20-step 4-rank
+#                           --comm ring training run and its report, a rank's injected failure ending the job
 #   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step (auto, fused) and through
 #                           `ddplab train`, the GPU's idle in the trainer's steps and the harness's, the step as one
 #                           CUDA graph, the host CPU's default MLP step (ddplab's BLAS kernels and OpenBLAS's
@@ -15,8 +15,8 @@
 # Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
 # Knobs: DDPLAB_DEADLINE_S (540: the stage's budget, from the start of the script), DDPLAB_BUILD (build-device),
 # DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh),
-# DDPLAB_RING_MAX (256M: the largest size of stage 1's GPU ring runs), DDPLAB_ONLY (a regular expression: run only
-# the steps whose names match, and the build). Each is checked first: a bad value is one line and exit 2.
+# DDPLAB_RING_MAX (256M: the largest size of stage 1's ring over the ipc link), DDPLAB_ONLY (a regular expression:
+# run only the steps whose names match, and the build). Each is checked first: a bad value is one line and exit 2.
 # shellcheck disable=SC2016,SC2030,SC2031  # DETAIL: a snippet in single quotes, evaluated after the step, with
 # its own $log in a subshell
 set -uo pipefail  # no -e: a failed step is a row of the table, not the end of the call
@@ -182,11 +182,17 @@ if [ "$stage" = 1 ]; then
   step "allreduce graphs np1" allreduce.log 90 \
     'grep -E "^[a-z-]*nccl[a-z-]* +8 " "$log" | awk "{print \$1, \$6 \" us\"}" | paste -sd" "' \
     "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl,gpu-ring-nccl -G 20
-  for np in 2 4; do  # our ring on device buffers, np ranks sharing the one GPU (NCCL refuses that)
+  # Our ring on device buffers, np ranks sharing the one GPU (NCCL refuses that). The host link stops at 8 MiB: it
+  # reaches its ~0.33 GB/s by then, and its sizes up to 256 MiB took 116 of the 247 s of a stage-1 call
+  # (bench/results/2026-11-30-h200-collectives/allreduce.log), figures no doc quotes.
+  for np in 2 4; do
     step "allreduce gpu-ring np$np" allreduce.log 120 \
-      'grep "Avg bus bandwidth" "$log" | tail -2 | sed "s/# Avg bus bandwidth *: //" | paste -sd" "' \
+      'grep "Avg bus bandwidth" "$log" | tail -1 | sed "s/# Avg bus bandwidth *: //"' \
       "${mpirun[@]}" -np $np "$build/bench/allreduce_perf" -b 8 -e "${DDPLAB_RING_MAX:-256M}" -w 3 -n 10 \
-      --impls gpu-ring-ipc,gpu-ring-host
+      --impls gpu-ring-ipc
+    step "allreduce gpu-ring-host np$np" allreduce.log 60 \
+      'grep "Avg bus bandwidth" "$log" | tail -1 | sed "s/# Avg bus bandwidth *: //"' \
+      "${mpirun[@]}" -np $np "$build/bench/allreduce_perf" -b 8 -e 8M -w 3 -n 10 --impls gpu-ring-host
   done
   # What the host link's MPI hop can do on this machine: MPI_Allreduce and our ring on host buffers.
   step "allreduce host mpi np2" allreduce.log 60 \
