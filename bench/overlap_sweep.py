@@ -7,7 +7,6 @@ comm, hidden and exposed communication, and hidden / min(backward, comm).
   bench/overlap_sweep.py [--np 2] [--link 10gbe] [--bucket-mb 0,1,5,25,100] [--slice-mb 0,1] [--repeats 3]
                          [-- extra ddplab train flags]
 """
-import argparse
 import json
 import os
 import statistics
@@ -16,6 +15,9 @@ import sys
 import tempfile
 
 import h5py
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import sweep_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,24 +37,24 @@ def run_once(args, ddplab, out, bucket_mb, overlap, slice_mb):
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = sweep_cli.Parser()
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
-    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--np", type=sweep_cli.positive_int, default=2)
     parser.add_argument("--link", default="10gbe")
-    parser.add_argument("--bucket-mb", default="0,1,5,25,100")
-    parser.add_argument("--slice-mb", default="0,1")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--bucket-mb", type=sweep_cli.sizes_mb, default="0,1,5,25,100")
+    parser.add_argument("--slice-mb", type=sweep_cli.sizes_mb, default="0,1")
+    parser.add_argument("--repeats", type=sweep_cli.positive_int, default=3)
+    parser.add_argument("--steps", type=sweep_cli.positive_int, default=25)
     parser.add_argument("extra", nargs="*", help="flags passed to ddplab train (after --)")
     args = parser.parse_args()
-    ddplab = os.path.join(args.build, "launcher", "ddplab")
+    ddplab = sweep_cli.ddplab_path(parser, args.build)
     print(f"# ddplab train, {args.np} ranks, --link {args.link}, {args.steps} steps, median of {args.repeats} runs "
           f"{' '.join(args.extra)}")
     print(f"{'bucket_mb':>9} {'slice_mb':>8} {'overlap':>7} {'step_ms':>8} {'backward':>8} {'comm':>7} "
           f"{'hidden':>7} {'exposed':>7} {'hidden%':>7}")
     with tempfile.TemporaryDirectory() as work:
-        for slice_mb in args.slice_mb.split(","):
-            for bucket_mb in args.bucket_mb.split(","):
+        for slice_mb in args.slice_mb:
+            for bucket_mb in args.bucket_mb:
                 for overlap in ["on", "off"]:
                     runs = [run_once(args, ddplab, os.path.join(work, f"r{i}.h5"), bucket_mb, overlap, slice_mb)
                             for i in range(args.repeats)]

@@ -6,7 +6,6 @@ Each configuration runs --repeats times; the table shows the median and the spre
 
   bench/train_scaling.py [--build build] [--np 1,2,4] [--repeats 5] [-- extra ddplab train flags]
 """
-import argparse
 import json
 import os
 import statistics
@@ -16,24 +15,27 @@ import tempfile
 
 import h5py
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import sweep_cli  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = sweep_cli.Parser()
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
-    parser.add_argument("--np", default="1,2,4")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--np", type=sweep_cli.world_sizes, default="1,2,4")
+    parser.add_argument("--repeats", type=sweep_cli.positive_int, default=5)
+    parser.add_argument("--steps", type=sweep_cli.positive_int, default=30)
     parser.add_argument("extra", nargs="*", help="flags passed to ddplab train (after --)")
     args = parser.parse_args()
-    ddplab = os.path.join(args.build, "launcher", "ddplab")
+    ddplab = sweep_cli.ddplab_path(parser, args.build)
     mpirun = os.path.join(ROOT, "scripts", "mpirun.sh")
 
     print(f"# ddplab train {' '.join(args.extra)} --steps {args.steps}; {args.repeats} runs per world size")
     print(f"{'ranks':>5} {'median samples/s':>17} {'min':>8} {'max':>8} {'step ms':>8} {'allreduce ms':>13}  per-run")
     with tempfile.TemporaryDirectory() as work:
-        for np_ranks in [int(x) for x in args.np.split(",")]:
+        for np_ranks in args.np:
             rates, steps, comms = [], [], []
             for i in range(args.repeats):
                 out = os.path.join(work, f"np{np_ranks}_{i}.h5")

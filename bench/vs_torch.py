@@ -12,7 +12,6 @@ shows medians and the ratio of medians per world size.
 
   bench/vs_torch.py [--np 1,2,4] [--repeats 5] [--steps 30] [--threads one,default]
 """
-import argparse
 import json
 import os
 import statistics
@@ -21,6 +20,9 @@ import sys
 import tempfile
 
 import h5py
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import sweep_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,22 +61,23 @@ def torch_rate(np_ranks, steps, way):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = sweep_cli.Parser()
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
-    p.add_argument("--np", default="1,2,4")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--np", type=sweep_cli.world_sizes, default="1,2,4")
+    p.add_argument("--repeats", type=sweep_cli.positive_int, default=5)
+    p.add_argument("--steps", type=sweep_cli.positive_int, default=30)
     p.add_argument("--threads", default="one,default", help="which ways to compare: one, default, or one,default")
     args = p.parse_args()
     ways = args.threads.split(",")
     if not ways or any(w not in ("one", "default") for w in ways):
         p.error(f"--threads takes one and/or default, got {args.threads!r}")
+    sweep_cli.ddplab_path(p, args.build)
     print(f"# default MLP, batch 128/rank, AdamW, {args.steps} steps (5 warm-up), {args.repeats} interleaved runs each; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     print(f"{'threads':>7} {'ranks':>5} {'ddplab samples/s':>17} {'torch samples/s':>16} {'ratio':>6}  ddplab BLAS core")
     with tempfile.TemporaryDirectory() as work:
         for way in ways:
-            for np_ranks in [int(n) for n in args.np.split(",")]:
+            for np_ranks in args.np:
                 ours, theirs, core = [], [], ""
                 failed = 0
                 for i in range(args.repeats):

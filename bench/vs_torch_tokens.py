@@ -9,7 +9,6 @@ counted and left out.
 
   bench/vs_torch_tokens.py [--np 1,2,4] [--repeats 3] [--steps 30] [--batch 16] [--batching sample]
 """
-import argparse
 import json
 import os
 import statistics
@@ -18,6 +17,9 @@ import sys
 import tempfile
 
 import h5py
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import sweep_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,21 +44,23 @@ def torch_rate(args, np_ranks):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = sweep_cli.Parser()
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
-    p.add_argument("--np", default="1,2,4")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--np", type=sweep_cli.world_sizes, default="1,2,4")
+    p.add_argument("--repeats", type=sweep_cli.positive_int, default=3)
+    p.add_argument("--steps", type=sweep_cli.positive_int, default=30)
+    p.add_argument("--batch", type=sweep_cli.positive_int, default=16)
     p.add_argument("--batching", choices=["sample", "bucket"], default="sample")
-    p.add_argument("--timeout", type=float, default=300, help="seconds before a torch run counts as hung")
+    p.add_argument("--timeout", type=sweep_cli.positive_float, default=300,
+                   help="seconds before a torch run counts as hung")
     args = p.parse_args()
+    sweep_cli.ddplab_path(p, args.build)
     print(f"# tiny transformer, batch {args.batch}/rank, batching {args.batching}, AdamW, {args.steps} steps "
           f"(5 warm-up), {args.repeats} interleaved runs each; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     print(f"{'ranks':>5} {'ddplab useful tok/s':>20} {'torch useful tok/s':>19} {'ratio':>6}  runs (ddplab | torch)")
     with tempfile.TemporaryDirectory() as work:
-        for np_ranks in [int(n) for n in args.np.split(",")]:
+        for np_ranks in args.np:
             ours, theirs, failed = [], [], 0
             for i in range(args.repeats):
                 ours.append(ddplab_rate(args, np_ranks, os.path.join(work, f"r{i}.h5")))
