@@ -2,7 +2,7 @@
 #   make demo    install what is missing, build, run the DDP lab suite on 4 ranks (mpirun -np 4 ddplab suite lab),
 #                on the GPU when this build sees one (DEVICE=cpu|cuda overrides)
 #   make test    install what is missing, build, run every test (ctest)
-#   make bench   the benchmarks recorded in docs/BENCHMARKS.md
+#   make bench   five of the CPU benchmarks in docs/BENCHMARKS.md (bench/run_all.sh says which)
 BUILD ?= build
 NP ?= 4
 # auto: cuda when a GPU is usable (our ring over CUDA IPC lets the NP ranks share one), else cpu

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Every CPU benchmark recorded in docs/BENCHMARKS.md, in one go (about 10 minutes on the 2-core dev machine).
+# Five of the CPU benchmarks in docs/BENCHMARKS.md, in one go (about 10 minutes on the 2-core dev machine): the ops
+# at the default MLP's shapes, the all-reduce, training throughput, bucket size x overlap, and against PyTorch DDP.
+# The per-host checks (bench/cpu_speed.sh, bench/blas_kernels.sh) and the rest run on their own, as BENCHMARKS.md says.
 #   bench/run_all.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ $# -le 1 ] || { echo "run_all.sh: usage: bench/run_all.sh [BUILD_DIR]" >&2; exit 2; }
 build=${1:-build}
+for exe in bench/bench_cpu_ops bench/allreduce_perf launcher/ddplab; do  # what it runs, checked before any run
+  [[ -x "$build/$exe" ]] || { echo "run_all.sh: $build/$exe not built (cmake --build $build)" >&2; exit 2; }
+done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== CPU ops at the default MLP's shapes"
 # Exit 1 is a finding the program prints (the kernels in use MISSED 85% of the best family's rate); any other
