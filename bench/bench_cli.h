@@ -11,15 +11,17 @@
 
 namespace ddplab::bench {
 
-// The exit code the benchmark should return now (0 after --help, 2 after bad input), or nothing: go on.
-inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const char* program) {
+// The exit code the benchmark should return now (0 after --help, 2 after bad input), or nothing: go on. `speak`
+// false: the same verdict, printed by none (the other ranks of an MPI program, which parse the same command line).
+inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const char* program,
+                                             bool speak = true) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
+    if (speak) std::printf("%s", app.help().c_str());
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: %s\n", program, parse_error_text(e, app).c_str());
+    if (speak) std::fprintf(stderr, "%s: %s\n", program, parse_error_text(e, app).c_str());
     return 2;
   }
   return std::nullopt;

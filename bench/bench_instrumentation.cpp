@@ -1,20 +1,24 @@
 // What ddplab's per-step bookkeeping costs, against the step it measures (docs/BENCHMARKS.md, "Instrumentation").
 //
-//   mpirun -np 2 build/bench/bench_instrumentation [--step-ms MS]
+//   mpirun -np 2 build/bench/bench_instrumentation --step-ms MS [--buckets 2] [--waits 16]
 //
 // Per step, the trainer reads the clock ~12 times plus 3 times per bucket, opens a watchdog Wait around every
 // blocking wait (~4 per bucket and ring step), checks the reduced gradients for NaN/Inf (one pass over them, on
 // the communication thread), completes one 2-int MPI_Iallreduce (the stop/finite agreement), and appends one
 // StepRecord and a BucketTimes per bucket. This times each piece in isolation for the default MLP
-// (1024-1024x2-1000, 3.15M parameters) and prints it next to a step time (default: the measured 2-rank step of
-// that MLP, pass --step-ms to use another).
+// (1024-1024x2-1000, 3.15M parameters) and prints it next to the step time --step-ms gives (required: the measured
+// step of the run it is compared with).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "bench/bench_util.h"
 #include "runtime/watchdog.h"
 #include "kernels/cpu/ops.h"
@@ -37,10 +41,23 @@ int main(int argc, char** argv) {
   CLI::App app{"cost of ddplab's per-step instrumentation"};
   double step_ms = 0;
   int buckets = 2, waits = 16;
-  app.add_option("--step-ms", step_ms, "the step time to compare with (ms); required");
-  app.add_option("--buckets", buckets, "buckets per step")->capture_default_str();
-  app.add_option("--waits", waits, "watchdog waits per step (receives, sends, collectives)")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--step-ms", step_ms, "the step time to compare with (ms)")
+      ->required()
+      ->check([](const std::string& text) {  // the percentages divide by it
+        char* end = nullptr;
+        const double ms = std::strtod(text.c_str(), &end);
+        return *end == '\0' && ms > 0 && std::isfinite(ms) ? std::string()
+                                                           : "expected milliseconds above 0, got " + text;
+      });
+  app.add_option("--buckets", buckets, "buckets per step")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--waits", waits, "watchdog waits per step (receives, sends, collectives)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  // Every rank parses the same command line and ends alike; rank 0 alone says why.
+  if (const auto code = bench::parse_command_line(app, argc, argv, "bench_instrumentation", rank == 0)) {
+    MPI_Finalize();
+    return *code;
+  }
 
   constexpr int kReps = 1'000'000;
   const double clock_ns = bench::median_ms([] {
@@ -76,7 +93,7 @@ int main(int argc, char** argv) {
                 finite ? "" : " [non-finite?!]");
     std::printf("%-44s %12s %10s\n", "piece", "ms/step", "% of step");
     auto row = [&](const char* name, double ms) {
-      std::printf("%-44s %12.4f %9.3f%%\n", name, ms, step_ms > 0 ? 100 * ms / step_ms : 0.0);
+      std::printf("%-44s %12.4f %9.3f%%\n", name, ms, 100 * ms / step_ms);
     };
     char text[96];
     std::snprintf(text, sizeof text, "clock reads (%d x %.1f ns)", clock_reads, clock_ns);

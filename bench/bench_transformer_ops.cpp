@@ -11,12 +11,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "bench/bench_util.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "kernels/cpu/ops.h"
@@ -161,15 +160,21 @@ void bench_model(int repeats, int B, int S) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  blas::select_kernels(argc, argv);  // the kernels ddplab runs here
+  blas::select_kernels(argc, argv);  // the kernels ddplab runs here (and this program is also the probe's child)
   int repeats = 10, batch = 32, seq = 256;
   std::string shapes = "all";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
-    if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--seq")) seq = std::clamp(std::atoi(argv[i + 1]), 1, 256);
-  }
+  CLI::App app{"the transformer's ops at the tiny preset's and a GPT-2-small block's shapes, and a tiny step"};
+  app.add_option("--repeats", repeats, "timed calls per op (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--shapes", shapes, "tiny, gpt2 or all")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tiny", "gpt2", "all"}));
+  app.add_option("--batch", batch, "the tiny shape's sequences")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--seq", seq, "the tiny shape's tokens per sequence, at most the preset's max_len")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  if (const auto code = bench::parse_command_line(app, argc, argv, "bench_transformer_ops")) return *code;
   openblas_set_num_threads(1);
   std::printf("# bench_transformer_ops: 1 BLAS thread, OpenBLAS kernels %s\n",
               blas::kernels_in_use().describe().c_str());
