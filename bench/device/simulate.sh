@@ -4,11 +4,15 @@
 # which every file of the bundled packages and of their relatives that the device lacks (Open MPI, PMIx, HDF5, BLAS,
 # GoogleTest, CLI11, nlohmann-json, hwloc, libcurl, ...) is deleted. So CMake, the compilers and the dynamic linker
 # can only find the bundle's copies. The overlay lives in a private mount namespace: the system is not touched.
-#   bench/device/simulate.sh [COMMAND]      default: bench/device/run.sh 1; $OUT is /tmp/ddplab-sim/out
+#   bench/device/simulate.sh [COMMAND]      default: bench/device/run.sh 1; $OUT is $SIM_DIR/out
+# SIM_DIR (default /tmp/ddplab-sim) is emptied first: give each rehearsal its own where several share a machine.
 # DDPLAB_* variables pass through (e.g. DDPLAB_CAP_SCALE=4 DDPLAB_DEADLINE_S=3600 for run.sh on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-S=/tmp/ddplab-sim
+S=${SIM_DIR:-/tmp/ddplab-sim}
+case $S in /?*) ;; *) echo "simulate: SIM_DIR must be an absolute path, got '$S'" >&2; exit 2 ;; esac
+# Emptied below: only a rehearsal's own folder (it holds `hidden`) or a new one.
+[ ! -e "$S" ] || [ -f "$S/hidden" ] || { echo "simulate: $S exists and is no rehearsal's folder: name another" >&2; exit 2; }
 cmd=${1:-bench/device/run.sh 1}
 [ -f .device/carry/ddplab-deps.tar.gz ] || { echo "simulate: run scripts/device_bundle.sh first" >&2; exit 1; }
 
