@@ -87,7 +87,7 @@ void print_time_use(std::FILE* out, const RunSummary& s) {
     const RankTimeUse& u = s.time_use[r];
     std::fprintf(out, "  %4zu %9.2f %8.2f %8s %7s %7.2f %9.2f %9.2f %9.2f\n", r, u.computing_ms, u.comm_ms,
                  hidden_text(u.overlap(), u.comm_ms).c_str(),
-                 hidden_text(hidden_fraction(s.ranks[r]), s.ranks[r].comm_ms).c_str(), u.idle_ms(), u.idle_data_ms,
+                 hidden_text(s.hidden_fractions[r], s.ranks[r].comm_ms).c_str(), u.idle_ms(), u.idle_data_ms,
                  u.idle_peers_ms, u.idle_host_ms);
   }
 }
@@ -146,7 +146,7 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                  m.step_ms, m.data_ms, m.forward_ms, m.backward_ms, m.comm_ms, m.hidden_comm_ms, m.exposed_comm_ms,
                  m.optimizer_ms);
     if (lab_cols) std::fprintf(out, " %7.2f %7.2f %7.2f", m.extra_comm_ms, m.host_work_ms, m.barrier_ms);
-    std::fprintf(out, " %7s", hidden_text(hidden_fraction(m), m.comm_ms).c_str());
+    std::fprintf(out, " %7s", hidden_text(s.hidden_fractions[r], m.comm_ms).c_str());
     if (taken_cols)
       std::fprintf(out, " %7s %8s", counted_ms(m.steal_ms, "-").c_str(), counted_ms(m.cpu_wait_ms, "-").c_str());
     std::fprintf(out, "\n");

@@ -31,6 +31,18 @@ RunSummary summarize(const RunRecord& run) {
       s.slowest_rank = r;
     }
   }
+  const int micro_batches = std::max(1, run.config.value("grad_accum", 1));
+  for (int r = 0; r < world; ++r) {
+    double gather_ms = 0;  // --zero-stage 1's all-gathers, in comm_ms but after backward
+    for (int t = s.first_steady_step; t < steps; ++t)
+      for (int b = 0; b < static_cast<int>(run.buckets.size()); ++b) {
+        const BucketTimes& times = run.bucket_at(r, t, b);
+        if (times.gather_end_ms > 0) gather_ms += (times.gather_end_ms - times.gather_start_ms) / counted;
+      }
+    const StepRecord& m = s.ranks[r];
+    s.hidden_fractions.push_back(
+        hidden_fraction(m.hidden_comm_ms, m.backward_ms / micro_batches, m.comm_ms - gather_ms));
+  }
   for (const StepRecord& m : s.ranks) s.samples_per_step += m.samples;
   if (s.samples_per_step <= 0) s.samples_per_step = s.global_batch;
   s.samples_per_s = s.slowest_step_ms > 0 ? s.samples_per_step / (s.slowest_step_ms / 1e3) : 0;
@@ -87,9 +99,9 @@ SummarizedRun summarized(RunRecord run) {
   return {std::move(run), std::move(summary)};
 }
 
-double hidden_fraction(const StepRecord& m) {
-  const double hideable = std::min(m.backward_ms, m.comm_ms);
-  return hideable > 0 ? m.hidden_comm_ms / hideable : 1.0;
+double hidden_fraction(double hidden_ms, double hiding_backward_ms, double hideable_comm_ms) {
+  const double hideable = std::min(hiding_backward_ms, hideable_comm_ms);
+  return hideable > 0 ? hidden_ms / hideable : 1.0;
 }
 
 StepRecord mean_over_ranks(const RunSummary& s) {
@@ -103,8 +115,8 @@ StepRecord mean_over_ranks(const RunSummary& s) {
 
 double mean_hidden_fraction(const RunSummary& s) {
   double sum = 0;
-  for (const StepRecord& r : s.ranks) sum += hidden_fraction(r);
-  return s.ranks.empty() ? 0 : sum / s.ranks.size();
+  for (double fraction : s.hidden_fractions) sum += fraction;
+  return s.hidden_fractions.empty() ? 0 : sum / s.hidden_fractions.size();
 }
 
 nlohmann::json to_json(const RunSummary& s) {
@@ -114,7 +126,7 @@ nlohmann::json to_json(const RunSummary& s) {
     nlohmann::json rank;
     for (const StepField& f : kStepFields)
       if (averaged(f.kind)) rank[f.name] = m.*f.member;
-    rank["hidden_fraction"] = hidden_fraction(m);
+    rank["hidden_fraction"] = s.hidden_fractions[r];
     if (r < s.time_use.size()) rank["time_use"] = to_json(s.time_use[r]);
     ranks.push_back(rank);
   }

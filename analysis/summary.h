@@ -40,6 +40,8 @@ struct RunSummary {
   // Per rank, the steady-state mean of every StepRecord field (start_ms, a point in time, stays zero); empty
   // when there are no steps.
   std::vector<StepRecord> ranks;
+  // Per rank: the share of the communication that backward could have hidden which it did (hidden_fraction).
+  std::vector<double> hidden_fractions;
   // Per rank: comm-compute overlap and idle time (analysis/time_use.h); per bucket: its arrival spread across ranks.
   std::vector<RankTimeUse> time_use;
   std::vector<BucketArrival> arrivals;
@@ -58,9 +60,11 @@ struct SummarizedRun {
 };
 SummarizedRun summarized(RunRecord run);
 
-// Share of the communication that could have been hidden which was: hidden / min(backward, comm). 1 when there
-// was nothing to hide.
-double hidden_fraction(const StepRecord& means);
+// Share of the communication that could have been hidden which was: hidden / min(the backward that can hide it,
+// the communication it can hide) — the last micro-batch's backward (the others run without communicating), and the
+// buckets' all-reduces or reduce-scatters (--zero-stage 1's all-gathers follow the update). 1 when there was nothing
+// to hide.
+double hidden_fraction(double hidden_ms, double hiding_backward_ms, double hideable_comm_ms);
 // Over ranks: the mean of the per-rank means, and of their hidden fractions.
 StepRecord mean_over_ranks(const RunSummary& s);
 double mean_hidden_fraction(const RunSummary& s);

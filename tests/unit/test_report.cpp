@@ -564,7 +564,28 @@ TEST(Summary, ThroughputFromTheSlowestRank) {
   EXPECT_NEAR(st.ranks[1].optimizer_ms, 3.2, 1e-12);
   EXPECT_EQ(st.ranks[1].start_ms, 0.0);  // a point in time has no mean
   // Bucket 1 is ready at the end of backward: comm = backward/2 + exposed, hidden = backward/2 of min(bwd, comm).
-  EXPECT_NEAR(hidden_fraction(st.ranks[0]), 3.5 / 4.0, 1e-12);
+  EXPECT_NEAR(st.hidden_fractions[0], 3.5 / 4.0, 1e-12);
+}
+
+// What backward could hide: with gradient accumulation only the last micro-batch's backward runs beside the
+// all-reduces, and --zero-stage 1's all-gathers come after the update, where no backward runs.
+TEST(Summary, TheHiddenShareCountsOnlyTheBackwardAndCommunicationThatCanOverlap) {
+  // Backward 4 ms over 2 micro-batches (the last: 2 ms); comm 3 ms, 1.5 of them hidden.
+  RunRecord run = synthetic(1, [](int, int) {
+    Phases p;
+    p.backward = 4;
+    return p;
+  });
+  run.config["grad_accum"] = 2;
+  for (StepRecord& x : run.records) x.comm_ms = 3, x.hidden_comm_ms = 1.5;
+  EXPECT_NEAR(summarize(run).hidden_fractions[0], 1.5 / 2.0, 1e-12) << "of the last micro-batch's 2 ms";
+  // A 2.5 ms all-gather of bucket 0 after the update: 0.5 ms of comm was hideable, all of it hidden.
+  for (int s = 0; s < kSteps; ++s) {
+    BucketTimes& gather = run.bucket_times[static_cast<size_t>(s) * run.buckets.size()];
+    gather.gather_start_ms = 100, gather.gather_end_ms = 102.5;
+    run.records[s].hidden_comm_ms = 0.5;
+  }
+  EXPECT_NEAR(summarize(run).hidden_fractions[0], 1.0, 1e-12);
 }
 
 TEST(Summary, SamplesPerSecondFromTheSamplesTheRanksRecorded) {
