@@ -1,5 +1,6 @@
 // printf into a std::string, for the analysis' lines of text.
 #pragma once
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <string>
@@ -8,12 +9,15 @@ namespace ddplab {
 
 inline std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
 inline std::string fmt(const char* format, ...) {
-  char buf[1024];
-  va_list args;
+  va_list args, again;
   va_start(args, format);
-  std::vsnprintf(buf, sizeof buf, format, args);
+  va_copy(again, args);
+  // Measured first: a line may hold a path of any length (a blame hint names the run file).
+  std::string text(static_cast<size_t>(std::max(0, std::vsnprintf(nullptr, 0, format, args))), '\0');
   va_end(args);
-  return buf;
+  std::vsnprintf(text.data(), text.size() + 1, format, again);
+  va_end(again);
+  return text;
 }
 
 // The unit of bucket caps (--bucket-mb) and of every size the analysis prints in "MiB".

@@ -187,11 +187,14 @@ std::string clock_note(const RunMetadata& meta) {
 
 }  // namespace
 
-nlohmann::json chrome_trace(const RunRecord& run) {
+nlohmann::json chrome_trace(const RunRecord& run, StepSpan span) {
   nlohmann::json events = nlohmann::json::array();
+  const int64_t first = std::max(span.first, run.meta.first_step);
+  const int64_t end = std::min(span.last == INT64_MAX ? span.last : span.last + 1, run.meta.first_step + run.steps);
   for (int r = 0; r < run.world_size(); ++r) {
     add_rank_names(events, run, r);
-    for (int s = 0; s < run.steps; ++s) {
+    for (int64_t step = first; step < end; ++step) {
+      const int s = static_cast<int>(step - run.meta.first_step);
       add_step_events(events, run, r, s);
       add_bucket_events(events, run, r, s);
     }
@@ -200,6 +203,7 @@ nlohmann::json chrome_trace(const RunRecord& run) {
                           {"world_size", run.world_size()},
                           {"num_steps", run.steps},
                           {"first_step", run.meta.first_step},  // a resumed run's first: events carry training steps
+                          {"steps_shown", {first, end - 1}},
                           {"first_steady_step", run.first_steady_step()},
                           {"config", run.config},
                           {"clock", clock_note(run.meta)},
@@ -216,10 +220,11 @@ std::string default_timeline_path(const std::string& run_path) {
   return (has_ext ? run_path.substr(0, run_path.size() - ext.size()) : run_path) + ".trace.json";
 }
 
-void write_timeline(const RunRecord& run, const std::string& path, bool force) {
+void write_timeline(const RunRecord& run, const std::string& path, bool force, StepSpan span) {
   // Strings come from the run file as stored (hostnames, attributes): bytes that are not UTF-8 become U+FFFD
   // instead of a json::type_error that would end `ddplab timeline` as an internal error.
-  write_text_file(path, chrome_trace(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", force);
+  write_text_file(path, chrome_trace(run, span).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                  force);
 }
 
 }  // namespace ddplab

@@ -374,14 +374,18 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.log_every);
 }
 
-// --profile-steps "A:B" as {A, B} (0 <= A <= B); {-1, -1} when empty. Throws std::invalid_argument.
-inline std::pair<int, int> parse_profile_steps(const std::string& text) {
+// A range of steps "A:B" (--profile-steps, timeline --steps) as {A, B} (0 <= A <= B); {-1, -1} when empty. Throws
+// std::invalid_argument naming the flag.
+inline std::pair<int, int> parse_step_range(const std::string& text, const char* flag) {
   if (text.empty()) return {-1, -1};
   int first = -1, last = -1, used = 0;
   if (std::sscanf(text.c_str(), "%d:%d%n", &first, &last, &used) != 2 || used != static_cast<int>(text.size()) ||
       first < 0 || last < first)
-    throw std::invalid_argument("--profile-steps must be A:B with 0 <= A <= B (got '" + text + "')");
+    throw std::invalid_argument(std::string(flag) + " must be A:B with 0 <= A <= B (got '" + text + "')");
   return {first, last};
+}
+inline std::pair<int, int> parse_profile_steps(const std::string& text) {
+  return parse_step_range(text, "--profile-steps");
 }
 
 // A float flag as the decimal the user typed (0.9, not 0.8999999761581421).
@@ -389,6 +393,21 @@ inline double decimal(float x) {
   char text[32];
   std::snprintf(text, sizeof text, "%.7g", x);  // 7 significant digits round-trip any float
   return std::strtod(text, nullptr);
+}
+
+// Why the update in backward (each bucket updated as soon as it is reduced) cannot run with the rest of c, or "": the
+// CLI refuses such a config, and so does a Trainer built from one directly.
+inline std::string update_in_backward_conflict(const TrainConfig& c) {
+  if (!c.update_in_backward()) return "";
+  if (c.skip_nonfinite)
+    return "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before "
+           "any bucket is updated";
+  if (c.optimizer.clips())
+    return "--optimizer-in-backward on and --grad-clip exclude each other: clipping needs the norm of every "
+           "gradient before any bucket is updated";
+  if (c.zero_stage == 1)
+    return "--zero-stage 1 and --optimizer-in-backward on exclude each other: the sharded update runs after backward";
+  return "";
 }
 
 // --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank and no sequence is a

@@ -286,15 +286,11 @@ void validate(const TrainConfig& c) {
                                                "): the run file and the checkpoint need a file each");
   require(!same_file(c.out, c.resume), "--out and --resume name the same file (" + c.out +
                                            "): the run file would replace the checkpoint it resumes from");
-  require(!(c.update_in_backward() && c.skip_nonfinite),
-          "--optimizer-in-backward on and --skip-nonfinite exclude each other: a step can only be skipped before any "
-          "bucket is updated");
+  const std::string in_backward = update_in_backward_conflict(c);
+  require(in_backward.empty(), in_backward);
   require(c.optimizer.lr_schedule == LrSchedule::kCosine || c.optimizer.lr_final == 0,
           "--lr-final needs --lr-schedule cosine (it is where the decay ends; got --lr-schedule " +
               std::string(to_string(c.optimizer.lr_schedule)) + ")");
-  require(!(c.update_in_backward() && c.optimizer.clips()),
-          "--optimizer-in-backward on and --grad-clip exclude each other: clipping needs the norm of every gradient "
-          "before any bucket is updated");
   require(c.zero_stage == 0 || c.zero_stage == 1,
           "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
   if (c.zero_stage == 1) {
@@ -303,8 +299,6 @@ void validate(const TrainConfig& c) {
             "--zero-stage 1 needs --comm ring (it reduce-scatters and all-gathers on the ring)");
     require(c.comm_dtype == WireDtype::kFp32,
             "--zero-stage 1 needs --comm-dtype fp32 (the parameters travel unrounded)");
-    require(!c.update_in_backward(),
-            "--zero-stage 1 and --optimizer-in-backward on exclude each other: the sharded update runs after backward");
   }
   require(c.comm != AllreduceImpl::kMpi || c.comm_dtype == WireDtype::kFp32,
           "--comm mpi has no " + std::string(to_string(c.comm_dtype)) +

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "analysis/diff.h"
+#include "analysis/format.h"
 #include "analysis/report.h"
 #include "analysis/timeline.h"
 #include "config/train_config.h"
@@ -108,7 +110,7 @@ void add_report_command(CLI::App& app) {
 
 void add_timeline_command(CLI::App& app) {
   struct TimelineArgs {
-    std::string file, out;
+    std::string file, out, steps;
     bool force = false;
   };
   auto args = std::make_shared<TimelineArgs>();
@@ -116,15 +118,30 @@ void add_timeline_command(CLI::App& app) {
   timeline->add_option("file", args->file, "run file (HDF5)")->required()->type_name("FILE.h5");
   timeline->add_option("-o,--out", args->out, "trace file; default FILE with .trace.json");
   timeline->add_flag("--force", args->force, "overwrite an existing trace file");
+  timeline
+      ->add_option("--steps", args->steps,
+                   "only training steps A to B (a long run's whole trace can outgrow what a browser opens)")
+      ->type_name("A:B");
   timeline->callback([args] {
     if (!is_rank0()) return;
+    StepSpan span;
+    try {
+      if (const auto [first, last] = parse_step_range(args->steps, "--steps"); first >= 0) span = {first, last};
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
     const RunRecord run = read_input(args->file);
+    const int64_t held_first = run.meta.first_step, held_last = run.meta.first_step + run.steps - 1;
+    if (span.last < held_first || span.first > held_last)
+      throw UsageError(fmt("--steps %s: %s holds steps %lld..%lld", args->steps.c_str(), args->file.c_str(),
+                           static_cast<long long>(held_first), static_cast<long long>(held_last)));
     const std::string out = args->out.empty() ? default_timeline_path(args->file) : args->out;
     const std::string problem = check_output_path(out, args->force, {args->file});
     if (!problem.empty()) throw UsageError(problem);
-    write_timeline(run, out, args->force);
-    std::printf("timeline: %s (%d ranks, %d steps; open in https://ui.perfetto.dev or chrome://tracing)\n", out.c_str(),
-                run.world_size(), run.steps);
+    write_timeline(run, out, args->force, span);
+    const int64_t first = std::max(span.first, held_first), last = std::min(span.last, held_last);
+    std::printf("timeline: %s (%d ranks, steps %lld..%lld; open in https://ui.perfetto.dev or chrome://tracing)\n",
+                out.c_str(), run.world_size(), static_cast<long long>(first), static_cast<long long>(last));
     std::fflush(stdout);
   });
 }

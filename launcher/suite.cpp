@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -164,8 +165,16 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
       mkdir("runs", 0755);
       dir = "runs/" + prefix + "_" + local_time_stamp();
     }
-    if (mkdir(dir.c_str(), 0755) != 0 && !force)
-      error = "cannot create the results folder " + dir + " (it exists, or its parent does not; --force reuses it)";
+    if (mkdir(dir.c_str(), 0755) != 0) {
+      const int why = errno;
+      struct stat st;
+      if (why != EEXIST)  // --force reuses a folder; it cannot make a missing parent or a read-only one writable
+        error = "cannot create the results folder " + dir + ": " + std::strerror(why);
+      else if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        error = "results folder " + dir + " exists and is not a folder";
+      else if (!force)
+        error = "results folder " + dir + " exists (--force reuses it, overwriting its files)";
+    }
   }
   error = broadcast_error(error, world);
   if (!error.empty()) throw UsageError(error);
@@ -185,6 +194,7 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
   std::vector<std::string> args = {charts, "--page", page};
   args.insert(args.end(), summary_args.begin(), summary_args.end());
   args.insert(args.end(), files.begin(), files.end());
+  std::remove(page.c_str());  // a reused folder's page describes the runs just replaced, whether or not a new one comes
   const ChartFailure failure = run_chart_script(args, log);
   if (!failure)
     std::printf("charts: %s/ (PNG and SVG; list in %s)\n", charts.c_str(), log.c_str());
@@ -369,10 +379,11 @@ void print_case_row(const CaseResult& r, const CaseFigures& f, bool lab) {
   if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", f.extra);
   // One rank has no peers: no spread across ranks, no all-reduce to expose.
   const bool peers = r.c.world_size > 1;
-  std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9s %8.2f %8.2f %8.2f %10s%s %+7.0f%%\n", r.c.name.c_str(),
-              r.c.world_size, f.oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff,
+  std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9s %8.2f %8.2f %8.2f %10s%s %8s\n", r.c.name.c_str(), r.c.world_size,
+              f.oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff,
               peers ? fmt("%.2f", s.mean_spread_ms).c_str() : "-", f.mean.data_ms, f.compute, f.mean.optimizer_ms,
-              peers ? fmt("%.2f", f.mean.exposed_comm_ms).c_str() : "-", extra_cell, 100 * f.vs_base);
+              peers ? fmt("%.2f", f.mean.exposed_comm_ms).c_str() : "-", extra_cell,
+              f.has_vs_base ? fmt("%+.0f%%", 100 * f.vs_base).c_str() : "-");
 }
 
 const char* const kCaseCsvHeader =

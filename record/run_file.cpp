@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 
@@ -144,6 +145,14 @@ nlohmann::json parse_json_attr(hid_t file, const char* name) {
   return j;
 }
 
+// A time or a count that is not finite: no trainer writes one, and a damaged file's would print as nan in the tables
+// and vanish from the timeline (JSON has no NaN). The loss, the gradient norm and the validation loss may be.
+void check_finite(const std::vector<double>& column, const std::string& dataset) {
+  for (size_t i = 0; i < column.size(); ++i)
+    if (!std::isfinite(column[i]))
+      throw FileProblem(dataset + " holds a value that is not finite (element " + std::to_string(i) + ")");
+}
+
 void read_steps(hid_t file, RunRecord& run) {
   H5Id group(open_group(file, "steps", "steps"), H5Gclose);
   for (const char* name : kRequiredStepFields)
@@ -152,8 +161,12 @@ void read_steps(hid_t file, RunRecord& run) {
   // Every column is read (and its claimed size checked against the file) before the records are allocated.
   std::vector<std::pair<double StepRecord::*, std::vector<double>>> columns;
   for (const StepField& f : kStepFields)
-    if (has_link(group, f.name))
+    if (has_link(group, f.name)) {
       columns.emplace_back(f.member, read_doubles(group, f.name, {world, steps}, std::string("steps/") + f.name));
+      if (f.kind == FieldKind::kInstant || f.kind == FieldKind::kPhase || f.kind == FieldKind::kTime ||
+          f.kind == FieldKind::kCount)
+        check_finite(columns.back().second, std::string("steps/") + f.name);
+    }
   run.records.assign(world * steps, StepRecord{});
   for (const auto& [member, column] : columns)
     for (size_t i = 0; i < column.size(); ++i) run.records[i].*member = column[i];
@@ -206,6 +219,7 @@ void read_buckets(hid_t file, RunRecord& run) {
   for (const auto& [name, member, optional] : kBucketTimes) {  // the required first: they size bucket_times
     if (optional && !has_link(group, name)) continue;
     const std::vector<double> column = read_doubles(group, name, {world, steps, nb}, std::string("buckets/") + name);
+    check_finite(column, std::string("buckets/") + name);
     run.bucket_times.resize(column.size());
     for (size_t i = 0; i < column.size(); ++i) run.bucket_times[i].*member = column[i];
   }

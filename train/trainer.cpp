@@ -19,11 +19,10 @@ namespace ddplab {
 namespace {
 
 std::unique_ptr<StepBackend> make_step_backend(const TrainConfig& config, MPI_Comm comm) {
-  // The CLI refuses it (launcher/cli.cpp); a Trainer built from a config directly would otherwise train unclipped.
-  if (config.update_in_backward() && config.optimizer.clips())
-    throw std::invalid_argument(
-        "--grad-clip needs every gradient reduced before the update: not with the update in "
-        "backward");
+  // The CLI refuses these (launcher/cli.cpp); a Trainer built from such a config directly would train unclipped,
+  // apply parts of a skipped step, or count AdamW's steps twice with the sharded update.
+  if (const std::string conflict = update_in_backward_conflict(config); !conflict.empty())
+    throw std::invalid_argument(conflict);
 #ifdef DDPLAB_HAVE_CUDA
   if (config.device == Device::kCuda) return std::make_unique<CudaBackend>(config, comm);
 #endif

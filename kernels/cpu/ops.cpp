@@ -116,8 +116,15 @@ template <typename T, typename V>
 inline V gelu_value(V x) {
   return x / (T(1) + gelu_exp<T>(x, x * x));
 }
+// Past |x| = 10 gelu' is 1, or 0 to float precision, but not in this formula: exp_fast's clamp keeps s at ~1e-38, and
+// x^3 times that grows without bound (-inf from x ~ -1.3e13, NaN from ~2e19). So x is clamped there, lane for lane as
+// in the scalar tail (a NaN stays NaN).
+inline constexpr double kGeluDerivativeEdge = 10.0;
 template <typename T, typename V>
 inline V gelu_derivative(V x) {
+  const V edge = V{} + T(kGeluDerivativeEdge);
+  x = edge < x ? edge : x;
+  x = -edge > x ? -edge : x;
   const V x2 = x * x;
   const V s = T(1) / (T(1) + gelu_exp<T>(x, x2));
   return s * (T(1) - x * (T(1) - s) * (x2 * T(3 * kGeluB) + T(kGeluA)));

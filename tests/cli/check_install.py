@@ -96,12 +96,13 @@ def check_chart_failures(mpirun, prefix, run_dir):
     proc = subprocess.run([mpirun, "-np", "1", os.path.join(prefix, "bin", "ddplab"), "suite", "lab", "--steps", "2",
                            "--warmup-steps", "1", "--input-dim", "8", "--hidden", "8", "--classes", "2", "--batch", "2",
                            "--straggler-ms", "1", "--extra-allreduce-mb", "0.01", "--rank0-work-ms", "1",
-                           "--data-cost-ms", "0.1", "--out-dir", "unscripted_suite"],
+                           "--data-cost-ms", "0.1", "--out-dir", "suite", "--force"],
                           cwd=run_dir, capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": tmp})
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("charts: ", "page: "))]
     check(proc.returncode == 0 and len(lines) == 2 and lines[0].startswith("charts: not drawn (no scripts/charts.py") and
-          "charts.log" not in lines[1] and not os.path.exists(os.path.join(run_dir, "unscripted_suite", "charts.log")),
-          f"the suite without the scripts says why, and names no log it never wrote ({lines})")
+          "charts.log" not in lines[1], f"the suite without the scripts says why, and names no log ({lines})")
+    check(not os.path.exists(os.path.join(run_dir, "suite", "report.html")),
+          "a suite reusing a folder (--force) leaves no page of the runs it replaced")
 
 
 if __name__ == "__main__":

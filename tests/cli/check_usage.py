@@ -177,6 +177,11 @@ with tempfile.TemporaryDirectory() as work:
         proc = run(np_ranks, *command, "--steps", "2", *args, "--out-dir", folder)
         check(refused(proc, text) and os.listdir(work) == [],
               f"np={np_ranks} {command[0]} {' '.join(args)}: refused, nothing written ({our_lines(proc.stderr)})")
+    # --force reuses a results folder; it cannot make one whose parent is missing, and says why.
+    nowhere = os.path.join(work, "no", "such")
+    proc = run(1, "suite", "lab", "--steps", "2", "--force", "--out-dir", nowhere)
+    check(refused(proc, f"cannot create the results folder {nowhere}: No such file or directory") and
+          os.listdir(work) == [], f"suite --force into a missing folder: refused with the reason ({our_lines(proc.stderr)})")
 
     # ---- --force replaces an output, never the file a command reads ------------------------------------------------
     read = os.path.join(work, "read.h5")

@@ -299,6 +299,17 @@ def main():
         check(seen == want, f"barrier waits on both ranks and rank 0's host work, on barrier steps only ({seen[:6]})")
         expect_usage_error(run([ddplab, "timeline", a, "-o", os.path.join(work, "no", "such", "t.json")]),
                            "does not exist", "timeline into a missing folder")
+        # --steps A:B: a long run's trace in part, the steps named as training counts them.
+        part = os.path.join(work, "part.trace.json")
+        proc = run([ddplab, "timeline", a, "--steps", "2:3", "-o", part])
+        shown = sorted({e["args"]["step"] for e in json.load(open(part))["traceEvents"] if e.get("cat") == "step"}
+                       ) if proc.returncode == 0 else []
+        check(shown == [2, 3] and "steps 2..3" in proc.stdout, f"timeline --steps 2:3 holds steps 2 and 3 ({shown})")
+        expect_usage_error(run([ddplab, "timeline", a, "--steps", "7:9", "-o", part, "--force"]),
+                           f"--steps 7:9: {a} holds steps 0..5", "timeline --steps past the run's steps")
+        expect_usage_error(run([ddplab, "timeline", a, "--steps", "3:2", "-o", part, "--force"]),
+                           "--steps must be A:B with 0 <= A <= B (got '3:2')", "timeline --steps backwards")
+        os.remove(part)
         check(not [n for n in os.listdir(work) if ".tmp." in n], "no temporary files left behind")
 
         # ---- bad run files ------------------------------------------------------------------------------------
@@ -314,8 +325,18 @@ def main():
             with h5py.File(a, "r") as src:
                 for k, v in src.attrs.items():
                     f.attrs[k] = v
+        # A time no trainer writes: printed it would read nan, and the timeline would lose the event.
+        nan_step, inf_bucket = os.path.join(bad_dir, "nan_step.h5"), os.path.join(bad_dir, "inf_bucket.h5")
+        for path, dataset, value in ((nan_step, "steps/step_ms", math.nan), (inf_bucket, "buckets/comm_end_ms", math.inf)):
+            shutil.copy(a, path)
+            with h5py.File(path, "r+") as f:
+                values = f[dataset][...]
+                values.flat[1] = value
+                f[dataset][...] = values
         cases = [(os.path.join(bad_dir, "missing.h5"), "No such file"), (empty, "empty file"),
-                 (text, "not an HDF5 file"), (bare, "not a ddplab run file"), (no_steps, "missing")]
+                 (text, "not an HDF5 file"), (bare, "not a ddplab run file"), (no_steps, "missing"),
+                 (nan_step, "steps/step_ms holds a value that is not finite (element 1)"),
+                 (inf_bucket, "buckets/comm_end_ms holds a value that is not finite (element 1)")]
         listing = sorted(os.listdir(bad_dir))
         for path, problem in cases:
             for cmd in (["report"], ["report", "--json"], ["timeline"]):

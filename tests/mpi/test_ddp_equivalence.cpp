@@ -482,11 +482,17 @@ TEST_P(LrScheduleReachesTheUpdate, AsAConstantRateOfThatStep) {
 INSTANTIATE_TEST_SUITE_P(Updates, LrScheduleReachesTheUpdate,
                          testing::Values("after_backward", "in_backward", "sharded"));
 
-// The update in backward cannot wait for the norm: a Trainer built from such a config directly (the CLI refuses it
-// earlier) refuses it on every rank rather than train unclipped.
-TEST(GradClipRefused, WithTheUpdateInBackward) {
+// The update in backward cannot wait for the norm, skip a step it has begun to apply, or shard the update: a Trainer
+// built from such a config directly (the CLI refuses it earlier) refuses it on every rank rather than train wrongly.
+TEST(UpdateInBackwardRefused, WithClippingSkippingOrTheShardedUpdate) {
   TrainConfig c = clipped_config("mlp", 0.002, 0.05f);
   c.optimizer_in_backward = OnOff::kOn;
+  EXPECT_THROW(Trainer(c, MPI_COMM_WORLD), std::invalid_argument);
+  c.optimizer.grad_clip = 0;
+  c.skip_nonfinite = true;
+  EXPECT_THROW(Trainer(c, MPI_COMM_WORLD), std::invalid_argument);
+  c.skip_nonfinite = false;
+  c.zero_stage = 1;
   EXPECT_THROW(Trainer(c, MPI_COMM_WORLD), std::invalid_argument);
 }
 

@@ -169,6 +169,30 @@ std::vector<int> LanesThisCpuRuns() {
   return sixteen_lanes_available() ? std::vector<int>{8, 16} : std::vector<int>{8};
 }
 
+// Far out in either tail gelu' is 1 or 0: the float kernels say so at every width, where exp's clamp once let x^3
+// grow the derivative to -inf and NaN.
+TEST(Gelu, TheFloatDerivativeIsOneOrZeroFarOutInTheTails) {
+  const float big[] = {
+      12.0f, 1e6f, 1e12f, 1e13f, 1e20f, std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity()};
+  std::vector<float> x;
+  for (int copy = 0; copy < 3; ++copy)  // 42 values: the vector body at 8 and 16 lanes, and a tail
+    for (float b : big) x.push_back(b), x.push_back(-b);
+  const int n = static_cast<int>(x.size());
+  const std::vector<float> ones(n, 1.0f);
+  for (int lanes : LanesThisCpuRuns()) {
+    FloatLanesForScope width(lanes);
+    std::vector<float> dx(n);
+    gelu_backward(dx.data(), x.data(), ones.data(), n);
+    for (int i = 0; i < n; ++i) {
+      if (x[i] > 0) {
+        EXPECT_EQ(dx[i], 1.0f) << lanes << " lanes, x=" << x[i];
+      } else {
+        EXPECT_LE(std::fabs(dx[i]), 1e-30f) << lanes << " lanes, x=" << x[i];
+      }
+    }
+  }
+}
+
 // The vector body gives each element the bits the scalar tail gives it (a call with n = 1 is all tail).
 TEST(FloatLanes, GeluIsTheScalarGeluLaneForLane) {
   const int n = 4013;  // a tail at either width

@@ -1094,6 +1094,14 @@ TEST(Timeline, SlicesNestAndFollowEachOtherInWholeNanoseconds) {
   EXPECT_EQ(checked, kSteps * (7 + 2) + kSteps * (6 + 2));
 }
 
+// A line of the analysis holds what it names whole: a blame hint names the run file, whose path may be long.
+TEST(Format, LinesOfAnyLength) {
+  const std::string path = "/" + std::string(3000, 'd') + "/run.h5";
+  EXPECT_EQ(fmt("compare sizes with ddplab predict %s)", path.c_str()),
+            "compare sizes with ddplab predict " + path + ")");
+  EXPECT_EQ(fmt("%s", ""), "");
+}
+
 TEST(Timeline, DefaultPath) {
   EXPECT_EQ(default_timeline_path("runs/a.h5"), "runs/a.trace.json");
   EXPECT_EQ(default_timeline_path("runs/a"), "runs/a.trace.json");
