@@ -250,12 +250,17 @@ def step_times_chart(run, out_dir, name, written):
 
 
 GROUP_COLORS = {"weak": "#4c72b0", "strong": "#55a868", "pathology": "#c44e52", "input": "#8172b3",
-                "update": "#dd8452", "tokens": "#937860", None: "#4c72b0"}
+                "update": "#dd8452", "tokens": "#937860"}
+# The lab suite's order of its groups (launcher/suite.cpp), whatever order the files were given in (a shell glob
+# sorts them by name); any other group after them, and the files of no case last.
+GROUP_ORDER = ["weak", "strong", "pathology", "input", "update"]
 
 
 def throughput_chart(runs, out_dir, written):
     """Bars in the suite's group order (weak, strong, pathology, input, update), a gap and a label between groups."""
-    order = list(dict.fromkeys(r.group for r in runs))
+    given = list(dict.fromkeys(r.group for r in runs))
+    order = sorted(given, key=lambda g: (g is None, GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER),
+                                         given.index(g)))
     x, labels, positions, pos = [], [], {}, 0.0
     for g in order:
         members = [r for r in runs if r.group == g]
@@ -271,14 +276,15 @@ def throughput_chart(runs, out_dir, written):
     rate = [r.useful_tokens_per_s if tokens else r.samples_per_s for _, r in x]
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(runs) + 2), 4.5))
     for (p, r), value in zip(x, rate):
-        bar = ax.bar(p, value, color=GROUP_COLORS.get(r.group, "#4c72b0"),
-                     hatch="//" if r.oversubscribed else None, edgecolor="white")
+        # Blue where no file is a case; beside the suite's groups, grey for a file of none.
+        color = GROUP_COLORS.get(r.group, "#4c72b0") if r.group or order == [None] else "0.6"
+        bar = ax.bar(p, value, color=color, hatch="//" if r.oversubscribed else None, edgecolor="white")
         ax.bar_label(bar, [f"{value:,.0f}"], fontsize=7)
     ax.set_xticks([p for p, _ in x], labels, rotation=30, ha="right")
     if order != [None]:
         for g, (lo, hi) in positions.items():
-            ax.annotate(g, ((lo + hi) / 2, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 4),
-                        textcoords="offset points", ha="center", fontsize=9, weight="bold")
+            ax.annotate(g or "not in the suite", ((lo + hi) / 2, 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=9, weight="bold")
     if any(r.oversubscribed for r in runs):
         ax.legend(handles=[Patch(facecolor="0.7", hatch="//", edgecolor="white", label=OVERSUBSCRIBED)],
                   fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.2))

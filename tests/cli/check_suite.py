@@ -68,6 +68,19 @@ def main():
         check(refused.returncode == 2 and refused.stderr.count("\n") == 1 and "none of the run files" in refused.stderr,
               f"charts.py --suite with no case of it: exit 2, one line ({refused.returncode}: "
               f"{refused.stderr.strip()})")
+        # Files in a shell glob's (name) order, a file of no case first: the throughput bars follow the suite's group
+        # order, that file last (the tick labels are the SVG's text comments, left to right).
+        some = ["extra_allreduce", "input_threads0", "strong_ws1", "weak_ws1"] + (["zero_stage1"] if np_ranks > 1
+                                                                                  else [])
+        globbed = subprocess.run([sys.executable, charts_py, "globbed", "--suite", "summary.json", "renamed.h5",
+                                  *[f"{c}.h5" for c in some]], cwd=copy, capture_output=True, text=True, timeout=120)
+        svg_path = os.path.join(copy, "globbed", "throughput.svg")
+        svg = open(svg_path).read() if os.path.isfile(svg_path) else ""
+        ticks = sorted((svg.find(f"<!-- {c} -->"), c) for c in some + ["renamed"] if f"<!-- {c} -->" in svg)
+        want = ["weak_ws1", "strong_ws1", "extra_allreduce", "input_threads0"] + some[4:] + ["renamed"]
+        check(globbed.returncode == 0 and [c for _, c in ticks] == want and "<!-- not in the suite -->" in svg,
+              f"the throughput bars in the suite's group order, a file of no case last ({[c for _, c in ticks]}; "
+              f"{globbed.stderr[-200:]})")
         # strong_ws1 trains the global batch on one rank: its losses are the others' up to the summation order, so
         # it shares their line rather than lying hidden under it (matplotlib's SVG keeps each text as a comment).
         loss_svg = open(os.path.join(out, "charts", "loss.svg")).read()
