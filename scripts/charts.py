@@ -508,10 +508,12 @@ def read_sweep(path):
 def predicted_chart(sweeps, out_dir, written):
     """One panel per link: each overlap setting's measured step time (solid) and predicted one (dashed, hollow
     markers where the prediction extrapolates) over bucket size, the model's recommendation starred on its measured
-    line, and the run the predictions come from as a black diamond."""
+    line, and the run the predictions come from as a black diamond (where its cap is off the grid, the panel's title
+    names it and its time)."""
     sweeps = sorted(sweeps, key=lambda s: (LINK_ORDER.index(s["link"]) if s["link"] in LINK_ORDER else 99, s["link"]))
     colors = {"on": "#4c72b0", "off": "#dd8452"}
     fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps) + 1, 4.2), squeeze=False)
+    diamonds = False
     for ax, sweep in zip(axes[0], sweeps):
         sizes = sorted({p["bucket_mb"] for p in sweep["points"]})
         x = {b: i for i, b in enumerate(sizes)}
@@ -526,9 +528,18 @@ def predicted_chart(sweeps, out_dir, written):
                 ax.plot(xi, p["predicted_step_ms"], "s", markersize=5, color=colors[overlap],
                         markerfacecolor="white" if p.get("extrapolated") else colors[overlap])
         source = sweep.get("predicted_from")
+        off_grid = ""
         if source and source["bucket_mb"] in x:  # the runs the predictions come from: their noise is theirs
             for run in source.get("rounds", [source]):
                 ax.plot(x[source["bucket_mb"]], run["step_ms"], "D", markersize=7, color="black", zorder=4)
+            diamonds = True
+        elif source:  # a cap this panel has no place for: where its runs lie, in words
+            measured = sorted(run["step_ms"] for run in source.get("rounds", [source]))
+            off_grid = "\n" + textwrap.fill(
+                f"predicted from {len(measured)} runs at {source['bucket_mb']:g} MiB (off the grid), measured "
+                f"{measured[0]:.2f}-{measured[-1]:.2f} ms" if len(measured) > 1 else
+                f"predicted from a run at {source['bucket_mb']:g} MiB (off the grid), measured {measured[0]:.2f} ms",
+                52)
         rec = sweep.get("recommended")
         if rec:  # on its measured line: where the recommendation landed against the other cells
             cell = next(p for p in sweep["points"]
@@ -538,7 +549,7 @@ def predicted_chart(sweeps, out_dir, written):
         ax.set_xticks(range(len(sizes)), ["per param" if b == 0 else f"{b:g}" for b in sizes])
         ax.set_xlabel("bucket cap (MiB)")
         ax.set_title(f"link {sweep['link']}: |error| median {sweep['median_abs_error_pct']:.1f}%, "
-                     f"max {sweep['max_abs_error_pct']:.1f}%", fontsize=9)
+                     f"max {sweep['max_abs_error_pct']:.1f}%{off_grid}", fontsize=9)
         ax.grid(axis="y", color="0.9")
     axes[0][0].set_ylabel("step time, slowest rank (ms)")
     handles = [plt.Line2D([], [], color="0.3", marker="o", markersize=5, label="measured"),
@@ -547,9 +558,10 @@ def predicted_chart(sweeps, out_dir, written):
                           label="predicted, extrapolated"),
                Patch(color=colors["on"], label="overlap on"), Patch(color=colors["off"], label="overlap off"),
                plt.Line2D([], [], linestyle="", marker="*", markersize=14, color="#c44e52", markeredgecolor="black",
-                          label="recommended by the model, as measured"),
-               plt.Line2D([], [], linestyle="", marker="D", markersize=7, color="black",
-                          label="measured: the run(s) predicted from")]
+                          label="recommended by the model, as measured")]
+    if diamonds:
+        handles.append(plt.Line2D([], [], linestyle="", marker="D", markersize=7, color="black",
+                                  label="measured: the run(s) predicted from"))
     fig.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.9))
     first = sweeps[0]
     source = first.get("predicted_from", {})
