@@ -162,6 +162,23 @@ class Run:
         sharing = Counter((host, gpu) for host, gpu in zip(self.hostnames, self.gpus) if gpu)
         return len(self.gpus) == len(self.hostnames) and any(n > 1 for n in sharing.values())
 
+    def collectives(self, s):
+        """Each bucket's collective in step s, as the ranks recorded it: "reduce-scatter" (--zero-stage 1: an
+        all-gather of its parameters followed the update), "all-reduce" (without it, or a bucket too small to shard),
+        or None where no rank spent time on it (one rank: no peer to send to)."""
+        begin, end = self.bucket_times["comm_start_ms"][:, s], self.bucket_times["comm_end_ms"][:, s]
+        gathered = ((self.bucket_times["gather_end_ms"][:, s] > 0).any(axis=0) if self.sharded else
+                    np.zeros(len(self.bucket_bytes), bool))
+        return [None if not (end[:, k] > begin[:, k]).any() else "reduce-scatter" if gathered[k] else "all-reduce"
+                for k in range(len(self.bucket_bytes))]
+
+    def collectives_text(self):
+        """What the buckets chart shows of the last step's buckets, in words (None: no bucket was communicated)."""
+        kinds = set(self.collectives(self.steps - 1))
+        words = [w for kind, w in (("reduce-scatter", "reduce-scatter and all-gather"), ("all-reduce", "all-reduce"))
+                 if kind in kinds]
+        return ", or ".join(words) or None
+
     def mean(self, name):
         """Steady-state mean per rank, as the summary stores it (0 for a field the file predates; NaN for a mean that
         is not finite, which JSON stores as null)."""
@@ -207,10 +224,14 @@ def size_text(nbytes):
 def breakdown_chart(run, out_dir, name, written):
     data, fwd, bwd = run.mean("data_ms"), run.mean("forward_ms"), run.mean("backward_ms")
     hidden = np.minimum(run.mean("hidden_comm_ms"), bwd)  # comm that ran during backward, drawn inside it
+    # One rank has no peer: its comm phases are the bookkeeping around collectives of no one, not communication.
+    peers = run.world > 1
+    hides = peers and bool((hidden > 0).any())
     parts = [("data", data, "#8c6bb1"),
-             ("compute (forward + backward, less the hidden part)", fwd + bwd - hidden, "#4c72b0"),
-             ("backward with the all-reduce running alongside (hidden comm)", hidden, "#55a868"),
-             ("exposed comm", run.mean("exposed_comm_ms"), "#c44e52"),
+             ("compute (forward + backward" + (", less the hidden part)" if hides else ")"), fwd + bwd - hidden,
+              "#4c72b0"),
+             ("backward with the all-reduce running alongside (hidden comm)", hidden if hides else None, "#55a868"),
+             ("exposed comm", run.mean("exposed_comm_ms") if peers else None, "#c44e52"),
              ("optimizer", run.mean("optimizer_ms"), "#dd8452"),
              ("extra all-reduce", run.mean("extra_comm_ms"), "#937860"),
              ("host work", run.mean("host_work_ms"), "#da8bc3"),
@@ -220,8 +241,8 @@ def breakdown_chart(run, out_dir, name, written):
     bottom = np.zeros(run.world)
     tallest = max(float(run.mean("step_ms").max()), 1e-9)
     for i, (label, values, color) in enumerate(parts):
-        if i >= 5 and values.max() < 0.005 * tallest:
-            continue  # the lab's phases only when they show
+        if values is None or not (values > 0).any() or (i >= 5 and values.max() < 0.005 * tallest):
+            continue  # in the legend only what some rank spent time on; the lab's phases only when they show
         ax.bar(ranks, values, bottom=bottom, color=color, label=label, width=0.6)
         bottom += values
     ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
@@ -397,14 +418,16 @@ def update_chart(runs, out_dir, written):
 def buckets_chart(run, out_dir, name, written):
     """The last step, per rank: forward and backward on one row, each bucket's all-reduce on the row below it, a
     tick where the bucket became ready. What Perfetto shows, as a picture. With --zero-stage 1 the row below holds
-    each bucket's reduce-scatter, then, hatched, its all-gather after the update, which the row above then shows."""
+    each bucket's reduce-scatter, then, hatched, its all-gather after the update, which the row above then shows (a
+    bucket too small to shard: its all-reduce). One rank communicates nothing: its row below holds the ticks alone."""
     s = run.steps - 1
     nb = len(run.bucket_bytes)
     shades = plt.get_cmap("YlOrRd")
 
     def colors(k):  # light to dark in ready order, however many buckets: none of the phases' blues and greys
         return shades(0.35 + 0.6 * k / max(nb - 1, 1))
-    communicated = set()
+    kinds = run.collectives(s)
+    ticked = False
     fig, ax = plt.subplots(figsize=(9, 1.0 + 1.1 * run.world))
     for r in range(run.world):
         y_compute, y_comm = 2 * r, 2 * r + 1  # rank 0 on top (the axis is inverted)
@@ -425,10 +448,11 @@ def buckets_chart(run, out_dir, name, written):
             if begin <= 0 and end <= 0:
                 continue  # never communicated (nothing recorded)
             ready, begin, end = ready - t0, begin - t0, end - t0
-            communicated.add(k)
-            ax.broken_barh([(begin, end - begin)], (y_comm - 0.35, 0.7), facecolor=colors(k), edgecolor="white",
-                           linewidth=0.5)
+            if end > begin:  # one rank records each bucket's collective with nothing in it: no bar
+                ax.broken_barh([(begin, end - begin)], (y_comm - 0.35, 0.7), facecolor=colors(k), edgecolor="white",
+                               linewidth=0.5)
             ax.plot([ready, ready], [y_comm - 0.45, y_comm + 0.45], color="black", linewidth=1)
+            ticked = True
     ax.set_yticks([v for r in range(run.world) for v in (2 * r, 2 * r + 1)],
                   [t for r in range(run.world) for t in (f"rank {r} compute", f"rank {r} comm")])
     ax.invert_yaxis()
@@ -436,24 +460,26 @@ def buckets_chart(run, out_dir, name, written):
     handles = [Patch(color="#8fb0d9", label="forward"), Patch(color="#4c72b0", label="backward")]
     if run.sharded:
         handles.append(Patch(color="#bbbbbb", label="optimizer (update of the owned share)"))
-    what = "reduce-scatter" if run.sharded else "all-reduce"
-    handles += bucket_legend(sorted(communicated), run.bucket_bytes, colors, what)
-    if run.sharded:
+    handles += bucket_legend([k for k in range(nb) if kinds[k]], run.bucket_bytes, colors, kinds)
+    if "reduce-scatter" in kinds:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="////",
                              label="its all-gather of the parameters"))
-    if communicated:  # a tick only where a bucket was communicated
+    if ticked:
         handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    each = "reduce-scatter and all-gather" if run.sharded else what
-    ax.set_title(f"{run.stem}: backward and each bucket's {each}, step {run.first_step + s} "
-                 f"({ranks_text(run.world)})", fontsize=10)
+    words = run.collectives_text()
+    ax.set_title(f"{run.stem}: " + (f"backward and each bucket's {words}, step {run.first_step + s} "
+                                    f"({ranks_text(run.world)})" if words else
+                                    f"backward, step {run.first_step + s} ({ranks_text(run.world)}: no bucket "
+                                    f"communicated)"), fontsize=10)
     save(fig, out_dir, name, written)
 
 
-def bucket_legend(buckets, sizes, colors, what, most_listed=10):
-    """A legend entry per bucket drawn; past most_listed, the first and the last, and one line for those between."""
+def bucket_legend(buckets, sizes, colors, kinds, most_listed=10):
+    """A legend entry per bucket drawn, named by its collective (kinds[k]); past most_listed, the first and the last,
+    and one line for those between."""
     def entry(k):
-        return Patch(color=colors(k), label=f"bucket {k} {what} ({size_text(sizes[k])})")
+        return Patch(color=colors(k), label=f"bucket {k} {kinds[k]} ({size_text(sizes[k])})")
     if len(buckets) <= most_listed:
         return [entry(k) for k in buckets]
     between = [sizes[k] for k in buckets[1:-1]]

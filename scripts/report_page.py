@@ -213,6 +213,17 @@ def prediction_section(sweeps):
     return out
 
 
+def gantt_caption(run):
+    """The buckets chart's caption, naming what the run's buckets went through, as the chart's title does
+    (--zero-stage 1: reduce-scatter and all-gather; one rank: nothing)."""
+    words = run.collectives_text()
+    if not words:
+        return ("backward, last step: forward and backward on one row, a tick on the row below where each bucket "
+                "became ready (one rank: no bucket is communicated)")
+    return (f"backward and each bucket's {words}, last step: forward and backward on one row, each bucket's "
+            f"communication on the row below, a tick where the bucket became ready")
+
+
 def timeline_section(runs, example):
     """The Chrome-trace files beside the run files, or the command that writes one (for the run drawn as the buckets
     of one step, else the straggler, else the first)."""
@@ -251,7 +262,7 @@ def write_page(path, runs, written, suite=None, sweeps=(), reports=None):
                          ("update", "the learning rate and the gradient norm per step"),
                          ("bucket_sweep", "step time and exposed comm over bucket size"))
     bucket_runs = [r for r in runs if f"{r.stem}_buckets" in drawn]
-    gantt = [chart(drawn, f"{r.stem}_buckets", "backward and each bucket's all-reduce, last step") for r in bucket_runs]
+    gantt = [chart(drawn, f"{r.stem}_buckets", gantt_caption(r)) for r in bucket_runs]
     # The timeline to open: the straggler's (the suite writes it), else the run drawn above, else the first.
     timeline_run = ([r for r in runs if r.stem == "straggler"] + bucket_runs + runs)[0]
     predicted = charts_of(drawn, ("predicted_vs_measured", "predicted against measured step time"))

@@ -277,6 +277,15 @@ def main():
             check(all(backward_end[e["pid"] - 1, e["args"]["step"]] * 1e3 - tol <= e["ts"] and
                       e["ts"] + e["dur"] <= (start + step_ms)[e["pid"] - 1, e["args"]["step"]] * 1e3 + tol
                       for e in gathers), "timeline: each all-gather lies after backward, inside its step")
+            # Its page names the collectives its buckets chart shows (Jinja escapes the apostrophe).
+            sharded_page = os.path.join(work, "sharded.html")
+            proc = run([sys.executable, charts, os.path.join(work, "sharded_charts"), "--page", sharded_page,
+                        sharded], timeout=120)
+            page_text = open(sharded_page).read() if os.path.isfile(sharded_page) else ""
+            check(proc.returncode == 0 and "each bucket&#39;s reduce-scatter and all-gather, last step" in page_text and
+                  "all-reduce, last step" not in page_text,
+                  f"the sharded run's page captions its buckets chart as reduce-scatter and all-gather "
+                  f"({proc.stderr.strip()[-200:]})")
 
         custom = os.path.join(work, "custom.json")
         proc = run([ddplab, "timeline", straggler, "-o", custom])
@@ -366,9 +375,9 @@ def main():
         # A bucket under 1 KiB (a bucket per parameter: the first is the last layer's 40-byte bias) is sized in
         # bytes (matplotlib's SVG keeps each text as a comment).
         per_param = os.path.join(work, "per_param.h5")
-        proc = run([ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64",
-                    "--classes", "10", "--batch", "8", "--bucket-mb", "0", "--first-bucket-mb", "0", "--quiet",
-                    "--out", per_param])
+        proc = run([mpirun, "-np", "2", ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--input-dim", "32",
+                    "--hidden", "64", "--classes", "10", "--batch", "8", "--bucket-mb", "0", "--first-bucket-mb", "0",
+                    "--quiet", "--out", per_param], timeout=120)
         check(proc.returncode == 0, f"a run with a bucket per parameter trains ({proc.stderr.strip()[-200:]})")
         if proc.returncode == 0:
             run([sys.executable, charts, out_dir, per_param], timeout=120)
@@ -378,6 +387,19 @@ def main():
             svg = open(svg_path).read() if os.path.isfile(svg_path) else ""
             check(first_bucket < 1024 and f"<!-- bucket 0 all-reduce ({first_bucket} B) -->" in svg,
                   f"the bucket chart sizes a {first_bucket}-byte bucket in bytes")
+        # One rank communicates nothing: its charts name no comm phase and no bucket's all-reduce.
+        one_rank = os.path.join(work, "one_rank.h5")
+        proc = run([ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64",
+                    "--classes", "10", "--batch", "8", "--quiet", "--out", one_rank])
+        check(proc.returncode == 0, f"a one-rank run trains ({proc.stderr.strip()[-200:]})")
+        if proc.returncode == 0:
+            run([sys.executable, charts, out_dir, one_rank], timeout=120)
+            breakdown, buckets = (open(p).read() if os.path.isfile(p) else "" for p in
+                                  (os.path.join(out_dir, f"one_rank_{kind}.svg") for kind in ("breakdown", "buckets")))
+            check("<!-- optimizer -->" in breakdown and "<!-- exposed comm -->" not in breakdown and
+                  "(hidden comm) -->" not in breakdown and
+                  "(1 rank: no bucket communicated) -->" in buckets and "all-reduce (" not in buckets,
+                  "a one-rank run's breakdown and buckets charts name no communication")
         # The page embeds this call's charts only: a's buckets, drawn into the same folder by an earlier call on a
         # alone, are not the pair's (two files outside a suite or sweep get no bucket chart).
         run([sys.executable, charts, out_dir, a], timeout=120)
