@@ -45,7 +45,8 @@ def mean_over_ranks(run, name):
 
 def setup_rows(runs):
     """Machine, CPU and BLAS kernels, GPU, MPI: as the first run file recorded them (the others of one launch ran on
-    the same machine; a differing value is listed too)."""
+    the same machine; a differing value is listed too); the build and the command line of each run where they
+    differ, and when the runs started."""
     def values(key):
         return list(dict.fromkeys(str(r.attrs.get(key, "")) for r in runs if r.attrs.get(key, "") != ""))
 
@@ -64,10 +65,36 @@ def setup_rows(runs):
             ("MPI", "; ".join(values("mpi_library")) or "n/a"),
             ("transport", "; ".join(values("transport")) or "n/a (not recorded)"),
             ("HDF5", ", ".join(values("hdf5_version")) or "n/a"),
-            ("ddplab", ", ".join(f"{v} ({c})" for v, c in zip(values("ddplab_version"), values("git_commit")))),
-            ("started (UTC)", values("start_time_utc")[0] if values("start_time_utc") else "n/a"),
-            ("command line", values("command_line")[0] if values("command_line") else "n/a")]
+            ("ddplab", per_run(runs, lambda r: f"{r.attrs.get('ddplab_version', 'n/a')} "
+                                               f"({r.attrs.get('git_commit', 'commit not recorded')})")),
+            ("started (UTC)", started_text(sorted(str(r.attrs["start_time_utc"]) for r in runs
+                                                  if r.attrs.get("start_time_utc", "") != ""))),
+            ("command line", folded(per_run(runs, lambda r: str(r.attrs.get("command_line", "n/a"))),
+                                    "command lines"))]
     return rows
+
+
+def per_run(runs, text_of):
+    """The runs' one value, or where they differ, each value after the runs that have it: a build or a command line
+    that differs is the first thing to know when comparing their times."""
+    holders = {}
+    for r in runs:
+        holders.setdefault(text_of(r), []).append(r.stem)
+    if len(holders) == 1:
+        return next(iter(holders))
+    return [f"{', '.join(names)}: {value}" for value, names in holders.items()]
+
+
+def folded(value, what):
+    """A list of long values behind a summary that says they vary (the template folds it); one value as it is."""
+    return value if isinstance(value, str) else {"summary": f"varies: {len(value)} {what}", "lines": value}
+
+
+def started_text(times):
+    """One run's start, or the first and the last of several (ISO 8601 UTC: sorted as text)."""
+    if not times:
+        return "n/a"
+    return times[0] if times[0] == times[-1] else f"{times[0]} to {times[-1]} ({len(times)} runs)"
 
 
 def status_lines(run):

@@ -459,6 +459,23 @@ def main():
         page_text = open(stopped_page).read() if os.path.isfile(stopped_page) else ""
         check(proc.returncode == 0 and "stopped did not complete</b>: SIGTERM received: stopped after step 5" in
               page_text, f"the page of a run stopped early says why ({proc.stderr[-200:]})")
+        # Runs of two builds and two command lines: the setup names each build and each command line (folded), not
+        # the first run's alone.
+        rebuilt = os.path.join(work, "rebuilt.h5")
+        shutil.copy(a, rebuilt)
+        with h5py.File(rebuilt, "r+") as f:
+            commit, command = (v.decode() if isinstance(v, bytes) else str(v)
+                               for v in (f.attrs["git_commit"], f.attrs["command_line"]))
+            f.attrs["git_commit"] = "deadbeef0000"
+            f.attrs["command_line"] = command + " --overlap off"
+        builds_page = os.path.join(work, "builds.html")
+        proc = run([sys.executable, charts, os.path.join(work, "builds_charts"), "--page", builds_page, a, rebuilt],
+                   timeout=120)
+        page_text = open(builds_page).read() if os.path.isfile(builds_page) else ""
+        check(proc.returncode == 0 and f"({commit})" in page_text and "rebuilt: " in page_text and
+              "(deadbeef0000)" in page_text and "varies: 2 command lines" in page_text and
+              "--overlap off</details>" in page_text,
+              f"the setup lists both builds and both command lines ({proc.stderr[-200:]})")
         # A dataset cut short, a run with no step, a page into a missing folder, a report or sweep summary of another
         # shape: one line naming the problem, exit 2, before anything is written.
         cut = os.path.join(work, "cut_loss.h5")
