@@ -26,6 +26,8 @@ for name in ["gpt2_bf16_np2.h5", "gpt2_100mb_np2.h5", "gpt2_bf16_wire_np2.h5", "
             end = buckets["comm_end_ms"][r, s, :]
             backlog = np.maximum(0, end[:, -2] - backward_end)
             closing = end[:, -1] - np.maximum(backward_end, end[:, -2])
-            print(f"  rank {r}: step {steps['step_ms'][r, s].mean():6.2f} ms, exposed {steps['exposed_comm_ms'][r, s].mean():6.2f}"
-                  f" = backlog {backlog.mean():6.2f} + closing bucket {closing.mean():5.2f} + the rest"
+            exposed = steps["exposed_comm_ms"][r, s].mean()
+            print(f"  rank {r}: step {steps['step_ms'][r, s].mean():6.2f} ms, exposed {exposed:6.2f}"
+                  f" = backlog {backlog.mean():6.2f} + closing bucket {closing.mean():5.2f}"
+                  f" + the rest {exposed - backlog.mean() - closing.mean():5.2f}"
                   f" (closing bucket's all-reduce {(end[:, -1] - buckets['comm_start_ms'][r, s, -1]).mean():.2f})")
