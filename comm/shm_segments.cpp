@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "runtime/mpi_check.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab {
 
@@ -168,6 +169,9 @@ std::string shm_page_placement() {
 }
 
 RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered) : bytes_(bytes) {
+  // Collectives of the host's ranks, also between measurements (allreduce_perf registers each size's buffers): a peer
+  // stopped meanwhile must end the job, not leave this rank in MPI_Allreduce for good.
+  const watchdog::Wait wait("registering a buffer with the host's ranks");
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   map_bytes_ = round_up(std::max<size_t>(bytes, 1), page);
   int rank = 0, host_size = 1, want = registered, all = 0;

@@ -2,6 +2,7 @@
 // the flags of `ddplab train` (launcher/cli.cpp), the run file's config, the ranks' agreement and the analyses'
 // reading of a stored config all come from visit_knobs.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -158,6 +159,9 @@ struct Knob {
 
 inline constexpr double kNoMin = -std::numeric_limits<double>::infinity();
 inline constexpr double kNoMax = std::numeric_limits<double>::infinity();
+// The largest size in MiB a size flag takes, far past any memory: a million TiB. Beyond ~3.5e13 its count of floats
+// would not fit the 64-bit integers that hold it, and a larger size reads as a crash instead of a refusal.
+inline constexpr double kMaxMiB = 1e12;
 
 // Calls visit(knob, field) for every knob of c, in the order `ddplab train --help` lists them. Config is TrainConfig
 // or const TrainConfig.
@@ -278,18 +282,18 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--ring-link", "ring_link",
              "--device cuda --comm ring: auto | nccl | ipc (CUDA IPC; ranks may share a GPU) | host (staged)"},
         c.ring_link);
-  visit(Knob{"--bucket-mb", "bucket_mb", "gradient bucket cap in MiB (0: one bucket per parameter)", 0, kNoMax,
+  visit(Knob{"--bucket-mb", "bucket_mb", "gradient bucket cap in MiB (0: one bucket per parameter)", 0, kMaxMiB,
              kMath | kNotInSweep},
         c.bucket_mb);
   visit(Knob{"--overlap", "overlap", "all-reduce buckets while backward runs: on | off", kNoMin, kNoMax,
              kOnOff | kNotInSweep},
         c.overlap);
-  visit(Knob{"--first-bucket-mb", "first_bucket_mb", "cap of the bucket that closes backward, MiB", 0, kNoMax, kMath},
+  visit(Knob{"--first-bucket-mb", "first_bucket_mb", "cap of the bucket that closes backward, MiB", 0, kMaxMiB, kMath},
         c.first_bucket_mb);
   visit(Knob{"--grad-slice-mb", "grad_slice_mb",
              "compute and announce weight gradients in row blocks of this size, MiB: N (0: whole weights) or "
              "auto (1 with the update in backward on the CPU, else 0)",
-             0, kNoMax, kMath, "MiB|auto", kAutoGradSliceMb},
+             0, kMaxMiB, kMath, "MiB|auto", kAutoGradSliceMb},
         c.grad_slice_mb);
   visit(Knob{"--grad-accum", "grad_accum", "micro-batches per step, gradients communicated on the last", 1, kNoMax,
              kMath},
@@ -338,12 +342,13 @@ void visit_knobs(Config& c, Visit&& visit) {
              "threads share the core it is on",
              0, 64, kNotInSuite},
         c.busy_threads);
-  visit(Knob{"--extra-allreduce-mb", "extra_allreduce_mb", "lab: an extra all-reduce of this size every step", 0},
+  visit(Knob{"--extra-allreduce-mb", "extra_allreduce_mb", "lab: an extra all-reduce of this size every step", 0,
+             kMaxMiB},
         c.extra_allreduce_mb);
   visit(Knob{"--rank0-work-ms", "rank0_work_ms", "lab: rank 0 works this long, then every rank barriers", 0},
         c.rank0_work_ms);
   visit(Knob{"--barrier-every", "barrier_every", "lab: ... every this many steps", 1}, c.barrier_every);
-  visit(Knob{"--timeout-s", "timeout_s", "watchdog: abort the job after this long without progress (0: off)", 0},
+  visit(Knob{"--timeout-s", "timeout_s", "watchdog: abort the job after this long without progress (0: off)", 0, 1e7},
         c.timeout_s);
   visit(Knob{"--flush-every", "flush_every", "write the run so far to <out>.partial every N steps (0: off)", 0},
         c.flush_every);
@@ -379,9 +384,11 @@ void visit_knobs(Config& c, Visit&& visit) {
 inline std::pair<int, int> parse_step_range(const std::string& text, const char* flag) {
   if (text.empty()) return {-1, -1};
   int first = -1, last = -1, used = 0;
-  if (std::sscanf(text.c_str(), "%d:%d%n", &first, &last, &used) != 2 || used != static_cast<int>(text.size()) ||
-      first < 0 || last < first)
+  long long a = -1, b = -1;
+  if (std::sscanf(text.c_str(), "%lld:%lld%n", &a, &b, &used) != 2 || used != static_cast<int>(text.size()) || a < 0 ||
+      b < a || b > INT_MAX)
     throw std::invalid_argument(std::string(flag) + " must be A:B with 0 <= A <= B (got '" + text + "')");
+  first = static_cast<int>(a), last = static_cast<int>(b);
   return {first, last};
 }
 inline std::pair<int, int> parse_profile_steps(const std::string& text) {

@@ -223,6 +223,9 @@ RankCores cores_for_rank(MPI_Comm comm) {
 }
 
 std::string broadcast_error(const std::string& error_on_root, MPI_Comm comm) {
+  // Rank 0 may be writing a snapshot or a checkpoint meanwhile: stopped or hung there, it must not hold the others
+  // in this broadcast for good (the timeout then bounds the write as it bounds a library collective).
+  const watchdog::Wait wait("rank 0's verdict on a file it checks or writes");
   char buf[1024] = {};
   std::snprintf(buf, sizeof buf, "%s", error_on_root.c_str());
   MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm);

@@ -30,6 +30,7 @@
 #include "record/errors.h"
 #include "record/files.h"
 #include "record/run_record.h"
+#include "runtime/agreement.h"
 
 namespace ddplab {
 namespace {
@@ -534,6 +535,20 @@ constexpr CaseOwnedFlag kCaseOwnedFlags[] = {
     {"tokens", "--data-cost-ms", "it runs no lab pathology: suite lab does"},
 };
 
+// A command's own options (the training flags are compared with every run's), alike on every rank before any
+// work: an MPMD launch can hand ranks different ones, and they would then run different cases and wait on each other.
+void require_same_options(const char* command, const std::vector<std::pair<std::string, std::string>>& options) {
+  if (const std::string differing = disagreement(options, MPI_COMM_WORLD); !differing.empty())
+    throw UsageError(std::string("ranks were started with different ") + command + " options: " + differing +
+                     "; every rank needs the same flags");
+}
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string text;
+  for (const std::string& word : words) text += (text.empty() ? "" : ",") + word;
+  return text;
+}
+
 void refuse_case_owned_flags(const SuiteOptions& o) {
   for (const CaseOwnedFlag& owned : kCaseOwnedFlags)
     require(o.name != owned.suite ||
@@ -547,6 +562,10 @@ void refuse_case_owned_flags(const SuiteOptions& o) {
 }  // namespace
 
 int run_suite(SuiteOptions o, const std::string& command_line) {
+  std::vector<std::string> given;  // --out-dir and --force may differ: rank 0's folder is every rank's
+  for (const std::string& flag : o.given_flags)
+    if (flag != "--out-dir" && flag != "--force") given.push_back(flag);
+  require_same_options("suite", {{"suite", o.name}, {"--full", o.full ? "on" : "off"}, {"flags given", joined(given)}});
   require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
   refuse_case_owned_flags(o);
   if (o.full && !o.steps_given) o.base.steps = 100;
@@ -1091,6 +1110,12 @@ nlohmann::json sweep_json(const SweepOptions& o, int size, const std::vector<Swe
 }  // namespace
 
 int run_sweep(SweepOptions o, const std::string& command_line) {
+  std::vector<std::string> caps;
+  for (double cap : o.bucket_mb) caps.push_back(fmt("%.17g", cap));
+  require_same_options("sweep", {{"--bucket-mb", joined(caps)},
+                                 {"--overlap", joined(o.overlap)},
+                                 {"--predict", o.predict ? "on" : "off"},
+                                 {"--repeats", std::to_string(o.repeats)}});
   validate_sweep(o);
   MPI_Comm world = MPI_COMM_WORLD;
   int rank = 0, size = 1;

@@ -6,11 +6,13 @@
 
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 namespace ddplab::host_cache {
 namespace {
@@ -80,12 +82,21 @@ bool update(const std::string& dir, const std::string& file, const Change& chang
     error = "cannot open " + path + ".lock: " + std::strerror(errno);
     return false;
   }
-  int locked;
-  while ((locked = flock(lock.fd, LOCK_EX)) != 0 && errno == EINTR) {
-  }
-  if (locked != 0) {
-    error = "cannot lock " + path + ".lock: " + std::strerror(errno);
-    return false;
+  // A bounded wait: the holder may be a stopped process (a first run's probe, Ctrl-Z'd), and every ddplab command
+  // reads the cache before it starts; past the bound it goes on without the cache and says why.
+  constexpr auto kLockWait = std::chrono::seconds(30);
+  const auto give_up = std::chrono::steady_clock::now() + kLockWait;
+  while (flock(lock.fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      error = "cannot lock " + path + ".lock: " + std::strerror(errno);
+      return false;
+    }
+    if (std::chrono::steady_clock::now() > give_up) {
+      error = "cannot lock " + path + ".lock: another process has held it for " + std::to_string(kLockWait.count()) +
+              " s (a ddplab that is stopped?)";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (const std::optional<nlohmann::json> next = change(read(path)); next && !write_atomically(path, *next)) {
     error = "cannot write " + path;

@@ -162,7 +162,8 @@ void arm(double seconds) {
     g_rank = rank;
   }
   g_last_progress_ns = now_ns();
-  g_timeout_ns = seconds > 0 ? static_cast<int64_t>(seconds * 1e9) : 0;
+  // At least a millisecond: a smaller positive timeout would round to 0 ns, which means disarmed.
+  g_timeout_ns = seconds > 0 ? static_cast<int64_t>(std::max(seconds, 1e-3) * 1e9) : 0;
   if (seconds > 0) Monitor::get().start_once();
 }
 

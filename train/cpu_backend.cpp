@@ -165,6 +165,9 @@ void CpuBackend::gather_optimizer_state() {
 std::string CpuBackend::first_nonfinite_gradient() {
   const int bucket = reducer_->first_nonfinite_bucket();
   if (bucket < 0) return "";
+  // At one rank each piece is checked, then updated, on its own: the finite pieces of this bucket may still be updated
+  // (their gradients zeroed) on the optimizer thread. Only a stop comes here, so waiting costs the normal step nothing.
+  if (optimizer_thread_) optimizer_thread_->wait_all();
   const int piece = reducer_->first_nonfinite_piece();
   if (piece >= 0) return "gradient " + workload_->piece_name(workload_->grad_pieces()[piece]);
   return "gradient bucket " + std::to_string(bucket);

@@ -177,6 +177,29 @@ with tempfile.TemporaryDirectory() as work:
         proc = run(np_ranks, *command, "--steps", "2", *args, "--out-dir", folder)
         check(refused(proc, text) and os.listdir(work) == [],
               f"np={np_ranks} {command[0]} {' '.join(args)}: refused, nothing written ({our_lines(proc.stderr)})")
+    # An MPMD launch can hand ranks different options of the command itself: refused on every rank before any work,
+    # not a hang when one rank runs cases or points the other does not.
+    for first, second, text in [(["sweep", "--bucket-mb", "1,5"], ["sweep", "--bucket-mb", "1"],
+                                 "ranks were started with different sweep options: --bucket-mb"),
+                                (["suite", "lab"], ["suite", "tokens"],
+                                 "ranks were started with different suite options: suite")]:
+        common = ["--steps", "2", "--out-dir", folder]
+        proc = subprocess.run([mpirun, "-np", "1", ddplab, *first, *common, ":", "-np", "1", ddplab, *second, *common],
+                              capture_output=True, text=True, timeout=120)
+        check(proc.returncode == 2 and text in proc.stderr and os.listdir(work) == [],
+              f"{first[0]}: ranks given different options refuse alike ({proc.returncode}: {our_lines(proc.stderr)})")
+    # Values past what a flag can hold: one line, exit 2, not an overflow later.
+    for args, text in [(["--extra-allreduce-mb", "1e300"], "--extra-allreduce-mb must be at most 1e+12"),
+                       (["--grad-slice-mb", "1e14"], "--grad-slice-mb must be at most 1e+12"),
+                       (["--timeout-s", "1e300"], "--timeout-s must be at most")]:
+        proc = run(1, "train", *SMALL, "--steps", "2", *args, "--out", os.path.join(work, "x.h5"))
+        check(refused(proc, text) and os.listdir(work) == [], f"train {' '.join(args)}: refused ({our_lines(proc.stderr)})")
+    # The smallest timeout still arms the watchdog (a hung rank ends the job), where it once rounded to off.
+    proc = run(2, "train", *SMALL, "--steps", "4", "--fault", "hang", "--fault-step", "1", "--timeout-s", "1e-12",
+               "--out", os.path.join(work, "hang.h5"), timeout=120)
+    check(proc.returncode == 3 and "watchdog" in proc.stderr, f"--timeout-s 1e-12 arms the watchdog ({proc.returncode})")
+    for name in os.listdir(work):
+        os.unlink(os.path.join(work, name))
     # --force reuses a results folder; it cannot make one whose parent is missing, and says why.
     nowhere = os.path.join(work, "no", "such")
     proc = run(1, "suite", "lab", "--steps", "2", "--force", "--out-dir", nowhere)

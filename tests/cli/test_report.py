@@ -318,6 +318,8 @@ def main():
                            f"--steps 7:9: {a} holds steps 0..5", "timeline --steps past the run's steps")
         expect_usage_error(run([ddplab, "timeline", a, "--steps", "3:2", "-o", part, "--force"]),
                            "--steps must be A:B with 0 <= A <= B (got '3:2')", "timeline --steps backwards")
+        expect_usage_error(run([ddplab, "timeline", a, "--steps", "1:4294967297", "-o", part, "--force"]),
+                           "--steps must be A:B", "timeline --steps past what a step number holds")
         os.remove(part)
         check(not [n for n in os.listdir(work) if ".tmp." in n], "no temporary files left behind")
 
