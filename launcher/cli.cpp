@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
+#include <string>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -123,6 +127,24 @@ AutoChoice<E> auto_choice_flag_value(const std::string& text, const char* flag) 
   throw CLI::ValidationError(std::string(flag) + " must be auto, " + choice_list<E>() + " (got '" + text + "')");
 }
 
+// A whole number in decimal: CLI11 reads a leading 0 as octal and 0x as hex (`--steps 010` ran 8 steps). Leading
+// zeros are dropped; other bases are refused.
+// Also refused: a value T cannot hold (--seed -1 or 2^64 was clamped to 2^64 - 1).
+template <typename T>
+std::string as_decimal_integer(std::string& text) {
+  const size_t digits = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  if (digits == text.size() || text.find_first_not_of("0123456789", digits) != std::string::npos)
+    return "must be a whole number in decimal (got '" + text + "')";
+  const size_t first = text.find_first_not_of('0', digits);
+  text = (text[0] == '-' ? "-" : "") + (first == std::string::npos ? "0" : text.substr(first));
+  T parsed{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+  if (error != std::errc() || end != text.data() + text.size())
+    return "must be a whole number from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
+           std::to_string(std::numeric_limits<T>::max()) + " (got '" + text + "')";
+  return "";
+}
+
 // The flag of one knob, by the type of its value.
 template <typename T>
 CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
@@ -148,6 +170,9 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
         ->default_str(value ? to_string(*value) : "auto");
   } else if constexpr (std::is_arithmetic_v<T>) {
     CLI::Option* option = app->add_option(flag, value, help);
+    if constexpr (std::is_integral_v<T>) {
+      if (!knob.auto_text) option->transform(CLI::Validator(as_decimal_integer<T>, "", "DECIMAL"));
+    }
     if (!knob.auto_text) return option->capture_default_str();
     // "auto" (replaced by the knob's stand-in value), or a finite number not below the knob's minimum, checked here:
     // the stand-in itself is out of range, and typed as a number it would pass for auto. One validator for both, with
@@ -161,6 +186,9 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
               if (text == "auto") {
                 text = stand_in;
                 return std::string();
+              }
+              if constexpr (std::is_integral_v<T>) {
+                if (std::string not_decimal = as_decimal_integer<T>(text); !not_decimal.empty()) return not_decimal;
               }
               const double v = std::strtod(text.c_str(), nullptr);
               if (std::isnan(v) || std::isinf(v)) return std::string("must be a finite number or auto");

@@ -245,7 +245,9 @@ void select_kernels(int argc, char** argv) {
     k.why = std::string("OPENBLAS_CORETYPE=") + forced + " in the environment" + ran_instead(forced, k.core);
     return;
   }
-  if (const char* automatic = std::getenv("DDPLAB_BLAS_AUTO"); automatic && std::strcmp(automatic, "on") != 0) {
+  // Empty is unset, as for every setting (runtime/settings.h): on.
+  if (const char* automatic = std::getenv("DDPLAB_BLAS_AUTO");
+      automatic && *automatic && std::strcmp(automatic, "on") != 0) {
     k.why = kOwnPick + "; DDPLAB_BLAS_AUTO=" + automatic;  // a value it does not take is refused once MPI is up
     return;
   }

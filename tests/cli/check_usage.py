@@ -71,6 +71,11 @@ check(core == loaded == "Haswell" and why == "OPENBLAS_CORETYPE=Haswell in the e
 core, why, loaded = kernels_of(run(1, "devices", env={"DDPLAB_BLAS_AUTO": "off"}))
 check(core == loaded and why == "OpenBLAS's own pick; DDPLAB_BLAS_AUTO=off",
       f"DDPLAB_BLAS_AUTO=off keeps OpenBLAS's pick ({core}, {why})")
+# Empty is unset, as for every setting: the choice runs, as by default.
+core_empty, why_empty, _ = kernels_of(run(1, "devices", env={"DDPLAB_BLAS_AUTO": ""}))
+core_default, why_default, _ = kernels_of(devices)
+check((core_empty, why_empty) == (core_default, why_default),
+      f"DDPLAB_BLAS_AUTO= (empty) chooses as the default does ({core_empty}, {why_empty})")
 # An OpenBLAS older than the CPU names a family below it (Debian's 0.3.21 names an Emerald Rapids Xeon Prescott): the
 # shim makes it do so here. ddplab measures the families of the CPU's own instruction set and runs the fastest; a
 # fresh cache, so that the probe runs.
@@ -194,6 +199,22 @@ with tempfile.TemporaryDirectory() as work:
                        (["--timeout-s", "1e300"], "--timeout-s must be at most")]:
         proc = run(1, "train", *SMALL, "--steps", "2", *args, "--out", os.path.join(work, "x.h5"))
         check(refused(proc, text) and os.listdir(work) == [], f"train {' '.join(args)}: refused ({our_lines(proc.stderr)})")
+    # Whole numbers are decimal: CLI11 alone read 010 as octal (8 steps) and 0x10 as hex; out of range is refused, not
+    # clamped (--seed -1 was 2^64 - 1).
+    for args, text in [(["--steps", "0x10"], "--steps: must be a whole number in decimal (got '0x10')"),
+                       (["--seed", "-1"], "--seed: must be a whole number from 0 to 18446744073709551615 (got '-1')"),
+                       (["--seed", "18446744073709551616"], "--seed: must be a whole number from 0 to"),
+                       (["--threads", "0x2"], "--threads: must be a whole number in decimal")]:
+        proc = run(1, "train", *SMALL, *args, "--out", os.path.join(work, "x.h5"))
+        check(refused(proc, text) and os.listdir(work) == [], f"train {' '.join(args)}: refused ({our_lines(proc.stderr)})")
+    decimal_out = os.path.join(work, "decimal.h5")
+    proc = run(1, "train", *SMALL, "--steps", "010", "--warmup-steps", "1", "--quiet", "--out", decimal_out)
+    steps = None
+    if proc.returncode == 0:
+        with h5py.File(decimal_out, "r") as f:
+            steps = int(f.attrs["num_steps"])
+        os.unlink(decimal_out)
+    check(steps == 10, f"--steps 010 is ten steps ({steps})")
     # The smallest timeout still arms the watchdog (a hung rank ends the job), where it once rounded to off.
     proc = run(2, "train", *SMALL, "--steps", "4", "--fault", "hang", "--fault-step", "1", "--timeout-s", "1e-12",
                "--out", os.path.join(work, "hang.h5"), timeout=120)
