@@ -20,7 +20,7 @@ int process_of(int rank) { return rank + 1; }
 // could end a nanosecond past its step (or past the next phase's start) and be dropped as a malformed slice.
 int64_t ns(double ms) { return std::llround(ms * 1e6); }
 // Microseconds half a nanosecond above: truncated to ns, it reads back as that very nanosecond (or duration).
-double us(int64_t ns) { return (static_cast<double>(ns) + 0.5) / 1e3; }
+double us(int64_t nanoseconds) { return (static_cast<double>(nanoseconds) + 0.5) / 1e3; }
 
 std::string size_text(int64_t bytes) {
   char buf[32];

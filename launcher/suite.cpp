@@ -513,10 +513,6 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
   return losses_off.empty();
 }
 
-}  // namespace
-
-namespace {
-
 // The flags whose value a suite's cases set themselves: given, they would change nothing, so they are refused.
 struct CaseOwnedFlag {
   const char* suite;
