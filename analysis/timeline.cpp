@@ -187,13 +187,16 @@ std::string clock_note(const RunMetadata& meta) {
 
 }  // namespace
 
+StepSpan steps_held(const RunRecord& run, StepSpan span) {
+  return {std::max(span.first, run.meta.first_step), std::min(span.last, run.meta.first_step + run.steps - 1)};
+}
+
 nlohmann::json chrome_trace(const RunRecord& run, StepSpan span) {
   nlohmann::json events = nlohmann::json::array();
-  const int64_t first = std::max(span.first, run.meta.first_step);
-  const int64_t end = std::min(span.last == INT64_MAX ? span.last : span.last + 1, run.meta.first_step + run.steps);
+  const StepSpan shown = steps_held(run, span);
   for (int r = 0; r < run.world_size(); ++r) {
     add_rank_names(events, run, r);
-    for (int64_t step = first; step < end; ++step) {
+    for (int64_t step = shown.first; step <= shown.last; ++step) {
       const int s = static_cast<int>(step - run.meta.first_step);
       add_step_events(events, run, r, s);
       add_bucket_events(events, run, r, s);
@@ -203,7 +206,7 @@ nlohmann::json chrome_trace(const RunRecord& run, StepSpan span) {
                           {"world_size", run.world_size()},
                           {"num_steps", run.steps},
                           {"first_step", run.meta.first_step},  // a resumed run's first: events carry training steps
-                          {"steps_shown", {first, end - 1}},
+                          {"steps_shown", {shown.first, shown.last}},
                           {"first_steady_step", run.first_steady_step()},
                           {"config", run.config},
                           {"clock", clock_note(run.meta)},

@@ -15,6 +15,9 @@ struct StepSpan {
   int64_t first = 0, last = INT64_MAX;
 };
 
+// The training steps of `span` that the run holds, first and last; first > last where there are none.
+StepSpan steps_held(const RunRecord& run, StepSpan span);
+
 // The trace of the steps in `span` as a JSON object {"traceEvents": [...], ...}; ts and dur in microseconds.
 nlohmann::json chrome_trace(const RunRecord& run, StepSpan span = {});
 

@@ -2,7 +2,6 @@
 
 #include <mpi.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -131,17 +130,16 @@ void add_timeline_command(CLI::App& app) {
       throw UsageError(e.what());
     }
     const RunRecord run = read_input(args->file);
-    const int64_t held_first = run.meta.first_step, held_last = run.meta.first_step + run.steps - 1;
-    if (span.last < held_first || span.first > held_last)
+    const StepSpan shown = steps_held(run, span), held = steps_held(run, {});
+    if (shown.first > shown.last)
       throw UsageError(fmt("--steps %s: %s holds steps %lld..%lld", args->steps.c_str(), args->file.c_str(),
-                           static_cast<long long>(held_first), static_cast<long long>(held_last)));
+                           static_cast<long long>(held.first), static_cast<long long>(held.last)));
     const std::string out = args->out.empty() ? default_timeline_path(args->file) : args->out;
     const std::string problem = check_output_path(out, args->force, {args->file});
     if (!problem.empty()) throw UsageError(problem);
     write_timeline(run, out, args->force, span);
-    const int64_t first = std::max(span.first, held_first), last = std::min(span.last, held_last);
     std::printf("timeline: %s (%d ranks, steps %lld..%lld; open in https://ui.perfetto.dev or chrome://tracing)\n",
-                out.c_str(), run.world_size(), static_cast<long long>(first), static_cast<long long>(last));
+                out.c_str(), run.world_size(), static_cast<long long>(shown.first), static_cast<long long>(shown.last));
     std::fflush(stdout);
   });
 }

@@ -138,11 +138,13 @@ struct RunRecord {
     }
     return terms > 0 ? weighted / terms : mean;
   }
-  // Whether every step holds its ranks' loss_terms (files before the field: none), and so global_loss weighs them.
+  // Whether global_loss weighs every step's losses by their terms (files before loss_terms: none).
   bool weighs_losses() const {
-    for (int t = 0; t < steps; ++t)
-      for (int r = 0; r < world_size(); ++r)
-        if (at(r, t).loss_terms <= 0) return false;
+    for (int t = 0; t < steps; ++t) {
+      double terms = 0;
+      for (int r = 0; r < world_size(); ++r) terms += at(r, t).loss_terms;
+      if (terms <= 0) return false;
+    }
     return steps > 0;
   }
   // Samples per step over all ranks: batch x grad_accum x world_size.
