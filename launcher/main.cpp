@@ -130,6 +130,7 @@ struct Commands {
   CLI::App* suite = nullptr;
   CLI::App* sweep = nullptr;
   CLI::App* devices = nullptr;
+  FileCommand file_command;  // report, timeline, diff or predict, when one was parsed
 };
 
 void add_commands(CLI::App& app, Commands& c) {
@@ -141,8 +142,8 @@ void add_commands(CLI::App& app, Commands& c) {
   c.suite = add_suite_command(app, c.suite_options);
   c.sweep = add_sweep_command(app, c.sweep_options);
   c.devices = app.add_subcommand("devices", "show BLAS, MPI, HDF5 and CUDA as this build sees them");
-  add_report_commands(app);  // report, timeline: run on rank 0 from their own callbacks
-  add_predict_command(app);  // the same, for predict
+  add_report_commands(app, c.file_command);  // report, timeline, diff
+  add_predict_command(app, c.file_command);
 }
 
 // Parses the command line, then checks the DDPLAB_* settings. False once rank 0 printed the help or the version
@@ -182,13 +183,17 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
     throw settings::BadSetting(why);
   MPI_Allreduce(MPI_IN_PLACE, &runs, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!runs) return false;
-  // Collective: only the commands that run collectives (report and the like run on rank 0 alone, in parse).
+  // Collective: only the commands that run collectives (the file commands run on rank 0 alone).
   if (c.train->parsed() || c.suite->parsed() || c.sweep->parsed()) settings::check_same_on_every_rank(MPI_COMM_WORLD);
   return true;
 }
 
-// The command parsed; returns the exit code.
-int run_command(const Commands& c, const std::string& command_line) {
+// The command parsed and checked; returns the exit code.
+int run_command(const Commands& c, const std::string& command_line, int rank) {
+  if (c.file_command) {
+    if (rank == 0) c.file_command();
+    return 0;
+  }
   if (c.train->parsed()) {
     const bool page = settings::choice(settings::kTrainPage) == "on";
     run_training(c.config, MPI_COMM_WORLD, RunOptions{"train", command_line, "", page});
@@ -233,7 +238,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
-    code = run_command(commands, command_line);
+    code = run_command(commands, command_line, rank);
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
     MPI_Finalize();

@@ -450,7 +450,7 @@ void run_predict(const PredictArgs& a) {
 
 }  // namespace
 
-void add_predict_command(CLI::App& app) {
+void add_predict_command(CLI::App& app, FileCommand& parsed) {
   auto args = std::make_shared<PredictArgs>();
   CLI::App* cmd = app.add_subcommand(
       "predict", "predicted step time for other bucket sizes, overlap, links and world sizes (docs/PREDICT.md)");
@@ -495,9 +495,7 @@ void add_predict_command(CLI::App& app) {
       ->type_name("FILE");
   cmd->add_option("--json", args->json, "write the table and recommendations as JSON")->type_name("OUT");
   cmd->add_flag("--force", args->force, "overwrite an existing --json file");
-  cmd->callback([args] {
-    if (is_rank0()) run_predict(*args);
-  });
+  cmd->callback([args, &parsed] { parsed = [args] { run_predict(*args); }; });
 }
 
 }  // namespace ddplab

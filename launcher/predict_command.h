@@ -5,11 +5,14 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "launcher/report_commands.h"
+
 namespace ddplab {
 
-// Registers it on the ddplab program; its callback runs on rank 0 only. Bad input (an unreadable or untimed run
+// Registers it on the ddplab program, as the report commands (launcher/report_commands.h): the parsed command sets
+// `parsed`, which main runs on rank 0 after every check. Bad input (an unreadable or untimed run
 // file, an unknown link, a bucket size <= 0, an existing --json file without --force) throws UsageError before
 // anything is written.
-void add_predict_command(CLI::App& app);
+void add_predict_command(CLI::App& app, FileCommand& parsed);
 
 }  // namespace ddplab

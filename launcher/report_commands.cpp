@@ -1,7 +1,5 @@
 #include "launcher/report_commands.h"
 
-#include <mpi.h>
-
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -19,15 +17,6 @@
 #include "record/run_file.h"
 
 namespace ddplab {
-
-bool is_rank0() {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) return true;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank == 0;
-}
 
 RunRecord read_input(const std::string& path, EmptyRun empty) {
   RunRecord run;
@@ -56,9 +45,8 @@ struct ReportArgs {
   bool force = false;
 };
 
-// `report` on rank 0: every file read first, then one page (--html), one JSON array (--json), or the tables.
+// `report`: every file read first, then one page (--html), one JSON array (--json), or the tables.
 void run_report(const ReportArgs& args) {
-  if (!is_rank0()) return;
   if (!args.html.empty()) {
     if (const std::string problem = check_output_path(args.html, args.force, args.files); !problem.empty())
       throw UsageError(problem);
@@ -92,7 +80,7 @@ void run_report(const ReportArgs& args) {
   std::fflush(stdout);
 }
 
-void add_report_command(CLI::App& app) {
+void add_report_command(CLI::App& app, FileCommand& parsed) {
   auto args = std::make_shared<ReportArgs>();
   CLI::App* report = app.add_subcommand("report", "tables and slow-rank blame from run files (docs/REPORTS.md)");
   report->add_option("files", args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
@@ -104,14 +92,37 @@ void add_report_command(CLI::App& app) {
       ->type_name("OUT.html")
       ->excludes("--json");
   report->add_flag("--force", args->force, "overwrite an existing --html page");
-  report->callback([args] { run_report(*args); });
+  report->callback([args, &parsed] { parsed = [args] { run_report(*args); }; });
 }
 
-void add_timeline_command(CLI::App& app) {
-  struct TimelineArgs {
-    std::string file, out, steps;
-    bool force = false;
-  };
+struct TimelineArgs {
+  std::string file, out, steps;
+  bool force = false;
+};
+
+// `timeline`: the run's steps (all, or --steps A:B) as a Chrome trace.
+void run_timeline(const TimelineArgs& args) {
+  StepSpan span;
+  try {
+    if (const auto [first, last] = parse_step_range(args.steps, "--steps"); first >= 0) span = {first, last};
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  const RunRecord run = read_input(args.file);
+  const StepSpan shown = steps_held(run, span), held = steps_held(run, {});
+  if (shown.first > shown.last)
+    throw UsageError(fmt("--steps %s: %s holds steps %lld..%lld", args.steps.c_str(), args.file.c_str(),
+                         static_cast<long long>(held.first), static_cast<long long>(held.last)));
+  const std::string out = args.out.empty() ? default_timeline_path(args.file) : args.out;
+  const std::string problem = check_output_path(out, args.force, {args.file});
+  if (!problem.empty()) throw UsageError(problem);
+  write_timeline(run, out, args.force, span);
+  std::printf("timeline: %s (%d ranks, steps %lld..%lld; open in https://ui.perfetto.dev or chrome://tracing)\n",
+              out.c_str(), run.world_size(), static_cast<long long>(shown.first), static_cast<long long>(shown.last));
+  std::fflush(stdout);
+}
+
+void add_timeline_command(CLI::App& app, FileCommand& parsed) {
   auto args = std::make_shared<TimelineArgs>();
   CLI::App* timeline = app.add_subcommand("timeline", "export a run to Chrome-trace JSON (Perfetto, chrome://tracing)");
   timeline->add_option("file", args->file, "run file (HDF5)")->required()->type_name("FILE.h5");
@@ -121,56 +132,39 @@ void add_timeline_command(CLI::App& app) {
       ->add_option("--steps", args->steps,
                    "only training steps A to B (a long run's whole trace can outgrow what a browser opens)")
       ->type_name("A:B");
-  timeline->callback([args] {
-    if (!is_rank0()) return;
-    StepSpan span;
-    try {
-      if (const auto [first, last] = parse_step_range(args->steps, "--steps"); first >= 0) span = {first, last};
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-    const RunRecord run = read_input(args->file);
-    const StepSpan shown = steps_held(run, span), held = steps_held(run, {});
-    if (shown.first > shown.last)
-      throw UsageError(fmt("--steps %s: %s holds steps %lld..%lld", args->steps.c_str(), args->file.c_str(),
-                           static_cast<long long>(held.first), static_cast<long long>(held.last)));
-    const std::string out = args->out.empty() ? default_timeline_path(args->file) : args->out;
-    const std::string problem = check_output_path(out, args->force, {args->file});
-    if (!problem.empty()) throw UsageError(problem);
-    write_timeline(run, out, args->force, span);
-    std::printf("timeline: %s (%d ranks, steps %lld..%lld; open in https://ui.perfetto.dev or chrome://tracing)\n",
-                out.c_str(), run.world_size(), static_cast<long long>(shown.first), static_cast<long long>(shown.last));
-    std::fflush(stdout);
-  });
+  timeline->callback([args, &parsed] { parsed = [args] { run_timeline(*args); }; });
 }
 
-void add_diff_command(CLI::App& app) {
-  struct DiffArgs {
-    std::vector<std::string> files;
-    bool json = false;
-  };
+struct DiffArgs {
+  std::vector<std::string> files;
+  bool json = false;
+};
+
+// `diff`: both files read first, then the comparison as a table or JSON.
+void run_diff(const DiffArgs& args) {
+  const RunRecord a = read_input(args.files[0]), b = read_input(args.files[1]);
+  const RunDiff d = diff_runs(a, b);
+  if (args.json)
+    std::printf("%s\n", to_json(d).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  else
+    print_diff(stdout, d);
+  std::fflush(stdout);
+}
+
+void add_diff_command(CLI::App& app, FileCommand& parsed) {
   auto args = std::make_shared<DiffArgs>();
   CLI::App* diff = app.add_subcommand("diff", "what changed between two runs, beyond the noise (docs/REPORTS.md)");
   diff->add_option("files", args->files, "run files A and B (HDF5)")->required()->expected(2)->type_name("FILE.h5");
   diff->add_flag("--json", args->json, "print the comparison as one JSON object instead");
-  diff->callback([args] {
-    if (!is_rank0()) return;
-    const RunRecord a = read_input(args->files[0]), b = read_input(args->files[1]);  // both readable first
-    const RunDiff d = diff_runs(a, b);
-    if (args->json)
-      std::printf("%s\n", to_json(d).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    else
-      print_diff(stdout, d);
-    std::fflush(stdout);
-  });
+  diff->callback([args, &parsed] { parsed = [args] { run_diff(*args); }; });
 }
 
 }  // namespace
 
-void add_report_commands(CLI::App& app) {
-  add_report_command(app);
-  add_timeline_command(app);
-  add_diff_command(app);
+void add_report_commands(CLI::App& app, FileCommand& parsed) {
+  add_report_command(app, parsed);
+  add_timeline_command(app, parsed);
+  add_diff_command(app, parsed);
 }
 
 }  // namespace ddplab

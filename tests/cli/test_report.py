@@ -321,6 +321,15 @@ def main():
         expect_usage_error(run([ddplab, "timeline", a, "--steps", "1:4294967297", "-o", part, "--force"]),
                            "--steps must be A:B", "timeline --steps past what a step number holds")
         os.remove(part)
+        # A DDPLAB_* setting refused is refused before the file commands read or write anything.
+        bad_setting = dict(os.environ, DDPLAB_BLAS_AUTO="bogus")
+        for cmd, output in ((["timeline", a, "-o", part], part),
+                            (["predict", a, "--json", part], part),
+                            (["report", a, "--html", part + ".html"], part + ".html")):
+            proc = subprocess.run([ddplab] + cmd, capture_output=True, text=True, timeout=60, env=bad_setting)
+            expect_usage_error(proc, "DDPLAB_BLAS_AUTO must be on or off, got 'bogus'", f"{cmd[0]} under a bad setting")
+            check(not os.path.exists(output) and "predict:" not in proc.stdout,
+                  f"{cmd[0]} under a bad setting writes nothing ({proc.stdout.strip()[:200]})")
         check(not [n for n in os.listdir(work) if ".tmp." in n], "no temporary files left behind")
 
         # ---- bad run files ------------------------------------------------------------------------------------

@@ -17,9 +17,9 @@
 
 namespace {
 
-// `report` and `timeline` run their callbacks during parse: they read the run files they name (timeline then
-// writes a trace). They are fuzzed as they are, kept harmless: an input that names either of them together with
-// an existing path is skipped, so every file they are given is missing and they stop at "cannot read run file".
+// `report` and `timeline` read the run files they name (timeline then writes a trace). They are fuzzed as main runs
+// them, kept harmless: an input that names either of them together with an existing path is skipped, so every file
+// they are given is missing and they stop at "cannot read run file".
 bool touches_files(const std::vector<std::string>& args) {
   bool subcommand = false, existing = false;
   for (const std::string& a : args) {
@@ -57,13 +57,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ddplab::SweepOptions sweep_options;
   CLI::App* sweep = ddplab::add_sweep_command(app, sweep_options);
   app.add_subcommand("devices");
-  ddplab::add_report_commands(app);
+  ddplab::FileCommand file_command;
+  ddplab::add_report_commands(app, file_command);
 
   try {
     app.parse(static_cast<int>(argv.size()), argv.data());
     if (train->parsed()) ddplab::validate(config);
     if (suite->parsed()) ddplab::validate(suite_options.base);
     if (sweep->parsed()) ddplab::validate(sweep_options.base);
+    if (file_command) file_command();
   } catch (const CLI::Error&) {
   } catch (const ddplab::UsageError&) {
   }
