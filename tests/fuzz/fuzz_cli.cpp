@@ -1,7 +1,8 @@
 // Fuzz target: the command line of the ddplab program, built as main() builds it (train, suite, sweep, devices,
-// report, timeline), then the validation that runs before any work. Input: the arguments, separated by NUL or
-// newline (a corpus file is readable as one argument per line). A bad command line must end in a CLI11 parse
-// error or a UsageError; anything else escaping would reach main()'s "internal error" path (exit 1, MPI_Abort).
+// report, timeline, diff), then the validation that runs before any work, then the parsed file command. Input: the
+// arguments, separated by NUL or newline (a corpus file is readable as one argument per line). A bad command line must
+// end in a CLI11 parse error or a UsageError; anything else escaping would reach main()'s "internal error" path (exit
+// 1, MPI_Abort).
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
@@ -17,14 +18,14 @@
 
 namespace {
 
-// `report` and `timeline` read the run files they name (timeline then writes a trace). They are fuzzed as main runs
-// them, kept harmless: an input that names either of them together with an existing path is skipped, so every file
+// `report`, `timeline` and `diff` read the run files they name (timeline then writes a trace). They are fuzzed as main
+// runs them, kept harmless: an input that names one of them together with an existing path is skipped, so every file
 // they are given is missing and they stop at "cannot read run file".
 bool touches_files(const std::vector<std::string>& args) {
   bool subcommand = false, existing = false;
   for (const std::string& a : args) {
     struct stat st;
-    subcommand |= a == "report" || a == "timeline";
+    subcommand |= a == "report" || a == "timeline" || a == "diff";
     existing |= stat(a.c_str(), &st) == 0;
   }
   return subcommand && existing;
