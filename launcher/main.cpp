@@ -147,7 +147,7 @@ void add_commands(CLI::App& app, Commands& c) {
 }
 
 // Parses the command line, then checks the DDPLAB_* settings. False once rank 0 printed the help or the version
-// asked for: nothing to run. Throws UsageError (the command line) or settings::BadSetting.
+// every rank asked for: nothing to run. Throws UsageError (the command line) or settings::BadSetting.
 //
 // Each rank parses its own command line and environment, and an MPMD launch or an environment set per host can make
 // one rank refuse what another accepts. The ranks agree first (collectives every rank reaches, whatever it parsed):
@@ -155,23 +155,26 @@ void add_commands(CLI::App& app, Commands& c) {
 // waiting forever in a later collective for ranks that have left.
 bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv, int rank) {
   std::string usage, setting;
-  int runs = 1;
+  std::string answer;  // the help or the version, when asked for: nothing runs
   try {
     require_known_command(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    if (rank == 0) std::printf("%s", app.help().c_str());  // the selected subcommand's help, if any
-    runs = 0;
+    answer = app.help();  // the selected subcommand's help, if any
   } catch (const CLI::CallForVersion& e) {
-    if (rank == 0) std::printf("%s\n", e.what());
-    runs = 0;
+    answer = std::string(e.what()) + "\n";
   } catch (const CLI::ParseError& e) {
     usage = parse_error_text(e, app);
   } catch (const UsageError& e) {
     usage = e.what();
   }
+  // An MPMD launch can ask for the help on some ranks only: the others' command would end, unrun, with exit 0.
+  int world = 1, asking = answer.empty() ? 0 : 1, asked = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Allreduce(&asking, &asked, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (asking && asked < world) usage = "--help or --version asked on some ranks only, the others have a command to run";
   // Every DDPLAB_* knob in the environment, on every rank, before any work (`devices` lists them as they are).
-  if (runs && usage.empty() && !c.devices->parsed()) {
+  if (answer.empty() && usage.empty() && !c.devices->parsed()) {
     try {
       settings::check_all();
     } catch (const settings::BadSetting& e) {
@@ -181,8 +184,10 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
   if (const std::string why = first_failing_reason(usage, MPI_COMM_WORLD); !why.empty()) throw UsageError(why);
   if (const std::string why = first_failing_reason(setting, MPI_COMM_WORLD); !why.empty())
     throw settings::BadSetting(why);
-  MPI_Allreduce(MPI_IN_PLACE, &runs, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!runs) return false;
+  if (asked == world) {
+    if (rank == 0) std::printf("%s", answer.c_str());
+    return false;
+  }
   // Collective: only the commands that run collectives (the file commands run on rank 0 alone).
   if (c.train->parsed() || c.suite->parsed() || c.sweep->parsed()) settings::check_same_on_every_rank(MPI_COMM_WORLD);
   return true;

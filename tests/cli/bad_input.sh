@@ -256,6 +256,10 @@ expect_refusal "mpirun -np 1 ddplab --version : -np 1 ddplab train" \
 expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
   "rank 1: unknown option --no-such-flag" \
   -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --no-such-flag
+# The help asked on one rank only would end the others' run, unrun, with exit code 0.
+expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --help" \
+  "rank 1: --help or --version asked on some ranks only, the others have a command to run" \
+  -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --help
 expect_refusal "mpirun -np 1 ddplab train : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana ddplab train" \
   "rank 1: DDPLAB_COMM_MAX_SLEEP_US must be an integer" \
   -np 1 "$ddplab" train "${small[@]}" : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana "$ddplab" train "${small[@]}"
