@@ -126,7 +126,7 @@ LinkClasses parse_links(const std::string& spec, double latency_us_override, dou
 // Default: the crossover measured on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks,
 // 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows).
 size_t small_allreduce_bytes(int n) {
-  const int64_t measured = n <= 2 ? int64_t{16} << 10 : int64_t{32} << 10;
+  const int64_t measured = n <= 2 ? settings::kSmallAllreduceBytesAtTwoRanks : settings::kSmallAllreduceBytesBeyond;
   return static_cast<size_t>(settings::integer(settings::kSmallAllreduceBytes, measured));
 }
 

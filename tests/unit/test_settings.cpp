@@ -66,5 +66,12 @@ TEST(Settings, DescribeListsEveryKnobWithItsOrigin) {
   EXPECT_NE(line_of(kRingSliceBytes).find("262144 (default)"), std::string::npos) << line_of(kRingSliceBytes);
 }
 
+// The one knob whose default the caller computes (per world size): its text for `ddplab devices` names the values.
+TEST(Settings, SmallAllreduceDefaultTextNamesTheDefaults) {
+  const std::string text = kSmallAllreduceBytes.default_text;
+  EXPECT_EQ(text, std::to_string(kSmallAllreduceBytesAtTwoRanks) + " at 2 ranks, " +
+                      std::to_string(kSmallAllreduceBytesBeyond) + " beyond");
+}
+
 }  // namespace
 }  // namespace ddplab::settings
