@@ -1,25 +1,41 @@
 // The CUDA device vocabulary of our kernels for the host compiler, so that g++ compiles a kernel's own source and runs
-// it on host threads: a CTA is blockDim.x std::threads (CTAs one after another), __syncthreads and __syncwarp are
-// barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync, __any_sync, and the PTX primitives of
-// kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async) are emulated with the PTX ISA's register layouts, and
-// dynamic shared memory is one buffer the CTA's threads share. Made to check index arithmetic, fragment layouts,
-// shared-memory layouts, masking, barriers and block skipping against a CPU reference without a GPU
-// (tests/emu/test_flash_attention_emu.cpp, tests/emu/test_mma_emu.cpp); it says nothing about timing, and little
-// about the memory model.
+// it on the CPU: CTAs one after another, a CTA's blockDim.x threads as fibers (ucontext) on the launching thread,
+// __syncthreads and __syncwarp barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync,
+// __any_sync, __reduce_add_sync, and the PTX primitives of kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async)
+// emulated with the PTX ISA's register layouts, and dynamic shared memory one buffer the CTA's threads share. Made to
+// check index arithmetic, fragment layouts, shared-memory layouts, masking, barriers and block skipping against a CPU
+// reference without a GPU (tests/emu/test_flash_attention_emu.cpp, tests/emu/test_mma_emu.cpp); it says nothing about
+// timing, and little about the memory model.
 //
 // Include this first (before cuda_bf16.h's users and the kernels), from a g++ translation unit; never from nvcc.
 //
+// The schedule: a thread runs until it waits at a barrier (__syncthreads, __syncwarp, a warp-collective step) or
+// returns from the kernel; then the lowest-numbered thread that can run goes on, the highest in odd CTAs; a barrier's
+// threads can run again once all of them arrived. So from one __syncthreads to the next the warps run one after
+// another, each whole, in ascending order in even CTAs and descending in odd ones, and a warp's lanes run in the same
+// order from one of its collective steps to the next. Of two threads that touch the same shared memory with no
+// barrier between them, each goes first in one of the two orders: a grid of two CTAs or more runs both, so a missing
+// barrier reads the poison, stale data, or data written too early, whichever thread is the lower. It is
+// deterministic: a launch computes the same bits every run, atomicAdd's order included.
+//
 // What it checks, failing loudly (a message on stderr, then abort) rather than computing something:
 //   - every barrier is reached by every thread of its CTA or warp: a thread that returns from the kernel while others
-//     wait at a barrier (or arrives after another returned) fails at once; a barrier still incomplete after
-//     kBarrierTimeout (threads waiting at different barriers) fails then, instead of hanging;
+//     wait at a barrier, or arrives at one after another thread of it returned, fails at once; so do lanes of a warp
+//     at different collective steps (a shuffle in some, an mma.sync in others); when no thread can run and some have
+//     not returned (threads wait at different barriers), the launch fails naming the barriers and who waits at each;
 //   - ldmatrix and cp.async: shared addresses 16-byte aligned and within the launch's dynamic shared memory, cp.async's
 //     global source 16-byte aligned;
 //   - the launch: a 1-D block of whole warps, at most 1024 threads; dynamic shared memory within 227 KB (an H100's
 //     per-block opt-in maximum);
 //   - shared memory: poisoned (0xFF bytes: NaN as fp32 and as bf16) before each CTA, so that a read of anything the
-//     CTA did not write shows as NaN; the bytes past the launch's size are checked untouched after each CTA; under
+//     CTA did not write shows as NaN; the bytes past the launch's size are checked untouched after the launch; under
 //     AddressSanitizer they are poisoned too, so any access past the end fails where it happens.
+// What it cannot see: threads never interleave between barriers, so only those two orders run. A race that needs
+// another interleaving (two writers of one word, a read of half a write), fences and the memory model's orderings,
+// a dependence between lanes of a warp across a shuffle or an mma.sync (no __syncwarp between: the lanes run in turn
+// around it, as around a barrier) and a dependence between CTAs all pass; a thread that spins until another writes
+// hangs, as only barriers switch threads. A thread's stack is 256 KiB with a guard page below it: a kernel whose locals
+// overflow it dies of SIGSEGV.
 //
 // The warp model: a warp-collective step writes each lane's operands (a shuffle's value, ldmatrix's row address,
 // mma.sync's A and B registers) to the warp's exchange buffer, waits at the warp's barrier, and computes the lane's
@@ -37,29 +53,30 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
 #include <vector_functions.h>  // make_uint4, make_float4
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
+#include <bit>
 #include <cmath>
-#include <condition_variable>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <thread>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>  // __sanitizer_start_switch_fiber
 #define DDPLAB_EMU_ASAN 1
 #endif
 
@@ -74,13 +91,19 @@
 using std::isfinite;
 using std::isnan;
 
+// The built-in variables: the running CTA's, and threadIdx the running thread's (set at each switch).
+inline thread_local uint3 threadIdx{0, 0, 0};
+inline thread_local uint3 blockIdx{0, 0, 0};
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
 namespace ddplab::emu {
 
 constexpr int kWarpSize = 32;
 constexpr size_t kSharedCapacity = 227 * 1024;  // an H100's / H200's opt-in dynamic shared memory per block
-// A barrier some thread never reaches is a bug of the kernel; one reached late is a busy host (a block's threads share
-// two cores with other tests): the limit only has to end a deadlock well before ctest's 300 s.
-constexpr auto kBarrierTimeout = std::chrono::seconds(120);
+// A thread's stack: many times the kernels' locals (the attention's fragment arrays, the mma emulation's tiles: a few
+// KB); only the pages a thread touches are ever backed.
+constexpr size_t kStackBytes = 256 * 1024;
 
 [[noreturn]] inline void fail(const char* format, ...) {
   std::va_list args;
@@ -121,62 +144,24 @@ inline void check_shared(const void* p, size_t bytes, const char* what) {
          offset + bytes, sm.bytes);
 }
 
-// A barrier over n threads that fails instead of hanging: a thread leaving the kernel while others wait (or before
-// others arrive), or an incomplete barrier after kBarrierTimeout. `completion` runs in the last arriving thread
-// before any is released.
-class Barrier {
- public:
-  explicit Barrier(int n, std::function<void()> completion = {}) : n_(n), completion_(std::move(completion)) {}
+// A cp.async copy, queued until its group is waited for (cp_async_16 below): 16 bytes to shared memory.
+struct AsyncCopy {
+  void* dst;
+  const void* src;  // null: 16 zero bytes
+};
+inline void land(const AsyncCopy& c) {
+  if (c.src != nullptr)
+    std::memcpy(c.dst, c.src, 16);
+  else
+    std::memset(c.dst, 0, 16);
+}
 
-  void arrive_and_wait(const char* what) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (left_ > 0) not_reached(what);
-    const uint64_t generation = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      if (completion_) completion_();
-      lock.unlock();
-      cv_.notify_all();
-      return;
-    }
-    if (!cv_.wait_for(lock, kBarrierTimeout, [&] { return generation_ != generation; }))
-      fail(
-          "%s: %d of %d threads arrived within %lld s (CTA %u,%u,%u): threads wait at different barriers, or one is "
-          "never reached",
-          what, arrived_, n_, static_cast<long long>(kBarrierTimeout.count()), blockIdx_x(), blockIdx_y(),
-          blockIdx_z());
-  }
-
-  // The calling thread returned from the kernel.
-  void leave(const char* what) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++left_;
-    if (arrived_ > 0) not_reached(what);
-  }
-  // Between CTAs: every thread is back.
-  void reset() {
-    std::lock_guard<std::mutex> lock(mu_);
-    left_ = 0;
-  }
-
- private:
-  [[noreturn]] void not_reached(const char* what) const {
-    fail(
-        "%s: %d of %d threads wait at it while %d returned from the kernel (CTA %u,%u,%u): a barrier not reached by "
-        "every thread",
-        what, arrived_, n_, left_, blockIdx_x(), blockIdx_y(), blockIdx_z());
-  }
-  static unsigned blockIdx_x();
-  static unsigned blockIdx_y();
-  static unsigned blockIdx_z();
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const int n_;
-  int arrived_ = 0, left_ = 0;
-  uint64_t generation_ = 0;
-  std::function<void()> completion_;
+// A barrier over threads [first, first + count) of the CTA: __syncthreads' over all of them, a warp's over its lanes.
+struct Barrier {
+  int first = 0, count = 0;
+  int arrived = 0;        // threads waiting at it
+  int returned = 0;       // threads that returned from the kernel: it can never complete again in this CTA
+  const char* what = "";  // what the waiting threads called
 };
 
 // What a warp-collective operation (a shuffle, ldmatrix, mma.sync) passes between lanes: each lane's operands in
@@ -187,36 +172,240 @@ struct WarpExchange {
   alignas(16) unsigned char slot[2][kWarpSize][kExchangeSlotBytes];
 };
 
-// What the threads of the running CTA share: its barriers and the warps' exchange buffers.
-struct Cta {
-  explicit Cta(int threads) : block(threads), warps(threads / kWarpSize), exchange(threads / kWarpSize) {
-    for (auto& w : warps) w = std::make_unique<Barrier>(kWarpSize);
-  }
+// Where a context resumes: the registers swapcontext saves, and for AddressSanitizer the stack it runs on.
+struct Context {
+  ucontext_t registers;
+#ifdef DDPLAB_EMU_ASAN
+  void* fake_stack = nullptr;
+  const void* stack_bottom = nullptr;
+  size_t stack_size = 0;
+#endif
+};
+
+// A thread of the running CTA: its context, and what the emulation keeps per thread.
+struct Fiber {
+  Context context;
+  unsigned char* stack = nullptr;     // kStackBytes, a guard page below
+  unsigned exchanges = 0;             // its warp-collective operations so far in the CTA: which exchange set is next
+  std::vector<AsyncCopy> open_group;  // cp.async copies issued since its last commit
+  std::deque<std::vector<AsyncCopy>> committed_groups;
+};
+
+// A CTA's threads as fibers, their barriers and the warps' exchange buffers, and the scheduler that runs them on the
+// launching thread. Made once a launch, run once for each of its CTAs.
+class Cta {
+ public:
+  explicit Cta(int threads);
+  ~Cta() { munmap(stacks_, stacks_bytes_); }
+  Cta(const Cta&) = delete;
+  Cta& operator=(const Cta&) = delete;
+
+  // Runs body(arg) on every thread (threadIdx.x each), the lowest-numbered runnable one first, or the highest if
+  // `descending`; returns when all returned from it.
+  void run(void (*body)(void*), void* arg, bool descending);
+  Fiber& running() { return fibers_[running_]; }
+  // The running thread, calling `what`, waits at `barrier` until all of its threads arrived.
+  void wait_at(Barrier& barrier, const char* what);
+
   Barrier block;
-  std::vector<std::unique_ptr<Barrier>> warps;
+  std::vector<Barrier> warps;
   std::vector<WarpExchange> exchange;
+
+ private:
+  static void fiber_main();
+  [[noreturn]] void returned_from_kernel();
+  // The running thread stopped (waits, or returned: `ends`): the next runnable one goes on. Returns when the running
+  // thread is resumed, at once when it is still the one to run.
+  void run_next(bool ends);
+  int next_runnable() const;
+  void stop(int thread);
+  void release(const Barrier& barrier);
+  void switch_context(Context& from, Context& to, bool from_ends);
+  void finish_switch(void* fake_stack);
+  std::string name(const Barrier& barrier) const;
+  [[noreturn]] void not_reached(const Barrier& barrier) const;
+  [[noreturn]] void deadlock() const;
+
+  const int threads_;
+  std::vector<Fiber> fibers_;  // never resized: a ucontext_t points into itself
+  Context launcher_;
+  unsigned char* stacks_ = nullptr;
+  size_t stacks_bytes_ = 0;
+  void (*body_)(void*) = nullptr;
+  void* arg_ = nullptr;
+  bool descending_ = false;
+  int running_ = -1;
+  int returned_ = 0;
+  uint32_t runnable_warps_ = 0;                // bit w: warp w has a runnable lane
+  std::array<uint32_t, 32> runnable_lanes_{};  // bit l of [w]: lane l of warp w can run
+#ifdef DDPLAB_EMU_ASAN
+  Context* switching_from_ = nullptr;
+#endif
 };
 
 inline thread_local Cta* t_cta = nullptr;
-inline thread_local unsigned t_exchanges = 0;  // the calling lane's warp-collective operations so far in its CTA
 
 inline Cta& this_cta() {
   if (t_cta == nullptr) fail("a device function called outside emulate_launch");
   return *t_cta;
 }
 
-}  // namespace ddplab::emu
+inline Cta::Cta(int threads)
+    : warps(threads / kWarpSize), exchange(threads / kWarpSize), threads_(threads), fibers_(threads) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), each = page + kStackBytes;
+  stacks_bytes_ = each * threads;
+  void* const stacks =
+      mmap(nullptr, stacks_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks == MAP_FAILED) fail("launch: no memory for %d threads' stacks (%zu bytes)", threads, stacks_bytes_);
+  stacks_ = static_cast<unsigned char*>(stacks);
+  for (int t = 0; t < threads; ++t) {
+    unsigned char* const guard = stacks_ + each * t;  // the stack grows down to it
+    if (mprotect(guard, page, PROT_NONE) != 0) fail("launch: no guard page for a thread's stack");
+    Fiber& f = fibers_[t];
+    f.stack = guard + page;
+    getcontext(&f.context.registers);  // makecontext's starting point, once: each CTA makes it afresh from there
+    f.context.registers.uc_stack.ss_sp = f.stack;
+    f.context.registers.uc_stack.ss_size = kStackBytes;
+    f.context.registers.uc_link = nullptr;
+#ifdef DDPLAB_EMU_ASAN
+    f.context.stack_bottom = f.stack;
+    f.context.stack_size = kStackBytes;
+#endif
+  }
+  block = Barrier{0, threads};
+  for (int w = 0; w < threads / kWarpSize; ++w) warps[w] = Barrier{w * kWarpSize, kWarpSize};
+}
 
-// The built-in variables, per emulated thread.
-inline thread_local uint3 threadIdx{0, 0, 0};
-inline thread_local uint3 blockIdx{0, 0, 0};
-inline thread_local dim3 blockDim;
-inline thread_local dim3 gridDim;
+inline void Cta::run(void (*body)(void*), void* arg, bool descending) {
+  body_ = body;
+  arg_ = arg;
+  descending_ = descending;
+  block.arrived = block.returned = 0;
+  for (Barrier& w : warps) w.arrived = w.returned = 0;
+  for (Fiber& f : fibers_) {
+    f.exchanges = 0;
+    makecontext(&f.context.registers, &Cta::fiber_main, 0);
+  }
+  returned_ = 0;
+  release(block);
+  running_ = next_runnable();
+  ::threadIdx = uint3{static_cast<unsigned>(running_), 0, 0};
+  switch_context(launcher_, fibers_[running_].context, false);
+}
 
-namespace ddplab::emu {
-inline unsigned Barrier::blockIdx_x() { return ::blockIdx.x; }
-inline unsigned Barrier::blockIdx_y() { return ::blockIdx.y; }
-inline unsigned Barrier::blockIdx_z() { return ::blockIdx.z; }
+inline void Cta::fiber_main() {
+  Cta& cta = *t_cta;
+  cta.finish_switch(nullptr);
+  cta.body_(cta.arg_);
+  cta.returned_from_kernel();
+}
+
+inline void Cta::wait_at(Barrier& barrier, const char* what) {
+  if (barrier.arrived > 0 && barrier.what != what && std::strcmp(barrier.what, what) != 0)
+    fail("%s and %s at once in warp %d (CTA %u,%u,%u): a warp's lanes at different collective steps", barrier.what,
+         what, barrier.first / kWarpSize, ::blockIdx.x, ::blockIdx.y, ::blockIdx.z);
+  barrier.what = what;
+  ++barrier.arrived;
+  if (barrier.returned > 0) not_reached(barrier);
+  stop(running_);
+  if (barrier.arrived == barrier.count) {
+    barrier.arrived = 0;
+    release(barrier);
+  }
+  run_next(false);
+}
+
+inline void Cta::returned_from_kernel() {
+  Fiber& self = running();
+  self.open_group.clear();  // copies never waited for are dropped: they could land anywhere in the next CTA's memory
+  self.committed_groups.clear();
+  stop(running_);
+  ++returned_;
+  for (Barrier* b : {&block, &warps[running_ / kWarpSize]}) {
+    ++b->returned;
+    if (b->arrived > 0) not_reached(*b);
+  }
+  run_next(true);
+  fail("a thread resumed after it returned from the kernel");
+}
+
+inline void Cta::run_next(bool ends) {
+  const int from = running_, next = next_runnable();
+  if (next == from) return;
+  if (next < 0 && returned_ < threads_) deadlock();
+  running_ = next;
+  if (next >= 0) ::threadIdx = uint3{static_cast<unsigned>(next), 0, 0};
+  switch_context(fibers_[from].context, next >= 0 ? fibers_[next].context : launcher_, ends);
+}
+
+inline int Cta::next_runnable() const {
+  if (runnable_warps_ == 0) return -1;
+  const auto pick = [this](uint32_t bits) {
+    return descending_ ? 31 - std::countl_zero(bits) : std::countr_zero(bits);
+  };
+  const int w = pick(runnable_warps_);
+  return w * kWarpSize + pick(runnable_lanes_[w]);
+}
+
+inline void Cta::stop(int thread) {
+  const int w = thread / kWarpSize;
+  runnable_lanes_[w] &= ~(1u << thread % kWarpSize);
+  if (runnable_lanes_[w] == 0) runnable_warps_ &= ~(1u << w);
+}
+
+inline void Cta::release(const Barrier& barrier) {
+  for (int w = barrier.first / kWarpSize; w < (barrier.first + barrier.count) / kWarpSize; ++w) {
+    runnable_lanes_[w] = ~0u;
+    runnable_warps_ |= 1u << w;
+  }
+}
+
+// Saves the running context in `from` and resumes `to`; returns when `from` is resumed. `from_ends`: it never is (its
+// thread returned), so ASan drops its fake stack.
+inline void Cta::switch_context(Context& from, Context& to, [[maybe_unused]] bool from_ends) {
+#ifdef DDPLAB_EMU_ASAN
+  switching_from_ = &from;
+  __sanitizer_start_switch_fiber(from_ends ? nullptr : &from.fake_stack, to.stack_bottom, to.stack_size);
+  swapcontext(&from.registers, &to.registers);
+  finish_switch(from.fake_stack);
+#else
+  swapcontext(&from.registers, &to.registers);
+#endif
+}
+
+// In the context that was switched to: ASan learns the stack of the one it came from (the launcher's, the first time).
+inline void Cta::finish_switch([[maybe_unused]] void* fake_stack) {
+#ifdef DDPLAB_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, &switching_from_->stack_bottom, &switching_from_->stack_size);
+#endif
+}
+
+inline std::string Cta::name(const Barrier& barrier) const {
+  if (&barrier == &block) return barrier.what;
+  return "warp " + std::to_string(barrier.first / kWarpSize) + "'s " + barrier.what;
+}
+
+inline void Cta::not_reached(const Barrier& barrier) const {
+  fail(
+      "%s: %d of %d threads wait at it while %d returned from the kernel (CTA %u,%u,%u): a barrier not reached by "
+      "every thread",
+      name(barrier).c_str(), barrier.arrived, barrier.count, barrier.returned, ::blockIdx.x, ::blockIdx.y,
+      ::blockIdx.z);
+}
+
+inline void Cta::deadlock() const {
+  std::string waiting;
+  const auto add = [&](const Barrier& b) {
+    if (b.arrived == 0) return;
+    waiting += (waiting.empty() ? "" : ", ") + name(b) + " holds " + std::to_string(b.arrived) + " of " +
+               std::to_string(b.count);
+  };
+  add(block);
+  for (const Barrier& w : warps) add(w);
+  fail("no thread can go on (CTA %u,%u,%u): %s: threads wait at different barriers", ::blockIdx.x, ::blockIdx.y,
+       ::blockIdx.z, waiting.c_str());
+}
+
 inline int lane_id() { return static_cast<int>(::threadIdx.x) % kWarpSize; }
 inline int warp_id() { return static_cast<int>(::threadIdx.x) / kWarpSize; }
 inline void require_full_mask(unsigned mask, const char* what) {
@@ -229,9 +418,9 @@ std::array<T, kWarpSize> exchange_in_warp(const T& mine, const char* what) {
   static_assert(sizeof(T) <= kExchangeSlotBytes && std::is_trivially_copyable_v<T>, "fits a lane's exchange slot");
   Cta& cta = this_cta();
   const int warp = warp_id();
-  auto& set = cta.exchange[warp].slot[t_exchanges++ % 2];
+  auto& set = cta.exchange[warp].slot[cta.running().exchanges++ % 2];
   std::memcpy(set[lane_id()], &mine, sizeof(T));
-  cta.warps[warp]->arrive_and_wait(what);
+  cta.wait_at(cta.warps[warp], what);
   std::array<T, kWarpSize> all;
   for (int l = 0; l < kWarpSize; ++l) std::memcpy(&all[l], set[l], sizeof(T));
   return all;
@@ -240,11 +429,15 @@ std::array<T, kWarpSize> exchange_in_warp(const T& mine, const char* what) {
 
 // ---- intrinsics ---------------------------------------------------------------------------------------------------
 
-inline void __syncthreads() { ddplab::emu::this_cta().block.arrive_and_wait("__syncthreads"); }
+inline void __syncthreads() {
+  ddplab::emu::Cta& cta = ddplab::emu::this_cta();
+  cta.wait_at(cta.block, "__syncthreads");
+}
 
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ddplab::emu::require_full_mask(mask, "__syncwarp");
-  ddplab::emu::this_cta().warps[ddplab::emu::warp_id()]->arrive_and_wait("__syncwarp");
+  ddplab::emu::Cta& cta = ddplab::emu::this_cta();
+  cta.wait_at(cta.warps[ddplab::emu::warp_id()], "__syncwarp");
 }
 
 template <typename T>
@@ -374,11 +567,11 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transposed) {
 // CpAsyncLanding::kAtIssue every copy lands as it is issued, so a kernel that overwrites a tile it still has to read
 // (a copy issued too early) reads the new contents. A test runs a kernel both ways.
 enum class CpAsyncLanding { kAtWait, kAtIssue };
-inline std::atomic<CpAsyncLanding> g_cp_async_landing{CpAsyncLanding::kAtWait};
-// While it lives, copies land as `landing` says (the threads of the launches it spans read it).
+inline CpAsyncLanding g_cp_async_landing = CpAsyncLanding::kAtWait;
+// While it lives, copies land as `landing` says.
 class CpAsyncLandingScope {
  public:
-  explicit CpAsyncLandingScope(CpAsyncLanding landing) : before_(g_cp_async_landing.exchange(landing)) {}
+  explicit CpAsyncLandingScope(CpAsyncLanding landing) : before_(std::exchange(g_cp_async_landing, landing)) {}
   ~CpAsyncLandingScope() { g_cp_async_landing = before_; }
   CpAsyncLandingScope(const CpAsyncLandingScope&) = delete;
   CpAsyncLandingScope& operator=(const CpAsyncLandingScope&) = delete;
@@ -386,20 +579,6 @@ class CpAsyncLandingScope {
  private:
   CpAsyncLanding before_;
 };
-struct AsyncCopy {
-  void* dst;
-  const void* src;  // null: 16 zero bytes
-};
-// The copy landing: 16 bytes from the source, or 16 zero bytes.
-inline void land(const AsyncCopy& c) {
-  if (c.src != nullptr)
-    std::memcpy(c.dst, c.src, 16);
-  else
-    std::memset(c.dst, 0, 16);
-}
-inline thread_local std::vector<AsyncCopy> t_open_group;
-inline thread_local std::deque<std::vector<AsyncCopy>> t_committed_groups;
-
 inline void cp_async_16(void* dst_shared, const void* src_global, bool from_src) {
   require_shared(dst_shared, 16, 16, "cp.async (destination)");
   if (from_src && reinterpret_cast<uintptr_t>(src_global) % 16 != 0)
@@ -408,22 +587,19 @@ inline void cp_async_16(void* dst_shared, const void* src_global, bool from_src)
   if (g_cp_async_landing == CpAsyncLanding::kAtIssue)
     land(copy);
   else
-    t_open_group.push_back(copy);
+    this_cta().running().open_group.push_back(copy);
 }
 inline void cp_async_commit() {
-  t_committed_groups.push_back(std::move(t_open_group));
-  t_open_group.clear();
+  Fiber& self = this_cta().running();
+  self.committed_groups.push_back(std::move(self.open_group));
+  self.open_group.clear();
 }
 inline void cp_async_wait(int pending) {
-  while (static_cast<int>(t_committed_groups.size()) > pending) {
-    for (const AsyncCopy& c : t_committed_groups.front()) land(c);
-    t_committed_groups.pop_front();
+  Fiber& self = this_cta().running();
+  while (static_cast<int>(self.committed_groups.size()) > pending) {
+    for (const AsyncCopy& c : self.committed_groups.front()) land(c);
+    self.committed_groups.pop_front();
   }
-}
-// A thread leaving its CTA: copies never waited for are dropped (they could land anywhere in the next CTA's memory).
-inline void forget_async_copies() {
-  t_open_group.clear();
-  t_committed_groups.clear();
 }
 
 }  // namespace ddplab::emu
@@ -457,54 +633,36 @@ void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Arg
   const int64_t ctas = int64_t{grid.x} * grid.y * grid.z;
   if (ctas == 0) return;
 
+  // The bytes past the launch's size poisoned once, checked after its last CTA; under ASan, unaddressable meanwhile.
+  if (sm.base != nullptr) {
+#ifdef DDPLAB_EMU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(sm.base, sm.capacity);
+#endif
+    std::memset(sm.base, 0xFF, sm.capacity);
+#ifdef DDPLAB_EMU_ASAN
+    ASAN_POISON_MEMORY_REGION(sm.base + sm.bytes, sm.capacity - sm.bytes);
+#endif
+  }
   Cta cta(threads);
-  bool first = true;
-  // Between CTAs (every thread out of the kernel): the bytes past the launch's size still poison, the barriers' exits
-  // forgotten, the shared memory poisoned again for the next CTA.
-  const auto between_ctas = [&] {
-    if (sm.base != nullptr) {
+  auto body = [&] { kernel(args...); };
+  ::blockDim = block;
+  ::gridDim = grid;
+  t_cta = &cta;
+  for (int64_t c = 0; c < ctas; ++c) {
+    if (sm.base != nullptr && c > 0) std::memset(sm.base, 0xFF, sm.bytes);
+    ::blockIdx = uint3{static_cast<unsigned>(c % grid.x), static_cast<unsigned>(c / grid.x % grid.y),
+                       static_cast<unsigned>(c / grid.x / grid.y)};
+    // Ascending in even CTAs, descending in odd ones: a missing barrier shows whichever thread is the lower.
+    cta.run([](void* f) { (*static_cast<decltype(body)*>(f))(); }, &body, c % 2 == 1);
+  }
+  t_cta = nullptr;
+  if (sm.base != nullptr) {
 #ifdef DDPLAB_EMU_ASAN
-      ASAN_UNPOISON_MEMORY_REGION(sm.base, sm.capacity);
+    ASAN_UNPOISON_MEMORY_REGION(sm.base, sm.capacity);
 #endif
-      if (!first)
-        for (size_t i = sm.bytes; i < sm.capacity; ++i)
-          if (sm.base[i] != 0xFF) fail("a kernel wrote shared-memory byte %zu, past its %zu bytes", i, sm.bytes);
-      std::memset(sm.base, 0xFF, sm.capacity);
-#ifdef DDPLAB_EMU_ASAN
-      ASAN_POISON_MEMORY_REGION(sm.base + sm.bytes, sm.capacity - sm.bytes);
-#endif
-    }
-    first = false;
-    cta.block.reset();
-    for (auto& w : cta.warps) w->reset();
-  };
-  Barrier between(threads, between_ctas);
-
-  std::vector<std::thread> pool;
-  pool.reserve(threads);
-  for (int tid = 0; tid < threads; ++tid)
-    pool.emplace_back([&, tid] {
-      ::threadIdx = uint3{static_cast<unsigned>(tid), 0, 0};
-      ::blockDim = block;
-      ::gridDim = grid;
-      t_cta = &cta;
-      for (int64_t c = 0; c < ctas; ++c) {
-        between.arrive_and_wait("the launch's barrier between CTAs");
-        ::blockIdx = uint3{static_cast<unsigned>(c % grid.x), static_cast<unsigned>(c / grid.x % grid.y),
-                           static_cast<unsigned>(c / grid.x / grid.y)};
-        t_exchanges = 0;
-        kernel(args...);
-        forget_async_copies();
-        cta.block.leave("__syncthreads");
-        cta.warps[tid / kWarpSize]->leave("__syncwarp / __shfl_xor_sync");
-      }
-      between.arrive_and_wait("the launch's barrier between CTAs");
-      t_cta = nullptr;
-    });
-  for (std::thread& t : pool) t.join();
-#ifdef DDPLAB_EMU_ASAN
-  if (sm.base != nullptr) ASAN_UNPOISON_MEMORY_REGION(sm.base, sm.capacity);
-#endif
+    for (size_t i = sm.bytes; i < sm.capacity; ++i)
+      if (sm.base[i] != 0xFF) fail("a kernel wrote shared-memory byte %zu, past its %zu bytes", i, sm.bytes);
+  }
 }
 
 // The `launch` that a kernel header's launch sequence takes, launch(kernel, grid, block, smem_bytes, args...),

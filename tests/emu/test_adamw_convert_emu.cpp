@@ -1,5 +1,5 @@
 // The update's and the gradient check's kernels (kernels/cuda/adamw_kernels.cuh, convert_kernels.cuh), their own
-// source compiled by g++ and run on host threads (cuda_emulation.h), against the CPU: cpu::adamw_update over several
+// source compiled by g++ and run by the emulation (cuda_emulation.h), against the CPU: cpu::adamw_update over several
 // steps (and the bf16 copy against the CPU wire's bf16 rounding, the skip flag leaving everything as it was), the
 // gradients' scale-and-check (every non-finite value found wherever it lies, the warp vote included), and the bf16
 // conversions. Each through its packed (4 per thread) and scalar instantiations, on a grid smaller than the data and

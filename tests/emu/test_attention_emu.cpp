@@ -1,5 +1,5 @@
-// The unfused attention's own kernels (kernels/cuda/attention_kernels.cuh), their source compiled by g++ and run on
-// host threads (cuda_emulation.h), in attention.cu's order with its cuBLAS GEMMs written here as loops, against the
+// The unfused attention's own kernels (kernels/cuda/attention_kernels.cuh), their source compiled by g++ and run by
+// the emulation (cuda_emulation.h), in attention.cu's order with its cuBLAS GEMMs written here as loops, against the
 // CPU reference in double (cpu::attention_forward / attention_backward): the head split and merge, the masked
 // softmax and its backward, causal and not, over sequences full, shorter, of one token and empty. What the kernels
 // must never read (padded rows of the input, masked scores) holds NaN here, so a read shows in the result. Grids

@@ -1,5 +1,5 @@
-// The bias gradient's kernels (kernels/cuda/bias_backward_kernels.cuh), their own source compiled by g++ and run on
-// host threads (cuda_emulation.h), against cpu::bias_backward: the two-pass split of the rows, the packed (16-byte)
+// The bias gradient's kernels (kernels/cuda/bias_backward_kernels.cuh), their own source compiled by g++ and run by
+// the emulation (cuda_emulation.h), against cpu::bias_backward: the two-pass split of the rows, the packed (16-byte)
 // and scalar column paths, the tail rows the unrolled loop leaves, and the single-row-block path that adds to dbias
 // itself, through the launch sequence gemm.cu runs. What it cannot tell: speed, and coalescing.
 #include "tests/emu/cuda_emulation.h"

@@ -1,5 +1,5 @@
-// The elementwise kernels (kernels/cuda/elementwise_kernels.cuh), their own source compiled by g++ and run on host
-// threads (cuda_emulation.h), against the CPU: GELU's gradient against the double reference (fp32 and bf16
+// The elementwise kernels (kernels/cuda/elementwise_kernels.cuh), their own source compiled by g++ and run by the
+// emulation (cuda_emulation.h), against the CPU: GELU's gradient against the double reference (fp32 and bf16
 // activations), the residual sum and the scale bit for bit, and the GEMMs' fallback epilogue (bias, then GELU). Packed
 // (4 per thread) and scalar instantiations, grids smaller than the data, counts that leave a tail. What it cannot tell:
 // speed.

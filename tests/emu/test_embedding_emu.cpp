@@ -1,5 +1,5 @@
-// The embedding kernels (kernels/cuda/embedding_kernels.cuh), their own source compiled by g++ and run on host
-// threads (cuda_emulation.h), against the CPU (kernels/cpu/transformer_ops.h): the forward's token and position rows
+// The embedding kernels (kernels/cuda/embedding_kernels.cuh), their own source compiled by g++ and run by the
+// emulation (cuda_emulation.h), against the CPU (kernels/cpu/transformer_ops.h): the forward's token and position rows
 // (padded rows zero, fp32 and bf16), and the backward's dwte from the rows sorted by token and its per-position sum
 // into dwpe, both accumulating, bit for bit the CPU's on values whose sums round (so the order of the adds shows):
 // the sort's keys (padding last), runs of a token longer than the rows a warp loads at once, ending inside a group of

@@ -1,10 +1,10 @@
 // The fused bf16 attention's kernels (kernels/cuda/flash_attention_kernels.cuh), their own source compiled by g++ and
-// run on host threads (cuda_emulation.h), against the CPU reference with the GPU test's checks (flash_test_util.h):
+// run by the emulation (cuda_emulation.h), against the CPU reference with the GPU test's checks (flash_test_util.h):
 // the index arithmetic, shared-memory layouts, masking, barriers and block skipping are tested on every machine, and
-// the launch sequence (grids, blocks, shared-memory sizes, the workspace's split) is the launchers' own, and the mma.sync
-// / ldmatrix fragments are the PTX ISA's (their emulation is checked alone by test_mma_emu.cpp), as are cp.async's
-// groups. What it cannot tell: timing, the tensor cores' rounding order, the sm_90 float4 atomics, memory-model
-// subtleties.
+// the launch sequence (grids, blocks, shared-memory sizes, the workspace's split) is the launchers' own, and the
+// mma.sync / ldmatrix fragments are the PTX ISA's (their emulation is checked alone by test_mma_emu.cpp), as are
+// cp.async's groups. What it cannot tell: timing, the tensor cores' rounding order, the sm_90 float4 atomics,
+// memory-model subtleties.
 #include "tests/emu/cuda_emulation.h"
 
 // The kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
@@ -89,8 +89,8 @@ void emulated_flash_matches_cpu(const FlashShape& sh, bool causal, int fragments
 
 // S of 1, 17, 64, 100 and 130 (less than a block, one exactly, several with a partial last one); head sizes 32, 64
 // and 128; one to three heads and sequences; lengths padded, 0, 1 and full, and null (all S); scores of a few hundred
-// (amplitude 12) in one case. Small, because every warp-collective step (an mma.sync, an ldmatrix, a shuffle) is a
-// barrier of 32 host threads: about a minute on 2 cores.
+// (amplitude 12) in one case. Small, because every warp-collective step (an mma.sync, an ldmatrix, a shuffle) is 32
+// context switches: about 5 s of CPU.
 const std::vector<FlashShape> kEmulatedShapes = {
     {1, 1, 64, 1, {1}},          {3, 17, 96, 3, {17, 5, 0}},     {2, 64, 64, 1, {}},
     {2, 100, 128, 1, {100, 63}}, {3, 130, 128, 2, {130, 1, 65}}, {2, 130, 64, 2, {0, 129}},

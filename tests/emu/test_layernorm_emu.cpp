@@ -1,9 +1,9 @@
-// LayerNorm's kernels (kernels/cuda/layernorm_kernels.cuh), their own source compiled by g++ and run on host threads
+// LayerNorm's kernels (kernels/cuda/layernorm_kernels.cuh), their own source compiled by g++ and run by the emulation
 // (cuda_emulation.h), against cpu::layernorm_forward / layernorm_backward with the GPU test's tolerances: the packed
 // (16-byte) and scalar paths, rows held whole in registers and rows wider than that (their last columns read again),
-// the backward's warps a block by row width, rows past the grid's warps (warps walk several), the accumulators'
-// layout and the partials' fixed-order reduction, through the launch sequences layernorm.cu runs. What it cannot
-// tell: speed, and coalescing.
+// the backward's warps a block by row width, rows past the grid's warps (warps walk several), the accumulators' layout
+// and the partials' fixed-order reduction, through the launch sequences layernorm.cu runs. What it cannot tell: speed,
+// and coalescing.
 #include "tests/emu/cuda_emulation.h"
 
 // The kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
@@ -192,7 +192,7 @@ TEST(LayerNormEmulated, Bf16MatchesCpu) {
 }
 
 // 4105 rows of 8: more rows than the grid has warps (2048), so warps carry their accumulators, dinp's column sums
-// among them, over several rows (narrow rows: each emulated block is 256 host threads).
+// among them, over several rows (narrow rows: each emulated block is 256 threads).
 TEST(LayerNormEmulated, BackwardWarpsWalkSeveralRows) {
   const Shape sh{4105, 8, 0};
   const std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
@@ -243,7 +243,7 @@ TEST(LayerNormEmulated, StagedBackwardIsTheUnstagedOne) {
             << "output " << k << (landing == CpAsyncLanding::kAtWait ? ", copies landing at the wait" : ", at issue");
     }
   };
-  check(bf16{}, Shape{4105, 200, 0}, true, true);  // each launch of 4105 rows is 65536 host threads: one each
+  check(bf16{}, Shape{4105, 200, 0}, true, true);  // each launch of 4105 rows is 65536 emulated threads: one each
   check(float{}, Shape{4105, 8, 0}, false, true);
   check(float{}, Shape{70, 200, 0}, true, true);
   check(bf16{}, Shape{33, 768, 0}, false, true);

@@ -1,8 +1,8 @@
-// The sequence kernels (kernels/cuda/sequence_kernels.cuh), their own source compiled by g++ and run on host threads
-// (cuda_emulation.h), against the CPU (kernels/cpu/transformer_ops.h): the classify head's mean pool and its
-// backward, the LM head's next-token targets, and the padded rows zeroed after cuDNN's attention. Lengths of 0, 1, a
-// few and S, and none (every sequence S long); grids smaller than the data, so that each grid-stride loop and the
-// pool's loop over sequences (blockIdx.y) go round more than once. What it cannot tell: speed.
+// The sequence kernels (kernels/cuda/sequence_kernels.cuh), their own source compiled by g++ and run by the emulation
+// (cuda_emulation.h), against the CPU (kernels/cpu/transformer_ops.h): the classify head's mean pool and its backward,
+// the LM head's next-token targets, and the padded rows zeroed after cuDNN's attention. Lengths of 0, 1, a few and S,
+// and none (every sequence S long); grids smaller than the data, so that each grid-stride loop and the pool's loop over
+// sequences (blockIdx.y) go round more than once. What it cannot tell: speed.
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 
 // The pool's dynamic shared memory, in the kernels' namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.

@@ -1,5 +1,5 @@
 // The fused softmax cross-entropy's kernels (kernels/cuda/softmax_ce_kernels.cuh), their own source compiled by g++ and
-// run on host threads (cuda_emulation.h), against cpu::softmax_cross_entropy_forward + backward with the GPU test's
+// run by the emulation (cuda_emulation.h), against cpu::softmax_cross_entropy_forward + backward with the GPU test's
 // tolerances: the packed (16-byte) and scalar paths, each of the row kernel's block sizes (32, 128 and 1024 threads),
 // ignored rows, dlogits over the logits and apart, forward only, a gradient scale, and a grid smaller than the rows
 // (blocks walking several), through the launch sequence softmax_ce.cu runs. What it cannot tell: speed, and whether the

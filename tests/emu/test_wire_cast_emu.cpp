@@ -1,5 +1,5 @@
-// The 16-bit wire's cast kernels (kernels/cuda/wire_cast_kernels.cuh), their own source compiled by g++ and run on
-// host threads (cuda_emulation.h), against the CPU wire (comm/wire.h: encode, decode, reduce_encode): every 16-bit
+// The 16-bit wire's cast kernels (kernels/cuda/wire_cast_kernels.cuh), their own source compiled by g++ and run by
+// the emulation (cuda_emulation.h), against the CPU wire (comm/wire.h: encode, decode, reduce_encode): every 16-bit
 // word, the fp32 values around each rounding boundary, the special values and random bits, through a grid smaller
 // than the data so that the grid-stride loop and its tail run; each kernel packed (4 elements per access) and scalar.
 // What it cannot tell: speed.
