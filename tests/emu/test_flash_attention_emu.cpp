@@ -121,4 +121,11 @@ TEST(FlashAttentionEmulated, DeterministicDqMatchesCpu) {
     for (bool causal : {false, true}) emulated_flash_matches_cpu(sh, causal, 0, /*deterministic=*/true);
 }
 
+// gpt2-small's sequence and head size (S 1024, hs 64), causal, one head of one sequence: up to sixteen key blocks a
+// query block, the causal skipping and the workspace's split as the model's step has them, both ways of summing dQ.
+TEST(FlashAttentionEmulated, Gpt2SequenceMatchesCpu) {
+  for (bool deterministic : {false, true})
+    emulated_flash_matches_cpu({1, 1024, 64, 1, {}}, /*causal=*/true, 0, deterministic);
+}
+
 }  // namespace
