@@ -165,7 +165,8 @@ class Communicator {
   // The gradients' all-reduce: data[i] = scale x sum over ranks of data[i] (scale 1/size: the mean, DDP's
   // semantics), in place, same rules; returns whether every result is finite. The flat fp32 ring scales and checks
   // each value where it becomes final (RingOptions' epilogue), so neither costs a pass over the buffer; the other
-  // paths scale and check after the sum, in one pass (cpu::scale_and_check_finite).
+  // paths scale and check after the sum, in one pass (cpu::scale_and_check_finite), except the fp16 wire, which
+  // scales each rank's values before the sum (its range ends at 65504) and checks after.
   bool allreduce_gradients(float* data, size_t count, float scale, int tag = 0);
 
   // The sharded update (ZeRO stage 1; comm/ring_allreduce.h, ring_reduce_scatter_sum): --comm ring on the fp32

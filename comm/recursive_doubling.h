@@ -6,7 +6,7 @@
 // Bitwise identical on every rank: the two partners of an exchange hold the same two operands and IEEE addition
 // is commutative, so both compute the same sum; folded-out ranks receive a copy. With a 16-bit wire every
 // operand is rounded to the wire format before it is exchanged and every sum is rounded after it, so the values
-// both partners add are the same words (the error bound is log2(p) + 1 roundings instead of the ring's n - 1).
+// both partners add are the same words (at most log2(p) + 2 roundings with the fold, the ring's n: docs/COMM.md).
 #pragma once
 #include <cstddef>
 
