@@ -494,17 +494,20 @@ void load(const nlohmann::json& j, AutoChoice<E>& value) {
 }
 }  // namespace knob_json
 
-// The run-file keys whose values a run resumed from a checkpoint must repeat, because they change what a step computes:
-// the knobs marked kMath and the world size; with a cosine schedule --steps (it decays over the run's length); on the
-// GPU the attention and --deterministic (its kernels and the order of dQ's sums change the bits; the CPU has one of
-// each). The rest (overlap, links, the lab's knobs, paths) only moves time.
+// The checkpoint's keys whose values a run resumed from it must repeat, because they change what a step computes:
+// the knobs marked kMath and the world size; under --comm hier the node of each rank (it sums within each node first:
+// the nodes it found, not the --ranks-per-node that asked, since 0 takes the hosts); with a cosine schedule --steps
+// (it decays over the run's length); on the GPU the attention, --deterministic and --gemm-algo (their kernels, the
+// order of dQ's sums and the cuBLASLt algorithms change the bits; the CPU has one of each). The rest (overlap, links,
+// the lab's knobs, paths) only moves time.
 inline std::vector<std::string> keys_a_resume_repeats(const TrainConfig& c) {
   std::vector<std::string> keys = {"world_size"};
   visit_knobs(c, [&](const Knob& knob, const auto&) {
     if (knob.key && (knob.traits & kMath)) keys.push_back(knob.key);
   });
+  if (c.comm == AllreduceImpl::kHier) keys.push_back("node_of_rank");
   if (c.optimizer.lr_schedule == LrSchedule::kCosine) keys.push_back("steps");
-  if (c.device == Device::kCuda) keys.insert(keys.end(), {"attention", "deterministic"});
+  if (c.device == Device::kCuda) keys.insert(keys.end(), {"attention", "deterministic", "gemm_algo"});
   return keys;
 }
 

@@ -266,17 +266,18 @@ std::string config_disagreement(const TrainConfig& config, MPI_Comm comm) {
   return "ranks were started with different settings: " + differing + "; every rank needs the same flags";
 }
 
-// What a checkpoint records of the run: its settings and world size, which a resumed run must share wherever they
-// change the arithmetic.
-nlohmann::json checkpoint_config(const TrainConfig& config, int world_size) {
+// What a checkpoint records of the run: its settings, world size and nodes, which a resumed run must share wherever
+// they change the arithmetic.
+nlohmann::json checkpoint_config(const TrainConfig& config, const std::vector<int>& node_of_rank) {
   nlohmann::json j = to_json(config);
-  j["world_size"] = world_size;
+  j["world_size"] = static_cast<int>(node_of_rank.size());
+  j["node_of_rank"] = node_of_rank;
   return j;
 }
 
 // A resumed run must repeat the settings that change what a step computes (keys_a_resume_repeats); one line lists
 // every one that differs.
-void require_same_settings(const TrainConfig& config, int world_size, const std::string& config_json) {
+void require_same_settings(const TrainConfig& config, const Topology& topology, const std::string& config_json) {
   nlohmann::json saved;
   try {
     saved = nlohmann::json::parse(config_json);
@@ -285,8 +286,9 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
   }
   require(saved.is_object(), "cannot resume from " + config.resume + ": its config attribute is not a JSON object");
-  const nlohmann::json now = checkpoint_config(config, world_size);
+  const nlohmann::json now = checkpoint_config(config, topology.node_of_rank);
   // A key the checkpoint lacks came after it was written: it ran as that knob's default (config_from_json's rule).
+  // node_of_rank has none: a hier checkpoint from before it was recorded is refused, its nodes unknown.
   const nlohmann::json defaults = to_json(TrainConfig{});
   std::string differing;
   for (const std::string& key : keys_a_resume_repeats(config)) {
@@ -303,12 +305,12 @@ void require_same_settings(const TrainConfig& config, int world_size, const std:
 // checkpoint would otherwise fail on a tensor's shape. Collective: the file may read differently on different ranks
 // (a node-local path that exists on rank 0's node only), so the ranks agree, and all refuse with the lowest failing
 // rank's reason.
-int64_t resume_from_checkpoint(const TrainConfig& config, int world_size, Trainer& runner, MPI_Comm world) {
+int64_t resume_from_checkpoint(const TrainConfig& config, const Topology& topology, Trainer& runner, MPI_Comm world) {
   std::string problem;
   int64_t step = 0;
   try {
-    if (const std::string saved = checkpoint_config_json(config.resume); !saved.empty())
-      require_same_settings(config, world_size, saved);
+    if (const std::optional<std::string> saved = checkpoint_config_json(config.resume))
+      require_same_settings(config, topology, *saved);
     step = runner.read_checkpoint(config.resume).step;  // it read the same config to load
     require(step < config.steps, "checkpoint " + config.resume + " is at step " + std::to_string(step) +
                                      ", and --steps " + std::to_string(config.steps) + " leaves nothing to run");
@@ -531,17 +533,17 @@ class RecordGatherer {
 
 // Rank 0 writes checkpoints (the replicas are identical); every rank learns whether that worked: returns rank 0's
 // error, "" if written.
-std::string save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config, int64_t next_step, bool replace,
+std::string save_checkpoint_collectively(Trainer& trainer, const TrainConfig& config,
+                                         const std::vector<int>& node_of_rank, int64_t next_step, bool replace,
                                          MPI_Comm world) {
-  int rank = 0, size = 1;
+  int rank = 0;
   MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
   std::string error;
   trainer.gather_optimizer_state();
   if (rank == 0) {
     try {
       trainer.write_checkpoint(config.checkpoint, config.force || replace,
-                               CheckpointInfo{next_step, checkpoint_config(config, size).dump(), "", ""});
+                               CheckpointInfo{next_step, checkpoint_config(config, node_of_rank).dump(), "", ""});
       // Said as it happens: after a stop, the user learns where a resume starts.
       if (!config.quiet) {
         std::printf("  checkpoint: %s (a resume starts at step %lld)\n", config.checkpoint.c_str(),
@@ -647,7 +649,7 @@ std::string run_file_path(const TrainConfig& asked, const RunOptions& options, i
 void take_checkpoints_autos(TrainConfig& config) {
   if (config.resume.empty() || config.grad_slice_mb != kAutoGradSliceMb) return;
   try {
-    nlohmann::json saved = nlohmann::json::parse(checkpoint_config_json(config.resume));
+    nlohmann::json saved = nlohmann::json::parse(checkpoint_config_json(config.resume).value_or(""));
     upgrade_config_keys(saved);
     if (saved.is_object() && saved.contains("grad_slice_mb") && saved["grad_slice_mb"].is_number() &&
         saved["grad_slice_mb"].get<double>() >= 0)
@@ -798,8 +800,10 @@ class RunWriter {
 
   // Throws the stop (exit code 5) on a failure: the run file is still to be written.
   void checkpoint(int64_t next_step) {
-    const std::string error =
-        timed([&] { return save_checkpoint_collectively(trainer_, config_, next_step, checkpoint_written_, world_); });
+    const std::string error = timed([&] {
+      return save_checkpoint_collectively(trainer_, config_, record_.meta.node_of_rank, next_step, checkpoint_written_,
+                                          world_);
+    });
     if (!error.empty())
       throw TrainingStopped(error + " (after step " + std::to_string(next_step - 1) + ")", kExitWriteFailed);
     checkpoint_written_ = true;
@@ -1000,7 +1004,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
 
   SummarizedRun result;
   const auto trainer = std::make_unique<Trainer>(config, world);
-  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, size, *trainer, world);
+  const int64_t first_step = config.resume.empty() ? 0 : resume_from_checkpoint(config, topology, *trainer, world);
   trainer->check_replicas_start_alike();
   const std::string error =
       broadcast_error(rank == 0 ? check_room_for_outputs(config, *trainer, size, first_step) : "", world);

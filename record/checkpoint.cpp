@@ -241,15 +241,15 @@ CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parame
   return load_checkpoint(file, path, params, flat_params, opt);
 }
 
-std::string checkpoint_config_json(const std::string& path) {
+std::optional<std::string> checkpoint_config_json(const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   try {
     H5Id file(open_for_reading(path), H5Fclose);
     if (!has_attr(file, "format") || read_string_attr(file, "format") != kFormat || !has_attr(file, "config"))
-      return "";
+      return std::nullopt;
     return read_string_attr(file, "config");
   } catch (const FileProblem&) {
-    return "";
+    return std::nullopt;
   }
 }
 

@@ -4,11 +4,12 @@
 #include <H5Ipublic.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "model/parameters.h"
 #include "model/optimizer.h"
+#include "model/parameters.h"
 
 namespace ddplab {
 
@@ -42,9 +43,10 @@ CheckpointInfo load_checkpoint(const std::string& path, const std::vector<Parame
 // The same for a file already open (the fuzzer opens an in-memory image); `path` only names it in messages.
 CheckpointInfo load_checkpoint(hid_t file, const std::string& path, const std::vector<Parameter<float>>& params,
                                float* flat_params, Optimizer<float>& opt);
-// The settings a checkpoint was saved with (its `config` attribute), read alone: a resume compares them before the
-// tensors, whose shapes would otherwise be the first thing another model's checkpoint fails on. "" when the file
-// cannot say (missing, not a checkpoint): load_checkpoint then names the problem.
-std::string checkpoint_config_json(const std::string& path);
+// The settings a checkpoint was saved with (its `config` attribute, as stored: "" is no JSON object), read alone: a
+// resume compares them before the tensors, whose shapes would otherwise be the first thing another model's
+// checkpoint fails on. None when the file cannot say (missing, not a checkpoint): load_checkpoint then names the
+// problem.
+std::optional<std::string> checkpoint_config_json(const std::string& path);
 
 }  // namespace ddplab

@@ -309,6 +309,30 @@ def main():
         check(j.code == 2 and "grad_accum (checkpoint 1, now 2)" in j.out,
               f"... and refuses another value of it, naming it (code {j.code}) {j.out[-300:]}")
 
+        # A config attribute that is no JSON object (here empty) cannot say what the checkpoint ran with: refused,
+        # not taken for leave to compare nothing.
+        with open(out("ck.h5"), "rb") as f, open(out("blank.ck.h5"), "wb") as g:
+            g.write(f.read())
+        with h5py.File(out("blank.ck.h5"), "r+") as f:
+            f.attrs["config"] = ""
+        j = Job(mpirun, ddplab, 2, ["--steps", "40", "--out", out("refused.h5"), "--resume", out("blank.ck.h5")] +
+                schedule).run()
+        lines = [l for l in j.out.splitlines() if l.startswith("ddplab: error")]
+        check(j.code == 2 and len(lines) == 1 and "config attribute is not valid JSON" in lines[0]
+              and not os.path.exists(out("refused.h5")),
+              f"resume refuses an empty config: exit 2, one line, nothing written (code {j.code}) {lines[:1]}")
+
+        # --comm hier sums within each node first: a resume must run on the checkpoint's nodes, as found (0 takes the
+        # hosts). Other nodes are refused, naming them; the same nodes resume.
+        j = Job(mpirun, ddplab, 4, ["--comm", "hier", "--ranks-per-node", "2", "--steps", "2", "--out", out("hier.h5"),
+                                    "--checkpoint", out("hier.ck.h5")]).run()
+        check(j.code == 0, f"hier: a checkpoint on 2 nodes of 2 (code {j.code}) {j.out[-300:] if j.code else ''}")
+        for per_node, code in [("1", 2), ("2", 0)]:
+            j = Job(mpirun, ddplab, 4, ["--comm", "hier", "--ranks-per-node", per_node, "--steps", "4", "--resume",
+                                        out("hier.ck.h5"), "--out", out(f"hier_resumed{per_node}.h5")]).run()
+            check(j.code == code and (code == 0 or "node_of_rank (checkpoint [0,0,1,1], now [0,1,2,3])" in j.out),
+                  f"hier: a resume on nodes of {per_node} exits {code} (code {j.code}) {j.out[-300:] if j.code else ''}")
+
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -97,8 +97,9 @@ TEST(ResolvedConfig, AutoAttentionTakesTheFastestThatCanRun) {
 }
 
 // What a resumed run must repeat: what changes a step's arithmetic, each a key the run file's config has (a misspelt
-// key would compare null with null and pass anything); on the GPU the attention and the order of dQ's sums too; what
-// only moves time, never (the bucket size does change the sums: a ring's chunks are cut per bucket).
+// key would compare null with null and pass anything); under hier the nodes; on the GPU the attention, the order of
+// dQ's sums and the GEMMs' algorithms too; what only moves time, never (the bucket size does change the sums: a ring's
+// chunks are cut per bucket).
 TEST(ResumeSettings, RepeatWhatChangesTheArithmeticAndNothingElse) {
   const auto has = [](const std::vector<std::string>& keys, const std::string& key) {
     return std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -108,7 +109,8 @@ TEST(ResumeSettings, RepeatWhatChangesTheArithmeticAndNothingElse) {
   const std::vector<std::string> on_cpu = keys_a_resume_repeats(cpu);
   for (const char* key : {"world_size", "seed", "device", "precision", "model", "lr"})
     EXPECT_TRUE(has(on_cpu, key)) << key;
-  for (const char* key : {"attention", "deterministic", "steps", "overlap", "link", "straggler_ms", "out"})
+  for (const char* key :
+       {"attention", "deterministic", "gemm_algo", "node_of_rank", "steps", "overlap", "link", "straggler_ms", "out"})
     EXPECT_FALSE(has(on_cpu, key)) << key;
   for (const std::string& key : on_cpu) EXPECT_TRUE(key == "world_size" || stored.contains(key)) << key;
 
@@ -116,11 +118,15 @@ TEST(ResumeSettings, RepeatWhatChangesTheArithmeticAndNothingElse) {
   gpu.device = Device::kCuda;
   gpu.optimizer.lr_schedule = LrSchedule::kCosine;
   const std::vector<std::string> on_gpu = keys_a_resume_repeats(gpu);
-  for (const char* key : {"attention", "deterministic", "steps"}) {
+  for (const char* key : {"attention", "deterministic", "gemm_algo", "steps"}) {
     EXPECT_TRUE(has(on_gpu, key)) << key;
     EXPECT_TRUE(stored.contains(key)) << key;
   }
   EXPECT_FALSE(has(on_gpu, "overlap"));
+
+  TrainConfig hier = cpu;  // it sums within each node first; the checkpoint records the nodes, not a knob
+  hier.comm = AllreduceImpl::kHier;
+  EXPECT_TRUE(has(keys_a_resume_repeats(hier), "node_of_rank"));
 }
 
 }  // namespace
