@@ -272,10 +272,10 @@ std::string slots_text(const TrainConfig& c, int ranks) {
 }
 
 // The shards of --data or --val-data (flag), opened as the run will read them: each one llm.c's format, every token
-// inside the model's vocabulary (rank `rank` reads shards rank, rank + ranks, ...: one pass over the tokens in all),
-// and --data's hold a window for every rank.
+// inside the model's vocabulary (this rank reads shards scan_part, scan_part + scan_parts, ...), and --data's hold a
+// window for every rank.
 void validate_token_shards(const TrainConfig& c, const std::string& flag, const std::string& pattern, int ranks,
-                           int rank) {
+                           int scan_part, int scan_parts) {
   try {
     const TokenFiles shards(pattern, c.max_len);
     const int64_t windows = shards.sequences();
@@ -284,7 +284,7 @@ void validate_token_shards(const TrainConfig& c, const std::string& flag, const 
                 std::to_string(c.max_len) + " tokens, fewer than the " + slots_text(c, ranks) +
                 "; lower --max-len or add tokens");
     const int vocab = TransformerConfig::preset(to_string(c.model)).vocab;
-    const std::string outside = shards.first_token_outside(vocab, rank, ranks);
+    const std::string outside = shards.first_token_outside(vocab, scan_part, scan_parts);
     require(outside.empty(), flag + " " + outside + ", outside --model " + to_string(c.model) + "'s vocabulary of " +
                                  std::to_string(vocab) + " tokens");
   } catch (const std::invalid_argument& e) {
@@ -348,14 +348,14 @@ void validate(const TrainConfig& c) {
   require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");
 }
 
-void validate_for_ranks(const TrainConfig& c, int ranks, int rank) {
+void validate_for_ranks(const TrainConfig& c, int ranks, int scan_part, int scan_parts) {
   const std::string job = " is not a rank of this " + std::to_string(ranks) + "-rank job";
   require(c.fault == Fault::kNone || c.fault_rank < ranks, "--fault-rank " + std::to_string(c.fault_rank) + job);
   require(c.slow_rank < ranks, "--slow-rank " + std::to_string(c.slow_rank) + job);
   if (!c.transformer()) return;
-  if (!c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks, rank);
+  if (!c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks, scan_part, scan_parts);
   if (!c.data.empty())
-    validate_token_shards(c, "--data", c.data, ranks, rank);
+    validate_token_shards(c, "--data", c.data, ranks, scan_part, scan_parts);
   else
     require(c.epoch_size >= int64_t{ranks} * c.grad_accum,
             "fewer sequences per epoch (--epoch-size " + std::to_string(c.epoch_size) + ") than the " +

@@ -15,8 +15,8 @@ void add_train_flags(CLI::App* app, TrainConfig& config, FlagSet flags = FlagSet
 // the rules between knobs.
 void validate(const TrainConfig& config);
 // What a job of `ranks` ranks adds: the ranks a flag names exist, each rank gets a sequence, and --data's and
-// --val-data's tokens fit the model, rank `rank` reading its share of the shards (the caller agrees the ranks'
-// verdicts). Throws UsageError.
-void validate_for_ranks(const TrainConfig& config, int ranks, int rank = 0);
+// --val-data's tokens fit the model, this rank reading share scan_part of scan_parts of the shards (the caller picks
+// the shares and agrees the ranks' verdicts). Throws UsageError.
+void validate_for_ranks(const TrainConfig& config, int ranks, int scan_part = 0, int scan_parts = 1);
 
 }  // namespace ddplab

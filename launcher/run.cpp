@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -587,19 +588,42 @@ TrainingStopped stopped_by_signal(int signal, int step) {
   return TrainingStopped(std::string(name) + " received: stopped after step " + std::to_string(step), 128 + signal);
 }
 
+// This rank's share of the token shards' vocabulary check, {part, parts}: the ranks that read the same files split it,
+// so that every copy (one per node, or per folder a launch gives its ranks) is read whole, once. Collective.
+std::pair<int, int> token_scan_share(const TrainConfig& c, MPI_Comm world) {
+  if (!c.transformer() || (c.data.empty() && c.val_data.empty())) return {0, 1};  // alike on every rank
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  // The files by host, device and inode: another host's disk may number its own files alike.
+  std::string files = std::to_string(host_of_rank(world)[rank]);
+  for (const std::string& pattern : {c.data, c.val_data}) {
+    try {
+      for (const std::string& path : pattern.empty() ? std::vector<std::string>{} : token_shard_paths(pattern))
+        if (struct stat s; stat(path.c_str(), &s) == 0)
+          files += " " + std::to_string(s.st_dev) + ":" + std::to_string(s.st_ino);
+    } catch (const std::invalid_argument&) {  // validate names it
+    }
+  }
+  const uint64_t mine = std::hash<std::string>{}(files);
+  std::vector<uint64_t> all(size);
+  mpiCheck(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, world));
+  return {static_cast<int>(std::count(all.begin(), all.begin() + rank, mine)),
+          static_cast<int>(std::count(all.begin(), all.end(), mine))};
+}
+
 // The checks before any work, alike on every rank (UsageError): the ranks were given the same config, it holds for
 // this many ranks, and every rank has the device it asks for.
 void validate_run(const TrainConfig& asked, int world_size, MPI_Comm world) {
   const std::string error = config_disagreement(asked, world);  // before anything a rank could decide on its own
   if (!error.empty()) throw UsageError(error);
+  const auto [scan_part, scan_parts] = token_scan_share(asked, world);
   // The checks read each rank's own --out too (against --checkpoint and --resume): a rank that refused alone would
   // leave the others waiting in the next collective, so every rank refuses with the lowest refusing rank's reason.
   std::string mine;
   try {
     validate(asked);
-    int rank = 0;
-    MPI_Comm_rank(world, &rank);
-    validate_for_ranks(asked, world_size, rank);
+    validate_for_ranks(asked, world_size, scan_part, scan_parts);
   } catch (const UsageError& e) {
     mine = e.what();
   }

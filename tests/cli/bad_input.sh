@@ -73,6 +73,8 @@ import os
 for node, n in (("node_a", 40), ("node_b", 41)):  # two windows of 16 each, one token apart
     os.mkdir(f"{d}/{node}")
     shard(f"{node}/same_name.bin", list(range(n)))
+shard("node_a/copy.bin", [5] * 40)  # the same name and length on both nodes, a token past the vocabulary on node_b
+shard("node_b/copy.bin", [5] * 20 + [9000] + [5] * 19)
 PY
 lm=(train --model tiny --head lm --max-len 16 --batch 1 --steps 2)
 cuda=(--device cuda --comm nccl)
@@ -273,6 +275,11 @@ expect_refusal "mpirun -np 2 ddplab train --val-data same_name.bin, another copy
   "rank 1: --val-data same_name.bin: other shards than rank 0's" \
   -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin : \
   -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin
+# Each node's copy is checked whole: rank 0's share of its own copy says nothing of rank 1's.
+expect_refusal "mpirun -np 2 ddplab train --data copy.bin, a token past the vocabulary in rank 1's copy only" \
+  "rank 1: --data copy.bin: token 9000 at index 20, outside --model tiny's vocabulary of 8192" \
+  -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data copy.bin : \
+  -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data copy.bin
 # A checkpoint on one node's disk only (a node-local path): the rank that cannot read it names it, and every rank
 # refuses.
 mkdir -p "$work/node_a" "$work/node_b"
