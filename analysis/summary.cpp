@@ -89,7 +89,7 @@ RunSummary summarize(const RunRecord& run) {
 std::string RunSummary::batch_text() const {
   if (samples_per_step == global_batch) return "global batch " + std::to_string(global_batch);
   char text[96];
-  std::snprintf(text, sizeof text, "%.1f samples per step (a mean: a token budget, or an epoch's short last step)",
+  std::snprintf(text, sizeof text, "%.1f samples per step (a mean: a token budget, or an epoch's short step)",
                 samples_per_step);
   return text;
 }

@@ -7,7 +7,8 @@
 // A BatchPlan cuts one epoch of sequences into steps, identically on every rank (it is computed from the seed,
 // not communicated): step s gives every rank its list of sequence ids, laid out in rows (one sequence per row, or
 // several back to back when packing). Every sequence of the epoch appears exactly once; a rank may get an empty
-// batch at the end of an epoch.
+// batch in the epoch's short step: its last with sample and pack batching, anywhere with bucket and token batching,
+// which shuffle the epoch's steps.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -153,6 +154,14 @@ void check_finite(const std::vector<double>& column, const std::string& dataset)
       throw FileProblem(dataset + " holds a value that is not finite (element " + std::to_string(i) + ")");
 }
 
+// A duration or a count below zero: no trainer writes one (but steal_ms's and cpu_wait_ms's -1, "not counted"), and a
+// damaged file's would turn into negative throughputs and shares.
+void check_not_negative(const std::vector<double>& column, const std::string& dataset, bool minus_one_is_not_counted) {
+  for (size_t i = 0; i < column.size(); ++i)
+    if (column[i] < 0 && !(minus_one_is_not_counted && column[i] == -1))
+      throw FileProblem(dataset + " holds a negative value (element " + std::to_string(i) + ")");
+}
+
 void read_steps(hid_t file, RunRecord& run) {
   H5Id group(open_group(file, "steps", "steps"), H5Gclose);
   for (const char* name : kRequiredStepFields)
@@ -166,6 +175,9 @@ void read_steps(hid_t file, RunRecord& run) {
       if (f.kind == FieldKind::kInstant || f.kind == FieldKind::kPhase || f.kind == FieldKind::kTime ||
           f.kind == FieldKind::kCount)
         check_finite(columns.back().second, std::string("steps/") + f.name);
+      if (f.kind == FieldKind::kPhase || f.kind == FieldKind::kTime || f.kind == FieldKind::kCount)
+        check_not_negative(columns.back().second, std::string("steps/") + f.name,
+                           f.member == &StepRecord::steal_ms || f.member == &StepRecord::cpu_wait_ms);
     }
   run.records.assign(world * steps, StepRecord{});
   for (const auto& [member, column] : columns)
@@ -206,6 +218,9 @@ void read_buckets(hid_t file, RunRecord& run) {
   const std::vector<std::string> pieces = read_strings(group, "param_names", nb, "buckets/param_names");
   run.buckets.resize(nb);
   for (size_t k = 0; k < nb; ++k) {
+    if (first[k] < 0 || last[k] < first[k] || last[k] >= INT_MAX)
+      throw FileProblem("buckets/first_piece and last_piece[" + std::to_string(k) + "]: " + std::to_string(first[k]) +
+                        ".." + std::to_string(last[k]) + " is not a range of pieces");
     BucketRecord& b = run.buckets[k];
     b.first_piece = static_cast<int>(first[k]);
     b.last_piece = static_cast<int>(last[k]);
@@ -236,7 +251,8 @@ void read_contents(hid_t file, RunRecord& run) {
   run.steps = static_cast<int>(read_int_attr(file, "num_steps", 0, 1 << 30));  // 0: stopped in its first step
   for (const auto& [name, member] : kTextAttrs)
     if (has_attr(file, name)) meta.*member = read_string_attr(file, name);
-  if (has_attr(file, "first_step")) meta.first_step = read_int_attr(file, "first_step", 0);
+  // Steps are ints wherever they are numbered (report, summary, timeline): the last must be one too.
+  if (has_attr(file, "first_step")) meta.first_step = read_int_attr(file, "first_step", 0, INT_MAX - run.steps);
   if (has_attr(file, "host_cores")) meta.host_cores = static_cast<int>(read_int_attr(file, "host_cores", 0, 1 << 20));
   if (has_attr(file, "comm_spin_us"))
     meta.comm_spin_us = static_cast<int>(read_int_attr(file, "comm_spin_us", INT_MIN, INT_MAX));
@@ -254,15 +270,23 @@ void read_contents(hid_t file, RunRecord& run) {
   meta.hostnames = read_strings(file, "hostnames", meta.world_size, "hostnames");
   if (has_link(file, "gpus")) meta.gpus = read_strings(file, "gpus", meta.world_size, "gpus");
   if (has_link(file, "node")) {
+    int nodes = 0;
     for (int64_t node : read_int64s(file, "node", {static_cast<hsize_t>(meta.world_size)}, "node")) {
-      if (node < 0 || node >= meta.world_size) throw FileProblem("node: " + std::to_string(node) + " is not a node");
+      if (node < 0 || node > nodes)
+        throw FileProblem("node: rank " + std::to_string(meta.node_of_rank.size()) + " is on node " +
+                          std::to_string(node) + ", but nodes are numbered 0, 1, ... in the order of their first rank");
+      nodes = std::max(nodes, static_cast<int>(node) + 1);
       meta.node_of_rank.push_back(static_cast<int>(node));
     }
   }
   if (has_attr(file, "links")) {
     const nlohmann::json links = parse_json_attr(file, "links");
-    meta.links.intra = link_from_json(links.at("intra"));
-    meta.links.inter = link_from_json(links.at("inter"));
+    try {
+      meta.links.intra = link_from_json(links.at("intra"));
+      meta.links.inter = link_from_json(links.at("inter"));
+    } catch (const nlohmann::json::exception& e) {
+      throw FileProblem(std::string("attribute links is not two links' JSON (") + e.what() + ")");
+    }
   }
   read_steps(file, run);
   read_buckets(file, run);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -601,7 +602,7 @@ TEST(Summary, SamplesPerSecondFromTheSamplesTheRanksRecorded) {
   recorded /= kSteps - 2;
   EXPECT_NEAR(st.samples_per_step, recorded, 1e-12);
   EXPECT_NEAR(st.samples_per_s, recorded / 0.0118, 1e-6);
-  EXPECT_EQ(st.batch_text(), "22.0 samples per step (a mean: a token budget, or an epoch's short last step)");
+  EXPECT_EQ(st.batch_text(), "22.0 samples per step (a mean: a token budget, or an epoch's short step)");
   // Files that recorded no samples count the global batch.
   EXPECT_EQ(summarize(synthetic(2, [](int, int) { return Phases{}; })).batch_text(), "global batch 64");
 }
@@ -1354,6 +1355,62 @@ TEST_F(Reader, BadFilesGiveOneLineNamingTheFileAndTheProblem) {
     EXPECT_NE(message.find(problem), std::string::npos) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
+}
+
+// Values no trainer writes, each refused with one line naming its field: a first step whose runs' last step is past
+// an int (the readers number steps in ints), a piece index past an int (it was read as its low 32 bits), a negative
+// duration or count, node numbers that skip a node, links that are JSON but no links.
+TEST_F(Reader, ValuesNoTrainerWritesAreRefusedNamingTheField) {
+  using Damage = std::function<void(hid_t)>;
+  const auto attr = [](const char* name, long long value) -> Damage {
+    return [=](hid_t file) {
+      ASSERT_GE(H5Adelete(file, name), 0);
+      write_int_attr(file, name, value);
+    };
+  };
+  const auto element = [](const char* dataset, size_t i, double value) -> Damage {
+    return [=](hid_t file) {
+      H5Id set(H5Dopen2(file, dataset, H5P_DEFAULT), H5Dclose);
+      H5Id space(H5Dget_space(set), H5Sclose);
+      std::vector<double> values(H5Sget_simple_extent_npoints(space));
+      ASSERT_GE(H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+      values.at(i) = value;
+      ASSERT_GE(H5Dwrite(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    };
+  };
+  int files = 0;
+  const auto damaged = [&](const std::vector<Damage>& damages) {
+    RunRecord run = real_record();  // 3 steps
+    run.meta.node_of_rank = {0, 1};
+    const std::string path = write_real("run" + std::to_string(files++) + ".h5", run);
+    H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    for (const Damage& damage : damages) damage(file);
+    return path;
+  };
+  const std::pair<std::vector<Damage>, std::string> refused[] = {
+      {{attr("first_step", INT_MAX - 2)}, "attribute first_step is out of range: 2147483645"},
+      {{attr("first_step", 1LL << 40)}, "attribute first_step is out of range: 1099511627776"},
+      {{element("buckets/first_piece", 0, 0x1p32), element("buckets/last_piece", 0, 0x1p32 + 1)},
+       "buckets/first_piece and last_piece[0]: 4294967296..4294967297 is not a range of pieces"},
+      {{element("steps/step_ms", 1, -5)}, "steps/step_ms holds a negative value (element 1)"},
+      {{element("steps/loss_terms", 1, -3)}, "steps/loss_terms holds a negative value (element 1)"},
+      {{element("steps/steal_ms", 1, -2)}, "steps/steal_ms holds a negative value (element 1)"},
+      {{element("node", 0, 1)}, "node: rank 0 is on node 1, but nodes are numbered 0, 1, ..."},
+      {{[](hid_t file) {
+         ASSERT_GE(H5Adelete(file, "links"), 0);
+         write_string_attr(file, "links", R"({"intra": 1})");
+       }},
+       "attribute links is not two links' JSON ("},
+  };
+  for (const auto& [damages, problem] : refused) {
+    const std::string path = damaged(damages);
+    const std::string message = error_of(path);
+    EXPECT_EQ(message.rfind("cannot read run file " + path + ": " + problem, 0), 0u) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  // Their neighbours read: the last first step whose steps are ints, and steal_ms's -1, "not counted".
+  EXPECT_EQ(read_run_file(damaged({attr("first_step", INT_MAX - 3)})).meta.first_step, INT_MAX - 3);
+  EXPECT_EQ(read_run_file(damaged({element("steps/steal_ms", 1, -1)})).records[1].steal_ms, -1);
 }
 
 TEST_F(Reader, MissingOrMisshapenDatasetsAreNamed) {
