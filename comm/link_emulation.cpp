@@ -1,14 +1,11 @@
 #include "comm/link_emulation.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <ctime>
 #include <stdexcept>
 #include <string>
@@ -41,30 +38,10 @@ using NicClock = std::atomic<int64_t>;
 static_assert(NicClock::is_always_lock_free, "the NIC's clock is shared between processes");
 constexpr size_t kNicSegmentBytes = 64;
 
-// Whether every rank of `group` has no error.
-bool all_agree(MPI_Comm group, const std::string& error) {
-  int ok = error.empty(), all = 0;
-  mpiCheck(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, group));
-  return all;
-}
-
-// Opens (or creates, zeroed) the segment `name` and maps it into `*segment`; returns what failed, or "".
-std::string map_segment(const std::string& name, bool create, void** segment) {
-  std::string error;
-  const int fd = create ? shm_detail::create_segment(name, kNicSegmentBytes, /*allocate=*/true, error)
-                        : shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) return create ? error : "shm_open " + name + ": " + std::strerror(errno);
-  void* m = mmap(nullptr, kNicSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) error = std::string("mmap: ") + std::strerror(errno);
-  close(fd);
-  if (m != MAP_FAILED) *segment = m;
-  return error;
-}
-
 }  // namespace
 
 SharedNic::SharedNic(MPI_Comm comm, int node) {
-  // The node's ranks on this host: the first creates the segment, then the others map it, then its name goes.
+  // The node's ranks on this host: the first shares the segment, whose clock ftruncate zeroes; all map it.
   int rank = 0, group_rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   MPI_Comm host, group;
@@ -73,23 +50,17 @@ SharedNic::SharedNic(MPI_Comm comm, int node) {
   mpiCheck(MPI_Comm_free(&host));
   mpiCheck(MPI_Comm_rank(group, &group_rank));
   mpiCheck(MPI_Comm_size(group, &ranks_));
-  static std::atomic<uint64_t> counter{0};
-  uint64_t id[2] = {shm_detail::this_process(), counter++};
-  mpiCheck(MPI_Bcast(id, 2, MPI_UINT64_T, 0, group));
-  const std::string name = shm_detail::segment_name("nic", id[0], id[1]);
-  std::string error;
-  if (group_rank == 0) error = map_segment(name, /*create=*/true, &segment_);  // ftruncate zeroes: the clock is 0
-  bool ok = all_agree(group, error);
-  if (ok && group_rank != 0) error = map_segment(name, /*create=*/false, &segment_);
-  ok = ok && all_agree(group, error);
-  if (group_rank == 0) shm_unlink(name.c_str());  // mapped everywhere, or given up: nothing is left in /dev/shm
-  mpiCheck(MPI_Comm_free(&group));
-  if (!ok) {
+  try {
+    const shm_detail::SharedSegments shared(group, "nic", group_rank == 0 ? kNicSegmentBytes : 0, "SharedNic: ");
+    std::string error = group_rank == 0 ? shm_detail::allocate(shared.own().fd, kNicSegmentBytes) : "";
+    if (error.empty()) segment_ = shm_detail::map_shared(shared[0].fd, kNicSegmentBytes, /*populate=*/false, error);
+    shm_detail::agree(group, error, "SharedNic: mapping the NIC's clock");
+  } catch (...) {
     if (segment_) munmap(segment_, kNicSegmentBytes);
-    segment_ = nullptr;
-    throw std::runtime_error("SharedNic: the NIC's shared memory failed" +
-                             (error.empty() ? std::string(" on another rank") : ": " + error));
+    mpiCheck(MPI_Comm_free(&group));
+    throw;
   }
+  mpiCheck(MPI_Comm_free(&group));
 }
 
 SharedNic::~SharedNic() {

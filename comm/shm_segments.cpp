@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -74,28 +75,116 @@ uint64_t this_process() {
   return id;
 }
 
-std::string segment_name(const char* kind, uint64_t process, uint64_t n) {
-  return "/ddplab-" + std::to_string(getuid()) + "-" + kind + "-" + std::to_string(process) + "-" + std::to_string(n);
+namespace {
+
+std::string segment_name(const char* kind, uint64_t pid, uint64_t process, uint64_t n) {
+  return "/ddplab-" + std::to_string(getuid()) + "-" + kind + "-" + std::to_string(pid) + "-" +
+         std::to_string(process) + "-" + std::to_string(n);
 }
 
-int create_segment(const std::string& name, size_t bytes, bool allocate, std::string& error) {
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    error = "shm_open " + name + ": " + errno_text();
-    return -1;
+// The names of segments being set up (SharedSegments, steps 1-4), this process's and its peers'. The watchdog
+// unlinks them before it aborts the job: a peer stopped or killed mid-setup cannot unlink its own.
+std::mutex naming_mutex;
+std::vector<std::string> names_in_setup;
+
+void unlink_names_in_setup(void*) {
+  std::lock_guard<std::mutex> lock(naming_mutex);
+  for (const std::string& name : names_in_setup) shm_unlink(name.c_str());
+}
+
+// The names of one setup, from before any is created until every rank has opened every segment (or given up): then
+// this rank unlinks them all, its peers' too (the same segments stay open, and shm_unlink of a name already gone
+// is harmless), so a name goes as soon as any rank of the group gets there.
+class NamesInSetup {
+ public:
+  explicit NamesInSetup(const std::vector<std::string>& names) {
+    static const int hook = watchdog::add_abort_hook(unlink_names_in_setup, nullptr);  // once, for the process
+    (void)hook;
+    std::copy_if(names.begin(), names.end(), std::back_inserter(names_),
+                 [](const std::string& n) { return !n.empty(); });
+    std::lock_guard<std::mutex> lock(naming_mutex);
+    names_in_setup.insert(names_in_setup.end(), names_.begin(), names_.end());
   }
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    error = "ftruncate: " + errno_text();
-  } else if (allocate) {
-    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (rc != 0)
-      error = "no room in /dev/shm for " + std::to_string(bytes) + " bytes (posix_fallocate: " + std::strerror(rc) +
-              "): free or enlarge it (docker run --shm-size)";
+  ~NamesInSetup() {
+    for (const std::string& name : names_) shm_unlink(name.c_str());
+    std::lock_guard<std::mutex> lock(naming_mutex);
+    for (const std::string& name : names_)
+      names_in_setup.erase(std::find(names_in_setup.begin(), names_in_setup.end(), name));
   }
-  if (error.empty()) return fd;
-  close(fd);
-  shm_unlink(name.c_str());
-  return -1;
+  NamesInSetup(const NamesInSetup&) = delete;
+  NamesInSetup& operator=(const NamesInSetup&) = delete;
+
+ private:
+  std::vector<std::string> names_;
+};
+
+}  // namespace
+
+SharedSegments::SharedSegments(MPI_Comm group, const char* kind, size_t bytes, const std::string& who) {
+  static std::atomic<uint64_t> next_id{1};
+  int size = 1;
+  mpiCheck(MPI_Comm_rank(group, &rank_));
+  mpiCheck(MPI_Comm_size(group, &size));
+  // Every rank's {pid, process, id, bytes}: its segment's name and size.
+  const uint64_t mine[4] = {static_cast<uint64_t>(getpid()), this_process(), next_id++, bytes};
+  std::vector<uint64_t> all(4 * static_cast<size_t>(size));
+  mpiCheck(MPI_Allgather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, group));
+  std::vector<std::string> names(size);  // "" where a rank shares none
+  segments_.resize(size);
+  for (int r = 0; r < size; ++r) {
+    const uint64_t* of = &all[4 * static_cast<size_t>(r)];
+    segments_[r] = {of[1], of[2], of[3], -1};
+    if (of[3] > 0) names[r] = segment_name(kind, of[0], of[1], of[2]);
+  }
+  const NamesInSetup in_setup(names);
+  try {
+    std::string error;
+    if (bytes > 0) {
+      Segment& own = segments_[rank_];
+      own.fd = shm_open(names[rank_].c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (own.fd < 0)
+        error = "shm_open " + names[rank_] + ": " + errno_text();
+      else if (ftruncate(own.fd, static_cast<off_t>(bytes)) != 0)
+        error = "ftruncate " + names[rank_] + ": " + errno_text();
+    }
+    agree(group, error, who + "creating a segment of " + std::to_string(bytes) + " bytes");
+    for (int r = 0; r < size && error.empty(); ++r) {
+      if (r == rank_ || segments_[r].bytes == 0) continue;
+      segments_[r].fd = shm_open(names[r].c_str(), O_RDWR, 0600);
+      if (segments_[r].fd < 0) error = "shm_open " + names[r] + ": " + errno_text();
+    }
+    agree(group, error, who + "opening the peers' segments");
+  } catch (...) {
+    close_all();
+    throw;
+  }
+}
+
+SharedSegments::~SharedSegments() { close_all(); }
+
+void SharedSegments::close_all() noexcept {
+  for (Segment& s : segments_)
+    if (s.fd >= 0) close(std::exchange(s.fd, -1));
+}
+
+std::string allocate(int fd, size_t bytes) {
+  const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc == 0) return "";
+  return "no room in /dev/shm for " + std::to_string(bytes) + " bytes (posix_fallocate: " + std::strerror(rc) +
+         "): free or enlarge it (docker run --shm-size)";
+}
+
+void* map_shared(int fd, size_t bytes, bool populate, std::string& error) {
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+  if (m != MAP_FAILED) return m;
+  error = "mmap: " + errno_text();
+  return nullptr;
+}
+
+void agree(MPI_Comm group, const std::string& error, const std::string& what) {
+  int ok = error.empty(), everyone = 0;
+  mpiCheck(MPI_Allreduce(&ok, &everyone, 1, MPI_INT, MPI_MIN, group));
+  if (!everyone) throw std::runtime_error(what + " failed" + (error.empty() ? " on another rank" : ": " + error));
 }
 
 // A send of [buf, buf + bytes) to `reader` may go by reference: fills `ref` when the range lies in one of this
@@ -190,62 +279,35 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
     }
     return;
   }
-  static std::atomic<uint64_t> next_segment{1};
-  const uint64_t segment = next_segment++;
-  const std::string mine = shm_detail::segment_name("registered", shm_detail::this_process(), segment);
-  // As in ShmTransport's setup: every step that can fail is agreed on by the host's ranks, so all register or all
-  // throw; the name is unlinked once every peer has mapped the segment.
-  std::string error;
-  bool created = false;  // the name is ours to unlink
-  auto agree = [&](const std::string& what) {
-    int ok = error.empty(), everyone = 0;
-    MPI_Allreduce(&ok, &everyone, 1, MPI_INT, MPI_MIN, host);
-    if (everyone) return;
-    if (created) shm_unlink(mine.c_str());
+  try {
+    register_on_host(host, "rank " + std::to_string(rank) + ": RegisteredBuffer: ");
+  } catch (...) {
     MPI_Comm_free(&host);
     release();
-    throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: " + what + " failed" +
-                             (error.empty() ? " on another rank" : ": " + error));
-  };
-  // Allocated and mapped now, by the owner: its pages are placed where it runs, and no first touch lands in a step.
-  const int fd = shm_detail::create_segment(mine, map_bytes_, /*allocate=*/true, error);
-  if (fd >= 0) {
-    created = true;
-    void* m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (m == MAP_FAILED) error = "mmap: " + errno_text();
-    if (m != MAP_FAILED) base_ = m;
-    close(fd);
+    throw;
   }
-  agree("creating a segment of " + std::to_string(map_bytes_) + " bytes");
-  // Every rank of the host: {process, segment, bytes}.
-  const uint64_t me[3] = {this_process(), segment, map_bytes_};
-  std::vector<uint64_t> all_of(3 * static_cast<size_t>(host_size));
-  MPI_Allgather(me, 3, MPI_UINT64_T, all_of.data(), 3, MPI_UINT64_T, host);
-  std::vector<uint64_t> readers;
-  for (int h = 0; h < host_size; ++h) {
-    const uint64_t* peer = &all_of[3 * static_cast<size_t>(h)];
-    if (peer[0] == this_process()) continue;
-    readers.push_back(peer[0]);
-    if (!error.empty()) continue;
-    const std::string name = shm_detail::segment_name("registered", peer[0], peer[1]);
-    const int pfd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (pfd < 0) {
-      error = "shm_open " + name + ": " + errno_text();
-      continue;
-    }
-    // Writable: the direct collectives store each rank's chunks into its peers' outputs
-    // (comm/shm_direct.h).
-    void* m = mmap(nullptr, peer[2], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
-    close(pfd);
-    if (m == MAP_FAILED)
-      error = "mmap of " + name + ": " + errno_text();
-    else
-      peer_maps_.push_back({peer[0], peer[1], m, peer[2]});
-  }
-  agree("mapping the peers' segments");
-  shm_unlink(mine.c_str());
   MPI_Comm_free(&host);
-  segment_ = segment;
+}
+
+// Every step that can fail is agreed on by the host's ranks (shm_detail::agree), so all register or all throw.
+void RegisteredBuffer::register_on_host(MPI_Comm host, const std::string& who) {
+  const shm_detail::SharedSegments shared(host, "registered", map_bytes_, who);
+  // Allocated and mapped by the owner before any peer maps it: its pages are placed where it runs, and no first
+  // touch lands in a step.
+  std::string error = shm_detail::allocate(shared.own().fd, map_bytes_);
+  if (error.empty()) base_ = shm_detail::map_shared(shared.own().fd, map_bytes_, /*populate=*/true, error);
+  shm_detail::agree(host, error, who + "allocating " + std::to_string(map_bytes_) + " bytes");
+  std::vector<uint64_t> readers;
+  for (int h = 0; h < shared.size() && error.empty(); ++h) {
+    const shm_detail::SharedSegments::Segment& peer = shared[h];
+    if (h == shared.rank()) continue;
+    readers.push_back(peer.process);
+    // Writable: the direct collectives store each rank's chunks into its peers' outputs (comm/shm_direct.h).
+    if (void* m = shm_detail::map_shared(peer.fd, peer.bytes, /*populate=*/true, error))
+      peer_maps_.push_back({peer.process, peer.id, m, peer.bytes});
+  }
+  shm_detail::agree(host, error, who + "mapping the peers' segments");
+  segment_ = shared.own().id;
   std::lock_guard<std::mutex> lock(registry_mutex);
   own_segments[static_cast<const char*>(base_)] = {bytes_, segment_, readers};
   for (const PeerMap& p : peer_maps_) peer_segments[{p.owner, p.segment}] = {static_cast<char*>(p.base), p.map_bytes};

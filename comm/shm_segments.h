@@ -34,6 +34,7 @@ class RegisteredBuffer {
   bool registered() const { return segment_ != 0; }
 
  private:
+  void register_on_host(MPI_Comm host, const std::string& who);
   void release() noexcept;
   void* base_ = nullptr;
   size_t bytes_ = 0, map_bytes_ = 0;
@@ -56,14 +57,55 @@ struct Reference {
 
 // Names this process to its host peers in references.
 uint64_t this_process();
-// A segment's name in /dev/shm: /ddplab-<uid>-<kind>-<process>-<n>, `process` a this_process() id, so that a name is
-// unique without relying on pids (which containers repeat: a stale segment of another container's process with this
-// pid would otherwise refuse the name).
-std::string segment_name(const char* kind, uint64_t process, uint64_t n);
-// Creates segment `name` (exclusively) of `bytes` and returns its descriptor, or -1 with `error` set and nothing left
-// in /dev/shm. With `allocate`, its memory is allocated now (posix_fallocate), so that a /dev/shm too small for it
-// is this error, not a SIGBUS at the first write into a page tmpfs cannot give.
-int create_segment(const std::string& name, size_t bytes, bool allocate, std::string& error);
+
+// Every rank's segment of one collective setup over `group` (the ranks of a host, or of a node on it), open on this
+// rank: rank r shares one of its own `bytes` (0: none). The one lifecycle of every named segment (RegisteredBuffer,
+// ShmTransport's FIFOs, SharedNic):
+//   1. the ranks exchange their segments' names: all have arrived before any name exists;
+//   2. each creates its own (shm_open O_EXCL, ftruncate: no memory yet); all agree;
+//   3. each opens its peers'; all agree;
+//   4. each unlinks every name of the group (the first to come removes it).
+// Allocating, mapping and faulting in come afterwards, through the descriptors: a name lives only across two small
+// agreements of ranks that are all there. A watchdog abort in that window unlinks the whole group's names first, a
+// stopped peer's too, so nothing is left in /dev/shm; only a job killed outright at that moment can leave one. Names,
+// not memfd_create: a descriptor reaches another process only over a Unix socket.
+// A name is /ddplab-<uid>-<kind>-<pid>-<this_process()>-<n>: the pid says whose it is, the random process id keeps
+// it unique where pids repeat (containers sharing /dev/shm).
+class SharedSegments {
+ public:
+  struct Segment {
+    uint64_t process = 0, id = 0;  // its owner's this_process() and number for it, as a Reference names them
+    size_t bytes = 0;              // 0: that rank shares none
+    int fd = -1;
+  };
+  // Throws std::runtime_error("<who>creating a segment of N bytes failed: ...") on every rank of group alike when a
+  // segment could not be created or opened anywhere; nothing is left in /dev/shm then either.
+  SharedSegments(MPI_Comm group, const char* kind, size_t bytes, const std::string& who);
+  ~SharedSegments();  // closes the descriptors; mappings made through them stay
+  SharedSegments(const SharedSegments&) = delete;
+  SharedSegments& operator=(const SharedSegments&) = delete;
+
+  const Segment& operator[](int rank) const { return segments_[rank]; }
+  const Segment& own() const { return segments_[rank_]; }
+  int size() const { return static_cast<int>(segments_.size()); }
+  int rank() const { return rank_; }  // in group
+
+ private:
+  void close_all() noexcept;
+  int rank_ = 0;
+  std::vector<Segment> segments_;
+};
+
+// Allocates a segment's memory now (posix_fallocate), so that a /dev/shm too small for it is this error, not a
+// SIGBUS at the first write into a page tmpfs cannot give. Returns what failed, or "".
+std::string allocate(int fd, size_t bytes);
+// Maps `bytes` of a segment read-write and shared, with `populate` faulting its pages in now; null with `error`
+// set when it fails.
+void* map_shared(int fd, size_t bytes, bool populate, std::string& error);
+// Every rank of group learns whether all have an empty `error`; where one has not, every rank throws
+// std::runtime_error (`what` + " failed: " + error, or " failed on another rank"), so that all take the same path.
+void agree(MPI_Comm group, const std::string& error, const std::string& what);
+
 // A send of [buf, buf + bytes) to process `reader` may go by reference: fills `ref` when the range lies in one of
 // this process's registered segments and `reader` maps it.
 bool find_reference(const void* buf, size_t bytes, uint64_t reader, Reference& ref);

@@ -1,6 +1,5 @@
 #include "comm/shm_transport.h"
 
-#include <fcntl.h>
 #include <immintrin.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -79,8 +78,6 @@ void copy_in(char* ring, size_t cap, uint64_t pos, const char* src, size_t n) {
   if (n > first) std::memcpy(ring, src + first, n - first);
 }
 
-using shm_detail::errno_text;
-
 // ShmWaitStats, as relaxed atomics: transports on several threads (the Reducer's and an extra communicator's)
 // may wait at once.
 struct WaitCounters {
@@ -157,57 +154,31 @@ MPI_Comm ShmTransport::join_local_group(MPI_Comm comm, const std::vector<int>& n
   return local;
 }
 
-// Each local rank creates its segment (its board, then its incoming FIFOs) and maps everyone's. Every step that can
+// Each local rank shares its segment (its board, then its incoming FIFOs) and maps everyone's. Every step that can
 // fail is agreed on by all local ranks, so either all use shared memory or all throw. Returns each local rank's
 // segment as mapped here.
 std::vector<char*> ShmTransport::map_segments(MPI_Comm local, size_t stride) {
-  int lrank = 0, lsize = 1;
-  MPI_Comm_rank(local, &lrank);
+  const std::string who = "rank " + std::to_string(named(rank_)) + ": ShmTransport: ";
+  int lsize = 1;
   MPI_Comm_size(local, &lsize);
   map_bytes_ = kBoardBytes + stride * lsize;
-  // A name unique to this transport: local rank 0's process and a per-process counter, then the local rank.
-  static std::atomic<uint64_t> counter{0};
-  uint64_t id[2] = {shm_detail::this_process(), counter++};
-  MPI_Bcast(id, 2, MPI_UINT64_T, 0, local);
-  const auto name = [&](int l) { return shm_detail::segment_name("fifos", id[0], id[1]) + "-" + std::to_string(l); };
-  std::string error;
-  bool created = false;  // this rank's name is ours to unlink
-  const auto agree = [&](const std::string& what) {
-    int ok = error.empty(), all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, local);
-    if (all) return;
+  const shm_detail::SharedSegments shared(local, "fifos", map_bytes_, who);
+  // Allocated now where fault_in_fifos would touch it all anyway (up to 16 local ranks): a /dev/shm too small is
+  // then this step's agreed failure (and the fallback to MPI), not a SIGBUS in the first write.
+  std::string error = lsize <= kFaultInRanks ? shm_detail::allocate(shared.own().fd, map_bytes_) : "";
+  std::vector<char*> base(lsize, nullptr);
+  for (int l = 0; l < lsize && error.empty(); ++l) {
+    base[l] = static_cast<char*>(shm_detail::map_shared(shared[l].fd, map_bytes_, /*populate=*/false, error));
+    if (base[l]) maps_.push_back(base[l]);
+  }
+  try {
+    shm_detail::agree(local, error, who + "mapping the segments");
+  } catch (...) {
     for (void* m : maps_) munmap(m, map_bytes_);
     maps_.clear();
-    if (created) shm_unlink(name(lrank).c_str());
-    throw std::runtime_error("rank " + std::to_string(named(rank_)) + ": ShmTransport: " + what + " failed" +
-                             (error.empty() ? " on another rank" : ": " + error));
-  };
-  // Created, its memory allocated now where fault_in_fifos would touch it all anyway (up to 16 local ranks): a
-  // /dev/shm too small is then this step's agreed failure (and the fallback to MPI), not a SIGBUS in the first write.
-  const bool allocate = lsize <= kFaultInRanks;
-  const auto map = [&](int l, bool create) -> char* {
-    const int fd = create ? shm_detail::create_segment(name(l), map_bytes_, allocate, error)
-                          : shm_open(name(l).c_str(), O_RDWR, 0600);
-    if (fd < 0) {
-      if (!create) error = "shm_open " + name(l) + ": " + errno_text();
-      return nullptr;
-    }
-    created = created || create;
-    void* m = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) error = "mmap: " + errno_text();
-    close(fd);
-    if (m == MAP_FAILED) return nullptr;
-    maps_.push_back(m);
-    return static_cast<char*>(m);
-  };
-  std::vector<char*> base(lsize, nullptr);
-  base[lrank] = map(lrank, /*create=*/true);
-  agree("creating the segment");
-  for (int l = 0; l < lsize && error.empty(); ++l)
-    if (l != lrank) base[l] = map(l, /*create=*/false);
-  agree("mapping the peers' segments");
+    throw;
+  }
   for (void* m : maps_) shm_detail::note_mapped(m, map_bytes_);
-  shm_unlink(name(lrank).c_str());  // everyone has it mapped: the name can go, the memory stays while mapped
   return base;
 }
 

@@ -17,10 +17,10 @@
 // Waiting polls the counters: a few us of PAUSE spinning, then sched_yield polls until PollPolicy::spin_us, then
 // sleeps with growing naps (no core burnt); ShmWaitStats counts each phase.
 //
-// Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank creates one segment
-// holding its notice board for the direct collectives (comm/shm_direct.h) and its incoming FIFOs, everyone maps
-// everyone's, and the names are unlinked at once, so nothing is left in /dev/shm even if the job dies. Pages of FIFOs
-// that are never used are never touched (tmpfs allocates on write).
+// Setup is collective over the communicator (like MpiTransport's MPI_Comm_dup): each rank shares one segment
+// holding its notice board for the direct collectives (comm/shm_direct.h) and its incoming FIFOs, and everyone maps
+// everyone's; the names are gone before any of that memory is allocated or mapped (shm_detail::SharedSegments, in
+// comm/shm_segments.h). Pages of FIFOs that are never used are never touched (tmpfs allocates on write).
 //
 // Single copy for registered buffers (after NCCL's user-buffer registration and P2P direct read): a RegisteredBuffer
 // lies in shared memory that every rank of the host maps. A send from inside one, to a peer that maps it, puts only

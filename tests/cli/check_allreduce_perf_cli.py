@@ -8,7 +8,7 @@
 - per-call times: min/p50/p99 in the JSON and CSV, i_min/i_p99 in the table, all agreeing;
 - #wrong 0 on exactly summable inputs, also over several check rounds (-c 3); -c 0 says N/A;
 - bad arguments: exit 2, one line naming the flag, no MPI_ABORT banner, before any work, no file touched;
-- a rank that stops mid-run: the watchdog ends the job (--timeout-s), exit 3;
+- a rank that stops mid-run: the watchdog ends the job (--timeout-s), exit 3, and leaves no shared-memory segment;
 - output files written whole (no temporaries left), an existing one replaced;
 - scripts/allreduce_chart.py: a PNG from the JSON and from the CSV, one-line refusals of bad input.
 
@@ -100,16 +100,28 @@ def test_rows_arrive_while_running(perf):
               f"rows are printed as measured: first row at {first:.2f} s, last at {last:.2f} s, exit at {end:.2f} s")
 
 
+def segments_of(pids, kind=r"[a-z]+"):
+    """The shared-memory segments in /dev/shm that processes `pids` made: ddplab's names carry their creator's pid,
+    /ddplab-<uid>-<kind>-<pid>-<process id>-<n> (comm/shm_segments.h)."""
+    found = []
+    for name in os.listdir("/dev/shm"):
+        m = re.fullmatch(rf"ddplab-\d+-{kind}-(\d+)-\d+-\d+", name)
+        if m and int(m.group(1)) in pids:
+            found.append((name, int(m.group(1))))
+    return found
+
+
 def test_watchdog_ends_a_hang(perf, workdir):
     # A rank that stops (SIGSTOP: as hung as a process gets) mid-run: the others' watchdog ends the job after
-    # --timeout-s, naming the wait it left open, instead of waiting forever.
+    # --timeout-s, naming the wait it left open, instead of waiting forever. Stopped, if it can be caught there, while
+    # the name of its registered buffer's segment exists: a peer it left behind must not leave the names in /dev/shm.
     marker = os.path.join(workdir, "hang.json")
     args = ["-b", "16M", "-e", "16M", "-w", "1", "-n", "100000", "-c", "0", "--impls", "ring", "--timeout-s", "3",
             "--json", marker]
     start = time.monotonic()
     p = subprocess.Popen(perf.cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Stopped once the table's header is out: the watchdog is armed by then. A rank stopped earlier, in start-up,
-    # would leave its peer where no watchdog guards it.
+    # Stopped once the table's header is out: the watchdog is armed by then, and the buffers are registered next. A
+    # rank stopped earlier, in start-up, would leave its peer where no watchdog guards it.
     for line in p.stdout:
         if line.startswith("# impl"):
             break
@@ -122,8 +134,16 @@ def test_watchdog_ends_a_hang(perf, workdir):
             continue
         if pid.isdigit() and exe == os.path.basename(perf.exe) and marker in cmdline:
             ranks.append(int(pid))
-    if ranks:
-        os.kill(min(ranks), signal.SIGSTOP)
+    stopped, where = (min(ranks), "after the header") if ranks else (None, "")
+    look_until = time.monotonic() + 1.0
+    while ranks and time.monotonic() < look_until:
+        named = segments_of(ranks, "registered")
+        if named:
+            name, stopped = named[0]
+            where = f"while {name} existed"
+            break
+    if stopped:
+        os.kill(stopped, signal.SIGSTOP)
     try:
         out, err = p.communicate(timeout=60)
     finally:
@@ -138,6 +158,8 @@ def test_watchdog_ends_a_hang(perf, workdir):
     took = time.monotonic() - start
     check(len(ranks) == 2 and p.returncode == 3 and "watchdog: no progress for" in err and took < 40,
           f"a stopped rank: the watchdog ends the job, exit 3, in {took:.1f} s ({len(ranks)} ranks; {err[-300:]})")
+    left = [name for name, _ in segments_of(ranks)]
+    check(not left, f"a rank stopped {where}: no segment of the job's is left in /dev/shm ({left})")
 
 
 def check_modes(doc, what, aggregate):

@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """The watchdog end to end (runtime/watchdog.h): a wait that never ends aborts the job within the timeout, naming
-the wait, its peer, tag and step, after running the abort hooks; a long operation made of short waits does not.
+the wait, its peer, tag and step, after running the abort hooks (one of them unlinks the shared-memory names of a
+setup a peer left half done); a long operation made of short waits does not.
 
 usage: check_watchdog.py MPIRUN WATCHDOG_PROBE
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,14 @@ def main():
         check(p.returncode == 3 and os.path.exists(marker), f"unread: the watchdog ends the job (code {p.returncode})")
         check("rank 0: watchdog: no progress for" in out and "waiting for completion of a send to rank 1" in out,
               "unread: names the rank, the wait for the send's completion and the peer that does not read it")
+    # A peer gone while the host's ranks share segments: the abort unlinks the names the survivor made.
+    p = subprocess.run([mpirun, "--bind-to", "none", "-np", "2", probe, "half_shared"], capture_output=True, text=True,
+                       timeout=120)
+    pid = re.search(r"^pid (\d+)$", p.stdout, re.M)
+    left = [n for n in os.listdir("/dev/shm") if pid and re.fullmatch(rf"ddplab-\d+-probe-{pid[1]}-\d+-\d+", n)]
+    check(p.returncode == 3 and "waiting for sharing a segment" in p.stderr,
+          f"half_shared: the watchdog ends the job (code {p.returncode})")
+    check(pid is not None and not left, f"half_shared: no name of rank 0's is left in /dev/shm ({left})")
     p = subprocess.run([mpirun, "--bind-to", "none", "-np", "1", probe, "busy"], capture_output=True, text=True,
                        timeout=120)
     check(p.returncode == 0 and "watchdog" not in p.stderr,

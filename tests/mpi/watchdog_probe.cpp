@@ -5,15 +5,22 @@
 //   watchdog_probe unread MARKER   rank 0 sends from a registered buffer by reference (single copy) to rank 1,
 //                                  which never receives: rank 0's wait_sends waits for an acknowledgement that never
 //                                  comes, and the watchdog must end the job as for `hang`
+//   watchdog_probe half_shared     rank 0 shares a segment (shm_detail::SharedSegments) with rank 1, which joins
+//                                  the exchange of names and is never seen again: rank 0 has created its segment
+//                                  and waits for rank 1's, the watchdog ends the job as for `hang`, and its abort
+//                                  hook must unlink rank 0's name (whose pid rank 0 prints first)
 //   watchdog_probe busy            3 s of short waits (a long operation made of many short ones) under a 1 s
 //                                  timeout: no abort, exit 0
 #include <mpi.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/shm_transport.h"
 #include "runtime/watchdog.h"
@@ -30,8 +37,9 @@ int main(int argc, char** argv) {
   using namespace ddplab;
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
+  int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
   const std::string mode = argc > 1 ? argv[1] : "";
   watchdog::name_thread("main thread");
   watchdog::arm(1.0);
@@ -52,6 +60,19 @@ int main(int argc, char** argv) {
       transport.wait_sends();
     }
     MPI_Barrier(MPI_COMM_WORLD);
+  } else if (mode == "half_shared") {
+    if (rank == 0) {
+      std::printf("pid %d\n", static_cast<int>(getpid()));
+      std::fflush(stdout);
+      const watchdog::Wait wait("sharing a segment");
+      const shm_detail::SharedSegments shared(MPI_COMM_WORLD, "probe", 1 << 20, "probe: ");
+    } else {
+      // Step 1's exchange, {pid, process, id, bytes} per rank (comm/shm_segments.cpp), sharing nothing; then gone.
+      const uint64_t mine[4] = {static_cast<uint64_t>(getpid()), shm_detail::this_process(), 1, 0};
+      std::vector<uint64_t> all(4 * static_cast<size_t>(size));
+      MPI_Allgather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, MPI_COMM_WORLD);
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
   } else if (mode == "busy") {
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
     while (std::chrono::steady_clock::now() < end) {
@@ -62,7 +83,7 @@ int main(int argc, char** argv) {
       }
     }
   } else {
-    if (rank == 0) std::fprintf(stderr, "usage: watchdog_probe hang MARKER | unread MARKER | busy\n");
+    if (rank == 0) std::fprintf(stderr, "usage: watchdog_probe hang MARKER | unread MARKER | half_shared | busy\n");
     MPI_Finalize();
     return 2;
   }
