@@ -267,19 +267,15 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
 }
 
 RegisteredBuffer Communicator::allocate_registered(size_t bytes) {
-  if (single_copy_) {
-    try {
-      return RegisteredBuffer(comm_, bytes, true);
-    } catch (const std::runtime_error& e) {  // thrown by every rank of the host alike (RegisteredBuffer agrees)
-      std::fprintf(stderr, "ddplab: %s; the buffers go by copy instead\n", e.what());
-      single_copy_ = false;  // and the buffers after it too: all by copy, or the host's ranks could differ
-      for (const std::string gone : {" single-copy", " + direct collectives"})
-        if (const size_t at = transport_name_.find(gone); at != std::string::npos)
-          transport_name_.erase(at, gone.size());
-      transport_name_ += " (copies: registering the buffers failed)";
-    }
+  RegisteredBuffer buffer(comm_, bytes, single_copy_);
+  if (!buffer.registration_error().empty()) {  // on every rank of this host alike
+    std::fprintf(stderr, "ddplab: %s; the buffers go by copy instead\n", buffer.registration_error().c_str());
+    single_copy_ = false;  // and the buffers after it too: all by copy, or the host's ranks could differ
+    for (const std::string gone : {" single-copy", " + direct collectives"})
+      if (const size_t at = transport_name_.find(gone); at != std::string::npos) transport_name_.erase(at, gone.size());
+    transport_name_ += " (copies: registering the buffers failed)";
   }
-  return RegisteredBuffer(comm_, bytes, false);
+  return buffer;
 }
 
 Communicator::~Communicator() {

@@ -146,9 +146,10 @@ class Communicator {
   bool direct() const { return direct_ != nullptr; }
   // Collective over the communicator: `bytes` of zeroed host memory for buffers this rank all-reduces (the flat
   // gradients), registered with the shm transport when single_copy(), ordinary memory otherwise. Registration that
-  // fails (a /dev/shm too small: the host's ranks agree on it) falls back to ordinary memory for this buffer and the
-  // ones after it (single_copy() turns false), said on stderr and in transport_name(): they go by copy, and the direct
-  // collectives pass them to the ring. It must outlive the all-reduces that use it on every rank.
+  // fails (a /dev/shm too small: the host's ranks agree on it, other hosts may still register) falls back to
+  // ordinary memory for this buffer and the ones after it on that host (single_copy() turns false), said on stderr
+  // and in transport_name(): they go by copy, and the direct collectives pass them to the ring. It must outlive the
+  // all-reduces that use it on every rank.
   RegisteredBuffer allocate_registered(size_t bytes);
 
   static constexpr int kMaxTag = 32767;  // the tag bound every MPI guarantees

@@ -265,28 +265,28 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
   map_bytes_ = round_up(std::max<size_t>(bytes, 1), page);
   int rank = 0, host_size = 1, want = registered, all = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
+  // The one collective over all of comm; the rest are the host's. A host whose registration fails therefore falls
+  // back here, in step with hosts where it succeeds, instead of running a collective of its own over comm.
   MPI_Comm host;
   mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host));
   MPI_Comm_size(host, &host_size);
   MPI_Allreduce(&want, &all, 1, MPI_INT, MPI_MIN, host);
-  if (!all || host_size == 1) {  // nobody could read it by reference: ordinary (private, zeroed) pages
-    MPI_Comm_free(&host);
-    base_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base_ == MAP_FAILED) {
-      base_ = nullptr;
-      throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: mmap of " + std::to_string(bytes) +
-                               " bytes: " + errno_text());
+  if (all && host_size > 1) {  // else nobody could read it by reference
+    try {
+      register_on_host(host, "rank " + std::to_string(rank) + ": RegisteredBuffer: ");
+    } catch (const std::runtime_error& e) {  // thrown by every rank of the host alike
+      release();
+      registration_error_ = e.what();
     }
-    return;
-  }
-  try {
-    register_on_host(host, "rank " + std::to_string(rank) + ": RegisteredBuffer: ");
-  } catch (...) {
-    MPI_Comm_free(&host);
-    release();
-    throw;
   }
   MPI_Comm_free(&host);
+  if (segment_) return;
+  base_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // private, zeroed
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    throw std::runtime_error("rank " + std::to_string(rank) + ": RegisteredBuffer: mmap of " + std::to_string(bytes) +
+                             " bytes: " + errno_text());
+  }
 }
 
 // Every step that can fail is agreed on by the host's ranks (shm_detail::agree), so all register or all throw.
@@ -339,6 +339,7 @@ RegisteredBuffer& RegisteredBuffer::operator=(RegisteredBuffer&& other) noexcept
     segment_ = std::exchange(other.segment_, 0);
     peer_maps_ = std::move(other.peer_maps_);
     other.peer_maps_.clear();
+    registration_error_ = std::move(other.registration_error_);
   }
   return *this;
 }

@@ -22,8 +22,10 @@ class RegisteredBuffer {
  public:
   RegisteredBuffer() = default;
   // Collective over comm: each rank gets `bytes` of zeroed memory (sizes may differ between ranks). It is registered
-  // when `registered` is true on every rank of its host; otherwise (or after a failed shm_open/mmap, which every
-  // rank of the host agrees on and throws as std::runtime_error naming it) it is ordinary memory.
+  // when `registered` is true on every rank of its host; otherwise, or when registering fails (a /dev/shm too small:
+  // every rank of the host agrees on it, and registration_error() says why), it is ordinary memory. Either way the
+  // only collective over all of comm is one host split, so hosts that fail and hosts that do not stay in step.
+  // Throws only when even ordinary memory cannot be had.
   RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered);
   ~RegisteredBuffer();
   RegisteredBuffer(RegisteredBuffer&& other) noexcept;
@@ -32,6 +34,9 @@ class RegisteredBuffer {
   void* data() const { return base_; }
   size_t bytes() const { return bytes_; }
   bool registered() const { return segment_ != 0; }
+  // Why this rank's host could not register it ("rank 1: RegisteredBuffer: allocating ... failed: no room in
+  // /dev/shm ..."); empty when it is registered or was not asked to be.
+  const std::string& registration_error() const { return registration_error_; }
 
  private:
   void register_on_host(MPI_Comm host, const std::string& who);
@@ -45,6 +50,7 @@ class RegisteredBuffer {
     size_t map_bytes;
   };
   std::vector<PeerMap> peer_maps_;  // the host peers' segments of the same collective call
+  std::string registration_error_;
 };
 
 // For the transports and collectives built on the segments, not for their users.

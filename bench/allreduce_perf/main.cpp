@@ -123,6 +123,9 @@ int run(const Options& o, const Topology& hosts, int rank, int n) {
   // Collective; each is registered where the host's shm transports can use it (RegisteredBuffer).
   const RegisteredBuffer in_memory(MPI_COMM_WORLD, max_count * sizeof(float), o.registered == 1);
   const RegisteredBuffer out_memory(MPI_COMM_WORLD, max_count * sizeof(float), o.registered == 1);
+  for (const RegisteredBuffer* memory : {&in_memory, &out_memory})
+    if (!memory->registration_error().empty())  // a /dev/shm too small: that host's rows measure copies
+      std::fprintf(stderr, "allreduce_perf: %s; the buffer goes by copy\n", memory->registration_error().c_str());
   const Buffers buffers{static_cast<float*>(in_memory.data()), static_cast<float*>(out_memory.data()), inputs};
   inputs.fill(buffers.in, max_count, rank);  // touch every page before timing
   std::fill(buffers.out, buffers.out + max_count, 0.0f);

@@ -6,6 +6,8 @@ docs/MULTIHOST.md), 2 ranks each, launched by Open MPI through an rsh agent, TCP
 - ddplab train: the run file names both hosts, ranks 0-1 on the first; the ring goes over shared memory within a
   host and MPI across; every rank's losses equal bit for bit those of the same run on one host (the ring adds in
   the same order whatever carries the bytes).
+- a /dev/shm too small for the gradients on one host: its ranks go by copy, the other host's keep single copy, and
+  the run completes with the replicas alike (hosts that fail to register stay in step with hosts that do not).
 Exits 77 (ctest: skipped) with the reason when namespaces cannot be made here. The hosts are taken down on every
 way out; should this script be killed outright, they kill their own processes when their lifetime runs out.
 
@@ -13,6 +15,7 @@ usage: check_two_hosts.py MPIRUN DDPLAB ALLREDUCE_PERF NETNS_CLUSTER_SH
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +123,24 @@ def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):
             check(close, "hier's losses match the ring's within 1e-4 (sums in another order)")
 
 
+def check_small_shm_on_one_host(cluster_sh, cluster, hosts, ddplab, work):
+    # 32 MiB on the second host: its FIFOs fit, its two ranks' 50 MB of registered gradients do not. Last of the
+    # checks: the small /dev/shm stays until `down`. --timeout-s: hosts out of step would hang in a collective.
+    if run([cluster_sh, "exec", cluster, hosts[1], "mount", "-o", "remount,size=32M", "/dev/shm"],
+           f"{hosts[1]}: a 32 MiB /dev/shm") is None:
+        return
+    p = run([cluster_sh, "mpirun", cluster, "-np", "4", "--bind-to", "none", ddplab, "train", "--steps", "3",
+             "--warmup-steps", "1", "--batch", "8", "--hidden", "2048", "--layers", "3", "--check-sync", "1",
+             "--timeout-s", "20", "--out", os.path.join(work, "small_shm.h5")],
+            f"ddplab train on 2 hosts x 2 ranks, {hosts[1]}'s /dev/shm too small for the gradients")
+    if p is None:
+        return
+    by_copy = sorted(int(r) for r in re.findall(r"rank (\d+): RegisteredBuffer: .*no room in /dev/shm", p.stderr))
+    check(by_copy == [2, 3], f"{hosts[1]}'s ranks, and only they, say their gradients go by copy (ranks {by_copy})")
+    transport = "shm single-copy within node (1 peer) + mpi across nodes (2 peers)"
+    check(f"comm ring over {transport} " in p.stdout, f"{hosts[0]}'s rank 0 keeps single copy ({transport})")
+
+
 def main():
     mpirun, ddplab, allreduce_perf, cluster_sh = sys.argv[1:5]
     os.environ["MPIRUN"] = mpirun  # the same Open MPI on two hosts as on one
@@ -143,6 +164,7 @@ def main():
             check_hosts(cluster_sh, cluster, hosts)
             check_allreduce_perf(cluster_sh, cluster, allreduce_perf, work)
             check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work)
+            check_small_shm_on_one_host(cluster_sh, cluster, hosts, ddplab, work)
         finally:
             down = subprocess.run([cluster_sh, "down", cluster], capture_output=True, text=True, timeout=60)
             check(down.returncode == 0 and not os.path.exists(cluster),
