@@ -239,12 +239,12 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
         return emulate_links(std::move(t), group, options_.link, nic_);
       };
     hier_ = std::make_unique<HierAllreduce>(comm_, topology_.node_of_rank[rank_], wrap);
-    transport_name_ = hier_->transport_name();
+    hops_ = hier_->transport_name();
     shm_hop = hier_->shm_hop();
   } else {
     ConnectedTransport connected = connect_peers(comm_, topology_, ring_, /*say_where=*/topology_.nodes() > 1);
     transport_ = std::move(connected.transport);
-    transport_name_ = connected.description;
+    hops_ = connected.description;
     shm_hop = connected.shm_hop;
     if (emulated)
       transport_ = emulate_links(std::move(transport_), topology_, options_.link, nic_);
@@ -252,28 +252,36 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
       shm = connected.shm;
   }
   single_copy_ = size_ > 1 && shm_hop && settings::integer(settings::kLocalRegister) == 1;
-  if (const size_t at = shm_hop_in(transport_name_); single_copy_ && at != std::string::npos)
-    transport_name_.insert(at + 3, " single-copy");
-  if (emulated) transport_name_ += " + link emulation";
   // The direct all-reduce, where every rank can take it: ranks that disagreed (their DDPLAB_* settings differ) would
   // wait on boards and FIFOs, each for the other.
   int can_direct = options_.direct && single_copy_ && !ring_.wire16 && shm && shm->local_peers() == size_ - 1 &&
                    settings::integer(settings::kDirectAllreduce) == 1;
   mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &can_direct, 1, MPI_INT, MPI_MIN, comm_));
-  if (can_direct) {
-    direct_ = std::make_unique<DirectCollectives>(*shm);
-    transport_name_ += " + direct collectives";
-  }
+  if (can_direct) direct_ = std::make_unique<DirectCollectives>(*shm);
+  name_transport();
+}
+
+// From what the collectives use, so that the description cannot disagree with them.
+void Communicator::name_transport() {
+  transport_name_ = hops_;
+  if (const size_t at = shm_hop_in(transport_name_); single_copy_ && at != std::string::npos)
+    transport_name_.insert(at + 3, " single-copy");
+  if (options_.link.emulated()) transport_name_ += " + link emulation";
+  if (direct_) transport_name_ += " + direct collectives";
+  if (registration_failed_) transport_name_ += " (copies: registering the buffers failed)";
 }
 
 RegisteredBuffer Communicator::allocate_registered(size_t bytes) {
   RegisteredBuffer buffer(comm_, bytes, single_copy_);
   if (!buffer.registration_error().empty()) {  // on every rank of this host alike
     std::fprintf(stderr, "ddplab: %s; the buffers go by copy instead\n", buffer.registration_error().c_str());
-    single_copy_ = false;  // and the buffers after it too: all by copy, or the host's ranks could differ
-    for (const std::string gone : {" single-copy", " + direct collectives"})
-      if (const size_t at = transport_name_.find(gone); at != std::string::npos) transport_name_.erase(at, gone.size());
-    transport_name_ += " (copies: registering the buffers failed)";
+    // The buffers after it too: all by copy, or the host's ranks could differ. Direct collectives would only find
+    // unregistered buffers and pass them to the ring, after a rendezvous per call; they run where every rank is on
+    // this host, so all of comm drops them here together.
+    single_copy_ = false;
+    direct_.reset();
+    registration_failed_ = true;
+    name_transport();
   }
   return buffer;
 }

@@ -147,9 +147,9 @@ class Communicator {
   // Collective over the communicator: `bytes` of zeroed host memory for buffers this rank all-reduces (the flat
   // gradients), registered with the shm transport when single_copy(), ordinary memory otherwise. Registration that
   // fails (a /dev/shm too small: the host's ranks agree on it, other hosts may still register) falls back to
-  // ordinary memory for this buffer and the ones after it on that host (single_copy() turns false), said on stderr
-  // and in transport_name(): they go by copy, and the direct collectives pass them to the ring. It must outlive the
-  // all-reduces that use it on every rank.
+  // ordinary memory for this buffer and the ones after it on that host: single_copy() and direct() turn false, said
+  // on stderr and in transport_name(), and the buffers go by copy through the ring. It must outlive the all-reduces
+  // that use it on every rank.
   RegisteredBuffer allocate_registered(size_t bytes);
 
   static constexpr int kMaxTag = 32767;  // the tag bound every MPI guarantees
@@ -194,6 +194,7 @@ class Communicator {
   bool small(size_t count) const;  // up to small_max_bytes_: recursive doubling, not the ring
   void mpi_allreduce_sum(const float* in, float* out, size_t count, int tag);
   void check_same_operation_everywhere(size_t count, int tag);  // --comm mpi: tags and counts agree on all ranks
+  void name_transport();
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
@@ -207,8 +208,10 @@ class Communicator {
   size_t small_max_bytes_ = 0;            // buffers up to this size take recursive doubling instead of the ring
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;     // --comm mpi: a private duplicate, so callers' collectives never mix in
   std::string failed_;                    // set when an all-reduce threw: peers may have messages in flight
-  std::string transport_name_;
+  std::string hops_;                      // the transports' own description (transport_table.h, hier's)
+  std::string transport_name_;            // name_transport(): hops_ and what of single copy and direct is in use
   bool single_copy_ = false;
+  bool registration_failed_ = false;           // allocate_registered fell back to ordinary memory
   std::unique_ptr<DirectCollectives> direct_;  // over transport_, when it takes the direct collectives
 };
 

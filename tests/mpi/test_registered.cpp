@@ -4,10 +4,12 @@
 // such a send; references only to peers that map the segment; tag checks; hier and link emulation on top.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -186,6 +188,45 @@ TEST(RegisteredAllreduceDirect, ScalesAndReportsANonFiniteSumOnEveryRank) {
     if (poisoned == count) {
       EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "");
     }
+  }
+}
+
+// A registration that fails (here every rank's file size limit, as a /dev/shm too small fails it) leaves ordinary
+// memory, and what the Communicator says it uses is what its collectives then do: no single copy and no direct
+// collectives, in transport_name() and in the messages, the sums exact.
+TEST(RegisteredAllreduceDirect, AFailedRegistrationDropsSingleCopyAndDirectInNameAndDeed) {
+  const int rank = world_rank(), n = world_size();
+  Communicator comm(MPI_COMM_WORLD, CommOptions{});
+  if (!comm.direct()) GTEST_SKIP() << "the direct all-reduce needs 2+ ranks on one host";
+  const size_t count = 300'007;  // above the recursive-doubling size: the ring, or direct
+  rlimit saved{};
+  getrlimit(RLIMIT_FSIZE, &saved);
+  void (*saved_handler)(int) = signal(SIGXFSZ, SIG_IGN);  // ftruncate past the limit: EFBIG, not death
+  rlimit small = saved;
+  small.rlim_cur = count * sizeof(float) / 2;
+  setrlimit(RLIMIT_FSIZE, &small);
+  RegisteredBuffer memory = comm.allocate_registered(count * sizeof(float));
+  RegisteredBuffer later = comm.allocate_registered(count * sizeof(float));  // after the limit is gone: still copies
+  setrlimit(RLIMIT_FSIZE, &saved);
+  signal(SIGXFSZ, saved_handler);
+
+  EXPECT_FALSE(memory.registered());
+  EXPECT_NE(memory.registration_error().find("File too large"), std::string::npos) << memory.registration_error();
+  EXPECT_FALSE(later.registered());
+  EXPECT_FALSE(comm.single_copy());
+  EXPECT_FALSE(comm.direct());
+  EXPECT_EQ(comm.transport_name(), "shm (copies: registering the buffers failed)");
+  for (float* data : {static_cast<float*>(memory.data()), static_cast<float*>(later.data())}) {
+    const std::vector<float> inputs = exact_inputs(rank, count);
+    std::copy(inputs.begin(), inputs.end(), data);
+    const uint64_t direct_before = shm_direct_collectives();
+    const ShmSendCounts before = shm_send_counts();
+    comm.allreduce_sum(data, count, /*tag=*/8);
+    EXPECT_EQ(shm_direct_collectives() - direct_before, 0u) << "a direct collective ran";
+    EXPECT_EQ(shm_send_counts().by_reference - before.by_reference, 0u) << "a send went by reference";
+    std::vector<float> want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = exact_sum(n, i);
+    EXPECT_EQ(bitwise_mismatch(copy_of(data, count), want), "");
   }
 }
 
