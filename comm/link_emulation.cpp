@@ -19,12 +19,6 @@ namespace {
 constexpr int64_t kFirstNapNs = 50'000, kLongestNapNs = 1'000'000;
 }  // namespace
 
-int64_t monotonic_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
-
 void sleep_until_ns(int64_t t_ns) {
   tighten_timer_slack_once();  // the default 50 us slack would make every emulated message up to 50 us late
   const timespec ts{static_cast<time_t>(t_ns / 1'000'000'000), static_cast<long>(t_ns % 1'000'000'000)};

@@ -59,8 +59,6 @@ struct HopLink {
   bool through_nic = false;         // queued on the node's SharedNic instead of the pair's own link
 };
 
-// ns on CLOCK_MONOTONIC, the clock the headers carry.
-int64_t monotonic_ns();
 // Sleeps (does not spin) until CLOCK_MONOTONIC reaches t_ns.
 void sleep_until_ns(int64_t t_ns);
 

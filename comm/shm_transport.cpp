@@ -65,12 +65,6 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counter
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-int64_t now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
-
 // Copies n bytes to/from the ring at position pos (mod capacity), wrapping around its end.
 void copy_in(char* ring, size_t cap, uint64_t pos, const char* src, size_t n) {
   const size_t at = pos % cap, first = std::min(n, cap - at);
@@ -293,11 +287,11 @@ void ShmTransport::wait_until(Ready ready) {
   if (step()) return;
   WaitCounters& counters = wait_counters;
   count(counters.waits);
-  const int64_t start = now_ns();
+  const int64_t start = monotonic_ns();
   struct CountTime {  // every way out of the wait counts its time
     WaitCounters& counters;
     int64_t start;
-    ~CountTime() { count(counters.wait_ns, static_cast<uint64_t>(now_ns() - start)); }
+    ~CountTime() { count(counters.wait_ns, static_cast<uint64_t>(monotonic_ns() - start)); }
   } count_time{counters, start};
   if (poll_.spin_us < 0) {
     for (uint64_t polls = 1;; ++polls) {
@@ -310,24 +304,24 @@ void ShmTransport::wait_until(Ready ready) {
   // One PAUSE between polls (on Zen it lasts ~65 cycles; more would delay seeing a message by a fraction of a us).
   const int64_t spin_until = start + int64_t{poll_.spin_us} * 1000;
   uint64_t polls = 0;
-  for (int64_t t = start; t < start + kPureSpinNs && t < spin_until; t = now_ns())
+  for (int64_t t = start; t < start + kPureSpinNs && t < spin_until; t = monotonic_ns())
     for (int i = 0; i < 32; ++i) {
       _mm_pause();
       ++polls;
       if (step()) return count(counters.spin_polls, polls);
     }
   count(counters.spin_polls, polls);
-  for (int64_t t = now_ns(); t < spin_until; t = now_ns()) {
+  for (int64_t t = monotonic_ns(); t < spin_until; t = monotonic_ns()) {
     sched_yield();
     count(counters.yield_polls);
     if (step()) return;
   }
   int64_t nap_ns = 1000;
   for (;;) {
-    const int64_t asleep = now_ns();
+    const int64_t asleep = monotonic_ns();
     nap(nap_ns);
     count(counters.sleeps);
-    count(counters.sleep_ns, static_cast<uint64_t>(now_ns() - asleep));
+    count(counters.sleep_ns, static_cast<uint64_t>(monotonic_ns() - asleep));
     if (step()) return;
     nap_ns = std::min<int64_t>(2 * nap_ns, int64_t{poll_.max_sleep_us} * 1000);
   }

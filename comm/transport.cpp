@@ -32,15 +32,11 @@ void Transport::recv_consume(int peer, size_t bytes, int tag, void* staging, con
   consume(staging, 0, bytes);
 }
 
-namespace {
-
-int64_t now_ns() {
+int64_t monotonic_ns() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
-
-}  // namespace
 
 void tighten_timer_slack_once() {
   thread_local bool done = false;
@@ -71,9 +67,9 @@ double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples) {
     for (int i = 0; i < samples; ++i) {
       const timespec nap{0, 100'000};  // as a comm thread between polls; woken, it takes a core from a spinner
       nanosleep(&nap, nullptr);
-      const int64_t start = now_ns();
+      const int64_t start = monotonic_ns();
       sched_yield();
-      const double ms = static_cast<double>(now_ns() - start) / 1e6;
+      const double ms = static_cast<double>(monotonic_ns() - start) / 1e6;
       if (ms > kLostMs) lost[0] += ms, lost[1] += 1;
     }
     yielded = true;
@@ -121,8 +117,8 @@ int poll_wait(MPI_Request* request, MPI_Status* status, const PollPolicy& policy
       if (err != MPI_SUCCESS || done) return err;
     }
   }
-  const int64_t spin_until = now_ns() + int64_t{policy.spin_us} * 1000;
-  while (now_ns() < spin_until) {
+  const int64_t spin_until = monotonic_ns() + int64_t{policy.spin_us} * 1000;
+  while (monotonic_ns() < spin_until) {
     if (between_polls) between_polls();
     err = MPI_Test(request, &done, status);
     if (err != MPI_SUCCESS || done) return err;
@@ -250,11 +246,11 @@ void MpiTransport::recv(int peer, void* buf, size_t bytes, int tag) {
 // detects, each pending send has a posted receive and completes at once; otherwise the peer may be gone, so the
 // wait is bounded and what is left is released to MPI (the job is about to be aborted in that case anyway).
 void MpiTransport::settle_sends_before_throwing() noexcept {
-  const int64_t give_up = now_ns() + 2'000'000'000;
+  const int64_t give_up = monotonic_ns() + 2'000'000'000;
   for (MPI_Request& r : pending_sends_) {
     int done = 0;
     while (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
-           now_ns() < give_up) {
+           monotonic_ns() < give_up) {
       const timespec ts{0, 100'000};
       nanosleep(&ts, nullptr);
     }

@@ -102,6 +102,9 @@ void tighten_timer_slack_once();
 // the yields that lost the core, over all ranks; 0 when none did (a spare core).
 double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples = 16);
 
+// ns on CLOCK_MONOTONIC: the transports' polls and naps, and the clock link emulation's headers carry.
+int64_t monotonic_ns();
+
 // Waits for `request` per `policy`, calling `between_polls` (if any) after each poll that found it pending (also
 // when spinning, spin_us < 0: on MPI_Test then, on MPI_Wait only without it). Returns MPI_Wait's error code (status
 // is filled either way). An exception from between_polls leaves the request pending.
