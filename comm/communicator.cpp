@@ -16,6 +16,7 @@
 #include "comm/ring_allreduce.h"
 #include "comm/shm_direct.h"
 #include "comm/transport_table.h"
+#include "comm/wire.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/mpi_check.h"
 #include "runtime/settings.h"
@@ -326,10 +327,7 @@ auto Communicator::guarded(const char* what, const char* waiting_in, int tag, Op
 
 bool Communicator::allreduce(const float* in, float* out, size_t count, int tag, float scale, bool check_finite) {
   return guarded("all-reduce", options_.impl == AllreduceImpl::kMpi ? "MPI_Allreduce" : "all-reduce", tag, [&] {
-    // fp16 ends at 65504: a sum of n ranks' values would overflow where they pass 65504 / n, so each rank scales its
-    // own before the sum (exact for a power-of-two n), as PyTorch's fp16 compression hook divides first. bf16 has
-    // fp32's range and keeps the scale for the end.
-    if (ring_.wire16 && ring_.format == float16::Format::kFp16 && scale != 1.0f) {
+    if (ring_.wire16 && wire::scales_before_sum(ring_.format) && scale != 1.0f) {
       if (in != out) std::memcpy(out, in, count * sizeof(float));
       cpu::scale(out, scale, static_cast<int64_t>(count));
       in = out;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/nvtx.h"
 #include "kernels/cuda/wire_cast.h"
 #include "runtime/mpi_check.h"
@@ -101,8 +102,9 @@ void NcclAllreduce::begin_step() {
   records_.clear();
 }
 
-AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool average, cudaStream_t compute_stream,
-                                               int tag, const CommEpilogue& epilogue) {
+AllreduceEvents NcclAllreduce::launch(float* data, size_t count, bool average, float scale, cudaStream_t compute_stream,
+                                      int tag, const CommEpilogue& epilogue) {
+  const ScaleAroundSum scaled = split_scale(wire_, scale, epilogue != nullptr);
   char name[48];
   std::snprintf(name, sizeof(name), "allreduce bucket %d", tag);
   NvtxRange range(name);
@@ -123,6 +125,7 @@ AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool a
       } else {
         uint16_t* words = wire_staging(count);
         const auto n = static_cast<int64_t>(count);
+        if (scaled.before != 1.0f) cuda::scale(data, scaled.before, n, stream_);
         wire_encode(*wire_, words, data, n, stream_);
         const ncclDataType_t type = *wire_ == float16::Format::kBf16 ? ncclBfloat16 : ncclFloat16;
         ncclCheck(ncclAllReduce(words, words, count, type, op, comm_, stream_));
@@ -133,7 +136,7 @@ AllreduceEvents NcclAllreduce::allreduce_async(float* data, size_t count, bool a
       throw;
     }
   }
-  if (epilogue) epilogue(stream_);
+  if (epilogue) epilogue(stream_, scaled.after);
   cudaCheck(cudaEventRecord(ev.end, stream_));
   records_.push_back(AllreduceRecord{tag, count, average, ev});
   return ev;

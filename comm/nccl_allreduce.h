@@ -60,12 +60,13 @@ class NcclAllreduce final : public StreamAllreduce {
   // average uses ncclAvg, which for floats pre-multiplies each input by 1/size before summing: exactly sum / size
   // when size is a power of two and the sum is exact, otherwise within a rounding of it.
   // `tag` names the call in the NVTX range ("allreduce bucket <tag>") and in records().
-  // epilogue(comm stream), if given, is enqueued right after the all-reduce, before the end event.
-  AllreduceEvents allreduce_async(float* data, size_t count, bool average, cudaStream_t compute_stream, int tag = -1,
-                                  const CommEpilogue& epilogue = nullptr);
-  AllreduceEvents allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
-                                      const CommEpilogue& epilogue) override {
-    return allreduce_async(data, count, /*average=*/false, compute_stream, tag, epilogue);
+  AllreduceEvents allreduce_async(float* data, size_t count, bool average, cudaStream_t compute_stream, int tag = -1) {
+    return launch(data, count, average, 1.0f, compute_stream, tag, nullptr);
+  }
+  // The reducer's call: the sum (ncclSum), with `scale` applied where split_scale says.
+  AllreduceEvents allreduce_scaled_async(float* data, size_t count, float scale, cudaStream_t compute_stream, int tag,
+                                         const CommEpilogue& epilogue) override {
+    return launch(data, count, /*average=*/false, scale, compute_stream, tag, epilogue);
   }
 
   // compute_stream waits (on the device, not the host) for every all-reduce launched so far: call before the
@@ -98,6 +99,10 @@ class NcclAllreduce final : public StreamAllreduce {
   static std::string availability();
 
  private:
+  // Both calls above: epilogue(comm stream, scale left), if given, is enqueued right after the all-reduce, before
+  // the end event.
+  AllreduceEvents launch(float* data, size_t count, bool average, float scale, cudaStream_t compute_stream, int tag,
+                         const CommEpilogue& epilogue);
   void release(bool abort) noexcept;
   uint16_t* wire_staging(size_t count);  // at least count words, stream-ordered on the comm stream
 

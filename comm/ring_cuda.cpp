@@ -1,4 +1,5 @@
-// The ring on GPU buffers: see ring_cuda.h. Host code only (its kernel is elementwise.h's residual_forward).
+// The ring on GPU buffers: see ring_cuda.h. Host code only (its kernels are elementwise.h's residual_forward and
+// scale, and wire_cast.h's).
 #include "comm/ring_cuda.h"
 
 #include <cuda_runtime_api.h>
@@ -231,22 +232,26 @@ RingAllreduceCuda::~RingAllreduceCuda() {
   cudaGetLastError();
 }
 
-AllreduceEvents RingAllreduceCuda::allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
-                                                       const CommEpilogue& epilogue) {
+AllreduceEvents RingAllreduceCuda::allreduce_scaled_async(float* data, size_t count, float scale,
+                                                          cudaStream_t compute_stream, int tag,
+                                                          const CommEpilogue& epilogue) {
+  const ScaleAroundSum scaled =
+      split_scale(wire_ ? std::optional(wire_->format) : std::nullopt, scale, epilogue != nullptr);
   AllreduceEvents ev;
   ev.ready = events_.get();
   ev.start = events_.get();
   ev.end = events_.get();
   cudaCheck(cudaEventRecord(ev.ready, compute_stream));
   // On the comm thread: the ipc and host links block it inside each exchange. A failure surfaces at the next wait.
-  const uint64_t ticket = comm_thread_->submit([this, data, count, tag, ev, epilogue] {
+  const uint64_t ticket = comm_thread_->submit([this, data, count, tag, ev, epilogue, scaled] {
     char name[48];
     std::snprintf(name, sizeof(name), "ring allreduce bucket %d", tag);
     const NvtxRange range(name);
     cudaCheck(cudaStreamWaitEvent(stream_, ev.ready, 0));
     cudaCheck(cudaEventRecord(ev.start, stream_));
+    if (scaled.before != 1.0f) cuda::scale(data, scaled.before, static_cast<int64_t>(count), stream_);
     run(data, data, count);
-    if (epilogue) epilogue(stream_);
+    if (epilogue) epilogue(stream_, scaled.after);
     cudaCheck(cudaEventRecord(ev.end, stream_));
   });
   tickets_.emplace_back(ev.end, ticket);

@@ -116,8 +116,8 @@ class RingAllreduceCuda final : public StreamAllreduce {
   int size() const override { return size_; }
   int device() const override { return device_; }
   cudaStream_t stream() const override { return stream_; }
-  AllreduceEvents allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
-                                      const CommEpilogue& epilogue) override;
+  AllreduceEvents allreduce_scaled_async(float* data, size_t count, float scale, cudaStream_t compute_stream, int tag,
+                                         const CommEpilogue& epilogue) override;
   // Blocks the host until the comm thread has queued every job's work on the comm stream, then makes
   // compute_stream wait for it on the device.
   void wait(cudaStream_t compute_stream) override;

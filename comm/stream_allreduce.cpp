@@ -11,6 +11,7 @@
 #include <string>
 
 #include "comm/transport.h"  // nap, tighten_timer_slack_once
+#include "comm/wire.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "runtime/mpi_check.h"
@@ -29,6 +30,14 @@ cudaEvent_t EventPool::get() {
     events_.push_back(e);
   }
   return events_[used_++];
+}
+
+ScaleAroundSum split_scale(std::optional<float16::Format> wire, float scale, bool has_epilogue) {
+  ScaleAroundSum s;
+  (wire && wire::scales_before_sum(*wire) ? s.before : s.after) = scale;
+  if (s.after != 1.0f && !has_epilogue)
+    throw std::invalid_argument("an all-reduce scaled by " + std::to_string(scale) + " needs an epilogue to apply it");
+  return s;
 }
 
 float elapsed_ms(cudaEvent_t from, cudaEvent_t to) {

@@ -10,8 +10,11 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "kernels/float16.h"
 
 namespace ddplab::cuda {
 
@@ -24,8 +27,17 @@ struct AllreduceEvents {
   cudaEvent_t end = nullptr;    // on the comm stream after the all-reduce and its epilogue
 };
 
-// Work enqueued on the comm stream right behind one all-reduce (the reducer's scale-and-check kernel).
-using CommEpilogue = std::function<void(cudaStream_t comm_stream)>;
+// Work enqueued on the comm stream right behind one all-reduce (the reducer's scale-and-check kernel). It multiplies
+// the buffer by `scale`: what the engine left of the call's scale for after the sum (1 where it applied all of it).
+using CommEpilogue = std::function<void(cudaStream_t comm_stream, float scale)>;
+
+// Where an engine applies a call's scale on its wire (none: fp32): all of it before the sum on an fp16 wire, whose
+// range a sum of large gradients overflows (wire::scales_before_sum, as the host Communicator does), else all of it
+// after, in the epilogue. Throws std::invalid_argument where a scale other than 1 is left with no epilogue to apply it.
+struct ScaleAroundSum {
+  float before = 1.0f, after = 1.0f;
+};
+ScaleAroundSum split_scale(std::optional<float16::Format> wire, float scale, bool has_epilogue);
 
 class StreamAllreduce {
  public:
@@ -36,11 +48,12 @@ class StreamAllreduce {
   virtual int device() const = 0;
   virtual cudaStream_t stream() const = 0;  // the comm stream
 
-  // data[i] = sum over ranks of data[i], in place, on the comm stream after everything queued on compute_stream so
-  // far, then epilogue(comm stream). Launches and returns; the host does not wait for the data. Every rank makes
-  // the same calls in the same order with the same counts. tag names the call (NVTX range, errors).
-  virtual AllreduceEvents allreduce_sum_async(float* data, size_t count, cudaStream_t compute_stream, int tag,
-                                              const CommEpilogue& epilogue) = 0;
+  // data[i] = scale × (sum over ranks of data[i]), in place, on the comm stream after everything queued on
+  // compute_stream so far, the scale applied where split_scale says, then epilogue(comm stream, what is left of
+  // the scale). Launches and returns; the host does not wait for the data. Every rank makes the same calls in the
+  // same order with the same counts and scales. tag names the call (NVTX range, errors).
+  virtual AllreduceEvents allreduce_scaled_async(float* data, size_t count, float scale, cudaStream_t compute_stream,
+                                                 int tag, const CommEpilogue& epilogue) = 0;
   // compute_stream waits, on the device, for every all-reduce launched so far: call before the optimizer.
   virtual void wait(cudaStream_t compute_stream) = 0;
   // Blocks the host until the all-reduce whose end event is `end` has its events recorded on the comm stream (our

@@ -21,4 +21,11 @@ void reduce_encode(float16::Format f, float* acc, uint16_t* out, const uint16_t*
 // out[i] = to16(acc[i] + to32(in[i])); acc[i] = to32(out[i])   (the final hop: the owner keeps the rounded value)
 void reduce_round(float16::Format f, float* acc, uint16_t* out, const uint16_t* in, size_t n);
 
+// Whether a mean over this wire scales each rank's values before the sum rather than the sum at the end. fp16 ends
+// at 65504: a sum of n ranks' values would overflow where they pass 65504 / n, so each rank scales its own first
+// (exact for a power-of-two n), as PyTorch's fp16 compression hook divides first. bf16 has fp32's range and keeps
+// the scale for the end, where it is fused with the finiteness check. The host Communicator and the GPU engines
+// (comm/stream_allreduce.h) both ask here.
+inline bool scales_before_sum(float16::Format f) { return f == float16::Format::kFp16; }
+
 }  // namespace ddplab::wire

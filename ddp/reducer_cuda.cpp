@@ -67,12 +67,13 @@ void CudaReducer::launch(int b) {
   int* flags = flags_.get();
   int* flags_host = flags_host_.get();
   // Enqueued by the engine right behind the all-reduce (the ring's comm thread runs it later), so it captures values.
-  const auto scale_and_check = [=](cudaStream_t comm_stream) {
-    scale_and_check_finite(grads, scale, count, flags + b, comm_stream);
+  const auto scale_and_check = [=](cudaStream_t comm_stream, float scale_left) {
+    scale_and_check_finite(grads, scale_left, count, flags + b, comm_stream);
     if (b == nb - 1)  // buckets run in order: the last one's flag is the last written
       cudaCheck(cudaMemcpyAsync(flags_host, flags, nb * sizeof(int), cudaMemcpyDeviceToHost, comm_stream));
   };
-  const AllreduceEvents ev = engine_.allreduce_sum_async(grads, static_cast<size_t>(count), compute_, b, scale_and_check);
+  const AllreduceEvents ev =
+      engine_.allreduce_scaled_async(grads, static_cast<size_t>(count), scale, compute_, b, scale_and_check);
   start_[b] = ev.start;
   end_[b] = ev.end;  // after the check, as the CPU Reducer's comm_end
 }

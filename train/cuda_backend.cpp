@@ -326,8 +326,8 @@ void CudaBackend::add_to_first_parameter(float delta) {
 // On the same engine as the gradients, as the CPU's runs on the same transport.
 void CudaBackend::extra_allreduce() {
   if (extra_count_ == 0) return;
-  engine_->allreduce_sum_async(static_cast<float*>(extra_buffer_.get()), extra_count_, compute_.get(), /*tag=*/-1,
-                               nullptr);
+  engine_->allreduce_scaled_async(static_cast<float*>(extra_buffer_.get()), extra_count_, 1.0f, compute_.get(),
+                                  /*tag=*/-1, nullptr);
   engine_->synchronize();
 }
 

@@ -207,6 +207,40 @@ TEST_F(NcclAllreduceTest, SixteenBitWiresStayWithinTheirRoundingOfTheFp32Wire) {
   cudaCheck(cudaFree(d));
 }
 
+// The reducer's call over an fp16 wire, the mean (scale 1 / n): each rank's values are scaled before the sum (fp16
+// ends at 65504), so gradients near 40000 on every rank average to near 40000 instead of inf, within the fp16 wire's
+// rounding of the exact mean; the epilogue is left nothing to scale.
+TEST_F(NcclAllreduceTest, TheMeanOverAnFp16WireScalesEachRanksValuesBeforeTheSum) {
+  const size_t n = (size_t{1} << 20) + 3;
+  const int ranks = comm_->size();
+  const float mean = 1.0f / static_cast<float>(ranks);
+  std::vector<std::vector<float>> all(ranks);
+  for (int r = 0; r < ranks; ++r) all[r] = random_vector(static_cast<int64_t>(n), 30000.0f, 50000.0f, 5u + r);
+  float* d = upload_inputs(n);
+  cudaCheck(cudaMemcpyAsync(d, all[comm_->rank()].data(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
+  cudaCheck(cudaStreamSynchronize(compute_));
+  NcclAllreduce wire(MPI_COMM_WORLD, ddplab::float16::Format::kFp16);
+  wire.begin_step();
+  float left = -1;
+  wire.allreduce_scaled_async(d, n, mean, compute_, /*tag=*/0, [&left, d, n](cudaStream_t comm_stream, float s) {
+    left = s;
+    ddplab::cuda::scale(d, s, static_cast<int64_t>(n), comm_stream);
+  });
+  wire.wait(compute_);
+  const std::vector<float> got = download(d, n);
+  wire.synchronize();
+  EXPECT_EQ(left, 1.0f);
+  const double u = std::ldexp(1.0, -11);
+  size_t beyond = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (int r = 0; r < ranks; ++r) exact += all[r][i] * double{mean};
+    if (!(std::fabs(double{got[i]} - exact) <= (ranks + 1) * u * exact)) ++beyond;  // inf and NaN count
+  }
+  EXPECT_EQ(beyond, 0u) << "elements not within the fp16 wire's rounding of the mean";
+  cudaCheck(cudaFree(d));
+}
+
 // The all-reduce must start only after the compute stream made the gradients final, must not block the host, must
 // run beside later compute, and wait() must hold the compute stream until it is done.
 TEST_F(NcclAllreduceTest, OrderedAfterComputeOverlapsItAndWaitHoldsCompute) {

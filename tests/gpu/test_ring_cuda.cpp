@@ -17,6 +17,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/nccl_allreduce.h"
@@ -60,6 +61,24 @@ TEST(RingCudaHost, LinkNamesRoundTripAndUnknownNamesListTheChoices) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("auto, nccl, ipc or host"), std::string::npos) << e.what();
   }
+}
+
+// Where a GPU engine applies the mean's scale (comm/stream_allreduce.h): before the sum on fp16, after it (in the
+// epilogue) on bf16 and fp32; a scale left with no epilogue to apply it is refused, a scale of 1 needs none.
+TEST(RingCudaHost, TheScaleGoesBeforeTheSumOnFp16AndAfterItOtherwise) {
+  using ddplab::cuda::split_scale;
+  using ddplab::float16::Format;
+  const auto before_after = [](std::optional<Format> wire, float scale, bool epilogue) {
+    const ddplab::cuda::ScaleAroundSum s = split_scale(wire, scale, epilogue);
+    return std::pair(s.before, s.after);
+  };
+  EXPECT_EQ(before_after(Format::kFp16, 0.25f, true), std::pair(0.25f, 1.0f));
+  EXPECT_EQ(before_after(Format::kFp16, 0.25f, false), std::pair(0.25f, 1.0f));
+  EXPECT_EQ(before_after(Format::kBf16, 0.25f, true), std::pair(1.0f, 0.25f));
+  EXPECT_EQ(before_after(std::nullopt, 0.25f, true), std::pair(1.0f, 0.25f));
+  EXPECT_EQ(before_after(std::nullopt, 1.0f, false), std::pair(1.0f, 1.0f));
+  EXPECT_THROW(split_scale(std::nullopt, 0.25f, false), std::invalid_argument);
+  EXPECT_THROW(split_scale(Format::kBf16, 0.25f, false), std::invalid_argument);
 }
 
 // Every rank gets the same verdict: without a device all throw, naming the reason; with one, the host link builds,
@@ -216,6 +235,50 @@ TEST_P(RingCudaTest, SixteenBitWiresMatchTheHostAndStayWithinTheirRounding) {
   }
 }
 
+// The reducer's call on a 16-bit wire, the mean (scale 1 / n): fp16 ends at 65504, so each rank scales its own
+// values before the sum, and gradients near 40000 on every rank average to near 40000 where their sum would be inf;
+// bf16 leaves the scale to the epilogue, where the reducer fuses it with the finiteness check. Either way the result
+// is the host Communicator's bit for bit: the host ring on that wire, with the scale where comm/wire.h puts it. Two
+// sizes, so that each algorithm runs (as in RandomInputsMatchTheHostBitForBit).
+TEST_P(RingCudaTest, TheMeanOverAnFp16WireScalesEachRanksValuesBeforeTheSum) {
+  const int ranks = world_size();
+  const float mean = 1.0f / static_cast<float>(ranks);
+  ring_.reset();  // one engine at a time on the device
+  for (ddplab::float16::Format f : {ddplab::float16::Format::kBf16, ddplab::float16::Format::kFp16}) {
+    const bool fp16 = f == ddplab::float16::Format::kFp16;
+    CudaRingConfig config{GetParam(), kChunkBytes};
+    config.wire = f;
+    RingAllreduceCuda ring(MPI_COMM_WORLD, config);
+    ring.begin_step();
+    for (size_t n : {(size_t{1} << 20) + 5, size_t{20005}}) {
+      SCOPED_TRACE(std::string(fp16 ? "fp16" : "bf16") + ", count " + std::to_string(n) +
+                   (ring.doubles(n) ? ", recursive doubling" : ", the ring"));
+      const std::vector<float> mine = random_vector(static_cast<int64_t>(n), 30000.0f, 50000.0f, 5u + world_rank());
+      DeviceArray data(mine, compute_);
+      float left = -1;  // what the engine left for the epilogue; written on its comm thread, read after wait()
+      float* g = data.get();
+      ring.allreduce_scaled_async(g, n, mean, compute_, /*tag=*/0, [&left, g, n](cudaStream_t comm_stream, float s) {
+        left = s;
+        ddplab::cuda::scale(g, s, static_cast<int64_t>(n), comm_stream);
+      });
+      ring.wait(compute_);
+      const std::vector<float> got = data.download();
+      ring.synchronize();
+      ring.begin_step();
+
+      std::vector<float> want = mine;
+      if (fp16)
+        for (float& x : want) x *= mean;
+      host_allreduce(want, f, ring.doubles(n));
+      if (!fp16)
+        for (float& x : want) x *= mean;
+      EXPECT_EQ(left, fp16 ? 1.0f : mean);
+      EXPECT_TRUE(BitwiseEqual(got, want));
+      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return std::isfinite(x); }));
+    }
+  }
+}
+
 // The reducer's path: queued behind compute, the epilogue on the comm stream after the sum, the compute stream held
 // by wait(), the events ordered; several buckets in a row, of two sizes, so that the comm thread runs both algorithms
 // one after the other at 2 and at 4 ranks sharing the GPU (see RandomInputsMatchTheHostBitForBit).
@@ -232,8 +295,8 @@ TEST_P(RingCudaTest, AsyncBucketsRunAfterComputeWithTheirEpilogue) {
     const size_t n = count_of(b);
     float* g = grads[b]->get();
     ddplab::cuda::scale(g, 2.0f, static_cast<int64_t>(n), compute_);  // "backward" makes the gradients final
-    events.push_back(ring_->allreduce_sum_async(g, n, compute_, b, [g, n](cudaStream_t comm_stream) {
-      ddplab::cuda::scale(g, 0.5f, static_cast<int64_t>(n), comm_stream);
+    events.push_back(ring_->allreduce_scaled_async(g, n, 0.5f, compute_, b, [g, n](cudaStream_t comm_stream, float s) {
+      ddplab::cuda::scale(g, s, static_cast<int64_t>(n), comm_stream);
     }));
   }
   ring_->wait(compute_);
