@@ -126,9 +126,13 @@ LinkClasses parse_links(const std::string& spec, double latency_us_override, dou
 }
 
 // Default: the crossover measured on the development machine over shared memory (docs/COMM.md): 16 KiB at 2 ranks,
-// 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows).
-size_t small_allreduce_bytes(int n) {
-  const int64_t measured = n <= 2 ? settings::kSmallAllreduceBytesAtTwoRanks : settings::kSmallAllreduceBytesBeyond;
+// 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows). The direct all-reduce's fixed cost is lower
+// than the ring's: at 2 ranks it wins from 4 KiB. Beyond 2 ranks it was measured oversubscribed only, where doubling
+// still won to 32 KiB (the direct's rendezvous needs every rank on a core at once).
+size_t small_allreduce_bytes(int n, bool direct) {
+  const int64_t measured = n > 2    ? settings::kSmallAllreduceBytesBeyond
+                           : direct ? settings::kSmallAllreduceBytesAtTwoRanksBesideDirect
+                                    : settings::kSmallAllreduceBytesAtTwoRanks;
   return static_cast<size_t>(settings::integer(settings::kSmallAllreduceBytes, measured));
 }
 
@@ -220,7 +224,7 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
     throw std::invalid_argument("--comm hier needs more than one node, and all " + str(size_) +
                                 " ranks are on one (emulate nodes with --ranks-per-node K)");
   ring_ = ring_options(options_.wire);
-  small_max_bytes_ = small_allreduce_bytes(size_);
+  small_max_bytes_ = small_allreduce_bytes(size_);  // beside the ring; below, beside the direct all-reduce if taken
   // Everything below is collective: every rank must construct its Communicator with the same options.
   if (options_.impl == AllreduceImpl::kMpi) {
     mpiCheck(MPI_Comm_dup(comm_, &mpi_comm_));
@@ -259,6 +263,7 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
                    settings::integer(settings::kDirectAllreduce) == 1;
   mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &can_direct, 1, MPI_INT, MPI_MIN, comm_));
   if (can_direct) direct_ = std::make_unique<DirectCollectives>(*shm);
+  small_max_bytes_ = small_allreduce_bytes(size_, direct());
   name_transport();
 }
 
@@ -281,6 +286,7 @@ RegisteredBuffer Communicator::allocate_registered(size_t bytes) {
     // this host, so all of comm drops them here together.
     single_copy_ = false;
     direct_.reset();
+    small_max_bytes_ = small_allreduce_bytes(size_, direct());
     registration_failed_ = true;
     name_transport();
   }

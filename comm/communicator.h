@@ -57,8 +57,9 @@ std::string describe(const LinkClasses& links);
 LinkClasses parse_links(const std::string& spec, double latency_us_override = -1, double gbps_override = -1);
 
 // The ring implementation takes recursive doubling for fp32 buffers up to this many bytes at `ranks` ranks
-// (DDPLAB_SMALL_ALLREDUCE_BYTES, or the measured crossover).
-size_t small_allreduce_bytes(int ranks);
+// (DDPLAB_SMALL_ALLREDUCE_BYTES, or the measured crossover against the ring, or against the direct all-reduce where
+// the Communicator takes it: Communicator::direct()).
+size_t small_allreduce_bytes(int ranks, bool direct = false);
 
 // The ring on GPU buffers (comm/ring_cuda.h) all-reduces in rounds of ranks x this many bytes of fp32 words, each a
 // whole ring of 2(n-1) steps (its default chunk, CudaRingConfig::chunk_bytes; here, where the CPU-only predictor reads

@@ -33,11 +33,13 @@ inline constexpr Knob kRingSliceBytes{"DDPLAB_RING_SLICE_BYTES", "262144",
 inline constexpr Knob kRingSlicesPerChunk{"DDPLAB_RING_SLICES_PER_CHUNK", "4", "ring slices per chunk, at least 1", 1,
                                           1024};
 // Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring. Its default depends on the world
-// size (docs/COMM.md); the knob's text names these two values (tests/unit/test_settings.cpp holds it to that).
-inline constexpr int64_t kSmallAllreduceBytesAtTwoRanks = 16384, kSmallAllreduceBytesBeyond = 32768;
-inline constexpr Knob kSmallAllreduceBytes{"DDPLAB_SMALL_ALLREDUCE_BYTES", "16384 at 2 ranks, 32768 beyond",
-                                           "largest buffer for recursive doubling, bytes (0: always the ring)", 0,
-                                           int64_t{1} << 40};
+// size and on what it competes with, the ring or the direct all-reduce (docs/COMM.md); the knob's text names these
+// values (tests/unit/test_settings.cpp holds it to that).
+inline constexpr int64_t kSmallAllreduceBytesAtTwoRanks = 16384, kSmallAllreduceBytesBeyond = 32768,
+                         kSmallAllreduceBytesAtTwoRanksBesideDirect = 2048;
+inline constexpr Knob kSmallAllreduceBytes{
+    "DDPLAB_SMALL_ALLREDUCE_BYTES", "16384 at 2 ranks (2048 beside the direct all-reduce), 32768 beyond",
+    "largest buffer for recursive doubling, bytes (0: always the ring)", 0, int64_t{1} << 40};
 inline constexpr Knob kCommTransport{
     "DDPLAB_COMM_TRANSPORT", "shm", "the ring's transport: shm (MPI across nodes) or mpi", 0, -1, "shm|mpi"};
 // Whether gradient buffers are allocated in shared memory that host peers read directly (comm/shm_transport.h).

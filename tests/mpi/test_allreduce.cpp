@@ -155,7 +155,9 @@ INSTANTIATE_TEST_SUITE_P(Counts, AllreduceTest,
 class ShardedTest : public testing::TestWithParam<CountCase> {
  protected:
   size_t count() const { return GetParam().count(n_); }
-  bool small() const { return count() * sizeof(float) <= small_allreduce_bytes(n_); }
+  bool small(const Communicator& comm) const {
+    return count() * sizeof(float) <= small_allreduce_bytes(n_, comm.direct());
+  }
   const int rank_ = world_rank(), n_ = world_size();
 };
 
@@ -171,7 +173,7 @@ TEST_P(ShardedTest, OwnedChunksCoverTheBufferOnceAcrossRanks) {
   }
   MPI_Allreduce(MPI_IN_PLACE, owners.data(), static_cast<int>(count()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   // A buffer small enough for recursive doubling is all-reduced whole and owned by every rank.
-  const int want = small() ? n_ : 1;
+  const int want = small(comm) ? n_ : 1;
   size_t wrong = 0, first = 0;
   for (size_t i = 0; i < owners.size(); ++i)
     if (owners[i] != want && wrong++ == 0) first = i;

@@ -102,7 +102,7 @@ TEST_P(RegisteredAllreduce, SumsExactlyAndSendsByReferenceFromRegisteredBuffersO
     // place, recursive doubling (small buffers) first copies the input into the output, and sends from there.
     const bool large = count / n * sizeof(float) > 40;
     const bool sends_from_registered =
-        layout != Layout::kInputOnly || count * sizeof(float) > small_allreduce_bytes(n);
+        layout != Layout::kInputOnly || count * sizeof(float) > small_allreduce_bytes(n, comm.direct());
     if (shm && use_registered && large && sends_from_registered) {
       EXPECT_GT(sent.by_reference, 0u) << "count " << count << ": nothing went by reference";
     }
@@ -136,7 +136,7 @@ TEST_P(RegisteredAllreduce, DirectGivesTheRingsBitsWhereEveryRankIsRegistered) {
   // The last count puts every rank's output together past the last-level cache: out of place, the sums then go out
   // with non-temporal stores (odd, so that chunks start unaligned: the stores' ordinary ends).
   const size_t streamed = last_level_cache_bytes() / sizeof(float) / static_cast<size_t>(n) + 1001;
-  for (size_t count : {size_t{11}, size_t{16'411}, size_t{100'003}, size_t{1'000'003}, streamed}) {
+  for (size_t count : {size_t{11}, size_t{2'001}, size_t{16'411}, size_t{100'003}, size_t{1'000'003}, streamed}) {
     RegisteredBuffer in_memory = direct.allocate_registered(count * sizeof(float));
     RegisteredBuffer out_memory = direct.allocate_registered(count * sizeof(float));
     std::vector<float> in_heap(count), out_heap(count);
@@ -153,7 +153,8 @@ TEST_P(RegisteredAllreduce, DirectGivesTheRingsBitsWhereEveryRankIsRegistered) {
     const uint64_t before = shm_direct_collectives(), streamed_before = shm_streamed_collectives();
     direct.allreduce_sum_into(in, out, count, /*tag=*/2);
     const bool everyone_registered = layout == Layout::kRegistered || (layout == Layout::kEvenRanksOnly && n == 1);
-    const bool expect_direct = one_host && everyone_registered && count * sizeof(float) > small_allreduce_bytes(n);
+    const bool expect_direct =
+        one_host && everyone_registered && count * sizeof(float) > small_allreduce_bytes(n, direct.direct());
     EXPECT_EQ(shm_direct_collectives() - before, expect_direct ? 1u : 0u) << "count " << count;
     const bool expect_streamed =  // out of place, every rank's output together past the last-level cache
         expect_direct && !in_place && count * sizeof(float) * static_cast<size_t>(n) >= last_level_cache_bytes();

@@ -69,7 +69,8 @@ TEST(Settings, DescribeListsEveryKnobWithItsOrigin) {
 // The one knob whose default the caller computes (per world size): its text for `ddplab devices` names the values.
 TEST(Settings, SmallAllreduceDefaultTextNamesTheDefaults) {
   const std::string text = kSmallAllreduceBytes.default_text;
-  EXPECT_EQ(text, std::to_string(kSmallAllreduceBytesAtTwoRanks) + " at 2 ranks, " +
+  EXPECT_EQ(text, std::to_string(kSmallAllreduceBytesAtTwoRanks) + " at 2 ranks (" +
+                      std::to_string(kSmallAllreduceBytesAtTwoRanksBesideDirect) + " beside the direct all-reduce), " +
                       std::to_string(kSmallAllreduceBytesBeyond) + " beyond");
 }
 
