@@ -11,7 +11,6 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,16 +19,9 @@
 
 #include "bench/bench_cli.h"
 #include "bench/bench_util.h"
-#include "runtime/watchdog.h"
 #include "kernels/cpu/ops.h"
-
-namespace {
-
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+#include "runtime/clock.h"
+#include "runtime/watchdog.h"
 
 int main(int argc, char** argv) {
   using namespace ddplab;

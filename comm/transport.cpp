@@ -32,12 +32,6 @@ void Transport::recv_consume(int peer, size_t bytes, int tag, void* staging, con
   consume(staging, 0, bytes);
 }
 
-int64_t monotonic_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
-
 void tighten_timer_slack_once() {
   thread_local bool done = false;
   if (!done) {

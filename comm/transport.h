@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/clock.h"  // monotonic_ns: the polls, the naps, link emulation's stamps
+
 namespace ddplab {
 
 // Every message carries the tag of the operation it belongs to (the Reducer's bucket index). A receive that
@@ -101,9 +103,6 @@ void tighten_timer_slack_once();
 // backward's, while one more thread naps and yields `samples` times, until every rank is done. Returns the mean of
 // the yields that lost the core, over all ranks; 0 when none did (a spare core).
 double measure_lost_yield_ms(MPI_Comm comm, int compute_threads, int samples = 16);
-
-// ns on CLOCK_MONOTONIC: the transports' polls and naps, and the clock link emulation's headers carry.
-int64_t monotonic_ns();
 
 // Waits for `request` per `policy`, calling `between_polls` (if any) after each poll that found it pending (also
 // when spinning, spin_us < 0: on MPI_Test then, on MPI_Wait only without it). Returns MPI_Wait's error code (status

@@ -2,6 +2,7 @@
 // the flags of `ddplab train` (launcher/cli.cpp), the run file's config, the ranks' agreement and the analyses'
 // reading of a stored config all come from visit_knobs.
 #pragma once
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -282,8 +283,10 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--ring-link", "ring_link",
              "--device cuda --comm ring: auto | nccl | ipc (CUDA IPC; ranks may share a GPU) | host (staged)"},
         c.ring_link);
-  visit(Knob{"--bucket-mb", "bucket_mb", "gradient bucket cap in MiB (0: one bucket per parameter)", 0, kMaxMiB,
-             kMath | kNotInSweep},
+  visit(Knob{"--bucket-mb", "bucket_mb",
+             "gradient bucket cap in MiB (0: a bucket per gradient piece, a parameter or a --grad-slice-mb row block; "
+             "the closing bucket keeps --first-bucket-mb's cap)",
+             0, kMaxMiB, kMath | kNotInSweep},
         c.bucket_mb);
   visit(Knob{"--overlap", "overlap", "all-reduce buckets while backward runs: on | off", kNoMin, kNoMax,
              kOnOff | kNotInSweep},
@@ -446,6 +449,13 @@ inline int64_t floats_in_mb(double mb) { return static_cast<int64_t>(mb * 104857
 inline double resolved_grad_slice_mb(const TrainConfig& c) {
   if (c.grad_slice_mb != kAutoGradSliceMb) return c.grad_slice_mb;
   return c.update_in_backward() && c.device == Device::kCpu ? 1.0 : 0.0;
+}
+
+// The row blocks' size as the models take it (set_grad_piece_elements: 0 = whole weights, else blocks of whole rows,
+// one at least): a size below one float is still row blocks, not whole weights by rounding down to 0.
+inline int64_t grad_slice_elements(const TrainConfig& c) {
+  const double mb = resolved_grad_slice_mb(c);
+  return mb > 0 ? std::max<int64_t>(1, floats_in_mb(mb)) : 0;
 }
 
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update

@@ -1,22 +1,19 @@
 #include "ddp/reducer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cmath>
 #include <ctime>
 #include <stdexcept>
 
 #include "kernels/cpu/ops.h"
+#include "runtime/clock.h"
+#include "runtime/errors.h"
 #include "runtime/mpi_check.h"
 #include "runtime/watchdog.h"
 
 namespace ddplab {
 namespace {
-
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The CPU time the calling thread has used.
 double thread_cpu_ms() {
@@ -43,13 +40,13 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
 
   check_same_layout(buckets_, comm.mpi_comm());
-  // A tag per bucket, and with the sharded update a second for its all-gather: checked here, not at the first step.
+  // A tag per bucket, and with the sharded update a second for its all-gather: checked here, not at the first step,
+  // and alike on every rank (the layouts are), so every rank refuses it as bad input. One rank sends nothing.
   const size_t tags = (config_.sharded ? 2 : 1) * buckets_.size();
-  if (tags > static_cast<size_t>(Communicator::kMaxTag) + 1)
-    throw std::invalid_argument(std::to_string(buckets_.size()) + " gradient buckets need " + std::to_string(tags) +
-                                " tags" + (config_.sharded ? " (two each for the sharded update)" : "") +
-                                ", more than the " + std::to_string(Communicator::kMaxTag + 1) +
-                                " the all-reduce has: raise --bucket-mb");
+  if (comm.size() > 1 && tags > static_cast<size_t>(Communicator::kMaxTag) + 1)
+    throw UsageError(std::to_string(buckets_.size()) + " gradient buckets need " + std::to_string(tags) + " tags" +
+                     (config_.sharded ? " (two each for the sharded update)" : "") + ", more than the " +
+                     std::to_string(Communicator::kMaxTag + 1) + " the all-reduce has: raise --bucket-mb");
   if (config_.sharded) {
     for (const Bucket& b : buckets_) {
       owned_.push_back(comm.owned_chunks(static_cast<size_t>(b.count)));

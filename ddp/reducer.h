@@ -35,7 +35,7 @@ namespace ddplab {
 struct ReducerConfig {
   // The caps and overlap come from the run's flags (--bucket-mb, --first-bucket-mb, --overlap:
   // config/train_config.h, where their defaults are).
-  double bucket_mb;        // cap per bucket in MiB; 0 = one bucket per parameter
+  double bucket_mb;        // cap per bucket in MiB; 0 = a bucket per gradient piece, but for the closing one
   double first_bucket_mb;  // cap of the bucket that closes backward (holds parameter 0)
   bool overlap;
   // --zero-stage 1, the sharded update (comm/ring_allreduce.h): each bucket is reduce-scattered instead of

@@ -18,8 +18,8 @@
 #include "model/attention_kind.h"
 #include "model/precision.h"
 #include "model/transformer.h"
-#include "record/errors.h"
 #include "record/files.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 namespace {
@@ -351,6 +351,9 @@ void validate(const TrainConfig& c) {
 void validate_for_ranks(const TrainConfig& c, int ranks, int scan_part, int scan_parts) {
   const std::string job = " is not a rank of this " + std::to_string(ranks) + "-rank job";
   require(c.fault == Fault::kNone || c.fault_rank < ranks, "--fault-rank " + std::to_string(c.fault_rank) + job);
+  // The watchdog watches waits, and a hung rank is found by its peers, waiting for it: alone it would sleep forever.
+  require(c.fault != Fault::kHang || ranks > 1,
+          "--fault hang needs 2 or more ranks: a hung rank is found by its peers' watchdogs, and 1 rank has none");
   require(c.slow_rank < ranks, "--slow-rank " + std::to_string(c.slow_rank) + job);
   if (!c.transformer()) return;
   if (!c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks, scan_part, scan_parts);

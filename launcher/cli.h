@@ -11,7 +11,7 @@ namespace ddplab {
 // --resume, --fault, --fault-rank, --fault-step); `sweep` also takes --bucket-mb and --overlap as lists of its own.
 enum class FlagSet { kTrain, kSuite, kSweep };
 void add_train_flags(CLI::App* app, TrainConfig& config, FlagSet flags = FlagSet::kTrain);
-// Throws UsageError (record/errors.h) naming the first bad flag: each knob's own check (config/train_config.h), then
+// Throws UsageError (runtime/errors.h) naming the first bad flag: each knob's own check (config/train_config.h), then
 // the rules between knobs.
 void validate(const TrainConfig& config);
 // What a job of `ranks` ranks adds: the ranks a flag names exist, each rank gets a sequence, and --data's and

@@ -36,7 +36,7 @@
 #include "launcher/report_commands.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
-#include "record/errors.h"
+#include "runtime/errors.h"
 #include "runtime/mpi_init.h"
 #include "runtime/settings.h"
 #include "runtime/watchdog.h"

@@ -12,8 +12,8 @@
 #include "analysis/format.h"
 #include "analysis/predict.h"
 #include "launcher/report_commands.h"
-#include "record/errors.h"
 #include "record/files.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 namespace {
@@ -44,7 +44,7 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
     for (double mb : *list)
       require(std::isfinite(mb) && mb >= 0,
               (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") + fmt("%g", mb) +
-                  ": a bucket size is a finite number >= 0 (0: one bucket per parameter)");
+                  ": a bucket size is a finite number >= 0 (0: a bucket per gradient piece)");
   for (int n : a.ranks) require(n >= 1, "--ranks " + std::to_string(n) + ": a world has at least one rank");
   std::vector<bool> overlaps;
   for (const std::string& o : a.overlap) {
@@ -456,7 +456,7 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
       "predict", "predicted step time for other bucket sizes, overlap, links and world sizes (docs/PREDICT.md)");
   cmd->add_option("file", args->file, "a run file (HDF5) to model from")->required()->type_name("RUN.h5");
   cmd->add_option("--bucket-mb", args->bucket_mb,
-                  "bucket caps in MiB, >= 0 (0: one bucket per parameter; default: the run's)")
+                  "bucket caps in MiB, >= 0 (0: a bucket per gradient piece; default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--first-bucket-mb", args->first_bucket_mb, "caps of the bucket that closes backward, MiB, >= 0")

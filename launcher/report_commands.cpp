@@ -12,9 +12,9 @@
 #include "analysis/timeline.h"
 #include "config/train_config.h"
 #include "launcher/page.h"
-#include "record/errors.h"
 #include "record/files.h"
 #include "record/run_file.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 

@@ -21,7 +21,7 @@ RunRecord read_input(const std::string& path, EmptyRun empty = EmptyRun::kRefuse
 using FileCommand = std::function<void()>;
 
 // Registers them on the ddplab program; the one parsed sets `parsed`. Bad input (an unreadable run file, an output
-// that exists without --force) throws UsageError (record/errors.h) when it runs: one line, exit code 2.
+// that exists without --force) throws UsageError (runtime/errors.h) when it runs: one line, exit code 2.
 void add_report_commands(CLI::App& app, FileCommand& parsed);
 
 }  // namespace ddplab

@@ -27,10 +27,10 @@
 #include "launcher/cli.h"
 #include "launcher/page.h"
 #include "launcher/run.h"
-#include "record/errors.h"
 #include "record/files.h"
 #include "record/run_record.h"
 #include "runtime/agreement.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 namespace {

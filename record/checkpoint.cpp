@@ -13,10 +13,10 @@
 #include <utility>
 
 #include "git_commit.h"
-#include "record/errors.h"
 #include "record/files.h"
 #include "record/hdf5.h"
 #include "record/version.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 namespace {

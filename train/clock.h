@@ -6,12 +6,9 @@
 #include <chrono>
 #include <thread>
 
-namespace ddplab {
+#include "runtime/clock.h"  // now_ms
 
-// Milliseconds on the monotonic clock.
-inline double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+namespace ddplab {
 
 // A sleep of ms milliseconds, if positive.
 inline void sleep_ms(double ms) {

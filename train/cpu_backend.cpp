@@ -19,7 +19,7 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
     params_memory_ = comm_->allocate_registered(static_cast<size_t>(workload_->flat_size()) * sizeof(float));
     workload_->place_params(static_cast<float*>(params_memory_.data()));
   }
-  workload_->set_grad_piece_elements(floats_in_mb(resolved_grad_slice_mb(config)));
+  workload_->set_grad_piece_elements(grad_slice_elements(config));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);

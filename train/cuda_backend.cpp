@@ -54,7 +54,7 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
   copy_.reset(stream);
 
   workload_ = make_cuda_workload(config, rank, world_, compute_.get());
-  workload_->set_grad_piece_elements(floats_in_mb(resolved_grad_slice_mb(config)));
+  workload_->set_grad_piece_elements(grad_slice_elements(config));
   std::vector<int64_t> numel, offset;
   for (const GradPiece& g : workload_->grad_pieces()) {
     numel.push_back(g.numel);

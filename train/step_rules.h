@@ -31,9 +31,9 @@ class TrainingStopped : public std::runtime_error {
 inline constexpr int kExitWriteFailed = 5;
 
 // The step's agreement, one small non-blocking all-reduce on a communicator of its own: {a stop signal, 1 + the
-// highest rank with a non-finite loss}, both by MAX. Started after the last forward and finished after the
-// gradients' all-reduces, so its latency hides behind backward; every rank gets the same answer, so every rank
-// stops or skips at the same step.
+// highest rank with a non-finite loss}, both by MAX. Started after the last backward (it needs the step's losses) and
+// finished after the gradients' all-reduces, so its latency hides behind theirs; every rank gets the same answer, so
+// every rank stops or skips at the same step.
 class StepAgreement {
  public:
   explicit StepAgreement(MPI_Comm comm);  // collective: duplicates comm

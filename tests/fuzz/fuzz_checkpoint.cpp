@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <vector>
 
-#include "record/checkpoint.h"
-#include "record/errors.h"
 #include "model/mlp.h"
 #include "model/optimizer.h"
+#include "record/checkpoint.h"
+#include "runtime/errors.h"
 #include "tests/fuzz/h5_image.h"
 
 namespace {

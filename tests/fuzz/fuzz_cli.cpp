@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "launcher/cli.h"
-#include "record/errors.h"
 #include "launcher/report_commands.h"
 #include "launcher/suite.h"
+#include "runtime/errors.h"
 
 namespace {
 

@@ -26,7 +26,7 @@
 #include "comm/nccl_allreduce.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "launcher/run.h"
-#include "record/errors.h"
+#include "runtime/errors.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/mpi/lr_schedule_check.h"
 #include "tests/mpi/mpi_test_util.h"

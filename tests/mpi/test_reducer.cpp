@@ -13,8 +13,9 @@
 #include <vector>
 
 #include "ddp/reducer.h"
-#include "train/trainer.h"
+#include "runtime/errors.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "train/trainer.h"
 
 namespace ddplab {
 namespace {
@@ -143,6 +144,26 @@ TEST(Reducer, RanksWithDifferentBucketLayoutsAreRefusedOnEveryRank) {
     ADD_FAILURE() << "a mismatched layout was accepted";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("bucket layout differs"), std::string::npos) << e.what();
+  }
+}
+
+// More buckets than the all-reduce has tags: bad input, refused on every rank before the first step (UsageError:
+// exit 2), naming the flag to raise. One rank all-reduces nothing and needs no tags: it runs.
+TEST(Reducer, MoreBucketsThanTagsAreBadInputWhereRanksTalk) {
+  const size_t pieces = Communicator::kMaxTag + 2;
+  std::vector<int64_t> numel(pieces, 1), offset(pieces);
+  for (size_t k = 0; k < pieces; ++k) offset[k] = static_cast<int64_t>(k);
+  std::vector<float> grads(pieces);
+  const ReducerConfig one_bucket_per_piece{0, 0, true};
+  Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
+  EXPECT_NO_THROW(Reducer(self, one_bucket_per_piece, numel, offset, grads.data()));
+  if (world_size() < 2) return;
+  Communicator world(MPI_COMM_WORLD, AllreduceImpl::kRing);
+  try {
+    Reducer reducer(world, one_bucket_per_piece, numel, offset, grads.data());
+    ADD_FAILURE() << "32769 buckets were accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("raise --bucket-mb"), std::string::npos) << e.what();
   }
 }
 

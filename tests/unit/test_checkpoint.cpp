@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "kernels/cpu/rng.h"
-#include "record/checkpoint.h"
-#include "record/errors.h"
-#include "record/files.h"
-#include "record/hdf5.h"
 #include "model/mlp.h"
 #include "model/transformer.h"
+#include "record/checkpoint.h"
+#include "record/files.h"
+#include "record/hdf5.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 namespace {

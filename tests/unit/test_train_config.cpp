@@ -64,6 +64,17 @@ TEST(ResolvedConfig, AGivenSliceSizeIsKept) {
   }
 }
 
+// Any positive size is row blocks, however small (a block is one row at least); 0 alone is whole weights.
+TEST(ResolvedConfig, ASliceSizeBelowOneFloatIsStillRowBlocks) {
+  TrainConfig c;
+  c.grad_slice_mb = 1e-6;  // 1.05 bytes
+  EXPECT_EQ(grad_slice_elements(c), 1);
+  c.grad_slice_mb = 1.0;
+  EXPECT_EQ(grad_slice_elements(c), 262144);
+  c.grad_slice_mb = 0;
+  EXPECT_EQ(grad_slice_elements(c), 0);
+}
+
 // --attention auto on the GPU in bf16: cuDNN's where it loads on every rank and no sequence is one token, else our
 // fused kernels, else unfused, with --deterministic on or off (each then runs its deterministic backward). fp32 and
 // tf32 and the CPU: unfused. A choice given is kept.
