@@ -79,11 +79,36 @@ void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm) {
                            "): every rank needs the same model, --bucket-mb, --first-bucket-mb and --grad-slice-mb");
 }
 
-void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who) {
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    if (pending[b] != 0)
-      throw std::logic_error(std::string(who) + ": bucket " + std::to_string(b) + " (gradient pieces " +
-                             std::to_string(buckets[b].first_piece) + ".." + std::to_string(buckets[b].last_piece) +
+BucketCountdown::BucketCountdown(const std::vector<Bucket>& buckets, const char* who)
+    : buckets_(buckets), who_(who), pending_(buckets.size()) {
+  bucket_of_piece_.resize(buckets.empty() ? 0 : static_cast<size_t>(buckets.back().last_piece) + 1);
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (int k = buckets[b].first_piece; k <= buckets[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
+  restart();
+}
+
+void BucketCountdown::restart() {
+  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
+  next_launch_ = 0;
+}
+
+bool BucketCountdown::mark_ready(int piece) {
+  const int b = bucket_of(piece);
+  if (pending_[b] <= 0)
+    throw std::logic_error(std::string(who_) + ": gradient piece " + std::to_string(piece) + " marked ready twice");
+  return --pending_[b] == 0;
+}
+
+int BucketCountdown::next_to_launch() {
+  if (next_launch_ == static_cast<int>(buckets_.size()) || pending_[next_launch_] != 0) return -1;
+  return next_launch_++;
+}
+
+void BucketCountdown::require_all_ready() const {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (pending_[b] != 0)
+      throw std::logic_error(std::string(who_) + ": bucket " + std::to_string(b) + " (gradient pieces " +
+                             std::to_string(buckets_[b].first_piece) + ".." + std::to_string(buckets_[b].last_piece) +
                              ") has gradients that were never marked ready");
   }
 }

@@ -29,9 +29,30 @@ std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std:
 // layout (the all-reduces would otherwise pair unrelated buffers). Shared by the Reducer and the CudaReducer.
 void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm);
 
-// Before a step's buckets are awaited: every gradient piece must have been marked ready (pending[b] == 0), or
-// backward skipped a hook. Throws std::logic_error naming the first incomplete bucket; `who` names the reducer.
-void require_all_ready(const std::vector<int>& pending, const std::vector<Bucket>& buckets, const char* who);
+// A step's countdown over the buckets' pieces, for the Reducer and the CudaReducer alike: backward marks each piece
+// ready once, a bucket is complete when all its pieces are, and buckets launch strictly in index order (the ranks'
+// all-reduces pair by order), so a bucket complete early waits for its predecessors. `who` names the reducer in
+// errors.
+class BucketCountdown {
+ public:
+  BucketCountdown(const std::vector<Bucket>& buckets, const char* who);
+  void restart();  // a step begins: every piece pending, nothing launched
+  int bucket_of(int piece) const { return bucket_of_piece_.at(static_cast<size_t>(piece)); }
+  // Piece `piece` is final: whether its bucket is now complete. Throws std::logic_error if it was marked already.
+  bool mark_ready(int piece);
+  // The next bucket in index order, if it is complete and not launched yet (it counts as launched now), else -1.
+  int next_to_launch();
+  // Before the buckets are awaited: throws std::logic_error naming the first incomplete bucket unless every piece
+  // was marked ready (backward skipped a hook: DDP's "unused parameter" error).
+  void require_all_ready() const;
+
+ private:
+  std::vector<Bucket> buckets_;
+  const char* who_;
+  std::vector<int> bucket_of_piece_;
+  std::vector<int> pending_;  // per bucket: pieces not yet final
+  int next_launch_ = 0;
+};
 
 // When things happened to one bucket in one step, in ms on the caller's time origin.
 struct BucketTimes {

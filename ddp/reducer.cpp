@@ -29,16 +29,12 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
     : comm_(comm),
       config_(config),
       buckets_(assign_buckets(numel, offset, config)),
-      bucket_of_piece_(numel.size()),
+      countdown_(buckets_, "Reducer"),
       piece_numel_(numel),
       piece_offset_(offset),
       flat_grads_(flat_grads),
-      pending_(buckets_.size()),
       times_(buckets_.size()),
       nonfinite_(buckets_.size()) {
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
-
   check_same_layout(buckets_, comm.mpi_comm());
   // A tag per bucket, and with the sharded update a second for its all-gather: checked here, not at the first step,
   // and alike on every rank (the layouts are), so every rank refuses it as bad input. One rank sends nothing.
@@ -70,8 +66,7 @@ void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) 
   grad_scale_ = grad_scale;
   local_scale_ = local_scale;
   sync_ = true;
-  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
-  next_launch_ = 0;
+  countdown_.restart();
   std::fill(times_.begin(), times_.end(), BucketTimes{});
   std::fill(nonfinite_.begin(), nonfinite_.end(), 0);
   last_finish_ticket_ = 0;
@@ -79,15 +74,12 @@ void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) 
 
 void Reducer::mark_ready(int piece) {
   if (!sync_) return;
-  const int b = bucket_of_piece_.at(piece);
-  if (pending_[b] <= 0)
-    throw std::logic_error("Reducer: gradient piece " + std::to_string(piece) + " marked ready twice");
+  const bool complete = countdown_.mark_ready(piece);
   if (!comm_thread_ && config_.overlap) finish_alone(piece);
-  if (--pending_[b] > 0) return;
-  times_[b].ready_ms = now_ms() - origin_ms_;
+  if (!complete) return;
+  times_[countdown_.bucket_of(piece)].ready_ms = now_ms() - origin_ms_;
   if (!config_.overlap) return;
-  // Launch in bucket order: a bucket that completes early waits for its predecessors.
-  while (next_launch_ < static_cast<int>(buckets_.size()) && pending_[next_launch_] == 0) launch(next_launch_++);
+  for (int b; (b = countdown_.next_to_launch()) >= 0;) launch(b);
 }
 
 void Reducer::launch(int bucket) {
@@ -109,7 +101,7 @@ void Reducer::finish_alone(int piece) {
     const bool finite = cpu::scale_and_check_finite(flat_grads_ + piece_offset_[piece], scale, piece_numel_[piece]);
     if (!finite) {
       const std::lock_guard<std::mutex> lock(nonfinite_mutex_);
-      nonfinite_[bucket_of_piece_[piece]] = 1;
+      nonfinite_[countdown_.bucket_of(piece)] = 1;
     }
     if (on_reduced_) on_reduced_(piece, piece, finite);
   };
@@ -122,8 +114,8 @@ void Reducer::finish_alone(int piece) {
 
 void Reducer::wait_all() {
   const int nb = static_cast<int>(buckets_.size());
-  require_all_ready(pending_, buckets_, "Reducer");
-  while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
+  countdown_.require_all_ready();
+  for (int b; (b = countdown_.next_to_launch()) >= 0;) launch(b);  // overlap off: everything starts now
   if (!comm_thread_) {                               // world size 1: the pieces are finished, or on the finisher
     if (alone_finisher_) alone_finisher_->wait(last_finish_ticket_);
     return;

@@ -122,7 +122,7 @@ class Reducer {
   Communicator& comm_;
   ReducerConfig config_;
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_piece_;
+  BucketCountdown countdown_;  // main thread: this step's pieces, and which bucket launches next
   std::vector<int64_t> piece_numel_, piece_offset_;
   std::vector<std::vector<RingChunk>> owned_;  // per bucket (sharded)
   MPI_Comm verdicts_ = MPI_COMM_NULL;          // sharded, world > 1: a private duplicate for the verdicts' agreement
@@ -132,8 +132,6 @@ class Reducer {
   bool sync_ = true;
   double origin_ms_ = 0;
   float grad_scale_ = 1, local_scale_ = 1;
-  std::vector<int> pending_;  // per bucket: pieces not yet final
-  int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<BucketTimes> times_;
   // Per bucket, written by the thread that finishes it (the comm thread or the finisher) before its job counts done.
   std::vector<int> nonfinite_;  // int: MPI_MAX is defined for it (sharded: agreed across ranks)

@@ -16,16 +16,13 @@ CudaReducer::CudaReducer(StreamAllreduce& engine, MPI_Comm comm, const ReducerCo
     : engine_(engine),
       config_(config),
       buckets_(assign_buckets(numel, offset, config)),
-      bucket_of_piece_(numel.size()),
+      countdown_(buckets_, "CudaReducer"),
       flat_grads_(flat_grads),
       compute_(compute_stream),
-      pending_(buckets_.size()),
       ready_(buckets_.size()),
       start_(buckets_.size()),
       end_(buckets_.size()),
       times_(buckets_.size()) {
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    for (int k = buckets_[b].first_piece; k <= buckets_[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
   check_same_layout(buckets_, comm);
   const size_t bytes = std::max<size_t>(buckets_.size(), 1) * sizeof(int);
   int* p = nullptr;
@@ -39,23 +36,17 @@ void CudaReducer::begin_step(cudaEvent_t origin, float grad_scale) {
   origin_ = origin;
   grad_scale_ = grad_scale;
   sync_ = true;
-  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
-  next_launch_ = 0;
+  countdown_.restart();
   // On the comm stream, which alone writes the flags: ordered before this step's first check.
   cudaCheck(cudaMemsetAsync(flags_.get(), 0, buckets_.size() * sizeof(int), engine_.stream()));
 }
 
 void CudaReducer::mark_ready(int piece, cudaEvent_t ready) {
   if (!sync_) return;
-  const int b = bucket_of_piece_.at(piece);
-  if (pending_[b] <= 0)
-    throw std::logic_error("CudaReducer: gradient piece " + std::to_string(piece) + " marked ready twice");
-  if (--pending_[b] > 0) return;
-  ready_[b] = ready;  // the bucket's last piece: later in stream order than the others
+  if (!countdown_.mark_ready(piece)) return;
+  ready_[countdown_.bucket_of(piece)] = ready;  // the bucket's last piece: later in stream order than the others
   if (!config_.overlap) return;
-  // Launch in bucket order (NCCL pairs the ranks' calls by order): a bucket complete early waits for its
-  // predecessors.
-  while (next_launch_ < static_cast<int>(buckets_.size()) && pending_[next_launch_] == 0) launch(next_launch_++);
+  for (int b; (b = countdown_.next_to_launch()) >= 0;) launch(b);
 }
 
 void CudaReducer::launch(int b) {
@@ -79,9 +70,8 @@ void CudaReducer::launch(int b) {
 }
 
 void CudaReducer::launch_all() {
-  const int nb = static_cast<int>(buckets_.size());
-  require_all_ready(pending_, buckets_, "CudaReducer");
-  while (next_launch_ < nb) launch(next_launch_++);  // overlap off: everything starts now
+  countdown_.require_all_ready();
+  for (int b; (b = countdown_.next_to_launch()) >= 0;) launch(b);  // overlap off: everything starts now
 }
 
 void CudaReducer::wait_all() {

@@ -77,7 +77,7 @@ class CudaReducer {
   StreamAllreduce& engine_;
   ReducerConfig config_;
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_piece_;
+  BucketCountdown countdown_;  // this step's pieces, and which bucket launches next
   float* flat_grads_;
   cudaStream_t compute_;
   std::unique_ptr<int, cuda::CudaFree> flags_;           // per bucket, device: set by scale_and_check_finite
@@ -86,8 +86,6 @@ class CudaReducer {
   bool sync_ = true;
   float grad_scale_ = 1;
   cudaEvent_t origin_ = nullptr;
-  std::vector<int> pending_;  // per bucket: pieces not yet final
-  int next_launch_ = 0;       // buckets launch strictly in index order
   std::vector<cudaEvent_t> ready_, start_, end_;  // per bucket, this step's events (pooled by the engine)
   std::vector<BucketTimes> times_;
 };

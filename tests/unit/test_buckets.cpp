@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "ddp/reducer.h"
@@ -130,6 +132,43 @@ TEST(AssignBuckets, BucketsSpanTheGapsBetweenTheirPieces) {
   const auto apart = assign_buckets(numel, gapped, 18 * sizeof(float), 0);
   ASSERT_EQ(apart.size(), 3u);
   EXPECT_EQ(apart[0].count, 5);
+}
+
+// The countdown both reducers launch by: buckets complete in any order but launch in index order, each once; a
+// piece marked twice and a step whose pieces were not all marked are errors naming the reducer; a new step starts
+// over.
+TEST(BucketCountdown, LaunchesInIndexOrderWhateverOrderTheyComplete) {
+  const std::vector<Bucket> buckets = {{0, 1, 0, 2}, {2, 2, 2, 1}, {3, 4, 3, 2}};  // pieces 0-1 | 2 | 3-4
+  BucketCountdown countdown(buckets, "TestReducer");
+  EXPECT_EQ(countdown.bucket_of(3), 2);
+  EXPECT_TRUE(countdown.mark_ready(2));  // bucket 1 complete before bucket 0: it waits
+  EXPECT_EQ(countdown.next_to_launch(), -1);
+  EXPECT_FALSE(countdown.mark_ready(0));
+  EXPECT_THROW(countdown.require_all_ready(), std::logic_error);
+  EXPECT_TRUE(countdown.mark_ready(1));
+  EXPECT_EQ(countdown.next_to_launch(), 0);
+  EXPECT_EQ(countdown.next_to_launch(), 1);
+  EXPECT_EQ(countdown.next_to_launch(), -1);  // bucket 2 still has pieces pending
+  try {
+    countdown.mark_ready(2);
+    ADD_FAILURE() << "a piece marked twice was taken";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(std::string(e.what()), "TestReducer: gradient piece 2 marked ready twice");
+  }
+  try {
+    countdown.require_all_ready();
+    ADD_FAILURE() << "bucket 2 was incomplete";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket 2 (gradient pieces 3..4)"), std::string::npos) << e.what();
+  }
+  countdown.mark_ready(4);
+  EXPECT_TRUE(countdown.mark_ready(3));
+  EXPECT_NO_THROW(countdown.require_all_ready());
+  EXPECT_EQ(countdown.next_to_launch(), 2);
+  EXPECT_EQ(countdown.next_to_launch(), -1);
+  countdown.restart();
+  EXPECT_EQ(countdown.next_to_launch(), -1);
+  EXPECT_FALSE(countdown.mark_ready(0));  // marked again in the new step
 }
 
 }  // namespace
