@@ -291,7 +291,10 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--overlap", "overlap", "all-reduce buckets while backward runs: on | off", kNoMin, kNoMax,
              kOnOff | kNotInSweep},
         c.overlap);
-  visit(Knob{"--first-bucket-mb", "first_bucket_mb", "cap of the bucket that closes backward, MiB", 0, kMaxMiB, kMath},
+  visit(Knob{"--first-bucket-mb", "first_bucket_mb",
+             "cap of the bucket that closes backward, MiB (the first layers', the last to launch: not PyTorch's first "
+             "bucket)",
+             0, kMaxMiB, kMath},
         c.first_bucket_mb);
   visit(Knob{"--grad-slice-mb", "grad_slice_mb",
              "compute and announce weight gradients in row blocks of this size, MiB: N (0: whole weights) or "
