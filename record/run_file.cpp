@@ -154,8 +154,8 @@ void check_finite(const std::vector<double>& column, const std::string& dataset)
       throw FileProblem(dataset + " holds a value that is not finite (element " + std::to_string(i) + ")");
 }
 
-// A duration or a count below zero: no trainer writes one (but steal_ms's and cpu_wait_ms's -1, "not counted"), and a
-// damaged file's would turn into negative throughputs and shares.
+// A duration or a count below zero: no trainer writes one (but steal_ms's and cpu_wait_ms's -1, "not counted", and
+// comm_cpu_ms's -1, "not recorded"), and a damaged file's would turn into negative throughputs and shares.
 void check_not_negative(const std::vector<double>& column, const std::string& dataset, bool minus_one_is_not_counted) {
   for (size_t i = 0; i < column.size(); ++i)
     if (column[i] < 0 && !(minus_one_is_not_counted && column[i] == -1))
@@ -235,6 +235,9 @@ void read_buckets(hid_t file, RunRecord& run) {
     if (optional && !has_link(group, name)) continue;
     const std::vector<double> column = read_doubles(group, name, {world, steps, nb}, std::string("buckets/") + name);
     check_finite(column, std::string("buckets/") + name);
+    // predict reads any negative comm_cpu_ms as "not recorded": only the writers' kNotRecorded is one.
+    static_assert(BucketTimes::kNotRecorded == -1, "check_not_negative lets -1 through as not counted");
+    if (member == &BucketTimes::comm_cpu_ms) check_not_negative(column, std::string("buckets/") + name, true);
     run.bucket_times.resize(column.size());
     for (size_t i = 0; i < column.size(); ++i) run.bucket_times[i].*member = column[i];
   }

@@ -1395,6 +1395,8 @@ TEST_F(Reader, ValuesNoTrainerWritesAreRefusedNamingTheField) {
       {{element("steps/step_ms", 1, -5)}, "steps/step_ms holds a negative value (element 1)"},
       {{element("steps/loss_terms", 1, -3)}, "steps/loss_terms holds a negative value (element 1)"},
       {{element("steps/steal_ms", 1, -2)}, "steps/steal_ms holds a negative value (element 1)"},
+      {{element("buckets/comm_cpu_ms", 1, -0.5)}, "buckets/comm_cpu_ms holds a negative value (element 1)"},
+      {{element("buckets/comm_cpu_ms", 2, -2)}, "buckets/comm_cpu_ms holds a negative value (element 2)"},
       {{element("node", 0, 1)}, "node: rank 0 is on node 1, but nodes are numbered 0, 1, ..."},
       {{[](hid_t file) {
          ASSERT_GE(H5Adelete(file, "links"), 0);
@@ -1408,9 +1410,13 @@ TEST_F(Reader, ValuesNoTrainerWritesAreRefusedNamingTheField) {
     EXPECT_EQ(message.rfind("cannot read run file " + path + ": " + problem, 0), 0u) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
-  // Their neighbours read: the last first step whose steps are ints, and steal_ms's -1, "not counted".
+  // Their neighbours read: the last first step whose steps are ints, steal_ms's -1, "not counted", and comm_cpu_ms
+  // measured as 0 beside the -1 of a run that does not record it (the CUDA reducer's: real_record's).
   EXPECT_EQ(read_run_file(damaged({attr("first_step", INT_MAX - 3)})).meta.first_step, INT_MAX - 3);
   EXPECT_EQ(read_run_file(damaged({element("steps/steal_ms", 1, -1)})).records[1].steal_ms, -1);
+  const RunRecord cpu = read_run_file(damaged({element("buckets/comm_cpu_ms", 1, 0)}));
+  EXPECT_EQ(cpu.bucket_times[1].comm_cpu_ms, 0);
+  EXPECT_EQ(cpu.bucket_times[2].comm_cpu_ms, BucketTimes::kNotRecorded);
 }
 
 TEST_F(Reader, MissingOrMisshapenDatasetsAreNamed) {
