@@ -13,7 +13,8 @@
 namespace ddplab {
 
 struct RunSummary {
-  int world_size = 1, steps = 0, first_steady_step = 0, global_batch = 0;
+  int world_size = 1, steps = 0, first_steady_step = 0;
+  int64_t global_batch = 0;
   int slowest_rank = 0;
   double slowest_step_ms = 0;  // the slowest rank's mean steady-state step: it sets the pace
   // Samples per step over all ranks, the steady-state mean of what the ranks recorded: the global batch, except

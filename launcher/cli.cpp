@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -355,6 +356,11 @@ void validate_for_ranks(const TrainConfig& c, int ranks, int scan_part, int scan
   require(c.fault != Fault::kHang || ranks > 1,
           "--fault hang needs 2 or more ranks: a hung rank is found by its peers' watchdogs, and 1 rank has none");
   require(c.slow_rank < ranks, "--slow-rank " + std::to_string(c.slow_rank) + job);
+  // The global batch is an int where the trainers count it (a rank's share of the sample stream, batch x grad_accum;
+  // the suite's batch x ranks), and read_run_file refuses a file with a larger one.
+  require(int64_t{c.batch} * c.grad_accum <= INT_MAX / ranks,
+          "--batch " + std::to_string(c.batch) + " x " + slots_text(c, ranks) + " is more than the " +
+              std::to_string(INT_MAX) + " samples a step can count (the global batch): lower --batch");
   if (!c.transformer()) return;
   if (!c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks, scan_part, scan_parts);
   if (!c.data.empty())

@@ -380,9 +380,9 @@ void print_case_row(const CaseResult& r, const CaseFigures& f, bool lab) {
   if (lab) std::snprintf(extra_cell, sizeof extra_cell, " %8.2f", f.extra);
   // One rank has no peers: no spread across ranks, no all-reduce to expose.
   const bool peers = r.c.world_size > 1;
-  std::printf("%-16s %3d%c %6d %9.2f %10.0f%s %9s %8.2f %8.2f %8.2f %10s%s %8s\n", r.c.name.c_str(), r.c.world_size,
-              f.oversubscribed ? '*' : ' ', s.global_batch, s.slowest_step_ms, s.samples_per_s, eff,
-              peers ? fmt("%.2f", s.mean_spread_ms).c_str() : "-", f.mean.data_ms, f.compute, f.mean.optimizer_ms,
+  std::printf("%-16s %3d%c %6lld %9.2f %10.0f%s %9s %8.2f %8.2f %8.2f %10s%s %8s\n", r.c.name.c_str(), r.c.world_size,
+              f.oversubscribed ? '*' : ' ', static_cast<long long>(s.global_batch), s.slowest_step_ms, s.samples_per_s,
+              eff, peers ? fmt("%.2f", s.mean_spread_ms).c_str() : "-", f.mean.data_ms, f.compute, f.mean.optimizer_ms,
               peers ? fmt("%.2f", f.mean.exposed_comm_ms).c_str() : "-", extra_cell,
               f.has_vs_base ? fmt("%+.0f%%", 100 * f.vs_base).c_str() : "-");
 }

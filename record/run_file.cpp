@@ -162,6 +162,16 @@ void check_not_negative(const std::vector<double>& column, const std::string& da
       throw FileProblem(dataset + " holds a negative value (element " + std::to_string(i) + ")");
 }
 
+// The global batch (RunRecord::global_batch): an int wherever a trainer counts a step's samples, so the CLI refuses a
+// run whose batch x grad_accum x ranks is past one. A file's past one, or with a negative factor, is damaged.
+void check_global_batch(const RunRecord& run) {
+  const int64_t batch = run.config.value("batch", int64_t{0}), accum = run.config.value("grad_accum", int64_t{1});
+  if (batch < 0 || accum < 0 || batch > INT_MAX || accum > INT_MAX || batch * accum > INT_MAX / run.world_size())
+    throw FileProblem("config: batch x grad_accum x world_size, " + std::to_string(batch) + " x " +
+                      std::to_string(accum) + " x " + std::to_string(run.world_size()) +
+                      ", is not a global batch of 0.." + std::to_string(INT_MAX) + " samples");
+}
+
 void read_steps(hid_t file, RunRecord& run) {
   H5Id group(open_group(file, "steps", "steps"), H5Gclose);
   for (const char* name : kRequiredStepFields)
@@ -269,7 +279,7 @@ void read_contents(hid_t file, RunRecord& run) {
   upgrade_config_keys(run.config);
   parse_json_attr(file, "summary");  // for scripts; the summary is recomputed from the records
   (void)run.first_steady_step();     // a config field of the wrong type throws here, with the file named
-  (void)run.global_batch();
+  check_global_batch(run);
   meta.hostnames = read_strings(file, "hostnames", meta.world_size, "hostnames");
   if (has_link(file, "gpus")) meta.gpus = read_strings(file, "gpus", meta.world_size, "gpus");
   if (has_link(file, "node")) {

@@ -147,8 +147,11 @@ struct RunRecord {
     }
     return steps > 0;
   }
-  // Samples per step over all ranks: batch x grad_accum x world_size.
-  int global_batch() const { return config.value("batch", 0) * config.value("grad_accum", 1) * world_size(); }
+  // Samples per step over all ranks: batch x grad_accum x world_size, in 64 bits. The product of three ints may pass an
+  // int, though the CLI refuses such a run and read_run_file such a file.
+  int64_t global_batch() const {
+    return config.value("batch", int64_t{0}) * config.value("grad_accum", int64_t{1}) * world_size();
+  }
 };
 
 // A config JSON (run files, checkpoints) written before its keys were named after the flags, in today's keys:

@@ -136,6 +136,14 @@ TEST(RunRecord, OldConfigKeysAreReadAsTheFlagsNames) {
   EXPECT_EQ(current, (nlohmann::json{{"hidden", 512}}));
 }
 
+// The product of three ints, counted past an int: 2^30 x 2 x 2 ranks wrapped to 0 in ints.
+TEST(RunRecord, TheGlobalBatchIsCountedIn64Bits) {
+  RunRecord run;
+  run.meta.world_size = 2;
+  run.config = {{"batch", 1 << 30}, {"grad_accum", 2}};
+  EXPECT_EQ(run.global_batch(), int64_t{1} << 32);
+}
+
 TEST(RunRecord, OversubscribedWhenRankZerosHostRunsMoreThreadsThanItHasCores) {
   RunRecord run = synthetic(4, [](int, int) { return Phases{}; });
   run.meta.hostnames = {"a", "a", "a", "b"};  // three ranks on rank 0's host
@@ -1359,7 +1367,8 @@ TEST_F(Reader, BadFilesGiveOneLineNamingTheFileAndTheProblem) {
 
 // Values no trainer writes, each refused with one line naming its field: a first step whose runs' last step is past
 // an int (the readers number steps in ints), a piece index past an int (it was read as its low 32 bits), a negative
-// duration or count, node numbers that skip a node, links that are JSON but no links.
+// duration or count, node numbers that skip a node, links that are JSON but no links, a global batch past an int (it
+// was read wrapped: 2^30 x 1 x 2 ranks as -2^31).
 TEST_F(Reader, ValuesNoTrainerWritesAreRefusedNamingTheField) {
   using Damage = std::function<void(hid_t)>;
   const auto attr = [](const char* name, long long value) -> Damage {
@@ -1376,6 +1385,14 @@ TEST_F(Reader, ValuesNoTrainerWritesAreRefusedNamingTheField) {
       ASSERT_GE(H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
       values.at(i) = value;
       ASSERT_GE(H5Dwrite(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    };
+  };
+  const auto config = [](const char* key, long long value) -> Damage {
+    return [=](hid_t file) {
+      nlohmann::json changed = real_record().config;
+      changed[key] = value;
+      ASSERT_GE(H5Adelete(file, "config"), 0);
+      write_string_attr(file, "config", changed.dump());
     };
   };
   int files = 0;
@@ -1403,6 +1420,10 @@ TEST_F(Reader, ValuesNoTrainerWritesAreRefusedNamingTheField) {
          write_string_attr(file, "links", R"({"intra": 1})");
        }},
        "attribute links is not two links' JSON ("},
+      {{config("batch", 1 << 30)},
+       "config: batch x grad_accum x world_size, 1073741824 x 1 x 2, is not a global batch of 0..2147483647 samples"},
+      {{config("grad_accum", 1LL << 40)}, "config: batch x grad_accum x world_size, 8 x 1099511627776 x 2, is not"},
+      {{config("batch", -8)}, "config: batch x grad_accum x world_size, -8 x 1 x 2, is not"},
   };
   for (const auto& [damages, problem] : refused) {
     const std::string path = damaged(damages);
@@ -1414,6 +1435,7 @@ TEST_F(Reader, ValuesNoTrainerWritesAreRefusedNamingTheField) {
   // measured as 0 beside the -1 of a run that does not record it (the CUDA reducer's: real_record's).
   EXPECT_EQ(read_run_file(damaged({attr("first_step", INT_MAX - 3)})).meta.first_step, INT_MAX - 3);
   EXPECT_EQ(read_run_file(damaged({element("steps/steal_ms", 1, -1)})).records[1].steal_ms, -1);
+  EXPECT_EQ(read_run_file(damaged({config("batch", INT_MAX / 2)})).global_batch(), INT_MAX - 1);
   const RunRecord cpu = read_run_file(damaged({element("buckets/comm_cpu_ms", 1, 0)}));
   EXPECT_EQ(cpu.bucket_times[1].comm_cpu_ms, 0);
   EXPECT_EQ(cpu.bucket_times[2].comm_cpu_ms, BucketTimes::kNotRecorded);
