@@ -8,7 +8,7 @@ BatchLoader::BatchLoader(const SyntheticClassification& data, const LoaderConfig
                          std::function<int64_t(int64_t)> first_sample)
     : data_(data), config_(config), first_sample_(std::move(first_sample)) {
   // Workers may fill `prefetch` batches ahead while the consumer still uses the batch it was handed last.
-  slots_.resize(config.threads > 0 ? config.prefetch + 1 : 1);
+  slots_.resize(slots(config));
   for (Slot& s : slots_) {
     s.x.resize(static_cast<size_t>(config.batch) * data.config().input_dim);
     s.y.resize(config.batch);

@@ -36,6 +36,14 @@ class BatchLoader {
   // Blocks until the next batch is ready. The pointers stay valid until the following call.
   void next(const float** x, const int32_t** y);
 
+  // The batches it holds, all allocated when it is made: `prefetch` ready ahead and the one the consumer uses (without
+  // threads, that one only).
+  static int64_t slots(const LoaderConfig& config) { return config.threads > 0 ? int64_t{config.prefetch} + 1 : 1; }
+  // The least memory one slot takes, for batches of `input_dim` features.
+  static double slot_bytes(const LoaderConfig& config, int input_dim) {
+    return sizeof(Slot) + static_cast<double>(config.batch) * (input_dim * sizeof(float) + sizeof(int32_t));
+  }
+
  private:
   struct Slot {
     std::vector<float> x;

@@ -88,6 +88,9 @@ struct BatchingConfig {
 class BatchPlan {
  public:
   BatchPlan(const TokenSource& data, const BatchingConfig& config, int world_size, uint64_t epoch_seed);
+  // The least memory a plan takes per sequence of its epoch while it is made: the shuffled order and the steps' ids,
+  // an int64 each (the rows come on top, and at an epoch's end the previous plan).
+  static constexpr int64_t kLeastBytesPerSequence = 2 * sizeof(int64_t);
   int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
   // Sequence ids of rank r at step s, row by row.
   const std::vector<int64_t>& batch(int64_t step, int rank) const { return steps_.at(step).at(rank).ids; }

@@ -1,5 +1,7 @@
 #include "launcher/cli.h"
 
+#include <sys/sysinfo.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -14,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "data/loader.h"
 #include "data/token_files.h"
 #include "data/tokens.h"
 #include "model/attention_kind.h"
@@ -293,6 +296,35 @@ void validate_token_shards(const TrainConfig& c, const std::string& flag, const 
   }
 }
 
+// This host's memory, RAM and swap: what a rank allocates past it cannot be had, whatever else runs.
+uint64_t host_memory_bytes() {
+  struct sysinfo info;
+  if (sysinfo(&info) != 0) return UINT64_MAX;
+  return (static_cast<uint64_t>(info.totalram) + info.totalswap) * info.mem_unit;
+}
+
+// What the flags make a rank allocate before its first step is done, within this host's memory: past it, the run
+// would fail in that step instead of before any work. The least each takes, so that a refusal is certain.
+void validate_memory(const TrainConfig& c) {
+  const uint64_t memory = host_memory_bytes();
+  const std::string host = " on this host, whose memory is " + bytes_text(memory);
+  if (c.transformer() && c.data.empty()) {
+    const int64_t most = static_cast<int64_t>(memory / BatchPlan::kLeastBytesPerSequence);
+    require(c.epoch_size <= most, "--epoch-size must be at most " + std::to_string(most) + host +
+                                      ": an epoch's plan takes " + std::to_string(BatchPlan::kLeastBytesPerSequence) +
+                                      " bytes a sequence (got " + std::to_string(c.epoch_size) + ")");
+  }
+  if (!c.transformer() && c.device == Device::kCpu && c.loader_threads > 0) {  // the MLP's loader (train/workload.cpp)
+    const LoaderConfig loader{c.batch, c.data_cost_ms, c.loader_threads, c.prefetch};
+    const int64_t most =
+        std::max<int64_t>(0, static_cast<int64_t>(memory / BatchLoader::slot_bytes(loader, c.mlp.input_dim)) - 1);
+    require(BatchLoader::slots(loader) - 1 <= most,
+            "--prefetch must be at most " + std::to_string(most) + host +
+                ": the loader holds --prefetch + 1 batches of " + std::to_string(c.batch) + " samples (--batch) of " +
+                std::to_string(c.mlp.input_dim) + " features (--input-dim) (got " + std::to_string(c.prefetch) + ")");
+  }
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c) {
@@ -361,6 +393,7 @@ void validate_for_ranks(const TrainConfig& c, int ranks, int scan_part, int scan
   require(int64_t{c.batch} * c.grad_accum <= INT_MAX / ranks,
           "--batch " + std::to_string(c.batch) + " x " + slots_text(c, ranks) + " is more than the " +
               std::to_string(INT_MAX) + " samples a step can count (the global batch): lower --batch");
+  validate_memory(c);
   if (!c.transformer()) return;
   if (!c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks, scan_part, scan_parts);
   if (!c.data.empty())

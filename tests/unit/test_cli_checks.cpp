@@ -1,6 +1,8 @@
 // The checks `ddplab train` makes before any work (launcher/cli.h: validate, validate_for_ranks) on flags parsed as it
-// parses them: sizes the run could not hold are refused with one line naming the flag and the limit.
+// parses them: sizes the run could not hold are refused with one line naming the flag and the limit, where the run
+// would otherwise fail in its first step.
 #include <gtest/gtest.h>
+#include <sys/sysinfo.h>
 
 #include <CLI/CLI.hpp>
 #include <climits>
@@ -41,6 +43,36 @@ TEST(CliChecks, AGlobalBatchPastAnIntIsRefused) {
   EXPECT_NE(refusal({"--batch", "2147483647", "--grad-accum", "2147483647"}, 3), "");  // no 64-bit overflow either
   EXPECT_EQ(refusal({"--batch", "1073741823"}, 2), "");
   EXPECT_EQ(refusal({"--batch", "2147483647"}), "");
+}
+
+// An epoch's plan holds 16 bytes a sequence on every rank, made in the first step.
+TEST(CliChecks, AnEpochPastThisHostsMemoryIsRefused) {
+  struct sysinfo info;
+  ASSERT_EQ(sysinfo(&info), 0);
+  const uint64_t memory = (static_cast<uint64_t>(info.totalram) + info.totalswap) * info.mem_unit;
+  const std::string most = std::to_string(memory / 16);
+  const std::string refused = refusal({"--model", "tiny", "--epoch-size", std::to_string(memory / 16 + 1)});
+  EXPECT_EQ(refused.rfind("--epoch-size must be at most " + most + " on this host, whose memory is ", 0), 0u)
+      << refused;
+  EXPECT_NE(refused.find(": an epoch's plan takes 16 bytes a sequence (got "), std::string::npos) << refused;
+  EXPECT_NE(refusal({"--model", "tiny", "--epoch-size", "4611686018427387904"}), "");
+  EXPECT_EQ(refusal({"--model", "tiny", "--epoch-size", most}), "");
+}
+
+// The loader holds --prefetch + 1 batches, made in the first step (with loader threads; without, one).
+TEST(CliChecks, PrefetchPastThisHostsMemoryIsRefused) {
+  // 2^31 batches of 2^16 x 2^16 features: 2^65 bytes, past any memory.
+  const std::vector<std::string> huge = {"--batch", "65536", "--input-dim", "65536", "--prefetch", "2147483647"};
+  std::vector<std::string> threaded = huge;
+  threaded.insert(threaded.end(), {"--loader-threads", "1"});
+  const std::string refused = refusal(threaded);
+  EXPECT_EQ(refused.rfind("--prefetch must be at most ", 0), 0u) << refused;
+  EXPECT_NE(refused.find(": the loader holds --prefetch + 1 batches of 65536 samples (--batch) of 65536 features "
+                         "(--input-dim) (got 2147483647)"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(refusal(huge), "");  // no loader threads: nothing prefetched
+  EXPECT_EQ(refusal({"--loader-threads", "2", "--prefetch", "64"}), "");
 }
 
 }  // namespace
