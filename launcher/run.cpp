@@ -806,9 +806,9 @@ RunRecord run_description(const TrainConfig& config, const RunOptions& options, 
 
 // What a run writes between its steps: checkpoints and snapshots (--flush-every), each timed for the summary, since
 // no step records that wall time. A result that cannot be written (disk full, quota, I/O error) stops the run after
-// `step` on every rank, all of which learned it from the write's broadcast. A snapshot that fails writes nothing
-// further, and the last snapshot is kept; a checkpoint that fails still leaves the run file (finish_run), which may
-// well be on another disk: the measurements are not lost with the checkpoint.
+// `step` on every rank, all of which learned it from the write's broadcast. A snapshot that fails leaves the last
+// snapshot, and the end checkpoint is still written (finish_run): it may well be on another disk, and the training
+// state is not lost with the snapshot. A checkpoint that fails still leaves the run file, for the same reason.
 class RunWriter {
  public:
   RunWriter(const TrainConfig& config, Trainer& trainer, RecordGatherer& gathered, RunRecord& record,
@@ -837,9 +837,11 @@ class RunWriter {
     record_.meta.stop_reason = "in progress: a snapshot after " + std::to_string(step + 1) + " of " +
                                std::to_string(config_.steps) + " steps (--flush-every)";
     const std::string error = timed([&] { return gathered_.write(partial_, true, summary); });
-    if (!error.empty()) throw failed(error, step);
+    snapshot_failed_ = !error.empty();
+    if (snapshot_failed_) throw failed(error, step);
     snapshot_steps_ = gathered_.steps();
   }
+  bool snapshot_failed() const { return snapshot_failed_; }
 
   // The snapshot this run wrote, if it wrote one: what the complete run file replaces.
   std::string written_snapshot() const { return snapshot_steps_ > 0 ? partial_ : ""; }
@@ -870,6 +872,7 @@ class RunWriter {
   bool checkpoint_written_;  // replacing the file is ours: we wrote it, or resumed from it
   std::string partial_;
   int64_t snapshot_steps_ = 0;  // in the last snapshot written
+  bool snapshot_failed_ = false;
 };
 
 // Progress, at most once a second or every --log-every steps: rank 0's steps since the last line, by the wall clock
@@ -943,10 +946,10 @@ std::unique_ptr<TrainingStopped> run_steps(Trainer& trainer, const TrainConfig& 
     const bool more = s + 1 < config.steps;
     try {
       if (config.checkpoint_every > 0 && (s + 1) % config.checkpoint_every == 0 && more) writer.checkpoint(s + 1);
-    } catch (const TrainingStopped& e) {  // every rank: the run file keeps the steps so far
+      if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && more) writer.snapshot(s, summary);
+    } catch (const TrainingStopped& e) {  // every rank: finish_run writes what is still due
       return std::make_unique<TrainingStopped>(e);
     }
-    if (config.flush_every > 0 && (s + 1) % config.flush_every == 0 && more) writer.snapshot(s, summary);
     if (rank == 0 && !config.quiet && last.skipped > 0) {
       std::printf("  step %d skipped: %s (--skip-nonfinite: no update)\n", s, trainer.skipped_because().c_str());
       std::fflush(stdout);
@@ -978,18 +981,21 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
 }
 
 // After the steps: the last checkpoint, the run file, and rank 0's summary. A run stopped by a signal keeps its state
-// too (resume continues it); a stop for bad numbers does not. Throws the stop, or the failed write.
+// too (resume continues it), and so does one whose snapshot failed; a stop for bad numbers does not. After a failed
+// snapshot the run file is not written: it goes beside the snapshot, to the disk that just failed, and the last
+// snapshot keeps the steps. Throws the stop, or the failed write.
 void finish_run(const TrainConfig& config, const TrainingStopped* stopped, RecordGatherer& gathered, RunWriter& writer,
                 SummarizedRun& result, int64_t first_step, bool writes_page, int rank) {
   std::optional<TrainingStopped> checkpoint_failed;
-  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128)) {
+  if (!config.checkpoint.empty() && (!stopped || stopped->exit_code > 128 || writer.snapshot_failed())) {
     try {
       writer.checkpoint(first_step + gathered.steps());
-    } catch (const TrainingStopped& e) {  // after a signal's stop, both are named: the write failure's code wins
+    } catch (const TrainingStopped& e) {  // after a stop, both are named: the write failure's code wins
       checkpoint_failed = stopped ? TrainingStopped(std::string(stopped->what()) + "; " + e.what(), e.exit_code) : e;
     }
   }
   const TrainingStopped* stop = checkpoint_failed ? &*checkpoint_failed : stopped;
+  if (writer.snapshot_failed()) throw *stop;
   result.record.meta.stop_reason = stop ? stop->what() : "";
   const std::string error = gathered.write(config.out, config.force, result.summary);
   if (rank == 0 && error.empty() && !writer.written_snapshot().empty())
