@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "launcher/cli.h"
-#include "record/errors.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 namespace {
