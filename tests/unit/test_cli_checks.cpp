@@ -75,5 +75,14 @@ TEST(CliChecks, PrefetchPastThisHostsMemoryIsRefused) {
   EXPECT_EQ(refusal({"--loader-threads", "2", "--prefetch", "64"}), "");
 }
 
+// The watchdog watches waits: a hung rank is found by its peers waiting for it, and one rank alone has none.
+TEST(CliChecks, AHangNeedsAPeerToFindIt) {
+  const std::vector<std::string> hang = {"--fault", "hang", "--fault-step", "2"};
+  EXPECT_EQ(refusal(hang, 1),
+            "--fault hang needs 2 or more ranks: a hung rank is found by its peers' watchdogs, and 1 rank has none");
+  EXPECT_EQ(refusal(hang, 2), "");
+  EXPECT_EQ(refusal({"--fault", "kill", "--fault-step", "2"}, 1), "");
+}
+
 }  // namespace
 }  // namespace ddplab
