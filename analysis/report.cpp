@@ -71,9 +71,10 @@ std::string arrival_line(const RunSummary& s) {
 
 }  // namespace
 
-// "93%", or "-" where there was no comm to hide (one rank): a 100% there would praise an overlap that never ran.
-std::string hidden_text(double fraction, double comm_ms) {
-  return comm_ms > 0 ? fmt("%.0f%%", 100 * fraction) : "-";
+// "93%", or "-" where there was no comm to hide: a 100% there would praise an overlap that never ran. One rank has no
+// peer to communicate with, whatever the GPU's engine recorded for its buckets (its epilogue's few microseconds).
+std::string hidden_text(double fraction, double comm_ms, int world) {
+  return world > 1 && comm_ms > 0 ? fmt("%.0f%%", 100 * fraction) : "-";
 }
 
 // Per rank: comm-compute overlap (HTA's definition) beside hidden%, and the idle time by what the rank waited for.
@@ -83,17 +84,22 @@ void print_time_use(std::FILE* out, const RunSummary& s) {
                     "communicating):\n");
   std::fprintf(out, "  %4s %9s %8s %8s %7s %7s %9s %9s %9s\n", "rank", "computing", "comm", "overlap", "hidden%", "idle",
                "for data", "for peers", "host work");
+  const int world = static_cast<int>(s.ranks.size());
   for (size_t r = 0; r < s.time_use.size(); ++r) {
     const RankTimeUse& u = s.time_use[r];
     std::fprintf(out, "  %4zu %9.2f %8.2f %8s %7s %7.2f %9.2f %9.2f %9.2f\n", r, u.computing_ms, u.comm_ms,
-                 hidden_text(u.overlap(), u.comm_ms).c_str(),
-                 hidden_text(s.hidden_fractions[r], s.ranks[r].comm_ms).c_str(), u.idle_ms(), u.idle_data_ms,
+                 hidden_text(u.overlap(), u.comm_ms, world).c_str(),
+                 hidden_text(s.hidden_fractions[r], s.ranks[r].comm_ms, world).c_str(), u.idle_ms(), u.idle_data_ms,
                  u.idle_peers_ms, u.idle_host_ms);
   }
 }
 
 void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
-  std::fprintf(out, "  slowest rank        %d (mean step %.2f ms)\n", s.slowest_rank, s.slowest_step_ms);
+  // Ranks in step end each step together, so the slowest mean step is the run's and which rank has it is noise:
+  // who sets the pace is blame's question.
+  std::fprintf(out,
+               "  step                %.2f ms mean (the slowest rank's, %d; which sets the pace is blame's question)\n",
+               s.slowest_step_ms, s.slowest_rank);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
   if (run.world_size() > 1)
     std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
@@ -146,7 +152,7 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                  m.step_ms, m.data_ms, m.forward_ms, m.backward_ms, m.comm_ms, m.hidden_comm_ms, m.exposed_comm_ms,
                  m.optimizer_ms);
     if (lab_cols) std::fprintf(out, " %7.2f %7.2f %7.2f", m.extra_comm_ms, m.host_work_ms, m.barrier_ms);
-    std::fprintf(out, " %7s", hidden_text(s.hidden_fractions[r], m.comm_ms).c_str());
+    std::fprintf(out, " %7s", hidden_text(s.hidden_fractions[r], m.comm_ms, run.world_size()).c_str());
     if (taken_cols)
       std::fprintf(out, " %7s %8s", counted_ms(m.steal_ms, "-").c_str(), counted_ms(m.cpu_wait_ms, "-").c_str());
     std::fprintf(out, "\n");
@@ -352,9 +358,10 @@ void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs) {
     const std::string verdict =
         f.rank >= 0 ? fmt("%s (rank %d)", to_string(f.cause), f.rank) : std::string(to_string(f.cause));
     const StepRecord mean = mean_over_ranks(s);
-    std::fprintf(out, "  %-28s %5d %11.0f %9.2f %11.2f %7s  %s\n", shorten(stem(run.record.path), 28).c_str(),
-                 run.record.world_size(), s.samples_per_s, s.slowest_step_ms, mean.exposed_comm_ms,
-                 hidden_text(mean_hidden_fraction(s), mean.comm_ms).c_str(), verdict.c_str());
+    const int world = run.record.world_size();
+    std::fprintf(out, "  %-28s %5d %11.0f %9.2f %11s %7s  %s\n", shorten(stem(run.record.path), 28).c_str(), world,
+                 s.samples_per_s, s.slowest_step_ms, world > 1 ? fmt("%.2f", mean.exposed_comm_ms).c_str() : "-",
+                 hidden_text(mean_hidden_fraction(s), mean.comm_ms, world).c_str(), verdict.c_str());
   }
 }
 

@@ -16,7 +16,7 @@ struct RunSummary {
   int world_size = 1, steps = 0, first_steady_step = 0;
   int64_t global_batch = 0;
   int slowest_rank = 0;
-  double slowest_step_ms = 0;  // the slowest rank's mean steady-state step: it sets the pace
+  double slowest_step_ms = 0;  // the slowest rank's mean steady-state step: the run's
   // Samples per step over all ranks, the steady-state mean of what the ranks recorded: the global batch, except
   // where the batching fills a token budget (--batching token, pack), which varies it; files that did not record
   // samples count the global batch.
@@ -62,9 +62,10 @@ struct SummarizedRun {
 SummarizedRun summarized(RunRecord run);
 
 // Share of the communication that could have been hidden which was: hidden / min(the backward that can hide it,
-// the communication it can hide) — the last micro-batch's backward (the others run without communicating), and the
+// the communication it can hide) — a micro-batch's backward (the last one runs beside the buckets; a run file
+// records the step's, so the summary takes backward_ms / grad_accum, the predictor its modelled last one), and the
 // buckets' all-reduces or reduce-scatters (--zero-stage 1's all-gathers follow the update). 1 when there was nothing
-// to hide.
+// to hide. `ddplab report` and `ddplab predict` both print it as hidden%.
 double hidden_fraction(double hidden_ms, double hiding_backward_ms, double hideable_comm_ms);
 // Over ranks: the mean of the per-rank means, and of their hidden fractions.
 StepRecord mean_over_ranks(const RunSummary& s);

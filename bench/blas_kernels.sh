@@ -36,7 +36,7 @@ families=$(printf '%s\n%s\n' "$families" "$own" | awk 'NF && !seen[$0]++')
 [[ -n "$families" && -n "$chosen" ]] || { echo "blas_kernels.sh: could not read the families from ddplab devices" >&2; exit 1; }
 echo "# families: $(echo $families); OpenBLAS's own pick: $own; ddplab's: $chosen"
 
-step_ms() { sed -n 's/.*slowest rank .*(mean step \([0-9.]*\) ms).*/\1/p' "$1"; }
+step_ms() { sed -n 's/^  step  *\([0-9.]*\) ms mean (the slowest rank.*/\1/p' "$1"; }
 for ((r = 1; r <= rounds; r++)); do
   for f in $families; do
     OPENBLAS_CORETYPE=$f "$ddplab" --openblas-kernel-probe >> "$work/probe.txt"

@@ -142,25 +142,29 @@ std::string setting_flags(const PredictSetting& s) {
   return std::string(text) + (s.bucketed_update ? " --optimizer-in-backward on" : "");
 }
 
+// hidden% as `ddplab report` computes it for a run (hidden_fraction, analysis/summary.h), so that the two read
+// alike: hidden / min(the backward beside the buckets, their comm). 100 where there is no comm to hide.
+double hidden_pct(const SimulatedStep& s) { return 100 * hidden_fraction(s.hidden_ms, s.backward_ms, s.comm_ms); }
+
 // Why this row is the one to take, in one sentence.
 std::string reason(const Prediction& best, const Prediction& own) {
   const SimulatedStep& s = best.step;
-  const double hidden_pct = s.comm_ms > 0 ? 100 * s.hidden_ms / s.comm_ms : 100;
   char text[512];
   // Named as `ddplab report`'s blame names a run (analysis/blame.h): comm-bound from a fifth of the step exposed.
   if (best.setting.ranks == 1)
     std::snprintf(text, sizeof text, "compute-bound: one rank, no all-reduce");
   else if (s.exposed_ms > 0.05 * s.step_ms)
     std::snprintf(text, sizeof text,
-                  "%s: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce, %.2f ms (%.0f%% of the step) "
-                  "stays exposed",
+                  "%s: %d bucket(s) of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%), %.2f ms (%.0f%% "
+                  "of the step) stays exposed",
                   s.exposed_ms >= kCommBoundShare * s.step_ms ? "comm-bound" : "balanced", best.buckets,
-                  best.setting.bucket_mb, hidden_pct, s.comm_ms, s.exposed_ms, 100 * s.exposed_ms / s.step_ms);
+                  best.setting.bucket_mb, s.hidden_ms, s.comm_ms, hidden_pct(s), s.exposed_ms,
+                  100 * s.exposed_ms / s.step_ms);
   else
     std::snprintf(text, sizeof text,
-                  "compute-bound: %d bucket(s) of <= %g MiB hide %.0f%% of %.2f ms of all-reduce behind %.2f ms of "
-                  "backward",
-                  best.buckets, best.setting.bucket_mb, hidden_pct, s.comm_ms, s.backward_ms);
+                  "compute-bound: %d bucket(s) of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%) "
+                  "behind %.2f ms of backward",
+                  best.buckets, best.setting.bucket_mb, s.hidden_ms, s.comm_ms, hidden_pct(s), s.backward_ms);
   std::string sentence = text;
   const double gain = 100 * (own.step.step_ms - s.step_ms) / own.step.step_ms;
   if (gain < 0.05) return sentence + "; the run's own setting is as fast";
@@ -189,7 +193,7 @@ nlohmann::json row_json(const StepModel& m, const Prediction& p) {
           {"comm_ms", s.comm_ms},
           {"exposed_comm_ms", s.exposed_ms},
           {"hidden_comm_ms", s.hidden_ms},
-          {"hidden_pct", s.comm_ms > 0 ? nlohmann::json(100 * s.hidden_ms / s.comm_ms) : nlohmann::json()},
+          {"hidden_pct", s.comm_ms > 0 ? nlohmann::json(hidden_pct(s)) : nlohmann::json()},
           {"weak_scaling_pct", 100 * weak_scaling_efficiency(m, p)},
           {"comm_source", p.comm_source},
           {"extrapolated", p.extrapolated}};
@@ -268,14 +272,13 @@ void print_prediction_table(const StepModel& model, const std::vector<Prediction
   for (const Prediction& p : rows) {
     const PredictSetting& s = p.setting;
     const SimulatedStep& x = p.step;
-    std::printf(
-        "%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n", link_width,
-        link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(),
-        per_gpu(std::to_string(p.setting.ranks_per_gpu.value_or(1)).c_str()).c_str(), to_string(s.impl),
-        to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets,
-        x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
-        x.comm_ms > 0 ? fmt("%.0f%%", 100 * x.hidden_ms / x.comm_ms).c_str() : "-",  // one rank: nothing to hide
-        100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
+    std::printf("%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
+                link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(),
+                per_gpu(std::to_string(p.setting.ranks_per_gpu.value_or(1)).c_str()).c_str(), to_string(s.impl),
+                to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets,
+                x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
+                x.comm_ms > 0 ? fmt("%.0f%%", hidden_pct(x)).c_str() : "-",  // one rank: nothing to hide
+                100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
 }
 

@@ -109,7 +109,7 @@ class Run:
                            f"the run {self.world}")
         self.first_steady = int(self.summary["first_steady_step"])
         self.global_batch = int(self.summary["global_batch"])
-        self.step_ms = float(self.summary["slowest_step_ms"])  # the slowest rank's mean step: it sets the pace
+        self.step_ms = float(self.summary["slowest_step_ms"])  # the slowest rank's mean step: the run's (ranks end each step together)
         self.samples_per_s = float(self.summary["samples_per_s"])
         self.useful_tokens_per_s = float(self.summary.get("useful_tokens_per_s", 0))  # 0: no tokens (the MLP)
 

@@ -198,7 +198,7 @@ if [ "$stage" = 1 ]; then
   step "allreduce host mpi np2" allreduce.log 60 \
     'grep "Avg bus bandwidth" "$log" | tail -2 | sed "s/# Avg bus bandwidth *: //" | paste -sd" "' \
     "${mpirun[@]}" -np 2 "$build/bench/allreduce_perf" -b 64K -e 64M -f 4 -w 3 -n 10 --impls mpi,ring
-  step "train ring np4, 20 steps" train.log 120 'grep "mean step" "$log" | tail -1' \
+  step "train ring np4, 20 steps" train.log 120 'grep "ms mean (the slowest" "$log" | tail -1' \
     "${mpirun[@]}" -np 4 "$build/launcher/ddplab" train --device cuda --comm ring --steps 20 \
     --out "$work/train_ring_np4.h5" --force
   if [ "$rc" -ne 0 ] && [ -z "$blocked" ]; then
@@ -209,11 +209,11 @@ if [ "$stage" = 1 ]; then
   fi
   # One GPU through `ddplab train` as a user runs it: --comm nccl (its header once threw: the CPU's collectives were
   # asked for the link), gpt2-small in bf16 with the default --attention auto (the header names what it chose).
-  step "train nccl gpt2 bf16 np1" train.log 90 'grep "attention\|mean step" "$log" | tail -2 | tr "\n" " "' \
+  step "train nccl gpt2 bf16 np1" train.log 90 'grep "attention\|ms mean (the slowest" "$log" | tail -2 | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 12 --out "$work/train_nccl_gpt2.h5" --force
   # The default MLP on one GPU through NCCL: what `ddplab predict` models the MLP on 2, 4 and 8 GPUs from.
-  step "train nccl mlp np1" train.log 40 'grep "mean step" "$log" | tail -1' \
+  step "train nccl mlp np1" train.log 40 'grep "ms mean (the slowest" "$log" | tail -1' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --steps 30 --warmup-steps 10 \
     --out "$work/train_nccl_mlp.h5" --force
   # A rank that fails ends the whole job, at once, with its reason (the error path of CudaBackend's destructor).
@@ -250,7 +250,7 @@ if [ "$stage" = 2 ]; then
   step "step fused deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --attention fused --deterministic --csv "$out/step_fused_deterministic.csv"
   # The real trainer (one rank, NCCL, the run file written): steady-state mean step beside the harness's median.
-  step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|mean step" "$log" | tr "\n" " "' \
+  step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|ms mean (the slowest" "$log" | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 40 --warmup-steps 10 \
     --out "$work/train_gpt2_bf16.h5" --force
@@ -363,7 +363,7 @@ if [ "$stage" = 3 ]; then
   step "gpu-ring-ipc np4" allreduce.log 45 'grep "Avg bus bandwidth" "$log" | tail -1' \
     "${mpirun[@]}" -np 4 "$build/bench/allreduce_perf" -b 1M -e 256M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
     -J "$work/ipc_np4.json"
-  step "gpt2-small bf16 ring np2" train.log 60 'grep -m1 "mean step" "$log"' \
+  step "gpt2-small bf16 ring np2" train.log 60 'grep -m1 "ms mean (the slowest" "$log"' \
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --model gpt2-small \
     --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 \
     --out "$work/gpt2_bf16_np2.h5" --force
@@ -373,20 +373,20 @@ if [ "$stage" = 3 ]; then
             --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 --force)
   gpt2_np2=("${mpirun[@]}" -np 2 "${gpt2_ipc[@]}")
   # One rank alone on the GPU: what `ddplab predict --ranks-per-gpu` predicts the 2- and 4-rank runs from.
-  step "gpt2-small bf16 ring ipc np1" train.log 40 'grep -m1 "mean step" "$log"' \
+  step "gpt2-small bf16 ring ipc np1" train.log 40 'grep -m1 "ms mean (the slowest" "$log"' \
     "${mpirun[@]}" -np 1 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np1.h5"
-  step "gpt2-small bf16 ring ipc np2, bf16 wire" train.log 60 'grep -m1 "mean step" "$log"' \
+  step "gpt2-small bf16 ring ipc np2, bf16 wire" train.log 60 'grep -m1 "ms mean (the slowest" "$log"' \
     "${gpt2_np2[@]}" --comm-dtype bf16 --out "$work/gpt2_bf16_wire_np2.h5"
-  step "gpt2-small bf16 ring ipc np2, update by bucket" train.log 60 'grep -m1 "mean step" "$log"' \
+  step "gpt2-small bf16 ring ipc np2, update by bucket" train.log 60 'grep -m1 "ms mean (the slowest" "$log"' \
     "${gpt2_np2[@]}" --optimizer-in-backward on --out "$work/gpt2_bucketed_np2.h5"
   # What `ddplab predict` recommends from the 25 MiB run on a shared GPU: fewer buckets, each paying the switches.
-  step "gpt2-small bf16 ring ipc np2, 100 MiB buckets" train.log 60 'grep -m1 "mean step" "$log"' \
+  step "gpt2-small bf16 ring ipc np2, 100 MiB buckets" train.log 60 'grep -m1 "ms mean (the slowest" "$log"' \
     "${gpt2_np2[@]}" --bucket-mb 100 --out "$work/gpt2_100mb_np2.h5"
   # The 2-rank run's exposed wait, split: the buckets still finishing when backward ended, wte's own all-reduce.
   step "gpt2-small bf16 ring np2: exposed split" train.log 20 'grep -m1 "a step: " "$log"' \
     "$build/launcher/ddplab" report "$work/gpt2_bf16_np2.h5"
   # Four ranks on the GPU: with np 1's and np 2's runs, what sharing costs the compute and each all-reduce.
-  step "gpt2-small bf16 ring ipc np4" train.log 90 'grep -m1 "mean step" "$log"' \
+  step "gpt2-small bf16 ring ipc np4" train.log 90 'grep -m1 "ms mean (the slowest" "$log"' \
     "${mpirun[@]}" -np 4 "${gpt2_ipc[@]}" --out "$work/gpt2_bf16_np4.h5"
   # Those runs predicted from the one-rank run and the all-reduces measured above (docs/PREDICT.md, "Another number of
   # ranks on the GPU"); the measured runs' steps are in train.log beside them.
@@ -431,10 +431,10 @@ if [ "$stage" = 3 ]; then
   # An emulated link on the GPU ring (--link): the default MLP alone on the GPU, then 2 and 4 ranks sharing it over an
   # emulated 10 GbE, each predicted from the one-rank run; and 2 ranks' sweep, every point predicted from its first.
   mlp_ipc=("$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 30 --warmup-steps 10 --force)
-  step "mlp ring ipc np1" train.log 30 'grep -m1 "mean step" "$log"' \
+  step "mlp ring ipc np1" train.log 30 'grep -m1 "ms mean (the slowest" "$log"' \
     "${mpirun[@]}" -np 1 "${mlp_ipc[@]}" --out "$work/mlp_np1.h5"
   for n in 2 4; do
-    step "mlp ring ipc np$n, 10gbe" train.log 40 'grep -m1 "mean step" "$log"' \
+    step "mlp ring ipc np$n, 10gbe" train.log 40 'grep -m1 "ms mean (the slowest" "$log"' \
       "${mpirun[@]}" -np $n "${mlp_ipc[@]}" --link 10gbe --out "$work/mlp_10gbe_np$n.h5"
     step "predict mlp np$n 10gbe from np1" train.log 20 'grep -m1 -E "^10gbe +'"$n"' " "$log"' \
       "$build/launcher/ddplab" predict "$work/mlp_np1.h5" --ranks $n --ranks-per-gpu $n --link 10gbe
@@ -454,7 +454,7 @@ if [ "$stage" = 3 ]; then
   step "ctest -L gpu -V" ctest.log 120 'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "\[  SKIPPED \] [A-Z]" "$log") gtest skips"' \
     ctest --test-dir "$build" -L gpu -V -j 8
   ddplab=("${mpirun[@]}" -np 4 "$build/launcher/ddplab")
-  step "check-sync ring np4" train.log 60 'grep -m1 "mean step" "$log"' \
+  step "check-sync ring np4" train.log 60 'grep -m1 "ms mean (the slowest" "$log"' \
     "${ddplab[@]}" train --device cuda --comm ring --steps 20 --check-sync 1 --out "$work/check_sync_np4.h5" --force
   step "sweep ring np4" train.log 90 'grep -m1 -i "best" "$log"' \
     "${ddplab[@]}" sweep --device cuda --comm ring --steps 12 --warmup-steps 4 --out-dir "$work/sweep_np4" --force

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -175,6 +176,38 @@ TEST(Report, AGpuRunNamesItsDevicePrecisionAndSharing) {
   const std::string text = report_text(run);
   EXPECT_NE(text.find(", device cuda, precision bf16"), std::string::npos) << text;
   EXPECT_NE(text.find("oversubscribed: 2 ranks on one GPU;"), std::string::npos) << text;
+}
+
+// One rank has no peer: whatever its engine recorded for the buckets (a GPU's epilogue, a few microseconds), the
+// report shows no hidden share, overlap or exposed comm ('-'), where two ranks of the same phases show them.
+TEST(Report, OneRankShowsNoHiddenShareOrOverlapWhateverItsBucketsRecorded) {
+  const auto rows_with_a_share = [](const RunRecord& run) {
+    std::string text = report_text(run);
+    char* buf = nullptr;
+    size_t len = 0;
+    std::FILE* f = open_memstream(&buf, &len);
+    print_comparison(f, {summarized(run)});
+    std::fclose(f);
+    text += std::string(buf, len);
+    std::free(buf);
+    int rows = 0;  // the per-rank, time-use and comparison rows (a rank's number or the run's name first) with a %
+    for (size_t at = 0, end; at < text.size(); at = end + 1) {
+      end = std::min(text.find('\n', at), text.size());
+      const std::string line = text.substr(at, end - at);
+      const size_t first = line.find_first_not_of(' ');
+      const bool row = first != std::string::npos && (std::isdigit(static_cast<unsigned char>(line[first])) ||
+                                                      line.compare(first, 10, "synthetic ") == 0);
+      rows += row && line.find('%') != std::string::npos;
+    }
+    return std::pair(rows, text);
+  };
+  const RunRecord one = synthetic(1, [](int, int) { return Phases{}; });
+  ASSERT_GT(one.at(0, kSteps - 1).comm_ms, 0);
+  const auto [one_rows, one_text] = rows_with_a_share(one);
+  EXPECT_EQ(one_rows, 0) << one_text;
+  EXPECT_NE(one_text.find("        -       -  single rank"), std::string::npos) << one_text;
+  const auto [two_rows, two_text] = rows_with_a_share(synthetic(2, [](int, int) { return Phases{}; }));
+  EXPECT_EQ(two_rows, 5) << two_text;  // 2 per-rank rows, 2 time-use rows, 1 comparison row
 }
 
 // A GPU run's ranks share a GPU when two of one host have the same bus id: the most such ranks is what the note and
