@@ -207,7 +207,8 @@ nlohmann::json chrome_trace(const RunRecord& run, StepSpan span) {
                           {"num_steps", run.steps},
                           {"first_step", run.meta.first_step},  // a resumed run's first: events carry training steps
                           {"steps_shown", {shown.first, shown.last}},
-                          {"first_steady_step", run.first_steady_step()},
+                          // A training step's number, as every event's args.step and steps_shown
+                          {"first_steady_step", run.meta.first_step + run.first_steady_step()},
                           {"config", run.config},
                           {"clock", clock_note(run.meta)},
                           {"git_commit", run.meta.git_commit},

@@ -1058,6 +1058,21 @@ TEST(Timeline, EveryRankHasBothTracksAndEventsLieInsideTheirStep) {
   EXPECT_EQ(phases, 3 * kSteps * 5 + 3 * (3 + 1));
 }
 
+// A resumed run's trace numbers its steps as training counts them (from the checkpoint's step on): the events, the
+// steps shown and the first steady step alike.
+TEST(Timeline, AResumedRunsTraceCountsTrainingSteps) {
+  RunRecord run = synthetic(1, [](int, int) { return Phases{}; });
+  run.meta.first_step = 8;
+  const nlohmann::json trace = chrome_trace(run);
+  EXPECT_EQ(trace["otherData"]["first_step"], 8);
+  EXPECT_EQ(trace["otherData"]["first_steady_step"], 8 + run.first_steady_step());
+  EXPECT_EQ(trace["otherData"]["steps_shown"], nlohmann::json({8, 8 + kSteps - 1}));
+  int lowest = INT32_MAX;
+  for (const auto& e : trace["traceEvents"])
+    if (e.contains("args") && e["args"].contains("step")) lowest = std::min(lowest, e["args"]["step"].get<int>());
+  EXPECT_EQ(lowest, 8);
+}
+
 // --zero-stage 1: a bucket with an all-gather shows it as an event of its own on the communication track, and its
 // bar in backward is named for what it is, the reduce-scatter; a bucket without one (all-reduced whole) is unchanged.
 TEST(Timeline, ShardedBucketsShowTheirReduceScatterAndTheirAllGather) {
