@@ -140,13 +140,15 @@ std::string verdict(const RunDiff& d) {
            (config.empty() ? "" : " with " + config) + (phases.empty() ? "" : "; phases moved within it: " + phases);
   const MetricDiff& compute =
       *std::find_if(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) { return m.name == "compute"; });
-  // A share of A's step, or for a step twice as long or more the ratio: "12% faster", "2.7x slower", "250x slower"
-  // (a tenth of a ratio that large is no figure anyone reads).
+  // A share of A's step, or where one step is twice the other or more the ratio, alike both ways: "12% faster",
+  // "2.7x slower", "3.1x faster" (not "68% faster", which reads as 1.68x), "250x slower" (a tenth of a ratio that
+  // large is no figure anyone reads).
   const double ratio = step.a.median > 0 ? step.b.median / step.a.median : 0;
-  const std::string change = ratio >= 10 ? fmt("%.0fx slower", ratio)
-                             : ratio >= 2
-                                 ? fmt("%.1fx slower", ratio)
-                                 : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), ratio < 1 ? "faster" : "slower");
+  const double times = ratio >= 1 ? ratio : ratio > 0 ? 1 / ratio : 0;
+  const char* way = ratio < 1 ? "faster" : "slower";
+  const std::string change = times >= 10  ? fmt("%.0fx %s", times, way)
+                             : times >= 2 ? fmt("%.1fx %s", times, way)
+                                          : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), way);
   return "B is " + change + ": " + (phases.empty() ? "no single phase beyond noise" : phases) +
          (config.empty() ? "" : " (" + config + ")") + "; compute " +
          (compute.beyond ? ms_text(compute.delta()) : "unchanged");

@@ -990,6 +990,18 @@ TEST(Diff, ARatioOfTenOrMoreIsWrittenWhole) {
   EXPECT_EQ(d.verdict.rfind(expected, 0), 0u) << d.verdict;
 }
 
+// The same two runs the other way round read alike: "2.7x faster", not "63% faster" (which reads as 1.63x).
+TEST(Diff, AStepHalfAsLongOrLessIsWrittenAsARatioToo) {
+  RunRecord slow = with_straggler(20);
+  slow.config["straggler_ms"] = 20.0;
+  const RunDiff d = diff_runs(slow, synthetic(2, jittered));
+  const double times = d.metrics[0].a.median / d.metrics[0].b.median;
+  ASSERT_GE(times, 2);
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "B is %.1fx faster: data -20.0 ms", times);
+  EXPECT_EQ(d.verdict.rfind(expected, 0), 0u) << d.verdict;
+}
+
 TEST(Diff, BucketsCutDifferentlyAreListedNotCompared) {
   const RunRecord a = synthetic(2, jittered);
   RunRecord b = a;
