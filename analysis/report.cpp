@@ -204,7 +204,7 @@ void print_run_line(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
           : fmt("no steady state (stopped within the warm-up: figures from step %d)", first + rec.steps - 1);
   std::fprintf(out, "%s, %s, %s\n",
                first > 0 ? fmt("steps %d..%d (resumed at %d)", first, first + rec.steps - 1, first).c_str()
-                         : fmt("%d steps", rec.steps).c_str(),
+                         : counted(rec.steps, "step").c_str(),
                steady.c_str(), s.batch_text().c_str());
 }
 

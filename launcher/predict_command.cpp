@@ -155,16 +155,17 @@ std::string reason(const Prediction& best, const Prediction& own) {
     std::snprintf(text, sizeof text, "compute-bound: one rank, no all-reduce");
   else if (s.exposed_ms > 0.05 * s.step_ms)
     std::snprintf(text, sizeof text,
-                  "%s: %d bucket(s) of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%), %.2f ms (%.0f%% "
+                  "%s: %s of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%), %.2f ms (%.0f%% "
                   "of the step) stays exposed",
-                  s.exposed_ms >= kCommBoundShare * s.step_ms ? "comm-bound" : "balanced", best.buckets,
-                  best.setting.bucket_mb, s.hidden_ms, s.comm_ms, hidden_pct(s), s.exposed_ms,
-                  100 * s.exposed_ms / s.step_ms);
+                  s.exposed_ms >= kCommBoundShare * s.step_ms ? "comm-bound" : "balanced",
+                  counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, s.hidden_ms, s.comm_ms,
+                  hidden_pct(s), s.exposed_ms, 100 * s.exposed_ms / s.step_ms);
   else
     std::snprintf(text, sizeof text,
-                  "compute-bound: %d bucket(s) of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%) "
+                  "compute-bound: %s of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%) "
                   "behind %.2f ms of backward",
-                  best.buckets, best.setting.bucket_mb, s.hidden_ms, s.comm_ms, hidden_pct(s), s.backward_ms);
+                  counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, s.hidden_ms, s.comm_ms,
+                  hidden_pct(s), s.backward_ms);
   std::string sentence = text;
   const double gain = 100 * (own.step.step_ms - s.step_ms) / own.step.step_ms;
   if (gain < 0.05) return sentence + "; the run's own setting is as fast";
@@ -224,9 +225,9 @@ StepModel load_model(const PredictArgs& a) {
 // The run's own setting, what the model says of it, and what the model is built from.
 void print_model_summary(const std::string& file, const StepModel& model, const Prediction& self, double self_error) {
   const PredictSetting& own = model.measured;
-  std::printf("predict: %s: %d rank(s), %s, link %s, %s %s, buckets %g/%g MiB, overlap %s: measured %.2f ms/step\n",
-              file.c_str(), own.ranks, shape_text(own).c_str(), link_spec(own.link).c_str(), to_string(own.impl),
-              to_string(own.wire), own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(),
+  std::printf("predict: %s: %s, %s, link %s, %s %s, buckets %g/%g MiB, overlap %s: measured %.2f ms/step\n",
+              file.c_str(), counted(own.ranks, "rank").c_str(), shape_text(own).c_str(), link_spec(own.link).c_str(),
+              to_string(own.impl), to_string(own.wire), own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(),
               model.measured_step_ms);
   std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
   std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
@@ -251,9 +252,10 @@ void print_model_summary(const std::string& file, const StepModel& model, const 
         *model.host.lost_yield_ms);
   else if (model.host.full())
     std::printf(
-        "  beside backward: %d rank(s) x %d thread(s) fill the host's %d cores; the file does not say what a yield "
-        "lost to compute costs (an older file), so an all-reduce beside backward stalls until backward ends\n",
-        model.host.ranks, model.host.threads, model.host.cores);
+        "  beside backward: %s x %s fill the host's %s; the file does not say what a yield lost to compute costs "
+        "(an older file), so an all-reduce beside backward stalls until backward ends\n",
+        counted(model.host.ranks, "rank").c_str(), counted(model.host.threads, "thread").c_str(),
+        counted(model.host.cores, "core").c_str());
   for (const std::string& note : model.notes) std::printf("  note: %s\n", note.c_str());
 }
 
@@ -293,8 +295,8 @@ void print_calibration_sources(const Calibration& calibration, const std::vector
   }
   std::string text;
   for (const std::string& item : sources) text += (text.empty() ? "" : ", ") + item;
-  std::printf("calibration: %s (%d ranks, link %s): %s\n", calibration.path.c_str(), calibration.ranks,
-              calibration.link.c_str(), text.c_str());
+  std::printf("calibration: %s (%s, link %s): %s\n", calibration.path.c_str(),
+              counted(calibration.ranks, "rank").c_str(), calibration.link.c_str(), text.c_str());
 }
 
 void print_extrapolation_footnotes(const std::vector<Prediction>& rows) {

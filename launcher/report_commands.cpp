@@ -117,8 +117,9 @@ void run_timeline(const TimelineArgs& args) {
   const std::string problem = check_output_path(out, args.force, {args.file});
   if (!problem.empty()) throw UsageError(problem);
   write_timeline(run, out, args.force, span);
-  std::printf("timeline: %s (%d ranks, steps %lld..%lld; open in https://ui.perfetto.dev or chrome://tracing)\n",
-              out.c_str(), run.world_size(), static_cast<long long>(shown.first), static_cast<long long>(shown.last));
+  std::printf("timeline: %s (%s, steps %lld..%lld; open in https://ui.perfetto.dev or chrome://tracing)\n", out.c_str(),
+              counted(run.world_size(), "rank").c_str(), static_cast<long long>(shown.first),
+              static_cast<long long>(shown.last));
   std::fflush(stdout);
 }
 
