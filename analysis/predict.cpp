@@ -1141,16 +1141,21 @@ Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetti
   if (rows.empty()) return out;
   double fastest = rows[0].step.step_ms;
   for (const Prediction& p : rows) fastest = std::min(fastest, p.step.step_ms);
-  // The run's own setting on its own link, ranks and nodes: the one row that replays a measurement.
-  const auto is_own = [&](const PredictSetting& x) {
+  // The run's own knobs (what a user would change in its command line), and its own setting: those knobs on its own
+  // link, ranks and nodes, the one row that replays a measurement.
+  const auto own_knobs = [&](const PredictSetting& x) {
     return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
-           x.impl == own.impl && x.wire == own.wire && x.bucketed_update == own.bucketed_update &&
-           x.ranks == own.ranks && x.nodes() == own.nodes() && link_spec(x.link) == link_spec(own.link);
+           x.impl == own.impl && x.wire == own.wire && x.bucketed_update == own.bucketed_update;
   };
-  // Rank by: the own setting first, then fewer buckets, then faster; only rows within the tolerance take part.
+  const auto is_own = [&](const PredictSetting& x) {
+    return own_knobs(x) && x.ranks == own.ranks && x.nodes() == own.nodes() && link_spec(x.link) == link_spec(own.link);
+  };
+  // Rank by: the own setting first, then fewer buckets, then the own knobs (elsewhere: no change to recommend where
+  // the prediction cannot tell), then faster; only rows within the tolerance take part.
   const auto better = [&](const Prediction& a, const Prediction& b) {
     if (is_own(a.setting) != is_own(b.setting)) return is_own(a.setting);
     if (a.buckets != b.buckets) return a.buckets < b.buckets;
+    if (own_knobs(a.setting) != own_knobs(b.setting)) return own_knobs(a.setting);
     return a.step.step_ms < b.step.step_ms;
   };
   bool found = false;

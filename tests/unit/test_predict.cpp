@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -669,6 +670,14 @@ TEST(Predict, RecommendationRanksOnlyWhatTheRunsNoiseCanTellApart) {
   PredictSetting other = own;
   other.overlap = false;
   EXPECT_EQ(recommend(same, other, 0).row, 0u);
+  // At another world size no row is the own setting, but the own knobs still win a tie, in whatever order the caps
+  // were listed.
+  std::vector<Prediction> at_four = same;
+  for (Prediction& p : at_four) p.setting.ranks = 4;
+  EXPECT_EQ(recommend(at_four, own, 0).row, 1u);
+  std::reverse(at_four.begin(), at_four.end());
+  EXPECT_EQ(recommend(at_four, own, 0).row, 1u);
+  EXPECT_FALSE(recommend(at_four, own, 0).own);
 }
 
 TEST(Predict, CalibrationFilesOfAllreducePerf) {
