@@ -335,13 +335,16 @@ std::string recommendation_reason(const StepModel& model, const Prediction& p, c
   baseline.ranks_per_node = p.setting.ranks_per_node;
   baseline.ranks_per_gpu = p.setting.ranks_per_gpu;
   std::string why = reason(p, predict(model, baseline));
-  if (chosen.within_noise > 0) {
+  const char* so = chosen.own ? "the run's own setting" : "the fewest buckets among them";
+  if (chosen.within_noise > 0 && model.steps.size() < 2) {  // one steady step: no spread to measure the noise by
+    why += "; " + counted(chosen.within_noise, "other setting") + " predicted the same step exactly (the run's noise " +
+           "is unknown: one steady step), so " + so;
+  } else if (chosen.within_noise > 0) {
     char text[200];
     std::snprintf(text, sizeof text,
-                  "; %d other setting(s) predicted within %.1f%% of the fastest (two standard errors of the run's "
-                  "step): too close to rank, so %s",
-                  chosen.within_noise, 100 * tolerance,
-                  chosen.own ? "the run's own setting" : "the fewest buckets among them");
+                  "; %s predicted within %.1f%% of the fastest (two standard errors of the run's step): too close to "
+                  "rank, so %s",
+                  counted(chosen.within_noise, "other setting").c_str(), 100 * tolerance, so);
     why += text;
   }
   return why;
