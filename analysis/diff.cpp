@@ -135,6 +135,11 @@ std::string verdict(const RunDiff& d) {
   for (size_t i = 0; i < moved.size() && i < 2; ++i)
     phases += (i ? ", " : "") + moved[i]->name + " " + ms_text(moved[i]->delta());
   const std::string config = changes_text(d.config);
+  if (!d.noise_known())
+    return fmt("too few steady steps to tell a difference from noise (A %d, B %d; 2 each at least): median step A "
+               "%.2f ms, B %.2f ms",
+               d.steady_a, d.steady_b, step.a.median, step.b.median) +
+           (config.empty() ? "" : " with " + config);
   if (!step.beyond)
     return fmt("no difference beyond noise in the step (median A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
            (config.empty() ? "" : " with " + config) + (phases.empty() ? "" : "; phases moved within it: " + phases);
@@ -239,7 +244,8 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
     d.metrics.push_back({m.name, m.phase, sa.on_pace, sb.on_pace, sa.rank_spread, sb.rank_spread, false});
   }
   d.floor_ms = std::max(kNoiseFloorMs, kNoiseFloorShare * std::max(d.metrics[0].a.median, d.metrics[0].b.median));
-  for (MetricDiff& m : d.metrics) m.beyond = beyond_noise(m.a, m.b, d.floor_ms);
+  d.steady_a = a.steps - a.first_steady_step(), d.steady_b = b.steps - b.first_steady_step();
+  for (MetricDiff& m : d.metrics) m.beyond = d.noise_known() && beyond_noise(m.a, m.b, d.floor_ms);
 
   d.same_buckets = a.buckets.size() == b.buckets.size();
   for (size_t k = 0; k < a.buckets.size() && d.same_buckets; ++k)
@@ -248,7 +254,7 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
     BucketDiff bd;
     if (k < a.buckets.size()) bd.bytes_a = a.buckets[k].bytes(), bd.a = bucket_comm(a, static_cast<int>(k));
     if (k < b.buckets.size()) bd.bytes_b = b.buckets[k].bytes(), bd.b = bucket_comm(b, static_cast<int>(k));
-    bd.beyond = d.same_buckets && beyond_noise(bd.a, bd.b, d.floor_ms);
+    bd.beyond = d.same_buckets && d.noise_known() && beyond_noise(bd.a, bd.b, d.floor_ms);
     d.buckets.push_back(bd);
   }
   d.verdict = verdict(d);
@@ -316,6 +322,7 @@ nlohmann::json to_json(const RunDiff& d) {
           {"b", d.path_b},
           {"config_changes", config},
           {"noise_rule", {{"spreads", kNoiseSpreads}, {"floor_ms", d.floor_ms}}},
+          {"steady_steps", {{"a", d.steady_a}, {"b", d.steady_b}}},
           {"metrics", metrics},
           {"same_buckets", d.same_buckets},
           {"buckets", buckets},

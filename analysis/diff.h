@@ -3,6 +3,7 @@
 // and whether the two computed the same losses, bit for bit.
 // Pure: records in, a RunDiff out (docs/REPORTS.md, "ddplab diff").
 #pragma once
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -69,6 +70,8 @@ struct RunDiff {
   std::string path_a, path_b;
   std::vector<ConfigChange> config;
   double floor_ms = 0;
+  int steady_a = 0, steady_b = 0;  // steady steps each run's medians and spreads come from
+  bool noise_known() const { return std::min(steady_a, steady_b) >= 2; }  // one step has no spread: nothing is beyond
   std::vector<MetricDiff> metrics;  // the step first, then the phases, compute and the comm thread's time
   bool same_buckets = false;
   std::vector<BucketDiff> buckets;  // bucket by bucket, up to the larger count

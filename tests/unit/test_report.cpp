@@ -1002,6 +1002,21 @@ TEST(Diff, AStepHalfAsLongOrLessIsWrittenAsARatioToo) {
   EXPECT_EQ(d.verdict.rfind(expected, 0), 0u) << d.verdict;
 }
 
+// A run with one steady step has no spread: no difference is starred against a noise it cannot measure, and the
+// verdict says why instead of calling B faster or slower.
+TEST(Diff, OneSteadyStepTellsNoDifferenceFromNoise) {
+  RunRecord b = with_straggler(20);
+  b.config["warmup_steps"] = kSteps - 1;
+  const RunDiff d = diff_runs(synthetic(2, jittered), b);
+  EXPECT_EQ(d.steady_a, kSteps - 2);
+  EXPECT_EQ(d.steady_b, 1);
+  for (const MetricDiff& m : d.metrics) EXPECT_FALSE(m.beyond) << m.name;
+  for (const BucketDiff& bucket : d.buckets) EXPECT_FALSE(bucket.beyond);
+  EXPECT_EQ(d.verdict.rfind("too few steady steps to tell a difference from noise (A 10, B 1; 2 each at least)", 0), 0u)
+      << d.verdict;
+  EXPECT_TRUE(diff_runs(synthetic(2, jittered), with_straggler(20)).metrics[0].beyond);  // with its steps: starred
+}
+
 TEST(Diff, BucketsCutDifferentlyAreListedNotCompared) {
   const RunRecord a = synthetic(2, jittered);
   RunRecord b = a;
