@@ -4,14 +4,10 @@
 #   bad_input.sh MPIRUN DDPLAB
 set -uo pipefail
 mpirun=$1 ddplab=$2
-# Every case ends every rank with exit code 2. Open MPI's mpirun then waits out its kill sequence, 2 s, before it
-# ends (odls_base_sigkill_timeout, 1 s per signal). That wait is mpirun's, not ddplab's: it is taken out.
-export OMPI_MCA_odls_base_sigkill_timeout=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-work=$tmp/work   # where runs write: must stay as it was
-logs=$tmp/logs
-mkdir "$work" "$logs"
+# Each group of cases (side_by_side, below) has its own $work, where runs write and which must stay as it was, its own
+# $logs, and its own tallies.
 failures=0 passed=0
 
 # expect_refusal LABEL "expected text" MPIRUN_ARGS...
@@ -191,145 +187,182 @@ refusals_at() {
   expect_error $np "--attention must be auto, unfused, fused or cudnn (got 'flash')" train "${small[@]}" --attention flash
 }
 
-# Four shards of the cases at one rank and four at two, side by side, each with its own folders and tallies: a case
-# is mostly the start of a few processes, and one at a time would leave a core idle.
-for np in 1 2; do
-  for ((part = 0; part < 4; ++part)); do
-    (
-      shards=4 shard=$part work=$tmp/work$np.$part logs=$tmp/logs$np.$part failures=0 passed=0
-      mkdir "$work" "$logs"
-      refusals_at "$np"
-      echo "tally $passed $failures"
-    ) >"$tmp/refusals$np.$part.out" 2>&1 &
-  done
-done
-wait
-for out in "$tmp"/refusals*.out; do
-  grep -v "^tally " "$out"
-  read -r _ p f < <(grep "^tally " "$out" || echo "tally 0 1")  # no tally: the shard died
-  passed=$((passed + p)) failures=$((failures + f))
-done
-# Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason.
-if "$mpirun" -np 1 "$ddplab" devices 2>/dev/null | grep -Eq 'CUDA +(not built|built: no CUDA device)'; then
+# Without a usable GPU, or without CUDA built, --device cuda is refused on every rank with the reason. (devices' output
+# is read whole first: grep -q leaving the pipe at its first match could end mpirun by SIGPIPE, and pipefail would
+# then skip the cases on a machine without a GPU.)
+refusals_of_cuda() {
+  local devices
+  devices=$("$mpirun" -np 1 "$ddplab" devices 2>/dev/null)
+  if grep -Eq 'CUDA +(not built|built: no CUDA device)' <<<"$devices"; then
+    for np in 1 2; do
+      expect_error $np "--device cuda: .*\(no CUDA device\|built without CUDA\)" train "${small[@]}" "${cuda[@]}"
+      expect_error $np "--device cuda: .*\(no CUDA device\|built without CUDA\)" train "${small[@]}" --device cuda
+    done
+  else
+    echo "skip --device cuda without a GPU: this machine has one"
+  fi
+}
+
+refusals_of_data_and_knobs() {
+  expect_error 2 "fewer sequences per epoch (--epoch-size 1) than the 2 ranks:" \
+    train --model tiny --epoch-size 1 --steps 2
+  # Every rank's every micro-batch needs a sequence: 3 for 2 ranks x 2 micro-batches left rank 0's first empty.
+  expect_error 2 "fewer sequences per epoch (--epoch-size 3) than the 2 ranks x 2 micro-batches (--grad-accum)" \
+    train --model tiny --epoch-size 3 --grad-accum 2 --steps 2
+  expect_error 2 "--predict needs --zero-stage 0" sweep --predict --zero-stage 1 --steps 2
+
+  # A DDPLAB_* knob set to a value it does not take is bad input too (runtime/settings.h), refused on every rank.
   for np in 1 2; do
-    expect_error $np "--device cuda: .*\(no CUDA device\|built without CUDA\)" train "${small[@]}" "${cuda[@]}"
-    expect_error $np "--device cuda: .*\(no CUDA device\|built without CUDA\)" train "${small[@]}" --device cuda
+    DDPLAB_COMM_TRANSPORT=foo expect_error $np "DDPLAB_COMM_TRANSPORT must be shm or mpi, got 'foo'" \
+      train "${small[@]}" --out "$work/knob.h5"
   done
-else
-  echo "skip --device cuda without a GPU: this machine has one"
-fi
-expect_error 2 "fewer sequences per epoch (--epoch-size 1) than the 2 ranks:" train --model tiny --epoch-size 1 --steps 2
-# Every rank's every micro-batch needs a sequence: 3 for 2 ranks x 2 micro-batches left rank 0's first empty.
-expect_error 2 "fewer sequences per epoch (--epoch-size 3) than the 2 ranks x 2 micro-batches (--grad-accum)" \
-  train --model tiny --epoch-size 3 --grad-accum 2 --steps 2
-expect_error 2 "--predict needs --zero-stage 0" sweep --predict --zero-stage 1 --steps 2
-
-# A DDPLAB_* knob set to a value it does not take is bad input too (runtime/settings.h), refused on every rank.
-for np in 1 2; do
-  DDPLAB_COMM_TRANSPORT=foo expect_error $np "DDPLAB_COMM_TRANSPORT must be shm or mpi, got 'foo'" \
+  DDPLAB_RING_SLICE_BYTES=-5 expect_error 2 "DDPLAB_RING_SLICE_BYTES must be an integer in" \
     train "${small[@]}" --out "$work/knob.h5"
-done
-DDPLAB_RING_SLICE_BYTES=-5 expect_error 2 "DDPLAB_RING_SLICE_BYTES must be an integer in" \
-  train "${small[@]}" --out "$work/knob.h5"
-# Checked before any work, whichever knobs the command reads: at one rank nothing reads DDPLAB_LOCAL_REGISTER, and a
-# suite's cases run on parts of the job (a refusal on some ranks only would leave the others waiting).
-DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer in \[0, 1\], got '7'" \
-  train "${small[@]}" --out "$work/knob.h5"
-DDPLAB_COMM_TRANSPORT=foo expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2
-# Read before MPI starts (the BLAS re-exec), and refused with the rest once it has.
-DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" \
-  train "${small[@]}" --out "$work/knob.h5"
+  # Checked before any work, whichever knobs the command reads: at one rank nothing reads DDPLAB_LOCAL_REGISTER, and
+  # a suite's cases run on parts of the job (a refusal on some ranks only would leave the others waiting).
+  DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer in \[0, 1\], got '7'" \
+    train "${small[@]}" --out "$work/knob.h5"
+  DDPLAB_COMM_TRANSPORT=foo expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2
+  # Read before MPI starts (the BLAS re-exec), and refused with the rest once it has.
+  DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" \
+    train "${small[@]}" --out "$work/knob.h5"
+}
 
-# Ranks started with different subcommands (mpirun's MPMD form) would enter different collectives and wait forever:
-# every rank first compares what it runs, whatever that is (launcher/rank_agreement.h). A different build is
-# refused the same way; tests/unit/test_rank_agreement.cpp covers that line.
-host='[^)]*'
-expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab suite lab" \
-  "ranks disagree on the subcommand: rank 0 (host $host) runs train, rank 1 (host $host) runs suite\$" \
-  -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" suite lab --steps 2
-expect_refusal "mpirun -np 1 ddplab sweep : -np 1 ddplab train" \
-  "ranks disagree on the subcommand: rank 0 (host $host) runs sweep, rank 1 (host $host) runs train\$" \
-  -np 1 "$ddplab" sweep --steps 2 : -np 1 "$ddplab" train "${small[@]}"
-expect_refusal "mpirun -np 1 ddplab --version : -np 1 ddplab train" \
-  "ranks disagree on the subcommand: rank 0 (host $host) runs --version, rank 1 (host $host) runs train\$" \
-  -np 1 "$ddplab" --version : -np 1 "$ddplab" train "${small[@]}"
-# The same subcommand, but one rank alone refuses its command line or its environment (an MPMD launch, a knob set on
-# one host): every rank refuses with that rank's reason, none waits for the one that left.
-expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
-  "rank 1: unknown option --no-such-flag" \
-  -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --no-such-flag
-# The help asked on one rank only would end the others' run, unrun, with exit code 0.
-expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --help" \
-  "rank 1: --help or --version asked on some ranks only, the others have a command to run" \
-  -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --help
-expect_refusal "mpirun -np 1 ddplab train : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana ddplab train" \
-  "rank 1: DDPLAB_COMM_MAX_SLEEP_US must be an integer" \
-  -np 1 "$ddplab" train "${small[@]}" : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana "$ddplab" train "${small[@]}"
-# Token shards that differ between nodes under one name: the rank whose copy differs from rank 0's names both.
-expect_refusal "mpirun -np 2 ddplab train --data same_name.bin, another copy on rank 1's node" \
-  "rank 1: --data same_name.bin: other shards than rank 0's (2 windows of 16 in 1 shard, [0-9a-f]*, against 2 windows" \
-  -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data same_name.bin : \
-  -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data same_name.bin
-# The validation's shards too: each rank would validate on its own copy, and the ranks' losses would part.
-expect_refusal "mpirun -np 2 ddplab train --val-data same_name.bin, another copy on rank 1's node" \
-  "rank 1: --val-data same_name.bin: other shards than rank 0's" \
-  -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin : \
-  -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin
-# Each node's copy is checked whole: rank 0's share of its own copy says nothing of rank 1's.
-expect_refusal "mpirun -np 2 ddplab train --data copy.bin, a token past the vocabulary in rank 1's copy only" \
-  "rank 1: --data copy.bin: token 9000 at index 20, outside --model tiny's vocabulary of 8192" \
-  -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data copy.bin : \
-  -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data copy.bin
+refusals_of_mpmd_launches() {
+  # Ranks started with different subcommands (mpirun's MPMD form) would enter different collectives and wait
+  # forever: every rank first compares what it runs, whatever that is (launcher/rank_agreement.h). A different build
+  # is refused the same way; tests/unit/test_rank_agreement.cpp covers that line.
+  local host='[^)]*'
+  expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab suite lab" \
+    "ranks disagree on the subcommand: rank 0 (host $host) runs train, rank 1 (host $host) runs suite\$" \
+    -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" suite lab --steps 2
+  expect_refusal "mpirun -np 1 ddplab sweep : -np 1 ddplab train" \
+    "ranks disagree on the subcommand: rank 0 (host $host) runs sweep, rank 1 (host $host) runs train\$" \
+    -np 1 "$ddplab" sweep --steps 2 : -np 1 "$ddplab" train "${small[@]}"
+  expect_refusal "mpirun -np 1 ddplab --version : -np 1 ddplab train" \
+    "ranks disagree on the subcommand: rank 0 (host $host) runs --version, rank 1 (host $host) runs train\$" \
+    -np 1 "$ddplab" --version : -np 1 "$ddplab" train "${small[@]}"
+  # The same subcommand, but one rank alone refuses its command line or its environment (an MPMD launch, a knob set
+  # on one host): every rank refuses with that rank's reason, none waits for the one that left.
+  expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
+    "rank 1: unknown option --no-such-flag" \
+    -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --no-such-flag
+  # The help asked on one rank only would end the others' run, unrun, with exit code 0.
+  expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --help" \
+    "rank 1: --help or --version asked on some ranks only, the others have a command to run" \
+    -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --help
+  expect_refusal "mpirun -np 1 ddplab train : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana ddplab train" \
+    "rank 1: DDPLAB_COMM_MAX_SLEEP_US must be an integer" \
+    -np 1 "$ddplab" train "${small[@]}" : -np 1 -x DDPLAB_COMM_MAX_SLEEP_US=banana "$ddplab" train "${small[@]}"
+  # Token shards that differ between nodes under one name: the rank whose copy differs from rank 0's names both.
+  expect_refusal "mpirun -np 2 ddplab train --data same_name.bin, another copy on rank 1's node" \
+    "rank 1: --data same_name.bin: other shards than rank 0's (2 windows of 16 in 1 shard, [0-9a-f]*, against 2 windows" \
+    -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data same_name.bin : \
+    -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data same_name.bin
+  # The validation's shards too: each rank would validate on its own copy, and the ranks' losses would part.
+  expect_refusal "mpirun -np 2 ddplab train --val-data same_name.bin, another copy on rank 1's node" \
+    "rank 1: --val-data same_name.bin: other shards than rank 0's" \
+    -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin : \
+    -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data "$token_dir/node_a/same_name.bin" --val-data same_name.bin
+  # Each node's copy is checked whole: rank 0's share of its own copy says nothing of rank 1's.
+  expect_refusal "mpirun -np 2 ddplab train --data copy.bin, a token past the vocabulary in rank 1's copy only" \
+    "rank 1: --data copy.bin: token 9000 at index 20, outside --model tiny's vocabulary of 8192" \
+    -np 1 -wdir "$token_dir/node_a" "$ddplab" "${lm[@]}" --data copy.bin : \
+    -np 1 -wdir "$token_dir/node_b" "$ddplab" "${lm[@]}" --data copy.bin
+}
+
 # A checkpoint on one node's disk only (a node-local path): the rank that cannot read it names it, and every rank
 # refuses.
-mkdir -p "$work/node_a" "$work/node_b"
-longer=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 4)  # on from the checkpoint's step 2
-if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --checkpoint "$work/node_a/ck.h5" \
-  --out "$work/node_a/first.h5" >/dev/null 2>&1; then
-  expect_refusal "mpirun -np 2 ddplab train --resume ck.h5, the file on rank 0's node only" \
-    "rank 1: cannot load checkpoint ck.h5: No such file or directory" \
-    -np 1 -wdir "$work/node_a" "$ddplab" train "${longer[@]}" --resume ck.h5 : \
-    -np 1 -wdir "$work/node_b" "$ddplab" train "${longer[@]}" --resume ck.h5
-  # A fault at a step the resumed run never reaches.
-  expect_error 2 "--fault-step 1 comes before step 2, where this run resumes" \
-    train "${longer[@]}" --resume "$work/node_a/ck.h5" --fault nan --fault-step 1 --out "$work/node_a/fault.h5"
-else
-  echo "FAIL could not write the checkpoint the resume case needs"; failures=$((failures + 1))
-fi
-rm -rf "$work/node_a" "$work/node_b"
+refusals_of_a_resume() {
+  mkdir -p "$work/node_a" "$work/node_b"
+  local longer=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 4)  # on from the checkpoint's step 2
+  if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --checkpoint "$work/node_a/ck.h5" \
+    --out "$work/node_a/first.h5" >/dev/null 2>&1; then
+    expect_refusal "mpirun -np 2 ddplab train --resume ck.h5, the file on rank 0's node only" \
+      "rank 1: cannot load checkpoint ck.h5: No such file or directory" \
+      -np 1 -wdir "$work/node_a" "$ddplab" train "${longer[@]}" --resume ck.h5 : \
+      -np 1 -wdir "$work/node_b" "$ddplab" train "${longer[@]}" --resume ck.h5
+    # A fault at a step the resumed run never reaches.
+    expect_error 2 "--fault-step 1 comes before step 2, where this run resumes" \
+      train "${longer[@]}" --resume "$work/node_a/ck.h5" --fault nan --fault-step 1 --out "$work/node_a/fault.h5"
+  else
+    echo "FAIL could not write the checkpoint the resume case needs"; failures=$((failures + 1))
+  fi
+  rm -rf "$work/node_a" "$work/node_b"
+}
 
-# An existing result is never overwritten without --force, and is left exactly as it was.
-echo "precious" >"$work/existing.h5"
-for np in 1 2; do
-  expect_error $np "already exists (pass --force to overwrite)" train "${small[@]}" --out "$work/existing.h5"
-done
-if [ "$(cat "$work/existing.h5")" != "precious" ]; then
-  echo "FAIL existing file was modified"; failures=$((failures + 1))
-fi
+# An existing result is never overwritten without --force, and is left exactly as it was; with --force the run
+# replaces it with a real run file.
+refusals_of_an_existing_output() {
+  echo "precious" >"$work/existing.h5"
+  for np in 1 2; do
+    expect_error $np "already exists (pass --force to overwrite)" train "${small[@]}" --out "$work/existing.h5"
+  done
+  if [ "$(cat "$work/existing.h5")" != "precious" ]; then
+    echo "FAIL existing file was modified"; failures=$((failures + 1))
+  fi
+  if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --force --out "$work/existing.h5" &&
+     [ "$(head -c 8 "$work/existing.h5" | od -An -c | tr -d ' ')" = "211HDF\r\n032\n" ]; then
+    echo "ok   --force replaces the existing file with an HDF5 run file"; passed=$((passed + 1))
+  else
+    echo "FAIL --force did not produce an HDF5 file"; failures=$((failures + 1))
+  fi
+}
+
 # A name the file system cannot resolve, a link to nothing, or an input: refused before the run, not after it.
-ln -s loop "$work/loop"
-ln -s "$tmp/nowhere/target.h5" "$work/dangling.h5"
+refusals_of_output_paths() {
+  ln -s loop "$work/loop"
+  ln -s "$tmp/nowhere/target.h5" "$work/dangling.h5"
+  for np in 1 2; do
+    expect_error $np "output folder $work/loop: Too many levels of symbolic links" \
+      train "${small[@]}" --out "$work/loop/r.h5" --checkpoint "$work/ck.h5"
+    expect_error $np "output file $work/dangling.h5 already exists, a symbolic link to a missing file" \
+      train "${small[@]}" --out "$work/dangling.h5"
+    input=$token_dir/node_a/same_name.bin  # a window for each of 2 ranks
+    expect_error $np "output $input is $input, which this command reads" \
+      "${lm[@]}" --data "$input" --out "$input" --force
+    # An output the shards' pattern matches would be read as a shard by the same command's resume.
+    expect_error $np "output $token_dir/node_a/run.bin matches the token shards' pattern $token_dir/node_a/\\*\\.bin, so" \
+      "${lm[@]}" --data "$token_dir/node_a/*.bin" --out "$token_dir/node_a/run.bin"
+  done
+  rm "$work/loop" "$work/dangling.h5"
+}
+
+# side_by_side NAME COMMAND...: COMMAND in the background, with folders and tallies of its own, and no temporary
+# file left in its folder. A case is mostly the start of a few processes: one at a time would leave a core idle.
+side_by_side() {
+  local name=$1
+  shift
+  (
+    work=$tmp/work.$name logs=$tmp/logs.$name failures=0 passed=0
+    mkdir "$work" "$logs"
+    "$@"
+    if ls "$work" | grep -q '\.tmp\.'; then
+      echo "FAIL temporary files left: $(ls "$work")"; failures=$((failures + 1))
+    fi
+    echo "tally $passed $failures"
+  ) >"$tmp/cases.$name.out" 2>&1 &
+}
+
+# Every refusal of a flag in four shards at one rank and four at two, and the other groups of cases.
+shard_of() { shards=4 shard=$2 refusals_at "$1"; }
 for np in 1 2; do
-  expect_error $np "output folder $work/loop: Too many levels of symbolic links" \
-    train "${small[@]}" --out "$work/loop/r.h5" --checkpoint "$work/ck.h5"
-  expect_error $np "output file $work/dangling.h5 already exists, a symbolic link to a missing file" \
-    train "${small[@]}" --out "$work/dangling.h5"
-  input=$token_dir/node_a/same_name.bin  # a window for each of 2 ranks
-  expect_error $np "output $input is $input, which this command reads" \
-    "${lm[@]}" --data "$input" --out "$input" --force
-  # An output the shards' pattern matches would be read as a shard by the same command's resume.
-  expect_error $np "output $token_dir/node_a/run.bin matches the token shards' pattern $token_dir/node_a/\\*\\.bin, so" \
-    "${lm[@]}" --data "$token_dir/node_a/*.bin" --out "$token_dir/node_a/run.bin"
+  for ((part = 0; part < 4; ++part)); do
+    side_by_side "1.np$np.$part" shard_of "$np" "$part"
+  done
 done
-rm "$work/loop" "$work/dangling.h5"
-# With --force the run replaces it with a real run file.
-if timeout 60 "$mpirun" -np 2 "$ddplab" train "${small[@]}" --quiet --force --out "$work/existing.h5" &&
-   [ "$(head -c 8 "$work/existing.h5" | od -An -c | tr -d ' ')" = "211HDF\r\n032\n" ]; then
-  echo "ok   --force replaces the existing file with an HDF5 run file"; passed=$((passed + 1))
-else
-  echo "FAIL --force did not produce an HDF5 file"; failures=$((failures + 1))
-fi
-if ls "$work" | grep -q '\.tmp\.'; then echo "FAIL temporary files left: $(ls "$work")"; failures=$((failures + 1)); fi
+side_by_side 2.cuda refusals_of_cuda
+side_by_side 3.data_and_knobs refusals_of_data_and_knobs
+side_by_side 4.mpmd refusals_of_mpmd_launches
+side_by_side 5.resume refusals_of_a_resume
+side_by_side 6.existing refusals_of_an_existing_output
+side_by_side 7.paths refusals_of_output_paths
+wait
+for out in "$tmp"/cases.*.out; do
+  grep -v "^tally " "$out"
+  read -r _ p f < <(grep "^tally " "$out" || echo "tally 0 1")  # no tally: the group died
+  passed=$((passed + p)) failures=$((failures + f))
+done
 
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, failures, run_all  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 class Perf:
@@ -38,6 +38,10 @@ class Perf:
 
     def run(self, args, np=2, timeout=120):
         return subprocess.run(self.cmd(args, np), capture_output=True, text=True, timeout=timeout)
+
+    def run_args(self, args, np=2, **keywords):
+        """A run as checks.run_all takes it."""
+        return self.cmd(args, np), keywords
 
 
 def data_rows(stdout):
@@ -322,36 +326,39 @@ def test_bad_arguments(perf, workdir):
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
         (["-z", "1"], "unknown option -z, followed by 1"),
     ]
-    for args, expected in cases:
-        # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
-        start = time.monotonic()
-        p = perf.run([*args, "--csv", old] if "--csv" not in args else args, timeout=30)
-        took = time.monotonic() - start
-        ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+    # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
+    refusals = [perf.run_args([*args, "--csv", old] if "--csv" not in args else args, timeout=30) for args, _ in cases]
+    # -R is DDPLAB_LOCAL_REGISTER for the run: an environment that says otherwise is refused the same way.
+    refusals.append(perf.run_args(["-R", "0", "-b", "4", "-e", "4", "-n", "1", "-w", "0", "--csv", old], timeout=30,
+                                  env={**os.environ, "DDPLAB_LOCAL_REGISTER": "1"}))
+    # A GPU implementation where none can run (a build without CUDA, or no device): refused the same way, before
+    # any rank enters NCCL. Where a GPU is present it runs (one rank: ncclAllReduce takes a GPU per rank).
+    refusals.append(perf.run_args(["--impls", "nccl", "-b", "4", "-e", "4", "-n", "1", "-w", "0"], np=1, timeout=60))
+    # -G with an emulated link on our GPU ring: the link waits on the host, which a graph's replay leaves out.
+    refusals.append(perf.run_args(["-G", "2", "--impls", "gpu-ring-nccl", "--link", "10gbe", "--csv", old], np=1,
+                                  timeout=30))
+    *flags, register, nccl, graph = run_all(refusals)
+
+    def our_lines(p):
+        return [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+
+    for (args, expected), p in zip(cases, flags):
+        ours = our_lines(p)
         ok = (p.returncode == 2 and len(ours) == 1 and ours[0].startswith("allreduce_perf: error: " + expected)
               and "MPI_ABORT" not in p.stderr and not data_rows(p.stdout) and not p.stdout.strip())
-        check(ok, f"{' '.join(args)}: exit 2, one line naming '{expected}', no banner, no output, {took:.1f} s "
+        check(ok, f"{' '.join(args)}: exit 2, one line naming '{expected}', no banner, no output, {p.seconds:.1f} s "
                   f"(got {p.returncode}: {ours or p.stderr.strip()[-200:]})")
-    # -R is DDPLAB_LOCAL_REGISTER for the run: an environment that says otherwise is refused the same way.
-    p = subprocess.run(perf.cmd(["-R", "0", "-b", "4", "-e", "4", "-n", "1", "-w", "0", "--csv", old]),
-                       capture_output=True, text=True, timeout=30,
-                       env={**os.environ, "DDPLAB_LOCAL_REGISTER": "1"})
-    ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+    p, ours = register, our_lines(register)
     check(p.returncode == 2 and len(ours) == 1 and
           ours[0].startswith("allreduce_perf: error: -R 0 and DDPLAB_LOCAL_REGISTER=1 disagree") and not p.stdout.strip(),
           f"-R 0 with DDPLAB_LOCAL_REGISTER=1: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
-    # A GPU implementation where none can run (a build without CUDA, or no device): refused the same way, before
-    # any rank enters NCCL. Where a GPU is present it runs (one rank: ncclAllReduce takes a GPU per rank).
-    p = perf.run(["--impls", "nccl", "-b", "4", "-e", "4", "-n", "1", "-w", "0"], np=1, timeout=60)
-    ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+    p, ours = nccl, our_lines(nccl)
     # Refused by the build (no CUDA) or by the device check (no usable GPU), never inside NCCL.
     check(p.returncode == 0 or (p.returncode == 2 and len(ours) == 1 and "MPI_ABORT" not in p.stderr and
                                 ours[0].startswith(("allreduce_perf: error: --impls nccl: no CUDA device",
                                                     "allreduce_perf: error: --impls nccl: needs a build with CUDA"))),
           f"--impls nccl without a usable GPU: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
-    # -G with an emulated link on our GPU ring: the link waits on the host, which a graph's replay leaves out.
-    p = perf.run(["-G", "2", "--impls", "gpu-ring-nccl", "--link", "10gbe", "--csv", old], np=1, timeout=30)
-    ours = [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
+    p, ours = graph, our_lines(graph)
     check(p.returncode == 2 and len(ours) == 1 and not p.stdout.strip() and
           ours[0].startswith(("allreduce_perf: error: -G 2 with --link 10gbe: --impls gpu-ring-nccl waits for the "
                               "emulated link on the host", "allreduce_perf: error: --impls gpu-ring-nccl: needs a build "

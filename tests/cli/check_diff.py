@@ -15,7 +15,7 @@ import tempfile
 
 import h5py
 
-from checks import check, exit_code, failures, skip  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, exit_code, failures, run_all, skip  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 def run(cmd, timeout=60):
@@ -60,7 +60,15 @@ def main():
         # One rank with the two ranks' global batch (the small model's --batch 8, twice).
         one_rank = [*small, "--out", path["one_rank"]]
         one_rank[one_rank.index("--batch") + 1] = "16"
-        proc = run([mpirun, "-np", "1", ddplab, "train", *one_rank], timeout=120)
+        # The same on variable-length sequences (below). These runs are compared by their losses alone, not their
+        # times: they train side by side. The runs diff times train one at a time.
+        lm = {"one": os.path.join(work, "lm_one.h5"), "two": os.path.join(work, "lm_two.h5")}
+        lm_args = ["--model", "tiny", "--head", "lm", "--lengths", "uniform", "--min-len", "4", "--max-len", "48",
+                   "--batch", "3", "--steps", "5", "--warmup-steps", "1", "--quiet"]
+        lm_runs = ((1, "2", lm["one"]), (2, "1", lm["two"]))
+        proc, *lm_trains = run_all([([mpirun, "-np", "1", ddplab, "train", *one_rank], dict(timeout=120))] +
+                                   [([mpirun, "-np", str(ranks), ddplab, "train", *lm_args, "--grad-accum", accum,
+                                      "--out", out], dict(timeout=120)) for ranks, accum, out in lm_runs])
         check(proc.returncode == 0, f"ddplab train at one rank, --batch 16 (rc {proc.returncode}: {proc.stderr[:300]})")
         for args in trains:
             proc = run([mpirun, "-np", "2", ddplab, "train", *args], timeout=120)
@@ -69,7 +77,28 @@ def main():
         if failures:
             return
 
-        proc = run([ddplab, "diff", path["b25"], path["b25_again"]])
+        # Every diff, side by side: each reads its two files.
+        diff = [ddplab, "diff"]
+        missing, not_run = os.path.join(work, "missing.h5"), os.path.join(work, "notes.h5")
+        with open(not_run, "w") as f:
+            f.write("not a run file\n")
+        commands = {
+            "same setting": diff + [path["b25"], path["b25_again"]],
+            "same file": diff + [path["same1"], path["same1"]],
+            "lr": diff + [path["same1"], path["lr"]],
+            "buckets under mpirun": [mpirun, "-np", "2", *diff, path["b25"], path["b5"]],
+            "buckets": diff + [path["b25"], path["b5"]],
+            "buckets json": diff + ["--json", path["b25"], path["b5"]],
+            "straggler": diff + [path["same1"], path["strag"]],
+            "one rank json": diff + ["--json", path["one_rank"], path["same1"]],
+            "lm json": diff + ["--json", lm["one"], lm["two"]],
+            "missing": diff + [path["same1"], missing],
+            "not a run": diff + [not_run, path["same1"]],
+            "one file": diff + [path["same1"]],
+        }
+        diffs = dict(zip(commands, run_all([(argv, dict(timeout=60)) for argv in commands.values()])))
+
+        proc = diffs["same setting"]
         print(proc.stdout)
         check(proc.returncode == 0, f"diff exits 0 ({proc.stderr.strip()[:300]})")
         check("config: the same" in proc.stdout, "two runs of one setting: the same config (out left aside)")
@@ -77,22 +106,22 @@ def main():
               f"two runs of one setting: no difference beyond noise ({verdict(proc.stdout)})")
         check("  loss: bit for bit the same on every rank, steps 0..11\n" in proc.stdout,
               "two runs of one setting: the same losses, bit for bit")
-        proc = run([ddplab, "diff", path["same1"], path["same1"]])
+        proc = diffs["same file"]
         check(proc.returncode == 0 and verdict(proc.stdout).startswith("no difference beyond noise"),
               "the same file twice: no difference")
         # The first step runs before any update, so another learning rate moves the losses from step 1 on.
-        proc = run([ddplab, "diff", path["same1"], path["lr"]])
+        proc = diffs["lr"]
         line = [l for l in proc.stdout.splitlines() if l.startswith("  loss: ")]
         check(len(line) == 1 and line[0].startswith("  loss: differ from step 1 (rank 0: A ") and
               line[0].endswith(" over steps 0..11"),
               f"another learning rate: the losses differ from step 1 on ({line})")
 
-        proc = run([mpirun, "-np", "2", ddplab, "diff", path["b25"], path["b5"]])
+        proc = diffs["buckets under mpirun"]
         print(proc.stdout)
         text = verdict(proc.stdout)
         check(proc.stdout.count("verdict:") == 1, "diff under mpirun prints once")
         check("bucket_mb 25.0 -> 5.0" in text, f"25 -> 5 MiB buckets: the verdict names the setting ({text})")
-        d = json.loads(run([ddplab, "diff", "--json", path["b25"], path["b5"]]).stdout)
+        d = json.loads(diffs["buckets json"].stdout)
         step = d["metrics"][0]
         # Whatever the step's noise, the phase the setting moves is resolved: the link carries the smaller first
         # bucket ~30 ms sooner, and the exposed wait scatters by a ms or two (the compute on shared cores, which
@@ -113,7 +142,7 @@ def main():
             check(text.startswith("B is ") and " faster: exposed comm -" in text,
                   f"25 -> 5 MiB buckets: B is faster by its exposed communication ({text})")
 
-        proc = run([ddplab, "diff", path["same1"], path["strag"]])
+        proc = diffs["straggler"]
         print(proc.stdout)
         text = verdict(proc.stdout)
         check(text.startswith("B is ") and " slower: data +" in text and "straggler_ms 0.0 -> 10.0" in text,
@@ -123,22 +152,17 @@ def main():
 
         # DDP's equivalence from the run files: two ranks of 8 against one rank of 16, the same global batch, compared
         # on the mean over ranks; the sums' order differs, so within float rounding (accumulated over 12 steps).
-        d = json.loads(run([ddplab, "diff", "--json", path["one_rank"], path["same1"]]).stdout)["loss"]
+        d = json.loads(diffs["one rank json"].stdout)["loss"]
         check(d["compared"] and d["rank_means"] and d["steps"] == 12 and d["max_relative"] < 1e-5,
               f"one rank against two with the same global batch: the mean losses within rounding ({d})")
 
         # The same on variable-length sequences, where the ranks' shards hold different numbers of predicted tokens:
         # one rank of two micro-batches against two ranks of one (the same batches), on the global-batch loss, each
         # rank's loss weighted by its terms.
-        lm = {"one": os.path.join(work, "lm_one.h5"), "two": os.path.join(work, "lm_two.h5")}
-        lm_args = ["--model", "tiny", "--head", "lm", "--lengths", "uniform", "--min-len", "4", "--max-len", "48",
-                   "--batch", "3", "--steps", "5", "--warmup-steps", "1", "--quiet"]
-        for ranks, accum, out in ((1, "2", lm["one"]), (2, "1", lm["two"])):
-            proc = run([mpirun, "-np", str(ranks), ddplab, "train", *lm_args, "--grad-accum", accum, "--out", out],
-                       timeout=120)
+        for (ranks, _, _), proc in zip(lm_runs, lm_trains):
             check(proc.returncode == 0, f"lm run at {ranks} rank(s) (rc {proc.returncode}: {proc.stderr[:300]})")
         if os.path.exists(lm["one"]) and os.path.exists(lm["two"]):
-            d = json.loads(run([ddplab, "diff", "--json", lm["one"], lm["two"]]).stdout)["loss"]
+            d = json.loads(diffs["lm json"].stdout)["loss"]
             check(d["compared"] and d["rank_means"] and d["steps"] == 5 and d["max_relative"] < 1e-5,
                   f"variable lengths, one rank against two: the global-batch losses within rounding ({d})")
             with h5py.File(lm["two"]) as f:
@@ -151,14 +175,14 @@ def main():
                   f"not the plain mean {loss.mean()}")
 
         # ---- --json ----------------------------------------------------------------------------------------------
-        proc = run([ddplab, "diff", "--json", path["b25"], path["b5"]])
+        proc = diffs["buckets json"]
         try:
             d = json.loads(proc.stdout)
         except ValueError as e:
             d = {}
             check(False, f"diff --json prints one JSON document ({e}: {proc.stdout[:300]})")
         if d:
-            text = verdict(run([ddplab, "diff", path["b25"], path["b5"]]).stdout)
+            text = verdict(diffs["buckets"].stdout)
             check(d["verdict"] == text, "diff --json: the text's verdict")
             check([c["key"] for c in d["config_changes"]] == ["bucket_mb"] and d["config_changes"][0]["a"] == 25,
                   f"diff --json: the one setting that changed ({d['config_changes']})")
@@ -185,13 +209,9 @@ def main():
                   f"diff --json: another bucket size, the same losses bit for bit ({d['loss']})")
 
         # ---- bad input -------------------------------------------------------------------------------------------
-        missing = os.path.join(work, "missing.h5")
-        expect_usage_error(run([ddplab, "diff", path["same1"], missing]), "cannot read run file", "a missing file")
-        not_run = os.path.join(work, "notes.h5")
-        with open(not_run, "w") as f:
-            f.write("not a run file\n")
-        expect_usage_error(run([ddplab, "diff", not_run, path["same1"]]), "cannot read run file", "not a run file")
-        proc = run([ddplab, "diff", path["same1"]])
+        expect_usage_error(diffs["missing"], "cannot read run file", "a missing file")
+        expect_usage_error(diffs["not a run"], "cannot read run file", "not a run file")
+        proc = diffs["one file"]
         check(proc.returncode == 2 and proc.stdout == "", f"one file: exit 2 ({proc.returncode}: {proc.stderr[:200]})")
 
 

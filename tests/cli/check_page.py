@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 
 import matplotlib.image
@@ -71,12 +72,14 @@ def browse(page, work, *flags):
 def check_page(page, work, cases, charts, what):
     """One page: rendered without console messages, not blank, its rows and charts in the DOM."""
     shot = os.path.join(work, os.path.basename(page) + ".png")
-    _, console = browse(page, work, f"--screenshot={shot}", "--window-size=1280,3000")
+    with ThreadPoolExecutor(2) as pool:  # two browsers side by side: each waits on its start-up most of the time
+        screenshot = pool.submit(browse, page, work, f"--screenshot={shot}", "--window-size=1280,3000")
+        dumped = pool.submit(browse, page, work, "--dump-dom")
+        (_, console), (dom_text, _) = screenshot.result(), dumped.result()
     check(not console, f"{what}: no console message ({console[:3]})")
     pixels = matplotlib.image.imread(shot)[..., :3] if os.path.isfile(shot) else np.zeros((1, 1, 3))
     check(pixels.shape[0] > 100 and float(pixels.std()) > 0.05, f"{what}: the screenshot is not blank "
                                                                f"(std {float(pixels.std()):.3f})")
-    dom_text, _ = browse(page, work, "--dump-dom")
     dom = Dom(dom_text)
     check(dom.rows == cases, f"{what}: one table row per case, in order ({dom.rows})")
     missing = [c for c in charts if not dom.charts.get(c, "").startswith("data:image/svg+xml;base64,")]
@@ -91,17 +94,24 @@ def main():
         sys.exit(77)
     mpirun, ddplab = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as work:
-        # The detector itself: a page that logs to the console is caught.
+        # The suite runs while the detector itself is checked: a page that logs to the console is caught.
+        out = os.path.join(work, "suite")
+        suite = subprocess.Popen([mpirun, "-np", "2", ddplab, "suite", "lab", "--steps", "4", "--warmup-steps", "1",
+                                  "--input-dim", "16", "--hidden", "16", "--classes", "4", "--batch", "4",
+                                  "--straggler-ms", "5", "--extra-allreduce-mb", "0.1", "--rank0-work-ms", "5",
+                                  "--data-cost-ms", "0.2", "--out-dir", out], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
         probe = os.path.join(work, "probe.html")
         with open(probe, "w") as f:
             f.write('<!DOCTYPE html><html><body><script>console.error("probe")</script></body></html>')
         check(browse(probe, work, "--dump-dom")[1], "a console message is seen (the check can fail)")
 
-        out = os.path.join(work, "suite")
-        proc = subprocess.run([mpirun, "-np", "2", ddplab, "suite", "lab", "--steps", "4", "--warmup-steps", "1",
-                               "--input-dim", "16", "--hidden", "16", "--classes", "4", "--batch", "4",
-                               "--straggler-ms", "5", "--extra-allreduce-mb", "0.1", "--rank0-work-ms", "5",
-                               "--data-cost-ms", "0.2", "--out-dir", out], capture_output=True, text=True, timeout=600)
+        try:
+            stdout, stderr = suite.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            suite.kill()
+            stdout, stderr = suite.communicate()
+        proc = subprocess.CompletedProcess(suite.args, suite.returncode, stdout, stderr)
         check(proc.returncode == 0, f"suite exits 0 ({proc.returncode}: {proc.stderr.strip()[-300:]})")
         page = os.path.join(out, "report.html")
         check(f"page: {page}" in proc.stdout, "the suite names its page")

@@ -18,34 +18,117 @@ import tempfile
 
 import h5py
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, failures, run_all  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 mpirun, ddplab = sys.argv[1], sys.argv[2]
 
 
-def train(np_ranks, out, *extra):
+def train_args(np_ranks, out, *extra):
     # 10gbe: the all-reduces take a third of the step and sleep rather than compute, so the step is stable
     # enough on a shared 2-core machine; 2 MB buckets give several buckets of two sizes to fit on.
-    cmd = [mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", "40", "--warmup-steps", "5", "--link", "10gbe",
-           "--bucket-mb", "2", "--quiet", "--out", out, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    check(proc.returncode == 0, f"train -np {np_ranks} exits 0 ({proc.stderr.strip()[-300:]})")
+    return [mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", "40", "--warmup-steps", "5", "--link", "10gbe",
+            "--bucket-mb", "2", "--quiet", "--out", out, *extra], dict(timeout=240)
 
 
 def predict(*args):
-    return subprocess.run([ddplab, "predict", *args], capture_output=True, text=True, timeout=120)
+    """`ddplab predict ARGS`, as checks.run_all takes it."""
+    return [ddplab, "predict", *args], dict(timeout=120)
 
 
 with tempfile.TemporaryDirectory() as work:
+    # ---- the runs -------------------------------------------------------------------------------------------------
+    # The two runs predicted at their own setting, within a bound of their measured step, train alone. The others
+    # train side by side: what is checked of them does not depend on their timing.
     run = os.path.join(work, "run.h5")
-    train(2, run)
-    report = json.loads(subprocess.run([ddplab, "report", "--json", run], capture_output=True, text=True).stdout)[0]
-    measured = report["summary"]["slowest_step_ms"]
+    proc = run_all([train_args(2, run)])[0]
+    check(proc.returncode == 0, f"train -np 2 exits 0 ({proc.stderr.strip()[-300:]})")
+    # Two emulated nodes of two ranks, a 1 Gb/s link between them and none within.
+    nodes_run = os.path.join(work, "nodes.h5")
+    proc = subprocess.run([mpirun, "-np", "4", "--oversubscribe", ddplab, "train", "--steps", "25", "--warmup-steps",
+                           "5", "--ranks-per-node", "2", "--link", "intra=none,inter=1gbe", "--bucket-mb", "2",
+                           "--quiet", "--out", nodes_run], capture_output=True, text=True, timeout=240)
+    check(proc.returncode == 0, f"train -np 4 --ranks-per-node 2 exits 0 ({proc.stderr.strip()[-300:]})")
+    clipped, single, slow = (os.path.join(work, name) for name in ("clipped.h5", "single.h5", "slow.h5"))
+    calibration, one_size = os.path.join(work, "ring.csv"), os.path.join(work, "one_size.csv")
+    perf = os.path.join(os.path.dirname(os.path.dirname(ddplab)), "bench", "allreduce_perf")
+    clipped_train, calibration_run, single_train, one_size_run, slow_train = run_all([
+        ([ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--grad-clip", "1", "--quiet", "--out", clipped],
+         dict(timeout=120)),
+        ([mpirun, "-np", "2", perf, "-b", "256K", "-e", "4M", "-f", "4", "-n", "5", "-w", "1", "-c", "0", "--impls",
+          "ring", "--link", "10gbe", "--csv", calibration], dict(timeout=120)),
+        train_args(1, single),
+        ([mpirun, "-np", "2", perf, "-b", "4M", "-e", "4M", "-n", "5", "-w", "1", "-c", "0", "--impls", "ring",
+          "--csv", one_size], dict(timeout=120)),
+        ([mpirun, "-np", "2", ddplab, "train", "--steps", "8", "--warmup-steps", "2", "--link", "10gbe", "--link-gbps",
+          "5", "--quiet", "--out", slow], dict(timeout=240))])
 
-    # At the run's own setting: one row, near the run's step time (the 5% target is measured in the benchmark).
-    own_json = os.path.join(work, "own.json")
-    proc = predict(run, "--json", own_json)
+    # Bad input: files the predictions below must refuse, copies of the run with one thing wrong.
+    untimed = os.path.join(work, "untimed.h5")
+    shutil.copy(run, untimed)
+    with h5py.File(untimed, "r+") as f:
+        for name in ("ready_ms", "comm_start_ms", "comm_end_ms"):
+            f["buckets/" + name][...] = 0
+    torn = os.path.join(work, "torn.h5")  # a piece layout that does not add up to the buckets
+    shutil.copy(run, torn)
+    with h5py.File(torn, "r+") as f:
+        f["buckets/piece_numel"][0] += 1
+    sharded = os.path.join(work, "sharded.h5")  # --zero-stage 1: its bucket times are not all-reduces
+    shutil.copy(run, sharded)
+    with h5py.File(sharded, "r+") as f:
+        f.attrs["config"] = json.dumps(dict(json.loads(f.attrs["config"]), zero_stage=1))
+    text = os.path.join(work, "notes.txt")
+    open(text, "w").write("not a run file\n")
+    out = os.path.join(work, "bad.json")
+    cases = [([untimed], "has no bucket timings"),
+             ([text], "cannot read run file"),
+             ([sharded], "sharded its update (--zero-stage 1)"),
+             ([torn], "is not the span of its pieces"),
+             ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
+             ([run, "--bucket-mb=-1,5"], "--bucket-mb -1: a bucket size is a finite number >= 0"),
+             ([run, "--bucket-mb=nan"], "--bucket-mb nan: a bucket size is a finite number >= 0"),
+             ([run, "--first-bucket-mb=-1"], "--first-bucket-mb -1: a bucket size is a finite number >= 0"),
+             ([run, "--ranks", "0"], "at least one rank"),
+             ([run, "--link", "intra=none,outer=1gbe"], "unknown link class 'outer'"),
+             ([run, "--ranks", "4", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide 4 ranks"),
+             ([run, "--ranks-per-gpu", "2"], "trained on the CPU, where ranks share no GPU"),
+             # settings left out (mpi has no 16-bit wire) are noted only where the command goes on
+             ([run, "--comm", "mpi,ring", "--comm-dtype", "bf16", "--ranks-per-gpu", "2"], "trained on the CPU"),
+             ([run, "--ranks-per-gpu", "0"], "--ranks-per-gpu 0: a GPU has at least one rank"),
+             ([nodes_run, "--comm", "hier", "--ranks-per-node", "4"], "--comm hier needs more than one node")]
+    # A file from before the steps recorded their samples: samples/s from the batch, as report takes it.
+    unsampled = os.path.join(work, "unsampled.h5")
+    shutil.copy(run, unsampled)
+    with h5py.File(unsampled, "r+") as f:
+        del f["steps/samples"]
+
+    # ---- the predictions, side by side: each reads its files and writes its own --json ----------------------------
+    own_json, grid_json, calibrated_json, nodes_json = (os.path.join(work, name) for name in
+                                                         ("own.json", "grid.json", "calibrated.json", "nodes.json"))
+    (report, own_proc, grid_proc, clipped_proc, calibrated_proc, single_link, single_free, one_size_proc,
+     one_size_mpi, single_one, nodes_proc, hier_proc, unsampled_proc, slow_proc, *refusals) = run_all([
+         ([ddplab, "report", "--json", run], dict(timeout=120)),
+         predict(run, "--json", own_json),
+         predict(run, "--bucket-mb", "0.5,2,25", "--overlap", "on,off", "--link", "10gbe,100gbe-ib", "--ranks", "2,4",
+                 "--json", grid_json),
+         predict(clipped, "--update", "bucket"),
+         predict(run, "--calibration", calibration, "--comm", "mpi,ring", "--json", calibrated_json),
+         predict(single, "--ranks", "2", "--link", "10gbe"),
+         predict(single, "--ranks", "2", "--link", "none"),
+         predict(single, "--ranks", "2", "--link", "none", "--calibration", one_size, "--json",
+                 os.path.join(work, "one_size.json")),
+         predict(single, "--ranks", "2", "--link", "none", "--comm", "ring,mpi", "--calibration", one_size),
+         predict(single, "--ranks", "1", "--link", "none", "--json", os.path.join(work, "single.json")),
+         predict(nodes_run, "--json", nodes_json),
+         predict(nodes_run, "--comm", "ring,hier", "--link", "intra=none,inter=1gbe", "--link", "10gbe,25gbe",
+                 "--json", os.path.join(work, "hier.json")),
+         predict(unsampled, "--json", os.path.join(work, "unsampled.json")),
+         predict(slow, "--link", "10gbe", "--json", os.path.join(work, "slow.json"))] +
+        [predict(*args, "--json", out) for args, _ in cases])
+
+    # ---- a run at its own setting: one row, near the run's step time (the 5% target is measured in the benchmark) ----
+    measured = json.loads(report.stdout)[0]["summary"]["slowest_step_ms"]
+    proc = own_proc
     print(proc.stdout)
     check(proc.returncode == 0, f"predict exits 0 ({proc.stderr.strip()[-300:]})")
     own = json.load(open(own_json))
@@ -59,9 +142,7 @@ with tempfile.TemporaryDirectory() as work:
     check(own["rows"][0]["extrapolated"] == [], "the run's own setting is not an extrapolation")
 
     # A grid: every combination, extrapolations marked, one recommendation per link and world size.
-    grid_json = os.path.join(work, "grid.json")
-    proc = predict(run, "--bucket-mb", "0.5,2,25", "--overlap", "on,off", "--link", "10gbe,100gbe-ib", "--ranks",
-                   "2,4", "--json", grid_json)
+    proc = grid_proc
     print(proc.stdout[-3000:])
     check(proc.returncode == 0, f"grid predict exits 0 ({proc.stderr.strip()[-300:]})")
     grid = json.load(open(grid_json))
@@ -100,24 +181,16 @@ with tempfile.TemporaryDirectory() as work:
 
     # A run that clipped its gradients (--grad-clip) cannot be predicted with the update bucket by bucket, which
     # train refuses with clipping: one line, exit 2, before any work.
-    clipped = os.path.join(work, "clipped.h5")
-    proc = subprocess.run([ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--grad-clip", "1", "--quiet",
-                           "--out", clipped], capture_output=True, text=True, timeout=120)
-    check(proc.returncode == 0, f"a clipped run trains ({proc.stderr.strip()[-300:]})")
-    proc = predict(clipped, "--update", "bucket")
+    check(clipped_train.returncode == 0, f"a clipped run trains ({clipped_train.stderr.strip()[-300:]})")
+    proc = clipped_proc
     check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--update bucket" in proc.stderr
           and "--grad-clip 1" in proc.stderr and not proc.stdout, f"--update bucket on it refused ({proc.stderr!r})")
 
     # A calibration file from allreduce_perf stands in for the run's own fit for the implementations it measured
     # (here the ring alone), and says so; the mpi rows keep the run's.
-    perf = os.path.join(os.path.dirname(os.path.dirname(ddplab)), "bench", "allreduce_perf")
-    calibration = os.path.join(work, "ring.csv")
-    proc = subprocess.run([mpirun, "-np", "2", perf, "-b", "256K", "-e", "4M", "-f", "4", "-n", "5", "-w", "1",
-                           "-c", "0", "--impls", "ring", "--link", "10gbe", "--csv", calibration],
-                          capture_output=True, text=True, timeout=120)
+    proc = calibration_run
     check(proc.returncode == 0, f"allreduce_perf writes a calibration file ({proc.stderr.strip()[-200:]})")
-    calibrated_json = os.path.join(work, "calibrated.json")
-    proc = predict(run, "--calibration", calibration, "--comm", "mpi,ring", "--json", calibrated_json)
+    proc = calibrated_proc
     check(proc.returncode == 0 and f"calibration: {calibration} (2 ranks, link 10gbe): mpi fp32 from the run, "
           "ring fp32 from it" in proc.stdout, f"the calibration line says where each all-reduce came from "
           f"({proc.stdout[-900:]}{proc.stderr.strip()[-200:]})")
@@ -126,44 +199,34 @@ with tempfile.TemporaryDirectory() as work:
     check(sources == {"ring": "calibration", "mpi": "run"}, f"ring from the file, mpi from the run: {sources}")
 
     # A single-rank run: no measured comm, the link model alone, said so.
-    single = os.path.join(work, "single.h5")
-    train(1, single)
-    proc = predict(single, "--ranks", "2", "--link", "10gbe")
+    check(single_train.returncode == 0, f"train -np 1 exits 0 ({single_train.stderr.strip()[-300:]})")
+    proc = single_link
     check(proc.returncode == 0 and "no measured comm" in proc.stdout and "link model alone" in proc.stdout,
           f"a single-rank run is predicted from the link model, and says so ({proc.stderr.strip()[-200:]})")
-    proc = predict(single, "--ranks", "2", "--link", "none")
+    proc = single_free
     check(proc.returncode == 2 and "measured no all-reduce (one rank), so nothing times the communication" in
           proc.stderr, f"... but not over a link with no cost at all ({proc.returncode}: {proc.stderr.strip()[-200:]})")
     # A calibration of one message size over no emulated link: its bandwidth times the ring, its link's latency (none)
     # the rest, marked; an implementation it did not time has nothing to time it, and is refused, not made free.
-    one_size = os.path.join(work, "one_size.csv")
-    proc = subprocess.run([mpirun, "-np", "2", perf, "-b", "4M", "-e", "4M", "-n", "5", "-w", "1", "-c", "0",
-                           "--impls", "ring", "--csv", one_size], capture_output=True, text=True, timeout=120)
+    proc = one_size_run
     check(proc.returncode == 0, f"allreduce_perf writes a one-size calibration ({proc.stderr.strip()[-200:]})")
-    proc = predict(single, "--ranks", "2", "--link", "none", "--calibration", one_size, "--json",
-                   os.path.join(work, "one_size.json"))
+    proc = one_size_proc
     rows = json.load(open(os.path.join(work, "one_size.json")))["rows"] if proc.returncode == 0 else [{}]
     check(rows[0].get("comm_ms", 0) > 0 and rows[0].get("comm_source") == "calibration" and
           any("latency from the calibration's link" in e for e in rows[0].get("extrapolated", [])),
           f"one calibrated size times the ring's all-reduce, its latency marked as the link's ({rows[0]})")
-    proc = predict(single, "--ranks", "2", "--link", "none", "--comm", "ring,mpi", "--calibration", one_size)
+    proc = one_size_mpi
     check(proc.returncode == 2 and "times no mpi all-reduce" in proc.stderr and proc.stdout == "",
           f"--comm mpi, which neither file timed, is refused ({proc.returncode}: {proc.stderr.strip()[-300:]})")
 
-    proc = predict(single, "--ranks", "1", "--link", "none", "--json", os.path.join(work, "single.json"))
+    proc = single_one
     rows = json.load(open(os.path.join(work, "single.json")))["rows"] if proc.returncode == 0 else [{}]
     check("compute-bound: one rank, no all-reduce" in proc.stdout and rows[0].get("hidden_pct", 0) is None,
           f"at one rank nothing is hidden or exposed, and says so ({proc.stdout[-200:]})")
 
-    # Two emulated nodes of two ranks, a 1 Gb/s link between them and none within: predicted at its own setting
-    # within the same bound, and as hier (two link classes in one --link, a list of presets in another).
-    nodes_run = os.path.join(work, "nodes.h5")
-    proc = subprocess.run([mpirun, "-np", "4", "--oversubscribe", ddplab, "train", "--steps", "25", "--warmup-steps",
-                           "5", "--ranks-per-node", "2", "--link", "intra=none,inter=1gbe", "--bucket-mb", "2",
-                           "--quiet", "--out", nodes_run], capture_output=True, text=True, timeout=240)
-    check(proc.returncode == 0, f"train -np 4 --ranks-per-node 2 exits 0 ({proc.stderr.strip()[-300:]})")
-    nodes_json = os.path.join(work, "nodes.json")
-    proc = predict(nodes_run, "--json", nodes_json)
+    # Two emulated nodes of two ranks: predicted at its own setting within the same bound, and as hier (two link
+    # classes in one --link, a list of presets in another).
+    proc = nodes_proc
     print(proc.stdout)
     nodes = json.load(open(nodes_json)) if proc.returncode == 0 else {"rows": [{}], "measured": {"step_ms": 1}}
     row = nodes["rows"][0]
@@ -172,8 +235,7 @@ with tempfile.TemporaryDirectory() as work:
     error = (row.get("step_ms", 0) - nodes["measured"]["step_ms"]) / nodes["measured"]["step_ms"]
     check(abs(error) <= 0.15 and row.get("extrapolated") == [],
           f"2 nodes x 2 predicted at its own setting within 15%, not extrapolated ({100 * error:+.1f}%)")
-    proc = predict(nodes_run, "--comm", "ring,hier", "--link", "intra=none,inter=1gbe", "--link", "10gbe,25gbe",
-                   "--json", os.path.join(work, "hier.json"))
+    proc = hier_proc
     hier = json.load(open(os.path.join(work, "hier.json")))["rows"] if proc.returncode == 0 else []
     check(len(hier) == 6 and any(line.split()[3:4] == ["hier"] for line in proc.stdout.splitlines()),
           f"--comm hier prints a row per link ({len(hier)} rows; {proc.stderr.strip()[-200:]})")
@@ -184,64 +246,24 @@ with tempfile.TemporaryDirectory() as work:
           "hier moves fewer bytes through the 1gbe NIC than the ring; its intra-node phases are marked link-model-only")
 
     # Bad input: one line, exit code 2, no --json written.
-    untimed = os.path.join(work, "untimed.h5")
-    shutil.copy(run, untimed)
-    with h5py.File(untimed, "r+") as f:
-        for name in ("ready_ms", "comm_start_ms", "comm_end_ms"):
-            f["buckets/" + name][...] = 0
-    torn = os.path.join(work, "torn.h5")  # a piece layout that does not add up to the buckets
-    shutil.copy(run, torn)
-    with h5py.File(torn, "r+") as f:
-        f["buckets/piece_numel"][0] += 1
-    sharded = os.path.join(work, "sharded.h5")  # --zero-stage 1: its bucket times are not all-reduces
-    shutil.copy(run, sharded)
-    with h5py.File(sharded, "r+") as f:
-        f.attrs["config"] = json.dumps(dict(json.loads(f.attrs["config"]), zero_stage=1))
-    text = os.path.join(work, "notes.txt")
-    open(text, "w").write("not a run file\n")
-    out = os.path.join(work, "bad.json")
-    cases = [([untimed], "has no bucket timings"),
-             ([text], "cannot read run file"),
-             ([sharded], "sharded its update (--zero-stage 1)"),
-             ([torn], "is not the span of its pieces"),
-             ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
-             ([run, "--bucket-mb=-1,5"], "--bucket-mb -1: a bucket size is a finite number >= 0"),
-             ([run, "--bucket-mb=nan"], "--bucket-mb nan: a bucket size is a finite number >= 0"),
-             ([run, "--first-bucket-mb=-1"], "--first-bucket-mb -1: a bucket size is a finite number >= 0"),
-             ([run, "--ranks", "0"], "at least one rank"),
-             ([run, "--link", "intra=none,outer=1gbe"], "unknown link class 'outer'"),
-             ([run, "--ranks", "4", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide 4 ranks"),
-             ([run, "--ranks-per-gpu", "2"], "trained on the CPU, where ranks share no GPU"),
-             # settings left out (mpi has no 16-bit wire) are noted only where the command goes on
-             ([run, "--comm", "mpi,ring", "--comm-dtype", "bf16", "--ranks-per-gpu", "2"], "trained on the CPU"),
-             ([run, "--ranks-per-gpu", "0"], "--ranks-per-gpu 0: a GPU has at least one rank"),
-             ([nodes_run, "--comm", "hier", "--ranks-per-node", "4"], "--comm hier needs more than one node")]
-    for args, expected in cases:
-        proc = predict(*args, "--json", out)
+    for (args, expected), proc in zip(cases, refusals):
         lines = [line for line in proc.stderr.splitlines() if line.startswith("ddplab:")]
         check(proc.returncode == 2 and len(lines) == 1 and expected in lines[0] and not os.path.exists(out) and
               proc.stdout == "", f"{' '.join(args[1:]) or os.path.basename(args[0])}: exit 2, one line naming "
                                  f"'{expected}', nothing written ({proc.returncode}: {proc.stderr.strip()[-200:]})")
-    proc = predict(run, "--json", own_json)
+    proc = run_all([predict(run, "--json", own_json)])[0]
     check(proc.returncode == 2 and "already exists" in proc.stderr, "an existing --json file is kept without --force")
 
     # A file from before the steps recorded their samples: samples/s from the batch, as report takes it.
-    unsampled = os.path.join(work, "unsampled.h5")
-    shutil.copy(run, unsampled)
-    with h5py.File(unsampled, "r+") as f:
-        del f["steps/samples"]
-    proc = predict(unsampled, "--json", os.path.join(work, "unsampled.json"))
+    proc = unsampled_proc
     rows = json.load(open(os.path.join(work, "unsampled.json")))["rows"] if proc.returncode == 0 else [{}]
     check(abs(rows[0].get("samples_per_s", 0) - own_samples_per_s) <= 1e-6 * own_samples_per_s,
           f"without steps/samples, the samples per step are the batch's ({rows[0].get('samples_per_s')} against "
           f"{own_samples_per_s})")
 
     # A link whose bandwidth --link-gbps changed is named with its figures, not as the preset it started from.
-    slow = os.path.join(work, "slow.h5")
-    proc = subprocess.run([mpirun, "-np", "2", ddplab, "train", "--steps", "8", "--warmup-steps", "2", "--link", "10gbe",
-                           "--link-gbps", "5", "--quiet", "--out", slow], capture_output=True, text=True, timeout=240)
-    check(proc.returncode == 0, f"train --link-gbps 5 exits 0 ({proc.stderr.strip()[-300:]})")
-    proc = predict(slow, "--link", "10gbe", "--json", os.path.join(work, "slow.json"))
+    check(slow_train.returncode == 0, f"train --link-gbps 5 exits 0 ({slow_train.stderr.strip()[-300:]})")
+    proc = slow_proc
     rows = json.load(open(os.path.join(work, "slow.json")))["rows"] if proc.returncode == 0 else [{}]
     check("link 10gbe (10 us, 5 Gbit/s)" in proc.stdout and rows[0].get("link") == "10gbe" and
           any("(measured 10gbe (10 us, 5 Gbit/s))" in e for e in rows[0].get("extrapolated", [])),

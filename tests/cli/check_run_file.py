@@ -23,6 +23,10 @@ ATTRS = ["schema_version", "command", "config", "command_line", "start_time_utc"
 
 from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
+# The page train writes beside its run file is checked on the first run, and drawn for the clipped run (its update
+# chart); the other runs draw none: each page is seconds of matplotlib, and cli_report and cli_page check charts.py.
+NO_PAGE = dict(os.environ, DDPLAB_TRAIN_PAGE="off")
+
 
 def check_token_shards(mpirun, ddplab, np_ranks, work):
     """--data and --val-data: byte-level shards written by scripts/text_to_tokens.py, the transformer trained on one
@@ -61,7 +65,8 @@ def check_token_shards(mpirun, ddplab, np_ranks, work):
     steps = 8
     run = subprocess.run([mpirun, "-np", str(np_ranks), ddplab, "train", "--model", "tiny", "--head", "lm", "--data",
                           train, "--val-data", val, "--val-every", "3", "--max-len", "32", "--batch", "4", "--steps",
-                          str(steps), "--warmup-steps", "2", "--out", path], capture_output=True, text=True, timeout=120)
+                          str(steps), "--warmup-steps", "2", "--out", path], capture_output=True, text=True, timeout=120,
+                         env=NO_PAGE)
     check(run.returncode == 0, f"train --data --val-data ({run.stderr.strip()[:300]})")
     if run.returncode != 0:
         return
@@ -89,7 +94,8 @@ def check_token_shards(mpirun, ddplab, np_ranks, work):
             "--batch", "4", "--quiet"]
     checkpoint = os.path.join(work, "tokens_ck.h5")
     first = subprocess.run(base + ["--data", train, "--steps", "3", "--checkpoint", checkpoint, "--out",
-                                   os.path.join(work, "first.h5")], capture_output=True, text=True, timeout=120)
+                                   os.path.join(work, "first.h5")], capture_output=True, text=True, timeout=120,
+                           env=NO_PAGE)
     os.makedirs(os.path.join(work, "moved"))
     moved, longer = os.path.join(work, "moved", "train.bin"), os.path.join(work, "longer.bin")
     with open(train, "rb") as f:
@@ -100,15 +106,17 @@ def check_token_shards(mpirun, ddplab, np_ranks, work):
         f.write(struct.pack("<i", 20240520) + struct.pack("<i", 1) + struct.pack("<i", len(tokens) + 1) + shard[12:]
                 + b"\x41\x00")
     resumed = subprocess.run(base + ["--data", moved, "--steps", "5", "--resume", checkpoint, "--out",
-                                     os.path.join(work, "resumed.h5")], capture_output=True, text=True, timeout=120)
+                                     os.path.join(work, "resumed.h5")], capture_output=True, text=True, timeout=120,
+                             env=NO_PAGE)
     check(first.returncode == 0 and resumed.returncode == 0,
           f"a resume names the same shards from another folder ({first.stderr.strip()[:200]} {resumed.stderr.strip()[:200]})")
     other = subprocess.run(base + ["--data", os.path.join(work, "longer.bin"), "--steps", "5", "--resume", checkpoint,
-                                   "--out", os.path.join(work, "other.h5")], capture_output=True, text=True, timeout=120)
+                                   "--out", os.path.join(work, "other.h5")], capture_output=True, text=True, timeout=120,
+                           env=NO_PAGE)
     check(other.returncode == 2 and "settings differ from the checkpoint's: data_shards (checkpoint \"124 windows"
           in other.stderr and not os.path.exists(os.path.join(work, "other.h5")),
           f"a shard of another length is refused by its fingerprint ({other.stderr.strip()[:300]})")
-    for name in ("first.h5", "first.report.html", "resumed.h5", "resumed.report.html", "tokens_ck.h5"):
+    for name in ("first.h5", "resumed.h5", "tokens_ck.h5"):
         if os.path.exists(os.path.join(work, name)):
             os.unlink(os.path.join(work, name))
 
@@ -140,7 +148,7 @@ def main():
         if np_ranks == 1:
             auto_path = os.path.join(work, "auto.h5")
             alone = subprocess.run(cmd[cmd.index(ddplab):cmd.index("--out") + 1] + [auto_path], capture_output=True,
-                                   text=True, timeout=120)
+                                   text=True, timeout=120, env=NO_PAGE)
             cores = len(os.sched_getaffinity(0))
             check(alone.returncode == 0 and f"{cores} BLAS thread" in alone.stdout,
                   f"--threads auto: {cores} BLAS thread(s) in the header of a run without mpirun")
@@ -149,7 +157,6 @@ def main():
                     threads = json.loads(f.attrs["config"])["threads"]
                     check(threads == cores, f"--threads auto stored as {cores} (got {threads})")
                 os.unlink(auto_path)
-                os.unlink(os.path.join(work, "auto.report.html"))  # an existing page is replaced only with --force
             # Under mpirun: Open MPI binds a job of 1 or 2 ranks to one core each unless told otherwise. --threads
             # auto lifts that default (a lone rank gets every core, as under torchrun); an explicit --bind-to core
             # is kept.
@@ -161,19 +168,18 @@ def main():
                 bound_by_default = probe.returncode == 0 and int((probe.stdout.split() or ["0"])[-1]) < cores
                 for bind, threads, lifted in [([], cores, bound_by_default), (["--bind-to", "core"], 1, False)]:
                     mpi_auto = subprocess.run([mpirun, "-np", "1"] + bind + cmd[cmd.index(ddplab):cmd.index("--out") + 1]
-                                              + [auto_path], capture_output=True, text=True, timeout=120)
+                                              + [auto_path], capture_output=True, text=True, timeout=120, env=NO_PAGE)
                     what = f"mpirun -np 1 {' '.join(bind)}".strip()
                     check(mpi_auto.returncode == 0 and f", {threads} BLAS thread" in mpi_auto.stdout,
                           f"--threads auto under {what}: {threads} BLAS thread(s) in the header")
                     check(("Open MPI's default binding (" in mpi_auto.stdout) == lifted,
                           f"under {what} the header {'says' if lifted else 'does not say'} the binding was lifted")
-                    for name in ("auto.h5", "auto.report.html"):
-                        if os.path.exists(os.path.join(work, name)):
-                            os.unlink(os.path.join(work, name))
+                    if os.path.exists(auto_path):
+                        os.unlink(auto_path)
 
         # DDPLAB_COMM_TRANSPORT=mpi turns the table's shm entry away: the header and the file name MPI, and why.
         mpi_path = os.path.join(work, "mpi.h5")
-        env = dict(os.environ, DDPLAB_COMM_TRANSPORT="mpi")
+        env = dict(NO_PAGE, DDPLAB_COMM_TRANSPORT="mpi")
         mpi_cmd = cmd[:cmd.index("--out") + 1] + [mpi_path]
         mpi = subprocess.run(mpi_cmd, capture_output=True, text=True, timeout=120, env=env)
         check(mpi.returncode == 0 and "comm ring over mpi (" in mpi.stdout, "DDPLAB_COMM_TRANSPORT=mpi: the ring over mpi")
@@ -218,14 +224,13 @@ def main():
         long_path = os.path.join(work, "long.h5")
         long = subprocess.run(cmd[cmd.index(ddplab):cmd.index("--out")] + ["--lr-warmup", str(steps + 2),
                                                                            "--lr-schedule", "cosine", "--out", long_path],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, env=NO_PAGE)
         ends = f"{1e-3 * steps / (steps + 2):g}"
         check(long.returncode == 0 and f"over {steps + 2} warm-up steps (longer than the run: it ends at {ends})"
               in long.stdout and "cosine" not in long.stdout.splitlines()[0],
               f"a warm-up longer than the run: the header says where the rate ends ({long.stdout[:300]!r})")
-        for name in ("long.h5", "long.report.html"):
-            if os.path.exists(os.path.join(work, name)):
-                os.unlink(os.path.join(work, name))
+        if os.path.exists(long_path):
+            os.unlink(long_path)
 
         check_token_shards(mpirun, ddplab, np_ranks, work)
 

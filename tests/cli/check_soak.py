@@ -57,17 +57,21 @@ def rank_pids(marker):
     return ranks
 
 
-def run(mpirun, ddplab, steps, path, sample=False):
+def start(mpirun, ddplab, steps, path):
     cmd = [mpirun, "--bind-to", "none", "-np", "2", ddplab, "train", "--steps", str(steps), "--out", path] + SMALL
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run(mpirun, ddplab, steps, path, sample=False):
+    p = start(mpirun, ddplab, steps, path)
     samples = []  # (seconds, [RSS of rank 0, of rank 1] in kB), from the first snapshot on: start-up is over
-    start = time.monotonic()
-    while p.poll() is None and time.monotonic() - start < 300:
+    began = time.monotonic()
+    while p.poll() is None and time.monotonic() - began < 300:
         if sample and os.path.exists(path + ".partial"):
             pids = rank_pids("--out " + path)
             kb = [rss_kb(pids[r]) if r in pids else None for r in (0, 1)]
             if None not in kb:
-                samples.append((time.monotonic() - start, kb))
+                samples.append((time.monotonic() - began, kb))
         time.sleep(0.05)
     out, _ = p.communicate(timeout=60)
     return p.returncode, out, samples
@@ -77,6 +81,11 @@ def main():
     mpirun, ddplab = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20000
     with tempfile.TemporaryDirectory() as work:
+        # The two runs whose file sizes are compared go on beside the soak: their files do not depend on it, and the
+        # soak's samples are of its own ranks' memory.
+        s = steps // 4
+        short, longer = os.path.join(work, "s.h5"), os.path.join(work, "l.h5")
+        beside = [start(mpirun, ddplab, s, short), start(mpirun, ddplab, 3 * s, longer)]
         long_run = os.path.join(work, "soak.h5")
         code, out, samples = run(mpirun, ddplab, steps, long_run, sample=True)
         check(code == 0, f"{steps}-step run completes (code {code}) {out[-300:] if code else ''}")
@@ -92,10 +101,8 @@ def main():
             check(int(f.attrs["num_steps"]) == steps and f.attrs["stop_reason"] == "", "run file complete")
         check(not os.path.exists(long_run + ".partial"), "the snapshot is gone once the run file is written")
 
-        short, longer = os.path.join(work, "s.h5"), os.path.join(work, "l.h5")
-        s = steps // 4
-        run(mpirun, ddplab, s, short)
-        run(mpirun, ddplab, 3 * s, longer)
+        for p in beside:
+            p.communicate(timeout=300)
         with h5py.File(short, "r") as f:  # the per-step datasets: [ranks, steps] and [ranks, steps, buckets]
             per_rank_step = sum(d.shape[2] if d.ndim == 3 else 1
                                 for g in ("steps", "buckets") for d in f[g].values() if d.ndim >= 2)

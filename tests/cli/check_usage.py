@@ -2,6 +2,9 @@
 """What a user meets first: --version, a mistyped command, the help text, the flags suite and sweep offer, an
 output path checked before training, and settings that must not be accepted silently.
 
+Cases that do not depend on each other run side by side (checks.run_all), each writing into a folder of its own, so
+that its "nothing written" is its own; the checks are made in order once a batch is done.
+
 usage: check_usage.py MPIRUN DDPLAB OLD_OPENBLAS_SHIM
 """
 import json
@@ -10,26 +13,30 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 
 import h5py
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, failures, run_all, start_all  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 mpirun, ddplab, old_openblas = sys.argv[1], sys.argv[2], sys.argv[3]
-# Most cases here end every rank with exit code 2. Open MPI's mpirun then waits out its kill sequence, 2 s, before
-# it ends (odls_base_sigkill_timeout, 1 s per signal). That wait is mpirun's, not ddplab's: it is taken out.
-os.environ["OMPI_MCA_odls_base_sigkill_timeout"] = "0"
 SMALL = ["--hidden", "32", "--input-dim", "16", "--classes", "10", "--batch", "4"]
+cases_root = tempfile.TemporaryDirectory()
 
 
-def run(np_ranks, *args, timeout=120, env=None):
-    start = time.monotonic()
-    proc = subprocess.run([mpirun, "-np", str(np_ranks), ddplab, *args], capture_output=True, text=True,
-                          timeout=timeout, env=None if env is None else {**os.environ, **env})
-    proc.seconds = time.monotonic() - start
-    return proc
+def job(np_ranks, *args, timeout=120, env=None, cwd=None):
+    """`mpirun -np NP ddplab ARGS`, as checks.run_all takes it."""
+    return [mpirun, "-np", str(np_ranks), ddplab, *args], dict(timeout=timeout, cwd=cwd,
+                                                               env=None if env is None else {**os.environ, **env})
+
+
+def run(np_ranks, *args, **keywords):
+    return run_all([job(np_ranks, *args, **keywords)])[0]
+
+
+def case_folder():
+    """An empty folder of one case's own."""
+    return tempfile.mkdtemp(dir=cases_root.name)
 
 
 def our_lines(stderr):
@@ -47,10 +54,316 @@ version = run(1, "--version")
 pattern = r"ddplab \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}(-dirty)?|unknown)\)"
 check(version.returncode == 0 and re.fullmatch(pattern, version.stdout.strip()) is not None,
       f"--version prints the version and commit ({version.stdout.strip()!r})")
-devices = run(1, "devices")
+# An OpenBLAS older than the CPU names a family below it (Debian's 0.3.21 names an Emerald Rapids Xeon Prescott): the
+# shim makes it do so here. ddplab measures the families of the CPU's own instruction set and runs the fastest; a
+# fresh cache, so that the probe runs.
+flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split())
+avx2 = {"avx2", "fma"} <= flags
+# Each devices run measures GEMM for seconds: they go on beside the cases below, and are checked at the end.
+blas_runs = start_all(
+    [job(1, "devices"), job(1, "devices", env={"OPENBLAS_CORETYPE": "Haswell"}),
+     job(1, "devices", env={"DDPLAB_BLAS_AUTO": "off"}),
+     job(1, "devices", env={"DDPLAB_BLAS_AUTO": ""}),  # empty is unset, as for every setting
+     job(2, "--version")] +
+    ([job(1, "devices", env={"LD_PRELOAD": old_openblas, "XDG_CACHE_HOME": case_folder()})] if avx2 else []), jobs=2)
+
+# ---- a mistyped command, an unknown option, a refused --resume; the first half of a resume; progress; help ----------
+typos = [("trian", "train"), ("swep", "sweep"), ("sutie", "suite"), ("reprot", "report")]
+resume_cwd, resume_folder, progress_folder = case_folder(), case_folder(), case_folder()
+ck = os.path.join(resume_folder, "ck.h5")
+*mistyped, nowhere_near, stepz, twice, missing, first, progress, top, train_help, suite_help, sweep_help, pigeon = \
+    run_all([job(1, typo, "--steps", "2") for typo, _ in typos] + [
+        job(1, "xyzzyqq"),
+        job(1, "train", "--stepz", "3"),
+        job(1, "train", "--batching", "bucket", "--batching", "token"),
+        job(1, "train", *SMALL, "--resume", "missing.h5", cwd=resume_cwd),
+        job(1, "train", *SMALL, "--steps", "4", "--checkpoint", ck, "--out", os.path.join(resume_folder, "a.h5")),
+        job(1, "train", "--steps", "200", "--threads", "1", "--out", os.path.join(progress_folder, "p.h5")),
+        job(1, "--help"), job(1, "train", "--help"), job(1, "suite", "lab", "--help"), job(1, "sweep", "--help"),
+        job(1, "train", *SMALL, "--comm", "pigeon")])
+for (typo, meant), proc in zip(typos, mistyped):
+    check(refused(proc, f"unknown command '{typo}' (did you mean '{meant}'?)"),
+          f"ddplab {typo}: names the word and suggests {meant} ({our_lines(proc.stderr)})")
+proc = nowhere_near
+check(refused(proc, "unknown command 'xyzzyqq'; commands: train, suite, sweep, devices, report, timeline"),
+      f"a word near no command lists the commands ({our_lines(proc.stderr)})")
+
+# An unknown option: named in the order typed (CLI11 2.1 reverses them).
+check(refused(stepz, "unknown option --stepz, followed by 3"), f"train --stepz 3 ({our_lines(stepz.stderr)})")
+check(refused(twice, "--batching given more than once (it takes one value)"),
+      f"a flag given twice ({our_lines(twice.stderr)})")
+
+# A refused --resume leaves nothing behind, not even the runs/ folder made for the default run file.
+check(refused(missing, "missing.h5") and os.listdir(resume_cwd) == [],
+      f"--resume missing.h5: refused, nothing left in the folder ({our_lines(missing.stderr)}, "
+      f"{os.listdir(resume_cwd)})")
+
+# Resuming from a checkpoint and saving back to it needs no --force (the --out file still does).
+again = run(1, "train", *SMALL, "--steps", "6", "--resume", ck, "--checkpoint", ck, "--out",
+            os.path.join(resume_folder, "b.h5"))
+with h5py.File(ck, "r") as f:
+    step = int(f.attrs["step"])
+check(first.returncode == 0 and again.returncode == 0 and "checkpoint: " + ck + " (a resume starts at step 6)"
+      in again.stdout and step == 6, f"--resume ck --checkpoint ck replaces it ({our_lines(again.stderr)})")
+
+# Progress: at most once a second, over the interval since the last line, with elapsed time and ETA.
+lines = re.findall(r"^  step (\d+)/200  ([\d.]+) ms/step  (\d+) samples/s  loss [\d.]+ \(rank 0\)  "
+                   r"elapsed (\d+) s, eta (\d+) s$", progress.stdout, re.M)
+# Each line's samples/s is the batch (128) over its interval's mean step.
+consistent = all(abs(int(rate) - 128 / (float(ms) / 1e3)) <= 0.02 * int(rate) + 1 for _, ms, rate, _, _ in lines)
+check(progress.returncode == 0 and lines and consistent,
+      f"progress lines: step, interval ms/step, samples/s, loss, elapsed, eta ({progress.stdout[:400]})")
+
+# Help.
+check("MLP or a transformer" in top.stdout, "train's description names the transformer too")
+check("--version" in top.stdout, "--help lists --version")
+check("global batch = batch x grad-accum x ranks" in train_help.stdout, "--batch help: batch x grad-accum x ranks")
+for flag in ["--out", "--checkpoint", "--resume", "--fault"]:
+    check(re.search(rf"^\s+{flag}(?![\w-])", train_help.stdout, re.M) is not None, f"train offers {flag}")
+for command, proc in [(["suite", "lab"], suite_help), (["sweep"], sweep_help)]:
+    offered = [flag for flag in ["--out", "--checkpoint", "--checkpoint-every", "--resume", "--fault", "--fault-rank",
+                                 "--fault-step"] if re.search(rf"^\s+{flag}(?![\w-])", proc.stdout, re.M)]
+    check(offered == [] and re.search(r"^\s+--out-dir\b", proc.stdout, re.M) is not None,
+          f"{command[0]} --help offers none of the flags it would ignore ({offered})")
+check(refused(pigeon, "--comm must be ring, mpi, hier or nccl (got 'pigeon')"), "the --comm error lists nccl")
+
+# ---- refusals before any work: each case in a folder of its own, which must stay empty ------------------------
+cases = []  # (its folder, its run as checks.run_all takes it, whether the process refused as it must, what it checks)
+
+
+def refusal(np_ranks, args, text, what, **keywords):
+    """`ddplab ARGS` on NP ranks refused with `text`; args(work) builds ARGS around the case's folder."""
+    work = case_folder()
+    cases.append((work, job(np_ranks, *args(work), **keywords), lambda proc: refused(proc, text), what))
+
+
+# Suite and sweep refuse the flags of a single run.
+for command in [["suite", "lab"], ["sweep"]]:
+    for flag, value in [("--out", "x.h5"), ("--checkpoint", "c.h5"), ("--resume", "c.h5"), ("--fault", None)]:
+        refusal(1, lambda work, command=command, flag=flag, value=value:
+                [*command, "--steps", "2", flag, os.path.join(work, value) if value else "nan",
+                 "--out-dir", os.path.join(work, "suite")], flag, f"{command[0]} {flag} is refused, nothing written")
+
+# What a suite's or a sweep's runs would refuse is refused before its folder is made, before the first case.
+for np_ranks, command, args, text in [
+        (2, ["sweep"], ["--slow-rank", "5", "--straggler-ms", "1"], "--slow-rank 5 is not a rank of this 2-rank job"),
+        (1, ["sweep"], ["--bucket-mb", "1,1.0000001"], "--bucket-mb lists 1 twice"),
+        (1, ["sweep"], ["--overlap", "on,on"], "--overlap lists on twice"),
+        (2, ["suite", "lab"], ["--comm", "hier"], "--comm hier needs more than one node"),
+        (2, ["suite", "lab"], ["--model", "tiny", "--epoch-size", "1"], "fewer sequences per epoch (--epoch-size 1) than the 2 ranks"),
+        (1, ["suite", "lab"], ["--quiet"], "--quiet"),
+        (1, ["suite", "lab"], ["--log-every", "2"], "--log-every"),
+        (1, ["sweep"], ["--log-every", "2"], "--log-every"),
+        (1, ["suite", "lab"], ["--loader-threads", "2"],
+         "--loader-threads is not a flag of suite lab: its input cases run 0, 2 and 4 loader threads"),
+        (1, ["suite", "lab"], ["--zero-stage", "1", "--comm", "mpi"], "--zero-stage is not a flag of suite lab"),
+        (1, ["suite", "tokens"], ["--batching", "token"], "--batching is not a flag of suite tokens"),
+        (1, ["suite", "tokens"], ["--straggler-ms", "5"], "--straggler-ms is not a flag of suite tokens"),
+        (1, ["suite", "tokens"], ["--model", "mlp"], "suite tokens trains a transformer")]:
+    refusal(np_ranks, lambda work, command=command, args=args:
+            [*command, "--steps", "2", *args, "--out-dir", os.path.join(work, "many")], text,
+            f"np={np_ranks} {command[0]} {' '.join(args)}: refused, nothing written")
+# An MPMD launch can hand ranks different options of the command itself: refused on every rank before any work,
+# not a hang when one rank runs cases or points the other does not.
+for first_args, second_args, text in [(["sweep", "--bucket-mb", "1,5"], ["sweep", "--bucket-mb", "1"],
+                                       "ranks were started with different sweep options: --bucket-mb"),
+                                      (["suite", "lab"], ["suite", "tokens"],
+                                       "ranks were started with different suite options: suite")]:
+    work = case_folder()
+    common = ["--steps", "2", "--out-dir", os.path.join(work, "many")]
+    cases.append((work, ([mpirun, "-np", "1", ddplab, *first_args, *common, ":", "-np", "1", ddplab, *second_args,
+                          *common], dict(timeout=120)),
+                  lambda proc, text=text: proc.returncode == 2 and text in proc.stderr,
+                  f"{first_args[0]}: ranks given different options refuse alike"))
+# Values past what a flag can hold: one line, exit 2, not an overflow later.
+for args, text in [(["--extra-allreduce-mb", "1e300"], "--extra-allreduce-mb must be at most 1e+12"),
+                   (["--grad-slice-mb", "1e14"], "--grad-slice-mb must be at most 1e+12"),
+                   (["--timeout-s", "1e300"], "--timeout-s must be at most")]:
+    refusal(1, lambda work, args=args: ["train", *SMALL, "--steps", "2", *args, "--out", os.path.join(work, "x.h5")],
+            text, f"train {' '.join(args)}: refused")
+# Whole numbers are decimal: CLI11 alone read 010 as octal (8 steps) and 0x10 as hex; out of range is refused, not
+# clamped (--seed -1 was 2^64 - 1).
+for args, text in [(["--steps", "0x10"], "--steps: must be a whole number in decimal (got '0x10')"),
+                   (["--seed", "-1"], "--seed: must be a whole number from 0 to 18446744073709551615 (got '-1')"),
+                   (["--seed", "18446744073709551616"], "--seed: must be a whole number from 0 to"),
+                   (["--threads", "0x2"], "--threads: must be a whole number in decimal")]:
+    refusal(1, lambda work, args=args: ["train", *SMALL, *args, "--out", os.path.join(work, "x.h5")], text,
+            f"train {' '.join(args)}: refused")
+# --force reuses a results folder; it cannot make one whose parent is missing, and says why.
+work = case_folder()
+nowhere = os.path.join(work, "no", "such")
+cases.append((work, job(1, "suite", "lab", "--steps", "2", "--force", "--out-dir", nowhere),
+              lambda proc, nowhere=nowhere:
+              refused(proc, f"cannot create the results folder {nowhere}: No such file or directory"),
+              "suite --force into a missing folder: refused with the reason"))
+# The output path, checked before the first step: a run long enough that a check after training would time out, so
+# the refusal must come before it.
+long_run = [*SMALL, "--steps", "1000000"]
+for np_ranks in [1, 2]:
+    for args, text in [(lambda work: ["--out", "/proc/x.h5"], lambda work: "cannot write /proc/x.h5"),
+                       (lambda work: ["--out", "/proc/x.h5", "--force"], lambda work: "cannot write /proc/x.h5"),
+                       (lambda work: ["--out", work], lambda work: f"output path {work} is a folder"),
+                       (lambda work: ["--out", work, "--force"], lambda work: f"output path {work} is a folder"),
+                       (lambda work: ["--checkpoint", "/proc/c.h5", "--out", os.path.join(work, "r.h5")],
+                        lambda work: "cannot write /proc/c.h5")]:
+        work = case_folder()
+        cases.append((work, job(np_ranks, "train", *long_run, *args(work), timeout=60),
+                      lambda proc, expected=text(work): refused(proc, expected),
+                      f"np={np_ranks} train {' '.join(args(work))}: refused before training"))
+# --checkpoint naming the run file's snapshot, or the page train writes beside it.
+work = case_folder()
+snap_out = os.path.join(work, "s.h5")
+cases.append((work, job(1, "train", *long_run, "--checkpoint", snap_out + ".partial", "--out", snap_out, timeout=60),
+              lambda proc: refused(proc, "is the snapshot of --out"),
+              "--checkpoint naming the run file's snapshot is refused"))
+work = case_folder()
+page_out, page = os.path.join(work, "s.h5"), os.path.join(work, "s.report.html")
+cases.append((work, job(1, "train", *long_run, "--checkpoint", page, "--out", page_out, timeout=60,
+                        env={"DDPLAB_TRAIN_PAGE": "on"}),
+              lambda proc, text=f"--checkpoint {page} is the page train writes beside --out {page_out}":
+              refused(proc, text),
+              "--checkpoint naming train's page is refused"))
+# A check that reads one rank's own --out (against --checkpoint) refuses on every rank: that rank alone would leave
+# the others waiting in the next collective.
+work = case_folder()
+rank_ck = os.path.join(work, "ck.h5")
+ranks = [["-np", "1", ddplab, "train", *long_run, "--checkpoint", rank_ck, "--out", out] for out in
+         (os.path.join(work, "a.h5"), rank_ck)]
+cases.append((work, ([mpirun, *ranks[0], ":", *ranks[1]], dict(timeout=60)),
+              lambda proc: refused(proc, "rank 1: --out and --checkpoint name the same file"),
+              "rank 1's --out is its --checkpoint: every rank refuses"))
+# Settings that were accepted silently.
+for np_ranks in [1, 2]:
+    refusal(np_ranks, lambda work: ["train", *SMALL, "--steps", "2", "--slow-rank", "5", "--straggler-ms", "10"],
+            f"--slow-rank 5 is not a rank of this {np_ranks}-rank job", f"np={np_ranks}: --slow-rank 5 refused like "
+            "--fault-rank")
+refusal(1, lambda work: ["train", *SMALL, "--steps", "4", "--warmup-steps", "4"],
+        "--warmup-steps 4 leaves none of the 4 steps (--steps) to measure", "--warmup-steps >= --steps refused")
+refusal(1, lambda work: ["suite", "lab", "--steps", "3", "--warmup-steps", "3", "--out-dir", os.path.join(work, "s")],
+        "--warmup-steps 3 leaves none", "suite: --warmup-steps >= --steps refused")
+refusal(1, lambda work: ["train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "0"],
+        "--link-gbps must be positive (got 0)", "--link-gbps 0 refused")
+# Numbers a flag cannot mean: infinite, not a number, below an auto knob's range.
+for args, text in [(["--lr", "inf"], "--lr must be a finite number (got inf)"),
+                   (["--straggler-ms", "inf"], "--straggler-ms must be a finite number (got inf)"),
+                   (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must not be negative"),
+                   (["--link", "10gbe", "--link-latency-us", "-2"], "--link-latency-us: must not be negative"),
+                   (["--link", "10gbe", "--link-gbps", "nan"], "--link-gbps: must be a finite number or auto"),
+                   (["--threads", "0"], "--threads: must be at least 1")]:
+    refusal(1, lambda work, args=args: ["train", *SMALL, "--steps", "2", *args, "--out", os.path.join(work, "x.h5")],
+            text, f"train {' '.join(args)} refused")
+
+for (work, _, ok, what), proc in zip(cases, run_all([case[1] for case in cases])):
+    check(ok(proc) and os.listdir(work) == [],
+          f"{what} ({proc.seconds:.2f} s, mpirun included; {proc.returncode}: {our_lines(proc.stderr)}; left: "
+          f"{os.listdir(work)})")
+
+# ---- runs that go on: decimal steps, the smallest timeout, --force on an input, snapshots and pages beside the run
+# file, the emulated link's header, an allocation past the host's memory, auto in help --------------------------------
+decimal_out = os.path.join(case_folder(), "decimal.h5")
+hang_out = os.path.join(case_folder(), "hang.h5")
+read = os.path.join(case_folder(), "read.h5")
+# A crashed run's snapshot may be all that is left of it; the page may be an earlier run's.
+snap_work = case_folder()
+snap_out = os.path.join(snap_work, "s.h5")
+with open(snap_out + ".partial", "w") as f:
+    f.write("an earlier run's snapshot")
+page_work = case_folder()
+page_out, page = os.path.join(page_work, "s.h5"), os.path.join(page_work, "s.report.html")
+with open(page, "w") as f:
+    f.write("an earlier page")
+stopped_work = case_folder()
+stopped_out, stopped_page = os.path.join(stopped_work, "s.h5"), os.path.join(stopped_work, "s.report.html")
+short = os.path.join(case_folder(), "short.h5")
+emulated, latency = os.path.join(case_folder(), "emulated.h5"), os.path.join(case_folder(), "latency.h5")
+petabyte = os.path.join(case_folder(), "petabyte.h5")
+(decimal, hang, read_run, kept_snapshot, kept_page, complete, short_run, emulated_run, latency_run, oom,
+ helped) = run_all([
+     job(1, "train", *SMALL, "--steps", "010", "--warmup-steps", "1", "--quiet", "--out", decimal_out),
+     # The smallest timeout still arms the watchdog (a hung rank ends the job), where it once rounded to off.
+     job(2, "train", *SMALL, "--steps", "4", "--fault", "hang", "--fault-step", "1", "--timeout-s", "1e-12",
+         "--out", hang_out),
+     job(1, "train", *SMALL, "--steps", "3", "--out", read),
+     job(1, "train", *long_run, "--flush-every", "2", "--out", snap_out, timeout=60),
+     job(1, "train", *long_run, "--out", page_out, timeout=60, env={"DDPLAB_TRAIN_PAGE": "on"}),
+     job(1, "train", *SMALL, "--steps", "4", "--out", stopped_out, env={"DDPLAB_TRAIN_PAGE": "on"}),
+     job(1, "train", *SMALL, "--steps", "2", "--out", short),  # the default warm-up (5) shrinks to fit
+     job(1, "train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "2.5", "--out", emulated),
+     job(1, "train", *SMALL, "--steps", "2", "--link-latency-us", "5", "--out", latency),
+     job(1, "train", *SMALL, "--steps", "2", "--extra-allreduce-mb", "1e9", "--out", petabyte),  # a petabyte
+     job(1, "train", "--help")])
+
+steps = None
+if decimal.returncode == 0:
+    with h5py.File(decimal_out, "r") as f:
+        steps = int(f.attrs["num_steps"])
+check(steps == 10, f"--steps 010 is ten steps ({steps})")
+check(hang.returncode == 3 and "watchdog" in hang.stderr, f"--timeout-s 1e-12 arms the watchdog ({hang.returncode})")
+
+# --force replaces an output, never the file a command reads.
+check(read_run.returncode == 0, "a run file to read")
+commands = (["timeline", read, "-o", read], ["predict", read, "--json", read], ["report", read, "--html", read])
+for args, proc in zip(commands, run_all([([ddplab, *args, "--force"], dict(timeout=60)) for args in commands])):
+    with open(read, "rb") as f:
+        hdf5 = f.read(8) == b"\x89HDF\r\n\x1a\n"
+    check(refused(proc, f"output {read} is {read}, which this command reads") and hdf5,
+          f"{args[0]} with its output on its input, --force: refused, the run file intact ({our_lines(proc.stderr)})")
+
+# The files beside the run file: a snapshot (--flush-every) and train's page are replaced only with --force.
+check(refused(kept_snapshot, f"output file {snap_out}.partial already exists (pass --force to overwrite)") and
+      sorted(os.listdir(snap_work)) == ["s.h5.partial"],
+      f"an existing snapshot is not replaced ({our_lines(kept_snapshot.stderr)})")
+proc = run(1, "train", *SMALL, "--steps", "3", "--out", snap_out)  # no snapshot taken: the file is not ours
+check(proc.returncode == 0 and open(snap_out + ".partial").read() == "an earlier run's snapshot",
+      "a run without snapshots leaves an existing .partial as it was")
+check(refused(kept_page, f"output file {page} already exists (pass --force to overwrite); it is the page") and
+      os.listdir(page_work) == ["s.report.html"], f"an existing page is not replaced ({our_lines(kept_page.stderr)})")
+# A run that stops early writes its page too, saying so: the page of the run its file replaced would remain.
+check(complete.returncode == 0 and os.path.isfile(stopped_page), "a complete run's page")
+proc = run(1, "train", *SMALL, "--steps", "6", "--fault", "nan", "--fault-step", "2", "--out", stopped_out, "--force",
+           env={"DDPLAB_TRAIN_PAGE": "on"})
+text = open(stopped_page).read() if os.path.isfile(stopped_page) else ""
+check(proc.returncode != 0 and f"page: {stopped_page}" in proc.stdout and "did not complete</b>" in text,
+      f"a stopped run replaces the page beside its run file with its own (rc {proc.returncode}, "
+      f"{[line for line in proc.stdout.splitlines() if line.startswith('page')]})")
+
+check(short_run.returncode == 0 and "steady state: steps 1..1 of 2" in short_run.stdout,
+      f"a 2-step run with the default warm-up measures its last step ({short_run.stderr[-200:]})")
+check(emulated_run.returncode == 0 and "link 10gbe (10 us, 2.5 Gbit/s)" in emulated_run.stdout,
+      "the header shows the link as emulated, overrides applied")
+check(latency_run.returncode == 0 and "link custom (5 us, unlimited bandwidth)" in latency_run.stdout,
+      "latency alone: the header names the link custom, its bandwidth unlimited")
+report = subprocess.run([ddplab, "report", latency], capture_output=True, text=True, timeout=60)
+check("link custom (5 us, unlimited bandwidth)" in report.stdout,
+      f"report names the emulated link as the header does ({report.stdout[:300]})")
+
+# ---- a resume on a host that resolves auto otherwise: the checkpoint's value, not a refusal ----------------------
+# Unbound, a lone rank with one BLAS thread has a spare core: the update runs in backward and --grad-slice-mb
+# auto is 1 MiB. Bound to one core it has none, and auto alone would be whole weights, another arithmetic.
+if (os.cpu_count() or 1) >= 2:
+    work = case_folder()
+    auto_ck, first_out, second_out = (os.path.join(work, n) for n in ("auto_ck.h5", "first.h5", "second.h5"))
+    proc = run(1, "train", *SMALL, "--threads", "1", "--steps", "4", "--checkpoint", auto_ck, "--out", first_out)
+    saved = json.loads(h5py.File(auto_ck, "r").attrs["config"]).get("grad_slice_mb") if proc.returncode == 0 else None
+    resumed = subprocess.run([mpirun, "--bind-to", "core", "-np", "1", ddplab, "train", *SMALL, "--threads", "1",
+                              "--steps", "8", "--resume", auto_ck, "--out", second_out], capture_output=True, text=True,
+                             timeout=120)
+    stored = json.loads(h5py.File(second_out, "r").attrs["config"]).get("grad_slice_mb") \
+        if resumed.returncode == 0 else None
+    check(saved == 1 and resumed.returncode == 0 and stored == 1,
+          f"resumed bound to one core, --grad-slice-mb auto takes the checkpoint's {saved} (stored {stored}; "
+          f"{our_lines(resumed.stderr)})")
+
+check(oom.returncode != 0 and "out of memory: the run needs more than this host gives" in oom.stderr and
+      "--extra-allreduce-mb" in oom.stderr, f"an allocation past the host's memory names it ({our_lines(oom.stderr)})")
+check("{auto->" not in helped.stdout and "--threads N|auto=auto" in helped.stdout,
+      "an auto knob's help shows auto, not its stand-in value")
+
+# ---- devices: the version; the BLAS kernels named with the reason, OPENBLAS_CORETYPE, DDPLAB_BLAS_AUTO=off obeyed
+devices, haswell, auto_off, auto_empty, version_np2, *old = blas_runs()
 check(devices.stdout.splitlines()[:1] == [version.stdout.strip()], "devices starts with the same version line")
 
-# ---- the BLAS kernels: named with the reason, the user's OPENBLAS_CORETYPE and DDPLAB_BLAS_AUTO=off obeyed ----------
+
 def kernels_of(proc):
     """devices' 'kernels <core> (<why>)' line and the core its BLAS line names ('core=<core>')."""
     named = re.search(r"^ +kernels (\w+) \((.+)\)$", proc.stdout, re.M)
@@ -65,24 +378,19 @@ check(gemm is not None and float(gemm.group(1)) > 0, "devices measures the GEMM 
 alike = re.search(r"^ +GEMM, .*; measured alike, (\w+) (\d+)% of the best \(", devices.stdout, re.M)
 check(alike is not None and alike.group(1) == core and 0 < int(alike.group(2)) <= 100,
       f"devices sets the kernels in use against the best family, measured alike ({alike and alike.group(0).strip()})")
-core, why, loaded = kernels_of(run(1, "devices", env={"OPENBLAS_CORETYPE": "Haswell"}))
+core, why, loaded = kernels_of(haswell)
 check(core == loaded == "Haswell" and why == "OPENBLAS_CORETYPE=Haswell in the environment",
       f"a user's OPENBLAS_CORETYPE wins ({core}, {why})")
-core, why, loaded = kernels_of(run(1, "devices", env={"DDPLAB_BLAS_AUTO": "off"}))
+core, why, loaded = kernels_of(auto_off)
 check(core == loaded and why == "OpenBLAS's own pick; DDPLAB_BLAS_AUTO=off",
       f"DDPLAB_BLAS_AUTO=off keeps OpenBLAS's pick ({core}, {why})")
 # Empty is unset, as for every setting: the choice runs, as by default.
-core_empty, why_empty, _ = kernels_of(run(1, "devices", env={"DDPLAB_BLAS_AUTO": ""}))
+core_empty, why_empty, _ = kernels_of(auto_empty)
 core_default, why_default, _ = kernels_of(devices)
 check((core_empty, why_empty) == (core_default, why_default),
       f"DDPLAB_BLAS_AUTO= (empty) chooses as the default does ({core_empty}, {why_empty})")
-# An OpenBLAS older than the CPU names a family below it (Debian's 0.3.21 names an Emerald Rapids Xeon Prescott): the
-# shim makes it do so here. ddplab measures the families of the CPU's own instruction set and runs the fastest; a
-# fresh cache, so that the probe runs.
-flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split())
-if {"avx2", "fma"} <= flags:
-    with tempfile.TemporaryDirectory() as cache:
-        proc = run(1, "devices", env={"LD_PRELOAD": old_openblas, "XDG_CACHE_HOME": cache})
+if avx2:
+    proc = old[0]
     core, why, loaded = kernels_of(proc)
     check(proc.returncode == 0 and core in {"Haswell", "Zen", "SkylakeX", "Cooperlake"} and core == loaded and
           why.startswith("probe: ") and why.endswith("; OpenBLAS detected Prescott"),
@@ -90,283 +398,8 @@ if {"avx2", "fma"} <= flags:
           f"{why}; loaded {loaded}, exit {proc.returncode} {proc.stderr[-300:]})")
 else:
     print("skip: an OpenBLAS that names Prescott: this CPU has no AVX2+FMA, so nothing above OpenBLAS's pick to run")
-check(run(2, "--version").stdout.count("ddplab ") == 1, "--version on 2 ranks prints one line")
+check(version_np2.stdout.count("ddplab ") == 1, "--version on 2 ranks prints one line")
 
-# ---- a mistyped command ------------------------------------------------------------------------------------------
-for typo, meant in [("trian", "train"), ("swep", "sweep"), ("sutie", "suite"), ("reprot", "report")]:
-    proc = run(1, typo, "--steps", "2")
-    check(refused(proc, f"unknown command '{typo}' (did you mean '{meant}'?)"),
-          f"ddplab {typo}: names the word and suggests {meant} ({our_lines(proc.stderr)})")
-proc = run(1, "xyzzyqq")
-check(refused(proc, "unknown command 'xyzzyqq'; commands: train, suite, sweep, devices, report, timeline"),
-      f"a word near no command lists the commands ({our_lines(proc.stderr)})")
-
-# ---- an unknown option: named in the order typed (CLI11 2.1 reverses them) -----------------------------------------
-proc = run(1, "train", "--stepz", "3")
-check(refused(proc, "unknown option --stepz, followed by 3"), f"train --stepz 3 ({our_lines(proc.stderr)})")
-proc = run(1, "train", "--batching", "bucket", "--batching", "token")
-check(refused(proc, "--batching given more than once (it takes one value)"),
-      f"a flag given twice ({our_lines(proc.stderr)})")
-
-# ---- a refused --resume leaves nothing behind, not even the runs/ folder made for the default run file ---------------
-with tempfile.TemporaryDirectory() as cwd:
-    proc = subprocess.run([mpirun, "-np", "1", ddplab, "train", *SMALL, "--resume", "missing.h5"], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
-    check(refused(proc, "missing.h5") and os.listdir(cwd) == [],
-          f"--resume missing.h5: refused, nothing left in the folder ({our_lines(proc.stderr)}, {os.listdir(cwd)})")
-
-# ---- resuming from a checkpoint and saving back to it needs no --force (the --out file still does) ---------------------
-with tempfile.TemporaryDirectory() as tmp:
-    ck = os.path.join(tmp, "ck.h5")
-    first = run(1, "train", *SMALL, "--steps", "4", "--checkpoint", ck, "--out", os.path.join(tmp, "a.h5"))
-    again = run(1, "train", *SMALL, "--steps", "6", "--resume", ck, "--checkpoint", ck, "--out",
-                os.path.join(tmp, "b.h5"))
-    with h5py.File(ck, "r") as f:
-        step = int(f.attrs["step"])
-    check(first.returncode == 0 and again.returncode == 0 and "checkpoint: " + ck + " (a resume starts at step 6)"
-          in again.stdout and step == 6, f"--resume ck --checkpoint ck replaces it ({our_lines(again.stderr)})")
-
-# ---- progress: at most once a second, over the interval since the last line, with elapsed time and ETA -------------
-with tempfile.TemporaryDirectory() as tmp:
-    proc = run(1, "train", "--steps", "200", "--threads", "1", "--out", os.path.join(tmp, "p.h5"))
-    lines = re.findall(r"^  step (\d+)/200  ([\d.]+) ms/step  (\d+) samples/s  loss [\d.]+ \(rank 0\)  "
-                       r"elapsed (\d+) s, eta (\d+) s$", proc.stdout, re.M)
-    # Each line's samples/s is the batch (128) over its interval's mean step.
-    consistent = all(abs(int(rate) - 128 / (float(ms) / 1e3)) <= 0.02 * int(rate) + 1 for _, ms, rate, _, _ in lines)
-    check(proc.returncode == 0 and lines and consistent,
-          f"progress lines: step, interval ms/step, samples/s, loss, elapsed, eta ({proc.stdout[:400]})")
-
-# ---- help ---------------------------------------------------------------------------------------------------------
-top = run(1, "--help").stdout
-check("MLP or a transformer" in top, "train's description names the transformer too")
-check("--version" in top, "--help lists --version")
-train_help = run(1, "train", "--help").stdout
-check("global batch = batch x grad-accum x ranks" in train_help, "--batch help: batch x grad-accum x ranks")
-for flag in ["--out", "--checkpoint", "--resume", "--fault"]:
-    check(re.search(rf"^\s+{flag}(?![\w-])", train_help, re.M) is not None, f"train offers {flag}")
-for command in [["suite", "lab"], ["sweep"]]:
-    text = run(1, *command, "--help").stdout
-    offered = [flag for flag in ["--out", "--checkpoint", "--checkpoint-every", "--resume", "--fault", "--fault-rank",
-                                 "--fault-step"] if re.search(rf"^\s+{flag}(?![\w-])", text, re.M)]
-    check(offered == [] and re.search(r"^\s+--out-dir\b", text, re.M) is not None,
-          f"{command[0]} --help offers none of the flags it would ignore ({offered})")
-proc = run(1, "train", *SMALL, "--comm", "pigeon")
-check(refused(proc, "--comm must be ring, mpi, hier or nccl (got 'pigeon')"), "the --comm error lists nccl")
-
-with tempfile.TemporaryDirectory() as work:
-    # ---- suite and sweep refuse the flags of a single run ---------------------------------------------------------
-    for command in [["suite", "lab"], ["sweep"]]:
-        for flag, value in [("--out", os.path.join(work, "x.h5")), ("--checkpoint", os.path.join(work, "c.h5")),
-                            ("--resume", os.path.join(work, "c.h5")), ("--fault", "nan")]:
-            proc = run(1, *command, "--steps", "2", flag, value, "--out-dir", os.path.join(work, "suite"))
-            check(refused(proc, flag) and os.listdir(work) == [],
-                  f"{command[0]} {flag} is refused, nothing written ({our_lines(proc.stderr)})")
-
-    # ---- what a suite's or a sweep's runs would refuse is refused before its folder is made, before the first case ----
-    folder = os.path.join(work, "many")
-    for np_ranks, command, args, text in [
-            (2, ["sweep"], ["--slow-rank", "5", "--straggler-ms", "1"], "--slow-rank 5 is not a rank of this 2-rank job"),
-            (1, ["sweep"], ["--bucket-mb", "1,1.0000001"], "--bucket-mb lists 1 twice"),
-            (1, ["sweep"], ["--overlap", "on,on"], "--overlap lists on twice"),
-            (2, ["suite", "lab"], ["--comm", "hier"], "--comm hier needs more than one node"),
-            (2, ["suite", "lab"], ["--model", "tiny", "--epoch-size", "1"], "fewer sequences per epoch (--epoch-size 1) than the 2 ranks"),
-            (1, ["suite", "lab"], ["--quiet"], "--quiet"),
-            (1, ["suite", "lab"], ["--log-every", "2"], "--log-every"),
-            (1, ["sweep"], ["--log-every", "2"], "--log-every"),
-            (1, ["suite", "lab"], ["--loader-threads", "2"],
-             "--loader-threads is not a flag of suite lab: its input cases run 0, 2 and 4 loader threads"),
-            (1, ["suite", "lab"], ["--zero-stage", "1", "--comm", "mpi"], "--zero-stage is not a flag of suite lab"),
-            (1, ["suite", "tokens"], ["--batching", "token"], "--batching is not a flag of suite tokens"),
-            (1, ["suite", "tokens"], ["--straggler-ms", "5"], "--straggler-ms is not a flag of suite tokens"),
-            (1, ["suite", "tokens"], ["--model", "mlp"], "suite tokens trains a transformer")]:
-        proc = run(np_ranks, *command, "--steps", "2", *args, "--out-dir", folder)
-        check(refused(proc, text) and os.listdir(work) == [],
-              f"np={np_ranks} {command[0]} {' '.join(args)}: refused, nothing written ({our_lines(proc.stderr)})")
-    # An MPMD launch can hand ranks different options of the command itself: refused on every rank before any work,
-    # not a hang when one rank runs cases or points the other does not.
-    for first, second, text in [(["sweep", "--bucket-mb", "1,5"], ["sweep", "--bucket-mb", "1"],
-                                 "ranks were started with different sweep options: --bucket-mb"),
-                                (["suite", "lab"], ["suite", "tokens"],
-                                 "ranks were started with different suite options: suite")]:
-        common = ["--steps", "2", "--out-dir", folder]
-        proc = subprocess.run([mpirun, "-np", "1", ddplab, *first, *common, ":", "-np", "1", ddplab, *second, *common],
-                              capture_output=True, text=True, timeout=120)
-        check(proc.returncode == 2 and text in proc.stderr and os.listdir(work) == [],
-              f"{first[0]}: ranks given different options refuse alike ({proc.returncode}: {our_lines(proc.stderr)})")
-    # Values past what a flag can hold: one line, exit 2, not an overflow later.
-    for args, text in [(["--extra-allreduce-mb", "1e300"], "--extra-allreduce-mb must be at most 1e+12"),
-                       (["--grad-slice-mb", "1e14"], "--grad-slice-mb must be at most 1e+12"),
-                       (["--timeout-s", "1e300"], "--timeout-s must be at most")]:
-        proc = run(1, "train", *SMALL, "--steps", "2", *args, "--out", os.path.join(work, "x.h5"))
-        check(refused(proc, text) and os.listdir(work) == [], f"train {' '.join(args)}: refused ({our_lines(proc.stderr)})")
-    # Whole numbers are decimal: CLI11 alone read 010 as octal (8 steps) and 0x10 as hex; out of range is refused, not
-    # clamped (--seed -1 was 2^64 - 1).
-    for args, text in [(["--steps", "0x10"], "--steps: must be a whole number in decimal (got '0x10')"),
-                       (["--seed", "-1"], "--seed: must be a whole number from 0 to 18446744073709551615 (got '-1')"),
-                       (["--seed", "18446744073709551616"], "--seed: must be a whole number from 0 to"),
-                       (["--threads", "0x2"], "--threads: must be a whole number in decimal")]:
-        proc = run(1, "train", *SMALL, *args, "--out", os.path.join(work, "x.h5"))
-        check(refused(proc, text) and os.listdir(work) == [], f"train {' '.join(args)}: refused ({our_lines(proc.stderr)})")
-    decimal_out = os.path.join(work, "decimal.h5")
-    proc = run(1, "train", *SMALL, "--steps", "010", "--warmup-steps", "1", "--quiet", "--out", decimal_out)
-    steps = None
-    if proc.returncode == 0:
-        with h5py.File(decimal_out, "r") as f:
-            steps = int(f.attrs["num_steps"])
-        os.unlink(decimal_out)
-    check(steps == 10, f"--steps 010 is ten steps ({steps})")
-    # The smallest timeout still arms the watchdog (a hung rank ends the job), where it once rounded to off.
-    proc = run(2, "train", *SMALL, "--steps", "4", "--fault", "hang", "--fault-step", "1", "--timeout-s", "1e-12",
-               "--out", os.path.join(work, "hang.h5"), timeout=120)
-    check(proc.returncode == 3 and "watchdog" in proc.stderr, f"--timeout-s 1e-12 arms the watchdog ({proc.returncode})")
-    for name in os.listdir(work):
-        os.unlink(os.path.join(work, name))
-    # --force reuses a results folder; it cannot make one whose parent is missing, and says why.
-    nowhere = os.path.join(work, "no", "such")
-    proc = run(1, "suite", "lab", "--steps", "2", "--force", "--out-dir", nowhere)
-    check(refused(proc, f"cannot create the results folder {nowhere}: No such file or directory") and
-          os.listdir(work) == [], f"suite --force into a missing folder: refused with the reason ({our_lines(proc.stderr)})")
-
-    # ---- --force replaces an output, never the file a command reads ------------------------------------------------
-    read = os.path.join(work, "read.h5")
-    check(run(1, "train", *SMALL, "--steps", "3", "--out", read).returncode == 0, "a run file to read")
-    for args in (["timeline", read, "-o", read], ["predict", read, "--json", read], ["report", read, "--html", read]):
-        proc = subprocess.run([ddplab, *args, "--force"], capture_output=True, text=True, timeout=60)
-        with open(read, "rb") as f:
-            hdf5 = f.read(8) == b"\x89HDF\r\n\x1a\n"
-        check(refused(proc, f"output {read} is {read}, which this command reads") and hdf5,
-              f"{args[0]} with its output on its input, --force: refused, the run file intact ({our_lines(proc.stderr)})")
-    os.unlink(read)
-
-    # ---- the output path, checked before the first step -------------------------------------------------------------
-    # A run long enough that a check after training would time out: the refusal must come before it.
-    long_run = [*SMALL, "--steps", "1000000"]
-    for np_ranks in [1, 2]:
-        for args, text in [(["--out", "/proc/x.h5"], "cannot write /proc/x.h5"),
-                           (["--out", "/proc/x.h5", "--force"], "cannot write /proc/x.h5"),
-                           (["--out", work], f"output path {work} is a folder"),
-                           (["--out", work, "--force"], f"output path {work} is a folder"),
-                           (["--checkpoint", "/proc/c.h5", "--out", os.path.join(work, "r.h5")],
-                            "cannot write /proc/c.h5")]:
-            proc = run(np_ranks, "train", *long_run, *args, timeout=60)
-            check(refused(proc, text) and os.listdir(work) == [],
-                  f"np={np_ranks} train {' '.join(args)}: refused before training in {proc.seconds:.2f} s "
-                  f"(mpirun included), nothing left ({our_lines(proc.stderr)})")
-
-    # ---- the files beside the run file: a snapshot (--flush-every) and train's page are replaced only with --force ----
-    # A crashed run's snapshot may be all that is left of it; the page may be an earlier run's.
-    snap_out = os.path.join(work, "s.h5")
-    with open(snap_out + ".partial", "w") as f:
-        f.write("an earlier run's snapshot")
-    proc = run(1, "train", *long_run, "--flush-every", "2", "--out", snap_out, timeout=60)
-    check(refused(proc, f"output file {snap_out}.partial already exists (pass --force to overwrite)") and
-          sorted(os.listdir(work)) == ["s.h5.partial"], f"an existing snapshot is not replaced ({our_lines(proc.stderr)})")
-    proc = run(1, "train", *SMALL, "--steps", "3", "--out", snap_out)  # no snapshot taken: the file is not ours
-    check(proc.returncode == 0 and open(snap_out + ".partial").read() == "an earlier run's snapshot",
-          "a run without snapshots leaves an existing .partial as it was")
-    for name in os.listdir(work):
-        os.unlink(os.path.join(work, name))
-    proc = run(1, "train", *long_run, "--checkpoint", snap_out + ".partial", "--out", snap_out, timeout=60)
-    check(refused(proc, "is the snapshot of --out") and os.listdir(work) == [],
-          f"--checkpoint naming the run file's snapshot is refused ({our_lines(proc.stderr)})")
-    page = os.path.join(work, "s.report.html")
-    with open(page, "w") as f:
-        f.write("an earlier page")
-    proc = run(1, "train", *long_run, "--out", snap_out, timeout=60, env={"DDPLAB_TRAIN_PAGE": "on"})
-    check(refused(proc, f"output file {page} already exists (pass --force to overwrite); it is the page") and
-          os.listdir(work) == ["s.report.html"], f"an existing page is not replaced ({our_lines(proc.stderr)})")
-    os.unlink(page)
-    proc = run(1, "train", *long_run, "--checkpoint", page, "--out", snap_out, timeout=60,
-               env={"DDPLAB_TRAIN_PAGE": "on"})
-    check(refused(proc, f"--checkpoint {page} is the page train writes beside --out {snap_out}") and
-          os.listdir(work) == [], f"--checkpoint naming train's page is refused ({our_lines(proc.stderr)})")
-    # A run that stops early writes its page too, saying so: the page of the run its file replaced would remain.
-    check(run(1, "train", *SMALL, "--steps", "4", "--out", snap_out, env={"DDPLAB_TRAIN_PAGE": "on"}).returncode == 0
-          and os.path.isfile(page), "a complete run's page")
-    proc = run(1, "train", *SMALL, "--steps", "6", "--fault", "nan", "--fault-step", "2", "--out", snap_out,
-               "--force", env={"DDPLAB_TRAIN_PAGE": "on"})
-    text = open(page).read() if os.path.isfile(page) else ""
-    check(proc.returncode != 0 and f"page: {page}" in proc.stdout and "did not complete</b>" in text,
-          f"a stopped run replaces the page beside its run file with its own (rc {proc.returncode}, "
-          f"{[line for line in proc.stdout.splitlines() if line.startswith('page')]})")
-    for name in os.listdir(work):
-        os.unlink(os.path.join(work, name))
-
-    # A check that reads one rank's own --out (against --checkpoint) refuses on every rank: that rank alone would
-    # leave the others waiting in the next collective.
-    ck = os.path.join(work, "ck.h5")
-    ranks = [["-np", "1", ddplab, "train", *long_run, "--checkpoint", ck, "--out", out] for out in
-             (os.path.join(work, "a.h5"), ck)]
-    start = time.monotonic()
-    proc = subprocess.run([mpirun, *ranks[0], ":", *ranks[1]], capture_output=True, text=True, timeout=60)
-    check(refused(proc, "rank 1: --out and --checkpoint name the same file") and os.listdir(work) == [],
-          f"rank 1's --out is its --checkpoint: every rank refuses, in {time.monotonic() - start:.2f} s "
-          f"({our_lines(proc.stderr)})")
-
-    # ---- settings that were accepted silently ---------------------------------------------------------------------
-    for np_ranks in [1, 2]:
-        proc = run(np_ranks, "train", *SMALL, "--steps", "2", "--slow-rank", "5", "--straggler-ms", "10")
-        check(refused(proc, f"--slow-rank 5 is not a rank of this {np_ranks}-rank job"),
-              f"np={np_ranks}: --slow-rank 5 refused like --fault-rank ({our_lines(proc.stderr)})")
-    proc = run(1, "train", *SMALL, "--steps", "4", "--warmup-steps", "4")
-    check(refused(proc, "--warmup-steps 4 leaves none of the 4 steps (--steps) to measure"),
-          f"--warmup-steps >= --steps refused ({our_lines(proc.stderr)})")
-    proc = run(1, "suite", "lab", "--steps", "3", "--warmup-steps", "3", "--out-dir", os.path.join(work, "s"))
-    check(refused(proc, "--warmup-steps 3 leaves none") and os.listdir(work) == [],
-          f"suite: --warmup-steps >= --steps refused ({our_lines(proc.stderr)})")
-    out = os.path.join(work, "short.h5")
-    proc = run(1, "train", *SMALL, "--steps", "2", "--out", out)  # the default warm-up (5) shrinks to fit
-    check(proc.returncode == 0 and "steady state: steps 1..1 of 2" in proc.stdout,
-          f"a 2-step run with the default warm-up measures its last step ({proc.stderr[-200:]})")
-    os.unlink(out)
-    proc = run(1, "train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "0")
-    check(refused(proc, "--link-gbps must be positive (got 0)"), f"--link-gbps 0 refused ({our_lines(proc.stderr)})")
-    proc = run(1, "train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "2.5", "--out", out)
-    check(proc.returncode == 0 and "link 10gbe (10 us, 2.5 Gbit/s)" in proc.stdout,
-          "the header shows the link as emulated, overrides applied")
-    os.unlink(out)
-    proc = run(1, "train", *SMALL, "--steps", "2", "--link-latency-us", "5", "--out", out)
-    check(proc.returncode == 0 and "link custom (5 us, unlimited bandwidth)" in proc.stdout,
-          "latency alone: the header names the link custom, its bandwidth unlimited")
-    report = subprocess.run([ddplab, "report", out], capture_output=True, text=True, timeout=60)
-    check("link custom (5 us, unlimited bandwidth)" in report.stdout,
-          f"report names the emulated link as the header does ({report.stdout[:300]})")
-    os.unlink(out)
-
-    # ---- a resume on a host that resolves auto otherwise: the checkpoint's value, not a refusal ----------------------
-    # Unbound, a lone rank with one BLAS thread has a spare core: the update runs in backward and --grad-slice-mb
-    # auto is 1 MiB. Bound to one core it has none, and auto alone would be whole weights, another arithmetic.
-    if (os.cpu_count() or 1) >= 2:
-        ck, first, second = (os.path.join(work, n) for n in ("auto_ck.h5", "first.h5", "second.h5"))
-        proc = run(1, "train", *SMALL, "--threads", "1", "--steps", "4", "--checkpoint", ck, "--out", first)
-        saved = json.loads(h5py.File(ck, "r").attrs["config"]).get("grad_slice_mb") if proc.returncode == 0 else None
-        resumed = subprocess.run([mpirun, "--bind-to", "core", "-np", "1", ddplab, "train", *SMALL, "--threads", "1",
-                                  "--steps", "8", "--resume", ck, "--out", second], capture_output=True, text=True,
-                                 timeout=120)
-        stored = json.loads(h5py.File(second, "r").attrs["config"]).get("grad_slice_mb") \
-            if resumed.returncode == 0 else None
-        check(saved == 1 and resumed.returncode == 0 and stored == 1,
-              f"resumed bound to one core, --grad-slice-mb auto takes the checkpoint's {saved} (stored {stored}; "
-              f"{our_lines(resumed.stderr)})")
-        for path in (ck, first, second):
-            if os.path.exists(path):
-                os.unlink(path)
-
-    # ---- numbers a flag cannot mean: infinite, not a number, below an auto knob's range -----------------------------
-    for args, text in [(["--lr", "inf"], "--lr must be a finite number (got inf)"),
-                       (["--straggler-ms", "inf"], "--straggler-ms must be a finite number (got inf)"),
-                       (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must not be negative"),
-                       (["--link", "10gbe", "--link-latency-us", "-2"], "--link-latency-us: must not be negative"),
-                       (["--link", "10gbe", "--link-gbps", "nan"], "--link-gbps: must be a finite number or auto"),
-                       (["--threads", "0"], "--threads: must be at least 1")]:
-        proc = run(1, "train", *SMALL, "--steps", "2", *args, "--out", out)
-        check(refused(proc, text) and not os.path.exists(out), f"train {' '.join(args)} refused ({our_lines(proc.stderr)})")
-    proc = run(1, "train", *SMALL, "--steps", "2", "--extra-allreduce-mb", "1e9", "--out", out)  # a petabyte
-    check(proc.returncode != 0 and "out of memory: the run needs more than this host gives" in proc.stderr and
-          "--extra-allreduce-mb" in proc.stderr, f"an allocation past the host's memory names it ({our_lines(proc.stderr)})")
-    helped = run(1, "train", "--help").stdout
-    check("{auto->" not in helped and "--threads N|auto=auto" in helped,
-          "an auto knob's help shows auto, not its stand-in value")
-
+cases_root.cleanup()
 print(f"usage checks: {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -14,7 +14,7 @@ import tempfile
 import h5py
 import numpy as np
 
-from checks import check, exit_code, failures, skip, skips  # tests/cli/checks.py: every CLI test's assertion
+from checks import check, exit_code, failures, run_all, skip, skips  # tests/cli/checks.py: every CLI test's assertion
 
 
 def run(cmd, timeout=60):
@@ -134,7 +134,13 @@ def main():
             return
 
         # ---- report --------------------------------------------------------------------------------------------
-        proc = run([ddplab, "report", a])
+        # Side by side: each reads its files, no more.
+        report_a, report_ab, report_straggler, report_busy, report_barrier, report_json = run_all(
+            [([*command, *files], dict(timeout=60)) for command, files in (
+                ([ddplab, "report"], [a]), ([mpirun, "-np", "2", ddplab, "report"], [a, b]),
+                ([ddplab, "report"], [straggler]), ([ddplab, "report"], [busy]), ([ddplab, "report"], [barrier]),
+                ([mpirun, "-np", "2", ddplab, "report", "--json"], [straggler, a]))])
+        proc = report_a
         out = proc.stdout
         print(out)
         check(proc.returncode == 0, f"report exits 0 ({proc.stderr.strip()[:300]})")
@@ -152,7 +158,7 @@ def main():
               "a plain run is not blamed on a straggler or a barrier")
         check("comparison" not in out, "no comparison for one file")
 
-        proc = run([mpirun, "-np", "2", ddplab, "report", a, b])
+        proc = report_ab
         out = proc.stdout
         check(proc.returncode == 0 and out.count("== ") == 3, f"report of two files under mpirun prints once (rc "
               f"{proc.returncode}, {out.count('== ')} sections)")
@@ -160,7 +166,7 @@ def main():
         check(any(line.split()[:2] == ["a", "2"] for line in table.splitlines()) and
               any(line.split()[:2] == ["b", "2"] for line in table.splitlines()), "comparison has one row per file")
 
-        proc = run([ddplab, "report", straggler])
+        proc = report_straggler
         print(proc.stdout[proc.stdout.find("blame:"):])
         check("rank 1 sets the pace (straggler input)" in proc.stdout and "communication-bound" not in proc.stdout,
               "straggler run: blame names rank 1's data loading, not communication")
@@ -168,7 +174,7 @@ def main():
         check("last to have a bucket ready: rank 1, bucket 0 in " in proc.stdout,
               "straggler run: the report names rank 1 as last to have its buckets ready")
         check("time use per rank" in proc.stdout, "report: the time-use table")
-        proc = run([ddplab, "report", busy])
+        proc = report_busy
         print(proc.stdout[proc.stdout.find("blame:"):])
         with h5py.File(busy, "r") as f:
             first = json.loads(f.attrs["summary"])["first_steady_step"]
@@ -187,13 +193,13 @@ def main():
         else:
             check("rank 1 sets the pace (CPU taken)" in proc.stdout and "cpu wait" in proc.stdout,
                   "busy-threads run: blame names rank 1, its CPU taken by the busy thread beside it")
-        proc = run([ddplab, "report", barrier])
+        proc = report_barrier
         print(proc.stdout[proc.stdout.find("blame:"):])
         check("rank 0 sets the pace (work before a barrier)" in proc.stdout and "every 2 steps" in proc.stdout,
               "barrier run: blame names rank 0's work before the barrier every 2 steps")
 
         # ---- report --json ---------------------------------------------------------------------------------------
-        proc = run([mpirun, "-np", "2", ddplab, "report", "--json", straggler, a])
+        proc = report_json
         check(proc.returncode == 0, f"report --json exits 0 under mpirun ({proc.stderr.strip()[:300]})")
         try:
             reports = json.loads(proc.stdout)  # printed once, by rank 0: one JSON document
@@ -212,7 +218,7 @@ def main():
             first = r["blame"][0] if r["blame"] else {}
             check(first.get("cause") == "straggler input" and first.get("rank") == 1,
                   f"report --json: blame as cause and rank ({first})")
-            text = run([ddplab, "report", straggler]).stdout
+            text = report_straggler.stdout
             check(all(f"    {b['text']}" in text for b in r["blame"]), "report --json: the blame lines of the text report")
             check(len(reports[1]["summary"]["ranks"]) == 2 and "hidden_fraction" in reports[1]["summary"]["ranks"][0],
                   "report --json: per-rank means with hidden_fraction")
@@ -247,9 +253,9 @@ def main():
             config = json.loads(h.attrs["config"])
             config["bucket_mb"] = "big"
             h.attrs["config"] = json.dumps(config)
-        for cmd in (["report", bad], ["report", "--json", bad], ["predict", bad], ["timeline", bad],
-                    ["diff", a, bad]):
-            expect_usage_error(run([ddplab, *cmd]), f"cannot read run file {bad}: config bucket_mb: type must be",
+        readers = (["report", bad], ["report", "--json", bad], ["predict", bad], ["timeline", bad], ["diff", a, bad])
+        for cmd, proc in zip(readers, run_all([([ddplab, *cmd], dict(timeout=60)) for cmd in readers])):
+            expect_usage_error(proc, f"cannot read run file {bad}: config bucket_mb: type must be",
                                f"{cmd[0]} of a file whose bucket_mb is a string")
         # --zero-stage 1 (every bucket of this small model on the ring, so all are sharded): the report's per-bucket
         # table gains the all-gather's time; the timeline names each bucket's reduce-scatter and draws its all-gather
@@ -306,20 +312,22 @@ def main():
         want = sorted([("barrier wait", r, s) for r in (0, 1) for s in barrier_steps] +
                       [("host work", 0, s) for s in barrier_steps])
         check(seen == want, f"barrier waits on both ranks and rank 0's host work, on barrier steps only ({seen[:6]})")
-        expect_usage_error(run([ddplab, "timeline", a, "-o", os.path.join(work, "no", "such", "t.json")]),
-                           "does not exist", "timeline into a missing folder")
         # --steps A:B: a long run's trace in part, the steps named as training counts them.
         part = os.path.join(work, "part.trace.json")
-        proc = run([ddplab, "timeline", a, "--steps", "2:3", "-o", part])
+        nowhere, proc = run_all([([ddplab, "timeline", a, "-o", os.path.join(work, "no", "such", "t.json")],
+                                  dict(timeout=60)),
+                                 ([ddplab, "timeline", a, "--steps", "2:3", "-o", part], dict(timeout=60))])
+        expect_usage_error(nowhere, "does not exist", "timeline into a missing folder")
         shown = sorted({e["args"]["step"] for e in json.load(open(part))["traceEvents"] if e.get("cat") == "step"}
                        ) if proc.returncode == 0 else []
         check(shown == [2, 3] and "steps 2..3" in proc.stdout, f"timeline --steps 2:3 holds steps 2 and 3 ({shown})")
-        expect_usage_error(run([ddplab, "timeline", a, "--steps", "7:9", "-o", part, "--force"]),
-                           f"--steps 7:9: {a} holds steps 0..5", "timeline --steps past the run's steps")
-        expect_usage_error(run([ddplab, "timeline", a, "--steps", "3:2", "-o", part, "--force"]),
-                           "--steps must be A:B with 0 <= A <= B (got '3:2')", "timeline --steps backwards")
-        expect_usage_error(run([ddplab, "timeline", a, "--steps", "1:4294967297", "-o", part, "--force"]),
-                           "--steps must be A:B", "timeline --steps past what a step number holds")
+        ranges = [("7:9", f"--steps 7:9: {a} holds steps 0..5", "timeline --steps past the run's steps"),
+                  ("3:2", "--steps must be A:B with 0 <= A <= B (got '3:2')", "timeline --steps backwards"),
+                  ("1:4294967297", "--steps must be A:B", "timeline --steps past what a step number holds")]
+        refusals = run_all([([ddplab, "timeline", a, "--steps", steps, "-o", part, "--force"], dict(timeout=60))
+                            for steps, _, _ in ranges])
+        for (_, expected, what), proc in zip(ranges, refusals):
+            expect_usage_error(proc, expected, what)
         os.remove(part)
         # A DDPLAB_* setting refused is refused before the file commands read or write anything.
         bad_setting = dict(os.environ, DDPLAB_BLAS_AUTO="bogus")
@@ -358,14 +366,15 @@ def main():
                  (nan_step, "steps/step_ms holds a value that is not finite (element 1)"),
                  (inf_bucket, "buckets/comm_end_ms holds a value that is not finite (element 1)")]
         listing = sorted(os.listdir(bad_dir))
-        for path, problem in cases:
-            for cmd in (["report"], ["report", "--json"], ["timeline"]):
-                proc = run([ddplab, *cmd, path])
-                expect_usage_error(proc, f"cannot read run file {path}: ", f"{' '.join(cmd)} {os.path.basename(path)}")
-                check(problem in proc.stderr and not proc.stdout, f"{' '.join(cmd)} {os.path.basename(path)} says "
-                      f"'{problem}', prints nothing on stdout")
-        expect_usage_error(run([mpirun, "-np", "2", ddplab, "report", a, text]), "not an HDF5 file",
-                           "report under mpirun with one bad file")
+        reads = [(cmd, path, problem) for path, problem in cases
+                 for cmd in (["report"], ["report", "--json"], ["timeline"])]
+        *refusals, under_mpirun = run_all([([ddplab, *cmd, path], dict(timeout=60)) for cmd, path, _ in reads] +
+                                          [([mpirun, "-np", "2", ddplab, "report", a, text], dict(timeout=60))])
+        for (cmd, path, problem), proc in zip(reads, refusals):
+            expect_usage_error(proc, f"cannot read run file {path}: ", f"{' '.join(cmd)} {os.path.basename(path)}")
+            check(problem in proc.stderr and not proc.stdout, f"{' '.join(cmd)} {os.path.basename(path)} says "
+                  f"'{problem}', prints nothing on stdout")
+        expect_usage_error(under_mpirun, "not an HDF5 file", "report under mpirun with one bad file")
         check(sorted(os.listdir(bad_dir)) == listing, "bad input leaves no files behind")
 
         # ---- charts --------------------------------------------------------------------------------------------
@@ -447,29 +456,20 @@ def main():
         proc = run([sys.executable, charts, out_dir, text])
         check(proc.returncode == 2 and len(error_lines(proc.stderr, "charts.py:")) == 1,
               f"charts.py on a bad file: exit 2, one line ({proc.returncode}: {proc.stderr.strip()[:200]})")
+        # Pages of copies of a with one thing changed, and files charts.py refuses: drawn side by side, each into a
+        # folder of its own, then checked in turn.
         # Outside a suite too, a run whose ranks took turns on the cores is marked so, as `ddplab report` marks it.
         crowded = os.path.join(work, "crowded.h5")
         shutil.copy(a, crowded)
         with h5py.File(crowded, "r+") as f:
             f.attrs["host_cores"] = 1  # its 2 ranks on one core
         crowded_page = os.path.join(work, "crowded.html")
-        proc = run([sys.executable, charts, os.path.join(work, "crowded_charts"), "--page", crowded_page, crowded],
-                   timeout=120)
-        page_text = open(crowded_page).read() if os.path.isfile(crowded_page) else ""
-        check(proc.returncode == 0 and "<td>2*</td>" in page_text and "*: oversubscribed" in page_text and
-              "oversubscribed" in run([ddplab, "report", crowded]).stdout,
-              f"a run on fewer cores than its ranks is marked oversubscribed on its page ({proc.stderr[-200:]})")
         # A run stopped early says so on its page, as `ddplab report` says it.
         stopped = os.path.join(work, "stopped.h5")
         shutil.copy(a, stopped)
         with h5py.File(stopped, "r+") as f:
             f.attrs["stop_reason"] = "SIGTERM received: stopped after step 5"
         stopped_page = os.path.join(work, "stopped.html")
-        proc = run([sys.executable, charts, os.path.join(work, "stopped_charts"), "--page", stopped_page, stopped],
-                   timeout=120)
-        page_text = open(stopped_page).read() if os.path.isfile(stopped_page) else ""
-        check(proc.returncode == 0 and "stopped did not complete</b>: SIGTERM received: stopped after step 5" in
-              page_text, f"the page of a run stopped early says why ({proc.stderr[-200:]})")
         # Runs of two builds and two command lines: the setup names each build and each command line (folded), not
         # the first run's alone.
         rebuilt = os.path.join(work, "rebuilt.h5")
@@ -480,13 +480,6 @@ def main():
             f.attrs["git_commit"] = "deadbeef0000"
             f.attrs["command_line"] = command + " --overlap off"
         builds_page = os.path.join(work, "builds.html")
-        proc = run([sys.executable, charts, os.path.join(work, "builds_charts"), "--page", builds_page, a, rebuilt],
-                   timeout=120)
-        page_text = open(builds_page).read() if os.path.isfile(builds_page) else ""
-        check(proc.returncode == 0 and f"({commit})" in page_text and "rebuilt: " in page_text and
-              "(deadbeef0000)" in page_text and "varies: 2 command lines" in page_text and
-              "--overlap off</details>" in page_text,
-              f"the setup lists both builds and both command lines ({proc.stderr[-200:]})")
         # A dataset cut short, a run with no step, a page into a missing folder, a report or sweep summary of another
         # shape: one line naming the problem, exit 2, before anything is written.
         cut = os.path.join(work, "cut_loss.h5")
@@ -505,13 +498,35 @@ def main():
             json.dump("a string", f)
         with open(no_points, "w") as f:
             json.dump({"points": 5, "link": "none", "world_size": 2}, f)
-        refused_dir = os.path.join(work, "refused")
-        for args, problem in (([cut], "steps/loss has shape [2, 3], expected [2, 6]"),
-                              ([no_step], "holds no completed step: non-finite gradient fc2.bias at step 0"),
-                              (["--page", os.path.join(work, "no", "p.html"), a], "does not exist"),
-                              (["--page", os.path.join(work, "p.html"), "--report", not_a_list, a], "is not a list"),
-                              (["--sweep", no_points], "points is not a list")):
-            proc = run([sys.executable, charts, refused_dir, *args], timeout=120)
+        refusals = [([cut], "steps/loss has shape [2, 3], expected [2, 6]"),
+                    ([no_step], "holds no completed step: non-finite gradient fc2.bias at step 0"),
+                    (["--page", os.path.join(work, "no", "p.html"), a], "does not exist"),
+                    (["--page", os.path.join(work, "p.html"), "--report", not_a_list, a], "is not a list"),
+                    (["--sweep", no_points], "points is not a list")]
+        refused_dirs = [os.path.join(work, f"refused{k}") for k in range(len(refusals))]
+        draw = {"timeout": 120}
+        crowded_run, crowded_report, stopped_run, builds_run, *refused_runs = run_all(
+            [([sys.executable, charts, os.path.join(work, "crowded_charts"), "--page", crowded_page, crowded], draw),
+             ([ddplab, "report", crowded], dict(timeout=60)),
+             ([sys.executable, charts, os.path.join(work, "stopped_charts"), "--page", stopped_page, stopped], draw),
+             ([sys.executable, charts, os.path.join(work, "builds_charts"), "--page", builds_page, a, rebuilt], draw)] +
+            [([sys.executable, charts, folder, *args], draw) for folder, (args, _) in zip(refused_dirs, refusals)])
+        proc = crowded_run
+        page_text = open(crowded_page).read() if os.path.isfile(crowded_page) else ""
+        check(proc.returncode == 0 and "<td>2*</td>" in page_text and "*: oversubscribed" in page_text and
+              "oversubscribed" in crowded_report.stdout,
+              f"a run on fewer cores than its ranks is marked oversubscribed on its page ({proc.stderr[-200:]})")
+        proc = stopped_run
+        page_text = open(stopped_page).read() if os.path.isfile(stopped_page) else ""
+        check(proc.returncode == 0 and "stopped did not complete</b>: SIGTERM received: stopped after step 5" in
+              page_text, f"the page of a run stopped early says why ({proc.stderr[-200:]})")
+        proc = builds_run
+        page_text = open(builds_page).read() if os.path.isfile(builds_page) else ""
+        check(proc.returncode == 0 and f"({commit})" in page_text and "rebuilt: " in page_text and
+              "(deadbeef0000)" in page_text and "varies: 2 command lines" in page_text and
+              "--overlap off</details>" in page_text,
+              f"the setup lists both builds and both command lines ({proc.stderr[-200:]})")
+        for refused_dir, (args, problem), proc in zip(refused_dirs, refusals, refused_runs):
             check(proc.returncode == 2 and proc.stderr.count("\n") == 1 and problem in proc.stderr and
                   not os.path.exists(refused_dir), f"charts.py {' '.join(map(os.path.basename, args))}: exit 2, "
                   f"one line with '{problem}', nothing written ({proc.returncode}: {proc.stderr.strip()[-300:]})")
