@@ -127,8 +127,16 @@ def main():
         # bucket ~30 ms sooner, and the exposed wait scatters by a ms or two (the compute on shared cores, which
         # blurs the whole step, happens outside it).
         exposed = next(m for m in d["metrics"] if m["name"] == "exposed comm")
-        check(exposed["beyond_noise"] and exposed["delta_ms"] < -10,
-              f"25 -> 5 MiB buckets: diff resolves less exposed comm ({exposed})")
+        # Unless the exposed wait itself scatters by more than a third of the effect (a host busy with other work:
+        # its bound reached ~20 ms beside two busy threads), when the honest answer is "not beyond noise". A
+        # difference resolved the wrong way fails either way.
+        exposed_bound = d["noise_rule"]["spreads"] * math.hypot(exposed["a"]["spread_ms"], exposed["b"]["spread_ms"])
+        if not exposed["beyond_noise"] and exposed_bound > 10:
+            skip(f"less exposed comm with 5 MiB buckets (on this host diff resolves the exposed wait only beyond "
+                 f"{exposed_bound:.1f} ms: {exposed})")
+        else:
+            check(exposed["beyond_noise"] and exposed["delta_ms"] < -10,
+                  f"25 -> 5 MiB buckets: diff resolves less exposed comm ({exposed})")
         # On a host busy with other work the step scatters by more than the bucket size's effect, and the honest
         # verdict is "no difference beyond noise": the effect is only required where the runs are quiet, or where diff
         # resolved a difference anyway (it must then be the right one).
