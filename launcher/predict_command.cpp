@@ -149,22 +149,23 @@ double hidden_pct(const SimulatedStep& s) { return 100 * hidden_fraction(s.hidde
 // Why this row is the one to take, in one sentence.
 std::string reason(const Prediction& best, const Prediction& own) {
   const SimulatedStep& s = best.step;
+  const char* hide = best.buckets == 1 ? "hides" : "hide";
   char text[512];
   // Named as `ddplab report`'s blame names a run (analysis/blame.h): comm-bound from a fifth of the step exposed.
   if (best.setting.ranks == 1)
     std::snprintf(text, sizeof text, "compute-bound: one rank, no all-reduce");
   else if (s.exposed_ms > 0.05 * s.step_ms)
     std::snprintf(text, sizeof text,
-                  "%s: %s of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%), %.2f ms (%.0f%% "
+                  "%s: %s of <= %g MiB %s %.2f of %.2f ms of all-reduce (hidden%% %.0f%%), %.2f ms (%.0f%% "
                   "of the step) stays exposed",
                   s.exposed_ms >= kCommBoundShare * s.step_ms ? "comm-bound" : "balanced",
-                  counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, s.hidden_ms, s.comm_ms,
+                  counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, hide, s.hidden_ms, s.comm_ms,
                   hidden_pct(s), s.exposed_ms, 100 * s.exposed_ms / s.step_ms);
   else
     std::snprintf(text, sizeof text,
-                  "compute-bound: %s of <= %g MiB hide %.2f of %.2f ms of all-reduce (hidden%% %.0f%%) "
+                  "compute-bound: %s of <= %g MiB %s %.2f of %.2f ms of all-reduce (hidden%% %.0f%%) "
                   "behind %.2f ms of backward",
-                  counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, s.hidden_ms, s.comm_ms,
+                  counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, hide, s.hidden_ms, s.comm_ms,
                   hidden_pct(s), s.backward_ms);
   std::string sentence = text;
   const double gain = 100 * (own.step.step_ms - s.step_ms) / own.step.step_ms;
