@@ -224,7 +224,6 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
     throw std::invalid_argument("--comm hier needs more than one node, and all " + str(size_) +
                                 " ranks are on one (emulate nodes with --ranks-per-node K)");
   ring_ = ring_options(options_.wire);
-  small_max_bytes_ = small_allreduce_bytes(size_);  // beside the ring; below, beside the direct all-reduce if taken
   // Everything below is collective: every rank must construct its Communicator with the same options.
   if (options_.impl == AllreduceImpl::kMpi) {
     mpiCheck(MPI_Comm_dup(comm_, &mpi_comm_));
