@@ -86,23 +86,15 @@ HierAllreduce::~HierAllreduce() = default;
 
 int HierAllreduce::nodes() const { return cross_->group->size(); }
 
-void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options) {
-  // The node's reduce-scatter leaves partial sums that cross the nodes next: an epilogue there would scale or check
-  // them, not the finished sums (the Communicator runs it as a pass of its own afterwards).
-  if (options.final_scale != 1.0f || options.check_finite)
-    throw std::logic_error("HierAllreduce: the epilogue is a pass of its own after the sum");
+// Round by round, as the flat ring goes (same plan, over the node): each round's owned chunk is this rank's shard,
+// all-reduced across the nodes between the two halves. Round i's shard crosses the nodes on the worker while this
+// thread reduce-scatters round i+1 and all-gathers round i-1: the rounds touch disjoint parts of out, and each half
+// ends with every send retired (ring_allreduce.h), so the halves of different rounds may follow one another on the
+// node's transport. Every rank runs the same sequence, so messages still pair up.
+template <typename Prims>
+void HierAllreduce::pipeline_over_nodes(Prims& prims, float* out, size_t count, const RingPlan& plan,
+                                        const RingOptions& options) {
   const int local = local_size();
-  if (local == 1 || count == 0) {  // nothing to pipeline: the cross-node ring on this thread
-    ring_allreduce_sum(in, out, count, *cross_->group, cross_->scratch, options);
-    return;
-  }
-  // Round by round, as the flat ring goes (same plan, over the node): each round's owned chunk is this rank's
-  // shard, all-reduced across the nodes between the two halves. Round i's shard crosses the nodes on the worker
-  // while this thread reduce-scatters round i+1 and all-gathers round i-1: the rounds touch disjoint parts of
-  // out, and each half ends with every send retired (ring_allreduce.h), so the halves of different rounds may
-  // follow one another on the node's transport. Every rank runs the same sequence, so messages still pair up.
-  const RingPlan plan = plan_ring(count, local, options);
-  RingPrimitives prims(*intra_, in, out, intra_scratch_, plan.max_chunk, plan.slices, options);
   struct Crossing {
     RingRound round;
     uint64_t ticket;  // its shard's all-reduce on the cross-node thread
@@ -137,6 +129,21 @@ void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, con
     }
     throw;
   }
+}
+
+void HierAllreduce::allreduce_sum(const float* in, float* out, size_t count, const RingOptions& options) {
+  // The node's reduce-scatter leaves partial sums that cross the nodes next: an epilogue there would scale or check
+  // them, not the finished sums (the Communicator runs it as a pass of its own afterwards).
+  if (options.final_scale != 1.0f || options.check_finite)
+    throw std::logic_error("HierAllreduce: the epilogue is a pass of its own after the sum");
+  const int local = local_size();
+  if (local == 1 || count == 0) {  // nothing to pipeline: the cross-node ring on this thread
+    ring_allreduce_sum(in, out, count, *cross_->group, cross_->scratch, options);
+    return;
+  }
+  const RingPlan plan = plan_ring(count, local, options);
+  with_ring_primitives(*intra_, in, out, intra_scratch_, plan, options,
+                       [&](auto& prims) { pipeline_over_nodes(prims, out, count, plan, options); });
 }
 
 }  // namespace ddplab

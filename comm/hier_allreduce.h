@@ -49,6 +49,8 @@ class HierAllreduce {
 
  private:
   struct CrossNode;  // the group across nodes (the ranks with this local rank) and its thread (hier_allreduce.cpp)
+  template <typename Prims>  // the node's rounds with the wire's primitives, each shard crossing the nodes between
+  void pipeline_over_nodes(Prims& prims, float* out, size_t count, const RingPlan& plan, const RingOptions& options);
 
   std::unique_ptr<Transport> intra_;  // this node's ranks
   RingScratch intra_scratch_;

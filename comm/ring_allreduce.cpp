@@ -14,79 +14,54 @@ RingChunk ring_chunk(size_t count, int n, int k) {
   return {kk * base + std::min(kk, extra), base + (kk < extra ? 1 : 0)};
 }
 
-RingPrimitives::RingPrimitives(Transport& t, const float* in, float* out, RingScratch& scratch, size_t max_chunk,
-                               size_t slices, const RingOptions& options)
+RingMessages::RingMessages(Transport& t, size_t max_chunk, size_t slices, int tag)
     : t_(t),
-      in_(in),
-      out_(out),
-      scratch_(scratch),
-      options_(options),
       slices_(std::max<size_t>(slices, 1)),
       stride_((max_chunk + slices_ - 1) / slices_),
+      tag_(tag),
       next_((t.rank() + 1) % t.size()),
-      prev_((t.rank() - 1 + t.size()) % t.size()) {
-  if (options_.wire16 && (options_.final_scale != 1.0f || options_.check_finite))
-    throw std::logic_error("the ring's epilogue (final_scale, check_finite) needs the fp32 wire");
-  if (options_.wire16) {
-    if (scratch_.wire[0].size() < stride_) scratch_.wire[0].resize(stride_);
-    if (scratch_.wire[1].size() < stride_ * slices_) scratch_.wire[1].resize(stride_ * slices_);
-  } else if (scratch_.recv.size() < stride_) {
-    scratch_.recv.resize(stride_);
-  }
-}
+      prev_((t.rank() - 1 + t.size()) % t.size()) {}
 
-// K slices of near-equal size (ring_chunk again), even when the chunk has fewer than K elements: every step sends
-// and receives exactly K messages, which the retire rule counts on.
-template <typename Fn>
-void RingPrimitives::for_each_slice(RingChunk c, Fn fn) {
-  for (size_t k = 0; k < slices_; ++k) {
-    RingChunk s = ring_chunk(c.count, static_cast<int>(slices_), static_cast<int>(k));
-    s.offset += c.offset;
-    fn(s, options_.wire16 ? scratch_.wire[1].data() + k * stride_ : nullptr,
-       options_.wire16 ? scratch_.wire[0].data() : nullptr);
-  }
-}
-
-void RingPrimitives::retire() {
-  ++recvs_;
-  t_.wait_sends(sends_ - recvs_);  // see the class comment: sends up to the one this receive matched
-}
-
-void RingPrimitives::recv_wire(void* dst, size_t count) {
-  t_.recv(prev_, dst, count * (options_.wire16 ? sizeof(uint16_t) : sizeof(float)), options_.tag);
-  retire();
-}
-
-void RingPrimitives::send_wire(const void* buf, size_t count) {
-  t_.send(next_, buf, count * (options_.wire16 ? sizeof(uint16_t) : sizeof(float)), options_.tag);
+void RingMessages::send_to_next(const void* buf, size_t bytes) {
+  t_.send(next_, buf, bytes, tag_);
   ++sends_;
 }
 
-void RingPrimitives::send(RingChunk c) {
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t*) {
-    if (!options_.wire16) return send_wire(in_ + s.offset, s.count);
-    wire::encode(options_.format, out16, in_ + s.offset, s.count);
-    send_wire(out16, s.count);
-  });
+void RingMessages::recv_from_prev(void* dst, size_t bytes) {
+  t_.recv(prev_, dst, bytes, tag_);
+  retire();
+}
+
+void RingMessages::retire() {
+  ++recvs_;
+  t_.wait_sends(sends_ - recvs_);  // see the contract: sends up to the one this receive matched
+}
+
+// ---- the fp32 wire ------------------------------------------------------------------------------------------------
+
+RingPrimitives::RingPrimitives(Transport& t, const float* in, float* out, RingScratch& scratch, size_t max_chunk,
+                               size_t slices, const RingOptions& options)
+    : RingMessages(t, max_chunk, slices, options.tag),
+      in_(in),
+      out_(out),
+      final_scale_(options.final_scale),
+      check_finite_(options.check_finite) {
+  if (options.wire16) throw std::logic_error("RingPrimitives: the fp32 wire (Wire16RingPrimitives carries 16 bits)");
+  if (scratch.recv.size() < stride_) scratch.recv.resize(stride_);
+  recv_scratch_ = scratch.recv.data();
 }
 
 void RingPrimitives::check_finished(RingChunk s) {
-  if (options_.check_finite && !cpu::all_finite(out_ + s.offset, static_cast<int64_t>(s.count))) ++nonfinite_slices_;
+  if (check_finite_ && !cpu::all_finite(out_ + s.offset, static_cast<int64_t>(s.count))) ++nonfinite_slices_;
 }
 
-// out[s] = in[s] + prev's slice. On a 16-bit wire the incoming slice is decoded and the sum re-encoded into out16
-// (what goes on to next); on fp32 the transport lends its buffer and the sum is formed from it directly, and the
-// chunk's last sum takes the epilogue: (in + prev's) x final_scale, rounded as a separate pass would round it.
-void RingPrimitives::reduce_from_prev(RingChunk s, uint16_t* out16, uint16_t* in16, bool last) {
+// The transport lends its buffer and the sum is formed from it directly; the chunk's last sum takes the epilogue:
+// (in + prev's) x final_scale, rounded as a separate pass would round it.
+void RingPrimitives::reduce_from_prev(RingChunk s, bool last) {
   float* dst = out_ + s.offset;
   const float* own = in_ + s.offset;
-  if (options_.wire16) {
-    recv_wire(in16, s.count);
-    if (own != dst) std::memcpy(dst, own, s.count * sizeof(float));
-    return wire::reduce_encode(options_.format, dst, out16, in16, s.count);
-  }
-  const float scale = last ? options_.final_scale : 1.0f;
-  t_.recv_consume(prev_, s.count * sizeof(float), options_.tag, scratch_.recv.data(),
+  const float scale = last ? final_scale_ : 1.0f;
+  t_.recv_consume(prev_, s.count * sizeof(float), tag_, recv_scratch_,
                   [dst, own, scale](const void* piece, size_t offset, size_t bytes) {
                     const float* x = static_cast<const float*>(piece);
                     const float* a = own + offset / sizeof(float);
@@ -102,73 +77,121 @@ void RingPrimitives::reduce_from_prev(RingChunk s, uint16_t* out16, uint16_t* in
   if (last) check_finished(s);
 }
 
+void RingPrimitives::send(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t) { send_to_next(in_ + s.offset, s.count * sizeof(float)); });
+}
+
 void RingPrimitives::recv_reduce_send(RingChunk c) {
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-    reduce_from_prev(s, out16, in16);
-    if (options_.wire16) return send_wire(out16, s.count);
-    send_wire(out_ + s.offset, s.count);
+  for_each_slice(c, [&](RingChunk s, size_t) {
+    reduce_from_prev(s, /*last=*/false);
+    send_to_next(out_ + s.offset, s.count * sizeof(float));
   });
 }
 
-// In place, the output buffer is the input buffer, so "reduce, copy to the output" is the reduction itself (with
-// the epilogue, on fp32); on a 16-bit wire it also rounds the finished sum, which this rank keeps as its own result.
+// In place, the output buffer is the input buffer, so "reduce, copy to the output" is the reduction itself.
 void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
-  if (!options_.wire16) {
-    return for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-      reduce_from_prev(s, out16, in16, /*last=*/true);
-      send_wire(out_ + s.offset, s.count);
-    });
-  }
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-    recv_wire(in16, s.count);
-    if (in_ != out_) std::memcpy(out_ + s.offset, in_ + s.offset, s.count * sizeof(float));
-    wire::reduce_round(options_.format, out_ + s.offset, out16, in16, s.count);
-    send_wire(out16, s.count);
+  for_each_slice(c, [&](RingChunk s, size_t) {
+    reduce_from_prev(s, /*last=*/true);
+    send_to_next(out_ + s.offset, s.count * sizeof(float));
   });
 }
 
-// The sum stays fp32 here; on a 16-bit wire the encoded copy in out16 goes unused. The epilogue applies on the fp32
-// wire (the sharded update's reduce-scatter); the hierarchical all-reduce, which adds more to the sum, sets none.
+// The epilogue applies here for the sharded update's reduce-scatter; the hierarchical all-reduce, which adds more
+// to the sum, sets none.
 void RingPrimitives::recv_reduce_copy(RingChunk c) {
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-    reduce_from_prev(s, out16, in16, /*last=*/!options_.wire16);
-  });
+  for_each_slice(c, [&](RingChunk s, size_t) { reduce_from_prev(s, /*last=*/true); });
 }
 
-// On a 16-bit wire the owner rounds its finished chunk to the wire format and keeps the rounded value, as
-// recv_reduce_copy_send does, so every rank ends with the same bits.
 void RingPrimitives::send_out(RingChunk c) {
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t*) {
-    float* data = out_ + s.offset;
-    if (!options_.wire16) return send_wire(data, s.count);
-    wire::encode(options_.format, out16, data, s.count);
-    wire::decode(options_.format, data, out16, s.count);
-    send_wire(out16, s.count);
-  });
+  for_each_slice(c, [&](RingChunk s, size_t) { send_to_next(out_ + s.offset, s.count * sizeof(float)); });
 }
 
 void RingPrimitives::recv_copy_send(RingChunk c) {
-  for_each_slice(c, [&](RingChunk s, uint16_t* out16, uint16_t* in16) {
-    if (!options_.wire16) {
-      recv_wire(out_ + s.offset, s.count);  // straight into out: no reduction, no scratch copy
-      check_finished(s);
-      return send_wire(out_ + s.offset, s.count);
-    }
-    recv_wire(in16, s.count);
-    wire::decode(options_.format, out_ + s.offset, in16, s.count);
-    std::memcpy(out16, in16, s.count * sizeof(uint16_t));  // forward the received words as they are
-    send_wire(out16, s.count);
+  for_each_slice(c, [&](RingChunk s, size_t) {
+    recv_from_prev(out_ + s.offset, s.count * sizeof(float));  // straight into out: no scratch copy
+    check_finished(s);
+    send_to_next(out_ + s.offset, s.count * sizeof(float));
   });
 }
 
 void RingPrimitives::recv(RingChunk c) {
-  for_each_slice(c, [&](RingChunk s, uint16_t*, uint16_t* in16) {
-    if (!options_.wire16) {
-      recv_wire(out_ + s.offset, s.count);
-      return check_finished(s);
-    }
-    recv_wire(in16, s.count);
-    wire::decode(options_.format, out_ + s.offset, in16, s.count);
+  for_each_slice(c, [&](RingChunk s, size_t) {
+    recv_from_prev(out_ + s.offset, s.count * sizeof(float));
+    check_finished(s);
+  });
+}
+
+// ---- the 16-bit wire ----------------------------------------------------------------------------------------------
+
+Wire16RingPrimitives::Wire16RingPrimitives(Transport& t, const float* in, float* out, RingScratch& scratch,
+                                           size_t max_chunk, size_t slices, const RingOptions& options)
+    : RingMessages(t, max_chunk, slices, options.tag), in_(in), out_(out), format_(options.format) {
+  if (!options.wire16) throw std::logic_error("Wire16RingPrimitives: the 16-bit wire (RingPrimitives carries fp32)");
+  if (options.final_scale != 1.0f || options.check_finite)
+    throw std::logic_error("the ring's epilogue (final_scale, check_finite) needs the fp32 wire");
+  if (scratch.wire[0].size() < stride_) scratch.wire[0].resize(stride_);
+  if (scratch.wire[1].size() < stride_ * slices_) scratch.wire[1].resize(stride_ * slices_);
+  incoming_ = scratch.wire[0].data();
+  outgoing_ = scratch.wire[1].data();
+}
+
+void Wire16RingPrimitives::reduce_into_out(RingChunk s, uint16_t* words) {
+  recv_words(s);
+  if (in_ != out_) std::memcpy(out_ + s.offset, in_ + s.offset, s.count * sizeof(float));
+  wire::reduce_encode(format_, out_ + s.offset, words, incoming_, s.count);
+}
+
+void Wire16RingPrimitives::send(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t k) {
+    wire::encode(format_, staged(k), in_ + s.offset, s.count);
+    send_words(staged(k), s);
+  });
+}
+
+void Wire16RingPrimitives::recv_reduce_send(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t k) {
+    reduce_into_out(s, staged(k));
+    send_words(staged(k), s);
+  });
+}
+
+void Wire16RingPrimitives::recv_reduce_copy_send(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t k) {
+    recv_words(s);
+    if (in_ != out_) std::memcpy(out_ + s.offset, in_ + s.offset, s.count * sizeof(float));
+    wire::reduce_round(format_, out_ + s.offset, staged(k), incoming_, s.count);
+    send_words(staged(k), s);
+  });
+}
+
+// The sum stays fp32 for the caller (hier's cross-node step adds more to it); the encoded words go unused.
+void Wire16RingPrimitives::recv_reduce_copy(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t k) { reduce_into_out(s, staged(k)); });
+}
+
+// The owner rounds its finished chunk to the wire and keeps the rounded value, as recv_reduce_copy_send does, so
+// every rank ends with the same bits.
+void Wire16RingPrimitives::send_out(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t k) {
+    wire::encode(format_, staged(k), out_ + s.offset, s.count);
+    wire::decode(format_, out_ + s.offset, staged(k), s.count);
+    send_words(staged(k), s);
+  });
+}
+
+void Wire16RingPrimitives::recv_copy_send(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t k) {
+    recv_words(s);
+    wire::decode(format_, out_ + s.offset, incoming_, s.count);
+    std::memcpy(staged(k), incoming_, s.count * sizeof(uint16_t));  // forward the received words as they are
+    send_words(staged(k), s);
+  });
+}
+
+void Wire16RingPrimitives::recv(RingChunk c) {
+  for_each_slice(c, [&](RingChunk s, size_t) {
+    recv_words(s);
+    wire::decode(format_, out_ + s.offset, incoming_, s.count);
   });
 }
 
@@ -191,9 +214,10 @@ bool ring_allreduce_sum(const float* in, float* out, size_t count, Transport& t,
     return epilogue_pass(out, count, options.final_scale, options.check_finite);
   }
   const RingPlan plan = plan_ring(count, n, options);
-  RingPrimitives prims(t, in, out, scratch, plan.max_chunk, plan.slices, options);
-  run_ring_schedule(prims, count, plan.round, n, r);
-  return prims.all_finite();
+  return with_ring_primitives(t, in, out, scratch, plan, options, [&](auto& prims) {
+    run_ring_schedule(prims, count, plan.round, n, r);
+    return prims.all_finite();
+  });
 }
 
 std::vector<RingChunk> ring_owned_chunks(size_t count, int n, int r, const RingOptions& options) {

@@ -60,16 +60,42 @@ struct RingOptions {
 //   - reduce-scatter: data[c] is reduced into while it is received (straight from the transport's buffer where
 //     it has one); it has not been sent yet in this round;
 //   - all-gather: a chunk it overwrites was last sent n >= 2 steps (>= 2K messages) earlier;
-//   - 16-bit wire: slice k of every step is staged at its own place k in out16_ (stride = the longest slice);
-//     its previous use is exactly K sends old, so retired. in16_ only receives and is read at once;
+//   - 16-bit wire: slice k of every step is staged at its own place k of the outgoing words (stride = the longest
+//     slice); its previous use is exactly K sends old, so retired. The incoming words are read as they arrive;
 //   - RingSeam::kApart: the reduce-scatter's last step only receives, so its last receive retires every send
 //     before the caller works on the owned chunk, which no send has read yet.
 // The last receive of a round retires everything. tests/mpi checks this contract with a wrapper.
-//
-// 16-bit wire: partial sums are added in fp32 (data += decoded incoming) and rounded to 16 bits only to travel on;
-// the rank that adds the last addend rounds the finished sum and keeps the rounded value itself, and the
-// all-gather only copies, so every rank still ends bitwise identical.
-class RingPrimitives {
+
+// The bookkeeping both wires' primitives share: each chunk cut into K slices, and the messages counted so that
+// every receive retires the sends the contract above allows.
+class RingMessages {
+ protected:
+  RingMessages(Transport& t, size_t max_chunk, size_t slices, int tag);
+  // fn(RingChunk slice, size_t k): K slices of near-equal size (ring_chunk again), even when the chunk has fewer
+  // than K elements, so every step sends and receives exactly K messages, which the retire rule counts on.
+  template <typename Fn>
+  void for_each_slice(RingChunk c, Fn fn) const {
+    for (size_t k = 0; k < slices_; ++k) {
+      RingChunk s = ring_chunk(c.count, static_cast<int>(slices_), static_cast<int>(k));
+      s.offset += c.offset;
+      fn(s, k);
+    }
+  }
+  void send_to_next(const void* buf, size_t bytes);
+  void recv_from_prev(void* dst, size_t bytes);  // then retires what the contract allows
+  void retire();                                 // after a receive: the sends up to the one it matched
+
+  Transport& t_;
+  const size_t slices_, stride_;  // K, and the longest slice
+  const int tag_, next_, prev_;
+
+ private:
+  size_t sends_ = 0, recvs_ = 0;  // messages so far in this call
+};
+
+// The fp32 wire. The reduce-scatter adds straight from the transport's buffer where it lends one, and the chunk's
+// last addition takes the epilogue (final_scale, check_finite) while the slice is in cache.
+class RingPrimitives : RingMessages {
  public:
   // Reads `in`, writes `out` (the same buffer in place). max_chunk: the largest chunk of the round; slices: K.
   RingPrimitives(Transport& t, const float* in, float* out, RingScratch& scratch, size_t max_chunk, size_t slices,
@@ -79,30 +105,53 @@ class RingPrimitives {
   void recv_reduce_send(RingChunk c);       // out[c] = in[c] + prev's; out[c] -> next
   void recv_reduce_copy_send(RingChunk c);  // the last reduction: out[c] is now final; out[c] -> next
   void recv_reduce_copy(RingChunk c);       // out[c] = in[c] + prev's (+ the epilogue), kept here (RingSeam::kApart)
-  void send_out(RingChunk c);               // out[c] -> next (RingSeam::kApart; 16-bit: out[c] keeps the rounding)
+  void send_out(RingChunk c);               // out[c] -> next (RingSeam::kApart)
   void recv_copy_send(RingChunk c);         // out[c] = prev's; out[c] -> next
   void recv(RingChunk c);                   // out[c] = prev's
   bool all_finite() const { return nonfinite_slices_ == 0; }  // every finished slice so far (check_finite)
 
  private:
   // out[s] = in[s] + prev's; when `last` (the chunk's last addend), times final_scale, then checked
-  void reduce_from_prev(RingChunk slice, uint16_t* out16, uint16_t* in16, bool last = false);
+  void reduce_from_prev(RingChunk slice, bool last);
   void check_finished(RingChunk slice);  // check_finite: counts a slice of out holding a NaN or Inf
-  template <typename Fn>
-  void for_each_slice(RingChunk c, Fn fn);  // fn(RingChunk slice, uint16_t* out16 staging, uint16_t* in16)
-  void recv_wire(void* dst, size_t count);  // receive, then retire what the contract allows
-  void retire();
-  void send_wire(const void* buf, size_t count);
 
-  Transport& t_;
   const float* in_;
   float* out_;
-  RingScratch& scratch_;
-  RingOptions options_;
-  size_t slices_, stride_;
-  size_t sends_ = 0, recvs_ = 0;  // messages so far in this call
+  float* recv_scratch_;  // where an incoming slice lands when the transport cannot lend its own buffer
+  float final_scale_;
+  bool check_finite_;
   size_t nonfinite_slices_ = 0;
-  int next_, prev_;
+};
+
+// The 16-bit wire (bf16 or fp16): partial sums are added in fp32 (data += decoded incoming) and rounded to 16 bits
+// only to travel on; the rank that adds the last addend rounds the finished sum and keeps the rounded value itself,
+// and the all-gather only copies, so every rank still ends bitwise identical. No epilogue here: it is a pass of its
+// own after the sum. Slice k of every step is staged at its own place k of the outgoing words (the contract above).
+class Wire16RingPrimitives : RingMessages {
+ public:
+  Wire16RingPrimitives(Transport& t, const float* in, float* out, RingScratch& scratch, size_t max_chunk, size_t slices,
+                       const RingOptions& options);
+
+  void send(RingChunk c);                   // in[c] -> next
+  void recv_reduce_send(RingChunk c);       // out[c] = in[c] + prev's; out[c] -> next
+  void recv_reduce_copy_send(RingChunk c);  // the last reduction: out[c] rounded to the wire and kept; -> next
+  void recv_reduce_copy(RingChunk c);       // out[c] = in[c] + prev's, fp32, kept here (RingSeam::kApart)
+  void send_out(RingChunk c);               // out[c] rounded to the wire and kept; -> next (RingSeam::kApart)
+  void recv_copy_send(RingChunk c);         // out[c] = prev's; prev's words -> next as they came
+  void recv(RingChunk c);                   // out[c] = prev's
+  bool all_finite() const { return true; }  // nothing is checked on this wire
+
+ private:
+  uint16_t* staged(size_t k) const { return outgoing_ + k * stride_; }
+  void recv_words(RingChunk s) { recv_from_prev(incoming_, s.count * sizeof(uint16_t)); }
+  void send_words(const uint16_t* words, RingChunk s) { send_to_next(words, s.count * sizeof(uint16_t)); }
+  void reduce_into_out(RingChunk s, uint16_t* words);  // out[s] = in[s] + prev's (received), encoded into words
+
+  const float* in_;
+  float* out_;
+  float16::Format format_;
+  uint16_t* incoming_;  // one slice, read at once
+  uint16_t* outgoing_;  // K slices, one per place
 };
 
 // One round of the ring: elements [begin, begin + len) of the buffer, cut into n chunks. Step s of rank r moves
@@ -146,7 +195,7 @@ void ring_all_gather(Prims& prims, const RingRound& round) {
   prims.recv(round.chunk(2 * round.n - 2));
 }
 
-// The ring schedule, written once for every set of primitives: RingPrimitives above on host memory, and the device
+// The ring schedule, written once for every set of primitives: the two wires' above on host memory, and the device
 // ring's LinkRingPrimitives (comm/ring_device.h) on GPU buffers. `count` elements go round in rounds of `round`,
 // each a complete ring (NCCL's loop over chunks): reduce-scatter, then all-gather, n-1 steps each.
 template <typename Prims>
@@ -164,6 +213,18 @@ struct RingPlan {
   size_t round = 0, max_chunk = 0, slices = 1;
 };
 RingPlan plan_ring(size_t count, int n, const RingOptions& options);
+
+// fn(prims) with the primitives of options' wire (wire16 or fp32) for one call's plan; returns what fn returns.
+template <typename Fn>
+auto with_ring_primitives(Transport& t, const float* in, float* out, RingScratch& scratch, const RingPlan& plan,
+                          const RingOptions& options, Fn fn) {
+  if (options.wire16) {
+    Wire16RingPrimitives prims(t, in, out, scratch, plan.max_chunk, plan.slices, options);
+    return fn(prims);
+  }
+  RingPrimitives prims(t, in, out, scratch, plan.max_chunk, plan.slices, options);
+  return fn(prims);
+}
 
 // The reduce-scatter and the all-gather as calls of their own, for the sharded update (ZeRO stage 1, after llm.c's
 // and DeepSpeed's): the gradients are reduce-scattered, each rank updates the parameters of the elements it owns,

@@ -183,7 +183,7 @@ class LinkRingPrimitives {
   Outgoing outgoing_;
 };
 
-// The same primitives with 16-bit words on the wire (the host ring's wire16 arithmetic, comm/ring_allreduce.cpp):
+// The same primitives with 16-bit words on the wire (the host ring's Wire16RingPrimitives, comm/ring_allreduce.h):
 // the data stays fp32, each outgoing chunk is encoded into one of two wire buffers, and each incoming chunk lands in
 // the other, where it is reduced in place (own + incoming, in fp32, rounded once) and becomes the next outgoing
 // chunk. The owner of a finished chunk decodes its rounded sum, as every other rank decodes the same words, so all
