@@ -1,5 +1,6 @@
-// Gradient clipping by the global L2 norm, as PyTorch's torch.nn.utils.clip_grad_norm_ and llm.c: every gradient is
-// multiplied by min(1, max_norm / (norm + 1e-6)), where norm is that of all the reduced gradients together. The
+// Gradient clipping by the global L2 norm, as PyTorch's torch.nn.utils.clip_grad_norm_: every gradient is multiplied
+// by min(1, max_norm / (norm + 1e-6)), where norm is that of all the reduced gradients together (llm.c has no 1e-6:
+// at a norm equal to the cap it leaves the gradients as they are, where this scales them by 1 / (1 + 1e-6)). The
 // factor is folded into the update (the optimizers' grad_scale), so clipping costs no pass of its own over the
 // gradients beyond the norm's. One formula for the CPU and the GPU: plain scalar code nvcc also compiles for the
 // device. Every replica computes the same norm bit for bit (each sums the same reduced gradients in an order fixed

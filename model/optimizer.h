@@ -1,4 +1,4 @@
-// Optimizers over one flat parameter buffer (see model/mlp.h for why the buffer is flat).
+// Optimizers over one flat parameter buffer (model/parameters.h says why the buffer is flat).
 #pragma once
 #include <cstdint>
 #include <string>

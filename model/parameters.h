@@ -24,8 +24,8 @@ struct Parameter {
   T* data = nullptr;
   T* grad = nullptr;
   // Backward may read it after announcing a piece of its gradient (a weight, for its layer's input gradient). The
-  // models clear it where backward never does (a bias; the first layer's weight, whose input needs no gradient), so
-  // that --optimizer-in-backward can update each piece as soon as it is announced.
+  // models clear it where backward never does (a bias, a LayerNorm's weight, an embedding; the MLP's first weight,
+  // whose input needs no gradient), so that --optimizer-in-backward can update each piece as soon as it is announced.
   bool read_after_its_gradient = true;
 };
 

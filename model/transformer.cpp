@@ -68,9 +68,13 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   }
   const int64_t C = c.d_model, H = c.mlp_hidden;
   std::vector<double> init_std;  // per parameter: > 0 normal(0, std), 0 zeros, -1 ones
-  auto add = [&](std::string name, std::vector<int64_t> shape, double std) {
+  // Backward reads a Linear's weight for its input's gradient, after the weight's gradient; it reads no bias and no
+  // position table, each LayerNorm's weight before its gradient, and wte (the tied head's weight) before any.
+  auto add = [&](std::string name, std::vector<int64_t> shape, double std, bool linear_weight = false) {
     init_std.push_back(std);
-    return this->add_parameter(std::move(name), std::move(shape));
+    const int id = this->add_parameter(std::move(name), std::move(shape));
+    this->parameters()[id].read_after_its_gradient = linear_weight;
+    return id;
   };
   const double residual_std = 0.02 / std::sqrt(2.0 * std::max(1, c.layers));
   add("wte", {c.vocab, C}, 0.02);
@@ -82,15 +86,15 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
     const std::string h = "h." + std::to_string(l) + ".";
     add(h + "ln1.weight", {C}, -1);
     add(h + "ln1.bias", {C}, 0);
-    add(h + "qkv.weight", {3 * C, C}, 0.02);
+    add(h + "qkv.weight", {3 * C, C}, 0.02, true);
     add(h + "qkv.bias", {3 * C}, 0);
-    add(h + "proj.weight", {C, C}, residual_std);
+    add(h + "proj.weight", {C, C}, residual_std, true);
     add(h + "proj.bias", {C}, 0);
     add(h + "ln2.weight", {C}, -1);
     add(h + "ln2.bias", {C}, 0);
-    add(h + "fc.weight", {H, C}, 0.02);
+    add(h + "fc.weight", {H, C}, 0.02, true);
     add(h + "fc.bias", {H}, 0);
-    add(h + "fcproj.weight", {C, H}, residual_std);
+    add(h + "fcproj.weight", {C, H}, residual_std, true);
     add(h + "fcproj.bias", {C}, 0);
   }
   lnf_ = add("lnf.weight", {C}, -1);
@@ -98,7 +102,7 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   if (c.tied_head()) {
     head_ = 0;
   } else {
-    head_ = add("head.weight", {head_outputs(), C}, 0.02);
+    head_ = add("head.weight", {head_outputs(), C}, 0.02, true);
     add("head.bias", {head_outputs()}, 0);
   }
 

@@ -112,14 +112,15 @@ template <typename T, typename V>
 inline V gelu_exp(V x, V x2) {  // exp(-2u)
   return exp_fast(x * (x2 * T(kGeluB) + T(kGeluA)));
 }
+// Past |x| = 10 gelu is x or 0, and gelu' 1 or 0, to float precision, but not in these formulas: exp_fast's clamp
+// keeps s at ~1e-38, and x or x^3 times that grows without bound (gelu(-1e35) came out -1e-3; gelu' -inf from
+// x ~ -1.3e13, NaN from ~2e19). So they are cut there, lane for lane as in the scalar tail (a NaN stays NaN).
+inline constexpr double kGeluDerivativeEdge = 10.0;
 template <typename T, typename V>
 inline V gelu_value(V x) {
-  return x / (T(1) + gelu_exp<T>(x, x * x));
+  const V y = x / (T(1) + gelu_exp<T>(x, x * x));
+  return x < -(V{} + T(kGeluDerivativeEdge)) ? V{} : y;
 }
-// Past |x| = 10 gelu' is 1, or 0 to float precision, but not in this formula: exp_fast's clamp keeps s at ~1e-38, and
-// x^3 times that grows without bound (-inf from x ~ -1.3e13, NaN from ~2e19). So x is clamped there, lane for lane as
-// in the scalar tail (a NaN stays NaN).
-inline constexpr double kGeluDerivativeEdge = 10.0;
 template <typename T, typename V>
 inline V gelu_derivative(V x) {
   const V edge = V{} + T(kGeluDerivativeEdge);

@@ -45,8 +45,8 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;
 }
 
-// GELU, tanh approximation, as cpu::gelu_forward: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The constants are
-// rounded to float exactly as the CPU reference's T(kSqrt2OverPi) and T(kGeluCubic).
+// GELU, tanh approximation, as cpu::gelu_forward: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The CPU computes the
+// same function as a sigmoid of one exp (kernels/cpu/ops.cpp): the two agree to rounding, not bit for bit.
 constexpr float kSqrt2OverPi = static_cast<float>(0.7978845608028654);
 constexpr float kGeluCubic = static_cast<float>(0.044715);
 __device__ __forceinline__ float gelu_tanh(float x) {

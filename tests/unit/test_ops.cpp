@@ -169,9 +169,9 @@ std::vector<int> LanesThisCpuRuns() {
   return sixteen_lanes_available() ? std::vector<int>{8, 16} : std::vector<int>{8};
 }
 
-// Far out in either tail gelu' is 1 or 0: the float kernels say so at every width, where exp's clamp once let x^3
-// grow the derivative to -inf and NaN.
-TEST(Gelu, TheFloatDerivativeIsOneOrZeroFarOutInTheTails) {
+// Far out in either tail gelu is x or 0 and gelu' 1 or 0: the float kernels say so at every width, where exp's clamp
+// once let x and x^3 grow the value to -1e-3 at x = -1e35 and the derivative to -inf and NaN.
+TEST(Gelu, TheFloatGeluIsXOrZeroAndItsDerivativeOneOrZeroFarOutInTheTails) {
   const float big[] = {
       12.0f, 1e6f, 1e12f, 1e13f, 1e20f, std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity()};
   std::vector<float> x;
@@ -181,12 +181,15 @@ TEST(Gelu, TheFloatDerivativeIsOneOrZeroFarOutInTheTails) {
   const std::vector<float> ones(n, 1.0f);
   for (int lanes : LanesThisCpuRuns()) {
     FloatLanesForScope width(lanes);
-    std::vector<float> dx(n);
+    std::vector<float> y(n), dx(n);
+    gelu_forward(y.data(), x.data(), n);
     gelu_backward(dx.data(), x.data(), ones.data(), n);
     for (int i = 0; i < n; ++i) {
       if (x[i] > 0) {
+        EXPECT_EQ(y[i], x[i]) << lanes << " lanes, x=" << x[i];
         EXPECT_EQ(dx[i], 1.0f) << lanes << " lanes, x=" << x[i];
       } else {
+        EXPECT_LE(std::fabs(y[i]), 1e-30f) << lanes << " lanes, x=" << x[i];
         EXPECT_LE(std::fabs(dx[i]), 1e-30f) << lanes << " lanes, x=" << x[i];
       }
     }
