@@ -289,7 +289,8 @@ if [ "$stage" = 2 ]; then
   # thread with the kernels ddplab chooses (the header says which and why), then with OpenBLAS's own pick.
   step "cpu: devices" cpu.log 30 'grep -m1 "kernels" "$log"' "${mpirun[@]}" -np 1 "$build/launcher/ddplab" devices
   for auto in on off; do
-    step "cpu: MLP, BLAS auto $auto" cpu.log 40 'grep -A2 "^  per rank (steady" "$log" | tail -1' \
+    step "cpu: MLP, BLAS auto $auto" cpu.log 40 \
+      'echo "$(grep -m1 -o "BLAS kernels [A-Za-z0-9]*" "$log"): $(grep -m1 -o "step *[0-9.]* ms mean" "$log" | tr -s " ")"' \
       "${mpirun[@]}" -np 1 -x DDPLAB_BLAS_AUTO=$auto "$build/launcher/ddplab" train --threads 1 --steps 30 \
       --warmup-steps 10 --out "$work/cpu_mlp_blas_$auto.h5" --force
   done
