@@ -251,7 +251,7 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{nullptr, "beta1", nullptr, kNoMin, kNoMax, kMath}, c.optimizer.beta1);
   visit(Knob{nullptr, "beta2", nullptr, kNoMin, kNoMax, kMath}, c.optimizer.beta2);
   visit(Knob{nullptr, "eps", nullptr, kNoMin, kNoMax, kMath}, c.optimizer.eps);
-  visit(Knob{"--weight-decay", "weight_decay", "weight decay (decoupled for AdamW)", 0, kNoMax, kMath},
+  visit(Knob{"--weight-decay", "weight_decay", "weight decay (decoupled for AdamW), on every parameter as PyTorch's one-group AdamW", 0, kNoMax, kMath},
         c.optimizer.weight_decay);
   visit(Knob{"--momentum", "momentum", "SGD momentum", 0, 1, kMath | kBelowMax}, c.optimizer.momentum);
   visit(Knob{"--grad-clip", "grad_clip",
