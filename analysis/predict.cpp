@@ -109,7 +109,7 @@ double ring_ms(double bytes, int ranks, int nodes, WireDtype wire, double small_
   const int per_node = ranks / nodes;
   const double message = wire_bytes_of(bytes, wire);
   int p = 1;
-  while (p * 2 <= ranks) p *= 2;
+  while (p <= ranks / 2) p *= 2;  // not p * 2 <= ranks: past 2^30 that overflows, and the loop never ends
   double ms = 0;
   for (int distance = 1; distance < p; distance *= 2)
     ms += distance < per_node ? costs.intra.ms({1, message}) : costs.inter.ms({1, per_node * message});

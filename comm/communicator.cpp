@@ -57,10 +57,12 @@ LinkModel parse_link(const std::string& preset, double latency_us_override, doub
   const LinkPreset* found = nullptr;
   for (const LinkPreset& p : kLinkPresets)
     if (preset == p.name) found = &p;
-  if (!found)
-    throw std::invalid_argument(
-        "unknown --link '" + preset +
-        "' (expected none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, nvlink4-nccl or ndr400-x8)");
+  if (!found) {
+    std::string names;
+    for (const LinkPreset& p : kLinkPresets)
+      names += std::string(names.empty() ? "" : &p == std::end(kLinkPresets) - 1 ? " or " : ", ") + p.name;
+    throw std::invalid_argument("unknown --link '" + preset + "' (expected " + names + ")");
+  }
   LinkModel link{found->name, found->latency_us, found->gbps};
   // Negative keeps the preset's value; NaN and infinity are refused (NaN < 0 is false, so it reaches the check).
   if (latency_us_override >= 0 || std::isnan(latency_us_override)) {

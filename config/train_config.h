@@ -163,6 +163,11 @@ inline constexpr double kNoMax = std::numeric_limits<double>::infinity();
 // The largest size in MiB a size flag takes, far past any memory: a million TiB. Beyond ~3.5e13 its count of floats
 // would not fit the 64-bit integers that hold it, and a larger size reads as a crash instead of a refusal.
 inline constexpr double kMaxMiB = 1e12;
+// The longest a lab's emulated cost (a sleep) or a link's latency may be, in ms: hours, past any watchdog
+// (--timeout-s), where 1e300 overflowed the sleep's nanoseconds and became no delay at all.
+inline constexpr double kMaxLabMs = 1e7;
+// The slowest emulated link, Gbit/s (a kbit/s): slower ones overflowed a message's transfer time into no time.
+inline constexpr double kMinLinkGbps = 1e-6;
 
 // Calls visit(knob, field) for every knob of c, in the order `ddplab train --help` lists them. Config is TrainConfig
 // or const TrainConfig.
@@ -226,9 +231,9 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--lengths", "lengths", "transformer data: sequence lengths fixed | uniform | loguniform", kNoMin, kNoMax,
              kMath},
         c.lengths);
-  visit(Knob{"--min-len", "min_len", "transformer data: shortest sequence", kNoMin, kNoMax, kMath}, c.min_len);
-  visit(Knob{"--max-len", "max_len", "transformer data: longest sequence (fixed: every sequence)", kNoMin, kNoMax,
-             kMath},
+  visit(Knob{"--min-len", "min_len", "transformer data: shortest sequence (--head lm: 2 or more)", 1, kNoMax, kMath},
+        c.min_len);
+  visit(Knob{"--max-len", "max_len", "transformer data: longest sequence (fixed: every sequence)", 1, kNoMax, kMath},
         c.max_len);
   visit(Knob{"--outlier-prob", "outlier_prob", "transformer data: share of sequences of length --max-len", 0, 1, kMath},
         c.outlier_prob);
@@ -237,10 +242,11 @@ void visit_knobs(Config& c, Visit&& visit) {
              "pack (--head lm: sequences back to back in --max-tokens / --max-len rows)",
              kNoMin, kNoMax, kMath},
         c.batching);
-  visit(Knob{"--max-tokens", "max_tokens", "token and pack batching: padded tokens per rank per step", kNoMin, kNoMax,
-             kMath},
-        c.max_tokens);
-  visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch", kNoMin, kNoMax, kMath},
+  visit(
+      Knob{"--max-tokens", "max_tokens", "token and pack batching: padded tokens per rank per step", 1, kNoMax, kMath},
+      c.max_tokens);
+  visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch (0 with --data: its windows)", 0,
+             kNoMax, kMath},
         c.epoch_size);
   visit(Knob{"--input-dim", "input_dim", "MLP input features", 1, kNoMax, kMath}, c.mlp.input_dim);
   visit(Knob{"--hidden", "hidden", "MLP hidden width", 1, kNoMax, kMath}, c.mlp.hidden_dim);
@@ -305,17 +311,18 @@ void visit_knobs(Config& c, Visit&& visit) {
              kMath},
         c.grad_accum);
   visit(Knob{"--link", "link",
-             "emulated interconnect, every hop: none | 1gbe | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4; or "
+             "emulated interconnect, every hop: none | 1gbe | 10gbe | 25gbe | 100gbe-ib | pcie4 | nvlink4 | "
+             "nvlink4-nccl | ndr400-x8 (the last two: NCCL's figures, for predict); or "
              "per class of hop: intra=P,inter=P (within a node, per pair; across nodes, through the node's NIC, "
              "shared by its ranks)"},
         c.link);
   visit(Knob{"--link-latency-us", "link_latency_us",
-             "the link's latency, us: N or auto (the --link preset's; N needs a single preset)", 0, kNoMax, 0,
+             "the link's latency, us: N or auto (the --link preset's; N needs a single preset)", 0, kMaxLabMs * 1e3, 0,
              "US|auto", kPresetLinkValue},
         c.link_latency_us);
   visit(Knob{"--link-gbps", "link_gbps",
-             "the link's bandwidth, Gbit/s: N, positive, or auto (the --link preset's; N needs a single preset)", 0,
-             kNoMax, kPositive, "GBIT/S|auto", kPresetLinkValue},
+             "the link's bandwidth, Gbit/s: N (1e-6 or more) or auto (the --link preset's; N needs a single preset)",
+             kMinLinkGbps, kNoMax, 0, "GBIT/S|auto", kPresetLinkValue},
         c.link_gbps);
   visit(Knob{"--ranks-per-node", "ranks_per_node",
              "emulate nodes of K consecutive ranks (K divides the ranks; 0: the hosts are the nodes); ranks "
@@ -334,14 +341,17 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.optimizer_in_backward);
   visit(Knob{"--zero-stage", "zero_stage",
              "ZeRO stage: 0 (every rank updates every parameter) or 1 (the update sharded: gradients "
-             "reduce-scattered, each rank updates its share, parameters all-gathered; CPU, --comm ring)"},
+             "reduce-scattered, each rank updates its share, parameters all-gathered; CPU, --comm ring)",
+             0, 1},
         c.zero_stage);
-  visit(Knob{"--data-cost-ms", "data_cost_ms", "input pipeline: host cost per sample, ms (a sleep)", 0}, c.data_cost_ms);
+  visit(Knob{"--data-cost-ms", "data_cost_ms", "input pipeline: host cost per sample, ms (a sleep)", 0, kMaxLabMs},
+        c.data_cost_ms);
   visit(Knob{"--loader-threads", "loader_threads", "input pipeline: worker threads (0: in the training loop)", 0},
         c.loader_threads);
   visit(Knob{"--prefetch", "prefetch", "input pipeline: batches prepared ahead (with loader threads)", 1}, c.prefetch);
   visit(Knob{"--slow-rank", "slow_rank", "lab: the straggling rank", 0}, c.slow_rank);
-  visit(Knob{"--straggler-ms", "straggler_ms", "lab: the slow rank sleeps this long before each batch fetch", 0},
+  visit(Knob{"--straggler-ms", "straggler_ms", "lab: the slow rank sleeps this long before each batch fetch", 0,
+             kMaxLabMs},
         c.straggler_ms);
   visit(Knob{"--busy-threads", "busy_threads",
              "lab: a noisy neighbour: from the first step the slow rank's compute thread and this many busy "
@@ -351,7 +361,7 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--extra-allreduce-mb", "extra_allreduce_mb", "lab: an extra all-reduce of this size every step", 0,
              kMaxMiB},
         c.extra_allreduce_mb);
-  visit(Knob{"--rank0-work-ms", "rank0_work_ms", "lab: rank 0 works this long, then every rank barriers", 0},
+  visit(Knob{"--rank0-work-ms", "rank0_work_ms", "lab: rank 0 works this long, then every rank barriers", 0, kMaxLabMs},
         c.rank0_work_ms);
   visit(Knob{"--barrier-every", "barrier_every", "lab: ... every this many steps", 1}, c.barrier_every);
   visit(Knob{"--timeout-s", "timeout_s", "watchdog: abort the job after this long without progress (0: off)", 0, 1e7},

@@ -131,24 +131,6 @@ AutoChoice<E> auto_choice_flag_value(const std::string& text, const char* flag) 
   throw CLI::ValidationError(std::string(flag) + " must be auto, " + choice_list<E>() + " (got '" + text + "')");
 }
 
-// A whole number in decimal: CLI11 reads a leading 0 as octal and 0x as hex (`--steps 010` ran 8 steps). Leading
-// zeros are dropped; other bases are refused.
-// Also refused: a value T cannot hold (--seed -1 or 2^64 was clamped to 2^64 - 1).
-template <typename T>
-std::string as_decimal_integer(std::string& text) {
-  const size_t digits = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
-  if (digits == text.size() || text.find_first_not_of("0123456789", digits) != std::string::npos)
-    return "must be a whole number in decimal (got '" + text + "')";
-  const size_t first = text.find_first_not_of('0', digits);
-  text = (text[0] == '-' ? "-" : "") + (first == std::string::npos ? "0" : text.substr(first));
-  T parsed{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-  if (error != std::errc() || end != text.data() + text.size())
-    return "must be a whole number from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
-           std::to_string(std::numeric_limits<T>::max()) + " (got '" + text + "')";
-  return "";
-}
-
 // The flag of one knob, by the type of its value.
 template <typename T>
 CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
@@ -174,10 +156,7 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
         ->default_str(value ? to_string(*value) : "auto");
   } else if constexpr (std::is_arithmetic_v<T>) {
     CLI::Option* option = app->add_option(flag, value, help);
-    if constexpr (std::is_integral_v<T>) {
-      if (!knob.auto_text) option->transform(CLI::Validator(as_decimal_integer<T>, "", "DECIMAL"));
-    }
-    if (!knob.auto_text) return option->capture_default_str();
+    if (!knob.auto_text) return option->transform(decimal_validator<T>())->capture_default_str();
     // "auto" (replaced by the knob's stand-in value), or a finite number not below the knob's minimum, checked here:
     // the stand-in itself is out of range, and typed as a number it would pass for auto. One validator for both, with
     // no description: the help would show the stand-in ("{auto->-1}").
@@ -191,12 +170,10 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
                 text = stand_in;
                 return std::string();
               }
-              if constexpr (std::is_integral_v<T>) {
-                if (std::string not_decimal = as_decimal_integer<T>(text); !not_decimal.empty()) return not_decimal;
-              }
+              if (std::string not_decimal = as_decimal<T>(text); !not_decimal.empty()) return not_decimal;
               const double v = std::strtod(text.c_str(), nullptr);
               if (std::isnan(v) || std::isinf(v)) return std::string("must be a finite number or auto");
-              return v >= min ? std::string() : below;
+              return v >= min ? std::string() : below + " (got " + text + ")";
             },
             "", "AUTO_OR_AT_LEAST_MIN"))
         ->default_str("auto")
@@ -207,6 +184,17 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
 }
 
 }  // namespace
+
+void check_knob_value(const std::string& flag, double value) {
+  TrainConfig c;
+  bool found = false;
+  visit_knobs(c, [&](const Knob& knob, auto& field) {
+    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(field)>>) {
+      if (knob.flag && knob.flag == flag) found = true, check_range(knob, value);
+    }
+  });
+  if (!found) throw std::logic_error("check_knob_value: no numeric knob " + flag);
+}
 
 void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   CLI::Option* warmup = nullptr;
@@ -259,9 +247,8 @@ void validate_tokens(const TrainConfig& c) {
   require(c.val_data.empty() || c.head == Head::kCausalLM,
           "--val-data needs --head lm (token shards hold no class labels for the classify head)");
   if (!c.data.empty()) at_least("--max-len", c.max_len, 2);  // a window: a token and its next
-  at_least("--min-len", c.min_len, c.head == Head::kCausalLM ? 2 : 1);
+  if (c.head == Head::kCausalLM) at_least("--min-len", c.min_len, 2);  // a token and its next
   at_least("--max-len", c.max_len, c.min_len);
-  at_least("--max-tokens", c.max_tokens, 1);
   // A batch holds at least one sequence (a pack row is max_len long): below the longest, the budget cannot hold.
   require(c.max_tokens >= c.max_len || (c.batching != Batching::kToken && c.batching != Batching::kPack),
           "--max-tokens " + std::to_string(c.max_tokens) + " is below --max-len " + std::to_string(c.max_len) +
@@ -323,6 +310,11 @@ void validate_memory(const TrainConfig& c) {
                 ": the loader holds --prefetch + 1 batches of " + std::to_string(c.batch) + " samples (--batch) of " +
                 std::to_string(c.mlp.input_dim) + " features (--input-dim) (got " + std::to_string(c.prefetch) + ")");
   }
+  if (c.device == Device::kCpu) {  // a buffer of its own, on the host (on the GPU it is the device's memory)
+    const double most = static_cast<double>(memory) / (1 << 20);
+    require(c.extra_allreduce_mb <= most, "--extra-allreduce-mb must be at most " + value_text(most) + host + " (got " +
+                                              value_text(c.extra_allreduce_mb) + ")");
+  }
 }
 
 }  // namespace
@@ -335,8 +327,6 @@ void validate(const TrainConfig& c) {
   require(!c.val_data.empty() || (c.val_every == 0 && c.val_windows == 0),
           std::string(c.val_every != 0 ? "--val-every" : "--val-windows") + " needs --val-data");
   if (c.transformer()) validate_tokens(c);
-  // parse_link takes 0 as "unlimited", which a named link would then only pretend to be.
-  require(c.link_gbps != 0, "--link-gbps must be positive (got 0); for no bandwidth limit, leave it out with --link none");
   require(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
   require(c.fault == Fault::kNone || c.fault_step < c.steps,
           "--fault-step " + std::to_string(c.fault_step) + " is past the run's last step (--steps " +
@@ -352,8 +342,6 @@ void validate(const TrainConfig& c) {
   require(c.optimizer.lr_schedule == LrSchedule::kCosine || c.optimizer.lr_final == 0,
           "--lr-final needs --lr-schedule cosine (it is where the decay ends; got --lr-schedule " +
               std::string(to_string(c.optimizer.lr_schedule)) + ")");
-  require(c.zero_stage == 0 || c.zero_stage == 1,
-          "--zero-stage must be 0 or 1 (got " + std::to_string(c.zero_stage) + ")");
   if (c.zero_stage == 1) {
     require(c.device == Device::kCpu, "--zero-stage 1 needs --device cpu");
     require(c.comm == AllreduceImpl::kRing,

@@ -11,12 +11,16 @@
 #include "analysis/blame.h"
 #include "analysis/format.h"
 #include "analysis/predict.h"
+#include "launcher/cli.h"
 #include "launcher/report_commands.h"
 #include "record/files.h"
 #include "runtime/errors.h"
 
 namespace ddplab {
 namespace {
+
+// The largest world predicted: a million ranks, past any machine's, and well inside the model's int counts.
+constexpr int kMaxPredictedRanks = 1 << 20;
 
 struct PredictArgs {
   std::string file, calibration, json;
@@ -40,12 +44,12 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   const auto or_run = [](const auto& list, const auto& own) {
     return list.empty() ? std::vector<std::decay_t<decltype(own)>>{own} : list;
   };
-  for (const auto* list : {&a.bucket_mb, &a.first_bucket_mb})
-    for (double mb : *list)
-      require(std::isfinite(mb) && mb >= 0,
-              (list == &a.bucket_mb ? "--bucket-mb " : "--first-bucket-mb ") + fmt("%g", mb) +
-                  ": a bucket size is a finite number >= 0 (0: a bucket per gradient piece)");
-  for (int n : a.ranks) require(n >= 1, "--ranks " + std::to_string(n) + ": a world has at least one rank");
+  // What train would refuse is no setting to recommend: its knobs' own checks.
+  for (double mb : a.bucket_mb) check_knob_value("--bucket-mb", mb);
+  for (double mb : a.first_bucket_mb) check_knob_value("--first-bucket-mb", mb);
+  for (int n : a.ranks)
+    require(n >= 1 && n <= kMaxPredictedRanks,
+            "--ranks " + std::to_string(n) + ": a world of 1 to " + std::to_string(kMaxPredictedRanks) + " ranks");
   std::vector<bool> overlaps;
   for (const std::string& o : a.overlap) {
     const std::optional<OnOff> on_off = find_choice<OnOff>(o);
@@ -466,9 +470,11 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
   cmd->add_option("file", args->file, "a run file (HDF5) to model from")->required()->type_name("RUN.h5");
   cmd->add_option("--bucket-mb", args->bucket_mb,
                   "bucket caps in MiB, >= 0 (0: a bucket per gradient piece; default: the run's)")
+      ->transform(decimal_validator<double>())
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--first-bucket-mb", args->first_bucket_mb, "caps of the bucket that closes backward, MiB, >= 0")
+      ->transform(decimal_validator<double>())
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--overlap", args->overlap, "on, off or on,off (default: the run's)")
@@ -480,14 +486,19 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
          "list; or one link per "
          "class of hop, intra=P,inter=P (repeat --link for several; default: the run's)")
       ->type_name("LIST");
-  cmd->add_option("--ranks", args->ranks, "world sizes (default: the run's)")->delimiter(',')->type_name("LIST");
+  cmd->add_option("--ranks", args->ranks, "world sizes (default: the run's)")
+      ->transform(decimal_validator<int>())
+      ->delimiter(',')
+      ->type_name("LIST");
   cmd->add_option("--ranks-per-node", args->ranks_per_node,
                   "nodes of K consecutive ranks, each K dividing every world size (default: the run's nodes)")
+      ->transform(decimal_validator<int>())
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--ranks-per-gpu", args->ranks_per_gpu,
                   "GPU runs: ranks taking turns on one GPU, at most the world (each one's compute that many times as "
                   "long, its all-reduces after backward); default: the run's on its own link, else 1")
+      ->transform(decimal_validator<int>())
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--comm", args->comm, "ring, mpi, hier (default: the run's)")->delimiter(',')->type_name("LIST");

@@ -113,6 +113,17 @@ refusals_at() {
   expect_error $np "--layers must be at least 1 (got 0)" train "${small[@]}" --layers 0
   expect_error $np "--busy-threads must be at least 0 (got -1)" train "${small[@]}" --busy-threads -1
   expect_error $np "must not be negative" train "${small[@]}" --bucket-mb -1
+  # CLI11 took an empty value as 0 and a hex float as its number
+  expect_error $np "--bucket-mb: must be a decimal number (got '')" train "${small[@]}" --bucket-mb ""
+  expect_error $np "--bucket-mb: must be a decimal number (got '0x1p3')" train "${small[@]}" --bucket-mb 0x1p3
+  expect_error $np "--timeout-s: must be a decimal number (got '')" train "${small[@]}" --timeout-s ""
+  # past what a sleep's nanoseconds hold these became no delay at all, and a link of no bandwidth an unlimited one
+  expect_error $np "--straggler-ms must be at most 1e+07 (got 1e+300)" train "${small[@]}" --straggler-ms 1e300
+  # a buffer past the host's memory ended in std::bad_alloc and MPI_Abort, exit 1
+  expect_error $np "--extra-allreduce-mb must be at most" train "${small[@]}" --extra-allreduce-mb 1e9
+  expect_error $np "--link-latency-us must be at most 1e+10 (got 1e+300)" train "${small[@]}" --link 10gbe \
+    --link-latency-us 1e300
+  expect_error $np "--link-gbps: must be at least 1e-06 (got 1e-300)" train "${small[@]}" --link 10gbe --link-gbps 1e-300
   expect_error $np "--timeout-s must not be negative" train "${small[@]}" --timeout-s -1
   expect_error $np "--fault must be none, hang" train "${small[@]}" --fault meteor
   expect_error $np "--fault-rank 5 is not a rank of this" train "${small[@]}" --fault nan --fault-rank 5
@@ -127,7 +138,7 @@ refusals_at() {
   expect_error $np "--precision bf16 needs --device cuda" train "${small[@]}" --precision bf16
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
   expect_error $np "--grad-slice-mb: must not be negative" train "${small[@]}" --grad-slice-mb -1
-  expect_error $np "--grad-slice-mb = some" train "${small[@]}" --grad-slice-mb some
+  expect_error $np "--grad-slice-mb: must be a decimal number (got 'some')" train "${small[@]}" --grad-slice-mb some
   expect_error $np "--optimizer-in-backward must be auto, off or on (got 'maybe')" train "${small[@]}" --optimizer-in-backward maybe
   expect_error $np "--optimizer-in-backward on and --skip-nonfinite exclude each other" train "${small[@]}" \
     --optimizer-in-backward on --skip-nonfinite
@@ -139,7 +150,7 @@ refusals_at() {
   expect_error $np "--lr-schedule must be constant or cosine (got 'linear')" train "${small[@]}" --lr-schedule linear
   expect_error $np "--lr-final must be at most 1 (got 2)" train "${small[@]}" --lr-schedule cosine --lr-final 2
   expect_error $np "--lr-warmup must be at least 0 (got -3)" train "${small[@]}" --lr-warmup -3
-  expect_error $np "--zero-stage must be 0 or 1 (got 2)" train "${small[@]}" --zero-stage 2
+  expect_error $np "--zero-stage must be at most 1 (got 2)" train "${small[@]}" --zero-stage 2
   expect_error $np "--zero-stage 1 needs --comm ring" train "${small[@]}" --zero-stage 1 --comm mpi
   expect_error $np "--zero-stage 1 needs --comm-dtype fp32" train "${small[@]}" --zero-stage 1 --comm-dtype bf16
   expect_error $np "--comm mpi has no bf16 wire" train "${small[@]}" --comm mpi --comm-dtype bf16

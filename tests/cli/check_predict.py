@@ -85,10 +85,17 @@ with tempfile.TemporaryDirectory() as work:
              ([sharded], "sharded its update (--zero-stage 1)"),
              ([torn], "is not the span of its pieces"),
              ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
-             ([run, "--bucket-mb=-1,5"], "--bucket-mb -1: a bucket size is a finite number >= 0"),
-             ([run, "--bucket-mb=nan"], "--bucket-mb nan: a bucket size is a finite number >= 0"),
-             ([run, "--first-bucket-mb=-1"], "--first-bucket-mb -1: a bucket size is a finite number >= 0"),
-             ([run, "--ranks", "0"], "at least one rank"),
+             # the sizes train takes, by its knobs' own checks: predict recommends no setting train refuses
+             ([run, "--bucket-mb=-1,5"], "--bucket-mb must not be negative (got -1)"),
+             ([run, "--bucket-mb=nan"], "--bucket-mb must be a finite number (got nan)"),
+             ([run, "--bucket-mb=1e300"], "--bucket-mb must be at most 1e+12 (got 1e+300)"),
+             ([run, "--bucket-mb=0x1p3"], "--bucket-mb: must be a decimal number (got '0x1p3')"),
+             ([run, "--first-bucket-mb=-1"], "--first-bucket-mb must not be negative (got -1)"),
+             ([run, "--ranks", "0"], "--ranks 0: a world of 1 to 1048576 ranks"),
+             # past 2^30 the model's count of doubling rounds overflowed and never ended
+             ([run, "--ranks", "1073741824"], "--ranks 1073741824: a world of 1 to 1048576 ranks"),
+             # CLI11 read 0x2 as hex (and 010 as octal 8: now 10, as train's flags read it)
+             ([run, "--ranks", "0x2"], "must be a whole number in decimal (got '0x2')"),
              ([run, "--link", "intra=none,outer=1gbe"], "unknown link class 'outer'"),
              ([run, "--ranks", "4", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide 4 ranks"),
              ([run, "--ranks-per-gpu", "2"], "trained on the CPU, where ranks share no GPU"),

@@ -242,11 +242,11 @@ refusal(1, lambda work: ["train", *SMALL, "--steps", "4", "--warmup-steps", "4"]
 refusal(1, lambda work: ["suite", "lab", "--steps", "3", "--warmup-steps", "3", "--out-dir", os.path.join(work, "s")],
         "--warmup-steps 3 leaves none", "suite: --warmup-steps >= --steps refused")
 refusal(1, lambda work: ["train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "0"],
-        "--link-gbps must be positive (got 0)", "--link-gbps 0 refused")
+        "--link-gbps: must be at least 1e-06 (got 0)", "--link-gbps 0 refused")
 # Numbers a flag cannot mean: infinite, not a number, below an auto knob's range.
 for args, text in [(["--lr", "inf"], "--lr must be a finite number (got inf)"),
                    (["--straggler-ms", "inf"], "--straggler-ms must be a finite number (got inf)"),
-                   (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must not be negative"),
+                   (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must be at least 1e-06 (got -5)"),
                    (["--link", "10gbe", "--link-latency-us", "-2"], "--link-latency-us: must not be negative"),
                    (["--link", "10gbe", "--link-gbps", "nan"], "--link-gbps: must be a finite number or auto"),
                    (["--threads", "0"], "--threads: must be at least 1")]:
@@ -290,7 +290,9 @@ petabyte = os.path.join(case_folder(), "petabyte.h5")
      job(1, "train", *SMALL, "--steps", "2", "--out", short),  # the default warm-up (5) shrinks to fit
      job(1, "train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "2.5", "--out", emulated),
      job(1, "train", *SMALL, "--steps", "2", "--link-latency-us", "5", "--out", latency),
-     job(1, "train", *SMALL, "--steps", "2", "--extra-allreduce-mb", "1e9", "--out", petabyte),  # a petabyte
+     # A 3M x 3M hidden weight, 36 TB: no check sizes the model before it is built
+     job(1, "train", "--input-dim", "16", "--classes", "10", "--batch", "4", "--hidden", "3000000", "--layers", "2",
+         "--steps", "2", "--out", petabyte),
      job(1, "train", "--help")])
 
 steps = None
@@ -355,7 +357,7 @@ if (os.cpu_count() or 1) >= 2:
           f"{our_lines(resumed.stderr)})")
 
 check(oom.returncode != 0 and "out of memory: the run needs more than this host gives" in oom.stderr and
-      "--extra-allreduce-mb" in oom.stderr, f"an allocation past the host's memory names it ({our_lines(oom.stderr)})")
+      "--hidden" in oom.stderr, f"an allocation past the host's memory names it ({our_lines(oom.stderr)})")
 check("{auto->" not in helped.stdout and "--threads N|auto=auto" in helped.stdout,
       "an auto knob's help shows auto, not its stand-in value")
 
