@@ -246,9 +246,16 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   suite->add_option("--out-dir", o.out_dir,
                     "folder for the case run files and the summary (default "
                     "runs/suite_<name>_<time>)");
-  suite->add_flag("--full", o.full, "100 steps per case instead of 20");
+  // Set here, before the train flags' checks at the end of parsing (--warmup-steps against --steps), which then see
+  // the steps that will run. --steps, given, wins; its value is already in (its flag comes first).
+  suite->add_flag_callback(
+      "--full",
+      [&o, suite] {
+        o.full = true;
+        if (suite->count("--steps") == 0) o.base.steps = 100;
+      },
+      "100 steps per case instead of 20");
   suite->callback([&o, suite] {
-    o.steps_given = suite->count("--steps") > 0;
     o.batch_given = suite->count("--batch") > 0;
     o.max_tokens_given = suite->count("--max-tokens") > 0;
     for (const CLI::Option* option : suite->get_options())
@@ -564,7 +571,6 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   require_same_options("suite", {{"suite", o.name}, {"--full", o.full ? "on" : "off"}, {"flags given", joined(given)}});
   require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
   refuse_case_owned_flags(o);
-  if (o.full && !o.steps_given) o.base.steps = 100;
   validate(o.base);
   require(o.name != "tokens" || !o.max_tokens_given || o.base.max_tokens >= o.base.max_len,
           "--max-tokens " + std::to_string(o.base.max_tokens) + " is below --max-len " +

@@ -17,8 +17,8 @@ struct SuiteOptions {
   std::string name = "lab";
   TrainConfig base;       // every train flag applies to every case; the pathology knobs to their own case only
   std::string out_dir;    // default runs/suite_<name>_<time>
-  bool full = false;      // 100 steps instead of 20
-  bool steps_given = false, batch_given = false, max_tokens_given = false;
+  bool full = false;      // 100 steps instead of 20 (set in base.steps as --full is parsed, unless --steps is given)
+  bool batch_given = false, max_tokens_given = false;
   std::vector<std::string> given_flags;  // the flags on the command line, as `--name`
 };
 

@@ -1,6 +1,6 @@
 // The checks `ddplab train` makes before any work (launcher/cli.h: validate, validate_for_ranks) on flags parsed as it
 // parses them: sizes the run could not hold are refused with one line naming the flag and the limit, where the run
-// would otherwise fail in its first step.
+// would otherwise fail in its first step. And the checks made as `ddplab suite`'s flags are parsed.
 #include <gtest/gtest.h>
 #include <sys/sysinfo.h>
 
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "launcher/cli.h"
+#include "launcher/suite.h"
 #include "runtime/errors.h"
 
 namespace ddplab {
@@ -82,6 +83,38 @@ TEST(CliChecks, AHangNeedsAPeerToFindIt) {
             "--fault hang needs 2 or more ranks: a hung rank is found by its peers' watchdogs, and 1 rank has none");
   EXPECT_EQ(refusal(hang, 2), "");
   EXPECT_EQ(refusal({"--fault", "kill", "--fault-step", "2"}, 1), "");
+}
+
+// `ddplab suite FLAGS` parsed as the binary parses it: the steps its cases run, or the UsageError's line.
+std::string suite_steps(const std::vector<std::string>& flags) {
+  CLI::App app{"ddplab"};
+  SuiteOptions options;
+  add_suite_command(app, options);
+  std::vector<const char*> argv{"ddplab", "suite", "lab"};
+  for (const std::string& flag : flags) argv.push_back(flag.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return std::to_string(options.base.steps);
+}
+
+// --full makes a suite's cases 100 steps long unless --steps is given, and --warmup-steps is held against the steps
+// that will run, not the 20 of a suite without --full.
+TEST(CliChecks, ASuitesWarmUpIsCheckedAgainstTheStepsItRuns) {
+  EXPECT_EQ(suite_steps({}), "20");
+  EXPECT_EQ(suite_steps({"--full"}), "100");
+  EXPECT_EQ(suite_steps({"--full", "--warmup-steps", "30"}), "100");
+  EXPECT_EQ(suite_steps({"--warmup-steps", "99", "--full"}), "100");
+  EXPECT_EQ(suite_steps({"--full", "--warmup-steps", "100"}),
+            "--warmup-steps 100 leaves none of the 100 steps (--steps) to measure: it must be smaller");
+  EXPECT_EQ(suite_steps({"--full", "--steps", "50"}), "50");
+  EXPECT_EQ(suite_steps({"--steps", "50", "--full"}), "50");
+  EXPECT_EQ(suite_steps({"--steps", "10", "--full", "--warmup-steps", "30"}),
+            "--warmup-steps 30 leaves none of the 10 steps (--steps) to measure: it must be smaller");
+  EXPECT_EQ(suite_steps({"--warmup-steps", "30"}),
+            "--warmup-steps 30 leaves none of the 20 steps (--steps) to measure: it must be smaller");
 }
 
 }  // namespace
