@@ -615,8 +615,7 @@ std::pair<int, int> token_scan_share(const TrainConfig& c, MPI_Comm world) {
 // The checks before any work, alike on every rank (UsageError): the ranks were given the same config, it holds for
 // this many ranks, and every rank has the device it asks for.
 void validate_run(const TrainConfig& asked, int world_size, MPI_Comm world) {
-  const std::string error = config_disagreement(asked, world);  // before anything a rank could decide on its own
-  if (!error.empty()) throw UsageError(error);
+  require_same_config(asked, world);  // before anything a rank could decide on its own
   const auto [scan_part, scan_parts] = token_scan_share(asked, world);
   // The checks read each rank's own --out too (against --checkpoint and --resume): a rank that refused alone would
   // leave the others waiting in the next collective, so every rank refuses with the lowest refusing rank's reason.
@@ -651,6 +650,10 @@ Topology checked_topology(const TrainConfig& asked, int world_size, MPI_Comm wor
 }
 
 }  // namespace
+
+void require_same_config(const TrainConfig& config, MPI_Comm comm) {
+  if (const std::string error = config_disagreement(config, comm); !error.empty()) throw UsageError(error);
+}
 
 void validate_launch(const TrainConfig& config, MPI_Comm world) {
   int size = 1;

@@ -32,6 +32,11 @@ SummarizedRun run_training(const TrainConfig& config, MPI_Comm comm, const RunOp
 // device. For suite and sweep, before their results folder is made. Collective.
 void validate_launch(const TrainConfig& config, MPI_Comm world);
 
+// The first of those checks: every rank of comm was given the same config (every knob but the per-rank ones), else
+// UsageError on every rank listing what differs. Suite and sweep make it before checks of their own, which ranks
+// given different flags would otherwise pass on some ranks only, leaving the others waiting. Collective.
+void require_same_config(const TrainConfig& config, MPI_Comm comm);
+
 // --device cuda: every rank of comm has a usable GPU (and the build has CUDA); otherwise every rank throws the same
 // UsageError naming the lowest failing rank's reason. Collective; nothing for --device cpu.
 void require_device(const TrainConfig& config, MPI_Comm comm);

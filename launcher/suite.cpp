@@ -26,6 +26,7 @@
 #include "analysis/timeline.h"
 #include "launcher/cli.h"
 #include "launcher/page.h"
+#include "launcher/rank_agreement.h"
 #include "launcher/run.h"
 #include "record/files.h"
 #include "record/run_record.h"
@@ -562,27 +563,41 @@ void refuse_case_owned_flags(const SuiteOptions& o) {
           "suite tokens trains a transformer: --model tiny, small or gpt2-small");
 }
 
-}  // namespace
-
-int run_suite(SuiteOptions o, const std::string& command_line) {
-  std::vector<std::string> given;  // --out-dir and --force may differ: rank 0's folder is every rank's
-  for (const std::string& flag : o.given_flags)
-    if (flag != "--out-dir" && flag != "--force") given.push_back(flag);
-  require_same_options("suite", {{"suite", o.name}, {"--full", o.full ? "on" : "off"}, {"flags given", joined(given)}});
+// The suite's own rules and the base's checks (UsageError).
+void check_suite_flags(const SuiteOptions& o, int size) {
   require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
   refuse_case_owned_flags(o);
   validate(o.base);
   require(o.name != "tokens" || !o.max_tokens_given || o.base.max_tokens >= o.base.max_len,
           "--max-tokens " + std::to_string(o.base.max_tokens) + " is below --max-len " +
               std::to_string(o.base.max_len) + ": the token case's batch of one longest sequence would exceed it");
-  MPI_Comm world = MPI_COMM_WORLD;
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
   require(o.base.slow_rank < size, "--slow-rank " + std::to_string(o.base.slow_rank) + " is not a rank of this " +
                                        std::to_string(size) + "-rank launch");
   require(o.base.comm != AllreduceImpl::kHier,
           "--comm hier needs more than one node, which the suite's one-rank cases never have");
+}
+
+}  // namespace
+
+int run_suite(SuiteOptions o, const std::string& command_line) {
+  std::vector<std::string> given;  // --out-dir and --force may differ: rank 0's folder is every rank's
+  for (const std::string& flag : o.given_flags)
+    if (flag != "--out-dir" && flag != "--force") given.push_back(flag);
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  // The ranks agree on the suite's options and the training flags first: then every check below decides alike on
+  // every rank (but for this host's memory, which the lowest refusing rank's reason settles for all).
+  require_same_options("suite", {{"suite", o.name}, {"--full", o.full ? "on" : "off"}, {"flags given", joined(given)}});
+  require_same_config(o.base, world);
+  std::string refused;
+  try {
+    check_suite_flags(o, size);
+  } catch (const UsageError& e) {
+    refused = e.what();
+  }
+  if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
   // Before any case, as for the largest: a case on a subset of the ranks cannot refuse for all.
   validate_launch(o.base, world);
   o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
@@ -1118,11 +1133,19 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
                                  {"--overlap", joined(o.overlap)},
                                  {"--predict", o.predict ? "on" : "off"},
                                  {"--repeats", std::to_string(o.repeats)}});
-  validate_sweep(o);
   MPI_Comm world = MPI_COMM_WORLD;
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
+  // The training flags agree first, so that the sweep's own checks decide alike on every rank.
+  require_same_config(o.base, world);
+  std::string refused;
+  try {
+    validate_sweep(o);
+  } catch (const UsageError& e) {
+    refused = e.what();
+  }
+  if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
   validate_launch(o.base, world);  // what every point's run would refuse, before the folder is made
   o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   if (rank == 0) print_sweep_header(o, size);

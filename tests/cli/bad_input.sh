@@ -258,6 +258,13 @@ refusals_of_mpmd_launches() {
   expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --no-such-flag" \
     "rank 1: unknown option --no-such-flag" \
     -np 1 "$ddplab" train "${small[@]}" : -np 1 "$ddplab" train "${small[@]}" --no-such-flag
+  # Training flags that differ between the ranks of a suite or a sweep: compared before the command's own checks,
+  # which one rank alone would fail, leaving the other waiting for it.
+  for command in "suite lab" sweep; do
+    expect_refusal "mpirun -np 1 ddplab $command --steps 0 : -np 1 ddplab $command --steps 5" \
+      "ranks were started with different settings: steps (rank 0: 0, rank 1: 5)" \
+      -np 1 "$ddplab" $command --steps 0 : -np 1 "$ddplab" $command --steps 5
+  done
   # The help asked on one rank only would end the others' run, unrun, with exit code 0.
   expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab train --help" \
     "rank 1: --help or --version asked on some ranks only, the others have a command to run" \
