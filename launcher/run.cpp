@@ -660,6 +660,7 @@ void validate_launch(const TrainConfig& config, MPI_Comm world) {
   MPI_Comm_size(world, &size);
   validate_run(config, size, world);
   checked_topology(config, size, world);
+  cudnn_on_every_rank(config, world);  // --attention cudnn where its library does not load
 }
 
 namespace {

@@ -29,7 +29,7 @@ SummarizedRun run_training(const TrainConfig& config, MPI_Comm comm, const RunOp
 
 // The checks run_training makes before any work, for a launch of every rank of `world` (UsageError, alike on every
 // rank): the ranks' agreement on the config, its ranges, the ranks it names, the nodes --comm hier needs, the
-// device. For suite and sweep, before their results folder is made. Collective.
+// device and cuDNN's attention. For suite and sweep, before their results folder is made. Collective.
 void validate_launch(const TrainConfig& config, MPI_Comm world);
 
 // The first of those checks: every rank of comm was given the same config (every knob but the per-rank ones), else

@@ -205,8 +205,17 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
   print_page_line(page, failure ? "charts.py writes it: see the line above" : "");
 }
 
+// What suite tokens trains where its flags leave it open, set in the base (then checked as what runs): the tiny
+// transformer, 16 sequences a rank, a token budget of ~ batch x mean length with room for one longest sequence.
+void set_token_defaults(SuiteOptions& o) {
+  TrainConfig& c = o.base;
+  if (!c.transformer()) c.model = ModelKind::kTiny;
+  if (!o.batch_given) c.batch = 16;
+  if (!o.max_tokens_given) c.max_tokens = std::max<int64_t>(static_cast<int64_t>(c.batch) * 160, c.max_len);
+}
+
 // The token-skew lab: the same transformer and length distribution, batched four ways (uniform lengths are the
-// reference: what the same sample count would cost without skew).
+// reference: what the same sample count would cost without skew). The base has set_token_defaults'.
 std::vector<Case> token_cases(const SuiteOptions& o, int world) {
   TrainConfig clean = o.base;
   clean.straggler_ms = 0;
@@ -214,14 +223,11 @@ std::vector<Case> token_cases(const SuiteOptions& o, int world) {
   clean.rank0_work_ms = 0;
   clean.data_cost_ms = 0;
   clean.quiet = true;
-  if (!clean.transformer()) clean.model = ModelKind::kTiny;
-  if (!o.batch_given) clean.batch = 16;
-  if (!o.max_tokens_given)  // ~ batch x mean length, and room for one longest sequence
-    clean.max_tokens = std::max<int64_t>(static_cast<int64_t>(clean.batch) * 160, clean.max_len);
   std::vector<Case> cases;
   Case uniform{"uniform", "tokens", world, clean};
   uniform.config.lengths = LengthDist::kFixed;
   uniform.config.max_len = 128;
+  uniform.config.min_len = 128;  // every sequence 128 tokens, as the data makes fixed lengths, whatever the others take
   uniform.config.batching = Batching::kSample;
   cases.push_back(uniform);
   for (Batching batching : {Batching::kSample, Batching::kBucket, Batching::kToken}) {
@@ -563,10 +569,14 @@ void refuse_case_owned_flags(const SuiteOptions& o) {
           "suite tokens trains a transformer: --model tiny, small or gpt2-small");
 }
 
-// The suite's own rules and the base's checks (UsageError).
-void check_suite_flags(const SuiteOptions& o, int size) {
+// The suite's own rules, then each case's config checked as its run will check it (validate, and what its world
+// size adds: the ranks it names, the global batch, this host's memory), before any case runs and before the results
+// folder is made: a case cannot refuse for the ranks outside it, and a refusal after some cases ran would leave
+// their files. Sets the suite's autos in o.base. Throws UsageError naming the case where a case's own setting fails.
+std::vector<Case> checked_cases(SuiteOptions& o, int size) {
   require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
   refuse_case_owned_flags(o);
+  if (o.name == "tokens") set_token_defaults(o);
   validate(o.base);
   require(o.name != "tokens" || !o.max_tokens_given || o.base.max_tokens >= o.base.max_len,
           "--max-tokens " + std::to_string(o.base.max_tokens) + " is below --max-len " +
@@ -575,6 +585,24 @@ void check_suite_flags(const SuiteOptions& o, int size) {
                                        std::to_string(size) + "-rank launch");
   require(o.base.comm != AllreduceImpl::kHier,
           "--comm hier needs more than one node, which the suite's one-rank cases never have");
+  // The base first, its refusals naming no case (and its global batch fits an int before lab_cases counts it).
+  validate_for_ranks(o.base, size);
+
+  // One BLAS thread per rank unless --threads says otherwise: with auto, a ws=1 case would take every core and the
+  // ws=4 case a quarter each, and the scaling cases would compare thread counts, not data parallelism.
+  if (o.base.blas_threads == 0) o.base.blas_threads = 1;
+  // Likewise the update stays after backward: in backward it would take ws=1's idle core, which no larger case has.
+  if (!o.base.optimizer_in_backward) o.base.optimizer_in_backward = OnOff::kOff;
+  std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
+  for (const Case& c : cases) {
+    try {
+      validate(c.config);
+      validate_for_ranks(c.config, c.world_size);
+    } catch (const UsageError& e) {
+      throw UsageError("case " + c.name + " of suite " + o.name + ": " + e.what());
+    }
+  }
+  return cases;
 }
 
 }  // namespace
@@ -591,23 +619,18 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   // every rank (but for this host's memory, which the lowest refusing rank's reason settles for all).
   require_same_options("suite", {{"suite", o.name}, {"--full", o.full ? "on" : "off"}, {"flags given", joined(given)}});
   require_same_config(o.base, world);
+  std::vector<Case> cases;
   std::string refused;
   try {
-    check_suite_flags(o, size);
+    cases = checked_cases(o, size);
   } catch (const UsageError& e) {
     refused = e.what();
   }
   if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
-  // Before any case, as for the largest: a case on a subset of the ranks cannot refuse for all.
+  // The base as the largest case: the device, the nodes and cuDNN's attention, on every rank.
   validate_launch(o.base, world);
   o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
 
-  // One BLAS thread per rank unless --threads says otherwise: with auto, a ws=1 case would take every core and the
-  // ws=4 case a quarter each, and the scaling cases would compare thread counts, not data parallelism.
-  if (o.base.blas_threads == 0) o.base.blas_threads = 1;
-  // Likewise the update stays after backward: in backward it would take ws=1's idle core, which no larger case has.
-  if (!o.base.optimizer_in_backward) o.base.optimizer_in_backward = OnOff::kOff;
-  const std::vector<Case> cases = o.name == "lab" ? lab_cases(o, size) : token_cases(o, size);
   if (rank == 0) {
     std::printf("ddplab suite %s: %zu cases on %s, %s, %s per rank, results in %s/\n", o.name.c_str(), cases.size(),
                 counted(size, "rank").c_str(), steps_each(o.base).c_str(),
@@ -837,13 +860,31 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
             {"tolerance_pct", 100 * tolerance}}}};
 }
 
-// Bad flags end the sweep before any run (exit 2).
+// One point's run: the sweep's flags with the point's cap and overlap.
+TrainConfig point_config(const SweepOptions& o, double bucket_mb, const std::string& overlap) {
+  TrainConfig config = o.base;
+  config.bucket_mb = bucket_mb;
+  config.overlap = overlap == "on";
+  config.quiet = true;
+  return config;
+}
+
+// Bad flags end the sweep before any run (exit 2). Each point's config is checked as train checks its own, the cap
+// by --bucket-mb's declared range; the checks of a world size (validate_launch, on the base) read neither the cap nor
+// the overlap.
 void validate_sweep(const SweepOptions& o) {
   validate(o.base);
   for (const std::string& v : o.overlap)
     require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
-  for (double b : o.bucket_mb) require(b >= 0, "--bucket-mb values must not be negative");
   require(!o.bucket_mb.empty() && !o.overlap.empty(), "--bucket-mb and --overlap need at least one value each");
+  for (const std::string& overlap : o.overlap)
+    for (double b : o.bucket_mb) {
+      try {
+        validate(point_config(o, b, overlap));
+      } catch (const UsageError& e) {
+        throw UsageError(fmt("point --bucket-mb %g --overlap %s: ", b, overlap.c_str()) + e.what());
+      }
+    }
   // A point's run file is named by its values as %g prints them (bucket1_overlap_on.h5): each must print apart.
   std::set<std::string> printed;
   for (double b : o.bucket_mb) {
@@ -914,10 +955,7 @@ struct Measured {
 // Runs `point` once in round `round`: its step time and, in the first round, its buckets go to the point.
 Measured measure_point(const SweepOptions& o, SweepPoint& point, int round, const std::string& command_line,
                        MPI_Comm world) {
-  TrainConfig config = o.base;
-  config.bucket_mb = point.bucket_mb;
-  config.overlap = point.overlap == "on";
-  config.quiet = true;
+  TrainConfig config = point_config(o, point.bucket_mb, point.overlap);
   char name[80];
   if (o.repeats == 1)
     std::snprintf(name, sizeof name, "bucket%g_overlap_%s", point.bucket_mb, point.overlap.c_str());

@@ -145,6 +145,9 @@ for command in [["suite", "lab"], ["sweep"]]:
                  "--out-dir", os.path.join(work, "suite")], flag, f"{command[0]} {flag} is refused, nothing written")
 
 # What a suite's or a sweep's runs would refuse is refused before its folder is made, before the first case.
+# (HUGE_PREFETCH: --prefetch + 1 batches of 4096 x 1024 floats, 2^55 bytes, past any host's memory.)
+HUGE_PREFETCH = ["--hidden", "32", "--input-dim", "1024", "--classes", "10", "--batch", "4096", "--prefetch",
+                 "2147483647"]
 for np_ranks, command, args, text in [
         (2, ["sweep"], ["--slow-rank", "5", "--straggler-ms", "1"], "--slow-rank 5 is not a rank of this 2-rank job"),
         (1, ["sweep"], ["--bucket-mb", "1,1.0000001"], "--bucket-mb lists 1 twice"),
@@ -159,7 +162,14 @@ for np_ranks, command, args, text in [
         (1, ["suite", "lab"], ["--zero-stage", "1", "--comm", "mpi"], "--zero-stage is not a flag of suite lab"),
         (1, ["suite", "tokens"], ["--batching", "token"], "--batching is not a flag of suite tokens"),
         (1, ["suite", "tokens"], ["--straggler-ms", "5"], "--straggler-ms is not a flag of suite tokens"),
-        (1, ["suite", "tokens"], ["--model", "mlp"], "suite tokens trains a transformer")]:
+        (1, ["suite", "tokens"], ["--model", "mlp"], "suite tokens trains a transformer"),
+        # A case's or a point's own settings, checked before the first runs: the base passes each of these.
+        *[(np_ranks, ["suite", "lab"], [*HUGE_PREFETCH],
+           "case input_threads2 of suite lab: --prefetch must be at most ") for np_ranks in (1, 2)],
+        (1, ["suite", "tokens"], ["--min-len", "300"], "--max-len must be at least 300 (got 256)"),
+        (2, ["sweep"], [*SMALL, "--bucket-mb", "1,1e13", "--overlap", "on"],
+         "point --bucket-mb 1e+13 --overlap on: --bucket-mb must be at most 1e+12 (got 1e+13)"),
+        (1, ["sweep"], [*SMALL, "--bucket-mb", "nan"], "--bucket-mb must be a finite number (got nan)")]:
     refusal(np_ranks, lambda work, command=command, args=args:
             [*command, "--steps", "2", *args, "--out-dir", os.path.join(work, "many")], text,
             f"np={np_ranks} {command[0]} {' '.join(args)}: refused, nothing written")
