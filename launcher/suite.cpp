@@ -238,6 +238,24 @@ std::vector<Case> token_cases(const SuiteOptions& o, int world) {
   return cases;
 }
 
+// The flags whose value a suite's cases set themselves: given, they would change nothing, so they are refused.
+struct CaseOwnedFlag {
+  const char* suite;
+  const char* flag;
+  const char* why;
+};
+constexpr CaseOwnedFlag kCaseOwnedFlags[] = {
+    {"lab", "--loader-threads", "its input cases run 0, 2 and 4 loader threads"},
+    {"lab", "--zero-stage", "its zero_stage1 case shards the update, every other case keeps stage 0"},
+    {"tokens", "--batching", "its cases run sample, bucket and token batching"},
+    {"tokens", "--straggler-ms", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--slow-rank", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--extra-allreduce-mb", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--rank0-work-ms", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--barrier-every", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--data-cost-ms", "it runs no lab pathology: suite lab does"},
+};
+
 }  // namespace
 
 CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
@@ -250,6 +268,20 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   o.base.data_cost_ms = 0.2;
   suite->add_option("name", o.name, "which suite: lab | tokens")->capture_default_str();
   add_train_flags(suite, o.base, FlagSet::kSuite);
+  // What the suite does with train's flags where it differs from train, after train's own help: its autos (run_suite)
+  // and the flags a suite's cases set themselves.
+  const auto note = [suite](const char* flag, const std::string& text) {
+    CLI::Option* option = suite->get_option(flag);
+    option->description(option->get_description() + "; " + text);
+  };
+  note("--threads",
+       "in a suite auto is 1 (with more, the ws=1 cases would take every core, and the scaling cases would compare "
+       "thread counts, not ranks)");
+  note("--optimizer-in-backward",
+       "in a suite auto is off (in backward the update would take the ws=1 case's idle core, which no larger case "
+       "has)");
+  for (const CaseOwnedFlag& owned : kCaseOwnedFlags)
+    note(owned.flag, std::string("suite ") + owned.suite + " refuses it (" + owned.why + ")");
   suite->add_option("--out-dir", o.out_dir,
                     "folder for the case run files and the summary (default "
                     "runs/suite_<name>_<time>)");
@@ -526,24 +558,6 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
     print_token_table(results, refs.baseline);
   return losses_off.empty();
 }
-
-// The flags whose value a suite's cases set themselves: given, they would change nothing, so they are refused.
-struct CaseOwnedFlag {
-  const char* suite;
-  const char* flag;
-  const char* why;
-};
-constexpr CaseOwnedFlag kCaseOwnedFlags[] = {
-    {"lab", "--loader-threads", "its input cases run 0, 2 and 4 loader threads"},
-    {"lab", "--zero-stage", "its zero_stage1 case shards the update, every other case keeps stage 0"},
-    {"tokens", "--batching", "its cases run sample, bucket and token batching"},
-    {"tokens", "--straggler-ms", "it runs no lab pathology: suite lab does"},
-    {"tokens", "--slow-rank", "it runs no lab pathology: suite lab does"},
-    {"tokens", "--extra-allreduce-mb", "it runs no lab pathology: suite lab does"},
-    {"tokens", "--rank0-work-ms", "it runs no lab pathology: suite lab does"},
-    {"tokens", "--barrier-every", "it runs no lab pathology: suite lab does"},
-    {"tokens", "--data-cost-ms", "it runs no lab pathology: suite lab does"},
-};
 
 // A command's own options (the training flags are compared with every run's), alike on every rank before any
 // work: an MPMD launch can hand ranks different ones, and they would then run different cases and wait on each other.

@@ -125,6 +125,13 @@ for command, proc in [(["suite", "lab"], suite_help), (["sweep"], sweep_help)]:
                                  "--fault-step"] if re.search(rf"^\s+{flag}(?![\w-])", proc.stdout, re.M)]
     check(offered == [] and re.search(r"^\s+--out-dir\b", proc.stdout, re.M) is not None,
           f"{command[0]} --help offers none of the flags it would ignore ({offered})")
+# What a suite does with train's flags where it differs: its autos, and the flags its cases set themselves.
+for text in ["Open MPI's default one-core binding is lifted); in a suite auto is 1 (",
+             "and auto is off); in a suite auto is off (",
+             "suite lab refuses it (its input cases run 0, 2 and 4 loader threads)",
+             "suite lab refuses it (its zero_stage1 case shards the update",
+             "suite tokens refuses it (its cases run sample, bucket and token batching)"]:
+    check(text in suite_help.stdout, f"suite --help: '{text}'")
 check(refused(pigeon, "--comm must be ring, mpi, hier or nccl (got 'pigeon')"), "the --comm error lists nccl")
 
 # ---- refusals before any work: each case in a folder of its own, which must stay empty ------------------------
