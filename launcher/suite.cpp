@@ -701,6 +701,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   o.base.steps = 20;
   add_train_flags(sweep, o.base, FlagSet::kSweep);
   sweep->add_option("--bucket-mb", o.bucket_mb, "bucket caps to try, MiB, comma-separated")
+      ->transform(decimal_validator<double>())
       ->delimiter(',')
       ->capture_default_str();
   sweep->add_option("--overlap", o.overlap, "on, off, or on,off")->delimiter(',')->capture_default_str();
@@ -712,6 +713,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
       ->add_option("--repeats", o.repeats,
                    "measure every point K times, in K rounds over the grid (each round every point once), and take "
                    "the median: the grid's order and the machine's drift stop favouring one point")
+      ->transform(decimal_validator<int>())
       ->type_name("K")
       ->capture_default_str();
   return sweep;
