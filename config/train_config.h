@@ -143,6 +143,8 @@ enum KnobTraits : unsigned {
   kOnOff = 1u << 4,                     // a bool given as on | off (other bools are flags)
   kPositive = 1u << 5,                  // a number that must be above `min`, not just at least it
   kBelowMax = 1u << 6,                  // ... below `max`, not just at most it
+  kTransformer = 1u << 7,               // only a transformer --model reads it: given with the MLP, refused
+  kMlp = 1u << 8,                       // only the MLP reads it: given with a transformer, refused
 };
 
 // One knob of `ddplab train`: its flag (nullptr: none), its key in the run file's config (nullptr: not stored), what
@@ -189,7 +191,8 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--attention", "attention",
              "--device cuda, transformer: unfused (fp32 kernels, S x S probabilities kept) | fused (our flash "
              "attention in bf16: --precision bf16, heads of 32, 64 or 128) | cudnn (cuDNN's fused attention, "
-             "bf16) | auto (the fastest that can run: cudnn, else fused, else unfused)"},
+             "bf16) | auto (the fastest that can run: cudnn, else fused, else unfused)",
+             kNoMin, kNoMax, kTransformer},
         c.attention);
   visit(Knob{"--deterministic", "deterministic",
              "the same bits from the same inputs, as torch.use_deterministic_algorithms: on | off (--device cuda: "
@@ -206,52 +209,59 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.profile_steps);
   visit(Knob{"--model", "model", "mlp, or a transformer preset: tiny | small | gpt2-small", kNoMin, kNoMax, kMath},
         c.model);
-  visit(Knob{"--head", "head", "transformer head: classify (mean-pooled) | lm (next token)", kNoMin, kNoMax, kMath},
+  visit(Knob{"--head", "head", "transformer head: classify (mean-pooled) | lm (next token)", kNoMin, kNoMax,
+             kMath | kTransformer},
         c.head);
   visit(Knob{"--data", "data",
              "transformer --head lm: train on token shards in llm.c's format (a file or a quoted glob of .bin "
              "files: a 1024-byte header, then uint16 tokens), read in windows of --max-len tokens; empty: "
              "synthetic sequences",
-             kNoMin, kNoMax, kNotInSuite},
+             kNoMin, kNoMax, kNotInSuite | kTransformer},
         c.data);
   // The shards themselves, not the path they were named by: a resume may name them from another folder.
   visit(Knob{nullptr, "data_shards", nullptr, kNoMin, kNoMax, kMath}, c.data_shards);
   visit(Knob{"--val-data", "val_data",
              "transformer --head lm: the validation loss, on token shards in --data's format (llm.c's val "
              "shard), the mean over every rank's share of them; empty: none",
-             kNoMin, kNoMax, kNotInSuite},
+             kNoMin, kNoMax, kNotInSuite | kTransformer},
         c.val_data);
-  visit(Knob{"--val-every", "val_every",
-             "--val-data: validate every N steps and after the last (0: after the last only)", 0, kNoMax, kNotInSuite},
-        c.val_every);
+  visit(
+      Knob{"--val-every", "val_every", "--val-data: validate every N steps and after the last (0: after the last only)",
+           0, kNoMax, kNotInSuite | kTransformer},
+      c.val_every);
   visit(Knob{"--val-windows", "val_windows",
              "--val-data: the first N windows of --max-len tokens, split across the ranks (0: all)", 0, kNoMax,
-             kNotInSuite},
+             kNotInSuite | kTransformer},
         c.val_windows);
   visit(Knob{"--lengths", "lengths", "transformer data: sequence lengths fixed | uniform | loguniform", kNoMin, kNoMax,
-             kMath},
+             kMath | kTransformer},
         c.lengths);
-  visit(Knob{"--min-len", "min_len", "transformer data: shortest sequence (--head lm: 2 or more)", 1, kNoMax, kMath},
+  visit(Knob{"--min-len", "min_len", "transformer data: shortest sequence (--head lm: 2 or more)", 1, kNoMax,
+             kMath | kTransformer},
         c.min_len);
-  visit(Knob{"--max-len", "max_len", "transformer data: longest sequence (fixed: every sequence)", 1, kNoMax, kMath},
+  visit(Knob{"--max-len", "max_len", "transformer data: longest sequence (fixed: every sequence)", 1, kNoMax,
+             kMath | kTransformer},
         c.max_len);
-  visit(Knob{"--outlier-prob", "outlier_prob", "transformer data: share of sequences of length --max-len", 0, 1, kMath},
+  visit(Knob{"--outlier-prob", "outlier_prob", "transformer data: share of sequences of length --max-len", 0, 1,
+             kMath | kTransformer},
         c.outlier_prob);
   visit(Knob{"--batching", "batching",
              "transformer data: sample (fixed count) | bucket (by length) | token (--max-tokens budget) | "
              "pack (--head lm: sequences back to back in --max-tokens / --max-len rows)",
-             kNoMin, kNoMax, kMath},
+             kNoMin, kNoMax, kMath | kTransformer},
         c.batching);
-  visit(
-      Knob{"--max-tokens", "max_tokens", "token and pack batching: padded tokens per rank per step", 1, kNoMax, kMath},
-      c.max_tokens);
+  visit(Knob{"--max-tokens", "max_tokens", "token and pack batching: padded tokens per rank per step", 1, kNoMax,
+             kMath | kTransformer},
+        c.max_tokens);
   visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch (0 with --data: its windows)", 0,
-             kNoMax, kMath},
+             kNoMax, kMath | kTransformer},
         c.epoch_size);
-  visit(Knob{"--input-dim", "input_dim", "MLP input features", 1, kNoMax, kMath}, c.mlp.input_dim);
-  visit(Knob{"--hidden", "hidden", "MLP hidden width", 1, kNoMax, kMath}, c.mlp.hidden_dim);
-  visit(Knob{"--layers", "layers", "MLP hidden Linear+GELU blocks", 1, kNoMax, kMath}, c.mlp.num_hidden_layers);
-  visit(Knob{"--classes", "classes", "output classes", 2, kNoMax, kMath}, c.mlp.num_classes);
+  visit(Knob{"--input-dim", "input_dim", "MLP input features", 1, kNoMax, kMath | kMlp}, c.mlp.input_dim);
+  visit(Knob{"--hidden", "hidden", "MLP hidden width", 1, kNoMax, kMath | kMlp}, c.mlp.hidden_dim);
+  visit(Knob{"--layers", "layers", "MLP hidden Linear+GELU blocks", 1, kNoMax, kMath | kMlp}, c.mlp.num_hidden_layers);
+  visit(Knob{"--classes", "classes", "MLP output classes (a transformer's classify head has its preset's)", 2, kNoMax,
+             kMath | kMlp},
+        c.mlp.num_classes);
   visit(Knob{"--optimizer", "optimizer", "adamw | sgd", kNoMin, kNoMax, kMath}, c.optimizer.kind);
   visit(Knob{"--lr", "lr", "learning rate", 0, kNoMax, kMath | kPositive}, c.optimizer.lr);
   visit(Knob{nullptr, "beta1", nullptr, kNoMin, kNoMax, kMath}, c.optimizer.beta1);
@@ -276,7 +286,8 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--lr-final", "lr_final", "--lr-schedule cosine: the learning rate it decays towards, a fraction of --lr",
              0, 1, kMath},
         c.optimizer.lr_final);
-  visit(Knob{"--data-noise", "data_noise", "synthetic data noise around the class prototypes", 0, kNoMax, kMath},
+  visit(Knob{"--data-noise", "data_noise", "MLP: synthetic data noise around the class prototypes", 0, kNoMax,
+             kMath | kMlp},
         c.data_noise);
   visit(Knob{"--comm", "comm",
              "gradient all-reduce: ring (ours; with every rank on one host, the direct all-reduce, the same "

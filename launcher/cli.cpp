@@ -197,16 +197,20 @@ void check_knob_value(const std::string& flag, double value) {
 }
 
 void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
-  CLI::Option* warmup = nullptr;
+  CLI::Option *warmup = nullptr, *momentum = nullptr;
   std::vector<CLI::Option*> synthetic;  // the flags that shape synthetic sequences, which --data replaces
   const std::array<const void*, 4> synthetic_knobs{&c.lengths, &c.min_len, &c.outlier_prob, &c.epoch_size};
+  std::vector<CLI::Option*> transformer_only, mlp_only;
   visit_knobs(c, [&](const Knob& knob, auto& value) {
     if (!offered(knob, flags)) return;
     CLI::Option* option = add_knob_flag(app, knob, value);
     const void* field = &value;
     if (field == &c.warmup_steps) warmup = option;
+    if (field == &c.optimizer.momentum) momentum = option;
     if (std::find(synthetic_knobs.begin(), synthetic_knobs.end(), field) != synthetic_knobs.end())
       synthetic.push_back(option);
+    if (knob.traits & kTransformer) transformer_only.push_back(option);
+    if (knob.traits & kMlp) mlp_only.push_back(option);
   });
   // --force's meaning depends on the command: one run's file, or the folder of many.
   if (CLI::Option* force = app->get_option_no_throw("--force"))
@@ -214,10 +218,25 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
                                                 : "reuse an existing --out-dir, overwriting its files");
   // A --warmup-steps that leaves no step to measure cannot be what was meant: refused. The default (5) is not a
   // request, so a shorter run keeps its last step (RunRecord::first_steady_step), as its "steady state" line says.
-  app->parse_complete_callback([&c, warmup, synthetic] {
+  // A flag the run would not read is refused, not ignored: --classes 4 with a transformer trained its preset's 16.
+  // Not in a suite, whose cases choose the model after its flags are parsed.
+  const bool one_model = flags != FlagSet::kSuite;
+  app->parse_complete_callback([&c, warmup, momentum, synthetic, transformer_only, mlp_only, one_model] {
     require(warmup->count() == 0 || c.warmup_steps < c.steps,
             "--warmup-steps " + std::to_string(c.warmup_steps) + " leaves none of the " + std::to_string(c.steps) +
                 " steps (--steps) to measure: it must be smaller");
+    if (one_model) {
+      for (const CLI::Option* option : c.transformer() ? mlp_only : transformer_only)
+        require(option->count() == 0, c.transformer()
+                                          ? option->get_name() + " shapes the MLP (--model mlp), and --model " +
+                                                to_string(c.model) + " is a transformer: leave it out"
+                                          : option->get_name() +
+                                                " needs a transformer --model (got --model mlp, which trains "
+                                                "on synthetic features): leave it out or name one");
+      require(momentum->count() == 0 || c.optimizer.kind == OptimizerKind::kSgd,
+              "--momentum needs --optimizer sgd (AdamW's moments are its betas; got --optimizer " +
+                  std::string(to_string(c.optimizer.kind)) + ")");
+    }
     if (c.data.empty()) return;
     for (const CLI::Option* option : synthetic)
       require(option->count() == 0, option->get_name() +

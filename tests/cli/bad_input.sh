@@ -111,6 +111,11 @@ refusals_at() {
   [ "$np" -gt 1 ] && expect_error $np "--data $token_dir/good.bin: 1 window of 16 tokens, fewer than the $np ranks" \
     "${lm[@]}" --data "$token_dir/good.bin"
   expect_error $np "--layers must be at least 1 (got 0)" train "${small[@]}" --layers 0
+  # flags the run would not read, refused: the transformer trained its preset's 16 classes, the MLP no sequences
+  expect_error $np "--classes shapes the MLP (--model mlp), and --model tiny is a transformer" train --model tiny \
+    --classes 4 --steps 2
+  expect_error $np "--min-len needs a transformer --model (got --model mlp" train "${small[@]}" --min-len 4
+  expect_error $np "--momentum needs --optimizer sgd" train "${small[@]}" --momentum 0.9
   expect_error $np "--busy-threads must be at least 0 (got -1)" train "${small[@]}" --busy-threads -1
   expect_error $np "must not be negative" train "${small[@]}" --bucket-mb -1
   # CLI11 took an empty value as 0 and a hex float as its number
@@ -183,7 +188,7 @@ refusals_at() {
     train --model small --attention fused --precision tf32 "${cuda[@]}" --steps 2
   expect_error $np "--device cuda: --attention fused has kernels for heads of 32, 64 or 128 dimensions; --model tiny has 12" \
     train --model tiny --attention fused --precision bf16 "${cuda[@]}" --steps 2
-  expect_error $np "--device cuda: --attention fused needs a transformer --model" \
+  expect_error $np "--attention needs a transformer --model (got --model mlp" \
     train "${small[@]}" --attention fused --precision bf16 "${cuda[@]}"
   expect_error $np "--attention fused needs --device cuda" train --model small --attention fused --steps 2
   expect_error $np "--deterministic must be off or on (got 'yes')" train "${small[@]}" --deterministic yes
