@@ -97,26 +97,32 @@ struct Candidate {
   double value, others, excess;
 };
 
-// Where the other ranks wait for rank r, and how much longer than r does: "in the all-reduce (exposed comm +40.1
-// ms/step)".
+// Where the other ranks wait for rank r, and how much longer than r does there (ms/step).
+struct WaitPlace {
+  const char* text;
+  double StepRecord::*field;
+};
+constexpr WaitPlace kWaitPlaces[] = {{"in the all-reduce (exposed comm", &StepRecord::exposed_comm_ms},
+                                     {"at the barrier (barrier wait", &StepRecord::barrier_ms},
+                                     {"in the extra all-reduce (extra comm", &StepRecord::extra_comm_ms}};
+double others_wait_longer_ms(const RunSummary& st, int r, const WaitPlace& p) {
+  return median_except(st.ranks, r, [&](const StepRecord& q) { return q.*p.field; }) - st.ranks[r].*p.field;
+}
+// All of it: negative where rank r waits longer than the others, for one of them.
+double others_wait_longer_ms(const RunSummary& st, int r) {
+  double total = 0;
+  for (const WaitPlace& p : kWaitPlaces) total += others_wait_longer_ms(st, r, p);
+  return total;
+}
+
+// "the other ranks wait for it in the all-reduce (exposed comm +40.1 ms/step)".
 std::string others_wait(const RunSummary& st, int r) {
-  struct Place {
-    const char* text;
-    double StepRecord::*field;
-  };
-  const Place places[] = {{"in the all-reduce (exposed comm", &StepRecord::exposed_comm_ms},
-                          {"at the barrier (barrier wait", &StepRecord::barrier_ms},
-                          {"in the extra all-reduce (extra comm", &StepRecord::extra_comm_ms}};
-  const Place* best = &places[0];
-  double best_extra = -1e300, total = 0;
-  for (const Place& p : places) {
-    const double extra =
-        median_except(st.ranks, r, [&](const StepRecord& q) { return q.*p.field; }) - st.ranks[r].*p.field;
-    total += extra;
-    if (extra > best_extra) best_extra = extra, best = &p;
-  }
+  const WaitPlace* best = &kWaitPlaces[0];
+  for (const WaitPlace& p : kWaitPlaces)
+    if (others_wait_longer_ms(st, r, p) > others_wait_longer_ms(st, r, *best)) best = &p;
+  const double total = others_wait_longer_ms(st, r);
   if (total < kOutlierMinMs) return fmt("the other ranks do not wait for it measurably (%+.2f ms/step)", total);
-  return fmt("the other ranks wait for it %s %+.2f ms/step)", best->text, best_extra);
+  return fmt("the other ranks wait for it %s %+.2f ms/step)", best->text, others_wait_longer_ms(st, r, *best));
 }
 
 // Steady steps in which a barrier (wait + host work) happened, and the period between them.
@@ -152,8 +158,8 @@ Finding pace_finding(const RunRecord& run, const RunSummary& st, const Candidate
     return {Cause::kCpuTaken, r,
             who +
                 fmt(" (CPU taken): its %s takes %s, and its CPUs were taken from it for %.2f ms/step vs %.2f on the "
-                    "other ranks (steal %s: the hypervisor ran other guests on them; cpu wait %s: other threads or "
-                    "processes of its host ran on its cores); ",
+                    "other ranks (steal %s, the time the hypervisor gave its CPUs to other guests; cpu wait %s, the "
+                    "time other threads or processes of its host ran on its cores); ",
                     c.component->what, vs.c_str(), cpu_taken_ms(p), taken_others,
                     counted_ms(p.steal_ms, "not counted").c_str(), counted_ms(p.cpu_wait_ms, "not counted").c_str()) +
                 wait};
@@ -298,6 +304,9 @@ void find_pace_setters(const RunRecord& run, const RunSummary& st, std::vector<F
   std::vector<int> named;
   for (const Candidate& c : candidates) {
     if (std::find(named.begin(), named.end(), c.rank) != named.end()) continue;
+    // Beside the rank that sets the pace, one that waits longer than the others is waiting for it, and its longer
+    // work is that wait's doing (a comm thread polling beside backward on a shared core), not a second cause.
+    if (!named.empty() && others_wait_longer_ms(st, c.rank) <= -kOutlierMinMs) continue;
     out.push_back(pace_finding(run, st, c, named.empty()));
     named.push_back(c.rank);
   }

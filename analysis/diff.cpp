@@ -140,9 +140,20 @@ std::string verdict(const RunDiff& d) {
                "%.2f ms, B %.2f ms",
                d.steady_a, d.steady_b, step.a.median, step.b.median) +
            (config.empty() ? "" : " with " + config);
-  if (!step.beyond)
+  if (!step.beyond) {
+    // A difference of a tenth of the step or more that the steps' scatter still hides is no verdict of "the same":
+    // it says what would tell.
+    const double bound = kNoiseSpreads * std::hypot(step.a.spread, step.b.spread);
+    const std::string hidden =
+        std::abs(step.delta()) >= 0.1 * step.a.median
+            ? fmt("; the steps scatter too much to call %s (a difference must pass %.2f ms): more steps or a "
+                  "quieter host would tell",
+                  ms_text(step.delta()).c_str(), bound)
+            : "";
     return fmt("no difference beyond noise in the step (median A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
-           (config.empty() ? "" : " with " + config) + (phases.empty() ? "" : "; phases moved within it: " + phases);
+           (config.empty() ? "" : " with " + config) + hidden +
+           (phases.empty() ? "" : "; phases moved within it: " + phases);
+  }
   const MetricDiff& compute =
       *std::find_if(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) { return m.name == "compute"; });
   // A share of A's step, or where one step is twice the other or more the ratio, alike both ways: "12% faster",

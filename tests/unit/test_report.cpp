@@ -255,6 +255,25 @@ TEST(Blame, StragglerInputNamesTheSlowRankAndTheOthersWaitInTheAllReduce) {
   EXPECT_EQ(findings.size(), 1u) << all_text(run);
 }
 
+// On two ranks sharing two cores, the rank that waits for the straggler polls beside its backward, whose time grows
+// with the wait: it is waiting, not waited for, and is no second pace-setter ("also slow ... do not wait for it
+// measurably (-40.50 ms/step)").
+TEST(Blame, TheRankThatWaitsForTheStragglerIsNotAlsoSlow) {
+  const RunRecord run = synthetic(2, [](int r, int) {
+    Phases p;
+    if (r == 0) {
+      p.data = 41;
+    } else {
+      p.exposed = 41, p.backward = 20;
+    }
+    return p;
+  });
+  const std::vector<Finding> findings = diagnose(run);
+  ASSERT_FALSE(findings.empty());
+  EXPECT_EQ(findings[0].cause, Cause::kStragglerInput) << all_text(run);
+  for (const Finding& f : findings) EXPECT_EQ(f.text.find("also slow"), std::string::npos) << all_text(run);
+}
+
 TEST(Blame, StragglerOnTwoRanksComparesWithTheOtherRankNotTheMedianOfBoth) {
   const RunRecord run = synthetic(2, [](int r, int) {
     Phases p;
@@ -794,6 +813,25 @@ TEST(Diff, TheSameRunTwiceIsNoDifferenceBeyondNoise) {
   EXPECT_EQ(d.loss.first_difference, -1);
   EXPECT_EQ(d.loss.first, 0);
   EXPECT_EQ(d.loss.count, kSteps);
+}
+
+// B's backward scatters over 7 / 17 / 27 ms: its median step is 9.9 ms longer, far more than a tenth of A's, yet inside
+// the noise rule's bound (3 x ~14.8 ms). Not "the same": the verdict says the scatter hides it.
+TEST(Diff, ALargeDifferenceTheScatterHidesIsSaidToBeHidden) {
+  const RunDiff d = diff_runs(synthetic(2, jittered), synthetic(2, [](int, int s) {
+                                Phases p;
+                                p.backward = 7 + 10 * (s % 3);
+                                return p;
+                              }));
+  const MetricDiff& step = d.metrics.front();
+  EXPECT_FALSE(step.beyond);
+  EXPECT_GE(step.delta(), 0.1 * step.a.median);
+  EXPECT_EQ(d.verdict.rfind("no difference beyond noise in the step", 0), 0u) << d.verdict;
+  EXPECT_NE(d.verdict.find("; the steps scatter too much to call +9.9 ms (a difference must pass 44.48 ms)"),
+            std::string::npos)
+      << d.verdict;
+  // The same run twice says nothing of the kind.
+  EXPECT_EQ(diff_runs(synthetic(2, jittered), synthetic(2, jittered)).verdict.find("scatter"), std::string::npos);
 }
 
 // The losses compared bit for bit, rank by rank: the first step where any rank's differs (here one ulp on rank 1 at
