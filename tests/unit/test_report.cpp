@@ -353,7 +353,7 @@ TEST(Blame, ComputeSkewThatCpuWaitExplainsIsCpuTakenAndUncountedIsNothing) {
     EXPECT_EQ(f.rank, 1);
     EXPECT_EQ(f.cause, wait > 0 ? Cause::kCpuTaken : Cause::kSkewedCompute) << all_text(run);
     if (wait > 0) {
-      EXPECT_NE(f.text.find("(steal not counted: "), std::string::npos) << f.text;
+      EXPECT_NE(f.text.find("(steal not counted, "), std::string::npos) << f.text;
     }
   }
 }
