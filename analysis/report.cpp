@@ -98,7 +98,8 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   // Ranks in step end each step together, so the slowest mean step is the run's and which rank has it is noise:
   // who sets the pace is blame's question.
   std::fprintf(out,
-               "  step                %.2f ms mean (the slowest rank's, %d; which sets the pace is blame's question)\n",
+               "  step                %.2f ms mean (the slowest rank's, rank %d; which rank sets the pace: the blame "
+               "of ddplab report)\n",
                s.slowest_step_ms, s.slowest_rank);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
   if (run.world_size() > 1)
@@ -135,7 +136,9 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   // What the host took (runtime/cpu_taken.h), likewise: absent from older files, not counted by some kernels.
   bool taken_cols = false;
   for (const StepRecord& m : s.ranks) taken_cols |= std::max(m.steal_ms, m.cpu_wait_ms) >= 0.005;
-  std::fprintf(out, "  per rank (steady-state mean per step, ms):\n");
+  std::fprintf(out,
+               "  per rank (steady-state mean per step, ms; hidden%%: hidden over what backward could hide, the "
+               "lesser of its time and comm's):\n");
   // Hostnames whole: clusters name nodes alike up to a suffix (gpu-node-017, gpu-node-018), so a cut column merges them.
   int host_width = 4;
   for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r)

@@ -87,7 +87,7 @@ std::string missing_cuda_device(int* count) {
   if (count) *count = err == cudaSuccess ? devices : 0;
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it: a later, unrelated check must not report it again
-    return std::string("no CUDA device: ") + cudaGetErrorString(err);
+    return "no CUDA device: " + cuda::device_count_error(err);
   }
   return devices == 0 ? "no CUDA device: cudaGetDeviceCount found 0 devices" : "";
 }

@@ -1045,6 +1045,9 @@ void print_point_table(const SweepOptions& o, const std::vector<SweepPoint>& poi
                 mean.hidden_comm_ms, mean.exposed_comm_ms, 100 * mean_hidden_fraction(s),
                 p.predicted() ? predicted_text(p).c_str() : "");
   }
+  std::printf(
+      "means over the ranks, ms per step; hidden%%: hidden over what backward could hide, the lesser of its "
+      "time and comm's\n");
 }
 
 std::string sweep_csv(const std::vector<SweepPoint>& points) {
@@ -1213,6 +1216,11 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   const double noise = measured_noise(points);
   const std::vector<const SweepPoint*> tied = not_told_apart(points, best, noise);
   print_best(best, noise, tied);
+  // Told on the terminal as on the page: the best of single runs may be a step's luck.
+  if (!noise_measured(points))
+    std::printf(
+        "one run per setting: the machine's noise is not measured, and near settings may be its luck "
+        "(--repeats 3 measures it)\n");
   nlohmann::json summary = sweep_json(o, size, points, best, noise, tied);
   if (o.predict) summary.update(print_prediction_summary(sources, points, best));
   write_text_file(o.out_dir + "/summary.csv", sweep_csv(points), /*force=*/true);

@@ -21,7 +21,7 @@ CudaInfo query_cuda() noexcept {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it so a later, unrelated check does not report this error again
-    info.reason = cudaGetErrorString(err);
+    info.reason = device_count_error(err);
     return info;
   }
   info.device_count = count;
@@ -64,6 +64,13 @@ std::string process_sharing_refused(int device) noexcept {
   return "";
 }
 
+std::string device_count_error(int err) noexcept {
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  if (err == cudaErrorInsufficientDriver && driver == 0) return "no NVIDIA driver on this machine";
+  return cudaGetErrorString(static_cast<cudaError_t>(err));
+}
+
 std::string describe(const CudaInfo& info) {
   char buf[512];
   const auto ver3 = [](int v) {
@@ -76,7 +83,7 @@ std::string describe(const CudaInfo& info) {
                   info.cc_minor, info.memory_bytes / double(1 << 30), info.device_count);
     head = buf;
   } else {
-    head = "no CUDA device (" + info.reason + ")";
+    head = "no CUDA device (" + info.reason + "; the CPU runs are unaffected)";
   }
   return head + ", runtime " + cuda_ver(info.runtime_version) + ", driver " +
          (info.driver_version > 0 ? cuda_ver(info.driver_version) : std::string("none")) + ", cuBLAS " +

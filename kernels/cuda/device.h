@@ -25,6 +25,10 @@ struct CudaInfo {
 // Never throws; the library versions are filled in even when no device is available.
 CudaInfo query_cuda() noexcept;
 
+// Why cudaGetDeviceCount failed, in a person's words: without a driver the runtime blames the driver's version, which
+// reads as a broken install on a host that simply has no GPU.
+std::string device_count_error(int err) noexcept;
+
 // `device`'s PCI bus id, e.g. "00000000:1B:00.0", without creating a context; "" if CUDA cannot say. Two processes
 // with the same id use the same GPU, whatever CUDA_VISIBLE_DEVICES numbers it.
 std::string pci_bus_id(int device) noexcept;
