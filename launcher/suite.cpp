@@ -496,6 +496,21 @@ void print_oversubscription_notes(int blas_threads, const std::vector<CaseResult
                              .c_str()
                        : "");
   }
+  // Not oversubscribed by count, and still sharing: the compute threads waited for a CPU (blame's CPU contention,
+  // behind the communication threads or other processes). Their efficiency measures that sharing too.
+  std::vector<std::string> contended;
+  for (const CaseResult& r : results)
+    if (r.oversubscribed_ranks == 0 &&
+        std::any_of(r.blame.begin(), r.blame.end(), [](const Finding& f) { return f.cause == Cause::kCpuContention; }))
+      contended.push_back(r.c.name);
+  if (!contended.empty()) {
+    std::string names;
+    for (const std::string& n : contended) names += (names.empty() ? "" : ", ") + n;
+    std::printf(
+        "\ncontended: in %s the ranks' compute threads waited for a CPU (their blame below says how long): "
+        "those times measure how this host shares its cores as well as DDP\n",
+        names.c_str());
+  }
   int most_on_one_gpu = 0;
   for (const CaseResult& r : results) most_on_one_gpu = std::max(most_on_one_gpu, r.ranks_on_one_gpu);
   if (most_on_one_gpu > 0)
