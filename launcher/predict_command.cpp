@@ -287,6 +287,9 @@ void print_prediction_table(const StepModel& model, const std::vector<Prediction
                 x.comm_ms > 0 ? fmt("%.0f%%", hidden_pct(x)).c_str() : "-",  // one rank: nothing to hide
                 100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
+  std::printf(
+      "ms per step; hidden%%: hidden over what backward could hide, the lesser of its time and comm's; weak%%: "
+      "the step at one rank over the step at this many, each rank keeping its batch\n");
 }
 
 // Where each implementation's all-reduce came from (Prediction::comm_source): the file stands in for the run's
