@@ -122,6 +122,12 @@ class Run:
 
         per_step = (self.world, self.steps)
         self.step_times = dataset("steps/step_ms", *per_step)
+        # The step the buckets chart draws: the steady step of the median length (the slowest rank's; the lower of
+        # the two middle ones), not the last, which one hiccup can make anything but typical. A run stopped within
+        # its warm-up has only its last step.
+        steady = np.arange(max(0, min(self.first_steady, self.steps - 1)), self.steps)
+        order = steady[np.argsort(self.step_times[:, steady].max(axis=0), kind="stable")]
+        self.drawn_step = int(order[(len(order) - 1) // 2]) if len(order) else 0
         self.start = dataset("steps/start_ms", *per_step)
         self.phases = {name: dataset(f"steps/{name}", *per_step)
                        for name in ("data_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms")}
@@ -173,8 +179,8 @@ class Run:
                 for k in range(len(self.bucket_bytes))]
 
     def collectives_text(self):
-        """What the buckets chart shows of the last step's buckets, in words (None: no bucket was communicated)."""
-        kinds = set(self.collectives(self.steps - 1))
+        """What the buckets chart shows of its step's buckets, in words (None: no bucket was communicated)."""
+        kinds = set(self.collectives(self.drawn_step))
         words = [w for kind, w in (("reduce-scatter", "reduce-scatter and all-gather"), ("all-reduce", "all-reduce"))
                  if kind in kinds]
         return ", or ".join(words) or None
@@ -416,11 +422,11 @@ def update_chart(runs, out_dir, written):
 
 
 def buckets_chart(run, out_dir, name, written):
-    """The last step, per rank: forward and backward on one row, each bucket's all-reduce on the row below it, a
+    """The median steady step, per rank: forward and backward on one row, each bucket's all-reduce on the row below it, a
     tick where the bucket became ready. What Perfetto shows, as a picture. With --zero-stage 1 the row below holds
     each bucket's reduce-scatter, then, hatched, its all-gather after the update, which the row above then shows (a
     bucket too small to shard: its all-reduce). One rank communicates nothing: its row below holds the ticks alone."""
-    s = run.steps - 1
+    s = run.drawn_step
     nb = len(run.bucket_bytes)
     shades = plt.get_cmap("YlOrRd")
 
@@ -468,8 +474,8 @@ def buckets_chart(run, out_dir, name, written):
         handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     words = run.collectives_text()
-    ax.set_title(f"{run.stem}: " + (f"backward and each bucket's {words}, step {run.first_step + s} "
-                                    f"({ranks_text(run.world)})" if words else
+    ax.set_title(f"{run.stem}: " + (f"backward and each bucket's {words}, step {run.first_step + s} (the steady "
+                                    f"steps' median; {ranks_text(run.world)})" if words else
                                     f"backward, step {run.first_step + s} ({ranks_text(run.world)}: no bucket "
                                     f"communicated)"), fontsize=10)
     save(fig, out_dir, name, written)

@@ -245,10 +245,10 @@ def gantt_caption(run):
     (--zero-stage 1: reduce-scatter and all-gather; one rank: nothing)."""
     words = run.collectives_text()
     if not words:
-        return ("backward, last step: forward and backward on one row, a tick on the row below where each bucket "
-                "became ready (one rank: no bucket is communicated)")
-    return (f"backward and each bucket's {words}, last step: forward and backward on one row, each bucket's "
-            f"communication on the row below, a tick where the bucket became ready")
+        return ("backward, the median steady step: forward and backward on one row, a tick on the row below where each "
+                "bucket became ready (one rank: no bucket is communicated)")
+    return (f"backward and each bucket's {words}, the median steady step: forward and backward on one row, each "
+            f"bucket's communication on the row below, a tick where the bucket became ready")
 
 
 def timeline_section(runs, example):

@@ -288,8 +288,8 @@ def main():
             proc = run([sys.executable, charts, os.path.join(work, "sharded_charts"), "--page", sharded_page,
                         sharded], timeout=120)
             page_text = open(sharded_page).read() if os.path.isfile(sharded_page) else ""
-            check(proc.returncode == 0 and "each bucket&#39;s reduce-scatter and all-gather, last step" in page_text and
-                  "all-reduce, last step" not in page_text,
+            check(proc.returncode == 0 and "each bucket&#39;s reduce-scatter and all-gather, the median steady step" in
+                  page_text and "all-reduce, the median steady step" not in page_text,
                   f"the sharded run's page captions its buckets chart as reduce-scatter and all-gather "
                   f"({proc.stderr.strip()[-200:]})")
 
