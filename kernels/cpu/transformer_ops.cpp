@@ -8,12 +8,11 @@
 
 #include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vector_math.h"
+#include "kernels/layernorm.h"
 #include "kernels/mean_pool.h"
 
 namespace ddplab::cpu {
 namespace {
-
-constexpr double kLayerNormEps = 1e-5;
 
 // Valid length of sequence b; null lengths means unpadded.
 inline int length_of(const int32_t* lengths, int b, int S) { return lengths ? std::clamp(lengths[b], 0, S) : S; }

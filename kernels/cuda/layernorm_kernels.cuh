@@ -17,6 +17,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"  // grid_size
 #include "kernels/cuda/mma.cuh"     // cp_async_16
+#include "kernels/layernorm.h"
 
 namespace ddplab::cuda {
 namespace {
@@ -27,7 +28,6 @@ using detail::Pack;
 using detail::store_pack;
 using detail::to_float;
 
-constexpr float kEps = 1e-5f;  // as the CPU reference's kLayerNormEps
 constexpr int kBlock = 256;    // the forward's 8 warps, and the backward's most
 constexpr int kWarps = kBlock / 32;
 // Packs of each row a lane holds in registers: 4 x 16 bytes per tensor (the backward holds three tensors' worth, 48
@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(kBlock)
         var += d * d;
       }
     });
-    const float s = 1.0f / sqrtf(detail::warp_sum(var) / C + kEps);  // IEEE sqrt and division, as the CPU
+    const float s =
+        1.0f / sqrtf(detail::warp_sum(var) / C + float(kLayerNormEps));  // IEEE sqrt and division, as the CPU
     x.recompute_from_here();
     T* o = out + row * C;
     for_each_lane_pack<V>(C, lane, [&](int i, int c) {
