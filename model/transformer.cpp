@@ -49,11 +49,6 @@ TransformerConfig TransformerConfig::preset(const std::string& name) {
 }
 
 template <typename T>
-int Transformer<T>::head_outputs() const {
-  return config_.head == TransformerConfig::Head::kClassify ? config_.num_classes : config_.vocab;
-}
-
-template <typename T>
 Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : config_(config) {
   const TransformerConfig& c = config;
   if (c.vocab <= 0 || c.d_model <= 0 || c.heads <= 0 || c.layers < 0 || c.mlp_hidden <= 0 || c.max_len <= 0 ||
@@ -102,8 +97,8 @@ Transformer<T>::Transformer(const TransformerConfig& config, uint64_t seed) : co
   if (c.tied_head()) {
     head_ = 0;
   } else {
-    head_ = add("head.weight", {head_outputs(), C}, 0.02, true);
-    add("head.bias", {head_outputs()}, 0);
+    head_ = add("head.weight", {config_.head_outputs(), C}, 0.02, true);
+    add("head.bias", {config_.head_outputs()}, 0);
   }
 
   this->lay_out();
@@ -191,7 +186,7 @@ template <typename T>
 void Transformer<T>::reserve_activations() {
   const TransformerConfig& c = config_;
   const bool classify = c.head == TransformerConfig::Head::kClassify;
-  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, NH = c.heads, K = head_outputs();
+  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, NH = c.heads, K = config_.head_outputs();
   const int64_t BS = static_cast<int64_t>(B) * S;
   const int64_t BTC = BS * C;
   const int rows = classify ? B : static_cast<int>(BS);  // rows of logits
@@ -249,7 +244,7 @@ template <typename T>
 T Transformer<T>::head_forward(const T* x) {
   const TransformerConfig& c = config_;
   const bool classify = c.head == TransformerConfig::Head::kClassify;
-  const int B = batch_, S = seq_, C = c.d_model, K = head_outputs();
+  const int B = batch_, S = seq_, C = c.d_model, K = config_.head_outputs();
   const int BT = B * S;
   const int rows = classify ? B : BT;
   cpu::layernorm_forward(lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), x, P(lnf_).data, P(lnf_ + 1).data, BT, C);
@@ -283,7 +278,7 @@ template <typename T>
 void Transformer<T>::reserve_gradients() {
   const TransformerConfig& c = config_;
   const bool classify = c.head == TransformerConfig::Head::kClassify;
-  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, K = head_outputs();
+  const int B = batch_, S = seq_, C = c.d_model, H = c.mlp_hidden, K = config_.head_outputs();
   const int BT = B * S;
   const int rows = classify ? B : BT;
   EnsureSize(dresid_, static_cast<int64_t>(BT) * C);
@@ -323,7 +318,7 @@ void Transformer<T>::layernorm_backward(PieceAnnouncer& announce, bool accumulat
 template <typename T>
 void Transformer<T>::head_backward(PieceAnnouncer& announce, bool accumulate, T loss_scale) {
   const bool classify = config_.head == TransformerConfig::Head::kClassify;
-  const int B = batch_, S = seq_, C = config_.d_model, K = head_outputs();
+  const int B = batch_, S = seq_, C = config_.d_model, K = config_.head_outputs();
   const int BT = B * S;
   const int rows = classify ? B : BT;
   cpu::softmax_cross_entropy_backward(dlogits_.data(), logits_.data(), row_sums_.data(), targets_.data(), rows, K,

@@ -40,6 +40,8 @@ struct TransformerConfig {
   // The LM head's weight is wte itself, as GPT-2's and llm.c's: no parameters of its own (and no bias), and wte's
   // gradient holds both uses. The classifier's head is a Linear of its own.
   bool tied_head() const { return causal(); }
+  // The head's outputs: the vocabulary's next-token logits, or the classes.
+  int head_outputs() const { return causal() ? vocab : num_classes; }
   // The loss terms one sequence of `length` tokens adds (Transformer::loss_count): what a planner weighs batches by
   // before any forward.
   int64_t loss_terms(int64_t length) const { return causal() ? length - 1 : 1; }
@@ -105,7 +107,6 @@ class Transformer : public ParameterStore<T> {
   };
   Parameter<T>& P(int i) { return this->parameters()[i]; }
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
-  int head_outputs() const;
 
   // forward, in order: the batch checked and copied, the buffers grown, then embeddings, blocks, head and loss.
   std::vector<int32_t> checked_lengths(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B,

@@ -144,7 +144,7 @@ TransformerCuda::BufferOffsets TransformerCuda::buffer_offsets() const {
   const bool unfused = attention_ != AttentionKind::kFused && attention_ != AttentionKind::kCudnn;
   const size_t act = is_bf16 ? sizeof(bf16) : sizeof(float), f32 = sizeof(float);
   const size_t tokens = static_cast<size_t>(max_tokens_), C = config_.d_model, H = config_.mlp_hidden;
-  const size_t NH = config_.heads, K = head_outputs();
+  const size_t NH = config_.heads, K = config_.head_outputs();
   cuda_model::BufferLayout layout;
   BufferOffsets at;
   at.params = layout.reserve(flat_size_ * f32);
@@ -219,8 +219,6 @@ void TransformerCuda::point_into(char* bytes, const BufferOffsets& at) {
   rows_by_token_workspace_bytes_ = at.rows_by_token_bytes;
 }
 
-int TransformerCuda::head_outputs() const { return config_.causal() ? config_.vocab : config_.num_classes; }
-
 void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
                               float loss_scale) {
   const bool classify = !config_.causal();
@@ -247,7 +245,7 @@ void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, con
 template <typename T>
 void TransformerCuda::forward_layers(float loss_scale) {
   const bool classify = !config_.causal();
-  const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
+  const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = config_.head_outputs();
   const int BT = B * S;
   if constexpr (std::is_same_v<T, bf16>) {
     // The whole flat buffer (weights and biases for the GEMMs, wte for the tied LM head; wpe and LayerNorm's
@@ -369,7 +367,7 @@ void TransformerCuda::backward(const GradReadyHook& on_ready) {
 template <typename T>
 void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
   const bool classify = !config_.causal();
-  const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = head_outputs();
+  const int B = batch_, S = seq_, C = config_.d_model, H = config_.mlp_hidden, K = config_.head_outputs();
   const int BT = B * S;
   PieceAnnouncer announce = cuda_model::device_piece_announcer(pieces_, piece_events_, stream_, on_ready);
   T *dresid = as<T>(dresid_), *dsmall = as<T>(dsmall_), *dbig = as<T>(dbig_);

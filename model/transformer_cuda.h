@@ -102,7 +102,6 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   int64_t scratch_floats() const;
   BufferOffsets buffer_offsets() const;
   void point_into(char* bytes, const BufferOffsets& at);
-  int head_outputs() const;
   int block_param(int layer, int k) const { return block_base_ + transformer_block::kParams * layer + k; }
   template <typename T>
   void forward_layers(float loss_scale);
