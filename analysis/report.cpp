@@ -98,8 +98,8 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   // Ranks in step end each step together, so the slowest mean step is the run's and which rank has it is noise:
   // who sets the pace is blame's question.
   std::fprintf(out,
-               "  step                %.2f ms mean (the slowest rank's, rank %d; which rank sets the pace: the blame "
-               "of ddplab report)\n",
+               "  step                %.2f ms mean (the slowest rank's, rank %d; which rank sets the pace: blame, "
+               "below)\n",
                s.slowest_step_ms, s.slowest_rank);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
   if (run.world_size() > 1)
