@@ -422,10 +422,11 @@ def update_chart(runs, out_dir, written):
 
 
 def buckets_chart(run, out_dir, name, written):
-    """The median steady step, per rank: forward and backward on one row, each bucket's all-reduce on the row below it, a
-    tick where the bucket became ready. What Perfetto shows, as a picture. With --zero-stage 1 the row below holds
-    each bucket's reduce-scatter, then, hatched, its all-gather after the update, which the row above then shows (a
-    bucket too small to shard: its all-reduce). One rank communicates nothing: its row below holds the ticks alone."""
+    """The median steady step (Run.drawn_step), per rank: forward and backward on one row, each bucket's all-reduce on
+    the row below it, a tick where the bucket became ready. What Perfetto shows, as a picture. With --zero-stage 1 the
+    row below holds each bucket's reduce-scatter, then, hatched, its all-gather after the update, which the row above
+    then shows (a bucket too small to shard: its all-reduce). One rank communicates nothing: its row below holds the
+    ticks alone."""
     s = run.drawn_step
     nb = len(run.bucket_bytes)
     shades = plt.get_cmap("YlOrRd")
