@@ -979,8 +979,9 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
       std::printf("no steady state: stopped within the warm-up, figures from step %d, %s\n", last,
                   result.summary.batch_text().c_str());
     print_summary(stdout, record, result.summary);
-    // The first answer `ddplab report` gives of the run: who sets the pace, or why no rank does.
-    std::printf("  blame: %s\n", headline(diagnose(record, result.summary)).text.c_str());
+    // What `ddplab report` finds of the run: who sets the pace, or why no rank does, and what the host took.
+    std::printf("  blame:\n");
+    for (const std::string& line : blame(record, result.summary)) std::printf("    %s\n", line.c_str());
   }
   if (!record.meta.gemm_algorithms.empty()) std::printf("GEMM algorithms: %s\n", record.meta.gemm_algorithms.c_str());
   if (written) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
