@@ -117,12 +117,15 @@ double others_wait_longer_ms(const RunSummary& st, int r) {
 
 // "the other ranks wait for it in the all-reduce (exposed comm +40.1 ms/step)".
 std::string others_wait(const RunSummary& st, int r) {
-  const WaitPlace* best = &kWaitPlaces[0];
-  for (const WaitPlace& p : kWaitPlaces)
-    if (others_wait_longer_ms(st, r, p) > others_wait_longer_ms(st, r, *best)) best = &p;
-  const double total = others_wait_longer_ms(st, r);
+  const WaitPlace* best = nullptr;
+  double best_ms = 0, total = 0;
+  for (const WaitPlace& p : kWaitPlaces) {
+    const double ms = others_wait_longer_ms(st, r, p);
+    total += ms;
+    if (!best || ms > best_ms) best = &p, best_ms = ms;
+  }
   if (total < kOutlierMinMs) return fmt("the other ranks do not wait for it measurably (%+.2f ms/step)", total);
-  return fmt("the other ranks wait for it %s %+.2f ms/step)", best->text, others_wait_longer_ms(st, r, *best));
+  return fmt("the other ranks wait for it %s %+.2f ms/step)", best->text, best_ms);
 }
 
 // Steady steps in which a barrier (wait + host work) happened, and the period between them.

@@ -143,12 +143,11 @@ std::string verdict(const RunDiff& d) {
   if (!step.beyond) {
     // A difference of a tenth of the step or more that the steps' scatter still hides is no verdict of "the same":
     // it says what would tell.
-    const double bound = kNoiseSpreads * std::hypot(step.a.spread, step.b.spread);
     const std::string hidden =
         std::abs(step.delta()) >= 0.1 * step.a.median
             ? fmt("; the steps scatter too much to call %s (a difference must pass %.2f ms): more steps or a "
                   "quieter host would tell",
-                  ms_text(step.delta()).c_str(), bound)
+                  ms_text(step.delta()).c_str(), noise_bound_ms(step.a, step.b))
             : "";
     return fmt("no difference beyond noise in the step (median A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
            (config.empty() ? "" : " with " + config) + hidden +
@@ -241,9 +240,11 @@ LossDiff compare_losses(const RunRecord& a, const RunRecord& b) {
 
 Sampled sampled(const std::vector<double>& samples) { return {median(samples), robust_spread(samples)}; }
 
+double noise_bound_ms(const Sampled& a, const Sampled& b) { return kNoiseSpreads * std::hypot(a.spread, b.spread); }
+
 bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms) {
   const double difference = std::fabs(b.median - a.median);
-  return difference > kNoiseSpreads * std::hypot(a.spread, b.spread) && difference > floor_ms;
+  return difference > noise_bound_ms(a, b) && difference > floor_ms;
 }
 
 RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {

@@ -24,6 +24,7 @@ Sampled sampled(const std::vector<double>& samples);
 inline constexpr double kNoiseSpreads = 3.0;
 inline constexpr double kNoiseFloorShare = 0.02;  // of the longer of the two median steps
 inline constexpr double kNoiseFloorMs = 0.05;     // at least: the timer and the scheduler
+double noise_bound_ms(const Sampled& a, const Sampled& b);  // kNoiseSpreads x sqrt(spread_A^2 + spread_B^2)
 bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms);
 
 struct MetricDiff {

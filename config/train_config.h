@@ -145,6 +145,7 @@ enum KnobTraits : unsigned {
   kBelowMax = 1u << 6,                  // ... below `max`, not just at most it
   kTransformer = 1u << 7,               // only a transformer --model reads it: given with the MLP, refused
   kMlp = 1u << 8,                       // only the MLP reads it: given with a transformer, refused
+  kSynthetic = 1u << 9,                 // shapes synthetic sequences: given with --data, refused
 };
 
 // One knob of `ddplab train`: its flag (nullptr: none), its key in the run file's config (nullptr: not stored), what
@@ -234,16 +235,16 @@ void visit_knobs(Config& c, Visit&& visit) {
              kNotInSuite | kTransformer},
         c.val_windows);
   visit(Knob{"--lengths", "lengths", "transformer data: sequence lengths fixed | uniform | loguniform", kNoMin, kNoMax,
-             kMath | kTransformer},
+             kMath | kTransformer | kSynthetic},
         c.lengths);
   visit(Knob{"--min-len", "min_len", "transformer data: shortest sequence (--head lm: 2 or more)", 1, kNoMax,
-             kMath | kTransformer},
+             kMath | kTransformer | kSynthetic},
         c.min_len);
   visit(Knob{"--max-len", "max_len", "transformer data: longest sequence (fixed: every sequence)", 1, kNoMax,
              kMath | kTransformer},
         c.max_len);
   visit(Knob{"--outlier-prob", "outlier_prob", "transformer data: share of sequences of length --max-len", 0, 1,
-             kMath | kTransformer},
+             kMath | kTransformer | kSynthetic},
         c.outlier_prob);
   visit(Knob{"--batching", "batching",
              "transformer data: sample (fixed count) | bucket (by length) | token (--max-tokens budget) | "
@@ -254,7 +255,7 @@ void visit_knobs(Config& c, Visit&& visit) {
              kMath | kTransformer},
         c.max_tokens);
   visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch (0 with --data: its windows)", 0,
-             kNoMax, kMath | kTransformer},
+             kNoMax, kMath | kTransformer | kSynthetic},
         c.epoch_size);
   visit(Knob{"--input-dim", "input_dim", "MLP input features", 1, kNoMax, kMath | kMlp}, c.mlp.input_dim);
   visit(Knob{"--hidden", "hidden", "MLP hidden width", 1, kNoMax, kMath | kMlp}, c.mlp.hidden_dim);

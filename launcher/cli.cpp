@@ -3,7 +3,6 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
-#include <array>
 #include <charconv>
 #include <climits>
 #include <cmath>
@@ -198,17 +197,14 @@ void check_knob_value(const std::string& flag, double value) {
 
 void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   CLI::Option *warmup = nullptr, *momentum = nullptr;
-  std::vector<CLI::Option*> synthetic;  // the flags that shape synthetic sequences, which --data replaces
-  const std::array<const void*, 4> synthetic_knobs{&c.lengths, &c.min_len, &c.outlier_prob, &c.epoch_size};
-  std::vector<CLI::Option*> transformer_only, mlp_only;
+  std::vector<CLI::Option*> synthetic, transformer_only, mlp_only;  // the flags of each trait, as given
   visit_knobs(c, [&](const Knob& knob, auto& value) {
     if (!offered(knob, flags)) return;
     CLI::Option* option = add_knob_flag(app, knob, value);
     const void* field = &value;
     if (field == &c.warmup_steps) warmup = option;
     if (field == &c.optimizer.momentum) momentum = option;
-    if (std::find(synthetic_knobs.begin(), synthetic_knobs.end(), field) != synthetic_knobs.end())
-      synthetic.push_back(option);
+    if (knob.traits & kSynthetic) synthetic.push_back(option);
     if (knob.traits & kTransformer) transformer_only.push_back(option);
     if (knob.traits & kMlp) mlp_only.push_back(option);
   });
