@@ -578,7 +578,7 @@ std::vector<BucketSpan> piece_layout(const RunRecord& run, StepModel& m) {
 
 // The communicating backward of every steady step and rank, cut at the buckets' ready times into nb + 1 intervals
 // (the last, after the last bucket, is the tail): each interval's length and how long each bucket's all-reduce ran
-// in it. With gradient accumulation that backward is the last micro-batch's, taken as 1/micro of all.
+// in it. With gradient accumulation that backward is the last micro-batch's (last_backward()).
 struct BackwardIntervals {
   using PerInterval = std::vector<double>;                  // nb + 1 intervals
   std::vector<std::vector<PerInterval>> length;             // [steady step][rank]
@@ -605,7 +605,7 @@ BackwardIntervals cut_backward(const RunRecord& run, const TrainConfig& config,
     for (int r = 0; r < world; ++r) {
       RankProfile& p = steps[s - first][r];
       const StepRecord& x = run.at(r, s);
-      const double backward = x.backward_ms / micro;
+      const double backward = last_backward(x, micro);
       const double start = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms - backward;
       out.backward[r][s] = {start, start + backward};
       p.before_ms = start - x.start_ms;

@@ -41,7 +41,7 @@ RunSummary summarize(const RunRecord& run) {
       }
     const StepRecord& m = s.ranks[r];
     s.hidden_fractions.push_back(
-        hidden_fraction(m.hidden_comm_ms, m.backward_ms / micro_batches, m.comm_ms - gather_ms));
+        hidden_fraction(m.hidden_comm_ms, last_backward(m, micro_batches), m.comm_ms - gather_ms));
   }
   for (const StepRecord& m : s.ranks) s.samples_per_step += m.samples;
   if (s.samples_per_step <= 0) s.samples_per_step = s.global_batch;

@@ -62,8 +62,8 @@ struct SummarizedRun {
 SummarizedRun summarized(RunRecord run);
 
 // Share of the communication that could have been hidden which was: hidden / min(the backward that can hide it,
-// the communication it can hide) — a micro-batch's backward (the last one runs beside the buckets; a run file
-// records the step's, so the summary takes backward_ms / grad_accum, the predictor its modelled last one), and the
+// the communication it can hide) — the last micro-batch's backward, which runs beside the buckets (last_backward():
+// the summary takes the measured one, the predictor its modelled one), and the
 // buckets' all-reduces or reduce-scatters (--zero-stage 1's all-gathers follow the update). 1 when there was nothing
 // to hide. `ddplab report` and `ddplab predict` both print it as hidden%.
 double hidden_fraction(double hidden_ms, double hiding_backward_ms, double hideable_comm_ms);

@@ -21,6 +21,9 @@ struct StepRecord {
   double step_ms = 0;         // the whole step
   double comm_ms = 0;         // sum over buckets of all-reduce time (start to end on the comm thread)
   double hidden_comm_ms = 0;  // comm time that overlapped backward
+  // The last micro-batch's backward: the one the buckets' all-reduces run beside (backward_ms itself without
+  // --grad-accum). 0 in older files: last_backward() estimates it there.
+  double last_backward_ms = 0;
   // What the host took from the rank during the step (runtime/cpu_taken.h; -1: this kernel does not count it): the
   // hypervisor's steal on the CPUs the rank may use, and the compute thread's wait for a CPU of its own host.
   double steal_ms = 0;
@@ -77,6 +80,7 @@ inline constexpr StepField kStepFields[] = {
     {"step_ms", &StepRecord::step_ms, FieldKind::kTime, "ms"},
     {"comm_ms", &StepRecord::comm_ms, FieldKind::kTime, "ms"},
     {"hidden_comm_ms", &StepRecord::hidden_comm_ms, FieldKind::kTime, "ms"},
+    {"last_backward_ms", &StepRecord::last_backward_ms, FieldKind::kTime, "ms"},
     {"steal_ms", &StepRecord::steal_ms, FieldKind::kTime, "ms"},
     {"cpu_wait_ms", &StepRecord::cpu_wait_ms, FieldKind::kTime, "ms"},
     {"loss", &StepRecord::loss, FieldKind::kValue, "nats"},
@@ -108,6 +112,12 @@ inline double sum_of_phases(const StepRecord& r) {
 inline double untimed_ms(const StepRecord& r) {
   const double phases = sum_of_phases(r);
   return r.step_ms > phases ? r.step_ms - phases : 0.0;
+}
+
+// The backward the buckets' all-reduces can hide behind: the last micro-batch's, as measured, or in a file that did
+// not record it, the step's backward split evenly over its micro-batches (exact only where they are alike).
+inline double last_backward(const StepRecord& r, int micro_batches) {
+  return r.last_backward_ms > 0 ? r.last_backward_ms : r.backward_ms / micro_batches;
 }
 
 }  // namespace ddplab

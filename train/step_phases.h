@@ -23,7 +23,7 @@ struct StepClock {
 };
 
 // start_ms (on the run's clock, whose zero is t0_ms), step_ms and the eight phases; data, forward and backward sum
-// over the micro-batches.
+// over the micro-batches; and the last micro-batch's backward.
 inline void set_step_phases(StepRecord& r, const StepClock& c, double t0_ms) {
   r.start_ms = c.start - t0_ms;
   r.step_ms = c.end - c.start;
@@ -35,6 +35,7 @@ inline void set_step_phases(StepRecord& r, const StepClock& c, double t0_ms) {
     r.backward_ms += c.backward_end[m] - c.forward_end[m];
     previous = c.backward_end[m];
   }
+  r.last_backward_ms = c.backward_end.empty() ? 0 : c.backward_end.back() - c.forward_end.back();
   r.exposed_comm_ms = c.optimizer_start - previous;  // waiting for the buckets, and for the verdict on them
   r.optimizer_ms = (c.optimized - c.start) - c.optimizer_start;  // the update, --check-sync, the device's end
   r.extra_comm_ms = c.extra - c.optimized;

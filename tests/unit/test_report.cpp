@@ -642,7 +642,11 @@ TEST(Summary, TheHiddenShareCountsOnlyTheBackwardAndCommunicationThatCanOverlap)
   });
   run.config["grad_accum"] = 2;
   for (StepRecord& x : run.records) x.comm_ms = 3, x.hidden_comm_ms = 1.5;
-  EXPECT_NEAR(summarize(run).hidden_fractions[0], 1.5 / 2.0, 1e-12) << "of the last micro-batch's 2 ms";
+  EXPECT_NEAR(summarize(run).hidden_fractions[0], 1.5 / 2.0, 1e-12) << "of the last micro-batch's 2 ms (an older file)";
+  // Micro-batches of unequal sizes (a token budget): the last backward as measured, not half of the step's.
+  for (StepRecord& x : run.records) x.last_backward_ms = 2.5;
+  EXPECT_NEAR(summarize(run).hidden_fractions[0], 1.5 / 2.5, 1e-12) << "of the last micro-batch's measured 2.5 ms";
+  for (StepRecord& x : run.records) x.last_backward_ms = 0;
   // A 2.5 ms all-gather of bucket 0 after the update: 0.5 ms of comm was hideable, all of it hidden.
   for (int s = 0; s < kSteps; ++s) {
     BucketTimes& gather = run.bucket_times[static_cast<size_t>(s) * run.buckets.size()];

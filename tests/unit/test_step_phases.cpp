@@ -24,6 +24,7 @@ TEST(StepPhases, FollowTheirDefinitions) {
   EXPECT_EQ(r.data_ms, 0.75);     // 0.5 + (2.75 - 2.5)
   EXPECT_EQ(r.forward_ms, 1.75);  // (1.5 - 0.5) + (3.5 - 2.75)
   EXPECT_EQ(r.backward_ms, 2.5);  // (2.5 - 1.5) + (5.0 - 3.5)
+  EXPECT_EQ(r.last_backward_ms, 1.5);  // the second micro-batch's, which the all-reduces run beside
   EXPECT_EQ(r.exposed_comm_ms, 1.0);
   EXPECT_EQ(r.optimizer_ms, 2.0);  // 8 ms since the start, minus the device's 6
   EXPECT_EQ(r.extra_comm_ms, 1.0);
