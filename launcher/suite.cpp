@@ -1061,8 +1061,8 @@ void print_point_table(const SweepOptions& o, const std::vector<SweepPoint>& poi
                 p.predicted() ? predicted_text(p).c_str() : "");
   }
   std::printf(
-      "means over the ranks, ms per step; hidden%%: hidden over what backward could hide, the lesser of its "
-      "time and comm's\n");
+      "step_ms: the slowest rank's mean; backward, comm, hidden, exposed: means over the ranks, ms per step; "
+      "hidden%%: hidden over what backward could hide, the lesser of its time and comm's\n");
 }
 
 std::string sweep_csv(const std::vector<SweepPoint>& points) {
