@@ -1,6 +1,6 @@
 # The front door. CMake is the build; these are the commands people type.
 #   make demo    install what is missing, build, run the DDP lab suite on 4 ranks (mpirun -np 4 ddplab suite lab),
-#                on the GPU when this build sees one (DEVICE=cpu|cuda overrides)
+#                on the GPU when this build sees one (DEVICE=cpu|cuda overrides; SUITE_FLAGS=--full adds flags)
 #   make test    install what is missing, build, run every test (ctest)
 #   make bench   five of the CPU benchmarks in docs/BENCHMARKS.md (bench/run_all.sh says which)
 BUILD ?= build
@@ -9,6 +9,8 @@ NP ?= 4
 DEVICE ?= auto
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc)
+# extra flags for the demo's `ddplab suite lab` (e.g. --full)
+SUITE_FLAGS ?=
 
 .PHONY: all deps configure build demo test bench clean
 
@@ -32,7 +34,7 @@ demo: build
 	  $(BUILD)/launcher/ddplab devices | grep 'CUDA  built:' | grep -vq 'no CUDA device' && dev=cuda; \
 	fi; \
 	echo "make demo: the lab on --device $$dev"; \
-	scripts/mpirun.sh -np $(NP) $(BUILD)/launcher/ddplab suite lab --device $$dev
+	scripts/mpirun.sh -np $(NP) $(BUILD)/launcher/ddplab suite lab --device $$dev $(SUITE_FLAGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1

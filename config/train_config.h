@@ -254,8 +254,8 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--max-tokens", "max_tokens", "token and pack batching: padded tokens per rank per step", 1, kNoMax,
              kMath | kTransformer},
         c.max_tokens);
-  visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch (0 with --data: its windows)", 0,
-             kNoMax, kMath | kTransformer | kSynthetic},
+  visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch (not with --data)", 0, kNoMax,
+             kMath | kTransformer | kSynthetic},
         c.epoch_size);
   visit(Knob{"--input-dim", "input_dim", "MLP input features", 1, kNoMax, kMath | kMlp}, c.mlp.input_dim);
   visit(Knob{"--hidden", "hidden", "MLP hidden width", 1, kNoMax, kMath | kMlp}, c.mlp.hidden_dim);

@@ -6,6 +6,7 @@ its own, and its charts and page are drawn by the installed scripts (charts.log 
 usage: check_install.py CMAKE BUILD_DIR MPIRUN
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,11 +28,16 @@ def main():
         installed = ["bin/ddplab", "bin/allreduce_perf", "share/ddplab/scripts/charts.py",
                      "share/ddplab/scripts/report_page.py", "share/ddplab/scripts/report_page.html.j2",
                      "share/ddplab/scripts/allreduce_chart.py", "share/ddplab/scripts/mpirun.sh",
-                     "share/doc/ddplab/README.md", "share/doc/ddplab/REPORTS.md"]
+                     "share/doc/ddplab/README.md", "share/doc/ddplab/docs/REPORTS.md"]
         missing = [p for p in installed if not os.path.isfile(os.path.join(prefix, p))]
         check(not missing, f"installed: {', '.join(installed)} (missing {missing})")
         if missing:
             return
+        # The installed README's links into docs/ lead to installed files, as they do in the source tree.
+        doc_dir = os.path.join(prefix, "share", "doc", "ddplab")
+        links = set(re.findall(r"\]\((docs/[^)#\s]+\.md)", open(os.path.join(doc_dir, "README.md")).read()))
+        broken = sorted(link for link in links if not os.path.isfile(os.path.join(doc_dir, link)))
+        check(links and not broken, f"the installed README's {len(links)} links into docs/ resolve (broken: {broken})")
         run_dir = os.path.join(work, "elsewhere")  # not the source tree, not the build tree
         os.makedirs(run_dir)
         ddplab = os.path.join(prefix, "bin", "ddplab")
