@@ -1,6 +1,7 @@
 // The fused attention's launchers: argument checks, then the launch sequence of flash_attention_kernels.cuh (the
 // kernels, and the grid, block and shared memory of each launch) run with <<<>>> on the caller's stream. See
 // flash_attention.h for the contract, docs/GPU.md for the why.
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -45,9 +46,9 @@ void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH) 
   if (!flash_attention_supports_head_size(C / NH))
     throw std::invalid_argument(std::string(what) + ": head size C/NH = " + std::to_string(C / NH) +
                                 " has no fused kernel (supported: 32, 64, 128)" + sizes);
-  if (B > 65535 || (S + kBlockQ - 1) / kBlockQ > 65535)
-    throw std::invalid_argument(std::string(what) + ": B and S / " + std::to_string(kBlockQ) +
-                                " must be at most 65535 (a grid dimension each)" + sizes);
+  if (int64_t{B} * NH > std::numeric_limits<int>::max() || (S + kBlockQ - 1) / kBlockQ > 65535)
+    throw std::invalid_argument(std::string(what) + ": B x NH must be at most 2^31 - 1 and S / " +
+                                std::to_string(kBlockQ) + " at most 65535 (a grid dimension each)" + sizes);
 }
 
 int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH, bool deterministic) {

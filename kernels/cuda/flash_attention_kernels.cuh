@@ -101,8 +101,10 @@ struct BackwardSmem {
 // tail (longest first). With the block varying fastest, each head ran its CTAs from longest to shortest, the last
 // heads' longest CTAs started late and ran on while other SMs idled: ncu counted the SMs idle on 22% of the forward's
 // cycles on an H200, most of it this tail by bench/gpu/flash_schedule_model.py, which models both orders.
+// (head, sequence) share x, head fastest (the same linear order as x = head, y = sequence), so that B is not bound by
+// y's limit of 65535: a classifier's batch of short sequences may hold more.
 inline dim3 cta_grid(int B, int S, int NH, int rows) {
-  return dim3(static_cast<unsigned>(NH), static_cast<unsigned>(B), static_cast<unsigned>((S + rows - 1) / rows));
+  return dim3(static_cast<unsigned>(int64_t{NH} * B), 1, static_cast<unsigned>((S + rows - 1) / rows));
 }
 
 using detail::length_of;
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // Causal: the last query blocks see the most keys, so they come first (cta_grid).
-  const int h = blockIdx.x, b = blockIdx.y;
+  const int h = blockIdx.x % NH, b = blockIdx.x / NH;
   const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlock;
   const int len = length_of(lengths, b, S);
   const int64_t ld = 3 * int64_t{C};
@@ -490,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // Causal: the first key blocks see the most queries, so they come first (cta_grid).
-  const int h = blockIdx.x, b = blockIdx.y;
+  const int h = blockIdx.x % NH, b = blockIdx.x / NH;
   const int j0 = blockIdx.z * kBlockK;
   const int len = length_of(lengths, b, S);
   const int64_t ld = 3 * int64_t{C};
@@ -685,7 +687,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
 
 #else  // an older architecture compiles stubs; the launchers refuse such a device before launching
 
-template <int HS>
+template <int HS, int F>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(bf16*, float*, const bf16*, const int32_t*, int, int, int, bool, float) {
   __trap();

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kReduceBlock)
   unsigned* warp_counts = reinterpret_cast<unsigned*>(smem);  // [32]
   unsigned count = 0;
   for (int n = threadIdx.x; n < N; n += blockDim.x) count += targets[n] >= 0;
-  count = __reduce_add_sync(detail::kFullMask, count);
+  count = detail::warp_reduce<detail::Sum>(count);  // not __reduce_add_sync: that needs sm_80
   if (threadIdx.x % 32 == 0) warp_counts[threadIdx.x / 32] = count;
   __syncthreads();
   if (threadIdx.x == 0) {

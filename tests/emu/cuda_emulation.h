@@ -1,7 +1,7 @@
 // The CUDA device vocabulary of our kernels for the host compiler, so that g++ compiles a kernel's own source and runs
 // it on the CPU: CTAs one after another, a CTA's blockDim.x threads as fibers (ucontext) on the launching thread,
 // __syncthreads and __syncwarp barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync,
-// __any_sync, __reduce_add_sync, and the PTX primitives of kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async)
+// __any_sync, and the PTX primitives of kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async)
 // emulated with the PTX ISA's register layouts, and dynamic shared memory one buffer the CTA's threads share. Made to
 // check index arithmetic, fragment layouts, shared-memory layouts, masking, barriers and block skipping against a CPU
 // reference without a GPU (tests/emu/test_flash_attention_emu.cpp, tests/emu/test_mma_emu.cpp); it says nothing about
@@ -454,13 +454,6 @@ inline bool __any_sync(unsigned mask, bool predicate) {
   bool any = false;
   for (bool p : ddplab::emu::exchange_in_warp(predicate, "__any_sync")) any |= p;
   return any;
-}
-
-inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
-  ddplab::emu::require_full_mask(mask, "__reduce_add_sync");
-  unsigned sum = 0;
-  for (unsigned v : ddplab::emu::exchange_in_warp(value, "__reduce_add_sync")) sum += v;
-  return sum;
 }
 
 inline float atomicAdd(float* address, float value) {

@@ -39,7 +39,8 @@ struct FlashShape {
   std::vector<int32_t> lengths;  // empty: null lengths (every sequence is S)
   float amplitude = 1.0f;        // inputs uniform in [-amplitude, amplitude]
 
-  int length(int b) const { return lengths.empty() ? S : lengths[b]; }
+  // As the kernels read a length: clamped to [0, S] (a case may hold one outside, to check that they do).
+  int length(int b) const { return lengths.empty() ? S : std::clamp(lengths[b], 0, S); }
   const int32_t* lengths_or_null() const { return lengths.empty() ? nullptr : lengths.data(); }
   std::string describe(bool causal) const {
     return "B=" + std::to_string(B) + " S=" + std::to_string(S) + " C=" + std::to_string(C) +

@@ -260,13 +260,15 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
     EXPECT_THROW(backward(x, f, x, f, 2, 4, 2 * hs, 2), std::invalid_argument) << hs;
     EXPECT_THROW(cuda::flash_attention_backward_workspace_floats(2, 4, 2 * hs, 2), std::invalid_argument) << hs;
   }
-  // Bad sizes: negative, no heads, C not a multiple of NH, a batch or S's 64-row blocks beyond a grid dimension.
+  // Bad sizes: negative, no heads, C not a multiple of NH, B x NH or S's 64-row blocks beyond a grid dimension.
   for (auto [B, S, C, NH] :
        {std::array{-1, 4, 128, 2}, std::array{2, -1, 128, 2}, std::array{2, 4, 128, 0}, std::array{2, 4, 130, 2},
-        std::array{2, 4, 0, 2}, std::array{70000, 4, 128, 2}, std::array{1, 64 * 65535 + 1, 128, 2}}) {
+        std::array{2, 4, 0, 2}, std::array{1 << 30, 4, 128, 2}, std::array{1, 64 * 65535 + 1, 128, 2}}) {
     EXPECT_THROW(forward(x, f, x, B, S, C, NH), std::invalid_argument) << B << " " << S << " " << C << " " << NH;
     EXPECT_THROW(backward(x, f, x, f, B, S, C, NH), std::invalid_argument) << B << " " << S << " " << C << " " << NH;
   }
+  // A batch past gridDim.y's 65535 (short sequences of a classifier): the sequences share x with the heads.
+  EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(70000, 4, 128, 2), 70000 * 4 * 128 + 70000 * 2 * 4);
   // Null and misaligned (16-byte) pointers.
   EXPECT_THROW(forward(nullptr, f, x, 2, 4, 128, 2), std::invalid_argument);
   EXPECT_THROW(forward(x, nullptr, x, 2, 4, 128, 2), std::invalid_argument);
@@ -430,6 +432,24 @@ TEST_F(CudaKernels, LayerNormBackwardIsDeterministic) {
       EXPECT_TRUE(BitwiseEqual(d_db.download(), first_db)) << "run " << run;
     }
   }
+}
+
+// Rows wider than the backward is shaped for (its one warp a block holds 3 sums of C floats in shared memory, past
+// any GPU's limit at C 20000): refused with the sizes, before the launch, not as CUDA's bare "invalid argument".
+TEST_F(CudaKernels, LayerNormBackwardPastTheSharedMemoryIsRefusedWithTheSizes) {
+  const int N = 2, C = 20000;
+  DeviceArray inp(std::vector<float>(int64_t{N} * C, 1.0f), stream_), dout(int64_t{N} * C, stream_);
+  DeviceArray dinp(int64_t{N} * C, stream_), weight(std::vector<float>(C, 1.0f), stream_), mean(N, stream_),
+      rstd(N, stream_), dw(C, stream_), db(C, stream_), columns(C, stream_);
+  DeviceArray scratch(cuda::layernorm_backward_scratch_floats(N, C), stream_);
+  try {
+    cuda::layernorm_backward<float>(dinp.get(), dw.get(), db.get(), scratch.get(), dout.get(), inp.get(), weight.get(),
+                                    mean.get(), rstd.get(), N, C, stream_, false, columns.get());
+    ADD_FAILURE() << "C " << C << " launched";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("240000 bytes of shared memory"), std::string::npos) << e.what();
+  }
+  cudaCheck(cudaStreamSynchronize(stream_));  // nothing was launched: the stream is as it was
 }
 
 // Fused softmax cross-entropy against cpu::softmax_cross_entropy_forward + backward (dlogits times the gradient's
