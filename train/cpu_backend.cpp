@@ -169,7 +169,7 @@ std::string CpuBackend::first_nonfinite_gradient() {
   // (their gradients zeroed) on the optimizer thread. Only a stop comes here, so waiting costs the normal step nothing.
   if (optimizer_thread_) optimizer_thread_->wait_all();
   const int piece = reducer_->first_nonfinite_piece();
-  if (piece >= 0) return "gradient " + workload_->piece_name(workload_->grad_pieces()[piece]);
+  if (piece >= 0) return "gradient " + grad_piece_name(parameters(), grad_pieces()[piece]);
   return "gradient bucket " + std::to_string(bucket);
 }
 

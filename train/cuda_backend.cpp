@@ -190,7 +190,7 @@ std::string CudaBackend::first_nonfinite_gradient() {
   for (int k = b.first_piece; k <= b.last_piece; ++k) {
     const GradPiece& piece = grad_pieces()[k];
     if (!cpu::all_finite(grads.data() + (piece.offset - b.offset), piece.numel))
-      return "gradient " + grad_piece_name(workload_->parameters(), piece);
+      return "gradient " + grad_piece_name(parameters(), piece);
   }
   return "gradient bucket " + std::to_string(bucket);
 }

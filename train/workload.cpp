@@ -25,7 +25,6 @@ class ModelWorkload : public Workload {
   const std::vector<GradPiece>& grad_pieces() const override { return model_.grad_pieces(); }
   const std::vector<Parameter<float>>& parameters() const override { return model_.parameters(); }
   void set_grad_piece_elements(int64_t n) override { model_.set_grad_piece_elements(n); }
-  std::string piece_name(const GradPiece& g) const override { return grad_piece_name(model_.parameters(), g); }
   void discard_grad() override { model_.discard_grad(); }
 
  protected:

@@ -26,8 +26,6 @@ class Workload {
   virtual const std::vector<GradPiece>& grad_pieces() const = 0;
   virtual const std::vector<Parameter<float>>& parameters() const = 0;  // names and shapes (checkpoints)
   virtual void set_grad_piece_elements(int64_t max_elements) = 0;
-  // "fc1.weight[0:256]": a piece's parameter name, with its rows when it is a block of them.
-  virtual std::string piece_name(const GradPiece& piece) const = 0;
   virtual std::string describe() const = 0;  // one line for the run header
   // Before a step's first backward: that backward overwrites the gradients instead of adding to them (no pass
   // zeroes them first; micro-batches after it add).
