@@ -169,6 +169,9 @@ inline constexpr double kMaxMiB = 1e12;
 // The longest a lab's emulated cost (a sleep) or a link's latency may be, in ms: hours, past any watchdog
 // (--timeout-s), where 1e300 overflowed the sleep's nanoseconds and became no delay at all.
 inline constexpr double kMaxLabMs = 1e7;
+// The bucket caps, MiB, that a search tries where the user names none: `ddplab sweep`'s points, and the caps
+// `ddplab predict` weighs for its recommendation beside the run's own.
+inline constexpr double kBucketCapsToTry[] = {0.5, 1, 5, 25, 100};
 // The slowest emulated link, Gbit/s (a kbit/s): slower ones overflowed a message's transfer time into no time.
 inline constexpr double kMinLinkGbps = 1e-6;
 

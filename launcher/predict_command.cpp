@@ -358,21 +358,28 @@ std::string recommendation_reason(const StepModel& model, const Prediction& p, c
   return why;
 }
 
-// One recommendation for each link and world size, printed; returned for the JSON file.
-nlohmann::json print_recommendations(const StepModel& model, const std::vector<Prediction>& rows) {
+// One recommendation for each link and world size among the candidates, printed; returned for the JSON file. The
+// table's rows are the first `shown` candidates; the others are the searched bucket caps (searched_caps).
+nlohmann::json print_recommendations(const StepModel& model, const std::vector<Prediction>& candidates, size_t shown) {
   // Per group, rows closer than the run's own noise are not ranked by the model (recommend, analysis/predict.h).
   const double tolerance = ranking_tolerance(model);
-  std::vector<std::pair<size_t, Recommendation>> best;  // row in `rows`, and how it was chosen
-  for (const std::vector<size_t>& group : group_by_link_and_world(rows)) {
+  std::vector<std::pair<size_t, Recommendation>> best;  // index in `candidates`, and how it was chosen
+  for (const std::vector<size_t>& group : group_by_link_and_world(candidates)) {
     std::vector<Prediction> members;
-    for (size_t i : group) members.push_back(rows[i]);
+    for (size_t i : group) members.push_back(candidates[i]);
     const Recommendation r = recommend(members, model.measured, tolerance);
     best.emplace_back(group[r.row], r);
   }
   std::printf("\n");
+  if (candidates.size() > shown) {
+    std::string caps;
+    for (double mb : kBucketCapsToTry) caps += (caps.empty() ? "" : ",") + fmt("%g", mb);
+    std::printf("(each recommendation weighs the bucket caps %s MiB beside the run's: --bucket-mb %s shows them)\n",
+                caps.c_str(), caps.c_str());
+  }
   nlohmann::json recommended = nlohmann::json::array();
   for (const auto& [i, chosen] : best) {
-    const Prediction& p = rows[i];
+    const Prediction& p = candidates[i];
     const std::string why = recommendation_reason(model, p, chosen, tolerance);
     const int per_gpu = p.setting.ranks_per_gpu.value_or(1);  // resolved by predict()
     const std::string shape = shape_text(p.setting) + (per_gpu > 1 ? fmt(", %d a GPU", per_gpu) : "");
@@ -383,7 +390,8 @@ nlohmann::json print_recommendations(const StepModel& model, const std::vector<P
                            {"ranks", p.setting.ranks},
                            {"ranks_per_gpu", per_gpu},
                            {"ranks_per_node", p.setting.ranks_on_a_node()},
-                           {"row", i},
+                           {"row", i < shown ? nlohmann::json(i) : nlohmann::json(nullptr)},  // null: searched
+                           {"setting", row_json(model, p)},
                            {"within_noise", chosen.within_noise},
                            {"tolerance_pct", 100 * tolerance},
                            {"reason", why}});
@@ -457,7 +465,18 @@ void run_predict(const PredictArgs& a) {
   print_prediction_table(model, rows);
   if (model.calibration) print_calibration_sources(*model.calibration, rows);
   print_extrapolation_footnotes(rows);
-  const nlohmann::json recommended = print_recommendations(model, rows);
+  // Where no bucket caps are named, the recommendation weighs kBucketCapsToTry beside each row's own, as a sweep
+  // would try them: it should answer which cap, not only whether the run's own is best among the one it was given.
+  std::vector<Prediction> candidates = rows;
+  if (a.bucket_mb.empty())
+    for (const PredictSetting& s : settings)
+      for (double mb : kBucketCapsToTry)
+        if (mb != s.bucket_mb) {
+          PredictSetting searched = s;
+          searched.bucket_mb = mb;
+          candidates.push_back(predict(model, searched));
+        }
+  const nlohmann::json recommended = print_recommendations(model, candidates, rows.size());
   std::fflush(stdout);
 
   if (a.json.empty()) return;

@@ -27,7 +27,7 @@ struct SuiteOptions {
 // with --repeats, each round has its own first run, and each point's error is the median of its rounds'.
 struct SweepOptions {
   TrainConfig base;
-  std::vector<double> bucket_mb{0.5, 1, 5, 25, 100};
+  std::vector<double> bucket_mb{std::begin(kBucketCapsToTry), std::end(kBucketCapsToTry)};
   std::vector<std::string> overlap{"on", "off"};
   std::string out_dir;  // default runs/sweep_<time>
   bool predict = false;

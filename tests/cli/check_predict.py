@@ -133,10 +133,12 @@ with tempfile.TemporaryDirectory() as work:
     # ---- the predictions, side by side: each reads its files and writes its own --json ----------------------------
     own_json, grid_json, calibrated_json, nodes_json = (os.path.join(work, name) for name in
                                                          ("own.json", "grid.json", "calibrated.json", "nodes.json"))
-    (report, own_proc, grid_proc, clipped_proc, calibrated_proc, single_link, single_free, one_size_proc,
+    searched_json = os.path.join(work, "searched.json")
+    (report, own_proc, searched_proc, grid_proc, clipped_proc, calibrated_proc, single_link, single_free, one_size_proc,
      one_size_mpi, single_one, nodes_proc, hier_proc, unsampled_proc, slow_proc, nodes_report, *refusals) = run_all([
          ([ddplab, "report", "--json", run], dict(timeout=120)),
          predict(run, "--json", own_json),
+         predict(run, "--bucket-mb", "2,0.5,1,5,25,100", "--json", searched_json),
          predict(run, "--bucket-mb", "0.5,2,25", "--overlap", "on,off", "--link", "10gbe,100gbe-ib", "--ranks", "2,4",
                  "--json", grid_json),
          predict(clipped, "--update", "bucket"),
@@ -170,6 +172,17 @@ with tempfile.TemporaryDirectory() as work:
                               f"measured {measured:.2f} ms ({100 * error:+.1f}%)")
     check(own["rows"][0]["extrapolated"] == [], "the run's own setting is not an extrapolation")
     check_hidden_pct_reads_as_the_reports(report, own, "10gbe", within_points=20)
+    # With no caps named, the recommendation weighs the sweep's caps beside the run's own: the same choice as when
+    # they are all named and shown, said in a line, the table still the run's own row.
+    searched = json.load(open(searched_json))
+    pick = lambda j: (j["recommended"][0]["setting"]["bucket_mb"], j["recommended"][0]["setting"]["step_ms"])
+    shown = searched["rows"][searched["recommended"][0]["row"]]
+    check(pick(own) == pick(searched) and own["recommended"][0]["setting"] == shown,
+          f"no caps named: the recommendation weighs the sweep's caps as if named ({pick(own)} vs {pick(searched)})")
+    check(own["recommended"][0]["row"] == (0 if pick(own)[0] == 2 else None),
+          f"a searched cap the table does not show has no row ({own['recommended'][0]['row']})")
+    check("each recommendation weighs the bucket caps 0.5,1,5,25,100 MiB beside the run's" in own_proc.stdout and
+          "each recommendation weighs" not in searched_proc.stdout, "the search is said where it happened")
 
     # A grid: every combination, extrapolations marked, one recommendation per link and world size.
     proc = grid_proc
