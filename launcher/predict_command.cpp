@@ -374,7 +374,7 @@ nlohmann::json print_recommendations(const StepModel& model, const std::vector<P
   if (candidates.size() > shown) {
     std::string caps;
     for (double mb : kBucketCapsToTry) caps += (caps.empty() ? "" : ",") + fmt("%g", mb);
-    std::printf("(each recommendation weighs the bucket caps %s MiB beside the run's: --bucket-mb %s shows them)\n",
+    std::printf("(the recommendations weigh the bucket caps %s MiB beside the run's: --bucket-mb %s shows them)\n",
                 caps.c_str(), caps.c_str());
   }
   nlohmann::json recommended = nlohmann::json::array();
@@ -467,11 +467,12 @@ void run_predict(const PredictArgs& a) {
   print_extrapolation_footnotes(rows);
   // Where no bucket caps are named, the recommendation weighs kBucketCapsToTry beside each row's own, as a sweep
   // would try them: it should answer which cap, not only whether the run's own is best among the one it was given.
+  // Not at one rank: nothing is all-reduced, and the cap changes nothing.
   std::vector<Prediction> candidates = rows;
   if (a.bucket_mb.empty())
     for (const PredictSetting& s : settings)
       for (double mb : kBucketCapsToTry)
-        if (mb != s.bucket_mb) {
+        if (mb != s.bucket_mb && s.ranks > 1) {
           PredictSetting searched = s;
           searched.bucket_mb = mb;
           candidates.push_back(predict(model, searched));

@@ -181,8 +181,8 @@ with tempfile.TemporaryDirectory() as work:
           f"no caps named: the recommendation weighs the sweep's caps as if named ({pick(own)} vs {pick(searched)})")
     check(own["recommended"][0]["row"] == (0 if pick(own)[0] == 2 else None),
           f"a searched cap the table does not show has no row ({own['recommended'][0]['row']})")
-    check("each recommendation weighs the bucket caps 0.5,1,5,25,100 MiB beside the run's" in own_proc.stdout and
-          "each recommendation weighs" not in searched_proc.stdout, "the search is said where it happened")
+    check("the recommendations weigh the bucket caps 0.5,1,5,25,100 MiB beside the run's" in own_proc.stdout and
+          "the recommendations weigh" not in searched_proc.stdout, "the search is said where it happened")
 
     # A grid: every combination, extrapolations marked, one recommendation per link and world size.
     proc = grid_proc
