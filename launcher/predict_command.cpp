@@ -359,7 +359,7 @@ std::string recommendation_reason(const StepModel& model, const Prediction& p, c
 }
 
 // One recommendation for each link and world size among the candidates, printed; returned for the JSON file. The
-// table's rows are the first `shown` candidates; the others are the searched bucket caps (searched_caps).
+// table's rows are the first `shown` candidates; the others are the searched bucket caps (kBucketCapsToTry).
 nlohmann::json print_recommendations(const StepModel& model, const std::vector<Prediction>& candidates, size_t shown) {
   // Per group, rows closer than the run's own noise are not ranked by the model (recommend, analysis/predict.h).
   const double tolerance = ranking_tolerance(model);
