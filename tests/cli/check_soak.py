@@ -94,7 +94,7 @@ def main():
             # From the first snapshot (step 2000) to just before the end.
             a, b = samples[0][1], samples[-2][1]
             check(b[1] - a[1] <= 2048, f"rank 1's RSS flat: {a[1]} kB -> {b[1]} kB (allowed growth 2048 kB)")
-            allowed = 4096 + 2 * 0.3 * steps  # both ranks' records, 144 bytes + 24 per bucket a step, rounded up
+            allowed = 4096 + 2 * 0.3 * steps  # both ranks' records: a StepRecord and one bucket's times, < 300 B a step
             check(b[0] - a[0] <= allowed, f"rank 0's RSS grows by the records only: {a[0]} kB -> {b[0]} kB "
                   f"(allowed growth {allowed:.0f} kB over at most {steps} steps)")
         with h5py.File(long_run, "r") as f:
