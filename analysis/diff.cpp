@@ -295,13 +295,13 @@ void print_diff(std::FILE* out, const RunDiff& d) {
                d.floor_ms);
   std::fprintf(out, "  per bucket (all-reduce ms, median and spread over ranks and steady steps%s):\n",
                d.same_buckets ? "" : "; the runs cut their gradients differently, so buckets are not compared");
-  std::fprintf(out, "  %6s %12s %9s %8s %12s %9s %8s %9s\n", "bucket", "A bytes", "A", "spread", "B bytes", "B",
-               "spread", "B - A");
+  std::fprintf(out, "  %6s %10s %9s %8s %10s %9s %8s %9s\n", "bucket", "A size", "A", "spread", "B size", "B", "spread",
+               "B - A");
   for (size_t k = 0; k < d.buckets.size(); ++k) {
     const BucketDiff& b = d.buckets[k];
     const auto side = [](int64_t bytes, const Sampled& s) {
-      return bytes ? fmt("%12lld %9.2f %8.2f", static_cast<long long>(bytes), s.median, s.spread)
-                   : fmt("%12s %9s %8s", "-", "-", "-");
+      return bytes ? fmt("%10s %9.2f %8.2f", size_text(bytes).c_str(), s.median, s.spread)
+                   : fmt("%10s %9s %8s", "-", "-", "-");
     };
     std::fprintf(out, "  %6zu %s %s %s\n", k, side(b.bytes_a, b.a).c_str(), side(b.bytes_b, b.b).c_str(),
                  d.same_buckets ? fmt("%+9.2f%s", b.b.median - b.a.median, b.beyond ? "*" : "").c_str() : "");

@@ -2,6 +2,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -22,6 +23,13 @@ inline std::string fmt(const char* format, ...) {
 
 // The unit of bucket caps (--bucket-mb) and of every size the analysis prints in "MiB".
 inline constexpr double kMiB = 1024.0 * 1024.0;
+
+// A size in the largest binary unit it reaches, as --bucket-mb counts: "147.3 MiB", "6.8 KiB", "400 B".
+inline std::string size_text(int64_t bytes) {
+  if (bytes >= 1024 * 1024) return fmt("%.1f MiB", bytes / kMiB);
+  if (bytes >= 1024) return fmt("%.1f KiB", bytes / 1024.0);
+  return fmt("%lld B", static_cast<long long>(bytes));
+}
 
 // A time in ms, or `none` for a counter the kernel does not keep (-1; runtime/cpu_taken.h): "1.25", "-".
 inline std::string counted_ms(double ms, const char* none) { return ms >= 0 ? fmt("%.2f", ms) : std::string(none); }

@@ -303,14 +303,14 @@ void print_bucket_table(std::FILE* out, const RunRecord& rec, const RunSummary& 
                                    [](const BucketTimes& t) { return t.gather_end_ms > 0; });
   std::fprintf(out, "  per bucket (mean over ranks and steady steps, ms from step start; bucket 0 is ready first%s):\n",
                sharded ? "; comm: the reduce-scatter, gather: the parameters' all-gather" : "");
-  std::fprintf(out, "  %6s %12s %9s %8s %8s %8s %8s%s %5s %8s  %s\n", "bucket", "bytes", "pieces", "ready", "start",
+  std::fprintf(out, "  %6s %10s %9s %8s %8s %8s %8s%s %5s %8s  %s\n", "bucket", "size", "pieces", "ready", "start",
                "end", "comm_ms", sharded ? fmt(" %9s", "gather_ms").c_str() : "", "last", "arrival", "params");
   for (int k = 0; k < static_cast<int>(rec.buckets.size()); ++k) {
     const BucketRecord& b = rec.buckets[k];
     const BucketMeans m = bucket_means(rec, s, k);
     const BucketArrival& a = s.arrivals[k];
     const std::string pieces = fmt("%d..%d", b.first_piece, b.last_piece);
-    std::fprintf(out, "  %6d %12lld %9s %8.2f %8.2f %8.2f %8.2f%s %5s %8s  %s\n", k, static_cast<long long>(b.bytes()),
+    std::fprintf(out, "  %6d %10s %9s %8.2f %8.2f %8.2f %8.2f%s %5s %8s  %s\n", k, size_text(b.bytes()).c_str(),
                  pieces.c_str(), m.ready, m.begin, m.end, m.end - m.begin,
                  sharded ? fmt(" %9.2f", m.gather_ms).c_str() : "",
                  a.last_rank >= 0 ? fmt("%d", a.last_rank).c_str() : "-",

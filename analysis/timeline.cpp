@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "analysis/format.h"
 #include "record/files.h"
 
 namespace ddplab {
@@ -21,18 +22,6 @@ int process_of(int rank) { return rank + 1; }
 int64_t ns(double ms) { return std::llround(ms * 1e6); }
 // Microseconds half a nanosecond above: truncated to ns, it reads back as that very nanosecond (or duration).
 double us(int64_t nanoseconds) { return (static_cast<double>(nanoseconds) + 0.5) / 1e3; }
-
-std::string size_text(int64_t bytes) {
-  char buf[32];
-  if (bytes >= (int64_t{1} << 20)) {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
-  } else if (bytes >= 1024) {
-    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
-  } else {
-    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
-  }
-  return buf;
-}
 
 nlohmann::json metadata(const char* name, int pid, int tid, nlohmann::json args) {
   return {{"ph", "M"}, {"name", name}, {"pid", pid}, {"tid", tid}, {"args", std::move(args)}};
