@@ -55,13 +55,13 @@ done
 peak=$(sed -n 's/.*FMA peak \([0-9.]*\) GFLOP\/s.*/\1/p' "$work/devices.txt")
 /usr/bin/python3 - "$work" "$chosen" "$own" "${peak:-0}" <<'EOF'
 import statistics, sys
+sys.path.insert(0, "bench")
+import cpu_rates
 work, chosen, own, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 inputs, hidden, layers, classes, batch = map(int, open(f"{work}/model.txt").read().split())
-widths = [inputs] + [hidden] * layers + [classes]
-# The GEMMs' flops per step, as bench_step counts them: forward and weight gradient at every layer, the input gradient
-# above the first (nothing takes the input's). Not 6 x params x batch: that counts the first layer's input gradient
-# and the biases, 12.7% more for the default MLP, and so made this "lower bound" exceed the probe's own rate.
-flop_step = sum(2 * batch * a * b * (3 if i > 0 else 2) for i, (a, b) in enumerate(zip(widths, widths[1:])))
+# The GEMMs' flops per step, as bench_step counts them (bench/cpu_rates.py: not 6 x params x batch, which made this
+# "lower bound" exceed the probe's own rate).
+flop_step = batch * cpu_rates.mlp_gemm_flops_per_sample([inputs] + [hidden] * layers + [classes])
 def read(name):
     d = {}
     for line in open(f"{work}/{name}"):

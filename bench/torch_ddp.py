@@ -4,7 +4,8 @@ compared against (bench/vs_torch.py). Uses Debian's python3-torch; launches its 
 does not work with that package), one intra-op thread per rank.
 
   bench/torch_ddp.py --np 2 [--batch 128] [--steps 30] [--warmup 5] [--bucket-mb 25]
-Prints one JSON line: {"np":..,"samples_per_s":..,"slowest_step_ms":..,"step_ms_by_rank":[..]}
+Prints one JSON line: {"np":..,"samples_per_s":..,"slowest_step_ms":..,"step_ms_by_rank":[..],"torch":..,"blas":..}
+(blas: rank 0's kernels, "OpenBLAS Cooperlake x1": the family and its thread count)
 """
 import argparse
 import json
@@ -13,7 +14,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P leaves this dir out
-from torch_local_ranks import run_local_ranks  # noqa: E402
+from torch_local_ranks import blas_kernels, run_local_ranks  # noqa: E402
 
 
 def worker(args):
@@ -56,7 +57,8 @@ def worker(args):
     if rank == 0:
         slowest = max(gathered)
         print(json.dumps({"np": world, "samples_per_s": args.batch * world / (slowest / 1e3),
-                          "slowest_step_ms": slowest, "step_ms_by_rank": gathered, "torch": torch.__version__}),
+                          "slowest_step_ms": slowest, "step_ms_by_rank": gathered, "torch": torch.__version__,
+                          "blas": blas_kernels()}),
               flush=True)
     # Leave together, then exit without teardown: with Debian's torch 1.13 a rank that tears gloo down while its peer
     # is still inside all_gather_object was seen spinning forever, and so was a rank whose DDP and process group were

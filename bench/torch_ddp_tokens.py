@@ -8,7 +8,8 @@ of the epoch comes from numpy, not from ddplab's std::shuffle, so batches hold o
 distribution. One intra-op thread per rank; launches its own ranks on localhost like bench/torch_ddp.py.
 
   bench/torch_ddp_tokens.py --np 4 [--batch 16] [--batching sample] [--steps 30] [--warmup 5] [--timeout 300]
-Prints one JSON line: {"np":..,"useful_tokens_per_s":..,"slowest_step_ms":..,"step_ms_by_rank":[..]}, or exits 1
+Prints one JSON line: {"np":..,"useful_tokens_per_s":..,"slowest_step_ms":..,"step_ms_by_rank":[..],"blas":..}
+(blas: rank 0's kernels, "OpenBLAS Cooperlake x1": the family and its thread count), or exits 1
 when a rank fails or the run outlives --timeout (Debian's torch 1.13 gloo has hung when oversubscribed).
 """
 import argparse
@@ -22,7 +23,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P leaves this dir out
-from torch_local_ranks import run_local_ranks  # noqa: E402
+from torch_local_ranks import blas_kernels, run_local_ranks  # noqa: E402
 
 VOCAB, D_MODEL, HEADS, MLP, MAX_LEN, CLASSES = 8192, 48, 4, 96, 256, 16
 MASK64 = (1 << 64) - 1
@@ -134,7 +135,7 @@ def worker(args):
         useful.append(int(lb.sum()))
     dist.barrier()
     with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"step_ms": times, "useful": useful}, f)
+        json.dump({"step_ms": times, "useful": useful, "blas": blas_kernels()}, f)
     # No teardown: with Debian's torch 1.13 a rank that destroys gloo while a peer is still in a collective was seen
     # spinning forever. The process exits with everything done and written.
     sys.stdout.flush()
@@ -163,7 +164,8 @@ def main():
     mean_ms = [sum(r["step_ms"][args.warmup:]) / (args.steps - args.warmup) for r in ranks]
     tokens_per_step = sum(sum(r["useful"][args.warmup:]) for r in ranks) / (args.steps - args.warmup)
     print(json.dumps({"np": args.np, "useful_tokens_per_s": tokens_per_step / (max(mean_ms) / 1e3),
-                      "slowest_step_ms": max(mean_ms), "step_ms_by_rank": mean_ms}), flush=True)
+                      "slowest_step_ms": max(mean_ms), "step_ms_by_rank": mean_ms,
+                      "blas": ranks[0]["blas"]}), flush=True)
     return 0
 
 

@@ -32,3 +32,20 @@ def run_local_ranks(script, argv, np_ranks, timeout, name, threads=1):
         print(f"{name}: the ranks did not finish within {timeout:.0f} s; killed", file=sys.stderr)
         return 1
     return max(codes)
+
+
+def blas_kernels():
+    """What this process's matrix products run on, "OpenBLAS Cooperlake x2" (kernel family x threads), read from the
+    OpenBLAS loaded into it: Debian's torch calls the system's libblas, OpenBLAS unless changed, which picks its own
+    kernels by cpuid (ddplab picks by a probe, docs/ARCHITECTURE.md). "(unknown)" where no OpenBLAS is loaded."""
+    import ctypes
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line})
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return f"OpenBLAS {lib.openblas_get_corename().decode()} x{lib.openblas_get_num_threads()}"
+        except (OSError, AttributeError):
+            continue
+    return "(unknown)"

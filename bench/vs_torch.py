@@ -8,9 +8,13 @@
   default  both sides as a user runs them: neither variable set, ddplab's --threads auto, torch's own default
 
 Runs are interleaved (ddplab, torch, ddplab, torch, ...) so that both see the same machine load; the table
-shows medians and the ratio of medians per world size.
+shows medians and the ratio of medians per world size. Beside each side's samples/s, its absolute rate: the GEMMs'
+GFLOP/s in total and per rank (the MLP's GEMM FLOPs per sample, counted from the widths in ddplab's run file as
+bench_step counts them: bench/cpu_rates.py) and that as a share of the FMA peak `ddplab devices` gives for the cores
+the side may use (one: a core per rank; default: a core per BLAS thread), with the BLAS kernels each side ran
+(ddplab's by its probe, torch's by OpenBLAS's own cpuid pick). A healthy ratio can hide both sides on slow kernels.
 
-  bench/vs_torch.py [--np 1,2,4] [--repeats 5] [--steps 30] [--threads one,default]
+  bench/vs_torch.py [--build build] [--np 1,2,4] [--repeats 5] [--steps 30] [--threads one,default]
 """
 import json
 import os
@@ -22,6 +26,7 @@ import tempfile
 import h5py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
+import cpu_rates  # noqa: E402
 import sweep_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,33 +36,45 @@ PINNED = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 
 
 def environment(way):
-    """The environment both sides run in: thread counts pinned to 1 ("one") or left to each library ("default")."""
-    env = {k: v for k, v in os.environ.items() if k not in PINNED}
+    """The environment both sides run in: thread counts pinned to 1 ("one") or left to each library ("default"). No
+    report page beside ddplab's run file: it is not what is compared, and the next run would refuse to overwrite it."""
+    env = {k: v for k, v in os.environ.items() if k not in PINNED} | {"DDPLAB_TRAIN_PAGE": "off"}
     if way == "one":
         env.update({k: "1" for k in PINNED})
     return env
 
 
 def ddplab_rate(build, np_ranks, steps, out, way):
+    """samples/s, the BLAS kernels ("Zen x1": family x threads per rank) and the GEMM FLOPs per sample."""
     cmd = [os.path.join(ROOT, "scripts", "mpirun.sh"), "-np", str(np_ranks), os.path.join(build, "launcher", "ddplab"),
            "train", "--quiet", "--steps", str(steps), "--out", out]
     cmd += ["--threads", "1", "--optimizer-in-backward", "off"] if way == "one" else ["--threads", "auto"]
     subprocess.run(cmd, check=True, env=environment(way))
     with h5py.File(out, "r") as f:
         rate = json.loads(f.attrs["summary"])["samples_per_s"]
-        blas = f.attrs["blas"].split("core=")[-1]
+        config = json.loads(f.attrs["config"])
+        blas = f"{f.attrs['blas'].split('core=')[-1]} x{config['threads']}"
     os.remove(out)
-    return rate, blas
+    return rate, blas, cpu_rates.mlp_gemm_flops_per_sample(cpu_rates.mlp_widths(config))
 
 
 def torch_rate(np_ranks, steps, way):
-    """samples/s, or None when the run failed (Debian's torch 1.13 gloo sometimes hangs when oversubscribed;
-    torch_ddp.py kills it after 300 s)."""
+    """samples/s and the BLAS kernels ("OpenBLAS Cooperlake x1"), or (None, None) when the run failed (Debian's torch
+    1.13 gloo sometimes hangs when oversubscribed; torch_ddp.py kills it after 300 s)."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "torch_ddp.py"), "--np", str(np_ranks),
                            "--steps", str(steps), "--threads", "1" if way == "one" else "default"],
                           capture_output=True, text=True, env=environment(way))
     lines = proc.stdout.strip().splitlines()
-    return json.loads(lines[-1])["samples_per_s"] if proc.returncode == 0 and lines else None
+    if proc.returncode != 0 or not lines:
+        return None, None
+    result = json.loads(lines[-1])
+    return result["samples_per_s"], result.get("blas", "(unknown)")
+
+
+def threads_of(blas):
+    """The thread count at the end of "Zen x2" or "OpenBLAS Cooperlake x1"; 1 where there is none."""
+    last = blas.rsplit(" x", 1)[-1] if blas else ""
+    return int(last) if last.isdigit() else 1
 
 
 def main():
@@ -71,27 +88,44 @@ def main():
     ways = args.threads.split(",")
     if not ways or any(w not in ("one", "default") for w in ways):
         p.error(f"--threads takes one and/or default, got {args.threads!r}")
-    sweep_cli.ddplab_path(p, args.build)
+    host = cpu_rates.Host(sweep_cli.ddplab_path(p, args.build))
+    cores = len(os.sched_getaffinity(0))
     print(f"# default MLP, batch 128/rank, AdamW, {args.steps} steps (5 warm-up), {args.repeats} interleaved runs each; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
-    print(f"{'threads':>7} {'ranks':>5} {'ddplab samples/s':>17} {'torch samples/s':>16} {'ratio':>6}  ddplab BLAS core")
+    print(f"# CPU {host.cpu}; {cores} cores")
+    print(f"# BLAS {host.blas}; ddplab's kernels {host.kernels}")
+    print("# GFLOP/s: the GEMMs' FLOPs per sample x samples/s, in total and per rank; % peak: of the FMA peak of the "
+          f"cores the side may use, a core per rank x BLAS thread, at most {cores}; BLAS: family x threads per rank")
+    print(f"{'threads':>7} {'ranks':>5} {'ddplab samples/s':>17} {'torch samples/s':>16} {'ratio':>6}  "
+          f"{'ddplab GFLOP/s (per rank, % peak)':>33}  {'torch GFLOP/s (per rank, % peak)':>32}  BLAS ddplab | torch")
     with tempfile.TemporaryDirectory() as work:
         for way in ways:
             for np_ranks in args.np:
-                ours, theirs, core = [], [], ""
+                ours, theirs, core, torch_core = [], [], "", None
                 failed = 0
                 for i in range(args.repeats):
-                    rate, core = ddplab_rate(args.build, np_ranks, args.steps, os.path.join(work, f"r{i}.h5"), way)
+                    rate, core, flops = ddplab_rate(args.build, np_ranks, args.steps, os.path.join(work, f"r{i}.h5"),
+                                                    way)
                     ours.append(rate)
-                    theirs_rate = torch_rate(np_ranks, args.steps, way)
+                    theirs_rate, blas = torch_rate(np_ranks, args.steps, way)
                     if theirs_rate is None:
                         failed += 1
                     else:
                         theirs.append(theirs_rate)
+                        torch_core = blas
                 a = statistics.median(ours)
                 b = statistics.median(theirs) if theirs else float("nan")
+
+                def absolute(samples_per_s, blas):
+                    gflops = samples_per_s * flops / 1e9
+                    used = min(cores, np_ranks * threads_of(blas))
+                    return f"{gflops:.1f} ({gflops / np_ranks:.1f}, {host.percent_of_peak(gflops, used)})"
+
                 note = f"  (torch failed/hung {failed} of {args.repeats} runs)" if failed else ""
-                print(f"{way:>7} {np_ranks:>5} {a:>17.0f} {b:>16.0f} {a / b:>6.2f}  {core}{note}", flush=True)
+                print(f"{way:>7} {np_ranks:>5} {a:>17.0f} {b:>16.0f} {a / b:>6.2f}  {absolute(a, core):>33}  "
+                      f"{absolute(b, torch_core):>32}  {core} | {torch_core or '-'}{note}", flush=True)
+    print(f"# GEMM FLOPs per sample {flops / 1e6:.2f} M (forward and weight gradient at every layer, the input "
+          f"gradient above the first, as bench_step counts them); FMA peak {host.peak_per_core:.0f} GFLOP/s per core")
 
 
 if __name__ == "__main__":
