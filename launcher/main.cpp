@@ -36,6 +36,7 @@
 #include "launcher/report_commands.h"
 #include "launcher/run.h"
 #include "launcher/suite.h"
+#include "launcher/sweep.h"
 #include "runtime/errors.h"
 #include "runtime/mpi_init.h"
 #include "runtime/settings.h"

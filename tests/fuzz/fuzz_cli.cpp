@@ -14,6 +14,7 @@
 #include "launcher/cli.h"
 #include "launcher/report_commands.h"
 #include "launcher/suite.h"
+#include "launcher/sweep.h"
 #include "runtime/errors.h"
 
 namespace {
