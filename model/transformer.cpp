@@ -399,9 +399,11 @@ void Transformer<T>::backward(const GradReadyHook& on_ready, T loss_scale) {
   if (!announce.done()) throw std::logic_error("Transformer: not every gradient piece was announced");
 }
 
-double TransformerConfig::flops_per_token(int seq_len) const {
+double TransformerConfig::flops_per_token(int seq_len, AttentionCount attention) const {
   const double C = d_model, H = mlp_hidden, L = layers;
-  const double blocks = L * (2 * (4 * C * C + 2 * C * H) + 4.0 * seq_len * C);
+  const double square = 4.0 * seq_len * C;
+  const double blocks =
+      L * (2 * (4 * C * C + 2 * C * H) + (attention == AttentionCount::kCausalHalf ? square / 2 : square));
   const double head_flops = head == Head::kClassify ? 2 * C * num_classes / std::max(1, seq_len) : 2 * C * vocab;
   return blocks + head_flops;
 }

@@ -45,11 +45,15 @@ struct TransformerConfig {
   // The loss terms one sequence of `length` tokens adds (Transformer::loss_count): what a planner weighs batches by
   // before any forward.
   int64_t loss_terms(int64_t length) const { return causal() ? length - 1 : 1; }
+  // How a count takes the attention's scores and weighted sum: the full seq_len x seq_len square (PaLM's convention,
+  // nanoGPT's estimate_mfu), or its causal half, what a causal kernel computes (FlashAttention's convention; llm.c's
+  // 6N + 6LCT). MFU differs by the convention: both are printed where MFU is.
+  enum class AttentionCount { kFullSquare, kCausalHalf };
   // Forward FLOPs per token of a batch of sequences of length seq_len: 2 per weight of every Linear in the blocks,
-  // 4 * seq_len * d_model per block for the attention scores and weighted sum (the full square, PaLM's convention),
-  // and the head (LM: 2 d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens).
-  // Training costs about 3x. Embeddings, LayerNorm, GELU, softmax are not counted.
-  double flops_per_token(int seq_len) const;
+  // 4 * seq_len * d_model per block for the attention scores and weighted sum (half that for kCausalHalf), and the
+  // head (LM: 2 d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens). Training
+  // costs about 3x. Embeddings, LayerNorm, GELU, softmax are not counted.
+  double flops_per_token(int seq_len, AttentionCount attention = AttentionCount::kFullSquare) const;
   // "tiny" (the token-skew lab's model), "small", "gpt2-small" (GPT-2 124M-like, causal LM, for the GPU).
   // Throws std::invalid_argument for any other name.
   static TransformerConfig preset(const std::string& name);

@@ -5,9 +5,10 @@
 // Timed as bench/gpu/train_step_timing.h says: each figure is the median over --steps steps after --warmup. Reported
 // per step: time and its forward,
 // backward and AdamW parts, tokens/s, TFLOP/s = 3 x TransformerConfig::flops_per_token(S) x tokens / step (the
-// counted FLOPs: every Linear, the attention square including the causal half the kernels compute anyway, the LM
-// head; not embeddings, LayerNorm, GELU, softmax), and MFU = that over the dense bf16 peak of an H100 SXM, 989
-// TFLOP/s (the H200 has the same tensor cores and clocks, so the same peak), whatever the precision.
+// counted FLOPs: every Linear, the attention's whole S x S square (PaLM's convention), the LM head; not embeddings,
+// LayerNorm, GELU, softmax), and MFU = that over the dense bf16 peak of an H100 SXM, 989 TFLOP/s (the H200 has the
+// same tensor cores and clocks, so the same peak), whatever the precision. A causal kernel computes about half the
+// square, so MFU is printed by that count too ("MFU causal": llm.c's 6N + 6LCT and FlashAttention's convention).
 //
 //   bench_transformer_cuda [--steps 10] [--warmup 3] [--model gpt2-small] [--batch 8] [--seq 1024]
 //                          [--precision fp32|tf32|bf16] [--attention auto|unfused|fused|cudnn] [--csv out.csv]
@@ -59,7 +60,7 @@ struct Result {
   Precision precision;
   ddplab::AttentionKind attention;
   ddplab::bench::StepTimes t;
-  double tokens_per_s, tflops, mfu;
+  double tokens_per_s, tflops, mfu, mfu_causal_half;
 };
 
 Result run(const Options& opt, Precision precision, cudaStream_t s) {
@@ -78,13 +79,15 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   int32_t* d_tokens = upload(tokens, s);
   int32_t* d_labels = upload(labels, s);
   const auto forward = [&] { model.forward(d_tokens, nullptr, d_labels, B, S); };  // null lengths: all S long
-  Result r{precision, attention, ddplab::bench::time_training_steps(model, forward, opt, s), 0, 0, 0};
+  Result r{precision, attention, ddplab::bench::time_training_steps(model, forward, opt, s), 0, 0, 0, 0};
   cudaCheck(cudaFree(d_tokens));
   cudaCheck(cudaFree(d_labels));
   const double tokens_per_step = static_cast<double>(B) * S;
   r.tokens_per_s = tokens_per_step / (r.t.step_ms * 1e-3);
   r.tflops = 3.0 * config.flops_per_token(S) * r.tokens_per_s / 1e12;
   r.mfu = r.tflops / kPeakBf16DenseTflops;
+  const double causal_flops = config.flops_per_token(S, ddplab::TransformerConfig::AttentionCount::kCausalHalf);
+  r.mfu_causal_half = 3.0 * causal_flops * r.tokens_per_s / 1e12 / kPeakBf16DenseTflops;
   return r;
 }
 
@@ -120,20 +123,21 @@ int main(int argc, char** argv) {
     std::printf(
         "transformer %s (%d layers, d_model %d, %d heads, vocab %d), batch %d x %d tokens, %s attention%s, AdamW%s; "
         "median "
-        "of %d steps after %d warm-up\nTFLOP/s = 3 x %.4g FLOP/token x tokens/s; MFU against %.0f TFLOP/s (dense bf16, "
-        "H100/H200 SXM)\n",
+        "of %d steps after %d warm-up\nTFLOP/s = 3 x %.4g FLOP/token x tokens/s (attention's whole square; %.4g "
+        "counting its causal half: MFU causal); MFU against %.0f TFLOP/s (dense bf16, H100/H200 SXM)\n",
         opt.model.c_str(), config.layers, config.d_model, config.heads, config.vocab, opt.batch, opt.seq,
         opt.attention.c_str(), opt.deterministic ? " (deterministic)" : "",
         opt.grad_clip > 0 ? " after the gradients' norm (--grad-clip)" : "", opt.steps, opt.warmup,
-        config.flops_per_token(opt.seq), kPeakBf16DenseTflops);
-    std::printf("%-9s %-9s %9s %9s %9s %9s %10s %8s %6s\n", "precision", "attention", "step ms", "fwd ms", "bwd ms", "adamw ms",
-                "tokens/s", "TFLOP/s", "MFU");
+        config.flops_per_token(opt.seq),
+        config.flops_per_token(opt.seq, ddplab::TransformerConfig::AttentionCount::kCausalHalf), kPeakBf16DenseTflops);
+    std::printf("%-9s %-9s %9s %9s %9s %9s %10s %8s %6s %11s\n", "precision", "attention", "step ms", "fwd ms",
+                "bwd ms", "adamw ms", "tokens/s", "TFLOP/s", "MFU", "MFU causal");
     std::vector<Result> results;
     for (Precision p : opt.precisions()) {
       const Result r = run(opt, p, s);
-      std::printf("%-9s %-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%%\n", ddplab::to_string(p),
-                  ddplab::to_string(r.attention), r.t.step_ms,
-                  r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops, 100 * r.mfu);
+      std::printf("%-9s %-9s %9.3f %9.3f %9.3f %9.3f %10.0f %8.1f %5.1f%% %10.1f%%\n", ddplab::to_string(p),
+                  ddplab::to_string(r.attention), r.t.step_ms, r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms,
+                  r.tokens_per_s, r.tflops, 100 * r.mfu, 100 * r.mfu_causal_half);
       ddplab::bench::print_step_notes(r.t);
       results.push_back(r);
     }
@@ -141,14 +145,14 @@ int main(int argc, char** argv) {
     if (!opt.csv.empty()) {  // whole or not at all (record/files.h), its path checked before the run
       std::string text =
           "model,precision,attention,batch,seq,step_ms,forward_ms,backward_ms,optimizer_ms,tokens_per_s,tflop_per_s,"
-          "mfu,graph_step_ms,gemm_algo,deterministic,grad_clip\n";
+          "mfu,graph_step_ms,gemm_algo,deterministic,grad_clip,mfu_causal_half\n";
       char line[512];
       for (const Result& r : results) {
-        std::snprintf(line, sizeof line, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s,%d,%g\n",
+        std::snprintf(line, sizeof line, "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.5f,%s,%s,%d,%g,%.5f\n",
                       opt.model.c_str(), ddplab::to_string(r.precision), ddplab::to_string(r.attention), opt.batch,
                       opt.seq, r.t.step_ms, r.t.forward_ms, r.t.backward_ms, r.t.optimizer_ms, r.tokens_per_s, r.tflops,
                       r.mfu, std::isfinite(r.t.graph_step_ms) ? std::to_string(r.t.graph_step_ms).c_str() : "",
-                      opt.gemm_algo.c_str(), opt.deterministic ? 1 : 0, opt.grad_clip);
+                      opt.gemm_algo.c_str(), opt.deterministic ? 1 : 0, opt.grad_clip, r.mfu_causal_half);
         text += line;
       }
       ddplab::write_text_file(opt.csv, text, /*force=*/true);

@@ -3,8 +3,9 @@
 GELU, learned positions, the LM head tied to wte: 124.5M parameters, as GPT-2's), batch 8 x 1024 tokens, next-token
 cross-entropy, AdamW (lr 1e-3, weight decay 0.01); one training step timed the same way (steps back to back, an event
 at every step boundary, median over --steps after --warmup). TFLOP/s counts ddplab's FLOPs (3 x
-TransformerConfig::flops_per_token x tokens / step); MFU is against 989 TFLOP/s, the dense bf16 peak of an H100 SXM
-(the H200's too).
+TransformerConfig::flops_per_token x tokens / step: the attention's whole square, PaLM's convention); MFU is against
+989 TFLOP/s, the dense bf16 peak of an H100 SXM (the H200's too), and "MFU causal" counts the causal half of the
+square, as bench_transformer_cuda prints both.
 
 Precision as ddplab's: fp32 (TF32 off), tf32 (allow_tf32 on matmuls), bf16 (autocast: bf16 matmuls on bf16 copies of
 the fp32 weights, made every forward; fp32 gradients and optimizer). Attention: --attention sdpa (default, PyTorch's
@@ -35,10 +36,11 @@ VOCAB, D_MODEL, HEADS, LAYERS, MLP_HIDDEN, MAX_LEN = 50304, 768, 12, 12, 3072, 1
 PEAK_BF16_DENSE_TFLOPS = 989.0
 
 
-def flops_per_token(seq):
-    """TransformerConfig::flops_per_token for the LM head."""
+def flops_per_token(seq, causal_half=False):
+    """TransformerConfig::flops_per_token for the LM head: the attention's whole square, or its causal half."""
     c, h = D_MODEL, MLP_HIDDEN
-    return LAYERS * (2 * (4 * c * c + 2 * c * h) + 4.0 * seq * c) + 2 * c * VOCAB
+    square = 4.0 * seq * c
+    return LAYERS * (2 * (4 * c * c + 2 * c * h) + (square / 2 if causal_half else square)) + 2 * c * VOCAB
 
 
 class Block(nn.Module):
@@ -78,8 +80,10 @@ class Gpt2Small(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.lnf(x))
-        # next-token targets: position t predicts token t + 1; the last position has none
-        return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
+        # Next-token targets: position t predicts token t + 1; the last position has none (-1, ignored), as ddplab masks
+        # it. Written as nanoGPT writes it: the logits whole, not a sliced copy of them (autocast runs the loss in fp32).
+        targets = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -1)], dim=1)
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-1)
 
 
 def step_time_ms(precision, args):
@@ -97,9 +101,10 @@ def step_time_ms(precision, args):
     ms = util.median_step_ms(lambda: model(tokens), opt, precision, args)
     tokens_per_s = args.batch * args.seq / (ms * 1e-3)
     tflops = 3 * flops_per_token(args.seq) * tokens_per_s / 1e12
+    tflops_causal = 3 * flops_per_token(args.seq, causal_half=True) * tokens_per_s / 1e12
     del model, opt
     torch.cuda.empty_cache()
-    return ms, tokens_per_s, tflops, params
+    return ms, tokens_per_s, tflops, tflops_causal, params
 
 
 def main():
@@ -121,18 +126,19 @@ def main():
     print(f"PyTorch {mode}{' + DDP (ws 1)' if args.ddp else ''}, gpt2-small, batch {args.batch} x {args.seq} tokens, "
           f"attention {args.attention}, AdamW ({args.adamw}); median of {args.steps} steps after {args.warmup} "
           f"warm-up; MFU against {PEAK_BF16_DENSE_TFLOPS:.0f} TFLOP/s (dense bf16)")
-    print(f"{'precision':<9} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+    print(f"{'precision':<9} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'MFU causal':>11}")
     rows = []
     for precision in util.precisions(args):
-        ms, tokens_per_s, tflops, params = step_time_ms(precision, args)
-        mfu = tflops / PEAK_BF16_DENSE_TFLOPS
-        print(f"{precision:<9} {ms:>9.3f} {tokens_per_s:>10.0f} {tflops:>8.1f} {100 * mfu:>5.1f}%")
+        ms, tokens_per_s, tflops, tflops_causal, params = step_time_ms(precision, args)
+        mfu, mfu_causal = tflops / PEAK_BF16_DENSE_TFLOPS, tflops_causal / PEAK_BF16_DENSE_TFLOPS
+        print(f"{precision:<9} {ms:>9.3f} {tokens_per_s:>10.0f} {tflops:>8.1f} {100 * mfu:>5.1f}% {100 * mfu_causal:>10.1f}%")
         rows.append(f"{precision},{mode},{args.batch},{args.seq},{args.attention},{int(args.ddp)},{ms:.6f},"
-                    f"{tokens_per_s:.1f},{tflops:.3f},{mfu:.5f}")
+                    f"{tokens_per_s:.1f},{tflops:.3f},{mfu:.5f},{mfu_causal:.5f}")
     print(f"({params / 1e6:.1f}M parameters)")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("precision,mode,batch,seq,attention,ddp,step_ms,tokens_per_s,tflop_per_s,mfu\n" + "\n".join(rows) + "\n")
+            f.write("precision,mode,batch,seq,attention,ddp,step_ms,tokens_per_s,tflop_per_s,mfu,mfu_causal_half\n" +
+                    "\n".join(rows) + "\n")
     if args.ddp:
         torch.distributed.destroy_process_group()
 
