@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -15,18 +16,29 @@
 namespace ddplab::perf {
 
 // Exact inputs: small integers whose sums over n ranks stay <= 256, exact in fp32, bf16 and fp16. `rep` varies them
-// between check calls.
+// between check calls. Each element's value comes from a hash of its index, as nccl-tests derives it from its offset:
+// a pattern that repeats (it did every 16 elements) reads right where a chunk landed a whole period off, the typical
+// ring bug.
 struct Inputs {
   int n;
   int rep = 0;
   int range() const { return std::max(1, std::min(16, 256 / n)); }
-  float value(int rank, size_t i) const {
-    return static_cast<float>(
-        (i * 7 + static_cast<size_t>(rank) * 13 + static_cast<size_t>(rep) * 5) % static_cast<size_t>(range()) + 1);
+  // splitmix64's finalizer: neighbouring indices get unrelated values.
+  static uint64_t hashed(size_t i) {
+    uint64_t x = static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
   }
+  float value_at(uint64_t hash, int rank) const {
+    const uint64_t shift = static_cast<uint64_t>(rank) * 13 + static_cast<uint64_t>(rep) * 5;
+    return static_cast<float>((hash + shift) % static_cast<uint64_t>(range()) + 1);
+  }
+  float value(int rank, size_t i) const { return value_at(hashed(i), rank); }
   float sum(size_t i) const {
+    const uint64_t hash = hashed(i);
     float s = 0;
-    for (int r = 0; r < n; ++r) s += value(r, i);
+    for (int r = 0; r < n; ++r) s += value_at(hash, r);
     return s;
   }
   void fill(float* x, size_t count, int rank) const {
