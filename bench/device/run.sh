@@ -6,10 +6,11 @@
 #                           one GPU, over the ipc link to 256 MiB and the host link to 8 MiB), a 20-step 4-rank
 #                           --comm ring training run and its report, a rank's injected failure ending the job
 #   bench/device/run.sh 2   speed: build, ctest -L gpu, the bf16 gpt2-small step (auto, fused) and through
-#                           `ddplab train`, the GPU's idle in the trainer's steps and the harness's, the step as one
-#                           CUDA graph, the host CPU's default MLP step (ddplab's BLAS kernels and OpenBLAS's
-#                           own), the full kernel benchmark, ncu's ranking of the step, PyTorch eager,
-#                           torch.compile and SDPA per backend on the same shapes, ncu on our fused attention
+#                           `ddplab train` (its median step beside the harness's), the GPU's idle in the trainer's
+#                           steps and the harness's, the step as one CUDA graph, the host CPU's default MLP step
+#                           (ddplab's BLAS kernels and OpenBLAS's own), the full kernel benchmark, ncu's ranking of
+#                           the step, PyTorch eager, torch.compile and SDPA per backend on the same shapes, ncu on our
+#                           fused attention; the GPU's clocks, power and temperature sampled throughout
 # Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
 # deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
 # Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
@@ -72,7 +73,8 @@ step() {
     failed=1 && return
   fi
   [ "$cap" -gt "$left" ] && cap=$left
-  echo "== $name (at most ${cap} s): $*" >>"$log"
+  # The start time lines the step up with stage 2's samples of the GPU's clocks (gpu_monitor.csv).
+  echo "== $name (at most ${cap} s, from $(date +%T)): $*" >>"$log"
   local from=$(($(wc -l <"$log") + 1))  # this step's output starts here
   timeout -k 10 "$cap" "$@" >>"$log" 2>&1
   rc=$?
@@ -235,6 +237,18 @@ if [ "$stage" = 2 ]; then
     'echo "$(grep -E "tests passed|tests failed" "$log" | tail -1); $(grep -c "(Skipped)" "$log") skipped"' \
     ctest --test-dir "$build" -L gpu --output-on-failure -j 8
   bt=("$build/bench/gpu/bench_transformer_cuda" --precision bf16 --steps 20 --warmup 5)
+  # The GPU's clocks, power and temperature every 0.5 s through the timed steps, as they ran (the clocks are not
+  # locked): a figure taken at a lower SM clock, or under a power or thermal cap, shows there beside its step's start
+  # time in the logs. Stopped at the end of the stage; its row sums it up.
+  monitor=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu --format=csv \
+      -lms 500 >"$out/gpu_monitor.csv" 2>&1 &
+    monitor=$!
+    trap '[ -z "$monitor" ] || kill "$monitor" 2>/dev/null' EXIT  # a call cut short leaves no sampler behind
+  else
+    skip "gpu monitor" "no nvidia-smi"
+  fi
   # The first run times each GEMM's cuBLASLt candidates in its warm-up (--gemm-algo timed, the default) and keeps the
   # answers in the host's cache, which every later process reads; then the same step on the heuristic's first answers.
   step "step bf16 auto" models.log 40 'grep -E "^bf16|GEMM algorithms" "$log" | tail -2 | paste -sd" "' \
@@ -249,11 +263,19 @@ if [ "$stage" = 2 ]; then
     "${bt[@]}" --deterministic --csv "$out/step_deterministic.csv"
   step "step fused deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --attention fused --deterministic --csv "$out/step_fused_deterministic.csv"
-  # The real trainer (one rank, NCCL, the run file written): steady-state mean step beside the harness's median.
+  # The real trainer (one rank, NCCL, the run file written): it prints its steady-state mean step; the harness gives
+  # the median of its steps, so the next step takes the trainer's median from the run file's per-step times and sets
+  # both beside the harness's median.
   step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|ms mean (the slowest" "$log" | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 40 --warmup-steps 10 \
     --out "$work/train_gpt2_bf16.h5" --force
+  if [ "$rc" -ne 0 ] && [ -z "$blocked" ]; then
+    skip "train gpt2 median vs harness" "$([ "$rc" = 125 ] && echo "the run did not run" || echo "the run failed")"
+  else
+    step "train gpt2 median vs harness" models.log 20 'grep -m1 "^trainer median" "$log"' \
+      python3 bench/device/trainer_median.py "$work/train_gpt2_bf16.h5" "$out/step_auto.csv"
+  fi
   # Where that trainer leaves the GPU idle (1.10x the harness's step with cuDNN's attention; the machine has no nsys):
   # CUPTI's record of steps 20-24 (libddplab_gpu_trace.so), the largest gaps named by the activities around them.
   # -x: the rank alone loads the tracer (an mpirun that touched CUDA would write its own, empty, trace over it).
@@ -295,7 +317,9 @@ if [ "$stage" = 2 ]; then
       --warmup-steps 10 --out "$work/cpu_mlp_blas_$auto.h5" --force
   done
   # Our kernels at the step's shapes (every attention, the GEMMs and their epilogues, the memory-bound kernels), then
-  # every launch of one default step ranked by GPU time.
+  # every launch of one default step ranked by GPU time. The ranking leaves the caches as the step leaves them
+  # (--cache-control none): ncu's default empties them before each kernel, which times a small kernel that reads its
+  # producer's output from L2 as if it read it from memory.
   step "kernels (full)" kernels.log 120 \
     'c=$(grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log") && echo "$c; $(grep -m1 -o "memory-bound rows at[^:]*: [0-9]*" "$log")"' \
     "$build/bench/gpu/bench_cuda_kernels" --csv "$out/kernels.csv"
@@ -304,8 +328,8 @@ if [ "$stage" = 2 ]; then
   if [ -n "$ncu" ]; then
     step "ncu: rank the step" ncu.log 90 'grep -m1 "^top:" "$log"' \
       bash -c '"$@" > "'"$work"'/launches.csv" && python3 bench/device/top_kernels.py "'"$work"'/launches.csv" 12' _ \
-      "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw \
-      --print-units base --print-kernel-base function "${app[@]}"
+      "$ncu" --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum \
+      --csv --page raw --print-units base --print-kernel-base function "${app[@]}"
   else
     skip "ncu" "not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
   fi
@@ -336,6 +360,22 @@ if [ "$stage" = 2 ]; then
       (cd "$work" && tar -czf "$out/ncu-reports.tar.gz" ncu_*.ncu-rep)
       [ "$(stat -c %s "$out/ncu-reports.tar.gz")" -le $((15 << 20)) ] ||
         { rm "$out/ncu-reports.tar.gz"; echo "ncu reports over 15 MiB: left in $work" | tee -a "$summary"; }
+    fi
+  fi
+  if [ -n "$monitor" ]; then
+    kill "$monitor" 2>/dev/null
+    wait "$monitor" 2>/dev/null
+    monitor=""
+    said=$(awk -F', ' 'NR > 1 && $2 + 0 > 0 {
+             n++; sm = $2 + 0; mem = $3 + 0; w = $4 + 0; c = $5 + 0
+             if (n == 1 || sm < sm_lo) sm_lo = sm; if (sm > sm_hi) sm_hi = sm; if (n == 1 || mem < mem_lo) mem_lo = mem
+             if (w > w_hi) w_hi = w; if (c > c_hi) c_hi = c }
+           END { if (n) printf "%d samples: SM %d-%d MHz, memory from %d MHz, power to %.0f W, to %d C\n",
+                              n, sm_lo, sm_hi, mem_lo, w_hi, c_hi }' "$out/gpu_monitor.csv")
+    if [ -n "$said" ]; then
+      row "gpu monitor" ok 0 "$said"
+    else
+      row "gpu monitor" "FAILED" 0 "no samples: $(grep -m1 . "$out/gpu_monitor.csv")" && failed=1
     fi
   fi
   # The trainer's np 1 run file: what `ddplab predict` models more GPUs from (docs/PREDICT.md).

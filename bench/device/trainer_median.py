@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""The trainer's median step beside the harness's median, so that their ratio divides like by like:
+
+  trainer_median.py RUN.h5 HARNESS.csv
+
+RUN.h5 is a `ddplab train` run file: steps/step_ms per rank and step, and the summary's first_steady_step (where its
+steady state starts) and slowest_step_ms (the mean it prints). HARNESS.csv is bench_transformer_cuda's --csv, whose
+step_ms is the median of its timed steps. A step lasts as long as its slowest rank (the ranks end each step together),
+so the trainer's median is over the steady steps of each step's slowest rank. Prints one line, "trainer median ...";
+exits 1 when an input cannot be read (the trainer's median still printed where only the harness's file is missing).
+"""
+import csv
+import json
+import statistics
+import sys
+
+import h5py
+
+
+def trainer_steps(path):
+    """The steady steps' times (each step's slowest rank), the trainer's own mean, and the steps' numbers."""
+    with h5py.File(path, "r") as f:
+        summary = json.loads(f.attrs["summary"])
+        first_step = int(f.attrs.get("first_step", 0))  # a resumed run's records start at its checkpoint's step
+        times = f["steps/step_ms"][:]  # [rank, step]
+    steps = times.shape[1]
+    first = min(int(summary["first_steady_step"]), steps - 1)
+    if first < 0:
+        raise ValueError(f"{path} holds no completed step")
+    slowest = times[:, first:].max(axis=0)
+    return [float(t) for t in slowest], float(summary["slowest_step_ms"]), first_step + first, first_step + steps - 1
+
+
+def harness_median(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{path} has no row")
+    return float(rows[0]["step_ms"])
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    try:
+        steady, mean, first, last = trainer_steps(sys.argv[1])
+    except (OSError, KeyError, ValueError) as e:
+        print(f"trainer_median: {e}", file=sys.stderr)
+        return 1
+    median = statistics.median(steady)
+    line = f"trainer median {median:.3f} ms over steps {first}..{last} (its mean {mean:.3f})"
+    # Without the harness's figure (its step failed, or was not selected) the trainer's own still stands.
+    try:
+        harness = harness_median(sys.argv[2])
+    except (OSError, KeyError, ValueError) as e:
+        print(f"{line}; no harness median: {e}")
+        return 1
+    print(f"{line} against the harness's median {harness:.3f} ms: {median / harness:.3f}x median over median "
+          f"({mean / harness:.3f}x its mean over the median)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
