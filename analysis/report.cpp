@@ -101,6 +101,8 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                "  step                %.2f ms mean (the slowest rank's, rank %d; which rank sets the pace: blame, "
                "below)\n",
                s.slowest_step_ms, s.slowest_rank);
+  std::fprintf(out, "  median step         %.2f ms (over the steady steps, each as long as its slowest rank)\n",
+               s.median_step_ms);
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
   if (run.world_size() > 1)
     std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <vector>
+
+#include "analysis/stats.h"
 
 namespace ddplab {
 
@@ -48,6 +51,7 @@ RunSummary summarize(const RunRecord& run) {
   s.samples_per_s = s.slowest_step_ms > 0 ? s.samples_per_step / (s.slowest_step_ms / 1e3) : 0;
 
   double useful = 0, padded = 0;
+  std::vector<double> step_of_slowest;
   for (int t = s.first_steady_step; t < steps; ++t) {
     double lo = run.at(0, t).step_ms, hi = lo;
     double lo_tokens = run.at(0, t).useful_tokens, hi_tokens = lo_tokens;
@@ -59,8 +63,10 @@ RunSummary summarize(const RunRecord& run) {
       padded += x.padded_tokens;
     }
     s.mean_spread_ms += (hi - lo) / counted;
+    step_of_slowest.push_back(hi);
     s.mean_token_spread += (hi_tokens - lo_tokens) / counted;
   }
+  s.median_step_ms = step_of_slowest.empty() ? 0 : median(step_of_slowest);
   s.final_loss = run.global_loss(steps - 1);
   for (int t = 0; t < steps; ++t)
     if (run.at(0, t).skipped > 0) {
@@ -138,6 +144,7 @@ nlohmann::json to_json(const RunSummary& s) {
           {"global_batch", s.global_batch},
           {"slowest_rank", s.slowest_rank},
           {"slowest_step_ms", s.slowest_step_ms},
+          {"median_step_ms", s.median_step_ms},
           {"samples_per_step", s.samples_per_step},
           {"samples_per_s", s.samples_per_s},
           {"mean_spread_ms", s.mean_spread_ms},

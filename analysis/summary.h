@@ -17,6 +17,9 @@ struct RunSummary {
   int64_t global_batch = 0;
   int slowest_rank = 0;
   double slowest_step_ms = 0;  // the slowest rank's mean steady-state step: the run's
+  // The median over the steady steps of each step's slowest rank: a step lasts as long as its slowest rank, and
+  // a benchmark's median (bench_transformer_cuda's, nccl-tests') compares with this, not with a mean one hiccup moves.
+  double median_step_ms = 0;
   // Samples per step over all ranks, the steady-state mean of what the ranks recorded: the global batch, except
   // where the batching fills a token budget (--batching token, pack), which varies it; files that did not record
   // samples count the global batch.

@@ -656,6 +656,24 @@ TEST(Summary, TheHiddenShareCountsOnlyTheBackwardAndCommunicationThatCanOverlap)
   EXPECT_NEAR(summarize(run).hidden_fractions[0], 1.0, 1e-12);
 }
 
+// The median step: each step as long as its slowest rank, the median over the steady steps (2..11 here). Rank 1 is
+// slow on 7 of them (the steps not a multiple of 3), rank 0 on step 5 by far: the mean moves with that one step, the
+// median does not.
+TEST(Summary, TheMedianStepIsOverEachStepsSlowestRank) {
+  RunRecord run = synthetic(2, [](int r, int s) {
+    Phases p;
+    p.forward = 10 + (r == 1 && s % 3 != 0 ? 2 : 0) + (r == 0 && s == 5 ? 100 : 0);
+    return p;
+  });
+  const RunSummary s = summarize(run);
+  std::vector<double> slowest;
+  for (int t = 2; t < kSteps; ++t) slowest.push_back(std::max(run.at(0, t).step_ms, run.at(1, t).step_ms));
+  std::sort(slowest.begin(), slowest.end());
+  EXPECT_DOUBLE_EQ(s.median_step_ms, (slowest[4] + slowest[5]) / 2);
+  EXPECT_DOUBLE_EQ(s.median_step_ms, run.at(1, 4).step_ms) << "the slow rank's steps, 6 of the 10 but step 5";
+  EXPECT_GT(s.slowest_step_ms, s.median_step_ms + 5) << "the mean carries step 5's 100 ms";
+}
+
 TEST(Summary, SamplesPerSecondFromTheSamplesTheRanksRecorded) {
   // A token budget per batch (--batching token): the ranks' sample counts vary by step and rank, and the config's
   // batch (32 a rank: 64 a step) says nothing about them.
