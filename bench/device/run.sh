@@ -263,9 +263,9 @@ if [ "$stage" = 2 ]; then
     "${bt[@]}" --deterministic --csv "$out/step_deterministic.csv"
   step "step fused deterministic" models.log 40 'grep -E "^bf16" "$log" | tail -1' \
     "${bt[@]}" --attention fused --deterministic --csv "$out/step_fused_deterministic.csv"
-  # The real trainer (one rank, NCCL, the run file written): it prints its steady-state mean step; the harness gives
-  # the median of its steps, so the next step takes the trainer's median from the run file's per-step times and sets
-  # both beside the harness's median.
+  # The real trainer (one rank, NCCL, the run file written): it prints its steady-state mean and median step; the
+  # harness gives the median of its steps, so the next step sets the trainer's median (the run file's summary) and
+  # mean beside the harness's median.
   step "train gpt2 bf16 nccl np1" models.log 60 'grep -m2 "attention\|ms mean (the slowest" "$log" | tr "\n" " "' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --model gpt2-small --head lm \
     --precision bf16 --lengths fixed --max-len 1024 --batch 8 --steps 40 --warmup-steps 10 \

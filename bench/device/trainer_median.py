@@ -3,32 +3,32 @@
 
   trainer_median.py RUN.h5 HARNESS.csv
 
-RUN.h5 is a `ddplab train` run file: steps/step_ms per rank and step, and the summary's first_steady_step (where its
-steady state starts) and slowest_step_ms (the mean it prints). HARNESS.csv is bench_transformer_cuda's --csv, whose
-step_ms is the median of its timed steps. A step lasts as long as its slowest rank (the ranks end each step together),
-so the trainer's median is over the steady steps of each step's slowest rank. Prints one line, "trainer median ...";
-exits 1 when an input cannot be read (the trainer's median still printed where only the harness's file is missing).
+RUN.h5 is a `ddplab train` run file: its summary's median_step_ms (the median over the steady steps of each step's
+slowest rank, as `ddplab report` prints it: analysis/summary.h), slowest_step_ms (the mean it prints) and
+first_steady_step, and steps/step_ms for the steps' numbers. HARNESS.csv is bench_transformer_cuda's --csv, whose
+step_ms is the median of its timed steps. Prints one line, "trainer median ..."; exits 1 when an input cannot be read
+(the trainer's median still printed where only the harness's file is missing).
 """
 import csv
 import json
-import statistics
 import sys
 
 import h5py
 
 
 def trainer_steps(path):
-    """The steady steps' times (each step's slowest rank), the trainer's own mean, and the steps' numbers."""
+    """The trainer's median and mean step, and the numbers of the steady steps they are over."""
     with h5py.File(path, "r") as f:
         summary = json.loads(f.attrs["summary"])
         first_step = int(f.attrs.get("first_step", 0))  # a resumed run's records start at its checkpoint's step
-        times = f["steps/step_ms"][:]  # [rank, step]
-    steps = times.shape[1]
+        steps = f["steps/step_ms"].shape[1]  # [rank, step]
     first = min(int(summary["first_steady_step"]), steps - 1)
     if first < 0:
         raise ValueError(f"{path} holds no completed step")
-    slowest = times[:, first:].max(axis=0)
-    return [float(t) for t in slowest], float(summary["slowest_step_ms"]), first_step + first, first_step + steps - 1
+    if "median_step_ms" not in summary:
+        raise ValueError(f"{path}: its summary has no median_step_ms (a run file of an older ddplab)")
+    return (float(summary["median_step_ms"]), float(summary["slowest_step_ms"]), first_step + first,
+            first_step + steps - 1)
 
 
 def harness_median(path):
@@ -44,11 +44,10 @@ def main():
         print(__doc__.strip(), file=sys.stderr)
         return 2
     try:
-        steady, mean, first, last = trainer_steps(sys.argv[1])
+        median, mean, first, last = trainer_steps(sys.argv[1])
     except (OSError, KeyError, ValueError) as e:
         print(f"trainer_median: {e}", file=sys.stderr)
         return 1
-    median = statistics.median(steady)
     line = f"trainer median {median:.3f} ms over steps {first}..{last} (its mean {mean:.3f})"
     # Without the harness's figure (its step failed, or was not selected) the trainer's own still stands.
     try:
