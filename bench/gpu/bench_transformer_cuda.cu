@@ -84,10 +84,13 @@ Result run(const Options& opt, Precision precision, cudaStream_t s) {
   cudaCheck(cudaFree(d_labels));
   const double tokens_per_step = static_cast<double>(B) * S;
   r.tokens_per_s = tokens_per_step / (r.t.step_ms * 1e-3);
-  r.tflops = 3.0 * config.flops_per_token(S) * r.tokens_per_s / 1e12;
+  // Training counts 3x the forward's FLOPs (flops_per_token).
+  const auto tflops_counting = [&](ddplab::TransformerConfig::AttentionCount attention) {
+    return 3.0 * config.flops_per_token(S, attention) * r.tokens_per_s / 1e12;
+  };
+  r.tflops = tflops_counting(ddplab::TransformerConfig::AttentionCount::kFullSquare);
   r.mfu = r.tflops / kPeakBf16DenseTflops;
-  const double causal_flops = config.flops_per_token(S, ddplab::TransformerConfig::AttentionCount::kCausalHalf);
-  r.mfu_causal_half = 3.0 * causal_flops * r.tokens_per_s / 1e12 / kPeakBf16DenseTflops;
+  r.mfu_causal_half = tflops_counting(ddplab::TransformerConfig::AttentionCount::kCausalHalf) / kPeakBf16DenseTflops;
   return r;
 }
 

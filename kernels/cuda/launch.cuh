@@ -99,23 +99,29 @@ void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(
 
 // The `launch` of a kernel header's launch sequence (the *_kernels.cuh that the CPU emulation runs too): one kernel on
 // `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More than 48 KB of dynamic shared memory must be
-// asked for, per kernel and device: cheap enough per launch. Past the device's limit (sizes a kernel is not shaped
-// for: LayerNorm backward's rows past ~19K columns on a Hopper) it throws std::invalid_argument saying so, not CUDA's
-// bare "invalid argument". A failed launch throws. The CPU emulation hands the same sequences its own. max_shared: the
+// asked for, per kernel and device: cheap enough per launch. Where the device refuses it, past its limit (sizes a
+// kernel is not shaped for: LayerNorm backward's rows past ~19K columns on a Hopper), it throws std::invalid_argument
+// with the sizes, not CUDA's bare "invalid argument": the limit is read then, not on every launch. A failed launch
+// throws. The CPU emulation hands the same sequences its own. max_shared: the
 // SM's unified L1 and shared memory split with all the shared memory it can have (the carveout is a hint the driver
 // otherwise sizes for one block), for kernels past 48 KB whose blocks are sized to share an SM two at a time through
 // shared memory, not L1.
 inline auto launch_on(cudaStream_t stream, bool max_shared = false) {
   return [stream, max_shared](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
     if (smem > 48 * 1024) {
-      int device = 0, limit = 0;
-      cudaCheck(cudaGetDevice(&device));
-      cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      if (smem > static_cast<size_t>(limit))
-        throw std::invalid_argument("a kernel's block needs " + std::to_string(smem) +
-                                    " bytes of shared memory at these sizes, more than this GPU's " +
-                                    std::to_string(limit));
-      cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      const cudaError_t asked =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (asked != cudaSuccess) {
+        cudaGetLastError();  // not left for the next check to find
+        int device = 0, limit = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        if (smem > static_cast<size_t>(limit))
+          throw std::invalid_argument("a kernel's block needs " + std::to_string(smem) +
+                                      " bytes of shared memory at these sizes, more than this GPU's " +
+                                      std::to_string(limit));
+        cudaCheck(asked);
+      }
       if (max_shared)
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        cudaSharedmemCarveoutMaxShared));
