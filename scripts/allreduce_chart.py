@@ -7,6 +7,8 @@ usage: /usr/bin/python3 scripts/allreduce_chart.py RESULTS.json|RESULTS.csv [MOR
 The line is busbw at the median call and the shaded band around it spans the fastest call (top) to the p99 call
 (bottom): one statistic, each call timed by its slowest rank. (The table's busbw column is from each rank's mean
 call, combined over the ranks by -a: a rank's mean can beat every call's slowest rank, and so lie outside the band.)
+Where a GPU implementation's calls were queued and timed together (allreduce_perf -z 0, its default) no call has a
+time of its own: that line is the mean call, without a band, and its legend says so.
 Several files: one line per implementation and file (labelled by rank count when the files differ in it, else by
 file name). Default output: <first input's stem>_busbw.png beside
 it; the format follows the extension (png, svg, pdf). Prints the path it writes. Needs Debian's python3-matplotlib.
@@ -44,10 +46,14 @@ class Series:
     def __init__(self, impl, nranks, link, path):
         self.impl, self.nranks, self.link, self.path = impl, nranks, link, path
         self.points = []  # (size, busbw at the median call, at the fastest call, at the p99 call)
+        self.queued = False  # -z 0's rows: the mean call only
 
-    def add(self, size, p50_us, min_us, p99_us):
+    def add(self, size, time_us, p50_us, min_us, p99_us):
         factor = 2 * (self.nranks - 1) / self.nranks
-        self.points.append((size, *(size / us / 1e3 * factor for us in (p50_us, min_us, p99_us))))
+        if p50_us in (None, ""):
+            self.queued = True
+            p50_us = min_us = p99_us = time_us
+        self.points.append((size, *(size / float(us) / 1e3 * factor for us in (p50_us, min_us, p99_us))))
 
 
 def read_results(path, mode):
@@ -61,19 +67,19 @@ def read_results(path, mode):
             if path.endswith(".json"):
                 doc = json.load(f)
                 nranks, link = int(doc["nranks"]), doc["link"]["name"]
-                rows = [(r["impl"], r["size_bytes"], r[key]["p50_us"], r[key]["min_us"], r[key]["p99_us"])
-                        for r in doc["results"]]
+                rows = [(r["impl"], r["size_bytes"], r[key]["time_us"], r[key]["p50_us"], r[key]["min_us"],
+                         r[key]["p99_us"]) for r in doc["results"]]
             elif path.endswith(".csv"):
                 table = list(csv.DictReader(f))
                 nranks = int(table[0]["nranks"]) if table else 0
                 link = table[0]["link"] if table else ""
-                rows = [(r["impl"], r["size_bytes"], r[f"{prefix}_p50_us"], r[f"{prefix}_min_us"],
-                         r[f"{prefix}_p99_us"]) for r in table]
+                rows = [(r["impl"], r["size_bytes"], r[f"{prefix}_time_us"], r[f"{prefix}_p50_us"],
+                         r[f"{prefix}_min_us"], r[f"{prefix}_p99_us"]) for r in table]
             else:
                 raise BadInput(f"cannot read {path}: expected allreduce_perf's .json or .csv")
-            for impl, size, p50_us, min_us, p99_us in rows:
+            for impl, size, time_us, p50_us, min_us, p99_us in rows:
                 s = series.setdefault(impl, Series(impl, nranks, link, path))
-                s.add(int(size), float(p50_us), float(min_us), float(p99_us))
+                s.add(int(size), time_us, p50_us, min_us, p99_us)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
         raise BadInput(f"cannot read {path}: not allreduce_perf output ({type(e).__name__}: {e})") from None
     if not series:
@@ -116,7 +122,7 @@ def chart(all_series, mode, out):
         pts = sorted(s.points)
         sizes = [p[0] for p in pts]
         ax.plot(sizes, [p[1] for p in pts], marker="o", markersize=3, linewidth=1.5, color=colors[s.impl],
-                linestyle=styles[s.path], label=label)
+                linestyle=styles[s.path], label=f"{label} (mean of queued calls)" if s.queued else label)
         ax.fill_between(sizes, [p[3] for p in pts], [p[2] for p in pts], color=colors[s.impl], alpha=0.12,
                         linewidth=0)
     sizes = [p[0] for s in all_series for p in s.points]

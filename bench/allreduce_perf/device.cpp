@@ -22,11 +22,15 @@ class GraphedCollective {
   GraphedCollective(const GraphedCollective&) = delete;
   GraphedCollective& operator=(const GraphedCollective&) = delete;
 
-  void run(const float* in, float* out, size_t count) {
+  void launch(const float* in, float* out, size_t count) {
     if (!exec_ || in != in_ || out != out_ || count != count_) capture(in, out, count);
     cudaCheck(cudaGraphLaunch(exec_, d_.stream));
+  }
+  void run(const float* in, float* out, size_t count) {
+    launch(in, out, count);
     d_.wait();
   }
+  void wait() { d_.wait(); }
 
  private:
   void capture(const float* in, float* out, size_t count) {
@@ -69,6 +73,8 @@ Impl graph_impl(const ImplContext& c, const DeviceCollective& d) {
   impl.label = c.name + "-graph";
   impl.run = [timed](const float* in, float* out, size_t count) { timed->run(in, out, count); };
   impl.run_once = [once](const float* in, float* out, size_t count) { once->run(in, out, count); };
+  impl.enqueue = [timed](const float* in, float* out, size_t count) { timed->launch(in, out, count); };
+  impl.wait = [timed] { timed->wait(); };
   impl.calls_per_run = n;
   impl.device_in = d.in;
   impl.device_out = d.out;
@@ -89,6 +95,8 @@ std::vector<Impl> device_impls(const ImplContext& c, DeviceCollective d) {
   Impl plain;
   plain.label = c.name;
   plain.run = d.run;
+  plain.enqueue = d.enqueue;
+  plain.wait = d.wait;
   plain.device_in = d.in;
   plain.device_out = d.out;
   plain.owner = d.owner;

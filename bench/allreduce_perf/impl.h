@@ -23,6 +23,10 @@ struct Impl {
   std::function<const char*(size_t count)> algorithm;
   std::function<void(const float* in, float* out, size_t count)> run;       // a timed call; returns when it is done
   std::function<void(const float* in, float* out, size_t count)> run_once;  // the check's: one collective
+  // Set where a call need not make the host wait (queues_calls): `run` split in two, one call queued, and the host's
+  // wait for all queued. -z 0 times -n enqueues and one wait, as nccl-tests does.
+  std::function<void(const float* in, float* out, size_t count)> enqueue;
+  std::function<void()> wait;
   int calls_per_run = 1;  // collectives per `run` (-G N: a graph of N), which the times are divided by
   float* device_in = nullptr;
   float* device_out = nullptr;
@@ -56,6 +60,11 @@ struct ImplSpec {
   std::vector<Impl> (*make)(const ImplContext&);  // nullptr in a build without CUDA
 };
 const ImplSpec& impl_spec(const std::string& name);  // UsageError naming the known ones
+// Whether the implementation's calls can go on its stream back to back with no host wait between them: a CUDA graph
+// can capture them, and -z 0 queues them. An emulated link waits on the host.
+inline bool queues_calls(const ImplSpec& spec, const Options& o) {
+  return spec.needs_cuda && !spec.capture_problem && !o.emulated();
+}
 // Makes a checked name's implementations (collective), each with its label and its wire's type.
 std::vector<Impl> make_impls(const std::string& name, const Options& o, size_t max_count,
                              std::vector<std::string>& transports);

@@ -56,6 +56,12 @@ std::vector<Impl> make_impls(const std::string& name, const Options& o, size_t m
   for (Impl& impl : impls) {
     impl.wire_type = spec.wire_type;
     if (!impl.run_once) impl.run_once = impl.run;
+    if (!queues_calls(spec, o)) {  // the spec decides, as parse_options did; the maker supplies the means
+      impl.enqueue = nullptr;
+      impl.wait = nullptr;
+    } else if (!impl.enqueue || !impl.wait) {
+      throw std::logic_error("make_impls: " + name + " queues its calls but its maker gave no enqueue and wait");
+    }
   }
   return impls;
 }

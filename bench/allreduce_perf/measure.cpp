@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <stdexcept>
 #include <vector>
 
 #include "bench/allreduce_perf/harness.h"
@@ -35,12 +36,18 @@ double steal_ms_now() {
   return std::max(0.0, meter.read().steal_ms);
 }
 
-// Rank 0: the per-call statistics and the time the row reports, from every rank's mean and every call's slowest.
+// Rank 0: the per-call statistics (NaN where the calls were queued and timed together) and the time the row
+// reports, from every rank's mean and every call's slowest.
 void summarize(const Options& o, int n, Mode* m) {
   const std::vector<double>& r = m->rank_means_us;
-  m->min_us = *std::min_element(m->calls_us.begin(), m->calls_us.end());
-  m->p50_us = percentile(m->calls_us, 50);
-  m->p99_us = percentile(m->calls_us, 99);
+  if (m->calls_us.empty()) {
+    if (o.median) throw std::logic_error("summarize: --stat median without per-call times");  // parse_options refuses
+    m->min_us = m->p50_us = m->p99_us = std::nan("");
+  } else {
+    m->min_us = *std::min_element(m->calls_us.begin(), m->calls_us.end());
+    m->p50_us = percentile(m->calls_us, 50);
+    m->p99_us = percentile(m->calls_us, 99);
+  }
   double sum = 0;
   for (double v : r) sum += v;
   const double by_ranks[] = {r[0], sum / n, *std::min_element(r.begin(), r.end()),
@@ -56,12 +63,20 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
   std::vector<double> t(o.iters);
   const double per_run = impl.calls_per_run;
   const double steal_at_start = o.diag ? steal_ms_now() : 0;  // before the barrier: the calls start together
+  // -z 0 (nccl-tests' default): the calls go on the stream back to back and the host waits once, so the mean is
+  // the collective's own rate, not a launch and a host wait each; no call is timed alone. Alike on every rank.
+  const bool queued = o.blocking == 0 && impl.enqueue;
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = now_s();
-  for (int i = 0; i < o.iters; ++i) {
-    const double a = now_s();
-    impl.run(in, out, count);
-    t[i] = (now_s() - a) * 1e6 / per_run;
+  if (queued) {
+    for (int i = 0; i < o.iters; ++i) impl.enqueue(in, out, count);
+    impl.wait();
+  } else {
+    for (int i = 0; i < o.iters; ++i) {
+      const double a = now_s();
+      impl.run(in, out, count);
+      t[i] = (now_s() - a) * 1e6 / per_run;
+    }
   }
   const double mean_us = (now_s() - t0) / o.iters * 1e6 / per_run;
   const double stolen = o.diag ? steal_ms_now() - steal_at_start : 0;
@@ -70,9 +85,9 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
     MPI_Gather(&stolen, 1, MPI_DOUBLE, m->steal_ms.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   }
   m->rank_means_us.assign(rank == 0 ? n : 0, 0.0);
-  m->calls_us.assign(rank == 0 ? o.iters : 0, 0.0);
+  m->calls_us.assign(rank == 0 && !queued ? o.iters : 0, 0.0);
   MPI_Gather(&mean_us, 1, MPI_DOUBLE, m->rank_means_us.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  MPI_Reduce(t.data(), m->calls_us.data(), o.iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (!queued) MPI_Reduce(t.data(), m->calls_us.data(), o.iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   if (rank == 0) summarize(o, n, m);
   return stolen;
 }

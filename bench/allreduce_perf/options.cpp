@@ -79,6 +79,10 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
   app.add_option("-w,--warmup_iters", o.warmup, "untimed calls per size and mode")->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed calls per size and mode")->capture_default_str();
   app.add_option("-c,--check", o.check_iters, "checked calls per size and mode (0: no check)")->capture_default_str();
+  app.add_option("-z,--blocking", o.blocking,
+                 "nccl, gpu-ring-nccl, -G's rows: 0 queues the -n calls and waits once after them; 1 waits after "
+                 "every call (each call timed: i_min, i_p99). Host implementations wait in every call")
+      ->capture_default_str();
   t.aggregate_given =
       app.add_option("-a,--average", t.aggregate, "ranks' mean times: 0 rank 0, 1 average, 2 min, 3 max")
           ->capture_default_str();
@@ -182,6 +186,8 @@ void check_sizes_and_counts(const Typed& t, Options& o) {
   if (o.median && t.aggregate_given->count())
     throw UsageError("-a: --stat median times each call by its slowest rank; -a applies to --stat mean");
   if (o.cuda_graph < 0) throw UsageError("-G " + std::to_string(o.cuda_graph) + ": must not be negative");
+  if (o.blocking != 0 && o.blocking != 1)
+    throw UsageError("-z " + std::to_string(o.blocking) + ": 0 (queue the calls, wait once) or 1 (wait after each)");
 }
 
 void check_impls(const Typed& t, Options& o) {
@@ -204,6 +210,9 @@ void check_impls(const Typed& t, Options& o) {
     if (o.emulated() && o.cuda_graph && spec.needs_cuda)
       throw UsageError("-G " + std::to_string(o.cuda_graph) + " with --link " + t.link + ": --impls " + name +
                        " waits for the emulated link on the host, which a CUDA graph cannot capture");
+    if (o.median && o.blocking == 0 && queues_calls(spec, o))
+      throw UsageError("--stat median: --impls " + name +
+                       " queues its calls under -z 0 and is timed once per -n calls; add -z 1 to time each call");
     o.impls.push_back(name);
     pos = comma + 1;
   }

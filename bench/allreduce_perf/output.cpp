@@ -21,9 +21,14 @@
 namespace ddplab::perf {
 namespace {
 
-// `value` in at most `width` characters, with as many of 2 decimals as fit (nccl-tests' columns).
+// `value` in at most `width` characters, with as many of 2 decimals as fit (nccl-tests' columns); NaN, a per-call
+// figure of queued calls (-z 0), as N/A.
 std::string fit(double value, int width) {
   char s[64];
+  if (std::isnan(value)) {
+    std::snprintf(s, sizeof s, "%*s", width, "N/A");
+    return s;
+  }
   for (int decimals = 2; decimals >= 0; --decimals)
     if (std::snprintf(s, sizeof s, "%*.*f", width, decimals, value) <= width) return s;
   std::snprintf(s, sizeof s, "%*.1e", width, value);
@@ -71,6 +76,13 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
         "# -G %d: a row <impl>-graph launches one CUDA graph of %d captured calls per timed call; its times "
         "are per call\n",
         o.cuda_graph, o.cuda_graph);
+  bool queued = false;
+  for (const std::string& name : o.impls) queued = queued || queues_calls(impl_spec(name), o);
+  if (queued)
+    std::printf("# -z %d: %s\n", o.blocking,
+                o.blocking ? "the host waits after every call of every implementation"
+                           : "the GPU implementations' -n calls go on the stream back to back and the host waits "
+                             "once (nccl-tests' default): time is their mean, i_min and i_p99 N/A; -z 1 times each");
   std::printf(
       "# i_min, i_p99: per call, each call timed by its slowest rank. size, count: the float buffer's, whatever the\n"
       "# wire; type: on the wire (a 16-bit wire moves half the bytes, so its busbw is the buffer's rate, not the "
@@ -126,6 +138,7 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["iters"] = o.iters;
   j["check_iters"] = o.check_iters;
   j["cuda_graph"] = o.cuda_graph;       // -G: calls per graph in the rows labelled <impl>-graph; 0: none
+  j["blocking"] = o.blocking;           // -z: 0, the queueing implementations' rows have no per-call times (null)
   j["registered"] = o.registered == 1;  // -R
   // The gpu-ring-* rows' chunk (--gpu-chunk-mb, or the trainer's): `ddplab predict` counts their rounds from it.
   j["gpu_chunk_mb"] = o.gpu_chunk_mb > 0 ? o.gpu_chunk_mb : static_cast<double>(kGpuRingChunkBytes) / (1 << 20);
@@ -164,9 +177,12 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
     s << line;
     for (const Mode* m : {&r.oop, &r.ip}) {
       const std::string wrong = m->wrong < 0 ? "" : std::to_string(m->wrong);
-      std::snprintf(line, sizeof line, ",%.3f,%.4f,%.4f,%s,%.3f,%.3f,%.3f", m->time_us, m->algbw, m->busbw,
-                    wrong.c_str(), m->min_us, m->p50_us, m->p99_us);
+      std::snprintf(line, sizeof line, ",%.3f,%.4f,%.4f,%s", m->time_us, m->algbw, m->busbw, wrong.c_str());
       s << line;
+      for (double per_call : {m->min_us, m->p50_us, m->p99_us}) {  // empty where the calls were queued (-z 0)
+        std::snprintf(line, sizeof line, ",%.3f", per_call);
+        s << (std::isnan(per_call) ? "," : line);
+      }
     }
     s << "\n";
   }

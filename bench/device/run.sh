@@ -177,13 +177,15 @@ if [ "$stage" = 1 ]; then
     'c=$(grep -m1 -o "cudaMemcpy device-to-device.*GB/s" "$log") && echo "$c; bf16 bias+GELU: $(grep -m1 -o \
       "matmul_bias_gelu_forward (bf16, [a-z ]*)" "$log" | grep -o "fused\|our epilogue")"' \
     "$build/bench/gpu/bench_cuda_kernels" --quick
-  step "allreduce nccl np1" allreduce.log 90 'grep "Avg bus bandwidth" "$log" | tail -1' \
+  step "allreduce nccl np1 -z 0" allreduce.log 90 \
+    'grep -E "^nccl +(8|67108864) " "$log" | awk "{print \$2 \" B \" \$6 \" us\"}" | paste -sd" "' \
     "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl
-  # The plain launch beside -G's CUDA graphs (20 captured calls per launch): at small sizes the graph rows show the
-  # collective without the per-call launch and host wait.
-  step "allreduce graphs np1" allreduce.log 90 \
+  # The plain launch beside -G's CUDA graphs (20 captured calls per launch), each call waited for (-z 1): at small
+  # sizes the graph rows show the collective without the per-call launch and host wait. The row above queues its
+  # calls and waits once (-z 0, nccl-tests' default).
+  step "allreduce graphs np1 -z 1" allreduce.log 90 \
     'grep -E "^[a-z-]*nccl[a-z-]* +8 " "$log" | awk "{print \$1, \$6 \" us\"}" | paste -sd" "' \
-    "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl,gpu-ring-nccl -G 20
+    "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl,gpu-ring-nccl -G 20 -z 1
   # Our ring on device buffers, np ranks sharing the one GPU (NCCL refuses that). The host link stops at 8 MiB: it
   # reaches its ~0.33 GB/s by then, and its sizes up to 256 MiB took 116 of the 247 s of a stage-1 call
   # (bench/results/2026-11-30-h200-collectives/allreduce.log), figures no doc quotes.

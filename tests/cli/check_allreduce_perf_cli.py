@@ -324,7 +324,8 @@ def test_bad_arguments(perf, workdir):
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv"),
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
-        (["-z", "1"], "unknown option -z, followed by 1"),
+        (["-z", "2"], "-z 2: 0 (queue the calls, wait once) or 1 (wait after each)"),
+        (["--bogus", "1"], "unknown option --bogus, followed by 1"),
     ]
     # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
     refusals = [perf.run_args([*args, "--csv", old] if "--csv" not in args else args, timeout=30) for args, _ in cases]
@@ -337,7 +338,9 @@ def test_bad_arguments(perf, workdir):
     # -G with an emulated link on our GPU ring: the link waits on the host, which a graph's replay leaves out.
     refusals.append(perf.run_args(["-G", "2", "--impls", "gpu-ring-nccl", "--link", "10gbe", "--csv", old], np=1,
                                   timeout=30))
-    *flags, register, nccl, graph = run_all(refusals)
+    # Under -z 0 (the default) nccl's calls are queued and timed together: no call has a median.
+    refusals.append(perf.run_args(["--stat", "median", "--impls", "ring,nccl", "--csv", old], np=1, timeout=30))
+    *flags, register, nccl, graph, queued_median = run_all(refusals)
 
     def our_lines(p):
         return [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
@@ -364,6 +367,11 @@ def test_bad_arguments(perf, workdir):
                               "emulated link on the host", "allreduce_perf: error: --impls gpu-ring-nccl: needs a build "
                               "with CUDA")),
           f"-G with --link on the GPU ring: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
+    p, ours = queued_median, our_lines(queued_median)
+    check(p.returncode == 2 and len(ours) == 1 and not p.stdout.strip() and
+          ours[0].startswith(("allreduce_perf: error: --stat median: --impls nccl queues its calls under -z 0",
+                              "allreduce_perf: error: --impls nccl: needs a build with CUDA")),
+          f"--stat median with nccl under -z 0: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
     with open(old) as f:
         kept = f.read() == "an earlier result\n"
     check(kept and sorted(os.listdir(workdir)) == before, "refused runs touch no file (an existing --csv is kept)")
@@ -396,6 +404,26 @@ def test_chart(chart_py, workdir):
     points = [p for s in chart.read_results(fast_means, "out-of-place") for p in s.points]
     outside = [(size, line) for size, line, fastest, p99 in points if not p99 <= line <= fastest]
     check(points and not outside, f"allreduce_chart.py: every point of the line lies in its band ({outside[:3]})")
+    # Rows whose calls were queued and timed together (-z 0's GPU rows) have no per-call times: the line is the mean
+    # call, without a band, and the chart still draws.
+    first = doc["results"][0]["impl"]
+    for row in doc["results"]:
+        if row["impl"] == first:
+            for mode in ("out_of_place", "in_place"):
+                row[mode].update(min_us=None, p50_us=None, p99_us=None, times_us=[])
+    queued = os.path.join(workdir, "queued.json")
+    with open(queued, "w") as f:
+        json.dump(doc, f)
+    series = {s.impl: s for s in chart.read_results(queued, "out-of-place")}
+    means = [r["out_of_place"]["busbw_gbs"] for r in doc["results"] if r["impl"] == first]
+    lines = [line for _, line, fastest, p99 in sorted(series[first].points) if fastest == line == p99]
+    check(series[first].queued and len(lines) == len(means) and
+          all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(lines, means)) and
+          not any(s.queued for impl, s in series.items() if impl != first),
+          f"allreduce_chart.py: queued rows draw the mean call without a band ({lines[:3]} against {means[:3]})")
+    out = os.path.join(workdir, "queued.png")
+    p = subprocess.run([sys.executable, chart_py, queued, "-o", out], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0 and is_png(out), f"allreduce_chart.py with queued rows: a PNG ({p.stderr.strip()[-200:]})")
     bad = os.path.join(workdir, "bad.json")
     with open(bad, "w") as f:
         f.write('{"nranks": 2}')

@@ -5,7 +5,9 @@
   every ring step (gpu-ring-ipc, gpu-ring-host) or that runs on the host (checked with or without a device);
 - nccl and gpu-ring-nccl each give a plain row and a "-graph" row at every size, #wrong 0 in both modes (the check
   launches a captured graph of one collective against exactly summable inputs), times per collective;
-- -G alone measures nccl.
+- -G alone measures nccl;
+- -z 1 times every call (min and p99 from the calls); -z 0, the default, queues the -n calls and waits once: the
+  time is their mean, the per-call figures null.
 Without a usable GPU the runs are refused by the device check: the test skips (exit 77) with that line as the reason.
 
 usage: check_allreduce_perf_gpu.py MPIRUN ALLREDUCE_PERF
@@ -46,15 +48,18 @@ def check_refusals(mpirun, exe):
               f"-G 4 --impls {impl}: exit 2, one line saying why (got {p.returncode}: {lines or p.stderr[-200:]})")
 
 
-def times_consistent(m, iters):
-    """One rank: time is its mean; min and p99 are the nearest-rank statistics of the calls."""
+def times_consistent(m, iters, queued):
+    """One rank: time is its mean; min and p99 are the nearest-rank statistics of the calls, or null where the calls
+    were queued (-z 0)."""
     calls = sorted(m["times_us"])
-    mean_ok = abs(m["time_us"] - m["rank_means_us"][0]) <= 1e-9 * m["time_us"]
-    return (len(calls) == iters and m["time_us"] > 0 and mean_ok and
+    mean_ok = abs(m["time_us"] - m["rank_means_us"][0]) <= 1e-9 * m["time_us"] and m["time_us"] > 0
+    if queued:
+        return mean_ok and not calls and m["min_us"] is None and m["p99_us"] is None
+    return (len(calls) == iters and mean_ok and
             (m["min_us"], m["p99_us"]) == (calls[0], calls[math.ceil(len(calls) * 0.99) - 1]))
 
 
-def check_rows(doc, labels, sizes, graph):
+def check_rows(doc, labels, sizes, graph, queued):
     got = {(r["impl"], r["size_bytes"]): r for r in doc["results"]}
     missing = [(label, size) for label in labels for size in sizes if (label, size) not in got]
     check(not missing, f"a row per label {labels} and size {sizes} ({missing} missing)")
@@ -64,8 +69,9 @@ def check_rows(doc, labels, sizes, graph):
              if r[m]["wrong"] != 0]
     check(not wrong, f"#wrong 0 in every row, plain and graph ({wrong})")
     odd = [(r["impl"], r["size_bytes"], m) for r in doc["results"] for m in modes
-           if not times_consistent(r[m], doc["iters"])]
-    check(not odd, f"time, min and p99 agree with the calls in every row ({odd})")
+           if not times_consistent(r[m], doc["iters"], queued)]
+    check(doc["blocking"] == (0 if queued else 1), f"the JSON records -z {0 if queued else 1}")
+    check(not odd, f"time, min and p99 agree with the calls in every row, -z {0 if queued else 1} ({odd})")
 
 
 def main():
@@ -74,7 +80,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "graph.json")
         p = run(mpirun, exe, ["--impls", "nccl,gpu-ring-nccl", "-G", "10", "-b", "8", "-e", "1M", "-f", "32",
-                              "-w", "2", "-n", "5", "-c", "2", "-J", out])
+                              "-w", "2", "-n", "5", "-c", "2", "-z", "1", "-J", out])
         lines = ours(p)
         if p.returncode == 2 and len(lines) == 1 and lines[0].startswith("allreduce_perf: error: --impls nccl: "):
             if failures:
@@ -87,14 +93,16 @@ def main():
             with open(out) as f:
                 doc = json.load(f)
             check_rows(doc, ["nccl", "nccl-graph", "gpu-ring-nccl", "gpu-ring-nccl-graph"], [8, 256, 8192, 262144],
-                       10)
+                       10, queued=False)
             check("# -G 10: a row <impl>-graph" in p.stdout, "the header says what the -graph rows are")
         p = run(mpirun, exe, ["-G", "3", "-b", "4", "-e", "4", "-n", "2", "-J", out])
         if p.returncode == 0:
             with open(out) as f:
                 doc = json.load(f)
-            check_rows(doc, ["nccl", "nccl-graph"], [4], 3)
-        check(p.returncode == 0, f"-G 3 alone measures nccl (got {p.returncode}: {p.stderr[-300:]})")
+            check_rows(doc, ["nccl", "nccl-graph"], [4], 3, queued=True)
+            check("# -z 0: the GPU implementations' -n calls go on the stream back to back" in p.stdout,
+                  "the header says -z 0 queued the calls")
+        check(p.returncode == 0, f"-G 3 alone measures nccl, -z 0 (got {p.returncode}: {p.stderr[-300:]})")
     if failures:
         sys.exit(f"{len(failures)} FAILED:\n  " + "\n  ".join(failures))
     print("OK: allreduce_perf -G: CUDA graphs beside the plain launch, exact sums")

@@ -1,0 +1,91 @@
+// allreduce_perf's timed loop (bench/allreduce_perf/measure.cpp): how -z chooses between timing each call and
+// queueing the -n calls with one wait, and what each leaves for the row's per-call columns. Counted on fakes.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "bench/allreduce_perf/harness.h"
+
+namespace ddplab::perf {
+namespace {
+
+struct Counts {
+  int runs = 0, enqueues = 0, waits = 0;
+};
+
+constexpr auto kCall = std::chrono::microseconds(200);
+
+// A call that takes kCall of the host's time however it is made.
+Impl counted(Counts& c, bool queues) {
+  Impl impl;
+  impl.label = "fake";
+  impl.run = [&c](const float*, float*, size_t) { ++c.runs, std::this_thread::sleep_for(kCall); };
+  if (queues) {
+    impl.enqueue = [&c](const float*, float*, size_t) { ++c.enqueues, std::this_thread::sleep_for(kCall); };
+    impl.wait = [&c] { ++c.waits; };
+  }
+  return impl;
+}
+
+struct World {
+  int rank = 0, n = 1;
+  World() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+  }
+};
+
+Options timing(int blocking) {
+  Options o;
+  o.warmup = 2;
+  o.iters = 7;
+  o.blocking = blocking;
+  return o;
+}
+
+TEST(PerfTiming, ZeroQueuesTheCallsAndWaitsOnceAfterThem) {
+  const World w;
+  Counts c;
+  Mode m;
+  time_calls(counted(c, true), nullptr, nullptr, 0, timing(0), w.rank, w.n, &m);
+  EXPECT_EQ(c.runs, 2);  // the warm-up calls each wait
+  EXPECT_EQ(c.enqueues, 7);
+  EXPECT_EQ(c.waits, 1);
+  if (w.rank != 0) return;
+  EXPECT_TRUE(m.calls_us.empty());  // no call was timed alone
+  EXPECT_TRUE(std::isnan(m.min_us) && std::isnan(m.p50_us) && std::isnan(m.p99_us));
+  ASSERT_EQ(m.rank_means_us.size(), static_cast<size_t>(w.n));
+  EXPECT_GE(m.time_us, 200.0);  // the mean call: 7 calls' time over 7
+  EXPECT_LT(m.time_us, 7 * 200.0);
+}
+
+TEST(PerfTiming, OneTimesEveryCallOnItsOwn) {
+  const World w;
+  Counts c;
+  Mode m;
+  time_calls(counted(c, true), nullptr, nullptr, 0, timing(1), w.rank, w.n, &m);
+  EXPECT_EQ(c.runs, 2 + 7);
+  EXPECT_EQ(c.enqueues, 0);
+  EXPECT_EQ(c.waits, 0);
+  if (w.rank != 0) return;
+  ASSERT_EQ(m.calls_us.size(), 7u);
+  EXPECT_GE(m.min_us, 200.0);
+  EXPECT_LE(m.min_us, m.p50_us);
+  EXPECT_LE(m.p50_us, m.p99_us);
+}
+
+TEST(PerfTiming, AnImplementationThatCannotQueueIsTimedCallByCallUnderZero) {
+  const World w;
+  Counts c;
+  Mode m;
+  time_calls(counted(c, false), nullptr, nullptr, 0, timing(0), w.rank, w.n, &m);
+  EXPECT_EQ(c.runs, 2 + 7);
+  if (w.rank != 0) return;
+  EXPECT_EQ(m.calls_us.size(), 7u);
+}
+
+}  // namespace
+}  // namespace ddplab::perf
