@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/adamw_rule.h"
 #include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vector_math.h"
 
@@ -227,20 +228,9 @@ void softmax_cross_entropy_backward(T* dlogits, const T* exps, const T* row_sums
 template <typename T>
 void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, int t, T grad_scale) {
-  // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), with m_hat = m / bc1 and v_hat = v / bc2 folded into
-  // per-call constants so the loop has one sqrt and one division per element.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
-  const T step = static_cast<T>(lr / bc1);
-  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-  const T decay = static_cast<T>(lr) * T(weight_decay);
+  const AdamwRule<T> rule = adamw_rule<T>(lr, beta1, beta2, eps, weight_decay, t);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const T g = grads[i] * grad_scale;
-    const T mi = m[i] = T(beta1) * m[i] + T(1 - beta1) * g;
-    const T vi = v[i] = T(beta2) * v[i] + T(1 - beta2) * g * g;
-    params[i] -= step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + T(eps)) + decay * params[i];
-  }
+  for (int64_t i = 0; i < n; ++i) rule.apply(params[i], grads[i] * grad_scale, m[i], v[i]);
 }
 
 template <typename T>

@@ -8,17 +8,16 @@
 namespace ddplab::cuda {
 
 using adamw::adamw_kernel;
-using adamw::AdamwStep;
 
 void adamw_update(float* params, __nv_bfloat16* params_bf16, const float* grads, float* m, float* v, int64_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay, int t, cudaStream_t stream,
                   const int* skip_if_set, const float* grad_scale) {
   if (n <= 0) return;
-  const AdamwStep step = adamw::adamw_step(lr, beta1, beta2, eps, weight_decay, t);
+  const AdamwRule<float> rule = adamw_rule<float>(lr, beta1, beta2, eps, weight_decay, t);
   // __nv_bfloat16 is 16 bits without padding (convert.h): its words are written as such.
   uint16_t* const copy = reinterpret_cast<uint16_t*>(params_bf16);
   const bool packed = detail::all_aligned(16, params, grads, m, v) && detail::all_aligned(8, copy);
-  detail::launch_packed(packed, n, stream, adamw_kernel<4>, adamw_kernel<1>, params, copy, grads, m, v, n, step,
+  detail::launch_packed(packed, n, stream, adamw_kernel<4>, adamw_kernel<1>, params, copy, grads, m, v, n, rule,
                         skip_if_set, grad_scale);
   cudaCheck(cudaGetLastError());
 }

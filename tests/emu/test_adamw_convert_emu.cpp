@@ -1,9 +1,9 @@
 // The update's and the gradient check's kernels (kernels/cuda/adamw_kernels.cuh, convert_kernels.cuh), their own
 // source compiled by g++ and run by the emulation (cuda_emulation.h), against the CPU: cpu::adamw_update over several
-// steps (and the bf16 copy against the CPU wire's bf16 rounding, the skip flag leaving everything as it was), the
-// gradients' scale-and-check (every non-finite value found wherever it lies, the warp vote included), and the bf16
-// conversions. Each through its packed (4 per thread) and scalar instantiations, on a grid smaller than the data and
-// a count that leaves a tail. What it cannot tell: speed.
+// steps, bit for bit (one rule for both, kernels/adamw_rule.h; the bf16 copy against the CPU wire's bf16 rounding;
+// the skip flag leaving everything as it was), the gradients' scale-and-check (every non-finite value found wherever it
+// lies, the warp vote included), and the bf16 conversions. Each through its packed (4 per thread) and scalar
+// instantiations, on a grid smaller than the data and a count that leaves a tail. What it cannot tell: speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 // The norm kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
@@ -39,8 +39,6 @@ using ddplab::emu::emulate_launch;
 const dim3 kGrid(3), kBlock(64);  // 192 threads: every kernel's grid-stride loop goes round several times
 constexpr int64_t kN = 1031;      // 257 packs of 4 and a tail of 3
 
-float ulp(float x) { return std::nextafter(std::fabs(x), std::numeric_limits<float>::infinity()) - std::fabs(x); }
-
 // The packed kernel where `packed`, else the scalar one, as the launchers pick (both cover any n).
 template <typename Packed, typename Scalar, typename... Args>
 void launch(bool packed, Packed packed_kernel, Scalar scalar_kernel, Args... args) {
@@ -59,16 +57,16 @@ TEST(AdamwEmulated, FollowsTheCpuUpdateOverSeveralSteps) {
     std::vector<uint16_t> copy(kN, 0);
     for (int t = 1; t <= 5; ++t) {
       const std::vector<float> g = normal_values(kN, 10 + t, t == 3 ? 1e3f : 0.1f);  // one step of large gradients
-      const cuda::adamw::AdamwStep step = cuda::adamw::adamw_step(lr, beta1, beta2, eps, wd, t);
+      const ddplab::AdamwRule<float> step = ddplab::adamw_rule<float>(lr, beta1, beta2, eps, wd, t);
       launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
              m.data(), v.data(), kN, step, static_cast<const int*>(nullptr), static_cast<const float*>(nullptr));
       ddplab::cpu::adamw_update(p_cpu.data(), g.data(), m_cpu.data(), v_cpu.data(), kN, lr, beta1, beta2, eps, wd, t);
       for (int64_t i = 0; i < kN; ++i) {
-        // The moments are the same recurrence; the step differs from the CPU's folded constants by rounding, and
-        // rounds into p: a few ulps of p, where a wrong term would move it by a share of lr (1e-3).
-        ASSERT_NEAR(m[i], m_cpu[i], 1e-6f * std::fabs(m_cpu[i]) + 1e-30f) << "m[" << i << "], step " << t;
-        ASSERT_NEAR(v[i], v_cpu[i], 1e-6f * std::fabs(v_cpu[i]) + 1e-30f) << "v[" << i << "], step " << t;
-        ASSERT_NEAR(p[i], p_cpu[i], 4 * ulp(p_cpu[i])) << "p[" << i << "], step " << t;
+        // One rule (kernels/adamw_rule.h) compiled by one compiler with the same flags: bit for bit. (On the GPU
+        // nvcc's FMAs round differently: tests/gpu's tolerance.)
+        ASSERT_EQ(bits(m[i]), bits(m_cpu[i])) << "m[" << i << "], step " << t;
+        ASSERT_EQ(bits(v[i]), bits(v_cpu[i])) << "v[" << i << "], step " << t;
+        ASSERT_EQ(bits(p[i]), bits(p_cpu[i])) << "p[" << i << "], step " << t;
         ASSERT_EQ(copy[i], ddplab::float16::from_f32(ddplab::float16::Format::kBf16, p[i]))
             << "the bf16 copy of p[" << i << "], step " << t;
       }
@@ -83,7 +81,7 @@ TEST(AdamwEmulated, ASetSkipFlagLeavesEverythingAsItWas) {
     std::vector<uint16_t> copy(kN, 0x1234);
     const int skip = 1;
     launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
-           m.data(), v.data(), kN, cuda::adamw::adamw_step(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1), &skip,
+           m.data(), v.data(), kN, ddplab::adamw_rule<float>(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1), &skip,
            static_cast<const float*>(nullptr));
     EXPECT_EQ(p, p0);
     EXPECT_EQ(m, m0);
@@ -105,7 +103,7 @@ TEST(AdamwEmulated, AGradScaleUpdatesAsTheScaledGradients) {
     std::vector<uint16_t> copy(kN, 0), copy_want(kN, 0);
     std::vector<float> p_cpu = p0, m_cpu = m, v_cpu = v;
     for (int t = 1; t <= 3; ++t) {
-      const cuda::adamw::AdamwStep step = cuda::adamw::adamw_step(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, t);
+      const ddplab::AdamwRule<float> step = ddplab::adamw_rule<float>(1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, t);
       launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p.data(), copy.data(), g.data(),
              m.data(), v.data(), kN, step, static_cast<const int*>(nullptr), &scale);
       launch(packed, cuda::adamw::adamw_kernel<4>, cuda::adamw::adamw_kernel<1>, p_want.data(), copy_want.data(),
@@ -118,7 +116,7 @@ TEST(AdamwEmulated, AGradScaleUpdatesAsTheScaledGradients) {
         ASSERT_EQ(bits(m[i]), bits(m_want[i])) << "m[" << i << "], step " << t;
         ASSERT_EQ(bits(v[i]), bits(v_want[i])) << "v[" << i << "], step " << t;
         ASSERT_EQ(copy[i], copy_want[i]) << "copy[" << i << "], step " << t;
-        ASSERT_NEAR(p[i], p_cpu[i], 4 * ulp(p_cpu[i])) << "p[" << i << "] against the CPU, step " << t;
+        ASSERT_EQ(bits(p[i]), bits(p_cpu[i])) << "p[" << i << "] against the CPU, step " << t;
       }
     }
   }
