@@ -542,6 +542,7 @@ PredictSetting measured_setting(const RunRecord& run, const TrainConfig& c) {
   PredictSetting s;
   s.bucket_mb = c.bucket_mb;
   s.first_bucket_mb = c.first_bucket_mb;
+  s.last_bucket_mb = c.last_bucket_mb;
   s.overlap = c.overlap;
   s.link = parse_links(c.link, c.link_latency_us, c.link_gbps);
   s.ranks = run.world_size();
@@ -1088,8 +1089,7 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
   out.setting = setting;
   std::vector<int64_t> numel, offset;
   for (const PieceRecord& p : m.pieces) numel.push_back(p.numel), offset.push_back(p.offset);
-  const std::vector<Bucket> buckets =
-      assign_buckets(numel, offset, setting.bucket_mb * kMiB, setting.first_bucket_mb * kMiB);
+  const std::vector<Bucket> buckets = assign_buckets(numel, offset, setting.caps());
   out.buckets = static_cast<int>(buckets.size());
 
   const CommSource src = choose_comm_source(m, setting, out);
@@ -1144,8 +1144,9 @@ Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetti
   // The run's own knobs (what a user would change in its command line), and its own setting: those knobs on its own
   // link, ranks and nodes, the one row that replays a measurement.
   const auto own_knobs = [&](const PredictSetting& x) {
-    return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb && x.overlap == own.overlap &&
-           x.impl == own.impl && x.wire == own.wire && x.bucketed_update == own.bucketed_update;
+    return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb &&
+           x.last_bucket_mb == own.last_bucket_mb && x.overlap == own.overlap && x.impl == own.impl &&
+           x.wire == own.wire && x.bucketed_update == own.bucketed_update;
   };
   const auto is_own = [&](const PredictSetting& x) {
     return own_knobs(x) && x.ranks == own.ranks && x.nodes() == own.nodes() && link_spec(x.link) == link_spec(own.link);

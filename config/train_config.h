@@ -12,11 +12,13 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "data/tokens.h"
+#include "ddp/buckets.h"
 #include "model/attention_kind.h"
 #include "model/mlp.h"
 #include "model/optimizer.h"
@@ -28,6 +30,8 @@ namespace ddplab {
 
 // --grad-slice-mb auto, until resolved() resolves it.
 inline constexpr double kAutoGradSliceMb = -1;
+// --first-bucket-mb and --last-bucket-mb auto: no cap of its own, that end cut as the other buckets (stored as "auto").
+inline constexpr double kAutoEndBucketMb = BucketCaps::kAsTheOthers;
 // --link-latency-us and --link-gbps left at the --link preset's value (parse_links: negative keeps the preset's).
 inline constexpr double kPresetLinkValue = -1;
 
@@ -95,7 +99,8 @@ struct TrainConfig {
   RingLinkKind ring_link = RingLinkKind::kAuto;
   WireDtype comm_dtype = WireDtype::kFp32;
   double bucket_mb = 25.0;
-  double first_bucket_mb = 1.0;
+  double first_bucket_mb = kAutoEndBucketMb;
+  double last_bucket_mb = 1.0;
   bool overlap = true;
   double grad_slice_mb = kAutoGradSliceMb;
   int grad_accum = 1;
@@ -306,17 +311,22 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.ring_link);
   visit(Knob{"--bucket-mb", "bucket_mb",
              "gradient bucket cap in MiB (0: a bucket per gradient piece, a parameter or a --grad-slice-mb row block; "
-             "the closing bucket keeps --first-bucket-mb's cap)",
+             "each end may have a cap of its own: --first-bucket-mb, --last-bucket-mb)",
              0, kMaxMiB, kMath | kNotInSweep},
         c.bucket_mb);
   visit(Knob{"--overlap", "overlap", "all-reduce buckets while backward runs: on | off", kNoMin, kNoMax,
              kOnOff | kNotInSweep},
         c.overlap);
   visit(Knob{"--first-bucket-mb", "first_bucket_mb",
-             "cap of the bucket that closes backward, MiB (the first layers', the last to launch: not PyTorch's first "
-             "bucket)",
-             0, kMaxMiB, kMath},
+             "cap of the first bucket to become ready, MiB (the last layers', the first to launch: PyTorch's first "
+             "bucket, 1 MiB there); auto: cut as the others",
+             0, kMaxMiB, kMath, "MiB|auto", kAutoEndBucketMb},
         c.first_bucket_mb);
+  visit(Knob{"--last-bucket-mb", "last_bucket_mb",
+             "cap of the bucket that closes backward, MiB (the first layers', the last to launch: the tail no "
+             "backward hides); auto: cut as the others, as PyTorch does",
+             0, kMaxMiB, kMath, "MiB|auto", kAutoEndBucketMb},
+        c.last_bucket_mb);
   visit(Knob{"--grad-slice-mb", "grad_slice_mb",
              "compute and announce weight gradients in row blocks of this size, MiB: N (0: whole weights) or "
              "auto (1 with the update in backward on the CPU, else 0)",
@@ -486,6 +496,11 @@ inline int64_t grad_slice_elements(const TrainConfig& c) {
   return mb > 0 ? std::max<int64_t>(1, floats_in_mb(mb)) : 0;
 }
 
+// The bucket caps as the run cuts its buckets (ddp/buckets.h).
+inline BucketCaps bucket_caps(const TrainConfig& c) {
+  return BucketCaps::mib(c.bucket_mb, c.first_bucket_mb, c.last_bucket_mb);
+}
+
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update
 // in backward takes a core only where the BLAS threads leave one idle on every rank (it slices the gradients, and the
 // ranks' buckets must match even where a host's cores split unevenly among its ranks), and never with --skip-nonfinite
@@ -554,7 +569,10 @@ inline std::vector<std::string> keys_a_resume_repeats(const TrainConfig& c) {
 inline nlohmann::json to_json(const TrainConfig& c) {
   nlohmann::json j = nlohmann::json::object();
   visit_knobs(c, [&](const Knob& knob, const auto& value) {
-    if (knob.key) j[knob.key] = knob_json::stored(value);
+    if (!knob.key) return;
+    j[knob.key] = knob_json::stored(value);
+    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(value)>>)
+      if (knob.auto_text && static_cast<double>(value) == knob.auto_value) j[knob.key] = "auto";
   });
   return j;
 }
@@ -567,6 +585,11 @@ inline TrainConfig config_from_json(const nlohmann::json& j) {
   visit_knobs(c, [&](const Knob& knob, auto& value) {
     if (!knob.key || !j.contains(knob.key) || j.at(knob.key).is_null()) return;
     try {
+      if constexpr (std::is_arithmetic_v<std::decay_t<decltype(value)>>)
+        if (knob.auto_text && j.at(knob.key) == "auto") {  // a number's "auto" still unresolved when stored
+          value = static_cast<std::decay_t<decltype(value)>>(knob.auto_value);
+          return;
+        }
       knob_json::load(j.at(knob.key), value);
     } catch (const nlohmann::json::exception& e) {  // "[json.exception.type_error.302] type must be ..."
       const std::string what = e.what();

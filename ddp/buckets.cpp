@@ -26,10 +26,11 @@ uint64_t layout_hash(const std::vector<Bucket>& buckets) {
 }  // namespace
 
 std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
-                                   double bucket_cap_bytes, double first_bucket_cap_bytes) {
+                                   const BucketCaps& caps) {
   const int n = static_cast<int>(numel.size());
   if (offset.size() != numel.size()) throw std::invalid_argument("assign_buckets: numel and offset differ in size");
-  if (!(bucket_cap_bytes >= 0) || !(first_bucket_cap_bytes >= 0))
+  const auto end_ok = [](double cap) { return cap >= 0 || cap == BucketCaps::kAsTheOthers; };
+  if (!(caps.bucket_bytes >= 0) || !end_ok(caps.first_bytes) || !end_ok(caps.last_bytes))
     throw std::invalid_argument("assign_buckets: bucket caps must not be negative");
   for (int k = 1; k < n; ++k)
     if (offset[k] < offset[k - 1] + numel[k - 1])
@@ -41,20 +42,27 @@ std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std:
     return static_cast<double>(offset[last] + numel[last] - offset[first]) * sizeof(float);
   };
 
-  // The closing bucket first: the last pieces to become ready, while they fit its cap (at least one).
-  int closing_first = n - 1;
-  while (closing_first > 0 && span(closing_first - 1, n - 1) <= first_bucket_cap_bytes) --closing_first;
+  // The closing bucket first where it has a cap of its own: the last pieces to become ready, while they fit its cap
+  // (at least one).
+  const bool own_last = caps.last_bytes != BucketCaps::kAsTheOthers;
+  int closing_first = n;
+  if (own_last) {
+    closing_first = n - 1;
+    while (closing_first > 0 && span(closing_first - 1, n - 1) <= caps.last_bytes) --closing_first;
+  }
 
-  // The rest in ready order, greedily up to the cap.
+  // The rest in ready order, greedily up to the cap: the first bucket's, then the others'.
+  const double first_cap = caps.first_bytes == BucketCaps::kAsTheOthers ? caps.bucket_bytes : caps.first_bytes;
   std::vector<Bucket> buckets;
   for (int k = 0; k < closing_first;) {
+    const double cap = buckets.empty() ? first_cap : caps.bucket_bytes;
     Bucket b;
     b.first_piece = k;
-    while (k + 1 < closing_first && span(b.first_piece, k + 1) <= bucket_cap_bytes) ++k;
+    while (k + 1 < closing_first && span(b.first_piece, k + 1) <= cap) ++k;
     b.last_piece = k++;
     buckets.push_back(b);
   }
-  buckets.push_back(Bucket{closing_first, n - 1, 0, 0});
+  if (own_last) buckets.push_back(Bucket{closing_first, n - 1, 0, 0});
   for (Bucket& b : buckets) {
     b.offset = offset[b.first_piece];
     b.count = offset[b.last_piece] + numel[b.last_piece] - b.offset;
@@ -75,8 +83,9 @@ void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm) {
   mpiCheck(MPI_Allgather(&nb, 1, MPI_INT, counts.data(), 1, MPI_INT, comm));
   std::string list;
   for (int r = 0; r < size; ++r) list += (r ? ", " : "") + std::to_string(counts[r]);
-  throw std::runtime_error("gradient bucket layout differs across ranks (buckets per rank: " + list +
-                           "): every rank needs the same model, --bucket-mb, --first-bucket-mb and --grad-slice-mb");
+  throw std::runtime_error(
+      "gradient bucket layout differs across ranks (buckets per rank: " + list +
+      "): every rank needs the same model, --bucket-mb, --first-bucket-mb, --last-bucket-mb and --grad-slice-mb");
 }
 
 BucketCountdown::BucketCountdown(const std::vector<Bucket>& buckets, const char* who)

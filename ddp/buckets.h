@@ -17,13 +17,31 @@ struct Bucket {
   int num_pieces() const { return last_piece - first_piece + 1; }
 };
 
-// Buckets over gradient pieces given in the order backward finalises them (numel and flat-buffer offset of
-// each). Bucket 0 is the first to become ready; the last bucket, which closes backward, is filled first, from
-// the last piece backwards, up to first_bucket_cap_bytes. Caps count the fp32 bytes a bucket spans (pieces and the
-// gaps between them); a piece larger than a cap gets a bucket of its own. Pieces must lie in ascending order without
-// overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer, gaps included.
+// The caps a layout is cut at, in fp32 bytes a bucket spans (pieces and the gaps between them); 0: a bucket per
+// piece. The two ends may have caps of their own (--first-bucket-mb, --last-bucket-mb): the first bucket to become
+// ready starts communication early if small (PyTorch DDP caps it at 1 MiB); the last, which closes backward, is the
+// tail no backward hides, and is short if small (ddplab caps it at 1 MiB). kAsTheOthers: no cap of its own, the end
+// cut in ready order as the other buckets are (both ends so: PyTorch's layout without its first-bucket cap).
+struct BucketCaps {
+  static constexpr double kAsTheOthers = -1;
+  double bucket_bytes = 0;            // every bucket that is not an end with a cap of its own
+  double first_bytes = kAsTheOthers;  // bucket 0, the first to become ready (the last layers')
+  double last_bytes = kAsTheOthers;   // the bucket that closes backward (the first layers'), the last to launch
+  // From MiB, where a negative end is kAsTheOthers.
+  static BucketCaps mib(double bucket_mb, double first_mb, double last_mb) {
+    const auto bytes = [](double mb) { return mb < 0 ? kAsTheOthers : mb * 1048576.0; };
+    return {bucket_mb * 1048576.0, bytes(first_mb), bytes(last_mb)};
+  }
+};
+
+// Buckets over gradient pieces given in the order backward finalises them (numel and flat-buffer offset of each).
+// With a cap of its own, the last bucket, which closes backward, is filled first, from the last piece backwards, up
+// to caps.last_bytes. Then, in ready order, bucket 0 up to caps.first_bytes (or the others' cap), and the rest up to
+// caps.bucket_bytes. A piece larger than a cap gets a bucket of its own. Pieces must
+// lie in ascending order without overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer,
+// gaps included.
 std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
-                                   double bucket_cap_bytes, double first_bucket_cap_bytes);
+                                   const BucketCaps& caps);
 
 // Collective over comm: throws on every rank, naming each rank's bucket count, unless every rank has the same
 // layout (the all-reduces would otherwise pair unrelated buffers). Shared by the Reducer and the CudaReducer.

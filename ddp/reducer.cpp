@@ -28,7 +28,7 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
                  const std::vector<int64_t>& offset, float* flat_grads)
     : comm_(comm),
       config_(config),
-      buckets_(assign_buckets(numel, offset, config)),
+      buckets_(assign_buckets(numel, offset, config.caps)),
       countdown_(buckets_, "Reducer"),
       piece_numel_(numel),
       piece_offset_(offset),

@@ -3,13 +3,14 @@
 //
 //   - Buckets are runs of gradient pieces in the order backward finalises them — REVERSE registration order of
 //     the parameters; a piece is a whole parameter, or with --grad-slice-mb a block of rows of a large weight
-//     (model/mlp.h) — up to a byte cap. The bucket that closes backward (it holds the first layers, whose
-//     gradients arrive last) has its own, smaller cap, so the communication left after backward is short. (PyTorch applies its 1 MiB
-//     first-bucket cap to the other end, the first bucket to become ready; the two aims differ: starting the
-//     first all-reduce early versus keeping the tail short. ddplab caps the tail.)
+//     (model/mlp.h) — up to a byte cap. Each end has a cap of its own (ddp/buckets.h): the last bucket, which closes
+//     backward (it holds the first layers, whose gradients arrive last), 1 MiB by default, so that the
+//     communication left after backward is short; the first to become ready, as PyTorch's 1 MiB first bucket, so
+//     that the first all-reduce starts early (by default as the others here).
 //   - The model keeps all gradients in one flat buffer laid out in that same reverse order (model/mlp.h), so a
 //     bucket is a contiguous slice of it: the all-reduce runs on a view, with no copy in or out.
-//   - Backward calls mark_ready(piece) as each piece of gradient becomes final. When a bucket is complete it is handed to
+//   - Backward calls mark_ready(piece) as each piece of gradient becomes final. When a bucket is complete it is handed
+//   to
 //     the communication thread at once (overlap on), in bucket order on every rank; the step waits for all
 //     buckets only before the optimizer (wait_all). With overlap off, every bucket starts in wait_all, after
 //     backward: the baseline to compare against.
@@ -33,22 +34,15 @@
 namespace ddplab {
 
 struct ReducerConfig {
-  // The caps and overlap come from the run's flags (--bucket-mb, --first-bucket-mb, --overlap:
+  // The caps and overlap come from the run's flags (--bucket-mb, --first-bucket-mb, --last-bucket-mb, --overlap:
   // config/train_config.h, where their defaults are).
-  double bucket_mb;        // cap per bucket in MiB; 0 = a bucket per gradient piece, but for the closing one
-  double first_bucket_mb;  // cap of the bucket that closes backward (holds parameter 0)
+  BucketCaps caps;
   bool overlap;
   // --zero-stage 1, the sharded update (comm/ring_allreduce.h): each bucket is reduce-scattered instead of
   // all-reduced, so a rank holds the mean gradients only where it owns the elements (owned_chunks); it zeroes the
   // rest, updates its own, and all_gather() sends the new parameters round.
   bool sharded = false;
 };
-
-// The buckets both reducers cut: assign_buckets at the config's caps in MiB.
-inline std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
-                                          const ReducerConfig& config) {
-  return assign_buckets(numel, offset, config.bucket_mb * 1048576.0, config.first_bucket_mb * 1048576.0);
-}
 
 class Reducer {
  public:

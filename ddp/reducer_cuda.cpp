@@ -15,7 +15,7 @@ CudaReducer::CudaReducer(StreamAllreduce& engine, MPI_Comm comm, const ReducerCo
                          cudaStream_t compute_stream)
     : engine_(engine),
       config_(config),
-      buckets_(assign_buckets(numel, offset, config)),
+      buckets_(assign_buckets(numel, offset, config.caps)),
       countdown_(buckets_, "CudaReducer"),
       flat_grads_(flat_grads),
       compute_(compute_stream),

@@ -175,7 +175,7 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
               return v >= min ? std::string() : below + " (got " + text + ")";
             },
             "", "AUTO_OR_AT_LEAST_MIN"))
-        ->default_str("auto")
+        ->default_str(static_cast<double>(value) == knob.auto_value ? "auto" : value_text(value))
         ->type_name(knob.auto_text);
   } else {
     return app->add_option(flag, value, help)->capture_default_str();

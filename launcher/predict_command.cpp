@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -25,12 +26,15 @@ constexpr int kMaxPredictedRanks = 1 << 20;
 struct PredictArgs {
   std::string file, calibration, json;
   bool force = false;
-  std::vector<double> bucket_mb, first_bucket_mb;
+  std::vector<double> bucket_mb, first_bucket_mb, last_bucket_mb;
   std::vector<std::string> overlap, link, comm, comm_dtype, update;
   std::vector<int> ranks, ranks_per_node, ranks_per_gpu;
 };
 
 std::string on_off(bool on) { return on ? "on" : "off"; }
+// An end bucket's cap as its flag takes it: MiB, or auto (cut as the others).
+std::string end_cap(double mb) { return mb == kAutoEndBucketMb ? "auto" : fmt("%g", mb); }
+nlohmann::json end_cap_json(double mb) { return mb == kAutoEndBucketMb ? nlohmann::json("auto") : nlohmann::json(mb); }
 const char* update_name(const PredictSetting& s) { return s.bucketed_update ? "bucket" : "whole"; }
 // The table's column: "1", "2x2".
 std::string nodes_column(const PredictSetting& s) {
@@ -47,6 +51,7 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   // What train would refuse is no setting to recommend: its knobs' own checks.
   for (double mb : a.bucket_mb) check_knob_value("--bucket-mb", mb);
   for (double mb : a.first_bucket_mb) check_knob_value("--first-bucket-mb", mb);
+  for (double mb : a.last_bucket_mb) check_knob_value("--last-bucket-mb", mb);
   for (int n : a.ranks)
     require(n >= 1 && n <= kMaxPredictedRanks,
             "--ranks " + std::to_string(n) + ": a world of 1 to " + std::to_string(kMaxPredictedRanks) + " ranks");
@@ -121,17 +126,18 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
       for (AllreduceImpl impl : or_run(impls, run.impl))
         for (WireDtype wire : or_run(wires, run.wire))
           for (bool overlap : or_run(overlaps, run.overlap))
-            for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
-              for (double cap : or_run(a.bucket_mb, run.bucket_mb))
-                for (bool per_bucket : or_run(bucketed, run.bucketed_update))
-                  for (std::optional<int> per_gpu : sharing_at(n, k)) {
-                    const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
-                    const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
-                    if (wire_ok && nodes_ok)
-                      out.push_back({cap, first, overlap, link, n, k, impl, wire, per_bucket, per_gpu});
-                    no_wire = no_wire || !wire_ok;
-                    one_node = one_node || !nodes_ok;
-                  }
+            for (double last : or_run(a.last_bucket_mb, run.last_bucket_mb))
+              for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
+                for (double cap : or_run(a.bucket_mb, run.bucket_mb))
+                  for (bool per_bucket : or_run(bucketed, run.bucketed_update))
+                    for (std::optional<int> per_gpu : sharing_at(n, k)) {
+                      const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
+                      const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
+                      if (wire_ok && nodes_ok)
+                        out.push_back({cap, first, last, overlap, link, n, k, impl, wire, per_bucket, per_gpu});
+                      no_wire = no_wire || !wire_ok;
+                      one_node = one_node || !nodes_ok;
+                    }
   require(!out.empty(), no_wire ? "--comm mpi has no 16-bit wire: no setting left to predict"
                                 : "--comm hier needs more than one node (give --ranks-per-node below the ranks)");
   if (no_wire) notes.push_back("--comm mpi has no 16-bit wire; those combinations are left out");
@@ -141,8 +147,10 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
 
 std::string setting_flags(const PredictSetting& s) {
   char text[256];
-  std::snprintf(text, sizeof text, "--bucket-mb %g --first-bucket-mb %g --overlap %s --comm %s --comm-dtype %s",
-                s.bucket_mb, s.first_bucket_mb, on_off(s.overlap).c_str(), to_string(s.impl), to_string(s.wire));
+  std::snprintf(text, sizeof text,
+                "--bucket-mb %g --first-bucket-mb %s --last-bucket-mb %s --overlap %s --comm %s --comm-dtype %s",
+                s.bucket_mb, end_cap(s.first_bucket_mb).c_str(), end_cap(s.last_bucket_mb).c_str(),
+                on_off(s.overlap).c_str(), to_string(s.impl), to_string(s.wire));
   return std::string(text) + (s.bucketed_update ? " --optimizer-in-backward on" : "");
 }
 
@@ -190,7 +198,8 @@ nlohmann::json row_json(const StepModel& m, const Prediction& p) {
           {"overlap", p.setting.overlap},
           {"update", update_name(p.setting)},
           {"bucket_mb", p.setting.bucket_mb},
-          {"first_bucket_mb", p.setting.first_bucket_mb},
+          {"first_bucket_mb", end_cap_json(p.setting.first_bucket_mb)},
+          {"last_bucket_mb", end_cap_json(p.setting.last_bucket_mb)},
           {"buckets", p.buckets},
           {"step_ms", s.step_ms},
           {"samples_per_s", p.samples_per_s},
@@ -230,10 +239,11 @@ StepModel load_model(const PredictArgs& a) {
 // The run's own setting, what the model says of it, and what the model is built from.
 void print_model_summary(const std::string& file, const StepModel& model, const Prediction& self, double self_error) {
   const PredictSetting& own = model.measured;
-  std::printf("predict: %s: %s, %s, link %s, %s %s, buckets %g/%g MiB, overlap %s: measured %.2f ms/step\n",
-              file.c_str(), counted(own.ranks, "rank").c_str(), shape_text(own).c_str(), link_spec(own.link).c_str(),
-              to_string(own.impl), to_string(own.wire), own.bucket_mb, own.first_bucket_mb, on_off(own.overlap).c_str(),
-              model.measured_step_ms);
+  std::printf(
+      "predict: %s: %s, %s, link %s, %s %s, buckets %g MiB (first %s, last %s), overlap %s: measured %.2f ms/step\n",
+      file.c_str(), counted(own.ranks, "rank").c_str(), shape_text(own).c_str(), link_spec(own.link).c_str(),
+      to_string(own.impl), to_string(own.wire), own.bucket_mb, end_cap(own.first_bucket_mb).c_str(),
+      end_cap(own.last_bucket_mb).c_str(), on_off(own.overlap).c_str(), model.measured_step_ms);
   std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
   std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
               model.slowdown_source.c_str());
@@ -272,18 +282,19 @@ void print_prediction_table(const StepModel& model, const std::vector<Prediction
     link_width = std::max(link_width, static_cast<int>(link_spec(p.setting.link).size()));
   // A GPU run's rows say how many ranks take turns on each GPU.
   const auto per_gpu = [&](const char* text) { return model.on_gpu ? fmt(" %7s", text) : std::string(); };
-  std::printf("\n%-*s %5s %-5s%s %-4s %-4s %-7s %-6s %9s %8s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width, "link",
-              "ranks", "nodes", per_gpu("per_gpu").c_str(), "comm", "wire", "overlap", "update", "bucket_MiB",
-              "first_MiB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed", "hidden",
-              "hidden%", "weak%");
+  std::printf("\n%-*s %5s %-5s%s %-4s %-4s %-7s %-6s %9s %8s %8s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width,
+              "link", "ranks", "nodes", per_gpu("per_gpu").c_str(), "comm", "wire", "overlap", "update", "bucket_MiB",
+              "first_MiB", "last_MiB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed",
+              "hidden", "hidden%", "weak%");
   for (const Prediction& p : rows) {
     const PredictSetting& s = p.setting;
     const SimulatedStep& x = p.step;
-    std::printf("%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8g %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
+    std::printf("%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8s %8s %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
                 link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(),
                 per_gpu(std::to_string(p.setting.ranks_per_gpu.value_or(1)).c_str()).c_str(), to_string(s.impl),
-                to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, s.first_bucket_mb, p.buckets,
-                x.step_ms, tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
+                to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb,
+                end_cap(s.first_bucket_mb).c_str(), end_cap(s.last_bucket_mb).c_str(), p.buckets, x.step_ms,
+                tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
                 x.comm_ms > 0 ? fmt("%.0f%%", hidden_pct(x)).c_str() : "-",  // one rank: nothing to hide
                 100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
@@ -496,8 +507,28 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
       ->transform(decimal_validator<double>())
       ->delimiter(',')
       ->type_name("LIST");
-  cmd->add_option("--first-bucket-mb", args->first_bucket_mb, "caps of the bucket that closes backward, MiB, >= 0")
-      ->transform(decimal_validator<double>())
+  // An end's caps: MiB, or auto (no cap of its own: train's kAutoEndBucketMb, which typed as a number is refused), each
+  // as train takes it.
+  const CLI::Validator end_cap_or_auto(
+      [](std::string& text) {
+        if (text == "auto") {
+          text = fmt("%g", kAutoEndBucketMb);
+          return std::string();
+        }
+        if (std::string not_decimal = decimal_validator<double>()(text); !not_decimal.empty()) return not_decimal;
+        return std::strtod(text.c_str(), nullptr) < 0 ? "must not be negative (got " + text + ")" : std::string();
+      },
+      "", "");
+  cmd->add_option("--first-bucket-mb", args->first_bucket_mb,
+                  "caps of the first bucket to become ready, MiB >= 0 or auto (cut as the others; default: the "
+                  "run's)")
+      ->transform(end_cap_or_auto)
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--last-bucket-mb", args->last_bucket_mb,
+                  "caps of the bucket that closes backward, MiB >= 0 or auto (cut as the others, as PyTorch does; "
+                  "default: the run's)")
+      ->transform(end_cap_or_auto)
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--overlap", args->overlap, "on, off or on,off (default: the run's)")

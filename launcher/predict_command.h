@@ -1,7 +1,7 @@
-// `ddplab predict RUN.h5 [--bucket-mb LIST] [--first-bucket-mb LIST] [--overlap on,off] [--link LIST] [--ranks LIST]
-// [--comm ring,mpi] [--comm-dtype LIST] [--calibration FILE] [--json OUT]`: the predicted step time of every
-// combination of the lists, from one measured run (analysis/predict.h, docs/PREDICT.md), with the recommended
-// setting per link and world size.
+// `ddplab predict RUN.h5 [--bucket-mb LIST] [--first-bucket-mb LIST] [--last-bucket-mb LIST] [--overlap on,off]
+// [--link LIST] [--ranks LIST] [--comm ring,mpi] [--comm-dtype LIST] [--calibration FILE] [--json OUT]`: the predicted
+// step time of every combination of the lists, from one measured run (analysis/predict.h, docs/PREDICT.md), with the
+// recommended setting per link and world size.
 #pragma once
 #include <CLI/CLI.hpp>
 

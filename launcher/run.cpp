@@ -460,10 +460,12 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   char slices[64] = "";
   if (config.grad_slice_mb > 0)
     std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
-  std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (cap %g MiB, closing %g MiB), overlap %s%s\n",
-              to_string(config.comm), trainer.transport().c_str(), to_string(config.comm_dtype),
-              describe(comm_options(config).link).c_str(), trainer.buckets().size(),
-              trainer.buckets().size() == 1 ? "" : "s", config.bucket_mb, config.first_bucket_mb,
+  std::string caps = fmt("cap %g MiB", config.bucket_mb);  // and each end's own, where it has one
+  if (config.first_bucket_mb != kAutoEndBucketMb) caps += fmt(", first %g MiB", config.first_bucket_mb);
+  if (config.last_bucket_mb != kAutoEndBucketMb) caps += fmt(", last %g MiB", config.last_bucket_mb);
+  std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (%s), overlap %s%s\n", to_string(config.comm),
+              trainer.transport().c_str(), to_string(config.comm_dtype), describe(comm_options(config).link).c_str(),
+              trainer.buckets().size(), trainer.buckets().size() == 1 ? "" : "s", caps.c_str(),
               config.overlap ? "on" : "off", slices);
   std::fflush(stdout);
 }

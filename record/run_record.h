@@ -155,11 +155,17 @@ struct RunRecord {
 };
 
 // A config JSON (run files, checkpoints) written before its keys were named after the flags, in today's keys:
-// hidden_dim -> hidden, hidden_layers -> layers, num_classes -> classes, blas_threads -> threads.
+// hidden_dim -> hidden, hidden_layers -> layers, num_classes -> classes, blas_threads -> threads. And one written
+// before --last-bucket-mb, whose first_bucket_mb capped the bucket that closes backward (its first bucket cut as the
+// others): last_bucket_mb, and first_bucket_mb auto.
 inline void upgrade_config_keys(nlohmann::json& config) {
   static const std::pair<const char*, const char*> kRenamed[] = {
       {"hidden_dim", "hidden"}, {"hidden_layers", "layers"}, {"num_classes", "classes"}, {"blas_threads", "threads"}};
   if (!config.is_object()) return;
+  if (config.contains("first_bucket_mb") && !config.contains("last_bucket_mb")) {
+    config["last_bucket_mb"] = config["first_bucket_mb"];
+    config["first_bucket_mb"] = "auto";
+  }
   for (const auto& [old_key, key] : kRenamed) {
     const auto it = config.find(old_key);
     if (it == config.end()) continue;

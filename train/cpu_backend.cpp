@@ -25,9 +25,9 @@ CpuBackend::CpuBackend(const TrainConfig& config, MPI_Comm comm)
     numel.push_back(g.numel);
     offset.push_back(g.offset);
   }
-  reducer_ = std::make_unique<Reducer>(
-      *comm_, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap, config.zero_stage == 1}, numel,
-      offset, workload_->flat_grads());
+  reducer_ =
+      std::make_unique<Reducer>(*comm_, ReducerConfig{bucket_caps(config), config.overlap, config.zero_stage == 1},
+                                numel, offset, workload_->flat_grads());
   if (config.update_in_backward()) {
     update_gates_ = std::make_unique<std::atomic<int>[]>(workload_->grad_pieces().size());
     optimizer_thread_ = std::make_unique<WorkerThread>("optimizer thread");

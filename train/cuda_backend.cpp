@@ -60,9 +60,8 @@ CudaBackend::CudaBackend(const TrainConfig& config, MPI_Comm comm)
     numel.push_back(g.numel);
     offset.push_back(g.offset);
   }
-  reducer_ = std::make_unique<cuda::CudaReducer>(
-      *engine_, comm, ReducerConfig{config.bucket_mb, config.first_bucket_mb, config.overlap}, numel, offset,
-      workload_->flat_grads(), compute_.get());
+  reducer_ = std::make_unique<cuda::CudaReducer>(*engine_, comm, ReducerConfig{bucket_caps(config), config.overlap},
+                                                 numel, offset, workload_->flat_grads(), compute_.get());
 
   // The update's state in one allocation, each buffer on a 256-byte boundary as the models' (vector loads): AdamW's
   // moments, and with --grad-clip the norm's workspace and result.

@@ -111,7 +111,9 @@ with tempfile.TemporaryDirectory() as work:
              ([run, "--bucket-mb=nan"], "--bucket-mb must be a finite number (got nan)"),
              ([run, "--bucket-mb=1e300"], "--bucket-mb must be at most 1e+12 (got 1e+300)"),
              ([run, "--bucket-mb=0x1p3"], "--bucket-mb: must be a decimal number (got '0x1p3')"),
-             ([run, "--first-bucket-mb=-1"], "--first-bucket-mb must not be negative (got -1)"),
+             ([run, "--first-bucket-mb=-1"], "--first-bucket-mb: must not be negative (got -1)"),
+             ([run, "--last-bucket-mb=0.5,-1"], "--last-bucket-mb: must not be negative (got -1)"),
+             ([run, "--last-bucket-mb=soon"], "--last-bucket-mb: must be a decimal number (got 'soon')"),
              ([run, "--ranks", "0"], "--ranks 0: a world of 1 to 1048576 ranks"),
              # past 2^30 the model's count of doubling rounds overflowed and never ended
              ([run, "--ranks", "1073741824"], "--ranks 1073741824: a world of 1 to 1048576 ranks"),
@@ -135,7 +137,8 @@ with tempfile.TemporaryDirectory() as work:
                                                          ("own.json", "grid.json", "calibrated.json", "nodes.json"))
     searched_json = os.path.join(work, "searched.json")
     (report, own_proc, searched_proc, grid_proc, clipped_proc, calibrated_proc, single_link, single_free, one_size_proc,
-     one_size_mpi, single_one, nodes_proc, hier_proc, unsampled_proc, slow_proc, nodes_report, *refusals) = run_all([
+     one_size_mpi, single_one, nodes_proc, hier_proc, unsampled_proc, slow_proc, nodes_report, ends_proc,
+     *refusals) = run_all([
          ([ddplab, "report", "--json", run], dict(timeout=120)),
          predict(run, "--json", own_json),
          predict(run, "--bucket-mb", "2,0.5,1,5,25,100", "--json", searched_json),
@@ -154,7 +157,9 @@ with tempfile.TemporaryDirectory() as work:
                  "--json", os.path.join(work, "hier.json")),
          predict(unsampled, "--json", os.path.join(work, "unsampled.json")),
          predict(slow, "--link", "10gbe", "--json", os.path.join(work, "slow.json")),
-         ([ddplab, "report", "--json", nodes_run], dict(timeout=120))] +
+         ([ddplab, "report", "--json", nodes_run], dict(timeout=120)),
+         predict(run, "--first-bucket-mb", "auto,0.5", "--last-bucket-mb", "auto,1", "--json",
+                 os.path.join(work, "ends.json"))] +
         [predict(*args, "--json", out) for args, _ in cases])
 
     # ---- a run at its own setting: one row, near the run's step time (the 5% target is measured in the benchmark) ----
@@ -184,6 +189,19 @@ with tempfile.TemporaryDirectory() as work:
     check("the recommendations weigh the bucket caps 0.5,1,5,25,100 MiB beside the run's" in own_proc.stdout and
           "the recommendations weigh" not in searched_proc.stdout, "the search is said where it happened")
 
+    # The two ends' caps, a number or auto (cut as the others): every combination, as train names them; the run's
+    # own ends (first auto, last 1 MiB: the defaults) replay the run's own row.
+    check(ends_proc.returncode == 0, f"predict --first-bucket-mb auto,0.5 --last-bucket-mb auto,1 exits 0 "
+                                     f"({ends_proc.stderr.strip()[-300:]})")
+    ends = json.load(open(os.path.join(work, "ends.json")))["rows"] if ends_proc.returncode == 0 else []
+    cap = lambda v: v if v == "auto" else f"{v:g}"
+    combos = sorted((cap(r["first_bucket_mb"]), cap(r["last_bucket_mb"])) for r in ends)
+    check(combos == [("0.5", "1"), ("0.5", "auto"), ("auto", "1"), ("auto", "auto")], f"four rows of ends ({combos})")
+    own_ends = [r for r in ends if r["first_bucket_mb"] == "auto" and r["last_bucket_mb"] == 1]
+    check(len(own_ends) == 1 and abs(own_ends[0]["step_ms"] - own["rows"][0]["step_ms"]) < 1e-9,
+          "the run's own ends replay its own row")
+    check("buckets 2 MiB (first auto, last 1)" in own_proc.stdout, "the run's own setting names its ends")
+
     # A grid: every combination, extrapolations marked, one recommendation per link and world size.
     proc = grid_proc
     print(proc.stdout[-3000:])
@@ -205,7 +223,8 @@ with tempfile.TemporaryDirectory() as work:
         chosen = rows[rec["row"]]
         own = grid["measured"]["predicted"]
         # The run's own setting replays a measurement only on the run's own link and world size.
-        setting = ("bucket_mb", "first_bucket_mb", "overlap", "comm", "comm_dtype", "link", "ranks", "nodes")
+        setting = ("bucket_mb", "first_bucket_mb", "last_bucket_mb", "overlap", "comm", "comm_dtype", "link", "ranks",
+                   "nodes")
         own_near = [r for r in near if all(r[k] == own[k] for k in setting)]
         check(rec["tolerance_pct"] > 0 and rec["within_noise"] == len(near) - 1 and
               chosen == (own_near[0] if own_near else

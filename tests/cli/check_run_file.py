@@ -130,7 +130,7 @@ def main():
         # closing bucket fc0.weight+fc0.bias (33280), then from the end fc2.bias..fc1.bias (5672) | fc1.weight.
         cmd = [mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", str(steps), "--batch", str(batch),
                "--warmup-steps", "2", "--input-dim", "64", "--hidden", "128", "--classes", "10",
-               "--bucket-mb", "0.05", "--first-bucket-mb", "0.05", "--out", path]
+               "--bucket-mb", "0.05", "--last-bucket-mb", "0.05", "--out", path]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         print(proc.stdout)
         check(proc.returncode == 0, f"ddplab train exits 0 (got {proc.returncode}: {proc.stderr.strip()[:300]})")

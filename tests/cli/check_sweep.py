@@ -23,7 +23,7 @@ mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], sys.argv[3]
 with tempfile.TemporaryDirectory() as work:
     out = os.path.join(work, "it's a \"sweep\" $(touch pwned)")
     cmd = [mpirun, "-np", np_ranks, ddplab, "sweep", "--bucket-mb", "0,0.01,100,25,50", "--overlap", "on,off",
-           "--first-bucket-mb", "0", "--steps", "5", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64",
+           "--last-bucket-mb", "0", "--steps", "5", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64",
            "--classes", "10", "--batch", "8", "--link", "10gbe", "--out-dir", out]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     print(proc.stdout[-2000:])
@@ -110,7 +110,7 @@ with tempfile.TemporaryDirectory() as work:
     out = os.path.join(work, "predicted")
     proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--repeats", "3",
                            "--bucket-mb", "0.01",
-                           "--first-bucket-mb", "0", "--overlap", "on,off", "--steps", "6", "--warmup-steps", "2",
+                           "--last-bucket-mb", "0", "--overlap", "on,off", "--steps", "6", "--warmup-steps", "2",
                            "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--link", "10gbe",
                            "--out-dir", out],
                           capture_output=True, text=True, timeout=300)
@@ -180,7 +180,7 @@ with tempfile.TemporaryDirectory() as work:
               "the chart names the runs predicted from, off its grid, rather than a legend entry for a marker not drawn")
     out = os.path.join(work, "two rounds")
     proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--repeats", "2", "--bucket-mb",
-                           "0.01", "--first-bucket-mb", "0", "--overlap", "on", "--steps", "5", "--warmup-steps", "1",
+                           "0.01", "--last-bucket-mb", "0", "--overlap", "on", "--steps", "5", "--warmup-steps", "1",
                            "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--out-dir", out],
                           capture_output=True, text=True, timeout=300)
     check(proc.returncode == 0, f"sweep --predict --repeats 2 exits 0 ({proc.returncode}: {proc.stderr[-300:]})")

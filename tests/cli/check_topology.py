@@ -23,7 +23,7 @@ mpirun, ddplab = sys.argv[1], sys.argv[2]
 # times what this machine's own transport takes (~3.5 ms/step exposed without the link, measured alone), so the
 # margin survives a shared machine; a small batch keeps compute short.
 TRAIN = ["train", "--steps", "10", "--warmup-steps", "3", "--hidden", "512", "--input-dim", "256", "--classes", "10",
-         "--batch", "16", "--bucket-mb", "0.25", "--first-bucket-mb", "0.25", "--ranks-per-node", "2", "--quiet"]
+         "--batch", "16", "--bucket-mb", "0.25", "--last-bucket-mb", "0.25", "--ranks-per-node", "2", "--quiet"]
 
 
 def run(*args, np_ranks=4, timeout=180):

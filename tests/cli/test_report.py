@@ -396,7 +396,7 @@ def main():
         # bytes (matplotlib's SVG keeps each text as a comment).
         per_param = os.path.join(work, "per_param.h5")
         proc = run([mpirun, "-np", "2", ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--input-dim", "32",
-                    "--hidden", "64", "--classes", "10", "--batch", "8", "--bucket-mb", "0", "--first-bucket-mb", "0",
+                    "--hidden", "64", "--classes", "10", "--batch", "8", "--bucket-mb", "0", "--last-bucket-mb", "0",
                     "--quiet", "--out", per_param], timeout=120)
         check(proc.returncode == 0, f"a run with a bucket per parameter trains ({proc.stderr.strip()[-200:]})")
         if proc.returncode == 0:

@@ -303,7 +303,7 @@ TEST_P(OptimizerInBackward, GivesTheParametersOfTheUpdateAfterBackwardBitwise) {
   after.max_len = 24;
   after.steps = 4;
   after.bucket_mb = 0.25;
-  after.first_bucket_mb = 0.1;
+  after.last_bucket_mb = 0.1;
   after.grad_slice_mb = grad_slice_mb;
   after.grad_accum = grad_accum;
   after.overlap = overlap;
@@ -350,7 +350,8 @@ TEST_P(ShardedUpdate, GivesTheParametersOfTheReplicatedUpdateBitwise) {
   replicated.max_len = 24;
   replicated.steps = 4;
   replicated.bucket_mb = bucket_mb;
-  replicated.first_bucket_mb = bucket_mb / 2;
+  replicated.first_bucket_mb = bucket_mb / 4;  // the ends cut apart from the rest
+  replicated.last_bucket_mb = bucket_mb / 2;
   replicated.grad_accum = grad_accum;
   replicated.overlap = overlap;
   replicated.optimizer_in_backward = OnOff::kOff;
@@ -380,7 +381,7 @@ TrainConfig clipped_config(const char* model, double bucket_mb, float grad_clip)
   c.optimizer.weight_decay = 0.0f;
   c.optimizer.grad_clip = grad_clip;
   c.bucket_mb = bucket_mb;
-  c.first_bucket_mb = bucket_mb / 2;
+  c.last_bucket_mb = bucket_mb / 2;
   c.optimizer_in_backward = OnOff::kOff;
   return c;
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/reducer.h"
@@ -54,18 +55,24 @@ TEST_P(ReducerTraining, OverlapOnAndOffAgreeBitwiseAndMatchOneRank) {
   reference_config.batch *= world_size();
   const auto reference = train(reference_config, self);
 
+  // The two ends' caps: the first cut as the others (auto) with the last's cap at 0, small and huge; and PyTorch's
+  // layout, a small first bucket and the last cut as the others.
+  const std::pair<double, double> ends[] = {
+      {kAutoEndBucketMb, 0.0}, {kAutoEndBucketMb, 0.01}, {kAutoEndBucketMb, 1e9}, {0.01, kAutoEndBucketMb}};
   for (double bucket_mb : {0.0, 0.005, 0.02, 25.0, 1e9}) {
-    for (double first_bucket_mb : {0.0, 0.01, 1e9}) {
+    for (const auto& [first_bucket_mb, last_bucket_mb] : ends) {
       TrainConfig c = small_config(GetParam());
       c.bucket_mb = bucket_mb;
       c.first_bucket_mb = first_bucket_mb;
+      c.last_bucket_mb = last_bucket_mb;
       c.grad_slice_mb = bucket_mb == 0.005 ? 0.001 : 0.0;  // 1 KiB row blocks: weights of 3.8-6.4 KiB in pieces
       c.overlap = true;
       const auto on = train(c, world);
       c.overlap = false;
       const auto off = train(c, world);
       ASSERT_EQ(std::memcmp(on.data(), off.data(), on.size() * sizeof(float)), 0)
-          << "overlap changed the result at --bucket-mb " << bucket_mb << " --first-bucket-mb " << first_bucket_mb;
+          << "overlap changed the result at --bucket-mb " << bucket_mb << " --first-bucket-mb " << first_bucket_mb
+          << " --last-bucket-mb " << last_bucket_mb;
       EXPECT_LE(max_abs_diff(on, reference), 1e-6) << "--bucket-mb " << bucket_mb;
     }
   }
@@ -90,7 +97,7 @@ TEST_P(ReducerTraining, BucketTimingsAreCausal) {
   const MPI_Comm world = MPI_COMM_WORLD;
   for (bool overlap : {true, false}) {
     TrainConfig c = small_config(GetParam());
-    c.bucket_mb = c.first_bucket_mb = 0;  // one bucket per parameter: 8 buckets
+    c.bucket_mb = c.last_bucket_mb = 0;  // one bucket per parameter: 8 buckets
     c.overlap = overlap;
     Trainer t(c, world);
     for (int s = 0; s < 3; ++s) {
@@ -138,7 +145,7 @@ TEST(Reducer, RanksWithDifferentBucketLayoutsAreRefusedOnEveryRank) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const MPI_Comm world = MPI_COMM_WORLD;
   TrainConfig c = small_config();
-  c.bucket_mb = c.first_bucket_mb = world_rank() == 0 ? 0.0 : 1e9;  // rank 0 would run 8 all-reduces, others 1
+  c.bucket_mb = c.last_bucket_mb = world_rank() == 0 ? 0.0 : 1e9;  // rank 0 would run 8 all-reduces, others 1
   try {
     Trainer t(c, world);
     ADD_FAILURE() << "a mismatched layout was accepted";
@@ -154,7 +161,7 @@ TEST(Reducer, MoreBucketsThanTagsAreBadInputWhereRanksTalk) {
   std::vector<int64_t> numel(pieces, 1), offset(pieces);
   for (size_t k = 0; k < pieces; ++k) offset[k] = static_cast<int64_t>(k);
   std::vector<float> grads(pieces);
-  const ReducerConfig one_bucket_per_piece{0, 0, true};
+  const ReducerConfig one_bucket_per_piece{BucketCaps{}, true};
   Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
   EXPECT_NO_THROW(Reducer(self, one_bucket_per_piece, numel, offset, grads.data()));
   if (world_size() < 2) return;
@@ -170,7 +177,7 @@ TEST(Reducer, MoreBucketsThanTagsAreBadInputWhereRanksTalk) {
 TEST(Reducer, AGradientNeverMarkedReadyIsAnError) {
   Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
   std::vector<float> grads(10);
-  Reducer reducer(self, ReducerConfig{0, 0, true}, {4, 6}, {0, 4}, grads.data());
+  Reducer reducer(self, ReducerConfig{BucketCaps{}, true}, {4, 6}, {0, 4}, grads.data());
   reducer.begin_step(0, 1.0f);
   reducer.mark_ready(0);
   EXPECT_THROW(reducer.wait_all(), std::logic_error);  // piece 1 never arrived: DDP's "unused parameter" error
@@ -181,7 +188,7 @@ TEST(Reducer, AGradientNeverMarkedReadyIsAnError) {
 TEST(Reducer, AtWorldSizeOneNoAllReduceWorkIsDone) {
   for (bool overlap : {true, false}) {
     TrainConfig c = small_config();
-    c.bucket_mb = c.first_bucket_mb = 0;  // 8 buckets
+    c.bucket_mb = c.last_bucket_mb = 0;  // 8 buckets
     c.overlap = overlap;
     Trainer t(c, MPI_COMM_SELF);
     for (int s = 0; s < 3; ++s) {
@@ -194,7 +201,7 @@ TEST(Reducer, AtWorldSizeOneNoAllReduceWorkIsDone) {
 
   Communicator self(MPI_COMM_SELF, AllreduceImpl::kRing);
   std::vector<float> grads{1, 2, 3, 4, 5, 6};
-  Reducer reducer(self, ReducerConfig{0, 0, true}, {2, 4}, {0, 2}, grads.data());  // a bucket per piece
+  Reducer reducer(self, ReducerConfig{BucketCaps{}, true}, {2, 4}, {0, 2}, grads.data());  // a bucket per piece
   ASSERT_EQ(reducer.buckets().size(), 2u);
   reducer.begin_step(0, 0.5f, 3.0f);  // two micro-batches' mean of a batch weighted 3: x1.5, exact in fp32
   reducer.mark_ready(0);

@@ -89,7 +89,7 @@ def train(cmd_prefix, ddplab, path, what, extra=()):
     # --check-sync: the ranks' parameters are compared every 4 steps; the run stops if they drift apart.
     return run(cmd_prefix + [ddplab, "train", "--steps", "8", "--batch", "16", "--warmup-steps", "2",
                              "--input-dim", "64", "--hidden", "128", "--classes", "10", "--bucket-mb", "0.05",
-                             "--first-bucket-mb", "0.05", "--check-sync", "4", "--out", path, *extra], what)
+                             "--last-bucket-mb", "0.05", "--check-sync", "4", "--out", path, *extra], what)
 
 
 def check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work):

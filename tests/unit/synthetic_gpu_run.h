@@ -59,7 +59,7 @@ inline std::vector<GpuPiece> gpt2_small_pieces(double head_share) {
 
 // `steps` steps (the first is warm-up), buckets cut as the CudaReducer cuts them at the given caps.
 inline RunRecord synthetic_gpu_run(const GpuPhases& g = {}, int steps = 6, double bucket_mb = 25,
-                                   double first_bucket_mb = 1) {
+                                   double last_bucket_mb = 1) {
   RunRecord run;
   run.path = "synthetic-gpu.h5";
   run.meta.command = "train";
@@ -68,13 +68,21 @@ inline RunRecord synthetic_gpu_run(const GpuPhases& g = {}, int steps = 6, doubl
   run.meta.world_size = 1;
   run.meta.hostnames = {"gpu-node"};
   run.steps = steps;
-  run.config = {{"bucket_mb", bucket_mb}, {"first_bucket_mb", first_bucket_mb},
-                {"overlap", true},        {"link", "none"},
-                {"comm", "nccl"},         {"comm_dtype", "fp32"},
-                {"device", "cuda"},       {"model", "gpt2-small"},
-                {"precision", "bf16"},    {"batch", g.batch},
-                {"grad_accum", 1},        {"warmup_steps", 1},
-                {"link_latency_us", -1},  {"link_gbps", -1}};
+  run.config = {{"bucket_mb", bucket_mb},
+                {"first_bucket_mb", "auto"},
+                {"last_bucket_mb", last_bucket_mb},
+                {"overlap", true},
+                {"link", "none"},
+                {"comm", "nccl"},
+                {"comm_dtype", "fp32"},
+                {"device", "cuda"},
+                {"model", "gpt2-small"},
+                {"precision", "bf16"},
+                {"batch", g.batch},
+                {"grad_accum", 1},
+                {"warmup_steps", 1},
+                {"link_latency_us", -1},
+                {"link_gbps", -1}};
   const std::vector<GpuPiece> pieces = gpt2_small_pieces(g.head_share);
   std::vector<int64_t> numel, offset;
   for (const GpuPiece& p : pieces) {
@@ -82,7 +90,8 @@ inline RunRecord synthetic_gpu_run(const GpuPhases& g = {}, int steps = 6, doubl
     numel.push_back(p.numel);
     run.pieces.push_back({offset.back(), p.numel});
   }
-  const std::vector<Bucket> buckets = assign_buckets(numel, offset, bucket_mb * 1048576.0, first_bucket_mb * 1048576.0);
+  const std::vector<Bucket> buckets =
+      assign_buckets(numel, offset, BucketCaps::mib(bucket_mb, BucketCaps::kAsTheOthers, last_bucket_mb));
   for (const Bucket& b : buckets)
     run.buckets.push_back(
         {b.first_piece, b.last_piece, b.count, pieces[b.first_piece].name + ".." + pieces[b.last_piece].name});

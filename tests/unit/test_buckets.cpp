@@ -1,4 +1,4 @@
-// Bucket assignment (ddp/reducer.h): ready order, caps, the closing bucket, contiguity in the flat buffer.
+// Bucket assignment (ddp/buckets.h): ready order, caps, the two ends' caps, contiguity in the flat buffer.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -19,6 +19,9 @@ std::vector<int64_t> adjacent_offsets(const std::vector<int64_t>& numel) {
   return offset;
 }
 
+// Caps in bytes with the first bucket cut as the others (--first-bucket-mb auto).
+BucketCaps caps(double bucket_bytes, double last_bytes) { return {bucket_bytes, BucketCaps::kAsTheOthers, last_bytes}; }
+
 struct Span {
   int first, last;
 };
@@ -35,7 +38,7 @@ TEST(AssignBuckets, HandWorkedCase) {
   // Sizes in floats, in ready order; caps in bytes. Closing bucket (48 B = 12 floats), from the end: 10 fits,
   // 10+3 does not. The rest from the start with 40 B = 10 floats: 5+2 (+7 would be 14) | 7+3.
   const std::vector<int64_t> numel{5, 2, 7, 3, 10};
-  const auto buckets = assign_buckets(numel, adjacent_offsets(numel), 40, 48);
+  const auto buckets = assign_buckets(numel, adjacent_offsets(numel), caps(40, 48));
   expect_buckets(buckets, {{0, 1}, {2, 3}, {4, 4}});
   EXPECT_EQ(buckets[0].offset, 0);
   EXPECT_EQ(buckets[0].count, 7);
@@ -54,17 +57,40 @@ TEST(AssignBuckets, DefaultMlpWithDefaultCaps) {
     numel.push_back(g.numel);
     offset.push_back(g.offset);
   }
-  expect_buckets(assign_buckets(numel, offset, 25.0 * 1048576, 1.0 * 1048576), {{0, 4}, {5, 5}});
+  expect_buckets(assign_buckets(numel, offset, caps(25.0 * 1048576, 1.0 * 1048576)), {{0, 4}, {5, 5}});
+}
+
+// The first bucket's own cap: the hand-worked case above with the first bucket capped at 12 B (3 floats): 5 alone
+// (a piece past a cap gets a bucket of its own), then 2+7 | 3 at 40 B, then the closing 10.
+TEST(AssignBuckets, TheFirstBucketHasItsOwnCap) {
+  const std::vector<int64_t> numel{5, 2, 7, 3, 10};
+  expect_buckets(assign_buckets(numel, adjacent_offsets(numel), BucketCaps{40, 12, 48}),
+                 {{0, 0}, {1, 2}, {3, 3}, {4, 4}});
+  // A first cap wider than the others: 5+2+7+3 = 17 floats fit 68 B, the closing bucket as before.
+  expect_buckets(assign_buckets(numel, adjacent_offsets(numel), BucketCaps{40, 68, 48}), {{0, 3}, {4, 4}});
+}
+
+// PyTorch DDP's layout on the default MLP: a 1 MiB first bucket holds the ready-first fc2.bias alone (fc2.weight,
+// 4 MB, does not fit), the rest is one 25 MiB bucket, the last with no cap of its own. (ddplab's default layout
+// is the other way round: {0, 4}, {5, 5}, above.)
+TEST(AssignBuckets, PyTorchsLayoutCapsTheFirstBucketAndNotTheLast) {
+  Mlp<float> mlp(MlpConfig{}, 1);
+  std::vector<int64_t> numel, offset;
+  for (const GradPiece& g : mlp.grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
+  }
+  expect_buckets(assign_buckets(numel, offset, BucketCaps::mib(25, 1, BucketCaps::kAsTheOthers)), {{0, 0}, {1, 5}});
 }
 
 TEST(AssignBuckets, ZeroCapGivesOneBucketPerPiece) {
   const std::vector<int64_t> numel{4, 1, 6, 2};
-  expect_buckets(assign_buckets(numel, adjacent_offsets(numel), 0, 0), {{0, 0}, {1, 1}, {2, 2}, {3, 3}});
+  expect_buckets(assign_buckets(numel, adjacent_offsets(numel), caps(0, 0)), {{0, 0}, {1, 1}, {2, 2}, {3, 3}});
 }
 
 TEST(AssignBuckets, HugeCapsGiveOneBucket) {
   const std::vector<int64_t> numel{4, 1, 6, 2};
-  const auto buckets = assign_buckets(numel, adjacent_offsets(numel), 1e18, 1e18);
+  const auto buckets = assign_buckets(numel, adjacent_offsets(numel), caps(1e18, 1e18));
   expect_buckets(buckets, {{0, 3}});
   EXPECT_EQ(buckets[0].count, 13);
 }
@@ -74,23 +100,28 @@ TEST(AssignBuckets, CoverEveryElementOnceForManyCaps) {
   const auto offset = adjacent_offsets(numel);
   const int64_t total = std::accumulate(numel.begin(), numel.end(), int64_t{0});
   for (double cap : {0.0, 4.0, 100.0, 4096.0, 1e5, 1e6, 1e9}) {
-    for (double first : {0.0, 4.0, 1e4, 1e9}) {
-      const auto buckets = assign_buckets(numel, offset, cap, first);
-      int64_t at = 0;
-      int next = 0;
-      for (const Bucket& b : buckets) {
-        EXPECT_EQ(b.offset, at);  // back to back in the flat buffer, in bucket order
-        EXPECT_EQ(b.first_piece, next);
-        EXPECT_LE(b.first_piece, b.last_piece);
-        const double cap_of_b = &b == &buckets.back() ? first : cap;
-        if (b.num_pieces() > 1) {
-          EXPECT_LE(b.count * 4.0, cap_of_b) << "cap " << cap << " first " << first;
+    for (double first : {BucketCaps::kAsTheOthers, 0.0, 4.0, 1e4, 1e9}) {
+      for (double last : {BucketCaps::kAsTheOthers, 0.0, 4.0, 1e4, 1e9}) {
+        const auto buckets = assign_buckets(numel, offset, BucketCaps{cap, first, last});
+        int64_t at = 0;
+        int next = 0;
+        for (const Bucket& b : buckets) {
+          EXPECT_EQ(b.offset, at);  // back to back in the flat buffer, in bucket order
+          EXPECT_EQ(b.first_piece, next);
+          EXPECT_LE(b.first_piece, b.last_piece);
+          // The last bucket with a cap of its own is cut first: where one bucket is both ends, its cap holds.
+          const bool own_last = &b == &buckets.back() && last != BucketCaps::kAsTheOthers;
+          const bool own_first = &b == &buckets.front() && !own_last && first != BucketCaps::kAsTheOthers;
+          const double cap_of_b = own_last ? last : own_first ? first : cap;
+          if (b.num_pieces() > 1) {
+            EXPECT_LE(b.count * 4.0, cap_of_b) << "cap " << cap << " first " << first << " last " << last;
+          }
+          at += b.count;
+          next = b.last_piece + 1;
         }
-        at += b.count;
-        next = b.last_piece + 1;
+        EXPECT_EQ(at, total);
+        EXPECT_EQ(next, static_cast<int>(numel.size()));
       }
-      EXPECT_EQ(at, total);
-      EXPECT_EQ(next, static_cast<int>(numel.size()));
     }
   }
 }
@@ -106,30 +137,30 @@ TEST(AssignBuckets, SlicedWeightsMakeSmallerBuckets) {
     offset.push_back(g.offset);
   }
   EXPECT_EQ(numel.size(), 3u + 12u);
-  for (const Bucket& b : assign_buckets(numel, offset, 1048576, 1048576)) EXPECT_LE(b.count * 4, 1048576);
+  for (const Bucket& b : assign_buckets(numel, offset, caps(1048576, 1048576))) EXPECT_LE(b.count * 4, 1048576);
 }
 
 TEST(AssignBuckets, RefusesPiecesOutOfOrderOrOverlapping) {
   const std::vector<int64_t> numel{4, 4, 4};
   const std::vector<int64_t> shuffled{0, 8, 4};  // pieces 1 and 2 swapped in memory
-  EXPECT_THROW(assign_buckets(numel, shuffled, 1e9, 0), std::invalid_argument);
+  EXPECT_THROW(assign_buckets(numel, shuffled, caps(1e9, 0)), std::invalid_argument);
   const std::vector<int64_t> overlapping{0, 3, 8};
-  EXPECT_THROW(assign_buckets(numel, overlapping, 1e9, 0), std::invalid_argument);
-  EXPECT_THROW(assign_buckets(numel, adjacent_offsets(numel), -1, 0), std::invalid_argument);
+  EXPECT_THROW(assign_buckets(numel, overlapping, caps(1e9, 0)), std::invalid_argument);
+  EXPECT_THROW(assign_buckets(numel, adjacent_offsets(numel), caps(-1, 0)), std::invalid_argument);
 }
 
 // Alignment gaps between pieces (model/mlp.h) belong to the bucket that spans them and count against its cap.
 TEST(AssignBuckets, BucketsSpanTheGapsBetweenTheirPieces) {
   const std::vector<int64_t> numel{5, 3, 6};
   const std::vector<int64_t> gapped{0, 16, 32};
-  const auto together = assign_buckets(numel, gapped, 1e9, 0);
+  const auto together = assign_buckets(numel, gapped, caps(1e9, 0));
   ASSERT_EQ(together.size(), 2u);  // the closing bucket holds the last piece alone (cap 0)
   EXPECT_EQ(together[0].offset, 0);
   EXPECT_EQ(together[0].count, 19);  // [0, 16 + 3): both pieces and the gap between them
   EXPECT_EQ(together[1].offset, 32);
   EXPECT_EQ(together[1].count, 6);
   // A cap of 18 floats holds 5 + 3 back to back but not the 19-float span.
-  const auto apart = assign_buckets(numel, gapped, 18 * sizeof(float), 0);
+  const auto apart = assign_buckets(numel, gapped, caps(18 * sizeof(float), 0));
   ASSERT_EQ(apart.size(), 3u);
   EXPECT_EQ(apart[0].count, 5);
 }

@@ -25,8 +25,9 @@ const std::vector<int64_t> kNumel = {1000, 1000, 1000, 1000}, kOffset = {0, 1000
 // Data + forward 2 ms, backward 10 ms releasing a piece every 2.5 ms, optimizer 3 ms.
 RankProfile profile(double before_ms = 2) { return RankProfile{before_ms, 10, {2.5, 5, 7.5, 10}, 3}; }
 
-std::vector<Bucket> buckets(double cap_bytes, double first_cap_bytes) {
-  return assign_buckets(kNumel, kOffset, cap_bytes, first_cap_bytes);
+// The first bucket cut as the others (--first-bucket-mb auto), the closing one at last_cap_bytes.
+std::vector<Bucket> buckets(double cap_bytes, double last_cap_bytes) {
+  return assign_buckets(kNumel, kOffset, BucketCaps{cap_bytes, BucketCaps::kAsTheOthers, last_cap_bytes});
 }
 
 std::vector<BucketCost> same_cost(size_t n, double ms) { return std::vector<BucketCost>(n, BucketCost{ms, 0}); }
@@ -349,9 +350,12 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0,
   run.path = "synthetic.h5";
   run.meta.world_size = 2;
   run.steps = steps;
-  run.config = {{"bucket_mb", 0.0},  {"first_bucket_mb", 0.0}, {"overlap", true}, {"link", "none"},
-                {"comm", "ring"},    {"comm_dtype", "fp32"},   {"batch", 32},     {"grad_accum", 1},
-                {"warmup_steps", 0}, {"link_latency_us", -1},  {"link_gbps", -1}};
+  run.config = {{"bucket_mb", 0.0},      {"first_bucket_mb", "auto"},
+                {"last_bucket_mb", 0.0}, {"overlap", true},
+                {"link", "none"},        {"comm", "ring"},
+                {"comm_dtype", "fp32"},  {"batch", 32},
+                {"grad_accum", 1},       {"warmup_steps", 0},
+                {"link_latency_us", -1}, {"link_gbps", -1}};
   // By default pieces of 4000 bytes and 4 MB alternately (recursive doubling and the ring: alpha and beta tell
   // apart).
   int64_t offset = 0;
@@ -429,7 +433,7 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
   // One bucket for everything but the closing piece, which gets its own: {0,1,2} ready at 7.5, {3} at 10.
   PredictSetting merged = model.measured;
   merged.bucket_mb = 100;
-  merged.first_bucket_mb = 4;
+  merged.last_bucket_mb = 4;
   const double first_ms = ring_ms_at_2(ab, (2 * 1000 + (1 << 20)) * 4.0);
   const double last_ms = ring_ms_at_2(ab, (1 << 20) * 4.0);
   const Prediction m = predict(model, merged);
@@ -728,7 +732,7 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
 double exposed_by_hand(const StepModel& m, const PredictSetting& s, const HopCosts& costs) {
   std::vector<int64_t> numel, offset;
   for (const PieceRecord& p : m.pieces) numel.push_back(p.numel), offset.push_back(p.offset);
-  const std::vector<Bucket> buckets = assign_buckets(numel, offset, s.bucket_mb * kMiB, s.first_bucket_mb * kMiB);
+  const std::vector<Bucket> buckets = assign_buckets(numel, offset, s.caps());
   const RankProfile& r = m.steps[0][0];
   double comm_free = 0, total = 0, update = r.backward_ms;
   for (const Bucket& b : buckets) total += static_cast<double>(b.count);
@@ -898,7 +902,7 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
     std::vector<int64_t> numel, offset;
     for (const PieceRecord& piece : model.pieces) numel.push_back(piece.numel), offset.push_back(piece.offset);
     std::vector<double> bytes;
-    for (const Bucket& b : assign_buckets(numel, offset, s.bucket_mb * kMiB, s.first_bucket_mb * kMiB))
+    for (const Bucket& b : assign_buckets(numel, offset, s.caps()))
       bytes.push_back(static_cast<double>(b.count) * sizeof(float));
     return bytes;
   };

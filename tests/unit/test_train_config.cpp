@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "config/train_config.h"
+#include "record/run_record.h"  // upgrade_config_keys
 
 namespace ddplab {
 namespace {
@@ -138,6 +139,38 @@ TEST(ResumeSettings, RepeatWhatChangesTheArithmeticAndNothingElse) {
   TrainConfig hier = cpu;  // it sums within each node first; the checkpoint records the nodes, not a knob
   hier.comm = AllreduceImpl::kHier;
   EXPECT_TRUE(has(keys_a_resume_repeats(hier), "node_of_rank"));
+}
+
+// The bucket caps a run cuts its buckets at (ddp/buckets.h): a number is an end's own cap, auto none of its own; a
+// config stores "auto" as such and reads it back; a file older than --last-bucket-mb stored the closing bucket's
+// cap as first_bucket_mb, its first bucket cut as the others: read as what it meant.
+TEST(BucketCapsConfig, AutoEndsAreStoredAsAutoAndOlderFilesReadAsTheyMeant) {
+  TrainConfig c;
+  EXPECT_EQ(bucket_caps(c).first_bytes, BucketCaps::kAsTheOthers);  // the defaults: ddplab's 1 MiB tail
+  EXPECT_EQ(bucket_caps(c).last_bytes, 1048576.0);
+  c.bucket_mb = 5;
+  c.first_bucket_mb = 0.5;
+  c.last_bucket_mb = kAutoEndBucketMb;  // PyTorch's layout
+  EXPECT_EQ(bucket_caps(c).bucket_bytes, 5 * 1048576.0);
+  EXPECT_EQ(bucket_caps(c).first_bytes, 0.5 * 1048576.0);
+  EXPECT_EQ(bucket_caps(c).last_bytes, BucketCaps::kAsTheOthers);
+  const nlohmann::json stored = to_json(c);
+  EXPECT_EQ(stored.at("first_bucket_mb"), 0.5);
+  EXPECT_EQ(stored.at("last_bucket_mb"), "auto");
+  const TrainConfig back = config_from_json(stored);
+  EXPECT_EQ(back.first_bucket_mb, 0.5);
+  EXPECT_EQ(back.last_bucket_mb, kAutoEndBucketMb);
+
+  nlohmann::json older = {{"bucket_mb", 5.0}, {"first_bucket_mb", 0.25}};
+  upgrade_config_keys(older);
+  EXPECT_EQ(older, (nlohmann::json{{"bucket_mb", 5.0}, {"first_bucket_mb", "auto"}, {"last_bucket_mb", 0.25}}));
+  const TrainConfig read = config_from_json(older);
+  EXPECT_EQ(bucket_caps(read).first_bytes, BucketCaps::kAsTheOthers);
+  EXPECT_EQ(bucket_caps(read).last_bytes, 0.25 * 1048576.0);
+  nlohmann::json current = to_json(TrainConfig{});
+  const nlohmann::json before = current;
+  upgrade_config_keys(current);
+  EXPECT_EQ(current, before);
 }
 
 }  // namespace
