@@ -15,6 +15,12 @@ one process), to show what the wrapper costs. --compile runs the model through t
 what a PyTorch user picks for speed); its compilation happens in the warm-up steps. AdamW is the fused single-kernel
 version by default.
 
+After each precision's timed steps two more steps run, the second under PyTorch's profiler, and a line under its row
+names the SDPA kernels PyTorch picked for the step (kernels named flash / fmha / cudnn / sdpa / attention / efficient)
+with their device ms a step, all layers, forward and backward: which backend the step ran, and what it cost on the GPU
+(with --attention manual there is none). The CSV's columns end with sdpa_kernels: "name=ms" joined by ';', commas
+dropped ("none" with --attention manual; empty where the profiler could not run, the line saying why).
+
   bench/gpu/torch_transformer_step.py [--steps 10] [--warmup 3] [--batch 8] [--seq 1024] [--precision P]
                                       [--attention sdpa|manual] [--ddp] [--compile] [--adamw fused|foreach]
                                       [--csv out.csv]
@@ -22,6 +28,7 @@ version by default.
 import argparse
 import math
 import os
+import re
 import sys
 
 import torch
@@ -34,6 +41,8 @@ import torch_bench_util as util  # noqa: E402
 # gpt2-small in model/transformer.cpp's TransformerConfig::preset
 VOCAB, D_MODEL, HEADS, LAYERS, MLP_HIDDEN, MAX_LEN = 50304, 768, 12, 12, 3072, 1024
 PEAK_BF16_DENSE_TFLOPS = 989.0
+# What SDPA's backends launch: FlashAttention-2's flash_*, the memory-efficient fmha_cutlass*, cuDNN's cudnn_*sdpa*
+SDPA_KERNEL = re.compile(r"flash|fmha|cudnn|sdpa|attention|efficient", re.IGNORECASE)
 
 
 def flops_per_token(seq, causal_half=False):
@@ -80,13 +89,14 @@ class Gpt2Small(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.lnf(x))
-        # Next-token targets: position t predicts token t + 1; the last position has none (-1, ignored), as ddplab masks
-        # it. Written as nanoGPT writes it: the logits whole, not a sliced copy of them (autocast runs the loss in fp32).
+        # Next-token targets: position t predicts token t + 1; the last position has none (-1, ignored), as ddplab
+        # masks it. Written as nanoGPT writes it: the logits whole, not a sliced copy of them (autocast runs the loss
+        # in fp32).
         targets = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -1)], dim=1)
         return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-1)
 
 
-def step_time_ms(precision, args):
+def step_time_ms(precision, args, profile_step):
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch.manual_seed(1)
@@ -102,9 +112,32 @@ def step_time_ms(precision, args):
     tokens_per_s = args.batch * args.seq / (ms * 1e-3)
     tflops = 3 * flops_per_token(args.seq) * tokens_per_s / 1e12
     tflops_causal = 3 * flops_per_token(args.seq, causal_half=True) * tokens_per_s / 1e12
-    del model, opt
+    step_kernels = None  # the kernels of one more step, profiled: which SDPA backend ran, and its device time
+    if args.attention == "sdpa" and profile_step:
+        try:
+            step_kernels = util.kernel_times(lambda: util.train_step(lambda: model(tokens), opt, precision), calls=1)
+        except util.KernelTimesUnavailable as e:
+            step_kernels = str(e)
+    model = opt = None  # freed before the cache is emptied
     torch.cuda.empty_cache()
-    return ms, tokens_per_s, tflops, tflops_causal, params
+    return ms, tokens_per_s, tflops, tflops_causal, params, step_kernels
+
+
+def sdpa_kernels_said(step_kernels, args):
+    """The line under a precision's row and its CSV field: the step's SDPA kernels, or why there are none.
+    step_kernels: kernel_times' list for one step, the profiler's reason (a string), or None (not profiled: the
+    reason was said for an earlier precision)."""
+    if args.attention == "manual":
+        return "  SDPA kernels: none (--attention manual: matmuls and a softmax over the stored S x S)", "none"
+    if not isinstance(step_kernels, list):
+        return f"  SDPA kernels: not timed: {step_kernels or 'the profiler could not run'}", ""
+    sdpa = [(name, ms) for name, ms in step_kernels if SDPA_KERNEL.search(name)]
+    all_ms = sum(ms for _, ms in step_kernels)
+    if not sdpa:
+        return f"  SDPA kernels: none found among the step's {len(step_kernels)} kernels ({all_ms:.3f} ms)", ""
+    named = "; ".join(f"{util.short_kernel_name(name)} {ms:.3f}" for name, ms in sdpa)
+    return (f"  SDPA kernels, device ms a step ({sum(ms for _, ms in sdpa):.3f} of the step's {all_ms:.3f} ms of "
+            f"kernels): {named}", util.kernels_csv_field(sdpa))
 
 
 def main():
@@ -128,17 +161,24 @@ def main():
           f"warm-up; MFU against {PEAK_BF16_DENSE_TFLOPS:.0f} TFLOP/s (dense bf16)")
     print(f"{'precision':<9} {'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'MFU causal':>11}")
     rows = []
+    profiler_unavailable = False  # the profiler's reason is said once, not once per precision
     for precision in util.precisions(args):
-        ms, tokens_per_s, tflops, tflops_causal, params = step_time_ms(precision, args)
+        ms, tokens_per_s, tflops, tflops_causal, params, step_kernels = step_time_ms(precision, args,
+                                                                                     not profiler_unavailable)
         mfu, mfu_causal = tflops / PEAK_BF16_DENSE_TFLOPS, tflops_causal / PEAK_BF16_DENSE_TFLOPS
-        print(f"{precision:<9} {ms:>9.3f} {tokens_per_s:>10.0f} {tflops:>8.1f} {100 * mfu:>5.1f}% {100 * mfu_causal:>10.1f}%")
+        print(f"{precision:<9} {ms:>9.3f} {tokens_per_s:>10.0f} {tflops:>8.1f} {100 * mfu:>5.1f}% "
+              f"{100 * mfu_causal:>10.1f}%")
+        line, field = sdpa_kernels_said(step_kernels, args)
+        if step_kernels is not None or args.attention == "manual":
+            print(line)
+        profiler_unavailable = profiler_unavailable or isinstance(step_kernels, str)
         rows.append(f"{precision},{mode},{args.batch},{args.seq},{args.attention},{int(args.ddp)},{ms:.6f},"
-                    f"{tokens_per_s:.1f},{tflops:.3f},{mfu:.5f},{mfu_causal:.5f}")
+                    f"{tokens_per_s:.1f},{tflops:.3f},{mfu:.5f},{mfu_causal:.5f},{field}")
     print(f"({params / 1e6:.1f}M parameters)")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("precision,mode,batch,seq,attention,ddp,step_ms,tokens_per_s,tflop_per_s,mfu,mfu_causal_half\n" +
-                    "\n".join(rows) + "\n")
+            f.write("precision,mode,batch,seq,attention,ddp,step_ms,tokens_per_s,tflop_per_s,mfu,mfu_causal_half,"
+                    "sdpa_kernels\n" + "\n".join(rows) + "\n")
     if args.ddp:
         torch.distributed.destroy_process_group()
 
