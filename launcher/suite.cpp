@@ -132,6 +132,15 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
     sharded.config.optimizer_in_backward = OnOff::kOff;
     cases.push_back(sharded);
   }
+  // PyTorch DDP's bucket layout beside ddplab's (the baseline at the same --bucket-mb): PyTorch caps the first bucket
+  // to become ready at 1 MiB, to start communicating early, and cuts the last as the others, where ddplab caps the
+  // last, the tail no backward hides. Where ranks talk.
+  if (world > 1) {
+    Case layout{"pytorch_buckets", "buckets", world, clean};
+    layout.config.first_bucket_mb = 1;
+    layout.config.last_bucket_mb = kAutoEndBucketMb;
+    cases.push_back(layout);
+  }
   return cases;
 }
 

@@ -277,14 +277,15 @@ def step_times_chart(run, out_dir, name, written):
 
 
 GROUP_COLORS = {"weak": "#4c72b0", "strong": "#55a868", "pathology": "#c44e52", "input": "#8172b3",
-                "update": "#dd8452", "tokens": "#937860"}
+                "update": "#dd8452", "buckets": "#da8bc3", "tokens": "#937860"}
 # The lab suite's order of its groups (launcher/suite.cpp), whatever order the files were given in (a shell glob
 # sorts them by name); any other group after them, and the files of no case last.
-GROUP_ORDER = ["weak", "strong", "pathology", "input", "update"]
+GROUP_ORDER = ["weak", "strong", "pathology", "input", "update", "buckets"]
 
 
 def throughput_chart(runs, out_dir, written):
-    """Bars in the suite's group order (weak, strong, pathology, input, update), a gap and a label between groups."""
+    """Bars in the suite's group order (weak, strong, pathology, input, update, buckets), a gap and a label between
+    groups."""
     given = list(dict.fromkeys(r.group for r in runs))
     order = sorted(given, key=lambda g: (g is None, GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER),
                                          given.index(g)))

@@ -38,7 +38,7 @@ def main():
         sizes = [1, 2, 4][: {1: 1, 2: 2, 4: 3}[np_ranks]]
         expected = ([f"weak_ws{n}" for n in sizes] + [f"strong_ws{n}" for n in sizes] +
                     ["straggler", "extra_allreduce", "rank0_barrier", "input_threads0", "input_threads2",
-                     "input_threads4"] + (["zero_stage1"] if np_ranks > 1 else []))
+                     "input_threads4"] + (["zero_stage1", "pytorch_buckets"] if np_ranks > 1 else []))
         files = sorted(os.listdir(out))
         check(files == sorted([c + ".h5" for c in expected] +
                               ["summary.csv", "summary.json", "charts", "charts.log", "report.html",
@@ -183,6 +183,15 @@ def main():
                       f"rank0_barrier: the others wait at the barrier ({np.round(barrier, 1)})")
             with h5py.File(os.path.join(out, "extra_allreduce.h5")) as f:
                 check(np.all(steady(f, "extra_comm_ms") > 0), "extra_allreduce: every rank pays the extra all-reduce")
+            # PyTorch's layout cut at PyTorch's caps, every other case at ddplab's (the defaults).
+            caps = {}
+            for case in expected:
+                with h5py.File(os.path.join(out, case + ".h5")) as f:
+                    config = json.loads(f.attrs["config"])
+                    caps[case] = (config["first_bucket_mb"], config["last_bucket_mb"])
+            odd = {case: c for case, c in caps.items() if c != ((1.0, "auto") if case == "pytorch_buckets"
+                                                                  else ("auto", 1.0))}
+            check(not odd, f"pytorch_buckets alone cuts PyTorch's layout (first 1 MiB, last auto) ({odd})")
         with h5py.File(os.path.join(out, "input_threads0.h5")) as f0, \
                 h5py.File(os.path.join(out, "input_threads4.h5")) as f4:
             d0, d4 = steady(f0, "data_ms").max(), steady(f4, "data_ms").max()
