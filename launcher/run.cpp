@@ -281,8 +281,10 @@ nlohmann::json checkpoint_config(const TrainConfig& config, const std::vector<in
 // every one that differs.
 void require_same_settings(const TrainConfig& config, const Topology& topology, const std::string& config_json) {
   nlohmann::json saved;
+  bool older_bucket_caps = false;
   try {
     saved = nlohmann::json::parse(config_json);
+    older_bucket_caps = predates_last_bucket_cap(saved);
     upgrade_config_keys(saved);
   } catch (const nlohmann::json::exception&) {
     throw UsageError("cannot resume from " + config.resume + ": its config attribute is not valid JSON");
@@ -299,8 +301,14 @@ void require_same_settings(const TrainConfig& config, const Topology& topology, 
       differing += std::string(differing.empty() ? "" : ", ") + key + " (checkpoint " + then.dump() + ", now " +
                    now[key].dump() + ")";
   }
+  // A checkpoint from before --last-bucket-mb: its run's --first-bucket-mb X is --last-bucket-mb X now.
+  const std::string renamed = older_bucket_caps && differing.find("bucket_mb") != std::string::npos
+                                  ? " (this checkpoint predates --last-bucket-mb: its --first-bucket-mb " +
+                                        saved["last_bucket_mb"].dump() + " is --last-bucket-mb " +
+                                        saved["last_bucket_mb"].dump() + " now)"
+                                  : "";
   require(differing.empty(), "cannot resume from " + config.resume + ": settings differ from the checkpoint's: " +
-                                 differing + "; a resumed run must repeat the original's settings");
+                                 differing + "; a resumed run must repeat the original's settings" + renamed);
 }
 
 // Every rank loads the checkpoint and learns the step to start at. The settings are compared first: another model's

@@ -154,18 +154,27 @@ struct RunRecord {
   }
 };
 
-// A config JSON (run files, checkpoints) written before its keys were named after the flags, in today's keys:
-// hidden_dim -> hidden, hidden_layers -> layers, num_classes -> classes, blas_threads -> threads. And one written
-// before --last-bucket-mb, whose first_bucket_mb capped the bucket that closes backward (its first bucket cut as the
-// others): last_bucket_mb, and first_bucket_mb auto.
+// Whether a config JSON was written before --last-bucket-mb, when first_bucket_mb capped the bucket that closes
+// backward (and the first bucket was cut as the others).
+inline bool predates_last_bucket_cap(const nlohmann::json& config) {
+  return config.is_object() && config.contains("first_bucket_mb") && !config.contains("last_bucket_mb");
+}
+
+// A config JSON (run files, checkpoints) in today's keys and values, whenever it was written: keys named after the
+// flags (hidden_dim -> hidden, hidden_layers -> layers, num_classes -> classes, blas_threads -> threads); a file from
+// before --last-bucket-mb read as it meant (its first_bucket_mb is last_bucket_mb, its first bucket auto); and a
+// number's "auto" stored as the word, where it was stored as the knob's stand-in, -1 (the links' preset values).
 inline void upgrade_config_keys(nlohmann::json& config) {
   static const std::pair<const char*, const char*> kRenamed[] = {
       {"hidden_dim", "hidden"}, {"hidden_layers", "layers"}, {"num_classes", "classes"}, {"blas_threads", "threads"}};
+  static const char* const kAutoWasMinusOne[] = {"link_latency_us", "link_gbps"};
   if (!config.is_object()) return;
-  if (config.contains("first_bucket_mb") && !config.contains("last_bucket_mb")) {
+  if (predates_last_bucket_cap(config)) {
     config["last_bucket_mb"] = config["first_bucket_mb"];
     config["first_bucket_mb"] = "auto";
   }
+  for (const char* key : kAutoWasMinusOne)
+    if (config.contains(key) && config[key].is_number() && config[key].get<double>() == -1) config[key] = "auto";
   for (const auto& [old_key, key] : kRenamed) {
     const auto it = config.find(old_key);
     if (it == config.end()) continue;

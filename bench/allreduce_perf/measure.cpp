@@ -10,6 +10,7 @@
 
 #include "bench/allreduce_perf/harness.h"
 #include "runtime/cpu_taken.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab::perf {
 namespace {
@@ -69,7 +70,10 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = now_s();
   if (queued) {
-    for (int i = 0; i < o.iters; ++i) impl.enqueue(in, out, count);
+    {  // a launch can block where the stream's queue is full: the watchdog names it if it never returns
+      const watchdog::Wait queuing("the timed calls to be queued");
+      for (int i = 0; i < o.iters; ++i) impl.enqueue(in, out, count);
+    }
     impl.wait();
   } else {
     for (int i = 0; i < o.iters; ++i) {

@@ -339,7 +339,9 @@ if [ "$stage" = 2 ]; then
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     blocked="" step "torch eager bf16" models.log 60 'grep -E "^bf16" "$log" | tail -1' \
       python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --csv "$out/torch_eager.csv"
-    blocked="" step "torch SDPA per backend" models.log 40 'grep -E "^(flash|cudnn) " "$log" | tail -2 | paste -sd" "' \
+    # The detail: cuDNN's forward/backward ms by events, then by its kernels' device time (the second table).
+    blocked="" step "torch SDPA per backend" models.log 40 \
+      'echo "cudnn fwd/bwd ms, events then kernels: $(grep -E "^cudnn " "$log" | awk "{print \$2 \"/\" \$4}" | paste -sd" ")"' \
       python3 bench/gpu/torch_attention.py --csv "$out/torch_attention.csv"
     blocked="" step "torch.compile bf16" models.log 150 'grep -E "^bf16" "$log" | tail -1' \
       python3 bench/gpu/torch_transformer_step.py --precision bf16 --steps 20 --warmup 5 --compile \

@@ -94,11 +94,10 @@ def main():
           f"cuDNN {torch.backends.cudnn.version()}")
     print(f"F.scaled_dot_product_attention, bf16, causal, B {B} H {H} S {S} hs {hs}; TFLOP/s of the causal half "
           f"(fwd 2 B S^2 C, bwd 2.5x)")
-    print(f"events: CUDA events around each call, median of {args.repeat}; kernels: the device time of the call's "
-          f"kernels (PyTorch's profiler), mean of {args.repeat} calls, each kernel listed under its row")
+    print(f"events: CUDA events around each call, median of {args.repeat}; kernels (below): the device time of the "
+          f"call's kernels (PyTorch's profiler), mean of {args.repeat} calls, each kernel listed under its row")
     columns = f"{'fwd ms':>8} {'fwd TFLOP/s':>12} {'bwd ms':>8} {'bwd TFLOP/s':>12} {'f+b TFLOP/s':>12}"
-    print(f"{'':<10} {' events ':-^{len(columns)}} {' kernels ':-^{len(columns)}}")
-    print(f"{'backend':<10} {columns} {columns}")
+    print(f"{'events':<10} {columns}")
     torch.manual_seed(1)
     qkv = torch.randn(B, S, 3 * C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dout = torch.randn(B, H, S, hs, device="cuda", dtype=torch.bfloat16)
@@ -106,7 +105,17 @@ def main():
     def tflops(fwd, bwd):
         return forward_flops / fwd / 1e9, 2.5 * forward_flops / bwd / 1e9, 3.5 * forward_flops / (fwd + bwd) / 1e9
 
-    timed, unavailable, profiled_calls = {}, {}, {}
+    def write_csv(rows):
+        if args.csv:
+            with open(args.csv, "w") as f:
+                f.write("backend,batch,heads,seq,head_size,forward_ms,backward_ms,forward_tflops,backward_tflops,"
+                        "fwd_bwd_tflops,forward_kernel_ms,backward_kernel_ms,forward_kernel_tflops,"
+                        "backward_kernel_tflops,fwd_bwd_kernel_tflops,forward_kernels,backward_kernels\n" +
+                        "".join(row + "\n" for row in rows.values()))
+
+    # Every backend's events first, each row printed and the CSV written as measured, so that nothing measured is lost
+    # to the profiler after them.
+    rows, profiled_calls = {}, {}
     for name, backend in BACKENDS.items():
         try:
             with sdpa_kernel(backend):
@@ -114,50 +123,37 @@ def main():
                 fwd = median_ms(forward, args.warmup, args.repeat)
                 bwd = median_ms(backward, args.warmup, args.repeat)
         except RuntimeError as e:  # a backend that cannot run this problem says why, in one line
-            unavailable[name] = str(e).splitlines()[0][:100]
+            print(f"{name:<10} unavailable: {str(e).splitlines()[0][:100]}")
             continue
-        timed[name] = fwd, bwd
-        profiled_calls[f"{name} fwd"], profiled_calls[f"{name} bwd"] = under(backend, forward), under(backend, backward)
-    # Every backend's events first, then one profiling session: the profiler may leave CUPTI's callbacks on the
-    # launches after it, which would lengthen an event-timed call that waits on its host's launches.
-    kernels = {}
-    if profiled_calls:
-        try:
-            kernels = util.kernel_times_each(profiled_calls, args.repeat)
-        except util.KernelTimesUnavailable as e:
-            print(f"kernels not timed: {e}")
-    rows = []
-    for name in BACKENDS:
-        if name in unavailable:
-            print(f"{name:<10} unavailable: {unavailable[name]}")
-            continue
-        fwd, bwd = timed[name]
         f_t, b_t, fb = tflops(fwd, bwd)
-        line = f"{name:<10} {fwd:>8.3f} {f_t:>12.1f} {bwd:>8.3f} {b_t:>12.1f} {fb:>12.1f}"
-        row = f"{name},{B},{H},{S},{hs},{fwd:.6f},{bwd:.6f},{f_t:.2f},{b_t:.2f},{fb:.2f}"
-        fwd_kernels, bwd_kernels = kernels.get(f"{name} fwd", []), kernels.get(f"{name} bwd", [])
-        if fwd_kernels and bwd_kernels:
-            fwd_k, bwd_k = sum(ms for _, ms in fwd_kernels), sum(ms for _, ms in bwd_kernels)
-            fk_t, bk_t, fbk = tflops(fwd_k, bwd_k)
-            line += f" {fwd_k:>8.4f} {fk_t:>12.1f} {bwd_k:>8.4f} {bk_t:>12.1f} {fbk:>12.1f}"
-            row += (f",{fwd_k:.6f},{bwd_k:.6f},{fk_t:.2f},{bk_t:.2f},{fbk:.2f},"
-                    f"{util.kernels_csv_field(fwd_kernels)},{util.kernels_csv_field(bwd_kernels)}")
-        else:
-            row += ",,,,,,,"
-        print(line)
+        print(f"{name:<10} {fwd:>8.3f} {f_t:>12.1f} {bwd:>8.3f} {b_t:>12.1f} {fb:>12.1f}", flush=True)
+        rows[name] = f"{name},{B},{H},{S},{hs},{fwd:.6f},{bwd:.6f},{f_t:.2f},{b_t:.2f},{fb:.2f},,,,,,,"
+        write_csv(rows)
+        profiled_calls[f"{name} fwd"], profiled_calls[f"{name} bwd"] = under(backend, forward), under(backend, backward)
+    # Then one profiling session for all: the profiler may leave CUPTI's callbacks on the launches after it, which
+    # would lengthen an event-timed call that waits on its host's launches.
+    if not profiled_calls:
+        return
+    try:
+        kernels = util.kernel_times_each(profiled_calls, args.repeat)
+    except Exception as e:  # the profiler's failure, whatever its kind: one line, the events' rows kept
+        print(f"kernels not timed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}")
+        return
+    print(f"{'kernels':<10} {columns}")
+    for name in rows:
+        fwd_kernels, bwd_kernels = kernels[f"{name} fwd"], kernels[f"{name} bwd"]
+        fwd_k, bwd_k = sum(ms for _, ms in fwd_kernels), sum(ms for _, ms in bwd_kernels)
+        fk_t, bk_t, fbk = tflops(fwd_k, bwd_k)
+        print(f"{name:<10} {fwd_k:>8.4f} {fk_t:>12.1f} {bwd_k:>8.4f} {bk_t:>12.1f} {fbk:>12.1f}")
         for direction, listed in (("fwd", fwd_kernels), ("bwd", bwd_kernels)):
             for kernel, ms in listed[:LISTED_KERNELS]:
                 print(f"    {direction} {ms:>8.4f} ms  {util.short_kernel_name(kernel)}")
             if len(listed) > LISTED_KERNELS:  # the math backend's dozens of small ones; the CSV lists them all
                 rest = listed[LISTED_KERNELS:]
                 print(f"    {direction} {sum(ms for _, ms in rest):>8.4f} ms  {len(rest)} more kernels")
-        rows.append(row)
-    if args.csv:
-        with open(args.csv, "w") as f:
-            f.write("backend,batch,heads,seq,head_size,forward_ms,backward_ms,forward_tflops,backward_tflops,"
-                    "fwd_bwd_tflops,forward_kernel_ms,backward_kernel_ms,forward_kernel_tflops,backward_kernel_tflops,"
-                    "fwd_bwd_kernel_tflops,forward_kernels,backward_kernels\n" + "\n".join(rows) + "\n")
-
+        rows[name] = (rows[name][:-len(",,,,,,,")] + f",{fwd_k:.6f},{bwd_k:.6f},{fk_t:.2f},{bk_t:.2f},{fbk:.2f},"
+                      f"{util.kernels_csv_field(fwd_kernels)},{util.kernels_csv_field(bwd_kernels)}")
+    write_csv(rows)
 
 if __name__ == "__main__":
     main()

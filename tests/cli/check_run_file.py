@@ -121,6 +121,36 @@ def check_token_shards(mpirun, ddplab, np_ranks, work):
             os.unlink(os.path.join(work, name))
 
 
+def check_older_bucket_caps(mpirun, ddplab, np_ranks, work):
+    """A checkpoint written before --last-bucket-mb, whose first_bucket_mb capped the bucket that closes backward:
+    it resumes under today's name for that cap, and its old flag repeated is refused with the rename said."""
+    base = [mpirun, "-np", str(np_ranks), ddplab, "train", "--input-dim", "32", "--hidden", "64", "--classes", "10",
+            "--batch", "8", "--warmup-steps", "1", "--quiet"]
+    checkpoint = os.path.join(work, "older_ck.h5")
+    first = subprocess.run(base + ["--steps", "3", "--last-bucket-mb", "0.5", "--checkpoint", checkpoint, "--out",
+                                   os.path.join(work, "older_first.h5")], capture_output=True, text=True,
+                           timeout=120, env=NO_PAGE)
+    check(first.returncode == 0, f"a run with a checkpoint ({first.stderr.strip()[:300]})")
+    if first.returncode != 0:
+        return
+    with h5py.File(checkpoint, "r+") as f:  # as the version before wrote it
+        config = json.loads(f.attrs["config"])
+        config["first_bucket_mb"] = config.pop("last_bucket_mb")
+        f.attrs["config"] = json.dumps(config)
+    runs = {flag: subprocess.run(base + ["--steps", "5", flag, "0.5", "--resume", checkpoint, "--out",
+                                         os.path.join(work, f"older{flag}.h5")], capture_output=True, text=True,
+                                 timeout=120, env=NO_PAGE) for flag in ("--last-bucket-mb", "--first-bucket-mb")}
+    check(runs["--last-bucket-mb"].returncode == 0,
+          f"an older checkpoint resumes with its cap under today's name ({runs['--last-bucket-mb'].stderr[-300:]})")
+    refused = runs["--first-bucket-mb"]
+    check(refused.returncode == 2 and refused.stderr.count("ddplab: error:") == 1 and
+          "(this checkpoint predates --last-bucket-mb: its --first-bucket-mb 0.5 is --last-bucket-mb 0.5 now)"
+          in refused.stderr, f"its old flag repeated: refused, the rename said ({refused.stderr.strip()[-400:]})")
+    for name in ("older_ck.h5", "older_first.h5", "older--last-bucket-mb.h5", "older--first-bucket-mb.h5"):
+        if os.path.exists(os.path.join(work, name)):
+            os.unlink(os.path.join(work, name))
+
+
 def main():
     mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
     steps, batch = 8, 16
@@ -233,6 +263,7 @@ def main():
             os.unlink(long_path)
 
         check_token_shards(mpirun, ddplab, np_ranks, work)
+        check_older_bucket_caps(mpirun, ddplab, np_ranks, work)
 
         with h5py.File(path, "r") as f:
             check(np.all(f["steps"]["grad_norm"][:] == 0), "no norm taken without --grad-clip")

@@ -161,9 +161,15 @@ TEST(BucketCapsConfig, AutoEndsAreStoredAsAutoAndOlderFilesReadAsTheyMeant) {
   EXPECT_EQ(back.first_bucket_mb, 0.5);
   EXPECT_EQ(back.last_bucket_mb, kAutoEndBucketMb);
 
-  nlohmann::json older = {{"bucket_mb", 5.0}, {"first_bucket_mb", 0.25}};
+  nlohmann::json older = {{"bucket_mb", 5.0}, {"first_bucket_mb", 0.25}, {"link_gbps", -1.0}, {"link_latency_us", 3.0}};
+  EXPECT_TRUE(predates_last_bucket_cap(older));
   upgrade_config_keys(older);
-  EXPECT_EQ(older, (nlohmann::json{{"bucket_mb", 5.0}, {"first_bucket_mb", "auto"}, {"last_bucket_mb", 0.25}}));
+  EXPECT_EQ(older, (nlohmann::json{{"bucket_mb", 5.0},
+                                   {"first_bucket_mb", "auto"},
+                                   {"last_bucket_mb", 0.25},
+                                   {"link_gbps", "auto"},  // stored as its stand-in then
+                                   {"link_latency_us", 3.0}}));
+  EXPECT_FALSE(predates_last_bucket_cap(older));
   const TrainConfig read = config_from_json(older);
   EXPECT_EQ(bucket_caps(read).first_bytes, BucketCaps::kAsTheOthers);
   EXPECT_EQ(bucket_caps(read).last_bytes, 0.25 * 1048576.0);
