@@ -46,11 +46,20 @@ Options timing(int blocking) {
   return o;
 }
 
+// time_calls on a counted fake: what it called, and the row's figures.
+struct Timed {
+  Counts counts;
+  Mode mode;
+};
+Timed time_counted(const World& w, bool queues, int blocking) {
+  Timed t;
+  time_calls(counted(t.counts, queues), nullptr, nullptr, 0, timing(blocking), w.rank, w.n, &t.mode);
+  return t;
+}
+
 TEST(PerfTiming, ZeroQueuesTheCallsAndWaitsOnceAfterThem) {
   const World w;
-  Counts c;
-  Mode m;
-  time_calls(counted(c, true), nullptr, nullptr, 0, timing(0), w.rank, w.n, &m);
+  const auto [c, m] = time_counted(w, true, 0);
   EXPECT_EQ(c.runs, 2);  // the warm-up calls each wait
   EXPECT_EQ(c.enqueues, 7);
   EXPECT_EQ(c.waits, 1);
@@ -64,9 +73,7 @@ TEST(PerfTiming, ZeroQueuesTheCallsAndWaitsOnceAfterThem) {
 
 TEST(PerfTiming, OneTimesEveryCallOnItsOwn) {
   const World w;
-  Counts c;
-  Mode m;
-  time_calls(counted(c, true), nullptr, nullptr, 0, timing(1), w.rank, w.n, &m);
+  const auto [c, m] = time_counted(w, true, 1);
   EXPECT_EQ(c.runs, 2 + 7);
   EXPECT_EQ(c.enqueues, 0);
   EXPECT_EQ(c.waits, 0);
@@ -79,9 +86,7 @@ TEST(PerfTiming, OneTimesEveryCallOnItsOwn) {
 
 TEST(PerfTiming, AnImplementationThatCannotQueueIsTimedCallByCallUnderZero) {
   const World w;
-  Counts c;
-  Mode m;
-  time_calls(counted(c, false), nullptr, nullptr, 0, timing(0), w.rank, w.n, &m);
+  const auto [c, m] = time_counted(w, false, 0);
   EXPECT_EQ(c.runs, 2 + 7);
   if (w.rank != 0) return;
   EXPECT_EQ(m.calls_us.size(), 7u);

@@ -4,6 +4,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/reducer.h"
@@ -21,6 +22,16 @@ std::vector<int64_t> adjacent_offsets(const std::vector<int64_t>& numel) {
 
 // Caps in bytes with the first bucket cut as the others (--first-bucket-mb auto).
 BucketCaps caps(double bucket_bytes, double last_bytes) { return {bucket_bytes, BucketCaps::kAsTheOthers, last_bytes}; }
+
+// A model's gradient pieces in ready order: their sizes and offsets in the flat buffer.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> pieces_of(const Mlp<float>& mlp) {
+  std::vector<int64_t> numel, offset;
+  for (const GradPiece& g : mlp.grad_pieces()) {
+    numel.push_back(g.numel);
+    offset.push_back(g.offset);
+  }
+  return {numel, offset};
+}
 
 struct Span {
   int first, last;
@@ -52,11 +63,7 @@ TEST(AssignBuckets, DefaultMlpWithDefaultCaps) {
   // Ready order fc2.bias, fc2.weight, fc1.bias, fc1.weight, fc0.bias, fc0.weight. fc0.weight (4 MiB) alone
   // exceeds the 1 MiB closing cap, so it closes backward by itself; the rest (12.2 MB) fits one 25 MiB bucket.
   Mlp<float> mlp(MlpConfig{}, 1);
-  std::vector<int64_t> numel, offset;
-  for (const GradPiece& g : mlp.grad_pieces()) {
-    numel.push_back(g.numel);
-    offset.push_back(g.offset);
-  }
+  const auto [numel, offset] = pieces_of(mlp);
   expect_buckets(assign_buckets(numel, offset, caps(25.0 * 1048576, 1.0 * 1048576)), {{0, 4}, {5, 5}});
 }
 
@@ -75,11 +82,7 @@ TEST(AssignBuckets, TheFirstBucketHasItsOwnCap) {
 // is the other way round: {0, 4}, {5, 5}, above.)
 TEST(AssignBuckets, PyTorchsLayoutCapsTheFirstBucketAndNotTheLast) {
   Mlp<float> mlp(MlpConfig{}, 1);
-  std::vector<int64_t> numel, offset;
-  for (const GradPiece& g : mlp.grad_pieces()) {
-    numel.push_back(g.numel);
-    offset.push_back(g.offset);
-  }
+  const auto [numel, offset] = pieces_of(mlp);
   expect_buckets(assign_buckets(numel, offset, BucketCaps::mib(25, 1, BucketCaps::kAsTheOthers)), {{0, 0}, {1, 5}});
 }
 
@@ -131,11 +134,7 @@ TEST(AssignBuckets, SlicedWeightsMakeSmallerBuckets) {
   // no larger than a block (plus a bias).
   Mlp<float> mlp(MlpConfig{}, 1);
   mlp.set_grad_piece_elements(262144);
-  std::vector<int64_t> numel, offset;
-  for (const GradPiece& g : mlp.grad_pieces()) {
-    numel.push_back(g.numel);
-    offset.push_back(g.offset);
-  }
+  const auto [numel, offset] = pieces_of(mlp);
   EXPECT_EQ(numel.size(), 3u + 12u);
   for (const Bucket& b : assign_buckets(numel, offset, caps(1048576, 1048576))) EXPECT_LE(b.count * 4, 1048576);
 }
