@@ -136,7 +136,7 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   // to become ready at 1 MiB, to start communicating early, and cuts the last as the others, where ddplab caps the
   // last, the tail no backward hides. Where ranks talk.
   if (world > 1) {
-    Case layout{"pytorch_buckets", "buckets", world, clean};
+    Case layout{"pytorch_layout", "layout", world, clean};
     layout.config.first_bucket_mb = 1;
     layout.config.last_bucket_mb = kAutoEndBucketMb;
     cases.push_back(layout);

@@ -9,7 +9,8 @@ Per file:  <stem>_breakdown   where each rank's step goes (data / compute / back
                               and barrier wait when present)
            <stem>_step_times  step time of every step on every rank (warm-up shaded)
            <stem>_buckets     one step's backward and each bucket's ready, comm start and comm end, per rank: for
-                              a single file, the suite's largest weak-scaling case, or the sweep's best point
+                              a single file, the suite's largest weak-scaling case (and its layout case), or the
+                              sweep's best point
 Any:       update             the learning rate and the gradient norm (against --grad-clip's cap) per step, for
                               the files whose rate varies (--lr-warmup, --lr-schedule) or that clip (--grad-clip)
 Several:   throughput         samples/s per file (useful tokens/s when every file is a sequence run), grouped as
@@ -277,14 +278,14 @@ def step_times_chart(run, out_dir, name, written):
 
 
 GROUP_COLORS = {"weak": "#4c72b0", "strong": "#55a868", "pathology": "#c44e52", "input": "#8172b3",
-                "update": "#dd8452", "buckets": "#da8bc3", "tokens": "#937860"}
+                "update": "#dd8452", "layout": "#da8bc3", "tokens": "#937860"}
 # The lab suite's order of its groups (launcher/suite.cpp), whatever order the files were given in (a shell glob
 # sorts them by name); any other group after them, and the files of no case last.
-GROUP_ORDER = ["weak", "strong", "pathology", "input", "update", "buckets"]
+GROUP_ORDER = ["weak", "strong", "pathology", "input", "update", "layout"]
 
 
 def throughput_chart(runs, out_dir, written):
-    """Bars in the suite's group order (weak, strong, pathology, input, update, buckets), a gap and a label between
+    """Bars in the suite's group order (weak, strong, pathology, input, update, layout), a gap and a label between
     groups."""
     given = list(dict.fromkeys(r.group for r in runs))
     order = sorted(given, key=lambda g: (g is None, GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER),
@@ -843,6 +844,7 @@ def main(argv):
         step_times_chart(run, out_dir, f"{run.stem}_step_times", written)
     weak = [r for r in runs if r.group == "weak"]
     gantt = [max(weak, key=lambda r: r.world)] if weak else runs if len(runs) == 1 else best_of_sweep(runs, sweeps)
+    gantt += [r for r in runs if r.group == "layout"]  # another bucket layout, beside the baseline's
     for run in gantt:
         buckets_chart(run, out_dir, f"{run.stem}_buckets", written)
     update_chart(runs, out_dir, written)

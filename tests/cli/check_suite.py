@@ -38,7 +38,7 @@ def main():
         sizes = [1, 2, 4][: {1: 1, 2: 2, 4: 3}[np_ranks]]
         expected = ([f"weak_ws{n}" for n in sizes] + [f"strong_ws{n}" for n in sizes] +
                     ["straggler", "extra_allreduce", "rank0_barrier", "input_threads0", "input_threads2",
-                     "input_threads4"] + (["zero_stage1", "pytorch_buckets"] if np_ranks > 1 else []))
+                     "input_threads4"] + (["zero_stage1", "pytorch_layout"] if np_ranks > 1 else []))
         files = sorted(os.listdir(out))
         check(files == sorted([c + ".h5" for c in expected] +
                               ["summary.csv", "summary.json", "charts", "charts.log", "report.html",
@@ -49,7 +49,8 @@ def main():
               "the straggler timeline has every rank (pid rank + 1)")
         check(os.path.getsize(os.path.join(out, "charts", "straggler_breakdown.png")) > 0, "charts are drawn")
         drawn = set(os.listdir(os.path.join(out, "charts")))
-        for chart in ["throughput", "loss", "weak_scaling", "strong_scaling", f"weak_ws{np_ranks}_buckets"]:
+        for chart in ["throughput", "loss", "weak_scaling", "strong_scaling", f"weak_ws{np_ranks}_buckets"] + (
+                ["pytorch_layout_buckets"] if np_ranks > 1 else []):
             check(f"{chart}.png" in drawn and os.path.getsize(os.path.join(out, "charts", f"{chart}.png")) > 1000,
                   f"the suite draws {chart}.png")
         # The results folder copied elsewhere: its summary's paths lead to the original files, so the copies are
@@ -189,9 +190,9 @@ def main():
                 with h5py.File(os.path.join(out, case + ".h5")) as f:
                     config = json.loads(f.attrs["config"])
                     caps[case] = (config["first_bucket_mb"], config["last_bucket_mb"])
-            odd = {case: c for case, c in caps.items() if c != ((1.0, "auto") if case == "pytorch_buckets"
+            odd = {case: c for case, c in caps.items() if c != ((1.0, "auto") if case == "pytorch_layout"
                                                                   else ("auto", 1.0))}
-            check(not odd, f"pytorch_buckets alone cuts PyTorch's layout (first 1 MiB, last auto) ({odd})")
+            check(not odd, f"pytorch_layout alone cuts PyTorch's layout (first 1 MiB, last auto) ({odd})")
         with h5py.File(os.path.join(out, "input_threads0.h5")) as f0, \
                 h5py.File(os.path.join(out, "input_threads4.h5")) as f4:
             d0, d4 = steady(f0, "data_ms").max(), steady(f4, "data_ms").max()
