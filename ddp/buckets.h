@@ -37,9 +37,8 @@ struct BucketCaps {
 // Buckets over gradient pieces given in the order backward finalises them (numel and flat-buffer offset of each).
 // With a cap of its own, the last bucket, which closes backward, is filled first, from the last piece backwards, up
 // to caps.last_bytes. Then, in ready order, bucket 0 up to caps.first_bytes (or the others' cap), and the rest up to
-// caps.bucket_bytes. A piece larger than a cap gets a bucket of its own. Pieces must
-// lie in ascending order without overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer,
-// gaps included.
+// caps.bucket_bytes. A piece larger than a cap gets a bucket of its own. Pieces must lie in ascending order without
+// overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer, gaps included.
 std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
                                    const BucketCaps& caps);
 

@@ -3,15 +3,14 @@
 //
 //   - Buckets are runs of gradient pieces in the order backward finalises them — REVERSE registration order of
 //     the parameters; a piece is a whole parameter, or with --grad-slice-mb a block of rows of a large weight
-//     (model/mlp.h) — up to a byte cap. Each end has a cap of its own (ddp/buckets.h): the last bucket, which closes
-//     backward (it holds the first layers, whose gradients arrive last), 1 MiB by default, so that the
+//     (model/mlp.h) — up to a byte cap. Each end may have a cap of its own (ddp/buckets.h): the last bucket, which
+//     closes backward (it holds the first layers, whose gradients arrive last), 1 MiB by default, so that the
 //     communication left after backward is short; the first to become ready, as PyTorch's 1 MiB first bucket, so
-//     that the first all-reduce starts early (by default as the others here).
+//     that the first all-reduce starts early (by default cut as the others here).
 //   - The model keeps all gradients in one flat buffer laid out in that same reverse order (model/mlp.h), so a
 //     bucket is a contiguous slice of it: the all-reduce runs on a view, with no copy in or out.
-//   - Backward calls mark_ready(piece) as each piece of gradient becomes final. When a bucket is complete it is handed
-//   to
-//     the communication thread at once (overlap on), in bucket order on every rank; the step waits for all
+//   - Backward calls mark_ready(piece) as each piece of gradient becomes final. When a bucket is complete it is
+//     handed to the communication thread at once (overlap on), in bucket order on every rank; the step waits for all
 //     buckets only before the optimizer (wait_all). With overlap off, every bucket starts in wait_all, after
 //     backward: the baseline to compare against.
 //   - Gradient accumulation (no_sync): with set_sync(false) mark_ready does nothing and gradients accumulate
