@@ -543,6 +543,7 @@ PredictSetting measured_setting(const RunRecord& run, const TrainConfig& c) {
   s.bucket_mb = c.bucket_mb;
   s.first_bucket_mb = c.first_bucket_mb;
   s.last_bucket_mb = c.last_bucket_mb;
+  s.bucket_rule = c.bucket_rule;
   s.overlap = c.overlap;
   s.link = parse_links(c.link, c.link_latency_us, c.link_gbps);
   s.ranks = run.world_size();

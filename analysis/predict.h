@@ -160,6 +160,7 @@ struct PredictSetting {
   // The caps, MiB (--bucket-mb, --first-bucket-mb, --last-bucket-mb; an end's kAutoEndBucketMb: cut as the others).
   double bucket_mb = TrainConfig().bucket_mb, first_bucket_mb = TrainConfig().first_bucket_mb,
          last_bucket_mb = TrainConfig().last_bucket_mb;
+  BucketRule bucket_rule = BucketRule::kWithin;  // the run's (--bucket-rule), not searched
   bool overlap = true;
   LinkClasses link;  // per class of hop (one link: every hop)
   int ranks = 1;
@@ -175,7 +176,7 @@ struct PredictSetting {
   std::optional<int> ranks_per_gpu;
 
   int nodes() const { return ranks_per_node > 0 && ranks % ranks_per_node == 0 ? ranks / ranks_per_node : 1; }
-  BucketCaps caps() const { return BucketCaps::mib(bucket_mb, first_bucket_mb, last_bucket_mb); }
+  BucketCaps caps() const { return BucketCaps::mib(bucket_mb, first_bucket_mb, last_bucket_mb, bucket_rule); }
   int ranks_on_a_node() const { return ranks / nodes(); }
 };
 std::string shape_text(const PredictSetting& s);  // "1 node", "2 nodes x 2"

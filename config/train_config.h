@@ -101,6 +101,7 @@ struct TrainConfig {
   double bucket_mb = 25.0;
   double first_bucket_mb = kAutoEndBucketMb;
   double last_bucket_mb = 1.0;
+  BucketRule bucket_rule = BucketRule::kWithin;
   bool overlap = true;
   double grad_slice_mb = kAutoGradSliceMb;
   int grad_accum = 1;
@@ -319,14 +320,20 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.overlap);
   visit(Knob{"--first-bucket-mb", "first_bucket_mb",
              "cap of the first bucket to become ready, MiB (the last layers', the first to launch: PyTorch's first "
-             "bucket, 1 MiB there); auto: cut as the others",
+             "bucket, 1 MiB there; 0: its first piece alone); auto: cut as the others",
              0, kMaxMiB, kMath, "MiB|auto", kAutoEndBucketMb},
         c.first_bucket_mb);
   visit(Knob{"--last-bucket-mb", "last_bucket_mb",
              "cap of the bucket that closes backward, MiB (the first layers', the last to launch: the tail no "
-             "backward hides); auto: cut as the others, as PyTorch does",
+             "backward hides; 0: its last piece alone); auto: cut as the others, as PyTorch does",
              0, kMaxMiB, kMath, "MiB|auto", kAutoEndBucketMb},
         c.last_bucket_mb);
+  visit(Knob{"--bucket-rule", "bucket_rule",
+             "how a cap closes a bucket: within (it stays within its cap; a piece past it alone) | reach (it takes "
+             "pieces until it reaches its cap, that piece included: PyTorch DDP's rule). PyTorch's layout: "
+             "--first-bucket-mb 1 --last-bucket-mb auto --bucket-rule reach",
+             kNoMin, kNoMax, kMath},
+        c.bucket_rule);
   visit(Knob{"--grad-slice-mb", "grad_slice_mb",
              "compute and announce weight gradients in row blocks of this size, MiB: N (0: whole weights) or "
              "auto (1 with the update in backward on the CPU, else 0)",
@@ -498,7 +505,7 @@ inline int64_t grad_slice_elements(const TrainConfig& c) {
 
 // The bucket caps as the run cuts its buckets (ddp/buckets.h).
 inline BucketCaps bucket_caps(const TrainConfig& c) {
-  return BucketCaps::mib(c.bucket_mb, c.first_bucket_mb, c.last_bucket_mb);
+  return BucketCaps::mib(c.bucket_mb, c.first_bucket_mb, c.last_bucket_mb, c.bucket_rule);
 }
 
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update

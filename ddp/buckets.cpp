@@ -42,23 +42,29 @@ std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std:
     return static_cast<double>(offset[last] + numel[last] - offset[first]) * sizeof(float);
   };
 
-  // The closing bucket first where it has a cap of its own: the last pieces to become ready, while they fit its cap
-  // (at least one).
+  // Whether a bucket spanning `bytes` takes one more piece, to span `with_it`: within, if the piece keeps it within
+  // the cap; reach, if it has not reached the cap yet.
+  const auto takes = [&caps](double bytes, double with_it, double cap) {
+    return caps.rule == BucketRule::kWithin ? with_it <= cap : bytes < cap;
+  };
+
+  // The closing bucket first where it has a cap of its own: the last pieces to become ready, backwards (at least one).
   const bool own_last = caps.last_bytes != BucketCaps::kAsTheOthers;
   int closing_first = n;
   if (own_last) {
     closing_first = n - 1;
-    while (closing_first > 0 && span(closing_first - 1, n - 1) <= caps.last_bytes) --closing_first;
+    while (closing_first > 0 && takes(span(closing_first, n - 1), span(closing_first - 1, n - 1), caps.last_bytes))
+      --closing_first;
   }
 
-  // The rest in ready order, greedily up to the cap: the first bucket's, then the others'.
+  // The rest in ready order, greedily to the cap: the first bucket's, then the others'.
   const double first_cap = caps.first_bytes == BucketCaps::kAsTheOthers ? caps.bucket_bytes : caps.first_bytes;
   std::vector<Bucket> buckets;
   for (int k = 0; k < closing_first;) {
     const double cap = buckets.empty() ? first_cap : caps.bucket_bytes;
     Bucket b;
     b.first_piece = k;
-    while (k + 1 < closing_first && span(b.first_piece, k + 1) <= cap) ++k;
+    while (k + 1 < closing_first && takes(span(b.first_piece, k), span(b.first_piece, k + 1), cap)) ++k;
     b.last_piece = k++;
     buckets.push_back(b);
   }
@@ -83,9 +89,9 @@ void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm) {
   mpiCheck(MPI_Allgather(&nb, 1, MPI_INT, counts.data(), 1, MPI_INT, comm));
   std::string list;
   for (int r = 0; r < size; ++r) list += (r ? ", " : "") + std::to_string(counts[r]);
-  throw std::runtime_error(
-      "gradient bucket layout differs across ranks (buckets per rank: " + list +
-      "): every rank needs the same model, --bucket-mb, --first-bucket-mb, --last-bucket-mb and --grad-slice-mb");
+  throw std::runtime_error("gradient bucket layout differs across ranks (buckets per rank: " + list +
+                           "): every rank needs the same model, bucket flags (--bucket-mb, --first-bucket-mb, "
+                           "--last-bucket-mb, --bucket-rule) and --grad-slice-mb");
 }
 
 BucketCountdown::BucketCountdown(const std::vector<Bucket>& buckets, const char* who)

@@ -4,8 +4,11 @@
 #pragma once
 #include <mpi.h>
 
+#include <array>
 #include <cstdint>
 #include <vector>
+
+#include "runtime/choices.h"
 
 namespace ddplab {
 
@@ -17,6 +20,14 @@ struct Bucket {
   int num_pieces() const { return last_piece - first_piece + 1; }
 };
 
+// How a cap closes a bucket (--bucket-rule). kWithin: a bucket stays within its cap, and a piece past the cap gets
+// a bucket of its own (ddplab's). kReach: a bucket takes pieces until it reaches its cap, the piece that reaches it
+// included (PyTorch DDP's compute_bucket_assignment_by_size), so a bucket passes its cap by less than one piece.
+enum class BucketRule { kWithin, kReach };
+constexpr std::array<Named<BucketRule>, 2> choice_names(BucketRule) {
+  return {{{BucketRule::kWithin, "within"}, {BucketRule::kReach, "reach"}}};
+}
+
 // The caps a layout is cut at, in fp32 bytes a bucket spans (pieces and the gaps between them); 0: a bucket per
 // piece. The two ends may have caps of their own (--first-bucket-mb, --last-bucket-mb): the first bucket to become
 // ready starts communication early if small (PyTorch DDP caps it at 1 MiB); the last, which closes backward, is the
@@ -27,18 +38,20 @@ struct BucketCaps {
   double bucket_bytes = 0;            // every bucket that is not an end with a cap of its own
   double first_bytes = kAsTheOthers;  // bucket 0, the first to become ready (the last layers')
   double last_bytes = kAsTheOthers;   // the bucket that closes backward (the first layers'), the last to launch
+  BucketRule rule = BucketRule::kWithin;
   // From MiB, where a negative end is kAsTheOthers.
-  static BucketCaps mib(double bucket_mb, double first_mb, double last_mb) {
+  static BucketCaps mib(double bucket_mb, double first_mb, double last_mb, BucketRule rule = BucketRule::kWithin) {
     const auto bytes = [](double mb) { return mb < 0 ? kAsTheOthers : mb * 1048576.0; };
-    return {bucket_mb * 1048576.0, bytes(first_mb), bytes(last_mb)};
+    return {bucket_mb * 1048576.0, bytes(first_mb), bytes(last_mb), rule};
   }
 };
 
 // Buckets over gradient pieces given in the order backward finalises them (numel and flat-buffer offset of each).
-// With a cap of its own, the last bucket, which closes backward, is filled first, from the last piece backwards, up
-// to caps.last_bytes. Then, in ready order, bucket 0 up to caps.first_bytes (or the others' cap), and the rest up to
-// caps.bucket_bytes. A piece larger than a cap gets a bucket of its own. Pieces must lie in ascending order without
-// overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer, gaps included.
+// With a cap of its own, the last bucket, which closes backward, is filled first, from the last piece backwards, to
+// caps.last_bytes. Then, in ready order, bucket 0 to caps.first_bytes (or the others' cap), and the rest to
+// caps.bucket_bytes; each cap closes its bucket by caps.rule, and every bucket holds one piece at least. Pieces must
+// lie in ascending order without overlapping (checked: throws otherwise); a bucket is one slice of the flat buffer,
+// gaps included.
 std::vector<Bucket> assign_buckets(const std::vector<int64_t>& numel, const std::vector<int64_t>& offset,
                                    const BucketCaps& caps);
 

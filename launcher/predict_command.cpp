@@ -134,7 +134,8 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
                       const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
                       const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
                       if (wire_ok && nodes_ok)
-                        out.push_back({cap, first, last, overlap, link, n, k, impl, wire, per_bucket, per_gpu});
+                        out.push_back(
+                            {cap, first, last, run.bucket_rule, overlap, link, n, k, impl, wire, per_bucket, per_gpu});
                       no_wire = no_wire || !wire_ok;
                       one_node = one_node || !nodes_ok;
                     }
@@ -148,9 +149,10 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
 std::string setting_flags(const PredictSetting& s) {
   char text[256];
   std::snprintf(text, sizeof text,
-                "--bucket-mb %g --first-bucket-mb %s --last-bucket-mb %s --overlap %s --comm %s --comm-dtype %s",
+                "--bucket-mb %g --first-bucket-mb %s --last-bucket-mb %s --bucket-rule %s --overlap %s --comm %s "
+                "--comm-dtype %s",
                 s.bucket_mb, end_cap(s.first_bucket_mb).c_str(), end_cap(s.last_bucket_mb).c_str(),
-                on_off(s.overlap).c_str(), to_string(s.impl), to_string(s.wire));
+                to_string(s.bucket_rule), on_off(s.overlap).c_str(), to_string(s.impl), to_string(s.wire));
   return std::string(text) + (s.bucketed_update ? " --optimizer-in-backward on" : "");
 }
 
@@ -240,10 +242,12 @@ StepModel load_model(const PredictArgs& a) {
 void print_model_summary(const std::string& file, const StepModel& model, const Prediction& self, double self_error) {
   const PredictSetting& own = model.measured;
   std::printf(
-      "predict: %s: %s, %s, link %s, %s %s, buckets %g MiB (first %s, last %s), overlap %s: measured %.2f ms/step\n",
+      "predict: %s: %s, %s, link %s, %s %s, buckets %g MiB (first %s, last %s, rule %s), overlap %s: measured %.2f "
+      "ms/step\n",
       file.c_str(), counted(own.ranks, "rank").c_str(), shape_text(own).c_str(), link_spec(own.link).c_str(),
       to_string(own.impl), to_string(own.wire), own.bucket_mb, end_cap(own.first_bucket_mb).c_str(),
-      end_cap(own.last_bucket_mb).c_str(), on_off(own.overlap).c_str(), model.measured_step_ms);
+      end_cap(own.last_bucket_mb).c_str(), to_string(own.bucket_rule), on_off(own.overlap).c_str(),
+      model.measured_step_ms);
   std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
   std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
               model.slowdown_source.c_str());

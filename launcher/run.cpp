@@ -468,9 +468,12 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   char slices[64] = "";
   if (config.grad_slice_mb > 0)
     std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
-  std::string caps = fmt("cap %g MiB", config.bucket_mb);  // and each end's own, where it has one
-  if (config.first_bucket_mb != kAutoEndBucketMb) caps += fmt(", first %g MiB", config.first_bucket_mb);
-  if (config.last_bucket_mb != kAutoEndBucketMb) caps += fmt(", last %g MiB", config.last_bucket_mb);
+  // The caps as the flags spell them, and the closing bucket as cut (a piece past its cap is a bucket of its own).
+  const auto end = [](double mb) { return mb == kAutoEndBucketMb ? std::string("auto") : fmt("%g MiB", mb); };
+  std::string caps = fmt("cap %g MiB, first %s, last %s, %s", config.bucket_mb, end(config.first_bucket_mb).c_str(),
+                         end(config.last_bucket_mb).c_str(), to_string(config.bucket_rule));
+  if (!trainer.buckets().empty())
+    caps += "; the closing one " + size_text(trainer.buckets().back().count * static_cast<int64_t>(sizeof(float)));
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (%s), overlap %s%s\n", to_string(config.comm),
               trainer.transport().c_str(), to_string(config.comm_dtype), describe(comm_options(config).link).c_str(),
               trainer.buckets().size(), trainer.buckets().size() == 1 ? "" : "s", caps.c_str(),

@@ -189,10 +189,10 @@ def main():
             for case in expected:
                 with h5py.File(os.path.join(out, case + ".h5")) as f:
                     config = json.loads(f.attrs["config"])
-                    caps[case] = (config["first_bucket_mb"], config["last_bucket_mb"])
-            odd = {case: c for case, c in caps.items() if c != ((1.0, "auto") if case == "pytorch_layout"
-                                                                  else ("auto", 1.0))}
-            check(not odd, f"pytorch_layout alone cuts PyTorch's layout (first 1 MiB, last auto) ({odd})")
+                    caps[case] = (config["first_bucket_mb"], config["last_bucket_mb"], config["bucket_rule"])
+            odd = {case: c for case, c in caps.items() if c != ((1.0, "auto", "reach") if case == "pytorch_layout"
+                                                                  else ("auto", 1.0, "within"))}
+            check(not odd, f"pytorch_layout alone cuts PyTorch's layout (first 1 MiB, last auto, reach) ({odd})")
         with h5py.File(os.path.join(out, "input_threads0.h5")) as f0, \
                 h5py.File(os.path.join(out, "input_threads4.h5")) as f4:
             d0, d4 = steady(f0, "data_ms").max(), steady(f4, "data_ms").max()

@@ -167,6 +167,8 @@ for np_ranks, command, args, text in [
         (1, ["suite", "lab"], ["--loader-threads", "2"],
          "--loader-threads is not a flag of suite lab: its input cases run 0, 2 and 4 loader threads"),
         (1, ["suite", "lab"], ["--zero-stage", "1", "--comm", "mpi"], "--zero-stage is not a flag of suite lab"),
+        (1, ["suite", "lab"], ["--last-bucket-mb", "4"],
+         "--last-bucket-mb is not a flag of suite lab: its pytorch_layout case cuts PyTorch DDP's buckets"),
         (1, ["suite", "tokens"], ["--batching", "token"], "--batching is not a flag of suite tokens"),
         (1, ["suite", "tokens"], ["--straggler-ms", "5"], "--straggler-ms is not a flag of suite tokens"),
         (1, ["suite", "tokens"], ["--model", "mlp"], "suite tokens trains a transformer"),

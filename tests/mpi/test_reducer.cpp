@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -57,14 +58,17 @@ TEST_P(ReducerTraining, OverlapOnAndOffAgreeBitwiseAndMatchOneRank) {
 
   // The two ends' caps: the first cut as the others (auto) with the last's cap at 0, small and huge; and PyTorch's
   // layout, a small first bucket and the last cut as the others.
-  const std::pair<double, double> ends[] = {
-      {kAutoEndBucketMb, 0.0}, {kAutoEndBucketMb, 0.01}, {kAutoEndBucketMb, 1e9}, {0.01, kAutoEndBucketMb}};
+  const std::tuple<double, double, BucketRule> ends[] = {{kAutoEndBucketMb, 0.0, BucketRule::kWithin},
+                                                         {kAutoEndBucketMb, 0.01, BucketRule::kWithin},
+                                                         {kAutoEndBucketMb, 1e9, BucketRule::kWithin},
+                                                         {0.01, kAutoEndBucketMb, BucketRule::kReach}};
   for (double bucket_mb : {0.0, 0.005, 0.02, 25.0, 1e9}) {
-    for (const auto& [first_bucket_mb, last_bucket_mb] : ends) {
+    for (const auto& [first_bucket_mb, last_bucket_mb, rule] : ends) {
       TrainConfig c = small_config(GetParam());
       c.bucket_mb = bucket_mb;
       c.first_bucket_mb = first_bucket_mb;
       c.last_bucket_mb = last_bucket_mb;
+      c.bucket_rule = rule;
       c.grad_slice_mb = bucket_mb == 0.005 ? 0.001 : 0.0;  // 1 KiB row blocks: weights of 3.8-6.4 KiB in pieces
       c.overlap = true;
       const auto on = train(c, world);

@@ -77,13 +77,26 @@ TEST(AssignBuckets, TheFirstBucketHasItsOwnCap) {
   expect_buckets(assign_buckets(numel, adjacent_offsets(numel), BucketCaps{40, 68, 48}), {{0, 3}, {4, 4}});
 }
 
-// PyTorch DDP's layout on the default MLP: a 1 MiB first bucket holds the ready-first fc2.bias alone (fc2.weight,
-// 4 MB, does not fit), the rest is one 25 MiB bucket, the last with no cap of its own. (ddplab's default layout
-// is the other way round: {0, 4}, {5, 5}, above.)
-TEST(AssignBuckets, PyTorchsLayoutCapsTheFirstBucketAndNotTheLast) {
+// PyTorch DDP's layout on the default MLP: its first bucket takes fc2.bias, then fc2.weight (4 MB), which reaches
+// the 1 MiB cap and closes it; the rest, 8.4 MB, never reaches 25 MiB: one bucket, the last with no cap of its own.
+// The same caps within (ddplab's rule) leave fc2.bias alone. (ddplab's default layout: {0, 4}, {5, 5}, above.)
+TEST(AssignBuckets, PyTorchsLayoutClosesABucketOnThePieceThatReachesItsCap) {
   Mlp<float> mlp(MlpConfig{}, 1);
   const auto [numel, offset] = pieces_of(mlp);
+  expect_buckets(assign_buckets(numel, offset, BucketCaps::mib(25, 1, BucketCaps::kAsTheOthers, BucketRule::kReach)),
+                 {{0, 1}, {2, 5}});
   expect_buckets(assign_buckets(numel, offset, BucketCaps::mib(25, 1, BucketCaps::kAsTheOthers)), {{0, 0}, {1, 5}});
+}
+
+// Reach by hand, caps in bytes, sizes in floats {5, 2, 7, 3, 10}: the last bucket from the end until it reaches 48 B
+// (10 floats = 40 B, then 3 more: 52 B reached); then 5 (20 B) takes 2 (28 B: 40 B not reached) and 7 (56 B), then
+// the rest. A cap of 0 closes every bucket on its first piece.
+TEST(AssignBuckets, ReachTakesThePieceThatReachesTheCap) {
+  const std::vector<int64_t> numel{5, 2, 7, 3, 10};
+  const BucketCaps reach{40, BucketCaps::kAsTheOthers, 48, BucketRule::kReach};
+  expect_buckets(assign_buckets(numel, adjacent_offsets(numel), reach), {{0, 2}, {3, 4}});
+  const BucketCaps zero{0, 0, 0, BucketRule::kReach};
+  expect_buckets(assign_buckets(numel, adjacent_offsets(numel), zero), {{0, 0}, {1, 1}, {2, 2}, {3, 3}, {4, 4}});
 }
 
 TEST(AssignBuckets, ZeroCapGivesOneBucketPerPiece) {
@@ -105,25 +118,34 @@ TEST(AssignBuckets, CoverEveryElementOnceForManyCaps) {
   for (double cap : {0.0, 4.0, 100.0, 4096.0, 1e5, 1e6, 1e9}) {
     for (double first : {BucketCaps::kAsTheOthers, 0.0, 4.0, 1e4, 1e9}) {
       for (double last : {BucketCaps::kAsTheOthers, 0.0, 4.0, 1e4, 1e9}) {
-        const auto buckets = assign_buckets(numel, offset, BucketCaps{cap, first, last});
-        int64_t at = 0;
-        int next = 0;
-        for (const Bucket& b : buckets) {
-          EXPECT_EQ(b.offset, at);  // back to back in the flat buffer, in bucket order
-          EXPECT_EQ(b.first_piece, next);
-          EXPECT_LE(b.first_piece, b.last_piece);
-          // The last bucket with a cap of its own is cut first: where one bucket is both ends, its cap holds.
-          const bool own_last = &b == &buckets.back() && last != BucketCaps::kAsTheOthers;
-          const bool own_first = &b == &buckets.front() && !own_last && first != BucketCaps::kAsTheOthers;
-          const double cap_of_b = own_last ? last : own_first ? first : cap;
-          if (b.num_pieces() > 1) {
-            EXPECT_LE(b.count * 4.0, cap_of_b) << "cap " << cap << " first " << first << " last " << last;
+        for (BucketRule rule : {BucketRule::kWithin, BucketRule::kReach}) {
+          const auto buckets = assign_buckets(numel, offset, BucketCaps{cap, first, last, rule});
+          int64_t at = 0;
+          int next = 0;
+          for (const Bucket& b : buckets) {
+            EXPECT_EQ(b.offset, at);  // back to back in the flat buffer, in bucket order
+            EXPECT_EQ(b.first_piece, next);
+            EXPECT_LE(b.first_piece, b.last_piece);
+            // The last bucket with a cap of its own is cut first: where one bucket is both ends, its cap holds.
+            const bool own_last = &b == &buckets.back() && last != BucketCaps::kAsTheOthers;
+            const bool own_first = &b == &buckets.front() && !own_last && first != BucketCaps::kAsTheOthers;
+            const double cap_of_b = own_last ? last : own_first ? first : cap;
+            // Within: a bucket of several pieces fits its cap. Reach: without the piece that closed it (the last
+            // one; for the closing bucket, cut backwards, the first), it had not reached its cap.
+            if (b.num_pieces() > 1) {
+              const int64_t closer = own_last ? numel[b.first_piece] : numel[b.last_piece];
+              if (rule == BucketRule::kWithin)
+                EXPECT_LE(b.count * 4.0, cap_of_b) << "cap " << cap << " first " << first << " last " << last;
+              else
+                EXPECT_LT((b.count - closer) * 4.0, cap_of_b)
+                    << "cap " << cap << " first " << first << " last " << last;
+            }
+            at += b.count;
+            next = b.last_piece + 1;
           }
-          at += b.count;
-          next = b.last_piece + 1;
+          EXPECT_EQ(at, total);
+          EXPECT_EQ(next, static_cast<int>(numel.size()));
         }
-        EXPECT_EQ(at, total);
-        EXPECT_EQ(next, static_cast<int>(numel.size()));
       }
     }
   }
