@@ -160,7 +160,7 @@ struct PredictSetting {
   // The caps, MiB (--bucket-mb, --first-bucket-mb, --last-bucket-mb; an end's kAutoEndBucketMb: cut as the others).
   double bucket_mb = TrainConfig().bucket_mb, first_bucket_mb = TrainConfig().first_bucket_mb,
          last_bucket_mb = TrainConfig().last_bucket_mb;
-  BucketRule bucket_rule = BucketRule::kWithin;  // the run's (--bucket-rule), not searched
+  BucketRule bucket_rule = BucketRule::kWithin;  // --bucket-rule
   bool overlap = true;
   LinkClasses link;  // per class of hop (one link: every hop)
   int ranks = 1;

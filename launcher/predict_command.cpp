@@ -27,7 +27,7 @@ struct PredictArgs {
   std::string file, calibration, json;
   bool force = false;
   std::vector<double> bucket_mb, first_bucket_mb, last_bucket_mb;
-  std::vector<std::string> overlap, link, comm, comm_dtype, update;
+  std::vector<std::string> overlap, link, comm, comm_dtype, update, bucket_rule;
   std::vector<int> ranks, ranks_per_node, ranks_per_gpu;
 };
 
@@ -76,6 +76,7 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   std::vector<LinkClasses> links;
   std::vector<AllreduceImpl> impls;
   std::vector<WireDtype> wires;
+  std::vector<BucketRule> rules;
   try {
     // Each --link is one link with classes ("intra=none,inter=25gbe"), or a list of presets for every hop
     // ("10gbe,25gbe"); either way parse_links reads each link, as train does.
@@ -93,6 +94,7 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
     for (AllreduceImpl impl : impls)
       require(impl != AllreduceImpl::kNccl, "--comm nccl: predict models the CPU collectives (ring, mpi, hier)");
     for (const std::string& d : a.comm_dtype) wires.push_back(parse_choice<WireDtype>(d, "--comm-dtype"));
+    for (const std::string& r : a.bucket_rule) rules.push_back(parse_choice<BucketRule>(r, "--bucket-rule"));
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -126,19 +128,19 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
       for (AllreduceImpl impl : or_run(impls, run.impl))
         for (WireDtype wire : or_run(wires, run.wire))
           for (bool overlap : or_run(overlaps, run.overlap))
-            for (double last : or_run(a.last_bucket_mb, run.last_bucket_mb))
-              for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
-                for (double cap : or_run(a.bucket_mb, run.bucket_mb))
-                  for (bool per_bucket : or_run(bucketed, run.bucketed_update))
-                    for (std::optional<int> per_gpu : sharing_at(n, k)) {
-                      const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
-                      const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
-                      if (wire_ok && nodes_ok)
-                        out.push_back(
-                            {cap, first, last, run.bucket_rule, overlap, link, n, k, impl, wire, per_bucket, per_gpu});
-                      no_wire = no_wire || !wire_ok;
-                      one_node = one_node || !nodes_ok;
-                    }
+            for (BucketRule rule : or_run(rules, run.bucket_rule))
+              for (double last : or_run(a.last_bucket_mb, run.last_bucket_mb))
+                for (double first : or_run(a.first_bucket_mb, run.first_bucket_mb))
+                  for (double cap : or_run(a.bucket_mb, run.bucket_mb))
+                    for (bool per_bucket : or_run(bucketed, run.bucketed_update))
+                      for (std::optional<int> per_gpu : sharing_at(n, k)) {
+                        const bool wire_ok = impl != AllreduceImpl::kMpi || wire == WireDtype::kFp32;
+                        const bool nodes_ok = impl != AllreduceImpl::kHier || k > 0;
+                        if (wire_ok && nodes_ok)
+                          out.push_back({cap, first, last, rule, overlap, link, n, k, impl, wire, per_bucket, per_gpu});
+                        no_wire = no_wire || !wire_ok;
+                        one_node = one_node || !nodes_ok;
+                      }
   require(!out.empty(), no_wire ? "--comm mpi has no 16-bit wire: no setting left to predict"
                                 : "--comm hier needs more than one node (give --ranks-per-node below the ranks)");
   if (no_wire) notes.push_back("--comm mpi has no 16-bit wire; those combinations are left out");
@@ -202,6 +204,7 @@ nlohmann::json row_json(const StepModel& m, const Prediction& p) {
           {"bucket_mb", p.setting.bucket_mb},
           {"first_bucket_mb", end_cap_json(p.setting.first_bucket_mb)},
           {"last_bucket_mb", end_cap_json(p.setting.last_bucket_mb)},
+          {"bucket_rule", to_string(p.setting.bucket_rule)},
           {"buckets", p.buckets},
           {"step_ms", s.step_ms},
           {"samples_per_s", p.samples_per_s},
@@ -286,21 +289,22 @@ void print_prediction_table(const StepModel& model, const std::vector<Prediction
     link_width = std::max(link_width, static_cast<int>(link_spec(p.setting.link).size()));
   // A GPU run's rows say how many ranks take turns on each GPU.
   const auto per_gpu = [&](const char* text) { return model.on_gpu ? fmt(" %7s", text) : std::string(); };
-  std::printf("\n%-*s %5s %-5s%s %-4s %-4s %-7s %-6s %9s %8s %8s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width,
+  std::printf("\n%-*s %5s %-5s%s %-4s %-4s %-7s %-6s %9s %8s %8s %-6s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width,
               "link", "ranks", "nodes", per_gpu("per_gpu").c_str(), "comm", "wire", "overlap", "update", "bucket_MiB",
-              "first_MiB", "last_MiB", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms", "exposed",
-              "hidden", "hidden%", "weak%");
+              "first_MiB", "last_MiB", "rule", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms",
+              "exposed", "hidden", "hidden%", "weak%");
   for (const Prediction& p : rows) {
     const PredictSetting& s = p.setting;
     const SimulatedStep& x = p.step;
-    std::printf("%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8s %8s %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
-                link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(),
-                per_gpu(std::to_string(p.setting.ranks_per_gpu.value_or(1)).c_str()).c_str(), to_string(s.impl),
-                to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb,
-                end_cap(s.first_bucket_mb).c_str(), end_cap(s.last_bucket_mb).c_str(), p.buckets, x.step_ms,
-                tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
-                x.comm_ms > 0 ? fmt("%.0f%%", hidden_pct(x)).c_str() : "-",  // one rank: nothing to hide
-                100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
+    std::printf(
+        "%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8s %8s %-6s %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
+        link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(),
+        per_gpu(std::to_string(p.setting.ranks_per_gpu.value_or(1)).c_str()).c_str(), to_string(s.impl),
+        to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, end_cap(s.first_bucket_mb).c_str(),
+        end_cap(s.last_bucket_mb).c_str(), to_string(s.bucket_rule), p.buckets, x.step_ms,
+        tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
+        x.comm_ms > 0 ? fmt("%.0f%%", hidden_pct(x)).c_str() : "-",  // one rank: nothing to hide
+        100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
   }
   std::printf(
       "ms per step; hidden%%: hidden over what backward could hide, the lesser of its time and comm's; weak%%: "
@@ -557,6 +561,9 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
                   "GPU runs: ranks taking turns on one GPU, at most the world (each one's compute that many times as "
                   "long, its all-reduces after backward); default: the run's on its own link, else 1")
       ->transform(decimal_validator<int>())
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--bucket-rule", args->bucket_rule, "within, reach (default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--comm", args->comm, "ring, mpi, hier (default: the run's)")->delimiter(',')->type_name("LIST");

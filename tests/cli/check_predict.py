@@ -158,7 +158,8 @@ with tempfile.TemporaryDirectory() as work:
          predict(unsampled, "--json", os.path.join(work, "unsampled.json")),
          predict(slow, "--link", "10gbe", "--json", os.path.join(work, "slow.json")),
          ([ddplab, "report", "--json", nodes_run], dict(timeout=120)),
-         predict(run, "--first-bucket-mb", "auto,0.5", "--last-bucket-mb", "auto,1", "--json",
+         predict(run, "--first-bucket-mb", "auto,0.5", "--last-bucket-mb", "auto,1", "--bucket-rule", "within,reach",
+                 "--json",
                  os.path.join(work, "ends.json"))] +
         [predict(*args, "--json", out) for args, _ in cases])
 
@@ -191,13 +192,15 @@ with tempfile.TemporaryDirectory() as work:
 
     # The two ends' caps, a number or auto (cut as the others): every combination, as train names them; the run's
     # own ends (first auto, last 1 MiB: the defaults) replay the run's own row.
-    check(ends_proc.returncode == 0, f"predict --first-bucket-mb auto,0.5 --last-bucket-mb auto,1 exits 0 "
+    check(ends_proc.returncode == 0, f"predict --first-bucket-mb auto,0.5 --last-bucket-mb auto,1 --bucket-rule exits 0 "
                                      f"({ends_proc.stderr.strip()[-300:]})")
     ends = json.load(open(os.path.join(work, "ends.json")))["rows"] if ends_proc.returncode == 0 else []
     cap = lambda v: v if v == "auto" else f"{v:g}"
-    combos = sorted((cap(r["first_bucket_mb"]), cap(r["last_bucket_mb"])) for r in ends)
-    check(combos == [("0.5", "1"), ("0.5", "auto"), ("auto", "1"), ("auto", "auto")], f"four rows of ends ({combos})")
-    own_ends = [r for r in ends if r["first_bucket_mb"] == "auto" and r["last_bucket_mb"] == 1]
+    combos = sorted((cap(r["first_bucket_mb"]), cap(r["last_bucket_mb"]), r["bucket_rule"]) for r in ends)
+    check(combos == sorted((f, l, rule) for f in ("0.5", "auto") for l in ("1", "auto") for rule in ("within", "reach")),
+          f"eight rows of ends and rules ({combos})")
+    own_ends = [r for r in ends if r["first_bucket_mb"] == "auto" and r["last_bucket_mb"] == 1 and
+                r["bucket_rule"] == "within"]
     check(len(own_ends) == 1 and abs(own_ends[0]["step_ms"] - own["rows"][0]["step_ms"]) < 1e-9,
           "the run's own ends replay its own row")
     check("buckets 2 MiB (first auto, last 1, rule within)" in own_proc.stdout, "the run's own setting names its ends")
