@@ -169,7 +169,8 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
                 text = stand_in;
                 return std::string();
               }
-              if (std::string not_decimal = as_decimal<T>(text); !not_decimal.empty()) return not_decimal;
+              if (std::string not_decimal = as_decimal<T>(text); !not_decimal.empty())
+                return not_decimal.replace(not_decimal.find(" (got"), 0, " or auto");
               const double v = std::strtod(text.c_str(), nullptr);
               if (std::isnan(v) || std::isinf(v)) return std::string("must be a finite number or auto");
               return v >= min ? std::string() : below + " (got " + text + ")";

@@ -523,7 +523,8 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
           text = fmt("%g", kAutoEndBucketMb);
           return std::string();
         }
-        if (std::string not_decimal = decimal_validator<double>()(text); !not_decimal.empty()) return not_decimal;
+        if (std::string not_decimal = decimal_validator<double>()(text); !not_decimal.empty())
+          return not_decimal.replace(not_decimal.find(" (got"), 0, " or auto");
         return std::strtod(text.c_str(), nullptr) < 0 ? "must not be negative (got " + text + ")" : std::string();
       },
       "", "");

@@ -80,8 +80,9 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
   app.add_option("-n,--iters", o.iters, "timed calls per size and mode")->capture_default_str();
   app.add_option("-c,--check", o.check_iters, "checked calls per size and mode (0: no check)")->capture_default_str();
   app.add_option("-z,--blocking", o.blocking,
-                 "nccl, gpu-ring-nccl, -G's rows: 0 queues the -n calls and waits once after them; 1 waits after "
-                 "every call (each call timed: i_min, i_p99). Host implementations wait in every call")
+                 "nccl-tests' -z: 0 queues the -n calls of nccl, gpu-ring-nccl and their -G graphs and waits once "
+                 "after them; 1 waits after every call and also times each call alone (i_min, i_p99: ours, not "
+                 "nccl-tests'). Host implementations, gpu-ring-ipc and gpu-ring-host wait in every call either way")
       ->capture_default_str();
   t.aggregate_given =
       app.add_option("-a,--average", t.aggregate, "ranks' mean times: 0 rank 0, 1 average, 2 min, 3 max")

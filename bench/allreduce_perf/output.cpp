@@ -78,9 +78,9 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
         o.cuda_graph, o.cuda_graph);
   bool queued = false;
   for (const std::string& name : o.impls) queued = queued || queues_calls(impl_spec(name), o);
-  if (queued)
-    std::printf("# -z %d: %s\n", o.blocking,
-                o.blocking ? "the host waits after every call of every implementation"
+  std::printf("# -z %d: %s\n", o.blocking,
+              !queued      ? "no implementation here queues its calls: each waits in every call"
+              : o.blocking ? "the host waits after every call of every implementation"
                            : "the GPU implementations' -n calls go on the stream back to back and the host waits "
                              "once (nccl-tests' default): time is their mean, i_min and i_p99 N/A; -z 1 times each");
   std::printf(

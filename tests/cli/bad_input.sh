@@ -143,7 +143,7 @@ refusals_at() {
   expect_error $np "--precision bf16 needs --device cuda" train "${small[@]}" --precision bf16
   expect_error $np "--comm nccl needs --device cuda" train "${small[@]}" --comm nccl
   expect_error $np "--grad-slice-mb: must not be negative" train "${small[@]}" --grad-slice-mb -1
-  expect_error $np "--grad-slice-mb: must be a decimal number (got 'some')" train "${small[@]}" --grad-slice-mb some
+  expect_error $np "--grad-slice-mb: must be a decimal number or auto (got 'some')" train "${small[@]}" --grad-slice-mb some
   expect_error $np "--optimizer-in-backward must be auto, off or on (got 'maybe')" train "${small[@]}" --optimizer-in-backward maybe
   expect_error $np "--optimizer-in-backward on and --skip-nonfinite exclude each other" train "${small[@]}" \
     --optimizer-in-backward on --skip-nonfinite

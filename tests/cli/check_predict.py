@@ -113,7 +113,7 @@ with tempfile.TemporaryDirectory() as work:
              ([run, "--bucket-mb=0x1p3"], "--bucket-mb: must be a decimal number (got '0x1p3')"),
              ([run, "--first-bucket-mb=-1"], "--first-bucket-mb: must not be negative (got -1)"),
              ([run, "--last-bucket-mb=0.5,-1"], "--last-bucket-mb: must not be negative (got -1)"),
-             ([run, "--last-bucket-mb=soon"], "--last-bucket-mb: must be a decimal number (got 'soon')"),
+             ([run, "--last-bucket-mb=soon"], "--last-bucket-mb: must be a decimal number or auto (got 'soon')"),
              ([run, "--ranks", "0"], "--ranks 0: a world of 1 to 1048576 ranks"),
              # past 2^30 the model's count of doubling rounds overflowed and never ended
              ([run, "--ranks", "1073741824"], "--ranks 1073741824: a world of 1 to 1048576 ranks"),
