@@ -1146,8 +1146,8 @@ Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetti
   // link, ranks and nodes, the one row that replays a measurement.
   const auto own_knobs = [&](const PredictSetting& x) {
     return x.bucket_mb == own.bucket_mb && x.first_bucket_mb == own.first_bucket_mb &&
-           x.last_bucket_mb == own.last_bucket_mb && x.overlap == own.overlap && x.impl == own.impl &&
-           x.wire == own.wire && x.bucketed_update == own.bucketed_update;
+           x.last_bucket_mb == own.last_bucket_mb && x.bucket_rule == own.bucket_rule && x.overlap == own.overlap &&
+           x.impl == own.impl && x.wire == own.wire && x.bucketed_update == own.bucketed_update;
   };
   const auto is_own = [&](const PredictSetting& x) {
     return own_knobs(x) && x.ranks == own.ranks && x.nodes() == own.nodes() && link_spec(x.link) == link_spec(own.link);
