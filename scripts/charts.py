@@ -480,8 +480,18 @@ def buckets_chart(run, out_dir, name, written):
     ax.set_title(f"{run.stem}: " + (f"backward and each bucket's {words}, step {run.first_step + s} (the steady "
                                     f"steps' median; {ranks_text(run.world)})" if words else
                                     f"backward, step {run.first_step + s} ({ranks_text(run.world)}: no bucket "
-                                    f"communicated)"), fontsize=10)
+                                    f"communicated)") + "\n" + bucket_caps_text(run.config), fontsize=10)
     save(fig, out_dir, name, written)
+
+
+def bucket_caps_text(config):
+    """The caps the buckets were cut at, as train's header names them (an older file's missing keys: the defaults
+    then)."""
+    def cap(key, default):
+        value = config.get(key, default)
+        return value if value == "auto" else f"{value:g} MiB"
+    return (f"buckets: cap {cap('bucket_mb', 25)}, first {cap('first_bucket_mb', 'auto')}, "
+            f"last {cap('last_bucket_mb', 1)}, {config.get('bucket_rule', 'within')}")
 
 
 def bucket_legend(buckets, sizes, colors, kinds, most_listed=10):
