@@ -220,15 +220,12 @@ void print_config_line(std::FILE* out, const RunRecord& rec) {
   const nlohmann::json& c = rec.config;
   const TrainConfig stored = config_from_json(c);  // a key an older file lacks: its default then
   std::fprintf(out,
-               "  config: comm %s%s%s, comm_dtype %s, link %s, bucket_mb %s (first %s, last %s, %s), overlap %s, "
-               "grad_slice_mb %s, batch %s",
+               "  config: comm %s%s%s, comm_dtype %s, link %s, buckets (%s), overlap %s, grad_slice_mb %s, batch %s",
                config_text(c, "comm").c_str(), meta.transport.empty() ? "" : " over ", meta.transport.c_str(),
                config_text(c, "comm_dtype").c_str(),
                meta.links.emulated() ? describe(meta.links).c_str() : config_text(c, "link").c_str(),
-               config_text(c, "bucket_mb").c_str(), config_text(c, "first_bucket_mb").c_str(),
-               config_text(c, "last_bucket_mb").c_str(), to_string(stored.bucket_rule),
-               config_text(c, "overlap").c_str(), config_text(c, "grad_slice_mb").c_str(),
-               config_text(c, "batch").c_str());
+               bucket_layout_text(stored).c_str(), config_text(c, "overlap").c_str(),
+               config_text(c, "grad_slice_mb").c_str(), config_text(c, "batch").c_str());
   if (stored.grad_accum > 1) std::fprintf(out, " x %d micro-batches", stored.grad_accum);
   if (!stored.transformer() && c.contains("hidden"))
     std::fprintf(out, ", MLP %s-%sx%s-%s", config_text(c, "input_dim").c_str(), config_text(c, "hidden").c_str(),

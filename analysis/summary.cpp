@@ -66,7 +66,7 @@ RunSummary summarize(const RunRecord& run) {
     step_of_slowest.push_back(hi);
     s.mean_token_spread += (hi_tokens - lo_tokens) / counted;
   }
-  s.median_step_ms = step_of_slowest.empty() ? 0 : median(step_of_slowest);
+  s.median_step_ms = median(std::move(step_of_slowest));
   s.final_loss = run.global_loss(steps - 1);
   for (int t = 0; t < steps; ++t)
     if (run.at(0, t).skipped > 0) {

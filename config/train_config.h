@@ -508,6 +508,20 @@ inline BucketCaps bucket_caps(const TrainConfig& c) {
   return BucketCaps::mib(c.bucket_mb, c.first_bucket_mb, c.last_bucket_mb, c.bucket_rule);
 }
 
+// The bucket flags in one phrase, as the train header, the report and predict print them:
+// "cap 25 MiB, first auto, last 1 MiB, within".
+inline std::string bucket_layout_text(double bucket_mb, double first_mb, double last_mb, BucketRule rule) {
+  const auto mib = [](double mb) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g MiB", mb);
+    return mb == kAutoEndBucketMb ? std::string("auto") : std::string(text);
+  };
+  return "cap " + mib(bucket_mb) + ", first " + mib(first_mb) + ", last " + mib(last_mb) + ", " + to_string(rule);
+}
+inline std::string bucket_layout_text(const TrainConfig& c) {
+  return bucket_layout_text(c.bucket_mb, c.first_bucket_mb, c.last_bucket_mb, c.bucket_rule);
+}
+
 // The config with every "auto" resolved, as the run file stores it: --threads auto takes the rank's cores; the update
 // in backward takes a core only where the BLAS threads leave one idle on every rank (it slices the gradients, and the
 // ranks' buckets must match even where a host's cores split unevenly among its ranks), and never with --skip-nonfinite

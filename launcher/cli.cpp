@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -131,6 +132,29 @@ AutoChoice<E> auto_choice_flag_value(const std::string& text, const char* flag) 
 }
 
 // The flag of one knob, by the type of its value.
+// A number knob's text that takes "auto": auto becomes the knob's stand-in value, else a finite decimal not below the
+// knob's minimum, checked here (the stand-in itself is out of range, and typed as a number it would pass for auto).
+// No description: the help would show the stand-in ("{auto->-1}").
+template <typename T>
+CLI::Validator auto_or_number(const Knob& knob) {
+  const double min = knob.min;
+  const std::string stand_in = value_text(static_cast<T>(knob.auto_value));
+  const std::string below = min == 0 ? "must not be negative" : "must be at least " + value_text(static_cast<T>(min));
+  return CLI::Validator(
+      [min, stand_in, below](std::string& text) {
+        if (text == "auto") {
+          text = stand_in;
+          return std::string();
+        }
+        if (std::string not_decimal = as_decimal<T>(text); !not_decimal.empty())
+          return not_decimal.replace(not_decimal.find(" (got"), 0, " or auto");
+        const double v = std::strtod(text.c_str(), nullptr);
+        if (std::isnan(v) || std::isinf(v)) return std::string("must be a finite number or auto");
+        return v >= min ? std::string() : below + " (got " + text + ")";
+      },
+      "", "AUTO_OR_AT_LEAST_MIN");
+}
+
 template <typename T>
 CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
   const char* flag = knob.flag;
@@ -156,26 +180,7 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
   } else if constexpr (std::is_arithmetic_v<T>) {
     CLI::Option* option = app->add_option(flag, value, help);
     if (!knob.auto_text) return option->transform(decimal_validator<T>())->capture_default_str();
-    // "auto" (replaced by the knob's stand-in value), or a finite number not below the knob's minimum, checked here:
-    // the stand-in itself is out of range, and typed as a number it would pass for auto. One validator for both, with
-    // no description: the help would show the stand-in ("{auto->-1}").
-    const double min = knob.min;
-    const std::string stand_in = value_text(static_cast<T>(knob.auto_value));
-    const std::string below = min == 0 ? "must not be negative" : "must be at least " + value_text(static_cast<T>(min));
-    return option
-        ->transform(CLI::Validator(
-            [min, stand_in, below](std::string& text) {
-              if (text == "auto") {
-                text = stand_in;
-                return std::string();
-              }
-              if (std::string not_decimal = as_decimal<T>(text); !not_decimal.empty())
-                return not_decimal.replace(not_decimal.find(" (got"), 0, " or auto");
-              const double v = std::strtod(text.c_str(), nullptr);
-              if (std::isnan(v) || std::isinf(v)) return std::string("must be a finite number or auto");
-              return v >= min ? std::string() : below + " (got " + text + ")";
-            },
-            "", "AUTO_OR_AT_LEAST_MIN"))
+    return option->transform(auto_or_number<T>(knob))
         ->default_str(static_cast<double>(value) == knob.auto_value ? "auto" : value_text(value))
         ->type_name(knob.auto_text);
   } else {
@@ -184,6 +189,18 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
 }
 
 }  // namespace
+
+CLI::Validator auto_or_number_of(const std::string& flag) {
+  std::optional<CLI::Validator> validator;
+  const TrainConfig c;
+  visit_knobs(c, [&](const Knob& knob, const auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
+      if (knob.flag && knob.flag == flag && knob.auto_text) validator = auto_or_number<T>(knob);
+  });
+  if (!validator) throw std::logic_error("auto_or_number_of: no numeric knob " + flag + " that takes auto");
+  return *validator;
+}
 
 void check_knob_value(const std::string& flag, double value) {
   TrainConfig c;

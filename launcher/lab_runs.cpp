@@ -9,7 +9,6 @@
 
 #include "analysis/format.h"
 #include "launcher/page.h"
-#include "launcher/rank_agreement.h"
 #include "launcher/run.h"
 #include "record/run_record.h"
 #include "runtime/agreement.h"

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -244,13 +243,11 @@ StepModel load_model(const PredictArgs& a) {
 // The run's own setting, what the model says of it, and what the model is built from.
 void print_model_summary(const std::string& file, const StepModel& model, const Prediction& self, double self_error) {
   const PredictSetting& own = model.measured;
-  std::printf(
-      "predict: %s: %s, %s, link %s, %s %s, buckets %g MiB (first %s, last %s, rule %s), overlap %s: measured %.2f "
-      "ms/step\n",
-      file.c_str(), counted(own.ranks, "rank").c_str(), shape_text(own).c_str(), link_spec(own.link).c_str(),
-      to_string(own.impl), to_string(own.wire), own.bucket_mb, end_cap(own.first_bucket_mb).c_str(),
-      end_cap(own.last_bucket_mb).c_str(), to_string(own.bucket_rule), on_off(own.overlap).c_str(),
-      model.measured_step_ms);
+  std::printf("predict: %s: %s, %s, link %s, %s %s, buckets (%s), overlap %s: measured %.2f ms/step\n", file.c_str(),
+              counted(own.ranks, "rank").c_str(), shape_text(own).c_str(), link_spec(own.link).c_str(),
+              to_string(own.impl), to_string(own.wire),
+              bucket_layout_text(own.bucket_mb, own.first_bucket_mb, own.last_bucket_mb, own.bucket_rule).c_str(),
+              on_off(own.overlap).c_str(), model.measured_step_ms);
   std::printf("  the model at the run's own setting: %.2f ms/step (%+.1f%%)\n", self.step.step_ms, self_error);
   std::printf("  backward beside an all-reduce: %.2fx as long, %s\n", 1 + model.backward_slowdown,
               model.slowdown_source.c_str());
@@ -515,29 +512,16 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
       ->transform(decimal_validator<double>())
       ->delimiter(',')
       ->type_name("LIST");
-  // An end's caps: MiB, or auto (no cap of its own: train's kAutoEndBucketMb, which typed as a number is refused), each
-  // as train takes it.
-  const CLI::Validator end_cap_or_auto(
-      [](std::string& text) {
-        if (text == "auto") {
-          text = fmt("%g", kAutoEndBucketMb);
-          return std::string();
-        }
-        if (std::string not_decimal = decimal_validator<double>()(text); !not_decimal.empty())
-          return not_decimal.replace(not_decimal.find(" (got"), 0, " or auto");
-        return std::strtod(text.c_str(), nullptr) < 0 ? "must not be negative (got " + text + ")" : std::string();
-      },
-      "", "");
   cmd->add_option("--first-bucket-mb", args->first_bucket_mb,
                   "caps of the first bucket to become ready, MiB >= 0 or auto (cut as the others; default: the "
                   "run's)")
-      ->transform(end_cap_or_auto)
+      ->transform(auto_or_number_of("--first-bucket-mb"))
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--last-bucket-mb", args->last_bucket_mb,
                   "caps of the bucket that closes backward, MiB >= 0 or auto (cut as the others, as PyTorch does; "
                   "default: the run's)")
-      ->transform(end_cap_or_auto)
+      ->transform(auto_or_number_of("--last-bucket-mb"))
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--overlap", args->overlap, "on, off or on,off (default: the run's)")

@@ -468,10 +468,8 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
   char slices[64] = "";
   if (config.grad_slice_mb > 0)
     std::snprintf(slices, sizeof slices, ", weight gradients in %g MiB row blocks", config.grad_slice_mb);
-  // The caps as the flags spell them, and the closing bucket as cut (a piece past its cap is a bucket of its own).
-  const auto end = [](double mb) { return mb == kAutoEndBucketMb ? std::string("auto") : fmt("%g MiB", mb); };
-  std::string caps = fmt("cap %g MiB, first %s, last %s, %s", config.bucket_mb, end(config.first_bucket_mb).c_str(),
-                         end(config.last_bucket_mb).c_str(), to_string(config.bucket_rule));
+  // The caps, and the closing bucket as cut (a piece past its cap is a bucket of its own).
+  std::string caps = bucket_layout_text(config);
   if (!trainer.buckets().empty())
     caps += "; the closing one " + size_text(trainer.buckets().back().count * static_cast<int64_t>(sizeof(float)));
   std::printf("  comm %s over %s (%s on the wire), link %s, %zu bucket%s (%s), overlap %s%s\n", to_string(config.comm),

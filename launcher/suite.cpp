@@ -4,11 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,7 +22,6 @@
 #include "launcher/run.h"
 #include "record/files.h"
 #include "record/run_record.h"
-#include "runtime/agreement.h"
 #include "runtime/errors.h"
 
 namespace ddplab {
@@ -464,7 +461,7 @@ void print_oversubscription_notes(int blas_threads, const std::vector<CaseResult
         most_on_one_gpu);
 }
 
-void print_lab_legend(int size, const std::string& losses_off) {
+void print_lab_legend(int size, const std::string& losses_off, const std::vector<CaseResult>& results) {
   std::printf(
       "efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
       "throughput change against weak_ws%d\n",
@@ -472,12 +469,13 @@ void print_lab_legend(int size, const std::string& losses_off) {
   std::printf("loss across the pathology, input and update cases: %s\n",
               losses_off.empty() ? "identical to the baseline at every step (they change timing, not math)"
                                  : ("DIFFERS from the baseline: " + losses_off).c_str());
-  if (size > 1)
+  const CaseResult* layout = find_case(results, "pytorch_layout");
+  const CaseResult* base = find_case(results, "weak_ws" + std::to_string(size));
+  if (layout && base)
     std::printf(
-        "pytorch_layout: weak_ws%d with PyTorch DDP's buckets (--first-bucket-mb 1 --last-bucket-mb auto "
-        "--bucket-rule reach), ddplab's being first auto, last 1 MiB, within; other buckets sum in another order, so "
-        "its loss is not compared\n",
-        size);
+        "pytorch_layout: weak_ws%d with PyTorch DDP's buckets (%s, against %s); other buckets sum in another "
+        "order, so its loss is not compared\n",
+        size, bucket_layout_text(layout->c.config).c_str(), bucket_layout_text(base->c.config).c_str());
 }
 
 // The token suite's own table: useful tokens/s against the uniform case.
@@ -518,7 +516,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
       "exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
   if (lab)
-    print_lab_legend(size, losses_off);
+    print_lab_legend(size, losses_off, results);
   else
     print_token_table(results, refs.baseline);
   return losses_off.empty();

@@ -7,17 +7,19 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "analysis/format.h"
 #include "analysis/predict.h"
+#include "analysis/stats.h"
 #include "launcher/cli.h"
 #include "launcher/lab_runs.h"
 #include "launcher/rank_agreement.h"
 #include "launcher/run.h"
 #include "record/files.h"
-#include "runtime/agreement.h"
 #include "runtime/errors.h"
 
 namespace ddplab {
@@ -46,12 +48,6 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
 }
 
 namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 struct SweepPoint {
   double bucket_mb;
@@ -86,7 +82,7 @@ struct SweepPoint {
   double error_pct() const {
     std::vector<double> errors;
     for (size_t k = 0; k < repeat_predicted.size(); ++k) errors.push_back(repeat_error_pct(k));
-    return median_of(errors);
+    return median(errors);
   }
 };
 
@@ -155,8 +151,8 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
     std::printf("* extrapolated beyond what was measured:\n");
     for (const std::string& line : footnotes) std::printf("    %s\n", line.c_str());
   }
-  const double median = median_of(errors), worst = *std::max_element(errors.begin(), errors.end());
-  const double own_error = median_of(own_errors);
+  const double median_error = median(errors), worst = *std::max_element(errors.begin(), errors.end());
+  const double own_error = median(own_errors);
   const double vs_best = 100 * (recommended->setting_step_ms / best_measured.setting_step_ms - 1);
   if (sources.size() == 1)
     std::printf(
@@ -171,7 +167,7 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
         "over the rounds of a round's prediction against the same round's measurement\n",
         first.measured.bucket_mb, first.measured.overlap ? "on" : "off", sources[0].path.c_str(), sources.size(),
         own_error);
-  std::printf("|error| over the %zu points: median %.1f%%, max %.1f%%\n", errors.size(), median, worst);
+  std::printf("|error| over the %zu points: median %.1f%%, max %.1f%%\n", errors.size(), median_error, worst);
   std::printf(
       "recommended by the model%s: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: "
       "%+.1f%% against the fastest measured point)\n",
@@ -190,7 +186,7 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
             {"predicted_step_ms", rounds[0]["predicted_step_ms"]},
             {"error_pct", own_error},
             {"rounds", rounds}}},
-          {"median_abs_error_pct", median},
+          {"median_abs_error_pct", median_error},
           {"max_abs_error_pct", worst},
           {"recommended",
            {{"bucket_mb", recommended->bucket_mb},
@@ -354,7 +350,7 @@ void pool_same_settings(std::vector<SweepPoint>& points) {
         pooled.insert(pooled.end(), q.repeat_step_ms.begin(), q.repeat_step_ms.end());
         if (&q != &p) p.same_buckets_as.push_back(q.bucket_mb);
       }
-    p.setting_step_ms = median_of(pooled);
+    p.setting_step_ms = median(pooled);
     const auto [fastest, slowest] = std::minmax_element(pooled.begin(), pooled.end());
     p.setting_fastest_ms = *fastest, p.setting_slowest_ms = *slowest;
   }

@@ -131,25 +131,18 @@ def kernel_times_each(fns, calls=20):
                                      ", ".join(repr(label) for label in fns if label not in ranges))
     host_names = {e.name for e in host}
     device_us = {label: collections.defaultdict(float) for label in fns}
-    launches = {label: collections.Counter() for label in fns}
     for e in events:
         if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False) or e.name in host_names:
             continue
         start = e.time_range.start
         label = min(ranges, key=lambda lb: max(ranges[lb].start - start, start - ranges[lb].end, 0))
         device_us[label][e.name] += e.time_range.elapsed_us()
-        launches[label][e.name] += 1
     times = {}
     for label in fns:
         if not device_us[label]:
             raise KernelTimesUnavailable("the profiler recorded no CUDA kernel" + (f" for {label}" if label else "") +
                                          " (CUPTI missing or profiling not permitted)")
-        per_call = []
-        for name, us in device_us[label].items():
-            # Launches a call: the count over the calls, rounded, so that a launch or two the session missed at its
-            # start does not lower the figure; one launched in under half the calls counts as it was.
-            n = launches[label][name]
-            per_call.append((name, us / n * (round(n / calls) or n / calls) / 1e3))
+        per_call = ((name, us / calls / 1e3) for name, us in device_us[label].items())
         times[label] = sorted(per_call, key=lambda kv: -kv[1])
     return times
 

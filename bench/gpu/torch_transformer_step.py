@@ -16,9 +16,10 @@ what a PyTorch user picks for speed); its compilation happens in the warm-up ste
 version by default.
 
 After the last precision's timed steps (bf16 by default: every precision is timed before any profiling) two more
-steps run, the second under PyTorch's profiler, and a line under its row names the SDPA kernels PyTorch picked for the step (kernels named flash / fmha / cudnn / sdpa / attention / efficient)
-with their device ms a step, all layers, forward and backward: which backend the step ran, and what it cost on the GPU
-(with --attention manual there is none). The CSV's columns end with sdpa_kernels: "name=ms" joined by ';', commas
+steps run, the second under PyTorch's profiler, and a line under its row names the SDPA kernels PyTorch picked for
+the step (kernels named flash / fmha / cudnn / sdpa / attention / efficient) with their device ms a step, all
+layers, forward and backward: which backend the step ran, and what it cost on the GPU (with --attention manual there
+is none). The CSV's columns end with sdpa_kernels: "name=ms" joined by ';', commas
 dropped ("none" with --attention manual; empty for the other precisions, and where the profiler could not run, the
 line saying why).
 

@@ -38,7 +38,8 @@ namespace ddplab::cuda {
 constexpr bool flash_attention_supports_head_size(int hs) { return hs == 32 || hs == 64 || hs == 128; }
 
 // Throws std::invalid_argument, naming `what` and the problem, unless B, S >= 0, C > 0 divisible by NH > 0, the head
-// size C / NH is supported, and B and the blocks of S (64 rows each) fit a grid dimension (65535). Touches nothing.
+// size C / NH is supported, B x NH is at most 2^31 - 1 and the blocks of S (64 rows each) at most 65535 (the grid's
+// dimensions). Touches nothing.
 void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH);
 
 // Floats of workspace the backward needs: B*S*C (dQ accumulated in fp32; deterministic: ceil(S / 64) such shares) +

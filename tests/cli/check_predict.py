@@ -203,7 +203,7 @@ with tempfile.TemporaryDirectory() as work:
                 r["bucket_rule"] == "within"]
     check(len(own_ends) == 1 and abs(own_ends[0]["step_ms"] - own["rows"][0]["step_ms"]) < 1e-9,
           "the run's own ends replay its own row")
-    check("buckets 2 MiB (first auto, last 1, rule within)" in own_proc.stdout, "the run's own setting names its ends")
+    check("buckets (cap 2 MiB, first auto, last 1 MiB, within)" in own_proc.stdout, "the run's own setting names its ends")
 
     # A grid: every combination, extrapolations marked, one recommendation per link and world size.
     proc = grid_proc

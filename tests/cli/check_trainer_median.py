@@ -40,7 +40,8 @@ def main():
         expected = ("trainer median 15.000 ms over steps 5..9 (its mean 17.000) against the harness's median "
                     "12.000 ms: 1.250x median over median (1.417x its mean over the median)")
         check(both.returncode == 0 and both.stdout.strip() == expected,
-              f"the median of each step's slowest rank over the steady steps (got {both.returncode}: "
+              f"the summary's median step (computed in analysis/summary.cpp, tested in test_report) and mean beside "
+              f"the harness's median, their ratios, the steady steps named (got {both.returncode}: "
               f"{both.stdout.strip()!r})")
         alone = run(script, run_file, os.path.join(tmp, "missing.csv"))
         check(alone.returncode == 1 and alone.stdout.startswith("trainer median 15.000 ms over steps 5..9") and

@@ -146,7 +146,7 @@ def main():
         check(proc.returncode == 0, f"report exits 0 ({proc.stderr.strip()[:300]})")
         check(f"== {a}" in out and "global throughput" in out and "final loss" in out, "report prints the summary")
         config = ("config: comm ring over shm single-copy + direct collectives, comm_dtype fp32, link none, "
-                  "bucket_mb 25 (first auto, last 1, within), overlap on")
+                  "buckets (cap 25 MiB, first auto, last 1 MiB, within), overlap on")
         check(config in out, "report prints the config, the transport with it")
         per_rank = [s for s in out[out.find("per rank ("):out.find("per bucket (")].splitlines()[2:] if s.strip()]
         check([line.split()[0] for line in per_rank] == ["0", "1"], f"per-rank rows for ranks 0, 1 ({per_rank})")
