@@ -473,9 +473,9 @@ void print_lab_legend(int size, const std::string& losses_off, const std::vector
   const CaseResult* base = find_case(results, "weak_ws" + std::to_string(size));
   if (layout && base)
     std::printf(
-        "pytorch_layout: weak_ws%d with PyTorch DDP's buckets (%s, against %s); other buckets sum in another "
+        "pytorch_layout: weak_ws%d with PyTorch DDP's buckets (%s; weak_ws%d's: %s); other buckets sum in another "
         "order, so its loss is not compared\n",
-        size, bucket_layout_text(layout->c.config).c_str(), bucket_layout_text(base->c.config).c_str());
+        size, bucket_layout_text(layout->c.config).c_str(), size, bucket_layout_text(base->c.config).c_str());
 }
 
 // The token suite's own table: useful tokens/s against the uniform case.
