@@ -309,7 +309,7 @@ void TransformerCuda::attention_forward(const BlockActs& a) {
   float* const att = a.att;
   if constexpr (std::is_same_v<T, bf16>) {
     if (attention_ == AttentionKind::kFused)
-      return cuda::flash_attention_forward(out, att, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
+      return cuda::flash_attention_forward(out, att, qkv, lengths_, nullptr, B, S, C, NH, config_.causal(), stream_);
     if (attention_ == AttentionKind::kCudnn)
       return cudnn_->forward(out, att, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
   }
@@ -332,8 +332,8 @@ void TransformerCuda::attention_backward(T* dqkv, const T* dout, const BlockActs
   const float* const att = a.att;
   if constexpr (std::is_same_v<T, bf16>) {
     if (attention_ == AttentionKind::kFused)
-      return cuda::flash_attention_backward(dqkv, scratch_, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH,
-                                            config_.causal(), stream_, deterministic_);
+      return cuda::flash_attention_backward(dqkv, scratch_, dout, qkv, as<T>(a.atty), att, lengths_, nullptr, B, S, C,
+                                            NH, config_.causal(), stream_, deterministic_);
     if (attention_ == AttentionKind::kCudnn)
       return cudnn_->backward(dqkv, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH, config_.causal(), stream_);
   }

@@ -521,26 +521,30 @@ void bench_fused_attention(const Sampling& sampling, cudaStream_t s, Arena& a, R
   bf16* dqkv = a.alloc<bf16>(3 * BSC);
   float* lse = a.alloc<float>(int64_t{B} * NH * S);
   float* ws = a.alloc<float>(cuda::flash_attention_backward_workspace_floats(B, S, C, NH, /*deterministic=*/true));
-  const auto fused_forward = [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, B, S, C, NH, true, s); };
+  const auto fused_forward = [&] {
+    cuda::flash_attention_forward(out, lse, qkv, nullptr, nullptr, B, S, C, NH, true, s);
+  };
   rep.add({"attention", "flash_attention_forward (bf16, causal)", sh, sampling.median_ms(s, fused_forward), 0,
            forward_flops});
   // The forward's other shape where the head size allows two: one query fragment per warp, 64-query CTAs.
   if (C / NH <= 64)
-    rep.add(
-        {"attention", "flash_attention_forward (bf16, causal, 1 query fragment per warp)", sh,
-         sampling.median_ms(s, [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, B, S, C, NH, true, s, 1); }),
-         0, forward_flops});
-  rep.add(
-      {"attention", "flash_attention_backward (bf16, causal)", sh,
-       sampling.median_ms(
-           s, [&] { cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }),
-       0, 2.5 * forward_flops});
+    rep.add({"attention", "flash_attention_forward (bf16, causal, 1 query fragment per warp)", sh,
+             sampling.median_ms(
+                 s, [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, nullptr, B, S, C, NH, true, s, 1); }),
+             0, forward_flops});
+  rep.add({"attention", "flash_attention_backward (bf16, causal)", sh,
+           sampling.median_ms(s,
+                              [&] {
+                                cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, nullptr, B, S, C,
+                                                               NH, true, s);
+                              }),
+           0, 2.5 * forward_flops});
   // --deterministic on's backward: dQ from per-key-block shares summed in order (the workspace above is its size).
   rep.add({"attention", "flash_attention_backward (bf16, causal, deterministic dQ)", sh,
            sampling.median_ms(s,
                               [&] {
-                                cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, B, S, C, NH,
-                                                               true, s,
+                                cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, nullptr, B, S, C,
+                                                               NH, true, s,
                                                                /*deterministic=*/true);
                               }),
            0, 2.5 * forward_flops});

@@ -36,6 +36,13 @@ void require_bf16_tensor_cores(const char* what) {
   checked_device = device;
 }
 
+// The kernels find a packed query's keys from its sequence's first token to itself: the causal form only (the
+// causal LM is the one model that packs rows).
+void require_causal_if_packed(const char* what, const int32_t* positions, bool causal) {
+  if (positions != nullptr && !causal)
+    throw std::invalid_argument(std::string(what) + ": packed rows (positions) need causal attention");
+}
+
 }  // namespace
 
 void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH) {
@@ -56,10 +63,11 @@ int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH, b
   return (deterministic ? key_blocks(S) : 1) * int64_t{B} * S * C + int64_t{B} * NH * S;
 }
 
-void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
-                             int NH, bool causal, cudaStream_t stream, int query_fragments) {
+void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, const int32_t* positions,
+                             int B, int S, int C, int NH, bool causal, cudaStream_t stream, int query_fragments) {
   const char* what = "flash_attention_forward";
   flash_attention_check_sizes(what, B, S, C, NH);
+  require_causal_if_packed(what, positions, causal);
   if (query_fragments < 0 || query_fragments > max_forward_frags(C / NH))
     throw std::invalid_argument(std::string(what) + ": " + std::to_string(query_fragments) +
                                 " query fragments per warp at head size " + std::to_string(C / NH) + " (0 for the "
@@ -69,14 +77,16 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32
   require_aligned(what, "qkv", qkv);
   if (lse == nullptr) throw std::invalid_argument(std::string(what) + ": lse is null");
   require_bf16_tensor_cores(what);
-  flash_forward_launches(detail::launch_on(stream), out, lse, qkv, lengths, B, S, C, NH, causal, query_fragments);
+  flash_forward_launches(detail::launch_on(stream), out, lse, qkv, lengths, positions, B, S, C, NH, causal,
+                         query_fragments);
 }
 
 void flash_attention_backward(bf16* dqkv, float* workspace, const bf16* dout, const bf16* qkv, const bf16* out,
-                              const float* lse, const int32_t* lengths, int B, int S, int C, int NH, bool causal,
-                              cudaStream_t stream, bool deterministic) {
+                              const float* lse, const int32_t* lengths, const int32_t* positions, int B, int S, int C,
+                              int NH, bool causal, cudaStream_t stream, bool deterministic) {
   const char* what = "flash_attention_backward";
   flash_attention_check_sizes(what, B, S, C, NH);
+  require_causal_if_packed(what, positions, causal);
   if (int64_t{B} * S == 0) return;
   require_aligned(what, "dqkv", dqkv);
   require_aligned(what, "workspace", workspace);
@@ -85,8 +95,8 @@ void flash_attention_backward(bf16* dqkv, float* workspace, const bf16* dout, co
   require_aligned(what, "out", out);
   if (lse == nullptr) throw std::invalid_argument(std::string(what) + ": lse is null");
   require_bf16_tensor_cores(what);
-  flash_backward_launches(detail::launch_on(stream), dqkv, workspace, dout, qkv, out, lse, lengths, B, S, C, NH, causal,
-                          deterministic);
+  flash_backward_launches(detail::launch_on(stream), dqkv, workspace, dout, qkv, out, lse, lengths, positions, B, S, C,
+                          NH, causal, deterministic);
 }
 
 }  // namespace ddplab::cuda

@@ -3,7 +3,10 @@
 //   qkv [B, S, 3C] bf16 (q | k | v, each C = NH heads of hs = C / NH), read in place (no split-heads copies);
 //   out [B, S, C] bf16, written in place (no merge pass); lse [B, NH, S] fp32, the row log-sum-exp of the scaled
 //   scores, the only thing the forward saves for backward.
-//   Valid keys of query t: j < len[b], and j <= t when causal; len[b] clamped to [0, S]. Padded query rows
+//   Valid keys of query t: j < len[b], and j <= t when causal; len[b] clamped to [0, S]; packed rows (positions, as
+//   the CPU reference's: int32 [B, S] in device memory, each valid token's position within its own sequence, 0 where
+//   one starts, else the previous plus 1; causal only), also j >= t - positions[b, t], the keys of t's own sequence.
+//   Padded query rows
 //   (t >= len[b]) output exactly 0 and have lse = -inf (the log of an empty sum); padded rows of qkv, dout and out are
 //   never read; backward writes 0 into dqkv's padded rows. Scale 1 / sqrt(hs).
 //
@@ -13,8 +16,9 @@
 // the lse, accumulates dK and dV in fp32 tensor-core fragments and adds its share of dQ into an fp32 workspace with
 // atomics, after a first kernel computed D_i = rowsum(dO_i * O_i); a last kernel rounds dQ into dqkv. Deterministic
 // (--deterministic on), each key block stores its share of dQ instead, and the last kernel sums the shares in
-// key-block order. Fully masked blocks (the causal upper triangle, keys or queries beyond len) are skipped, so causal
-// attention costs half the FLOPs of the full square. The products run on bf16 tensor cores (mma.sync m16n8k16, fp32
+// key-block order. Fully masked blocks (the causal upper triangle, keys or queries beyond len, and in packed rows the
+// blocks between sequences) are skipped, so causal attention costs half the FLOPs of the full square, and a packed
+// row about the sum of its sequences' triangles. The products run on bf16 tensor cores (mma.sync m16n8k16, fp32
 // accumulation, scores and probabilities kept in registers): sm_80 or later; the softmax and every accumulation are
 // fp32.
 //
@@ -47,17 +51,19 @@ void flash_attention_check_sizes(const char* what, int B, int S, int C, int NH);
 int64_t flash_attention_backward_workspace_floats(int B, int S, int C, int NH, bool deterministic = false);
 
 // out [B, S, C] and lse [B, NH, S] OVERWRITTEN. lengths: int32 [B] in device memory, each clamped to [0, S]; null:
-// every sequence is S. qkv and out 16-byte aligned. query_fragments: 16-row query fragments per warp, 0 for the
+// every sequence is S. positions: null (a sequence per row) or as above, with causal (else std::invalid_argument).
+// qkv and out 16-byte aligned. query_fragments: 16-row query fragments per warp, 0 for the
 // kernel's choice (two at head size <= 64, one at 128), or 1 or 2 (2 only at <= 64), for the benchmark to compare.
-void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int32_t* lengths, int B,
-                             int S, int C, int NH, bool causal, cudaStream_t stream, int query_fragments = 0);
+void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int32_t* lengths,
+                             const int32_t* positions, int B, int S, int C, int NH, bool causal, cudaStream_t stream,
+                             int query_fragments = 0);
 
 // dqkv [B, S, 3C] OVERWRITTEN (0 on padded rows), from dout [B, S, C] and the forward's qkv, out and lse (same
-// lengths, causal). workspace: flash_attention_backward_workspace_floats(B, S, C, NH, deterministic) floats,
+// lengths, positions, causal). workspace: flash_attention_backward_workspace_floats(B, S, C, NH, deterministic) floats,
 // overwritten. dqkv, dout, qkv, out and workspace 16-byte aligned. deterministic: the same bits on every call.
 void flash_attention_backward(__nv_bfloat16* dqkv, float* workspace, const __nv_bfloat16* dout,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
-                              const int32_t* lengths, int B, int S, int C, int NH, bool causal, cudaStream_t stream,
-                              bool deterministic = false);
+                              const int32_t* lengths, const int32_t* positions, int B, int S, int C, int NH,
+                              bool causal, cudaStream_t stream, bool deterministic = false);
 
 }  // namespace ddplab::cuda

@@ -79,16 +79,16 @@ struct ForwardSmem {
 };
 
 // Shared memory of the backward CTA, byte offsets: the CTA's K and V tiles; two stages (the next query block's copies
-// land in one while the warps compute on the other) of the query block's Q and dO tiles and its lse (times log2 e)
-// and D; dS^T [kBlockK][kBlockQ] bf16, through which the dQ product gathers every warp's keys. bf16 rows are padded
-// by 16 bytes, as the forward's.
+// land in one while the warps compute on the other) of the query block's Q and dO tiles, its lse (times log2 e) and D,
+// and, packed, its queries' first keys; dS^T [kBlockK][kBlockQ] bf16, through which the dQ product gathers every warp's
+// keys. bf16 rows are padded by 16 bytes, as the forward's.
 template <int HS>
 struct BackwardSmem {
   static constexpr int kLd = HS + kPadBf16, kLdDs = kBlockQ + kPadBf16;
   static constexpr size_t kTile = sizeof(bf16) * kBlockK * kLd;
   static constexpr size_t kK = 0;
   static constexpr size_t kV = kK + kTile;
-  static constexpr size_t kStage = 2 * kTile + align128(2 * sizeof(float) * kBlockQ);  // Q, dO, lse, D
+  static constexpr size_t kStage = 2 * kTile + align128(3 * sizeof(float) * kBlockQ);  // Q, dO, lse, D, first keys
   static constexpr size_t kStages = kV + kTile;
   static constexpr size_t kDs = kStages + 2 * kStage;
   static constexpr size_t kBytes = kDs + align128(sizeof(bf16) * kBlockK * kLdDs);
@@ -108,6 +108,13 @@ inline dim3 cta_grid(int B, int S, int NH, int rows) {
 }
 
 using detail::length_of;
+
+// The first key query t may see: its own sequence's first token where the row is packed (positions [S] of the
+// query's row, each token's position within its sequence: t - positions[t]), else the row's first. Packed rows keep
+// their sequences in order, so it never decreases along the row.
+__host__ __device__ inline int first_key(const int32_t* row_positions, int t) {
+  return row_positions ? t - row_positions[t] : 0;
+}
 
 // ---- any architecture: the backward's first and last kernels ------------------------------------------------------
 
@@ -137,20 +144,24 @@ __global__ void __launch_bounds__(detail::kBlockSize)
 
 // dqkv's q part = the fp32 dQ rounded to bf16, 0 on padded rows (not read); 4 elements per thread and step. dq_acc
 // holds dQ itself (share_stride 0: the backward added every key block's share into it), or each key block's share of
-// it, share_stride floats apart (the deterministic backward): summed here in key-block order, from block 0 to the
-// last that query t sees (its own when causal, the last valid one otherwise), which are the shares the backward wrote.
+// it, share_stride floats apart (the deterministic backward): summed here in key-block order, over the blocks that
+// visited t's query block, which are the shares the backward wrote: from block 0 (packed: the block of the first key
+// of that query block's first query) to the last that query t sees (its own when causal, the last valid one
+// otherwise).
 __global__ void __launch_bounds__(detail::kBlockSize)
-    flash_attention_dq_kernel(bf16* dqkv, const float* dq_acc, const int32_t* lengths, int S, int C, bool causal,
-                              int64_t share_stride, int64_t n4) {
+    flash_attention_dq_kernel(bf16* dqkv, const float* dq_acc, const int32_t* lengths, const int32_t* positions, int S,
+                              int C, bool causal, int64_t share_stride, int64_t n4) {
   for (int64_t i = detail::global_index(); i < n4; i += detail::grid_stride()) {
     const int64_t e = i * 4, row = e / C;  // row = b * S + t; C % 4 == 0, so the 4 stay in the row
     const int c = static_cast<int>(e % C), t = static_cast<int>(row % S), b = static_cast<int>(row / S);
     const int len = length_of(lengths, b, S);
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (t < len) {
-      v = *reinterpret_cast<const float4*>(dq_acc + e);
+      const int row_first =
+          share_stride == 0 || !positions ? 0 : first_key(positions + int64_t{b} * S, t / kBlockQ * kBlockQ) / kBlockK;
+      v = *reinterpret_cast<const float4*>(dq_acc + row_first * share_stride + e);
       const int seen = share_stride == 0 ? 1 : causal ? t / kBlockK + 1 : key_blocks(len);
-      for (int k = 1; k < seen; ++k) {
+      for (int k = row_first + 1; k < seen; ++k) {
         const float4 w = *reinterpret_cast<const float4*>(dq_acc + k * share_stride + e);
         v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
       }
@@ -305,8 +316,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 // At hs 64, F = 2: 241 registers, so 2 CTAs (8 warps) per SM, each warp with two independent chains of products.
 template <int HS, int F>
 __global__ void __launch_bounds__(kThreads)
-    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int S, int C, int NH,
-                                   bool causal, float scale_log2) {
+    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths,
+                                   const int32_t* positions, int S, int C, int NH, bool causal, float scale_log2) {
   using L = ForwardSmem<HS, F>;
   constexpr int kLd = L::kLd, kRows = F * kFrag, kBlock = kForwardBlockQ<F>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -323,6 +334,7 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* const v_g = q_g + 2 * C;
   bf16* const out_g = out + int64_t{b} * S * C + h * HS;
   float* const lse_g = lse + (int64_t{b} * NH + h) * S;
+  const int32_t* const pos_g = positions ? positions + int64_t{b} * S : nullptr;
 
   // A block of padded queries: output 0 and lse -inf, nothing read.
   if (q0 >= len) {
@@ -331,9 +343,11 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  // The lane's rows (two per fragment) and their valid keys (j < keys). Keys below warp_full_keys are valid for every
-  // row of the warp, so a tile below it needs no mask; keys from warp_keys on are masked for every row of the warp,
-  // so the warp skips such a tile (causal: the diagonal's second tile for the block's first half of rows).
+  // The lane's rows (two per fragment) and their valid keys (j < keys; packed, also j >= the row's first_key). Keys
+  // in [warp_last_first, warp_full_keys) are valid for every row of the warp, so a tile within them needs no mask;
+  // keys from warp_keys on, and below warp_first, are masked for every row of the warp, so the warp skips such a tile
+  // (causal: the diagonal's second tile for the block's first half of rows; packed: the tiles before its rows'
+  // sequences).
   const int warp_row0 = q0 + warp * kRows;
   int row[F][2], keys[F][2];
 #pragma unroll
@@ -345,16 +359,19 @@ __global__ void __launch_bounds__(kThreads)
     }
   const int warp_full_keys = warp_row0 + kRows > len ? 0 : (causal ? warp_row0 + 1 : len);
   const int warp_keys = warp_row0 >= len ? 0 : (causal ? min(len, warp_row0 + kRows) : len);
+  const int warp_first = warp_row0 >= len ? 0 : first_key(pos_g, warp_row0);
+  const int warp_last_first = warp_row0 >= len ? 0 : first_key(pos_g, min(len, warp_row0 + kRows) - 1);
 
-  // Keys past the block's last query are masked for every row when causal: those tiles are skipped.
+  // Keys past the block's last query are masked for every row when causal, and keys before its first query's first
+  // key for every row when packed: those tiles are skipped.
   const int kv_end = causal ? min(len, q0 + kBlock) : len;
-  const int tiles = (kv_end + kBlockK - 1) / kBlockK;
+  const int tiles = (kv_end + kBlockK - 1) / kBlockK, first_tile = first_key(pos_g, q0) / kBlockK;
   const auto k_stage = [&](int tile) { return reinterpret_cast<bf16*>(smem + L::kStages + (tile % 2) * 2 * L::kTile); };
   const auto v_stage = [&](int tile) { return k_stage(tile) + L::kTile / sizeof(bf16); };
 
   load_tile_async<kBlock, HS>(q_s, q_g, ld, q0, len);
-  load_tile_async<kBlockK, HS>(k_stage(0), k_g, ld, 0, len);
-  load_tile_async<kBlockK, HS>(v_stage(0), v_g, ld, 0, len);
+  load_tile_async<kBlockK, HS>(k_stage(first_tile), k_g, ld, first_tile * kBlockK, len);
+  load_tile_async<kBlockK, HS>(v_stage(first_tile), v_g, ld, first_tile * kBlockK, len);
   ptx::cp_async_commit();
 
   uint32_t q_frag[F][HS / kFrag][4];  // the warp's query rows, for every key tile
@@ -367,7 +384,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int f = 0; f < F; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.0f;
 
-  for (int tile = 0; tile < tiles; ++tile) {
+  for (int tile = first_tile; tile < tiles; ++tile) {
     const int j0 = tile * kBlockK;
     ptx::cp_async_wait<0>();
     __syncthreads();  // this tile's copies (every thread's) landed; every warp is done with the previous tile's stage
@@ -376,10 +393,11 @@ __global__ void __launch_bounds__(kThreads)
       load_tile_async<kBlockK, HS>(v_stage(tile + 1), v_g, ld, j0 + kBlockK, len);
     }
     ptx::cp_async_commit();
-    if (tile == 0)
+    if (tile == first_tile)
 #pragma unroll
       for (int f = 0; f < F; ++f) load_a_fragments<HS>(q_frag[f], q_s, kLd, warp * kRows + f * kFrag);
-    if (j0 >= warp_keys) continue;  // every score of the warp's rows masked: nothing to add (the barrier is above)
+    // Every score of the warp's rows masked: nothing to add (the barrier is above).
+    if (j0 >= warp_keys || j0 + kBlockK <= warp_first) continue;
 
     // S = Q K^T for the warp's rows x the tile's 64 keys, in registers.
     float s[F][kBlockK / 8][4];
@@ -387,16 +405,24 @@ __global__ void __launch_bounds__(kThreads)
     for (int f = 0; f < F; ++f) zero_accumulator(s[f]);
     warp_product_transposed<F, kBlockK, HS>(s, q_frag, k_stage(tile), kLd, 0);
 
-    // Masked keys (j >= keys: padding, the causal future) become -inf, so that their p is exactly 0 (2^-inf). Only
-    // the tiles that reach past the warp's first query's keys hold any: the others skip the compares.
-    if (j0 + kBlockK > warp_full_keys) {
+    // Masked keys (j >= keys: padding, the causal future; packed, j below the row's first key: other sequences)
+    // become -inf, so that their p is exactly 0 (2^-inf). Only the tiles that reach past the warp's first query's keys,
+    // or start before its last query's first key, hold any: the others skip the compares. A row's first key is read
+    // here, not kept in registers through the loop: only a packed row's boundary tiles ask for it.
+    if (j0 + kBlockK > warp_full_keys || j0 < warp_last_first) {
 #pragma unroll
       for (int f = 0; f < F; ++f)
 #pragma unroll
-        for (int n = 0; n < kBlockK / 8; ++n)
+        for (int r = 0; r < 2; ++r) {
+          const int first = row[f][r] < len ? first_key(pos_g, row[f][r]) : 0;
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if (j0 + n * 8 + 2 * (lane % 4) + i % 2 >= keys[f][i / 2]) s[f][n][i] = -INFINITY;
+          for (int n = 0; n < kBlockK / 8; ++n)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int j = j0 + n * 8 + 2 * (lane % 4) + c;
+              if (j >= keys[f][r] || j < first) s[f][n][2 * r + c] = -INFINITY;
+            }
+        }
     }
 
     // The online softmax update, per row, in log2 units: the scores' new max over the quad (scaled after the max, which
@@ -481,8 +507,9 @@ __device__ __forceinline__ void atomic_add4(float* dst, float x, float y, float 
 template <int HS, bool kShares>
 __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     flash_attention_backward_kernel(bf16* dqkv, float* dq_acc, int64_t share_stride, const bf16* dout, const bf16* qkv,
-                                    const float* lse, const float* dsum, const int32_t* lengths, int S, int C, int NH,
-                                    bool causal, float scale, float scale_log2) {
+                                    const float* lse, const float* dsum, const int32_t* lengths,
+                                    const int32_t* positions, int S, int C, int NH, bool causal, float scale,
+                                    float scale_log2) {
   using L = BackwardSmem<HS>;
   constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -513,15 +540,30 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     return;
   }
 
-  // Query blocks before the key block see none of its keys when causal: skipped.
+  // Query blocks before the key block see none of its keys when causal: skipped. Packed (causal), neither do the
+  // queries past the sequence of the block's last key: query_end is the first query whose first key lies past it,
+  // found by bisection, as first_key never decreases along the row.
+  const int32_t* const pos_g = positions ? positions + int64_t{b} * S : nullptr;
   const int i_first = causal ? j0 : 0;
-  const int blocks = (len - i_first + kBlockQ - 1) / kBlockQ;
+  int query_end = len;
+  if (pos_g) {
+    const int last_key = min(len, j0 + kBlockK) - 1;
+    for (int lo = last_key + 1; lo < query_end;) {
+      const int mid = lo + (query_end - lo) / 2;
+      if (first_key(pos_g, mid) > last_key)
+        query_end = mid;
+      else
+        lo = mid + 1;
+    }
+  }
+  const int blocks = (query_end - i_first + kBlockQ - 1) / kBlockQ;
   const auto q_stage = [&](int block) { return reinterpret_cast<bf16*>(smem + L::kStages + (block % 2) * L::kStage); };
   const auto do_stage = [&](int block) { return q_stage(block) + L::kTile / sizeof(bf16); };
   const auto lse_stage = [&](int block) {
     return reinterpret_cast<float*>(smem + L::kStages + (block % 2) * L::kStage + 2 * L::kTile);
   };
   const auto d_stage = [&](int block) { return lse_stage(block) + kBlockQ; };
+  const auto first_key_stage = [&](int block) { return reinterpret_cast<int*>(lse_stage(block) + 2 * kBlockQ); };
   // A query block's tiles by cp.async into its stage. Its lse (times log2 e: the scores' units below) and D, 0 on
   // padded queries, by plain loads into registers, a query per thread of the first kBlockQ, and stored into the stage
   // a trip later: a store right after its load would hold the warp for the load's latency at every query block. All
@@ -543,12 +585,20 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
   const auto store_row_stats = [&](int block, RowStats stats) {
     if (threadIdx.x < kBlockQ) lse_stage(block)[threadIdx.x] = stats.lse, d_stage(block)[threadIdx.x] = stats.d;
   };
+  // Packed, the block's queries' first keys, loaded and stored at once: only packed rows wait for these loads, and
+  // none of it stays in registers through the loop.
+  const auto store_first_keys = [&](int block) {
+    const int t = i_first + block * kBlockQ + static_cast<int>(threadIdx.x);
+    if (positions && threadIdx.x < kBlockQ)
+      first_key_stage(block)[threadIdx.x] = t < len ? first_key(positions + int64_t{blockIdx.x / NH} * S, t) : 0;
+  };
 
   load_tile_async<kBlockK, HS>(k_s, k_g, ld, j0, len);
   load_tile_async<kBlockK, HS>(v_s, v_g, ld, j0, len);
   load_query_tiles(0);
   ptx::cp_async_commit();
   store_row_stats(0, read_row_stats(0));
+  store_first_keys(0);
 
   float dk[HS / 8][4], dv[HS / 8][4];
   zero_accumulator(dk);
@@ -572,6 +622,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     const bf16* const do_s = do_stage(block);
     const float* const lse_s = lse_stage(block);
     const float* const d_s = d_stage(block);
+    const int* const first_s = first_key_stage(block);
 
     // S^T = K Q^T for the warp's 16 keys x the block's 64 queries, then P^T = exp2(scale log2(e) S^T - lse log2(e))
     // where (key j, query t) is valid, else exactly 0: a masked score's exponential (of whatever it was: the causal
@@ -588,13 +639,14 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         pt[n][i] = ptx::exp2_approx(fmaf(pt[n][i], scale_log2, -lse_s[n * 8 + 2 * (lane % 4) + i % 2]));
-    if ((causal && i0 < j0 + kBlockK) || i0 + kBlockQ > len || j0 + kBlockK > len) {
+    // Packed, any block may hold keys of another sequence than some of its queries' (j below t's first key).
+    if ((causal && i0 < j0 + kBlockK) || i0 + kBlockQ > len || j0 + kBlockK > len || positions) {
 #pragma unroll
       for (int n = 0; n < kBlockQ / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int t = i0 + n * 8 + 2 * (lane % 4) + i % 2, j = key[i / 2];
-          if (t >= len || j >= len || (causal && j > t)) pt[n][i] = 0.0f;
+          const int col = n * 8 + 2 * (lane % 4) + i % 2, t = i0 + col, j = key[i / 2];
+          if (t >= len || j >= len || (causal && j > t) || (positions && j < first_s[col])) pt[n][i] = 0.0f;
         }
     }
 
@@ -667,7 +719,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
       }
     }
     // The next block's stage has had no reader since this trip's first barrier.
-    if (block + 1 < blocks) store_row_stats(block + 1, next_stats);
+    if (block + 1 < blocks) store_row_stats(block + 1, next_stats), store_first_keys(block + 1);
   }
 
   // dK and dV out, rounded to bf16 from the registers; rows of padded keys in the block get exact zeros.
@@ -688,14 +740,14 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
 #else  // an older architecture compiles stubs; the launchers refuse such a device before launching
 
 template <int HS, int F>
-__global__ void __launch_bounds__(kThreads)
-    flash_attention_forward_kernel(bf16*, float*, const bf16*, const int32_t*, int, int, int, bool, float) {
+__global__ void __launch_bounds__(kThreads) flash_attention_forward_kernel(bf16*, float*, const bf16*, const int32_t*,
+                                                                           const int32_t*, int, int, int, bool, float) {
   __trap();
 }
 template <int HS, bool kShares>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_backward_kernel(bf16*, float*, int64_t, const bf16*, const bf16*, const float*, const float*,
-                                    const int32_t*, int, int, int, bool, float, float) {
+                                    const int32_t*, const int32_t*, int, int, int, bool, float, float) {
   __trap();
 }
 
@@ -709,49 +761,50 @@ __global__ void __launch_bounds__(kThreads)
 // launch(kernel, grid, block, dynamic_smem_bytes, args...). The caller has checked sizes and pointers; B * S > 0.
 
 template <int HS, int F, typename Launch>
-void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B, int S, int C,
-                 int NH, bool causal) {
+void run_forward(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths,
+                 const int32_t* positions, int B, int S, int C, int NH, bool causal) {
   const dim3 grid = cta_grid(B, S, NH, kForwardBlockQ<F>);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   launch(flash_attention_forward_kernel<HS, F>, grid, dim3(kThreads), ForwardSmem<HS, F>::kBytes, out, lse, qkv,
-         lengths, S, C, NH, causal, scale_log2);
+         lengths, positions, S, C, NH, causal, scale_log2);
 }
 
 // The forward with `fragments` query fragments per warp (0: kForwardFrags<HS>), at most max_forward_frags(HS).
 template <int HS, typename Launch>
 void run_forward_fragments(Launch&& launch, int fragments, bf16* out, float* lse, const bf16* qkv,
-                           const int32_t* lengths, int B, int S, int C, int NH, bool causal) {
+                           const int32_t* lengths, const int32_t* positions, int B, int S, int C, int NH, bool causal) {
   if (fragments == 0) fragments = kForwardFrags<HS>;
   if constexpr (max_forward_frags(HS) >= 2)
-    if (fragments == 2) return run_forward<HS, 2>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
-  return run_forward<HS, 1>(launch, out, lse, qkv, lengths, B, S, C, NH, causal);
+    if (fragments == 2) return run_forward<HS, 2>(launch, out, lse, qkv, lengths, positions, B, S, C, NH, causal);
+  return run_forward<HS, 1>(launch, out, lse, qkv, lengths, positions, B, S, C, NH, causal);
 }
 
 template <int HS, typename Launch>
 void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, int64_t share_stride, const bf16* dout, const bf16* qkv,
-                  const float* lse, const float* dsum, const int32_t* lengths, int B, int S, int C, int NH,
-                  bool causal) {
+                  const float* lse, const float* dsum, const int32_t* lengths, const int32_t* positions, int B, int S,
+                  int C, int NH, bool causal) {
   const dim3 grid = cta_grid(B, S, NH, kBlockK);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   if (share_stride > 0)
     return launch(flash_attention_backward_kernel<HS, true>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv,
-                  dq_acc, share_stride, dout, qkv, lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
+                  dq_acc, share_stride, dout, qkv, lse, dsum, lengths, positions, S, C, NH, causal, scale,
+                  scale * kLog2e);
   launch(flash_attention_backward_kernel<HS, false>, grid, dim3(kThreads), BackwardSmem<HS>::kBytes, dqkv, dq_acc,
-         share_stride, dout, qkv, lse, dsum, lengths, S, C, NH, causal, scale, scale * kLog2e);
+         share_stride, dout, qkv, lse, dsum, lengths, positions, S, C, NH, causal, scale, scale * kLog2e);
 }
 
 // fragments: the query fragments per warp, 0 for kForwardFrags<HS>, else 1 to max_forward_frags(HS) (checked by the
 // caller: flash_attention_forward).
 template <typename Launch>
-void flash_forward_launches(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths, int B,
-                            int S, int C, int NH, bool causal, int fragments = 0) {
+void flash_forward_launches(Launch&& launch, bf16* out, float* lse, const bf16* qkv, const int32_t* lengths,
+                            const int32_t* positions, int B, int S, int C, int NH, bool causal, int fragments = 0) {
   switch (C / NH) {
     case 32:
-      return run_forward_fragments<32>(launch, fragments, out, lse, qkv, lengths, B, S, C, NH, causal);
+      return run_forward_fragments<32>(launch, fragments, out, lse, qkv, lengths, positions, B, S, C, NH, causal);
     case 64:
-      return run_forward_fragments<64>(launch, fragments, out, lse, qkv, lengths, B, S, C, NH, causal);
+      return run_forward_fragments<64>(launch, fragments, out, lse, qkv, lengths, positions, B, S, C, NH, causal);
     case 128:
-      return run_forward_fragments<128>(launch, fragments, out, lse, qkv, lengths, B, S, C, NH, causal);
+      return run_forward_fragments<128>(launch, fragments, out, lse, qkv, lengths, positions, B, S, C, NH, causal);
   }
   throw std::logic_error("flash_attention_forward: head size passed the check without a kernel");
 }
@@ -760,8 +813,8 @@ void flash_forward_launches(Launch&& launch, bf16* out, float* lse, const bf16* 
 // C] (deterministic: a [B, S, C] share per key block, key_blocks(S) of them), then D [B, NH, S].
 template <typename Launch>
 void flash_backward_launches(Launch&& launch, bf16* dqkv, float* workspace, const bf16* dout, const bf16* qkv,
-                             const bf16* out, const float* lse, const int32_t* lengths, int B, int S, int C, int NH,
-                             bool causal, bool deterministic = false) {
+                             const bf16* out, const float* lse, const int32_t* lengths, const int32_t* positions, int B,
+                             int S, int C, int NH, bool causal, bool deterministic = false) {
   const int64_t dq_floats = int64_t{B} * S * C;
   const int64_t share_stride = deterministic ? dq_floats : 0;
   float* const dq_acc = workspace;
@@ -772,20 +825,23 @@ void flash_backward_launches(Launch&& launch, bf16* dqkv, float* workspace, cons
          rows);
   switch (C / NH) {
     case 32:
-      run_backward<32>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      run_backward<32>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, positions, B, S, C, NH,
+                       causal);
       break;
     case 64:
-      run_backward<64>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      run_backward<64>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, positions, B, S, C, NH,
+                       causal);
       break;
     case 128:
-      run_backward<128>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, B, S, C, NH, causal);
+      run_backward<128>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, positions, B, S, C, NH,
+                        causal);
       break;
     default:
       throw std::logic_error("flash_attention_backward: head size passed the check without a kernel");
   }
   const int64_t n4 = dq_floats / 4;
   launch(flash_attention_dq_kernel, dim3(detail::grid_size(n4)), dim3(detail::kBlockSize), size_t{0}, dqkv, dq_acc,
-         lengths, S, C, causal, share_stride, n4);
+         lengths, positions, S, C, causal, share_stride, n4);
 }
 
 }  // namespace

@@ -78,11 +78,13 @@ void emulated_flash_matches_cpu(const FlashShape& sh, bool causal, int fragments
   Poisoned<bf16> out(int64_t{B} * S * C), dqkv(int64_t{B} * S * 3 * C);
   const int64_t dq_shares = deterministic ? cuda::key_blocks(S) : 1;
   Poisoned<float> lse(int64_t{B} * NH * S), workspace(dq_shares * B * S * C + int64_t{B} * NH * S);
-  Poisoned<int32_t> lengths(sh.lengths);
+  Poisoned<int32_t> lengths(sh.lengths), positions(sh.positions);
   const int32_t* len = sh.lengths.empty() ? nullptr : lengths.get();
-  cuda::flash_forward_launches(emulated_launch, out.get(), lse.get(), qkv.get(), len, B, S, C, NH, causal, fragments);
+  const int32_t* pos = sh.positions.empty() ? nullptr : positions.get();
+  cuda::flash_forward_launches(emulated_launch, out.get(), lse.get(), qkv.get(), len, pos, B, S, C, NH, causal,
+                               fragments);
   cuda::flash_backward_launches(emulated_launch, dqkv.get(), workspace.get(), dout.get(), qkv.get(), out.get(),
-                                lse.get(), len, B, S, C, NH, causal, deterministic);
+                                lse.get(), len, pos, B, S, C, NH, causal, deterministic);
   ddplab::flash_test::expect_flash_matches("flash (emulated)", sh, causal, fc, ddplab::gpu_test::to_f32(out.values()),
                                            lse.values(), ddplab::gpu_test::to_f32(dqkv.values()));
 }
@@ -119,6 +121,21 @@ TEST(FlashAttentionEmulated, DeterministicDqMatchesCpu) {
   for (const FlashShape& sh : {FlashShape{3, 130, 128, 2, {130, 1, 65}}, FlashShape{2, 130, 64, 2, {0, 129}},
                                FlashShape{2, 130, 64, 2, {128, 64}}, FlashShape{1, 130, 128, 1, {}}})
     for (bool causal : {false, true}) emulated_flash_matches_cpu(sh, causal, 0, /*deterministic=*/true);
+}
+
+// Packed rows (--batching pack): several sequences back to back in a row, each query attending only to its own
+// sequence's keys up to itself. Sequences that start and end inside a block, on a block's edge, a sequence of one
+// token, many short ones, one spanning three blocks, a row holding one sequence and padding after the last; both
+// forward shapes, both dQ sums (the deterministic one reads only the shares of the key blocks that visited a query's
+// block: the rest of its workspace is NaN).
+const std::vector<FlashShape> kPackedShapes = {
+    ddplab::flash_test::packed_rows({2, 130, 128, 2, {}}, {{50, 14, 66}, {1, 63, 64, 1}}),
+    ddplab::flash_test::packed_rows({3, 200, 64, 1, {}}, {{20, 150, 30}, {1, 1, 1, 1, 5, 9, 3, 100, 7}, {190}})};
+
+TEST(FlashAttentionEmulated, PackedRowsMatchCpu) {
+  for (const FlashShape& sh : kPackedShapes)
+    for (bool deterministic : {false, true}) emulated_flash_matches_cpu(sh, /*causal=*/true, 0, deterministic);
+  emulated_flash_matches_cpu(kPackedShapes[0], /*causal=*/true, 1);
 }
 
 // gpt2-small's sequence and head size (S 1024, hs 64), causal, one head of one sequence: up to sixteen key blocks a

@@ -36,33 +36,51 @@ namespace ddplab::flash_test {
 
 struct FlashShape {
   int B, S, C, NH;
-  std::vector<int32_t> lengths;  // empty: null lengths (every sequence is S)
-  float amplitude = 1.0f;        // inputs uniform in [-amplitude, amplitude]
+  std::vector<int32_t> lengths;         // empty: null lengths (every sequence is S)
+  float amplitude = 1.0f;               // inputs uniform in [-amplitude, amplitude]
+  std::vector<int32_t> positions = {};  // [B, S], packed rows (packed_rows); empty: null positions (a sequence per row)
 
   // As the kernels read a length: clamped to [0, S] (a case may hold one outside, to check that they do).
   int length(int b) const { return lengths.empty() ? S : std::clamp(lengths[b], 0, S); }
   const int32_t* lengths_or_null() const { return lengths.empty() ? nullptr : lengths.data(); }
+  const int32_t* positions_or_null() const { return positions.empty() ? nullptr : positions.data(); }
+  // The first key valid for query t of row b: its sequence's first token when packed.
+  int first_key(int b, int t) const { return positions.empty() ? 0 : t - positions[int64_t{b} * S + t]; }
   std::string describe(bool causal) const {
     return "B=" + std::to_string(B) + " S=" + std::to_string(S) + " C=" + std::to_string(C) +
            " NH=" + std::to_string(NH) + " hs=" + std::to_string(C / NH) + (causal ? " causal" : " bidir") +
-           " amplitude " + std::to_string(amplitude);
+           " amplitude " + std::to_string(amplitude) + (positions.empty() ? "" : " packed");
   }
 };
 
+// The shape with its rows packed: row b holds sequences of sequence_lengths[b]'s lengths back to back (their sum its
+// length, past which the row is padding), each token's position counted from its sequence's start, as the CPU
+// reference takes them. Padding's positions are 0 (never read).
+inline FlashShape packed_rows(FlashShape sh, const std::vector<std::vector<int>>& sequence_lengths) {
+  sh.lengths.assign(sh.B, 0);
+  sh.positions.assign(int64_t{sh.B} * sh.S, 0);
+  for (int b = 0; b < sh.B; ++b) {
+    int t = 0;
+    for (int n : sequence_lengths.at(b))
+      for (int p = 0; p < n; ++p) sh.positions.at(int64_t{b} * sh.S + t++) = p;
+    sh.lengths[b] = t;
+  }
+  return sh;
+}
+
 // The row log-sum-exp of the scaled scores over valid keys, in double; -inf on padded rows (an empty sum). The CPU
 // reference keeps the probabilities instead.
-inline std::vector<double> reference_lse(const std::vector<double>& qkv, const std::vector<int32_t>& lengths, int B,
-                                         int S, int C, int NH, bool causal) {
-  const int hs = C / NH;
+inline std::vector<double> reference_lse(const std::vector<double>& qkv, const FlashShape& sh, bool causal) {
+  const int B = sh.B, S = sh.S, C = sh.C, NH = sh.NH, hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   std::vector<double> lse(int64_t{B} * NH * S, -std::numeric_limits<double>::infinity());
   for (int b = 0; b < B; ++b) {
-    const int L = lengths.empty() ? S : std::clamp(lengths[b], 0, S);
+    const int L = sh.length(b);
     for (int h = 0; h < NH; ++h)
       for (int t = 0; t < L; ++t) {
         const double* q = qkv.data() + (int64_t{b} * S + t) * 3 * C + h * hs;
         std::vector<double> z;
-        for (int j = 0; j < (causal ? t + 1 : L); ++j) {
+        for (int j = sh.first_key(b, t); j < (causal ? t + 1 : L); ++j) {
           const double* k = qkv.data() + (int64_t{b} * S + j) * 3 * C + C + h * hs;
           double dot = 0;
           for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
@@ -115,10 +133,11 @@ inline FlashCase make_flash_case(const FlashShape& sh, bool causal, bool poison_
   std::vector<double> att(int64_t{B} * NH * S * S);
   fc.out.resize(int64_t{B} * S * C);
   fc.dqkv.resize(fc.qkv.size());
-  cpu::attention_forward(fc.out.data(), att.data(), qkv_d.data(), sh.lengths_or_null(), B, S, C, NH, causal);
-  cpu::attention_backward(fc.dqkv.data(), dout_d.data(), qkv_d.data(), att.data(), sh.lengths_or_null(),
-                          B, S, C, NH, causal);
-  fc.lse = reference_lse(qkv_d, sh.lengths, B, S, C, NH, causal);
+  cpu::attention_forward(fc.out.data(), att.data(), qkv_d.data(), sh.lengths_or_null(), B, S, C, NH, causal,
+                         sh.positions_or_null());
+  cpu::attention_backward(fc.dqkv.data(), dout_d.data(), qkv_d.data(), att.data(), sh.lengths_or_null(), B, S, C, NH,
+                          causal, sh.positions_or_null());
+  fc.lse = reference_lse(qkv_d, sh, causal);
   return fc;
 }
 

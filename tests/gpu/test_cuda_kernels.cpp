@@ -226,10 +226,10 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
   alignas(16) float f[16];
   const int32_t len[2] = {4, 4};
   const auto forward = [&](bf16* out, float* lse, const bf16* qkv, int B, int S, int C, int NH) {
-    cuda::flash_attention_forward(out, lse, qkv, len, B, S, C, NH, true, s);
+    cuda::flash_attention_forward(out, lse, qkv, len, nullptr, B, S, C, NH, true, s);
   };
   const auto backward = [&](bf16* dqkv, float* ws, const bf16* out, const float* lse, int B, int S, int C, int NH) {
-    cuda::flash_attention_backward(dqkv, ws, x, x, out, lse, len, B, S, C, NH, false, s);
+    cuda::flash_attention_backward(dqkv, ws, x, x, out, lse, len, nullptr, B, S, C, NH, false, s);
   };
   // Empty problems launch nothing, whatever the pointers, for every supported head size.
   for (int hs : {32, 64, 128}) {
@@ -238,11 +238,13 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
   }
   // The forward's query fragments per warp: 0 (the kernel's choice), 1, or 2 at head sizes <= 64 only.
   for (auto [hs, fragments] : {std::pair{64, 0}, {64, 1}, {64, 2}, {32, 2}, {128, 0}, {128, 1}})
-    EXPECT_NO_THROW(cuda::flash_attention_forward(nullptr, nullptr, nullptr, len, 0, 4, 2 * hs, 2, true, s, fragments))
+    EXPECT_NO_THROW(
+        cuda::flash_attention_forward(nullptr, nullptr, nullptr, len, nullptr, 0, 4, 2 * hs, 2, true, s, fragments))
         << hs << " " << fragments;
   for (auto [hs, fragments] : {std::pair{64, -1}, {64, 3}, {128, 2}})
-    EXPECT_THROW(cuda::flash_attention_forward(nullptr, nullptr, nullptr, len, 0, 4, 2 * hs, 2, true, s, fragments),
-                 std::invalid_argument)
+    EXPECT_THROW(
+        cuda::flash_attention_forward(nullptr, nullptr, nullptr, len, nullptr, 0, 4, 2 * hs, 2, true, s, fragments),
+        std::invalid_argument)
         << hs << " " << fragments;
   // A head size without a kernel is refused even for an empty problem, and the message names it. The model's list
   // (model/attention_kind.h, which the command line checks without CUDA) is the kernels'.
@@ -280,10 +282,16 @@ TEST(CudaKernelsHost, FlashAttentionChecksArgumentsBeforeTheDevice) {
   EXPECT_THROW(backward(x, f + 1, x, f, 2, 4, 128, 2), std::invalid_argument);
   EXPECT_THROW(backward(x + 1, f, x, f, 2, 4, 128, 2), std::invalid_argument);
   EXPECT_THROW(backward(x, f, x + 2, f, 2, 4, 128, 2), std::invalid_argument);
+  // Packed rows need the causal form, in either direction.
+  const int32_t pos[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+  EXPECT_THROW(cuda::flash_attention_forward(x, f, x, len, pos, 2, 4, 128, 2, /*causal=*/false, s),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::flash_attention_backward(x, f, x, x, x, f, len, pos, 2, 4, 128, 2, /*causal=*/false, s),
+               std::invalid_argument);
   EXPECT_THROW(backward(x, f, x, nullptr, 2, 4, 128, 2), std::invalid_argument);  // no lse
-  EXPECT_THROW(cuda::flash_attention_backward(x, f, x + 1, x, x, f, len, 2, 4, 128, 2, true, s),
+  EXPECT_THROW(cuda::flash_attention_backward(x, f, x + 1, x, x, f, len, nullptr, 2, 4, 128, 2, true, s),
                std::invalid_argument);  // dout
-  EXPECT_THROW(cuda::flash_attention_backward(x, f, x, nullptr, x, f, len, 2, 4, 128, 2, true, s),
+  EXPECT_THROW(cuda::flash_attention_backward(x, f, x, nullptr, x, f, len, nullptr, 2, 4, 128, 2, true, s),
                std::invalid_argument);  // qkv
   // dQ in fp32 [B, S, C], then D [B, NH, S].
   EXPECT_EQ(cuda::flash_attention_backward_workspace_floats(2, 5, 128, 2), 2 * 5 * 128 + 2 * 2 * 5);
@@ -680,9 +688,12 @@ void flash_attention_matches_cpu(cudaStream_t stream, const FlashShape& sh, bool
   std::unique_ptr<DeviceBuffer<int32_t>> d_lengths;
   if (!sh.lengths.empty()) d_lengths = std::make_unique<DeviceBuffer<int32_t>>(sh.lengths, stream);
   const int32_t* lengths = d_lengths ? d_lengths->get() : nullptr;
-  cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, B, S, C, NH, causal, stream);
+  std::unique_ptr<DeviceBuffer<int32_t>> d_positions;
+  if (!sh.positions.empty()) d_positions = std::make_unique<DeviceBuffer<int32_t>>(sh.positions, stream);
+  const int32_t* positions = d_positions ? d_positions->get() : nullptr;
+  cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), lengths, positions, B, S, C, NH, causal, stream);
   cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), lengths,
-                                 B, S, C, NH, causal, stream, deterministic);
+                                 positions, B, S, C, NH, causal, stream, deterministic);
   expect_flash_matches("flash", sh, causal, fc, to_f32(d_out.download()), d_lse.download(), to_f32(d_dqkv.download()));
 }
 
@@ -695,6 +706,20 @@ TEST_F(CudaKernels, FlashAttentionMatchesCpu) {
 TEST_F(CudaKernels, FlashAttentionDeterministicMatchesCpu) {
   for (const FlashShape& sh : kFlashShapes)
     for (bool causal : {false, true}) flash_attention_matches_cpu(stream_, sh, causal, /*deterministic=*/true);
+}
+
+// Packed rows (--batching pack), causal: sequences starting and ending inside blocks and on their edges, one token
+// long, a row of many short ones, one longer than a block, padding after the last; gpt2-small's S 1024 and hs 64
+// with sequences of a few hundred tokens; both dQ sums. tests/emu runs the small ones emulated.
+TEST_F(CudaKernels, FlashAttentionPackedRowsMatchCpu) {
+  using ddplab::flash_test::packed_rows;
+  const std::vector<FlashShape> shapes = {
+      packed_rows({2, 130, 128, 2, {}}, {{50, 14, 66}, {1, 63, 64, 1}}),
+      packed_rows({3, 200, 64, 1, {}}, {{20, 150, 30}, {1, 1, 1, 1, 5, 9, 3, 100, 7}, {190}}),
+      packed_rows({2, 300, 256, 2, {}}, {{128, 64, 108}, {299}}),
+      packed_rows({1, 1024, 128, 2, {}}, {{300, 211, 64, 449}})};
+  for (const FlashShape& sh : shapes)
+    for (bool deterministic : {false, true}) flash_attention_matches_cpu(stream_, sh, /*causal=*/true, deterministic);
 }
 
 // The same inputs twice give the same out, lse, dK and dV bit for bit; dQ too with the deterministic backward, not
@@ -713,9 +738,10 @@ TEST_F(CudaKernels, FlashAttentionIsDeterministicButForTheDefaultDq) {
       DeviceBuffer<bf16> d_out(int64_t{B} * S * C, stream_), d_dqkv(int64_t{B} * S * 3 * C, stream_);
       DeviceArray d_lse(int64_t{B} * NH * S, stream_),
           d_ws(cuda::flash_attention_backward_workspace_floats(B, S, C, NH, deterministic), stream_);
-      cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), d_lengths.get(), B, S, C, NH, true, stream_);
+      cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), d_lengths.get(), nullptr, B, S, C, NH, true,
+                                    stream_);
       cuda::flash_attention_backward(d_dqkv.get(), d_ws.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
-                                     d_lengths.get(), B, S, C, NH, true, stream_, deterministic);
+                                     d_lengths.get(), nullptr, B, S, C, NH, true, stream_, deterministic);
       const std::vector<float> out = to_f32(d_out.download()), lse = d_lse.download(), dqkv = to_f32(d_dqkv.download());
       std::vector<float> dq, dkv;
       for (int64_t row = 0; row < int64_t{B} * S; ++row) {
