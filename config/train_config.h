@@ -465,16 +465,17 @@ inline std::string update_in_backward_conflict(const TrainConfig& c) {
   return "";
 }
 
-// --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank and no sequence is a
-// single token, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an explicit choice as given
-// (validate refuses what cannot run).
+// --attention auto as it runs (auto_attention: cuDNN's where its library loads on every rank, no sequence is a single
+// token and rows are not packed, else our fused kernels, else unfused; docs/GPU.md, "Fused attention"); an explicit
+// choice as given (validate refuses what cannot run).
 inline AttentionKind resolved_attention(const TrainConfig& c, bool cudnn_available) {
   if (c.attention) return *c.attention;
   if (!c.transformer()) return AttentionKind::kUnfused;
   const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
-  // cuDNN takes no single-token sequences: with --min-len 1 a batch could be one.
+  // cuDNN takes no single-token sequences: with --min-len 1 a batch could be one. Nor packed rows as ours come
+  // (validate_cuda says why).
   return auto_attention(c.device == Device::kCuda && c.precision == Precision::kBf16, m.d_model / m.heads,
-                        cudnn_available && c.min_len >= 2);
+                        cudnn_available && c.min_len >= 2 && c.batching != Batching::kPack);
 }
 
 // What the choices left to "auto" depend on, as this rank finds it (launcher/run.cpp gathers it, the same on every

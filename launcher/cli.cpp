@@ -33,7 +33,6 @@ using Head = TransformerConfig::Head;
 // What the GPU path does not do (yet), refused on every rank alike rather than ignored.
 void validate_cuda(const TrainConfig& c) {
   const auto refuse = [](bool ok, const std::string& what) { require(ok, "--device cuda: " + what); };
-  refuse(c.batching != Batching::kPack, "--batching pack needs attention within packed rows, which the CUDA kernels lack");
   refuse(c.comm == AllreduceImpl::kNccl || c.comm == AllreduceImpl::kRing,
          "reduces gradients with NCCL or our ring: pass --comm nccl or ring (got --comm " + std::string(to_string(c.comm)) +
              ")");
@@ -59,6 +58,24 @@ void validate_cuda(const TrainConfig& c) {
                std::to_string(m.d_model) + " / " + std::to_string(m.heads) + " heads)");
     refuse(fused || c.min_len >= 2, "--attention cudnn needs --min-len 2 or more (cuDNN takes no single-token "
                                     "sequences; got --min-len " + std::to_string(c.min_len) + ")");
+  }
+  // Packed rows: only the fused kernels keep each sequence's queries to its own keys in place. cuDNN's ragged layout
+  // wants each sequence as a row of its own (a row's offset per sequence, the batch re-cut every step), and the
+  // unfused attention masks by length alone.
+  if (c.batching == Batching::kPack && c.transformer()) {
+    refuse(c.precision == Precision::kBf16,
+           "--batching pack needs --precision bf16: only the fused attention, bf16, "
+           "keeps each packed sequence to its own keys (got --precision " +
+               std::string(to_string(c.precision)) + ")");
+    refuse(!c.attention || *c.attention == AttentionKind::kFused,
+           "--batching pack needs --attention fused (or auto): cuDNN's takes a sequence per row, and the unfused "
+           "attention masks by length alone (got --attention " +
+               std::string(c.attention ? to_string(*c.attention) : "auto") + ")");
+    const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
+    refuse(fused_attention_supports_head_size(m.d_model / m.heads),
+           "--batching pack needs the fused attention, whose kernels have heads of " +
+               std::string(fused_attention_head_sizes()) + " dimensions; --model " + to_string(c.model) + " has " +
+               std::to_string(m.d_model / m.heads));
   }
   std::pair<int, int> profiled;
   try {

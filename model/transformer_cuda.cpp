@@ -220,7 +220,7 @@ void TransformerCuda::point_into(char* bytes, const BufferOffsets& at) {
 }
 
 void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
-                              float loss_scale) {
+                              float loss_scale, const int32_t* positions) {
   const bool classify = !config_.causal();
   if (B < 0) throw std::invalid_argument("TransformerCuda::forward: negative batch size " + std::to_string(B));
   if (B > 0 && (S < 1 || S > max_seq_ || int64_t{B} * S > max_tokens_))
@@ -229,11 +229,14 @@ void TransformerCuda::forward(const int32_t* tokens, const int32_t* lengths, con
                                 std::to_string(max_tokens_) + " tokens in all)");
   if (B > 0 && classify && !targets)
     throw std::invalid_argument("TransformerCuda::forward: the classifier needs targets");
+  if (positions && (classify || attention_ != AttentionKind::kFused))
+    throw std::invalid_argument("TransformerCuda::forward: packed rows need the causal LM and the fused attention");
   NvtxRange range("TransformerCuda forward");
   batch_ = B;
   seq_ = B > 0 ? S : 0;
   tokens_ = tokens;
   lengths_ = lengths;
+  positions_ = positions;
   targets_ = classify ? targets : lm_targets_;
   if (precision_ == Precision::kBf16)
     forward_layers<bf16>(loss_scale);
@@ -254,8 +257,8 @@ void TransformerCuda::forward_layers(float loss_scale) {
     if (master_weights_changed()) cuda::f32_to_bf16(weights_bf16_, flat_params_, flat_size_, stream_);
   }
   T* x = as<T>(encoded_);
-  cuda::embedding_forward<T>(x, tokens_, lengths_, params_[0].data, wpe_ >= 0 ? params_[wpe_].data : nullptr, B, S, C,
-                             stream_);
+  cuda::embedding_forward<T>(x, tokens_, lengths_, positions_, params_[0].data,
+                             wpe_ >= 0 ? params_[wpe_].data : nullptr, B, S, C, stream_);
   // For backward's dwte, here rather than there: backward closes with the embedding's gradient, whose all-reduce is
   // the step's last, and the sort is off that path.
   rows_by_token_ = cuda::sort_rows_by_token(rows_by_token_workspace_, rows_by_token_workspace_bytes_, tokens_, lengths_,
@@ -289,7 +292,7 @@ void TransformerCuda::forward_layers(float loss_scale) {
     features = as<T>(pooled_);
     rows = B;
   } else {
-    cuda::next_token_targets(lm_targets_, tokens_, lengths_, B, S, stream_);
+    cuda::next_token_targets(lm_targets_, tokens_, lengths_, positions_, B, S, stream_);
   }
   T* logits = as<T>(logits_);
   cuda::matmul_forward<T>(gemm_, logits, features, operand<T>(head_),
@@ -309,7 +312,7 @@ void TransformerCuda::attention_forward(const BlockActs& a) {
   float* const att = a.att;
   if constexpr (std::is_same_v<T, bf16>) {
     if (attention_ == AttentionKind::kFused)
-      return cuda::flash_attention_forward(out, att, qkv, lengths_, nullptr, B, S, C, NH, config_.causal(), stream_);
+      return cuda::flash_attention_forward(out, att, qkv, lengths_, positions_, B, S, C, NH, config_.causal(), stream_);
     if (attention_ == AttentionKind::kCudnn)
       return cudnn_->forward(out, att, qkv, lengths_, B, S, C, NH, config_.causal(), stream_);
   }
@@ -332,8 +335,8 @@ void TransformerCuda::attention_backward(T* dqkv, const T* dout, const BlockActs
   const float* const att = a.att;
   if constexpr (std::is_same_v<T, bf16>) {
     if (attention_ == AttentionKind::kFused)
-      return cuda::flash_attention_backward(dqkv, scratch_, dout, qkv, as<T>(a.atty), att, lengths_, nullptr, B, S, C,
-                                            NH, config_.causal(), stream_, deterministic_);
+      return cuda::flash_attention_backward(dqkv, scratch_, dout, qkv, as<T>(a.atty), att, lengths_, positions_, B, S,
+                                            C, NH, config_.causal(), stream_, deterministic_);
     if (attention_ == AttentionKind::kCudnn)
       return cudnn_->backward(dqkv, dout, qkv, as<T>(a.atty), att, lengths_, B, S, C, NH, config_.causal(), stream_);
   }
@@ -448,7 +451,7 @@ void TransformerCuda::backward_layers(const GradReadyHook& on_ready) {
     for (const int e : {config_.tied_head() ? -1 : 0, wpe_})
       if (e >= 0) cudaCheck(cudaMemsetAsync(params_[e].grad, 0, params_[e].numel * sizeof(float), stream_));
   cuda::embedding_backward<T>(params_[0].grad, wpe_ >= 0 ? params_[wpe_].grad : nullptr, dresid, rows_by_token_,
-                              lengths_, B, S, C, stream_);
+                              lengths_, positions_, B, S, C, stream_);
   if (wpe_ >= 0) announce.all_of(wpe_);
   announce.all_of(0);
   if (!announce.done()) throw std::logic_error("TransformerCuda: not every gradient piece was announced");

@@ -6,8 +6,8 @@
 // gradient layout in REVERSE registration order, the gradient pieces (head, lnf, blocks last to first, the
 // embeddings last), and the initial values, bit for bit: the constructor builds the CPU model with the same seed
 // and uploads its parameters. Checkpoints and bucket layouts carry over. Parameter::data and ::grad point to DEVICE
-// memory here. Both heads (kClassify, kCausalLM) and variable lengths; packed rows (positions) are not supported,
-// since the attention and embedding kernels have no segment masks.
+// memory here. Both heads (kClassify, kCausalLM) and variable lengths; packed rows (positions: kCausalLM with kFused
+// attention, whose kernels keep each sequence's queries to its own keys).
 //
 // Asynchronous: every call enqueues on the stream given at construction and returns; only loss() waits (for the
 // last forward's loss and nothing else). backward() records an event per gradient piece right after that piece's
@@ -72,12 +72,14 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   // device). 0 <= B, and for B > 0: 1 <= S <= max_seq, B * S <= max_tokens (else std::invalid_argument). Enqueues the
   // model, the fused softmax cross-entropy (which also writes the gradient of loss_scale x the mean loss for
   // backward: the weight of this batch in a larger loss, micro-batches and ranks of unequal loss counts, at no extra
-  // pass) and an asynchronous copy of the mean loss to pinned host memory. The inputs are read by this forward's kernels and, the
-  // tokens and lengths, by backward's: work that overwrites them must be ordered after backward. Nothing is checked
-  // on the device (that would need a sync): a token outside [0, vocab) at a valid position reads outside wte, a
-  // target >= num_classes makes the loss NaN.
+  // pass) and an asynchronous copy of the mean loss to pinned host memory. The inputs are read by this forward's
+  // kernels and, the tokens and lengths, by backward's: work that overwrites them must be ordered after backward.
+  // Nothing is checked on the device (that would need a sync): a token outside [0, vocab) at a valid position reads
+  // outside wte, a target >= num_classes makes the loss NaN. positions: packed rows, as Transformer::forward's (device
+  // memory [B, S]; null: a sequence per row); kCausalLM with kFused attention only (else std::invalid_argument), read
+  // by backward too.
   void forward(const int32_t* tokens, const int32_t* lengths, const int32_t* targets, int B, int S,
-               float loss_scale = 1.0f);
+               float loss_scale = 1.0f, const int32_t* positions = nullptr);
   // The mean loss of the last forward, fp32 (0 for an empty batch), on the host: WAITS for that forward's loss copy
   // (not for later work on the stream). NaN before the first forward.
   float loss() const;
@@ -144,7 +146,7 @@ class TransformerCuda : public cuda_model::DeviceParameters {
 
   // Set by forward for backward: the batch (-1: no backward pending) and its inputs.
   int batch_ = -1, seq_ = 0;
-  const int32_t *tokens_ = nullptr, *lengths_ = nullptr, *targets_ = nullptr;
+  const int32_t *tokens_ = nullptr, *lengths_ = nullptr, *targets_ = nullptr, *positions_ = nullptr;
   cuda::RowsByToken rows_by_token_;
 };
 

@@ -116,8 +116,8 @@ class MlpCudaWorkload final : public CudaModelWorkload<MlpCuda> {
 };
 
 // The transformer on the CPU workload's token batches (train/token_batches.h). A slot holds the step's
-// micro-batches one after the other, each in a region of the largest micro-batch's size (tokens, lengths, labels),
-// and their shapes and loss weights on the host.
+// micro-batches one after the other, each in a region of the largest micro-batch's size (tokens, lengths, labels,
+// and positions where rows are packed), and their shapes and loss weights on the host.
 class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> {
  public:
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
@@ -126,7 +126,7 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
                           c.deterministic),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),
-        slots_(static_cast<size_t>(c.grad_accum) * 3 * capacity_ * sizeof(int32_t)) {
+        slots_(static_cast<size_t>(c.grad_accum) * kArrays * capacity_ * sizeof(int32_t)) {
     for (auto& m : micro_) m.resize(c.grad_accum);
     if (!c.val_data.empty()) {  // made with the rest: an out-of-memory comes before the first step, not hours in
       void* memory = nullptr;
@@ -149,12 +149,15 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
       std::copy(batches_.tokens().begin(), batches_.tokens().end(), region);
       std::copy(batches_.lengths().begin(), batches_.lengths().end(), region + capacity_);
       std::copy(batches_.labels().begin(), batches_.labels().end(), region + 2 * capacity_);
+      const int32_t* positions = batches_.positions();
+      if (positions) std::copy(positions, positions + batches_.tokens().size(), region + 3 * capacity_);
       // The rank's weight folds into each micro-batch's: the reducer scales every rank alike.
       const int seq = batches_.seq();
       const bool every_row_full = std::all_of(batches_.lengths().begin(), batches_.lengths().end(),
                                               [seq](int32_t length) { return length == seq; });
-      micro_[slot][m] = MicroBatch{batches_.rows(), seq, every_row_full, batches_.micro_scale(),
-                                   batches_.micro_scale() * batches_.weight()};
+      micro_[slot][m] = MicroBatch{batches_.rows(),        seq,
+                                   every_row_full,         positions != nullptr,
+                                   batches_.micro_scale(), batches_.micro_scale() * batches_.weight()};
     }
     slots_.copy(slot, copy);
     return step_stats;
@@ -165,7 +168,8 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
     // Full rows go without lengths: the attention then runs unmasked (cuDNN's graph without padding, ~0.14 ms less
     // per gpt2-small step) and no kernel looks for padding that is not there (~1.2 ms per step on an H200).
     const int32_t* lengths = b.every_row_full ? nullptr : region + capacity_;
-    model_.forward(region, lengths, region + 2 * capacity_, b.rows, b.seq, static_cast<float>(b.grad_scale));
+    model_.forward(region, lengths, region + 2 * capacity_, b.rows, b.seq, static_cast<float>(b.grad_scale),
+                   b.packed ? region + 3 * capacity_ : nullptr);
     loss_scale_ = b.loss_scale;
   }
   void backward(int, int, const GradReadyHook& on_ready) override { model_.backward(on_ready); }
@@ -185,11 +189,13 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   struct MicroBatch {
     int rows = 0, seq = 0;
     bool every_row_full = false;  // every row holds seq tokens: the model needs no lengths
+    bool packed = false;          // rows hold several sequences: the model takes their positions
     double loss_scale = 1;        // TokenBatches::micro_scale: the reported loss is the CPU workload's
     double grad_scale = 1;        // and times the rank's weight, on the gradient
   };
+  static constexpr int kArrays = 4;  // a micro-batch's region: tokens, lengths, labels, positions
   int32_t* inputs(char* slot, int micro) const {
-    return reinterpret_cast<int32_t*>(slot) + static_cast<int64_t>(micro) * 3 * capacity_;
+    return reinterpret_cast<int32_t*>(slot) + static_cast<int64_t>(micro) * kArrays * capacity_;
   }
 
   TokenBatches batches_;

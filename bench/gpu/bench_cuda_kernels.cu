@@ -375,9 +375,10 @@ void bench_rowwise(const Sampling& sampling, cudaStream_t s, Arena& a, Report& r
   for (const auto& [tokens, which] : {std::pair{&distinct, ""}, std::pair{&zipf, ", Zipf tokens"}}) {
     int32_t* d_tok = a.ints(*tokens);
     if (tokens == &distinct)
-      rep.add({"embedding", std::string("embedding_forward<") + tag + ">", esh,
-               sampling.median_ms(s, [&] { cuda::embedding_forward<T>(y, d_tok, d_len, wte, wpe, B, S, C, s); }),
-               rows * C * (4.0 + t) + 4.0 * S * C, 0});  // wte rows + out, and wpe once (L2-resident after the first b)
+      rep.add(
+          {"embedding", std::string("embedding_forward<") + tag + ">", esh,
+           sampling.median_ms(s, [&] { cuda::embedding_forward<T>(y, d_tok, d_len, nullptr, wte, wpe, B, S, C, s); }),
+           rows * C * (4.0 + t) + 4.0 * S * C, 0});  // wte rows + out, and wpe once (L2-resident after the first b)
     cuda::RowsByToken sorted;
     rep.add({"embedding", std::string("sort_rows_by_token") + which, dims({{"B", B}, {"S", S}, {"V", V}}),
              sampling.median_ms(
@@ -387,7 +388,8 @@ void bench_rowwise(const Sampling& sampling, cudaStream_t s, Arena& a, Report& r
     std::sort(unique.begin(), unique.end());
     const int64_t tokens_seen = std::unique(unique.begin(), unique.end()) - unique.begin();
     rep.add({"embedding", std::string("embedding_backward<") + tag + ">" + which, esh,
-             sampling.median_ms(s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, sorted, d_len, B, S, C, s); }),
+             sampling.median_ms(
+                 s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, sorted, d_len, nullptr, B, S, C, s); }),
              rows * C * 2.0 * t + tokens_seen * C * 8.0 + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
   }
 
@@ -481,7 +483,7 @@ void bench_sequence(const Sampling& sampling, cudaStream_t s, Arena& a, Report& 
   std::vector<int32_t> tokens(int64_t{B} * S, 7);
   int32_t *d_tokens = a.ints(tokens), *targets = a.alloc<int32_t>(int64_t{B} * S);
   rep.add({"sequence", "next_token_targets (lengths S..S/2)", dims({{"B", B}, {"S", S}}),
-           sampling.median_ms(s, [&] { cuda::next_token_targets(targets, d_tokens, d_len, B, S, s); }),
+           sampling.median_ms(s, [&] { cuda::next_token_targets(targets, d_tokens, d_len, nullptr, B, S, s); }),
            4.0 * valid + 4.0 * B * S, 0});
 }
 
@@ -548,6 +550,25 @@ void bench_fused_attention(const Sampling& sampling, cudaStream_t s, Arena& a, R
                                                                /*deterministic=*/true);
                               }),
            0, 2.5 * forward_flops});
+  // Packed rows (--batching pack): each row holds sequences of S / 4 tokens back to back, each query attending its own
+  // sequence's keys only. TFLOP/s count the sequences' causal halves, a quarter of the row's.
+  if (S % 4 == 0) {
+    std::vector<int32_t> positions(static_cast<size_t>(B) * S);
+    for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % S % (S / 4));
+    const int32_t* d_positions = a.ints(positions);
+    const double packed_flops = forward_flops / 4;
+    rep.add({"attention", "flash_attention_forward (bf16, causal, packed rows of 4 sequences)", sh,
+             sampling.median_ms(
+                 s, [&] { cuda::flash_attention_forward(out, lse, qkv, nullptr, d_positions, B, S, C, NH, true, s); }),
+             0, packed_flops});
+    rep.add({"attention", "flash_attention_backward (bf16, causal, packed rows of 4 sequences)", sh,
+             sampling.median_ms(s,
+                                [&] {
+                                  cuda::flash_attention_backward(dqkv, ws, dout, qkv, out, lse, nullptr, d_positions, B,
+                                                                 S, C, NH, true, s);
+                                }),
+             0, 2.5 * packed_flops});
+  }
   // cuDNN's fused attention on the same buffers: the library bound ours is measured against.
   if (std::string why; cuda::cudnn_attention_available(&why)) {
     cuda::CudnnAttention cudnn;

@@ -56,17 +56,17 @@ void check_rows_and_vocab(const char* what, int64_t rows, int vocab) {
 }  // namespace
 
 template <typename T>
-void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const float* wte, const float* wpe, int B,
-                       int S, int C, cudaStream_t stream) {
+void embedding_forward(T* out, const int32_t* tokens, const int32_t* lengths, const int32_t* positions,
+                       const float* wte, const float* wpe, int B, int S, int C, cudaStream_t stream) {
   check_sizes("embedding_forward", B, S, C);
   const int64_t rows = int64_t{B} * S;
   if (rows == 0) return;
   const unsigned grid = detail::grid_size(rows, kWarps);
   constexpr int V = kVec<T>;
   if (C % V == 0 && detail::all_aligned(16, out) && detail::all_aligned(V * 4, wte, wpe))
-    embedding_forward_kernel<T, V><<<grid, kBlock, 0, stream>>>(out, tokens, lengths, wte, wpe, B, S, C);
+    embedding_forward_kernel<T, V><<<grid, kBlock, 0, stream>>>(out, tokens, lengths, positions, wte, wpe, B, S, C);
   else
-    embedding_forward_kernel<T, 1><<<grid, kBlock, 0, stream>>>(out, tokens, lengths, wte, wpe, B, S, C);
+    embedding_forward_kernel<T, 1><<<grid, kBlock, 0, stream>>>(out, tokens, lengths, positions, wte, wpe, B, S, C);
   cudaCheck(cudaGetLastError());
 }
 
@@ -122,7 +122,7 @@ RowsByToken sort_rows_by_token(void* workspace, size_t workspace_bytes, const in
 
 template <typename T>
 void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByToken& rows_by_token,
-                        const int32_t* lengths, int B, int S, int C, cudaStream_t stream) {
+                        const int32_t* lengths, const int32_t* positions, int B, int S, int C, cudaStream_t stream) {
   check_sizes("embedding_backward", B, S, C);
   const int64_t rows = int64_t{B} * S;
   if (rows_by_token.count != rows || (rows > 0 && rows_by_token.width != C))
@@ -153,18 +153,18 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const RowsByTok
     const dim3 wpe_grid(static_cast<unsigned>((C / v + kBlock - 1) / kBlock),
                         static_cast<unsigned>(std::min(S, 65535)));
     if (vec)
-      embedding_backward_wpe_kernel<T, V><<<wpe_grid, kBlock, 0, stream>>>(dwpe, dout, lengths, B, S, C);
+      embedding_backward_wpe_kernel<T, V><<<wpe_grid, kBlock, 0, stream>>>(dwpe, dout, lengths, positions, B, S, C);
     else
-      embedding_backward_wpe_kernel<T, 1><<<wpe_grid, kBlock, 0, stream>>>(dwpe, dout, lengths, B, S, C);
+      embedding_backward_wpe_kernel<T, 1><<<wpe_grid, kBlock, 0, stream>>>(dwpe, dout, lengths, positions, B, S, C);
     cudaCheck(cudaGetLastError());
   }
 }
 
-#define DDPLAB_INSTANTIATE(T)                                                                                       \
-  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const float*, const float*, int, int, int, \
-                                     cudaStream_t);                                                                 \
-  template void embedding_backward<T>(float*, float*, const T*, const RowsByToken&, const int32_t*, int, int, int,  \
-                                      cudaStream_t);
+#define DDPLAB_INSTANTIATE(T)                                                                                        \
+  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const int32_t*, const float*, const float*, \
+                                     int, int, int, cudaStream_t);                                                   \
+  template void embedding_backward<T>(float*, float*, const T*, const RowsByToken&, const int32_t*, const int32_t*,  \
+                                      int, int, int, cudaStream_t);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)
 #undef DDPLAB_INSTANTIATE

@@ -23,8 +23,8 @@ using detail::length_of;
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)
-    embedding_forward_kernel(T* out, const int32_t* tokens, const int32_t* lengths, const float* wte, const float* wpe,
-                             int B, int S, int C) {
+    embedding_forward_kernel(T* out, const int32_t* tokens, const int32_t* lengths, const int32_t* positions,
+                             const float* wte, const float* wpe, int B, int S, int C) {
   const int lane = threadIdx.x % 32;
   const int64_t rows = int64_t{B} * S;
   for (int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; row < rows; row += int64_t{gridDim.x} * kWarps) {
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kBlock)
       continue;
     }
     const float* e = wte + int64_t{tokens[row]} * C;
-    const float* p = wpe ? wpe + int64_t{t} * C : nullptr;
+    const float* p = wpe ? wpe + int64_t{positions ? positions[row] : t} * C : nullptr;
     for (int c = lane * V; c < C; c += 32 * V) {
       const Pack<float, V> ev = load_pack<V>(e + c);
       Pack<float, V> pv{};
@@ -160,23 +160,36 @@ __global__ void __launch_bounds__(kBlock)
   });
 }
 
-// One thread per (t, V columns): threads of a block cover consecutive columns of one position (coalesced for each
-// b), blockIdx.y walks positions. Each element is summed by exactly one thread, over b in ascending order from
-// its current value — the CPU reference's order, so fp32 results are bitwise equal to it.
+// One thread per (position p, V columns): threads of a block cover consecutive columns of one position (coalesced
+// for each row), blockIdx.y walks positions. Each element is summed by exactly one thread, over the rows holding
+// position p in (b, t) order from its current value — the CPU reference's order, so fp32 results are bitwise equal to
+// it. A row holds p at t = p alone, or, packed, at every t >= p whose positions[b, t] is p (one per sequence longer
+// than p): the thread walks the row's positions from p on, every thread of the block reading the same one (a
+// broadcast), a row's length less p of them.
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)
-    embedding_backward_wpe_kernel(float* dwpe, const T* dout, const int32_t* lengths, int B, int S, int C) {
+    embedding_backward_wpe_kernel(float* dwpe, const T* dout, const int32_t* lengths, const int32_t* positions, int B,
+                                  int S, int C) {
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (c >= C) return;
-  for (int t = blockIdx.y; t < S; t += gridDim.y) {
-    Pack<float, V> acc = load_pack<V>(dwpe + int64_t{t} * C + c);
-    for (int b = 0; b < B; ++b) {
-      if (t >= length_of(lengths, b, S)) continue;
-      const Pack<T, V> dv = load_pack<V>(dout + (int64_t{b} * S + t) * C + c);
+  for (int p = blockIdx.y; p < S; p += gridDim.y) {
+    Pack<float, V> acc = load_pack<V>(dwpe + int64_t{p} * C + c);
+    const auto add_row = [&](int64_t row) {
+      const Pack<T, V> dv = load_pack<V>(dout + row * C + c);
 #pragma unroll
       for (int k = 0; k < V; ++k) acc.v[k] += to_float(dv.v[k]);
+    };
+    for (int b = 0; b < B; ++b) {
+      const int len = length_of(lengths, b, S);
+      const int64_t row0 = int64_t{b} * S;
+      if (!positions) {
+        if (p < len) add_row(row0 + p);
+        continue;
+      }
+      for (int t = p; t < len; ++t)
+        if (positions[row0 + t] == p) add_row(row0 + t);
     }
-    detail::store_pack<V>(dwpe + int64_t{t} * C + c, acc);
+    detail::store_pack<V>(dwpe + int64_t{p} * C + c, acc);
   }
 }
 

@@ -54,12 +54,13 @@ void mean_pool_backward(T* dinp, const T* dout, const int32_t* lengths, int B, i
   cudaCheck(cudaGetLastError());
 }
 
-void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B, int S,
-                        cudaStream_t stream) {
+void next_token_targets(int32_t* targets, const int32_t* tokens, const int32_t* lengths, const int32_t* positions,
+                        int B, int S, cudaStream_t stream) {
   check_sizes("next_token_targets", B, S, 1);
   const int64_t n = int64_t{B} * S;
   if (n == 0) return;
-  next_token_targets_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(targets, tokens, lengths, B, S);
+  next_token_targets_kernel<<<detail::grid_size(n), detail::kBlockSize, 0, stream>>>(targets, tokens, lengths,
+                                                                                     positions, B, S);
   cudaCheck(cudaGetLastError());
 }
 

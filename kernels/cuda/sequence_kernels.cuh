@@ -78,12 +78,14 @@ __global__ void mean_pool_backward_kernel(T* dinp, const T* dout, const int32_t*
   }
 }
 
-static __global__ void next_token_targets_kernel(int32_t* targets, const int32_t* tokens, const int32_t* lengths, int B,
-                                                 int S) {
+// Packed (positions non-null), a token's next one in the row may begin the next sequence (position 0): no target.
+static __global__ void next_token_targets_kernel(int32_t* targets, const int32_t* tokens, const int32_t* lengths,
+                                                 const int32_t* positions, int B, int S) {
   const int64_t n = int64_t{B} * S;
   for (int64_t i = detail::global_index(); i < n; i += detail::grid_stride()) {
     const int b = static_cast<int>(i / S), t = static_cast<int>(i % S);
-    targets[i] = t + 1 < length_of(lengths, b, S) ? tokens[i + 1] : -1;
+    const bool next_in_sequence = t + 1 < length_of(lengths, b, S) && (!positions || positions[i + 1] != 0);
+    targets[i] = next_in_sequence ? tokens[i + 1] : -1;
   }
 }
 

@@ -171,8 +171,13 @@ refusals_at() {
   expect_error $np "--device cuda: --ring-link needs --comm ring" train "${small[@]}" "${cuda[@]}" --ring-link ipc
   expect_error $np "--ring-link needs --device cuda" train "${small[@]}" --ring-link host
   expect_error $np "--ring-link must be auto, nccl, ipc or host (got 'tcp')" train "${small[@]}" --ring-link tcp
-  expect_error $np "--device cuda: --batching pack needs attention within packed rows" \
-    train --model tiny --head lm --batching pack "${cuda[@]}" --steps 2
+  # Packed rows: the fused attention's alone, so bf16 and a head size it has kernels for.
+  expect_error $np "--device cuda: --batching pack needs --precision bf16: only the fused attention" \
+    train --model small --head lm --batching pack "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --batching pack needs --attention fused (or auto): cuDNN's takes a sequence per row" \
+    train --model small --head lm --batching pack --precision bf16 --attention cudnn --min-len 2 "${cuda[@]}" --steps 2
+  expect_error $np "--device cuda: --batching pack needs the fused attention, whose kernels have heads of 32, 64 or 128 dimensions; --model tiny has 12" \
+    train --model tiny --head lm --batching pack --precision bf16 "${cuda[@]}" --steps 2
   expect_error $np "--precision must be fp32, tf32 or bf16 (got 'fp16')" train "${small[@]}" "${cuda[@]}" --precision fp16
   expect_error $np "--device cuda: --optimizer sgd has no CUDA kernel" train "${small[@]}" "${cuda[@]}" --optimizer sgd
   expect_error $np "--comm-dtype must be fp32, bf16 or fp16 (got 'int8')" train "${small[@]}" "${cuda[@]}" --comm-dtype int8

@@ -6,7 +6,8 @@
 // them and at its end; and runs longer than a piece (cut smaller here than the launcher's, so that these few rows make
 // them) bit for bit cpu::embedding_backward_wte_in_pieces, ending inside a piece and at its end. CUB's sort, which
 // sort_rows_by_token runs between the two kernels, is a stable sort on the host here. Packed (16-byte) and scalar
-// paths, grids smaller than the rows. What it cannot tell: speed.
+// paths, grids smaller than the rows; rows of one sequence, and packed rows (several sequences each, positions
+// counted from each one's start). What it cannot tell: speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
 #include "kernels/cuda/embedding_kernels.cuh"
@@ -37,6 +38,21 @@ using bf16 = __nv_bfloat16;
 constexpr int kB = 5, kS = 9, kVocab = 4;  // few tokens: each one's rows are a run of several
 const std::vector<int32_t> kLengths = {9, 0, 1, 6, 9};
 const dim3 kGrid(2), kBlock(emb::kBlock);  // 16 warps for 45 rows: each warp takes several
+
+// The batch's rows packed (--batching pack): row 0 holds sequences of 3, 1 and 5 tokens, row 3 of 2 and 4, the others
+// one; the padding's positions far out of range (never read).
+std::vector<int32_t> packed_positions() {
+  const std::vector<std::vector<int>> sequences = {{3, 1, 5}, {}, {1}, {2, 4}, {9}};
+  std::vector<int32_t> pos(kB * kS, 1 << 30);
+  for (int b = 0; b < kB; ++b) {
+    int t = 0;
+    for (int n : sequences[b])
+      for (int p = 0; p < n; ++p) pos[b * kS + t++] = p;
+    EXPECT_EQ(t, kLengths[b]);
+  }
+  return pos;
+}
+const std::vector<int32_t> kPackedPositions = packed_positions();
 
 std::vector<float> multiples(int64_t n, uint32_t seed) {  // k / 64 for k in [-64, 64]: sums of these are exact
   std::mt19937 gen(seed);
@@ -105,32 +121,35 @@ std::vector<float> uniform(int64_t n, uint32_t seed) {  // sums of these round: 
 class EmbeddingEmulated : public ::testing::TestWithParam<int> {};
 
 TEST_P(EmbeddingEmulated, ForwardIsTheCpus) {
-  const int C = GetParam();
-  const std::vector<int32_t> tok = tokens();
-  const std::vector<float> wte = multiples(int64_t{kVocab} * C, 1), wpe = multiples(int64_t{kS} * C, 2);
-  std::vector<float> want(int64_t{kB} * kS * C);
-  ddplab::cpu::embedding_forward(want.data(), tok.data(), kLengths.data(), wte.data(), wpe.data(), kB, kS, C);
+  for (const int32_t* pos : {static_cast<const int32_t*>(nullptr), kPackedPositions.data()}) {
+    SCOPED_TRACE(pos ? "packed rows" : "a sequence per row");
+    const int C = GetParam();
+    const std::vector<int32_t> tok = tokens();
+    const std::vector<float> wte = multiples(int64_t{kVocab} * C, 1), wpe = multiples(int64_t{kS} * C, 2);
+    std::vector<float> want(int64_t{kB} * kS * C);
+    ddplab::cpu::embedding_forward(want.data(), tok.data(), kLengths.data(), wte.data(), wpe.data(), kB, kS, C, pos);
 
-  std::vector<float> out(want.size(), -1.0f);
-  constexpr int V = emb::kVec<float>;
-  if (C % V == 0)
-    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<float, V>, out.data(), tok.data(), kLengths.data(),
-                   wte.data(), wpe.data(), kB, kS, C);
-  else
-    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<float, 1>, out.data(), tok.data(), kLengths.data(),
-                   wte.data(), wpe.data(), kB, kS, C);
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(bits(out[i]), bits(want[i])) << i;
+    std::vector<float> out(want.size(), -1.0f);
+    constexpr int V = emb::kVec<float>;
+    if (C % V == 0)
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<float, V>, out.data(), tok.data(), kLengths.data(),
+                     pos, wte.data(), wpe.data(), kB, kS, C);
+    else
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<float, 1>, out.data(), tok.data(), kLengths.data(),
+                     pos, wte.data(), wpe.data(), kB, kS, C);
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(bits(out[i]), bits(want[i])) << i;
 
-  std::vector<bf16> out16(want.size());
-  constexpr int V16 = emb::kVec<bf16>;
-  if (C % V16 == 0)
-    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<bf16, V16>, out16.data(), tok.data(),
-                   kLengths.data(), wte.data(), wpe.data(), kB, kS, C);
-  else
-    emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<bf16, 1>, out16.data(), tok.data(),
-                   kLengths.data(), wte.data(), wpe.data(), kB, kS, C);
-  for (size_t i = 0; i < want.size(); ++i)
-    ASSERT_EQ(bits(out16[i]), ddplab::float16::from_f32(Format::kBf16, want[i])) << i;
+    std::vector<bf16> out16(want.size());
+    constexpr int V16 = emb::kVec<bf16>;
+    if (C % V16 == 0)
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<bf16, V16>, out16.data(), tok.data(),
+                     kLengths.data(), pos, wte.data(), wpe.data(), kB, kS, C);
+    else
+      emulate_launch(kGrid, kBlock, 0, emb::embedding_forward_kernel<bf16, 1>, out16.data(), tok.data(),
+                     kLengths.data(), pos, wte.data(), wpe.data(), kB, kS, C);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(bits(out16[i]), ddplab::float16::from_f32(Format::kBf16, want[i])) << i;
+  }
 }
 
 // The keys: a valid row's token, the padding's and a token out of range (a broken contract) keyed past the
@@ -177,52 +196,54 @@ TEST(EmbeddingRunPieces, AreCutFromEachRunsFirstRow) {
 template <typename T>
 void expect_backward_is_the_cpus(int C) {
   const int64_t n = int64_t{kB} * kS;
-  for (const std::vector<int32_t>& tok : {tokens(), runs(), one_run()}) {
-    const Sorted sorted = sort_rows(tok);
-    std::vector<float> dout = uniform(n * C, 3);
-    std::vector<T> dout_t(dout.size());
-    for (size_t i = 0; i < dout.size(); ++i) {
-      dout_t[i] = T(dout[i]);
-      dout[i] = static_cast<float>(dout_t[i]);
-    }
-    const std::vector<float> dwte0 = uniform(int64_t{kVocab} * C, 4), dwpe0 = uniform(int64_t{kS} * C, 5);
-    std::vector<float> dwte_cpu = dwte0, dwpe_want = dwpe0;
-    ddplab::cpu::embedding_backward(dwte_cpu.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB, kS,
-                                    C);
-    for (const int piece_rows : {8, 16, ddplab::cuda::kEmbeddingPieceRows}) {
-      SCOPED_TRACE("pieces of " + std::to_string(piece_rows) + " rows");
-      std::vector<float> dwte_want = dwte0;
-      ddplab::cpu::embedding_backward_wte_in_pieces(dwte_want.data(), dout.data(), tok.data(), kLengths.data(), kB, kS,
-                                                    C, piece_rows);
-      if (piece_rows >= 25) {  // every run fits a piece
-        for (size_t i = 0; i < dwte_want.size(); ++i) ASSERT_EQ(bits(dwte_want[i]), bits(dwte_cpu[i])) << i;
+  for (const int32_t* pos : {static_cast<const int32_t*>(nullptr), kPackedPositions.data()})
+    for (const std::vector<int32_t>& tok : {tokens(), runs(), one_run()}) {
+      SCOPED_TRACE(pos ? "packed rows" : "a sequence per row");
+      const Sorted sorted = sort_rows(tok);
+      std::vector<float> dout = uniform(n * C, 3);
+      std::vector<T> dout_t(dout.size());
+      for (size_t i = 0; i < dout.size(); ++i) {
+        dout_t[i] = T(dout[i]);
+        dout[i] = static_cast<float>(dout_t[i]);
       }
-      DeviceLikeVector<float> dwte(dwte0.begin(), dwte0.end()), dwpe(dwpe0.begin(), dwpe0.end());
-      DeviceLikeVector<float> run_sums((n + piece_rows - 1) / piece_rows * C, NAN);  // unwritten sums must go unread
-      constexpr int V = emb::kVec<T>;
-      const bool vec = C % V == 0;
-      const int v = vec ? V : 1;
-      const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions
-      const uint32_t padded = kVocab;
-      if (vec) {
-        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, V>, dwte.data(), run_sums.data(),
-                       dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
-        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<V>, dwte.data(),
-                       static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
-        emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
-                       kLengths.data(), kB, kS, C);
-      } else {
-        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, 1>, dwte.data(), run_sums.data(),
-                       dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
-        emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<1>, dwte.data(),
-                       static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
-        emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
-                       kLengths.data(), kB, kS, C);
+      const std::vector<float> dwte0 = uniform(int64_t{kVocab} * C, 4), dwpe0 = uniform(int64_t{kS} * C, 5);
+      std::vector<float> dwte_cpu = dwte0, dwpe_want = dwpe0;
+      ddplab::cpu::embedding_backward(dwte_cpu.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB,
+                                      kS, C, pos);
+      for (const int piece_rows : {8, 16, ddplab::cuda::kEmbeddingPieceRows}) {
+        SCOPED_TRACE("pieces of " + std::to_string(piece_rows) + " rows");
+        std::vector<float> dwte_want = dwte0;
+        ddplab::cpu::embedding_backward_wte_in_pieces(dwte_want.data(), dout.data(), tok.data(), kLengths.data(), kB,
+                                                      kS, C, piece_rows);
+        if (piece_rows >= 25) {  // every run fits a piece
+          for (size_t i = 0; i < dwte_want.size(); ++i) ASSERT_EQ(bits(dwte_want[i]), bits(dwte_cpu[i])) << i;
+        }
+        DeviceLikeVector<float> dwte(dwte0.begin(), dwte0.end()), dwpe(dwpe0.begin(), dwpe0.end());
+        DeviceLikeVector<float> run_sums((n + piece_rows - 1) / piece_rows * C, NAN);  // unwritten sums must go unread
+        constexpr int V = emb::kVec<T>;
+        const bool vec = C % V == 0;
+        const int v = vec ? V : 1;
+        const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions
+        const uint32_t padded = kVocab;
+        if (vec) {
+          emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, V>, dwte.data(), run_sums.data(),
+                         dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
+          emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<V>, dwte.data(),
+                         static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
+          emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
+                         kLengths.data(), pos, kB, kS, C);
+        } else {
+          emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, 1>, dwte.data(), run_sums.data(),
+                         dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
+          emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<1>, dwte.data(),
+                         static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
+          emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
+                         kLengths.data(), pos, kB, kS, C);
+        }
+        for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
+        for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
       }
-      for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
-      for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
     }
-  }
 }
 
 TEST_P(EmbeddingEmulated, BackwardAccumulatesTheCpusGradients) {

@@ -128,14 +128,20 @@ TEST(SequenceEmulated, MeanPoolBackwardIsTheCpusPackedOrNot) {
 TEST(SequenceEmulated, NextTokenTargetsAreTheCpus) {
   std::vector<int32_t> tokens(kB * kS);
   for (int i = 0; i < kB * kS; ++i) tokens[i] = 100 + i;
-  for (bool given : {true, false}) {
-    SCOPED_TRACE(given ? "with lengths" : "every sequence S long");
-    std::vector<int32_t> targets(kB * kS, 7), want(kB * kS, 8);
-    emulate_launch(dim3(1), kBlock, 0, seq::next_token_targets_kernel, targets.data(), tokens.data(),
-                   lengths_or_null(given), kB, kS);
-    ddplab::cpu::next_token_targets(want.data(), tokens.data(), lengths_or_null(given), kB, kS);
-    EXPECT_EQ(targets, want);
-  }
+  // Packed rows: row b cut into sequences of b % 3 + 2 tokens (the last one shorter), the padding's positions never
+  // read.
+  std::vector<int32_t> packed(kB * kS);
+  for (int i = 0; i < kB * kS; ++i) packed[i] = i % kS % (i / kS % 3 + 2);
+  for (bool given : {true, false})
+    for (const int32_t* positions :
+         {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(packed.data())}) {
+      SCOPED_TRACE(std::string(given ? "with lengths" : "every sequence S long") + (positions ? ", packed" : ""));
+      std::vector<int32_t> targets(kB * kS, 7), want(kB * kS, 8);
+      emulate_launch(dim3(1), kBlock, 0, seq::next_token_targets_kernel, targets.data(), tokens.data(),
+                     lengths_or_null(given), positions, kB, kS);
+      ddplab::cpu::next_token_targets(want.data(), tokens.data(), lengths_or_null(given), kB, kS, positions);
+      EXPECT_EQ(targets, want);
+    }
 }
 
 // Every row past its sequence's length zeroed, every valid row left as it was, bit for bit.

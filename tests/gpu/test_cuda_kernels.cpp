@@ -83,9 +83,10 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::layernorm_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, s));
   EXPECT_NO_THROW(cuda::layernorm_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                                  nullptr, 0, 8, s));
-  EXPECT_NO_THROW(cuda::embedding_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 5, 8, s));
+  EXPECT_NO_THROW(cuda::embedding_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 5, 8, s));
   EXPECT_NO_THROW(cuda::sort_rows_by_token(nullptr, 0, nullptr, nullptr, 3, 0, 10, 8, s));
-  EXPECT_NO_THROW(cuda::embedding_backward<float>(nullptr, nullptr, nullptr, cuda::RowsByToken{}, nullptr, 3, 0, 8, s));
+  EXPECT_NO_THROW(
+      cuda::embedding_backward<float>(nullptr, nullptr, nullptr, cuda::RowsByToken{}, nullptr, nullptr, 3, 0, 8, s));
   EXPECT_NO_THROW(cuda::attention_forward(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, 8, 2, true, s));
   EXPECT_NO_THROW(
       cuda::attention_backward(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 2, 0, 8, 2, false, s));
@@ -105,7 +106,7 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::residual_forward<bf16>(nullptr, nullptr, nullptr, 0, s));
   EXPECT_NO_THROW(cuda::mean_pool_forward<float>(nullptr, nullptr, nullptr, 0, 5, 8, s));
   EXPECT_NO_THROW(cuda::mean_pool_backward<bf16>(nullptr, nullptr, nullptr, 3, 0, 8, s));
-  EXPECT_NO_THROW(cuda::next_token_targets(nullptr, nullptr, nullptr, 0, 7, s));
+  EXPECT_NO_THROW(cuda::next_token_targets(nullptr, nullptr, nullptr, nullptr, 0, 7, s));
   EXPECT_EQ(ctx.cached_plans(), 0);
 }
 
@@ -120,17 +121,17 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
                std::invalid_argument);  // no scratch
   EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, &i, &f, &i, 4, 0, 1.0f, s), std::invalid_argument);
   EXPECT_THROW(cuda::softmax_cross_entropy_fused<float>(&f, &f, &f, nullptr, &f, &i, 4, 4, 1.0f, s), std::invalid_argument);
-  EXPECT_THROW(cuda::embedding_forward<float>(&f, &i, &i, &f, &f, 2, 2, 0, s), std::invalid_argument);
+  EXPECT_THROW(cuda::embedding_forward<float>(&f, &i, &i, nullptr, &f, &f, 2, 2, 0, s), std::invalid_argument);
   EXPECT_THROW(cuda::sort_rows_by_token(&f, 4, &i, &i, 2, 2, 0, 4, s), std::invalid_argument);  // no vocabulary
   EXPECT_THROW(cuda::sort_rows_by_token(&f, 4, &i, &i, 2, 2, 5, 0, s), std::invalid_argument);  // no width
   cuda::RowsByToken three_rows;                                                                 // another batch's
   three_rows.count = 3;
   three_rows.width = 4;
-  EXPECT_THROW(cuda::embedding_backward<float>(&f, &f, &f, three_rows, &i, 2, 2, 4, s), std::invalid_argument);
+  EXPECT_THROW(cuda::embedding_backward<float>(&f, &f, &f, three_rows, &i, nullptr, 2, 2, 4, s), std::invalid_argument);
   cuda::RowsByToken narrower;  // this batch's rows, sorted for a narrower table (too few run sums)
   narrower.count = 4;
   narrower.width = 2;
-  EXPECT_THROW(cuda::embedding_backward<float>(&f, &f, &f, narrower, &i, 2, 2, 4, s), std::invalid_argument);
+  EXPECT_THROW(cuda::embedding_backward<float>(&f, &f, &f, narrower, &i, nullptr, 2, 2, 4, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, &f, &f, &i, 2, 4, 10, 3, true, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_forward(ctx, &f, &f, nullptr, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
   EXPECT_THROW(cuda::attention_backward(ctx, &f, nullptr, &f, &f, &f, &i, 2, 4, 12, 3, true, s), std::invalid_argument);
@@ -150,7 +151,7 @@ TEST(CudaKernelsHost, BadArgumentsThrowBeforeLaunching) {
   EXPECT_THROW(cuda::scale_and_check_finite(&f, 2.0f, 4, nullptr, s), std::invalid_argument);
   EXPECT_THROW(cuda::mean_pool_forward<float>(&f, &f, &i, 2, 3, 0, s), std::invalid_argument);
   EXPECT_THROW(cuda::mean_pool_backward<float>(&f, &f, &i, -1, 3, 4, s), std::invalid_argument);
-  EXPECT_THROW(cuda::next_token_targets(&i, &i, &i, 2, -1, s), std::invalid_argument);
+  EXPECT_THROW(cuda::next_token_targets(&i, &i, &i, nullptr, 2, -1, s), std::invalid_argument);
   EXPECT_EQ(ctx.cached_plans(), 0);
 }
 
@@ -547,16 +548,25 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyForwardOnlyLargeLogits) {
 // values. Padded positions hold tokens far out of range, which must never be read. The last shapes: one token over the
 // 1171 valid rows of 8 × 1024 (one run of 19 pieces), and gpt2-small's vocabulary with a workspace made for more rows
 // than the batch has.
+// Packed rows (--batching pack: sequences of 1 to 300 tokens back to back) on the shapes with wpe.
 TEST_F(CudaKernels, EmbeddingMatchesCpu) {
   struct Shape {
     int B, S, C, V;
-    bool wpe;
+    bool wpe, packed = false;
   };
   for (const Shape sh :
        {Shape{1, 1, 1, 1, true}, Shape{3, 5, 7, 11, true}, Shape{4, 33, 64, 5, true}, Shape{4, 33, 64, 50, false},
-        Shape{2, 130, 768, 1000, true}, Shape{8, 1024, 768, 1, true}, Shape{3, 1000, 768, 50304, true}}) {
+        Shape{2, 130, 768, 1000, true}, Shape{8, 1024, 768, 1, true}, Shape{3, 1000, 768, 50304, true},
+        Shape{3, 5, 7, 11, true, true}, Shape{2, 130, 768, 1000, true, true}, Shape{8, 1024, 768, 50304, true, true}}) {
     const int B = sh.B, S = sh.S, C = sh.C, V = sh.V;
-    SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"V", V}, {"wpe", sh.wpe}}));
+    SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"V", V}, {"wpe", sh.wpe}, {"packed", sh.packed}}));
+    std::vector<int32_t> positions;  // row b's sequences of (b * 37) % 300 + 1 tokens
+    for (int64_t r = 0; sh.packed && r < int64_t{B} * S; ++r)
+      positions.push_back(static_cast<int32_t>(r % S % ((r / S * 37) % 300 + 1)));
+    std::unique_ptr<DeviceBuffer<int32_t>> d_positions;
+    if (sh.packed) d_positions = std::make_unique<DeviceBuffer<int32_t>>(positions, stream_);
+    const int32_t* pos = sh.packed ? positions.data() : nullptr;
+    const int32_t* d_pos = sh.packed ? d_positions->get() : nullptr;
     std::vector<int32_t> lengths(B);
     for (int b = 0; b < B; ++b)
       lengths[b] = b == 0 ? S : b == B - 1 && B > 2 ? 0 : (b * 7) % (S + 1);  // full, 0, partial
@@ -568,14 +578,14 @@ TEST_F(CudaKernels, EmbeddingMatchesCpu) {
                              wpe = random_vector(int64_t{S} * C, -1, 1, 33);
     std::vector<float> out(int64_t{B} * S * C);
     cpu::embedding_forward(out.data(), tokens.data(), lengths.data(), wte.data(), sh.wpe ? wpe.data() : nullptr, B, S,
-                           C);
+                           C, pos);
     DeviceBuffer<int32_t> d_tokens(tokens, stream_), d_lengths(lengths, stream_);
     DeviceArray d_wte(wte, stream_), d_wpe(wpe, stream_), d_out(int64_t{B} * S * C, stream_);
-    cuda::embedding_forward<float>(d_out.get(), d_tokens.get(), d_lengths.get(), d_wte.get(),
+    cuda::embedding_forward<float>(d_out.get(), d_tokens.get(), d_lengths.get(), d_pos, d_wte.get(),
                                    sh.wpe ? d_wpe.get() : nullptr, B, S, C, stream_);
     EXPECT_TRUE(BitwiseEqual(d_out.download(), out)) << "out";
     DeviceBuffer<bf16> d_out16(int64_t{B} * S * C, stream_);
-    cuda::embedding_forward<bf16>(d_out16.get(), d_tokens.get(), d_lengths.get(), d_wte.get(),
+    cuda::embedding_forward<bf16>(d_out16.get(), d_tokens.get(), d_lengths.get(), d_pos, d_wte.get(),
                                   sh.wpe ? d_wpe.get() : nullptr, B, S, C, stream_);
     EXPECT_TRUE(BitwiseEqual(to_f32(d_out16.download()), round_bf16(out))) << "bf16 out";
 
@@ -595,15 +605,15 @@ TEST_F(CudaKernels, EmbeddingMatchesCpu) {
                                             cuda::kEmbeddingPieceRows);
       std::vector<float> dwte_in_row_order = dwte0;  // the CPU's dwte, for dwpe beside it
       cpu::embedding_backward(dwte_in_row_order.data(), sh.wpe ? dwpe.data() : nullptr, d.data(), tokens.data(),
-                              lengths.data(), B, S, C);
+                              lengths.data(), B, S, C, pos);
       if (bf16_dout) {
         DeviceBuffer<bf16> d_dout(to_bf16(dout), stream_);
         cuda::embedding_backward<bf16>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), sorted,
-                                       d_lengths.get(), B, S, C, stream_);
+                                       d_lengths.get(), d_pos, B, S, C, stream_);
       } else {
         DeviceArray d_dout(dout, stream_);
         cuda::embedding_backward<float>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), sorted,
-                                        d_lengths.get(), B, S, C, stream_);
+                                        d_lengths.get(), d_pos, B, S, C, stream_);
       }
       EXPECT_TRUE(BitwiseEqual(d_dwte.download(), dwte)) << "dwte";
       EXPECT_TRUE(BitwiseEqual(d_dwpe.download(), dwpe)) << "dwpe";
@@ -1316,9 +1326,9 @@ TEST_F(CudaKernels, NextTokenTargetsMatchCpu) {
   std::vector<int32_t> targets(tokens.size());
   cpu::next_token_targets(targets.data(), tokens.data(), lengths.data(), B, S);
   DeviceBuffer<int32_t> d_tokens(tokens, stream_), d_lengths(lengths, stream_), d_targets(tokens.size(), stream_);
-  cuda::next_token_targets(d_targets.get(), d_tokens.get(), d_lengths.get(), B, S, stream_);
+  cuda::next_token_targets(d_targets.get(), d_tokens.get(), d_lengths.get(), nullptr, B, S, stream_);
   EXPECT_EQ(d_targets.download(), targets);
-  cuda::next_token_targets(d_targets.get(), d_tokens.get(), nullptr, 1, S, stream_);  // null lengths: all S
+  cuda::next_token_targets(d_targets.get(), d_tokens.get(), nullptr, nullptr, 1, S, stream_);  // null lengths: all S
   std::vector<int32_t> full(S);
   cpu::next_token_targets(full.data(), tokens.data(), nullptr, 1, S);
   const std::vector<int32_t> got = d_targets.download();

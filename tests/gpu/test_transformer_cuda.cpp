@@ -406,6 +406,62 @@ TEST_F(TransformerCudaDevice, CudnnAttentionMatchesUnfusedAndCpu) {
   fused_attention_matches_unfused_and_cpu(AttentionKind::kCudnn, stream_);
 }
 
+// Packed rows (--batching pack) through the whole LM with our fused attention: sequences back to back in a row (one of
+// a single token, one spanning both 64-row blocks, one row of one sequence, padding after the last), each token at
+// its position within its sequence and predicting only within it; loss and every gradient piece against the CPU
+// model given the same positions, then a smaller batch accumulated with a loss scale. Any other attention, and the
+// classifier, refuse packed rows.
+TEST_F(TransformerCudaDevice, FusedAttentionOnPackedRowsMatchesCpu) {
+  const Tolerance tol = fused_tolerance();
+  const TransformerConfig c = fused_language_model();
+  Transformer<float> cpu(c, kSeed);
+  TransformerCuda gpu(c, kSeed, Precision::kBf16, 3 * 70, 70, stream_, AttentionKind::kFused);
+  gpu_test::split_and_zero_grads(gpu, cpu, 0);
+  struct Step {
+    std::vector<std::vector<int>> sequences;  // per row
+    int S;
+    float loss_scale;
+  };
+  for (const Step& s : {Step{{{20, 30, 20}, {70}, {1, 33, 10}}, 70, 1.0f}, Step{{{5, 5, 5, 5}, {12, 7}}, 21, 0.6f}}) {
+    const int B = static_cast<int>(s.sequences.size());
+    SCOPED_TRACE("packed batch " + std::to_string(B) + " x " + std::to_string(s.S));
+    Batch b = random_batch(c, B, s.S, 31 + B);
+    std::vector<int32_t> positions(int64_t{B} * s.S, 0);
+    for (int r = 0; r < B; ++r) {
+      int t = 0;
+      for (int n : s.sequences[r])
+        for (int p = 0; p < n; ++p) positions[int64_t{r} * s.S + t++] = p;
+      b.lengths[r] = t;
+      for (int u = 0; u < s.S; ++u)
+        if (u >= t)
+          b.tokens[int64_t{r} * s.S + u] = -1000000 - u;  // padding: never read
+        else if (b.tokens[int64_t{r} * s.S + u] < 0)
+          b.tokens[int64_t{r} * s.S + u] = u % c.vocab;
+    }
+    DeviceBatch d(b, stream_);
+    DeviceBuffer<int32_t> d_positions(positions, stream_);
+    gpu.forward(d.tokens.get(), d.lengths.get(), nullptr, B, s.S, s.loss_scale, d_positions.get());
+    gpu.backward();
+    const float want = cpu.forward(b.tokens.data(), b.lengths.data(), nullptr, B, s.S, positions.data());
+    cpu.backward(nullptr, s.loss_scale);
+    const double loss_error = std::fabs(gpu.loss() - want) / want;
+    EXPECT_LE(loss_error, tol.loss);
+    const double grad_error = gpu_test::expect_grads_close(gpu, cpu, tol);
+    std::cout << "fused lm, packed batch " << B << "x" << s.S << ": loss error " << loss_error << ", worst piece "
+              << grad_error << "\n";
+  }
+  const Batch b = random_batch(c, 2, 10, 5);
+  DeviceBatch d(b, stream_);
+  const std::vector<int32_t> positions(20, 0);  // every token a sequence of its own
+  DeviceBuffer<int32_t> d_positions(positions, stream_);
+  TransformerCuda unfused(c, kSeed, Precision::kBf16, 20, 10, stream_);
+  EXPECT_THROW(unfused.forward(d.tokens.get(), d.lengths.get(), nullptr, 2, 10, 1.0f, d_positions.get()),
+               std::invalid_argument);
+  TransformerCuda classify(fused_classifier(), kSeed, Precision::kBf16, 20, 10, stream_, AttentionKind::kFused);
+  EXPECT_THROW(classify.forward(d.tokens.get(), d.lengths.get(), d.labels.get(), 2, 10, 1.0f, d_positions.get()),
+               std::invalid_argument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, TransformerCudaVsCpu,
                          ::testing::Values(Precision::kFp32, Precision::kTf32, Precision::kBf16),
                          [](const ::testing::TestParamInfo<Precision>& info) {
