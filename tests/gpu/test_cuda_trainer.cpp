@@ -500,6 +500,33 @@ TEST_F(CudaTrainerTest, ResumedRunWithDeterministicCudnnAttentionContinuesBitFor
   expect_resumed_run_continues_bit_for_bit(deterministic_small_lm(AttentionKind::kCudnn), "small_bf16_cudnn");
 }
 
+// --batching pack through the GPU trainer (bf16, auto: the fused attention): the staged positions reach the model, and
+// each step's loss is the CPU Trainer's on the same packed batches (sequences of 20 to 100 tokens in rows of up to
+// 200, so that rows hold several and cross 64-row blocks), within bf16's rounding. One rank each, the same batches.
+TEST_F(CudaTrainerTest, PackedRowsTrainAsOnTheCpu) {
+  if (world_rank() == 0) {
+    TrainConfig config = deterministic_small_lm(AttentionKind::kFused);
+    config.attention.reset();
+    config.deterministic = false;
+    config.batching = Batching::kPack;
+    config.min_len = 20;
+    config.max_len = 100;
+    config.max_tokens = 400;
+    config.steps = 3;
+    TrainConfig on_cpu = config;
+    on_cpu.device = Device::kCpu;
+    on_cpu.comm = AllreduceImpl::kRing;
+    on_cpu.precision = Precision::kFp32;
+    Trainer gpu(config, MPI_COMM_SELF), cpu(on_cpu, MPI_COMM_SELF);
+    for (int step = 0; step < config.steps; ++step) {
+      const double want = cpu.step(step, 0).loss, got = gpu.step(step, 0).loss;
+      EXPECT_NEAR(got, want, 1e-2 * want) << "step " << step;
+      std::printf("  packed step %d: loss %.6g (GPU, bf16) against %.6g (CPU)\n", step, got, want);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // --optimizer-in-backward on: the update bucket by bucket (each behind its own all-reduce, the closing bucket's last)
 // is the whole update, bit for bit (AdamW is elementwise; only the order of the launches changes), on every rank, on
 // the MLP and on the transformer with its tied embedding closing backward. A NaN in one rank's first gradient stops
