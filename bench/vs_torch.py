@@ -8,7 +8,8 @@
   default  both sides as a user runs them: neither variable set, ddplab's --threads auto, torch's own default
 
 Runs are interleaved (ddplab, torch, ddplab, torch, ...) so that both see the same machine load; the table
-shows medians and the ratio of medians per world size. Beside each side's samples/s, its absolute rate: the GEMMs'
+shows medians and the ratio of medians per world size, each row followed by every run's samples/s in the order they
+ran (so that a median can be checked, and a run that stands out seen). Beside each side's samples/s, its absolute rate: the GEMMs'
 GFLOP/s in total and per rank (the MLP's GEMM FLOPs per sample, counted from the widths in ddplab's run file as
 bench_step counts them: bench/cpu_rates.py) and that as a share of the FMA peak `ddplab devices` gives for the cores
 the side may use (one: a core per rank; default: a core per BLAS thread), with the BLAS kernels each side ran
@@ -123,7 +124,9 @@ def main():
 
                 note = f"  (torch failed/hung {failed} of {args.repeats} runs)" if failed else ""
                 print(f"{way:>7} {np_ranks:>5} {a:>17.0f} {b:>16.0f} {a / b:>6.2f}  {absolute(a, core):>33}  "
-                      f"{absolute(b, torch_core):>32}  {core} | {torch_core or '-'}{note}", flush=True)
+                      f"{absolute(b, torch_core):>32}  {core} | {torch_core or '-'}{note}")
+                runs = " ".join(f"{r:.0f}" for r in ours), " ".join(f"{r:.0f}" for r in theirs) or "-"
+                print(f"#   the runs' samples/s, ddplab: {runs[0]}; torch: {runs[1]}", flush=True)
     print(f"# GEMM FLOPs per sample {flops / 1e6:.2f} M (forward and weight gradient at every layer, the input "
           f"gradient above the first, as bench_step counts them); FMA peak {host.peak_per_core:.0f} GFLOP/s per core")
 

@@ -403,7 +403,7 @@ double TransformerConfig::flops_per_token(int seq_len, AttentionCount attention)
   const double C = d_model, H = mlp_hidden, L = layers;
   const double square = 4.0 * seq_len * C;
   const double blocks =
-      L * (2 * (4 * C * C + 2 * C * H) + (attention == AttentionCount::kCausalHalf ? square / 2 : square));
+      L * (2 * (4 * C * C + 2 * C * H) + (attention == AttentionCount::kCausalHalf && causal() ? square / 2 : square));
   const double head_flops = head == Head::kClassify ? 2 * C * num_classes / std::max(1, seq_len) : 2 * C * vocab;
   return blocks + head_flops;
 }

@@ -50,9 +50,10 @@ struct TransformerConfig {
   // 6N + 6LCT). MFU differs by the convention: both are printed where MFU is.
   enum class AttentionCount { kFullSquare, kCausalHalf };
   // Forward FLOPs per token of a batch of sequences of length seq_len: 2 per weight of every Linear in the blocks,
-  // 4 * seq_len * d_model per block for the attention scores and weighted sum (half that for kCausalHalf), and the
-  // head (LM: 2 d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens). Training
-  // costs about 3x. Embeddings, LayerNorm, GELU, softmax are not counted.
+  // 4 * seq_len * d_model per block for the attention scores and weighted sum (half that for kCausalHalf where the
+  // model is causal: a bidirectional classifier's kernels compute the whole square either way), and the head (LM: 2
+  // d_model vocab per token; classify: 2 d_model classes per sequence, spread over its tokens). Training costs about
+  // 3x. Embeddings, LayerNorm, GELU, softmax are not counted.
   double flops_per_token(int seq_len, AttentionCount attention = AttentionCount::kFullSquare) const;
   // "tiny" (the token-skew lab's model), "small", "gpt2-small" (GPT-2 124M-like, causal LM, for the GPU).
   // Throws std::invalid_argument for any other name.

@@ -130,7 +130,8 @@ TEST(FlashAttentionEmulated, DeterministicDqMatchesCpu) {
 // block: the rest of its workspace is NaN).
 const std::vector<FlashShape> kPackedShapes = {
     ddplab::flash_test::packed_rows({2, 130, 128, 2, {}}, {{50, 14, 66}, {1, 63, 64, 1}}),
-    ddplab::flash_test::packed_rows({3, 200, 64, 1, {}}, {{20, 150, 30}, {1, 1, 1, 1, 5, 9, 3, 100, 7}, {190}})};
+    ddplab::flash_test::packed_rows({3, 200, 64, 1, {}}, {{20, 150, 30}, {1, 1, 1, 1, 5, 9, 3, 100, 7}, {190}}),
+    ddplab::flash_test::packed_rows({2, 100, 64, 2, {}}, {{40, 60}, {10, 10, 33}})};  // heads of 32
 
 TEST(FlashAttentionEmulated, PackedRowsMatchCpu) {
   for (const FlashShape& sh : kPackedShapes)

@@ -548,7 +548,8 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyForwardOnlyLargeLogits) {
 // values. Padded positions hold tokens far out of range, which must never be read. The last shapes: one token over the
 // 1171 valid rows of 8 × 1024 (one run of 19 pieces), and gpt2-small's vocabulary with a workspace made for more rows
 // than the batch has.
-// Packed rows (--batching pack: sequences of 1 to 300 tokens back to back) on the shapes with wpe.
+// Packed rows (--batching pack: sequences of 1 to 13 tokens back to back, so that each position recurs along a row)
+// on the shapes with wpe.
 TEST_F(CudaKernels, EmbeddingMatchesCpu) {
   struct Shape {
     int B, S, C, V;
@@ -560,9 +561,9 @@ TEST_F(CudaKernels, EmbeddingMatchesCpu) {
         Shape{3, 5, 7, 11, true, true}, Shape{2, 130, 768, 1000, true, true}, Shape{8, 1024, 768, 50304, true, true}}) {
     const int B = sh.B, S = sh.S, C = sh.C, V = sh.V;
     SCOPED_TRACE(shape({{"B", B}, {"S", S}, {"C", C}, {"V", V}, {"wpe", sh.wpe}, {"packed", sh.packed}}));
-    std::vector<int32_t> positions;  // row b's sequences of (b * 37) % 300 + 1 tokens
+    std::vector<int32_t> positions;  // row b's sequences of (b * 7) % 13 + 1 tokens
     for (int64_t r = 0; sh.packed && r < int64_t{B} * S; ++r)
-      positions.push_back(static_cast<int32_t>(r % S % ((r / S * 37) % 300 + 1)));
+      positions.push_back(static_cast<int32_t>(r % S % ((r / S * 7) % 13 + 1)));
     std::unique_ptr<DeviceBuffer<int32_t>> d_positions;
     if (sh.packed) d_positions = std::make_unique<DeviceBuffer<int32_t>>(positions, stream_);
     const int32_t* pos = sh.packed ? positions.data() : nullptr;

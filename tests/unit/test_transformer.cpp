@@ -482,8 +482,14 @@ TEST(Transformer, PresetsAndFlops) {
                                         48 * 16 + 16);
   const double C = 48, H = 96;
   EXPECT_DOUBLE_EQ(model.flops_per_token(128), 2 * (4 * C * C + 2 * C * H) + 4 * 128 * C + 2 * C * 16 / 128);
+  // The causal half only where the model is causal: the classifier's attention computes the whole square.
   EXPECT_DOUBLE_EQ(tiny.flops_per_token(128, TransformerConfig::AttentionCount::kCausalHalf),
-                   2 * (4 * C * C + 2 * C * H) + 2 * 128 * C + 2 * C * 16 / 128);
+                   model.flops_per_token(128));
+  TransformerConfig lm = tiny;
+  lm.head = TransformerConfig::Head::kCausalLM;
+  EXPECT_DOUBLE_EQ(lm.flops_per_token(128), 2 * (4 * C * C + 2 * C * H) + 4 * 128 * C + 2 * C * 8192);
+  EXPECT_DOUBLE_EQ(lm.flops_per_token(128, TransformerConfig::AttentionCount::kCausalHalf),
+                   2 * (4 * C * C + 2 * C * H) + 2 * 128 * C + 2 * C * 8192);
 
   const TransformerConfig gpt2 = TransformerConfig::preset("gpt2-small");
   EXPECT_EQ(gpt2.vocab % 64, 0) << "padded for aligned logits rows";
