@@ -220,6 +220,14 @@ if [ "$stage" = 1 ]; then
   step "train nccl mlp np1" train.log 40 'grep "ms mean (the slowest" "$log" | tail -1' \
     "${mpirun[@]}" -np 1 "$build/launcher/ddplab" train --device cuda --comm nccl --steps 30 --warmup-steps 10 \
     --out "$work/train_nccl_mlp.h5" --force
+  # The MLP on more GPUs than the call has, from that run (on the host; the cells past one node marked as
+  # extrapolated): one node of 2, 4 and 8 over NVLink, and 2 nodes x 8 over 400 Gb/s InfiniBand per GPU, flat and
+  # hierarchical. The gpt2-small file's own prediction is recomputed from runs.tgz the same way (docs/PREDICT.md).
+  step "predict mlp 8gpu from np1" predict_mlp.txt 20 \
+    'grep -E "^recommended.* (8|16) ranks" "$log" | sed -E "s/^recommended \(.* ([0-9]+) ranks.*: ([0-9.]+ ms\/step).*/\1 ranks \2/" | tr "\n" " "' \
+    bash -c '"$1" predict "$2" --ranks 1,2,4,8 --link nvlink4-nccl --bucket-mb 1,5,25 &&
+             "$1" predict "$2" --ranks 16 --ranks-per-node 8 --link intra=nvlink4-nccl,inter=ndr400-x8 \
+               --comm ring,hier --bucket-mb 1,5,25' _ "$build/launcher/ddplab" "$work/train_nccl_mlp.h5"
   # A rank that fails ends the whole job, at once, with its reason (the error path of CudaBackend's destructor).
   step "fault throw ring np2" train.log 60 'grep "error on rank 1" "$log" | tail -1' \
     bash -c 'said=$("$@" 2>&1); code=$?; echo "$said"; [ $code -ne 0 ] && grep -q "injected fault" <<<"$said"' _ \
