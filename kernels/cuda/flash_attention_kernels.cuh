@@ -55,9 +55,9 @@ constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
 __host__ __device__ constexpr int key_blocks(int S) { return (S + kBlockK - 1) / kBlockK; }
 
 // The forward's query fragments per warp, by default: two at hs <= 64, so that each K or V fragment read by ldmatrix
-// feeds two mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take 241 registers
-// at hs 64 (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment. One at hs <= 64 is the launchers'
-// other choice (flash_forward_launches), for the benchmark to set the two side by side.
+// feeds two mma.sync and a warp has two independent accumulator chains; the 32 rows' S, O and Q then take ~240
+// registers at hs 64 (2 CTAs per SM). At hs 128, O and Q alone would take 192: one fragment. One at hs <= 64 is the
+// launchers' other choice (flash_forward_launches), for the benchmark to set the two side by side.
 constexpr int max_forward_frags(int hs) { return hs <= 64 ? 2 : 1; }
 template <int HS>
 constexpr int kForwardFrags = max_forward_frags(HS);
@@ -310,10 +310,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 // ---- forward --------------------------------------------------------------------------------------------------------
 
 // A CTA per (query block, head h, sequence b): 4 warps, each owning F fragments of 16 query rows (kForwardFrags<HS> by
-// default), share each key/value tile; each K and V fragment a warp reads feeds its F fragments' products. A lane holds, as
-// the mma fragments lay them out, two rows of each fragment (g = lane / 4 and g + 8 of its 16) and, of each 8-column
-// tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the quad.
-// At hs 64, F = 2: 241 registers, so 2 CTAs (8 warps) per SM, each warp with two independent chains of products.
+// default), share each key/value tile; each K and V fragment a warp reads feeds its F fragments' products. A lane
+// holds, as the mma fragments lay them out, two rows of each fragment (g = lane / 4 and g + 8 of its 16) and, of each
+// 8-column tile of S and O, the columns 2q, 2q + 1 (q = lane % 4): the row statistics are per lane, reduced over the
+// quad. At hs 64, F = 2: ~240 registers, so 2 CTAs (8 warps) per SM, each warp with two independent chains of products.
 template <int HS, int F>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* lengths,
@@ -586,7 +586,9 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 2)
     if (threadIdx.x < kBlockQ) lse_stage(block)[threadIdx.x] = stats.lse, d_stage(block)[threadIdx.x] = stats.d;
   };
   // Packed, the block's queries' first keys, loaded and stored at once: only packed rows wait for these loads, and
-  // none of it stays in registers through the loop.
+  // none of it stays in registers through the loop (the row's positions are found again from the kernel's arguments
+  // rather than kept in pos_g: holding that pointer through the loop made the deterministic hs-64 backward spill 20
+  // bytes, not 8).
   const auto store_first_keys = [&](int block) {
     const int t = i_first + block * kBlockQ + static_cast<int>(threadIdx.x);
     if (positions && threadIdx.x < kBlockQ)
