@@ -155,9 +155,12 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
       const int seq = batches_.seq();
       const bool every_row_full = std::all_of(batches_.lengths().begin(), batches_.lengths().end(),
                                               [seq](int32_t length) { return length == seq; });
-      micro_[slot][m] = MicroBatch{batches_.rows(),        seq,
-                                   every_row_full,         positions != nullptr,
-                                   batches_.micro_scale(), batches_.micro_scale() * batches_.weight()};
+      MicroBatch& b = micro_[slot][m];
+      b = MicroBatch{batches_.rows(), seq};
+      b.every_row_full = every_row_full;
+      b.packed = positions != nullptr;
+      b.loss_scale = batches_.micro_scale();
+      b.grad_scale = batches_.micro_scale() * batches_.weight();
     }
     slots_.copy(slot, copy);
     return step_stats;
