@@ -361,12 +361,16 @@ refusals_of_output_paths() {
 
 # side_by_side NAME COMMAND...: COMMAND in the background, with folders and tallies of its own, and no temporary
 # file left in its folder. A case is mostly the start of a few processes: one at a time would leave a core idle.
+# Each group's mpirun keeps its session directory under a TMPDIR of its own: Open MPI 4.1 creates the shared
+# $TMPDIR/ompi.<host>.<uid> without a lock, so mpiruns starting together raced, and two of eight runs of this test
+# failed on a 2-core host ("A call to mkdir was unable to create the desired directory ... File exists", exit 1).
 side_by_side() {
   local name=$1
   shift
   (
     work=$tmp/work.$name logs=$tmp/logs.$name failures=0 passed=0
-    mkdir "$work" "$logs"
+    export TMPDIR=$tmp/mpi.$name
+    mkdir "$work" "$logs" "$TMPDIR"
     "$@"
     if ls "$work" | grep -q '\.tmp\.'; then
       echo "FAIL temporary files left: $(ls "$work")"; failures=$((failures + 1))
