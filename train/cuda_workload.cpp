@@ -126,7 +126,8 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
                           c.deterministic),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),
-        slots_(static_cast<size_t>(c.grad_accum) * kArrays * capacity_ * sizeof(int32_t)) {
+        arrays_(c.batching == Batching::kPack ? 4 : 3),
+        slots_(static_cast<size_t>(c.grad_accum) * arrays_ * capacity_ * sizeof(int32_t)) {
     for (auto& m : micro_) m.resize(c.grad_accum);
     if (!c.val_data.empty()) {  // made with the rest: an out-of-memory comes before the first step, not hours in
       void* memory = nullptr;
@@ -196,13 +197,15 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
     double loss_scale = 1;        // TokenBatches::micro_scale: the reported loss is the CPU workload's
     double grad_scale = 1;        // and times the rank's weight, on the gradient
   };
-  static constexpr int kArrays = 4;  // a micro-batch's region: tokens, lengths, labels, positions
   int32_t* inputs(char* slot, int micro) const {
-    return reinterpret_cast<int32_t*>(slot) + static_cast<int64_t>(micro) * kArrays * capacity_;
+    return reinterpret_cast<int32_t*>(slot) + static_cast<int64_t>(micro) * arrays_ * capacity_;
   }
 
   TokenBatches batches_;
   int64_t capacity_;  // tokens (and rows) of the largest micro-batch
+  // A micro-batch's region: tokens, lengths, labels, and positions where rows are packed (the slot is copied whole
+  // every step: an array no batch fills would only add to the copy).
+  int arrays_;
   StagingSlots slots_;
   std::vector<MicroBatch> micro_[kSlots];
   double loss_scale_ = 1;           // of the last forward's micro-batch
