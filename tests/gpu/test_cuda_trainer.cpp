@@ -500,30 +500,62 @@ TEST_F(CudaTrainerTest, ResumedRunWithDeterministicCudnnAttentionContinuesBitFor
   expect_resumed_run_continues_bit_for_bit(deterministic_small_lm(AttentionKind::kCudnn), "small_bf16_cudnn");
 }
 
-// --batching pack through the GPU trainer (bf16, auto: the fused attention, heads of 32): three steps run, each loss
-// the CPU Trainer's on the same packed batches (sequences of 20 to 100 tokens in rows of up to 100, crossing 64-row
-// blocks) within 1%. A run-through of the staging: on random tokens a packing error moves the loss less than that,
-// so the packing itself is checked at the model (test_transformer_cuda's FusedAttentionOnPackedRowsMatchesCpu). One
-// rank each, the same batches.
+// The rows of `parameter` (a matrix of `width` columns) that differ between two copies of a trainer's flat
+// parameters: "1" changed, "." not, row by row.
+std::string changed_rows(Trainer& trainer, const std::string& parameter, int64_t width,
+                         const std::vector<float>& before, const std::vector<float>& after) {
+  int64_t offset = -1, numel = 0;
+  for (const GradPiece& piece : trainer.grad_pieces()) {
+    const std::string name = trainer.piece_name(piece);
+    if (name != parameter && name.rfind(parameter + "[", 0) != 0) continue;
+    offset = offset < 0 ? piece.offset : std::min(offset, piece.offset);
+    numel += piece.numel;
+  }
+  std::string rows;
+  for (int64_t r = 0; offset >= 0 && r < numel / width; ++r) {
+    const auto first = before.begin() + offset + r * width;
+    rows += std::equal(first, first + width, after.begin() + offset + r * width) ? '.' : '1';
+  }
+  return rows;
+}
+
+// --batching pack through the GPU trainer (bf16, auto: the fused attention, heads of 32), against the CPU Trainer
+// on the same packed batches (sequences of 20 to 100 tokens, log-uniform, in rows of up to 100, crossing 64-row
+// blocks). The first step's update of wpe, without weight decay, changes exactly the rows of the positions its
+// sequences reach, which only the staged positions give: the plan's longest sequence there is 89 tokens long
+// while its rows hold up to 99, so a row offset taken for a position would change 10 rows more (seen on the CPU
+// Trainer with its embedding so broken). Then three steps, each loss within 1% of the CPU's: on
+// random tokens a packing error moves the loss less than that; the attention's packing is checked at the model
+// (test_transformer_cuda's FusedAttentionOnPackedRowsMatchesCpu). One rank each, the same batches.
 TEST_F(CudaTrainerTest, PackedRowsTrainAsOnTheCpu) {
   if (world_rank() == 0) {
     TrainConfig config = deterministic_small_lm(AttentionKind::kFused);
     config.attention.reset();
     config.deterministic = false;
     config.batching = Batching::kPack;
+    config.lengths = LengthDist::kLogUniform;
     config.min_len = 20;
     config.max_len = 100;
     config.max_tokens = 400;
+    config.optimizer.weight_decay = 0;
     config.steps = 3;
     TrainConfig on_cpu = config;
     on_cpu.device = Device::kCpu;
     on_cpu.comm = AllreduceImpl::kRing;
     on_cpu.precision = Precision::kFp32;
     Trainer gpu(config, MPI_COMM_SELF), cpu(on_cpu, MPI_COMM_SELF);
+    const int64_t width = TransformerConfig::preset("small").d_model;
+    const std::vector<float> gpu_start = gpu.parameters(), cpu_start = cpu.parameters();
     for (int step = 0; step < config.steps; ++step) {
       const double want = cpu.step(step, 0).loss, got = gpu.step(step, 0).loss;
       EXPECT_NEAR(got, want, 1e-2 * want) << "step " << step;
       std::printf("  packed step %d: loss %.6g (GPU, bf16) against %.6g (CPU)\n", step, got, want);
+      if (step > 0) continue;
+      const std::string on_gpu = changed_rows(gpu, "wpe", width, gpu_start, gpu.parameters()),
+                        want_rows = changed_rows(cpu, "wpe", width, cpu_start, cpu.parameters());
+      const size_t reached = want_rows.find('.');
+      ASSERT_TRUE(reached > 0 && reached < static_cast<size_t>(config.max_len)) << want_rows;
+      EXPECT_EQ(on_gpu, want_rows) << "wpe rows the first step changed (1), on the GPU against the CPU";
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
