@@ -11,6 +11,10 @@
 
 #include "kernels/cuda/common.cuh"
 #ifdef __CUDACC__
+#include <cxxabi.h>  // kernel_name
+
+#include <cstdlib>
+
 #include "kernels/cuda/check.cuh"  // cudaCheck, for launch_on
 #endif
 
@@ -97,6 +101,24 @@ void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(
     scalar<<<grid_size(n), kBlockSize, 0, stream>>>(args...);
 }
 
+// A kernel's name as ncu prints it, without its parameters ("layernorm_backward_kernel<float, 0>"): the runtime's
+// mangled name demangled; "a kernel" where either step fails.
+inline std::string kernel_name(const void* kernel) {
+  const char* mangled = nullptr;
+  if (cudaFuncGetName(&mangled, kernel) != cudaSuccess || mangled == nullptr) {
+    cudaGetLastError();
+    return "a kernel";
+  }
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : mangled;
+  std::free(demangled);
+  name = name.substr(0, name.find('('));                  // the parameters
+  if (name.rfind("void ", 0) == 0) name.erase(0, 5);      // the return type
+  const size_t scope = name.rfind("::", name.find('<'));  // the namespaces, not the template's
+  return scope == std::string::npos ? name : name.substr(scope + 2);
+}
+
 // The `launch` of a kernel header's launch sequence (the *_kernels.cuh that the CPU emulation runs too): one kernel on
 // `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More than 48 KB of dynamic shared memory must be
 // asked for, per kernel and device: cheap enough per launch. Where the device refuses it, past its limit (sizes a
@@ -117,9 +139,9 @@ inline auto launch_on(cudaStream_t stream, bool max_shared = false) {
         cudaCheck(cudaGetDevice(&device));
         cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
         if (smem > static_cast<size_t>(limit))
-          throw std::invalid_argument("a kernel's block needs " + std::to_string(smem) +
-                                      " bytes of shared memory at these sizes, more than this GPU's " +
-                                      std::to_string(limit));
+          throw std::invalid_argument(
+              kernel_name(reinterpret_cast<const void*>(kernel)) + "'s block needs " + std::to_string(smem) +
+              " bytes of shared memory at these sizes, more than this GPU's " + std::to_string(limit));
         cudaCheck(asked);
       }
       if (max_shared)
