@@ -177,16 +177,10 @@ __global__ void __launch_bounds__(kMaxRowBlock)
 __global__ void __launch_bounds__(kReduceBlock)
     cross_entropy_mean_loss_kernel(float* mean_loss, const float* losses, const int* num_valid, int N) {
   extern __shared__ __align__(16) unsigned char smem[];
-  double* warp_sums = reinterpret_cast<double*>(smem);  // [32]
   double s = 0.0;
   for (int n = threadIdx.x; n < N; n += blockDim.x) s += losses[n];  // ignored rows hold 0
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(detail::kFullMask, s, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
-  __syncthreads();
+  const double total = detail::block_reduce<detail::Sum>(s, reinterpret_cast<double*>(smem));
   if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kReduceBlock / 32; ++w) total += warp_sums[w];
     const int count = *num_valid;
     *mean_loss = count > 0 ? static_cast<float>(total / count) : 0.0f;
   }
