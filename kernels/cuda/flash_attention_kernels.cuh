@@ -120,25 +120,38 @@ __host__ __device__ inline int first_key(const int32_t* row_positions, int t) {
 
 // D_i = rowsum(dO_i * O_i) in fp32 for every (b, t, h) row (0 on padded rows, whose dO and O are not read), and the
 // row's fp32 dQ accumulator zeroed where the backward adds into it (dq_acc null: it writes its key blocks' shares
-// instead). A warp per row.
+// instead). A group of hs / 8 lanes per row, each lane 8 elements: one 16-byte load of dO and of O and two of the
+// accumulator's stores a lane (a lane per element moved 2 bytes an access; the head sizes are multiples of 8 and
+// the rows 16-byte aligned, flash_attention.cu checks both).
 __global__ void __launch_bounds__(detail::kBlockSize)
     flash_attention_backward_dot_kernel(float* dsum, float* dq_acc, const bf16* dout, const bf16* out,
                                         const int32_t* lengths, int S, int C, int NH, int64_t rows) {
-  constexpr int kRowsPerBlock = detail::kBlockSize / 32;
-  const int lane = threadIdx.x % 32, hs = C / NH;
-  for (int64_t r = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / 32; r < rows;
-       r += int64_t{gridDim.x} * kRowsPerBlock) {
+  constexpr int kPerLane = 8;
+  const int hs = C / NH, group = hs / kPerLane, rows_per_warp = 32 / group;
+  const int lane = threadIdx.x % group;  // within the row's group: groups of 4, 8 or 16 lanes tile each warp
+  const int64_t rows_per_block = int64_t{detail::kBlockSize} / group;
+  // The loop runs while the warp's first row is a row, so that its shuffles always see all 32 lanes.
+  for (int64_t warp_first = blockIdx.x * rows_per_block + threadIdx.x / 32 * rows_per_warp; warp_first < rows;
+       warp_first += gridDim.x * rows_per_block) {
+    const int64_t r = warp_first + threadIdx.x % 32 / group;
     const int h = static_cast<int>(r % NH);
     const int64_t bt = r / NH;  // b * S + t
     const int t = static_cast<int>(bt % S), b = static_cast<int>(bt / S);
-    const int64_t at = bt * C + int64_t{h} * hs;
+    const int64_t at = bt * C + int64_t{h} * hs + lane * kPerLane;
     float dot = 0.0f;
-    if (t < length_of(lengths, b, S))
-      for (int d = lane; d < hs; d += 32) dot += __bfloat162float(dout[at + d]) * __bfloat162float(out[at + d]);
-    if (dq_acc)
-      for (int d = lane; d < hs; d += 32) dq_acc[at + d] = 0.0f;
-    dot = detail::warp_sum(dot);
-    if (lane == 0) dsum[(int64_t{b} * NH + h) * S + t] = dot;
+    if (r < rows && t < length_of(lengths, b, S)) {
+      const detail::Pack<bf16, kPerLane> d = detail::load_pack<kPerLane>(dout + at),
+                                         o = detail::load_pack<kPerLane>(out + at);
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) dot += __bfloat162float(d.v[k]) * __bfloat162float(o.v[k]);
+    }
+    if (dq_acc && r < rows) {
+      const detail::Pack<float, 4> zero{};
+      detail::store_pack(dq_acc + at, zero);
+      detail::store_pack(dq_acc + at + 4, zero);
+    }
+    for (int step = group / 2; step > 0; step >>= 1) dot += __shfl_xor_sync(detail::kFullMask, dot, step);
+    if (lane == 0 && r < rows) dsum[(int64_t{b} * NH + h) * S + t] = dot;
   }
 }
 
@@ -822,7 +835,7 @@ void flash_backward_launches(Launch&& launch, bf16* dqkv, float* workspace, cons
   float* const dq_acc = workspace;
   float* const dsum = workspace + (deterministic ? key_blocks(S) : 1) * dq_floats;  // [B, NH, S]
   const int64_t rows = int64_t{B} * S * NH;
-  launch(flash_attention_backward_dot_kernel, dim3(detail::grid_size(rows, detail::kBlockSize / 32)),
+  launch(flash_attention_backward_dot_kernel, dim3(detail::grid_size(rows, detail::kBlockSize / (C / NH / 8))),
          dim3(detail::kBlockSize), size_t{0}, dsum, deterministic ? nullptr : dq_acc, dout, out, lengths, S, C, NH,
          rows);
   switch (C / NH) {
