@@ -11,9 +11,13 @@
 #                           (ddplab's BLAS kernels and OpenBLAS's own), the full kernel benchmark, ncu's ranking of
 #                           the step, PyTorch eager, torch.compile and SDPA per backend on the same shapes, ncu on our
 #                           fused attention; the GPU's clocks, power and temperature sampled throughout
+#   bench/device/run.sh 3   most wanted first: the ipc link's calibrations, gpt2-small's runs with ranks sharing the
+#                           GPU and their predictions from one rank, a peer killed mid-run, the sanitizers; then the
+#                           default MLP over an emulated link, and the older checks (bench/device/README.md)
 # Whatever fails, the summary comes back: every step runs under `timeout` (its own cap, never past the stage's
 # deadline) and appends its row to $OUT/summary.txt as it ends, so a call cut short still returns the rows so far.
-# Logs go to $OUT (or .device/out): at most 8 files per stage, flat, as the tool brings them back.
+# Logs go to $OUT (or .device/out), flat: past 8 files (what the tool brings back) all but the table and the
+# archives are packed into logs.tgz at the end.
 # Knobs: DDPLAB_DEADLINE_S (540: the stage's budget, from the start of the script), DDPLAB_BUILD (build-device),
 # DDPLAB_CAP_SCALE (1: multiplies every step's cap, for a slower machine's rehearsal, bench/device/simulate.sh),
 # DDPLAB_RING_MAX (256M: the largest size of stage 1's ring over the ipc link), DDPLAB_ONLY (a regular expression:
@@ -223,7 +227,7 @@ if [ "$stage" = 1 ]; then
   # The MLP on more GPUs than the call has, from that run (on the host; the cells past one node marked as
   # extrapolated): one node of 2, 4 and 8 over NVLink, and 2 nodes x 8 over 400 Gb/s InfiniBand per GPU, flat and
   # hierarchical. The gpt2-small file's own prediction is recomputed from runs.tgz the same way (docs/PREDICT.md).
-  step "predict mlp 8gpu from np1" predict_mlp.txt 20 \
+  step "predict mlp 8gpu from np1" train.log 20 \
     'grep -E "^recommended.* (8|16) ranks" "$log" | sed -E "s/^recommended \(.* ([0-9]+) ranks.*: ([0-9.]+ ms\/step).*/\1 ranks \2/" | tr "\n" " "' \
     bash -c '"$1" predict "$2" --ranks 1,2,4,8 --link nvlink4-nccl --bucket-mb 1,5,25 &&
              "$1" predict "$2" --ranks 16 --ranks-per-node 8 --link intra=nvlink4-nccl,inter=ndr400-x8 \
@@ -392,9 +396,6 @@ if [ "$stage" = 2 ]; then
   fi
   # The trainer's np 1 run file: what `ddplab predict` models more GPUs from (docs/PREDICT.md).
   [ -f "$work/train_gpt2_bf16.h5" ] && cp "$work/train_gpt2_bf16.h5" "$out/"
-  # At most 8 files come back: everything but the table and the reports travels as one archive.
-  (cd "$out" && tar -czf logs.tgz --exclude=summary.txt --exclude=ncu-reports.tar.gz --exclude=logs.tgz ./* &&
-    find . -maxdepth 1 -type f ! -name summary.txt ! -name ncu-reports.tar.gz ! -name logs.tgz -delete)
 fi
 
 # ---- stage 3 --------------------------------------------------------------------------------------------------------
@@ -528,5 +529,11 @@ if [ "$stage" = 3 ]; then
   (cd "$work" && tar -czf "$out/runs.tgz" ./*.h5 ./*.partial ./*.json sweep_np4 sweep_10gbe_np2 suite_lab 2>/dev/null)
 fi
 
+# At most 8 files come back: past that, whatever the stage wrote, everything but the table and the archives travels
+# as one more archive (stage 2 always needs it).
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$out" && tar -czf logs.tgz --exclude=summary.txt --exclude='*.tgz' --exclude='*.tar.gz' ./* &&
+    find . -maxdepth 1 -type f ! -name summary.txt ! -name '*.tgz' ! -name '*.tar.gz' -delete)
+fi
 echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"
 exit $failed

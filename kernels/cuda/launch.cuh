@@ -3,18 +3,16 @@
 // int64 indices, so the grid is capped and any n >= 0 is covered, including n beyond 2^31.
 #pragma once
 #include <cuda_runtime_api.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
 #ifdef __CUDACC__
-#include <cxxabi.h>  // kernel_name
-
-#include <cstdlib>
-
 #include "kernels/cuda/check.cuh"  // cudaCheck, for launch_on
 #endif
 
@@ -89,6 +87,28 @@ inline bool map_packs_fit(const Out* out, const In* in) {
   return all_aligned(alignof(Pack<Out, 4>), out) && all_aligned(alignof(Pack<In, 4>), in);
 }
 
+// A kernel's name as a person reads it, from its symbol: demangled, without its return type, scopes and parameters
+// ("layernorm_backward_kernel<float, 4, true>"); the symbol itself where it does not demangle.
+inline std::string readable_kernel_name(const char* symbol) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(symbol, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : symbol;
+  std::free(demangled);
+  if (status != 0) return name;
+  // The parameters: from the '(' that closes with the last ')' (scopes hold parentheses: "(anonymous namespace)").
+  if (!name.empty() && name.back() == ')') {
+    size_t open = name.size();
+    for (int depth = 0; open-- > 0;) {
+      depth += name[open] == ')' ? 1 : name[open] == '(' ? -1 : 0;
+      if (depth == 0) break;
+    }
+    if (open != std::string::npos) name.erase(open);
+  }
+  if (name.rfind("void ", 0) == 0) name.erase(0, 5);      // the return type
+  const size_t scope = name.rfind("::", name.find('<'));  // the last scope before the template's arguments
+  return scope == std::string::npos ? name : name.substr(scope + 2);
+}
+
 #ifdef __CUDACC__  // <<<>>> is nvcc's: the CPU emulation (tests/emu) includes the rest of this file with g++
 // Launches packed (a kernel's V = 4 instantiation of for_each_pack) where `aligned`, else scalar (its V = 1 one), over
 // n elements: one thread per pack or per element, grid_size capping the grid. The caller checks the launch.
@@ -101,22 +121,14 @@ void launch_packed(bool aligned, int64_t n, cudaStream_t stream, void (*packed)(
     scalar<<<grid_size(n), kBlockSize, 0, stream>>>(args...);
 }
 
-// A kernel's name as ncu prints it, without its parameters ("layernorm_backward_kernel<float, 0>"): the runtime's
-// mangled name demangled; "a kernel" where either step fails.
+// A kernel's name as the runtime gives it (cudaFuncGetName), or "a kernel" where it does not.
 inline std::string kernel_name(const void* kernel) {
-  const char* mangled = nullptr;
-  if (cudaFuncGetName(&mangled, kernel) != cudaSuccess || mangled == nullptr) {
+  const char* symbol = nullptr;
+  if (cudaFuncGetName(&symbol, kernel) != cudaSuccess || symbol == nullptr) {
     cudaGetLastError();
     return "a kernel";
   }
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string name = status == 0 && demangled ? demangled : mangled;
-  std::free(demangled);
-  name = name.substr(0, name.find('('));                  // the parameters
-  if (name.rfind("void ", 0) == 0) name.erase(0, 5);      // the return type
-  const size_t scope = name.rfind("::", name.find('<'));  // the namespaces, not the template's
-  return scope == std::string::npos ? name : name.substr(scope + 2);
+  return readable_kernel_name(symbol);
 }
 
 // The `launch` of a kernel header's launch sequence (the *_kernels.cuh that the CPU emulation runs too): one kernel on

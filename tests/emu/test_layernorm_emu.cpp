@@ -271,6 +271,20 @@ TEST(LayerNormEmulated, BackwardWarpsFitTheSharedMemory) {
   EXPECT_EQ(backward_blocks(8192, 1600), 682);
 }
 
+// A launch past the GPU's shared memory is refused naming the kernel (launch_on): its name read from the symbols nvcc
+// gives these kernels, in an unnamed namespace as they are, templated or not; a symbol that does not demangle as
+// it is.
+TEST(LayerNormEmulated, RefusedKernelsAreNamedAsPeopleReadThem) {
+  using cuda::detail::readable_kernel_name;
+  EXPECT_EQ(readable_kernel_name("_ZN6ddplab4cuda45_GLOBAL__N__ef469ab7_12_layernorm_cu_63cdbeeb9layernorm25layernorm_"
+                                 "backward_kernelIfLi4ELb1EEEvPT_PfPKS4_S8_PKfSA_SA_iii"),
+            "layernorm_backward_kernel<float, 4, true>");
+  EXPECT_EQ(readable_kernel_name("_ZN6ddplab4cuda51_GLOBAL__N__a401abcc_18_flash_attention_cu_cb1410ad25flash_"
+                                 "attention_dq_kernelEP13__nv_bfloat16PKfPKiS7_iibll"),
+            "flash_attention_dq_kernel");
+  EXPECT_EQ(readable_kernel_name("copy_kernel"), "copy_kernel");
+}
+
 // The accumulators' layout is a permutation of the row's columns that puts the same float4 of consecutive packs next
 // to each other (conflict-free across a warp).
 TEST(LayerNormEmulated, AccumulatorLayoutIsAPermutation) {

@@ -522,9 +522,9 @@ std::string changed_rows(Trainer& trainer, const std::string& parameter, int64_t
 // --batching pack through the GPU trainer (bf16, auto: the fused attention, heads of 32), against the CPU Trainer
 // on the same packed batches (sequences of 20 to 100 tokens, log-uniform, in rows of up to 100, crossing 64-row
 // blocks). The first step's update of wpe, without weight decay, changes exactly the rows of the positions its
-// sequences reach, which only the staged positions give: the plan's longest sequence there is 89 tokens long
-// while its rows hold up to 99, so a row offset taken for a position would change 10 rows more (seen on the CPU
-// Trainer with its embedding so broken). Then three steps, each loss within 1% of the CPU's: on
+// sequences reach with a target, which only the staged positions give: 89 rows (its longest sequence is 90 tokens,
+// whose last has none), where a row offset taken for a position would change 99 (rows hold up to 100 tokens; seen
+// on the CPU Trainer with its embedding so broken). Then three steps, each loss within 1% of the CPU's: on
 // random tokens a packing error moves the loss less than that; the attention's packing is checked at the model
 // (test_transformer_cuda's FusedAttentionOnPackedRowsMatchesCpu). One rank each, the same batches.
 TEST_F(CudaTrainerTest, PackedRowsTrainAsOnTheCpu) {
@@ -554,7 +554,7 @@ TEST_F(CudaTrainerTest, PackedRowsTrainAsOnTheCpu) {
       const std::string on_gpu = changed_rows(gpu, "wpe", width, gpu_start, gpu.parameters()),
                         want_rows = changed_rows(cpu, "wpe", width, cpu_start, cpu.parameters());
       const size_t reached = want_rows.find('.');
-      ASSERT_TRUE(reached > 0 && reached < static_cast<size_t>(config.max_len)) << want_rows;
+      EXPECT_TRUE(reached > 0 && reached < static_cast<size_t>(config.max_len)) << want_rows;
       EXPECT_EQ(on_gpu, want_rows) << "wpe rows the first step changed (1), on the GPU against the CPU";
     }
   }

@@ -207,13 +207,13 @@ TEST_F(NcclAllreduceTest, SixteenBitWiresStayWithinTheirRoundingOfTheFp32Wire) {
   cudaCheck(cudaFree(d));
 }
 
-// The reducer's call over an fp16 wire, the mean (scale 1 / n): each rank's values are scaled before the sum (fp16
-// ends at 65504), so gradients near 40000 on every rank average to near 40000 instead of inf, within the fp16 wire's
-// rounding of the exact mean; the epilogue is left nothing to scale.
+// The reducer's call over an fp16 wire, the mean (scale 1 / n, here halved so that one rank scales too): each rank's
+// values are scaled before the sum (fp16 ends at 65504), so gradients near 40000 on every rank average to near 20000
+// instead of inf, within the fp16 wire's rounding of the exact result; the epilogue is left nothing to scale.
 TEST_F(NcclAllreduceTest, TheMeanOverAnFp16WireScalesEachRanksValuesBeforeTheSum) {
   const size_t n = (size_t{1} << 20) + 3;
   const int ranks = comm_->size();
-  const float mean = 1.0f / static_cast<float>(ranks);
+  const float mean = 0.5f / static_cast<float>(ranks);
   std::vector<std::vector<float>> all(ranks);
   for (int r = 0; r < ranks; ++r) all[r] = random_vector(static_cast<int64_t>(n), 30000.0f, 50000.0f, 5u + r);
   float* d = upload_inputs(n);
