@@ -225,16 +225,18 @@ with tempfile.TemporaryDirectory() as work:
         near = [r for r in group if r["step_ms"] <= fastest * (1 + rec["tolerance_pct"] / 100) + 1e-12]
         chosen = rows[rec["row"]]
         own = grid["measured"]["predicted"]
-        # The run's own setting replays a measurement only on the run's own link and world size.
-        setting = ("bucket_mb", "first_bucket_mb", "last_bucket_mb", "overlap", "comm", "comm_dtype", "link", "ranks",
-                   "nodes")
-        own_near = [r for r in near if all(r[k] == own[k] for k in setting)]
+        # The run's own setting replays a measurement only on the run's own link and world size; elsewhere, among
+        # as few buckets, its knobs are kept where the prediction cannot tell (analysis/predict.cpp, recommend).
+        knobs = ("bucket_mb", "first_bucket_mb", "last_bucket_mb", "bucket_rule", "overlap", "comm", "comm_dtype",
+                 "update")
+        own_knobs = lambda r: all(r[k] == own[k] for k in knobs)
+        own_near = [r for r in near if own_knobs(r) and all(r[k] == own[k] for k in ("link", "ranks", "nodes"))]
         check(rec["tolerance_pct"] > 0 and rec["within_noise"] == len(near) - 1 and
               chosen == (own_near[0] if own_near else
-                         min(near, key=lambda r: (r["buckets"], r["step_ms"]))),
+                         min(near, key=lambda r: (r["buckets"], not own_knobs(r), r["step_ms"]))),
               f"recommended for {rec['link']} x {rec['ranks']}: of the rows within the run's noise of the fastest "
               f"({rec['tolerance_pct']:.1f}%), the run's own setting (at its own link and ranks), else the fewest "
-              f"buckets")
+              f"buckets, then the run's knobs")
         share = chosen["exposed_comm_ms"] / chosen["step_ms"]  # named as blame names a run (kCommBoundShare)
         label = "comm-bound" if share >= 0.20 else "balanced" if share > 0.05 else "compute-bound"
         check(rec["reason"].startswith(label + ":"), f"reason for {100 * share:.0f}% exposed: {rec['reason']}")
