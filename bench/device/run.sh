@@ -533,7 +533,8 @@ fi
 # as one more archive (stage 2 always needs it).
 if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
   (cd "$out" && tar -czf logs.tgz --exclude=summary.txt --exclude='*.tgz' --exclude='*.tar.gz' ./* &&
-    find . -maxdepth 1 -type f ! -name summary.txt ! -name '*.tgz' ! -name '*.tar.gz' -delete)
+    find . -maxdepth 1 -type f ! -name '.*' ! -name summary.txt ! -name '*.tgz' ! -name '*.tar.gz' -delete) ||
+    { row "pack logs" FAILED 0 "tar: the files past 8 may not come back" && failed=1; }
 fi
 echo "stage $stage: $((SECONDS)) s; files: $(cd "$out" && ls | paste -sd' ')" | tee -a "$summary"
 exit $failed

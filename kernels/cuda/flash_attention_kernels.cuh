@@ -120,24 +120,29 @@ __host__ __device__ inline int first_key(const int32_t* row_positions, int t) {
 
 // D_i = rowsum(dO_i * O_i) in fp32 for every (b, t, h) row (0 on padded rows, whose dO and O are not read), and the
 // row's fp32 dQ accumulator zeroed where the backward adds into it (dq_acc null: it writes its key blocks' shares
-// instead). A group of hs / 8 lanes per row, each lane 8 elements: one 16-byte load of dO and of O and two of the
-// accumulator's stores a lane (a lane per element moved 2 bytes an access; the head sizes are multiples of 8 and
-// the rows 16-byte aligned, flash_attention.cu checks both).
+// instead). A group of HS / 8 lanes per row, each lane 8 elements: one 16-byte load of dO and of O and two of the
+// accumulator's stores a lane (a lane per element moved 2 bytes an access; the rows are 16-byte aligned, which
+// flash_attention.cu checks).
+constexpr int kDotPerLane = 8;
+template <int HS>
+constexpr int kDotRowsPerBlock = detail::kBlockSize / (HS / kDotPerLane);
+
+template <int HS>
 __global__ void __launch_bounds__(detail::kBlockSize)
     flash_attention_backward_dot_kernel(float* dsum, float* dq_acc, const bf16* dout, const bf16* out,
                                         const int32_t* lengths, int S, int C, int NH, int64_t rows) {
-  constexpr int kPerLane = 8;
-  const int hs = C / NH, group = hs / kPerLane, rows_per_warp = 32 / group;
-  const int lane = threadIdx.x % group;  // within the row's group: groups of 4, 8 or 16 lanes tile each warp
-  const int64_t rows_per_block = int64_t{detail::kBlockSize} / group;
+  constexpr int kPerLane = kDotPerLane, kGroup = HS / kPerLane, kRowsPerWarp = 32 / kGroup;
+  static_assert(HS % kPerLane == 0 && 32 % kGroup == 0, "a row's lanes tile the warp");
+  const int lane = threadIdx.x % kGroup;  // within the row's group: groups of 4, 8 or 16 lanes tile each warp
+  constexpr int64_t kRowsPerBlock = kDotRowsPerBlock<HS>;
   // The loop runs while the warp's first row is a row, so that its shuffles always see all 32 lanes.
-  for (int64_t warp_first = blockIdx.x * rows_per_block + threadIdx.x / 32 * rows_per_warp; warp_first < rows;
-       warp_first += gridDim.x * rows_per_block) {
-    const int64_t r = warp_first + threadIdx.x % 32 / group;
+  for (int64_t warp_first = blockIdx.x * kRowsPerBlock + threadIdx.x / 32 * kRowsPerWarp; warp_first < rows;
+       warp_first += gridDim.x * kRowsPerBlock) {
+    const int64_t r = warp_first + threadIdx.x % 32 / kGroup;
     const int h = static_cast<int>(r % NH);
     const int64_t bt = r / NH;  // b * S + t
     const int t = static_cast<int>(bt % S), b = static_cast<int>(bt / S);
-    const int64_t at = bt * C + int64_t{h} * hs + lane * kPerLane;
+    const int64_t at = bt * C + int64_t{h} * HS + lane * kPerLane;
     float dot = 0.0f;
     if (r < rows && t < length_of(lengths, b, S)) {
       const detail::Pack<bf16, kPerLane> d = detail::load_pack<kPerLane>(dout + at),
@@ -150,7 +155,8 @@ __global__ void __launch_bounds__(detail::kBlockSize)
       detail::store_pack(dq_acc + at, zero);
       detail::store_pack(dq_acc + at + 4, zero);
     }
-    for (int step = group / 2; step > 0; step >>= 1) dot += __shfl_xor_sync(detail::kFullMask, dot, step);
+#pragma unroll
+    for (int step = kGroup / 2; step > 0; step >>= 1) dot += __shfl_xor_sync(detail::kFullMask, dot, step);
     if (lane == 0 && r < rows) dsum[(int64_t{b} * NH + h) * S + t] = dot;
   }
 }
@@ -796,8 +802,12 @@ void run_forward_fragments(Launch&& launch, int fragments, bf16* out, float* lse
 
 template <int HS, typename Launch>
 void run_backward(Launch&& launch, bf16* dqkv, float* dq_acc, int64_t share_stride, const bf16* dout, const bf16* qkv,
-                  const float* lse, const float* dsum, const int32_t* lengths, const int32_t* positions, int B, int S,
-                  int C, int NH, bool causal) {
+                  const bf16* out, const float* lse, float* dsum, const int32_t* lengths, const int32_t* positions,
+                  int B, int S, int C, int NH, bool causal) {
+  const int64_t rows = int64_t{B} * S * NH;
+  launch(flash_attention_backward_dot_kernel<HS>, dim3(detail::grid_size(rows, kDotRowsPerBlock<HS>)),
+         dim3(detail::kBlockSize), size_t{0}, dsum, share_stride > 0 ? nullptr : dq_acc, dout, out, lengths, S, C, NH,
+         rows);
   const dim3 grid = cta_grid(B, S, NH, kBlockK);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   if (share_stride > 0)
@@ -834,21 +844,17 @@ void flash_backward_launches(Launch&& launch, bf16* dqkv, float* workspace, cons
   const int64_t share_stride = deterministic ? dq_floats : 0;
   float* const dq_acc = workspace;
   float* const dsum = workspace + (deterministic ? key_blocks(S) : 1) * dq_floats;  // [B, NH, S]
-  const int64_t rows = int64_t{B} * S * NH;
-  launch(flash_attention_backward_dot_kernel, dim3(detail::grid_size(rows, detail::kBlockSize / (C / NH / 8))),
-         dim3(detail::kBlockSize), size_t{0}, dsum, deterministic ? nullptr : dq_acc, dout, out, lengths, S, C, NH,
-         rows);
   switch (C / NH) {
     case 32:
-      run_backward<32>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, positions, B, S, C, NH,
+      run_backward<32>(launch, dqkv, dq_acc, share_stride, dout, qkv, out, lse, dsum, lengths, positions, B, S, C, NH,
                        causal);
       break;
     case 64:
-      run_backward<64>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, positions, B, S, C, NH,
+      run_backward<64>(launch, dqkv, dq_acc, share_stride, dout, qkv, out, lse, dsum, lengths, positions, B, S, C, NH,
                        causal);
       break;
     case 128:
-      run_backward<128>(launch, dqkv, dq_acc, share_stride, dout, qkv, lse, dsum, lengths, positions, B, S, C, NH,
+      run_backward<128>(launch, dqkv, dq_acc, share_stride, dout, qkv, out, lse, dsum, lengths, positions, B, S, C, NH,
                         causal);
       break;
     default:

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -90,6 +91,7 @@ inline bool map_packs_fit(const Out* out, const In* in) {
 // A kernel's name as a person reads it, from its symbol: demangled, without its return type, scopes and parameters
 // ("layernorm_backward_kernel<float, 4, true>"); the symbol itself where it does not demangle.
 inline std::string readable_kernel_name(const char* symbol) {
+  if (std::strncmp(symbol, "_Z", 2) != 0) return symbol;  // not a C++ symbol ("i" would demangle as a type: "int")
   int status = 0;
   char* demangled = abi::__cxa_demangle(symbol, nullptr, nullptr, &status);
   std::string name = status == 0 && demangled ? demangled : symbol;

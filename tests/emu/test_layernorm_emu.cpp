@@ -283,6 +283,7 @@ TEST(LayerNormEmulated, RefusedKernelsAreNamedAsPeopleReadThem) {
                                  "attention_dq_kernelEP13__nv_bfloat16PKfPKiS7_iibll"),
             "flash_attention_dq_kernel");
   EXPECT_EQ(readable_kernel_name("copy_kernel"), "copy_kernel");
+  EXPECT_EQ(readable_kernel_name("i"), "i");  // a C name that would demangle as a type
 }
 
 // The accumulators' layout is a permutation of the row's columns that puts the same float4 of consecutive packs next
