@@ -205,7 +205,7 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   int64_t capacity_;  // tokens (and rows) of the largest micro-batch
   // A micro-batch's region: tokens, lengths, labels, and positions where rows are packed (the slot is copied whole
   // every step: an array no batch fills would only add to the copy).
-  int arrays_;
+  const int arrays_;
   StagingSlots slots_;
   std::vector<MicroBatch> micro_[kSlots];
   double loss_scale_ = 1;           // of the last forward's micro-batch

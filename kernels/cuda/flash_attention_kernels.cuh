@@ -131,33 +131,34 @@ template <int HS>
 __global__ void __launch_bounds__(detail::kBlockSize)
     flash_attention_backward_dot_kernel(float* dsum, float* dq_acc, const bf16* dout, const bf16* out,
                                         const int32_t* lengths, int S, int C, int NH, int64_t rows) {
-  constexpr int kPerLane = kDotPerLane, kGroup = HS / kPerLane, kRowsPerWarp = 32 / kGroup;
-  static_assert(HS % kPerLane == 0 && 32 % kGroup == 0, "a row's lanes tile the warp");
+  constexpr int kGroup = HS / kDotPerLane, kRowsPerWarp = 32 / kGroup;
+  static_assert(HS % kDotPerLane == 0 && 32 % kGroup == 0, "a row's lanes tile the warp");
   const int lane = threadIdx.x % kGroup;  // within the row's group: groups of 4, 8 or 16 lanes tile each warp
   constexpr int64_t kRowsPerBlock = kDotRowsPerBlock<HS>;
   // The loop runs while the warp's first row is a row, so that its shuffles always see all 32 lanes.
   for (int64_t warp_first = blockIdx.x * kRowsPerBlock + threadIdx.x / 32 * kRowsPerWarp; warp_first < rows;
        warp_first += gridDim.x * kRowsPerBlock) {
     const int64_t r = warp_first + threadIdx.x % 32 / kGroup;
+    const bool in_rows = r < rows;  // the warp's last rows may lie past the end
     const int h = static_cast<int>(r % NH);
     const int64_t bt = r / NH;  // b * S + t
     const int t = static_cast<int>(bt % S), b = static_cast<int>(bt / S);
-    const int64_t at = bt * C + int64_t{h} * HS + lane * kPerLane;
+    const int64_t at = bt * C + int64_t{h} * HS + lane * kDotPerLane;
     float dot = 0.0f;
-    if (r < rows && t < length_of(lengths, b, S)) {
-      const detail::Pack<bf16, kPerLane> d = detail::load_pack<kPerLane>(dout + at),
-                                         o = detail::load_pack<kPerLane>(out + at);
+    if (in_rows && t < length_of(lengths, b, S)) {
+      const detail::Pack<bf16, kDotPerLane> d = detail::load_pack<kDotPerLane>(dout + at),
+                                            o = detail::load_pack<kDotPerLane>(out + at);
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k) dot += __bfloat162float(d.v[k]) * __bfloat162float(o.v[k]);
+      for (int k = 0; k < kDotPerLane; ++k) dot += __bfloat162float(d.v[k]) * __bfloat162float(o.v[k]);
     }
-    if (dq_acc && r < rows) {
+    if (dq_acc && in_rows) {
       const detail::Pack<float, 4> zero{};
       detail::store_pack(dq_acc + at, zero);
       detail::store_pack(dq_acc + at + 4, zero);
     }
 #pragma unroll
     for (int step = kGroup / 2; step > 0; step >>= 1) dot += __shfl_xor_sync(detail::kFullMask, dot, step);
-    if (lane == 0 && r < rows) dsum[(int64_t{b} * NH + h) * S + t] = dot;
+    if (lane == 0 && in_rows) dsum[(int64_t{b} * NH + h) * S + t] = dot;
   }
 }
 
