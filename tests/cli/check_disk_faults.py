@@ -20,13 +20,13 @@ import h5py
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from fault_soak import Tmpfs, fill, mount_problem, wait_for  # the soak's tmpfs and filler, shared
 
-from checks import check, exit_code, failures, skip  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, exit_code, failures, own_mpi_session, skip  # tests/cli/checks.py: every CLI test shares
 SMALL = ["--input-dim", "16", "--hidden", "32", "--classes", "4", "--batch", "4", "--warmup-steps", "0", "--quiet"]
 
 
 def start(mpirun, ddplab, args, np_ranks=2):
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np_ranks), ddplab, "train"] + SMALL + args
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=own_mpi_session())
 
 
 def finish(p, limit_s=120):

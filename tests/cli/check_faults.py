@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, failures, own_mpi_session  # tests/cli/checks.py: the assertion every CLI test shares
 # Open MPI's own wait between the signals of its kill sequence, which the tests' environment takes out: a job whose
 # ranks are stopped by signal gets it, as a job under a batch scheduler does, and so does a job a rank aborts, where
 # the checks read what the other ranks say before mpirun ends them.
@@ -30,7 +30,7 @@ class Job:
 
     def __init__(self, mpirun, ddplab, np_ranks, args, limit_s=120, env=None, cmd=None):
         self.cmd = cmd or [mpirun, "--bind-to", "none", "-np", str(np_ranks), ddplab, "train"] + SMALL + args
-        self.env = dict(os.environ, **(env or {}))
+        self.env = own_mpi_session(dict(os.environ, **(env or {})))  # jobs run side by side
         self.limit_s = limit_s
 
     @classmethod

@@ -17,7 +17,7 @@ import time
 
 import h5py
 
-from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, failures, own_mpi_session  # tests/cli/checks.py: the assertion every CLI test shares
 # A step of ~0.3 ms, most of it a sleep (--data-cost-ms per sample), so the run lasts seconds without loading the
 # machine and the memory samples fall in training, not start-up.
 SMALL = ["--input-dim", "16", "--hidden", "32", "--classes", "4", "--batch", "4", "--quiet", "--flush-every", "2000",
@@ -59,7 +59,7 @@ def rank_pids(marker):
 
 def start(mpirun, ddplab, steps, path):
     cmd = [mpirun, "--bind-to", "none", "-np", "2", ddplab, "train", "--steps", str(steps), "--out", path] + SMALL
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=own_mpi_session())
 
 
 def run(mpirun, ddplab, steps, path, sample=False):

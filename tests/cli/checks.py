@@ -2,7 +2,11 @@
 script exit non-zero at the end if any failed (`failures`), so one run shows everything that is wrong. A check that
 the host cannot make (busy with other work, a kernel without a counter) is `skip`ped with the reason: then the test
 ends as skipped (exit 77, each such test's SKIP_RETURN_CODE), never as passed."""
+import atexit
+import os
+import shutil
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +30,20 @@ def exit_code():
     return 1 if failures else 77 if skips else 0
 
 
+_session_dirs = tempfile.mkdtemp(prefix="ddplab_mpi_sessions.")
+atexit.register(shutil.rmtree, _session_dirs, True)
+
+
+def own_mpi_session(env=None):
+    """`env` (else this process's environment) with a TMPDIR of its own, for an mpirun that may start or end beside
+    another: Open MPI 4.1 creates and removes the shared $TMPDIR/ompi.<host>.<uid> without a lock, so one job's
+    clean-up can remove it while another job makes its session directory inside ("orte_session_dir failed", exit 1,
+    before any rank starts)."""
+    env = dict(os.environ if env is None else env)
+    env["TMPDIR"] = tempfile.mkdtemp(dir=_session_dirs)
+    return env
+
+
 def start_all(commands, jobs=4):
     """Starts subprocess.run(argv, capture_output=True, text=True, **keywords) for each (argv, keywords) of
     `commands`, `jobs` at a time, and returns a function that waits for them: it returns the completed processes in
@@ -34,6 +52,7 @@ def start_all(commands, jobs=4):
     of the time that one at a time do."""
     def run(command):
         argv, keywords = command
+        keywords = dict(keywords, env=own_mpi_session(keywords.get("env")))
         began = time.monotonic()
         proc = subprocess.run(argv, capture_output=True, text=True, **keywords)
         proc.seconds = time.monotonic() - began
