@@ -44,9 +44,10 @@ def main():
               f"the harness's median, their ratios, the steady steps named (got {both.returncode}: "
               f"{both.stdout.strip()!r})")
         alone = run(script, run_file, os.path.join(tmp, "missing.csv"))
-        check(alone.returncode == 1 and alone.stdout.startswith("trainer median 15.000 ms over steps 5..9") and
+        check(alone.returncode == 0 and alone.stdout.startswith("trainer median 15.000 ms over steps 5..9") and
               "no harness median" in alone.stdout,
-              f"without the harness's file: the trainer's median, exit 1 (got {alone.returncode}: {alone.stdout!r})")
+              f"without the harness's file (its step failed or was left out): the trainer's median alone, exit 0 "
+              f"(got {alone.returncode}: {alone.stdout!r})")
         older = os.path.join(tmp, "older.h5")
         with h5py.File(older, "w") as f:
             f.attrs["summary"] = json.dumps({"first_steady_step": 1, "slowest_step_ms": 17.0})
