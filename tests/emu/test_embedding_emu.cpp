@@ -24,6 +24,7 @@
 #include "kernels/cuda/embedding.h"  // kEmbeddingPieceRows
 #include "kernels/float16.h"
 #include "tests/emu/emu_test_util.h"
+#include "tests/gpu/gpu_test_util.h"  // pack_sequences
 
 namespace {
 
@@ -40,19 +41,10 @@ const std::vector<int32_t> kLengths = {9, 0, 1, 6, 9};
 const dim3 kGrid(2), kBlock(emb::kBlock);  // 16 warps for 45 rows: each warp takes several
 
 // The batch's rows packed (--batching pack): row 0 holds sequences of 3, 1 and 5 tokens, row 3 of 2 and 4, the others
-// one; the padding's positions far out of range (never read).
-std::vector<int32_t> packed_positions() {
-  const std::vector<std::vector<int>> sequences = {{3, 1, 5}, {}, {1}, {2, 4}, {9}};
-  std::vector<int32_t> pos(kB * kS, 1 << 30);
-  for (int b = 0; b < kB; ++b) {
-    int t = 0;
-    for (int n : sequences[b])
-      for (int p = 0; p < n; ++p) pos[b * kS + t++] = p;
-    EXPECT_EQ(t, kLengths[b]);
-  }
-  return pos;
-}
-const std::vector<int32_t> kPackedPositions = packed_positions();
+// one, each row as long as kLengths says (checked below); the padding's positions far out of range (never read).
+const ddplab::gpu_test::PackedRows kPacked =
+    ddplab::gpu_test::pack_sequences(kS, {{3, 1, 5}, {}, {1}, {2, 4}, {9}}, 1 << 30);
+const std::vector<int32_t>& kPackedPositions = kPacked.positions;
 
 std::vector<float> multiples(int64_t n, uint32_t seed) {  // k / 64 for k in [-64, 64]: sums of these are exact
   std::mt19937 gen(seed);
@@ -154,6 +146,12 @@ TEST_P(EmbeddingEmulated, ForwardIsTheCpus) {
 
 // The keys: a valid row's token, the padding's and a token out of range (a broken contract) keyed past the
 // vocabulary, so that each token's rows stay one run.
+TEST(EmbeddingEmulatedBatch, PackedRowsRestartTheirPositionsAtEachSequence) {
+  EXPECT_EQ(kPacked.lengths, kLengths);  // the packed and unpacked runs cover the same tokens
+  const std::vector<int32_t> row0(kPackedPositions.begin(), kPackedPositions.begin() + kS);
+  EXPECT_EQ(row0, (std::vector<int32_t>{0, 1, 2, 0, 0, 1, 2, 3, 4}));  // sequences of 3, 1 and 5
+}
+
 TEST(EmbeddingSortKeys, PutThePaddingLastAndKeepEachTokensRowsInOrder) {
   std::vector<int32_t> tok = runs();
   tok[2] = -1;  // a valid row's, out of range

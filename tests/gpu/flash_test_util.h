@@ -53,18 +53,12 @@ struct FlashShape {
   }
 };
 
-// The shape with its rows packed: row b holds sequences of sequence_lengths[b]'s lengths back to back (their sum its
-// length, past which the row is padding), each token's position counted from its sequence's start, as the CPU
-// reference takes them. Padding's positions are 0 (never read).
+// The shape with its rows packed (gpu_test::pack_sequences): row b holds sequences of sequence_lengths[b]'s lengths.
 inline FlashShape packed_rows(FlashShape sh, const std::vector<std::vector<int>>& sequence_lengths) {
-  sh.lengths.assign(sh.B, 0);
-  sh.positions.assign(int64_t{sh.B} * sh.S, 0);
-  for (int b = 0; b < sh.B; ++b) {
-    int t = 0;
-    for (int n : sequence_lengths.at(b))
-      for (int p = 0; p < n; ++p) sh.positions.at(int64_t{b} * sh.S + t++) = p;
-    sh.lengths[b] = t;
-  }
+  EXPECT_EQ(sequence_lengths.size(), static_cast<size_t>(sh.B));
+  gpu_test::PackedRows rows = gpu_test::pack_sequences(sh.S, sequence_lengths);
+  sh.positions = std::move(rows.positions);
+  sh.lengths = std::move(rows.lengths);
   return sh;
 }
 

@@ -201,6 +201,25 @@ inline std::vector<float> allreduce_expected_sum(size_t n, int size, int first_r
   return want;
 }
 
+// Rows packed as `--batching pack` packs them: row b holds sequences of sequences[b]'s lengths back to back, each
+// token's position counted from its sequence's start. Past their sum (the row's length) the row is padding, whose
+// positions are `padding` (never read).
+struct PackedRows {
+  std::vector<int32_t> positions;  // [B, S]
+  std::vector<int32_t> lengths;    // [B]
+};
+inline PackedRows pack_sequences(int S, const std::vector<std::vector<int>>& sequences, int32_t padding = 0) {
+  const int B = static_cast<int>(sequences.size());
+  PackedRows rows{std::vector<int32_t>(int64_t{B} * S, padding), std::vector<int32_t>(B, 0)};
+  for (int b = 0; b < B; ++b) {
+    int t = 0;
+    for (int n : sequences[b])
+      for (int p = 0; p < n; ++p) rows.positions.at(int64_t{b} * S + t++) = p;
+    rows.lengths[b] = t;
+  }
+  return rows;
+}
+
 // A non-blocking stream per test, skipped with the reason when no device is usable: the launchers must honour the
 // stream they are given, not the legacy default one.
 class DeviceTest : public ::testing::Test {

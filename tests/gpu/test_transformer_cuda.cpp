@@ -426,14 +426,11 @@ TEST_F(TransformerCudaDevice, FusedAttentionOnPackedRowsMatchesCpu) {
     const int B = static_cast<int>(s.sequences.size());
     SCOPED_TRACE("packed batch " + std::to_string(B) + " x " + std::to_string(s.S));
     Batch b = random_batch(c, B, s.S, 31 + B);
-    std::vector<int32_t> positions(int64_t{B} * s.S, 0);
+    const auto [positions, lengths] = gpu_test::pack_sequences(s.S, s.sequences);
     for (int r = 0; r < B; ++r) {
-      int t = 0;
-      for (int n : s.sequences[r])
-        for (int p = 0; p < n; ++p) positions[int64_t{r} * s.S + t++] = p;
-      b.lengths[r] = t;
+      b.lengths[r] = lengths[r];
       for (int u = 0; u < s.S; ++u)
-        if (u >= t)
+        if (u >= lengths[r])
           b.tokens[int64_t{r} * s.S + u] = -1000000 - u;  // padding: never read
         else if (b.tokens[int64_t{r} * s.S + u] < 0)
           b.tokens[int64_t{r} * s.S + u] = u % c.vocab;
