@@ -391,6 +391,17 @@ void bench_rowwise(const Sampling& sampling, cudaStream_t s, Arena& a, Report& r
              sampling.median_ms(
                  s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, sorted, d_len, nullptr, B, S, C, s); }),
              rows * C * 2.0 * t + tokens_seen * C * 8.0 + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
+    if (tokens == &distinct) {
+      // Packed rows (--batching pack), four sequences of S / 4 a row: dwpe's threads for position p find its rows
+      // among the batch's positions, 32 a warp step; the same bytes and the positions once.
+      std::vector<int32_t> positions(static_cast<size_t>(rows));
+      for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % S % (S / 4));
+      const int32_t* d_positions = a.ints(positions);
+      rep.add({"embedding", std::string("embedding_backward<") + tag + ">, packed rows of 4 sequences", esh,
+               sampling.median_ms(
+                   s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, sorted, d_len, d_positions, B, S, C, s); }),
+               rows * C * 2.0 * t + tokens_seen * C * 8.0 + 8.0 * S * C + 4.0 * rows, 0});
+    }
   }
 
   // The bias gradient (our two-pass kernel) over the block's widths and the LM head's: dout read once, dbias read and

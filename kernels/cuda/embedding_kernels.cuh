@@ -164,17 +164,23 @@ __global__ void __launch_bounds__(kBlock)
 // for each row), blockIdx.y walks positions. Each element is summed by exactly one thread, over the rows holding
 // position p in (b, t) order from its current value — the CPU reference's order, so fp32 results are bitwise equal to
 // it. A row holds p at t = p alone, or, packed, at every t >= p whose positions[b, t] is p (one per sequence longer
-// than p): the thread walks the row's positions from p on, every thread of the block reading the same one (a
-// broadcast), a row's length less p of them.
+// than p): a warp reads the row's positions from p on 32 at a time, a lane each, and adds the rows whose lanes found
+// p in t's order (__ballot_sync's bits), so the longest walk, p = 0's over the batch, is B x S / 32 steps, not B x S.
+// Every lane of a warp with a column takes part in the ballots, its lanes past C included.
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock)
     embedding_backward_wpe_kernel(float* dwpe, const T* dout, const int32_t* lengths, const int32_t* positions, int B,
                                   int S, int C) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
-  if (c >= C) return;
+  const int lane = threadIdx.x % 32;
+  const int first_of_warp = (blockIdx.x * blockDim.x + threadIdx.x - lane) * V;
+  if (first_of_warp >= C) return;  // the whole warp: no column
+  const int c = first_of_warp + lane * V;
+  const bool has_columns = c < C;
   for (int p = blockIdx.y; p < S; p += gridDim.y) {
-    Pack<float, V> acc = load_pack<V>(dwpe + int64_t{p} * C + c);
+    Pack<float, V> acc{};
+    if (has_columns) acc = load_pack<V>(dwpe + int64_t{p} * C + c);
     const auto add_row = [&](int64_t row) {
+      if (!has_columns) return;
       const Pack<T, V> dv = load_pack<V>(dout + row * C + c);
 #pragma unroll
       for (int k = 0; k < V; ++k) acc.v[k] += to_float(dv.v[k]);
@@ -186,10 +192,14 @@ __global__ void __launch_bounds__(kBlock)
         if (p < len) add_row(row0 + p);
         continue;
       }
-      for (int t = p; t < len; ++t)
-        if (positions[row0 + t] == p) add_row(row0 + t);
+      for (int t0 = p; t0 < len; t0 += 32) {
+        const int t = t0 + lane;
+        for (unsigned holding = __ballot_sync(detail::kFullMask, t < len && positions[row0 + t] == p); holding != 0;
+             holding &= holding - 1)
+          add_row(row0 + t0 + __ffs(static_cast<int>(holding)) - 1);
+      }
     }
-    detail::store_pack<V>(dwpe + int64_t{p} * C + c, acc);
+    if (has_columns) detail::store_pack<V>(dwpe + int64_t{p} * C + c, acc);
   }
 }
 

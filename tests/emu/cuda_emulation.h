@@ -1,7 +1,7 @@
 // The CUDA device vocabulary of our kernels for the host compiler, so that g++ compiles a kernel's own source and runs
 // it on the CPU: CTAs one after another, a CTA's blockDim.x threads as fibers (ucontext) on the launching thread,
 // __syncthreads and __syncwarp barriers over the CTA's and the warp's threads, warp-collective steps (__shfl_xor_sync,
-// __any_sync, and the PTX primitives of kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async)
+// __any_sync, __ballot_sync, and the PTX primitives of kernels/cuda/mma.cuh: mma.sync m16n8k16, ldmatrix, cp.async)
 // emulated with the PTX ISA's register layouts, and dynamic shared memory one buffer the CTA's threads share. Made to
 // check index arithmetic, fragment layouts, shared-memory layouts, masking, barriers and block skipping against a CPU
 // reference without a GPU (tests/emu/test_flash_attention_emu.cpp, tests/emu/test_mma_emu.cpp); it says nothing about
@@ -455,6 +455,16 @@ inline bool __any_sync(unsigned mask, bool predicate) {
   for (bool p : ddplab::emu::exchange_in_warp(predicate, "__any_sync")) any |= p;
   return any;
 }
+
+inline unsigned __ballot_sync(unsigned mask, bool predicate) {
+  ddplab::emu::require_full_mask(mask, "__ballot_sync");
+  unsigned bits = 0;
+  const auto all = ddplab::emu::exchange_in_warp(predicate, "__ballot_sync");
+  for (int l = 0; l < ddplab::emu::kWarpSize; ++l) bits |= unsigned{all[l]} << l;
+  return bits;
+}
+
+inline int __ffs(int x) { return __builtin_ffs(x); }  // 1 + the lowest set bit's index; 0 for 0
 
 inline float atomicAdd(float* address, float value) {
   return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);

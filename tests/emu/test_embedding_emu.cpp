@@ -244,6 +244,47 @@ void expect_backward_is_the_cpus(int C) {
     }
 }
 
+// dwpe over rows long enough that a position's rows fall in several of a warp's 32-position windows, with sequences
+// across the windows' edges, some starting 32 and 65 tokens into the row (a window's first position past the one
+// before, for p = 0 and 1), and fewer blocks than positions (each walks several): bitwise the CPU's.
+template <typename T>
+void expect_wpe_backward_on_long_packed_rows_is_the_cpus(int C) {
+  constexpr int B = 3, S = 100;
+  const ddplab::gpu_test::PackedRows packed =
+      ddplab::gpu_test::pack_sequences(S, {{40, 1, 30, 29}, {100}, {7, 7, 7, 7, 4, 33, 8}}, 1 << 30);
+  const int64_t n = int64_t{B} * S;
+  std::vector<float> dout = uniform(n * C, 6);
+  std::vector<T> dout_t(dout.size());
+  for (size_t i = 0; i < dout.size(); ++i) {
+    dout_t[i] = T(dout[i]);
+    dout[i] = static_cast<float>(dout_t[i]);
+  }
+  const std::vector<float> dwpe0 = uniform(int64_t{S} * C, 7);
+  std::vector<float> dwpe_want = dwpe0, dwte_unused(C, 0.0f);
+  const std::vector<int32_t> token_0(n, 0);
+  ddplab::cpu::embedding_backward(dwte_unused.data(), dwpe_want.data(), dout.data(), token_0.data(),
+                                  packed.lengths.data(), B, S, C, packed.positions.data());
+  DeviceLikeVector<float> dwpe(dwpe0.begin(), dwpe0.end());
+  constexpr int V = emb::kVec<T>;
+  const dim3 grid(1, 7);  // C / V columns fit one block; 7 blocks walk the 100 positions
+  if (C % V == 0)
+    emulate_launch(grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
+                   packed.lengths.data(), packed.positions.data(), B, S, C);
+  else
+    emulate_launch(grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
+                   packed.lengths.data(), packed.positions.data(), B, S, C);
+  for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
+}
+
+TEST_P(EmbeddingEmulated, WpeBackwardOnLongPackedRowsIsTheCpus) {
+  {
+    SCOPED_TRACE("fp32 dout");
+    expect_wpe_backward_on_long_packed_rows_is_the_cpus<float>(GetParam());
+  }
+  SCOPED_TRACE("bf16 dout");  // at C = 72, 9 lanes of the warp hold columns: the other 23 take part in the ballots
+  expect_wpe_backward_on_long_packed_rows_is_the_cpus<bf16>(GetParam());
+}
+
 TEST_P(EmbeddingEmulated, BackwardAccumulatesTheCpusGradients) {
   SCOPED_TRACE("fp32 dout");
   expect_backward_is_the_cpus<float>(GetParam());
