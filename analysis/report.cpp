@@ -184,9 +184,9 @@ std::string oversubscription_note(const RunRecord& run) {
   if (ranks == 0) return "";
   const int threads = std::max(1, config_from_json(run.config).blas_threads);
   return fmt(
-      "oversubscribed: %d ranks x %s on %d cores; the ranks take turns on the cores, so the times measure "
+      "oversubscribed: %d ranks x %s on %s; the ranks take turns on the cores, so the times measure "
       "this machine's sharing, not data parallelism",
-      ranks, counted(threads, "BLAS thread").c_str(), run.meta.host_cores);
+      ranks, counted(threads, "BLAS thread").c_str(), counted(run.meta.host_cores, "core").c_str());
 }
 
 namespace {

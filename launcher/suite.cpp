@@ -429,9 +429,10 @@ void print_oversubscription_notes(int blas_threads, const std::vector<CaseResult
       if (wait >= 0) least_wait = std::min(least_wait, wait), most_wait = std::max(most_wait, wait);
     }
     std::printf(
-        "\n* oversubscribed: up to %d ranks x %s on this host's %d cores; the ranks take turns on the cores, so "
+        "\n* oversubscribed: up to %d ranks x %s on this host's %s; the ranks take turns on the cores, so "
         "the case's times measure this machine, not DDP%s\n",
-        most->oversubscribed_ranks, counted(blas_threads, "BLAS thread").c_str(), most->host_cores,
+        most->oversubscribed_ranks, counted(blas_threads, "BLAS thread").c_str(),
+        counted(most->host_cores, "core").c_str(),
         most_wait >= 0 ? fmt(" (each rank's compute thread waited %.1f-%.1f ms/step for a CPU in these cases)",
                              least_wait, most_wait)
                              .c_str()

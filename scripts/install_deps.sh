@@ -8,7 +8,8 @@ set -euo pipefail
 packages=(build-essential cmake git openmpi-bin libopenmpi-dev libhdf5-dev libopenblas-dev libgtest-dev
           libcli11-dev nlohmann-json3-dev python3 python3-h5py python3-matplotlib python3-jinja2
           chromium  # the page test (tests/cli/check_page.py) opens report.html in a headless browser
-          iproute2 util-linux)  # the last two: the two-host test (scripts/netns_cluster.sh)
+          iproute2 util-linux  # the two-host test (scripts/netns_cluster.sh)
+          slurmctld slurmd slurm-client)  # Slurm on those hosts (scripts/slurm_cluster.sh), for the srun test
 
 missing=()
 for p in "${packages[@]}"; do

@@ -158,6 +158,9 @@ TEST(RunRecord, OversubscribedWhenRankZerosHostRunsMoreThreadsThanItHasCores) {
   EXPECT_EQ(run.oversubscribed_ranks(), 3);
   EXPECT_EQ(oversubscription_note(run).rfind("oversubscribed: 3 ranks x 1 BLAS thread on 2 cores;", 0), 0u)
       << oversubscription_note(run);
+  run.meta.host_cores = 1;  // every rank bound to one core (srun -n 3 --overcommit under task/affinity)
+  EXPECT_EQ(oversubscription_note(run).rfind("oversubscribed: 3 ranks x 1 BLAS thread on 1 core;", 0), 0u)
+      << oversubscription_note(run);
   run.meta.host_cores = 4;
   run.config["threads"] = 2;  // 3 x 2 threads on 4 cores
   EXPECT_EQ(run.oversubscribed_ranks(), 3);
