@@ -14,14 +14,12 @@ usage: check_slurm.py MPIRUN DDPLAB SLURM_CLUSTER_SH NETNS_CLUSTER_SH
 """
 import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 
 import h5py
 
-from check_two_hosts import LIFETIME_S, SKIPPED, TIMEOUT_S, check, failures, run, train
+from check_two_hosts import TIMEOUT_S, check, on_a_cluster, run, train
 
 SRUN = ["--mpi=pmix", "-N", "2", "--ntasks-per-node", "2", "--cpus-per-task", "1"]
 SMALL = ["--batch", "8", "--input-dim", "32", "--hidden", "64", "--classes", "4"]
@@ -84,31 +82,14 @@ def check_suite(slurm_sh, cluster, ddplab, work):
 def main():
     mpirun, ddplab, slurm_sh, netns_sh = sys.argv[1:5]
     os.environ["MPIRUN"] = mpirun  # the same Open MPI under mpirun as under srun
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, lambda signum, frame: sys.exit(128 + signum))
-    with tempfile.TemporaryDirectory(prefix="ddplab-slurm-") as work:
-        cluster = os.path.join(work, "cluster")
-        up = subprocess.run([slurm_sh, "up", cluster, str(LIFETIME_S)], capture_output=True, text=True, timeout=90)
-        if up.returncode == SKIPPED:
-            print("SKIPPED: " + up.stderr.strip())
-            return SKIPPED
-        try:
-            check(up.returncode == 0, f"slurm_cluster.sh up exits 0 ({up.stdout.strip()} {up.stderr.strip()})")
-            if up.returncode != 0:
-                return 1
-            print(up.stdout.strip())
-            with open(os.path.join(cluster, "hostfile")) as f:
-                hosts = [line.split()[0] for line in f]
-            check_train(slurm_sh, netns_sh, cluster, ddplab, hosts, work)
-            check_cpus_per_task(slurm_sh, cluster, ddplab, work)
-            check_refusal(slurm_sh, cluster, ddplab)
-            check_suite(slurm_sh, cluster, ddplab, work)
-        finally:
-            down = subprocess.run([slurm_sh, "down", cluster], capture_output=True, text=True, timeout=60)
-            check(down.returncode == 0 and not os.path.exists(cluster),
-                  f"slurm_cluster.sh down leaves no process and no file ({down.stderr.strip()})")
-    print("FAILED: " + "; ".join(failures) if failures else "all checks passed")
-    return 1 if failures else 0
+
+    def checks(cluster, hosts, work):
+        check_train(slurm_sh, netns_sh, cluster, ddplab, hosts, work)
+        check_cpus_per_task(slurm_sh, cluster, ddplab, work)
+        check_refusal(slurm_sh, cluster, ddplab)
+        check_suite(slurm_sh, cluster, ddplab, work)
+
+    return on_a_cluster(slurm_sh, checks)
 
 
 if __name__ == "__main__":

@@ -141,36 +141,47 @@ def check_small_shm_on_one_host(cluster_sh, cluster, hosts, ddplab, work):
     check(f"comm ring over {transport} " in p.stdout, f"{hosts[0]}'s rank 0 keeps single copy ({transport})")
 
 
-def main():
-    mpirun, ddplab, allreduce_perf, cluster_sh = sys.argv[1:5]
-    os.environ["MPIRUN"] = mpirun  # the same Open MPI on two hosts as on one
+def on_a_cluster(cluster_sh, body):
+    """Makes a cluster (`CLUSTER_SH up DIR LIFETIME`), runs body(cluster_dir, hosts, work_dir) and takes the cluster
+    down on every way out. Returns the test's exit code: 77 with the reason where the cluster cannot be made here."""
     # ctest's timeout and Ctrl-C end us with a signal: unwind, so that `finally` takes the hosts down.
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda signum, frame: sys.exit(128 + signum))
-    with tempfile.TemporaryDirectory(prefix="ddplab-2hosts-") as work:
+    script = os.path.basename(cluster_sh)
+    with tempfile.TemporaryDirectory(prefix="ddplab-cluster-") as work:
         cluster = os.path.join(work, "cluster")
         up = subprocess.run([cluster_sh, "up", cluster, str(LIFETIME_S)], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=90)
         if up.returncode == SKIPPED:
             print("SKIPPED: " + up.stderr.strip())
             return SKIPPED
         try:
-            check(up.returncode == 0, f"netns_cluster.sh up exits 0 ({up.stdout.strip()} {up.stderr.strip()})")
+            check(up.returncode == 0, f"{script} up exits 0 ({up.stdout.strip()} {up.stderr.strip()})")
             if up.returncode != 0:
                 return 1
             print(up.stdout.strip())
             with open(os.path.join(cluster, "hostfile")) as f:
                 hosts = [line.split()[0] for line in f]
-            check_hosts(cluster_sh, cluster, hosts)
-            check_allreduce_perf(cluster_sh, cluster, allreduce_perf, work)
-            check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work)
-            check_small_shm_on_one_host(cluster_sh, cluster, hosts, ddplab, work)
+            body(cluster, hosts, work)
         finally:
             down = subprocess.run([cluster_sh, "down", cluster], capture_output=True, text=True, timeout=60)
             check(down.returncode == 0 and not os.path.exists(cluster),
-                  f"netns_cluster.sh down leaves no process and no file ({down.stderr.strip()})")
+                  f"{script} down leaves no process and no file ({down.stderr.strip()})")
     print("FAILED: " + "; ".join(failures) if failures else "all checks passed")
     return 1 if failures else 0
+
+
+def main():
+    mpirun, ddplab, allreduce_perf, cluster_sh = sys.argv[1:5]
+    os.environ["MPIRUN"] = mpirun  # the same Open MPI on two hosts as on one
+
+    def checks(cluster, hosts, work):
+        check_hosts(cluster_sh, cluster, hosts)
+        check_allreduce_perf(cluster_sh, cluster, allreduce_perf, work)
+        check_train(mpirun, ddplab, cluster_sh, cluster, hosts, work)
+        check_small_shm_on_one_host(cluster_sh, cluster, hosts, ddplab, work)
+
+    return on_a_cluster(cluster_sh, checks)
 
 
 if __name__ == "__main__":
