@@ -86,7 +86,9 @@ up() {
   [ -e "$dir" ] && die "$dir exists: give a new directory"
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
-  trap 'down "$dir"' EXIT  # a failure half-way leaves nothing behind
+  # A failure half-way leaves nothing behind. DIR goes into the trap now: set -e leaves this function, and its
+  # locals, before the EXIT trap runs.
+  trap "$(printf 'down %q' "$dir")" EXIT
 
   # Names unique to this cluster (run files from two clusters never mix up), told apart in their first 5
   # characters (tables print hostnames cut short).

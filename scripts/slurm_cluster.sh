@@ -62,7 +62,7 @@ up() {
   done
   "$cluster" up "$dir" "$lifetime"  # exits 77 itself where the hosts cannot be made
   dir=$(cd "$dir" && pwd)
-  trap '"$cluster" down "$dir"' EXIT  # a failure half-way leaves nothing behind
+  trap "$(printf '%q down %q' "$cluster" "$dir")" EXIT  # as netns_cluster.sh's up: nothing left behind
   first=$(hosts_of "$dir" | head -n1)
   mkdir "$dir/state"
   for host in $(hosts_of "$dir"); do

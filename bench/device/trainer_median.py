@@ -6,9 +6,9 @@
 RUN.h5 is a `ddplab train` run file: its summary's median_step_ms (the median over the steady steps of each step's
 slowest rank, as `ddplab report` prints it: analysis/summary.h), slowest_step_ms (the mean it prints) and
 first_steady_step, and steps/step_ms for the steps' numbers. HARNESS.csv is bench_transformer_cuda's --csv, whose
-step_ms is the median of its timed steps. Prints one line, "trainer median ..."; exits 1 when the run file cannot be
-read. Without the harness's file (its step failed, and has its own row, or DDPLAB_ONLY left it out) the trainer's
-median is printed alone, and the exit is 0.
+step_ms is the median of its timed steps. Prints one line, "trainer median ..."; exits 1 when either file cannot be
+read, but for a missing harness file (its step failed, and has its own row, or DDPLAB_ONLY left it out): then the
+trainer's median is printed alone, and the exit is 0.
 """
 import csv
 import json
@@ -52,9 +52,15 @@ def main():
     line = f"trainer median {median:.3f} ms over steps {first}..{last} (its mean {mean:.3f})"
     try:
         harness = harness_median(sys.argv[2])
-    except (OSError, KeyError, ValueError) as e:
+    except FileNotFoundError as e:
         print(f"{line}; no harness median: {e}")
         return 0
+    except (OSError, KeyError, ValueError) as e:
+        print(f"{line}; the harness's file unreadable: {e}")
+        return 1
+    if harness <= 0:
+        print(f"{line}; the harness's median is {harness}, not a time")
+        return 1
     print(f"{line} against the harness's median {harness:.3f} ms: {median / harness:.3f}x median over median "
           f"({mean / harness:.3f}x its mean over the median)")
     return 0

@@ -48,6 +48,12 @@ def main():
               "no harness median" in alone.stdout,
               f"without the harness's file (its step failed or was left out): the trainer's median alone, exit 0 "
               f"(got {alone.returncode}: {alone.stdout!r})")
+        empty = os.path.join(tmp, "empty.csv")
+        with open(empty, "w") as f:
+            f.write("model,precision,step_ms,forward_ms\n")
+        unreadable = run(script, run_file, empty)
+        check(unreadable.returncode == 1 and "the harness's file unreadable" in unreadable.stdout,
+              f"a harness file without a row: said, exit 1 (got {unreadable.returncode}: {unreadable.stdout!r})")
         older = os.path.join(tmp, "older.h5")
         with h5py.File(older, "w") as f:
             f.attrs["summary"] = json.dumps({"first_steady_step": 1, "slowest_step_ms": 17.0})

@@ -144,14 +144,14 @@ TEST_P(EmbeddingEmulated, ForwardIsTheCpus) {
   }
 }
 
-// The keys: a valid row's token, the padding's and a token out of range (a broken contract) keyed past the
-// vocabulary, so that each token's rows stay one run.
 TEST(EmbeddingEmulatedBatch, PackedRowsRestartTheirPositionsAtEachSequence) {
   EXPECT_EQ(kPacked.lengths, kLengths);  // the packed and unpacked runs cover the same tokens
   const std::vector<int32_t> row0(kPackedPositions.begin(), kPackedPositions.begin() + kS);
   EXPECT_EQ(row0, (std::vector<int32_t>{0, 1, 2, 0, 0, 1, 2, 3, 4}));  // sequences of 3, 1 and 5
 }
 
+// The keys: a valid row's token, the padding's and a token out of range (a broken contract) keyed past the
+// vocabulary, so that each token's rows stay one run.
 TEST(EmbeddingSortKeys, PutThePaddingLastAndKeepEachTokensRowsInOrder) {
   std::vector<int32_t> tok = runs();
   tok[2] = -1;  // a valid row's, out of range

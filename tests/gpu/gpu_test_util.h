@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -213,8 +214,12 @@ inline PackedRows pack_sequences(int S, const std::vector<std::vector<int>>& seq
   PackedRows rows{std::vector<int32_t>(int64_t{B} * S, padding), std::vector<int32_t>(B, 0)};
   for (int b = 0; b < B; ++b) {
     int t = 0;
-    for (int n : sequences[b])
-      for (int p = 0; p < n; ++p) rows.positions.at(int64_t{b} * S + t++) = p;
+    for (int n : sequences[b]) {
+      if (t + n > S)
+        throw std::invalid_argument("pack_sequences: row " + std::to_string(b) +
+                                    "'s sequences run past S = " + std::to_string(S));
+      for (int p = 0; p < n; ++p) rows.positions[int64_t{b} * S + t++] = p;
+    }
     rows.lengths[b] = t;
   }
   return rows;

@@ -26,15 +26,17 @@ SMALL = ["--batch", "8", "--input-dim", "32", "--hidden", "64", "--classes", "4"
 
 
 def check_train(slurm_sh, netns_sh, cluster, ddplab, hosts, work):
+    # One BLAS thread a rank under both launchers: srun binds each rank to its one CPU, mpirun leaves them unbound.
     by_srun = os.path.join(work, "srun.h5")
-    p = train([slurm_sh, "srun", cluster, *SRUN], ddplab, by_srun, "srun: ddplab train on 2 nodes x 2 tasks")
+    p = train([slurm_sh, "srun", cluster, *SRUN], ddplab, by_srun, "srun: ddplab train on 2 nodes x 2 tasks",
+              ["--threads", "1"])
     if p is None:
         return
     transport = "shm single-copy within node (1 peer) + mpi across nodes (2 peers)"
     check(f"comm ring over {transport} " in p.stdout, f"the header says the ring runs over {transport}")
     by_mpirun = os.path.join(work, "mpirun.h5")
     if train([netns_sh, "mpirun", cluster, "-np", "4", "--bind-to", "none"], ddplab, by_mpirun,
-             "mpirun: the same run on the same 2 hosts") is None:
+             "mpirun: the same run on the same 2 hosts", ["--threads", "1"]) is None:
         return
     with h5py.File(by_srun) as f, h5py.File(by_mpirun) as g:
         names = [h.decode() for h in f["hostnames"][()]]

@@ -150,12 +150,16 @@ def on_a_cluster(cluster_sh, body):
     script = os.path.basename(cluster_sh)
     with tempfile.TemporaryDirectory(prefix="ddplab-cluster-") as work:
         cluster = os.path.join(work, "cluster")
-        up = subprocess.run([cluster_sh, "up", cluster, str(LIFETIME_S)], capture_output=True, text=True,
-                            timeout=90)
-        if up.returncode == SKIPPED:
-            print("SKIPPED: " + up.stderr.strip())
-            return SKIPPED
         try:
+            try:
+                up = subprocess.run([cluster_sh, "up", cluster, str(LIFETIME_S)], capture_output=True, text=True,
+                                    timeout=90)
+            except subprocess.TimeoutExpired:  # killed half-way: `down` below takes what it made
+                check(False, f"{script} up ends within 90 s")
+                return 1
+            if up.returncode == SKIPPED:
+                print("SKIPPED: " + up.stderr.strip())
+                return SKIPPED
             check(up.returncode == 0, f"{script} up exits 0 ({up.stdout.strip()} {up.stderr.strip()})")
             if up.returncode != 0:
                 return 1
