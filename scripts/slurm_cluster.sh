@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Slurm on the two hosts of scripts/netns_cluster.sh, for the srun test (tests/multihost/check_slurm.py,
 # docs/MULTIHOST.md): munged and slurmctld on the first host, a slurmd on each, every file of theirs in DIR.
-#   scripts/slurm_cluster.sh up DIR [LIFETIME_S]  the hosts, then Slurm on them (a partition of both, 2 CPUs each)
+#   scripts/slurm_cluster.sh up DIR [LIFETIME_S]  the hosts, then Slurm on them (a partition of both, 2 CPUs each);
+#                                                 DIR's path at most 64 characters (sockets go below it)
 #   scripts/slurm_cluster.sh srun DIR ARGS...     srun on the first host, as one logs in to a cluster's first node
 #   scripts/slurm_cluster.sh down DIR             Slurm's daemons go with the hosts (netns_cluster.sh down)
 # `up` exits 77 (autotools' "skipped") with the reason when the hosts cannot be made here or Slurm is not installed.
@@ -60,6 +61,10 @@ up() {
       exit "$skip_code"
     }
   done
+  # slurmd's step sockets, DIR/spool.<host>/<host>_<job>.<step>, are Unix sockets: their paths may not pass 107 bytes.
+  local whole
+  whole=$(realpath -m "$dir")
+  [ ${#whole} -le 64 ] || die "$whole: a folder of at most 64 characters, as slurmd's sockets go below it (try /tmp)"
   "$cluster" up "$dir" "$lifetime"  # exits 77 itself where the hosts cannot be made
   dir=$(cd "$dir" && pwd)
   trap "$(printf '%q down %q' "$cluster" "$dir")" EXIT  # as netns_cluster.sh's up: nothing left behind

@@ -19,7 +19,7 @@ import sys
 
 import h5py
 
-from check_two_hosts import TIMEOUT_S, check, on_a_cluster, run, train
+from check_two_hosts import TIMEOUT_S, check, failures, on_a_cluster, run, train
 
 SRUN = ["--mpi=pmix", "-N", "2", "--ntasks-per-node", "2", "--cpus-per-task", "1"]
 SMALL = ["--batch", "8", "--input-dim", "32", "--hidden", "64", "--classes", "4"]
@@ -81,6 +81,14 @@ def check_suite(slurm_sh, cluster, ddplab, work):
     check(os.path.exists(os.path.join(out, "report.html")), "suite lab: the page is written")
 
 
+def print_daemon_logs(cluster):
+    """The last lines each of Slurm's daemons and munged wrote: where a failed srun says only "Unspecified error"."""
+    for name in sorted(os.listdir(cluster)):
+        if name.endswith(".log") and name.startswith(("slurm", "munged")):
+            with open(os.path.join(cluster, name), errors="replace") as f:
+                print(f"--- {name}, last lines:\n" + "".join(f.readlines()[-15:]), flush=True)
+
+
 def main():
     mpirun, ddplab, slurm_sh, netns_sh = sys.argv[1:5]
     os.environ["MPIRUN"] = mpirun  # the same Open MPI under mpirun as under srun
@@ -90,6 +98,8 @@ def main():
         check_cpus_per_task(slurm_sh, cluster, ddplab, work)
         check_refusal(slurm_sh, cluster, ddplab)
         check_suite(slurm_sh, cluster, ddplab, work)
+        if failures:
+            print_daemon_logs(cluster)
 
     return on_a_cluster(slurm_sh, checks)
 

@@ -148,7 +148,9 @@ def on_a_cluster(cluster_sh, body):
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda signum, frame: sys.exit(128 + signum))
     script = os.path.basename(cluster_sh)
-    with tempfile.TemporaryDirectory(prefix="ddplab-cluster-") as work:
+    # In /tmp itself, whatever TMPDIR says: the daemons' sockets live below the cluster's folder, and a socket's path
+    # may not pass 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="ddplab-cluster-", dir="/tmp") as work:
         cluster = os.path.join(work, "cluster")
         try:
             try:
