@@ -103,6 +103,14 @@ class Arena {
   std::vector<void*> ptrs_;
 };
 
+// Packed rows (--batching pack) as the benchmarks lay them out: every row of S tokens four sequences of S / 4 back to
+// back, each token's position counted from its sequence's start. S is a multiple of 4.
+std::vector<int32_t> four_sequences_a_row(int B, int S) {
+  std::vector<int32_t> positions(static_cast<size_t>(B) * S);
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % S % (S / 4));
+  return positions;
+}
+
 // Reads n 16-byte words: afterwards the L2 holds only these lines, and clean ones. A memset would leave up to the
 // L2's size of dirty lines, whose write-back the timed call after it would pay.
 __global__ void evict_l2_kernel(const int4* __restrict__ words, int64_t n, int* sink) {
@@ -391,12 +399,10 @@ void bench_rowwise(const Sampling& sampling, cudaStream_t s, Arena& a, Report& r
              sampling.median_ms(
                  s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, sorted, d_len, nullptr, B, S, C, s); }),
              rows * C * 2.0 * t + tokens_seen * C * 8.0 + 8.0 * S * C, 0});  // dout twice, dwte rows RMW, dwpe RMW
-    if (tokens == &distinct) {
-      // Packed rows (--batching pack), four sequences of S / 4 a row: dwpe's threads for position p find its rows
-      // among the batch's positions, 32 a warp step; the same bytes and the positions once.
-      std::vector<int32_t> positions(static_cast<size_t>(rows));
-      for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % S % (S / 4));
-      const int32_t* d_positions = a.ints(positions);
+    if (tokens == &distinct && S % 4 == 0) {
+      // Packed rows, four sequences a row: dwpe's threads for position p find its rows among the batch's positions,
+      // 32 a warp step; the same bytes and the positions once.
+      const int32_t* d_positions = a.ints(four_sequences_a_row(B, S));
       rep.add({"embedding", std::string("embedding_backward<") + tag + ">, packed rows of 4 sequences", esh,
                sampling.median_ms(
                    s, [&] { cuda::embedding_backward<T>(dwte, dwpe, dy, sorted, d_len, d_positions, B, S, C, s); }),
@@ -564,9 +570,7 @@ void bench_fused_attention(const Sampling& sampling, cudaStream_t s, Arena& a, R
   // Packed rows (--batching pack): each row holds sequences of S / 4 tokens back to back, each query attending its own
   // sequence's keys only. TFLOP/s count the sequences' causal halves, a quarter of the row's.
   if (S % 4 == 0) {
-    std::vector<int32_t> positions(static_cast<size_t>(B) * S);
-    for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % S % (S / 4));
-    const int32_t* d_positions = a.ints(positions);
+    const int32_t* d_positions = a.ints(four_sequences_a_row(B, S));
     const double packed_flops = forward_flops / 4;
     rep.add({"attention", "flash_attention_forward (bf16, causal, packed rows of 4 sequences)", sh,
              sampling.median_ms(

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/transformer_ops.h"
@@ -189,6 +190,31 @@ TEST(EmbeddingRunPieces, AreCutFromEachRunsFirstRow) {
     }
 }
 
+// dout as the kernel reads it (T) and as the CPU reference does (the same values in fp32), uniform in [-1, 1].
+template <typename T>
+std::pair<std::vector<float>, std::vector<T>> dout_of(int64_t n, uint32_t seed) {
+  std::vector<float> dout = uniform(n, seed);
+  std::vector<T> dout_t(dout.size());
+  for (size_t i = 0; i < dout.size(); ++i) {
+    dout_t[i] = T(dout[i]);
+    dout[i] = static_cast<float>(dout_t[i]);
+  }
+  return {dout, dout_t};
+}
+
+// embedding_backward_wpe_kernel as embedding.cu launches it: 16-byte packs where C allows, else a column a thread.
+template <typename T>
+void emulate_wpe_backward(unsigned position_blocks, float* dwpe, const T* dout, const int32_t* lengths,
+                          const int32_t* positions, int B, int S, int C) {
+  constexpr int V = emb::kVec<T>;
+  const int v = C % V == 0 ? V : 1;
+  const dim3 grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), position_blocks);
+  if (v == V)
+    emulate_launch(grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe, dout, lengths, positions, B, S, C);
+  else
+    emulate_launch(grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe, dout, lengths, positions, B, S, C);
+}
+
 // fp32 dout, then bf16 dout against the CPU on its values (the 16-byte path: 8 bf16 a lane and 32 bytes of dwte): dwpe
 // the CPU's, dwte its order in pieces, which for pieces longer than every run is the CPU's own.
 template <typename T>
@@ -198,12 +224,7 @@ void expect_backward_is_the_cpus(int C) {
     for (const std::vector<int32_t>& tok : {tokens(), runs(), one_run()}) {
       SCOPED_TRACE(pos ? "packed rows" : "a sequence per row");
       const Sorted sorted = sort_rows(tok);
-      std::vector<float> dout = uniform(n * C, 3);
-      std::vector<T> dout_t(dout.size());
-      for (size_t i = 0; i < dout.size(); ++i) {
-        dout_t[i] = T(dout[i]);
-        dout[i] = static_cast<float>(dout_t[i]);
-      }
+      const auto [dout, dout_t] = dout_of<T>(n * C, 3);
       const std::vector<float> dwte0 = uniform(int64_t{kVocab} * C, 4), dwpe0 = uniform(int64_t{kS} * C, 5);
       std::vector<float> dwte_cpu = dwte0, dwpe_want = dwpe0;
       ddplab::cpu::embedding_backward(dwte_cpu.data(), dwpe_want.data(), dout.data(), tok.data(), kLengths.data(), kB,
@@ -219,25 +240,19 @@ void expect_backward_is_the_cpus(int C) {
         DeviceLikeVector<float> dwte(dwte0.begin(), dwte0.end()), dwpe(dwpe0.begin(), dwpe0.end());
         DeviceLikeVector<float> run_sums((n + piece_rows - 1) / piece_rows * C, NAN);  // unwritten sums must go unread
         constexpr int V = emb::kVec<T>;
-        const bool vec = C % V == 0;
-        const int v = vec ? V : 1;
-        const dim3 wpe_grid(static_cast<unsigned>((C / v + emb::kBlock - 1) / emb::kBlock), 4);  // 4 of 9 positions
         const uint32_t padded = kVocab;
-        if (vec) {
+        if (C % V == 0) {
           emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, V>, dwte.data(), run_sums.data(),
                          dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
           emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<V>, dwte.data(),
                          static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
-          emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
-                         kLengths.data(), pos, kB, kS, C);
         } else {
           emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_wte_kernel<T, 1>, dwte.data(), run_sums.data(),
                          dout_t.data(), sorted.keys.data(), sorted.rows.data(), n, C, padded, piece_rows);
           emulate_launch(kGrid, kBlock, 0, emb::embedding_backward_long_runs_kernel<1>, dwte.data(),
                          static_cast<const float*>(run_sums.data()), sorted.keys.data(), n, C, padded, piece_rows);
-          emulate_launch(wpe_grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
-                         kLengths.data(), pos, kB, kS, C);
         }
+        emulate_wpe_backward(4, dwpe.data(), dout_t.data(), kLengths.data(), pos, kB, kS, C);  // 4 of 9 positions
         for (size_t i = 0; i < dwte.size(); ++i) ASSERT_EQ(bits(dwte[i]), bits(dwte_want[i])) << "dwte[" << i << "]";
         for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
       }
@@ -252,27 +267,16 @@ void expect_wpe_backward_on_long_packed_rows_is_the_cpus(int C) {
   constexpr int B = 3, S = 100;
   const ddplab::gpu_test::PackedRows packed =
       ddplab::gpu_test::pack_sequences(S, {{40, 1, 30, 29}, {100}, {7, 7, 7, 7, 4, 33, 8}}, 1 << 30);
-  const int64_t n = int64_t{B} * S;
-  std::vector<float> dout = uniform(n * C, 6);
-  std::vector<T> dout_t(dout.size());
-  for (size_t i = 0; i < dout.size(); ++i) {
-    dout_t[i] = T(dout[i]);
-    dout[i] = static_cast<float>(dout_t[i]);
-  }
+  const auto [dout, dout_t] = dout_of<T>(int64_t{B} * S * C, 6);
   const std::vector<float> dwpe0 = uniform(int64_t{S} * C, 7);
   std::vector<float> dwpe_want = dwpe0, dwte_unused(C, 0.0f);
-  const std::vector<int32_t> token_0(n, 0);
+  const std::vector<int32_t> token_0(int64_t{B} * S, 0);
   ddplab::cpu::embedding_backward(dwte_unused.data(), dwpe_want.data(), dout.data(), token_0.data(),
                                   packed.lengths.data(), B, S, C, packed.positions.data());
   DeviceLikeVector<float> dwpe(dwpe0.begin(), dwpe0.end());
-  constexpr int V = emb::kVec<T>;
-  const dim3 grid(1, 7);  // C / V columns fit one block; 7 blocks walk the 100 positions
-  if (C % V == 0)
-    emulate_launch(grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, V>, dwpe.data(), dout_t.data(),
-                   packed.lengths.data(), packed.positions.data(), B, S, C);
-  else
-    emulate_launch(grid, kBlock, 0, emb::embedding_backward_wpe_kernel<T, 1>, dwpe.data(), dout_t.data(),
-                   packed.lengths.data(), packed.positions.data(), B, S, C);
+  const unsigned position_blocks = 7;  // each walks several of the 100 positions
+  emulate_wpe_backward(position_blocks, dwpe.data(), dout_t.data(), packed.lengths.data(), packed.positions.data(), B,
+                       S, C);
   for (size_t i = 0; i < dwpe.size(); ++i) ASSERT_EQ(bits(dwpe[i]), bits(dwpe_want[i])) << "dwpe[" << i << "]";
 }
 
