@@ -119,8 +119,10 @@ TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
                   to_string(GetParam().impl), to_string(GetParam().wire), n, wall * 1e3, model_s * 1e3, cpu * 1e3,
                   waited * 1e3);
     EXPECT_GE(wall, 0.8 * model_s) << "model " << model_s << " s";
-    // MPI_Allreduce itself spins while it runs (at full speed, a few ms of the ~70 ms); the ring sleeps.
-    EXPECT_LE(cpu, 0.25 * wall) << "cpu " << cpu << " s of wall " << wall << " s (slowest rank)";
+    // Waiting for the link asleep, not spinning: a spinning wait costs about the whole wall time. What the call does
+    // besides (MPI_Allreduce's own spin, the ring's casts and sums) is a few ms at full speed, more where ranks share
+    // cores: 18 ms of a 52 ms bf16 call at 3 ranks on 2 cores, which a quarter of the wall time did not cover.
+    EXPECT_LE(cpu, 0.5 * wall) << "cpu " << cpu << " s of wall " << wall << " s (slowest rank)";
     if (wall - bound_s - waited < best_over - best_waited) {
       best_over = wall - bound_s;
       best_waited = waited;
