@@ -18,6 +18,7 @@ the side may use (one: a core per rank; default: a core per BLAS thread), with t
   bench/vs_torch.py [--build build] [--np 1,2,4] [--repeats 5] [--steps 30] [--threads one,default]
 """
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -28,6 +29,7 @@ import h5py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
 import cpu_rates  # noqa: E402
+import interleaved  # noqa: E402
 import sweep_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,16 +62,12 @@ def ddplab_rate(build, np_ranks, steps, out, way):
 
 
 def torch_rate(np_ranks, steps, way):
-    """samples/s and the BLAS kernels ("OpenBLAS Cooperlake x1"), or (None, None) when the run failed (Debian's torch
-    1.13 gloo sometimes hangs when oversubscribed; torch_ddp.py kills it after 300 s)."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "torch_ddp.py"), "--np", str(np_ranks),
-                           "--steps", str(steps), "--threads", "1" if way == "one" else "default"],
-                          capture_output=True, text=True, env=environment(way))
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        return None, None
-    result = json.loads(lines[-1])
-    return result["samples_per_s"], result.get("blas", "(unknown)")
+    """samples/s and the BLAS kernels ("OpenBLAS Cooperlake x1"), or None when the run failed (Debian's torch 1.13
+    gloo sometimes hangs when oversubscribed; torch_ddp.py kills it after 300 s)."""
+    result = interleaved.last_json_line([sys.executable, os.path.join(ROOT, "bench", "torch_ddp.py"), "--np",
+                                         str(np_ranks), "--steps", str(steps), "--threads",
+                                         "1" if way == "one" else "default"], env=environment(way))
+    return None if result is None else (result["samples_per_s"], result.get("blas", "(unknown)"))
 
 
 def threads_of(blas):
@@ -102,22 +100,19 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for way in ways:
             for np_ranks in args.np:
-                ours, theirs, core, torch_core = [], [], "", None
-                failed = 0
-                for i in range(args.repeats):
-                    rate, core, flops = ddplab_rate(args.build, np_ranks, args.steps, os.path.join(work, f"r{i}.h5"),
-                                                    way)
-                    ours.append(rate)
-                    theirs_rate, blas = torch_rate(np_ranks, args.steps, way)
-                    if theirs_rate is None:
-                        failed += 1
-                    else:
-                        theirs.append(theirs_rate)
-                        torch_core = blas
+                ours, theirs, failed = interleaved.alternate(
+                    args.repeats,
+                    lambda: ddplab_rate(args.build, np_ranks, args.steps, os.path.join(work, "run.h5"), way),
+                    lambda: torch_rate(np_ranks, args.steps, way))
+                _, core, flops = ours[-1]
+                torch_core = theirs[-1][1] if theirs else None
+                ours, theirs = [r[0] for r in ours], [r[0] for r in theirs]
                 a = statistics.median(ours)
                 b = statistics.median(theirs) if theirs else float("nan")
 
                 def absolute(samples_per_s, blas):
+                    if math.isnan(samples_per_s):
+                        return "-"  # every torch run failed
                     gflops = samples_per_s * flops / 1e9
                     used = min(cores, np_ranks * threads_of(blas))
                     return f"{gflops:.1f} ({gflops / np_ranks:.1f}, {host.percent_of_peak(gflops, used)})"

@@ -29,6 +29,7 @@ import h5py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P and PYTHONSAFEPATH leave this dir out
 import cpu_rates  # noqa: E402
+import interleaved  # noqa: E402
 import sweep_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,15 +50,11 @@ def ddplab_rate(args, np_ranks, out):
 
 
 def torch_rate(args, np_ranks):
-    """Useful tokens/s and the BLAS kernels ("OpenBLAS Cooperlake x1"), or (None, None) when the run failed or hung."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "torch_ddp_tokens.py"), "--np", str(np_ranks),
-                           "--batch", str(args.batch), "--batching", args.batching, "--steps", str(args.steps),
-                           "--timeout", str(args.timeout)], capture_output=True, text=True)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        return None, None
-    result = json.loads(lines[-1])
-    return result["useful_tokens_per_s"], result.get("blas", "(unknown)")
+    """Useful tokens/s and the BLAS kernels ("OpenBLAS Cooperlake x1"), or None when the run failed or hung."""
+    result = interleaved.last_json_line([sys.executable, os.path.join(ROOT, "bench", "torch_ddp_tokens.py"), "--np",
+                                         str(np_ranks), "--batch", str(args.batch), "--batching", args.batching,
+                                         "--steps", str(args.steps), "--timeout", str(args.timeout)])
+    return None if result is None else (result["useful_tokens_per_s"], result.get("blas", "(unknown)"))
 
 
 def main():
@@ -83,16 +80,12 @@ def main():
           f"{'torch /rank':>11}  BLAS ddplab | torch  runs (ddplab | torch)")
     with tempfile.TemporaryDirectory() as work:
         for np_ranks in args.np:
-            ours, theirs, failed, torch_blas = [], [], 0, "-"
-            for i in range(args.repeats):
-                rate, blas = ddplab_rate(args, np_ranks, os.path.join(work, f"r{i}.h5"))
-                ours.append(rate)
-                rate, theirs_blas = torch_rate(args, np_ranks)
-                if rate is None:
-                    failed += 1
-                else:
-                    theirs.append(rate)
-                    torch_blas = theirs_blas
+            ours, theirs, failed = interleaved.alternate(
+                args.repeats, lambda: ddplab_rate(args, np_ranks, os.path.join(work, "run.h5")),
+                lambda: torch_rate(args, np_ranks))
+            blas = ours[-1][1]
+            torch_blas = theirs[-1][1] if theirs else "-"
+            ours, theirs = [r[0] for r in ours], [r[0] for r in theirs]
             a = statistics.median(ours)
             b = statistics.median(theirs) if theirs else float("nan")
             runs = " ".join(f"{x:.0f}" for x in ours) + " | " + " ".join(f"{x:.0f}" for x in theirs)
