@@ -346,13 +346,31 @@ std::string bucket_contents(const Trainer& runner, const Bucket& bucket) {
 
 namespace {
 
-// Arms the watchdog for the run, disarms it however the run ends.
-struct ArmedWatchdog {
-  explicit ArmedWatchdog(double timeout_s) { watchdog::arm(timeout_s); }
+// The watchdog over a run, disarmed however the run ends. The setup (the ranks' agreement on settings, the transports,
+// CUDA's and NCCL's start, a checkpoint read) is one wait, so that a rank stopped or hung there ends the job too. Its
+// bound is --timeout-s but at least kSetupFloorS: ranks reach their first collective seconds apart under a busy
+// launcher, and NCCL's start on a cluster takes seconds; neither is a hang that a short --timeout-s meant to catch.
+// The steps then run under --timeout-s itself.
+class ArmedWatchdog {
+ public:
+  static constexpr double kSetupFloorS = 30;
+  explicit ArmedWatchdog(double timeout_s) : timeout_s_(timeout_s) {
+    watchdog::arm(timeout_s > 0 ? std::max(timeout_s, kSetupFloorS) : 0);
+    setup_.emplace("the run's setup (the ranks' agreement, the transports, a checkpoint read)");
+  }
+  void setup_done() {
+    setup_.reset();
+    watchdog::arm(timeout_s_);
+  }
   ~ArmedWatchdog() {
+    setup_.reset();
     watchdog::disarm();
     watchdog::set_step(-1);
   }
+
+ private:
+  double timeout_s_;
+  std::optional<watchdog::Wait> setup_;
 };
 
 }  // namespace
@@ -1039,7 +1057,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  const ArmedWatchdog armed(asked.timeout_s);
+  ArmedWatchdog armed(asked.timeout_s);
   validate_run(asked, size, world);
   const Topology topology = checked_topology(asked, size, world);
   const RankCores rank_cores = cores_for_rank(world);
@@ -1071,6 +1089,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   const StopSignals signals;
   const ClockOrigin clock = common_clock_origin(world);  // the time zero of every rank's step and bucket times
   if (size > 1) result.record.meta.clock_alignment_us = static_cast<int64_t>(std::ceil(1000 * clock.uncertainty_ms));
+  armed.setup_done();
   const std::unique_ptr<TrainingStopped> stopped =
       run_steps(*trainer, config, first_step, gathered, writer, result.summary, clock.origin_ms, world);
   result.record.meta.gemm_algorithms = trainer->gemm_algorithms();

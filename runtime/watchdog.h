@@ -2,8 +2,7 @@
 //
 // Every blocking wait of a training step (a receive from a peer, a send's completion, a library collective, a
 // barrier, the main thread waiting for its gradient buckets) runs inside a watchdog::Wait, which names what is waited
-// for. The collectives before the first step and after the last (the ranks' agreement on settings, a broadcast of rank
-// 0's verdict on a file) are not: the ranks agree before any of them that can fail on some ranks only, so they meet. A
+// for; a run's whole setup is one more (launcher/run.cpp, with a longer bound). A
 // thread of the watchdog wakes a few times per timeout and, when some wait is open and no wait anywhere in the
 // process has started or ended for `timeout_s`, prints one line per open wait ("rank 2: watchdog: no progress
 // for 5.0 s at step 12: recv from rank 1 (tag 3) in ring all-reduce of bucket 3 [comm thread]") and calls

@@ -2,7 +2,7 @@
 """Injects each fault of docs/RELIABILITY.md into `ddplab train` under mpirun and checks the exit code, the
 message, the time to exit and what is left on disk.
 
-usage: check_faults.py MPIRUN DDPLAB
+usage: check_faults.py MPIRUN DDPLAB PERTURBED_COS STOP_IN_SETUP (the two LD_PRELOAD libraries beside it)
 """
 import json
 import os
@@ -64,7 +64,7 @@ def steps_in(path):
 
 
 def main():
-    mpirun, ddplab, perturbed_cos = sys.argv[1], sys.argv[2], sys.argv[3]
+    mpirun, ddplab, perturbed_cos, stop_in_setup = sys.argv[1:5]
     with tempfile.TemporaryDirectory() as work:
         out = lambda name: os.path.join(work, name)
 
@@ -126,6 +126,11 @@ def main():
             # without it.
             "apart": Job.of(replicas("apart.h5", ["-x", f"LD_PRELOAD={perturbed_cos}"])),
             "alike": Job.of(replicas("alike.h5", [])),
+            # A rank stopped in the run's setup (SIGSTOP in its first MPI_Comm_split_type, through LD_PRELOAD),
+            # under a --timeout-s below the setup's floor of 30 s.
+            "setup_stopped": Job(None, None, 0, [], env=OPEN_MPI_KILL_SEQUENCE, cmd=[
+                mpirun, "--bind-to", "none", "-np", "1", ddplab, "train", *tiny, "--timeout-s", "2", ":", "-np", "1",
+                "-x", f"LD_PRELOAD={stop_in_setup}", ddplab, "train", *tiny, "--timeout-s", "2"]),
             # Ranks started with different settings (an MPMD launch).
             "mpmd": Job.of([
                 mpirun, "--bind-to", "none", "-np", "1", ddplab, "train"] + SMALL + ["--steps", "3", "--out",
@@ -231,6 +236,14 @@ def main():
             check(p.code == want and said == perturbed and os.path.exists(out(name + ".h5")) != perturbed,
                   f"replicas {'apart' if perturbed else 'alike'} at the start: exit {want}"
                   f"{', wte named, no run file' if perturbed else ''} (code {p.code}: {p.stderr.strip()[-300:]})")
+
+        # A rank stopped in the setup: the others' watchdog ends the job, naming the setup, after the setup's floor
+        # of 30 s (the steps' --timeout-s 2 would have ended it early) and before it plus a quarter and the start.
+        j = jobs["setup_stopped"]
+        check(j.code == 3 and "watchdog: no progress for" in j.stderr and "waiting for the run's setup" in j.stderr
+              and 30 <= j.seconds < 30 * 1.25 + 15,
+              f"stopped in the setup: exit 3, the setup named, after 30 s ({j.code}, {j.seconds:.1f} s: "
+              f"{j.stderr.strip()[-400:]})")
 
         # Ranks started with different settings (an MPMD launch): refused before training, each field named.
         p = jobs["mpmd"]
