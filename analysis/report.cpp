@@ -73,8 +73,10 @@ std::string arrival_line(const RunSummary& s) {
 
 // "93%", or "-" where there was no comm to hide: a 100% there would praise an overlap that never ran. One rank has no
 // peer to communicate with, whatever the GPU's engine recorded for its buckets (its epilogue's few microseconds).
+bool has_hidden_share(double comm_ms, int world) { return world > 1 && comm_ms > 0; }
+
 std::string hidden_text(double fraction, double comm_ms, int world) {
-  return world > 1 && comm_ms > 0 ? fmt("%.0f%%", 100 * fraction) : "-";
+  return has_hidden_share(comm_ms, world) ? fmt("%.0f%%", 100 * fraction) : "-";
 }
 
 // Per rank: comm-compute overlap (HTA's definition) beside hidden%, and the idle time by what the rank waited for.

@@ -20,6 +20,9 @@ void print_report(std::FILE* out, const SummarizedRun& run);
 // (RunRecord::oversubscribed_ranks), "oversubscribed: 4 ranks on one GPU; ..." for one whose ranks shared a GPU
 // (RunRecord::ranks_sharing_a_gpu); "" otherwise. The train header and the report both say it.
 std::string oversubscription_note(const RunRecord& run);
+// hidden% as every table prints it: "93%", or "-" where there was no communication to hide (one rank, or no comm).
+bool has_hidden_share(double comm_ms, int world);
+std::string hidden_text(double fraction, double comm_ms, int world);
 // One row per run: name, world, samples/s, step ms, exposed comm, hidden%, blame.
 void print_comparison(std::FILE* out, const std::vector<SummarizedRun>& runs);
 // `ddplab report --json`: the run file, what the run was, the summary (as the run file stores it) and the blame.

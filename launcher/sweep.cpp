@@ -14,6 +14,7 @@
 
 #include "analysis/format.h"
 #include "analysis/predict.h"
+#include "analysis/report.h"
 #include "analysis/stats.h"
 #include "launcher/cli.h"
 #include "launcher/lab_runs.h"
@@ -362,14 +363,16 @@ void print_point_table(const SweepOptions& o, const std::vector<SweepPoint>& poi
   for (const SweepPoint& p : points) {
     const RunSummary& s = p.summary;
     const StepRecord mean = mean_over_ranks(s);
-    std::printf("%9g %7s %7zu %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %6.0f%%%s\n", p.bucket_mb, p.overlap.c_str(),
+    const int world = static_cast<int>(s.ranks.size());
+    std::printf("%9g %7s %7zu %9.2f %10.0f %9.2f %8.2f %8.2f %8.2f %7s%s\n", p.bucket_mb, p.overlap.c_str(),
                 p.buckets.size(), s.slowest_step_ms, s.samples_per_s, mean.backward_ms, mean.comm_ms,
-                mean.hidden_comm_ms, mean.exposed_comm_ms, 100 * mean_hidden_fraction(s),
+                mean.hidden_comm_ms, mean.exposed_comm_ms,
+                hidden_text(mean_hidden_fraction(s), mean.comm_ms, world).c_str(),
                 p.predicted() ? predicted_text(p).c_str() : "");
   }
   std::printf(
       "step_ms: the slowest rank's mean; backward, comm, hidden, exposed: means over the ranks, ms per step; "
-      "hidden%%: hidden over what backward could hide, the lesser of its time and comm's\n");
+      "hidden%%: hidden over what backward could hide, the lesser of its time and comm's (-: no comm to hide)\n");
 }
 
 std::string sweep_csv(const std::vector<SweepPoint>& points) {
@@ -380,8 +383,9 @@ std::string sweep_csv(const std::vector<SweepPoint>& points) {
     const RunSummary& s = p.summary;
     const StepRecord mean = mean_over_ranks(s);
     csv << p.bucket_mb << ',' << p.overlap << ',' << s.slowest_step_ms << ',' << s.samples_per_s << ','
-        << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ','
-        << mean_hidden_fraction(s) << ',' << p.path << ',';
+        << mean.backward_ms << ',' << mean.comm_ms << ',' << mean.hidden_comm_ms << ',' << mean.exposed_comm_ms << ',';
+    if (has_hidden_share(mean.comm_ms, static_cast<int>(s.ranks.size()))) csv << mean_hidden_fraction(s);
+    csv << ',' << p.path << ',';
     if (p.predicted())
       csv << p.predicted()->step.step_ms << ',' << p.error_pct() << '\n';
     else
@@ -391,13 +395,16 @@ std::string sweep_csv(const std::vector<SweepPoint>& points) {
 }
 
 nlohmann::json point_json(const SweepPoint& p) {
-  nlohmann::json point = {{"bucket_mb", p.bucket_mb},
-                          {"overlap", p.overlap},
-                          {"step_ms", p.summary.slowest_step_ms},
-                          {"hidden_fraction", mean_hidden_fraction(p.summary)},
-                          {"run_file", p.path},
-                          {"repeat_step_ms", p.repeat_step_ms},
-                          {"summary", to_json(p.summary)}};
+  nlohmann::json point = {
+      {"bucket_mb", p.bucket_mb},
+      {"overlap", p.overlap},
+      {"step_ms", p.summary.slowest_step_ms},
+      {"hidden_fraction", has_hidden_share(mean_over_ranks(p.summary).comm_ms, static_cast<int>(p.summary.ranks.size()))
+                              ? nlohmann::json(mean_hidden_fraction(p.summary))
+                              : nlohmann::json()},
+      {"run_file", p.path},
+      {"repeat_step_ms", p.repeat_step_ms},
+      {"summary", to_json(p.summary)}};
   if (p.predicted()) {
     std::vector<double> repeat_predicted, repeat_error;
     for (size_t k = 0; k < p.repeat_predicted.size(); ++k) {

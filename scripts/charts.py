@@ -715,8 +715,8 @@ def read_json(path, what):
 # shape is a type or a tuple of them, {key: shape} ("key?": optional), or [shape], a list of such.
 NUMBER = (int, float)
 SETTING = {"bucket_mb": NUMBER, "overlap": str, "step_ms": NUMBER}
-SWEEP_SHAPE = {"points": [{**SETTING, "run_file": str, "hidden_fraction": NUMBER, "predicted_step_ms?": NUMBER,
-                           "error_pct?": NUMBER, "summary": {"samples_per_s": NUMBER, "ranks": [dict]}}],
+SWEEP_SHAPE = {"points": [{**SETTING, "run_file": str, "hidden_fraction": (*NUMBER, type(None)),
+                           "predicted_step_ms?": NUMBER, "error_pct?": NUMBER, "summary": {"samples_per_s": NUMBER, "ranks": [dict]}}],
                "link": str, "world_size": int, "best": SETTING, "noise_pct?": (*NUMBER, type(None)),
                "not_told_apart?": [SETTING]}
 # sweep --predict: the model's error over the points, its recommendation and the runs it predicted from.

@@ -196,7 +196,7 @@ def sweep_table(sweep):
         ranks = p["summary"]["ranks"]
         mean = {name: sum(float(r.get(name, 0)) for r in ranks) / len(ranks)
                 for name in ("backward_ms", "comm_ms", "hidden_comm_ms", "exposed_comm_ms")}
-        hidden = 100 * p["hidden_fraction"] if mean["comm_ms"] > 0 else None  # one rank: no comm to hide
+        hidden = None if p["hidden_fraction"] is None else 100 * p["hidden_fraction"]  # null: no comm to hide
         rows.append([fmt(p["bucket_mb"], "g"), p["overlap"], fmt(p["step_ms"]),
                      fmt(float(p["summary"]["samples_per_s"]), ",.0f"), fmt(mean["backward_ms"]), fmt(mean["comm_ms"]),
                      fmt(mean["hidden_comm_ms"]), fmt(mean["exposed_comm_ms"]), fmt(hidden, ".0f", "%"),

@@ -9,6 +9,7 @@ for the measurement and the prediction (a run that happened), the mean of the tw
 
 usage: check_sweep.py MPIRUN DDPLAB NP
 """
+import csv
 import json
 import os
 import shutil
@@ -196,6 +197,21 @@ with tempfile.TemporaryDirectory() as work:
         own = [r["error_pct"] for r in source["rounds"]]
         check(len(own) == 2 and abs(source["error_pct"] - sum(own) / 2) < 1e-9,
               f"the own-setting error the mean of the rounds' {own}: {source['error_pct']}")
+    # One rank has no communication to hide: hidden% is "-" in the table, empty in the CSV and null in the JSON, as
+    # the report says it; a 100% there would praise an overlap that never ran.
+    out = os.path.join(work, "one rank")
+    proc = subprocess.run([ddplab, "sweep", "--bucket-mb", "0.01", "--overlap", "on,off", "--steps", "3",
+                           "--warmup-steps", "1", "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch",
+                           "8", "--out-dir", out], capture_output=True, text=True, timeout=120)
+    if proc.returncode == 0:
+        rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("     0.01 ")]
+        points = json.load(open(os.path.join(out, "summary.json")))["points"]
+        csv_rows = list(csv.DictReader(open(os.path.join(out, "summary.csv"))))
+        check(len(rows) == 2 and all(r[9] == "-" for r in rows) and all(p["hidden_fraction"] is None for p in points)
+              and all(r["hidden_fraction"] == "" for r in csv_rows),
+              f"one rank: hidden% '-', null, empty ({rows}, {[p['hidden_fraction'] for p in points]})")
+    else:
+        check(False, f"a one-rank sweep exits 0 ({proc.returncode}: {proc.stderr[-300:]})")
     bad = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--overlap", "maybe", "--out-dir",
                           os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
     check(bad.returncode == 2 and "--overlap takes on and/or off" in bad.stderr and not os.path.exists(
