@@ -152,6 +152,7 @@ enum KnobTraits : unsigned {
   kTransformer = 1u << 7,               // only a transformer --model reads it: given with the MLP, refused
   kMlp = 1u << 8,                       // only the MLP reads it: given with a transformer, refused
   kSynthetic = 1u << 9,                 // shapes synthetic sequences: given with --data, refused
+  kCuda = 1u << 10,                     // only --device cuda reads it: given on the CPU, refused
 };
 
 // One knob of `ddplab train`: its flag (nullptr: none), its key in the run file's config (nullptr: not stored), what
@@ -212,10 +213,12 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.deterministic);
   visit(Knob{"--gemm-algo", "gemm_algo",
              "--device cuda: each GEMM's cuBLASLt algorithm: heuristic (the library's first answer) | timed (the "
-             "fastest of its first 8, timed once per GPU model and kept in $XDG_CACHE_HOME/ddplab)"},
+             "fastest of its first 8, timed once per GPU model and kept in $XDG_CACHE_HOME/ddplab)",
+             kNoMin, kNoMax, kCuda},
         c.gemm_algo);
   visit(Knob{"--profile-steps", "profile_steps",
-             "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)"},
+             "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)",
+             kNoMin, kNoMax, kCuda},
         c.profile_steps);
   visit(Knob{"--model", "model", "mlp, or a transformer preset: tiny | small | gpt2-small", kNoMin, kNoMax, kMath},
         c.model);
@@ -308,7 +311,8 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--comm-dtype", "comm_dtype", "gradients on the wire: fp32 | bf16 | fp16", kNoMin, kNoMax, kMath},
         c.comm_dtype);
   visit(Knob{"--ring-link", "ring_link",
-             "--device cuda --comm ring: auto | nccl | ipc (CUDA IPC; ranks may share a GPU) | host (staged)"},
+             "--device cuda --comm ring: auto | nccl | ipc (CUDA IPC; ranks may share a GPU) | host (staged)", kNoMin,
+             kNoMax, kCuda},
         c.ring_link);
   visit(Knob{"--bucket-mb", "bucket_mb",
              "gradient bucket cap in MiB (0: a bucket per gradient piece, a parameter or a --grad-slice-mb row block; "

@@ -232,7 +232,7 @@ void check_knob_value(const std::string& flag, double value) {
 
 void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   CLI::Option *warmup = nullptr, *momentum = nullptr;
-  std::vector<CLI::Option*> synthetic, transformer_only, mlp_only;  // the flags of each trait, as given
+  std::vector<CLI::Option*> synthetic, transformer_only, mlp_only, cuda_only;  // the flags of each trait, as given
   visit_knobs(c, [&](const Knob& knob, auto& value) {
     if (!offered(knob, flags)) return;
     CLI::Option* option = add_knob_flag(app, knob, value);
@@ -242,6 +242,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
     if (knob.traits & kSynthetic) synthetic.push_back(option);
     if (knob.traits & kTransformer) transformer_only.push_back(option);
     if (knob.traits & kMlp) mlp_only.push_back(option);
+    if (knob.traits & kCuda) cuda_only.push_back(option);
   });
   // --force's meaning depends on the command: one run's file, or the folder of many.
   if (CLI::Option* force = app->get_option_no_throw("--force"))
@@ -252,10 +253,13 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   // A flag the run would not read is refused, not ignored: --classes 4 with a transformer trained its preset's 16.
   // Not in a suite, whose cases choose the model after its flags are parsed.
   const bool one_model = flags != FlagSet::kSuite;
-  app->parse_complete_callback([&c, warmup, momentum, synthetic, transformer_only, mlp_only, one_model] {
+  app->parse_complete_callback([&c, warmup, momentum, synthetic, transformer_only, mlp_only, cuda_only, one_model] {
     require(warmup->count() == 0 || c.warmup_steps < c.steps,
             "--warmup-steps " + std::to_string(c.warmup_steps) + " leaves none of the " + std::to_string(c.steps) +
                 " steps (--steps) to measure: it must be smaller");
+    for (const CLI::Option* option : cuda_only)
+      require(c.device == Device::kCuda || option->count() == 0,
+              option->get_name() + " needs --device cuda (the CPU run has nothing it sets): leave it out");
     if (one_model) {
       for (const CLI::Option* option : c.transformer() ? mlp_only : transformer_only)
         require(option->count() == 0, c.transformer()
@@ -414,9 +418,6 @@ void validate(const TrainConfig& c) {
           "--attention " + std::string(c.attention ? to_string(*c.attention) : "auto") +
               " needs --device cuda (the CPU has one attention)");
   require(c.comm != AllreduceImpl::kNccl, "--comm nccl needs --device cuda");
-  require(c.ring_link == RingLinkKind::kAuto,
-          "--ring-link needs --device cuda (the CPU ring runs over MPI or shared memory)");
-  require(c.profile_steps.empty(), "--profile-steps needs --device cuda (it drives the CUDA profiler)");
 }
 
 void validate_for_ranks(const TrainConfig& c, int ranks, int scan_part, int scan_parts) {

@@ -137,6 +137,7 @@ refusals_at() {
   expect_error $np "output folder /etc/hostname is not a folder" train "${small[@]}" --checkpoint /etc/hostname/c.h5
   expect_error $np "--model must be mlp, tiny, small or gpt2-small (got 'bert')" train "${small[@]}" --model bert
   expect_error $np "--profile-steps needs --device cuda" train "${small[@]}" --profile-steps 2:3
+  expect_error $np "--gemm-algo needs --device cuda" train "${small[@]}" --gemm-algo heuristic
   expect_error $np "--profile-steps must be A:B" train "${small[@]}" --device cuda --comm nccl --profile-steps 3:2
   expect_error $np "--profile-steps 1:5 goes past the run's last step, 1 (--steps 2)" train "${small[@]}" --device cuda --comm nccl --profile-steps 1:5
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
