@@ -353,11 +353,13 @@ void visit_knobs(Config& c, Visit&& visit) {
              "shared by its ranks)"},
         c.link);
   visit(Knob{"--link-latency-us", "link_latency_us",
-             "the link's latency, us: N or auto (the --link preset's; N needs a single preset)", 0, kMaxLabMs * 1e3, 0,
-             "US|auto", kPresetLinkValue},
+             "the link's latency, us: N or auto (the --link preset's); N replaces a single preset's, or alone makes a "
+             "link of its own, not with intra=,inter=",
+             0, kMaxLabMs * 1e3, 0, "US|auto", kPresetLinkValue},
         c.link_latency_us);
   visit(Knob{"--link-gbps", "link_gbps",
-             "the link's bandwidth, Gbit/s: N (1e-6 or more) or auto (the --link preset's; N needs a single preset)",
+             "the link's bandwidth, Gbit/s: N (1e-6 or more) or auto (the --link preset's); N replaces a single "
+             "preset's, or alone makes a link of its own, not with intra=,inter=",
              kMinLinkGbps, kNoMax, 0, "GBIT/S|auto", kPresetLinkValue},
         c.link_gbps);
   visit(Knob{"--ranks-per-node", "ranks_per_node",

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,18 @@ std::string nodes_column(const PredictSetting& s) {
   return s.nodes() == 1 ? "1" : std::to_string(s.nodes()) + "x" + std::to_string(s.ranks_on_a_node());
 }
 
+// A list flag names each value once, as sweep's do: a repeat would print the same row twice and count it as another
+// setting predicted.
+template <typename T>
+void require_no_repeats(const std::vector<T>& list, const char* flag) {
+  for (size_t i = 0; i < list.size(); ++i)
+    if (std::find(list.begin(), list.begin() + i, list[i]) != list.begin() + i) {
+      std::ostringstream value;
+      value << list[i];
+      throw UsageError(std::string(flag) + " lists " + value.str() + " twice");
+    }
+}
+
 // Every combination of the lists, each list defaulting to the run's own value; validated before any work. notes: what
 // was left out, for the caller to print once every other check has passed (a refused command prints one line).
 std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const PredictSetting& run,
@@ -47,6 +60,18 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   const auto or_run = [](const auto& list, const auto& own) {
     return list.empty() ? std::vector<std::decay_t<decltype(own)>>{own} : list;
   };
+  require_no_repeats(a.bucket_mb, "--bucket-mb");
+  require_no_repeats(a.first_bucket_mb, "--first-bucket-mb");
+  require_no_repeats(a.last_bucket_mb, "--last-bucket-mb");
+  require_no_repeats(a.ranks, "--ranks");
+  require_no_repeats(a.ranks_per_node, "--ranks-per-node");
+  require_no_repeats(a.ranks_per_gpu, "--ranks-per-gpu");
+  require_no_repeats(a.overlap, "--overlap");
+  require_no_repeats(a.update, "--update");
+  require_no_repeats(a.comm, "--comm");
+  require_no_repeats(a.comm_dtype, "--comm-dtype");
+  require_no_repeats(a.bucket_rule, "--bucket-rule");
+  require_no_repeats(a.link, "--link");
   // What train would refuse is no setting to recommend: its knobs' own checks.
   for (double mb : a.bucket_mb) check_knob_value("--bucket-mb", mb);
   for (double mb : a.first_bucket_mb) check_knob_value("--first-bucket-mb", mb);
@@ -83,11 +108,14 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
       if (l.find('=') != std::string::npos) {
         links.push_back(parse_links(l));
       } else {
+        std::vector<std::string> presets;
         for (size_t pos = 0; pos <= l.size();) {
           const size_t comma = std::min(l.find(',', pos), l.size());
-          links.push_back(parse_links(l.substr(pos, comma - pos)));
+          presets.push_back(l.substr(pos, comma - pos));
+          links.push_back(parse_links(presets.back()));
           pos = comma + 1;
         }
+        require_no_repeats(presets, "--link");
       }
     for (const std::string& c : a.comm) impls.push_back(parse_choice<AllreduceImpl>(c, "--comm"));
     for (AllreduceImpl impl : impls)

@@ -227,15 +227,16 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
                     "folder for the case run files and the summary (default "
                     "runs/suite_<name>_<time>)");
   // Set here, before the train flags' checks at the end of parsing (--warmup-steps against --steps), which then see
-  // the steps that will run. --steps, given, wins; its value is already in (its flag comes first).
+  // the steps that will run.
   suite->add_flag_callback(
       "--full",
-      [&o, suite] {
+      [&o] {
         o.full = true;
-        if (suite->count("--steps") == 0) o.base.steps = 100;
+        o.base.steps = 100;
       },
-      "100 steps per case instead of 20");
+      "100 steps per case instead of 20 (--steps 100)");
   suite->callback([&o, suite] {
+    require(!o.full || suite->count("--steps") == 0, "--full is --steps 100: give one of them");
     o.batch_given = suite->count("--batch") > 0;
     o.max_tokens_given = suite->count("--max-tokens") > 0;
     for (const CLI::Option* option : suite->get_options())

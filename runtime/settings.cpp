@@ -104,8 +104,14 @@ std::vector<std::string> describe() {
   for (const Knob* knob : kKnobs) {
     const std::string text = environment(*knob);
     const std::string value = text.empty() ? std::string(knob->default_text) + " (default)" : text + " (environment)";
+    std::string meaning = knob->meaning;
+    try {  // a value every other command refuses is said to be one here, where the refusals send the user
+      if (!text.empty()) check(*knob, text);
+    } catch (const BadSetting& e) {
+      meaning = std::string("REFUSED: ") + e.what();
+    }
     char line[512];
-    std::snprintf(line, sizeof line, "%-30s %-42s %s", knob->name, value.c_str(), knob->meaning);
+    std::snprintf(line, sizeof line, "%-30s %-42s %s", knob->name, value.c_str(), meaning.c_str());
     lines.push_back(line);
   }
   return lines;

@@ -248,6 +248,7 @@ refusals_of_data_and_knobs() {
   DDPLAB_LOCAL_REGISTER=7 expect_error 1 "DDPLAB_LOCAL_REGISTER must be an integer in \[0, 1\], got '7'" \
     train "${small[@]}" --out "$work/knob.h5"
   DDPLAB_COMM_TRANSPORT=foo expect_error 2 "DDPLAB_COMM_TRANSPORT must be shm or mpi" suite lab --steps 2
+  expect_error 1 "--full is --steps 100: give one of them" suite lab --full --steps 30
   # Read before MPI starts (the BLAS re-exec), and refused with the rest once it has.
   DDPLAB_BLAS_AUTO=0 expect_error 1 "DDPLAB_BLAS_AUTO must be on or off, got '0'" \
     train "${small[@]}" --out "$work/knob.h5"

@@ -114,6 +114,10 @@ with tempfile.TemporaryDirectory() as work:
              ([run, "--first-bucket-mb=-1"], "--first-bucket-mb: must not be negative (got -1)"),
              ([run, "--last-bucket-mb=0.5,-1"], "--last-bucket-mb: must not be negative (got -1)"),
              ([run, "--last-bucket-mb=soon"], "--last-bucket-mb: must be a decimal number or auto (got 'soon')"),
+             # a value named twice would be a row printed twice and counted as another setting predicted
+             ([run, "--bucket-mb", "1,1"], "--bucket-mb lists 1 twice"),
+             ([run, "--link", "10gbe,10gbe"], "--link lists 10gbe twice"),
+             ([run, "--ranks", "4,2,4"], "--ranks lists 4 twice"),
              ([run, "--ranks", "0"], "--ranks 0: a world of 1 to 1048576 ranks"),
              # past 2^30 the model's count of doubling rounds overflowed and never ended
              ([run, "--ranks", "1073741824"], "--ranks 1073741824: a world of 1 to 1048576 ranks"),

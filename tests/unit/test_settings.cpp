@@ -2,6 +2,7 @@
 // a bad value refused with the variable named, and each knob read once, so a running job never sees it change.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -64,6 +65,17 @@ TEST(Settings, DescribeListsEveryKnobWithItsOrigin) {
   };
   EXPECT_NE(line_of(kCommTransport).find("mpi (environment)"), std::string::npos) << line_of(kCommTransport);
   EXPECT_NE(line_of(kRingSliceBytes).find("262144 (default)"), std::string::npos) << line_of(kRingSliceBytes);
+  // A value the other commands refuse is said to be refused, with their reason, where they send the user.
+  setenv(kCommSpinUs.name, "abc", 1);
+  const std::vector<std::string> with_bad = describe();
+  unsetenv(kCommSpinUs.name);
+  const auto bad = std::find_if(with_bad.begin(), with_bad.end(), [](const std::string& line) {
+    return line.rfind(std::string(kCommSpinUs.name) + " ", 0) == 0;
+  });
+  ASSERT_NE(bad, with_bad.end());
+  EXPECT_NE(bad->find("abc (environment)"), std::string::npos) << *bad;
+  EXPECT_NE(bad->find("REFUSED: DDPLAB_COMM_SPIN_US must be an integer"), std::string::npos) << *bad;
+  EXPECT_EQ(line_of(kCommTransport).find("REFUSED"), std::string::npos) << line_of(kCommTransport);
 }
 
 // The one knob whose default the caller computes (per world size): its text for `ddplab devices` names the values.
