@@ -56,7 +56,7 @@ int pace_rank(const RunRecord& run, int s) {
 
 struct RunSamples {
   Sampled on_pace;
-  double rank_spread = 0;
+  double rank_spread = 0, mean = 0;
 };
 
 RunSamples samples_of(const RunRecord& run, const Get& get) {
@@ -68,7 +68,9 @@ RunSamples samples_of(const RunRecord& run, const Get& get) {
       lo = std::min(lo, get(run.at(r, s))), hi = std::max(hi, get(run.at(r, s)));
     rank_spreads.push_back(hi - lo);
   }
-  return {sampled(on_pace), median(rank_spreads)};
+  double sum = 0;
+  for (double x : on_pace) sum += x;
+  return {sampled(on_pace), median(rank_spreads), on_pace.empty() ? 0 : sum / on_pace.size()};
 }
 
 Sampled bucket_comm(const RunRecord& run, int k) {
@@ -124,7 +126,19 @@ std::string changes_text(const std::vector<ConfigChange>& changes) {
   return changes.size() > 3 ? text + fmt(", and %zu more", changes.size() - 3) : text;
 }
 
+std::string verdict_of_medians(const RunDiff& d);
+
+// The medians' verdict, and where the step's median misses a cost of some steps only, the means that show it.
 std::string verdict(const RunDiff& d) {
+  const MetricDiff& step = d.metrics.front();
+  return verdict_of_medians(d) + (step.median_misses(d.floor_ms)
+                                      ? fmt("; but the mean step went %.2f -> %.2f ms (+: a cost of some steps only, "
+                                            "which the medians miss)",
+                                            step.mean_a, step.mean_b)
+                                      : "");
+}
+
+std::string verdict_of_medians(const RunDiff& d) {
   const MetricDiff& step = d.metrics.front();
   std::vector<const MetricDiff*> moved;
   for (const MetricDiff& m : d.metrics)
@@ -240,6 +254,14 @@ LossDiff compare_losses(const RunRecord& a, const RunRecord& b) {
 
 Sampled sampled(const std::vector<double>& samples) { return {median(samples), robust_spread(samples)}; }
 
+bool MetricDiff::median_misses(double floor_ms) const {
+  const auto misses = [floor_ms](const Sampled& s, double mean) {
+    const double away = std::fabs(mean - s.median);
+    return away > floor_ms && away > kNoiseSpreads * s.spread;
+  };
+  return misses(a, mean_a) || misses(b, mean_b);
+}
+
 double noise_bound_ms(const Sampled& a, const Sampled& b) { return kNoiseSpreads * std::hypot(a.spread, b.spread); }
 
 bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms) {
@@ -253,7 +275,8 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
   d.config = config_changes(a, b);
   for (const Metric& m : metrics()) {
     const RunSamples sa = samples_of(a, m.get), sb = samples_of(b, m.get);
-    d.metrics.push_back({m.name, m.phase, sa.on_pace, sb.on_pace, sa.rank_spread, sb.rank_spread, false});
+    d.metrics.push_back(
+        {m.name, m.phase, sa.on_pace, sb.on_pace, sa.rank_spread, sb.rank_spread, sa.mean, sb.mean, false});
   }
   d.floor_ms = std::max(kNoiseFloorMs, kNoiseFloorShare * std::max(d.metrics[0].a.median, d.metrics[0].b.median));
   d.steady_a = a.steps - a.first_steady_step(), d.steady_b = b.steps - b.first_steady_step();
@@ -284,15 +307,23 @@ void print_diff(std::FILE* out, const RunDiff& d) {
                "spread over steps, ms; ranks: median of max - min across ranks):\n");
   std::fprintf(out, "  %-17s %9s %8s %9s %8s %9s %8s %8s\n", "", "A", "spread", "B", "spread", "B - A", "ranks A",
                "ranks B");
+  constexpr double kShown = 0.005;  // ms: what prints as 0.00
+  std::string misses;               // the phases of some steps only, which the medians miss
   for (const MetricDiff& m : d.metrics) {
-    const bool quiet =
-        std::max({std::fabs(m.a.median), std::fabs(m.b.median), m.rank_spread_a, m.rank_spread_b}) < 0.005;
+    const bool quiet = std::max({std::fabs(m.a.median), std::fabs(m.b.median), std::fabs(m.mean_a), std::fabs(m.mean_b),
+                                 m.rank_spread_a, m.rank_spread_b}) < kShown;
     if (quiet && m.phase) continue;  // the lab's phases, switched off in both runs
-    std::fprintf(out, "  %-17s %9.2f %8.2f %9.2f %8.2f %+9.2f%s %7.2f %8.2f\n", m.name.c_str(), m.a.median, m.a.spread,
-                 m.b.median, m.b.spread, m.delta(), m.beyond ? "*" : " ", m.rank_spread_a, m.rank_spread_b);
+    const bool missed = m.median_misses(d.floor_ms);
+    std::fprintf(out, "  %-17s %9.2f %8.2f %9.2f %8.2f %+9.2f%s %7.2f %8.2f%s\n", m.name.c_str(), m.a.median,
+                 m.a.spread, m.b.median, m.b.spread, m.delta(), m.beyond ? "*" : " ", m.rank_spread_a, m.rank_spread_b,
+                 missed ? " +" : "");
+    if (missed) misses += fmt("%s%s: A %.2f, B %.2f", misses.empty() ? "" : "; ", m.name.c_str(), m.mean_a, m.mean_b);
   }
   std::fprintf(out, "  (*: beyond noise: |B - A| > %g x sqrt(spread_A^2 + spread_B^2) and > %.2f ms)\n", kNoiseSpreads,
                d.floor_ms);
+  if (!misses.empty())
+    std::fprintf(out, "  (+: in some steps only, so the median is far from the mean over steps, ms per step: %s)\n",
+                 misses.c_str());
   std::fprintf(out, "  per bucket (all-reduce ms, median and spread over ranks and steady steps%s):\n",
                d.same_buckets ? "" : "; the runs cut their gradients differently, so buckets are not compared");
   std::fprintf(out, "  %6s %10s %9s %8s %10s %9s %8s %9s\n", "bucket", "A size", "A", "spread", "B size", "B", "spread",
@@ -314,13 +345,20 @@ nlohmann::json to_json(const RunDiff& d) {
   nlohmann::json config = nlohmann::json::array(), metrics = nlohmann::json::array(), buckets = nlohmann::json::array();
   for (const ConfigChange& c : d.config) config.push_back({{"key", c.key}, {"a", c.a}, {"b", c.b}});
   for (const MetricDiff& m : d.metrics)
-    metrics.push_back(
-        {{"name", m.name},
-         {"phase", m.phase},
-         {"a", {{"median_ms", m.a.median}, {"spread_ms", m.a.spread}, {"rank_spread_ms", m.rank_spread_a}}},
-         {"b", {{"median_ms", m.b.median}, {"spread_ms", m.b.spread}, {"rank_spread_ms", m.rank_spread_b}}},
-         {"delta_ms", m.delta()},
-         {"beyond_noise", m.beyond}});
+    metrics.push_back({{"name", m.name},
+                       {"phase", m.phase},
+                       {"a",
+                        {{"median_ms", m.a.median},
+                         {"spread_ms", m.a.spread},
+                         {"rank_spread_ms", m.rank_spread_a},
+                         {"mean_ms", m.mean_a}}},
+                       {"b",
+                        {{"median_ms", m.b.median},
+                         {"spread_ms", m.b.spread},
+                         {"rank_spread_ms", m.rank_spread_b},
+                         {"mean_ms", m.mean_b}}},
+                       {"delta_ms", m.delta()},
+                       {"beyond_noise", m.beyond}});
   const auto side = [](int64_t bytes, const Sampled& s) {
     return bytes ? nlohmann::json{{"bytes", bytes}, {"median_ms", s.median}, {"spread_ms", s.spread}}
                  : nlohmann::json();

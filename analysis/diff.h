@@ -32,8 +32,12 @@ struct MetricDiff {
   bool phase = false;                           // a part of the step (the verdict names phases)
   Sampled a, b;                                 // over steady steps
   double rank_spread_a = 0, rank_spread_b = 0;  // median over steady steps of (max - min) across ranks
+  double mean_a = 0, mean_b = 0;                // over steady steps: a phase of every k-th step has a median of 0
   bool beyond = false;
   double delta() const { return b.median - a.median; }
+  // A cost of some steps only (20 ms every 4th step: median 0, mean 5): in either run the mean is away from the median
+  // beyond the noise rule's bound and floor.
+  bool median_misses(double floor_ms) const;
 };
 
 struct ConfigChange {

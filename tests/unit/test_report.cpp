@@ -1046,6 +1046,39 @@ TEST(Diff, AStragglerIsNamedByItsOwnWorkNotByTheOthersWait) {
   EXPECT_NEAR(data.rank_spread_b, 20.0, 1e-9);
 }
 
+// A cost of every 4th step (20 ms of rank 0's host work, the others waiting in the barrier) has a median of 0 over
+// the steps: the diff still shows its row, marks it and the step +, gives their means, and the verdict says the mean
+// step moved where the medians cannot.
+TEST(Diff, ACostOfSomeStepsOnlyIsShownByItsMean) {
+  RunRecord b = synthetic(2, [](int r, int s) {
+    Phases p = jittered(r, s);
+    if (s % 4 == 0) (r == 0 ? p.host_work : p.barrier) = 20;
+    return p;
+  });
+  b.config["barrier_every"] = 4;
+  const RunDiff d = diff_runs(synthetic(2, jittered), b);
+  const auto metric = [&](const std::string& name) {
+    return *std::find_if(d.metrics.begin(), d.metrics.end(), [&](const MetricDiff& m) { return m.name == name; });
+  };
+  EXPECT_EQ(metric("host work").b.median, 0);
+  EXPECT_NEAR(metric("host work").mean_b, 20.0 * 2 / 10, 1e-9);  // steady steps 2..11: 4 and 8 of 10 have it
+  EXPECT_TRUE(metric("host work").median_misses(d.floor_ms) && metric("step").median_misses(d.floor_ms));
+  EXPECT_FALSE(metric("forward").median_misses(d.floor_ms) || metric("backward").median_misses(d.floor_ms));
+  EXPECT_NE(d.verdict.find("; but the mean step went 11.91 -> 15.91 ms (+: a cost of some steps only"),
+            std::string::npos)
+      << d.verdict;
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  print_diff(f, d);
+  std::fclose(f);
+  const std::string text(buf, len);
+  std::free(buf);
+  EXPECT_NE(text.find("host work: A 0.00, B 4.00)"), std::string::npos) << text;
+  // Where neither run has a cost of some steps, no mark and no note.
+  EXPECT_EQ(diff_runs(synthetic(2, jittered), synthetic(2, jittered)).verdict.find("mean step"), std::string::npos);
+}
+
 // From ten times as long the ratio is written whole: "167x slower", not "166.8x".
 TEST(Diff, ARatioOfTenOrMoreIsWrittenWhole) {
   const RunDiff d = diff_runs(synthetic(2, jittered), with_straggler(300));
