@@ -219,6 +219,10 @@ CLI::Validator auto_or_number_of(const std::string& flag) {
   return *validator;
 }
 
+void check_knob_ranges(TrainConfig c) {
+  visit_knobs(c, [](const Knob& knob, auto& field) { check_range(knob, field); });
+}
+
 void check_knob_value(const std::string& flag, double value) {
   TrainConfig c;
   bool found = false;

@@ -255,6 +255,11 @@ nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
 // The model of the run in the file, with the calibration file's all-reduce times when one is given.
 StepModel load_model(const PredictArgs& a) {
   const RunRecord run = read_input(a.file);
+  try {  // the model computes with the settings: each within what train takes (a file edited or damaged may not be)
+    check_knob_ranges(config_from_json(run.config));
+  } catch (const UsageError& e) {
+    throw UsageError("cannot read run file " + a.file + ": config: " + e.what());
+  }
   const float grad_clip = run.config.value("grad_clip", 0.0f);
   require(grad_clip <= 0 || std::find(a.update.begin(), a.update.end(), "bucket") == a.update.end(),
           "--update bucket: " + a.file + " clips its gradients (--grad-clip " + fmt("%g", grad_clip) +

@@ -98,12 +98,17 @@ with tempfile.TemporaryDirectory() as work:
     shutil.copy(run, sharded)
     with h5py.File(sharded, "r+") as f:
         f.attrs["config"] = json.dumps(dict(json.loads(f.attrs["config"]), zero_stage=1))
+    negative = os.path.join(work, "negative.h5")  # a config no flag's check has seen: edited, or damaged
+    shutil.copy(run, negative)
+    with h5py.File(negative, "r+") as f:
+        f.attrs["config"] = json.dumps(dict(json.loads(f.attrs["config"]), bucket_mb=-5))
     text = os.path.join(work, "notes.txt")
     open(text, "w").write("not a run file\n")
     out = os.path.join(work, "bad.json")
     cases = [([untimed], "has no bucket timings"),
              ([text], "cannot read run file"),
              ([sharded], "sharded its update (--zero-stage 1)"),
+             ([negative], "config: --bucket-mb must not be negative (got -5)"),
              ([torn], "is not the span of its pieces"),
              ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
              # the sizes train takes, by its knobs' own checks: predict recommends no setting train refuses
