@@ -221,11 +221,12 @@ std::string comm_hints(const RunRecord& run) {
   // The bucket size cuts both ways: a larger cap pays fewer per-bucket latencies, a smaller one starts the all-reduce
   // earlier in backward (at the default 25 MB the whole MLP is one bucket and starts when backward is nearly done).
   // Which wins depends on the model and the link: `ddplab predict` answers it from this very run.
-  double gradient_mb = 0;
-  for (const BucketRecord& b : run.buckets) gradient_mb += b.bytes() / kMiB;
+  int64_t gradient_bytes = 0;
+  for (const BucketRecord& b : run.buckets) gradient_bytes += b.bytes();
   const TrainConfig config = config_from_json(run.config);
-  const std::string buckets = fmt("--bucket-mb, now %g: %s for %.1f MiB", config.bucket_mb,
-                                  counted(static_cast<int>(run.buckets.size()), "bucket").c_str(), gradient_mb);
+  const std::string buckets =
+      fmt("--bucket-mb, now %g: %s for %s", config.bucket_mb,
+          counted(static_cast<int>(run.buckets.size()), "bucket").c_str(), size_text(gradient_bytes).c_str());
   const std::string predict =
       fmt("compare sizes with ddplab predict %s", run.path.empty() ? "RUN.h5" : run.path.c_str());
   // Ranks sharing one GPU take turns on it: on an H200 each ring step cost ~0.4 ms at 2 ranks whatever it moved, and

@@ -199,14 +199,14 @@ std::string reason(const Prediction& best, const Prediction& own) {
     std::snprintf(text, sizeof text, "compute-bound: one rank, no all-reduce");
   else if (s.exposed_ms > 0.05 * s.step_ms)
     std::snprintf(text, sizeof text,
-                  "%s: %s of <= %g MiB %s %.2f of %.2f ms of all-reduce (hidden%% %.0f%%), %.2f ms (%.0f%% "
+                  "%s: %s at --bucket-mb %g %s %.2f of %.2f ms of all-reduce (hidden%% %.0f%%), %.2f ms (%.0f%% "
                   "of the step) stays exposed",
                   s.exposed_ms >= kCommBoundShare * s.step_ms ? "comm-bound" : "balanced",
                   counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, hide, s.hidden_ms, s.comm_ms,
                   hidden_pct(s), s.exposed_ms, 100 * s.exposed_ms / s.step_ms);
   else
     std::snprintf(text, sizeof text,
-                  "compute-bound: %s of <= %g MiB %s %.2f of %.2f ms of all-reduce (hidden%% %.0f%%) "
+                  "compute-bound: %s at --bucket-mb %g %s %.2f of %.2f ms of all-reduce (hidden%% %.0f%%) "
                   "behind %.2f ms of backward",
                   counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, hide, s.hidden_ms, s.comm_ms,
                   hidden_pct(s), s.backward_ms);
