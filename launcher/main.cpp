@@ -197,7 +197,17 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
 // The command parsed and checked; returns the exit code.
 int run_command(const Commands& c, const std::string& command_line, int rank) {
   if (c.file_command) {
-    if (rank == 0) c.file_command();
+    // Rank 0 alone, no collective pending: a failure that is no bad input (a page whose scripts are missing) is one
+    // line and exit 1, without the MPI_Abort that a job of many ranks at work needs.
+    if (rank != 0) return 0;
+    try {
+      c.file_command();
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ddplab: error: %s\n", e.what());
+      return 1;
+    }
     return 0;
   }
   if (c.train->parsed()) {

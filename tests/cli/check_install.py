@@ -109,6 +109,15 @@ def check_chart_failures(mpirun, prefix, run_dir):
           "charts.log" not in lines[1], f"the suite without the scripts says why, and names no log ({lines})")
     check(not os.path.exists(os.path.join(run_dir, "suite", "report.html")),
           "a suite reusing a folder (--force) leaves no page of the runs it replaced")
+    # report --html asked for the page itself: without the scripts it fails, in one line and exit 1, not with
+    # MPI_Abort's banner (rank 0 runs it alone: no other rank waits).
+    page = os.path.join(run_dir, "asked.html")
+    proc = subprocess.run([os.path.join(prefix, "bin", "ddplab"), "report", "--html", page,
+                           os.path.join(run_dir, "suite", "weak_ws1.h5")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": tmp})
+    check(proc.returncode == 1 and proc.stderr.count("\n") == 1 and "no scripts/charts.py beside this ddplab" in
+          proc.stderr and not os.path.exists(page),
+          f"report --html without the scripts: one line, exit 1, no page ({proc.returncode}: {proc.stderr[-400:]})")
 
 
 if __name__ == "__main__":
