@@ -1000,11 +1000,16 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
   if (record.steps == 0) {
     std::printf("no step completed: nothing to summarize\n");
   } else {
-    const int last = first + record.steps - 1;
-    if (record.reached_steady_state())
-      std::printf("steady state: steps %d..%d of %d (warm-up skipped), %s\n", first + result.summary.first_steady_step,
-                  last, last + 1, result.summary.batch_text().c_str());
-    else
+    const int last = first + record.steps - 1, warmup = result.summary.first_steady_step;
+    if (record.reached_steady_state()) {
+      std::printf("steady state: steps %d..%d of %d (%s), %s\n", first + warmup, last, last + 1,
+                  warmup == 0 ? "no warm-up" : (counted(warmup, "warm-up step") + " left out").c_str(),
+                  result.summary.batch_text().c_str());
+      // As the suite and sweep say of their cases: a median of a few steps is one hiccup away from another figure.
+      if (record.steps - warmup < 5)
+        std::printf("  few measured steps: one hiccup decides the figures (--steps %d or more measures 5)\n",
+                    std::max(0, config.warmup_steps) + 5);
+    } else
       std::printf("no steady state: stopped within the warm-up, figures from step %d, %s\n", last,
                   result.summary.batch_text().c_str());
     print_summary(stdout, record, result.summary);
