@@ -34,6 +34,8 @@ constexpr double kTakenExplainsShare = 0.5;
 // Noisy host: the hypervisor stole at least this share of the step from every rank's CPUs. Steal slows every rank
 // alike, so no rank stands out; the step is longer than the job's own work by that much.
 constexpr double kNoisyHostShare = 0.05;
+constexpr double kStealTickMs = 10;  // /proc/stat's unit, USER_HZ 100
+constexpr double kMinStealTicks = 5;
 // CPU contention: every rank's compute thread waits at least this share of the step for a CPU of its own host.
 constexpr double kContentionShare = 0.20;
 // A step is a barrier episode when its barrier wait + host work (on the rank with most) exceeds kOutlierMinMs:
@@ -390,8 +392,11 @@ void find_busy_host(const RunSummary& st, std::vector<Finding>& out) {
                        "of its host, behind the other ranks' threads, the communication threads or other processes; "
                        "fewer ranks or --threads per host (or more cores) give each its own",
                        wait.median, 100 * wait.median / pace)});
+  // The kernel counts steal in ticks of 10 ms (USER_HZ 100), a rank's the mean over its CPUs: a single tick over a
+  // few steps reads as ms per step. Under kMinStealTicks over the steady steps it says nothing.
   const OverRanks steal = over_ranks(st.ranks, [](const StepRecord& p) { return p.steal_ms; });
-  if (steal.least >= std::max(kOutlierMinMs, kNoisyHostShare * pace))
+  if (steal.least >= std::max(kOutlierMinMs, kNoisyHostShare * pace) &&
+      steal.least * st.steady_steps() >= kMinStealTicks * kStealTickMs)
     out.push_back({Cause::kNoisyHost, -1,
                    fmt("noisy host: the hypervisor ran other guests on every rank's CPUs for %.2f ms/step (%.0f%% of "
                        "the step; steal time): the step times include them; compare runs taken side by side on "
