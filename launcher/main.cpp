@@ -137,8 +137,9 @@ struct Commands {
 void add_commands(CLI::App& app, Commands& c) {
   app.require_subcommand(1);
   app.set_version_flag("--version", version_line(), "print the version and the git commit of this build");
-  c.train =
-      app.add_subcommand("train", "data-parallel training of an MLP or a transformer (--model) on synthetic data");
+  c.train = app.add_subcommand(
+      "train",
+      "data-parallel training of an MLP or a transformer (--model) on synthetic data or token shards (--data)");
   add_train_flags(c.train, c.config);
   c.suite = add_suite_command(app, c.suite_options);
   c.sweep = add_sweep_command(app, c.sweep_options);

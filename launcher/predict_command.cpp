@@ -12,6 +12,7 @@
 #include "analysis/blame.h"
 #include "analysis/format.h"
 #include "analysis/predict.h"
+#include "analysis/report.h"
 #include "launcher/cli.h"
 #include "launcher/report_commands.h"
 #include "record/files.h"
@@ -319,7 +320,7 @@ void print_prediction_table(const StepModel& model, const std::vector<Prediction
     link_width = std::max(link_width, static_cast<int>(link_spec(p.setting.link).size()));
   // A GPU run's rows say how many ranks take turns on each GPU.
   const auto per_gpu = [&](const char* text) { return model.on_gpu ? fmt(" %7s", text) : std::string(); };
-  std::printf("\n%-*s %5s %-5s%s %-4s %-4s %-7s %-6s %9s %8s %8s %-6s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width,
+  std::printf("\n%-*s %5s %5s%s %-4s %-4s %-7s %-6s %9s %8s %8s %-6s %7s %9s %11s %8s %8s %8s %7s %5s\n", link_width,
               "link", "ranks", "nodes", per_gpu("per_gpu").c_str(), "comm", "wire", "overlap", "update", "bucket_MiB",
               "first_MiB", "last_MiB", "rule", "buckets", "step_ms", tokens ? "tokens/s" : "samples/s", "comm_ms",
               "exposed", "hidden", "hidden%", "weak%");
@@ -327,14 +328,14 @@ void print_prediction_table(const StepModel& model, const std::vector<Prediction
     const PredictSetting& s = p.setting;
     const SimulatedStep& x = p.step;
     std::printf(
-        "%-*s %5d %-5s%s %-4s %-4s %-7s %-6s %9g %8s %8s %-6s %7d %9.2f %11.1f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
+        "%-*s %5d %5s%s %-4s %-4s %-7s %-6s %9g %8s %8s %-6s %7d %9.2f %11.0f %8.2f %8.2f %8.2f %7s %4.0f%%%s\n",
         link_width, link_spec(s.link).c_str(), s.ranks, nodes_column(s).c_str(),
         per_gpu(std::to_string(p.setting.ranks_per_gpu.value_or(1)).c_str()).c_str(), to_string(s.impl),
         to_string(s.wire), on_off(s.overlap).c_str(), update_name(s), s.bucket_mb, end_cap(s.first_bucket_mb).c_str(),
         end_cap(s.last_bucket_mb).c_str(), to_string(s.bucket_rule), p.buckets, x.step_ms,
         tokens ? p.tokens_per_s : p.samples_per_s, x.comm_ms, x.exposed_ms, x.hidden_ms,
-        x.comm_ms > 0 ? fmt("%.0f%%", hidden_pct(x)).c_str() : "-",  // one rank: nothing to hide
-        100 * weak_scaling_efficiency(model, p), p.extrapolated.empty() ? "" : " *");
+        hidden_text(hidden_pct(x) / 100, x.comm_ms, s.ranks).c_str(), 100 * weak_scaling_efficiency(model, p),
+        p.extrapolated.empty() ? "" : " *");
   }
   std::printf(
       "ms per step; hidden%%: hidden over what backward could hide, the lesser of its time and comm's; weak%%: "

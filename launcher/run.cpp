@@ -467,10 +467,10 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
                       int64_t first_step, const Topology& topology, const RankCores& rank_cores,
                       const std::string& blas_kernels) {
   if (!options.label.empty()) std::printf("== %s\n", options.label.c_str());
-  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %d steps, %d BLAS thread%s per rank\n",
-              options.command.c_str(), trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
+  std::printf("ddplab %s: %s, %d rank%s x batch %d%s, %s, %s, %d BLAS thread%s per rank\n", options.command.c_str(),
+              trainer.describe().c_str(), world_size, world_size == 1 ? "" : "s", config.batch,
               config.grad_accum > 1 ? (" x " + std::to_string(config.grad_accum) + " micro-batches").c_str() : "",
-              describe_update(config, world_size).c_str(), config.steps, config.blas_threads,
+              describe_update(config, world_size).c_str(), counted(config.steps, "step").c_str(), config.blas_threads,
               config.blas_threads == 1 ? "" : "s");
   if (rank_cores.lifted_from > 0)
     std::printf("  Open MPI's default binding (%d core%s) lifted: rank 0 may use %d (an explicit --bind-to keeps it)\n",

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -372,7 +373,7 @@ void print_case_row(const CaseResult& r, const CaseFigures& f, bool lab) {
               f.oversubscribed ? '*' : ' ', static_cast<long long>(s.global_batch), s.slowest_step_ms, s.samples_per_s,
               eff, peers ? fmt("%.2f", s.mean_spread_ms).c_str() : "-", f.mean.data_ms, f.compute, f.mean.optimizer_ms,
               peers ? fmt("%.2f", f.mean.exposed_comm_ms).c_str() : "-", extra_cell,
-              f.has_vs_base ? fmt("%+.0f%%", 100 * f.vs_base).c_str() : "-");
+              f.has_vs_base ? fmt("%+.0f%%", std::round(100 * f.vs_base) + 0.0).c_str() : "-");  // +0.0: no "-0%"
 }
 
 const char* const kCaseCsvHeader =

@@ -241,9 +241,11 @@ void validate_sweep(const SweepOptions& o) {
 }
 
 void print_sweep_header(const SweepOptions& o, int size) {
-  std::printf("ddplab sweep: %zu bucket sizes x %zu overlap settings on %s, link %s%s, %s%s, in %s/\n",
-              o.bucket_mb.size(), o.overlap.size(), counted(size, "rank").c_str(), o.base.link.c_str(),
-              o.base.zero_stage == 1 ? ", the update sharded (--zero-stage 1)" : "", steps_each(o.base).c_str(),
+  std::printf("ddplab sweep: %s x %s on %s, link %s%s, %s%s, in %s/\n",
+              counted(static_cast<int>(o.bucket_mb.size()), "bucket size").c_str(),
+              counted(static_cast<int>(o.overlap.size()), "overlap setting").c_str(), counted(size, "rank").c_str(),
+              o.base.link.c_str(), o.base.zero_stage == 1 ? ", the update sharded (--zero-stage 1)" : "",
+              steps_each(o.base).c_str(),
               o.repeats > 1 ? (", " + std::to_string(o.repeats) + " rounds (median)").c_str() : "", o.out_dir.c_str());
   print_few_steps_note(o.base);
   if (o.predict)
@@ -372,7 +374,8 @@ void print_point_table(const SweepOptions& o, const std::vector<SweepPoint>& poi
   }
   std::printf(
       "step_ms: the slowest rank's mean; backward, comm, hidden, exposed: means over the ranks, ms per step; "
-      "hidden%%: hidden over what backward could hide, the lesser of its time and comm's (-: no comm to hide)\n");
+      "hidden%%: hidden over what backward could hide, the lesser of its time and comm's (-: no comm to hide)%s\n",
+      o.predict ? "; predicted: the model's step_ms (*: extrapolated), error: (predicted - measured) / measured" : "");
 }
 
 std::string sweep_csv(const std::vector<SweepPoint>& points) {

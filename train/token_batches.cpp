@@ -47,9 +47,9 @@ TransformerConfig TokenBatches::model_config(const TrainConfig& c) {
 
 std::string TokenBatches::describe(int64_t num_parameters) const {
   char model[120];
-  std::snprintf(model, sizeof model, "transformer %s (%s head, %d layers, d_model %d, %d heads, %.2fM params)",
-                to_string(config_.model), to_string(config_.head), model_.layers, model_.d_model, model_.heads,
-                num_parameters / 1e6);
+  std::snprintf(model, sizeof model, "transformer %s (%s head, %d layer%s, d_model %d, %d head%s, %.2fM params)",
+                to_string(config_.model), to_string(config_.head), model_.layers, model_.layers == 1 ? "" : "s",
+                model_.d_model, model_.heads, model_.heads == 1 ? "" : "s", num_parameters / 1e6);
   return std::string(model) + ", " + data_->describe() + ", batching " + to_string(config_.batching);
 }
 
