@@ -54,13 +54,20 @@ PeerStagingLink::PeerStagingLink(RingMemory& memory, Transport& tokens, void* my
 void PeerStagingLink::send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) {
   check_fits(*this, send_bytes, recv_bytes);
   const int go_tag = 2 * tag_, there_tag = 2 * tag_ + 1;
-  // A pair's sizes match (send_bytes here is to's recv_bytes), so both ends skip the same tokens.
+  // A pair's sizes match (send_bytes here is to's recv_bytes), so both ends skip the same tokens. The go token
+  // carries the size the receiver takes: ranks whose all-reduces disagree (another count, another order) fail here,
+  // as a host link's receive of the wrong size does, rather than sum stale staging bytes.
   if (recv_bytes) {
     memory_.synchronize();  // the last copy out of my staging has run
+    go_ = static_cast<int64_t>(recv_bytes);
     tokens_.send(from, &go_, sizeof(go_), go_tag);
   }
   if (send_bytes) {
     tokens_.recv(to, &incoming_, sizeof(incoming_), go_tag);
+    if (incoming_ != static_cast<int64_t>(send_bytes))
+      throw std::runtime_error("rank " + std::to_string(rank()) + ": " + name() + " link to rank " +
+                               std::to_string(to) + " (tag " + std::to_string(tag_) + "): it takes " +
+                               std::to_string(incoming_) + " bytes, this rank sends " + std::to_string(send_bytes));
     memory_.copy(peer_staging_.at(to), send, send_bytes);
     memory_.synchronize();  // the data is in to's memory before `to` is told so
     tokens_.send(to, &there_, sizeof(there_), there_tag);

@@ -108,7 +108,8 @@ class PeerStagingLink final : public RingLink {
   std::vector<void*> peer_staging_;
   size_t staging_bytes_;
   int tag_;
-  int32_t go_ = 0, there_ = 0, incoming_ = 0;  // token buffers: they must outlive the non-blocking sends
+  // Token buffers (they must outlive the non-blocking sends): go_ the bytes my staging takes, there_ a signal.
+  int64_t go_ = 0, there_ = 0, incoming_ = 0;
 };
 
 // The last fallback: send copied to a host buffer, the host buffers exchanged over MPI, the received one copied to

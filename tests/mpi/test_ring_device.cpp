@@ -354,5 +354,27 @@ TEST(RingDevice, AMessageLargerThanTheLinkBufferIsRefused) {
   EXPECT_THROW(link.exchange(data.data(), data.size() * sizeof(float), data.data(), 0), std::invalid_argument);
 }
 
+// Ranks whose all-reduces disagree about a message's size (another count, buckets in another order) are stopped
+// by the go token's size, as a host link's receive of the wrong size is, instead of summing stale staging bytes:
+// rank r sends 4 (r + 1) bytes and takes as many, so no rank's next takes what it sends.
+TEST(RingDevice, PeerStagingRefusesAMessageOfAnotherSize) {
+  const int r = world_rank(), n = world_size();
+  if (n == 1) GTEST_SKIP() << "one rank exchanges nothing";
+  HostMemory memory;
+  LinkUnderTest lut(LinkKind::kPeerStaging, memory, 4 * n);
+  std::vector<float> send(r + 1, 1.0f), recv(r + 1);
+  const size_t bytes = send.size() * sizeof(float), next_takes = ((r + 1) % n + 1) * sizeof(float);
+  try {
+    lut.link->exchange(send.data(), bytes, recv.data(), bytes);
+    ADD_FAILURE() << "rank " << r << ": a message of another size was taken";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("it takes " + std::to_string(next_takes) + " bytes, this rank sends " +
+                                         std::to_string(bytes)),
+              std::string::npos)
+        << e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // no rank frees its staging while a peer may still touch it
+}
+
 }  // namespace
 }  // namespace ddplab
