@@ -67,6 +67,7 @@ class NcclP2pLink final : public RingLink {
   size_t max_bytes() const override { return max_bytes_; }
   void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
   const char* name() const override { return "nccl"; }
+  bool queues_without_host_waits() const override { return true; }
 
  private:
   ncclComm* comm_;

@@ -74,6 +74,9 @@ class RingLink {
     send_recv((rank() + 1) % size(), send, send_bytes, (rank() + size() - 1) % size(), recv, recv_bytes);
   }
   virtual const char* name() const = 0;
+  // Whether send_recv only queues its work on the memory's stream, the host waiting for none of it (NCCL's p2p), so
+  // that an all-reduce over the link can be queued as a whole (a CUDA graph, a stream the caller waits on).
+  virtual bool queues_without_host_waits() const { return false; }
 };
 
 // A link through a staging buffer in the RECEIVER's memory that the sender writes directly (CUDA IPC: each rank
