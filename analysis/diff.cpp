@@ -7,6 +7,7 @@
 
 #include "analysis/format.h"
 #include "analysis/stats.h"
+#include "config/train_config.h"
 
 namespace ddplab {
 namespace {
@@ -96,6 +97,23 @@ bool changes_no_step(const std::string& key, const RunRecord& a, const RunRecord
   return (key == "fault_rank" || key == "fault_step") && no_fault(a) && no_fault(b);
 }
 
+// With --data on either side, the synthetic sequences' knobs (lengths, min_len, outlier_prob, epoch_size) differ as a
+// consequence: a run on token shards stores its windows' shape (every one --max-len, no epoch), which nobody set, and
+// the data line already says what changed.
+bool implied_by_data(const std::string& key, const RunRecord& a, const RunRecord& b) {
+  const auto on_data = [](const RunRecord& r) {
+    return r.config.is_object() && r.config.contains("data") && r.config["data"].is_string() &&
+           !r.config["data"].get<std::string>().empty();
+  };
+  if (!on_data(a) && !on_data(b)) return false;
+  bool synthetic = false;
+  TrainConfig c;
+  visit_knobs(c, [&](const Knob& knob, auto&) {
+    synthetic = synthetic || (knob.key && key == knob.key && (knob.traits & kSynthetic));
+  });
+  return synthetic;
+}
+
 std::vector<ConfigChange> config_changes(const RunRecord& a, const RunRecord& b) {
   std::vector<ConfigChange> out;
   if (a.world_size() != b.world_size()) out.push_back({"world_size", a.world_size(), b.world_size()});
@@ -105,7 +123,7 @@ std::vector<ConfigChange> config_changes(const RunRecord& a, const RunRecord& b)
       for (auto it = c->begin(); it != c->end(); ++it) keys[it.key()] = true;
   for (auto it = keys.begin(); it != keys.end(); ++it) {
     const std::string& key = it.key();
-    if (changes_no_step(key, a, b)) continue;
+    if (changes_no_step(key, a, b) || implied_by_data(key, a, b)) continue;
     const nlohmann::json va = a.config.is_object() ? a.config.value(key, nlohmann::json()) : nlohmann::json();
     const nlohmann::json vb = b.config.is_object() ? b.config.value(key, nlohmann::json()) : nlohmann::json();
     if (va != vb) out.push_back({key, va, vb});
@@ -113,8 +131,12 @@ std::vector<ConfigChange> config_changes(const RunRecord& a, const RunRecord& b)
   return out;
 }
 
+// "unset" where a file lacks the key, "none" for an empty text (a --data not given), else the value.
 std::string value_text(const nlohmann::json& v) {
-  return v.is_null() ? "unset" : v.is_string() ? v.get<std::string>() : v.dump();
+  if (v.is_null()) return "unset";
+  if (!v.is_string()) return v.dump();
+  const std::string text = v.get<std::string>();
+  return text.empty() ? "none" : text;
 }
 
 std::string ms_text(double ms) { return std::fabs(ms) >= 1 ? fmt("%+.1f ms", ms) : fmt("%+.2f ms", ms); }

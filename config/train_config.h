@@ -217,7 +217,8 @@ void visit_knobs(Config& c, Visit&& visit) {
              kNoMin, kNoMax, kCuda},
         c.gemm_algo);
   visit(Knob{"--profile-steps", "profile_steps",
-             "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B (ncu/nsys capture only those)",
+             "--device cuda: A:B, cudaProfilerStart before step A, Stop after step B, counted from 0 (ncu/nsys capture "
+             "only those)",
              kNoMin, kNoMax, kCuda},
         c.profile_steps);
   visit(Knob{"--model", "model", "mlp, or a transformer preset: tiny | small | gpt2-small", kNoMin, kNoMax, kMath},
@@ -421,7 +422,9 @@ void visit_knobs(Config& c, Visit&& visit) {
   visit(Knob{"--fault", "fault", "inject a fault: none | hang | kill | throw | nan | diverge", kNoMin, kNoMax, kOneRun},
         c.fault);
   visit(Knob{"--fault-rank", "fault_rank", "the rank that injects the fault", 0, kNoMax, kOneRun}, c.fault_rank);
-  visit(Knob{"--fault-step", "fault_step", "the step at which it does", 0, kNoMax, kOneRun}, c.fault_step);
+  visit(Knob{"--fault-step", "fault_step",
+             "the step at which it does, counted from 0 (the progress lines count from 1)", 0, kNoMax, kOneRun},
+        c.fault_step);
   visit(Knob{"--out", "out", "run file (HDF5); default runs/train_np<N>_<time>.h5", kNoMin, kNoMax,
              kOneRun | kPerRank},
         c.out);

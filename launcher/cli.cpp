@@ -24,6 +24,7 @@
 #include "model/transformer.h"
 #include "record/files.h"
 #include "runtime/errors.h"
+#include "train/token_batches.h"
 
 namespace ddplab {
 namespace {
@@ -368,7 +369,31 @@ void validate_memory(const TrainConfig& c) {
                 ": the loader holds --prefetch + 1 batches of " + std::to_string(c.batch) + " samples (--batch) of " +
                 std::to_string(c.mlp.input_dim) + " features (--input-dim) (got " + std::to_string(c.prefetch) + ")");
   }
-  if (c.device == Device::kCpu) {  // a buffer of its own, on the host (on the GPU it is the device's memory)
+  if (c.device == Device::kCpu) {
+    // The activations a step keeps for backward, at the least (a typo such as --batch 20000000 ran into bad_alloc
+    // after the header): the MLP's input, each hidden layer before and after GELU, its logits and their gradient;
+    // the transformer's per layer what Transformer::reserve_activations takes (8 x C a token, the attention's
+    // weights NH x S a token, 2 x the MLP's width a token), and the LM head's logits.
+    double floats = 0;
+    std::string sized_by;
+    if (!c.transformer()) {
+      const MlpConfig& m = c.mlp;
+      floats =
+          static_cast<double>(c.batch) * (m.input_dim + 2.0 * m.hidden_dim * m.num_hidden_layers + 2.0 * m.num_classes);
+      sized_by = "--batch " + std::to_string(c.batch) + " at the MLP's widths";
+    } else {
+      const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
+      const double tokens = static_cast<double>(TokenBatches::max_tokens(c)), S = c.max_len;
+      floats = tokens * m.layers * (8.0 * m.d_model + m.heads * S + 2.0 * m.mlp_hidden) +
+               tokens * (c.head == Head::kCausalLM ? m.vocab : 0);
+      sized_by = std::to_string(static_cast<int64_t>(tokens)) + " tokens a micro-batch (--batch, --max-len" +
+                 std::string(c.batching == Batching::kSample ? "" : ", --max-tokens") + ") of --model " +
+                 to_string(c.model);
+    }
+    require(floats * sizeof(float) <= static_cast<double>(memory),
+            sized_by + " keeps at least " + bytes_text(static_cast<uint64_t>(floats * sizeof(float))) +
+                " of activations for backward, more than this host's memory, " + bytes_text(memory) + ": lower them");
+    // --extra-allreduce-mb: a buffer of its own, on the host (on the GPU it is the device's memory)
     const double most = static_cast<double>(memory) / (1 << 20);
     require(c.extra_allreduce_mb <= most, "--extra-allreduce-mb must be at most " + value_text(most) + host + " (got " +
                                               value_text(c.extra_allreduce_mb) + ")");

@@ -131,7 +131,8 @@ void add_timeline_command(CLI::App& app, FileCommand& parsed) {
   timeline->add_flag("--force", args->force, "overwrite an existing trace file");
   timeline
       ->add_option("--steps", args->steps,
-                   "only training steps A to B (a long run's whole trace can outgrow what a browser opens)")
+                   "only training steps A to B, counted from 0 as the run file and reports count them (a long "
+                   "run's whole trace can outgrow what a browser opens)")
       ->type_name("A:B");
   timeline->callback([args, &parsed] { parsed = [args] { run_timeline(*args); }; });
 }

@@ -129,8 +129,9 @@ def main():
             # A rank stopped in the run's setup (SIGSTOP in its first MPI_Comm_split_type, through LD_PRELOAD),
             # under a --timeout-s below the setup's floor of 30 s.
             "setup_stopped": Job(None, None, 0, [], env=OPEN_MPI_KILL_SEQUENCE, cmd=[
-                mpirun, "--bind-to", "none", "-np", "1", ddplab, "train", *tiny, "--timeout-s", "2", ":", "-np", "1",
-                "-x", f"LD_PRELOAD={stop_in_setup}", ddplab, "train", *tiny, "--timeout-s", "2"]),
+                mpirun, "--bind-to", "none", "-np", "1", ddplab, "train", *tiny, "--timeout-s", "2", "--out",
+                out("setup_stopped.h5"), ":", "-np", "1", "-x", f"LD_PRELOAD={stop_in_setup}", ddplab, "train", *tiny,
+                "--timeout-s", "2", "--out", out("setup_stopped.h5")]),
             # Ranks started with different settings (an MPMD launch).
             "mpmd": Job.of([
                 mpirun, "--bind-to", "none", "-np", "1", ddplab, "train"] + SMALL + ["--steps", "3", "--out",

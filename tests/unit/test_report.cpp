@@ -1083,6 +1083,30 @@ TEST(Diff, ACostOfSomeStepsOnlyIsShownByItsMean) {
   EXPECT_EQ(diff_runs(synthetic(2, jittered), synthetic(2, jittered)).verdict.find("mean step"), std::string::npos);
 }
 
+// A run on token shards against one on synthetic sequences: the data line names the change ("none" where no --data
+// was given), and the synthetic sequences' knobs, which the shards' run stores as its windows' shape, are left out.
+TEST(Diff, TokenShardsAgainstSyntheticSequencesNameTheDataOnly) {
+  RunRecord a = synthetic(2, jittered), b = synthetic(2, jittered);
+  a.config.update({{"data", ""}, {"lengths", "loguniform"}, {"min_len", 64}, {"epoch_size", 65536}, {"lr", 0.001}});
+  b.config.update({{"data", "lic.bin"}, {"lengths", "fixed"}, {"min_len", 256}, {"epoch_size", 0}, {"lr", 0.002}});
+  std::vector<std::string> keys;
+  for (const ConfigChange& c : diff_runs(a, b).config) keys.push_back(c.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"data", "lr"}));
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  print_diff(f, diff_runs(a, b));
+  std::fclose(f);
+  const std::string text(buf, len);
+  std::free(buf);
+  EXPECT_NE(text.find("data                   none -> lic.bin"), std::string::npos) << text;
+  // Between two synthetic runs the same knobs are what changed.
+  b.config["data"] = "";
+  keys.clear();
+  for (const ConfigChange& c : diff_runs(a, b).config) keys.push_back(c.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"epoch_size", "lengths", "lr", "min_len"}));
+}
+
 // From ten times as long the ratio is written whole: "167x slower", not "166.8x".
 TEST(Diff, ARatioOfTenOrMoreIsWrittenWhole) {
   const RunDiff d = diff_runs(synthetic(2, jittered), with_straggler(300));
