@@ -249,7 +249,7 @@ nlohmann::json row_json(const StepModel& m, const Prediction& p) {
 
 nlohmann::json comm_fit_json(const std::optional<CommFit>& fit) {
   if (!fit) return nullptr;
-  return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mb", fit->alone.beta_ms_per_byte * kMiB}}},
+  return {{"alone", {{"alpha_us", fit->alone.alpha_ms * 1000}, {"ms_per_mib", fit->alone.beta_ms_per_byte * kMiB}}},
           {"latency_from_link", fit->latency_from_link}};
 }
 
