@@ -153,7 +153,8 @@ std::string verdict_of_medians(const RunDiff& d);
 // The medians' verdict, and where the step's median misses a cost of some steps only, the means that show it.
 std::string verdict(const RunDiff& d) {
   const MetricDiff& step = d.metrics.front();
-  return verdict_of_medians(d) + (step.median_misses(d.floor_ms)
+  const bool means_apart = std::fabs(step.mean_b - step.mean_a) > d.floor_ms;  // the same cost in both: nothing moved
+  return verdict_of_medians(d) + (step.median_misses(d.floor_ms) && means_apart
                                       ? fmt("; but the mean step went %.2f -> %.2f ms (+: a cost of some steps only, "
                                             "which the medians miss)",
                                             step.mean_a, step.mean_b)

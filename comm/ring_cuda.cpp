@@ -306,7 +306,7 @@ void RingAllreduceCuda::allreduce_sum(const float* in, float* out, size_t count)
 
 void RingAllreduceCuda::enqueue_allreduce_sum(const float* in, float* out, size_t count) {
   // An emulated link (--link) sleeps on the host in each exchange, whatever its inner link: refused too.
-  if (!link_->queues_without_host_waits())
+  if (!queues_whole())
     throw std::logic_error(name_ + ": the host waits inside each exchange; only the nccl link queues without waiting");
   wait_for_jobs("the GPU ring's comm thread to go idle");
   run(in, out, count);

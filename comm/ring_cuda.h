@@ -134,9 +134,11 @@ class RingAllreduceCuda final : public StreamAllreduce {
   // out = sum over ranks of in (out == in: in place) on the calling thread, and waits for it: for benchmarks and
   // tests, never while asynchronous all-reduces are in flight.
   void allreduce_sum(const float* in, float* out, size_t count);
-  // The same queued on the comm stream without waiting for it: what a CUDA graph captures (allreduce_perf -G). Over
-  // the nccl link only: the ipc and host links make the host wait inside each exchange (std::logic_error).
+  // The same queued on the comm stream without waiting for it: what a CUDA graph captures (allreduce_perf -G). Where
+  // queues_whole() only (the nccl link, unemulated): the ipc and host links, and an emulated link's sleeps, make the
+  // host wait inside each exchange (std::logic_error).
   void enqueue_allreduce_sum(const float* in, float* out, size_t count);
+  bool queues_whole() const { return link_->queues_without_host_waits(); }
 
  private:
   void wait_for_jobs(const char* what);

@@ -124,12 +124,17 @@ int64_t TokenFiles::tokens() const {
   return n;
 }
 
-std::string TokenFiles::first_token_outside(int vocab, int part, int parts) const {
+std::string TokenFiles::first_token_outside(int vocab, int part, int parts,
+                                            const std::function<void()>& progress) const {
+  constexpr int64_t kTokensBetweenProgress = int64_t{1} << 26;
   for (size_t k = part; k < shards_.size(); k += parts) {
     const Shard& s = shards_[k];
-    const uint16_t* end = s.tokens + s.count;
-    const uint16_t* at = std::find_if(s.tokens, end, [vocab](uint16_t t) { return t >= vocab; });
-    if (at != end) return s.path + ": token " + std::to_string(*at) + " at index " + std::to_string(at - s.tokens);
+    for (int64_t first = 0; first < s.count; first += kTokensBetweenProgress) {
+      const uint16_t *begin = s.tokens + first, *end = s.tokens + std::min(s.count, first + kTokensBetweenProgress);
+      const uint16_t* at = std::find_if(begin, end, [vocab](uint16_t t) { return t >= vocab; });
+      if (at != end) return s.path + ": token " + std::to_string(*at) + " at index " + std::to_string(at - s.tokens);
+      if (progress) progress();
+    }
   }
   return "";
 }

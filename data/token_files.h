@@ -13,6 +13,7 @@
 // one host share the pages. (The command line reads every token once before a run, the ranks sharing the shards.)
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,10 @@ class TokenFiles : public TokenSource {
   int64_t tokens() const;  // in all shards
   int shards() const { return static_cast<int>(shards_.size()); }
   // "" if every token id of shards part, part + parts, ... is below `vocab`, else where the first one is not:
-  // "<shard>: token 50310 at index 17". Reads those shards' every token (N processes with parts N share the reading).
-  std::string first_token_outside(int vocab, int part = 0, int parts = 1) const;
+  // "<shard>: token 50310 at index 17". Reads those shards' every token (N processes with parts N share the reading),
+  // calling progress (if given) after each 64M of them: a scan of many GB takes a while.
+  std::string first_token_outside(int vocab, int part = 0, int parts = 1,
+                                  const std::function<void()>& progress = {}) const;
   // "data <pattern> (1.2M tokens in 2 shards, 1172 windows of 1024)".
   std::string describe() const override;
   // What a resumed run must read again, wherever the shards now lie: "1172 windows of 1024 in 2 shards, 9f0c..."

@@ -24,6 +24,7 @@
 #include "model/transformer.h"
 #include "record/files.h"
 #include "runtime/errors.h"
+#include "runtime/watchdog.h"
 #include "train/token_batches.h"
 
 namespace ddplab {
@@ -220,8 +221,8 @@ CLI::Validator auto_or_number_of(const std::string& flag) {
   return *validator;
 }
 
-void check_knob_ranges(TrainConfig c) {
-  visit_knobs(c, [](const Knob& knob, auto& field) { check_range(knob, field); });
+void check_knob_ranges(const TrainConfig& c) {
+  visit_knobs(c, [](const Knob& knob, const auto& value) { check_range(knob, value); });
 }
 
 void check_knob_value(const std::string& flag, double value) {
@@ -334,7 +335,8 @@ void validate_token_shards(const TrainConfig& c, const std::string& flag, const 
                 std::to_string(c.max_len) + " tokens, fewer than the " + slots_text(c, ranks) +
                 "; lower --max-len or add tokens");
     const int vocab = TransformerConfig::preset(to_string(c.model)).vocab;
-    const std::string outside = shards.first_token_outside(vocab, scan_part, scan_parts);
+    // Inside the run's setup wait (launcher/run.cpp): a scan of many GB is no hang.
+    const std::string outside = shards.first_token_outside(vocab, scan_part, scan_parts, watchdog::note_progress);
     require(outside.empty(), flag + " " + outside + ", outside --model " + to_string(c.model) + "'s vocabulary of " +
                                  std::to_string(vocab) + " tokens");
   } catch (const std::invalid_argument& e) {
@@ -373,25 +375,28 @@ void validate_memory(const TrainConfig& c) {
     // The activations a step keeps for backward, at the least (a typo such as --batch 20000000 ran into bad_alloc
     // after the header): the MLP's input, each hidden layer before and after GELU, its logits and their gradient;
     // the transformer's per layer what Transformer::reserve_activations takes (8 x C a token, the attention's
-    // weights NH x S a token, 2 x the MLP's width a token), and the LM head's logits.
+    // weights NH x S a token, 2 x the MLP's width a token), and the LM head's logits. The transformer's only where
+    // every micro-batch's shape is known, --batch rows of --max-len (token shards, or fixed lengths, batched by
+    // sample): other batches are as long as their longest sequence, which may stay far below --max-len.
     double floats = 0;
     std::string sized_by;
+    const bool shape_known = (!c.data.empty() || c.lengths == LengthDist::kFixed) && c.batching == Batching::kSample;
     if (!c.transformer()) {
       const MlpConfig& m = c.mlp;
       floats =
           static_cast<double>(c.batch) * (m.input_dim + 2.0 * m.hidden_dim * m.num_hidden_layers + 2.0 * m.num_classes);
       sized_by = "--batch " + std::to_string(c.batch) + " at the MLP's widths";
-    } else {
+    } else if (shape_known) {
       const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
       const double tokens = static_cast<double>(TokenBatches::max_tokens(c)), S = c.max_len;
       floats = tokens * m.layers * (8.0 * m.d_model + m.heads * S + 2.0 * m.mlp_hidden) +
                tokens * (c.head == Head::kCausalLM ? m.vocab : 0);
-      sized_by = std::to_string(static_cast<int64_t>(tokens)) + " tokens a micro-batch (--batch, --max-len" +
-                 std::string(c.batching == Batching::kSample ? "" : ", --max-tokens") + ") of --model " +
-                 to_string(c.model);
+      sized_by = std::to_string(static_cast<int64_t>(tokens)) +
+                 " tokens a micro-batch (--batch x --max-len) of --model " + to_string(c.model);
     }
-    require(floats * sizeof(float) <= static_cast<double>(memory),
-            sized_by + " keeps at least " + bytes_text(static_cast<uint64_t>(floats * sizeof(float))) +
+    const double bytes = floats * sizeof(float);
+    require(bytes <= static_cast<double>(memory),
+            sized_by + " keeps at least " + bytes_text(static_cast<uint64_t>(std::min(bytes, 1e18))) +
                 " of activations for backward, more than this host's memory, " + bytes_text(memory) + ": lower them");
     // --extra-allreduce-mb: a buffer of its own, on the host (on the GPU it is the device's memory)
     const double most = static_cast<double>(memory) / (1 << 20);
@@ -403,7 +408,7 @@ void validate_memory(const TrainConfig& c) {
 }  // namespace
 
 void validate(const TrainConfig& c) {
-  visit_knobs(c, [](const Knob& knob, const auto& value) { check_range(knob, value); });
+  check_knob_ranges(c);
   require(c.data.empty() || c.transformer(),
           "--data needs a transformer --model (the MLP trains on synthetic features)");
   require(c.val_data.empty() || c.transformer(), "--val-data needs a transformer --model (the MLP has no token loss)");

@@ -55,7 +55,7 @@ std::string as_decimal(std::string& text) {
 // for the lists of sweep and predict, which must offer no setting train refuses.
 void check_knob_value(const std::string& flag, double value);
 // Every numeric knob of c in its flag's range (a stored config, which no flag's check has seen). Throws UsageError.
-void check_knob_ranges(TrainConfig c);
+void check_knob_ranges(const TrainConfig& c);
 // The validator train's flag of a number knob that takes "auto" parses with (auto as the knob's stand-in), for the
 // lists of sweep and predict. logic_error where no such knob has that flag.
 CLI::Validator auto_or_number_of(const std::string& flag);

@@ -356,7 +356,11 @@ class ArmedWatchdog {
   static constexpr double kSetupFloorS = 30;
   explicit ArmedWatchdog(double timeout_s) : timeout_s_(timeout_s) {
     watchdog::arm(timeout_s > 0 ? std::max(timeout_s, kSetupFloorS) : 0);
-    setup_.emplace("the run's setup (the ranks' agreement, the transports, a checkpoint read)");
+    static const std::string what =
+        "the run's setup (the ranks' agreement, the transports, CUDA's and NCCL's start, a checkpoint read), bounded "
+        "by --timeout-s but at least " +
+        fmt("%g", kSetupFloorS) + " s";
+    setup_.emplace(what.c_str());
   }
   void setup_done() {
     setup_.reset();
@@ -1006,7 +1010,7 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
                   warmup == 0 ? "no warm-up" : (counted(warmup, "warm-up step") + " left out").c_str(),
                   result.summary.batch_text().c_str());
       // As the suite and sweep say of their cases: a median of a few steps is one hiccup away from another figure.
-      if (record.steps - warmup < 5)
+      if (!stopped && record.steps - warmup < 5)
         std::printf("  few measured steps: one hiccup decides the figures (--steps %d or more measures 5)\n",
                     std::max(0, config.warmup_steps) + 5);
     } else

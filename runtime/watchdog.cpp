@@ -173,6 +173,8 @@ double timeout_s() { return g_timeout_ns.load() / 1e9; }
 
 void set_step(int step) { g_step = step; }
 
+void note_progress() { g_last_progress_ns = now_ns(); }
+
 int add_abort_hook(void (*hook)(void*), void* context) {
   std::lock_guard<std::mutex> lock(g_hooks_mutex);
   g_hooks.push_back(AbortHook{g_next_hook_id, hook, context});

@@ -40,6 +40,10 @@ class Wait {
   Wait& operator=(const Wait&) = delete;
 };
 
+// Local work that takes long inside a wait of the setup (a scan of every token of the shards) says it is making
+// progress, as a wait's start or end does.
+void note_progress();
+
 // Names the calling thread in the watchdog's messages ("main", "comm thread"). `name` must be a literal.
 void name_thread(const char* name);
 

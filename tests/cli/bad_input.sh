@@ -139,10 +139,10 @@ refusals_at() {
   expect_error $np "--profile-steps needs --device cuda" train "${small[@]}" --profile-steps 2:3
   expect_error $np "--gemm-algo needs --device cuda" train "${small[@]}" --gemm-algo heuristic
   # A size past the host's memory (a zero too many): refused before the header, not bad_alloc after it.
-  expect_error $np "--batch 20000000 at the MLP's widths keeps at least 530.5 GiB of activations for backward, more than this host's memory" \
-    train --batch 20000000 --steps 1
-  expect_error $np "tokens a micro-batch (--batch, --max-len) of --model tiny keeps at least" \
-    train --model tiny --max-len 100000 --steps 1
+  expect_error $np "--batch 20000000 at the MLP's widths keeps at least 73.2 TiB of activations for backward, more than this host's memory" \
+    train --batch 20000000 --input-dim 1000000 --steps 1
+  expect_error $np "12800000 tokens a micro-batch (--batch x --max-len) of --model tiny keeps at least 18.7 TiB" \
+    train --model tiny --lengths fixed --max-len 100000 --steps 1
   expect_error $np "--profile-steps must be A:B" train "${small[@]}" --device cuda --comm nccl --profile-steps 3:2
   expect_error $np "--profile-steps 1:5 goes past the run's last step, 1 (--steps 2)" train "${small[@]}" --device cuda --comm nccl --profile-steps 1:5
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu

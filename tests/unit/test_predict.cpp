@@ -45,6 +45,23 @@ double pieces_alone_after_backward_ms(const RunRecord& run, const AlphaBeta& ab)
   return comm;
 }
 
+// A long run is replayed in blocks of consecutive steps: a cost of every 4th step keeps its share in the mean step
+// (20 ms every 4th: +5 ms), where a stride of 4 through 800 steps would have seen it in none of them, or in all.
+TEST(Predict, ALongRunsPeriodicCostKeepsItsShare) {
+  const auto b = buckets(1e9, 1e9);
+  for (int phase : {0, 1, 3}) {
+    std::vector<std::vector<RankProfile>> steps;
+    for (int s = 0; s < 800; ++s) {
+      std::vector<RankProfile> ranks{profile(), profile()};
+      if ((s + phase) % 4 == 0)
+        for (RankProfile& r : ranks) r.after_ms += 20;
+      steps.push_back(ranks);
+    }
+    const SimulatedStep s = simulate_steps(steps, b, same_cost(1, 4), true, HostCores{}, {});
+    EXPECT_NEAR(s.step_ms, 2 + 10 + 4 + 3 + 5, 0.5) << "phase " << phase;
+  }
+}
+
 TEST(Predict, OneBucketWaitsForTheWholeBackward) {
   const auto b = buckets(1e9, 1e9);
   ASSERT_EQ(b.size(), 1u);

@@ -1079,8 +1079,12 @@ TEST(Diff, ACostOfSomeStepsOnlyIsShownByItsMean) {
   const std::string text(buf, len);
   std::free(buf);
   EXPECT_NE(text.find("host work: A 0.00, B 4.00)"), std::string::npos) << text;
-  // Where neither run has a cost of some steps, no mark and no note.
+  // Where neither run has a cost of some steps, no mark and no note; where both have the same, the rows are marked
+  // but the verdict says nothing of means that did not move.
   EXPECT_EQ(diff_runs(synthetic(2, jittered), synthetic(2, jittered)).verdict.find("mean step"), std::string::npos);
+  const RunDiff same = diff_runs(b, b);
+  EXPECT_TRUE(same.metrics.front().median_misses(same.floor_ms));
+  EXPECT_EQ(same.verdict.find("mean step"), std::string::npos) << same.verdict;
 }
 
 // A run on token shards against one on synthetic sequences: the data line names the change ("none" where no --data
