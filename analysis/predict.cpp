@@ -657,7 +657,7 @@ std::vector<double> measure_backward_slowdown(const RunRecord& run, const TrainC
   double pooled_cpu[2] = {0, 0}, pooled_wall[2] = {0, 0};  // [started beside backward]
   std::vector<AllreduceTerms> terms;
   std::vector<double> cpu_ms;
-  const double small = static_cast<double>(small_allreduce_bytes(world));
+  const double small = static_cast<double>(small_allreduce_bytes(world, m.measured_direct));
   for (int s = run.first_steady_step(); s < run.steps; ++s)
     for (int r = 0; r < world; ++r)
       for (int b = 0; b < nb; ++b) {
@@ -765,7 +765,7 @@ void fit_run_allreduce(const RunRecord& run, const BackwardIntervals& t, StepMod
   // bucket beside backward, the closing one after it) put that wait into the time alone.
   std::vector<AllreduceTerms> terms, alone_terms;
   std::vector<double> times, alone_times;
-  const double small = static_cast<double>(small_allreduce_bytes(world));
+  const double small = static_cast<double>(small_allreduce_bytes(world, m.measured_direct));
   for (int b = 0; b < nb; ++b) {
     const double bytes = static_cast<double>(run.buckets[b].bytes());
     m.measured_min_bucket = b ? std::min(m.measured_min_bucket, bytes) : bytes;
@@ -838,6 +838,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   StepModel m;
   m.measured = measured_setting(run, config);
   m.on_gpu = config.device == Device::kCuda;
+  m.measured_direct = run.meta.transport.find("direct collectives") != std::string::npos;
   if (m.on_gpu && config.comm == AllreduceImpl::kRing) m.ring_chunk_bytes = kGpuRingChunkBytes;
   m.measured_doubling = m.ring_chunk_bytes > 0 && run.meta.transport.find(kGpuRingDoublingName) != std::string::npos;
   const LinkClasses& links = m.measured.link;
@@ -1001,7 +1002,7 @@ struct BucketCosts {
 BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, int turns,
                          const std::vector<Bucket>& buckets, const HopCosts& costs, const CommSource& src) {
   const int n = setting.ranks, nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
-  const double small = static_cast<double>(small_allreduce_bytes(n));
+  const double small = static_cast<double>(small_allreduce_bytes(n, m.measured_direct && nodes == 1));
   BucketCosts out;
   out.depends_on[0] = nodes == 1 || setting.impl != AllreduceImpl::kHier || per_node > 1;
   out.depends_on[1] = nodes > 1;

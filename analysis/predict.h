@@ -220,6 +220,9 @@ struct StepModel {
   std::string calibration_gpu_impl;  // a GPU run's: the calibration's GPU all-reduce that stands for its own
   double ring_chunk_bytes = 0;       // a GPU run over our ring: its rounds' chunk (allreduce_terms); 0: NCCL, the CPU
   bool measured_doubling = false;    // that ring ran recursive doubling where the rule says (its transport names it)
+  // The CPU run's ranks, on one host, took the direct all-reduce above the small-buffer size (its transport names
+  // "direct collectives"), whose size is then smaller at 2 ranks (small_allreduce_bytes): so do its one-node settings.
+  bool measured_direct = false;
   int run_turns() const { return std::max(1, host.ranks_per_gpu); }  // the run's ranks taking turns on a GPU, >= 1
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)
   std::vector<std::string> notes;                    // what the output must say about the model's sources

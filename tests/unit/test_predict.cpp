@@ -360,9 +360,10 @@ TEST(Predict, FitRecoversAlphaBeta) {
 // alpha-beta cost, the comm thread one bucket at a time, no slowdown. The training thread resumes `wake_ms` after
 // the last all-reduce is done (its wait for a core on oversubscribed cores), inside its exposed comm time. On a
 // full host (2 cores, comm threads' CPU recorded as 0) an all-reduce started beside backward ends its time alone
-// after backward's end.
+// after backward's end. direct: the ranks took the direct all-reduce (on one host), as its transport then names.
 RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0,
-                        const std::vector<int64_t>& numel = {1000, 1 << 20, 1000, 1 << 20}, bool full_host = false) {
+                        const std::vector<int64_t>& numel = {1000, 1 << 20, 1000, 1 << 20}, bool full_host = false,
+                        bool direct = false) {
   RunRecord run;
   run.path = "synthetic.h5";
   run.meta.world_size = 2;
@@ -381,7 +382,8 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0,
     run.buckets.push_back({static_cast<int>(k), static_cast<int>(k), numel[k], "p" + std::to_string(k)});
     offset += numel[k];
   }
-  const double small = static_cast<double>(small_allreduce_bytes(2));
+  if (direct) run.meta.transport = "shm + direct collectives";
+  const double small = static_cast<double>(small_allreduce_bytes(2, direct));
   std::vector<StepRecord> per_rank_steps;
   std::vector<BucketTimes> times;
   double step_start = 0;
@@ -425,6 +427,20 @@ RunRecord synthetic_run(const AlphaBeta& ab, int steps, double wake_ms = 0,
     run.bucket_times.insert(run.bucket_times.end(), times.begin(), times.end());
   }
   return run;
+}
+
+// Beside the direct all-reduce two ranks stop recursive doubling at 2 KiB, not 16: a run whose transport names it
+// is fitted by the exchanges it made, its 8000-byte buckets the ring's two steps (as doubling's one, the fit's
+// alpha and beta came out wrong).
+TEST(Predict, ADirectRunsBucketsAreFittedByTheExchangesItMade) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  const RunRecord run = synthetic_run(ab, 4, 0, {2000, 1 << 20, 2000, 1 << 20}, false, /*direct=*/true);
+  const StepModel model = build_model(run, std::nullopt);
+  EXPECT_TRUE(model.measured_direct);
+  ASSERT_TRUE(model.comm_fit);
+  EXPECT_NEAR(model.comm_fit->alone.alpha_ms, ab.alpha_ms, 1e-6);
+  EXPECT_NEAR(model.comm_fit->alone.beta_ms_per_byte, ab.beta_ms_per_byte, 1e-9);
+  EXPECT_NEAR(predict(model, model.measured).step.step_ms, model.measured_step_ms, kTol);
 }
 
 TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
