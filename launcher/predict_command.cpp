@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,16 +41,12 @@ std::string nodes_column(const PredictSetting& s) {
   return s.nodes() == 1 ? "1" : std::to_string(s.nodes()) + "x" + std::to_string(s.ranks_on_a_node());
 }
 
-// A list flag names each value once, as sweep's do: a repeat would print the same row twice and count it as another
-// setting predicted.
-template <typename T>
-void require_no_repeats(const std::vector<T>& list, const char* flag) {
+// A list names each value once, as sweep's do: a repeat would print the same row twice and count it as another
+// setting predicted. Throws UsageError naming the first repeat.
+void require_no_repeats(const std::vector<std::string>& list, const std::string& flag) {
   for (size_t i = 0; i < list.size(); ++i)
-    if (std::find(list.begin(), list.begin() + i, list[i]) != list.begin() + i) {
-      std::ostringstream value;
-      value << list[i];
-      throw UsageError(std::string(flag) + " lists " + value.str() + " twice");
-    }
+    if (std::find(list.begin(), list.begin() + i, list[i]) != list.begin() + i)
+      throw UsageError(flag + " lists " + list[i] + " twice");
 }
 
 // Every combination of the lists, each list defaulting to the run's own value; validated before any work. notes: what
@@ -61,18 +56,6 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
   const auto or_run = [](const auto& list, const auto& own) {
     return list.empty() ? std::vector<std::decay_t<decltype(own)>>{own} : list;
   };
-  require_no_repeats(a.bucket_mb, "--bucket-mb");
-  require_no_repeats(a.first_bucket_mb, "--first-bucket-mb");
-  require_no_repeats(a.last_bucket_mb, "--last-bucket-mb");
-  require_no_repeats(a.ranks, "--ranks");
-  require_no_repeats(a.ranks_per_node, "--ranks-per-node");
-  require_no_repeats(a.ranks_per_gpu, "--ranks-per-gpu");
-  require_no_repeats(a.overlap, "--overlap");
-  require_no_repeats(a.update, "--update");
-  require_no_repeats(a.comm, "--comm");
-  require_no_repeats(a.comm_dtype, "--comm-dtype");
-  require_no_repeats(a.bucket_rule, "--bucket-rule");
-  require_no_repeats(a.link, "--link");
   // What train would refuse is no setting to recommend: its knobs' own checks.
   for (double mb : a.bucket_mb) check_knob_value("--bucket-mb", mb);
   for (double mb : a.first_bucket_mb) check_knob_value("--first-bucket-mb", mb);
@@ -599,6 +582,10 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
       ->type_name("FILE");
   cmd->add_option("--json", args->json, "write the table and recommendations as JSON")->type_name("OUT");
   cmd->add_flag("--force", args->force, "overwrite an existing --json file");
+  // Every list flag's values as given (a --link's presets are checked where its text is split).
+  cmd->parse_complete_callback([cmd] {
+    for (const CLI::Option* option : cmd->get_options()) require_no_repeats(option->results(), option->get_name());
+  });
   cmd->callback([args, &parsed] { parsed = [args] { run_predict(*args); }; });
 }
 
