@@ -228,7 +228,7 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   ring_ = ring_options(options_.wire);
   // Everything below is collective: every rank must construct its Communicator with the same options.
   if (options_.impl == AllreduceImpl::kMpi) {
-    mpiCheck(MPI_Comm_dup(comm_, &mpi_comm_));
+    mpiCheck(MPI_Comm_dup(comm_, mpi_comm_.receive()));
     mpiCheck(MPI_Comm_set_errhandler(mpi_comm_, MPI_ERRORS_RETURN));
     transport_name_ = "MPI_Allreduce";
     return;
@@ -294,11 +294,7 @@ RegisteredBuffer Communicator::allocate_registered(size_t bytes) {
   return buffer;
 }
 
-Communicator::~Communicator() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && mpi_comm_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm_);
-}
+Communicator::~Communicator() = default;
 
 void Communicator::allreduce_sum(float* data, size_t count, int tag) { allreduce(data, data, count, tag, 1.0f, false); }
 

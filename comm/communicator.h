@@ -16,6 +16,7 @@
 #include "comm/topology.h"
 #include "comm/transport.h"
 #include "runtime/choices.h"
+#include "runtime/owned_comm.h"
 
 namespace ddplab {
 
@@ -207,7 +208,7 @@ class Communicator {
   RingScratch scratch_;                   // receive/staging buffers of the ring and recursive doubling
   RingOptions ring_;                      // slice, wire format (the tag is set per call)
   size_t small_max_bytes_ = 0;            // buffers up to this size take recursive doubling instead of the ring
-  MPI_Comm mpi_comm_ = MPI_COMM_NULL;     // --comm mpi: a private duplicate, so callers' collectives never mix in
+  OwnedComm mpi_comm_;                    // --comm mpi: a private duplicate, so callers' collectives never mix in
   std::string failed_;                    // set when an all-reduce threw: peers may have messages in flight
   std::string hops_;                      // the transports' own description (transport_table.h, hier's)
   std::string transport_name_;            // name_transport(): hops_ and what of single copy and direct is in use

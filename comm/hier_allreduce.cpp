@@ -11,6 +11,7 @@
 
 #include "comm/transport_table.h"
 #include "runtime/mpi_check.h"
+#include "runtime/owned_comm.h"
 #include "runtime/worker_thread.h"
 
 namespace ddplab {
@@ -31,10 +32,10 @@ std::unique_ptr<Transport> split_transport(MPI_Comm comm, int color, int key, co
   for (int r = 0; r < n; ++r)  // the group keeps comm's order (key = rank)
     if (colors[r] == color) group_ids.push_back(ids[r]);
   const Topology group = topology_from_ids(group_ids);
-  MPI_Comm group_comm;
-  mpiCheck(MPI_Comm_split(comm, color, key, &group_comm));
+  OwnedComm group_comm;
+  mpiCheck(MPI_Comm_split(comm, color, key, group_comm.receive()));
   ConnectedTransport t = connect_peers(group_comm, group, RingOptions{}, /*say_where=*/true);  // FIFOs: default size
-  mpiCheck(MPI_Comm_free(&group_comm));
+  group_comm.reset();
   name = t.description;
   shm_hop = t.shm_hop;
   if (while_waiting) t.transport->set_while_waiting(std::move(while_waiting));

@@ -12,6 +12,7 @@
 
 #include "comm/shm_segments.h"
 #include "runtime/mpi_check.h"
+#include "runtime/owned_comm.h"
 
 namespace ddplab {
 
@@ -38,10 +39,10 @@ SharedNic::SharedNic(MPI_Comm comm, int node) {
   // The node's ranks on this host: the first shares the segment, whose clock ftruncate zeroes; all map it.
   int rank = 0, group_rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
-  MPI_Comm host, group;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host));
-  mpiCheck(MPI_Comm_split(host, node, rank, &group));
-  mpiCheck(MPI_Comm_free(&host));
+  OwnedComm host, group;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, host.receive()));
+  mpiCheck(MPI_Comm_split(host, node, rank, group.receive()));
+  host.reset();
   mpiCheck(MPI_Comm_rank(group, &group_rank));
   mpiCheck(MPI_Comm_size(group, &ranks_));
   try {
@@ -51,10 +52,8 @@ SharedNic::SharedNic(MPI_Comm comm, int node) {
     shm_detail::agree(group, error, "SharedNic: mapping the NIC's clock");
   } catch (...) {
     if (segment_) munmap(segment_, kNicSegmentBytes);
-    mpiCheck(MPI_Comm_free(&group));
     throw;
   }
-  mpiCheck(MPI_Comm_free(&group));
 }
 
 SharedNic::~SharedNic() {

@@ -157,6 +157,16 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   if (emulated) name_ += " + link emulation";
 
   stream_ = create_comm_stream("ddplab comm (ring)");
+  try {
+    open_link(comm, config, link);
+  } catch (...) {  // no destructor runs for a constructor that throws: what it made so far goes here
+    destroy_stream_and_event();
+    throw;
+  }
+}
+
+void RingAllreduceCuda::open_link(MPI_Comm comm, const CudaRingConfig& config, const LinkEntry& link) {
+  const size_t bytes = chunk_bytes_;
   cudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   memory_ = std::make_unique<CudaStreamMemory>(stream_);
   void* p = nullptr;
@@ -171,7 +181,7 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   }
 
   (this->*link.setup)(comm, bytes);
-  if (emulated)
+  if (config.links.emulated())
     link_ = std::make_unique<LinkEmulatedRingLink>(std::move(link_),
                                                    emulated_link_clock(comm, config.links, config.ranks_per_node));
   comm_thread_ = std::make_unique<WorkerThread>("GPU ring comm thread");
@@ -227,8 +237,14 @@ RingAllreduceCuda::~RingAllreduceCuda() {
       ipc_staging_.release();  // leaked on purpose: a peer may still have it mapped
     }
   }
+  destroy_stream_and_event();
+}
+
+void RingAllreduceCuda::destroy_stream_and_event() noexcept {
   if (done_ != nullptr) cudaEventDestroy(done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  done_ = nullptr;
+  stream_ = nullptr;
   cudaGetLastError();
 }
 

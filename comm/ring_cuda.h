@@ -146,6 +146,9 @@ class RingAllreduceCuda final : public StreamAllreduce {
   struct LinkEntry;
   static const std::vector<LinkEntry>& link_table();
   const LinkEntry& choose_link(MPI_Comm comm, RingLinkKind wanted);
+  // The rest of the constructor, after the stream: its event, staging and the chosen link over `chunk_bytes_`.
+  void open_link(MPI_Comm comm, const CudaRingConfig& config, const LinkEntry& link);
+  void destroy_stream_and_event() noexcept;
   void open_ipc_link(MPI_Comm comm, size_t bytes);
   void map_peer_staging(MPI_Comm comm, size_t bytes);
   void run(const float* in, float* out, size_t count);  // the chosen algorithm, enqueued on the comm stream

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "runtime/mpi_check.h"
+#include "runtime/owned_comm.h"
 #include "runtime/watchdog.h"
 
 namespace ddplab {
@@ -267,8 +268,8 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
   mpiCheck(MPI_Comm_rank(comm, &rank));
   // The one collective over all of comm; the rest are the host's. A host whose registration fails therefore falls
   // back here, in step with hosts where it succeeds, instead of running a collective of its own over comm.
-  MPI_Comm host;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host));
+  OwnedComm host;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, host.receive()));
   MPI_Comm_size(host, &host_size);
   MPI_Allreduce(&want, &all, 1, MPI_INT, MPI_MIN, host);
   if (all && host_size > 1) {  // else nobody could read it by reference
@@ -279,7 +280,7 @@ RegisteredBuffer::RegisteredBuffer(MPI_Comm comm, size_t bytes, bool registered)
       registration_error_ = e.what();
     }
   }
-  MPI_Comm_free(&host);
+  host.reset();
   if (segment_) return;
   base_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // private, zeroed
   if (base_ == MAP_FAILED) {

@@ -115,27 +115,21 @@ ShmTransport::ShmTransport(MPI_Comm comm, const std::vector<int>& node_of_rank, 
   boards_.assign(size_, nullptr);
   peers_.assign(size_, Peer{});
   std::vector<int> world_of;  // per local rank: its rank in comm
-  MPI_Comm local = join_local_group(comm, node_of_rank, world_of);
-  try {
-    const size_t stride = sizeof(Fifo) + kSlots * sizeof(Record) + fifo_bytes_;
-    lay_out(map_segments(local, stride), world_of, stride);
-    fault_in_fifos(local);
-  } catch (...) {
-    MPI_Comm_free(&local);
-    throw;
-  }
-  MPI_Comm_free(&local);
+  const OwnedComm local = join_local_group(comm, node_of_rank, world_of);
+  const size_t stride = sizeof(Fifo) + kSlots * sizeof(Record) + fifo_bytes_;
+  lay_out(map_segments(local, stride), world_of, stride);
+  fault_in_fifos(local);
 }
 
 // The ranks of this host, then of them those on this rank's node (an emulated node may span hosts), with the process
 // each runs in.
-MPI_Comm ShmTransport::join_local_group(MPI_Comm comm, const std::vector<int>& node_of_rank,
-                                        std::vector<int>& world_of) {
-  MPI_Comm host, local;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
+OwnedComm ShmTransport::join_local_group(MPI_Comm comm, const std::vector<int>& node_of_rank,
+                                         std::vector<int>& world_of) {
+  OwnedComm host, local;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, host.receive()));
   const int node = node_of_rank.empty() ? 0 : node_of_rank.at(rank_);
-  mpiCheck(MPI_Comm_split(host, node, rank_, &local));
-  mpiCheck(MPI_Comm_free(&host));
+  mpiCheck(MPI_Comm_split(host, node, rank_, local.receive()));
+  host.reset();
   int lsize = 1;
   MPI_Comm_size(local, &lsize);
   world_of.assign(lsize, 0);

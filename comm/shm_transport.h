@@ -46,6 +46,7 @@
 
 #include "comm/shm_segments.h"
 #include "comm/transport.h"
+#include "runtime/owned_comm.h"
 
 namespace ddplab {
 
@@ -133,7 +134,7 @@ class ShmTransport final : public Transport {
   template <typename Ready>
   void wait_until(Ready ready);
   std::logic_error not_through_shm(const char* what, int peer) const;
-  MPI_Comm join_local_group(MPI_Comm comm, const std::vector<int>& node_of_rank, std::vector<int>& world_of);
+  OwnedComm join_local_group(MPI_Comm comm, const std::vector<int>& node_of_rank, std::vector<int>& world_of);
   std::vector<char*> map_segments(MPI_Comm local, size_t stride);
   void lay_out(const std::vector<char*>& base, const std::vector<int>& world_of, size_t stride);
   void fault_in_fifos(MPI_Comm local);

@@ -15,6 +15,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "runtime/mpi_check.h"
+#include "runtime/owned_comm.h"
 #include "runtime/watchdog.h"
 
 namespace ddplab::cuda {
@@ -105,8 +106,8 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
   int rank = 0;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   DeviceChoice choice;
-  MPI_Comm node = MPI_COMM_NULL;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  OwnedComm node;
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node.receive()));
   MPI_Comm_rank(node, &choice.local_rank);
   MPI_Comm_size(node, &choice.local_size);
 
@@ -126,9 +127,8 @@ DeviceChoice choose_device(MPI_Comm comm, bool exclusive, const char* who) {
   // Bus ids rather than local rank >= device count alone: with CUDA_VISIBLE_DEVICES set per rank every rank sees
   // one device 0 and the GPUs still differ.
   std::vector<char> all_ids(static_cast<size_t>(choice.local_size) * kBusIdLen);
-  const int gathered = MPI_Allgather(bus_id, kBusIdLen, MPI_CHAR, all_ids.data(), kBusIdLen, MPI_CHAR, node);
-  MPI_Comm_free(&node);
-  mpiCheck(gathered);
+  mpiCheck(MPI_Allgather(bus_id, kBusIdLen, MPI_CHAR, all_ids.data(), kBusIdLen, MPI_CHAR, node));
+  node.reset();
   int shared = 0;  // this GPU serves another rank of the node too
   for (int r = 0; r < choice.local_size && error.empty(); ++r)
     if (r != choice.local_rank && std::strncmp(&all_ids[static_cast<size_t>(r) * kBusIdLen], bus_id, kBusIdLen) == 0)

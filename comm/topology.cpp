@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "runtime/mpi_check.h"
+#include "runtime/owned_comm.h"
 
 namespace ddplab {
 
@@ -61,11 +62,11 @@ std::vector<int> host_of_rank(MPI_Comm comm) {
   int rank = 0, size = 1;
   mpiCheck(MPI_Comm_rank(comm, &rank));
   mpiCheck(MPI_Comm_size(comm, &size));
-  MPI_Comm host;
+  OwnedComm host;
   int lowest = 0;
-  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host));
+  mpiCheck(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, host.receive()));
   mpiCheck(MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, host));
-  mpiCheck(MPI_Comm_free(&host));
+  host.reset();
   std::vector<int> ids(size);
   mpiCheck(MPI_Allgather(&lowest, 1, MPI_INT, ids.data(), 1, MPI_INT, comm));
   return ids;

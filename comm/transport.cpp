@@ -133,7 +133,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, size_t max_message_bytes, PollPolicy p
   if (max_message_bytes == 0 || max_message_bytes > static_cast<size_t>(INT_MAX))
     throw std::invalid_argument("MpiTransport: max_message_bytes must be in [1, INT_MAX], got " +
                                 std::to_string(max_message_bytes));
-  mpiCheck(MPI_Comm_dup(comm, &comm_));
+  mpiCheck(MPI_Comm_dup(comm, comm_.receive()));
   name_ranks_as_in_world(comm_);
   // Errors on our own communicator come back as codes (and so as exceptions) instead of aborting the job.
   mpiCheck(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
@@ -143,14 +143,6 @@ MpiTransport::MpiTransport(MPI_Comm comm, size_t max_message_bytes, PollPolicy p
   int found = 0;
   mpiCheck(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found));
   if (found && ub) tag_ub_ = *ub;
-}
-
-MpiTransport::~MpiTransport() {
-  // Destructors must not throw, and after MPI_Finalize nothing may be called. Sends still pending here only
-  // happen when an exception unwound through an algorithm; waiting for them could hang, so they are left to MPI.
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void Transport::name_ranks_as_in_world(MPI_Comm comm) {

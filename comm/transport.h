@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/clock.h"  // monotonic_ns: the polls, the naps, link emulation's stamps
+#include "runtime/owned_comm.h"
 
 namespace ddplab {
 
@@ -119,7 +120,6 @@ class MpiTransport final : public Transport {
   static constexpr size_t kMaxMessageBytes = size_t{1} << 30;
   explicit MpiTransport(MPI_Comm comm, size_t max_message_bytes = kMaxMessageBytes,
                         PollPolicy poll = PollPolicy::from_env());
-  ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
 
@@ -134,7 +134,9 @@ class MpiTransport final : public Transport {
   void check_tag(int tag) const;
   void settle_sends_before_throwing() noexcept;
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  // Sends still pending when it is freed only happen when an exception unwound through an algorithm; waiting for
+  // them could hang, so they are left to MPI.
+  OwnedComm comm_;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   size_t max_message_bytes_ = kMaxMessageBytes;
   PollPolicy poll_;

@@ -1,5 +1,6 @@
 #include "ddp/buckets.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -97,6 +98,7 @@ void check_same_layout(const std::vector<Bucket>& buckets, MPI_Comm comm) {
 BucketCountdown::BucketCountdown(const std::vector<Bucket>& buckets, const char* who)
     : buckets_(buckets), who_(who), pending_(buckets.size()) {
   bucket_of_piece_.resize(buckets.empty() ? 0 : static_cast<size_t>(buckets.back().last_piece) + 1);
+  is_ready_.resize(bucket_of_piece_.size());
   for (size_t b = 0; b < buckets.size(); ++b)
     for (int k = buckets[b].first_piece; k <= buckets[b].last_piece; ++k) bucket_of_piece_[k] = static_cast<int>(b);
   restart();
@@ -104,13 +106,17 @@ BucketCountdown::BucketCountdown(const std::vector<Bucket>& buckets, const char*
 
 void BucketCountdown::restart() {
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].num_pieces();
+  std::fill(is_ready_.begin(), is_ready_.end(), 0);
   next_launch_ = 0;
 }
 
 bool BucketCountdown::mark_ready(int piece) {
   const int b = bucket_of(piece);
-  if (pending_[b] <= 0)
+  // Per piece, not per bucket: a piece marked twice in a bucket of several would otherwise complete the bucket
+  // while another of its pieces is still being written.
+  if (is_ready_[static_cast<size_t>(piece)])
     throw std::logic_error(std::string(who_) + ": gradient piece " + std::to_string(piece) + " marked ready twice");
+  is_ready_[static_cast<size_t>(piece)] = 1;
   return --pending_[b] == 0;
 }
 

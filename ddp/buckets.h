@@ -13,7 +13,8 @@
 namespace ddplab {
 
 // One bucket: the gradient pieces [first_piece, last_piece] (in ready order), which occupy the elements
-// [offset, offset + count) of the flat gradient buffer, with the alignment gaps between them (model/mlp.h: zeros).
+// [offset, offset + count) of the flat gradient buffer, with the alignment gaps between them (model/parameters.h:
+// zeros).
 struct Bucket {
   int first_piece = 0, last_piece = 0;
   int64_t offset = 0, count = 0;
@@ -80,7 +81,8 @@ class BucketCountdown {
   std::vector<Bucket> buckets_;
   const char* who_;
   std::vector<int> bucket_of_piece_;
-  std::vector<int> pending_;  // per bucket: pieces not yet final
+  std::vector<int> pending_;             // per bucket: pieces not yet final
+  std::vector<unsigned char> is_ready_;  // per piece: marked in this step
   int next_launch_ = 0;
 };
 

@@ -48,18 +48,14 @@ Reducer::Reducer(Communicator& comm, const ReducerConfig& config, const std::vec
       owned_.push_back(comm.owned_chunks(static_cast<size_t>(b.count)));
       for (RingChunk& c : owned_.back()) c.offset += static_cast<size_t>(b.offset);
     }
-    if (comm.size() > 1) mpiCheck(MPI_Comm_dup(comm.mpi_comm(), &verdicts_));
+    if (comm.size() > 1) mpiCheck(MPI_Comm_dup(comm.mpi_comm(), verdicts_.receive()));
   }
   // One rank has no peer: nothing to all-reduce, so no thread to hand buckets to (launch() finishes them).
   if (comm.size() > 1) comm_thread_ = std::make_unique<WorkerThread>("comm thread");
 }
 
 // The comm thread stops before the state its jobs use goes: it is the last member, destroyed first.
-Reducer::~Reducer() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && verdicts_ != MPI_COMM_NULL) MPI_Comm_free(&verdicts_);
-}
+Reducer::~Reducer() = default;
 
 void Reducer::begin_step(double origin_ms, float grad_scale, float local_scale) {
   origin_ms_ = origin_ms;

@@ -3,11 +3,11 @@
 //
 //   - Buckets are runs of gradient pieces in the order backward finalises them — REVERSE registration order of
 //     the parameters; a piece is a whole parameter, or with --grad-slice-mb a block of rows of a large weight
-//     (model/mlp.h) — up to a byte cap. Each end may have a cap of its own (ddp/buckets.h): the last bucket, which
-//     closes backward (it holds the first layers, whose gradients arrive last), 1 MiB by default, so that the
+//     (model/parameters.h) — up to a byte cap. Each end may have a cap of its own (ddp/buckets.h): the last bucket,
+//     which closes backward (it holds the first layers, whose gradients arrive last), 1 MiB by default, so that the
 //     communication left after backward is short; the first to become ready, as PyTorch's 1 MiB first bucket, so
 //     that the first all-reduce starts early (by default cut as the others here).
-//   - The model keeps all gradients in one flat buffer laid out in that same reverse order (model/mlp.h), so a
+//   - The model keeps all gradients in one flat buffer laid out in that same reverse order (model/parameters.h), so a
 //     bucket is a contiguous slice of it: the all-reduce runs on a view, with no copy in or out.
 //   - Backward calls mark_ready(piece) as each piece of gradient becomes final. When a bucket is complete it is
 //     handed to the communication thread at once (overlap on), in bucket order on every rank; the step waits for all
@@ -28,6 +28,7 @@
 
 #include "comm/communicator.h"
 #include "ddp/buckets.h"
+#include "runtime/owned_comm.h"
 #include "runtime/worker_thread.h"
 
 namespace ddplab {
@@ -118,7 +119,7 @@ class Reducer {
   BucketCountdown countdown_;  // main thread: this step's pieces, and which bucket launches next
   std::vector<int64_t> piece_numel_, piece_offset_;
   std::vector<std::vector<RingChunk>> owned_;  // per bucket (sharded)
-  MPI_Comm verdicts_ = MPI_COMM_NULL;          // sharded, world > 1: a private duplicate for the verdicts' agreement
+  OwnedComm verdicts_;                         // sharded, world > 1: a private duplicate for the verdicts' agreement
   float* flat_grads_;
 
   // Main-thread state of the current step.

@@ -24,6 +24,7 @@
 #include "record/files.h"
 #include "record/run_record.h"
 #include "runtime/errors.h"
+#include "runtime/owned_comm.h"
 
 namespace ddplab {
 namespace {
@@ -258,8 +259,8 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
   std::optional<RunRecord> baseline;  // rank 0: the baseline case's records, once it has run
   for (const Case& c : cases) {
     const double start = MPI_Wtime();
-    MPI_Comm sub;
-    MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, &sub);
+    OwnedComm sub;  // none on the ranks outside this case
+    MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, sub.receive());
     TrainConfig config = c.config;
     config.out = o.out_dir + "/" + c.name + ".h5";
     SummarizedRun r;
@@ -275,7 +276,7 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
         }
         throw;
       }
-      MPI_Comm_free(&sub);
+      sub.reset();
     }
     wait_quietly(world);
     if (rank == 0) {

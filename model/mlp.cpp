@@ -29,14 +29,15 @@ void EnsureSize(std::vector<T>& v, size_t n) {
 }  // namespace
 
 template <typename T>
-Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed) : config_(config), batch_(-1) {  // -1: no forward yet
+Mlp<T>::Mlp(const MlpConfig& config, uint64_t seed)
+    : config_(config), dims_(LayerDims(config)), batch_(-1) {  // -1: no forward yet
   if (config.input_dim <= 0 || config.num_classes <= 0 || config.num_hidden_layers < 0 ||
       (config.num_hidden_layers > 0 && config.hidden_dim <= 0)) {
     throw std::invalid_argument(
         "Mlp: input_dim, num_classes (and hidden_dim when num_hidden_layers > 0) must be "
         "positive and num_hidden_layers non-negative");
   }
-  const std::vector<int> dims = LayerDims(config);
+  const std::vector<int>& dims = dims_;
   const int num_linear = static_cast<int>(dims.size()) - 1;
   for (int l = 0; l < num_linear; ++l) {
     const std::string prefix = "fc" + std::to_string(l);
@@ -69,7 +70,7 @@ T Mlp<T>::forward(const T* inputs, const int32_t* targets, int batch) {
                               " outside [0, " + std::to_string(config_.num_classes) + ")");
     }
   }
-  const std::vector<int> dims = LayerDims(config_);
+  const std::vector<int>& dims = dims_;
   const int num_linear = static_cast<int>(dims.size()) - 1;
   const int64_t B = batch;
   int max_dim = 0;
@@ -109,7 +110,7 @@ T Mlp<T>::forward(const T* inputs, const int32_t* targets, int batch) {
 template <typename T>
 void Mlp<T>::backward(const GradReadyHook& on_ready) {
   if (batch_ < 0) throw std::logic_error("Mlp::backward called before forward");
-  const std::vector<int> dims = LayerDims(config_);
+  const std::vector<int>& dims = dims_;
   const int num_linear = static_cast<int>(dims.size()) - 1;
   const int B = batch_;
 
@@ -145,7 +146,7 @@ void Mlp<T>::backward(const GradReadyHook& on_ready) {
 
 template <typename T>
 int64_t Mlp<T>::gemm_flops_per_sample() const {
-  const std::vector<int> dims = LayerDims(config_);
+  const std::vector<int>& dims = dims_;
   int64_t flops = 0;
   for (size_t l = 0; l + 1 < dims.size(); ++l) flops += 2 * static_cast<int64_t>(dims[l]) * dims[l + 1];
   return flops;

@@ -42,6 +42,7 @@ class Mlp : public ParameterStore<T> {
 
  private:
   MlpConfig config_;
+  std::vector<int> dims_;  // feature sizes at the layer boundaries: dims_[l] -> dims_[l+1] is Linear l
   // Activations of the last forward (sized for its batch).
   int batch_ = 0;
   const T* inputs_ = nullptr;

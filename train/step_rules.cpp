@@ -14,14 +14,8 @@
 namespace ddplab {
 
 StepAgreement::StepAgreement(MPI_Comm comm) {
-  mpiCheck(MPI_Comm_dup(comm, &comm_));
+  mpiCheck(MPI_Comm_dup(comm, comm_.receive()));
   mpiCheck(MPI_Comm_rank(comm_, &rank_));
-}
-
-StepAgreement::~StepAgreement() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void StepAgreement::start(bool loss_finite) {

@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "ddp/reducer.h"
-#include "record/step_record.h"
-#include "train/clock.h"
 #include "config/train_config.h"
+#include "ddp/reducer.h"
 #include "model/parameters.h"
+#include "record/step_record.h"
+#include "runtime/owned_comm.h"
+#include "train/clock.h"
 
 namespace ddplab {
 
@@ -37,7 +38,6 @@ inline constexpr int kExitWriteFailed = 5;
 class StepAgreement {
  public:
   explicit StepAgreement(MPI_Comm comm);  // collective: duplicates comm
-  ~StepAgreement();
   StepAgreement(const StepAgreement&) = delete;
   StepAgreement& operator=(const StepAgreement&) = delete;
   void start(bool loss_finite);  // this rank's stop signal (StopSignals) and loss
@@ -48,7 +48,7 @@ class StepAgreement {
   MPI_Comm comm() const { return comm_; }         // --check-sync's too
 
  private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  OwnedComm comm_;
   int rank_ = 0;
   int mine_[2] = {0, 0}, result_[2] = {0, 0};
   MPI_Request request_ = MPI_REQUEST_NULL;

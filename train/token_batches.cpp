@@ -38,6 +38,15 @@ TokenBatches::TokenBatches(const TrainConfig& config, const TransformerConfig& m
       batching_(config.batching),
       data_(token_source(config, model)) {}
 
+int TokenBatches::longest_sequence(const TrainConfig& c) {
+  if (!c.data.empty()) return c.max_len;
+  const SyntheticTokens data(data_config(c, model_config(c)));
+  const int64_t scanned = std::min<int64_t>(c.epoch_size, int64_t{1} << 20);
+  int longest = 0;
+  for (int64_t i = 0; i < scanned && longest < c.max_len; ++i) longest = std::max(longest, data.length(i));
+  return longest;
+}
+
 TransformerConfig TokenBatches::model_config(const TrainConfig& c) {
   TransformerConfig m = TransformerConfig::preset(to_string(c.model));
   m.head = c.head;

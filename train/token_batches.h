@@ -48,6 +48,10 @@ class TokenBatches {
   // The largest micro-batch a step of `config` can load: rows x seq <= max_tokens(config), seq <= max_seq(config).
   static int64_t max_tokens(const TrainConfig& config);
   static int max_seq(const TrainConfig& config) { return config.max_len; }
+  // The longest sequence an epoch holds, which a long enough run meets: --max-len for token shards (every window is
+  // that long), else the longest synthetic one among the epoch's first 2^20 (past them, no longer by a measurable
+  // share).
+  static int longest_sequence(const TrainConfig& config);
 
  private:
   void begin_step(int64_t step);

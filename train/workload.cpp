@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "data/loader.h"
 #include "data/synthetic.h"
-#include "train/token_batches.h"
 #include "model/transformer.h"
+#include "train/token_batches.h"
 
 namespace ddplab {
 namespace {
@@ -89,14 +90,24 @@ class TransformerWorkload final : public ModelWorkload<Transformer<float>> {
       : ModelWorkload(TokenBatches::model_config(c), c.seed), batches_(c, model_.config(), rank, world) {}
 
   std::string describe() const override { return batches_.describe(model_.num_parameters()); }
-  BatchStats load(int64_t step, int micro) override { return batches_.load(step, micro); }
+  BatchStats load(int64_t step, int micro) override {
+    const BatchStats stats = batches_.load(step, micro);
+    loaded_terms_ = static_cast<int64_t>(stats.loss_terms);
+    return stats;
+  }
   double weight() const override { return batches_.weight(); }
   // The loss backward differentiates: the micro-batch's mean scaled by its share of the rank's loss terms (times
   // micro-batches), so that the trainer's mean over micro-batches is the rank's mean over all its terms.
   double forward() override {
     const TokenBatches& b = batches_;
-    return b.micro_scale() *
-           model_.forward(b.tokens().data(), b.lengths().data(), b.labels().data(), b.rows(), b.seq(), b.positions());
+    const double mean =
+        model_.forward(b.tokens().data(), b.lengths().data(), b.labels().data(), b.rows(), b.seq(), b.positions());
+    // The weights count each sequence's terms by loss_terms(length), the loss by the targets the model made: were
+    // they to differ, every rank's share of the global mean would be silently off.
+    if (model_.loss_count() != loaded_terms_)
+      throw std::logic_error("the model's loss is a mean over " + std::to_string(model_.loss_count()) +
+                             " targets, the batch's weights count " + std::to_string(loaded_terms_));
+    return b.micro_scale() * mean;
   }
   void backward(const GradReadyHook& on_ready) override {
     model_.backward(on_ready, static_cast<float>(batches_.micro_scale()));
@@ -107,6 +118,7 @@ class TransformerWorkload final : public ModelWorkload<Transformer<float>> {
 
  private:
   TokenBatches batches_;
+  int64_t loaded_terms_ = 0;  // the loaded micro-batch's loss terms, as the weights count them
 };
 
 }  // namespace

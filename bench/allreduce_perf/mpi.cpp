@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "bench/allreduce_perf/impl.h"
+#include "runtime/owned_comm.h"
 
 namespace ddplab::perf {
 
@@ -16,13 +17,8 @@ std::vector<Impl> make_mpi(const ImplContext& c) {
 }
 
 std::vector<Impl> make_mpi_raw(const ImplContext& c) {
-  auto comm = std::shared_ptr<MPI_Comm>(new MPI_Comm, [](MPI_Comm* m) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(m);
-    delete m;
-  });
-  MPI_Comm_dup(MPI_COMM_WORLD, comm.get());
+  auto comm = std::make_shared<OwnedComm>();
+  MPI_Comm_dup(MPI_COMM_WORLD, comm->receive());
   Impl impl;
   impl.label = c.name;
   impl.run = [comm](const float* in, float* out, size_t count) {

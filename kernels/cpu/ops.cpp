@@ -284,11 +284,11 @@ double sum_of_squares(const float* x, int64_t n) {
 
 namespace {
 
-// The float pass behind all_finite and scale_and_check_finite: v = op(x[i]) for every element (8 lanes at a time,
-// then one by one; op is the same arithmetic on both), stored to out[i] when kStore, and whether every v is finite.
-// A float is finite iff its bits without the sign are below Inf's: the largest of them, in two vector accumulators,
-// costs an and + a max per 8 values, where a sum of v*0 waits on the adder's latency (about 3x slower while the
-// data is in cache).
+// The float pass behind all_finite and scale_and_check_finite: v = op(x[i]) for every element (16 at a time in two
+// 8-lane vectors, then one by one; op is the same arithmetic on both), stored to out[i] when kStore, and whether every
+// v is finite. A float is finite iff its bits without the sign are below Inf's: the largest of them, in two vector
+// accumulators, costs an and + a max per 8 values, where a sum of v*0 waits on the adder's latency (about 3x slower
+// while the data is in cache).
 template <bool kStore, typename Op>
 bool map_all_finite(const float* x, float* out, int64_t n, Op op) {
   using Bits8 = Simd<uint32_t>::V;

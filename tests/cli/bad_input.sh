@@ -143,6 +143,11 @@ refusals_at() {
     train --batch 20000000 --input-dim 1000000 --steps 1
   expect_error $np "12800000 tokens a micro-batch (--batch x --max-len) of --model tiny keeps at least 18.7 TiB" \
     train --model tiny --lengths fixed --max-len 100000 --steps 1
+  # the default lengths: --outlier-prob's sequences of --max-len are padded to by their batch's rows
+  expect_error $np "12800000 tokens a micro-batch (--batch x --max-len) of --model tiny keeps at least 18.7 TiB" \
+    train --model tiny --max-len 100000 --steps 1
+  expect_error $np "100000 tokens a micro-batch (one sequence of --max-len) of --model tiny keeps at least 152.3 GiB" \
+    train --model tiny --head lm --batching token --max-tokens 100000 --max-len 100000 --steps 1
   expect_error $np "--profile-steps must be A:B" train "${small[@]}" --device cuda --comm nccl --profile-steps 3:2
   expect_error $np "--profile-steps 1:5 goes past the run's last step, 1 (--steps 2)" train "${small[@]}" --device cuda --comm nccl --profile-steps 1:5
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu

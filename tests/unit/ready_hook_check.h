@@ -1,4 +1,4 @@
-// The readiness-hook contract every model's backward keeps (model/mlp.h, GradReadyHook): on_ready(k) once per
+// The readiness-hook contract every model's backward keeps (model/parameters.h, GradReadyHook): on_ready(k) once per
 // gradient piece, in grad_pieces() order, and nothing written to a piece after it was declared ready.
 #pragma once
 #include <gtest/gtest.h>

@@ -170,7 +170,7 @@ TEST(AssignBuckets, RefusesPiecesOutOfOrderOrOverlapping) {
   EXPECT_THROW(assign_buckets(numel, adjacent_offsets(numel), caps(-1, 0)), std::invalid_argument);
 }
 
-// Alignment gaps between pieces (model/mlp.h) belong to the bucket that spans them and count against its cap.
+// Alignment gaps between pieces (model/parameters.h) belong to the bucket that spans them and count against its cap.
 TEST(AssignBuckets, BucketsSpanTheGapsBetweenTheirPieces) {
   const std::vector<int64_t> numel{5, 3, 6};
   const std::vector<int64_t> gapped{0, 16, 32};
@@ -221,6 +221,15 @@ TEST(BucketCountdown, LaunchesInIndexOrderWhateverOrderTheyComplete) {
   countdown.restart();
   EXPECT_EQ(countdown.next_to_launch(), -1);
   EXPECT_FALSE(countdown.mark_ready(0));  // marked again in the new step
+  // Twice within a bucket of two pieces: refused, not taken for its other piece, so the bucket does not complete
+  // while piece 1 may still be written.
+  try {
+    countdown.mark_ready(0);
+    ADD_FAILURE() << "piece 0 marked twice completed bucket 0";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(std::string(e.what()), "TestReducer: gradient piece 0 marked ready twice");
+  }
+  EXPECT_EQ(countdown.next_to_launch(), -1);
 }
 
 }  // namespace
