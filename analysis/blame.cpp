@@ -360,9 +360,9 @@ Finding step_breakdown(const RunSummary& st) {
             fmt("one rank, nobody to wait for: the step of %.2f ms is ", p.step_ms) + breakdown(p)};
   // Not the ranks' step spread: ranks in step end each step together, whoever held them up.
   return {Cause::kBalanced, -1,
-          fmt("no rank stands out (none spends %.0f%% of the step more than the others on its own work: data, "
-              "compute, optimizer, host work): the step of %.2f ms is ",
-              100 * kOutlierMinShare, p.step_ms) +
+          fmt("no rank stands out (none spends %.0f%% of the step more than the others on its own work): rank %d's "
+              "step, the slowest, %.2f ms, is ",
+              100 * kOutlierMinShare, st.slowest_rank, p.step_ms) +
               breakdown(p)};
 }
 

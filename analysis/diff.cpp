@@ -18,6 +18,9 @@ struct Metric {
   const char* name;
   bool phase;
   Get get;
+  // The step itself is each step's slowest rank, as report and train measure it; its parts are taken on the rank
+  // the others waited for (pace_rank).
+  bool slowest_rank = false;
 };
 
 double member(const StepRecord& x, double StepRecord::*field) { return x.*field; }
@@ -25,7 +28,7 @@ double member(const StepRecord& x, double StepRecord::*field) { return x.*field;
 const std::vector<Metric>& metrics() {
   using std::placeholders::_1;
   static const std::vector<Metric> kMetrics = {
-      {"step", false, std::bind(member, _1, &StepRecord::step_ms)},
+      {"step", false, std::bind(member, _1, &StepRecord::step_ms), /*slowest_rank=*/true},
       {"data", true, std::bind(member, _1, &StepRecord::data_ms)},
       {"forward", true, std::bind(member, _1, &StepRecord::forward_ms)},
       {"backward", true, std::bind(member, _1, &StepRecord::backward_ms)},
@@ -60,13 +63,13 @@ struct RunSamples {
   double rank_spread = 0, mean = 0;
 };
 
-RunSamples samples_of(const RunRecord& run, const Get& get) {
+RunSamples samples_of(const RunRecord& run, const Metric& m) {
   std::vector<double> on_pace, rank_spreads;
   for (int s = run.first_steady_step(); s < run.steps; ++s) {
-    on_pace.push_back(get(run.at(pace_rank(run, s), s)));
     double lo = 1e300, hi = -1e300;
     for (int r = 0; r < run.world_size(); ++r)
-      lo = std::min(lo, get(run.at(r, s))), hi = std::max(hi, get(run.at(r, s)));
+      lo = std::min(lo, m.get(run.at(r, s))), hi = std::max(hi, m.get(run.at(r, s)));
+    on_pace.push_back(m.slowest_rank ? hi : m.get(run.at(pace_rank(run, s), s)));
     rank_spreads.push_back(hi - lo);
   }
   double sum = 0;
@@ -182,8 +185,8 @@ std::string verdict_of_medians(const RunDiff& d) {
     // it says what would tell.
     const std::string hidden =
         std::abs(step.delta()) >= 0.1 * step.a.median
-            ? fmt("; the steps scatter too much to call %s (a difference must pass %.2f ms): more steps or a "
-                  "quieter host would tell",
+            ? fmt("; the steps scatter too much to call %s (a difference must pass %.2f ms, or every step of "
+                  "one run be slower than every step of the other): a quieter host would tell",
                   ms_text(step.delta()).c_str(), noise_bound_ms(step.a, step.b))
             : "";
     return fmt("no difference beyond noise in the step (median A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
@@ -275,7 +278,11 @@ LossDiff compare_losses(const RunRecord& a, const RunRecord& b) {
   return d;
 }
 
-Sampled sampled(const std::vector<double>& samples) { return {median(samples), robust_spread(samples)}; }
+Sampled sampled(const std::vector<double>& samples) {
+  if (samples.empty()) return {};
+  const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
+  return {median(samples), robust_spread(samples), *lo, *hi, static_cast<int>(samples.size())};
+}
 
 bool MetricDiff::median_misses(double floor_ms) const {
   const auto misses = [floor_ms](const Sampled& s, double mean) {
@@ -287,9 +294,13 @@ bool MetricDiff::median_misses(double floor_ms) const {
 
 double noise_bound_ms(const Sampled& a, const Sampled& b) { return kNoiseSpreads * std::hypot(a.spread, b.spread); }
 
+bool apart(const Sampled& a, const Sampled& b) {
+  return std::min(a.count, b.count) >= kApartSamples && (b.min > a.max || b.max < a.min);
+}
+
 bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms) {
   const double difference = std::fabs(b.median - a.median);
-  return difference > noise_bound_ms(a, b) && difference > floor_ms;
+  return difference > floor_ms && (difference > noise_bound_ms(a, b) || apart(a, b));
 }
 
 RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
@@ -297,7 +308,7 @@ RunDiff diff_runs(const RunRecord& a, const RunRecord& b) {
   d.path_a = a.path, d.path_b = b.path;
   d.config = config_changes(a, b);
   for (const Metric& m : metrics()) {
-    const RunSamples sa = samples_of(a, m.get), sb = samples_of(b, m.get);
+    const RunSamples sa = samples_of(a, m), sb = samples_of(b, m);
     d.metrics.push_back(
         {m.name, m.phase, sa.on_pace, sb.on_pace, sa.rank_spread, sb.rank_spread, sa.mean, sb.mean, false});
   }
@@ -373,17 +384,24 @@ nlohmann::json to_json(const RunDiff& d) {
                        {"a",
                         {{"median_ms", m.a.median},
                          {"spread_ms", m.a.spread},
+                         {"min_ms", m.a.min},
+                         {"max_ms", m.a.max},
+                         {"steps", m.a.count},
                          {"rank_spread_ms", m.rank_spread_a},
                          {"mean_ms", m.mean_a}}},
                        {"b",
                         {{"median_ms", m.b.median},
                          {"spread_ms", m.b.spread},
+                         {"min_ms", m.b.min},
+                         {"max_ms", m.b.max},
+                         {"steps", m.b.count},
                          {"rank_spread_ms", m.rank_spread_b},
                          {"mean_ms", m.mean_b}}},
                        {"delta_ms", m.delta()},
                        {"beyond_noise", m.beyond}});
   const auto side = [](int64_t bytes, const Sampled& s) {
-    return bytes ? nlohmann::json{{"bytes", bytes}, {"median_ms", s.median}, {"spread_ms", s.spread}}
+    return bytes ? nlohmann::json{{"bytes", bytes},  {"median_ms", s.median}, {"spread_ms", s.spread},
+                                  {"min_ms", s.min}, {"max_ms", s.max},       {"samples", s.count}}
                  : nlohmann::json();
   };
   for (size_t k = 0; k < d.buckets.size(); ++k)
@@ -394,7 +412,7 @@ nlohmann::json to_json(const RunDiff& d) {
   return {{"a", d.path_a},
           {"b", d.path_b},
           {"config_changes", config},
-          {"noise_rule", {{"spreads", kNoiseSpreads}, {"floor_ms", d.floor_ms}}},
+          {"noise_rule", {{"spreads", kNoiseSpreads}, {"floor_ms", d.floor_ms}, {"apart_samples", kApartSamples}}},
           {"steady_steps", {{"a", d.steady_a}, {"b", d.steady_b}}},
           {"metrics", metrics},
           {"same_buckets", d.same_buckets},

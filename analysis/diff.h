@@ -13,18 +13,25 @@
 
 namespace ddplab {
 
-// A metric over one run's steady steps: the median and the robust spread (1.4826 x MAD) of its per-step samples.
+// A metric over one run's steady steps: the median and the robust spread (1.4826 x MAD) of its per-step samples,
+// their least and greatest, and how many there are.
 struct Sampled {
   double median = 0, spread = 0;
+  double min = 0, max = 0;
+  int count = 0;
 };
 Sampled sampled(const std::vector<double>& samples);
 
-// The noise rule: B's median differs from A's beyond the noise when |difference| > kNoiseSpreads x the combined
-// spread sqrt(spread_A^2 + spread_B^2), and more than floor_ms (what is too small to matter: a share of the step).
+// The noise rule: B's median differs from A's beyond the noise when the difference is more than floor_ms (what is too
+// small to matter: a share of the step) and either more than kNoiseSpreads x the combined spread
+// sqrt(spread_A^2 + spread_B^2), or the runs are apart: every sample of one above every sample of the other, with
+// kApartSamples each at least (steps that scatter widely, yet all of B's slower than all of A's, differ).
 inline constexpr double kNoiseSpreads = 3.0;
 inline constexpr double kNoiseFloorShare = 0.02;  // of the longer of the two median steps
 inline constexpr double kNoiseFloorMs = 0.05;     // at least: the timer and the scheduler
+inline constexpr int kApartSamples = 8;           // by chance alone, 8 of each are apart once in 6435 pairs of runs
 double noise_bound_ms(const Sampled& a, const Sampled& b);  // kNoiseSpreads x sqrt(spread_A^2 + spread_B^2)
+bool apart(const Sampled& a, const Sampled& b);
 bool beyond_noise(const Sampled& a, const Sampled& b, double floor_ms);
 
 struct MetricDiff {

@@ -195,6 +195,11 @@ std::string reason(const Prediction& best, const Prediction& own) {
                   counted(best.buckets, "bucket").c_str(), best.setting.bucket_mb, hide, s.hidden_ms, s.comm_ms,
                   hidden_pct(s), s.backward_ms);
   std::string sentence = text;
+  // Exposed is the wait after this rank's backward for the last all-reduce to end: past the all-reduce's unhidden
+  // part, the rest is the other ranks' lateness (their backward, which their buckets wait for).
+  const double waiting_for_others = s.exposed_ms - (s.comm_ms - s.hidden_ms);
+  if (best.setting.ranks > 1 && s.exposed_ms > 0.05 * s.step_ms && waiting_for_others > 0.05)
+    sentence += fmt(", %.2f ms of it waiting for the other ranks' backward", waiting_for_others);
   const double gain = 100 * (own.step.step_ms - s.step_ms) / own.step.step_ms;
   if (gain < 0.05) return sentence + "; the run's own setting is as fast";
   std::snprintf(text, sizeof text, "; %.1f%% faster than the run's own setting (%.2f ms)", gain, own.step.step_ms);

@@ -281,9 +281,8 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
     wait_quietly(world);
     if (rank == 0) {
       const bool same_math = c.group == "pathology" || c.group == "input" || c.group == "update";
-      results.push_back({c, r.summary, r.record.path,
-                         c.world_size >= 2 ? diagnose(r.record, r.summary) : std::vector<Finding>{},
-                         r.record.oversubscribed_ranks(), r.record.meta.host_cores, r.record.ranks_sharing_a_gpu(),
+      results.push_back({c, r.summary, r.record.path, diagnose(r.record, r.summary), r.record.oversubscribed_ranks(),
+                         r.record.meta.host_cores, r.record.ranks_sharing_a_gpu(),
                          baseline && same_math ? std::optional(compare_losses(*baseline, r.record)) : std::nullopt});
       if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
@@ -473,6 +472,15 @@ void print_lab_legend(int size, const std::string& losses_off, const std::vector
   std::printf("loss across the pathology, input and update cases: %s\n",
               losses_off.empty() ? "identical to the baseline at every step (they change timing, not math)"
                                  : ("DIFFERS from the baseline: " + losses_off).c_str());
+  if (size > 1 && find_case(results, "strong_ws" + std::to_string(size)))
+    std::printf(
+        "strong_ws%d runs weak_ws%d's setting again (the same batch a rank): the two differ by this host's "
+        "noise from run to run\n",
+        size, size);
+  if (find_case(results, "zero_stage1"))
+    std::printf(
+        "zero_stage1: each rank updates its shard of the parameters; its optim includes the wait for the "
+        "parameters' all-gather after it\n");
   const CaseResult* layout = find_case(results, "pytorch_layout");
   const CaseResult* base = find_case(results, "weak_ws" + std::to_string(size));
   if (layout && base)
@@ -516,8 +524,8 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
   const std::string losses_off = losses_off_baseline(results);
   print_oversubscription_notes(o.base.blas_threads, results);
   std::printf(
-      "\ngbatch: the global batch; step_ms: the slowest rank's; data, comp (forward + backward), optim, "
-      "exposed (comm waited for)%s: means over the ranks, ms per step\n",
+      "\ngbatch: the global batch; step_ms: the slowest rank's; spread_ms: its step less the fastest rank's; data, "
+      "comp (forward + backward), optim, exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
   if (lab)
     print_lab_legend(size, losses_off, results);
@@ -615,21 +623,24 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
 
   nlohmann::json json_cases = nlohmann::json::array();
   const bool loss_identical = print_case_table(o, size, results, json_cases);
-  // Who sets the pace in each multi-rank case, and why (analysis/blame.h).
-  if (size > 1) std::printf("\nblame:\n");
-  std::vector<std::string> files;
+  // Who sets the pace in each multi-rank case, and why (analysis/blame.h); of a one-rank case only what the host
+  // took from it, which every efficiency measured against it carries.
+  std::vector<std::string> files, lines;
   for (size_t i = 0; i < results.size(); ++i) {
     files.push_back(results[i].path);
-    if (results[i].c.world_size < 2) continue;
+    const bool alone = results[i].c.world_size < 2;
     std::vector<std::string> texts;
     for (const Finding& f : results[i].blame) {
+      if (alone && f.cause != Cause::kCpuContention && f.cause != Cause::kNoisyHost) continue;
       texts.push_back(f.text);
       // An oversubscribed case's contention is the table's `*`, with its measured wait under the table.
       if (f.cause == Cause::kCpuContention && results[i].oversubscribed_ranks > 0) continue;
-      std::printf("  %-16s %s\n", results[i].c.name.c_str(), f.text.c_str());
+      lines.push_back(fmt("  %-16s %s\n", results[i].c.name.c_str(), f.text.c_str()));
     }
-    json_cases[i]["blame"] = texts;
+    if (!alone || !texts.empty()) json_cases[i]["blame"] = texts;
   }
+  if (!lines.empty()) std::printf("\nblame:\n");
+  for (const std::string& line : lines) std::fputs(line.c_str(), stdout);
   int host_cores = 0;  // rank 0's host as the widest case saw it (a one-rank case may be bound to one core)
   for (const CaseResult& r : results) host_cores = std::max(host_cores, r.host_cores);
   nlohmann::json summary = {{"suite", o.name},

@@ -438,10 +438,12 @@ def buckets_chart(run, out_dir, name, written):
     kinds = run.collectives(s)
     ticked = False
     fig, ax = plt.subplots(figsize=(9, 1.0 + 1.1 * run.world))
+    # One origin for every rank, the first rank's start, on the run file's common clock: a collective then ends at
+    # one time on every row, and a rank that starts late is drawn late.
+    t0 = min(run.start[r, s] for r in range(run.world))
     for r in range(run.world):
         y_compute, y_comm = 2 * r, 2 * r + 1  # rank 0 on top (the axis is inverted)
-        t0 = run.start[r, s]
-        fwd0 = run.phases["data_ms"][r, s]
+        fwd0 = run.start[r, s] - t0 + run.phases["data_ms"][r, s]
         bwd0 = fwd0 + run.phases["forward_ms"][r, s]
         ax.broken_barh([(fwd0, run.phases["forward_ms"][r, s])], (y_compute - 0.35, 0.7), color="#8fb0d9")
         ax.broken_barh([(bwd0, run.phases["backward_ms"][r, s])], (y_compute - 0.35, 0.7), color="#4c72b0")
@@ -465,7 +467,7 @@ def buckets_chart(run, out_dir, name, written):
     ax.set_yticks([v for r in range(run.world) for v in (2 * r, 2 * r + 1)],
                   [t for r in range(run.world) for t in (f"rank {r} compute", f"rank {r} comm")])
     ax.invert_yaxis()
-    ax.set_xlabel(f"ms since the start of step {run.first_step + s}")
+    ax.set_xlabel(f"ms since the first rank started step {run.first_step + s}")
     handles = [Patch(color="#8fb0d9", label="forward"), Patch(color="#4c72b0", label="backward")]
     if run.sharded:
         handles.append(Patch(color="#bbbbbb", label="optimizer (update of the owned share)"))
@@ -477,9 +479,9 @@ def buckets_chart(run, out_dir, name, written):
         handles.append(plt.Line2D([], [], color="black", label="bucket ready (its last gradient final)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     words = run.collectives_text()
-    ax.set_title(f"{run.stem}: " + (f"backward and each bucket's {words}, step {run.first_step + s} (the steady "
+    ax.set_title(f"{run.stem}: " + (f"forward, backward and each bucket's {words}, step {run.first_step + s} (the steady "
                                     f"steps' median; {ranks_text(run.world)})" if words else
-                                    f"backward, step {run.first_step + s} ({ranks_text(run.world)}: no bucket "
+                                    f"forward and backward, step {run.first_step + s} ({ranks_text(run.world)}: no bucket "
                                     f"communicated)") + "\n" + bucket_caps_text(run.config), fontsize=10)
     save(fig, out_dir, name, written)
 

@@ -245,10 +245,11 @@ def gantt_caption(run):
     (--zero-stage 1: reduce-scatter and all-gather; one rank: nothing)."""
     words = run.collectives_text()
     if not words:
-        return ("backward, the median steady step: forward and backward on one row, a tick on the row below where each "
+        return ("forward and backward, the median steady step: both on one row, a tick on the row below where each "
                 "bucket became ready (one rank: no bucket is communicated)")
-    return (f"backward and each bucket's {words}, the median steady step: forward and backward on one row, each "
-            f"bucket's communication on the row below, a tick where the bucket became ready")
+    return (f"forward, backward and each bucket's {words}, the median steady step: forward and backward on one row, "
+            f"each bucket's communication on the row below, a tick where the bucket became ready; every rank on one "
+            f"clock, from the first rank's start of the step")
 
 
 def timeline_section(runs, example):

@@ -96,7 +96,9 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
                  "gpu-ring-nccl, gpu-ring-ipc, gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with "
                  "--link; nccl with -G)");
   app.add_option("--link", t.link,
-                 "emulated link, every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4; or per class: "
+                 "emulated link, every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, nvlink4-nccl, "
+                 "ndr400-x8; or per "
+                 "class: "
                  "intra=P,inter=P (across nodes through the node's NIC, shared by its ranks)")
       ->capture_default_str();
   app.add_option("--link-latency-us", t.link_latency_us, "override the link's latency (us; a single preset)");

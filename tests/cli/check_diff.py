@@ -201,7 +201,10 @@ def main():
 
             def beyond(a, b):
                 diff = abs(b["median_ms"] - a["median_ms"])
-                return diff > rule["spreads"] * math.hypot(a["spread_ms"], b["spread_ms"]) and diff > rule["floor_ms"]
+                apart = (min(a["steps"], b["steps"]) >= rule["apart_samples"] and
+                         (b["min_ms"] > a["max_ms"] or b["max_ms"] < a["min_ms"]))
+                return diff > rule["floor_ms"] and (
+                    diff > rule["spreads"] * math.hypot(a["spread_ms"], b["spread_ms"]) or apart)
 
             check(all(m["beyond_noise"] == beyond(m["a"], m["b"]) and
                       abs(m["delta_ms"] - (m["b"]["median_ms"] - m["a"]["median_ms"])) < 1e-9 for m in d["metrics"]),

@@ -126,6 +126,10 @@ def main():
             if case["world_size"] >= 2:
                 check(case.get("blame") == [b["text"] for b in report["blame"]],
                       f"{case['case']}: the suite's blame (from memory) = report's (from the file)")
+            else:  # alone, only what the host took from it: the reference every efficiency is measured against
+                taken = [b["text"] for b in report["blame"] if b["cause"] in ("CPU contention", "noisy host")]
+                check(case.get("blame", []) == taken,
+                      f"{case['case']}: a one-rank case's blame is report's CPU contention and noisy host ({taken})")
         check(summary["loss_identical"], "pathologies leave the loss identical")
         check("identical to the baseline" in open(os.path.join(out, "report.html")).read(), "and the page says so")
         lines = open(os.path.join(out, "summary.csv")).read().strip().split("\n")
