@@ -385,7 +385,8 @@ void visit_knobs(Config& c, Visit&& visit) {
         c.zero_stage);
   visit(Knob{"--data-cost-ms", "data_cost_ms", "input pipeline: host cost per sample, ms (a sleep)", 0, kMaxLabMs},
         c.data_cost_ms);
-  visit(Knob{"--loader-threads", "loader_threads", "input pipeline: worker threads (0: in the training loop)", 0},
+  // At most 1024, past any host's cores for one rank: 100000 ran into the process's thread limit after the header.
+  visit(Knob{"--loader-threads", "loader_threads", "input pipeline: worker threads (0: in the training loop)", 0, 1024},
         c.loader_threads);
   visit(Knob{"--prefetch", "prefetch", "input pipeline: batches prepared ahead (with loader threads)", 1}, c.prefetch);
   visit(Knob{"--slow-rank", "slow_rank", "lab: the straggling rank", 0}, c.slow_rank);

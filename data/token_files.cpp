@@ -56,7 +56,8 @@ TokenFiles::TokenFiles(const std::string& pattern, int window) : pattern_(patter
     for (const std::string& path : paths) {
       Shard shard;
       shard.path = path;
-      const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      // O_NONBLOCK: a pipe opens at once, to be refused below, rather than wait for a writer.
+      const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
       if (fd < 0) throw std::invalid_argument(path + ": " + std::strerror(errno));
       struct stat st {};
       if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

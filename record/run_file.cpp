@@ -146,12 +146,18 @@ nlohmann::json parse_json_attr(hid_t file, const char* name) {
   return j;
 }
 
-// A time or a count that is not finite: no trainer writes one, and a damaged file's would print as nan in the tables
-// and vanish from the timeline (JSON has no NaN). The loss, the gradient norm and the validation loss may be.
+// A time or a count that is not finite, or past any a run makes (1e15 ms is 31,000 years): no trainer writes one. A
+// damaged file's would print as nan in the tables and vanish from the timeline (JSON has no NaN), and values near the
+// double's limit add up to inf, which predict's replay would step through forever. The loss, the gradient norm and
+// the validation loss may be anything.
 void check_finite(const std::vector<double>& column, const std::string& dataset) {
-  for (size_t i = 0; i < column.size(); ++i)
+  constexpr double kLargest = 1e15;
+  for (size_t i = 0; i < column.size(); ++i) {
     if (!std::isfinite(column[i]))
       throw FileProblem(dataset + " holds a value that is not finite (element " + std::to_string(i) + ")");
+    if (std::fabs(column[i]) > kLargest)
+      throw FileProblem(dataset + " holds a value past 1e15, which no run makes (element " + std::to_string(i) + ")");
+  }
 }
 
 // A duration or a count below zero: no trainer writes one (but steal_ms's and cpu_wait_ms's -1, "not counted", and

@@ -55,6 +55,7 @@ small=(--hidden 32 --input-dim 16 --classes 10 --batch 4 --steps 2)
 # vocabulary of 8192, one cut short, one of another format.
 token_dir=$tmp/token_shards
 mkdir "$token_dir"
+mkfifo "$token_dir/pipe.bin"  # no writer: opening it to read would wait for one
 python3 - "$token_dir" <<'PY'
 import struct, sys
 d = sys.argv[1]
@@ -95,6 +96,8 @@ refusals_at() {
   expect_error $np "--data $token_dir/good.bin: no shard holds a window of --max-len 32 tokens (20 tokens in all)" \
     train --model tiny --head lm --max-len 32 --steps 2 --data "$token_dir/good.bin"
   expect_error $np "--data $token_dir: not a regular file" "${lm[@]}" --data "$token_dir"
+  expect_error $np "--data $token_dir/pipe.bin: not a regular file" "${lm[@]}" --data "$token_dir/pipe.bin"
+  expect_error $np "--loader-threads must be at most 1024 (got 100000)" train "${small[@]}" --loader-threads 100000
   expect_error $np "--max-len must be at least 2 (got 1)" train --model tiny --head lm --max-len 1 --steps 2 \
     --data "$token_dir/good.bin"
   expect_error $np "--data needs --head lm" train --model tiny --data "$token_dir/good.bin" --steps 2
@@ -368,7 +371,20 @@ refusals_of_output_paths() {
     expect_error $np "output $token_dir/node_a/run.bin matches the token shards' pattern $token_dir/node_a/\\*\\.bin, so" \
       "${lm[@]}" --data "$token_dir/node_a/*.bin" --out "$token_dir/node_a/run.bin"
   done
-  rm "$work/loop" "$work/dangling.h5"
+  # --force replaces a regular file, never what else a name stands for: the run's file is renamed over it.
+  mkfifo "$work/pipe"
+  echo "precious" >"$work/target.h5"
+  ln -s "$work/target.h5" "$work/link.h5"
+  expect_error 1 "output path $work/pipe is a pipe: --force replaces a regular file only" \
+    train "${small[@]}" --out "$work/pipe" --force
+  expect_error 1 "output path $work/link.h5 is a symbolic link: --force replaces a regular file only" \
+    train "${small[@]}" --out "$work/link.h5" --force
+  if [ -p "$work/pipe" ] && [ -L "$work/link.h5" ] && [ "$(cat "$work/target.h5")" = "precious" ]; then
+    echo "ok   the pipe and the link are left as they were"; passed=$((passed + 1))
+  else
+    echo "FAIL --force replaced a pipe or a link"; failures=$((failures + 1))
+  fi
+  rm "$work/loop" "$work/dangling.h5" "$work/pipe" "$work/link.h5" "$work/target.h5"
 }
 
 # side_by_side NAME COMMAND...: COMMAND in the background, with folders and tallies of its own, and no temporary

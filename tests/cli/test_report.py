@@ -354,8 +354,11 @@ def main():
                 for k, v in src.attrs.items():
                     f.attrs[k] = v
         # A time no trainer writes: printed it would read nan, and the timeline would lose the event.
+        # A huge one would add up to inf, which predict's replay would step through forever.
         nan_step, inf_bucket = os.path.join(bad_dir, "nan_step.h5"), os.path.join(bad_dir, "inf_bucket.h5")
-        for path, dataset, value in ((nan_step, "steps/step_ms", math.nan), (inf_bucket, "buckets/comm_end_ms", math.inf)):
+        huge_forward = os.path.join(bad_dir, "huge_forward.h5")
+        for path, dataset, value in ((nan_step, "steps/step_ms", math.nan), (inf_bucket, "buckets/comm_end_ms", math.inf),
+                                     (huge_forward, "steps/forward_ms", 1e308)):
             shutil.copy(a, path)
             with h5py.File(path, "r+") as f:
                 values = f[dataset][...]
@@ -364,10 +367,11 @@ def main():
         cases = [(os.path.join(bad_dir, "missing.h5"), "No such file"), (empty, "empty file"),
                  (text, "not an HDF5 file"), (bare, "not a ddplab run file"), (no_steps, "missing"),
                  (nan_step, "steps/step_ms holds a value that is not finite (element 1)"),
-                 (inf_bucket, "buckets/comm_end_ms holds a value that is not finite (element 1)")]
+                 (inf_bucket, "buckets/comm_end_ms holds a value that is not finite (element 1)"),
+                 (huge_forward, "steps/forward_ms holds a value past 1e15, which no run makes (element 1)")]
         listing = sorted(os.listdir(bad_dir))
         reads = [(cmd, path, problem) for path, problem in cases
-                 for cmd in (["report"], ["report", "--json"], ["timeline"])]
+                 for cmd in (["report"], ["report", "--json"], ["timeline"], ["predict"])]
         *refusals, under_mpirun = run_all([([ddplab, *cmd, path], dict(timeout=60)) for cmd, path, _ in reads] +
                                           [([mpirun, "-np", "2", ddplab, "report", a, text], dict(timeout=60))])
         for (cmd, path, problem), proc in zip(reads, refusals):
