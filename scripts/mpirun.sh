@@ -18,7 +18,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 setsid mpirun --oversubscribe "$@" &
 job=$!
 # The ranks on this node are mpirun's children; ranks elsewhere get mpirun's own SIGTERM handling.
-stop_ranks() { pkill -TERM -P "$job" || kill -TERM "$job" 2>/dev/null; }
+# One stop may arrive twice: timeout(1) passes a signal to its child and then to its whole process group. Signals
+# within 0.1 s are one stop; a second one later ends the ranks at once, as a second Ctrl-C does.
+last_stop_us=0
+stop_ranks() {
+  local now_us=${EPOCHREALTIME/[.,]/}
+  ((now_us - last_stop_us < 100000)) && return
+  last_stop_us=$now_us
+  pkill -TERM -P "$job" || kill -TERM "$job" 2>/dev/null
+}
 trap stop_ranks INT TERM
 while :; do
   wait "$job"

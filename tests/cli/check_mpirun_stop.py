@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Ctrl-C through scripts/mpirun.sh, the README's launcher: the terminal's SIGINT reaches the script alone (mpirun runs
 in a session of its own), which turns it into SIGTERM to the ranks. One Ctrl-C: every rank stops after the same step
-and the run file is complete. A second Ctrl-C before that step ends: the ranks die at once, as a second signal
-does, and the snapshot flushed before stays whole.
+and the run file is complete; so too when the one stop arrives twice at once (timeout(1) around the script). A
+second Ctrl-C before that step ends: the ranks die at once, as a second signal does, and the snapshot flushed before
+stays whole.
     check_mpirun_stop.py REPO_ROOT DDPLAB"""
 import os
 import signal
@@ -58,6 +59,23 @@ def main():
         check(started and p.returncode != 0 and reason.startswith("SIGTERM") and steps > 0 and
               not os.path.exists(out + ".partial"),
               f"one Ctrl-C: non-zero (code {p.returncode}), run file complete after {steps} steps ({reason!r}) "
+              f"{err.strip()[-300:]}")
+
+        # One stop that arrives twice, 20 ms apart (timeout(1) passes a signal to its child, then to its process
+        # group): still one stop, the run file complete.
+        out = os.path.join(work, "echo.h5")
+        p = start(wrapper, ddplab, out, step_s=0.05, flush_every=5)
+        started = wait_for(out + ".partial")
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+        p.send_signal(signal.SIGINT)
+        err = end(p, out)
+        steps = 0
+        if os.path.exists(out):
+            with h5py.File(out, "r") as f:
+                steps = int(f.attrs["num_steps"])
+        check(started and steps > 0 and not os.path.exists(out + ".partial"),
+              f"one stop signalled twice within 0.1 s: the run file complete after {steps} steps "
               f"{err.strip()[-300:]}")
 
         # Two: the second arrives inside a 4 s step, long before its end, where the first would have stopped the
