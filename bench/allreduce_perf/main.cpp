@@ -42,6 +42,7 @@
 #include "comm/shm_transport.h"
 #include "comm/topology.h"
 #include "record/files.h"
+#include "runtime/agreement.h"
 #include "runtime/mpi_init.h"
 #include "runtime/watchdog.h"
 
@@ -166,6 +167,16 @@ int main(int argc, char** argv) {
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
+  // Before anything else collective: ranks given different command lines (an MPMD launch) would measure other sizes
+  // or implementations and wait on each other in different collectives, out of the watchdog's reach.
+  std::string command_line;
+  for (int i = 1; i < argc; ++i) command_line += (i > 1 ? " " : "") + std::string(argv[i]);
+  if (const std::string differing = ddplab::disagreement({{"arguments", command_line}}, MPI_COMM_WORLD);
+      !differing.empty()) {
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: ranks disagree on the %s\n", differing.c_str());
+    MPI_Finalize();
+    return 2;
+  }
   Options options;
   int code = 0;
   try {
@@ -174,7 +185,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const UsageError& e) {
-    // Every rank parsed the same command line and got here alike: no collective needed, none waits.
+    // Every rank parsed the same command line (checked above) and got here alike: no collective needed, none waits.
     if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s (see allreduce_perf --help)\n", e.what());
     MPI_Finalize();
     return 2;

@@ -340,7 +340,11 @@ def test_bad_arguments(perf, workdir):
                                   timeout=30))
     # Under -z 0 (the default) nccl's calls are queued and timed together: no call has a median.
     refusals.append(perf.run_args(["--stat", "median", "--impls", "ring,nccl", "--csv", old], np=1, timeout=30))
-    *flags, register, nccl, graph, queued_median = run_all(refusals)
+    # Ranks given different command lines (an MPMD launch) would wait on each other in different collectives.
+    mixed = ["-b", "8", "-e", "64", "-n", "1", "-w", "0", "--timeout-s", "5"]
+    refusals.append(([perf.mpirun, "--bind-to", "none", "-np", "1", perf.exe, *mixed, "--impls", "ring,mpi", ":",
+                      "-np", "1", perf.exe, *mixed, "--impls", "mpi,ring"], dict(timeout=30)))
+    *flags, register, nccl, graph, queued_median, mpmd = run_all(refusals)
 
     def our_lines(p):
         return [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
@@ -372,6 +376,11 @@ def test_bad_arguments(perf, workdir):
           ours[0].startswith(("allreduce_perf: error: --stat median: --impls nccl queues its calls under -z 0",
                               "allreduce_perf: error: --impls nccl: needs a build with CUDA")),
           f"--stat median with nccl under -z 0: exit 2, one line (got {p.returncode}: {ours or p.stderr[-200:]})")
+    p, ours = mpmd, our_lines(mpmd)
+    check(p.returncode == 2 and len(ours) == 1 and not p.stdout.strip() and
+          ours[0] == "allreduce_perf: error: ranks disagree on the arguments (rank 0: -b 8 -e 64 -n 1 -w 0 "
+                     "--timeout-s 5 --impls ring,mpi, rank 1: -b 8 -e 64 -n 1 -w 0 --timeout-s 5 --impls mpi,ring)",
+          f"ranks with different flags: exit 2, one line naming both (got {p.returncode}: {ours or p.stderr[-200:]})")
     with open(old) as f:
         kept = f.read() == "an earlier result\n"
     check(kept and sorted(os.listdir(workdir)) == before, "refused runs touch no file (an existing --csv is kept)")
