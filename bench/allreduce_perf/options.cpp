@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench/allreduce_perf/impl.h"
+#include "config/train_config.h"
 #include "launcher/cli_errors.h"
 #include "runtime/settings.h"
 
@@ -51,6 +52,23 @@ struct Typed {
   double link_latency_us = -1, link_gbps = -1;
   CLI::Option *factor = nullptr, *step_given = nullptr, *aggregate_given = nullptr;
 };
+
+// A number in [lo, hi]: CLI::Range lets NaN through (it compares false both ways).
+CLI::Validator finite_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end != text.c_str() && *end == '\0' && std::isfinite(v) && v >= lo && v <= hi) return std::string();
+        char range[160];
+        if (hi >= 1e300)
+          std::snprintf(range, sizeof range, "must be a number of at least %g (got %s)", lo, text.c_str());
+        else
+          std::snprintf(range, sizeof range, "must be a number from %g to %g (got %s)", lo, hi, text.c_str());
+        return std::string(range);
+      },
+      "", "NUMBER");
+}
 
 // Bytes with an optional K/M/G suffix (powers of 1024), as nccl-tests reads -b, -e and -i.
 size_t parse_size(const std::string& flag, const std::string& s) {
@@ -101,8 +119,12 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
                  "class: "
                  "intra=P,inter=P (across nodes through the node's NIC, shared by its ranks)")
       ->capture_default_str();
-  app.add_option("--link-latency-us", t.link_latency_us, "override the link's latency (us; a single preset)");
-  app.add_option("--link-gbps", t.link_gbps, "override the link's bandwidth (Gbit/s; a single preset)");
+  // train's ranges (config/train_config.h): 1e300 us overflowed the emulated delay into none, 0 Gbit/s read as
+  // unlimited, and -5 as "not given".
+  app.add_option("--link-latency-us", t.link_latency_us, "override the link's latency (us; a single preset)")
+      ->check(finite_in(0, kMaxLabMs * 1e3));
+  app.add_option("--link-gbps", t.link_gbps, "override the link's bandwidth (Gbit/s; a single preset)")
+      ->check(finite_in(kMinLinkGbps, 1e300));
   app.add_option("--stat", t.stat,
                  "time per call: mean (nccl-tests, combined over ranks by -a) or median (the p50 call)")
       ->capture_default_str()
@@ -116,7 +138,7 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
                  "gpu-ring-*: the largest chunk one ring step moves, MiB (each exchange's fixed cost is paid once per "
                  "chunk); 0: the trainer's")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 4096.0));
+      ->check(finite_in(0, 4096));
   app.add_option("-G,--cuda-graph", o.cuda_graph,
                  "nccl, gpu-ring-nccl: also capture N calls into a CUDA graph, launched once per timed call; rows "
                  "<impl>-graph beside the plain launch's, times per call (nccl-tests' -G); 0: no graphs")

@@ -325,6 +325,11 @@ def test_bad_arguments(perf, workdir):
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
         (["-z", "2"], "-z 2: 0 (queue the calls, wait once) or 1 (wait after each)"),
+        # train's ranges: 1e300 us overflowed the delay into none, 0 Gbit/s read as unlimited, -5 as not given
+        (["--link", "10gbe", "--link-latency-us", "1e300"], "--link-latency-us: must be a number from 0 to 1e+10"),
+        (["--link", "10gbe", "--link-gbps", "0"], "--link-gbps: must be a number of at least 1e-06 (got 0)"),
+        (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must be a number of at least 1e-06 (got -5)"),
+        (["--gpu-chunk-mb", "nan"], "--gpu-chunk-mb: must be a number from 0 to 4096 (got nan)"),
         (["--bogus", "1"], "unknown option --bogus, followed by 1"),
     ]
     # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
