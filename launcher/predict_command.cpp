@@ -585,8 +585,9 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
       ->type_name("LIST");
   cmd->add_option("--calibration", args->calibration, "allreduce_perf --csv or -J file: all-reduce times to use")
       ->type_name("FILE");
-  cmd->add_option("--json", args->json, "write the table and recommendations as JSON")->type_name("OUT");
-  cmd->add_flag("--force", args->force, "overwrite an existing --json file");
+  CLI::Option* json =
+      cmd->add_option("--json", args->json, "write the table and recommendations as JSON")->type_name("OUT");
+  cmd->add_flag("--force", args->force, "overwrite an existing --json file")->needs(json);
   // Every list flag's values as given (a --link's presets are checked where its text is split).
   cmd->parse_complete_callback([cmd] {
     for (const CLI::Option* option : cmd->get_options()) require_no_repeats(option->results(), option->get_name());

@@ -86,12 +86,13 @@ void add_report_command(CLI::App& app, FileCommand& parsed) {
   report->add_option("files", args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
   report->add_flag("--json", args->json,
                    "print a JSON array instead, one object per file: its summary and blame findings");
-  report
-      ->add_option("--html", args->html,
-                   "write the runs as one self-contained HTML page instead (setup, table, charts, blame)")
-      ->type_name("OUT.html")
-      ->excludes("--json");
-  report->add_flag("--force", args->force, "overwrite an existing --html page");
+  CLI::Option* html =
+      report
+          ->add_option("--html", args->html,
+                       "write the runs as one self-contained HTML page instead (setup, table, charts, blame)")
+          ->type_name("OUT.html")
+          ->excludes("--json");
+  report->add_flag("--force", args->force, "overwrite an existing --html page")->needs(html);
   report->callback([args, &parsed] { parsed = [args] { run_report(*args); }; });
 }
 

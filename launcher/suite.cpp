@@ -479,8 +479,8 @@ void print_lab_legend(int size, const std::string& losses_off, const std::vector
         size, size);
   if (find_case(results, "zero_stage1"))
     std::printf(
-        "zero_stage1: each rank updates its shard of the parameters; its optim includes the wait for the "
-        "parameters' all-gather after it\n");
+        "zero_stage1: each rank updates its shard of the parameters; its optim includes waiting for the "
+        "all-gather of the updated parameters\n");
   const CaseResult* layout = find_case(results, "pytorch_layout");
   const CaseResult* base = find_case(results, "weak_ws" + std::to_string(size));
   if (layout && base)
