@@ -111,7 +111,6 @@ with tempfile.TemporaryDirectory() as work:
              ([negative], "config: --bucket-mb must not be negative (got -5)"),
              ([torn], "is not the span of its pieces"),
              ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
-             ([run, "--force"], "--force requires --json"),
              # stat before open: a pipe would wait for a writer, /dev/zero fill the memory
              ([run, "--calibration", "/dev/zero"], "cannot read calibration /dev/zero: it is not a regular file"),
              ([run, "--calibration", work], f"cannot read calibration {work}: it is a folder"),

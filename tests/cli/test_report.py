@@ -246,6 +246,9 @@ def main():
             check(open(trace).read() == before, "the existing trace is left as it was")
             proc = run([ddplab, "timeline", a, "--force"])
             check(proc.returncode == 0, "timeline --force overwrites")
+        # --force without the file it overwrites: refused, not taken and ignored.
+        expect_usage_error(run([ddplab, "report", a, "--force"]), "--force requires --html", "report --force alone")
+        expect_usage_error(run([ddplab, "predict", a, "--force"]), "--force requires --json", "predict --force alone")
         # A stored setting of the wrong type: every reader refuses the file in one line that names the key.
         bad = os.path.join(work, "bad_config.h5")
         shutil.copyfile(a, bad)
