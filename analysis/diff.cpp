@@ -82,7 +82,10 @@ Sampled bucket_comm(const RunRecord& run, int k) {
   for (int r = 0; r < run.world_size(); ++r)
     for (int s = run.first_steady_step(); s < run.steps; ++s)
       ms.push_back(run.bucket_at(r, s, k).comm_end_ms - run.bucket_at(r, s, k).comm_start_ms);
-  return sampled(ms);
+  Sampled s = sampled(ms);
+  // The ranks' times of one all-reduce end together: the independent samples, for apart(), are the steps.
+  s.count = std::max(0, run.steps - run.first_steady_step());
+  return s;
 }
 
 // Settings that say where files go, what is printed, or when to give up, not how a step runs; a fault's rank and
@@ -186,8 +189,10 @@ std::string verdict_of_medians(const RunDiff& d) {
     const std::string hidden =
         std::abs(step.delta()) >= 0.1 * step.a.median
             ? fmt("; the steps scatter too much to call %s (a difference must pass %.2f ms, or every step of "
-                  "one run be slower than every step of the other): a quieter host would tell",
-                  ms_text(step.delta()).c_str(), noise_bound_ms(step.a, step.b))
+                  "one run be slower than every step of the other): %s would tell",
+                  ms_text(step.delta()).c_str(), noise_bound_ms(step.a, step.b),
+                  std::min(step.a.count, step.b.count) < kApartSamples ? "more steps or a quieter host"
+                                                                       : "a quieter host")
             : "";
     return fmt("no difference beyond noise in the step (median A %.2f ms, B %.2f ms)", step.a.median, step.b.median) +
            (config.empty() ? "" : " with " + config) + hidden +
@@ -337,8 +342,9 @@ void print_diff(std::FILE* out, const RunDiff& d) {
   for (const ConfigChange& c : d.config)
     std::fprintf(out, "    %-22s %s -> %s\n", c.key.c_str(), value_text(c.a).c_str(), value_text(c.b).c_str());
   std::fprintf(out,
-               "  per step (steady state; each step's values on the rank the others waited for; median and robust "
-               "spread over steps, ms; ranks: median of max - min across ranks):\n");
+               "  per step (steady state; the step: each step's slowest rank; the rest: each step's values on the rank "
+               "the others waited for; median and robust spread over steps, ms; ranks: median of max - min across "
+               "ranks):\n");
   std::fprintf(out, "  %-17s %9s %8s %9s %8s %9s %8s %8s\n", "", "A", "spread", "B", "spread", "B - A", "ranks A",
                "ranks B");
   constexpr double kShown = 0.005;  // ms: what prints as 0.00
@@ -353,8 +359,10 @@ void print_diff(std::FILE* out, const RunDiff& d) {
                  missed ? " +" : "");
     if (missed) misses += fmt("%s%s: A %.2f, B %.2f", misses.empty() ? "" : "; ", m.name.c_str(), m.mean_a, m.mean_b);
   }
-  std::fprintf(out, "  (*: beyond noise: |B - A| > %g x sqrt(spread_A^2 + spread_B^2) and > %.2f ms)\n", kNoiseSpreads,
-               d.floor_ms);
+  std::fprintf(out,
+               "  (*: beyond noise: |B - A| > %.2f ms and either > %g x sqrt(spread_A^2 + spread_B^2) or every step of "
+               "one above every step of the other, %d each at least)\n",
+               d.floor_ms, kNoiseSpreads, kApartSamples);
   if (!misses.empty())
     std::fprintf(out, "  (+: in some steps only, so the median is far from the mean over steps, ms per step: %s)\n",
                  misses.c_str());
@@ -401,7 +409,7 @@ nlohmann::json to_json(const RunDiff& d) {
                        {"beyond_noise", m.beyond}});
   const auto side = [](int64_t bytes, const Sampled& s) {
     return bytes ? nlohmann::json{{"bytes", bytes},  {"median_ms", s.median}, {"spread_ms", s.spread},
-                                  {"min_ms", s.min}, {"max_ms", s.max},       {"samples", s.count}}
+                                  {"min_ms", s.min}, {"max_ms", s.max},       {"steps", s.count}}
                  : nlohmann::json();
   };
   for (size_t k = 0; k < d.buckets.size(); ++k)

@@ -1053,17 +1053,15 @@ void note_extrapolations(const StepModel& m, const PredictSetting& setting, cons
     if (out.comm_source.find(" + link") == std::string::npos) out.comm_source += " + link";
   }
   const std::string name = impl_name(setting.impl, setting.wire);
-  // Each added rank keeps the measured ranks' compute, as on cores of its own: on the run's host, past its cores,
-  // they would take turns instead.
-  const bool past_the_cores = !m.on_gpu && m.host.cores > 0 && per_node * m.host.threads > m.host.cores;
   if (src.ranks > 0 && n != src.ranks)
-    out.extrapolated.push_back(std::to_string(n) + " ranks (measured " + std::to_string(src.ranks) + ")" +
-                               (past_the_cores && n > src.ranks
-                                    ? ", each with the measured compute on cores of its own (" +
-                                          std::to_string(per_node) + " x " + std::to_string(m.host.threads) +
-                                          " threads on this host's " + std::to_string(m.host.cores) +
-                                          " cores would take turns)"
-                                    : ""));
+    out.extrapolated.push_back(std::to_string(n) + " ranks (measured " + std::to_string(src.ranks) + ")");
+  // Each rank past the run's keeps the measured compute, as on cores of its own: on the run's host, past its cores,
+  // they would take turns instead.
+  if (!m.on_gpu && m.host.cores > 0 && n > m.measured.ranks && per_node * m.host.threads > m.host.cores)
+    out.extrapolated.push_back(
+        "compute of " + std::to_string(n) + " ranks as measured at " + std::to_string(m.measured.ranks) +
+        ", each on cores of its own (" + std::to_string(per_node) + " x " + std::to_string(m.host.threads) +
+        " threads on the run's host of " + std::to_string(m.host.cores) + " cores would take turns)");
   if (src.ranks > 0 && n > 1 && (nodes != measured.nodes() || (nodes > 1 && per_node != measured.ranks_on_a_node())))
     out.extrapolated.push_back(shape_text(setting) + " (measured " + shape_text(measured) + ")");
   if (src.ranks > 0 && n > 1 && name != src.name)

@@ -28,7 +28,7 @@ inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** arg
 }
 
 // 2 after one line naming why `path` (given with `flag`) cannot be written, or nothing: go on. Checked before the
-// work, so that a bad --csv costs no GPU time; an existing file is replaced.
+// work, so that a bad --csv costs no GPU time; an existing regular file is replaced (a device, pipe or link refuses).
 inline std::optional<int> refuse_output(const char* flag, const std::string& path, const char* program) {
   if (path.empty()) return std::nullopt;
   const std::string why = check_output_path(path, /*force=*/true);

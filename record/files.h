@@ -59,23 +59,21 @@ inline std::string folder_of(const std::string& path) {
 inline std::string check_output_path(const std::string& path, bool force) {
   if (path.empty()) return "output path is empty";
   struct stat st;
-  // lstat: a symbolic link to nothing is a name already taken (the writer's link() would refuse it after the run).
+  // lstat: the name itself, not what a link points to (a link to nothing is a name already taken).
   if (lstat(path.c_str(), &st) == 0) {
     const mode_t own = st.st_mode;
-    const bool link = S_ISLNK(own), to_something = !link || stat(path.c_str(), &st) == 0;
-    if (to_something && S_ISDIR(st.st_mode)) return "output path " + path + " is a folder (name a file)";
-    if (!force)
-      return "output file " + path + " already exists" +
-             (to_something ? "" : std::string(", a symbolic link to a missing file")) + " (pass --force to overwrite)";
-    // The finished file is renamed over the name: --force must not turn a device (/dev/null, for root), a pipe or a
-    // link into a plain file.
+    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      return "output path " + path + " is a folder (name a file)";
+    // The finished file is renamed over the name: a device (/dev/null, /dev/stdout's link, for root), a pipe or a
+    // link must not become a plain file, --force or not.
     if (!S_ISREG(own))
       return "output path " + path + " is " +
-             (link                           ? "a symbolic link"
+             (S_ISLNK(own)                   ? "a symbolic link"
               : S_ISFIFO(own)                ? "a pipe"
               : S_ISCHR(own) || S_ISBLK(own) ? "a device"
                                              : "not a regular file") +
-             ": --force replaces a regular file only (name another)";
+             ", which the written file would replace: name a regular file";
+    if (!force) return "output file " + path + " already exists (pass --force to overwrite)";
   }
   const std::string folder = folder_of(path);
   if (stat(folder.c_str(), &st) != 0)

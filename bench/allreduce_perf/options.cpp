@@ -61,7 +61,7 @@ CLI::Validator finite_in(double lo, double hi) {
         const double v = std::strtod(text.c_str(), &end);
         if (end != text.c_str() && *end == '\0' && std::isfinite(v) && v >= lo && v <= hi) return std::string();
         char range[160];
-        if (hi >= 1e300)
+        if (std::isinf(hi))
           std::snprintf(range, sizeof range, "must be a number of at least %g (got %s)", lo, text.c_str());
         else
           std::snprintf(range, sizeof range, "must be a number from %g to %g (got %s)", lo, hi, text.c_str());
@@ -124,7 +124,7 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
   app.add_option("--link-latency-us", t.link_latency_us, "override the link's latency (us; a single preset)")
       ->check(finite_in(0, kMaxLabMs * 1e3));
   app.add_option("--link-gbps", t.link_gbps, "override the link's bandwidth (Gbit/s; a single preset)")
-      ->check(finite_in(kMinLinkGbps, 1e300));
+      ->check(finite_in(kMinLinkGbps, kNoMax));
   app.add_option("--stat", t.stat,
                  "time per call: mean (nccl-tests, combined over ranks by -a) or median (the p50 call)")
       ->capture_default_str()

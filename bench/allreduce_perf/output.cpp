@@ -191,7 +191,8 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
 
 bool preflight(const Options& o, const Topology& hosts, int rank, int n) {
   std::string problem;
-  // A file that exists is replaced (as nccl-tests' output files are): only a folder or an unwritable place refuses.
+  // A regular file that exists is replaced (as nccl-tests' output files are); a folder, a device, a pipe, a link or an
+  // unwritable place refuses (the written file is renamed over the name).
   const auto writable = [](const char* flag, const std::string& path) {
     const std::string why = check_output_path(path, /*force=*/true);
     return why.empty() ? why : std::string(flag) + " " + path + ": " + why;

@@ -362,7 +362,7 @@ refusals_of_output_paths() {
   for np in 1 2; do
     expect_error $np "output folder $work/loop: Too many levels of symbolic links" \
       train "${small[@]}" --out "$work/loop/r.h5" --checkpoint "$work/ck.h5"
-    expect_error $np "output file $work/dangling.h5 already exists, a symbolic link to a missing file" \
+    expect_error $np "output path $work/dangling.h5 is a symbolic link, which the written file would replace" \
       train "${small[@]}" --out "$work/dangling.h5"
     input=$token_dir/node_a/same_name.bin  # a window for each of 2 ranks
     expect_error $np "output $input is $input, which this command reads" \
@@ -371,13 +371,14 @@ refusals_of_output_paths() {
     expect_error $np "output $token_dir/node_a/run.bin matches the token shards' pattern $token_dir/node_a/\\*\\.bin, so" \
       "${lm[@]}" --data "$token_dir/node_a/*.bin" --out "$token_dir/node_a/run.bin"
   done
-  # --force replaces a regular file, never what else a name stands for: the run's file is renamed over it.
+  # Only a regular file is replaced, --force or not, never what else a name stands for: the run's file is renamed
+  # over it.
   mkfifo "$work/pipe"
   echo "precious" >"$work/target.h5"
   ln -s "$work/target.h5" "$work/link.h5"
-  expect_error 1 "output path $work/pipe is a pipe: --force replaces a regular file only" \
+  expect_error 1 "output path $work/pipe is a pipe, which the written file would replace: name a regular file" \
     train "${small[@]}" --out "$work/pipe" --force
-  expect_error 1 "output path $work/link.h5 is a symbolic link: --force replaces a regular file only" \
+  expect_error 1 "output path $work/link.h5 is a symbolic link, which the written file would replace" \
     train "${small[@]}" --out "$work/link.h5" --force
   if [ -p "$work/pipe" ] && [ -L "$work/link.h5" ] && [ "$(cat "$work/target.h5")" = "precious" ]; then
     echo "ok   the pipe and the link are left as they were"; passed=$((passed + 1))

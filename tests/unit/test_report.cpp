@@ -853,14 +853,17 @@ Phases jittered(int, int s) {
 }
 
 // The step is each step's slowest rank, the median step report prints, not the step of the rank the others waited
-// for: rank 1 loads its data 5 ms longer, rank 0 waits for it in exposed comm.
+// for: rank 1 loads its data 5 ms longer, rank 0 waits for it in exposed comm and then spends 1 ms untimed, so rank
+// 0's step is the longer by 1 ms and rank 1 is the one the others waited for.
 TEST(Diff, TheStepIsTheMedianStepReportGives) {
   const RunRecord run = synthetic(2, [](int r, int s) {
     Phases p = jittered(r, s);
-    if (r == 1)
+    if (r == 1) {
       p.data += 5;
-    else
+    } else {
       p.exposed += 5;
+      p.untimed += 1;
+    }
     return p;
   });
   const RunDiff d = diff_runs(run, run);
