@@ -18,6 +18,7 @@
 #include "analysis/format.h"
 #include "analysis/summary.h"
 #include "config/train_config.h"
+#include "record/files.h"
 
 namespace ddplab {
 namespace {
@@ -454,10 +455,9 @@ Calibration read_calibration(const std::string& path) {
   const auto fail = [&](const std::string& why) {
     return std::runtime_error("cannot read calibration " + path + ": " + why);
   };
-  // stat first: opening a pipe would wait for a writer, and /dev/zero would fill the memory.
+  if (const std::string problem = input_file_problem(path); !problem.empty()) throw fail(problem);
   struct stat st;
   if (stat(path.c_str(), &st) != 0) throw fail(std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw fail(S_ISDIR(st.st_mode) ? "it is a folder" : "it is not a regular file");
   constexpr off_t kLargest = off_t{64} << 20;  // allreduce_perf's files are kilobytes
   if (st.st_size > kLargest) throw fail("larger than 64 MiB, which no allreduce_perf file is");
   std::ifstream in(path);

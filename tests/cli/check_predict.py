@@ -112,8 +112,8 @@ with tempfile.TemporaryDirectory() as work:
              ([torn], "is not the span of its pieces"),
              ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
              # stat before open: a pipe would wait for a writer, /dev/zero fill the memory
-             ([run, "--calibration", "/dev/zero"], "cannot read calibration /dev/zero: it is not a regular file"),
-             ([run, "--calibration", work], f"cannot read calibration {work}: it is a folder"),
+             ([run, "--calibration", "/dev/zero"], "cannot read calibration /dev/zero: is not a regular file"),
+             ([run, "--calibration", work], f"cannot read calibration {work}: is a folder"),
              # the sizes train takes, by its knobs' own checks: predict recommends no setting train refuses
              ([run, "--bucket-mb=-1,5"], "--bucket-mb must not be negative (got -1)"),
              ([run, "--bucket-mb=nan"], "--bucket-mb must be a finite number (got nan)"),

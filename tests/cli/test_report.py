@@ -359,7 +359,8 @@ def main():
         # A time no trainer writes: printed it would read nan, and the timeline would lose the event.
         # A huge one would add up to inf, which predict's replay would step through forever.
         nan_step, inf_bucket = os.path.join(bad_dir, "nan_step.h5"), os.path.join(bad_dir, "inf_bucket.h5")
-        huge_forward = os.path.join(bad_dir, "huge_forward.h5")
+        huge_forward, pipe = os.path.join(bad_dir, "huge_forward.h5"), os.path.join(bad_dir, "pipe.h5")
+        os.mkfifo(pipe)  # no writer: opening it to read would wait for one
         for path, dataset, value in ((nan_step, "steps/step_ms", math.nan), (inf_bucket, "buckets/comm_end_ms", math.inf),
                                      (huge_forward, "steps/forward_ms", 1e308)):
             shutil.copy(a, path)
@@ -371,7 +372,8 @@ def main():
                  (text, "not an HDF5 file"), (bare, "not a ddplab run file"), (no_steps, "missing"),
                  (nan_step, "steps/step_ms holds a value that is not finite (element 1)"),
                  (inf_bucket, "buckets/comm_end_ms holds a value that is not finite (element 1)"),
-                 (huge_forward, "steps/forward_ms holds a value past 1e15, which no run makes (element 1)")]
+                 (huge_forward, "steps/forward_ms holds a value past 1e15, which no run makes (element 1)"),
+                 (pipe, "is not a regular file (a pipe or a device)")]
         listing = sorted(os.listdir(bad_dir))
         reads = [(cmd, path, problem) for path, problem in cases
                  for cmd in (["report"], ["report", "--json"], ["timeline"], ["predict"])]
