@@ -207,6 +207,35 @@ CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
   }
 }
 
+// A flag that the run reads only where another knob is set: given without it, refused rather than ignored
+// (--fault-step 3 without --fault ran no fault, --prefetch 8 without loader threads prefetched nothing).
+struct FlagPartner {
+  const char* flag;
+  bool (*read)(const TrainConfig&);
+  const char* needs;  // completes "<flag> needs ..."
+};
+constexpr FlagPartner kFlagPartners[] = {
+    {"--fault-rank", [](const TrainConfig& c) { return c.fault != Fault::kNone; },
+     "a --fault other than none (it names the rank that injects it)"},
+    {"--fault-step", [](const TrainConfig& c) { return c.fault != Fault::kNone; },
+     "a --fault other than none (it names the step at which it fires)"},
+    {"--prefetch",
+     [](const TrainConfig& c) { return c.loader_threads > 0 && !c.transformer() && c.device == Device::kCpu; },
+     "--loader-threads 1 or more, with the MLP on the CPU (it counts the batches their loader prepares ahead)"},
+    {"--loader-threads", [](const TrainConfig& c) { return !c.transformer() || c.device == Device::kCuda; },
+     "the MLP or --device cuda (the transformer on the CPU makes its batches within the step, with no input "
+     "pipeline to emulate)"},
+    {"--data-cost-ms", [](const TrainConfig& c) { return !c.transformer() || c.device == Device::kCuda; },
+     "the MLP or --device cuda (the transformer on the CPU makes its batches within the step, with no input "
+     "pipeline to emulate)"},
+    {"--barrier-every", [](const TrainConfig& c) { return c.rank0_work_ms > 0; },
+     "--rank0-work-ms above 0 (it spaces rank 0's work and the barrier after it)"},
+    {"--slow-rank", [](const TrainConfig& c) { return c.straggler_ms > 0 || c.busy_threads > 0; },
+     "--straggler-ms or --busy-threads above 0 (they are what slows it)"},
+    {"--momentum", [](const TrainConfig& c) { return c.optimizer.kind == OptimizerKind::kSgd; },
+     "--optimizer sgd (AdamW's moments are its betas)"},
+};
+
 }  // namespace
 
 CLI::Validator auto_or_number_of(const std::string& flag) {
@@ -237,14 +266,13 @@ void check_knob_value(const std::string& flag, double value) {
 }
 
 void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
-  CLI::Option *warmup = nullptr, *momentum = nullptr;
+  CLI::Option* warmup = nullptr;
   std::vector<CLI::Option*> synthetic, transformer_only, mlp_only, cuda_only;  // the flags of each trait, as given
   visit_knobs(c, [&](const Knob& knob, auto& value) {
     if (!offered(knob, flags)) return;
     CLI::Option* option = add_knob_flag(app, knob, value);
     const void* field = &value;
     if (field == &c.warmup_steps) warmup = option;
-    if (field == &c.optimizer.momentum) momentum = option;
     if (knob.traits & kSynthetic) synthetic.push_back(option);
     if (knob.traits & kTransformer) transformer_only.push_back(option);
     if (knob.traits & kMlp) mlp_only.push_back(option);
@@ -259,7 +287,16 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   // A flag the run would not read is refused, not ignored: --classes 4 with a transformer trained its preset's 16.
   // Not in a suite, whose cases choose the model after its flags are parsed.
   const bool one_model = flags != FlagSet::kSuite;
-  app->parse_complete_callback([&c, warmup, momentum, synthetic, transformer_only, mlp_only, cuda_only, one_model] {
+  app->parse_complete_callback([app, &c, warmup, synthetic, transformer_only, mlp_only, cuda_only, one_model] {
+    const auto given = [app](const char* flag) {
+      const CLI::Option* option = app->get_option_no_throw(flag);
+      return option && option->count() > 0;
+    };
+    // An empty path given is a mistake (a variable left unset), not a request for none or for the default.
+    const std::pair<const char*, const std::string*> paths[] = {
+        {"--out", &c.out}, {"--checkpoint", &c.checkpoint}, {"--resume", &c.resume}};
+    for (const auto& [flag, path] : paths)
+      require(!given(flag) || !path->empty(), std::string(flag) + " needs a path (got an empty one)");
     require(warmup->count() == 0 || c.warmup_steps < c.steps,
             "--warmup-steps " + std::to_string(c.warmup_steps) + " leaves none of the " + std::to_string(c.steps) +
                 " steps (--steps) to measure: it must be smaller");
@@ -274,9 +311,9 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
                                           : option->get_name() +
                                                 " needs a transformer --model (got --model mlp, which trains "
                                                 "on synthetic features): leave it out or name one");
-      require(momentum->count() == 0 || c.optimizer.kind == OptimizerKind::kSgd,
-              "--momentum needs --optimizer sgd (AdamW's moments are its betas; got --optimizer " +
-                  std::string(to_string(c.optimizer.kind)) + ")");
+      // A suite's cases set the partners themselves (its straggler, barrier and input cases).
+      for (const FlagPartner& partner : kFlagPartners)
+        require(!given(partner.flag) || partner.read(c), std::string(partner.flag) + " needs " + partner.needs);
     }
     if (c.data.empty()) return;
     for (const CLI::Option* option : synthetic)

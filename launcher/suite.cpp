@@ -115,12 +115,16 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   barrier.config.rank0_work_ms = o.base.rank0_work_ms;
   barrier.config.barrier_every = o.base.barrier_every;
   cases.push_back(barrier);
-  for (int threads : {0, 2, 4}) {
-    Case input{"input_threads" + std::to_string(threads), "input", world, clean};
-    input.config.data_cost_ms = o.base.data_cost_ms;
-    input.config.loader_threads = threads;
-    input.config.prefetch = o.base.prefetch;
-    cases.push_back(input);
+  // The input pipeline's cases where one is emulated: the MLP's loader, or the GPU's batch prefetcher (the transformer
+  // on the CPU makes its batches within the step).
+  if (!clean.transformer() || clean.device == Device::kCuda) {
+    for (int threads : {0, 2, 4}) {
+      Case input{"input_threads" + std::to_string(threads), "input", world, clean};
+      input.config.data_cost_ms = o.base.data_cost_ms;
+      input.config.loader_threads = threads;
+      input.config.prefetch = o.base.prefetch;
+      cases.push_back(input);
+    }
   }
   // The remedy for what the two cores lack at ws>1: each rank updates its share of the parameters (--zero-stage 1),
   // the same math as the baseline, bit for bit. Where it applies: the CPU ring on the fp32 wire, 2+ ranks.

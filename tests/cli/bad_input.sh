@@ -119,6 +119,11 @@ refusals_at() {
     --classes 4 --steps 2
   expect_error $np "--min-len needs a transformer --model (got --model mlp" train "${small[@]}" --min-len 4
   expect_error $np "--momentum needs --optimizer sgd" train "${small[@]}" --momentum 0.9
+  # a flag whose partner is unset was taken and did nothing: no fault fired, nothing was prefetched
+  expect_error $np "--fault-step needs a --fault other than none" train "${small[@]}" --fault-step 1
+  expect_error $np "--prefetch needs --loader-threads 1 or more" train "${small[@]}" --prefetch 4
+  expect_error $np "--data-cost-ms needs the MLP or --device cuda" train --model tiny --steps 2 --data-cost-ms 1
+  expect_error $np "--checkpoint needs a path (got an empty one)" train "${small[@]}" --checkpoint ""
   expect_error $np "--busy-threads must be at least 0 (got -1)" train "${small[@]}" --busy-threads -1
   expect_error $np "must not be negative" train "${small[@]}" --bucket-mb -1
   # CLI11 took an empty value as 0 and a hex float as its number

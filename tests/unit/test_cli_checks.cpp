@@ -23,8 +23,8 @@ std::string refusal(const std::vector<std::string>& flags, int ranks = 1) {
   add_train_flags(&app, config);
   std::vector<const char*> argv{"ddplab"};
   for (const std::string& flag : flags) argv.push_back(flag.c_str());
-  app.parse(static_cast<int>(argv.size()), argv.data());
   try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
     validate(config);
     validate_for_ranks(config, ranks);
   } catch (const UsageError& e) {
@@ -73,7 +73,7 @@ TEST(CliChecks, PrefetchPastThisHostsMemoryIsRefused) {
                          "(--input-dim) (got 2147483647)"),
             std::string::npos)
       << refused;
-  EXPECT_EQ(refusal(huge), "");  // no loader threads: nothing prefetched
+  EXPECT_EQ(refusal(huge).rfind("--prefetch needs --loader-threads 1 or more", 0), 0u);  // nothing prefetched
   EXPECT_EQ(refusal({"--loader-threads", "2", "--prefetch", "64"}), "");
 }
 
@@ -84,6 +84,35 @@ TEST(CliChecks, AHangNeedsAPeerToFindIt) {
             "--fault hang needs 2 or more ranks: a hung rank is found by its peers' watchdogs, and 1 rank has none");
   EXPECT_EQ(refusal(hang, 2), "");
   EXPECT_EQ(refusal({"--fault", "kill", "--fault-step", "2"}, 1), "");
+}
+
+// A flag that only another knob's setting makes the run read is refused without it, and taken with it.
+TEST(CliChecks, AFlagWithoutTheKnobThatMakesItReadIsRefused) {
+  struct Case {
+    std::vector<std::string> alone, with_partner;
+  };
+  const Case cases[] = {
+      {{"--fault-rank", "1"}, {"--fault-rank", "1", "--fault", "nan"}},
+      {{"--fault-step", "1"}, {"--fault-step", "1", "--fault", "nan"}},
+      {{"--prefetch", "4"}, {"--prefetch", "4", "--loader-threads", "1"}},
+      {{"--barrier-every", "2"}, {"--barrier-every", "2", "--rank0-work-ms", "1"}},
+      {{"--slow-rank", "1"}, {"--slow-rank", "1", "--straggler-ms", "1"}},
+      {{"--slow-rank", "1", "--straggler-ms", "0"}, {"--slow-rank", "1", "--busy-threads", "1"}},
+      {{"--momentum", "0.9"}, {"--momentum", "0.9", "--optimizer", "sgd"}},
+      {{"--model", "tiny", "--loader-threads", "2"}, {"--loader-threads", "2"}},
+      {{"--model", "tiny", "--data-cost-ms", "1"}, {"--data-cost-ms", "1"}},
+  };
+  for (const Case& c : cases) {
+    const std::string flag = c.alone[c.alone[0] == "--model" ? 2 : 0];
+    EXPECT_EQ(refusal(c.alone, 2).rfind(flag + " needs ", 0), 0u) << refusal(c.alone, 2);
+    EXPECT_EQ(refusal(c.with_partner, 2), "");
+  }
+  // The partner set but at its own "off" is no partner: --loader-threads 0 prefetches nothing.
+  EXPECT_NE(refusal({"--prefetch", "4", "--loader-threads", "0"}), "");
+  // An empty path given is a variable left unset, not a request for the default.
+  EXPECT_EQ(refusal({"--checkpoint", ""}), "--checkpoint needs a path (got an empty one)");
+  EXPECT_EQ(refusal({"--resume", ""}), "--resume needs a path (got an empty one)");
+  EXPECT_EQ(refusal({"--out", ""}), "--out needs a path (got an empty one)");
 }
 
 // `ddplab suite FLAGS` parsed as the binary parses it: the steps its cases run, or the UsageError's line.
