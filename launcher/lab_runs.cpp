@@ -64,6 +64,7 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
   args.insert(args.end(), files.begin(), files.end());
   std::remove(page.c_str());  // a reused folder's page describes the runs just replaced, whether or not a new one comes
   const ChartFailure failure = run_chart_script(args, log);
+  end_if_stopped(failure);
   if (!failure)
     std::printf("charts: %s/ (PNG and SVG; list in %s)\n", charts.c_str(), log.c_str());
   else

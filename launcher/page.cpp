@@ -1,14 +1,18 @@
 #include "launcher/page.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
@@ -39,6 +43,58 @@ std::string last_line(const std::string& log) {
   return last;
 }
 
+namespace {
+
+// A stop (Ctrl-C, SIGTERM, SIGHUP) while charts.py runs, where the command leaves those signals at their default
+// (`report --html`; `train` has its StopSignals, and its page is finished): passed on to charts.py, which removes what
+// it was writing, and raised again once it has ended and the command has removed its temporary folder. Ended at
+// once, ddplab left charts.py writing the page seconds later, and the folder behind.
+constexpr int kStops[] = {SIGINT, SIGTERM, SIGHUP};
+volatile sig_atomic_t g_stop_received = 0;
+volatile sig_atomic_t g_chart_pid = 0;
+
+void pass_on_stop(int signal) {
+  if (!g_stop_received) g_stop_received = signal;
+  if (g_chart_pid > 0) kill(static_cast<pid_t>(g_chart_pid), signal);
+}
+
+class StopsPassedOn {
+ public:
+  StopsPassedOn() {
+    g_stop_received = 0;
+    struct sigaction action = {};
+    action.sa_handler = pass_on_stop;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < std::size(kStops); ++i) {
+      sigaction(kStops[i], nullptr, &previous_[i]);
+      installed_[i] = previous_[i].sa_handler == SIG_DFL && sigaction(kStops[i], &action, nullptr) == 0;
+    }
+  }
+  ~StopsPassedOn() {
+    g_chart_pid = 0;
+    for (size_t i = 0; i < std::size(kStops); ++i)
+      if (installed_[i]) sigaction(kStops[i], &previous_[i], nullptr);
+  }
+  StopsPassedOn(const StopsPassedOn&) = delete;
+  StopsPassedOn& operator=(const StopsPassedOn&) = delete;
+  void started(pid_t pid) {
+    g_chart_pid = pid;
+    if (g_stop_received) kill(pid, g_stop_received);  // the stop came while it was being started
+  }
+  static int received() { return g_stop_received; }
+
+ private:
+  struct sigaction previous_[std::size(kStops)];
+  bool installed_[std::size(kStops)] = {};
+};
+
+}  // namespace
+
+void end_if_stopped(const ChartFailure& failure) {
+  if (failure.stop_signal) raise(failure.stop_signal);  // its handler is the default again: the process ends by it
+}
+
 // Started from an argument list, not through a shell, so a path may hold any byte.
 ChartFailure run_chart_script(const std::vector<std::string>& script_args, const std::string& log) {
   const std::string dir = scripts_dir();
@@ -54,11 +110,21 @@ ChartFailure run_chart_script(const std::vector<std::string>& script_args, const
   posix_spawn_file_actions_addopen(&output, STDOUT_FILENO, log.c_str(), O_WRONLY | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&output, STDOUT_FILENO, STDERR_FILENO);
   pid_t pid = 0;
-  int status = 0;
-  const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
-  posix_spawn_file_actions_destroy(&output);
-  if (!started) return {"cannot start " + args[0]};
-  const bool exited = waitpid(pid, &status, 0) == pid && WIFEXITED(status);
+  int status = 0, stop_signal = 0;
+  bool exited = false;
+  {
+    StopsPassedOn stops;
+    const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
+    posix_spawn_file_actions_destroy(&output);
+    if (!started) return {"cannot start " + args[0]};
+    stops.started(pid);
+    pid_t waited = 0;
+    while ((waited = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+    }
+    exited = waited == pid && WIFEXITED(status);
+    stop_signal = StopsPassedOn::received();
+  }
+  if (stop_signal) return {std::string("stopped by ") + strsignal(stop_signal), false, "", stop_signal};
   if (exited && WEXITSTATUS(status) == 0) return {};
   const std::string why = last_line(log);
   if (exited && WEXITSTATUS(status) == 2 && !why.empty() && why[0] != '#') return {why, /*refused_input=*/true};
@@ -79,6 +145,7 @@ ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::s
   const ChartFailure failure = run_chart_script(args, work + "/charts.log");
   std::error_code ignored;
   if (failure.log.empty()) fs::remove_all(work, ignored);  // else its log stays, named, for the reader
+  end_if_stopped(failure);
   return failure;
 }
 

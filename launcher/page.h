@@ -18,8 +18,12 @@ struct ChartFailure {
   std::string why;  // "" when it succeeded
   bool refused_input = false;
   std::string log = {};
+  int stop_signal = 0;  // the signal that stopped it (passed on to it), which end_if_stopped raises
   explicit operator bool() const { return !why.empty(); }
 };
+
+// A command stopped while charts.py ran ends by that signal, once it has cleaned up after it.
+void end_if_stopped(const ChartFailure& failure);
 
 // Runs charts.py with these arguments (after OUT_DIR: --suite/--sweep/--page/--report and the run files), its
 // output into log.

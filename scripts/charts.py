@@ -41,6 +41,7 @@ Bad input: one line "charts.py: error: ..." on stderr, exit code 2.
 """
 import json
 import os
+import signal
 import sys
 import textwrap
 from collections import Counter
@@ -886,6 +887,18 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # A stop unwinds, so that a file being written whole removes its temporary (whole_file.py) instead of leaving it
+    # beside the user's files; the stops after the first (ddplab passes on what the terminal also sends) are ignored,
+    # so as not to cut that removal short.
+    STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def stop(number, frame):
+        for s in STOPS:
+            signal.signal(s, signal.SIG_IGN)
+        sys.exit(128 + number)
+
+    for s in STOPS:
+        signal.signal(s, stop)
     try:
         main(sys.argv)
     except BadInput as e:

@@ -7,9 +7,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import h5py
 import numpy as np
@@ -29,6 +31,48 @@ def expect_usage_error(proc, expected, what):
     lines = error_lines(proc.stderr)
     ok = proc.returncode == 2 and len(lines) == 1 and expected in lines[0]
     check(ok, f"{what}: exit 2 and one line with '{expected}' (got {proc.returncode}: {proc.stderr.strip()[:300]})")
+
+
+def chart_script_of(pid):
+    """The pid of pid's child running charts.py, or None."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if parent == pid and b"charts.py" in f.read():
+                    return int(entry)
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or one that ended meanwhile
+    return None
+
+
+def check_stopped_page(ddplab, run_file, work):
+    """`report --html` sent SIGTERM while charts.py draws: it ends by the signal, charts.py with it, and neither the
+    page, its temporary nor the charts' temporary folder is left (charts.py, left running, wrote the page seconds
+    later)."""
+    tmp = os.path.join(work, "stop_tmp")
+    os.mkdir(tmp)
+    page = os.path.join(work, "stop.html")
+    proc = subprocess.Popen([ddplab, "report", "--html", page, run_file], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=dict(os.environ, TMPDIR=tmp))
+    charts, deadline = None, time.monotonic() + 60
+    while charts is None and proc.poll() is None and time.monotonic() < deadline:
+        charts = chart_script_of(proc.pid)
+        time.sleep(0.02)
+    if charts is None:
+        proc.kill()
+        proc.wait()
+        check(False, "report --html started charts.py (to stop it there)")
+        return
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    gone = not os.path.exists(f"/proc/{charts}")
+    left = [n for n in os.listdir(work) if n.startswith("stop.html")] + \
+        [n for n in os.listdir(tmp) if n.startswith("ddplab_page.")]
+    check(proc.returncode == -signal.SIGTERM and gone and not left,
+          f"report --html stopped by SIGTERM ends by it ({proc.returncode}), charts.py with it ({gone}), "
+          f"leaving nothing ({left})")
 
 
 def check_trace(trace_path, run_path):
@@ -465,6 +509,7 @@ def main():
         proc = run([sys.executable, charts, out_dir, text])
         check(proc.returncode == 2 and len(error_lines(proc.stderr, "charts.py:")) == 1,
               f"charts.py on a bad file: exit 2, one line ({proc.returncode}: {proc.stderr.strip()[:200]})")
+        check_stopped_page(ddplab, a, work)
         # Pages of copies of a with one thing changed, and files charts.py refuses: drawn side by side, each into a
         # folder of its own, then checked in turn.
         # Outside a suite too, a run whose ranks took turns on the cores is marked so, as `ddplab report` marks it.
