@@ -198,13 +198,17 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
 // The command parsed and checked; returns the exit code.
 int run_command(const Commands& c, const std::string& command_line, int rank) {
   if (c.file_command) {
-    // Rank 0 alone, no collective pending: a failure that is no bad input (a page whose scripts are missing) is one
-    // line and exit 1, without the MPI_Abort that a job of many ranks at work needs.
+    // Rank 0 alone, no collective pending: a failure that is no bad input is one line, without the MPI_Abort that a
+    // job of many ranks at work needs; exit 5 for an output that could not be written, else 1 (a page whose scripts
+    // are missing).
     if (rank != 0) return 0;
     try {
       c.file_command();
     } catch (const UsageError&) {
       throw;
+    } catch (const WriteFailed& e) {
+      std::fprintf(stderr, "ddplab: error: %s\n", e.what());
+      return kExitWriteFailed;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddplab: error: %s\n", e.what());
       return 1;
@@ -284,8 +288,9 @@ int main(int argc, char** argv) {
                         : "",
                  memory ? (std::string(e.what()) + ")").c_str() : e.what());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);  // takes every other rank down with us: nobody waits forever
-    return 1;
+    const int code = dynamic_cast<const WriteFailed*>(&e) ? kExitWriteFailed : 1;  // a suite's or sweep's summary
+    MPI_Abort(MPI_COMM_WORLD, code);  // takes every other rank down with us: nobody waits forever
+    return code;
   }
   MPI_Finalize();
   return code;

@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "analysis/report.h"
+#include "runtime/errors.h"
 
 namespace ddplab {
 namespace fs = std::filesystem;
@@ -124,11 +125,14 @@ ChartFailure run_chart_script(const std::vector<std::string>& script_args, const
     exited = waited == pid && WIFEXITED(status);
     stop_signal = StopsPassedOn::received();
   }
-  if (stop_signal) return {std::string("stopped by ") + strsignal(stop_signal), false, "", stop_signal};
+  if (stop_signal) return {std::string("stopped by ") + strsignal(stop_signal), false, false, "", stop_signal};
   if (exited && WEXITSTATUS(status) == 0) return {};
   const std::string why = last_line(log);
   if (exited && WEXITSTATUS(status) == 2 && !why.empty() && why[0] != '#') return {why, /*refused_input=*/true};
-  return {(why.empty() || why[0] == '#' ? "charts.py failed" : why) + "; its log: " + log, false, log};
+  const std::string prefix = "charts.py: error: ";  // its line names what it could not write: ddplab's line then
+  if (exited && WEXITSTATUS(status) == kExitWriteFailed && why.rfind(prefix, 0) == 0)
+    return {why.substr(prefix.size()), false, /*write_failed=*/true};
+  return {(why.empty() || why[0] == '#' ? "charts.py failed" : why) + "; its log: " + log, false, false, log};
 }
 
 ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page) {

@@ -12,11 +12,13 @@ namespace ddplab {
 // The folder the helper scripts are run from, or "" when there is none (an installed ddplab without its share/).
 std::string scripts_dir();
 
-// Why charts.py drew nothing: its one line, whether that line was its refusal of the run files (its exit code 2)
-// rather than a failure of its own, and the log worth reading (a failure of its own; "" where the line says it all).
+// Why charts.py drew nothing: its one line, whether that line was its refusal of the run files (its exit code 2) or
+// an output it could not write (its exit code 5) rather than a failure of its own, and the log worth reading (a
+// failure of its own; "" where the line says it all).
 struct ChartFailure {
   std::string why;  // "" when it succeeded
   bool refused_input = false;
+  bool write_failed = false;
   std::string log = {};
   int stop_signal = 0;  // the signal that stopped it (passed on to it), which end_if_stopped raises
   explicit operator bool() const { return !why.empty(); }

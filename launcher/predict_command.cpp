@@ -454,11 +454,7 @@ void write_predictions_json(const PredictArgs& a, const StepModel& model, const 
         {"notes", model.notes}}},
       {"rows", rows_json},
       {"recommended", recommended}};
-  try {
-    write_text_file(a.json, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", a.force);
-  } catch (const std::runtime_error& e) {
-    throw UsageError(e.what());
-  }
+  write_text_file(a.json, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", a.force);
   std::printf("predictions: %s\n", a.json.c_str());
 }
 

@@ -57,6 +57,7 @@ void run_report(const ReportArgs& args) {
   for (const std::string& path : args.files) runs.push_back(summarized(read_input(path, empty)));
   if (!args.html.empty()) {
     if (const ChartFailure failure = write_run_page(runs, args.html)) {
+      if (failure.write_failed) throw WriteFailed(failure.why);  // it names the page, or the chart in its folder
       const std::string what = "cannot write the page " + args.html + ": " + failure.why;
       if (failure.refused_input) throw UsageError(what);
       throw std::runtime_error(what);

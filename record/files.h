@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/errors.h"
+
 namespace ddplab {
 
 // The temporary beside `path` that a whole-or-nothing write goes through: the pid and a random part, so that the
@@ -175,8 +177,7 @@ inline void publish_file(const std::string& tmp, const std::string& path, bool f
     }
   }
   if (!ok)
-    throw std::runtime_error("cannot create " + path + ": " + std::strerror(error) + "; the complete file is kept as " +
-                             tmp);
+    throw WriteFailed("cannot create " + path + ": " + std::strerror(error) + "; the complete file is kept as " + tmp);
   unlink(tmp.c_str());  // after link(): the temporary name; after rename(): nothing (ENOENT)
   sync_folder(folder_of(path));
 }
@@ -191,13 +192,13 @@ inline void write_text_file(const std::string& path, const std::string& text, bo
   if (!ok) {
     const int error = errno;
     unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + std::strerror(error));
+    throw WriteFailed("cannot write " + path + ": " + std::strerror(error));
   }
   try {
     sync_to_disk(tmp);
   } catch (const std::exception& e) {
     unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + e.what());
+    throw WriteFailed("cannot write " + path + ": " + e.what());
   }
   publish_file(tmp, path, force);
 }

@@ -330,7 +330,7 @@ void write_run_file(const std::string& path, bool force, const RunRecord& run, c
     sync_to_disk(tmp);
   } catch (const std::exception& e) {
     unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + e.what());
+    throw WriteFailed("cannot write " + path + ": " + e.what());
   }
   publish_file(tmp, path, force);
 }

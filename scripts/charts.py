@@ -39,6 +39,7 @@ the run file's stored `summary`, the one ddplab computed; only the step-time cha
 Prints the path of every file it writes. Needs Debian's python3-h5py and python3-matplotlib (/usr/bin/python3).
 Bad input: one line "charts.py: error: ..." on stderr, exit code 2.
 """
+import io
 import json
 import os
 import signal
@@ -54,6 +55,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
+from whole_file import write_whole  # noqa: E402 (beside this script)
 
 SCHEMA_VERSION = 3
 # Config keys that do not make two runs different experiments.
@@ -62,6 +64,10 @@ INCIDENTAL = {"out", "force"}
 
 class BadInput(Exception):
     pass
+
+
+class WriteFailed(Exception):
+    """An output that could not be written (a full disk, a quota, an I/O error): exit code 5, as ddplab's."""
 
 
 class Run:
@@ -215,7 +221,12 @@ OVERVIEW_CHARTS = ("throughput", "loss", "update", "bucket_sweep", "predicted_vs
 def save(fig, out_dir, name, written):
     for ext in ("png", "svg"):
         path = os.path.join(out_dir, f"{name}.{ext}")
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        drawn = io.BytesIO()
+        fig.savefig(drawn, format=ext, dpi=120, bbox_inches="tight")
+        try:
+            write_whole(path, drawn.getvalue())
+        except OSError as e:
+            raise WriteFailed(f"cannot write {path}: {e.strerror}") from None
         written.append(path)
     plt.close(fig)
 
@@ -881,7 +892,7 @@ def main(argv):
         try:
             written.append(write_page(page, runs, written, suite_summary, [s for _, s in sweeps], reports))
         except OSError as e:  # the disk filled up, or the folder went away, while the charts were drawn
-            raise BadInput(f"cannot write the page {page}: {e.strerror}") from None
+            raise WriteFailed(f"cannot write the page {page}: {e.strerror}") from None
     for path in written:
         print(path)
 
@@ -904,6 +915,9 @@ if __name__ == "__main__":
     except BadInput as e:
         print(f"charts.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except WriteFailed as e:
+        print(f"charts.py: error: {e}", file=sys.stderr)
+        sys.exit(5)
     except (KeyError, ValueError) as e:
         print(f"charts.py: error: unexpected run file contents ({e})", file=sys.stderr)
         sys.exit(2)

@@ -13,6 +13,7 @@
 #include "ddp/reducer.h"
 #include "model/parameters.h"
 #include "record/step_record.h"
+#include "runtime/errors.h"  // kExitWriteFailed
 #include "runtime/owned_comm.h"
 #include "train/clock.h"
 
@@ -27,9 +28,6 @@ class TrainingStopped : public std::runtime_error {
   explicit TrainingStopped(const std::string& what, int exit_code = 4) : std::runtime_error(what), exit_code(exit_code) {}
   int exit_code;
 };
-
-// A run file, snapshot or checkpoint could not be written (disk full, quota, I/O error, a read-only folder).
-inline constexpr int kExitWriteFailed = 5;
 
 // The step's agreement, one small non-blocking all-reduce on a communicator of its own: {a stop signal, 1 + the
 // highest rank with a non-finite loss}, both by MAX. Started after the last backward (it needs the step's losses) and

@@ -155,6 +155,26 @@ def main():
         check("No space left on device" in raised and os.listdir(folder) == [],
               f"page on a full disk: the error, and no page or temporary left ({raised!r}, {os.listdir(folder)})")
 
+    # The outputs of the commands that read run files, on a full disk: exit 5 as a run file's, one line naming the
+    # path and the reason, and nothing left behind (the page's charts.py passes its failure on).
+    with tempfile.TemporaryDirectory() as elsewhere, Tmpfs("12k") as folder:
+        run_file = os.path.join(elsewhere, "run.h5")
+        code, text = finish(start(mpirun, ddplab, ["--steps", "4", "--out", run_file], 1))
+        check(code == 0, f"a run to read ({text[-300:]})")
+        fill(folder)
+        before = sorted(os.listdir(folder))
+        for command, output, what in ((["timeline", run_file, "-o"], "t.json", ""),
+                                      (["predict", run_file, "--json"], "p.json", ""),
+                                      (["report", run_file, "--html"], "p.html", "the page ")):
+            path = os.path.join(folder, output)
+            p = subprocess.run([ddplab, *command, path], capture_output=True, text=True, timeout=120)
+            lines = stopped_lines(p.stdout + p.stderr)
+            check(p.returncode == 5 and len(lines) == 1 and
+                  lines[0] == f"ddplab: error: cannot write {what}{path}: No space left on device" and
+                  sorted(os.listdir(folder)) == before,
+                  f"{command[0]} on a full disk: exit 5, one line naming path and reason, nothing left (code "
+                  f"{p.returncode}, {lines}, {sorted(os.listdir(folder))})")
+
     # A /dev/shm too small for the shared-memory segments (64 MiB: Docker's default), in a mount namespace of the
     # test's own: never a SIGBUS at the first write into a page tmpfs could not give. The ring's FIFOs (8 ranks) fall
     # back to MPI, every rank agreeing; the gradients' registered buffer (2 ranks, 50 MB each) falls back to ordinary
