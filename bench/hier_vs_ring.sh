@@ -31,7 +31,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # 4 ranks: mor
 for link in 10gbe 25gbe 100gbe-ib; do
   echo "== inter-node $link"
   mpirun --oversubscribe --bind-to none -np 4 "$build/bench/allreduce_perf" -b 1M -e "$max_bytes" -f 2 \
-    -w 1 -n "$iters" --impls ring,mpi,hier --ranks-per-node 2 --link "intra=none,inter=$link" --json "$out/$link.json"
+    -w 1 -n "$iters" --impls ring,mpi,hier --ranks-per-node 2 --link "intra=none,inter=$link" --json "$out/$link.json" \
+    --force  # a rerun into the same day's folder replaces its results
 done
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys

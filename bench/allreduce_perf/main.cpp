@@ -98,9 +98,9 @@ int finish(const Options& o, int n, const Topology& topology, const std::vector<
   }
   for (const Row& r : rows) total_wrong += std::max(0LL, r.oop.wrong) + std::max(0LL, r.ip.wrong);
   // Whole or not at all (record/files.h).
-  if (!o.csv_path.empty()) write_text_file(o.csv_path, results_csv(o, n, rows), /*force=*/true);
+  if (!o.csv_path.empty()) write_text_file(o.csv_path, results_csv(o, n, rows), o.force);
   if (!o.json_path.empty())
-    write_text_file(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong), /*force=*/true);
+    write_text_file(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong), o.force);
   if (o.check_iters > 0)
     std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   else

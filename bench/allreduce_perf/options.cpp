@@ -159,6 +159,7 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
       ->capture_default_str();
   app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
   app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
+  app.add_flag("--force", o.force, "replace an existing --csv or -J file (never done otherwise)");
 }
 
 // -R is DDPLAB_LOCAL_REGISTER for this run: one fact, so that the Communicators' transport names (single copy,

@@ -33,6 +33,7 @@ struct Options {
   std::vector<std::string> impls;
   LinkClasses link;
   std::string csv_path, json_path, command_line;
+  bool force = false;       // --force: an existing --csv or -J file is replaced
   int ranks_per_node = 0;   // 0: the hosts are the nodes (comm/topology.h)
   bool diag = false;        // --diag: what each rank saw (CPUs, waits, page placement) under the table
   double timeout_s = 300;   // --timeout-s: the watchdog ends the job after this long without progress (0: off)

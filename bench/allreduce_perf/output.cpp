@@ -191,10 +191,10 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
 
 bool preflight(const Options& o, const Topology& hosts, int rank, int n) {
   std::string problem;
-  // A regular file that exists is replaced (as nccl-tests' output files are); a folder, a device, a pipe, a link or an
-  // unwritable place refuses (the written file is renamed over the name).
-  const auto writable = [](const char* flag, const std::string& path) {
-    const std::string why = check_output_path(path, /*force=*/true);
+  // A file that exists is replaced only with --force, as ddplab's outputs (a run file given as -J was lost); a folder,
+  // a device, a pipe, a link or an unwritable place refuses either way (the written file is renamed over the name).
+  const auto writable = [&o](const char* flag, const std::string& path) {
+    const std::string why = check_output_path(path, o.force);
     return why.empty() ? why : std::string(flag) + " " + path + ": " + why;
   };
   if (rank == 0) problem = o.csv_path.empty() ? "" : writable("--csv", o.csv_path);

@@ -285,12 +285,18 @@ def test_flags(perf, workdir):
               all(c["oop_wrong"] == "" and c["ip_wrong"] == "" for c in rows) and "not checked (-c 0)" in p.stdout,
               "-c 0: #wrong N/A in the table, null in the JSON, empty in the CSV")
 
-    # Files: written whole, nothing left beside them; an existing result is replaced.
+    # Files: written whole, nothing left beside them; an existing result is replaced with --force alone.
     with open(os.path.join(workdir, "step.csv"), "w") as f:
         f.write("old\n")
-    run_ok(perf, workdir, "step", ["-b", "4", "-e", "4", "-n", "1", "--impls", "ring"])
+    kept_args = ["-b", "4", "-e", "4", "-n", "1", "--impls", "ring", "--csv", os.path.join(workdir, "step.csv")]
+    p = perf.run(kept_args, 2)
+    with open(os.path.join(workdir, "step.csv")) as f:
+        kept = f.read() == "old\n"
+    check(p.returncode == 2 and "already exists (pass --force to overwrite)" in p.stderr and kept,
+          f"an existing --csv file is kept without --force (got {p.returncode}: {p.stderr.strip()[-200:]})")
+    run_ok(perf, workdir, "step", ["-b", "4", "-e", "4", "-n", "1", "--impls", "ring", "--force"])
     _, rows = load(workdir, "step")
-    check(len(rows) == 1 and rows[0]["size_bytes"] == "4", "an existing --csv file is replaced by the new result")
+    check(len(rows) == 1 and rows[0]["size_bytes"] == "4", "with --force it is replaced by the new result")
     leftovers = [f for f in os.listdir(workdir) if ".tmp" in f]
     check(not leftovers, f"no temporary files left beside the results ({leftovers})")
 
@@ -333,18 +339,20 @@ def test_bad_arguments(perf, workdir):
         (["--bogus", "1"], "unknown option --bogus, followed by 1"),
     ]
     # The default -e 256M would run for minutes: refusing within 30 s means nothing was measured first.
-    refusals = [perf.run_args([*args, "--csv", old] if "--csv" not in args else args, timeout=30) for args, _ in cases]
+    # --csv names an existing file, --force or not: a refused run must not touch it, whichever check refuses.
+    refusals = [perf.run_args([*args, "--csv", old, "--force"] if "--csv" not in args else args, timeout=30)
+                for args, _ in cases]
     # -R is DDPLAB_LOCAL_REGISTER for the run: an environment that says otherwise is refused the same way.
-    refusals.append(perf.run_args(["-R", "0", "-b", "4", "-e", "4", "-n", "1", "-w", "0", "--csv", old], timeout=30,
+    refusals.append(perf.run_args(["-R", "0", "-b", "4", "-e", "4", "-n", "1", "-w", "0", "--csv", old, "--force"], timeout=30,
                                   env={**os.environ, "DDPLAB_LOCAL_REGISTER": "1"}))
     # A GPU implementation where none can run (a build without CUDA, or no device): refused the same way, before
     # any rank enters NCCL. Where a GPU is present it runs (one rank: ncclAllReduce takes a GPU per rank).
     refusals.append(perf.run_args(["--impls", "nccl", "-b", "4", "-e", "4", "-n", "1", "-w", "0"], np=1, timeout=60))
     # -G with an emulated link on our GPU ring: the link waits on the host, which a graph's replay leaves out.
-    refusals.append(perf.run_args(["-G", "2", "--impls", "gpu-ring-nccl", "--link", "10gbe", "--csv", old], np=1,
+    refusals.append(perf.run_args(["-G", "2", "--impls", "gpu-ring-nccl", "--link", "10gbe", "--csv", old, "--force"], np=1,
                                   timeout=30))
     # Under -z 0 (the default) nccl's calls are queued and timed together: no call has a median.
-    refusals.append(perf.run_args(["--stat", "median", "--impls", "ring,nccl", "--csv", old], np=1, timeout=30))
+    refusals.append(perf.run_args(["--stat", "median", "--impls", "ring,nccl", "--csv", old, "--force"], np=1, timeout=30))
     # Ranks given different command lines (an MPMD launch) would wait on each other in different collectives.
     mixed = ["-b", "8", "-e", "64", "-n", "1", "-w", "0", "--timeout-s", "5"]
     refusals.append(([perf.mpirun, "--bind-to", "none", "-np", "1", perf.exe, *mixed, "--impls", "ring,mpi", ":",
