@@ -340,16 +340,30 @@ void find_comm_bound(const RunRecord& run, const RunSummary& st, std::vector<Fin
   }
 }
 
-// Every rank, alike, waiting for its input.
-void find_input_bound(const RunSummary& st, std::vector<Finding>& out) {
+// Every rank, alike, waiting for its input. The remedy named is one the run reads (launcher/cli.cpp refuses the
+// others): the CPU MLP's loader threads and their prefetch depth, the GPU prefetcher's threads.
+void find_input_bound(const RunRecord& run, const RunSummary& st, std::vector<Finding>& out) {
   const double pace = st.slowest_step_ms;
   const OverRanks data = over_ranks(st.ranks, [](const StepRecord& p) { return p.data_ms; });
-  if (data.least >= kInputBoundShare * pace && data.least >= kAlikeRatio * data.most) {
-    out.push_back({Cause::kInputBound, -1,
-                   fmt("input-bound: every rank spends %.2f ms/step producing its batch (%.0f%% of the step); more "
-                       "--loader-threads and a deeper --prefetch get batches ready before they are needed",
-                       data.median, 100 * data.median / pace)});
-  }
+  if (data.least < kInputBoundShare * pace || data.least < kAlikeRatio * data.most) return;
+  const TrainConfig c = config_from_json(run.config);
+  std::string remedy;
+  if (c.device == Device::kCuda)
+    remedy =
+        fmt("more --loader-threads (now %d) share the cost of the batch the GPU's prefetcher stages a step "
+            "ahead",
+            c.loader_threads);
+  else if (!c.transformer())
+    remedy =
+        fmt("more --loader-threads (now %d) and a deeper --prefetch (now %d) get batches ready before they are "
+            "needed",
+            c.loader_threads, c.prefetch);
+  else
+    remedy = "the transformer on the CPU makes its batches within the step, with no loader threads to take them off it";
+  out.push_back({Cause::kInputBound, -1,
+                 fmt("input-bound: every rank spends %.2f ms/step producing its batch (%.0f%% of the step); ",
+                     data.median, 100 * data.median / pace) +
+                     remedy});
 }
 
 // Nothing to blame: the slowest rank's step, phase by phase.
@@ -412,7 +426,7 @@ std::vector<Finding> diagnose(const RunRecord& run, const RunSummary& st) {
   std::vector<Finding> out;
   if (st.ranks.size() >= 2) find_pace_setters(run, st, out);
   find_comm_bound(run, st, out);
-  find_input_bound(st, out);
+  find_input_bound(run, st, out);
   if (out.empty()) out.push_back(step_breakdown(st));
   // After the rest, so that a run with nothing else to blame still gets its breakdown first.
   find_padding_bound(run, st, out);

@@ -560,14 +560,24 @@ TEST(Blame, UntimedWorkWithoutABarrier) {
 }
 
 TEST(Blame, EveryRankWaitingForInputIsInputBound) {
-  const RunRecord run = synthetic(2, [](int r, int) {
+  RunRecord run = synthetic(2, [](int r, int) {
     Phases p;
     p.data = 20 + r;
     return p;
   });
   const Finding f = first_finding(run);
   EXPECT_EQ(f.cause, Cause::kInputBound) << all_text(run);
-  EXPECT_NE(f.text.find("--loader-threads"), std::string::npos) << f.text;
+  EXPECT_NE(f.text.find("more --loader-threads (now 0) and a deeper --prefetch (now 2)"), std::string::npos) << f.text;
+  // The remedy is one the run reads: the GPU's prefetcher takes --loader-threads alone, the CPU transformer neither.
+  run.config["device"] = "cuda";
+  const std::string gpu = first_finding(run).text;
+  EXPECT_NE(gpu.find("more --loader-threads (now 0)"), std::string::npos) << gpu;
+  EXPECT_EQ(gpu.find("--prefetch"), std::string::npos) << gpu;
+  run.config["device"] = "cpu";
+  run.config["model"] = "tiny";
+  const std::string transformer = first_finding(run).text;
+  EXPECT_EQ(transformer.find("--loader-threads"), std::string::npos) << transformer;
+  EXPECT_NE(transformer.find("makes its batches within the step"), std::string::npos) << transformer;
 }
 
 TEST(Blame, PaddingIsNamedWhereAFifthOfTheTokensAreIt) {
