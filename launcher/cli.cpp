@@ -411,10 +411,9 @@ void validate_memory(const TrainConfig& c) {
   if (c.device == Device::kCpu) {
     // The activations a step keeps for backward, at the least (a typo such as --batch 20000000 ran into bad_alloc
     // after the header): the MLP's input, each hidden layer before and after GELU, its logits and their gradient;
-    // the transformer's per layer what Transformer::reserve_activations takes (8 x C a token, the attention's
-    // weights NH x S a token, 2 x the MLP's width a token), and the LM head's logits. The transformer's for the
-    // micro-batch that holds the epoch's longest sequence: batched by sample or length bucket, its --batch rows are
-    // padded to it; otherwise it is at least that sequence.
+    // the transformer's as Transformer::activation_elements counts them, for the micro-batch that holds the epoch's
+    // longest sequence: batched by sample or length bucket, its --batch rows are padded to it; otherwise it is at
+    // least that sequence.
     double floats = 0;
     std::string sized_by;
     if (!c.transformer()) {
@@ -423,12 +422,11 @@ void validate_memory(const TrainConfig& c) {
           static_cast<double>(c.batch) * (m.input_dim + 2.0 * m.hidden_dim * m.num_hidden_layers + 2.0 * m.num_classes);
       sized_by = "--batch " + std::to_string(c.batch) + " at the MLP's widths";
     } else {
-      const TransformerConfig m = TransformerConfig::preset(to_string(c.model));
       const int longest = TokenBatches::longest_sequence(c);
       const bool padded = c.batching == Batching::kSample || c.batching == Batching::kBucket;
-      const double S = longest, tokens = padded ? static_cast<double>(c.batch) * S : S;
-      floats = tokens * m.layers * (8.0 * m.d_model + m.heads * S + 2.0 * m.mlp_hidden) +
-               tokens * (c.head == Head::kCausalLM ? m.vocab : 0);
+      const int rows = padded ? c.batch : 1;
+      const double tokens = static_cast<double>(rows) * longest;
+      floats = Transformer<float>::activation_elements(TokenBatches::model_config(c), rows, longest);
       const std::string sequence =
           longest == c.max_len ? "--max-len" : "the epoch's longest sequence, " + std::to_string(longest) + " tokens";
       sized_by = std::to_string(static_cast<int64_t>(tokens)) + " tokens a micro-batch (" +

@@ -183,6 +183,31 @@ void Transformer<T>::take_batch(const int32_t* tokens, const int32_t* lengths, c
 }
 
 template <typename T>
+double Transformer<T>::activation_elements(const TransformerConfig& c, int B, int S) {
+  const double BS = static_cast<double>(B) * S, BTC = BS * c.d_model;
+  const bool classify = c.head == TransformerConfig::Head::kClassify;
+  const double rows = classify ? B : BS;
+  // Per layer (LayerActs): ln1, atty, res_attn, ln2, res_out; four LayerNorm statistics per token; qkv; the
+  // attention's probabilities; fch and its GELU.
+  const double layer = 5 * BTC + 4 * BS + 3 * BTC + BS * c.heads * S + 2 * BS * c.mlp_hidden;
+  // Then encoded_, tmp_ and lnf_out_, lnf's statistics, the pooled rows, the logits, each row's loss and sum.
+  return c.layers * layer + 3 * BTC + 2 * BS + (classify ? static_cast<double>(B) * c.d_model : 0) +
+         rows * c.head_outputs() + 2 * rows;
+}
+
+template <typename T>
+int64_t Transformer<T>::held_activation_elements() const {
+  int64_t n = 0;
+  for (const LayerActs& a : acts_)
+    for (const auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res_attn, &a.ln2, &a.ln2_mean,
+                          &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.res_out})
+      n += static_cast<int64_t>(v->size());
+  for (const auto* v : {&encoded_, &tmp_, &lnf_out_, &lnf_mean_, &lnf_rstd_, &pooled_, &logits_, &losses_, &row_sums_})
+    n += static_cast<int64_t>(v->size());
+  return n;
+}
+
+template <typename T>
 void Transformer<T>::reserve_activations() {
   const TransformerConfig& c = config_;
   const bool classify = c.head == TransformerConfig::Head::kClassify;

@@ -106,6 +106,12 @@ class Transformer : public ParameterStore<T> {
   // TransformerConfig::flops_per_token.
   double flops_per_token(int seq_len) const { return config_.flops_per_token(seq_len); }
 
+  // The elements of the activations a forward of B rows of S tokens keeps for backward (reserve_activations' buffers),
+  // for the memory check before any work (launcher/cli.cpp: in doubles, since a size past any memory overflows an
+  // integer count); and those this model holds after its forwards so far, which a test holds against it.
+  static double activation_elements(const TransformerConfig& c, int B, int S);
+  int64_t held_activation_elements() const;
+
  private:
   struct LayerActs {
     std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res_out;

@@ -361,6 +361,16 @@ TEST(Transformer, BackwardAccumulatesAndZeroGradClears) {
   for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.flat_grads()[i], 0.0) << i;
 }
 
+// The count the CLI's memory check takes before any work is what a forward allocates, buffer for buffer.
+TEST(Transformer, ActivationElementsCountWhatAForwardHolds) {
+  for (const Head head : {Head::kClassify, Head::kCausalLM}) {
+    Transformer<float> model(TestConfig(head), 5);
+    Forward(model, MakeBatch(model.config(), 14));
+    EXPECT_EQ(model.held_activation_elements(), Transformer<float>::activation_elements(model.config(), kB, kS))
+        << to_string(head);
+  }
+}
+
 TEST(Transformer, EmptyBatchAnnouncesEveryPieceAndAddsNothing) {
   Transformer<double> model(TestConfig(Head::kClassify), 5);
   model.set_grad_piece_elements(20);
