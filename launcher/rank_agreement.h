@@ -1,36 +1,17 @@
-// Whether every rank of a job runs the same ddplab: the same subcommand of the same build. An MPMD launch
-// (`mpirun -np 1 ddplab train : -np 1 ddplab suite lab`) or a shared install updated on some hosts but not others
-// hands ranks different programs, which would enter different collectives and wait on each other forever. The check
-// is one collective that every subcommand of every build reaches first, so it completes whatever the ranks run.
+// What ddplab's ranks agree on before any work: that they run the same program (runtime/rank_identity.h; this
+// process's identity is made here, from its command line and build), and that none refuses its own command line.
 #pragma once
 #include <mpi.h>
 
 #include <string>
 #include <vector>
 
-namespace ddplab {
+#include "runtime/rank_identity.h"
 
-// What one rank runs and where. `command` is the first word of its command line (the subcommand, or a flag such as
-// --version); `host` only names the rank in the message.
-struct RankIdentity {
-  std::string command;
-  std::string version;
-  std::string commit;
-  std::string host;
-};
+namespace ddplab {
 
 // This process: the first word of argv, this build's version and commit, and MPI's processor name.
 RankIdentity this_rank_identity(int argc, char** argv);
-
-// "" when every rank runs the same build and subcommand, else one line naming what differs and which ranks (with
-// their hosts) run what, the build first (different builds may not even agree on what a subcommand means):
-// "ranks disagree on the subcommand: rank 0 (host a) runs train, rank 1 (host a) runs suite". `ranks` is indexed by
-// rank.
-std::string rank_identity_disagreement(const std::vector<RankIdentity>& ranks);
-
-// Collective over `comm`, the same fixed-size MPI_Allgather on every rank whatever it runs. Returns, on every rank,
-// rank_identity_disagreement of every rank's identity. Fields longer than their slot are cut to fit.
-std::string identity_disagreement(const RankIdentity& mine, MPI_Comm comm);
 
 // Collective over `comm`: "" when `mine` (this rank's reason it cannot go on, "" if it can) is empty on every rank,
 // else the lowest failing rank's reason, on every rank, prefixed "rank N: " when some rank did not fail (where all

@@ -41,9 +41,12 @@
 #include "bench/allreduce_perf/harness.h"
 #include "comm/shm_transport.h"
 #include "comm/topology.h"
+#include "git_commit.h"
 #include "record/files.h"
+#include "record/version.h"
 #include "runtime/agreement.h"
 #include "runtime/mpi_init.h"
+#include "runtime/rank_identity.h"
 #include "runtime/watchdog.h"
 
 namespace ddplab::perf {
@@ -167,8 +170,17 @@ int main(int argc, char** argv) {
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  // Before anything else collective: ranks given different command lines (an MPMD launch) would measure other sizes
-  // or implementations and wait on each other in different collectives, out of the watchdog's reach.
+  // Before anything else collective: ranks that run another program (a ddplab rank in an MPMD launch, another build)
+  // or were given different command lines would measure other sizes or implementations and wait on each other in
+  // different collectives, out of the watchdog's reach. The first check is the collective every ddplab program makes
+  // first (runtime/rank_identity.h).
+  if (const std::string differing = ddplab::identity_disagreement(
+          ddplab::this_rank_runs("allreduce_perf", ddplab::kVersion, DDPLAB_GIT_COMMIT), MPI_COMM_WORLD);
+      !differing.empty()) {
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", differing.c_str());
+    MPI_Finalize();
+    return 2;
+  }
   std::string command_line;
   for (int i = 1; i < argc; ++i) command_line += (i > 1 ? " " : "") + std::string(argv[i]);
   if (const std::string differing = ddplab::disagreement({{"arguments", command_line}}, MPI_COMM_WORLD);

@@ -274,8 +274,8 @@ refusals_of_data_and_knobs() {
 
 refusals_of_mpmd_launches() {
   # Ranks started with different subcommands (mpirun's MPMD form) would enter different collectives and wait
-  # forever: every rank first compares what it runs, whatever that is (launcher/rank_agreement.h). A different build
-  # is refused the same way; tests/unit/test_rank_agreement.cpp covers that line.
+  # forever: every rank first compares what it runs, whatever that is (runtime/rank_identity.h). A different build
+  # is refused the same way; tests/unit/test_rank_identity.cpp covers that line.
   local host='[^)]*'
   expect_refusal "mpirun -np 1 ddplab train : -np 1 ddplab suite lab" \
     "ranks disagree on the subcommand: rank 0 (host $host) runs train, rank 1 (host $host) runs suite\$" \

@@ -12,7 +12,7 @@
 - output files written whole (no temporaries left), an existing one replaced;
 - scripts/allreduce_chart.py: a PNG from the JSON and from the CSV, one-line refusals of bad input.
 
-usage: check_allreduce_perf_cli.py MPIRUN ALLREDUCE_PERF ALLREDUCE_CHART_PY
+usage: check_allreduce_perf_cli.py MPIRUN ALLREDUCE_PERF ALLREDUCE_CHART_PY DDPLAB
 """
 import csv
 import importlib.util
@@ -301,7 +301,7 @@ def test_flags(perf, workdir):
     check(not leftovers, f"no temporary files left beside the results ({leftovers})")
 
 
-def test_bad_arguments(perf, workdir):
+def test_bad_arguments(perf, workdir, ddplab):
     old = os.path.join(workdir, "old.csv")
     with open(old, "w") as f:
         f.write("an earlier result\n")
@@ -357,7 +357,10 @@ def test_bad_arguments(perf, workdir):
     mixed = ["-b", "8", "-e", "64", "-n", "1", "-w", "0", "--timeout-s", "5"]
     refusals.append(([perf.mpirun, "--bind-to", "none", "-np", "1", perf.exe, *mixed, "--impls", "ring,mpi", ":",
                       "-np", "1", perf.exe, *mixed, "--impls", "mpi,ring"], dict(timeout=30)))
-    *flags, register, nccl, graph, queued_median, mpmd = run_all(refusals)
+    # A ddplab rank beside it (a launch mixing programs): both reach the same first collective, which names them.
+    refusals.append(([perf.mpirun, "--bind-to", "none", "-np", "1", perf.exe, *mixed, ":", "-np", "1", ddplab, "train",
+                      "--steps", "2", "--timeout-s", "5"], dict(timeout=30)))
+    *flags, register, nccl, graph, queued_median, mpmd, mixed_programs = run_all(refusals)
 
     def our_lines(p):
         return [line for line in p.stderr.splitlines() if line.startswith("allreduce_perf")]
@@ -394,6 +397,12 @@ def test_bad_arguments(perf, workdir):
           ours[0] == "allreduce_perf: error: ranks disagree on the arguments (rank 0: -b 8 -e 64 -n 1 -w 0 "
                      "--timeout-s 5 --impls ring,mpi, rank 1: -b 8 -e 64 -n 1 -w 0 --timeout-s 5 --impls mpi,ring)",
           f"ranks with different flags: exit 2, one line naming both (got {p.returncode}: {ours or p.stderr[-200:]})")
+    p, ours = mixed_programs, our_lines(mixed_programs)
+    check(p.returncode == 2 and len(ours) == 1 and not p.stdout.strip() and
+          re.fullmatch(r"allreduce_perf: error: ranks disagree on the subcommand: rank 0 \(host [^)]*\) runs "
+                       r"allreduce_perf, rank 1 \(host [^)]*\) runs train", ours[0]) is not None,
+          f"an allreduce_perf rank beside a ddplab train rank: exit 2, one line naming both, no hang (got "
+          f"{p.returncode}: {ours or p.stderr[-200:]})")
     with open(old) as f:
         kept = f.read() == "an earlier result\n"
     check(kept and sorted(os.listdir(workdir)) == before, "refused runs touch no file (an existing --csv is kept)")
@@ -460,7 +469,7 @@ def test_chart(chart_py, workdir):
 
 
 def main():
-    mpirun, exe, chart_py = sys.argv[1:4]
+    mpirun, exe, chart_py, ddplab = sys.argv[1:5]
     perf = Perf(mpirun, exe)
     with tempfile.TemporaryDirectory() as d:
         test_rows_arrive_while_running(perf)
@@ -468,7 +477,7 @@ def main():
         os.mkdir(os.path.join(d, "runs"))
         os.mkdir(os.path.join(d, "refused"))
         test_flags(perf, os.path.join(d, "runs"))
-        test_bad_arguments(perf, os.path.join(d, "refused"))
+        test_bad_arguments(perf, os.path.join(d, "refused"), ddplab)
         test_chart(chart_py, os.path.join(d, "runs"))
     if failures:
         sys.exit(f"{len(failures)} FAILED:\n  " + "\n  ".join(failures))

@@ -1,11 +1,11 @@
-// The line that refuses a job whose ranks run different subcommands or builds (launcher/rank_agreement.h), over a
+// The line that refuses a job whose ranks run different subcommands or builds (runtime/rank_identity.h), over a
 // table of per-rank identities; the collective around it is exercised end to end by tests/cli/bad_input.sh.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "launcher/rank_agreement.h"
+#include "runtime/rank_identity.h"
 
 namespace ddplab {
 namespace {
