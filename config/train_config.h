@@ -383,13 +383,17 @@ void visit_knobs(Config& c, Visit&& visit) {
              "reduce-scattered, each rank updates its share, parameters all-gathered; CPU, --comm ring)",
              0, 1},
         c.zero_stage);
-  visit(Knob{"--data-cost-ms", "data_cost_ms", "input pipeline: host cost per sample, ms (a sleep)", 0, kMaxLabMs},
+  visit(Knob{"--data-cost-ms", "data_cost_ms",
+             "input pipeline (the MLP, or --device cuda): host cost per sample, ms (a sleep)", 0, kMaxLabMs},
         c.data_cost_ms);
   // At most 1024, past any host's cores for one rank: 100000 ran into the process's thread limit after the header.
-  visit(Knob{"--loader-threads", "loader_threads", "input pipeline: worker threads (0: in the training loop)", 0, 1024},
+  visit(Knob{"--loader-threads", "loader_threads",
+             "input pipeline (the MLP, or --device cuda): worker threads (0: in the training loop)", 0, 1024},
         c.loader_threads);
-  visit(Knob{"--prefetch", "prefetch", "input pipeline: batches prepared ahead (with loader threads)", 1}, c.prefetch);
-  visit(Knob{"--slow-rank", "slow_rank", "lab: the straggling rank", 0}, c.slow_rank);
+  visit(Knob{"--prefetch", "prefetch", "input pipeline: batches the CPU MLP's loader threads prepare ahead", 1},
+        c.prefetch);
+  visit(Knob{"--slow-rank", "slow_rank", "lab: the straggling rank (of --straggler-ms or --busy-threads)", 0},
+        c.slow_rank);
   visit(Knob{"--straggler-ms", "straggler_ms", "lab: the slow rank sleeps this long before each batch fetch", 0,
              kMaxLabMs},
         c.straggler_ms);
