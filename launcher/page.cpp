@@ -83,6 +83,7 @@ class StopsPassedOn {
     g_chart_pid = pid;
     if (g_stop_received) kill(pid, g_stop_received);  // the stop came while it was being started
   }
+  void ended() { g_chart_pid = 0; }
   static int received() { return g_stop_received; }
 
  private:
@@ -110,22 +111,30 @@ ChartFailure run_chart_script(const std::vector<std::string>& script_args, const
   posix_spawn_file_actions_init(&output);
   posix_spawn_file_actions_addopen(&output, STDOUT_FILENO, log.c_str(), O_WRONLY | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&output, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  int status = 0, stop_signal = 0;
-  bool exited = false;
+  pid_t pid = 0, waited = -1;
+  int status = 0;
+  bool started = false;
   {
     StopsPassedOn stops;
-    const bool started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
+    started = posix_spawn(&pid, argv[0], &output, nullptr, argv.data(), environ) == 0;
     posix_spawn_file_actions_destroy(&output);
-    if (!started) return {"cannot start " + args[0]};
-    stops.started(pid);
-    pid_t waited = 0;
-    while ((waited = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+    if (started) {
+      stops.started(pid);
+      // Its end is waited for without reaping it: until stops.ended(), a stop is passed on to this pid, which the
+      // system may give to another process once it is reaped.
+      siginfo_t info;
+      while (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
+      }
+      stops.ended();
+      while ((waited = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+      }
     }
-    exited = waited == pid && WIFEXITED(status);
-    stop_signal = StopsPassedOn::received();
   }
-  if (stop_signal) return {std::string("stopped by ") + strsignal(stop_signal), false, false, "", stop_signal};
+  // Read with the handlers restored: a stop caught up to then is raised by end_if_stopped, never lost.
+  if (const int stop_signal = StopsPassedOn::received())
+    return {std::string("stopped by ") + strsignal(stop_signal), false, false, "", stop_signal};
+  if (!started) return {"cannot start " + args[0]};
+  const bool exited = waited == pid && WIFEXITED(status);
   if (exited && WEXITSTATUS(status) == 0) return {};
   const std::string why = last_line(log);
   if (exited && WEXITSTATUS(status) == 2 && !why.empty() && why[0] != '#') return {why, /*refused_input=*/true};
@@ -137,7 +146,10 @@ ChartFailure run_chart_script(const std::vector<std::string>& script_args, const
 
 ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page) {
   std::string pattern = (fs::temp_directory_path() / "ddplab_page.XXXXXX").string();
-  if (!mkdtemp(pattern.data())) return {"cannot create a temporary folder for the charts"};
+  if (!mkdtemp(pattern.data()))
+    return {"cannot create a temporary folder for the charts in " + fs::temp_directory_path().string() + ": " +
+                std::strerror(errno),
+            false, /*write_failed=*/true};
   const std::string work = pattern;
   nlohmann::json reports = nlohmann::json::array();
   std::vector<std::string> args = {work + "/charts", "--page", page, "--report", work + "/report.json"};
@@ -145,9 +157,15 @@ ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::s
     reports.push_back(report_json(run));
     args.push_back(run.record.path);
   }
-  std::ofstream(work + "/report.json") << reports.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  const ChartFailure failure = run_chart_script(args, work + "/charts.log");
+  std::ofstream report(work + "/report.json");
+  report << reports.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  report.close();
   std::error_code ignored;
+  if (!report) {  // a full temporary folder
+    fs::remove_all(work, ignored);
+    return {"cannot write " + work + "/report.json (the charts' report)", false, /*write_failed=*/true};
+  }
+  const ChartFailure failure = run_chart_script(args, work + "/charts.log");
   if (failure.log.empty()) fs::remove_all(work, ignored);  // else its log stays, named, for the reader
   end_if_stopped(failure);
   return failure;

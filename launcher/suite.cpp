@@ -201,6 +201,7 @@ constexpr CaseOwnedFlag kCaseOwnedFlags[] = {
     {"tokens", "--rank0-work-ms", "it runs no lab pathology: suite lab does"},
     {"tokens", "--barrier-every", "it runs no lab pathology: suite lab does"},
     {"tokens", "--data-cost-ms", "it runs no lab pathology: suite lab does"},
+    {"tokens", "--prefetch", "it runs no input cases: suite lab does"},
 };
 
 }  // namespace
@@ -543,6 +544,12 @@ void refuse_case_owned_flags(const SuiteOptions& o) {
     require(o.name != owned.suite ||
                 std::find(o.given_flags.begin(), o.given_flags.end(), owned.flag) == o.given_flags.end(),
             std::string(owned.flag) + " is not a flag of suite " + o.name + ": " + owned.why);
+  // The input cases, the only ones that read them, are not run for a transformer on the CPU (lab_cases).
+  if (o.name == "lab" && o.base.transformer() && o.base.device == Device::kCpu)
+    for (const char* flag : {"--data-cost-ms", "--prefetch"})
+      require(std::find(o.given_flags.begin(), o.given_flags.end(), flag) == o.given_flags.end(),
+              std::string(flag) + " is not read by suite lab with a transformer on the CPU: it runs no input cases " +
+                  "(the transformer makes its batches within the step)");
   require(o.name != "tokens" || o.base.transformer() ||
               std::find(o.given_flags.begin(), o.given_flags.end(), "--model") == o.given_flags.end(),
           "suite tokens trains a transformer: --model tiny, small or gpt2-small");

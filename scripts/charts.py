@@ -39,6 +39,7 @@ the run file's stored `summary`, the one ddplab computed; only the step-time cha
 Prints the path of every file it writes. Needs Debian's python3-h5py and python3-matplotlib (/usr/bin/python3).
 Bad input: one line "charts.py: error: ..." on stderr, exit code 2.
 """
+import errno
 import io
 import json
 import os
@@ -853,8 +854,9 @@ def main(argv):
         if "--report" in options else None
     try:
         os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"cannot create output folder {out_dir}: {e.strerror}") from None
+    except OSError as e:  # a full disk is no mistake of the command line
+        failed = WriteFailed if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS) else BadInput
+        raise failed(f"cannot create output folder {out_dir}: {e.strerror}") from None
     if not os.access(out_dir, os.W_OK):
         raise BadInput(f"output folder {out_dir} is not writable")
     for name in OVERVIEW_CHARTS:

@@ -100,10 +100,17 @@ int finish(const Options& o, int n, const Topology& topology, const std::vector<
     avg_busbw[impl.label] = k ? sum / k : 0.0;
   }
   for (const Row& r : rows) total_wrong += std::max(0LL, r.oop.wrong) + std::max(0LL, r.ip.wrong);
-  // Whole or not at all (record/files.h).
-  if (!o.csv_path.empty()) write_text_file(o.csv_path, results_csv(o, n, rows), o.force);
-  if (!o.json_path.empty())
-    write_text_file(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong), o.force);
+  // Whole or not at all (record/files.h). A file that cannot be written (a full disk) is said, and the table and its
+  // summary still printed: the measurement is not lost with it.
+  bool write_failed = false;
+  try {
+    if (!o.csv_path.empty()) write_text_file(o.csv_path, results_csv(o, n, rows), o.force);
+    if (!o.json_path.empty())
+      write_text_file(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong), o.force);
+  } catch (const WriteFailed& e) {
+    std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
+    write_failed = true;
+  }
   if (o.check_iters > 0)
     std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   else
@@ -111,7 +118,7 @@ int finish(const Options& o, int n, const Topology& topology, const std::vector<
   for (const Impl& impl : impls)
     std::printf("# Avg bus bandwidth    : %g (%s)\n", avg_busbw[impl.label].get<double>(), impl.label.c_str());
   std::printf("#\n");
-  return total_wrong ? 1 : 0;
+  return total_wrong ? 1 : write_failed ? kExitWriteFailed : 0;
 }
 
 int run(const Options& o, const Topology& hosts, int rank, int n) {

@@ -9,7 +9,7 @@
 - #wrong 0 on exactly summable inputs, also over several check rounds (-c 3); -c 0 says N/A;
 - bad arguments: exit 2, one line naming the flag, no MPI_ABORT banner, before any work, no file touched;
 - a rank that stops mid-run: the watchdog ends the job (--timeout-s), exit 3, and leaves no shared-memory segment;
-- output files written whole (no temporaries left), an existing one replaced;
+- output files written whole (no temporaries left), an existing one kept unless --force;
 - scripts/allreduce_chart.py: a PNG from the JSON and from the CSV, one-line refusals of bad input.
 
 usage: check_allreduce_perf_cli.py MPIRUN ALLREDUCE_PERF ALLREDUCE_CHART_PY DDPLAB

@@ -4,7 +4,7 @@ hold the run; otherwise every rank stops at the step the write failed, with exit
 path and the system's reason, no abort, and the last complete snapshot (and checkpoint) kept readable. And a
 /dev/shm too small for the shared-memory transport and the registered gradients.
 
-usage: check_disk_faults.py MPIRUN DDPLAB
+usage: check_disk_faults.py MPIRUN DDPLAB ALLREDUCE_PERF
 
 Each case runs on a small tmpfs of its own; where mounting one is not allowed (not root), the test is skipped
 (exit code 77) with the reason.
@@ -65,7 +65,7 @@ def fault_mid_run(mpirun, ddplab, name, fault, extra, wait_name):
 
 
 def main():
-    mpirun, ddplab = sys.argv[1], sys.argv[2]
+    mpirun, ddplab, allreduce_perf = sys.argv[1:4]
     if problem := mount_problem():
         skip(problem)
         return exit_code()
@@ -174,6 +174,16 @@ def main():
                   sorted(os.listdir(folder)) == before,
                   f"{command[0]} on a full disk: exit 5, one line naming path and reason, nothing left (code "
                   f"{p.returncode}, {lines}, {sorted(os.listdir(folder))})")
+        # allreduce_perf's -J: the same line and exit 5, its table still printed.
+        path = os.path.join(folder, "perf.json")
+        p = subprocess.run([mpirun, "--oversubscribe", "--bind-to", "none", "-np", "2", allreduce_perf, "-b", "8", "-e",
+                            "64", "-n", "1", "-w", "0", "--impls", "ring", "-J", path], capture_output=True, text=True,
+                           timeout=120, env=own_mpi_session())
+        lines = [l for l in p.stderr.splitlines() if l.startswith("allreduce_perf")]
+        check(p.returncode == 5 and lines == [f"allreduce_perf: error: cannot write {path}: No space left on device"]
+              and "# Avg bus bandwidth" in p.stdout and sorted(os.listdir(folder)) == before,
+              f"allreduce_perf -J on a full disk: exit 5, one line, the table kept, nothing left (code {p.returncode}, "
+              f"{lines}, {sorted(os.listdir(folder))})")
 
     # A /dev/shm too small for the shared-memory segments (64 MiB: Docker's default), in a mount namespace of the
     # test's own: never a SIGBUS at the first write into a page tmpfs could not give. The ring's FIFOs (8 ranks) fall

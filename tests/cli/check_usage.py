@@ -171,6 +171,10 @@ for np_ranks, command, args, text in [
          "--last-bucket-mb is not a flag of suite lab: its pytorch_layout case cuts PyTorch DDP's buckets"),
         (1, ["suite", "tokens"], ["--batching", "token"], "--batching is not a flag of suite tokens"),
         (1, ["suite", "tokens"], ["--straggler-ms", "5"], "--straggler-ms is not a flag of suite tokens"),
+        (1, ["suite", "tokens"], ["--prefetch", "3"], "--prefetch is not a flag of suite tokens"),
+        # suite lab runs no input cases for a transformer on the CPU: their flags would be taken and ignored
+        (1, ["suite", "lab"], ["--model", "tiny", "--data-cost-ms", "1"],
+         "--data-cost-ms is not read by suite lab with a transformer on the CPU"),
         (1, ["suite", "tokens"], ["--model", "mlp"], "suite tokens trains a transformer"),
         # A case's or a point's own settings, checked before the first runs: the base passes each of these.
         *[(np_ranks, ["suite", "lab"], [*HUGE_PREFETCH],

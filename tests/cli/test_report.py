@@ -47,23 +47,30 @@ def chart_script_of(pid):
     return None
 
 
+def drawn_charts(tmp):
+    """The charts drawn so far in the temporary folders of `report --html` under tmp."""
+    return [c for d in os.listdir(tmp) if d.startswith("ddplab_page.")
+            for c in (os.listdir(os.path.join(tmp, d, "charts")) if os.path.isdir(os.path.join(tmp, d, "charts"))
+                      else [])]
+
+
 def check_stopped_page(ddplab, run_file, work):
-    """`report --html` sent SIGTERM while charts.py draws: it ends by the signal, charts.py with it, and neither the
-    page, its temporary nor the charts' temporary folder is left (charts.py, left running, wrote the page seconds
-    later)."""
+    """`report --html` sent SIGTERM while charts.py draws (its first chart written, so that it has its handlers): it
+    ends by the signal, charts.py with it, and neither the page, its temporary nor the charts' temporary folder is
+    left (charts.py, left running, wrote the page seconds later)."""
     tmp = os.path.join(work, "stop_tmp")
     os.mkdir(tmp)
     page = os.path.join(work, "stop.html")
     proc = subprocess.Popen([ddplab, "report", "--html", page, run_file], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=dict(os.environ, TMPDIR=tmp))
     charts, deadline = None, time.monotonic() + 60
-    while charts is None and proc.poll() is None and time.monotonic() < deadline:
+    while (charts is None or not drawn_charts(tmp)) and proc.poll() is None and time.monotonic() < deadline:
         charts = chart_script_of(proc.pid)
-        time.sleep(0.02)
-    if charts is None:
+        time.sleep(0.01)
+    if charts is None or proc.poll() is not None:
         proc.kill()
         proc.wait()
-        check(False, "report --html started charts.py (to stop it there)")
+        check(False, "report --html started charts.py and stopped there once it drew its first chart")
         return
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
