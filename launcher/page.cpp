@@ -146,10 +146,12 @@ ChartFailure run_chart_script(const std::vector<std::string>& script_args, const
 
 ChartFailure write_run_page(const std::vector<SummarizedRun>& runs, const std::string& page) {
   std::string pattern = (fs::temp_directory_path() / "ddplab_page.XXXXXX").string();
-  if (!mkdtemp(pattern.data()))
+  if (!mkdtemp(pattern.data())) {
+    const int error = errno;
     return {"cannot create a temporary folder for the charts in " + fs::temp_directory_path().string() + ": " +
-                std::strerror(errno),
+                std::strerror(error),
             false, /*write_failed=*/true};
+  }
   const std::string work = pattern;
   nlohmann::json reports = nlohmann::json::array();
   std::vector<std::string> args = {work + "/charts", "--page", page, "--report", work + "/report.json"};
