@@ -353,7 +353,7 @@ void find_input_bound(const RunRecord& run, const RunSummary& st, std::vector<Fi
         fmt("more --loader-threads (now %d) share the cost of the batch the GPU's prefetcher stages a step "
             "ahead",
             c.loader_threads);
-  else if (!c.transformer())
+  else if (c.has_input_pipeline())
     remedy =
         fmt("more --loader-threads (now %d) and a deeper --prefetch (now %d) get batches ready before they are "
             "needed",

@@ -1,9 +1,6 @@
 #include "analysis/predict.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -455,11 +452,10 @@ Calibration read_calibration(const std::string& path) {
   const auto fail = [&](const std::string& why) {
     return std::runtime_error("cannot read calibration " + path + ": " + why);
   };
-  if (const std::string problem = input_file_problem(path); !problem.empty()) throw fail(problem);
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) throw fail(std::strerror(errno));
+  off_t size = 0;
+  if (const std::string problem = input_file_problem(path, &size); !problem.empty()) throw fail(problem);
   constexpr off_t kLargest = off_t{64} << 20;  // allreduce_perf's files are kilobytes
-  if (st.st_size > kLargest) throw fail("larger than 64 MiB, which no allreduce_perf file is");
+  if (size > kLargest) throw fail("larger than 64 MiB, which no allreduce_perf file is");
   std::ifstream in(path);
   if (!in) throw fail("cannot open it");
   std::stringstream text;

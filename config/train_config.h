@@ -136,6 +136,11 @@ struct TrainConfig {
   int log_every = 0;  // 0: at most once a second
 
   bool transformer() const { return model != ModelKind::kMlp; }
+  // The input pipeline that --data-cost-ms and --loader-threads shape: the MLP's loader (train/workload.cpp) or the
+  // GPU's batch prefetcher (train/cuda_backend.cpp); the transformer on the CPU makes its batches within the step.
+  bool has_input_pipeline() const { return !transformer() || device == Device::kCuda; }
+  // --prefetch: the depth of the CPU MLP's loader threads, the one pipeline with a queue of its own.
+  bool reads_prefetch() const { return !transformer() && device == Device::kCpu && loader_threads > 0; }
   bool update_in_backward() const { return optimizer_in_backward == OnOff::kOn; }
 };
 

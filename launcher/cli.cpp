@@ -219,13 +219,12 @@ constexpr FlagPartner kFlagPartners[] = {
      "a --fault other than none (it names the rank that injects it)"},
     {"--fault-step", [](const TrainConfig& c) { return c.fault != Fault::kNone; },
      "a --fault other than none (it names the step at which it fires)"},
-    {"--prefetch",
-     [](const TrainConfig& c) { return c.loader_threads > 0 && !c.transformer() && c.device == Device::kCpu; },
+    {"--prefetch", [](const TrainConfig& c) { return c.reads_prefetch(); },
      "--loader-threads 1 or more, with the MLP on the CPU (it counts the batches their loader prepares ahead)"},
-    {"--loader-threads", [](const TrainConfig& c) { return !c.transformer() || c.device == Device::kCuda; },
+    {"--loader-threads", [](const TrainConfig& c) { return c.has_input_pipeline(); },
      "the MLP or --device cuda (the transformer on the CPU makes its batches within the step, with no input "
      "pipeline to emulate)"},
-    {"--data-cost-ms", [](const TrainConfig& c) { return !c.transformer() || c.device == Device::kCuda; },
+    {"--data-cost-ms", [](const TrainConfig& c) { return c.has_input_pipeline(); },
      "the MLP or --device cuda (the transformer on the CPU makes its batches within the step, with no input "
      "pipeline to emulate)"},
     {"--barrier-every", [](const TrainConfig& c) { return c.rank0_work_ms > 0; },

@@ -115,9 +115,7 @@ std::vector<Case> lab_cases(const SuiteOptions& o, int world) {
   barrier.config.rank0_work_ms = o.base.rank0_work_ms;
   barrier.config.barrier_every = o.base.barrier_every;
   cases.push_back(barrier);
-  // The input pipeline's cases where one is emulated: the MLP's loader, or the GPU's batch prefetcher (the transformer
-  // on the CPU makes its batches within the step).
-  if (!clean.transformer() || clean.device == Device::kCuda) {
+  if (clean.has_input_pipeline()) {
     for (int threads : {0, 2, 4}) {
       Case input{"input_threads" + std::to_string(threads), "input", world, clean};
       input.config.data_cost_ms = o.base.data_cost_ms;
@@ -544,8 +542,8 @@ void refuse_case_owned_flags(const SuiteOptions& o) {
     require(o.name != owned.suite ||
                 std::find(o.given_flags.begin(), o.given_flags.end(), owned.flag) == o.given_flags.end(),
             std::string(owned.flag) + " is not a flag of suite " + o.name + ": " + owned.why);
-  // The input cases, the only ones that read them, are not run for a transformer on the CPU (lab_cases).
-  if (o.name == "lab" && o.base.transformer() && o.base.device == Device::kCpu)
+  // The input cases, the only ones that read them, are not run without an input pipeline (lab_cases).
+  if (o.name == "lab" && !o.base.has_input_pipeline())
     for (const char* flag : {"--data-cost-ms", "--prefetch"})
       require(std::find(o.given_flags.begin(), o.given_flags.end(), flag) == o.given_flags.end(),
               std::string(flag) + " is not read by suite lab with a transformer on the CPU: it runs no input cases " +

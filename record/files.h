@@ -54,20 +54,21 @@ inline std::string folder_of(const std::string& path) {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// Empty when `path` can be written (it is not a folder, it does not exist unless `force`, and the temporary the
-// writer will use can be created beside it), otherwise a one-line reason. The temporary is created and removed
-// because permission bits cannot tell: access(W_OK) says yes to root on /proc or a read-only mount. Leaves nothing
-// behind.
 // Empty when `path` names a regular file to read, otherwise why not: looked at before it is opened, since opening a
-// pipe waits for a writer and reading /dev/zero never ends.
-inline std::string input_file_problem(const std::string& path) {
+// pipe waits for a writer and reading /dev/zero never ends. Its size goes to *size, for the reader's own limits.
+inline std::string input_file_problem(const std::string& path, off_t* size = nullptr) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return std::strerror(errno);
   if (S_ISDIR(st.st_mode)) return "is a folder";
   if (!S_ISREG(st.st_mode)) return "is not a regular file (a pipe or a device)";
+  if (size) *size = st.st_size;
   return "";
 }
 
+// Empty when `path` can be written (a regular file or a free name, not a folder, a device, a pipe or a link; taken
+// only with `force`; and the temporary the writer will use can be created beside it), otherwise a one-line reason.
+// The temporary is created and removed because permission bits cannot tell: access(W_OK) says yes to root on /proc
+// or a read-only mount. Leaves nothing behind.
 inline std::string check_output_path(const std::string& path, bool force) {
   if (path.empty()) return "output path is empty";
   struct stat st;

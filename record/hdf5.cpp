@@ -1,7 +1,5 @@
 #include "record/hdf5.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -176,10 +174,9 @@ std::string hdf5_reason() {
 
 hid_t open_for_reading(const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  if (const std::string problem = input_file_problem(path); !problem.empty()) throw FileProblem(problem);
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) throw FileProblem(std::strerror(errno));
-  if (st.st_size == 0) throw FileProblem("empty file (not HDF5)");
+  off_t size = 0;
+  if (const std::string problem = input_file_problem(path, &size); !problem.empty()) throw FileProblem(problem);
+  if (size == 0) throw FileProblem("empty file (not HDF5)");
   if (H5Fis_hdf5(path.c_str()) <= 0) throw FileProblem("not an HDF5 file");
   const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file < 0) throw FileProblem("HDF5 cannot open it, damaged or truncated (" + hdf5_reason() + ")");

@@ -37,7 +37,8 @@ python3-jinja2); --report names the output of `ddplab report --json` for these f
 Steady-state figures (per-rank means, the slowest rank's step, samples/s, where the steady state starts) come from
 the run file's stored `summary`, the one ddplab computed; only the step-time chart reads the per-step datasets.
 Prints the path of every file it writes. Needs Debian's python3-h5py and python3-matplotlib (/usr/bin/python3).
-Bad input: one line "charts.py: error: ..." on stderr, exit code 2.
+Bad input: one line "charts.py: error: ..." on stderr, exit code 2; an output it cannot write (a full disk): the same
+line, exit code 5.
 """
 import errno
 import io
@@ -914,12 +915,9 @@ if __name__ == "__main__":
         signal.signal(s, stop)
     try:
         main(sys.argv)
-    except BadInput as e:
+    except (BadInput, WriteFailed) as e:
         print(f"charts.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except WriteFailed as e:
-        print(f"charts.py: error: {e}", file=sys.stderr)
-        sys.exit(5)
+        sys.exit(5 if isinstance(e, WriteFailed) else 2)
     except (KeyError, ValueError) as e:
         print(f"charts.py: error: unexpected run file contents ({e})", file=sys.stderr)
         sys.exit(2)
