@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "config/knob_flags.h"
 #include "data/loader.h"
 #include "data/token_files.h"
 #include "data/tokens.h"
@@ -90,121 +91,11 @@ void validate_cuda(const TrainConfig& c) {
                                          std::to_string(c.steps - 1) + " (--steps " + std::to_string(c.steps) + ")");
 }
 
-// The flag's value as the error names it: "0", "-1", "0.5".
-template <typename T>
-std::string value_text(T value) {
-  if constexpr (std::is_integral_v<T>) {
-    return std::to_string(value);
-  } else {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", static_cast<double>(value));
-    return text;
-  }
-}
-
-// A number's check, as its knob declares it (an "auto" still unresolved passes).
-template <typename T>
-void check_range(const Knob& knob, T value) {
-  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
-    const double v = static_cast<double>(value);
-    if (!knob.flag || (knob.auto_text && v == knob.auto_value)) return;
-    const std::string flag = knob.flag, got = " (got " + value_text(value) + ")";
-    require(std::isfinite(v), flag + " must be a finite number" + got);
-    if (knob.traits & kPositive) require(v > knob.min, flag + " must be positive" + got);
-    require(v >= knob.min, std::is_integral_v<T> || knob.min != 0
-                               ? flag + " must be at least " + value_text(static_cast<T>(knob.min)) + got
-                               : flag + " must not be negative" + got);
-    if (knob.traits & kBelowMax)
-      require(v < knob.max, flag + " must be below " + value_text(knob.max) + got);
-    else
-      require(v <= knob.max, flag + " must be at most " + value_text(knob.max) + got);
-  }
-}
-
 bool offered(const Knob& knob, FlagSet flags) {
   if (!knob.flag) return false;
   if (flags == FlagSet::kSuite) return !(knob.traits & kNotInSuite);
   if (flags == FlagSet::kSweep) return !(knob.traits & kNotInSweep);
   return true;
-}
-
-template <typename T>
-struct IsAutoChoice : std::false_type {};
-template <typename E>
-struct IsAutoChoice<AutoChoice<E>> : std::true_type {};
-
-// A choice's flag: its names (and "auto" where it takes it), refused otherwise with the list.
-template <typename E>
-E choice_flag_value(const std::string& text, const char* flag) {
-  try {
-    return parse_choice<E>(text, flag);
-  } catch (const std::invalid_argument& e) {
-    throw CLI::ValidationError(e.what());
-  }
-}
-
-template <typename E>
-AutoChoice<E> auto_choice_flag_value(const std::string& text, const char* flag) {
-  if (text == "auto") return {};
-  if (const std::optional<E> value = find_choice<E>(text)) return *value;
-  throw CLI::ValidationError(std::string(flag) + " must be auto, " + choice_list<E>() + " (got '" + text + "')");
-}
-
-// The flag of one knob, by the type of its value.
-// A number knob's text that takes "auto": auto becomes the knob's stand-in value, else a finite decimal not below the
-// knob's minimum, checked here (the stand-in itself is out of range, and typed as a number it would pass for auto).
-// No description: the help would show the stand-in ("{auto->-1}").
-template <typename T>
-CLI::Validator auto_or_number(const Knob& knob) {
-  const double min = knob.min;
-  const std::string stand_in = value_text(static_cast<T>(knob.auto_value));
-  const std::string below = min == 0 ? "must not be negative" : "must be at least " + value_text(static_cast<T>(min));
-  return CLI::Validator(
-      [min, stand_in, below](std::string& text) {
-        if (text == "auto") {
-          text = stand_in;
-          return std::string();
-        }
-        if (std::string not_decimal = as_decimal<T>(text); !not_decimal.empty())
-          return not_decimal.replace(not_decimal.find(" (got"), 0, " or auto");
-        const double v = std::strtod(text.c_str(), nullptr);
-        if (std::isnan(v) || std::isinf(v)) return std::string("must be a finite number or auto");
-        return v >= min ? std::string() : below + " (got " + text + ")";
-      },
-      "", "AUTO_OR_AT_LEAST_MIN");
-}
-
-template <typename T>
-CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
-  const char* flag = knob.flag;
-  const std::string help = knob.help ? knob.help : "";
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!(knob.traits & kOnOff)) return app->add_flag(flag, value, help);
-    return app
-        ->add_option_function<std::string>(
-            flag, [&value, flag](const std::string& v) { value = choice_flag_value<OnOff>(v, flag) == OnOff::kOn; },
-            help)
-        ->default_str(value ? "on" : "off");
-  } else if constexpr (kIsChoice<T>) {
-    return app
-        ->add_option_function<std::string>(
-            flag, [&value, flag](const std::string& v) { value = choice_flag_value<T>(v, flag); }, help)
-        ->default_str(to_string(value));
-  } else if constexpr (IsAutoChoice<T>::value) {
-    using E = typename T::value_type;
-    return app
-        ->add_option_function<std::string>(
-            flag, [&value, flag](const std::string& v) { value = auto_choice_flag_value<E>(v, flag); }, help)
-        ->default_str(value ? to_string(*value) : "auto");
-  } else if constexpr (std::is_arithmetic_v<T>) {
-    CLI::Option* option = app->add_option(flag, value, help);
-    if (!knob.auto_text) return option->transform(decimal_validator<T>())->capture_default_str();
-    return option->transform(auto_or_number<T>(knob))
-        ->default_str(static_cast<double>(value) == knob.auto_value ? "auto" : value_text(value))
-        ->type_name(knob.auto_text);
-  } else {
-    return app->add_option(flag, value, help)->capture_default_str();
-  }
 }
 
 // A flag that the run reads only where another knob is set: given without it, refused rather than ignored
@@ -236,33 +127,6 @@ constexpr FlagPartner kFlagPartners[] = {
 };
 
 }  // namespace
-
-CLI::Validator auto_or_number_of(const std::string& flag) {
-  std::optional<CLI::Validator> validator;
-  const TrainConfig c;
-  visit_knobs(c, [&](const Knob& knob, const auto& field) {
-    using T = std::decay_t<decltype(field)>;
-    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
-      if (knob.flag && knob.flag == flag && knob.auto_text) validator = auto_or_number<T>(knob);
-  });
-  if (!validator) throw std::logic_error("auto_or_number_of: no numeric knob " + flag + " that takes auto");
-  return *validator;
-}
-
-void check_knob_ranges(const TrainConfig& c) {
-  visit_knobs(c, [](const Knob& knob, const auto& value) { check_range(knob, value); });
-}
-
-void check_knob_value(const std::string& flag, double value) {
-  TrainConfig c;
-  bool found = false;
-  visit_knobs(c, [&](const Knob& knob, auto& field) {
-    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(field)>>) {
-      if (knob.flag && knob.flag == flag) found = true, check_range(knob, value);
-    }
-  });
-  if (!found) throw std::logic_error("check_knob_value: no numeric knob " + flag);
-}
 
 void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   CLI::Option* warmup = nullptr;

@@ -12,6 +12,7 @@
 #include "analysis/format.h"
 #include "analysis/predict.h"
 #include "analysis/report.h"
+#include "config/knob_flags.h"
 #include "launcher/cli.h"
 #include "launcher/report_commands.h"
 #include "record/files.h"

@@ -16,6 +16,7 @@
 #include "analysis/predict.h"
 #include "analysis/report.h"
 #include "analysis/stats.h"
+#include "config/knob_flags.h"
 #include "launcher/cli.h"
 #include "launcher/lab_runs.h"
 #include "launcher/rank_agreement.h"

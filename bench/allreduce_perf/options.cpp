@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench/allreduce_perf/impl.h"
+#include "config/knob_flags.h"
 #include "config/train_config.h"
 #include "launcher/cli_errors.h"
 #include "runtime/settings.h"
@@ -47,9 +48,9 @@ namespace {
 
 // The flags as typed, before they are checked into Options.
 struct Typed {
-  std::string min = "8", max = "256M", step, impls, link = "none", dtype = "float", op = "sum", stat = "mean";
+  std::string min = "8", max = "256M", step, impls, dtype = "float", op = "sum", stat = "mean";
   int ngpus = 1, nthreads = 1, aggregate = 1;
-  double link_latency_us = -1, link_gbps = -1;
+  TrainConfig train;  // the link's knobs, as `ddplab train` takes them
   CLI::Option *factor = nullptr, *step_given = nullptr, *aggregate_given = nullptr;
 };
 
@@ -113,24 +114,11 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
                  "comma-separated: ring, ring-only, ring-bf16, ring-fp16, ring-sharded, mpi, mpi-raw, hier; GPU: nccl, "
                  "gpu-ring-nccl, gpu-ring-ipc, gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with "
                  "--link; nccl with -G)");
-  app.add_option("--link", t.link,
-                 "emulated link, every hop: none, 1gbe, 10gbe, 25gbe, 100gbe-ib, pcie4, nvlink4, nvlink4-nccl, "
-                 "ndr400-x8; or per "
-                 "class: "
-                 "intra=P,inter=P (across nodes through the node's NIC, shared by its ranks)")
-      ->capture_default_str();
-  // train's ranges (config/train_config.h): 1e300 us overflowed the emulated delay into none, 0 Gbit/s read as
-  // unlimited, and -5 as "not given".
-  app.add_option("--link-latency-us", t.link_latency_us, "override the link's latency (us; a single preset)")
-      ->check(finite_in(0, kMaxLabMs * 1e3));
-  app.add_option("--link-gbps", t.link_gbps, "override the link's bandwidth (Gbit/s; a single preset)")
-      ->check(finite_in(kMinLinkGbps, kNoMax));
+  add_knob_flags(&app, t.train, {"--link", "--link-latency-us", "--link-gbps", "--ranks-per-node"});
   app.add_option("--stat", t.stat,
                  "time per call: mean (nccl-tests, combined over ranks by -a) or median (the p50 call)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mean", "median"}));
-  app.add_option("--ranks-per-node", o.ranks_per_node,
-                 "emulate nodes of K consecutive ranks (K divides -np; default: the hosts are the nodes)");
   app.add_option("-R,--local-register", o.registered,
                  "1: buffers registered with the shm transport (single copy, as the trainer's gradients); 0: copied")
       ->capture_default_str();
@@ -230,11 +218,11 @@ void check_impls(const Typed& t, Options& o) {
       throw UsageError("-G " + std::to_string(o.cuda_graph) + ": --impls " + name +
                        " cannot be captured: " + spec.capture_problem);
     if (o.emulated() && !spec.emulates_link)
-      throw UsageError("--impls " + name + ": cannot emulate a link (--link " + t.link +
+      throw UsageError("--impls " + name + ": cannot emulate a link (--link " + t.train.link +
                        "; ring, mpi, hier and gpu-ring-* can)");
     // The emulated link delays each exchange on the host, which a CUDA graph's replay leaves out.
     if (o.emulated() && o.cuda_graph && spec.needs_cuda)
-      throw UsageError("-G " + std::to_string(o.cuda_graph) + " with --link " + t.link + ": --impls " + name +
+      throw UsageError("-G " + std::to_string(o.cuda_graph) + " with --link " + t.train.link + ": --impls " + name +
                        " waits for the emulated link on the host, which a CUDA graph cannot capture");
     if (o.median && o.blocking == 0 && queues_calls(spec, o))
       throw UsageError("--stat median: --impls " + name +
@@ -262,14 +250,18 @@ bool parse_options(int argc, char** argv, int rank, int n, Options& o) {
   apply_register(o);
   check_sizes_and_counts(t, o);
   try {
-    o.link = parse_links(t.link, t.link_latency_us, t.link_gbps);
+    check_knob_ranges(t.train);  // the link's knobs in train's ranges
+    o.link = parse_links(t.train.link, t.train.link_latency_us, t.train.link_gbps);
     settings::check_all();  // every DDPLAB_* knob, alike on every rank, before any work
     settings::check_same_on_every_rank(MPI_COMM_WORLD);
+  } catch (const ddplab::UsageError& e) {
+    throw UsageError(e.what());
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
   check_impls(t, o);
-  if (o.ranks_per_node < 0 || (o.ranks_per_node > 0 && n % o.ranks_per_node != 0))
+  o.ranks_per_node = t.train.ranks_per_node;
+  if (o.ranks_per_node > 0 && n % o.ranks_per_node != 0)
     throw UsageError("--ranks-per-node " + std::to_string(o.ranks_per_node) + " does not divide the " +
                      std::to_string(n) + " ranks into equal nodes");
   if (!o.csv_path.empty() && o.csv_path == o.json_path) throw UsageError("--csv and -J: the same file " + o.csv_path);

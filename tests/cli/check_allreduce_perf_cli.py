@@ -331,10 +331,12 @@ def test_bad_arguments(perf, workdir, ddplab):
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
         (["-z", "2"], "-z 2: 0 (queue the calls, wait once) or 1 (wait after each)"),
-        # train's ranges: 1e300 us overflowed the delay into none, 0 Gbit/s read as unlimited, -5 as not given
-        (["--link", "10gbe", "--link-latency-us", "1e300"], "--link-latency-us: must be a number from 0 to 1e+10"),
-        (["--link", "10gbe", "--link-gbps", "0"], "--link-gbps: must be a number of at least 1e-06 (got 0)"),
-        (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must be a number of at least 1e-06 (got -5)"),
+        # train's knobs, train's words (below): 1e300 us overflowed the delay into none, 0 Gbit/s read as unlimited
+        (["--link", "10gbe", "--link-latency-us", "1e300"], "--link-latency-us must be at most 1e+10 (got 1e+300)"),
+        (["--link", "10gbe", "--link-gbps", "0"], "--link-gbps: must be at least 1e-06 (got 0)"),
+        (["--link", "10gbe", "--link-gbps", "-5"], "--link-gbps: must be at least 1e-06 (got -5)"),
+        (["--link", "intra=none,inter=10gbe", "--link-gbps", "5"], "--link-latency-us and --link-gbps apply to a single"),
+        (["--ranks-per-node", "-1"], "--ranks-per-node must be at least 0 (got -1)"),
         (["--gpu-chunk-mb", "nan"], "--gpu-chunk-mb: must be a number from 0 to 4096 (got nan)"),
         (["--bogus", "1"], "unknown option --bogus, followed by 1"),
     ]
@@ -371,6 +373,18 @@ def test_bad_arguments(perf, workdir, ddplab):
               and "MPI_ABORT" not in p.stderr and not data_rows(p.stdout) and not p.stdout.strip())
         check(ok, f"{' '.join(args)}: exit 2, one line naming '{expected}', no banner, no output, {p.seconds:.1f} s "
                   f"(got {p.returncode}: {ours or p.stderr.strip()[-200:]})")
+    # The link's flags are train's knobs, declared once: `ddplab train` refuses the same values in the same words.
+    for args, _ in cases:
+        if args[0] not in ("--link", "--ranks-per-node"):
+            continue
+        train = subprocess.run([ddplab, "train", "--steps", "1", *args], capture_output=True, text=True, timeout=60)
+        theirs = [line.split(" (see ")[0] for line in train.stderr.splitlines() if line.startswith("ddplab: error: ")]
+        ours = [line.split(" (see ")[0] for line in
+                subprocess.run(perf.cmd(["-b", "4", "-e", "4", *args]), capture_output=True, text=True,
+                               timeout=60).stderr.splitlines() if line.startswith("allreduce_perf: error: ")]
+        check(train.returncode == 2 and len(theirs) == 1 and len(ours) == 1 and
+              theirs[0].removeprefix("ddplab: ") == ours[0].removeprefix("allreduce_perf: "),
+              f"{' '.join(args)}: train's refusal, word for word ({theirs} against {ours})")
     p, ours = register, our_lines(register)
     check(p.returncode == 2 and len(ours) == 1 and
           ours[0].startswith("allreduce_perf: error: -R 0 and DDPLAB_LOCAL_REGISTER=1 disagree") and not p.stdout.strip(),
