@@ -54,7 +54,12 @@ def start_all(commands, jobs=4):
         argv, keywords = command
         keywords = dict(keywords, env=own_mpi_session(keywords.get("env")))
         began = time.monotonic()
-        proc = subprocess.run(argv, capture_output=True, text=True, **keywords)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, **keywords)
+        except subprocess.TimeoutExpired as e:  # one check fails, naming it, rather than the whole test
+            text = lambda out: out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+            proc = subprocess.CompletedProcess(argv, None, text(e.stdout),
+                                               text(e.stderr) + f"\n(killed: still running after {e.timeout} s)")
         proc.seconds = time.monotonic() - began
         return proc
 

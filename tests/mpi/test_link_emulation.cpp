@@ -97,13 +97,13 @@ TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
   std::vector<float> data(count, 1.0f);
   comm.allreduce_sum(data.data(), count, 0);  // warm-up: scratch, page faults
   // A shared machine can only make a call slower (a rank loses its core for a while), never faster than the
-  // link: every try must respect the model's lower bound, the best of three its upper bound.
+  // link: every try must respect the model's lower bound, the best of three its upper bound and its CPU bound.
   // A try within the bound passes. One over it is excused only by what the machine took from the ranks during it
   // (then the link's own delay cannot be told, and the test says so); anything more fails.
   const double bound_s = 1.5 * model_s + 0.005;
-  double best_over = 1e9, best_waited = 0;
+  double best_over = 1e9, best_waited = 0, least_cpu_share = 1e9;
   float want = static_cast<float>(n);  // after the warm-up
-  for (int attempt = 1; attempt <= 3 && best_over > 0; ++attempt) {
+  for (int attempt = 1; attempt <= 3 && (best_over > 0 || least_cpu_share > 0.5); ++attempt) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double cpu0 = process_cpu_s();
     const RunQueueDelay delay;
@@ -119,16 +119,18 @@ TEST_P(LinkAllreduce, TakesTheModelledTimeWithoutBurningCpu) {
                   to_string(GetParam().impl), to_string(GetParam().wire), n, wall * 1e3, model_s * 1e3, cpu * 1e3,
                   waited * 1e3);
     EXPECT_GE(wall, 0.8 * model_s) << "model " << model_s << " s";
-    // Waiting for the link asleep, not spinning: a spinning wait costs about the whole wall time. What the call does
-    // besides (MPI_Allreduce's own spin, the ring's casts and sums) is a few ms at full speed, more where ranks share
-    // cores: 18 ms of a 52 ms bf16 call at 3 ranks on 2 cores, which a quarter of the wall time did not cover.
-    EXPECT_LE(cpu, 0.5 * wall) << "cpu " << cpu << " s of wall " << wall << " s (slowest rank)";
+    least_cpu_share = std::min(least_cpu_share, cpu / wall);
     if (wall - bound_s - waited < best_over - best_waited) {
       best_over = wall - bound_s;
       best_waited = waited;
     }
   }
   EXPECT_EQ(data[count - 1], want);
+  // Waiting for the link asleep, not spinning: a spinning wait costs about the whole wall time, in every try. What
+  // the call does besides (MPI_Allreduce's own spin, the ring's casts and sums) is a few ms at full speed, more where
+  // ranks share cores: 18 ms of a 52 ms bf16 call at 3 ranks on 2 cores, which a quarter of the wall time did not
+  // cover; and a host busy with other work lets more waits spin to their end before they sleep: the best try counts.
+  EXPECT_LE(least_cpu_share, 0.5) << "the least CPU of the slowest rank over the wall time of a try";
   if (best_over > 0 && best_over <= best_waited)
     GTEST_SKIP() << "the upper bound: the best try took " << best_over * 1e3
                  << " ms over its bound (1.5 × the model + 5 ms) of " << bound_s * 1e3 << " ms, while the ranks waited "
@@ -153,6 +155,8 @@ TEST(Progress, WaitingForALatePeerSleeps) {
   Communicator comm(MPI_COMM_WORLD, AllreduceImpl::kRing);
   std::vector<float> data(1 << 16, 1.0f);
   comm.allreduce_sum(data.data(), data.size(), 0);  // warm-up
+  // Before the barrier: rank 0 starts its 200 ms only once every rank has entered it, however late the others leave.
+  const int64_t before_barrier = monotonic_ns();
   MPI_Barrier(MPI_COMM_WORLD);
   if (r == 0) sleep_until_ns(monotonic_ns() + 200'000'000);
   const double cpu0 = process_cpu_s();
@@ -161,7 +165,7 @@ TEST(Progress, WaitingForALatePeerSleeps) {
   const double wall = (monotonic_ns() - t0) * 1e-9, cpu = process_cpu_s() - cpu0;
   if (r == 1) std::printf("[ progress ] waited %.1f ms, cpu %.1f ms\n", wall * 1e3, cpu * 1e3);
   if (r != 0) {
-    EXPECT_GE(wall, 0.15);
+    EXPECT_GE((monotonic_ns() - before_barrier) * 1e-9, 0.2) << "the all-reduce ended before rank 0 arrived";
     EXPECT_LE(cpu, 0.2 * wall) << "cpu " << cpu << " s while waiting " << wall << " s";  // spinning: ~100%
   }
 }

@@ -437,11 +437,14 @@ TEST(RegisteredTransport, ASendByReferenceCompletesWhenTheReceiverHasReadIt) {
   const size_t count = 10'000;
   RegisteredBuffer memory(MPI_COMM_WORLD, count * sizeof(float), true);
   float* data = static_cast<float*>(memory.data());
+  if (rank == 0)
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i);
+  // Before the barrier: rank 1 leaves it, and starts its 30 ms, only after rank 0 has entered it, however late
+  // rank 0 itself leaves it on a busy host.
+  const auto start = std::chrono::steady_clock::now();
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) {
-    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i);
     const ShmSendCounts before = shm_send_counts();
-    const auto start = std::chrono::steady_clock::now();
     t.send(1, data, count * sizeof(float), 5);
     EXPECT_EQ(shm_send_counts().by_reference - before.by_reference, 1u);
     t.wait_sends();
