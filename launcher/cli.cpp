@@ -3,17 +3,10 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
-#include <charconv>
 #include <climits>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <limits>
-#include <map>
-#include <optional>
+#include <stdexcept>
 #include <string>
-#include <system_error>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "config/knob_flags.h"
