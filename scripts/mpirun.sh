@@ -20,8 +20,10 @@ job=$!
 # The ranks on this node are mpirun's children; ranks elsewhere get mpirun's own SIGTERM handling.
 # One stop may arrive twice: timeout(1) passes a signal to its child and then to its whole process group. Signals
 # within 0.5 s of the first are one stop; a second one later ends the ranks at once, as a second Ctrl-C does. The
-# time is read and kept before anything that waits (a command substitution, pkill), inside which bash may run this
-# handler again for the echo. (bash < 5 has no EPOCHREALTIME: date's, in a subshell, there.)
+# time is read and kept before anything that waits (a command substitution), and the ranks are signalled in the
+# background: bash runs a trap only once the command in the foreground ends, so the echo's handler, waiting behind a
+# pkill slowed by a busy host, would read a time past the window. (bash < 5 has no EPOCHREALTIME: date's, in a
+# subshell, there.)
 last_stop_us=0
 stop_ranks() {
   local now_us=${EPOCHREALTIME:-}
@@ -29,7 +31,7 @@ stop_ranks() {
   [ -n "$now_us" ] || now_us=$(date +%s%6N)
   ((now_us - last_stop_us < 500000)) && return
   last_stop_us=$now_us
-  pkill -TERM -P "$job" || kill -TERM "$job" 2>/dev/null
+  { pkill -TERM -P "$job" || kill -TERM "$job"; } 2>/dev/null &
 }
 trap stop_ranks INT TERM
 while :; do
