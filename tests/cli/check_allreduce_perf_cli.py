@@ -148,17 +148,20 @@ def test_watchdog_ends_a_hang(perf, workdir):
             break
     if stopped:
         os.kill(stopped, signal.SIGSTOP)
+    err = ""
     try:
         out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # the check below names it, with what the ranks said
+        err = "still running after 60 s"
     finally:
         for pid in ranks:  # whatever happened, nothing is left stopped
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        if p.poll() is None:  # no rank was found to stop: nor is the job left running
+        if p.poll() is None:  # no rank was found to stop, or the watchdog did not act: nor is the job left running
             p.kill()
-            p.wait()
+            err += ": " + p.communicate()[1]
     took = time.monotonic() - start
     check(len(ranks) == 2 and p.returncode == 3 and "watchdog: no progress for" in err and took < 40,
           f"a stopped rank: the watchdog ends the job, exit 3, in {took:.1f} s ({len(ranks)} ranks; {err[-300:]})")
