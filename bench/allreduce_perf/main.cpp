@@ -217,9 +217,6 @@ int main(int argc, char** argv) {
   // A peer that hangs or died ends the job with the wait it left open, as in train, instead of waiting forever.
   ddplab::watchdog::arm(options.timeout_s);
   try {
-    // The watchdog acts only while a wait is open: the barrier before each size's timed calls and the gathers of
-    // their times are collectives outside the all-reduces' own waits, where a peer stopped there left this rank.
-    const ddplab::watchdog::Wait measuring("the ranks' measurements");
     code = run(options, hosts, rank, n);
   } catch (const UsageError& e) {  // raised alike on every rank before any work (communicator_impl)
     if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());

@@ -67,7 +67,10 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
   // -z 0 (nccl-tests' default): the calls go on the stream back to back and the host waits once, so the mean is
   // the collective's own rate, not a launch and a host wait each; no call is timed alone. Alike on every rank.
   const bool queued = o.blocking == 0 && impl.enqueue;
-  MPI_Barrier(MPI_COMM_WORLD);
+  {  // the watchdog acts only while a wait is open: a peer stopped before the barrier must not leave this rank in it
+    const watchdog::Wait start("the ranks, to start the timed calls together");
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
   const double t0 = now_s();
   if (queued) {
     {  // a launch can block where the stream's queue is full: the watchdog names it if it never returns
@@ -84,6 +87,7 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
   }
   const double mean_us = (now_s() - t0) / o.iters * 1e6 / per_run;
   const double stolen = o.diag ? steal_ms_now() - steal_at_start : 0;
+  const watchdog::Wait gather("the ranks' times");
   if (o.diag) {
     m->steal_ms.assign(rank == 0 ? n : 0, 0.0);
     MPI_Gather(&stolen, 1, MPI_DOUBLE, m->steal_ms.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -112,6 +116,7 @@ long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, float* i
     const float want = inputs.sum(i);
     wrong += std::memcmp(&result[i], &want, sizeof want) != 0;
   }
+  const watchdog::Wait gather("the ranks' counts of wrong values");
   MPI_Allreduce(&wrong, &total, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
   return total;
 }
