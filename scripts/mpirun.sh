@@ -31,7 +31,8 @@ stop_ranks() {
   [ -n "$now_us" ] || now_us=$(date +%s%6N)
   ((now_us - last_stop_us < 500000)) && return
   last_stop_us=$now_us
-  { pkill -TERM -P "$job" || kill -TERM "$job"; } 2>/dev/null &
+  # The stop's own echo, sent to the whole process group, must not end pkill before it has signalled the ranks.
+  (trap '' INT TERM; pkill -TERM -P "$job" || kill -TERM "$job" 2>/dev/null) &
 }
 trap stop_ranks INT TERM
 while :; do

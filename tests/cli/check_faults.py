@@ -58,10 +58,10 @@ def stalled_s(text):
 
 
 def fires_in_time(text, timeout_s):
-    """The watchdog fired after the timeout and before it plus a quarter (its checks' spacing), with a second for a
-    thread that waited for a CPU."""
+    """The watchdog fired after the timeout and before it plus a quarter (its checks' spacing), with 3 s for a thread
+    that waited for a CPU."""
     stalled = stalled_s(text)
-    return stalled is not None and timeout_s <= stalled <= timeout_s * 1.25 + 1
+    return stalled is not None and timeout_s <= stalled <= timeout_s * 1.25 + 3
 
 
 def run_side_by_side(jobs, at_once=4):
@@ -90,7 +90,7 @@ def main():
                 env=OPEN_MPI_KILL_SEQUENCE).run()
         check(j.code not in (None, 0), f"hang: the job ends non-zero (code {j.code}, {j.seconds:.1f} s)")
         check(fires_in_time(j.out, 3) and j.seconds < 3 * 1.25 + 30,
-              f"hang: the watchdog fires after 3 s and before a quarter more ({stalled_s(j.out)} s); the job ends "
+              f"hang: the watchdog fires after 3 s and before a quarter more, 3 s of slack ({stalled_s(j.out)} s); the job ends "
               f"with it ({j.seconds:.1f} s, start-up included)")
         check("watchdog: no progress" in j.out and "at step 6" in j.out, "hang: the watchdog names the step")
         # The direct all-reduce waits for each peer's arrival; the ring's receive, on rank 1's right, for its message.

@@ -60,6 +60,7 @@ def start_all(commands, jobs=4):
             text = lambda out: out.decode(errors="replace") if isinstance(out, bytes) else out or ""
             proc = subprocess.CompletedProcess(argv, None, text(e.stdout),
                                                text(e.stderr) + f"\n(killed: still running after {e.timeout} s)")
+            check(False, f"{' '.join(map(str, argv))[:300]}: still running after {e.timeout} s")  # whatever else is asked
         proc.seconds = time.monotonic() - began
         return proc
 
