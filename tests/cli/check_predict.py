@@ -17,9 +17,8 @@ import sys
 import tempfile
 
 import h5py
-import numpy as np
 
-from checks import check, failures, run_all, skip  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, cpu_waited_ms, failures, run_all, skip  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 mpirun, ddplab = sys.argv[1], sys.argv[2]
@@ -30,13 +29,6 @@ def train_args(np_ranks, out, *extra):
     # enough on a shared 2-core machine; 2 MB buckets give several buckets of two sizes to fit on.
     return [mpirun, "-np", str(np_ranks), ddplab, "train", "--steps", "40", "--warmup-steps", "5", "--link", "10gbe",
             "--bucket-mb", "2", "--quiet", "--out", out, *extra], dict(timeout=240)
-
-
-def cpu_waited_ms(run_file, warmup=5):
-    """The median over steady steps of the longest a rank waited for a CPU: what a busy host added to the measured
-    step, which no prediction from the run's own timings foresees."""
-    with h5py.File(run_file) as f:
-        return float(np.median(f["steps"]["cpu_wait_ms"][:, warmup:].max(axis=0)))
 
 
 def check_within_15pct(error, run_file, measured_ms, what):

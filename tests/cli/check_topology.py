@@ -15,7 +15,7 @@ import tempfile
 
 import h5py
 
-from checks import check, exit_code, failures, skip  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, cpu_waited_ms, exit_code, failures, skip  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 mpirun, ddplab = sys.argv[1], sys.argv[2]
@@ -62,14 +62,13 @@ with tempfile.TemporaryDirectory() as work:
         with h5py.File(path, "r") as f:
             steady = f["steps"]["exposed_comm_ms"][:, 3:]
             exposed[inter] = min(exposed.get(inter, 1e9), statistics.median(steady.mean(axis=0)))
-            # What the host took: each step's longest wait of a rank for a CPU, as a median over the steady steps.
-            waited = max(waited, statistics.median(f["steps"]["cpu_wait_ms"][:, 3:].max(axis=0)))
             check(list(f["node"][:]) == [0, 0, 1, 1], f"run file: node of each rank {list(f['node'][:])}")
             links = json.loads(f.attrs["links"])
             check(links["intra"]["name"] == "none" and links["inter"]["name"] == inter and
                   links["inter"]["gbps"] == (1 if inter == "1gbe" else 0), f"run file: link classes {links}")
             check("shm single-copy within node (1 peer) + mpi across nodes (2 peers)" in f.attrs["transport"],
                   f"run file: the transport of each hop ({f.attrs['transport']!r})")
+        waited = max(waited, cpu_waited_ms(path))  # what the host took from the ranks
         if inter == "1gbe":
             reports.append(subprocess.run([ddplab, "report", path], capture_output=True, text=True, timeout=60).stdout)
         if attempt == 0:

@@ -73,3 +73,14 @@ def start_all(commands, jobs=4):
 def run_all(commands, jobs=4):
     """start_all's processes, once they are done."""
     return start_all(commands, jobs)()
+
+
+def cpu_waited_ms(run_file):
+    """What a busy host took from a run: over its steady steps (the stored summary's), the median of each step's
+    longest wait of a rank for a CPU. The excuse of a timing check that such waits can fail."""
+    import json  # here: most tests never read a run file
+    import h5py
+    import numpy as np
+    with h5py.File(run_file, "r") as f:
+        first = json.loads(f.attrs["summary"])["first_steady_step"]
+        return float(np.median(f["steps"]["cpu_wait_ms"][:, first:].max(axis=0)))
