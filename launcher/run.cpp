@@ -344,41 +344,6 @@ std::string bucket_contents(const Trainer& runner, const Bucket& bucket) {
 
 }  // namespace
 
-namespace {
-
-// The watchdog over a run, disarmed however the run ends. The setup (the ranks' agreement on settings, the transports,
-// CUDA's and NCCL's start, a checkpoint read) is one wait, so that a rank stopped or hung there ends the job too. Its
-// bound is --timeout-s but at least kSetupFloorS: ranks reach their first collective seconds apart under a busy
-// launcher, and NCCL's start on a cluster takes seconds; neither is a hang that a short --timeout-s meant to catch.
-// The steps then run under --timeout-s itself.
-class ArmedWatchdog {
- public:
-  static constexpr double kSetupFloorS = 30;
-  explicit ArmedWatchdog(double timeout_s) : timeout_s_(timeout_s) {
-    watchdog::arm(timeout_s > 0 ? std::max(timeout_s, kSetupFloorS) : 0);
-    static const std::string what =
-        "the run's setup (the ranks' agreement, the transports, CUDA's and NCCL's start, a checkpoint read), bounded "
-        "by --timeout-s but at least " +
-        fmt("%g", kSetupFloorS) + " s";
-    setup_.emplace(what.c_str());
-  }
-  void setup_done() {
-    setup_.reset();
-    watchdog::arm(timeout_s_);
-  }
-  ~ArmedWatchdog() {
-    setup_.reset();
-    watchdog::disarm();
-    watchdog::set_step(-1);
-  }
-
- private:
-  double timeout_s_;
-  std::optional<watchdog::Wait> setup_;
-};
-
-}  // namespace
-
 // --device cuda needs a usable GPU and NCCL on every rank: otherwise every rank refuses (exit 2) with the reason of
 // the lowest failing rank.
 void require_device(const TrainConfig& config, MPI_Comm comm) {
@@ -1066,7 +1031,9 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  ArmedWatchdog armed(asked.timeout_s);
+  watchdog::ArmedRun armed(asked.timeout_s,
+                           "the run's setup (the ranks' agreement, the transports, CUDA's and NCCL's start, a "
+                           "checkpoint read)");
   validate_run(asked, size, world);
   const Topology topology = checked_topology(asked, size, world);
   const RankCores rank_cores = cores_for_rank(world);

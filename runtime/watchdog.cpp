@@ -212,4 +212,23 @@ Wait::~Wait() {
   g_last_progress_ns.store(now_ns(), std::memory_order_relaxed);
 }
 
+ArmedRun::ArmedRun(double timeout_s, const std::string& setup) : timeout_s_(timeout_s) {
+  char floor[32];
+  std::snprintf(floor, sizeof floor, "%g", kSetupFloorS);
+  setup_what_ = setup + ", bounded by --timeout-s but at least " + floor + " s";
+  arm(timeout_s > 0 ? std::max(timeout_s, kSetupFloorS) : 0);
+  setup_.emplace(setup_what_.c_str());
+}
+
+void ArmedRun::setup_done() {
+  setup_.reset();
+  arm(timeout_s_);
+}
+
+ArmedRun::~ArmedRun() {
+  setup_.reset();
+  disarm();
+  set_step(-1);
+}
+
 }  // namespace ddplab::watchdog

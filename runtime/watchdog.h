@@ -17,6 +17,9 @@
 // (bench/bench_instrumentation), so waits may be marked at receive granularity.
 #pragma once
 
+#include <optional>
+#include <string>
+
 namespace ddplab::watchdog {
 
 inline constexpr int kExitCode = 3;  // the job's exit code when the watchdog aborts it
@@ -46,6 +49,26 @@ void note_progress();
 
 // Names the calling thread in the watchdog's messages ("main", "comm thread"). `name` must be a literal.
 void name_thread(const char* name);
+
+// The watchdog over one run of a program, armed while this object lives and disarmed however the run ends. The run's
+// setup (the ranks' agreement, the transports, CUDA's and NCCL's start) is one wait, named by `setup`, so that a
+// rank stopped or hung there ends the job too. Its bound is the timeout but at least kSetupFloorS: ranks reach their
+// first collective seconds apart under a busy launcher, and NCCL's start on a cluster takes seconds; neither is a
+// hang that a short --timeout-s meant to catch. After setup_done() the run's waits are under the timeout itself.
+class ArmedRun {
+ public:
+  static constexpr double kSetupFloorS = 30;
+  ArmedRun(double timeout_s, const std::string& setup);
+  ~ArmedRun();
+  void setup_done();
+  ArmedRun(const ArmedRun&) = delete;
+  ArmedRun& operator=(const ArmedRun&) = delete;
+
+ private:
+  double timeout_s_;
+  std::string setup_what_;  // what the setup's wait names: it must outlive the wait
+  std::optional<Wait> setup_;
+};
 
 // Called by the watchdog, in its own thread, before it aborts the job: releases what MPI_Abort cannot, such as an
 // NCCL communicator whose kernels spin on the GPU waiting for a dead peer (ncclCommAbort). Returns an id for

@@ -16,6 +16,7 @@
 #include "bench/bench_util.h"
 #include "comm/shm_direct.h"
 #include "comm/shm_transport.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab::perf {
 
@@ -235,6 +236,8 @@ struct SizeDiagnosis {
 };
 inline SizeDiagnosis diagnose_size(CacheLineRoundTrip* round_trip, MemoryStream* stream, int rank, int n) {
   SizeDiagnosis d;
+  if (!round_trip && !stream) return d;
+  const watchdog::Wait wait("--diag's measures before the size");  // barriers, and a peer's echo spun for
   if (round_trip) {
     d.round_trip_ns = round_trip->measure();
     if (rank == 0 && !d.round_trip_ns.empty()) {

@@ -121,7 +121,7 @@ int finish(const Options& o, int n, const Topology& topology, const std::vector<
   return total_wrong ? 1 : write_failed ? kExitWriteFailed : 0;
 }
 
-int run(const Options& o, const Topology& hosts, int rank, int n) {
+int run(const Options& o, const Topology& hosts, int rank, int n, watchdog::ArmedRun& armed) {
   RankDiagnosis diagnosis;
   const size_t max_count = o.max_bytes / sizeof(float);
   const Topology topology = detect_topology(MPI_COMM_WORLD, o.ranks_per_node);
@@ -156,6 +156,7 @@ int run(const Options& o, const Topology& hosts, int rank, int n) {
     round_trip = std::make_unique<CacheLineRoundTrip>();
     stream = std::make_unique<MemoryStream>();
   }
+  armed.setup_done();
   for (const size_t bytes : o.sizes()) {
     const SizeDiagnosis seen = diagnose_size(round_trip.get(), stream.get(), rank, n);
     for (const Impl& impl : impls) {
@@ -163,9 +164,36 @@ int run(const Options& o, const Topology& hosts, int rank, int n) {
       if (rank == 0) print_row(rows.back());
     }
   }
-  if (round_trip) round_trip->free();
-  if (o.diag) print_diagnosis(diagnosis, rank, n);
+  if (o.diag) {
+    const watchdog::Wait wait("the ranks' --diag reports");
+    round_trip->free();
+    print_diagnosis(diagnosis, rank, n);
+  }
   return rank == 0 ? finish(o, n, topology, impls, rows) : 0;
+}
+
+// Rank 0's exit code, on every rank: 2 for arguments refused before any work.
+int run_checked(const Options& o, int rank, int n) {
+  // A peer that hangs or died ends the job with the wait it left open, as in train, instead of waiting forever: the
+  // setup (the hosts, the transports, the buffers, the first untimed calls) is one wait, the measurement many.
+  watchdog::ArmedRun armed(o.timeout_s,
+                           "allreduce_perf's setup (the ranks' hosts, the transports, the buffers, the first untimed "
+                           "calls)");
+  const Topology hosts = detect_topology(MPI_COMM_WORLD, /*ranks_per_node=*/0);
+  if (!preflight(o, hosts, rank, n)) return 2;
+  int code = 0;
+  try {
+    code = run(o, hosts, rank, n, armed);
+  } catch (const UsageError& e) {  // raised alike on every rank before any work (communicator_impl)
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "allreduce_perf: rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);  // the program's edge: other ranks may be waiting in a collective
+  }
+  const watchdog::Wait verdict("rank 0's verdict");
+  MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);  // rank 0 knows the verdict
+  return code;
 }
 
 }  // namespace
@@ -174,6 +202,7 @@ int run(const Options& o, const Topology& hosts, int rank, int n) {
 int main(int argc, char** argv) {
   using namespace ddplab::perf;
   ddplab::init_mpi_multithreaded(&argc, &argv, "allreduce_perf");  // the GPU ring runs a comm thread
+  ddplab::watchdog::name_thread("main thread");
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -197,7 +226,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   Options options;
-  int code = 0;
   try {
     if (!parse_options(argc, argv, rank, n, options)) {
       MPI_Finalize();
@@ -209,28 +237,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  const ddplab::Topology hosts = ddplab::detect_topology(MPI_COMM_WORLD, /*ranks_per_node=*/0);  // the hosts
-  if (!preflight(options, hosts, rank, n)) {
-    MPI_Finalize();
-    return 2;
-  }
-  // A peer that hangs or died ends the job with the wait it left open, as in train, instead of waiting forever.
-  ddplab::watchdog::arm(options.timeout_s);
-  try {
-    code = run(options, hosts, rank, n);
-  } catch (const UsageError& e) {  // raised alike on every rank before any work (communicator_impl)
-    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
-    MPI_Finalize();
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "allreduce_perf: rank %d: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);  // the program's edge: other ranks may be waiting in a collective
-  }
-  {
-    const ddplab::watchdog::Wait verdict("rank 0's verdict");
-    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);  // rank 0 knows the verdict
-  }
-  ddplab::watchdog::disarm();
+  const int code = run_checked(options, rank, n);
   MPI_Finalize();
   return code;
 }

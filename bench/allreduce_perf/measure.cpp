@@ -60,32 +60,42 @@ void summarize(const Options& o, int n, Mode* m) {
 
 double time_calls(const Impl& impl, const float* in, float* out, size_t count, const Options& o, int rank, int n,
                   Mode* m) {
-  for (int i = 0; i < o.warmup; ++i) impl.run(in, out, count);
   std::vector<double> t(o.iters);
   const double per_run = impl.calls_per_run;
-  const double steal_at_start = o.diag ? steal_ms_now() : 0;  // before the barrier: the calls start together
   // -z 0 (nccl-tests' default): the calls go on the stream back to back and the host waits once, so the mean is
   // the collective's own rate, not a launch and a host wait each; no call is timed alone. Alike on every rank.
   const bool queued = o.blocking == 0 && impl.enqueue;
-  {  // the watchdog acts only while a wait is open: a peer stopped before the barrier must not leave this rank in it
-    const watchdog::Wait start("the ranks, to start the timed calls together");
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
-  const double t0 = now_s();
-  if (queued) {
-    {  // a launch can block where the stream's queue is full: the watchdog names it if it never returns
-      const watchdog::Wait queuing("the timed calls to be queued");
-      for (int i = 0; i < o.iters; ++i) impl.enqueue(in, out, count);
-    }
-    impl.wait();
-  } else {
-    for (int i = 0; i < o.iters; ++i) {
-      const double a = now_s();
+  double steal_at_start = 0, mean_us = 0;
+  {
+    // The watchdog acts only while a wait is open, and mpi-raw's calls open none (Open MPI's own number, without a
+    // wait's ~170 ns): one wait around the calls, and progress noted after each (a clock read, outside its time).
+    const watchdog::Wait calls("the warm-up and timed calls");
+    for (int i = 0; i < o.warmup; ++i) {
       impl.run(in, out, count);
-      t[i] = (now_s() - a) * 1e6 / per_run;
+      watchdog::note_progress();
     }
+    steal_at_start = o.diag ? steal_ms_now() : 0;  // before the barrier: the calls start together
+    {                                              // a peer stopped before the barrier must not leave this rank in it
+      const watchdog::Wait start("the ranks, to start the timed calls together");
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    const double t0 = now_s();
+    if (queued) {
+      {  // a launch can block where the stream's queue is full: the watchdog names it if it never returns
+        const watchdog::Wait queuing("the timed calls to be queued");
+        for (int i = 0; i < o.iters; ++i) impl.enqueue(in, out, count);
+      }
+      impl.wait();
+    } else {
+      for (int i = 0; i < o.iters; ++i) {
+        const double a = now_s();
+        impl.run(in, out, count);
+        t[i] = (now_s() - a) * 1e6 / per_run;
+        watchdog::note_progress();
+      }
+    }
+    mean_us = (now_s() - t0) / o.iters * 1e6 / per_run;
   }
-  const double mean_us = (now_s() - t0) / o.iters * 1e6 / per_run;
   const double stolen = o.diag ? steal_ms_now() - steal_at_start : 0;
   const watchdog::Wait gather("the ranks' times");
   if (o.diag) {
@@ -109,7 +119,10 @@ long long count_wrong(const Impl& impl, const Inputs& inputs, int rank, float* i
     std::fill(result, result + count, -1.0f);
     impl.load_out(result, count);
   }
-  impl.run_once(impl.in(in_host), in_place ? impl.in(in_host) : impl.out(out_host), count);
+  {
+    const watchdog::Wait call("the check's call");
+    impl.run_once(impl.in(in_host), in_place ? impl.in(in_host) : impl.out(out_host), count);
+  }
   impl.fetch_result(result, in_place, count);
   long long wrong = 0, total = 0;
   for (size_t i = 0; i < count; ++i) {

@@ -8,11 +8,12 @@
 - per-call times: min/p50/p99 in the JSON and CSV, i_min/i_p99 in the table, all agreeing;
 - #wrong 0 on exactly summable inputs, also over several check rounds (-c 3); -c 0 says N/A;
 - bad arguments: exit 2, one line naming the flag, no MPI_ABORT banner, before any work, no file touched;
-- a rank that stops mid-run: the watchdog ends the job (--timeout-s), exit 3, and leaves no shared-memory segment;
+- a rank that stops in the setup or mid-run: the watchdog ends the job, exit 3, after the setup's floor or --timeout-s,
+  naming the wait, and leaves no shared-memory segment;
 - output files written whole (no temporaries left), an existing one kept unless --force;
 - scripts/allreduce_chart.py: a PNG from the JSON and from the CSV, one-line refusals of bad input.
 
-usage: check_allreduce_perf_cli.py MPIRUN ALLREDUCE_PERF ALLREDUCE_CHART_PY DDPLAB
+usage: check_allreduce_perf_cli.py MPIRUN ALLREDUCE_PERF ALLREDUCE_CHART_PY DDPLAB STOP_IN_SETUP
 """
 import csv
 import importlib.util
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from checks import check, failures, run_all  # tests/cli/checks.py: the assertion every CLI test shares
 
@@ -115,58 +117,93 @@ def segments_of(pids, kind=r"[a-z]+"):
     return found
 
 
-def test_watchdog_ends_a_hang(perf, workdir):
-    # A rank that stops (SIGSTOP: as hung as a process gets) mid-run: the others' watchdog ends the job after
-    # --timeout-s, naming the wait it left open, instead of waiting forever. Stopped, if it can be caught there, while
-    # the name of its registered buffer's segment exists: a peer it left behind must not leave the names in /dev/shm.
-    marker = os.path.join(workdir, "hang.json")
-    args = ["-b", "16M", "-e", "16M", "-w", "1", "-n", "100000", "-c", "0", "--impls", "ring", "--timeout-s", "3",
-            "--json", marker]
-    start = time.monotonic()
-    p = subprocess.Popen(perf.cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Stopped once the table's header is out: the watchdog is armed by then, and the buffers are registered next. A
-    # rank stopped earlier, in start-up, would leave its peer where no watchdog guards it.
-    for line in p.stdout:
-        if line.startswith("# impl"):
-            break
+def perf_ranks(exe, marker):
+    """The pids of the ranks whose command line names `marker` (a file only that job names)."""
     ranks = []
     for pid in os.listdir("/proc"):
         try:
-            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+            exe_name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
             cmdline = open(f"/proc/{pid}/cmdline").read()
         except OSError:
             continue
-        if pid.isdigit() and exe == os.path.basename(perf.exe) and marker in cmdline:
+        if pid.isdigit() and exe_name == os.path.basename(exe) and marker in cmdline:
             ranks.append(int(pid))
-    stopped, where = (min(ranks), "after the header") if ranks else (None, "")
-    look_until = time.monotonic() + 1.0
-    while ranks and time.monotonic() < look_until:
-        named = segments_of(ranks, "registered")
-        if named:
-            name, stopped = named[0]
-            where = f"while {name} existed"
+    return ranks
+
+
+def stalled_s(text):
+    """How long the watchdog saw no progress before it ended the job, as it says (its own clock)."""
+    m = re.search(r"watchdog: no progress for ([0-9.]+) s", text)
+    return float(m.group(1)) if m else None
+
+
+def stopped_mid_run(perf, workdir, args):
+    """Runs 2 ranks and SIGSTOPs one once the first size's row is out (the setup over, the measurement under way).
+    What the job did: (exit code, stderr, the ranks' pids)."""
+    marker = os.path.join(workdir, "mid_run.json")
+    p = subprocess.Popen(perf.cmd([*args, "--json", marker]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks = []
+    for line in p.stdout:
+        if data_rows(line):
+            ranks = perf_ranks(perf.exe, marker)
+            if ranks:
+                os.kill(min(ranks), signal.SIGSTOP)
             break
-    if stopped:
-        os.kill(stopped, signal.SIGSTOP)
     err = ""
     try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:  # the check below names it, with what the ranks said
-        err = "still running after 60 s"
+        err = p.communicate(timeout=90)[1]
+    except subprocess.TimeoutExpired:  # the checks name it, with what the ranks said
+        err = "still running after 90 s"
     finally:
         for pid in ranks:  # whatever happened, nothing is left stopped
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        if p.poll() is None:  # no rank was found to stop, or the watchdog did not act: nor is the job left running
+        if p.poll() is None:  # the watchdog did not act: nor is the job left running
             p.kill()
             err += ": " + p.communicate()[1]
-    took = time.monotonic() - start
-    check(len(ranks) == 2 and p.returncode == 3 and "watchdog: no progress for" in err and took < 40,
-          f"a stopped rank: the watchdog ends the job, exit 3, in {took:.1f} s ({len(ranks)} ranks; {err[-300:]})")
+    return p.returncode, err, ranks
+
+
+def stopped_in_setup(perf, workdir, args, stop_in_setup):
+    """Runs 2 ranks, one of which stops itself in its first MPI_Comm_split_type (the hosts' detection, the setup's
+    first collective; LD_PRELOAD). What the job did: (exit code, stderr)."""
+    marker = os.path.join(workdir, "in_setup.json")
+    start = [perf.mpirun, "--bind-to", "none", "-np", "1", perf.exe, *args, "--json", marker, ":", "-np", "1", "-x",
+             f"LD_PRELOAD={stop_in_setup}", perf.exe, *args, "--json", marker]
+    try:
+        p = subprocess.run(start, capture_output=True, text=True, timeout=90,
+                           env={**os.environ, "OMPI_MCA_odls_base_sigkill_timeout": "1"})  # the stopped rank too
+        return p.returncode, p.stderr
+    except subprocess.TimeoutExpired:
+        subprocess.run(["pkill", "-KILL", "-f", marker])
+        return None, "still running after 90 s"
+
+
+def test_watchdog_ends_a_hang(perf, workdir, stop_in_setup):
+    # A rank that stops (SIGSTOP: as hung as a process gets): the others' watchdog ends the job, exit 3, naming the
+    # wait it left open, instead of waiting forever: in the setup after the setup's floor (runtime/watchdog.h), in the
+    # measurement after --timeout-s. The two run side by side: each is mostly waiting. (A stop between a segment's
+    # naming and its unlinking, a window of two small agreements, is tests/mpi/check_watchdog.py's half_shared.)
+    timeout_s, setup_floor_s = 3, 30
+    args = ["-c", "0", "--timeout-s", str(timeout_s)]
+    # Mid-run, most often in mpi-raw's warm-up calls (the row before it is ring's), which open no wait of their own.
+    mid_run_args = ["-b", "8", "-e", "16M", "-f", "1024", "-w", "2000", "-n", "500", "--impls", "ring,mpi-raw", *args]
+    with ThreadPoolExecutor(2) as pool:
+        in_setup = pool.submit(stopped_in_setup, perf, workdir, ["-b", "8", "-e", "8", "-n", "1", "-w", "1", *args],
+                               stop_in_setup)
+        mid_run = pool.submit(stopped_mid_run, perf, workdir, mid_run_args)
+        (setup_code, setup_err), (run_code, run_err, ranks) = in_setup.result(), mid_run.result()
+    for where, code, err, bound, names_setup in (("in the setup", setup_code, setup_err, setup_floor_s, True),
+                                                 ("mid-run", run_code, run_err, timeout_s, False)):
+        stalled = stalled_s(err)
+        check(code == 3 and stalled is not None and bound <= stalled <= bound * 1.25 + 3 and
+              ("waiting for allreduce_perf's setup" in err) == names_setup,
+              f"a rank stopped {where}: the watchdog ends the job, exit 3, after {bound} s without progress, naming "
+              f"{'the setup' if names_setup else 'a wait of the measurement'} (exit {code}, {stalled} s; {err[-300:]})")
     left = [name for name, _ in segments_of(ranks)]
-    check(not left, f"a rank stopped {where}: no segment of the job's is left in /dev/shm ({left})")
+    check(ranks and not left, f"a rank stopped mid-run: no segment of the job's is left in /dev/shm ({ranks}, {left})")
 
 
 def check_modes(doc, what, aggregate):
@@ -486,11 +523,11 @@ def test_chart(chart_py, workdir):
 
 
 def main():
-    mpirun, exe, chart_py, ddplab = sys.argv[1:5]
+    mpirun, exe, chart_py, ddplab, stop_in_setup = sys.argv[1:6]
     perf = Perf(mpirun, exe)
     with tempfile.TemporaryDirectory() as d:
         test_rows_arrive_while_running(perf)
-        test_watchdog_ends_a_hang(perf, d)
+        test_watchdog_ends_a_hang(perf, d, stop_in_setup)
         os.mkdir(os.path.join(d, "runs"))
         os.mkdir(os.path.join(d, "refused"))
         test_flags(perf, os.path.join(d, "runs"))
