@@ -11,14 +11,14 @@ CLI::Validator auto_or_number_of(const std::string& flag) {
   visit_knobs(c, [&](const Knob& knob, const auto& field) {
     using T = std::decay_t<decltype(field)>;
     if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
-      if (knob.flag && knob.flag == flag && knob.auto_text) validator = auto_or_number<T>(knob);
+      if (knob.flag && knob.flag == flag && knob.auto_text) validator = knob_flags_detail::auto_or_number<T>(knob);
   });
   if (!validator) throw std::logic_error("auto_or_number_of: no numeric knob " + flag + " that takes auto");
   return *validator;
 }
 
 void check_knob_ranges(const TrainConfig& c) {
-  visit_knobs(c, [](const Knob& knob, const auto& value) { check_range(knob, value); });
+  visit_knobs(c, [](const Knob& knob, const auto& value) { knob_flags_detail::check_range(knob, value); });
 }
 
 void check_knob_value(const std::string& flag, double value) {
@@ -26,7 +26,7 @@ void check_knob_value(const std::string& flag, double value) {
   bool found = false;
   visit_knobs(c, [&](const Knob& knob, auto& field) {
     if constexpr (std::is_arithmetic_v<std::decay_t<decltype(field)>>) {
-      if (knob.flag && knob.flag == flag) found = true, check_range(knob, value);
+      if (knob.flag && knob.flag == flag) found = true, knob_flags_detail::check_range(knob, value);
     }
   });
   if (!found) throw std::logic_error("check_knob_value: no numeric knob " + flag);

@@ -19,6 +19,9 @@
 
 namespace ddplab {
 
+// How the flags below are made; not for their callers.
+namespace knob_flags_detail {
+
 // A number as a person types it, in decimal, for every numeric flag (the knobs', and the lists and counts of suite,
 // sweep and predict). Returns why not, or "" (CLI11's validator convention); may rewrite text for the parser.
 // Whole numbers: CLI11 reads a leading 0 as octal and 0x as hex (`--steps 010` ran 8 steps): leading zeros are
@@ -45,9 +48,13 @@ std::string as_decimal(std::string& text) {
   }
   return "";
 }
+
+}  // namespace knob_flags_detail
+
+// The check of a number flag's text: decimal, as a person types it (knob_flags_detail::as_decimal).
 template <typename T>
 CLI::Validator decimal_validator() {
-  return CLI::Validator(as_decimal<T>, "", std::is_integral_v<T> ? "DECIMAL" : "NUMBER");
+  return CLI::Validator(knob_flags_detail::as_decimal<T>, "", std::is_integral_v<T> ? "DECIMAL" : "NUMBER");
 }
 
 // The flag's value as the error names it: "0", "-1", "0.5".
@@ -61,6 +68,8 @@ std::string value_text(T value) {
     return text;
   }
 }
+
+namespace knob_flags_detail {
 
 // A number's check, as its knob declares it (an "auto" still unresolved passes).
 template <typename T>
@@ -103,7 +112,6 @@ AutoChoice<E> auto_choice_flag_value(const std::string& text, const char* flag) 
   throw CLI::ValidationError(std::string(flag) + " must be auto, " + choice_list<E>() + " (got '" + text + "')");
 }
 
-// The flag of one knob, by the type of its value.
 // A number knob's text that takes "auto": auto becomes the knob's stand-in value, else a finite decimal not below the
 // knob's minimum, checked here (the stand-in itself is out of range, and typed as a number it would pass for auto).
 // No description: the help would show the stand-in ("{auto->-1}").
@@ -127,8 +135,12 @@ CLI::Validator auto_or_number(const Knob& knob) {
       "", "AUTO_OR_AT_LEAST_MIN");
 }
 
+}  // namespace knob_flags_detail
+
+// The flag of one knob, by the type of its value.
 template <typename T>
 CLI::Option* add_knob_flag(CLI::App* app, const Knob& knob, T& value) {
+  using namespace knob_flags_detail;
   const char* flag = knob.flag;
   const std::string help = knob.help ? knob.help : "";
   if constexpr (std::is_same_v<T, bool>) {
