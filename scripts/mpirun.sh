@@ -35,8 +35,9 @@ stop_ranks() {
   (trap '' INT TERM; pkill -TERM -P "$job" || kill -TERM "$job" 2>/dev/null) &
 }
 trap stop_ranks INT TERM
-while :; do
+# wait also returns when a trapped signal arrives (128 + its number), with the job still running or just ended: the
+# job's own status is the one more wait after its end (bash keeps an ended job's status for it).
+while kill -0 "$job" 2>/dev/null; do
   wait "$job"
-  rc=$?
-  kill -0 "$job" 2>/dev/null || exit "$rc"  # wait also returns when a trapped signal arrives: the job may still run
 done
+wait "$job"
