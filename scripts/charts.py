@@ -165,18 +165,21 @@ class Run:
                 self.bucket_times[name] = dataset(f"buckets/{name}", *per_bucket)
         self.suite_case = None  # this run's case in the suite's summary.json (--suite)
         self.group = None  # the suite's group of this case
-        self.oversubscribed = self._took_turns(int(f.attrs.get("host_cores", 0)))
+        self.took_turns_on = self._took_turns(int(f.attrs.get("host_cores", 0)))
+        self.oversubscribed = self.took_turns_on is not None
 
     def _took_turns(self, host_cores):
-        """Whether the ranks took turns, so that the times measure the machine, not DDP: more ranks x BLAS threads on
-        rank 0's host than it has cores (0: not recorded), or ranks of one host on one GPU. What `ddplab report` and
-        the suite decide (RunRecord::oversubscribed_ranks and ranks_sharing_a_gpu)."""
+        """What the ranks took turns on, so that the times measure the machine, not DDP: "the cores" where rank 0's
+        host has fewer than ranks x BLAS threads (0: not recorded), "one GPU" where ranks of one host share one; None
+        where they did not. What `ddplab report` and the suite decide (RunRecord::oversubscribed_ranks and
+        ranks_sharing_a_gpu)."""
         threads = max(1, int(self.config.get("threads", self.config.get("blas_threads", 1))))  # older files' key
         on_first_host = self.hostnames.count(self.hostnames[0]) if self.hostnames else 0
         if self.attrs.get("device", "cpu") == "cpu" and host_cores > 0 and on_first_host * threads > host_cores:
-            return True
+            return "the cores"
         sharing = Counter((host, gpu) for host, gpu in zip(self.hostnames, self.gpus) if gpu)
-        return len(self.gpus) == len(self.hostnames) and any(n > 1 for n in sharing.values())
+        shared = len(self.gpus) == len(self.hostnames) and any(n > 1 for n in sharing.values())
+        return "one GPU" if shared else None
 
     def collectives(self, s):
         """Each bucket's collective in step s, as the ranks recorded it: "reduce-scatter" (--zero-stage 1: an
@@ -210,7 +213,12 @@ def ranks_text(n):
     return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
-OVERSUBSCRIBED = "oversubscribed: the ranks took turns on the cores (or one GPU): this measures the machine, not DDP"
+def oversubscribed_text(runs):
+    """What a chart or the page says of its oversubscribed runs: what their ranks took turns on. "" where none was."""
+    places = sorted({r.took_turns_on for r in runs if r.oversubscribed})
+    if not places:
+        return ""
+    return f"oversubscribed: the ranks took turns on {' or '.join(places)}: this measures the machine, not DDP"
 
 
 # The charts over all the files, drawn or not by what the files hold: an earlier call's (the same --out-dir over other
@@ -269,7 +277,7 @@ def breakdown_chart(run, out_dir, name, written):
     ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylabel("ms per step (steady-state mean)")
     ax.set_title(f"{run.stem}: where each rank's step goes ({ranks_text(run.world)})"
-                 + ("\n" + OVERSUBSCRIBED if run.oversubscribed else ""), fontsize=10)
+                 + ("\n" + oversubscribed_text([run]) if run.oversubscribed else ""), fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     save(fig, out_dir, name, written)
 
@@ -329,7 +337,7 @@ def throughput_chart(runs, out_dir, written):
             ax.annotate(g or "not in the suite", ((lo + hi) / 2, 1.0), xycoords=("data", "axes fraction"),
                         xytext=(0, 4), textcoords="offset points", ha="center", fontsize=9, weight="bold")
     if any(r.oversubscribed for r in runs):
-        ax.legend(handles=[Patch(facecolor="0.7", hatch="//", edgecolor="white", label=OVERSUBSCRIBED)],
+        ax.legend(handles=[Patch(facecolor="0.7", hatch="//", edgecolor="white", label=oversubscribed_text(runs))],
                   fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.2))
     ax.set_yscale("log" if max(rate) > 50 * max(min(rate), 1e-9) else "linear")
     ax.set_ylabel("useful tokens/s (padding excluded; slowest rank's step)" if tokens
@@ -667,15 +675,16 @@ def scaling_chart(runs, kind, out_dir, written):
         ax2.annotate(f"{e:.0f}%", (w, e), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax2.set_ylabel("efficiency (samples/s / ideal, %)")
     ax2.set_ylim(0, max(110, max(efficiency) + 10))
-    crowded = [r.world for r in runs if r.oversubscribed]
+    crowded = [r for r in runs if r.oversubscribed]
     for ax in (ax1, ax2):
         ax.set_xticks(worlds)
         ax.set_xlabel("ranks")
         if crowded:
-            ax.axvspan(min(crowded) - 0.5, max(worlds) + 0.5, color="#f4cccc", alpha=0.5, label="oversubscribed")
+            ax.axvspan(min(r.world for r in crowded) - 0.5, max(worlds) + 0.5, color="#f4cccc", alpha=0.5,
+                       label="oversubscribed")
         ax.legend(fontsize=8)
     what = "same per-rank batch" if kind == "weak" else "same global batch"
-    fig.suptitle(f"{kind} scaling ({what})" + ("\n" + OVERSUBSCRIBED if crowded else ""), fontsize=10)
+    fig.suptitle(f"{kind} scaling ({what})" + ("\n" + oversubscribed_text(crowded) if crowded else ""), fontsize=10)
     save(fig, out_dir, f"{kind}_scaling", written)
 
 
@@ -893,7 +902,8 @@ def main(argv):
         predicted_chart(predicted, out_dir, written)
     if page:
         try:
-            written.append(write_page(page, runs, written, suite_summary, [s for _, s in sweeps], reports))
+            written.append(write_page(page, runs, written, oversubscribed_text(runs), suite_summary,
+                                      [s for _, s in sweeps], reports))
         except OSError as e:  # the disk filled up, or the folder went away, while the charts were drawn
             raise WriteFailed(f"cannot write the page {page}: {e.strerror}") from None
     for path in written:

@@ -263,9 +263,9 @@ def timeline_section(runs, example):
     return {"traces": traces, "command": f"ddplab timeline {example}", "perfetto": PERFETTO}
 
 
-def write_page(path, runs, written, suite=None, sweeps=(), reports=None):
+def write_page(path, runs, written, oversubscribed="", suite=None, sweeps=(), reports=None):
     """Renders the page for these runs (charts.Run objects) and the charts this call wrote (their paths) into path,
-    whole or not at all."""
+    whole or not at all. oversubscribed: what the table's note says of its starred runs (charts.oversubscribed_text)."""
     drawn = {os.path.basename(p)[:-len(".svg")]: p for p in written if p.endswith(".svg")}
     blame = blame_of(runs, reports)
     if suite:
@@ -298,7 +298,7 @@ def write_page(path, runs, written, suite=None, sweeps=(), reports=None):
                              autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     text = env.get_template("report_page.html.j2").render(
         title=title, setup=setup_rows(runs), config=config_rows(runs), table=table, overview=overview,
-        oversubscribed=any(r.oversubscribed for r in runs), scaling=scaling, sections=sections, gantt=gantt,
+        oversubscribed=oversubscribed, scaling=scaling, sections=sections, gantt=gantt,
         sweeps=prediction_section(sweeps), predicted=predicted, timeline=timeline_section(runs, timeline_run.path),
         suite=suite, stopped=[(r.stem, r.stop_reason) for r in runs if r.stop_reason], na=NA)
     write_whole(path, text)  # a full disk leaves neither a half page under its name nor the temporary beside it
