@@ -138,27 +138,57 @@ std::optional<Decision> read_decision(const nlohmann::json& j, const std::vector
   for (const auto& [core, rate] : j["gflops"].items())
     if (rate.is_number()) d.rates.push_back({core, rate.get<double>()});
   if (!contains(candidates, d.chosen) || !find_rate(d.rates, d.chosen)) return std::nullopt;  // stale or damaged
+  // A file from before the verdict was settled by two probes holds one, of unknown age.
+  const nlohmann::json probes = j.value("probes", nlohmann::json(1)), at = j.value("probed_at", nlohmann::json(0));
+  d.probes = probes.is_number_integer() ? std::max(1, probes.get<int>()) : 1;
+  d.probed_at_s = at.is_number() ? at.get<double>() : 0;
   return d;
+}
+
+// Whether the verdict stands at now_s: settled by its probes, or its one probe too recent to repeat (kReprobeAfterS).
+bool stands(const Decision& d, double now_s) {
+  return d.probes >= kProbesToSettle || now_s - d.probed_at_s < kReprobeAfterS;
+}
+
+// Each family's best rate in either.
+Rates best_of(Rates a, const Rates& b) {
+  for (const CoreRate& r : b) {
+    const auto same = std::find_if(a.begin(), a.end(), [&](const CoreRate& x) { return x.core == r.core; });
+    if (same == a.end())
+      a.push_back(r);
+    else
+      same->gflops = std::max(same->gflops, r.gflops);
+  }
+  return a;
 }
 
 nlohmann::json to_json(const Decision& d) {
   nlohmann::json rates = nlohmann::json::object();
   for (const CoreRate& r : d.rates) rates[r.core] = std::round(r.gflops * 10) / 10;
-  return {{"detected", d.detected}, {"chosen", d.chosen}, {"gflops", rates}};
+  return {{"detected", d.detected},
+          {"chosen", d.chosen},
+          {"gflops", rates},
+          {"probes", d.probes},
+          {"probed_at", std::round(d.probed_at_s)}};
 }
 
 }  // namespace
 
 std::optional<Decision> cached_decision(const std::string& dir, const std::string& file,
                                         const std::vector<std::string>& candidates, const std::string& detected,
-                                        const std::function<Rates()>& probe, std::string& error) {
+                                        const std::function<Rates()>& probe, double now_s, std::string& error) {
   if (!dir.empty())
-    if (auto d = read_decision(host_cache::read(dir + "/" + file), candidates)) return d;
+    if (auto d = read_decision(host_cache::read(dir + "/" + file), candidates); d && stands(*d, now_s)) return d;
   // The probe runs under the file's lock: ranks probing at once on shared cores would skew each other's rates.
   std::optional<Decision> d;
   const auto measure = [&](const nlohmann::json& current) -> std::optional<nlohmann::json> {
-    if ((d = read_decision(current, candidates))) return std::nullopt;  // measured while this process waited
-    Decision measured{detected, "", probe()};
+    const std::optional<Decision> earlier = read_decision(current, candidates);
+    if (earlier && stands(*earlier, now_s)) {  // measured while this process waited
+      d = earlier;
+      return std::nullopt;
+    }
+    Decision measured{detected, "", probe(), 1, now_s};
+    if (earlier) measured.rates = best_of(earlier->rates, measured.rates), measured.probes = earlier->probes + 1;
     measured.chosen = choose_core(candidates, measured.rates, detected);
     if (measured.chosen.empty()) {
       error = "no candidate family ran in the probe";
@@ -261,7 +291,8 @@ void select_kernels(int argc, char** argv) {
   std::string error, chosen;
   const std::optional<Decision> decision = cached_decision(
       host_cache::directory(), cache_file_name(cpu_model().id(), features, openblas_version()), candidates, detected,
-      [&] { return probe_cores(cores_to_probe(features, detected)); }, error);
+      [&] { return probe_cores(cores_to_probe(features, detected)); },
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(), error);
   if (decision) {
     chosen = decision->chosen;
     k.why = describe_probe(chosen, decision->rates, detected);

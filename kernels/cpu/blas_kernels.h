@@ -6,7 +6,8 @@
 // here by what the CPU can run (cpuid), among the families that use its best instructions, and where more than one
 // fits, by measuring them: a GEMM at the default MLP's shapes in a child process per family (the family is fixed when
 // the library loads, so only a new process can run another). The verdict is cached per CPU model and OpenBLAS version
-// ($XDG_CACHE_HOME/ddplab), so a host measures once, and every rank of a job on it reads the same verdict.
+// ($XDG_CACHE_HOME/ddplab), so a host measures twice (the second time at a later start, below), and every rank of a
+// job on it reads the same verdict.
 //
 // The choice itself is pure (candidate_cores .. describe_choice) and unit-tested over a table of CPUs; the rest
 // measures, caches and re-executes.
@@ -62,18 +63,27 @@ const CoreRate* find_rate(const Rates& rates, const std::string& core);
 
 struct Decision {
   std::string detected, chosen;  // OpenBLAS's own pick; the family to run
-  Rates rates;                   // what the probe measured, GFLOP/s
+  Rates rates;                   // each family's best rate over the probes, GFLOP/s
+  int probes = 1;                // how many probes the rates are the best of
+  double probed_at_s = 0;        // when the last one ran, seconds since the epoch
 };
+// A verdict is settled after two probes at two starts: a host busy while one probe ran (another tenant, a build) slows
+// every family alike and hides their difference (Zen 4: every family at 82-85 GFLOP/s in one probe, Haswell 102
+// against Cooperlake 86 on that host minutes later), and a busy host only ever slows a family, so each family's best
+// rate over the probes is kept. The second probe runs at the first start at least kReprobeAfterS after the first:
+// ranks that start together all read the first probe's verdict instead of measuring again one after the other.
+inline constexpr int kProbesToSettle = 2;
+inline constexpr double kReprobeAfterS = 60;
 // One file name per CPU model (vendor, family, model, stepping), feature set and OpenBLAS version.
 std::string cache_file_name(const std::string& cpu_id, const CpuFeatures& features,
                             const std::string& openblas_version);
-// The decision in dir/file (dir: host_cache::directory()) where it is there and chose a candidate; otherwise, holding
-// the file's lock, measured by probe() and written: processes that start together on a host measure once and all read
-// that one decision. nullopt with `error` set when dir cannot be made or locked, or no candidate could be
-// measured.
+// The decision in dir/file (dir: host_cache::directory()) where it is there, chose a candidate and is settled or its
+// one probe younger than kReprobeAfterS at now_s; otherwise, holding the file's lock, measured by probe(), merged
+// with the file's rates and written: processes that start together on a host measure once and all read that one
+// decision. nullopt with `error` set when dir cannot be made or locked, or no candidate could be measured.
 std::optional<Decision> cached_decision(const std::string& dir, const std::string& file,
                                         const std::vector<std::string>& candidates, const std::string& detected,
-                                        const std::function<Rates()>& probe, std::string& error);
+                                        const std::function<Rates()>& probe, double now_s, std::string& error);
 
 // ---- this process ----
 

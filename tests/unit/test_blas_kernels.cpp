@@ -193,6 +193,8 @@ TEST(BlasKernels, CacheFileNames) {
   EXPECT_NE(cache_file_name(cpu, kAvx2, "0.3.26"), cache_file_name(cpu, kAvx2, "0.3.21"));
 }
 
+constexpr double kNow = 1.8e9;  // seconds since the epoch: any time
+
 class Cache : public ddplab::TempDirTest {
  protected:
   const std::string file_ = "cpu.json";
@@ -206,16 +208,51 @@ TEST_F(Cache, MeasuresOnceThenReads) {
     return Rates{{"Haswell", 88}, {"Zen", 80}, {"SkylakeX", 104}, {"Prescott", 21}};
   };
   std::string error;
-  const auto first = cached_decision(dir_ + "/made/here", file_, candidates_, "Prescott", probe, error);
+  const auto first = cached_decision(dir_ + "/made/here", file_, candidates_, "Prescott", probe, kNow, error);
   ASSERT_TRUE(first) << error;
   EXPECT_EQ(first->chosen, "SkylakeX");
-  const auto second = cached_decision(dir_ + "/made/here", file_, candidates_, "Prescott", probe, error);
+  const auto second = cached_decision(dir_ + "/made/here", file_, candidates_, "Prescott", probe, kNow, error);
   ASSERT_TRUE(second) << error;
   EXPECT_EQ(probes, 1);
   EXPECT_EQ(second->chosen, "SkylakeX");
   EXPECT_EQ(describe_probe(second->chosen, second->rates, second->detected),
             describe_probe(first->chosen, first->rates, first->detected));
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/made/here/" + file_ + ".tmp" + std::to_string(getpid())));
+}
+
+// A probe while the host was busy (every family slowed alike: a Zen 4 seen so) is measured again at the first start a
+// while later, each family's best rate kept; two probes settle the verdict, and a busy second probe cannot undo it.
+TEST_F(Cache, ASecondProbeAtALaterStartSettlesTheVerdict) {
+  const Names candidates = candidate_cores(kAvx512Bf16);
+  int probes = 0;
+  const Rates busy{{"Haswell", 81.5}, {"Zen", 83.8}, {"SkylakeX", 85.3}, {"Cooperlake", 85.4}};
+  const Rates quiet{{"Haswell", 102}, {"Zen", 99}, {"SkylakeX", 88}, {"Cooperlake", 86}};
+  std::vector<Rates> measured = {busy, quiet, busy};
+  const auto probe = [&] { return measured[probes++]; };
+  std::string error;
+  const auto decide = [&](double at) {
+    const auto d = cached_decision(dir_, file_, candidates, "Cooperlake", probe, at, error);
+    return d ? d->chosen + " after " + std::to_string(d->probes) : "error: " + error;
+  };
+  EXPECT_EQ(decide(kNow), "Cooperlake after 1");  // within 5% of the fastest: OpenBLAS's pick stands
+  EXPECT_EQ(decide(kNow + kReprobeAfterS - 1), "Cooperlake after 1");  // ranks starting together: no second probe
+  EXPECT_EQ(probes, 1);
+  EXPECT_EQ(decide(kNow + kReprobeAfterS + 1), "Haswell after 2");
+  EXPECT_EQ(decide(kNow + 1e6), "Haswell after 2");
+  EXPECT_EQ(probes, 2);
+  // Settled the other way round: a quiet first probe, a busy second; the best rates still choose Haswell.
+  std::filesystem::remove(dir_ + "/" + file_);
+  measured = {quiet, busy};
+  probes = 0;
+  EXPECT_EQ(decide(kNow), "Haswell after 1");
+  EXPECT_EQ(decide(kNow + kReprobeAfterS + 1), "Haswell after 2");
+  // A verdict written before two probes settled it (no count, no time) is measured once more, whenever it is read.
+  std::ofstream(dir_ + "/" + file_) << R"({"detected": "Cooperlake", "chosen": "Cooperlake", "gflops": )"
+                                    << R"({"Cooperlake": 85.4, "Haswell": 81.5}})";
+  measured = {quiet};
+  probes = 0;
+  EXPECT_EQ(decide(kNow), "Haswell after 2");
+  EXPECT_EQ(probes, 1);
 }
 
 TEST_F(Cache, DamagedOrStaleFilesAreMeasuredAgain) {
@@ -228,7 +265,7 @@ TEST_F(Cache, DamagedOrStaleFilesAreMeasuredAgain) {
   for (const char* text : {"not json", R"({"chosen": "SkylakeX"})",
                            R"({"detected": "Zen", "chosen": "Cooperlake", "gflops": {"Cooperlake": 99}})"}) {
     std::ofstream(dir_ + "/" + file_) << text;
-    const auto d = cached_decision(dir_, file_, candidates_, "Haswell", probe, error);
+    const auto d = cached_decision(dir_, file_, candidates_, "Haswell", probe, kNow, error);
     ASSERT_TRUE(d) << error;
     EXPECT_EQ(d->chosen, "SkylakeX") << text;
   }
@@ -238,14 +275,14 @@ TEST_F(Cache, DamagedOrStaleFilesAreMeasuredAgain) {
 TEST_F(Cache, NothingMeasuredOrNowhereToWrite) {
   std::string error;
   EXPECT_FALSE(cached_decision(
-      dir_, file_, candidates_, "Prescott", [] { return Rates{}; }, error));
+      dir_, file_, candidates_, "Prescott", [] { return Rates{}; }, kNow, error));
   EXPECT_NE(error.find("no candidate"), std::string::npos) << error;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/" + file_));
   const auto probe = [] { return Rates{{"SkylakeX", 100}}; };
   std::ofstream(dir_ + "/a-file") << "";
-  EXPECT_FALSE(cached_decision(dir_ + "/a-file/under", file_, candidates_, "Prescott", probe, error));
+  EXPECT_FALSE(cached_decision(dir_ + "/a-file/under", file_, candidates_, "Prescott", probe, kNow, error));
   EXPECT_NE(error.find("cannot make"), std::string::npos) << error;
-  EXPECT_FALSE(cached_decision("", file_, candidates_, "Prescott", probe, error));
+  EXPECT_FALSE(cached_decision("", file_, candidates_, "Prescott", probe, kNow, error));
 }
 
 // Ranks starting together on one host: one measures, all read its verdict, though each would have measured otherwise.
@@ -266,7 +303,7 @@ TEST_F(Cache, ProcessesRacingAgree) {
       return i % 2 ? Rates{{"Haswell", 90}, {"SkylakeX", 80}} : Rates{{"Haswell", 80}, {"SkylakeX", 90}};
     };
     std::string error;
-    const auto d = cached_decision(dir_ + "/cache", file_, candidates_, "Prescott", probe, error);
+    const auto d = cached_decision(dir_ + "/cache", file_, candidates_, "Prescott", probe, kNow, error);
     std::ofstream(dir_ + "/chosen" + std::to_string(i)) << (d ? d->chosen : "error: " + error);
     _exit(0);
   }
