@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -468,6 +469,10 @@ Calibration read_calibration(const std::string& path) {
     try {
       const nlohmann::json j = nlohmann::json::parse(s);
       cal.ranks = j.at("nranks").get<int>();
+      if (j.contains("node_of_rank")) {
+        const auto node_of_rank = j.at("node_of_rank").get<std::vector<int>>();
+        cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
+      }
       cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
       const nlohmann::json& link = j.at("link");
       cal.link = link.at("name").get<std::string>();
@@ -926,10 +931,14 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
     std::vector<double> times;
     const double small = static_cast<double>(small_allreduce_bytes(m.calibration->ranks));
     const double chunk = name.rfind("gpu-ring-", 0) == 0 ? m.calibration->gpu_chunk_bytes : 0;
+    // hier's rows time its inter-node hop, which a calibration on one node never took: nothing of it to fit.
+    const bool hop_unmeasured = setting.impl == AllreduceImpl::kHier && m.calibration->nodes < 2;
+    if (hop_unmeasured)
+      out.extrapolated.push_back("the calibration ran on one node: its hier rows time no inter-node hop");
     for (const Calibration::Point& p : m.calibration->points)
-      if (p.impl == name) {
-        terms.push_back(
-            allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small, 1, chunk, p.doubling));
+      if (p.impl == name && !hop_unmeasured) {
+        terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small,
+                                        m.calibration->nodes, chunk, p.doubling));
         times.push_back(p.time_ms);
         src.min_bytes = terms.size() == 1 ? p.bytes : std::min(src.min_bytes, p.bytes);
         src.max_bytes = terms.size() == 1 ? p.bytes : std::max(src.max_bytes, p.bytes);

@@ -187,6 +187,7 @@ struct Calibration {
   std::string path, link;  // link: the preset's name as the file gives it
   LinkModel link_model;
   int ranks = 0;
+  int nodes = 1;  // the nodes its ranks ran on (-J's node_of_rank; a CSV does not say: one)
   double gpu_chunk_bytes = kGpuRingChunkBytes;  // its gpu-ring-* rows' chunk (files without it: the trainer's)
   struct Point {
     std::string impl;

@@ -494,6 +494,32 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
                                              "comm hier (measured ring)"};
   EXPECT_EQ(h.extrapolated, expected);
   EXPECT_EQ(h.comm_source, "run + link");
+
+  // An allreduce_perf calibration of hier: on two nodes its rows time the inter-node hop (at 2 nodes, 2 exchanges
+  // of the buffer's half) and are fitted: a hop twice as slow in the file predicts a longer step, by the hops the
+  // closing bucket's all-reduce makes after backward. On one node they time no such hop, are not fitted, and the
+  // prediction says so.
+  const auto calibration_of = [](int nodes, double gbps) {
+    Calibration cal;
+    cal.ranks = 4, cal.nodes = nodes, cal.link = "10gbe", cal.link_model = parse_link("10gbe");
+    const AlphaBeta hop{cal.link_model.latency_us / 1000, 8 / (gbps * 1e9) * 1000};
+    for (const double bytes : {1 << 20, 16 << 20})
+      cal.points.push_back({"hier", bytes, 2 * hop.alpha_ms + bytes / 2 * 2 * hop.beta_ms_per_byte});
+    return cal;
+  };
+  StepModel calibrated = model;
+  calibrated.calibration = calibration_of(2, 10);
+  const Prediction two_nodes = predict(calibrated, nodes);
+  EXPECT_EQ(two_nodes.comm_source.rfind("calibration", 0), 0u) << two_nodes.comm_source;
+  calibrated.calibration = calibration_of(2, 5);
+  EXPECT_GT(predict(calibrated, nodes).step.step_ms, two_nodes.step.step_ms + 1) << "a slower hop in the file";
+  calibrated.calibration = calibration_of(1, 10);
+  const Prediction one_node = predict(calibrated, nodes);
+  EXPECT_NE(one_node.comm_source.rfind("calibration", 0), 0u) << one_node.comm_source;
+  EXPECT_NE(std::find(one_node.extrapolated.begin(), one_node.extrapolated.end(),
+                      "the calibration ran on one node: its hier rows time no inter-node hop"),
+            one_node.extrapolated.end());
+  EXPECT_NEAR(one_node.step.step_ms, h.step.step_ms, kTol);  // what the run and the link model predict
 }
 
 // The training thread's wake after the last all-reduce is part of its step (it waits for a core), but the replay
@@ -732,7 +758,12 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   EXPECT_DOUBLE_EQ(cal.points[1].time_ms, 0.15);
   EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // a CSV names no chunk: the trainer's
   EXPECT_FALSE(cal.points[0].doubling);                       // nor an algorithm: the ring
+  EXPECT_EQ(cal.nodes, 1);                                    // a CSV does not say
   const std::string json = csv + ".json";
+  std::ofstream(json) << "{\"nranks\": 4, \"node_of_rank\": [0, 0, 1, 1], \"link\": {\"name\": \"10gbe\"}, "
+                         "\"results\": [{\"impl\": \"hier\", \"size_bytes\": 1048576, \"out_of_place\": "
+                         "{\"time_us\": 900}}]}";
+  EXPECT_EQ(read_calibration(json).nodes, 2);
   // The chunk as the file names it, or as its command line asked for it (files from before the field), else the
   // trainer's.
   for (const char* chunk : {"", ", \"gpu_chunk_mb\": 4", ", \"args\": \"allreduce_perf --gpu-chunk-mb 4 -J f.json\""}) {
