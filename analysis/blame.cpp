@@ -260,8 +260,9 @@ std::string comm_hints(const RunRecord& run) {
 std::string slow_inter_node_link(const RunRecord& run) {
   const LinkModel &intra = run.meta.links.intra, &inter = run.meta.links.inter;
   if (run.nodes() < 2 || !link_emulated(inter)) return "";
-  const bool slower = inter.gbps > 0 ? intra.gbps == 0 || inter.gbps < intra.gbps
-                                     : intra.gbps == 0 && inter.latency_us > intra.latency_us;
+  // By bandwidth, else (both unlimited, or alike) by latency.
+  const bool slower = inter.gbps != intra.gbps ? inter.gbps > 0 && (intra.gbps == 0 || inter.gbps < intra.gbps)
+                                               : inter.latency_us > intra.latency_us;
   if (!slower) return "";
   int per_nic = 0;  // the most ranks on one node
   for (int node = 0; node < run.nodes(); ++node) {

@@ -527,7 +527,8 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
   const std::string losses_off = losses_off_baseline(results);
   print_oversubscription_notes(o.base.blas_threads, results);
   std::printf(
-      "\ngbatch: the global batch; step_ms: the slowest rank's; spread_ms: its step less the fastest rank's; data, "
+      "\ngbatch: the global batch; step_ms: the slowest rank's; spread_ms: each step's slowest rank less its fastest, "
+      "averaged over the steps; data, "
       "comp (forward + backward), optim, exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
   if (lab)

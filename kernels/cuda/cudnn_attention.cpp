@@ -217,7 +217,7 @@ struct CudnnAttention::Impl {
     }
     if (it->second.workspace_bytes > workspace_bytes) {  // grows in the first steps only; the free waits for the GPU
       if (workspace) cudaCheck(cudaFree(workspace));
-      workspace = nullptr;
+      workspace = nullptr, workspace_bytes = 0;  // a failed allocation must not leave the old size for a later call
       cudaCheck(cudaMalloc(&workspace, static_cast<size_t>(it->second.workspace_bytes)));
       workspace_bytes = it->second.workspace_bytes;
     }
