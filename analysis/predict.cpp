@@ -469,6 +469,9 @@ Calibration read_calibration(const std::string& path) {
     try {
       const nlohmann::json j = nlohmann::json::parse(s);
       cal.ranks = j.at("nranks").get<int>();
+      for (const std::string& t : j.value("transports", std::vector<std::string>()))
+        if (t.find("direct collectives") != std::string::npos)
+          cal.direct_impls.push_back(t.substr(0, t.find(" over ")));
       if (j.contains("node_of_rank")) {
         const auto node_of_rank = j.at("node_of_rank").get<std::vector<int>>();
         cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
@@ -929,7 +932,9 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
   if (m.calibration) {
     std::vector<AllreduceTerms> terms;
     std::vector<double> times;
-    const double small = static_cast<double>(small_allreduce_bytes(m.calibration->ranks));
+    const std::vector<std::string>& direct = m.calibration->direct_impls;
+    const double small = static_cast<double>(
+        small_allreduce_bytes(m.calibration->ranks, std::find(direct.begin(), direct.end(), name) != direct.end()));
     const double chunk = name.rfind("gpu-ring-", 0) == 0 ? m.calibration->gpu_chunk_bytes : 0;
     // hier's rows time its inter-node hop, which a calibration on one node never took: nothing of it to fit.
     const bool hop_unmeasured = setting.impl == AllreduceImpl::kHier && m.calibration->nodes < 2;

@@ -188,6 +188,9 @@ struct Calibration {
   LinkModel link_model;
   int ranks = 0;
   int nodes = 1;  // the nodes its ranks ran on (-J's node_of_rank; a CSV does not say: one)
+  // The implementations that ran beside the direct all-reduce on one host (-J's transports), whose small buffers
+  // take recursive doubling only up to its lower limit (small_allreduce_bytes); a CSV does not say: none.
+  std::vector<std::string> direct_impls;
   double gpu_chunk_bytes = kGpuRingChunkBytes;  // its gpu-ring-* rows' chunk (files without it: the trainer's)
   struct Point {
     std::string impl;

@@ -88,8 +88,8 @@ Row measure(const Impl& impl, size_t bytes, const SizeDiagnosis& seen, const Buf
 }
 
 // Rank 0, after the table: the files, the check's verdict, each row label's average bus bandwidth. The exit code.
-int finish(const Options& o, int n, const Topology& topology, const std::vector<Impl>& impls,
-           const std::vector<Row>& rows) {
+int finish(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
+           const std::vector<Impl>& impls, const std::vector<Row>& rows) {
   nlohmann::json avg_busbw;
   long long total_wrong = 0;
   for (const Impl& impl : impls) {
@@ -106,7 +106,7 @@ int finish(const Options& o, int n, const Topology& topology, const std::vector<
   try {
     if (!o.csv_path.empty()) write_text_file(o.csv_path, results_csv(o, n, rows), o.force);
     if (!o.json_path.empty())
-      write_text_file(o.json_path, results_json(o, n, topology, rows, avg_busbw, total_wrong), o.force);
+      write_text_file(o.json_path, results_json(o, n, topology, transports, rows, avg_busbw, total_wrong), o.force);
   } catch (const WriteFailed& e) {
     std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
     write_failed = true;
@@ -169,7 +169,7 @@ int run(const Options& o, const Topology& hosts, int rank, int n, watchdog::Arme
     round_trip->free();
     print_diagnosis(diagnosis, rank, n);
   }
-  return rank == 0 ? finish(o, n, topology, impls, rows) : 0;
+  return rank == 0 ? finish(o, n, topology, transports, impls, rows) : 0;
 }
 
 // Rank 0's exit code, on every rank: 2 for arguments refused before any work.

@@ -520,6 +520,29 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
                       "the calibration ran on one node: its hier rows time no inter-node hop"),
             one_node.extrapolated.end());
   EXPECT_NEAR(one_node.step.step_ms, h.step.step_ms, kTol);  // what the run and the link model predict
+
+  // A ring calibration that ran beside the direct all-reduce (-J's transports) took the ring from 2 KiB up at 2
+  // ranks, not from 16 KiB: its 4 and 8 KiB rows, fitted so, predict what its large rows alone do. Fitted as
+  // recursive doubling (a file that does not say), they do not.
+  const AlphaBeta ring_costs{0.2, 1.0 / (1 << 20)};
+  const auto ring_calibration = [&](const std::vector<double>& sizes, bool direct) {
+    Calibration c;
+    c.ranks = 2, c.link = "none", c.link_model = parse_link("none");
+    if (direct) c.direct_impls = {"ring"};
+    for (const double bytes : sizes)
+      c.points.push_back(
+          {"ring", bytes, ring_costs.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, 0, 1, 0))});
+    return c;
+  };
+  const auto step_with = [&](const Calibration& c) {
+    StepModel with = model;
+    with.calibration = c;
+    return predict(with, model.measured).step.step_ms;
+  };
+  const double large_only = step_with(ring_calibration({1 << 20, 16 << 20}, false));
+  const std::vector<double> with_small = {3 << 10, 4 << 10, 6 << 10, 8 << 10, 12 << 10, 1 << 20, 16 << 20};
+  EXPECT_NEAR(step_with(ring_calibration(with_small, true)), large_only, kTol);
+  EXPECT_GT(std::abs(step_with(ring_calibration(with_small, false)) - large_only), 0.05);
 }
 
 // The training thread's wake after the last all-reduce is part of its step (it waits for a core), but the replay
@@ -764,6 +787,12 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
                          "\"results\": [{\"impl\": \"hier\", \"size_bytes\": 1048576, \"out_of_place\": "
                          "{\"time_us\": 900}}]}";
   EXPECT_EQ(read_calibration(json).nodes, 2);
+  std::ofstream(json)
+      << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}, \"transports\": [\"ring over shm + direct "
+         "collectives\", \"mpi over MPI_Allreduce\"], \"results\": [{\"impl\": \"ring\", \"size_bytes\": "
+         "4096, \"out_of_place\": {\"time_us\": 9}}]}";
+  EXPECT_EQ(read_calibration(json).direct_impls, std::vector<std::string>{"ring"});
+  EXPECT_TRUE(read_calibration(csv).direct_impls.empty());  // a CSV does not say
   // The chunk as the file names it, or as its command line asked for it (files from before the field), else the
   // trainer's.
   for (const char* chunk : {"", ", \"gpu_chunk_mb\": 4", ", \"args\": \"allreduce_perf --gpu-chunk-mb 4 -J f.json\""}) {
