@@ -937,10 +937,13 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
         small_allreduce_bytes(m.calibration->ranks, std::find(direct.begin(), direct.end(), name) != direct.end()));
     const double chunk = name.rfind("gpu-ring-", 0) == 0 ? m.calibration->gpu_chunk_bytes : 0;
     // hier's rows time its inter-node hop, which a calibration on one node never took: nothing of it to fit.
-    const bool hop_unmeasured = setting.impl == AllreduceImpl::kHier && m.calibration->nodes < 2;
+    const auto& points = m.calibration->points;
+    const bool hop_unmeasured =
+        setting.impl == AllreduceImpl::kHier && m.calibration->nodes < 2 &&
+        std::any_of(points.begin(), points.end(), [&](const Calibration::Point& p) { return p.impl == name; });
     if (hop_unmeasured)
       out.extrapolated.push_back("the calibration ran on one node: its hier rows time no inter-node hop");
-    for (const Calibration::Point& p : m.calibration->points)
+    for (const Calibration::Point& p : points)
       if (p.impl == name && !hop_unmeasured) {
         terms.push_back(allreduce_terms(p.bytes, m.calibration->ranks, setting.impl, calibrated_wire, small,
                                         m.calibration->nodes, chunk, p.doubling));

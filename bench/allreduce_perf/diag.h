@@ -237,7 +237,8 @@ struct SizeDiagnosis {
 inline SizeDiagnosis diagnose_size(CacheLineRoundTrip* round_trip, MemoryStream* stream, int rank, int n) {
   SizeDiagnosis d;
   if (!round_trip && !stream) return d;
-  const watchdog::Wait wait("--diag's measures before the size");  // barriers, and a peer's echo spun for
+  // Barriers, and the peers' echo loops, which spin until rank 0 stops them: a rank gone must end the job here too.
+  const watchdog::Wait wait("--diag's measures before the size");
   if (round_trip) {
     d.round_trip_ns = round_trip->measure();
     if (rank == 0 && !d.round_trip_ns.empty()) {

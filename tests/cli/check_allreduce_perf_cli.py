@@ -28,7 +28,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from checks import check, failures, run_all  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, failures, fires_in_time, run_all, stalled_s  # tests/cli/checks.py: the assertion every CLI test shares
 
 
 class Perf:
@@ -131,12 +131,6 @@ def perf_ranks(exe, marker):
     return ranks
 
 
-def stalled_s(text):
-    """How long the watchdog saw no progress before it ended the job, as it says (its own clock)."""
-    m = re.search(r"watchdog: no progress for ([0-9.]+) s", text)
-    return float(m.group(1)) if m else None
-
-
 def stopped_mid_run(perf, workdir, args):
     """Runs 2 ranks and SIGSTOPs one once the first size's row is out (the setup over, the measurement under way).
     What the job did: (exit code, stderr, the ranks' pids)."""
@@ -197,11 +191,9 @@ def test_watchdog_ends_a_hang(perf, workdir, stop_in_setup):
         (setup_code, setup_err), (run_code, run_err, ranks) = in_setup.result(), mid_run.result()
     for where, code, err, bound, names_setup in (("in the setup", setup_code, setup_err, setup_floor_s, True),
                                                  ("mid-run", run_code, run_err, timeout_s, False)):
-        stalled = stalled_s(err)
-        check(code == 3 and stalled is not None and bound <= stalled <= bound * 1.25 + 3 and
-              ("waiting for allreduce_perf's setup" in err) == names_setup,
+        check(code == 3 and fires_in_time(err, bound) and ("waiting for allreduce_perf's setup" in err) == names_setup,
               f"a rank stopped {where}: the watchdog ends the job, exit 3, after {bound} s without progress, naming "
-              f"{'the setup' if names_setup else 'a wait of the measurement'} (exit {code}, {stalled} s; {err[-300:]})")
+              f"{'the setup' if names_setup else 'a wait of the measurement'} (exit {code}, {stalled_s(err)} s; {err[-300:]})")
     left = [name for name, _ in segments_of(ranks)]
     check(ranks and not left, f"a rank stopped mid-run: no segment of the job's is left in /dev/shm ({ranks}, {left})")
 

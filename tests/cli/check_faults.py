@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 
-from checks import check, failures, own_mpi_session  # tests/cli/checks.py: the assertion every CLI test shares
+from checks import check, failures, fires_in_time, own_mpi_session, stalled_s  # tests/cli/checks.py: the assertion every CLI test shares
 # Open MPI's own wait between the signals of its kill sequence, which the tests' environment takes out: a job whose
 # ranks are stopped by signal gets it, as a job under a batch scheduler does, and so does a job a rank aborts, where
 # the checks read what the other ranks say before mpirun ends them.
@@ -48,20 +48,6 @@ class Job:
         self.out = self.stdout + self.stderr
         self.seconds = time.monotonic() - start
         return self
-
-
-def stalled_s(text):
-    """How long the watchdog saw no progress before it ended the job, as it says: its own clock, which a busy host's
-    slow process start-up does not move."""
-    m = re.search(r"watchdog: no progress for ([0-9.]+) s", text)
-    return float(m.group(1)) if m else None
-
-
-def fires_in_time(text, timeout_s):
-    """The watchdog fired after the timeout and before it plus a quarter (its checks' spacing), with 3 s for a thread
-    that waited for a CPU."""
-    stalled = stalled_s(text)
-    return stalled is not None and timeout_s <= stalled <= timeout_s * 1.25 + 3
 
 
 def run_side_by_side(jobs, at_once=4):

@@ -4,6 +4,7 @@ the host cannot make (busy with other work, a kernel without a counter) is `skip
 ends as skipped (exit 77, each such test's SKIP_RETURN_CODE), never as passed."""
 import atexit
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -84,3 +85,17 @@ def cpu_waited_ms(run_file):
     with h5py.File(run_file, "r") as f:
         first = json.loads(f.attrs["summary"])["first_steady_step"]
         return float(np.median(f["steps"]["cpu_wait_ms"][:, first:].max(axis=0)))
+
+
+def stalled_s(text):
+    """How long the watchdog saw no progress before it ended the job, as it says: its own clock, which a busy host's
+    slow process start-up does not move."""
+    m = re.search(r"watchdog: no progress for ([0-9.]+) s", text)
+    return float(m.group(1)) if m else None
+
+
+def fires_in_time(text, timeout_s):
+    """The watchdog fired after the timeout and before it plus a quarter (its checks' spacing), with 3 s for a thread
+    that waited for a CPU."""
+    stalled = stalled_s(text)
+    return stalled is not None and timeout_s <= stalled <= timeout_s * 1.25 + 3
