@@ -13,6 +13,7 @@
 #include "config/train_config.h"
 #include "launcher/page.h"
 #include "record/files.h"
+#include "record/isolated_read.h"
 #include "record/run_file.h"
 #include "runtime/errors.h"
 
@@ -21,6 +22,7 @@ namespace ddplab {
 RunRecord read_input(const std::string& path, EmptyRun empty) {
   RunRecord run;
   try {
+    read_first_in_child(path, "cannot read run file " + path, [&] { (void)read_run_file(path); });
     run = read_run_file(path);
   } catch (const std::runtime_error& e) {
     throw UsageError(e.what());

@@ -34,6 +34,7 @@
 #include "launcher/rank_agreement.h"
 #include "record/checkpoint.h"
 #include "record/files.h"
+#include "record/isolated_read.h"
 #include "record/run_file.h"
 #include "runtime/agreement.h"
 #include "runtime/errors.h"
@@ -319,6 +320,17 @@ int64_t resume_from_checkpoint(const TrainConfig& config, const Topology& topolo
   std::string problem;
   int64_t step = 0;
   try {
+    // The whole read once in a child first (record/isolated_read.h), into scratch memory: parameters and the
+    // optimizer's state as load_checkpoint fills them.
+    const std::vector<Parameter<float>>& params = runner.backend().parameters();
+    read_first_in_child(config.resume, "cannot load checkpoint " + config.resume, [&] {
+      (void)checkpoint_config_json(config.resume);
+      int64_t flat_size = 0;
+      for (const Parameter<float>& p : params) flat_size = std::max(flat_size, p.offset + p.numel);
+      std::vector<float> flat_params(static_cast<size_t>(flat_size));
+      Optimizer<float> optimizer(config.optimizer, flat_size);
+      (void)load_checkpoint(config.resume, params, flat_params.data(), optimizer);
+    });
     if (const std::optional<std::string> saved = checkpoint_config_json(config.resume))
       require_same_settings(config, topology, *saved);
     step = runner.read_checkpoint(config.resume).step;  // it read the same config to load
@@ -676,6 +688,8 @@ std::string run_file_path(const TrainConfig& asked, const RunOptions& options, i
 void take_checkpoints_autos(TrainConfig& config) {
   if (config.resume.empty() || config.grad_slice_mb != kAutoGradSliceMb) return;
   try {
+    read_first_in_child(config.resume, "cannot load checkpoint " + config.resume,
+                        [&] { (void)checkpoint_config_json(config.resume); });
     nlohmann::json saved = nlohmann::json::parse(checkpoint_config_json(config.resume).value_or(""));
     upgrade_config_keys(saved);
     if (saved.is_object() && saved.contains("grad_slice_mb") && saved["grad_slice_mb"].is_number() &&

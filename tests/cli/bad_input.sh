@@ -5,6 +5,7 @@
 set -uo pipefail
 mpirun=$1 ddplab=$2
 tmp=$(mktemp -d)
+known_hdf5_crashes=$(cd "$(dirname "$0")/../fuzz/known_hdf5_crashes" && pwd)
 trap 'rm -rf "$tmp"' EXIT
 # Each group of cases (side_by_side, below) has its own $work, where runs write and which must stay as it was, its own
 # $logs, and its own tallies.
@@ -342,6 +343,17 @@ refusals_of_a_resume() {
   rm -rf "$work/node_a" "$work/node_b"
 }
 
+# Files that crash or loop inside libhdf5 1.10 (docs/FUZZING.md, "Known libhdf5 bugs"), read first in a child process:
+# one line and exit 2 however the child ended, on every rank of a resume.
+refusals_of_damaged_files() {
+  local segv=$known_hdf5_crashes/run_file-h5hg-read-segv loop=$known_hdf5_crashes/run_file-gcol-free-size-0
+  expect_error 1 "cannot read run file $segv: reading it crashed (SIGSEGV): the file is damaged" report "$segv"
+  expect_error 1 "cannot read run file $loop: reading it did not end within 2 s of CPU" timeline "$loop"
+  local checkpoint=$known_hdf5_crashes/checkpoint-gcol-free-size-0
+  expect_error 2 "cannot load checkpoint $checkpoint: reading it did not end within 2 s of CPU" \
+    train "${small[@]}" --resume "$checkpoint"
+}
+
 # An existing result is never overwritten without --force, and is left exactly as it was; with --force the run
 # replaces it with a real run file.
 refusals_of_an_existing_output() {
@@ -424,6 +436,7 @@ side_by_side 2.cuda refusals_of_cuda
 side_by_side 3.data_and_knobs refusals_of_data_and_knobs
 side_by_side 4.mpmd refusals_of_mpmd_launches
 side_by_side 5.resume refusals_of_a_resume
+side_by_side 5.damaged refusals_of_damaged_files
 side_by_side 6.existing refusals_of_an_existing_output
 side_by_side 7.paths refusals_of_output_paths
 wait

@@ -1,0 +1,176 @@
+#include "record/isolated_read.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <new>
+
+#include "runtime/errors.h"
+
+namespace ddplab {
+namespace {
+
+// The child's last byte on the pipe says how `call` ended, after the exception's message; a pipe that closes
+// without one: the child was killed.
+enum Outcome : char { kReturned = 'r', kThrew = 't', kOutOfMemory = 'm' };
+
+// The address space this process has mapped now (/proc/self/statm's first field, in pages).
+double mapped_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double pages = 0;
+  statm >> pages;
+  return pages * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// Lowers a limit to `value`, never above the hard limit the process was given.
+void cap(int resource, rlim_t soft, rlim_t hard) {
+  rlimit now{};
+  if (getrlimit(resource, &now) != 0) return;
+  const rlimit capped{std::min(soft, now.rlim_max), std::min(hard, now.rlim_max)};
+  setrlimit(resource, &capped);
+}
+
+void write_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void be_the_child(int out, const std::function<void()>& call, double cpu_s, double memory_bytes) {
+  if (const int null = open("/dev/null", O_WRONLY); null >= 0) {
+    dup2(null, STDOUT_FILENO);
+    dup2(null, STDERR_FILENO);
+  }
+  // Die of the signal itself, not through a handler inherited from the parent (Open MPI's prints a backtrace).
+  for (const int s : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL, SIGXCPU}) signal(s, SIG_DFL);
+  const auto cpu = static_cast<rlim_t>(std::ceil(cpu_s));
+  cap(RLIMIT_CPU, cpu, cpu + 1);  // SIGXCPU at the soft limit, SIGKILL a second later
+  cap(RLIMIT_CORE, 0, 0);
+  const auto space = static_cast<rlim_t>(mapped_bytes() + memory_bytes);
+  cap(RLIMIT_AS, space, space);
+  std::string message;
+  char outcome = kReturned;
+  try {
+    call();
+  } catch (const std::bad_alloc&) {
+    outcome = kOutOfMemory;
+  } catch (const std::exception& e) {
+    outcome = kThrew;
+    message = e.what();
+  } catch (...) {
+    outcome = kThrew;
+    message = "an exception of unknown type";
+  }
+  write_all(out, message + outcome);
+  _exit(0);
+}
+
+}  // namespace
+
+ChildEnd run_in_child(const std::function<void()>& call, double cpu_s, double memory_bytes) {
+  int pipe_ends[2];
+  if (pipe2(pipe_ends, O_CLOEXEC) != 0) return {};
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(pipe_ends[0]);
+    close(pipe_ends[1]);
+    return {};
+  }
+  if (pid == 0) {
+    close(pipe_ends[0]);
+    be_the_child(pipe_ends[1], call, cpu_s, memory_bytes);
+  }
+  close(pipe_ends[1]);
+
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(30 + 4 * cpu_s);
+  std::string received;
+  bool out_of_time = false;
+  for (;;) {
+    const double left_ms = std::chrono::duration<double, std::milli>(deadline - Clock::now()).count();
+    pollfd ready{pipe_ends[0], POLLIN, 0};
+    const int polled = left_ms > 0 ? poll(&ready, 1, static_cast<int>(std::min(left_ms + 1, 1e9))) : 0;
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled == 0) {
+      out_of_time = true;
+      break;
+    }
+    char bytes[4096];
+    const ssize_t n = read(pipe_ends[0], bytes, sizeof bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    received.append(bytes, static_cast<size_t>(n));
+  }
+  close(pipe_ends[0]);
+  if (out_of_time) kill(pid, SIGKILL);
+  int status = 0;
+  pid_t reaped = -1;
+  do {
+    reaped = waitpid(pid, &status, 0);
+  } while (reaped < 0 && errno == EINTR);
+
+  using How = ChildEnd::How;
+  if (out_of_time) return {How::kOutOfTime, ""};
+  if (!received.empty()) {
+    const char outcome = received.back();
+    received.pop_back();
+    if (outcome == kReturned) return {How::kReturned, ""};
+    if (outcome == kThrew) return {How::kThrew, received};
+    if (outcome == kOutOfMemory) return {How::kOutOfMemory, ""};
+  }
+  // Killed before it could say. Its status is lost where another part of the process reaped it first (a SIGCHLD
+  // handler waiting for any child).
+  if (reaped == pid && WIFSIGNALED(status)) {
+    const int signal_number = WTERMSIG(status);
+    if (signal_number == SIGXCPU || signal_number == SIGKILL) return {How::kOutOfTime, ""};
+    const char* name = sigabbrev_np(signal_number);
+    return {How::kKilled, name ? std::string("SIG") + name : "signal " + std::to_string(signal_number)};
+  }
+  return {How::kKilled, "a cause not known"};
+}
+
+void read_first_in_child(const std::string& path, const std::string& refusal, const std::function<void()>& read) {
+  struct stat about {};
+  const double mib = stat(path.c_str(), &about) == 0 ? static_cast<double>(about.st_size) / (1 << 20) : 0;
+  const double cpu_s = 2 + 0.1 * mib, memory_mib = 1024 + 4 * mib;
+  const ChildEnd end = run_in_child(read, cpu_s, memory_mib * (1 << 20));
+  char why[256];
+  switch (end.how) {
+    case ChildEnd::How::kReturned:
+      return;
+    case ChildEnd::How::kThrew:
+      throw UsageError(end.what);
+    case ChildEnd::How::kOutOfMemory:
+      std::snprintf(why, sizeof why, "reading it takes more than %.0f MiB of memory: a size in the file is damaged",
+                    memory_mib);
+      break;
+    case ChildEnd::How::kOutOfTime:
+      std::snprintf(why, sizeof why,
+                    "reading it did not end within %.0f s of CPU: the file is damaged (libhdf5 loops on some damaged "
+                    "files)",
+                    cpu_s);
+      break;
+    case ChildEnd::How::kKilled:
+      std::snprintf(why, sizeof why, "reading it crashed (%s): the file is damaged", end.what.c_str());
+      break;
+  }
+  throw UsageError(refusal + ": " + why);
+}
+
+}  // namespace ddplab
