@@ -160,6 +160,7 @@ RingAllreduceCuda::RingAllreduceCuda(MPI_Comm comm, const CudaRingConfig& config
   try {
     open_link(comm, config, link);
   } catch (...) {  // no destructor runs for a constructor that throws: what it made so far goes here
+    unmap_peer_staging(/*every_rank_unmaps=*/false);  // the ranks that mapped some peers' buffers before one failed
     destroy_stream_and_event();
     throw;
   }
@@ -225,19 +226,23 @@ RingAllreduceCuda::~RingAllreduceCuda() {
   const bool failed = comm_thread_ && comm_thread_->failed();
   comm_thread_.reset();  // the running job finishes; those not started are dropped
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  // Unmap the others' buffers before anyone frees theirs; only when all went well, since a barrier with a dead peer
-  // would wait forever (a failed job ends the process anyway).
-  if (std::any_of(peer_ipc_staging_.begin(), peer_ipc_staging_.end(), [](void* q) { return q != nullptr; })) {
-    for (void* q : peer_ipc_staging_)
-      if (q != nullptr) cudaIpcCloseMemHandle(q);
-    if (!failed && std::uncaught_exceptions() == 0 && transport_) {
-      const watchdog::Wait wait("the ring's IPC buffers to be unmapped on every rank");
-      MPI_Barrier(comm_);
-    } else {
-      ipc_staging_.release();  // leaked on purpose: a peer may still have it mapped
-    }
-  }
+  unmap_peer_staging(!failed && std::uncaught_exceptions() == 0 && transport_);
   destroy_stream_and_event();
+}
+
+void RingAllreduceCuda::unmap_peer_staging(bool every_rank_unmaps) noexcept {
+  // Empty until every rank's handle was gathered and none failed to make its own: no rank has mapped mine before.
+  if (peer_ipc_staging_.empty()) return;
+  for (void* q : peer_ipc_staging_)
+    if (q != nullptr) cudaIpcCloseMemHandle(q);
+  peer_ipc_staging_.clear();
+  cudaGetLastError();
+  if (every_rank_unmaps) {
+    const watchdog::Wait wait("the ring's IPC buffers to be unmapped on every rank");
+    MPI_Barrier(comm_);
+  } else {
+    ipc_staging_.release();
+  }
 }
 
 void RingAllreduceCuda::destroy_stream_and_event() noexcept {

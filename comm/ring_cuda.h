@@ -151,6 +151,10 @@ class RingAllreduceCuda final : public StreamAllreduce {
   void destroy_stream_and_event() noexcept;
   void open_ipc_link(MPI_Comm comm, size_t bytes);
   void map_peer_staging(MPI_Comm comm, size_t bytes);
+  // Unmaps every other rank's staging buffer. Mine is freed (with the members) only after a barrier where every rank
+  // unmaps it too; otherwise it is leaked on purpose, as a peer may still have it mapped and a barrier with a dead
+  // peer would wait forever (a failed job ends the process anyway).
+  void unmap_peer_staging(bool every_rank_unmaps) noexcept;
   void run(const float* in, float* out, size_t count);  // the chosen algorithm, enqueued on the comm stream
   void open_nccl_link(MPI_Comm comm, size_t bytes);
   void open_host_link(MPI_Comm comm, size_t bytes);
