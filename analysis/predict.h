@@ -219,7 +219,9 @@ struct StepModel {
   std::optional<CommFit> comm_fit;              // from the run's bucket timings (nullopt: one rank)
   LinkModel fitted_link;    // the class of hop comm_fit describes: the one that bounds the run's all-reduce
   std::string fitted_hops;  // which: "every hop", "the inter-node hops", "the intra-node hops"
-  double measured_min_bucket = 0, measured_max_bucket = 0;  // bytes the fit saw
+  // The run's bucket sizes, bytes: each one's all-reduce was timed, alone or beside backward, and the replay of the
+  // run's own setting checks the model there, although the fit may take only those timed alone.
+  double measured_min_bucket = 0, measured_max_bucket = 0;
   std::optional<Calibration> calibration;
   std::string calibration_gpu_impl;  // a GPU run's: the calibration's GPU all-reduce that stands for its own
   double ring_chunk_bytes = 0;       // a GPU run over our ring: its rounds' chunk (allreduce_terms); 0: NCCL, the CPU
