@@ -83,7 +83,7 @@ void write_all(int fd, const std::string& bytes) {
 
 }  // namespace
 
-ChildEnd run_in_child(const std::function<void()>& call, double cpu_s, double memory_bytes) {
+ChildEnd run_in_child(const std::function<void()>& call, const ChildCaps& caps) {
   int pipe_ends[2];
   if (pipe2(pipe_ends, O_CLOEXEC) != 0) return {};
   const pid_t pid = fork();
@@ -94,12 +94,12 @@ ChildEnd run_in_child(const std::function<void()>& call, double cpu_s, double me
   }
   if (pid == 0) {
     close(pipe_ends[0]);
-    be_the_child(pipe_ends[1], call, cpu_s, memory_bytes);
+    be_the_child(pipe_ends[1], call, caps.cpu_s, caps.memory_bytes);
   }
   close(pipe_ends[1]);
 
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(30 + 4 * cpu_s);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(caps.wall_s);
   std::string received;
   bool out_of_time = false;
   for (;;) {
@@ -126,7 +126,7 @@ ChildEnd run_in_child(const std::function<void()>& call, double cpu_s, double me
   } while (reaped < 0 && errno == EINTR);
 
   using How = ChildEnd::How;
-  if (out_of_time) return {How::kOutOfTime, ""};
+  if (out_of_time) return {How::kOutOfTime, "blocked"};
   if (!received.empty()) {
     const char outcome = received.back();
     received.pop_back();
@@ -138,7 +138,7 @@ ChildEnd run_in_child(const std::function<void()>& call, double cpu_s, double me
   // handler waiting for any child).
   if (reaped == pid && WIFSIGNALED(status)) {
     const int signal_number = WTERMSIG(status);
-    if (signal_number == SIGXCPU || signal_number == SIGKILL) return {How::kOutOfTime, ""};
+    if (signal_number == SIGXCPU || signal_number == SIGKILL) return {How::kOutOfTime, "cpu"};
     const char* name = sigabbrev_np(signal_number);
     return {How::kKilled, name ? std::string("SIG") + name : "signal " + std::to_string(signal_number)};
   }
@@ -148,8 +148,8 @@ ChildEnd run_in_child(const std::function<void()>& call, double cpu_s, double me
 void read_first_in_child(const std::string& path, const std::string& refusal, const std::function<void()>& read) {
   struct stat about {};
   const double mib = stat(path.c_str(), &about) == 0 ? static_cast<double>(about.st_size) / (1 << 20) : 0;
-  const double cpu_s = 2 + 0.1 * mib, memory_mib = 1024 + 4 * mib;
-  const ChildEnd end = run_in_child(read, cpu_s, memory_mib * (1 << 20));
+  const double cpu_s = 2 + 0.1 * mib, memory_mib = 1024 + 4 * mib, wall_s = 30 + 4 * cpu_s;
+  const ChildEnd end = run_in_child(read, {cpu_s, memory_mib * (1 << 20), wall_s});
   char why[256];
   switch (end.how) {
     case ChildEnd::How::kReturned:
@@ -161,10 +161,13 @@ void read_first_in_child(const std::string& path, const std::string& refusal, co
                     memory_mib);
       break;
     case ChildEnd::How::kOutOfTime:
-      std::snprintf(why, sizeof why,
-                    "reading it did not end within %.0f s of CPU: the file is damaged (libhdf5 loops on some damaged "
-                    "files)",
-                    cpu_s);
+      if (end.what == "blocked")
+        std::snprintf(why, sizeof why, "reading it did not end within %.0f s, waiting on the file system", wall_s);
+      else
+        std::snprintf(why, sizeof why,
+                      "reading it did not end within %.0f s of CPU: the file is damaged (libhdf5 loops on some "
+                      "damaged files)",
+                      cpu_s);
       break;
     case ChildEnd::How::kKilled:
       std::snprintf(why, sizeof why, "reading it crashed (%s): the file is damaged", end.what.c_str());

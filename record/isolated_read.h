@@ -14,18 +14,26 @@ namespace ddplab {
 struct ChildEnd {
   enum class How { kReturned, kThrew, kOutOfMemory, kOutOfTime, kKilled };
   How how = How::kReturned;
-  std::string what;  // kThrew: the exception's message; kKilled: the signal's name ("SIGSEGV")
+  // kThrew: the exception's message; kKilled: the signal's name ("SIGSEGV"); kOutOfTime: "cpu" (past its CPU cap) or
+  // "blocked" (past the wall-clock cap without using its CPU)
+  std::string what;
 };
 
-// Runs `call` in a forked child process whose CPU time is capped at cpu_s and whose address space may grow by at most
-// memory_bytes, and says how it ended. The child runs `call` alone, with its output closed, and leaves by _exit: no
-// MPI, CUDA or exit handlers run there. A child that neither ends nor uses its CPU (a lock held across the fork) is
-// killed after 30 s plus 4x cpu_s. Where no child can be made, `call` is not run and the end is kReturned.
-ChildEnd run_in_child(const std::function<void()>& call, double cpu_s, double memory_bytes);
+// A child's caps: its CPU time, how far its address space may grow, and the wall-clock time after which it is killed
+// (one that neither ends nor uses its CPU: blocked on a file system, or on a lock held across the fork).
+struct ChildCaps {
+  double cpu_s = 0, memory_bytes = 0, wall_s = 0;
+};
+
+// Runs `call` in a forked child process under `caps` and says how it ended. The child runs `call` alone, with its
+// output closed, and leaves by _exit: no MPI, CUDA or exit handlers run there. Where no child can be made, `call` is
+// not run and the end is kReturned.
+ChildEnd run_in_child(const std::function<void()>& call, const ChildCaps& caps);
 
 // Makes `read` of the file at `path` in a child first, capped by the file's size (2 s of CPU plus 0.1 s per MiB; 1 GiB
-// of memory plus 4x the file). Where it threw there, throws UsageError with its message; where it crashed, looped or
-// ran out of memory, UsageError("<refusal>: <why>"); where it returned, returns, and the caller reads it again.
+// of memory plus 4x the file; 30 s plus 4x the CPU cap in all). Where it threw there, throws UsageError with its
+// message; where it crashed, looped or ran out of memory, UsageError("<refusal>: <why>"); where it returned, returns,
+// and the caller reads it again.
 void read_first_in_child(const std::string& path, const std::string& refusal, const std::function<void()>& read);
 
 }  // namespace ddplab

@@ -1,6 +1,7 @@
 // Reads made in a child process first (record/isolated_read.h): each way a child can end is told apart, nothing the
 // child does reaches this process, and the damaged run files that crash or loop inside libhdf5 become one refusal.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -18,18 +19,19 @@ namespace ddplab {
 namespace {
 
 constexpr double kMiB = 1 << 20;
+constexpr ChildCaps kCaps{5, 64 * kMiB, 60};
 using How = ChildEnd::How;
 
 TEST(RunInChild, ReturnsWithoutTouchingThisProcess) {
   int changed_there = 0;
-  const ChildEnd end = run_in_child([&] { changed_there = 1; }, 5, 64 * kMiB);
+  const ChildEnd end = run_in_child([&] { changed_there = 1; }, kCaps);
   EXPECT_EQ(end.how, How::kReturned);
   EXPECT_EQ(changed_there, 0) << "the child's memory is its own";
 }
 
 TEST(RunInChild, PassesTheExceptionsMessage) {
   const ChildEnd end =
-      run_in_child([] { throw std::runtime_error("cannot read run file x.h5: missing steps"); }, 5, 64 * kMiB);
+      run_in_child([] { throw std::runtime_error("cannot read run file x.h5: missing steps"); }, kCaps);
   EXPECT_EQ(end.how, How::kThrew);
   EXPECT_EQ(end.what, "cannot read run file x.h5: missing steps");
 }
@@ -40,12 +42,12 @@ TEST(RunInChild, AnAllocationPastTheCapIsOutOfMemory) {
         std::vector<char> claimed(size_t{2} << 30);  // what a damaged size asks for
         claimed[12345] = 1;
       },
-      5, 64 * kMiB);
+      kCaps);
   EXPECT_EQ(end.how, How::kOutOfMemory);
 }
 
 TEST(RunInChild, ACrashIsNamedBySignal) {
-  const ChildEnd end = run_in_child([] { std::raise(SIGSEGV); }, 5, 64 * kMiB);
+  const ChildEnd end = run_in_child([] { std::raise(SIGSEGV); }, kCaps);
   EXPECT_EQ(end.how, How::kKilled);
   EXPECT_EQ(end.what, "SIGSEGV");
 }
@@ -57,10 +59,17 @@ TEST(RunInChild, ALoopEndsAtTheCpuCap) {
         volatile unsigned long spins = 0;
         for (;;) spins = spins + 1;
       },
-      1, 64 * kMiB);
+      {1, 64 * kMiB, 60});
   EXPECT_EQ(end.how, How::kOutOfTime);
-  // A hang guard, not a speed check: 1 s of CPU, then SIGXCPU; the wall-clock cap is 34 s.
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 34);
+  EXPECT_EQ(end.what, "cpu");
+  // A hang guard, not a speed check: 1 s of CPU, then SIGXCPU, long before the wall-clock cap.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60);
+}
+
+TEST(RunInChild, AChildBlockedWithoutUsingItsCpuEndsAtTheWallClockCap) {
+  const ChildEnd end = run_in_child([] { pause(); }, {5, 64 * kMiB, 0.5});
+  EXPECT_EQ(end.how, How::kOutOfTime);
+  EXPECT_EQ(end.what, "blocked");
 }
 
 // The inputs that crash or loop inside libhdf5 1.10 (docs/FUZZING.md): one UsageError each, naming the file.
