@@ -7,8 +7,10 @@
 #include <cerrno>
 #include <cmath>
 #include <ctime>
+#include <fstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "comm/shm_segments.h"
 #include "runtime/mpi_check.h"
@@ -25,6 +27,29 @@ void sleep_until_ns(int64_t t_ns) {
   const timespec ts{static_cast<time_t>(t_ns / 1'000'000'000), static_cast<long>(t_ns % 1'000'000'000)};
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
   }
+}
+
+std::string this_boot_id() {
+  std::ifstream file("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(file, id);
+  return id;  // empty where /proc does not say: every such rank alike
+}
+
+std::string clocks_differ(MPI_Comm comm, const std::string& boot_id) {
+  constexpr int kWidth = 48;  // a boot id is 36 characters
+  int size = 1;
+  mpiCheck(MPI_Comm_size(comm, &size));
+  std::string mine = boot_id.substr(0, kWidth);
+  mine.resize(kWidth, '\0');
+  std::vector<char> all(static_cast<size_t>(kWidth) * size);
+  mpiCheck(MPI_Allgather(mine.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, comm));
+  for (int r = 1; r < size; ++r)
+    if (!std::equal(all.begin(), all.begin() + kWidth, all.begin() + static_cast<ptrdiff_t>(r) * kWidth))
+      return "--link emulates each message's arrival by the sender's clock, and ranks 0 and " + std::to_string(r) +
+             " run on different machines (other kernels' boot ids), whose clocks differ: emulate links between ranks "
+             "of one machine (network namespaces, or --ranks-per-node K)";
+  return "";
 }
 
 namespace {

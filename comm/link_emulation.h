@@ -16,10 +16,11 @@
 // and a step that computes is not delayed further than the link.
 //
 // Left out: the receiving NIC (ingress; two nodes sending to one are not slowed), the switch, congestion control,
-// and a message's pipelining across hops. Assumptions: all ranks read one CLOCK_MONOTONIC (one host; across hosts
-// the header would need the clock offsets of DESIGN.md's alignment step), and the ranks sharing a NIC share a host
-// (an emulated node spread over hosts gets a NIC per host). The emulation can only add delay: a link faster than
-// the real transport (nvlink4 on this machine's ~10 GB/s of host messages) runs at the real transport's speed.
+// and a message's pipelining across hops. Assumptions: all ranks read one CLOCK_MONOTONIC (one machine: clocks_differ
+// refuses ranks under several kernels; across them the header would need the clocks' offsets), and the ranks sharing a
+// NIC share a host (an emulated node spread over hosts gets a NIC per host). The emulation can only add delay: a link
+// faster than the real transport (nvlink4 on this machine's ~10 GB/s of host messages) runs at the real transport's
+// speed.
 #pragma once
 #include <mpi.h>
 
@@ -61,6 +62,16 @@ struct HopLink {
 
 // Sleeps (does not spin) until CLOCK_MONOTONIC reaches t_ns.
 void sleep_until_ns(int64_t t_ns);
+
+// This kernel's boot id (/proc/sys/kernel/random/boot_id): processes that share it read one CLOCK_MONOTONIC,
+// containers and network namespaces of one machine included; other machines and VMs each have their own.
+std::string this_boot_id();
+
+// The emulation stamps each message's arrival by the sender's CLOCK_MONOTONIC and the receiver waits for it on its
+// own, which only one kernel's clock makes meaningful: across machines, whose clocks count from their own boots, a
+// receiver would wait for hours or not at all. Why the ranks of comm cannot share an emulated link (two ranks under
+// different kernels, named), or "" where every rank's boot_id is rank 0's. Collective; alike on every rank.
+std::string clocks_differ(MPI_Comm comm, const std::string& boot_id = this_boot_id());
 
 class LinkEmulatedTransport final : public Transport {
  public:

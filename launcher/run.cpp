@@ -24,6 +24,7 @@
 #include "analysis/blame.h"
 #include "analysis/format.h"
 #include "analysis/report.h"
+#include "comm/link_emulation.h"
 #include "comm/topology.h"
 #include "comm/transport.h"
 #include "data/token_files.h"
@@ -320,11 +321,12 @@ int64_t resume_from_checkpoint(const TrainConfig& config, const Topology& topolo
   std::string problem;
   int64_t step = 0;
   try {
-    // The whole read once in a child first (record/isolated_read.h), into scratch memory: parameters and the
-    // optimizer's state as load_checkpoint fills them.
+    // The whole read once in a child first (record/isolated_read.h), in the order below, so that it refuses a file
+    // for the same reason first; the tensors into scratch memory, as load_checkpoint fills them.
     const std::vector<Parameter<float>>& params = runner.backend().parameters();
     read_first_in_child(config.resume, "cannot load checkpoint " + config.resume, [&] {
-      (void)checkpoint_config_json(config.resume);
+      if (const std::optional<std::string> saved = checkpoint_config_json(config.resume))
+        require_same_settings(config, topology, *saved);
       int64_t flat_size = 0;
       for (const Parameter<float>& p : params) flat_size = std::max(flat_size, p.offset + p.numel);
       std::vector<float> flat_params(static_cast<size_t>(flat_size));
@@ -653,6 +655,8 @@ Topology checked_topology(const TrainConfig& asked, int world_size, MPI_Comm wor
   require(asked.comm != AllreduceImpl::kHier || topology.nodes() > 1,
           "--comm hier needs more than one node, and all " + std::to_string(world_size) +
               " ranks are on one (emulate nodes with --ranks-per-node K)");
+  if (comm_options(asked).link.emulated())
+    if (const std::string why = clocks_differ(world); !why.empty()) throw UsageError(why);
   const std::vector<int> node_sizes = topology.node_sizes();
   require(asked.comm != AllreduceImpl::kHier ||
               std::count(node_sizes.begin(), node_sizes.end(), node_sizes[0]) == static_cast<long>(node_sizes.size()),

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/allreduce_perf/harness.h"
+#include "comm/link_emulation.h"
 #include "comm/shm_direct.h"
 #include "comm/shm_transport.h"
 #include "record/files.h"
@@ -73,16 +74,18 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
               o.median ? "p50 over calls" : describe(o.aggregate));
   if (o.cuda_graph)
     std::printf(
-        "# -G %d: a row <impl>-graph launches one CUDA graph of %d captured calls per timed call; its times "
-        "are per call\n",
-        o.cuda_graph, o.cuda_graph);
+        "# -G %d: a row <impl>-graph captures the %d timed calls into one CUDA graph and launches it %d times; its "
+        "times are per call\n",
+        o.cuda_graph, o.iters, o.cuda_graph);
   bool queued = false;
   for (const std::string& name : o.impls) queued = queued || queues_calls(impl_spec(name), o);
-  std::printf("# -z %d: %s\n", o.blocking,
+  const char* barrier = o.blocking == 1 ? "; a barrier after every call, timed with it" : "";
+  std::printf("# -z %d: %s%s\n", o.blocking,
               !queued      ? "no implementation here queues its calls: each waits in every call"
               : o.blocking ? "the host waits after every call of every implementation"
                            : "the GPU implementations' -n calls go on the stream back to back and the host waits "
-                             "once (nccl-tests' default): time is their mean, i_min and i_p99 N/A; -z 1 times each");
+                             "once (nccl-tests' default): time is their mean, i_min and i_p99 N/A; -z 2 times each",
+              barrier);
   std::printf(
       "# i_min, i_p99: per call, each call timed by its slowest rank. size, count: the float buffer's, whatever the\n"
       "# wire; type: on the wire (a 16-bit wire moves half the bytes, so its busbw is the buffer's rate, not the "
@@ -161,7 +164,7 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
     if (r.algorithm) j["results"].back()["algorithm"] = r.algorithm;
   }
   j["avg_busbw"] = avg_busbw;
-  j["wrong"] = total_wrong;
+  j["wrong"] = o.check_iters > 0 ? nlohmann::json(total_wrong) : nlohmann::json(nullptr);  // -c 0: not checked
   return j.dump(1) + "\n";
 }
 
@@ -193,14 +196,14 @@ std::string results_csv(const Options& o, int n, const std::vector<Row>& rows) {
 }
 
 bool preflight(const Options& o, const Topology& hosts, int rank, int n) {
-  std::string problem;
+  std::string problem = o.emulated() ? clocks_differ(MPI_COMM_WORLD) : "";  // collective: before any other check
   // A file that exists is replaced only with --force, as ddplab's outputs (a run file given as -J was lost); a folder,
   // a device, a pipe, a link or an unwritable place refuses either way (the written file is renamed over the name).
   const auto writable = [&o](const char* flag, const std::string& path) {
     const std::string why = check_output_path(path, o.force);
     return why.empty() ? why : std::string(flag) + " " + path + ": " + why;
   };
-  if (rank == 0) problem = o.csv_path.empty() ? "" : writable("--csv", o.csv_path);
+  if (rank == 0 && problem.empty() && !o.csv_path.empty()) problem = writable("--csv", o.csv_path);
   if (rank == 0 && problem.empty() && !o.json_path.empty()) problem = writable("-J", o.json_path);
 #ifdef DDPLAB_HAVE_CUDA
   for (const std::string& name : o.impls)

@@ -13,12 +13,13 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
-#include "runtime/cpu_taken.h"
 #include "comm/link_emulation.h"
 #include "comm/transport.h"
+#include "runtime/cpu_taken.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddplab {
@@ -149,6 +150,20 @@ INSTANTIATE_TEST_SUITE_P(Impls, LinkAllreduce,
 
 // A rank that waits for a late peer sleeps (after a short spin) instead of burning its core: the Reducer runs the
 // all-reduce on a thread beside the compute thread, on as few as two cores. Rank 0 arrives 200 ms late.
+// Ranks under different kernels read different clocks, which the emulation cannot compare: named, on every rank.
+TEST(LinkEmulation, RanksOnDifferentMachinesAreToldApartByTheirKernelsBootIds) {
+  const int r = world_rank(), n = world_size();
+  EXPECT_EQ(clocks_differ(MPI_COMM_WORLD), "") << "every rank of this test runs on one machine";
+  EXPECT_FALSE(this_boot_id().empty());
+  const std::string other = clocks_differ(MPI_COMM_WORLD, r == n - 1 && n > 1 ? "another machine" : this_boot_id());
+  if (n == 1) {
+    EXPECT_EQ(other, "");
+  } else {
+    EXPECT_NE(other.find("ranks 0 and " + std::to_string(n - 1) + " run on different machines"), std::string::npos)
+        << other;
+  }
+}
+
 TEST(Progress, WaitingForALatePeerSleeps) {
   const int r = world_rank(), n = world_size();
   if (n == 1) GTEST_SKIP() << "needs two ranks";
