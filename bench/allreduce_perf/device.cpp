@@ -13,7 +13,8 @@
 namespace ddplab::perf {
 namespace {
 
-// -G: `iterations` calls captured into one CUDA graph on the collective's stream, launched as one, as nccl-tests' -G.
+// -G: `iterations` (-n) calls captured into one CUDA graph on the collective's stream, launched as one, as nccl-tests'
+// -G.
 // One graph is kept, for the last (in, out, count): a size's timed calls reuse it, the next one captures its own.
 class GraphedCollective {
  public:
@@ -65,9 +66,9 @@ class GraphedCollective {
   size_t count_ = 0;
 };
 
+// nccl-tests' -G N: the -n timed calls captured once into a graph, launched N times (the warm-up launches it too).
 Impl graph_impl(const ImplContext& c, const DeviceCollective& d) {
-  const int n = c.options.cuda_graph;
-  auto timed = std::make_shared<GraphedCollective>(d, n);
+  auto timed = std::make_shared<GraphedCollective>(d, c.options.iters);
   auto once = std::make_shared<GraphedCollective>(d, 1);  // the check: one captured collective, as the rows' calls
   Impl impl;
   impl.label = c.name + "-graph";
@@ -75,7 +76,8 @@ Impl graph_impl(const ImplContext& c, const DeviceCollective& d) {
   impl.run_once = [once](const float* in, float* out, size_t count) { once->run(in, out, count); };
   impl.enqueue = [timed](const float* in, float* out, size_t count) { timed->launch(in, out, count); };
   impl.wait = [timed] { timed->wait(); };
-  impl.calls_per_run = n;
+  impl.calls_per_run = c.options.iters;
+  impl.timed_runs = c.options.cuda_graph;
   impl.device_in = d.in;
   impl.device_out = d.out;
   impl.owner = std::make_shared<std::pair<decltype(timed), decltype(once)>>(timed, once);  // each holds d.owner

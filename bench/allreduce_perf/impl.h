@@ -27,7 +27,8 @@ struct Impl {
   // wait for all queued. -z 0 times -n enqueues and one wait, as nccl-tests does.
   std::function<void(const float* in, float* out, size_t count)> enqueue;
   std::function<void()> wait;
-  int calls_per_run = 1;  // collectives per `run` (-G N: a graph of N), which the times are divided by
+  int calls_per_run = 1;  // collectives per `run` (-G's rows: a graph of -n), which the times are divided by
+  int timed_runs = 0;     // runs timed per size and mode; 0: -n (-G N's rows: N launches, as nccl-tests' -G)
   float* device_in = nullptr;
   float* device_out = nullptr;
   std::shared_ptr<void> owner;

@@ -19,8 +19,8 @@
 // them (nccl, gpu-ring-nccl, -G's rows) has its -n calls queued back to back and one wait after them, so its time
 // is the mean and its per-call columns N/A; -z 1 waits after each call and times it.
 // Implementations are interleaved per size so that drift of a shared machine hits all alike; each row is printed
-// when measured. -G N (nccl-tests' -G): beside each GPU implementation's row, one whose timed call launches a CUDA
-// graph of N captured calls, its times divided by N: the collective without the per-call launch and host wait.
+// when measured. -G N (nccl-tests' -G): beside each GPU implementation's row, one whose -n calls are captured into a
+// CUDA graph launched N times, its times per call: the collective without the per-call launch and host wait.
 //
 // #wrong: after timing, each mode runs -c more times on fresh inputs and counts elements (summed over ranks) whose
 // bits differ from the expected sum. Inputs are small integers (at most 256/n), so every partial sum is exact in

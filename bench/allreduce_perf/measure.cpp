@@ -60,7 +60,8 @@ void summarize(const Options& o, int n, Mode* m) {
 
 double time_calls(const Impl& impl, const float* in, float* out, size_t count, const Options& o, int rank, int n,
                   Mode* m) {
-  std::vector<double> t(o.iters);
+  const int runs = impl.timed_runs > 0 ? impl.timed_runs : o.iters;
+  std::vector<double> t(runs);
   const double per_run = impl.calls_per_run;
   // -z 0 (nccl-tests' default): the calls go on the stream back to back and the host waits once, so the mean is
   // the collective's own rate, not a launch and a host wait each; no call is timed alone. Alike on every rank.
@@ -83,18 +84,26 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
     if (queued) {
       {  // a launch can block where the stream's queue is full: the watchdog names it if it never returns
         const watchdog::Wait queuing("the timed calls to be queued");
-        for (int i = 0; i < o.iters; ++i) impl.enqueue(in, out, count);
+        for (int i = 0; i < runs; ++i) impl.enqueue(in, out, count);
       }
       impl.wait();
     } else {
-      for (int i = 0; i < o.iters; ++i) {
-        const double a = now_s();
+      // One clock read a call, its end the next one's start; progress noted from it at most once a millisecond
+      // (each note a store the watchdog's thread reads): sub-microsecond calls carry ~25 ns of timing, not ~75.
+      double start = t0, noted = t0;
+      for (int i = 0; i < runs; ++i) {
         impl.run(in, out, count);
-        t[i] = (now_s() - a) * 1e6 / per_run;
-        watchdog::note_progress();
+        if (o.blocking == 1) {  // nccl-tests' -z 1: every rank done before the next call, the barrier in the time
+          const watchdog::Wait after("the ranks, after a call (-z 1)");
+          MPI_Barrier(MPI_COMM_WORLD);
+        }
+        const double end = now_s();
+        t[i] = (end - start) * 1e6 / per_run;
+        start = end;
+        if (end - noted > 1e-3) watchdog::note_progress(), noted = end;
       }
     }
-    mean_us = (now_s() - t0) / o.iters * 1e6 / per_run;
+    mean_us = (now_s() - t0) / runs * 1e6 / per_run;
   }
   const double stolen = o.diag ? steal_ms_now() - steal_at_start : 0;
   const watchdog::Wait gather("the ranks' times");
@@ -103,9 +112,9 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
     MPI_Gather(&stolen, 1, MPI_DOUBLE, m->steal_ms.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   }
   m->rank_means_us.assign(rank == 0 ? n : 0, 0.0);
-  m->calls_us.assign(rank == 0 && !queued ? o.iters : 0, 0.0);
+  m->calls_us.assign(rank == 0 && !queued ? runs : 0, 0.0);
   MPI_Gather(&mean_us, 1, MPI_DOUBLE, m->rank_means_us.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  if (!queued) MPI_Reduce(t.data(), m->calls_us.data(), o.iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (!queued) MPI_Reduce(t.data(), m->calls_us.data(), runs, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   if (rank == 0) summarize(o, n, m);
   return stolen;
 }

@@ -100,8 +100,9 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
   app.add_option("-c,--check", o.check_iters, "checked calls per size and mode (0: no check)")->capture_default_str();
   app.add_option("-z,--blocking", o.blocking,
                  "nccl-tests' -z: 0 queues the -n calls of nccl, gpu-ring-nccl and their -G graphs and waits once "
-                 "after them; 1 waits after every call and also times each call alone (i_min, i_p99: ours, not "
-                 "nccl-tests'). Host implementations, gpu-ring-ipc and gpu-ring-host wait in every call either way")
+                 "after them; 2 waits after every call and also times each call alone (i_min, i_p99: ours, not "
+                 "nccl-tests'); 1 as 2, and a barrier after every call, timed with it. Host implementations, "
+                 "gpu-ring-ipc and gpu-ring-host wait in every call either way")
       ->capture_default_str();
   t.aggregate_given =
       app.add_option("-a,--average", t.aggregate, "ranks' mean times: 0 rank 0, 1 average, 2 min, 3 max")
@@ -128,7 +129,7 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
       ->capture_default_str()
       ->check(finite_in(0, 4096));
   app.add_option("-G,--cuda-graph", o.cuda_graph,
-                 "nccl, gpu-ring-nccl: also capture N calls into a CUDA graph, launched once per timed call; rows "
+                 "nccl, gpu-ring-nccl: also capture the -n timed calls into one CUDA graph, launched N times; rows "
                  "<impl>-graph beside the plain launch's, times per call (nccl-tests' -G); 0: no graphs")
       ->capture_default_str();
   app.add_flag("--diag", o.diag,
@@ -200,8 +201,9 @@ void check_sizes_and_counts(const Typed& t, Options& o) {
   if (o.median && t.aggregate_given->count())
     throw UsageError("-a: --stat median times each call by its slowest rank; -a applies to --stat mean");
   if (o.cuda_graph < 0) throw UsageError("-G " + std::to_string(o.cuda_graph) + ": must not be negative");
-  if (o.blocking != 0 && o.blocking != 1)
-    throw UsageError("-z " + std::to_string(o.blocking) + ": 0 (queue the calls, wait once) or 1 (wait after each)");
+  if (o.blocking < 0 || o.blocking > 2)
+    throw UsageError("-z " + std::to_string(o.blocking) +
+                     ": 0 (queue the calls, wait once), 1 (wait and a barrier after each) or 2 (wait after each)");
 }
 
 void check_impls(const Typed& t, Options& o) {

@@ -41,8 +41,9 @@ struct Options {
   double gpu_chunk_mb = 0;  // the GPU ring's chunk; 0: the trainer's (CudaRingConfig::chunk_bytes)
   int cuda_graph = 0;       // -G: calls captured per CUDA graph, rows beside the plain launch's; 0: no graphs
   // -z (nccl-tests' --blocking): 0, the calls of a GPU implementation that queues them (Impl::enqueue) go back to
-  // back and the host waits once, after the -n calls; 1, the host waits after every call. Host implementations wait
-  // inside every call either way.
+  // back and the host waits once, after the -n calls; 2, the host waits after every call; 1, it waits and the ranks
+  // meet in a barrier after every call, inside the call's time. Host implementations wait inside every call
+  // either way.
   int blocking = 0;
 
   bool emulated() const { return link.emulated(); }

@@ -184,12 +184,13 @@ if [ "$stage" = 1 ]; then
   step "allreduce nccl np1 -z 0" allreduce.log 90 \
     'grep -E "^nccl +(8|67108864) " "$log" | awk "{print \$2 \" B \" \$6 \" us\"}" | paste -sd" "' \
     "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl
-  # The plain launch beside -G's CUDA graphs (20 captured calls per launch), each call waited for (-z 1): at small
+  # The plain launch beside -G's CUDA graphs (the -n 20 calls captured once, launched 20 times), each call waited
+  # for (-z 2, no barrier between: nccl-tests' numbering): at small
   # sizes the graph rows show the collective without the per-call launch and host wait. The row above queues its
   # calls and waits once (-z 0, nccl-tests' default).
-  step "allreduce graphs np1 -z 1" allreduce.log 90 \
+  step "allreduce graphs np1 -z 2" allreduce.log 90 \
     'grep -E "^[a-z-]*nccl[a-z-]* +8 " "$log" | awk "{print \$1, \$6 \" us\"}" | paste -sd" "' \
-    "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl,gpu-ring-nccl -G 20 -z 1
+    "${mpirun[@]}" -np 1 "$build/bench/allreduce_perf" -b 8 -e 256M --impls nccl,gpu-ring-nccl -G 20 -z 2
   # Our ring on device buffers, np ranks sharing the one GPU (NCCL refuses that). The host link stops at 8 MiB: it
   # reaches its ~0.33 GB/s by then, and its sizes up to 256 MiB took 116 of the 247 s of a stage-1 call
   # (bench/results/2026-11-30-h200-collectives/allreduce.log), figures no doc quotes.

@@ -231,10 +231,13 @@ def test_flags(perf, workdir):
         check(doc["registered"] is True and "# host buffers: registered (-R 1)" in p.stdout,
               "-R 1 by default: registered host buffers, said in the header and the JSON")
     # -R 0: ordinary buffers, copied through the FIFOs; the sums stay exact.
-    p, doc, rows = run_ok(perf, workdir, "unregistered", [*small, "-R", "0", "-c", "1", "--impls", "ring"])
+    # And -z 1 (nccl-tests' meaning): a barrier after every call, inside its time.
+    p, doc, rows = run_ok(perf, workdir, "unregistered", [*small, "-R", "0", "-c", "1", "-z", "1", "--impls", "ring"])
     if doc:
         check(doc["registered"] is False and doc["wrong"] == 0 and "# host buffers: not registered (-R 0)" in p.stdout,
               "-R 0: ordinary host buffers, said in the header and the JSON, #wrong 0")
+        check(doc["blocking"] == 1 and "; a barrier after every call, timed with it" in p.stdout,
+              "-z 1: a barrier after every call, said in the header and the JSON")
         check("# ring over shm\n" in p.stdout, "-R 0: the transport line claims neither single copy nor direct "
               f"collectives: {[l for l in p.stdout.splitlines() if l.startswith('# ring over')]}")
         wire = {"ring": "float", "mpi": "float", "ring-bf16": "bfloat16", "ring-fp16": "half"}
@@ -314,8 +317,9 @@ def test_flags(perf, workdir):
         table = data_rows(p.stdout)
         check(all(t[8] == "N/A" and t[14] == "N/A" for t in table) and
               all(r[m]["wrong"] is None for r in doc["results"] for m in ("out_of_place", "in_place")) and
+              doc["wrong"] is None and
               all(c["oop_wrong"] == "" and c["ip_wrong"] == "" for c in rows) and "not checked (-c 0)" in p.stdout,
-              "-c 0: #wrong N/A in the table, null in the JSON, empty in the CSV")
+              "-c 0: #wrong N/A in the table, null in the JSON (the total too), empty in the CSV")
 
     # Files: written whole, nothing left beside them; an existing result is replaced with --force alone.
     with open(os.path.join(workdir, "step.csv"), "w") as f:
@@ -362,7 +366,7 @@ def test_bad_arguments(perf, workdir, ddplab):
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv"),
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
-        (["-z", "2"], "-z 2: 0 (queue the calls, wait once) or 1 (wait after each)"),
+        (["-z", "3"], "-z 3: 0 (queue the calls, wait once), 1 (wait and a barrier after each) or 2 (wait after each)"),
         # train's knobs, train's words (below): 1e300 us overflowed the delay into none, 0 Gbit/s read as unlimited
         (["--link", "10gbe", "--link-latency-us", "1e300"], "--link-latency-us must be at most 1e+10 (got 1e+300)"),
         (["--link", "10gbe", "--link-gbps", "0"], "--link-gbps: must be at least 1e-06 (got 0)"),
