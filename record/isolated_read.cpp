@@ -34,7 +34,7 @@ double mapped_bytes() {
   return pages * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
-// Lowers a limit to `value`, never above the hard limit the process was given.
+// Lowers a resource's limits to `soft` and `hard`, never above the hard limit the process was given.
 void cap(int resource, rlim_t soft, rlim_t hard) {
   rlimit now{};
   if (getrlimit(resource, &now) != 0) return;

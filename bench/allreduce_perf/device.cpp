@@ -13,8 +13,7 @@
 namespace ddplab::perf {
 namespace {
 
-// -G: `iterations` (-n) calls captured into one CUDA graph on the collective's stream, launched as one, as nccl-tests'
-// -G.
+// -G: `iterations` calls (-n) captured into one CUDA graph on the collective's stream, launched as one.
 // One graph is kept, for the last (in, out, count): a size's timed calls reuse it, the next one captures its own.
 class GraphedCollective {
  public:

@@ -69,7 +69,7 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
   double steal_at_start = 0, mean_us = 0;
   {
     // The watchdog acts only while a wait is open, and mpi-raw's calls open none (Open MPI's own number, without a
-    // wait's ~170 ns): one wait around the calls, and progress noted after each (a clock read, outside its time).
+    // wait's ~170 ns): one wait around the calls, and progress noted between them.
     const watchdog::Wait calls("the warm-up and timed calls");
     for (int i = 0; i < o.warmup; ++i) {
       impl.run(in, out, count);
