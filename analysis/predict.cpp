@@ -1016,6 +1016,17 @@ HopChoice choose_hop_costs(const StepModel& m, const PredictSetting& setting, co
   return out;
 }
 
+// Whether the setting's ranks take the direct all-reduce above the small-buffer size (comm/communicator.h: CPU ranks
+// all on one host, the ring on the fp32 wire, no emulated link), whose size is then smaller at 2 ranks: as the run's
+// ranks did where they could have; else as the trainer does by default (a 1-rank run, or one whose ranks could not).
+bool takes_direct(const StepModel& m, const PredictSetting& s) {
+  const auto could = [](const PredictSetting& x) {
+    return x.nodes() == 1 && x.impl == AllreduceImpl::kRing && x.wire == WireDtype::kFp32 && !x.link.emulated();
+  };
+  if (m.on_gpu || !could(s)) return false;
+  return m.measured.ranks > 1 && could(m.measured) ? m.measured_direct : true;
+}
+
 struct BucketCosts {
   std::vector<BucketCost> cost;
   bool outside = false;                 // a bucket beyond the sizes the source timed
@@ -1025,7 +1036,7 @@ struct BucketCosts {
 BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, int turns,
                          const std::vector<Bucket>& buckets, const HopCosts& costs, const CommSource& src) {
   const int n = setting.ranks, nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
-  const double small = static_cast<double>(small_allreduce_bytes(n, m.measured_direct && nodes == 1));
+  const double small = static_cast<double>(small_allreduce_bytes(n, takes_direct(m, setting)));
   BucketCosts out;
   out.depends_on[0] = nodes == 1 || setting.impl != AllreduceImpl::kHier || per_node > 1;
   out.depends_on[1] = nodes > 1;

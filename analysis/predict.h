@@ -227,7 +227,8 @@ struct StepModel {
   double ring_chunk_bytes = 0;       // a GPU run over our ring: its rounds' chunk (allreduce_terms); 0: NCCL, the CPU
   bool measured_doubling = false;    // that ring ran recursive doubling where the rule says (its transport names it)
   // The CPU run's ranks, on one host, took the direct all-reduce above the small-buffer size (its transport names
-  // "direct collectives"), whose size is then smaller at 2 ranks (small_allreduce_bytes): so do its one-node settings.
+  // "direct collectives"), whose size is then smaller at 2 ranks (small_allreduce_bytes): so do the settings where
+  // ranks could take it (one host, the ring on the fp32 wire, no emulated link), and all such from a 1-rank run.
   bool measured_direct = false;
   int run_turns() const { return std::max(1, host.ranks_per_gpu); }  // the run's ranks taking turns on a GPU, >= 1
   double samples_per_rank = 0, tokens_per_rank = 0;  // per step (tokens: 0 for the MLP)

@@ -563,6 +563,35 @@ TEST(Predict, ReplaysTheWakeAfterTheLastAllreduce) {
 // A run on a full host (2 ranks x 1 thread on 2 cores, its comm threads' CPU recorded): its first all-reduce, started
 // beside backward, waited for a core until backward ended. The time alone is fitted on the others only (with it,
 // alpha and beta took in its wait), and the replay of the run's own setting waits as the run did.
+// A one-rank run says nothing of the direct all-reduce; at 2 ranks on its host the trainer takes it, and recursive
+// doubling only up to 2 KiB: buckets of 8000 bytes are the ring's two exchanges, timed by a calibration of the ring
+// beside the direct all-reduce. Under an emulated link there is no direct all-reduce: up to 16 KiB, one exchange.
+TEST(Predict, AOneRankRunsRanksOnItsHostTakeTheDirectAllreducesSmallSize) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  RunRecord run = synthetic_run(ab, 4, 0, {2000, 2000, 2000, 2000});
+  run.meta.world_size = 1;
+  run.records.resize(run.records.size() / 2);  // rank 0's: both ranks ran alike
+  run.bucket_times.resize(run.bucket_times.size() / 2);
+  Calibration cal;
+  cal.path = "synthetic.json", cal.link = "none", cal.link_model = parse_link("none"), cal.ranks = 2;
+  cal.direct_impls = {"ring"};
+  const double direct_small = static_cast<double>(small_allreduce_bytes(2, /*direct=*/true));
+  for (const double bytes : {65536.0, 1048576.0})
+    cal.points.push_back(
+        {"ring", bytes, ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, direct_small))});
+  const StepModel model = build_model(run, cal);
+  PredictSetting two = model.measured;
+  two.ranks = 2;
+  two.overlap = false;
+  const double ring = ab.ms(allreduce_terms(8000, 2, AllreduceImpl::kRing, WireDtype::kFp32, direct_small));
+  const double doubling = ab.ms(allreduce_terms(8000, 2, AllreduceImpl::kRing, WireDtype::kFp32, 16384));
+  ASSERT_GT(ring - doubling, 0.04);  // the second exchange's latency tells them apart
+  EXPECT_NEAR(predict(model, two).step.comm_ms, 4 * ring, 1e-3);
+  // 10 GbE's latency and time per byte are both below the calibration's, which bound another link's from below.
+  two.link = parse_links("10gbe");
+  EXPECT_NEAR(predict(model, two).step.comm_ms, 4 * doubling, 1e-3);
+}
+
 TEST(Predict, AloneFromTheAllreducesAfterBackwardAndTheWaitReplayedOnAFullHost) {
   const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
   const RunRecord run = synthetic_run(ab, 4, 0, {1000, 1 << 20, 1000, 1 << 20}, /*full_host=*/true);
