@@ -520,6 +520,8 @@ Calibration read_calibration(const std::string& path) {
         throw fail("row " + std::to_string(row) + " is not a result row");
       }
     }
+    // Per class of hop the column is "intra/inter": the calibration's link is the one across nodes, as the JSON's.
+    if (const size_t slash = cal.link.rfind('/'); slash != std::string::npos) cal.link = cal.link.substr(slash + 1);
     try {
       cal.link_model = parse_link(cal.link);
     } catch (const std::invalid_argument& e) {

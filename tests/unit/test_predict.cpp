@@ -811,6 +811,18 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // a CSV names no chunk: the trainer's
   EXPECT_FALSE(cal.points[0].doubling);                       // nor an algorithm: the ring
   EXPECT_EQ(cal.nodes, 1);                                    // a CSV does not say
+  {  // per class of hop (--link intra=none,inter=10gbe) the column is "intra/inter": the link across nodes
+    std::ofstream out(csv);
+    out << "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs\n";
+    out << "hier,4,none/10gbe,65536,16384,float,sum,90.0,0.7\n";
+  }
+  EXPECT_EQ(read_calibration(csv).link, "10gbe");
+  EXPECT_EQ(read_calibration(csv).link_model.latency_us, parse_link("10gbe").latency_us);
+  {
+    std::ofstream out(csv);
+    out << "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs\n";
+    out << "ring,2,none,65536,16384,float,sum,20.0,3.2\n";
+  }
   const std::string json = csv + ".json";
   std::ofstream(json) << "{\"nranks\": 4, \"node_of_rank\": [0, 0, 1, 1], \"link\": {\"name\": \"10gbe\"}, "
                          "\"results\": [{\"impl\": \"hier\", \"size_bytes\": 1048576, \"out_of_place\": "
