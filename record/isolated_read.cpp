@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +16,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <new>
+#include <thread>
 
 #include "runtime/errors.h"
 
@@ -24,7 +28,7 @@ namespace {
 
 // The child's last byte on the pipe says how `call` ended, after the exception's message; a pipe that closes
 // without one: the child was killed.
-enum Outcome : char { kReturned = 'r', kThrew = 't', kOutOfMemory = 'm' };
+enum Outcome : char { kReturned = 'r', kThrew = 't', kThrewUsageError = 'u', kOutOfMemory = 'm' };
 
 // The address space this process has mapped now (/proc/self/statm's first field, in pages).
 double mapped_bytes() {
@@ -70,6 +74,9 @@ void write_all(int fd, const std::string& bytes) {
     call();
   } catch (const std::bad_alloc&) {
     outcome = kOutOfMemory;
+  } catch (const UsageError& e) {
+    outcome = kThrewUsageError;
+    message = e.what();
   } catch (const std::exception& e) {
     outcome = kThrew;
     message = e.what();
@@ -119,11 +126,16 @@ ChildEnd run_in_child(const std::function<void()>& call, const ChildCaps& caps) 
   }
   close(pipe_ends[0]);
   if (out_of_time) kill(pid, SIGKILL);
+  // Reaped within a few seconds, or left: a child killed in an uninterruptible wait (a file system that does not
+  // answer) ends only when that wait does, and this process need not wait for it.
   int status = 0;
   pid_t reaped = -1;
-  do {
-    reaped = waitpid(pid, &status, 0);
-  } while (reaped < 0 && errno == EINTR);
+  rusage used{};
+  for (int tries = 0; tries < 5000 && reaped != pid; ++tries) {
+    reaped = wait4(pid, &status, WNOHANG, &used);
+    if (reaped < 0 && errno != EINTR) break;
+    if (reaped != pid) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 
   using How = ChildEnd::How;
   if (out_of_time) return {How::kOutOfTime, "blocked"};
@@ -131,38 +143,64 @@ ChildEnd run_in_child(const std::function<void()>& call, const ChildCaps& caps) 
     const char outcome = received.back();
     received.pop_back();
     if (outcome == kReturned) return {How::kReturned, ""};
-    if (outcome == kThrew) return {How::kThrew, received};
+    if (outcome == kThrew || outcome == kThrewUsageError) return {How::kThrew, received, outcome == kThrewUsageError};
     if (outcome == kOutOfMemory) return {How::kOutOfMemory, ""};
   }
   // Killed before it could say. Its status is lost where another part of the process reaped it first (a SIGCHLD
   // handler waiting for any child).
   if (reaped == pid && WIFSIGNALED(status)) {
     const int signal_number = WTERMSIG(status);
-    if (signal_number == SIGXCPU || signal_number == SIGKILL) return {How::kOutOfTime, "cpu"};
+    // SIGXCPU at the soft cap; SIGKILL at the hard one a second later, or from elsewhere (the OOM killer, a user)
+    // where the child's CPU time falls short of the cap.
+    const double cpu_used = static_cast<double>(used.ru_utime.tv_sec + used.ru_stime.tv_sec) +
+                            1e-6 * static_cast<double>(used.ru_utime.tv_usec + used.ru_stime.tv_usec);
+    if (signal_number == SIGXCPU || (signal_number == SIGKILL && cpu_used >= std::ceil(caps.cpu_s) - 0.5))
+      return {How::kOutOfTime, "cpu"};
     const char* name = sigabbrev_np(signal_number);
     return {How::kKilled, name ? std::string("SIG") + name : "signal " + std::to_string(signal_number)};
   }
   return {How::kKilled, "a cause not known"};
 }
 
+namespace {
+
+// The files whose read crashed, looped or ran out of memory in this process's children, by identity (device, inode,
+// size, change time) and refusal, with the refusal's line: whatever reads them next meets the same damage.
+std::mutex g_refused_mutex;
+std::map<std::string, std::string> g_refused;
+
+}  // namespace
+
 void read_first_in_child(const std::string& path, const std::string& refusal, const std::function<void()>& read) {
   struct stat about {};
-  const double mib = stat(path.c_str(), &about) == 0 ? static_cast<double>(about.st_size) / (1 << 20) : 0;
-  const double cpu_s = 2 + 0.1 * mib, memory_mib = 1024 + 4 * mib, wall_s = 30 + 4 * cpu_s;
+  const bool exists = stat(path.c_str(), &about) == 0;
+  const std::string identity = std::to_string(about.st_dev) + ":" + std::to_string(about.st_ino) + ":" +
+                               std::to_string(about.st_size) + ":" + std::to_string(about.st_ctim.tv_sec) + "." +
+                               std::to_string(about.st_ctim.tv_nsec) + ":" + refusal;
+  if (exists) {
+    const std::lock_guard<std::mutex> lock(g_refused_mutex);
+    if (const auto it = g_refused.find(identity); it != g_refused.end()) throw UsageError(it->second);
+  }
+  const double mib = exists ? static_cast<double>(about.st_size) / (1 << 20) : 0;
+  const double cpu_s = 2 + std::floor(mib / 10), memory_mib = 1024 + 4 * mib, wall_s = 30 + 4 * cpu_s;
   const ChildEnd end = run_in_child(read, {cpu_s, memory_mib * (1 << 20), wall_s});
   char why[256];
   switch (end.how) {
     case ChildEnd::How::kReturned:
       return;
-    case ChildEnd::How::kThrew:
-      throw UsageError(end.what);
+    case ChildEnd::How::kThrew:  // this read's own reason, not necessarily another read's
+      if (end.usage_error) throw UsageError(end.what);
+      throw std::runtime_error(end.what);
     case ChildEnd::How::kOutOfMemory:
       std::snprintf(why, sizeof why, "reading it takes more than %.0f MiB of memory: a size in the file is damaged",
                     memory_mib);
       break;
     case ChildEnd::How::kOutOfTime:
       if (end.what == "blocked")
-        std::snprintf(why, sizeof why, "reading it did not end within %.0f s, waiting on the file system", wall_s);
+        std::snprintf(why, sizeof why,
+                      "reading it did not end within %.0f s, blocked without using its CPU (a file "
+                      "system that does not answer?)",
+                      wall_s);
       else
         std::snprintf(why, sizeof why,
                       "reading it did not end within %.0f s of CPU: the file is damaged (libhdf5 loops on some "
@@ -173,7 +211,12 @@ void read_first_in_child(const std::string& path, const std::string& refusal, co
       std::snprintf(why, sizeof why, "reading it crashed (%s): the file is damaged", end.what.c_str());
       break;
   }
-  throw UsageError(refusal + ": " + why);
+  const std::string line = refusal + ": " + why;
+  if (exists) {
+    const std::lock_guard<std::mutex> lock(g_refused_mutex);
+    g_refused[identity] = line;
+  }
+  throw UsageError(line);
 }
 
 }  // namespace ddplab

@@ -3,7 +3,8 @@
 // a byte (docs/FUZZING.md, "Known libhdf5 bugs"). In a child with its CPU time and memory capped, such a read ends
 // the child, not the program, and the program refuses the file in one line; only a read that came through there is
 // made again here. Reading twice costs a run file's read once more (~0.1 s of CPU for 12 000 step records, where the
-// cap allows 2 s).
+// cap allows 2 s), a checkpoint's too (a resume's setup reads it twice). A file refused once is refused again without
+// another child.
 #pragma once
 #include <functional>
 #include <string>
@@ -14,9 +15,10 @@ namespace ddplab {
 struct ChildEnd {
   enum class How { kReturned, kThrew, kOutOfMemory, kOutOfTime, kKilled };
   How how = How::kReturned;
-  // kThrew: the exception's message; kKilled: the signal's name ("SIGSEGV"); kOutOfTime: "cpu" (past its CPU cap) or
-  // "blocked" (past the wall-clock cap without using its CPU)
+  // kThrew: the exception's message; kKilled: the signal's name ("SIGSEGV", "SIGKILL"); kOutOfTime: "cpu" (its CPU
+  // cap reached) or "blocked" (the wall-clock cap reached without using its CPU)
   std::string what;
+  bool usage_error = false;  // kThrew: the exception was a UsageError (bad input), not another failure
 };
 
 // A child's caps: its CPU time, how far its address space may grow, and the wall-clock time after which it is killed
@@ -30,10 +32,10 @@ struct ChildCaps {
 // not run and the end is kReturned.
 ChildEnd run_in_child(const std::function<void()>& call, const ChildCaps& caps);
 
-// Makes `read` of the file at `path` in a child first, capped by the file's size (2 s of CPU plus 0.1 s per MiB; 1 GiB
-// of memory plus 4x the file; 30 s plus 4x the CPU cap in all). Where it threw there, throws UsageError with its
-// message; where it crashed, looped or ran out of memory, UsageError("<refusal>: <why>"); where it returned, returns,
-// and the caller reads it again.
+// Makes `read` of the file at `path` in a child first, capped by the file's size (2 s of CPU and 1 s more for every
+// 10 MiB; 1 GiB of memory plus 4x the file; 30 s plus 4x the CPU cap in all). Where it threw there, throws its message
+// again, as a UsageError where it was one, else as std::runtime_error; where it crashed, looped or ran out of memory,
+// UsageError("<refusal>: <why>"); where it returned, returns, and the caller reads it again.
 void read_first_in_child(const std::string& path, const std::string& refusal, const std::function<void()>& read);
 
 }  // namespace ddplab

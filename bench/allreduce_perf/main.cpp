@@ -1,7 +1,7 @@
 // allreduce_perf: all-reduce bandwidth of every implementation in one run, after nccl-tests' all_reduce_perf (same
 // flags where they apply; docs/COMM.md, "allreduce_perf", lists them all).
 //
-//   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1] [-G N] [-z 0|1]
+//   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1] [-G N] [-z 0|1|2]
 //                               [--impls ring,mpi,mpi-raw,ring-bf16] [--link 10gbe] [--stat mean|median]
 //                               [--csv F] [-J F] [--ranks-per-node K] [--diag] [-R 0|1]
 //
@@ -17,7 +17,7 @@
 // also timed on its own; a call's time is its slowest rank's (nccl-tests -I): min, p50 and p99 of those per size.
 // The exception, as in nccl-tests (-z 0, the default): a GPU implementation whose calls need no host wait between
 // them (nccl, gpu-ring-nccl, -G's rows) has its -n calls queued back to back and one wait after them, so its time
-// is the mean and its per-call columns N/A; -z 1 waits after each call and times it.
+// is the mean and its per-call columns N/A; -z 2 waits after each call and times it, -z 1 adds a barrier after it.
 // Implementations are interleaved per size so that drift of a shared machine hits all alike; each row is printed
 // when measured. -G N (nccl-tests' -G): beside each GPU implementation's row, one whose -n calls are captured into a
 // CUDA graph launched N times, its times per call: the collective without the per-call launch and host wait.

@@ -228,7 +228,7 @@ void check_impls(const Typed& t, Options& o) {
                        " waits for the emulated link on the host, which a CUDA graph cannot capture");
     if (o.median && o.blocking == 0 && queues_calls(spec, o))
       throw UsageError("--stat median: --impls " + name +
-                       " queues its calls under -z 0 and is timed once per -n calls; add -z 1 to time each call");
+                       " queues its calls under -z 0 and is timed once per -n calls; add -z 2 to time each call");
     o.impls.push_back(name);
     pos = comma + 1;
   }

@@ -148,8 +148,6 @@ INSTANTIATE_TEST_SUITE_P(Impls, LinkAllreduce,
                            return std::string(to_string(info.param.impl)) + "_" + to_string(info.param.wire);
                          });
 
-// A rank that waits for a late peer sleeps (after a short spin) instead of burning its core: the Reducer runs the
-// all-reduce on a thread beside the compute thread, on as few as two cores. Rank 0 arrives 200 ms late.
 // Ranks under different kernels read different clocks, which the emulation cannot compare: named, on every rank.
 TEST(LinkEmulation, RanksOnDifferentMachinesAreToldApartByTheirKernelsBootIds) {
   const int r = world_rank(), n = world_size();
@@ -164,6 +162,8 @@ TEST(LinkEmulation, RanksOnDifferentMachinesAreToldApartByTheirKernelsBootIds) {
   }
 }
 
+// A rank that waits for a late peer sleeps (after a short spin) instead of burning its core: the Reducer runs the
+// all-reduce on a thread beside the compute thread, on as few as two cores. Rank 0 arrives 200 ms late.
 TEST(Progress, WaitingForALatePeerSleeps) {
   const int r = world_rank(), n = world_size();
   if (n == 1) GTEST_SKIP() << "needs two ranks";

@@ -79,17 +79,35 @@ TEST(PerfTiming, ZeroQueuesTheCallsAndWaitsOnceAfterThem) {
   EXPECT_LT(mean_us, c.enqueued_us / 7 + c.enqueued_us / 2);
 }
 
-TEST(PerfTiming, OneTimesEveryCallOnItsOwn) {
+// -z 2 waits after each call, -z 1 adds a barrier (nccl-tests' numbering): each call timed on its own either way.
+TEST(PerfTiming, OneAndTwoTimeEveryCallOnItsOwn) {
   const World w;
-  const auto [c, m] = time_counted(w, true, 1);
-  EXPECT_EQ(c.runs, 2 + 7);
-  EXPECT_EQ(c.enqueues, 0);
-  EXPECT_EQ(c.waits, 0);
+  for (const int blocking : {1, 2}) {
+    const auto [c, m] = time_counted(w, true, blocking);
+    EXPECT_EQ(c.runs, 2 + 7) << "-z " << blocking;
+    EXPECT_EQ(c.enqueues, 0);
+    EXPECT_EQ(c.waits, 0);
+    if (w.rank != 0) continue;
+    ASSERT_EQ(m.calls_us.size(), 7u);
+    EXPECT_GE(m.min_us, 2000.0);
+    EXPECT_LE(m.min_us, m.p50_us);
+    EXPECT_LE(m.p50_us, m.p99_us);
+  }
+}
+
+// -G N (nccl-tests'): the -n calls captured into one graph, launched N times: N launches timed, after the warm-up's.
+TEST(PerfTiming, AGraphRowTimesItsLaunches) {
+  const World w;
+  Counts counts;
+  Impl graph = counted(counts, false);
+  graph.calls_per_run = 7;  // the -n calls one launch runs
+  graph.timed_runs = 3;     // -G 3
+  Mode m;
+  time_calls(graph, nullptr, nullptr, 0, timing(2), w.rank, w.n, &m);
+  EXPECT_EQ(counts.runs, 2 + 3);
   if (w.rank != 0) return;
-  ASSERT_EQ(m.calls_us.size(), 7u);
-  EXPECT_GE(m.min_us, 2000.0);
-  EXPECT_LE(m.min_us, m.p50_us);
-  EXPECT_LE(m.p50_us, m.p99_us);
+  EXPECT_EQ(m.calls_us.size(), 3u);
+  EXPECT_GE(m.min_us, 0.999 * 2000.0 / 7);  // a launch's time over its 7 calls
 }
 
 TEST(PerfTiming, AnImplementationThatCannotQueueIsTimedCallByCallUnderZero) {

@@ -560,9 +560,6 @@ TEST(Predict, ReplaysTheWakeAfterTheLastAllreduce) {
   EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + pieces_alone_after_backward_ms(run, ab) + 2 + wake, kTol);
 }
 
-// A run on a full host (2 ranks x 1 thread on 2 cores, its comm threads' CPU recorded): its first all-reduce, started
-// beside backward, waited for a core until backward ended. The time alone is fitted on the others only (with it,
-// alpha and beta took in its wait), and the replay of the run's own setting waits as the run did.
 // A one-rank run says nothing of the direct all-reduce; at 2 ranks on its host the trainer takes it, and recursive
 // doubling only up to 2 KiB: buckets of 8000 bytes are the ring's two exchanges, timed by a calibration of the ring
 // beside the direct all-reduce. Under an emulated link there is no direct all-reduce: up to 16 KiB, one exchange.
@@ -592,6 +589,9 @@ TEST(Predict, AOneRankRunsRanksOnItsHostTakeTheDirectAllreducesSmallSize) {
   EXPECT_NEAR(predict(model, two).step.comm_ms, 4 * doubling, 1e-3);
 }
 
+// A run on a full host (2 ranks x 1 thread on 2 cores, its comm threads' CPU recorded): its first all-reduce, started
+// beside backward, waited for a core until backward ended. The time alone is fitted on the others only (with it,
+// alpha and beta took in its wait), and the replay of the run's own setting waits as the run did.
 TEST(Predict, AloneFromTheAllreducesAfterBackwardAndTheWaitReplayedOnAFullHost) {
   const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
   const RunRecord run = synthetic_run(ab, 4, 0, {1000, 1 << 20, 1000, 1 << 20}, /*full_host=*/true);
