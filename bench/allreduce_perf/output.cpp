@@ -36,7 +36,8 @@ std::string fit(double value, int width) {
   return s;
 }
 
-constexpr const char* kRowFormat = "%-13s %12s %12s %8s %5s  %8s %6s %6s %6s %8s %8s  %8s %6s %6s %6s %8s %8s\n";
+// The impl column holds the longest label, gpu-ring-nccl-graph (19).
+constexpr const char* kRowFormat = "%-19s %12s %12s %8s %5s  %8s %6s %6s %6s %8s %8s  %8s %6s %6s %6s %8s %8s\n";
 
 }  // namespace
 
