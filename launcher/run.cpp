@@ -323,15 +323,13 @@ int64_t resume_from_checkpoint(const TrainConfig& config, const Topology& topolo
   try {
     // The whole read once in a child first (record/isolated_read.h), in the order below, so that it refuses a file
     // for the same reason first; the tensors into scratch memory, as load_checkpoint fills them.
-    const std::vector<Parameter<float>>& params = runner.backend().parameters();
+    StepBackend& backend = runner.backend();
     read_first_in_child(config.resume, "cannot load checkpoint " + config.resume, [&] {
       if (const std::optional<std::string> saved = checkpoint_config_json(config.resume))
         require_same_settings(config, topology, *saved);
-      int64_t flat_size = 0;
-      for (const Parameter<float>& p : params) flat_size = std::max(flat_size, p.offset + p.numel);
-      std::vector<float> flat_params(static_cast<size_t>(flat_size));
-      Optimizer<float> optimizer(config.optimizer, flat_size);
-      (void)load_checkpoint(config.resume, params, flat_params.data(), optimizer);
+      std::vector<float> flat_params(static_cast<size_t>(backend.flat_size()));
+      Optimizer<float> optimizer(config.optimizer, backend.flat_size());
+      (void)load_checkpoint(config.resume, backend.parameters(), flat_params.data(), optimizer);
     });
     if (const std::optional<std::string> saved = checkpoint_config_json(config.resume))
       require_same_settings(config, topology, *saved);

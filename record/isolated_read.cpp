@@ -138,7 +138,7 @@ ChildEnd run_in_child(const std::function<void()>& call, const ChildCaps& caps) 
   }
 
   using How = ChildEnd::How;
-  if (out_of_time) return {How::kOutOfTime, "blocked"};
+  if (out_of_time) return {How::kBlocked, ""};
   if (!received.empty()) {
     const char outcome = received.back();
     received.pop_back();
@@ -155,7 +155,7 @@ ChildEnd run_in_child(const std::function<void()>& call, const ChildCaps& caps) 
     const double cpu_used = static_cast<double>(used.ru_utime.tv_sec + used.ru_stime.tv_sec) +
                             1e-6 * static_cast<double>(used.ru_utime.tv_usec + used.ru_stime.tv_usec);
     if (signal_number == SIGXCPU || (signal_number == SIGKILL && cpu_used >= std::ceil(caps.cpu_s) - 0.5))
-      return {How::kOutOfTime, "cpu"};
+      return {How::kPastCpuCap, ""};
     const char* name = sigabbrev_np(signal_number);
     return {How::kKilled, name ? std::string("SIG") + name : "signal " + std::to_string(signal_number)};
   }
@@ -195,17 +195,17 @@ void read_first_in_child(const std::string& path, const std::string& refusal, co
       std::snprintf(why, sizeof why, "reading it takes more than %.0f MiB of memory: a size in the file is damaged",
                     memory_mib);
       break;
-    case ChildEnd::How::kOutOfTime:
-      if (end.what == "blocked")
-        std::snprintf(why, sizeof why,
-                      "reading it did not end within %.0f s, blocked without using its CPU (a file "
-                      "system that does not answer?)",
-                      wall_s);
-      else
-        std::snprintf(why, sizeof why,
-                      "reading it did not end within %.0f s of CPU: the file is damaged (libhdf5 loops on some "
-                      "damaged files)",
-                      cpu_s);
+    case ChildEnd::How::kBlocked:
+      std::snprintf(why, sizeof why,
+                    "reading it did not end within %.0f s, blocked without using its CPU (a file system that does "
+                    "not answer?)",
+                    wall_s);
+      break;
+    case ChildEnd::How::kPastCpuCap:
+      std::snprintf(why, sizeof why,
+                    "reading it did not end within %.0f s of CPU: the file is damaged (libhdf5 loops on some damaged "
+                    "files)",
+                    cpu_s);
       break;
     case ChildEnd::How::kKilled:
       std::snprintf(why, sizeof why, "reading it crashed (%s): the file is damaged", end.what.c_str());

@@ -13,11 +13,11 @@ namespace ddplab {
 
 // How a call made in a child process ended.
 struct ChildEnd {
-  enum class How { kReturned, kThrew, kOutOfMemory, kOutOfTime, kKilled };
+  // kPastCpuCap: it used its CPU cap (a loop); kBlocked: the wall-clock cap came first (it waited without using its
+  // CPU)
+  enum class How { kReturned, kThrew, kOutOfMemory, kPastCpuCap, kBlocked, kKilled };
   How how = How::kReturned;
-  // kThrew: the exception's message; kKilled: the signal's name ("SIGSEGV", "SIGKILL"); kOutOfTime: "cpu" (its CPU
-  // cap reached) or "blocked" (the wall-clock cap reached without using its CPU)
-  std::string what;
+  std::string what;          // kThrew: the exception's message; kKilled: the signal's name ("SIGSEGV", "SIGKILL")
   bool usage_error = false;  // kThrew: the exception was a UsageError (bad input), not another failure
 };
 
