@@ -1018,12 +1018,12 @@ HopChoice choose_hop_costs(const StepModel& m, const PredictSetting& setting, co
   return out;
 }
 
-// Whether the setting's ranks take the direct all-reduce above the small-buffer size (comm/communicator.h: CPU ranks
-// all on one host, the ring on the fp32 wire, no emulated link), whose size is then smaller at 2 ranks: as the run's
-// ranks did where they could have; else as the trainer does by default (a 1-rank run, or one whose ranks could not).
+// Whether the setting's ranks take the direct all-reduce above the small-buffer size (CPU ranks on one host, where
+// direct_allreduce_allowed), whose size is then smaller at 2 ranks: as the run's ranks did where they could have;
+// else as the trainer does by default (a 1-rank run, or one whose ranks could not).
 bool takes_direct(const StepModel& m, const PredictSetting& s) {
   const auto could = [](const PredictSetting& x) {
-    return x.nodes() == 1 && x.impl == AllreduceImpl::kRing && x.wire == WireDtype::kFp32 && !x.link.emulated();
+    return x.nodes() == 1 && direct_allreduce_allowed(x.impl, x.wire, x.link);
   };
   if (m.on_gpu || !could(s)) return false;
   return m.measured.ranks > 1 && could(m.measured) ? m.measured_direct : true;

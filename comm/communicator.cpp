@@ -131,6 +131,10 @@ LinkClasses parse_links(const std::string& spec, double latency_us_override, dou
 // 32 KiB beyond (the ring's 2(n-1) hops cost more latency as n grows). The direct all-reduce's fixed cost is lower
 // than the ring's: at 2 ranks it wins from 4 KiB. Beyond 2 ranks it was measured oversubscribed only, where doubling
 // still won to 32 KiB (the direct's rendezvous needs every rank on a core at once).
+bool direct_allreduce_allowed(AllreduceImpl impl, WireDtype wire, const LinkClasses& link) {
+  return impl == AllreduceImpl::kRing && wire == WireDtype::kFp32 && !link.emulated();
+}
+
 size_t small_allreduce_bytes(int n, bool direct) {
   const int64_t measured = n > 2    ? settings::kSmallAllreduceBytesBeyond
                            : direct ? settings::kSmallAllreduceBytesAtTwoRanksBesideDirect
@@ -260,7 +264,8 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   single_copy_ = size_ > 1 && shm_hop && settings::integer(settings::kLocalRegister) == 1;
   // The direct all-reduce, where every rank can take it: ranks that disagreed (their DDPLAB_* settings differ) would
   // wait on boards and FIFOs, each for the other.
-  int can_direct = options_.direct && single_copy_ && !ring_.wire16 && shm && shm->local_peers() == size_ - 1 &&
+  int can_direct = options_.direct && direct_allreduce_allowed(options_.impl, options_.wire, options_.link) &&
+                   single_copy_ && shm && shm->local_peers() == size_ - 1 &&
                    settings::integer(settings::kDirectAllreduce) == 1;
   mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &can_direct, 1, MPI_INT, MPI_MIN, comm_));
   if (can_direct) direct_ = std::make_unique<DirectCollectives>(*shm);

@@ -62,6 +62,11 @@ LinkClasses parse_links(const std::string& spec, double latency_us_override = -1
 // the Communicator takes it: Communicator::direct()).
 size_t small_allreduce_bytes(int ranks, bool direct = false);
 
+// Whether ranks all on one host may take the direct all-reduce (comm/shm_direct.h) at all: the ring on the fp32 wire,
+// no emulated link. The Communicator takes it there where shared memory reaches every rank, the buffers are
+// registered and DDPLAB_DIRECT_ALLREDUCE is 1; `ddplab predict` asks it of the settings it predicts.
+bool direct_allreduce_allowed(AllreduceImpl impl, WireDtype wire, const LinkClasses& link);
+
 // The ring on GPU buffers (comm/ring_cuda.h) all-reduces in rounds of ranks x this many bytes of fp32 words, each a
 // whole ring of 2(n-1) steps (its default chunk, CudaRingConfig::chunk_bytes; here, where the CPU-only predictor reads
 // it too).
