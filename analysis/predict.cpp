@@ -476,6 +476,7 @@ Calibration read_calibration(const std::string& path) {
         const auto node_of_rank = j.at("node_of_rank").get<std::vector<int>>();
         cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
       }
+      cal.cold_calls = !j.value("hot_cache", true);
       cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
       const nlohmann::json& link = j.at("link");
       cal.link = link.at("name").get<std::string>();
@@ -880,6 +881,11 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
         "backward is taken as measured for every setting, though other buckets would leave a different tail");
   m.calibration = std::move(calibration);
   if (m.on_gpu && m.calibration) m.calibration_gpu_impl = gpu_allreduce_in(*m.calibration);
+  if (m.calibration && m.calibration->cold_calls)
+    m.notes.push_back(
+        "the calibration's calls each found their data out of the cache (allreduce_perf without "
+        "--hot-cache), where a bucket's gradients were just written by backward: at sizes that fit "
+        "the cache it times them slower than training reduces them; --hot-cache calibrates as training");
   const RunSummary summary = summarize(run);
   m.measured_step_ms = summary.slowest_step_ms;
   if (steady > 1 && m.measured_step_ms > 0) {

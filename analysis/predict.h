@@ -192,6 +192,9 @@ struct Calibration {
   // take recursive doubling only up to its lower limit (small_allreduce_bytes); a CSV does not say: none.
   std::vector<std::string> direct_impls;
   double gpu_chunk_bytes = kGpuRingChunkBytes;  // its gpu-ring-* rows' chunk (files without it: the trainer's)
+  // Its calls moved along the buffers (-J's hot_cache false), each finding its data out of the cache; files before
+  // the field, and CSVs, ran every call in place.
+  bool cold_calls = false;
   struct Point {
     std::string impl;
     double bytes = 0, time_ms = 0;

@@ -16,7 +16,7 @@ echo "== CPU ops at the default MLP's shapes"
 # failure stops the script.
 "$build/bench/bench_cpu_ops" --repeats 30 || [ $? -eq 1 ]
 echo "== all-reduce, 2 ranks (nccl-tests columns)"
-scripts/mpirun.sh -np 2 "$build/bench/allreduce_perf" -b 8 -e 256M -f 4 -w 5 -n 20 -a 3  # -a 3: as recorded
+scripts/mpirun.sh -np 2 "$build/bench/allreduce_perf" -b 8 -e 256M -f 4 -w 5 -n 20 -a 3 --hot-cache  # as recorded
 echo "== training throughput, ws = 1, 2, 4"
 bench/train_scaling.py --build "$build" --repeats 5
 echo "== bucket size x overlap, 2 ranks, emulated 10 GbE"

@@ -13,11 +13,13 @@
 namespace ddplab::perf {
 namespace {
 
-// -G: `iterations` calls (-n) captured into one CUDA graph on the collective's stream, launched as one.
-// One graph is kept, for the last (in, out, count): a size's timed calls reuse it, the next one captures its own.
+// -G: `iterations` calls (-n) captured into one CUDA graph on the collective's stream, launched as one, each call at
+// its call_offset in the buffers as the harness places plain calls. One graph is kept, for the last (in, out,
+// count): a size's timed calls reuse it, the next one captures its own.
 class GraphedCollective {
  public:
-  GraphedCollective(DeviceCollective d, int iterations) : d_(std::move(d)), iterations_(iterations) {}
+  GraphedCollective(DeviceCollective d, int iterations, size_t calls_span)
+      : d_(std::move(d)), iterations_(iterations), calls_span_(calls_span) {}
   ~GraphedCollective() { release(); }
   GraphedCollective(const GraphedCollective&) = delete;
   GraphedCollective& operator=(const GraphedCollective&) = delete;
@@ -40,7 +42,10 @@ class GraphedCollective {
     cudaCheck(cudaStreamBeginCapture(d_.stream, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t graph = nullptr;
     try {
-      for (int i = 0; i < iterations_; ++i) d_.enqueue(in, out, count);
+      for (int i = 0; i < iterations_; ++i) {
+        const size_t at = call_offset(static_cast<size_t>(i), count, calls_span_);
+        d_.enqueue(in + at, out + at, count);
+      }
     } catch (...) {
       cudaStreamEndCapture(d_.stream, &graph);  // leave the stream usable for the error's unwinding
       if (graph) cudaGraphDestroy(graph);
@@ -59,6 +64,7 @@ class GraphedCollective {
 
   DeviceCollective d_;
   int iterations_;
+  size_t calls_span_;
   cudaGraphExec_t exec_ = nullptr;
   const float* in_ = nullptr;
   float* out_ = nullptr;
@@ -67,8 +73,9 @@ class GraphedCollective {
 
 // nccl-tests' -G N: the -n timed calls captured once into a graph, launched N times (the warm-up launches it too).
 Impl graph_impl(const ImplContext& c, const DeviceCollective& d) {
-  auto timed = std::make_shared<GraphedCollective>(d, c.options.iters);
-  auto once = std::make_shared<GraphedCollective>(d, 1);  // the check: one captured collective, as the rows' calls
+  auto timed = std::make_shared<GraphedCollective>(d, c.options.iters, c.options.calls_span());
+  // The check: one captured collective, at the buffers' start, as the rows' calls.
+  auto once = std::make_shared<GraphedCollective>(d, 1, 0);
   Impl impl;
   impl.label = c.name + "-graph";
   impl.run = [timed](const float* in, float* out, size_t count) { timed->run(in, out, count); };
@@ -76,6 +83,7 @@ Impl graph_impl(const ImplContext& c, const DeviceCollective& d) {
   impl.enqueue = [timed](const float* in, float* out, size_t count) { timed->launch(in, out, count); };
   impl.wait = [timed] { timed->wait(); };
   impl.calls_per_run = c.options.iters;
+  impl.places_calls = true;
   impl.timed_runs = c.options.cuda_graph;
   impl.device_in = d.in;
   impl.device_out = d.out;

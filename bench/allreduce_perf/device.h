@@ -40,6 +40,9 @@ struct EngineBuffers {
   explicit EngineBuffers(size_t max_count, Args&&... args) : engine(MPI_COMM_WORLD, std::forward<Args>(args)...) {
     cudaCheck(cudaMalloc(&in, max_count * sizeof(float)));
     cudaCheck(cudaMalloc(&out, max_count * sizeof(float)));
+    // Defined values where the calls moved along the buffers land (call_offset): zeros, as the host's (main.cpp).
+    cudaCheck(cudaMemset(in, 0, max_count * sizeof(float)));
+    cudaCheck(cudaMemset(out, 0, max_count * sizeof(float)));
   }
   ~EngineBuffers() {
     cudaFree(in);
@@ -52,8 +55,8 @@ struct EngineBuffers {
 // Why this rank cannot run the GPU implementations (no device, NCCL too old), or "": checked before any of them
 // starts, so that a machine without a GPU is refused with exit code 2 rather than failing inside NCCL's bootstrap.
 std::string device_problem();
-// The plain launch's Impl and, with -G N, the CUDA graph's beside it ("<name>-graph": N calls captured into one
-// graph, launched once per timed call; times are per collective).
+// The plain launch's Impl and, with -G N, the CUDA graph's beside it ("<name>-graph": the -n calls captured into
+// one graph, launched N times; times are per collective).
 std::vector<Impl> device_impls(const ImplContext& c, DeviceCollective d);
 void copy_to_device(float* device, const float* host, size_t count);
 void copy_to_host(float* host, const float* device, size_t count);

@@ -2,6 +2,7 @@
 // hier.cpp, nccl.cpp, gpu_ring.cpp, ...) only says how to set up and run its collective, as nccl-tests'
 // all_reduce.cu; impls.cpp is the table of them.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -28,6 +29,9 @@ struct Impl {
   std::function<void(const float* in, float* out, size_t count)> enqueue;
   std::function<void()> wait;
   int calls_per_run = 1;  // collectives per `run` (-G's rows: a graph of -n), which the times are divided by
+  // Whether `run` places its collectives in the buffers itself (-G's graph captured its -n calls each at its
+  // call_offset): the harness then passes the buffers' starts every time instead of moving each run along.
+  bool places_calls = false;
   int timed_runs = 0;     // runs timed per size and mode; 0: -n (-G N's rows: N launches, as nccl-tests' -G)
   float* device_in = nullptr;
   float* device_out = nullptr;
@@ -40,6 +44,15 @@ struct Impl {
   void load_out(const float* host, size_t count) const;
   void fetch_result(float* host, bool in_place, size_t count) const;
 };
+
+// Where call number `call` of `count` floats starts in buffers whose first `span` floats the calls move along (as
+// nccl-tests' startColl moves each call): one call's size further than the call before, wrapping where the next
+// would pass the span. A call then finds little of the last ones in the cache; a call of more than half the span,
+// or any call when the span is 0 (--hot-cache), stays at the start.
+inline size_t call_offset(size_t call, size_t count, size_t span) {
+  const size_t places = count ? std::max<size_t>(span / count, 1) : 1;
+  return call % places * count;
+}
 
 // What an implementation is made from; making one is collective over MPI_COMM_WORLD.
 struct ImplContext {

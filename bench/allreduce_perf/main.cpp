@@ -3,18 +3,19 @@
 //
 //   mpirun -np 2 allreduce_perf -b 8 -e 256M [-f 2 | -i BYTES] [-w 5] [-n 20] [-c 1] [-a 1] [-G N] [-z 0|1|2]
 //                               [--impls ring,mpi,mpi-raw,ring-bf16] [--link 10gbe] [--stat mean|median]
-//                               [--csv F] [-J F] [--ranks-per-node K] [--diag] [-R 0|1]
+//                               [--csv F] [-J F] [--ranks-per-node K] [--diag] [-R 0|1] [--hot-cache]
 //
 // The implementations are impls.cpp's table, one file each saying how to set up and run its collective; this
 // harness runs them alike. -R 1 (the default; nccl-tests' -R registers user buffers): the host buffers are
 // RegisteredBuffers, as the trainer's gradients are, so a shm hop reads the peer's buffer in place (single copy,
 // comm/shm_transport.h). The default measures what training gets; -R 0 measures ordinary memory, copied through the
 // FIFOs (a caller's vector). Sizes are in bytes (K/M/G = 2^10/2^20/2^30) of float data. For every size and
-// implementation: -w warm-up calls, then -n timed calls, out-of-place (Communicator::allreduce_sum_into; MPI: send
-// and receive buffers) and in place. time = each rank's mean per call, combined over ranks as -a says (nccl-tests: 0
-// rank 0, 1 average, 2 min, 3 max), or with --stat median the median call; algbw = size / time; busbw = algbw x
-// 2(n-1)/n, the per-link traffic of a bandwidth-optimal all-reduce, comparable across rank counts. Every call is
-// also timed on its own; a call's time is its slowest rank's (nccl-tests -I): min, p50 and p99 of those per size.
+// implementation: -w warm-up calls, then -n timed calls (each one call's size further along the -e buffers than the
+// last, as nccl-tests moves them; --hot-cache: all at their start), out-of-place (Communicator::allreduce_sum_into;
+// MPI: send and receive buffers) and in place. time = each rank's mean per call, combined over ranks as -a says
+// (nccl-tests: 0 rank 0, 1 average, 2 min, 3 max), or with --stat median the median call; algbw = size / time; busbw =
+// algbw x 2(n-1)/n, the per-link traffic of a bandwidth-optimal all-reduce, comparable across rank counts. Every call
+// is also timed on its own; a call's time is its slowest rank's (nccl-tests -I): min, p50 and p99 of those per size.
 // The exception, as in nccl-tests (-z 0, the default): a GPU implementation whose calls need no host wait between
 // them (nccl, gpu-ring-nccl, -G's rows) has its -n calls queued back to back and one wait after them, so its time
 // is the mean and its per-call columns N/A; -z 2 waits after each call and times it, -z 1 adds a barrier after it.
@@ -141,7 +142,10 @@ int run(const Options& o, const Topology& hosts, int rank, int n, watchdog::Arme
     if (!memory->registration_error().empty())  // a /dev/shm too small: that host's rows measure copies
       std::fprintf(stderr, "allreduce_perf: %s; the buffer goes by copy\n", memory->registration_error().c_str());
   const Buffers buffers{static_cast<float*>(in_memory.data()), static_cast<float*>(out_memory.data()), inputs};
-  inputs.fill(buffers.in, max_count, rank);  // touch every page before timing
+  // Zeros, touching every page before timing. A size's inputs fill its first stretch; its calls move along the
+  // buffers past it (call_offset) and reduce zeros there, whose sum stays zero however often a call in place repeats
+  // it (inputs would grow n-fold with every call).
+  std::fill(buffers.in, buffers.in + max_count, 0.0f);
   std::fill(buffers.out, buffers.out + max_count, 0.0f);
   // A first, untimed pass of every implementation (connections, scratch buffers, code paths warm), so that the
   // first size measured is not the one that pays for it.

@@ -66,13 +66,19 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
   // -z 0 (nccl-tests' default): the calls go on the stream back to back and the host waits once, so the mean is
   // the collective's own rate, not a launch and a host wait each; no call is timed alone. Alike on every rank.
   const bool queued = o.blocking == 0 && impl.enqueue;
+  // Each call, warm-up included, on its own stretch of the buffers (call_offset; --hot-cache: all at their start);
+  // a run that places its calls itself gets the starts.
+  size_t call = 0;
+  const auto placed = [&](auto* buffer) {
+    return impl.places_calls ? buffer : buffer + call_offset(call, count, o.calls_span());
+  };
   double steal_at_start = 0, mean_us = 0;
   {
     // The watchdog acts only while a wait is open, and mpi-raw's calls open none (Open MPI's own number, without a
     // wait's ~170 ns): one wait around the calls, and progress noted between them.
     const watchdog::Wait calls("the warm-up and timed calls");
-    for (int i = 0; i < o.warmup; ++i) {
-      impl.run(in, out, count);
+    for (int i = 0; i < o.warmup; ++i, ++call) {
+      impl.run(placed(in), placed(out), count);
       watchdog::note_progress();
     }
     steal_at_start = o.diag ? steal_ms_now() : 0;  // before the barrier: the calls start together
@@ -84,15 +90,15 @@ double time_calls(const Impl& impl, const float* in, float* out, size_t count, c
     if (queued) {
       {  // a launch can block where the stream's queue is full: the watchdog names it if it never returns
         const watchdog::Wait queuing("the timed calls to be queued");
-        for (int i = 0; i < runs; ++i) impl.enqueue(in, out, count);
+        for (int i = 0; i < runs; ++i, ++call) impl.enqueue(placed(in), placed(out), count);
       }
       impl.wait();
     } else {
       // One clock read a call, its end the next one's start; progress noted from it at most once a millisecond
       // (each note a store the watchdog's thread reads): sub-microsecond calls carry ~25 ns of timing, not ~75.
       double start = t0, noted = t0;
-      for (int i = 0; i < runs; ++i) {
-        impl.run(in, out, count);
+      for (int i = 0; i < runs; ++i, ++call) {
+        impl.run(placed(in), placed(out), count);
         if (o.blocking == 1) {  // nccl-tests' -z 1: every rank done before the next call, the barrier in the time
           const watchdog::Wait after("the ranks, after a call (-z 1)");
           MPI_Barrier(MPI_COMM_WORLD);

@@ -123,6 +123,10 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
   app.add_option("-R,--local-register", o.registered,
                  "1: buffers registered with the shm transport (single copy, as the trainer's gradients); 0: copied")
       ->capture_default_str();
+  app.add_flag("--hot-cache", o.hot_cache,
+               "every call on the buffers' start, so that it finds the last call's data in the cache, as a training "
+               "step's bucket finds the gradients backward just wrote (IMB's default); without it each call runs "
+               "one call's size further along the -e buffers, as nccl-tests moves them");
   app.add_option("--gpu-chunk-mb", o.gpu_chunk_mb,
                  "gpu-ring-*: the largest chunk one ring step moves, MiB (each exchange's fixed cost is paid once per "
                  "chunk); 0: the trainer's")

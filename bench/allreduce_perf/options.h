@@ -45,8 +45,13 @@ struct Options {
   // meet in a barrier after every call, inside the call's time. Host implementations wait inside every call
   // either way.
   int blocking = 0;
+  // --hot-cache: every call on the buffers' start, finding the last call's data in the cache; else each call one
+  // call's size further along them (call_offset), as nccl-tests moves its calls.
+  bool hot_cache = false;
 
   bool emulated() const { return link.emulated(); }
+  // The floats the calls move along (call_offset): the buffers', or none with --hot-cache.
+  size_t calls_span() const { return hot_cache ? 0 : max_bytes / sizeof(float); }
   std::vector<size_t> sizes() const;  // the sizes measured, in bytes, each rounded down to whole floats
 };
 

@@ -67,6 +67,10 @@ void print_header(const Options& o, int n, const Topology& topology, const std::
   std::printf("# host buffers: %s\n",
               o.registered ? "registered (-R 1): shm hops read the peer's buffer in place"
                            : "not registered (-R 0): shm hops copy through the FIFOs, and no direct collectives");
+  std::printf("# calls: %s\n", o.hot_cache ? "each on the buffers' start, finding the last one's data in the cache "
+                                             "(--hot-cache)"
+                                           : "each one call's size further along the buffers than the last (as "
+                                             "nccl-tests), so a call finds little of the last ones in the cache");
   const std::vector<size_t> sizes = o.sizes();  // the sizes run: the last is -e only where the steps land on it
   std::printf("# sizes %s .. %s, %s; warm-up %d, iters %d, check %d\n",
               human_bytes(static_cast<double>(sizes.front())).c_str(),
@@ -147,6 +151,7 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["cuda_graph"] = o.cuda_graph;       // -G: calls per graph in the rows labelled <impl>-graph; 0: none
   j["blocking"] = o.blocking;           // -z: 0, the queueing implementations' rows have no per-call times (null)
   j["registered"] = o.registered == 1;  // -R
+  j["hot_cache"] = o.hot_cache;         // every call on the buffers' start; else moved along them (nccl-tests)
   // The gpu-ring-* rows' chunk (--gpu-chunk-mb, or the trainer's): `ddplab predict` counts their rounds from it.
   j["gpu_chunk_mb"] = o.gpu_chunk_mb > 0 ? o.gpu_chunk_mb : static_cast<double>(kGpuRingChunkBytes) / (1 << 20);
   j["stat"] = o.median ? "median" : "mean";

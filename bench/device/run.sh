@@ -411,13 +411,14 @@ if [ "$stage" = 3 ]; then
   for mb in 4 64; do  # each exchange's fixed cost on a GPU shared by the ranks is paid once per chunk
     step "gpu-ring-ipc np2 chunk $mb" allreduce.log 45 'grep "Avg bus bandwidth" "$log" | tail -1' \
       "${mpirun[@]}" -np 2 "$build/bench/allreduce_perf" -b 1M -e 256M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
-      --gpu-chunk-mb $mb -J "$work/ipc_np2_chunk$mb.json"
+      --hot-cache --gpu-chunk-mb $mb -J "$work/ipc_np2_chunk$mb.json"
   done
   # The 4 ranks' all-reduce on the shared GPU: with the one above, what `ddplab predict --ranks-per-gpu` times the
-  # shared runs' all-reduces with (below).
+  # shared runs' all-reduces with (below). --hot-cache: each call on the same buffers, as a bucket is reduced right
+  # after backward wrote it (docs/PREDICT.md).
   step "gpu-ring-ipc np4" allreduce.log 45 'grep "Avg bus bandwidth" "$log" | tail -1' \
     "${mpirun[@]}" -np 4 "$build/bench/allreduce_perf" -b 1M -e 256M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
-    -J "$work/ipc_np4.json"
+    --hot-cache -J "$work/ipc_np4.json"
   step "gpt2-small bf16 ring np2" train.log 60 'grep -m1 "ms mean (the slowest" "$log"' \
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --model gpt2-small \
     --precision bf16 --head lm --lengths fixed --max-len 1024 --batch 8 --steps 10 --warmup-steps 3 \

@@ -230,10 +230,15 @@ def test_flags(perf, workdir):
         check_modes(doc, "-a 2", "min")
         check(doc["registered"] is True and "# host buffers: registered (-R 1)" in p.stdout,
               "-R 1 by default: registered host buffers, said in the header and the JSON")
+        check(doc["hot_cache"] is False and "# calls: each one call's size further along the buffers" in p.stdout,
+              "by default each call moves along the buffers (nccl-tests), said in the header and the JSON")
     # -R 0: ordinary buffers, copied through the FIFOs; the sums stay exact.
-    # And -z 1 (nccl-tests' meaning): a barrier after every call, inside its time.
-    p, doc, rows = run_ok(perf, workdir, "unregistered", [*small, "-R", "0", "-c", "1", "-z", "1", "--impls", "ring"])
+    # And -z 1 (nccl-tests' meaning): a barrier after every call, inside its time; --hot-cache: every call in place.
+    p, doc, rows = run_ok(perf, workdir, "unregistered",
+                          [*small, "-R", "0", "-c", "1", "-z", "1", "--hot-cache", "--impls", "ring"])
     if doc:
+        check(doc["hot_cache"] is True and "# calls: each on the buffers' start" in p.stdout,
+              "--hot-cache: every call on the buffers' start, said in the header and the JSON")
         check(doc["registered"] is False and doc["wrong"] == 0 and "# host buffers: not registered (-R 0)" in p.stdout,
               "-R 0: ordinary host buffers, said in the header and the JSON, #wrong 0")
         check(doc["blocking"] == 1 and "; a barrier after every call, timed with it" in p.stdout,

@@ -1,10 +1,13 @@
 // allreduce_perf's timed loop (bench/allreduce_perf/measure.cpp): how -z chooses between timing each call and
-// queueing the -n calls with one wait, and what each leaves for the row's per-call columns. Counted on fakes.
+// queueing the -n calls with one wait, what each leaves for the row's per-call columns, and where in the buffers
+// each call runs. Counted on fakes.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -119,6 +122,57 @@ TEST(PerfTiming, AGraphRowTimesItsLaunches) {
   ASSERT_EQ(m.rank_means_us.size(), static_cast<size_t>(w.n));
   EXPECT_GE(m.rank_means_us[0], 0.999 * launch_us / 7);
   EXPECT_LT(m.rank_means_us[0], launch_us / 7 + launch_us / 2);
+}
+
+// Each call, warm-up and queued ones included, starts one call's size further along the buffers than the one before
+// (nccl-tests' startColl), wrapping at their end; a run that places its calls itself (a -G graph) gets the starts, as
+// every call does with --hot-cache.
+TEST(PerfTiming, EveryCallMovesAlongTheBuffers) {
+  const World w;
+  constexpr size_t kCount = 5, kPlaces = 3;
+  std::vector<float> in(kPlaces * kCount + 2), out(in.size());  // 2 floats short of a 4th place
+  for (const bool places_calls : {false, true})
+    for (const bool hot_cache : {false, true})
+      for (const int blocking : {0, 2}) {
+        std::vector<size_t> in_at, out_at;
+        Impl impl;
+        impl.label = "fake";
+        impl.places_calls = places_calls;
+        const auto record = [&](const float* i, float* o, size_t count) {
+          ASSERT_EQ(count, kCount);
+          in_at.push_back(static_cast<size_t>(i - in.data()));
+          out_at.push_back(static_cast<size_t>(o - out.data()));
+        };
+        impl.run = record;
+        impl.enqueue = record;
+        impl.wait = [] {};
+        Options o = timing(blocking);
+        o.max_bytes = in.size() * sizeof(float);
+        o.hot_cache = hot_cache;
+        Mode m;
+        time_calls(impl, in.data(), out.data(), kCount, o, w.rank, w.n, &m);
+        ASSERT_EQ(in_at.size(), 2u + 7u);
+        for (size_t call = 0; call < in_at.size(); ++call) {
+          const size_t want = places_calls || hot_cache ? 0 : call % kPlaces * kCount;
+          const auto where = [&] {
+            return "call " + std::to_string(call) + ", -z " + std::to_string(blocking) +
+                   (places_calls ? ", places its calls" : "") + (hot_cache ? ", --hot-cache" : "");
+          };
+          EXPECT_EQ(in_at[call], want) << where();
+          EXPECT_EQ(out_at[call], want) << where();
+        }
+      }
+}
+
+// A call of the whole buffer, or of more than half of it, has one place.
+TEST(PerfTiming, ACallOfMoreThanHalfTheBuffersStaysInPlace) {
+  for (size_t call = 0; call < 4; ++call) {
+    EXPECT_EQ(call_offset(call, 8, 8), 0u);
+    EXPECT_EQ(call_offset(call, 5, 9), 0u);
+    EXPECT_EQ(call_offset(call, 0, 9), 0u);
+  }
+  EXPECT_EQ(call_offset(1, 4, 9), 4u);
+  EXPECT_EQ(call_offset(2, 4, 9), 0u);
 }
 
 TEST(PerfTiming, AnImplementationThatCannotQueueIsTimedCallByCallUnderZero) {

@@ -577,6 +577,13 @@ TEST(Predict, AOneRankRunsRanksOnItsHostTakeTheDirectAllreducesSmallSize) {
     cal.points.push_back(
         {"ring", bytes, ab.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, direct_small))});
   const StepModel model = build_model(run, cal);
+  const auto says_cold = [](const StepModel& m) {
+    return std::any_of(m.notes.begin(), m.notes.end(),
+                       [](const std::string& n) { return n.find("without --hot-cache") != std::string::npos; });
+  };
+  EXPECT_FALSE(says_cold(model));
+  cal.cold_calls = true;  // its calls found their data out of the cache, which the output says
+  EXPECT_TRUE(says_cold(build_model(run, cal)));
   PredictSetting two = model.measured;
   two.ranks = 2;
   two.overlap = false;
@@ -841,6 +848,14 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
                         << ", \"results\": [{\"impl\": \"gpu-ring-ipc\", \"size_bytes\": 1048576, "
                            "\"out_of_place\": {\"time_us\": 800}}]}";
     EXPECT_DOUBLE_EQ(read_calibration(json).gpu_chunk_bytes, *chunk ? 4 * kMiB : kGpuRingChunkBytes) << chunk;
+  }
+  // Whether its calls moved along the buffers (allreduce_perf without --hot-cache); files before the field ran them
+  // in place.
+  for (const char* hot : {"", ", \"hot_cache\": true", ", \"hot_cache\": false"}) {
+    std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}" << hot
+                        << ", \"results\": [{\"impl\": \"ring\", \"size_bytes\": 1048576, "
+                           "\"out_of_place\": {\"time_us\": 800}}]}";
+    EXPECT_EQ(read_calibration(json).cold_calls, std::string(hot).find("false") != std::string::npos) << hot;
   }
   // Each row's algorithm as the file names it; a row without one ran the ring.
   for (const char* field : {"", ", \"algorithm\": \"ring\"", ", \"algorithm\": \"recursive doubling\""}) {
