@@ -470,8 +470,7 @@ Calibration read_calibration(const std::string& path) {
       const nlohmann::json j = nlohmann::json::parse(s);
       cal.ranks = j.at("nranks").get<int>();
       for (const std::string& t : j.value("transports", std::vector<std::string>()))
-        if (t.find("direct collectives") != std::string::npos)
-          cal.direct_impls.push_back(t.substr(0, t.find(" over ")));
+        if (names_direct_collectives(t)) cal.direct_impls.push_back(t.substr(0, t.find(" over ")));
       if (j.contains("node_of_rank")) {
         const auto node_of_rank = j.at("node_of_rank").get<std::vector<int>>();
         cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
@@ -855,7 +854,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
   StepModel m;
   m.measured = measured_setting(run, config);
   m.on_gpu = config.device == Device::kCuda;
-  m.measured_direct = run.meta.transport.find("direct collectives") != std::string::npos;
+  m.measured_direct = names_direct_collectives(run.meta.transport);
   if (m.on_gpu && config.comm == AllreduceImpl::kRing) m.ring_chunk_bytes = kGpuRingChunkBytes;
   m.measured_doubling = m.ring_chunk_bytes > 0 && run.meta.transport.find(kGpuRingDoublingName) != std::string::npos;
   const LinkClasses& links = m.measured.link;

@@ -273,13 +273,20 @@ Communicator::Communicator(MPI_Comm comm, const CommOptions& options, const Topo
   name_transport();
 }
 
+// Ends a transport's name where registered buffers take the direct collectives.
+constexpr const char* kDirectCollectives = " + direct collectives";
+
+bool names_direct_collectives(const std::string& transport_name) {
+  return transport_name.find(kDirectCollectives) != std::string::npos;
+}
+
 // From what the collectives use, so that the description cannot disagree with them.
 void Communicator::name_transport() {
   transport_name_ = hops_;
   if (const size_t at = shm_hop_in(transport_name_); single_copy_ && at != std::string::npos)
     transport_name_.insert(at + 3, " single-copy");
   if (options_.link.emulated()) transport_name_ += " + link emulation";
-  if (direct_) transport_name_ += " + direct collectives";
+  if (direct_) transport_name_ += kDirectCollectives;
   if (registration_failed_) transport_name_ += " (copies: registering the buffers failed)";
 }
 

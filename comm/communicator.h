@@ -66,6 +66,9 @@ size_t small_allreduce_bytes(int ranks, bool direct = false);
 // no emulated link. The Communicator takes it there where shared memory reaches every rank, the buffers are
 // registered and DDPLAB_DIRECT_ALLREDUCE is 1; `ddplab predict` asks it of the settings it predicts.
 bool direct_allreduce_allowed(AllreduceImpl impl, WireDtype wire, const LinkClasses& link);
+// Whether a transport's name (Communicator::transport_name, as a run file or allreduce_perf's -J records it) says
+// the direct collectives ran: the one reading of the name the Communicator gives.
+bool names_direct_collectives(const std::string& transport_name);
 
 // The ring on GPU buffers (comm/ring_cuda.h) all-reduces in rounds of ranks x this many bytes of fp32 words, each a
 // whole ring of 2(n-1) steps (its default chunk, CudaRingConfig::chunk_bytes; here, where the CPU-only predictor reads
