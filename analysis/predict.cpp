@@ -392,6 +392,36 @@ double update_end(double backward_end, double after_ms, const StepTimes& t, cons
   return end;
 }
 
+namespace {
+
+// Each bucket's share of the parameters: the share of the update that follows its all-reduce (a setting's buckets,
+// or a run file's).
+template <class AnyBucket>
+std::vector<double> update_shares(const std::vector<AnyBucket>& buckets) {
+  double total = 0;
+  for (const AnyBucket& b : buckets) total += static_cast<double>(b.count);
+  std::vector<double> share;
+  for (const AnyBucket& b : buckets) share.push_back(total > 0 ? b.count / total : 0.0);
+  return share;
+}
+
+// The update that update_end ends at step_end: what a rank's step spent on it, read back from when the step ended. An
+// update bucket by bucket left only the shares that waited for the last all-reduces after it; the others ran beside
+// them. update_end grows at least as fast as the update (its shares add up to all of it), so one update fits: found
+// by halving.
+double update_ending_at(double step_end, double backward_end, const StepTimes& t,
+                        const std::vector<double>& update_share) {
+  double low = 0, high = std::max(0.0, step_end - backward_end);
+  if (update_end(backward_end, low, t, update_share) >= step_end) return 0;
+  while (high - low > 1e-9) {
+    const double mid = (low + high) / 2;
+    (update_end(backward_end, mid, t, update_share) < step_end ? low : high) = mid;
+  }
+  return (low + high) / 2;
+}
+
+}  // namespace
+
 SimulatedStep simulate_steps(const std::vector<std::vector<RankProfile>>& steps, const std::vector<Bucket>& buckets,
                              const std::vector<BucketCost>& cost, bool overlap_on, const HostCores& host,
                              const std::vector<double>& update_share) {
@@ -612,9 +642,10 @@ struct BackwardIntervals {
   std::vector<std::vector<Interval>> backward;              // [rank][step], absolute
 };
 
-BackwardIntervals cut_backward(const RunRecord& run, const TrainConfig& config,
+BackwardIntervals cut_backward(const RunRecord& run, const TrainConfig& config, bool bucketed_update,
                                std::vector<std::vector<RankProfile>>& steps) {
   const int world = run.world_size(), nb = static_cast<int>(run.buckets.size());
+  const std::vector<double> update_share = bucketed_update ? update_shares(run.buckets) : std::vector<double>{};
   const int first = run.first_steady_step(), steady = run.steps - first;
   const int micro = std::max(1, config.grad_accum);
   BackwardIntervals out;
@@ -625,9 +656,12 @@ BackwardIntervals cut_backward(const RunRecord& run, const TrainConfig& config,
   out.backward.assign(world, std::vector<Interval>(run.steps));
   steps.assign(steady, std::vector<RankProfile>(world));
   for (int s = first; s < run.steps; ++s) {
-    double comm_done = 0;  // the step's last all-reduce, done on every rank: where the replay's comm ends
+    StepTimes done;  // each all-reduce done on every rank: where the replay's comm ends
+    done.bucket_end.assign(nb, 0.0);
     for (int r = 0; r < world; ++r)
-      for (int b = 0; b < nb; ++b) comm_done = std::max(comm_done, run.bucket_at(r, s, b).comm_end_ms);
+      for (int b = 0; b < nb; ++b)
+        done.bucket_end[b] = std::max(done.bucket_end[b], run.bucket_at(r, s, b).comm_end_ms);
+    for (double end : done.bucket_end) done.comm_end = std::max(done.comm_end, end);
     for (int r = 0; r < world; ++r) {
       RankProfile& p = steps[s - first][r];
       const StepRecord& x = run.at(r, s);
@@ -635,12 +669,14 @@ BackwardIntervals cut_backward(const RunRecord& run, const TrainConfig& config,
       const double start = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms - backward;
       out.backward[r][s] = {start, start + backward};
       p.before_ms = start - x.start_ms;
-      // After: from where the replay resumes the rank (its backward's end or the last rank's last all-reduce done,
-      // whichever is later) to its step's end, not from the end of its exposed wait: the training thread, woken
-      // when its all-reduces are done, waits for a core on oversubscribed cores (MLP, 4 ranks on 2 cores: 1-2 ms a
-      // step for the rank that sets the next step's pace). That wait is in exposed_comm_ms, which the replay
-      // computes itself, so measured from there it was lost.
-      p.after_ms = std::max(0.0, x.start_ms + x.step_ms - std::max(start + backward, comm_done));
+      // After: what the replay's update (update_end) must take to end the rank's step where it ended, so measured
+      // from where the replay resumes the rank (its backward's end or the last rank's last all-reduce done,
+      // whichever is later), not from the end of its exposed wait: the training thread, woken when its all-reduces
+      // are done, waits for a core on oversubscribed cores (MLP, 4 ranks on 2 cores: 1-2 ms a step for the rank that
+      // sets the next step's pace). That wait is in exposed_comm_ms, which the replay computes itself, so measured
+      // from there it was lost. An update bucket by bucket is taken whole, its shares that ran beside the last
+      // all-reduces included.
+      p.after_ms = update_ending_at(x.start_ms + x.step_ms, start + backward, done, update_share);
       double previous = start;
       for (int b = 0; b <= nb; ++b) {
         const double ready =
@@ -874,7 +910,8 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
         "NCCL's all-reduce (--comm nccl) is modelled as the ring, its algorithm for buckets of MBs, on the link's "
         "figures; NCCL's kernels beside backward take SMs from it, which the model leaves out (backward keeps its "
         "pace)");
-  if (config.update_in_backward())
+  // On the GPU an update in backward is bucket by bucket, which the replay runs itself (update_end).
+  if (config.update_in_backward() && !m.measured.bucketed_update)
     m.notes.push_back(
         "the run updated its parameters in backward (--optimizer-in-backward on): what is left of the update after "
         "backward is taken as measured for every setting, though other buckets would leave a different tail");
@@ -894,7 +931,7 @@ StepModel build_model(const RunRecord& run, std::optional<Calibration> calibrati
     m.step_noise = std::sqrt(squares / (steady - 1) / steady) / m.measured_step_ms;
   }
   const std::vector<BucketSpan> spans = piece_layout(run, m);
-  const BackwardIntervals intervals = cut_backward(run, config, m.steps);
+  const BackwardIntervals intervals = cut_backward(run, config, m.measured.bucketed_update, m.steps);
   m.host.ranks_per_gpu = run.ranks_sharing_a_gpu();
   const std::vector<double> run_slowdown = measure_backward_slowdown(run, config, intervals, m);
   place_piece_ready_times(intervals, spans, run_slowdown, m);
@@ -1120,15 +1157,6 @@ RankProfile with_compute_scaled(RankProfile r, double factor) {
   for (double& t : r.piece_ready_ms) t *= factor;
   r.after_ms *= factor;
   return r;
-}
-
-// Each bucket's share of the parameters: the share of the update that follows its all-reduce.
-std::vector<double> update_shares(const std::vector<Bucket>& buckets) {
-  double total = 0;
-  for (const Bucket& b : buckets) total += static_cast<double>(b.count);
-  std::vector<double> share;
-  for (const Bucket& b : buckets) share.push_back(total > 0 ? b.count / total : 0.0);
-  return share;
 }
 
 // Ranks taking turns on one GPU at `setting`: as asked, else the run's own on its own link, one on another link (it

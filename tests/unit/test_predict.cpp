@@ -1025,6 +1025,41 @@ TEST(Predict, AnEmulatedLinkKeepsRanksSharingAGpuOnTheRing) {
   EXPECT_NEAR(shared, predict(m, setting).step.comm_ms, 1e-9 * shared);
 }
 
+// The run of two_ranks_on_one_gpu updated bucket by bucket (--optimizer-in-backward on), as the GPU does: each
+// bucket's share of the update (of its elements) once backward and its all-reduce are done, in bucket order. The
+// closing bucket (wte, 154.5 MB) all-reduces long after backward; the others' update runs beside it, so the time
+// after the last all-reduce is only wte's share.
+RunRecord with_bucketed_update(RunRecord run) {
+  run.config["optimizer_in_backward"] = "on";
+  const int nb = static_cast<int>(run.buckets.size());
+  double elements = 0;
+  for (const BucketRecord& b : run.buckets) elements += static_cast<double>(b.count);
+  for (int r = 0; r < run.world_size(); ++r)
+    for (int s = 0; s < run.steps; ++s) {
+      StepRecord& x = run.records.at(static_cast<size_t>(r) * run.steps + s);
+      double end = x.start_ms + x.data_ms + x.forward_ms + x.backward_ms;
+      for (int b = 0; b < nb; ++b) {
+        double done = 0;  // the all-reduce is done on every rank
+        for (int q = 0; q < run.world_size(); ++q) done = std::max(done, run.bucket_at(q, s, b).comm_end_ms);
+        end = std::max(end, done) + x.optimizer_ms * static_cast<double>(run.buckets[b].count) / elements;
+      }
+      x.step_ms = end - x.start_ms;
+    }
+  return run;
+}
+
+// A run that updated bucket by bucket is taken with its whole update, not only the closing bucket's share after the
+// last all-reduce, so that its own setting replays as it ran.
+TEST(Predict, ABucketedUpdateIsTakenWhole) {
+  const RunRecord run = with_bucketed_update(two_ranks_on_one_gpu(false, AlphaBeta{0.4, 1.0 / 2e8}));
+  const StepModel m = build_model(run, std::nullopt);
+  ASSERT_TRUE(m.measured.bucketed_update);
+  const double update = run.at(0, 1).optimizer_ms;
+  for (const std::vector<RankProfile>& ranks : m.steps)
+    for (const RankProfile& r : ranks) EXPECT_NEAR(r.after_ms, update, 1e-6);
+  EXPECT_NEAR(predict(m, m.measured).step.step_ms, m.measured_step_ms, 1e-3 * m.measured_step_ms);
+}
+
 // One GPU's run, predicted for ranks taking turns on that GPU: each rank's compute `turns` times as long (its kernels
 // wait for the others'), its all-reduces after backward, timed by the calibration's GPU all-reduce (allreduce_perf
 // --impls gpu-ring-ipc on the shared GPU).
