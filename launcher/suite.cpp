@@ -16,10 +16,12 @@
 #include "analysis/blame.h"
 #include "analysis/diff.h"
 #include "analysis/format.h"
+#include "analysis/predict.h"
 #include "analysis/timeline.h"
 #include "launcher/cli.h"
 #include "launcher/lab_runs.h"
 #include "launcher/rank_agreement.h"
+#include "launcher/report_commands.h"
 #include "launcher/run.h"
 #include "record/files.h"
 #include "record/run_record.h"
@@ -590,6 +592,79 @@ std::vector<Case> checked_cases(SuiteOptions& o, int size) {
   return cases;
 }
 
+// The model's answer to "which bucket cap and overlap here?", from the lab's baseline case (the weak case at the full
+// world size), as `ddplab predict` answers it from that run file (analysis/predict.h): the caps it weighs
+// (kBucketCapsToTry and the case's own), overlap on and off. Printed, and returned for the summary and the page; a
+// case the model cannot take returns why instead.
+nlohmann::json predict_from_baseline(const CaseResult& base) {
+  const std::string file = base.path.substr(base.path.find_last_of('/') + 1);
+  std::vector<double> caps = {base.c.config.bucket_mb};
+  for (double mb : kBucketCapsToTry)
+    if (mb != caps[0]) caps.push_back(mb);
+  std::string cap_list;
+  for (double mb : caps) cap_list += (cap_list.empty() ? "" : ",") + fmt("%g", mb);
+  const std::string command = "ddplab predict " + file + " --bucket-mb " + cap_list + " --overlap on,off";
+  try {
+    const StepModel model = build_model(read_input(base.path), std::nullopt);
+    std::vector<Prediction> rows;
+    for (bool overlap : {model.measured.overlap, !model.measured.overlap})
+      for (double mb : caps) {
+        PredictSetting s = model.measured;
+        s.bucket_mb = mb;
+        s.overlap = overlap;
+        rows.push_back(predict(model, s));
+      }
+    const Recommendation chosen = recommend(rows, model.measured, ranking_tolerance(model));
+    const Prediction& own = rows.front();  // the case's own cap and overlap
+    const Prediction& best = rows[chosen.row];
+    const double error = 100 * (own.step.step_ms / model.measured_step_ms - 1);
+    const double gain = 100 * (1 - best.step.step_ms / own.step.step_ms);
+    const std::string flags =
+        fmt("--bucket-mb %g --overlap %s", best.setting.bucket_mb, best.setting.overlap ? "on" : "off");
+    std::printf("\nprediction (%s): its own setting replays at %.2f ms/step (measured %.2f, %+.1f%%)\n",
+                command.c_str(), own.step.step_ms, model.measured_step_ms, error);
+    const std::string close =
+        chosen.within_noise > 0
+            ? "; " + counted(chosen.within_noise, "other setting") +
+                  fmt(" predicted within %.1f%% of the fastest (the run's noise)", 100 * ranking_tolerance(model))
+            : "";
+    if (chosen.own)
+      std::printf("  recommended by the model: its own setting%s\n", close.c_str());
+    else
+      std::printf(
+          "  recommended by the model: %s, %.2f ms/step predicted (%.1f%% faster than its own setting "
+          "predicted%s); ddplab sweep --predict measures the grid\n",
+          flags.c_str(), best.step.step_ms, gain, close.c_str());
+    nlohmann::json predicted = nlohmann::json::array();
+    for (const Prediction& p : rows)
+      predicted.push_back({{"bucket_mb", p.setting.bucket_mb},
+                           {"overlap", p.setting.overlap ? "on" : "off"},
+                           {"buckets", p.buckets},
+                           {"predicted_step_ms", p.step.step_ms},
+                           {"exposed_comm_ms", p.step.exposed_ms}});
+    return {{"run_file", file},
+            {"command", command},
+            {"measured_step_ms", model.measured_step_ms},
+            {"rows", predicted},
+            {"own",
+             {{"bucket_mb", own.setting.bucket_mb},
+              {"overlap", own.setting.overlap ? "on" : "off"},
+              {"predicted_step_ms", own.step.step_ms},
+              {"error_pct", error}}},
+            {"recommended",
+             {{"bucket_mb", best.setting.bucket_mb},
+              {"overlap", best.setting.overlap ? "on" : "off"},
+              {"predicted_step_ms", best.step.step_ms},
+              {"gain_pct", gain},
+              {"own", chosen.own},
+              {"within_noise", chosen.within_noise},
+              {"tolerance_pct", 100 * ranking_tolerance(model)}}}};
+  } catch (const std::exception& e) {
+    std::printf("\nprediction: n/a (%s: %s)\n", command.c_str(), e.what());
+    return {{"run_file", file}, {"command", command}, {"why_not", e.what()}};
+  }
+}
+
 }  // namespace
 
 int run_suite(SuiteOptions o, const std::string& command_line) {
@@ -660,6 +735,8 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                             {"cases", json_cases}};
   // The lab's claim about its pathology, input and update cases; the token suite has none of them.
   if (o.name == "lab") summary["loss_identical"] = loss_identical;
+  if (const CaseResult* base = find_case(results, baseline_case(o, size)); o.name == "lab" && size > 1 && base)
+    summary["prediction"] = predict_from_baseline(*base);
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n", /*force=*/true);
   std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   if (const CaseResult* straggler = find_case(results, "straggler")) {

@@ -198,6 +198,29 @@ def main():
             odd = {case: c for case, c in caps.items() if c != ((1.0, "auto", "reach") if case == "pytorch_layout"
                                                                   else ("auto", 1.0, "within"))}
             check(not odd, f"pytorch_layout alone cuts PyTorch's layout (first 1 MiB, last auto, reach) ({odd})")
+            # The model's answer from the baseline case is what `ddplab predict` says of that file at the same
+            # caps and overlaps, row for row and in its recommendation.
+            lab = summary.get("prediction", {})
+            check(lab.get("run_file") == f"weak_ws{np_ranks}.h5" and len(lab.get("rows", [])) == 10,
+                  f"summary.json: the prediction from weak_ws{np_ranks}.h5, 5 caps x 2 overlaps "
+                  f"({ {k: v for k, v in lab.items() if k != 'rows'} })")
+            if lab.get("rows"):
+                cli = os.path.join(work, "predict.json")
+                args = lab["command"].split()[2:]  # the suite's own command, past "ddplab predict"
+                predicted = subprocess.run([ddplab, "predict", os.path.join(out, args[0]), *args[1:], "--json", cli],
+                                           capture_output=True, text=True, timeout=120)
+                cli_rows = json.load(open(cli))["rows"] if predicted.returncode == 0 else []
+                want = {(r["bucket_mb"], "on" if r["overlap"] else "off"): r["step_ms"] for r in cli_rows}
+                got = {(r["bucket_mb"], r["overlap"]): r["predicted_step_ms"] for r in lab["rows"]}
+                check(want.keys() == got.keys() and all(abs(got[k] - want[k]) <= 1e-9 * want[k] for k in want),
+                      f"the suite's predicted rows = ddplab predict's ({got} vs {want}; {predicted.stderr[-200:]})")
+                best = lab["recommended"]
+                check(abs(best["predicted_step_ms"] - min(got.values())) <= best["tolerance_pct"] / 100 *
+                      min(got.values()) + 1e-9,
+                      f"the recommendation is within the run's noise of the fastest row ({best})")
+                page = open(os.path.join(out, "report.html")).read()
+                check("recommended by the model" in page and lab["command"] in page,
+                      "the page gives the model's recommendation and the command that makes it")
         with h5py.File(os.path.join(out, "input_threads0.h5")) as f0, \
                 h5py.File(os.path.join(out, "input_threads4.h5")) as f4:
             d0, d4 = steady(f0, "data_ms").max(), steady(f4, "data_ms").max()
