@@ -27,7 +27,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         out = os.path.join(work, "suite")
         cmd = [mpirun, "-np", str(np_ranks), ddplab, "suite", "lab", "--steps", "6", "--warmup-steps", "2",
-               "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--slow-rank", "1",
+               "--input-dim", "256", "--hidden", "512", "--classes", "10", "--batch", "8", "--slow-rank", "1",
                "--straggler-ms", "30", "--extra-allreduce-mb", "0.5", "--rank0-work-ms", "15",
                "--data-cost-ms", "1", "--out-dir", out]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -212,6 +212,9 @@ def main():
                 cli_rows = json.load(open(cli))["rows"] if predicted.returncode == 0 else []
                 want = {(r["bucket_mb"], "on" if r["overlap"] else "off"): r["step_ms"] for r in cli_rows}
                 got = {(r["bucket_mb"], r["overlap"]): r["predicted_step_ms"] for r in lab["rows"]}
+                buckets = {r["bucket_mb"]: r["buckets"] for r in lab["rows"]}
+                # 1.5 MiB of parameters: one bucket per matrix at 0.5 MiB, two at 100 (the closing one at 1 MiB).
+                check(buckets[0.5] > buckets[100] > 1, f"the caps cut different buckets ({buckets})")
                 check(want.keys() == got.keys() and all(abs(got[k] - want[k]) <= 1e-9 * want[k] for k in want),
                       f"the suite's predicted rows = ddplab predict's ({got} vs {want}; {predicted.stderr[-200:]})")
                 best = lab["recommended"]
