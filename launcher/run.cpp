@@ -585,11 +585,10 @@ std::string check_room_for_outputs(const TrainConfig& config, const Trainer& tra
   std::vector<std::pair<std::string, uint64_t>> files = {
       {config.out, run_file_data_bytes(world_size, steps, trainer.buckets().size()) * (snapshots ? 2 : 1)}};
   if (!config.checkpoint.empty()) {
-    int64_t params = 0;
-    for (const GradPiece& p : trainer.grad_pieces()) params = std::max(params, p.offset + p.numel);
     const bool replaces = writes_between(config.checkpoint_every, first_step, config.steps) ||
                           access(config.checkpoint.c_str(), F_OK) == 0;
-    files.push_back({config.checkpoint, checkpoint_data_bytes(params, config.optimizer) * (replaces ? 2 : 1)});
+    files.push_back({config.checkpoint,
+                     checkpoint_data_bytes(trainer.backend().flat_size(), config.optimizer) * (replaces ? 2 : 1)});
   }
   return check_free_space(files);
 }

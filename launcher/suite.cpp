@@ -623,18 +623,24 @@ nlohmann::json predict_from_baseline(const CaseResult& base) {
         fmt("--bucket-mb %g --overlap %s", best.setting.bucket_mb, best.setting.overlap ? "on" : "off");
     std::printf("\nprediction (%s): its own setting replays at %.2f ms/step (measured %.2f, %+.1f%%)\n",
                 command.c_str(), own.step.step_ms, model.measured_step_ms, error);
-    const std::string close =
-        chosen.within_noise > 0
-            ? "; " + counted(chosen.within_noise, "other setting") +
-                  fmt(" predicted within %.1f%% of the fastest (the run's noise)", 100 * ranking_tolerance(model))
-            : "";
-    if (chosen.own)
-      std::printf("  recommended by the model: its own setting%s\n", close.c_str());
-    else
-      std::printf(
-          "  recommended by the model: %s, %.2f ms/step predicted (%.1f%% faster than its own setting "
-          "predicted%s); ddplab sweep --predict measures the grid\n",
-          flags.c_str(), best.step.step_ms, gain, close.c_str());
+    const double noise = 100 * ranking_tolerance(model);
+    double fastest = own.step.step_ms, slowest = fastest;
+    for (const Prediction& p : rows)
+      fastest = std::min(fastest, p.step.step_ms), slowest = std::max(slowest, p.step.step_ms);
+    // Every setting within the run's noise: the answer is that the choice does not matter here, not one of them.
+    const std::string verdict =
+        chosen.within_noise + 1 == static_cast<int>(rows.size())
+            ? fmt("its own setting: the %zu settings are predicted within %.1f%% of each other (%.2f-%.2f ms/step), "
+                  "inside the run's noise (%.1f%%): here the cap and overlap barely move the step",
+                  rows.size(), 100 * (slowest / fastest - 1), fastest, slowest, noise)
+        : chosen.own ? fmt("its own setting; %s predicted within %.1f%% of the fastest (the run's noise)",
+                           counted(chosen.within_noise, "other setting").c_str(), noise)
+                     : fmt("%s, %.2f ms/step predicted (%.1f%% faster than its own setting predicted)", flags.c_str(),
+                           best.step.step_ms, gain) +
+                           (chosen.within_noise > 0 ? fmt("; %s predicted within %.1f%% of it (the run's noise)",
+                                                          counted(chosen.within_noise, "other setting").c_str(), noise)
+                                                    : "");
+    std::printf("  recommended by the model: %s\n", verdict.c_str());
     nlohmann::json predicted = nlohmann::json::array();
     for (const Prediction& p : rows)
       predicted.push_back({{"bucket_mb", p.setting.bucket_mb},
@@ -658,7 +664,8 @@ nlohmann::json predict_from_baseline(const CaseResult& base) {
               {"gain_pct", gain},
               {"own", chosen.own},
               {"within_noise", chosen.within_noise},
-              {"tolerance_pct", 100 * ranking_tolerance(model)}}}};
+              {"tolerance_pct", noise},
+              {"text", verdict}}}};
   } catch (const std::exception& e) {
     std::printf("\nprediction: n/a (%s: %s)\n", command.c_str(), e.what());
     return {{"run_file", file}, {"command", command}, {"why_not", e.what()}};

@@ -74,6 +74,7 @@ class Trainer {
   // The flat parameters (the CPU model's layout), copied to the host.
   std::vector<float> parameters();
   StepBackend& backend() { return *backend_; }
+  const StepBackend& backend() const { return *backend_; }
 
  private:
   TrainConfig config_;
