@@ -503,9 +503,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward -------------------------------------------------------------------------------------------------------
 
-// Adds 4 floats to global memory (16-byte aligned): one 16-byte atomic where the hardware has it (sm_90), else four.
+// Adds 4 floats to global memory (16-byte aligned): one 16-byte atomic where the hardware has it (sm_90, and the CPU
+// emulation, which stands for it and checks the address), else four.
 __device__ __forceinline__ void atomic_add4(float* dst, float x, float y, float z, float w) {
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 || defined(DDPLAB_CUDA_EMULATION)
   atomicAdd(reinterpret_cast<float4*>(dst), make_float4(x, y, z, w));
 #else
   atomicAdd(dst, x);

@@ -24,7 +24,7 @@
 //     at different collective steps (a shuffle in some, an mma.sync in others); when no thread can run and some have
 //     not returned (threads wait at different barriers), the launch fails naming the barriers and who waits at each;
 //   - ldmatrix and cp.async: shared addresses 16-byte aligned and within the launch's dynamic shared memory, cp.async's
-//     global source 16-byte aligned;
+//     global source 16-byte aligned; sm_90's float4 atomicAdd: a global address, 16-byte aligned;
 //   - the launch: a 1-D block of whole warps, at most 1024 threads; dynamic shared memory within 227 KB (an H100's
 //     per-block opt-in maximum);
 //   - shared memory: poisoned (0xFF bytes: NaN as fp32 and as bf16) before each CTA, so that a read of anything the
@@ -468,6 +468,23 @@ inline int __ffs(int x) { return __builtin_ffs(x); }  // 1 + the lowest set bit'
 
 inline float atomicAdd(float* address, float value) {
   return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
+}
+
+// sm_90's vector atomicAdd (the CUDA C++ Programming Guide's float4 overload): global memory only, 16-byte aligned,
+// each of the four elements atomic on its own (not the 16 bytes as one). The emulation stands for an H100 / H200, so
+// a kernel takes this path here as it does there; a shared or misaligned address fails, where the scalar fallback
+// would pass.
+inline float4 atomicAdd(float4* address, float4 value) {
+  const ddplab::emu::SharedMemory& sm = ddplab::emu::shared_memory();
+  const auto* c = reinterpret_cast<const unsigned char*>(address);
+  if (sm.base != nullptr && c >= sm.base && c < sm.base + sm.capacity)
+    ddplab::emu::fail("atomicAdd(float4*): %p is a shared-memory address (sm_90 has it for global memory only)",
+                      static_cast<void*>(address));
+  if (reinterpret_cast<uintptr_t>(address) % 16 != 0)
+    ddplab::emu::fail("atomicAdd(float4*): %p is not 16-byte aligned", static_cast<void*>(address));
+  float* const f = reinterpret_cast<float*>(address);
+  return make_float4(atomicAdd(f, value.x), atomicAdd(f + 1, value.y), atomicAdd(f + 2, value.z),
+                     atomicAdd(f + 3, value.w));
 }
 
 inline int min(int a, int b) { return a < b ? a : b; }

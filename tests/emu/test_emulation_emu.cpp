@@ -1,7 +1,8 @@
 // The emulation's own checks (tests/emu/cuda_emulation.h), each failing for its own reason: a barrier some threads
 // never reach, threads at different barriers, a warp's lanes at different collective steps, a write past the launch's
 // shared memory; and what it makes visible: a missing __syncthreads reads the shared memory's poison in one of the two
-// orders a grid's CTAs run in, whichever thread depends on which; a cp.async tile read before its wait reads it too.
+// orders a grid's CTAs run in, whichever thread depends on which; a cp.async tile read before its wait reads it too;
+// sm_90's float4 atomicAdd adds each element, and refuses a misaligned or shared address.
 #include "tests/emu/cuda_emulation.h"
 
 namespace {
@@ -55,6 +56,15 @@ __global__ void write_shared_byte_kernel(int at) {
   if (threadIdx.x == 0) smem[at] = 0;
 }
 
+// Each thread adds (t, t + 1, t + 2, t + 3) to the 4 floats at `sum` + `offset` (in shared memory when `shared`) with
+// sm_90's float4 atomicAdd.
+__global__ void float4_atomic_kernel(float* sum, int offset, bool shared) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* const base = shared ? reinterpret_cast<float*>(smem) : sum;
+  const float t = static_cast<float>(threadIdx.x);
+  atomicAdd(reinterpret_cast<float4*>(base + offset), make_float4(t, t + 1, t + 2, t + 3));
+}
+
 // Each thread copies its 4 floats of `in` to shared memory with cp.async and reads them back, after waiting for the
 // copy or before.
 __global__ void cp_async_kernel(float* out, const float* in, bool wait) {
@@ -98,6 +108,24 @@ TEST(EmulationDeathTest, SharedWritePastTheLaunchFails) {
 #endif
   EXPECT_DEATH(emulate_launch(dim3(1), dim3(32), 64, write_shared_byte_kernel, 64), message);
   emulate_launch(dim3(1), dim3(32), 64, write_shared_byte_kernel, 63);
+}
+
+TEST(Emulation, Float4AtomicAddsEachElement) {
+  ddplab::emu_test::DeviceLikeVector<float> sum(8, 1.0f);
+  emulate_launch(dim3(2), dim3(64), 0, float4_atomic_kernel, sum.data(), 4, false);
+  // 2 CTAs of threads 0..63: element i gains 2 (2016 + 64 i).
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(sum[i], 1.0f) << "element " << i;
+    EXPECT_EQ(sum[4 + i], 1.0f + 2 * (2016.0f + 64 * i)) << "element " << 4 + i;
+  }
+}
+
+TEST(EmulationDeathTest, Float4AtomicOnAMisalignedOrSharedAddressFails) {
+  ddplab::emu_test::DeviceLikeVector<float> sum(8, 0.0f);
+  EXPECT_DEATH(emulate_launch(dim3(1), dim3(32), 0, float4_atomic_kernel, sum.data(), 2, false),
+               "atomicAdd.float4.*.: 0x[0-9a-f]+ is not 16-byte aligned");
+  EXPECT_DEATH(emulate_launch(dim3(1), dim3(32), 16, float4_atomic_kernel, sum.data(), 0, true),
+               "atomicAdd.float4.*.: 0x[0-9a-f]+ is a shared-memory address");
 }
 
 // Per CTA of a grid of 2 (ascending, then descending): whether a thread read the poison.

@@ -3,8 +3,8 @@
 // the index arithmetic, shared-memory layouts, masking, barriers and block skipping are tested on every machine, and
 // the launch sequence (grids, blocks, shared-memory sizes, the workspace's split) is the launchers' own, and the
 // mma.sync / ldmatrix fragments are the PTX ISA's (their emulation is checked alone by test_mma_emu.cpp), as are
-// cp.async's groups. What it cannot tell: timing, the tensor cores' rounding order, the sm_90 float4 atomics,
-// memory-model subtleties.
+// cp.async's groups, and dQ's sm_90 float4 atomics take their addresses' checks. What it cannot tell: timing, the
+// tensor cores' rounding order, memory-model subtleties.
 #include "tests/emu/cuda_emulation.h"
 
 // The kernels' dynamic shared memory, in their namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
