@@ -494,69 +494,35 @@ Calibration read_calibration(const std::string& path) {
   const std::string s = text.str();
   Calibration cal;
   cal.path = path;
+  // allreduce_perf's -J file. Its CSV is a table for people: it does not say what a fit needs beyond the times
+  // (each GPU row's algorithm, the link's figures past its preset, the nodes, the direct all-reduce, the chunk).
   const size_t first = s.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && s[first] == '{') {  // allreduce_perf -J
-    try {
-      const nlohmann::json j = nlohmann::json::parse(s);
-      cal.ranks = j.at("nranks").get<int>();
-      for (const std::string& t : j.value("transports", std::vector<std::string>()))
-        if (names_direct_collectives(t)) cal.direct_impls.push_back(t.substr(0, t.find(" over ")));
-      if (j.contains("node_of_rank")) {
-        const auto node_of_rank = j.at("node_of_rank").get<std::vector<int>>();
-        cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
-      }
-      cal.cold_calls = !j.value("hot_cache", true);
-      cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
-      const nlohmann::json& link = j.at("link");
-      cal.link = link.at("name").get<std::string>();
-      cal.link_model = parse_link(cal.link, link.value("latency_us", -1.0), link.value("gbps", -1.0));
-      for (const nlohmann::json& r : j.at("results"))
-        cal.points.push_back({r.at("impl").get<std::string>(), r.at("size_bytes").get<double>(),
-                              r.at("out_of_place").at("time_us").get<double>() / 1000,
-                              r.value("algorithm", std::string()) == "recursive doubling"});
-    } catch (const nlohmann::json::exception& e) {
-      throw fail(std::string("not allreduce_perf JSON (") + e.what() + ")");
-    } catch (const std::invalid_argument& e) {
-      throw fail(e.what());
+  if (first == std::string::npos || s[first] != '{')
+    throw fail(
+        "not allreduce_perf's -J file (its --csv does not say each row's algorithm, the link's figures or the "
+        "nodes): give the -J file");
+  try {
+    const nlohmann::json j = nlohmann::json::parse(s);
+    cal.ranks = j.at("nranks").get<int>();
+    for (const std::string& t : j.value("transports", std::vector<std::string>()))
+      if (names_direct_collectives(t)) cal.direct_impls.push_back(t.substr(0, t.find(" over ")));
+    if (j.contains("node_of_rank")) {
+      const auto node_of_rank = j.at("node_of_rank").get<std::vector<int>>();
+      cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
     }
-  } else {  // allreduce_perf --csv: impl,nranks,link,size_bytes,...,oop_time_us,...
-    std::istringstream lines(s);
-    std::string line;
-    std::getline(lines, line);
-    const auto split = [](const std::string& l) {
-      std::vector<std::string> cells;
-      std::stringstream cs(l);
-      for (std::string c; std::getline(cs, c, ',');) cells.push_back(c);
-      return cells;
-    };
-    const std::vector<std::string> header = split(line);
-    const auto column = [&](const char* name) {
-      const auto it = std::find(header.begin(), header.end(), name);
-      if (it == header.end()) throw fail(std::string("no column ") + name + " (not allreduce_perf CSV)");
-      return static_cast<size_t>(it - header.begin());
-    };
-    const size_t impl = column("impl"), ranks = column("nranks"), link = column("link"), bytes = column("size_bytes"),
-                 time = column("oop_time_us");
-    int row = 1;
-    while (std::getline(lines, line)) {
-      ++row;
-      if (line.empty()) continue;
-      const std::vector<std::string> cells = split(line);
-      try {
-        cal.ranks = std::stoi(cells.at(ranks));
-        cal.link = cells.at(link);
-        cal.points.push_back({cells.at(impl), std::stod(cells.at(bytes)), std::stod(cells.at(time)) / 1000});
-      } catch (const std::exception&) {
-        throw fail("row " + std::to_string(row) + " is not a result row");
-      }
-    }
-    // Per class of hop the column is "intra/inter": the calibration's link is the one across nodes, as the JSON's.
-    if (const size_t slash = cal.link.rfind('/'); slash != std::string::npos) cal.link = cal.link.substr(slash + 1);
-    try {
-      cal.link_model = parse_link(cal.link);
-    } catch (const std::invalid_argument& e) {
-      throw fail(e.what());
-    }
+    cal.cold_calls = !j.value("hot_cache", true);
+    cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
+    const nlohmann::json& link = j.at("link");
+    cal.link = link.at("name").get<std::string>();
+    cal.link_model = parse_link(cal.link, link.value("latency_us", -1.0), link.value("gbps", -1.0));
+    for (const nlohmann::json& r : j.at("results"))
+      cal.points.push_back({r.at("impl").get<std::string>(), r.at("size_bytes").get<double>(),
+                            r.at("out_of_place").at("time_us").get<double>() / 1000,
+                            r.value("algorithm", std::string()) == "recursive doubling"});
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("not allreduce_perf JSON (") + e.what() + ")");
+  } catch (const std::invalid_argument& e) {
+    throw fail(e.what());
   }
   if (cal.points.empty()) throw fail("no results");
   if (cal.ranks < 2) throw fail("measured at " + std::to_string(cal.ranks) + " rank(s): nothing to calibrate");

@@ -181,24 +181,24 @@ struct PredictSetting {
 };
 std::string shape_text(const PredictSetting& s);  // "1 node", "2 nodes x 2"
 
-// Measured all-reduce times from an allreduce_perf file (--csv or -J; docs/COMM.md): per implementation name
+// Measured all-reduce times from an allreduce_perf -J file (docs/COMM.md): per implementation name
 // ("ring", "mpi", "ring-bf16", ...) the out-of-place time against size, at `ranks` ranks over `link`.
 struct Calibration {
   std::string path, link;  // link: the preset's name as the file gives it
   LinkModel link_model;
   int ranks = 0;
-  int nodes = 1;  // the nodes its ranks ran on (-J's node_of_rank; a CSV does not say: one)
+  int nodes = 1;  // the nodes its ranks ran on (node_of_rank; files without it: one)
   // The implementations that ran beside the direct all-reduce on one host (-J's transports), whose small buffers
-  // take recursive doubling only up to its lower limit (small_allreduce_bytes); a CSV does not say: none.
+  // take recursive doubling only up to its lower limit (small_allreduce_bytes).
   std::vector<std::string> direct_impls;
   double gpu_chunk_bytes = kGpuRingChunkBytes;  // its gpu-ring-* rows' chunk (files without it: the trainer's)
-  // Its calls moved along the buffers (-J's hot_cache false), each finding its data out of the cache; files before
-  // the field, and CSVs, ran every call in place.
+  // Its calls moved along the buffers (hot_cache false), each finding its data out of the cache; files before the
+  // field ran every call in place.
   bool cold_calls = false;
   struct Point {
     std::string impl;
     double bytes = 0, time_ms = 0;
-    bool doubling = false;  // our GPU ring ran recursive doubling (-J's `algorithm`; not said, and CSVs: the ring)
+    bool doubling = false;  // our GPU ring ran recursive doubling (the row's `algorithm`; not said: the ring)
   };
   std::vector<Point> points;
 };

@@ -491,7 +491,8 @@ void run_predict(const PredictArgs& a) {
                                    a.file + " measured none of its own"
                              : a.file + " measured no all-reduce (one rank)") +
           ", so nothing times the communication; give --link (e.g. 10gbe) or --calibration FILE (allreduce_perf "
-          "--csv on this host; for a GPU run, of the GPU's all-reduce: --impls gpu-ring-ipc -J FILE, say)");
+          "--hot-cache -J FILE on this host; for a GPU run, of the GPU's all-reduce: --impls gpu-ring-ipc -J FILE, "
+          "say)");
   for (const std::string& note : notes) std::printf("note: %s\n", note.c_str());
 
   const Prediction self = predict(model, model.measured);
@@ -580,7 +581,7 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
          "all-reduce: --device cuda --optimizer-in-backward on), or whole,bucket for both (default: the run's)")
       ->delimiter(',')
       ->type_name("LIST");
-  cmd->add_option("--calibration", args->calibration, "allreduce_perf --csv or -J file: all-reduce times to use")
+  cmd->add_option("--calibration", args->calibration, "allreduce_perf -J file: all-reduce times to use")
       ->type_name("FILE");
   CLI::Option* json =
       cmd->add_option("--json", args->json, "write the table and recommendations as JSON")->type_name("OUT");

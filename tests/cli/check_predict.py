@@ -81,20 +81,23 @@ with tempfile.TemporaryDirectory() as work:
                            "--quiet", "--out", nodes_run], capture_output=True, text=True, timeout=240)
     check(proc.returncode == 0, f"train -np 4 --ranks-per-node 2 exits 0 ({proc.stderr.strip()[-300:]})")
     clipped, single, slow = (os.path.join(work, name) for name in ("clipped.h5", "single.h5", "slow.h5"))
-    calibration, one_size = os.path.join(work, "ring.csv"), os.path.join(work, "one_size.csv")
+    calibration, one_size = os.path.join(work, "ring_perf.json"), os.path.join(work, "one_size_perf.json")
     perf = os.path.join(os.path.dirname(os.path.dirname(ddplab)), "bench", "allreduce_perf")
     clipped_train, calibration_run, single_train, one_size_run, slow_train = run_all([
         ([ddplab, "train", "--steps", "3", "--warmup-steps", "1", "--grad-clip", "1", "--quiet", "--out", clipped],
          dict(timeout=120)),
         ([mpirun, "-np", "2", perf, "-b", "256K", "-e", "4M", "-f", "4", "-n", "5", "-w", "1", "-c", "0", "--impls",
-          "ring", "--link", "10gbe", "--csv", calibration], dict(timeout=120)),
+          "ring", "--link", "10gbe", "--hot-cache", "-J", calibration], dict(timeout=120)),
         train_args(1, single),
         ([mpirun, "-np", "2", perf, "-b", "4M", "-e", "4M", "-n", "5", "-w", "1", "-c", "0", "--impls", "ring",
-          "--csv", one_size], dict(timeout=120)),
+          "--hot-cache", "-J", one_size], dict(timeout=120)),
         ([mpirun, "-np", "2", ddplab, "train", "--steps", "8", "--warmup-steps", "2", "--link", "10gbe", "--link-gbps",
           "5", "--quiet", "--out", slow], dict(timeout=240))])
 
     # Bad input: files the predictions below must refuse, copies of the run with one thing wrong.
+    table = os.path.join(work, "ring_perf.csv")
+    with open(table, "w") as f:
+        f.write("impl,nranks,link,size_bytes,count,type,redop,oop_time_us\nring,2,none,65536,16384,float,sum,20.0\n")
     untimed = os.path.join(work, "untimed.h5")
     shutil.copy(run, untimed)
     with h5py.File(untimed, "r+") as f:
@@ -124,6 +127,8 @@ with tempfile.TemporaryDirectory() as work:
              # stat before open: a pipe would wait for a writer, /dev/zero fill the memory
              ([run, "--calibration", "/dev/zero"], "cannot read calibration /dev/zero: is not a regular file"),
              ([run, "--calibration", work], f"cannot read calibration {work}: is a folder"),
+             # the CSV says neither each row's algorithm nor the link's figures: a fit from it could be wrong
+             ([run, "--calibration", table], f"cannot read calibration {table}: not allreduce_perf's -J file"),
              # the sizes train takes, by its knobs' own checks: predict recommends no setting train refuses
              ([run, "--bucket-mb=-1,5"], "--bucket-mb must not be negative (got -1)"),
              ([run, "--bucket-mb=nan"], "--bucket-mb must be a finite number (got nan)"),

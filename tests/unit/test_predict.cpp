@@ -803,34 +803,36 @@ TEST(Predict, RecommendationRanksOnlyWhatTheRunsNoiseCanTellApart) {
 }
 
 TEST(Predict, CalibrationFilesOfAllreducePerf) {
-  const std::string csv = "/tmp/ddplab_test_predict_" + std::to_string(getpid()) + ".csv";
-  {
-    std::ofstream out(csv);
-    out << "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs\n";
-    out << "ring,2,none,65536,16384,float,sum,20.0,3.2\n";
-    out << "ring,2,none,1048576,262144,float,sum,150.0,7.0\n";
-  }
-  const Calibration cal = read_calibration(csv);
+  const std::string json = "/tmp/ddplab_test_predict_" + std::to_string(getpid()) + ".json";
+  std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}, \"results\": ["
+                         "{\"impl\": \"ring\", \"size_bytes\": 65536, \"out_of_place\": {\"time_us\": 20}}, "
+                         "{\"impl\": \"ring\", \"size_bytes\": 1048576, \"out_of_place\": {\"time_us\": 150}}]}";
+  const Calibration cal = read_calibration(json);
   EXPECT_EQ(cal.ranks, 2);
   EXPECT_EQ(cal.link, "none");
   ASSERT_EQ(cal.points.size(), 2u);
   EXPECT_DOUBLE_EQ(cal.points[1].time_ms, 0.15);
-  EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // a CSV names no chunk: the trainer's
+  EXPECT_DOUBLE_EQ(cal.gpu_chunk_bytes, kGpuRingChunkBytes);  // no chunk named: the trainer's
   EXPECT_FALSE(cal.points[0].doubling);                       // nor an algorithm: the ring
-  EXPECT_EQ(cal.nodes, 1);                                    // a CSV does not say
-  {  // per class of hop (--link intra=none,inter=10gbe) the column is "intra/inter": the link across nodes
-    std::ofstream out(csv);
-    out << "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs\n";
-    out << "hier,4,none/10gbe,65536,16384,float,sum,90.0,0.7\n";
+  EXPECT_EQ(cal.nodes, 1);                                    // no node_of_rank: one node
+  EXPECT_TRUE(cal.direct_impls.empty());                      // no transports: none beside the direct all-reduce
+  // The link's figures past its preset, as allreduce_perf --link 10gbe --link-gbps 5 writes them.
+  std::ofstream(json) << "{\"nranks\": 2, \"link\": {\"name\": \"10gbe\", \"latency_us\": 10, \"gbps\": 5}, "
+                         "\"results\": [{\"impl\": \"ring\", \"size_bytes\": 65536, \"out_of_place\": "
+                         "{\"time_us\": 90}}]}";
+  EXPECT_EQ(read_calibration(json).link_model.gbps, 5);
+  EXPECT_NE(parse_link("10gbe").gbps, 5);
+  // allreduce_perf's --csv names none of that, nor each row's algorithm: refused with the file to give instead.
+  const std::string csv = json + ".csv";
+  std::ofstream(csv) << "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs\n"
+                        "ring,2,none,65536,16384,float,sum,20.0,3.2\n";
+  try {
+    read_calibration(csv);
+    ADD_FAILURE() << "a CSV calibration was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not allreduce_perf's -J file"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(read_calibration(csv).link, "10gbe");
-  EXPECT_EQ(read_calibration(csv).link_model.latency_us, parse_link("10gbe").latency_us);
-  {
-    std::ofstream out(csv);
-    out << "impl,nranks,link,size_bytes,count,type,redop,oop_time_us,oop_algbw_gbs\n";
-    out << "ring,2,none,65536,16384,float,sum,20.0,3.2\n";
-  }
-  const std::string json = csv + ".json";
+  std::remove(csv.c_str());
   std::ofstream(json) << "{\"nranks\": 4, \"node_of_rank\": [0, 0, 1, 1], \"link\": {\"name\": \"10gbe\"}, "
                          "\"results\": [{\"impl\": \"hier\", \"size_bytes\": 1048576, \"out_of_place\": "
                          "{\"time_us\": 900}}]}";
@@ -840,7 +842,6 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
          "collectives\", \"mpi over MPI_Allreduce\"], \"results\": [{\"impl\": \"ring\", \"size_bytes\": "
          "4096, \"out_of_place\": {\"time_us\": 9}}]}";
   EXPECT_EQ(read_calibration(json).direct_impls, std::vector<std::string>{"ring"});
-  EXPECT_TRUE(read_calibration(csv).direct_impls.empty());  // a CSV does not say
   // The chunk as the file names it, or as its command line asked for it (files from before the field), else the
   // trainer's.
   for (const char* chunk : {"", ", \"gpu_chunk_mb\": 4", ", \"args\": \"allreduce_perf --gpu-chunk-mb 4 -J f.json\""}) {
@@ -865,14 +866,10 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
     EXPECT_EQ(read_calibration(json).points.at(0).doubling, std::string(field).find("doubling") != std::string::npos)
         << field;
   }
+  std::ofstream(json) << "{\"nranks\": 2, \"results\": []}";
+  EXPECT_THROW(read_calibration(json), std::runtime_error);  // no link, no results
   std::remove(json.c_str());
-  {
-    std::ofstream out(csv);
-    out << "not,a,calibration\n1,2,3\n";
-  }
-  EXPECT_THROW(read_calibration(csv), std::runtime_error);
-  std::remove(csv.c_str());
-  EXPECT_THROW(read_calibration(csv), std::runtime_error);  // missing
+  EXPECT_THROW(read_calibration(json), std::runtime_error);  // missing
 }
 
 // ---- a single-GPU run (tests/unit/synthetic_gpu_run.h) predicted on more GPUs ------------------------------------
