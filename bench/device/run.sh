@@ -532,7 +532,7 @@ if [ "$stage" = 3 ]; then
 fi
 
 # At most 8 files come back: past that, whatever the stage wrote, everything but the table and the archives travels
-# as one more archive (stage 2 always needs it).
+# as one more archive (stage 2 on a GPU always needs it: its CSVs and profiles).
 if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
   (cd "$out" && tar -czf logs.tgz --exclude=summary.txt --exclude='*.tgz' --exclude='*.tar.gz' ./* &&
     find . -maxdepth 1 -type f ! -name '.*' ! -name summary.txt ! -name '*.tgz' ! -name '*.tar.gz' -delete) ||
