@@ -113,7 +113,7 @@ TEST(EmulationDeathTest, SharedWritePastTheLaunchFails) {
 TEST(Emulation, Float4AtomicAddsEachElement) {
   ddplab::emu_test::DeviceLikeVector<float> sum(8, 1.0f);
   emulate_launch(dim3(2), dim3(64), 0, float4_atomic_kernel, sum.data(), 4, false);
-  // 2 CTAs of threads 0..63: element i gains 2 (2016 + 64 i).
+  // 2 CTAs of threads 0..63 (their t summing to 2016): element i gains 2 x (2016 + 64 i).
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(sum[i], 1.0f) << "element " << i;
     EXPECT_EQ(sum[4 + i], 1.0f + 2 * (2016.0f + 64 * i)) << "element " << 4 + i;
