@@ -269,8 +269,9 @@ void visit_knobs(Config& c, Visit&& visit) {
              "pack (--head lm: sequences back to back in --max-tokens / --max-len rows)",
              kNoMin, kNoMax, kMath | kTransformer},
         c.batching);
-  visit(Knob{"--max-tokens", "max_tokens", "token and pack batching: padded tokens per rank per step", 1, kNoMax,
-             kMath | kTransformer},
+  visit(Knob{"--max-tokens", "max_tokens",
+             "token and pack batching: padded tokens per rank per micro-batch (a step takes grad-accum of them)", 1,
+             kNoMax, kMath | kTransformer},
         c.max_tokens);
   visit(Knob{"--epoch-size", "epoch_size", "transformer data: sequences per epoch (not with --data)", 0, kNoMax,
              kMath | kTransformer | kSynthetic},

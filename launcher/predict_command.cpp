@@ -201,9 +201,13 @@ std::string reason(const Prediction& best, const Prediction& own) {
   const double waiting_for_others = s.exposed_ms - (s.comm_ms - s.hidden_ms);
   if (best.setting.ranks > 1 && s.exposed_ms > 0.05 * s.step_ms && waiting_for_others > 0.05)
     sentence += fmt(", %.2f ms of it waiting for the other ranks' backward", waiting_for_others);
+  if (setting_flags(best.setting) == setting_flags(own.setting)) return sentence + "; it is the run's own setting";
+  // Slower where the settings asked for leave the run's own out (--overlap off alone, say), or where fewer buckets
+  // were preferred within the run's noise.
   const double gain = 100 * (own.step.step_ms - s.step_ms) / own.step.step_ms;
-  if (gain < 0.05) return sentence + "; the run's own setting is as fast";
-  std::snprintf(text, sizeof text, "; %.1f%% faster than the run's own setting (%.2f ms)", gain, own.step.step_ms);
+  if (std::fabs(gain) < 0.05) return sentence + "; the run's own setting is as fast";
+  std::snprintf(text, sizeof text, "; %.1f%% %s than the run's own setting (%.2f ms)", std::fabs(gain),
+                gain > 0 ? "faster" : "slower", own.step.step_ms);
   return sentence + text;
 }
 

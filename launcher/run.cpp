@@ -276,7 +276,31 @@ nlohmann::json checkpoint_config(const TrainConfig& config, const std::vector<in
   nlohmann::json j = to_json(config);
   j["world_size"] = static_cast<int>(node_of_rank.size());
   j["node_of_rank"] = node_of_rank;
+  if (config.device == Device::kCpu) j["blas_kernels"] = blas::kernels_in_use().core;
   return j;
+}
+
+// Where a resumed CPU run's GEMMs may round unlike its checkpoint's run although every setting matches: OpenBLAS's
+// kernel families sum in their own orders (SkylakeX's and Haswell's differ in the last bits), and so may its thread
+// counts. Said, not refused: both are the host's (--threads auto takes its cores), and another CPU may not run the
+// checkpoint's kernels at all. "" where they match, or where the checkpoint does not say.
+std::string resume_rounding_note(const TrainConfig& config) {
+  if (config.device != Device::kCpu || config.resume.empty()) return "";
+  const nlohmann::json then = nlohmann::json::parse(checkpoint_config_json(config.resume).value_or("{}"));
+  const int threads = then.contains("threads") && then["threads"].is_number_integer() ? then["threads"].get<int>()
+                                                                                      : config.blas_threads;
+  const std::string core = blas::kernels_in_use().core;
+  const std::string then_core = then.contains("blas_kernels") && then["blas_kernels"].is_string()
+                                    ? then["blas_kernels"].get<std::string>()
+                                    : core;
+  if (threads == config.blas_threads && then_core == core) return "";
+  const std::string to_match =
+      threads == config.blas_threads ? "OPENBLAS_CORETYPE=" + then_core + " matches"
+      : then_core == core            ? "--threads " + std::to_string(threads) + " matches"
+                          : "--threads " + std::to_string(threads) + " and OPENBLAS_CORETYPE=" + then_core + " match";
+  return "its run had " + counted(threads, "BLAS thread") + " a rank and " + then_core + "'s kernels, this one " +
+         std::to_string(config.blas_threads) + " and " + core +
+         "'s: the GEMMs may round unlike the uninterrupted run's (" + to_match + " it)";
 }
 
 // A resumed run must repeat the settings that change what a step computes (keys_a_resume_repeats); one line lists
@@ -458,6 +482,7 @@ void print_run_header(const TrainConfig& config, const RunOptions& options, cons
                 rank_cores.lifted_from, rank_cores.lifted_from == 1 ? "" : "s", rank_cores.cores);
   std::printf("  BLAS kernels %s\n", blas_kernels.c_str());
   if (first_step > 0) std::printf("  resumed from %s at step %lld\n", config.resume.c_str(), (long long)first_step);
+  if (const std::string note = resume_rounding_note(config); !note.empty()) std::printf("  %s\n", note.c_str());
   if (topology.nodes() > 1) std::printf("  %s\n", topology.describe().c_str());
   if (const ValidationSet* v = trainer.validation())
     std::printf("  validation loss on %s, %s\n", v->describe().c_str(),

@@ -164,7 +164,7 @@ with tempfile.TemporaryDirectory() as work:
                                                          ("own.json", "grid.json", "calibrated.json", "nodes.json"))
     searched_json = os.path.join(work, "searched.json")
     (report, own_proc, searched_proc, grid_proc, clipped_proc, calibrated_proc, single_link, single_free, one_size_proc,
-     one_size_mpi, single_one, nodes_proc, hier_proc, unsampled_proc, slow_proc, nodes_report, ends_proc,
+     one_size_mpi, single_one, nodes_proc, hier_proc, unsampled_proc, slow_proc, nodes_report, ends_proc, off_proc,
      *refusals) = run_all([
          ([ddplab, "report", "--json", run], dict(timeout=120)),
          predict(run, "--json", own_json),
@@ -187,7 +187,8 @@ with tempfile.TemporaryDirectory() as work:
          ([ddplab, "report", "--json", nodes_run], dict(timeout=120)),
          predict(run, "--first-bucket-mb", "auto,0.5", "--last-bucket-mb", "auto,1", "--bucket-rule", "within,reach",
                  "--json",
-                 os.path.join(work, "ends.json"))] +
+                 os.path.join(work, "ends.json")),
+         predict(run, "--overlap", "off", "--json", os.path.join(work, "off.json"))] +
         [predict(*args, "--json", out) for args, _ in cases])
 
     # ---- a run at its own setting: one row, near the run's step time (the 5% target is measured in the benchmark) ----
@@ -232,6 +233,14 @@ with tempfile.TemporaryDirectory() as work:
           "the run's own ends replay its own row")
     check("buckets (cap 2 MiB, first auto, last 1 MiB, within)" in own_proc.stdout, "the run's own setting names its ends")
 
+    # Settings that leave the run's own out (it overlapped): the one recommended is set against it, slower.
+    off = json.load(open(os.path.join(work, "off.json"))) if off_proc.returncode == 0 else {}
+    off_ms, own_ms = (off["rows"][0]["step_ms"], own["rows"][0]["step_ms"]) if off else (0, 0)
+    check(off and off_ms > own_ms * 1.001 and
+          f"% slower than the run's own setting ({own_ms:.2f} ms)" in off["recommended"][0]["reason"],
+          f"--overlap off alone: recommended, slower than the run's own setting ({off_ms:.2f} against {own_ms:.2f} "
+          f"ms): {off.get('recommended', [{}])[0].get('reason', off_proc.stderr.strip()[-300:])}")
+
     # A grid: every combination, extrapolations marked, one recommendation per link and world size.
     proc = grid_proc
     print(proc.stdout[-3000:])
@@ -267,6 +276,14 @@ with tempfile.TemporaryDirectory() as work:
         share = chosen["exposed_comm_ms"] / chosen["step_ms"]  # named as blame names a run (kCommBoundShare)
         label = "comm-bound" if share >= 0.20 else "balanced" if share > 0.05 else "compute-bound"
         check(rec["reason"].startswith(label + ":"), f"reason for {100 * share:.0f}% exposed: {rec['reason']}")
+        # Against the run's own knobs at this link and world size: the same row, as fast, or faster or slower.
+        own_row = [r for r in group if own_knobs(r)]
+        gain = 100 * (own_row[0]["step_ms"] - chosen["step_ms"]) / own_row[0]["step_ms"] if own_row else 0
+        said = ("; it is the run's own setting" if own_knobs(chosen) else
+                "; the run's own setting is as fast" if abs(gain) < 0.05 else
+                f"% {'faster' if gain > 0 else 'slower'} than the run's own setting (")
+        check(not own_row or said in rec["reason"],
+              f"recommended for {rec['link']} x {rec['ranks']}: set against the run's own knobs there ({said!r})")
     check(proc.stdout.count("recommended (") == 4 and "* extrapolated beyond what was measured" in proc.stdout,
           "the table marks extrapolations and prints the recommendations")
     faster_link = {(r["bucket_mb"], r["overlap"], r["ranks"]): r["step_ms"] for r in rows if r["link"] == "100gbe-ib"}

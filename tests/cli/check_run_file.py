@@ -151,6 +151,53 @@ def check_older_bucket_caps(mpirun, ddplab, np_ranks, work):
             os.unlink(os.path.join(work, name))
 
 
+def check_resume_rounding_note(mpirun, ddplab, np_ranks, work):
+    """A checkpoint records the BLAS kernel family its run ran; a resume whose kernels or BLAS threads differ says
+    its GEMMs may round otherwise and what matches them, and one on the same says nothing."""
+    base = [mpirun, "-np", str(np_ranks), ddplab, "train", "--input-dim", "32", "--hidden", "64", "--classes", "10",
+            "--batch", "8", "--warmup-steps", "1"]
+    checkpoint = os.path.join(work, "rounding_ck.h5")
+    first = subprocess.run(base + ["--steps", "3", "--threads", "1", "--checkpoint", checkpoint, "--quiet", "--out",
+                                   os.path.join(work, "rounding_first.h5")], capture_output=True, text=True,
+                           timeout=120, env=NO_PAGE)
+    check(first.returncode == 0, f"a run with a checkpoint ({first.stderr.strip()[:300]})")
+    if first.returncode != 0:
+        return
+    with h5py.File(os.path.join(work, "rounding_first.h5"), "r") as f:
+        kernels = f.attrs["blas_kernels"]
+    with h5py.File(checkpoint, "r") as f:
+        config = json.loads(f.attrs["config"])
+    check(kernels.split(" ")[0] == config.get("blas_kernels") and config.get("threads") == 1,
+          f"the checkpoint records the kernels its run ran ({config.get('blas_kernels')} of '{kernels}') and its "
+          f"threads ({config.get('threads')})")
+
+    def resumed(name, *flags):
+        return subprocess.run(base + ["--steps", "4", "--resume", checkpoint, "--out", os.path.join(work, name)] +
+                              list(flags), capture_output=True, text=True, timeout=120, env=NO_PAGE)
+
+    def note(run):  # the header's line on rounding, "" where there is none
+        lines = [l.strip() for l in run.stdout.splitlines() if "the GEMMs may round unlike the uninterrupted" in l]
+        return lines[0] if lines else ""
+
+    same, more_threads = resumed("rounding_same.h5", "--threads", "1"), resumed("rounding_threads.h5", "--threads", "2")
+    with h5py.File(checkpoint, "r+") as f:  # as a run on another CPU would have written it
+        config["blas_kernels"] = "Prescott"
+        f.attrs["config"] = json.dumps(config)
+    other_kernels = resumed("rounding_kernels.h5", "--threads", "1")
+    check(same.returncode == 0 and "resumed from" in same.stdout and not note(same),
+          f"a resume on the same kernels and threads says nothing of rounding ({note(same)})")
+    check(more_threads.returncode == 0 and note(more_threads).startswith("its run had 1 BLAS thread a rank") and
+          note(more_threads).endswith("(--threads 1 matches it)"),
+          f"a resume on 2 BLAS threads names the checkpoint's 1 ({note(more_threads)})")
+    check(other_kernels.returncode == 0 and "and Prescott's kernels" in note(other_kernels) and
+          note(other_kernels).endswith("(OPENBLAS_CORETYPE=Prescott matches it)"),
+          f"a resume on other kernels names the checkpoint's ({note(other_kernels)})")
+    for name in ("rounding_ck.h5", "rounding_first.h5", "rounding_same.h5", "rounding_threads.h5",
+                 "rounding_kernels.h5"):
+        if os.path.exists(os.path.join(work, name)):
+            os.unlink(os.path.join(work, name))
+
+
 def main():
     mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
     steps, batch = 8, 16
@@ -264,6 +311,7 @@ def main():
 
         check_token_shards(mpirun, ddplab, np_ranks, work)
         check_older_bucket_caps(mpirun, ddplab, np_ranks, work)
+        check_resume_rounding_note(mpirun, ddplab, np_ranks, work)
 
         with h5py.File(path, "r") as f:
             check(np.all(f["steps"]["grad_norm"][:] == 0), "no norm taken without --grad-clip")
