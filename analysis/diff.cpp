@@ -200,18 +200,25 @@ std::string verdict_of_medians(const RunDiff& d) {
   }
   const MetricDiff& compute =
       *std::find_if(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) { return m.name == "compute"; });
+  // Forward or backward may pass its own noise bound where their sum does not: then "unchanged" would contradict it.
+  const bool compute_phase_moved = std::any_of(d.metrics.begin(), d.metrics.end(), [](const MetricDiff& m) {
+    return m.beyond && (m.name == "forward" || m.name == "backward");
+  });
   // A share of A's step, or where one step is twice the other or more the ratio, alike both ways: "12% faster",
   // "2.7x slower", "3.1x faster" (not "68% faster", which reads as 1.68x), "250x slower" (a tenth of a ratio that
   // large is no figure anyone reads).
   const double ratio = step.a.median > 0 ? step.b.median / step.a.median : 0;
   const double times = ratio >= 1 ? ratio : ratio > 0 ? 1 / ratio : 0;
   const char* way = ratio < 1 ? "faster" : "slower";
-  const std::string change = times >= 10  ? fmt("%.0fx %s", times, way)
-                             : times >= 2 ? fmt("%.1fx %s", times, way)
-                                          : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), way);
+  // Chosen as printed: 1.998x is "2.0x", not "100%".
+  const std::string change = times >= 9.95    ? fmt("%.0fx %s", times, way)
+                             : times >= 1.995 ? fmt("%.1fx %s", times, way)
+                                              : fmt("%.0f%% %s", 100 * std::fabs(1 - ratio), way);
   return "B is " + change + ": " + (phases.empty() ? "no single phase beyond noise" : phases) +
          (config.empty() ? "" : " (" + config + ")") + "; compute " +
-         (compute.beyond ? ms_text(compute.delta()) : "unchanged");
+         (compute.beyond        ? ms_text(compute.delta())
+          : compute_phase_moved ? ms_text(compute.delta()) + " (within noise)"
+                                : "unchanged");
 }
 
 // Whether every rank's shard held as many samples and tokens as every other's in steps [first, end): then the mean of

@@ -55,8 +55,14 @@ BucketMeans bucket_means(const RunRecord& run, const RunSummary& summary, int k)
   return m;
 }
 
+// What the figures average over: the steady steps, or the last step of a run stopped within its warm-up.
+std::string steps_counted(const RunRecord& rec) {
+  return rec.reached_steady_state() ? "the steady steps"
+                                    : fmt("warm-up step %d", static_cast<int>(rec.meta.first_step) + rec.steps - 1);
+}
+
 // The bucket whose ranks had it ready furthest apart, and the rank that was last: Horovod's straggler signal.
-std::string arrival_line(const RunSummary& s) {
+std::string arrival_line(const RunRecord& rec, const RunSummary& s) {
   const BucketArrival* worst = nullptr;
   int bucket = 0;
   for (size_t k = 0; k < s.arrivals.size(); ++k)
@@ -64,9 +70,10 @@ std::string arrival_line(const RunSummary& s) {
       worst = &s.arrivals[k], bucket = static_cast<int>(k);
   if (!worst) return "";
   const std::string lead = s.world_size > 2 ? fmt("; %.2f ms after the next-latest", worst->lead_ms) : "";
-  return fmt("last to have a bucket ready: rank %d, bucket %d in %d of %d steady steps, %.2f ms after the first rank "
-             "(median%s)",
-             worst->last_rank, bucket, worst->last_steps, s.steady_steps(), worst->spread_ms, lead.c_str());
+  return fmt("last to have a bucket ready: rank %d, bucket %d in %d of %s, %.2f ms after the first rank (median%s)",
+             worst->last_rank, bucket, worst->last_steps,
+             counted(s.steady_steps(), rec.reached_steady_state() ? "steady step" : "step").c_str(), worst->spread_ms,
+             lead.c_str());
 }
 
 }  // namespace
@@ -80,10 +87,12 @@ std::string hidden_text(double fraction, double comm_ms, int world) {
 }
 
 // Per rank: comm-compute overlap (HTA's definition) beside hidden%, and the idle time by what the rank waited for.
-void print_time_use(std::FILE* out, const RunSummary& s) {
+void print_time_use(std::FILE* out, const RunRecord& rec, const RunSummary& s) {
   if (s.time_use.empty()) return;
-  std::fprintf(out, "  time use per rank (steady-state mean per step, ms; overlap: computing while communicating / "
-                    "communicating):\n");
+  std::fprintf(out,
+               "  time use per rank (mean per step over %s, ms; overlap: computing while communicating / "
+               "communicating):\n",
+               steps_counted(rec).c_str());
   std::fprintf(out, "  %4s %9s %8s %8s %7s %7s %9s %9s %9s\n", "rank", "computing", "comm", "overlap", "hidden%", "idle",
                "for data", "for peers", "host work");
   const int world = static_cast<int>(s.ranks.size());
@@ -103,8 +112,8 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
                "  step                %.2f ms mean (the slowest rank's, rank %d; which rank sets the pace: blame, "
                "below)\n",
                s.slowest_step_ms, s.slowest_rank);
-  std::fprintf(out, "  median step         %.2f ms (over the steady steps, each as long as its slowest rank)\n",
-               s.median_step_ms);
+  std::fprintf(out, "  median step         %.2f ms (over %s, each as long as its slowest rank)\n", s.median_step_ms,
+               steps_counted(run).c_str());
   std::fprintf(out, "  global throughput   %.0f samples/s\n", s.samples_per_s);
   if (run.world_size() > 1)
     std::fprintf(out, "  rank spread         %.2f ms mean per step (max - min step time across ranks)\n",
@@ -141,8 +150,9 @@ void print_summary(std::FILE* out, const RunRecord& run, const RunSummary& s) {
   bool taken_cols = false;
   for (const StepRecord& m : s.ranks) taken_cols |= std::max(m.steal_ms, m.cpu_wait_ms) >= 0.005;
   std::fprintf(out,
-               "  per rank (steady-state mean per step, ms; hidden%%: hidden over what backward could hide, the "
-               "lesser of its time and comm's):\n");
+               "  per rank (mean per step over %s, ms; hidden%%: hidden over what backward could hide, the "
+               "lesser of its time and comm's):\n",
+               steps_counted(run).c_str());
   // Hostnames whole: clusters name nodes alike up to a suffix (gpu-node-017, gpu-node-018), so a cut column merges them.
   int host_width = 4;
   for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r)
@@ -305,7 +315,8 @@ void print_bucket_table(std::FILE* out, const RunRecord& rec, const RunSummary& 
   // --zero-stage 1: start..end is each bucket's reduce-scatter in backward, gather_ms its all-gather after the update.
   const bool sharded = std::any_of(rec.bucket_times.begin(), rec.bucket_times.end(),
                                    [](const BucketTimes& t) { return t.gather_end_ms > 0; });
-  std::fprintf(out, "  per bucket (mean over ranks and steady steps, ms from step start; bucket 0 is ready first%s):\n",
+  std::fprintf(out, "  per bucket (mean over ranks and %s, ms from step start; bucket 0 is ready first%s):\n",
+               steps_counted(rec).c_str(),
                sharded ? "; comm: the reduce-scatter, gather: the parameters' all-gather" : "");
   std::fprintf(out, "  %6s %10s %9s %8s %8s %8s %8s%s %5s %8s  %s\n", "bucket", "size", "pieces", "ready", "start",
                "end", "comm_ms", sharded ? fmt(" %9s", "gather_ms").c_str() : "", "last", "arrival", "params");
@@ -321,7 +332,7 @@ void print_bucket_table(std::FILE* out, const RunRecord& rec, const RunSummary& 
                  a.last_rank >= 0 ? fmt("%.2f", a.spread_ms).c_str() : "-", shorten(b.pieces, 60).c_str());
   }
   if (const std::string line = exposed_split_line(rec, s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());
-  if (const std::string line = arrival_line(s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());
+  if (const std::string line = arrival_line(rec, s); !line.empty()) std::fprintf(out, "  %s\n", line.c_str());
 }
 
 }  // namespace
@@ -344,7 +355,7 @@ void print_report(std::FILE* out, const SummarizedRun& run) {
   if (rec.steps == 0) return;  // the lines above are all there is: what ran, and why it stopped
   print_summary(out, rec, s);
   print_bucket_table(out, rec, s);
-  print_time_use(out, s);
+  print_time_use(out, rec, s);
   std::fprintf(out, "  blame:\n");
   for (const std::string& line : blame(rec, s)) std::fprintf(out, "    %s\n", line.c_str());
 }

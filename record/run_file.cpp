@@ -260,7 +260,12 @@ void read_buckets(hid_t file, RunRecord& run) {
 }
 
 void read_contents(hid_t file, RunRecord& run) {
-  if (!has_attr(file, "schema_version")) throw FileProblem("no schema_version attribute (not a ddplab run file)");
+  if (!has_attr(file, "schema_version")) {
+    // A checkpoint, say, names itself by its format attribute.
+    const std::string format = has_attr(file, "format") ? read_string_attr(file, "format") : "";
+    throw FileProblem("no schema_version attribute (not a ddplab run file" +
+                      (format.empty() ? std::string() : ": its format attribute says " + format) + ")");
+  }
   const int64_t version = read_int_attr(file, "schema_version");
   if (version != kRunFileSchemaVersion)
     throw FileProblem("schema version " + std::to_string(version) + ", this ddplab reads version " +

@@ -181,6 +181,22 @@ TEST(Report, AGpuRunNamesItsDevicePrecisionAndSharing) {
   EXPECT_NE(text.find("oversubscribed: 2 ranks on one GPU;"), std::string::npos) << text;
 }
 
+// A run stopped within its warm-up has no steady steps: every figure is its last step's, and each line says so.
+TEST(Report, ARunStoppedWithinItsWarmUpNamesTheStepItsFiguresComeFrom) {
+  RunRecord run = synthetic(2, [](int, int) { return Phases{}; });
+  run.config["steps"] = 100, run.config["warmup_steps"] = 20;  // stopped after 12
+  const std::string text = report_text(run);
+  EXPECT_NE(text.find("no steady state (stopped within the warm-up: figures from step 11)"), std::string::npos) << text;
+  size_t named = 0;
+  for (size_t at = text.find("warm-up step 11"); at != std::string::npos; at = text.find("warm-up step 11", at + 1))
+    ++named;
+  EXPECT_EQ(named, 4u) << text;  // the median step, the per-rank, per-bucket and time-use tables
+  EXPECT_NE(text.find("in 1 of 1 step,"), std::string::npos) << text;
+  EXPECT_EQ(text.find("steady step"), std::string::npos) << text;
+  run.config["steps"] = 12;
+  EXPECT_EQ(report_text(run).find("warm-up step"), std::string::npos);
+}
+
 // One rank has no peer: whatever its engine recorded for the buckets (a GPU's epilogue, a few microseconds), the
 // report shows no hidden share, overlap or exposed comm ('-'), where two ranks of the same phases show them.
 TEST(Report, OneRankShowsNoHiddenShareOrOverlapWhateverItsBucketsRecorded) {
@@ -1086,6 +1102,31 @@ RunRecord with_straggler(double ms) {
   });
 }
 
+// Backward shorter and forward as much longer: each phase passes its own noise bound, their sum does not. The verdict
+// says so rather than "compute unchanged" after naming one of them.
+TEST(Diff, ComputePhasesThatMovedAreNotCalledUnchanged) {
+  const RunRecord a = synthetic(2, jittered);
+  const RunRecord b = synthetic(2, [](int r, int s) {
+    Phases p = jittered(r, s);
+    p.backward -= 2, p.forward += 2, p.exposed += 5;
+    return p;
+  });
+  const RunDiff d = diff_runs(a, b);
+  EXPECT_EQ(d.verdict, "B is 42% slower: exposed comm +5.0 ms, forward +2.0 ms; compute +0.00 ms (within noise)");
+}
+
+// A step 1.998x as long reads "2.0x slower", as rounded, not "100% slower".
+TEST(Diff, ANearlyDoubledStepIsARatio) {
+  const RunRecord a = synthetic(2, jittered);  // median step 11.9 ms
+  const RunRecord b = synthetic(2, [](int r, int s) {
+    Phases p = jittered(r, s);
+    p.exposed += 11.9 - 0.02;
+    return p;
+  });
+  const RunDiff d = diff_runs(a, b);
+  EXPECT_EQ(d.verdict.rfind("B is 2.0x slower: exposed comm +11.9 ms", 0), 0u) << d.verdict;
+}
+
 // A straggler's extra data loading is the other rank's wait: the diff takes each step's phases on the rank the others
 // waited for, so it names the data loading, not the wait.
 TEST(Diff, AStragglerIsNamedByItsOwnWorkNotByTheOthersWait) {
@@ -1590,12 +1631,14 @@ TEST_F(Reader, BadFilesGiveOneLineNamingTheFileAndTheProblem) {
   const std::string text = dir_ + "/text.h5";
   const std::string bare = dir_ + "/bare.h5";
   const std::string old = dir_ + "/old.h5";
+  const std::string checkpoint = dir_ + "/checkpoint.h5";  // another kind of ddplab file, named by its format
   std::ofstream(empty).close();
   std::ofstream(text) << "this is not HDF5\n";
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  for (const auto& [path, version] : {std::pair{bare, -1}, std::pair{old, 1}}) {
+  for (const auto& [path, version] : {std::pair{bare, -1}, std::pair{old, 1}, std::pair{checkpoint, -1}}) {
     const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     ASSERT_GE(f, 0);
+    if (path == checkpoint) write_string_attr(f, "format", "ddplab-checkpoint");
     if (version >= 0) {
       const hid_t space = H5Screate(H5S_SCALAR);
       const hid_t attr = H5Acreate2(f, "schema_version", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
@@ -1610,6 +1653,7 @@ TEST_F(Reader, BadFilesGiveOneLineNamingTheFileAndTheProblem) {
       {empty, "empty file"},
       {text, "not an HDF5 file"},
       {bare, "no schema_version attribute (not a ddplab run file)"},
+      {checkpoint, "no schema_version attribute (not a ddplab run file: its format attribute says ddplab-checkpoint)"},
       {old, "schema version 1, this ddplab reads version " + std::to_string(kRunFileSchemaVersion)},
       {dir_, "is a folder"},
   };
