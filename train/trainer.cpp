@@ -157,20 +157,22 @@ StepRecord Trainer::step(int step, double t0_ms) {
     check_replicas_agree(backend_->host_parameters(), backend_->grad_pieces(),
                          [this](const GradPiece& g) { return piece_name(g); }, agreement_.comm(), step);
   backend_->synchronize();  // the update's end: the step's marks can be resolved
-  clock.optimized = now_ms();
   if (!skip) r.grad_norm = backend_->grad_norm();
+  clock.optimized = now_ms();
   // The lab's other pathologies: an all-reduce nobody needs (--extra-allreduce-mb), and rank 0's host work before a
-  // barrier the others wait in (--rank0-work-ms).
-  if (config_.extra_allreduce_mb > 0) backend_->extra_allreduce();
-  clock.extra = now_ms();
+  // barrier the others wait in (--rank0-work-ms). A phase that does not run takes no reading of the clock, so it is
+  // exactly 0, not the few microseconds between two readings.
+  const bool extra_step = config_.extra_allreduce_mb > 0;
+  if (extra_step) backend_->extra_allreduce();
+  clock.extra = extra_step ? now_ms() : clock.optimized;
   const bool barrier_step = config_.rank0_work_ms > 0 && (step + 1) % config_.barrier_every == 0;
   if (barrier_step && rank_ == 0) sleep_ms(config_.rank0_work_ms);
-  clock.work = now_ms();
+  clock.work = barrier_step ? now_ms() : clock.extra;
   if (barrier_step) {
     const watchdog::Wait wait("MPI_Barrier after rank 0's work (--rank0-work-ms)");
     MPI_Barrier(agreement_.comm());
   }
-  clock.end = now_ms();
+  clock.end = barrier_step ? now_ms() : clock.work;
   const CpuTaken taken = taken_between(taken_at_start, cpu_meter_.read());
   r.steal_ms = taken.steal_ms;
   r.cpu_wait_ms = taken.cpu_wait_ms;

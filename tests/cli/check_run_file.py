@@ -344,6 +344,8 @@ def main():
                 check(np.all(d[k] >= 0), f"steps/{k} non-negative")
             phases = sum(d[k] for k in PHASES)
             check(np.allclose(phases, d["step_ms"], rtol=1e-6, atol=1e-3), "phases add up to step_ms")
+            for k in ("extra_comm_ms", "host_work_ms", "barrier_ms"):  # this run has no lab knob
+                check(np.all(d[k] == 0), f"steps/{k}: exactly 0 in a run without its lab knob ({d[k].max()})")
             check(np.all(d["hidden_comm_ms"] <= d["comm_ms"] + 1e-9), "hidden comm <= comm")
             # What the host took (runtime/cpu_taken.h): ms, or -1 where this kernel does not count it. With more ranks
             # than cores, every rank's compute thread must have waited for a CPU.
