@@ -401,11 +401,18 @@ void find_padding_bound(const RunRecord& run, const RunSummary& st, std::vector<
 void find_busy_host(const RunSummary& st, std::vector<Finding>& out) {
   const double pace = st.slowest_step_ms;
   const OverRanks wait = over_ranks(st.ranks, [](const StepRecord& p) { return p.cpu_wait_ms; });
-  if (wait.least >= std::max(kOutlierMinMs, kContentionShare * pace))
+  // One rank has no other ranks to blame and none to take away: other processes or its own BLAS threads.
+  if (wait.least >= std::max(kOutlierMinMs, kContentionShare * pace) && st.ranks.size() == 1)
     out.push_back({Cause::kCpuContention, -1,
-                   fmt("CPU contention: every rank's compute thread waits %.2f ms/step (%.0f%% of the step) for a CPU "
-                       "of its host, behind the other ranks' threads, the communication threads or other processes; "
-                       "fewer ranks or --threads per host (or more cores) give each its own",
+                   fmt("CPU contention: the rank's compute thread waits %.2f ms/step (%.0f%% of the step) for a CPU "
+                       "of its host, behind other processes or its own threads; a quieter host, or fewer --threads, "
+                       "gives it its own",
+                       wait.median, 100 * wait.median / pace)});
+  else if (wait.least >= std::max(kOutlierMinMs, kContentionShare * pace))
+    out.push_back({Cause::kCpuContention, -1,
+                   fmt("CPU contention: every rank's compute thread waits %.2f ms/step (median over ranks; %.0f%% of "
+                       "the step) for a CPU of its host, behind the other ranks' threads, the communication threads "
+                       "or other processes; fewer ranks or --threads per host (or more cores) give each its own",
                        wait.median, 100 * wait.median / pace)});
   // The kernel counts steal in ticks of 10 ms (USER_HZ 100), a rank's the mean over its CPUs: a single tick over a
   // few steps reads as ms per step. Under kMinStealTicks over the steady steps it says nothing.

@@ -213,7 +213,9 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
   o.base.straggler_ms = 40;
   o.base.extra_allreduce_mb = 128;
   o.base.rank0_work_ms = 20;
-  o.base.data_cost_ms = 0.2;
+  // A sleep per sample: 64 ms a batch of 128, past a quarter of the step (blame's input-bound) even where 4 ranks
+  // take turns on 2 cores and stretch the step to 100-150 ms; 0.2 fell under it there.
+  o.base.data_cost_ms = 0.5;
   suite->add_option("name", o.name, "which suite: lab | tokens")->capture_default_str();
   add_train_flags(suite, o.base, FlagSet::kSuite);
   // What the suite does with train's flags where it differs from train, after train's own help: its autos (run_suite)
@@ -440,7 +442,8 @@ void print_oversubscription_notes(int blas_threads, const std::vector<CaseResult
         "the case's times measure this machine, not DDP%s\n",
         most->oversubscribed_ranks, counted(blas_threads, "BLAS thread").c_str(),
         counted(most->host_cores, "core").c_str(),
-        most_wait >= 0 ? fmt(" (each rank's compute thread waited %.1f-%.1f ms/step for a CPU in these cases)",
+        most_wait >= 0 ? fmt(" (the ranks' compute threads waited %.1f-%.1f ms/step for a CPU in these cases, "
+                             "each case's mean over its ranks)",
                              least_wait, most_wait)
                              .c_str()
                        : "");
@@ -603,7 +606,8 @@ nlohmann::json predict_from_baseline(const CaseResult& base) {
     if (mb != caps[0]) caps.push_back(mb);
   std::string cap_list;
   for (double mb : caps) cap_list += (cap_list.empty() ? "" : ",") + fmt("%g", mb);
-  const std::string command = "ddplab predict " + file + " --bucket-mb " + cap_list + " --overlap on,off";
+  // The path as the suite wrote it, so that the command runs from where the suite was launched.
+  const std::string command = "ddplab predict " + base.path + " --bucket-mb " + cap_list + " --overlap on,off";
   try {
     const StepModel model = build_model(read_input(base.path), std::nullopt);
     std::vector<Prediction> rows;
@@ -647,7 +651,8 @@ nlohmann::json predict_from_baseline(const CaseResult& base) {
                            {"overlap", p.setting.overlap ? "on" : "off"},
                            {"buckets", p.buckets},
                            {"predicted_step_ms", p.step.step_ms},
-                           {"exposed_comm_ms", p.step.exposed_ms}});
+                           {"exposed_comm_ms", p.step.exposed_ms},
+                           {"extrapolated", p.extrapolated}});
     return {{"run_file", file},
             {"command", command},
             {"measured_step_ms", model.measured_step_ms},
@@ -745,7 +750,9 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   if (const CaseResult* base = find_case(results, baseline_case(o, size)); o.name == "lab" && size > 1 && base)
     summary["prediction"] = predict_from_baseline(*base);
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n", /*force=*/true);
-  std::printf("\nsummary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
+  std::printf("\nrun files: %s/<case>.h5, one a case (ddplab report, diff, timeline and predict read them)\n",
+              o.out_dir.c_str());
+  std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
   if (const CaseResult* straggler = find_case(results, "straggler")) {
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                 default_timeline_path(straggler->path).c_str());

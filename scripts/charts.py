@@ -295,7 +295,8 @@ def step_times_chart(run, out_dir, name, written):
     times = run.step_times
     ax.set_yscale("log" if times.min() > 0 and times.max() > 20 * max(times.min(), 1e-9) else "linear")
     ax.set_title(f"{run.stem}: step time per rank")
-    ax.legend(fontsize=8, ncol=2)
+    # Outside the axes, as the breakdown's: "best" placement covered the lines, and PNG and SVG placed it apart.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     save(fig, out_dir, name, written)
 
 

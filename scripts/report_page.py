@@ -175,17 +175,24 @@ def suite_table(runs, suite):
     into its samples."""
     uniform = next((c.get("summary", {}).get("useful_tokens_per_s") for c in suite["cases"]
                     if suite.get("suite") == "tokens" and c.get("case") == "uniform"), None)
+    # The lab's work beside the step's phases, as the terminal's extra_ms: its extra all-reduce, rank 0's host work
+    # and the barrier after it (the token suite runs none of them).
+    lab = suite.get("suite") == "lab"
+    exposed = RUN_HEADERS.index("exposed_ms")
     rows = []
     for r in runs:
         c = r.suite_case or {}
         eff, vs = c.get("efficiency"), c.get("vs_baseline")
         vs_uniform = r.useful_tokens_per_s / uniform - 1 if uniform else None
+        extra = sum(mean_over_ranks(r, name) for name in ("extra_comm_ms", "host_work_ms", "barrier_ms"))
         row = run_row(r)
+        row = row[:exposed + 1] + ([fmt(extra)] if lab else []) + row[exposed + 1:]
         rows.append(row[:1] + [c.get("group") or NA] + row[1:5] +
                     [fmt(eff, ".2f"), fmt(None if vs is None else 100 * vs, "+.0f", "%")] + row[5:6] +
                     [fmt(None if vs_uniform is None else 100 * vs_uniform, "+.0f", "%")] + row[6:])
-    headers = (RUN_HEADERS[:1] + ["group"] + RUN_HEADERS[1:5] + ["efficiency", "vs_base"] + RUN_HEADERS[5:6] +
-               ["vs_unif"] + RUN_HEADERS[6:])
+    run_headers = RUN_HEADERS[:exposed + 1] + (["extra_ms"] if lab else []) + RUN_HEADERS[exposed + 1:]
+    headers = (run_headers[:1] + ["group"] + run_headers[1:5] + ["efficiency", "vs_base"] + run_headers[5:6] +
+               ["vs_unif"] + run_headers[6:])
     return without_empty_columns({"headers": headers, "rows": rows})
 
 

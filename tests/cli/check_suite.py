@@ -6,6 +6,7 @@ usage: check_suite.py MPIRUN DDPLAB NP
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def main():
               "the table notes oversubscription when ranks outnumber the cores")
         if np_ranks > usable and os.path.exists("/proc/thread-self/schedstat"):
             # The measured cost of the turns goes under the table, and the per-case blame leaves it out.
-            check("compute thread waited" in proc.stdout, "the oversubscription line gives the measured wait for a CPU")
+            check("compute threads waited" in proc.stdout, "the oversubscription line gives the measured wait for a CPU")
             # (A case within the cores keeps its line where it has one.)
             blame_lines = proc.stdout[proc.stdout.find("\nblame:"):].splitlines()
             contended = [line.split()[0] for line in blame_lines if "CPU contention:" in line]
@@ -110,6 +111,7 @@ def main():
             check("rank 1 sets the pace (straggler input)" in blamed["straggler"], f"blame: {blamed['straggler']}")
             check("rank 0 sets the pace (work before a barrier)" in blamed["rank0_barrier"],
                   f"blame: {blamed['rank0_barrier']}")
+            check("input-bound: every rank spends" in blamed["input_threads0"], f"blame: {blamed['input_threads0']}")
         summary = json.load(open(os.path.join(out, "summary.json")))
         check([c["case"] for c in summary["cases"]] == expected, "summary.json lists every case in order")
         # One summary: the suite's (from the records in memory) is the one each run file stores, and its blame is
@@ -155,6 +157,14 @@ def main():
                   abs(float(table[case][-2]) - float(row["extra_ms"])) <= 0.005 + 1e-5 * lab_work,
                   f"{case}: extra_ms in the table ({table[case][-2]}) = the CSV's ({row['extra_ms']}) = the run "
                   f"file's extra all-reduce + host work + barrier ({lab_work:.4f})")
+        # The page's table has the same column, after exposed_ms as in the terminal's.
+        page = open(os.path.join(out, "report.html")).read()
+        page_rows = {m[0]: m for m in (re.findall(r"<td[^>]*>([^<]*)</td>", tr)
+                                       for tr in re.findall(r'<tr class="case">(.*?)</tr>', page))}
+        heads = re.findall(r"<th>([^<]*)</th>", page[page.find("<thead>"):page.find("</thead>")])
+        check("extra_ms" in heads and heads.index("extra_ms") == heads.index("exposed_ms") + 1 and
+              all(page_rows[case][heads.index("extra_ms")] == table[case][-2] for case in rows),
+              f"the page's table gives each case's extra_ms as the terminal's ({heads})")
         by_case = {c["case"]: c for c in summary["cases"]}
         check(abs(by_case["weak_ws1"]["efficiency"] - 1) < 1e-12, "weak_ws1 efficiency is 1 by definition")
 
@@ -206,8 +216,8 @@ def main():
                   f"({ {k: v for k, v in lab.items() if k != 'rows'} })")
             if lab.get("rows"):
                 cli = os.path.join(work, "predict.json")
-                args = lab["command"].split()[2:]  # the suite's own command, past "ddplab predict"
-                predicted = subprocess.run([ddplab, "predict", os.path.join(out, args[0]), *args[1:], "--json", cli],
+                args = lab["command"].split()[2:]  # the suite's own command, past "ddplab predict": it runs as said
+                predicted = subprocess.run([ddplab, "predict", *args, "--json", cli],
                                            capture_output=True, text=True, timeout=120)
                 cli_rows = json.load(open(cli))["rows"] if predicted.returncode == 0 else []
                 want = {(r["bucket_mb"], "on" if r["overlap"] else "off"): r["step_ms"] for r in cli_rows}
@@ -224,6 +234,15 @@ def main():
                 page = open(os.path.join(out, "report.html")).read()
                 check("recommended by the model" in page and lab["command"] in page,
                       "the page gives the model's recommendation and the command that makes it")
+                # The rows beyond the run's measured bucket sizes are marked, as `ddplab predict` marks them.
+                prediction_table = page[page.find("recommended by the model"):]
+                prediction_table = prediction_table[:prediction_table.find("</table>")]
+                marked = {(r["bucket_mb"], "on" if r["overlap"] else "off"): bool(r["extrapolated"]) for r in cli_rows}
+                check(marked == {(r["bucket_mb"], r["overlap"]): bool(r["extrapolated"]) for r in lab["rows"]} and
+                      any(marked.values()) and
+                      len(re.findall(r"<td>[0-9.]+\*</td>", prediction_table)) == sum(marked.values()) and
+                      "* extrapolated beyond what was measured: " in page,
+                      f"the extrapolated rows are the ones predict marks, starred on the page ({marked})")
         with h5py.File(os.path.join(out, "input_threads0.h5")) as f0, \
                 h5py.File(os.path.join(out, "input_threads4.h5")) as f4:
             d0, d4 = steady(f0, "data_ms").max(), steady(f4, "data_ms").max()

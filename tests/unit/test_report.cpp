@@ -430,11 +430,25 @@ TEST(Blame, EveryRankWaitingForACpuIsContention) {
     const std::vector<Finding> findings = diagnose(run);
     EXPECT_EQ(has_cause(findings, Cause::kCpuContention), wait > 2.5) << wait << ": " << all_text(run);
     if (wait > 2.5) {
-      EXPECT_NE(all_text(run).find("CPU contention: every rank's compute thread waits 3.15 ms/step (27% of the step)"),
-                std::string::npos)
+      EXPECT_NE(
+          all_text(run).find(
+              "CPU contention: every rank's compute thread waits 3.15 ms/step (median over ranks; 27% of the step)"),
+          std::string::npos)
           << all_text(run);
     }
   }
+  // One rank: no other ranks took its cores, and fewer ranks is no advice.
+  const RunRecord alone = synthetic(1, [](int, int) {
+    Phases p;
+    p.cpu_wait = 3;
+    return p;
+  });
+  const std::string text = all_text(alone);
+  EXPECT_NE(text.find("CPU contention: the rank's compute thread waits 3.00 ms/step (25% of the step) for a CPU of its "
+                      "host, behind other processes or its own threads"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("fewer ranks"), std::string::npos) << text;
 }
 
 // A tiny model's step: its wait is a third of the step but a few microseconds, which says nothing.
