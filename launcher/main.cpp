@@ -156,6 +156,7 @@ void add_commands(CLI::App& app, Commands& c) {
 // the lowest failing rank's reason goes to every rank, and all refuse together with exit code 2, rather than some
 // waiting forever in a later collective for ranks that have left.
 bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv, int rank) {
+  const watchdog::StartupWait agreeing("the ranks' agreement on the command line and the DDPLAB_* settings");
   std::string usage, setting;
   std::string answer;  // the help or the version, when asked for: nothing runs
   try {
@@ -235,14 +236,19 @@ int main(int argc, char** argv) {
   H5dont_atexit();
   // Before MPI_Init: it may run this program again with other OpenBLAS kernels (kernels/cpu/blas_kernels.h).
   blas::select_kernels(argc, argv);
-  init_mpi_multithreaded(&argc, &argv, "ddplab");  // exits 2, with the reason, below MPI_THREAD_MULTIPLE
+  const int provided = start_mpi_multithreaded(&argc, &argv);
   watchdog::name_thread("main thread");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   // Before anything else collective: ranks running different subcommands or builds would enter different
   // collectives and wait on each other forever; this one all-gather is the same in all of them.
-  if (const std::string differing = identity_disagreement(this_rank_identity(argc, argv), MPI_COMM_WORLD);
-      !differing.empty()) {
+  std::string differing;
+  {
+    const watchdog::StartupWait agreeing("the ranks' agreement on MPI's thread level, the program and its build");
+    require_mpi_thread_multiple(provided, "ddplab");  // exits 2, with the reason, below MPI_THREAD_MULTIPLE
+    differing = identity_disagreement(this_rank_identity(argc, argv), MPI_COMM_WORLD);
+  }
+  if (!differing.empty()) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s\n", differing.c_str());
     MPI_Finalize();
     return 2;

@@ -27,6 +27,7 @@
 #include "record/run_record.h"
 #include "runtime/errors.h"
 #include "runtime/owned_comm.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab {
 namespace {
@@ -687,21 +688,26 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  // The ranks agree on the suite's options and the training flags first: then every check below decides alike on
-  // every rank (but for this host's memory, which the lowest refusing rank's reason settles for all).
-  require_same_options("suite", {{"suite", o.name}, {"--full", o.full ? "on" : "off"}, {"flags given", joined(given)}});
-  require_same_config(o.base, world);
   std::vector<Case> cases;
-  std::string refused;
-  try {
-    cases = checked_cases(o, size);
-  } catch (const UsageError& e) {
-    refused = e.what();
+  {
+    // Before the first case arms the watchdog with --timeout-s: a rank stopped in these checks ends the job too.
+    const watchdog::StartupWait agreeing("the ranks' agreement on the suite's cases and its folder");
+    // The ranks agree on the suite's options and the training flags first: then every check below decides alike on
+    // every rank (but for this host's memory, which the lowest refusing rank's reason settles for all).
+    require_same_options("suite",
+                         {{"suite", o.name}, {"--full", o.full ? "on" : "off"}, {"flags given", joined(given)}});
+    require_same_config(o.base, world);
+    std::string refused;
+    try {
+      cases = checked_cases(o, size);
+    } catch (const UsageError& e) {
+      refused = e.what();
+    }
+    if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
+    // The base as the largest case: the device, the nodes and cuDNN's attention, on every rank.
+    validate_launch(o.base, world);
+    o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
   }
-  if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
-  // The base as the largest case: the device, the nodes and cuDNN's attention, on every rank.
-  validate_launch(o.base, world);
-  o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
 
   if (rank == 0) {
     std::printf("ddplab suite %s: %zu cases on %s, %s, %s per rank, results in %s/\n", o.name.c_str(), cases.size(),

@@ -23,6 +23,7 @@
 #include "launcher/run.h"
 #include "record/files.h"
 #include "runtime/errors.h"
+#include "runtime/watchdog.h"
 
 namespace ddplab {
 
@@ -517,27 +518,31 @@ nlohmann::json sweep_json(const SweepOptions& o, int size, const std::vector<Swe
 }  // namespace
 
 int run_sweep(SweepOptions o, const std::string& command_line) {
-  std::vector<std::string> caps;
-  for (double cap : o.bucket_mb) caps.push_back(fmt("%.17g", cap));
-  require_same_options("sweep", {{"--bucket-mb", joined(caps)},
-                                 {"--overlap", joined(o.overlap)},
-                                 {"--predict", o.predict ? "on" : "off"},
-                                 {"--repeats", std::to_string(o.repeats)}});
   MPI_Comm world = MPI_COMM_WORLD;
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  // The training flags agree first, so that the sweep's own checks decide alike on every rank.
-  require_same_config(o.base, world);
-  std::string refused;
-  try {
-    validate_sweep(o);
-  } catch (const UsageError& e) {
-    refused = e.what();
+  {
+    // Before the first point arms the watchdog with --timeout-s: a rank stopped in these checks ends the job too.
+    const watchdog::StartupWait agreeing("the ranks' agreement on the sweep's points and its folder");
+    std::vector<std::string> caps;
+    for (double cap : o.bucket_mb) caps.push_back(fmt("%.17g", cap));
+    require_same_options("sweep", {{"--bucket-mb", joined(caps)},
+                                   {"--overlap", joined(o.overlap)},
+                                   {"--predict", o.predict ? "on" : "off"},
+                                   {"--repeats", std::to_string(o.repeats)}});
+    // The training flags agree first, so that the sweep's own checks decide alike on every rank.
+    require_same_config(o.base, world);
+    std::string refused;
+    try {
+      validate_sweep(o);
+    } catch (const UsageError& e) {
+      refused = e.what();
+    }
+    if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
+    validate_launch(o.base, world);  // what every point's run would refuse, before the folder is made
+    o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   }
-  if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
-  validate_launch(o.base, world);  // what every point's run would refuse, before the folder is made
-  o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
   if (rank == 0) print_sweep_header(o, size);
   std::vector<SweepPoint> points = grid_points(o);
   const std::vector<PredictSource> sources = measure_grid(o, points, command_line, world);

@@ -46,11 +46,17 @@ inline void require_mpi_thread_multiple(int provided, const char* program) {
   std::exit(2);
 }
 
-// MPI_Init_thread asking for MPI_THREAD_MULTIPLE, then require_mpi_thread_multiple.
-inline void init_mpi_multithreaded(int* argc, char*** argv, const char* program) {
+// MPI_Init_thread asking for MPI_THREAD_MULTIPLE; returns the level the library provides, for
+// require_mpi_thread_multiple (the programs make that first collective under the watchdog, runtime/watchdog.h).
+inline int start_mpi_multithreaded(int* argc, char*** argv) {
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
-  require_mpi_thread_multiple(provided, program);
+  return provided;
+}
+
+// start_mpi_multithreaded, then require_mpi_thread_multiple.
+inline void init_mpi_multithreaded(int* argc, char*** argv, const char* program) {
+  require_mpi_thread_multiple(start_mpi_multithreaded(argc, argv), program);
 }
 
 }  // namespace ddplab

@@ -66,7 +66,8 @@ class Monitor {
   }
   void start_once() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    // Its first look counts from now, not from when the thread first runs: a process stopped in between has not run.
+    if (!thread_.joinable()) thread_ = std::thread([this, armed = now_ns()] { loop(armed); });
   }
   ~Monitor() {
     {
@@ -78,15 +79,29 @@ class Monitor {
   }
 
  private:
-  void loop() {
+  void loop(int64_t last_look) {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       const int64_t timeout = g_timeout_ns.load();
       // A few looks per timeout: the abort comes at most ~25% after the deadline.
       const int64_t period = timeout > 0 ? std::clamp<int64_t>(timeout / 4, 10'000'000, 1'000'000'000) : 1'000'000'000;
       cv_.wait_for(lock, std::chrono::nanoseconds(period), [&] { return stop_; });
+      const int64_t now = now_ns(), absent = now - last_look - period;
+      last_look = now;
       if (stop_ || timeout <= 0) continue;
-      const int64_t stalled = now_ns() - g_last_progress_ns.load();
+      // This process did not run for half a timeout (SIGSTOP, a debugger, a host that descheduled it): its own
+      // absence is no peer's fault, so the clock starts again. Its peers, which waited for it, end the job; once
+      // resumed (mpirun continues a stopped rank to end it), it says why it was the one.
+      if (absent > timeout / 2) {
+        g_last_progress_ns = now;
+        std::fprintf(stderr,
+                     "ddplab: rank %d: watchdog: this rank did not run for %.1f s (stopped, or its host did not "
+                     "schedule it): its peers waited for it\n",
+                     g_rank.load(), absent / 1e9);
+        std::fflush(stderr);
+        continue;
+      }
+      const int64_t stalled = now - g_last_progress_ns.load();
       if (stalled < timeout) continue;
       std::vector<std::string> open = describe_open_waits();
       if (!open.empty()) abort_job(stalled, open);
@@ -229,6 +244,16 @@ ArmedRun::~ArmedRun() {
   setup_.reset();
   disarm();
   set_step(-1);
+}
+
+StartupWait::StartupWait(const char* what) {
+  arm(ArmedRun::kSetupFloorS);
+  wait_.emplace(what);
+}
+
+StartupWait::~StartupWait() {
+  wait_.reset();
+  disarm();
 }
 
 }  // namespace ddplab::watchdog

@@ -70,6 +70,21 @@ class ArmedRun {
   std::optional<Wait> setup_;
 };
 
+// The ranks' first agreements after MPI_Init (the program and its build, the arguments and settings), before any
+// --timeout-s is read: armed for ArmedRun::kSetupFloorS while this object lives, as one wait named `what`, so that a
+// rank stopped or hung there ends the job rather than keeping the others in the collective for good. Never inside an
+// ArmedRun (it disarms on its way out).
+class StartupWait {
+ public:
+  explicit StartupWait(const char* what);
+  ~StartupWait();
+  StartupWait(const StartupWait&) = delete;
+  StartupWait& operator=(const StartupWait&) = delete;
+
+ private:
+  std::optional<Wait> wait_;
+};
+
 // Called by the watchdog, in its own thread, before it aborts the job: releases what MPI_Abort cannot, such as an
 // NCCL communicator whose kernels spin on the GPU waiting for a dead peer (ncclCommAbort). Returns an id for
 // remove_abort_hook, which the owner calls before it is destroyed.

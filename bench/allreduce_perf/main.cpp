@@ -205,41 +205,43 @@ int run_checked(const Options& o, int rank, int n) {
 
 int main(int argc, char** argv) {
   using namespace ddplab::perf;
-  ddplab::init_mpi_multithreaded(&argc, &argv, "allreduce_perf");  // the GPU ring runs a comm thread
+  const int provided = ddplab::start_mpi_multithreaded(&argc, &argv);  // the GPU ring runs a comm thread
   ddplab::watchdog::name_thread("main thread");
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   // Before anything else collective: ranks that run another program (a ddplab rank in an MPMD launch, another build)
   // or were given different command lines would measure other sizes or implementations and wait on each other in
-  // different collectives, out of the watchdog's reach. The first check is the collective every ddplab program makes
-  // first (runtime/rank_identity.h).
-  if (const std::string differing = ddplab::identity_disagreement(
-          ddplab::this_rank_runs("allreduce_perf", ddplab::kVersion, DDPLAB_GIT_COMMIT), MPI_COMM_WORLD);
-      !differing.empty()) {
-    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s\n", differing.c_str());
-    MPI_Finalize();
-    return 2;
-  }
+  // different collectives. The first check is the collective every ddplab program makes first
+  // (runtime/rank_identity.h). A rank stopped here ends the job too (StartupWait), as in the run's setup.
   std::string command_line;
   for (int i = 1; i < argc; ++i) command_line += (i > 1 ? " " : "") + std::string(argv[i]);
-  if (const std::string differing = ddplab::disagreement({{"arguments", command_line}}, MPI_COMM_WORLD);
-      !differing.empty()) {
-    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: ranks disagree on the %s\n", differing.c_str());
-    MPI_Finalize();
-    return 2;
-  }
+  std::string refused;  // the first reason to exit 2, alike on every rank
   Options options;
-  try {
-    if (!parse_options(argc, argv, rank, n, options)) {
-      MPI_Finalize();
-      return 0;
+  bool asked_for_help = false;
+  {
+    const ddplab::watchdog::StartupWait agreeing(
+        "the ranks' agreement on MPI's thread level, the program, its build and its arguments");
+    ddplab::require_mpi_thread_multiple(provided, "allreduce_perf");  // exits 2 below MPI_THREAD_MULTIPLE
+    refused = ddplab::identity_disagreement(
+        ddplab::this_rank_runs("allreduce_perf", ddplab::kVersion, DDPLAB_GIT_COMMIT), MPI_COMM_WORLD);
+    if (refused.empty())
+      if (const std::string differing = ddplab::disagreement({{"arguments", command_line}}, MPI_COMM_WORLD);
+          !differing.empty())
+        refused = "ranks disagree on the " + differing;
+    if (refused.empty()) {
+      try {
+        asked_for_help = !parse_options(argc, argv, rank, n, options);
+      } catch (const UsageError& e) {
+        // Every rank parsed the same command line (checked above) and got here alike: none waits for another.
+        refused = std::string(e.what()) + " (see allreduce_perf --help)";
+      }
     }
-  } catch (const UsageError& e) {
-    // Every rank parsed the same command line (checked above) and got here alike: no collective needed, none waits.
-    if (rank == 0) std::fprintf(stderr, "allreduce_perf: error: %s (see allreduce_perf --help)\n", e.what());
+  }
+  if (!refused.empty() || asked_for_help) {
+    if (rank == 0 && !refused.empty()) std::fprintf(stderr, "allreduce_perf: error: %s\n", refused.c_str());
     MPI_Finalize();
-    return 2;
+    return refused.empty() ? 0 : 2;
   }
   const int code = run_checked(options, rank, n);
   MPI_Finalize();

@@ -160,15 +160,17 @@ def stopped_mid_run(perf, workdir, args):
     return p.returncode, err, ranks
 
 
-def stopped_in_setup(perf, workdir, args, stop_in_setup):
+def stopped_in_setup(perf, workdir, args, stop_in_setup, stop_in="MPI_Comm_split_type"):
     """Runs 2 ranks, one of which stops itself in its first MPI_Comm_split_type (the hosts' detection, the setup's
-    first collective; LD_PRELOAD). What the job did: (exit code, stderr)."""
-    marker = os.path.join(workdir, "in_setup.json")
+    first collective), or its first MPI_Allreduce (the ranks' first agreement after MPI_Init, before the options are
+    read; LD_PRELOAD). What the job did: (exit code, stderr)."""
+    marker = os.path.join(workdir, f"in_{stop_in}.json")
     start = [perf.mpirun, "--bind-to", "none", "-np", "1", perf.exe, *args, "--json", marker, ":", "-np", "1", "-x",
-             f"LD_PRELOAD={stop_in_setup}", perf.exe, *args, "--json", marker]
+             f"LD_PRELOAD={stop_in_setup}", "-x", "STOP_IN", perf.exe, *args, "--json", marker]
     try:
         p = subprocess.run(start, capture_output=True, text=True, timeout=90,
-                           env={**os.environ, "OMPI_MCA_odls_base_sigkill_timeout": "1"})  # the stopped rank too
+                           env={**os.environ, "OMPI_MCA_odls_base_sigkill_timeout": "1",  # the stopped rank too
+                                "STOP_IN": stop_in})
         return p.returncode, p.stderr
     except subprocess.TimeoutExpired:
         subprocess.run(["pkill", "-KILL", "-f", marker])
@@ -184,16 +186,21 @@ def test_watchdog_ends_a_hang(perf, workdir, stop_in_setup):
     args = ["-c", "0", "--timeout-s", str(timeout_s)]
     # Mid-run, most often in mpi-raw's warm-up calls (the row before it is ring's), which open no wait of their own.
     mid_run_args = ["-b", "8", "-e", "16M", "-f", "1024", "-w", "2000", "-n", "500", "--impls", "ring,mpi-raw", *args]
-    with ThreadPoolExecutor(2) as pool:
-        in_setup = pool.submit(stopped_in_setup, perf, workdir, ["-b", "8", "-e", "8", "-n", "1", "-w", "1", *args],
-                               stop_in_setup)
+    setup_args = ["-b", "8", "-e", "8", "-n", "1", "-w", "1", *args]
+    with ThreadPoolExecutor(3) as pool:
+        in_setup = pool.submit(stopped_in_setup, perf, workdir, setup_args, stop_in_setup)
+        at_start = pool.submit(stopped_in_setup, perf, workdir, setup_args, stop_in_setup, "MPI_Allreduce")
         mid_run = pool.submit(stopped_mid_run, perf, workdir, mid_run_args)
-        (setup_code, setup_err), (run_code, run_err, ranks) = in_setup.result(), mid_run.result()
-    for where, code, err, bound, names_setup in (("in the setup", setup_code, setup_err, setup_floor_s, True),
-                                                 ("mid-run", run_code, run_err, timeout_s, False)):
-        check(code == 3 and fires_in_time(err, bound) and ("waiting for allreduce_perf's setup" in err) == names_setup,
+        (setup_code, setup_err), (start_code, start_err) = in_setup.result(), at_start.result()
+        run_code, run_err, ranks = mid_run.result()
+    for where, code, err, bound, names in (
+            ("at the start", start_code, start_err, setup_floor_s, "waiting for the ranks' agreement on MPI's thread level"),
+            ("in the setup", setup_code, setup_err, setup_floor_s, "waiting for allreduce_perf's setup"),
+            ("mid-run", run_code, run_err, timeout_s, None)):
+        check(code == 3 and fires_in_time(err, bound) and
+              (names in err if names else "waiting for allreduce_perf's setup" not in err),
               f"a rank stopped {where}: the watchdog ends the job, exit 3, after {bound} s without progress, naming "
-              f"{'the setup' if names_setup else 'a wait of the measurement'} (exit {code}, {stalled_s(err)} s; {err[-300:]})")
+              f"{names or 'a wait of the measurement'} (exit {code}, {stalled_s(err)} s; {err[-300:]})")
     left = [name for name, _ in segments_of(ranks)]
     check(ranks and not left, f"a rank stopped mid-run: no segment of the job's is left in /dev/shm ({ranks}, {left})")
 

@@ -134,6 +134,12 @@ def main():
                 mpirun, "--bind-to", "none", "-np", "1", ddplab, "train", *tiny, "--timeout-s", "2", "--out",
                 out("setup_stopped.h5"), ":", "-np", "1", "-x", f"LD_PRELOAD={stop_in_setup}", ddplab, "train", *tiny,
                 "--timeout-s", "2", "--out", out("setup_stopped.h5")]),
+            # A rank stopped at the start, in its first MPI_Allreduce (the ranks' agreement on MPI's thread level,
+            # before the command line is read): the watchdog's start-up wait, with the same floor.
+            "start_stopped": Job(None, None, 0, [], env=dict(OPEN_MPI_KILL_SEQUENCE, STOP_IN="MPI_Allreduce"), cmd=[
+                mpirun, "--bind-to", "none", "-np", "1", ddplab, "train", *tiny, "--out", out("start_stopped.h5"),
+                ":", "-np", "1", "-x", f"LD_PRELOAD={stop_in_setup}", "-x", "STOP_IN", ddplab, "train", *tiny, "--out",
+                out("start_stopped.h5")]),
             # Ranks started with different settings (an MPMD launch).
             "mpmd": Job.of([
                 mpirun, "--bind-to", "none", "-np", "1", ddplab, "train"] + SMALL + ["--steps", "3", "--out",
@@ -248,6 +254,12 @@ def main():
               j.seconds >= 30,
               f"stopped in the setup: exit 3, the setup named, after 30 s ({j.code}, watchdog {stalled_s(j.stderr)} "
               f"s, {j.seconds:.1f} s in all: {j.stderr.strip()[-400:]})")
+
+        j = jobs["start_stopped"]
+        check(j.code == 3 and "waiting for the ranks' agreement on MPI's thread level" in j.stderr and
+              fires_in_time(j.stderr, 30) and not os.path.exists(out("start_stopped.h5")),
+              f"stopped at the start: exit 3, the agreement named, after 30 s, nothing written ({j.code}, watchdog "
+              f"{stalled_s(j.stderr)} s: {j.stderr.strip()[-400:]})")
 
         # Ranks started with different settings (an MPMD launch): refused before training, each field named.
         p = jobs["mpmd"]

@@ -7,6 +7,7 @@ usage: check_watchdog.py MPIRUN WATCHDOG_PROBE
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,19 @@ def main():
                        timeout=120)
     check(p.returncode == 0 and "watchdog" not in p.stderr,
           f"busy: 3 s of 10 ms waits under a 1 s timeout do not abort (code {p.returncode}) {p.stderr[-200:]}")
+    # A rank that did not run (SIGSTOP) for longer than the timeout: its own absence restarts its clock, no abort.
+    p = subprocess.Popen([mpirun, "--bind-to", "none", "-np", "1", probe, "stopped"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pid = int(p.stdout.readline().split()[1])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "T":
+        time.sleep(0.05)
+    time.sleep(3)  # three timeouts
+    os.kill(pid, signal.SIGCONT)
+    _, err = p.communicate(timeout=60)
+    check(p.returncode == 0 and "rank 0: watchdog: this rank did not run for" in err and "aborts the job" not in err,
+          f"stopped: a rank stopped 3 s under a 1 s timeout says it did not run, and does not abort (code "
+          f"{p.returncode}) {err[-300:]}")
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

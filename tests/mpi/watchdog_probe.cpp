@@ -11,10 +11,14 @@
 //                                  hook must unlink rank 0's name (whose pid rank 0 prints first)
 //   watchdog_probe busy            3 s of short waits (a long operation made of many short ones) under a 1 s
 //                                  timeout: no abort, exit 0
+//   watchdog_probe stopped         one rank prints its pid and stops itself (SIGSTOP) inside a wait; the test
+//                                  continues it seconds later: its own absence is no peer's stall, so no abort, and
+//                                  it says that it did not run
 #include <mpi.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -82,8 +86,16 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
+  } else if (mode == "stopped") {
+    std::printf("pid %d\n", static_cast<int>(getpid()));
+    std::fflush(stdout);
+    const watchdog::Wait wait("a wait this rank is stopped in");
+    raise(SIGSTOP);
+    // Past the watchdog's first look after the stop (every 0.25 s at a 1 s timeout), which would have aborted.
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
   } else {
-    if (rank == 0) std::fprintf(stderr, "usage: watchdog_probe hang MARKER | unread MARKER | half_shared | busy\n");
+    if (rank == 0)
+      std::fprintf(stderr, "usage: watchdog_probe hang MARKER | unread MARKER | half_shared | busy | stopped\n");
     MPI_Finalize();
     return 2;
   }
