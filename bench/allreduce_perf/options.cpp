@@ -37,7 +37,7 @@ const char* describe(Aggregate a) {
 std::vector<size_t> Options::sizes() const {
   std::vector<size_t> out;
   for (size_t b = min_bytes;; b = step_bytes ? b + step_bytes : b * static_cast<size_t>(factor)) {
-    out.push_back(b / sizeof(float) * sizeof(float));
+    out.push_back(b);
     const bool last = step_bytes ? step_bytes > max_bytes || b > max_bytes - step_bytes
                                  : b > max_bytes / static_cast<size_t>(factor);  // no overflow past the end
     if (last) return out;
@@ -51,7 +51,7 @@ struct Typed {
   std::string min = "8", max = "256M", step, impls, dtype = "float", op = "sum", stat = "mean";
   int ngpus = 1, nthreads = 1, aggregate = 1;
   TrainConfig train;  // the link's knobs, as `ddplab train` takes them
-  CLI::Option *factor = nullptr, *step_given = nullptr, *aggregate_given = nullptr;
+  CLI::Option *factor = nullptr, *step_given = nullptr, *aggregate_given = nullptr, *impls_given = nullptr;
 };
 
 // A number in [lo, hi]: CLI::Range lets NaN through (it compares false both ways).
@@ -71,12 +71,17 @@ CLI::Validator finite_in(double lo, double hi) {
       "", "NUMBER");
 }
 
-// Bytes with an optional K/M/G suffix (powers of 1024), as nccl-tests reads -b, -e and -i.
+// Bytes with an optional K/M/G suffix (powers of 1024), as nccl-tests reads -b, -e and -i: digits, perhaps a
+// fraction (1.5M), no sign, exponent or hex. A whole number of floats, which is what the buffers hold (nccl-tests
+// rounds down without a word).
 size_t parse_size(const std::string& flag, const std::string& s) {
   const std::string bad = flag + " " + s + ": not a size (bytes with an optional K, M or G suffix, e.g. 64K)";
-  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) throw UsageError(bad);
   size_t pos = 0;
-  const double v = std::stod(s, &pos);
+  while (pos < s.size() && (std::isdigit(static_cast<unsigned char>(s[pos])) || s[pos] == '.')) ++pos;
+  const std::string number = s.substr(0, pos);
+  if (number.empty() || !std::isdigit(static_cast<unsigned char>(number[0])) ||
+      std::count(number.begin(), number.end(), '.') > 1)
+    throw UsageError(bad);
   double mult = 1;
   if (pos < s.size()) {
     const std::string suffixes = "KMG";
@@ -84,8 +89,11 @@ size_t parse_size(const std::string& flag, const std::string& s) {
     if (k == std::string::npos || pos + 1 != s.size()) throw UsageError(bad);
     mult = std::ldexp(1.0, 10 * static_cast<int>(k + 1));
   }
-  if (!std::isfinite(v) || v * mult > std::ldexp(1.0, 50)) throw UsageError(flag + " " + s + ": too large");
-  return static_cast<size_t>(v * mult);
+  const double v = std::strtod(number.c_str(), nullptr) * mult;  // digits only: it cannot fail, only overflow
+  if (!std::isfinite(v) || v > std::ldexp(1.0, 50)) throw UsageError(flag + " " + s + ": too large");
+  if (v != std::floor(v) || static_cast<size_t>(v) % sizeof(float) != 0)
+    throw UsageError(flag + " " + s + ": not a whole number of floats (a multiple of 4 bytes)");
+  return static_cast<size_t>(v);
 }
 
 // In nccl-tests' order, then ours.
@@ -111,10 +119,11 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
   app.add_option("-t,--nthreads", t.nthreads, "threads per process (1)")->capture_default_str();
   app.add_option("-d,--datatype", t.dtype, "datatype in memory (float)")->capture_default_str();
   app.add_option("-o,--op", t.op, "reduction (sum)")->capture_default_str();
-  app.add_option("--impls", t.impls,
-                 "comma-separated: ring, ring-only, ring-bf16, ring-fp16, ring-sharded, mpi, mpi-raw, hier; GPU: nccl, "
-                 "gpu-ring-nccl, gpu-ring-ipc, gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with "
-                 "--link; nccl with -G)");
+  t.impls_given = app.add_option(
+      "--impls", t.impls,
+      "comma-separated: ring, ring-only, ring-bf16, ring-fp16, ring-sharded, mpi, mpi-raw, hier; GPU: nccl, "
+      "gpu-ring-nccl, gpu-ring-ipc, gpu-ring-host (default ring,mpi,mpi-raw,ring-bf16; no mpi-raw with "
+      "--link; nccl with -G)");
   add_knob_flags(&app, t.train, {"--link", "--link-latency-us", "--link-gbps", "--ranks-per-node"});
   app.add_option("--stat", t.stat,
                  "time per call: mean (nccl-tests, combined over ranks by -a) or median (the p50 call)")
@@ -170,6 +179,8 @@ void apply_register(const Options& o) {
   if (environment.empty()) setenv(settings::kLocalRegister.name, register_value.c_str(), 1);
 }
 
+constexpr size_t kMostSizes = 10000;
+
 // nccl-tests' flags that have one value here, the sizes and the counts.
 void check_sizes_and_counts(const Typed& t, Options& o) {
   if (t.ngpus != 1)
@@ -189,12 +200,19 @@ void check_sizes_and_counts(const Typed& t, Options& o) {
     try {
       o.step_bytes = parse_size("-i", t.step);
     } catch (const UsageError& e) {
-      throw UsageError(std::string(e.what()) + "; -i is the step, as in nccl-tests: implementations are --impls");
+      const bool a_name = !t.step.empty() && std::isalpha(static_cast<unsigned char>(t.step[0]));  // -i ring
+      throw UsageError(std::string(e.what()) +
+                       (a_name ? "; -i is the step, as in nccl-tests: implementations are --impls" : ""));
     }
     if (o.step_bytes < sizeof(float)) throw UsageError("-i " + t.step + ": at least 4 bytes (one float)");
   } else if (o.factor < 2) {
     throw UsageError("-f " + std::to_string(o.factor) + ": the factor must be at least 2 (a fixed step is -i BYTES)");
   }
+  // Every size is a row and held in a list: a fixed step across gigabytes would be millions of them.
+  if (o.step_bytes > 0 && (o.max_bytes - o.min_bytes) / o.step_bytes >= kMostSizes)
+    throw UsageError("-i " + t.step + " from -b " + t.min + " to -e " + t.max + ": " +
+                     std::to_string((o.max_bytes - o.min_bytes) / o.step_bytes + 1) + " sizes, at most " +
+                     std::to_string(kMostSizes) + " (a larger -i, or -f)");
   if (o.warmup < 0) throw UsageError("-w " + std::to_string(o.warmup) + ": must not be negative");
   if (o.iters < 1) throw UsageError("-n " + std::to_string(o.iters) + ": at least 1 timed call");
   if (o.check_iters < 0) throw UsageError("-c " + std::to_string(o.check_iters) + ": must not be negative");
@@ -211,6 +229,8 @@ void check_sizes_and_counts(const Typed& t, Options& o) {
 }
 
 void check_impls(const Typed& t, Options& o) {
+  if (t.impls_given->count() && t.impls.empty())
+    throw UsageError("--impls: an empty list (name implementations, or leave the flag out for the default set)");
   std::string list = t.impls;
   if (list.empty()) list = o.cuda_graph ? "nccl" : o.emulated() ? "ring,mpi,ring-bf16" : "ring,mpi,mpi-raw,ring-bf16";
   for (size_t pos = 0; pos <= list.size();) {

@@ -52,7 +52,7 @@ struct Options {
   bool emulated() const { return link.emulated(); }
   // The floats the calls move along (call_offset): the buffers', or none with --hot-cache.
   size_t calls_span() const { return hot_cache ? 0 : max_bytes / sizeof(float); }
-  std::vector<size_t> sizes() const;  // the sizes measured, in bytes, each rounded down to whole floats
+  std::vector<size_t> sizes() const;  // the sizes measured, in bytes (whole floats: parse_options checks)
 };
 
 // Parses and checks the command line; the same on every rank, no MPI but the knobs' agreement. Throws UsageError

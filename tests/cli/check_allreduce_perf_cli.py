@@ -375,6 +375,12 @@ def test_bad_arguments(perf, workdir, ddplab):
         (["--impls", "ring,foo"], "--impls foo"),
         (["--impls", "mpi-raw", "--link", "10gbe"], "--impls mpi-raw"),
         (["-e", "1000G"], "-e"),
+        (["-b", "1e400"], "-b 1e400: not a size"),  # a number std::stod would throw on
+        (["-b", "0x10"], "-b 0x10: not a size"),
+        (["-b", "7", "-e", "13"], "-b 7: not a whole number of floats (a multiple of 4 bytes)"),
+        (["-b", "4", "-i", "6"], "-i 6: not a whole number of floats"),
+        (["-b", "4", "-e", "4G", "-i", "4"], "-i 4 from -b 4 to -e 4G: 1073741824 sizes, at most 10000"),
+        (["--impls", ""], "--impls: an empty list"),
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv"),
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
