@@ -329,15 +329,25 @@ void find_comm_bound(const RunRecord& run, const RunSummary& st, std::vector<Fin
   const double extra = over_ranks(st.ranks, [](const StepRecord& p) { return p.extra_comm_ms; }).median;
   if (extra > over_ranks(st.ranks, [](const StepRecord& p) { return p.exposed_comm_ms; }).median) {
     out.push_back({Cause::kCommBound, -1,
-                   fmt("communication-bound: every rank spends %.2f ms/step (%.0f%% of the step) in an extra "
-                       "all-reduce outside the gradient buckets; drop it, shrink it or run it less often",
+                   fmt("communication-bound: every rank spends %.2f ms/step (median over ranks; %.0f%% of the step) "
+                       "in an extra all-reduce outside the gradient buckets; drop it, shrink it or run it less often",
                        extra, 100 * extra / pace)});
   } else {
     const std::string link = slow_inter_node_link(run);
+    // Ranks that also wait for a CPU (more threads than cores) wait for their comm threads' turn too: the link and
+    // bucket hints below would not be the first remedy there.
+    const double cpu_wait = over_ranks(st.ranks, [](const StepRecord& p) { return p.cpu_wait_ms; }).least;
+    const std::string starved =
+        cpu_wait >= std::max(kOutlierMinMs, kContentionShare * pace)
+            ? fmt("; every rank's compute thread also waits %.2f ms/step or more for a CPU, and so may its "
+                  "all-reduce: fewer ranks or threads per host come first",
+                  cpu_wait)
+            : "";
     out.push_back({Cause::kCommBound, -1,
-                   fmt("communication-bound: every rank waits %.2f ms/step for the all-reduce (%.0f%% of the step)", w,
-                       100 * w / pace) +
-                       (link.empty() ? "" : ", exposed comm on " + link) + "; " + comm_hints(run)});
+                   fmt("communication-bound: every rank waits %.2f ms/step for the all-reduce (median over ranks; "
+                       "%.0f%% of the step)",
+                       w, 100 * w / pace) +
+                       (link.empty() ? "" : ", exposed comm on " + link) + starved + "; " + comm_hints(run)});
   }
 }
 
@@ -362,7 +372,8 @@ void find_input_bound(const RunRecord& run, const RunSummary& st, std::vector<Fi
   else
     remedy = "the transformer on the CPU makes its batches within the step, with no loader threads to take them off it";
   out.push_back({Cause::kInputBound, -1,
-                 fmt("input-bound: every rank spends %.2f ms/step producing its batch (%.0f%% of the step); ",
+                 fmt("input-bound: every rank spends %.2f ms/step producing its batch (median over ranks; %.0f%% of "
+                     "the step); ",
                      data.median, 100 * data.median / pace) +
                      remedy});
 }

@@ -482,6 +482,22 @@ TEST(Blame, UniformExposedCommIsCommunicationBound) {
   EXPECT_NE(findings[0].text.find("another bucket size (--bucket-mb, now"), std::string::npos) << findings[0].text;
   EXPECT_NE(findings[0].text.find("ddplab predict"), std::string::npos) << findings[0].text;
   EXPECT_EQ(findings[0].text.find("GPU of its own"), std::string::npos) << findings[0].text;
+  EXPECT_EQ(findings[0].text.find("for a CPU"), std::string::npos) << findings[0].text;
+
+  // The same wait where every rank's compute thread also waits for a CPU: the comm thread may be waiting for one too,
+  // and fewer ranks or threads come before the link's and the buckets' remedies.
+  const RunRecord starved = synthetic(4, [](int r, int) {
+    Phases p;
+    p.exposed = 15 + 0.2 * r;
+    p.cpu_wait = 6 + 0.1 * r;
+    return p;
+  });
+  const std::string starved_text = all_text(starved);
+  EXPECT_NE(starved_text.find("communication-bound: every rank waits 15.30 ms/step for the all-reduce (median over "
+                              "ranks; 57% of the step); every rank's compute thread also waits 6.00 ms/step or more "
+                              "for a CPU, and so may its all-reduce: fewer ranks or threads per host come first; try"),
+            std::string::npos)
+      << starved_text;
 
   // The same wait with the 4 ranks on one GPU: a GPU per rank comes first (each ring step waits for it to switch).
   RunRecord shared = run;
