@@ -473,7 +473,9 @@ void print_oversubscription_notes(int blas_threads, const std::vector<CaseResult
         most_on_one_gpu);
 }
 
-void print_lab_legend(int size, const std::string& losses_off, const std::vector<CaseResult>& results) {
+// The legend under the lab's table; returns its notes on particular cases, which the page shows too.
+std::vector<std::string> print_lab_legend(int size, const std::string& losses_off,
+                                          const std::vector<CaseResult>& results) {
   std::printf(
       "efficiency: weak = samples/s / (ws x weak_ws1), strong = samples/s / (ws x strong_ws1); vs_base: "
       "throughput change against weak_ws%d\n",
@@ -481,22 +483,28 @@ void print_lab_legend(int size, const std::string& losses_off, const std::vector
   std::printf("loss across the pathology, input and update cases: %s\n",
               losses_off.empty() ? "identical to the baseline at every step (they change timing, not math)"
                                  : ("DIFFERS from the baseline: " + losses_off).c_str());
-  if (size > 1 && find_case(results, "strong_ws" + std::to_string(size)))
-    std::printf(
-        "strong_ws%d runs weak_ws%d's setting again (the same batch a rank): the two differ by this host's "
-        "noise from run to run\n",
-        size, size);
-  if (find_case(results, "zero_stage1"))
-    std::printf(
-        "zero_stage1: each rank updates its shard of the parameters; its optim includes waiting for the "
-        "all-gather of the updated parameters\n");
-  const CaseResult* layout = find_case(results, "pytorch_layout");
+  std::vector<std::string> notes;
+  const CaseResult* again = size > 1 ? find_case(results, "strong_ws" + std::to_string(size)) : nullptr;
   const CaseResult* base = find_case(results, "weak_ws" + std::to_string(size));
+  if (again && base) {
+    const double a = base->summary.slowest_step_ms, b = again->summary.slowest_step_ms;
+    notes.push_back(
+        fmt("strong_ws%d runs weak_ws%d's setting again (the same batch a rank): %.2f against %.2f ms, "
+            "%.0f%% apart, this host's noise from run to run, which every vs_base carries",
+            size, size, b, a, 100 * std::fabs(b - a) / std::min(a, b)));
+  }
+  if (find_case(results, "zero_stage1"))
+    notes.push_back(
+        "zero_stage1: each rank updates its shard of the parameters; its optim includes waiting for the all-gather "
+        "of the updated parameters");
+  const CaseResult* layout = find_case(results, "pytorch_layout");
   if (layout && base)
-    std::printf(
-        "pytorch_layout: weak_ws%d with PyTorch DDP's buckets (%s; weak_ws%d's: %s); other buckets sum in another "
-        "order, so its loss is not compared\n",
-        size, bucket_layout_text(layout->c.config).c_str(), size, bucket_layout_text(base->c.config).c_str());
+    notes.push_back(
+        fmt("pytorch_layout: weak_ws%d with PyTorch DDP's buckets (%s; weak_ws%d's: %s); other buckets "
+            "sum in another order, so its loss is not compared",
+            size, bucket_layout_text(layout->c.config).c_str(), size, bucket_layout_text(base->c.config).c_str()));
+  for (const std::string& note : notes) std::printf("%s\n", note.c_str());
+  return notes;
 }
 
 // The token suite's own table: useful tokens/s against the uniform case.
@@ -518,7 +526,7 @@ void print_token_table(const std::vector<CaseResult>& results, const CaseResult*
 // The suite's table against the references of the same launch, its CSV and its JSON cases; returns whether the
 // pathology, input and update cases left the loss identical to the baseline.
 bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results,
-                      nlohmann::json& json_cases) {
+                      nlohmann::json& json_cases, std::vector<std::string>& notes) {
   const CaseReferences refs = case_references(o, size, results);
   const bool lab = o.name == "lab";  // else the token suite
   std::string csv = kCaseCsvHeader;
@@ -538,7 +546,7 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
       "comp (forward + backward), optim, exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
   if (lab)
-    print_lab_legend(size, losses_off, results);
+    notes = print_lab_legend(size, losses_off, results);
   else
     print_token_table(results, refs.baseline);
   return losses_off.empty();
@@ -725,7 +733,8 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   if (rank != 0) return 0;
 
   nlohmann::json json_cases = nlohmann::json::array();
-  const bool loss_identical = print_case_table(o, size, results, json_cases);
+  std::vector<std::string> notes;  // the legend's notes on particular cases
+  const bool loss_identical = print_case_table(o, size, results, json_cases, notes);
   // Who sets the pace in each multi-rank case, and why (analysis/blame.h); of a one-rank case only what the host
   // took from it, which every efficiency measured against it carries.
   std::vector<std::string> files, lines;
@@ -752,7 +761,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                             {"host_cores", host_cores},
                             {"cases", json_cases}};
   // The lab's claim about its pathology, input and update cases; the token suite has none of them.
-  if (o.name == "lab") summary["loss_identical"] = loss_identical;
+  if (o.name == "lab") summary["loss_identical"] = loss_identical, summary["notes"] = notes;
   if (const CaseResult* base = find_case(results, baseline_case(o, size)); o.name == "lab" && size > 1 && base)
     summary["prediction"] = predict_from_baseline(*base);
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n", /*force=*/true);

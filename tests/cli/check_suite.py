@@ -133,7 +133,12 @@ def main():
                 check(case.get("blame", []) == taken,
                       f"{case['case']}: a one-rank case's blame is report's CPU contention and noisy host ({taken})")
         check(summary["loss_identical"], "pathologies leave the loss identical")
-        check("identical to the baseline" in open(os.path.join(out, "report.html")).read(), "and the page says so")
+        page_text = open(os.path.join(out, "report.html")).read()
+        check("identical to the baseline" in page_text, "and the page says so")
+        notes = json.load(open(os.path.join(out, "summary.json"))).get("notes", [])
+        check(any(n.startswith("zero_stage1: ") for n in notes) and all(n.replace("'", "&#39;") in page_text or
+                                                                       n in page_text for n in notes),
+              f"the legend's notes on cases are in summary.json and on the page ({notes})")
         lines = open(os.path.join(out, "summary.csv")).read().strip().split("\n")
         check(len(lines) == len(expected) + 1, "summary.csv: header + one row per case")
         rows = {row["case"]: row for row in csv.DictReader(lines)}
