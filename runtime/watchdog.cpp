@@ -91,14 +91,16 @@ class Monitor {
       if (stop_ || timeout <= 0) continue;
       // This process did not run for half a timeout (SIGSTOP, a debugger, a host that descheduled it): its own
       // absence is no peer's fault, so the clock starts again. Its peers, which waited for it, end the job; once
-      // resumed (mpirun continues a stopped rank to end it), it says why it was the one.
+      // resumed (mpirun continues a stopped rank to end it), it says why it was the one, if it was in a wait.
       if (absent > timeout / 2) {
         g_last_progress_ns = now;
-        std::fprintf(stderr,
-                     "ddplab: rank %d: watchdog: this rank did not run for %.1f s (stopped, or its host did not "
-                     "schedule it): its peers waited for it\n",
-                     g_rank.load(), absent / 1e9);
-        std::fflush(stderr);
+        if (!describe_open_waits().empty()) {
+          std::fprintf(stderr,
+                       "ddplab: rank %d: watchdog: this rank did not run for %.1f s (stopped, or its host did not "
+                       "schedule it): its peers waited for it\n",
+                       g_rank.load(), absent / 1e9);
+          std::fflush(stderr);
+        }
         continue;
       }
       const int64_t stalled = now - g_last_progress_ns.load();
