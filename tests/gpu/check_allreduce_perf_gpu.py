@@ -96,6 +96,7 @@ def main():
             check_rows(doc, ["nccl", "nccl-graph", "gpu-ring-nccl", "gpu-ring-nccl-graph"], [8, 256, 8192, 262144],
                        10, queued=False)
             check("# -G 10: a row <impl>-graph" in p.stdout, "the header says what the -graph rows are")
+        out = os.path.join(d, "graph_queued.json")  # -J never replaces a file without --force
         p = run(mpirun, exe, ["-G", "3", "-b", "4", "-e", "4", "-n", "2", "-J", out])
         if p.returncode == 0:
             with open(out) as f:
