@@ -490,7 +490,7 @@ std::vector<std::string> print_lab_legend(int size, const std::string& losses_of
     const double a = base->summary.slowest_step_ms, b = again->summary.slowest_step_ms;
     notes.push_back(
         fmt("strong_ws%d runs weak_ws%d's setting again (the same batch a rank): %.2f against %.2f ms, "
-            "%.0f%% apart, this host's noise from run to run, which every vs_base carries",
+            "%.1f%% apart, this host's noise from run to run, which every vs_base carries",
             size, size, b, a, 100 * std::fabs(b - a) / std::min(a, b)));
   }
   if (find_case(results, "zero_stage1"))
