@@ -287,19 +287,19 @@ nlohmann::json checkpoint_config(const TrainConfig& config, const std::vector<in
 std::string resume_rounding_note(const TrainConfig& config) {
   if (config.device != Device::kCpu || config.resume.empty()) return "";
   const nlohmann::json then = nlohmann::json::parse(checkpoint_config_json(config.resume).value_or("{}"));
-  const int threads = then.contains("threads") && then["threads"].is_number_integer() ? then["threads"].get<int>()
-                                                                                      : config.blas_threads;
-  const std::string core = blas::kernels_in_use().core;
-  const std::string then_core = then.contains("blas_kernels") && then["blas_kernels"].is_string()
-                                    ? then["blas_kernels"].get<std::string>()
-                                    : core;
-  if (threads == config.blas_threads && then_core == core) return "";
-  const std::string to_match =
-      threads == config.blas_threads ? "OPENBLAS_CORETYPE=" + then_core + " matches"
-      : then_core == core            ? "--threads " + std::to_string(threads) + " matches"
-                          : "--threads " + std::to_string(threads) + " and OPENBLAS_CORETYPE=" + then_core + " match";
-  return "its run had " + counted(threads, "BLAS thread") + " a rank and " + then_core + "'s kernels, this one " +
-         std::to_string(config.blas_threads) + " and " + core +
+  const nlohmann::json now = checkpoint_config(config, {});
+  // A value as the checkpoint recorded it (one from before it was recorded counts as this run's), and as now.
+  const auto text = [](const nlohmann::json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); };
+  const auto was = [&](const char* key) { return text(then.contains(key) ? then[key] : now[key]); };
+  const std::string threads = was("threads"), kernels = was("blas_kernels");
+  const std::string threads_now = text(now["threads"]), kernels_now = text(now["blas_kernels"]);
+  if (threads == threads_now && kernels == kernels_now) return "";
+  const std::string match_threads = "--threads " + threads, match_kernels = "OPENBLAS_CORETYPE=" + kernels;
+  const std::string to_match = threads == threads_now   ? match_kernels + " matches"
+                               : kernels == kernels_now ? match_threads + " matches"
+                                                        : match_threads + " and " + match_kernels + " match";
+  return "its run had " + threads + " BLAS thread" + (threads == "1" ? "" : "s") + " a rank and " + kernels +
+         "'s kernels, this one " + threads_now + " and " + kernels_now +
          "'s: the GEMMs may round unlike the uninterrupted run's (" + to_match + " it)";
 }
 
