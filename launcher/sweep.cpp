@@ -41,6 +41,11 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
                   "first a run at the default bucket cap and overlap; every point predicted from it (ddplab predict), "
                   "then measured (with --repeats, each round starts with its own such run)");
   sweep
+      ->add_option("--calibration", o.calibration,
+                   "with --predict: allreduce_perf -J file whose all-reduce times the predictions use, as "
+                   "ddplab predict --calibration (where the first run's buckets are too alike in size to fit latency)")
+      ->type_name("FILE");
+  sweep
       ->add_option("--repeats", o.repeats,
                    "measure every point K times, in K rounds over the grid (each round every point once), and take "
                    "the median: the grid's order and the machine's drift stop favouring one point")
@@ -95,7 +100,8 @@ struct PredictSource {
   std::string path;
   std::optional<StepModel> model;
 };
-PredictSource run_predict_source(const SweepOptions& o, int round, const std::string& command_line, MPI_Comm world) {
+PredictSource run_predict_source(const SweepOptions& o, const std::optional<Calibration>& calibration, int round,
+                                 const std::string& command_line, MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   TrainConfig config = o.base;
@@ -107,7 +113,7 @@ PredictSource run_predict_source(const SweepOptions& o, int round, const std::st
   std::string error;
   if (rank == 0) {
     try {
-      source.model = build_model(r.record, std::nullopt);
+      source.model = build_model(r.record, calibration);
     } catch (const std::invalid_argument& e) {
       error = std::string("--predict: ") + e.what();
     }
@@ -170,6 +176,7 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
         "over the rounds of a round's prediction against the same round's measurement\n",
         first.measured.bucket_mb, first.measured.overlap ? "on" : "off", sources[0].path.c_str(), sources.size(),
         own_error);
+  if (first.calibration) std::printf("all-reduce times from the calibration %s\n", first.calibration->path.c_str());
   std::printf("|error| over the %zu points: median %.1f%%, max %.1f%%\n", errors.size(), median_error, worst);
   std::printf(
       "recommended by the model%s: --bucket-mb %g --overlap %s (predicted %.2f ms/step, measured %.2f: "
@@ -188,6 +195,7 @@ nlohmann::json print_prediction_summary(const std::vector<PredictSource>& source
             {"step_ms", first.measured_step_ms},
             {"predicted_step_ms", rounds[0]["predicted_step_ms"]},
             {"error_pct", own_error},
+            {"calibration", first.calibration ? nlohmann::json(first.calibration->path) : nlohmann::json(nullptr)},
             {"rounds", rounds}}},
           {"median_abs_error_pct", median_error},
           {"max_abs_error_pct", worst},
@@ -218,6 +226,7 @@ void validate_sweep(const SweepOptions& o) {
   for (const std::string& v : o.overlap)
     require(v == "on" || v == "off", "--overlap takes on and/or off (got '" + v + "')");
   require(!o.bucket_mb.empty() && !o.overlap.empty(), "--bucket-mb and --overlap need at least one value each");
+  require(o.calibration.empty() || o.predict, "--calibration times the predictions: it needs --predict");
   for (const std::string& overlap : o.overlap)
     for (double b : o.bucket_mb) {
       try {
@@ -327,14 +336,15 @@ void keep_median_runs(std::vector<SweepPoint>& points, std::vector<std::vector<M
 
 // Every round over the grid (with --predict each starts with its own run at the defaults); returns the rounds'
 // prediction sources (empty without --predict).
-std::vector<PredictSource> measure_grid(const SweepOptions& o, std::vector<SweepPoint>& points,
-                                        const std::string& command_line, MPI_Comm world) {
+std::vector<PredictSource> measure_grid(const SweepOptions& o, const std::optional<Calibration>& calibration,
+                                        std::vector<SweepPoint>& points, const std::string& command_line,
+                                        MPI_Comm world) {
   const std::vector<size_t> order = measuring_order(o);
   std::vector<std::vector<Measured>> repeats(points.size());
   std::vector<PredictSource> sources;
   for (int round = 0; round < o.repeats; ++round) {
     if (o.predict) {
-      sources.push_back(run_predict_source(o, round, command_line, world));
+      sources.push_back(run_predict_source(o, calibration, round, command_line, world));
       if (const std::optional<StepModel>& model = sources.back().model) predict_points(*model, points);  // rank 0
     }
     for (size_t k = 0; k < order.size(); ++k) {
@@ -522,6 +532,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
+  std::optional<Calibration> calibration;  // rank 0's, where the predictions are made
   {
     // Before the first point arms the watchdog with --timeout-s: a rank stopped in these checks ends the job too.
     const watchdog::StartupWait agreeing("the ranks' agreement on the sweep's points and its folder");
@@ -530,14 +541,19 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     require_same_options("sweep", {{"--bucket-mb", joined(caps)},
                                    {"--overlap", joined(o.overlap)},
                                    {"--predict", o.predict ? "on" : "off"},
+                                   {"--calibration", o.calibration},
                                    {"--repeats", std::to_string(o.repeats)}});
     // The training flags agree first, so that the sweep's own checks decide alike on every rank.
     require_same_config(o.base, world);
     std::string refused;
     try {
       validate_sweep(o);
+      // Read where the predictions are made, rank 0's, and now: a file it cannot use ends the sweep before any run.
+      if (rank == 0 && !o.calibration.empty()) calibration = read_calibration(o.calibration);
     } catch (const UsageError& e) {
       refused = e.what();
+    } catch (const std::runtime_error& e) {
+      refused = std::string("--calibration: ") + e.what();
     }
     if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
     validate_launch(o.base, world);  // what every point's run would refuse, before the folder is made
@@ -545,7 +561,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   }
   if (rank == 0) print_sweep_header(o, size);
   std::vector<SweepPoint> points = grid_points(o);
-  const std::vector<PredictSource> sources = measure_grid(o, points, command_line, world);
+  const std::vector<PredictSource> sources = measure_grid(o, calibration, points, command_line, world);
   if (rank != 0) return 0;
   pool_same_settings(points);
   print_point_table(o, points);

@@ -18,6 +18,7 @@ struct SweepOptions {
   std::vector<std::string> overlap{"on", "off"};
   std::string out_dir;  // default runs/sweep_<time>
   bool predict = false;
+  std::string calibration;  // with --predict: an allreduce_perf -J file whose all-reduce times the predictions use
   int repeats = 1;  // each point measured this many times, in interleaved rounds; the median one counts
 };
 

@@ -251,6 +251,10 @@ refusals_of_data_and_knobs() {
   expect_error 2 "fewer sequences per epoch (--epoch-size 3) than the 2 ranks x 2 micro-batches (--grad-accum)" \
     train --model tiny --epoch-size 3 --grad-accum 2 --steps 2
   expect_error 2 "--predict needs --zero-stage 0" sweep --predict --zero-stage 1 --steps 2
+  expect_error 2 "--calibration times the predictions: it needs --predict" sweep --calibration /dev/null --steps 2
+  # Read on rank 0 before any run: a file it cannot use is the whole sweep's refusal.
+  expect_error 2 "--calibration: cannot read calibration /dev/zero: is not a regular file" \
+    sweep --predict --calibration /dev/zero --steps 2
   # CLI11 read a leading 0 as octal and 0x as hex
   expect_error 2 "--repeats: must be a whole number in decimal (got '0x2')" sweep --repeats 0x2 --steps 2
   expect_error 2 "--bucket-mb: must be a decimal number (got '0x1p3')" sweep --bucket-mb 1,0x1p3 --steps 2

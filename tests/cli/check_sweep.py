@@ -5,9 +5,10 @@ the charts are drawn from an argument list, not through a shell. Then `sweep --p
 each round's first run at the default cap and overlap predicts the round's points, every point's predicted step
 time beside its measured one (table, CSV, JSON, chart), each point measured in three rounds and counted by its
 median round, its error the median of its rounds'. Then two rounds, the even count's rules: the lower of the two
-for the measurement and the prediction (a run that happened), the mean of the two for the errors.
+for the measurement and the prediction (a run that happened), the mean of the two for the errors; their all-reduces
+timed by an allreduce_perf calibration (--calibration).
 
-usage: check_sweep.py MPIRUN DDPLAB NP
+usage: check_sweep.py MPIRUN DDPLAB NP ALLREDUCE_PERF
 """
 import csv
 import json
@@ -20,7 +21,7 @@ import tempfile
 from checks import check, failures  # tests/cli/checks.py: the assertion every CLI test shares
 
 
-mpirun, ddplab, np_ranks = sys.argv[1], sys.argv[2], sys.argv[3]
+mpirun, ddplab, np_ranks, allreduce_perf = sys.argv[1:5]
 with tempfile.TemporaryDirectory() as work:
     out = os.path.join(work, "it's a \"sweep\" $(touch pwned)")
     cmd = [mpirun, "-np", np_ranks, ddplab, "sweep", "--bucket-mb", "0,0.01,100,25,50", "--overlap", "on,off",
@@ -179,11 +180,19 @@ with tempfile.TemporaryDirectory() as work:
         check("<!-- measured: the run(s) predicted from -->" not in svg and
               "<!-- predicted from 3 runs at 25 MiB (off the grid)," in svg,
               "the chart names the runs predicted from, off its grid, rather than a legend entry for a marker not drawn")
+    # Two rounds, their all-reduces timed by an allreduce_perf calibration rather than fitted on the first runs.
+    calibration = os.path.join(work, "ring_perf.json")
+    perf = subprocess.run([mpirun, "-np", np_ranks, allreduce_perf, "-b", "4K", "-e", "1M", "-f", "16", "-w", "1", "-n", "5", "--impls", "ring", "-J",
+                           calibration], capture_output=True, text=True, timeout=120)
+    check(perf.returncode == 0, f"allreduce_perf writes a calibration ({perf.stderr.strip()[-300:]})")
     out = os.path.join(work, "two rounds")
     proc = subprocess.run([mpirun, "-np", np_ranks, ddplab, "sweep", "--predict", "--repeats", "2", "--bucket-mb",
                            "0.01", "--last-bucket-mb", "0", "--overlap", "on", "--steps", "5", "--warmup-steps", "1",
-                           "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--out-dir", out],
+                           "--input-dim", "32", "--hidden", "64", "--classes", "10", "--batch", "8", "--out-dir", out,
+                           "--calibration", calibration],
                           capture_output=True, text=True, timeout=300)
+    check(proc.returncode == 0 and f"all-reduce times from the calibration {calibration}" in proc.stdout,
+          "sweep --predict --calibration says the calibration timed the predictions' all-reduces")
     check(proc.returncode == 0, f"sweep --predict --repeats 2 exits 0 ({proc.returncode}: {proc.stderr[-300:]})")
     if proc.returncode == 0:
         s = json.load(open(os.path.join(out, "summary.json")))
@@ -194,6 +203,7 @@ with tempfile.TemporaryDirectory() as work:
               f"of two rounds the measurement is the lower, a run that happened: {p['step_ms']} of {rounds}")
         check(p["predicted_step_ms"] == min(guesses) and abs(p["error_pct"] - sum(errors) / 2) < 1e-9,
               f"the prediction the lower of {guesses}, the error the mean of {errors}: {p['error_pct']}")
+        check(source["calibration"] == calibration, f"summary.json names the calibration: {source['calibration']}")
         own = [r["error_pct"] for r in source["rounds"]]
         check(len(own) == 2 and abs(source["error_pct"] - sum(own) / 2) < 1e-9,
               f"the own-setting error the mean of the rounds' {own}: {source['error_pct']}")
