@@ -491,18 +491,31 @@ if [ "$stage" = 3 ]; then
   fi
   # An emulated link on the GPU ring (--link): the default MLP alone on the GPU, then 2 and 4 ranks sharing it over an
   # emulated 10 GbE, each predicted from the one-rank run; and 2 ranks' sweep, every point predicted from its first.
+  # Each prediction twice: from the link's latency alone, and with a calibration of the same ring over the same
+  # emulated link on the shared GPU at sizes 64x apart, which measures what every message step costs there (the ranks'
+  # turns on the GPU) where the MLP's two buckets, 7.9 and 4 MiB, are too alike to fit it.
   mlp_ipc=("$build/launcher/ddplab" train --device cuda --comm ring --ring-link ipc --steps 30 --warmup-steps 10 --force)
   step "mlp ring ipc np1" train.log 30 'grep -m1 "ms mean (the slowest" "$log"' \
     "${mpirun[@]}" -np 1 "${mlp_ipc[@]}" --out "$work/mlp_np1.h5"
   for n in 2 4; do
+    step "gpu-ring-ipc np$n, 10gbe" allreduce.log 30 'grep "Avg bus bandwidth" "$log" | tail -1' \
+      "${mpirun[@]}" -np $n "$build/bench/allreduce_perf" -b 256K -e 16M -f 4 -w 2 -n 5 --impls gpu-ring-ipc \
+      --hot-cache --link 10gbe -J "$work/ipc_10gbe_np$n.json"
     step "mlp ring ipc np$n, 10gbe" train.log 40 'grep -m1 "ms mean (the slowest" "$log"' \
       "${mpirun[@]}" -np $n "${mlp_ipc[@]}" --link 10gbe --out "$work/mlp_10gbe_np$n.h5"
     step "predict mlp np$n 10gbe from np1" train.log 20 'grep -m1 -E "^10gbe +'"$n"' " "$log"' \
       "$build/launcher/ddplab" predict "$work/mlp_np1.h5" --ranks $n --ranks-per-gpu $n --link 10gbe
+    step "predict mlp np$n 10gbe from np1, calibrated" train.log 20 'grep -m1 -E "^10gbe +'"$n"' " "$log"' \
+      "$build/launcher/ddplab" predict "$work/mlp_np1.h5" --ranks $n --ranks-per-gpu $n --link 10gbe \
+      --calibration "$work/ipc_10gbe_np$n.json"
   done
-  step "sweep mlp ring np2 10gbe --predict" train.log 90 'grep -m1 "^|error|" "$log"' \
+  step "sweep mlp ring np2 10gbe --predict, calibrated" train.log 90 'grep -m1 "^|error|" "$log"' \
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" sweep --device cuda --comm ring --ring-link ipc --link 10gbe \
-    --predict --bucket-mb 1,5,25 --overlap on,off --steps 12 --warmup-steps 4 --out-dir "$work/sweep_10gbe_np2" --force
+    --predict --calibration "$work/ipc_10gbe_np2.json" --bucket-mb 1,5,25 --overlap on,off --steps 12 \
+    --warmup-steps 4 --out-dir "$work/sweep_10gbe_np2" --force
+  # The same cells predicted from the sweep's first run alone (its table has them measured).
+  step "predict the sweep's cells uncalibrated" train.log 20 'grep -m1 -E "^10gbe +2 .* 1 +auto" "$log"' \
+    "$build/launcher/ddplab" predict "$work/sweep_10gbe_np2/predict_from.h5" --bucket-mb 1,5,25 --overlap on,off
   # memcheck over the ops' and the models' tests (their kernels are the ones checked above).
   if [ -n "$sanitizer" ]; then
     step "memcheck ops" sanitizer.log 30 'grep "ERROR SUMMARY" "$log" | tail -1' \
