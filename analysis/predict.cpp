@@ -1203,11 +1203,12 @@ Recommendation recommend(const std::vector<Prediction>& rows, const PredictSetti
   const auto is_own = [&](const PredictSetting& x) {
     return own_knobs(x) && x.ranks == own.ranks && x.nodes() == own.nodes() && link_spec(x.link) == link_spec(own.link);
   };
-  // Rank by: the own setting first, then fewer buckets, then the own knobs (elsewhere: no change to recommend where
-  // the prediction cannot tell), then faster; only rows within the tolerance take part.
+  // Rank by: the own setting first, then fewer buckets (where there are all-reduces: one rank has none, and its
+  // buckets change nothing), then the own knobs (elsewhere: no change to recommend where the prediction cannot
+  // tell), then faster; only rows within the tolerance take part.
   const auto better = [&](const Prediction& a, const Prediction& b) {
     if (is_own(a.setting) != is_own(b.setting)) return is_own(a.setting);
-    if (a.buckets != b.buckets) return a.buckets < b.buckets;
+    if (a.buckets != b.buckets && a.setting.ranks > 1) return a.buckets < b.buckets;
     if (own_knobs(a.setting) != own_knobs(b.setting)) return own_knobs(a.setting);
     return a.step.step_ms < b.step.step_ms;
   };

@@ -386,7 +386,9 @@ std::string recommendation_reason(const StepModel& model, const Prediction& p, c
   baseline.ranks_per_node = p.setting.ranks_per_node;
   baseline.ranks_per_gpu = p.setting.ranks_per_gpu;
   std::string why = reason(p, predict(model, baseline));
-  const char* so = chosen.own ? "the run's own setting" : "the fewest buckets among them";
+  // The own knobs win a tie before fewer buckets where no all-reduce runs (one rank), and the own setting always.
+  const char* so = chosen.own || setting_flags(p.setting) == setting_flags(baseline) ? "the run's own setting"
+                                                                                     : "the fewest buckets among them";
   if (chosen.within_noise > 0 && model.steps.size() < 2) {  // one steady step: no spread to measure the noise by
     why += "; " + counted(chosen.within_noise, "other setting") + " predicted the same step exactly (the run's noise " +
            "is unknown: one steady step), so " + so;

@@ -760,6 +760,7 @@ TEST(Predict, RunWithoutBucketTimingsIsRefused) {
 
 TEST(Predict, RecommendationRanksOnlyWhatTheRunsNoiseCanTellApart) {
   PredictSetting own;  // 25 MB, overlap on
+  own.ranks = 2;
   const auto row = [&](double bucket_mb, bool overlap, int buckets, double step_ms) {
     Prediction p;
     p.setting = own;
@@ -800,6 +801,15 @@ TEST(Predict, RecommendationRanksOnlyWhatTheRunsNoiseCanTellApart) {
   std::reverse(at_four.begin(), at_four.end());
   EXPECT_EQ(recommend(at_four, own, 0).row, 1u);
   EXPECT_FALSE(recommend(at_four, own, 0).own);
+  // One rank on another link than the run's (the first column of a prediction for 1, 2, 4, 8 GPUs): no row is the
+  // own setting, no all-reduce runs, and the own knobs win over fewer buckets, which change nothing there.
+  std::vector<Prediction> one_rank = {row(100, true, 5, 6.0), row(25, true, 17, 6.0), row(5, true, 74, 6.0)};
+  for (Prediction& p : one_rank) p.setting.ranks = 1;
+  EXPECT_EQ(recommend(one_rank, own, 0.01).row, 1u);
+  for (Prediction& p : one_rank) p.setting.ranks = 2;
+  EXPECT_EQ(recommend(one_rank, own, 0.01).row, 1u) << "2 ranks: the own setting";
+  for (Prediction& p : one_rank) p.setting.ranks = 4;
+  EXPECT_EQ(recommend(one_rank, own, 0.01).row, 0u) << "4 ranks: the fewest buckets";
 }
 
 TEST(Predict, CalibrationFilesOfAllreducePerf) {
