@@ -3,7 +3,6 @@
 #pragma once
 #include <cuda_bf16.h>
 
-#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -77,57 +76,6 @@ struct ScaleBy {
 template <int V>
 __global__ void scale_kernel(float* y, float alpha, int64_t n) {
   detail::map_elements<V>(y, y, n, ScaleBy{alpha});
-}
-
-// How far one matrix is from another, `b` the reference, over `rows` x `cols` with columns `ld` apart: how a timed
-// cuBLASLt candidate's product is checked against the heuristic's first answer (gemm.cu). Each block writes its
-// share; the host combines them (combined below) and judges (same_product).
-struct MatrixDifference {
-  float max_difference = 0;        // the largest |a - b| where both are finite
-  float max_magnitude = 0;         // the largest finite |b|
-  float nonfinite_mismatches = 0;  // elements non-finite in one and not alike in the other (NaN and NaN alike)
-};
-
-constexpr size_t matrix_difference_smem_bytes = 32 * sizeof(float);  // block_reduce's
-template <typename T>
-__global__ void matrix_difference_kernel(MatrixDifference* per_block, const T* a, const T* b, int rows, int cols,
-                                         int64_t ld) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* const shared = reinterpret_cast<float*>(smem);
-  float difference = 0, magnitude = 0, mismatches = 0;
-  const int64_t n = int64_t{rows} * cols;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const int64_t at = (i / rows) * ld + i % rows;
-    const float x = detail::to_float(a[at]), y = detail::to_float(b[at]);
-    if (isfinite(x) && isfinite(y)) {
-      difference = fmaxf(difference, fabsf(x - y));
-      magnitude = fmaxf(magnitude, fabsf(y));
-    } else if (!(x == y || (isnan(x) && isnan(y)))) {
-      mismatches += 1;
-    }
-  }
-  difference = detail::block_reduce<detail::Max>(difference, shared);
-  magnitude = detail::block_reduce<detail::Max>(magnitude, shared);
-  // At most a block's share of n: exact in float below 2^24.
-  mismatches = detail::block_reduce<detail::Sum>(mismatches, shared);
-  if (threadIdx.x == 0) per_block[blockIdx.x] = MatrixDifference{difference, magnitude, mismatches};
-}
-
-inline MatrixDifference combined(const MatrixDifference* per_block, int blocks) {
-  MatrixDifference all;
-  for (int i = 0; i < blocks; ++i) {
-    all.max_difference = std::fmax(all.max_difference, per_block[i].max_difference);
-    all.max_magnitude = std::fmax(all.max_magnitude, per_block[i].max_magnitude);
-    all.nonfinite_mismatches += per_block[i].nonfinite_mismatches;
-  }
-  return all;
-}
-
-// Whether two answers computed the same product. The same sums in another order (split-K, another tile) differ by
-// rounding: a few units in the last place of the largest |D| (a bf16 D's unit is 2^-8 of it, fp32's 2^-24). A wrong
-// kernel differs by the product's own size. 1/64 of the largest |D| lies between the two.
-inline bool same_product(const MatrixDifference& d) {
-  return d.nonfinite_mismatches == 0 && d.max_difference <= d.max_magnitude / 64;
 }
 
 }  // namespace ddplab::cuda::elementwise

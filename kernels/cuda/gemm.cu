@@ -146,43 +146,22 @@ __global__ void hold_stream_kernel(uint64_t ns) {
   } while (now - start < ns);
 }
 
-// Device memory borrowed on a stream and given back on it however the borrower ends; null where there was no room
-// (or nothing was asked).
-struct StreamScratch {
-  StreamScratch(size_t bytes, cudaStream_t s) : stream(s) {
-    if (bytes > 0 && cudaMallocAsync(&ptr, bytes, stream) != cudaSuccess) {
-      (void)cudaGetLastError();
-      ptr = nullptr;
-    }
+// What timing borrows, given back however it ends.
+struct TimingResources {
+  explicit TimingResources(size_t events, cudaStream_t s) : stream(s), events(events) {
+    for (cudaEvent_t& e : this->events) cudaCheck(cudaEventCreate(&e));
   }
-  ~StreamScratch() {
-    if (ptr) cudaFreeAsync(ptr, stream);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  cudaStream_t stream;
-  void* ptr = nullptr;
-};
-
-struct TimingEvents {
-  explicit TimingEvents(size_t count) : events(count) {
-    for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
-  }
-  ~TimingEvents() {
+  ~TimingResources() {
     for (cudaEvent_t e : events)
       if (e) cudaEventDestroy(e);
+    if (scratch) cudaFreeAsync(scratch, stream);
   }
-  TimingEvents(const TimingEvents&) = delete;
-  TimingEvents& operator=(const TimingEvents&) = delete;
+  TimingResources(const TimingResources&) = delete;
+  TimingResources& operator=(const TimingResources&) = delete;
+  cudaStream_t stream;
   std::vector<cudaEvent_t> events;
+  void* scratch = nullptr;
 };
-
-size_t d_bytes(const LtGemm& g) {
-  return size_t(g.ldd) * g.n * (g.d_type == CUDA_R_32F ? sizeof(float) : sizeof(__nv_bfloat16));
-}
-
-// A call that adds to D (beta 1 with C = D: an accumulated gradient): it cannot run on D itself more than once.
-bool adds_to_d(const LtGemm& g) { return g.beta != 0.0f && g.C == nullptr; }
 
 // Each answer's time in µs on g's own operands (+inf for one that does not run): a call each to warm up, then rounds
 // over all of them, interleaved so that a clock ramping up meanwhile favours none, each round queued behind a hold of
@@ -194,13 +173,17 @@ std::vector<double> time_answers(GemmContext& ctx, const LtGemm& g, const Plan& 
   constexpr uint64_t kHoldNs = 500'000;  // ~10x what the host takes to queue a round of 8 answers
   const int n = static_cast<int>(answers.size());
   std::vector<double> us(n, std::numeric_limits<double>::infinity());
-  TimingEvents timing(2 * kRounds * n);
-  StreamScratch scratch(adds_to_d(g) ? d_bytes(g) : 0, stream);
+  TimingResources borrowed(2 * kRounds * n, stream);
   void* d = g.D;
   const void* c = g.c();
-  if (adds_to_d(g)) {
-    if (!scratch.ptr) return us;  // no room to time it: the caller takes the heuristic's first
-    d = scratch.ptr, c = scratch.ptr;
+  if (g.beta != 0.0f && g.C == nullptr) {
+    const size_t bytes = size_t(g.ldd) * g.n * (g.d_type == CUDA_R_32F ? sizeof(float) : sizeof(__nv_bfloat16));
+    if (cudaMallocAsync(&borrowed.scratch, bytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();  // no room to time it: the caller takes the heuristic's first
+      borrowed.scratch = nullptr;
+      return us;
+    }
+    d = borrowed.scratch, c = borrowed.scratch;
   }
   const float alpha = 1.0f;
   const auto call = [&](int i) {
@@ -209,7 +192,7 @@ std::vector<double> time_answers(GemmContext& ctx, const LtGemm& g, const Plan& 
   };
   std::vector<char> runs(n);
   for (int i = 0; i < n; ++i) runs[i] = call(i);
-  const auto pair = [&](int round, int i) { return &timing.events[2 * (round * n + i)]; };
+  const auto pair = [&](int round, int i) { return &borrowed.events[2 * (round * n + i)]; };
   for (int round = 0; round < kRounds; ++round) {
     hold_stream_kernel<<<1, 1, 0, stream>>>(kHoldNs);
     cudaCheck(cudaGetLastError());
@@ -230,41 +213,6 @@ std::vector<double> time_answers(GemmContext& ctx, const LtGemm& g, const Plan& 
     }
   }
   return us;
-}
-
-// How far answer `other`'s product is from answer `first`'s, each computed on g's own operands into a scratch D of its
-// own (from a copy of D where the call adds to it); nullopt where the two do not fit in memory or one does not run.
-std::optional<elementwise::MatrixDifference> difference_from_first(GemmContext& ctx, const LtGemm& g, const Plan& p,
-                                                                   const cublasLtMatmulAlgo_t& first,
-                                                                   const cublasLtMatmulAlgo_t& other,
-                                                                   cudaStream_t stream) {
-  constexpr int kThreads = 256, kMaxBlocks = 1024;
-  const int64_t n = int64_t{g.m} * g.n;
-  const int blocks = static_cast<int>(std::min<int64_t>(kMaxBlocks, (n + kThreads - 1) / kThreads));
-  StreamScratch first_d(d_bytes(g), stream), other_d(d_bytes(g), stream);
-  StreamScratch per_block(sizeof(elementwise::MatrixDifference) * blocks, stream);
-  if (!first_d.ptr || !other_d.ptr || !per_block.ptr) return std::nullopt;
-  const float alpha = 1.0f;
-  for (const auto& [algo, d] : {std::pair{&first, first_d.ptr}, std::pair{&other, other_d.ptr}}) {
-    if (adds_to_d(g)) cudaCheck(cudaMemcpyAsync(d, g.D, d_bytes(g), cudaMemcpyDeviceToDevice, stream));
-    const void* c = adds_to_d(g) ? d : g.c();
-    if (cublasLtMatmul(ctx.lt_handle(), p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, c, p.d, d, p.d, algo,
-                       ctx.workspace(), ctx.workspace_bytes(), stream) != CUBLAS_STATUS_SUCCESS)
-      return std::nullopt;
-  }
-  auto* out = static_cast<elementwise::MatrixDifference*>(per_block.ptr);
-  if (g.d_type == CUDA_R_32F)
-    elementwise::matrix_difference_kernel<<<blocks, kThreads, elementwise::matrix_difference_smem_bytes, stream>>>(
-        out, static_cast<const float*>(other_d.ptr), static_cast<const float*>(first_d.ptr), g.m, g.n, g.ldd);
-  else
-    elementwise::matrix_difference_kernel<<<blocks, kThreads, elementwise::matrix_difference_smem_bytes, stream>>>(
-        out, static_cast<const __nv_bfloat16*>(other_d.ptr), static_cast<const __nv_bfloat16*>(first_d.ptr), g.m, g.n,
-        g.ldd);
-  cudaCheck(cudaGetLastError());
-  std::vector<elementwise::MatrixDifference> shares(blocks);
-  cudaCheck(cudaMemcpyAsync(shares.data(), out, sizeof(shares[0]) * blocks, cudaMemcpyDeviceToHost, stream));
-  cudaCheck(cudaStreamSynchronize(stream));
-  return elementwise::combined(shares.data(), blocks);
 }
 
 // The problem as the table names it: everything in the plan's key but the candidate rank, and the workspace, which
@@ -308,22 +256,6 @@ std::optional<int> timed_rank(GemmContext& ctx, const LtGemm& g, const Plan& p,
   int fastest = static_cast<int>(std::min_element(us.begin(), us.end()) - us.begin());
   if (!std::isfinite(us[fastest])) return 0;  // none timed: the first answer, whose own call says what fails
   if (us[fastest] > (1 - kMinGain) * us[0]) fastest = 0;
-  // A faster answer replaces the first only where it computes the same product: a candidate that ran fast and wrong
-  // would otherwise be kept in the table for every later run on the host.
-  if (fastest != 0) {
-    const std::optional<elementwise::MatrixDifference> d =
-        difference_from_first(ctx, g, p, answers[0], answers[fastest], stream);
-    if (!d || !elementwise::same_product(*d)) {
-      if (d) {
-        std::fprintf(stderr,
-                     "ddplab: cuBLASLt's answer %d for GEMM problem %s computed another product than its first "
-                     "(largest |difference| %g against largest |D| %g, %g non-finite mismatches): the first runs\n",
-                     fastest, problem.c_str(), d->max_difference, d->max_magnitude, d->nonfinite_mismatches);
-        ctx.count_rejected_algo();
-      }
-      fastest = 0;
-    }
-  }
   std::string error;
   const int rank = table.record(problem, fastest, us, candidates, error);
   if (!error.empty() && !ctx.plans().table_warned) {
@@ -533,11 +465,8 @@ std::string GemmContext::algo_table_path() const { return plans_->table ? plans_
 std::string GemmContext::describe_algos() const {
   if (!timed_algos_) return "heuristic: cuBLASLt's first answer for each GEMM";
   const std::string table = algo_table_path().empty() ? "nowhere (no cache directory)" : algo_table_path();
-  std::string rejected;
-  if (rejected_plans_ > 0)
-    rejected = ", " + std::to_string(rejected_plans_) + " faster answers refused (they computed another product)";
   return "timed: " + std::to_string(timed_plans_) + " problems timed now, " + std::to_string(table_plans_) +
-         " read from " + table + rejected;
+         " read from " + table;
 }
 
 std::string gemm_algo_table_file() {

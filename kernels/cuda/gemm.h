@@ -71,10 +71,6 @@ class GemmContext {
   int64_t timed_plans() const { return timed_plans_; }
   int64_t table_plans() const { return table_plans_; }
   void count_algo_choice(bool timed) { ++(timed ? timed_plans_ : table_plans_); }
-  // Timed answers that ran faster than the heuristic's first but computed another product (beyond rounding): the
-  // first runs instead, and stderr says which problem.
-  int64_t rejected_algos() const { return rejected_plans_; }
-  void count_rejected_algo() { ++rejected_plans_; }
   // "timed: 14 problems timed now, 26 read from <table>" or "heuristic: cuBLASLt's first answer for each GEMM".
   std::string describe_algos() const;
   // Calls with an epilogue so far (forward bias or bias+GELU, backward dGELU): those cuBLASLt fused into the GEMM,
@@ -99,7 +95,7 @@ class GemmContext {
   int heuristic_rank_ = 0;
   bool timed_algos_ = false;
   std::string algo_table_dir_;
-  int64_t timed_plans_ = 0, table_plans_ = 0, rejected_plans_ = 0;
+  int64_t timed_plans_ = 0, table_plans_ = 0;
 };
 
 // The name of the current device's table of timed algorithms (GemmAlgoTable::file_name: its model, SM count and

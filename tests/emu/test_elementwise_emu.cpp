@@ -5,10 +5,6 @@
 // speed.
 // clang-format off
 #include "tests/emu/cuda_emulation.h"  // first: the device vocabulary the kernels are compiled with
-// The reductions' dynamic shared memory, in the kernels' namespace (see DDPLAB_EMU_SHARED_MEMORY), before the kernels.
-namespace ddplab::cuda::elementwise {
-DDPLAB_EMU_SHARED_MEMORY(smem)
-}  // namespace ddplab::cuda::elementwise
 #include "kernels/cuda/elementwise_kernels.cuh"
 // clang-format on
 #include <gtest/gtest.h>
@@ -155,70 +151,6 @@ TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
       emulate_launch(kGrid, kBlock, 0, ew::scale_kernel<1>, y.data(), 0.37f, kN);
     for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(bits(y[i]), bits(a[i] * 0.37f)) << (packed ? "packed " : "scalar ") << i;
   }
-}
-
-// The check of a timed cuBLASLt answer against the heuristic's first (gemm.cu): the kernel's largest difference and
-// magnitude against the host's, over a column-major matrix whose padding rows (ld > rows) hold garbage it must skip,
-// on a grid smaller than the matrix; then the judgement: rounding passes, one wrong element of the product's size
-// fails, and a NaN or infinity fails unless the reference has the same one.
-template <typename T>
-ew::MatrixDifference emulated_difference(const std::vector<T>& a, const std::vector<T>& b, int rows, int cols,
-                                         int64_t ld) {
-  std::vector<ew::MatrixDifference> shares(kGrid.x);
-  emulate_launch(kGrid, kBlock, ew::matrix_difference_smem_bytes, ew::matrix_difference_kernel<T>, shares.data(),
-                 a.data(), b.data(), rows, cols, ld);
-  return ew::combined(shares.data(), static_cast<int>(shares.size()));
-}
-
-TEST(ElementwiseEmulated, MatrixDifferenceTellsRoundingFromAWrongProduct) {
-  const int rows = 37, cols = 11;
-  const int64_t ld = 40;
-  const std::vector<float> values = normal_values(ld * cols, 9, 4.0f);
-  std::vector<float> b(ld * cols), a(ld * cols);
-  double want_difference = 0, want_magnitude = 0;
-  for (int j = 0; j < cols; ++j)
-    for (int64_t i = 0; i < ld; ++i) {
-      const int64_t at = j * ld + i;
-      if (i >= rows) {  // padding: unlike, and non-finite
-        b[at] = NAN, a[at] = INFINITY;
-        continue;
-      }
-      b[at] = values[at];
-      a[at] = round_bf16(values[at]);  // another summation order, at most a bf16 unit apart
-      want_difference = std::max(want_difference, double(std::fabs(a[at] - b[at])));
-      want_magnitude = std::max(want_magnitude, double(std::fabs(b[at])));
-    }
-  ew::MatrixDifference d = emulated_difference(a, b, rows, cols, ld);
-  EXPECT_EQ(d.max_difference, float(want_difference));
-  EXPECT_EQ(d.max_magnitude, float(want_magnitude));
-  EXPECT_EQ(d.nonfinite_mismatches, 0);
-  EXPECT_GT(d.max_difference, 0);
-  EXPECT_TRUE(ew::same_product(d)) << "rounding";
-
-  std::vector<float> wrong = a;
-  wrong[5 * ld + 3] = b[5 * ld + 3] - 0.5f * float(want_magnitude);  // one element off by half the largest |D|
-  d = emulated_difference(wrong, b, rows, cols, ld);
-  EXPECT_FLOAT_EQ(d.max_difference, 0.5f * float(want_magnitude));
-  EXPECT_FALSE(ew::same_product(d)) << "one wrong element";
-
-  std::vector<float> with_nan = a, nan_reference = b;
-  with_nan[2 * ld + 1] = NAN, nan_reference[2 * ld + 1] = NAN;
-  EXPECT_TRUE(ew::same_product(emulated_difference(with_nan, nan_reference, rows, cols, ld))) << "NaN in both";
-  d = emulated_difference(with_nan, b, rows, cols, ld);
-  EXPECT_EQ(d.nonfinite_mismatches, 1);
-  EXPECT_FALSE(ew::same_product(d)) << "NaN in the candidate only";
-  std::vector<float> plus_inf = a, minus_inf = b;
-  plus_inf[7] = INFINITY, minus_inf[7] = -INFINITY;
-  EXPECT_FALSE(ew::same_product(emulated_difference(plus_inf, minus_inf, rows, cols, ld))) << "+inf against -inf";
-
-  std::vector<bf16> a16(a.size()), b16(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a16[i] = __float2bfloat16_rn(a[i]), b16[i] = __float2bfloat16_rn(b[i]);
-  d = emulated_difference(a16, b16, rows, cols, ld);
-  EXPECT_EQ(d.max_magnitude, __bfloat162float(__float2bfloat16_rn(float(want_magnitude))));
-  EXPECT_TRUE(ew::same_product(d)) << "bf16";
-  EXPECT_TRUE(ew::same_product(
-      emulated_difference(std::vector<float>(a.size(), 0.0f), std::vector<float>(a.size(), 0.0f), rows, cols, ld)))
-      << "all zero";
 }
 
 }  // namespace

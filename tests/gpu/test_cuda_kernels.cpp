@@ -1002,8 +1002,6 @@ GemmRun gemms_match_cpu(cudaStream_t stream, cuda::GemmMath math, double tol, do
   // fused epilogue from the fallback.
   std::cout << (kBf16 ? "bf16" : "fp32/tf32") << " GEMMs: " << ctx.fused_epilogues() << " epilogues fused by cuBLASLt, "
             << ctx.fallback_epilogues() << " ran our kernel\n";
-  if (!timed_table.empty())
-    std::cout << ctx.rejected_algos() << " timed answers refused: faster than cuBLASLt's first, another product\n";
   run.timed = ctx.timed_plans(), run.read = ctx.table_plans();
   return run;
 }
