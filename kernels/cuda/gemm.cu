@@ -119,6 +119,13 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_answers(GemmContext& ctx, const Plan
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])));
+  // Split-K's partial sums stay in the compute type (fp32), in the workspace: the INPLACE and OUTPUT_TYPE schemes
+  // round them to D's type. Timed under compute-sanitizer, a bf16 DGELU call chose such a candidate, and 1904 of
+  // 33024 elements left the CPU's bound, as a split of K into 16s with bf16 partial sums reproduces exactly
+  // (bench/results/2026-12-04-zen4-recomputed/splitk_dgelu.cpp). Algorithms without split-K (NONE) stay allowed.
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                   sizeof(reductions)));
   std::vector<cublasLtMatmulHeuristicResult_t> results(count);
   int found = 0;
   const cublasStatus_t status =

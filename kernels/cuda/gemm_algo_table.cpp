@@ -31,8 +31,11 @@ std::string GemmAlgoTable::default_dir() { return host_cache::directory(); }
 
 std::string GemmAlgoTable::file_name(const std::string& gpu, int sm_major, int sm_minor, int sms,
                                      long cublaslt_version) {
-  return host_cache::file_name("cublaslt-algos_" + gpu + "_sm" + std::to_string(sm_major) + std::to_string(sm_minor) +
-                               "_" + std::to_string(sms) + "sms_cublasLt-" + std::to_string(cublaslt_version)) +
+  // "fp32-splitk": ranks among the candidates whose split-K sums stay in fp32 (gemm.cu); a table of ranks among all
+  // of them, which an older build wrote, names other algorithms.
+  return host_cache::file_name("cublaslt-algos-fp32-splitk_" + gpu + "_sm" + std::to_string(sm_major) +
+                               std::to_string(sm_minor) + "_" + std::to_string(sms) + "sms_cublasLt-" +
+                               std::to_string(cublaslt_version)) +
          ".json";
 }
 

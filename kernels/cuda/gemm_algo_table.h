@@ -20,7 +20,7 @@ class GemmAlgoTable {
 
   // The host's cache (host_cache::directory()), where runs keep their tables; "" without one.
   static std::string default_dir();
-  // "cublaslt-algos_<gpu>_sm<major><minor>_<sms>sms_cublasLt-<version>.json", made safe as a file name.
+  // "cublaslt-algos-fp32-splitk_<gpu>_sm<major><minor>_<sms>sms_cublasLt-<version>.json", made safe as a file name.
   static std::string file_name(const std::string& gpu, int sm_major, int sm_minor, int sms, long cublaslt_version);
 
   // The rank recorded for `problem`, where it is one of the `candidates` the heuristic gives now (the file is read

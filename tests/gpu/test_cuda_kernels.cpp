@@ -170,7 +170,7 @@ TEST(CudaKernelsHost, WorkspaceSizes) {
 // without a place to write the choice stays in the process.
 TEST(CudaKernelsHost, GemmAlgoTableKeepsTheFirstAnswer) {
   EXPECT_EQ(cuda::GemmAlgoTable::file_name("NVIDIA H200", 9, 0, 132, 130100),
-            "cublaslt-algos_NVIDIA-H200_sm90_132sms_cublasLt-130100.json");
+            "cublaslt-algos-fp32-splitk_NVIDIA-H200_sm90_132sms_cublasLt-130100.json");
   const std::string dir = testing::TempDir() + "gemm_algo_table_" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   const std::string file = "algos.json";
