@@ -122,7 +122,7 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_answers(GemmContext& ctx, const Plan
   // Split-K's partial sums stay in the compute type (fp32), in the workspace: the INPLACE and OUTPUT_TYPE schemes
   // round them to D's type. Timed under compute-sanitizer, a bf16 DGELU call chose such a candidate, and 1904 of
   // 33024 elements left the CPU's bound, as a split of K into 16s with bf16 partial sums reproduces exactly
-  // (bench/results/2026-12-04-zen4-recomputed/splitk_dgelu.cpp). Algorithms without split-K (NONE) stay allowed.
+  // (bench/results/2026-12-04-zen4-recomputed/splitk_dgelu.py). Algorithms without split-K (NONE) stay allowed.
   const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
                                                    sizeof(reductions)));
