@@ -236,8 +236,8 @@ int main(int argc, char** argv) {
   H5dont_atexit();
   // Before MPI_Init: it may run this program again with other OpenBLAS kernels (kernels/cpu/blas_kernels.h).
   blas::select_kernels(argc, argv);
-  const int provided = start_mpi_multithreaded(&argc, &argv);
   watchdog::name_thread("main thread");
+  const int provided = start_mpi_multithreaded(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   // Before anything else collective: ranks running different subcommands or builds would enter different
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   }
   if (!differing.empty()) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s\n", differing.c_str());
-    MPI_Finalize();
+    finalize_mpi();
     return 2;
   }
   std::string command_line;
@@ -262,17 +262,17 @@ int main(int argc, char** argv) {
   int code = 0;
   try {
     if (!parse_command_line(app, commands, argc, argv, rank)) {
-      MPI_Finalize();
+      finalize_mpi();
       return 0;
     }
     code = run_command(commands, command_line, rank);
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (see ddplab --help)\n", e.what());
-    MPI_Finalize();
+    finalize_mpi();
     return 2;
   } catch (const settings::BadSetting& e) {  // from check_all or check_same_on_every_rank, on every rank
     if (rank == 0) std::fprintf(stderr, "ddplab: error: %s (ddplab devices lists the settings)\n", e.what());
-    MPI_Finalize();
+    finalize_mpi();
     return 2;
   } catch (const TrainingStopped& e) {
     // Every rank of the run stopped at the same step and its run file is written. A train job ends cleanly; in a
@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "ddplab: stopped: %s\n", e.what());
     std::fflush(stderr);
     if (!commands.train->parsed()) MPI_Abort(MPI_COMM_WORLD, e.exit_code);
-    MPI_Finalize();
+    finalize_mpi();
     return e.exit_code;
   } catch (const std::exception& e) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
@@ -298,6 +298,6 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, code);  // takes every other rank down with us: nobody waits forever
     return code;
   }
-  MPI_Finalize();
+  finalize_mpi();
   return code;
 }

@@ -268,7 +268,11 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
   for (const Case& c : cases) {
     const double start = MPI_Wtime();
     OwnedComm sub;  // none on the ranks outside this case
-    MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, sub.receive());
+    {
+      // Every rank comes here from the barrier after the case before: a rank stopped since keeps the others here.
+      const watchdog::StartupWait splitting("the ranks' split for the next case of the suite");
+      MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, sub.receive());
+    }
     TrainConfig config = c.config;
     config.out = o.out_dir + "/" + c.name + ".h5";
     SummarizedRun r;
@@ -286,7 +290,13 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
       }
       sub.reset();
     }
-    wait_quietly(world);
+    {
+      // The case's ranks find the others at the barrier already (they waited through the case, unbounded: a case
+      // runs as long as it runs, and its own ranks' watchdog ends the job if one of them stops in it).
+      std::optional<watchdog::StartupWait> after_case;
+      if (rank < c.world_size) after_case.emplace("the ranks outside the case, at the barrier after it");
+      wait_quietly(world);
+    }
     if (rank == 0) {
       const bool same_math = c.group == "pathology" || c.group == "input" || c.group == "update";
       results.push_back({c, r.summary, r.record.path, diagnose(r.record, r.summary), r.record.oversubscribed_ranks(),

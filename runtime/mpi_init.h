@@ -11,6 +11,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "runtime/settings.h"
+#include "runtime/watchdog.h"
+
 namespace ddplab {
 
 inline const char* mpi_thread_level_name(int level) {
@@ -31,6 +34,25 @@ inline std::string mpi_thread_level_shortfall(int provided) {
          "use an MPI library built with thread support (Open MPI >= 3 and MPICH have it by default)";
 }
 
+// DDPLAB_MPI_WAIT_S (runtime/settings.h). Read where MPI may not be up yet: a bad value takes the default here, and
+// settings::check_all refuses it once MPI is up.
+inline double mpi_wait_bound_s() {
+  try {
+    return static_cast<double>(settings::integer(settings::kMpiWaitS));
+  } catch (const settings::BadSetting&) {
+    return std::atof(settings::kMpiWaitS.default_text);
+  }
+}
+
+// MPI_Finalize, bounded: it waits for every rank, and one stopped before it kept the others there for good. Past the
+// bound this rank leaves without it (exit code 3): its work is done and written, and its output flushed first.
+inline void finalize_mpi() {
+  std::fflush(nullptr);
+  const watchdog::StartupWait finishing("MPI_Finalize: every rank of the job finishing (DDPLAB_MPI_WAIT_S)",
+                                        mpi_wait_bound_s(), watchdog::StartupWait::Mpi::kOutside);
+  MPI_Finalize();
+}
+
 // After MPI_Init_thread: every rank learns the lowest level any rank got (so none goes on while another stops);
 // below MPI_THREAD_MULTIPLE, rank 0 prints "<program>: error: <reason>" and every rank finalizes MPI and exits 2.
 inline void require_mpi_thread_multiple(int provided, const char* program) {
@@ -41,15 +63,18 @@ inline void require_mpi_thread_multiple(int provided, const char* program) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, shortfall.c_str());
-  std::fflush(stderr);
-  MPI_Finalize();
+  finalize_mpi();
   std::exit(2);
 }
 
 // MPI_Init_thread asking for MPI_THREAD_MULTIPLE; returns the level the library provides, for
 // require_mpi_thread_multiple (the programs make that first collective under the watchdog, runtime/watchdog.h).
+// Bounded: Open MPI's MPI_Init waits for every rank of the job, and a rank stopped before it (seen: in the dynamic
+// loader) kept the others there for good.
 inline int start_mpi_multithreaded(int* argc, char*** argv) {
   int provided = MPI_THREAD_SINGLE;
+  const watchdog::StartupWait joining("MPI_Init: every rank of the job joining (DDPLAB_MPI_WAIT_S)", mpi_wait_bound_s(),
+                                      watchdog::StartupWait::Mpi::kOutside);
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   return provided;
 }

@@ -73,10 +73,19 @@ inline constexpr Knob kBlasAuto{"DDPLAB_BLAS_AUTO",
 inline constexpr Knob kTrainPage{"DDPLAB_TRAIN_PAGE", "on",
                                  "off: ddplab train writes no <stem>.report.html beside its run file", 0, -1, "on|off"};
 
-inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes,
-                                         &kCommTransport,  &kLocalRegister,      &kDirectAllreduce,
-                                         &kCommSpinUs,     &kCommMaxSleepUs,     &kBlasAuto,
-                                         &kTrainPage};
+// How long MPI_Init and MPI_Finalize wait for every rank of the job before this rank leaves (runtime/mpi_init.h): the
+// watchdog's default bound (--timeout-s), which a launcher loading every rank's binary and CUDA's libraries from a
+// cold shared disk, or rank 0 writing a suite's charts while the others finalize, stays well inside. Read before MPI
+// starts, checked with the rest once it is up.
+inline constexpr Knob kMpiWaitS{"DDPLAB_MPI_WAIT_S", "300",
+                                "seconds MPI_Init and MPI_Finalize wait for every rank before this rank leaves "
+                                "(exit code 3)",
+                                1, 86400};
+
+inline constexpr const Knob* kKnobs[] = {
+    &kRingSliceBytes,  &kRingSlicesPerChunk, &kSmallAllreduceBytes, &kCommTransport, &kLocalRegister,
+    &kDirectAllreduce, &kCommSpinUs,         &kCommMaxSleepUs,      &kBlasAuto,      &kTrainPage,
+    &kMpiWaitS};
 
 // The knob's value: the environment's, read once, or its default_text when it is unset or empty (`fallback`, for a
 // default computed by the caller). Throws BadSetting when it is set to what the knob does not take.

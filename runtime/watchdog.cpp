@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -40,6 +41,14 @@ std::atomic<int64_t> g_timeout_ns{0};
 std::atomic<int64_t> g_last_progress_ns{0};
 std::atomic<int> g_step{-1};
 std::atomic<int> g_rank{-1};
+std::atomic<bool> g_mpi_can_abort{false};  // false around MPI_Init and MPI_Finalize: the watchdog exits alone
+
+// This process's rank before MPI_Init has returned, as the launcher gave it (Open MPI, PMIx, Slurm); -1 unknown.
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  return -1;
+}
 
 struct AbortHook {
   int id;
@@ -82,10 +91,12 @@ class Monitor {
   void loop(int64_t last_look) {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
-      const int64_t timeout = g_timeout_ns.load();
       // A few looks per timeout: the abort comes at most ~25% after the deadline.
-      const int64_t period = timeout > 0 ? std::clamp<int64_t>(timeout / 4, 10'000'000, 1'000'000'000) : 1'000'000'000;
+      const int64_t planned = g_timeout_ns.load();
+      const int64_t period = planned > 0 ? std::clamp<int64_t>(planned / 4, 10'000'000, 1'000'000'000) : 1'000'000'000;
       cv_.wait_for(lock, std::chrono::nanoseconds(period), [&] { return stop_; });
+      // The timeout as armed now: the process may have been armed (and then stopped) during the wait.
+      const int64_t timeout = g_timeout_ns.load();
       const int64_t now = now_ns(), absent = now - last_look - period;
       last_look = now;
       if (stop_ || timeout <= 0) continue;
@@ -136,17 +147,23 @@ class Monitor {
     std::snprintf(head, sizeof head, "ddplab: error on rank %d: watchdog: no progress for %.1f s%s", rank,
                   stalled_ns / 1e9, step >= 0 ? (" at step " + std::to_string(step)).c_str() : "");
     for (const std::string& wait : open) std::fprintf(stderr, "%s: waiting for %s\n", head, wait.c_str());
-    std::fprintf(stderr,
-                 "ddplab: rank %d aborts the job (exit code %d): a peer is dead, hung or out of step; raise "
-                 "--timeout-s if the wait was legitimate\n",
-                 rank, kExitCode);
+    if (g_mpi_can_abort)
+      std::fprintf(stderr,
+                   "ddplab: rank %d aborts the job (exit code %d): a peer is dead, hung or out of step; raise "
+                   "--timeout-s if the wait was legitimate\n",
+                   rank, kExitCode);
+    else  // in MPI_Init or MPI_Finalize, where MPI_Abort cannot be called
+      std::fprintf(stderr,
+                   "ddplab: rank %d leaves (exit code %d): a peer is dead, stopped or was never started; mpirun "
+                   "ends the others\n",
+                   rank, kExitCode);
     std::fflush(stderr);
     {
       std::lock_guard<std::mutex> lock(g_hooks_mutex);
       for (const AbortHook& h : g_hooks) h.hook(h.context);
     }
-    MPI_Abort(MPI_COMM_WORLD, kExitCode);
-    _exit(kExitCode);  // MPI_Abort does not return; if it did, still never hang
+    if (g_mpi_can_abort) MPI_Abort(MPI_COMM_WORLD, kExitCode);
+    _exit(kExitCode);  // MPI_Abort does not return; if it did, or cannot be called here, still never hang
   }
 
   std::mutex mutex_;
@@ -171,12 +188,16 @@ ThreadWaits& this_thread_waits() {
 }  // namespace
 
 void arm(double seconds) {
-  int initialized = 0;
+  int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
-  if (initialized) {
+  MPI_Finalized(&finalized);
+  g_mpi_can_abort = initialized && !finalized;
+  if (g_mpi_can_abort) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     g_rank = rank;
+  } else if (g_rank < 0) {
+    g_rank = launcher_rank();
   }
   g_last_progress_ns = now_ns();
   // At least a millisecond: a smaller positive timeout would round to 0 ns, which means disarmed.
@@ -248,8 +269,9 @@ ArmedRun::~ArmedRun() {
   set_step(-1);
 }
 
-StartupWait::StartupWait(const char* what) {
-  arm(ArmedRun::kSetupFloorS);
+StartupWait::StartupWait(const char* what, double bound_s, Mpi mpi) {
+  arm(bound_s);
+  if (mpi == Mpi::kOutside) g_mpi_can_abort = false;
   wait_.emplace(what);
 }
 

@@ -70,13 +70,16 @@ class ArmedRun {
   std::optional<Wait> setup_;
 };
 
-// The ranks' first agreements after MPI_Init (the program and its build, the arguments and settings), before any
-// --timeout-s is read: armed for ArmedRun::kSetupFloorS while this object lives, as one wait named `what`, so that a
-// rank stopped or hung there ends the job rather than keeping the others in the collective for good. Never inside an
-// ArmedRun (it disarms on its way out).
+// A wait outside any run: MPI_Init and MPI_Finalize (runtime/mpi_init.h), the ranks' first agreements after MPI_Init
+// (the program and its build, the arguments and settings), before any --timeout-s is read, and a suite's hand-over
+// from one case to the next. Armed for `bound_s` while this object lives, as one wait named `what`, so that a rank
+// stopped or hung there ends the job rather than keeping the others in the call for good. Around MPI_Init and
+// MPI_Finalize (`mpi` kOutside) MPI cannot abort the job: the watchdog ends this process alone, and mpirun, seeing a
+// rank leave without finalizing, ends the others. Never inside an ArmedRun (it disarms on its way out).
 class StartupWait {
  public:
-  explicit StartupWait(const char* what);
+  enum class Mpi { kInside, kOutside };
+  explicit StartupWait(const char* what, double bound_s = ArmedRun::kSetupFloorS, Mpi mpi = Mpi::kInside);
   ~StartupWait();
   StartupWait(const StartupWait&) = delete;
   StartupWait& operator=(const StartupWait&) = delete;

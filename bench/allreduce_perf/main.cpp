@@ -205,8 +205,8 @@ int run_checked(const Options& o, int rank, int n) {
 
 int main(int argc, char** argv) {
   using namespace ddplab::perf;
-  const int provided = ddplab::start_mpi_multithreaded(&argc, &argv);  // the GPU ring runs a comm thread
   ddplab::watchdog::name_thread("main thread");
+  const int provided = ddplab::start_mpi_multithreaded(&argc, &argv);  // the GPU ring runs a comm thread
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -240,10 +240,10 @@ int main(int argc, char** argv) {
   }
   if (!refused.empty() || asked_for_help) {
     if (rank == 0 && !refused.empty()) std::fprintf(stderr, "allreduce_perf: error: %s\n", refused.c_str());
-    MPI_Finalize();
+    ddplab::finalize_mpi();
     return refused.empty() ? 0 : 2;
   }
   const int code = run_checked(options, rank, n);
-  MPI_Finalize();
+  ddplab::finalize_mpi();
   return code;
 }

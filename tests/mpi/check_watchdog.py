@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The watchdog end to end (runtime/watchdog.h): a wait that never ends aborts the job within the timeout, naming
 the wait, its peer, tag and step, after running the abort hooks (one of them unlinks the shared-memory names of a
-setup a peer left half done); a long operation made of short waits does not.
+setup a peer left half done); a long operation made of short waits does not; MPI_Init behind a peer that never starts
+MPI, and MPI_Finalize beside a peer stopped before it, end within DDPLAB_MPI_WAIT_S.
 
 usage: check_watchdog.py MPIRUN WATCHDOG_PROBE
 """
@@ -68,6 +69,20 @@ def main():
     check(p.returncode == 0 and "rank 0: watchdog: this rank did not run for" in err and "aborts the job" not in err,
           f"stopped: a rank stopped 3 s under a 1 s timeout says it did not run, and does not abort (code "
           f"{p.returncode}) {err[-300:]}")
+    # MPI_Init and MPI_Finalize wait for every rank: a peer that never starts MPI (here `sleep`, launched as rank 1),
+    # or one stopped before finalizing, would keep the probe there for good. DDPLAB_MPI_WAIT_S bounds both.
+    env = dict(os.environ, DDPLAB_MPI_WAIT_S="2")
+    for what, command in (("MPI_Init", ["-np", "1", probe, "busy", ":", "-np", "1", "sleep", "100"]),
+                          ("MPI_Finalize", ["-np", "2", probe, "finalize"])):
+        start = time.monotonic()
+        p = subprocess.run([mpirun, "--bind-to", "none"] + command, capture_output=True, text=True, timeout=120,
+                           env=env)
+        seconds = time.monotonic() - start
+        check(p.returncode == 3 and f"rank 0: watchdog: no progress for" in p.stderr and
+              f"waiting for {what}: every rank of the job" in p.stderr and "rank 0 leaves (exit code 3)" in p.stderr,
+              f"{what} behind a missing peer: rank 0 leaves with code 3, naming the wait (code {p.returncode}) "
+              f"{p.stderr[-300:]}")
+        check(seconds < 40, f"{what}: the job ends soon after DDPLAB_MPI_WAIT_S=2 ({seconds:.1f} s)")
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   MPI_Allreduce(local, most, 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   const bool any_failed = most[0] != 0, any_skipped = most[1] != 0, all_skipped = most[2] == 0;
   if (rank == 0 && any_failed && !local_failed) std::fprintf(stderr, "a test failed on another rank\n");
-  MPI_Finalize();
+  ddplab::finalize_mpi();
   return ddplab::testing_exit::exit_code(any_failed,
                                          ddplab::testing_exit::any_skip_counts() ? any_skipped : all_skipped);
 }

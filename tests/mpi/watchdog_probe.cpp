@@ -14,6 +14,10 @@
 //   watchdog_probe stopped         one rank prints its pid and stops itself (SIGSTOP) inside a wait; the test
 //                                  continues it seconds later: its own absence is no peer's stall, so no abort, and
 //                                  it says that it did not run
+//   watchdog_probe finalize        rank 1 stops itself (SIGSTOP) before MPI_Finalize; rank 0's, bounded by
+//                                  DDPLAB_MPI_WAIT_S, must leave with code 3 rather than wait for it for good
+// Every mode starts MPI as the programs do (runtime/mpi_init.h), bounded the same way: behind a peer that never
+// starts MPI, the probe must leave MPI_Init with code 3.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "comm/shm_transport.h"
+#include "runtime/mpi_init.h"
 #include "runtime/watchdog.h"
 
 namespace {
@@ -39,13 +44,12 @@ void create_marker(void* path) {
 
 int main(int argc, char** argv) {
   using namespace ddplab;
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  watchdog::name_thread("main thread");
+  init_mpi_multithreaded(&argc, &argv, "watchdog_probe");
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const std::string mode = argc > 1 ? argv[1] : "";
-  watchdog::name_thread("main thread");
   watchdog::arm(1.0);
   watchdog::set_step(42);
   if (mode == "hang" && argc > 2) {
@@ -93,9 +97,16 @@ int main(int argc, char** argv) {
     raise(SIGSTOP);
     // Past the watchdog's first look after the stop (every 0.25 s at a 1 s timeout), which would have aborted.
     std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  } else if (mode == "finalize") {
+    watchdog::disarm();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) raise(SIGSTOP);
+    finalize_mpi();
+    return 0;
   } else {
     if (rank == 0)
-      std::fprintf(stderr, "usage: watchdog_probe hang MARKER | unread MARKER | half_shared | busy | stopped\n");
+      std::fprintf(stderr,
+                   "usage: watchdog_probe hang MARKER | unread MARKER | half_shared | busy | stopped | finalize\n");
     MPI_Finalize();
     return 2;
   }
