@@ -13,6 +13,9 @@
 #include "record/run_record.h"
 #include "runtime/agreement.h"
 #include "runtime/errors.h"
+#include "runtime/watchdog.h"
+#include "train/step_rules.h"
+#include "train/stop_signals.h"
 
 namespace ddplab {
 
@@ -70,6 +73,16 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
   else
     std::printf("charts: not drawn (%s)\n", failure.why.c_str());
   print_page_line(page, failure ? "charts.py writes it: see the line above" : "");
+}
+
+void stop_if_signalled(const std::string& next_run, MPI_Comm world) {
+  int mine = StopSignals::received(), any = 0;
+  {
+    const watchdog::StartupWait agreeing("the ranks' agreement on a stop signal, between two runs");
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, world);
+  }
+  if (any != 0)
+    throw TrainingStopped(std::string(stop_signal_name(any)) + " received: stopped before " + next_run, 128 + any);
 }
 
 void require_same_options(const char* command, const std::vector<std::pair<std::string, std::string>>& options) {

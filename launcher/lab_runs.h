@@ -35,6 +35,11 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
 // Collective over MPI_COMM_WORLD; throws UsageError naming the options that differ.
 void require_same_options(const char* command, const std::vector<std::pair<std::string, std::string>>& options);
 
+// Between two runs of a suite or sweep (which holds a StopSignals over all of them): a stop signal that reached any
+// rank stops the command before `next_run`, on every rank alike, with TrainingStopped (exit code 128 + the signal).
+// Collective over world.
+void stop_if_signalled(const std::string& next_run, MPI_Comm world);
+
 // "a,b,c".
 std::string joined(const std::vector<std::string>& words);
 

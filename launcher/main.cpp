@@ -275,11 +275,9 @@ int main(int argc, char** argv) {
     finalize_mpi();
     return 2;
   } catch (const TrainingStopped& e) {
-    // Every rank of the run stopped at the same step and its run file is written. A train job ends cleanly; in a
-    // suite or sweep, ranks outside the stopped case wait elsewhere, so the job is ended for them.
+    // Every rank stopped at the same place (a step, or between a suite's or sweep's runs) with its run file written;
+    // a suite case that leaves ranks outside it ends the job itself (launcher/suite.cpp). So the job ends cleanly.
     if (rank == 0) std::fprintf(stderr, "ddplab: stopped: %s\n", e.what());
-    std::fflush(stderr);
-    if (!commands.train->parsed()) MPI_Abort(MPI_COMM_WORLD, e.exit_code);
     finalize_mpi();
     return e.exit_code;
   } catch (const std::exception& e) {

@@ -619,8 +619,8 @@ std::string check_room_for_outputs(const TrainConfig& config, const Trainer& tra
 }
 
 TrainingStopped stopped_by_signal(int signal, int step) {
-  const char* name = signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal";
-  return TrainingStopped(std::string(name) + " received: stopped after step " + std::to_string(step), 128 + signal);
+  return TrainingStopped(
+      std::string(stop_signal_name(signal)) + " received: stopped after step " + std::to_string(step), 128 + signal);
 }
 
 // This rank's share of the token shards' vocabulary check, {part, parts}: the ranks that read the same files split it,

@@ -28,6 +28,8 @@
 #include "runtime/errors.h"
 #include "runtime/owned_comm.h"
 #include "runtime/watchdog.h"
+#include "train/step_rules.h"
+#include "train/stop_signals.h"
 
 namespace ddplab {
 namespace {
@@ -265,7 +267,9 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
   MPI_Comm_size(world, &size);
   std::vector<CaseResult> results;
   std::optional<RunRecord> baseline;  // rank 0: the baseline case's records, once it has run
+  const StopSignals signals;          // over every case: a signal between two of them stops the suite before the next
   for (const Case& c : cases) {
+    stop_if_signalled("case " + c.name, world);
     const double start = MPI_Wtime();
     OwnedComm sub;  // none on the ranks outside this case
     {
@@ -285,6 +289,14 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
           if (rank == 0) std::fprintf(stderr, "ddplab: error in case %s: %s\n", c.name.c_str(), e.what());
           std::fflush(stderr);
           MPI_Abort(world, 2);
+        }
+        throw;
+      } catch (const TrainingStopped& e) {
+        // Its ranks stopped together, its run file written; the ranks outside it wait below: the job ends for them.
+        if (c.world_size < size) {
+          if (rank == 0) std::fprintf(stderr, "ddplab: stopped in case %s: %s\n", c.name.c_str(), e.what());
+          std::fflush(stderr);
+          MPI_Abort(world, e.exit_code);
         }
         throw;
       }

@@ -24,6 +24,7 @@
 #include "record/files.h"
 #include "runtime/errors.h"
 #include "runtime/watchdog.h"
+#include "train/stop_signals.h"
 
 namespace ddplab {
 
@@ -342,13 +343,17 @@ std::vector<PredictSource> measure_grid(const SweepOptions& o, const std::option
   const std::vector<size_t> order = measuring_order(o);
   std::vector<std::vector<Measured>> repeats(points.size());
   std::vector<PredictSource> sources;
+  const StopSignals signals;  // over every run: a signal between two of them stops the sweep before the next
   for (int round = 0; round < o.repeats; ++round) {
     if (o.predict) {
+      stop_if_signalled("the run the predictions start from", world);
       sources.push_back(run_predict_source(o, calibration, round, command_line, world));
       if (const std::optional<StepModel>& model = sources.back().model) predict_points(*model, points);  // rank 0
     }
     for (size_t k = 0; k < order.size(); ++k) {
       const size_t i = order[round % 2 ? order.size() - 1 - k : k];
+      stop_if_signalled(fmt("the point --bucket-mb %g --overlap %s", points[i].bucket_mb, points[i].overlap.c_str()),
+                        world);
       repeats[i].push_back(measure_point(o, points[i], round, command_line, world));
     }
   }

@@ -7,6 +7,7 @@ namespace {
 
 volatile std::sig_atomic_t g_received = 0;
 struct sigaction g_previous_int, g_previous_term;
+int g_installed = 0;  // StopSignals alive (main thread only): the outermost installs and restores
 
 void on_stop_signal(int signal) {
   if (g_received == 0) g_received = signal;
@@ -15,6 +16,7 @@ void on_stop_signal(int signal) {
 }  // namespace
 
 StopSignals::StopSignals() {
+  if (g_installed++ > 0) return;
   g_received = 0;
   struct sigaction action = {};
   action.sa_handler = on_stop_signal;
@@ -25,10 +27,15 @@ StopSignals::StopSignals() {
 }
 
 StopSignals::~StopSignals() {
+  if (--g_installed > 0) return;
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
 }
 
 int StopSignals::received() { return g_received; }
+
+const char* stop_signal_name(int signal) {
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal";
+}
 
 }  // namespace ddplab
