@@ -246,7 +246,7 @@ uint64_t host_memory_bytes() {
 
 // What the flags make a rank allocate before its first step is done, within this host's memory: past it, the run
 // would fail in that step instead of before any work. The least each takes, so that a refusal is certain.
-void validate_memory(const TrainConfig& c) {
+void validate_memory(const TrainConfig& c, int ranks) {
   const uint64_t memory = host_memory_bytes();
   const std::string host = " on this host, whose memory is " + bytes_text(memory);
   if (c.transformer() && c.data.empty()) {
@@ -277,17 +277,39 @@ void validate_memory(const TrainConfig& c) {
       floats =
           static_cast<double>(c.batch) * (m.input_dim + 2.0 * m.hidden_dim * m.num_hidden_layers + 2.0 * m.num_classes);
       sized_by = "--batch " + std::to_string(c.batch) + " at the MLP's widths";
+      // Its parameters and their gradients, 8 bytes a parameter at the least (AdamW's moments come on top).
+      const double parameters = double(m.input_dim + 1) * m.hidden_dim +
+                                double(m.num_hidden_layers - 1) * (m.hidden_dim + 1.0) * m.hidden_dim +
+                                double(m.hidden_dim + 1) * m.num_classes;
+      require(8 * parameters <= static_cast<double>(memory),
+              "the MLP's widths (--input-dim, --hidden, --layers, --classes) make " + value_text(parameters) +
+                  " parameters, whose values and gradients take at least " +
+                  bytes_text(static_cast<uint64_t>(std::min(8 * parameters, 1e18))) + ", more than this host's " +
+                  "memory, " + bytes_text(memory) + ": lower them");
     } else {
       const int longest = TokenBatches::longest_sequence(c);
       const bool padded = c.batching == Batching::kSample || c.batching == Batching::kBucket;
-      const int rows = padded ? c.batch : 1;
+      int64_t rows = padded ? c.batch : 1;
+      bool budget = false;  // the rows come from the token budget and the epoch's share
+      if (!padded && c.data.empty()) {
+        // token and pack: a micro-batch fills its budget (--max-tokens) while its slot's share of the epoch lasts. The
+        // largest slot holds at least the average share, --epoch-size / (ranks x --grad-accum) sequences of at least
+        // --min-len tokens each; a budget past it takes the whole share.
+        const int64_t share = c.epoch_size / (int64_t{ranks} * c.grad_accum);
+        const int64_t least_tokens = std::min(TokenBatches::max_tokens(c) - longest, share * c.min_len);
+        rows = std::max<int64_t>(1, least_tokens / longest);
+        budget = rows > 1;
+      }
       const double tokens = static_cast<double>(rows) * longest;
-      floats = Transformer<float>::activation_elements(TokenBatches::model_config(c), rows, longest);
+      floats = Transformer<float>::activation_elements(TokenBatches::model_config(c), static_cast<int>(rows), longest);
       const std::string sequence =
           longest == c.max_len ? "--max-len" : "the epoch's longest sequence, " + std::to_string(longest) + " tokens";
       sized_by = std::to_string(static_cast<int64_t>(tokens)) + " tokens a micro-batch (" +
-                 (padded ? "--batch x " + sequence : "one sequence of " + sequence) + ") of --model " +
-                 to_string(c.model);
+                 (budget ? "--max-tokens " + std::to_string(c.max_tokens) + " over --epoch-size " +
+                               std::to_string(c.epoch_size) + " on " + slots_text(c, ranks) + ": at least " +
+                               std::to_string(rows) + " rows of " + sequence
+                         : (padded ? "--batch x " : "one sequence of ") + sequence) +
+                 ") of --model " + to_string(c.model);
     }
     const double bytes = floats * sizeof(float);
     require(bytes <= static_cast<double>(memory),
@@ -361,7 +383,7 @@ void validate_for_ranks(const TrainConfig& c, int ranks, int scan_part, int scan
   require(int64_t{c.batch} * c.grad_accum <= INT_MAX / ranks,
           "--batch " + std::to_string(c.batch) + " x " + slots_text(c, ranks) + " is more than the " +
               std::to_string(INT_MAX) + " samples a step can count (the global batch): lower --batch");
-  validate_memory(c);
+  validate_memory(c, ranks);
   if (!c.transformer()) return;
   if (!c.val_data.empty()) validate_token_shards(c, "--val-data", c.val_data, ranks, scan_part, scan_parts);
   if (!c.data.empty())

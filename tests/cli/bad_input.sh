@@ -157,6 +157,11 @@ refusals_at() {
     train --model tiny --max-len 100000 --steps 1
   expect_error $np "100000 tokens a micro-batch (one sequence of --max-len) of --model tiny keeps at least 152.3 GiB" \
     train --model tiny --head lm --batching token --max-tokens 100000 --max-len 100000 --steps 1
+  # A token budget past the epoch: each micro-batch takes its slot's whole share (1e6 sequences of >= 64 tokens)
+  expect_error $np "tokens a micro-batch (--max-tokens 1000000000000 over --epoch-size 1000000 on $np rank" \
+    train --model tiny --head lm --batching token --max-tokens 1000000000000 --epoch-size 1000000 --steps 1
+  expect_error $np "the MLP's widths (--input-dim, --hidden, --layers, --classes) make 1.001e+11 parameters" \
+    train --input-dim 1000000 --hidden 100000 --layers 1 --batch 1 --steps 1
   expect_error $np "--profile-steps must be A:B" train "${small[@]}" --device cuda --comm nccl --profile-steps 3:2
   expect_error $np "--profile-steps 1:5 goes past the run's last step, 1 (--steps 2)" train "${small[@]}" --device cuda --comm nccl --profile-steps 1:5
   expect_error $np "--device must be cpu or cuda (got 'tpu')" train "${small[@]}" --device tpu
