@@ -10,6 +10,7 @@
 #include "analysis/format.h"
 #include "launcher/page.h"
 #include "launcher/run.h"
+#include "record/files.h"
 #include "record/run_record.h"
 #include "runtime/agreement.h"
 #include "runtime/errors.h"
@@ -31,7 +32,25 @@ void print_few_steps_note(const TrainConfig& c) {
                 std::max(0, c.warmup_steps) + 5);
 }
 
-std::string prepare_out_dir(std::string dir, const std::string& prefix, bool force, MPI_Comm world) {
+namespace {
+
+// The first name of a reused results folder that the command could not write, in one line; "" when none.
+std::string reused_folder_problem(const std::string& dir, std::vector<std::string> outputs) {
+  for (const char* name : {"summary.csv", "summary.json", "charts.log", "report.html"}) outputs.push_back(name);
+  for (const std::string& name : outputs)
+    if (const std::string problem = check_output_path(dir + "/" + name, /*force=*/true); !problem.empty())
+      return problem;
+  struct stat st;
+  const std::string charts = dir + "/charts";
+  if (lstat(charts.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return "the charts' folder " + charts + " exists and is not a folder";
+  return "";
+}
+
+}  // namespace
+
+std::string prepare_out_dir(std::string dir, const std::string& prefix, bool force,
+                            const std::vector<std::string>& outputs, MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   std::string error;
@@ -49,6 +68,8 @@ std::string prepare_out_dir(std::string dir, const std::string& prefix, bool for
         error = "results folder " + dir + " exists and is not a folder";
       else if (!force)
         error = "results folder " + dir + " exists (--force reuses it, overwriting its files)";
+      else
+        error = reused_folder_problem(dir, outputs);
     }
   }
   error = broadcast_error(error, world);

@@ -20,8 +20,12 @@ std::string steps_each(const TrainConfig& c);
 void print_few_steps_note(const TrainConfig& c);
 
 // Rank 0 creates the results folder (default runs/<prefix>_<time>); every rank learns its name or the error.
+// A folder reused with --force has every name the command will write checked first (`outputs`, the run files and
+// timelines, and the summaries, charts and page every such folder gets): a name it cannot write, such as a folder
+// where a file goes, is refused before any run rather than after the runs before it replaced their files.
 // Collective over world.
-std::string prepare_out_dir(std::string dir, const std::string& prefix, bool force, MPI_Comm world);
+std::string prepare_out_dir(std::string dir, const std::string& prefix, bool force,
+                            const std::vector<std::string>& outputs, MPI_Comm world);
 
 // Charts of the given run files into dir/charts and the page, dir/report.html (scripts/charts.py with Debian's
 // python3: h5py, matplotlib, jinja2), its output into dir/charts.log. Charts and page are a convenience: without

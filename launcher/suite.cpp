@@ -736,7 +736,12 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
     // The base as the largest case: the device, the nodes and cuDNN's attention, on every rank.
     validate_launch(o.base, world);
-    o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, world);
+    std::vector<std::string> outputs;
+    for (const Case& c : cases) {
+      outputs.push_back(c.name + ".h5");
+      if (c.name == "straggler") outputs.push_back(default_timeline_path(c.name + ".h5"));
+    }
+    o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, outputs, world);
   }
 
   if (rank == 0) {

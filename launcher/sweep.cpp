@@ -95,6 +95,32 @@ struct SweepPoint {
   }
 };
 
+// A point's run in a round: bucket1_overlap_on (one round), bucket1_overlap_on_r2 (round 2 of several).
+std::string point_run_name(const SweepOptions& o, double bucket_mb, const std::string& overlap, int round) {
+  char name[80];
+  if (o.repeats == 1)
+    std::snprintf(name, sizeof name, "bucket%g_overlap_%s", bucket_mb, overlap.c_str());
+  else
+    std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", bucket_mb, overlap.c_str(), round + 1);
+  return name;
+}
+
+// The run a round's predictions start from: predict_from, or predict_from_r<k> of several rounds.
+std::string predict_run_name(const SweepOptions& o, int round) {
+  return o.repeats == 1 ? "predict_from" : "predict_from_r" + std::to_string(round + 1);
+}
+
+// Every run file the sweep will write in its folder.
+std::vector<std::string> sweep_outputs(const SweepOptions& o) {
+  std::vector<std::string> names;
+  for (int round = 0; round < o.repeats; ++round) {
+    if (o.predict) names.push_back(predict_run_name(o, round) + ".h5");
+    for (double b : o.bucket_mb)
+      for (const std::string& overlap : o.overlap) names.push_back(point_run_name(o, b, overlap, round) + ".h5");
+  }
+  return names;
+}
+
 // --predict: a round's first run, at train's default bucket cap and overlap and the sweep's other flags, and the
 // model built from it (on rank 0; the other ranks learn only whether that worked).
 struct PredictSource {
@@ -107,7 +133,7 @@ PredictSource run_predict_source(const SweepOptions& o, const std::optional<Cali
   MPI_Comm_rank(world, &rank);
   TrainConfig config = o.base;
   config.quiet = true;
-  const std::string name = o.repeats == 1 ? "predict_from" : "predict_from_r" + std::to_string(round + 1);
+  const std::string name = predict_run_name(o, round);
   config.out = o.out_dir + "/" + name + ".h5";
   const SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
   PredictSource source{r.record.path, std::nullopt};
@@ -309,11 +335,7 @@ struct Measured {
 Measured measure_point(const SweepOptions& o, SweepPoint& point, int round, const std::string& command_line,
                        MPI_Comm world) {
   TrainConfig config = point_config(o, point.bucket_mb, point.overlap);
-  char name[80];
-  if (o.repeats == 1)
-    std::snprintf(name, sizeof name, "bucket%g_overlap_%s", point.bucket_mb, point.overlap.c_str());
-  else
-    std::snprintf(name, sizeof name, "bucket%g_overlap_%s_r%d", point.bucket_mb, point.overlap.c_str(), round + 1);
+  const std::string name = point_run_name(o, point.bucket_mb, point.overlap, round);
   config.out = o.out_dir + "/" + name + ".h5";
   SummarizedRun r = run_training(config, world, RunOptions{"sweep", command_line, name});
   point.repeat_step_ms.push_back(r.summary.slowest_step_ms);
@@ -562,7 +584,7 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
     }
     if (const std::string reason = first_failing_reason(refused, world); !reason.empty()) throw UsageError(reason);
     validate_launch(o.base, world);  // what every point's run would refuse, before the folder is made
-    o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, world);
+    o.out_dir = prepare_out_dir(o.out_dir, "sweep", o.base.force, sweep_outputs(o), world);
   }
   if (rank == 0) print_sweep_header(o, size);
   std::vector<SweepPoint> points = grid_points(o);

@@ -230,5 +230,22 @@ with tempfile.TemporaryDirectory() as work:
                           os.path.join(work, "bad")], capture_output=True, text=True, timeout=60)
     check(bad.returncode == 2 and "--repeats must be at least 1" in bad.stderr and not os.path.exists(
         os.path.join(work, "bad")), "--repeats 0 is refused with exit code 2, before any run")
+    # A folder reused with --force where one output is blocked (a folder where a run file goes): refused before any
+    # run, the runs already there untouched.
+    reused = os.path.join(work, "reused")
+    tiny = ["--steps", "3", "--warmup-steps", "1", "--input-dim", "32", "--hidden", "32", "--classes", "10",
+            "--bucket-mb", "1,5", "--overlap", "on", "--out-dir", reused]
+    first = subprocess.run([ddplab, "sweep"] + tiny, capture_output=True, text=True, timeout=120)
+    if first.returncode == 0:
+        kept = open(os.path.join(reused, "bucket1_overlap_on.h5"), "rb").read()
+        os.remove(os.path.join(reused, "bucket5_overlap_on.h5"))
+        os.mkdir(os.path.join(reused, "bucket5_overlap_on.h5"))
+        bad = subprocess.run([ddplab, "sweep"] + tiny + ["--force"], capture_output=True, text=True, timeout=120)
+        check(bad.returncode == 2 and "bucket5_overlap_on.h5 is a folder" in bad.stderr and
+              open(os.path.join(reused, "bucket1_overlap_on.h5"), "rb").read() == kept,
+              f"--force into a folder with a blocked output: exit 2 before any run, nothing replaced "
+              f"({bad.returncode}: {bad.stderr.strip()[-200:]})")
+    else:
+        check(False, f"a small sweep exits 0 ({first.returncode}: {first.stderr[-300:]})")
 print(f"sweep checks: {len(failures)} failed")
 sys.exit(1 if failures else 0)
