@@ -57,6 +57,12 @@ CLI::Validator decimal_validator() {
   return CLI::Validator(knob_flags_detail::as_decimal<T>, "", std::is_integral_v<T> ? "DECIMAL" : "NUMBER");
 }
 
+// A path flag given an empty value: a variable left unset in a script, not a request for none or for the default.
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) { return text.empty() ? std::string("needs a path (got an empty one)") : ""; }, "", "PATH");
+}
+
 // The flag's value as the error names it: "0", "-1", "0.5".
 template <typename T>
 std::string value_text(T value) {

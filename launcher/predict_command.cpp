@@ -588,9 +588,11 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--calibration", args->calibration, "allreduce_perf -J file: all-reduce times to use")
+      ->check(non_empty_path())
       ->type_name("FILE");
-  CLI::Option* json =
-      cmd->add_option("--json", args->json, "write the table and recommendations as JSON")->type_name("OUT");
+  CLI::Option* json = cmd->add_option("--json", args->json, "write the table and recommendations as JSON")
+                          ->check(non_empty_path())
+                          ->type_name("OUT");
   cmd->add_flag("--force", args->force, "overwrite an existing --json file")->needs(json);
   // Every list flag's values as given (a --link's presets are checked where its text is split).
   cmd->parse_complete_callback([cmd] {

@@ -10,6 +10,7 @@
 #include "analysis/format.h"
 #include "analysis/report.h"
 #include "analysis/timeline.h"
+#include "config/knob_flags.h"
 #include "config/train_config.h"
 #include "launcher/page.h"
 #include "record/files.h"
@@ -93,6 +94,7 @@ void add_report_command(CLI::App& app, FileCommand& parsed) {
       report
           ->add_option("--html", args->html,
                        "write the runs as one self-contained HTML page instead (setup, table, charts, blame)")
+          ->check(non_empty_path())
           ->type_name("OUT.html")
           ->excludes("--json");
   report->add_flag("--force", args->force, "overwrite an existing --html page")->needs(html);
@@ -131,7 +133,7 @@ void add_timeline_command(CLI::App& app, FileCommand& parsed) {
   auto args = std::make_shared<TimelineArgs>();
   CLI::App* timeline = app.add_subcommand("timeline", "export a run to Chrome-trace JSON (Perfetto, chrome://tracing)");
   timeline->add_option("file", args->file, "run file (HDF5)")->required()->type_name("FILE.h5");
-  timeline->add_option("-o,--out", args->out, "trace file; default FILE with .trace.json");
+  timeline->add_option("-o,--out", args->out, "trace file; default FILE with .trace.json")->check(non_empty_path());
   timeline->add_flag("--force", args->force, "overwrite an existing trace file");
   timeline
       ->add_option("--steps", args->steps,

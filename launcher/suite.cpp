@@ -18,6 +18,7 @@
 #include "analysis/format.h"
 #include "analysis/predict.h"
 #include "analysis/timeline.h"
+#include "config/knob_flags.h"
 #include "launcher/cli.h"
 #include "launcher/lab_runs.h"
 #include "launcher/rank_agreement.h"
@@ -235,9 +236,11 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
        "has)");
   for (const CaseOwnedFlag& owned : kCaseOwnedFlags)
     note(owned.flag, std::string("suite ") + owned.suite + " refuses it (" + owned.why + ")");
-  suite->add_option("--out-dir", o.out_dir,
-                    "folder for the case run files and the summary (default "
-                    "runs/suite_<name>_<time>)");
+  suite
+      ->add_option("--out-dir", o.out_dir,
+                   "folder for the case run files and the summary (default "
+                   "runs/suite_<name>_<time>)")
+      ->check(non_empty_path());
   // Set here, before the train flags' checks at the end of parsing (--warmup-steps against --steps), which then see
   // the steps that will run.
   suite->add_flag_callback(

@@ -37,7 +37,8 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
       ->delimiter(',')
       ->capture_default_str();
   sweep->add_option("--overlap", o.overlap, "on, off, or on,off")->delimiter(',')->capture_default_str();
-  sweep->add_option("--out-dir", o.out_dir, "folder for the run files and the summary (default runs/sweep_<time>)");
+  sweep->add_option("--out-dir", o.out_dir, "folder for the run files and the summary (default runs/sweep_<time>)")
+      ->check(non_empty_path());
   sweep->add_flag("--predict", o.predict,
                   "first a run at the default bucket cap and overlap; every point predicted from it (ddplab predict), "
                   "then measured (with --repeats, each round starts with its own such run)");
@@ -45,6 +46,7 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
       ->add_option("--calibration", o.calibration,
                    "with --predict: allreduce_perf -J file whose all-reduce times the predictions use, as "
                    "ddplab predict --calibration (where the first run's buckets are too alike in size to fit latency)")
+      ->check(non_empty_path())
       ->type_name("FILE");
   sweep
       ->add_option("--repeats", o.repeats,

@@ -159,8 +159,9 @@ void add_flags(CLI::App& app, Options& o, Typed& t) {
           },
           "", "SECONDS"))
       ->capture_default_str();
-  app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)");
-  app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)");
+  app.add_option("--csv", o.csv_path, "also write the results as CSV (rank 0)")->check(non_empty_path());
+  app.add_option("-J,--json,--output_file", o.json_path, "also write the results as JSON (rank 0)")
+      ->check(non_empty_path());
   app.add_flag("--force", o.force, "replace an existing --csv or -J file (never done otherwise)");
 }
 

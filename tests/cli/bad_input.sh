@@ -262,6 +262,10 @@ refusals_of_data_and_knobs() {
     sweep --predict --calibration /dev/zero --steps 2
   # CLI11 read a leading 0 as octal and 0x as hex
   expect_error 2 "--repeats: must be a whole number in decimal (got '0x2')" sweep --repeats 0x2 --steps 2
+  # An empty path (a variable left unset in a script) is refused, not taken as none or as the default.
+  expect_error 2 "--out-dir: needs a path (got an empty one)" sweep --out-dir '' --steps 2
+  expect_error 1 "--json: needs a path (got an empty one)" predict "$work/none.h5" --json ''
+  expect_error 1 "--out: needs a path (got an empty one)" timeline "$work/none.h5" -o ''
   expect_error 2 "--bucket-mb: must be a decimal number (got '0x1p3')" sweep --bucket-mb 1,0x1p3 --steps 2
 
   # A DDPLAB_* knob set to a value it does not take is bad input too (runtime/settings.h), refused on every rank.

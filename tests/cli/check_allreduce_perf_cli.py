@@ -383,6 +383,7 @@ def test_bad_arguments(perf, workdir, ddplab):
         (["--impls", ""], "--impls: an empty list"),
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv"),
         (["-J", "/nonexistent/x.json"], "-J /nonexistent/x.json"),
+        (["-J", ""], "--json: needs a path (got an empty one)"),  # a variable left unset: not "no file"
         (["--csv", workdir], f"--csv {workdir}: output path {workdir} is a folder"),
         (["-z", "3"], "-z 3: 0 (queue the calls, wait once), 1 (wait and a barrier after each) or 2 (wait after each)"),
         # train's knobs, train's words (below): 1e300 us overflowed the delay into none, 0 Gbit/s read as unlimited
