@@ -189,7 +189,10 @@ void print_page_line(const std::string& page, const std::string& error) {
 void write_train_page(const SummarizedRun& run, bool quiet) {
   const std::string page = default_page_path(run.record.path);
   const ChartFailure failure = write_run_page({run}, page);
-  if (!quiet) print_page_line(page, failure.why);
+  if (!quiet)
+    print_page_line(page, failure.why);
+  else if (failure)  // --quiet prints only errors, and a page asked for and not written is one
+    std::fprintf(stderr, "ddplab: page %s not written (%s)\n", page.c_str(), failure.why.c_str());
 }
 
 }  // namespace ddplab

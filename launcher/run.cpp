@@ -608,7 +608,7 @@ std::string check_room_for_outputs(const TrainConfig& config, const Trainer& tra
   const int64_t steps = config.steps - first_step;
   const bool snapshots = writes_between(config.flush_every, first_step, config.steps);
   std::vector<std::pair<std::string, uint64_t>> files = {
-      {config.out, run_file_data_bytes(world_size, steps, trainer.buckets().size()) * (snapshots ? 2 : 1)}};
+      {config.out, run_file_least_bytes(world_size, steps, trainer.buckets().size()) * (snapshots ? 2 : 1)}};
   if (!config.checkpoint.empty()) {
     const bool replaces = writes_between(config.checkpoint_every, first_step, config.steps) ||
                           access(config.checkpoint.c_str(), F_OK) == 0;

@@ -19,9 +19,9 @@ inline constexpr int kRunFileSchemaVersion = 3;
 // "No space left on device", where there is one), leaving nothing behind.
 void write_run_file(const std::string& path, bool force, const RunRecord& run, const std::string& summary_json);
 
-// The bytes of step and bucket records in the run file of `world_size` ranks x `steps` steps x `buckets` buckets:
-// the least the file takes, for the check that the disk has room before a run.
-uint64_t run_file_data_bytes(int world_size, int64_t steps, size_t buckets);
+// The least the run file of `world_size` ranks x `steps` steps x `buckets` buckets takes, for the check that the
+// disk has room before a run: its step and bucket records, and the file's own structure around them.
+uint64_t run_file_least_bytes(int world_size, int64_t steps, size_t buckets);
 
 // Throws std::runtime_error with one line, "cannot read run file PATH: <problem>", when the file is missing, not
 // HDF5, not a ddplab run file of this schema version, or has a dataset of the wrong shape. Everything is validated
