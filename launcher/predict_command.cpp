@@ -155,6 +155,13 @@ std::vector<PredictSetting> settings_to_predict(const PredictArgs& a, const Pred
                       }
   require(!out.empty(), no_wire ? "--comm mpi has no 16-bit wire: no setting left to predict"
                                 : "--comm hier needs more than one node (give --ranks-per-node below the ranks)");
+  // A K that makes every world one node changes nothing: a mistake (the run's world taken for a larger one).
+  const std::vector<int> worlds = or_run(a.ranks, run.ranks);
+  const int largest = *std::max_element(worlds.begin(), worlds.end());
+  for (int k : a.ranks_per_node)
+    require(k < largest, "--ranks-per-node " + std::to_string(k) + " is at least every world size predicted (" +
+                             counted(largest, "rank") + " at most): each would be one node; give --ranks larger " +
+                             "than it, or leave it out");
   if (no_wire) notes.push_back("--comm mpi has no 16-bit wire; those combinations are left out");
   if (one_node) notes.push_back("--comm hier needs more than one node; its one-node combinations are left out");
   return out;
@@ -564,7 +571,8 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--ranks-per-node", args->ranks_per_node,
-                  "nodes of K consecutive ranks, each K dividing every world size (default: the run's nodes)")
+                  "nodes of K consecutive ranks, each K dividing every world size larger than it (a smaller one "
+                  "is one node; default: the run's nodes)")
       ->transform(decimal_validator<int>())
       ->delimiter(',')
       ->type_name("LIST");

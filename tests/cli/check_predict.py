@@ -124,6 +124,8 @@ with tempfile.TemporaryDirectory() as work:
              ([negative], "config: --bucket-mb must not be negative (got -5)"),
              ([torn], "is not the span of its pieces"),
              ([run, "--link", "5gbe"], "unknown --link '5gbe'"),
+             # nodes no world predicted fills: every prediction one node, the flag a mistake
+             ([run, "--ranks-per-node", "4"], "--ranks-per-node 4 is at least every world size predicted (2 ranks"),
              # stat before open: a pipe would wait for a writer, /dev/zero fill the memory
              ([run, "--calibration", "/dev/zero"], "cannot read calibration /dev/zero: is not a regular file"),
              ([run, "--calibration", work], f"cannot read calibration {work}: is a folder"),
