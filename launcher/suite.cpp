@@ -593,6 +593,20 @@ void refuse_case_owned_flags(const SuiteOptions& o) {
           "suite tokens trains a transformer: --model tiny, small or gpt2-small");
 }
 
+// A flag of the other model than every case trains (train refuses it as it parses; a suite knows its model only
+// after its own defaults, suite tokens' transformer): --input-dim to suite tokens shaped nothing.
+void refuse_other_models_flags(const SuiteOptions& o) {
+  const bool transformer = o.base.transformer();
+  visit_knobs(o.base, [&](const Knob& knob, const auto&) {
+    const bool other = transformer ? (knob.traits & kMlp) != 0 : (knob.traits & kTransformer) != 0;
+    if (!other || std::find(o.given_flags.begin(), o.given_flags.end(), knob.flag) == o.given_flags.end()) return;
+    throw UsageError(transformer ? std::string(knob.flag) + " shapes the MLP (--model mlp), and suite " + o.name +
+                                       " trains --model " + to_string(o.base.model) + ", a transformer: leave it out"
+                                 : std::string(knob.flag) + " needs a transformer --model (suite " + o.name +
+                                       " trains --model mlp): leave it out or name one");
+  });
+}
+
 // The suite's own rules, then each case's config checked as its run will check it (validate, and what its world
 // size adds: the ranks it names, the global batch, this host's memory), before any case runs and before the results
 // folder is made: a case cannot refuse for the ranks outside it, and a refusal after some cases ran would leave
@@ -601,6 +615,7 @@ std::vector<Case> checked_cases(SuiteOptions& o, int size) {
   require(o.name == "lab" || o.name == "tokens", "unknown suite '" + o.name + "' (expected lab or tokens)");
   refuse_case_owned_flags(o);
   if (o.name == "tokens") set_token_defaults(o);
+  refuse_other_models_flags(o);
   validate(o.base);
   require(o.name != "tokens" || !o.max_tokens_given || o.base.max_tokens >= o.base.max_len,
           "--max-tokens " + std::to_string(o.base.max_tokens) + " is below --max-len " +

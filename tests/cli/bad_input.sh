@@ -89,6 +89,9 @@ refusals_at() {
   expect_error $np "--batching pack needs --head lm" train --model tiny --batching pack --steps 2
   expect_error $np "--max-tokens 100 is below --max-len 256" train --model tiny --batching token --max-tokens 100 --steps 2
   expect_error $np "--max-tokens 100 is below --max-len 256" suite tokens --max-tokens 100 --steps 2
+  # A flag of the other model than the suite's cases train shapes nothing: refused, as train refuses it.
+  expect_error $np "--input-dim shapes the MLP (--model mlp), and suite tokens trains --model tiny" \
+    suite tokens --input-dim 32 --steps 2
   expect_error $np "--data $token_dir/none[*].bin: no such file" "${lm[@]}" --data "$token_dir/none*.bin"
   expect_error $np "--data $token_dir/vocab.bin: token 9000 at index 40, outside --model tiny's vocabulary of 8192" \
     "${lm[@]}" --data "$token_dir/vocab.bin"
