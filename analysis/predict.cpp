@@ -497,17 +497,26 @@ Calibration read_calibration(const std::string& path) {
   // allreduce_perf's -J file. Its CSV is a table for people: it does not say what a fit needs beyond the times
   // (each GPU row's algorithm, the link's figures past its preset, the nodes, the direct all-reduce, the chunk).
   const size_t first = s.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos || s[first] != '{')
+  if (first == std::string::npos) throw fail("empty file");
+  if (s[first] != '{')
     throw fail(
         "not allreduce_perf's -J file (its --csv does not say each row's algorithm, the link's figures or the "
         "nodes): give the -J file");
   try {
     const nlohmann::json j = nlohmann::json::parse(s);
-    cal.ranks = j.at("nranks").get<int>();
+    const double ranks = j.at("nranks").get<double>();
+    if (!(ranks >= 2 && ranks <= (1 << 24) && ranks == std::floor(ranks)))
+      throw fail("nranks " + fmt("%g", ranks) + ": not a world size of 2 or more ranks (nothing to calibrate)");
+    cal.ranks = static_cast<int>(ranks);
     for (const std::string& t : j.value("transports", std::vector<std::string>()))
       if (names_direct_collectives(t)) cal.direct_impls.push_back(t.substr(0, t.find(" over ")));
     if (j.contains("node_of_rank")) {
       const auto node_of_rank = j.at("node_of_rank").get<std::vector<int>>();
+      const bool each_rank_a_node = static_cast<int>(node_of_rank.size()) == cal.ranks &&
+                                    std::all_of(node_of_rank.begin(), node_of_rank.end(),
+                                                [&](int node) { return node >= 0 && node < cal.ranks; });
+      if (!each_rank_a_node)
+        throw fail("node_of_rank does not give each of its " + std::to_string(cal.ranks) + " ranks a node");
       cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
     }
     cal.cold_calls = !j.value("hot_cache", true);
@@ -525,9 +534,8 @@ Calibration read_calibration(const std::string& path) {
     throw fail(e.what());
   }
   if (cal.points.empty()) throw fail("no results");
-  if (cal.ranks < 2) throw fail("measured at " + std::to_string(cal.ranks) + " rank(s): nothing to calibrate");
   for (const Calibration::Point& p : cal.points)
-    if (!(p.bytes > 0 && p.time_ms >= 0 && std::isfinite(p.time_ms))) throw fail("a result with no size or time");
+    if (!(p.bytes > 0 && p.time_ms > 0 && std::isfinite(p.time_ms))) throw fail("a result with no size or time");
   return cal;
 }
 

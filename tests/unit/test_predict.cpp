@@ -878,6 +878,23 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
   }
   std::ofstream(json) << "{\"nranks\": 2, \"results\": []}";
   EXPECT_THROW(read_calibration(json), std::runtime_error);  // no link, no results
+  // A damaged file, each field's damage named: a world size past int (it read as -727379968 ranks), nodes for ranks
+  // it does not have, a call of no time, nothing at all.
+  const auto refused = [&](const std::string& text, const std::string& why) {
+    std::ofstream(json) << text;
+    try {
+      read_calibration(json);
+      ADD_FAILURE() << "read: " << text;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  const std::string row = "\"results\": [{\"impl\": \"ring\", \"size_bytes\": 4096, \"out_of_place\": {\"time_us\": ";
+  refused("{\"nranks\": 1e12, \"link\": {\"name\": \"none\"}, " + row + "9}}]}", "nranks 1e+12: not a world size");
+  refused("{\"nranks\": 2, \"node_of_rank\": [0, 7], \"link\": {\"name\": \"none\"}, " + row + "9}}]}",
+          "node_of_rank does not give each of its 2 ranks a node");
+  refused("{\"nranks\": 2, \"link\": {\"name\": \"none\"}, " + row + "0}}]}", "a result with no size or time");
+  refused("", "empty file");
   std::remove(json.c_str());
   EXPECT_THROW(read_calibration(json), std::runtime_error);  // missing
 }
