@@ -6,7 +6,7 @@ namespace ddplab {
 namespace {
 
 volatile std::sig_atomic_t g_received = 0;
-struct sigaction g_previous_int, g_previous_term, g_previous_pipe;
+struct sigaction g_previous_int, g_previous_term;
 int g_installed = 0;  // StopSignals alive (main thread only): the outermost installs and restores
 
 void on_stop_signal(int signal) {
@@ -24,26 +24,18 @@ StopSignals::StopSignals() {
   action.sa_flags = SA_RESTART | SA_RESETHAND;  // blocking calls go on; the second signal acts as usual
   sigaction(SIGINT, &action, &g_previous_int);
   sigaction(SIGTERM, &action, &g_previous_term);
-  // The reader of the output gone (`ddplab train | head`): a stop too, and each later write to it fails (EPIPE)
-  // rather than ending the process before it has written its run file.
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGPIPE, &action, &g_previous_pipe);
 }
 
 StopSignals::~StopSignals() {
   if (--g_installed > 0) return;
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
-  sigaction(SIGPIPE, &g_previous_pipe, nullptr);
 }
 
 int StopSignals::received() { return g_received; }
 
 const char* stop_signal_name(int signal) {
-  return signal == SIGINT    ? "SIGINT"
-         : signal == SIGTERM ? "SIGTERM"
-         : signal == SIGPIPE ? "SIGPIPE (the output's reader is gone)"
-                             : "a signal";
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal";
 }
 
 }  // namespace ddplab

@@ -2,10 +2,8 @@
 // which scripts/mpirun.sh raises so ranks have time to finish). While a StopSignals lives, SIGINT and SIGTERM
 // only set a flag; the training loop agrees on it across ranks at the next step boundary, writes the run file and
 // exits non-zero (128 + the signal). A second signal has the default effect: the process dies at once.
-// SIGPIPE (the reader of the output gone: `ddplab train | head`) stops the run the same way, and the writes to the
-// closed output fail quietly until the run file is written. StopSignals nest: a suite or sweep holds one over all its
-// runs, so that a signal between two runs is not lost (each run's own is then a no-op), and it stops before its next
-// run.
+// StopSignals nest: a suite or sweep holds one over all its runs, so that a signal between two runs is not lost
+// (each run's own is then a no-op), and it stops before its next run.
 #pragma once
 
 namespace ddplab {
@@ -19,7 +17,7 @@ class StopSignals {
   static int received();  // the first signal received while installed, or 0
 };
 
-// "SIGINT", "SIGTERM", "SIGPIPE (...)", else "a signal".
+// "SIGINT", "SIGTERM", else "a signal".
 const char* stop_signal_name(int signal);
 
 }  // namespace ddplab
