@@ -297,7 +297,7 @@ void validate_memory(const TrainConfig& c, int ranks) {
         // --min-len tokens each; a budget past it takes the whole share.
         const int64_t share = c.epoch_size / (int64_t{ranks} * c.grad_accum);
         const int64_t least_tokens = std::min(TokenBatches::max_tokens(c) - longest, share * c.min_len);
-        rows = std::max<int64_t>(1, least_tokens / longest);
+        rows = std::clamp<int64_t>(least_tokens / longest, 1, INT_MAX);  // the model counts rows in an int
         budget = rows > 1;
       }
       const double tokens = static_cast<double>(rows) * longest;

@@ -96,10 +96,15 @@ void draw_charts(const std::string& dir, const std::vector<std::string>& files,
   print_page_line(page, failure ? "charts.py writes it: see the line above" : "");
 }
 
-void stop_if_signalled(const std::string& next_run, MPI_Comm world) {
+double between_runs_bound_s(const TrainConfig& base) {
+  return base.timeout_s > 0 ? std::max(base.timeout_s, watchdog::ArmedRun::kSetupFloorS) : 0;
+}
+
+void stop_if_signalled(const std::string& next_run, const TrainConfig& base, MPI_Comm world) {
   int mine = StopSignals::received(), any = 0;
   {
-    const watchdog::StartupWait agreeing("the ranks' agreement on a stop signal, between two runs");
+    const watchdog::StartupWait agreeing("the ranks' agreement on a stop signal, between two runs",
+                                         between_runs_bound_s(base));
     MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, world);
   }
   if (any != 0)

@@ -41,8 +41,13 @@ void require_same_options(const char* command, const std::vector<std::pair<std::
 
 // Between two runs of a suite or sweep (which holds a StopSignals over all of them): a stop signal that reached any
 // rank stops the command before `next_run`, on every rank alike, with TrainingStopped (exit code 128 + the signal).
-// Collective over world.
-void stop_if_signalled(const std::string& next_run, MPI_Comm world);
+// Collective over world; its wait bounded by between_runs_bound_s.
+void stop_if_signalled(const std::string& next_run, const TrainConfig& base, MPI_Comm world);
+
+// The bound of a suite's or sweep's waits between its runs, where rank 0 also reads and writes the run just done:
+// --timeout-s, but at least the setup's floor (watchdog::ArmedRun); 0 (no bound) where --timeout-s 0 turns the
+// watchdog off.
+double between_runs_bound_s(const TrainConfig& base);
 
 // "a,b,c".
 std::string joined(const std::vector<std::string>& words);

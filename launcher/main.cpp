@@ -199,9 +199,10 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
 // The command parsed and checked; returns the exit code.
 int run_command(const Commands& c, const std::string& command_line, int rank) {
   if (c.file_command) {
-    // Rank 0 alone, no collective pending: a failure that is no bad input is one line, without the MPI_Abort that a
-    // job of many ranks at work needs; exit 5 for an output that could not be written, else 1 (a page whose scripts
-    // are missing).
+    // Rank 0 alone, and no MPI: every rank finalizes first, so that the others do not wait in MPI_Finalize, under its
+    // bound, through rank 0's work (a page's charts take minutes on a small host). A failure that is no bad input is
+    // one line; exit 5 for an output that could not be written, else 1 (a page whose scripts are missing).
+    finalize_mpi();
     if (rank != 0) return 0;
     try {
       c.file_command();
@@ -279,6 +280,7 @@ int main(int argc, char** argv) {
     // a suite case that leaves ranks outside it ends the job itself (launcher/suite.cpp). So the job ends cleanly.
     if (rank == 0) std::fprintf(stderr, "ddplab: stopped: %s\n", e.what());
     finalize_mpi();
+    run_after_mpi();
     return e.exit_code;
   } catch (const std::exception& e) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
@@ -297,5 +299,6 @@ int main(int argc, char** argv) {
     return code;
   }
   finalize_mpi();
+  run_after_mpi();
   return code;
 }

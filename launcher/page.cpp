@@ -186,6 +186,21 @@ void print_page_line(const std::string& page, const std::string& error) {
   std::fflush(stdout);
 }
 
+namespace {
+std::vector<std::function<void()>>& after_mpi_queue() {
+  static std::vector<std::function<void()>> queue;
+  return queue;
+}
+}  // namespace
+
+void after_mpi(std::function<void()> work) { after_mpi_queue().push_back(std::move(work)); }
+
+void run_after_mpi() {
+  std::vector<std::function<void()>> queue;
+  queue.swap(after_mpi_queue());
+  for (const std::function<void()>& work : queue) work();
+}
+
 void write_train_page(const SummarizedRun& run, bool quiet) {
   const std::string page = default_page_path(run.record.path);
   const ChartFailure failure = write_run_page({run}, page);

@@ -2,6 +2,7 @@
 // self-contained HTML page (scripts/report_page.py). Found beside the program: <prefix>/share/ddplab/scripts for an
 // installed ddplab, the source tree's scripts/ for one run from its build tree.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,5 +44,11 @@ void print_page_line(const std::string& page, const std::string& error);
 
 // `ddplab train`'s page, beside its run file (rank 0); the line about it unless quiet.
 void write_train_page(const SummarizedRun& run, bool quiet);
+
+// Rank 0's charts and pages, seconds to minutes of matplotlib, wait until MPI is finalized (launcher/main.cpp): the
+// other ranks wait in their MPI_Finalize for rank 0's, under a bound (DDPLAB_MPI_WAIT_S), and must not wait through
+// them. after_mpi queues the work; main runs the queue, in order, once MPI_Finalize has returned.
+void after_mpi(std::function<void()> work);
+void run_after_mpi();
 
 }  // namespace ddplab

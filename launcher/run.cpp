@@ -1061,7 +1061,7 @@ void finish_run(const TrainConfig& config, const TrainingStopped* stopped, Recor
   }
   // A stopped run's page too: the one beside the file it replaced would describe another run (the page says the
   // run stopped, and why).
-  if (rank == 0 && writes_page) write_train_page(result, config.quiet);
+  if (rank == 0 && writes_page) after_mpi([result, quiet = config.quiet] { write_train_page(result, quiet); });
   if (stop) throw *stop;
 }
 

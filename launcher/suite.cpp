@@ -21,6 +21,7 @@
 #include "config/knob_flags.h"
 #include "launcher/cli.h"
 #include "launcher/lab_runs.h"
+#include "launcher/page.h"
 #include "launcher/rank_agreement.h"
 #include "launcher/report_commands.h"
 #include "launcher/run.h"
@@ -272,12 +273,13 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
   std::optional<RunRecord> baseline;  // rank 0: the baseline case's records, once it has run
   const StopSignals signals;          // over every case: a signal between two of them stops the suite before the next
   for (const Case& c : cases) {
-    stop_if_signalled("case " + c.name, world);
+    stop_if_signalled("case " + c.name, o.base, world);
     const double start = MPI_Wtime();
     OwnedComm sub;  // none on the ranks outside this case
     {
       // Every rank comes here from the barrier after the case before: a rank stopped since keeps the others here.
-      const watchdog::StartupWait splitting("the ranks' split for the next case of the suite");
+      const watchdog::StartupWait splitting("the ranks' split for the next case of the suite",
+                                            between_runs_bound_s(o.base));
       MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, sub.receive());
     }
     TrainConfig config = c.config;
@@ -309,7 +311,8 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
       // The case's ranks find the others at the barrier already (they waited through the case, unbounded: a case
       // runs as long as it runs, and its own ranks' watchdog ends the job if one of them stops in it).
       std::optional<watchdog::StartupWait> after_case;
-      if (rank < c.world_size) after_case.emplace("the ranks outside the case, at the barrier after it");
+      if (rank < c.world_size)
+        after_case.emplace("the ranks outside the case, at the barrier after it", between_runs_bound_s(o.base));
       wait_quietly(world);
     }
     if (rank == 0) {
@@ -817,7 +820,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     std::printf("timeline of the straggler case: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                 default_timeline_path(straggler->path).c_str());
   }
-  draw_charts(o.out_dir, files, {"--suite", o.out_dir + "/summary.json"});
+  after_mpi([dir = o.out_dir, files] { draw_charts(dir, files, {"--suite", dir + "/summary.json"}); });
   return loss_identical ? 0 : 1;
 }
 

@@ -19,6 +19,7 @@
 #include "config/knob_flags.h"
 #include "launcher/cli.h"
 #include "launcher/lab_runs.h"
+#include "launcher/page.h"
 #include "launcher/rank_agreement.h"
 #include "launcher/run.h"
 #include "record/files.h"
@@ -370,14 +371,14 @@ std::vector<PredictSource> measure_grid(const SweepOptions& o, const std::option
   const StopSignals signals;  // over every run: a signal between two of them stops the sweep before the next
   for (int round = 0; round < o.repeats; ++round) {
     if (o.predict) {
-      stop_if_signalled("the run the predictions start from", world);
+      stop_if_signalled("the run the predictions start from", o.base, world);
       sources.push_back(run_predict_source(o, calibration, round, command_line, world));
       if (const std::optional<StepModel>& model = sources.back().model) predict_points(*model, points);  // rank 0
     }
     for (size_t k = 0; k < order.size(); ++k) {
       const size_t i = order[round % 2 ? order.size() - 1 - k : k];
       stop_if_signalled(fmt("the point --bucket-mb %g --overlap %s", points[i].bucket_mb, points[i].overlap.c_str()),
-                        world);
+                        o.base, world);
       repeats[i].push_back(measure_point(o, points[i], round, command_line, world));
     }
   }
@@ -610,8 +611,8 @@ int run_sweep(SweepOptions o, const std::string& command_line) {
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n", /*force=*/true);
   std::vector<std::string> files;
   for (const SweepPoint& p : points) files.push_back(p.path);
-  draw_charts(o.out_dir, files, {"--sweep", o.out_dir + "/summary.json"});
   std::printf("summary: %s/summary.csv, %s/summary.json\n", o.out_dir.c_str(), o.out_dir.c_str());
+  after_mpi([dir = o.out_dir, files] { draw_charts(dir, files, {"--sweep", dir + "/summary.json"}); });
   return 0;
 }
 

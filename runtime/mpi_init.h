@@ -47,6 +47,9 @@ inline double mpi_wait_bound_s() {
 // MPI_Finalize, bounded: it waits for every rank, and one stopped before it kept the others there for good. Past the
 // bound this rank leaves without it (exit code 3): its work is done and written, and its output flushed first.
 inline void finalize_mpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // a command that needed MPI no longer finalized it before its work
   std::fflush(nullptr);
   const watchdog::StartupWait finishing("MPI_Finalize: every rank of the job finishing (DDPLAB_MPI_WAIT_S)",
                                         mpi_wait_bound_s(), watchdog::StartupWait::Mpi::kOutside);
