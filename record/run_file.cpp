@@ -343,11 +343,7 @@ void write_run_file(const std::string& path, bool force, const RunRecord& run, c
 uint64_t run_file_least_bytes(int world_size, int64_t steps, size_t buckets) {
   constexpr size_t kStepColumns = sizeof kStepFields / sizeof kStepFields[0];
   constexpr size_t kBucketColumns = sizeof kBucketTimes / sizeof kBucketTimes[0];
-  // HDF5's superblock and object headers, the run's description and summary: a 2-step, 1-rank file took 28.8 KB,
-  // and a disk with less room than this passed the check and failed at the write.
-  constexpr uint64_t kStructureBytes = 24 * 1024;
-  return kStructureBytes +
-         static_cast<uint64_t>(world_size) * steps * (kStepColumns + kBucketColumns * buckets) * sizeof(double);
+  return static_cast<uint64_t>(world_size) * steps * (kStepColumns + kBucketColumns * buckets) * sizeof(double);
 }
 
 RunRecord read_run_file(const std::string& path) {

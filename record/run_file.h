@@ -20,7 +20,9 @@ inline constexpr int kRunFileSchemaVersion = 3;
 void write_run_file(const std::string& path, bool force, const RunRecord& run, const std::string& summary_json);
 
 // The least the run file of `world_size` ranks x `steps` steps x `buckets` buckets takes, for the check that the
-// disk has room before a run: its step and bucket records, and the file's own structure around them.
+// disk has room before a run: its step and bucket records. The file's own structure (~25 KB: HDF5's headers, the
+// run's description) is left out, so that a disk with room for the records and not the file fails at the write, one
+// line and exit 5, with nothing half-written (cli_disk_faults).
 uint64_t run_file_least_bytes(int world_size, int64_t steps, size_t buckets);
 
 // Throws std::runtime_error with one line, "cannot read run file PATH: <problem>", when the file is missing, not

@@ -363,7 +363,10 @@ refusals_of_a_resume() {
 # one line and exit 2 however the child ended, on every rank of a resume.
 refusals_of_damaged_files() {
   local segv=$known_hdf5_crashes/run_file-h5hg-read-segv loop=$known_hdf5_crashes/run_file-gcol-free-size-0
-  expect_error 1 "cannot read run file $segv: reading it crashed (SIGSEGV): the file is damaged" report "$segv"
+  # This heap's read crashes libhdf5 or returns garbage, by what the process's memory held before (both seen, the
+  # garbage after MPI_Finalize, where report now runs): either way one line naming the file. The crash itself is
+  # test_isolated_read's.
+  expect_error 1 "cannot read run file $segv: " report "$segv"
   expect_error 1 "cannot read run file $loop: reading it did not end within 2 s of CPU" timeline "$loop"
   local checkpoint=$known_hdf5_crashes/checkpoint-gcol-free-size-0
   expect_error 2 "cannot load checkpoint $checkpoint: reading it did not end within 2 s of CPU" \

@@ -313,7 +313,7 @@ petabyte = os.path.join(case_folder(), "petabyte.h5")
      job(1, "train", *SMALL, "--steps", "2", "--out", short),  # the default warm-up (5) shrinks to fit
      job(1, "train", *SMALL, "--steps", "2", "--link", "10gbe", "--link-gbps", "2.5", "--out", emulated),
      job(1, "train", *SMALL, "--steps", "2", "--link-latency-us", "5", "--out", latency),
-     # A 3M x 3M hidden weight, 36 TB: no check sizes the model before it is built
+     # A 3M x 3M hidden weight, 36 TB: refused before the model is built, naming the flags that size it
      job(1, "train", "--input-dim", "16", "--classes", "10", "--batch", "4", "--hidden", "3000000", "--layers", "2",
          "--steps", "2", "--out", petabyte),
      job(1, "train", "--help")])
@@ -380,8 +380,8 @@ if (os.cpu_count() or 1) >= 2:
           f"resumed bound to one core, --grad-slice-mb auto takes the checkpoint's {saved} (stored {stored}; "
           f"{our_lines(resumed.stderr)})")
 
-check(oom.returncode != 0 and "out of memory: the run needs more than this host gives" in oom.stderr and
-      "--hidden" in oom.stderr, f"an allocation past the host's memory names it ({our_lines(oom.stderr)})")
+check(oom.returncode == 2 and "parameters, whose values and gradients take at least" in oom.stderr and
+      "--hidden" in oom.stderr, f"a model past the host's memory is refused, naming its flags ({our_lines(oom.stderr)})")
 check("{auto->" not in helped.stdout and "--threads N|auto=auto" in helped.stdout,
       "an auto knob's help shows auto, not its stand-in value")
 
