@@ -122,6 +122,26 @@ void require_known_command(const CLI::App& app, int argc, char** argv) {
                    "; commands: " + names);
 }
 
+// A list flag's empty item (`--bucket-mb 1,,2`, `--overlap on,`): a typo, not a shorter list. CLI11 drops empty items
+// as it splits a value, before any check of its sees them, so the command line's own text is read here.
+void require_whole_lists(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* command = nullptr;
+  for (const CLI::App* sub : app.get_subcommands({}))
+    if (argc >= 2 && sub->get_name() == argv[1]) command = sub;
+  if (command == nullptr) return;
+  for (int i = 2; i < argc; ++i) {
+    const std::string token = argv[i];
+    if (token.rfind("--", 0) != 0) continue;
+    const size_t equals = token.find('=');
+    const std::string name = token.substr(0, equals);
+    const CLI::Option* option = command->get_option_no_throw(name);
+    if (option == nullptr || option->get_delimiter() != ',') continue;
+    const std::string value = equals != std::string::npos ? token.substr(equals + 1) : i + 1 < argc ? argv[i + 1] : "";
+    if (!value.empty() && (value.front() == ',' || value.back() == ',' || value.find(",,") != std::string::npos))
+      throw UsageError(name + ": an empty item in '" + value + "' (a list is values separated by single commas)");
+  }
+}
+
 // The commands and what their flags fill in (CLI11 keeps pointers to them: they stay where main made them).
 struct Commands {
   TrainConfig config;
@@ -161,6 +181,7 @@ bool parse_command_line(CLI::App& app, const Commands& c, int argc, char** argv,
   std::string answer;  // the help or the version, when asked for: nothing runs
   try {
     require_known_command(app, argc, argv);
+    require_whole_lists(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     answer = app.help();  // the selected subcommand's help, if any

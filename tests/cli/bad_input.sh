@@ -265,6 +265,9 @@ refusals_of_data_and_knobs() {
     sweep --predict --calibration /dev/zero --steps 2
   # CLI11 read a leading 0 as octal and 0x as hex
   expect_error 2 "--repeats: must be a whole number in decimal (got '0x2')" sweep --repeats 0x2 --steps 2
+  # A list's empty item is a typo, not a shorter list (CLI11 drops it as it splits).
+  expect_error 2 "--bucket-mb: an empty item in '1,,2'" sweep --bucket-mb 1,,2 --steps 2
+  expect_error 1 "--ranks: an empty item in '2,'" predict "$work/none.h5" --ranks=2,
   # An empty path (a variable left unset in a script) is refused, not taken as none or as the default.
   expect_error 2 "--out-dir: needs a path (got an empty one)" sweep --out-dir '' --steps 2
   expect_error 1 "--json: needs a path (got an empty one)" predict "$work/none.h5" --json ''
