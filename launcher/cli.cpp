@@ -278,9 +278,7 @@ void validate_memory(const TrainConfig& c, int ranks) {
           static_cast<double>(c.batch) * (m.input_dim + 2.0 * m.hidden_dim * m.num_hidden_layers + 2.0 * m.num_classes);
       sized_by = "--batch " + std::to_string(c.batch) + " at the MLP's widths";
       // Its parameters and their gradients, 8 bytes a parameter at the least (AdamW's moments come on top).
-      const double parameters = double(m.input_dim + 1) * m.hidden_dim +
-                                double(m.num_hidden_layers - 1) * (m.hidden_dim + 1.0) * m.hidden_dim +
-                                double(m.hidden_dim + 1) * m.num_classes;
+      const double parameters = mlp_parameter_count(m);
       require(8 * parameters <= static_cast<double>(memory),
               "the MLP's widths (--input-dim, --hidden, --layers, --classes) make " + value_text(parameters) +
                   " parameters, whose values and gradients take at least " +

@@ -20,6 +20,17 @@ std::vector<int> LayerDims(const MlpConfig& c) {
   return dims;
 }
 
+}  // namespace
+
+double mlp_parameter_count(const MlpConfig& config) {
+  const std::vector<int> dims = LayerDims(config);
+  double count = 0;
+  for (size_t l = 0; l + 1 < dims.size(); ++l) count += (dims[l] + 1.0) * dims[l + 1];  // Linear l: weight and bias
+  return count;
+}
+
+namespace {
+
 // Grow-only: a steady-state step with a batch no larger than before allocates nothing.
 template <typename T>
 void EnsureSize(std::vector<T>& v, size_t n) {

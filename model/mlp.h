@@ -21,6 +21,10 @@ struct MlpConfig {
   int num_classes = 1000;
 };
 
+// The model's weights and biases, counted from the config before it is built (in double: a config past any memory
+// must still count right, for the check that refuses it).
+double mlp_parameter_count(const MlpConfig& config);
+
 template <typename T>
 class Mlp : public ParameterStore<T> {
  public:

@@ -69,6 +69,13 @@ TEST(Mlp, GradientsMatchFiniteDifferences) {
   EXPECT_GT(checked_nonzero, model.flat_size() / 2);
 }
 
+// The count the up-front memory check uses, before any model is built, is the built model's.
+TEST(Mlp, ParameterCountFromTheConfigIsTheModels) {
+  for (const MlpConfig c : {MlpConfig{7, 5, 3, 4}, MlpConfig{6, 9, 0, 2}, MlpConfig{3, 8, 1, 10}})
+    EXPECT_EQ(mlp_parameter_count(c), static_cast<double>(Mlp<float>(c, 1).num_parameters()))
+        << c.input_dim << "-" << c.hidden_dim << "x" << c.num_hidden_layers << "-" << c.num_classes;
+}
+
 TEST(Mlp, ParametersInForwardOrderStoredInReverse) {
   const MlpConfig c = SmallConfig();
   Mlp<double> model(c, 1);
