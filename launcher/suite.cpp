@@ -263,6 +263,10 @@ CLI::App* add_suite_command(CLI::App& app, SuiteOptions& o) {
 
 namespace {
 
+// The files a case writes in the results folder: its run file, and the straggler case's timeline beside it.
+std::string case_run_file(const Case& c) { return c.name + ".h5"; }
+bool writes_timeline(const Case& c) { return c.name == "straggler"; }
+
 // Every case in turn, each on the first world_size ranks (the others wait without spinning). Results on rank 0.
 std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>& cases,
                                   const std::string& command_line, MPI_Comm world) {
@@ -283,7 +287,7 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
       MPI_Comm_split(world, rank < c.world_size ? 0 : MPI_UNDEFINED, rank, sub.receive());
     }
     TrainConfig config = c.config;
-    config.out = o.out_dir + "/" + c.name + ".h5";
+    config.out = o.out_dir + "/" + case_run_file(c);
     SummarizedRun r;
     if (sub != MPI_COMM_NULL) {
       try {
@@ -320,7 +324,7 @@ std::vector<CaseResult> run_cases(const SuiteOptions& o, const std::vector<Case>
       results.push_back({c, r.summary, r.record.path, diagnose(r.record, r.summary), r.record.oversubscribed_ranks(),
                          r.record.meta.host_cores, r.record.ranks_sharing_a_gpu(),
                          baseline && same_math ? std::optional(compare_losses(*baseline, r.record)) : std::nullopt});
-      if (c.name == "straggler") write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
+      if (writes_timeline(c)) write_timeline(r.record, default_timeline_path(r.record.path), /*force=*/true);
       std::printf("  %-16s ws=%d  %8.2f ms/step  %8.0f samples/s  (%.1f s)\n", c.name.c_str(), c.world_size,
                   r.summary.slowest_step_ms, r.summary.samples_per_s, MPI_Wtime() - start);
       std::fflush(stdout);
@@ -759,8 +763,8 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
     validate_launch(o.base, world);
     std::vector<std::string> outputs;
     for (const Case& c : cases) {
-      outputs.push_back(c.name + ".h5");
-      if (c.name == "straggler") outputs.push_back(default_timeline_path(c.name + ".h5"));
+      outputs.push_back(case_run_file(c));
+      if (writes_timeline(c)) outputs.push_back(default_timeline_path(case_run_file(c)));
     }
     o.out_dir = prepare_out_dir(o.out_dir, "suite_" + o.name, o.base.force, outputs, world);
   }
