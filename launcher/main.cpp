@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -256,6 +257,9 @@ int main(int argc, char** argv) {
   // Before any other HDF5 call: HDF5 1.10 keeps a file whose close failed (its last flush met a full disk) open, and
   // its exit handler then crashes closing it again; the process exits anyway, and the failure is already reported.
   H5dont_atexit();
+  // A reader that closes standard output early (`ddplab train | head`) must not kill the run before its files and page
+  // are written: the writes to the closed pipe fail with EPIPE instead, and are lost; the files are not.
+  std::signal(SIGPIPE, SIG_IGN);
   // Before MPI_Init: it may run this program again with other OpenBLAS kernels (kernels/cpu/blas_kernels.h).
   blas::select_kernels(argc, argv);
   watchdog::name_thread("main thread");

@@ -234,6 +234,19 @@ def main():
                     threads = json.loads(f.attrs["config"])["threads"]
                     check(threads == cores, f"--threads auto stored as {cores} (got {threads})")
                 os.unlink(auto_path)
+            # A reader that stops early (`ddplab train | head -1`): the run and its page are still written, and
+            # the run exits 0; a SIGPIPE at the summary killed it before its page.
+            piped_path = os.path.join(work, "piped.h5")
+            piped = subprocess.Popen(cmd[cmd.index(ddplab):cmd.index("--out") + 1] + [piped_path],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            piped.stdout.close()
+            piped_rc = piped.wait(timeout=120)
+            piped_files = sorted(n for n in os.listdir(work) if n.startswith("piped."))
+            check(piped_rc == 0 and piped_files == ["piped.h5", "piped.report.html"],
+                  f"standard output closed at once: exit 0 with the run and its page written "
+                  f"(got {piped_rc}, {piped_files}: {piped.stderr.read().decode()[:300]!r})")
+            for name in piped_files:
+                os.unlink(os.path.join(work, name))
             # Under mpirun: Open MPI binds a job of 1 or 2 ranks to one core each unless told otherwise. --threads
             # auto lifts that default (a lone rank gets every core, as under torchrun); an explicit --bind-to core
             # is kept.
