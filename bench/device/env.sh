@@ -70,6 +70,9 @@ export OPAL_PREFIX=$DDPLAB_DEPS/usr PMIX_INSTALL_PREFIX=$_a/pmix2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_mtl='^ofi' OMPI_MCA_btl='^uct,openib,ofi' \
        OMPI_MCA_pml='^ucx' OMPI_MCA_osc='^ucx,pt2pt'
+# The device machine's own PMIx plugin for zlib fails to load beside the bundle's libpmix (an undefined symbol, and a
+# banner about compression, at every mpirun); one host's start-up data needs no compression.
+export PMIX_MCA_pcompress='^zlib' PMIX_MCA_pcompress_base_silence_warning=1
 # Shared memory between ranks without cross-memory attach (process_vm_readv), which sandboxes may refuse; the CUDA
 # path moves its data with NCCL, so only host-side MPI messages take the extra copy.
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
