@@ -238,6 +238,11 @@ if [ "$stage" = 1 ]; then
     bash -c 'said=$("$@" 2>&1); code=$?; echo "$said"; [ $code -ne 0 ] && grep -q "injected fault" <<<"$said"' _ \
     "${mpirun[@]}" -np 2 "$build/launcher/ddplab" train --device cuda --comm ring --steps 20 --fault throw \
     --fault-rank 1 --fault-step 5 --out "$work/fault.h5" --force
+  # The lab as `make demo` runs it, on two of the host's cores: the 2-vCPU hosts the CPU figures come from, with
+  # this machine's CPU (a Xeon of family 6 model 207 so far, on which OpenBLAS names Prescott). The row gives
+  # weak_ws1's step with the BLAS kernels ddplab chose (the suite's header and `ddplab devices` say which).
+  step "cpu: lab np4 on 2 cores" cpu.log 90 'grep -m1 "^  weak_ws1 " "$log" | tr -s " "' \
+    taskset -c 0,1 "${mpirun[@]}" -np 4 "$build/launcher/ddplab" suite lab --device cpu --out-dir "$work/lab" --force
   # The stage's run files, for `ddplab report` and `ddplab predict`.
   (cd "$work" && tar -czf "$out/runs.tgz" ./train_*.h5 2>/dev/null)
 fi
