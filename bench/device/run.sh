@@ -374,10 +374,13 @@ if [ "$stage" = 2 ]; then
         "$ncu" --clock-control none --profile-from-start off --kernel-name "regex:flash_attention_${dir}_kernel" \
         --launch-count 1 --set full --import-source yes -o "$work/ncu_flash_$dir" "${app[@]}" --attention fused
     done
-    # The staged LayerNorm backward's occupancy: sized for two blocks an SM (docs/BENCHMARKS.md, its prediction).
-    step "ncu: layernorm backward" ncu.log 30 'grep -m1 -E "Achieved Occupancy|Block Limit Shared Mem" "$log"' \
+    # LayerNorm backward, the step's largest kernel of ours under 80% of a copy of its bytes (51% of its size's on
+    # 2026-12-04, with DRAM 33% busy): where its warps wait (the stall reasons, per source line) and what its memory
+    # does, before it is reshaped again.
+    step "ncu: layernorm backward" ncu.log 40 'grep -m1 "Duration" "$log"' \
+      bash -c '"$@" && "'"$ncu"'" --import "'"$work/ncu_layernorm_backward"'.ncu-rep" --page details' _ \
       "$ncu" --clock-control none --profile-from-start off --kernel-name regex:layernorm_backward_kernel \
-      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats "${app[@]}"
+      --launch-count 1 --set full --import-source yes -o "$work/ncu_layernorm_backward" "${app[@]}"
     if ls "$work"/ncu_*.ncu-rep >/dev/null 2>&1; then  # the reports themselves, if they fit the 16 MiB a file
       (cd "$work" && tar -czf "$out/ncu-reports.tar.gz" ncu_*.ncu-rep)
       [ "$(stat -c %s "$out/ncu-reports.tar.gz")" -le $((15 << 20)) ] ||

@@ -323,15 +323,6 @@ void bench_rowwise(const Sampling& sampling, cudaStream_t s, Arena& a, Report& r
        sampling.median_ms(
            s, [&] { cuda::layernorm_backward<T>(dx, dw, db, scratch, dy, x, w, mean, rstd, N, C, s, true, dcols); }),
        4.0 * N * C * t + 8.0 * N + 16.0 * C, 0});
-  // The same without each warp's next row staged in shared memory: the staging's gain, measured in the same run.
-  rep.add({"layernorm", std::string("layernorm_backward<") + tag + "> + dinp's column sums, unstaged", sh,
-           sampling.median_ms(s,
-                              [&] {
-                                cuda::layernorm_backward<T>(dx, dw, db, scratch, dy, x, w, mean, rstd, N, C, s, true,
-                                                            dcols,
-                                                            /*staging=*/false);
-                              }),
-           4.0 * N * C * t + 8.0 * N + 16.0 * C, 0});
 
   // The residual sum as a pass of its own, in place (out = out + x): what matmul_residual_forward's epilogue replaces
   // (see the GEMMs' rows), kept as the GPU ring's reduction.

@@ -17,14 +17,6 @@ void check_sizes(const char* what, int N, int C) {
                                 " C=" + std::to_string(C));
 }
 
-// The staged backward copies rows with cp.async, compute capability 8.0's: older GPUs run the unstaged one.
-bool device_copies_asynchronously() {
-  int device = 0, major = 0;
-  cudaCheck(cudaGetDevice(&device));
-  cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 8;
-}
-
 }  // namespace
 
 // ---- launchers --------------------------------------------------------------------------------------------------
@@ -45,7 +37,7 @@ int64_t layernorm_backward_scratch_floats(int N, int C) {
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, const T* dout, const T* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
-                        bool accumulate, float* dinp_columns, bool staging) {
+                        bool accumulate, float* dinp_columns) {
   check_sizes("layernorm_backward", N, C);
   if (N == 0) {  // empty sums
     if (!accumulate)
@@ -55,15 +47,14 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
   }
   if (scratch == nullptr) throw std::invalid_argument("layernorm_backward: scratch is null");
   layernorm_backward_launches(detail::launch_on(stream, /*max_shared=*/true), dinp, dweight, dbias, dinp_columns,
-                              scratch, dout, inp, weight, mean, rstd, N, C, accumulate,
-                              staging && device_copies_asynchronously());
+                              scratch, dout, inp, weight, mean, rstd, N, C, accumulate);
 }
 
 #define DDPLAB_INSTANTIATE(T)                                                                                     \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const float*, const float*, int, int,          \
                                      cudaStream_t);                                                               \
   template void layernorm_backward<T>(T*, float*, float*, float*, const T*, const T*, const float*, const float*, \
-                                      const float*, int, int, cudaStream_t, bool, float*, bool);
+                                      const float*, int, int, cudaStream_t, bool, float*);
 DDPLAB_INSTANTIATE(float)
 DDPLAB_INSTANTIATE(__nv_bfloat16)
 #undef DDPLAB_INSTANTIATE

@@ -27,11 +27,9 @@ int64_t layernorm_backward_scratch_floats(int N, int C);
 // in the same pass: the bias gradient of a Linear whose output gradient the residual stream's is. Deterministic: the
 // parameter gradients are summed in a fixed order that depends only on (N, C) and whether the operands allow 16-byte
 // accesses, never on timing (per-block partials in `scratch`, then a fixed-order reduction; no atomics).
-// staging: each warp's next row copied into shared memory while it computes this one, where it applies (rows held
-// whole, sm_80 or later); the same bits either way. false: the benchmark's comparison.
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, const T* dout, const T* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
-                        bool accumulate = true, float* dinp_columns = nullptr, bool staging = true);
+                        bool accumulate = true, float* dinp_columns = nullptr);
 
 }  // namespace ddplab::cuda

@@ -16,7 +16,6 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"  // grid_size
-#include "kernels/cuda/mma.cuh"     // cp_async_16
 #include "kernels/layernorm.h"
 
 namespace ddplab::cuda {
@@ -118,14 +117,6 @@ inline int backward_blocks(int N, int C) {
   return static_cast<int>(std::min<int64_t>((int64_t{N} + warps - 1) / warps, kBwdMaxWarps / warps));
 }
 
-// The staged backward (kStaged below): each warp's next row (inp, dout and dinp) copied into shared memory while it
-// works on this one. Its rows must be held whole in registers (the stage is overwritten as soon as they are), and two
-// blocks must still fit an SM (228 KB on an H100/H200, 1 KB of it reserved a block).
-constexpr size_t kStagedMaxSmem = 112 * 1024;
-template <typename T>
-size_t stage_bytes(int C) {
-  return 3 * sizeof(T) * size_t(C) * backward_warps(C);
-}
 inline size_t backward_smem_bytes(int C, int sums) { return sizeof(float) * sums * size_t(C) * backward_warps(C); }
 
 // Where column c's sum sits in a warp's accumulator (a permutation of [0, C), for dweight; dbias's lies C further,
@@ -194,10 +185,7 @@ __global__ void __launch_bounds__(kBlock)
 // alone touches its accumulator elements. Dynamic shared memory: the warps' accumulators [warps][sums][C] (dweight,
 // dbias, dinp's column sums), each in acc_index's order. Two blocks an SM (128 registers; 96 or 144 KB of
 // accumulators at C 768): 18 KB of loads in flight a block.
-// kStaged (16-byte packs, rows held whole): after the accumulators, each warp's stage [3][C] of T, into which its next
-// row's inp, dout and dinp are copied (cp.async) while it computes this row, so that a warp's rows no longer wait for
-// memory one after another: on an H200 the unstaged kernel moved 65-76% of what a copy of its bytes moves.
-template <typename T, int V, bool kStaged>
+template <typename T, int V>
 __global__ void __launch_bounds__(kBlock, 2)
     layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const float* weight,
                               const float* mean, const float* rstd, int N, int C, int sums) {
@@ -208,33 +196,15 @@ __global__ void __launch_bounds__(kBlock, 2)
   float* const dw_acc = acc + int64_t{sums} * C * warp;
   float* const db_acc = dw_acc + C;
   float* const dx_acc = sums > 2 ? db_acc + C : nullptr;
-  T* const stage = reinterpret_cast<T*>(acc + int64_t{sums} * C * warps) + int64_t{3} * C * warp;
-  // This lane's packs of the row's three tensors: the packs it reads back (for_each_lane_pack's), so its own wait for
-  // its own copies is all the ordering needed, no barrier.
-  const auto stage_row = [&](int64_t row) {
-    if constexpr (kStaged) {
-      static_assert(sizeof(T) * V == 16, "the stage is copied in 16-byte packs");
-      for (int c = lane * V; c < C; c += 32 * V) {
-        ptx::cp_async_16(stage + c, inp + row * C + c, true);
-        ptx::cp_async_16(stage + C + c, dout + row * C + c, true);
-        ptx::cp_async_16(stage + 2 * C + c, dinp + row * C + c, true);
-      }
-      ptx::cp_async_commit();
-    }
-  };
   for_each_lane_pack<V>(C, lane, [&](int, int c) {  // the owner zeroes its own elements: no barrier needed
 #pragma unroll
     for (int j = 0; j < V; j += W)
       for (int k = 0; k < sums; ++k) store_pack<W>(dw_acc + int64_t{k} * C + acc_index<V>(C, c + j), Pack<float, W>{});
   });
-  const int64_t stride = int64_t{gridDim.x} * warps;
-  if (const int64_t first = int64_t{blockIdx.x} * warps + warp; first < N) stage_row(first);
-  for (int64_t row = int64_t{blockIdx.x} * warps + warp; row < N; row += stride) {
+  for (int64_t row = int64_t{blockIdx.x} * warps + warp; row < N; row += int64_t{gridDim.x} * warps) {
     const float m = mean[row], s = rstd[row];
-    if constexpr (kStaged) ptx::cp_async_wait<0>();
-    HeldRow<T, V> x(kStaged ? stage : inp + row * C, C, lane), d(kStaged ? stage + C : dout + row * C, C, lane);
-    const HeldRow<T, V> dx(kStaged ? stage + 2 * C : dinp + row * C, C, lane);
-    if (kStaged && row + stride < N) stage_row(row + stride);  // the row is in registers: the stage takes the next
+    HeldRow<T, V> x(inp + row * C, C, lane), d(dout + row * C, C, lane);
+    const HeldRow<T, V> dx(dinp + row * C, C, lane);
     float g_sum = 0.0f, gx_sum = 0.0f;
     for_each_lane_pack<V>(C, lane, [&](int i, int c) {
       const Pack<T, V> xp = x.at(i, c), dp = d.at(i, c);
@@ -336,28 +306,22 @@ void layernorm_forward_launches(Launch&& launch, T* out, float* mean, float* rst
 
 // scratch: backward_blocks(N, C) * kMaxSums * C floats, the blocks' partials. dcolumns (may be null): the column sums
 // of dinp as written. accumulate: dweight, dbias and dcolumns += the sums, else =.
-// staging: the staged kernel where it applies (the tests turn it off to compare the two; GPUs older than sm_80 have no
-// cp.async).
 template <typename Launch, typename T>
 void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float* dbias, float* dcolumns,
                                  float* scratch, const T* dout, const T* inp, const float* weight, const float* mean,
-                                 const float* rstd, int N, int C, bool accumulate, bool staging = true) {
+                                 const float* rstd, int N, int C, bool accumulate) {
   using namespace layernorm;
   const int blocks = backward_blocks(N, C), sums = dcolumns ? 3 : 2;
   const dim3 block(32 * backward_warps(C));
   const size_t smem = backward_smem_bytes(C, sums);
   constexpr int V = kVec<T>;
   const bool vec = C % V == 0 && detail::all_aligned(16, dinp, dout, inp) && detail::all_aligned(V * 4, weight);
-  const bool staged = staging && vec && C <= kHeldPacks * 32 * V && smem + stage_bytes<T>(C) <= kStagedMaxSmem;
-  if (staged)
-    launch(layernorm_backward_kernel<T, V, true>, dim3(blocks), block, smem + stage_bytes<T>(C), dinp, scratch, dout,
-           inp, weight, mean, rstd, N, C, sums);
-  else if (vec)
-    launch(layernorm_backward_kernel<T, V, false>, dim3(blocks), block, smem, dinp, scratch, dout, inp, weight, mean,
-           rstd, N, C, sums);
+  if (vec)
+    launch(layernorm_backward_kernel<T, V>, dim3(blocks), block, smem, dinp, scratch, dout, inp, weight, mean, rstd, N,
+           C, sums);
   else
-    launch(layernorm_backward_kernel<T, 1, false>, dim3(blocks), block, smem, dinp, scratch, dout, inp, weight, mean,
-           rstd, N, C, sums);
+    launch(layernorm_backward_kernel<T, 1>, dim3(blocks), block, smem, dinp, scratch, dout, inp, weight, mean, rstd, N,
+           C, sums);
   launch(layernorm_backward_reduce_kernel, dim3((sums * C + 31) / 32), dim3(kBlock), sizeof(float) * kWarps * 32,
          dweight, dbias, dcolumns, static_cast<const float*>(scratch), blocks, C, sums, accumulate);
 }

@@ -64,23 +64,17 @@ std::vector<std::vector<float>> emulated_backward(const Shape& sh, const std::ve
                                                   const std::vector<T>& dout, const std::vector<T>& inp,
                                                   const Weights& weight, const std::vector<float>& mean,
                                                   const std::vector<float>& rstd, bool accumulate = true,
-                                                  const std::vector<float>& dcol0 = {}, bool staging = true,
-                                                  bool* staged_ran = nullptr) {
+                                                  const std::vector<float>& dcol0 = {}) {
   std::vector<T> dinp = device_values<T>(dinp0);
   std::vector<float> dw = dw0, db = db0, dcol = dcol0;
   std::vector<float> scratch(cuda::layernorm::backward_blocks(sh.N, sh.C) * cuda::layernorm::kMaxSums * sh.C,
                              std::numeric_limits<float>::quiet_NaN());
-  const auto launch = [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-    constexpr int V = cuda::layernorm::kVec<T>;
-    if (staged_ran && reinterpret_cast<const void*>(kernel) ==
-                          reinterpret_cast<const void*>(&cuda::layernorm::layernorm_backward_kernel<T, V, true>))
-      *staged_ran = true;
+  const auto launch = [](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
     emulated_launch(kernel, grid, block, smem, args...);
   };
   cuda::layernorm_backward_launches(launch, dinp.data(), dw.data() + sh.offset, db.data() + sh.offset,
                                     dcol.empty() ? nullptr : dcol.data(), scratch.data(), dout.data(), inp.data(),
-                                    weight.data() + sh.offset, mean.data(), rstd.data(), sh.N, sh.C, accumulate,
-                                    staging);
+                                    weight.data() + sh.offset, mean.data(), rstd.data(), sh.N, sh.C, accumulate);
   return {host_values<T>(dinp), dw, db, dcol};
 }
 
@@ -206,48 +200,6 @@ TEST(LayerNormEmulated, BackwardWarpsWalkSeveralRows) {
       int64_t{cuda::layernorm::backward_blocks(sh.N, sh.C)} * cuda::layernorm::backward_warps(sh.C);
   ASSERT_GT(sh.N, 2 * grid_warps);
   emulated_backward_matches_cpu<float>(sh, inp, dout, dinp0, weight, mean, rstd, 1e-5, 1e-5);
-}
-
-// The staged backward (each warp's next row copied into shared memory while it computes this one) against the unstaged
-// one, bit for bit: the same arithmetic on the same values, whichever memory they came from. Its copies landing only
-// when waited for (a row read before its wait shows) and as soon as issued (a row overwritten before it was read
-// shows). Rows held whole in registers, one a warp and several (4105 rows: 2 or 3 a warp), with dinp's column sums and
-// without; fp32 at C 768 holds 512 columns and is not staged, which the launch must respect.
-TEST(LayerNormEmulated, StagedBackwardIsTheUnstagedOne) {
-  using ddplab::emu::CpAsyncLanding;
-  const auto check = [](auto zero, const Shape& sh, bool columns, bool staged) {
-    using T = decltype(zero);
-    SCOPED_TRACE("N=" + std::to_string(sh.N) + " C=" + std::to_string(sh.C) +
-                 (std::is_same_v<T, bf16> ? " bf16" : " fp32") + (columns ? ", column sums" : ""));
-    std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
-    std::vector<float> out(inp.size()), mean(sh.N), rstd(sh.N);
-    const std::vector<float> w = random_vector(sh.C + 1, 0.5f, 1.5f, 4), bias = random_vector(sh.C, -1, 1, 5);
-    const DeviceLikeVector<float> weight(w.begin(), w.end());  // 256-byte aligned, as cudaMalloc's: the packed path
-    ddplab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), sh.N,
-                                   sh.C);
-    const std::vector<T> d_inp = device_values<T>(inp),
-                         d_dout = device_values<T>(random_vector(int64_t{sh.N} * sh.C, -1, 1, 2));
-    const std::vector<float> dinp0 = random_vector(int64_t{sh.N} * sh.C, -1, 1, 3);
-    const std::vector<float> dw0 = random_vector(sh.C + 1, -1, 1, 6), db0 = random_vector(sh.C + 1, -1, 1, 7);
-    const std::vector<float> dcol0 = columns ? random_vector(sh.C, -1, 1, 8) : std::vector<float>{};
-    const auto unstaged =
-        emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, mean, rstd, true, dcol0, false);
-    for (const CpAsyncLanding landing : {CpAsyncLanding::kAtWait, CpAsyncLanding::kAtIssue}) {
-      const ddplab::emu::CpAsyncLandingScope scope(landing);
-      bool ran = false;
-      const auto got =
-          emulated_backward<T>(sh, dinp0, dw0, db0, d_dout, d_inp, weight, mean, rstd, true, dcol0, true, &ran);
-      EXPECT_EQ(ran, staged) << "the staged kernel launched";
-      for (size_t k = 0; k < got.size(); ++k)
-        EXPECT_TRUE(BitwiseEqual(got[k], unstaged[k]))
-            << "output " << k << (landing == CpAsyncLanding::kAtWait ? ", copies landing at the wait" : ", at issue");
-    }
-  };
-  check(bf16{}, Shape{4105, 200, 0}, true, true);  // each launch of 4105 rows is 65536 emulated threads: one each
-  check(float{}, Shape{4105, 8, 0}, false, true);
-  check(float{}, Shape{70, 200, 0}, true, true);
-  check(bf16{}, Shape{33, 768, 0}, false, true);
-  check(float{}, Shape{33, 768, 0}, true, false);
 }
 
 // The backward's warps a block: 8 while their accumulators (C floats per sum, 2 or 3 sums) fit 48 KB (72 with the
