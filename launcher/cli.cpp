@@ -136,7 +136,7 @@ void add_train_flags(CLI::App* app, TrainConfig& c, FlagSet flags) {
   });
   // --force's meaning depends on the command: one run's file, or the folder of many.
   if (CLI::Option* force = app->get_option_no_throw("--force"))
-    force->description(flags == FlagSet::kTrain ? "overwrite an existing run file"
+    force->description(flags == FlagSet::kTrain ? "overwrite an existing run file or --checkpoint file"
                                                 : "reuse an existing --out-dir, overwriting its files");
   // A --warmup-steps that leaves no step to measure cannot be what was meant: refused. The default (5) is not a
   // request, so a shorter run keeps its last step (RunRecord::first_steady_step), as its "steady state" line says.

@@ -486,6 +486,11 @@ void run_predict(const PredictArgs& a) {
   // prediction compares.)
   require(model.on_gpu || a.ranks_per_gpu.empty(),
           "--ranks-per-gpu: " + a.file + " trained on the CPU, where ranks share no GPU");
+  // The CPU's update in backward runs on threads of its own beside backward, which the model does not time (PREDICT.md,
+  // "What it leaves out"): the update bucket by bucket after backward is the GPU's.
+  require(
+      model.on_gpu || std::find(a.update.begin(), a.update.end(), "bucket") == a.update.end(),
+      "--update bucket: " + a.file + " trained on the CPU; the update bucket by bucket is the GPU's (--device cuda)");
   if (model.on_gpu)
     for (const PredictSetting& s : settings)
       require(s.impl != AllreduceImpl::kMpi, "--comm mpi: " + a.file +
@@ -592,15 +597,17 @@ void add_predict_command(CLI::App& app, FileCommand& parsed) {
   cmd->add_option(
          "--update", args->update,
          "whole (after the last all-reduce), bucket (each bucket's as soon as it is reduced, beside the closing "
-         "all-reduce: --device cuda --optimizer-in-backward on), or whole,bucket for both (default: the run's)")
+         "all-reduce: --device cuda --optimizer-in-backward on; GPU runs only), or whole,bucket for both (default: the "
+         "run's)")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--calibration", args->calibration, "allreduce_perf -J file: all-reduce times to use")
       ->check(non_empty_path())
       ->type_name("FILE");
-  CLI::Option* json = cmd->add_option("--json", args->json, "write the table and recommendations as JSON")
-                          ->check(non_empty_path())
-                          ->type_name("OUT");
+  CLI::Option* json =
+      cmd->add_option("--json", args->json, "also write the table and recommendations as JSON to the file OUT")
+          ->check(non_empty_path())
+          ->type_name("OUT");
   cmd->add_flag("--force", args->force, "overwrite an existing --json file")->needs(json);
   // Every list flag's values as given (a --link's presets are checked where its text is split).
   cmd->parse_complete_callback([cmd] {

@@ -89,7 +89,8 @@ void add_report_command(CLI::App& app, FileCommand& parsed) {
   CLI::App* report = app.add_subcommand("report", "tables and slow-rank blame from run files (docs/REPORTS.md)");
   report->add_option("files", args->files, "run files (HDF5)")->required()->type_name("FILE.h5");
   report->add_flag("--json", args->json,
-                   "print a JSON array instead, one object per file: its summary and blame findings");
+                   "print a JSON array on standard output instead, one object per file: its summary and blame "
+                   "findings (> FILE to keep it)");
   CLI::Option* html =
       report
           ->add_option("--html", args->html,
@@ -163,7 +164,7 @@ void add_diff_command(CLI::App& app, FileCommand& parsed) {
   auto args = std::make_shared<DiffArgs>();
   CLI::App* diff = app.add_subcommand("diff", "what changed between two runs, beyond the noise (docs/REPORTS.md)");
   diff->add_option("files", args->files, "run files A and B (HDF5)")->required()->expected(2)->type_name("FILE.h5");
-  diff->add_flag("--json", args->json, "print the comparison as one JSON object instead");
+  diff->add_flag("--json", args->json, "print the comparison as one JSON object on standard output instead");
   diff->callback([args, &parsed] { parsed = [args] { run_diff(*args); }; });
 }
 

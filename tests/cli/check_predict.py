@@ -154,6 +154,8 @@ with tempfile.TemporaryDirectory() as work:
              # settings left out (mpi has no 16-bit wire) are noted only where the command goes on
              ([run, "--comm", "mpi,ring", "--comm-dtype", "bf16", "--ranks-per-gpu", "2"], "trained on the CPU"),
              ([run, "--ranks-per-gpu", "0"], "--ranks-per-gpu 0: a GPU has at least one rank"),
+             # the CPU's update in backward is not the GPU's update bucket by bucket, which the model times
+             ([run, "--update", "whole,bucket"], "trained on the CPU; the update bucket by bucket is the GPU's"),
              ([nodes_run, "--comm", "hier", "--ranks-per-node", "4"], "--comm hier needs more than one node")]
     # A file from before the steps recorded their samples: samples/s from the batch, as report takes it.
     unsampled = os.path.join(work, "unsampled.h5")
