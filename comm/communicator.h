@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/link_model.h"
+#include "comm/recursive_doubling.h"
 #include "comm/ring_allreduce.h"
 #include "comm/shm_segments.h"
 #include "comm/topology.h"
@@ -76,11 +77,7 @@ bool names_direct_collectives(const std::string& transport_name);
 inline constexpr size_t kGpuRingChunkBytes = size_t{64} << 20;
 // Recursive doubling's exchanges a round (comm/recursive_doubling.h): log2 p, +2 for the ranks beyond the power of two
 // p that fold in and out.
-inline int doubling_steps(int ranks) {
-  int log2p = 0;
-  while ((2 << log2p) <= ranks) ++log2p;
-  return log2p + ((1 << log2p) < ranks ? 2 : 0);
-}
+inline int doubling_steps(int ranks) { return DoublingGroup(ranks).exchanges(); }
 // Whether --comm ring on GPU buffers may all-reduce by recursive doubling (doubling_allreduce_sum, comm/ring_device.h)
 // instead of the ring: at two ranks, where it moves the ring's bytes, and wherever ranks share a GPU, where each
 // exchange costs a fixed ~0.37 ms (2 ranks) to ~1.1 ms (4) whatever it moves. Between GPUs of their own, beyond two

@@ -45,14 +45,17 @@ class Exchanger {
     t_.wait_sends();
     wire::reduce_round(options_.format, data_, in, in, count_);
   }
+  void exchange_add(int partner) {
+    send(partner);
+    recv_add(partner);
+  }
+  // data = peer's. The fp32 wire receives into data itself, which our last send may still be reading: that send is
+  // waited for first.
   void recv_copy(int peer) {
-    if (!options_.wire16) {
-      t_.recv(peer, data_, count_ * sizeof(float), options_.tag);
-    } else {
-      t_.recv(peer, scratch_.wire[0].data(), count_ * sizeof(uint16_t), options_.tag);
-      wire::decode(options_.format, data_, scratch_.wire[0].data(), count_);
-    }
     t_.wait_sends();
+    if (!options_.wire16) return t_.recv(peer, data_, count_ * sizeof(float), options_.tag);
+    t_.recv(peer, scratch_.wire[0].data(), count_ * sizeof(uint16_t), options_.tag);
+    wire::decode(options_.format, data_, scratch_.wire[0].data(), count_);
   }
 
  private:
@@ -67,35 +70,12 @@ class Exchanger {
 
 void recursive_doubling_allreduce_sum(float* data, size_t count, Transport& t, RingScratch& scratch,
                                       const RingOptions& options) {
-  const int n = t.size(), r = t.rank();
+  const int n = t.size();
   if (n == 1 || count == 0) return;
-  int p = 1;
-  while (2 * p <= n) p *= 2;
-  const int extra = n - p;
   Exchanger x(t, data, count, scratch, options);
   x.round_to_wire();
-
-  // Fold in: of each pair (2i, 2i+1), i < extra, the even rank hands its buffer over and sits out.
-  if (r < 2 * extra && r % 2 == 0) {
-    x.send(r + 1);
-    t.wait_sends();  // the result lands in data: our send must be done first (r+1 receives it at once)
-    x.recv_copy(r + 1);
-    return;
-  }
-  if (r < 2 * extra) x.recv_add(r - 1);
-  const int v = r < 2 * extra ? r / 2 : r - extra;  // rank among the p that take part
-  auto real_rank = [&](int w) { return w < extra ? 2 * w + 1 : w + extra; };
-
-  for (int mask = 1; mask < p; mask <<= 1) {
-    const int partner = real_rank(v ^ mask);
-    x.send(partner);
-    x.recv_add(partner);
-  }
-
-  if (r < 2 * extra) {  // hand the result back to the folded-out partner
-    x.send(r - 1);
-    t.wait_sends();
-  }
+  run_doubling_schedule(x, n, t.rank());
+  t.wait_sends();  // the hand-back's send: data may change once this returns
 }
 
 }  // namespace ddplab

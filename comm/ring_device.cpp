@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/recursive_doubling.h"
 #include "comm/wire.h"
 #include "kernels/cpu/transformer_ops.h"
 
@@ -256,26 +257,13 @@ void ring_allreduce_sum(const float* in, float* out, size_t count, RingLink& lin
 
 void doubling_allreduce_sum(const float* in, float* out, size_t count, RingLink& link, RingMemory& memory,
                             float* staging, const DeviceRingWire* wire) {
-  const int n = link.size(), r = link.rank();
+  const int n = link.size();
   const size_t max_chunk = exchanged_chunk(in, out, count, link, memory);
   if (max_chunk == 0) return;
-  int p = 1;
-  while (2 * p <= n) p *= 2;
-  const int extra = n - p;  // of each pair (2i, 2i+1), i < extra, the even rank hands its data over and sits out
-  const bool folded = r < 2 * extra;
-  const int v = folded ? r / 2 : r - extra;  // rank among the p that take part
-  const auto real_rank = [&](int w) { return w < extra ? 2 * w + 1 : w + extra; };
   for (size_t begin = 0; begin < count; begin += max_chunk) {
     DoublingRound round(link, memory, staging, wire, out + begin, std::min(max_chunk, count - begin));
     round.own(in + begin);
-    if (folded && r % 2 == 0) {
-      round.send(r + 1);
-      round.recv_copy(r + 1);
-      continue;
-    }
-    if (folded) round.recv_add(r - 1);
-    for (int mask = 1; mask < p; mask <<= 1) round.exchange_add(real_rank(v ^ mask));
-    if (folded) round.send(r - 1);
+    run_doubling_schedule(round, n, link.rank());
   }
 }
 
