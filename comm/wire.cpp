@@ -76,6 +76,20 @@ void reduce_round_t(float* acc, uint16_t* out, const uint16_t* in, size_t n) {
   }
 }
 
+template <Format F>
+void add_encode_t(uint16_t* io, const float* own, size_t n) {
+  size_t i = 0;
+#ifdef DDPLAB_WIRE_F16C
+  if constexpr (F == Format::kFp16)
+    for (; i + 8 <= n; i += 8) {
+      __m128i* words = reinterpret_cast<__m128i*>(io + i);
+      const __m256 s = _mm256_add_ps(_mm256_loadu_ps(own + i), _mm256_cvtph_ps(_mm_loadu_si128(words)));
+      _mm_storeu_si128(words, _mm256_cvtps_ph(s, kRound));
+    }
+#endif
+  for (; i < n; ++i) io[i] = float16::from_f32(F, own[i] + float16::to_f32(F, io[i]));
+}
+
 }  // namespace
 
 void encode(Format f, uint16_t* dst, const float* src, size_t n) {
@@ -90,6 +104,9 @@ void reduce_encode(Format f, float* acc, uint16_t* out, const uint16_t* in, size
 }
 void reduce_round(Format f, float* acc, uint16_t* out, const uint16_t* in, size_t n) {
   f == Format::kBf16 ? reduce_round_t<Format::kBf16>(acc, out, in, n) : reduce_round_t<Format::kFp16>(acc, out, in, n);
+}
+void add_encode(Format f, uint16_t* io, const float* own, size_t n) {
+  f == Format::kBf16 ? add_encode_t<Format::kBf16>(io, own, n) : add_encode_t<Format::kFp16>(io, own, n);
 }
 
 }  // namespace ddplab::wire

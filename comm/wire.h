@@ -20,6 +20,9 @@ void decode(float16::Format f, float* dst, const uint16_t* src, size_t n);
 void reduce_encode(float16::Format f, float* acc, uint16_t* out, const uint16_t* in, size_t n);
 // out[i] = to16(acc[i] + to32(in[i])); acc[i] = to32(out[i])   (the final hop: the owner keeps the rounded value)
 void reduce_round(float16::Format f, float* acc, uint16_t* out, const uint16_t* in, size_t n);
+// io[i] = to16(own[i] + to32(io[i]))   (the device ring's hop on host memory: the incoming words become the sum sent
+// on; the GPU's add_encode kernel, kernels/cuda/wire_cast.h, is its twin)
+void add_encode(float16::Format f, uint16_t* io, const float* own, size_t n);
 
 // Whether a mean over this wire scales each rank's values before the sum rather than the sum at the end. fp16 ends
 // at 65504: a sum of n ranks' values would overflow where they pass 65504 / n, so each rank scales its own first

@@ -97,7 +97,8 @@ TEST(WireCastEmulated, DecodeIsTheCpuWiresOnEveryWord) {
     }
 }
 
-// A reduce-scatter hop: the CPU ring's reduce_encode (acc += to32(in); out = to16(acc)) gives the words.
+// A reduce-scatter hop: the CPU ring's reduce_encode (acc += to32(in); out = to16(acc)) gives the words, and so does
+// the host's own add_encode, which the device ring runs on host memory (with F16C's 8 at a time for fp16).
 TEST(WireCastEmulated, AddEncodeIsTheCpuRingsHop) {
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> dist(-4.f, 4.f);
@@ -117,6 +118,9 @@ TEST(WireCastEmulated, AddEncodeIsTheCpuRingsHop) {
                 wc::add_encode_kernel<Format::kFp16, 4>, wc::add_encode_kernel<Format::kFp16, 1>, got.data(),
                 own.data(), static_cast<int64_t>(count));
         ASSERT_EQ(got, want) << count << " elements";
+        std::vector<uint16_t> host = in16;
+        wire::add_encode(f, host.data(), own.data(), count);
+        ASSERT_EQ(host, want) << count << " elements, wire::add_encode";
       }
     }
 }
