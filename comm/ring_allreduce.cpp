@@ -88,7 +88,8 @@ void RingPrimitives::recv_reduce_send(RingChunk c) {
   });
 }
 
-// In place, the output buffer is the input buffer, so "reduce, copy to the output" is the reduction itself.
+// The chunk's last addend (NCCL's recvReduceCopySend): the reduction writes the finished sum into out, in place or not,
+// with the epilogue, and that write is the "copy"; the sum goes on as the all-gather's first message.
 void RingPrimitives::recv_reduce_copy_send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, size_t) {
     reduce_from_prev(s, /*last=*/true);
@@ -183,7 +184,9 @@ void Wire16RingPrimitives::recv_copy_send(RingChunk c) {
   for_each_slice(c, [&](RingChunk s, size_t k) {
     recv_words(s);
     wire::decode(format_, out_ + s.offset, incoming_, s.count);
-    std::memcpy(staged(k), incoming_, s.count * sizeof(uint16_t));  // forward the received words as they are
+    // Forward the received words as they are, from place k: the incoming words are the next receive's landing place
+    // while this send may still be in flight, and place k's previous send is retired (the contract).
+    std::memcpy(staged(k), incoming_, s.count * sizeof(uint16_t));
     send_words(staged(k), s);
   });
 }

@@ -1,5 +1,5 @@
 // Ring all-reduce on host fp32 buffers, written once against Transport primitives so that it reads like the
-// textbook (and NCCL's ring): reduce-scatter, then all-gather, each n-1 steps around the ring.
+// textbook (and NCCL's ring): reduce-scatter, then all-gather, each n-1 receives around the ring.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -83,7 +83,7 @@ class RingMessages {
   }
   void send_to_next(const void* buf, size_t bytes);
   void recv_from_prev(void* dst, size_t bytes);  // then retires what the contract allows
-  void retire();                                 // after a receive: the sends up to the one it matched
+  void retire();                                 // counts a receive, then retires the sends up to the one it matched
 
   Transport& t_;
   const size_t slices_, stride_;  // K, and the longest slice
@@ -155,7 +155,10 @@ class Wire16RingPrimitives : RingMessages {
 };
 
 // One round of the ring: elements [begin, begin + len) of the buffer, cut into n chunks. Step s of rank r moves
-// chunk (r - s) mod n. Chunk c starts at rank c and picks up one addend per hop, so its sum is always formed as
+// chunk(s) = (r - s) mod n: step 0 only sends (its own chunk r); each step s >= 1 receives chunk(s), which prev sent
+// at its step s - 1, and (but the last) sends it on. Steps 1..n-1 reduce (the reduce-scatter), steps n..2n-2 copy
+// (the all-gather; chunk(s + n) == chunk(s)), so a round is 2(n-1) receives. Chunk c starts at rank c and picks up one
+// addend per hop, so its sum is always formed as
 // ((x_c + x_c+1) + x_c+2) + ... whichever rank computes it. Rank r ends the reduce-scatter owning chunk r+1.
 struct RingRound {
   size_t begin = 0, len = 0;
@@ -197,7 +200,7 @@ void ring_all_gather(Prims& prims, const RingRound& round) {
 
 // The ring schedule, written once for every set of primitives: the two wires' above on host memory, and the device
 // ring's LinkRingPrimitives (comm/ring_device.h) on GPU buffers. `count` elements go round in rounds of `round`,
-// each a complete ring (NCCL's loop over chunks): reduce-scatter, then all-gather, n-1 steps each.
+// each a complete ring (NCCL's loop over chunks): reduce-scatter, then all-gather, n-1 receives each.
 template <typename Prims>
 void run_ring_schedule(Prims& prims, size_t count, size_t round, int n, int r) {
   for (size_t begin = 0; begin < count; begin += round) {

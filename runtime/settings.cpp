@@ -50,6 +50,9 @@ int64_t parse_integer(const Knob& knob, const std::string& text) {
   if (*end != '\0' || errno != 0 || x < knob.min || x > knob.max)
     throw BadSetting(std::string(knob.name) + " must be an integer in [" + std::to_string(knob.min) + ", " +
                      std::to_string(knob.max) + "], got '" + text + "'");
+  if (x % knob.multiple_of != 0)  // 1 to 3 bytes a slice read as no slicing at all
+    throw BadSetting(std::string(knob.name) + " must be a multiple of " + std::to_string(knob.multiple_of) + ", got '" +
+                     text + "'");
   return static_cast<int64_t>(x);
 }
 void check_choice(const Knob& knob, const std::string& value) {

@@ -23,13 +23,19 @@ struct Knob {
   // What it takes: an integer in [min, max], or one of `choices` ("shm|mpi"); any text where max < min and no choices.
   int64_t min = 0, max = -1;
   const char* choices = nullptr;
+  int64_t multiple_of = 1;  // an integer's unit (bytes of whole floats)
 };
 
 // The ring's pipeline: bytes of fp32 per slice (one message per chunk per round; 0 = no slicing), and slices per
 // chunk (the depth of one step; the ring runs in rounds of n x this x slice). Bounded so that a round's element
 // count cannot wrap around size_t at any rank count.
-inline constexpr Knob kRingSliceBytes{"DDPLAB_RING_SLICE_BYTES", "262144",
-                                      "bytes of fp32 per ring slice (0: no slicing)", 0, int64_t{1} << 30};
+inline constexpr Knob kRingSliceBytes{"DDPLAB_RING_SLICE_BYTES",
+                                      "262144",
+                                      "bytes of fp32 per ring slice (0: no slicing)",
+                                      0,
+                                      int64_t{1} << 30,
+                                      nullptr,
+                                      sizeof(float)};
 inline constexpr Knob kRingSlicesPerChunk{"DDPLAB_RING_SLICES_PER_CHUNK", "4", "ring slices per chunk, at least 1", 1,
                                           1024};
 // Buffers up to this many fp32 bytes use recursive doubling; 0 = always the ring. Its default depends on the world

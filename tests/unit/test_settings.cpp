@@ -43,6 +43,16 @@ TEST(Settings, BadValuesAreRefusedNamingTheVariable) {
   constexpr Knob out_of_range{"DDPLAB_TEST_RANGE", "1", "a knob set too high", 0, 100};
   setenv(out_of_range.name, "101", 1);
   EXPECT_THROW(integer(out_of_range), BadSetting);
+  // The ring's slices are whole floats: 1 to 3 bytes read as "no slicing" before they were refused.
+  setenv(kRingSliceBytes.name, "6", 1);
+  try {
+    integer(kRingSliceBytes);
+    ADD_FAILURE() << "a slice of 6 bytes was accepted";
+  } catch (const BadSetting& e) {
+    EXPECT_NE(std::string(e.what()).find("DDPLAB_RING_SLICE_BYTES must be a multiple of 4, got '6'"), std::string::npos)
+        << e.what();
+  }
+  unsetenv(kRingSliceBytes.name);
   constexpr Knob unknown{"DDPLAB_TEST_CHOICE", "shm", "a knob set to an unknown name", 0, -1, "shm|mpi"};
   setenv(unknown.name, "tcp", 1);
   try {
