@@ -105,17 +105,22 @@ TEST(Wire, EncodeRoundsToNearestEvenOnBothPaths) {
 // All-reduce with a 16-bit wire on positive inputs: each addend and each partial sum is rounded once on its way
 // (at most n roundings along any element's path, ring or recursive doubling), so the result is within n * u of
 // the exact sum (u = 2^-8 for bf16, 2^-11 for fp16; first order, plus fp32's own error). Every rank holds the
-// same bits.
+// same bits. The hierarchical all-reduce too, over emulated nodes of 2 ranks (of 1 at 2 and 3 ranks): its paths
+// round within the node and across nodes, still at most n times.
 struct Case {
   WireDtype wire;
   size_t count;
+  AllreduceImpl impl = AllreduceImpl::kRing;
 };
 class WireAllreduce : public testing::TestWithParam<Case> {};
 
 TEST_P(WireAllreduce, WithinTheErrorBoundAndBitwiseEqualAcrossRanks) {
   const int r = world_rank(), n = world_size();
-  const auto [dtype, count] = GetParam();
-  Communicator comm(MPI_COMM_WORLD, CommOptions{AllreduceImpl::kRing, dtype, LinkModel{}});
+  const auto [dtype, count, impl] = GetParam();
+  if (impl == AllreduceImpl::kHier && n == 1) GTEST_SKIP() << "hier needs two nodes";
+  CommOptions options{impl, dtype, LinkModel{}};
+  if (impl == AllreduceImpl::kHier) options.ranks_per_node = n % 2 == 0 && n > 2 ? 2 : 1;
+  Communicator comm(MPI_COMM_WORLD, options);
   std::mt19937 gen(100 + r);
   std::uniform_real_distribution<float> dist(0.01f, 100.0f);
   std::vector<float> x(count), exact_f(count);
@@ -152,9 +157,12 @@ TEST_P(WireAllreduce, WithinTheErrorBoundAndBitwiseEqualAcrossRanks) {
 // 1000 elements take recursive doubling, 300k the sliced ring.
 INSTANTIATE_TEST_SUITE_P(Wires, WireAllreduce,
                          testing::Values(Case{WireDtype::kBf16, 1000}, Case{WireDtype::kBf16, 300'000},
-                                         Case{WireDtype::kFp16, 1000}, Case{WireDtype::kFp16, 300'000}),
+                                         Case{WireDtype::kFp16, 1000}, Case{WireDtype::kFp16, 300'000},
+                                         Case{WireDtype::kBf16, 300'000, AllreduceImpl::kHier},
+                                         Case{WireDtype::kFp16, 300'000, AllreduceImpl::kHier}),
                          [](const testing::TestParamInfo<Case>& info) {
-                           return std::string(to_string(info.param.wire)) + "_" + std::to_string(info.param.count);
+                           return std::string(to_string(info.param.wire)) + "_" + std::to_string(info.param.count) +
+                                  (info.param.impl == AllreduceImpl::kHier ? "_hier" : "");
                          });
 
 // The gradients' mean over an fp16 wire, of values whose sum passes fp16's 65504 while each rank's share does not:
