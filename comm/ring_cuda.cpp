@@ -27,7 +27,7 @@ void CudaStreamMemory::copy(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaStreamMemory::add(float* out, const float* a, const float* b, size_t count) {
-  residual_forward<float>(out, a, b, static_cast<int64_t>(count), stream_);  // out = a + b
+  residual_forward(out, a, b, static_cast<int64_t>(count), stream_);  // out = a + b
 }
 
 void CudaStreamMemory::encode(float16::Format f, uint16_t* dst, const float* src, size_t count) {

@@ -324,10 +324,11 @@ void bench_rowwise(const Sampling& sampling, cudaStream_t s, Arena& a, Report& r
            s, [&] { cuda::layernorm_backward<T>(dx, dw, db, scratch, dy, x, w, mean, rstd, N, C, s, true, dcols); }),
        4.0 * N * C * t + 8.0 * N + 16.0 * C, 0});
 
-  // The residual sum as a pass of its own, in place (out = out + x): what matmul_residual_forward's epilogue replaces
-  // (see the GEMMs' rows), kept as the GPU ring's reduction.
-  rep.add({"elementwise", std::string("residual_forward<") + tag + ">", sh,
-           sampling.median_ms(s, [&] { cuda::residual_forward<T>(y, x, y, int64_t{N} * C, s); }), 3.0 * N * C * t, 0});
+  // The GPU ring's reduction (fp32), in place (out = out + x), at the residual stream's size: also what a residual
+  // sum would cost as a pass of its own, which matmul_residual_forward's epilogue replaces (see the GEMMs' rows).
+  if constexpr (std::is_same_v<T, float>)
+    rep.add({"elementwise", "residual_forward<fp32>", sh,
+             sampling.median_ms(s, [&] { cuda::residual_forward(y, x, y, int64_t{N} * C, s); }), 3.0 * N * C * t, 0});
 
   // Cross-entropy over the LM head's logits, dlogits written in place; 10% of the targets ignored.
   T* logits = act(int64_t{N} * V);
@@ -632,11 +633,11 @@ void bench_gemm(const Sampling& sampling, cudaStream_t s, Arena& a, Report& rep,
   void *inp, *w, *bias, *out, *pre, *dout, *dinp;  // the bias has the output's type (gemm.h)
   if (bf) {
     inp = a.random_bf16(int64_t{B} * C), w = a.random_bf16(int64_t{OC} * C), dout = a.random_bf16(int64_t{B} * OC);
-    bias = a.random_bf16(OC);
+    bias = a.random_bf16(OC + 1);  // one more: the rows with the bias one element along, below
     out = a.alloc<bf16>(int64_t{B} * OC), pre = a.alloc<bf16>(int64_t{B} * OC), dinp = a.alloc<bf16>(int64_t{B} * C);
   } else {
     inp = a.random_f32(int64_t{B} * C), w = a.random_f32(int64_t{OC} * C), dout = a.random_f32(int64_t{B} * OC);
-    bias = a.random_f32(OC);
+    bias = a.random_f32(OC + 1);
     out = a.alloc<float>(int64_t{B} * OC), pre = a.alloc<float>(int64_t{B} * OC), dinp = a.alloc<float>(int64_t{B} * C);
   }
   float *dweight = a.random_f32(int64_t{OC} * C), *dbias = a.random_f32(OC);
@@ -655,6 +656,22 @@ void bench_gemm(const Sampling& sampling, cudaStream_t s, Arena& a, Report& rep,
         sampling.median_ms(s, [&] { cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b, B, C, OC, s); });
     const char* how = ctx.fallback_epilogues() == fallbacks ? ", fused" : ", our epilogue";
     rep.add({"gemm", std::string("matmul_bias_gelu_forward (") + mode + how + ")", sh, bias_gelu_ms, 0, flops});
+    // The bias one element along, which cuBLASLt's epilogue cannot read (it wants it aligned): the GEMM, then our
+    // epilogue kernel over its output, with GELU and without. What a model whose bias or OC the fused path refuses
+    // pays; the row says which ran.
+    for (const bool gelu : {true, false}) {
+      const int64_t before = ctx.fallback_epilogues();
+      const double ms = sampling.median_ms(s, [&] {
+        if (gelu)
+          cuda::matmul_bias_gelu_forward<T>(ctx, o, p, i, ww, b + 1, B, C, OC, s);
+        else
+          cuda::matmul_forward<T>(ctx, o, i, ww, b + 1, B, C, OC, s);
+      });
+      rep.add({"gemm",
+               std::string(gelu ? "matmul_bias_gelu_forward (" : "matmul_forward + bias (") + mode +
+                   ", bias unaligned" + (ctx.fallback_epilogues() == before ? ", fused" : ", our epilogue") + ")",
+               sh, ms, 0, flops});
+    }
     // + bias + a residual read by the epilogue (dout stands in for it: [B, OC], random): against the plain forward,
     // what adding the residual stream there costs instead of a pass of its own.
     const int64_t before_residual = ctx.fallback_epilogues();

@@ -32,16 +32,12 @@ void gelu_backward(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const __nv_bfl
   launch_gelu_backward(dinp, inp, dout, n, stream);
 }
 
-template <typename T>
-void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream) {
+void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  detail::launch_packed(detail::all_aligned(alignof(detail::Pack<T, 4>), out, a, b), n, stream,
-                        residual_forward_kernel<T, 4>, residual_forward_kernel<T, 1>, out, a, b, n);
+  detail::launch_packed(detail::all_aligned(alignof(detail::Pack<float, 4>), out, a, b), n, stream,
+                        residual_forward_kernel<4>, residual_forward_kernel<1>, out, a, b, n);
   cudaCheck(cudaGetLastError());
 }
-template void residual_forward<float>(float*, const float*, const float*, int64_t, cudaStream_t);
-template void residual_forward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int64_t,
-                                              cudaStream_t);
 
 void scale(float* y, float alpha, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;

@@ -18,10 +18,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, 
 void gelu_backward(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const __nv_bfloat16* dout, int64_t n,
                    cudaStream_t stream);
 
-// out = a + b: the transformer's residual connection (cpu::residual_forward) and the GPU ring all-reduce's reduction
-// (comm/ring_cuda.h). out may alias a or b.
-template <typename T>
-void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream);
+// out = a + b, fp32: the GPU ring all-reduce's reduction (comm/ring_cuda.h), the CPU's residual_forward on the GPU.
+// out may alias a or b. (The models add their residual in the GEMM's epilogue: matmul_residual_forward.)
+void residual_forward(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 
 // y *= alpha
 void scale(float* y, float alpha, int64_t n, cudaStream_t stream);

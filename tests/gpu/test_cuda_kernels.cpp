@@ -103,7 +103,7 @@ TEST(CudaKernelsHost, ZeroSizeCallsLaunchNothing) {
   EXPECT_NO_THROW(cuda::f32_to_bf16(nullptr, nullptr, 0, s));
   EXPECT_NO_THROW(cuda::bf16_to_f32(nullptr, nullptr, 0, s));
   EXPECT_NO_THROW(cuda::scale_and_check_finite(nullptr, 2.0f, 0, nullptr, s));
-  EXPECT_NO_THROW(cuda::residual_forward<bf16>(nullptr, nullptr, nullptr, 0, s));
+  EXPECT_NO_THROW(cuda::residual_forward(nullptr, nullptr, nullptr, 0, s));
   EXPECT_NO_THROW(cuda::mean_pool_forward<float>(nullptr, nullptr, nullptr, 0, 5, 8, s));
   EXPECT_NO_THROW(cuda::mean_pool_backward<bf16>(nullptr, nullptr, nullptr, 3, 0, 8, s));
   EXPECT_NO_THROW(cuda::next_token_targets(nullptr, nullptr, nullptr, nullptr, 0, 7, s));
@@ -608,6 +608,8 @@ TEST_F(CudaKernels, EmbeddingMatchesCpu) {
       std::vector<float> dwte_in_row_order = dwte0;  // the CPU's dwte, for dwpe beside it
       cpu::embedding_backward(dwte_in_row_order.data(), sh.wpe ? dwpe.data() : nullptr, d.data(), tokens.data(),
                               lengths.data(), B, S, C, pos);
+      // The piece order's reference is the row order's sums, added in another order: the same within rounding.
+      EXPECT_TRUE(AllClose(dwte, dwte_in_row_order, 1e-5, 1e-5)) << "dwte in pieces against dwte in row order";
       if (bf16_dout) {
         DeviceBuffer<bf16> d_dout(to_bf16(dout), stream_);
         cuda::embedding_backward<bf16>(d_dwte.get(), sh.wpe ? d_dwpe.get() : nullptr, d_dout.get(), sorted,
@@ -1246,9 +1248,8 @@ TEST_F(CudaKernels, ScaleAndCheckFinite) {
   }
 }
 
-// The residual add: one fp32 add per element on both sides, so fp32 is bitwise the CPU's and bf16 is the CPU's
-// result (on bf16-rounded inputs) rounded once. In place (out over a or b) as the
-// transformer calls it. Odd sizes, unaligned starts.
+// The GPU ring's reduction: one fp32 add per element, so bitwise the CPU's residual add. Out of place and in place
+// (out over b, as the ring runs it). Odd sizes, and starts one element along (the one-element-a-thread kernel).
 TEST_F(CudaKernels, ResidualMatchesCpu) {
   for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{100003}}) {
     SCOPED_TRACE("n=" + std::to_string(n));
@@ -1256,18 +1257,19 @@ TEST_F(CudaKernels, ResidualMatchesCpu) {
     std::vector<float> sum(n);
     cpu::residual_forward(sum.data(), a.data(), b.data(), n);
     DeviceArray d_a(a, stream_), d_b(b, stream_), d_out(n, stream_);
-    cuda::residual_forward<float>(d_out.get(), d_a.get(), d_b.get(), n, stream_);
+    cuda::residual_forward(d_out.get(), d_a.get(), d_b.get(), n, stream_);
     EXPECT_TRUE(BitwiseEqual(d_out.download(), sum)) << "fp32";
-    cuda::residual_forward<float>(d_b.get(), d_a.get(), d_b.get(), n, stream_);
+    cuda::residual_forward(d_b.get(), d_a.get(), d_b.get(), n, stream_);
     EXPECT_TRUE(BitwiseEqual(d_b.download(), sum)) << "fp32, out over b";
 
-    const std::vector<float> a16 = round_bf16(a), b16 = round_bf16(b);
-    std::vector<float> sum16(n);
-    cpu::residual_forward(sum16.data(), a16.data(), b16.data(), n);
-    DeviceBuffer<bf16> d_a16(to_bf16(a16), stream_), d_b16(to_bf16(b16), stream_);
-    cuda::residual_forward<bf16>(d_a16.get(), d_a16.get(), d_b16.get(), n, stream_);
-    EXPECT_TRUE(BitwiseEqual(to_f32(d_a16.download()), round_bf16(sum16))) << "bf16, out over a";
-
+    std::vector<float> a1(1, 0.0f), b1(1, 0.0f);  // the same values one element along
+    a1.insert(a1.end(), a.begin(), a.end());
+    b1.insert(b1.end(), b.begin(), b.end());
+    DeviceArray d_a1(a1, stream_), d_b1(b1, stream_);
+    cuda::residual_forward(d_b1.get() + 1, d_a1.get() + 1, d_b1.get() + 1, n, stream_);
+    const std::vector<float> got = d_b1.download();
+    EXPECT_TRUE(BitwiseEqual(std::vector<float>(got.begin() + 1, got.end()), sum)) << "fp32, starts unaligned";
+    EXPECT_EQ(got[0], 0.0f) << "the element before the start is untouched";
   }
 }
 

@@ -117,6 +117,15 @@ constexpr double kExactRtol = 1e-6;
 constexpr double kAdamwRtol = 1e-6, kAdamwAtol = 1e-7;
 constexpr double kGeluRtol = 1e-5, kGeluBwdAtol = 1e-5;
 
+// The values one element along (a leading 0), and back: device pointers + 1 take the kernels' one-element-a-thread
+// path, which 16-byte-aligned buffers never run.
+std::vector<float> shifted(const std::vector<float>& v) {
+  std::vector<float> out(1, 0.0f);
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+std::vector<float> unshifted(const std::vector<float>& v) { return std::vector<float>(v.begin() + 1, v.end()); }
+
 TEST_F(CudaOps, GeluBackwardMatchesCpu) {
   for (int64_t n : kSizes) {
     SCOPED_TRACE("n=" + std::to_string(n));
@@ -128,6 +137,9 @@ TEST_F(CudaOps, GeluBackwardMatchesCpu) {
     DeviceArray d_inp(inp, stream_), d_dout(dout, stream_), d_dinp(n, stream_);
     ddplab::cuda::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_);
     EXPECT_TRUE(AllClose(d_dinp.download(), want, kGeluRtol, kGeluBwdAtol));
+    DeviceArray u_inp(shifted(inp), stream_), u_dout(shifted(dout), stream_), u_dinp(n + 1, stream_);
+    ddplab::cuda::gelu_backward(u_dinp.get() + 1, u_inp.get() + 1, u_dout.get() + 1, n, stream_);
+    EXPECT_TRUE(AllClose(unshifted(u_dinp.download()), want, kGeluRtol, kGeluBwdAtol)) << "one element along";
   }
 }
 
@@ -145,6 +157,11 @@ TEST_F(CudaOps, GeluBackwardBf16MatchesCpu) {
     DeviceBuffer<__nv_bfloat16> d_inp(to_bf16(inp), stream_), d_dout(to_bf16(dout), stream_), d_dinp(n, stream_);
     ddplab::cuda::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_);
     EXPECT_TRUE(AllClose(to_f32(d_dinp.download()), want, kGeluRtol + 0x1p-8, kGeluBwdAtol));
+    DeviceBuffer<__nv_bfloat16> u_inp(to_bf16(shifted(inp)), stream_), u_dout(to_bf16(shifted(dout)), stream_),
+        u_dinp(n + 1, stream_);
+    ddplab::cuda::gelu_backward(u_dinp.get() + 1, u_inp.get() + 1, u_dout.get() + 1, n, stream_);
+    EXPECT_TRUE(AllClose(unshifted(to_f32(u_dinp.download())), want, kGeluRtol + 0x1p-8, kGeluBwdAtol))
+        << "one element along";
   }
 }
 
@@ -155,12 +172,14 @@ TEST_F(CudaOps, ScaleMatchesCpu) {
   for (int64_t n : sizes) {
     SCOPED_TRACE("n=" + std::to_string(n));
     std::vector<float> y = random_vector(n, -1.0f, 1.0f, 601 + n);
-    DeviceArray d_y(y, stream_);
+    DeviceArray d_y(y, stream_), u_y(shifted(y), stream_);
     const float alpha = -0.3f;
     ddplab::cpu::scale(y.data(), alpha, n);
 
     ddplab::cuda::scale(d_y.get(), alpha, n, stream_);
     EXPECT_TRUE(AllClose(d_y.download(), y, kExactRtol, 0.0));
+    ddplab::cuda::scale(u_y.get() + 1, alpha, n, stream_);
+    EXPECT_TRUE(AllClose(unshifted(u_y.download()), y, kExactRtol, 0.0)) << "one element along";
   }
 }
 
