@@ -40,6 +40,7 @@
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/sequence.h"
 #include "kernels/cuda/softmax_ce.h"
+#include "kernels/cuda/wire_cast.h"
 #include "kernels/float16.h"
 #include "model/attention_kind.h"
 #include "tests/gpu/flash_test_util.h"
@@ -1319,6 +1320,83 @@ void mean_pool_matches_cpu(cudaStream_t stream) {
 
 TEST_F(CudaKernels, MeanPoolFp32MatchesCpu) { mean_pool_matches_cpu<float>(stream_); }
 TEST_F(CudaKernels, MeanPoolBf16MatchesCpu) { mean_pool_matches_cpu<bf16>(stream_); }
+
+// The 16-bit wire's casts against kernels/float16.h's scalar conversion, which the CPU wire rounds by: every special
+// class and random values over the whole exponent range encoded, all 2^16 words decoded, and the reduce-scatter hop
+// (io = to16(own + to32(io))); at an aligned address (4 elements a thread) and one element along (one a thread), at
+// sizes with tails. NaN stays NaN (its payload is the hardware's); every other word bit for bit.
+TEST_F(CudaKernels, WireCastsAreTheHostWiresBitForBit) {
+  using ddplab::float16::Format;
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, kInf, -kInf, kNaN, 1e-45f, 6e-8f, 65504.0f, 65520.0f, 3.4e38f};
+  const std::vector<float> u = random_vector(70001, 0, 1, 73);
+  for (size_t i = 0; i < u.size(); ++i)
+    x.push_back(
+        ddplab::float16::bits_f32(static_cast<uint32_t>(u[i] * 4294967295.0) ^ static_cast<uint32_t>(i * 2654435761u)));
+  const std::vector<float> own = random_vector(static_cast<int64_t>(x.size()), -8, 8, 74);
+  const auto same = [](Format f, uint16_t got, uint16_t want) {
+    const bool nan_got = std::isnan(ddplab::float16::to_f32(f, got)),
+               nan_want = std::isnan(ddplab::float16::to_f32(f, want));
+    return nan_got || nan_want ? nan_got == nan_want : got == want;
+  };
+  for (const Format f : {Format::kBf16, Format::kFp16})
+    for (const int64_t n : {int64_t{1}, int64_t{7}, static_cast<int64_t>(x.size())})
+      for (const int off : {0, 1}) {
+        SCOPED_TRACE(std::string(f == Format::kBf16 ? "bf16" : "fp16") + " n=" + std::to_string(n) + " offset " +
+                     std::to_string(off));
+        std::vector<float> src(x.begin(), x.begin() + n), mine(own.begin(), own.begin() + n);
+        src.insert(src.begin(), off, 0.0f);
+        mine.insert(mine.begin(), off, 0.0f);
+        DeviceArray d_src(src, stream_), d_own(mine, stream_);
+        DeviceBuffer<uint16_t> d_words(n + off, stream_);
+        cuda::wire_encode(f, d_words.get() + off, d_src.get() + off, n, stream_);
+        std::vector<uint16_t> words = d_words.download();
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; ++i) bad += !same(f, words[off + i], ddplab::float16::from_f32(f, x[i]));
+        EXPECT_EQ(bad, 0) << "encode";
+        // The hop over the words just made: the sum in fp32, rounded once.
+        cuda::wire_add_encode(f, d_words.get() + off, d_own.get() + off, n, stream_);
+        const std::vector<uint16_t> sums = d_words.download();
+        bad = 0;
+        for (int64_t i = 0; i < n; ++i)
+          bad += !same(f, sums[off + i],
+                       ddplab::float16::from_f32(f, own[i] + ddplab::float16::to_f32(f, words[off + i])));
+        EXPECT_EQ(bad, 0) << "add_encode";
+      }
+  for (const Format f : {Format::kBf16, Format::kFp16})
+    for (const int off : {0, 1}) {
+      std::vector<uint16_t> all(65536 + off, 0);
+      for (int w = 0; w < 65536; ++w) all[off + w] = static_cast<uint16_t>(w);
+      DeviceBuffer<uint16_t> d_all(all, stream_);
+      DeviceArray d_back(65536 + off, stream_);
+      cuda::wire_decode(f, d_back.get() + off, d_all.get() + off, 65536, stream_);
+      const std::vector<float> back = d_back.download();
+      int64_t bad = 0;
+      for (int w = 0; w < 65536; ++w) {
+        const float want = ddplab::float16::to_f32(f, static_cast<uint16_t>(w)), got = back[off + w];
+        bad += std::isnan(want) ? !std::isnan(got) : ddplab::float16::f32_bits(got) != ddplab::float16::f32_bits(want);
+      }
+      EXPECT_EQ(bad, 0) << (f == Format::kBf16 ? "bf16" : "fp16") << " decode, offset " << off;
+    }
+}
+
+// Padded rows zeroed, valid rows untouched (every bit), for lengths full, partial and 0: what cuDNN's attention
+// leaves unspecified, tested here without cuDNN.
+TEST_F(CudaKernels, ZeroPaddedRowsTouchesOnlyThePadding) {
+  const int B = 3, S = 5, width = 7;
+  const std::vector<int32_t> lengths = {5, 2, 0};
+  const std::vector<bf16> x = to_bf16(random_vector(int64_t{B} * S * width, -2, 2, 75));
+  DeviceBuffer<bf16> d_x(x, stream_);
+  DeviceBuffer<int32_t> d_lengths(lengths, stream_);
+  cuda::zero_padded_rows(d_x.get(), d_lengths.get(), B, S, width, stream_);
+  const std::vector<bf16> got = d_x.download();
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < S; ++t)
+      for (int c = 0; c < width; ++c) {
+        const int64_t i = (int64_t{b} * S + t) * width + c;
+        EXPECT_EQ(bits_of(got[i]), t < lengths[b] ? bits_of(x[i]) : uint16_t{0})
+            << "b " << b << " t " << t << " c " << c;
+      }
+}
 
 // Next-token targets: integers, so bitwise; padded tokens are out of range (never read), lengths full, partial, 1.
 TEST_F(CudaKernels, NextTokenTargetsMatchCpu) {
