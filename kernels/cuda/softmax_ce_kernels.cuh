@@ -120,7 +120,9 @@ __device__ __forceinline__ float2 finish_row(float m, float s, float z_target, f
 //   takes it from there, so the logits cross memory twice (read, dlogits written), not three times. The streamed
 //   kernel at gpt2-small's shapes moved all three trips at the copy's rate (0.588 ms in bf16 on an H200: 98% of copy
 //   for three trips, 66% for the two counted). Rows of at most the block's shared memory (staged_bytes).
-// A thread's packs, and so its sums, are the same in both at the same block size.
+// A thread's packs, and so its sums, are the same in both at the same block size; in the staged kernel a thread reads
+// back in pass 2 only the packs it staged (pack i = thread + k x stride in both loops), so no barrier guards the stage
+// from the next row's.
 constexpr int kLoadsInFlight = 4;
 template <typename T, int P, bool kStaged>
 __global__ void __launch_bounds__(kMaxRowBlock)
@@ -169,7 +171,6 @@ __global__ void __launch_bounds__(kMaxRowBlock)
         detail::store_pack<P>(d + int64_t{i} * P, gradient_pack<T, P>(x, i * P, target, max_sum.x, inv_sum, weight));
       }
     }
-    if constexpr (kStaged) __syncthreads();  // the next row's stage overwrites this one
   }
 }
 

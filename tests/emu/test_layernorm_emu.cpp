@@ -185,21 +185,23 @@ TEST(LayerNormEmulated, Bf16MatchesCpu) {
   for (const Shape& sh : kShapes) emulated_matches_cpu<bf16>(sh, 8e-3, 8e-3);
 }
 
-// 4105 rows of 8: more rows than the grid has warps (2048), so warps carry their accumulators, dinp's column sums
-// among them, over several rows (narrow rows: each emulated block is 256 threads).
+// 4105 rows: more than the grid has warps (2048), so warps carry their accumulators, dinp's column sums among them,
+// over several rows: rows of 8 (8 warps a block) and of 776 (7: a grid whose stride is 7 warps a block, not 8).
 TEST(LayerNormEmulated, BackwardWarpsWalkSeveralRows) {
-  const Shape sh{4105, 8, 0};
-  const std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
-  const std::vector<float> dout = random_vector(int64_t{sh.N} * sh.C, -1, 1, 2);
-  const std::vector<float> dinp0 = random_vector(int64_t{sh.N} * sh.C, -1, 1, 3);
-  const std::vector<float> weight = random_vector(sh.C, 0.5f, 1.5f, 4), bias = random_vector(sh.C, -1, 1, 5);
-  std::vector<float> out(inp.size()), mean(sh.N), rstd(sh.N);
-  ddplab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), sh.N,
-                                 sh.C);
-  const int64_t grid_warps =
-      int64_t{cuda::layernorm::backward_blocks(sh.N, sh.C)} * cuda::layernorm::backward_warps(sh.C);
-  ASSERT_GT(sh.N, 2 * grid_warps);
-  emulated_backward_matches_cpu<float>(sh, inp, dout, dinp0, weight, mean, rstd, 1e-5, 1e-5);
+  for (const Shape sh : {Shape{4105, 8, 0}, Shape{4105, 776, 0}}) {
+    SCOPED_TRACE("C=" + std::to_string(sh.C));
+    const std::vector<float> inp = random_vector(int64_t{sh.N} * sh.C, 2.0f, 4.0f, 1);
+    const std::vector<float> dout = random_vector(int64_t{sh.N} * sh.C, -1, 1, 2);
+    const std::vector<float> dinp0 = random_vector(int64_t{sh.N} * sh.C, -1, 1, 3);
+    const std::vector<float> weight = random_vector(sh.C, 0.5f, 1.5f, 4), bias = random_vector(sh.C, -1, 1, 5);
+    std::vector<float> out(inp.size()), mean(sh.N), rstd(sh.N);
+    ddplab::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), sh.N,
+                                   sh.C);
+    const int64_t grid_warps =
+        int64_t{cuda::layernorm::backward_blocks(sh.N, sh.C)} * cuda::layernorm::backward_warps(sh.C);
+    ASSERT_GT(sh.N, 2 * grid_warps);
+    emulated_backward_matches_cpu<float>(sh, inp, dout, dinp0, weight, mean, rstd, 1e-5, 1e-5);
+  }
 }
 
 // The backward's warps a block: 8 while their accumulators (C floats per sum, 2 or 3 sums) fit 48 KB (72 with the
