@@ -24,7 +24,7 @@ struct DoublingGroup {
     extra = n - p;
   }
   bool folds(int r) const { return r < 2 * extra; }  // one of a pair
-  int exchanges() const {                            // a folding rank's: log2 p, +2 to fold in and out
+  int exchanges() const {                            // a round's, end to end: log2 p, +2 where ranks fold in and out
     int log2p = 0;
     while ((1 << log2p) < p) ++log2p;
     return log2p + (extra > 0 ? 2 : 0);

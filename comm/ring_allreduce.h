@@ -158,8 +158,8 @@ class Wire16RingPrimitives : RingMessages {
 // chunk(s) = (r - s) mod n: step 0 only sends (its own chunk r); each step s >= 1 receives chunk(s), which prev sent
 // at its step s - 1, and (but the last) sends it on. Steps 1..n-1 reduce (the reduce-scatter), steps n..2n-2 copy
 // (the all-gather; chunk(s + n) == chunk(s)), so a round is 2(n-1) receives. Chunk c starts at rank c and picks up one
-// addend per hop, so its sum is always formed as
-// ((x_c + x_c+1) + x_c+2) + ... whichever rank computes it. Rank r ends the reduce-scatter owning chunk r+1.
+// addend per hop, so its sum is always formed as ((x_c + x_c+1) + x_c+2) + ... whichever rank computes it. Rank r ends
+// the reduce-scatter owning chunk r+1.
 struct RingRound {
   size_t begin = 0, len = 0;
   int n = 1, r = 0;
