@@ -20,10 +20,12 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/bias_backward_kernels.cuh"
@@ -79,6 +81,7 @@ void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
 }  // namespace
 
 struct GemmContext::Plans {
+  // Owns its descriptors from their creation: a plan that fails halfway (a cuBLASLt call throws) frees what it made.
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -87,19 +90,26 @@ struct GemmContext::Plans {
     // A timed plan made during a graph capture, which cannot time: it runs the heuristic's first answer until a call
     // outside a capture times these (the descriptors stay, so a captured graph keeps what it captured).
     std::vector<cublasLtMatmulAlgo_t> untimed;
+
+    Plan() = default;
+    Plan(Plan&& o) noexcept
+        : desc(std::exchange(o.desc, nullptr)),
+          a(std::exchange(o.a, nullptr)),
+          b(std::exchange(o.b, nullptr)),
+          d(std::exchange(o.d, nullptr)),
+          algo(o.algo),
+          ok(o.ok),
+          untimed(std::move(o.untimed)) {}
+    Plan& operator=(Plan&&) = delete;
+    ~Plan() {
+      for (cublasLtMatrixLayout_t layout : {a, b, d})
+        if (layout) cublasLtMatrixLayoutDestroy(layout);
+      if (desc) cublasLtMatmulDescDestroy(desc);
+    }
   };
   std::map<PlanKey, Plan> cache;
   std::unique_ptr<GemmAlgoTable> table;  // made by the first timed plan, for the device current then
   bool table_warned = false;             // that the table could not be written
-
-  ~Plans() {
-    for (auto& [key, p] : cache) {
-      cublasLtMatrixLayoutDestroy(p.a);
-      cublasLtMatrixLayoutDestroy(p.b);
-      cublasLtMatrixLayoutDestroy(p.d);
-      cublasLtMatmulDescDestroy(p.desc);
-    }
-  }
 };
 
 namespace {
@@ -109,8 +119,11 @@ using Plan = GemmContext::Plans::Plan;
 // The heuristic's first `count` answers for the plan's problem: fewer where it has fewer, none where it has no
 // algorithm. "No algorithm" is an answer here (NOT_SUPPORTED or 0 results), not an error: the caller may fall back.
 std::vector<cublasLtMatmulAlgo_t> heuristic_answers(GemmContext& ctx, const Plan& p, const LtGemm& g, int count) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulPreference_t created = nullptr;
+  cublasCheck(cublasLtMatmulPreferenceCreate(&created));
+  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> owned(
+      created, cublasLtMatmulPreferenceDestroy);  // freed on every way out, a throw below included
+  cublasLtMatmulPreference_t pref = owned.get();
   const uint64_t ws = ctx.workspace_bytes();
   cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const uint32_t align[4] = {alignment_of(g.A), alignment_of(g.B), alignment_of(g.c()), alignment_of(g.D)};
@@ -130,7 +143,6 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_answers(GemmContext& ctx, const Plan
   int found = 0;
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), p.desc, p.a, p.b, p.d, p.d, pref, count, results.data(), &found);
-  cublasLtMatmulPreferenceDestroy(pref);
   // An epilogue the library does not support for the types may also come back as INVALID_VALUE (an fp32 bias on
   // bf16 D did, H200, cuBLAS 13.1): that too leaves the caller's fallback, which is always correct.
   const bool unsupported = status == CUBLAS_STATUS_NOT_SUPPORTED ||
