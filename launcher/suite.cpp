@@ -555,19 +555,25 @@ void print_token_table(const std::vector<CaseResult>& results, const CaseResult*
   std::printf("vs_unif: useful tokens/s against uniform 128-token sequences (the same sample count without skew)\n");
 }
 
-// The suite's table against the references of the same launch, its CSV and its JSON cases; returns whether the
-// pathology, input and update cases left the loss identical to the baseline.
-bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results,
-                      nlohmann::json& json_cases, std::vector<std::string>& notes) {
+// What the suite's table gives summary.json.
+struct CaseTable {
+  nlohmann::json cases = nlohmann::json::array();  // a case's figures each
+  std::vector<std::string> notes;                  // the legend's notes on particular cases
+  bool loss_identical = true;  // the pathology, input and update cases left the loss identical to the baseline
+};
+
+// The suite's table against the references of the same launch, its legend, and its CSV.
+CaseTable print_case_table(const SuiteOptions& o, int size, const std::vector<CaseResult>& results) {
   const CaseReferences refs = case_references(o, size, results);
   const bool lab = o.name == "lab";  // else the token suite
+  CaseTable table;
   std::string csv = kCaseCsvHeader;
   print_case_header(lab);
   for (const CaseResult& r : results) {
     const CaseFigures f = case_figures(r, refs);
     print_case_row(r, f, lab);
     csv += case_csv_row(r, f, lab);
-    json_cases.push_back(case_json(r, f));
+    table.cases.push_back(case_json(r, f));
   }
   write_text_file(o.out_dir + "/summary.csv", csv, /*force=*/true);
   const std::string losses_off = losses_off_baseline(results);
@@ -578,10 +584,11 @@ bool print_case_table(const SuiteOptions& o, int size, const std::vector<CaseRes
       "comp (forward + backward), optim, exposed (comm waited for)%s: means over the ranks, ms per step\n",
       lab ? " and extra (lab work and barriers)" : "");
   if (lab)
-    notes = print_lab_legend(size, losses_off, results);
+    table.notes = print_lab_legend(size, losses_off, results);
   else
     print_token_table(results, refs.baseline);
-  return losses_off.empty();
+  table.loss_identical = losses_off.empty();
+  return table;
 }
 
 void refuse_case_owned_flags(const SuiteOptions& o) {
@@ -784,9 +791,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
   const std::vector<CaseResult> results = run_cases(o, cases, command_line, world);
   if (rank != 0) return 0;
 
-  nlohmann::json json_cases = nlohmann::json::array();
-  std::vector<std::string> notes;  // the legend's notes on particular cases
-  const bool loss_identical = print_case_table(o, size, results, json_cases, notes);
+  CaseTable table = print_case_table(o, size, results);
   // Who sets the pace in each multi-rank case, and why (analysis/blame.h); of a one-rank case only what the host
   // took from it, which every efficiency measured against it carries.
   std::vector<std::string> files, lines;
@@ -801,7 +806,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
       if (f.cause == Cause::kCpuContention && results[i].oversubscribed_ranks > 0) continue;
       lines.push_back(fmt("  %-16s %s\n", results[i].c.name.c_str(), f.text.c_str()));
     }
-    if (!alone || !texts.empty()) json_cases[i]["blame"] = texts;
+    if (!alone || !texts.empty()) table.cases[i]["blame"] = texts;
   }
   if (!lines.empty()) std::printf("\nblame:\n");
   for (const std::string& line : lines) std::fputs(line.c_str(), stdout);
@@ -811,9 +816,9 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                             {"world_size", size},
                             {"steps", o.base.steps},
                             {"host_cores", host_cores},
-                            {"cases", json_cases}};
+                            {"cases", table.cases}};
   // The lab's claim about its pathology, input and update cases; the token suite has none of them.
-  if (o.name == "lab") summary["loss_identical"] = loss_identical, summary["notes"] = notes;
+  if (o.name == "lab") summary["loss_identical"] = table.loss_identical, summary["notes"] = table.notes;
   if (const CaseResult* base = find_case(results, baseline_case(o, size)); o.name == "lab" && size > 1 && base)
     summary["prediction"] = predict_from_baseline(*base);
   write_text_file(o.out_dir + "/summary.json", summary.dump(2) + "\n", /*force=*/true);
@@ -825,7 +830,7 @@ int run_suite(SuiteOptions o, const std::string& command_line) {
                 default_timeline_path(straggler->path).c_str());
   }
   after_mpi([dir = o.out_dir, files] { draw_charts(dir, files, {"--suite", dir + "/summary.json"}); });
-  return loss_identical ? 0 : 1;
+  return table.loss_identical ? 0 : 1;
 }
 
 }  // namespace ddplab
