@@ -271,7 +271,7 @@ AllreduceEvents RingAllreduceCuda::allreduce_scaled_async(float* data, size_t co
     cudaCheck(cudaStreamWaitEvent(stream_, ev.ready, 0));
     cudaCheck(cudaEventRecord(ev.start, stream_));
     if (scaled.before != 1.0f) cuda::scale(data, scaled.before, static_cast<int64_t>(count), stream_);
-    run(data, data, count);
+    run(data, data, count, tag);
     if (epilogue) epilogue(stream_, scaled.after);
     cudaCheck(cudaEventRecord(ev.end, stream_));
   });
@@ -313,7 +313,8 @@ cudaEvent_t RingAllreduceCuda::mark(cudaStream_t stream) {
   return e;
 }
 
-void RingAllreduceCuda::run(const float* in, float* out, size_t count) {
+void RingAllreduceCuda::run(const float* in, float* out, size_t count, int tag) {
+  link_->set_operation(tag);
   float* staging = static_cast<float*>(reduce_staging_.get());
   if (doubles(count)) return doubling_allreduce_sum(in, out, count, *link_, *memory_, staging, wire());
   ring_allreduce_sum(in, out, count, *link_, *memory_, staging, wire());
@@ -321,7 +322,7 @@ void RingAllreduceCuda::run(const float* in, float* out, size_t count) {
 
 void RingAllreduceCuda::allreduce_sum(const float* in, float* out, size_t count) {
   wait_for_jobs("the GPU ring's comm thread to go idle");
-  run(in, out, count);
+  run(in, out, count, /*tag=*/0);
   memory_->synchronize();
 }
 
@@ -330,7 +331,7 @@ void RingAllreduceCuda::enqueue_allreduce_sum(const float* in, float* out, size_
   if (!queues_whole())
     throw std::logic_error(name_ + ": the host waits inside each exchange; only the nccl link queues without waiting");
   wait_for_jobs("the GPU ring's comm thread to go idle");
-  run(in, out, count);
+  run(in, out, count, /*tag=*/0);
 }
 
 }  // namespace ddplab::cuda

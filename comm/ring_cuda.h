@@ -155,7 +155,8 @@ class RingAllreduceCuda final : public StreamAllreduce {
   // unmaps it too; otherwise it is leaked on purpose, as a peer may still have it mapped and a barrier with a dead
   // peer would wait forever (a failed job ends the process anyway).
   void unmap_peer_staging(bool every_rank_unmaps) noexcept;
-  void run(const float* in, float* out, size_t count);  // the chosen algorithm, enqueued on the comm stream
+  // The chosen algorithm, enqueued on the comm stream; tag: the bucket, which the link's messages carry.
+  void run(const float* in, float* out, size_t count, int tag);
   void open_nccl_link(MPI_Comm comm, size_t bytes);
   void open_host_link(MPI_Comm comm, size_t bytes);
 

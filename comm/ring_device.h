@@ -74,6 +74,10 @@ class RingLink {
     send_recv((rank() + 1) % size(), send, send_bytes, (rank() + size() - 1) % size(), recv, recv_bytes);
   }
   virtual const char* name() const = 0;
+  // The operation (the reducer's bucket) the exchanges that follow belong to. A link whose messages go through a
+  // Transport tags them with it, so that ranks running buckets in different orders get a TagMismatch, not another
+  // bucket's sums, as on the host ring; NCCL's p2p carries no tag.
+  virtual void set_operation(int tag) { (void)tag; }
   // Whether send_recv only queues its work on the memory's stream, the host waiting for none of it (NCCL's p2p), so
   // that an all-reduce over the link can be queued as a whole (a CUDA graph, a stream the caller waits on).
   virtual bool queues_without_host_waits() const { return false; }
@@ -103,6 +107,8 @@ class PeerStagingLink final : public RingLink {
   size_t max_bytes() const override { return staging_bytes_; }
   void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
   const char* name() const override { return "peer staging"; }
+  // Operations 16384 apart share their token tags (2 tag and 2 tag + 1 within MPI's guaranteed 32767).
+  void set_operation(int tag) override { tag_ = tag % 16384; }
 
  private:
   RingMemory& memory_;
@@ -126,6 +132,7 @@ class HostStagedLink final : public RingLink {
   size_t max_bytes() const override { return host_bytes_; }
   void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
   const char* name() const override { return "host staged"; }
+  void set_operation(int tag) override { tag_ = tag % 32768; }  // within MPI's guaranteed tags
 
  private:
   RingMemory& memory_;
@@ -149,6 +156,7 @@ class LinkEmulatedRingLink final : public RingLink {
   size_t max_bytes() const override { return inner_->max_bytes(); }
   void send_recv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes) override;
   const char* name() const override { return inner_->name(); }
+  void set_operation(int tag) override { inner_->set_operation(tag); }
 
  private:
   std::unique_ptr<RingLink> inner_;

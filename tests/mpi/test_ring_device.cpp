@@ -376,5 +376,29 @@ TEST(RingDevice, PeerStagingRefusesAMessageOfAnotherSize) {
   MPI_Barrier(MPI_COMM_WORLD);  // no rank frees its staging while a peer may still touch it
 }
 
+// Ranks that run their buckets in another order, with messages of one size: each link whose messages go through a
+// Transport carries the bucket (set_operation), so every rank's receive meets another bucket's tag and throws
+// TagMismatch, where the sizes alone would have let it sum another bucket's data. Rank r runs bucket 10 + r.
+TEST(RingDevice, BucketsInAnotherOrderAreRefused) {
+  const int r = world_rank(), n = world_size();
+  if (n == 1) GTEST_SKIP() << "one rank exchanges nothing";
+  for (const LinkKind kind : {LinkKind::kPeerStaging, LinkKind::kHostStaged}) {
+    SCOPED_TRACE(kind == LinkKind::kPeerStaging ? "peer staging" : "host staged");
+    HostMemory memory;
+    LinkUnderTest lut(kind, memory, 4);
+    std::vector<float> send(4, 1.0f), recv(4);
+    lut.link->set_operation(10 + r);
+    try {
+      lut.link->exchange(send.data(), sizeof(float) * 4, recv.data(), sizeof(float) * 4);
+      ADD_FAILURE() << "rank " << r << ": another bucket's message was taken";
+    } catch (const TagMismatch& e) {
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      const int theirs = kind == LinkKind::kPeerStaging ? 2 * (10 + next) : 10 + prev;  // the go token from next
+      EXPECT_EQ(e.received_tag, theirs) << e.what();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // no rank frees its staging or tokens while a peer may still touch them
+  }
+}
+
 }  // namespace
 }  // namespace ddplab
