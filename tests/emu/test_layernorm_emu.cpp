@@ -241,22 +241,27 @@ TEST(LayerNormEmulated, RefusedKernelsAreNamedAsPeopleReadThem) {
 }
 
 // The accumulators' layout is a permutation of the row's columns that puts the same float4 of consecutive packs next
-// to each other (conflict-free across a warp).
+// to each other (conflict-free across a warp), and acc_column, which the block's final sum walks by, its inverse.
 TEST(LayerNormEmulated, AccumulatorLayoutIsAPermutation) {
+  using cuda::layernorm::acc_column;
   using cuda::layernorm::acc_index;
-  const auto check = [](int C, auto index) {
+  const auto check = [](int C, auto index, auto column) {
     std::vector<int> seen(C, 0);
     for (int c = 0; c < C; ++c) {
       const int at = index(C, c);
       ASSERT_TRUE(at >= 0 && at < C) << "C=" << C << " c=" << c;
       ++seen[at];
+      EXPECT_EQ(column(C, at), c) << "C=" << C << ": acc_column inverts acc_index at column " << c;
     }
     for (int at = 0; at < C; ++at) EXPECT_EQ(seen[at], 1) << "C=" << C << " slot " << at;
   };
   for (const int C : {8, 96, 200, 768, 1280}) {
-    check(C, [](int n, int c) { return acc_index<8>(n, c); });
-    check(C, [](int n, int c) { return acc_index<4>(n, c); });
-    check(C, [](int n, int c) { return acc_index<1>(n, c); });
+    check(
+        C, [](int n, int c) { return acc_index<8>(n, c); }, [](int n, int p) { return acc_column<8>(n, p); });
+    check(
+        C, [](int n, int c) { return acc_index<4>(n, c); }, [](int n, int p) { return acc_column<4>(n, p); });
+    check(
+        C, [](int n, int c) { return acc_index<1>(n, c); }, [](int n, int p) { return acc_column<1>(n, p); });
   }
   EXPECT_EQ(acc_index<8>(768, 8), 4);    // pack 1's first float4 right after pack 0's
   EXPECT_EQ(acc_index<8>(768, 4), 384);  // pack 0's second float4: the second run
