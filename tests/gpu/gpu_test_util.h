@@ -82,6 +82,15 @@ inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& x) {
 }
 // x rounded to bf16 and back: the values a bf16 kernel actually sees.
 inline std::vector<float> round_bf16(const std::vector<float>& x) { return to_f32(to_bf16(x)); }
+
+// The values one element along (a leading 0), and back: device pointers + 1 take the kernels' one-element-a-thread
+// path, which 16-byte-aligned buffers never run.
+inline std::vector<float> shifted(const std::vector<float>& v) {
+  std::vector<float> out(1, 0.0f);
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+inline std::vector<float> unshifted(const std::vector<float>& v) { return std::vector<float>(v.begin() + 1, v.end()); }
 // x as a kernel of element type T (float or bf16) holds it, and back to floats.
 template <typename T>
 std::vector<T> device_values(const std::vector<float>& x) {

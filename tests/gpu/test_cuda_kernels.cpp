@@ -64,8 +64,10 @@ using ddplab::gpu_test::DeviceArray;
 using ddplab::gpu_test::DeviceBuffer;
 using ddplab::gpu_test::random_vector;
 using ddplab::gpu_test::round_bf16;
+using ddplab::gpu_test::shifted;
 using ddplab::gpu_test::to_bf16;
 using ddplab::gpu_test::to_f32;
+using ddplab::gpu_test::unshifted;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -1263,13 +1265,10 @@ TEST_F(CudaKernels, ResidualMatchesCpu) {
     cuda::residual_forward(d_b.get(), d_a.get(), d_b.get(), n, stream_);
     EXPECT_TRUE(BitwiseEqual(d_b.download(), sum)) << "fp32, out over b";
 
-    std::vector<float> a1(1, 0.0f), b1(1, 0.0f);  // the same values one element along
-    a1.insert(a1.end(), a.begin(), a.end());
-    b1.insert(b1.end(), b.begin(), b.end());
-    DeviceArray d_a1(a1, stream_), d_b1(b1, stream_);
+    DeviceArray d_a1(shifted(a), stream_), d_b1(shifted(b), stream_);
     cuda::residual_forward(d_b1.get() + 1, d_a1.get() + 1, d_b1.get() + 1, n, stream_);
     const std::vector<float> got = d_b1.download();
-    EXPECT_TRUE(BitwiseEqual(std::vector<float>(got.begin() + 1, got.end()), sum)) << "fp32, starts unaligned";
+    EXPECT_TRUE(BitwiseEqual(unshifted(got), sum)) << "fp32, starts unaligned";
     EXPECT_EQ(got[0], 0.0f) << "the element before the start is untouched";
   }
 }

@@ -32,8 +32,10 @@ using ddplab::gpu_test::DeviceArray;
 using ddplab::gpu_test::DeviceBuffer;
 using ddplab::gpu_test::random_vector;
 using ddplab::gpu_test::round_bf16;
+using ddplab::gpu_test::shifted;
 using ddplab::gpu_test::to_bf16;
 using ddplab::gpu_test::to_f32;
+using ddplab::gpu_test::unshifted;
 
 // 1 and 1000 leave partial blocks; 2^20 + 3 leaves a ragged last block and is too big for any accidental
 // single-block kernel.
@@ -116,15 +118,6 @@ using CudaOps = ddplab::gpu_test::DeviceTest;
 constexpr double kExactRtol = 1e-6;
 constexpr double kAdamwRtol = 1e-6, kAdamwAtol = 1e-7;
 constexpr double kGeluRtol = 1e-5, kGeluBwdAtol = 1e-5;
-
-// The values one element along (a leading 0), and back: device pointers + 1 take the kernels' one-element-a-thread
-// path, which 16-byte-aligned buffers never run.
-std::vector<float> shifted(const std::vector<float>& v) {
-  std::vector<float> out(1, 0.0f);
-  out.insert(out.end(), v.begin(), v.end());
-  return out;
-}
-std::vector<float> unshifted(const std::vector<float>& v) { return std::vector<float>(v.begin() + 1, v.end()); }
 
 TEST_F(CudaOps, GeluBackwardMatchesCpu) {
   for (int64_t n : kSizes) {
