@@ -49,7 +49,7 @@ inline double mpi_wait_bound_s() {
 inline void finalize_mpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;  // a command that needed MPI no longer finalized it before its work
+  if (finalized) return;  // the file commands finalize before their work (launcher/main.cpp); main calls again
   std::fflush(nullptr);
   const watchdog::StartupWait finishing("MPI_Finalize: every rank of the job finishing (DDPLAB_MPI_WAIT_S)",
                                         mpi_wait_bound_s(), watchdog::StartupWait::Mpi::kOutside);
