@@ -523,7 +523,8 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
 
   // A ring calibration that ran beside the direct all-reduce (-J's transports) took the ring from 2 KiB up at 2
   // ranks, not from 16 KiB: its 4 and 8 KiB rows, fitted so, predict what its large rows alone do. Fitted as
-  // recursive doubling (a file that does not say), they do not.
+  // recursive doubling (a file that does not say), they do not. The run's 4 MB buckets lie beyond every row, where
+  // the fit alone prices them (between rows, the rows' own times correct it: below).
   const AlphaBeta ring_costs{0.2, 1.0 / (1 << 20)};
   const auto ring_calibration = [&](const std::vector<double>& sizes, bool direct) {
     Calibration c;
@@ -539,8 +540,8 @@ TEST(Predict, ReplaysASyntheticRunAndPredictsOtherSettings) {
     with.calibration = c;
     return predict(with, model.measured).step.step_ms;
   };
-  const double large_only = step_with(ring_calibration({1 << 20, 16 << 20}, false));
-  const std::vector<double> with_small = {3 << 10, 4 << 10, 6 << 10, 8 << 10, 12 << 10, 1 << 20, 16 << 20};
+  const double large_only = step_with(ring_calibration({256 << 10, 1 << 20}, false));
+  const std::vector<double> with_small = {3 << 10, 4 << 10, 6 << 10, 8 << 10, 12 << 10, 256 << 10, 1 << 20};
   EXPECT_NEAR(step_with(ring_calibration(with_small, true)), large_only, kTol);
   EXPECT_GT(std::abs(step_with(ring_calibration(with_small, false)) - large_only), 0.05);
 }
@@ -558,6 +559,53 @@ TEST(Predict, ReplaysTheWakeAfterTheLastAllreduce) {
   PredictSetting off = model.measured;  // every setting pays it
   off.overlap = false;
   EXPECT_NEAR(predict(model, off).step.step_ms, 2 + 10 + pieces_alone_after_backward_ms(run, ab) + 2 + wake, kTol);
+}
+
+// A calibration whose times are no cost per exchange plus one per byte (a floor up to 1 MiB, then the link's rate, as
+// ranks sharing a GPU over an emulated link measured): a bucket between two of its sizes, at its ranks and link, costs
+// what those rows took, linearly between them, not the fit's line through all of them. At other ranks the fit alone
+// serves: the rows timed none of their exchanges.
+TEST(Predict, ACalibrationsRowsPriceTheBucketsBetweenThem) {
+  const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
+  const RunRecord run = synthetic_run(ab, 4, 0, {1 << 21, 1 << 21});  // two buckets of 8 MiB
+  const double small = static_cast<double>(small_allreduce_bytes(2));
+  const auto calibration_of = [&](const std::function<double(double)>& time_ms) {
+    Calibration c;
+    c.ranks = 2, c.link = "none", c.link_model = parse_link("none");
+    for (const double mib : {0.25, 1.0, 4.0, 16.0}) c.points.push_back({"ring", mib * kMiB, time_ms(mib * kMiB)});
+    return c;
+  };
+  const auto floor_then_rate = [](double bytes) { return std::max(6.0, 0.1 + bytes * 1e-6); };
+  const Calibration bent = calibration_of(floor_then_rate);
+  std::vector<AllreduceTerms> terms;
+  std::vector<double> times;
+  for (const Calibration::Point& p : bent.points) {
+    terms.push_back(allreduce_terms(p.bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+    times.push_back(p.time_ms);
+  }
+  const AlphaBeta line = fit_comm(terms, times, 0.0).value().alone;
+  const Calibration straight = calibration_of(
+      [&](double bytes) { return line.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small)); });
+
+  PredictSetting off = build_model(run, std::nullopt).measured;
+  off.overlap = false;  // every all-reduce after backward: the step is their sum beside the compute
+  const double bucket = 8 * kMiB, below = floor_then_rate(4 * kMiB), above = floor_then_rate(16 * kMiB);
+  const double between = below + (above - below) * (bucket - 4 * kMiB) / (12 * kMiB);
+  const Prediction p = predict(build_model(run, bent), off);
+  EXPECT_EQ(p.comm_source, "calibration");
+  EXPECT_NEAR(p.step.step_ms, 2 + 10 + 2 * between + 2, kTol);
+  const double fitted = line.ms(allreduce_terms(bucket, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  EXPECT_GT(std::abs(fitted - between), 0.5) << "the rows' bend must be one the fit misses";
+  EXPECT_NEAR(predict(build_model(run, straight), off).step.step_ms, 2 + 10 + 2 * fitted + 2, kTol);
+
+  PredictSetting four = off;
+  four.ranks = 4;
+  EXPECT_NEAR(predict(build_model(run, bent), four).step.step_ms,
+              predict(build_model(run, straight), four).step.step_ms, kTol);
+  PredictSetting slower = off;
+  slower.link = parse_link("10gbe");
+  EXPECT_NEAR(predict(build_model(run, bent), slower).step.step_ms,
+              predict(build_model(run, straight), slower).step.step_ms, kTol);
 }
 
 // A one-rank run says nothing of the direct all-reduce; at 2 ranks on its host the trainer takes it, and recursive
