@@ -366,16 +366,19 @@ template <typename T>
 void launch_epilogue(GemmContext& ctx, T* out, T* pre_gelu, const T* bias, int B, int OC, bool gelu,
                      cudaStream_t stream) {
   ctx.count_epilogue(/*fused=*/false);
+  // 16-byte accesses of out and pre_gelu where they allow them; the bias is read element by element either way.
+  constexpr int V = 16 / sizeof(T);
+  const bool packed = OC % V == 0 && detail::all_aligned(16, out, pre_gelu);
+  using Kernel = void (*)(T*, T*, const T*, int, int);
+  const Kernel kernel = gelu ? (packed ? elementwise::bias_gelu_epilogue_kernel<T, true, V>
+                                       : elementwise::bias_gelu_epilogue_kernel<T, true, 1>)
+                             : (packed ? elementwise::bias_gelu_epilogue_kernel<T, false, V>
+                                       : elementwise::bias_gelu_epilogue_kernel<T, false, 1>);
   // About kTargetBlocks blocks in all, whatever the shape; rows beyond gridDim.y (at most 65535) wrap in the kernel.
   constexpr int64_t kTargetBlocks = 4096;
-  const unsigned grid_x = detail::grid_size(OC);
+  const unsigned grid_x = detail::grid_size(packed ? OC / V : OC);
   const unsigned grid_y = static_cast<unsigned>(std::clamp<int64_t>(kTargetBlocks / grid_x, 1, std::min(B, 65535)));
-  if (gelu)
-    elementwise::bias_gelu_epilogue_kernel<T, true>
-        <<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, pre_gelu, bias, B, OC);
-  else
-    elementwise::bias_gelu_epilogue_kernel<T, false>
-        <<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, pre_gelu, bias, B, OC);
+  kernel<<<dim3(grid_x, grid_y), detail::kBlockSize, 0, stream>>>(out, pre_gelu, bias, B, OC);
   cudaCheck(cudaGetLastError());
 }
 

@@ -80,44 +80,55 @@ TEST(ElementwiseEmulated, GeluGradientInBf16RoundsOnce) {
 
 // cuBLASLt's fallback epilogue: out = gelu(out + bias) with pre = out + bias kept (kGelu), or out = out + bias; the
 // sum bit for bit as the CPU's bias_forward, GELU within the fp32 tolerance of the double reference (bf16: rounded
-// once). No bias (nullptr) adds nothing. Columns and rows both over a grid smaller than the data.
-TEST(ElementwiseEmulated, GemmEpilogueAddsTheBiasThenGelu) {
-  constexpr int B = 7, OC = 70;
-  const std::vector<float> start = normal_values(int64_t{B} * OC, 9, 2.0f), bias = normal_values(OC, 10, 1.0f);
+// once). No bias (nullptr) adds nothing. Columns and rows both over a grid smaller than the data; one column a thread
+// and 16 bytes of columns a thread (V 4 fp32, 8 bf16), the bias one element along as where cuBLASLt refused it.
+template <bool kPacked>
+void expect_gemm_epilogue_adds_the_bias_then_gelu() {
+  SCOPED_TRACE(kPacked ? "16 bytes a thread" : "one column a thread");
+  constexpr int B = 7, OC = 72;
+  const std::vector<float> start = normal_values(int64_t{B} * OC, 9, 2.0f), biases = normal_values(OC + 1, 10, 1.0f);
+  const float* bias = biases.data() + 1;
   std::vector<float> sum = start;
-  ddplab::cpu::bias_forward(sum.data(), bias.data(), B, OC);
+  ddplab::cpu::bias_forward(sum.data(), bias, B, OC);
   const std::vector<double> sumd(sum.begin(), sum.end());
   std::vector<double> want(sumd.size());
   ddplab::cpu::gelu_forward(want.data(), sumd.data(), static_cast<int64_t>(want.size()));
 
+  constexpr int V32 = kPacked ? 4 : 1;
   std::vector<float> out = start, pre(start.size(), -1.0f);
-  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, true>, out.data(), pre.data(),
-                 bias.data(), B, OC);
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, true, V32>, out.data(), pre.data(), bias,
+                 B, OC);
   for (int i = 0; i < B * OC; ++i) ASSERT_EQ(bits(pre[i]), bits(sum[i])) << "pre_gelu " << i;
   expect_near_reference(out, want, 4e-7, 1e-7, "gelu(out + bias)");
 
   std::vector<float> plain = start;
-  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, false>, plain.data(),
-                 static_cast<float*>(nullptr), bias.data(), B, OC);
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, false, V32>, plain.data(),
+                 static_cast<float*>(nullptr), bias, B, OC);
   for (int i = 0; i < B * OC; ++i) ASSERT_EQ(bits(plain[i]), bits(sum[i])) << "out + bias " << i;
   std::vector<float> unbiased = start;
-  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, false>, unbiased.data(),
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<float, false, V32>, unbiased.data(),
                  static_cast<float*>(nullptr), static_cast<const float*>(nullptr), B, OC);
   for (int i = 0; i < B * OC; ++i) ASSERT_EQ(bits(unbiased[i]), bits(start[i])) << "no bias " << i;
 
-  std::vector<bf16> out16(start.size()), pre16(start.size()), bias16(OC);
+  constexpr int V16 = kPacked ? 8 : 1;
+  std::vector<bf16> out16(start.size()), pre16(start.size()), bias16(OC + 1);
   for (size_t i = 0; i < start.size(); ++i) out16[i] = __float2bfloat16_rn(start[i]);
-  for (int o = 0; o < OC; ++o) bias16[o] = __float2bfloat16_rn(bias[o]);
-  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<bf16, true>, out16.data(), pre16.data(),
-                 bias16.data(), B, OC);
+  for (int o = 0; o <= OC; ++o) bias16[o] = __float2bfloat16_rn(biases[o]);
+  emulate_launch(dim3(2, 3), dim3(32), 0, ew::bias_gelu_epilogue_kernel<bf16, true, V16>, out16.data(), pre16.data(),
+                 bias16.data() + 1, B, OC);
   for (int i = 0; i < B * OC; ++i) {
-    const float v = __bfloat162float(__float2bfloat16_rn(start[i])) + __bfloat162float(bias16[i % OC]);
+    const float v = __bfloat162float(__float2bfloat16_rn(start[i])) + __bfloat162float(bias16[1 + i % OC]);
     ASSERT_EQ(bits(pre16[i]), ddplab::float16::from_f32(Format::kBf16, v)) << "bf16 pre_gelu " << i;
     double g;
     const double vd = v;
     ddplab::cpu::gelu_forward(&g, &vd, 1);
     ASSERT_NEAR(__bfloat162float(out16[i]), g, std::ldexp(std::fabs(g), -8) + 1e-6) << "bf16 gelu " << i;
   }
+}
+
+TEST(ElementwiseEmulated, GemmEpilogueAddsTheBiasThenGelu) {
+  expect_gemm_epilogue_adds_the_bias_then_gelu<false>();
+  expect_gemm_epilogue_adds_the_bias_then_gelu<true>();
 }
 
 TEST(ElementwiseEmulated, ResidualAndScaleAreExact) {
