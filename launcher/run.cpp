@@ -1027,6 +1027,7 @@ void print_run_end(const TrainConfig& config, const SummarizedRun& result, bool 
     for (const std::string& line : blame(record, result.summary)) std::printf("    %s\n", line.c_str());
   }
   if (!record.meta.gemm_algorithms.empty()) std::printf("GEMM algorithms: %s\n", record.meta.gemm_algorithms.c_str());
+  if (!record.meta.attention_graphs.empty()) std::printf("cuDNN attention: %s\n", record.meta.attention_graphs.c_str());
   if (written) std::printf("run file: %s%s\n", config.out.c_str(), stopped ? " (stopped early)" : "");
   std::fflush(stdout);
 }
@@ -1109,6 +1110,7 @@ SummarizedRun run_training(const TrainConfig& asked, MPI_Comm world, const RunOp
   const std::unique_ptr<TrainingStopped> stopped =
       run_steps(*trainer, config, first_step, gathered, writer, result.summary, clock.origin_ms, world);
   result.record.meta.gemm_algorithms = trainer->gemm_algorithms();
+  result.record.meta.attention_graphs = trainer->attention_graphs();
   finish_run(config, stopped.get(), gathered, writer, result, first_step, options.writes_page, rank);
   return result;
 }

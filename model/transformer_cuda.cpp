@@ -68,7 +68,7 @@ struct TransformerCuda::BufferOffsets {
 
 TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision,
                                  int64_t max_tokens, int max_seq, cudaStream_t stream, AttentionKind attention,
-                                 bool deterministic)
+                                 bool deterministic, cuda::CudnnShapes cudnn_shapes)
     : DeviceParameters(stream),
       precision_(precision),
       attention_(attention),
@@ -90,7 +90,7 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
     throw std::invalid_argument("TransformerCuda: max_seq " + std::to_string(max_seq) + " exceeds max_len " +
                                 std::to_string(config_.max_len));
   check_attention(config_, precision, attention);
-  if (attention == AttentionKind::kCudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>(deterministic);
+  if (attention == AttentionKind::kCudnn) cudnn_ = std::make_unique<cuda::CudnnAttention>(deterministic, cudnn_shapes);
   take_layout(reference);
   wpe_ = index_of(params_, "wpe");
   lnf_ = index_of(params_, "lnf.weight");
@@ -114,6 +114,11 @@ TransformerCuda::TransformerCuda(const TransformerConfig& config, uint64_t seed,
   cudaCheck(cudaStreamSynchronize(stream_));  // `reference` is freed on return
   loss_host_.emplace();
   set_grad_piece_elements(0);
+}
+
+std::optional<cuda::CudnnBuildStats> TransformerCuda::cudnn_build_stats() const {
+  if (!cudnn_) return std::nullopt;
+  return cudnn_->build_stats();
 }
 
 int64_t TransformerCuda::scratch_floats() const {

@@ -52,13 +52,16 @@ class TransformerCuda : public cuda_model::DeviceParameters {
   // touched; a CUDA failure, std::runtime_error. deterministic (--deterministic on): the fused attentions' backwards
   // sum dQ in a fixed order (cuDNN's deterministic algorithm; ours from per-key-block shares) instead of by atomics.
   TransformerCuda(const TransformerConfig& config, uint64_t seed, Precision precision, int64_t max_tokens, int max_seq,
-                  cudaStream_t stream, AttentionKind attention = AttentionKind::kUnfused, bool deterministic = false);
+                  cudaStream_t stream, AttentionKind attention = AttentionKind::kUnfused, bool deterministic = false,
+                  cuda::CudnnShapes cudnn_shapes = cuda::CudnnShapes::kStatic);
   TransformerCuda(const TransformerCuda&) = delete;
   TransformerCuda& operator=(const TransformerCuda&) = delete;
 
   const TransformerConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   AttentionKind attention() const { return attention_; }
+  // What building cuDNN's attention graphs has cost (kCudnn; else nullopt).
+  std::optional<cuda::CudnnBuildStats> cudnn_build_stats() const;
   // The GEMMs' context: how they pick cuBLASLt's algorithms (set_timed_algos), what they planned.
   cuda::GemmContext& gemm() { return gemm_; }
   const cuda::GemmContext& gemm() const { return gemm_; }

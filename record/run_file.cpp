@@ -31,6 +31,7 @@ const std::pair<const char*, std::string RunMetadata::*> kTextAttrs[] = {
     {"blas", &RunMetadata::blas},
     {"blas_kernels", &RunMetadata::blas_kernels},
     {"gemm_algorithms", &RunMetadata::gemm_algorithms},
+    {"attention_graphs", &RunMetadata::attention_graphs},
     {"cuda", &RunMetadata::cuda},
     {"device", &RunMetadata::device},
     {"transport", &RunMetadata::transport},

@@ -88,10 +88,20 @@ inline constexpr Knob kMpiWaitS{"DDPLAB_MPI_WAIT_S", "300",
                                 "(exit code 3)",
                                 1, 86400};
 
-inline constexpr const Knob* kKnobs[] = {
-    &kRingSliceBytes,  &kRingSlicesPerChunk, &kSmallAllreduceBytes, &kCommTransport, &kLocalRegister,
-    &kDirectAllreduce, &kCommSpinUs,         &kCommMaxSleepUs,      &kBlasAuto,      &kTrainPage,
-    &kMpiWaitS};
+// cuDNN's attention (--attention cudnn, or auto's pick) on batches whose S varies step to step: a graph specialised to
+// each shape, or dynamic-shape graphs that share their compiled kernels (kernels/cuda/cudnn_attention.h).
+inline constexpr Knob kCudnnShapes{"DDPLAB_CUDNN_SHAPES",
+                                   "static",
+                                   "cuDNN attention's graphs: static (one compiled per shape) or dynamic (one kernel "
+                                   "cache per structure; a new shape plans, not compiles)",
+                                   0,
+                                   -1,
+                                   "static|dynamic"};
+
+inline constexpr const Knob* kKnobs[] = {&kRingSliceBytes, &kRingSlicesPerChunk, &kSmallAllreduceBytes,
+                                         &kCommTransport,  &kLocalRegister,      &kDirectAllreduce,
+                                         &kCommSpinUs,     &kCommMaxSleepUs,     &kBlasAuto,
+                                         &kTrainPage,      &kMpiWaitS,           &kCudnnShapes};
 
 // The knob's value: the environment's, read once, or its default_text when it is unset or empty (`fallback`, for a
 // default computed by the caller). Throws BadSetting when it is set to what the knob does not take.

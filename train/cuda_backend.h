@@ -42,6 +42,7 @@ class CudaBackend final : public StepBackend {
   std::string describe() const override;
   std::string transport() const override { return engine_->name(); }
   std::string gemm_algorithms() const override { return workload_->gemm_algorithms(); }
+  std::string attention_graphs() const override { return workload_->attention_graphs(); }
 
   double begin_step(int64_t step, double t0_ms) override;
   BatchStats load(int64_t step, int micro) override;

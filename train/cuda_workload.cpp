@@ -16,6 +16,7 @@
 #include "model/mlp_cuda.h"
 #include "model/precision.h"
 #include "model/transformer_cuda.h"
+#include "runtime/settings.h"
 #include "train/token_batches.h"
 
 namespace ddplab {
@@ -123,7 +124,9 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   TransformerCudaWorkload(const TrainConfig& c, int rank, int world, cudaStream_t compute)
       : CudaModelWorkload(c.gemm_algo, TokenBatches::model_config(c), c.seed, c.precision, TokenBatches::max_tokens(c),
                           TokenBatches::max_seq(c), compute, resolved_attention(c, cuda::cudnn_attention_available()),
-                          c.deterministic),
+                          c.deterministic,
+                          settings::choice(settings::kCudnnShapes) == "dynamic" ? cuda::CudnnShapes::kDynamic
+                                                                                : cuda::CudnnShapes::kStatic),
         batches_(c, model_.config(), rank, world),
         capacity_(TokenBatches::max_tokens(c)),
         arrays_(c.batching == Batching::kPack ? 4 : 3),
@@ -137,6 +140,10 @@ class TransformerCudaWorkload final : public CudaModelWorkload<TransformerCuda> 
   }
 
   std::string describe() const override { return batches_.describe(model_.num_parameters()); }
+  std::string attention_graphs() const override {
+    const std::optional<cuda::CudnnBuildStats> stats = model_.cudnn_build_stats();
+    return stats ? stats->describe() : "";
+  }
   BatchStats stage(int slot, int64_t step, cudaStream_t copy) override {
     BatchStats step_stats;
     for (int m = 0; m < static_cast<int>(micro_[slot].size()); ++m) {

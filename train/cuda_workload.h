@@ -38,6 +38,7 @@ class CudaWorkload {
   virtual void discard_grad() = 0;           // the next backward writes the gradients over (model/cuda_common.h)
   virtual std::string describe() const = 0;  // the model and its data, one line
   virtual std::string gemm_algorithms() const = 0;  // StepBackend::gemm_algorithms
+  virtual std::string attention_graphs() const { return ""; }  // StepBackend::attention_graphs
 
   // Fills `slot` with step `step`'s micro-batches in pinned host memory and queues their copy to the device on
   // `copy`; returns what they hold. Meant for a helper thread: it touches that slot and the data source only, and

@@ -37,6 +37,8 @@ class StepBackend {
   virtual std::string transport() const = 0;
   // How the GEMMs picked their cuBLASLt algorithms (GemmContext::describe_algos); "" on the CPU.
   virtual std::string gemm_algorithms() const { return ""; }
+  // What building cuDNN's attention graphs cost (CudnnBuildStats::describe); "" where no step ran cuDNN's attention.
+  virtual std::string attention_graphs() const { return ""; }
 
   // ---- one step ---------------------------------------------------------------------------------------------------
   // The step's timing origin; t0_ms is the run's clock zero (bucket times are reported on it). Returns the host

@@ -53,6 +53,7 @@ class Trainer {
   std::string describe() const { return backend_->describe(); }  // one line for the run header
   std::string transport() const { return backend_->transport(); }  // StepBackend::transport
   std::string gemm_algorithms() const { return backend_->gemm_algorithms(); }  // StepBackend::gemm_algorithms
+  std::string attention_graphs() const { return backend_->attention_graphs(); }  // StepBackend::attention_graphs
   // Checkpoints (record/checkpoint.h): this rank's parameters and optimizer state, in the CPU model's names, shapes
   // and layout whatever the device. Reading validates everything first and leaves the state untouched on refusal
   // (UsageError).

@@ -326,6 +326,18 @@ if [ "$stage" = 2 ]; then
   # A process of its own, so that a library that refuses the capture cannot cost the rows above.
   step "step bf16 auto as a graph" models.log 40 'grep "as one CUDA graph" "$log" | tail -1' \
     "${bt[@]}" --graph --csv "$out/step_graph.csv"
+  # Batches of every length: bucket batching over lengths 64-1024, each step as long as its longest row, so cuDNN's
+  # attention meets a new S in most steps. Its graphs specialised to each shape, then dynamic-shape graphs sharing
+  # their kernels (DDPLAB_CUDNN_SHAPES): the builds' cost (the run's "cuDNN attention:" line) and the steps'.
+  for shapes in static dynamic; do
+    step "train gpt2 bucket lengths, $shapes shapes" models.log 45 \
+      'echo "$(grep "^cuDNN attention:" "$log" | tail -1); $(grep "ms mean (the slowest" "$log" | tail -1 | tr -s " ")"' \
+      env DDPLAB_CUDNN_SHAPES=$shapes "${mpirun[@]}" -x DDPLAB_CUDNN_SHAPES -np 1 "$build/launcher/ddplab" train \
+      --device cuda --comm nccl --model gpt2-small --head lm --precision bf16 --batching bucket \
+      --lengths loguniform --min-len 64 --max-len 1024 --batch 8 --steps 40 --warmup-steps 10 \
+      --out "$work/train_gpt2_bucket_$shapes.h5" --force
+    [ -f "$work/train_gpt2_bucket_$shapes.h5" ] && cp "$work/train_gpt2_bucket_$shapes.h5" "$out/"
+  done
   # The host's CPU, for the CPU side's speed (docs/BENCHMARKS.md, "CPU speed on each host kind"): the H200 machines
   # seen so far are Intel Xeons, family 6 model 207, on which OpenBLAS names Prescott. The default MLP on one BLAS
   # thread with the kernels ddplab chooses (the header says which and why), then with OpenBLAS's own pick.

@@ -22,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -523,6 +524,35 @@ void bench_attention(const Sampling& sampling, cudaStream_t s, Arena& a, Report&
 // every sequence S long. TFLOP/s count the causal half only, the FLOPs an exact kernel must do: forward Q K^T and P V,
 // 2 * 2 * B * NH * (S^2 / 2) * hs; backward 2.5x that (Q K^T recomputed, dP, dV, dK, dQ). The unfused kernels compute
 // the full square, so their rate in these units is half their hardware rate.
+// What a run whose batches change length pays the first time each shape comes: a forward and a backward at S, S - 64,
+// ... down to 128 (the buffers S's), each the first at its shape, timed on the host to the stream's end, with cuDNN
+// specialising a graph to each shape and with dynamic-shape graphs sharing their kernels. Printed, not a table row:
+// one sample each, a build, not a kernel's rate.
+void bench_cudnn_builds(cudaStream_t s, bf16* qkv, bf16* out, float* lse, bf16* dout, bf16* dqkv, int B, int S, int C,
+                        int NH) {
+  for (const cuda::CudnnShapes shapes : {cuda::CudnnShapes::kStatic, cuda::CudnnShapes::kDynamic}) {
+    cuda::CudnnAttention cudnn(/*deterministic_backward=*/false, shapes);
+    std::vector<double> first_call_ms;
+    for (int at = S; at >= 128; at -= 64) {
+      cudaCheck(cudaStreamSynchronize(s));
+      const auto start = std::chrono::steady_clock::now();
+      cudnn.forward(out, lse, qkv, nullptr, B, at, C, NH, true, s);
+      cudnn.backward(dqkv, dout, qkv, out, lse, nullptr, B, at, C, NH, true, s);
+      cudaCheck(cudaStreamSynchronize(s));
+      first_call_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    const double first = first_call_ms.front();
+    std::vector<double> later(first_call_ms.begin() + 1, first_call_ms.end());
+    std::printf(
+        "  cudnn graph builds, %s shapes, B=%d C=%d NH=%d causal, S %d down to 128 by 64: first shape %.1f ms "
+        "(forward + backward, built and run), each later shape median %.1f ms, max %.1f; %s\n",
+        shapes == cuda::CudnnShapes::kDynamic ? "dynamic" : "static", B, C, NH, S, first,
+        later.empty() ? 0.0 : ddplab::median(later),
+        later.empty() ? 0.0 : *std::max_element(later.begin(), later.end()), cudnn.build_stats().describe().c_str());
+  }
+}
+
 void bench_fused_attention(const Sampling& sampling, cudaStream_t s, Arena& a, Report& rep, int B, int S, int C,
                            int NH) {
   const int64_t BSC = int64_t{B} * S * C;
@@ -590,6 +620,16 @@ void bench_fused_attention(const Sampling& sampling, cudaStream_t s, Arena& a, R
              sampling.median_ms(
                  s, [&] { deterministic.backward(dqkv, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }),
              0, 2.5 * forward_flops});
+    // DDPLAB_CUDNN_SHAPES=dynamic's graphs at the same shape: what a kernel shared across shapes costs each call.
+    cuda::CudnnAttention dynamic(/*deterministic_backward=*/false, cuda::CudnnShapes::kDynamic);
+    rep.add({"attention", "cudnn_attention_forward (bf16, causal, dynamic shapes)", sh,
+             sampling.median_ms(s, [&] { dynamic.forward(out, lse, qkv, nullptr, B, S, C, NH, true, s); }), 0,
+             forward_flops});
+    rep.add({"attention", "cudnn_attention_backward (bf16, causal, dynamic shapes)", sh,
+             sampling.median_ms(s, [&] { dynamic.backward(dqkv, dout, qkv, out, lse, nullptr, B, S, C, NH, true, s); }),
+             0, 2.5 * forward_flops});
+    std::printf("  cudnn dynamic shapes at %s: %s\n", sh.c_str(), dynamic.build_stats().describe().c_str());
+    bench_cudnn_builds(s, qkv, out, lse, dout, dqkv, B, S, C, NH);
   } else {
     std::printf("  cudnn_attention: skipped: %s\n", why.c_str());
   }

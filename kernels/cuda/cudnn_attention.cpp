@@ -3,7 +3,9 @@
 // program starts, and every other path runs, where the library is missing.
 #include "kernels/cuda/cudnn_attention.h"
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -50,6 +52,16 @@ void require_aligned(const char* what, const char* name, const void* p) {
 
 }  // namespace
 
+std::string CudnnBuildStats::describe() const {
+  char text[160];
+  std::snprintf(text, sizeof text, "%lld graph%s (%s shapes%s) built in %.2f s, workspace %.1f MiB",
+                static_cast<long long>(graphs), graphs == 1 ? "" : "s",
+                shapes == CudnnShapes::kDynamic ? "dynamic" : "static",
+                built_static ? (", " + std::to_string(built_static) + " of them static").c_str() : "", build_ms / 1000,
+                static_cast<double>(workspace_bytes) / (1 << 20));
+  return text;
+}
+
 #ifdef DDPLAB_HAVE_CUDNN
 
 namespace fe = cudnn_frontend;
@@ -87,6 +99,8 @@ struct Problem {
     return std::tie(B, S, C, NH, causal, padded, backward) <
            std::tie(o.B, o.S, o.C, o.NH, o.causal, o.padded, o.backward);
   }
+  // What a dynamic-shape graph's kernels are compiled for: all but B and S.
+  std::tuple<int, int, bool, bool, bool> structure() const { return {C, NH, causal, padded, backward}; }
 };
 
 void check(fe::error_t status, const char* what, const Problem& p) {
@@ -115,7 +129,10 @@ void mark_output(const TensorPtr& t, Uid uid, std::vector<int64_t> dims, std::ve
   t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides);
 }
 
-std::shared_ptr<fe::graph::Graph> build_graph(cudnnHandle_t handle, const Problem& p, bool deterministic_backward) {
+// kernel_cache: null for a graph specialised to p's shape; else a dynamic-shape graph whose kernels come from, or go
+// into, the cache of p's structure.
+std::shared_ptr<fe::graph::Graph> build_graph(cudnnHandle_t handle, const Problem& p, bool deterministic_backward,
+                                              const std::shared_ptr<fe::KernelCache>& kernel_cache) {
   const int hs = p.C / p.NH;
   const int64_t qkv_row = 3 * int64_t{p.C}, row = p.C;
   const auto dims = head_major_dims(p.B, p.NH, p.S, hs);
@@ -124,6 +141,7 @@ std::shared_ptr<fe::graph::Graph> build_graph(cudnnHandle_t handle, const Proble
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 
   auto g = new_graph();
+  if (kernel_cache) g->set_dynamic_shape_enabled(true).set_kernel_cache(kernel_cache);
   // Q, K and V are the three thirds of one qkv row: the same strides, offset by C and 2C (set when executing).
   auto q = input(*g, "Q", kQ, dims, qkv_strides);
   auto k = input(*g, "K", kK, dims, qkv_strides);
@@ -186,16 +204,41 @@ struct CudnnAttention::Impl {
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace_bytes;
   };
-  explicit Impl(bool deterministic) : deterministic_backward(deterministic) {}
+  Impl(bool deterministic, CudnnShapes shapes) : deterministic_backward(deterministic) { stats.shapes = shapes; }
   bool deterministic_backward;
   cudnnHandle_t handle = nullptr;
   std::map<Problem, Built> graphs;
+  // kDynamic: each structure's cache, null once cuDNN refused the structure a dynamic shape.
+  std::map<std::tuple<int, int, bool, bool, bool>, std::shared_ptr<fe::KernelCache>> kernel_caches;
   void* workspace = nullptr;
-  int64_t workspace_bytes = 0;
+  CudnnBuildStats stats;
 
   ~Impl() {
     if (workspace) cudaFree(workspace);
     if (handle) fe::detail::destroy_handle(handle);
+  }
+
+  // The graph for p as the object's shapes ask; where cuDNN refuses p's structure a dynamic shape, the static one.
+  Built build(const Problem& p) {
+    if (stats.shapes == CudnnShapes::kDynamic) {
+      const auto [at, first] = kernel_caches.try_emplace(p.structure());
+      if (first) at->second = std::make_shared<fe::KernelCache>();
+      if (at->second) {
+        try {
+          return with_workspace_size(build_graph(handle, p, deterministic_backward, at->second), p);
+        } catch (const std::runtime_error&) {
+          at->second = nullptr;  // refused: the structure's other shapes go static without asking again
+        }
+      }
+      ++stats.built_static;
+    }
+    return with_workspace_size(build_graph(handle, p, deterministic_backward, nullptr), p);
+  }
+
+  static Built with_workspace_size(std::shared_ptr<fe::graph::Graph> graph, const Problem& p) {
+    Built built{std::move(graph), 0};
+    check(built.graph->get_workspace_size(built.workspace_bytes), "get_workspace_size", p);
+    return built;
   }
 
   // Per call: the stream, one map lookup and the execution; the library, handle, graph and workspace come once.
@@ -209,18 +252,21 @@ struct CudnnAttention::Impl {
     }
     if (fe::detail::set_stream(handle, stream) != CUDNN_STATUS_SUCCESS)
       throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
+    const auto start = std::chrono::steady_clock::now();
     auto it = graphs.find(p);
-    if (it == graphs.end()) {
-      Built built{build_graph(handle, p, deterministic_backward), 0};
-      check(built.graph->get_workspace_size(built.workspace_bytes), "get_workspace_size", p);
-      it = graphs.emplace(p, std::move(built)).first;
+    const bool new_graph = it == graphs.end();
+    if (new_graph) {
+      it = graphs.emplace(p, build(p)).first;
+      ++stats.graphs;
     }
-    if (it->second.workspace_bytes > workspace_bytes) {  // grows in the first steps only; the free waits for the GPU
+    if (it->second.workspace_bytes > stats.workspace_bytes) {  // the free waits for the whole GPU
       if (workspace) cudaCheck(cudaFree(workspace));
-      workspace = nullptr, workspace_bytes = 0;  // a failed allocation must not leave the old size for a later call
+      workspace = nullptr, stats.workspace_bytes = 0;  // a failed allocation must not leave the old size for later
       cudaCheck(cudaMalloc(&workspace, static_cast<size_t>(it->second.workspace_bytes)));
-      workspace_bytes = it->second.workspace_bytes;
+      stats.workspace_bytes = it->second.workspace_bytes;
     }
+    if (new_graph)
+      stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     check(it->second.graph->execute(handle, pack, workspace), "execute", p);
   }
 };
@@ -240,9 +286,10 @@ bool cudnn_attention_available(std::string* why) {
   return error.empty();
 }
 
-CudnnAttention::CudnnAttention(bool deterministic_backward) : impl_(std::make_unique<Impl>(deterministic_backward)) {}
+CudnnAttention::CudnnAttention(bool deterministic_backward, CudnnShapes shapes)
+    : impl_(std::make_unique<Impl>(deterministic_backward, shapes)) {}
 CudnnAttention::~CudnnAttention() = default;
-int64_t CudnnAttention::cached_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
+CudnnBuildStats CudnnAttention::build_stats() const { return impl_->stats; }
 
 void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int32_t* lengths, int B,
                              int S, int C, int NH, bool causal, cudaStream_t stream) {
@@ -296,6 +343,7 @@ void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, co
 
 struct CudnnAttention::Impl {
   bool deterministic_backward;
+  CudnnShapes shapes;
 };
 
 bool cudnn_attention_available(std::string* why) {
@@ -305,10 +353,10 @@ bool cudnn_attention_available(std::string* why) {
   return false;
 }
 
-CudnnAttention::CudnnAttention(bool deterministic_backward)
-    : impl_(std::make_unique<Impl>(Impl{deterministic_backward})) {}
+CudnnAttention::CudnnAttention(bool deterministic_backward, CudnnShapes shapes)
+    : impl_(std::make_unique<Impl>(Impl{deterministic_backward, shapes})) {}
 CudnnAttention::~CudnnAttention() = default;
-int64_t CudnnAttention::cached_graphs() const { return 0; }
+CudnnBuildStats CudnnAttention::build_stats() const { return {impl_->shapes}; }
 
 void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, const int32_t*, int B, int S, int C, int NH,
                              bool, cudaStream_t) {

@@ -11,9 +11,12 @@
 // says how). libcudnn itself is loaded on first use, so a build with it still runs where the library is missing:
 // cudnn_attention_available() then says why, and --attention cudnn refuses with that line.
 //
-// Graphs (one per direction and problem: B, S, C, NH, causal, padded) are built on first use and cached; a build
-// takes tens of milliseconds, so a run with few distinct shapes pays it in its first steps only. Not thread-safe:
-// one object per stream.
+// Graphs (one per direction and problem: B, S, C, NH, causal, padded) are built on first use and cached. A build takes
+// tens of milliseconds, so a run with few distinct shapes pays it in its first steps only; one whose batches take
+// their longest row's length (--lengths other than fixed) meets a new S in many steps, and each pays a build there.
+// CudnnShapes::kDynamic builds every (B, S) of one structure as cuDNN's dynamic-shape graphs sharing one kernel cache,
+// so that a new shape plans again without compiling again; a structure cuDNN refuses so is built static instead
+// (build_stats says how many). Not thread-safe: one object per stream.
 //
 // The forward is deterministic. The backward by default is not promised to be (cuDNN may add dQ with atomics); an
 // object made with deterministic_backward asks cuDNN for its deterministic algorithm, which on Hopper writes dS to a
@@ -36,10 +39,26 @@ bool cudnn_attention_available(std::string* why = nullptr);
 // architecture it runs on).
 constexpr bool cudnn_attention_supports_head_size(int hs) { return hs > 0 && hs <= 128 && hs % 8 == 0; }
 
+enum class CudnnShapes {
+  kStatic,   // a graph specialised for each (B, S), its kernels compiled for it
+  kDynamic,  // dynamic-shape graphs, one kernel cache per structure (C, NH, causal, padded, direction)
+};
+
+// What building graphs has cost so far.
+struct CudnnBuildStats {
+  CudnnShapes shapes = CudnnShapes::kStatic;
+  int64_t graphs = 0;           // distinct problems built (one per direction and shape)
+  int64_t built_static = 0;     // of them, asked dynamic and built static (cuDNN refused the dynamic graph)
+  double build_ms = 0;          // host time in the builds and the workspace's growth
+  int64_t workspace_bytes = 0;  // the workspace held: the largest a graph asked for
+  // "24 graphs (static shapes) built in 1.42 s, workspace 0.0 MiB": what a run's summary prints.
+  std::string describe() const;
+};
+
 class CudnnAttention {
  public:
   // Touches nothing: the handle, library and graphs come on first use.
-  explicit CudnnAttention(bool deterministic_backward = false);
+  explicit CudnnAttention(bool deterministic_backward = false, CudnnShapes shapes = CudnnShapes::kStatic);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -56,7 +75,7 @@ class CudnnAttention {
                 const float* lse, const int32_t* lengths, int B, int S, int C, int NH, bool causal,
                 cudaStream_t stream);
 
-  int64_t cached_graphs() const;  // for tests: distinct problems built so far
+  CudnnBuildStats build_stats() const;
 
   struct Impl;  // cudnn_attention.cpp only
 

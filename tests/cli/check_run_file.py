@@ -334,6 +334,7 @@ def main():
                 check(a in f.attrs, f"attribute {a}")
             check(f.attrs["schema_version"] == 3, "schema_version 3")
             check(f.attrs.get("gemm_algorithms") == "", "gemm_algorithms empty on the CPU (cuBLASLt's choice on the GPU)")
+            check(f.attrs.get("attention_graphs") == "", "attention_graphs empty on the CPU (cuDNN's builds on the GPU)")
             check(f.attrs["world_size"] == np_ranks, "world_size matches mpirun -np")
             check(f.attrs["num_steps"] == steps, "num_steps matches --steps")
             config = json.loads(f.attrs["config"])

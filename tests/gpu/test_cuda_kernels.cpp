@@ -335,7 +335,10 @@ TEST(CudaKernelsHost, CudnnAttentionChecksArgumentsBeforeTheDevice) {
     std::cout << "cuDNN attention unavailable here: " << why << "\n";
   }
   EXPECT_NO_THROW(attention.forward(nullptr, nullptr, nullptr, nullptr, 0, 4, 128, 2, true, s));  // empty: nothing
-  EXPECT_EQ(attention.cached_graphs(), 0);
+  EXPECT_EQ(attention.build_stats().graphs, 0);
+  EXPECT_EQ(cuda::CudnnBuildStats{}.describe(), "0 graphs (static shapes) built in 0.00 s, workspace 0.0 MiB");
+  EXPECT_EQ((cuda::CudnnBuildStats{cuda::CudnnShapes::kDynamic, 30, 4, 1234.5, 3 << 20}.describe()),
+            "30 graphs (dynamic shapes, 4 of them static) built in 1.23 s, workspace 3.0 MiB");
 }
 
 // ---- on the device ----------------------------------------------------------------------------------------------
@@ -782,9 +785,11 @@ TEST_F(CudaKernels, FlashAttentionIsDeterministicButForTheDefaultDq) {
 // cuDNN's fused attention (cudnn_attention.h) on the same shapes and checks as ours but S = 1 (which cuDNN refuses),
 // and for two things its contract leaves open: padded rows of qkv and dout hold finite values (cuDNN may read them),
 // and padded rows' lse is not checked. With its default backward and with its deterministic one (--deterministic on).
-// Skipped, with the reason, where cuDNN's attention is not built or its library does not load.
-void cudnn_attention_matches_cpu(cudaStream_t stream, bool deterministic) {
-  cuda::CudnnAttention attention(deterministic);
+// Skipped, with the reason, where cuDNN's attention is not built or its library does not load. Dynamic shapes: the
+// same checks, each structure's shapes from one kernel cache (what cuDNN refused so is built static, and counted).
+void cudnn_attention_matches_cpu(cudaStream_t stream, bool deterministic,
+                                 cuda::CudnnShapes shapes = cuda::CudnnShapes::kStatic) {
+  cuda::CudnnAttention attention(deterministic, shapes);
   int64_t problems = 0;
   for (const FlashShape& sh : kFlashShapes)
     for (bool causal : {false, true}) {
@@ -806,13 +811,23 @@ void cudnn_attention_matches_cpu(cudaStream_t stream, bool deterministic) {
                            d_lse.download(), to_f32(d_dqkv.download()), /*padded_lse_defined=*/false);
     }
   // One graph per direction and problem (shape, causal, padded or not), built once.
-  EXPECT_EQ(attention.cached_graphs(), problems);
+  const cuda::CudnnBuildStats stats = attention.build_stats();
+  EXPECT_EQ(stats.graphs, problems);
+  EXPECT_EQ(stats.shapes, shapes);
+  EXPECT_LE(stats.built_static, shapes == cuda::CudnnShapes::kDynamic ? problems : 0);
+  std::cout << "cuDNN attention: " << stats.describe() << "\n";
 }
 
 TEST_F(CudaKernels, CudnnAttentionMatchesCpu) {
   std::string why;
   if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
   cudnn_attention_matches_cpu(stream_, /*deterministic=*/false);
+}
+
+TEST_F(CudaKernels, CudnnDynamicShapeAttentionMatchesCpu) {
+  std::string why;
+  if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << why;
+  cudnn_attention_matches_cpu(stream_, /*deterministic=*/false, cuda::CudnnShapes::kDynamic);
 }
 
 TEST_F(CudaKernels, CudnnDeterministicAttentionMatchesCpu) {
