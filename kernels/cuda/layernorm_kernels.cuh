@@ -117,7 +117,10 @@ inline int backward_blocks(int N, int C) {
   return static_cast<int>(std::min<int64_t>((int64_t{N} + warps - 1) / warps, kBwdMaxWarps / warps));
 }
 
-inline size_t backward_smem_bytes(int C, int sums) { return sizeof(float) * sums * size_t(C) * backward_warps(C); }
+// The warps' accumulators, then the weight staged once a block (C floats).
+inline size_t backward_smem_bytes(int C, int sums) {
+  return sizeof(float) * size_t(C) * (size_t(sums) * backward_warps(C) + 1);
+}
 
 // Where column c's sum sits in a warp's accumulator (a permutation of [0, C), for dweight; dbias's lies C further,
 // dinp's column sums 2C).
@@ -193,8 +196,11 @@ __global__ void __launch_bounds__(kBlock)
 // its own packs, adds dx = rstd (g - mean(g) - xhat mean(g xhat)) into dinp and the row's xhat * dout and dout into
 // the warp's accumulator (with sums == 3 also dinp's new values). A lane owns the same columns in every row, so it
 // alone touches its accumulator elements. Dynamic shared memory: the warps' accumulators [warps][sums][C] (dweight,
-// dbias, dinp's column sums), each in acc_index's order. Two blocks an SM (128 registers; 96 or 144 KB of
-// accumulators at C 768): 18 KB of loads in flight a block.
+// dbias, dinp's column sums), each in acc_index's order, then the weight [C] in the same order, staged once a block:
+// read from global memory in every pass of every row, a lane's 8 fp32 weights (bf16's packs) were two 16-byte loads
+// 32 bytes apart across the warp, half of each sector unused (ncu on an H200: a third of the kernel's L2 sectors
+// excess); from shared memory in that order a warp's loads are consecutive float4s. Two blocks an SM (128
+// registers; 99 or 147 KB of shared memory at C 768): 18 KB of loads in flight a block.
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock, 2)
     layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const float* weight,
@@ -206,11 +212,25 @@ __global__ void __launch_bounds__(kBlock, 2)
   float* const dw_acc = acc + int64_t{sums} * C * warp;
   float* const db_acc = dw_acc + C;
   float* const dx_acc = sums > 2 ? db_acc + C : nullptr;
+  float* const staged_weight = acc + int64_t{sums} * C * warps;
+  for (int at = threadIdx.x; at < C; at += blockDim.x) staged_weight[at] = weight[acc_column<V>(C, at)];
+  // The lane's V weights at column c, from the staged copy.
+  const auto weight_pack = [&](int c) {
+    Pack<float, V> w;
+#pragma unroll
+    for (int j = 0; j < V; j += W) {
+      const Pack<float, W> part = load_pack<W>(staged_weight + acc_index<V>(C, c + j));
+#pragma unroll
+      for (int k = 0; k < W; ++k) w.v[j + k] = part.v[k];
+    }
+    return w;
+  };
   for_each_lane_pack<V>(C, lane, [&](int, int c) {  // the owner zeroes its own elements: no barrier needed
 #pragma unroll
     for (int j = 0; j < V; j += W)
       for (int k = 0; k < sums; ++k) store_pack<W>(dw_acc + int64_t{k} * C + acc_index<V>(C, c + j), Pack<float, W>{});
   });
+  __syncthreads();  // the staged weight, which every warp reads
   for (int64_t row = int64_t{blockIdx.x} * warps + warp; row < N; row += int64_t{gridDim.x} * warps) {
     const float m = mean[row], s = rstd[row];
     HeldRow<T, V> x(inp + row * C, C, lane), d(dout + row * C, C, lane);
@@ -218,7 +238,7 @@ __global__ void __launch_bounds__(kBlock, 2)
     float g_sum = 0.0f, gx_sum = 0.0f;
     for_each_lane_pack<V>(C, lane, [&](int i, int c) {
       const Pack<T, V> xp = x.at(i, c), dp = d.at(i, c);
-      const Pack<float, V> w = load_pack<V>(weight + c);
+      const Pack<float, V> w = weight_pack(c);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float g = w.v[k] * to_float(dp.v[k]);
@@ -231,7 +251,7 @@ __global__ void __launch_bounds__(kBlock, 2)
     d.recompute_from_here();
     for_each_lane_pack<V>(C, lane, [&](int i, int c) {
       const Pack<T, V> xp = x.at(i, c), dp = d.at(i, c);
-      const Pack<float, V> w = load_pack<V>(weight + c);
+      const Pack<float, V> w = weight_pack(c);
       Pack<T, V> out = dx.at(i, c);
 #pragma unroll
       for (int j = 0; j < V; j += W) {
@@ -327,7 +347,8 @@ void layernorm_backward_launches(Launch&& launch, T* dinp, float* dweight, float
   const dim3 block(32 * backward_warps(C));
   const size_t smem = backward_smem_bytes(C, sums);
   constexpr int V = kVec<T>;
-  const bool vec = C % V == 0 && detail::all_aligned(16, dinp, dout, inp) && detail::all_aligned(V * 4, weight);
+  // The weight is read element by element into shared memory: its alignment does not matter.
+  const bool vec = C % V == 0 && detail::all_aligned(16, dinp, dout, inp);
   if (vec)
     launch(layernorm_backward_kernel<T, V>, dim3(blocks), block, smem, dinp, scratch, dout, inp, weight, mean, rstd, N,
            C, sums);
