@@ -940,8 +940,7 @@ struct CommSource {
     bool doubling = false;  // the GPU ring's recursive doubling
     bool small = false;     // the host ring's recursive doubling (its size up to the small-buffer size)
   };
-  std::vector<Residual> residuals;
-  int calibration_nodes = 1;
+  std::vector<Residual> residuals;  // a calibration on one node, in rounds of the trainer's chunk; else none
 };
 
 // The calibration file for this implementation, else the run's buckets, else the link model alone. Says which in
@@ -995,13 +994,13 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
       src.name = m.on_gpu ? impl_name(AllreduceImpl::kRing, WireDtype::kFp32) : name;  // the GPU's stands for the ring
       // Fitted per exchange, the calibration's rounds at its own chunk tell what the trainer's ring pays at its own.
       src.chunk_bytes = chunk > 0 ? kGpuRingChunkBytes : 0;
-      // Rows in rounds of another chunk than the trainer's correct nothing of the trainer's all-reduces.
-      if (chunk == src.chunk_bytes) {
+      // Rows in rounds of another chunk than the trainer's correct nothing of the trainer's all-reduces; across
+      // nodes a bucket's time is not the fit's sum that the rows' residuals are measured from.
+      if (chunk == src.chunk_bytes && m.calibration->nodes == 1) {
         for (size_t i = 0; i < residuals.size(); ++i) residuals[i].ms -= fit->alone.ms(terms[i]);
         std::sort(residuals.begin(), residuals.end(),
                   [](const CommSource::Residual& a, const CommSource::Residual& b) { return a.bytes < b.bytes; });
         src.residuals = std::move(residuals);
-        src.calibration_nodes = m.calibration->nodes;
       }
       out.comm_source = "calibration";
     }
@@ -1073,14 +1072,13 @@ struct BucketCosts {
 };
 
 // What the calibration's rows on either side of a bucket's size took beyond the fit, linearly between them, where
-// both ran as the bucket would: the same ranks, nodes, link, implementation and wire, and the same algorithm. 0
-// elsewhere.
+// both ran as the bucket would: the same ranks on one node, the same link, implementation and wire, and the same
+// algorithm. 0 elsewhere.
 double calibration_residual_ms(const CommSource& src, const PredictSetting& setting, double bytes, bool small,
                                bool doubling) {
   const std::vector<CommSource::Residual>& rows = src.residuals;
-  const bool as_calibrated = !rows.empty() && setting.ranks == src.ranks && setting.nodes() == src.calibration_nodes &&
+  const bool as_calibrated = !rows.empty() && setting.ranks == src.ranks && setting.nodes() == 1 &&
                              same_link(setting.link.intra, src.link) &&
-                             (setting.nodes() == 1 || same_link(setting.link.inter, src.link)) &&
                              impl_name(setting.impl, setting.wire) == src.name;
   if (!as_calibrated) return 0;
   const auto above = std::lower_bound(rows.begin(), rows.end(), bytes,
