@@ -934,14 +934,34 @@ struct CommSource {
   // A calibration's rows for this implementation, by size, each with what its time is beyond the fit's. Read between
   // its sizes (calibration_residual_ms), they correct the fit where the cost is not a cost per exchange plus one per
   // byte: 4 ranks sharing a GPU over an emulated 10 GbE paid ~6.6 ms from 256 KiB to 4 MiB, then the link's rate,
-  // and the fit's line through both missed their 7.9 + 4 MiB buckets by +29%.
+  // and the fit's line through both priced their 7.9 + 4 MiB buckets 28% over what they took.
   struct Residual {
     double bytes = 0, ms = 0;
     bool doubling = false;  // the GPU ring's recursive doubling
     bool small = false;     // the host ring's recursive doubling (its size up to the small-buffer size)
   };
   std::vector<Residual> residuals;  // a calibration on one node, in rounds of the trainer's chunk; else none
+  bool residuals_direct = false;    // its ranks took the direct all-reduce above the small-buffer size
 };
+
+// The rows sorted by size, rows of one size and algorithm merged into their mean.
+std::vector<CommSource::Residual> by_size(std::vector<CommSource::Residual> rows) {
+  std::sort(rows.begin(), rows.end(), [](const CommSource::Residual& a, const CommSource::Residual& b) {
+    return std::tie(a.bytes, a.doubling, a.small) < std::tie(b.bytes, b.doubling, b.small);
+  });
+  std::vector<CommSource::Residual> merged;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i;
+    double sum = 0;
+    for (; j < rows.size() && rows[j].bytes == rows[i].bytes && rows[j].doubling == rows[i].doubling &&
+           rows[j].small == rows[i].small;
+         ++j)
+      sum += rows[j].ms;
+    merged.push_back({rows[i].bytes, sum / static_cast<double>(j - i), rows[i].doubling, rows[i].small});
+    i = j;
+  }
+  return merged;
+}
 
 // The calibration file for this implementation, else the run's buckets, else the link model alone. Says which in
 // out.comm_source.
@@ -961,8 +981,8 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
     std::vector<AllreduceTerms> terms;
     std::vector<double> times;
     const std::vector<std::string>& direct = m.calibration->direct_impls;
-    const double small = static_cast<double>(
-        small_allreduce_bytes(m.calibration->ranks, std::find(direct.begin(), direct.end(), name) != direct.end()));
+    const bool calibration_direct = std::find(direct.begin(), direct.end(), name) != direct.end();
+    const double small = static_cast<double>(small_allreduce_bytes(m.calibration->ranks, calibration_direct));
     const double chunk = name.rfind("gpu-ring-", 0) == 0 ? m.calibration->gpu_chunk_bytes : 0;
     // hier's rows time its inter-node hop, which a calibration on one node never took: nothing of it to fit.
     const auto& points = m.calibration->points;
@@ -998,9 +1018,8 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
       // nodes a bucket's time is not the fit's sum that the rows' residuals are measured from.
       if (chunk == src.chunk_bytes && m.calibration->nodes == 1) {
         for (size_t i = 0; i < residuals.size(); ++i) residuals[i].ms -= fit->alone.ms(terms[i]);
-        std::sort(residuals.begin(), residuals.end(),
-                  [](const CommSource::Residual& a, const CommSource::Residual& b) { return a.bytes < b.bytes; });
-        src.residuals = std::move(residuals);
+        src.residuals = by_size(std::move(residuals));
+        src.residuals_direct = calibration_direct;
       }
       out.comm_source = "calibration";
     }
@@ -1071,24 +1090,27 @@ struct BucketCosts {
   bool depends_on[2] = {false, false};  // whether the time depends on the intra, inter class of hop
 };
 
-// What the calibration's rows on either side of a bucket's size took beyond the fit, linearly between them, where
-// both ran as the bucket would: the same ranks on one node, the same link, implementation and wire, and the same
-// algorithm. 0 elsewhere.
-double calibration_residual_ms(const CommSource& src, const PredictSetting& setting, double bytes, bool small,
-                               bool doubling) {
-  const std::vector<CommSource::Residual>& rows = src.residuals;
-  const bool as_calibrated = !rows.empty() && setting.ranks == src.ranks && setting.nodes() == 1 &&
+// What the calibration's rows on either side of a bucket's size took beyond the fit, linearly between them, among the
+// rows that ran as the bucket would: the same ranks on one node, the same link, implementation and wire, the direct
+// all-reduce or not, and the same algorithm; and on a GPU, every rank on one, as a calibration on the one GPU ran.
+// Past the rows of its algorithm, the nearest one's (the cost stays continuous in the bucket's size). 0 where none ran
+// as the bucket would.
+double calibration_residual_ms(const StepModel& m, const CommSource& src, const PredictSetting& setting, int turns,
+                               double bytes, bool small, bool doubling) {
+  const bool as_calibrated = !src.residuals.empty() && setting.ranks == src.ranks && setting.nodes() == 1 &&
                              same_link(setting.link.intra, src.link) &&
-                             impl_name(setting.impl, setting.wire) == src.name;
+                             impl_name(setting.impl, setting.wire) == src.name &&
+                             takes_direct(m, setting) == src.residuals_direct && (!m.on_gpu || turns == setting.ranks);
   if (!as_calibrated) return 0;
+  std::vector<CommSource::Residual> rows;
+  for (const CommSource::Residual& r : src.residuals)
+    if (r.doubling == doubling && r.small == small) rows.push_back(r);
+  if (rows.empty()) return 0;
   const auto above = std::lower_bound(rows.begin(), rows.end(), bytes,
                                       [](const CommSource::Residual& r, double b) { return r.bytes < b; });
-  if (above == rows.end() || (above == rows.begin() && above->bytes > bytes)) return 0;
-  const CommSource::Residual& hi = *above;
-  const CommSource::Residual& lo = hi.bytes == bytes ? hi : *(above - 1);
-  const auto as_bucket = [&](const CommSource::Residual& r) { return r.doubling == doubling && r.small == small; };
-  if (!as_bucket(lo) || !as_bucket(hi)) return 0;
-  if (hi.bytes == lo.bytes) return hi.ms;
+  if (above == rows.end()) return rows.back().ms;
+  if (above == rows.begin() || above->bytes == bytes) return above->ms;
+  const CommSource::Residual &lo = *(above - 1), &hi = *above;
   return lo.ms + (hi.ms - lo.ms) * (bytes - lo.bytes) / (hi.bytes - lo.bytes);
 }
 
@@ -1103,7 +1125,7 @@ BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, int 
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const bool doubling = doubles(m, n, turns, setting.link, bytes, src.chunk_bytes);
     const double alone = allreduce_ms(bytes, setting, small, costs, src.chunk_bytes, doubling) +
-                         calibration_residual_ms(src, setting, bytes, bytes <= small, doubling);
+                         calibration_residual_ms(m, src, setting, turns, bytes, bytes <= small, doubling);
     const AllreduceTerms terms =
         allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes, doubling);
     out.cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});

@@ -208,8 +208,13 @@ struct CudnnAttention::Impl {
   bool deterministic_backward;
   cudnnHandle_t handle = nullptr;
   std::map<Problem, Built> graphs;
-  // kDynamic: each structure's cache, null once cuDNN refused the structure a dynamic shape.
-  std::map<std::tuple<int, int, bool, bool, bool>, std::shared_ptr<fe::KernelCache>> kernel_caches;
+  // kDynamic: each structure's kernel cache and how many graphs built with it; the cache null once cuDNN refused the
+  // structure's first dynamic graph (the cache is finalized against the first graph it builds with, refused or not).
+  struct StructureCache {
+    std::shared_ptr<fe::KernelCache> cache = std::make_shared<fe::KernelCache>();
+    int64_t graphs = 0;
+  };
+  std::map<std::tuple<int, int, bool, bool, bool>, StructureCache> kernel_caches;
   void* workspace = nullptr;
   CudnnBuildStats stats;
 
@@ -221,16 +226,21 @@ struct CudnnAttention::Impl {
   // The graph for p as the object's shapes ask; where cuDNN refuses p's structure a dynamic shape, the static one.
   Built build(const Problem& p) {
     if (stats.shapes == CudnnShapes::kDynamic) {
-      const auto [at, first] = kernel_caches.try_emplace(p.structure());
-      if (first) at->second = std::make_shared<fe::KernelCache>();
-      if (at->second) {
+      StructureCache& structure = kernel_caches[p.structure()];
+      if (structure.cache) {
         try {
-          return with_workspace_size(build_graph(handle, p, deterministic_backward, at->second), p);
+          Built built = with_workspace_size(build_graph(handle, p, deterministic_backward, structure.cache), p);
+          ++structure.graphs;
+          return built;
         } catch (const std::runtime_error&) {
-          at->second = nullptr;  // refused: the structure's other shapes go static without asking again
+          // Refused at its first graph: the structure's other shapes go static without asking again. Refused later:
+          // this shape alone.
+          if (structure.graphs == 0) structure.cache = nullptr;
         }
       }
+      Built built = with_workspace_size(build_graph(handle, p, deterministic_backward, nullptr), p);
       ++stats.built_static;
+      return built;
     }
     return with_workspace_size(build_graph(handle, p, deterministic_backward, nullptr), p);
   }

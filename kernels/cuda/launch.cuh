@@ -136,10 +136,10 @@ inline std::string kernel_name(const void* kernel) {
 // The `launch` of a kernel header's launch sequence (the *_kernels.cuh that the CPU emulation runs too): one kernel on
 // `stream`, launch(kernel, grid, block, dynamic_smem_bytes, args...). More than 48 KB of dynamic shared memory must be
 // asked for, per kernel and device: cheap enough per launch. Where the device refuses it, past its limit (sizes a
-// kernel is not shaped for: LayerNorm backward's rows past ~19K columns on a Hopper), it throws std::invalid_argument
-// with the sizes, not CUDA's bare "invalid argument": the limit is read then, not on every launch. A failed launch
-// throws. The CPU emulation hands the same sequences its own. max_shared: the
-// SM's unified L1 and shared memory split with all the shared memory it can have (the carveout is a hint the driver
+// kernel is not shaped for: LayerNorm backward's rows past ~14K columns on a Hopper, ~19K without dinp's column sums),
+// it throws std::invalid_argument with the sizes, not CUDA's bare "invalid argument": the limit is read then, not on
+// every launch. A failed launch throws. The CPU emulation hands the same sequences its own. max_shared: the SM's
+// unified L1 and shared memory split with all the shared memory it can have (the carveout is a hint the driver
 // otherwise sizes for one block), for kernels past 48 KB whose blocks are sized to share an SM two at a time through
 // shared memory, not L1.
 inline auto launch_on(cudaStream_t stream, bool max_shared = false) {

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kBlock)
 // read from global memory in every pass of every row, a lane's 8 fp32 weights (bf16's packs) were two 16-byte loads
 // 32 bytes apart across the warp, half of each sector unused (ncu on an H200: a third of the kernel's L2 sectors
 // excess); from shared memory in that order a warp's loads are consecutive float4s. Two blocks an SM (128
-// registers; 99 or 147 KB of shared memory at C 768): 18 KB of loads in flight a block.
+// registers; 102 or 150 KB of shared memory at C 768): 18 KB of loads in flight a block.
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlock, 2)
     layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const float* weight,

@@ -46,14 +46,16 @@ using ddplab::emu_test::DeviceLikeVector;
 
 struct Shape {
   int N, C;
-  int offset;  // elements added to the parameter pointers: 1 misaligns them and forces the scalar path
+  int offset;  // elements added to the parameter pointers: 1 misaligns them (the forward's scalar path; the
+               // backward stages the weight in shared memory, whatever its alignment)
 };
 
 // Rows of 768 (bf16: held whole, 8 warps a backward block; fp32: 512 columns held, 256 read again), of 1280 and 1600
 // (bf16: 256 and 576 read again; 4 and 3 warps a block), of 8192 (one warp a block, 64 KB of shared memory), of 200
-// and 96 (fewer packs than a lane holds), odd shapes (scalar: 128 columns held), misaligned parameters (scalar).
+// and 96 (fewer packs than a lane holds), odd shapes (scalar: 128 columns held; 770 reads 642 again), misaligned
+// parameters.
 const std::vector<Shape> kShapes = {{1, 1, 0},     {7, 5, 0},    {33, 768, 0}, {33, 768, 1}, {9, 1280, 0},
-                                    {10, 1600, 1}, {3, 8192, 0}, {70, 200, 0}, {19, 96, 0}};
+                                    {10, 1600, 1}, {3, 8192, 0}, {70, 200, 0}, {19, 96, 0},  {33, 770, 0}};
 
 // The emulated backward's (dinp, dweight, dbias[, dinp's column sums]), from the given starting values (it
 // accumulates into all of them); the partials start as NaN, so a partial the kernel did not write shows in the result.

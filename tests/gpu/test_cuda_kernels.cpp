@@ -351,13 +351,15 @@ using CudaKernels = ddplab::gpu_test::DeviceTest;
 // relative: 8e-3 relative plus 8e-3 absolute.
 struct LnShape {
   int N, C;
-  int offset;  // elements added to the parameter pointers: 1 misaligns them and forces the scalar path
+  int offset;  // elements added to the parameter pointers: 1 misaligns them (the forward's scalar path; the
+               // backward stages the weight in shared memory, whatever its alignment)
 };
 // 5000 rows of 64: more rows than the backward's 2048 warps, which walk several. 1600: 3 warps a backward block, the
 // columns past the 1024 (bf16) or 512 (fp32) a lane holds read again. 8192: one warp a block and 64 KB of shared
-// memory, asked for past the default 48.
-const std::vector<LnShape> kLnShapes = {{1, 1, 0},      {7, 5, 0},     {33, 768, 0},  {33, 768, 1},
-                                        {1031, 200, 0}, {5000, 64, 0}, {40, 1600, 0}, {5, 8192, 0}};
+// memory, asked for past the default 48. 770: the scalar paths (C not a multiple of a pack) on wide rows, the columns
+// past the 128 a lane holds read again.
+const std::vector<LnShape> kLnShapes = {{1, 1, 0},     {7, 5, 0},     {33, 768, 0}, {33, 768, 1}, {1031, 200, 0},
+                                        {5000, 64, 0}, {40, 1600, 0}, {5, 8192, 0}, {33, 770, 0}};
 
 template <typename T>
 void layernorm_matches_cpu(cudaStream_t stream, double rtol, double atol) {
@@ -814,7 +816,10 @@ void cudnn_attention_matches_cpu(cudaStream_t stream, bool deterministic,
   const cuda::CudnnBuildStats stats = attention.build_stats();
   EXPECT_EQ(stats.graphs, problems);
   EXPECT_EQ(stats.shapes, shapes);
-  EXPECT_LE(stats.built_static, shapes == cuda::CudnnShapes::kDynamic ? problems : 0);
+  if (shapes == cuda::CudnnShapes::kDynamic)  // static for what cuDNN refuses, but dynamic for some at least
+    EXPECT_LT(stats.built_static, problems) << "cuDNN refused every graph a dynamic shape: " << stats.describe();
+  else
+    EXPECT_EQ(stats.built_static, 0);
   std::cout << "cuDNN attention: " << stats.describe() << "\n";
 }
 
@@ -1105,17 +1110,19 @@ TEST_F(CudaKernels, GemmUnalignedOperandsAndPlanReuse) {
   const std::vector<float> weight = random_vector(int64_t{OC} * C + 1, -1, 1, 62),
                            bias = random_vector(OC + 1, -1, 1, 63);
   std::vector<float> biased(int64_t{B} * OC), absdot(int64_t{B} * OC), gelu(int64_t{B} * OC);
-  for (int off : {0, 1}) {
-    SCOPED_TRACE("offset " + std::to_string(off));
+  // Every operand one element along (our epilogue one column a thread), or the bias alone (our epilogue with 16
+  // bytes of out and pre a thread).
+  for (const auto& [off, bias_off] : {std::pair{0, 0}, std::pair{1, 1}, std::pair{0, 1}}) {
+    SCOPED_TRACE("offset " + std::to_string(off) + ", the bias's " + std::to_string(bias_off));
     cpu::matmul_forward(biased.data(), inp.data() + off, weight.data() + off, B, C, OC);
     cpu::matmul_forward(absdot.data(), abs_of(inp).data() + off, abs_of(weight).data() + off, B, C, OC);
-    cpu::bias_forward(biased.data(), bias.data() + off, B, OC);
+    cpu::bias_forward(biased.data(), bias.data() + bias_off, B, OC);
     cpu::gelu_forward(gelu.data(), biased.data(), static_cast<int64_t>(gelu.size()));
     DeviceArray d_inp(inp, stream_), d_weight(weight, stream_), d_bias(bias, stream_);
     DeviceArray d_out(int64_t{B} * OC + 1, stream_), d_pre(int64_t{B} * OC + 1, stream_);
     for (int rep = 0; rep < 2; ++rep) {
       cuda::matmul_bias_gelu_forward<float>(ctx, d_out.get() + off, d_pre.get() + off, d_inp.get() + off,
-                                            d_weight.get() + off, d_bias.get() + off, B, C, OC, stream_);
+                                            d_weight.get() + off, d_bias.get() + bias_off, B, C, OC, stream_);
       std::vector<float> out = d_out.download(), pre = d_pre.download();
       out.erase(out.begin(), out.begin() + off), out.resize(gelu.size());
       pre.erase(pre.begin(), pre.begin() + off), pre.resize(gelu.size());
@@ -1123,8 +1130,8 @@ TEST_F(CudaKernels, GemmUnalignedOperandsAndPlanReuse) {
       EXPECT_TRUE(GemmClose(out, gelu, absdot, 1e-5, 5e-4)) << "out";
     }
   }
-  // Per alignment: the fused plan (usable or not) and possibly the plain one; never one per call.
-  EXPECT_LE(ctx.cached_plans(), 4);
+  // Per case: the fused plan (usable or not) and possibly the plain one; never one per call.
+  EXPECT_LE(ctx.cached_plans(), 6);
 }
 
 // The heuristic's other candidates (the benchmark's "best of N"): each a plan of its own, each computing the same

@@ -563,8 +563,9 @@ TEST(Predict, ReplaysTheWakeAfterTheLastAllreduce) {
 
 // A calibration whose times are no cost per exchange plus one per byte (a floor up to 1 MiB, then the link's rate, as
 // ranks sharing a GPU over an emulated link measured): a bucket between two of its sizes, at its ranks and link, costs
-// what those rows took, linearly between them, not the fit's line through all of them. At other ranks the fit alone
-// serves: the rows timed none of their exchanges.
+// what those rows took, linearly between them, not the fit's line through all of them; past the rows, the fit and the
+// last row's residual. At other ranks or links, or beside the direct all-reduce, the fit alone serves: the rows timed
+// none of those exchanges.
 TEST(Predict, ACalibrationsRowsPriceTheBucketsBetweenThem) {
   const AlphaBeta ab{0.05, 2.0 / (1 << 20)};
   const RunRecord run = synthetic_run(ab, 4, 0, {1 << 21, 1 << 21});  // two buckets of 8 MiB
@@ -598,6 +599,17 @@ TEST(Predict, ACalibrationsRowsPriceTheBucketsBetweenThem) {
   EXPECT_GT(std::abs(fitted - between), 0.5) << "the rows' bend must be one the fit misses";
   EXPECT_NEAR(predict(build_model(run, straight), off).step.step_ms, 2 + 10 + 2 * fitted + 2, kTol);
 
+  // Past the last row, that row's residual: the cost continuous in the bucket's size.
+  const RunRecord large = synthetic_run(ab, 4, 0, {1 << 23, 1 << 23});  // two buckets of 32 MiB
+  const auto fit_at = [&](double bytes) {
+    return line.ms(allreduce_terms(bytes, 2, AllreduceImpl::kRing, WireDtype::kFp32, small));
+  };
+  EXPECT_NEAR(predict(build_model(large, bent), off).step.step_ms,
+              2 + 10 + 2 * (fit_at(32 * kMiB) + floor_then_rate(16 * kMiB) - fit_at(16 * kMiB)) + 2, kTol);
+  // Rows that ran beside the direct all-reduce say nothing of a ring's buckets of the same size.
+  Calibration direct = bent;
+  direct.direct_impls = {"ring"};
+  EXPECT_NEAR(predict(build_model(run, direct), off).step.step_ms, 2 + 10 + 2 * fitted + 2, kTol);
   PredictSetting four = off;
   four.ranks = 4;
   EXPECT_NEAR(predict(build_model(run, bent), four).step.step_ms,
