@@ -519,6 +519,17 @@ Calibration read_calibration(const std::string& path) {
         throw fail("node_of_rank does not give each of its " + std::to_string(cal.ranks) + " ranks a node");
       cal.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
     }
+    if (j.contains("gpus")) {
+      const auto gpus = j.at("gpus").get<std::vector<std::string>>();
+      if (static_cast<int>(gpus.size()) != cal.ranks)
+        throw fail("gpus does not give each of its " + std::to_string(cal.ranks) + " ranks a GPU");
+      const auto node_of_rank = j.value("node_of_rank", std::vector<int>(gpus.size(), 0));
+      for (size_t r = 0; r < gpus.size(); ++r) {
+        int sharing = 0;
+        for (size_t q = 0; q < gpus.size(); ++q) sharing += gpus[q] == gpus[r] && node_of_rank[q] == node_of_rank[r];
+        cal.ranks_per_gpu = std::max(cal.ranks_per_gpu, sharing);
+      }
+    }
     cal.cold_calls = !j.value("hot_cache", true);
     cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
     const nlohmann::json& link = j.at("link");
@@ -942,6 +953,7 @@ struct CommSource {
   };
   std::vector<Residual> residuals;  // a calibration on one node, in rounds of the trainer's chunk; else none
   bool residuals_direct = false;    // its ranks took the direct all-reduce above the small-buffer size
+  int residuals_turns = 0;          // the ranks that took turns on one of its GPUs (0: not said)
 };
 
 // The rows sorted by size, rows of one size and algorithm merged into their mean.
@@ -1020,6 +1032,7 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
         for (size_t i = 0; i < residuals.size(); ++i) residuals[i].ms -= fit->alone.ms(terms[i]);
         src.residuals = by_size(std::move(residuals));
         src.residuals_direct = calibration_direct;
+        src.residuals_turns = m.calibration->ranks_per_gpu;
       }
       out.comm_source = "calibration";
     }
@@ -1092,7 +1105,8 @@ struct BucketCosts {
 
 // What the calibration's rows on either side of a bucket's size took beyond the fit, linearly between them, among the
 // rows that ran as the bucket would: the same ranks on one node, the same link, implementation and wire, the direct
-// all-reduce or not, and the same algorithm; and on a GPU, every rank on one, as a calibration on the one GPU ran.
+// all-reduce or not, and the same algorithm; and on GPUs, as many ranks taking turns on one (a file that does not say:
+// every rank on one, as the calibrations on the one GPU lent so far ran).
 // Past the rows of its algorithm, the nearest one's (the cost stays continuous in the bucket's size). 0 where none ran
 // as the bucket would.
 double calibration_residual_ms(const StepModel& m, const CommSource& src, const PredictSetting& setting, int turns,
@@ -1100,7 +1114,8 @@ double calibration_residual_ms(const StepModel& m, const CommSource& src, const 
   const bool as_calibrated = !src.residuals.empty() && setting.ranks == src.ranks && setting.nodes() == 1 &&
                              same_link(setting.link.intra, src.link) &&
                              impl_name(setting.impl, setting.wire) == src.name &&
-                             takes_direct(m, setting) == src.residuals_direct && (!m.on_gpu || turns == setting.ranks);
+                             takes_direct(m, setting) == src.residuals_direct &&
+                             (!m.on_gpu || turns == (src.residuals_turns ? src.residuals_turns : setting.ranks));
   if (!as_calibrated) return 0;
   std::vector<CommSource::Residual> rows;
   for (const CommSource::Residual& r : src.residuals)
@@ -1246,6 +1261,10 @@ Prediction predict(const StepModel& m, const PredictSetting& setting) {
             : fmt("%d ranks taking turns on a GPU (the run's: %d): compute x %d", turns, run_turns, turns) +
                   (run_turns > 1 ? fmt("/%d", run_turns) : ""));
   }
+  if (m.on_gpu && m.calibration && out.comm_source.rfind("calibration", 0) == 0 && m.calibration->ranks_per_gpu > 0 &&
+      m.calibration->ranks_per_gpu != turns)
+    out.extrapolated.push_back(
+        fmt("the calibration's ranks took turns on a GPU %d to one (here %d)", m.calibration->ranks_per_gpu, turns));
   out.step = simulate_steps(profiles, buckets, costs.cost, setting.overlap, host, update_share);
   const int n = setting.ranks;
   out.samples_per_s = m.samples_per_rank * n / out.step.step_ms * 1000;

@@ -192,6 +192,9 @@ struct Calibration {
   // take recursive doubling only up to its lower limit (small_allreduce_bytes).
   std::vector<std::string> direct_impls;
   double gpu_chunk_bytes = kGpuRingChunkBytes;  // its gpu-ring-* rows' chunk (files without it: the trainer's)
+  // The most ranks that shared one GPU (`gpus`, each rank's bus id, on one node); 0: not said (files before it, or
+  // rows on the host).
+  int ranks_per_gpu = 0;
   // Its calls moved along the buffers (hot_cache false), each finding its data out of the cache; files before the
   // field ran every call in place.
   bool cold_calls = false;

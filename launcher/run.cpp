@@ -117,19 +117,6 @@ std::string gemm_algorithms_description() {
 
 namespace {
 
-// Every rank's string, by rank (each cut at MPI_MAX_PROCESSOR_NAME - 1 characters). Collective.
-std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm) {
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  constexpr int kLen = MPI_MAX_PROCESSOR_NAME;
-  std::vector<char> padded(kLen, '\0'), all(static_cast<size_t>(size) * kLen);
-  mine.copy(padded.data(), kLen - 1);
-  MPI_Allgather(padded.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm);
-  std::vector<std::string> strings;
-  for (int r = 0; r < size; ++r) strings.emplace_back(all.data() + static_cast<size_t>(r) * kLen);
-  return strings;
-}
-
 std::vector<std::string> gather_hostnames(MPI_Comm comm) {
   char mine[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;

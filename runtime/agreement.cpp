@@ -42,4 +42,16 @@ std::string disagreement(const std::vector<std::pair<std::string, std::string>>&
   return differing;
 }
 
+std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  constexpr int kLen = MPI_MAX_PROCESSOR_NAME;
+  std::vector<char> padded(kLen, '\0'), all(static_cast<size_t>(size) * kLen);
+  mine.copy(padded.data(), kLen - 1);
+  MPI_Allgather(padded.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm);
+  std::vector<std::string> strings;
+  for (int r = 0; r < size; ++r) strings.emplace_back(all.data() + static_cast<size_t>(r) * kLen);
+  return strings;
+}
+
 }  // namespace ddplab

@@ -15,4 +15,8 @@ namespace ddplab {
 // differs: "lr (rank 0: 0.001, rank 1: 0.01), layers (rank 0: 2, rank 3: 4)". One hashed all-reduce when they agree.
 std::string disagreement(const std::vector<std::pair<std::string, std::string>>& fields, MPI_Comm comm);
 
+// Every rank's string, by rank (each cut at MPI_MAX_PROCESSOR_NAME - 1 characters: host names, PCI bus ids, kernel
+// names). Collective.
+std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm);
+
 }  // namespace ddplab

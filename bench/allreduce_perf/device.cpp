@@ -9,6 +9,7 @@
 
 #include "comm/nccl_allreduce.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
 
 namespace ddplab::perf {
 namespace {
@@ -94,6 +95,8 @@ Impl graph_impl(const ImplContext& c, const DeviceCollective& d) {
 }  // namespace
 
 std::string device_problem() { return cuda::NcclAllreduce::availability(); }
+
+std::string device_bus_id() { return cuda::query_cuda().bus_id; }
 
 std::vector<Impl> device_impls(const ImplContext& c, DeviceCollective d) {
   if (!d.run)

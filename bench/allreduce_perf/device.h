@@ -55,6 +55,8 @@ struct EngineBuffers {
 // Why this rank cannot run the GPU implementations (no device, NCCL too old), or "": checked before any of them
 // starts, so that a machine without a GPU is refused with exit code 2 rather than failing inside NCCL's bootstrap.
 std::string device_problem();
+// The PCI bus id of the device this rank's GPU implementations run on (the current one), or "" where none is.
+std::string device_bus_id();
 // The plain launch's Impl and, with -G N, the CUDA graph's beside it ("<name>-graph": the -n calls captured into
 // one graph, launched N times; times are per collective).
 std::vector<Impl> device_impls(const ImplContext& c, DeviceCollective d);

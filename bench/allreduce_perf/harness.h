@@ -79,8 +79,10 @@ std::string human_bytes(double bytes);
 void print_header(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
                   int host_ranks);
 void print_row(const Row& r);  // as soon as it is measured
+// gpus: each rank's GPU (PCI bus id) where the implementations ran on GPUs, else empty.
 std::string results_json(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
-                         const std::vector<Row>& rows, const nlohmann::json& avg_busbw, long long total_wrong);
+                         const std::vector<std::string>& gpus, const std::vector<Row>& rows,
+                         const nlohmann::json& avg_busbw, long long total_wrong);
 std::string results_csv(const Options& o, int n, const std::vector<Row>& rows);
 // Checks that need the machine: rank 0's output files, the GPU, every rank's memory. Collective. The lowest rank
 // that finds a problem prints it; every rank then returns false.

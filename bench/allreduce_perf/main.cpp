@@ -40,6 +40,9 @@
 
 #include "bench/allreduce_perf/diag.h"
 #include "bench/allreduce_perf/harness.h"
+#ifdef DDPLAB_HAVE_CUDA
+#include "bench/allreduce_perf/device.h"
+#endif
 #include "comm/shm_transport.h"
 #include "comm/topology.h"
 #include "git_commit.h"
@@ -90,7 +93,7 @@ Row measure(const Impl& impl, size_t bytes, const SizeDiagnosis& seen, const Buf
 
 // Rank 0, after the table: the files, the check's verdict, each row label's average bus bandwidth. The exit code.
 int finish(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
-           const std::vector<Impl>& impls, const std::vector<Row>& rows) {
+           const std::vector<std::string>& gpus, const std::vector<Impl>& impls, const std::vector<Row>& rows) {
   nlohmann::json avg_busbw;
   long long total_wrong = 0;
   for (const Impl& impl : impls) {
@@ -107,7 +110,8 @@ int finish(const Options& o, int n, const Topology& topology, const std::vector<
   try {
     if (!o.csv_path.empty()) write_text_file(o.csv_path, results_csv(o, n, rows), o.force);
     if (!o.json_path.empty())
-      write_text_file(o.json_path, results_json(o, n, topology, transports, rows, avg_busbw, total_wrong), o.force);
+      write_text_file(o.json_path, results_json(o, n, topology, transports, gpus, rows, avg_busbw, total_wrong),
+                      o.force);
   } catch (const WriteFailed& e) {
     std::fprintf(stderr, "allreduce_perf: error: %s\n", e.what());
     write_failed = true;
@@ -130,6 +134,12 @@ int run(const Options& o, const Topology& hosts, int rank, int n, watchdog::Arme
   std::vector<std::string> transports;  // rank 0's
   for (const std::string& name : o.impls)
     for (Impl& impl : make_impls(name, o, max_count, transports)) impls.push_back(std::move(impl));
+  // Each rank's GPU where the implementations run on GPUs (the same ones on every rank): made above, they chose it.
+  std::vector<std::string> gpus;
+#ifdef DDPLAB_HAVE_CUDA
+  if (std::any_of(impls.begin(), impls.end(), [](const Impl& impl) { return impl.device_in != nullptr; }))
+    gpus = gather_strings(device_bus_id(), MPI_COMM_WORLD);
+#endif
   const int host_ranks = hosts.node_sizes()[hosts.node_of_rank[0]];  // on rank 0's host, which prints
   if (rank == 0) print_header(o, n, topology, transports, host_ranks);
 
@@ -173,7 +183,7 @@ int run(const Options& o, const Topology& hosts, int rank, int n, watchdog::Arme
     round_trip->free();
     print_diagnosis(diagnosis, rank, n);
   }
-  return rank == 0 ? finish(o, n, topology, transports, impls, rows) : 0;
+  return rank == 0 ? finish(o, n, topology, transports, gpus, impls, rows) : 0;
 }
 
 // Rank 0's exit code, on every rank: 2 for arguments refused before any work.

@@ -132,7 +132,8 @@ nlohmann::json mode_json(const Mode& m) {
 }  // namespace
 
 std::string results_json(const Options& o, int n, const Topology& topology, const std::vector<std::string>& transports,
-                         const std::vector<Row>& rows, const nlohmann::json& avg_busbw, long long total_wrong) {
+                         const std::vector<std::string>& gpus, const std::vector<Row>& rows,
+                         const nlohmann::json& avg_busbw, long long total_wrong) {
   nlohmann::json j;
   j["args"] = o.command_line;
   j["nranks"] = n;
@@ -142,6 +143,8 @@ std::string results_json(const Options& o, int n, const Topology& topology, cons
   j["link"] = link_json(o.link.inter);  // the link across nodes: every hop's with one preset
   j["links"] = {{"intra", link_json(o.link.intra)}, {"inter", link_json(o.link.inter)}};
   j["node_of_rank"] = topology.node_of_rank;
+  // Each rank's GPU: how many ranks shared one, which `ddplab predict` weighs a calibration's rows by.
+  if (!gpus.empty()) j["gpus"] = gpus;
   // What each implementation ran over, as the header says ("ring over shm + direct collectives"): `ddplab predict`
   // fits the ring's small sizes by the algorithm the transport runs them with.
   j["transports"] = transports;

@@ -95,6 +95,9 @@ def main():
                 doc = json.load(f)
             check_rows(doc, ["nccl", "nccl-graph", "gpu-ring-nccl", "gpu-ring-nccl-graph"], [8, 256, 8192, 262144],
                        10, queued=False)
+            gpus = doc.get("gpus", [])
+            check(len(gpus) == 1 and gpus[0].count(":") >= 2,
+                  f"-J names the rank's GPU by its PCI bus id (ddplab predict reads how ranks shared GPUs): {gpus}")
             check("# -G 10: a row <impl>-graph" in p.stdout, "the header says what the -graph rows are")
         out = os.path.join(d, "graph_queued.json")  # -J never replaces a file without --force
         p = run(mpirun, exe, ["-G", "3", "-b", "4", "-e", "4", "-n", "2", "-J", out])

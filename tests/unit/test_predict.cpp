@@ -907,6 +907,20 @@ TEST(Predict, CalibrationFilesOfAllreducePerf) {
                          "\"results\": [{\"impl\": \"hier\", \"size_bytes\": 1048576, \"out_of_place\": "
                          "{\"time_us\": 900}}]}";
   EXPECT_EQ(read_calibration(json).nodes, 2);
+  EXPECT_EQ(read_calibration(json).ranks_per_gpu, 0);  // no gpus: not said
+  // Each rank's GPU: the most ranks on one, a bus id counting once per node (two nodes' GPU 0 are two GPUs).
+  for (const auto& [gpus, sharing] : {std::pair{"[\"0:1b\", \"0:1b\", \"0:1b\", \"0:1b\"]", 2},
+                                      std::pair{"[\"0:1b\", \"0:2c\", \"0:1b\", \"0:2c\"]", 1},
+                                      std::pair{"[\"0:1b\", \"0:1b\", \"0:1b\", \"0:2c\"]", 2}}) {
+    std::ofstream(json) << "{\"nranks\": 4, \"node_of_rank\": [0, 0, 1, 1], \"gpus\": " << gpus
+                        << ", \"link\": {\"name\": \"10gbe\"}, \"results\": [{\"impl\": \"gpu-ring-ipc\", "
+                           "\"size_bytes\": 1048576, \"out_of_place\": {\"time_us\": 900}}]}";
+    EXPECT_EQ(read_calibration(json).ranks_per_gpu, sharing) << gpus;
+  }
+  std::ofstream(json)
+      << "{\"nranks\": 2, \"gpus\": [\"0:1b\"], \"link\": {\"name\": \"none\"}, \"results\": "
+         "[{\"impl\": \"gpu-ring-ipc\", \"size_bytes\": 1048576, \"out_of_place\": {\"time_us\": 900}}]}";
+  EXPECT_THROW(read_calibration(json), std::runtime_error);  // a GPU for one of its two ranks
   std::ofstream(json)
       << "{\"nranks\": 2, \"link\": {\"name\": \"none\"}, \"transports\": [\"ring over shm + direct "
          "collectives\", \"mpi over MPI_Allreduce\"], \"results\": [{\"impl\": \"ring\", \"size_bytes\": "
@@ -1241,6 +1255,22 @@ TEST(Predict, AGpuRunPredictsRanksTakingTurnsOnIt) {
   }
   EXPECT_NEAR(predict(build_model(run, doubled), two).step.step_ms, predict(model, two).step.step_ms,
               1e-6 * predict(model, two).step.step_ms);
+
+  // A calibration whose file says its two ranks had a GPU each: a setting of two ranks on one GPU is another
+  // sharing, said as such; one of a GPU each is not.
+  Calibration own_gpus = cal;
+  own_gpus.ranks_per_gpu = 1;
+  const StepModel apart = build_model(run, own_gpus);
+  const auto says_sharing = [](const Prediction& p) {
+    return std::any_of(p.extrapolated.begin(), p.extrapolated.end(), [](const std::string& e) {
+      return e.rfind("the calibration's ranks took turns on a GPU 1 to one (here ", 0) == 0;
+    });
+  };
+  PredictSetting each_own = two;
+  each_own.ranks_per_gpu = 1;
+  EXPECT_TRUE(says_sharing(predict(apart, two)));
+  EXPECT_FALSE(says_sharing(predict(apart, each_own)));
+  EXPECT_FALSE(says_sharing(predict(model, two)));  // a file that does not say: nothing to compare
 
   // More turns than ranks: the world is what shares.
   PredictSetting alone = model.measured;
