@@ -523,12 +523,7 @@ Calibration read_calibration(const std::string& path) {
       const auto gpus = j.at("gpus").get<std::vector<std::string>>();
       if (static_cast<int>(gpus.size()) != cal.ranks)
         throw fail("gpus does not give each of its " + std::to_string(cal.ranks) + " ranks a GPU");
-      const auto node_of_rank = j.value("node_of_rank", std::vector<int>(gpus.size(), 0));
-      for (size_t r = 0; r < gpus.size(); ++r) {
-        int sharing = 0;
-        for (size_t q = 0; q < gpus.size(); ++q) sharing += gpus[q] == gpus[r] && node_of_rank[q] == node_of_rank[r];
-        cal.ranks_per_gpu = std::max(cal.ranks_per_gpu, sharing);
-      }
+      cal.ranks_per_gpu = most_ranks_on_one_gpu(gpus, j.value("node_of_rank", std::vector<int>(gpus.size(), 0)));
     }
     cal.cold_calls = !j.value("hot_cache", true);
     cal.gpu_chunk_bytes = j.value("gpu_chunk_mb", chunk_mb_in_args(j.value("args", std::string()))) * kMiB;
@@ -956,25 +951,6 @@ struct CommSource {
   int residuals_turns = 0;          // the ranks that took turns on one of its GPUs (0: not said)
 };
 
-// The rows sorted by size, rows of one size and algorithm merged into their mean.
-std::vector<CommSource::Residual> by_size(std::vector<CommSource::Residual> rows) {
-  std::sort(rows.begin(), rows.end(), [](const CommSource::Residual& a, const CommSource::Residual& b) {
-    return std::tie(a.bytes, a.doubling, a.small) < std::tie(b.bytes, b.doubling, b.small);
-  });
-  std::vector<CommSource::Residual> merged;
-  for (size_t i = 0; i < rows.size();) {
-    size_t j = i;
-    double sum = 0;
-    for (; j < rows.size() && rows[j].bytes == rows[i].bytes && rows[j].doubling == rows[i].doubling &&
-           rows[j].small == rows[i].small;
-         ++j)
-      sum += rows[j].ms;
-    merged.push_back({rows[i].bytes, sum / static_cast<double>(j - i), rows[i].doubling, rows[i].small});
-    i = j;
-  }
-  return merged;
-}
-
 // The calibration file for this implementation, else the run's buckets, else the link model alone. Says which in
 // out.comm_source.
 CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting, Prediction& out) {
@@ -1030,7 +1006,11 @@ CommSource choose_comm_source(const StepModel& m, const PredictSetting& setting,
       // nodes a bucket's time is not the fit's sum that the rows' residuals are measured from.
       if (chunk == src.chunk_bytes && m.calibration->nodes == 1) {
         for (size_t i = 0; i < residuals.size(); ++i) residuals[i].ms -= fit->alone.ms(terms[i]);
-        src.residuals = by_size(std::move(residuals));
+        // By size (a size timed twice, which allreduce_perf does not do: its last row in the file).
+        std::stable_sort(
+            residuals.begin(), residuals.end(),
+            [](const CommSource::Residual& a, const CommSource::Residual& b) { return a.bytes < b.bytes; });
+        src.residuals = std::move(residuals);
         src.residuals_direct = calibration_direct;
         src.residuals_turns = m.calibration->ranks_per_gpu;
       }
@@ -1110,29 +1090,29 @@ struct BucketCosts {
 // Past the rows of its algorithm, the nearest one's (the cost stays continuous in the bucket's size). 0 where none ran
 // as the bucket would.
 double calibration_residual_ms(const StepModel& m, const CommSource& src, const PredictSetting& setting, int turns,
-                               double bytes, bool small, bool doubling) {
+                               bool direct, double bytes, bool small, bool doubling) {
   const bool as_calibrated = !src.residuals.empty() && setting.ranks == src.ranks && setting.nodes() == 1 &&
                              same_link(setting.link.intra, src.link) &&
-                             impl_name(setting.impl, setting.wire) == src.name &&
-                             takes_direct(m, setting) == src.residuals_direct &&
+                             impl_name(setting.impl, setting.wire) == src.name && direct == src.residuals_direct &&
                              (!m.on_gpu || turns == (src.residuals_turns ? src.residuals_turns : setting.ranks));
   if (!as_calibrated) return 0;
-  std::vector<CommSource::Residual> rows;
-  for (const CommSource::Residual& r : src.residuals)
-    if (r.doubling == doubling && r.small == small) rows.push_back(r);
-  if (rows.empty()) return 0;
-  const auto above = std::lower_bound(rows.begin(), rows.end(), bytes,
-                                      [](const CommSource::Residual& r, double b) { return r.bytes < b; });
-  if (above == rows.end()) return rows.back().ms;
-  if (above == rows.begin() || above->bytes == bytes) return above->ms;
-  const CommSource::Residual &lo = *(above - 1), &hi = *above;
-  return lo.ms + (hi.ms - lo.ms) * (bytes - lo.bytes) / (hi.bytes - lo.bytes);
+  const CommSource::Residual *lo = nullptr, *hi = nullptr;  // its algorithm's nearest rows at or below, and above
+  for (const CommSource::Residual& r : src.residuals) {     // by size
+    if (r.doubling != doubling || r.small != small) continue;
+    if (r.bytes <= bytes)
+      lo = &r;
+    else if (!hi)
+      hi = &r;
+  }
+  if (!lo || !hi || lo->bytes == bytes) return lo ? lo->ms : hi ? hi->ms : 0;
+  return lo->ms + (hi->ms - lo->ms) * (bytes - lo->bytes) / (hi->bytes - lo->bytes);
 }
 
 BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, int turns,
                          const std::vector<Bucket>& buckets, const HopCosts& costs, const CommSource& src) {
   const int n = setting.ranks, nodes = setting.nodes(), per_node = setting.ranks_on_a_node();
-  const double small = static_cast<double>(small_allreduce_bytes(n, takes_direct(m, setting)));
+  const bool direct = takes_direct(m, setting);
+  const double small = static_cast<double>(small_allreduce_bytes(n, direct));
   BucketCosts out;
   out.depends_on[0] = nodes == 1 || setting.impl != AllreduceImpl::kHier || per_node > 1;
   out.depends_on[1] = nodes > 1;
@@ -1140,7 +1120,7 @@ BucketCosts cost_buckets(const StepModel& m, const PredictSetting& setting, int 
     const double bytes = static_cast<double>(b.count) * sizeof(float);
     const bool doubling = doubles(m, n, turns, setting.link, bytes, src.chunk_bytes);
     const double alone = allreduce_ms(bytes, setting, small, costs, src.chunk_bytes, doubling) +
-                         calibration_residual_ms(m, src, setting, turns, bytes, bytes <= small, doubling);
+                         calibration_residual_ms(m, src, setting, turns, direct, bytes, bytes <= small, doubling);
     const AllreduceTerms terms =
         allreduce_terms(bytes, n, setting.impl, setting.wire, small, nodes, src.chunk_bytes, doubling);
     out.cost.push_back({alone, m.comm_cpu ? m.comm_cpu->ms(terms) : 0, terms.message_steps});

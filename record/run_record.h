@@ -15,6 +15,20 @@
 
 namespace ddplab {
 
+// The most ranks on one GPU, a GPU being a PCI bus id at one place (a host, a node): 1 where each rank had its own, 0
+// where no rank names one. A run file's `gpus` by host, an allreduce_perf -J file's by node.
+template <typename Place>
+int most_ranks_on_one_gpu(const std::vector<std::string>& gpus, const std::vector<Place>& place_of_rank) {
+  int most = 0;
+  for (size_t r = 0; r < gpus.size(); ++r) {
+    int same = 0;
+    for (size_t q = 0; q < gpus.size(); ++q)
+      same += !gpus[r].empty() && gpus[q] == gpus[r] && place_of_rank[q] == place_of_rank[r];
+    most = std::max(most, same);
+  }
+  return most;
+}
+
 struct RunMetadata {
   std::string command;  // "train", "suite lab", "sweep"
   std::string command_line;
@@ -121,13 +135,7 @@ struct RunRecord {
   // not recorded). Ranks sharing a GPU take turns on it: their kernels, and the ring's copies between them.
   int ranks_sharing_a_gpu() const {
     if (meta.gpus.size() != meta.hostnames.size()) return 0;
-    int most = 0;
-    for (size_t r = 0; r < meta.gpus.size(); ++r) {
-      int same = 0;
-      for (size_t q = 0; q < meta.gpus.size(); ++q)
-        same += !meta.gpus[r].empty() && meta.gpus[q] == meta.gpus[r] && meta.hostnames[q] == meta.hostnames[r];
-      most = std::max(most, same);
-    }
+    const int most = most_ranks_on_one_gpu(meta.gpus, meta.hostnames);
     return most > 1 ? most : 0;
   }
   // The loss on the global batch at step index t: each rank's mean weighted by the terms it is a mean over. Files
